@@ -1,1 +1,51 @@
-fn main() {}
+//! `tessera`: the command line of the Tessera parallel-training engine.
+//!
+//! This crate is glue: it parses arguments into validated requests, makes one library call,
+//! prints the result and turns errors into a one-line reason and a non-zero exit code. Anything
+//! worth testing lives in the library crates.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod grid;
+mod layout_cmd;
+
+/// Tessera: parallel training and distributed checkpoints.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show how a tensor is laid out over a device mesh: every rank's slice, the replica groups,
+    /// and a drawing of the blocks.
+    Layout(layout_cmd::LayoutArgs),
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Layout(args) => layout_cmd::run(&args),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // A broken pipe (e.g. `tessera … | head`) is not an error worth reporting.
+            if err
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

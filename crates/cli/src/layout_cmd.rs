@@ -1,0 +1,279 @@
+//! `tessera layout`: show a tensor layout.
+
+use std::fmt::Write as _;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use layout::{DimSpec, Layout, MsDimMap, TensorLayout, INTERLEAVED_ALIAS};
+use serde_json::{json, Value};
+
+use crate::grid;
+
+/// Arguments of `tessera layout`.
+#[derive(Debug, Args)]
+pub struct LayoutArgs {
+    /// The device mesh: `name=size` per axis, outermost first, e.g. `dp=2,mp=4`.
+    #[arg(long)]
+    mesh: String,
+    /// One entry per tensor dim: an axis name, `None`, or `a+b` for a dim split over several axes
+    /// (first listed outermost), e.g. `dp+mp,None`.
+    #[arg(long)]
+    map: String,
+    /// The global tensor shape, e.g. `8,16`.
+    #[arg(long)]
+    shape: String,
+    /// Explicit rank list (one rank per mesh position), e.g. `7,6,5,4,3,2,1,0`.
+    #[arg(long)]
+    rank_list: Option<String>,
+    /// Add MindSpore's virtual `interleaved_parallel` axis of this size as the last mesh axis.
+    #[arg(long)]
+    interleaved: Option<usize>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `tessera layout`.
+pub fn run(args: &LayoutArgs) -> anyhow::Result<()> {
+    let tensor_layout = build(args)?;
+    let out = if args.json {
+        let mut s = serde_json::to_string_pretty(&to_json(&tensor_layout)?)?;
+        s.push('\n');
+        s
+    } else {
+        render_text(&tensor_layout)?
+    };
+    crate::grid::write_stdout(&out)
+}
+
+/// Parses the arguments into a validated layout bound to the shape.
+fn build(args: &LayoutArgs) -> anyhow::Result<TensorLayout> {
+    let (mut sizes, mut names) = parse_mesh(&args.mesh)?;
+    if let Some(k) = args.interleaved {
+        if k == 0 {
+            bail!("--interleaved must be at least 1");
+        }
+        sizes.push(k);
+        names.push(INTERLEAVED_ALIAS.to_string());
+    }
+    let rank_list = args
+        .rank_list
+        .as_deref()
+        .map(|s| parse_list(s, "--rank-list"))
+        .transpose()?;
+    let shape = parse_list(&args.shape, "--shape")?;
+    let entries: Vec<DimSpec> = if args.map.trim().is_empty() {
+        Vec::new()
+    } else {
+        args.map
+            .split(',')
+            .map(|e| DimSpec::parse(e.trim()))
+            .collect()
+    };
+    let layout = Layout::new(&sizes, &names, rank_list)
+        .and_then(|l| l.apply(&entries))
+        .context("invalid layout")?;
+    layout.bind(&shape).context("invalid layout for this shape")
+}
+
+/// Parses `dp=2,mp=4`.
+fn parse_mesh(text: &str) -> anyhow::Result<(Vec<usize>, Vec<String>)> {
+    let mut sizes = Vec::new();
+    let mut names = Vec::new();
+    for part in text.split(',') {
+        let (name, size) = part
+            .split_once('=')
+            .with_context(|| format!("--mesh entry {part:?} is not of the form name=size"))?;
+        let size: usize = size
+            .trim()
+            .parse()
+            .with_context(|| format!("--mesh entry {part:?}: {size:?} is not a device count"))?;
+        names.push(name.trim().to_string());
+        sizes.push(size);
+    }
+    Ok((sizes, names))
+}
+
+/// Parses a comma-separated list of non-negative integers.
+fn parse_list(text: &str, flag: &str) -> anyhow::Result<Vec<usize>> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    text.split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<usize>()
+                .with_context(|| format!("{flag}: {p:?} is not a non-negative integer"))
+        })
+        .collect()
+}
+
+fn ms_map_json(maps: &[MsDimMap]) -> Value {
+    Value::Array(
+        maps.iter()
+            .map(|m| match m {
+                MsDimMap::Single(v) => json!(v),
+                MsDimMap::Multi(vs) => json!(vs),
+            })
+            .collect(),
+    )
+}
+
+/// The `--json` object.
+fn to_json(t: &TensorLayout) -> anyhow::Result<Value> {
+    let dict = t.layout().to_dict()?;
+    let mesh = t.mesh();
+    let k = mesh.interleave_factor();
+    let slices: Vec<Value> = (0..mesh.n_slots())
+        .map(|slot| {
+            let b = t.slot_box(slot);
+            let mut v = json!({
+                "rank": mesh.device_of_slot(slot),
+                "offset": b.offset,
+                "shape": b.shape,
+            });
+            if k > 1 {
+                v["interleave_index"] = json!(slot % k);
+            }
+            v
+        })
+        .collect();
+    Ok(json!({
+        "device_matrix": dict.device_matrix,
+        "alias_name": dict.alias_name,
+        "tensor_map": ms_map_json(&dict.tensor_map),
+        "interleaved_parallel": dict.interleaved_parallel,
+        "rank_list": dict.rank_list,
+        "shape": t.shape(),
+        "sharding_strategy": t.split_factors(),
+        "slice_shape": t.slice_shape(),
+        "slices": slices,
+        "replica_groups": replica_groups_by_device(t),
+    }))
+}
+
+/// Replica groups as device ranks (an interleaved mesh's virtual copies collapse onto their
+/// device).
+fn replica_groups_by_device(t: &TensorLayout) -> Vec<Vec<usize>> {
+    let mesh = t.mesh();
+    t.replica_slot_groups()
+        .into_iter()
+        .map(|g| {
+            let mut ranks: Vec<usize> = g.iter().map(|&s| mesh.device_of_slot(s)).collect();
+            ranks.dedup();
+            ranks
+        })
+        .collect()
+}
+
+/// The human-readable report.
+fn render_text(t: &TensorLayout) -> anyhow::Result<String> {
+    let mesh = t.mesh();
+    let layout = t.layout();
+    let mut out = String::new();
+    let k = mesh.interleave_factor();
+    writeln!(
+        out,
+        "layout {} of a {:?} tensor over mesh {} ({} device{}{})",
+        layout.describe_map(),
+        t.shape(),
+        mesh,
+        mesh.n_devices(),
+        if mesh.n_devices() == 1 { "" } else { "s" },
+        if k > 1 {
+            format!(", {k} interleaved copies each")
+        } else {
+            String::new()
+        }
+    )?;
+    writeln!(
+        out,
+        "MindSpore tensor_map {}  sharding_strategy {:?}  slice shape {:?}  copies of each element {}",
+        serde_json::to_string(&ms_map_json(&layout.ms_dim_maps()?))?,
+        t.split_factors(),
+        t.slice_shape(),
+        t.replica_count()
+    )?;
+    writeln!(out)?;
+    let coord_width = mesh
+        .axes()
+        .iter()
+        .map(|a| a.name.len() + 1 + a.size.to_string().len())
+        .sum::<usize>()
+        + mesh.n_axes().saturating_sub(1);
+    writeln!(out, "{:>6}  {:<coord_width$}  slice", "rank", "coordinate")?;
+    for slot in 0..mesh.n_slots() {
+        let coord: Vec<String> = mesh
+            .coord(slot)
+            .iter()
+            .zip(mesh.axes())
+            .map(|(c, a)| format!("{}={}", a.name, c))
+            .collect();
+        writeln!(
+            out,
+            "{:>6}  {:<coord_width$}  {}",
+            grid::slot_label(mesh, slot),
+            coord.join(","),
+            t.slot_box(slot)
+        )?;
+    }
+    writeln!(out)?;
+    let groups = replica_groups_by_device(t);
+    writeln!(
+        out,
+        "replica groups ({} group{} of {} rank{}):",
+        groups.len(),
+        if groups.len() == 1 { "" } else { "s" },
+        groups.first().map_or(0, Vec::len),
+        if groups.first().map_or(0, Vec::len) == 1 {
+            ""
+        } else {
+            "s"
+        }
+    )?;
+    let rendered: Vec<String> = groups.iter().map(|g| format!("{g:?}")).collect();
+    writeln!(out, "  {}", rendered.join(" "))?;
+    writeln!(out)?;
+    out.push_str(&grid::render(t));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(mesh: &str, map: &str, shape: &str) -> LayoutArgs {
+        LayoutArgs {
+            mesh: mesh.into(),
+            map: map.into(),
+            shape: shape.into(),
+            rank_list: None,
+            interleaved: None,
+            json: true,
+        }
+    }
+
+    #[test]
+    fn json_has_the_documented_fields() {
+        let t = build(&args("dp=2,mp=4", "dp,mp", "8,16")).unwrap();
+        let v = to_json(&t).unwrap();
+        assert_eq!(v["device_matrix"], json!([2, 4]));
+        assert_eq!(v["tensor_map"], json!([1, 0]));
+        assert_eq!(
+            v["slices"][5],
+            json!({"rank": 5, "offset": [4, 4], "shape": [4, 4]})
+        );
+        assert_eq!(v["replica_groups"].as_array().unwrap().len(), 8);
+        let multi = build(&args("dp=2,mp=4", "dp+mp,None", "8,16")).unwrap();
+        assert_eq!(to_json(&multi).unwrap()["tensor_map"], json!([[1, 0], -1]));
+    }
+
+    #[test]
+    fn bad_input_is_an_error_with_a_reason() {
+        let err = build(&args("dp=2,mp=4", "dp,xx", "8,16")).unwrap_err();
+        assert!(format!("{err:#}").contains("The axis xx is not found"));
+        let err = build(&args("dp=2,mp=4", "dp,mp", "8,15")).unwrap_err();
+        assert!(format!("{err:#}").contains("dim 1 of shape [8, 15]"));
+        assert!(build(&args("dp2", "dp", "8")).is_err());
+    }
+}
