@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench_cmd;
 mod grid;
 mod layout_cmd;
 
@@ -24,11 +25,14 @@ enum Command {
     /// Show how a tensor is laid out over a device mesh: every rank's slice, the replica groups,
     /// and a drawing of the blocks.
     Layout(layout_cmd::LayoutArgs),
+    /// Benchmarks, each next to its baseline measured in the same run.
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Layout(args) => layout_cmd::run(&args),
+        Command::Bench(args) => bench_cmd::run(&args),
     }
 }
 
