@@ -169,8 +169,8 @@ pub fn render(t: &TensorLayout) -> String {
             out.push('\n');
         };
         rule(&mut out, '┌', '┬', '┐');
-        for r in 0..n_rows {
-            let _ = write!(out, "{:>w$} │", row_headers[r], w = margin - 1);
+        for (r, header) in row_headers.iter().enumerate() {
+            let _ = write!(out, "{:>w$} │", header, w = margin - 1);
             for c in 0..n_cols {
                 let _ = write!(out, "{:^width$}│", label(r, c));
             }
