@@ -87,6 +87,48 @@ pub enum TensorError {
         /// The tensor's rank.
         ndim: usize,
     },
+    /// A caller-provided buffer of a slice-level kernel with the wrong number of elements.
+    #[error("{op}: buffer `{buffer}` needs {expected} elements but has {got}")]
+    BufferLength {
+        /// The operation.
+        op: &'static str,
+        /// Which buffer (the kernel's parameter name).
+        buffer: &'static str,
+        /// Elements the kernel needs.
+        expected: usize,
+        /// Elements the buffer has.
+        got: usize,
+    },
+    /// Two shapes that NumPy broadcasting cannot reconcile.
+    #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast together")]
+    NotBroadcastable {
+        /// The operation.
+        op: &'static str,
+        /// Left shape.
+        lhs: Vec<usize>,
+        /// Right shape.
+        rhs: Vec<usize>,
+    },
+    /// An index tensor (embedding indices, class labels) whose dtype is not i32 or i64.
+    #[error("{op}: indices must be i32 or i64, got {got}")]
+    IndexDType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype given.
+        got: DType,
+    },
+    /// An index (embedding row, class label) outside `0..bound`.
+    #[error("{op}: index {index} at position {position} is out of range 0..{bound}")]
+    IndexOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// Flat position of the offending entry in the index tensor.
+        position: usize,
+        /// The offending value.
+        index: i64,
+        /// The exclusive upper bound (vocabulary size, number of classes).
+        bound: usize,
+    },
     /// An invalid argument, described.
     #[error("{op}: {reason}")]
     InvalidArgument {

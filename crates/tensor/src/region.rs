@@ -127,7 +127,14 @@ mod tests {
     fn matches_naive_copy() {
         let src_shape = [4, 6, 5];
         let src: Vec<u32> = (0..120).collect();
-        let cases: [(&[usize], &[usize], &[usize], &[usize]); 4] = [
+        // (source offset, destination shape, destination offset, extent)
+        type Case = (
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+        );
+        let cases: [Case; 4] = [
             (&[1, 2, 0], &[3, 6, 5], &[0, 0, 0], &[2, 4, 5]),
             (&[0, 0, 0], &[4, 6, 5], &[0, 0, 0], &[4, 6, 5]),
             (&[2, 1, 3], &[2, 4, 2], &[0, 1, 0], &[2, 3, 2]),

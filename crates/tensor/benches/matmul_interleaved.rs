@@ -1,0 +1,96 @@
+//! The routing evidence for `GemmBackend::for_shape`: every backend and the routed `gemm` timed
+//! in interleaved rounds on the seed MLP's shapes (784-512-512-10, batch 32), f32, one thread.
+//!
+//! Interleaving (backend 1, 2, 3, routed, backend 1, …) exposes all candidates to the same
+//! machine load, so the comparison stays fair on a shared machine where criterion's sequential
+//! runs drift. Prints a Markdown table of GFLOP/s: median, 10th percentile and best round.
+//!
+//! Run: `cargo bench -p tessera-tensor --bench matmul_interleaved [-- ROUNDS]` (default 100).
+
+use std::time::Instant;
+
+use tensor::kernels::{gemm, gemm_with, GemmBackend, GemmShape};
+
+/// Weights are stored `[in, out]`: forward `X·W`, backward `dX = dY·Wᵀ`, `dW = Xᵀ·dY`.
+const MLP_SHAPES: [(&str, GemmShape); 9] = [
+    ("mlp_fc1_fwd", shape(32, 512, 784, false, false)),
+    ("mlp_fc2_fwd", shape(32, 512, 512, false, false)),
+    ("mlp_fc3_fwd", shape(32, 10, 512, false, false)),
+    ("mlp_fc1_dx", shape(32, 784, 512, false, true)),
+    ("mlp_fc2_dx", shape(32, 512, 512, false, true)),
+    ("mlp_fc3_dx", shape(32, 512, 10, false, true)),
+    ("mlp_fc1_dw", shape(784, 512, 32, true, false)),
+    ("mlp_fc2_dw", shape(512, 512, 32, true, false)),
+    ("mlp_fc3_dw", shape(512, 10, 32, true, false)),
+];
+
+const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
+    GemmShape {
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+    }
+}
+
+/// Deterministic values in [-0.5, 0.5).
+fn values(n: usize, step: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * step) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; the first numeric argument is the round count.
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(100);
+    let mut header = String::from("| shape | m×n×k |");
+    for backend in GemmBackend::ALL {
+        header += &format!(" {} |", backend.name());
+    }
+    println!("{header} routed |");
+    println!("|---|---|{}---|", "---|".repeat(GemmBackend::ALL.len()));
+    for (name, s) in MLP_SHAPES {
+        let a = values(s.m * s.k, 7919);
+        let b = values(s.k * s.n, 104_729);
+        let mut c = vec![0f32; s.m * s.n];
+        let flops = s.flops() as f64;
+        // About 20 MFLOP per timed batch, so short products are not lost in timer resolution.
+        let reps = ((2e7 / flops) as usize).max(1);
+        let n_candidates = GemmBackend::ALL.len() + 1;
+        let mut gflops = vec![Vec::with_capacity(rounds); n_candidates];
+        for _ in 0..rounds {
+            for (candidate, samples) in gflops.iter_mut().enumerate() {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    let result = match GemmBackend::ALL.get(candidate) {
+                        Some(&backend) => gemm_with(backend, s, 1.0, &a, &b, 0.0, &mut c),
+                        None => gemm(s, 1.0, &a, &b, 0.0, &mut c),
+                    };
+                    result.expect("the MLP shapes are valid");
+                }
+                samples.push(flops * reps as f64 / start.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+        let transposes = match (s.trans_a, s.trans_b) {
+            (false, false) => "",
+            (true, false) => " Aᵀ",
+            (false, true) => " Bᵀ",
+            (true, true) => " AᵀBᵀ",
+        };
+        let mut line = format!("| {name} | {}×{}×{}{transposes} |", s.m, s.n, s.k);
+        for samples in gflops.iter_mut() {
+            samples.sort_by(f64::total_cmp);
+            let (median, p10, best) = (
+                samples[samples.len() / 2],
+                samples[samples.len() / 10],
+                samples[samples.len() - 1],
+            );
+            line += &format!(" {median:.1} ({p10:.1}–{best:.1}) |");
+        }
+        println!("{line} → {}", GemmBackend::for_shape(&s).name());
+    }
+}

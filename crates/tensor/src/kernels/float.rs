@@ -1,0 +1,289 @@
+//! The compute element types: [`Float`] for f32 and f64, and the dtype policy of the
+//! `Tensor`-level wrappers.
+//!
+//! Every slice-level kernel is generic over [`Float`], so it exists for f32 (the type that must be
+//! fast) and f64 (used by the tests as a high-precision twin, and by anyone who asks for it). The
+//! trait is sealed: the gemm backends and the tensor conversions below only know these two types.
+
+use std::borrow::Cow;
+use std::fmt::Debug;
+use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::error::TensorError;
+use crate::tensor::{Storage, Tensor};
+
+/// A floating-point compute type: `f32` or `f64`.
+pub trait Float:
+    sealed::Sealed
+    + Copy
+    + Default
+    + Debug
+    + PartialOrd
+    + Send
+    + Sync
+    + 'static
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+    + DivAssign
+{
+    /// 0.
+    const ZERO: Self;
+    /// 1.
+    const ONE: Self;
+    /// Negative infinity (the identity of `max`).
+    const NEG_INFINITY: Self;
+    /// The matching dtype.
+    const DTYPE: DType;
+    /// Converts from f64 (rounding for f32).
+    fn from_f64(value: f64) -> Self;
+    /// Converts to f64 (exact).
+    fn to_f64(self) -> f64;
+    /// Converts a count (rounding for very large counts).
+    fn from_usize(value: usize) -> Self;
+    /// `e^self`.
+    fn exp(self) -> Self;
+    /// Natural logarithm.
+    fn ln(self) -> Self;
+    /// Square root.
+    fn sqrt(self) -> Self;
+    /// Hyperbolic tangent.
+    fn tanh(self) -> Self;
+    /// The complementary error function `1 - erf(x)`, accurate where it is tiny.
+    fn erfc(self) -> Self;
+    /// The larger of two values (the non-NaN one if one is NaN).
+    fn max(self, other: Self) -> Self;
+}
+
+macro_rules! impl_float {
+    ($t:ident, $dtype:ident, $erfc:path) => {
+        impl Float for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NEG_INFINITY: Self = $t::NEG_INFINITY;
+            const DTYPE: DType = DType::$dtype;
+            #[inline(always)]
+            fn from_f64(value: f64) -> Self {
+                value as $t
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline(always)]
+            fn from_usize(value: usize) -> Self {
+                value as $t
+            }
+            #[inline(always)]
+            fn exp(self) -> Self {
+                $t::exp(self)
+            }
+            #[inline(always)]
+            fn ln(self) -> Self {
+                $t::ln(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                $t::sqrt(self)
+            }
+            #[inline(always)]
+            fn tanh(self) -> Self {
+                $t::tanh(self)
+            }
+            #[inline(always)]
+            fn erfc(self) -> Self {
+                $erfc(self)
+            }
+            #[inline(always)]
+            fn max(self, other: Self) -> Self {
+                $t::max(self, other)
+            }
+        }
+    };
+}
+impl_float!(f32, F32, libm::erfcf);
+impl_float!(f64, F64, libm::erfc);
+
+/// Which compute type a tensor of `dtype` uses: f64 for f64, f32 for f32, f16 and bf16.
+pub(crate) enum ComputeType {
+    F32,
+    F64,
+}
+
+/// The compute type for `dtype`, or [`TensorError::UnsupportedDType`] for integers and bool.
+pub(crate) fn compute_type(op: &'static str, dtype: DType) -> Result<ComputeType, TensorError> {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(ComputeType::F32),
+        DType::F64 => Ok(ComputeType::F64),
+        got => Err(TensorError::UnsupportedDType { op, got }),
+    }
+}
+
+/// Runs `$body` with the type alias `$T` bound to the compute type of `$dtype` (f32 or f64);
+/// returns [`TensorError::UnsupportedDType`] (naming `$op`) from the enclosing function for any
+/// other dtype.
+macro_rules! with_float {
+    ($op:expr, $dtype:expr, |$T:ident| $body:block) => {
+        match $crate::kernels::float::compute_type($op, $dtype)? {
+            $crate::kernels::float::ComputeType::F32 => {
+                #[allow(unused_imports)]
+                use $crate::kernels::float::sealed::Sealed as _;
+                type $T = f32;
+                $body
+            }
+            $crate::kernels::float::ComputeType::F64 => {
+                #[allow(unused_imports)]
+                use $crate::kernels::float::sealed::Sealed as _;
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_float;
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// Conversions and backend hooks only the crate may use.
+    pub trait Sealed: Sized + Clone {
+        /// The elements of `tensor` in this compute type: borrowed when the dtype matches,
+        /// converted when the tensor stores f16 or bf16 (f32 only).
+        fn read<'t>(op: &'static str, tensor: &'t Tensor) -> Result<Cow<'t, [Self]>, TensorError>;
+
+        /// A tensor of `shape` holding `values`, stored as `dtype` (the dtype of the inputs, so an
+        /// f16 or bf16 computation returns to its storage type).
+        fn write(shape: &[usize], values: Vec<Self>, dtype: DType) -> Tensor;
+
+        /// `matrixmultiply`'s gemm for this type: C ← α A B + β C with arbitrary strides.
+        ///
+        /// # Safety
+        /// The pointers and strides must address valid `m×k`, `k×n` and `m×n` matrices.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn matrixmultiply_gemm(
+            m: usize,
+            k: usize,
+            n: usize,
+            alpha: Self,
+            a: *const Self,
+            a_strides: (isize, isize),
+            b: *const Self,
+            b_strides: (isize, isize),
+            beta: Self,
+            c: *mut Self,
+            c_strides: (isize, isize),
+        );
+    }
+
+    impl Sealed for f32 {
+        fn read<'t>(op: &'static str, tensor: &'t Tensor) -> Result<Cow<'t, [f32]>, TensorError> {
+            match tensor.storage() {
+                Storage::F32(v) => Ok(Cow::Borrowed(v)),
+                Storage::F16(v) => Ok(Cow::Owned(v.iter().map(|x| x.to_f32()).collect())),
+                Storage::BF16(v) => Ok(Cow::Owned(v.iter().map(|x| x.to_f32()).collect())),
+                other => Err(TensorError::DTypeMismatch {
+                    op,
+                    expected: DType::F32,
+                    got: other.dtype(),
+                }),
+            }
+        }
+
+        fn write(shape: &[usize], values: Vec<f32>, dtype: DType) -> Tensor {
+            let storage = match dtype {
+                DType::F16 => Storage::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
+                DType::BF16 => Storage::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+                _ => Storage::F32(values),
+            };
+            Tensor::from_storage(shape, storage).expect("kernel output matches its shape")
+        }
+
+        unsafe fn matrixmultiply_gemm(
+            m: usize,
+            k: usize,
+            n: usize,
+            alpha: f32,
+            a: *const f32,
+            a_strides: (isize, isize),
+            b: *const f32,
+            b_strides: (isize, isize),
+            beta: f32,
+            c: *mut f32,
+            c_strides: (isize, isize),
+        ) {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a,
+                a_strides.0,
+                a_strides.1,
+                b,
+                b_strides.0,
+                b_strides.1,
+                beta,
+                c,
+                c_strides.0,
+                c_strides.1,
+            )
+        }
+    }
+
+    impl Sealed for f64 {
+        fn read<'t>(op: &'static str, tensor: &'t Tensor) -> Result<Cow<'t, [f64]>, TensorError> {
+            match tensor.storage() {
+                Storage::F64(v) => Ok(Cow::Borrowed(v)),
+                other => Err(TensorError::DTypeMismatch {
+                    op,
+                    expected: DType::F64,
+                    got: other.dtype(),
+                }),
+            }
+        }
+
+        fn write(shape: &[usize], values: Vec<f64>, _dtype: DType) -> Tensor {
+            Tensor::from_storage(shape, Storage::F64(values))
+                .expect("kernel output matches its shape")
+        }
+
+        unsafe fn matrixmultiply_gemm(
+            m: usize,
+            k: usize,
+            n: usize,
+            alpha: f64,
+            a: *const f64,
+            a_strides: (isize, isize),
+            b: *const f64,
+            b_strides: (isize, isize),
+            beta: f64,
+            c: *mut f64,
+            c_strides: (isize, isize),
+        ) {
+            matrixmultiply::dgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a,
+                a_strides.0,
+                a_strides.1,
+                b,
+                b_strides.0,
+                b_strides.1,
+                beta,
+                c,
+                c_strides.0,
+                c_strides.1,
+            )
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Sparse softmax cross entropy: logits `[N, C]` against integer class labels `[N]`, averaged over
+//! the batch (MindSpore's `SparseSoftmaxCrossEntropyWithLogits` with `is_grad=False`).
+//!
+//! `loss = (1/N) Σ_n (logsumexp(logits[n]) - logits[n, labels[n]])`; its gradient wrt the logits is
+//! `(softmax(logits) - onehot(labels)) / N`, times the upstream gradient of the loss.
+
+use crate::error::TensorError;
+use crate::kernels::check;
+use crate::kernels::embedding::{check_indices, with_indices, IndexElement, IndexSlice};
+use crate::kernels::float::{with_float, Float};
+use crate::kernels::softmax::{log_sum_exp, softmax_row};
+use crate::tensor::Tensor;
+
+const LOSS_OP: &str = "sparse_softmax_cross_entropy";
+const GRAD_OP: &str = "sparse_softmax_cross_entropy_grad";
+
+/// Checks logits of `classes` columns against one label per row; returns the batch size.
+fn batch_size<T, I: IndexElement>(
+    op: &'static str,
+    logits: &[T],
+    classes: usize,
+    labels: &[I],
+) -> Result<usize, TensorError> {
+    let n = labels.len();
+    if n == 0 || classes == 0 {
+        return Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("needs at least one row and one class, got {n} rows of {classes}"),
+        });
+    }
+    check::buffer_len(op, "logits", n * classes, logits.len())?;
+    check_indices(op, labels, classes)?;
+    Ok(n)
+}
+
+/// The mean cross-entropy loss of `logits` (rows of `classes`) against `labels`.
+pub fn sparse_softmax_cross_entropy_slice<T: Float, I: IndexElement>(
+    logits: &[T],
+    classes: usize,
+    labels: &[I],
+) -> Result<T, TensorError> {
+    let n = batch_size(LOSS_OP, logits, classes, labels)?;
+    let mut total = T::ZERO;
+    for (row, &label) in logits.chunks_exact(classes).zip(labels) {
+        total += log_sum_exp(row) - row[label.to_i64() as usize];
+    }
+    Ok(total / T::from_usize(n))
+}
+
+/// `dlogits = dloss · (softmax(logits) - onehot(labels)) / N`.
+pub fn sparse_softmax_cross_entropy_grad_into<T: Float, I: IndexElement>(
+    logits: &[T],
+    classes: usize,
+    labels: &[I],
+    dloss: T,
+    dlogits: &mut [T],
+) -> Result<(), TensorError> {
+    let n = batch_size(GRAD_OP, logits, classes, labels)?;
+    check::buffer_len(GRAD_OP, "dlogits", logits.len(), dlogits.len())?;
+    let scale = dloss / T::from_usize(n);
+    for ((out, row), &label) in dlogits
+        .chunks_exact_mut(classes)
+        .zip(logits.chunks_exact(classes))
+        .zip(labels)
+    {
+        softmax_row(row, out);
+        out[label.to_i64() as usize] -= T::ONE;
+        for v in out.iter_mut() {
+            *v *= scale;
+        }
+    }
+    Ok(())
+}
+
+/// Checks `[N, C]` logits against `[N]` labels.
+fn check_shapes(op: &'static str, logits: &Tensor, labels: &Tensor) -> Result<usize, TensorError> {
+    if logits.ndim() != 2 || labels.ndim() != 1 || labels.shape()[0] != logits.shape()[0] {
+        return Err(TensorError::ShapeMismatch {
+            op,
+            lhs: logits.shape().to_vec(),
+            rhs: labels.shape().to_vec(),
+        });
+    }
+    Ok(logits.shape()[1])
+}
+
+/// The mean loss over the batch as a 0-dim tensor of the logits' dtype; `labels` is i32 or i64.
+pub fn sparse_softmax_cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+) -> Result<Tensor, TensorError> {
+    let classes = check_shapes(LOSS_OP, logits, labels)?;
+    let ids = IndexSlice::of(LOSS_OP, labels)?;
+    with_float!(LOSS_OP, logits.dtype(), |T| {
+        let xs = T::read(LOSS_OP, logits)?;
+        let loss = with_indices!(ids, |v| sparse_softmax_cross_entropy_slice::<T, _>(
+            &xs, classes, v
+        ))?;
+        Ok(T::write(&[], vec![loss], logits.dtype()))
+    })
+}
+
+/// The gradient wrt the logits, scaled by `dloss` (the upstream gradient of the loss: a float
+/// tensor with one element, 1 when the loss is the objective).
+pub fn sparse_softmax_cross_entropy_grad(
+    logits: &Tensor,
+    labels: &Tensor,
+    dloss: &Tensor,
+) -> Result<Tensor, TensorError> {
+    let classes = check_shapes(GRAD_OP, logits, labels)?;
+    let ids = IndexSlice::of(GRAD_OP, labels)?;
+    if dloss.n_elements() != 1 {
+        return Err(TensorError::InvalidArgument {
+            op: GRAD_OP,
+            reason: format!("dloss must hold one element, got shape {:?}", dloss.shape()),
+        });
+    }
+    check::same_dtype(GRAD_OP, logits, dloss)?;
+    with_float!(GRAD_OP, logits.dtype(), |T| {
+        let xs = T::read(GRAD_OP, logits)?;
+        let scale = T::read(GRAD_OP, dloss)?[0];
+        let mut dx = vec![T::ZERO; xs.len()];
+        with_indices!(ids, |v| sparse_softmax_cross_entropy_grad_into::<T, _>(
+            &xs, classes, v, scale, &mut dx
+        ))?;
+        Ok(T::write(logits.shape(), dx, logits.dtype()))
+    })
+}

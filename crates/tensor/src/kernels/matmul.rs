@@ -1,0 +1,424 @@
+//! Matrix products: the slice-level [`gemm`](fn@gemm) (C ← α·op(A)·op(B) + β·C), the 2-D
+//! [`matmul`](fn@matmul) and the broadcasting [`batch_matmul`].
+//!
+//! Two libraries do the arithmetic, both single-threaded (a rank owns one core; parallelism comes
+//! from ranks): the `gemm` crate, built with its AVX-512 (`x86-v4`) kernels, and `matrixmultiply`;
+//! the `gemm` crate is also used through a column-major output buffer for skinny transposed-B
+//! products.
+//! [`GemmBackend::for_shape`] routes each shape class to the faster one, with the measurements
+//! behind the rule beside it. Both read row-major operands with either one transposed by strides:
+//! no transposed copy is made.
+
+use crate::error::TensorError;
+use crate::kernels::broadcast::{broadcast_shape, broadcast_strides};
+use crate::kernels::check;
+use crate::kernels::float::{with_float, Float};
+use crate::kernels::permute::transpose_into;
+use crate::tensor::Tensor;
+
+/// The shape of one product `C[m, n] = op(A)·op(B)` of row-major contiguous matrices.
+///
+/// `A` is stored `[m, k]`, or `[k, m]` when `trans_a`; `B` is stored `[k, n]`, or `[n, k]` when
+/// `trans_b`; `C` is stored `[m, n]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    /// Rows of `C`.
+    pub m: usize,
+    /// Columns of `C`.
+    pub n: usize,
+    /// The contracted dim.
+    pub k: usize,
+    /// `A` is stored `[k, m]` and used transposed.
+    pub trans_a: bool,
+    /// `B` is stored `[n, k]` and used transposed.
+    pub trans_b: bool,
+}
+
+impl GemmShape {
+    /// A product with neither operand transposed.
+    pub fn new(m: usize, n: usize, k: usize) -> GemmShape {
+        GemmShape {
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+        }
+    }
+
+    /// Floating-point operations of the product (`2·m·n·k`).
+    pub fn flops(&self) -> u64 {
+        2 * self.m as u64 * self.n as u64 * self.k as u64
+    }
+
+    /// (row stride, column stride) of `A` as an `m×k` matrix.
+    fn a_strides(&self) -> (isize, isize) {
+        if self.trans_a {
+            (1, self.m as isize)
+        } else {
+            (self.k as isize, 1)
+        }
+    }
+
+    /// (row stride, column stride) of `B` as a `k×n` matrix.
+    fn b_strides(&self) -> (isize, isize) {
+        if self.trans_b {
+            (1, self.k as isize)
+        } else {
+            (self.n as isize, 1)
+        }
+    }
+}
+
+/// Which library multiplies, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmBackend {
+    /// The `gemm` crate (AVX-512 microkernels when the CPU has avx512f, AVX2/FMA otherwise),
+    /// writing `C` in place.
+    Gemm,
+    /// The `gemm` crate writing `C` in column-major order (i.e. `Cᵀ` row-major) to a scratch
+    /// buffer, then a blocked transpose into `C`. For a short, wide `C` with a transposed `B`
+    /// this lets the crate pack the small `A` instead of transposing the large `B` while packing.
+    GemmColumnMajor,
+    /// The `matrixmultiply` crate (AVX2/FMA microkernels).
+    MatrixMultiply,
+}
+
+impl GemmBackend {
+    /// Every backend, for benchmarks and tests.
+    pub const ALL: [GemmBackend; 3] = [
+        GemmBackend::Gemm,
+        GemmBackend::GemmColumnMajor,
+        GemmBackend::MatrixMultiply,
+    ];
+
+    /// The backend [`gemm`](fn@gemm) uses for `shape`:
+    /// - [`GemmColumnMajor`](GemmBackend::GemmColumnMajor) for a transposed `B` with few rows
+    ///   (m ≤ 128), a long contraction (k ≥ 128) and a wide output (n ≥ 32);
+    /// - [`MatrixMultiply`](GemmBackend::MatrixMultiply) for a transposed `A` with a narrow
+    ///   output (2 ≤ n ≤ 24);
+    /// - [`Gemm`](GemmBackend::Gemm) for everything else.
+    //
+    // Evidence: f32, one thread, Xeon @ 2.5 GHz with AVX-512, backends timed interleaved over
+    // 40–100 rounds, "median/best" GFLOP/s; `benches/matmul.rs` has the MLP shapes. The machine
+    // was shared (load 7–11 on 2 cores): absolute figures are low, the comparison is fair.
+    // - transposed B, m ≤ 128, k ≥ 128 — column-major output wins (gemm vs column-major):
+    //   32×784×512 (the MLP's fc1 dX) 23/26 vs 49/52, 32×512×512 27/32 vs 50/81,
+    //   32×512×784 35/45 vs 53/90, 128×784×512 44/50 vs 57/81, 8×512×512 8.5/9.8 vs 18/28,
+    //   32×512×128 35/40 vs 39/48; also with A transposed, 32×784×512 23/25 vs 52/58.
+    //   It loses for short contractions (32×512×10, fc3 dX: 29/46 vs 7/13; 32×512×64 38/46 vs
+    //   29/39), tall C (512×512×512 57/106 vs 47/80), narrow C (512×10×512 22/26 vs 10/11) and
+    //   whenever B is not transposed (32×512×784 fwd 39/43 vs 36/39; 784×512×32 dW 80/93 vs
+    //   29/31).
+    // - transposed A, 2 ≤ n ≤ 24 — matrixmultiply wins (gemm vs matrixmultiply, best):
+    //   512×10×32 (fc3 dW) 24 vs 29, 512×8×64 25 vs 33, 512×16×32 50 vs 73, 512×10×512 14 vs
+    //   25, 512×24×32 49.5 vs 52, with B also transposed 24 vs 31. Not at n = 1 (gemm's
+    //   matrix-vector path: 21 vs 4) nor from n = 32 (87.6 vs 87.8) nor for wide products
+    //   (784×512×32 fc1 dW 107 vs 100).
+    // - everything else — gemm wins or ties against matrixmultiply: 32×512×784 fc1 fwd 66 vs 55,
+    //   32×10×512 fc3 fwd 22 vs 9, 32×512×10 fc3 dX 47.5 vs 25, 512×10×32 no transpose 26 vs 9.
+    //   (An earlier measurement elsewhere favoured matrixmultiply for skinny transposed-B shapes;
+    //   on this machine gemm beats it there, and the column-major route beats both.)
+    pub fn for_shape(shape: &GemmShape) -> GemmBackend {
+        let GemmShape { m, n, k, .. } = *shape;
+        if shape.trans_b && m <= 128 && k >= 128 && n >= 32 {
+            GemmBackend::GemmColumnMajor
+        } else if shape.trans_a && (2..=24).contains(&n) {
+            GemmBackend::MatrixMultiply
+        } else {
+            GemmBackend::Gemm
+        }
+    }
+
+    /// The backend's short name (`gemm`, `gemm_colmajor`, `matrixmultiply`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmBackend::Gemm => "gemm",
+            GemmBackend::GemmColumnMajor => "gemm_colmajor",
+            GemmBackend::MatrixMultiply => "matrixmultiply",
+        }
+    }
+}
+
+/// `C ← α·op(A)·op(B) + β·C` on row-major slices, routed to the faster backend for the shape.
+///
+/// With `beta == 0` the previous contents of `c` are not read (NaNs there do not propagate);
+/// `beta == 1` accumulates, e.g. a weight gradient over micro-batches.
+pub fn gemm<T: Float>(
+    shape: GemmShape,
+    alpha: T,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
+) -> Result<(), TensorError> {
+    gemm_with(GemmBackend::for_shape(&shape), shape, alpha, a, b, beta, c)
+}
+
+/// [`gemm`](fn@gemm) on a chosen backend.
+pub fn gemm_with<T: Float>(
+    backend: GemmBackend,
+    shape: GemmShape,
+    alpha: T,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "gemm";
+    let GemmShape { m, n, k, .. } = shape;
+    check::buffer_len(OP, "a", m * k, a.len())?;
+    check::buffer_len(OP, "b", k * n, b.len())?;
+    check::buffer_len(OP, "c", m * n, c.len())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        // op(A)·op(B) is all zeros: only the β·C term remains.
+        if beta == T::ZERO {
+            c.fill(T::ZERO);
+        } else {
+            c.iter_mut().for_each(|v| *v *= beta);
+        }
+        return Ok(());
+    }
+    match backend {
+        GemmBackend::Gemm => gemm_crate(shape, alpha, a, b, beta, c, (n as isize, 1)),
+        GemmBackend::GemmColumnMajor => {
+            // Cᵀ is C in column-major order: compute it, then transpose it back.
+            let mut c_t = vec![T::ZERO; m * n];
+            if beta != T::ZERO {
+                transpose_into(c, m, n, &mut c_t)?;
+            }
+            gemm_crate(shape, alpha, a, b, beta, &mut c_t, (1, m as isize));
+            transpose_into(&c_t, n, m, c)?;
+        }
+        GemmBackend::MatrixMultiply => {
+            // SAFETY: the lengths were checked above, so every (row, col) of the three
+            // matrices at these strides lies inside its slice; `c` is borrowed mutably and
+            // cannot alias `a` or `b`.
+            unsafe {
+                T::matrixmultiply_gemm(
+                    m,
+                    k,
+                    n,
+                    alpha,
+                    a.as_ptr(),
+                    shape.a_strides(),
+                    b.as_ptr(),
+                    shape.b_strides(),
+                    beta,
+                    c.as_mut_ptr(),
+                    (n as isize, 1),
+                )
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `gemm` crate, single-threaded, on checked buffers: `c` (m×n, at `c_strides` = (row
+/// stride, column stride)) ← α·op(A)·op(B) + β·c, reading `c` only when β ≠ 0.
+fn gemm_crate<T: Float>(
+    shape: GemmShape,
+    alpha: T,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
+    c_strides: (isize, isize),
+) {
+    let (a_rs, a_cs) = shape.a_strides();
+    let (b_rs, b_cs) = shape.b_strides();
+    let (c_rs, c_cs) = c_strides;
+    // SAFETY: the caller checked that `a`, `b` and `c` hold m·k, k·n and m·n elements, which
+    // every (row, col) at these strides addresses; `c` is borrowed mutably and cannot alias
+    // `a` or `b`.
+    unsafe {
+        // The crate computes dst ← α'·dst + β'·lhs·rhs: its α is our β and vice versa.
+        gemm::gemm(
+            shape.m,
+            shape.n,
+            shape.k,
+            c.as_mut_ptr(),
+            c_cs,
+            c_rs,
+            beta != T::ZERO,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// The (m, k) of an operand's last two dims as used, given its transpose flag.
+fn matrix_dims(shape: &[usize], transposed: bool) -> (usize, usize) {
+    let (rows, cols) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    if transposed {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    }
+}
+
+/// The 2-D product `op(a)·op(b)`: `a` is `[m, k]` (`[k, m]` if `trans_a`), `b` is `[k, n]`
+/// (`[n, k]` if `trans_b`), the result is `[m, n]` of the inputs' dtype.
+pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor, TensorError> {
+    const OP: &str = "matmul";
+    for t in [a, b] {
+        if t.ndim() != 2 {
+            return Err(TensorError::InvalidArgument {
+                op: OP,
+                reason: format!("needs 2-D operands, got shape {:?}", t.shape()),
+            });
+        }
+    }
+    batch_matmul_checked(OP, a, b, trans_a, trans_b)
+}
+
+/// The batched product `op(a)·op(b)` over the last two dims, with NumPy broadcasting over the
+/// leading (batch) dims: `[..., m, k] · [..., k, n] → [broadcast(...), m, n]`. Both operands need
+/// at least 2 dims; a 2-D operand is shared by every batch.
+pub fn batch_matmul(
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<Tensor, TensorError> {
+    batch_matmul_checked("batch_matmul", a, b, trans_a, trans_b)
+}
+
+fn batch_matmul_checked(
+    op: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<Tensor, TensorError> {
+    check::min_rank(op, a, 2)?;
+    check::min_rank(op, b, 2)?;
+    check::same_dtype(op, a, b)?;
+    let (m, k) = matrix_dims(a.shape(), trans_a);
+    let (k_b, n) = matrix_dims(b.shape(), trans_b);
+    if k != k_b {
+        return Err(TensorError::ShapeMismatch {
+            op,
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        });
+    }
+    let a_batch = &a.shape()[..a.ndim() - 2];
+    let b_batch = &b.shape()[..b.ndim() - 2];
+    let batch = broadcast_shape(op, a_batch, b_batch)?;
+    let mut out_shape = batch.clone();
+    out_shape.extend([m, n]);
+    let shape = GemmShape {
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+    };
+    with_float!(op, a.dtype(), |T| {
+        let xa = T::read(op, a)?;
+        let xb = T::read(op, b)?;
+        let mut out = vec![T::ZERO; out_shape.iter().product()];
+        batched_gemm::<T>(shape, &xa, a_batch, &xb, b_batch, &batch, &mut out)?;
+        Ok(T::write(&out_shape, out, a.dtype()))
+    })
+}
+
+/// One gemm per batch element of the broadcast `batch` shape (or a single tall gemm when `b` is
+/// shared by every batch element and `a` is not transposed).
+fn batched_gemm<T: Float>(
+    shape: GemmShape,
+    a: &[T],
+    a_batch: &[usize],
+    b: &[T],
+    b_batch: &[usize],
+    batch: &[usize],
+    out: &mut [T],
+) -> Result<(), TensorError> {
+    let n_batch: usize = batch.iter().product();
+    let b_batch_len: usize = b_batch.iter().product();
+    if b_batch_len == 1 && !shape.trans_a {
+        // [B·m, k] · [k, n]: the batch folds into the rows of one product.
+        let tall = GemmShape {
+            m: shape.m * n_batch,
+            ..shape
+        };
+        return gemm(tall, T::ONE, a, b, T::ZERO, out);
+    }
+    let a_size = shape.m * shape.k;
+    let b_size = shape.k * shape.n;
+    let c_size = shape.m * shape.n;
+    let a_strides = broadcast_strides(a_batch, batch);
+    let b_strides = broadcast_strides(b_batch, batch);
+    let mut index = vec![0usize; batch.len()];
+    for c in out.chunks_exact_mut(c_size.max(1)).take(n_batch) {
+        let a_at: usize = index.iter().zip(&a_strides).map(|(i, s)| i * s).sum();
+        let b_at: usize = index.iter().zip(&b_strides).map(|(i, s)| i * s).sum();
+        gemm(
+            shape,
+            T::ONE,
+            &a[a_at * a_size..(a_at + 1) * a_size],
+            &b[b_at * b_size..(b_at + 1) * b_size],
+            T::ZERO,
+            c,
+        )?;
+        // Next batch index, last dim fastest.
+        for d in (0..batch.len()).rev() {
+            index[d] += 1;
+            if index[d] < batch[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
+        GemmShape {
+            m,
+            n,
+            k,
+            trans_a,
+            trans_b,
+        }
+    }
+
+    #[test]
+    fn routing_follows_the_measured_rule() {
+        use GemmBackend::{Gemm, GemmColumnMajor, MatrixMultiply};
+        let route =
+            |m, n, k, trans_a, trans_b| GemmBackend::for_shape(&shape(m, n, k, trans_a, trans_b));
+        // The MLP's shapes (forward, dX = dY·Wᵀ, dW = Xᵀ·dY for each layer).
+        assert_eq!(route(32, 512, 784, false, false), Gemm);
+        assert_eq!(route(32, 10, 512, false, false), Gemm);
+        assert_eq!(route(32, 784, 512, false, true), GemmColumnMajor);
+        assert_eq!(route(32, 512, 512, false, true), GemmColumnMajor);
+        assert_eq!(route(32, 512, 10, false, true), Gemm);
+        assert_eq!(route(784, 512, 32, true, false), Gemm);
+        assert_eq!(route(512, 10, 32, true, false), MatrixMultiply);
+        // The edges of each rule.
+        assert_eq!(route(512, 512, 512, false, true), Gemm);
+        assert_eq!(route(32, 512, 64, false, true), Gemm);
+        assert_eq!(route(512, 10, 32, true, true), MatrixMultiply);
+        assert_eq!(route(512, 1, 32, true, false), Gemm);
+        assert_eq!(route(512, 32, 32, true, false), Gemm);
+    }
+}

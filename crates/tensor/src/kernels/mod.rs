@@ -1,0 +1,92 @@
+//! CPU kernels: the arithmetic of training, on one thread's memory.
+//!
+//! # Two levels
+//! Every kernel exists at two levels:
+//! - **slice level** (`*_into`, `*_slice`, and the in-place BLAS-style updates): generic over
+//!   [`Float`] (f32, f64), reading `&[T]` and writing into a caller-allocated `&mut [T]`, so an
+//!   executor can reuse its buffers. Lengths are checked and a mismatch is a
+//!   [`TensorError::BufferLength`](crate::TensorError::BufferLength), never a panic.
+//! - **tensor level** (plain names: [`matmul`](fn@matmul), [`add`], [`softmax`](fn@softmax),
+//!   …): check shapes and dtypes, allocate the result and return `Result<Tensor, TensorError>`.
+//!
+//! # Dtypes
+//! f32 is the compute type that is made fast; f64 runs the same code. Tensor-level kernels take
+//! f16 and bf16 tensors, compute in f32 and return the input's storage dtype (layer norm's
+//! statistics stay f32). Integer and bool tensors are rejected with
+//! [`TensorError::UnsupportedDType`](crate::TensorError::UnsupportedDType), except where a kernel
+//! only moves elements ([`permute`](fn@permute), [`transpose`], the table of
+//! [`embedding`](fn@embedding): every dtype) or reads indices (i32 or i64). Operands of one op
+//! must share a dtype; nothing is promoted implicitly. In-place tensor updates
+//! ([`accumulate_scaled`]) take f32 or f64 only.
+//!
+//! # Conventions
+//! - Row-major, contiguous. Axes are `usize` (no negative axes).
+//! - [`softmax`](fn@softmax), [`log_softmax`] and the cross entropy normalise over the **last**
+//!   axis.
+//! - [`layer_norm`] normalises over the trailing `gamma.ndim()` dims.
+//! - Gradients are named `<op>_grad` and return the gradient of the op's input(s) given the
+//!   upstream gradient `dy`; each documents whether it reads the forward input or output.
+//! - Binary ops broadcast like NumPy; [`sum_to_shape`] brings a broadcast gradient back.
+//! - Matmul routes each shape to the faster of two single-threaded backends
+//!   ([`GemmBackend::for_shape`]).
+//!
+//! # Modules
+//! One family per module: [`matmul`](mod@matmul), [`binary`](mod@binary),
+//! [`unary`](mod@unary), [`broadcast`], [`reduce`], [`softmax`](mod@softmax), [`norm`],
+//! [`embedding`](mod@embedding), [`permute`](mod@permute), [`loss`], [`vector`]. Everything
+//! public is re-exported here, so callers write `tensor::kernels::softmax`.
+
+pub mod binary;
+pub mod broadcast;
+pub(crate) mod check;
+pub mod embedding;
+pub(crate) mod float;
+pub mod loss;
+pub mod matmul;
+pub mod norm;
+pub mod permute;
+pub mod reduce;
+pub mod softmax;
+pub mod unary;
+pub mod vector;
+
+pub use self::binary::{
+    add, bias_add, bias_add_grad, bias_add_into, binary, binary_grad, binary_into, div, mul, sub,
+    BinaryOp,
+};
+pub use self::broadcast::{
+    broadcast_shape, broadcast_to, broadcast_to_into, sum_to_shape, sum_to_shape_into,
+};
+pub use self::embedding::{
+    check_indices, embedding, embedding_grad, gather_rows_into, scatter_add_rows, IndexElement,
+};
+pub use self::float::Float;
+pub use self::loss::{
+    sparse_softmax_cross_entropy, sparse_softmax_cross_entropy_grad,
+    sparse_softmax_cross_entropy_grad_into, sparse_softmax_cross_entropy_slice,
+};
+pub use self::matmul::{batch_matmul, gemm, gemm_with, matmul, GemmBackend, GemmShape};
+pub use self::norm::{
+    layer_norm, layer_norm_grad, layer_norm_grad_into, layer_norm_into, LayerNormGradBuffers,
+    LayerNormGrads, LayerNormOutput, LayerNormParams, LayerNormSaved,
+};
+pub use self::permute::{
+    inverse_axes, permute, permute_into, permuted_shape, transpose, transpose_into,
+};
+pub use self::reduce::{
+    dot_slice, max, max_all, max_slice, mean, mean_all, reduce_all, reduce_all_slice, reduce_axis,
+    reduce_axis_grad, reduce_axis_grad_into, reduce_axis_into, sum, sum_all, sum_map_slice,
+    sum_slice, Reduction,
+};
+pub use self::softmax::{
+    log_softmax, log_softmax_grad, log_softmax_grad_into, log_softmax_into, log_sum_exp, softmax,
+    softmax_grad, softmax_grad_into, softmax_into,
+};
+pub use self::unary::{
+    exp, exp_grad, gelu, gelu_grad, log, log_grad, neg, relu, relu_grad, sigmoid, sigmoid_grad,
+    sqrt, sqrt_grad, tanh, tanh_grad, unary, unary_grad, unary_grad_into, unary_inplace,
+    unary_into, GeluForm, GradInput, UnaryOp,
+};
+pub use self::vector::{
+    accumulate_scaled, axpby, axpy, div_sqrt_axpy, fill, scale, scale_inplace, square_axpby,
+};

@@ -1,0 +1,285 @@
+//! Layer normalisation over the trailing dims, with learnt scale `gamma` and shift `beta`.
+//!
+//! `x` of shape `[lead..., norm...]` is a stack of rows of `n = prod(norm)` elements, where `norm`
+//! is `gamma`'s shape. Each row is normalised with its own biased variance:
+//! `y = (x - mean) · rstd · gamma + beta`, `rstd = 1 / √(var + ε)`. The forward pass returns the
+//! per-row `mean` and `rstd` (shape `[lead...]`) for the backward pass.
+
+use crate::error::TensorError;
+use crate::kernels::check;
+use crate::kernels::float::{with_float, Float};
+use crate::kernels::reduce::sum_slice;
+use crate::tensor::Tensor;
+
+/// The learnt parameters and epsilon of a layer norm (slice level).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerNormParams<'a, T> {
+    /// Scale, one per normalised element.
+    pub gamma: &'a [T],
+    /// Shift, one per normalised element.
+    pub beta: &'a [T],
+    /// Added to the variance.
+    pub epsilon: T,
+}
+
+/// What the backward pass reads (slice level): the forward input, its statistics and `gamma`.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerNormSaved<'a, T> {
+    /// The forward input.
+    pub x: &'a [T],
+    /// Per-row mean from the forward pass.
+    pub mean: &'a [T],
+    /// Per-row reciprocal standard deviation from the forward pass.
+    pub rstd: &'a [T],
+    /// The scale.
+    pub gamma: &'a [T],
+}
+
+/// The gradient buffers the backward pass overwrites (slice level).
+#[derive(Debug)]
+pub struct LayerNormGradBuffers<'a, T> {
+    /// Gradient of `x` (`x`'s length).
+    pub dx: &'a mut [T],
+    /// Gradient of `gamma` (`gamma`'s length).
+    pub dgamma: &'a mut [T],
+    /// Gradient of `beta` (`gamma`'s length).
+    pub dbeta: &'a mut [T],
+}
+
+/// The number of rows of `x_len` elements in rows of `cols`.
+fn row_count(op: &'static str, x_len: usize, cols: usize) -> Result<usize, TensorError> {
+    if cols == 0 {
+        return Err(TensorError::InvalidArgument {
+            op,
+            reason: "normalised size is 0".to_string(),
+        });
+    }
+    check::buffer_len(op, "x", x_len - x_len % cols, x_len)?;
+    Ok(x_len / cols)
+}
+
+/// Layer norm of `x` viewed as rows of `params.gamma.len()` elements; writes `y`, and the
+/// per-row `mean` and `rstd`.
+pub fn layer_norm_into<T: Float>(
+    x: &[T],
+    params: LayerNormParams<'_, T>,
+    y: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "layer_norm";
+    let cols = params.gamma.len();
+    let rows = row_count(OP, x.len(), cols)?;
+    check::buffer_len(OP, "beta", cols, params.beta.len())?;
+    check::buffer_len(OP, "y", x.len(), y.len())?;
+    check::buffer_len(OP, "mean", rows, mean.len())?;
+    check::buffer_len(OP, "rstd", rows, rstd.len())?;
+    let inv_cols = T::ONE / T::from_usize(cols);
+    for (r, (x_row, y_row)) in x
+        .chunks_exact(cols)
+        .zip(y.chunks_exact_mut(cols))
+        .enumerate()
+    {
+        let mu = sum_slice(x_row) * inv_cols;
+        // Two passes (centre, then square) so a large mean does not swamp the variance.
+        for (o, &v) in y_row.iter_mut().zip(x_row) {
+            let centred = v - mu;
+            *o = centred * centred;
+        }
+        let inv_std = T::ONE / (sum_slice(y_row) * inv_cols + params.epsilon).sqrt();
+        for (((o, &v), &g), &b) in y_row
+            .iter_mut()
+            .zip(x_row)
+            .zip(params.gamma)
+            .zip(params.beta)
+        {
+            *o = (v - mu) * inv_std * g + b;
+        }
+        mean[r] = mu;
+        rstd[r] = inv_std;
+    }
+    Ok(())
+}
+
+/// Backward of [`layer_norm_into`]: with `x̂ = (x - mean)·rstd` and `g = dy·gamma`,
+/// `dx = rstd · (g - mean(g) - x̂·mean(g·x̂))`, `dgamma = Σ_rows dy·x̂`, `dbeta = Σ_rows dy`.
+pub fn layer_norm_grad_into<T: Float>(
+    saved: LayerNormSaved<'_, T>,
+    dy: &[T],
+    grads: LayerNormGradBuffers<'_, T>,
+) -> Result<(), TensorError> {
+    const OP: &str = "layer_norm_grad";
+    let cols = saved.gamma.len();
+    let rows = row_count(OP, saved.x.len(), cols)?;
+    check::buffer_len(OP, "dy", saved.x.len(), dy.len())?;
+    check::buffer_len(OP, "mean", rows, saved.mean.len())?;
+    check::buffer_len(OP, "rstd", rows, saved.rstd.len())?;
+    check::buffer_len(OP, "dx", saved.x.len(), grads.dx.len())?;
+    check::buffer_len(OP, "dgamma", cols, grads.dgamma.len())?;
+    check::buffer_len(OP, "dbeta", cols, grads.dbeta.len())?;
+    grads.dgamma.fill(T::ZERO);
+    grads.dbeta.fill(T::ZERO);
+    let inv_cols = T::ONE / T::from_usize(cols);
+    let rows_iter = saved
+        .x
+        .chunks_exact(cols)
+        .zip(dy.chunks_exact(cols))
+        .zip(grads.dx.chunks_exact_mut(cols));
+    for (r, ((x_row, dy_row), dx_row)) in rows_iter.enumerate() {
+        let (mu, inv_std) = (saved.mean[r], saved.rstd[r]);
+        // First pass: the two row means, and the parameter gradients.
+        let mut sum_g = T::ZERO;
+        let mut sum_g_xhat = T::ZERO;
+        for c in 0..cols {
+            let xhat = (x_row[c] - mu) * inv_std;
+            let g = dy_row[c] * saved.gamma[c];
+            sum_g += g;
+            sum_g_xhat += g * xhat;
+            grads.dgamma[c] += dy_row[c] * xhat;
+            grads.dbeta[c] += dy_row[c];
+        }
+        let mean_g = sum_g * inv_cols;
+        let mean_g_xhat = sum_g_xhat * inv_cols;
+        for c in 0..cols {
+            let xhat = (x_row[c] - mu) * inv_std;
+            let g = dy_row[c] * saved.gamma[c];
+            dx_row[c] = inv_std * (g - mean_g - xhat * mean_g_xhat);
+        }
+    }
+    Ok(())
+}
+
+/// The forward results of [`layer_norm`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerNormOutput {
+    /// The normalised output, `x`'s shape and dtype.
+    pub y: Tensor,
+    /// Per-row mean, shape `x.shape()[..x.ndim() - gamma.ndim()]`, in the compute dtype
+    /// (f32 for f16/bf16 inputs, so the backward pass keeps full precision).
+    pub mean: Tensor,
+    /// Per-row `1/√(var + ε)`, shaped and typed like `mean`.
+    pub rstd: Tensor,
+}
+
+/// The gradients returned by [`layer_norm_grad`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerNormGrads {
+    /// Gradient of `x`.
+    pub dx: Tensor,
+    /// Gradient of `gamma`.
+    pub dgamma: Tensor,
+    /// Gradient of `beta`.
+    pub dbeta: Tensor,
+}
+
+/// The leading (row) shape of `x` when normalising over `norm_shape`, or a shape error.
+fn lead_shape<'x>(
+    op: &'static str,
+    x: &'x Tensor,
+    norm_shape: &[usize],
+) -> Result<&'x [usize], TensorError> {
+    let k = norm_shape.len();
+    if k == 0 || x.ndim() < k || &x.shape()[x.ndim() - k..] != norm_shape {
+        return Err(TensorError::ShapeMismatch {
+            op,
+            lhs: x.shape().to_vec(),
+            rhs: norm_shape.to_vec(),
+        });
+    }
+    Ok(&x.shape()[..x.ndim() - k])
+}
+
+/// Layer norm over the trailing `gamma.ndim()` dims of `x`, whose sizes must equal `gamma`'s
+/// (and `beta`'s) shape. MindSpore's `LayerNorm(begin_norm_axis = begin_params_axis = -k)`.
+pub fn layer_norm(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    epsilon: f64,
+) -> Result<LayerNormOutput, TensorError> {
+    const OP: &str = "layer_norm";
+    check::same_dtype(OP, x, gamma)?;
+    check::same_dtype(OP, x, beta)?;
+    check::same_shape(OP, gamma, beta)?;
+    let lead = lead_shape(OP, x, gamma.shape())?;
+    with_float!(OP, x.dtype(), |T| {
+        let xs = T::read(OP, x)?;
+        let gs = T::read(OP, gamma)?;
+        let bs = T::read(OP, beta)?;
+        let rows: usize = lead.iter().product();
+        let mut y = vec![T::ZERO; xs.len()];
+        let mut mean = vec![T::ZERO; rows];
+        let mut rstd = vec![T::ZERO; rows];
+        let params = LayerNormParams {
+            gamma: &gs,
+            beta: &bs,
+            epsilon: T::from_f64(epsilon),
+        };
+        layer_norm_into::<T>(&xs, params, &mut y, &mut mean, &mut rstd)?;
+        Ok(LayerNormOutput {
+            y: T::write(x.shape(), y, x.dtype()),
+            mean: T::write(lead, mean, T::DTYPE),
+            rstd: T::write(lead, rstd, T::DTYPE),
+        })
+    })
+}
+
+/// The gradients of [`layer_norm`] from its input `x`, upstream `dy`, the saved `mean` and `rstd`,
+/// and `gamma`.
+pub fn layer_norm_grad(
+    x: &Tensor,
+    dy: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    gamma: &Tensor,
+) -> Result<LayerNormGrads, TensorError> {
+    const OP: &str = "layer_norm_grad";
+    check::same_dtype(OP, x, dy)?;
+    check::same_dtype(OP, x, gamma)?;
+    check::same_shape(OP, x, dy)?;
+    check::same_shape(OP, mean, rstd)?;
+    let lead = lead_shape(OP, x, gamma.shape())?;
+    if mean.shape() != lead {
+        return Err(TensorError::ShapeMismatch {
+            op: OP,
+            lhs: lead.to_vec(),
+            rhs: mean.shape().to_vec(),
+        });
+    }
+    with_float!(OP, x.dtype(), |T| {
+        for stat in [mean, rstd] {
+            if stat.dtype() != T::DTYPE && stat.dtype() != x.dtype() {
+                return Err(TensorError::DTypeMismatch {
+                    op: OP,
+                    expected: T::DTYPE,
+                    got: stat.dtype(),
+                });
+            }
+        }
+        let xs = T::read(OP, x)?;
+        let gs = T::read(OP, dy)?;
+        let means = T::read(OP, mean)?;
+        let rstds = T::read(OP, rstd)?;
+        let gammas = T::read(OP, gamma)?;
+        let mut dx = vec![T::ZERO; xs.len()];
+        let mut dgamma = vec![T::ZERO; gammas.len()];
+        let mut dbeta = vec![T::ZERO; gammas.len()];
+        let saved = LayerNormSaved {
+            x: &xs,
+            mean: &means,
+            rstd: &rstds,
+            gamma: &gammas,
+        };
+        let buffers = LayerNormGradBuffers {
+            dx: &mut dx,
+            dgamma: &mut dgamma,
+            dbeta: &mut dbeta,
+        };
+        layer_norm_grad_into::<T>(saved, &gs, buffers)?;
+        Ok(LayerNormGrads {
+            dx: T::write(x.shape(), dx, x.dtype()),
+            dgamma: T::write(gamma.shape(), dgamma, gamma.dtype()),
+            dbeta: T::write(gamma.shape(), dbeta, gamma.dtype()),
+        })
+    })
+}

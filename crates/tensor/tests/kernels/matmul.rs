@@ -1,0 +1,253 @@
+use proptest::prelude::*;
+use tensor::kernels::{self, gemm_with, GemmBackend, GemmShape};
+use tensor::{DType, Tensor, TensorError};
+
+use super::reference::{self as r, assert_close, assert_close_f32, Rng};
+
+/// (m, n, k): ones, odd sizes, non-multiples of every SIMD width, and an MLP-like shape.
+const SHAPES: [(usize, usize, usize); 8] = [
+    (1, 1, 1),
+    (1, 17, 3),
+    (3, 1, 17),
+    (17, 19, 23),
+    (5, 33, 1),
+    (32, 10, 64),
+    (40, 3, 129),
+    (33, 65, 31),
+];
+
+#[test]
+fn gemm_matches_reference_on_both_backends_and_all_transposes() {
+    let mut rng = Rng::new(1);
+    for (m, n, k) in SHAPES {
+        for trans_a in [false, true] {
+            for trans_b in [false, true] {
+                let a = rng.vec(m * k, -1.0, 1.0);
+                let b = rng.vec(k * n, -1.0, 1.0);
+                let want = r::matmul(&a, &b, m, n, k, trans_a, trans_b);
+                let shape = GemmShape {
+                    m,
+                    n,
+                    k,
+                    trans_a,
+                    trans_b,
+                };
+                for backend in GemmBackend::ALL {
+                    let what = format!("{backend:?} {shape:?}");
+                    // f32, beta = 0 over a NaN-filled output: C must not be read.
+                    let mut c = vec![f32::NAN; m * n];
+                    gemm_with(
+                        backend,
+                        shape,
+                        1.0,
+                        &r::to_f32(&a),
+                        &r::to_f32(&b),
+                        0.0,
+                        &mut c,
+                    )
+                    .unwrap();
+                    assert_close_f32(&c, &want, &what);
+                    // f64, accumulating (β = 1) and scaling (β = 0.5): C = 2·AB + β·C0.
+                    for beta in [1.0, 0.5] {
+                        let c0 = rng.vec(m * n, -1.0, 1.0);
+                        let mut c = c0.clone();
+                        gemm_with(backend, shape, 2.0, &a, &b, beta, &mut c).unwrap();
+                        let acc: Vec<f64> = want
+                            .iter()
+                            .zip(&c0)
+                            .map(|(w, c)| 2.0 * w + beta * c)
+                            .collect();
+                        assert_close(&c, &acc, 1e-12, 1e-12, &what);
+                    }
+                }
+                // The routed entry point agrees too.
+                let mut c = vec![0f32; m * n];
+                kernels::gemm(shape, 1.0, &r::to_f32(&a), &r::to_f32(&b), 0.0, &mut c).unwrap();
+                assert_close_f32(&c, &want, "routed");
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_with_empty_contraction_scales_c() {
+    let shape = GemmShape::new(2, 3, 0);
+    let mut c = vec![1.5f32; 6];
+    kernels::gemm(shape, 1.0, &[], &[], 2.0, &mut c).unwrap();
+    assert_eq!(c, vec![3.0; 6]);
+    kernels::gemm(shape, 1.0, &[], &[], 0.0, &mut c).unwrap();
+    assert_eq!(c, vec![0.0; 6]);
+}
+
+#[test]
+fn gemm_rejects_wrong_buffer_lengths() {
+    let shape = GemmShape::new(2, 3, 4);
+    let mut c = vec![0f32; 6];
+    let err = kernels::gemm(shape, 1.0, &[0.0; 7], &[0.0; 12], 0.0, &mut c).unwrap_err();
+    assert_eq!(
+        err,
+        TensorError::BufferLength {
+            op: "gemm",
+            buffer: "a",
+            expected: 8,
+            got: 7
+        }
+    );
+}
+
+#[test]
+fn matmul_tensor_level_f32_f64_bf16() {
+    let mut rng = Rng::new(2);
+    let (m, n, k) = (7, 5, 9);
+    let a = rng.vec(k * m, -1.0, 1.0); // stored [k, m], used transposed
+    let b = rng.vec(k * n, -1.0, 1.0);
+    let want = r::matmul(&a, &b, m, n, k, true, false);
+    let y = kernels::matmul(
+        &r::f32_tensor(&[k, m], &a),
+        &r::f32_tensor(&[k, n], &b),
+        true,
+        false,
+    )
+    .unwrap();
+    assert_eq!(y.shape(), &[m, n]);
+    assert_close_f32(y.as_f32().unwrap(), &want, "matmul f32");
+    let y = kernels::matmul(
+        &r::f64_tensor(&[k, m], &a),
+        &r::f64_tensor(&[k, n], &b),
+        true,
+        false,
+    )
+    .unwrap();
+    assert_close(&y.to_f64_vec(), &want, 1e-12, 1e-12, "matmul f64");
+    // bf16 storage: computed in f32 from the rounded inputs, returned as bf16.
+    let a16 = r::f32_tensor(&[k, m], &a).to_dtype(DType::BF16);
+    let b16 = r::f32_tensor(&[k, n], &b).to_dtype(DType::BF16);
+    let want16 = r::matmul(&a16.to_f64_vec(), &b16.to_f64_vec(), m, n, k, true, false);
+    let y = kernels::matmul(&a16, &b16, true, false).unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    assert_close(&y.to_f64_vec(), &want16, 1e-2, 1e-2, "matmul bf16");
+}
+
+#[test]
+fn matmul_errors() {
+    let a = Tensor::zeros(DType::F32, &[2, 3]);
+    let b = Tensor::zeros(DType::F32, &[4, 5]);
+    assert!(matches!(
+        kernels::matmul(&a, &b, false, false),
+        Err(TensorError::ShapeMismatch { op: "matmul", .. })
+    ));
+    let b64 = Tensor::zeros(DType::F64, &[3, 5]);
+    assert!(matches!(
+        kernels::matmul(&a, &b64, false, false),
+        Err(TensorError::DTypeMismatch { .. })
+    ));
+    let ints = Tensor::zeros(DType::I32, &[2, 3]);
+    let ints_b = Tensor::zeros(DType::I32, &[3, 2]);
+    assert!(matches!(
+        kernels::matmul(&ints, &ints_b, false, false),
+        Err(TensorError::UnsupportedDType { op: "matmul", .. })
+    ));
+    let three_d = Tensor::zeros(DType::F32, &[1, 2, 3]);
+    assert!(kernels::matmul(&three_d, &b, false, false).is_err());
+}
+
+/// Reference batched product with broadcast batch dims.
+fn batch_reference(
+    a: &[f64],
+    a_shape: &[usize],
+    b: &[f64],
+    b_shape: &[usize],
+    trans_a: bool,
+    trans_b: bool,
+) -> (Vec<f64>, Vec<usize>) {
+    let (ar, ac) = (a_shape[a_shape.len() - 2], a_shape[a_shape.len() - 1]);
+    let (br, bc) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
+    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
+    let n = if trans_b { br } else { bc };
+    let a_batch = &a_shape[..a_shape.len() - 2];
+    let b_batch = &b_shape[..b_shape.len() - 2];
+    let batch = r::broadcast_shape(a_batch, b_batch);
+    let n_batch: usize = batch.iter().product();
+    let mut out = Vec::new();
+    for flat in 0..n_batch {
+        let index = r::unravel(flat, &batch);
+        let ai = r::broadcast_source(&index, a_batch);
+        let bi = r::broadcast_source(&index, b_batch);
+        out.extend(r::matmul(
+            &a[ai * m * k..(ai + 1) * m * k],
+            &b[bi * k * n..(bi + 1) * k * n],
+            m,
+            n,
+            k,
+            trans_a,
+            trans_b,
+        ));
+    }
+    let mut shape = batch;
+    shape.extend([m, n]);
+    (out, shape)
+}
+
+#[test]
+fn batch_matmul_broadcasts_batch_dims() {
+    let mut rng = Rng::new(3);
+    // (a shape, b shape, trans_a, trans_b)
+    let cases: [(&[usize], &[usize], bool, bool); 6] = [
+        (&[2, 3, 4], &[2, 4, 5], false, false),
+        (&[2, 3, 4], &[4, 5], false, false), // shared weight: folded into one tall gemm
+        (&[2, 4, 3], &[4, 5], true, false),  // shared weight, transposed A: per batch
+        (&[3, 1, 5, 4], &[2, 3, 4], false, true),
+        (&[1, 3, 4], &[3, 2, 4, 1], false, false),
+        (&[4, 3], &[2, 3, 17], false, false), // shared left operand
+    ];
+    for (a_shape, b_shape, trans_a, trans_b) in cases {
+        let a = rng.vec(a_shape.iter().product(), -1.0, 1.0);
+        let b = rng.vec(b_shape.iter().product(), -1.0, 1.0);
+        let (want, want_shape) = batch_reference(&a, a_shape, &b, b_shape, trans_a, trans_b);
+        let y = kernels::batch_matmul(
+            &r::f32_tensor(a_shape, &a),
+            &r::f32_tensor(b_shape, &b),
+            trans_a,
+            trans_b,
+        )
+        .unwrap();
+        assert_eq!(
+            y.shape(),
+            want_shape.as_slice(),
+            "{a_shape:?} x {b_shape:?}"
+        );
+        assert_close_f32(y.as_f32().unwrap(), &want, "batch_matmul");
+    }
+    let bad = kernels::batch_matmul(
+        &Tensor::zeros(DType::F32, &[2, 3, 4]),
+        &Tensor::zeros(DType::F32, &[3, 4, 5]),
+        false,
+        false,
+    );
+    assert!(matches!(bad, Err(TensorError::NotBroadcastable { .. })));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A product with transposed operands equals the product of explicitly transposed inputs.
+    #[test]
+    fn transposed_matmul_equals_matmul_of_transposes(
+        m in 1usize..12, n in 1usize..12, k in 1usize..12,
+        trans_a: bool, trans_b: bool, seed: u64,
+    ) {
+        let mut rng = Rng::new(seed);
+        let a_stored = if trans_a { [k, m] } else { [m, k] };
+        let b_stored = if trans_b { [n, k] } else { [k, n] };
+        let a = r::f64_tensor(&a_stored, &rng.vec(m * k, -1.0, 1.0));
+        let b = r::f64_tensor(&b_stored, &rng.vec(k * n, -1.0, 1.0));
+        let fused = kernels::matmul(&a, &b, trans_a, trans_b).unwrap();
+        let a_plain = if trans_a { kernels::transpose(&a).unwrap() } else { a.clone() };
+        let b_plain = if trans_b { kernels::transpose(&b).unwrap() } else { b.clone() };
+        let explicit = kernels::matmul(&a_plain, &b_plain, false, false).unwrap();
+        prop_assert_eq!(fused.shape(), explicit.shape());
+        for (x, y) in fused.to_f64_vec().iter().zip(explicit.to_f64_vec()) {
+            prop_assert!((x - y).abs() < 1e-12);
+        }
+    }
+}

@@ -1,0 +1,195 @@
+use tensor::kernels::{self, GeluForm, GradInput, UnaryOp};
+use tensor::{DType, Tensor, TensorError};
+
+use super::reference::{self as r, assert_close, assert_close_f32, Rng};
+
+/// An op, its f64 reference forward, reference derivative f'(x), and input range.
+type Case = (UnaryOp, fn(f64) -> f64, fn(f64) -> f64, (f64, f64));
+
+fn cases() -> Vec<Case> {
+    vec![
+        (
+            UnaryOp::Relu,
+            |x| x.max(0.0),
+            |x| if x > 0.0 { 1.0 } else { 0.0 },
+            (-3.0, 3.0),
+        ),
+        (
+            UnaryOp::Gelu(GeluForm::Erf),
+            r::gelu_erf,
+            gelu_erf_prime,
+            (-4.0, 4.0),
+        ),
+        (
+            UnaryOp::Gelu(GeluForm::Tanh),
+            r::gelu_tanh,
+            gelu_tanh_prime,
+            (-4.0, 4.0),
+        ),
+        (
+            UnaryOp::Tanh,
+            f64::tanh,
+            |x| 1.0 - x.tanh().powi(2),
+            (-3.0, 3.0),
+        ),
+        (
+            UnaryOp::Sigmoid,
+            sigmoid,
+            |x| sigmoid(x) * (1.0 - sigmoid(x)),
+            (-6.0, 6.0),
+        ),
+        (UnaryOp::Exp, f64::exp, f64::exp, (-3.0, 3.0)),
+        (UnaryOp::Log, f64::ln, |x| 1.0 / x, (0.1, 5.0)),
+        (UnaryOp::Sqrt, f64::sqrt, |x| 0.5 / x.sqrt(), (0.1, 5.0)),
+        (UnaryOp::Neg, |x| -x, |_| -1.0, (-3.0, 3.0)),
+    ]
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// d/dx of x·Φ(x): Φ(x) + x·φ(x).
+fn gelu_erf_prime(x: f64) -> f64 {
+    let cdf = 0.5 * r::erfc(-x / std::f64::consts::SQRT_2);
+    cdf + x * (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()
+}
+
+/// d/dx of the tanh approximation.
+fn gelu_tanh_prime(x: f64) -> f64 {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let t = (k * (x + 0.044715 * x * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x)
+}
+
+const LENGTHS: [usize; 5] = [1, 3, 16, 17, 100];
+
+#[test]
+fn forward_matches_reference() {
+    let mut rng = Rng::new(20);
+    for (op, f, _, (lo, hi)) in cases() {
+        for n in LENGTHS {
+            let x = rng.vec(n, lo, hi);
+            let want: Vec<f64> = x.iter().map(|&v| f(v)).collect();
+            let y = kernels::unary(op, &r::f32_tensor(&[n], &x)).unwrap();
+            assert_close_f32(y.as_f32().unwrap(), &want, op.name());
+            let y = kernels::unary(op, &r::f64_tensor(&[n], &x)).unwrap();
+            assert_close(&y.to_f64_vec(), &want, 1e-13, 1e-14, op.name());
+            // In place agrees with out of place.
+            let mut inplace = r::to_f32(&x);
+            kernels::unary_inplace(op, &mut inplace);
+            assert_close_f32(&inplace, &want, op.name());
+        }
+    }
+}
+
+#[test]
+fn gradients_match_analytic_reference_and_finite_differences() {
+    let mut rng = Rng::new(21);
+    for (op, f, f_prime, (lo, hi)) in cases() {
+        for n in LENGTHS {
+            let mut x = rng.vec(n, lo, hi);
+            if op == UnaryOp::Relu {
+                // Keep away from the kink, where finite differences are meaningless.
+                x.iter_mut()
+                    .filter(|v| v.abs() < 1e-3)
+                    .for_each(|v| *v = 0.5);
+            }
+            let dy = rng.vec(n, -1.0, 1.0);
+            let want: Vec<f64> = x.iter().zip(&dy).map(|(&v, &g)| f_prime(v) * g).collect();
+            let saved: Vec<f64> = match op.grad_input() {
+                GradInput::Input => x.clone(),
+                GradInput::Output => x.iter().map(|&v| f(v)).collect(),
+            };
+            let dx =
+                kernels::unary_grad(op, &r::f64_tensor(&[n], &saved), &r::f64_tensor(&[n], &dy))
+                    .unwrap();
+            assert_close(&dx.to_f64_vec(), &want, 1e-11, 1e-12, op.name());
+            let dx32 =
+                kernels::unary_grad(op, &r::f32_tensor(&[n], &saved), &r::f32_tensor(&[n], &dy))
+                    .unwrap();
+            assert_close_f32(dx32.as_f32().unwrap(), &want, op.name());
+            // Central differences of Σ dy·f(x) through the f64 kernel.
+            let numeric = r::numeric_grad(&x, 1e-6, |probe| {
+                let mut y = vec![0.0; n];
+                kernels::unary_into(op, probe, &mut y).unwrap();
+                r::weighted_sum(&dy, &y)
+            });
+            assert_close(&dx.to_f64_vec(), &numeric, 1e-6, 1e-7, op.name());
+        }
+    }
+}
+
+/// MindSpore's documented outputs for `[[-1, 4, -8], [2, -5, 9]]`: `nn.GELU()` (tanh form) and
+/// `nn.GELU(approximate=False)` (erf form), float32.
+#[test]
+fn gelu_matches_mindspore_documented_values() {
+    let x = Tensor::from_vec(&[2, 3], vec![-1.0f32, 4.0, -8.0, 2.0, -5.0, 9.0]).unwrap();
+    let tanh_form = kernels::gelu(&x, GeluForm::Tanh).unwrap();
+    let want_tanh = [
+        -1.5880802e-01,
+        3.9999299e+00,
+        -3.1077917e-21,
+        1.9545976e+00,
+        -2.2918017e-07,
+        9.0,
+    ];
+    assert_close_f32(tanh_form.as_f32().unwrap(), &want_tanh, "gelu tanh");
+    let erf_form = kernels::gelu(&x, GeluForm::Erf).unwrap();
+    // MindSpore prints -1.4901161e-06 for gelu(-5): the cancellation of `1 + erf(x/√2)` in f32.
+    // The exact value is -1.4332e-06, which the erfc form computes.
+    let want_erf = [
+        -1.5865526e-01,
+        3.9998732e+00,
+        0.0,
+        1.9544997e+00,
+        -1.4332e-06,
+        9.0,
+    ];
+    let got: Vec<f64> = erf_form
+        .as_f32()
+        .unwrap()
+        .iter()
+        .map(|&v| f64::from(v))
+        .collect();
+    assert_close(&got, &want_erf, 1e-4, 1e-9, "gelu erf");
+}
+
+#[test]
+fn named_wrappers_and_dtypes() {
+    let x = Tensor::from_vec(&[3], vec![-1.0f32, 0.0, 2.0]).unwrap();
+    assert_eq!(
+        kernels::relu(&x).unwrap().as_f32().unwrap(),
+        &[0.0, 0.0, 2.0]
+    );
+    assert_eq!(
+        kernels::neg(&x).unwrap().as_f32().unwrap(),
+        &[1.0, -0.0, -2.0]
+    );
+    let dy = Tensor::from_vec(&[3], vec![1.0f32, 1.0, 1.0]).unwrap();
+    // relu's gradient at exactly 0 is 0.
+    assert_eq!(
+        kernels::relu_grad(&x, &dy).unwrap().as_f32().unwrap(),
+        &[0.0, 0.0, 1.0]
+    );
+    let y = kernels::exp(&x.to_dtype(DType::BF16)).unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    assert_close(
+        &y.to_f64_vec(),
+        &[(-1f64).exp(), 1.0, 2f64.exp()],
+        1e-2,
+        0.0,
+        "exp bf16",
+    );
+    for f in [kernels::tanh, kernels::sigmoid, kernels::log, kernels::sqrt] {
+        assert!(f(&x).is_ok());
+    }
+    assert!(matches!(
+        kernels::relu(&Tensor::zeros(DType::I64, &[2])),
+        Err(TensorError::UnsupportedDType { op: "relu", .. })
+    ));
+    assert!(matches!(
+        kernels::tanh_grad(&x, &Tensor::zeros(DType::F32, &[4])),
+        Err(TensorError::ShapeMismatch { op: "tanh", .. })
+    ));
+}
