@@ -18,6 +18,12 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Single-thread memcpy bandwidth, the ceiling every copy and collective is measured against.
     Memcpy(MemcpyArgs),
+    /// Checkpoint conversion (1 GiB, 8 ranks to 4) next to `cp -r` + `sync` of the same source.
+    CkptConvert(crate::bench_ckpt::CkptConvertArgs),
+    /// Bus bandwidth of all-reduce and all-gather over a `comm` backend, 1 KiB to 256 MiB.
+    Collectives(crate::bench_collectives::CollectivesArgs),
+    /// Time and bytes of resharding a tensor between every pair of six layouts on a 2x2 mesh.
+    Reshard(crate::bench_reshard::ReshardBenchArgs),
 }
 
 /// Arguments of `tessera bench memcpy`.
@@ -35,6 +41,9 @@ struct MemcpyArgs {
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match &args.command {
         BenchCommand::Memcpy(a) => memcpy(a),
+        BenchCommand::CkptConvert(a) => crate::bench_ckpt::run(a),
+        BenchCommand::Collectives(a) => crate::bench_collectives::run(a),
+        BenchCommand::Reshard(a) => crate::bench_reshard::run(a),
     }
 }
 

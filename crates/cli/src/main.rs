@@ -8,9 +8,15 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench_ckpt;
 mod bench_cmd;
+mod bench_collectives;
+mod bench_reshard;
+mod ckpt_cmd;
 mod grid;
 mod layout_cmd;
+mod reshard_cmd;
+mod strategy_cmd;
 
 /// Tessera: parallel training and distributed checkpoints.
 #[derive(Debug, Parser)]
@@ -25,14 +31,24 @@ enum Command {
     /// Show how a tensor is laid out over a device mesh: every rank's slice, the replica groups,
     /// and a drawing of the blocks.
     Layout(layout_cmd::LayoutArgs),
+    /// Plan moving a tensor from one layout to another (bytes per rank, lower bound, every step);
+    /// `--run` executes it on local ranks and checks the result.
+    Reshard(reshard_cmd::ReshardArgs),
     /// Benchmarks, each next to its baseline measured in the same run.
     Bench(bench_cmd::BenchArgs),
+    /// Distributed checkpoints: convert, rank lists, merge, load, dedup, verify, inspect.
+    Ckpt(ckpt_cmd::CkptArgs),
+    /// Strategy files: show, merge pipeline stages, restore ranks from group info.
+    Strategy(strategy_cmd::StrategyArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Layout(args) => layout_cmd::run(&args),
+        Command::Reshard(args) => reshard_cmd::run(&args),
         Command::Bench(args) => bench_cmd::run(&args),
+        Command::Ckpt(args) => ckpt_cmd::run(&args),
+        Command::Strategy(args) => strategy_cmd::run(&args),
     }
 }
 

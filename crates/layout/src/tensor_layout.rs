@@ -206,12 +206,19 @@ impl TensorLayout {
         out.into_iter().map(|(_, b, g)| (b, g)).collect()
     }
 
-    /// Whether `other` places every element on the same slots of the same ranks (the meshes may
-    /// be spelled differently, e.g. with or without unit axes).
+    /// Whether `other` places every element on the same ranks: the same global shape, the same
+    /// ranks, and every rank holding the same box. The meshes may differ in spelling (axis names,
+    /// unit axes, shape, the order of the rank list).
     pub fn same_placement(&self, other: &TensorLayout) -> bool {
+        let (mine, theirs) = (self.mesh(), other.mesh());
         self.shape == other.shape
-            && self.mesh().rank_list() == other.mesh().rank_list()
-            && (0..self.mesh().n_slots()).all(|s| self.slot_box(s) == other.slot_box(s))
+            && mine.n_slots() == theirs.n_slots()
+            && mine.interleave_factor() == theirs.interleave_factor()
+            && (0..mine.n_slots()).all(|s| {
+                theirs
+                    .slot_of_rank(mine.rank_of_slot(s))
+                    .is_some_and(|t| self.slot_box(s) == other.slot_box(t))
+            })
     }
 
     /// The same placement without unit mesh axes.

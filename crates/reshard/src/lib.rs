@@ -24,7 +24,13 @@
 #![deny(missing_docs)]
 
 mod error;
+mod execute;
+mod lower;
+mod partial;
 mod plan;
 
 pub use crate::error::ReshardError;
-pub use crate::plan::{plan, source_pieces, ReshardPlan, SourcePiece, Transfer};
+pub use crate::execute::{reshard, DistTensor, ReshardRunner};
+pub use crate::lower::{lower, Exchange, ExchangeKind};
+pub use crate::partial::{DistLayout, ReduceKind, ReduceStep};
+pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};

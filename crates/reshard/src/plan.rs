@@ -12,6 +12,7 @@ use layout::{SliceBox, TensorLayout};
 use tensor::DType;
 
 use crate::error::ReshardError;
+use crate::partial::{DistLayout, ReduceStep};
 
 /// One piece of data moved by a plan: `region` (global tensor coordinates) from a source slot to a
 /// destination slot.
@@ -60,18 +61,34 @@ pub fn source_pieces(src: &TensorLayout, region: &SliceBox) -> Vec<SourcePiece> 
 }
 
 /// A plan moving a tensor from layout `src` to layout `dst`: data, inspectable before it runs.
+///
+/// A partial source is first summed within its partial groups ([`ReshardPlan::reduce`]); the
+/// transfers then move boxes from the result (or from the source itself) to the destination.
 #[derive(Debug, Clone)]
 pub struct ReshardPlan {
-    src: TensorLayout,
+    src: DistLayout,
+    reduce: Option<ReduceStep>,
     dst: TensorLayout,
     dtype: DType,
     transfers: Vec<Transfer>,
 }
 
 impl ReshardPlan {
-    /// The source layout.
-    pub fn src(&self) -> &TensorLayout {
+    /// The source layout, with its pending-sum axes.
+    pub fn src(&self) -> &DistLayout {
         &self.src
+    }
+
+    /// The summation step of a partial source, if any.
+    pub fn reduce(&self) -> Option<&ReduceStep> {
+        self.reduce.as_ref()
+    }
+
+    /// The placement the transfers start from: the reduction's result, or the source.
+    pub fn moved_from(&self) -> &TensorLayout {
+        self.reduce
+            .as_ref()
+            .map_or(self.src.layout(), |r| &r.result)
     }
 
     /// The destination layout.
@@ -107,6 +124,9 @@ impl ReshardPlan {
         for t in self.transfers.iter().filter(|t| !t.is_local()) {
             *per_rank.entry(t.dst_rank).or_default() += self.transfer_bytes(t);
         }
+        for (rank, bytes) in self.reduce_bytes_per_rank() {
+            *per_rank.entry(rank).or_default() += bytes;
+        }
         self.dst
             .mesh()
             .device_ranks()
@@ -115,10 +135,23 @@ impl ReshardPlan {
             .collect()
     }
 
-    /// Bytes sent over the network by each device of the source mesh, in mesh order.
+    /// Bytes each source device receives while summing a partial source (empty without one).
+    pub fn reduce_bytes_per_rank(&self) -> Vec<(usize, usize)> {
+        let Some(step) = &self.reduce else {
+            return Vec::new();
+        };
+        let mesh = self.src.layout().mesh();
+        let bytes = step.elements_received_per_member(&self.src) * self.dtype.size_in_bytes();
+        (0..mesh.n_slots())
+            .map(|s| (mesh.device_of_slot(s), bytes))
+            .collect()
+    }
+
+    /// Bytes sent over the network by each device of the source mesh, in mesh order (transfers
+    /// only; a reduction sends what it receives).
     pub fn bytes_sent_per_rank(&self) -> Vec<(usize, usize)> {
         let mut per_rank: BTreeMap<usize, usize> = self
-            .src
+            .moved_from()
             .mesh()
             .device_ranks()
             .into_iter()
@@ -127,7 +160,7 @@ impl ReshardPlan {
         for t in self.transfers.iter().filter(|t| !t.is_local()) {
             *per_rank.entry(t.src_rank).or_default() += self.transfer_bytes(t);
         }
-        self.src
+        self.moved_from()
             .mesh()
             .device_ranks()
             .into_iter()
@@ -135,13 +168,18 @@ impl ReshardPlan {
             .collect()
     }
 
-    /// Total bytes received over the network.
+    /// Total bytes received over the network, the reduction included.
     pub fn bytes_total(&self) -> usize {
         self.transfers
             .iter()
             .filter(|t| !t.is_local())
             .map(|t| self.transfer_bytes(t))
-            .sum()
+            .sum::<usize>()
+            + self
+                .reduce_bytes_per_rank()
+                .iter()
+                .map(|(_, b)| b)
+                .sum::<usize>()
     }
 
     /// Bytes copied locally (no network).
@@ -154,9 +192,16 @@ impl ReshardPlan {
     }
 
     /// The fewest bytes any plan must move: for every destination slot, the elements of its box
-    /// that its device does not hold under the source layout.
+    /// that its device does not hold under the source layout. For a partial source, the bytes of
+    /// the chosen reduction (a bandwidth-optimal reduce-scatter or all-reduce) plus that bound
+    /// from the reduction's result.
     pub fn bytes_lower_bound(&self) -> usize {
-        lower_bound_elements(&self.src, &self.dst) * self.dtype.size_in_bytes()
+        lower_bound_elements(self.moved_from(), &self.dst) * self.dtype.size_in_bytes()
+            + self
+                .reduce_bytes_per_rank()
+                .iter()
+                .map(|(_, b)| b)
+                .sum::<usize>()
     }
 
     /// One line per transfer with its reason, then the totals.
@@ -164,6 +209,22 @@ impl ReshardPlan {
         let mut out = String::new();
         let _ = writeln!(out, "from {}", self.src);
         let _ = writeln!(out, "to   {}", self.dst);
+        if let Some(step) = &self.reduce {
+            let mesh = self.src.layout().mesh();
+            for group in &step.slot_groups {
+                let ranks: Vec<usize> = group.iter().map(|&s| mesh.device_of_slot(s)).collect();
+                let what = match step.kind {
+                    crate::partial::ReduceKind::AllReduce => "all-reduce (sum)".to_string(),
+                    crate::partial::ReduceKind::ReduceScatter { dim } => {
+                        format!("reduce-scatter (sum) along dim {dim}")
+                    }
+                };
+                let _ = writeln!(
+                    out,
+                    "  ranks {ranks:?}: {what}: their values are partial sums of one box"
+                );
+            }
+        }
         for t in &self.transfers {
             let bytes = self.transfer_bytes(t);
             if t.is_local() {
@@ -192,7 +253,7 @@ impl ReshardPlan {
 }
 
 /// Elements each destination slot lacks under the source layout, summed.
-fn lower_bound_elements(src: &TensorLayout, dst: &TensorLayout) -> usize {
+pub(crate) fn lower_bound_elements(src: &TensorLayout, dst: &TensorLayout) -> usize {
     let dst_mesh = dst.mesh();
     (0..dst_mesh.n_slots())
         .map(|slot| {
@@ -226,6 +287,35 @@ pub fn plan(
     dst: &TensorLayout,
     dtype: DType,
 ) -> Result<ReshardPlan, ReshardError> {
+    plan_from(&DistLayout::from(src.clone()), dst, dtype)
+}
+
+/// Plans moving a tensor whose source may be pending a sum (see [`DistLayout`]): the sum is
+/// resolved first within each partial group (see [`ReduceStep::choose`]), then boxes move as in
+/// [`plan`].
+pub fn plan_from(
+    src: &DistLayout,
+    dst: &TensorLayout,
+    dtype: DType,
+) -> Result<ReshardPlan, ReshardError> {
+    let reduce = src.is_partial().then(|| ReduceStep::choose(src, dst));
+    let from = reduce.as_ref().map_or(src.layout(), |r| &r.result);
+    let transfers = plan_transfers(from, dst, dtype)?;
+    Ok(ReshardPlan {
+        src: src.clone(),
+        reduce,
+        dst: dst.clone(),
+        dtype,
+        transfers,
+    })
+}
+
+/// The transfers moving boxes from `src` to `dst` (no pending sums).
+fn plan_transfers(
+    src: &TensorLayout,
+    dst: &TensorLayout,
+    dtype: DType,
+) -> Result<Vec<Transfer>, ReshardError> {
     if src.shape() != dst.shape() {
         return Err(ReshardError::ShapeMismatch {
             src: src.shape().to_vec(),
@@ -283,12 +373,7 @@ pub fn plan(
             }
         }
     }
-    Ok(ReshardPlan {
-        src: src.clone(),
-        dst: dst.clone(),
-        dtype,
-        transfers,
-    })
+    Ok(transfers)
 }
 
 #[cfg(test)]

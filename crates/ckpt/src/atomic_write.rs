@@ -1,0 +1,212 @@
+//! Atomic file creation: write `<name>.tmp` beside the destination, fsync it, rename it into
+//! place, fsync the directory. A reader never sees a half-written file, and a failure (or a
+//! panic, or an early return) removes the temporary file.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{io_err, CkptError, Result};
+
+/// A destination being written. Dropped without [`AtomicFile::commit`], it removes its
+/// temporary file and leaves the destination untouched.
+#[derive(Debug)]
+pub(crate) struct AtomicFile {
+    dest: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+}
+
+/// Fails with [`CkptError::DestinationExists`] when `path` exists and `force` is off.
+pub(crate) fn check_destination(path: &Path, force: bool) -> Result<()> {
+    if !force && path.exists() {
+        return Err(CkptError::DestinationExists {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Creates `dir` (and parents) if needed.
+pub(crate) fn create_dir_all(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(io_err(dir, "create directory"))
+}
+
+impl AtomicFile {
+    /// Starts writing `dest` through `<dest>.tmp`. Refuses an existing `dest` unless `force`.
+    pub(crate) fn create(dest: &Path, force: bool) -> Result<AtomicFile> {
+        check_destination(dest, force)?;
+        if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+            create_dir_all(parent)?;
+        }
+        let mut tmp_name = dest.file_name().unwrap_or_default().to_os_string();
+        tmp_name.push(".tmp");
+        let tmp = dest.with_file_name(tmp_name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp, "create"))?;
+        Ok(AtomicFile {
+            dest: dest.to_path_buf(),
+            tmp,
+            file: Some(file),
+        })
+    }
+
+    /// The final path.
+    pub(crate) fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    fn file(&mut self) -> &mut File {
+        self.file
+            .as_mut()
+            .expect("an uncommitted AtomicFile has its file")
+    }
+
+    /// Appends `data`.
+    pub(crate) fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        let tmp = self.tmp.clone();
+        self.file().write_all(data).map_err(io_err(tmp, "write"))?;
+        Ok(())
+    }
+
+    /// Flushes the data to disk, renames the file into place and flushes the directory entry.
+    pub(crate) fn commit(mut self) -> Result<PathBuf> {
+        let file = self.file.take().expect("commit runs once");
+        file.sync_all().map_err(io_err(&self.tmp, "fsync"))?;
+        drop(file);
+        fs::rename(&self.tmp, &self.dest).map_err(io_err(&self.dest, "rename into place"))?;
+        if let Some(parent) = self.dest.parent() {
+            let dir = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            // Persist the rename. Some filesystems refuse to fsync a directory; that is not an
+            // error worth failing a finished write for.
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(std::mem::take(&mut self.dest))
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Commits finished files on a background thread, so the disk flushes one file while the next
+/// is being assembled (a conversion would otherwise alternate between CPU work and waiting for
+/// `fsync`). At most one finished file waits in the queue. Dropping the committer waits for the
+/// files already handed over; [`Committer::finish`] also reports the first failure.
+pub(crate) struct Committer {
+    tx: Option<std::sync::mpsc::SyncSender<AtomicFile>>,
+    handle: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Committer {
+    /// Starts the committing thread.
+    pub(crate) fn new() -> Committer {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<AtomicFile>(1);
+        let handle = std::thread::spawn(move || {
+            let mut first_error = None;
+            for file in rx {
+                if first_error.is_some() {
+                    drop(file); // removes its temporary file
+                    continue;
+                }
+                if let Err(e) = file.commit() {
+                    first_error = Some(e);
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        });
+        Committer {
+            tx: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    /// Hands a finished file over to be flushed and renamed into place.
+    pub(crate) fn submit(&self, file: AtomicFile) -> Result<()> {
+        let dest = file.dest().to_path_buf();
+        self.tx
+            .as_ref()
+            .expect("a live committer")
+            .send(file)
+            .map_err(|_| CkptError::Io {
+                path: dest,
+                op: "commit",
+                source: std::io::Error::other("the committing thread stopped"),
+            })
+    }
+
+    /// Waits until every file handed over is committed; the first failure, if any.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<()> {
+        drop(self.tx.take());
+        match self.handle.take() {
+            Some(h) => h.join().unwrap_or_else(|_| {
+                Err(CkptError::InvalidRequest(
+                    "the committing thread panicked".to_string(),
+                ))
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
+}
+
+/// Writes `data` to `dest` atomically.
+pub(crate) fn write_file(dest: &Path, data: &[u8], force: bool) -> Result<PathBuf> {
+    let mut f = AtomicFile::create(dest, force)?;
+    f.write_all(data)?;
+    f.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_file_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a.bin");
+        {
+            let mut f = AtomicFile::create(&dest, false).unwrap();
+            f.write_all(b"half").unwrap();
+        }
+        assert!(!dest.exists());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn refuses_existing_unless_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a.bin");
+        write_file(&dest, b"one", false).unwrap();
+        assert!(matches!(
+            write_file(&dest, b"two", false),
+            Err(CkptError::DestinationExists { .. })
+        ));
+        assert_eq!(fs::read(&dest).unwrap(), b"one");
+        write_file(&dest, b"two", true).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"two");
+    }
+}

@@ -1,0 +1,455 @@
+//! One checkpoint file of either format, indexed once and read by positioned reads.
+//!
+//! [`CheckpointFile::open`] reads only the header (safetensors) or scans the value headers
+//! (`.ckpt`, without copying tensor contents) and keeps, for every tensor, the byte ranges its
+//! data occupies. Reading a box of a stored slice then issues `pread`s for exactly the bytes
+//! needed, straight into the caller's buffer, or through a small bounded scratch buffer when the
+//! contiguous runs are short.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use layout::SliceBox;
+use tensor::region::{copy_region, Placement};
+use tensor::{DType, Tensor};
+
+use crate::error::{io_err, CkptError, Result};
+use crate::{ms_ckpt, safetensors};
+
+/// The on-disk format of a checkpoint file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// Safetensors (`.safetensors`).
+    Safetensors,
+    /// MindSpore's protobuf checkpoint (`.ckpt`).
+    Ckpt,
+}
+
+impl Format {
+    /// The file extension, without the dot.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Safetensors => "safetensors",
+            Format::Ckpt => "ckpt",
+        }
+    }
+
+    /// The format a file name's extension names, if any.
+    pub fn from_path(path: &Path) -> Option<Format> {
+        match path.extension()?.to_str()? {
+            "safetensors" => Some(Format::Safetensors),
+            "ckpt" => Some(Format::Ckpt),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.extension())
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = CkptError;
+    fn from_str(s: &str) -> Result<Format> {
+        match s {
+            "safetensors" => Ok(Format::Safetensors),
+            "ckpt" => Ok(Format::Ckpt),
+            other => Err(CkptError::InvalidRequest(format!(
+                "unknown checkpoint format {other:?} (expected safetensors or ckpt)"
+            ))),
+        }
+    }
+}
+
+/// The element type of a stored tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum StoredType {
+    /// A dtype Tessera knows; such tensors can be sliced and converted.
+    DType(DType),
+    /// A MindSpore `tensor_type` Tessera moves only whole and only between `.ckpt` files
+    /// (`str`, `Int4`, …), kept by name.
+    Opaque(String),
+}
+
+impl StoredType {
+    /// The dtype, if the type is one Tessera can slice.
+    pub fn dtype(&self) -> Option<DType> {
+        match self {
+            StoredType::DType(d) => Some(*d),
+            StoredType::Opaque(_) => None,
+        }
+    }
+
+    /// MindSpore's name for the type (`Float32`, `str`, …).
+    pub fn mindspore_name(&self) -> &str {
+        match self {
+            StoredType::DType(d) => d.mindspore_name(),
+            StoredType::Opaque(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for StoredType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoredType::DType(d) => write!(f, "{d}"),
+            StoredType::Opaque(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// A byte range of a file holding part of a tensor's data, in data order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    pub file_offset: u64,
+    pub len: u64,
+}
+
+/// One tensor of a checkpoint file: name, type, shape and where its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredTensor {
+    /// The name (MindSpore's tag).
+    pub name: String,
+    /// The element type.
+    pub ty: StoredType,
+    /// The stored shape (the rank's slice for a sharded checkpoint).
+    pub shape: Vec<usize>,
+    /// Bytes of data.
+    pub n_bytes: u64,
+    /// Where the data lies in the file: one range, or several for a `.ckpt` value chunked over
+    /// 512 MiB.
+    pub(crate) extents: Vec<Extent>,
+}
+
+impl StoredTensor {
+    /// The dtype, if Tessera can slice this tensor.
+    pub fn dtype(&self) -> Option<DType> {
+        self.ty.dtype()
+    }
+
+    /// Number of `.ckpt` values the data is split over (1 for safetensors).
+    pub fn n_chunks(&self) -> usize {
+        self.extents.len().max(1)
+    }
+}
+
+/// A tensor to be written: name, type and shape (the data comes later, in order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    /// The name.
+    pub name: String,
+    /// The element type.
+    pub ty: StoredType,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// Bytes of data.
+    pub n_bytes: u64,
+}
+
+impl TensorMeta {
+    /// A tensor of a Tessera dtype or opaque type; `n_bytes` follows from dtype × shape
+    /// (opaque types must use [`TensorMeta::opaque`]).
+    pub fn new(name: &str, ty: StoredType, shape: Vec<usize>) -> TensorMeta {
+        let elem = ty.dtype().map_or(1, |d| d.size_in_bytes()) as u64;
+        let n_bytes = shape.iter().fold(elem, |acc, &d| acc * d as u64);
+        TensorMeta {
+            name: name.to_string(),
+            ty,
+            shape,
+            n_bytes,
+        }
+    }
+
+    /// An opaque MindSpore value of `n_bytes` bytes.
+    pub fn opaque(name: &str, tensor_type: &str, shape: Vec<usize>, n_bytes: u64) -> TensorMeta {
+        TensorMeta {
+            name: name.to_string(),
+            ty: StoredType::Opaque(tensor_type.to_string()),
+            shape,
+            n_bytes,
+        }
+    }
+
+    /// The dtype, if any.
+    pub fn dtype(&self) -> Option<DType> {
+        self.ty.dtype()
+    }
+}
+
+/// Below this many contiguous bytes per run, a box is read through the scratch buffer (one
+/// large read, then an in-memory copy) instead of one `pread` per run. 64 KiB: a syscall costs
+/// about as much as copying a few KiB, so shorter runs are cheaper to over-read.
+const DIRECT_RUN_BYTES: u64 = 64 << 10;
+/// Largest scratch read, so memory stays bounded whatever the tensor size.
+const SCRATCH_BYTES: u64 = 8 << 20;
+/// The scratch path over-reads whole rows; it is used only while it reads at most this many
+/// times the bytes needed.
+const MAX_OVERREAD: u64 = 4;
+
+/// A checkpoint file, indexed and open for positioned reads.
+#[derive(Debug)]
+pub struct CheckpointFile {
+    path: PathBuf,
+    format: Format,
+    file: File,
+    tensors: Vec<StoredTensor>,
+    by_name: HashMap<String, usize>,
+    metadata: BTreeMap<String, String>,
+    crc: Option<u32>,
+}
+
+impl CheckpointFile {
+    /// Opens and indexes `path`. The format comes from the extension (`.safetensors`,
+    /// `.ckpt`); any other name is read as `.ckpt` unless it starts like safetensors.
+    /// A `.ckpt` file with a `crc_num` trailer is checked against it.
+    pub fn open(path: &Path) -> Result<CheckpointFile> {
+        let file = File::open(path).map_err(io_err(path, "open"))?;
+        let len = file.metadata().map_err(io_err(path, "stat"))?.len();
+        let format = match Format::from_path(path) {
+            Some(f) => f,
+            None => sniff(&file, len),
+        };
+        let (tensors, metadata, crc) = match format {
+            Format::Safetensors => {
+                let h = safetensors::read_header(path, &file, len)?;
+                (h.tensors, h.metadata, None)
+            }
+            Format::Ckpt => {
+                let scan = ms_ckpt::scan(path, &file, len)?;
+                (scan.tensors, BTreeMap::new(), scan.crc)
+            }
+        };
+        let mut by_name = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if by_name.insert(t.name.clone(), i).is_some() {
+                return Err(CkptError::CkptValue {
+                    path: path.to_path_buf(),
+                    tensor: t.name.clone(),
+                    rule: "the name appears twice in one file".to_string(),
+                });
+            }
+        }
+        Ok(CheckpointFile {
+            path: path.to_path_buf(),
+            format,
+            file,
+            tensors,
+            by_name,
+            metadata,
+            crc,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The tensors, in file order.
+    pub fn tensors(&self) -> &[StoredTensor] {
+        &self.tensors
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&StoredTensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// Safetensors `__metadata__` (empty for `.ckpt`).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// The verified CRC32 of a `.ckpt` file with a `crc_num` trailer.
+    pub fn crc(&self) -> Option<u32> {
+        self.crc
+    }
+
+    /// Whether the file says it was saved without redundancy (`remove_redundancy: "True"`).
+    pub fn removes_redundancy(&self) -> bool {
+        self.metadata
+            .get("remove_redundancy")
+            .is_some_and(|v| v == "True")
+    }
+
+    /// Reads `buf.len()` bytes of `t`'s data starting at byte `offset` of the data.
+    pub fn read_bytes(&self, t: &StoredTensor, mut offset: u64, mut buf: &mut [u8]) -> Result<()> {
+        for e in &t.extents {
+            if buf.is_empty() {
+                break;
+            }
+            if offset >= e.len {
+                offset -= e.len;
+                continue;
+            }
+            let n = (e.len - offset).min(buf.len() as u64) as usize;
+            let (head, rest) = buf.split_at_mut(n);
+            self.file
+                .read_exact_at(head, e.file_offset + offset)
+                .map_err(io_err(&self.path, "read"))?;
+            buf = rest;
+            offset = 0;
+        }
+        if !buf.is_empty() {
+            return Err(CkptError::CkptValue {
+                path: self.path.clone(),
+                tensor: t.name.clone(),
+                rule: "a read ran past the end of the tensor's data".to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the whole tensor `name` into memory.
+    pub fn read_tensor(&self, name: &str) -> Result<Tensor> {
+        let t = self.tensor(name).ok_or_else(|| CkptError::TensorMissing {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+            rule: "it was asked for".to_string(),
+        })?;
+        let dtype = t.dtype().ok_or_else(|| CkptError::Unsupported {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+            reason: format!("MindSpore type {} cannot be read as a tensor", t.ty),
+        })?;
+        let mut tensor = Tensor::zeros(dtype, &t.shape);
+        self.read_bytes(t, 0, tensor.as_bytes_mut())?;
+        Ok(tensor)
+    }
+
+    /// Copies the box `region` of stored tensor `t` (coordinates relative to the stored slice)
+    /// into `dst`, a row-major buffer of shape `dst_shape`, at `dst_offset`.
+    ///
+    /// Long contiguous runs are read with one `pread` each straight into `dst`; short runs go
+    /// through `scratch` (at most [`SCRATCH_BYTES`]) when reading whole rows over-reads by at
+    /// most [`MAX_OVERREAD`] times.
+    pub(crate) fn read_box(
+        &self,
+        t: &StoredTensor,
+        region: &SliceBox,
+        dst: &mut [u8],
+        dst_shape: &[usize],
+        dst_offset: &[usize],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let dtype = t.dtype().ok_or_else(|| CkptError::Unsupported {
+            path: self.path.clone(),
+            tensor: t.name.clone(),
+            reason: format!("MindSpore type {} cannot be sliced", t.ty),
+        })?;
+        let elem = dtype.size_in_bytes() as u64;
+        let src_shape = &t.shape;
+        let ndim = src_shape.len();
+        if region.is_empty() {
+            return Ok(());
+        }
+        if ndim == 0 {
+            return self.read_bytes(t, 0, &mut dst[..elem as usize]);
+        }
+        // Merge trailing dims that both sides hold whole into one run.
+        let extent = &region.shape;
+        let mut run_dims = 1;
+        let mut run = extent[ndim - 1] as u64;
+        while run_dims < ndim {
+            let d = ndim - run_dims;
+            if extent[d] != src_shape[d] || extent[d] != dst_shape[d] {
+                break;
+            }
+            run *= extent[d - 1] as u64;
+            run_dims += 1;
+        }
+        let src_strides = layout::row_major_strides(src_shape);
+        let row_elems = src_strides[0] as u64; // elements per index of dim 0
+        let needed = region.n_elements() as u64 * elem;
+        let rows_bytes = region.shape[0] as u64 * row_elems * elem;
+        let use_scratch = run * elem < DIRECT_RUN_BYTES && rows_bytes <= needed * MAX_OVERREAD;
+        if use_scratch {
+            // Read whole rows of dim 0 in blocks, then copy the box out of memory.
+            let rows_per_block = (SCRATCH_BYTES / (row_elems * elem).max(1)).max(1) as usize;
+            let mut row = 0;
+            while row < region.shape[0] {
+                let n_rows = rows_per_block.min(region.shape[0] - row);
+                let start_row = region.offset[0] + row;
+                let bytes = n_rows as u64 * row_elems * elem;
+                scratch.resize(bytes as usize, 0);
+                self.read_bytes(t, start_row as u64 * row_elems * elem, scratch)?;
+                let mut block_shape = src_shape.clone();
+                block_shape[0] = n_rows;
+                let mut src_off = region.offset.clone();
+                src_off[0] = 0;
+                let mut dst_off = dst_offset.to_vec();
+                dst_off[0] += row;
+                let mut block_extent = region.shape.clone();
+                block_extent[0] = n_rows;
+                copy_region(
+                    scratch,
+                    Placement {
+                        shape: &block_shape,
+                        offset: &src_off,
+                    },
+                    dst,
+                    Placement {
+                        shape: dst_shape,
+                        offset: &dst_off,
+                    },
+                    &block_extent,
+                    elem as usize,
+                );
+                row += n_rows;
+            }
+            return Ok(());
+        }
+        // One pread per contiguous run, straight into the destination.
+        let dst_strides = layout::row_major_strides(dst_shape);
+        let outer = ndim - run_dims;
+        let mut counter = vec![0usize; outer];
+        let run_bytes = (run * elem) as usize;
+        loop {
+            let src_elem: usize = (0..ndim)
+                .map(|d| {
+                    (region.offset[d] + if d < outer { counter[d] } else { 0 }) * src_strides[d]
+                })
+                .sum();
+            let dst_elem: usize = (0..ndim)
+                .map(|d| (dst_offset[d] + if d < outer { counter[d] } else { 0 }) * dst_strides[d])
+                .sum();
+            let at = dst_elem * elem as usize;
+            self.read_bytes(t, src_elem as u64 * elem, &mut dst[at..at + run_bytes])?;
+            let mut d = outer;
+            loop {
+                if d == 0 {
+                    return Ok(());
+                }
+                d -= 1;
+                counter[d] += 1;
+                if counter[d] < extent[d] {
+                    break;
+                }
+                counter[d] = 0;
+            }
+        }
+    }
+}
+
+/// Guesses the format of a file without a known extension: safetensors starts with a small
+/// little-endian length followed by `{`.
+fn sniff(file: &File, len: u64) -> Format {
+    let mut head = [0u8; 9];
+    if len >= 9 && file.read_exact_at(&mut head, 0).is_ok() {
+        let n = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        if head[8] == b'{' && n <= safetensors::MAX_HEADER_SIZE && 8 + n <= len {
+            return Format::Safetensors;
+        }
+    }
+    Format::Ckpt
+}

@@ -1,0 +1,316 @@
+//! Converting a checkpoint from one strategy to another: `convert_checkpoints`,
+//! `convert_checkpoint_by_rank`, and `load_distributed_checkpoint` (a unified checkpoint
+//! sliced for a target strategy).
+//!
+//! Every destination file is planned before the first byte is written (strategies resolved,
+//! source covers solved, source headers checked, destinations checked for existence), so a bad
+//! input fails before anything is created; then files are written one by one, each atomically.
+
+use std::path::{Path, PathBuf};
+
+use crate::ckpt_file::{CheckpointFile, Format};
+use crate::error::{CkptError, Result};
+use crate::execute::{data_bytes, write_items, WriteOptions, DEFAULT_CHUNK_BYTES};
+use crate::plan::{plan_rank, Extras, OutItem, RankPlan};
+use crate::progress::{NoProgress, Progress};
+use crate::rank_dir::rank_file_path;
+use crate::sources::SourceSet;
+use crate::strategy::{ResolvedStrategy, ShapeHint, Strategy};
+
+/// Options of a conversion.
+#[derive(Clone, Copy)]
+pub struct ConvertOptions<'a> {
+    /// Output format; `None` keeps the source's.
+    pub format: Option<Format>,
+    /// File-name prefix: `rank_<r>/<prefix><r>.<ext>`.
+    pub prefix: &'a str,
+    /// Only these destination ranks (`None`: all).
+    pub ranks: Option<&'a [usize]>,
+    /// Replace existing destination files.
+    pub force: bool,
+    /// Append MindSpore's `crc_num` trailer to `.ckpt` output.
+    pub crc: bool,
+    /// Largest chunk of one tensor held in memory.
+    pub chunk_bytes: usize,
+    /// Progress sink.
+    pub progress: &'a dyn Progress,
+}
+
+impl Default for ConvertOptions<'_> {
+    fn default() -> Self {
+        ConvertOptions {
+            format: None,
+            prefix: "checkpoint_",
+            ranks: None,
+            force: false,
+            crc: false,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            progress: &NoProgress,
+        }
+    }
+}
+
+impl std::fmt::Debug for ConvertOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvertOptions")
+            .field("format", &self.format)
+            .field("prefix", &self.prefix)
+            .field("ranks", &self.ranks)
+            .field("force", &self.force)
+            .field("crc", &self.crc)
+            .field("chunk_bytes", &self.chunk_bytes)
+            .finish()
+    }
+}
+
+/// What one destination rank's conversion did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankReport {
+    /// The destination rank.
+    pub rank: usize,
+    /// The file written.
+    pub path: PathBuf,
+    /// The source ranks read (a minimal cover of what this rank needs).
+    pub source_ranks: Vec<usize>,
+    /// Whether `source_ranks` is proven minimal.
+    pub exact: bool,
+    /// Tensors written.
+    pub n_tensors: usize,
+    /// Bytes of tensor data written.
+    pub data_bytes: u64,
+}
+
+/// What a conversion did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConvertReport {
+    /// One entry per destination rank written.
+    pub ranks: Vec<RankReport>,
+    /// Parameters left out, with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// MindSpore's `convert_checkpoints`: converts the checkpoint in `src_dir/rank_<r>/` saved
+/// under `src_strategy` to `dst_strategy` (`None`: everything merged into rank 0), writing
+/// `dst_dir/rank_<r>/<prefix><r>.<ext>`.
+///
+/// Parameters outside the source strategy are copied from source rank `r % n_src` as MindSpore
+/// does; source parameters the destination strategy lacks are written whole.
+pub fn convert_checkpoints(
+    src_dir: &Path,
+    src_strategy: &Path,
+    dst_dir: &Path,
+    dst_strategy: Option<&Path>,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
+    let sources = SourceSet::rank_dirs(src_dir)?;
+    let src = Strategy::load(src_strategy)?;
+    let (src_res, src_unknown) = sources.resolve_source(&src)?;
+    let mut skipped: Vec<(String, String)> = src_unknown
+        .into_iter()
+        .map(|n| {
+            (
+                n,
+                "in the source strategy but in no source file".to_string(),
+            )
+        })
+        .collect();
+    let dst_res = match dst_strategy {
+        Some(path) => {
+            let dst = Strategy::load(path)?;
+            dst.check_stages()?;
+            let (res, unknown) = resolve_target(&dst, &src_res, &sources)?;
+            skipped.extend(unknown.into_iter().map(|n| {
+                (
+                    n,
+                    "in the destination strategy but not in the source checkpoint".to_string(),
+                )
+            }));
+            res
+        }
+        None => merged_target(&src_res)?,
+    };
+    let extras = |rank: usize| Extras {
+        src_only_params: dst_strategy.is_some(),
+        home_rank: Some(rank % src_res.n_ranks().max(1)),
+    };
+    let name = |rank: usize, format: Format| rank_file_path(dst_dir, rank, opts.prefix, format);
+    run(&sources, &src_res, &dst_res, extras, name, opts, skipped)
+}
+
+/// MindSpore's `convert_checkpoint_by_rank`: converts one destination rank.
+pub fn convert_checkpoint_by_rank(
+    rank: usize,
+    src_dir: &Path,
+    src_strategy: &Path,
+    dst_dir: &Path,
+    dst_strategy: Option<&Path>,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
+    let ranks = [rank];
+    let opts = ConvertOptions {
+        ranks: Some(&ranks),
+        ..*opts
+    };
+    convert_checkpoints(src_dir, src_strategy, dst_dir, dst_strategy, &opts)
+}
+
+/// MindSpore's `load_distributed_checkpoint` in save mode: slices the unified checkpoint in
+/// `unified_dir` (see [`crate::unified_safetensors`]) for `strategy`, writing
+/// `dst_dir/rank_<r>/net.<ext>`. Parameters of `hyper_param.safetensors` go to every rank.
+pub fn load_distributed_checkpoint(
+    unified_dir: &Path,
+    strategy: &Path,
+    dst_dir: &Path,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
+    let sources = SourceSet::unified(unified_dir)?;
+    let src_res = sources.unified_strategy()?;
+    let dst = Strategy::load(strategy)?;
+    dst.check_stages()?;
+    let (dst_res, unknown) = resolve_target(&dst, &src_res, &sources)?;
+    let skipped = unknown
+        .into_iter()
+        .map(|n| {
+            (
+                n,
+                "in the strategy but not in the unified checkpoint".to_string(),
+            )
+        })
+        .collect();
+    let extras = |_| Extras {
+        src_only_params: true,
+        home_rank: Some(0),
+    };
+    let opts = ConvertOptions {
+        format: Some(opts.format.unwrap_or(Format::Safetensors)),
+        ..*opts
+    };
+    let name = |rank: usize, format: Format| {
+        dst_dir
+            .join(format!("rank_{rank}"))
+            .join(format!("net.{}", format.extension()))
+    };
+    run(&sources, &src_res, &dst_res, extras, name, &opts, skipped)
+}
+
+/// Binds a destination strategy's shapes: its own, else the source parameter's of the same
+/// name, else the stored shape of a tensor outside the source strategy.
+pub(crate) fn resolve_target(
+    dst: &Strategy,
+    src: &ResolvedStrategy,
+    sources: &SourceSet,
+) -> Result<(ResolvedStrategy, Vec<String>)> {
+    let extras = sources.extras_file(0)?;
+    dst.resolve(|p, _| {
+        if let Some(s) = src.param(&p.name) {
+            return Ok(Some(ShapeHint {
+                shape: s.shape.clone(),
+                is_global: true,
+                dtype: s.dtype,
+                source: "the source checkpoint".to_string(),
+            }));
+        }
+        Ok(extras
+            .as_ref()
+            .and_then(|f| f.tensor(&p.name))
+            .map(|t| ShapeHint {
+                shape: t.shape.clone(),
+                is_global: true,
+                dtype: t.dtype(),
+                source: "the source checkpoint".to_string(),
+            }))
+    })
+}
+
+/// Every source parameter whole on rank 0.
+fn merged_target(src: &ResolvedStrategy) -> Result<ResolvedStrategy> {
+    let params: Vec<_> = src
+        .params()
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
+        .collect();
+    ResolvedStrategy::single_rank(&params)
+}
+
+/// Orders `.ckpt` output like the file tensors outside the strategy come from (MindSpore
+/// keeps the source file's order); tensors that file lacks follow in plan order.
+fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
+    let Some(file) = file else { return };
+    let pos = |name: &str| {
+        file.tensors()
+            .iter()
+            .position(|t| t.name == name)
+            .unwrap_or(usize::MAX)
+    };
+    items.sort_by_key(|i| pos(&i.meta.name));
+}
+
+fn run(
+    sources: &SourceSet,
+    src: &ResolvedStrategy,
+    dst: &ResolvedStrategy,
+    extras: impl Fn(usize) -> Extras,
+    name: impl Fn(usize, Format) -> PathBuf,
+    opts: &ConvertOptions<'_>,
+    skipped: Vec<(String, String)>,
+) -> Result<ConvertReport> {
+    let all = dst.ranks();
+    let ranks: Vec<usize> = match opts.ranks {
+        None => all.clone(),
+        Some(list) => {
+            if let Some(r) = list.iter().find(|r| !all.contains(r)) {
+                return Err(CkptError::InvalidRequest(format!(
+                    "rank {r} is not a destination rank (the destination strategy has ranks {all:?})"
+                )));
+            }
+            list.to_vec()
+        }
+    };
+    let format = opts.format.unwrap_or(sources.format());
+    // Plan every rank before writing anything.
+    let mut plans: Vec<(usize, PathBuf, RankPlan<'_>)> = Vec::with_capacity(ranks.len());
+    for &rank in &ranks {
+        let ex = extras(rank);
+        let mut plan = plan_rank(sources, src, dst, rank, ex)?;
+        if format == Format::Ckpt {
+            let home = match ex.home_rank {
+                Some(h) => sources.extras_file(h)?,
+                None => None,
+            };
+            order_like(&mut plan.items, home.as_deref());
+        }
+        let dest = name(rank, format);
+        crate::atomic_write::check_destination(&dest, opts.force)?;
+        plans.push((rank, dest, plan));
+    }
+    let total: u64 = plans.iter().map(|(_, _, p)| data_bytes(&p.items)).sum();
+    opts.progress.start("converting", total);
+    let committer = crate::atomic_write::Committer::new();
+    let write = WriteOptions {
+        format,
+        force: opts.force,
+        crc: opts.crc,
+        chunk_bytes: opts.chunk_bytes,
+        progress: opts.progress,
+        committer: Some(&committer),
+    };
+    let metadata = [("format".to_string(), "ms".to_string())];
+    let mut report = ConvertReport {
+        ranks: Vec::with_capacity(plans.len()),
+        skipped,
+    };
+    for (rank, dest, plan) in plans {
+        let stats = write_items(sources, &dest, plan.items, &metadata, &write)?;
+        report.ranks.push(RankReport {
+            rank,
+            path: stats.path,
+            source_ranks: plan.cover.ranks,
+            exact: plan.cover.exact,
+            n_tensors: stats.n_tensors,
+            data_bytes: stats.data_bytes,
+        });
+    }
+    committer.finish()?;
+    opts.progress.finish();
+    Ok(report)
+}

@@ -1,0 +1,231 @@
+//! Tessera's distributed checkpoints: the on-disk formats (safetensors, MindSpore `.ckpt`,
+//! MindSpore strategy and group-info files, Tessera strategy JSON) and the operations on them
+//! (convert, merge, load, dedup, verify, minimal rank lists), compatible with MindSpore's
+//! `mindspore.parallel` checkpoint tools.
+//!
+//! # Brief overview
+//! - [`Strategy`] is a strategy file of any flavour, read into one model: per parameter and per
+//!   pipeline stage, a [`layout::Layout`] over the stage's ranks plus an optimizer-shard group
+//!   size. [`ResolvedStrategy`] binds global shapes, so every rank's [`layout::SliceBox`] of
+//!   every parameter is known ([`ParamLayout`]).
+//! - [`CheckpointFile`] is one checkpoint file, indexed once (header only) and read by
+//!   positioned reads. [`SourceSet`] finds the files of a checkpoint directory (`rank_<N>/`) or
+//!   of a unified checkpoint.
+//! - Operations: [`convert_checkpoints`] / [`convert_checkpoint_by_rank`],
+//!   [`minimal_rank_list`], [`unified_safetensors`], [`load_distributed_checkpoint`],
+//!   [`load_segmented_checkpoints`], [`dedup_checkpoints`] with [`parameter_redundancy`] and
+//!   [`remove_param_redundancy`], [`verify_checkpoints`], [`merge_pipeline_strategies`],
+//!   [`restore_group_info_list`].
+//! - For the training runtime: [`save_rank_checkpoint`], [`save_param_strategy_file`],
+//!   [`load_rank_tensors`] (convert on load).
+//!
+//! # Example
+//! ```
+//! use ckpt::{save_rank_checkpoint, CheckpointFile};
+//! use tensor::Tensor;
+//! let dir = tempfile::tempdir()?;
+//! let w = Tensor::from_vec(&[2, 2], vec![1f32, 2., 3., 4.])?;
+//! let path = save_rank_checkpoint(dir.path(), 0, &[("w", &w)], false)?;
+//! let file = CheckpointFile::open(&path)?;
+//! assert_eq!(file.read_tensor("w")?.as_f32()?, &[1., 2., 3., 4.]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Architecture invariant
+//! Only `ckpt` knows on-disk checkpoint and strategy formats. It never talks to a communicator
+//! and never executes a reshard: it plans with the layout algebra and [`reshard::source_pieces`]
+//! (the planner shared with runtime resharding) and moves bytes between files. It draws
+//! nothing: progress goes through the [`Progress`] trait, implemented by the command line.
+//!
+//! # Key design decisions
+//!
+//! ## Conversion streams box intersections
+//! - **Constraints.** A checkpoint can be larger than memory; MindSpore's tools load whole
+//!   source files (and every source rank) and replay simulated collectives on the host, peaking
+//!   at several times the checkpoint size.
+//! - **Solution.** Each destination tensor's box is intersected with the source layout's
+//!   distinct boxes ([`reshard::source_pieces`]); each piece is read with positioned reads from
+//!   one holder's file straight into the destination buffer (through a bounded scratch buffer
+//!   when its contiguous runs are short), in chunks of rows of at most 64 MiB; the chunk is
+//!   written and the buffer reused. Holders are chosen so that the set of source files opened is
+//!   a minimum set cover of the pieces needed.
+//! - **Pros.** Memory is bounded by one chunk whatever the checkpoint size; every byte is read
+//!   once and written once; unneeded source ranks are never opened.
+//! - **Cons.** Many small pieces mean many small reads; the planner's per-piece bookkeeping is
+//!   proportional to the number of distinct source boxes a destination box touches.
+//! - **Compatibility.** Output files hold the same tensors, names, dtypes, shapes and values as
+//!   MindSpore's, in MindSpore's order (source order for `.ckpt`, the safetensors library's
+//!   order for safetensors).
+//!
+//! ## One placement model, shapes resolved once
+//! - **Constraints.** MindSpore's protobuf strategy has no global shape; its JSON flavour has one
+//!   but stores multi-axis layouts expanded; pipeline files prefix names with stages; optimizer
+//!   sharding is two integers.
+//! - **Solution.** Every flavour becomes [`StagePlacement`]s (a layout over the stage's ranks and
+//!   an optimizer-shard size, checked against `opt_weight_shard_step`). Shapes are resolved once
+//!   ([`Strategy::resolve`]): from the file, from a source slice × split factors, or from the
+//!   source by name; any disagreement is an error naming the parameter.
+//! - **Pros.** One code path for flat, multi-axis, optimizer-sharded and pipelined parameters.
+//! - **Cons.** A MindSpore protobuf strategy cannot be used without either a checkpoint or
+//!   another strategy that knows the shapes (placement questions use scale-free shapes).
+//! - **Compatibility.** Tessera's own JSON records shape and dtype, so it is self-describing.
+//!
+//! # File formats
+//!
+//! ## Per-rank directories
+//! `DIR/rank_<N>/` holds rank `N`'s file. With several `.ckpt` files the lexicographically last
+//! is used; with several `.safetensors` files the one whose last two numbers in the name are
+//! largest. Formats may not be mixed. Converted output is `DIR/rank_<r>/<prefix><r>.<ext>`.
+//!
+//! ## safetensors
+//! ```text
+//! [u64 little-endian N][N bytes of UTF-8 JSON header, padded with spaces][data buffer]
+//! ```
+//! The header is an object: `"__metadata__"` (optional, string → string; MindSpore writes
+//! `{"format": "ms"}`, plus `"remove_redundancy": "True"|"False"` and `"crc_num"`), and per
+//! tensor `{"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}` relative to the data
+//! buffer. Allowed: empty tensors, 0-dim tensors. Rules enforced on read: `N` ≤ 100 MB; the
+//! header fits in the file; dtype one of `F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL`;
+//! `end - begin` = dtype size × shape product (computed without overflow); the tensors sorted by
+//! offset tile the buffer from 0 with no hole and no overlap; the buffer ends at the last `end`.
+//! Writers order tensors like the reference library (dtype descending, then name) and pad the
+//! header to a multiple of 8. MindSpore's `crc_num` is CRC32 chained over each tensor's name then
+//! data, in name order.
+//!
+//! ## MindSpore `.ckpt` (proto2, no package)
+//! ```text
+//! message Checkpoint { message Value { required string tag = 1;
+//!                                      oneof value { TensorProto tensor = 2; MapTensorProto maptensor = 3; } }
+//!                      repeated Value value = 1; }
+//! message TensorProto { repeated int64 dims = 1; required string tensor_type = 2; required bytes tensor_content = 3; }
+//! ```
+//! A file is the concatenation of one serialized `Checkpoint{value}` per tensor (on the wire,
+//! one `Checkpoint`). Tensors over 512 MiB are split into consecutive values with the same tag
+//! and full dims; readers join them. `tensor_type` is `Float32 Float16 BFloat16 Float64 Int8..Int64
+//! UInt8..UInt64 Bool` (Tessera also keeps `str`, `Int4`, … as opaque values it copies whole).
+//! Content is raw little-endian row-major. A 0-dim tensor is stored with `dims [0]`. Optional
+//! trailer: the 7 ASCII bytes `crc_num` and a 10-byte big-endian CRC32 (zlib) of everything
+//! before it; it is verified on read and written on request. The scanner never copies
+//! contents: it records each value's byte range.
+//!
+//! ## MindSpore strategy files (`ParallelStrategyMap`, proto2, package `mindspore.straspb`)
+//! ```text
+//! ParallelStrategyMap  { required uint32 current_stage = 1; repeated ParallelStrategyItem parallel_strategy_item = 2;
+//!                        repeated ParallelLayoutItem parallel_layout_item = 3; }
+//! ParallelStrategyItem { required string node_name = 1; required ParallelStrategys parallel_strategys = 2; }
+//! ParallelStrategys    { required uint32 stage = 1; repeated ParallelStrategy parallel_strategy = 2; } // {repeated uint32 dim = 1}
+//! ParallelLayoutItem   { required string param_name = 1; required ParallelLayouts parallel_layouts = 2; }
+//! ParallelLayouts      { repeated DevMatrix dev_matrix = 1; repeated TensorMap tensor_map = 2;
+//!                        repeated ParamSplitShape param_split_shape = 3; repeated IndicesOffset indices_offset = 4;
+//!                        required int32 field = 5; required int32 opt_weight_shard_step = 6;
+//!                        required int32 opt_weight_shard_size = 7; }
+//! ```
+//! `tensor_map` is one flat map (one value per dim, counted from the right of `dev_matrix`,
+//! `-1` = not split) or one list per dim (multi-axis; a 1-D tensor gets a trailing empty list).
+//! Writers reproduce MindSpore's bytes: repeated scalars unpacked, `-1` as a 10-byte varint,
+//! one empty `ParamSplitShape` and `IndicesOffset`. Readers accept packed fields. Merged
+//! pipeline files name parameters `"<stage>-<name>"`; Tessera splits at the first `-` and only
+//! when every name has a numeric prefix. The JSON flavour is
+//! `{"current_stage", "parallel_strategy_item": {node: {"stage", "parallel_strategy"}},
+//! "parallel_layout_item": {name: {"dev_matrix", "tensor_map", "tensor_shape", "field",
+//! "opt_weight_shard_step", "opt_weight_shard_size"}}}`.
+//!
+//! ## MindSpore group-info files (`ParallelGroupMap`)
+//! ```text
+//! ParallelGroupMap { repeated ParallelGroupItem parallel_group_item = 1; required ParallelGroupRanks ckpt_restore_rank_list = 2; }
+//! ParallelGroupItem { required string group_name = 1; required ParallelGroupRanks parallel_group_ranks = 2; } // {repeated uint32 dim = 1}
+//! ```
+//!
+//! ## Tessera strategy JSON (version 1)
+//! ```text
+//! {"format": "tessera-strategy", "version": 1,
+//!  "tensors": [{"name": "w", "shape": [64, 32], "dtype": "f32",
+//!               "placements": [{"stage": 0,
+//!                               "mesh": {"axes": [["dp", 2], ["mp", 4]], "rank_list": [0, 1, 2, 3, 4, 5, 6, 7]},
+//!                               "dims": [["dp"], ["mp"]],
+//!                               "optimizer_shard": 1}]}]}
+//! ```
+//! `dims` lists, per tensor dim, the mesh axes splitting it, outer first (`[]` = not split).
+//! `optimizer_shard` is the group size `k` of the parallel optimizer (1 = none): dim 0 is further
+//! split over the innermost `k` ranks of the replica group. A parameter in several pipeline stages
+//! has one placement per stage. Tensors are a list, so file order is kept.
+#![deny(missing_docs)]
+
+mod atomic_write;
+mod ckpt_file;
+mod convert;
+mod dedup;
+mod error;
+mod execute;
+mod group_info;
+mod json;
+mod load;
+mod merge;
+mod merge_stages;
+mod ms_ckpt;
+mod ms_strategy;
+mod plan;
+mod progress;
+mod rank_dir;
+mod ranks;
+mod safetensors;
+mod save;
+mod sources;
+mod strategy;
+mod tessera_strategy;
+mod verify;
+mod wire;
+
+pub use crate::ckpt_file::{CheckpointFile, Format, StoredTensor, StoredType, TensorMeta};
+pub use crate::convert::{
+    convert_checkpoint_by_rank, convert_checkpoints, load_distributed_checkpoint, ConvertOptions,
+    ConvertReport, RankReport,
+};
+pub use crate::dedup::{
+    dedup_checkpoints, parameter_redundancy, redundancy_of_file, remove_param_redundancy,
+    DedupReport, RedundancyMap,
+};
+pub use crate::error::{CkptError, Result};
+pub use crate::execute::DEFAULT_CHUNK_BYTES;
+pub use crate::group_info::{restore_group_info_list, GroupInfo, GroupItem};
+pub use crate::load::{
+    inspect, load_rank_tensors, load_segmented_checkpoints, write_segmented, InspectedFile,
+    SegmentedEntry,
+};
+pub use crate::merge::{unified_safetensors, MergeOptions, MergeReport, DEFAULT_PART_BYTES};
+pub use crate::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
+pub use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
+pub use crate::progress::{NoProgress, Progress};
+pub use crate::rank_dir::{rank_file_path, RankFiles};
+pub use crate::ranks::{minimal_rank_list, RankCover};
+pub use crate::save::{
+    save_param_strategy_file, save_rank_checkpoint, save_safetensors, to_ms_strategy,
+};
+pub use crate::sources::{SourceSet, HYPER_PARAM_FILE, PARAM_NAME_MAP};
+pub use crate::strategy::{
+    ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint, StagePlacement, Strategy,
+    StrategyFlavour, StrategyParam,
+};
+pub use crate::verify::{verify_checkpoints, Fault, VerifyReport};
+
+/// Parsers exposed for fuzzing and tests: each takes untrusted bytes and must return an error,
+/// never panic or allocate without bound.
+pub mod parse {
+    use std::path::Path;
+
+    /// Parses a safetensors header held in memory, as if the data buffer had `data_len` bytes.
+    pub fn safetensors_header(header: &[u8], data_len: u64) -> crate::Result<usize> {
+        crate::safetensors::parse_header(Path::new("<memory>"), header, data_len, 0)
+            .map(|h| h.tensors.len())
+    }
+
+    /// Parses a MindSpore strategy file (any flavour) held in memory.
+    pub fn strategy(bytes: &[u8]) -> crate::Result<crate::Strategy> {
+        crate::Strategy::from_bytes(Path::new("<memory>"), bytes)
+    }
+
+    /// Parses a group-info file held in memory.
+    pub fn group_info(bytes: &[u8]) -> crate::Result<crate::GroupInfo> {
+        crate::GroupInfo::decode(Path::new("<memory>"), bytes)
+    }
+}

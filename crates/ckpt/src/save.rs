@@ -1,0 +1,160 @@
+//! Saving, for the training runtime: per-rank checkpoints from tensors, and strategy files in
+//! any flavour from resolved layouts.
+
+use std::path::{Path, PathBuf};
+
+use tensor::Tensor;
+
+use crate::ckpt_file::{StoredType, TensorMeta};
+use crate::error::{CkptError, Result};
+use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile};
+use crate::safetensors::{canonical_order, SafetensorsWriter};
+use crate::strategy::{ResolvedStrategy, StrategyFlavour};
+
+/// Saves one rank's tensors as `dir/rank_<rank>/checkpoint_<rank>.safetensors` (metadata
+/// `{"format": "ms"}`, so MindSpore reads it too), atomically.
+pub fn save_rank_checkpoint(
+    dir: &Path,
+    rank: usize,
+    tensors: &[(&str, &Tensor)],
+    force: bool,
+) -> Result<PathBuf> {
+    let dest = dir
+        .join(format!("rank_{rank}"))
+        .join(format!("checkpoint_{rank}.safetensors"));
+    save_safetensors(&dest, tensors, force)
+}
+
+/// Saves tensors into one safetensors file, atomically.
+pub fn save_safetensors(dest: &Path, tensors: &[(&str, &Tensor)], force: bool) -> Result<PathBuf> {
+    let mut metas: Vec<TensorMeta> = tensors
+        .iter()
+        .map(|(name, t)| TensorMeta::new(name, StoredType::DType(t.dtype()), t.shape().to_vec()))
+        .collect();
+    canonical_order(&mut metas);
+    for w in metas.windows(2) {
+        if w[0].name == w[1].name {
+            return Err(CkptError::InvalidRequest(format!(
+                "{}: tensor {:?} given twice",
+                dest.display(),
+                w[0].name
+            )));
+        }
+    }
+    let mut writer = SafetensorsWriter::create(
+        dest,
+        &[("format".to_string(), "ms".to_string())],
+        metas.clone(),
+        force,
+    )?;
+    for m in &metas {
+        let (_, t) = tensors
+            .iter()
+            .find(|(n, _)| *n == m.name)
+            .expect("every meta comes from a tensor");
+        writer.write(t.as_bytes())?;
+    }
+    writer.finish()?.commit()
+}
+
+/// MindSpore's `save_param_strategy_file`: writes `strategy` as Tessera JSON, MindSpore JSON
+/// or MindSpore protobuf, atomically. Pipeline strategies are written merged (`"<stage>-name"`).
+pub fn save_param_strategy_file(
+    path: &Path,
+    strategy: &ResolvedStrategy,
+    flavour: StrategyFlavour,
+    force: bool,
+) -> Result<PathBuf> {
+    match flavour {
+        StrategyFlavour::Tessera => crate::tessera_strategy::write(path, strategy, force),
+        StrategyFlavour::MsProtobuf => {
+            let file = to_ms_strategy(path, strategy, false)?;
+            crate::atomic_write::write_file(path, &file.encode(), force)
+        }
+        StrategyFlavour::MsJson => {
+            let file = to_ms_strategy(path, strategy, true)?;
+            let mut text = file.to_json().to_pretty(1);
+            text.push('\n');
+            crate::atomic_write::write_file(path, text.as_bytes(), force)
+        }
+    }
+}
+
+/// A resolved strategy as MindSpore's file model. Every placement's mesh must cover its stage's
+/// contiguous ranks `stage*P..(stage+1)*P`, as MindSpore requires; layouts with one axis per
+/// dim are written in the flat form, others in the multi-axis form.
+pub fn to_ms_strategy(
+    path: &Path,
+    strategy: &ResolvedStrategy,
+    with_shapes: bool,
+) -> Result<MsStrategyFile> {
+    let merged = strategy.n_stages() > 1;
+    let mut layout_items = Vec::new();
+    for p in strategy.params() {
+        for pl in &p.placements {
+            let mesh = pl.mp.mesh();
+            let n = mesh.n_slots();
+            let first = pl.stage * n;
+            if mesh
+                .rank_list()
+                .iter()
+                .enumerate()
+                .any(|(i, &r)| r != first + i)
+            {
+                return Err(CkptError::StrategyParam {
+                    path: path.to_path_buf(),
+                    tensor: p.name.clone(),
+                    rule: format!(
+                        "its rank list {:?} is not stage {}'s contiguous ranks {first}..{}, which MindSpore's format requires",
+                        mesh.rank_list(),
+                        pl.stage,
+                        first + n
+                    ),
+                });
+            }
+            let layout = pl.mp.layout();
+            let tensor_map: Vec<Vec<i32>> = match layout.ms_flat_tensor_map() {
+                Some(flat) => vec![flat.iter().map(|&v| v as i32).collect()],
+                None => {
+                    let mut per_dim: Vec<Vec<i32>> = layout
+                        .ms_tensor_map()
+                        .expect("a bound layout has a map")
+                        .iter()
+                        .map(|d| d.iter().map(|&v| v as i32).collect())
+                        .collect();
+                    if per_dim.len() == 1 {
+                        per_dim.push(Vec::new());
+                    }
+                    per_dim
+                }
+            };
+            let name = if merged {
+                format!("{}-{}", pl.stage, p.name)
+            } else {
+                p.name.clone()
+            };
+            layout_items.push(MsLayoutItem {
+                param_name: name,
+                layout: MsLayout {
+                    dev_matrix: vec![mesh.device_matrix().iter().map(|&d| d as u32).collect()],
+                    tensor_map,
+                    param_split_shape: vec![Vec::new()],
+                    indices_offset: vec![Vec::new()],
+                    field: 0,
+                    opt_weight_shard_step: pl.opt_shard_step() as i32,
+                    opt_weight_shard_size: if pl.opt_shard > 1 {
+                        pl.opt_shard as i32
+                    } else {
+                        0
+                    },
+                    tensor_shape: with_shapes.then(|| p.shape.iter().map(|&d| d as u64).collect()),
+                },
+            });
+        }
+    }
+    Ok(MsStrategyFile {
+        current_stage: 1,
+        strategy_items: Vec::new(),
+        layout_items,
+    })
+}

@@ -1,0 +1,223 @@
+//! Where source tensors come from: per-rank directories or a unified (merged) checkpoint.
+//!
+//! Files are opened and indexed on first use and kept, so a conversion reads each header once
+//! and never opens a rank it does not need.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use crate::ckpt_file::{CheckpointFile, Format};
+use crate::error::{io_err, CkptError, Result};
+use crate::json::Json;
+use crate::rank_dir::RankFiles;
+use crate::strategy::{ResolvedStrategy, ShapeHint, Strategy};
+
+/// The index file of a unified checkpoint.
+pub const PARAM_NAME_MAP: &str = "param_name_map.json";
+/// The file of parameters outside the strategy in a unified checkpoint.
+pub const HYPER_PARAM_FILE: &str = "hyper_param.safetensors";
+
+#[derive(Debug)]
+enum Kind {
+    Ranks(RankFiles),
+    Unified {
+        dir: PathBuf,
+        /// Parameter → part file, in index order.
+        weight_map: Vec<(String, PathBuf)>,
+        hyper: Option<PathBuf>,
+    },
+}
+
+/// A set of source checkpoint files.
+#[derive(Debug)]
+pub struct SourceSet {
+    kind: Kind,
+    cache: RefCell<HashMap<PathBuf, Rc<CheckpointFile>>>,
+}
+
+impl SourceSet {
+    /// Sources in `dir/rank_<N>/`.
+    pub fn rank_dirs(dir: &Path) -> Result<SourceSet> {
+        Ok(SourceSet {
+            kind: Kind::Ranks(RankFiles::discover(dir)?),
+            cache: RefCell::default(),
+        })
+    }
+
+    /// A unified checkpoint: `param_name_map.json`, its part files and an optional
+    /// `hyper_param.safetensors`.
+    pub fn unified(dir: &Path) -> Result<SourceSet> {
+        let index = dir.join(PARAM_NAME_MAP);
+        let text = std::fs::read_to_string(&index).map_err(io_err(&index, "read"))?;
+        let bad = |reason: String| CkptError::InvalidStrategy {
+            path: index.clone(),
+            reason,
+        };
+        let json = Json::parse(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+        let map = json
+            .get("weight_map")
+            .and_then(Json::as_obj)
+            .ok_or_else(|| bad("no \"weight_map\" object".to_string()))?;
+        let mut weight_map = Vec::with_capacity(map.len());
+        for (name, file) in map {
+            let file = file
+                .as_str()
+                .filter(|f| !f.contains('/') && !f.contains("..") && !f.is_empty())
+                .ok_or_else(|| {
+                    bad(format!(
+                        "weight_map entry {name:?} is not a file name in the directory"
+                    ))
+                })?;
+            weight_map.push((name.clone(), dir.join(file)));
+        }
+        let hyper = Some(dir.join(HYPER_PARAM_FILE)).filter(|p| p.is_file());
+        Ok(SourceSet {
+            kind: Kind::Unified {
+                dir: dir.to_path_buf(),
+                weight_map,
+                hyper,
+            },
+            cache: RefCell::default(),
+        })
+    }
+
+    /// A set with no files, for writes whose tensors all name their own file.
+    pub(crate) fn empty(dir: &Path) -> SourceSet {
+        SourceSet {
+            kind: Kind::Unified {
+                dir: dir.to_path_buf(),
+                weight_map: Vec::new(),
+                hyper: None,
+            },
+            cache: RefCell::default(),
+        }
+    }
+
+    /// The directory the sources live in.
+    pub fn root(&self) -> &Path {
+        match &self.kind {
+            Kind::Ranks(r) => &r.root,
+            Kind::Unified { dir, .. } => dir,
+        }
+    }
+
+    /// The format of the source files.
+    pub fn format(&self) -> Format {
+        match &self.kind {
+            Kind::Ranks(r) => r.format,
+            Kind::Unified { .. } => Format::Safetensors,
+        }
+    }
+
+    /// The per-rank files, for rank-directory sources.
+    pub fn rank_files(&self) -> Option<&RankFiles> {
+        match &self.kind {
+            Kind::Ranks(r) => Some(r),
+            Kind::Unified { .. } => None,
+        }
+    }
+
+    /// Opens (once) and returns the file at `path`.
+    pub fn open(&self, path: &Path) -> Result<Rc<CheckpointFile>> {
+        if let Some(f) = self.cache.borrow().get(path) {
+            return Ok(f.clone());
+        }
+        let file = Rc::new(CheckpointFile::open(path)?);
+        self.cache
+            .borrow_mut()
+            .insert(path.to_path_buf(), file.clone());
+        Ok(file)
+    }
+
+    /// Number of files opened so far.
+    pub fn n_opened(&self) -> usize {
+        self.cache.borrow().len()
+    }
+
+    /// The file of source rank `rank`, or `None` if the rank has none.
+    pub fn rank_file(&self, rank: usize) -> Result<Option<Rc<CheckpointFile>>> {
+        match &self.kind {
+            Kind::Ranks(r) => match r.files.get(&rank) {
+                Some(p) => self.open(p).map(Some),
+                None => Ok(None),
+            },
+            Kind::Unified { .. } => Ok(None),
+        }
+    }
+
+    /// The file that holds `tensor` for source rank `rank` (it may still lack the tensor when
+    /// the checkpoint was saved without redundancy). `None` when the rank has no file.
+    pub fn file_for(&self, rank: usize, tensor: &str) -> Result<Option<Rc<CheckpointFile>>> {
+        match &self.kind {
+            Kind::Ranks(_) => self.rank_file(rank),
+            Kind::Unified { weight_map, .. } => {
+                if rank != 0 {
+                    return Ok(None);
+                }
+                match weight_map.iter().find(|(n, _)| n == tensor) {
+                    Some((_, p)) => self.open(p).map(Some),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The file whose tensors outside the strategy a destination rank copies: source rank
+    /// `home` (MindSpore copies from `rank % device_num`), or the lowest rank present when
+    /// `home` has no file; for a unified checkpoint, `hyper_param.safetensors`.
+    pub fn extras_file(&self, home: usize) -> Result<Option<Rc<CheckpointFile>>> {
+        match &self.kind {
+            Kind::Ranks(r) => {
+                let path = r.files.get(&home).or_else(|| r.files.values().next());
+                path.map(|p| self.open(p)).transpose()
+            }
+            Kind::Unified { hyper, .. } => hyper.as_deref().map(|p| self.open(p)).transpose(),
+        }
+    }
+
+    /// Binds `strategy` to global shapes taken from the stored slices (the first rank of each
+    /// placement whose file holds the tensor). Parameters no file holds are returned apart.
+    pub fn resolve_source(&self, strategy: &Strategy) -> Result<(ResolvedStrategy, Vec<String>)> {
+        strategy.check_stages()?;
+        strategy.resolve(|param, placement| {
+            let mesh = placement.layout.mesh();
+            for slot in 0..mesh.n_slots() {
+                let rank = mesh.device_of_slot(slot);
+                let Some(file) = self.file_for(rank, &param.name)? else {
+                    continue;
+                };
+                if let Some(t) = file.tensor(&param.name) {
+                    return Ok(Some(ShapeHint {
+                        shape: t.shape.clone(),
+                        is_global: false,
+                        dtype: t.dtype(),
+                        source: format!("{} (rank {rank})", file.path().display()),
+                    }));
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    /// The strategy of a unified checkpoint: every indexed tensor whole on rank 0.
+    pub fn unified_strategy(&self) -> Result<ResolvedStrategy> {
+        let Kind::Unified { weight_map, .. } = &self.kind else {
+            return Err(CkptError::InvalidRequest(
+                "not a unified checkpoint".to_string(),
+            ));
+        };
+        let mut params = Vec::with_capacity(weight_map.len());
+        for (name, path) in weight_map {
+            let file = self.open(path)?;
+            let t = file.tensor(name).ok_or_else(|| CkptError::TensorMissing {
+                path: path.clone(),
+                tensor: name.clone(),
+                rule: format!("{PARAM_NAME_MAP} says this file holds it"),
+            })?;
+            params.push((name.clone(), t.shape.clone(), t.dtype()));
+        }
+        ResolvedStrategy::single_rank(&params)
+    }
+}

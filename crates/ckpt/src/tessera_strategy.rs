@@ -1,0 +1,246 @@
+//! Tessera's strategy JSON: a versioned, self-describing record of every tensor's global shape,
+//! dtype and placement (the format is specified in the crate documentation).
+
+use std::path::{Path, PathBuf};
+
+use layout::{Layout, Mesh, MeshAxis};
+use tensor::DType;
+
+use crate::error::{CkptError, Result};
+use crate::json::Json;
+use crate::strategy::{ResolvedStrategy, StagePlacement, Strategy, StrategyFlavour, StrategyParam};
+
+/// The value of the `"format"` key.
+pub const FORMAT_NAME: &str = "tessera-strategy";
+/// The version this crate writes and reads.
+pub const VERSION: u64 = 1;
+
+/// Reads a parsed Tessera strategy.
+pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
+    let bad = |reason: String| CkptError::InvalidStrategy {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match json.get("version").and_then(Json::as_u64) {
+        Some(VERSION) => {}
+        Some(v) => {
+            return Err(bad(format!(
+                "version {v} is not supported (this build reads version {VERSION})"
+            )))
+        }
+        None => return Err(bad("no \"version\"".to_string())),
+    }
+    let tensors = json
+        .get("tensors")
+        .and_then(Json::as_arr)
+        .ok_or_else(|| bad("no \"tensors\" list".to_string()))?;
+    let mut params = Vec::with_capacity(tensors.len());
+    for (i, t) in tensors.iter().enumerate() {
+        let name = t
+            .get("name")
+            .and_then(Json::as_str)
+            .ok_or_else(|| bad(format!("tensor #{i} has no \"name\"")))?
+            .to_string();
+        let rule = |rule: String| CkptError::StrategyParam {
+            path: path.to_path_buf(),
+            tensor: name.clone(),
+            rule,
+        };
+        if params.iter().any(|p: &StrategyParam| p.name == name) {
+            return Err(rule("the name appears twice".to_string()));
+        }
+        let shape = t
+            .get("shape")
+            .and_then(Json::as_arr)
+            .and_then(|a| {
+                a.iter()
+                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| rule("\"shape\" must be a list of sizes".to_string()))?;
+        let dtype = match t.get("dtype") {
+            None | Some(Json::Null) => None,
+            Some(d) => Some(
+                d.as_str()
+                    .and_then(|s| s.parse::<DType>().ok())
+                    .ok_or_else(|| rule(format!("unknown \"dtype\" {d:?}")))?,
+            ),
+        };
+        let list = t
+            .get("placements")
+            .and_then(Json::as_arr)
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| rule("\"placements\" must be a non-empty list".to_string()))?;
+        let mut placements = Vec::with_capacity(list.len());
+        for pl in list {
+            placements.push(placement(path, &name, pl)?);
+        }
+        placements.sort_by_key(|p| p.stage);
+        params.push(StrategyParam {
+            name,
+            shape: Some(shape),
+            dtype,
+            placements,
+        });
+    }
+    Ok(Strategy {
+        path: path.to_path_buf(),
+        flavour: StrategyFlavour::Tessera,
+        params,
+        ms: None,
+    })
+}
+
+fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
+    let rule = |rule: String| CkptError::StrategyParam {
+        path: path.to_path_buf(),
+        tensor: name.to_string(),
+        rule,
+    };
+    let layout_err = |source| CkptError::Layout {
+        path: path.to_path_buf(),
+        tensor: name.to_string(),
+        source,
+    };
+    let stage = match pl.get("stage") {
+        None => 0,
+        Some(s) => s
+            .as_u64()
+            .ok_or_else(|| rule("\"stage\" must be a non-negative integer".to_string()))?
+            as usize,
+    };
+    let mesh = pl
+        .get("mesh")
+        .ok_or_else(|| rule("a placement has no \"mesh\"".to_string()))?;
+    let mut axes = Vec::new();
+    for a in mesh
+        .get("axes")
+        .and_then(Json::as_arr)
+        .ok_or_else(|| rule("\"mesh\".\"axes\" must be a list of [name, size]".to_string()))?
+    {
+        match a.as_arr() {
+            Some([n, s]) if n.as_str().is_some() && s.as_u64().is_some() => axes.push(MeshAxis {
+                name: n.as_str().expect("checked").to_string(),
+                size: s.as_u64().expect("checked") as usize,
+            }),
+            _ => return Err(rule(format!("mesh axis {a:?} is not [name, size]"))),
+        }
+    }
+    let rank_list = match mesh.get("rank_list") {
+        None | Some(Json::Null) => None,
+        Some(r) => Some(
+            r.as_arr()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|x| x.as_u64().map(|x| x as usize))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| rule("\"rank_list\" must be a list of ranks".to_string()))?,
+        ),
+    };
+    let mesh = Mesh::from_axes(axes, rank_list).map_err(layout_err)?;
+    let mut dims = Vec::new();
+    for d in pl.get("dims").and_then(Json::as_arr).ok_or_else(|| {
+        rule("\"dims\" must be a list (one list of axis names per tensor dim)".to_string())
+    })? {
+        let names = d
+            .as_arr()
+            .ok_or_else(|| rule(format!("dim entry {d:?} is not a list of axis names")))?;
+        let mut axes = Vec::with_capacity(names.len());
+        for n in names {
+            let n = n
+                .as_str()
+                .ok_or_else(|| rule(format!("axis {n:?} is not a name")))?;
+            axes.push(mesh.axis_index(n).map_err(layout_err)?);
+        }
+        dims.push(axes);
+    }
+    let layout = Layout::from_mesh(mesh, dims).map_err(layout_err)?;
+    let opt_shard = match pl.get("optimizer_shard") {
+        None | Some(Json::Null) => 1,
+        Some(k) => k.as_u64().filter(|&k| k >= 1).ok_or_else(|| {
+            rule("\"optimizer_shard\" must be a group size of at least 1".to_string())
+        })? as usize,
+    };
+    let placement = StagePlacement {
+        stage,
+        layout,
+        opt_shard,
+    };
+    placement.held_layout().map_err(layout_err)?;
+    Ok(placement)
+}
+
+/// A resolved strategy as Tessera JSON.
+pub fn to_json(strategy: &ResolvedStrategy) -> Json {
+    let tensors = strategy
+        .params()
+        .iter()
+        .map(|p| {
+            let placements = p
+                .placements
+                .iter()
+                .map(|pl| {
+                    let layout = pl.mp.layout();
+                    let mesh = layout.mesh();
+                    let axes = mesh
+                        .axes()
+                        .iter()
+                        .map(|a| {
+                            Json::Arr(vec![Json::Str(a.name.clone()), Json::UInt(a.size as u64)])
+                        })
+                        .collect();
+                    let dims = pl
+                        .mp
+                        .dims()
+                        .iter()
+                        .map(|axes| {
+                            Json::Arr(
+                                axes.iter()
+                                    .map(|&a| Json::Str(mesh.axis_name(a).to_string()))
+                                    .collect(),
+                            )
+                        })
+                        .collect();
+                    Json::obj([
+                        ("stage", Json::UInt(pl.stage as u64)),
+                        (
+                            "mesh",
+                            Json::obj([
+                                ("axes", Json::Arr(axes)),
+                                (
+                                    "rank_list",
+                                    Json::uints(mesh.rank_list().iter().map(|&r| r as u64)),
+                                ),
+                            ]),
+                        ),
+                        ("dims", Json::Arr(dims)),
+                        ("optimizer_shard", Json::UInt(pl.opt_shard as u64)),
+                    ])
+                })
+                .collect();
+            Json::obj([
+                ("name", Json::Str(p.name.clone())),
+                ("shape", Json::uints(p.shape.iter().map(|&d| d as u64))),
+                (
+                    "dtype",
+                    p.dtype
+                        .map_or(Json::Null, |d| Json::Str(d.name().to_string())),
+                ),
+                ("placements", Json::Arr(placements)),
+            ])
+        })
+        .collect();
+    Json::obj([
+        ("format", Json::Str(FORMAT_NAME.to_string())),
+        ("version", Json::UInt(VERSION)),
+        ("tensors", Json::Arr(tensors)),
+    ])
+}
+
+/// Writes a resolved strategy as Tessera JSON, atomically.
+pub fn write(path: &Path, strategy: &ResolvedStrategy, force: bool) -> Result<PathBuf> {
+    let mut text = to_json(strategy).to_pretty(2);
+    text.push('\n');
+    crate::atomic_write::write_file(path, text.as_bytes(), force)
+}

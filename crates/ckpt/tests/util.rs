@@ -1,0 +1,101 @@
+//! Helpers shared by the integration tests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ckpt::CheckpointFile;
+
+/// The MindSpore reference cases, or `None` (with the reason printed) when `shared/` is absent.
+pub fn cases() -> Option<PathBuf> {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/mindspore/cases");
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        println!(
+            "SKIPPED: {} is absent, so the MindSpore conformance cases cannot run",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// One case directory, or `None` with the reason printed.
+pub fn case(name: &str) -> Option<PathBuf> {
+    cases().map(|c| c.join(name))
+}
+
+/// A tensor as stored: MindSpore type name, shape and raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub ty: String,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// Every tensor of a checkpoint file, in file order.
+pub fn read_all(path: &Path) -> Vec<(String, Stored)> {
+    let f = CheckpointFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.tensors()
+        .iter()
+        .map(|t| {
+            let mut bytes = vec![0u8; t.n_bytes as usize];
+            f.read_bytes(t, 0, &mut bytes).unwrap();
+            (
+                t.name.clone(),
+                Stored {
+                    ty: t.ty.mindspore_name().to_string(),
+                    shape: t.shape.clone(),
+                    bytes,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Asserts two checkpoint files hold the same tensors (names, types, shapes, values); with
+/// `same_order`, in the same order too.
+pub fn assert_same_tensors(ours: &Path, expected: &Path, same_order: bool) {
+    let a = read_all(ours);
+    let b = read_all(expected);
+    if same_order {
+        let na: Vec<&String> = a.iter().map(|(n, _)| n).collect();
+        let nb: Vec<&String> = b.iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            na,
+            nb,
+            "tensor order of {} vs {}",
+            ours.display(),
+            expected.display()
+        );
+    }
+    let ma: BTreeMap<_, _> = a.into_iter().collect();
+    let mb: BTreeMap<_, _> = b.into_iter().collect();
+    assert_eq!(
+        ma.keys().collect::<Vec<_>>(),
+        mb.keys().collect::<Vec<_>>(),
+        "tensor names of {} vs {}",
+        ours.display(),
+        expected.display()
+    );
+    for (name, x) in &ma {
+        let y = &mb[name];
+        assert_eq!(
+            (&x.ty, &x.shape),
+            (&y.ty, &y.shape),
+            "{name} in {}",
+            ours.display()
+        );
+        assert!(
+            x.bytes == y.bytes,
+            "values of {name} differ: {} vs {}",
+            ours.display(),
+            expected.display()
+        );
+    }
+}
+
+/// A fresh temporary directory.
+pub fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}

@@ -1,0 +1,231 @@
+//! `tessera bench ckpt-convert`: converting 1 GiB of parameters from 8 ranks to 4, next to
+//! `cp -r` + `sync` of the same source directory, measured in the same run.
+//!
+//! The source (8 × [8192, 4096] f32 over dev [2,4] map [1,0]) is written by Tessera's own writer
+//! and is not timed. Each repetition removes the previous output and runs `sync` first (not
+//! timed), then times `cp -r SRC COPY && sync` and the conversion (whose writes are fsynced file
+//! by file). Peak RSS is measured by `/usr/bin/time -v` around a separate `tessera ckpt convert`
+//! process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use layout::Layout;
+use tensor::Tensor;
+
+/// Arguments of `tessera bench ckpt-convert`.
+#[derive(Debug, Args)]
+pub struct CkptConvertArgs {
+    /// Working directory (default: a fresh directory under the system temp dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the generated source, copy and output.
+    #[arg(long)]
+    keep: bool,
+    /// Timed repetitions of each side.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Number of [8192, 4096] f32 tensors (8 = 1 GiB).
+    #[arg(long, default_value_t = 8)]
+    tensors: usize,
+}
+
+const ROWS: usize = 8192;
+const COLS: usize = 4096;
+
+/// Runs the benchmark.
+pub fn run(args: &CkptConvertArgs) -> anyhow::Result<()> {
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("tessera-bench-ckpt-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let result = bench(&dir, args);
+    if !args.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn strategy(dev: &[usize], map: &[i64], n: usize) -> anyhow::Result<ckpt::ResolvedStrategy> {
+    let params = (0..n)
+        .map(|i| {
+            let mp = Layout::from_ms_flat(dev, map, None)?.bind(&[ROWS, COLS])?;
+            Ok(ckpt::ResolvedParam {
+                name: format!("layer{i}.weight"),
+                shape: vec![ROWS, COLS],
+                dtype: Some(tensor::DType::F32),
+                placements: vec![ckpt::ParamLayout::new(0, mp, 1)?],
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(ckpt::ResolvedStrategy::new(params)?)
+}
+
+fn sync() -> anyhow::Result<()> {
+    let status = Command::new("sync").status().context("running sync")?;
+    if !status.success() {
+        bail!("sync failed");
+    }
+    Ok(())
+}
+
+fn remove(path: &Path) {
+    let _ = std::fs::remove_dir_all(path);
+}
+
+fn summary(times: &mut [Duration]) -> (Duration, Duration, Duration) {
+    times.sort_unstable();
+    (times[times.len() / 2], times[0], times[times.len() - 1])
+}
+
+fn bench(dir: &Path, args: &CkptConvertArgs) -> anyhow::Result<()> {
+    let (src, copy, dst) = (dir.join("src"), dir.join("copy"), dir.join("dst"));
+    let (sa, sb) = (dir.join("A.ckpt"), dir.join("B.ckpt"));
+    let a = strategy(&[2, 4], &[1, 0], args.tensors)?;
+    let b = strategy(&[2, 2], &[0, 1], args.tensors)?;
+    ckpt::save_param_strategy_file(&sa, &a, ckpt::StrategyFlavour::MsProtobuf, true)?;
+    ckpt::save_param_strategy_file(&sb, &b, ckpt::StrategyFlavour::MsProtobuf, true)?;
+    // The source: each rank's slices, values = global element index + tensor offset.
+    eprintln!("generating the source in {} (not timed)…", src.display());
+    remove(&src);
+    for rank in 0..8 {
+        let mut tensors = Vec::new();
+        for p in a.params() {
+            let region = p.placements[0].held.rank_box(rank)?;
+            let base = p.name.len() as f32;
+            let (r0, c0) = (region.offset[0], region.offset[1]);
+            let (nr, nc) = (region.shape[0], region.shape[1]);
+            let mut data = Vec::with_capacity(nr * nc);
+            for i in 0..nr {
+                for j in 0..nc {
+                    data.push(((r0 + i) * COLS + c0 + j) as f32 + base);
+                }
+            }
+            tensors.push((p.name.clone(), Tensor::from_vec(&region.shape, data)?));
+        }
+        let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        ckpt::save_rank_checkpoint(&src, rank, &refs, true)?;
+    }
+    let total_bytes = (args.tensors * ROWS * COLS * 4) as u64;
+    // Warm the page cache: read every source file once.
+    for entry in walk(&src)? {
+        std::fs::read(&entry)?;
+    }
+    sync()?;
+    let mut cp_times = Vec::new();
+    let mut our_times = Vec::new();
+    for _ in 0..args.reps.max(1) {
+        remove(&copy);
+        sync()?;
+        let t = Instant::now();
+        let status = Command::new("cp").arg("-r").arg(&src).arg(&copy).status()?;
+        sync()?;
+        cp_times.push(t.elapsed());
+        if !status.success() {
+            bail!("cp -r failed");
+        }
+        remove(&dst);
+        sync()?;
+        let t = Instant::now();
+        let opts = ckpt::ConvertOptions {
+            format: Some(ckpt::Format::Safetensors),
+            ..Default::default()
+        };
+        ckpt::convert_checkpoints(&src, &sa, &dst, Some(&sb), &opts)?;
+        our_times.push(t.elapsed());
+    }
+    let (cp_med, cp_min, cp_max) = summary(&mut cp_times);
+    let (our_med, our_min, our_max) = summary(&mut our_times);
+    println!(
+        "checkpoint conversion: {} tensors [8192, 4096] f32 = {} over 8 ranks (dev [2,4] map [1,0]) -> 4 ranks (dev [2,2] map [0,1]), safetensors, warm cache",
+        args.tensors,
+        crate::bench_cmd::human_bytes(total_bytes as usize)
+    );
+    println!("{:<34} {:>9} {:>19}", "", "median", "min - max");
+    println!(
+        "{:<34} {:>8.3}s {:>8.3}s - {:.3}s",
+        "cp -r SRC COPY && sync",
+        cp_med.as_secs_f64(),
+        cp_min.as_secs_f64(),
+        cp_max.as_secs_f64()
+    );
+    println!(
+        "{:<34} {:>8.3}s {:>8.3}s - {:.3}s",
+        "tessera convert (fsynced)",
+        our_med.as_secs_f64(),
+        our_min.as_secs_f64(),
+        our_max.as_secs_f64()
+    );
+    println!(
+        "ratio tessera / (cp + sync): {:.2} (median over {} runs each, interleaved)",
+        our_med.as_secs_f64() / cp_med.as_secs_f64().max(1e-9),
+        args.reps.max(1)
+    );
+    // Peak RSS of a separate conversion process.
+    let time_bin = Path::new("/usr/bin/time");
+    if !time_bin.exists() {
+        println!("peak RSS: not measured (/usr/bin/time is missing; install the `time` package)");
+        return Ok(());
+    }
+    remove(&dst);
+    sync()?;
+    let exe = std::env::current_exe()?;
+    let out = Command::new(time_bin)
+        .arg("-v")
+        .arg(&exe)
+        .args([
+            "ckpt",
+            "convert",
+            "--quiet",
+            "--format",
+            "safetensors",
+            "--src",
+        ])
+        .arg(&src)
+        .arg("--src-strategy")
+        .arg(&sa)
+        .arg("--dst")
+        .arg(&dst)
+        .arg("--dst-strategy")
+        .arg(&sb)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "the measured conversion failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let report = String::from_utf8_lossy(&out.stderr);
+    let field = |name: &str| {
+        report
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name).map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| "?".to_string())
+    };
+    let rss_kb: f64 = field("Maximum resident set size (kbytes):")
+        .parse()
+        .unwrap_or(f64::NAN);
+    println!(
+        "peak RSS of `tessera ckpt convert` (separate process, /usr/bin/time -v): {:.1} MiB; its wall time {}",
+        rss_kb / 1024.0,
+        field("Elapsed (wall clock) time (h:mm:ss or m:ss):")
+    );
+    Ok(())
+}
+
+fn walk(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            out.extend(walk(&p)?);
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,578 @@
+//! `tessera ckpt …`: distributed checkpoints (convert, ranks, merge, load, dedup, verify,
+//! inspect). Each subcommand validates its flags, makes one `ckpt` call and prints the result
+//! as text or, with `--json`, as one JSON object.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use ckpt::{Format, InspectedFile, Progress};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::grid::write_stdout;
+
+/// Arguments of `tessera ckpt`.
+#[derive(Debug, Args)]
+pub struct CkptArgs {
+    #[command(subcommand)]
+    command: CkptCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CkptCommand {
+    /// Convert a checkpoint from one strategy to another (all destination ranks, or one).
+    Convert(ConvertArgs),
+    /// The minimal list of source ranks a destination rank needs.
+    Ranks(RanksArgs),
+    /// Merge all ranks into full tensors (unified safetensors: part files + index).
+    Merge(MergeArgs),
+    /// Slice a unified checkpoint for a target strategy (`load_distributed_checkpoint`).
+    Load(LoadArgs),
+    /// Merge every checkpoint file of one directory (`load_segmented_checkpoints`).
+    LoadSegmented(LoadSegmentedArgs),
+    /// Save a checkpoint without redundancy: each replica group's copy kept by one owner.
+    Dedup(DedupArgs),
+    /// Print a strategy's redundancy map (replica groups) and the owner of each copy.
+    Redundancy(RedundancyArgs),
+    /// Check a checkpoint against its strategy; exits non-zero on any fault.
+    Verify(VerifyArgs),
+    /// Show the tensors of a checkpoint file (or the layouts of a strategy file).
+    Inspect(InspectArgs),
+}
+
+/// Flags shared by commands that write files.
+#[derive(Debug, Args)]
+struct WriteFlags {
+    /// Replace destination files that exist.
+    #[arg(long)]
+    force: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ConvertArgs {
+    /// Source checkpoint directory (holding rank_<N>/).
+    #[arg(long)]
+    src: PathBuf,
+    /// Source strategy file (MindSpore protobuf or JSON, or Tessera JSON).
+    #[arg(long)]
+    src_strategy: PathBuf,
+    /// Destination directory.
+    #[arg(long)]
+    dst: PathBuf,
+    /// Destination strategy file; without it everything is merged into rank 0.
+    #[arg(long)]
+    dst_strategy: Option<PathBuf>,
+    /// Convert only this destination rank (repeatable).
+    #[arg(long)]
+    rank: Vec<usize>,
+    /// Output format (default: the source's).
+    #[arg(long)]
+    format: Option<Format>,
+    /// Output file-name prefix: rank_<r>/<prefix><r>.<ext>.
+    #[arg(long, default_value = "checkpoint_")]
+    prefix: String,
+    /// Append MindSpore's crc_num trailer to .ckpt output.
+    #[arg(long)]
+    crc: bool,
+    #[command(flatten)]
+    write: WriteFlags,
+}
+
+#[derive(Debug, Args)]
+struct RanksArgs {
+    /// Source strategy file.
+    #[arg(long)]
+    src_strategy: PathBuf,
+    /// Destination strategy file; without it, a merge into rank 0.
+    #[arg(long)]
+    dst_strategy: Option<PathBuf>,
+    /// The destination rank.
+    #[arg(long)]
+    rank: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct MergeArgs {
+    /// Source checkpoint directory (holding rank_<N>/).
+    #[arg(long)]
+    src: PathBuf,
+    /// The source strategy file.
+    #[arg(long)]
+    strategy: PathBuf,
+    /// Destination directory.
+    #[arg(long)]
+    dst: PathBuf,
+    /// Target size of one part file, in bytes.
+    #[arg(long, default_value_t = ckpt::DEFAULT_PART_BYTES)]
+    max_part_bytes: u64,
+    /// The sources were saved without redundancy.
+    #[arg(long)]
+    dedup: bool,
+    #[command(flatten)]
+    write: WriteFlags,
+}
+
+#[derive(Debug, Args)]
+struct LoadArgs {
+    /// Unified checkpoint directory (param_name_map.json and part files).
+    #[arg(long)]
+    unified: PathBuf,
+    /// Target strategy file.
+    #[arg(long)]
+    strategy: PathBuf,
+    /// Destination directory: rank_<r>/net.<ext>.
+    #[arg(long)]
+    dst: PathBuf,
+    /// Only this destination rank (repeatable).
+    #[arg(long)]
+    rank: Vec<usize>,
+    /// Output format (default: safetensors).
+    #[arg(long)]
+    format: Option<Format>,
+    #[command(flatten)]
+    write: WriteFlags,
+}
+
+#[derive(Debug, Args)]
+struct LoadSegmentedArgs {
+    /// Directory of checkpoint files.
+    dir: PathBuf,
+    /// Also write the merged tensors to this file (.ckpt or .safetensors).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    write: WriteFlags,
+}
+
+#[derive(Debug, Args)]
+struct DedupArgs {
+    /// Source checkpoint directory (holding rank_<N>/).
+    #[arg(long)]
+    src: PathBuf,
+    /// The strategy file.
+    #[arg(long)]
+    strategy: PathBuf,
+    /// Destination directory.
+    #[arg(long)]
+    dst: PathBuf,
+    #[command(flatten)]
+    write: WriteFlags,
+}
+
+#[derive(Debug, Args)]
+struct RedundancyArgs {
+    /// The strategy file.
+    #[arg(long)]
+    strategy: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct VerifyArgs {
+    /// Checkpoint directory (holding rank_<N>/).
+    #[arg(long)]
+    src: PathBuf,
+    /// The strategy file.
+    #[arg(long)]
+    strategy: PathBuf,
+    /// Also compare every replica's bytes.
+    #[arg(long)]
+    replicas: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// A checkpoint, strategy or group-info file.
+    file: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `tessera ckpt …`.
+pub fn run(args: &CkptArgs) -> anyhow::Result<()> {
+    match &args.command {
+        CkptCommand::Convert(a) => convert(a),
+        CkptCommand::Ranks(a) => ranks(a),
+        CkptCommand::Merge(a) => merge(a),
+        CkptCommand::Load(a) => load(a),
+        CkptCommand::LoadSegmented(a) => load_segmented(a),
+        CkptCommand::Dedup(a) => dedup(a),
+        CkptCommand::Redundancy(a) => redundancy(a),
+        CkptCommand::Verify(a) => verify(a),
+        CkptCommand::Inspect(a) => inspect(a),
+    }
+}
+
+/// A progress bar on stderr: hidden when stderr is not a terminal or with `--quiet`.
+pub struct Bar(ProgressBar);
+
+impl Bar {
+    /// A bar, hidden when `quiet`.
+    pub fn new(quiet: bool) -> Bar {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+        };
+        Bar(bar)
+    }
+}
+
+impl Progress for Bar {
+    fn start(&self, label: &str, total_bytes: u64) {
+        self.0.set_length(total_bytes);
+        self.0.set_position(0);
+        self.0.set_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        self.0.set_message(label.to_string());
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}
+
+fn print(json: bool, value: Value, text: String) -> anyhow::Result<()> {
+    if json {
+        let mut s = serde_json::to_string_pretty(&value)?;
+        s.push('\n');
+        write_stdout(&s)
+    } else {
+        write_stdout(&text)
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn convert_report_json(report: &ckpt::ConvertReport) -> Value {
+    json!({
+        "ranks": report.ranks.iter().map(|r| json!({
+            "rank": r.rank,
+            "path": path_str(&r.path),
+            "source_ranks": r.source_ranks,
+            "minimal": if r.exact { "exact" } else { "greedy" },
+            "tensors": r.n_tensors,
+            "bytes": r.data_bytes,
+        })).collect::<Vec<_>>(),
+        "skipped": report.skipped.iter().map(|(n, why)| json!({"name": n, "reason": why})).collect::<Vec<_>>(),
+    })
+}
+
+fn convert_report_text(report: &ckpt::ConvertReport) -> String {
+    let mut out = String::new();
+    for r in &report.ranks {
+        out.push_str(&format!(
+            "rank {}: {} ({} tensors, {}) from source ranks {:?} ({})\n",
+            r.rank,
+            r.path.display(),
+            r.n_tensors,
+            crate::bench_cmd::human_bytes(r.data_bytes as usize),
+            r.source_ranks,
+            if r.exact { "minimal" } else { "greedy cover" }
+        ));
+    }
+    for (name, why) in &report.skipped {
+        out.push_str(&format!("skipped {name:?}: {why}\n"));
+    }
+    out
+}
+
+fn convert(a: &ConvertArgs) -> anyhow::Result<()> {
+    let bar = Bar::new(a.write.quiet || a.write.json);
+    let ranks = (!a.rank.is_empty()).then_some(a.rank.as_slice());
+    let opts = ckpt::ConvertOptions {
+        format: a.format,
+        prefix: &a.prefix,
+        ranks,
+        force: a.write.force,
+        crc: a.crc,
+        progress: &bar,
+        ..Default::default()
+    };
+    let report = ckpt::convert_checkpoints(
+        &a.src,
+        &a.src_strategy,
+        &a.dst,
+        a.dst_strategy.as_deref(),
+        &opts,
+    )
+    .context("checkpoint conversion failed")?;
+    print(
+        a.write.json,
+        convert_report_json(&report),
+        convert_report_text(&report),
+    )
+}
+
+fn ranks(a: &RanksArgs) -> anyhow::Result<()> {
+    let src = ckpt::Strategy::load(&a.src_strategy)?;
+    let dst = a
+        .dst_strategy
+        .as_deref()
+        .map(ckpt::Strategy::load)
+        .transpose()?;
+    let cover = ckpt::minimal_rank_list(&src, dst.as_ref(), a.rank)?;
+    let how = if cover.exact { "exact" } else { "greedy" };
+    print(
+        a.json,
+        json!({"rank": a.rank, "source_ranks": cover.ranks, "minimal": how}),
+        format!(
+            "destination rank {} needs source ranks {:?} ({} minimum)\n",
+            a.rank, cover.ranks, how
+        ),
+    )
+}
+
+fn merge(a: &MergeArgs) -> anyhow::Result<()> {
+    if a.max_part_bytes == 0 {
+        bail!("--max-part-bytes must be positive");
+    }
+    let bar = Bar::new(a.write.quiet || a.write.json);
+    let opts = ckpt::MergeOptions {
+        max_part_bytes: a.max_part_bytes,
+        dedup: a.dedup,
+        force: a.write.force,
+        progress: &bar,
+        ..Default::default()
+    };
+    let r =
+        ckpt::unified_safetensors(&a.src, &a.strategy, &a.dst, &opts).context("merge failed")?;
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    let mut text = String::new();
+    for (path, names) in &r.parts {
+        text.push_str(&format!("{}: {}\n", path.display(), names.join(", ")));
+    }
+    text.push_str(&format!("{}\n", r.index.display()));
+    if let Some(h) = &r.hyper {
+        text.push_str(&format!("{}\n", h.display()));
+    }
+    text.push_str(&format!(
+        "{} of full tensors from source ranks {:?}\n",
+        crate::bench_cmd::human_bytes(r.total_size as usize),
+        r.source_ranks
+    ));
+    for (name, why) in &r.skipped {
+        text.push_str(&format!("skipped {name:?}: {why}\n"));
+    }
+    print(
+        a.write.json,
+        json!({
+            "parts": r.parts.iter().map(|(p, n)| json!({"path": path_str(p), "tensors": n})).collect::<Vec<_>>(),
+            "index": path_str(&r.index),
+            "hyper_param": r.hyper.as_deref().map(path_str),
+            "source_ranks": r.source_ranks,
+            "total_size": r.total_size,
+            "skipped": r.skipped.iter().map(|(n, why)| json!({"name": n, "reason": why})).collect::<Vec<_>>(),
+            "warnings": r.warnings,
+        }),
+        text,
+    )
+}
+
+fn load(a: &LoadArgs) -> anyhow::Result<()> {
+    let bar = Bar::new(a.write.quiet || a.write.json);
+    let ranks = (!a.rank.is_empty()).then_some(a.rank.as_slice());
+    let opts = ckpt::ConvertOptions {
+        format: a.format,
+        ranks,
+        force: a.write.force,
+        progress: &bar,
+        ..Default::default()
+    };
+    let report = ckpt::load_distributed_checkpoint(&a.unified, &a.strategy, &a.dst, &opts)
+        .context("loading the unified checkpoint failed")?;
+    print(
+        a.write.json,
+        convert_report_json(&report),
+        convert_report_text(&report),
+    )
+}
+
+fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
+    let entries = ckpt::load_segmented_checkpoints(&a.dir)?;
+    let written = match &a.out {
+        Some(out) => {
+            let bar = Bar::new(a.write.quiet || a.write.json);
+            Some(ckpt::write_segmented(&entries, out, a.write.force, &bar)?)
+        }
+        None => None,
+    };
+    let mut text = String::new();
+    let mut tensors = serde_json::Map::new();
+    for e in &entries {
+        text.push_str(&format!(
+            "{:<32} {:<9} {:?}  ({})\n",
+            e.tensor.name,
+            e.tensor.ty.mindspore_name(),
+            e.tensor.shape,
+            e.file.path().display()
+        ));
+        tensors.insert(
+            e.tensor.name.clone(),
+            json!({"shape": e.tensor.shape, "dtype": e.tensor.ty.mindspore_name(), "file": path_str(e.file.path())}),
+        );
+    }
+    if let Some(p) = &written {
+        text.push_str(&format!("wrote {}\n", p.display()));
+    }
+    print(
+        a.write.json,
+        json!({"tensors": tensors, "written": written.as_deref().map(path_str)}),
+        text,
+    )
+}
+
+fn dedup(a: &DedupArgs) -> anyhow::Result<()> {
+    let bar = Bar::new(a.write.quiet || a.write.json);
+    let r = ckpt::dedup_checkpoints(&a.src, &a.strategy, &a.dst, a.write.force, &bar)
+        .context("saving without redundancy failed")?;
+    let mut text = String::new();
+    for (rank, path, names) in &r.ranks {
+        text.push_str(&format!(
+            "rank {rank}: {} keeps {}\n",
+            path.display(),
+            names.join(", ")
+        ));
+    }
+    text.push_str(&format!(
+        "{} written of {} in the source\n",
+        crate::bench_cmd::human_bytes(r.data_bytes as usize),
+        crate::bench_cmd::human_bytes(r.source_bytes as usize)
+    ));
+    print(
+        a.write.json,
+        json!({
+            "ranks": r.ranks.iter().map(|(rank, p, n)| json!({"rank": rank, "path": path_str(p), "tensors": n})).collect::<Vec<_>>(),
+            "bytes_written": r.data_bytes,
+            "bytes_source": r.source_bytes,
+        }),
+        text,
+    )
+}
+
+fn redundancy(a: &RedundancyArgs) -> anyhow::Result<()> {
+    let map = ckpt::redundancy_of_file(&a.strategy)?;
+    let owners = ckpt::remove_param_redundancy(&map);
+    let mut text = String::from("replica groups:\n");
+    let mut groups = serde_json::Map::new();
+    for (name, g) in &map {
+        text.push_str(&format!("  {name:<32} {g:?}\n"));
+        groups.insert(name.clone(), json!(g));
+    }
+    text.push_str("owners (one copy per replica group):\n");
+    let mut own = serde_json::Map::new();
+    for (rank, names) in &owners {
+        let names: Vec<&String> = names.iter().collect();
+        text.push_str(&format!("  rank {rank}: {names:?}\n"));
+        own.insert(rank.to_string(), json!(names));
+    }
+    print(
+        a.json,
+        json!({"get_parameter_redundancy": groups, "remove_param_redundancy": own}),
+        text,
+    )
+}
+
+fn verify(a: &VerifyArgs) -> anyhow::Result<()> {
+    let r = ckpt::verify_checkpoints(&a.src, &a.strategy, a.replicas)?;
+    let mut text = format!(
+        "{} files, {} parameters, {} slices checked, {} replica pairs compared\n",
+        r.n_files, r.n_params, r.n_slices, r.n_replica_pairs
+    );
+    for f in &r.faults {
+        text.push_str(&format!("FAULT {f}\n"));
+    }
+    text.push_str(if r.is_ok() { "OK\n" } else { "FAILED\n" });
+    print(
+        a.json,
+        json!({
+            "ok": r.is_ok(),
+            "files": r.n_files,
+            "parameters": r.n_params,
+            "slices": r.n_slices,
+            "replica_pairs": r.n_replica_pairs,
+            "faults": r.faults.iter().map(|f| json!({"path": path_str(&f.path), "tensor": f.tensor, "rule": f.rule})).collect::<Vec<_>>(),
+        }),
+        text,
+    )?;
+    if !r.is_ok() {
+        bail!("{} fault(s) found", r.faults.len());
+    }
+    Ok(())
+}
+
+fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
+    match ckpt::inspect(&a.file)? {
+        InspectedFile::Checkpoint(f) => {
+            let mut text = format!(
+                "{} ({} checkpoint, {} tensors)\n",
+                f.path().display(),
+                f.format(),
+                f.tensors().len()
+            );
+            if !f.metadata().is_empty() {
+                text.push_str(&format!("metadata: {:?}\n", f.metadata()));
+            }
+            if let Some(crc) = f.crc() {
+                text.push_str(&format!("crc_num: {crc} (verified)\n"));
+            }
+            for t in f.tensors() {
+                text.push_str(&format!(
+                    "  {:<32} {:<9} {:<16} {:>10} bytes{}\n",
+                    t.name,
+                    t.ty.mindspore_name(),
+                    format!("{:?}", t.shape),
+                    t.n_bytes,
+                    if t.n_chunks() > 1 {
+                        format!(" in {} chunks", t.n_chunks())
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+            print(
+                a.json,
+                json!({
+                    "kind": "checkpoint",
+                    "format": f.format().to_string(),
+                    "metadata": f.metadata(),
+                    "crc": f.crc(),
+                    "tensors": f.tensors().iter().map(|t| json!({
+                        "name": t.name, "dtype": t.ty.mindspore_name(), "shape": t.shape,
+                        "bytes": t.n_bytes, "chunks": t.n_chunks(),
+                    })).collect::<Vec<_>>(),
+                }),
+                text,
+            )
+        }
+        InspectedFile::Strategy(s) => crate::strategy_cmd::show_strategy(&s, a.json),
+        InspectedFile::GroupInfo(g) => crate::strategy_cmd::show_group_info(&g, a.json),
+    }
+}

@@ -1,0 +1,191 @@
+//! The `tessera ckpt` and `tessera strategy` commands end to end: output, `--json` and exit
+//! codes, on the MindSpore reference cases (skipped, with the reason printed, when absent).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn case(name: &str) -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/reference/mindspore/cases")
+        .join(name);
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        println!("SKIPPED: {} is absent", dir.display());
+        None
+    }
+}
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("running tessera")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("tessera-cli-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn strategy_show_json_is_build_searched_strategy() {
+    let Some(c) = case("case1_dp2mp4_to_2x2") else {
+        return;
+    };
+    let out = tessera(&["strategy", "show", "--json", s(&c.join("strategy/A.ckpt"))]);
+    assert!(out.status.success());
+    let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let theirs: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(c.join("expected/build_searched_strategy_A.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ours, theirs);
+}
+
+#[test]
+fn restore_ranks() {
+    let Some(c) = case("case5_group_info") else {
+        return;
+    };
+    let out = tessera(&[
+        "strategy",
+        "restore-ranks",
+        "--json",
+        s(&c.join("group_info.pb")),
+    ]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[0,1,2,3]");
+    let out = tessera(&[
+        "strategy",
+        "restore-ranks",
+        s(&c.join("group_info_no_restore.pb")),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ckpt_restore_rank_list"));
+}
+
+#[test]
+fn ranks_json() {
+    let Some(c) = case("case3_opt_shard_to_4") else {
+        return;
+    };
+    let out = tessera(&[
+        "ckpt",
+        "ranks",
+        "--json",
+        "--src-strategy",
+        s(&c.join("strategy/A.ckpt")),
+        "--dst-strategy",
+        s(&c.join("strategy/B.ckpt")),
+        "--rank",
+        "1",
+    ]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["source_ranks"], serde_json::json!([0, 1, 4, 5, 6, 7]));
+    assert_eq!(v["minimal"], "exact");
+}
+
+#[test]
+fn convert_verify_and_refuse_overwrite() {
+    let Some(c) = case("case1_dp2mp4_to_2x2") else {
+        return;
+    };
+    let dir = Scratch::new("convert");
+    let dst = dir.0.join("out");
+    let (src, sa, sb) = (
+        c.join("src_ckpt"),
+        c.join("strategy/A.ckpt"),
+        c.join("strategy/B.ckpt"),
+    );
+    let convert = |extra: &[&str]| {
+        let mut args = vec![
+            "ckpt",
+            "convert",
+            "--quiet",
+            "--json",
+            "--src",
+            s(&src),
+            "--src-strategy",
+            s(&sa),
+            "--dst",
+            s(&dst),
+            "--dst-strategy",
+            s(&sb),
+        ];
+        args.extend_from_slice(extra);
+        tessera(&args)
+    };
+    let out = convert(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ranks"].as_array().unwrap().len(), 4);
+    // A second run refuses to overwrite, and says so.
+    let out = convert(&[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert!(convert(&["--force"]).status.success());
+    let verify = |strategy: &str| {
+        tessera(&[
+            "ckpt",
+            "verify",
+            "--replicas",
+            "--src",
+            s(&dst),
+            "--strategy",
+            s(&c.join("strategy").join(strategy)),
+        ])
+    };
+    let out = verify("B.ckpt");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Against the wrong strategy, the shapes do not fit: faults and a non-zero exit.
+    let out = verify("A.ckpt");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("FAULT"));
+}
+
+#[test]
+fn inspect_checkpoint_and_strategy() {
+    let Some(c) = case("case1_dp2mp4_to_2x2") else {
+        return;
+    };
+    let out = tessera(&[
+        "ckpt",
+        "inspect",
+        "--json",
+        s(&c.join("src_ckpt/rank_5/checkpoint_5.ckpt")),
+    ]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 7);
+    assert_eq!(v["tensors"][5]["dtype"], "BFloat16");
+    let out = tessera(&["ckpt", "inspect", s(&c.join("strategy/A.ckpt"))]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("net.w1"));
+}

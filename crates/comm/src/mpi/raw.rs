@@ -1,0 +1,607 @@
+//! The unsafe edge: thin wrappers over rsmpi's raw MPI bindings. Every function returns MPI's
+//! error code and message instead of aborting (our communicators use `MPI_ERRORS_RETURN`).
+
+use std::ffi::c_void;
+use std::os::raw::c_int;
+use std::time::{Duration, Instant};
+
+use ::mpi::ffi;
+
+use crate::op::ReduceOp;
+
+/// An MPI error: code and message.
+pub(super) type MpiError = (i32, String);
+
+/// Why a poll ended without completion.
+pub(super) enum WaitError {
+    Mpi(i32, String),
+    Timeout,
+    /// A member (group rank) announced a panic.
+    PeerPanicked(usize),
+}
+
+impl From<MpiError> for WaitError {
+    fn from((code, message): MpiError) -> WaitError {
+        WaitError::Mpi(code, message)
+    }
+}
+
+/// The element types MPI reduces.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Datatype {
+    F64,
+    F32,
+    I64,
+    I32,
+    I16,
+    I8,
+    U64,
+    U32,
+    U16,
+    U8,
+}
+
+/// A communicator handle.
+pub(super) struct Comm(ffi::MPI_Comm);
+
+/// A request handle.
+pub(super) struct Request(ffi::MPI_Request);
+
+/// A matched, not yet received message.
+pub(super) struct Message(ffi::MPI_Message);
+
+/// The tag of failure notices on the control communicator.
+const FAILURE_TAG: c_int = 1;
+/// How long a panicking process lingers after sending its notices.
+const NOTICE_GRACE: Duration = Duration::from_millis(250);
+
+/// The process's MPI handles: initialisation, the control communicator for failure notices,
+/// and the notices seen so far.
+pub(super) struct Raw {
+    owns_init: bool,
+    /// `MPI_IN_PLACE`, which is a macro: `(void *) 1` in OpenMPI, `(void *) -1` in MPICH.
+    in_place: *mut c_void,
+    ctrl: ffi::MPI_Comm,
+    world_rank: usize,
+    world_size: usize,
+    /// World ranks that announced a panic.
+    failed: Vec<bool>,
+}
+
+// SAFETY: the handles are plain identifiers; the runtime lock serialises every use of them
+// (MPI_THREAD_SERIALIZED).
+unsafe impl Send for Raw {}
+
+fn error_string(code: c_int) -> String {
+    let mut buf = vec![0u8; ffi::MPI_MAX_ERROR_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer has MPI_MAX_ERROR_STRING + 1 bytes, as MPI requires.
+    unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len) };
+    buf.truncate(usize::try_from(len).unwrap_or(0));
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn check(rc: c_int) -> Result<(), MpiError> {
+    if rc == ffi::MPI_SUCCESS as c_int {
+        Ok(())
+    } else {
+        Err((rc, error_string(rc)))
+    }
+}
+
+fn mpi_type(dtype: Datatype) -> ffi::MPI_Datatype {
+    // SAFETY: reading rsmpi's exported constants.
+    unsafe {
+        match dtype {
+            Datatype::F64 => ffi::RSMPI_DOUBLE,
+            Datatype::F32 => ffi::RSMPI_FLOAT,
+            Datatype::I64 => ffi::RSMPI_INT64_T,
+            Datatype::I32 => ffi::RSMPI_INT32_T,
+            Datatype::I16 => ffi::RSMPI_INT16_T,
+            Datatype::I8 => ffi::RSMPI_INT8_T,
+            Datatype::U64 => ffi::RSMPI_UINT64_T,
+            Datatype::U32 => ffi::RSMPI_UINT32_T,
+            Datatype::U16 => ffi::RSMPI_UINT16_T,
+            Datatype::U8 => ffi::RSMPI_UINT8_T,
+        }
+    }
+}
+
+fn byte() -> ffi::MPI_Datatype {
+    mpi_type(Datatype::U8)
+}
+
+fn mpi_op(op: ReduceOp) -> ffi::MPI_Op {
+    // SAFETY: reading rsmpi's exported constants.
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => ffi::RSMPI_SUM,
+            ReduceOp::Max => ffi::RSMPI_MAX,
+            ReduceOp::Min => ffi::RSMPI_MIN,
+        }
+    }
+}
+
+/// A buffer address for MPI. An empty slice has a dangling address equal to its alignment —
+/// `(void *) 1` for bytes, which is OpenMPI's `MPI_IN_PLACE` — so addresses in the first page
+/// (never a real allocation) are replaced by a static that MPI never touches (count 0).
+fn addr(p: *const u8) -> *mut c_void {
+    static EMPTY: [u64; 1] = [0];
+    if (p as usize) < 4096 {
+        EMPTY.as_ptr() as *mut c_void
+    } else {
+        p as *mut c_void
+    }
+}
+
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: reading rsmpi's exported constant.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// Runs an MPI call that produces a request.
+fn start(f: impl FnOnce(*mut ffi::MPI_Request) -> c_int) -> Result<Request, MpiError> {
+    let mut request = null_request();
+    check(f(&mut request))?;
+    Ok(Request(request))
+}
+
+impl Raw {
+    /// Initialises MPI (`MPI_THREAD_SERIALIZED`) unless the application already did.
+    pub(super) fn init() -> Result<Raw, String> {
+        let mut flag: c_int = 0;
+        // SAFETY: plain MPI queries and initialisation, before any other MPI use.
+        unsafe {
+            ffi::MPI_Finalized(&mut flag);
+            if flag != 0 {
+                return Err("MPI was already finalised in this process".to_string());
+            }
+            ffi::MPI_Initialized(&mut flag);
+            let owns_init = flag == 0;
+            if owns_init {
+                let mut provided: c_int = 0;
+                let rc = ffi::MPI_Init_thread(
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    ffi::RSMPI_THREAD_SERIALIZED,
+                    &mut provided,
+                );
+                check(rc).map_err(|(c, m)| format!("MPI_Init_thread failed with {c}: {m}"))?;
+            }
+            let mut version = vec![0u8; ffi::RSMPI_MAX_LIBRARY_VERSION_STRING as usize + 1];
+            let mut len: c_int = 0;
+            ffi::MPI_Get_library_version(version.as_mut_ptr().cast(), &mut len);
+            let mpich = String::from_utf8_lossy(&version).contains("MPICH");
+            let in_place = if mpich { usize::MAX } else { 1 } as *mut c_void;
+            let mut ctrl = ffi::RSMPI_COMM_WORLD;
+            let rc = ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut ctrl);
+            check(rc).map_err(|(c, m)| format!("MPI_Comm_dup failed with {c}: {m}"))?;
+            ffi::MPI_Comm_set_errhandler(ctrl, ffi::RSMPI_ERRORS_RETURN);
+            let (mut rank, mut size) = (0, 0);
+            ffi::MPI_Comm_rank(ctrl, &mut rank);
+            ffi::MPI_Comm_size(ctrl, &mut size);
+            let world_size = usize::try_from(size).unwrap_or(0);
+            Ok(Raw {
+                owns_init,
+                in_place,
+                ctrl,
+                world_rank: usize::try_from(rank).unwrap_or(0),
+                world_size,
+                failed: vec![false; world_size],
+            })
+        }
+    }
+
+    /// Frees the control communicator and finalises MPI if this crate initialised it.
+    pub(super) fn finalize(&mut self) {
+        // SAFETY: no request is pending (the caller checked the process is not poisoned).
+        unsafe {
+            ffi::MPI_Comm_free(&mut self.ctrl);
+            if self.owns_init {
+                ffi::MPI_Finalize();
+            }
+        }
+    }
+
+    /// A duplicate of `MPI_COMM_WORLD` with `MPI_ERRORS_RETURN`, its rank and size.
+    pub(super) fn dup_world(&self) -> Result<(Comm, usize, usize), MpiError> {
+        // SAFETY: plain MPI calls on valid handles.
+        unsafe {
+            let mut comm = ffi::RSMPI_COMM_WORLD;
+            check(ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut comm))?;
+            Ok(self.adopt(comm))
+        }
+    }
+
+    /// Sets `MPI_ERRORS_RETURN` on a new communicator and reads its rank and size.
+    unsafe fn adopt(&self, comm: ffi::MPI_Comm) -> (Comm, usize, usize) {
+        ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN);
+        let (mut rank, mut size) = (0, 0);
+        ffi::MPI_Comm_rank(comm, &mut rank);
+        ffi::MPI_Comm_size(comm, &mut size);
+        (
+            Comm(comm),
+            usize::try_from(rank).unwrap_or(0),
+            usize::try_from(size).unwrap_or(0),
+        )
+    }
+
+    /// Frees a communicator.
+    pub(super) fn free(&self, comm: &mut Comm) {
+        // SAFETY: the handle is valid and no request on it is pending.
+        unsafe { ffi::MPI_Comm_free(&mut comm.0) };
+    }
+
+    /// `MPI_Comm_create_group` of `parent` over `ranks` (ranks of `parent`).
+    pub(super) fn create_group(
+        &self,
+        parent: &Comm,
+        ranks: &[i32],
+        tag: i32,
+    ) -> Result<Comm, MpiError> {
+        // SAFETY: plain MPI calls on valid handles; `ranks` outlives them.
+        unsafe {
+            let mut parent_group = std::mem::zeroed::<ffi::MPI_Group>();
+            check(ffi::MPI_Comm_group(parent.0, &mut parent_group))?;
+            let mut group = parent_group;
+            let rc = ffi::MPI_Group_incl(
+                parent_group,
+                ranks.len() as c_int,
+                ranks.as_ptr(),
+                &mut group,
+            );
+            ffi::MPI_Group_free(&mut parent_group);
+            check(rc)?;
+            let mut comm = ffi::RSMPI_COMM_WORLD;
+            let rc = ffi::MPI_Comm_create_group(parent.0, group, tag, &mut comm);
+            ffi::MPI_Group_free(&mut group);
+            check(rc)?;
+            Ok(self.adopt(comm).0)
+        }
+    }
+
+    /// Whether `request` completed (it is then freed by MPI).
+    pub(super) fn test(&self, request: &mut Request) -> Result<bool, MpiError> {
+        let mut flag: c_int = 0;
+        // SAFETY: a valid request handle.
+        check(unsafe { ffi::MPI_Test(&mut request.0, &mut flag, ffi::RSMPI_STATUS_IGNORE) })?;
+        Ok(flag != 0)
+    }
+
+    /// Tests `request` until it completes or `timeout` passes (no notices watched).
+    pub(super) fn wait(&self, request: &mut Request, timeout: Duration) -> Result<(), WaitError> {
+        let deadline = Instant::now() + timeout;
+        while !self.test(request)? {
+            if Instant::now() >= deadline {
+                return Err(WaitError::Timeout);
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// Reads the failure notices that arrived, and returns the group rank of a failed member.
+    fn failed_member(
+        &mut self,
+        member: &dyn Fn(usize) -> Option<usize>,
+    ) -> Result<Option<usize>, MpiError> {
+        loop {
+            let mut flag: c_int = 0;
+            // SAFETY: `status` is written by MPI before it is read.
+            let mut status = unsafe { std::mem::zeroed::<ffi::MPI_Status>() };
+            // SAFETY: valid handles; the one-byte notice is received into `byte`.
+            unsafe {
+                check(ffi::MPI_Iprobe(
+                    ffi::RSMPI_ANY_SOURCE,
+                    FAILURE_TAG,
+                    self.ctrl,
+                    &mut flag,
+                    &mut status,
+                ))?;
+                if flag == 0 {
+                    break;
+                }
+                let mut byte = 0u8;
+                check(ffi::MPI_Recv(
+                    (&mut byte as *mut u8).cast(),
+                    1,
+                    byte_type(),
+                    status.MPI_SOURCE,
+                    FAILURE_TAG,
+                    self.ctrl,
+                    ffi::RSMPI_STATUS_IGNORE,
+                ))?;
+            }
+            if let Some(slot) = usize::try_from(status.MPI_SOURCE)
+                .ok()
+                .and_then(|r| self.failed.get_mut(r))
+            {
+                *slot = true;
+            }
+        }
+        Ok((0..self.world_size)
+            .filter(|&r| self.failed[r])
+            .find_map(member))
+    }
+
+    /// Polls until `check_done` reports completion, a member announces a panic, or the
+    /// deadline. Spins on MPI (which is how MPI itself waits) and yields the core when the
+    /// wait is long, so oversubscribed runs make progress.
+    fn poll_until<T>(
+        &mut self,
+        timeout: Duration,
+        member: &dyn Fn(usize) -> Option<usize>,
+        mut check_done: impl FnMut(&Raw) -> Result<Option<T>, MpiError>,
+    ) -> Result<T, WaitError> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let spin_for = Duration::from_micros(200);
+        let mut iteration = 0u64;
+        loop {
+            if let Some(done) = check_done(self)? {
+                return Ok(done);
+            }
+            iteration += 1;
+            if iteration % 64 == 1 {
+                if let Some(peer) = self.failed_member(member)? {
+                    return Err(WaitError::PeerPanicked(peer));
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(WaitError::Timeout);
+                }
+                if now - start > spin_for {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Polls `request` to completion; see [`Raw::poll_until`].
+    pub(super) fn poll(
+        &mut self,
+        mut request: Request,
+        timeout: Duration,
+        member: impl Fn(usize) -> Option<usize>,
+    ) -> Result<(), WaitError> {
+        self.poll_until(timeout, &member, |raw| {
+            Ok(raw.test(&mut request)?.then_some(()))
+        })
+    }
+
+    /// Waits for a message from `src` with `tag` and matches it: returns it and its length.
+    pub(super) fn probe(
+        &mut self,
+        comm: &Comm,
+        src: usize,
+        tag: i32,
+        timeout: Duration,
+        member: impl Fn(usize) -> Option<usize>,
+    ) -> Result<(Message, usize), WaitError> {
+        let comm = comm.0;
+        self.poll_until(timeout, &member, |_| {
+            let mut flag: c_int = 0;
+            // SAFETY: valid handles; `status` and `message` are written before being read.
+            unsafe {
+                let mut message = std::mem::zeroed::<ffi::MPI_Message>();
+                let mut status = std::mem::zeroed::<ffi::MPI_Status>();
+                check(ffi::MPI_Improbe(
+                    src as c_int,
+                    tag,
+                    comm,
+                    &mut flag,
+                    &mut message,
+                    &mut status,
+                ))?;
+                if flag == 0 {
+                    return Ok(None);
+                }
+                let mut count: c_int = 0;
+                check(ffi::MPI_Get_count(&status, byte_type(), &mut count))?;
+                Ok(Some((
+                    Message(message),
+                    usize::try_from(count).unwrap_or(0),
+                )))
+            }
+        })
+    }
+
+    /// Tells every other world rank that this process is failing, and waits (at most
+    /// `timeout`) for the notices to leave.
+    pub(super) fn announce_failure(&self, timeout: Duration) {
+        static NOTICE: u8 = 1;
+        let mut requests: Vec<Request> = (0..self.world_size)
+            .filter(|&r| r != self.world_rank)
+            .filter_map(|r| {
+                // SAFETY: `NOTICE` is static, so it outlives the send.
+                start(|req| unsafe {
+                    ffi::MPI_Isend(
+                        (&NOTICE as *const u8).cast(),
+                        1,
+                        byte_type(),
+                        r as c_int,
+                        FAILURE_TAG,
+                        self.ctrl,
+                        req,
+                    )
+                })
+                .ok()
+            })
+            .collect();
+        for request in &mut requests {
+            if self.wait(request, timeout).is_err() {
+                break;
+            }
+        }
+        // A grace period: the peers poll for notices every few microseconds, but `mpirun`
+        // tears the job down soon after this process exits.
+        std::thread::sleep(NOTICE_GRACE.min(timeout));
+    }
+
+    pub(super) fn ibarrier(&self, comm: &Comm) -> Result<Request, MpiError> {
+        // SAFETY: a valid communicator.
+        start(|req| unsafe { ffi::MPI_Ibarrier(comm.0, req) })
+    }
+
+    /// # Safety
+    /// `buf` is valid for `count` bytes until the request completes.
+    pub(super) unsafe fn ibcast(
+        &self,
+        comm: &Comm,
+        buf: *mut u8,
+        count: i32,
+        root: usize,
+    ) -> Result<Request, MpiError> {
+        start(|req| ffi::MPI_Ibcast(addr(buf), count, byte(), root as c_int, comm.0, req))
+    }
+
+    /// In-place all-reduce.
+    ///
+    /// # Safety
+    /// `buf` holds `count` elements of `dtype`, valid until the request completes.
+    pub(super) unsafe fn iallreduce(
+        &self,
+        comm: &Comm,
+        buf: *mut u8,
+        count: i32,
+        dtype: Datatype,
+        op: ReduceOp,
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Iallreduce(
+                self.in_place,
+                addr(buf),
+                count,
+                mpi_type(dtype),
+                mpi_op(op),
+                comm.0,
+                req,
+            )
+        })
+    }
+
+    /// # Safety
+    /// Buffers and counts are valid until the request completes.
+    pub(super) unsafe fn ireduce_scatter(
+        &self,
+        comm: &Comm,
+        send: *const u8,
+        recv: *mut u8,
+        counts: &[i32],
+        dtype: Datatype,
+        op: ReduceOp,
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Ireduce_scatter(
+                addr(send),
+                addr(recv),
+                counts.as_ptr(),
+                mpi_type(dtype),
+                mpi_op(op),
+                comm.0,
+                req,
+            )
+        })
+    }
+
+    /// # Safety
+    /// `send` holds `count` bytes and `recv` `count × size` bytes until the request completes.
+    pub(super) unsafe fn iallgather(
+        &self,
+        comm: &Comm,
+        send: *const u8,
+        count: i32,
+        recv: *mut u8,
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Iallgather(
+                addr(send),
+                count,
+                byte(),
+                addr(recv),
+                count,
+                byte(),
+                comm.0,
+                req,
+            )
+        })
+    }
+
+    /// # Safety
+    /// Buffers and counts are valid until the request completes.
+    pub(super) unsafe fn iallgatherv(
+        &self,
+        comm: &Comm,
+        send: *const u8,
+        send_count: i32,
+        recv: *mut u8,
+        counts: &[i32],
+        displs: &[i32],
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Iallgatherv(
+                addr(send),
+                send_count,
+                byte(),
+                addr(recv),
+                counts.as_ptr(),
+                displs.as_ptr(),
+                byte(),
+                comm.0,
+                req,
+            )
+        })
+    }
+
+    /// # Safety
+    /// Buffers, counts and displacements are valid until the request completes.
+    pub(super) unsafe fn ialltoallv(
+        &self,
+        comm: &Comm,
+        (send, scounts, sdispls): (*const u8, &[i32], &[i32]),
+        (recv, rcounts, rdispls): (*mut u8, &[i32], &[i32]),
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Ialltoallv(
+                addr(send),
+                scounts.as_ptr(),
+                sdispls.as_ptr(),
+                byte(),
+                addr(recv),
+                rcounts.as_ptr(),
+                rdispls.as_ptr(),
+                byte(),
+                comm.0,
+                req,
+            )
+        })
+    }
+
+    /// # Safety
+    /// `buf` holds `count` bytes until the request completes.
+    pub(super) unsafe fn isend(
+        &self,
+        comm: &Comm,
+        buf: *const u8,
+        count: i32,
+        dst: usize,
+        tag: i32,
+    ) -> Result<Request, MpiError> {
+        start(|req| ffi::MPI_Isend(addr(buf), count, byte(), dst as c_int, tag, comm.0, req))
+    }
+
+    /// # Safety
+    /// `buf` holds `count` bytes until the request completes.
+    pub(super) unsafe fn imrecv(
+        &self,
+        mut message: Message,
+        buf: *mut u8,
+        count: i32,
+    ) -> Result<Request, MpiError> {
+        start(|req| ffi::MPI_Imrecv(addr(buf), count, byte(), &mut message.0, req))
+    }
+}
+
+fn byte_type() -> ffi::MPI_Datatype {
+    byte()
+}

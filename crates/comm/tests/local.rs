@@ -1,0 +1,219 @@
+//! The local backend: the conformance suite on 1, 2, 3, 4 and 8 ranks, failure behaviour, and a
+//! tour of the API.
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use comm::conformance::Case;
+use comm::{CommError, Communicator, CommunicatorExt, LocalCluster, PeerFailure, ReduceOp};
+use tensor::Tensor;
+
+/// Runs one conformance case on every rank count and reports every failing rank.
+fn run_local(case: &Case) {
+    for n in [1, 2, 3, 4, 8] {
+        let results = LocalCluster::new(n)
+            .expect("n > 0")
+            .with_timeout(Duration::from_secs(120))
+            .run(|comm| (case.run)(&comm));
+        let failures: Vec<String> = results
+            .into_iter()
+            .enumerate()
+            .filter_map(|(rank, r)| match r {
+                Ok(Ok(())) => None,
+                Ok(Err(failure)) => Some(format!("  rank {rank}: {failure}")),
+                Err(err) => Some(format!("  rank {rank}: {err}")),
+            })
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "{} on {n} ranks:\n{}",
+            case.name,
+            failures.join("\n")
+        );
+    }
+}
+
+mod conformance {
+    use super::run_local;
+    comm::testgen!(run_local);
+}
+
+fn expect_peer_failed(result: Result<(), CommError>, peer: usize, want: PeerFailure) {
+    match result {
+        Err(CommError::PeerFailed { peer: p, cause, .. }) if p == peer => assert_eq!(cause, want),
+        other => panic!("expected PeerFailed from rank {peer} ({want}), got {other:?}"),
+    }
+}
+
+#[test]
+fn a_panicking_rank_fails_every_peer_waiting_on_it() {
+    // A long timeout: the peers must learn of the panic, not time out.
+    let results = LocalCluster::new(4)
+        .unwrap()
+        .with_timeout(Duration::from_secs(120))
+        .run(|comm| {
+            if comm.rank() == 2 {
+                panic!("rank 2 fails on purpose");
+            }
+            let mut x = vec![1f32; 100_000];
+            comm.all_reduce_in_place(&mut x, ReduceOp::Sum)
+        });
+    for (rank, r) in results.into_iter().enumerate() {
+        if rank == 2 {
+            assert!(
+                matches!(&r, Err(CommError::RankPanicked { rank: 2, message }) if message.contains("on purpose")),
+                "{r:?}"
+            );
+        } else {
+            expect_peer_failed(r.unwrap(), 2, PeerFailure::Panicked);
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_fails_its_peers_and_its_sent_messages_still_arrive() {
+    let results = LocalCluster::new(3)
+        .unwrap()
+        .with_timeout(Duration::from_secs(120))
+        .run(|comm| -> Result<(), CommError> {
+            match comm.rank() {
+                1 => comm.send_bytes(0, 4, b"bye"), // then the closure returns
+                0 => {
+                    assert_eq!(comm.recv_bytes(1, 4)?, b"bye");
+                    expect_peer_failed(comm.recv_bytes(1, 4).map(drop), 1, PeerFailure::Exited);
+                    Ok(())
+                }
+                _ => {
+                    expect_peer_failed(comm.recv_bytes(1, 5).map(drop), 1, PeerFailure::Exited);
+                    Ok(())
+                }
+            }
+        });
+    for r in results {
+        r.unwrap().unwrap();
+    }
+}
+
+#[test]
+fn a_rank_that_never_joins_times_out_everyone_then_finds_them_gone() {
+    let all_waited = Barrier::new(4);
+    let results = LocalCluster::new(4)
+        .unwrap()
+        .with_timeout(Duration::from_millis(300))
+        .run(|comm| {
+            if comm.rank() >= 2 {
+                // Ranks 2 and 3 join only after the others gave up.
+                all_waited.wait();
+                let late = comm.barrier();
+                assert!(
+                    matches!(late, Err(CommError::PeerFailed { .. })),
+                    "{late:?}"
+                );
+                return;
+            }
+            let mut t = Tensor::from_vec(&[4], vec![1.0f64; 4]).unwrap();
+            match comm.all_reduce(&mut t, ReduceOp::Mean) {
+                Err(CommError::Timeout {
+                    waiting_for, site, ..
+                }) => {
+                    assert_eq!(waiting_for, vec![2, 3]);
+                    assert_eq!((site.op, site.group.as_str()), ("all_reduce", "world"));
+                }
+                other => panic!("expected a timeout, got {other:?}"),
+            }
+            // The communicator is poisoned now.
+            assert!(matches!(comm.barrier(), Err(CommError::Poisoned { .. })));
+            all_waited.wait();
+        });
+    for r in results {
+        r.unwrap();
+    }
+}
+
+#[test]
+fn mismatched_collectives_are_errors_not_hangs() {
+    let results = LocalCluster::new(2)
+        .unwrap()
+        .with_timeout(Duration::from_secs(120))
+        .run(|comm| {
+            let mut x = [1u32; 8];
+            if comm.rank() == 0 {
+                comm.all_reduce_in_place(&mut x, ReduceOp::Sum)
+            } else {
+                let mut out = [0u32; 16];
+                comm.all_gather_into(&x, &mut out)
+            }
+        });
+    for r in results {
+        let err = r.unwrap().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CommError::Mismatch { .. }
+                    | CommError::PeerFailed {
+                        cause: PeerFailure::Aborted(_),
+                        ..
+                    }
+            ),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn all_reduce_is_bitwise_the_rank_order_sum_on_every_rank() {
+    let n = 8;
+    let len = 100_003;
+    let value = |rank: usize, i: usize| {
+        // A cheap hash to floats with all mantissa bits in use.
+        let h = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        (h >> 40) as f32 / 1_000.0 - 8_000.0
+    };
+    let want: Vec<f32> = (0..len)
+        .map(|i| (1..n).fold(value(0, i), |acc, r| acc + value(r, i)))
+        .collect();
+    let results = LocalCluster::new(n).unwrap().run(|comm| {
+        let mut x: Vec<f32> = (0..len).map(|i| value(comm.rank(), i)).collect();
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).map(|()| x)
+    });
+    for r in results {
+        let got = r.unwrap().unwrap();
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
+
+#[test]
+fn api_walkthrough() {
+    // A communicator is a trait object the runtime can hold and share.
+    let results = LocalCluster::new(2)
+        .unwrap()
+        .run(|comm| -> Result<(), CommError> {
+            let shared: Arc<dyn Communicator> = Arc::new(comm);
+            assert_eq!(
+                (shared.backend(), shared.label(), shared.size()),
+                ("local", "world", 2)
+            );
+            assert_eq!(shared.timeout(), LocalCluster::DEFAULT_TIMEOUT);
+            // Tensor-level calls…
+            let mut t = Tensor::from_vec(&[2], vec![shared.rank() as f32 + 1.0, 10.0]).unwrap();
+            shared.all_reduce(&mut t, ReduceOp::Max)?;
+            assert_eq!(t.as_f32().unwrap(), &[2.0, 10.0]);
+            // …slice-level calls through the extension trait, on `dyn` too…
+            let mut grads = [0.5f32; 3];
+            shared.all_reduce_in_place(&mut grads, ReduceOp::Mean)?;
+            assert_eq!(grads, [0.5; 3]);
+            // …and sub-groups, numbered in the order given.
+            let solo: Box<dyn Communicator> = shared.group(&[shared.rank()])?;
+            assert_eq!((solo.rank(), solo.size()), (0, 1));
+            assert_eq!(solo.label(), format!("world[{}]", shared.rank()));
+            Ok(())
+        });
+    for r in results {
+        r.unwrap().unwrap();
+    }
+    assert!(matches!(LocalCluster::new(0), Err(CommError::Setup { .. })));
+}

@@ -1,0 +1,258 @@
+//! The conformance suite and the failure scenarios on the MPI backend.
+//!
+//! `cargo test -p tessera-comm --features mpi --test mpi_conformance` starts this binary as a
+//! plain process; it then runs itself under `mpirun --allow-run-as-root --oversubscribe -np 4`
+//! three times — the conformance suite, a rank that panics, a rank that never joins — checks
+//! each outcome, prints one `mpi: N passed, M failed` line and exits non-zero on any failure.
+//!
+//! Under `mpirun` every rank runs every case on the world (4 ranks), on the pairs {0,1} and
+//! {2,3} at the same time, and on {0} and {1,2,3} at the same time; after each case the ranks
+//! agree on the outcome with an all-reduce over the world.
+
+use std::io::{Read, Write};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use comm::conformance::CASES;
+use comm::mpi::MpiComm;
+use comm::{CommError, Communicator, CommunicatorExt, PeerFailure, ReduceOp};
+
+const RANKS: usize = 4;
+/// A hung `mpirun` is killed after this long and counts as a failure.
+const WATCHDOG: Duration = Duration::from_secs(600);
+
+fn main() -> ExitCode {
+    let under_mpi = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
+        || std::env::var_os("PMI_SIZE").is_some();
+    let scenario = std::env::args().find_map(|a| a.strip_prefix("--scenario=").map(String::from));
+    match (under_mpi, scenario.as_deref()) {
+        (false, _) => launch(),
+        (true, Some("panic")) => scenario_panic(),
+        (true, Some("late")) => scenario_late(),
+        (true, _) => suite(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launcher (a plain process).
+
+/// Runs `mpirun -np RANKS <this binary> [arg]` and returns (finished, stdout + stderr).
+fn mpirun(arg: Option<&str>) -> (bool, String) {
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    let mut command = Command::new("mpirun");
+    command
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &RANKS.to_string(),
+        ])
+        .arg(&exe)
+        .args(arg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => return (false, format!("cannot start mpirun: {err}")),
+    };
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let finished = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break true,
+            Ok(None) if start.elapsed() > WATCHDOG => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break false;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => break false,
+        }
+    };
+    let text = format!(
+        "{}{}",
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default()
+    );
+    (finished, text)
+}
+
+fn launch() -> ExitCode {
+    let (mut passed, mut failed) = (0, 0);
+    let (finished, output) = mpirun(None);
+    for line in output.lines().filter(|l| l.starts_with("rank ")) {
+        println!("{line}");
+    }
+    let counts = output
+        .lines()
+        .find_map(|l| l.strip_prefix("SUITE "))
+        .and_then(|l| {
+            let mut it = l
+                .split_whitespace()
+                .map(|w| w.split('=').nth(1)?.parse::<usize>().ok());
+            Some((it.next()??, it.next()??))
+        });
+    match (finished, counts) {
+        (true, Some((p, f))) => {
+            passed += p;
+            failed += f;
+        }
+        _ => {
+            failed += 1;
+            println!("FAILED: the conformance suite did not finish\n{output}");
+        }
+    }
+    for (arg, expected, what) in [
+        (
+            "--scenario=panic",
+            "expected PeerFailed",
+            "a panicking rank",
+        ),
+        (
+            "--scenario=late",
+            "expected Timeout",
+            "a rank that never joins",
+        ),
+    ] {
+        let (finished, output) = mpirun(Some(arg));
+        let seen = output.matches(expected).count();
+        if finished && seen == RANKS - 1 {
+            passed += 1;
+        } else {
+            failed += 1;
+            println!(
+                "FAILED: {what}: {seen} of {} peers reported it\n{output}",
+                RANKS - 1
+            );
+        }
+    }
+    println!("mpi: {passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Under mpirun.
+
+/// A sub-communicator and what to call it in messages.
+type NamedGroup = (&'static str, Box<dyn Communicator>);
+
+fn suite() -> ExitCode {
+    let world = match MpiComm::world(Duration::from_secs(60)) {
+        Ok(world) => world,
+        Err(err) => {
+            println!("rank ?: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (n, me) = (world.size(), world.rank());
+    let groups = (|| -> Result<Vec<NamedGroup>, CommError> {
+        let pairs = if n % 2 == 0 {
+            world.group(&[me & !1, me | 1])?
+        } else {
+            world.group(&[me])?
+        };
+        let first_and_rest = if me == 0 {
+            world.group(&[0])?
+        } else {
+            world.group(&(1..n).collect::<Vec<_>>())?
+        };
+        Ok(vec![("pairs", pairs), ("first+rest", first_and_rest)])
+    })();
+    let groups = match groups {
+        Ok(groups) => groups,
+        Err(err) => {
+            println!("rank {me}: making groups: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut passed, mut failed) = (0, 0);
+    'cases: for case in CASES {
+        let comms = std::iter::once(("world", &world as &dyn Communicator))
+            .chain(groups.iter().map(|(name, c)| (*name, c.as_ref())));
+        for (group_name, comm) in comms {
+            let result = (case.run)(comm);
+            if let Err(failure) = &result {
+                println!("rank {me}: {} on {group_name}: {failure}", case.name);
+            }
+            let mut any_failed = [u32::from(result.is_err())];
+            if let Err(err) = world.all_reduce_in_place(&mut any_failed, ReduceOp::Max) {
+                println!("rank {me}: agreeing on {}: {err}", case.name);
+                failed += 1;
+                break 'cases;
+            }
+            if any_failed[0] == 0 {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    if me == 0 {
+        println!("SUITE passed={passed} failed={failed}");
+    }
+    let _ = std::io::stdout().flush();
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Prints, then gives the other ranks time to print before this process exits (`mpirun` ends
+/// the whole job when a rank exits after an MPI error).
+fn say(line: String) {
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+    std::thread::sleep(Duration::from_secs(2));
+}
+
+/// Rank 2 panics while the others are in an all-reduce: they must report it at once (the
+/// timeout is far longer than the watchdog would tolerate for a hang).
+fn scenario_panic() -> ExitCode {
+    let world = MpiComm::world(Duration::from_secs(300)).expect("MPI starts");
+    world.barrier().expect("barrier");
+    if world.rank() == 2 {
+        panic!("rank 2 fails on purpose");
+    }
+    let mut x = vec![1f32; 1 << 16];
+    match world.all_reduce_in_place(&mut x, ReduceOp::Sum) {
+        Err(CommError::PeerFailed {
+            peer: 2,
+            cause: PeerFailure::Panicked,
+            ..
+        }) => say(format!("rank {}: expected PeerFailed", world.rank())),
+        other => say(format!("rank {}: unexpected {other:?}", world.rank())),
+    }
+    ExitCode::SUCCESS
+}
+
+/// Rank 3 never joins: the others must time out.
+fn scenario_late() -> ExitCode {
+    let world = MpiComm::world(Duration::from_secs(3)).expect("MPI starts");
+    world.barrier().expect("barrier");
+    if world.rank() == 3 {
+        std::thread::sleep(Duration::from_secs(20));
+        return ExitCode::SUCCESS;
+    }
+    let mut x = vec![1f64; 1000];
+    match world.all_reduce_in_place(&mut x, ReduceOp::Mean) {
+        Err(CommError::Timeout { .. }) => say(format!("rank {}: expected Timeout", world.rank())),
+        other => say(format!("rank {}: unexpected {other:?}", world.rank())),
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,93 @@
+//! Dropout with a counter-based mask: whether an element is kept is a pure function of the op's
+//! seed, the training step and the element's *global* flat index.
+//!
+//! So a rank holding any block of the global tensor computes exactly its part of the mask the
+//! unsharded tensor would get, given the block's offset ([`super::Placement`]); the backward node
+//! (the same op applied to `dy`) reproduces the forward mask without storing it.
+
+use layout::SliceBox;
+use tensor::kernels::Float;
+use tensor::TensorError;
+
+use crate::error::GraphError;
+use crate::exec::eval::EvalCtx;
+use crate::rng::{bits_at, for_each_global_run, mix64, region_fits};
+
+/// Distinguishes dropout streams from initializer streams keyed by the same numbers.
+const DROPOUT_SALT: u64 = 0x6472_6F70_6F75_7421; // "dropout!"
+
+/// The key of the mask stream of a dropout op seeded `seed` at training step `step`.
+pub fn dropout_key(seed: u64, step: u64) -> u64 {
+    mix64(seed ^ mix64(step ^ DROPOUT_SALT))
+}
+
+/// Elements are kept when the top 53 bits of their random number are below this.
+fn keep_threshold(keep_prob: f64) -> u64 {
+    (keep_prob * (1u64 << 53) as f64) as u64
+}
+
+/// Whether dropout keeps global element `index` (row-major flat index in the global tensor) of
+/// the op seeded `seed`, at `step`, keeping with probability `keep_prob`.
+pub fn dropout_mask_keeps(seed: u64, step: u64, keep_prob: f64, index: u64) -> bool {
+    bits_at(dropout_key(seed, step), index) >> 11 < keep_threshold(keep_prob)
+}
+
+/// `out = x · mask / keep_prob` for the block of `shape` at `ctx.placement` (the whole tensor
+/// when `None`).
+pub(crate) fn dropout_into<T: Float>(
+    x: &[T],
+    out: &mut [T],
+    shape: &[usize],
+    keep_prob: f64,
+    seed: u64,
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    if !(keep_prob > 0.0 && keep_prob <= 1.0) {
+        return Err(GraphError::Attribute {
+            node: ctx.node.to_string(),
+            attribute: "keep_prob",
+            reason: format!("must lie in (0, 1], got {keep_prob}"),
+        });
+    }
+    let n: usize = shape.iter().product();
+    for (buffer, len) in [("x", x.len()), ("out", out.len())] {
+        if len != n {
+            return Err(GraphError::Kernel {
+                node: ctx.node.to_string(),
+                source: Box::new(TensorError::BufferLength {
+                    op: "dropout",
+                    buffer,
+                    expected: n,
+                    got: len,
+                }),
+            });
+        }
+    }
+    let key = dropout_key(seed, ctx.step);
+    let threshold = keep_threshold(keep_prob);
+    let scale = T::from_f64(1.0 / keep_prob);
+    let mut apply = |local: usize, global: usize, len: usize| {
+        let dst = &mut out[local..local + len];
+        for (k, (o, &v)) in dst.iter_mut().zip(&x[local..local + len]).enumerate() {
+            let keep = bits_at(key, (global + k) as u64) >> 11 < threshold;
+            *o = if keep { v * scale } else { T::ZERO };
+        }
+    };
+    match ctx.placement {
+        None => apply(0, 0, n),
+        Some(placement) => {
+            if !region_fits(placement.offset, shape, placement.global_shape) {
+                return Err(GraphError::RegionOutOfRange {
+                    context: ctx.node.to_string(),
+                    region: SliceBox {
+                        offset: placement.offset.to_vec(),
+                        shape: shape.to_vec(),
+                    },
+                    shape: placement.global_shape.to_vec(),
+                });
+            }
+            for_each_global_run(placement.global_shape, placement.offset, shape, apply);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,502 @@
+//! [`eval_op`]: the one dispatch from an [`Op`] to `tensor::kernels`, writing into
+//! caller-allocated outputs.
+
+use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, UnaryOp};
+use tensor::{DType, Element, Storage, Tensor};
+
+use crate::error::GraphError;
+use crate::exec::dropout::dropout_into;
+use crate::infer::{matrix_dims, reduced_shape};
+use crate::op::Op;
+
+/// Where the block an op computes lies in the global tensor, for ops whose result depends on
+/// global positions ([`Op::Dropout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement<'a> {
+    /// Offset of the local block in the global tensor, per dim.
+    pub offset: &'a [usize],
+    /// The global tensor's shape.
+    pub global_shape: &'a [usize],
+}
+
+/// What [`eval_op`] needs besides the op and its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvalCtx<'a> {
+    /// The node's name, for error messages.
+    pub node: &'a str,
+    /// The training step: dropout draws a fresh mask per step (and the same mask for the
+    /// forward and backward nodes of one step).
+    pub step: u64,
+    /// Where the output block lies in the global tensor (element-wise ops such as dropout: the
+    /// input block too). `None`: the tensors are the whole global tensors.
+    pub placement: Option<Placement<'a>>,
+}
+
+/// Evaluates `op` on `inputs`, writing `outputs`, which the caller allocated with the shapes and
+/// dtypes shape inference gives for the inputs' (local) shapes.
+///
+/// The kernels compute in f32 or f64 (the dtype of the first output). Shapes are read from the
+/// tensors, so the same call serves whole tensors and per-rank shards; the only global facts an
+/// op uses are its attributes (`batch_divisor`, `vocab_size`) and `ctx.placement` (dropout).
+/// Nothing is allocated except by `BatchMatMul` (no slice-level batched kernel yet) and
+/// `ReduceSum` over some but not all axes without `keep_dims` (a small shape vector).
+pub fn eval_op(
+    op: &Op,
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    if inputs.len() != op.n_inputs() {
+        return Err(GraphError::InputCount {
+            node: ctx.node.to_string(),
+            op: op.kind(),
+            expected: op.n_inputs(),
+            got: inputs.len(),
+        });
+    }
+    if outputs.len() != op.n_outputs() {
+        return Err(GraphError::OutputCount {
+            node: ctx.node.to_string(),
+            op: op.kind(),
+            expected: op.n_outputs(),
+            got: outputs.len(),
+        });
+    }
+    match outputs[0].dtype() {
+        DType::F32 => eval_typed::<f32>(op, inputs, outputs, ctx),
+        DType::F64 => eval_typed::<f64>(op, inputs, outputs, ctx),
+        dtype => Err(GraphError::UnsupportedDType {
+            node: ctx.node.to_string(),
+            op: op.kind(),
+            dtype,
+        }),
+    }
+}
+
+/// The elements of `t` as `T`, or a kernel error naming the node.
+fn read<'t, T: Element>(t: &'t Tensor, ctx: &EvalCtx<'_>) -> Result<&'t [T], GraphError> {
+    t.as_slice::<T>().map_err(GraphError::kernel(ctx.node))
+}
+
+/// The elements of `t` as `T`, writable.
+fn write<'t, T: Element>(t: &'t mut Tensor, ctx: &EvalCtx<'_>) -> Result<&'t mut [T], GraphError> {
+    t.as_slice_mut::<T>().map_err(GraphError::kernel(ctx.node))
+}
+
+/// `Ok` when `t` has at least `ndim` dims (so indexing its shape is safe).
+fn min_rank(t: &Tensor, ndim: usize, operand: &str, ctx: &EvalCtx<'_>) -> Result<(), GraphError> {
+    if t.ndim() >= ndim {
+        Ok(())
+    } else {
+        Err(GraphError::Kernel {
+            node: ctx.node.to_string(),
+            source: Box::new(tensor::TensorError::InvalidArgument {
+                op: "eval_op",
+                reason: format!(
+                    "operand `{operand}` needs at least {ndim} dims, got shape {:?}",
+                    t.shape()
+                ),
+            }),
+        })
+    }
+}
+
+/// The last dim of `t` (callers checked its rank).
+fn last_dim(t: &Tensor) -> usize {
+    t.shape()[t.ndim() - 1]
+}
+
+/// Runs `$body` with `$ids` bound to the i32 or i64 entries of `$tensor`.
+macro_rules! with_ids {
+    ($tensor:expr, $ctx:expr, $op:expr, |$ids:ident| $body:expr) => {
+        match $tensor.storage() {
+            Storage::I32(v) => {
+                let $ids = v.as_slice();
+                $body
+            }
+            Storage::I64(v) => {
+                let $ids = v.as_slice();
+                $body
+            }
+            other => Err(GraphError::InputDType {
+                node: $ctx.node.to_string(),
+                op: $op.kind(),
+                value: "indices".to_string(),
+                got: other.dtype(),
+                expected: "integer indices (i32 or i64)".to_string(),
+            }),
+        }
+    };
+}
+
+fn gelu_form(approximate: bool) -> GeluForm {
+    if approximate {
+        GeluForm::Tanh
+    } else {
+        GeluForm::Erf
+    }
+}
+
+/// The unary kernel and its gradient kernel behind a forward or backward elementwise op.
+fn unary_kernel(op: &Op) -> Option<UnaryOp> {
+    Some(match op {
+        Op::Neg => UnaryOp::Neg,
+        Op::Relu | Op::ReluGrad => UnaryOp::Relu,
+        Op::Tanh | Op::TanhGrad => UnaryOp::Tanh,
+        Op::Gelu { approximate } | Op::GeluGrad { approximate } => {
+            UnaryOp::Gelu(gelu_form(*approximate))
+        }
+        _ => return None,
+    })
+}
+
+fn binary_kernel(op: &Op) -> Option<BinaryOp> {
+    Some(match op {
+        Op::Add => BinaryOp::Add,
+        Op::Sub => BinaryOp::Sub,
+        Op::Mul => BinaryOp::Mul,
+        Op::Div => BinaryOp::Div,
+        _ => return None,
+    })
+}
+
+/// `scale` such that the kernel's mean over the `rows` local rows becomes a sum divided by the
+/// global `batch_divisor`.
+fn batch_rescale<T: Float>(rows: usize, batch_divisor: usize) -> T {
+    T::from_usize(rows) / T::from_usize(batch_divisor)
+}
+
+fn eval_typed<T: Float + Element>(
+    op: &Op,
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let kernel = || GraphError::kernel(ctx.node);
+    if let Some(unary) = unary_kernel(op) {
+        return if op.is_backward() {
+            let (saved, dy) = (read::<T>(inputs[0], ctx)?, read::<T>(inputs[1], ctx)?);
+            kernels::unary_grad_into(unary, saved, dy, write::<T>(&mut outputs[0], ctx)?)
+                .map_err(kernel())
+        } else {
+            kernels::unary_into(
+                unary,
+                read::<T>(inputs[0], ctx)?,
+                write::<T>(&mut outputs[0], ctx)?,
+            )
+            .map_err(kernel())
+        };
+    }
+    if let Some(binary) = binary_kernel(op) {
+        let (a, b) = (inputs[0], inputs[1]);
+        let out = write::<T>(&mut outputs[0], ctx)?;
+        return kernels::binary_into(
+            binary,
+            read(a, ctx)?,
+            a.shape(),
+            read(b, ctx)?,
+            b.shape(),
+            out,
+        )
+        .map_err(kernel());
+    }
+    match op {
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (a, b) = (inputs[0], inputs[1]);
+            min_rank(a, 2, "a", ctx)?;
+            min_rank(b, 2, "b", ctx)?;
+            let (m, k) = matrix_dims(a.shape(), *transpose_a);
+            let (_, n) = matrix_dims(b.shape(), *transpose_b);
+            let shape = GemmShape {
+                m,
+                n,
+                k,
+                trans_a: *transpose_a,
+                trans_b: *transpose_b,
+            };
+            let (a, b) = (read::<T>(a, ctx)?, read::<T>(b, ctx)?);
+            kernels::gemm(shape, T::ONE, a, b, T::ZERO, write(&mut outputs[0], ctx)?)
+                .map_err(kernel())
+        }
+        Op::BatchMatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            // FIXME(kernels): no slice-level batched gemm yet, so this allocates its result.
+            let result = kernels::batch_matmul(inputs[0], inputs[1], *transpose_a, *transpose_b)
+                .map_err(kernel())?;
+            replace_checked(&mut outputs[0], result, ctx)
+        }
+        Op::BiasAdd => {
+            let (x, bias) = (read::<T>(inputs[0], ctx)?, read::<T>(inputs[1], ctx)?);
+            kernels::bias_add_into(x, bias, write(&mut outputs[0], ctx)?).map_err(kernel())
+        }
+        Op::Softmax | Op::LogSoftmax => {
+            let x = inputs[0];
+            min_rank(x, 1, "x", ctx)?;
+            let (cols, xs) = (last_dim(x), read::<T>(x, ctx)?);
+            let out = write(&mut outputs[0], ctx)?;
+            match op {
+                Op::Softmax => kernels::softmax_into(xs, cols, out),
+                _ => kernels::log_softmax_into(xs, cols, out),
+            }
+            .map_err(kernel())
+        }
+        Op::SoftmaxGrad | Op::LogSoftmaxGrad => {
+            let y = inputs[0];
+            min_rank(y, 1, "y", ctx)?;
+            let (cols, ys, dy) = (last_dim(y), read::<T>(y, ctx)?, read::<T>(inputs[1], ctx)?);
+            let dx = write(&mut outputs[0], ctx)?;
+            match op {
+                Op::SoftmaxGrad => kernels::softmax_grad_into(ys, dy, cols, dx),
+                _ => kernels::log_softmax_grad_into(ys, dy, cols, dx),
+            }
+            .map_err(kernel())
+        }
+        Op::LayerNorm { epsilon } => {
+            let [y, mean, rstd] = outputs else {
+                unreachable!("eval_op checked the output count")
+            };
+            let params = kernels::LayerNormParams {
+                gamma: read::<T>(inputs[1], ctx)?,
+                beta: read::<T>(inputs[2], ctx)?,
+                epsilon: T::from_f64(*epsilon),
+            };
+            kernels::layer_norm_into(
+                read::<T>(inputs[0], ctx)?,
+                params,
+                write(y, ctx)?,
+                write(mean, ctx)?,
+                write(rstd, ctx)?,
+            )
+            .map_err(kernel())
+        }
+        Op::LayerNormGrad => {
+            let [dx, dgamma, dbeta] = outputs else {
+                unreachable!("eval_op checked the output count")
+            };
+            let saved = kernels::LayerNormSaved {
+                x: read::<T>(inputs[0], ctx)?,
+                mean: read::<T>(inputs[2], ctx)?,
+                rstd: read::<T>(inputs[3], ctx)?,
+                gamma: read::<T>(inputs[4], ctx)?,
+            };
+            let buffers = kernels::LayerNormGradBuffers {
+                dx: write(dx, ctx)?,
+                dgamma: write(dgamma, ctx)?,
+                dbeta: write(dbeta, ctx)?,
+            };
+            kernels::layer_norm_grad_into(saved, read::<T>(inputs[1], ctx)?, buffers)
+                .map_err(kernel())
+        }
+        Op::Flatten { .. } | Op::Reshape { .. } => {
+            let (x, out) = (inputs[0], &mut outputs[0]);
+            if x.dtype() != out.dtype() || x.n_elements() != out.n_elements() {
+                return Err(mismatch(ctx, "output 0", x.shape(), x.dtype(), out));
+            }
+            out.as_bytes_mut().copy_from_slice(x.as_bytes());
+            Ok(())
+        }
+        Op::Transpose { perm } => {
+            let x = inputs[0];
+            kernels::permute_into(
+                read::<T>(x, ctx)?,
+                x.shape(),
+                perm,
+                write(&mut outputs[0], ctx)?,
+            )
+            .map_err(kernel())
+        }
+        Op::BroadcastTo { .. } => {
+            let x = inputs[0];
+            let xs = read::<T>(x, ctx)?;
+            with_shape_and_elements::<T, _>(&mut outputs[0], ctx, |out_shape, out| {
+                kernels::broadcast_to_into(xs, x.shape(), out_shape, out).map_err(kernel())
+            })
+        }
+        Op::SumToShape { .. } | Op::BiasAddGrad => {
+            sum_into::<T>(inputs[0], &mut outputs[0], None, ctx)
+        }
+        Op::ReduceSum { axes, keep_dims } => {
+            let (x, out) = (inputs[0], &mut outputs[0]);
+            if axes.is_empty() || axes.len() == x.ndim() {
+                let total = kernels::sum_slice(read::<T>(x, ctx)?);
+                let out = write::<T>(out, ctx)?;
+                return match out {
+                    [single] => {
+                        *single = total;
+                        Ok(())
+                    }
+                    _ => Err(mismatch(
+                        ctx,
+                        "output 0",
+                        &[],
+                        <T as Element>::DTYPE,
+                        &outputs[0],
+                    )),
+                };
+            }
+            let kept = (!keep_dims).then(|| reduced_shape(x.shape(), axes, true));
+            sum_into::<T>(x, out, kept.as_deref(), ctx)
+        }
+        Op::Embedding => {
+            let (table, out) = (inputs[0], &mut outputs[0]);
+            min_rank(table, 2, "table", ctx)?;
+            let dim = table.shape()[1];
+            let (rows, out) = (read::<T>(table, ctx)?, write::<T>(out, ctx)?);
+            with_ids!(inputs[1], ctx, op, |ids| kernels::gather_rows_into(
+                rows, dim, ids, out
+            )
+            .map_err(kernel()))
+        }
+        Op::EmbeddingGrad { .. } => {
+            let (dy, out) = (inputs[1], &mut outputs[0]);
+            min_rank(out, 2, "table gradient", ctx)?;
+            let dim = out.shape()[1];
+            let (dys, out) = (read::<T>(dy, ctx)?, write::<T>(out, ctx)?);
+            kernels::fill(out, T::ZERO);
+            with_ids!(inputs[0], ctx, op, |ids| kernels::scatter_add_rows(
+                out, dim, ids, dys
+            )
+            .map_err(kernel()))
+        }
+        Op::Dropout { keep_prob, seed } => {
+            let xs = read::<T>(inputs[0], ctx)?;
+            with_shape_and_elements::<T, _>(&mut outputs[0], ctx, |shape, out| {
+                dropout_into(xs, out, shape, *keep_prob, *seed, ctx)
+            })
+        }
+        Op::SparseSoftmaxCrossEntropy { batch_divisor } => {
+            let logits = inputs[0];
+            min_rank(logits, 2, "logits", ctx)?;
+            let (rows, classes) = (logits.shape()[0], logits.shape()[1]);
+            let xs = read::<T>(logits, ctx)?;
+            let mean = with_ids!(inputs[1], ctx, op, |labels| {
+                kernels::sparse_softmax_cross_entropy_slice(xs, classes, labels).map_err(kernel())
+            })?;
+            match write::<T>(&mut outputs[0], ctx)? {
+                [loss] => {
+                    *loss = mean * batch_rescale::<T>(rows, *batch_divisor);
+                    Ok(())
+                }
+                _ => Err(mismatch(
+                    ctx,
+                    "output 0",
+                    &[],
+                    <T as Element>::DTYPE,
+                    &outputs[0],
+                )),
+            }
+        }
+        Op::SparseSoftmaxCrossEntropyGrad { batch_divisor } => {
+            let logits = inputs[0];
+            min_rank(logits, 2, "logits", ctx)?;
+            let (rows, classes) = (logits.shape()[0], logits.shape()[1]);
+            let dloss = match read::<T>(inputs[2], ctx)? {
+                [value] => *value,
+                _ => {
+                    return Err(mismatch(
+                        ctx,
+                        "input dloss",
+                        &[],
+                        <T as Element>::DTYPE,
+                        inputs[2],
+                    ))
+                }
+            };
+            // The kernel divides by the local row count; rescale to the global divisor.
+            let scale = dloss * batch_rescale::<T>(rows, *batch_divisor);
+            let (xs, dx) = (read::<T>(logits, ctx)?, write::<T>(&mut outputs[0], ctx)?);
+            with_ids!(inputs[1], ctx, op, |labels| {
+                kernels::sparse_softmax_cross_entropy_grad_into(xs, classes, labels, scale, dx)
+                    .map_err(kernel())
+            })
+        }
+        Op::Fill { value, .. } => {
+            kernels::fill(write::<T>(&mut outputs[0], ctx)?, T::from_f64(*value));
+            Ok(())
+        }
+        Op::Add
+        | Op::Sub
+        | Op::Mul
+        | Op::Div
+        | Op::Neg
+        | Op::Relu
+        | Op::Gelu { .. }
+        | Op::Tanh
+        | Op::ReluGrad
+        | Op::GeluGrad { .. }
+        | Op::TanhGrad => unreachable!("elementwise ops are dispatched above"),
+    }
+}
+
+/// Runs `f` on `out`'s shape and its elements as `T` at once (the tensor API lends one or the
+/// other): the storage is moved out for the call and back, which allocates nothing.
+fn with_shape_and_elements<T: Element, R>(
+    out: &mut Tensor,
+    ctx: &EvalCtx<'_>,
+    f: impl FnOnce(&[usize], &mut [T]) -> Result<R, GraphError>,
+) -> Result<R, GraphError> {
+    let mut storage = std::mem::replace(out.storage_mut(), Storage::U8(Vec::new()));
+    let result = match T::view_mut(&mut storage) {
+        Some(elements) => f(out.shape(), elements),
+        None => Err(GraphError::Kernel {
+            node: ctx.node.to_string(),
+            source: Box::new(tensor::TensorError::DTypeMismatch {
+                op: "eval_op",
+                expected: T::DTYPE,
+                got: storage.dtype(),
+            }),
+        }),
+    };
+    *out.storage_mut() = storage;
+    result
+}
+
+/// `x` summed down to `out`'s shape (or to `as_shape`, which has `out`'s element count).
+fn sum_into<T: Float + Element>(
+    x: &Tensor,
+    out: &mut Tensor,
+    as_shape: Option<&[usize]>,
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let xs = read::<T>(x, ctx)?;
+    with_shape_and_elements::<T, _>(out, ctx, |out_shape, out| {
+        let target = as_shape.unwrap_or(out_shape);
+        kernels::sum_to_shape_into(xs, x.shape(), target, out).map_err(GraphError::kernel(ctx.node))
+    })
+}
+
+/// Stores an allocated kernel result in `out`, which must have its shape and dtype.
+fn replace_checked(out: &mut Tensor, result: Tensor, ctx: &EvalCtx<'_>) -> Result<(), GraphError> {
+    if result.shape() != out.shape() || result.dtype() != out.dtype() {
+        return Err(mismatch(
+            ctx,
+            "output 0",
+            result.shape(),
+            result.dtype(),
+            out,
+        ));
+    }
+    *out = result;
+    Ok(())
+}
+
+fn mismatch(
+    ctx: &EvalCtx<'_>,
+    operand: &str,
+    expected_shape: &[usize],
+    expected_dtype: DType,
+    got: &Tensor,
+) -> GraphError {
+    GraphError::TensorMismatch {
+        context: format!("{} {operand}", ctx.node),
+        expected_shape: expected_shape.to_vec(),
+        expected_dtype,
+        got_shape: got.shape().to_vec(),
+        got_dtype: got.dtype(),
+    }
+}

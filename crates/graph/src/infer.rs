@@ -1,0 +1,470 @@
+//! Shape and dtype inference: the rule of every op, checked when a node is built.
+
+use tensor::kernels::broadcast::broadcast_shape;
+use tensor::DType;
+
+use crate::error::{GraphError, Operand};
+use crate::ir::Value;
+use crate::op::Op;
+
+/// A value's type: its shape and dtype.
+pub(crate) type ValueType = (Vec<usize>, DType);
+
+/// The output types of `op` applied to `inputs` in node `node`, or the rule the inputs break.
+pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueType>, GraphError> {
+    let c = Check {
+        node,
+        op: op.kind(),
+        inputs,
+    };
+    c.count(op.n_inputs())?;
+    let out = match op {
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (a, b) = (c.float(0)?, c.same_dtype(1, 0)?);
+            c.rank(0, 2, "a 2-D matrix")?;
+            c.rank(1, 2, "a 2-D matrix")?;
+            let (m, k) = matrix_dims(&a.shape, *transpose_a);
+            let (k_b, n) = matrix_dims(&b.shape, *transpose_b);
+            c.dims_equal("inner dims", (0, k), (1, k_b))?;
+            vec![(vec![m, n], a.dtype)]
+        }
+        Op::BatchMatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (a, b) = (c.float(0)?, c.same_dtype(1, 0)?);
+            c.min_rank(0, 2, "at least 2 dims")?;
+            c.min_rank(1, 2, "at least 2 dims")?;
+            let (m, k) = matrix_dims(&a.shape, *transpose_a);
+            let (k_b, n) = matrix_dims(&b.shape, *transpose_b);
+            c.dims_equal("inner dims", (0, k), (1, k_b))?;
+            let a_batch = &a.shape[..a.shape.len() - 2];
+            let b_batch = &b.shape[..b.shape.len() - 2];
+            let mut shape =
+                broadcast_shape("", a_batch, b_batch).map_err(|_| c.not_broadcastable())?;
+            shape.extend([m, n]);
+            vec![(shape, a.dtype)]
+        }
+        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+            let (a, b) = (c.float(0)?, c.same_dtype(1, 0)?);
+            let shape =
+                broadcast_shape("", &a.shape, &b.shape).map_err(|_| c.not_broadcastable())?;
+            vec![(shape, a.dtype)]
+        }
+        Op::Neg | Op::Relu | Op::Gelu { .. } | Op::Tanh => vec![c.same_as(0)?],
+        Op::Softmax | Op::LogSoftmax => {
+            c.min_rank(0, 1, "at least 1 dim (the class dim)")?;
+            vec![c.same_as(0)?]
+        }
+        Op::BiasAdd => {
+            let x = c.float(0)?;
+            c.same_dtype(1, 0)?;
+            c.min_rank(0, 1, "at least 1 dim (the channel dim)")?;
+            c.rank(1, 1, "a 1-D bias")?;
+            c.dims_equal(
+                "channel dim and bias length",
+                (0, last(&x.shape)),
+                (1, c.inputs[1].shape[0]),
+            )?;
+            vec![c.same_as(0)?]
+        }
+        Op::LayerNorm { epsilon } => {
+            let x = c.float(0)?;
+            c.min_rank(0, 1, "at least 1 dim (the normalised dim)")?;
+            for i in [1, 2] {
+                c.same_dtype(i, 0)?;
+                c.rank(i, 1, "a 1-D scale or shift")?;
+                c.dims_equal(
+                    "normalised dim and parameter length",
+                    (0, last(&x.shape)),
+                    (i, c.inputs[i].shape[0]),
+                )?;
+            }
+            if !(epsilon.is_finite() && *epsilon >= 0.0) {
+                return Err(
+                    c.attribute("epsilon", format!("must be finite and >= 0, got {epsilon}"))
+                );
+            }
+            let lead = x.shape[..x.shape.len() - 1].to_vec();
+            vec![c.same_as(0)?, (lead.clone(), x.dtype), (lead, x.dtype)]
+        }
+        Op::Flatten { shape } => {
+            let x = c.input(0);
+            c.min_rank(0, 1, "at least 1 dim (the batch dim)")?;
+            let expected = vec![x.shape[0], x.shape[1..].iter().product()];
+            if *shape != expected {
+                return Err(c.attribute(
+                    "shape",
+                    format!(
+                        "is {shape:?}, but flattening `{}` {:?} gives {expected:?}",
+                        x.name, x.shape
+                    ),
+                ));
+            }
+            vec![(shape.clone(), x.dtype)]
+        }
+        Op::Reshape { shape } => {
+            let x = c.input(0);
+            let n: usize = shape.iter().product();
+            if n != x.n_elements() {
+                return Err(c.attribute(
+                    "shape",
+                    format!(
+                        "{shape:?} holds {n} elements, but `{}` {:?} holds {}",
+                        x.name,
+                        x.shape,
+                        x.n_elements()
+                    ),
+                ));
+            }
+            vec![(shape.clone(), x.dtype)]
+        }
+        Op::Transpose { perm } => {
+            let x = c.input(0);
+            let mut seen = vec![false; x.shape.len()];
+            let valid = perm.len() == x.shape.len()
+                && perm
+                    .iter()
+                    .all(|&d| d < seen.len() && !std::mem::replace(&mut seen[d], true));
+            if !valid {
+                return Err(c.attribute(
+                    "perm",
+                    format!(
+                        "{perm:?} is not a permutation of the {} dims of `{}` {:?}",
+                        x.shape.len(),
+                        x.name,
+                        x.shape
+                    ),
+                ));
+            }
+            vec![(perm.iter().map(|&d| x.shape[d]).collect(), x.dtype)]
+        }
+        Op::BroadcastTo { shape } => {
+            let x = c.float(0)?;
+            if !broadcasts_to(&x.shape, shape) {
+                return Err(c.attribute(
+                    "shape",
+                    format!("{shape:?} is not a broadcast of `{}` {:?}", x.name, x.shape),
+                ));
+            }
+            vec![(shape.clone(), x.dtype)]
+        }
+        Op::SumToShape { shape } => {
+            let x = c.float(0)?;
+            if !broadcasts_to(shape, &x.shape) {
+                return Err(c.attribute(
+                    "shape",
+                    format!("{shape:?} does not broadcast to `{}` {:?}", x.name, x.shape),
+                ));
+            }
+            vec![(shape.clone(), x.dtype)]
+        }
+        Op::ReduceSum { axes, keep_dims } => {
+            let x = c.float(0)?;
+            let ndim = x.shape.len();
+            let ascending = axes.windows(2).all(|w| w[0] < w[1]);
+            if !ascending || axes.iter().any(|&a| a >= ndim) {
+                return Err(c.attribute(
+                    "axes",
+                    format!(
+                        "{axes:?} must be ascending, distinct and below the rank {ndim} of `{}`",
+                        x.name
+                    ),
+                ));
+            }
+            vec![(reduced_shape(&x.shape, axes, *keep_dims), x.dtype)]
+        }
+        Op::Embedding => {
+            let table = c.float(0)?;
+            c.rank(0, 2, "a 2-D table [vocab, dim]")?;
+            let ids = c.index(1)?;
+            let mut shape = ids.shape.clone();
+            shape.push(table.shape[1]);
+            vec![(shape, table.dtype)]
+        }
+        Op::Dropout { keep_prob, .. } => {
+            if !(*keep_prob > 0.0 && *keep_prob <= 1.0) {
+                return Err(
+                    c.attribute("keep_prob", format!("must lie in (0, 1], got {keep_prob}"))
+                );
+            }
+            vec![c.same_as(0)?]
+        }
+        Op::SparseSoftmaxCrossEntropy { batch_divisor } => {
+            let logits = c.logits_and_labels(*batch_divisor)?;
+            vec![(Vec::new(), logits.dtype)]
+        }
+        Op::Fill {
+            shape,
+            dtype,
+            value,
+        } => {
+            if !dtype.is_float() {
+                return Err(c.attribute(
+                    "dtype",
+                    format!("must be a floating-point dtype, got {dtype}"),
+                ));
+            }
+            if !value.is_finite() {
+                return Err(c.attribute("value", format!("must be finite, got {value}")));
+            }
+            vec![(shape.clone(), *dtype)]
+        }
+        Op::ReluGrad
+        | Op::GeluGrad { .. }
+        | Op::TanhGrad
+        | Op::SoftmaxGrad
+        | Op::LogSoftmaxGrad => {
+            c.same_dtype(1, 0)?;
+            c.same_shape(1, 0)?;
+            vec![c.same_as(0)?]
+        }
+        Op::LayerNormGrad => {
+            let x = c.float(0)?;
+            c.min_rank(0, 1, "at least 1 dim (the normalised dim)")?;
+            c.same_dtype(1, 0)?;
+            c.same_shape(1, 0)?;
+            let lead = &x.shape[..x.shape.len() - 1];
+            for i in [2, 3] {
+                c.same_dtype(i, 0)?;
+                if c.inputs[i].shape != lead {
+                    return Err(
+                        c.rank_error(i, "the row shape of x (x's shape without its last dim)")
+                    );
+                }
+            }
+            let gamma = c.same_dtype(4, 0)?;
+            c.rank(4, 1, "a 1-D scale")?;
+            c.dims_equal(
+                "normalised dim and parameter length",
+                (0, last(&x.shape)),
+                (4, gamma.shape[0]),
+            )?;
+            vec![c.same_as(0)?, c.same_as(4)?, c.same_as(4)?]
+        }
+        Op::EmbeddingGrad { vocab_size } => {
+            let ids = c.index(0)?;
+            let dy = c.float(1)?;
+            let expected_rank = ids.shape.len() + 1;
+            if dy.shape.len() != expected_rank || dy.shape[..ids.shape.len()] != ids.shape[..] {
+                return Err(c.rank_error(1, "the ids' shape followed by the embedding dim"));
+            }
+            vec![(vec![*vocab_size, last(&dy.shape)], dy.dtype)]
+        }
+        Op::BiasAddGrad => {
+            let dy = c.float(0)?;
+            c.min_rank(0, 1, "at least 1 dim (the channel dim)")?;
+            vec![(vec![last(&dy.shape)], dy.dtype)]
+        }
+        Op::SparseSoftmaxCrossEntropyGrad { batch_divisor } => {
+            c.logits_and_labels(*batch_divisor)?;
+            c.same_dtype(2, 0)?;
+            c.rank(2, 0, "a scalar loss gradient")?;
+            vec![c.same_as(0)?]
+        }
+    };
+    Ok(out)
+}
+
+/// (rows, cols) of a matrix's last two dims as used, given its transpose flag.
+pub(crate) fn matrix_dims(shape: &[usize], transposed: bool) -> (usize, usize) {
+    let (rows, cols) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    if transposed {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    }
+}
+
+/// The last dim (callers checked the rank).
+fn last(shape: &[usize]) -> usize {
+    shape[shape.len() - 1]
+}
+
+/// Whether `shape` broadcasts to exactly `target`.
+pub(crate) fn broadcasts_to(shape: &[usize], target: &[usize]) -> bool {
+    broadcast_shape("", shape, target).is_ok_and(|b| b == target)
+}
+
+/// `shape` reduced over `axes` (all when empty).
+pub(crate) fn reduced_shape(shape: &[usize], axes: &[usize], keep_dims: bool) -> Vec<usize> {
+    let reduced = |d: usize| axes.is_empty() || axes.contains(&d);
+    shape
+        .iter()
+        .enumerate()
+        .filter_map(|(d, &size)| match (reduced(d), keep_dims) {
+            (false, _) => Some(size),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}
+
+/// The inputs of one node under inference, with helpers that produce errors naming them.
+struct Check<'a> {
+    node: &'a str,
+    op: &'static str,
+    inputs: &'a [&'a Value],
+}
+
+impl<'a> Check<'a> {
+    fn input(&self, i: usize) -> &'a Value {
+        self.inputs[i]
+    }
+
+    fn count(&self, expected: usize) -> Result<(), GraphError> {
+        if self.inputs.len() == expected {
+            Ok(())
+        } else {
+            Err(GraphError::InputCount {
+                node: self.node.to_string(),
+                op: self.op,
+                expected,
+                got: self.inputs.len(),
+            })
+        }
+    }
+
+    fn dtype_error(&self, i: usize, expected: String) -> GraphError {
+        GraphError::InputDType {
+            node: self.node.to_string(),
+            op: self.op,
+            value: self.inputs[i].name.clone(),
+            got: self.inputs[i].dtype,
+            expected,
+        }
+    }
+
+    fn rank_error(&self, i: usize, expected: &'static str) -> GraphError {
+        GraphError::InputRank {
+            node: self.node.to_string(),
+            op: self.op,
+            value: self.inputs[i].name.clone(),
+            shape: self.inputs[i].shape.clone(),
+            expected,
+        }
+    }
+
+    fn attribute(&self, attribute: &'static str, reason: String) -> GraphError {
+        GraphError::Attribute {
+            node: self.node.to_string(),
+            attribute,
+            reason,
+        }
+    }
+
+    fn operand(&self, i: usize) -> Box<Operand> {
+        Box::new(Operand {
+            name: self.inputs[i].name.clone(),
+            shape: self.inputs[i].shape.clone(),
+        })
+    }
+
+    fn not_broadcastable(&self) -> GraphError {
+        GraphError::NotBroadcastable {
+            node: self.node.to_string(),
+            lhs: self.operand(0),
+            rhs: self.operand(1),
+        }
+    }
+
+    /// Input `i`, which must be floating-point.
+    fn float(&self, i: usize) -> Result<&'a Value, GraphError> {
+        let v = self.inputs[i];
+        if v.dtype.is_float() {
+            Ok(v)
+        } else {
+            Err(self.dtype_error(i, "a floating-point dtype".to_string()))
+        }
+    }
+
+    /// Input `i`, which must be an i32 or i64 index tensor.
+    fn index(&self, i: usize) -> Result<&'a Value, GraphError> {
+        let v = self.inputs[i];
+        if matches!(v.dtype, DType::I32 | DType::I64) {
+            Ok(v)
+        } else {
+            Err(self.dtype_error(i, "integer indices (i32 or i64)".to_string()))
+        }
+    }
+
+    /// Input `i`, which must have input `j`'s dtype (and `j` a floating-point one).
+    fn same_dtype(&self, i: usize, j: usize) -> Result<&'a Value, GraphError> {
+        self.float(j)?;
+        let (v, reference) = (self.inputs[i], self.inputs[j]);
+        if v.dtype == reference.dtype {
+            Ok(v)
+        } else {
+            Err(self.dtype_error(
+                i,
+                format!("the dtype of `{}` ({})", reference.name, reference.dtype),
+            ))
+        }
+    }
+
+    /// Input `i`'s type, which must be floating-point.
+    fn same_as(&self, i: usize) -> Result<ValueType, GraphError> {
+        let v = self.float(i)?;
+        Ok((v.shape.clone(), v.dtype))
+    }
+
+    fn same_shape(&self, i: usize, j: usize) -> Result<(), GraphError> {
+        if self.inputs[i].shape == self.inputs[j].shape {
+            Ok(())
+        } else {
+            Err(self.rank_error(i, "the shape of the forward tensor it pairs with"))
+        }
+    }
+
+    fn rank(&self, i: usize, ndim: usize, expected: &'static str) -> Result<(), GraphError> {
+        if self.inputs[i].shape.len() == ndim {
+            Ok(())
+        } else {
+            Err(self.rank_error(i, expected))
+        }
+    }
+
+    fn min_rank(&self, i: usize, ndim: usize, expected: &'static str) -> Result<(), GraphError> {
+        if self.inputs[i].shape.len() >= ndim {
+            Ok(())
+        } else {
+            Err(self.rank_error(i, expected))
+        }
+    }
+
+    /// `Ok` when dim `lhs.1` (of input `lhs.0`) equals dim `rhs.1` (of input `rhs.0`).
+    fn dims_equal(
+        &self,
+        what: &'static str,
+        lhs: (usize, usize),
+        rhs: (usize, usize),
+    ) -> Result<(), GraphError> {
+        if lhs.1 == rhs.1 {
+            return Ok(());
+        }
+        Err(GraphError::DimMismatch {
+            node: self.node.to_string(),
+            what,
+            lhs: self.operand(lhs.0),
+            lhs_dim: lhs.1,
+            rhs: self.operand(rhs.0),
+            rhs_dim: rhs.1,
+        })
+    }
+
+    /// Checks inputs 0 (`logits [n, c]`) and 1 (`labels [n]`) and the divisor; returns logits.
+    fn logits_and_labels(&self, batch_divisor: usize) -> Result<&'a Value, GraphError> {
+        let logits = self.float(0)?;
+        self.rank(0, 2, "2-D logits [batch, classes]")?;
+        let labels = self.index(1)?;
+        self.rank(1, 1, "1-D labels [batch]")?;
+        self.dims_equal("batch sizes", (0, logits.shape[0]), (1, labels.shape[0]))?;
+        if batch_divisor == 0 {
+            return Err(self.attribute("batch_divisor", "must be at least 1, got 0".to_string()));
+        }
+        Ok(logits)
+    }
+}

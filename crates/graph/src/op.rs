@@ -1,0 +1,269 @@
+//! The closed set of ops and their attributes.
+//!
+//! Every attribute an op's semantics depends on is explicit, including the ones a sharded
+//! execution must keep *global*:
+//! - [`Op::SparseSoftmaxCrossEntropy`] and its grad divide by `batch_divisor`, the global batch
+//!   size, so per-rank partial losses sum (all-reduce) to the global mean;
+//! - [`Op::Reshape`], [`Op::Flatten`], [`Op::BroadcastTo`], [`Op::SumToShape`] and
+//!   [`Op::Fill`] carry their target shape, which a parallel pass rewrites to the local shape;
+//! - [`Op::Dropout`]'s mask is a pure function of `(seed, step, global element index)` (see
+//!   [`crate::exec::dropout_mask_keeps`]): a rank computes its part given its box's offset in the
+//!   global tensor ([`crate::exec::EvalCtx::placement`]);
+//! - [`Op::EmbeddingGrad`] carries the vocabulary size of the table it produces.
+//!
+//! Input order and outputs of every op are listed on its variant; [`crate::grad`]'s backward
+//! rules use the ops marked *backward*.
+
+use tensor::DType;
+
+/// An operation of the graph, with its attributes. Inputs and outputs are listed in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// `op(a)·op(b)` of 2-D matrices: `a` `[m, k]` (`[k, m]` if `transpose_a`), `b` `[k, n]`
+    /// (`[n, k]` if `transpose_b`) → `[m, n]`.
+    MatMul {
+        /// Use `a` transposed.
+        transpose_a: bool,
+        /// Use `b` transposed.
+        transpose_b: bool,
+    },
+    /// Batched `op(a)·op(b)` over the last two dims with NumPy broadcasting over the leading
+    /// (batch) dims: `[..., m, k]·[..., k, n]` → `[broadcast(...), m, n]`.
+    BatchMatMul {
+        /// Use the matrices of `a` transposed.
+        transpose_a: bool,
+        /// Use the matrices of `b` transposed.
+        transpose_b: bool,
+    },
+    /// `a + b`, broadcasting.
+    Add,
+    /// `a - b`, broadcasting.
+    Sub,
+    /// `a · b` elementwise, broadcasting.
+    Mul,
+    /// `a / b` elementwise, broadcasting.
+    Div,
+    /// `-x`.
+    Neg,
+    /// `x + bias`, `bias` 1-D of `x`'s last dim (MindSpore's `BiasAdd`, channel last).
+    BiasAdd,
+    /// `max(x, 0)`.
+    Relu,
+    /// GeLU: the tanh approximation if `approximate` (MindSpore's `nn.GELU()` default), else the
+    /// exact erf form.
+    Gelu {
+        /// Use the tanh approximation.
+        approximate: bool,
+    },
+    /// `tanh(x)`.
+    Tanh,
+    /// Softmax over the last dim.
+    Softmax,
+    /// Log-softmax over the last dim.
+    LogSoftmax,
+    /// Layer norm over the last dim: inputs `x [..., d]`, `gamma [d]`, `beta [d]`; outputs
+    /// `y` (`x`'s shape), and the per-row `mean` and `rstd` (`x`'s shape without the last dim),
+    /// saved for the backward pass as MindSpore's `LayerNorm` does.
+    LayerNorm {
+        /// Added to the variance.
+        epsilon: f64,
+    },
+    /// MindSpore's `Flatten`: `[n, ...]` → `shape` = `[n, prod(...)]`.
+    Flatten {
+        /// The output shape (rewritten to the local shape by a parallel pass).
+        shape: Vec<usize>,
+    },
+    /// The same elements with another shape of equal element count.
+    Reshape {
+        /// The output shape.
+        shape: Vec<usize>,
+    },
+    /// Permutes the dims: output dim `i` is input dim `perm[i]`.
+    Transpose {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// Broadcasts `x` to `shape` (NumPy rules).
+    BroadcastTo {
+        /// The output shape.
+        shape: Vec<usize>,
+    },
+    /// Sums `x` down to `shape`, which must broadcast to `x`'s shape: the adjoint of
+    /// [`Op::BroadcastTo`], used for the gradients of broadcasting ops.
+    SumToShape {
+        /// The output shape.
+        shape: Vec<usize>,
+    },
+    /// Sums over `axes` (every axis when empty), keeping them with size 1 if `keep_dims`.
+    ReduceSum {
+        /// The reduced axes, ascending and distinct.
+        axes: Vec<usize>,
+        /// Keep the reduced axes with size 1.
+        keep_dims: bool,
+    },
+    /// Embedding lookup (MindSpore's `Gather` on axis 0): inputs `table [vocab, dim]` and integer
+    /// `ids [...]` (i32 or i64) → `[..., dim]`.
+    Embedding,
+    /// Inverted dropout: keeps an element with probability `keep_prob` and scales kept elements
+    /// by `1/keep_prob`. The mask is a pure function of `(seed, step, global element index)`.
+    /// Dropout is its own backward rule (the same mask applied to `dy`).
+    Dropout {
+        /// Probability of keeping an element, in `(0, 1]`.
+        keep_prob: f64,
+        /// The op's seed.
+        seed: u64,
+    },
+    /// Softmax cross entropy with integer labels: inputs `logits [n, c]` and `labels [n]` (i32
+    /// or i64) → scalar `Σ_rows -log softmax(logits)[label] / batch_divisor`.
+    SparseSoftmaxCrossEntropy {
+        /// The divisor of the sum: the GLOBAL batch size, so sharded partial sums add up to the
+        /// mean over the global batch.
+        batch_divisor: usize,
+    },
+    /// A constant tensor: no inputs → `shape` of `dtype`, every element `value`.
+    Fill {
+        /// The output shape.
+        shape: Vec<usize>,
+        /// The output dtype.
+        dtype: DType,
+        /// The value.
+        value: f64,
+    },
+    /// *Backward* of [`Op::Relu`]: inputs `y` (the forward output) and `dy` → `dx`.
+    ReluGrad,
+    /// *Backward* of [`Op::Gelu`]: inputs `x` (the forward input) and `dy` → `dx`.
+    GeluGrad {
+        /// The forward's form.
+        approximate: bool,
+    },
+    /// *Backward* of [`Op::Tanh`]: inputs `y` and `dy` → `dx`.
+    TanhGrad,
+    /// *Backward* of [`Op::Softmax`]: inputs `y` and `dy` → `dx`.
+    SoftmaxGrad,
+    /// *Backward* of [`Op::LogSoftmax`]: inputs `y` and `dy` → `dx`.
+    LogSoftmaxGrad,
+    /// *Backward* of [`Op::LayerNorm`]: inputs `x`, `dy`, `mean`, `rstd`, `gamma` → `dx`,
+    /// `dgamma`, `dbeta`.
+    LayerNormGrad,
+    /// *Backward* of [`Op::Embedding`] for the table (a scatter-add): inputs `ids` and
+    /// `dy [..., dim]` → `[vocab_size, dim]`.
+    EmbeddingGrad {
+        /// Rows of the table.
+        vocab_size: usize,
+    },
+    /// *Backward* of [`Op::BiasAdd`] for the bias: input `dy [..., c]` → `[c]` (sum over every
+    /// dim but the last).
+    BiasAddGrad,
+    /// *Backward* of [`Op::SparseSoftmaxCrossEntropy`] for the logits: inputs `logits`, `labels`
+    /// and the scalar `dloss` → `(softmax(logits) - onehot(labels))·dloss / batch_divisor`.
+    SparseSoftmaxCrossEntropyGrad {
+        /// The forward's divisor (the global batch size).
+        batch_divisor: usize,
+    },
+}
+
+impl Op {
+    /// The op's kind, as MindSpore names the primitive (`MatMul`, `BiasAdd`, `ReluGrad`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::MatMul { .. } => "MatMul",
+            Op::BatchMatMul { .. } => "BatchMatMul",
+            Op::Add => "Add",
+            Op::Sub => "Sub",
+            Op::Mul => "Mul",
+            Op::Div => "Div",
+            Op::Neg => "Neg",
+            Op::BiasAdd => "BiasAdd",
+            Op::Relu => "ReLU",
+            Op::Gelu { .. } => "GeLU",
+            Op::Tanh => "Tanh",
+            Op::Softmax => "Softmax",
+            Op::LogSoftmax => "LogSoftmax",
+            Op::LayerNorm { .. } => "LayerNorm",
+            Op::Flatten { .. } => "Flatten",
+            Op::Reshape { .. } => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::BroadcastTo { .. } => "BroadcastTo",
+            Op::SumToShape { .. } => "SumToShape",
+            Op::ReduceSum { .. } => "ReduceSum",
+            Op::Embedding => "Embedding",
+            Op::Dropout { .. } => "Dropout",
+            Op::SparseSoftmaxCrossEntropy { .. } => "SparseSoftmaxCrossEntropy",
+            Op::Fill { .. } => "Fill",
+            Op::ReluGrad => "ReluGrad",
+            Op::GeluGrad { .. } => "GeluGrad",
+            Op::TanhGrad => "TanhGrad",
+            Op::SoftmaxGrad => "SoftmaxGrad",
+            Op::LogSoftmaxGrad => "LogSoftmaxGrad",
+            Op::LayerNormGrad => "LayerNormGrad",
+            Op::EmbeddingGrad { .. } => "EmbeddingGrad",
+            Op::BiasAddGrad => "BiasAddGrad",
+            Op::SparseSoftmaxCrossEntropyGrad { .. } => "SparseSoftmaxCrossEntropyGrad",
+        }
+    }
+
+    /// Number of inputs.
+    pub fn n_inputs(&self) -> usize {
+        match self {
+            Op::Fill { .. } => 0,
+            Op::Neg
+            | Op::Relu
+            | Op::Gelu { .. }
+            | Op::Tanh
+            | Op::Softmax
+            | Op::LogSoftmax
+            | Op::Flatten { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::SumToShape { .. }
+            | Op::ReduceSum { .. }
+            | Op::Dropout { .. }
+            | Op::BiasAddGrad => 1,
+            Op::MatMul { .. }
+            | Op::BatchMatMul { .. }
+            | Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Div
+            | Op::BiasAdd
+            | Op::Embedding
+            | Op::SparseSoftmaxCrossEntropy { .. }
+            | Op::ReluGrad
+            | Op::GeluGrad { .. }
+            | Op::TanhGrad
+            | Op::SoftmaxGrad
+            | Op::LogSoftmaxGrad
+            | Op::EmbeddingGrad { .. } => 2,
+            Op::LayerNorm { .. } | Op::SparseSoftmaxCrossEntropyGrad { .. } => 3,
+            Op::LayerNormGrad => 5,
+        }
+    }
+
+    /// Number of outputs.
+    pub fn n_outputs(&self) -> usize {
+        match self {
+            Op::LayerNorm { .. } | Op::LayerNormGrad => 3,
+            _ => 1,
+        }
+    }
+
+    /// Whether the op exists only to compute gradients (it has no backward rule itself).
+    pub fn is_backward(&self) -> bool {
+        matches!(
+            self,
+            Op::ReluGrad
+                | Op::GeluGrad { .. }
+                | Op::TanhGrad
+                | Op::SoftmaxGrad
+                | Op::LogSoftmaxGrad
+                | Op::LayerNormGrad
+                | Op::EmbeddingGrad { .. }
+                | Op::BiasAddGrad
+                | Op::SparseSoftmaxCrossEntropyGrad { .. }
+        )
+    }
+}
+
+/// The most inputs any op takes ([`Op::LayerNormGrad`]).
+pub const MAX_INPUTS: usize = 5;

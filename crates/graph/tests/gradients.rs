@@ -1,0 +1,221 @@
+//! Every op's backward rule against central finite differences (see `util::check_gradients` for
+//! the tolerance), each in a tiny graph.
+
+use graph::{GraphBuilder, GraphError, Initializer, Op, ValueId};
+use tensor::{DType, Tensor};
+
+use crate::util::{check_gradients, indices, uniform};
+
+/// A trainable f64 parameter drawn from N(0, 1).
+fn param(b: &mut GraphBuilder, name: &str, shape: &[usize]) -> Result<ValueId, GraphError> {
+    b.parameter(name, shape, Initializer::normal(1.0))
+}
+
+/// Checks the single-output op `op` applied to fresh N(0, 1) parameters of `shapes`.
+fn check_op(label: &str, op: Op, shapes: &[&[usize]]) {
+    check_gradients(label, |b| {
+        let inputs: Vec<ValueId> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| param(b, &format!("in{i}"), s))
+            .collect::<Result<_, _>>()?;
+        Ok((b.node("op", op, &inputs)?[0], Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
+fn matmul_every_transpose_combination() {
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let a: &[usize] = if ta { &[4, 3] } else { &[3, 4] };
+        let b: &[usize] = if tb { &[5, 4] } else { &[4, 5] };
+        let op = Op::MatMul {
+            transpose_a: ta,
+            transpose_b: tb,
+        };
+        check_op(&format!("matmul ta={ta} tb={tb}"), op, &[a, b]);
+    }
+}
+
+#[test]
+fn batch_matmul_with_broadcast_batches() {
+    let cases: [(&[usize], &[usize], bool, bool); 4] = [
+        (&[2, 3, 4], &[2, 4, 5], false, false),
+        (&[2, 3, 4], &[4, 5], false, false), // b shared by every batch
+        (&[2, 1, 4, 3], &[3, 5, 4], true, true), // batch dims broadcast both ways
+        (&[3, 4], &[2, 4, 5], false, false), // a shared
+    ];
+    for (a, b, ta, tb) in cases {
+        let op = Op::BatchMatMul {
+            transpose_a: ta,
+            transpose_b: tb,
+        };
+        check_op(&format!("batch_matmul {a:?}·{b:?}"), op, &[a, b]);
+    }
+}
+
+#[test]
+fn add_sub_mul_with_broadcasting() {
+    for op in [Op::Add, Op::Sub, Op::Mul] {
+        let label = op.kind();
+        check_op(
+            &format!("{label} same shape"),
+            op.clone(),
+            &[&[2, 3], &[2, 3]],
+        );
+        check_op(&format!("{label} row"), op.clone(), &[&[2, 3], &[3]]);
+        check_op(
+            &format!("{label} both ways"),
+            op.clone(),
+            &[&[2, 1, 4], &[3, 1]],
+        );
+        check_op(&format!("{label} scalar lhs"), op, &[&[], &[2, 2]]);
+    }
+}
+
+#[test]
+fn div_with_broadcasting() {
+    // Denominators kept away from 0: uniform in [1.5, 2.5].
+    for (a, bshape) in [
+        (&[2usize, 3][..], &[2usize, 3][..]),
+        (&[2, 3], &[3]),
+        (&[3], &[2, 3]),
+    ] {
+        check_gradients("div", |b| {
+            let x = param(b, "a", a)?;
+            let y = param(b, "b", bshape)?;
+            let denominator = uniform(bshape, 5)
+                .to_f64_vec()
+                .iter()
+                .map(|v| v * 0.5 + 2.0)
+                .collect();
+            let out = b.div("div", x, y)?;
+            Ok((
+                out,
+                vec![(y, Tensor::from_vec(bshape, denominator).unwrap())],
+            ))
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn unary_activations() {
+    check_op("neg", Op::Neg, &[&[2, 5]]);
+    check_op("relu", Op::Relu, &[&[3, 7]]);
+    check_op("tanh", Op::Tanh, &[&[3, 7]]);
+    check_op("gelu erf", Op::Gelu { approximate: false }, &[&[3, 7]]);
+    check_op("gelu tanh", Op::Gelu { approximate: true }, &[&[3, 7]]);
+}
+
+#[test]
+fn bias_add() {
+    check_op("bias_add 2-D", Op::BiasAdd, &[&[4, 3], &[3]]);
+    check_op("bias_add 3-D", Op::BiasAdd, &[&[2, 4, 3], &[3]]);
+}
+
+#[test]
+fn softmax_and_log_softmax() {
+    check_op("softmax", Op::Softmax, &[&[3, 5]]);
+    check_op("log_softmax", Op::LogSoftmax, &[&[2, 2, 5]]);
+}
+
+#[test]
+fn shape_ops() {
+    check_op("flatten", Op::Flatten { shape: vec![2, 12] }, &[&[2, 3, 4]]);
+    check_op("reshape", Op::Reshape { shape: vec![4, 6] }, &[&[2, 3, 4]]);
+    check_op(
+        "transpose",
+        Op::Transpose {
+            perm: vec![2, 0, 1],
+        },
+        &[&[2, 3, 4]],
+    );
+    check_op(
+        "broadcast_to",
+        Op::BroadcastTo {
+            shape: vec![2, 3, 4],
+        },
+        &[&[3, 1]],
+    );
+    check_op(
+        "sum_to_shape",
+        Op::SumToShape { shape: vec![3, 1] },
+        &[&[2, 3, 4]],
+    );
+}
+
+#[test]
+fn reduce_sum_axes_and_keep_dims() {
+    for (axes, keep_dims) in [
+        (vec![], false),
+        (vec![1], false),
+        (vec![0, 2], true),
+        (vec![0, 2], false),
+    ] {
+        let op = Op::ReduceSum {
+            axes: axes.clone(),
+            keep_dims,
+        };
+        check_op(
+            &format!("reduce_sum {axes:?} keep={keep_dims}"),
+            op,
+            &[&[2, 3, 4]],
+        );
+    }
+}
+
+#[test]
+fn layer_norm_all_three_inputs() {
+    check_gradients("layer_norm", |b| {
+        let x = param(b, "x", &[3, 6])?;
+        let gamma = param(b, "gamma", &[6])?;
+        let beta = param(b, "beta", &[6])?;
+        Ok((b.layer_norm("ln", x, gamma, beta, 1e-5)?, Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
+fn embedding_scatter_adds_repeated_rows() {
+    check_gradients("embedding", |b| {
+        let table = param(b, "table", &[5, 3])?;
+        let ids = b.input("ids", &[2, 4], DType::I64)?;
+        let feed = Tensor::from_vec(&[2, 4], vec![0i64, 3, 3, 1, 4, 0, 3, 2]).unwrap();
+        Ok((b.embedding("embed", table, ids)?, vec![(ids, feed)]))
+    })
+    .unwrap();
+}
+
+#[test]
+fn dropout_reuses_its_mask() {
+    check_gradients("dropout", |b| {
+        let x = param(b, "x", &[4, 8])?;
+        Ok((b.dropout("drop", x, 0.6, 3)?, Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
+fn sparse_softmax_cross_entropy() {
+    check_gradients("cross entropy", |b| {
+        let logits = param(b, "logits", &[4, 5])?;
+        let labels = b.input("labels", &[4], DType::I32)?;
+        let loss = b.sparse_softmax_cross_entropy("loss", logits, labels)?;
+        Ok((loss, vec![(labels, indices(&[4], 5, 1))]))
+    })
+    .unwrap();
+}
+
+#[test]
+fn fan_out_gradients_accumulate() {
+    check_gradients("fan-out", |b| {
+        let x = param(b, "x", &[3, 4])?;
+        let r = b.relu("relu", x)?;
+        let t = b.tanh("tanh", x)?;
+        let s = b.mul("square", x, x)?;
+        let sum = b.add("sum", r, t)?;
+        Ok((b.add("total", sum, s)?, Vec::new()))
+    })
+    .unwrap();
+}

@@ -1,0 +1,10 @@
+//! Behaviour tests of the graph crate: shape inference, every op's gradient against finite
+//! differences, whole models, the executor, and global semantics under sharding.
+
+mod alloc;
+mod executor;
+mod gradients;
+mod models;
+mod shapes;
+mod sharding;
+mod util;

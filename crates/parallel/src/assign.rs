@@ -1,0 +1,414 @@
+//! Giving every node of a (training) graph its placement.
+//!
+//! Forward nodes take the user's strategy (semi-auto) or the data-parallel default; their
+//! inputs must have the layouts the strategy implies, and their outputs get the layouts the
+//! op's rule infers (possibly pending sums). Backward nodes are placed from the forward node they
+//! differentiate: a forward value they read must have the layout the forward node used, a
+//! gradient they read the layout of the forward value it is the gradient of, so the backward of
+//! an op runs on the same device matrix as the op — as MindSpore derives backward strategies.
+//! Accumulations of gradient contributions work in the layout of the value they are the gradient
+//! of. Parameters take the layout their first forward consumer needs.
+
+use graph::{Graph, Node, NodeId, NodeRole, Op, ValueId, ValueKind};
+use layout::{Layout, Mesh, TensorLayout};
+use reshard::DistLayout;
+
+use crate::config::{DatasetStrategy, ParallelConfig, ParallelMode};
+use crate::error::ParallelError;
+use crate::rules::{infer, strategy, OpContext};
+
+/// Where a node's strategy comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StrategySource {
+    /// Set by the user (`[parallel.shard]`).
+    User,
+    /// The data-parallel default for an unannotated op.
+    Default,
+    /// Derived from the forward node this backward node differentiates.
+    Backward(NodeId),
+    /// An accumulation or seed of gradients, in the layout of the value it is the gradient of.
+    Gradient,
+}
+
+/// The placement of one node.
+#[derive(Debug, Clone)]
+pub struct NodePlacement {
+    /// The strategy tuples (forward nodes) or `None`.
+    pub strategy: Option<Vec<Vec<usize>>>,
+    /// Where the placement comes from.
+    pub source: StrategySource,
+    /// The layout each input must have.
+    pub inputs: Vec<TensorLayout>,
+    /// The layout of each output as the op produces it (possibly pending sums).
+    pub outputs: Vec<DistLayout>,
+    /// Layouts the outputs must be brought to right after the op (a user `out_strategy`).
+    pub out_layouts: Option<Vec<TensorLayout>>,
+}
+
+impl NodePlacement {
+    /// The op's device matrix.
+    pub fn mesh(&self) -> &Mesh {
+        self.inputs
+            .first()
+            .map(TensorLayout::mesh)
+            .unwrap_or_else(|| self.outputs[0].layout().mesh())
+    }
+
+    /// The layout the consumers of output `j` see first: the `out_strategy` layout when set,
+    /// otherwise the op's own output layout.
+    pub fn delivered(&self, j: usize) -> DistLayout {
+        match &self.out_layouts {
+            Some(layouts) => layouts[j].clone().into(),
+            None => self.outputs[j].clone(),
+        }
+    }
+}
+
+/// A graph with every node placed and every leaf laid out.
+#[derive(Debug, Clone)]
+pub struct PlacedGraph {
+    /// The graph.
+    pub graph: Graph,
+    /// The parallel settings.
+    pub config: ParallelConfig,
+    /// The devices of the stage, one axis `dp`.
+    pub stage: Mesh,
+    /// One placement per node, by [`NodeId`].
+    pub nodes: Vec<NodePlacement>,
+    /// The layout of every input and parameter, by [`ValueId`] (`None` for intermediates).
+    pub leaves: Vec<Option<TensorLayout>>,
+}
+
+impl PlacedGraph {
+    /// The layout a value is produced in: a leaf's layout, or its producer's delivered layout.
+    pub fn produced(&self, value: ValueId) -> DistLayout {
+        match self.graph.values()[value.0].producer {
+            Some((node, j)) => self.nodes[node.0].delivered(j),
+            None => self.leaves[value.0]
+                .clone()
+                .expect("every leaf is laid out")
+                .into(),
+        }
+    }
+
+    /// The layout a value lives in once its pending sums are resolved.
+    pub fn home(&self, value: ValueId) -> TensorLayout {
+        self.produced(value).layout().clone()
+    }
+}
+
+/// The value `v` is the gradient (or a contribution to the gradient) of, if any.
+pub fn gradient_target(graph: &Graph, v: ValueId) -> Option<ValueId> {
+    let (node, j) = graph.values()[v.0].producer?;
+    let node = &graph.nodes()[node.0];
+    match &node.role {
+        NodeRole::Forward => None,
+        NodeRole::Backward(grad_of) => {
+            let forward = &graph.nodes()[grad_of.forward.0];
+            grad_of.wrt.get(j).copied().flatten().map(|i| forward.inputs[i])
+        }
+        NodeRole::Accumulate { value } | NodeRole::Seed { value } => Some(*value),
+    }
+}
+
+/// The layout of graph input number `index` under the dataset strategy.
+fn input_layout(
+    config: &ParallelConfig,
+    stage: &Mesh,
+    shape: &[usize],
+    index: usize,
+    name: &str,
+) -> Result<TensorLayout, ParallelError> {
+    let devices = stage.n_devices();
+    let setting_error = |reason: String| ParallelError::Setting {
+        setting: "dataset_strategy",
+        reason,
+    };
+    let strategy: Vec<usize> = match (&config.dataset_strategy, config.mode) {
+        (_, ParallelMode::StandAlone) => vec![1; shape.len()],
+        (DatasetStrategy::FullBatch, _) => vec![1; shape.len()],
+        (DatasetStrategy::DataParallel, _) => {
+            let mut s = vec![1; shape.len()];
+            if let Some(d0) = s.first_mut() {
+                if shape[0] % devices != 0 {
+                    return Err(setting_error(format!(
+                        "data_parallel splits dim 0 of input {name} (shape {shape:?}) over {devices} \
+                         devices, but {} is not divisible by {devices}",
+                        shape[0]
+                    )));
+                }
+                *d0 = devices;
+            }
+            s
+        }
+        (DatasetStrategy::PerInput(list), _) => list.get(index).cloned().ok_or_else(|| {
+            setting_error(format!(
+                "it has {} entries but the graph has more inputs (no entry for {name})",
+                list.len()
+            ))
+        })?,
+    };
+    if strategy.len() != shape.len() {
+        return Err(setting_error(format!(
+            "the strategy {strategy:?} for input {name} has {} entries, its shape {shape:?} has {} dims",
+            strategy.len(),
+            shape.len()
+        )));
+    }
+    let names: Vec<String> = (0..shape.len()).map(|d| format!("d{d}")).collect();
+    let mesh = layout::repeated_calc_mesh(&strategy, &names, devices)
+        .map_err(|e| setting_error(format!("input {name}: {e}")))?;
+    let dims = (0..shape.len()).map(|d| vec![d]).collect();
+    Layout::from_mesh(mesh, dims)
+        .map(|l| l.normalized())
+        .and_then(|l| l.bind(shape))
+        .map_err(|e| setting_error(format!("input {name}: {e}")))
+}
+
+/// Places every node of `graph` under `config`.
+pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, ParallelError> {
+    let devices = config.effective_devices();
+    if devices == 0 {
+        return Err(ParallelError::Setting {
+            setting: "devices",
+            reason: "at least one device is needed".to_string(),
+        });
+    }
+    if config.mode == ParallelMode::SemiAuto {
+        for name in config.strategies.keys() {
+            if graph.node_by_name(name).is_none() {
+                let known: Vec<&str> = graph
+                    .nodes()
+                    .iter()
+                    .filter(|n| n.role == NodeRole::Forward)
+                    .map(|n| n.name.as_str())
+                    .collect();
+                return Err(ParallelError::UnknownOp {
+                    op: name.clone(),
+                    known: known.join(", "),
+                });
+            }
+        }
+    }
+    let stage = strategy::device_mesh(devices);
+    let mut leaves: Vec<Option<TensorLayout>> = vec![None; graph.values().len()];
+    for (index, &v) in graph.inputs().iter().enumerate() {
+        let value = &graph.values()[v.0];
+        leaves[v.0] = Some(input_layout(config, &stage, &value.shape, index, &value.name)?);
+    }
+    let mut placed = PlacedGraph {
+        graph: graph.clone(),
+        config: config.clone(),
+        stage: stage.clone(),
+        nodes: Vec::with_capacity(graph.nodes().len()),
+        leaves,
+    };
+    for node in graph.nodes() {
+        let ctx = OpContext::of(graph, node);
+        let placement = match &node.role {
+            NodeRole::Forward => place_forward(&ctx, node, config, devices, &placed)?,
+            NodeRole::Backward(grad_of) => {
+                let forward = &graph.nodes()[grad_of.forward.0];
+                let fwd_place = &placed.nodes[grad_of.forward.0];
+                let inputs: Vec<TensorLayout> = node
+                    .inputs
+                    .iter()
+                    .map(|&v| backward_need(&placed, forward, fwd_place, v))
+                    .collect();
+                let outputs = infer::output_layouts(&ctx, &inputs, &stage)?;
+                NodePlacement {
+                    strategy: None,
+                    source: StrategySource::Backward(grad_of.forward),
+                    inputs,
+                    outputs,
+                    out_layouts: None,
+                }
+            }
+            NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
+                let home = value_layout(&placed, *value);
+                let inputs = vec![home.clone(); node.inputs.len()];
+                let outputs = if inputs.is_empty() {
+                    // A seed: the constant in the layout of the value it is the gradient of.
+                    vec![home.into()]
+                } else {
+                    infer::output_layouts(&ctx, &inputs, &stage)?
+                };
+                NodePlacement {
+                    strategy: None,
+                    source: StrategySource::Gradient,
+                    inputs,
+                    outputs,
+                    out_layouts: None,
+                }
+            }
+        };
+        // A parameter takes the layout its first forward consumer needs.
+        if node.role == NodeRole::Forward {
+            for (&v, need) in node.inputs.iter().zip(&placement.inputs) {
+                if matches!(graph.values()[v.0].kind, ValueKind::Parameter { .. })
+                    && placed.leaves[v.0].is_none()
+                {
+                    placed.leaves[v.0] = Some(need.clone());
+                }
+            }
+        }
+        placed.nodes.push(placement);
+    }
+    // Parameters no forward node reads are replicated.
+    for &p in &graph.parameters() {
+        if placed.leaves[p.0].is_none() {
+            let shape = &graph.values()[p.0].shape;
+            placed.leaves[p.0] = Some(TensorLayout::replicated(stage.clone(), shape));
+        }
+    }
+    Ok(placed)
+}
+
+/// The layout a value has for its consumers: a parameter not yet laid out is replicated.
+fn value_layout(placed: &PlacedGraph, v: ValueId) -> TensorLayout {
+    let value = &placed.graph.values()[v.0];
+    match value.producer {
+        Some(_) => placed.home(v),
+        None => placed.leaves[v.0]
+            .clone()
+            .unwrap_or_else(|| TensorLayout::replicated(placed.stage.clone(), &value.shape)),
+    }
+}
+
+/// What a backward node of `forward` needs of its input `v`.
+fn backward_need(
+    placed: &PlacedGraph,
+    forward: &Node,
+    fwd_place: &NodePlacement,
+    v: ValueId,
+) -> TensorLayout {
+    let as_forward = |u: ValueId| -> Option<TensorLayout> {
+        if let Some(i) = forward.inputs.iter().position(|&x| x == u) {
+            return Some(fwd_place.inputs[i].clone());
+        }
+        forward
+            .outputs
+            .iter()
+            .position(|&x| x == u)
+            .map(|j| fwd_place.outputs[j].layout().clone())
+    };
+    as_forward(v)
+        .or_else(|| gradient_target(&placed.graph, v).and_then(as_forward))
+        .unwrap_or_else(|| value_layout(placed, v))
+}
+
+/// Places a forward node from its strategy.
+fn place_forward(
+    ctx: &OpContext<'_>,
+    node: &Node,
+    config: &ParallelConfig,
+    devices: usize,
+    placed: &PlacedGraph,
+) -> Result<NodePlacement, ParallelError> {
+    if node.inputs.is_empty() {
+        let outputs = infer::output_layouts(ctx, &[], &placed.stage)?;
+        return Ok(NodePlacement {
+            strategy: None,
+            source: StrategySource::Default,
+            inputs: Vec::new(),
+            outputs,
+            out_layouts: None,
+        });
+    }
+    let user = match config.mode {
+        ParallelMode::SemiAuto => config.strategies.get(&node.name),
+        _ => None,
+    };
+    let (strategy_tuples, source) = match (config.mode, user) {
+        (ParallelMode::StandAlone, _) => (
+            ctx.input_shapes.iter().map(|s| vec![1; s.len()]).collect(),
+            StrategySource::Default,
+        ),
+        (_, Some(user)) => (user.inputs.clone(), StrategySource::User),
+        (_, None) => (strategy::default_strategy(ctx, devices), StrategySource::Default),
+    };
+    let input_placement = strategy::input_layouts(ctx, &strategy_tuples, devices)?;
+    let inputs: Vec<TensorLayout> = input_placement
+        .inputs
+        .into_iter()
+        .zip(&ctx.input_shapes)
+        .map(|(l, shape)| l.bind(shape).map_err(|e| ctx.layout_error(e)))
+        .collect::<Result<_, _>>()?;
+    let outputs = infer::output_layouts(ctx, &inputs, &placed.stage)?;
+    let out_layouts = match user.and_then(|u| u.outputs.as_ref()) {
+        None => None,
+        Some(out_strategy) => Some(out_strategy_layouts(ctx, &strategy_tuples, out_strategy, &outputs)?),
+    };
+    Ok(NodePlacement {
+        strategy: Some(strategy_tuples),
+        source,
+        inputs,
+        outputs,
+        out_layouts,
+    })
+}
+
+/// The layouts an `out_strategy` asks for: each output dim split by its natural axes, then, when
+/// the factor asks for more, by the output's pending-sum axes (a reduce-scatter instead of an
+/// all-reduce, MindSpore's `forward_reduce_scatter`).
+fn out_strategy_layouts(
+    ctx: &OpContext<'_>,
+    in_strategy: &[Vec<usize>],
+    out_strategy: &[Vec<usize>],
+    outputs: &[DistLayout],
+) -> Result<Vec<TensorLayout>, ParallelError> {
+    if out_strategy.len() != outputs.len() {
+        return Err(ctx.invalid(
+            in_strategy,
+            format!(
+                "out_strategy has {} entries but the op has {} outputs",
+                out_strategy.len(),
+                outputs.len()
+            ),
+        ));
+    }
+    let mut layouts = Vec::with_capacity(outputs.len());
+    for (j, (factors, out)) in out_strategy.iter().zip(outputs).enumerate() {
+        let t = out.layout();
+        let mesh = t.mesh();
+        if factors.len() != t.shape().len() {
+            return Err(ctx.invalid(
+                in_strategy,
+                format!("out_strategy {factors:?} for output {j} must have one entry per dim of {:?}", t.shape()),
+            ));
+        }
+        let mut spare: Vec<usize> = out.partial_axes().to_vec();
+        let mut dims = t.dims().to_vec();
+        for (d, &f) in factors.iter().enumerate() {
+            let natural: usize = dims[d].iter().map(|&a| mesh.axis_size(a)).product();
+            if f == natural {
+                continue;
+            }
+            let partial: usize = spare.iter().map(|&a| mesh.axis_size(a)).product();
+            if !spare.is_empty() && f == natural * partial {
+                dims[d].append(&mut spare);
+                continue;
+            }
+            let mut allowed = vec![natural];
+            if !spare.is_empty() {
+                allowed.push(natural * partial);
+            }
+            return Err(ctx.invalid(
+                in_strategy,
+                format!(
+                    "out_strategy {factors:?}: dim {d} of output {j} can only be split {allowed:?} ways with this in_strategy"
+                ),
+            ));
+        }
+        let layout = Layout::from_mesh(mesh.clone(), dims)
+            .and_then(|l| l.bind(t.shape()))
+            .map_err(|e| ctx.layout_error(e))?;
+        layouts.push(layout);
+    }
+    Ok(layouts)
+}
+
+/// Whether a node is a forward op a user may annotate.
+pub fn is_annotatable(node: &Node) -> bool {
+    node.role == NodeRole::Forward && !matches!(node.op, Op::Fill { .. })
+}

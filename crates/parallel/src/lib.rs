@@ -1,0 +1,33 @@
+//! Tessera's parallel pass: per-op sharding rules, strategies, and lowering of a training graph
+//! to the program every rank runs.
+//!
+//! # Brief overview
+//! - [`ParallelConfig`]: the mode (`stand_alone`, `data_parallel`, `semi_auto`), the device
+//!   count, per-op strategies (MindSpore's `shard(in_strategy, out_strategy)`), the dataset
+//!   strategy, `gradients_mean` and `loss_repeated_mean`.
+//! - [`rules`]: for every op, MindSpore's rule from strategy tuples to the op's device matrix and
+//!   input layouts, and the rule from input layouts to output layouts with pending sums.
+//! - [`place`]: gives every node of a graph its placement ([`PlacedGraph`]); backward nodes run on
+//!   the device matrix of the forward node they differentiate.
+//!
+//! # Architecture invariant
+//! `parallel` plans; it never executes a kernel or talks to a communicator. Its output is data:
+//! placements, reshard plans and programs that the runtime executes and `tessera train
+//! --explain` prints.
+#![deny(missing_docs)]
+
+mod assign;
+mod config;
+mod error;
+mod lower;
+pub mod rules;
+
+pub use crate::assign::{
+    gradient_target, is_annotatable, place, NodePlacement, PlacedGraph, StrategySource,
+};
+pub use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+pub use crate::error::{format_strategy, ParallelError};
+pub use crate::lower::{
+    describe_plan, lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput,
+    ProgramOutput, ProgramParam, ReshardStep, Step,
+};

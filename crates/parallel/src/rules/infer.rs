@@ -1,0 +1,326 @@
+//! From input layouts to output layouts.
+//!
+//! Every input is laid out on one mesh (the op's device matrix). An output dim is split by the
+//! axes of the input dims it comes from; a dim that is summed away (a matmul's reduction dim, a
+//! gradient's batch dim) leaves its axes as *pending-sum* axes of the output: every rank holds a
+//! partial sum, resolved by the reshard that feeds the output's consumer.
+
+use graph::Op;
+use layout::{Layout, Mesh, TensorLayout};
+use reshard::DistLayout;
+
+use super::OpContext;
+use crate::error::ParallelError;
+
+/// Builds an output layout from per-dim axes and pending-sum axes on `mesh`.
+fn output(
+    ctx: &OpContext<'_>,
+    mesh: &Mesh,
+    dims: Vec<Vec<usize>>,
+    partial: Vec<usize>,
+    shape: &[usize],
+) -> Result<DistLayout, ParallelError> {
+    let layout = Layout::from_mesh(mesh.clone(), dims)
+        .and_then(|l| l.bind(shape))
+        .map_err(|e| ctx.layout_error(e))?;
+    let partial: Vec<usize> = partial
+        .into_iter()
+        .filter(|&a| mesh.axis_size(a) > 1)
+        .collect();
+    DistLayout::partial(layout, &partial).map_err(|e| ctx.unsupported(e.to_string()))
+}
+
+/// The layouts of the outputs of `ctx`'s op when its inputs are laid out as `inputs`, all on
+/// one mesh. `stage` is the mesh used by ops without inputs.
+pub fn output_layouts(
+    ctx: &OpContext<'_>,
+    inputs: &[TensorLayout],
+    stage: &Mesh,
+) -> Result<Vec<DistLayout>, ParallelError> {
+    let mesh = match inputs.first() {
+        Some(first) => first.mesh().clone(),
+        None => stage.clone(),
+    };
+    if let Some(other) = inputs.iter().find(|l| l.mesh() != &mesh) {
+        return Err(ctx.unsupported(format!(
+            "its inputs are laid out on different meshes ({} and {})",
+            mesh,
+            other.mesh()
+        )));
+    }
+    let dims = |i: usize| inputs[i].dims().to_vec();
+    let out_shape = |j: usize| ctx.output_shapes[j];
+    let same_as = |i: usize| -> Result<Vec<DistLayout>, ParallelError> {
+        Ok(vec![output(ctx, &mesh, dims(i), Vec::new(), out_shape(0))?])
+    };
+    let require_equal = |a: usize, b: usize| -> Result<(), ParallelError> {
+        if inputs[a].dims() != inputs[b].dims() {
+            return Err(ctx.unsupported(format!(
+                "inputs {a} and {b} must be laid out alike, got {} and {}",
+                inputs[a].layout().describe_map(),
+                inputs[b].layout().describe_map()
+            )));
+        }
+        Ok(())
+    };
+    let last_unsplit = |i: usize, what: &str| -> Result<(), ParallelError> {
+        if dims(i).last().is_some_and(|axes| !axes.is_empty()) {
+            return Err(ctx.unsupported(format!("{what} (the last dim) cannot be split")));
+        }
+        Ok(())
+    };
+    match ctx.op {
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        }
+        | Op::BatchMatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (a, b) = (dims(0), dims(1));
+            let (ra, rb) = (a.len(), b.len());
+            let (rows, ka) = if *transpose_a {
+                (a[ra - 1].clone(), a[ra - 2].clone())
+            } else {
+                (a[ra - 2].clone(), a[ra - 1].clone())
+            };
+            let (kb, cols) = if *transpose_b {
+                (b[rb - 1].clone(), b[rb - 2].clone())
+            } else {
+                (b[rb - 2].clone(), b[rb - 1].clone())
+            };
+            if ka != kb {
+                return Err(ctx.unsupported(format!(
+                    "the reduction dims of its inputs are split differently ({} and {})",
+                    inputs[0].layout().describe_map(),
+                    inputs[1].layout().describe_map()
+                )));
+            }
+            let out = out_shape(0);
+            let batch = out.len() - 2;
+            let mut out_dims = Vec::with_capacity(out.len());
+            for j in 0..batch {
+                let from_a = (j + ra >= batch + 2).then(|| a[j + ra - batch - 2].clone());
+                let from_b = (j + rb >= batch + 2).then(|| b[j + rb - batch - 2].clone());
+                let axes = match (from_a, from_b) {
+                    (Some(x), Some(y)) if !x.is_empty() && !y.is_empty() && x != y => {
+                        return Err(ctx.unsupported(format!(
+                            "batch dim {j} is split differently in its inputs"
+                        )))
+                    }
+                    (Some(x), Some(y)) => {
+                        if x.is_empty() {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                    (Some(x), None) | (None, Some(x)) => x,
+                    (None, None) => Vec::new(),
+                };
+                out_dims.push(axes);
+            }
+            out_dims.push(rows);
+            out_dims.push(cols);
+            Ok(vec![output(ctx, &mesh, out_dims, ka, out)?])
+        }
+        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+            let out = out_shape(0);
+            let r = out.len();
+            let mut out_dims: Vec<Option<Vec<usize>>> = vec![None; r];
+            for (i, layout) in inputs.iter().enumerate() {
+                let shape = ctx.input_shapes[i];
+                let offset = r - shape.len();
+                for (d, axes) in layout.dims().iter().enumerate() {
+                    let j = d + offset;
+                    if shape[d] != out[j] {
+                        continue; // broadcast: replicated along j
+                    }
+                    match &out_dims[j] {
+                        Some(existing) if existing != axes => {
+                            return Err(ctx.unsupported(format!(
+                                "dim {j} is split differently in its inputs ({} and {})",
+                                inputs[0].layout().describe_map(),
+                                inputs[1].layout().describe_map()
+                            )))
+                        }
+                        _ => out_dims[j] = Some(axes.clone()),
+                    }
+                }
+            }
+            let out_dims = out_dims.into_iter().map(Option::unwrap_or_default).collect();
+            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
+        }
+        Op::Neg
+        | Op::Relu
+        | Op::Gelu { .. }
+        | Op::Tanh
+        | Op::Dropout { .. }
+        | Op::SparseSoftmaxCrossEntropyGrad { .. } => same_as(0),
+        Op::Softmax | Op::LogSoftmax => {
+            last_unsplit(0, "the softmax axis")?;
+            same_as(0)
+        }
+        Op::ReluGrad
+        | Op::GeluGrad { .. }
+        | Op::TanhGrad
+        | Op::SoftmaxGrad
+        | Op::LogSoftmaxGrad => {
+            require_equal(0, 1)?;
+            same_as(0)
+        }
+        Op::BiasAdd => {
+            let x = dims(0);
+            if dims(1).first() != x.last() {
+                return Err(ctx.unsupported(format!(
+                    "the bias must be split like the input's last dim ({} vs {})",
+                    inputs[1].layout().describe_map(),
+                    inputs[0].layout().describe_map()
+                )));
+            }
+            same_as(0)
+        }
+        Op::BiasAddGrad => {
+            let dy = dims(0);
+            let (last, rest) = dy.split_last().expect("BiasAddGrad's input has a last dim");
+            let partial = rest.iter().flatten().copied().collect();
+            Ok(vec![output(ctx, &mesh, vec![last.clone()], partial, out_shape(0))?])
+        }
+        Op::LayerNorm { .. } => {
+            last_unsplit(0, "the normalised dim")?;
+            let x = dims(0);
+            let stats: Vec<Vec<usize>> = x[..x.len() - 1].to_vec();
+            Ok(vec![
+                output(ctx, &mesh, x.clone(), Vec::new(), out_shape(0))?,
+                output(ctx, &mesh, stats.clone(), Vec::new(), out_shape(1))?,
+                output(ctx, &mesh, stats, Vec::new(), out_shape(2))?,
+            ])
+        }
+        Op::LayerNormGrad => {
+            last_unsplit(0, "the normalised dim")?;
+            let x = dims(0);
+            let partial: Vec<usize> = x.iter().flatten().copied().collect();
+            Ok(vec![
+                output(ctx, &mesh, x, Vec::new(), out_shape(0))?,
+                output(ctx, &mesh, vec![Vec::new()], partial.clone(), out_shape(1))?,
+                output(ctx, &mesh, vec![Vec::new()], partial, out_shape(2))?,
+            ])
+        }
+        Op::Flatten { .. } | Op::Reshape { .. } => {
+            let x = dims(0);
+            let in_shape = ctx.input_shapes[0];
+            let out = out_shape(0);
+            if x.iter().skip(1).any(|axes| !axes.is_empty()) {
+                return Err(ctx.unsupported(format!(
+                    "only dim 0 of its input may be split, got {}",
+                    inputs[0].layout().describe_map()
+                )));
+            }
+            let first = x.first().cloned().unwrap_or_default();
+            if !first.is_empty() && in_shape.first() != out.first() {
+                return Err(ctx.unsupported(
+                    "its input is split on dim 0 but the output does not keep dim 0",
+                ));
+            }
+            let mut out_dims = vec![Vec::new(); out.len()];
+            if let Some(d0) = out_dims.first_mut() {
+                *d0 = first;
+            }
+            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
+        }
+        Op::Transpose { perm } => {
+            let x = dims(0);
+            let out_dims = perm.iter().map(|&p| x[p].clone()).collect();
+            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out_shape(0))?])
+        }
+        Op::BroadcastTo { shape } => {
+            let x = dims(0);
+            let in_shape = ctx.input_shapes[0];
+            let offset = shape.len() - in_shape.len();
+            let out_dims = (0..shape.len())
+                .map(|j| {
+                    if j < offset || in_shape[j - offset] != shape[j] {
+                        Vec::new()
+                    } else {
+                        x[j - offset].clone()
+                    }
+                })
+                .collect();
+            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out_shape(0))?])
+        }
+        Op::SumToShape { shape } => {
+            let x = dims(0);
+            let in_shape = ctx.input_shapes[0];
+            let offset = in_shape.len() - shape.len();
+            let mut partial = Vec::new();
+            let mut out_dims = Vec::with_capacity(shape.len());
+            for (d, axes) in x.iter().enumerate() {
+                if d < offset || shape[d - offset] != in_shape[d] {
+                    partial.extend_from_slice(axes);
+                    if d >= offset {
+                        out_dims.push(Vec::new());
+                    }
+                } else {
+                    out_dims.push(axes.clone());
+                }
+            }
+            Ok(vec![output(ctx, &mesh, out_dims, partial, out_shape(0))?])
+        }
+        Op::ReduceSum { axes, keep_dims } => {
+            let x = dims(0);
+            let reduced = |d: usize| axes.is_empty() || axes.contains(&d);
+            let mut partial = Vec::new();
+            let mut out_dims = Vec::new();
+            for (d, a) in x.iter().enumerate() {
+                if reduced(d) {
+                    partial.extend_from_slice(a);
+                    if *keep_dims {
+                        out_dims.push(Vec::new());
+                    }
+                } else {
+                    out_dims.push(a.clone());
+                }
+            }
+            Ok(vec![output(ctx, &mesh, out_dims, partial, out_shape(0))?])
+        }
+        Op::Embedding => {
+            let table = dims(0);
+            if !table[0].is_empty() {
+                return Err(ctx.unsupported(
+                    "the table's vocabulary dim cannot be split (vocabulary-parallel embedding is not supported)",
+                ));
+            }
+            let mut out_dims = dims(1);
+            out_dims.push(table[1].clone());
+            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out_shape(0))?])
+        }
+        Op::EmbeddingGrad { .. } => {
+            let ids = dims(0);
+            let dy = dims(1);
+            let partial = ids.iter().flatten().copied().collect();
+            let last = dy.last().cloned().unwrap_or_default();
+            Ok(vec![output(ctx, &mesh, vec![Vec::new(), last], partial, out_shape(0))?])
+        }
+        Op::SparseSoftmaxCrossEntropy { .. } => {
+            last_unsplit(0, "the class dim")?;
+            let logits = dims(0);
+            if dims(1).first() != logits.first() {
+                return Err(ctx.unsupported(
+                    "the labels must be split like the logits' batch dim",
+                ));
+            }
+            let partial = logits.iter().flatten().copied().collect();
+            Ok(vec![output(ctx, &mesh, Vec::new(), partial, out_shape(0))?])
+        }
+        Op::Fill { .. } => Ok(vec![output(
+            ctx,
+            &mesh,
+            vec![Vec::new(); out_shape(0).len()],
+            Vec::new(),
+            out_shape(0),
+        )?]),
+        #[allow(unreachable_patterns)]
+        other => Err(ctx.unsupported(format!("no sharding rule for {}", other.kind()))),
+    }
+}

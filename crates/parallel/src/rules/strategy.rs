@@ -1,0 +1,423 @@
+//! From strategy tuples to an op's device matrix and input layouts (MindSpore's rules,
+//! `SEMANTICS.md` §2).
+//!
+//! A strategy gives, per input, the number of pieces each dim is cut into. The op's device
+//! matrix is built from those factors in a canonical order per op kind (for MatMul
+//! `[rows, reduction, cols]`); when it uses fewer devices than there are, a repeated-calculation
+//! axis `rep` is appended on the right. Unit axes are then dropped, as MindSpore normalises.
+
+use graph::Op;
+use layout::{repeated_calc_mesh, Layout, Mesh};
+
+use super::{InputPlacement, OpContext};
+use crate::error::ParallelError;
+
+/// Builds the op's mesh from `dev_matrix` (named `names`) on `devices` devices, and the input
+/// layouts from per-input axis lists; drops unit axes.
+fn place(
+    ctx: &OpContext<'_>,
+    strategy: &[Vec<usize>],
+    dev_matrix: &[usize],
+    names: &[String],
+    devices: usize,
+    inputs: Vec<Vec<Vec<usize>>>,
+) -> Result<InputPlacement, ParallelError> {
+    let mesh = repeated_calc_mesh(dev_matrix, names, devices).map_err(|e| match e {
+        layout::LayoutError::StrategyDeviceMismatch { used, device_num, .. } => ctx.invalid(
+            strategy,
+            format!("it uses {used} devices, which does not divide the {device_num} devices"),
+        ),
+        other => ctx.layout_error(other),
+    })?;
+    let layouts = inputs
+        .into_iter()
+        .map(|dims| {
+            Layout::from_mesh(mesh.clone(), dims)
+                .map(|l| l.normalized())
+                .map_err(|e| ctx.layout_error(e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mesh = layouts
+        .first()
+        .map_or_else(|| mesh.without_unit_axes().0, |l| l.mesh().clone());
+    Ok(InputPlacement {
+        mesh,
+        inputs: layouts,
+    })
+}
+
+/// Checks that every factor divides its dim.
+fn check_divides(
+    ctx: &OpContext<'_>,
+    strategy: &[Vec<usize>],
+) -> Result<(), ParallelError> {
+    if strategy.len() != ctx.input_shapes.len() {
+        return Err(ctx.invalid(
+            strategy,
+            format!(
+                "it has {} entries but the op has {} inputs",
+                strategy.len(),
+                ctx.input_shapes.len()
+            ),
+        ));
+    }
+    for (i, (s, shape)) in strategy.iter().zip(&ctx.input_shapes).enumerate() {
+        if s.len() != shape.len() {
+            return Err(ctx.invalid(
+                strategy,
+                format!(
+                    "input {i} has {} dims ({shape:?}) but its strategy has {} entries",
+                    shape.len(),
+                    s.len()
+                ),
+            ));
+        }
+        for (d, (&f, &size)) in s.iter().zip(shape.iter()).enumerate() {
+            if f == 0 || size % f != 0 {
+                return Err(ctx.invalid(
+                    strategy,
+                    format!("dim {d} of input {i} has size {size}, which {f} does not divide"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The layouts of every input of `ctx`'s op under `strategy` on `devices` devices.
+pub fn input_layouts(
+    ctx: &OpContext<'_>,
+    strategy: &[Vec<usize>],
+    devices: usize,
+) -> Result<InputPlacement, ParallelError> {
+    check_divides(ctx, strategy)?;
+    let s = strategy;
+    match ctx.op {
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (a, ka) = if *transpose_a { (s[0][1], s[0][0]) } else { (s[0][0], s[0][1]) };
+            let (kb, c) = if *transpose_b { (s[1][1], s[1][0]) } else { (s[1][0], s[1][1]) };
+            if ka != kb {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "the split of the first input's reduction dim ({ka}) must equal the \
+                         second's ({kb})"
+                    ),
+                ));
+            }
+            let (m, k, n) = (vec![0], vec![1], vec![2]);
+            let a_dims = if *transpose_a { vec![k.clone(), m] } else { vec![m, k.clone()] };
+            let b_dims = if *transpose_b { vec![n, k] } else { vec![k, n] };
+            place(
+                ctx,
+                s,
+                &[a, ka, c],
+                &["m".into(), "k".into(), "n".into()],
+                devices,
+                vec![a_dims, b_dims],
+            )
+        }
+        Op::BatchMatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (ra, rb) = (s[0].len(), s[1].len());
+            let batch = ra.max(rb) - 2;
+            let mut dev = Vec::with_capacity(batch + 3);
+            // Batch dims, right-aligned; a broadcast (size-1) dim must not be split.
+            for j in 0..batch {
+                let fa = (j + ra >= batch + 2).then(|| s[0][j + ra - batch - 2]);
+                let fb = (j + rb >= batch + 2).then(|| s[1][j + rb - batch - 2]);
+                let size_a = (j + ra >= batch + 2).then(|| ctx.input_shapes[0][j + ra - batch - 2]);
+                let size_b = (j + rb >= batch + 2).then(|| ctx.input_shapes[1][j + rb - batch - 2]);
+                let f = match (fa, fb) {
+                    (Some(x), Some(y)) if size_a == size_b && x != y => {
+                        return Err(ctx.invalid(
+                            s,
+                            format!("batch dim {j} is split {x} ways in one input and {y} in the other"),
+                        ))
+                    }
+                    (Some(x), Some(y)) => x.max(y),
+                    (Some(x), None) | (None, Some(x)) => x,
+                    (None, None) => 1,
+                };
+                dev.push(f);
+            }
+            let (a, ka) = if *transpose_a { (s[0][ra - 1], s[0][ra - 2]) } else { (s[0][ra - 2], s[0][ra - 1]) };
+            let (kb, c) = if *transpose_b { (s[1][rb - 1], s[1][rb - 2]) } else { (s[1][rb - 2], s[1][rb - 1]) };
+            if ka != kb {
+                return Err(ctx.invalid(
+                    s,
+                    format!("the split of the first input's reduction dim ({ka}) must equal the second's ({kb})"),
+                ));
+            }
+            dev.extend([a, ka, c]);
+            let (m, k, n) = (batch, batch + 1, batch + 2);
+            let batch_dims = |rank: usize, input: usize| -> Vec<Vec<usize>> {
+                (0..rank - 2)
+                    .map(|d| {
+                        let j = d + batch + 2 - rank;
+                        if s[input][d] > 1 { vec![j] } else { Vec::new() }
+                    })
+                    .collect()
+            };
+            let mut a_dims = batch_dims(ra, 0);
+            a_dims.extend(if *transpose_a { [vec![k], vec![m]] } else { [vec![m], vec![k]] });
+            let mut b_dims = batch_dims(rb, 1);
+            b_dims.extend(if *transpose_b { [vec![n], vec![k]] } else { [vec![k], vec![n]] });
+            let mut axis_names = names("b", batch);
+            axis_names.extend(["m".to_string(), "k".to_string(), "n".to_string()]);
+            place(ctx, s, &dev, &axis_names, devices, vec![a_dims, b_dims])
+        }
+        Op::Add | Op::Sub | Op::Mul | Op::Div => broadcast_binary(ctx, s, devices),
+        Op::BiasAdd => {
+            let r = s[0].len();
+            if s[1][0] != s[0][r - 1] {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "the bias must be split like the last dim of the input ({} ways), not {}",
+                        s[0][r - 1],
+                        s[1][0]
+                    ),
+                ));
+            }
+            let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+            place(ctx, s, &s[0], &names("d", r), devices, vec![dims, vec![vec![r - 1]]])
+        }
+        Op::Softmax | Op::LogSoftmax => {
+            let r = s[0].len();
+            if r > 0 && s[0][r - 1] != 1 {
+                return Err(ctx.invalid(s, "the last dim (the softmax axis) cannot be split"));
+            }
+            elementwise(ctx, s, devices)
+        }
+        Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Neg | Op::Dropout { .. } => {
+            elementwise(ctx, s, devices)
+        }
+        Op::Transpose { .. } | Op::ReduceSum { .. } => elementwise(ctx, s, devices),
+        Op::LayerNorm { .. } => {
+            let r = s[0].len();
+            if s[0][r - 1] != 1 {
+                return Err(ctx.invalid(s, "the normalised (last) dim cannot be split"));
+            }
+            if s[1] != [1] || s[2] != [1] {
+                return Err(ctx.invalid(s, "gamma and beta cannot be split"));
+            }
+            let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+            place(
+                ctx,
+                s,
+                &s[0],
+                &names("d", r),
+                devices,
+                vec![dims, vec![Vec::new()], vec![Vec::new()]],
+            )
+        }
+        Op::Flatten { .. } | Op::Reshape { .. } => {
+            if s[0].iter().skip(1).any(|&f| f != 1) {
+                return Err(ctx.invalid(s, "only dim 0 can be split"));
+            }
+            let in0 = ctx.input_shapes[0].first().copied();
+            let out0 = ctx.output_shapes[0].first().copied();
+            if s[0].first().is_some_and(|&f| f > 1) && in0 != out0 {
+                return Err(ctx.invalid(
+                    s,
+                    "dim 0 can be split only when the output keeps it (same size)",
+                ));
+            }
+            elementwise(ctx, s, devices)
+        }
+        Op::Embedding => {
+            if s[0][0] != 1 {
+                return Err(ctx.invalid(
+                    s,
+                    "the table's vocabulary dim cannot be split (vocabulary-parallel embedding is not supported)",
+                ));
+            }
+            let ri = s[1].len();
+            let mut dev = s[1].clone();
+            dev.push(s[0][1]);
+            let table = vec![Vec::new(), vec![ri]];
+            let ids = (0..ri).map(|d| vec![d]).collect();
+            let mut axis_names = names("d", ri);
+            axis_names.push("e".to_string());
+            place(ctx, s, &dev, &axis_names, devices, vec![table, ids])
+        }
+        Op::SparseSoftmaxCrossEntropy { .. } => {
+            if s[0][1] != 1 {
+                return Err(ctx.invalid(s, "the class dim of the logits cannot be split"));
+            }
+            if s[1][0] != s[0][0] {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "the labels must be split like the logits' batch dim ({} ways), not {}",
+                        s[0][0], s[1][0]
+                    ),
+                ));
+            }
+            place(
+                ctx,
+                s,
+                &[s[0][0]],
+                &["d0".to_string()],
+                devices,
+                vec![vec![vec![0], Vec::new()], vec![vec![0]]],
+            )
+        }
+        other => Err(ctx.unsupported(format!(
+            "a {} op cannot be given a strategy (it is placed from its inputs)",
+            other.kind()
+        ))),
+    }
+}
+
+/// Unary and single-input ops: the device matrix is the strategy itself.
+fn elementwise(
+    ctx: &OpContext<'_>,
+    s: &[Vec<usize>],
+    devices: usize,
+) -> Result<InputPlacement, ParallelError> {
+    let r = s[0].len();
+    let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+    place(ctx, s, &s[0], &names("d", r), devices, vec![dims])
+}
+
+/// Broadcasting binary ops: the device matrix is the output's per-dim split.
+fn broadcast_binary(
+    ctx: &OpContext<'_>,
+    s: &[Vec<usize>],
+    devices: usize,
+) -> Result<InputPlacement, ParallelError> {
+    let out = ctx.output_shapes[0];
+    let r = out.len();
+    let mut dev = vec![1; r];
+    for (i, (st, shape)) in s.iter().zip(&ctx.input_shapes).enumerate() {
+        let offset = r - shape.len();
+        for (d, (&f, &size)) in st.iter().zip(shape.iter()).enumerate() {
+            let j = d + offset;
+            if size != out[j] {
+                if f != 1 {
+                    return Err(ctx.invalid(
+                        s,
+                        format!("input {i} is broadcast along dim {j}, so it cannot be split there"),
+                    ));
+                }
+                continue;
+            }
+            if dev[j] != 1 && f != dev[j] {
+                return Err(ctx.invalid(
+                    s,
+                    format!("dim {j} is split {} ways in one input and {f} in another", dev[j]),
+                ));
+            }
+            dev[j] = f;
+        }
+    }
+    let inputs = ctx
+        .input_shapes
+        .iter()
+        .zip(s)
+        .map(|(shape, st)| {
+            let offset = r - shape.len();
+            (0..shape.len())
+                .map(|d| {
+                    let j = d + offset;
+                    if shape[d] == out[j] && st[d] > 1 {
+                        vec![j]
+                    } else if shape[d] == out[j] && dev[j] > 1 {
+                        // Same-size dim left unsplit in this input while the other splits it.
+                        vec![usize::MAX]
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect::<Vec<Vec<usize>>>()
+        })
+        .collect::<Vec<_>>();
+    if inputs.iter().flatten().flatten().any(|&a| a == usize::MAX) {
+        return Err(ctx.invalid(
+            s,
+            "inputs of the same size along a dim must be split the same way there",
+        ));
+    }
+    place(ctx, s, &dev, &names("d", r), devices, inputs)
+}
+
+/// MindSpore's default for an op without a user strategy: data parallel, dim 0 of every input
+/// whose dim 0 is the batch (the output's dim 0) split over the devices, everything else whole.
+/// Ops whose batch dim does not divide by the device count are split by the largest divisor.
+pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> {
+    let batch = ctx
+        .output_shapes
+        .first()
+        .and_then(|s| s.first().copied())
+        .unwrap_or(1);
+    let split = largest_divisor_at_most(batch, devices);
+    let batch_split = |shape: &[usize], is_batch: bool| -> Vec<usize> {
+        let mut st = vec![1; shape.len()];
+        if is_batch && !shape.is_empty() {
+            st[0] = split;
+        }
+        st
+    };
+    match ctx.op {
+        Op::MatMul { transpose_a, .. } | Op::BatchMatMul { transpose_a, .. }
+            if *transpose_a && ctx.input_shapes[0].len() == 2 =>
+        {
+            // A transposed A has its rows in dim 1.
+            let mut a = vec![1; 2];
+            a[1] = split;
+            vec![a, vec![1; ctx.input_shapes[1].len()]]
+        }
+        Op::MatMul { .. } | Op::BatchMatMul { .. } => vec![
+            batch_split(ctx.input_shapes[0], true),
+            vec![1; ctx.input_shapes[1].len()],
+        ],
+        Op::Embedding => vec![vec![1, 1], batch_split(ctx.input_shapes[1], true)],
+        Op::SparseSoftmaxCrossEntropy { .. } => {
+            let b = largest_divisor_at_most(ctx.input_shapes[0][0], devices);
+            vec![vec![b, 1], vec![b]]
+        }
+        Op::LayerNorm { .. } => vec![
+            batch_split(ctx.input_shapes[0], ctx.input_shapes[0].len() > 1),
+            vec![1],
+            vec![1],
+        ],
+        Op::Softmax | Op::LogSoftmax => {
+            vec![batch_split(ctx.input_shapes[0], ctx.input_shapes[0].len() > 1)]
+        }
+        _ => {
+            let single_input = ctx.input_shapes.len() == 1;
+            let r = ctx.output_shapes.first().map_or(0, |s| s.len());
+            ctx.input_shapes
+                .iter()
+                .map(|shape| {
+                    // A single-input op (Flatten, Reshape, …) keeps the batch in dim 0 even when
+                    // its rank changes; a broadcasting op's lower-rank input is not batched.
+                    let same_rank = shape.len() == r || single_input;
+                    let is_batch = same_rank && !shape.is_empty() && shape[0] == batch;
+                    batch_split(shape, is_batch)
+                })
+                .collect()
+        }
+    }
+}
+
+/// The largest divisor of `n` that is at most `limit` (at least 1).
+pub fn largest_divisor_at_most(n: usize, limit: usize) -> usize {
+    (1..=limit.min(n).max(1)).rev().find(|d| n % d == 0).unwrap_or(1)
+}
+
+/// A mesh of `devices` ranks in one axis named `dp`, the devices of a stage.
+pub fn device_mesh(devices: usize) -> Mesh {
+    Mesh::line("dp", devices).expect("a positive device count")
+}

@@ -1,0 +1,472 @@
+//! Executing a plan over a communicator.
+//!
+//! Every rank runs the same plan. A partial source is summed within its groups first
+//! (all-reduce or reduce-scatter); then each rank copies what it already holds, and the
+//! network transfers run as the collectives [`lower`] found: an all-gather, an all-to-all, or a
+//! variable-sized exchange within each independent group of ranks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use comm::{Buf, BufMut, Communicator, ReduceOp};
+use layout::{SliceBox, TensorLayout};
+use tensor::region::{copy_region, Placement};
+use tensor::{DType, Tensor};
+
+use crate::error::ReshardError;
+use crate::lower::{lower, Exchange, ExchangeKind};
+use crate::partial::{DistLayout, ReduceKind};
+use crate::plan::{plan_from, ReshardPlan, Transfer};
+
+/// Runs plans on one rank, keeping the sub-group communicators it creates so repeated reshards
+/// (every training step) do not create groups again.
+///
+/// The communicator is the world: its rank numbers are the device ranks the layouts use.
+#[derive(Debug)]
+pub struct ReshardRunner {
+    world: Arc<dyn Communicator>,
+    groups: HashMap<Vec<usize>, Box<dyn Communicator>>,
+}
+
+impl ReshardRunner {
+    /// A runner for this rank of `world`.
+    pub fn new(world: Arc<dyn Communicator>) -> ReshardRunner {
+        ReshardRunner {
+            world,
+            groups: HashMap::new(),
+        }
+    }
+
+    /// This rank (a device rank of the layouts).
+    pub fn rank(&self) -> usize {
+        self.world.rank()
+    }
+
+    /// The world communicator.
+    pub fn world(&self) -> &Arc<dyn Communicator> {
+        &self.world
+    }
+
+    /// The communicator of the group `ranks` (world ranks, in group order), created on first use.
+    /// Every member must ask for the same groups in the same order.
+    pub fn group(&mut self, ranks: &[usize]) -> Result<&dyn Communicator, ReshardError> {
+        if !self.groups.contains_key(ranks) {
+            let group = self.world.group(ranks)?;
+            self.groups.insert(ranks.to_vec(), group);
+        }
+        Ok(self.groups[ranks].as_ref())
+    }
+
+    /// Runs this rank's part of `plan`. `local` holds this rank's source slices, one per source
+    /// slot on this device in slot order (none when the rank is outside the source mesh); the
+    /// result holds this rank's destination slices the same way.
+    pub fn run(&mut self, plan: &ReshardPlan, local: Vec<Tensor>) -> Result<Vec<Tensor>, ReshardError> {
+        let dst = plan.dst();
+        let mut out: Vec<Tensor> = device_slots(dst, self.rank())
+            .iter()
+            .map(|_| Tensor::zeros(plan.dtype(), dst.slice_shape()))
+            .collect();
+        let refs: Vec<&Tensor> = local.iter().collect();
+        self.run_into(plan, &refs, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`ReshardRunner::run`], writing into `out` (this rank's destination slices, already
+    /// allocated with the destination slice shape and the plan's dtype) and reading `local`
+    /// without taking it. Every element of `out` is overwritten. A training step reshards into
+    /// the same buffers every time, so nothing is allocated but the messages.
+    pub fn run_into(
+        &mut self,
+        plan: &ReshardPlan,
+        local: &[&Tensor],
+        out: &mut [Tensor],
+    ) -> Result<(), ReshardError> {
+        let me = self.rank();
+        let dtype = plan.dtype();
+        let src_slots = device_slots(plan.src().layout(), me);
+        check_inputs(plan.src().layout(), &src_slots, local, dtype)?;
+        let dst = plan.dst();
+        let dst_slots = device_slots(dst, me);
+        check_inputs(dst, &dst_slots, &out.iter().collect::<Vec<_>>(), dtype)?;
+        let reduced: Vec<Tensor>;
+        let held: Vec<(usize, &Tensor)> = match plan.reduce() {
+            Some(step) => {
+                let owned: Vec<(usize, Tensor)> = src_slots
+                    .iter()
+                    .zip(local)
+                    .map(|(&s, t)| (s, (*t).clone()))
+                    .collect();
+                reduced = self
+                    .reduce(plan, step.kind.clone(), owned)?
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .collect();
+                src_slots.iter().copied().zip(reduced.iter()).collect()
+            }
+            None => src_slots.iter().copied().zip(local.iter().copied()).collect(),
+        };
+        let from = plan.moved_from();
+        let mut out: Vec<(usize, &mut Tensor)> = dst_slots.iter().copied().zip(out.iter_mut()).collect();
+        // Local copies.
+        for t in plan.transfers().iter().filter(|t| t.is_local() && t.dst_rank == me) {
+            let (_, src) = held
+                .iter()
+                .find(|(s, _)| *s == t.src_slot)
+                .expect("a local transfer reads a slot of this device");
+            let (_, dst_tensor) = out
+                .iter_mut()
+                .find(|(s, _)| *s == t.dst_slot)
+                .expect("a local transfer writes a slot of this device");
+            copy_piece(
+                src,
+                &from.slot_box(t.src_slot),
+                dst_tensor,
+                &dst.slot_box(t.dst_slot),
+                &t.region,
+            );
+        }
+        // Network transfers, one exchange per independent group.
+        if let Some(exchange) = lower(plan).into_iter().find(|e| e.ranks.contains(&me)) {
+            self.exchange(plan, &exchange, &held, &mut out)?;
+        }
+        Ok(())
+    }
+
+    /// Sums the partial source within its groups; returns the slices of the reduction's result.
+    fn reduce(
+        &mut self,
+        plan: &ReshardPlan,
+        kind: ReduceKind,
+        held: Vec<(usize, Tensor)>,
+    ) -> Result<Vec<(usize, Tensor)>, ReshardError> {
+        let src = plan.src();
+        let mesh = src.layout().mesh();
+        let step = plan.reduce().expect("called with a reduce step");
+        let mut out = Vec::with_capacity(held.len());
+        for (slot, mut tensor) in held {
+            let group_slots = step
+                .slot_groups
+                .iter()
+                .find(|g| g.contains(&slot))
+                .expect("every slot is in one partial group");
+            let ranks: Vec<usize> = group_slots.iter().map(|&s| mesh.device_of_slot(s)).collect();
+            let mut unique = ranks.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            if unique.len() != ranks.len() {
+                return Err(ReshardError::Unsupported {
+                    what: format!(
+                        "a pending sum over an interleaved axis ({src}): one device holds two of its parts"
+                    ),
+                });
+            }
+            let group = self.group(&ranks)?;
+            match kind {
+                ReduceKind::AllReduce => {
+                    group.all_reduce(&mut tensor, ReduceOp::Sum)?;
+                    out.push((slot, tensor));
+                }
+                ReduceKind::ReduceScatter { dim } => {
+                    let n = ranks.len();
+                    let shape = tensor.shape().to_vec();
+                    let part_len = shape[dim] / n;
+                    // Pack the n parts along `dim` one after another, in member order.
+                    let parts: Vec<Tensor> = (0..n)
+                        .map(|j| {
+                            let mut offset = vec![0; shape.len()];
+                            offset[dim] = j * part_len;
+                            let mut extent = shape.clone();
+                            extent[dim] = part_len;
+                            tensor.extract_box(&SliceBox::new(offset, extent))
+                        })
+                        .collect::<Result<_, _>>()?;
+                    // Same-shaped parts concatenated along dim 0 lie one after another.
+                    let send = Tensor::concat(&parts, 0)?;
+                    let mut mine = Tensor::zeros(tensor.dtype(), parts[0].shape());
+                    let counts = vec![parts[0].n_elements(); n];
+                    group.reduce_scatter_v(
+                        Buf::from_tensor(&send),
+                        BufMut::from_tensor(&mut mine),
+                        &counts,
+                        ReduceOp::Sum,
+                    )?;
+                    out.push((slot, mine));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs one exchange this rank takes part in.
+    fn exchange(
+        &mut self,
+        plan: &ReshardPlan,
+        exchange: &Exchange,
+        held: &[(usize, &Tensor)],
+        out: &mut [(usize, &mut Tensor)],
+    ) -> Result<(), ReshardError> {
+        let me = self.rank();
+        let from = plan.moved_from();
+        let dst = plan.dst();
+        let elem = plan.dtype().size_in_bytes();
+        let n = exchange.ranks.len();
+        let sends_to = |peer: usize| -> Vec<&Transfer> {
+            exchange
+                .transfers
+                .iter()
+                .filter(|t| t.src_rank == me && t.dst_rank == peer)
+                .collect()
+        };
+        let receives_from = |peer: usize| -> Vec<&Transfer> {
+            exchange
+                .transfers
+                .iter()
+                .filter(|t| t.src_rank == peer && t.dst_rank == me)
+                .collect()
+        };
+        // Pack what this rank sends, peer by peer in group order (its own share, if any, first
+        // for an all-gather).
+        let pack = |transfers: &[&Transfer], buf: &mut Vec<u8>| {
+            for t in transfers {
+                let (_, src) = held
+                    .iter()
+                    .find(|(s, _)| *s == t.src_slot)
+                    .expect("a transfer reads a slot of its sender");
+                let start = buf.len();
+                buf.resize(start + t.region.n_elements() * elem, 0);
+                let zero = vec![0; t.region.ndim()];
+                let src_box = from.slot_box(t.src_slot);
+                copy_region(
+                    src.as_bytes(),
+                    Placement {
+                        shape: src.shape(),
+                        offset: &src_box.relative(&t.region).offset,
+                    },
+                    &mut buf[start..],
+                    Placement {
+                        shape: &t.region.shape,
+                        offset: &zero,
+                    },
+                    &t.region.shape,
+                    elem,
+                );
+            }
+        };
+        let unpack = |transfers: &[&Transfer], bytes: &[u8], out: &mut [(usize, &mut Tensor)]| {
+            let mut pos = 0;
+            for t in transfers {
+                let len = t.region.n_elements() * elem;
+                let (_, dst_tensor) = out
+                    .iter_mut()
+                    .find(|(s, _)| *s == t.dst_slot)
+                    .expect("a transfer writes a slot of its receiver");
+                let dst_box = dst.slot_box(t.dst_slot);
+                let zero = vec![0; t.region.ndim()];
+                let shape = dst_tensor.shape().to_vec();
+                copy_region(
+                    &bytes[pos..pos + len],
+                    Placement {
+                        shape: &t.region.shape,
+                        offset: &zero,
+                    },
+                    dst_tensor.as_bytes_mut(),
+                    Placement {
+                        shape: &shape,
+                        offset: &dst_box.relative(&t.region).offset,
+                    },
+                    &t.region.shape,
+                    elem,
+                );
+                pos += len;
+            }
+        };
+        let my_index = exchange
+            .ranks
+            .iter()
+            .position(|&r| r == me)
+            .expect("this rank is in the exchange");
+        let ranks = exchange.ranks.clone();
+        match exchange.kind {
+            ExchangeKind::AllGather => {
+                let mine = sends_to(ranks[(my_index + 1) % n]);
+                let mut send = Vec::new();
+                pack(&mine, &mut send);
+                let mut recv = vec![0u8; send.len() * n];
+                self.group(&ranks)?.all_gather_bytes(&send, &mut recv)?;
+                let chunk = send.len();
+                for (j, &peer) in ranks.iter().enumerate() {
+                    if peer != me {
+                        unpack(&receives_from(peer), &recv[j * chunk..(j + 1) * chunk], out);
+                    }
+                }
+            }
+            ExchangeKind::AllToAll => {
+                let chunk = exchange.transfers[0].region.n_elements() * elem;
+                let mut send = Vec::with_capacity(chunk * n);
+                for &peer in &ranks {
+                    if peer == me {
+                        send.resize(send.len() + chunk, 0);
+                    } else {
+                        pack(&sends_to(peer), &mut send);
+                    }
+                }
+                let mut recv = vec![0u8; chunk * n];
+                self.group(&ranks)?.all_to_all_bytes(&send, &mut recv)?;
+                for (j, &peer) in ranks.iter().enumerate() {
+                    if peer != me {
+                        unpack(&receives_from(peer), &recv[j * chunk..(j + 1) * chunk], out);
+                    }
+                }
+            }
+            ExchangeKind::PointToPoint => {
+                let mut send = Vec::new();
+                let mut send_counts = Vec::with_capacity(n);
+                let mut recv_counts = Vec::with_capacity(n);
+                for &peer in &ranks {
+                    let before = send.len();
+                    pack(&sends_to(peer), &mut send);
+                    send_counts.push(send.len() - before);
+                    recv_counts.push(
+                        receives_from(peer)
+                            .iter()
+                            .map(|t| t.region.n_elements() * elem)
+                            .sum(),
+                    );
+                }
+                let mut recv = vec![0u8; recv_counts.iter().sum()];
+                self.group(&ranks)?
+                    .all_to_all_v_bytes(&send, &send_counts, &mut recv, &recv_counts)?;
+                let mut pos = 0;
+                for (j, &peer) in ranks.iter().enumerate() {
+                    unpack(&receives_from(peer), &recv[pos..pos + recv_counts[j]], out);
+                    pos += recv_counts[j];
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tensor spread over ranks: its run-time layout and this rank's slices of it.
+#[derive(Debug, Clone)]
+pub struct DistTensor {
+    layout: DistLayout,
+    local: Vec<Tensor>,
+}
+
+impl DistTensor {
+    /// This rank's slices (one per slot of this device, in slot order) of a tensor laid out as
+    /// `layout`.
+    pub fn new(layout: DistLayout, local: Vec<Tensor>) -> DistTensor {
+        DistTensor { layout, local }
+    }
+
+    /// This rank's slices of `global` under `layout` (every rank slices the same global tensor;
+    /// for tests and for loading data).
+    pub fn from_global(
+        global: &Tensor,
+        layout: &TensorLayout,
+        rank: usize,
+    ) -> Result<DistTensor, ReshardError> {
+        let local = device_slots(layout, rank)
+            .into_iter()
+            .map(|s| global.extract_box(&layout.slot_box(s)))
+            .collect::<Result<_, _>>()?;
+        Ok(DistTensor {
+            layout: layout.clone().into(),
+            local,
+        })
+    }
+
+    /// The run-time layout.
+    pub fn layout(&self) -> &DistLayout {
+        &self.layout
+    }
+
+    /// This rank's slices.
+    pub fn local(&self) -> &[Tensor] {
+        &self.local
+    }
+
+    /// Takes this rank's slices.
+    pub fn into_local(self) -> Vec<Tensor> {
+        self.local
+    }
+}
+
+/// Moves `tensor` to `dst` (the user API): plans the move and runs this rank's part of it.
+/// Every rank of the source and destination meshes calls it with the same layouts.
+pub fn reshard(
+    tensor: DistTensor,
+    dst: &TensorLayout,
+    runner: &mut ReshardRunner,
+) -> Result<DistTensor, ReshardError> {
+    let dtype = tensor
+        .local
+        .first()
+        .map_or(DType::F32, |t| t.dtype());
+    let plan = plan_from(&tensor.layout, dst, dtype)?;
+    let local = runner.run(&plan, tensor.local)?;
+    Ok(DistTensor {
+        layout: dst.clone().into(),
+        local,
+    })
+}
+
+/// The slots of `layout`'s mesh on device `rank`, in slot order.
+fn device_slots(layout: &TensorLayout, rank: usize) -> Vec<usize> {
+    let mesh = layout.mesh();
+    (0..mesh.n_slots())
+        .filter(|&s| mesh.device_of_slot(s) == rank)
+        .collect()
+}
+
+fn check_inputs(
+    layout: &TensorLayout,
+    slots: &[usize],
+    local: &[&Tensor],
+    dtype: DType,
+) -> Result<(), ReshardError> {
+    if local.len() != slots.len() {
+        return Err(ReshardError::LocalMismatch {
+            reason: format!(
+                "this rank holds {} slots of {layout} but {} slices were given",
+                slots.len(),
+                local.len()
+            ),
+        });
+    }
+    for t in local {
+        if t.shape() != layout.slice_shape() || t.dtype() != dtype {
+            return Err(ReshardError::LocalMismatch {
+                reason: format!(
+                    "a slice of {layout} must be {:?} {dtype}, got {:?} {}",
+                    layout.slice_shape(),
+                    t.shape(),
+                    t.dtype()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Copies `region` (global coordinates) from a slice at `src_box` to a slice at `dst_box`.
+fn copy_piece(src: &Tensor, src_box: &SliceBox, dst: &mut Tensor, dst_box: &SliceBox, region: &SliceBox) {
+    let elem = src.dtype().size_in_bytes();
+    let dst_shape = dst.shape().to_vec();
+    copy_region(
+        src.as_bytes(),
+        Placement {
+            shape: src.shape(),
+            offset: &src_box.relative(region).offset,
+        },
+        dst.as_bytes_mut(),
+        Placement {
+            shape: &dst_shape,
+            offset: &dst_box.relative(region).offset,
+        },
+        &region.shape,
+        elem,
+    );
+}

@@ -1,0 +1,234 @@
+//! Pending sums: a source whose values still need adding up over some mesh axes.
+//!
+//! A matmul whose reduction dim is split leaves every rank with a partial sum of its output box;
+//! the true value is the sum over the ranks that differ only along the split axes. Such a value
+//! exists only at run time (DESIGN: "A pending reduction (`Partial`) exists at run time only"), so
+//! it lives here and not in `layout`.
+
+use layout::{Layout, LayoutError, TensorLayout};
+
+use crate::error::ReshardError;
+use crate::plan::lower_bound_elements;
+
+/// A run-time tensor layout: a [`TensorLayout`] plus the mesh axes over which its values are
+/// pending a sum. With no partial axes it is just the layout.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DistLayout {
+    layout: TensorLayout,
+    partial_axes: Vec<usize>,
+}
+
+impl DistLayout {
+    /// `layout` with values pending a sum over `partial_axes`. Those axes must be mesh axes the
+    /// layout does not use to split any dim (a split axis cannot also be summed over).
+    pub fn partial(layout: TensorLayout, partial_axes: &[usize]) -> Result<DistLayout, ReshardError> {
+        let mut axes = partial_axes.to_vec();
+        axes.sort_unstable();
+        axes.dedup();
+        let unused = layout.layout().unused_axes();
+        for &axis in &axes {
+            if axis >= layout.mesh().n_axes() {
+                return Err(ReshardError::Layout(LayoutError::AxisOutOfRange {
+                    index: axis,
+                    n_axes: layout.mesh().n_axes(),
+                }));
+            }
+            if !unused.contains(&axis) {
+                return Err(ReshardError::PartialAxisSplits {
+                    axis: layout.mesh().axis_name(axis).to_string(),
+                    layout: layout.to_string(),
+                });
+            }
+        }
+        Ok(DistLayout {
+            layout,
+            partial_axes: axes,
+        })
+    }
+
+    /// The layout's placement (each slot's box).
+    pub fn layout(&self) -> &TensorLayout {
+        &self.layout
+    }
+
+    /// The mesh axes pending a sum, ascending; empty when the values are final.
+    pub fn partial_axes(&self) -> &[usize] {
+        &self.partial_axes
+    }
+
+    /// Whether some values are pending a sum.
+    pub fn is_partial(&self) -> bool {
+        !self.partial_axes.is_empty()
+    }
+
+    /// Number of ranks whose values add up to one element.
+    pub fn partial_count(&self) -> usize {
+        self.partial_axes
+            .iter()
+            .map(|&a| self.layout.mesh().axis_size(a))
+            .product()
+    }
+
+    /// The groups of slots whose values add up (one group per distinct box and replica), each in
+    /// row-major order over the partial axes.
+    pub fn partial_slot_groups(&self) -> Vec<Vec<usize>> {
+        let mesh = self.layout.mesh();
+        let mut done = vec![false; mesh.n_slots()];
+        let mut groups = Vec::new();
+        for slot in 0..mesh.n_slots() {
+            if done[slot] {
+                continue;
+            }
+            let group = mesh.slots_varying(slot, &self.partial_axes);
+            for &s in &group {
+                done[s] = true;
+            }
+            groups.push(group);
+        }
+        groups
+    }
+}
+
+impl From<TensorLayout> for DistLayout {
+    fn from(layout: TensorLayout) -> DistLayout {
+        DistLayout {
+            layout,
+            partial_axes: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for DistLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.layout)?;
+        if self.is_partial() {
+            let names: Vec<&str> = self
+                .partial_axes
+                .iter()
+                .map(|&a| self.layout.mesh().axis_name(a))
+                .collect();
+            write!(f, " pending sum over {}", names.join("+"))?;
+        }
+        Ok(())
+    }
+}
+
+/// How a pending sum is resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReduceKind {
+    /// Every member of a group gets the whole summed box.
+    AllReduce,
+    /// Each member gets the sum of one part of the box: the partial axes become inner splits of
+    /// tensor dim `dim`.
+    ReduceScatter {
+        /// The tensor dim the group's members split after the reduction.
+        dim: usize,
+    },
+}
+
+/// The first step of a plan from a partial source: sum within each partial group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReduceStep {
+    /// All-reduce or reduce-scatter.
+    pub kind: ReduceKind,
+    /// The partial groups as slots of the source mesh, each in member order.
+    pub slot_groups: Vec<Vec<usize>>,
+    /// The placement after the step, with no pending sum.
+    pub result: TensorLayout,
+}
+
+impl ReduceStep {
+    /// Chooses how to resolve `src`'s pending sum on the way to `dst`: the option moving the
+    /// fewest bytes in total (the reduction plus the transfers after it).
+    ///
+    /// The options are a reduce-scatter onto each dim whose slice the partial groups divide (the
+    /// partial axes become inner splits of that dim) and an all-reduce. A reduce-scatter onto
+    /// the dim the destination splits with those axes costs half an all-reduce and leaves
+    /// nothing to move; ties go to the earlier option (reduce-scatters by dim, then all-reduce).
+    pub fn choose(src: &DistLayout, dst: &TensorLayout) -> ReduceStep {
+        let t = src.layout();
+        let n = src.partial_count();
+        let slice = t.slice_shape();
+        // The all-reduce comes first so that it wins a tie (one collective instead of two).
+        let mut options: Vec<(ReduceKind, TensorLayout)> = vec![(ReduceKind::AllReduce, t.clone())];
+        options.extend((0..slice.len())
+            .filter(|&d| slice[d] % n == 0)
+            .map(|dim| {
+                let mut dims = t.dims().to_vec();
+                dims[dim].extend_from_slice(src.partial_axes());
+                let result = Layout::from_mesh(t.mesh().clone(), dims)
+                    .and_then(|l| l.bind(t.shape()))
+                    .expect("partial axes are unused and divide the chosen dim");
+                (ReduceKind::ReduceScatter { dim }, result)
+            }));
+        let per_member = received_per_member(t.slice_elements(), n);
+        let (kind, result) = options
+            .into_iter()
+            .min_by_key(|(kind, result)| {
+                let reduce = match kind {
+                    ReduceKind::AllReduce => 2 * per_member,
+                    ReduceKind::ReduceScatter { .. } => per_member,
+                } * t.mesh().n_slots();
+                reduce + lower_bound_elements(result, dst)
+            })
+            .expect("the all-reduce option is always there");
+        ReduceStep {
+            kind,
+            slot_groups: src.partial_slot_groups(),
+            result,
+        }
+    }
+
+    /// Elements each member receives: `(n-1)/n` of its box for a reduce-scatter, twice that for
+    /// an all-reduce (a reduce-scatter then an all-gather), with `n` the group size.
+    pub fn elements_received_per_member(&self, src: &DistLayout) -> usize {
+        let per_member = received_per_member(src.layout().slice_elements(), src.partial_count());
+        match self.kind {
+            ReduceKind::AllReduce => 2 * per_member,
+            ReduceKind::ReduceScatter { .. } => per_member,
+        }
+    }
+}
+
+/// Elements a member of a group of `n` receives in a reduce-scatter of `elements`: the other
+/// members' shares of its part, rounded up (a part is never less than one element).
+fn received_per_member(elements: usize, n: usize) -> usize {
+    (elements * (n - 1)).div_ceil(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layout::DimSpec;
+
+    fn tl(dev: &[usize], names: &[&str], map: &[&str], shape: &[usize]) -> TensorLayout {
+        let entries: Vec<DimSpec> = map.iter().map(|m| DimSpec::parse(m)).collect();
+        Layout::new(dev, names, None)
+            .unwrap()
+            .apply(&entries)
+            .unwrap()
+            .bind(shape)
+            .unwrap()
+    }
+
+    #[test]
+    fn reduce_scatter_onto_the_dim_the_destination_splits() {
+        // Matmul output [dp, None] pending a sum over tp; the destination splits dim 1 over tp.
+        let src = tl(&[2, 2], &["dp", "tp"], &["dp", "None"], &[4, 8]);
+        let src = DistLayout::partial(src, &[1]).unwrap();
+        let dst = tl(&[2, 2], &["dp", "tp"], &["dp", "tp"], &[4, 8]);
+        let step = ReduceStep::choose(&src, &dst);
+        assert_eq!(step.kind, ReduceKind::ReduceScatter { dim: 1 });
+        assert!(step.result.same_placement(&dst));
+        assert_eq!(step.slot_groups, vec![vec![0, 1], vec![2, 3]]);
+    }
+
+    #[test]
+    fn a_split_axis_cannot_be_partial() {
+        let src = tl(&[2, 2], &["dp", "tp"], &["dp", "tp"], &[4, 8]);
+        assert!(matches!(
+            DistLayout::partial(src, &[1]),
+            Err(ReshardError::PartialAxisSplits { .. })
+        ));
+    }
+}

@@ -1,0 +1,3 @@
+//! Behaviour tests of the reshard engine: plans executed on the local backend.
+
+mod properties;

@@ -1,0 +1,69 @@
+//! The one error type of the runtime crate.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong running a program, reading data or training.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// A bad training configuration (named key, rule broken).
+    #[error("config {key}: {reason}")]
+    Config {
+        /// The key, `section.key`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A data file that cannot be read or is malformed.
+    #[error("data file {path}: {reason}")]
+    Data {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Feeding a tensor that does not match what the program expects.
+    #[error("{what}: expected {expected}, got {got}")]
+    Mismatch {
+        /// What was fed.
+        what: String,
+        /// What the program expects.
+        expected: String,
+        /// What it got.
+        got: String,
+    },
+    /// A rank failed; the others stopped.
+    #[error("rank {rank}: {message}")]
+    Rank {
+        /// The rank.
+        rank: usize,
+        /// Its error.
+        message: String,
+    },
+    /// An IO error on a named file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The parallel pass rejected the configuration.
+    #[error(transparent)]
+    Parallel(#[from] parallel::ParallelError),
+    /// A graph error (building the model, evaluating an op).
+    #[error(transparent)]
+    Graph(#[from] graph::GraphError),
+    /// A reshard failed.
+    #[error(transparent)]
+    Reshard(#[from] reshard::ReshardError),
+    /// A communication failure.
+    #[error(transparent)]
+    Comm(#[from] comm::CommError),
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Tensor(#[from] tensor::TensorError),
+    /// A checkpoint operation failed.
+    #[error(transparent)]
+    Ckpt(#[from] ckpt::CkptError),
+}

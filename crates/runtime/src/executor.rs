@@ -1,0 +1,234 @@
+//! Running a [`Program`] on one rank.
+
+use std::sync::Arc;
+
+use comm::Communicator;
+use graph::{eval_op, EvalCtx, Placement};
+use layout::{SliceBox, TensorLayout};
+use parallel::{Program, Step};
+use reshard::ReshardRunner;
+use tensor::Tensor;
+
+use crate::error::RuntimeError;
+
+/// One rank's executor of a program: its buffers (this rank's block of every value), and a
+/// reshard runner over the world communicator.
+///
+/// Built once; every [`RankExecutor::run`] evaluates the program's steps in order into the same
+/// buffers, so a training step allocates only the messages of its reshards.
+#[derive(Debug)]
+pub struct RankExecutor {
+    program: Arc<Program>,
+    rank: usize,
+    buffers: Vec<Option<Tensor>>,
+    runner: ReshardRunner,
+    /// For each step, the offset of this rank's output block in the global tensor (kernel
+    /// steps), for ops whose values depend on global positions.
+    offsets: Vec<Vec<usize>>,
+    step: u64,
+}
+
+/// The slot of `rank` in `layout`'s mesh.
+fn slot_of(layout: &TensorLayout, rank: usize) -> Result<usize, RuntimeError> {
+    layout
+        .mesh()
+        .slot_of_rank(rank)
+        .ok_or_else(|| RuntimeError::Mismatch {
+            what: format!("rank {rank}"),
+            expected: format!("a rank of {}", layout.mesh()),
+            got: format!("rank {rank}"),
+        })
+}
+
+impl RankExecutor {
+    /// An executor of `program` for the rank of `world` (world ranks are device ranks).
+    pub fn new(program: Arc<Program>, world: Arc<dyn Communicator>) -> Result<RankExecutor, RuntimeError> {
+        let rank = world.rank();
+        if world.size() != program.devices() {
+            return Err(RuntimeError::Mismatch {
+                what: "communicator".to_string(),
+                expected: format!("{} ranks (the program's devices)", program.devices()),
+                got: format!("{} ranks", world.size()),
+            });
+        }
+        let buffers = program
+            .buffers
+            .iter()
+            .map(|b| Some(Tensor::zeros(b.dtype, &b.shape)))
+            .collect();
+        let mut offsets = Vec::with_capacity(program.steps.len());
+        for step in &program.steps {
+            offsets.push(match step {
+                Step::Kernel(k) => {
+                    let layout = program.buffers[k.outputs[0]].layout.layout();
+                    layout.slot_box(slot_of(layout, rank)?).offset
+                }
+                Step::Reshard(_) => Vec::new(),
+            });
+        }
+        Ok(RankExecutor {
+            program,
+            rank,
+            buffers,
+            runner: ReshardRunner::new(world),
+            offsets,
+            step: 0,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The program.
+    pub fn program(&self) -> &Arc<Program> {
+        &self.program
+    }
+
+    /// The step counter dropout masks are drawn for.
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// The part of `layout`'s global tensor this rank holds.
+    pub fn box_of(&self, layout: &TensorLayout) -> Result<SliceBox, RuntimeError> {
+        Ok(layout.slot_box(slot_of(layout, self.rank)?))
+    }
+
+    /// Initialises this rank's shard of every parameter; every sharding gives the same global
+    /// values for one seed.
+    pub fn init_parameters(&mut self, seed: u64) -> Result<(), RuntimeError> {
+        let program = self.program.clone();
+        for p in &program.params {
+            let region = self.box_of(&p.layout)?;
+            let dtype = program.buffers[p.buffer].dtype;
+            let t = p
+                .init
+                .fill(p.layout.shape(), &region, dtype, seed, &p.name)?;
+            self.buffers[p.buffer] = Some(t);
+        }
+        Ok(())
+    }
+
+    fn buffer(&self, b: usize) -> &Tensor {
+        self.buffers[b].as_ref().expect("buffers are put back after every step")
+    }
+
+    fn buffer_mut(&mut self, b: usize) -> &mut Tensor {
+        self.buffers[b].as_mut().expect("buffers are put back after every step")
+    }
+
+    /// Writes this rank's block of input `index` (its shape must be the input's local shape).
+    pub fn set_input(&mut self, index: usize, local: &Tensor) -> Result<(), RuntimeError> {
+        let input = &self.program.inputs[index];
+        let spec = &self.program.buffers[input.buffer];
+        if local.shape() != spec.shape.as_slice() || local.dtype() != spec.dtype {
+            return Err(RuntimeError::Mismatch {
+                what: format!("input {}", input.name),
+                expected: format!("{:?} {}", spec.shape, spec.dtype),
+                got: format!("{:?} {}", local.shape(), local.dtype()),
+            });
+        }
+        let b = input.buffer;
+        self.buffer_mut(b).as_bytes_mut().copy_from_slice(local.as_bytes());
+        Ok(())
+    }
+
+    /// This rank's shard of parameter `index`.
+    pub fn param(&self, index: usize) -> &Tensor {
+        self.buffer(self.program.params[index].buffer)
+    }
+
+    /// This rank's shard of parameter `index`, writable.
+    pub fn param_mut(&mut self, index: usize) -> &mut Tensor {
+        let b = self.program.params[index].buffer;
+        self.buffer_mut(b)
+    }
+
+    /// This rank's shard of the gradient of parameter `index` after a run, in the parameter's
+    /// layout (`None` for parameters without a gradient).
+    pub fn grad(&self, index: usize) -> Option<&Tensor> {
+        self.program.params[index].grad_buffer.map(|b| self.buffer(b))
+    }
+
+    /// The shard of parameter `index` and of its gradient together (for an optimizer update).
+    pub fn param_and_grad(&mut self, index: usize) -> Option<(&mut Tensor, &Tensor)> {
+        let p = &self.program.params[index];
+        let (pb, gb) = (p.buffer, p.grad_buffer?);
+        debug_assert_ne!(pb, gb);
+        // Split the borrow: the two buffers are distinct.
+        let (lo, hi) = self.buffers.split_at_mut(pb.max(gb));
+        let (param, grad) = if pb < gb {
+            (lo[pb].as_mut(), hi[0].as_ref())
+        } else {
+            (hi[0].as_mut(), lo[gb].as_ref())
+        };
+        Some((param?, grad?))
+    }
+
+    /// Output `index` after a run (replicated: the whole value).
+    pub fn output(&self, index: usize) -> &Tensor {
+        self.buffer(self.program.outputs[index].buffer)
+    }
+
+    /// Runs every step of the program once.
+    pub fn run(&mut self) -> Result<(), RuntimeError> {
+        let program = self.program.clone();
+        for (i, step) in program.steps.iter().enumerate() {
+            match step {
+                Step::Kernel(k) => {
+                    let mut outs: Vec<Tensor> = k
+                        .outputs
+                        .iter()
+                        .map(|&b| self.buffers[b].take().expect("output buffer present"))
+                        .collect();
+                    let result = {
+                        let ins: Vec<&Tensor> = k.inputs.iter().map(|&b| self.buffer(b)).collect();
+                        let out_layout = program.buffers[k.outputs[0]].layout.layout();
+                        let ctx = EvalCtx {
+                            node: &k.name,
+                            step: self.step,
+                            placement: Some(Placement {
+                                offset: &self.offsets[i],
+                                global_shape: out_layout.shape(),
+                            }),
+                        };
+                        eval_op(&k.op, &ins, &mut outs, &ctx)
+                    };
+                    for (&b, t) in k.outputs.iter().zip(outs) {
+                        self.buffers[b] = Some(t);
+                    }
+                    result?;
+                }
+                Step::Reshard(r) => {
+                    let mut out = [self.buffers[r.to].take().expect("reshard target present")];
+                    let result = {
+                        let src = self.buffers[r.from].as_ref().expect("reshard source present");
+                        self.runner.run_into(&r.plan, &[src], &mut out)
+                    };
+                    let [t] = out;
+                    self.buffers[r.to] = Some(t);
+                    result?;
+                }
+            }
+        }
+        if program.grad_scale != 1.0 {
+            for p in &program.params {
+                if let Some(g) = p.grad_buffer {
+                    scale(self.buffer_mut(g), program.grad_scale);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn scale(t: &mut Tensor, factor: f64) {
+    if let Ok(xs) = t.as_slice_mut::<f32>() {
+        let f = factor as f32;
+        xs.iter_mut().for_each(|x| *x *= f);
+    } else if let Ok(xs) = t.as_slice_mut::<f64>() {
+        xs.iter_mut().for_each(|x| *x *= factor);
+    }
+}

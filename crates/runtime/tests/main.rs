@@ -1,0 +1,3 @@
+//! Behaviour tests of the runtime.
+
+mod equivalence;
