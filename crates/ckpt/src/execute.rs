@@ -1,7 +1,8 @@
 //! Writing a planned file: each output tensor is assembled in bounded chunks (runs of rows of
 //! its box) from positioned reads of the source files, written once, and the buffer reused.
-//! At most one chunk ([`DEFAULT_CHUNK_BYTES`] by default) plus a small read scratch buffer is
-//! held in memory, whatever the checkpoint size.
+//! At most two chunks ([`DEFAULT_CHUNK_BYTES`] each by default: one being assembled, one being
+//! written by the writer thread) plus a small read scratch buffer are held in memory, whatever
+//! the checkpoint size.
 
 use std::path::{Path, PathBuf};
 

@@ -46,13 +46,17 @@
 //! - **Solution.** Each destination tensor's box is intersected with the source layout's
 //!   distinct boxes ([`reshard::source_pieces`]); each piece is read with positioned reads from
 //!   one holder's file straight into the destination buffer (through a bounded scratch buffer
-//!   when its contiguous runs are short), in chunks of rows of at most 64 MiB; the chunk is
-//!   written and the buffer reused. Holders are chosen so that the set of source files opened is
-//!   a minimum set cover of the pieces needed.
+//!   when its contiguous runs are short, or from a small read-only mapping of the range when it
+//!   is a megabyte or more), in chunks of rows of at most 64 MiB. A writer thread writes one chunk
+//!   while the next is assembled (two buffers circulate), and a committer thread fsyncs and
+//!   renames one finished file while the next is written. Holders are chosen so that the set of
+//!   source files opened is a minimum set cover of the pieces needed.
 //! - **Pros.** Memory is bounded by one chunk whatever the checkpoint size; every byte is read
 //!   once and written once; unneeded source ranks are never opened.
 //! - **Cons.** Many small pieces mean many small reads; the planner's per-piece bookkeeping is
-//!   proportional to the number of distinct source boxes a destination box touches.
+//!   proportional to the number of distinct source boxes a destination box touches. Mapped reads
+//!   assume source files are not truncated by another process during the conversion (the
+//!   kernel would raise SIGBUS); lengths are re-checked just before each mapping.
 //! - **Compatibility.** Output files hold the same tensors, names, dtypes, shapes and values as
 //!   MindSpore's, in MindSpore's order (source order for `.ckpt`, the safetensors library's
 //!   order for safetensors).
@@ -162,6 +166,7 @@ mod json;
 mod load;
 mod merge;
 mod merge_stages;
+mod mmap;
 mod ms_ckpt;
 mod ms_strategy;
 mod plan;

@@ -2,6 +2,8 @@
 
 mod attacks;
 mod conformance;
+mod differences;
 mod fuzz;
+mod pipeline;
 mod roundtrip;
 mod util;

@@ -278,3 +278,39 @@ fn lcm(a: usize, b: usize) -> usize {
     }
     a / gcd(a, b) * b
 }
+
+/// Pieces of a megabyte or more are copied from mapped source ranges; short runs inside them
+/// (1 KiB rows here) exercise the copy out of the mapping.
+#[test]
+fn large_pieces_through_mapped_reads() {
+    let dir = tmp();
+    let (rows, cols) = (1024usize, 512usize);
+    let mesh = Mesh::new(&[2], &["mp"], None).unwrap();
+    let split = Layout::from_mesh(mesh.clone(), vec![vec![], vec![0]])
+        .unwrap()
+        .bind(&[rows, cols])
+        .unwrap();
+    let a = ResolvedStrategy::new(vec![ResolvedParam {
+        name: "w".into(),
+        shape: vec![rows, cols],
+        dtype: Some(DType::F32),
+        placements: vec![ParamLayout::new(0, split, 1).unwrap()],
+    }])
+    .unwrap();
+    let full =
+        Tensor::from_vec(&[rows, cols], (0..rows * cols).map(|x| x as f32).collect()).unwrap();
+    write_source(&dir.path().join("src"), &a, std::slice::from_ref(&full));
+    let sa = dir.path().join("a.json");
+    ckpt::save_param_strategy_file(&sa, &a, StrategyFlavour::Tessera, false).unwrap();
+    let out = dir.path().join("out");
+    ckpt::convert_checkpoints(
+        &dir.path().join("src"),
+        &sa,
+        &out,
+        None,
+        &ConvertOptions::default(),
+    )
+    .unwrap();
+    let got = read_all(&out.join("rank_0/checkpoint_0.safetensors"));
+    assert_eq!(got[0].1.bytes, full.as_bytes());
+}

@@ -17,6 +17,7 @@ mod grid;
 mod layout_cmd;
 mod reshard_cmd;
 mod strategy_cmd;
+mod train_cmd;
 
 /// Tessera: parallel training and distributed checkpoints.
 #[derive(Debug, Parser)]
@@ -31,6 +32,8 @@ enum Command {
     /// Show how a tensor is laid out over a device mesh: every rank's slice, the replica groups,
     /// and a drawing of the blocks.
     Layout(layout_cmd::LayoutArgs),
+    /// Train a model from a TOML configuration on N ranks (threads, or MPI processes).
+    Train(train_cmd::TrainArgs),
     /// Plan moving a tensor from one layout to another (bytes per rank, lower bound, every step);
     /// `--run` executes it on local ranks and checks the result.
     Reshard(reshard_cmd::ReshardArgs),
@@ -45,6 +48,7 @@ enum Command {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Layout(args) => layout_cmd::run(&args),
+        Command::Train(args) => train_cmd::run(&args),
         Command::Reshard(args) => reshard_cmd::run(&args),
         Command::Bench(args) => bench_cmd::run(&args),
         Command::Ckpt(args) => ckpt_cmd::run(&args),

@@ -71,7 +71,9 @@ pub fn parse_layout(
                 .with_context(|| format!("mesh entry {part:?}: {size:?} is not a device count"))?,
         );
     }
-    let rank_list = rank_list.map(|r| parse_usizes(r, "rank list")).transpose()?;
+    let rank_list = rank_list
+        .map(|r| parse_usizes(r, "rank list"))
+        .transpose()?;
     let entries: Vec<DimSpec> = if map.trim().is_empty() {
         Vec::new()
     } else {
@@ -100,8 +102,13 @@ pub fn parse_usizes(text: &str, what: &str) -> anyhow::Result<Vec<usize>> {
 pub fn run(args: &ReshardArgs) -> anyhow::Result<()> {
     let shape = parse_usizes(&args.shape, "--shape")?;
     let dtype: DType = args.dtype.parse()?;
-    let src = parse_layout(&args.from_mesh, &args.from, args.from_rank_list.as_deref(), &shape)
-        .context("invalid source layout")?;
+    let src = parse_layout(
+        &args.from_mesh,
+        &args.from,
+        args.from_rank_list.as_deref(),
+        &shape,
+    )
+    .context("invalid source layout")?;
     let dst = parse_layout(
         args.to_mesh.as_deref().unwrap_or(&args.from_mesh),
         &args.to,
@@ -232,7 +239,9 @@ pub fn plan_json(plan: &ReshardPlan) -> Value {
 fn exchange_reason(kind: ExchangeKind) -> &'static str {
     match kind {
         ExchangeKind::AllGather => "every rank of the group needs the others' whole slices",
-        ExchangeKind::AllToAll => "every rank of the group needs a different equal piece of each other's slice",
+        ExchangeKind::AllToAll => {
+            "every rank of the group needs a different equal piece of each other's slice"
+        }
         ExchangeKind::PointToPoint => "each rank receives exactly the pieces of its box it lacks",
     }
 }
@@ -242,11 +251,7 @@ fn plan_text(plan: &ReshardPlan) -> String {
     let mut out = plan.explain();
     out.push_str("collectives:\n");
     for ex in reshard::lower(plan) {
-        let bytes: usize = ex
-            .transfers
-            .iter()
-            .map(|t| plan.transfer_bytes(t))
-            .sum();
+        let bytes: usize = ex.transfers.iter().map(|t| plan.transfer_bytes(t)).sum();
         out.push_str(&format!(
             "  {} within ranks {:?}: {} B ({})\n",
             ex.kind,
@@ -273,7 +278,11 @@ pub fn iota(shape: &[usize], dtype: DType) -> Tensor {
 
 /// This rank's source slices; for a partial source, member `j` of each partial group holds a
 /// share such that the shares add up to the global values.
-pub fn source_slices(plan: &ReshardPlan, global: &Tensor, rank: usize) -> anyhow::Result<Vec<Tensor>> {
+pub fn source_slices(
+    plan: &ReshardPlan,
+    global: &Tensor,
+    rank: usize,
+) -> anyhow::Result<Vec<Tensor>> {
     let src = plan.src();
     let mut local = DistTensor::from_global(global, src.layout(), rank)?.into_local();
     if src.is_partial() {

@@ -221,7 +221,7 @@ proptest! {
             Err(layout::LayoutError::OptimizerShard { .. }) => {
                 // Only when the replica axes cannot be cut into chunks of k (odd factorisations).
                 let sizes: Vec<usize> = t.layout().unused_axes().iter().map(|&a| t.mesh().axis_size(a)).collect();
-                prop_assert!(sizes.iter().any(|&s| s == 3), "unexpected refusal for sizes {:?}, k {}", sizes, k);
+                prop_assert!(sizes.contains(&3), "unexpected refusal for sizes {:?}, k {}", sizes, k);
             }
             Err(e) => prop_assert!(false, "unexpected error {}", e),
         }

@@ -105,7 +105,12 @@ pub fn gradient_target(graph: &Graph, v: ValueId) -> Option<ValueId> {
         NodeRole::Forward => None,
         NodeRole::Backward(grad_of) => {
             let forward = &graph.nodes()[grad_of.forward.0];
-            grad_of.wrt.get(j).copied().flatten().map(|i| forward.inputs[i])
+            grad_of
+                .wrt
+                .get(j)
+                .copied()
+                .flatten()
+                .map(|i| forward.inputs[i])
         }
         NodeRole::Accumulate { value } | NodeRole::Seed { value } => Some(*value),
     }
@@ -194,7 +199,13 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
     let mut leaves: Vec<Option<TensorLayout>> = vec![None; graph.values().len()];
     for (index, &v) in graph.inputs().iter().enumerate() {
         let value = &graph.values()[v.0];
-        leaves[v.0] = Some(input_layout(config, &stage, &value.shape, index, &value.name)?);
+        leaves[v.0] = Some(input_layout(
+            config,
+            &stage,
+            &value.shape,
+            index,
+            &value.name,
+        )?);
     }
     let mut placed = PlacedGraph {
         graph: graph.clone(),
@@ -325,7 +336,10 @@ fn place_forward(
             StrategySource::Default,
         ),
         (_, Some(user)) => (user.inputs.clone(), StrategySource::User),
-        (_, None) => (strategy::default_strategy(ctx, devices), StrategySource::Default),
+        (_, None) => (
+            strategy::default_strategy(ctx, devices),
+            StrategySource::Default,
+        ),
     };
     let input_placement = strategy::input_layouts(ctx, &strategy_tuples, devices)?;
     let inputs: Vec<TensorLayout> = input_placement
@@ -337,7 +351,12 @@ fn place_forward(
     let outputs = infer::output_layouts(ctx, &inputs, &placed.stage)?;
     let out_layouts = match user.and_then(|u| u.outputs.as_ref()) {
         None => None,
-        Some(out_strategy) => Some(out_strategy_layouts(ctx, &strategy_tuples, out_strategy, &outputs)?),
+        Some(out_strategy) => Some(out_strategy_layouts(
+            ctx,
+            &strategy_tuples,
+            out_strategy,
+            &outputs,
+        )?),
     };
     Ok(NodePlacement {
         strategy: Some(strategy_tuples),
@@ -374,7 +393,10 @@ fn out_strategy_layouts(
         if factors.len() != t.shape().len() {
             return Err(ctx.invalid(
                 in_strategy,
-                format!("out_strategy {factors:?} for output {j} must have one entry per dim of {:?}", t.shape()),
+                format!(
+                    "out_strategy {factors:?} for output {j} must have one entry per dim of {:?}",
+                    t.shape()
+                ),
             ));
         }
         let mut spare: Vec<usize> = out.partial_axes().to_vec();

@@ -24,7 +24,9 @@ pub enum ParallelError {
         rule: String,
     },
     /// A strategy for an op the graph does not have.
-    #[error("a strategy is set for op {op:?}, but the graph has no op of that name (ops: {known})")]
+    #[error(
+        "a strategy is set for op {op:?}, but the graph has no op of that name (ops: {known})"
+    )]
     UnknownOp {
         /// The name given.
         op: String,
@@ -63,11 +65,17 @@ pub enum ParallelError {
         /// Where.
         context: String,
         /// The reshard error.
-        source: ReshardError,
+        source: Box<ReshardError>,
     },
     /// A graph error (rewriting the graph with local shapes).
     #[error(transparent)]
-    Graph(#[from] GraphError),
+    Graph(Box<GraphError>),
+}
+
+impl From<GraphError> for ParallelError {
+    fn from(e: GraphError) -> ParallelError {
+        ParallelError::Graph(Box::new(e))
+    }
 }
 
 /// Formats strategies as MindSpore prints them: `((2, 4), (4, 1))`.

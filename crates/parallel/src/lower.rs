@@ -183,7 +183,12 @@ impl Lowering<'_> {
     }
 
     /// A buffer holding `value` in `need` (no pending sums), resharding if no copy has it yet.
-    fn need(&mut self, value: ValueId, need: &TensorLayout, reason: impl FnOnce() -> String) -> Result<usize, ParallelError> {
+    fn need(
+        &mut self,
+        value: ValueId,
+        need: &TensorLayout,
+        reason: impl FnOnce() -> String,
+    ) -> Result<usize, ParallelError> {
         let versions = self.versions.get(&value).cloned().unwrap_or_default();
         for &b in &versions {
             let l = &self.buffers[b].layout;
@@ -191,13 +196,16 @@ impl Lowering<'_> {
                 return Ok(b);
             }
         }
-        let from = *versions.first().expect("a value is produced before it is used");
+        let from = *versions
+            .first()
+            .expect("a value is produced before it is used");
         let src = self.buffers[from].layout.clone();
         let dtype = self.buffers[from].dtype;
-        let plan = reshard::plan_from(&src, need, dtype).map_err(|source| ParallelError::Reshard {
-            context: format!("moving {}", self.graph().values()[value.0].name),
-            source,
-        })?;
+        let plan =
+            reshard::plan_from(&src, need, dtype).map_err(|source| ParallelError::Reshard {
+                context: format!("moving {}", self.graph().values()[value.0].name),
+                source: Box::new(source),
+            })?;
         let to = self.new_buffer(value, need.clone().into(), &need.layout().describe_map());
         self.steps.push(Step::Reshard(ReshardStep {
             value,
@@ -295,7 +303,11 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         if let Some(out_layouts) = &place.out_layouts {
             for (j, (&v, layout)) in node.outputs.iter().zip(out_layouts).enumerate() {
                 let b = lw.need(v, layout, || {
-                    format!("{}'s out_strategy lays output {j} out as {}", node.name, layout.layout().describe_map())
+                    format!(
+                        "{}'s out_strategy lays output {j} out as {}",
+                        node.name,
+                        layout.layout().describe_map()
+                    )
                 })?;
                 // The out_strategy copy is what consumers see first.
                 let versions = lw.versions.get_mut(&v).expect("just produced");
@@ -321,7 +333,9 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         let value = &graph.values()[v.0];
         let layout = TensorLayout::replicated(placed.stage.clone(), &value.shape);
         let name = value.name.clone();
-        let buffer = lw.need(v, &layout, || format!("{name} is reported whole on every rank"))?;
+        let buffer = lw.need(v, &layout, || {
+            format!("{name} is reported whole on every rank")
+        })?;
         outputs.push(ProgramOutput {
             value: v,
             name,
@@ -350,11 +364,9 @@ fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
         return 1.0;
     }
     let graph = &placed.graph;
-    let loss_node = graph
-        .nodes()
-        .iter()
-        .enumerate()
-        .find(|(_, n)| matches!(n.op, Op::SparseSoftmaxCrossEntropy { .. }) && n.role == NodeRole::Forward);
+    let loss_node = graph.nodes().iter().enumerate().find(|(_, n)| {
+        matches!(n.op, Op::SparseSoftmaxCrossEntropy { .. }) && n.role == NodeRole::Forward
+    });
     let Some((id, _)) = loss_node else {
         return 1.0;
     };
@@ -398,7 +410,10 @@ impl Program {
             self.placed.config.mode.name(),
             self.devices(),
             self.steps.len(),
-            self.steps.iter().filter(|s| matches!(s, Step::Reshard(_))).count(),
+            self.steps
+                .iter()
+                .filter(|s| matches!(s, Step::Reshard(_)))
+                .count(),
             self.bytes_per_step()
         );
         let _ = writeln!(out, "\nparameters:");
@@ -420,7 +435,11 @@ impl Program {
                 Step::Kernel(k) => {
                     let node = &graph.nodes()[k.node.0];
                     let place = &self.placed.nodes[k.node.0];
-                    let _ = writeln!(out, "  {}", describe_node(node.name.as_str(), &node.op, place));
+                    let _ = writeln!(
+                        out,
+                        "  {}",
+                        describe_node(node.name.as_str(), &node.op, place)
+                    );
                 }
                 Step::Reshard(r) => {
                     let plan = &r.plan;
@@ -452,14 +471,22 @@ fn describe_node(name: &str, op: &Op, place: &NodePlacement) -> String {
         .as_ref()
         .map(|s| format!(" strategy {}", format_strategy(s)))
         .unwrap_or_default();
-    let outputs: Vec<String> = place.outputs.iter().map(|o| {
-        let mut s = o.layout().layout().describe_map();
-        if o.is_partial() {
-            let axes: Vec<&str> = o.partial_axes().iter().map(|&a| o.layout().mesh().axis_name(a)).collect();
-            s.push_str(&format!(" pending sum over {}", axes.join("+")));
-        }
-        s
-    }).collect();
+    let outputs: Vec<String> = place
+        .outputs
+        .iter()
+        .map(|o| {
+            let mut s = o.layout().layout().describe_map();
+            if o.is_partial() {
+                let axes: Vec<&str> = o
+                    .partial_axes()
+                    .iter()
+                    .map(|&a| o.layout().mesh().axis_name(a))
+                    .collect();
+                s.push_str(&format!(" pending sum over {}", axes.join("+")));
+            }
+            s
+        })
+        .collect();
     format!(
         "{name} ({}){strategy} [{source}] on {}: -> {}",
         op.kind(),

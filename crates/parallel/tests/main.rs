@@ -1,1 +1,3 @@
 //! Behaviour tests of the parallel pass.
+
+mod rules;

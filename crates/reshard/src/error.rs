@@ -7,7 +7,9 @@ use layout::LayoutError;
 #[non_exhaustive]
 pub enum ReshardError {
     /// Source and destination describe tensors of different global shapes.
-    #[error("cannot reshard: the source layout is for shape {src:?} but the destination for {dst:?}")]
+    #[error(
+        "cannot reshard: the source layout is for shape {src:?} but the destination for {dst:?}"
+    )]
     ShapeMismatch {
         /// Source global shape.
         src: Vec<usize>,

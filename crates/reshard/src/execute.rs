@@ -60,7 +60,11 @@ impl ReshardRunner {
     /// Runs this rank's part of `plan`. `local` holds this rank's source slices, one per source
     /// slot on this device in slot order (none when the rank is outside the source mesh); the
     /// result holds this rank's destination slices the same way.
-    pub fn run(&mut self, plan: &ReshardPlan, local: Vec<Tensor>) -> Result<Vec<Tensor>, ReshardError> {
+    pub fn run(
+        &mut self,
+        plan: &ReshardPlan,
+        local: Vec<Tensor>,
+    ) -> Result<Vec<Tensor>, ReshardError> {
         let dst = plan.dst();
         let mut out: Vec<Tensor> = device_slots(dst, self.rank())
             .iter()
@@ -103,12 +107,21 @@ impl ReshardRunner {
                     .collect();
                 src_slots.iter().copied().zip(reduced.iter()).collect()
             }
-            None => src_slots.iter().copied().zip(local.iter().copied()).collect(),
+            None => src_slots
+                .iter()
+                .copied()
+                .zip(local.iter().copied())
+                .collect(),
         };
         let from = plan.moved_from();
-        let mut out: Vec<(usize, &mut Tensor)> = dst_slots.iter().copied().zip(out.iter_mut()).collect();
+        let mut out: Vec<(usize, &mut Tensor)> =
+            dst_slots.iter().copied().zip(out.iter_mut()).collect();
         // Local copies.
-        for t in plan.transfers().iter().filter(|t| t.is_local() && t.dst_rank == me) {
+        for t in plan
+            .transfers()
+            .iter()
+            .filter(|t| t.is_local() && t.dst_rank == me)
+        {
             let (_, src) = held
                 .iter()
                 .find(|(s, _)| *s == t.src_slot)
@@ -149,7 +162,10 @@ impl ReshardRunner {
                 .iter()
                 .find(|g| g.contains(&slot))
                 .expect("every slot is in one partial group");
-            let ranks: Vec<usize> = group_slots.iter().map(|&s| mesh.device_of_slot(s)).collect();
+            let ranks: Vec<usize> = group_slots
+                .iter()
+                .map(|&s| mesh.device_of_slot(s))
+                .collect();
             let mut unique = ranks.clone();
             unique.sort_unstable();
             unique.dedup();
@@ -334,8 +350,12 @@ impl ReshardRunner {
                     );
                 }
                 let mut recv = vec![0u8; recv_counts.iter().sum()];
-                self.group(&ranks)?
-                    .all_to_all_v_bytes(&send, &send_counts, &mut recv, &recv_counts)?;
+                self.group(&ranks)?.all_to_all_v_bytes(
+                    &send,
+                    &send_counts,
+                    &mut recv,
+                    &recv_counts,
+                )?;
                 let mut pos = 0;
                 for (j, &peer) in ranks.iter().enumerate() {
                     unpack(&receives_from(peer), &recv[pos..pos + recv_counts[j]], out);
@@ -401,10 +421,7 @@ pub fn reshard(
     dst: &TensorLayout,
     runner: &mut ReshardRunner,
 ) -> Result<DistTensor, ReshardError> {
-    let dtype = tensor
-        .local
-        .first()
-        .map_or(DType::F32, |t| t.dtype());
+    let dtype = tensor.local.first().map_or(DType::F32, |t| t.dtype());
     let plan = plan_from(&tensor.layout, dst, dtype)?;
     let local = runner.run(&plan, tensor.local)?;
     Ok(DistTensor {
@@ -452,7 +469,13 @@ fn check_inputs(
 }
 
 /// Copies `region` (global coordinates) from a slice at `src_box` to a slice at `dst_box`.
-fn copy_piece(src: &Tensor, src_box: &SliceBox, dst: &mut Tensor, dst_box: &SliceBox, region: &SliceBox) {
+fn copy_piece(
+    src: &Tensor,
+    src_box: &SliceBox,
+    dst: &mut Tensor,
+    dst_box: &SliceBox,
+    region: &SliceBox,
+) {
     let elem = src.dtype().size_in_bytes();
     let dst_shape = dst.shape().to_vec();
     copy_region(

@@ -21,7 +21,10 @@ pub struct DistLayout {
 impl DistLayout {
     /// `layout` with values pending a sum over `partial_axes`. Those axes must be mesh axes the
     /// layout does not use to split any dim (a split axis cannot also be summed over).
-    pub fn partial(layout: TensorLayout, partial_axes: &[usize]) -> Result<DistLayout, ReshardError> {
+    pub fn partial(
+        layout: TensorLayout,
+        partial_axes: &[usize],
+    ) -> Result<DistLayout, ReshardError> {
         let mut axes = partial_axes.to_vec();
         axes.sort_unstable();
         axes.dedup();
@@ -151,16 +154,14 @@ impl ReduceStep {
         let slice = t.slice_shape();
         // The all-reduce comes first so that it wins a tie (one collective instead of two).
         let mut options: Vec<(ReduceKind, TensorLayout)> = vec![(ReduceKind::AllReduce, t.clone())];
-        options.extend((0..slice.len())
-            .filter(|&d| slice[d] % n == 0)
-            .map(|dim| {
-                let mut dims = t.dims().to_vec();
-                dims[dim].extend_from_slice(src.partial_axes());
-                let result = Layout::from_mesh(t.mesh().clone(), dims)
-                    .and_then(|l| l.bind(t.shape()))
-                    .expect("partial axes are unused and divide the chosen dim");
-                (ReduceKind::ReduceScatter { dim }, result)
-            }));
+        options.extend((0..slice.len()).filter(|&d| slice[d] % n == 0).map(|dim| {
+            let mut dims = t.dims().to_vec();
+            dims[dim].extend_from_slice(src.partial_axes());
+            let result = Layout::from_mesh(t.mesh().clone(), dims)
+                .and_then(|l| l.bind(t.shape()))
+                .expect("partial axes are unused and divide the chosen dim");
+            (ReduceKind::ReduceScatter { dim }, result)
+        }));
         let per_member = received_per_member(t.slice_elements(), n);
         let (kind, result) = options
             .into_iter()

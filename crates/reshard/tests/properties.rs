@@ -21,23 +21,28 @@ struct MeshSpec {
 }
 
 fn arb_mesh(world: usize) -> impl Strategy<Value = MeshSpec> {
-    proptest::collection::vec(prop_oneof![Just(1usize), Just(2), Just(2), Just(4), Just(3)], 1..=4)
-        .prop_filter("fits in the world", move |sizes| sizes.iter().product::<usize>() <= world)
-        .prop_flat_map(move |sizes| {
-            let n: usize = sizes.iter().product();
-            let n_axes = sizes.len();
-            (
-                Just(sizes),
-                Just((0..world).collect::<Vec<usize>>()).prop_shuffle(),
-                proptest::collection::vec((0usize..3, any::<u8>()), n_axes),
-                Just(n),
-            )
-        })
-        .prop_map(|(sizes, shuffled, assignment, n)| MeshSpec {
-            sizes,
-            ranks: shuffled[..n].to_vec(),
-            assignment,
-        })
+    proptest::collection::vec(
+        prop_oneof![Just(1usize), Just(2), Just(2), Just(4), Just(3)],
+        1..=4,
+    )
+    .prop_filter("fits in the world", move |sizes| {
+        sizes.iter().product::<usize>() <= world
+    })
+    .prop_flat_map(move |sizes| {
+        let n: usize = sizes.iter().product();
+        let n_axes = sizes.len();
+        (
+            Just(sizes),
+            Just((0..world).collect::<Vec<usize>>()).prop_shuffle(),
+            proptest::collection::vec((0usize..3, any::<u8>()), n_axes),
+            Just(n),
+        )
+    })
+    .prop_map(|(sizes, shuffled, assignment, n)| MeshSpec {
+        sizes,
+        ranks: shuffled[..n].to_vec(),
+        assignment,
+    })
 }
 
 impl MeshSpec {
@@ -106,7 +111,11 @@ fn run_and_check(world: usize, src: &DistLayout, dst: &TensorLayout) {
                         .unwrap();
                     let offsets: f32 = (0..n - 1).map(|k| (k + 1) as f32).sum();
                     for x in t.as_f32_mut().unwrap() {
-                        *x = if j + 1 < n { (j + 1) as f32 } else { *x - offsets };
+                        *x = if j + 1 < n {
+                            (j + 1) as f32
+                        } else {
+                            *x - offsets
+                        };
                     }
                 }
             }
@@ -183,8 +192,16 @@ proptest! {
 fn matmul_output_reduce_scatters_onto_the_consumer_split() {
     // (dp, None) pending a sum over tp -> (dp, tp): a reduce-scatter, nothing else.
     let mesh = Layout::new(&[2, 2], &["dp", "tp"], None).unwrap();
-    let src = mesh.apply(&["dp".into(), "None".into()]).unwrap().bind(&[4, 8]).unwrap();
-    let dst = mesh.apply(&["dp".into(), "tp".into()]).unwrap().bind(&[4, 8]).unwrap();
+    let src = mesh
+        .apply(&["dp".into(), "None".into()])
+        .unwrap()
+        .bind(&[4, 8])
+        .unwrap();
+    let dst = mesh
+        .apply(&["dp".into(), "tp".into()])
+        .unwrap()
+        .bind(&[4, 8])
+        .unwrap();
     let src = DistLayout::partial(src, &[1]).unwrap();
     let plan = reshard::plan_from(&src, &dst, DType::F32).unwrap();
     assert!(plan.transfers().iter().all(|t| t.is_local()));

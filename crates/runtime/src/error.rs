@@ -14,6 +14,26 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// A bad training configuration file (the file, the key, the rule broken).
+    #[error("{path}: {key}: {reason}")]
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// The key, `section.key`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A NaN or infinite loss: training stops, as MindSpore's `LossMonitor` stops it.
+    #[error("epoch {epoch} step {step}: invalid loss {loss}, training stops")]
+    InvalidLoss {
+        /// The epoch, from 1.
+        epoch: usize,
+        /// The step within the epoch, from 1.
+        step: usize,
+        /// The loss.
+        loss: f32,
+    },
     /// A data file that cannot be read or is malformed.
     #[error("data file {path}: {reason}")]
     Data {

@@ -42,7 +42,10 @@ fn slot_of(layout: &TensorLayout, rank: usize) -> Result<usize, RuntimeError> {
 
 impl RankExecutor {
     /// An executor of `program` for the rank of `world` (world ranks are device ranks).
-    pub fn new(program: Arc<Program>, world: Arc<dyn Communicator>) -> Result<RankExecutor, RuntimeError> {
+    pub fn new(
+        program: Arc<Program>,
+        world: Arc<dyn Communicator>,
+    ) -> Result<RankExecutor, RuntimeError> {
         let rank = world.rank();
         if world.size() != program.devices() {
             return Err(RuntimeError::Mismatch {
@@ -112,11 +115,15 @@ impl RankExecutor {
     }
 
     fn buffer(&self, b: usize) -> &Tensor {
-        self.buffers[b].as_ref().expect("buffers are put back after every step")
+        self.buffers[b]
+            .as_ref()
+            .expect("buffers are put back after every step")
     }
 
     fn buffer_mut(&mut self, b: usize) -> &mut Tensor {
-        self.buffers[b].as_mut().expect("buffers are put back after every step")
+        self.buffers[b]
+            .as_mut()
+            .expect("buffers are put back after every step")
     }
 
     /// Writes this rank's block of input `index` (its shape must be the input's local shape).
@@ -131,7 +138,9 @@ impl RankExecutor {
             });
         }
         let b = input.buffer;
-        self.buffer_mut(b).as_bytes_mut().copy_from_slice(local.as_bytes());
+        self.buffer_mut(b)
+            .as_bytes_mut()
+            .copy_from_slice(local.as_bytes());
         Ok(())
     }
 
@@ -149,7 +158,9 @@ impl RankExecutor {
     /// This rank's shard of the gradient of parameter `index` after a run, in the parameter's
     /// layout (`None` for parameters without a gradient).
     pub fn grad(&self, index: usize) -> Option<&Tensor> {
-        self.program.params[index].grad_buffer.map(|b| self.buffer(b))
+        self.program.params[index]
+            .grad_buffer
+            .map(|b| self.buffer(b))
     }
 
     /// The shard of parameter `index` and of its gradient together (for an optimizer update).
@@ -204,7 +215,9 @@ impl RankExecutor {
                 Step::Reshard(r) => {
                     let mut out = [self.buffers[r.to].take().expect("reshard target present")];
                     let result = {
-                        let src = self.buffers[r.from].as_ref().expect("reshard source present");
+                        let src = self.buffers[r.from]
+                            .as_ref()
+                            .expect("reshard source present");
                         self.runner.run_into(&r.plan, &[src], &mut out)
                     };
                     let [t] = out;

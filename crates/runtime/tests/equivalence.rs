@@ -11,7 +11,12 @@ use tensor::Tensor;
 /// One forward/backward pass under `config`: the loss and every parameter's global gradient.
 fn one_step(config: &ParallelConfig, batch: usize) -> (f32, Vec<Tensor>) {
     let model = seed_mlp(batch, &[8, 8], 64, 10).unwrap();
-    let training = graph::grad(&model.graph, model.loss, &model.graph.trainable_parameters()).unwrap();
+    let training = graph::grad(
+        &model.graph,
+        model.loss,
+        &model.graph.trainable_parameters(),
+    )
+    .unwrap();
     let placed = place(&training.graph, config).unwrap();
     let request = LowerRequest {
         grads: training
@@ -24,7 +29,11 @@ fn one_step(config: &ParallelConfig, batch: usize) -> (f32, Vec<Tensor>) {
     };
     let program = Arc::new(lower(&placed, &request).unwrap());
     let n: usize = batch * 64;
-    let x = Tensor::from_vec(&[batch, 8, 8], (0..n).map(|i| ((i * 7919) % 17) as f32 / 16.0).collect()).unwrap();
+    let x = Tensor::from_vec(
+        &[batch, 8, 8],
+        (0..n).map(|i| ((i * 7919) % 17) as f32 / 16.0).collect(),
+    )
+    .unwrap();
     let labels = Tensor::from_vec(&[batch], (0..batch).map(|i| (i % 10) as i32).collect()).unwrap();
     let devices = program.devices();
     let results = LocalCluster::new(devices).unwrap().run(|comm| {
@@ -39,7 +48,12 @@ fn one_step(config: &ParallelConfig, batch: usize) -> (f32, Vec<Tensor>) {
         exec.run().unwrap();
         let loss = exec.output(0).as_f32().unwrap()[0];
         let grads: Vec<(layout::SliceBox, Tensor)> = (0..program.params.len())
-            .map(|i| (exec.box_of(&program.params[i].layout).unwrap(), exec.grad(i).unwrap().clone()))
+            .map(|i| {
+                (
+                    exec.box_of(&program.params[i].layout).unwrap(),
+                    exec.grad(i).unwrap().clone(),
+                )
+            })
             .collect();
         (loss, grads)
     });
@@ -80,7 +94,10 @@ fn seed_strategies_on_8_devices_match_one_device() {
         .shard("matmul2", &[&[1, 8], &[8, 1]])
         .shard("relu2", &[&[8, 1]]);
     let (loss8, grads8) = one_step(&config, 32);
-    assert!((loss1 - loss8).abs() <= 1e-5 * loss1.abs(), "{loss1} vs {loss8}");
+    assert!(
+        (loss1 - loss8).abs() <= 1e-5 * loss1.abs(),
+        "{loss1} vs {loss8}"
+    );
     for (i, (a, b)) in grads8.iter().zip(&grads1).enumerate() {
         assert_close(a, b, &format!("grad {i}"));
     }
@@ -89,7 +106,10 @@ fn seed_strategies_on_8_devices_match_one_device() {
 fn check_against_one_device(config: &ParallelConfig) {
     let (loss1, grads1) = one_step(&ParallelConfig::stand_alone(), 32);
     let (loss_n, grads_n) = one_step(config, 32);
-    assert!((loss1 - loss_n).abs() <= 1e-5 * loss1.abs(), "{loss1} vs {loss_n}");
+    assert!(
+        (loss1 - loss_n).abs() <= 1e-5 * loss1.abs(),
+        "{loss1} vs {loss_n}"
+    );
     for (i, (a, b)) in grads_n.iter().zip(&grads1).enumerate() {
         assert_close(a, b, &format!("grad {i}"));
     }
@@ -120,7 +140,12 @@ fn more_strategies_match_one_device() {
 #[test]
 fn print_seed_explain() {
     let model = seed_mlp(32, &[8, 8], 512, 10).unwrap();
-    let training = graph::grad(&model.graph, model.loss, &model.graph.trainable_parameters()).unwrap();
+    let training = graph::grad(
+        &model.graph,
+        model.loss,
+        &model.graph.trainable_parameters(),
+    )
+    .unwrap();
     let config = ParallelConfig::new(ParallelMode::SemiAuto, 8)
         .shard("matmul1", &[&[2, 4], &[4, 1]])
         .shard("relu1", &[&[4, 1]])
@@ -128,7 +153,12 @@ fn print_seed_explain() {
         .shard("relu2", &[&[8, 1]]);
     let placed = place(&training.graph, &config).unwrap();
     let request = LowerRequest {
-        grads: training.graph.trainable_parameters().iter().map(|&p| (p, training.grad_of(p).unwrap())).collect(),
+        grads: training
+            .graph
+            .trainable_parameters()
+            .iter()
+            .map(|&p| (p, training.grad_of(p).unwrap()))
+            .collect(),
         replicated_outputs: vec![model.loss],
     };
     let program = lower(&placed, &request).unwrap();

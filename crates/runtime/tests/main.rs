@@ -1,3 +1,8 @@
 //! Behaviour tests of the runtime.
 
+mod batch_plan;
+mod callbacks;
+mod config;
 mod equivalence;
+mod idx_data;
+mod optimizer;

@@ -149,7 +149,10 @@ pub fn output_layouts(
                     }
                 }
             }
-            let out_dims = out_dims.into_iter().map(Option::unwrap_or_default).collect();
+            let out_dims = out_dims
+                .into_iter()
+                .map(Option::unwrap_or_default)
+                .collect();
             Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
         }
         Op::Neg
@@ -185,7 +188,13 @@ pub fn output_layouts(
             let dy = dims(0);
             let (last, rest) = dy.split_last().expect("BiasAddGrad's input has a last dim");
             let partial = rest.iter().flatten().copied().collect();
-            Ok(vec![output(ctx, &mesh, vec![last.clone()], partial, out_shape(0))?])
+            Ok(vec![output(
+                ctx,
+                &mesh,
+                vec![last.clone()],
+                partial,
+                out_shape(0),
+            )?])
         }
         Op::LayerNorm { .. } => {
             last_unsplit(0, "the normalised dim")?;
@@ -232,7 +241,13 @@ pub fn output_layouts(
         Op::Transpose { perm } => {
             let x = dims(0);
             let out_dims = perm.iter().map(|&p| x[p].clone()).collect();
-            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out_shape(0))?])
+            Ok(vec![output(
+                ctx,
+                &mesh,
+                out_dims,
+                Vec::new(),
+                out_shape(0),
+            )?])
         }
         Op::BroadcastTo { shape } => {
             let x = dims(0);
@@ -247,7 +262,13 @@ pub fn output_layouts(
                     }
                 })
                 .collect();
-            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out_shape(0))?])
+            Ok(vec![output(
+                ctx,
+                &mesh,
+                out_dims,
+                Vec::new(),
+                out_shape(0),
+            )?])
         }
         Op::SumToShape { shape } => {
             let x = dims(0);
@@ -293,22 +314,32 @@ pub fn output_layouts(
             }
             let mut out_dims = dims(1);
             out_dims.push(table[1].clone());
-            Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out_shape(0))?])
+            Ok(vec![output(
+                ctx,
+                &mesh,
+                out_dims,
+                Vec::new(),
+                out_shape(0),
+            )?])
         }
         Op::EmbeddingGrad { .. } => {
             let ids = dims(0);
             let dy = dims(1);
             let partial = ids.iter().flatten().copied().collect();
             let last = dy.last().cloned().unwrap_or_default();
-            Ok(vec![output(ctx, &mesh, vec![Vec::new(), last], partial, out_shape(0))?])
+            Ok(vec![output(
+                ctx,
+                &mesh,
+                vec![Vec::new(), last],
+                partial,
+                out_shape(0),
+            )?])
         }
         Op::SparseSoftmaxCrossEntropy { .. } => {
             last_unsplit(0, "the class dim")?;
             let logits = dims(0);
             if dims(1).first() != logits.first() {
-                return Err(ctx.unsupported(
-                    "the labels must be split like the logits' batch dim",
-                ));
+                return Err(ctx.unsupported("the labels must be split like the logits' batch dim"));
             }
             let partial = logits.iter().flatten().copied().collect();
             Ok(vec![output(ctx, &mesh, Vec::new(), partial, out_shape(0))?])

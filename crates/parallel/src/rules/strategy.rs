@@ -23,7 +23,9 @@ fn place(
     inputs: Vec<Vec<Vec<usize>>>,
 ) -> Result<InputPlacement, ParallelError> {
     let mesh = repeated_calc_mesh(dev_matrix, names, devices).map_err(|e| match e {
-        layout::LayoutError::StrategyDeviceMismatch { used, device_num, .. } => ctx.invalid(
+        layout::LayoutError::StrategyDeviceMismatch {
+            used, device_num, ..
+        } => ctx.invalid(
             strategy,
             format!("it uses {used} devices, which does not divide the {device_num} devices"),
         ),
@@ -47,10 +49,7 @@ fn place(
 }
 
 /// Checks that every factor divides its dim.
-fn check_divides(
-    ctx: &OpContext<'_>,
-    strategy: &[Vec<usize>],
-) -> Result<(), ParallelError> {
+fn check_divides(ctx: &OpContext<'_>, strategy: &[Vec<usize>]) -> Result<(), ParallelError> {
     if strategy.len() != ctx.input_shapes.len() {
         return Err(ctx.invalid(
             strategy,
@@ -101,8 +100,16 @@ pub fn input_layouts(
             transpose_a,
             transpose_b,
         } => {
-            let (a, ka) = if *transpose_a { (s[0][1], s[0][0]) } else { (s[0][0], s[0][1]) };
-            let (kb, c) = if *transpose_b { (s[1][1], s[1][0]) } else { (s[1][0], s[1][1]) };
+            let (a, ka) = if *transpose_a {
+                (s[0][1], s[0][0])
+            } else {
+                (s[0][0], s[0][1])
+            };
+            let (kb, c) = if *transpose_b {
+                (s[1][1], s[1][0])
+            } else {
+                (s[1][0], s[1][1])
+            };
             if ka != kb {
                 return Err(ctx.invalid(
                     s,
@@ -113,7 +120,11 @@ pub fn input_layouts(
                 ));
             }
             let (m, k, n) = (vec![0], vec![1], vec![2]);
-            let a_dims = if *transpose_a { vec![k.clone(), m] } else { vec![m, k.clone()] };
+            let a_dims = if *transpose_a {
+                vec![k.clone(), m]
+            } else {
+                vec![m, k.clone()]
+            };
             let b_dims = if *transpose_b { vec![n, k] } else { vec![k, n] };
             place(
                 ctx,
@@ -141,7 +152,9 @@ pub fn input_layouts(
                     (Some(x), Some(y)) if size_a == size_b && x != y => {
                         return Err(ctx.invalid(
                             s,
-                            format!("batch dim {j} is split {x} ways in one input and {y} in the other"),
+                            format!(
+                                "batch dim {j} is split {x} ways in one input and {y} in the other"
+                            ),
                         ))
                     }
                     (Some(x), Some(y)) => x.max(y),
@@ -150,8 +163,16 @@ pub fn input_layouts(
                 };
                 dev.push(f);
             }
-            let (a, ka) = if *transpose_a { (s[0][ra - 1], s[0][ra - 2]) } else { (s[0][ra - 2], s[0][ra - 1]) };
-            let (kb, c) = if *transpose_b { (s[1][rb - 1], s[1][rb - 2]) } else { (s[1][rb - 2], s[1][rb - 1]) };
+            let (a, ka) = if *transpose_a {
+                (s[0][ra - 1], s[0][ra - 2])
+            } else {
+                (s[0][ra - 2], s[0][ra - 1])
+            };
+            let (kb, c) = if *transpose_b {
+                (s[1][rb - 1], s[1][rb - 2])
+            } else {
+                (s[1][rb - 2], s[1][rb - 1])
+            };
             if ka != kb {
                 return Err(ctx.invalid(
                     s,
@@ -164,14 +185,26 @@ pub fn input_layouts(
                 (0..rank - 2)
                     .map(|d| {
                         let j = d + batch + 2 - rank;
-                        if s[input][d] > 1 { vec![j] } else { Vec::new() }
+                        if s[input][d] > 1 {
+                            vec![j]
+                        } else {
+                            Vec::new()
+                        }
                     })
                     .collect()
             };
             let mut a_dims = batch_dims(ra, 0);
-            a_dims.extend(if *transpose_a { [vec![k], vec![m]] } else { [vec![m], vec![k]] });
+            a_dims.extend(if *transpose_a {
+                [vec![k], vec![m]]
+            } else {
+                [vec![m], vec![k]]
+            });
             let mut b_dims = batch_dims(rb, 1);
-            b_dims.extend(if *transpose_b { [vec![n], vec![k]] } else { [vec![k], vec![n]] });
+            b_dims.extend(if *transpose_b {
+                [vec![n], vec![k]]
+            } else {
+                [vec![k], vec![n]]
+            });
             let mut axis_names = names("b", batch);
             axis_names.extend(["m".to_string(), "k".to_string(), "n".to_string()]);
             place(ctx, s, &dev, &axis_names, devices, vec![a_dims, b_dims])
@@ -190,7 +223,14 @@ pub fn input_layouts(
                 ));
             }
             let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
-            place(ctx, s, &s[0], &names("d", r), devices, vec![dims, vec![vec![r - 1]]])
+            place(
+                ctx,
+                s,
+                &s[0],
+                &names("d", r),
+                devices,
+                vec![dims, vec![vec![r - 1]]],
+            )
         }
         Op::Softmax | Op::LogSoftmax => {
             let r = s[0].len();
@@ -308,7 +348,9 @@ fn broadcast_binary(
                 if f != 1 {
                     return Err(ctx.invalid(
                         s,
-                        format!("input {i} is broadcast along dim {j}, so it cannot be split there"),
+                        format!(
+                            "input {i} is broadcast along dim {j}, so it cannot be split there"
+                        ),
                     ));
                 }
                 continue;
@@ -316,7 +358,10 @@ fn broadcast_binary(
             if dev[j] != 1 && f != dev[j] {
                 return Err(ctx.invalid(
                     s,
-                    format!("dim {j} is split {} ways in one input and {f} in another", dev[j]),
+                    format!(
+                        "dim {j} is split {} ways in one input and {f} in another",
+                        dev[j]
+                    ),
                 ));
             }
             dev[j] = f;
@@ -354,14 +399,15 @@ fn broadcast_binary(
 
 /// MindSpore's default for an op without a user strategy: data parallel, dim 0 of every input
 /// whose dim 0 is the batch (the output's dim 0) split over the devices, everything else whole.
-/// Ops whose batch dim does not divide by the device count are split by the largest divisor.
+/// When the batch does not divide by the device count, it is split by the largest number that
+/// divides both (the rest of the devices repeat the calculation).
 pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> {
     let batch = ctx
         .output_shapes
         .first()
         .and_then(|s| s.first().copied())
         .unwrap_or(1);
-    let split = largest_divisor_at_most(batch, devices);
+    let split = gcd(batch, devices);
     let batch_split = |shape: &[usize], is_batch: bool| -> Vec<usize> {
         let mut st = vec![1; shape.len()];
         if is_batch && !shape.is_empty() {
@@ -384,7 +430,7 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
         ],
         Op::Embedding => vec![vec![1, 1], batch_split(ctx.input_shapes[1], true)],
         Op::SparseSoftmaxCrossEntropy { .. } => {
-            let b = largest_divisor_at_most(ctx.input_shapes[0][0], devices);
+            let b = gcd(ctx.input_shapes[0][0], devices);
             vec![vec![b, 1], vec![b]]
         }
         Op::LayerNorm { .. } => vec![
@@ -393,7 +439,10 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             vec![1],
         ],
         Op::Softmax | Op::LogSoftmax => {
-            vec![batch_split(ctx.input_shapes[0], ctx.input_shapes[0].len() > 1)]
+            vec![batch_split(
+                ctx.input_shapes[0],
+                ctx.input_shapes[0].len() > 1,
+            )]
         }
         _ => {
             let single_input = ctx.input_shapes.len() == 1;
@@ -412,9 +461,13 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
     }
 }
 
-/// The largest divisor of `n` that is at most `limit` (at least 1).
-pub fn largest_divisor_at_most(n: usize, limit: usize) -> usize {
-    (1..=limit.min(n).max(1)).rev().find(|d| n % d == 0).unwrap_or(1)
+/// The greatest common divisor (1 for 0 and 0).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a.max(1)
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// A mesh of `devices` ranks in one axis named `dp`, the devices of a stage.

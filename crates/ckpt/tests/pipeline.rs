@@ -1,0 +1,200 @@
+//! Pipeline strategies: per-stage MindSpore files merged (`merge_pipeline_strategys`, in
+//! deterministic stage order), then a 2-stage × 4-device checkpoint with a parameter shared by
+//! both stages converted to 4 devices without pipeline, and back.
+
+use ckpt::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem, Strategy};
+use tensor::{DType, Tensor};
+
+use crate::util::{read_all, tmp};
+
+fn layout(dev: &[u32], map: &[i32]) -> MsLayout {
+    MsLayout {
+        dev_matrix: vec![dev.to_vec()],
+        tensor_map: vec![map.to_vec()],
+        param_split_shape: vec![vec![]],
+        indices_offset: vec![vec![]],
+        ..MsLayout::default()
+    }
+}
+
+/// The stage files of case4 in FORMAT_EXAMPLES.txt (pipeline 2 × dev [2,2]).
+fn stage_file(stage: u32) -> MsStrategyFile {
+    let (w, b) = if stage == 0 {
+        (layout(&[2, 2], &[1, 0]), layout(&[2, 2], &[0]))
+    } else {
+        (layout(&[2, 2], &[0, -1]), layout(&[2, 2], &[-1]))
+    };
+    MsStrategyFile {
+        current_stage: 1,
+        strategy_items: vec![MsStrategyItem {
+            node_name: format!("Default/network-Net/stage{stage}/MatMul-op{stage}"),
+            stage,
+            strategies: vec![vec![2, 2], vec![2, 1]],
+        }],
+        layout_items: vec![
+            MsLayoutItem {
+                param_name: format!("s{stage}.w"),
+                layout: w,
+            },
+            MsLayoutItem {
+                param_name: format!("s{stage}.b"),
+                layout: b,
+            },
+            MsLayoutItem {
+                param_name: "shared.emb".into(),
+                layout: layout(&[2, 2], &[0, -1]),
+            },
+        ],
+    }
+}
+
+#[test]
+fn merge_stages_in_stage_order() {
+    let dir = tmp();
+    let stages = dir.path().join("stages");
+    std::fs::create_dir_all(&stages).unwrap();
+    // Names chosen so that file-name order differs from stage order.
+    std::fs::write(stages.join("a_stage1.ckpt"), stage_file(1).encode()).unwrap();
+    std::fs::write(stages.join("b_stage0.ckpt"), stage_file(0).encode()).unwrap();
+    std::fs::write(stages.join("c_copy_of_stage0.ckpt"), stage_file(0).encode()).unwrap();
+    let out = dir.path().join("merged.ckpt");
+    let report = ckpt::merge_pipeline_strategies(&stages, &out, false).unwrap();
+    assert_eq!(
+        report.merged.iter().map(|(_, s)| *s).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(report.skipped.len(), 1);
+    let bytes = std::fs::read(&out).unwrap();
+    let merged = MsStrategyFile::decode(&out, &bytes).unwrap();
+    assert_eq!(merged.current_stage, 1);
+    let names: Vec<&str> = merged
+        .layout_items
+        .iter()
+        .map(|i| i.param_name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            "0-s0.w",
+            "0-s0.b",
+            "0-shared.emb",
+            "1-s1.w",
+            "1-s1.b",
+            "1-shared.emb"
+        ]
+    );
+    // Read back: two stages, the shared embedding placed in both.
+    let s = Strategy::load(&out).unwrap();
+    assert_eq!(s.n_stages(), 2);
+    let emb = s.param("shared.emb").unwrap();
+    assert_eq!(emb.placements.len(), 2);
+    assert_eq!(emb.placements[1].layout.mesh().rank_list(), &[4, 5, 6, 7]);
+    // Mixing protobuf and JSON inputs is refused.
+    std::fs::write(stages.join("d.json"), b"{}").unwrap();
+    let err =
+        ckpt::merge_pipeline_strategies(&stages, &dir.path().join("m2.ckpt"), false).unwrap_err();
+    assert!(matches!(err, ckpt::CkptError::MixedFormats { .. }), "{err}");
+    // A single unmerged stage-1 file cannot drive a conversion.
+    let lone = dir.path().join("lone.ckpt");
+    std::fs::write(&lone, stage_file(1).encode()).unwrap();
+    let err = Strategy::load(&lone).unwrap().check_stages().unwrap_err();
+    assert!(err.to_string().contains("merge-stages"), "{err}");
+}
+
+#[test]
+fn pipeline_to_flat_and_back() {
+    let dir = tmp();
+    let stages = dir.path().join("stages");
+    std::fs::create_dir_all(&stages).unwrap();
+    std::fs::write(stages.join("s0.ckpt"), stage_file(0).encode()).unwrap();
+    std::fs::write(stages.join("s1.ckpt"), stage_file(1).encode()).unwrap();
+    let a = dir.path().join("A.ckpt");
+    ckpt::merge_pipeline_strategies(&stages, &a, false).unwrap();
+    // Global shapes, and the source written rank by rank from the resolved layouts.
+    let shapes = [
+        ("s0.w", vec![8, 4]),
+        ("s0.b", vec![4]),
+        ("s1.w", vec![8, 4]),
+        ("s1.b", vec![4]),
+        ("shared.emb", vec![16, 4]),
+    ];
+    let strategy = Strategy::load(&a).unwrap();
+    let (resolved, unknown) = strategy
+        .resolve(|p, _| {
+            Ok(shapes
+                .iter()
+                .find(|(n, _)| *n == p.name)
+                .map(|(_, s)| ckpt::ShapeHint {
+                    shape: s.clone(),
+                    is_global: true,
+                    dtype: Some(DType::F32),
+                    source: "the test".into(),
+                }))
+        })
+        .unwrap();
+    assert!(unknown.is_empty());
+    let full: Vec<Tensor> = resolved
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let n: usize = p.shape.iter().product();
+            Tensor::from_vec(&p.shape, (0..n).map(|x| (i * 1000 + x) as f32).collect()).unwrap()
+        })
+        .collect();
+    let src = dir.path().join("src");
+    for rank in 0..8 {
+        let mut tensors = Vec::new();
+        for (p, t) in resolved.params().iter().zip(&full) {
+            if let Some((pl, slot)) = p.placement_of_rank(rank) {
+                tensors.push((
+                    p.name.clone(),
+                    t.extract_box(&pl.held.slot_box(slot)).unwrap(),
+                ));
+            }
+        }
+        let refs: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        ckpt::save_rank_checkpoint(&src, rank, &refs, false).unwrap();
+    }
+    // To everything on one rank: full tensors.
+    let merged = dir.path().join("merged");
+    let report =
+        ckpt::convert_checkpoints(&src, &a, &merged, None, &ckpt::ConvertOptions::default())
+            .unwrap();
+    let got = read_all(&merged.join("rank_0/checkpoint_0.safetensors"));
+    for (p, t) in resolved.params().iter().zip(&full) {
+        let (_, stored) = got.iter().find(|(n, _)| *n == p.name).unwrap();
+        assert_eq!(stored.bytes, t.as_bytes(), "{}", p.name);
+    }
+    // The shared embedding is read from one stage only.
+    assert!(report.ranks[0].source_ranks.len() <= 8);
+    // Back to the pipeline layout (the merged checkpoint's strategy: all on rank 0): identical.
+    let one = ckpt::ResolvedStrategy::single_rank(
+        &resolved
+            .params()
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let full_strategy = dir.path().join("full.json");
+    ckpt::save_param_strategy_file(&full_strategy, &one, ckpt::StrategyFlavour::Tessera, false)
+        .unwrap();
+    let back = dir.path().join("back");
+    ckpt::convert_checkpoints(
+        &merged,
+        &full_strategy,
+        &back,
+        Some(&a),
+        &ckpt::ConvertOptions::default(),
+    )
+    .unwrap();
+    for rank in 0..8 {
+        let f = format!("rank_{rank}/checkpoint_{rank}.safetensors");
+        let mut x = read_all(&src.join(&f));
+        let mut y = read_all(&back.join(&f));
+        x.sort_by(|p, q| p.0.cmp(&q.0));
+        y.sort_by(|p, q| p.0.cmp(&q.0));
+        assert_eq!(x, y, "rank {rank}");
+    }
+}

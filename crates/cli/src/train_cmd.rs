@@ -1,0 +1,119 @@
+//! `tessera train`: train a model from a TOML configuration.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use runtime::{LaunchOptions, Session, TrainConfig};
+
+/// Which communicator backend runs the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// One thread per rank in this process.
+    Local,
+    /// One process per rank, started by `mpirun` (needs a build with `--features mpi`).
+    Mpi,
+}
+
+/// Arguments of `tessera train`.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The training configuration (TOML; see docs/CONFIG.md).
+    config: PathBuf,
+    /// Override `parallel.devices`.
+    #[arg(long)]
+    devices: Option<usize>,
+    /// Override one key, `section.key=value` (the value is read as TOML, or as a string when it
+    /// is not valid TOML); repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    sets: Vec<String>,
+    /// Write one JSON object per step and per epoch to FILE (default: `<output.dir>/metrics.jsonl`).
+    #[arg(long)]
+    log_json: Option<PathBuf>,
+    /// Print every op's strategy and every inserted communication with its reason and bytes per
+    /// step, then exit without training.
+    #[arg(long)]
+    explain: bool,
+    /// Where the ranks run.
+    #[arg(long, value_enum, default_value = "local")]
+    backend: Backend,
+    /// Longest wait for a peer in any collective, in seconds.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+}
+
+/// Runs `tessera train`.
+pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    let mut config = TrainConfig::load(&args.config, &args.sets)?;
+    if let Some(n) = args.devices {
+        config = config.with_devices(n)?;
+    }
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    let session = Session::new(&config)?;
+    if args.explain {
+        print!("{}", session.train.explain());
+        return Ok(());
+    }
+    let out_dir = config.output().dir.clone();
+    std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("cannot create output.dir {}", out_dir.display()))?;
+    let options = LaunchOptions {
+        print_loss: true,
+        metrics_log: Some(
+            args.log_json
+                .clone()
+                .unwrap_or_else(|| config.output().metrics_file()),
+        ),
+        timeout: std::time::Duration::from_secs(args.timeout),
+    };
+    let start = Instant::now();
+    let report = match args.backend {
+        Backend::Local => runtime::train_local(&session, &options)?,
+        Backend::Mpi => train_mpi(&session, &options)?,
+    };
+    let elapsed = start.elapsed().as_secs_f64();
+    let is_rank0 = report.ranks.len() == session.devices() || mpi_rank_is_zero();
+    if is_rank0 {
+        let steps = report.losses().len();
+        println!(
+            "trained {} steps on {} device(s) in {:.2} s ({:.1} steps/s); final loss {:.4}",
+            steps,
+            report.devices,
+            elapsed,
+            steps as f64 / elapsed.max(1e-9),
+            report.losses().last().copied().unwrap_or(f32::NAN)
+        );
+        if let Some(acc) = report.accuracies().last() {
+            println!("test accuracy after the last epoch: {:.2}%", acc * 100.0);
+        }
+        if config.output().save_checkpoint {
+            println!(
+                "checkpoints: {}/rank_<r>/checkpoint_<r>.safetensors; strategy: {}/strategy.json (Tessera) and strategy.ckpt (MindSpore)",
+                out_dir.display(),
+                out_dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "mpi")]
+fn train_mpi(session: &Session, options: &LaunchOptions) -> anyhow::Result<runtime::TrainReport> {
+    Ok(runtime::train_mpi(session, options)?)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn train_mpi(_: &Session, _: &LaunchOptions) -> anyhow::Result<runtime::TrainReport> {
+    bail!("--backend mpi needs a tessera built with `cargo build --features mpi`")
+}
+
+/// Whether this process is rank 0 of an `mpirun` job (OpenMPI and MPICH set these).
+fn mpi_rank_is_zero() -> bool {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .is_none_or(|r| r == "0")
+}

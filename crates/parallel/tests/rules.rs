@@ -1,0 +1,171 @@
+//! MindSpore's sharding rules: the device matrices and layouts strategies give, and the errors
+//! invalid strategies get.
+
+use graph::models::seed_mlp;
+use graph::{GraphBuilder, NodeRole};
+use parallel::{place, ParallelConfig, ParallelError, ParallelMode, StrategySource};
+use tensor::DType;
+
+fn seed_training(batch: usize, hidden: usize) -> graph::TrainingGraph {
+    let model = seed_mlp(batch, &[8, 8], hidden, 10).unwrap();
+    graph::grad(
+        &model.graph,
+        model.loss,
+        &model.graph.trainable_parameters(),
+    )
+    .unwrap()
+}
+
+fn seed_config() -> ParallelConfig {
+    ParallelConfig::new(ParallelMode::SemiAuto, 8)
+        .shard("matmul1", &[&[2, 4], &[4, 1]])
+        .shard("relu1", &[&[4, 1]])
+        .shard("matmul2", &[&[1, 8], &[8, 1]])
+        .shard("relu2", &[&[8, 1]])
+}
+
+#[test]
+fn matmul_device_matrix_and_maps_follow_mindspore() {
+    // SEMANTICS §2.2: ((2,4),(4,1)) on 8 devices: dev [2,4,1] -> normalised [2,4];
+    // A map [1,0], B map [0,-1], output [1,-1] with a pending sum over the k axis.
+    let training = seed_training(32, 512);
+    let placed = place(&training.graph, &seed_config()).unwrap();
+    let id = training.graph.node_by_name("matmul1").unwrap();
+    let p = &placed.nodes[id.0];
+    assert_eq!(p.source, StrategySource::User);
+    assert_eq!(p.mesh().device_matrix(), vec![2, 4]);
+    assert_eq!(p.inputs[0].layout().ms_flat_tensor_map(), Some(vec![1, 0]));
+    assert_eq!(p.inputs[1].layout().ms_flat_tensor_map(), Some(vec![0, -1]));
+    assert_eq!(
+        p.outputs[0].layout().layout().ms_flat_tensor_map(),
+        Some(vec![1, -1])
+    );
+    assert_eq!(p.outputs[0].partial_axes(), &[1]);
+    // The parameter takes its consumer's layout: fc1_weight split 4 ways on dim 0, 2 copies.
+    let w1 = training.graph.value_by_name("fc1_weight").unwrap();
+    let l = placed.leaves[w1.0].as_ref().unwrap();
+    assert_eq!(l.slice_shape(), &[16, 512]);
+    assert_eq!(l.replica_groups()[0], vec![0, 4]);
+}
+
+#[test]
+fn repeated_calculation_axis_goes_on_the_right() {
+    // ((2,1),(1,1)) on 8 devices: dev [2,1,1,4] -> [2,4]; A [1,-1], B replicated.
+    let training = seed_training(32, 64);
+    let config =
+        ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("matmul1", &[&[2, 1], &[1, 1]]);
+    let placed = place(&training.graph, &config).unwrap();
+    let p = &placed.nodes[training.graph.node_by_name("matmul1").unwrap().0];
+    assert_eq!(p.mesh().device_matrix(), vec![2, 4]);
+    assert_eq!(p.inputs[0].layout().ms_flat_tensor_map(), Some(vec![1, -1]));
+    assert_eq!(p.inputs[0].replica_groups()[0], vec![0, 1, 2, 3]);
+    assert_eq!(p.inputs[1].replica_count(), 8);
+}
+
+#[test]
+fn backward_nodes_run_on_their_forward_op_device_matrix() {
+    let training = seed_training(32, 512);
+    let placed = place(&training.graph, &seed_config()).unwrap();
+    let forward = training.graph.node_by_name("matmul1").unwrap();
+    let mut n_backward = 0;
+    for (node, p) in training.graph.nodes().iter().zip(&placed.nodes) {
+        if let NodeRole::Backward(g) = &node.role {
+            if g.forward == forward {
+                n_backward += 1;
+                assert_eq!(p.source, StrategySource::Backward(forward));
+                assert_eq!(p.mesh(), placed.nodes[forward.0].mesh());
+            }
+        }
+    }
+    assert!(n_backward >= 1);
+}
+
+fn expect_invalid(config: ParallelConfig, needle: &str) {
+    let training = seed_training(32, 512);
+    let err = place(&training.graph, &config).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains(needle), "{text:?} should contain {needle:?}");
+}
+
+#[test]
+fn invalid_strategies_name_the_op_and_the_rule() {
+    expect_invalid(
+        ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("matmul1", &[&[2, 4], &[2, 1]]),
+        "matmul1 (MatMul): strategy ((2, 4), (2, 1)): the split of the first input's reduction dim (4) must equal the second's (2)",
+    );
+    expect_invalid(
+        ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("matmul1", &[&[3, 1], &[1, 1]]),
+        "dim 0 of input 0 has size 32, which 3 does not divide",
+    );
+    expect_invalid(
+        ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("matmul1", &[&[2, 2], &[2, 3]]),
+        "dim 1 of input 1 has size 512, which 3 does not divide",
+    );
+    expect_invalid(
+        ParallelConfig {
+            dataset_strategy: parallel::DatasetStrategy::FullBatch,
+            ..ParallelConfig::new(ParallelMode::SemiAuto, 6).shard("matmul1", &[&[4, 1], &[1, 1]])
+        },
+        "it uses 4 devices, which does not divide the 6 devices",
+    );
+    expect_invalid(
+        ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("relu1", &[&[4, 1, 1]]),
+        "input 0 has 2 dims",
+    );
+    expect_invalid(
+        ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("matmul9", &[&[1, 1], &[1, 1]]),
+        "a strategy is set for op \"matmul9\", but the graph has no op of that name",
+    );
+    expect_invalid(
+        ParallelConfig::new(ParallelMode::SemiAuto, 8).shard_with_out(
+            "matmul1",
+            &[&[2, 4], &[4, 1]],
+            &[&[4, 1]],
+        ),
+        "dim 0 of output 0 can only be split [2, 8] ways",
+    );
+}
+
+#[test]
+fn softmax_axis_and_cross_entropy_classes_cannot_be_split() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[8, 4], DType::F32).unwrap();
+    b.softmax("softmax", x).unwrap();
+    let g = b.finish();
+    let config = ParallelConfig::new(ParallelMode::SemiAuto, 4).shard("softmax", &[&[1, 4]]);
+    let err = place(&g, &config).unwrap_err();
+    assert!(matches!(err, ParallelError::InvalidStrategy { .. }));
+    assert!(err
+        .to_string()
+        .contains("the last dim (the softmax axis) cannot be split"));
+
+    let config = ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("loss", &[&[4, 2], &[4]]);
+    let training = seed_training(32, 64);
+    let err = place(&training.graph, &config).unwrap_err();
+    assert!(err
+        .to_string()
+        .contains("the class dim of the logits cannot be split"));
+}
+
+#[test]
+fn dataset_strategy_must_divide_the_batch() {
+    let training = seed_training(30, 64);
+    let err = place(
+        &training.graph,
+        &ParallelConfig::new(ParallelMode::DataParallel, 8),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("30 is not divisible by 8"),
+        "{err}"
+    );
+}
+
+#[test]
+fn stand_alone_ignores_strategies() {
+    let training = seed_training(32, 64);
+    let mut config = seed_config();
+    config.mode = ParallelMode::StandAlone;
+    let placed = place(&training.graph, &config).unwrap();
+    assert!(placed.nodes.iter().all(|p| p.mesh().n_devices() == 1));
+}

@@ -1,0 +1,412 @@
+//! Training callbacks: what the training loop reports after each step, each epoch and at the end.
+//!
+//! The loop calls, on every rank, [`Callback::on_step_end`] after a step's optimizer update,
+//! [`Callback::on_epoch_end`] after an epoch (and its evaluation), and
+//! [`Callback::on_train_end`] once. Which callbacks a rank runs is the loop's choice: the
+//! loss and metrics are the same on every rank, so [`LossMonitor`] and [`MetricsLog`] belong on
+//! rank 0 only; [`LocalNorm`] is per rank by nature.
+//!
+//! - [`LossMonitor`]: MindSpore's `LossMonitor` line, `epoch: 1 step: 10, loss is 2.2871413`.
+//! - [`MetricsLog`]: JSON lines, one per step and one per epoch, flushed as written.
+//! - [`LocalNorm`]: MindSpore's `print_local_norm` / `dump_local_norm`: per rank and per
+//!   parameter shard, the L2 norm of the local shard of the parameter and of its gradient.
+//! - [`CallbackList`]: several callbacks as one, called in order.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use tensor::{Storage, Tensor};
+
+use crate::error::RuntimeError;
+
+/// One rank's parameter shard as a callback sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardView<'a> {
+    /// The parameter's name (`fc1_weight`).
+    pub name: &'a str,
+    /// This rank's shard of the parameter.
+    pub param: &'a Tensor,
+    /// This rank's shard of the parameter's gradient, when the loop still holds it.
+    pub grad: Option<&'a Tensor>,
+}
+
+/// What a step reports.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInfo<'a> {
+    /// The rank reporting.
+    pub rank: usize,
+    /// The epoch, from 1.
+    pub epoch: usize,
+    /// The step within the epoch, from 1.
+    pub step_in_epoch: usize,
+    /// The step over the whole run (across epochs and resumes), from 1.
+    pub global_step: u64,
+    /// The loss of the global batch (the same on every rank).
+    pub loss: f32,
+    /// Wall time of the step, in milliseconds.
+    pub step_ms: f64,
+    /// This rank's parameter shards (empty when no callback needs them).
+    pub shards: &'a [ShardView<'a>],
+}
+
+/// What an epoch reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EpochInfo {
+    /// The rank reporting.
+    pub rank: usize,
+    /// The epoch, from 1.
+    pub epoch: usize,
+    /// The global step at the end of the epoch.
+    pub global_step: u64,
+    /// Accuracy on the evaluation split, in [0, 1], when the loop evaluated.
+    pub eval_accuracy: Option<f64>,
+    /// Wall time of the epoch, in milliseconds.
+    pub epoch_ms: f64,
+}
+
+/// What the end of training reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainEndInfo {
+    /// The rank reporting.
+    pub rank: usize,
+    /// Epochs run (the last one possibly cut short by `max_steps`).
+    pub epochs: usize,
+    /// The global step reached.
+    pub global_step: u64,
+    /// The last step's loss, if a step ran.
+    pub last_loss: Option<f32>,
+}
+
+/// Something the training loop calls as training progresses. Every method defaults to doing
+/// nothing; an error stops training.
+pub trait Callback: Send {
+    /// After a step's optimizer update.
+    fn on_step_end(&mut self, _step: &StepInfo<'_>) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// After an epoch (and its evaluation).
+    fn on_epoch_end(&mut self, _epoch: &EpochInfo) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// Once, when training ends.
+    fn on_train_end(&mut self, _end: &TrainEndInfo) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+}
+
+/// Several callbacks called in order as one; the first error stops the round.
+#[derive(Default)]
+pub struct CallbackList {
+    callbacks: Vec<Box<dyn Callback>>,
+}
+
+impl CallbackList {
+    /// An empty list.
+    pub fn new() -> CallbackList {
+        CallbackList::default()
+    }
+
+    /// Appends `callback`.
+    pub fn push(&mut self, callback: Box<dyn Callback>) {
+        self.callbacks.push(callback);
+    }
+
+    /// The number of callbacks.
+    pub fn len(&self) -> usize {
+        self.callbacks.len()
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.callbacks.is_empty()
+    }
+}
+
+impl Callback for CallbackList {
+    fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
+        self.callbacks
+            .iter_mut()
+            .try_for_each(|c| c.on_step_end(step))
+    }
+
+    fn on_epoch_end(&mut self, epoch: &EpochInfo) -> Result<(), RuntimeError> {
+        self.callbacks
+            .iter_mut()
+            .try_for_each(|c| c.on_epoch_end(epoch))
+    }
+
+    fn on_train_end(&mut self, end: &TrainEndInfo) -> Result<(), RuntimeError> {
+        self.callbacks
+            .iter_mut()
+            .try_for_each(|c| c.on_train_end(end))
+    }
+}
+
+/// A sink error as a runtime error, naming what was written.
+fn sink_error(path: &Path, source: std::io::Error) -> RuntimeError {
+    RuntimeError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// MindSpore's `LossMonitor`: prints `epoch: 1 step: 10, loss is 2.2871413` (the loss as its
+/// shortest f32 representation, as MindSpore prints a float32 scalar) to a sink.
+///
+/// Like MindSpore, it prints when at least `per_print_times` global steps have passed since the
+/// last print (so every `per_print_times` steps; 0 never prints), and a NaN or infinite loss
+/// stops training with [`RuntimeError::InvalidLoss`], printed or not.
+pub struct LossMonitor {
+    out: Box<dyn Write + Send>,
+    per_print_times: u64,
+    last_print: u64,
+}
+
+impl LossMonitor {
+    /// A monitor printing to `out` every `per_print_times` steps.
+    pub fn new(out: Box<dyn Write + Send>, per_print_times: u64) -> LossMonitor {
+        LossMonitor {
+            out,
+            per_print_times,
+            last_print: 0,
+        }
+    }
+
+    /// A monitor printing to standard output.
+    pub fn stdout(per_print_times: u64) -> LossMonitor {
+        LossMonitor::new(Box::new(std::io::stdout()), per_print_times)
+    }
+}
+
+impl Callback for LossMonitor {
+    fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
+        if !step.loss.is_finite() {
+            return Err(RuntimeError::InvalidLoss {
+                epoch: step.epoch,
+                step: step.step_in_epoch,
+                loss: step.loss,
+            });
+        }
+        let due = step.global_step.saturating_sub(self.last_print) >= self.per_print_times;
+        if self.per_print_times == 0 || !due {
+            return Ok(());
+        }
+        self.last_print = step.global_step;
+        writeln!(
+            self.out,
+            "epoch: {} step: {}, loss is {}",
+            step.epoch, step.step_in_epoch, step.loss
+        )
+        .and_then(|()| self.out.flush())
+        .map_err(|e| sink_error(Path::new("<loss monitor output>"), e))
+    }
+}
+
+/// JSON lines of training metrics, one object per line, flushed as each is written:
+/// per step `{"epoch": 1, "step": 3, "loss": 2.28, "ms": 1.9}` (`step` counts within the
+/// epoch, from 1) and per epoch `{"epoch": 1, "eval_accuracy": 0.93}` (`null` when the loop
+/// did not evaluate).
+pub struct MetricsLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl MetricsLog {
+    /// Creates (or truncates) `path`, creating its parent directories.
+    pub fn create(path: &Path) -> Result<MetricsLog, RuntimeError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| sink_error(parent, e))?;
+        }
+        let file = File::create(path).map_err(|e| sink_error(path, e))?;
+        Ok(MetricsLog {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// The file written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write_line(&mut self, value: serde_json::Value) -> Result<(), RuntimeError> {
+        let mut line = value.to_string();
+        line.push('\n');
+        // One write per line: a reader tailing the file never sees half a line of ours.
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.flush())
+            .map_err(|e| sink_error(&self.path, e))
+    }
+}
+
+impl Callback for MetricsLog {
+    fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
+        self.write_line(json!({
+            "epoch": step.epoch,
+            "step": step.step_in_epoch,
+            "loss": step.loss,
+            "ms": step.step_ms,
+        }))
+    }
+
+    fn on_epoch_end(&mut self, epoch: &EpochInfo) -> Result<(), RuntimeError> {
+        self.write_line(json!({
+            "epoch": epoch.epoch,
+            "eval_accuracy": epoch.eval_accuracy,
+        }))
+    }
+}
+
+/// The L2 norm of every element of `t`, accumulated in f64 (integer tensors count as their
+/// values).
+pub fn l2_norm(t: &Tensor) -> f64 {
+    let sum_sq = match t.storage() {
+        Storage::F32(v) => v.iter().map(|&x| f64::from(x) * f64::from(x)).sum(),
+        Storage::F64(v) => v.iter().map(|&x| x * x).sum(),
+        _ => t.to_f64_vec().iter().map(|&x| x * x).sum::<f64>(),
+    };
+    sum_sq.sqrt()
+}
+
+/// Where [`LocalNorm`] reports.
+enum LocalNormSink {
+    Print(Box<dyn Write + Send>),
+    Dump(PathBuf),
+}
+
+/// MindSpore's `print_local_norm` / `dump_local_norm`: on every rank, for every parameter shard
+/// the rank holds, the L2 norm of the local shard of the parameter and, when the loop passes
+/// it, of the local shard of its gradient.
+///
+/// - **print**: one line per norm, `rank 3 step 10 local_norm fc1_weight 1.2345` (the parameter)
+///   and `rank 3 step 10 local_grad_norm fc1_weight 0.0123` (its gradient).
+/// - **dump**: one JSON file per rank and step, `<dir>/rank_<r>/local_norm_step_<s>.json`,
+///   `{"rank": 3, "step": 10, "params": [{"name": "fc1_weight", "shape": [16, 128],
+///   "local_norm": 1.2345, "local_grad_norm": 0.0123}]}` (`null` without a gradient), written
+///   to a temporary file and renamed, so a reader never sees a partial file.
+///
+/// # Differences from MindSpore
+/// MindSpore inserts the norm into the compiled graph (`Print("dump local norm: ", name, …)`,
+/// or `TensorDump` files `local_norm__<name>_float32_<id>.npy` with `finish_step` markers under
+/// `<path>/rank_<r>/`) and computes it on the rank's local gradient slice; to our reading it has
+/// no parameter norm (mindformers reports weight norms separately). Tessera computes on the host
+/// after the step, reports both norms, and its gradient is the one the optimizer applied (after
+/// the gradient reduction), the value that explains the update. Files are JSON, one per step,
+/// named by the step rather than by a dump counter.
+pub struct LocalNorm {
+    sink: LocalNormSink,
+}
+
+impl LocalNorm {
+    /// Prints lines to `out` (MindSpore's `print_local_norm`).
+    pub fn printing(out: Box<dyn Write + Send>) -> LocalNorm {
+        LocalNorm {
+            sink: LocalNormSink::Print(out),
+        }
+    }
+
+    /// Dumps JSON files under `dir` (MindSpore's `dump_local_norm(dir)`).
+    pub fn dumping(dir: &Path) -> LocalNorm {
+        LocalNorm {
+            sink: LocalNormSink::Dump(dir.to_path_buf()),
+        }
+    }
+
+    /// The file rank `rank` writes for step `step` under `dir`.
+    pub fn dump_file(dir: &Path, rank: usize, step: u64) -> PathBuf {
+        dir.join(format!("rank_{rank}"))
+            .join(format!("local_norm_step_{step}.json"))
+    }
+
+    /// Reports the norms of `shards` for rank `rank` at global step `step`.
+    pub fn record(
+        &mut self,
+        rank: usize,
+        step: u64,
+        shards: &[ShardView<'_>],
+    ) -> Result<(), RuntimeError> {
+        let norms: Vec<(f64, Option<f64>)> = shards
+            .iter()
+            .map(|s| (l2_norm(s.param), s.grad.map(l2_norm)))
+            .collect();
+        match &mut self.sink {
+            LocalNormSink::Print(out) => {
+                let mut text = String::new();
+                for (shard, (norm, grad_norm)) in shards.iter().zip(&norms) {
+                    text.push_str(&format!(
+                        "rank {rank} step {step} local_norm {} {norm}\n",
+                        shard.name
+                    ));
+                    if let Some(grad_norm) = grad_norm {
+                        text.push_str(&format!(
+                            "rank {rank} step {step} local_grad_norm {} {grad_norm}\n",
+                            shard.name
+                        ));
+                    }
+                }
+                out.write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .map_err(|e| sink_error(Path::new("<local norm output>"), e))
+            }
+            LocalNormSink::Dump(dir) => {
+                let params: Vec<serde_json::Value> = shards
+                    .iter()
+                    .zip(&norms)
+                    .map(|(shard, (norm, grad_norm))| {
+                        json!({
+                            "name": shard.name,
+                            "shape": shard.param.shape(),
+                            "local_norm": norm,
+                            "local_grad_norm": grad_norm,
+                        })
+                    })
+                    .collect();
+                let body = json!({ "rank": rank, "step": step, "params": params });
+                write_atomically(
+                    &LocalNorm::dump_file(dir, rank, step),
+                    body.to_string().as_bytes(),
+                )
+            }
+        }
+    }
+}
+
+impl Callback for LocalNorm {
+    fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
+        self.record(step.rank, step.global_step, step.shards)
+    }
+}
+
+/// Writes `bytes` to `path` through a sibling temporary file renamed into place, creating the
+/// parent directories.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| sink_error(parent, e))?;
+    }
+    let mut temp_name = path.as_os_str().to_owned();
+    temp_name.push(".tmp");
+    let temp = PathBuf::from(temp_name);
+    std::fs::write(&temp, bytes).map_err(|e| sink_error(&temp, e))?;
+    std::fs::rename(&temp, path).map_err(|e| sink_error(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn l2_norm_of_each_dtype() {
+        let f32_tensor = Tensor::from_vec(&[2], vec![3f32, 4.]).unwrap();
+        let f64_tensor = Tensor::from_vec(&[3], vec![1f64, 2., 2.]).unwrap();
+        let i32_tensor = Tensor::from_vec(&[2], vec![-6i32, 8]).unwrap();
+        assert_eq!(l2_norm(&f32_tensor), 5.0);
+        assert_eq!(l2_norm(&f64_tensor), 3.0);
+        assert_eq!(l2_norm(&i32_tensor), 10.0);
+        assert_eq!(l2_norm(&Tensor::zeros(tensor::DType::F32, &[0])), 0.0);
+    }
+}

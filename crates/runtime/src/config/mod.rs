@@ -1,0 +1,371 @@
+//! The training configuration: a TOML file plus `--set section.key=value` overrides.
+//!
+//! `docs/CONFIG.md` documents every key (type, default, meaning). This module checks the
+//! structure: every section and key is known (a misspelt key is an error listing the valid
+//! ones), every value has the right type, required keys are present, sizes are positive, enum
+//! values are known and hyperparameters are in range. Checks that need the model (strategies
+//! dividing shapes, device counts matching strategies) belong to the parallel pass.
+//!
+//! # Overrides
+//! `section.key=value` sets one key before the file is checked; `section.sub.key` reaches a
+//! nested table (`parallel.shard.matmul1=[[2,4],[4,1]]`), creating it when absent. The value is
+//! parsed as a TOML value; when it is not valid TOML it is taken as a plain string
+//! (`data.dir=data/digits`). The first component must be a known section.
+//!
+//! # Paths
+//! Relative paths in the file (`data.dir`, `output.dir`, …) are relative to the directory the
+//! command runs in, not to the file: [`TrainConfig::load`] resolves them against the current
+//! directory, [`TrainConfig::parse`] against the directory it is given.
+
+//!
+//! # Modules
+//! [`values`] reads typed values out of TOML tables; [`sections`] reads each section into its
+//! config struct.
+
+mod sections;
+mod values;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use parallel::ParallelConfig;
+use toml::{Table, Value};
+
+use crate::data::Normalize;
+use crate::error::RuntimeError;
+use crate::optimizer::OptimizerConfig;
+
+use self::sections::{from_root, SECTIONS};
+use self::values::{config_error, describe, one_of};
+
+/// The built-in models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelName {
+    /// `graph::models::seed_mlp`.
+    SeedMlp,
+}
+
+impl ModelName {
+    /// The config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelName::SeedMlp => "seed_mlp",
+        }
+    }
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// The model.
+    pub name: ModelName,
+    /// Width of the hidden layers.
+    pub hidden: usize,
+    /// Number of classes (labels must be below it).
+    pub classes: usize,
+}
+
+/// The data formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataFormat {
+    /// MNIST's IDX files ([`crate::IdxDataset`]).
+    Idx,
+}
+
+impl DataFormat {
+    /// The config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataFormat::Idx => "idx",
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataConfig {
+    /// The format.
+    pub format: DataFormat,
+    /// The data set's directory (resolved).
+    pub dir: PathBuf,
+    /// The **global** batch size (over all devices).
+    pub batch_size: usize,
+    /// Shuffle the training split each epoch.
+    pub shuffle: bool,
+    /// Pixels are divided by this; `None`: by the largest pixel of the image file.
+    pub pixel_max: Option<f32>,
+    /// Whether scaled pixels are then standardised with the training split's statistics.
+    pub normalize: Normalize,
+}
+
+/// `[train]`, except the optimizer ([`TrainConfig::optimizer_config`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainLoopConfig {
+    /// Epochs to run.
+    pub epochs: usize,
+    /// Stop after this many global steps (`None`: no limit).
+    pub max_steps: Option<u64>,
+    /// Seed of parameter initialisation and data shuffling.
+    pub seed: u64,
+    /// Evaluate on the test split after each epoch.
+    pub eval: bool,
+    /// Print the loss every this many steps (0: never).
+    pub per_print_times: u64,
+    /// Print every rank's local norms each step.
+    pub print_local_norm: bool,
+    /// Dump every rank's local norms each step under this directory (resolved).
+    pub dump_local_norm: Option<PathBuf>,
+}
+
+/// `[output]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputConfig {
+    /// The run directory (resolved): checkpoints, metrics, strategy files.
+    pub dir: PathBuf,
+    /// Save a checkpoint at the end of training.
+    pub save_checkpoint: bool,
+    /// A checkpoint directory to resume from (resolved).
+    pub resume_from: Option<PathBuf>,
+    /// The strategy file of the checkpoint resumed from, when it is not inside it (resolved).
+    pub resume_strategy: Option<PathBuf>,
+}
+
+impl OutputConfig {
+    /// The metrics log, `<dir>/metrics.jsonl`.
+    pub fn metrics_file(&self) -> PathBuf {
+        self.dir.join("metrics.jsonl")
+    }
+}
+
+/// A validated training configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    source: Option<PathBuf>,
+    model: ModelConfig,
+    data: DataConfig,
+    parallel: ParallelConfig,
+    optimizer: OptimizerConfig,
+    train: TrainLoopConfig,
+    output: OutputConfig,
+    warnings: Vec<String>,
+}
+
+impl TrainConfig {
+    /// Reads the TOML file `path`, applies `overrides` (`section.key=value` each) and checks
+    /// the result. Relative paths are resolved against the current directory.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<TrainConfig, RuntimeError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RuntimeError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = std::env::current_dir().map_err(|source| RuntimeError::Io {
+            path: PathBuf::from("."),
+            source,
+        })?;
+        TrainConfig::parse(&text, Some(path), overrides, &base)
+    }
+
+    /// Parses config `text` (read from `source`, if from a file, for error messages), applies
+    /// `overrides` and checks the result; relative paths are resolved against `base`.
+    pub fn parse(
+        text: &str,
+        source: Option<&Path>,
+        overrides: &[String],
+        base: &Path,
+    ) -> Result<TrainConfig, RuntimeError> {
+        let mut root: Table = text.parse().map_err(|e: toml::de::Error| {
+            let at = e
+                .span()
+                .map(|span| {
+                    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                    format!(" (line {line})")
+                })
+                .unwrap_or_default();
+            in_source(
+                source,
+                "(syntax)",
+                format!("not valid TOML{at}: {}", e.message().trim()),
+            )
+        })?;
+        let mut overridden = BTreeSet::new();
+        for text in overrides {
+            overridden.insert(apply_override(&mut root, text)?);
+        }
+        let mut config = from_root(root, base).map_err(|e| match e {
+            RuntimeError::Config { key, reason } if overridden.contains(&key) => {
+                RuntimeError::Config {
+                    reason: format!("{reason} (the value comes from --set {key}=…)"),
+                    key,
+                }
+            }
+            RuntimeError::Config { key, reason } => in_source(source, &key, reason),
+            other => other,
+        })?;
+        config.source = source.map(Path::to_path_buf);
+        Ok(config)
+    }
+
+    /// The same config on `devices` devices (the command line's `--devices`).
+    pub fn with_devices(mut self, devices: usize) -> Result<TrainConfig, RuntimeError> {
+        if devices == 0 {
+            return Err(RuntimeError::Config {
+                key: "--devices".to_string(),
+                reason: "0 is out of range: it must be ≥ 1".to_string(),
+            });
+        }
+        self.parallel.devices = devices;
+        Ok(self)
+    }
+
+    /// The file the config was read from, if any.
+    pub fn source(&self) -> Option<&Path> {
+        self.source.as_deref()
+    }
+
+    /// `[model]`.
+    pub fn model(&self) -> &ModelConfig {
+        &self.model
+    }
+
+    /// `[data]`.
+    pub fn data(&self) -> &DataConfig {
+        &self.data
+    }
+
+    /// `[train]` without the optimizer.
+    pub fn train(&self) -> &TrainLoopConfig {
+        &self.train
+    }
+
+    /// `[output]`.
+    pub fn output(&self) -> &OutputConfig {
+        &self.output
+    }
+
+    /// The parallel settings of `[parallel]` (stand-alone on 1 device when the section is
+    /// absent).
+    pub fn parallel_config(&self) -> ParallelConfig {
+        self.parallel.clone()
+    }
+
+    /// The optimizer of `[train]`.
+    pub fn optimizer_config(&self) -> OptimizerConfig {
+        self.optimizer
+    }
+
+    /// Keys that are valid but have no effect in this config (e.g. `train.momentum` with
+    /// `optimizer = "adam"`), one sentence each, for the command line to print.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+}
+
+/// A `Config` error, or a `ConfigFile` error when it comes from a file.
+fn in_source(source: Option<&Path>, key: &str, reason: String) -> RuntimeError {
+    match source {
+        Some(path) => RuntimeError::ConfigFile {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            reason,
+        },
+        None => RuntimeError::Config {
+            key: key.to_string(),
+            reason,
+        },
+    }
+}
+
+/// Applies one `section.key=value` override to `root`; returns the dotted key set.
+fn apply_override(root: &mut Table, text: &str) -> Result<String, RuntimeError> {
+    let bad = |reason: String| config_error(&format!("--set {text}"), reason);
+    let Some((key, raw)) = text.split_once('=') else {
+        return Err(bad("expected section.key=value".to_string()));
+    };
+    let path: Vec<&str> = key.trim().split('.').map(str::trim).collect();
+    if path.len() < 2 || path.iter().any(|p| p.is_empty()) {
+        return Err(bad(format!(
+            "`{}` does not name a key inside a section: expected section.key=value",
+            key.trim()
+        )));
+    }
+    if !SECTIONS.contains(&path[0]) {
+        return Err(bad(format!(
+            "unknown section `{}` (valid sections: {})",
+            path[0],
+            one_of(SECTIONS)
+        )));
+    }
+    let raw = raw.trim();
+    let value = match format!("v = {raw}").parse::<Table>() {
+        Ok(mut parsed) if parsed.len() == 1 => parsed
+            .remove("v")
+            .unwrap_or_else(|| Value::String(raw.to_string())),
+        _ => Value::String(raw.to_string()),
+    };
+    let (leaf, parents) = path.split_last().unwrap_or((&"", &[]));
+    let mut table = root;
+    for (depth, part) in parents.iter().enumerate() {
+        let entry = table
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Table(Table::new()));
+        table = match entry {
+            Value::Table(inner) => inner,
+            other => {
+                return Err(bad(format!(
+                    "{} is {}, not a table",
+                    path[..=depth].join("."),
+                    describe(other)
+                )))
+            }
+        };
+    }
+    table.insert(leaf.to_string(), value);
+    Ok(path.join("."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sections::{DATA_KEYS, MODEL_KEYS, OUTPUT_KEYS, PARALLEL_KEYS, TRAIN_KEYS};
+    use super::values::read_strategy;
+    use super::*;
+
+    /// Every key of every section is documented in docs/CONFIG.md as `section.key`.
+    #[test]
+    fn config_md_documents_every_key() {
+        let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CONFIG.md");
+        let doc = std::fs::read_to_string(&doc_path).unwrap();
+        let sections = [
+            ("model", MODEL_KEYS),
+            ("data", DATA_KEYS),
+            ("parallel", PARALLEL_KEYS),
+            ("train", TRAIN_KEYS),
+            ("output", OUTPUT_KEYS),
+        ];
+        assert_eq!(sections.map(|(name, _)| name), SECTIONS);
+        for (section, keys) in sections {
+            for key in keys {
+                let documented = format!("`{section}.{key}`");
+                assert!(
+                    doc.contains(&documented),
+                    "docs/CONFIG.md lacks {documented}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn override_values_parse_as_toml_or_fall_back_to_strings() {
+        let mut root = Table::new();
+        apply_override(&mut root, "train.epochs=7").unwrap();
+        apply_override(&mut root, "data.dir=some/dir").unwrap();
+        apply_override(&mut root, "data.shuffle = false").unwrap();
+        apply_override(&mut root, "parallel.shard.matmul1=[[2,4],[4,1]]").unwrap();
+        apply_override(&mut root, "output.dir=\"quoted dir\"").unwrap();
+        assert_eq!(root["train"]["epochs"], Value::Integer(7));
+        assert_eq!(root["data"]["dir"], Value::String("some/dir".into()));
+        assert_eq!(root["data"]["shuffle"], Value::Boolean(false));
+        assert_eq!(root["output"]["dir"], Value::String("quoted dir".into()));
+        let strategy = read_strategy("k", root["parallel"]["shard"]["matmul1"].clone()).unwrap();
+        assert_eq!(strategy, vec![vec![2, 4], vec![4, 1]]);
+    }
+}

@@ -1,0 +1,326 @@
+//! The sections of a config file, each read into its struct, and the keys each may hold.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use toml::{Table, Value};
+
+use super::values::{
+    config_error, one_of, path_reader, read_bool, read_count, read_enum, read_float, read_positive,
+    read_strategy, wrong_type, Section,
+};
+use super::{
+    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
+};
+use crate::data::Normalize;
+use crate::error::RuntimeError;
+use crate::optimizer::{OptimizerConfig, OptimizerKind};
+
+/// The sections of a config file, in file order.
+pub(super) const SECTIONS: &[&str] = &["model", "data", "parallel", "train", "output"];
+pub(super) const MODEL_KEYS: &[&str] = &["name", "hidden", "classes"];
+pub(super) const DATA_KEYS: &[&str] = &[
+    "format",
+    "dir",
+    "batch_size",
+    "shuffle",
+    "pixel_max",
+    "normalize",
+];
+pub(super) const PARALLEL_KEYS: &[&str] = &[
+    "devices",
+    "mode",
+    "dataset_strategy",
+    "gradients_mean",
+    "loss_repeated_mean",
+    "shard",
+    "out_shard",
+];
+pub(super) const TRAIN_KEYS: &[&str] = &[
+    "epochs",
+    "max_steps",
+    "optimizer",
+    "learning_rate",
+    "weight_decay",
+    "momentum",
+    "use_nesterov",
+    "beta1",
+    "beta2",
+    "eps",
+    "seed",
+    "eval",
+    "per_print_times",
+    "print_local_norm",
+    "dump_local_norm",
+    "dump_local_norm_path",
+];
+pub(super) const OUTPUT_KEYS: &[&str] =
+    &["dir", "save_checkpoint", "resume_from", "resume_strategy"];
+
+/// Takes section `name` out of `root` (an empty table when absent and not `required`).
+fn take_section(
+    root: &mut Table,
+    name: &str,
+    valid: &[&str],
+    required: bool,
+) -> Result<Section, RuntimeError> {
+    match root.remove(name) {
+        Some(value) => Section::new(name, value, valid),
+        None if required => Err(config_error(
+            name,
+            format!("missing required section [{name}]"),
+        )),
+        None => Section::new(name, Value::Table(Table::new()), valid),
+    }
+}
+
+pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, RuntimeError> {
+    if let Some(unknown) = root.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
+        return Err(config_error(
+            unknown,
+            format!("unknown section (valid sections: {})", one_of(SECTIONS)),
+        ));
+    }
+    let mut warnings = Vec::new();
+    let model = read_model(take_section(&mut root, "model", MODEL_KEYS, true)?)?;
+    let data = read_data(take_section(&mut root, "data", DATA_KEYS, true)?, base)?;
+    let parallel = read_parallel(
+        take_section(&mut root, "parallel", PARALLEL_KEYS, false)?,
+        &mut warnings,
+    )?;
+    let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
+    let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
+    let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
+    let train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    Ok(TrainConfig {
+        source: None,
+        model,
+        data,
+        parallel,
+        optimizer,
+        train,
+        output,
+        warnings,
+    })
+}
+
+fn read_model(mut s: Section) -> Result<ModelConfig, RuntimeError> {
+    let name = s.or("name", ModelName::SeedMlp, |key, v| {
+        read_enum(key, v, &["seed_mlp"], |t| {
+            (t == "seed_mlp").then_some(ModelName::SeedMlp)
+        })
+    })?;
+    Ok(ModelConfig {
+        name,
+        hidden: s.require("hidden", read_positive)?,
+        classes: s.require("classes", read_positive)?,
+    })
+}
+
+fn read_data(mut s: Section, base: &Path) -> Result<DataConfig, RuntimeError> {
+    let format = s.or("format", DataFormat::Idx, |key, v| {
+        read_enum(key, v, &["idx"], |t| {
+            (t == "idx").then_some(DataFormat::Idx)
+        })
+    })?;
+    let dir = s.require("dir", path_reader(base))?;
+    let batch_size = s.require("batch_size", read_positive)?;
+    let shuffle = s.or("shuffle", true, read_bool)?;
+    let pixel_max = s.get("pixel_max", |key, v| {
+        let x = read_float(key, v)?;
+        if x.is_finite() && x > 0.0 && x <= f64::from(f32::MAX) {
+            Ok(x as f32)
+        } else {
+            Err(config_error(
+                key,
+                format!("{x} is out of range: it must be finite and > 0"),
+            ))
+        }
+    })?;
+    let normalize = s.or("normalize", Normalize::Standardize, |key, v| {
+        read_enum(key, v, &["standardize", "scale"], Normalize::parse)
+    })?;
+    Ok(DataConfig {
+        format,
+        dir,
+        batch_size,
+        shuffle,
+        pixel_max,
+        normalize,
+    })
+}
+
+fn read_dataset_strategy(key: &str, value: Value) -> Result<DatasetStrategy, RuntimeError> {
+    match value {
+        Value::String(text) => match text.as_str() {
+            "data_parallel" => Ok(DatasetStrategy::DataParallel),
+            "full_batch" => Ok(DatasetStrategy::FullBatch),
+            _ => Err(config_error(
+                key,
+                format!("unknown value \"{text}\" (valid: data_parallel, full_batch, or a list of per-input tuples like [[8, 1, 1], [8]])"),
+            )),
+        },
+        other => read_strategy(key, other).map(DatasetStrategy::PerInput),
+    }
+}
+
+/// `[parallel.shard]` or `[parallel.out_shard]`: op name → strategy.
+fn read_strategy_table(
+    key: &str,
+    value: Value,
+) -> Result<BTreeMap<String, Vec<Vec<usize>>>, RuntimeError> {
+    let Value::Table(table) = value else {
+        return Err(wrong_type(key, "a table of op name = strategy", &value));
+    };
+    table
+        .into_iter()
+        .map(|(op, strategy)| read_strategy(&format!("{key}.{op}"), strategy).map(|s| (op, s)))
+        .collect()
+}
+
+fn read_parallel(
+    mut s: Section,
+    warnings: &mut Vec<String>,
+) -> Result<ParallelConfig, RuntimeError> {
+    let modes = ["stand_alone", "data_parallel", "semi_auto"];
+    let mode = s.or("mode", ParallelMode::StandAlone, |key, v| {
+        read_enum(key, v, &modes, ParallelMode::parse)
+    })?;
+    let devices_given = s.has("devices");
+    let devices = s.or("devices", 1, read_positive)?;
+    let dataset_strategy = s.or(
+        "dataset_strategy",
+        DatasetStrategy::DataParallel,
+        read_dataset_strategy,
+    )?;
+    let gradients_mean = s.or("gradients_mean", true, read_bool)?;
+    let loss_repeated_mean = s.or("loss_repeated_mean", true, read_bool)?;
+    let shard = s.or("shard", BTreeMap::new(), read_strategy_table)?;
+    let mut out_shard = s.or("out_shard", BTreeMap::new(), read_strategy_table)?;
+    if let Some(op) = out_shard.keys().find(|op| !shard.contains_key(*op)) {
+        return Err(config_error(
+            &format!("parallel.out_shard.{op}"),
+            format!("an out_strategy needs an in_strategy: add parallel.shard.{op} (MindSpore's shard() takes out_strategy only with in_strategy)"),
+        ));
+    }
+    if mode != ParallelMode::SemiAuto && !shard.is_empty() {
+        warnings.push(format!(
+            "[parallel.shard] has no effect in mode \"{}\" (only semi_auto uses op strategies)",
+            mode.name()
+        ));
+    }
+    if mode == ParallelMode::StandAlone && devices_given && devices != 1 {
+        warnings.push(format!(
+            "parallel.devices = {devices} has no effect in mode \"stand_alone\" (it runs on 1 device)"
+        ));
+    }
+    let strategies = shard
+        .into_iter()
+        .map(|(op, inputs)| {
+            let outputs = out_shard.remove(&op);
+            (op, OpStrategy { inputs, outputs })
+        })
+        .collect();
+    Ok(ParallelConfig {
+        mode,
+        devices,
+        strategies,
+        dataset_strategy,
+        gradients_mean,
+        loss_repeated_mean,
+    })
+}
+
+/// The optimizer keys of `[train]`; keys of other optimizers are left in `s` and reported as
+/// having no effect.
+fn read_optimizer(
+    s: &mut Section,
+    warnings: &mut Vec<String>,
+) -> Result<OptimizerConfig, RuntimeError> {
+    let names = ["sgd", "momentum", "adam", "adamw"];
+    let name = s.require("optimizer", |key, v| {
+        read_enum(key, v, &names, |t| names.iter().copied().find(|n| *n == t))
+    })?;
+    let learning_rate = s.require("learning_rate", read_float)?;
+    let weight_decay = s.or("weight_decay", 0.0, read_float)?;
+    let kind = match name {
+        "sgd" => OptimizerKind::Sgd,
+        "momentum" => OptimizerKind::Momentum {
+            momentum: s.require("momentum", read_float)?,
+            use_nesterov: s.or("use_nesterov", false, read_bool)?,
+        },
+        _ => {
+            // MindSpore's defaults: nn.Adam eps 1e-8, nn.AdamWeightDecay eps 1e-6.
+            let default_eps = if name == "adam" { 1e-8 } else { 1e-6 };
+            let beta1 = s.or("beta1", 0.9, read_float)?;
+            let beta2 = s.or("beta2", 0.999, read_float)?;
+            let eps = s.or("eps", default_eps, read_float)?;
+            if name == "adam" {
+                OptimizerKind::Adam { beta1, beta2, eps }
+            } else {
+                OptimizerKind::AdamW { beta1, beta2, eps }
+            }
+        }
+    };
+    for key in ["momentum", "use_nesterov", "beta1", "beta2", "eps"] {
+        if s.discard(key) {
+            warnings.push(format!(
+                "train.{key} has no effect with optimizer \"{name}\""
+            ));
+        }
+    }
+    let config = OptimizerConfig {
+        kind,
+        learning_rate,
+        weight_decay,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+fn read_train_loop(
+    mut s: Section,
+    output: &OutputConfig,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<TrainLoopConfig, RuntimeError> {
+    let epochs = s.require("epochs", read_positive)?;
+    let max_steps = s.or("max_steps", 0, read_count)?;
+    let seed = s.or("seed", 1, read_count)?;
+    let eval = s.or("eval", true, read_bool)?;
+    let per_print_times = s.or("per_print_times", 1, read_count)?;
+    let print_local_norm = s.or("print_local_norm", false, read_bool)?;
+    let dump = s.or("dump_local_norm", false, read_bool)?;
+    let dump_path = s.get("dump_local_norm_path", path_reader(base))?;
+    let dump_local_norm = match (dump, dump_path) {
+        (true, Some(path)) => Some(path),
+        (true, None) => Some(output.dir.join("local_norm")),
+        (false, Some(_)) => {
+            warnings.push(
+                "train.dump_local_norm_path has no effect unless train.dump_local_norm = true"
+                    .to_string(),
+            );
+            None
+        }
+        (false, None) => None,
+    };
+    Ok(TrainLoopConfig {
+        epochs,
+        max_steps: (max_steps > 0).then_some(max_steps),
+        seed,
+        eval,
+        per_print_times,
+        print_local_norm,
+        dump_local_norm,
+    })
+}
+
+fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, RuntimeError> {
+    Ok(OutputConfig {
+        dir: s.require("dir", path_reader(base))?,
+        save_checkpoint: s.or("save_checkpoint", true, read_bool)?,
+        resume_from: s.get("resume_from", path_reader(base))?,
+        resume_strategy: s.get("resume_strategy", path_reader(base))?,
+    })
+}

@@ -1,0 +1,18 @@
+//! Datasets and the order they are read in.
+//!
+//! - [`IdxDataset`]: an image/label split in MNIST's IDX format. Each rank reads only its share
+//!   of a batch, with positioned reads of just those samples; one open dataset can be shared by
+//!   every rank thread of a process (reads never move a shared file cursor).
+//! - [`BatchPlan`]: for an epoch, the **global** batches as lists of sample indices, the same on
+//!   every rank and for every device count: shuffled with a seeded deterministic generator for
+//!   training (the last incomplete batch dropped), in order and padded for evaluation (each
+//!   [`Batch`] says how many of its rows are real, so accuracy is exact on any device count).
+//!
+//! A training step therefore reads: `plan.batch(i)` → this rank's rows of it (the dim-0 range
+//! of its input layout box) → [`IdxDataset::read_images`] / [`IdxDataset::read_labels`].
+
+mod batch;
+mod idx;
+
+pub use self::batch::{Batch, BatchPlan};
+pub use self::idx::{IdxDataset, Normalize, Split};

@@ -1,0 +1,165 @@
+//! Starting the ranks of a training run: threads of this process (the `local` backend) or the
+//! processes of an `mpirun` job (the `mpi` backend).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm::{Communicator, LocalCluster};
+
+use crate::callbacks::{Callback, CallbackList, LocalNorm, LossMonitor, MetricsLog};
+use crate::error::RuntimeError;
+use crate::session::{RankOutcome, Session};
+
+/// How a run reports as it goes.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Print MindSpore's loss lines (`epoch: 1 step: 10, loss is 2.2871`) from rank 0.
+    pub print_loss: bool,
+    /// Write the JSON-lines metrics log here from rank 0.
+    pub metrics_log: Option<PathBuf>,
+    /// The longest any collective may wait for a peer.
+    pub timeout: Duration,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> LaunchOptions {
+        LaunchOptions {
+            print_loss: true,
+            metrics_log: None,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What a run ended with: every rank's outcome (one, under MPI: this process's).
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    /// Number of devices.
+    pub devices: usize,
+    /// Each rank's outcome, by rank (under MPI only this process's rank is present).
+    pub ranks: Vec<RankOutcome>,
+}
+
+impl TrainReport {
+    /// The losses of every step (the same on every rank).
+    pub fn losses(&self) -> &[f32] {
+        self.ranks.first().map_or(&[], |r| r.losses.as_slice())
+    }
+
+    /// The test accuracy after every epoch.
+    pub fn accuracies(&self) -> &[f64] {
+        self.ranks.first().map_or(&[], |r| r.accuracies.as_slice())
+    }
+
+    /// Step times of the first rank, in milliseconds.
+    pub fn step_ms(&self) -> &[f64] {
+        self.ranks.first().map_or(&[], |r| r.step_ms.as_slice())
+    }
+}
+
+/// The callbacks of `rank`: the loss monitor and the metrics log on rank 0, local norms on
+/// every rank when asked for. Returns them and whether they need the parameter shards.
+fn callbacks_for(
+    session: &Session,
+    options: &LaunchOptions,
+    rank: usize,
+) -> Result<(CallbackList, bool), RuntimeError> {
+    let cfg = session.config.train();
+    let mut list = CallbackList::new();
+    let mut want_shards = false;
+    if rank == 0 {
+        if options.print_loss {
+            list.push(Box::new(LossMonitor::stdout(cfg.per_print_times)));
+        }
+        if let Some(path) = &options.metrics_log {
+            list.push(Box::new(MetricsLog::create(path)?));
+        }
+    }
+    if cfg.print_local_norm {
+        list.push(Box::new(LocalNorm::printing(Box::new(std::io::stdout()))));
+        want_shards = true;
+    }
+    if let Some(dir) = &cfg.dump_local_norm {
+        list.push(Box::new(LocalNorm::dumping(dir)));
+        want_shards = true;
+    }
+    Ok((list, want_shards))
+}
+
+/// Runs one rank of `session` over `world` with its callbacks.
+pub fn run_rank(
+    session: &Session,
+    options: &LaunchOptions,
+    world: Arc<dyn Communicator>,
+) -> Result<RankOutcome, RuntimeError> {
+    let rank = world.rank();
+    let (mut callbacks, want_shards) = callbacks_for(session, options, rank)?;
+    session.run_rank(world, &mut callbacks as &mut dyn Callback, want_shards)
+}
+
+/// Trains `session` with one thread per device (the `local` backend).
+pub fn train_local(
+    session: &Session,
+    options: &LaunchOptions,
+) -> Result<TrainReport, RuntimeError> {
+    let devices = session.devices();
+    let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
+    let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
+    let mut ranks = Vec::with_capacity(devices);
+    let mut errors: Vec<(usize, String, bool)> = Vec::new();
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(Ok(outcome)) => ranks.push(outcome),
+            Ok(Err(err)) => errors.push((rank, err.to_string(), is_consequence(&err))),
+            Err(err) => errors.push((rank, err.to_string(), false)),
+        }
+    }
+    // Report the root cause: a rank's own failure rather than its peers' "peer failed".
+    let cause = errors
+        .iter()
+        .find(|(_, _, consequence)| !consequence)
+        .or(errors.first());
+    match cause {
+        Some((rank, message, _)) => Err(RuntimeError::Rank {
+            rank: *rank,
+            message: message.clone(),
+        }),
+        None => Ok(TrainReport { devices, ranks }),
+    }
+}
+
+/// Whether `err` only reports another rank's failure (a peer that failed, a poisoned group).
+fn is_consequence(err: &RuntimeError) -> bool {
+    let comm_err = match err {
+        RuntimeError::Comm(e) => Some(e),
+        RuntimeError::Reshard(reshard::ReshardError::Comm(e)) => Some(e),
+        _ => None,
+    };
+    matches!(
+        comm_err,
+        Some(comm::CommError::PeerFailed { .. } | comm::CommError::Poisoned { .. })
+    )
+}
+
+/// Trains this process's rank of an `mpirun` job (the `mpi` backend). The job must have exactly
+/// as many processes as the configuration has devices.
+#[cfg(feature = "mpi")]
+pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainReport, RuntimeError> {
+    let world = comm::mpi::MpiComm::world(options.timeout)?;
+    let devices = session.devices();
+    if world.size() != devices {
+        return Err(RuntimeError::Config {
+            key: "parallel.devices".to_string(),
+            reason: format!(
+                "the configuration asks for {devices} devices but mpirun started {} processes",
+                world.size()
+            ),
+        });
+    }
+    let outcome = run_rank(session, options, Arc::new(world))?;
+    Ok(TrainReport {
+        devices,
+        ranks: vec![outcome],
+    })
+}

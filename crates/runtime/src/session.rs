@@ -1,0 +1,483 @@
+//! A training session: the model, its training and evaluation programs, the data, and the loop
+//! every rank runs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ckpt::{ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
+use comm::Communicator;
+use graph::models::{seed_mlp, Model};
+use layout::{SliceBox, TensorLayout};
+use parallel::{lower, place, LowerRequest, Program};
+use tensor::Tensor;
+
+use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
+use crate::config::TrainConfig;
+use crate::data::{BatchPlan, IdxDataset};
+use crate::error::RuntimeError;
+use crate::executor::RankExecutor;
+use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
+
+/// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
+/// conversions copy it as MindSpore copies its `global_step`).
+pub const GLOBAL_STEP: &str = "global_step";
+
+/// Everything a rank needs to train: built once, shared by every rank of a local run.
+#[derive(Debug)]
+pub struct Session {
+    /// The configuration.
+    pub config: TrainConfig,
+    /// The model.
+    pub model: Model,
+    /// The training program (forward, backward, gradients in the parameters' layouts, the loss
+    /// replicated).
+    pub train: Arc<Program>,
+    /// The evaluation program (forward, the logits replicated).
+    pub eval: Arc<Program>,
+    /// The training split.
+    pub train_data: Arc<IdxDataset>,
+    /// The test split.
+    pub test_data: Arc<IdxDataset>,
+}
+
+/// What one rank ends a run with.
+#[derive(Debug, Clone, Default)]
+pub struct RankOutcome {
+    /// The loss of every step run, in order (every rank sees the same value).
+    pub losses: Vec<f32>,
+    /// The test accuracy after every epoch (when evaluated).
+    pub accuracies: Vec<f64>,
+    /// Wall time of each step in milliseconds.
+    pub step_ms: Vec<f64>,
+    /// This rank's shard of every parameter at the end.
+    pub params: Vec<ParamShard>,
+    /// The global step reached.
+    pub global_step: u64,
+}
+
+/// One rank's shard of a parameter.
+#[derive(Debug, Clone)]
+pub struct ParamShard {
+    /// The parameter's name.
+    pub name: String,
+    /// Its layout.
+    pub layout: TensorLayout,
+    /// The part of the global tensor this shard is.
+    pub region: SliceBox,
+    /// The values.
+    pub values: Tensor,
+}
+
+impl Session {
+    /// Builds the model and its programs for `config`, reading the data's headers.
+    pub fn new(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        let data = config.data();
+        let (train_data, test_data) =
+            IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+        let classes = config.model().classes;
+        train_data.validate_labels(classes)?;
+        test_data.validate_labels(classes)?;
+        let model = seed_mlp(
+            data.batch_size,
+            &train_data.image_shape(),
+            config.model().hidden,
+            classes,
+        )?;
+        let trainable = model.graph.trainable_parameters();
+        let training = graph::grad(&model.graph, model.loss, &trainable)?;
+        let grads = trainable
+            .iter()
+            .filter_map(|&p| training.grad_of(p).map(|g| (p, g)))
+            .collect();
+        let parallel = config.parallel_config();
+        let train = lower(
+            &place(&training.graph, &parallel)?,
+            &LowerRequest {
+                grads,
+                replicated_outputs: vec![model.loss],
+            },
+        )?;
+        let eval = lower(
+            &place(&model.graph, &parallel)?,
+            &LowerRequest {
+                grads: Vec::new(),
+                replicated_outputs: vec![model.logits],
+            },
+        )?;
+        Ok(Session {
+            config: config.clone(),
+            model,
+            train: Arc::new(train),
+            eval: Arc::new(eval),
+            train_data: Arc::new(train_data),
+            test_data: Arc::new(test_data),
+        })
+    }
+
+    /// Number of devices the programs run on.
+    pub fn devices(&self) -> usize {
+        self.train.devices()
+    }
+
+    /// Where checkpoints and strategy files go, when saving is on.
+    fn checkpoint_dir(&self) -> Option<&Path> {
+        let out = self.config.output();
+        out.save_checkpoint.then_some(out.dir.as_path())
+    }
+
+    /// The strategy of everything a checkpoint holds: every parameter and every optimizer state
+    /// (laid out like its parameter), with global shapes and dtypes.
+    pub fn strategy(&self) -> Result<ResolvedStrategy, RuntimeError> {
+        let states = self.config.optimizer_config().kind.state_names();
+        let mut params = Vec::new();
+        for p in &self.train.params {
+            let dtype = self.train.buffers[p.buffer].dtype;
+            let placement =
+                ParamLayout::new(0, p.layout.clone(), 1).map_err(|e| RuntimeError::Mismatch {
+                    what: format!("layout of {}", p.name),
+                    expected: "a valid layout".to_string(),
+                    got: e.to_string(),
+                })?;
+            let mut names = vec![p.name.clone()];
+            if p.trainable {
+                names.extend(states.iter().map(|s| state_checkpoint_name(s, &p.name)));
+            }
+            for name in names {
+                params.push(ResolvedParam {
+                    name,
+                    shape: p.layout.shape().to_vec(),
+                    dtype: Some(dtype),
+                    placements: vec![placement.clone()],
+                });
+            }
+        }
+        Ok(ResolvedStrategy::new(params)?)
+    }
+
+    /// Writes the strategy as Tessera JSON (`strategy.json`) and MindSpore protobuf
+    /// (`strategy.ckpt`) into `dir`.
+    pub fn save_strategy_files(&self, dir: &Path) -> Result<(PathBuf, PathBuf), RuntimeError> {
+        let strategy = self.strategy()?;
+        let json = ckpt::save_param_strategy_file(
+            &dir.join("strategy.json"),
+            &strategy,
+            StrategyFlavour::Tessera,
+            true,
+        )?;
+        let ms = ckpt::save_param_strategy_file(
+            &dir.join("strategy.ckpt"),
+            &strategy,
+            StrategyFlavour::MsProtobuf,
+            true,
+        )?;
+        Ok((json, ms))
+    }
+
+    /// Feeds this rank's block of `batch` of `data` into `exec`'s inputs.
+    fn feed(
+        &self,
+        exec: &mut RankExecutor,
+        data: &IdxDataset,
+        batch: &crate::data::Batch<'_>,
+    ) -> Result<(), RuntimeError> {
+        let program = exec.program().clone();
+        for (i, input) in program.inputs.iter().enumerate() {
+            let region = exec.box_of(&input.layout)?;
+            let (start, len) = match (region.offset.first(), region.shape.first()) {
+                (Some(&s), Some(&l)) => (s, l),
+                _ => (0, batch.indices.len()),
+            };
+            let rows = batch.rows(start, len)?;
+            let block = if input.value == self.model.labels {
+                data.read_labels(rows)?
+            } else {
+                data.read_images(rows)?
+            };
+            // The rows are this rank's; cut the other dims of its box when they are split too.
+            let mut within = region.clone();
+            if let Some(o) = within.offset.first_mut() {
+                *o = 0;
+            }
+            let block = if within.shape == block.shape() {
+                block
+            } else {
+                block.extract_box(&within)?
+            };
+            exec.set_input(i, &block)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the whole schedule on this rank of `world`. `callbacks` see every step, epoch and the
+    /// end; `want_shards` makes the loop hand them the parameter and gradient shards.
+    pub fn run_rank(
+        &self,
+        world: Arc<dyn Communicator>,
+        callbacks: &mut dyn Callback,
+        want_shards: bool,
+    ) -> Result<RankOutcome, RuntimeError> {
+        let rank = world.rank();
+        let mut exec = RankExecutor::new(self.train.clone(), world.clone())?;
+        let mut eval = RankExecutor::new(self.eval.clone(), world)?;
+        exec.init_parameters(self.config.train().seed)?;
+        let trainable: Vec<usize> = (0..self.train.params.len())
+            .filter(|&i| {
+                self.train.params[i].trainable && self.train.params[i].grad_buffer.is_some()
+            })
+            .collect();
+        let specs: Vec<ParamSpec> = trainable
+            .iter()
+            .map(|&i| ParamSpec {
+                name: self.train.params[i].name.clone(),
+                shape: exec.param(i).shape().to_vec(),
+                dtype: exec.param(i).dtype(),
+            })
+            .collect();
+        let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
+        let mut global_step = 0u64;
+        if let Some(from) = &self.config.output().resume_from {
+            global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
+        }
+        let cfg = self.config.train();
+        let batch_size = self.config.data().batch_size;
+        let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
+        let mut outcome = RankOutcome::default();
+        let mut epochs_run = 0;
+        let batches_per_epoch = (self.train_data.len() / batch_size).max(1) as u64;
+        let first_epoch = (global_step / batches_per_epoch) as usize + 1;
+        'epochs: for epoch in first_epoch..=cfg.epochs {
+            let epoch_start = Instant::now();
+            epochs_run = epoch;
+            let plan = BatchPlan::train(
+                self.train_data.len(),
+                batch_size,
+                self.config.data().shuffle,
+                cfg.seed,
+                epoch as u64,
+            )?;
+            for batch in plan.iter() {
+                // A resumed run skips the batches its checkpoint already trained on.
+                if (epoch as u64 - 1) * batches_per_epoch + (batch.index as u64) < global_step {
+                    continue;
+                }
+                if global_step >= max_steps {
+                    break 'epochs;
+                }
+                let start = Instant::now();
+                self.feed(&mut exec, &self.train_data, &batch)?;
+                exec.set_step(global_step);
+                exec.run()?;
+                optimizer.begin_step();
+                for (k, &i) in trainable.iter().enumerate() {
+                    if let Some((param, grad)) = exec.param_and_grad(i) {
+                        optimizer.update(k, param, grad)?;
+                    }
+                }
+                let loss = exec.output(0).to_f64_vec()[0] as f32;
+                let step_ms = start.elapsed().as_secs_f64() * 1e3;
+                global_step += 1;
+                outcome.losses.push(loss);
+                outcome.step_ms.push(step_ms);
+                let shards: Vec<ShardView<'_>> = if want_shards {
+                    self.train
+                        .params
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| ShardView {
+                            name: &p.name,
+                            param: exec.param(i),
+                            grad: exec.grad(i),
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                callbacks.on_step_end(&StepInfo {
+                    rank,
+                    epoch,
+                    step_in_epoch: batch.index + 1,
+                    global_step,
+                    loss,
+                    step_ms,
+                    shards: &shards,
+                })?;
+            }
+            let eval_accuracy = if cfg.eval {
+                copy_params(&exec, &mut eval)?;
+                Some(self.evaluate(&mut eval)?)
+            } else {
+                None
+            };
+            outcome.accuracies.extend(eval_accuracy);
+            callbacks.on_epoch_end(&EpochInfo {
+                rank,
+                epoch,
+                global_step,
+                eval_accuracy,
+                epoch_ms: epoch_start.elapsed().as_secs_f64() * 1e3,
+            })?;
+        }
+        callbacks.on_train_end(&TrainEndInfo {
+            rank,
+            epochs: epochs_run,
+            global_step,
+            last_loss: outcome.losses.last().copied(),
+        })?;
+        if let Some(dir) = self.checkpoint_dir() {
+            self.save_rank(&exec, &optimizer, &trainable, dir, rank, global_step)?;
+        }
+        for (i, p) in self.train.params.iter().enumerate() {
+            outcome.params.push(ParamShard {
+                name: p.name.clone(),
+                layout: p.layout.clone(),
+                region: exec.box_of(&p.layout)?,
+                values: exec.param(i).clone(),
+            });
+        }
+        outcome.global_step = global_step;
+        Ok(outcome)
+    }
+
+    /// Writes this rank's checkpoint `dir/rank_<r>/checkpoint_<r>.safetensors`: its parameter
+    /// shards, its optimizer state shards and the step counter; rank 0 also writes the strategy
+    /// files.
+    fn save_rank(
+        &self,
+        exec: &RankExecutor,
+        optimizer: &Optimizer,
+        trainable: &[usize],
+        dir: &Path,
+        rank: usize,
+        global_step: u64,
+    ) -> Result<(), RuntimeError> {
+        let step = Tensor::from_vec(&[1], vec![global_step as i32])?;
+        let mut names: Vec<String> = Vec::new();
+        let mut tensors: Vec<&Tensor> = Vec::new();
+        for (i, p) in self.train.params.iter().enumerate() {
+            names.push(p.name.clone());
+            tensors.push(exec.param(i));
+        }
+        for (k, &i) in trainable.iter().enumerate() {
+            for (state, t) in optimizer.state(k)? {
+                names.push(state_checkpoint_name(state, &self.train.params[i].name));
+                tensors.push(t);
+            }
+        }
+        names.push(GLOBAL_STEP.to_string());
+        tensors.push(&step);
+        let pairs: Vec<(&str, &Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
+        ckpt::save_rank_checkpoint(dir, rank, &pairs, true)?;
+        if rank == 0 {
+            self.save_strategy_files(dir)?;
+        }
+        Ok(())
+    }
+
+    /// Loads this rank's parameters and optimizer state from the checkpoint in `from`, saved
+    /// under any strategy (converted on load); returns the step it was saved at.
+    fn resume(
+        &self,
+        exec: &mut RankExecutor,
+        optimizer: &mut Optimizer,
+        trainable: &[usize],
+        from: &Path,
+        rank: usize,
+    ) -> Result<u64, RuntimeError> {
+        let strategy_file = self
+            .config
+            .output()
+            .resume_strategy
+            .clone()
+            .unwrap_or_else(|| from.join("strategy.json"));
+        let states = self.config.optimizer_config().kind.state_names();
+        let mut targets: Vec<(String, TensorLayout)> = Vec::new();
+        for p in &self.train.params {
+            targets.push((p.name.clone(), p.layout.clone()));
+        }
+        for &i in trainable {
+            let p = &self.train.params[i];
+            for s in states {
+                targets.push((state_checkpoint_name(s, &p.name), p.layout.clone()));
+            }
+        }
+        let asked: Vec<(&str, &TensorLayout)> =
+            targets.iter().map(|(n, l)| (n.as_str(), l)).collect();
+        let loaded = ckpt::load_rank_tensors(from, &strategy_file, rank, &asked)?;
+        for (name, tensor) in loaded {
+            if let Some(i) = self.train.params.iter().position(|p| p.name == name) {
+                let dst = exec.param_mut(i);
+                let want = dst.dtype();
+                *dst = tensor.to_dtype(want);
+                continue;
+            }
+            for (k, &i) in trainable.iter().enumerate() {
+                for s in states {
+                    if state_checkpoint_name(s, &self.train.params[i].name) == name {
+                        optimizer.load_state(k, s, &tensor)?;
+                    }
+                }
+            }
+        }
+        let step_file = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
+        let step = ckpt::CheckpointFile::open(&step_file)
+            .and_then(|f| f.read_tensor(GLOBAL_STEP))
+            .map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) as u64)
+            .unwrap_or(0);
+        optimizer.set_step_count(step);
+        Ok(step)
+    }
+
+    /// Test accuracy: every test sample once, the last batch padded and its padding ignored.
+    fn evaluate(&self, eval: &mut RankExecutor) -> Result<f64, RuntimeError> {
+        let plan = BatchPlan::eval(self.test_data.len(), self.config.data().batch_size)?;
+        let mut correct = 0usize;
+        for batch in plan.iter() {
+            self.feed(eval, &self.test_data, &batch)?;
+            eval.run()?;
+            let logits = eval.output(0).to_f64_vec();
+            let classes = logits.len() / batch.indices.len();
+            let labels = self.test_data.labels();
+            for row in (0..batch.indices.len()).filter(|&r| batch.is_real(r)) {
+                let scores = &logits[row * classes..(row + 1) * classes];
+                let best = scores
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map_or(0, |(c, _)| c);
+                correct += usize::from(best == usize::from(labels[batch.indices[row]]));
+            }
+        }
+        Ok(correct as f64 / plan.n_real().max(1) as f64)
+    }
+}
+
+/// Copies the training program's parameter shards into the evaluation program's (the layouts
+/// agree: both programs place the forward graph alike).
+fn copy_params(from: &RankExecutor, to: &mut RankExecutor) -> Result<(), RuntimeError> {
+    let eval_params = to.program().params.clone();
+    for (j, p) in eval_params.iter().enumerate() {
+        let i = from
+            .program()
+            .params
+            .iter()
+            .position(|q| q.name == p.name)
+            .ok_or_else(|| RuntimeError::Mismatch {
+                what: format!("parameter {}", p.name),
+                expected: "a parameter of the training program".to_string(),
+                got: "none".to_string(),
+            })?;
+        let src = &from.program().params[i];
+        if !src.layout.same_placement(&p.layout) {
+            return Err(RuntimeError::Mismatch {
+                what: format!("parameter {} in the evaluation program", p.name),
+                expected: format!("{}", src.layout),
+                got: format!("{}", p.layout),
+            });
+        }
+        to.param_mut(j)
+            .as_bytes_mut()
+            .copy_from_slice(from.param(i).as_bytes());
+    }
+    Ok(())
+}

@@ -1,0 +1,511 @@
+//! The training config: the example files, overrides, errors and paths.
+
+use std::path::{Path, PathBuf};
+
+use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
+use runtime::{ModelName, OptimizerConfig, OptimizerKind, RuntimeError, TrainConfig};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn example(name: &str) -> (PathBuf, String) {
+    let path = repo_root().join("examples").join(name);
+    let text = std::fs::read_to_string(&path).unwrap();
+    (path, text)
+}
+
+const MOMENTUM_09: OptimizerConfig = OptimizerConfig {
+    kind: OptimizerKind::Momentum {
+        momentum: 0.9,
+        use_nesterov: false,
+    },
+    learning_rate: 0.05,
+    weight_decay: 0.0,
+};
+
+#[test]
+fn the_semi_auto_example_parses_to_its_parallel_config() {
+    let (path, text) = example("seed_semi_auto.toml");
+    let base = Path::new("/work/dir");
+    let config = TrainConfig::parse(&text, Some(&path), &[], base).unwrap();
+    assert_eq!(config.source(), Some(path.as_path()));
+    assert_eq!(config.model().name, ModelName::SeedMlp);
+    assert_eq!((config.model().hidden, config.model().classes), (512, 10));
+    assert_eq!(config.data().dir, base.join("data/digits"));
+    assert_eq!(
+        (
+            config.data().batch_size,
+            config.data().shuffle,
+            config.data().pixel_max
+        ),
+        (32, true, None)
+    );
+    let want = ParallelConfig::new(ParallelMode::SemiAuto, 8)
+        .shard("matmul1", &[&[2, 4], &[4, 1]])
+        .shard("relu1", &[&[4, 1]])
+        .shard("matmul2", &[&[1, 8], &[8, 1]])
+        .shard("relu2", &[&[8, 1]]);
+    assert_eq!(config.parallel_config(), want);
+    assert_eq!(config.optimizer_config(), MOMENTUM_09);
+    let train = config.train();
+    assert_eq!(
+        (train.epochs, train.max_steps, train.seed, train.eval),
+        (3, None, 1, true)
+    );
+    assert_eq!(
+        (
+            train.per_print_times,
+            train.print_local_norm,
+            train.dump_local_norm.clone()
+        ),
+        (1, false, None)
+    );
+    assert_eq!(config.output().dir, base.join("runs/seed_semi_auto"));
+    assert!(config.output().save_checkpoint);
+    assert_eq!(
+        config.output().metrics_file(),
+        base.join("runs/seed_semi_auto/metrics.jsonl")
+    );
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+}
+
+#[test]
+fn the_stand_alone_and_data_parallel_examples_parse() {
+    let (path, text) = example("seed_stand_alone.toml");
+    let config = TrainConfig::parse(&text, Some(&path), &[], Path::new("/b")).unwrap();
+    assert_eq!(config.parallel_config(), ParallelConfig::stand_alone());
+    assert_eq!(config.optimizer_config(), MOMENTUM_09);
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+
+    let (path, text) = example("seed_data_parallel.toml");
+    let config = TrainConfig::parse(&text, Some(&path), &[], Path::new("/b")).unwrap();
+    assert_eq!(
+        config.parallel_config(),
+        ParallelConfig::new(ParallelMode::DataParallel, 8)
+    );
+    assert_eq!(config.data().batch_size, 32);
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+}
+
+#[test]
+fn load_resolves_relative_paths_against_the_current_directory() {
+    let (path, _) = example("seed_semi_auto.toml");
+    let config = TrainConfig::load(&path, &[]).unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    assert_eq!(config.data().dir, cwd.join("data/digits"));
+    assert_eq!(config.output().dir, cwd.join("runs/seed_semi_auto"));
+    // Absolute paths stay as written.
+    let config = TrainConfig::load(&path, &["data.dir=/srv/mnist".to_string()]).unwrap();
+    assert_eq!(config.data().dir, Path::new("/srv/mnist"));
+    match TrainConfig::load(Path::new("/no/such/config.toml"), &[]).unwrap_err() {
+        RuntimeError::Io { path, .. } => assert_eq!(path, Path::new("/no/such/config.toml")),
+        other => panic!("expected an Io error, got {other}"),
+    }
+}
+
+const MINIMAL: &str = r#"
+[model]
+hidden = 64
+classes = 10
+[data]
+dir = "d"
+batch_size = 8
+[train]
+epochs = 1
+optimizer = "sgd"
+learning_rate = 0.1
+[output]
+dir = "out"
+"#;
+
+fn parse_with(text: &str, overrides: &[&str]) -> Result<TrainConfig, RuntimeError> {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    TrainConfig::parse(
+        text,
+        Some(Path::new("conf.toml")),
+        &overrides,
+        Path::new("/base"),
+    )
+}
+
+#[test]
+fn defaults_fill_every_optional_key() {
+    let config = parse_with(MINIMAL, &[]).unwrap();
+    assert_eq!(config.model().name, ModelName::SeedMlp);
+    assert_eq!(config.data().format.name(), "idx");
+    assert!(config.data().shuffle);
+    assert_eq!(config.parallel_config(), ParallelConfig::stand_alone());
+    assert_eq!(
+        config.optimizer_config(),
+        OptimizerConfig {
+            kind: OptimizerKind::Sgd,
+            learning_rate: 0.1,
+            weight_decay: 0.0
+        }
+    );
+    let train = config.train();
+    assert_eq!(
+        (
+            train.max_steps,
+            train.seed,
+            train.eval,
+            train.per_print_times
+        ),
+        (None, 1, true, 1)
+    );
+    assert_eq!(config.output().resume_from, None);
+    // MindSpore's eps defaults: 1e-8 for Adam, 1e-6 for AdamWeightDecay.
+    let adam = parse_with(MINIMAL, &["train.optimizer=adam"]).unwrap();
+    assert_eq!(
+        adam.optimizer_config().kind,
+        OptimizerKind::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8
+        }
+    );
+    let adamw = parse_with(MINIMAL, &["train.optimizer=adamw"]).unwrap();
+    assert_eq!(
+        adamw.optimizer_config().kind,
+        OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-6
+        }
+    );
+}
+
+#[test]
+fn every_override_form_applies() {
+    let config = parse_with(
+        MINIMAL,
+        &[
+            "train.epochs=5",               // integer
+            "train.learning_rate = 2.5e-2", // float, spaces around '='
+            "data.shuffle=false",           // boolean
+            "data.dir=other/dir",           // not TOML: a plain string
+            "output.dir=\"quoted dir\"",    // a TOML string
+            "train.optimizer=momentum",     // enum as a plain string
+            "train.momentum=0.8",           // a key absent from the file
+            "train.use_nesterov=true",
+            "parallel.mode=semi_auto", // a section absent from the file
+            "parallel.devices=4",
+            "parallel.shard.matmul1=[[2,2],[2,1]]", // a nested table
+            "parallel.out_shard.matmul1=[[4,1]]",
+            "parallel.dataset_strategy=[[4,1,1],[4]]", // a list value
+            "train.max_steps=100",
+            "train.dump_local_norm=true",
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.train().epochs, 5);
+    assert_eq!(config.train().max_steps, Some(100));
+    assert!(!config.data().shuffle);
+    assert_eq!(config.data().dir, Path::new("/base/other/dir"));
+    assert_eq!(config.output().dir, Path::new("/base/quoted dir"));
+    assert_eq!(
+        config.train().dump_local_norm,
+        Some(PathBuf::from("/base/quoted dir/local_norm"))
+    );
+    assert_eq!(
+        config.optimizer_config(),
+        OptimizerConfig {
+            kind: OptimizerKind::Momentum {
+                momentum: 0.8,
+                use_nesterov: true
+            },
+            learning_rate: 0.025,
+            weight_decay: 0.0
+        }
+    );
+    let mut want = ParallelConfig::new(ParallelMode::SemiAuto, 4).shard_with_out(
+        "matmul1",
+        &[&[2, 2], &[2, 1]],
+        &[&[4, 1]],
+    );
+    want.dataset_strategy = DatasetStrategy::PerInput(vec![vec![4, 1, 1], vec![4]]);
+    assert_eq!(config.parallel_config(), want);
+    // An override replaces a value of the file; later overrides win.
+    let config = parse_with(MINIMAL, &["train.epochs=2", "train.epochs=9"]).unwrap();
+    assert_eq!(config.train().epochs, 9);
+    // The command line's --devices.
+    let config = config.with_devices(16).unwrap();
+    assert_eq!(config.parallel_config().devices, 16);
+    assert!(
+        matches!(config.with_devices(0), Err(RuntimeError::Config { key, .. }) if key == "--devices")
+    );
+}
+
+/// The key and reason of a config error from the file `conf.toml`.
+fn file_error(result: Result<TrainConfig, RuntimeError>) -> (String, String) {
+    match result.unwrap_err() {
+        RuntimeError::ConfigFile { path, key, reason } => {
+            assert_eq!(path, Path::new("conf.toml"));
+            (key, reason)
+        }
+        other => panic!("expected a ConfigFile error, got {other}"),
+    }
+}
+
+/// `MINIMAL` with `line` added at the end of section `[section]`.
+fn with_line(section: &str, line: &str) -> String {
+    let header = format!("[{section}]\n");
+    if MINIMAL.contains(&header) {
+        MINIMAL.replacen(&header, &format!("{header}{line}\n"), 1)
+    } else {
+        format!("{MINIMAL}{header}{line}\n")
+    }
+}
+
+#[test]
+fn an_unknown_key_in_any_section_names_it_and_lists_the_valid_ones() {
+    let cases = [
+        ("model", "hiden = 3", "model.hiden", "hidden, classes"),
+        ("data", "batchsize = 3", "data.batchsize", "batch_size"),
+        ("parallel", "device = 3", "parallel.device", "devices, mode"),
+        ("train", "lr = 0.1", "train.lr", "learning_rate"),
+        (
+            "output",
+            "directory = \"x\"",
+            "output.directory",
+            "save_checkpoint",
+        ),
+        (
+            "trian",
+            "epochs = 3",
+            "trian",
+            "model, data, parallel, train, output",
+        ),
+    ];
+    for (section, line, key, valid) in cases {
+        let (got_key, reason) = file_error(parse_with(&with_line(section, line), &[]));
+        assert_eq!(got_key, key);
+        assert!(
+            reason.contains("unknown") && reason.contains(valid),
+            "{key}: {reason}"
+        );
+    }
+    // A stray top-level key is an unknown section too.
+    let (key, _) = file_error(parse_with(&format!("epochs = 3\n{MINIMAL}"), &[]));
+    assert_eq!(key, "epochs");
+}
+
+#[test]
+fn wrong_types_name_the_key_and_the_expected_type() {
+    let cases = [
+        (
+            "model.hidden=\"512\"",
+            "model.hidden",
+            "expected a positive integer, got string",
+        ),
+        (
+            "model.classes=2.5",
+            "model.classes",
+            "expected a positive integer, got float",
+        ),
+        ("data.shuffle=1", "data.shuffle", "expected a boolean"),
+        ("data.dir=[1]", "data.dir", "expected a string, got array"),
+        (
+            "train.learning_rate=fast",
+            "train.learning_rate",
+            "expected a number, got string",
+        ),
+        ("train.seed=-1", "train.seed", "must be ≥ 0"),
+        (
+            "parallel.devices=true",
+            "parallel.devices",
+            "expected a positive integer, got boolean",
+        ),
+        (
+            "parallel.shard.matmul1=[2,4]",
+            "parallel.shard.matmul1",
+            "[0] is integer 2",
+        ),
+        (
+            "parallel.shard.matmul1=[[2,0]]",
+            "parallel.shard.matmul1",
+            "[0][1] is integer 0",
+        ),
+        (
+            "parallel.shard.matmul1=[]",
+            "parallel.shard.matmul1",
+            "empty list",
+        ),
+        ("parallel.shard=3", "parallel.shard", "expected a table"),
+    ];
+    for (set, key, expected) in cases {
+        let (got_key, reason) = config_error(parse_with(MINIMAL, &[set]));
+        assert_eq!(got_key, key, "{set}");
+        assert!(reason.contains(expected), "{set}: {reason}");
+        // Values from --set say so.
+        assert!(reason.contains("--set"), "{set}: {reason}");
+    }
+    // The same rule broken in the file names the file.
+    let (key, reason) = file_error(parse_with(&with_line("model", "name = 7"), &[]));
+    assert_eq!(key, "model.name");
+    assert!(
+        reason.contains("expected a string, got integer 7"),
+        "{reason}"
+    );
+    let without_model = MINIMAL.replace("[model]\nhidden = 64\nclasses = 10\n", "");
+    let (key, reason) = file_error(parse_with(&format!("model = 3\n{without_model}"), &[]));
+    assert_eq!(key, "model");
+    assert!(
+        reason.contains("expected a table ([model]), got integer 3"),
+        "{reason}"
+    );
+}
+
+/// The key and reason of a `Config` error (not from the file).
+fn config_error(result: Result<TrainConfig, RuntimeError>) -> (String, String) {
+    match result.unwrap_err() {
+        RuntimeError::Config { key, reason } => (key, reason),
+        other => panic!("expected a Config error, got {other}"),
+    }
+}
+
+#[test]
+fn unknown_enum_values_list_the_valid_ones() {
+    let cases = [
+        ("model.name=resnet", "model.name", "seed_mlp"),
+        ("data.format=csv", "data.format", "idx"),
+        (
+            "parallel.mode=auto",
+            "parallel.mode",
+            "stand_alone, data_parallel, semi_auto",
+        ),
+        (
+            "parallel.dataset_strategy=half_batch",
+            "parallel.dataset_strategy",
+            "full_batch",
+        ),
+        (
+            "train.optimizer=rmsprop",
+            "train.optimizer",
+            "sgd, momentum, adam, adamw",
+        ),
+    ];
+    for (set, key, valid) in cases {
+        let (got_key, reason) = config_error(parse_with(MINIMAL, &[set]));
+        assert_eq!(got_key, key);
+        assert!(
+            reason.contains("unknown value") && reason.contains(valid),
+            "{set}: {reason}"
+        );
+    }
+}
+
+#[test]
+fn missing_required_keys_and_sections_are_named() {
+    let (key, reason) = file_error(parse_with(&MINIMAL.replace("hidden = 64\n", ""), &[]));
+    assert_eq!(
+        (key.as_str(), reason.as_str()),
+        ("model.hidden", "missing required key")
+    );
+    let (key, _) = file_error(parse_with(
+        &MINIMAL.replace("optimizer = \"sgd\"\n", ""),
+        &[],
+    ));
+    assert_eq!(key, "train.optimizer");
+    let (key, _) = file_error(parse_with(&MINIMAL.replace("dir = \"d\"\n", ""), &[]));
+    assert_eq!(key, "data.dir");
+    let (key, reason) = file_error(parse_with(
+        &MINIMAL.replace("[output]\ndir = \"out\"\n", ""),
+        &[],
+    ));
+    assert_eq!(key, "output");
+    assert!(reason.contains("missing required section [output]"));
+    // Momentum has no default momentum, as in MindSpore.
+    let (key, reason) = file_error(parse_with(&MINIMAL.replace("\"sgd\"", "\"momentum\""), &[]));
+    assert_eq!(
+        (key.as_str(), reason.as_str()),
+        ("train.momentum", "missing required key")
+    );
+}
+
+#[test]
+fn out_of_range_values_are_rejected() {
+    let cases = [
+        ("train.epochs=0", "train.epochs"),
+        ("data.batch_size=-8", "data.batch_size"),
+        ("train.learning_rate=0", "train.learning_rate"),
+        ("train.learning_rate=nan", "train.learning_rate"),
+        ("train.weight_decay=-0.1", "train.weight_decay"),
+        ("data.pixel_max=0", "data.pixel_max"),
+        ("output.resume_from=\"\"", "output.resume_from"),
+    ];
+    for (set, key) in cases {
+        assert_eq!(config_error(parse_with(MINIMAL, &[set])).0, key, "{set}");
+    }
+    let (key, _) = config_error(parse_with(
+        MINIMAL,
+        &["train.optimizer=adam", "train.beta1=1.0"],
+    ));
+    assert_eq!(key, "train.beta1");
+    let (key, reason) = config_error(parse_with(MINIMAL, &["parallel.out_shard.matmul1=[[8,1]]"]));
+    assert_eq!(key, "parallel.out_shard.matmul1");
+    assert!(reason.contains("parallel.shard.matmul1"), "{reason}");
+}
+
+#[test]
+fn bad_overrides_are_errors_naming_the_override() {
+    let cases = [
+        ("trian.epochs=3", "unknown section `trian`"),
+        ("epochs=3", "does not name a key inside a section"),
+        ("train.epochs", "expected section.key=value"),
+        ("train..epochs=3", "does not name a key"),
+        ("train.epochs.x=1", "train.epochs is integer 1, not a table"),
+    ];
+    for (set, expected) in cases {
+        let (key, reason) = config_error(parse_with(MINIMAL, &[set]));
+        assert_eq!(key, format!("--set {set}"));
+        assert!(reason.contains(expected), "{set}: {reason}");
+    }
+    // A key the override creates inside a known section is still checked.
+    let (key, _) = config_error(parse_with(MINIMAL, &["train.epochz=3"]));
+    assert_eq!(key, "train.epochz");
+}
+
+#[test]
+fn a_toml_syntax_error_names_the_file_and_line() {
+    let (key, reason) = file_error(parse_with("[model]\nhidden = = 3\n", &[]));
+    assert_eq!(key, "(syntax)");
+    assert!(reason.contains("line 2"), "{reason}");
+}
+
+#[test]
+fn keys_without_effect_are_warned_about() {
+    let config = parse_with(
+        MINIMAL,
+        &[
+            "train.momentum=0.9",
+            "train.beta1=0.8",
+            "parallel.mode=data_parallel",
+            "parallel.devices=8",
+            "parallel.shard.matmul1=[[8,1],[1,1]]",
+            "train.dump_local_norm_path=norms",
+        ],
+    )
+    .unwrap();
+    let warnings = config.warnings().join("\n");
+    for expected in [
+        "train.momentum",
+        "train.beta1",
+        "[parallel.shard]",
+        "dump_local_norm_path",
+    ] {
+        assert!(
+            warnings.contains(expected),
+            "{expected} missing from:\n{warnings}"
+        );
+    }
+    assert_eq!(config.train().dump_local_norm, None);
+    let config = parse_with(MINIMAL, &["parallel.devices=8"]).unwrap();
+    assert!(
+        config.warnings()[0].contains("stand_alone"),
+        "{:?}",
+        config.warnings()
+    );
+    assert_eq!(config.parallel_config().effective_devices(), 1);
+}
