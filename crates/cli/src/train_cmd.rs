@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 use runtime::{LaunchOptions, Session, TrainConfig};
 
@@ -107,7 +107,7 @@ fn train_mpi(session: &Session, options: &LaunchOptions) -> anyhow::Result<runti
 
 #[cfg(not(feature = "mpi"))]
 fn train_mpi(_: &Session, _: &LaunchOptions) -> anyhow::Result<runtime::TrainReport> {
-    bail!("--backend mpi needs a tessera built with `cargo build --features mpi`")
+    anyhow::bail!("--backend mpi needs a tessera built with `cargo build --features mpi`")
 }
 
 /// Whether this process is rank 0 of an `mpirun` job (OpenMPI and MPICH set these).

@@ -2,7 +2,8 @@
 //! codes, on the MindSpore reference cases (skipped, with the reason printed, when absent).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+use crate::util::{s, tessera, Scratch};
 
 fn case(name: &str) -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -13,35 +14,6 @@ fn case(name: &str) -> Option<PathBuf> {
     } else {
         println!("SKIPPED: {} is absent", dir.display());
         None
-    }
-}
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("running tessera")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("tessera-cli-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -246,7 +246,7 @@ impl Session {
         let mut epochs_run = 0;
         let batches_per_epoch = (self.train_data.len() / batch_size).max(1) as u64;
         let first_epoch = (global_step / batches_per_epoch) as usize + 1;
-        'epochs: for epoch in first_epoch..=cfg.epochs {
+        for epoch in first_epoch..=cfg.epochs {
             let epoch_start = Instant::now();
             epochs_run = epoch;
             let plan = BatchPlan::train(
@@ -262,7 +262,7 @@ impl Session {
                     continue;
                 }
                 if global_step >= max_steps {
-                    break 'epochs;
+                    break;
                 }
                 let start = Instant::now();
                 self.feed(&mut exec, &self.train_data, &batch)?;
@@ -317,6 +317,10 @@ impl Session {
                 eval_accuracy,
                 epoch_ms: epoch_start.elapsed().as_secs_f64() * 1e3,
             })?;
+            // `max_steps` cuts the run short after evaluating the epoch it ends in.
+            if global_step >= max_steps {
+                break;
+            }
         }
         callbacks.on_train_end(&TrainEndInfo {
             rank,

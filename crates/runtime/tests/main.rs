@@ -6,3 +6,4 @@ mod config;
 mod equivalence;
 mod idx_data;
 mod optimizer;
+mod training;

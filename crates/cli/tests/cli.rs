@@ -1,0 +1,8 @@
+//! The `tessera` command line end to end: output, `--json`, exit codes and error messages.
+
+mod ckpt_cli;
+mod layout_cli;
+#[cfg(feature = "mpi")]
+mod mpi_train;
+mod train_cli;
+mod util;

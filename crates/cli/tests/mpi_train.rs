@@ -1,0 +1,78 @@
+//! The seed run under the MPI backend (`mpirun -np 4`, one process per rank) gives the losses
+//! of the local backend and of one device. Built only with `--features mpi`.
+
+use std::process::Command;
+
+use crate::util::{repo_root, s, step_losses, Scratch};
+
+fn run(args: &[&str], mpi: bool) {
+    let exe = env!("CARGO_BIN_EXE_tessera");
+    let mut command = if mpi {
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe", "-np", "4", exe]);
+        c
+    } else {
+        Command::new(exe)
+    };
+    let out = command
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("running tessera");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn mpi_training_matches_local_and_one_device() {
+    let dir = Scratch::new("mpi-train");
+    let common = |name: &str, devices: &str, mode: &str| -> Vec<String> {
+        vec![
+            "train".into(),
+            "examples/seed_semi_auto.toml".into(),
+            "--devices".into(),
+            devices.into(),
+            "--set".into(),
+            format!("parallel.mode=\"{mode}\""),
+            "--set".into(),
+            "parallel.shard={ matmul1 = [[2, 2], [2, 1]], matmul2 = [[1, 4], [4, 1]] }".into(),
+            "--set".into(),
+            "train.max_steps=20".into(),
+            "--set".into(),
+            "train.eval=false".into(),
+            "--set".into(),
+            format!("output.dir=\"{}\"", s(&dir.0.join(name))),
+            "--log-json".into(),
+            s(&dir.0.join(format!("{name}.jsonl"))).to_string(),
+        ]
+    };
+    let mut mpi = common("mpi", "4", "semi_auto");
+    mpi.extend(["--backend".to_string(), "mpi".to_string()]);
+    run(&args(&mpi), true);
+    run(&args(&common("local", "4", "semi_auto")), false);
+    run(&args(&common("one", "1", "stand_alone")), false);
+    let mpi = step_losses(&dir.0.join("mpi.jsonl"));
+    let local = step_losses(&dir.0.join("local.jsonl"));
+    let one = step_losses(&dir.0.join("one.jsonl"));
+    assert_eq!(mpi.len(), 20);
+    for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
+        assert!(
+            (m - l).abs() <= 1e-6 * l.abs(),
+            "step {}: mpi {m} vs local {l}",
+            i + 1
+        );
+        assert!(
+            (m - o).abs() <= 1e-4 * o.abs(),
+            "step {}: mpi {m} vs one device {o}",
+            i + 1
+        );
+    }
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}

@@ -1,0 +1,108 @@
+//! `tessera train`: the main job end to end, its outputs, and its errors before training.
+
+use crate::util::{s, step_losses, tessera, Scratch};
+
+#[test]
+fn the_seed_run_trains_logs_and_saves() {
+    let dir = Scratch::new("train-seed");
+    let log = dir.0.join("log.jsonl");
+    let out_dir = dir.0.join("run");
+    let out = tessera(&[
+        "train",
+        "examples/seed_semi_auto.toml",
+        "--set",
+        "train.max_steps=6",
+        "--set",
+        &format!("output.dir=\"{}\"", s(&out_dir)),
+        "--log-json",
+        s(&log),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("epoch: 1 step: 6, loss is "), "{stdout}");
+    let losses = step_losses(&log);
+    assert_eq!(losses.len(), 6);
+    assert!(losses[5] < losses[0], "the loss falls: {losses:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("\"eval_accuracy\""),
+        "an epoch line with the accuracy"
+    );
+    for r in 0..8 {
+        assert!(out_dir
+            .join(format!("rank_{r}/checkpoint_{r}.safetensors"))
+            .is_file());
+    }
+    assert!(out_dir.join("strategy.json").is_file());
+    assert!(out_dir.join("strategy.ckpt").is_file());
+    // The per-rank checkpoints are complete and consistent with the strategy.
+    let verify = tessera(&[
+        "ckpt",
+        "verify",
+        "--src",
+        s(&out_dir),
+        "--strategy",
+        s(&out_dir.join("strategy.ckpt")),
+        "--replicas",
+    ]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+}
+
+#[test]
+fn explain_prints_strategies_and_communication() {
+    let out = tessera(&["train", "examples/seed_semi_auto.toml", "--explain"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("matmul1 (MatMul) strategy ((2, 4), (4, 1)) [user]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("matmul3 (MatMul) strategy ((8, 1), (1, 1)) [default]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("-> reshard matmul2: reduce-scatter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the gradient of fc1_weight must be laid out like fc1_weight"),
+        "{text}"
+    );
+    assert!(text.contains("B/step"));
+}
+
+fn expect_error(args: &[&str], needle: &str) {
+    let mut all = vec!["train", "examples/seed_semi_auto.toml", "--explain"];
+    all.extend_from_slice(args);
+    let out = tessera(&all);
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains(needle),
+        "{args:?}: {err:?} should contain {needle:?}"
+    );
+}
+
+#[test]
+fn bad_configs_fail_before_training_with_a_clear_reason() {
+    expect_error(&["--set", "train.epoch=3"], "train.epoch");
+    expect_error(
+        &["--set", "parallel.shard.matmul1=[[3, 1], [1, 1]]"],
+        "matmul1 (MatMul)",
+    );
+    expect_error(&["--devices", "6"], "6");
+    expect_error(&["--set", "data.dir=\"no/such/dir\""], "no/such/dir");
+    expect_error(
+        &["--set", "parallel.shard.matmul7=[[1, 1], [1, 1]]"],
+        "matmul7",
+    );
+}

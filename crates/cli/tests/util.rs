@@ -1,0 +1,52 @@
+//! Helpers shared by the command-line tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs the `tessera` binary built for these tests.
+pub fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .expect("running tessera")
+}
+
+/// The repository root (the examples and the bundled data are relative to it).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A path as `&str`.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// A fresh directory named after the test.
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("tessera-cli-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The `"loss"` of every step line of a JSON-lines metrics log.
+pub fn step_losses(log: &Path) -> Vec<f64> {
+    std::fs::read_to_string(log)
+        .expect("the metrics log exists")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("one JSON object per line"))
+        .filter_map(|v| v.get("loss").and_then(|x| x.as_f64()))
+        .collect()
+}

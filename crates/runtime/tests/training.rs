@@ -1,0 +1,244 @@
+//! Training on N ranks gives the numbers one device gives.
+//!
+//! For every configuration: 20 training steps on N ranks (local backend) give the same loss at
+//! every step as `stand_alone` on the same global batches (relative difference ≤ 1e-4), and the
+//! checkpoints the ranks save, merged into full tensors with `ckpt`, hold the same parameters
+//! (≤ 1e-4). Then: resuming from a checkpoint saved under one strategy into another continues
+//! exactly where an uninterrupted run goes.
+
+use std::path::{Path, PathBuf};
+
+use ckpt::{CheckpointFile, MergeOptions};
+use runtime::{LaunchOptions, Session, TrainConfig};
+
+/// The bundled digits, relative to this crate.
+fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/digits")
+}
+
+/// A config of the seed MLP (hidden 128) training 20 steps, with `parallel` as the
+/// `[parallel]` section body and `extra` appended.
+fn config(out: &Path, optimizer: &str, parallel: &str, extra: &[&str]) -> TrainConfig {
+    let text = format!(
+        r#"
+[model]
+name = "seed_mlp"
+hidden = 128
+classes = 10
+[data]
+format = "idx"
+dir = "{data}"
+batch_size = 32
+shuffle = true
+[parallel]
+{parallel}
+[train]
+epochs = 1
+max_steps = 20
+optimizer = "{optimizer}"
+learning_rate = 0.02
+momentum = 0.9
+seed = 3
+eval = false
+[output]
+dir = "{out}"
+"#,
+        data = data_dir().display(),
+        out = out.display(),
+    );
+    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    TrainConfig::parse(&text, None, &overrides, Path::new("/")).expect("a valid test config")
+}
+
+/// Trains `config` on the local backend: the losses, and the merged parameters by name.
+fn train(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+    let session = Session::new(config).expect("the session builds");
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(&session, &options).expect("training runs");
+    assert_eq!(report.losses().len(), 20);
+    for r in &report.ranks {
+        assert_eq!(
+            r.losses,
+            report.losses(),
+            "every rank reports the same losses"
+        );
+    }
+    let out = &config.output().dir;
+    let merged = out.join("merged");
+    ckpt::unified_safetensors(
+        out,
+        &out.join("strategy.json"),
+        &merged,
+        &MergeOptions::default(),
+    )
+    .expect("the checkpoints merge");
+    let part = CheckpointFile::open(&merged.join("part0.safetensors")).expect("a merged part");
+    let params = ["fc1_weight", "fc2_weight", "fc3_weight"]
+        .iter()
+        .map(|name| {
+            let t = part.read_tensor(name).expect("a merged parameter");
+            (name.to_string(), t.as_f32().expect("f32").to_vec())
+        })
+        .collect();
+    (report.losses().to_vec(), params)
+}
+
+fn assert_same_run(
+    what: &str,
+    (losses, params): &(Vec<f32>, Vec<(String, Vec<f32>)>),
+    (ref_losses, ref_params): &(Vec<f32>, Vec<(String, Vec<f32>)>),
+) {
+    for (step, (a, b)) in losses.iter().zip(ref_losses).enumerate() {
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        assert!(
+            rel <= 1e-4,
+            "{what}: step {}: loss {a} vs one device's {b}",
+            step + 1
+        );
+    }
+    for ((name, a), (_, b)) in params.iter().zip(ref_params) {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "{what}: {name}[{i}] = {x} vs one device's {y}"
+            );
+        }
+    }
+}
+
+const SEED_SHARDS: &str = r#"
+[parallel.shard]
+matmul1 = [[2, 4], [4, 1]]
+relu1 = [[4, 1]]
+matmul2 = [[1, 8], [8, 1]]
+relu2 = [[8, 1]]
+"#;
+
+fn semi(devices: usize, shards: &str) -> String {
+    format!(
+        "devices = {devices}\nmode = \"semi_auto\"\ndataset_strategy = \"data_parallel\"\ngradients_mean = true\n{shards}"
+    )
+}
+
+#[test]
+fn twelve_configurations_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stand_alone = "devices = 1\nmode = \"stand_alone\"";
+    for optimizer in ["momentum", "adam"] {
+        let reference = train(&config(
+            &tmp.path().join(format!("sa-{optimizer}")),
+            optimizer,
+            stand_alone,
+            &[],
+        ));
+        let cases: Vec<(&str, String, Vec<&str>)> = vec![
+            ("seed strategies, 8 devices", semi(8, SEED_SHARDS), vec![]),
+            ("data parallel, 8 devices", "devices = 8\nmode = \"data_parallel\"".to_string(), vec![]),
+            ("data parallel, 2 devices", "devices = 2\nmode = \"data_parallel\"".to_string(), vec![]),
+            ("data parallel, 4 devices", "devices = 4\nmode = \"data_parallel\"".to_string(), vec![]),
+            ("semi_auto, 1 device", semi(1, ""), vec![]),
+            ("model parallel on matmul1 rows", semi(4, "[parallel.shard]\nmatmul1 = [[4, 1], [1, 1]]"), vec![]),
+            ("model parallel on matmul1 reduction dim", semi(4, "[parallel.shard]\nmatmul1 = [[1, 4], [4, 1]]"), vec![]),
+            ("model parallel on matmul2 columns", semi(4, "[parallel.shard]\nmatmul2 = [[1, 1], [1, 4]]"), vec![]),
+            (
+                "split reduction dim with an out-strategy (reduce-scatter)",
+                semi(8, "[parallel.shard]\nmatmul1 = [[2, 4], [4, 1]]\n[parallel.out_shard]\nmatmul1 = [[8, 1]]"),
+                vec![],
+            ),
+            ("repeated calculation (strategy on 2 of 8 devices)", semi(8, "[parallel.shard]\nmatmul1 = [[2, 1], [1, 1]]\nmatmul3 = [[1, 2], [2, 1]]"), vec![]),
+            (
+                "full batch with a split matmul3",
+                semi(4, "[parallel.shard]\nmatmul3 = [[1, 4], [4, 1]]"),
+                vec!["parallel.dataset_strategy=\"full_batch\""],
+            ),
+            (
+                "per-input dataset strategy",
+                semi(8, SEED_SHARDS),
+                vec!["parallel.dataset_strategy=[[2, 1, 1], [2]]"],
+            ),
+        ];
+        assert!(cases.len() >= 12);
+        for (i, (what, parallel, extra)) in cases.iter().enumerate() {
+            let out = tmp.path().join(format!("{optimizer}-{i}"));
+            let run = train(&config(&out, optimizer, parallel, extra));
+            assert_same_run(&format!("{what} ({optimizer})"), &run, &reference);
+        }
+    }
+}
+
+#[test]
+fn resuming_under_another_strategy_continues_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    // An uninterrupted 20-step run on one device.
+    let whole = train(&config(
+        &tmp.path().join("whole"),
+        "momentum",
+        "devices = 1\nmode = \"stand_alone\"",
+        &[],
+    ));
+    // 10 steps under the seed strategies on 8 devices, then 10 more on 4 data-parallel devices
+    // resumed from that checkpoint (converted on load, optimizer state included).
+    let first = tmp.path().join("first");
+    let first_cfg = config(
+        &first,
+        "momentum",
+        &semi(8, SEED_SHARDS),
+        &["train.max_steps=10"],
+    );
+    let session = Session::new(&first_cfg).unwrap();
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let first_report = runtime::train_local(&session, &options).unwrap();
+    let resume = format!("output.resume_from=\"{}\"", first.display());
+    let second_cfg = config(
+        &tmp.path().join("second"),
+        "momentum",
+        "devices = 4\nmode = \"data_parallel\"",
+        &[&resume],
+    );
+    let (second_losses, second_params) = train_resumed(&second_cfg);
+    let mut losses = first_report.losses().to_vec();
+    losses.extend(second_losses);
+    assert_same_run("resumed run", &(losses, second_params), &whole);
+}
+
+/// Like [`train`] for a resumed run, which runs only the remaining steps.
+fn train_resumed(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+    let session = Session::new(config).unwrap();
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(&session, &options).unwrap();
+    assert_eq!(
+        report.losses().len(),
+        10,
+        "the resumed run trains the remaining steps"
+    );
+    assert_eq!(report.ranks[0].global_step, 20);
+    let out = &config.output().dir;
+    let merged = out.join("merged");
+    ckpt::unified_safetensors(
+        out,
+        &out.join("strategy.json"),
+        &merged,
+        &MergeOptions::default(),
+    )
+    .unwrap();
+    let part = CheckpointFile::open(&merged.join("part0.safetensors")).unwrap();
+    let params = ["fc1_weight", "fc2_weight", "fc3_weight"]
+        .iter()
+        .map(|name| {
+            (
+                name.to_string(),
+                part.read_tensor(name).unwrap().as_f32().unwrap().to_vec(),
+            )
+        })
+        .collect();
+    (report.losses().to_vec(), params)
+}
