@@ -287,12 +287,20 @@ fn value_layout(placed: &PlacedGraph, v: ValueId) -> TensorLayout {
 }
 
 /// What a backward node of `forward` needs of its input `v`.
+///
+/// A forward value gets the layout the forward node used. Any other input is, by the chain rule,
+/// the gradient of one of the forward node's outputs — directly, or passed through unchanged
+/// from a consumer whose gradient is the identity (a `BiasAdd`'s input, an `Add`'s operands), in
+/// which case autodiff records it as the consumer's gradient. It gets that output's layout: the
+/// output of the same shape (outputs of one op differ in shape). Intermediate values of the rule
+/// itself already live on the forward node's device matrix.
 fn backward_need(
     placed: &PlacedGraph,
     forward: &Node,
     fwd_place: &NodePlacement,
     v: ValueId,
 ) -> TensorLayout {
+    let graph = &placed.graph;
     let as_forward = |u: ValueId| -> Option<TensorLayout> {
         if let Some(i) = forward.inputs.iter().position(|&x| x == u) {
             return Some(fwd_place.inputs[i].clone());
@@ -303,9 +311,30 @@ fn backward_need(
             .position(|&x| x == u)
             .map(|j| fwd_place.outputs[j].layout().clone())
     };
+    let produced_by_rule = graph.values()[v.0].producer.is_some_and(|(n, _)| {
+        matches!(&graph.nodes()[n.0].role, NodeRole::Backward(g) if g.forward == forward_id(graph, forward))
+    });
     as_forward(v)
-        .or_else(|| gradient_target(&placed.graph, v).and_then(as_forward))
+        .or_else(|| gradient_target(graph, v).and_then(as_forward))
+        .or_else(|| {
+            if produced_by_rule {
+                return None;
+            }
+            let shape = &graph.values()[v.0].shape;
+            forward
+                .outputs
+                .iter()
+                .position(|&o| &graph.values()[o.0].shape == shape)
+                .map(|j| fwd_place.outputs[j].layout().clone())
+        })
         .unwrap_or_else(|| value_layout(placed, v))
+}
+
+/// The id of `node` in `graph` (nodes are stored by id).
+fn forward_id(graph: &Graph, node: &Node) -> NodeId {
+    graph
+        .node_by_name(&node.name)
+        .expect("the node belongs to the graph")
 }
 
 /// Places a forward node from its strategy.

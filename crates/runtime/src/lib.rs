@@ -13,6 +13,7 @@ mod executor;
 mod launch;
 mod optimizer;
 mod session;
+mod trainer;
 
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
@@ -32,3 +33,4 @@ pub use crate::optimizer::{
     ParamSpec,
 };
 pub use crate::session::{ParamShard, RankOutcome, Session, GLOBAL_STEP};
+pub use crate::trainer::Trainer;

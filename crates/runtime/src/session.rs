@@ -70,20 +70,50 @@ pub struct ParamShard {
 }
 
 impl Session {
-    /// Builds the model and its programs for `config`, reading the data's headers.
+    /// Builds the configured built-in model and its programs for `config`, reading the data's
+    /// headers.
     pub fn new(config: &TrainConfig) -> Result<Session, RuntimeError> {
         let data = config.data();
         let (train_data, test_data) =
             IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
-        let classes = config.model().classes;
-        train_data.validate_labels(classes)?;
-        test_data.validate_labels(classes)?;
         let model = seed_mlp(
             data.batch_size,
             &train_data.image_shape(),
             config.model().hidden,
-            classes,
+            config.model().classes,
         )?;
+        Session::build(config, model, train_data, test_data)
+    }
+
+    /// A session training `model` (a network built with [`graph::GraphBuilder`], its data and
+    /// labels inputs, logits and loss) under `config`; the model's data input must take the
+    /// data set's images (`[batch, rows, cols]`) and its batch must be `data.batch_size`.
+    pub fn with_model(config: &TrainConfig, model: Model) -> Result<Session, RuntimeError> {
+        let data = config.data();
+        let (train_data, test_data) =
+            IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+        let input = &model.graph.values()[model.input.0];
+        let mut expected = vec![data.batch_size];
+        expected.extend(train_data.image_shape());
+        if input.shape != expected {
+            return Err(RuntimeError::Mismatch {
+                what: format!("the model's data input {}", input.name),
+                expected: format!("shape {expected:?} (data.batch_size and the images)"),
+                got: format!("shape {:?}", input.shape),
+            });
+        }
+        Session::build(config, model, train_data, test_data)
+    }
+
+    fn build(
+        config: &TrainConfig,
+        model: Model,
+        train_data: IdxDataset,
+        test_data: IdxDataset,
+    ) -> Result<Session, RuntimeError> {
+        let classes = config.model().classes;
+        train_data.validate_labels(classes)?;
+        test_data.validate_labels(classes)?;
         let trainable = model.graph.trainable_parameters();
         let training = graph::grad(&model.graph, model.loss, &trainable)?;
         let grads = trainable

@@ -242,3 +242,63 @@ fn train_resumed(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
         .collect();
     (report.losses().to_vec(), params)
 }
+
+/// A network with biases, GeLU and layer norm built with the Rust API: sharded training matches
+/// one device.
+#[test]
+fn a_custom_network_with_biases_and_layer_norm_matches_one_device() {
+    use graph::models::Model;
+    use graph::nn::{Activation, Dense, LayerNorm};
+    use parallel::{ParallelConfig, ParallelMode};
+
+    fn model() -> Model {
+        let mut b = graph::GraphBuilder::new();
+        let x = b.input("x", &[32, 8, 8], tensor::DType::F32).unwrap();
+        let labels = b.input("labels", &[32], tensor::DType::I32).unwrap();
+        let h = b.flatten("flatten", x).unwrap();
+        let h = b
+            .call(
+                "fc1",
+                &Dense::new(64, 128).activation(Activation::Gelu { approximate: true }),
+                h,
+            )
+            .unwrap();
+        let h = b.call("norm", &LayerNorm::new(128), h).unwrap();
+        let logits = b.call("fc2", &Dense::new(128, 10), h).unwrap();
+        let loss = b
+            .sparse_softmax_cross_entropy("loss", logits, labels)
+            .unwrap();
+        Model {
+            graph: b.finish(),
+            input: x,
+            labels,
+            logits,
+            loss,
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |parallel: ParallelConfig, name: &str| {
+        runtime::Trainer::new(model(), parallel, data_dir())
+            .max_steps(20)
+            .print_loss(false)
+            .output_dir(tmp.path().join(name))
+            .train()
+            .unwrap()
+    };
+    let one = run(ParallelConfig::stand_alone(), "one");
+    let sharded = run(
+        ParallelConfig::new(ParallelMode::SemiAuto, 8)
+            .shard("fc1.matmul", &[&[2, 1], &[4, 1]])
+            .shard("fc1.bias_add", &[&[2, 4], &[4]])
+            .shard("fc2.matmul", &[&[1, 4], &[2, 4]]),
+        "sharded",
+    );
+    assert_eq!(one.losses().len(), 20);
+    for (step, (a, b)) in sharded.losses().iter().zip(one.losses()).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "step {}: {a} vs {b}",
+            step + 1
+        );
+    }
+}

@@ -43,6 +43,8 @@ use self::values::{config_error, describe, one_of};
 pub enum ModelName {
     /// `graph::models::seed_mlp`.
     SeedMlp,
+    /// A network built in code and given to [`crate::Trainer`] (not available in files).
+    Custom,
 }
 
 impl ModelName {
@@ -50,6 +52,7 @@ impl ModelName {
     pub fn name(self) -> &'static str {
         match self {
             ModelName::SeedMlp => "seed_mlp",
+            ModelName::Custom => "custom",
         }
     }
 }
@@ -203,6 +206,35 @@ impl TrainConfig {
         })?;
         config.source = source.map(Path::to_path_buf);
         Ok(config)
+    }
+
+    /// A config from its sections, for programs that build one in code (see
+    /// [`crate::Trainer`]); the optimizer's hyperparameters are checked as a file's would be.
+    pub fn from_parts(
+        model: ModelConfig,
+        data: DataConfig,
+        parallel: ParallelConfig,
+        optimizer: OptimizerConfig,
+        train: TrainLoopConfig,
+        output: OutputConfig,
+    ) -> Result<TrainConfig, RuntimeError> {
+        optimizer.validate()?;
+        if data.batch_size == 0 {
+            return Err(RuntimeError::Config {
+                key: "data.batch_size".to_string(),
+                reason: "0 is out of range: it must be ≥ 1".to_string(),
+            });
+        }
+        Ok(TrainConfig {
+            source: None,
+            model,
+            data,
+            parallel,
+            optimizer,
+            train,
+            output,
+            warnings: Vec::new(),
+        })
     }
 
     /// The same config on `devices` devices (the command line's `--devices`).

@@ -1,0 +1,163 @@
+//! [`Trainer`]: training a network built in code, MindSpore's `Model(net, loss, opt).train(…)`.
+
+use std::path::{Path, PathBuf};
+
+use graph::models::Model;
+use parallel::ParallelConfig;
+
+use crate::config::{
+    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
+};
+use crate::data::Normalize;
+use crate::error::RuntimeError;
+use crate::launch::{train_local, LaunchOptions, TrainReport};
+use crate::optimizer::{OptimizerConfig, OptimizerKind};
+use crate::session::Session;
+
+/// Trains a [`Model`] built with [`graph::GraphBuilder`] on an IDX data set, on the devices and
+/// with the strategies of a [`ParallelConfig`]: the settings a config file would hold, with
+/// defaults (Momentum 0.9, learning rate 0.05, one epoch, seed 1, checkpoints saved).
+///
+/// ```no_run
+/// # use runtime::{OptimizerConfig, Trainer};
+/// # fn demo(model: graph::models::Model) -> Result<(), runtime::RuntimeError> {
+/// let parallel = parallel::ParallelConfig::new(parallel::ParallelMode::SemiAuto, 8)
+///     .shard("fc1.matmul", &[&[2, 4], &[1, 4]]);
+/// let report = Trainer::new(model, parallel, "data/digits").epochs(3).train()?;
+/// println!("accuracy {:?}", report.accuracies().last());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Trainer {
+    model: Model,
+    parallel: ParallelConfig,
+    data_dir: PathBuf,
+    classes: usize,
+    optimizer: OptimizerConfig,
+    train: TrainLoopConfig,
+    output: OutputConfig,
+    shuffle: bool,
+    print_loss: bool,
+}
+
+impl Trainer {
+    /// A trainer of `model` under `parallel` on the IDX data set in `data_dir`.
+    pub fn new(model: Model, parallel: ParallelConfig, data_dir: impl AsRef<Path>) -> Trainer {
+        let classes = model.graph.values()[model.logits.0]
+            .shape
+            .last()
+            .copied()
+            .unwrap_or(1);
+        Trainer {
+            model,
+            parallel,
+            data_dir: data_dir.as_ref().to_path_buf(),
+            classes,
+            optimizer: OptimizerConfig {
+                kind: OptimizerKind::Momentum {
+                    momentum: 0.9,
+                    use_nesterov: false,
+                },
+                learning_rate: 0.05,
+                weight_decay: 0.0,
+            },
+            train: TrainLoopConfig {
+                epochs: 1,
+                max_steps: None,
+                seed: 1,
+                eval: true,
+                per_print_times: 1,
+                print_local_norm: false,
+                dump_local_norm: None,
+            },
+            output: OutputConfig {
+                dir: PathBuf::from("runs/custom"),
+                save_checkpoint: true,
+                resume_from: None,
+                resume_strategy: None,
+            },
+            shuffle: true,
+            print_loss: true,
+        }
+    }
+
+    /// The optimizer (default: Momentum 0.9 at learning rate 0.05).
+    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Trainer {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// Passes over the training set (default 1).
+    pub fn epochs(mut self, epochs: usize) -> Trainer {
+        self.train.epochs = epochs;
+        self
+    }
+
+    /// Stop after this many steps in all.
+    pub fn max_steps(mut self, steps: u64) -> Trainer {
+        self.train.max_steps = Some(steps);
+        self
+    }
+
+    /// The seed of the initial values and the shuffles (default 1).
+    pub fn seed(mut self, seed: u64) -> Trainer {
+        self.train.seed = seed;
+        self
+    }
+
+    /// Where checkpoints, strategy files and the metrics log go (default `runs/custom`).
+    pub fn output_dir(mut self, dir: impl AsRef<Path>) -> Trainer {
+        self.output.dir = dir.as_ref().to_path_buf();
+        self
+    }
+
+    /// Whether to print MindSpore's loss lines (default yes).
+    pub fn print_loss(mut self, print: bool) -> Trainer {
+        self.print_loss = print;
+        self
+    }
+
+    /// The equivalent configuration.
+    pub fn config(&self) -> Result<TrainConfig, RuntimeError> {
+        let batch_size = self.model.graph.values()[self.model.input.0]
+            .shape
+            .first()
+            .copied()
+            .unwrap_or(1);
+        TrainConfig::from_parts(
+            ModelConfig {
+                name: ModelName::Custom,
+                hidden: 0,
+                classes: self.classes,
+            },
+            DataConfig {
+                format: DataFormat::Idx,
+                dir: self.data_dir.clone(),
+                batch_size,
+                shuffle: self.shuffle,
+                pixel_max: None,
+                normalize: Normalize::Standardize,
+            },
+            self.parallel.clone(),
+            self.optimizer,
+            self.train.clone(),
+            self.output.clone(),
+        )
+    }
+
+    /// Trains on the local backend (one thread per device) and reports every step.
+    pub fn train(self) -> Result<TrainReport, RuntimeError> {
+        let config = self.config()?;
+        std::fs::create_dir_all(&config.output().dir).map_err(|source| RuntimeError::Io {
+            path: config.output().dir.clone(),
+            source,
+        })?;
+        let session = Session::with_model(&config, self.model)?;
+        let options = LaunchOptions {
+            print_loss: self.print_loss,
+            metrics_log: Some(config.output().metrics_file()),
+            ..LaunchOptions::default()
+        };
+        train_local(&session, &options)
+    }
+}
