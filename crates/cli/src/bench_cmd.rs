@@ -24,6 +24,8 @@ enum BenchCommand {
     Collectives(crate::bench_collectives::CollectivesArgs),
     /// Time and bytes of resharding a tensor between every pair of six layouts on a 2x2 mesh.
     Reshard(crate::bench_reshard::ReshardBenchArgs),
+    /// Training-step time of seed_mlp (784-512-512-10, batch 32) on one rank and on N ranks.
+    TrainStep(crate::bench_train::TrainStepArgs),
 }
 
 /// Arguments of `tessera bench memcpy`.
@@ -44,6 +46,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchCommand::CkptConvert(a) => crate::bench_ckpt::run(a),
         BenchCommand::Collectives(a) => crate::bench_collectives::run(a),
         BenchCommand::Reshard(a) => crate::bench_reshard::run(a),
+        BenchCommand::TrainStep(a) => crate::bench_train::run(a),
     }
 }
 

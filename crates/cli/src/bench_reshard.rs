@@ -16,7 +16,8 @@ use reshard::ReshardRunner;
 use tensor::DType;
 
 use crate::bench_cmd::human_bytes;
-use crate::reshard_cmd::{iota, parse_layout, source_slices};
+use crate::parse::{parse_layout, parse_usizes};
+use crate::reshard_cmd::{iota, source_slices};
 
 /// Arguments of `tessera bench reshard`.
 #[derive(Debug, Args)]
@@ -41,7 +42,7 @@ const PLACEMENTS: [(&str, &str); 6] = [
 
 /// Runs the benchmark.
 pub fn run(args: &ReshardBenchArgs) -> anyhow::Result<()> {
-    let shape = crate::reshard_cmd::parse_usizes(&args.shape, "--shape")?;
+    let shape = parse_usizes(&args.shape, "--shape")?;
     let n_bytes: usize = shape.iter().product::<usize>() * 4;
     println!(
         "reshard of a {:?} f32 tensor ({}) on a 2x2 mesh, local backend, {} runs per pair",
@@ -56,8 +57,8 @@ pub fn run(args: &ReshardBenchArgs) -> anyhow::Result<()> {
     let cluster = LocalCluster::new(4)?;
     for (from_name, from_map) in PLACEMENTS {
         for (to_name, to_map) in PLACEMENTS {
-            let src = parse_layout("a=2,b=2", from_map, None, &shape)?;
-            let dst = parse_layout("a=2,b=2", to_map, None, &shape)?;
+            let src = parse_layout("a=2,b=2", &[], from_map, None, &shape)?;
+            let dst = parse_layout("a=2,b=2", &[], to_map, None, &shape)?;
             let plan = reshard::plan(&src, &dst, DType::F32)?;
             let global = iota(&shape, DType::F32);
             let times = cluster.run(|comm| -> anyhow::Result<Vec<Duration>> {

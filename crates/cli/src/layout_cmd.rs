@@ -2,12 +2,13 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
-use layout::{DimSpec, Layout, MsDimMap, TensorLayout, INTERLEAVED_ALIAS};
+use layout::{MsDimMap, TensorLayout, INTERLEAVED_ALIAS};
 use serde_json::{json, Value};
 
 use crate::grid;
+use crate::parse::{parse_layout, parse_usizes};
 
 /// Arguments of `tessera layout`.
 #[derive(Debug, Args)]
@@ -48,64 +49,19 @@ pub fn run(args: &LayoutArgs) -> anyhow::Result<()> {
 
 /// Parses the arguments into a validated layout bound to the shape.
 fn build(args: &LayoutArgs) -> anyhow::Result<TensorLayout> {
-    let (mut sizes, mut names) = parse_mesh(&args.mesh)?;
-    if let Some(k) = args.interleaved {
-        if k == 0 {
-            bail!("--interleaved must be at least 1");
-        }
-        sizes.push(k);
-        names.push(INTERLEAVED_ALIAS.to_string());
-    }
-    let rank_list = args
-        .rank_list
-        .as_deref()
-        .map(|s| parse_list(s, "--rank-list"))
-        .transpose()?;
-    let shape = parse_list(&args.shape, "--shape")?;
-    let entries: Vec<DimSpec> = if args.map.trim().is_empty() {
-        Vec::new()
-    } else {
-        args.map
-            .split(',')
-            .map(|e| DimSpec::parse(e.trim()))
-            .collect()
+    let extra: Vec<(usize, &str)> = match args.interleaved {
+        Some(0) => bail!("--interleaved must be at least 1"),
+        Some(k) => vec![(k, INTERLEAVED_ALIAS)],
+        None => Vec::new(),
     };
-    let layout = Layout::new(&sizes, &names, rank_list)
-        .and_then(|l| l.apply(&entries))
-        .context("invalid layout")?;
-    layout.bind(&shape).context("invalid layout for this shape")
-}
-
-/// Parses `dp=2,mp=4`.
-fn parse_mesh(text: &str) -> anyhow::Result<(Vec<usize>, Vec<String>)> {
-    let mut sizes = Vec::new();
-    let mut names = Vec::new();
-    for part in text.split(',') {
-        let (name, size) = part
-            .split_once('=')
-            .with_context(|| format!("--mesh entry {part:?} is not of the form name=size"))?;
-        let size: usize = size
-            .trim()
-            .parse()
-            .with_context(|| format!("--mesh entry {part:?}: {size:?} is not a device count"))?;
-        names.push(name.trim().to_string());
-        sizes.push(size);
-    }
-    Ok((sizes, names))
-}
-
-/// Parses a comma-separated list of non-negative integers.
-fn parse_list(text: &str, flag: &str) -> anyhow::Result<Vec<usize>> {
-    if text.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    text.split(',')
-        .map(|p| {
-            p.trim()
-                .parse::<usize>()
-                .with_context(|| format!("{flag}: {p:?} is not a non-negative integer"))
-        })
-        .collect()
+    let shape = parse_usizes(&args.shape, "--shape")?;
+    parse_layout(
+        &args.mesh,
+        &extra,
+        &args.map,
+        args.rank_list.as_deref(),
+        &shape,
+    )
 }
 
 fn ms_map_json(maps: &[MsDimMap]) -> Value {

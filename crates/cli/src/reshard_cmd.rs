@@ -5,12 +5,12 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 use comm::{Communicator, LocalCluster};
-use layout::{DimSpec, Layout, TensorLayout};
 use reshard::{DistLayout, DistTensor, ExchangeKind, ReduceKind, ReshardPlan, ReshardRunner};
 use serde_json::{json, Value};
 use tensor::{DType, Tensor};
 
 use crate::grid::write_stdout;
+use crate::parse::{parse_layout, parse_usizes};
 
 /// Arguments of `tessera reshard`.
 #[derive(Debug, Args)]
@@ -51,71 +51,26 @@ pub struct ReshardArgs {
     run: bool,
 }
 
-/// Parses `dp=2,mp=4`, a map and a rank list into a layout bound to `shape`.
-pub fn parse_layout(
-    mesh: &str,
-    map: &str,
-    rank_list: Option<&str>,
-    shape: &[usize],
-) -> anyhow::Result<TensorLayout> {
-    let mut sizes = Vec::new();
-    let mut names = Vec::new();
-    for part in mesh.split(',') {
-        let (name, size) = part
-            .split_once('=')
-            .with_context(|| format!("mesh entry {part:?} is not of the form name=size"))?;
-        names.push(name.trim().to_string());
-        sizes.push(
-            size.trim()
-                .parse::<usize>()
-                .with_context(|| format!("mesh entry {part:?}: {size:?} is not a device count"))?,
-        );
-    }
-    let rank_list = rank_list
-        .map(|r| parse_usizes(r, "rank list"))
-        .transpose()?;
-    let entries: Vec<DimSpec> = if map.trim().is_empty() {
-        Vec::new()
-    } else {
-        map.split(',').map(|e| DimSpec::parse(e.trim())).collect()
-    };
-    Ok(Layout::new(&sizes, &names, rank_list)?
-        .apply(&entries)?
-        .bind(shape)?)
-}
-
-/// Parses `1,2,3`.
-pub fn parse_usizes(text: &str, what: &str) -> anyhow::Result<Vec<usize>> {
-    if text.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    text.split(',')
-        .map(|p| {
-            p.trim()
-                .parse::<usize>()
-                .with_context(|| format!("{what}: {p:?} is not a non-negative integer"))
-        })
-        .collect()
-}
-
 /// Runs `tessera reshard`.
 pub fn run(args: &ReshardArgs) -> anyhow::Result<()> {
     let shape = parse_usizes(&args.shape, "--shape")?;
     let dtype: DType = args.dtype.parse()?;
     let src = parse_layout(
         &args.from_mesh,
+        &[],
         &args.from,
         args.from_rank_list.as_deref(),
         &shape,
     )
-    .context("invalid source layout")?;
+    .context("the source (--from-mesh, --from)")?;
     let dst = parse_layout(
         args.to_mesh.as_deref().unwrap_or(&args.from_mesh),
+        &[],
         &args.to,
         args.to_rank_list.as_deref(),
         &shape,
     )
-    .context("invalid destination layout")?;
+    .context("the destination (--to-mesh, --to)")?;
     let src = match &args.from_partial {
         None => DistLayout::from(src),
         Some(axes) => {

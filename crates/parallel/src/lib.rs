@@ -9,6 +9,10 @@
 //!   input layouts, and the rule from input layouts to output layouts with pending sums.
 //! - [`place`]: gives every node of a graph its placement ([`PlacedGraph`]); backward nodes run on
 //!   the device matrix of the forward node they differentiate.
+//! - [`lower`]: one [`Program`] every rank runs — kernel steps on local shapes and reshard steps
+//!   (with their reasons and bytes) where a layout changes or a pending sum is consumed;
+//!   [`Program::explain`] prints it. [`compile_training`] and [`compile_forward`] do all of it
+//!   from a forward graph.
 //!
 //! # Architecture invariant
 //! `parallel` plans; it never executes a kernel or talks to a communicator. Its output is data:
@@ -17,6 +21,7 @@
 #![deny(missing_docs)]
 
 mod assign;
+mod compile;
 mod config;
 mod error;
 mod lower;
@@ -25,6 +30,7 @@ pub mod rules;
 pub use crate::assign::{
     gradient_target, is_annotatable, place, NodePlacement, PlacedGraph, StrategySource,
 };
+pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 pub use crate::error::{format_strategy, ParallelError};
 pub use crate::lower::{

@@ -125,17 +125,11 @@ fn classify(ranks: &[usize], transfers: &[Transfer]) -> ExchangeKind {
 mod tests {
     use super::*;
     use crate::plan::plan;
-    use layout::{DimSpec, Layout, TensorLayout};
+    use layout::TensorLayout;
     use tensor::DType;
 
     fn tl(map: &[&str]) -> TensorLayout {
-        let entries: Vec<DimSpec> = map.iter().map(|m| DimSpec::parse(m)).collect();
-        Layout::new(&[2, 2], &["a", "b"], None)
-            .unwrap()
-            .apply(&entries)
-            .unwrap()
-            .bind(&[8, 8])
-            .unwrap()
+        crate::test_util::tl(&[2, 2], &["a", "b"], map, &[8, 8])
     }
 
     #[test]
@@ -147,15 +141,7 @@ mod tests {
         assert!(ex.iter().all(|e| e.kind == ExchangeKind::AllGather));
         assert_eq!(ex[0].ranks, vec![0, 2]);
         // 4 ranks, (S0) -> (S1): each sends a different quarter to every other: all-to-all.
-        let line = |map: &[&str]| {
-            let entries: Vec<DimSpec> = map.iter().map(|m| DimSpec::parse(m)).collect();
-            Layout::new(&[4], &["x"], None)
-                .unwrap()
-                .apply(&entries)
-                .unwrap()
-                .bind(&[8, 8])
-                .unwrap()
-        };
+        let line = |map: &[&str]| crate::test_util::tl(&[4], &["x"], map, &[8, 8]);
         let p = plan(&line(&["x", "None"]), &line(&["None", "x"]), DType::F32).unwrap();
         let ex = lower(&p);
         assert_eq!(ex.len(), 1);

@@ -200,17 +200,7 @@ fn received_per_member(elements: usize, n: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use layout::DimSpec;
-
-    fn tl(dev: &[usize], names: &[&str], map: &[&str], shape: &[usize]) -> TensorLayout {
-        let entries: Vec<DimSpec> = map.iter().map(|m| DimSpec::parse(m)).collect();
-        Layout::new(dev, names, None)
-            .unwrap()
-            .apply(&entries)
-            .unwrap()
-            .bind(shape)
-            .unwrap()
-    }
+    use crate::test_util::tl;
 
     #[test]
     fn reduce_scatter_onto_the_dim_the_destination_splits() {

@@ -112,27 +112,16 @@ impl ReshardPlan {
     }
 
     /// Bytes received over the network by each device of the destination mesh, in the order of
-    /// [`layout::Mesh::device_ranks`]. Local copies are not counted.
+    /// [`layout::Mesh::device_ranks`], the reduction of a partial source included. Local copies
+    /// are not counted.
     pub fn bytes_per_rank(&self) -> Vec<(usize, usize)> {
-        let mut per_rank: BTreeMap<usize, usize> = self
-            .dst
-            .mesh()
-            .device_ranks()
-            .into_iter()
-            .map(|r| (r, 0))
-            .collect();
-        for t in self.transfers.iter().filter(|t| !t.is_local()) {
-            *per_rank.entry(t.dst_rank).or_default() += self.transfer_bytes(t);
-        }
-        for (rank, bytes) in self.reduce_bytes_per_rank() {
-            *per_rank.entry(rank).or_default() += bytes;
-        }
-        self.dst
-            .mesh()
-            .device_ranks()
-            .into_iter()
-            .map(|r| (r, per_rank[&r]))
-            .collect()
+        let network = self
+            .network_transfers()
+            .map(|t| (t.dst_rank, self.transfer_bytes(t)));
+        per_rank(
+            &self.dst.mesh().device_ranks(),
+            network.chain(self.reduce_bytes_per_rank()),
+        )
     }
 
     /// Bytes each source device receives while summing a partial source (empty without one).
@@ -150,36 +139,15 @@ impl ReshardPlan {
     /// Bytes sent over the network by each device of the source mesh, in mesh order (transfers
     /// only; a reduction sends what it receives).
     pub fn bytes_sent_per_rank(&self) -> Vec<(usize, usize)> {
-        let mut per_rank: BTreeMap<usize, usize> = self
-            .moved_from()
-            .mesh()
-            .device_ranks()
-            .into_iter()
-            .map(|r| (r, 0))
-            .collect();
-        for t in self.transfers.iter().filter(|t| !t.is_local()) {
-            *per_rank.entry(t.src_rank).or_default() += self.transfer_bytes(t);
-        }
-        self.moved_from()
-            .mesh()
-            .device_ranks()
-            .into_iter()
-            .map(|r| (r, per_rank[&r]))
-            .collect()
+        let network = self
+            .network_transfers()
+            .map(|t| (t.src_rank, self.transfer_bytes(t)));
+        per_rank(&self.moved_from().mesh().device_ranks(), network)
     }
 
     /// Total bytes received over the network, the reduction included.
     pub fn bytes_total(&self) -> usize {
-        self.transfers
-            .iter()
-            .filter(|t| !t.is_local())
-            .map(|t| self.transfer_bytes(t))
-            .sum::<usize>()
-            + self
-                .reduce_bytes_per_rank()
-                .iter()
-                .map(|(_, b)| b)
-                .sum::<usize>()
+        self.bytes_per_rank().iter().map(|(_, b)| b).sum()
     }
 
     /// Bytes copied locally (no network).
@@ -196,12 +164,13 @@ impl ReshardPlan {
     /// the chosen reduction (a bandwidth-optimal reduce-scatter or all-reduce) plus that bound
     /// from the reduction's result.
     pub fn bytes_lower_bound(&self) -> usize {
-        lower_bound_elements(self.moved_from(), &self.dst) * self.dtype.size_in_bytes()
-            + self
-                .reduce_bytes_per_rank()
-                .iter()
-                .map(|(_, b)| b)
-                .sum::<usize>()
+        let reduce: usize = self.reduce_bytes_per_rank().iter().map(|(_, b)| b).sum();
+        lower_bound_elements(self.moved_from(), &self.dst) * self.dtype.size_in_bytes() + reduce
+    }
+
+    /// The transfers that cross the network.
+    fn network_transfers(&self) -> impl Iterator<Item = &Transfer> {
+        self.transfers.iter().filter(|t| !t.is_local())
     }
 
     /// One line per transfer with its reason, then the totals.
@@ -250,6 +219,25 @@ impl ReshardPlan {
         );
         out
     }
+}
+
+/// Sums `(rank, bytes)` pairs per rank, listing every rank of `ranks` in that order (a rank the
+/// pairs name outside `ranks` is added after them).
+fn per_rank(
+    ranks: &[usize],
+    pairs: impl IntoIterator<Item = (usize, usize)>,
+) -> Vec<(usize, usize)> {
+    let mut totals: Vec<(usize, usize)> = ranks.iter().map(|&r| (r, 0)).collect();
+    let mut index: BTreeMap<usize, usize> =
+        ranks.iter().enumerate().map(|(i, &r)| (r, i)).collect();
+    for (rank, bytes) in pairs {
+        let i = *index.entry(rank).or_insert_with(|| {
+            totals.push((rank, 0));
+            totals.len() - 1
+        });
+        totals[i].1 += bytes;
+    }
+    totals
 }
 
 /// Elements each destination slot lacks under the source layout, summed.
@@ -379,17 +367,8 @@ fn plan_transfers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::tl;
     use layout::Layout;
-
-    fn tl(dev: &[usize], names: &[&str], map: &[&str], shape: &[usize]) -> TensorLayout {
-        let entries: Vec<layout::DimSpec> = map.iter().map(|m| layout::DimSpec::parse(m)).collect();
-        Layout::new(dev, names, None)
-            .unwrap()
-            .apply(&entries)
-            .unwrap()
-            .bind(shape)
-            .unwrap()
-    }
 
     #[test]
     fn row_to_column_split_moves_only_what_is_missing() {

@@ -9,7 +9,7 @@ use ckpt::{ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
 use comm::Communicator;
 use graph::models::{seed_mlp, Model};
 use layout::{SliceBox, TensorLayout};
-use parallel::{lower, place, LowerRequest, Program};
+use parallel::{compile_forward, compile_training, Program};
 use tensor::Tensor;
 
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
@@ -114,27 +114,9 @@ impl Session {
         let classes = config.model().classes;
         train_data.validate_labels(classes)?;
         test_data.validate_labels(classes)?;
-        let trainable = model.graph.trainable_parameters();
-        let training = graph::grad(&model.graph, model.loss, &trainable)?;
-        let grads = trainable
-            .iter()
-            .filter_map(|&p| training.grad_of(p).map(|g| (p, g)))
-            .collect();
         let parallel = config.parallel_config();
-        let train = lower(
-            &place(&training.graph, &parallel)?,
-            &LowerRequest {
-                grads,
-                replicated_outputs: vec![model.loss],
-            },
-        )?;
-        let eval = lower(
-            &place(&model.graph, &parallel)?,
-            &LowerRequest {
-                grads: Vec::new(),
-                replicated_outputs: vec![model.logits],
-            },
-        )?;
+        let train = compile_training(&model.graph, model.loss, &parallel)?;
+        let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
         Ok(Session {
             config: config.clone(),
             model,

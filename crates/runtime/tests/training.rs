@@ -66,7 +66,12 @@ fn train(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
             "every rank reports the same losses"
         );
     }
-    let out = &config.output().dir;
+    let params = merged_params(&config.output().dir);
+    (report.losses().to_vec(), params)
+}
+
+/// The parameters of the checkpoint the ranks saved in `out`, merged into full tensors.
+fn merged_params(out: &Path) -> Vec<(String, Vec<f32>)> {
     let merged = out.join("merged");
     ckpt::unified_safetensors(
         out,
@@ -76,14 +81,13 @@ fn train(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
     )
     .expect("the checkpoints merge");
     let part = CheckpointFile::open(&merged.join("part0.safetensors")).expect("a merged part");
-    let params = ["fc1_weight", "fc2_weight", "fc3_weight"]
+    ["fc1_weight", "fc2_weight", "fc3_weight"]
         .iter()
         .map(|name| {
             let t = part.read_tensor(name).expect("a merged parameter");
             (name.to_string(), t.as_f32().expect("f32").to_vec())
         })
-        .collect();
-    (report.losses().to_vec(), params)
+        .collect()
 }
 
 fn assert_same_run(
@@ -221,25 +225,7 @@ fn train_resumed(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
         "the resumed run trains the remaining steps"
     );
     assert_eq!(report.ranks[0].global_step, 20);
-    let out = &config.output().dir;
-    let merged = out.join("merged");
-    ckpt::unified_safetensors(
-        out,
-        &out.join("strategy.json"),
-        &merged,
-        &MergeOptions::default(),
-    )
-    .unwrap();
-    let part = CheckpointFile::open(&merged.join("part0.safetensors")).unwrap();
-    let params = ["fc1_weight", "fc2_weight", "fc3_weight"]
-        .iter()
-        .map(|name| {
-            (
-                name.to_string(),
-                part.read_tensor(name).unwrap().as_f32().unwrap().to_vec(),
-            )
-        })
-        .collect();
+    let params = merged_params(&config.output().dir);
     (report.losses().to_vec(), params)
 }
 
