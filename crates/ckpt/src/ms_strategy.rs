@@ -103,6 +103,20 @@ impl MsStrategyFile {
         decode_map(bytes).map_err(wire(path))
     }
 
+    /// Writes the file atomically: MindSpore's JSON flavour when `path` ends in `.json` (as
+    /// MindSpore chooses), protobuf otherwise. An existing file is refused unless `force`.
+    pub fn write(&self, path: &Path, force: bool) -> Result<std::path::PathBuf> {
+        let is_json = path.extension().is_some_and(|e| e == "json");
+        let bytes = if is_json {
+            let mut text = self.to_json_text();
+            text.push('\n');
+            text.into_bytes()
+        } else {
+            self.encode()
+        };
+        crate::atomic_write::write_file(path, &bytes, force)
+    }
+
     /// Encodes protobuf bytes the way MindSpore's writer does.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();

@@ -106,3 +106,68 @@ fn bad_configs_fail_before_training_with_a_clear_reason() {
         "matmul7",
     );
 }
+
+#[test]
+fn a_saved_strategy_file_drives_the_next_run() {
+    let dir = Scratch::new("train-strategy-file");
+    let first = dir.0.join("first");
+    let out = tessera(&[
+        "train",
+        "examples/seed_semi_auto.toml",
+        "--set",
+        "train.max_steps=1",
+        "--set",
+        "train.eval=false",
+        "--set",
+        &format!("output.dir=\"{}\"", s(&first)),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The MindSpore strategy file records every forward op's strategy.
+    let show = tessera(&[
+        "strategy",
+        "show",
+        "--json",
+        s(&first.join("strategy.ckpt")),
+    ]);
+    assert!(show.status.success());
+    // A run without [parallel.shard] takes the op strategies from the file.
+    let explain = tessera(&[
+        "train",
+        "examples/seed_semi_auto.toml",
+        "--explain",
+        "--set",
+        "parallel.shard={}",
+        "--set",
+        &format!(
+            "parallel.strategy_file=\"{}\"",
+            s(&first.join("strategy.ckpt"))
+        ),
+    ]);
+    assert!(
+        explain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&explain.stderr)
+    );
+    let text = String::from_utf8(explain.stdout).unwrap();
+    assert!(
+        text.contains("matmul2 (MatMul) strategy ((1, 8), (8, 1)) [user]"),
+        "{text}"
+    );
+    // Tessera's JSON strategy holds parameter layouts only: a clear error.
+    let bad = tessera(&[
+        "train",
+        "examples/seed_semi_auto.toml",
+        "--explain",
+        "--set",
+        &format!(
+            "parallel.strategy_file=\"{}\"",
+            s(&first.join("strategy.json"))
+        ),
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("holds no op strategies"));
+}

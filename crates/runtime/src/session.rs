@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ckpt::{ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
+use ckpt::{MsStrategyItem, ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
 use comm::Communicator;
 use graph::models::{seed_mlp, Model};
 use layout::{SliceBox, TensorLayout};
@@ -114,7 +114,7 @@ impl Session {
         let classes = config.model().classes;
         train_data.validate_labels(classes)?;
         test_data.validate_labels(classes)?;
-        let parallel = config.parallel_config();
+        let parallel = parallel_config(config, &model)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
         Ok(Session {
@@ -167,8 +167,9 @@ impl Session {
         Ok(ResolvedStrategy::new(params)?)
     }
 
-    /// Writes the strategy as Tessera JSON (`strategy.json`) and MindSpore protobuf
-    /// (`strategy.ckpt`) into `dir`.
+    /// Writes the strategy as Tessera JSON (`strategy.json`: every tensor's global shape, dtype
+    /// and layout) and MindSpore protobuf (`strategy.ckpt`: the parameter layouts and, as
+    /// MindSpore's `save_param_strategy_file` does, every forward op's strategy) into `dir`.
     pub fn save_strategy_files(&self, dir: &Path) -> Result<(PathBuf, PathBuf), RuntimeError> {
         let strategy = self.strategy()?;
         let json = ckpt::save_param_strategy_file(
@@ -177,12 +178,22 @@ impl Session {
             StrategyFlavour::Tessera,
             true,
         )?;
-        let ms = ckpt::save_param_strategy_file(
-            &dir.join("strategy.ckpt"),
-            &strategy,
-            StrategyFlavour::MsProtobuf,
-            true,
-        )?;
+        let ms_path = dir.join("strategy.ckpt");
+        let mut ms = ckpt::to_ms_strategy(&ms_path, &strategy, false)?;
+        let placed = &self.train.placed;
+        for (node, place) in placed.graph.nodes().iter().zip(&placed.nodes) {
+            if let (graph::NodeRole::Forward, Some(tuples)) = (&node.role, &place.strategy) {
+                ms.strategy_items.push(MsStrategyItem {
+                    node_name: node.name.clone(),
+                    stage: 0,
+                    strategies: tuples
+                        .iter()
+                        .map(|t| t.iter().map(|&f| f as u32).collect())
+                        .collect(),
+                });
+            }
+        }
+        let ms = ms.write(&ms_path, true)?;
         Ok((json, ms))
     }
 
@@ -466,6 +477,53 @@ impl Session {
         }
         Ok(correct as f64 / plan.n_real().max(1) as f64)
     }
+}
+
+/// The parallel settings of `config`, with the op strategies of `parallel.strategy_file` (if
+/// any) for the ops `[parallel.shard]` leaves unset.
+fn parallel_config(
+    config: &TrainConfig,
+    model: &Model,
+) -> Result<parallel::ParallelConfig, RuntimeError> {
+    let mut parallel = config.parallel_config();
+    let Some(path) = config.strategy_file() else {
+        return Ok(parallel);
+    };
+    let loaded = ckpt::Strategy::load(path)?;
+    let items = loaded.ms.map(|ms| ms.strategy_items).unwrap_or_default();
+    if items.is_empty() {
+        return Err(RuntimeError::Config {
+            key: "parallel.strategy_file".to_string(),
+            reason: format!(
+                "{} holds no op strategies (parallel_strategy_item); a Tessera JSON strategy records parameter layouts only — use the MindSpore file (strategy.ckpt) a run saves",
+                path.display()
+            ),
+        });
+    }
+    for item in items {
+        if model.graph.node_by_name(&item.node_name).is_none() {
+            return Err(RuntimeError::Config {
+                key: "parallel.strategy_file".to_string(),
+                reason: format!(
+                    "{} has a strategy for op {:?}, which the model does not have",
+                    path.display(),
+                    item.node_name
+                ),
+            });
+        }
+        parallel
+            .strategies
+            .entry(item.node_name)
+            .or_insert_with(|| parallel::OpStrategy {
+                inputs: item
+                    .strategies
+                    .iter()
+                    .map(|t| t.iter().map(|&f| f as usize).collect())
+                    .collect(),
+                outputs: None,
+            });
+    }
+    Ok(parallel)
 }
 
 /// Copies the training program's parameter shards into the evaluation program's (the layouts

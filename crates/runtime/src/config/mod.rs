@@ -147,6 +147,7 @@ pub struct TrainConfig {
     model: ModelConfig,
     data: DataConfig,
     parallel: ParallelConfig,
+    strategy_file: Option<PathBuf>,
     optimizer: OptimizerConfig,
     train: TrainLoopConfig,
     output: OutputConfig,
@@ -230,6 +231,7 @@ impl TrainConfig {
             model,
             data,
             parallel,
+            strategy_file: None,
             optimizer,
             train,
             output,
@@ -278,6 +280,13 @@ impl TrainConfig {
     /// absent).
     pub fn parallel_config(&self) -> ParallelConfig {
         self.parallel.clone()
+    }
+
+    /// `parallel.strategy_file`: a strategy file whose op strategies (MindSpore's
+    /// `parallel_strategy_item`) apply to the ops `[parallel.shard]` leaves unset —
+    /// MindSpore's `load_param_strategy_file`.
+    pub fn strategy_file(&self) -> Option<&Path> {
+        self.strategy_file.as_deref()
     }
 
     /// The optimizer of `[train]`.

@@ -1,7 +1,7 @@
 //! The sections of a config file, each read into its struct, and the keys each may hold.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 use toml::{Table, Value};
@@ -36,6 +36,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "loss_repeated_mean",
     "shard",
     "out_shard",
+    "strategy_file",
 ];
 pub(super) const TRAIN_KEYS: &[&str] = &[
     "epochs",
@@ -85,8 +86,9 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let mut warnings = Vec::new();
     let model = read_model(take_section(&mut root, "model", MODEL_KEYS, true)?)?;
     let data = read_data(take_section(&mut root, "data", DATA_KEYS, true)?, base)?;
-    let parallel = read_parallel(
+    let (parallel, strategy_file) = read_parallel(
         take_section(&mut root, "parallel", PARALLEL_KEYS, false)?,
+        base,
         &mut warnings,
     )?;
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
@@ -98,6 +100,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         model,
         data,
         parallel,
+        strategy_file,
         optimizer,
         train,
         output,
@@ -181,8 +184,9 @@ fn read_strategy_table(
 
 fn read_parallel(
     mut s: Section,
+    base: &Path,
     warnings: &mut Vec<String>,
-) -> Result<ParallelConfig, RuntimeError> {
+) -> Result<(ParallelConfig, Option<PathBuf>), RuntimeError> {
     let modes = ["stand_alone", "data_parallel", "semi_auto"];
     let mode = s.or("mode", ParallelMode::StandAlone, |key, v| {
         read_enum(key, v, &modes, ParallelMode::parse)
@@ -198,6 +202,7 @@ fn read_parallel(
     let loss_repeated_mean = s.or("loss_repeated_mean", true, read_bool)?;
     let shard = s.or("shard", BTreeMap::new(), read_strategy_table)?;
     let mut out_shard = s.or("out_shard", BTreeMap::new(), read_strategy_table)?;
+    let strategy_file = s.get("strategy_file", path_reader(base))?;
     if let Some(op) = out_shard.keys().find(|op| !shard.contains_key(*op)) {
         return Err(config_error(
             &format!("parallel.out_shard.{op}"),
@@ -222,14 +227,15 @@ fn read_parallel(
             (op, OpStrategy { inputs, outputs })
         })
         .collect();
-    Ok(ParallelConfig {
+    let parallel = ParallelConfig {
         mode,
         devices,
         strategies,
         dataset_strategy,
         gradients_mean,
         loss_repeated_mean,
-    })
+    };
+    Ok((parallel, strategy_file))
 }
 
 /// The optimizer keys of `[train]`; keys of other optimizers are left in `s` and reported as
