@@ -35,6 +35,10 @@ pub struct TrainArgs {
     /// step, then exit without training.
     #[arg(long)]
     explain: bool,
+    /// With --explain: also print the program as this rank runs it (local shapes, the peers of
+    /// every reshard and the bytes exchanged with each).
+    #[arg(long, value_name = "RANK")]
+    explain_rank: Option<usize>,
     /// Where the ranks run.
     #[arg(long, value_enum, default_value = "local")]
     backend: Backend,
@@ -55,6 +59,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let session = Session::new(&config)?;
     if args.explain {
         print!("{}", session.train.explain());
+        if let Some(rank) = args.explain_rank {
+            if rank >= session.devices() {
+                anyhow::bail!(
+                    "--explain-rank {rank}: the run has {} ranks",
+                    session.devices()
+                );
+            }
+            print!("\n{}", session.train.for_rank(rank));
+        }
         return Ok(());
     }
     let out_dir = config.output().dir.clone();

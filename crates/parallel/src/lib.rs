@@ -25,6 +25,7 @@ mod compile;
 mod config;
 mod error;
 mod lower;
+mod rank_view;
 pub mod rules;
 
 pub use crate::assign::{
@@ -37,3 +38,4 @@ pub use crate::lower::{
     describe_plan, lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput,
     ProgramOutput, ProgramParam, ReshardStep, Step,
 };
+pub use crate::rank_view::{RankProgram, RankStep};

@@ -169,3 +169,50 @@ fn stand_alone_ignores_strategies() {
     let placed = place(&training.graph, &config).unwrap();
     assert!(placed.nodes.iter().all(|p| p.mesh().n_devices() == 1));
 }
+
+#[test]
+fn rank_views_account_for_every_byte_of_every_reshard() {
+    let model = seed_mlp(32, &[8, 8], 512, 10).unwrap();
+    let program = parallel::compile_training(&model.graph, model.loss, &seed_config()).unwrap();
+    let views: Vec<parallel::RankProgram> = (0..8).map(|r| program.for_rank(r)).collect();
+    let reshards: Vec<&parallel::ReshardStep> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            parallel::Step::Reshard(r) => Some(r),
+            parallel::Step::Kernel(_) => None,
+        })
+        .collect();
+    let mut k = 0;
+    for (i, step) in program.steps.iter().enumerate() {
+        let parallel::Step::Reshard(r) = step else {
+            continue;
+        };
+        let (mut sent, mut received) = (0, 0);
+        for view in &views {
+            if let parallel::RankStep::Reshard {
+                sends, receives, ..
+            } = &view.steps[i]
+            {
+                sent += sends.iter().map(|(_, b)| b).sum::<usize>();
+                received += receives.iter().map(|(_, b)| b).sum::<usize>();
+            } else {
+                panic!("step {i} is a reshard in the program but not in a rank's view");
+            }
+        }
+        assert_eq!(sent, received);
+        let transfer_bytes: usize = r
+            .plan
+            .transfers()
+            .iter()
+            .filter(|t| !t.is_local())
+            .map(|t| r.plan.transfer_bytes(t))
+            .sum();
+        assert_eq!(received, transfer_bytes);
+        k += 1;
+    }
+    assert_eq!(k, reshards.len());
+    assert!(views[3]
+        .to_string()
+        .contains("reshard matmul2: reduce-scatter along dim 0"));
+}

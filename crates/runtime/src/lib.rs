@@ -1,6 +1,33 @@
 //! Tessera's runtime: running per-rank programs, optimizers, datasets, the training loop and
 //! its callbacks.
 //!
+//! # Brief overview
+//! - [`RankExecutor`]: one rank's buffers (its block of every value of a [`parallel::Program`]);
+//!   [`RankExecutor::run`] evaluates the kernel steps with [`graph::eval_op`] and the reshard
+//!   steps with a [`reshard::ReshardRunner`] over the world [`comm::Communicator`].
+//! - [`Optimizer`]: SGD, Momentum, Adam, AdamW with MindSpore's update rules, on one rank's
+//!   parameter shards, so its state is sharded like its parameter.
+//! - [`IdxDataset`] and [`BatchPlan`]: MNIST-format data, global batches that are the same on
+//!   every device count; each rank reads only its rows.
+//! - [`Callback`]s: [`LossMonitor`] (MindSpore's `epoch: 1 step: 10, loss is …`), [`MetricsLog`]
+//!   (JSON lines), [`LocalNorm`] (`print_local_norm` / `dump_local_norm`).
+//! - [`TrainConfig`]: the TOML configuration of `tessera train` (see `docs/CONFIG.md`).
+//! - [`Session`]: a model, its training and evaluation programs and its data; its rank loop
+//!   trains, evaluates, saves per-rank checkpoints and strategy files, and resumes from a
+//!   checkpoint saved under any strategy. [`train_local`] runs the ranks as threads,
+//!   `train_mpi` (feature `mpi`) as the processes of an `mpirun` job; [`Trainer`] is the
+//!   one-call Rust API for a network built with [`graph::GraphBuilder`].
+//!
+//! # Example
+//! ```no_run
+//! use runtime::{LaunchOptions, Session, TrainConfig};
+//! let config = TrainConfig::load("examples/seed_semi_auto.toml".as_ref(), &[])?;
+//! let session = Session::new(&config)?;
+//! let report = runtime::train_local(&session, &LaunchOptions::default())?;
+//! println!("final loss {:?}", report.losses().last());
+//! # Ok::<(), runtime::RuntimeError>(())
+//! ```
+//!
 //! # Architecture invariant
 //! The runtime executes what `parallel` planned; it makes no sharding decision of its own.
 #![deny(missing_docs)]
