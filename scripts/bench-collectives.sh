@@ -29,6 +29,8 @@ for n in "${RANK_COUNTS[@]}"; do
         --reps "$REPS" > "$OUT/local-$n.txt"
     "${MPIRUN[@]}" -np "$n" "$TESSERA" bench collectives --backend mpi --max-mib "$MAX_MIB" \
         --reps "$REPS" > "$OUT/mpi-$n.txt"
+    "${MPIRUN[@]}" -np "$n" "$TESSERA" bench collectives --backend mpi --mpi-watchdog \
+        --max-mib "$MAX_MIB" --reps "$REPS" > "$OUT/mpi-watchdog-$n.txt"
     "${MPIRUN[@]}" -np "$n" "$TARGET/mpi_allreduce_bench" "$MAX_MIB" "$REPS" > "$OUT/openmpi-$n.txt"
 
     echo
@@ -43,18 +45,21 @@ for n in "${RANK_COUNTS[@]}"; do
             if (file == 1) { order[++rows] = size; memcpy[size] = $3 }
             if (file == 2) { local_ar[size] = $3; local_ag[size] = $5 }
             if (file == 3) { mpi_ar[size] = $3; mpi_ag[size] = $5 }
-            if (file == 4) { ompi_ar[size] = $3; ompi_ag[size] = $5 }
+            if (file == 4) { wd_ar[size] = $3; wd_ag[size] = $5 }
+            if (file == 5) { ompi_ar[size] = $3; ompi_ag[size] = $5 }
         }
         END {
-            print "| size | memcpy | all-reduce: local | all-reduce: tessera mpi | all-reduce: OpenMPI | all-gather: local | all-gather: tessera mpi | all-gather: OpenMPI |"
-            print "|---:|---:|---:|---:|---:|---:|---:|---:|"
+            print "| size | memcpy | all-reduce: local | all-reduce: tessera mpi (polled) | all-reduce: tessera mpi (watchdog) | all-reduce: OpenMPI | all-gather: local | all-gather: tessera mpi (polled) | all-gather: tessera mpi (watchdog) | all-gather: OpenMPI |"
+            print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             for (i = 1; i <= rows; i++) {
                 s = order[i]
                 if (!(s in local_ar)) continue
-                printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", s, memcpy[s], local_ar[s],
-                    mpi_ar[s], ompi_ar[s], local_ag[s], mpi_ag[s], ompi_ag[s]
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s, memcpy[s],
+                    local_ar[s], mpi_ar[s], wd_ar[s], ompi_ar[s], local_ag[s], mpi_ag[s], wd_ag[s],
+                    ompi_ag[s]
             }
-        }' "$OUT/memcpy.txt" "$OUT/local-$n.txt" "$OUT/mpi-$n.txt" "$OUT/openmpi-$n.txt"
+        }' "$OUT/memcpy.txt" "$OUT/local-$n.txt" "$OUT/mpi-$n.txt" \
+        "$OUT/mpi-watchdog-$n.txt" "$OUT/openmpi-$n.txt"
 done
 echo
 echo "raw outputs (median [min-max]): $OUT"

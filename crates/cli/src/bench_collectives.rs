@@ -38,6 +38,10 @@ pub struct CollectivesArgs {
     /// Repetitions per size.
     #[arg(long, default_value_t = 9)]
     reps: usize,
+    /// MPI backend: blocking collectives guarded by a watchdog that ends the job on a timeout
+    /// (`OnTimeout::AbortJob`) instead of polled ones that return an error.
+    #[arg(long)]
+    mpi_watchdog: bool,
 }
 
 /// Runs `tessera bench collectives`.
@@ -57,7 +61,12 @@ pub fn run(args: &CollectivesArgs) -> anyhow::Result<()> {
 
 #[cfg(feature = "mpi")]
 fn run_mpi(args: &CollectivesArgs) -> anyhow::Result<()> {
-    let world = comm::mpi::MpiComm::world(comm::mpi::DEFAULT_TIMEOUT)?;
+    let on_timeout = if args.mpi_watchdog {
+        comm::mpi::OnTimeout::AbortJob
+    } else {
+        comm::mpi::OnTimeout::ReturnError
+    };
+    let world = comm::mpi::MpiComm::world_with(comm::mpi::DEFAULT_TIMEOUT, on_timeout)?;
     sweep(&world, args)
 }
 
@@ -76,8 +85,13 @@ enum Op {
 fn sweep(comm: &dyn Communicator, args: &CollectivesArgs) -> anyhow::Result<()> {
     let n = comm.size();
     if comm.rank() == 0 {
+        let mode = match (comm.backend(), args.mpi_watchdog) {
+            ("mpi", true) => " (blocking collectives, watchdog)",
+            ("mpi", false) => " (polled collectives)",
+            _ => "",
+        };
         println!(
-            "# {} backend, {n} ranks: bus bandwidth in GB/s, median [min-max] over {} runs",
+            "# {} backend{mode}, {n} ranks: bus bandwidth in GB/s, median [min-max] over {} runs",
             comm.backend(),
             args.reps
         );

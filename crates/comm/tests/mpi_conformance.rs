@@ -2,8 +2,13 @@
 //!
 //! `cargo test -p tessera-comm --features mpi --test mpi_conformance` starts this binary as a
 //! plain process; it then runs itself under `mpirun --allow-run-as-root --oversubscribe -np 4`
-//! three times — the conformance suite, a rank that panics, a rank that never joins — checks
-//! each outcome, prints one `mpi: N passed, M failed` line and exits non-zero on any failure.
+//! six times — for each of the two [`OnTimeout`] modes: the conformance suite, a rank that
+//! panics, a rank that never joins — checks each outcome, prints one `mpi: N passed, M failed`
+//! line and exits non-zero on any failure.
+//!
+//! With [`OnTimeout::ReturnError`] the failures must come back as errors on the three healthy
+//! ranks. With [`OnTimeout::AbortJob`] they cannot (the collectives are blocking MPI calls): the
+//! job must end instead, promptly and saying why — never hang.
 //!
 //! Under `mpirun` every rank runs every case on the world (4 ranks), on the pairs {0,1} and
 //! {2,3} at the same time, and on {0} and {1,2,3} at the same time; after each case the ranks
@@ -14,7 +19,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use comm::conformance::CASES;
-use comm::mpi::MpiComm;
+use comm::mpi::{MpiComm, OnTimeout};
 use comm::{CommError, Communicator, CommunicatorExt, PeerFailure, ReduceOp};
 
 const RANKS: usize = 4;
@@ -25,19 +30,25 @@ fn main() -> ExitCode {
     let under_mpi = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
         || std::env::var_os("PMI_SIZE").is_some();
     let scenario = std::env::args().find_map(|a| a.strip_prefix("--scenario=").map(String::from));
+    let on_timeout = if std::env::args().any(|a| a == "--watchdog") {
+        OnTimeout::AbortJob
+    } else {
+        OnTimeout::ReturnError
+    };
     match (under_mpi, scenario.as_deref()) {
         (false, _) => launch(),
-        (true, Some("panic")) => scenario_panic(),
-        (true, Some("late")) => scenario_late(),
-        (true, _) => suite(),
+        (true, Some("panic")) => scenario_panic(on_timeout),
+        (true, Some("late")) => scenario_late(on_timeout),
+        (true, _) => suite(on_timeout),
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The launcher (a plain process).
 
-/// Runs `mpirun -np RANKS <this binary> [arg]` and returns (finished, stdout + stderr).
-fn mpirun(arg: Option<&str>) -> (bool, String) {
+/// Runs `mpirun -np RANKS <this binary> [args]` and returns (finished, how long it took,
+/// stdout + stderr).
+fn mpirun(args: &[&str]) -> (bool, Duration, String) {
     let exe = std::env::current_exe().expect("the test binary has a path");
     let mut command = Command::new("mpirun");
     command
@@ -48,12 +59,12 @@ fn mpirun(arg: Option<&str>) -> (bool, String) {
             &RANKS.to_string(),
         ])
         .arg(&exe)
-        .args(arg)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(err) => return (false, format!("cannot start mpirun: {err}")),
+        Err(err) => return (false, Duration::ZERO, format!("cannot start mpirun: {err}")),
     };
     let mut stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
@@ -80,39 +91,43 @@ fn mpirun(arg: Option<&str>) -> (bool, String) {
             Err(_) => break false,
         }
     };
+    let took = start.elapsed();
     let text = format!(
         "{}{}",
         out.join().unwrap_or_default(),
         err.join().unwrap_or_default()
     );
-    (finished, text)
+    (finished, took, text)
 }
 
 fn launch() -> ExitCode {
     let (mut passed, mut failed) = (0, 0);
-    let (finished, output) = mpirun(None);
-    for line in output.lines().filter(|l| l.starts_with("rank ")) {
-        println!("{line}");
-    }
-    let counts = output
-        .lines()
-        .find_map(|l| l.strip_prefix("SUITE "))
-        .and_then(|l| {
-            let mut it = l
-                .split_whitespace()
-                .map(|w| w.split('=').nth(1)?.parse::<usize>().ok());
-            Some((it.next()??, it.next()??))
-        });
-    match (finished, counts) {
-        (true, Some((p, f))) => {
-            passed += p;
-            failed += f;
+    for mode in [None, Some("--watchdog")] {
+        let (finished, _, output) = mpirun(&Vec::from_iter(mode));
+        for line in output.lines().filter(|l| l.starts_with("rank ")) {
+            println!("{line}");
         }
-        _ => {
-            failed += 1;
-            println!("FAILED: the conformance suite did not finish\n{output}");
+        let counts = output
+            .lines()
+            .find_map(|l| l.strip_prefix("SUITE "))
+            .and_then(|l| {
+                let mut it = l
+                    .split_whitespace()
+                    .map(|w| w.split('=').nth(1)?.parse::<usize>().ok());
+                Some((it.next()??, it.next()??))
+            });
+        match (finished, counts) {
+            (true, Some((p, f))) => {
+                passed += p;
+                failed += f;
+            }
+            _ => {
+                failed += 1;
+                println!("FAILED: the conformance suite ({mode:?}) did not finish\n{output}");
+            }
         }
     }
+    // ReturnError: every healthy rank reports the expected error.
     for (arg, expected, what) in [
         (
             "--scenario=panic",
@@ -125,7 +140,7 @@ fn launch() -> ExitCode {
             "a rank that never joins",
         ),
     ] {
-        let (finished, output) = mpirun(Some(arg));
+        let (finished, _, output) = mpirun(&[arg]);
         let seen = output.matches(expected).count();
         if finished && seen == RANKS - 1 {
             passed += 1;
@@ -134,6 +149,38 @@ fn launch() -> ExitCode {
             println!(
                 "FAILED: {what}: {seen} of {} peers reported it\n{output}",
                 RANKS - 1
+            );
+        }
+    }
+    // AbortJob: the job ends, promptly (long before the panicking scenario's 300 s timeout, and
+    // before the late rank wakes up after 20 s), and the output says why.
+    for (arg, expected, within, what) in [
+        (
+            "--scenario=panic",
+            "rank 2 fails on purpose",
+            Duration::from_secs(60),
+            "a panicking rank under the watchdog",
+        ),
+        (
+            "--scenario=late",
+            "did not complete within 3s",
+            Duration::from_secs(15),
+            "a rank that never joins, under the watchdog",
+        ),
+    ] {
+        let (finished, took, output) = mpirun(&[arg, "--watchdog"]);
+        let ok = finished
+            && took < within
+            && output.contains(expected)
+            && !output.contains("unexpected");
+        if ok {
+            passed += 1;
+        } else {
+            failed += 1;
+            println!(
+                "FAILED: {what}: finished={finished} after {took:?} (limit {within:?}), \
+                 {expected:?} in output: {}\n{output}",
+                output.contains(expected)
             );
         }
     }
@@ -151,8 +198,8 @@ fn launch() -> ExitCode {
 /// A sub-communicator and what to call it in messages.
 type NamedGroup = (&'static str, Box<dyn Communicator>);
 
-fn suite() -> ExitCode {
-    let world = match MpiComm::world(Duration::from_secs(60)) {
+fn suite(on_timeout: OnTimeout) -> ExitCode {
+    let world = match MpiComm::world_with(Duration::from_secs(60), on_timeout) {
         Ok(world) => world,
         Err(err) => {
             println!("rank ?: {err}");
@@ -222,9 +269,10 @@ fn say(line: String) {
 }
 
 /// Rank 2 panics while the others are in an all-reduce: they must report it at once (the
-/// timeout is far longer than the watchdog would tolerate for a hang).
-fn scenario_panic() -> ExitCode {
-    let world = MpiComm::world(Duration::from_secs(300)).expect("MPI starts");
+/// timeout is far longer than the launcher would tolerate for a hang). Under the watchdog the
+/// job ends instead.
+fn scenario_panic(on_timeout: OnTimeout) -> ExitCode {
+    let world = MpiComm::world_with(Duration::from_secs(300), on_timeout).expect("MPI starts");
     world.barrier().expect("barrier");
     if world.rank() == 2 {
         panic!("rank 2 fails on purpose");
@@ -241,9 +289,9 @@ fn scenario_panic() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Rank 3 never joins: the others must time out.
-fn scenario_late() -> ExitCode {
-    let world = MpiComm::world(Duration::from_secs(3)).expect("MPI starts");
+/// Rank 3 never joins: the others must time out. Under the watchdog the job ends instead.
+fn scenario_late(on_timeout: OnTimeout) -> ExitCode {
+    let world = MpiComm::world_with(Duration::from_secs(3), on_timeout).expect("MPI starts");
     world.barrier().expect("barrier");
     if world.rank() == 3 {
         std::thread::sleep(Duration::from_secs(20));

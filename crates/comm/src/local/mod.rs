@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use self::shared::{
     Arrival, Cluster, GroupShared, Lease, OpKind, Publication, PublishGuard, Registry, Slot,
 };
-use self::wait::{block_on, Poll};
+use self::wait::{block_on, Doorbell, Poll};
 use crate::buf::{Buf, BufMut};
 use crate::communicator::{Communicator, Tag, MAX_TAG};
 use crate::error::{CommError, PeerFailure, Site};
@@ -79,7 +79,7 @@ impl LocalCluster {
     pub fn comms(&self) -> Vec<LocalComm> {
         let cluster = Arc::new(Cluster {
             timeout: self.timeout,
-            doorbell: Default::default(),
+            doorbell: Doorbell::new(self.n_ranks),
             registry: Mutex::new(Registry {
                 next_id: 1,
                 ..Default::default()

@@ -316,7 +316,12 @@ impl Drop for PublishGuard<'_> {
             self.slot.close(true, self.doorbell);
         }
         self.slot.pub_step.store(0, Ordering::SeqCst);
-        let mut spins = 0u32;
+        // Leases last one chunk's copy: spin, unless the reader may be waiting for this core.
+        let mut spins = if self.doorbell.oversubscribed() {
+            1_000
+        } else {
+            0u32
+        };
         while self.slot.readers.load(Ordering::SeqCst) != 0 {
             spins += 1;
             if spins < 1_000 {

@@ -43,15 +43,17 @@
 //! - Calls are serialised per process (MPI is initialised with `MPI_THREAD_SERIALIZED`).
 
 mod raw;
+mod watchdog;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use tensor::DType;
 
-use self::raw::{Datatype, Raw, Request};
+use self::raw::{Datatype, MpiError, Raw, Request};
+use self::watchdog::{Watchdog, Watched};
 use crate::buf::{Buf, BufMut};
 use crate::communicator::{Communicator, Tag, MAX_TAG};
 use crate::error::{CommError, PeerFailure, Site};
@@ -62,6 +64,25 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 const BACKEND: &str = "mpi";
 
+/// What a collective does when it cannot complete within the timeout: the choice between
+/// errors that every rank can handle and OpenMPI's fastest algorithms. Point-to-point calls
+/// (`send`/`recv`) and group creation behave the same under both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnTimeout {
+    /// The call returns [`CommError::Timeout`] (or [`CommError::PeerFailed`] when a peer
+    /// announced a panic) on every waiting rank. Collectives are nonblocking MPI collectives
+    /// polled against the deadline, served by OpenMPI's `libnbc`, with the algorithm chosen per
+    /// call by buffer size and rank count (on OpenMPI, unless the user chose one). The default.
+    #[default]
+    ReturnError,
+    /// The call cannot time out: collectives are the blocking MPI calls (OpenMPI's `tuned`
+    /// algorithms, the fastest), and a watchdog thread ends the whole MPI job (`MPI_Abort`)
+    /// when one runs past the timeout, after printing which rank and call hung — the
+    /// semantics of NCCL's watchdog. A peer that panics ends the job too (its process exits
+    /// and `mpirun` tears the job down). Nothing hangs, but no error is returned either.
+    AbortJob,
+}
+
 /// The process's MPI state, shared by all its communicators.
 struct Runtime {
     raw: Mutex<Raw>,
@@ -69,6 +90,8 @@ struct Runtime {
     poisoned: Mutex<Option<String>>,
     /// Set once this process has announced its own panic.
     announced: AtomicBool,
+    /// Started by the first [`OnTimeout::AbortJob`] communicator.
+    watchdog: OnceLock<Watchdog>,
 }
 
 static RUNTIME: Mutex<Option<Weak<Runtime>>> = Mutex::new(None);
@@ -95,8 +118,10 @@ pub struct MpiComm {
     size: usize,
     /// Members as world ranks, in group-rank order.
     members: Vec<usize>,
-    label: String,
+    label: Arc<str>,
     timeout: Duration,
+    /// Whether collectives are polled or blocking under the process's watchdog.
+    on_timeout: OnTimeout,
     state: Mutex<EndpointState>,
 }
 
@@ -126,8 +151,15 @@ impl fmt::Debug for MpiComm {
 
 impl MpiComm {
     /// The world communicator (a duplicate of `MPI_COMM_WORLD`); initialises MPI on first use.
-    /// Every wait of every call on it, and on the groups made from it, ends after `timeout`.
+    /// Every wait of every call on it, and on the groups made from it, ends after `timeout`
+    /// with an error ([`OnTimeout::ReturnError`]).
     pub fn world(timeout: Duration) -> Result<MpiComm, CommError> {
+        MpiComm::world_with(timeout, OnTimeout::ReturnError)
+    }
+
+    /// The world communicator, with the choice of what a collective that runs past `timeout`
+    /// does ([`OnTimeout`]); the groups made from it inherit the choice.
+    pub fn world_with(timeout: Duration, on_timeout: OnTimeout) -> Result<MpiComm, CommError> {
         let mut global = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
         let runtime = match global.as_ref().and_then(Weak::upgrade) {
             Some(runtime) => runtime,
@@ -140,6 +172,7 @@ impl MpiComm {
                     raw: Mutex::new(raw),
                     poisoned: Mutex::new(None),
                     announced: AtomicBool::new(false),
+                    watchdog: OnceLock::new(),
                 });
                 *global = Some(Arc::downgrade(&runtime));
                 runtime
@@ -147,6 +180,15 @@ impl MpiComm {
         };
         let (comm, rank, size) = {
             let raw = runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
+            if on_timeout == OnTimeout::AbortJob && runtime.watchdog.get().is_none() {
+                let watchdog =
+                    Watchdog::start(raw.world_rank()).map_err(|reason| CommError::Setup {
+                        backend: BACKEND,
+                        reason,
+                    })?;
+                // Only this thread sets it: it holds the MPI lock.
+                let _ = runtime.watchdog.set(watchdog);
+            }
             raw.dup_world()
                 .map_err(|(code, message)| CommError::Setup {
                     backend: BACKEND,
@@ -159,8 +201,9 @@ impl MpiComm {
             rank,
             size,
             members: (0..size).collect(),
-            label: "world".to_string(),
+            label: Arc::from("world"),
             timeout,
+            on_timeout,
             state: Mutex::new(EndpointState::default()),
         })
     }
@@ -330,6 +373,35 @@ impl Call<'_> {
         }
     }
 
+    /// Runs one collective: under [`OnTimeout::AbortJob`] the blocking MPI call, watched by
+    /// the process's watchdog; otherwise the nonblocking one, polled against the deadline.
+    fn collective(
+        &mut self,
+        blocking: impl FnOnce(&Raw) -> Result<(), MpiError>,
+        nonblocking: impl FnOnce(&mut Raw) -> Result<Request, MpiError>,
+    ) -> Result<(), CommError> {
+        let comm = self.comm;
+        match (comm.on_timeout, comm.runtime.watchdog.get()) {
+            (OnTimeout::AbortJob, Some(watchdog)) => {
+                let armed = watchdog.arm(&Watched {
+                    op: self.op,
+                    group: comm.label.clone(),
+                    rank: comm.rank,
+                    size: comm.size,
+                    timeout: comm.timeout,
+                });
+                let done = blocking(&self.raw);
+                drop(armed);
+                self.check(done)
+            }
+            _ => {
+                let request = nonblocking(&mut self.raw);
+                let request = self.check(request)?;
+                self.wait(request)
+            }
+        }
+    }
+
     fn check_peer(&self, peer: usize, tag: Tag) -> Result<(), CommError> {
         if peer >= self.comm.size {
             return Err(self.invalid(format!(
@@ -422,18 +494,20 @@ impl Communicator for MpiComm {
             comm,
             rank: new_rank,
             size: ranks.len(),
-            label: format!("world[{}]", list.join(",")),
+            label: Arc::from(format!("world[{}]", list.join(","))),
             members,
             timeout: self.timeout,
+            on_timeout: self.on_timeout,
             state: Mutex::new(EndpointState::default()),
         }))
     }
 
     fn barrier(&self) -> Result<(), CommError> {
         let mut call = self.enter("barrier")?;
-        let request = call.raw.ibarrier(&self.comm);
-        let request = call.check(request)?;
-        call.wait(request)
+        call.collective(
+            |raw| raw.barrier(&self.comm),
+            |raw| raw.ibarrier(&self.comm),
+        )
     }
 
     fn broadcast_bytes(&self, buf: &mut [u8], root: usize) -> Result<(), CommError> {
@@ -445,10 +519,13 @@ impl Communicator for MpiComm {
             )));
         }
         let count = call.count(buf.len())?;
-        // SAFETY: `buf` outlives the wait; on failure the process never calls MPI again.
-        let request = unsafe { call.raw.ibcast(&self.comm, buf.as_mut_ptr(), count, root) };
-        let request = call.check(request)?;
-        call.wait(request)
+        let ptr = buf.as_mut_ptr();
+        // SAFETY: `buf` outlives the call (or the wait; on failure the process never calls MPI
+        // again).
+        call.collective(
+            |raw| unsafe { raw.bcast(&self.comm, ptr, count, root) },
+            |raw| unsafe { raw.ibcast(&self.comm, ptr, count, root) },
+        )
     }
 
     fn all_reduce_buf(&self, mut buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
@@ -467,15 +544,14 @@ impl Communicator for MpiComm {
             Some(wide) => (wide.as_mut_ptr().cast::<u8>(), wide.len()),
             None => (buf.bytes_mut().as_mut_ptr(), buf.len()),
         };
-        let count = call.count(count)?;
-        // SAFETY: the buffer outlives the wait; on failure the process never calls MPI again
-        // (and a widened copy is leaked rather than freed).
-        let request = unsafe {
-            call.raw
-                .iallreduce(&self.comm, ptr, count, datatype(dtype), op)
-        };
-        let request = call.check(request)?;
-        if let Err(err) = call.wait(request) {
+        let elems = (ptr, call.count(count)?, datatype(dtype));
+        // SAFETY: the buffer outlives the call (or the wait; on failure the process never calls
+        // MPI again, and a widened copy is leaked rather than freed).
+        let done = call.collective(
+            |raw| unsafe { raw.allreduce(&self.comm, elems, op) },
+            |raw| unsafe { raw.iallreduce(&self.comm, elems, op, self.size) },
+        );
+        if let Err(err) = done {
             std::mem::forget(widened);
             return Err(err);
         }
@@ -529,19 +605,17 @@ impl Communicator for MpiComm {
             Some(w) => w.as_mut_ptr().cast::<u8>(),
             None => recv.bytes_mut().as_mut_ptr(),
         };
-        // SAFETY: buffers and counts outlive the wait, or are leaked on failure.
-        let request = unsafe {
-            call.raw.ireduce_scatter(
-                &self.comm,
-                send_ptr,
-                recv_ptr,
-                &mpi_counts,
-                datatype(dtype),
-                op,
-            )
-        };
-        let request = call.check(request)?;
-        if let Err(err) = call.wait(request) {
+        let mpi_dtype = datatype(dtype);
+        // SAFETY: buffers and counts outlive the call (or the wait), or are leaked on failure.
+        let done = call.collective(
+            |raw| unsafe {
+                raw.reduce_scatter(&self.comm, (send_ptr, recv_ptr), &mpi_counts, mpi_dtype, op)
+            },
+            |raw| unsafe {
+                raw.ireduce_scatter(&self.comm, send_ptr, recv_ptr, &mpi_counts, mpi_dtype, op)
+            },
+        );
+        if let Err(err) = done {
             std::mem::forget((wide_send, wide_recv, mpi_counts));
             return Err(err);
         }
@@ -566,13 +640,13 @@ impl Communicator for MpiComm {
         }
         let count = call.count(send.len())?;
         call.count(recv.len())?;
-        // SAFETY: buffers outlive the wait; on failure the process never calls MPI again.
-        let request = unsafe {
-            call.raw
-                .iallgather(&self.comm, send.as_ptr(), count, recv.as_mut_ptr())
-        };
-        let request = call.check(request)?;
-        call.wait(request)
+        let (send_ptr, recv_ptr) = (send.as_ptr(), recv.as_mut_ptr());
+        // SAFETY: buffers outlive the call (or the wait; on failure the process never calls MPI
+        // again).
+        call.collective(
+            |raw| unsafe { raw.allgather(&self.comm, send_ptr, count, recv_ptr) },
+            |raw| unsafe { raw.iallgather(&self.comm, send_ptr, count, recv_ptr) },
+        )
     }
 
     fn all_gather_v_bytes(
@@ -596,19 +670,16 @@ impl Communicator for MpiComm {
             )));
         }
         let (mpi_counts, displs) = call.counts(counts)?;
-        // SAFETY: buffers and counts outlive the wait, or are leaked on failure.
-        let request = unsafe {
-            call.raw.iallgatherv(
-                &self.comm,
-                send.as_ptr(),
-                mpi_counts[self.rank],
-                recv.as_mut_ptr(),
-                &mpi_counts,
-                &displs,
-            )
-        };
-        let request = call.check(request)?;
-        call.wait(request).inspect_err(|_| {
+        let sent = (send.as_ptr(), mpi_counts[self.rank]);
+        let recv_ptr = recv.as_mut_ptr();
+        // SAFETY: buffers and counts outlive the call (or the wait), or are leaked on failure.
+        call.collective(
+            |raw| unsafe { raw.allgatherv(&self.comm, sent, recv_ptr, &mpi_counts, &displs) },
+            |raw| unsafe {
+                raw.iallgatherv(&self.comm, sent.0, sent.1, recv_ptr, &mpi_counts, &displs)
+            },
+        )
+        .inspect_err(|_| {
             std::mem::forget((mpi_counts, displs));
         })
     }
@@ -652,16 +723,25 @@ impl Communicator for MpiComm {
         }
         let (scounts, sdispls) = call.counts(send_counts)?;
         let (rcounts, rdispls) = call.counts(recv_counts)?;
-        // SAFETY: buffers and counts outlive the wait, or are leaked on failure.
-        let request = unsafe {
-            call.raw.ialltoallv(
-                &self.comm,
-                (send.as_ptr(), &scounts, &sdispls),
-                (recv.as_mut_ptr(), &rcounts, &rdispls),
-            )
-        };
-        let request = call.check(request)?;
-        call.wait(request).inspect_err(|_| {
+        let (send_ptr, recv_ptr) = (send.as_ptr(), recv.as_mut_ptr());
+        // SAFETY: buffers and counts outlive the call (or the wait), or are leaked on failure.
+        call.collective(
+            |raw| unsafe {
+                raw.alltoallv(
+                    &self.comm,
+                    (send_ptr, &scounts, &sdispls),
+                    (recv_ptr, &rcounts, &rdispls),
+                )
+            },
+            |raw| unsafe {
+                raw.ialltoallv(
+                    &self.comm,
+                    (send_ptr, &scounts, &sdispls),
+                    (recv_ptr, &rcounts, &rdispls),
+                )
+            },
+        )
+        .inspect_err(|_| {
             std::mem::forget((scounts, sdispls, rcounts, rdispls));
         })
     }

@@ -41,6 +41,18 @@ pub(super) enum Datatype {
     U8,
 }
 
+impl Datatype {
+    /// Bytes per element.
+    fn size(self) -> usize {
+        match self {
+            Datatype::F64 | Datatype::I64 | Datatype::U64 => 8,
+            Datatype::F32 | Datatype::I32 | Datatype::U32 => 4,
+            Datatype::I16 | Datatype::U16 => 2,
+            Datatype::I8 | Datatype::U8 => 1,
+        }
+    }
+}
+
 /// A communicator handle.
 pub(super) struct Comm(ffi::MPI_Comm);
 
@@ -66,6 +78,49 @@ pub(super) struct Raw {
     world_size: usize,
     /// World ranks that announced a panic.
     failed: Vec<bool>,
+    /// OpenMPI's libnbc `MPI_Iallreduce` algorithm knob, when we may set it per call.
+    iallreduce_algorithm: Option<Knob>,
+}
+
+/// An integer control variable of the MPI library, written through the MPI tool interface
+/// (`MPI_T_cvar_write`), with the value last written.
+struct Knob {
+    handle: ffi::MPI_T_cvar_handle,
+    value: c_int,
+}
+
+/// libnbc's `MPI_Iallreduce` algorithms (`ompi_info --param coll libnbc --level 5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub(super) enum IallreduceAlgorithm {
+    /// Reduce-scatter then all-gather around a ring: bandwidth-optimal, `2(p−1)` steps.
+    Ring = 1,
+    /// Reduce to rank 0 up a binomial tree, then broadcast down it: `2 log p` steps, each
+    /// moving the whole buffer.
+    Binomial = 2,
+    /// Recursive-halving reduce-scatter then recursive-doubling all-gather (Rabenseifner):
+    /// bandwidth-optimal in `2 log p` steps.
+    Rabenseifner = 3,
+    /// Recursive doubling: `log p` steps, each exchanging the whole buffer.
+    RecursiveDoubling = 4,
+}
+
+/// The libnbc algorithm for an in-place all-reduce of `bytes` over `ranks` ranks.
+///
+/// libnbc's own choice for an in-place call is always `Binomial`, which moves the whole buffer
+/// `2 log p` times: it made the MPI backend 2–3× slower than the blocking `MPI_Allreduce` from
+/// 64 KiB up. This table comes from sweeps of every algorithm against `MPI_Allreduce` (1 KiB to
+/// 64 MiB on 2, 3 and 4 ranks, OpenMPI 4.1.4 over shared memory on the 2-core benchmark
+/// machine; docs/perf-collectives.md): the bandwidth-optimal algorithms from 64 KiB (2 ranks)
+/// or 128 KiB (more) up, and below that the latency-optimal one for the rank count.
+pub(super) fn iallreduce_algorithm(bytes: usize, ranks: usize) -> IallreduceAlgorithm {
+    match ranks {
+        0..=2 if bytes < 64 << 10 => IallreduceAlgorithm::RecursiveDoubling,
+        0..=2 => IallreduceAlgorithm::Ring,
+        _ if bytes < 128 << 10 => IallreduceAlgorithm::Binomial,
+        _ if ranks.is_power_of_two() => IallreduceAlgorithm::Rabenseifner,
+        _ => IallreduceAlgorithm::Ring,
+    }
 }
 
 // SAFETY: the handles are plain identifiers; the runtime lock serialises every use of them
@@ -188,12 +243,20 @@ impl Raw {
                 world_rank: usize::try_from(rank).unwrap_or(0),
                 world_size,
                 failed: vec![false; world_size],
+                iallreduce_algorithm: Knob::open(c"coll_libnbc_iallreduce_algorithm"),
             })
         }
     }
 
     /// Frees the control communicator and finalises MPI if this crate initialised it.
     pub(super) fn finalize(&mut self) {
+        if let Some(mut knob) = self.iallreduce_algorithm.take() {
+            // SAFETY: a handle from `MPI_T_cvar_handle_alloc`, freed once.
+            unsafe {
+                ffi::MPI_T_cvar_handle_free(&mut knob.handle);
+                ffi::MPI_T_finalize();
+            }
+        }
         // SAFETY: no request is pending (the caller checked the process is not poisoned).
         unsafe {
             ffi::MPI_Comm_free(&mut self.ctrl);
@@ -333,24 +396,27 @@ impl Raw {
         member: &dyn Fn(usize) -> Option<usize>,
         mut check_done: impl FnMut(&Raw) -> Result<Option<T>, MpiError>,
     ) -> Result<T, WaitError> {
-        let start = Instant::now();
-        let deadline = start + timeout;
         let spin_for = Duration::from_micros(200);
+        // The clock starts at the first check, 64 polls (microseconds) in.
+        let mut started: Option<Instant> = None;
         let mut iteration = 0u64;
         loop {
             if let Some(done) = check_done(self)? {
                 return Ok(done);
             }
             iteration += 1;
-            if iteration % 64 == 1 {
+            // Not on the first miss: a short wait (most small collectives) then costs no
+            // `MPI_Iprobe` and no clock read.
+            if iteration % 64 == 0 {
                 if let Some(peer) = self.failed_member(member)? {
                     return Err(WaitError::PeerPanicked(peer));
                 }
                 let now = Instant::now();
-                if now >= deadline {
+                let waited = now - *started.get_or_insert(now);
+                if waited >= timeout {
                     return Err(WaitError::Timeout);
                 }
-                if now - start > spin_for {
+                if waited > spin_for {
                     std::thread::yield_now();
                 }
             }
@@ -455,18 +521,22 @@ impl Raw {
         start(|req| ffi::MPI_Ibcast(addr(buf), count, byte(), root as c_int, comm.0, req))
     }
 
-    /// In-place all-reduce.
+    /// In-place all-reduce over `ranks` ranks, with the libnbc algorithm
+    /// [`iallreduce_algorithm`] picks (on OpenMPI, unless the user chose one).
     ///
     /// # Safety
     /// `buf` holds `count` elements of `dtype`, valid until the request completes.
     pub(super) unsafe fn iallreduce(
-        &self,
+        &mut self,
         comm: &Comm,
-        buf: *mut u8,
-        count: i32,
-        dtype: Datatype,
+        (buf, count, dtype): (*mut u8, i32, Datatype),
         op: ReduceOp,
+        ranks: usize,
     ) -> Result<Request, MpiError> {
+        if let Some(knob) = &mut self.iallreduce_algorithm {
+            let bytes = usize::try_from(count).unwrap_or(0) * dtype.size();
+            knob.set(iallreduce_algorithm(bytes, ranks) as c_int);
+        }
         start(|req| {
             ffi::MPI_Iallreduce(
                 self.in_place,
@@ -602,6 +672,209 @@ impl Raw {
     }
 }
 
+/// The blocking collectives, for communicators whose calls a watchdog guards instead of a
+/// deadline ([`super::OnTimeout::AbortJob`]): the same calls as the nonblocking ones above, but
+/// served by OpenMPI's tuned algorithms.
+impl Raw {
+    pub(super) fn barrier(&self, comm: &Comm) -> Result<(), MpiError> {
+        // SAFETY: a valid communicator.
+        check(unsafe { ffi::MPI_Barrier(comm.0) })
+    }
+
+    /// # Safety
+    /// `buf` is valid for `count` bytes.
+    pub(super) unsafe fn bcast(
+        &self,
+        comm: &Comm,
+        buf: *mut u8,
+        count: i32,
+        root: usize,
+    ) -> Result<(), MpiError> {
+        check(ffi::MPI_Bcast(
+            addr(buf),
+            count,
+            byte(),
+            root as c_int,
+            comm.0,
+        ))
+    }
+
+    /// In-place all-reduce.
+    ///
+    /// # Safety
+    /// `buf` holds `count` elements of `dtype`.
+    pub(super) unsafe fn allreduce(
+        &self,
+        comm: &Comm,
+        (buf, count, dtype): (*mut u8, i32, Datatype),
+        op: ReduceOp,
+    ) -> Result<(), MpiError> {
+        check(ffi::MPI_Allreduce(
+            self.in_place,
+            addr(buf),
+            count,
+            mpi_type(dtype),
+            mpi_op(op),
+            comm.0,
+        ))
+    }
+
+    /// # Safety
+    /// As [`Raw::ireduce_scatter`].
+    pub(super) unsafe fn reduce_scatter(
+        &self,
+        comm: &Comm,
+        (send, recv): (*const u8, *mut u8),
+        counts: &[i32],
+        dtype: Datatype,
+        op: ReduceOp,
+    ) -> Result<(), MpiError> {
+        check(ffi::MPI_Reduce_scatter(
+            addr(send),
+            addr(recv),
+            counts.as_ptr(),
+            mpi_type(dtype),
+            mpi_op(op),
+            comm.0,
+        ))
+    }
+
+    /// # Safety
+    /// As [`Raw::iallgather`].
+    pub(super) unsafe fn allgather(
+        &self,
+        comm: &Comm,
+        send: *const u8,
+        count: i32,
+        recv: *mut u8,
+    ) -> Result<(), MpiError> {
+        check(ffi::MPI_Allgather(
+            addr(send),
+            count,
+            byte(),
+            addr(recv),
+            count,
+            byte(),
+            comm.0,
+        ))
+    }
+
+    /// # Safety
+    /// As [`Raw::iallgatherv`].
+    pub(super) unsafe fn allgatherv(
+        &self,
+        comm: &Comm,
+        (send, send_count): (*const u8, i32),
+        recv: *mut u8,
+        counts: &[i32],
+        displs: &[i32],
+    ) -> Result<(), MpiError> {
+        check(ffi::MPI_Allgatherv(
+            addr(send),
+            send_count,
+            byte(),
+            addr(recv),
+            counts.as_ptr(),
+            displs.as_ptr(),
+            byte(),
+            comm.0,
+        ))
+    }
+
+    /// # Safety
+    /// As [`Raw::ialltoallv`].
+    pub(super) unsafe fn alltoallv(
+        &self,
+        comm: &Comm,
+        (send, scounts, sdispls): (*const u8, &[i32], &[i32]),
+        (recv, rcounts, rdispls): (*mut u8, &[i32], &[i32]),
+    ) -> Result<(), MpiError> {
+        check(ffi::MPI_Alltoallv(
+            addr(send),
+            scounts.as_ptr(),
+            sdispls.as_ptr(),
+            byte(),
+            addr(recv),
+            rcounts.as_ptr(),
+            rdispls.as_ptr(),
+            byte(),
+            comm.0,
+        ))
+    }
+
+    /// This process's rank in `MPI_COMM_WORLD`.
+    pub(super) fn world_rank(&self) -> usize {
+        self.world_rank
+    }
+}
+
+/// Ends the whole MPI job from any thread — even one racing another thread's blocking MPI call,
+/// which the MPI standard leaves undefined but which is the point: the call cannot be
+/// cancelled. Falls back to aborting this process (which `mpirun` also turns into the end of
+/// the job) should `MPI_Abort` return.
+pub(super) fn abort_job(code: i32) -> ! {
+    // SAFETY: `MPI_Abort` on the world communicator; it does not return on success.
+    unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
+    std::process::abort()
+}
+
 fn byte_type() -> ffi::MPI_Datatype {
     byte()
+}
+
+impl Knob {
+    /// The integer control variable `name`, if the library has it (OpenMPI's libnbc does;
+    /// MPICH does not) and the user left it at its default 0: a value set with `--mca`, an
+    /// `OMPI_MCA_…` variable or a parameter file is the user's choice, never overridden.
+    fn open(name: &std::ffi::CStr) -> Option<Knob> {
+        // SAFETY: MPI is initialised; every out-parameter is written before it is read, and
+        // the handle is bound to no object (`NULL`), as the variable is global.
+        unsafe {
+            let mut provided: c_int = 0;
+            check(ffi::MPI_T_init_thread(
+                ffi::RSMPI_THREAD_SERIALIZED,
+                &mut provided,
+            ))
+            .ok()?;
+            let opened = (|| {
+                let mut index: c_int = 0;
+                check(ffi::MPI_T_cvar_get_index(name.as_ptr(), &mut index)).ok()?;
+                let mut handle = std::mem::zeroed::<ffi::MPI_T_cvar_handle>();
+                let mut count: c_int = 0;
+                check(ffi::MPI_T_cvar_handle_alloc(
+                    index,
+                    std::ptr::null_mut(),
+                    &mut handle,
+                    &mut count,
+                ))
+                .ok()?;
+                let mut value: c_int = -1;
+                let read = check(ffi::MPI_T_cvar_read(
+                    handle,
+                    (&mut value as *mut c_int).cast(),
+                ));
+                if count != 1 || read.is_err() || value != 0 {
+                    ffi::MPI_T_cvar_handle_free(&mut handle);
+                    return None;
+                }
+                Some(Knob { handle, value })
+            })();
+            if opened.is_none() {
+                ffi::MPI_T_finalize();
+            }
+            opened
+        }
+    }
+
+    /// Sets the variable (a no-op when it already has `value`). A failed write leaves the
+    /// library's own choice in place, which is slower but correct.
+    fn set(&mut self, value: c_int) {
+        if self.value != value {
+            // SAFETY: a live handle to a single integer.
+            let rc = unsafe { ffi::MPI_T_cvar_write(self.handle, (&value as *const c_int).cast()) };
+            if check(rc).is_ok() {
+                self.value = value;
+            }
+        }
+    }
 }
