@@ -111,7 +111,7 @@ pub(super) enum IallreduceAlgorithm {
 /// `2 log p` times: it made the MPI backend 2–3× slower than the blocking `MPI_Allreduce` from
 /// 64 KiB up. This table comes from sweeps of every algorithm against `MPI_Allreduce` (1 KiB to
 /// 64 MiB on 2, 3 and 4 ranks, OpenMPI 4.1.4 over shared memory on the 2-core benchmark
-/// machine; docs/perf-collectives.md): the bandwidth-optimal algorithms from 64 KiB (2 ranks)
+/// machine; docs/PERFORMANCE.md): the bandwidth-optimal algorithms from 64 KiB (2 ranks)
 /// or 128 KiB (more) up, and below that the latency-optimal one for the rank count.
 pub(super) fn iallreduce_algorithm(bytes: usize, ranks: usize) -> IallreduceAlgorithm {
     match ranks {
