@@ -147,12 +147,17 @@
 //!               "placements": [{"stage": 0,
 //!                               "mesh": {"axes": [["dp", 2], ["mp", 4]], "rank_list": [0, 1, 2, 3, 4, 5, 6, 7]},
 //!                               "dims": [["dp"], ["mp"]],
-//!                               "optimizer_shard": 1}]}]}
+//!                               "optimizer_shard": 1}]}],
+//!  "ops": [{"name": "matmul2", "stage": 0, "in_strategy": [[1, 8], [8, 1]],
+//!           "out_strategy": [[8, 1]]}]}
 //! ```
 //! `dims` lists, per tensor dim, the mesh axes splitting it, outer first (`[]` = not split).
 //! `optimizer_shard` is the group size `k` of the parallel optimizer (1 = none): dim 0 is further
 //! split over the innermost `k` ranks of the replica group. A parameter in several pipeline stages
-//! has one placement per stage. Tensors are a list, so file order is kept.
+//! has one placement per stage. Tensors are a list, so file order is kept. `ops` (optional;
+//! absent in files from before it existed) records each operator's `shard` strategy:
+//! `in_strategy` as MindSpore's `parallel_strategy_item` does, and `out_strategy` (or `null`),
+//! which MindSpore's files cannot hold.
 #![deny(missing_docs)]
 
 mod atomic_write;
@@ -208,8 +213,8 @@ pub use crate::save::{
 };
 pub use crate::sources::{SourceSet, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 pub use crate::strategy::{
-    ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint, StagePlacement, Strategy,
-    StrategyFlavour, StrategyParam,
+    OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint, StagePlacement,
+    Strategy, StrategyFlavour, StrategyParam,
 };
 pub use crate::verify::{verify_checkpoints, Fault, VerifyReport};
 

@@ -9,7 +9,7 @@ use crate::ckpt_file::{StoredType, TensorMeta};
 use crate::error::{CkptError, Result};
 use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile};
 use crate::safetensors::{canonical_order, SafetensorsWriter};
-use crate::strategy::{ResolvedStrategy, StrategyFlavour};
+use crate::strategy::{OpStrategyRecord, ResolvedStrategy, StrategyFlavour};
 
 /// Saves one rank's tensors as `dir/rank_<rank>/checkpoint_<rank>.safetensors` (metadata
 /// `{"format": "ms"}`, so MindSpore reads it too), atomically.
@@ -57,22 +57,30 @@ pub fn save_safetensors(dest: &Path, tensors: &[(&str, &Tensor)], force: bool) -
     writer.finish()?.commit()
 }
 
-/// MindSpore's `save_param_strategy_file`: writes `strategy` as Tessera JSON, MindSpore JSON
-/// or MindSpore protobuf, atomically. Pipeline strategies are written merged (`"<stage>-name"`).
+/// MindSpore's `save_param_strategy_file`: writes `strategy` (the parameters' layouts) and `ops`
+/// (the operators' strategies, which `load_param_strategy_file` reapplies) as Tessera JSON,
+/// MindSpore JSON or MindSpore protobuf, atomically. Pipeline strategies are written merged
+/// (`"<stage>-name"`). MindSpore's flavours have no place for output strategies and drop them.
 pub fn save_param_strategy_file(
     path: &Path,
     strategy: &ResolvedStrategy,
+    ops: &[OpStrategyRecord],
     flavour: StrategyFlavour,
     force: bool,
 ) -> Result<PathBuf> {
+    let ms_file = |with_shapes| -> Result<MsStrategyFile> {
+        let mut file = to_ms_strategy(path, strategy, with_shapes)?;
+        file.strategy_items = ops.iter().map(OpStrategyRecord::to_ms).collect();
+        Ok(file)
+    };
     match flavour {
-        StrategyFlavour::Tessera => crate::tessera_strategy::write(path, strategy, force),
+        StrategyFlavour::Tessera => crate::tessera_strategy::write(path, strategy, ops, force),
         StrategyFlavour::MsProtobuf => {
-            let file = to_ms_strategy(path, strategy, false)?;
+            let file = ms_file(false)?;
             crate::atomic_write::write_file(path, &file.encode(), force)
         }
         StrategyFlavour::MsJson => {
-            let file = to_ms_strategy(path, strategy, true)?;
+            let file = ms_file(true)?;
             let mut text = file.to_json().to_pretty(1);
             text.push('\n');
             crate::atomic_write::write_file(path, text.as_bytes(), force)

@@ -16,7 +16,7 @@ use tensor::DType;
 
 use crate::error::{io_err, CkptError, Result};
 use crate::json::Json;
-use crate::ms_strategy::{MsLayout, MsStrategyFile};
+use crate::ms_strategy::{MsLayout, MsStrategyFile, MsStrategyItem};
 
 /// Which file flavour a strategy came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +75,50 @@ pub struct StrategyParam {
     pub placements: Vec<StagePlacement>,
 }
 
+/// One operator's sharding strategy as a strategy file records it: MindSpore's
+/// `parallel_strategy_item`, Tessera JSON's `"ops"` entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpStrategyRecord {
+    /// The operator's name (`matmul1`, `layer2.matmul`).
+    pub name: String,
+    /// Its pipeline stage.
+    pub stage: usize,
+    /// One split tuple per input (`shard`'s `in_strategy`).
+    pub inputs: Vec<Vec<usize>>,
+    /// One split tuple per output, when an `out_strategy` was set. Only Tessera JSON records
+    /// it; MindSpore's files have no place for it.
+    pub outputs: Option<Vec<Vec<usize>>>,
+}
+
+impl OpStrategyRecord {
+    /// The record of a MindSpore `parallel_strategy_item`.
+    pub fn from_ms(item: &MsStrategyItem) -> OpStrategyRecord {
+        OpStrategyRecord {
+            name: item.node_name.clone(),
+            stage: item.stage as usize,
+            inputs: item
+                .strategies
+                .iter()
+                .map(|t| t.iter().map(|&f| f as usize).collect())
+                .collect(),
+            outputs: None,
+        }
+    }
+
+    /// As a MindSpore `parallel_strategy_item` (the output tuples are dropped).
+    pub fn to_ms(&self) -> MsStrategyItem {
+        MsStrategyItem {
+            node_name: self.name.clone(),
+            stage: self.stage as u32,
+            strategies: self
+                .inputs
+                .iter()
+                .map(|t| t.iter().map(|&f| f as u32).collect())
+                .collect(),
+        }
+    }
+}
+
 /// A strategy file as read: parameters and their placements.
 #[derive(Debug, Clone)]
 pub struct Strategy {
@@ -84,6 +128,8 @@ pub struct Strategy {
     pub flavour: StrategyFlavour,
     /// The parameters, in file order.
     pub params: Vec<StrategyParam>,
+    /// The operators' strategies, in file order (empty when the file records none).
+    pub ops: Vec<OpStrategyRecord>,
     /// The MindSpore file model, for MindSpore flavours.
     pub ms: Option<MsStrategyFile>,
 }
@@ -379,6 +425,11 @@ impl Strategy {
             path: path.to_path_buf(),
             flavour,
             params,
+            ops: file
+                .strategy_items
+                .iter()
+                .map(OpStrategyRecord::from_ms)
+                .collect(),
             ms: Some(file),
         })
     }

@@ -8,7 +8,9 @@ use tensor::DType;
 
 use crate::error::{CkptError, Result};
 use crate::json::Json;
-use crate::strategy::{ResolvedStrategy, StagePlacement, Strategy, StrategyFlavour, StrategyParam};
+use crate::strategy::{
+    OpStrategyRecord, ResolvedStrategy, StagePlacement, Strategy, StrategyFlavour, StrategyParam,
+};
 
 /// The value of the `"format"` key.
 pub const FORMAT_NAME: &str = "tessera-strategy";
@@ -83,12 +85,90 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             placements,
         });
     }
+    let ops = match json.get("ops") {
+        None | Some(Json::Null) => Vec::new(),
+        Some(list) => list
+            .as_arr()
+            .ok_or_else(|| bad("\"ops\" must be a list".to_string()))?
+            .iter()
+            .enumerate()
+            .map(|(i, op)| op_record(op).map_err(|reason| bad(format!("ops #{i}: {reason}"))))
+            .collect::<std::result::Result<Vec<_>, _>>()?,
+    };
     Ok(Strategy {
         path: path.to_path_buf(),
         flavour: StrategyFlavour::Tessera,
         params,
+        ops,
         ms: None,
     })
+}
+
+/// One `"ops"` entry: `{"name", "stage", "in_strategy", "out_strategy"}`.
+fn op_record(op: &Json) -> std::result::Result<OpStrategyRecord, String> {
+    let name = op
+        .get("name")
+        .and_then(Json::as_str)
+        .ok_or("no \"name\"")?
+        .to_string();
+    let tuples = |key: &str| -> std::result::Result<Option<Vec<Vec<usize>>>, String> {
+        match op.get(key) {
+            None | Some(Json::Null) => Ok(None),
+            Some(v) => v
+                .as_arr()
+                .and_then(|list| {
+                    list.iter()
+                        .map(|t| {
+                            t.as_arr()?
+                                .iter()
+                                .map(|f| f.as_u64().filter(|&f| f >= 1).map(|f| f as usize))
+                                .collect::<Option<Vec<_>>>()
+                        })
+                        .collect::<Option<Vec<_>>>()
+                })
+                .map(Some)
+                .ok_or_else(|| {
+                    format!(
+                        "op {name:?}: {key:?} must be a list of split tuples of positive integers"
+                    )
+                }),
+        }
+    };
+    let inputs =
+        tuples("in_strategy")?.ok_or_else(|| format!("op {name:?} has no \"in_strategy\""))?;
+    let outputs = tuples("out_strategy")?;
+    let stage = match op.get("stage") {
+        None => 0,
+        Some(s) => s
+            .as_u64()
+            .ok_or_else(|| format!("op {name:?}: \"stage\" must be a non-negative integer"))?
+            as usize,
+    };
+    Ok(OpStrategyRecord {
+        name,
+        stage,
+        inputs,
+        outputs,
+    })
+}
+
+fn op_json(op: &OpStrategyRecord) -> Json {
+    let tuples = |ts: &[Vec<usize>]| {
+        Json::Arr(
+            ts.iter()
+                .map(|t| Json::uints(t.iter().map(|&f| f as u64)))
+                .collect(),
+        )
+    };
+    Json::obj([
+        ("name", Json::Str(op.name.clone())),
+        ("stage", Json::UInt(op.stage as u64)),
+        ("in_strategy", tuples(&op.inputs)),
+        (
+            "out_strategy",
+            op.outputs.as_deref().map_or(Json::Null, tuples),
+        ),
+    ])
 }
 
 fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
@@ -171,8 +251,8 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
     Ok(placement)
 }
 
-/// A resolved strategy as Tessera JSON.
-pub fn to_json(strategy: &ResolvedStrategy) -> Json {
+/// A resolved strategy and its operators' strategies as Tessera JSON.
+pub fn to_json(strategy: &ResolvedStrategy, ops: &[OpStrategyRecord]) -> Json {
     let tensors = strategy
         .params()
         .iter()
@@ -235,12 +315,18 @@ pub fn to_json(strategy: &ResolvedStrategy) -> Json {
         ("format", Json::Str(FORMAT_NAME.to_string())),
         ("version", Json::UInt(VERSION)),
         ("tensors", Json::Arr(tensors)),
+        ("ops", Json::Arr(ops.iter().map(op_json).collect())),
     ])
 }
 
-/// Writes a resolved strategy as Tessera JSON, atomically.
-pub fn write(path: &Path, strategy: &ResolvedStrategy, force: bool) -> Result<PathBuf> {
-    let mut text = to_json(strategy).to_pretty(2);
+/// Writes a resolved strategy and its operators' strategies as Tessera JSON, atomically.
+pub fn write(
+    path: &Path,
+    strategy: &ResolvedStrategy,
+    ops: &[OpStrategyRecord],
+    force: bool,
+) -> Result<PathBuf> {
+    let mut text = to_json(strategy, ops).to_pretty(2);
     text.push('\n');
     crate::atomic_write::write_file(path, text.as_bytes(), force)
 }

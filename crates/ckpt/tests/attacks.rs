@@ -268,8 +268,14 @@ fn names_with_dashes() {
     ];
     let strategy = ckpt::ResolvedStrategy::new(layouts).unwrap();
     let path = dir.path().join("s.ckpt");
-    ckpt::save_param_strategy_file(&path, &strategy, ckpt::StrategyFlavour::MsProtobuf, false)
-        .unwrap();
+    ckpt::save_param_strategy_file(
+        &path,
+        &strategy,
+        &[],
+        ckpt::StrategyFlavour::MsProtobuf,
+        false,
+    )
+    .unwrap();
     let back = Strategy::load(&path).unwrap();
     let names: Vec<&str> = back.params.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, vec!["layer-1.w", "0-x"]);
@@ -295,7 +301,7 @@ fn two_rank_checkpoint(dir: &Path) -> PathBuf {
     }])
     .unwrap();
     let path = dir.join("s.json");
-    ckpt::save_param_strategy_file(&path, &strategy, ckpt::StrategyFlavour::Tessera, false)
+    ckpt::save_param_strategy_file(&path, &strategy, &[], ckpt::StrategyFlavour::Tessera, false)
         .unwrap();
     path
 }
@@ -459,4 +465,82 @@ fn verify_reports_every_fault() {
         "{:?}",
         r.faults
     );
+}
+
+/// Op strategies survive every strategy flavour: inputs in all three, outputs in Tessera JSON
+/// only (MindSpore's files have no field for them).
+#[test]
+fn op_strategies_round_trip_through_every_flavour() {
+    let dir = tmp();
+    let (strategy, _) = Strategy::load(&two_rank_checkpoint(dir.path()))
+        .unwrap()
+        .resolve(|_, _| Ok(None))
+        .unwrap();
+    let ops = vec![
+        ckpt::OpStrategyRecord {
+            name: "layer-1.matmul".into(),
+            stage: 0,
+            inputs: vec![vec![2, 4], vec![4, 1]],
+            outputs: Some(vec![vec![8, 1]]),
+        },
+        ckpt::OpStrategyRecord {
+            name: "relu1".into(),
+            stage: 0,
+            inputs: vec![vec![4, 1]],
+            outputs: None,
+        },
+    ];
+    for (file, flavour) in [
+        ("ops.json", ckpt::StrategyFlavour::Tessera),
+        ("ops.ckpt", ckpt::StrategyFlavour::MsProtobuf),
+        ("ops_ms.json", ckpt::StrategyFlavour::MsJson),
+    ] {
+        let path = dir.path().join(file);
+        ckpt::save_param_strategy_file(&path, &strategy, &ops, flavour, false).unwrap();
+        let back = Strategy::load(&path).unwrap();
+        let expected: Vec<ckpt::OpStrategyRecord> = ops
+            .iter()
+            .cloned()
+            .map(|mut op| {
+                if flavour != ckpt::StrategyFlavour::Tessera {
+                    op.outputs = None;
+                }
+                op
+            })
+            .collect();
+        assert_eq!(back.ops, expected, "{file}");
+        assert_eq!(back.params.len(), 1, "{file}");
+    }
+}
+
+#[test]
+fn malformed_op_strategies_name_the_file_and_the_op() {
+    let dir = tmp();
+    let good = std::fs::read_to_string(two_rank_checkpoint(dir.path())).unwrap();
+    for (ops, expected) in [
+        (r#""ops": 3"#, "\"ops\" must be a list"),
+        (r#""ops": [{"in_strategy": [[1]]}]"#, "ops #0: no \"name\""),
+        (
+            r#""ops": [{"name": "mm"}]"#,
+            "op \"mm\" has no \"in_strategy\"",
+        ),
+        (
+            r#""ops": [{"name": "mm", "in_strategy": [[0, 2]]}]"#,
+            "op \"mm\": \"in_strategy\" must be a list of split tuples of positive integers",
+        ),
+        (
+            r#""ops": [{"name": "mm", "in_strategy": [[1]], "out_strategy": "x"}]"#,
+            "\"out_strategy\" must be",
+        ),
+    ] {
+        let text = good.replacen(r#""ops": []"#, ops, 1);
+        assert_ne!(text, good, "the fixture has an empty ops list");
+        let path = dir.path().join("bad_ops.json");
+        std::fs::write(&path, text).unwrap();
+        let err = Strategy::load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("bad_ops.json") && err.contains(expected),
+            "{ops}: {err}"
+        );
+    }
 }

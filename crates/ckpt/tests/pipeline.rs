@@ -178,8 +178,14 @@ fn pipeline_to_flat_and_back() {
     )
     .unwrap();
     let full_strategy = dir.path().join("full.json");
-    ckpt::save_param_strategy_file(&full_strategy, &one, ckpt::StrategyFlavour::Tessera, false)
-        .unwrap();
+    ckpt::save_param_strategy_file(
+        &full_strategy,
+        &one,
+        &[],
+        ckpt::StrategyFlavour::Tessera,
+        false,
+    )
+    .unwrap();
     let back = dir.path().join("back");
     ckpt::convert_checkpoints(
         &merged,

@@ -242,8 +242,8 @@ proptest! {
         let (fb, nb) = flavour(c.flavours.1);
         let sa = dir.path().join(na);
         let sb = dir.path().join(format!("b_{nb}"));
-        ckpt::save_param_strategy_file(&sa, &a, fa, false).unwrap();
-        ckpt::save_param_strategy_file(&sb, &b, fb, false).unwrap();
+        ckpt::save_param_strategy_file(&sa, &a, &[], fa, false).unwrap();
+        ckpt::save_param_strategy_file(&sb, &b, &[], fb, false).unwrap();
         let mid = dir.path().join("b");
         let opts = ConvertOptions {
             format: Some(if c.mid_format { Format::Ckpt } else { Format::Safetensors }),
@@ -301,7 +301,7 @@ fn large_pieces_through_mapped_reads() {
         Tensor::from_vec(&[rows, cols], (0..rows * cols).map(|x| x as f32).collect()).unwrap();
     write_source(&dir.path().join("src"), &a, std::slice::from_ref(&full));
     let sa = dir.path().join("a.json");
-    ckpt::save_param_strategy_file(&sa, &a, StrategyFlavour::Tessera, false).unwrap();
+    ckpt::save_param_strategy_file(&sa, &a, &[], StrategyFlavour::Tessera, false).unwrap();
     let out = dir.path().join("out");
     ckpt::convert_checkpoints(
         &dir.path().join("src"),

@@ -87,8 +87,8 @@ fn bench(dir: &Path, args: &CkptConvertArgs) -> anyhow::Result<()> {
     let (sa, sb) = (dir.join("A.ckpt"), dir.join("B.ckpt"));
     let a = strategy(&[2, 4], &[1, 0], args.tensors)?;
     let b = strategy(&[2, 2], &[0, 1], args.tensors)?;
-    ckpt::save_param_strategy_file(&sa, &a, ckpt::StrategyFlavour::MsProtobuf, true)?;
-    ckpt::save_param_strategy_file(&sb, &b, ckpt::StrategyFlavour::MsProtobuf, true)?;
+    ckpt::save_param_strategy_file(&sa, &a, &[], ckpt::StrategyFlavour::MsProtobuf, true)?;
+    ckpt::save_param_strategy_file(&sb, &b, &[], ckpt::StrategyFlavour::MsProtobuf, true)?;
     // The source: each rank's slices, values = global element index + tensor offset.
     eprintln!("generating the source in {} (not timed)…", src.display());
     remove(&src);

@@ -98,8 +98,20 @@ pub fn show_strategy(s: &Strategy, json: bool) -> anyhow::Result<()> {
                         })
                     })
                     .collect();
+                let ops: Vec<Value> = s
+                    .ops
+                    .iter()
+                    .map(|op| {
+                        json!({
+                            "name": op.name,
+                            "stage": op.stage,
+                            "in_strategy": op.inputs,
+                            "out_strategy": op.outputs,
+                        })
+                    })
+                    .collect();
                 serde_json::to_string_pretty(
-                    &json!({"flavour": s.flavour.to_string(), "tensors": params}),
+                    &json!({"flavour": s.flavour.to_string(), "tensors": params, "ops": ops}),
                 )?
             }
         };
@@ -139,6 +151,21 @@ pub fn show_strategy(s: &Strategy, json: bool) -> anyhow::Result<()> {
                 }
             ));
         }
+    }
+    if !s.ops.is_empty() {
+        out.push_str(&format!("{} op strategies\n", s.ops.len()));
+    }
+    for op in &s.ops {
+        out.push_str(&format!(
+            "  {:<28} stage {}  in {}",
+            op.name,
+            op.stage,
+            parallel::format_strategy(&op.inputs)
+        ));
+        if let Some(outputs) = &op.outputs {
+            out.push_str(&format!("  out {}", parallel::format_strategy(outputs)));
+        }
+        out.push('\n');
     }
     if s.flavour == StrategyFlavour::MsProtobuf {
         out.push_str("(MindSpore protobuf strategies do not record global shapes)\n");

@@ -119,6 +119,8 @@ fn a_saved_strategy_file_drives_the_next_run() {
         "--set",
         "train.eval=false",
         "--set",
+        "parallel.out_shard.matmul2=[[8, 1]]",
+        "--set",
         &format!("output.dir=\"{}\"", s(&first)),
     ]);
     assert!(
@@ -126,7 +128,7 @@ fn a_saved_strategy_file_drives_the_next_run() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The MindSpore strategy file records every forward op's strategy.
+    // Both strategy files record every forward op's strategy.
     let show = tessera(&[
         "strategy",
         "show",
@@ -134,39 +136,67 @@ fn a_saved_strategy_file_drives_the_next_run() {
         s(&first.join("strategy.ckpt")),
     ]);
     assert!(show.status.success());
-    // A run without [parallel.shard] takes the op strategies from the file.
-    let explain = tessera(&[
-        "train",
-        "examples/seed_semi_auto.toml",
-        "--explain",
-        "--set",
-        "parallel.shard={}",
-        "--set",
-        &format!(
-            "parallel.strategy_file=\"{}\"",
-            s(&first.join("strategy.ckpt"))
-        ),
-    ]);
+    let show = tessera(&["strategy", "show", s(&first.join("strategy.json"))]);
+    let text = String::from_utf8_lossy(&show.stdout);
     assert!(
-        explain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&explain.stderr)
-    );
-    let text = String::from_utf8(explain.stdout).unwrap();
-    assert!(
-        text.contains("matmul2 (MatMul) strategy ((1, 8), (8, 1)) [user]"),
+        text.lines().any(|l| l.contains("matmul2")
+            && l.contains("in ((1, 8), (8, 1))")
+            && l.contains("out ((8, 1),)")),
         "{text}"
     );
-    // Tessera's JSON strategy holds parameter layouts only: a clear error.
+    // A run without [parallel.shard] takes the op strategies from either file; only the
+    // Tessera JSON also carries the out_strategy.
+    let explain_with = |file: &str| {
+        let explain = tessera(&[
+            "train",
+            "examples/seed_semi_auto.toml",
+            "--explain",
+            "--set",
+            "parallel.shard={}",
+            "--set",
+            &format!("parallel.strategy_file=\"{}\"", s(&first.join(file))),
+        ]);
+        assert!(
+            explain.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&explain.stderr)
+        );
+        String::from_utf8(explain.stdout).unwrap()
+    };
+    for file in ["strategy.ckpt", "strategy.json"] {
+        let text = explain_with(file);
+        assert!(
+            text.contains("matmul2 (MatMul) strategy ((1, 8), (8, 1)) [user]")
+                && text.contains("matmul1 (MatMul) strategy ((2, 4), (4, 1)) [user]"),
+            "{file}: {text}"
+        );
+        assert_eq!(
+            text.contains("matmul2's out_strategy"),
+            file == "strategy.json",
+            "{file}: {text}"
+        );
+    }
+    // A file without op strategies (a MindSpore file saved by a tool that records parameter
+    // layouts only) is a clear error.
+    let params_only = dir.0.join("params_only.ckpt");
+    let (strategy, _) = ckpt::Strategy::load(&first.join("strategy.json"))
+        .unwrap()
+        .resolve(|_, _| Ok(None))
+        .unwrap();
+    ckpt::save_param_strategy_file(
+        &params_only,
+        &strategy,
+        &[],
+        ckpt::StrategyFlavour::MsProtobuf,
+        false,
+    )
+    .unwrap();
     let bad = tessera(&[
         "train",
         "examples/seed_semi_auto.toml",
         "--explain",
         "--set",
-        &format!(
-            "parallel.strategy_file=\"{}\"",
-            s(&first.join("strategy.json"))
-        ),
+        &format!("parallel.strategy_file=\"{}\"", s(&params_only)),
     ]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("holds no op strategies"));

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ckpt::{MsStrategyItem, ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
+use ckpt::{OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
 use comm::Communicator;
 use graph::models::{seed_mlp, Model};
 use layout::{SliceBox, TensorLayout};
@@ -168,33 +168,42 @@ impl Session {
     }
 
     /// Writes the strategy as Tessera JSON (`strategy.json`: every tensor's global shape, dtype
-    /// and layout) and MindSpore protobuf (`strategy.ckpt`: the parameter layouts and, as
-    /// MindSpore's `save_param_strategy_file` does, every forward op's strategy) into `dir`.
+    /// and layout) and MindSpore protobuf (`strategy.ckpt`: the parameter layouts) into `dir`,
+    /// each with every forward op's strategy, as MindSpore's `save_param_strategy_file` does
+    /// (only the JSON has room for output strategies).
     pub fn save_strategy_files(&self, dir: &Path) -> Result<(PathBuf, PathBuf), RuntimeError> {
         let strategy = self.strategy()?;
-        let json = ckpt::save_param_strategy_file(
-            &dir.join("strategy.json"),
-            &strategy,
-            StrategyFlavour::Tessera,
-            true,
-        )?;
-        let ms_path = dir.join("strategy.ckpt");
-        let mut ms = ckpt::to_ms_strategy(&ms_path, &strategy, false)?;
-        let placed = &self.train.placed;
-        for (node, place) in placed.graph.nodes().iter().zip(&placed.nodes) {
-            if let (graph::NodeRole::Forward, Some(tuples)) = (&node.role, &place.strategy) {
-                ms.strategy_items.push(MsStrategyItem {
-                    node_name: node.name.clone(),
-                    stage: 0,
-                    strategies: tuples
-                        .iter()
-                        .map(|t| t.iter().map(|&f| f as u32).collect())
-                        .collect(),
-                });
-            }
-        }
-        let ms = ms.write(&ms_path, true)?;
+        let ops = self.op_strategies();
+        let save = |name: &str, flavour| {
+            ckpt::save_param_strategy_file(&dir.join(name), &strategy, &ops, flavour, true)
+        };
+        let json = save("strategy.json", StrategyFlavour::Tessera)?;
+        let ms = save("strategy.ckpt", StrategyFlavour::MsProtobuf)?;
         Ok((json, ms))
+    }
+
+    /// Every forward op's strategy, in graph order: its input tuples and, when its outputs
+    /// are brought to a set layout (an `out_strategy`), their split factors.
+    pub fn op_strategies(&self) -> Vec<OpStrategyRecord> {
+        let placed = &self.train.placed;
+        placed
+            .graph
+            .nodes()
+            .iter()
+            .zip(&placed.nodes)
+            .filter_map(|(node, place)| match (&node.role, &place.strategy) {
+                (graph::NodeRole::Forward, Some(inputs)) => Some(OpStrategyRecord {
+                    name: node.name.clone(),
+                    stage: 0,
+                    inputs: inputs.clone(),
+                    outputs: place
+                        .out_layouts
+                        .as_ref()
+                        .map(|outs| outs.iter().map(|l| l.split_factors()).collect()),
+                }),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Feeds this rank's block of `batch` of `data` into `exec`'s inputs.
@@ -490,37 +499,32 @@ fn parallel_config(
         return Ok(parallel);
     };
     let loaded = ckpt::Strategy::load(path)?;
-    let items = loaded.ms.map(|ms| ms.strategy_items).unwrap_or_default();
-    if items.is_empty() {
+    if loaded.ops.is_empty() {
         return Err(RuntimeError::Config {
             key: "parallel.strategy_file".to_string(),
             reason: format!(
-                "{} holds no op strategies (parallel_strategy_item); a Tessera JSON strategy records parameter layouts only — use the MindSpore file (strategy.ckpt) a run saves",
+                "{} holds no op strategies (Tessera JSON \"ops\", MindSpore parallel_strategy_item); save one with a training run's strategy.json or strategy.ckpt",
                 path.display()
             ),
         });
     }
-    for item in items {
-        if model.graph.node_by_name(&item.node_name).is_none() {
+    for op in loaded.ops {
+        if model.graph.node_by_name(&op.name).is_none() {
             return Err(RuntimeError::Config {
                 key: "parallel.strategy_file".to_string(),
                 reason: format!(
                     "{} has a strategy for op {:?}, which the model does not have",
                     path.display(),
-                    item.node_name
+                    op.name
                 ),
             });
         }
         parallel
             .strategies
-            .entry(item.node_name)
+            .entry(op.name)
             .or_insert_with(|| parallel::OpStrategy {
-                inputs: item
-                    .strategies
-                    .iter()
-                    .map(|t| t.iter().map(|&f| f as usize).collect())
-                    .collect(),
-                outputs: None,
+                inputs: op.inputs,
+                outputs: op.outputs,
             });
     }
     Ok(parallel)
