@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use comm::{Communicator, CommunicatorExt, LocalCluster, ReduceOp};
+use comm::{CommError, Communicator, CommunicatorExt, LocalCluster, ReduceOp};
 
 use crate::bench_cmd::{gb_per_s, human_bytes, Summary};
 
@@ -49,7 +49,7 @@ pub fn run(args: &CollectivesArgs) -> anyhow::Result<()> {
     match args.backend {
         Backend::Local => {
             let cluster = LocalCluster::new(args.ranks)?;
-            let results = cluster.run(|comm| sweep(&comm, args));
+            let results = cluster.run(|comm| sweep(&comm, None, args));
             for (rank, result) in results.into_iter().enumerate() {
                 result.with_context(|| format!("rank {rank}"))??;
             }
@@ -66,8 +66,10 @@ fn run_mpi(args: &CollectivesArgs) -> anyhow::Result<()> {
     } else {
         comm::mpi::OnTimeout::ReturnError
     };
+    // Every call comes from this thread.
+    comm::mpi::prefer_thread_level(comm::mpi::ThreadLevel::Single);
     let world = comm::mpi::MpiComm::world_with(comm::mpi::DEFAULT_TIMEOUT, on_timeout)?;
-    sweep(&world, args)
+    sweep(&world, Some(&world), args)
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -75,14 +77,33 @@ fn run_mpi(_: &CollectivesArgs) -> anyhow::Result<()> {
     anyhow::bail!("this tessera was built without MPI; rebuild with `--features mpi`")
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Op {
-    AllReduce,
-    AllGather,
+/// The MPI library's own collectives, timed beside the backend's in the same run: every
+/// repetition runs both, one after the other, so the comparison sees the same machine state.
+trait Baseline {
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), CommError>;
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError>;
 }
 
+#[cfg(feature = "mpi")]
+impl Baseline for comm::mpi::MpiComm {
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        self.library_all_reduce_sum(buf)
+    }
+
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError> {
+        self.library_all_gather(send, recv)
+    }
+}
+
+/// One collective call with its own buffers, as a sweep times it.
+type Variant<'a> = Box<dyn FnMut() -> Result<(), CommError> + 'a>;
+
 /// Every rank runs the sweep; rank 0 prints.
-fn sweep(comm: &dyn Communicator, args: &CollectivesArgs) -> anyhow::Result<()> {
+fn sweep(
+    comm: &dyn Communicator,
+    baseline: Option<&dyn Baseline>,
+    args: &CollectivesArgs,
+) -> anyhow::Result<()> {
     let n = comm.size();
     if comm.rank() == 0 {
         let mode = match (comm.backend(), args.mpi_watchdog) {
@@ -95,26 +116,70 @@ fn sweep(comm: &dyn Communicator, args: &CollectivesArgs) -> anyhow::Result<()> 
             comm.backend(),
             args.reps
         );
-        println!("#     size   all-reduce             all-gather");
+        if baseline.is_some() {
+            println!(
+                "# beside the MPI library's own MPI_Allreduce / MPI_Allgather on the same \
+                 communicator, run for run; ratio: median over runs of MPI's time / Tessera's"
+            );
+            println!(
+                "#     size   all-reduce             all-gather             MPI_Allreduce          \
+                 MPI_Allgather          all-reduce/MPI  all-gather/MPI"
+            );
+        } else {
+            println!("#     size   all-reduce             all-gather");
+        }
     }
+    let all_reduce_factor = 2.0 * (n - 1) as f64 / n as f64;
+    let all_gather_factor = (n - 1) as f64 / n as f64;
     let mut size = 1024usize;
     while size <= args.max_mib << 20 {
-        let all_reduce = measure(comm, Op::AllReduce, size, args.reps)?;
-        let all_gather = measure(comm, Op::AllGather, size, args.reps)?;
+        let count = size / 4;
+        let send_count = count / n;
+        let mut all_reduces: Vec<Variant> = vec![Box::new({
+            let mut buf = vec![1f32; count];
+            move || comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        })];
+        let mut all_gathers: Vec<Variant> = vec![Box::new({
+            let (send, mut recv) = (vec![1f32; send_count], vec![0f32; send_count * n]);
+            move || comm.all_gather_into(&send, &mut recv)
+        })];
+        if let Some(baseline) = baseline {
+            all_reduces.push(Box::new({
+                let mut buf = vec![1f32; count];
+                move || baseline.all_reduce(&mut buf)
+            }));
+            all_gathers.push(Box::new({
+                let (send, mut recv) = (vec![1f32; send_count], vec![0f32; send_count * n]);
+                move || baseline.all_gather(&send, &mut recv)
+            }));
+        }
+        let all_reduce = measure(comm, size, args.reps, &mut all_reduces)?;
+        let all_gather = measure(comm, size, args.reps, &mut all_gathers)?;
         if comm.rank() == 0 {
-            println!(
+            let mut line = format!(
                 "{:>10}  {}  {}",
                 human_bytes(size),
-                bus_bandwidth(size, all_reduce, 2.0 * (n - 1) as f64 / n as f64),
-                bus_bandwidth(size, all_gather, (n - 1) as f64 / n as f64),
+                bus_bandwidth(size, &all_reduce[0], all_reduce_factor),
+                bus_bandwidth(size, &all_gather[0], all_gather_factor),
             );
+            if baseline.is_some() {
+                line += &format!(
+                    "  {}  {}  {:>13.0}%  {:>13.0}%",
+                    bus_bandwidth(size, &all_reduce[1], all_reduce_factor),
+                    bus_bandwidth(size, &all_gather[1], all_gather_factor),
+                    100.0 * paired_ratio(&all_reduce[1], &all_reduce[0]),
+                    100.0 * paired_ratio(&all_gather[1], &all_gather[0]),
+                );
+            }
+            println!("{line}");
         }
         size *= 4;
     }
     Ok(())
 }
 
-fn bus_bandwidth(size: usize, s: Summary, factor: f64) -> String {
+fn bus_bandwidth(size: usize, times: &[Duration], factor: f64) -> String {
+    let s = summarize(times);
     format!(
         "{:>7.2} [{:.2}-{:.2}]",
         gb_per_s(size, s.median) * factor,
@@ -123,35 +188,55 @@ fn bus_bandwidth(size: usize, s: Summary, factor: f64) -> String {
     )
 }
 
-/// Times `reps` runs (after a warm-up) of `inner` back-to-back calls; each run's time per call
-/// is the slowest rank's.
-fn measure(comm: &dyn Communicator, op: Op, size: usize, reps: usize) -> anyhow::Result<Summary> {
-    let n = comm.size();
-    let mut buf = vec![1f32; size / 4];
-    let send = vec![1f32; size / 4 / n];
-    let mut recv = vec![0f32; send.len() * n];
+fn summarize(times: &[Duration]) -> Summary {
+    let mut sorted = times.to_vec();
+    sorted.sort_unstable();
+    Summary {
+        median: sorted[sorted.len() / 2],
+        min: sorted[0],
+        max: sorted[sorted.len() - 1],
+    }
+}
+
+/// The median over runs of `numerator[k] / denominator[k]`: a comparison of two variants
+/// measured run for run, which the machine's drift between runs does not skew.
+fn paired_ratio(numerator: &[Duration], denominator: &[Duration]) -> f64 {
+    let mut ratios: Vec<f64> = numerator
+        .iter()
+        .zip(denominator)
+        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+        .collect();
+    ratios.sort_unstable_by(f64::total_cmp);
+    ratios[ratios.len() / 2]
+}
+
+/// Times `reps` runs (after a warm-up run) of each variant, interleaved: run `k` of every
+/// variant comes before run `k + 1` of any. A run is one untimed call, then `inner` timed
+/// back-to-back calls; its time per call is the slowest rank's. Returns each variant's times per call, in run order.
+fn measure(
+    comm: &dyn Communicator,
+    size: usize,
+    reps: usize,
+    variants: &mut [Variant],
+) -> anyhow::Result<Vec<Vec<Duration>>> {
     // Small sizes repeat inside one timing so the clock and the barrier do not dominate.
     let inner = ((16usize << 20) / size).clamp(1, 2_000);
-    let mut times = Vec::with_capacity(reps);
+    let mut times = vec![Vec::with_capacity(reps); variants.len()];
     for rep in 0..=reps.max(1) {
-        comm.barrier()?;
-        let start = Instant::now();
-        for _ in 0..inner {
-            match op {
-                Op::AllReduce => comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?,
-                Op::AllGather => comm.all_gather_into(&send, &mut recv)?,
+        for (variant, times) in variants.iter_mut().zip(&mut times) {
+            // One untimed call first: the run starts with its buffers warm, whatever ran before.
+            variant()?;
+            comm.barrier()?;
+            let start = Instant::now();
+            for _ in 0..inner {
+                variant()?;
+            }
+            let mut per_call = [start.elapsed().as_secs_f64() / inner as f64];
+            comm.all_reduce_in_place(&mut per_call, ReduceOp::Max)?;
+            if rep > 0 {
+                times.push(Duration::from_secs_f64(per_call[0]));
             }
         }
-        let mut per_call = [start.elapsed().as_secs_f64() / inner as f64];
-        comm.all_reduce_in_place(&mut per_call, ReduceOp::Max)?;
-        if rep > 0 {
-            times.push(Duration::from_secs_f64(per_call[0]));
-        }
     }
-    times.sort_unstable();
-    Ok(Summary {
-        median: times[times.len() / 2],
-        min: times[0],
-        max: times[times.len() - 1],
-    })
+    Ok(times)
 }

@@ -45,6 +45,10 @@ pub struct TrainArgs {
     /// Longest wait for a peer in any collective, in seconds.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
+    /// With --backend mpi: OpenMPI's blocking collectives under a watchdog that ends the job
+    /// when one overruns --timeout, instead of polled ones that return an error on every rank.
+    #[arg(long)]
+    mpi_watchdog: bool,
 }
 
 /// Runs `tessera train`.
@@ -55,6 +59,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     for warning in config.warnings() {
         eprintln!("warning: {warning}");
+    }
+    if args.mpi_watchdog && args.backend != Backend::Mpi {
+        anyhow::bail!("--mpi-watchdog applies to --backend mpi only");
     }
     let session = Session::new(&config)?;
     if args.explain {
@@ -81,6 +88,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| config.output().metrics_file()),
         ),
         timeout: std::time::Duration::from_secs(args.timeout),
+        mpi_watchdog: args.mpi_watchdog,
     };
     let start = Instant::now();
     let report = match args.backend {

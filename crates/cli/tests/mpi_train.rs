@@ -1,5 +1,6 @@
-//! The seed run under the MPI backend (`mpirun -np 4`, one process per rank) gives the losses
-//! of the local backend and of one device. Built only with `--features mpi`.
+//! The seed run under the MPI backend (`mpirun -np 4`, one process per rank), in both
+//! collective modes (polled, and blocking under a watchdog), gives the losses of the local
+//! backend and of one device. Built only with `--features mpi`.
 
 use std::process::Command;
 
@@ -53,13 +54,23 @@ fn mpi_training_matches_local_and_one_device() {
     let mut mpi = common("mpi", "4", "semi_auto");
     mpi.extend(["--backend".to_string(), "mpi".to_string()]);
     run(&args(&mpi), true);
+    let mut watched = common("watched", "4", "semi_auto");
+    watched.extend(["--backend", "mpi", "--mpi-watchdog"].map(String::from));
+    run(&args(&watched), true);
     run(&args(&common("local", "4", "semi_auto")), false);
     run(&args(&common("one", "1", "stand_alone")), false);
     let mpi = step_losses(&dir.0.join("mpi.jsonl"));
     let local = step_losses(&dir.0.join("local.jsonl"));
     let one = step_losses(&dir.0.join("one.jsonl"));
+    let watched = step_losses(&dir.0.join("watched.jsonl"));
     assert_eq!(mpi.len(), 20);
-    for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
+    assert_eq!(watched.len(), 20);
+    for (i, (((m, l), o), w)) in mpi.iter().zip(&local).zip(&one).zip(&watched).enumerate() {
+        assert!(
+            (m - w).abs() <= 1e-6 * m.abs(),
+            "step {}: polled mpi {m} vs watchdog mpi {w}",
+            i + 1
+        );
         assert!(
             (m - l).abs() <= 1e-6 * l.abs(),
             "step {}: mpi {m} vs local {l}",

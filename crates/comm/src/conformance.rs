@@ -275,7 +275,8 @@ pub fn broadcast(comm: &dyn Communicator) -> CaseResult {
     Ok(())
 }
 
-/// All-reduce: every op × numeric dtype × length (empty, 1, uneven, larger than a block).
+/// All-reduce: every op × numeric dtype × length (empty, 1, uneven, larger than a block), and
+/// a few multi-megabyte buffers.
 pub fn all_reduce(comm: &dyn Communicator) -> CaseResult {
     let n = comm.size();
     let dtypes = [
@@ -299,6 +300,20 @@ pub fn all_reduce(comm: &dyn Communicator) -> CaseResult {
                 expect_eq(comm, &format!("all_reduce {op} {dtype}[{len}]"), &t, &want)?;
             }
         }
+    }
+    // Buffers of several megabytes: algorithms that pipeline large transfers in segments.
+    for (dtype, op) in [
+        (DType::F32, ReduceOp::Sum),
+        (DType::F64, ReduceOp::Max),
+        (DType::BF16, ReduceOp::Mean),
+        (DType::I32, ReduceOp::Min),
+    ] {
+        let len = 1_200_007;
+        let all = inputs(dtype, &[len], n, 11);
+        let mut t = all[comm.rank()].clone();
+        comm.all_reduce(&mut t, op)?;
+        let want = reference_reduce(&all, op);
+        expect_eq(comm, &format!("all_reduce {op} {dtype}[{len}]"), &t, &want)?;
     }
     for op in [ReduceOp::Max, ReduceOp::Min] {
         let all = inputs(DType::Bool, &[37], n, 3);
@@ -338,10 +353,11 @@ pub fn all_reduce_tensor_and_slices(comm: &dyn Communicator) -> CaseResult {
     )
 }
 
-/// Reduce-scatter along dim 0 with uneven row counts (fewer rows than ranks, remainders).
+/// Reduce-scatter along dim 0 with uneven row counts (fewer rows than ranks, remainders, and
+/// megabytes per rank).
 pub fn reduce_scatter(comm: &dyn Communicator) -> CaseResult {
     let (n, me) = (comm.size(), comm.rank());
-    for d0 in [0, 1, n.saturating_sub(1), n, 2 * n + 1, 1_003] {
+    for d0 in [0, 1, n.saturating_sub(1), n, 2 * n + 1, 1_003, 400_009] {
         for dtype in [DType::F32, DType::I64, DType::BF16] {
             for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Mean] {
                 let all = inputs(dtype, &[d0, 3], n, d0);

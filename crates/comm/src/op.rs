@@ -276,6 +276,46 @@ pub(crate) fn store_acc<T: Reducible>(acc: &[T::Acc], dst: &mut [T]) {
     }
 }
 
+/// `dst = dst ⊕ src` element-wise over two byte buffers of `dtype` elements (`src ⊕ dst` when
+/// `src_first`: the order matters to neither the sum nor max/min of numbers, but fixing it
+/// makes both partners of an exchange compute bitwise the same result, even for `-0.0` vs
+/// `0.0` under max/min). `Mean` combines as `Sum`: the division comes once, at the end.
+/// 16-bit floats round after each combination, so callers reduce them as f32 copies.
+///
+/// Both buffers hold whole, aligned elements of `dtype`, and the same number of them.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn combine_bytes(
+    dtype: DType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    src: &[u8],
+    src_first: bool,
+) {
+    with_reducible!(dtype, T => {
+        let dst = bytemuck::cast_slice_mut::<u8, T>(dst);
+        let src = bytemuck::cast_slice::<u8, T>(src);
+        // Concrete types: name the trait, or inherent methods (`f16::max`) would win.
+        macro_rules! fold {
+            ($f:expr) => {
+                if src_first {
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d = <T as Reducible>::store($f(Reducible::load(s), Reducible::load(*d)));
+                    }
+                } else {
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d = <T as Reducible>::store($f(Reducible::load(*d), Reducible::load(s)));
+                    }
+                }
+            };
+        }
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => fold!(<T as Reducible>::sum),
+            ReduceOp::Max => fold!(<T as Reducible>::max),
+            ReduceOp::Min => fold!(<T as Reducible>::min),
+        }
+    })
+}
+
 /// Divides every element by `n` (integers truncate): the second half of a `Mean` computed as
 /// a sum.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
@@ -315,6 +355,49 @@ mod tests {
         let mut out = [f16::ZERO; 2];
         store_acc::<f16>(&acch, &mut out);
         assert_eq!(out, [f16::from_f32(4.5), f16::from_f32(6.0)]);
+    }
+
+    /// `combine_bytes` over typed slices.
+    fn combine<T: bytemuck::Pod>(
+        dtype: DType,
+        op: ReduceOp,
+        dst: &mut [T],
+        src: &[T],
+        first: bool,
+    ) {
+        let (dst, src) = (bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src));
+        combine_bytes(dtype, op, dst, src, first);
+    }
+
+    #[test]
+    fn combine_bytes_folds_in_the_order_asked() {
+        let mut dst = [1.0f32, 5.0, -1.0];
+        combine(
+            DType::F32,
+            ReduceOp::Mean,
+            &mut dst,
+            &[2.0, 3.0, -4.0],
+            false,
+        );
+        assert_eq!(dst, [3.0, 8.0, -5.0], "mean combines as a sum");
+        let mut dst = [7i64, -3];
+        combine(DType::I64, ReduceOp::Min, &mut dst, &[2, 9], true);
+        assert_eq!(dst, [2, -3]);
+        // max(-0.0, 0.0) may be either zero: the order decides, so both partners agree.
+        let (mut held_by_higher, mut held_by_lower) = ([0.0f32], [-0.0f32]);
+        combine(
+            DType::F32,
+            ReduceOp::Max,
+            &mut held_by_higher,
+            &[-0.0],
+            true,
+        );
+        combine(DType::F32, ReduceOp::Max, &mut held_by_lower, &[0.0], false);
+        assert_eq!(
+            held_by_higher[0].to_bits(),
+            held_by_lower[0].to_bits(),
+            "src_first mirrors the operand order"
+        );
     }
 
     #[test]

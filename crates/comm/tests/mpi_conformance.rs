@@ -19,7 +19,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use comm::conformance::CASES;
-use comm::mpi::{MpiComm, OnTimeout};
+use comm::mpi::{MpiComm, OnTimeout, ThreadLevel};
 use comm::{CommError, Communicator, CommunicatorExt, PeerFailure, ReduceOp};
 
 const RANKS: usize = 4;
@@ -41,6 +41,48 @@ fn main() -> ExitCode {
         (true, Some("late")) => scenario_late(on_timeout),
         (true, _) => suite(on_timeout),
     }
+}
+
+/// Under [`ThreadLevel::Single`] a call from another thread is refused without harm; under
+/// [`ThreadLevel::Serialized`] it works. Returns complaints: about the other thread's call,
+/// and about a later call on this thread. Preferring another level once MPI runs changes
+/// nothing.
+fn check_thread_level(world: &MpiComm, level: ThreadLevel) -> (Option<String>, Option<String>) {
+    let other = match level {
+        ThreadLevel::Single => ThreadLevel::Serialized,
+        ThreadLevel::Serialized => ThreadLevel::Single,
+    };
+    if comm::mpi::prefer_thread_level(other) != level {
+        return (
+            Some(format!("preferring {other} changed the level in force")),
+            None,
+        );
+    }
+    let from_other_thread = std::thread::scope(|s| s.spawn(|| world.barrier()).join());
+    let other_thread = match (level, from_other_thread) {
+        (_, Err(_)) => Some("the other thread panicked".to_string()),
+        (ThreadLevel::Single, Ok(Err(CommError::InvalidArgument { reason, .. })))
+            if reason.contains("thread") =>
+        {
+            None
+        }
+        (ThreadLevel::Single, Ok(got)) => Some(format!(
+            "a call from another thread gave {got:?}, not a refusal"
+        )),
+        (ThreadLevel::Serialized, Ok(Ok(()))) => None,
+        (ThreadLevel::Serialized, Ok(Err(err))) => {
+            Some(format!("a call from another thread failed: {err}"))
+        }
+    };
+    // Under Single the other ranks' barrier is still waiting for this one.
+    let again = match level {
+        ThreadLevel::Single => world.barrier().err(),
+        ThreadLevel::Serialized => None,
+    };
+    (
+        other_thread,
+        again.map(|err| format!("the owner thread's call failed: {err}")),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -199,6 +241,12 @@ fn launch() -> ExitCode {
 type NamedGroup = (&'static str, Box<dyn Communicator>);
 
 fn suite(on_timeout: OnTimeout) -> ExitCode {
+    // The polled run initialises MPI for this thread alone, the watchdog run for any thread.
+    let level = match on_timeout {
+        OnTimeout::ReturnError => ThreadLevel::Single,
+        OnTimeout::AbortJob => ThreadLevel::Serialized,
+    };
+    comm::mpi::prefer_thread_level(level);
     let world = match MpiComm::world_with(Duration::from_secs(60), on_timeout) {
         Ok(world) => world,
         Err(err) => {
@@ -228,6 +276,13 @@ fn suite(on_timeout: OnTimeout) -> ExitCode {
         }
     };
     let (mut passed, mut failed) = (0, 0);
+    let (other_thread, again) = check_thread_level(&world, level);
+    if let Some(complaint) = other_thread.or(again) {
+        println!("rank {me}: thread level {level}: {complaint}");
+        failed += 1;
+    } else {
+        passed += 1;
+    }
     'cases: for case in CASES {
         let comms = std::iter::once(("world", &world as &dyn Communicator))
             .chain(groups.iter().map(|(name, c)| (*name, c.as_ref())));

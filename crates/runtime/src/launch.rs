@@ -20,6 +20,10 @@ pub struct LaunchOptions {
     pub metrics_log: Option<PathBuf>,
     /// The longest any collective may wait for a peer.
     pub timeout: Duration,
+    /// The `mpi` backend only: run collectives as MPI's blocking calls under a watchdog that
+    /// ends the whole job when one overruns `timeout` (`comm::mpi::OnTimeout::AbortJob`),
+    /// instead of polled ones that return an error on every rank (the default).
+    pub mpi_watchdog: bool,
 }
 
 impl Default for LaunchOptions {
@@ -28,6 +32,7 @@ impl Default for LaunchOptions {
             print_loss: true,
             metrics_log: None,
             timeout: Duration::from_secs(300),
+            mpi_watchdog: false,
         }
     }
 }
@@ -143,10 +148,19 @@ fn is_consequence(err: &RuntimeError) -> bool {
 }
 
 /// Trains this process's rank of an `mpirun` job (the `mpi` backend). The job must have exactly
-/// as many processes as the configuration has devices.
+/// as many processes as the configuration has devices. The rank runs on the calling thread; if
+/// MPI is not initialised yet, it is initialised for that thread alone (`MPI_THREAD_SINGLE`).
 #[cfg(feature = "mpi")]
 pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainReport, RuntimeError> {
-    let world = comm::mpi::MpiComm::world(options.timeout)?;
+    let on_timeout = if options.mpi_watchdog {
+        comm::mpi::OnTimeout::AbortJob
+    } else {
+        comm::mpi::OnTimeout::ReturnError
+    };
+    // The rank runs on this thread and makes every MPI call from it: MPI needs no thread
+    // safety of its own (unless the application initialised it already).
+    comm::mpi::prefer_thread_level(comm::mpi::ThreadLevel::Single);
+    let world = comm::mpi::MpiComm::world_with(options.timeout, on_timeout)?;
     let devices = session.devices();
     if world.size() != devices {
         return Err(RuntimeError::Config {

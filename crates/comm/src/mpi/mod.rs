@@ -11,10 +11,15 @@
 //! ```
 //!
 //! # How calls map to MPI
-//! Every collective is the matching *nonblocking* MPI collective (`MPI_Iallreduce`,
-//! `MPI_Ireduce_scatter`, `MPI_Iallgather(v)`, `MPI_Ialltoall(v)`, `MPI_Ibcast`,
-//! `MPI_Ibarrier`) completed by an `MPI_Test` loop with a deadline, so a call can give up. Mean is
-//! a sum divided locally; f16 and bf16, which MPI has no type for, are reduced as f32 copies.
+//! Collectives run in one of two modes ([`OnTimeout`]). In the default, polled mode,
+//! all-reduce, reduce-scatter and all-gather(v) are Tessera's own algorithms over
+//! `MPI_Isend`/`MPI_Irecv` (recursive doubling for small buffers, rings for large ones; see
+//! the `p2p` module), on a duplicate of the group's communicator reserved for them; broadcast,
+//! all-to-all(v) and barrier are the nonblocking MPI collectives (`MPI_Ibcast`,
+//! `MPI_Ialltoallv`, `MPI_Ibarrier`). Every wait is an `MPI_Test` loop with a deadline, so a
+//! call can give up. Under [`OnTimeout::AbortJob`] every collective is the blocking MPI call.
+//! Mean is a sum divided locally; f16 and bf16, which MPI has no type for, are reduced as f32
+//! copies.
 //! `send` copies the message and starts an `MPI_Isend` that completes in the background (so,
 //! as on the local backend, a send never waits for its receive); `recv` is `MPI_Improbe` and
 //! `MPI_Imrecv`, polled. Groups are `MPI_Comm_create_group` over the parent's communicator; the
@@ -40,14 +45,18 @@
 //!   report its error and exit; `mpirun` then ends the job.
 //! - Group creation (`MPI_Comm_create_group`) has no nonblocking form: a member that never calls
 //!   [`group`](Communicator::group) blocks the others in it.
-//! - Calls are serialised per process (MPI is initialised with `MPI_THREAD_SERIALIZED`).
+//! - Calls are serialised per process: MPI is initialised with `MPI_THREAD_SERIALIZED`, or
+//!   `MPI_THREAD_SINGLE` when the application asks for it ([`prefer_thread_level`]; calls from
+//!   other threads are then refused).
 
+mod p2p;
 mod raw;
 mod watchdog;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use tensor::DType;
@@ -70,24 +79,76 @@ const BACKEND: &str = "mpi";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnTimeout {
     /// The call returns [`CommError::Timeout`] (or [`CommError::PeerFailed`] when a peer
-    /// announced a panic) on every waiting rank. Collectives are nonblocking MPI collectives
-    /// polled against the deadline, served by OpenMPI's `libnbc`, with the algorithm chosen per
-    /// call by buffer size and rank count (on OpenMPI, unless the user chose one). The default.
+    /// announced a panic) on every waiting rank. All-reduce, reduce-scatter and all-gather are
+    /// Tessera's algorithms over point-to-point messages (as fast as OpenMPI's blocking calls
+    /// or faster: docs/PERFORMANCE.md), the other collectives MPI's nonblocking ones, all
+    /// polled against the deadline. The default.
     #[default]
     ReturnError,
     /// The call cannot time out: collectives are the blocking MPI calls (OpenMPI's `tuned`
-    /// algorithms, the fastest), and a watchdog thread ends the whole MPI job (`MPI_Abort`)
+    /// algorithms), and a watchdog thread ends the whole MPI job (`MPI_Abort`)
     /// when one runs past the timeout, after printing which rank and call hung — the
     /// semantics of NCCL's watchdog. A peer that panics ends the job too (its process exits
     /// and `mpirun` tears the job down). Nothing hangs, but no error is returned either.
     AbortJob,
 }
 
+/// The thread support Tessera asks for when it is the one to initialise MPI (see
+/// [`prefer_thread_level`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ThreadLevel {
+    /// `MPI_THREAD_SERIALIZED`: communicators may be used from any thread (Tessera's lock lets
+    /// one call through at a time). The default.
+    #[default]
+    Serialized,
+    /// `MPI_THREAD_SINGLE`: only the thread that initialises MPI (the one creating the first
+    /// communicator) may use Tessera's MPI communicators; a call from any other thread is
+    /// refused with [`CommError::InvalidArgument`], and a communicator dropped there is leaked
+    /// rather than freed. OpenMPI then skips its own thread safety, which makes calls of a few
+    /// kilobytes about 20 % faster (docs/PERFORMANCE.md). Under [`OnTimeout::AbortJob`] the
+    /// watchdog still calls `MPI_Abort` from its own thread to end a hung job.
+    Single,
+}
+
+impl fmt::Display for ThreadLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ThreadLevel::Serialized => "MPI_THREAD_SERIALIZED",
+            ThreadLevel::Single => "MPI_THREAD_SINGLE",
+        })
+    }
+}
+
+/// The level the next initialisation of MPI asks for.
+static PREFERRED_LEVEL: Mutex<ThreadLevel> = Mutex::new(ThreadLevel::Serialized);
+
+/// Asks for `level` when Tessera initialises MPI, and returns the level in force: `level` if
+/// MPI is not initialised yet, otherwise what it was initialised with (which this call cannot
+/// change). Call it before the first communicator.
+pub fn prefer_thread_level(level: ThreadLevel) -> ThreadLevel {
+    let global = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    match global.as_ref().and_then(Weak::upgrade) {
+        Some(runtime) => runtime.level,
+        None => {
+            *PREFERRED_LEVEL.lock().unwrap_or_else(|e| e.into_inner()) = level;
+            level
+        }
+    }
+}
+
 /// The process's MPI state, shared by all its communicators.
 struct Runtime {
     raw: Mutex<Raw>,
+    /// The thread support MPI gives.
+    level: ThreadLevel,
+    /// Which threads may call MPI. `None`: any (one at a time). `Some(Some(t))`: only `t`, the
+    /// thread that initialised MPI at less than `MPI_THREAD_SERIALIZED`. `Some(None)`: none —
+    /// the application initialised it so, and the first communicator came from another thread.
+    owner: Option<Option<ThreadId>>,
     /// Set by the first failed call: no more MPI calls, no `MPI_Finalize`.
     poisoned: Mutex<Option<String>>,
+    /// Whether `poisoned` is set: what every call checks, without taking that lock.
+    is_poisoned: AtomicBool,
     /// Set once this process has announced its own panic.
     announced: AtomicBool,
     /// Started by the first [`OnTimeout::AbortJob`] communicator.
@@ -96,6 +157,24 @@ struct Runtime {
 
 static RUNTIME: Mutex<Option<Weak<Runtime>>> = Mutex::new(None);
 
+impl Runtime {
+    /// Whether this thread may call MPI.
+    fn on_owner_thread(&self) -> bool {
+        match self.owner {
+            None => true,
+            Some(owner) => owner == Some(this_thread()),
+        }
+    }
+}
+
+/// This thread's id, read from thread-local storage (cheaper than `thread::current()`).
+fn this_thread() -> ThreadId {
+    thread_local! {
+        static ID: ThreadId = std::thread::current().id();
+    }
+    ID.with(|id| *id)
+}
+
 impl Drop for Runtime {
     fn drop(&mut self) {
         let poisoned = self
@@ -103,8 +182,9 @@ impl Drop for Runtime {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .is_some();
+        let foreign = !self.on_owner_thread();
         let raw = self.raw.get_mut().unwrap_or_else(|e| e.into_inner());
-        if !poisoned && !std::thread::panicking() {
+        if !poisoned && !std::thread::panicking() && !foreign {
             raw.finalize();
         }
     }
@@ -114,6 +194,9 @@ impl Drop for Runtime {
 pub struct MpiComm {
     runtime: Arc<Runtime>,
     comm: raw::Comm,
+    /// A duplicate of `comm` for the point-to-point collectives ([`p2p`]), so their messages
+    /// never meet the application's `send`/`recv`.
+    coll: raw::Comm,
     rank: usize,
     size: usize,
     /// Members as world ranks, in group-rank order.
@@ -131,6 +214,10 @@ struct EndpointState {
     pending_sends: Vec<(Request, Vec<u8>)>,
     /// How many groups with these members were created from this communicator.
     groups_made: std::collections::HashMap<Vec<usize>, u64>,
+    /// The point-to-point collectives' receive buffers, kept across calls (8-byte aligned).
+    scratch: Vec<u64>,
+    /// The point-to-point collectives' requests of one step, kept across calls.
+    requests: Vec<Request>,
 }
 
 // SAFETY: the MPI handles inside are used only under the runtime lock (MPI_THREAD_SERIALIZED),
@@ -164,13 +251,25 @@ impl MpiComm {
         let runtime = match global.as_ref().and_then(Weak::upgrade) {
             Some(runtime) => runtime,
             None => {
-                let raw = Raw::init().map_err(|reason| CommError::Setup {
-                    backend: BACKEND,
-                    reason,
+                let preferred = *PREFERRED_LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+                let raw = Raw::init(preferred == ThreadLevel::Serialized).map_err(|reason| {
+                    CommError::Setup {
+                        backend: BACKEND,
+                        reason,
+                    }
                 })?;
+                let (level, owner) = if raw.any_thread {
+                    (ThreadLevel::Serialized, None)
+                } else {
+                    let me = this_thread();
+                    (ThreadLevel::Single, Some(raw.main_thread.then_some(me)))
+                };
                 let runtime = Arc::new(Runtime {
                     raw: Mutex::new(raw),
+                    level,
+                    owner,
                     poisoned: Mutex::new(None),
+                    is_poisoned: AtomicBool::new(false),
                     announced: AtomicBool::new(false),
                     watchdog: OnceLock::new(),
                 });
@@ -178,7 +277,7 @@ impl MpiComm {
                 runtime
             }
         };
-        let (comm, rank, size) = {
+        let (comm, coll, rank, size) = {
             let raw = runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
             if on_timeout == OnTimeout::AbortJob && runtime.watchdog.get().is_none() {
                 let watchdog =
@@ -189,15 +288,18 @@ impl MpiComm {
                 // Only this thread sets it: it holds the MPI lock.
                 let _ = runtime.watchdog.set(watchdog);
             }
-            raw.dup_world()
-                .map_err(|(code, message)| CommError::Setup {
-                    backend: BACKEND,
-                    reason: format!("MPI_Comm_dup(MPI_COMM_WORLD) failed with {code}: {message}"),
-                })?
+            let setup = |(code, message): MpiError| CommError::Setup {
+                backend: BACKEND,
+                reason: format!("MPI_Comm_dup(MPI_COMM_WORLD) failed with {code}: {message}"),
+            };
+            let (comm, rank, size) = raw.dup_world().map_err(setup)?;
+            let coll = raw.dup(&comm).map_err(setup)?;
+            (comm, coll, rank, size)
         };
         Ok(MpiComm {
             runtime,
             comm,
+            coll,
             rank,
             size,
             members: (0..size).collect(),
@@ -208,19 +310,29 @@ impl MpiComm {
         })
     }
 
-    /// Locks MPI for one call, refusing it if the process's MPI state is poisoned.
+    /// Locks MPI for one call, refusing it if the process's MPI state is poisoned or this
+    /// thread may not call MPI.
     fn enter(&self, op: &'static str) -> Result<Call<'_>, CommError> {
+        if !self.runtime.on_owner_thread() {
+            return Err(CommError::InvalidArgument {
+                site: self.site(op),
+                reason: format!(
+                    "MPI runs with {} and this call comes from a thread other than the one \
+                     that initialised it",
+                    self.runtime.level
+                ),
+            });
+        }
         let raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(first_error) = self
-            .runtime
-            .poisoned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
+        if self.runtime.is_poisoned.load(Ordering::Acquire) {
+            let first_error = self
+                .runtime
+                .poisoned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             return Err(CommError::Poisoned {
                 site: self.site(op),
-                first_error,
+                first_error: first_error.clone().unwrap_or_default(),
             });
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -252,8 +364,48 @@ impl MpiComm {
     }
 }
 
+/// The MPI library's own blocking collectives on a communicator's group, bypassing Tessera's
+/// algorithms, timeouts and checks: the baseline `tessera bench collectives --backend mpi`
+/// measures the backend against, in the same process, run and buffers.
+impl MpiComm {
+    /// `MPI_Allreduce(MPI_IN_PLACE, buf, …, MPI_FLOAT, MPI_SUM, …)`.
+    pub fn library_all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        let call = self.enter("library_all_reduce")?;
+        let elems = (
+            buf.as_mut_ptr().cast::<u8>(),
+            call.count(buf.len())?,
+            Datatype::F32,
+        );
+        // SAFETY: `buf` is borrowed for the whole blocking call.
+        let done = unsafe { call.raw.allreduce(&self.comm, elems, ReduceOp::Sum) };
+        call.check(done)
+    }
+
+    /// `MPI_Allgather` of `send` into `recv` (`send.len() × size` elements).
+    pub fn library_all_gather(&self, send: &[f32], recv: &mut [f32]) -> Result<(), CommError> {
+        let call = self.enter("library_all_gather")?;
+        call.check_gather(send.len(), recv.len(), "elements")?;
+        let count = call.count(std::mem::size_of_val(send))?;
+        call.count(std::mem::size_of_val(recv))?;
+        // SAFETY: both buffers are borrowed for the whole blocking call.
+        let done = unsafe {
+            call.raw.allgather(
+                &self.comm,
+                send.as_ptr().cast(),
+                count,
+                recv.as_mut_ptr().cast(),
+            )
+        };
+        call.check(done)
+    }
+}
+
 impl Drop for MpiComm {
     fn drop(&mut self) {
+        if !self.runtime.on_owner_thread() {
+            // This thread may not call MPI: the handles are leaked.
+            return;
+        }
         let raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
         if std::thread::panicking() && !self.runtime.announced.swap(true, Ordering::SeqCst) {
             raw.announce_failure(self.timeout.min(Duration::from_secs(2)));
@@ -275,6 +427,7 @@ impl Drop for MpiComm {
                 std::mem::forget(buffer);
             }
         }
+        raw.free(&mut self.coll);
         raw.free(&mut self.comm);
     }
 }
@@ -309,6 +462,7 @@ impl Call<'_> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             poisoned.get_or_insert_with(|| err.to_string());
+            self.comm.runtime.is_poisoned.store(true, Ordering::Release);
         }
         err
     }
@@ -347,38 +501,44 @@ impl Call<'_> {
         Ok((counts, displs))
     }
 
+    /// The error for a wait that ended without completion (`waiting_for`: the peer waited
+    /// for, when known), poisoning the process.
+    fn wait_error(&self, err: raw::WaitError, waiting_for: Vec<usize>) -> CommError {
+        self.fail(match err {
+            raw::WaitError::Mpi(code, message) => CommError::Mpi {
+                site: self.site(),
+                code,
+                message,
+            },
+            raw::WaitError::Timeout => CommError::Timeout {
+                site: self.site(),
+                timeout: self.comm.timeout,
+                waiting_for,
+            },
+            raw::WaitError::PeerPanicked(peer) => CommError::PeerFailed {
+                site: self.site(),
+                peer,
+                cause: PeerFailure::Panicked,
+            },
+        })
+    }
+
     /// Polls `request` to completion, watching for failure notices and the deadline. On
     /// failure the request is abandoned, never freed: MPI may still own its buffers.
     fn wait(&mut self, request: Request) -> Result<(), CommError> {
         let members = &self.comm.members;
-        match self.raw.poll(request, self.comm.timeout, |world_rank| {
+        let polled = self.raw.poll(request, self.comm.timeout, |world_rank| {
             members.iter().position(|&m| m == world_rank)
-        }) {
-            Ok(()) => Ok(()),
-            Err(raw::WaitError::Mpi(code, message)) => Err(self.fail(CommError::Mpi {
-                site: self.site(),
-                code,
-                message,
-            })),
-            Err(raw::WaitError::Timeout) => Err(self.fail(CommError::Timeout {
-                site: self.site(),
-                timeout: self.comm.timeout,
-                waiting_for: Vec::new(),
-            })),
-            Err(raw::WaitError::PeerPanicked(peer)) => Err(self.fail(CommError::PeerFailed {
-                site: self.site(),
-                peer,
-                cause: PeerFailure::Panicked,
-            })),
-        }
+        });
+        polled.map_err(|err| self.wait_error(err, Vec::new()))
     }
 
     /// Runs one collective: under [`OnTimeout::AbortJob`] the blocking MPI call, watched by
-    /// the process's watchdog; otherwise the nonblocking one, polled against the deadline.
-    fn collective(
+    /// the process's watchdog; otherwise `polled`.
+    fn run(
         &mut self,
         blocking: impl FnOnce(&Raw) -> Result<(), MpiError>,
-        nonblocking: impl FnOnce(&mut Raw) -> Result<Request, MpiError>,
+        polled: impl FnOnce(&mut Self) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
         let comm = self.comm;
         match (comm.on_timeout, comm.runtime.watchdog.get()) {
@@ -394,12 +554,62 @@ impl Call<'_> {
                 drop(armed);
                 self.check(done)
             }
-            _ => {
-                let request = nonblocking(&mut self.raw);
-                let request = self.check(request)?;
-                self.wait(request)
-            }
+            _ => polled(self),
         }
+    }
+
+    /// A collective that MPI serves in both modes: blocking (see [`Call::run`]) or
+    /// nonblocking, polled against the deadline.
+    fn collective(
+        &mut self,
+        blocking: impl FnOnce(&Raw) -> Result<(), MpiError>,
+        nonblocking: impl FnOnce(&mut Raw) -> Result<Request, MpiError>,
+    ) -> Result<(), CommError> {
+        self.run(blocking, |call| {
+            let request = nonblocking(&mut call.raw);
+            let request = call.check(request)?;
+            call.wait(request)
+        })
+    }
+
+    /// Runs one of the [`p2p`] collectives on the communicator's collective twin, with the
+    /// call's deadline and the endpoint's scratch space.
+    fn point_to_point(
+        &mut self,
+        collective: impl FnOnce(&mut p2p::Peers<'_>, &mut Vec<u64>) -> Result<(), raw::WaitError>,
+    ) -> Result<(), CommError> {
+        let comm = self.comm;
+        let member = |world_rank: usize| comm.members.iter().position(|&m| m == world_rank);
+        let state = &mut *self.state;
+        let mut peers = p2p::Peers {
+            raw: &mut self.raw,
+            comm: &comm.coll,
+            rank: comm.rank,
+            size: comm.size,
+            timeout: comm.timeout,
+            started: None,
+            requests: &mut state.requests,
+            member: &member,
+        };
+        let done = collective(&mut peers, &mut state.scratch);
+        done.map_err(|err| {
+            // MPI may still own the scratch space: leak it rather than free it.
+            std::mem::forget(std::mem::take(&mut self.state.scratch));
+            self.wait_error(err, Vec::new())
+        })
+    }
+
+    /// Refuses an all-gather whose receive length is not the group size times the send length
+    /// (both counted in `unit`).
+    fn check_gather(&self, send: usize, recv: usize, unit: &str) -> Result<(), CommError> {
+        let size = self.comm.size;
+        if recv == send * size {
+            return Ok(());
+        }
+        Err(self.invalid(format!(
+            "recv has {recv} {unit} but {size} ranks × {send} {unit} sent need {}",
+            send * size
+        )))
     }
 
     fn check_peer(&self, peer: usize, tag: Tag) -> Result<(), CommError> {
@@ -481,17 +691,14 @@ impl Communicator for MpiComm {
             .map(|&r| call.count(r))
             .collect::<Result<_, _>>()?;
         let created = call.raw.create_group(&self.comm, &ranks_i32, tag);
-        let comm = created.map_err(|(code, message)| {
-            call.fail(CommError::Mpi {
-                site: call.site(),
-                code,
-                message,
-            })
-        })?;
+        let comm = call.check(created)?;
+        let coll = call.raw.dup(&comm);
+        let coll = call.check(coll)?;
         let list: Vec<String> = members.iter().map(|m| m.to_string()).collect();
         Ok(Box::new(MpiComm {
             runtime: self.runtime.clone(),
             comm,
+            coll,
             rank: new_rank,
             size: ranks.len(),
             label: Arc::from(format!("world[{}]", list.join(","))),
@@ -540,16 +747,29 @@ impl Communicator for MpiComm {
         }
         // MPI has no 16-bit float type: reduce an f32 copy.
         let mut widened = widen(&buf);
-        let (ptr, count) = match &mut widened {
-            Some(wide) => (wide.as_mut_ptr().cast::<u8>(), wide.len()),
-            None => (buf.bytes_mut().as_mut_ptr(), buf.len()),
+        let storage = if widened.is_some() { DType::F32 } else { dtype };
+        let bytes: &mut [u8] = match &mut widened {
+            Some(wide) => bytemuck::cast_slice_mut(wide.as_mut_slice()),
+            None => buf.bytes_mut(),
         };
-        let elems = (ptr, call.count(count)?, datatype(dtype));
-        // SAFETY: the buffer outlives the call (or the wait; on failure the process never calls
-        // MPI again, and a widened copy is leaked rather than freed).
-        let done = call.collective(
+        let elem = storage.size_in_bytes();
+        let elems = (
+            bytes.as_mut_ptr(),
+            call.count(bytes.len() / elem)?,
+            datatype(dtype),
+        );
+        let combine = |dst: &mut [u8], src: &[u8], src_first: bool| {
+            crate::op::combine_bytes(storage, op, dst, src, src_first)
+        };
+        // SAFETY: the buffer outlives the call (on failure the process never calls MPI again,
+        // and a widened copy is leaked rather than freed).
+        let done = call.run(
             |raw| unsafe { raw.allreduce(&self.comm, elems, op) },
-            |raw| unsafe { raw.iallreduce(&self.comm, elems, op, self.size) },
+            |call| {
+                call.point_to_point(|peers, scratch| {
+                    p2p::all_reduce(peers, bytes, elem, scratch, &combine)
+                })
+            },
         );
         if let Err(err) = done {
             std::mem::forget(widened);
@@ -598,21 +818,34 @@ impl Communicator for MpiComm {
         let (mpi_counts, _) = call.counts(counts)?;
         let wide_send = widen_read(&send);
         let mut wide_recv = widen(&recv);
-        let send_ptr = wide_send
-            .as_ref()
-            .map_or(send.bytes().as_ptr(), |w| w.as_ptr().cast::<u8>());
-        let recv_ptr = match &mut wide_recv {
-            Some(w) => w.as_mut_ptr().cast::<u8>(),
-            None => recv.bytes_mut().as_mut_ptr(),
+        let storage = if wide_send.is_some() {
+            DType::F32
+        } else {
+            dtype
         };
+        let send_bytes: &[u8] = wide_send
+            .as_ref()
+            .map_or(send.bytes(), |w| bytemuck::cast_slice(w.as_slice()));
+        let recv_bytes: &mut [u8] = match &mut wide_recv {
+            Some(w) => bytemuck::cast_slice_mut(w.as_mut_slice()),
+            None => recv.bytes_mut(),
+        };
+        let (send_ptr, recv_ptr) = (send_bytes.as_ptr(), recv_bytes.as_mut_ptr());
         let mpi_dtype = datatype(dtype);
-        // SAFETY: buffers and counts outlive the call (or the wait), or are leaked on failure.
-        let done = call.collective(
+        let combine = |dst: &mut [u8], src: &[u8], src_first: bool| {
+            crate::op::combine_bytes(storage, op, dst, src, src_first)
+        };
+        let elem = storage.size_in_bytes();
+        // SAFETY: buffers and counts outlive the call, or are leaked on failure.
+        let done = call.run(
             |raw| unsafe {
                 raw.reduce_scatter(&self.comm, (send_ptr, recv_ptr), &mpi_counts, mpi_dtype, op)
             },
-            |raw| unsafe {
-                raw.ireduce_scatter(&self.comm, send_ptr, recv_ptr, &mpi_counts, mpi_dtype, op)
+            |call| {
+                call.point_to_point(|peers, scratch| {
+                    let buffers = (send_bytes, recv_bytes);
+                    p2p::reduce_scatter(peers, buffers, (counts, elem), scratch, &combine)
+                })
             },
         );
         if let Err(err) = done {
@@ -629,23 +862,15 @@ impl Communicator for MpiComm {
 
     fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
         let mut call = self.enter("all_gather")?;
-        if recv.len() != send.len() * self.size {
-            return Err(call.invalid(format!(
-                "recv has {} bytes but {} ranks × {} bytes sent need {}",
-                recv.len(),
-                self.size,
-                send.len(),
-                send.len() * self.size
-            )));
-        }
+        call.check_gather(send.len(), recv.len(), "bytes")?;
         let count = call.count(send.len())?;
         call.count(recv.len())?;
         let (send_ptr, recv_ptr) = (send.as_ptr(), recv.as_mut_ptr());
-        // SAFETY: buffers outlive the call (or the wait; on failure the process never calls MPI
-        // again).
-        call.collective(
+        let chunks = p2p::balanced_chunks(recv.len(), self.size, 1);
+        // SAFETY: buffers outlive the call (on failure the process never calls MPI again).
+        call.run(
             |raw| unsafe { raw.allgather(&self.comm, send_ptr, count, recv_ptr) },
-            |raw| unsafe { raw.iallgather(&self.comm, send_ptr, count, recv_ptr) },
+            |call| call.point_to_point(|peers, _| p2p::all_gather(peers, send, recv, &chunks)),
         )
     }
 
@@ -672,12 +897,11 @@ impl Communicator for MpiComm {
         let (mpi_counts, displs) = call.counts(counts)?;
         let sent = (send.as_ptr(), mpi_counts[self.rank]);
         let recv_ptr = recv.as_mut_ptr();
-        // SAFETY: buffers and counts outlive the call (or the wait), or are leaked on failure.
-        call.collective(
+        let chunks = p2p::chunks_of(counts, 1);
+        // SAFETY: buffers and counts outlive the call, or are leaked on failure.
+        call.run(
             |raw| unsafe { raw.allgatherv(&self.comm, sent, recv_ptr, &mpi_counts, &displs) },
-            |raw| unsafe {
-                raw.iallgatherv(&self.comm, sent.0, sent.1, recv_ptr, &mpi_counts, &displs)
-            },
+            |call| call.point_to_point(|peers, _| p2p::all_gather(peers, send, recv, &chunks)),
         )
         .inspect_err(|_| {
             std::mem::forget((mpi_counts, displs));
@@ -771,30 +995,7 @@ impl Communicator for MpiComm {
             .probe(&self.comm, src, tag as i32, self.timeout, |w| {
                 members.iter().position(|&m| m == w)
             });
-        let (message, len) = match probed {
-            Ok(found) => found,
-            Err(raw::WaitError::Mpi(code, message)) => {
-                return Err(call.fail(CommError::Mpi {
-                    site: call.site(),
-                    code,
-                    message,
-                }))
-            }
-            Err(raw::WaitError::Timeout) => {
-                return Err(call.fail(CommError::Timeout {
-                    site: call.site(),
-                    timeout: self.timeout,
-                    waiting_for: vec![src],
-                }))
-            }
-            Err(raw::WaitError::PeerPanicked(peer)) => {
-                return Err(call.fail(CommError::PeerFailed {
-                    site: call.site(),
-                    peer,
-                    cause: PeerFailure::Panicked,
-                }))
-            }
-        };
+        let (message, len) = probed.map_err(|err| call.wait_error(err, vec![src]))?;
         let mut data = vec![0u8; len];
         let count = call.count(len)?;
         // SAFETY: `data` outlives the wait, or is leaked on failure.

@@ -41,22 +41,11 @@ pub(super) enum Datatype {
     U8,
 }
 
-impl Datatype {
-    /// Bytes per element.
-    fn size(self) -> usize {
-        match self {
-            Datatype::F64 | Datatype::I64 | Datatype::U64 => 8,
-            Datatype::F32 | Datatype::I32 | Datatype::U32 => 4,
-            Datatype::I16 | Datatype::U16 => 2,
-            Datatype::I8 | Datatype::U8 => 1,
-        }
-    }
-}
-
 /// A communicator handle.
 pub(super) struct Comm(ffi::MPI_Comm);
 
-/// A request handle.
+/// A request handle (transparent, so a slice of them is an array of `MPI_Request`).
+#[repr(transparent)]
 pub(super) struct Request(ffi::MPI_Request);
 
 /// A matched, not yet received message.
@@ -71,6 +60,10 @@ const NOTICE_GRACE: Duration = Duration::from_millis(250);
 /// and the notices seen so far.
 pub(super) struct Raw {
     owns_init: bool,
+    /// MPI accepts calls from any thread, one at a time (`MPI_THREAD_SERIALIZED` or more).
+    pub(super) any_thread: bool,
+    /// The thread that initialised (or looked up) MPI is MPI's main thread.
+    pub(super) main_thread: bool,
     /// `MPI_IN_PLACE`, which is a macro: `(void *) 1` in OpenMPI, `(void *) -1` in MPICH.
     in_place: *mut c_void,
     ctrl: ffi::MPI_Comm,
@@ -78,49 +71,6 @@ pub(super) struct Raw {
     world_size: usize,
     /// World ranks that announced a panic.
     failed: Vec<bool>,
-    /// OpenMPI's libnbc `MPI_Iallreduce` algorithm knob, when we may set it per call.
-    iallreduce_algorithm: Option<Knob>,
-}
-
-/// An integer control variable of the MPI library, written through the MPI tool interface
-/// (`MPI_T_cvar_write`), with the value last written.
-struct Knob {
-    handle: ffi::MPI_T_cvar_handle,
-    value: c_int,
-}
-
-/// libnbc's `MPI_Iallreduce` algorithms (`ompi_info --param coll libnbc --level 5`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-pub(super) enum IallreduceAlgorithm {
-    /// Reduce-scatter then all-gather around a ring: bandwidth-optimal, `2(p−1)` steps.
-    Ring = 1,
-    /// Reduce to rank 0 up a binomial tree, then broadcast down it: `2 log p` steps, each
-    /// moving the whole buffer.
-    Binomial = 2,
-    /// Recursive-halving reduce-scatter then recursive-doubling all-gather (Rabenseifner):
-    /// bandwidth-optimal in `2 log p` steps.
-    Rabenseifner = 3,
-    /// Recursive doubling: `log p` steps, each exchanging the whole buffer.
-    RecursiveDoubling = 4,
-}
-
-/// The libnbc algorithm for an in-place all-reduce of `bytes` over `ranks` ranks.
-///
-/// libnbc's own choice for an in-place call is always `Binomial`, which moves the whole buffer
-/// `2 log p` times: it made the MPI backend 2–3× slower than the blocking `MPI_Allreduce` from
-/// 64 KiB up. This table comes from sweeps of every algorithm against `MPI_Allreduce` (1 KiB to
-/// 64 MiB on 2, 3 and 4 ranks, OpenMPI 4.1.4 over shared memory on the 2-core benchmark
-/// machine; docs/PERFORMANCE.md): the bandwidth-optimal algorithms from 64 KiB (2 ranks)
-/// or 128 KiB (more) up, and below that the latency-optimal one for the rank count.
-pub(super) fn iallreduce_algorithm(bytes: usize, ranks: usize) -> IallreduceAlgorithm {
-    match ranks {
-        0..=2 if bytes < 64 << 10 => IallreduceAlgorithm::RecursiveDoubling,
-        0..=2 => IallreduceAlgorithm::Ring,
-        _ if bytes < 128 << 10 => IallreduceAlgorithm::Binomial,
-        _ if ranks.is_power_of_two() => IallreduceAlgorithm::Rabenseifner,
-        _ => IallreduceAlgorithm::Ring,
-    }
 }
 
 // SAFETY: the handles are plain identifiers; the runtime lock serialises every use of them
@@ -202,8 +152,9 @@ fn start(f: impl FnOnce(*mut ffi::MPI_Request) -> c_int) -> Result<Request, MpiE
 }
 
 impl Raw {
-    /// Initialises MPI (`MPI_THREAD_SERIALIZED`) unless the application already did.
-    pub(super) fn init() -> Result<Raw, String> {
+    /// Initialises MPI unless the application already did, asking for
+    /// `MPI_THREAD_SERIALIZED` or (`serialized == false`) `MPI_THREAD_SINGLE`.
+    pub(super) fn init(serialized: bool) -> Result<Raw, String> {
         let mut flag: c_int = 0;
         // SAFETY: plain MPI queries and initialisation, before any other MPI use.
         unsafe {
@@ -215,14 +166,24 @@ impl Raw {
             let owns_init = flag == 0;
             if owns_init {
                 let mut provided: c_int = 0;
+                let requested = if serialized {
+                    ffi::RSMPI_THREAD_SERIALIZED
+                } else {
+                    ffi::RSMPI_THREAD_SINGLE
+                };
                 let rc = ffi::MPI_Init_thread(
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),
-                    ffi::RSMPI_THREAD_SERIALIZED,
+                    requested,
                     &mut provided,
                 );
                 check(rc).map_err(|(c, m)| format!("MPI_Init_thread failed with {c}: {m}"))?;
             }
+            let mut provided: c_int = 0;
+            ffi::MPI_Query_thread(&mut provided);
+            let any_thread = provided >= ffi::RSMPI_THREAD_SERIALIZED;
+            ffi::MPI_Is_thread_main(&mut flag);
+            let main_thread = flag != 0;
             let mut version = vec![0u8; ffi::RSMPI_MAX_LIBRARY_VERSION_STRING as usize + 1];
             let mut len: c_int = 0;
             ffi::MPI_Get_library_version(version.as_mut_ptr().cast(), &mut len);
@@ -238,25 +199,19 @@ impl Raw {
             let world_size = usize::try_from(size).unwrap_or(0);
             Ok(Raw {
                 owns_init,
+                any_thread,
+                main_thread,
                 in_place,
                 ctrl,
                 world_rank: usize::try_from(rank).unwrap_or(0),
                 world_size,
                 failed: vec![false; world_size],
-                iallreduce_algorithm: Knob::open(c"coll_libnbc_iallreduce_algorithm"),
             })
         }
     }
 
     /// Frees the control communicator and finalises MPI if this crate initialised it.
     pub(super) fn finalize(&mut self) {
-        if let Some(mut knob) = self.iallreduce_algorithm.take() {
-            // SAFETY: a handle from `MPI_T_cvar_handle_alloc`, freed once.
-            unsafe {
-                ffi::MPI_T_cvar_handle_free(&mut knob.handle);
-                ffi::MPI_T_finalize();
-            }
-        }
         // SAFETY: no request is pending (the caller checked the process is not poisoned).
         unsafe {
             ffi::MPI_Comm_free(&mut self.ctrl);
@@ -287,6 +242,16 @@ impl Raw {
             usize::try_from(rank).unwrap_or(0),
             usize::try_from(size).unwrap_or(0),
         )
+    }
+
+    /// A duplicate of `comm` with `MPI_ERRORS_RETURN` (collective over its members).
+    pub(super) fn dup(&self, comm: &Comm) -> Result<Comm, MpiError> {
+        // SAFETY: plain MPI calls on valid handles.
+        unsafe {
+            let mut dup = ffi::RSMPI_COMM_WORLD;
+            check(ffi::MPI_Comm_dup(comm.0, &mut dup))?;
+            Ok(self.adopt(dup).0)
+        }
     }
 
     /// Frees a communicator.
@@ -387,18 +352,22 @@ impl Raw {
             .find_map(member))
     }
 
-    /// Polls until `check_done` reports completion, a member announces a panic, or the
-    /// deadline. Spins on MPI (which is how MPI itself waits) and yields the core when the
-    /// wait is long, so oversubscribed runs make progress.
+    /// Polls until `check_done` reports completion, a member announces a panic, or
+    /// `timeout` after `started`. Spins on MPI (which is how MPI itself waits) and yields the
+    /// core when the wait is long, so oversubscribed runs make progress.
+    ///
+    /// The clock is read only every 64 polls (microseconds): a wait that ends sooner costs no
+    /// clock read. `started` is set at the first read if still unset, so several waits of one
+    /// call can share one deadline.
     fn poll_until<T>(
         &mut self,
         timeout: Duration,
+        started: &mut Option<Instant>,
         member: &dyn Fn(usize) -> Option<usize>,
         mut check_done: impl FnMut(&Raw) -> Result<Option<T>, MpiError>,
     ) -> Result<T, WaitError> {
         let spin_for = Duration::from_micros(200);
-        // The clock starts at the first check, 64 polls (microseconds) in.
-        let mut started: Option<Instant> = None;
+        let mut spinning_since: Option<Instant> = None;
         let mut iteration = 0u64;
         loop {
             if let Some(done) = check_done(self)? {
@@ -412,15 +381,35 @@ impl Raw {
                     return Err(WaitError::PeerPanicked(peer));
                 }
                 let now = Instant::now();
-                let waited = now - *started.get_or_insert(now);
-                if waited >= timeout {
+                if now - *started.get_or_insert(now) >= timeout {
                     return Err(WaitError::Timeout);
                 }
-                if waited > spin_for {
+                if now - *spinning_since.get_or_insert(now) > spin_for {
                     std::thread::yield_now();
                 }
             }
         }
+    }
+
+    /// Polls every request in `requests` to completion (`MPI_Testall`); see
+    /// [`Raw::poll_until`].
+    pub(super) fn poll_all(
+        &mut self,
+        requests: &mut [Request],
+        (timeout, started): (Duration, &mut Option<Instant>),
+        member: &dyn Fn(usize) -> Option<usize>,
+    ) -> Result<(), WaitError> {
+        let count = requests.len() as c_int;
+        let array = requests.as_mut_ptr().cast::<ffi::MPI_Request>();
+        self.poll_until(timeout, started, member, |_| {
+            let mut flag: c_int = 0;
+            // SAFETY: `array` holds `count` valid (or null) request handles; `Request` is
+            // transparent over `MPI_Request`.
+            check(unsafe {
+                ffi::MPI_Testall(count, array, &mut flag, ffi::RSMPI_STATUSES_IGNORE)
+            })?;
+            Ok((flag != 0).then_some(()))
+        })
     }
 
     /// Polls `request` to completion; see [`Raw::poll_until`].
@@ -430,7 +419,7 @@ impl Raw {
         timeout: Duration,
         member: impl Fn(usize) -> Option<usize>,
     ) -> Result<(), WaitError> {
-        self.poll_until(timeout, &member, |raw| {
+        self.poll_until(timeout, &mut None, &member, |raw| {
             Ok(raw.test(&mut request)?.then_some(()))
         })
     }
@@ -445,7 +434,7 @@ impl Raw {
         member: impl Fn(usize) -> Option<usize>,
     ) -> Result<(Message, usize), WaitError> {
         let comm = comm.0;
-        self.poll_until(timeout, &member, |_| {
+        self.poll_until(timeout, &mut None, &member, |_| {
             let mut flag: c_int = 0;
             // SAFETY: valid handles; `status` and `message` are written before being read.
             unsafe {
@@ -521,108 +510,6 @@ impl Raw {
         start(|req| ffi::MPI_Ibcast(addr(buf), count, byte(), root as c_int, comm.0, req))
     }
 
-    /// In-place all-reduce over `ranks` ranks, with the libnbc algorithm
-    /// [`iallreduce_algorithm`] picks (on OpenMPI, unless the user chose one).
-    ///
-    /// # Safety
-    /// `buf` holds `count` elements of `dtype`, valid until the request completes.
-    pub(super) unsafe fn iallreduce(
-        &mut self,
-        comm: &Comm,
-        (buf, count, dtype): (*mut u8, i32, Datatype),
-        op: ReduceOp,
-        ranks: usize,
-    ) -> Result<Request, MpiError> {
-        if let Some(knob) = &mut self.iallreduce_algorithm {
-            let bytes = usize::try_from(count).unwrap_or(0) * dtype.size();
-            knob.set(iallreduce_algorithm(bytes, ranks) as c_int);
-        }
-        start(|req| {
-            ffi::MPI_Iallreduce(
-                self.in_place,
-                addr(buf),
-                count,
-                mpi_type(dtype),
-                mpi_op(op),
-                comm.0,
-                req,
-            )
-        })
-    }
-
-    /// # Safety
-    /// Buffers and counts are valid until the request completes.
-    pub(super) unsafe fn ireduce_scatter(
-        &self,
-        comm: &Comm,
-        send: *const u8,
-        recv: *mut u8,
-        counts: &[i32],
-        dtype: Datatype,
-        op: ReduceOp,
-    ) -> Result<Request, MpiError> {
-        start(|req| {
-            ffi::MPI_Ireduce_scatter(
-                addr(send),
-                addr(recv),
-                counts.as_ptr(),
-                mpi_type(dtype),
-                mpi_op(op),
-                comm.0,
-                req,
-            )
-        })
-    }
-
-    /// # Safety
-    /// `send` holds `count` bytes and `recv` `count × size` bytes until the request completes.
-    pub(super) unsafe fn iallgather(
-        &self,
-        comm: &Comm,
-        send: *const u8,
-        count: i32,
-        recv: *mut u8,
-    ) -> Result<Request, MpiError> {
-        start(|req| {
-            ffi::MPI_Iallgather(
-                addr(send),
-                count,
-                byte(),
-                addr(recv),
-                count,
-                byte(),
-                comm.0,
-                req,
-            )
-        })
-    }
-
-    /// # Safety
-    /// Buffers and counts are valid until the request completes.
-    pub(super) unsafe fn iallgatherv(
-        &self,
-        comm: &Comm,
-        send: *const u8,
-        send_count: i32,
-        recv: *mut u8,
-        counts: &[i32],
-        displs: &[i32],
-    ) -> Result<Request, MpiError> {
-        start(|req| {
-            ffi::MPI_Iallgatherv(
-                addr(send),
-                send_count,
-                byte(),
-                addr(recv),
-                counts.as_ptr(),
-                displs.as_ptr(),
-                byte(),
-                comm.0,
-                req,
-            )
-        })
-    }
-
     /// # Safety
     /// Buffers, counts and displacements are valid until the request completes.
     pub(super) unsafe fn ialltoallv(
@@ -658,6 +545,19 @@ impl Raw {
         tag: i32,
     ) -> Result<Request, MpiError> {
         start(|req| ffi::MPI_Isend(addr(buf), count, byte(), dst as c_int, tag, comm.0, req))
+    }
+
+    /// # Safety
+    /// `buf` is writable for `count` bytes until the request completes.
+    pub(super) unsafe fn irecv(
+        &self,
+        comm: &Comm,
+        buf: *mut u8,
+        count: i32,
+        src: usize,
+        tag: i32,
+    ) -> Result<Request, MpiError> {
+        start(|req| ffi::MPI_Irecv(addr(buf), count, byte(), src as c_int, tag, comm.0, req))
     }
 
     /// # Safety
@@ -720,7 +620,7 @@ impl Raw {
     }
 
     /// # Safety
-    /// As [`Raw::ireduce_scatter`].
+    /// `send` holds the sum of `counts` elements of `dtype`, `recv` this rank's count.
     pub(super) unsafe fn reduce_scatter(
         &self,
         comm: &Comm,
@@ -740,7 +640,7 @@ impl Raw {
     }
 
     /// # Safety
-    /// As [`Raw::iallgather`].
+    /// `send` holds `count` bytes and `recv` `count × size` bytes.
     pub(super) unsafe fn allgather(
         &self,
         comm: &Comm,
@@ -760,7 +660,7 @@ impl Raw {
     }
 
     /// # Safety
-    /// As [`Raw::iallgatherv`].
+    /// `send` holds `send_count` bytes; `recv` holds the counts at their displacements.
     pub(super) unsafe fn allgatherv(
         &self,
         comm: &Comm,
@@ -820,61 +720,4 @@ pub(super) fn abort_job(code: i32) -> ! {
 
 fn byte_type() -> ffi::MPI_Datatype {
     byte()
-}
-
-impl Knob {
-    /// The integer control variable `name`, if the library has it (OpenMPI's libnbc does;
-    /// MPICH does not) and the user left it at its default 0: a value set with `--mca`, an
-    /// `OMPI_MCA_…` variable or a parameter file is the user's choice, never overridden.
-    fn open(name: &std::ffi::CStr) -> Option<Knob> {
-        // SAFETY: MPI is initialised; every out-parameter is written before it is read, and
-        // the handle is bound to no object (`NULL`), as the variable is global.
-        unsafe {
-            let mut provided: c_int = 0;
-            check(ffi::MPI_T_init_thread(
-                ffi::RSMPI_THREAD_SERIALIZED,
-                &mut provided,
-            ))
-            .ok()?;
-            let opened = (|| {
-                let mut index: c_int = 0;
-                check(ffi::MPI_T_cvar_get_index(name.as_ptr(), &mut index)).ok()?;
-                let mut handle = std::mem::zeroed::<ffi::MPI_T_cvar_handle>();
-                let mut count: c_int = 0;
-                check(ffi::MPI_T_cvar_handle_alloc(
-                    index,
-                    std::ptr::null_mut(),
-                    &mut handle,
-                    &mut count,
-                ))
-                .ok()?;
-                let mut value: c_int = -1;
-                let read = check(ffi::MPI_T_cvar_read(
-                    handle,
-                    (&mut value as *mut c_int).cast(),
-                ));
-                if count != 1 || read.is_err() || value != 0 {
-                    ffi::MPI_T_cvar_handle_free(&mut handle);
-                    return None;
-                }
-                Some(Knob { handle, value })
-            })();
-            if opened.is_none() {
-                ffi::MPI_T_finalize();
-            }
-            opened
-        }
-    }
-
-    /// Sets the variable (a no-op when it already has `value`). A failed write leaves the
-    /// library's own choice in place, which is slower but correct.
-    fn set(&mut self, value: c_int) {
-        if self.value != value {
-            // SAFETY: a live handle to a single integer.
-            let rc = unsafe { ffi::MPI_T_cvar_write(self.handle, (&value as *const c_int).cast()) };
-            if check(rc).is_ok() {
-                self.value = value;
-            }
-        }
-    }
 }
