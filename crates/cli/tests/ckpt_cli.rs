@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::util::{s, tessera, Scratch};
+use crate::util::{assert_ok, s, tessera, Scratch};
 
 fn case(name: &str) -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -23,7 +23,7 @@ fn strategy_show_json_is_build_searched_strategy() {
         return;
     };
     let out = tessera(&["strategy", "show", "--json", s(&c.join("strategy/A.ckpt"))]);
-    assert!(out.status.success());
+    assert_ok(&out);
     let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let theirs: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(c.join("expected/build_searched_strategy_A.json")).unwrap(),
@@ -43,7 +43,7 @@ fn restore_ranks() {
         "--json",
         s(&c.join("group_info.pb")),
     ]);
-    assert!(out.status.success());
+    assert_ok(&out);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[0,1,2,3]");
     let out = tessera(&[
         "strategy",
@@ -70,7 +70,7 @@ fn ranks_json() {
         "--rank",
         "1",
     ]);
-    assert!(out.status.success());
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["source_ranks"], serde_json::json!([0, 1, 4, 5, 6, 7]));
     assert_eq!(v["minimal"], "exact");
@@ -107,18 +107,14 @@ fn convert_verify_and_refuse_overwrite() {
         tessera(&args)
     };
     let out = convert(&[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ranks"].as_array().unwrap().len(), 4);
     // A second run refuses to overwrite, and says so.
     let out = convert(&[]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
-    assert!(convert(&["--force"]).status.success());
+    assert_ok(&convert(&["--force"]));
     let verify = |strategy: &str| {
         tessera(&[
             "ckpt",
@@ -131,11 +127,7 @@ fn convert_verify_and_refuse_overwrite() {
         ])
     };
     let out = verify("B.ckpt");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    assert_ok(&out);
     // Against the wrong strategy, the shapes do not fit: faults and a non-zero exit.
     let out = verify("A.ckpt");
     assert!(!out.status.success());
@@ -153,11 +145,11 @@ fn inspect_checkpoint_and_strategy() {
         "--json",
         s(&c.join("src_ckpt/rank_5/checkpoint_5.ckpt")),
     ]);
-    assert!(out.status.success());
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["tensors"].as_array().unwrap().len(), 7);
     assert_eq!(v["tensors"][5]["dtype"], "BFloat16");
     let out = tessera(&["ckpt", "inspect", s(&c.join("strategy/A.ckpt"))]);
-    assert!(out.status.success());
+    assert_ok(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("net.w1"));
 }

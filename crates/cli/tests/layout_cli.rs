@@ -1,6 +1,6 @@
 //! `tessera layout` and `tessera reshard`.
 
-use crate::util::tessera;
+use crate::util::{assert_ok, tessera};
 
 #[test]
 fn layout_prints_slices_groups_and_the_block_grid() {
@@ -13,7 +13,7 @@ fn layout_prints_slices_groups_and_the_block_grid() {
         "--shape",
         "8,16",
     ]);
-    assert!(out.status.success());
+    assert_ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("MindSpore tensor_map [[2,1],0]"), "{text}");
     assert!(
@@ -35,7 +35,7 @@ fn layout_json_has_the_documented_fields() {
         "8,16",
         "--json",
     ]);
-    assert!(out.status.success());
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for key in [
         "device_matrix",
@@ -106,11 +106,7 @@ fn reshard_runs_and_checks_its_plan() {
         "--run",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["bytes_total"], v["bytes_lower_bound"]);
     assert_eq!(v["bytes_per_rank"].as_array().unwrap().len(), 4);
@@ -130,7 +126,7 @@ fn reshard_runs_and_checks_its_plan() {
         "--run",
         "--json",
     ]);
-    assert!(out.status.success());
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["steps"][0]["kind"], "reduce-scatter");
 }

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use crate::util::{repo_root, s, step_losses, Scratch};
+use crate::util::{assert_ok, repo_root, s, step_losses, Scratch};
 
 fn run(args: &[&str], mpi: bool) {
     let exe = env!("CARGO_BIN_EXE_tessera");
@@ -20,12 +20,7 @@ fn run(args: &[&str], mpi: bool) {
         .current_dir(repo_root())
         .output()
         .expect("running tessera");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `tessera train`: the main job end to end, its outputs, and its errors before training.
 
-use crate::util::{s, step_losses, tessera, Scratch};
+use crate::util::{assert_ok, s, step_losses, tessera, Scratch};
 
 #[test]
 fn the_seed_run_trains_logs_and_saves() {
@@ -17,11 +17,7 @@ fn the_seed_run_trains_logs_and_saves() {
         "--log-json",
         s(&log),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.contains("epoch: 1 step: 6, loss is "), "{stdout}");
     let losses = step_losses(&log);
@@ -49,17 +45,13 @@ fn the_seed_run_trains_logs_and_saves() {
         s(&out_dir.join("strategy.ckpt")),
         "--replicas",
     ]);
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
-    );
+    assert_ok(&verify);
 }
 
 #[test]
 fn explain_prints_strategies_and_communication() {
     let out = tessera(&["train", "examples/seed_semi_auto.toml", "--explain"]);
-    assert!(out.status.success());
+    assert_ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains("matmul1 (MatMul) strategy ((2, 4), (4, 1)) [user]"),
@@ -123,11 +115,7 @@ fn a_saved_strategy_file_drives_the_next_run() {
         "--set",
         &format!("output.dir=\"{}\"", s(&first)),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     // Both strategy files record every forward op's strategy.
     let show = tessera(&[
         "strategy",
@@ -135,7 +123,7 @@ fn a_saved_strategy_file_drives_the_next_run() {
         "--json",
         s(&first.join("strategy.ckpt")),
     ]);
-    assert!(show.status.success());
+    assert_ok(&show);
     let show = tessera(&["strategy", "show", s(&first.join("strategy.json"))]);
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(
@@ -156,11 +144,7 @@ fn a_saved_strategy_file_drives_the_next_run() {
             "--set",
             &format!("parallel.strategy_file=\"{}\"", s(&first.join(file))),
         ]);
-        assert!(
-            explain.status.success(),
-            "{file}: {}",
-            String::from_utf8_lossy(&explain.stderr)
-        );
+        assert_ok(&explain);
         String::from_utf8(explain.stdout).unwrap()
     };
     for file in ["strategy.ckpt", "strategy.json"] {

@@ -12,6 +12,18 @@ pub fn tessera(args: &[&str]) -> Output {
         .expect("running tessera")
 }
 
+/// Asserts that a command exited successfully; on failure the message shows what it printed.
+#[track_caller]
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "the command failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The repository root (the examples and the bundled data are relative to it).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
