@@ -2,9 +2,10 @@
 //!
 //! `cargo test -p tessera-comm --features mpi --test mpi_conformance` starts this binary as a
 //! plain process; it then runs itself under `mpirun --allow-run-as-root --oversubscribe -np 4`
-//! six times — for each of the two [`OnTimeout`] modes: the conformance suite, a rank that
-//! panics, a rank that never joins — checks each outcome, prints one `mpi: N passed, M failed`
-//! line and exits non-zero on any failure.
+//! eight times — for each of the two [`OnTimeout`] modes: the conformance suite, a rank that
+//! panics, a rank that never joins; and, polled, ranks that all-reduce different lengths (small
+//! and large) — checks each outcome, prints one `mpi: N passed, M failed` line and exits
+//! non-zero on any failure.
 //!
 //! With [`OnTimeout::ReturnError`] the failures must come back as errors on the three healthy
 //! ranks. With [`OnTimeout::AbortJob`] they cannot (the collectives are blocking MPI calls): the
@@ -39,6 +40,8 @@ fn main() -> ExitCode {
         (false, _) => launch(),
         (true, Some("panic")) => scenario_panic(on_timeout),
         (true, Some("late")) => scenario_late(on_timeout),
+        (true, Some("mismatch-small")) => scenario_mismatch(1_000),
+        (true, Some("mismatch-large")) => scenario_mismatch(200_000),
         (true, _) => suite(on_timeout),
     }
 }
@@ -170,28 +173,41 @@ fn launch() -> ExitCode {
         }
     }
     // ReturnError: every healthy rank reports the expected error.
-    for (arg, expected, what) in [
+    for (arg, expected, reporters, what) in [
         (
             "--scenario=panic",
             "expected PeerFailed",
+            RANKS - 1,
             "a panicking rank",
         ),
         (
             "--scenario=late",
             "expected Timeout",
+            RANKS - 1,
             "a rank that never joins",
+        ),
+        (
+            "--scenario=mismatch-small",
+            "refused as expected",
+            RANKS,
+            "ranks all-reducing different lengths (recursive doubling)",
+        ),
+        (
+            "--scenario=mismatch-large",
+            "refused as expected",
+            RANKS,
+            "ranks all-reducing different lengths (ring)",
         ),
     ] {
         let (finished, _, output) = mpirun(&[arg]);
         let seen = output.matches(expected).count();
-        if finished && seen == RANKS - 1 {
+        // Where ranks disagree, at least one of them must say so.
+        let named = !arg.contains("mismatch") || output.contains("Mismatch with peer");
+        if finished && seen == reporters && named {
             passed += 1;
         } else {
             failed += 1;
-            println!(
-                "FAILED: {what}: {seen} of {} peers reported it\n{output}",
-                RANKS - 1
-            );
+            println!("FAILED: {what}: {seen} of {reporters} ranks reported it\n{output}");
         }
     }
     // AbortJob: the job ends, promptly (long before the panicking scenario's 300 s timeout, and
@@ -341,6 +357,36 @@ fn scenario_panic(on_timeout: OnTimeout) -> ExitCode {
         }) => say(format!("rank {}: expected PeerFailed", world.rank())),
         other => say(format!("rank {}: unexpected {other:?}", world.rank())),
     }
+    ExitCode::SUCCESS
+}
+
+/// Every rank all-reduces `len + rank` elements. No rank may finish (with a wrong result) or
+/// hang: a rank whose messages disagree with the schedule gets a Mismatch naming the peer; a
+/// rank whose own messages happen to fit waits for a peer that gave up, and times out. Every
+/// rank stays up until the others have timed out, so that all of them report.
+fn scenario_mismatch(len: usize) -> ExitCode {
+    let timeout = Duration::from_secs(3);
+    let world = MpiComm::world(timeout).expect("MPI starts");
+    let mut x = vec![1f32; len + world.rank()];
+    let start = Instant::now();
+    let outcome = world.all_reduce_in_place(&mut x, ReduceOp::Sum);
+    let within = start.elapsed() < 2 * timeout;
+    match outcome {
+        Err(CommError::Mismatch { peer, .. }) if within => say(format!(
+            "rank {}: refused as expected: Mismatch with peer {peer}",
+            world.rank()
+        )),
+        Err(CommError::Timeout { .. }) if within => say(format!(
+            "rank {}: refused as expected: Timeout",
+            world.rank()
+        )),
+        other => say(format!(
+            "rank {}: unexpected {other:?} after {:?}",
+            world.rank(),
+            start.elapsed()
+        )),
+    }
+    std::thread::sleep(2 * timeout);
     ExitCode::SUCCESS
 }
 

@@ -34,6 +34,11 @@
 //!   world rank on a private control communicator; waiting peers poll for notices and return
 //!   [`CommError::PeerFailed`] at once. The panicking process then exits and `mpirun`
 //!   terminates the job, as OpenMPI does for any rank that exits abnormally.
+//! - Ranks that call all-reduce, reduce-scatter or all-gather with **different lengths**
+//!   (polled mode): a rank whose messages do not have the lengths its schedule expects gets
+//!   [`CommError::Mismatch`] naming the peer; a rank whose own messages happen to fit then
+//!   waits for a peer that gave up and gets [`CommError::Timeout`]. None completes with a
+//!   wrong result.
 //! - A peer **killed** by a signal cannot send a notice: `mpirun` (OpenMPI's default) tears the
 //!   job down. Nothing hangs, but the surviving ranks see no error either.
 //! - MPI cannot cancel a started collective. After any error the process's MPI state is
@@ -216,8 +221,8 @@ struct EndpointState {
     groups_made: std::collections::HashMap<Vec<usize>, u64>,
     /// The point-to-point collectives' receive buffers, kept across calls (8-byte aligned).
     scratch: Vec<u64>,
-    /// The point-to-point collectives' requests of one step, kept across calls.
-    requests: Vec<Request>,
+    /// The point-to-point collectives' step bookkeeping, kept across calls.
+    step: p2p::Step,
 }
 
 // SAFETY: the MPI handles inside are used only under the runtime lock (MPI_THREAD_SERIALIZED),
@@ -520,6 +525,16 @@ impl Call<'_> {
                 peer,
                 cause: PeerFailure::Panicked,
             },
+            raw::WaitError::Mismatch { peer, reason } => CommError::Mismatch {
+                site: self.site(),
+                peer,
+                reason,
+            },
+            raw::WaitError::Truncated(index) => CommError::Mpi {
+                site: self.site(),
+                code: 0,
+                message: format!("request {index} received a message longer than its buffer"),
+            },
         })
     }
 
@@ -588,7 +603,7 @@ impl Call<'_> {
             size: comm.size,
             timeout: comm.timeout,
             started: None,
-            requests: &mut state.requests,
+            step: &mut state.step,
             member: &member,
         };
         let done = collective(&mut peers, &mut state.scratch);

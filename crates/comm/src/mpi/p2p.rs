@@ -55,6 +55,17 @@ pub(super) fn all_reduce_algorithm(bytes: usize, ranks: usize) -> AllReduceAlgor
     }
 }
 
+/// The messages of one step of a schedule: the started requests, and for each receive the
+/// peer and the length the schedule expects. Kept across calls, so steps do not allocate.
+#[derive(Default)]
+pub(super) struct Step {
+    requests: Vec<Request>,
+    /// `(request index, peer, bytes expected)` of every receive.
+    receives: Vec<(usize, usize, usize)>,
+    /// Bytes each request received, once the step completed.
+    received: Vec<usize>,
+}
+
 /// One direction of a message, with the buffer it reads or fills.
 #[derive(Clone, Copy)]
 enum Transfer {
@@ -77,8 +88,8 @@ pub(super) struct Peers<'a> {
     /// When the call's first wait began to take long (set by the first wait that reads the
     /// clock; calls that finish quickly never read it).
     pub started: Option<Instant>,
-    /// The requests of the current step (kept, so that steps do not allocate).
-    pub requests: &'a mut Vec<Request>,
+    /// The current step's requests and what they expect (kept, so steps do not allocate).
+    pub step: &'a mut Step,
     /// Maps a world rank to its rank in `comm`, for failure notices.
     pub member: &'a dyn Fn(usize) -> Option<usize>,
 }
@@ -105,28 +116,61 @@ impl Peers<'_> {
                         .isend(self.comm, buf.add(range.start), count, peer, tag)
                 }
                 Transfer::Recv(buf) => {
+                    let index = self.step.requests.len();
+                    self.step.receives.push((index, peer, range.len()));
                     self.raw
                         .irecv(self.comm, buf.add(range.start), count, peer, tag)
                 }
             }?;
-            self.requests.push(request);
+            self.step.requests.push(request);
         }
         Ok(())
     }
 
-    /// Polls `requests` to completion within the call's budget.
-    fn wait(&mut self, requests: &mut [Request]) -> Result<(), WaitError> {
-        self.raw
-            .poll_all(requests, (self.timeout, &mut self.started), self.member)
-    }
-
-    /// Polls the step's requests ([`Peers::requests`]) to completion and clears them.
+    /// Polls the step's requests to completion within the call's budget, checks that every
+    /// receive got the length the schedule expects (ranks that called the collective with
+    /// different lengths disagree here, and every one of them learns it), and clears the step.
     fn wait_step(&mut self) -> Result<(), WaitError> {
-        let mut requests = std::mem::take(self.requests);
-        let done = self.wait(&mut requests);
-        requests.clear();
-        *self.requests = requests;
-        done
+        let step = &mut *self.step;
+        let budget = (self.timeout, &mut self.started);
+        let polled = self
+            .raw
+            .poll_all(&mut step.requests, &mut step.received, budget, self.member);
+        let disagreement = |&(index, peer, expected): &(usize, usize, usize)| {
+            let got = step.received.get(index).copied().unwrap_or(0);
+            (got != expected).then(|| WaitError::Mismatch {
+                peer,
+                reason: format!(
+                    "it sent {got} bytes where this rank expected {expected}: the ranks called \
+                     the collective with different lengths"
+                ),
+            })
+        };
+        let outcome = match polled {
+            Ok(()) => match step.receives.iter().find_map(disagreement) {
+                Some(mismatch) => Err(mismatch),
+                None => Ok(()),
+            },
+            Err(WaitError::Truncated(index)) => {
+                let (_, peer, expected) = step
+                    .receives
+                    .iter()
+                    .copied()
+                    .find(|&(i, _, _)| i == index)
+                    .unwrap_or((index, 0, 0));
+                Err(WaitError::Mismatch {
+                    peer,
+                    reason: format!(
+                        "it sent more than the {expected} bytes this rank expected: the ranks \
+                         called the collective with different lengths"
+                    ),
+                })
+            }
+            Err(err) => Err(err),
+        };
+        step.requests.clear();
+        step.receives.clear();
+        outcome
     }
 
     /// Sends `send` to `to` and receives `recv` from `from` at the same time; runs `meanwhile`

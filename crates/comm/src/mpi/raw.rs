@@ -18,6 +18,14 @@ pub(super) enum WaitError {
     Timeout,
     /// A member (group rank) announced a panic.
     PeerPanicked(usize),
+    /// Request `index` of a [`Raw::poll_all`] received a message longer than its buffer.
+    Truncated(usize),
+    /// A member (group rank) disagrees with this one about the call: it sent a message of
+    /// another length than the schedule expects.
+    Mismatch {
+        peer: usize,
+        reason: String,
+    },
 }
 
 impl From<MpiError> for WaitError {
@@ -71,6 +79,8 @@ pub(super) struct Raw {
     world_size: usize,
     /// World ranks that announced a panic.
     failed: Vec<bool>,
+    /// [`Raw::poll_all`]'s statuses, kept across calls.
+    statuses: Vec<ffi::MPI_Status>,
 }
 
 // SAFETY: the handles are plain identifiers; the runtime lock serialises every use of them
@@ -206,6 +216,7 @@ impl Raw {
                 world_rank: usize::try_from(rank).unwrap_or(0),
                 world_size,
                 failed: vec![false; world_size],
+                statuses: Vec::new(),
             })
         }
     }
@@ -391,25 +402,50 @@ impl Raw {
         }
     }
 
-    /// Polls every request in `requests` to completion (`MPI_Testall`); see
-    /// [`Raw::poll_until`].
+    /// Polls every request in `requests` to completion (`MPI_Testall`; see
+    /// [`Raw::poll_until`]), then writes into `received[i]` the bytes request `i` received
+    /// (meaningful for receives only). A receive whose message was longer than its buffer
+    /// ends the wait with [`WaitError::Truncated`].
     pub(super) fn poll_all(
         &mut self,
         requests: &mut [Request],
+        received: &mut Vec<usize>,
         (timeout, started): (Duration, &mut Option<Instant>),
         member: &dyn Fn(usize) -> Option<usize>,
     ) -> Result<(), WaitError> {
         let count = requests.len() as c_int;
         let array = requests.as_mut_ptr().cast::<ffi::MPI_Request>();
-        self.poll_until(timeout, started, member, |_| {
+        let mut statuses = std::mem::take(&mut self.statuses);
+        // SAFETY: `MPI_Status` is a plain C struct; zeroes are a valid value to overwrite.
+        statuses.resize(requests.len(), unsafe { std::mem::zeroed() });
+        let status_array = statuses.as_mut_ptr();
+        let done = self.poll_until(timeout, started, member, |_| {
             let mut flag: c_int = 0;
-            // SAFETY: `array` holds `count` valid (or null) request handles; `Request` is
-            // transparent over `MPI_Request`.
-            check(unsafe {
-                ffi::MPI_Testall(count, array, &mut flag, ffi::RSMPI_STATUSES_IGNORE)
-            })?;
-            Ok((flag != 0).then_some(()))
-        })
+            // SAFETY: `array` holds `count` valid (or null) request handles (`Request` is
+            // transparent over `MPI_Request`) and `status_array` room for `count` statuses.
+            let rc = unsafe { ffi::MPI_Testall(count, array, &mut flag, status_array) };
+            if rc != 0 {
+                // SAFETY: on an error MPI filled in every status's error field.
+                let statuses = unsafe { std::slice::from_raw_parts(status_array, count as usize) };
+                if let Some(i) = statuses.iter().position(|st| is_truncation(st.MPI_ERROR)) {
+                    return Ok(Some(Err(i)));
+                }
+                check(rc)?;
+            }
+            Ok((flag != 0).then_some(Ok(())))
+        });
+        received.clear();
+        received.extend(statuses.iter().map(|st| {
+            let mut bytes: c_int = 0;
+            // SAFETY: a status MPI wrote when its request completed.
+            unsafe { ffi::MPI_Get_count(st, byte_type(), &mut bytes) };
+            usize::try_from(bytes).unwrap_or(0)
+        }));
+        self.statuses = statuses;
+        match done? {
+            Ok(()) => Ok(()),
+            Err(i) => Err(WaitError::Truncated(i)),
+        }
     }
 
     /// Polls `request` to completion; see [`Raw::poll_until`].
@@ -716,6 +752,14 @@ pub(super) fn abort_job(code: i32) -> ! {
     // SAFETY: `MPI_Abort` on the world communicator; it does not return on success.
     unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
     std::process::abort()
+}
+
+/// Whether `code` is of MPI's error class "message truncated".
+fn is_truncation(code: c_int) -> bool {
+    let mut class: c_int = 0;
+    // SAFETY: a query on an error code.
+    unsafe { ffi::MPI_Error_class(code, &mut class) };
+    code != 0 && class == ffi::MPI_ERR_TRUNCATE as c_int
 }
 
 fn byte_type() -> ffi::MPI_Datatype {
