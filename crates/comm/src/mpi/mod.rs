@@ -604,6 +604,7 @@ impl Call<'_> {
             timeout: comm.timeout,
             started: None,
             step: &mut state.step,
+            piece: p2p::MAX_MESSAGE,
             member: &member,
         };
         let done = collective(&mut peers, &mut state.scratch);

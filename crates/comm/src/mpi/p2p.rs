@@ -23,7 +23,14 @@ use std::time::{Duration, Instant};
 use super::raw::{Comm, Raw, Request, WaitError};
 
 /// The longest single message: MPI counts are `int`s, so longer transfers go in pieces.
-const MAX_MESSAGE: usize = 1 << 30;
+pub(super) const MAX_MESSAGE: usize = 1 << 30;
+/// Buffers up to this size travel in [`EAGER_PIECE`]s: OpenMPI's shared-memory transport
+/// sends messages below 4 KiB eagerly and larger ones by rendezvous (a round trip more), so
+/// two 2 KiB messages beat one of 4 KiB (measured on 2 ranks: 4 KiB all-reduce 1.6 vs 1.35
+/// GB/s; 1 KiB pieces were slower again, and at 16 KiB one message wins).
+const SMALL_BUFFER: usize = 8 << 10;
+/// See [`SMALL_BUFFER`].
+const EAGER_PIECE: usize = 2 << 10;
 
 const TAG_FOLD: i32 = 1;
 const TAG_DOUBLING: i32 = 2;
@@ -45,10 +52,11 @@ pub(super) enum AllReduceAlgorithm {
     Ring,
 }
 
-/// The all-reduce algorithm for `bytes` over `ranks` ranks, from sweeps of both against
-/// `MPI_Allreduce` on the benchmark machine (docs/PERFORMANCE.md).
-pub(super) fn all_reduce_algorithm(bytes: usize, ranks: usize) -> AllReduceAlgorithm {
-    if bytes <= 64 << 10 && !(ranks == 2 && (4 << 10..16 << 10).contains(&bytes)) {
+/// The all-reduce algorithm for `bytes`, from sweeps of both against `MPI_Allreduce` on 2, 3,
+/// 4 and 8 ranks on the benchmark machine (docs/PERFORMANCE.md): the crossover came out at
+/// 64 KiB for every rank count.
+pub(super) fn all_reduce_algorithm(bytes: usize) -> AllReduceAlgorithm {
+    if bytes <= 64 << 10 {
         AllReduceAlgorithm::RecursiveDoubling
     } else {
         AllReduceAlgorithm::Ring
@@ -90,13 +98,16 @@ pub(super) struct Peers<'a> {
     pub started: Option<Instant>,
     /// The current step's requests and what they expect (kept, so steps do not allocate).
     pub step: &'a mut Step,
+    /// The longest message to send or receive as one ([`MAX_MESSAGE`] unless a schedule
+    /// chooses smaller pieces); both sides of a transfer split it the same way.
+    pub piece: usize,
     /// Maps a world rank to its rank in `comm`, for failure notices.
     pub member: &'a dyn Fn(usize) -> Option<usize>,
 }
 
 impl Peers<'_> {
-    /// Starts `transfer` of `len` bytes with `peer`, in messages of at most [`MAX_MESSAGE`]
-    /// bytes, adding the requests to the step's.
+    /// Starts `transfer` of `len` bytes with `peer`, in messages of at most
+    /// [`Peers::piece`] bytes, adding the requests to the step's.
     ///
     /// # Safety
     /// The buffer stays valid for `len` bytes until the requests complete: readable for a
@@ -108,7 +119,7 @@ impl Peers<'_> {
         len: usize,
         tag: i32,
     ) -> Result<(), WaitError> {
-        for range in pieces(len, MAX_MESSAGE) {
+        for range in pieces(len, self.piece) {
             let count = range.len() as i32;
             let request = match transfer {
                 Transfer::Send(buf) => {
@@ -272,7 +283,7 @@ pub(super) fn all_reduce(
     if peers.size == 1 {
         return Ok(());
     }
-    match all_reduce_algorithm(buf.len(), peers.size) {
+    match all_reduce_algorithm(buf.len()) {
         AllReduceAlgorithm::RecursiveDoubling => {
             let tmp = scratch_bytes(scratch, buf.len());
             recursive_doubling(peers, buf, tmp, combine)
@@ -337,6 +348,9 @@ fn recursive_doubling(
     combine: Combine<'_>,
 ) -> Result<(), WaitError> {
     let (rank, size) = (peers.rank, peers.size);
+    if buf.len() <= SMALL_BUFFER {
+        peers.piece = EAGER_PIECE;
+    }
     let pof2 = 1usize << size.ilog2();
     let rem = size - pof2;
     let folded = rank < 2 * rem;
@@ -521,8 +535,8 @@ mod tests {
     #[test]
     fn small_buffers_double_and_large_ones_ring() {
         use AllReduceAlgorithm::*;
-        assert_eq!(all_reduce_algorithm(1 << 10, 4), RecursiveDoubling);
-        assert_eq!(all_reduce_algorithm(1 << 20, 2), Ring);
-        assert_eq!(all_reduce_algorithm(1 << 20, 3), Ring);
+        assert_eq!(all_reduce_algorithm(1 << 10), RecursiveDoubling);
+        assert_eq!(all_reduce_algorithm(64 << 10), RecursiveDoubling);
+        assert_eq!(all_reduce_algorithm((64 << 10) + 4), Ring);
     }
 }
