@@ -17,6 +17,7 @@ RUNS=${2:-5}
 MAX_MIB=${3:-16}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP")
 
 cargo build --release -q -p tessera-cli --features mpi
