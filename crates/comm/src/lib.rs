@@ -79,6 +79,7 @@ mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod op;
+mod schedule;
 
 pub use crate::buf::{Buf, BufMut};
 pub use crate::communicator::{split_counts, Communicator, CommunicatorExt, Tag, MAX_TAG};

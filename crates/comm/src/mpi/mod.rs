@@ -882,7 +882,7 @@ impl Communicator for MpiComm {
         let count = call.count(send.len())?;
         call.count(recv.len())?;
         let (send_ptr, recv_ptr) = (send.as_ptr(), recv.as_mut_ptr());
-        let chunks = p2p::balanced_chunks(recv.len(), self.size, 1);
+        let chunks = crate::schedule::balanced_chunks(recv.len(), self.size, 1);
         // SAFETY: buffers outlive the call (on failure the process never calls MPI again).
         call.run(
             |raw| unsafe { raw.allgather(&self.comm, send_ptr, count, recv_ptr) },
@@ -913,7 +913,7 @@ impl Communicator for MpiComm {
         let (mpi_counts, displs) = call.counts(counts)?;
         let sent = (send.as_ptr(), mpi_counts[self.rank]);
         let recv_ptr = recv.as_mut_ptr();
-        let chunks = p2p::chunks_of(counts, 1);
+        let chunks = crate::schedule::chunks_of(counts, 1);
         // SAFETY: buffers and counts outlive the call, or are leaked on failure.
         call.run(
             |raw| unsafe { raw.allgatherv(&self.comm, sent, recv_ptr, &mpi_counts, &displs) },
