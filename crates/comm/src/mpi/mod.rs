@@ -530,11 +530,6 @@ impl Call<'_> {
                 peer,
                 reason,
             },
-            raw::WaitError::Truncated(index) => CommError::Mpi {
-                site: self.site(),
-                code: 0,
-                message: format!("request {index} received a message longer than its buffer"),
-            },
         })
     }
 

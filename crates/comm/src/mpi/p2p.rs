@@ -51,8 +51,8 @@ pub(super) struct Step {
     requests: Vec<Request>,
     /// `(request index, peer, bytes expected)` of every receive.
     receives: Vec<(usize, usize, usize)>,
-    /// Bytes each request received, once the step completed.
-    received: Vec<usize>,
+    /// Bytes each request received, once the step completed (`None`: more than expected).
+    received: Vec<Option<usize>>,
 }
 
 /// One direction of a message, with the buffer it reads or fills.
@@ -129,37 +129,23 @@ impl Peers<'_> {
             .raw
             .poll_all(&mut step.requests, &mut step.received, budget, self.member);
         let disagreement = |&(index, peer, expected): &(usize, usize, usize)| {
-            let got = step.received.get(index).copied().unwrap_or(0);
-            (got != expected).then(|| WaitError::Mismatch {
+            let sent = match step.received.get(index).copied().flatten() {
+                Some(got) if got == expected => return None,
+                Some(got) => format!("{got} bytes"),
+                None => "more bytes".to_string(),
+            };
+            Some(WaitError::Mismatch {
                 peer,
                 reason: format!(
-                    "it sent {got} bytes where this rank expected {expected}: the ranks called \
-                     the collective with different lengths"
+                    "it sent {sent} where this rank expected {expected}: the ranks called the \
+                     collective with different lengths"
                 ),
             })
         };
-        let outcome = match polled {
-            Ok(()) => match step.receives.iter().find_map(disagreement) {
-                Some(mismatch) => Err(mismatch),
-                None => Ok(()),
-            },
-            Err(WaitError::Truncated(index)) => {
-                let (_, peer, expected) = step
-                    .receives
-                    .iter()
-                    .copied()
-                    .find(|&(i, _, _)| i == index)
-                    .unwrap_or((index, 0, 0));
-                Err(WaitError::Mismatch {
-                    peer,
-                    reason: format!(
-                        "it sent more than the {expected} bytes this rank expected: the ranks \
-                         called the collective with different lengths"
-                    ),
-                })
-            }
-            Err(err) => Err(err),
-        };
+        let outcome = polled.and_then(|()| match step.receives.iter().find_map(disagreement) {
+            Some(mismatch) => Err(mismatch),
+            None => Ok(()),
+        });
         step.requests.clear();
         step.receives.clear();
         outcome

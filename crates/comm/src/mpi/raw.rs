@@ -18,8 +18,6 @@ pub(super) enum WaitError {
     Timeout,
     /// A member (group rank) announced a panic.
     PeerPanicked(usize),
-    /// Request `index` of a [`Raw::poll_all`] received a message longer than its buffer.
-    Truncated(usize),
     /// A member (group rank) disagrees with this one about the call: it sent a message of
     /// another length than the schedule expects.
     Mismatch {
@@ -405,11 +403,12 @@ impl Raw {
     /// Polls every request in `requests` to completion (`MPI_Testall`; see
     /// [`Raw::poll_until`]), then writes into `received[i]` the bytes request `i` received
     /// (meaningful for receives only). A receive whose message was longer than its buffer
-    /// ends the wait with [`WaitError::Truncated`].
+    /// ends the wait early, with `received[i] = None` for it (the other requests may then be
+    /// pending).
     pub(super) fn poll_all(
         &mut self,
         requests: &mut [Request],
-        received: &mut Vec<usize>,
+        received: &mut Vec<Option<usize>>,
         (timeout, started): (Duration, &mut Option<Instant>),
         member: &dyn Fn(usize) -> Option<usize>,
     ) -> Result<(), WaitError> {
@@ -428,24 +427,22 @@ impl Raw {
                 // SAFETY: on an error MPI filled in every status's error field.
                 let statuses = unsafe { std::slice::from_raw_parts(status_array, count as usize) };
                 if let Some(i) = statuses.iter().position(|st| is_truncation(st.MPI_ERROR)) {
-                    return Ok(Some(Err(i)));
+                    return Ok(Some(Some(i)));
                 }
                 check(rc)?;
             }
-            Ok((flag != 0).then_some(Ok(())))
+            Ok((flag != 0).then_some(None))
         });
+        let truncated = done.as_ref().ok().copied().flatten();
         received.clear();
-        received.extend(statuses.iter().map(|st| {
+        received.extend(statuses.iter().enumerate().map(|(i, st)| {
             let mut bytes: c_int = 0;
             // SAFETY: a status MPI wrote when its request completed.
             unsafe { ffi::MPI_Get_count(st, byte_type(), &mut bytes) };
-            usize::try_from(bytes).unwrap_or(0)
+            (truncated != Some(i)).then(|| usize::try_from(bytes).unwrap_or(0))
         }));
         self.statuses = statuses;
-        match done? {
-            Ok(()) => Ok(()),
-            Err(i) => Err(WaitError::Truncated(i)),
-        }
+        done.map(|_| ())
     }
 
     /// Polls `request` to completion; see [`Raw::poll_until`].
