@@ -1,4 +1,5 @@
-//! Atomic file creation: write `<name>.tmp` beside the destination, fsync it, rename it into
+//! Atomic file creation: write `.<name>.<pid>-<n>.tmp` beside the destination (a name unique
+//! to this process and write, so concurrent writers never share one), fsync it, rename it into
 //! place, fsync the directory. A reader never sees a half-written file, and a failure (or a
 //! panic, or an early return) removes the temporary file.
 
@@ -39,13 +40,15 @@ impl AtomicFile {
         if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             create_dir_all(parent)?;
         }
-        let mut tmp_name = dest.file_name().unwrap_or_default().to_os_string();
-        tmp_name.push(".tmp");
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(dest.file_name().unwrap_or_default());
+        tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
         let tmp = dest.with_file_name(tmp_name);
         let file = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(&tmp)
             .map_err(io_err(&tmp, "create"))?;
         Ok(AtomicFile {

@@ -257,6 +257,50 @@ impl CheckpointFile {
         &self.path
     }
 
+    /// Checks a safetensors file's `crc_num` metadata, when it has one (MindSpore's CRC32
+    /// chained over each tensor's name then data, in name order). Reads every tensor.
+    pub fn verify_metadata_crc(&self) -> Result<()> {
+        let Some(stored) = self.metadata.get("crc_num") else {
+            return Ok(());
+        };
+        let stored: u64 = stored.parse().map_err(|_| CkptError::InvalidHeader {
+            path: self.path.clone(),
+            reason: format!("metadata crc_num {stored:?} is not a number"),
+        })?;
+        let mut names: Vec<&str> = self.tensors.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        let mut hasher = crc32fast::Hasher::new();
+        let mut buf = Vec::new();
+        for name in names {
+            hasher.update(name.as_bytes());
+            let t = self.tensor(name).expect("listed");
+            let mut at = 0;
+            while at < t.n_bytes {
+                let n = (t.n_bytes - at).min(4 << 20) as usize;
+                buf.resize(n, 0);
+                self.read_bytes(t, at, &mut buf)?;
+                hasher.update(&buf);
+                at += n as u64;
+            }
+        }
+        let computed = hasher.finalize();
+        if u64::from(computed) != stored {
+            return Err(CkptError::CrcMismatch {
+                path: self.path.clone(),
+                stored,
+                computed,
+            });
+        }
+        Ok(())
+    }
+
+    /// The set id a safetensors file carries in its metadata (`tessera_set`), if any.
+    pub fn set_id(&self) -> Option<&str> {
+        self.metadata
+            .get(crate::set::SET_ID_KEY)
+            .map(String::as_str)
+    }
+
     /// The format.
     pub fn format(&self) -> Format {
         self.format

@@ -14,6 +14,7 @@ use crate::execute::{data_bytes, write_items, WriteOptions, DEFAULT_CHUNK_BYTES}
 use crate::plan::{plan_rank, Extras, OutItem, RankPlan};
 use crate::progress::{NoProgress, Progress};
 use crate::rank_dir::rank_file_path;
+use crate::set::SetWriter;
 use crate::sources::SourceSet;
 use crate::strategy::{ResolvedStrategy, ShapeHint, Strategy};
 
@@ -133,8 +134,17 @@ pub fn convert_checkpoints(
         src_only_params: dst_strategy.is_some(),
         home_rank: Some(rank % src_res.n_ranks().max(1)),
     };
-    let name = |rank: usize, format: Format| rank_file_path(dst_dir, rank, opts.prefix, format);
-    run(&sources, &src_res, &dst_res, extras, name, opts, skipped)
+    check_prefix(opts.prefix)?;
+    let name =
+        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
+    let out = Output {
+        dir: dst_dir,
+        sources: &[src_dir],
+        tool: "ckpt convert",
+    };
+    run(
+        &sources, &src_res, &dst_res, extras, name, out, opts, skipped,
+    )
 }
 
 /// MindSpore's `convert_checkpoint_by_rank`: converts one destination rank.
@@ -186,11 +196,16 @@ pub fn load_distributed_checkpoint(
         ..*opts
     };
     let name = |rank: usize, format: Format| {
-        dst_dir
-            .join(format!("rank_{rank}"))
-            .join(format!("net.{}", format.extension()))
+        Path::new(&format!("rank_{rank}")).join(format!("net.{}", format.extension()))
     };
-    run(&sources, &src_res, &dst_res, extras, name, &opts, skipped)
+    let out = Output {
+        dir: dst_dir,
+        sources: &[unified_dir],
+        tool: "ckpt load",
+    };
+    run(
+        &sources, &src_res, &dst_res, extras, name, out, &opts, skipped,
+    )
 }
 
 /// Binds a destination strategy's shapes: its own, else the source parameter's of the same
@@ -245,12 +260,33 @@ fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
     items.sort_by_key(|i| pos(&i.meta.name));
 }
 
+/// Refuses a file-name prefix that could leave the destination directory.
+fn check_prefix(prefix: &str) -> Result<()> {
+    if prefix.contains(['/', '\\', '\0']) || prefix == "." || prefix == ".." {
+        return Err(CkptError::UnsafeDestination {
+            path: PathBuf::from(prefix),
+            rule: "the file-name prefix must be a plain name fragment (no '/', '\\', NUL, '.' or '..'), so every file stays inside the destination".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Where a conversion writes: the destination set, the directories it reads (which the
+/// destination may not overlap) and the operation's name for the set marker.
+struct Output<'a> {
+    dir: &'a Path,
+    sources: &'a [&'a Path],
+    tool: &'a str,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run(
     sources: &SourceSet,
     src: &ResolvedStrategy,
     dst: &ResolvedStrategy,
     extras: impl Fn(usize) -> Extras,
     name: impl Fn(usize, Format) -> PathBuf,
+    out: Output<'_>,
     opts: &ConvertOptions<'_>,
     skipped: Vec<(String, String)>,
 ) -> Result<ConvertReport> {
@@ -279,10 +315,9 @@ fn run(
             };
             order_like(&mut plan.items, home.as_deref());
         }
-        let dest = name(rank, format);
-        crate::atomic_write::check_destination(&dest, opts.force)?;
-        plans.push((rank, dest, plan));
+        plans.push((rank, name(rank, format), plan));
     }
+    let set = SetWriter::begin_apart(out.dir, out.sources, out.tool, opts.force)?;
     let total: u64 = plans.iter().map(|(_, _, p)| data_bytes(&p.items)).sum();
     opts.progress.start("converting", total);
     let committer = crate::atomic_write::Committer::new();
@@ -294,16 +329,19 @@ fn run(
         progress: opts.progress,
         committer: Some(&committer),
     };
-    let metadata = [("format".to_string(), "ms".to_string())];
+    let metadata = [
+        ("format".to_string(), "ms".to_string()),
+        set.metadata_entry(),
+    ];
     let mut report = ConvertReport {
         ranks: Vec::with_capacity(plans.len()),
         skipped,
     };
-    for (rank, dest, plan) in plans {
-        let stats = write_items(sources, &dest, plan.items, &metadata, &write)?;
+    for (rank, rel, plan) in plans {
+        let stats = write_items(sources, &set.staged(&rel), plan.items, &metadata, &write)?;
         report.ranks.push(RankReport {
             rank,
-            path: stats.path,
+            path: set.final_path(&rel),
             source_ranks: plan.cover.ranks,
             exact: plan.cover.exact,
             n_tensors: stats.n_tensors,
@@ -311,6 +349,7 @@ fn run(
         });
     }
     committer.finish()?;
+    set.commit()?;
     opts.progress.finish();
     Ok(report)
 }

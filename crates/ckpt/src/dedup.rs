@@ -14,6 +14,7 @@ use crate::error::{CkptError, Result};
 use crate::execute::{write_items, WriteOptions, DEFAULT_CHUNK_BYTES};
 use crate::plan::{ItemSource, OutItem};
 use crate::progress::Progress;
+use crate::set::{SetWriter, SET_ID_KEY};
 use crate::sources::SourceSet;
 use crate::strategy::{ParamLayout, ResolvedStrategy, Strategy};
 
@@ -164,22 +165,20 @@ pub fn dedup_checkpoints(
                 });
             }
         }
-        let dest = dst_dir
-            .join(format!("rank_{rank}"))
-            .join(path.file_name().expect("a file"));
-        crate::atomic_write::check_destination(&dest, force)?;
+        let rel = Path::new(&format!("rank_{rank}")).join(path.file_name().expect("a file"));
         let mut metadata: Vec<(String, String)> = file
             .metadata()
             .iter()
-            .filter(|(k, _)| k.as_str() != "remove_redundancy" && k.as_str() != "crc_num")
+            .filter(|(k, _)| !["remove_redundancy", "crc_num", SET_ID_KEY].contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         if !metadata.iter().any(|(k, _)| k == "format") {
             metadata.insert(0, ("format".to_string(), "ms".to_string()));
         }
         metadata.push(("remove_redundancy".to_string(), "True".to_string()));
-        plans.push((rank, dest, items, metadata));
+        plans.push((rank, rel, items, metadata));
     }
+    let set = SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt dedup", force)?;
     let total: u64 = plans
         .iter()
         .flat_map(|(_, _, items, _)| items.iter().map(|i| i.meta.n_bytes))
@@ -194,13 +193,15 @@ pub fn dedup_checkpoints(
         progress,
         committer: Some(&committer),
     };
-    for (rank, dest, items, metadata) in plans {
+    for (rank, rel, items, mut metadata) in plans {
+        metadata.push(set.metadata_entry());
         let names = items.iter().map(|i| i.meta.name.clone()).collect();
-        let stats = write_items(&sources, &dest, items, &metadata, &write)?;
+        let stats = write_items(&sources, &set.staged(&rel), items, &metadata, &write)?;
         report.data_bytes += stats.data_bytes;
-        report.ranks.push((rank, stats.path, names));
+        report.ranks.push((rank, set.final_path(&rel), names));
     }
     committer.finish()?;
+    set.commit()?;
     progress.finish();
     Ok(report)
 }

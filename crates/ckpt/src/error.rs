@@ -33,6 +33,54 @@ pub enum CkptError {
         path: PathBuf,
     },
 
+    /// Another process holds the destination's lock.
+    #[error("{path}: another writer holds this destination ({holder}); wait for it to finish or write elsewhere")]
+    DestinationLocked {
+        /// The destination.
+        path: PathBuf,
+        /// Who holds the lock, as it recorded itself.
+        holder: String,
+    },
+    /// A destination or file name that would leave the destination directory, or overwrite the
+    /// source.
+    #[error("{path}: {rule}")]
+    UnsafeDestination {
+        /// The offending path.
+        path: PathBuf,
+        /// The rule broken.
+        rule: String,
+    },
+
+    // ---------------------------------------------------------------- checkpoint sets
+    /// A set marker that cannot be read.
+    #[error("{path}: invalid checkpoint-set marker: {reason}")]
+    InvalidSet {
+        /// The marker file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A directory holding a set that was never committed.
+    #[error("{path}: uncommitted checkpoint set: {reason}; refusing to read it")]
+    UncommittedSet {
+        /// The directory.
+        path: PathBuf,
+        /// Why it is uncommitted.
+        reason: String,
+    },
+    /// A directory whose files disagree with its set marker.
+    #[error(
+        "{path}: mixed checkpoint set (the marker says set {id}): {reason}; refusing to read it"
+    )]
+    MixedSet {
+        /// The directory.
+        path: PathBuf,
+        /// The marker's set id.
+        id: String,
+        /// The disagreement.
+        reason: String,
+    },
+
     // ---------------------------------------------------------------- safetensors
     /// The file is shorter than the 8-byte header length, or than the header it announces.
     #[error("{path}: truncated safetensors file: {reason}")]
@@ -141,7 +189,7 @@ pub enum CkptError {
         rule: String,
     },
     /// The `crc_num` trailer does not match the file's contents.
-    #[error("{path}: CRC32 check failed: the trailer says {stored:#010x} but the contents hash to {computed:#010x}")]
+    #[error("{path}: CRC32 check failed: the file stores crc_num {stored:#010x} but its contents hash to {computed:#010x}")]
     CrcMismatch {
         /// The file.
         path: PathBuf,
@@ -201,6 +249,19 @@ pub enum CkptError {
         path: PathBuf,
         /// The rank.
         rank: usize,
+    },
+    /// Rank folders the strategy has no rank for (a strategy for fewer devices than the
+    /// checkpoint was saved on).
+    #[error("{path}: holds rank folders {extra:?}, but {strategy} describes only {n_ranks} ranks (0..{n_ranks}); a strategy must match the checkpoint's device count")]
+    RankCountMismatch {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The strategy file.
+        strategy: PathBuf,
+        /// The strategy's rank count.
+        n_ranks: usize,
+        /// Rank folders beyond it.
+        extra: Vec<usize>,
     },
     /// `.ckpt` and `.safetensors` files mixed in one checkpoint.
     #[error(

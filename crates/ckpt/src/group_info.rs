@@ -111,6 +111,61 @@ fn decode(bytes: &[u8]) -> Result<GroupInfo, WireError> {
     Ok(info)
 }
 
+/// Whether `bytes` hold only the fields a group-info file has (a `.ckpt` checkpoint is also
+/// valid protobuf of a similar shape, so the lenient decoder alone would accept one): groups
+/// with a printable name and rank lists with nothing but ranks.
+pub(crate) fn has_only_group_info_fields(bytes: &[u8]) -> std::result::Result<(), String> {
+    for (field, data, at) in length_delimited_fields(bytes, 0)? {
+        match field {
+            1 => {
+                for (inner, value, at) in length_delimited_fields(data, at)? {
+                    match inner {
+                        1 if !value.is_empty() && value.iter().all(|b| b.is_ascii_graphic()) => {}
+                        1 => return Err(format!("group name at byte {at} is not printable text")),
+                        2 => check_ranks_only(value, at)?,
+                        other => return Err(format!("unknown group field {other} at byte {at}")),
+                    }
+                }
+            }
+            2 => check_ranks_only(data, at)?,
+            other => return Err(format!("unknown field {other} at byte {at}")),
+        }
+    }
+    Ok(())
+}
+
+/// Every field of a message, each of which must be length-delimited.
+fn length_delimited_fields(
+    bytes: &[u8],
+    base: usize,
+) -> std::result::Result<Vec<(u32, &[u8], usize)>, String> {
+    let mut r = Reader::nested(bytes, base);
+    let mut out = Vec::new();
+    while let Some(f) = r.next_field() {
+        let (field, value, at) = f.map_err(|e| e.reason)?;
+        match value {
+            crate::wire::WireValue::Bytes(b) => out.push((field, b, at)),
+            _ => {
+                return Err(format!(
+                    "field {field} at byte {at} is not length-delimited"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn check_ranks_only(bytes: &[u8], base: usize) -> std::result::Result<(), String> {
+    let mut r = Reader::nested(bytes, base);
+    while let Some(f) = r.next_field() {
+        let (field, _, at) = f.map_err(|e| e.reason)?;
+        if field != 1 {
+            return Err(format!("a rank list holds field {field} at byte {at}"));
+        }
+    }
+    Ok(())
+}
+
 fn ranks(bytes: &[u8], at: usize) -> Result<Vec<u32>, WireError> {
     decode_dims(bytes, at)?
         .into_iter()

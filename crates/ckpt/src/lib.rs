@@ -180,6 +180,7 @@ mod rank_dir;
 mod ranks;
 mod safetensors;
 mod save;
+mod set;
 mod sources;
 mod strategy;
 mod tessera_strategy;
@@ -199,8 +200,8 @@ pub use crate::error::{CkptError, Result};
 pub use crate::execute::DEFAULT_CHUNK_BYTES;
 pub use crate::group_info::{restore_group_info_list, GroupInfo, GroupItem};
 pub use crate::load::{
-    inspect, load_rank_tensors, load_segmented_checkpoints, write_segmented, InspectedFile,
-    SegmentedEntry,
+    inspect, inspect_detected, load_rank_tensors, load_segmented_checkpoints, write_segmented,
+    InspectedFile, SegmentedEntry,
 };
 pub use crate::merge::{unified_safetensors, MergeOptions, MergeReport, DEFAULT_PART_BYTES};
 pub use crate::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
@@ -210,6 +211,10 @@ pub use crate::rank_dir::{rank_file_path, RankFiles};
 pub use crate::ranks::{minimal_rank_list, RankCover};
 pub use crate::save::{
     save_param_strategy_file, save_rank_checkpoint, save_safetensors, to_ms_strategy,
+};
+pub use crate::set::{
+    abandon_pending_sets, audit_set, check_set, DestLock, SetAudit, SetFile, SetMarker, SetWriter,
+    SET_ID_KEY, SET_MARKER,
 };
 pub use crate::sources::{SourceSet, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 pub use crate::strategy::{

@@ -166,22 +166,74 @@ pub enum InspectedFile {
 
 /// Recognises and reads `path`: a checkpoint, a strategy file or a group-info file. MindSpore
 /// names strategy files `.ckpt` too, so a `.ckpt` file that holds no tensor is tried as the
-/// other kinds.
+/// other kinds. A file that matches none is an error listing why each was ruled out.
 pub fn inspect(path: &Path) -> Result<InspectedFile> {
+    inspect_detected(path).map(|(file, _)| file)
+}
+
+/// [`inspect`], also saying which format was detected and why.
+pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
     let as_checkpoint = CheckpointFile::open(path);
-    if let Ok(f) = &as_checkpoint {
-        if !f.tensors().is_empty() || f.format() == Format::Safetensors {
-            return as_checkpoint.map(InspectedFile::Checkpoint);
+    match &as_checkpoint {
+        Ok(f) if f.format() == Format::Safetensors => {
+            let why = format!(
+                "safetensors: an 8-byte header length and a valid JSON header describing {} tensors that tile the data",
+                f.tensors().len()
+            );
+            return as_checkpoint.map(|f| (InspectedFile::Checkpoint(f), why));
         }
+        Ok(f) if !f.tensors().is_empty() => {
+            let why =
+                format!(
+                "MindSpore .ckpt: protobuf Checkpoint messages holding {} well-formed tensors{}",
+                f.tensors().len(),
+                if f.crc().is_some() { " and a matching crc_num trailer" } else { "" }
+            );
+            return as_checkpoint.map(|f| (InspectedFile::Checkpoint(f), why));
+        }
+        Err(e) if Format::from_path(path) == Some(Format::Safetensors) => {
+            return Err(CkptError::InvalidRequest(format!(
+                "{}: named .safetensors but not a valid safetensors file: {e}",
+                path.display()
+            )));
+        }
+        _ => {}
     }
     let bytes = std::fs::read(path).map_err(io_err(path, "read"))?;
-    if let Ok(s) = Strategy::from_bytes(path, &bytes) {
-        return Ok(InspectedFile::Strategy(Box::new(s)));
-    }
-    if let Ok(g) = GroupInfo::decode(path, &bytes) {
-        if g.restore_rank_list.is_some() || !g.groups.is_empty() {
-            return Ok(InspectedFile::GroupInfo(g));
+    let as_strategy = Strategy::from_bytes(path, &bytes);
+    if let Ok(s) = &as_strategy {
+        if !s.params.is_empty() || !s.ops.is_empty() {
+            let why = format!(
+                "{:?} strategy file: {} parameter layouts and {} operator strategies",
+                s.flavour,
+                s.params.len(),
+                s.ops.len()
+            );
+            return as_strategy.map(|s| (InspectedFile::Strategy(Box::new(s)), why));
         }
     }
-    as_checkpoint.map(InspectedFile::Checkpoint)
+    let strict = crate::group_info::has_only_group_info_fields(&bytes);
+    let as_group = GroupInfo::decode(path, &bytes);
+    if let (Ok(()), Ok(g)) = (&strict, &as_group) {
+        if g.restore_rank_list.is_some() || !g.groups.is_empty() {
+            let why = format!(
+                "MindSpore group-info file: protobuf with only ParallelGroupMap fields ({} groups{})",
+                g.groups.len(),
+                if g.restore_rank_list.is_some() { ", a ckpt_restore_rank_list" } else { "" }
+            );
+            return Ok((InspectedFile::GroupInfo(g.clone()), why));
+        }
+    }
+    let reason = |r: std::result::Result<(), String>| match r {
+        Ok(()) => "valid but empty".to_string(),
+        Err(e) => e,
+    };
+    Err(CkptError::InvalidRequest(format!(
+        "{}: matches no format Tessera reads ({} bytes). As a checkpoint: {}. As a strategy file: {}. As a group-info file: {}",
+        path.display(),
+        bytes.len(),
+        reason(as_checkpoint.map(|_| ()).map_err(|e| e.to_string())),
+        reason(as_strategy.map(|_| ()).map_err(|e| e.to_string())),
+        reason(strict.and(as_group.map(|_| ()).map_err(|e| e.to_string()))),
+    )))
 }

@@ -14,6 +14,7 @@ use crate::execute::{data_bytes, write_items, WriteOptions, DEFAULT_CHUNK_BYTES}
 use crate::json::Json;
 use crate::plan::{plan_gathers, ItemSource, OutItem};
 use crate::progress::{NoProgress, Progress};
+use crate::set::SetWriter;
 use crate::sources::{SourceSet, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 use crate::strategy::Strategy;
 
@@ -172,16 +173,8 @@ pub fn unified_safetensors(
             }
         }
     }
-    let part_path = |i: usize| dst_dir.join(format!("part{i}.safetensors"));
-    let index_path = dst_dir.join(PARAM_NAME_MAP);
-    let hyper_path = dst_dir.join(HYPER_PARAM_FILE);
-    for i in 0..n_parts {
-        crate::atomic_write::check_destination(&part_path(i), opts.force)?;
-    }
-    crate::atomic_write::check_destination(&index_path, opts.force)?;
-    if !hyper_items.is_empty() {
-        crate::atomic_write::check_destination(&hyper_path, opts.force)?;
-    }
+    let set = SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt merge", opts.force)?;
+    let part_name = |i: usize| PathBuf::from(format!("part{i}.safetensors"));
     let committer = crate::atomic_write::Committer::new();
     let write = WriteOptions {
         format: Format::Safetensors,
@@ -191,7 +184,10 @@ pub fn unified_safetensors(
         progress: opts.progress,
         committer: Some(&committer),
     };
-    let mut metadata = vec![("format".to_string(), "ms".to_string())];
+    let mut metadata = vec![
+        ("format".to_string(), "ms".to_string()),
+        set.metadata_entry(),
+    ];
     if opts.dedup {
         // MindSpore marks merged output from deduplicated sources this way.
         metadata.push(("remove_redundancy".to_string(), "False".to_string()));
@@ -212,12 +208,23 @@ pub fn unified_safetensors(
         .collect();
     for (i, items) in parts.into_iter().enumerate() {
         let names = items.iter().map(|it| it.meta.name.clone()).collect();
-        let stats = write_items(&sources, &part_path(i), items, &metadata, &write)?;
-        report.parts.push((stats.path, names));
+        write_items(
+            &sources,
+            &set.staged(&part_name(i)),
+            items,
+            &metadata,
+            &write,
+        )?;
+        report.parts.push((set.final_path(&part_name(i)), names));
     }
     if !hyper_items.is_empty() {
-        let meta = [("format".to_string(), "ms".to_string())];
-        report.hyper = Some(write_items(&sources, &hyper_path, hyper_items, &meta, &write)?.path);
+        let meta = [
+            ("format".to_string(), "ms".to_string()),
+            set.metadata_entry(),
+        ];
+        let rel = Path::new(HYPER_PARAM_FILE);
+        write_items(&sources, &set.staged(rel), hyper_items, &meta, &write)?;
+        report.hyper = Some(set.final_path(rel));
     }
     let index = Json::obj([
         (
@@ -228,8 +235,10 @@ pub fn unified_safetensors(
     ]);
     // The index goes last, once every part is on disk.
     committer.finish()?;
-    report.index =
-        crate::atomic_write::write_file(&index_path, index.to_pretty(4).as_bytes(), opts.force)?;
+    let rel = Path::new(PARAM_NAME_MAP);
+    crate::atomic_write::write_file(&set.staged(rel), index.to_pretty(4).as_bytes(), false)?;
+    report.index = set.final_path(rel);
+    set.commit()?;
     opts.progress.finish();
     Ok(report)
 }

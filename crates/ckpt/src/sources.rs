@@ -12,6 +12,7 @@ use crate::ckpt_file::{CheckpointFile, Format};
 use crate::error::{io_err, CkptError, Result};
 use crate::json::Json;
 use crate::rank_dir::RankFiles;
+use crate::set::{check_file_id, check_set};
 use crate::strategy::{ResolvedStrategy, ShapeHint, Strategy};
 
 /// The index file of a unified checkpoint.
@@ -35,20 +36,35 @@ enum Kind {
 pub struct SourceSet {
     kind: Kind,
     cache: RefCell<HashMap<PathBuf, Rc<CheckpointFile>>>,
+    /// The id of the committed set the files belong to (from its marker).
+    set_id: Option<String>,
+    /// Without a marker: the first set id met in a file, and that file.
+    first_id: RefCell<Option<(String, PathBuf)>>,
 }
 
 impl SourceSet {
-    /// Sources in `dir/rank_<N>/`.
+    /// Sources in `dir/rank_<N>/`. An uncommitted or mixed set is refused ([`check_set`]).
     pub fn rank_dirs(dir: &Path) -> Result<SourceSet> {
-        Ok(SourceSet {
-            kind: Kind::Ranks(RankFiles::discover(dir)?),
+        let marker = check_set(dir)?;
+        let mut set = SourceSet::of_rank_files(RankFiles::discover(dir)?);
+        set.set_id = marker.map(|m| m.id);
+        Ok(set)
+    }
+
+    /// Sources from already discovered rank files, without checking their set.
+    pub(crate) fn of_rank_files(files: RankFiles) -> SourceSet {
+        SourceSet {
+            kind: Kind::Ranks(files),
             cache: RefCell::default(),
-        })
+            set_id: None,
+            first_id: RefCell::default(),
+        }
     }
 
     /// A unified checkpoint: `param_name_map.json`, its part files and an optional
     /// `hyper_param.safetensors`.
     pub fn unified(dir: &Path) -> Result<SourceSet> {
+        let marker = check_set(dir)?;
         let index = dir.join(PARAM_NAME_MAP);
         let text = std::fs::read_to_string(&index).map_err(io_err(&index, "read"))?;
         let bad = |reason: String| CkptError::InvalidStrategy {
@@ -80,6 +96,8 @@ impl SourceSet {
                 hyper,
             },
             cache: RefCell::default(),
+            set_id: marker.map(|m| m.id),
+            first_id: RefCell::default(),
         })
     }
 
@@ -92,6 +110,8 @@ impl SourceSet {
                 hyper: None,
             },
             cache: RefCell::default(),
+            set_id: None,
+            first_id: RefCell::default(),
         }
     }
 
@@ -125,10 +145,48 @@ impl SourceSet {
             return Ok(f.clone());
         }
         let file = Rc::new(CheckpointFile::open(path)?);
+        file.verify_metadata_crc()?;
+        self.check_set_id(&file)?;
         self.cache
             .borrow_mut()
             .insert(path.to_path_buf(), file.clone());
         Ok(file)
+    }
+
+    /// Refuses a file of another set than the directory's (or, without a marker, than the
+    /// first file's).
+    fn check_set_id(&self, file: &CheckpointFile) -> Result<()> {
+        let root = self.root();
+        if self.set_id.is_some() {
+            if file.format() == Format::Safetensors && file.set_id().is_none() {
+                return Err(CkptError::MixedSet {
+                    path: root.to_path_buf(),
+                    id: self.set_id.clone().unwrap_or_default(),
+                    reason: format!("{} carries no set id", file.path().display()),
+                });
+            }
+            return check_file_id(root, file.path(), self.set_id.as_deref(), file.set_id());
+        }
+        let Some(found) = file.set_id() else {
+            return Ok(());
+        };
+        let mut first = self.first_id.borrow_mut();
+        match &*first {
+            None => *first = Some((found.to_string(), file.path().to_path_buf())),
+            Some((id, path)) if id != found => {
+                return Err(CkptError::MixedSet {
+                    path: root.to_path_buf(),
+                    id: id.clone(),
+                    reason: format!(
+                        "the directory has no set marker, and {} belongs to set {id} but {} to set {found}",
+                        path.display(),
+                        file.path().display()
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+        Ok(())
     }
 
     /// Number of files opened so far.
@@ -179,8 +237,31 @@ impl SourceSet {
 
     /// Binds `strategy` to global shapes taken from the stored slices (the first rank of each
     /// placement whose file holds the tensor). Parameters no file holds are returned apart.
+    /// Rank folders beyond the strategy's ranks are an error: the strategy is for fewer
+    /// devices than the checkpoint was saved on.
     pub fn resolve_source(&self, strategy: &Strategy) -> Result<(ResolvedStrategy, Vec<String>)> {
         strategy.check_stages()?;
+        let resolved = self.resolve_unchecked(strategy)?;
+        if let Kind::Ranks(files) = &self.kind {
+            let n_ranks = resolved.0.n_ranks();
+            let extra: Vec<usize> = files.files.range(n_ranks..).map(|(&r, _)| r).collect();
+            if !extra.is_empty() && !resolved.0.params().is_empty() {
+                return Err(CkptError::RankCountMismatch {
+                    path: files.root.clone(),
+                    strategy: strategy.path.clone(),
+                    n_ranks,
+                    extra,
+                });
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// [`SourceSet::resolve_source`] without the rank-folder check.
+    pub(crate) fn resolve_unchecked(
+        &self,
+        strategy: &Strategy,
+    ) -> Result<(ResolvedStrategy, Vec<String>)> {
         strategy.resolve(|param, placement| {
             let mesh = placement.layout.mesh();
             for slot in 0..mesh.n_slots() {

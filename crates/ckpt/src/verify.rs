@@ -3,19 +3,21 @@
 //! and a consistent dtype, every element of every tensor is held by some rank, and (on request)
 //! replicas hold identical bytes.
 //!
-//! Faults are collected, not returned one by one, so one run reports everything wrong.
+//! Faults are collected, not returned one by one, so one run reports everything wrong, each
+//! once: a file that cannot be read is one fault and the other files are still checked.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use tensor::DType;
 
-use crate::ckpt_file::CheckpointFile;
+use crate::ckpt_file::{CheckpointFile, Format};
 use crate::error::Result;
 use crate::rank_dir::RankFiles;
+use crate::set::audit_set;
 use crate::sources::SourceSet;
-use crate::strategy::Strategy;
+use crate::strategy::{ResolvedParam, Strategy};
 
 /// One thing wrong with a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +61,30 @@ impl VerifyReport {
     }
 }
 
+/// Faults collected once each (the same fault found twice is reported once).
+#[derive(Default)]
+struct Faults {
+    list: Vec<Fault>,
+    seen: BTreeSet<String>,
+}
+
+impl Faults {
+    fn push(&mut self, path: &Path, tensor: Option<&str>, rule: String) {
+        let fault = Fault {
+            path: path.to_path_buf(),
+            tensor: tensor.map(str::to_string),
+            rule,
+        };
+        if self.seen.insert(fault.to_string()) {
+            self.list.push(fault);
+        }
+    }
+}
+
 /// Verifies the checkpoint in `src_dir/rank_<r>/` against `strategy`. With `check_replicas`,
-/// every replica of every slice is compared with the first holder's bytes.
+/// every replica of every slice is compared with the first holder's bytes. Every fault of
+/// every rank is reported: unreadable files, the set marker disagreeing with the files, rank
+/// folders the strategy lacks or needs, and every slice's shape, dtype and coverage.
 pub fn verify_checkpoints(
     src_dir: &Path,
     strategy: &Path,
@@ -69,61 +93,143 @@ pub fn verify_checkpoints(
     let rank_files = RankFiles::discover(src_dir)?;
     let strategy = Strategy::load(strategy)?;
     let mut report = VerifyReport::default();
-    let fault = |path: &Path, tensor: Option<&str>, rule: String| Fault {
-        path: path.to_path_buf(),
-        tensor: tensor.map(str::to_string),
-        rule,
+    let mut faults = Faults::default();
+    let set_id = match audit_set(src_dir) {
+        Ok(audit) => {
+            for e in audit.faults {
+                faults.push(src_dir, None, e.to_string());
+            }
+            audit.marker.map(|m| m.id)
+        }
+        Err(e) => {
+            faults.push(src_dir, None, e.to_string());
+            None
+        }
     };
-    // Open every file; a file that does not parse (or fails its CRC) is a fault.
+    // Open every file; a file that does not parse, fails its CRC or belongs to another set is
+    // a fault, and only the others are checked further.
     let mut files: BTreeMap<usize, Rc<CheckpointFile>> = BTreeMap::new();
+    let mut first_id: Option<(String, PathBuf)> = None;
     for (&rank, path) in &rank_files.files {
         report.n_files += 1;
-        match CheckpointFile::open(path) {
-            Ok(f) => {
-                if let Some(v) = f.metadata().get("crc_num") {
-                    if let Err(rule) = check_safetensors_crc(&f, v) {
-                        report.faults.push(fault(path, None, rule));
-                    }
-                }
-                files.insert(rank, Rc::new(f));
+        let file = match CheckpointFile::open(path) {
+            Ok(f) => f,
+            Err(e) => {
+                faults.push(path, None, e.to_string());
+                continue;
             }
-            Err(e) => report.faults.push(fault(path, None, e.to_string())),
+        };
+        if let Err(e) = file.verify_metadata_crc() {
+            faults.push(path, None, e.to_string());
         }
+        match (&set_id, file.set_id(), &first_id) {
+            (Some(expected), found, _) if found != Some(expected.as_str()) => {
+                if found.is_some() || file.format() == Format::Safetensors {
+                    faults.push(
+                        path,
+                        None,
+                        format!(
+                            "belongs to set {}, but the directory's marker says set {expected} (a mixed set)",
+                            found.unwrap_or("(none)")
+                        ),
+                    );
+                }
+            }
+            (None, Some(found), None) => first_id = Some((found.to_string(), path.clone())),
+            (None, Some(found), Some((id, first))) if found != id => faults.push(
+                path,
+                None,
+                format!(
+                    "belongs to set {found}, but {} belongs to set {id} (a mixed set without a marker)",
+                    first.display()
+                ),
+            ),
+            _ => {}
+        }
+        files.insert(rank, Rc::new(file));
     }
     if let Err(e) = strategy.check_stages() {
-        report
-            .faults
-            .push(fault(&strategy.path, None, e.to_string()));
+        faults.push(&strategy.path, None, e.to_string());
+        report.faults = faults.list;
         return Ok(report);
     }
-    let resolved = match SourceSet::rank_dirs(src_dir).and_then(|s| s.resolve_source(&strategy)) {
+    let readable = RankFiles {
+        files: rank_files
+            .files
+            .iter()
+            .filter(|(r, _)| files.contains_key(r))
+            .map(|(&r, p)| (r, p.clone()))
+            .collect(),
+        ..rank_files.clone()
+    };
+    let resolved = match SourceSet::of_rank_files(readable).resolve_unchecked(&strategy) {
         Ok((resolved, unknown)) => {
             for name in unknown {
-                report.faults.push(fault(
+                faults.push(
                     src_dir,
                     Some(&name),
-                    "the strategy lists it but no rank's file holds it".to_string(),
-                ));
+                    "the strategy lists it but no readable rank file holds it".to_string(),
+                );
             }
             resolved
         }
         Err(e) => {
-            report.faults.push(fault(src_dir, None, e.to_string()));
+            faults.push(src_dir, None, e.to_string());
+            report.faults = faults.list;
             return Ok(report);
         }
     };
+    let n_ranks = resolved.n_ranks();
+    for &rank in rank_files.files.keys().filter(|&&r| r >= n_ranks) {
+        faults.push(
+            &src_dir.join(format!("rank_{rank}")),
+            None,
+            format!(
+                "an extra rank folder: {} describes only {n_ranks} ranks",
+                strategy.path.display()
+            ),
+        );
+    }
     let dedup = files.values().any(|f| f.removes_redundancy());
     for rank in resolved.ranks() {
         if !rank_files.files.contains_key(&rank) {
-            report.faults.push(fault(
+            faults.push(
                 src_dir,
                 None,
                 format!("rank_{rank}/ holds no checkpoint file, but the strategy places data on rank {rank}"),
-            ));
+            );
         }
     }
+    let mut check = ParamCheck {
+        files: &files,
+        dedup,
+        check_replicas,
+        src_dir,
+        faults: &mut faults,
+        report: &mut report,
+    };
     for p in resolved.params() {
-        report.n_params += 1;
+        check.param(p);
+    }
+    report.faults = faults.list;
+    Ok(report)
+}
+
+/// What checking one parameter's slices needs.
+struct ParamCheck<'a> {
+    files: &'a BTreeMap<usize, Rc<CheckpointFile>>,
+    dedup: bool,
+    check_replicas: bool,
+    src_dir: &'a Path,
+    faults: &'a mut Faults,
+    report: &'a mut VerifyReport,
+}
+
+impl ParamCheck<'_> {
+    /// Checks every slice of one parameter: present, of the right shape, of one dtype,
+    /// covering every element, and (with `check_replicas`) identical across replicas.
+    fn param(&mut self, p: &ResolvedParam) {
+        self.report.n_params += 1;
         let mut dtype: Option<(DType, PathBuf)> = None;
         for pl in &p.placements {
             let mesh = pl.held.mesh();
@@ -132,24 +238,24 @@ pub fn verify_checkpoints(
                 let mut good: Vec<(usize, Rc<CheckpointFile>)> = Vec::new();
                 for &slot in &holders {
                     let rank = mesh.device_of_slot(slot);
-                    let Some(file) = files.get(&rank) else {
+                    let Some(file) = self.files.get(&rank) else {
                         continue;
                     };
                     let Some(t) = file.tensor(&p.name) else {
-                        if !dedup {
-                            report.faults.push(fault(
+                        if !self.dedup {
+                            self.faults.push(
                                 file.path(),
                                 Some(&p.name),
                                 format!(
                                     "missing, but the strategy places box {block} on rank {rank}"
                                 ),
-                            ));
+                            );
                         }
                         continue;
                     };
-                    report.n_slices += 1;
+                    self.report.n_slices += 1;
                     if t.shape != pl.held.slice_shape() {
-                        report.faults.push(fault(
+                        self.faults.push(
                             file.path(),
                             Some(&p.name),
                             format!(
@@ -157,28 +263,28 @@ pub fn verify_checkpoints(
                                 t.shape,
                                 pl.held.slice_shape()
                             ),
-                        ));
+                        );
                         continue;
                     }
                     match (t.dtype(), &dtype) {
                         (None, _) => {
-                            report.faults.push(fault(
+                            self.faults.push(
                                 file.path(),
                                 Some(&p.name),
                                 format!("MindSpore type {} cannot be sharded", t.ty),
-                            ));
+                            );
                             continue;
                         }
                         (Some(d), None) => dtype = Some((d, file.path().to_path_buf())),
                         (Some(d), Some((first, first_path))) if d != *first => {
-                            report.faults.push(fault(
+                            self.faults.push(
                                 file.path(),
                                 Some(&p.name),
                                 format!(
                                     "dtype {d}, but {} stores it as {first}",
                                     first_path.display()
                                 ),
-                            ));
+                            );
                             continue;
                         }
                         _ => {}
@@ -186,35 +292,41 @@ pub fn verify_checkpoints(
                     good.push((rank, file.clone()));
                 }
                 if good.is_empty() {
-                    report.faults.push(fault(
-                        src_dir,
+                    self.faults.push(
+                        self.src_dir,
                         Some(&p.name),
                         format!(
-                            "elements {block} are held by no rank (the strategy places them on ranks {:?})",
+                            "elements {block} are held by no readable rank file (the strategy places them on ranks {:?})",
                             holders.iter().map(|&s| mesh.device_of_slot(s)).collect::<Vec<_>>()
                         ),
-                    ));
+                    );
                     continue;
                 }
-                if check_replicas {
-                    let (first_rank, first) = &good[0];
-                    for (rank, other) in &good[1..] {
-                        report.n_replica_pairs += 1;
-                        match same_bytes(first, other, &p.name) {
-                            Ok(true) => {}
-                            Ok(false) => report.faults.push(fault(
-                                other.path(),
-                                Some(&p.name),
-                                format!("replica on rank {rank} differs from rank {first_rank}'s copy of {block}"),
-                            )),
-                            Err(e) => report.faults.push(fault(other.path(), Some(&p.name), e.to_string())),
-                        }
-                    }
+                if self.check_replicas {
+                    self.replicas(&p.name, &block.to_string(), &good);
                 }
             }
         }
     }
-    Ok(report)
+
+    /// Compares every replica of one block with the first holder's bytes.
+    fn replicas(&mut self, name: &str, block: &str, good: &[(usize, Rc<CheckpointFile>)]) {
+        let (first_rank, first) = &good[0];
+        for (rank, other) in &good[1..] {
+            self.report.n_replica_pairs += 1;
+            match same_bytes(first, other, name) {
+                Ok(true) => {}
+                Ok(false) => self.faults.push(
+                    other.path(),
+                    Some(name),
+                    format!(
+                        "replica on rank {rank} differs from rank {first_rank}'s copy of {block}"
+                    ),
+                ),
+                Err(e) => self.faults.push(other.path(), Some(name), e.to_string()),
+            }
+        }
+    }
 }
 
 /// Whether the tensor `name` has identical bytes in two files (compared in bounded chunks).
@@ -240,36 +352,4 @@ fn same_bytes(a: &CheckpointFile, b: &CheckpointFile, name: &str) -> Result<bool
         at += n as u64;
     }
     Ok(true)
-}
-
-/// MindSpore's safetensors `crc_num`: CRC32 chained over each tensor's name then data, in name
-/// order.
-fn check_safetensors_crc(file: &CheckpointFile, stored: &str) -> Result<(), String> {
-    let stored: u64 = stored
-        .parse()
-        .map_err(|_| format!("metadata crc_num {stored:?} is not a number"))?;
-    let mut names: Vec<&str> = file.tensors().iter().map(|t| t.name.as_str()).collect();
-    names.sort_unstable();
-    let mut hasher = crc32fast::Hasher::new();
-    let mut buf = Vec::new();
-    for name in names {
-        hasher.update(name.as_bytes());
-        let t = file.tensor(name).expect("listed");
-        let mut at = 0;
-        while at < t.n_bytes {
-            let n = (t.n_bytes - at).min(4 << 20) as usize;
-            buf.resize(n, 0);
-            file.read_bytes(t, at, &mut buf)
-                .map_err(|e| e.to_string())?;
-            hasher.update(&buf);
-            at += n as u64;
-        }
-    }
-    let computed = hasher.finalize();
-    if u64::from(computed) != stored {
-        return Err(format!(
-            "CRC32 check failed: metadata crc_num is {stored} but the tensors hash to {computed}"
-        ));
-    }
-    Ok(())
 }

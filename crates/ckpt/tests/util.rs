@@ -99,3 +99,32 @@ pub fn assert_same_tensors(ours: &Path, expected: &Path, same_order: bool) {
 pub fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
+
+/// A safetensors file's header (without Tessera's set id, which ties a file to the set it was
+/// written in) and its data bytes.
+pub fn safetensors_parts(path: &Path) -> (serde_json::Value, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    if let Some(meta) = header
+        .get_mut("__metadata__")
+        .and_then(|m| m.as_object_mut())
+    {
+        meta.remove(ckpt::SET_ID_KEY);
+    }
+    (header, bytes[8 + n..].to_vec())
+}
+
+/// Asserts two safetensors files have the same header (but for Tessera's set id) and the same
+/// data bytes.
+pub fn assert_same_safetensors_bytes(ours: &Path, expected: &Path) {
+    let (h1, d1) = safetensors_parts(ours);
+    let (h2, d2) = safetensors_parts(expected);
+    assert_eq!(h1, h2, "{} vs {}", ours.display(), expected.display());
+    assert!(
+        d1 == d2,
+        "{} vs {}: data differs",
+        ours.display(),
+        expected.display()
+    );
+}

@@ -1,0 +1,280 @@
+//! [`SetWriter`]: one set being written (lock, staging directory, commit).
+
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::switch::{retire, switch, sync_dir, sync_tree};
+use super::{
+    pending, remove_created, resolve_destination, sibling, DestLock, SetMarker, SET_ID_KEY,
+    SET_MARKER, STAGING_SENTINEL,
+};
+use crate::error::{io_err, CkptError, Result};
+
+/// The infix of staging directory names: `.<name>.tessera-staging-<id>`.
+const STAGING_INFIX: &str = "tessera-staging-";
+
+/// A set being written into a staging directory beside its destination, under the
+/// destination's lock. Dropped without [`SetWriter::commit`], it removes the staging directory
+/// (and any parent directories it created) and leaves the destination untouched.
+#[derive(Debug)]
+pub struct SetWriter {
+    /// The destination as the caller named it (for the paths reported).
+    given: PathBuf,
+    /// The destination, resolved (absolute, parent existing).
+    dest: PathBuf,
+    staging: PathBuf,
+    id: String,
+    tool: String,
+    created_parents: Vec<PathBuf>,
+    committed: bool,
+    // Dropped last: the lock outlives the cleanup of the staging directory.
+    lock: DestLock,
+}
+
+impl SetWriter {
+    /// Locks `dest`, cleans up after writers that died, and creates a fresh staging
+    /// directory. Refuses a `dest` that exists and is not an empty directory unless `force`;
+    /// `tool` names the operation in the marker (`"ckpt convert"`).
+    pub fn begin(dest: &Path, tool: &str, force: bool) -> Result<SetWriter> {
+        let (resolved, created_parents) = resolve_destination(dest)?;
+        let undo = |e: CkptError| {
+            remove_created(&created_parents);
+            e
+        };
+        let lock = DestLock::acquire(&resolved).map_err(undo)?;
+        pending::register(lock.path());
+        let result = Self::stage(&resolved, tool, force, lock, created_parents.clone());
+        if result.is_err() {
+            remove_created(&created_parents);
+        }
+        result.map(|mut w| {
+            w.given = dest.to_path_buf();
+            w
+        })
+    }
+
+    /// [`SetWriter::begin`] after refusing a destination that is, contains or lies inside one
+    /// of `sources` (the directories the operation reads).
+    pub fn begin_apart(
+        dest: &Path,
+        sources: &[&Path],
+        tool: &str,
+        force: bool,
+    ) -> Result<SetWriter> {
+        check_apart(dest, sources)?;
+        Self::begin(dest, tool, force)
+    }
+
+    fn stage(
+        resolved: &Path,
+        tool: &str,
+        force: bool,
+        lock: DestLock,
+        created_parents: Vec<PathBuf>,
+    ) -> Result<SetWriter> {
+        let unregister_lock = |e| {
+            pending::unregister(lock.path());
+            e
+        };
+        recover(resolved).map_err(unregister_lock)?;
+        check_destination(resolved, force).map_err(unregister_lock)?;
+        let id = fresh_id();
+        let staging = sibling(resolved, &format!("{STAGING_INFIX}{id}"));
+        std::fs::create_dir(&staging)
+            .map_err(io_err(&staging, "create staging directory"))
+            .map_err(unregister_lock)?;
+        pending::register(&staging);
+        let writer = SetWriter {
+            given: resolved.to_path_buf(),
+            dest: resolved.to_path_buf(),
+            staging,
+            id,
+            tool: tool.to_string(),
+            created_parents,
+            committed: false,
+            lock,
+        };
+        crate::atomic_write::write_file(&writer.staging.join(STAGING_SENTINEL), b"", false)?;
+        Ok(writer)
+    }
+
+    /// The directory to write the set's files into (paths relative to it are the final ones).
+    pub fn staging(&self) -> &Path {
+        &self.staging
+    }
+
+    /// The set's id (also written into every safetensors file's metadata).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Where `rel` (a path inside the set) is written now: inside the staging directory.
+    pub fn staged(&self, rel: &Path) -> PathBuf {
+        self.staging.join(rel)
+    }
+
+    /// Where `rel` will be once the set is committed, under the destination as given.
+    pub fn final_path(&self, rel: &Path) -> PathBuf {
+        self.given.join(rel)
+    }
+
+    /// The safetensors metadata entry that ties a file to this set.
+    pub fn metadata_entry(&self) -> (String, String) {
+        (SET_ID_KEY.to_string(), self.id.clone())
+    }
+
+    /// The destination (resolved: absolute, `.` and `..` removed).
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Writes the marker and switches the staging directory into place (the commit point), then
+    /// retires the directory it replaced. Returns the marker.
+    pub fn commit(mut self) -> Result<SetMarker> {
+        sync_tree(&self.staging)?;
+        let marker = SetMarker::describe(&self.staging, &self.id, &self.tool)?;
+        crate::atomic_write::write_file(
+            &self.staging.join(SET_MARKER),
+            marker.to_json().as_bytes(),
+            false,
+        )?;
+        let sentinel = self.staging.join(STAGING_SENTINEL);
+        std::fs::remove_file(&sentinel).map_err(io_err(&sentinel, "remove"))?;
+        sync_dir(&self.staging);
+        // An interruption waits until the switch is done (see `pending`).
+        let mut list = pending::guard();
+        let switched = switch(&self.staging, &self.dest, &marker);
+        self.committed = true;
+        pending::unregister_in(&mut list, &self.staging);
+        drop(list);
+        switched?;
+        Ok(marker)
+    }
+}
+
+impl Drop for SetWriter {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.staging);
+            pending::unregister(&self.staging);
+            remove_created(&self.created_parents);
+        }
+        pending::unregister(self.lock.path());
+    }
+}
+
+/// `path` made absolute with `.`, `..` and symlinks of its existing part resolved, without
+/// creating anything.
+fn resolve_lexically(path: &Path) -> Result<PathBuf> {
+    let absolute = std::path::absolute(path).map_err(io_err(path, "resolve path"))?;
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => break,
+        }
+    }
+    let mut out = std::fs::canonicalize(existing).unwrap_or_else(|_| existing.to_path_buf());
+    for name in rest.into_iter().rev() {
+        if name == ".." {
+            out.pop();
+        } else if name != "." {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
+/// Refuses a destination that is, contains or lies inside one of `sources`.
+fn check_apart(dest: &Path, sources: &[&Path]) -> Result<()> {
+    let d = resolve_lexically(dest)?;
+    for src in sources {
+        let s = resolve_lexically(src)?;
+        let rule = if d == s {
+            "the destination is the source directory; converting in place would destroy the source"
+        } else if d.starts_with(&s) {
+            "the destination lies inside the source directory"
+        } else if s.starts_with(&d) {
+            "the destination contains the source directory; replacing it would destroy the source"
+        } else {
+            continue;
+        };
+        return Err(CkptError::UnsafeDestination {
+            path: dest.to_path_buf(),
+            rule: format!("{rule} ({})", src.display()),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses an existing `dest` that is not a directory, or not empty, unless `force`.
+fn check_destination(dest: &Path, force: bool) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(dest) {
+        Ok(m) => m,
+        Err(_) => return Ok(()),
+    };
+    if !meta.is_dir() {
+        return Err(CkptError::InvalidRequest(format!(
+            "{}: the destination exists and is not a directory",
+            dest.display()
+        )));
+    }
+    let empty = std::fs::read_dir(dest)
+        .map_err(io_err(dest, "list directory"))?
+        .next()
+        .is_none();
+    if !empty && !force {
+        return Err(CkptError::DestinationExists {
+            path: dest.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Cleans up after writers of `dest` that died (the caller holds the lock): a staging
+/// directory that still has its sentinel is removed; one without (an old directory after the
+/// switch, or a new one just before) is retired into `dest`.
+fn recover(dest: &Path) -> Result<()> {
+    let Some(parent) = dest.parent() else {
+        return Ok(());
+    };
+    let prefix = sibling(dest, STAGING_INFIX);
+    let prefix = prefix.file_name().unwrap_or_default().to_string_lossy();
+    let entries = std::fs::read_dir(parent).map_err(io_err(parent, "list directory"))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err(parent, "list directory"))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(prefix.as_ref()) || !entry.path().is_dir() {
+            continue;
+        }
+        let stale = entry.path();
+        if stale.join(STAGING_SENTINEL).exists() {
+            std::fs::remove_dir_all(&stale).map_err(io_err(&stale, "remove stale staging"))?;
+        } else if dest.exists() {
+            let current = SetMarker::read(dest).ok().flatten();
+            let entries = current.map(|m| m.entries).unwrap_or_default();
+            retire(&stale, dest, &entries)?;
+        }
+        // Otherwise the directory may hold entries of no set with nowhere to go: left alone.
+    }
+    Ok(())
+}
+
+/// A fresh 16-hex-digit id: the process, the clock and a counter, mixed by a randomly keyed
+/// hasher.
+fn fresh_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    format!("{:016x}", h.finish())
+}
