@@ -31,6 +31,9 @@ pub struct ConvertOptions<'a> {
     pub force: bool,
     /// Append MindSpore's `crc_num` trailer to `.ckpt` output.
     pub crc: bool,
+    /// Convert even when the source strategy lists parameters that no source file holds
+    /// (they are reported as skipped); otherwise that is an error, as `verify` calls it a fault.
+    pub allow_missing: bool,
     /// Largest chunk of one tensor held in memory.
     pub chunk_bytes: usize,
     /// Progress sink.
@@ -45,6 +48,7 @@ impl Default for ConvertOptions<'_> {
             ranks: None,
             force: false,
             crc: false,
+            allow_missing: false,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             progress: &NoProgress,
         }
@@ -59,6 +63,7 @@ impl std::fmt::Debug for ConvertOptions<'_> {
             .field("ranks", &self.ranks)
             .field("force", &self.force)
             .field("crc", &self.crc)
+            .field("allow_missing", &self.allow_missing)
             .field("chunk_bytes", &self.chunk_bytes)
             .finish()
     }
@@ -106,6 +111,17 @@ pub fn convert_checkpoints(
     let sources = SourceSet::rank_dirs(src_dir)?;
     let src = Strategy::load(src_strategy)?;
     let (src_res, src_unknown) = sources.resolve_source(&src)?;
+    if let (false, Some(name)) = (opts.allow_missing, src_unknown.first()) {
+        return Err(CkptError::TensorMissing {
+            path: src_dir.to_path_buf(),
+            tensor: name.clone(),
+            rule: format!(
+                "{} lists it (and {} more parameters no rank file holds); the checkpoint is incomplete (pass --allow-missing to convert without them)",
+                src_strategy.display(),
+                src_unknown.len() - 1
+            ),
+        });
+    }
     let mut skipped: Vec<(String, String)> = src_unknown
         .into_iter()
         .map(|n| {

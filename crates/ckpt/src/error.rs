@@ -61,7 +61,7 @@ pub enum CkptError {
         reason: String,
     },
     /// A directory holding a set that was never committed.
-    #[error("{path}: uncommitted checkpoint set: {reason}; refusing to read it")]
+    #[error("{path}: uncommitted checkpoint set: {reason}")]
     UncommittedSet {
         /// The directory.
         path: PathBuf,

@@ -134,11 +134,14 @@ pub(crate) fn has_only_group_info_fields(bytes: &[u8]) -> std::result::Result<()
     Ok(())
 }
 
+/// A length-delimited field: its number, its bytes and its offset.
+type Field<'a> = (u32, &'a [u8], usize);
+
 /// Every field of a message, each of which must be length-delimited.
 fn length_delimited_fields(
     bytes: &[u8],
     base: usize,
-) -> std::result::Result<Vec<(u32, &[u8], usize)>, String> {
+) -> std::result::Result<Vec<Field<'_>>, String> {
     let mut r = Reader::nested(bytes, base);
     let mut out = Vec::new();
     while let Some(f) = r.next_field() {

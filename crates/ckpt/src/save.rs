@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 
 use tensor::Tensor;
 
-use crate::ckpt_file::{StoredType, TensorMeta};
+use crate::ckpt_file::{Format, StoredType, TensorMeta};
 use crate::error::{CkptError, Result};
 use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile};
+use crate::rank_dir::rank_file_path;
 use crate::safetensors::{canonical_order, SafetensorsWriter};
+use crate::set::SET_ID_KEY;
 use crate::strategy::{OpStrategyRecord, ResolvedStrategy, StrategyFlavour};
 
 /// Saves one rank's tensors as `dir/rank_<rank>/checkpoint_<rank>.safetensors` (metadata
@@ -25,8 +27,40 @@ pub fn save_rank_checkpoint(
     save_safetensors(&dest, tensors, force)
 }
 
+/// Saves one rank's tensors into the staging directory of a set being written
+/// ([`crate::SetWriter::staging`]), as `rank_<rank>/checkpoint_<rank>.safetensors` carrying the
+/// set's id. The set may be written by several processes (one per rank); the one holding the
+/// [`crate::SetWriter`] commits it.
+pub fn save_rank_checkpoint_in_set(
+    staging: &Path,
+    set_id: &str,
+    rank: usize,
+    tensors: &[(&str, &Tensor)],
+) -> Result<PathBuf> {
+    let dest = rank_file_path(staging, rank, "checkpoint_", Format::Safetensors);
+    let metadata = [
+        ("format".to_string(), "ms".to_string()),
+        (SET_ID_KEY.to_string(), set_id.to_string()),
+    ];
+    write_safetensors(&dest, tensors, &metadata, false)
+}
+
 /// Saves tensors into one safetensors file, atomically.
 pub fn save_safetensors(dest: &Path, tensors: &[(&str, &Tensor)], force: bool) -> Result<PathBuf> {
+    write_safetensors(
+        dest,
+        tensors,
+        &[("format".to_string(), "ms".to_string())],
+        force,
+    )
+}
+
+fn write_safetensors(
+    dest: &Path,
+    tensors: &[(&str, &Tensor)],
+    metadata: &[(String, String)],
+    force: bool,
+) -> Result<PathBuf> {
     let mut metas: Vec<TensorMeta> = tensors
         .iter()
         .map(|(name, t)| TensorMeta::new(name, StoredType::DType(t.dtype()), t.shape().to_vec()))
@@ -41,12 +75,7 @@ pub fn save_safetensors(dest: &Path, tensors: &[(&str, &Tensor)], force: bool) -
             )));
         }
     }
-    let mut writer = SafetensorsWriter::create(
-        dest,
-        &[("format".to_string(), "ms".to_string())],
-        metas.clone(),
-        force,
-    )?;
+    let mut writer = SafetensorsWriter::create(dest, metadata, metas.clone(), force)?;
     for m in &metas {
         let (_, t) = tensors
             .iter()

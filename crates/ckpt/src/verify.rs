@@ -69,6 +69,14 @@ struct Faults {
 }
 
 impl Faults {
+    /// Records `err` as a fault of `path`, without repeating the path its message starts with.
+    fn push_error(&mut self, path: &Path, err: &crate::error::CkptError) {
+        let text = err.to_string();
+        let prefix = format!("{}: ", path.display());
+        let rule = text.strip_prefix(&prefix).unwrap_or(&text).to_string();
+        self.push(path, None, rule);
+    }
+
     fn push(&mut self, path: &Path, tensor: Option<&str>, rule: String) {
         let fault = Fault {
             path: path.to_path_buf(),
@@ -97,12 +105,12 @@ pub fn verify_checkpoints(
     let set_id = match audit_set(src_dir) {
         Ok(audit) => {
             for e in audit.faults {
-                faults.push(src_dir, None, e.to_string());
+                faults.push_error(src_dir, &e);
             }
             audit.marker.map(|m| m.id)
         }
         Err(e) => {
-            faults.push(src_dir, None, e.to_string());
+            faults.push_error(src_dir, &e);
             None
         }
     };
@@ -115,25 +123,26 @@ pub fn verify_checkpoints(
         let file = match CheckpointFile::open(path) {
             Ok(f) => f,
             Err(e) => {
-                faults.push(path, None, e.to_string());
+                faults.push_error(path, &e);
                 continue;
             }
         };
         if let Err(e) = file.verify_metadata_crc() {
-            faults.push(path, None, e.to_string());
+            faults.push_error(path, &e);
         }
         match (&set_id, file.set_id(), &first_id) {
-            (Some(expected), found, _) if found != Some(expected.as_str()) => {
-                if found.is_some() || file.format() == Format::Safetensors {
-                    faults.push(
-                        path,
-                        None,
-                        format!(
-                            "belongs to set {}, but the directory's marker says set {expected} (a mixed set)",
-                            found.unwrap_or("(none)")
-                        ),
-                    );
-                }
+            (Some(expected), found, _)
+                if found != Some(expected.as_str())
+                    && (found.is_some() || file.format() == Format::Safetensors) =>
+            {
+                faults.push(
+                    path,
+                    None,
+                    format!(
+                        "belongs to set {}, but the directory's marker says set {expected} (a mixed set)",
+                        found.unwrap_or("(none)")
+                    ),
+                );
             }
             (None, Some(found), None) => first_id = Some((found.to_string(), path.clone())),
             (None, Some(found), Some((id, first))) if found != id => faults.push(

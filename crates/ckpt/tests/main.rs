@@ -6,4 +6,5 @@ mod differences;
 mod fuzz;
 mod pipeline;
 mod roundtrip;
+mod sets;
 mod util;

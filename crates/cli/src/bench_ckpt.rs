@@ -19,7 +19,8 @@ use tensor::Tensor;
 /// Arguments of `tessera bench ckpt-convert`.
 #[derive(Debug, Args)]
 pub struct CkptConvertArgs {
-    /// Working directory (default: a fresh directory under the system temp dir).
+    /// Working directory to create (it must not exist; default: a fresh directory under the
+    /// system temp dir). Removed at the end unless `--keep`.
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Keep the generated source, copy and output.
@@ -39,15 +40,37 @@ const COLS: usize = 4096;
 /// Runs the benchmark.
 pub fn run(args: &CkptConvertArgs) -> anyhow::Result<()> {
     let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("tessera-bench-ckpt-{}", std::process::id())),
+        Some(d) => {
+            if std::fs::symlink_metadata(d).is_ok() {
+                bail!(
+                    "--dir {}: exists; the benchmark only works in a directory it creates (and removes), so give a path that does not exist",
+                    d.display()
+                );
+            }
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            d.clone()
+        }
+        None => fresh_temp_dir()?,
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let result = bench(&dir, args);
     if !args.keep {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
+}
+
+/// A directory under the system temp dir that did not exist before.
+fn fresh_temp_dir() -> anyhow::Result<PathBuf> {
+    let base = std::env::temp_dir();
+    for n in 0..1000 {
+        let dir = base.join(format!("tessera-bench-ckpt-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+    bail!("no fresh directory name under {}", base.display())
 }
 
 fn strategy(dev: &[usize], map: &[i64], n: usize) -> anyhow::Result<ckpt::ResolvedStrategy> {

@@ -81,6 +81,10 @@ struct ConvertArgs {
     /// Append MindSpore's crc_num trailer to .ckpt output.
     #[arg(long)]
     crc: bool,
+    /// Convert even if the source strategy lists parameters no source file holds (reported
+    /// as skipped); without it that is an error.
+    #[arg(long)]
+    allow_missing: bool,
     #[command(flatten)]
     write: WriteFlags,
 }
@@ -311,6 +315,7 @@ fn convert(a: &ConvertArgs) -> anyhow::Result<()> {
         ranks,
         force: a.write.force,
         crc: a.crc,
+        allow_missing: a.allow_missing,
         progress: &bar,
         ..Default::default()
     };
@@ -529,10 +534,19 @@ fn verify(a: &VerifyArgs) -> anyhow::Result<()> {
 }
 
 fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
-    match ckpt::inspect(&a.file)? {
+    let (file, detected) = ckpt::inspect_detected(&a.file)?;
+    // Strategy and group-info listings have their own JSON; the detection goes beside it.
+    if !matches!(file, InspectedFile::Checkpoint(_)) {
+        if a.json {
+            eprintln!("detected: {detected}");
+        } else {
+            println!("detected: {detected}");
+        }
+    }
+    match file {
         InspectedFile::Checkpoint(f) => {
             let mut text = format!(
-                "{} ({} checkpoint, {} tensors)\n",
+                "{} ({} checkpoint, {} tensors)\ndetected: {detected}\n",
                 f.path().display(),
                 f.format(),
                 f.tensors().len()
@@ -562,6 +576,7 @@ fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
                 json!({
                     "kind": "checkpoint",
                     "format": f.format().to_string(),
+                    "detected": detected,
                     "metadata": f.metadata(),
                     "crc": f.crc(),
                     "tensors": f.tensors().iter().map(|t| json!({

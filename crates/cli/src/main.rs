@@ -58,8 +58,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// On SIGINT, SIGTERM or SIGHUP: remove the staging directories and lock files of unfinished
+/// checkpoint writes (a committed set is never touched; a commit in progress finishes first),
+/// then exit with 128 + the signal number, as the default action would.
+fn clean_up_on_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            ckpt::abandon_pending_sets();
+            std::process::exit(128 + signal);
+        }
+    });
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    clean_up_on_signals();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -109,6 +109,7 @@ pub fn train_local(
     options: &LaunchOptions,
 ) -> Result<TrainReport, RuntimeError> {
     let devices = session.devices();
+    session.open_checkpoint_set()?;
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
     let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
     let mut ranks = Vec::with_capacity(devices);
@@ -170,6 +171,9 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
                 world.size()
             ),
         });
+    }
+    if world.rank() == 0 {
+        session.open_checkpoint_set()?;
     }
     let outcome = run_rank(session, options, Arc::new(world))?;
     Ok(TrainReport {

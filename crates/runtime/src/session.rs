@@ -39,6 +39,9 @@ pub struct Session {
     pub train_data: Arc<IdxDataset>,
     /// The test split.
     pub test_data: Arc<IdxDataset>,
+    /// The checkpoint set this process writes (rank 0's process only), opened by
+    /// [`Session::open_checkpoint_set`] before the ranks start.
+    checkpoint_set: std::sync::Mutex<Option<ckpt::SetWriter>>,
 }
 
 /// What one rank ends a run with.
@@ -54,6 +57,44 @@ pub struct RankOutcome {
     pub params: Vec<ParamShard>,
     /// The global step reached.
     pub global_step: u64,
+}
+
+/// What a rank saves at the end of a run.
+struct SavedState<'a> {
+    exec: &'a RankExecutor,
+    optimizer: &'a Optimizer,
+    trainable: &'a [usize],
+    global_step: u64,
+}
+
+/// `<id>\n<staging path>` as bytes.
+fn encode_staging(staging: &Path, id: &str) -> Vec<u8> {
+    let mut out = id.as_bytes().to_vec();
+    out.push(b'\n');
+    out.extend_from_slice(staging.as_os_str().as_encoded_bytes());
+    out
+}
+
+fn decode_staging(bytes: &[u8]) -> Option<(PathBuf, String)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (id, path) = text.split_once('\n')?;
+    Some((PathBuf::from(path), id.to_string()))
+}
+
+/// Broadcasts `bytes` from rank 0 to every rank (its length first).
+fn share_bytes(world: &dyn Communicator, bytes: &mut Vec<u8>) -> Result<(), RuntimeError> {
+    let mut len = (bytes.len() as u64).to_le_bytes();
+    world.broadcast_bytes(&mut len, 0)?;
+    let len = u64::from_le_bytes(len);
+    if len > 1 << 20 {
+        return Err(RuntimeError::Rank {
+            rank: world.rank(),
+            message: format!("a {len}-byte staging path is not plausible"),
+        });
+    }
+    bytes.resize(len as usize, 0);
+    world.broadcast_bytes(bytes, 0)?;
+    Ok(())
 }
 
 /// One rank's shard of a parameter.
@@ -124,12 +165,34 @@ impl Session {
             eval: Arc::new(eval),
             train_data: Arc::new(train_data),
             test_data: Arc::new(test_data),
+            checkpoint_set: std::sync::Mutex::new(None),
         })
     }
 
     /// Number of devices the programs run on.
     pub fn devices(&self) -> usize {
         self.train.devices()
+    }
+
+    /// Opens the checkpoint set of the run, when it saves one: takes the output directory's
+    /// lock (a second run into the same directory fails here, naming this one) and creates the
+    /// staging directory beside it, so an unwritable output fails before any rank starts. The
+    /// process that runs rank 0 calls this; [`Session::run_rank`] opens it late otherwise.
+    pub fn open_checkpoint_set(&self) -> Result<(), RuntimeError> {
+        let Some(dir) = self.checkpoint_dir() else {
+            return Ok(());
+        };
+        let mut slot = self.set_slot();
+        if slot.is_none() {
+            *slot = Some(ckpt::SetWriter::begin(dir, "train", true)?);
+        }
+        Ok(())
+    }
+
+    fn set_slot(&self) -> std::sync::MutexGuard<'_, Option<ckpt::SetWriter>> {
+        self.checkpoint_set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Where checkpoints and strategy files go, when saving is on.
@@ -251,7 +314,7 @@ impl Session {
     ) -> Result<RankOutcome, RuntimeError> {
         let rank = world.rank();
         let mut exec = RankExecutor::new(self.train.clone(), world.clone())?;
-        let mut eval = RankExecutor::new(self.eval.clone(), world)?;
+        let mut eval = RankExecutor::new(self.eval.clone(), world.clone())?;
         exec.init_parameters(self.config.train().seed)?;
         let trainable: Vec<usize> = (0..self.train.params.len())
             .filter(|&i| {
@@ -360,8 +423,14 @@ impl Session {
             global_step,
             last_loss: outcome.losses.last().copied(),
         })?;
-        if let Some(dir) = self.checkpoint_dir() {
-            self.save_rank(&exec, &optimizer, &trainable, dir, rank, global_step)?;
+        if self.checkpoint_dir().is_some() {
+            let saved = SavedState {
+                exec: &exec,
+                optimizer: &optimizer,
+                trainable: &trainable,
+                global_step,
+            };
+            self.save_checkpoint_set(world.as_ref(), &saved)?;
         }
         for (i, p) in self.train.params.iter().enumerate() {
             outcome.params.push(ParamShard {
@@ -375,27 +444,75 @@ impl Session {
         Ok(outcome)
     }
 
-    /// Writes this rank's checkpoint `dir/rank_<r>/checkpoint_<r>.safetensors`: its parameter
-    /// shards, its optimizer state shards and the step counter; rank 0 also writes the strategy
-    /// files.
+    /// Saves the run's checkpoint as one set: rank 0 shares the staging directory, every rank
+    /// writes `rank_<r>/checkpoint_<r>.safetensors` into it (rank 0 also the strategy files),
+    /// the ranks agree that every write succeeded, and rank 0 commits the set. A rank that
+    /// fails to write makes every rank fail, and nothing is committed.
+    fn save_checkpoint_set(
+        &self,
+        world: &dyn Communicator,
+        saved: &SavedState<'_>,
+    ) -> Result<(), RuntimeError> {
+        let rank = world.rank();
+        let mut shared = Vec::new();
+        if rank == 0 {
+            let opened = self.open_checkpoint_set();
+            let slot = self.set_slot();
+            if let (Ok(()), Some(set)) = (&opened, slot.as_ref()) {
+                shared = encode_staging(set.staging(), set.id());
+            }
+            drop(slot);
+            // An empty message tells the other ranks that rank 0 could not open the set.
+            share_bytes(world, &mut shared)?;
+            opened?;
+        } else {
+            share_bytes(world, &mut shared)?;
+        }
+        let Some((staging, id)) = decode_staging(&shared) else {
+            return Err(RuntimeError::Rank {
+                rank: 0,
+                message: "could not open the checkpoint set".to_string(),
+            });
+        };
+        let written = self.save_rank(saved, &staging, &id, rank);
+        let mut failed = Tensor::from_vec(&[1], vec![f32::from(u8::from(written.is_err()))])?;
+        world.all_reduce(&mut failed, comm::ReduceOp::Max)?;
+        written?;
+        if failed.to_f64_vec().first().copied().unwrap_or(1.0) > 0.0 {
+            // Dropping the writer removes the staging directory.
+            drop(self.set_slot().take());
+            return Err(RuntimeError::Rank {
+                rank,
+                message: "another rank failed to write its checkpoint; the set was not committed (the previous checkpoint is unchanged)".to_string(),
+            });
+        }
+        if rank == 0 {
+            if let Some(set) = self.set_slot().take() {
+                set.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes this rank's checkpoint `rank_<r>/checkpoint_<r>.safetensors` into the staging
+    /// directory: its parameter shards, its optimizer state shards and the step counter; rank
+    /// 0 also writes the strategy files.
     fn save_rank(
         &self,
-        exec: &RankExecutor,
-        optimizer: &Optimizer,
-        trainable: &[usize],
-        dir: &Path,
+        saved: &SavedState<'_>,
+        staging: &Path,
+        set_id: &str,
         rank: usize,
-        global_step: u64,
     ) -> Result<(), RuntimeError> {
-        let step = Tensor::from_vec(&[1], vec![global_step as i32])?;
+        let step = Tensor::from_vec(&[1], vec![saved.global_step as i32])?;
         let mut names: Vec<String> = Vec::new();
         let mut tensors: Vec<&Tensor> = Vec::new();
         for (i, p) in self.train.params.iter().enumerate() {
             names.push(p.name.clone());
-            tensors.push(exec.param(i));
+            tensors.push(saved.exec.param(i));
         }
-        for (k, &i) in trainable.iter().enumerate() {
-            for (state, t) in optimizer.state(k)? {
+        for (k, &i) in saved.trainable.iter().enumerate() {
+            for (state, t) in saved.optimizer.state(k)? {
                 names.push(state_checkpoint_name(state, &self.train.params[i].name));
                 tensors.push(t);
             }
@@ -403,9 +520,9 @@ impl Session {
         names.push(GLOBAL_STEP.to_string());
         tensors.push(&step);
         let pairs: Vec<(&str, &Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
-        ckpt::save_rank_checkpoint(dir, rank, &pairs, true)?;
+        ckpt::save_rank_checkpoint_in_set(staging, set_id, rank, &pairs)?;
         if rank == 0 {
-            self.save_strategy_files(dir)?;
+            self.save_strategy_files(staging)?;
         }
         Ok(())
     }

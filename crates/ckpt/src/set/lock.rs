@@ -7,8 +7,9 @@
 //! the file before it lets go; a writer that locked a file which was removed meanwhile retries
 //! with a fresh one, so two writers never hold locks on two different files of one name.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -44,15 +45,15 @@ impl DestLock {
                 .truncate(false)
                 .open(&path)
                 .map_err(io_err(&path, "create lock file"))?;
-            match file.try_lock() {
-                Ok(()) => {}
-                Err(TryLockError::WouldBlock) => {
+            match try_lock(&file) {
+                Ok(true) => {}
+                Ok(false) => {
                     return Err(CkptError::DestinationLocked {
                         path: dest.to_path_buf(),
                         holder: read_holder(&file),
                     })
                 }
-                Err(TryLockError::Error(e)) => return Err(io_err(&path, "lock")(e)),
+                Err(e) => return Err(io_err(&path, "lock")(e)),
             }
             if !names_file(&path, &file) {
                 continue;
@@ -90,6 +91,23 @@ impl Drop for DestLock {
         // name no longer leads to it and starts over.
         let _ = std::fs::remove_file(&self.path);
         drop(self.file.take());
+    }
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` when another open file holds the lock.
+fn try_lock(file: &File) -> std::io::Result<bool> {
+    loop {
+        // SAFETY: the descriptor is open for the duration of the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(err),
+        }
     }
 }
 

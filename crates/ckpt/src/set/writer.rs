@@ -28,8 +28,9 @@ pub struct SetWriter {
     tool: String,
     created_parents: Vec<PathBuf>,
     committed: bool,
-    // Dropped last: the lock outlives the cleanup of the staging directory.
-    lock: DestLock,
+    /// Held until the staging directory is cleaned up (then released before the parents this
+    /// writer created are removed, since its file lives in the innermost one).
+    lock: Option<DestLock>,
 }
 
 impl SetWriter {
@@ -93,7 +94,7 @@ impl SetWriter {
             tool: tool.to_string(),
             created_parents,
             committed: false,
-            lock,
+            lock: Some(lock),
         };
         crate::atomic_write::write_file(&writer.staging.join(STAGING_SENTINEL), b"", false)?;
         Ok(writer)
@@ -158,9 +159,14 @@ impl Drop for SetWriter {
         if !self.committed {
             let _ = std::fs::remove_dir_all(&self.staging);
             pending::unregister(&self.staging);
+        }
+        if let Some(lock) = self.lock.take() {
+            pending::unregister(lock.path());
+            drop(lock);
+        }
+        if !self.committed {
             remove_created(&self.created_parents);
         }
-        pending::unregister(self.lock.path());
     }
 }
 
@@ -277,4 +283,156 @@ fn fresh_id() -> String {
         .map_or(0, |d| d.as_nanos());
     h.write_u128(nanos);
     format!("{:016x}", h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::set::{audit_set, check_set};
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn write_set(dest: &Path, ranks: &[usize], force: bool) -> SetMarker {
+        let w = SetWriter::begin(dest, "test", force).unwrap();
+        for r in ranks {
+            let dir = w.staging().join(format!("rank_{r}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(format!("f{r}.bin")), vec![*r as u8; 10 + r]).unwrap();
+        }
+        std::fs::write(w.staging().join("strategy.json"), b"{}").unwrap();
+        w.commit().unwrap()
+    }
+
+    #[test]
+    fn a_new_set_appears_whole_with_its_marker() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("a/b/out");
+        let marker = write_set(&dest, &[0, 1], false);
+        assert_eq!(marker.ranks, vec![0, 1]);
+        assert_eq!(marker.entries, vec!["rank_0", "rank_1", "strategy.json"]);
+        assert_eq!(
+            names(&dest),
+            vec!["rank_0", "rank_1", "strategy.json", SET_MARKER]
+        );
+        // Nothing beside it: no staging directory, no lock file.
+        assert_eq!(names(&tmp.path().join("a/b")), vec!["out"]);
+        assert_eq!(check_set(&dest).unwrap().unwrap().id, marker.id);
+    }
+
+    #[test]
+    fn replacing_removes_stale_ranks_and_keeps_foreign_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        write_set(&dest, &[0, 1, 2, 3], false);
+        std::fs::write(dest.join("notes.txt"), b"mine").unwrap();
+        assert!(matches!(
+            SetWriter::begin(&dest, "test", false),
+            Err(CkptError::DestinationExists { .. })
+        ));
+        let marker = write_set(&dest, &[0, 1], true);
+        assert_eq!(
+            names(&dest),
+            vec!["notes.txt", "rank_0", "rank_1", "strategy.json", SET_MARKER]
+        );
+        assert_eq!(std::fs::read(dest.join("notes.txt")).unwrap(), b"mine");
+        assert_eq!(check_set(&dest).unwrap().unwrap().id, marker.id);
+        assert_eq!(names(tmp.path()), vec!["out"]);
+    }
+
+    #[test]
+    fn an_abandoned_writer_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("x/y/out");
+        {
+            let w = SetWriter::begin(&dest, "test", false).unwrap();
+            std::fs::write(w.staging().join("half"), b"..").unwrap();
+        }
+        assert_eq!(names(tmp.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_second_writer_fails_at_once_naming_the_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        let first = SetWriter::begin(&dest, "test", false).unwrap();
+        let err = SetWriter::begin(&dest, "test", true).unwrap_err();
+        assert!(
+            matches!(&err, CkptError::DestinationLocked { holder, .. } if holder.contains(&std::process::id().to_string())),
+            "{err}"
+        );
+        drop(first);
+        write_set(&dest, &[0], false);
+    }
+
+    #[test]
+    fn leftovers_of_dead_writers_are_recovered() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        write_set(&dest, &[0, 1], false);
+        // A writer died while staging: its directory still has the sentinel.
+        let staging = sibling(&dest, "tessera-staging-dead1");
+        std::fs::create_dir_all(staging.join("rank_0")).unwrap();
+        std::fs::write(staging.join(STAGING_SENTINEL), b"").unwrap();
+        // A writer died after the switch: the old directory, holding a foreign file.
+        let retired = sibling(&dest, "tessera-staging-dead2");
+        std::fs::create_dir_all(retired.join("rank_5")).unwrap();
+        std::fs::write(retired.join("metrics.jsonl"), b"log").unwrap();
+        // A reader refuses the staging directory.
+        assert!(matches!(
+            check_set(&staging),
+            Err(CkptError::UncommittedSet { .. })
+        ));
+        write_set(&dest, &[0], true);
+        assert_eq!(names(tmp.path()), vec!["out"]);
+        assert_eq!(std::fs::read(dest.join("metrics.jsonl")).unwrap(), b"log");
+        assert!(!dest.join("rank_5").exists());
+    }
+
+    #[test]
+    fn audit_finds_every_disagreement_with_the_marker() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        write_set(&dest, &[0, 1, 2], false);
+        std::fs::write(dest.join("rank_0/f0.bin"), b"resized").unwrap();
+        std::fs::remove_file(dest.join("rank_1/f1.bin")).unwrap();
+        std::fs::create_dir(dest.join("rank_7")).unwrap();
+        let audit = audit_set(&dest).unwrap();
+        let text: Vec<String> = audit.faults.iter().map(|e| e.to_string()).collect();
+        assert_eq!(text.len(), 3, "{text:?}");
+        assert!(text[0].contains("rank_0/f0.bin has 7 bytes"), "{text:?}");
+        assert!(
+            text[1].contains("rank_1/f1.bin is listed but missing"),
+            "{text:?}"
+        );
+        assert!(
+            text[2].contains("rank_7/ is not one of the set's rank folders"),
+            "{text:?}"
+        );
+        assert!(matches!(check_set(&dest), Err(CkptError::MixedSet { .. })));
+    }
+
+    #[test]
+    fn a_destination_inside_or_around_the_source_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        for dest in [
+            src.clone(),
+            src.join("sub"),
+            tmp.path().to_path_buf(),
+            src.join(".."),
+        ] {
+            let err = SetWriter::begin_apart(&dest, &[&src], "test", true).unwrap_err();
+            assert!(matches!(err, CkptError::UnsafeDestination { .. }), "{err}");
+        }
+        assert_eq!(names(&src), Vec::<String>::new());
+        SetWriter::begin_apart(&tmp.path().join("dst"), &[&src], "test", false).unwrap();
+    }
 }

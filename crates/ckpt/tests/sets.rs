@@ -1,0 +1,259 @@
+//! Checkpoint sets and the checks before a conversion: a destination appears whole or not at
+//! all, readers refuse uncommitted and mixed sets, a strategy must match the checkpoint's rank
+//! folders, a conversion never overwrites its source or writes outside its destination, and
+//! `verify` reports every fault of every rank once.
+
+use std::path::{Path, PathBuf};
+
+use ckpt::{CkptError, ConvertOptions};
+use layout::Layout;
+use tensor::Tensor;
+
+use crate::util::tmp;
+
+/// A checkpoint of `n` ranks in `dir/src` holding `w` ([4n, 2], split over the ranks) and the
+/// strategy file describing it; `base` shifts the values.
+fn checkpoint(dir: &Path, name: &str, n: usize, base: f32) -> PathBuf {
+    let mesh = layout::Mesh::new(&[n], &["dp"], None).unwrap();
+    let rows = 4 * n;
+    let mp = Layout::from_mesh(mesh, vec![vec![0], vec![]])
+        .unwrap()
+        .bind(&[rows, 2])
+        .unwrap();
+    let full =
+        Tensor::from_vec(&[rows, 2], (0..rows * 2).map(|x| x as f32 + base).collect()).unwrap();
+    for r in 0..n {
+        let part = full.extract_box(&mp.rank_box(r).unwrap()).unwrap();
+        ckpt::save_rank_checkpoint(&dir.join(name), r, &[("w", &part)], false).unwrap();
+    }
+    let strategy = ckpt::ResolvedStrategy::new(vec![ckpt::ResolvedParam {
+        name: "w".into(),
+        shape: vec![rows, 2],
+        dtype: Some(tensor::DType::F32),
+        placements: vec![ckpt::ParamLayout::new(0, mp, 1).unwrap()],
+    }])
+    .unwrap();
+    let path = dir.join(format!("{name}.json"));
+    ckpt::save_param_strategy_file(&path, &strategy, &[], ckpt::StrategyFlavour::Tessera, true)
+        .unwrap();
+    path
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn convert(src: &Path, s: &Path, dst: &Path, d: Option<&Path>, force: bool) -> ckpt::Result<()> {
+    let opts = ConvertOptions {
+        force,
+        ..ConvertOptions::default()
+    };
+    ckpt::convert_checkpoints(src, s, dst, d, &opts).map(|_| ())
+}
+
+#[test]
+fn a_strategy_for_fewer_ranks_than_the_folders_is_refused() {
+    let dir = tmp();
+    checkpoint(dir.path(), "src", 4, 0.0);
+    let small = checkpoint(dir.path(), "small", 2, 0.0);
+    let out = dir.path().join("out");
+    let err = convert(&dir.path().join("src"), &small, &out, None, false).unwrap_err();
+    match &err {
+        CkptError::RankCountMismatch { extra, n_ranks, .. } => {
+            assert_eq!((extra.as_slice(), *n_ranks), (&[2, 3][..], 2));
+        }
+        other => panic!("expected RankCountMismatch, got {other}"),
+    }
+    assert!(err.to_string().contains("small.json"), "{err}");
+    assert!(!out.exists());
+    // verify names the extra folders too.
+    let r = ckpt::verify_checkpoints(&dir.path().join("src"), &small, false).unwrap();
+    let extra: Vec<_> = r
+        .faults
+        .iter()
+        .filter(|f| f.rule.contains("an extra rank folder"))
+        .collect();
+    assert_eq!(extra.len(), 2, "{:?}", r.faults);
+}
+
+#[test]
+fn a_strategy_parameter_no_file_holds_needs_allow_missing() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    // The same strategy with a second parameter the files lack.
+    let mut strategy = ckpt::Strategy::load(&s)
+        .unwrap()
+        .resolve_scale_free()
+        .unwrap();
+    let mut params = strategy.params().to_vec();
+    let mut ghost = params[0].clone();
+    ghost.name = "ghost".into();
+    params.push(ghost);
+    strategy = ckpt::ResolvedStrategy::new(params).unwrap();
+    // MindSpore's protobuf has no shapes: the ghost's shape comes from no file.
+    let s2 = dir.path().join("s2.ckpt");
+    ckpt::save_param_strategy_file(
+        &s2,
+        &strategy,
+        &[],
+        ckpt::StrategyFlavour::MsProtobuf,
+        false,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let err = convert(&dir.path().join("src"), &s2, &out, None, false).unwrap_err();
+    assert!(
+        matches!(&err, CkptError::TensorMissing { tensor, .. } if tensor == "ghost"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let opts = ConvertOptions {
+        allow_missing: true,
+        ..ConvertOptions::default()
+    };
+    let report =
+        ckpt::convert_checkpoints(&dir.path().join("src"), &s2, &out, None, &opts).unwrap();
+    assert_eq!(report.skipped.len(), 1);
+}
+
+#[test]
+fn a_conversion_never_overwrites_its_source_or_leaves_its_destination() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let src = dir.path().join("src");
+    let before = names(&src.join("rank_0"));
+    for dst in [src.clone(), src.join("inner"), dir.path().to_path_buf()] {
+        let err = convert(&src, &s, &dst, None, true).unwrap_err();
+        assert!(matches!(err, CkptError::UnsafeDestination { .. }), "{err}");
+    }
+    assert_eq!(names(&src.join("rank_0")), before);
+    for prefix in ["../../x_", "a/b", ".."] {
+        let opts = ConvertOptions {
+            prefix,
+            ..ConvertOptions::default()
+        };
+        let err =
+            ckpt::convert_checkpoints(&src, &s, &dir.path().join("out"), None, &opts).unwrap_err();
+        assert!(matches!(err, CkptError::UnsafeDestination { .. }), "{err}");
+    }
+    assert_eq!(names(dir.path()), vec!["src", "src.json"]);
+}
+
+#[test]
+fn readers_refuse_mixed_and_uncommitted_sets() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let s_other = checkpoint(dir.path(), "other", 2, 100.0);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    convert(&dir.path().join("src"), &s, &a, Some(&s), false).unwrap();
+    convert(
+        &dir.path().join("other"),
+        &s_other,
+        &b,
+        Some(&s_other),
+        false,
+    )
+    .unwrap();
+    // The same shapes, so the same sizes: only the set id tells the files apart.
+    let file = "rank_1/checkpoint_1.safetensors";
+    std::fs::copy(b.join(file), a.join(file)).unwrap();
+    let err = convert(&a, &s, &dir.path().join("c"), None, false).unwrap_err();
+    assert!(matches!(err, CkptError::MixedSet { .. }), "{err}");
+    let r = ckpt::verify_checkpoints(&a, &s, false).unwrap();
+    assert!(
+        r.faults.iter().any(|f| f.rule.contains("a mixed set")),
+        "{:?}",
+        r.faults
+    );
+    // A staging directory (an interrupted write) is refused by name and by its sentinel.
+    let staging = dir.path().join(".c.tessera-staging-0123456789abcdef");
+    std::fs::create_dir_all(staging.join("rank_0")).unwrap();
+    std::fs::copy(
+        a.join("rank_0/checkpoint_0.safetensors"),
+        staging.join("rank_0/x.safetensors"),
+    )
+    .unwrap();
+    let err = convert(&staging, &s, &dir.path().join("d"), None, false).unwrap_err();
+    assert!(matches!(err, CkptError::UncommittedSet { .. }), "{err}");
+}
+
+#[test]
+fn verify_reports_every_rank_fault_once() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 4, 0.0);
+    let src = dir.path().join("src");
+    for r in [1, 3] {
+        let f = src.join(format!("rank_{r}/checkpoint_{r}.safetensors"));
+        let bytes = std::fs::read(&f).unwrap();
+        std::fs::write(&f, &bytes[..bytes.len() - 3]).unwrap();
+    }
+    let r = ckpt::verify_checkpoints(&src, &s, true).unwrap();
+    // Both unreadable files, each once; the readable ranks are still checked.
+    for rank in [1, 3] {
+        let n = r
+            .faults
+            .iter()
+            .filter(|f| {
+                f.path
+                    .ends_with(format!("rank_{rank}/checkpoint_{rank}.safetensors"))
+            })
+            .count();
+        assert_eq!(n, 1, "{:?}", r.faults);
+    }
+    assert_eq!(r.n_params, 1);
+    assert_eq!(r.n_slices, 2);
+    let texts: Vec<String> = r.faults.iter().map(|f| f.to_string()).collect();
+    let mut unique = texts.clone();
+    unique.dedup();
+    assert_eq!(texts, unique);
+    // A missing rank folder is a fault of its own.
+    std::fs::remove_dir_all(src.join("rank_2")).unwrap();
+    let r = ckpt::verify_checkpoints(&src, &s, false).unwrap();
+    assert!(
+        r.faults
+            .iter()
+            .any(|f| f.rule.contains("rank_2/ holds no checkpoint file")),
+        "{:?}",
+        r.faults
+    );
+}
+
+#[test]
+fn a_wrong_safetensors_crc_num_stops_a_conversion() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    // Rewrite rank 0's file with a crc_num in its metadata that does not match.
+    let f = dir.path().join("src/rank_0/checkpoint_0.safetensors");
+    let bytes = std::fs::read(&f).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"]["crc_num"] = serde_json::Value::String("12345".into());
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&f, out).unwrap();
+    let err = convert(
+        &dir.path().join("src"),
+        &s,
+        &dir.path().join("out"),
+        None,
+        false,
+    )
+    .unwrap_err();
+    assert!(matches!(err, CkptError::CrcMismatch { .. }), "{err}");
+    let r = ckpt::verify_checkpoints(&dir.path().join("src"), &s, false).unwrap();
+    assert!(
+        r.faults.iter().any(|x| x.rule.contains("CRC32")),
+        "{:?}",
+        r.faults
+    );
+}
