@@ -37,6 +37,10 @@ impl AtomicFile {
     /// Starts writing `dest` through `<dest>.tmp`. Refuses an existing `dest` unless `force`.
     pub(crate) fn create(dest: &Path, force: bool) -> Result<AtomicFile> {
         check_destination(dest, force)?;
+        crate::set::pending::creating(|| Self::create_unguarded(dest))
+    }
+
+    fn create_unguarded(dest: &Path) -> Result<AtomicFile> {
         if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             create_dir_all(parent)?;
         }
@@ -81,7 +85,8 @@ impl AtomicFile {
         let file = self.file.take().expect("commit runs once");
         file.sync_all().map_err(io_err(&self.tmp, "fsync"))?;
         drop(file);
-        fs::rename(&self.tmp, &self.dest).map_err(io_err(&self.dest, "rename into place"))?;
+        crate::set::pending::creating(|| fs::rename(&self.tmp, &self.dest))
+            .map_err(io_err(&self.dest, "rename into place"))?;
         if let Some(parent) = self.dest.parent() {
             let dir = if parent.as_os_str().is_empty() {
                 Path::new(".")

@@ -4,5 +4,6 @@ mod ckpt_cli;
 mod layout_cli;
 #[cfg(feature = "mpi")]
 mod mpi_train;
+mod sets_cli;
 mod train_cli;
 mod util;

@@ -38,14 +38,25 @@ impl DestLock {
         let path = lock_path(dest);
         // Retried only when the holder removed the file between our open and our lock.
         for _ in 0..64 {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(io_err(&path, "create lock file"))?;
-            match try_lock(&file) {
+            // Created and recorded in one step, so an interruption removes it.
+            let file = {
+                let mut pending = super::pending::guard();
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                    .map_err(io_err(&path, "create lock file"))?;
+                pending.push(path.clone());
+                file
+            };
+            let locked = try_lock(&file);
+            if !matches!(locked, Ok(true)) || !names_file(&path, &file) {
+                // Not ours: forget it (the holder removes it).
+                super::pending::unregister(&path);
+            }
+            match locked {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(CkptError::DestinationLocked {
@@ -90,6 +101,7 @@ impl Drop for DestLock {
         // Remove the name first, then release: a waiter that opened the old file sees that the
         // name no longer leads to it and starts over.
         let _ = std::fs::remove_file(&self.path);
+        super::pending::unregister(&self.path);
         drop(self.file.take());
     }
 }

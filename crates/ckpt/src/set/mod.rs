@@ -26,7 +26,7 @@
 
 mod lock;
 mod marker;
-mod pending;
+pub(crate) mod pending;
 mod switch;
 mod writer;
 

@@ -14,14 +14,20 @@ pub(crate) fn guard() -> MutexGuard<'static, Vec<PathBuf>> {
     PENDING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Records a path this process created and must remove if interrupted.
-pub(crate) fn register(path: &Path) {
-    guard().push(path.to_path_buf());
+/// Runs `f`, which creates or renames a directory entry, while no interruption is cleaning
+/// up: once [`abandon_pending_sets`] has started, `f` never runs (the caller blocks until the
+/// process exits), so no file appears in a staging directory after it was removed.
+pub(crate) fn creating<T>(f: impl FnOnce() -> T) -> T {
+    let _guard = guard();
+    f()
 }
 
-/// Forgets a path (it was committed or removed).
+/// Forgets one record of a path (it was committed or removed).
 pub(crate) fn unregister_in(list: &mut Vec<PathBuf>, path: &Path) {
-    list.retain(|p| p != path);
+    // One record per creation: a second writer of this process may have recorded it too.
+    if let Some(i) = list.iter().rposition(|p| p == path) {
+        list.remove(i);
+    }
 }
 
 /// Forgets a path.

@@ -44,7 +44,6 @@ impl SetWriter {
             e
         };
         let lock = DestLock::acquire(&resolved).map_err(undo)?;
-        pending::register(lock.path());
         let result = Self::stage(&resolved, tool, force, lock, created_parents.clone());
         if result.is_err() {
             remove_created(&created_parents);
@@ -74,18 +73,16 @@ impl SetWriter {
         lock: DestLock,
         created_parents: Vec<PathBuf>,
     ) -> Result<SetWriter> {
-        let unregister_lock = |e| {
-            pending::unregister(lock.path());
-            e
-        };
-        recover(resolved).map_err(unregister_lock)?;
-        check_destination(resolved, force).map_err(unregister_lock)?;
+        recover(resolved)?;
+        check_destination(resolved, force)?;
         let id = fresh_id();
         let staging = sibling(resolved, &format!("{STAGING_INFIX}{id}"));
-        std::fs::create_dir(&staging)
-            .map_err(io_err(&staging, "create staging directory"))
-            .map_err(unregister_lock)?;
-        pending::register(&staging);
+        {
+            // Created and recorded in one step, so an interruption removes it.
+            let mut pending = pending::guard();
+            std::fs::create_dir(&staging).map_err(io_err(&staging, "create staging directory"))?;
+            pending.push(staging.clone());
+        }
         let writer = SetWriter {
             given: resolved.to_path_buf(),
             dest: resolved.to_path_buf(),
@@ -160,10 +157,7 @@ impl Drop for SetWriter {
             let _ = std::fs::remove_dir_all(&self.staging);
             pending::unregister(&self.staging);
         }
-        if let Some(lock) = self.lock.take() {
-            pending::unregister(lock.path());
-            drop(lock);
-        }
+        drop(self.lock.take());
         if !self.committed {
             remove_created(&self.created_parents);
         }
