@@ -244,3 +244,261 @@ fn interrupted_conversions_leave_the_old_or_the_new_set() {
     assert_old_or_new(dir, &dst, &held, target);
     assert_only(dir, &base);
 }
+
+fn train_cmd(out: &Path, devices: usize) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.current_dir(repo_root())
+        .args(["train", "examples/seed_semi_auto.toml", "--devices"])
+        .arg(devices.to_string())
+        .args([
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            "train.eval=false",
+            "--set",
+        ])
+        .arg(format!("output.dir={}", out.display()));
+    if devices != 8 {
+        // A 2-device strategy for the same ops.
+        for (op, st) in [
+            ("matmul1", "[[1,2],[2,1]]"),
+            ("relu1", "[[2,1]]"),
+            ("matmul2", "[[1,2],[2,1]]"),
+            ("relu2", "[[2,1]]"),
+        ] {
+            cmd.arg("--set").arg(format!("parallel.shard.{op}={st}"));
+        }
+    }
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd
+}
+
+/// Asserts the run folder `run` holds `old` or a new set for `devices` ranks, each verified
+/// against the strategy saved with it.
+fn assert_run_old_or_new(run: &Path, old: &(String, usize), devices: usize) -> (String, usize) {
+    let id = marker_id(run);
+    let n = if id == old.0 { old.1 } else { devices };
+    assert_eq!(rank_dirs(run).len(), n, "{:?}", entries(run));
+    let out = tessera(&[
+        "ckpt",
+        "verify",
+        "--src",
+        s(run),
+        "--strategy",
+        s(&run.join("strategy.json")),
+    ]);
+    assert_ok(&out);
+    (id, n)
+}
+
+#[test]
+fn interrupted_training_saves_leave_the_old_or_the_new_set() {
+    let scratch = Scratch::new("interrupt-train");
+    let run = scratch.0.join("run");
+    assert!(train_cmd(&run, 8).status().unwrap().success());
+    std::fs::write(run.join("notes.txt"), b"mine").unwrap();
+    let mut held = (marker_id(&run), 8);
+    let start = Instant::now();
+    assert!(train_cmd(&scratch.0.join("probe"), 2)
+        .status()
+        .unwrap()
+        .success());
+    let span = start.elapsed();
+    std::fs::remove_dir_all(scratch.0.join("probe")).unwrap();
+    for (signal, salt) in [(libc::SIGINT, 3u64), (libc::SIGKILL, 4)] {
+        for i in 0..20 {
+            let devices = if held.1 == 8 { 2 } else { 8 };
+            let child = train_cmd(&run, devices).spawn().unwrap();
+            kill_after(child, delay(i, 20, span, salt), signal);
+            held = assert_run_old_or_new(&run, &held, devices);
+            // The user's file survives every switch.
+            assert_eq!(std::fs::read(run.join("notes.txt")).unwrap(), b"mine");
+            if signal == libc::SIGINT {
+                assert_only(&scratch.0, &["run"]);
+            }
+        }
+    }
+    let devices = if held.1 == 8 { 2 } else { 8 };
+    assert!(train_cmd(&run, devices).status().unwrap().success());
+    assert_run_old_or_new(&run, &held, devices);
+    assert_only(&scratch.0, &["run"]);
+}
+
+#[test]
+fn two_writers_into_one_destination_never_both_write_it() {
+    let scratch = Scratch::new("two-writers");
+    let dir = &scratch.0;
+    source(dir, 4);
+    for round in 0..4 {
+        let dst = dir.join(format!("dst{round}"));
+        // Without --force exactly one may write; with it, each writes whole or fails at once.
+        let force = round % 2 == 1;
+        let a = convert_cmd(dir, &dst, "B.json", force).spawn().unwrap();
+        let b = convert_cmd(dir, &dst, "C.json", force).spawn().unwrap();
+        let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        let ok = [a.status.success(), b.status.success()];
+        for out in [&a, &b] {
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    err.contains("another writer holds this destination")
+                        || err.contains("the destination exists"),
+                    "{err}"
+                );
+            }
+        }
+        if !force {
+            assert_eq!(ok.iter().filter(|&&x| x).count(), 1, "{ok:?}");
+        } else {
+            assert!(ok.iter().any(|&x| x), "{ok:?}");
+        }
+        // The result is one whole set, of whichever writer committed last.
+        let ranks = rank_dirs(&dst).len();
+        let strategy = if ranks == 4 { "B.json" } else { "C.json" };
+        assert_ok(&tessera(&[
+            "ckpt",
+            "verify",
+            "--src",
+            s(&dst),
+            "--strategy",
+            s(&dir.join(strategy)),
+        ]));
+    }
+    // A lock held by this process makes a writer fail at once, naming it.
+    let dst = dir.join("locked");
+    let _held = ckpt::SetWriter::begin(&dst, "test", false).unwrap();
+    let start = Instant::now();
+    let out = convert_cmd(dir, &dst, "B.json", true).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("process {}", std::process::id())),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn tools_refuse_to_harm_what_they_did_not_create() {
+    let scratch = Scratch::new("refusals");
+    let dir = &scratch.0;
+    source(dir, 1);
+    // bench ckpt-convert never deletes an existing --dir.
+    std::fs::write(dir.join("keep.txt"), b"precious").unwrap();
+    let out = tessera(&[
+        "bench",
+        "ckpt-convert",
+        "--dir",
+        s(dir),
+        "--tensors",
+        "1",
+        "--reps",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
+    assert_eq!(std::fs::read(dir.join("keep.txt")).unwrap(), b"precious");
+    // convert --src D --dst D --force, a destination inside the source, an escaping prefix.
+    let src = dir.join("src");
+    let before = entries(&src.join("rank_0"));
+    for (dst, prefix) in [
+        (src.clone(), "checkpoint_"),
+        (src.join("sub"), "checkpoint_"),
+        (dir.join("out"), "../../x_"),
+    ] {
+        let out = tessera(&[
+            "ckpt",
+            "convert",
+            "--src",
+            s(&src),
+            "--src-strategy",
+            s(&dir.join("A.json")),
+            "--dst",
+            s(&dst),
+            "--prefix",
+            prefix,
+            "--force",
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("destination is the source")
+                || err.contains("inside the source")
+                || err.contains("plain name fragment"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert_eq!(entries(&src.join("rank_0")), before);
+    assert!(!dir.join("out").exists() && !dir.parent().unwrap().join("x_0").exists());
+    // A strategy for 4 ranks used with the 8 rank folders: MindSpore's protobuf has no shapes,
+    // so the slices alone would imply a wrong global shape.
+    let four = dir.join("A4.ckpt");
+    ckpt::save_param_strategy_file(
+        &four,
+        &strategy(&[2, 2], &[1, 0], 1),
+        &[],
+        ckpt::StrategyFlavour::MsProtobuf,
+        false,
+    )
+    .unwrap();
+    let out = tessera(&[
+        "ckpt",
+        "convert",
+        "--src",
+        s(&src),
+        "--src-strategy",
+        s(&four),
+        "--dst",
+        s(&dir.join("out")),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds rank folders [4, 5, 6, 7]"), "{err}");
+    assert!(!dir.join("out").exists());
+}
+
+#[test]
+fn inspect_names_what_it_detected_and_rejects_corrupt_files() {
+    let scratch = Scratch::new("inspect");
+    let dir = &scratch.0;
+    source(dir, 1);
+    let file = dir.join("src/rank_0/checkpoint_0.safetensors");
+    let out = tessera(&["ckpt", "inspect", s(&file)]);
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("detected: safetensors"));
+    // A MindSpore .ckpt with its tensor bytes cut short parses as no known format.
+    let conv = dir.join("conv");
+    assert_ok(&tessera(&[
+        "ckpt",
+        "convert",
+        "--src",
+        s(&dir.join("src")),
+        "--src-strategy",
+        s(&dir.join("A.json")),
+        "--dst",
+        s(&conv),
+        "--format",
+        "ckpt",
+    ]));
+    let ckpt_file = conv.join("rank_0/checkpoint_0.ckpt");
+    let out = tessera(&["ckpt", "inspect", s(&ckpt_file)]);
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("detected: MindSpore .ckpt"));
+    let bytes = std::fs::read(&ckpt_file).unwrap();
+    for cut in [bytes.len() / 2, bytes.len() - 5, 40] {
+        let bad = dir.join(format!("bad{cut}.ckpt"));
+        std::fs::write(&bad, &bytes[..cut]).unwrap();
+        let out = tessera(&["ckpt", "inspect", s(&bad)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(err.contains("matches no format"), "{err}");
+        assert!(err.contains(&format!("bad{cut}.ckpt")), "{err}");
+    }
+}
