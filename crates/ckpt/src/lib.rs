@@ -16,8 +16,10 @@
 //!   [`load_segmented_checkpoints`], [`dedup_checkpoints`] with [`parameter_redundancy`] and
 //!   [`remove_param_redundancy`], [`verify_checkpoints`], [`merge_pipeline_strategies`],
 //!   [`restore_group_info_list`].
-//! - For the training runtime: [`save_rank_checkpoint`], [`save_param_strategy_file`],
-//!   [`load_rank_tensors`] (convert on load).
+//! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
+//!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
+//! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]
+//!   (readers' checks), [`abandon_pending_sets`] (for signal handlers).
 //!
 //! # Example
 //! ```
@@ -60,6 +62,27 @@
 //! - **Compatibility.** Output files hold the same tensors, names, dtypes, shapes and values as
 //!   MindSpore's, in MindSpore's order (source order for `.ckpt`, the safetensors library's
 //!   order for safetensors).
+//!
+//! ## A checkpoint directory is a set, switched in by one rename
+//! - **Constraints.** A save or a conversion writes many files; an interruption between two of
+//!   them (SIGINT, a crash, a full disk) must not leave a directory that mixes two checkpoints,
+//!   which every reader (and MindSpore's) would accept. Two writers into one destination must not
+//!   interleave. A run folder also holds files that are not the checkpoint's (the metrics log,
+//!   a user's notes), which no writer may delete.
+//! - **Solution.** [`SetWriter`] (module `set`): an `flock` on a sibling lock file, every file
+//!   written into a sibling staging directory, a marker listing the set's files, sizes and id,
+//!   and one `renameat2` (`RENAME_EXCHANGE` over an existing directory) as the commit point;
+//!   entries of the old directory that belong to no set move into the new one, the old set's
+//!   entries (stale rank folders included) are removed. Readers check the marker
+//!   ([`check_set`]) and each safetensors file's `tessera_set` id.
+//! - **Pros.** Readers see the old set or the new one, never a mix; cleanup after SIGKILL is
+//!   done by the next writer; the lock names its holder.
+//! - **Cons.** The destination's parent must be writable and on the same filesystem as the
+//!   destination (the staging directory lives there). `--rank` conversions replace the whole
+//!   set rather than adding ranks to it. Filesystems without `renameat2` fall back to two
+//!   renames, between which the destination is briefly absent (never mixed).
+//! - **Compatibility.** Directories without a marker (MindSpore's) are read as before; output
+//!   files differ from MindSpore's only by the extra safetensors metadata key.
 //!
 //! ## One placement model, shapes resolved once
 //! - **Constraints.** MindSpore's protobuf strategy has no global shape; its JSON flavour has one

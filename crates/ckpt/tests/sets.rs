@@ -127,7 +127,7 @@ fn a_conversion_never_overwrites_its_source_or_leaves_its_destination() {
     let s = checkpoint(dir.path(), "src", 2, 0.0);
     let src = dir.path().join("src");
     let before = names(&src.join("rank_0"));
-    for dst in [src.clone(), src.join("inner"), dir.path().to_path_buf()] {
+    for dst in [src.clone(), src.join("rank_5"), dir.path().to_path_buf()] {
         let err = convert(&src, &s, &dst, None, true).unwrap_err();
         assert!(matches!(err, CkptError::UnsafeDestination { .. }), "{err}");
     }

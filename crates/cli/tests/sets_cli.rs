@@ -405,7 +405,7 @@ fn tools_refuse_to_harm_what_they_did_not_create() {
     let before = entries(&src.join("rank_0"));
     for (dst, prefix) in [
         (src.clone(), "checkpoint_"),
-        (src.join("sub"), "checkpoint_"),
+        (src.join("rank_9"), "checkpoint_"),
         (dir.join("out"), "../../x_"),
     ] {
         let out = tessera(&[
@@ -425,7 +425,7 @@ fn tools_refuse_to_harm_what_they_did_not_create() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             err.contains("destination is the source")
-                || err.contains("inside the source")
+                || err.contains("inside one of the source's rank folders")
                 || err.contains("plain name fragment"),
             "{err}"
         );

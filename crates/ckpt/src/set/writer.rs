@@ -54,8 +54,8 @@ impl SetWriter {
         })
     }
 
-    /// [`SetWriter::begin`] after refusing a destination that is, contains or lies inside one
-    /// of `sources` (the directories the operation reads).
+    /// [`SetWriter::begin`] after refusing a destination that is or contains one of `sources`
+    /// (the directories the operation reads), or lies inside one of its `rank_<N>/` folders.
     pub fn begin_apart(
         dest: &Path,
         sources: &[&Path],
@@ -190,15 +190,22 @@ fn resolve_lexically(path: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// Refuses a destination that is, contains or lies inside one of `sources`.
+/// Refuses a destination that is or contains one of `sources`, or lies inside one of its
+/// `rank_<N>/` folders (where it would change the source's ranks).
 fn check_apart(dest: &Path, sources: &[&Path]) -> Result<()> {
     let d = resolve_lexically(dest)?;
     for src in sources {
         let s = resolve_lexically(src)?;
+        let in_rank_folder = d
+            .strip_prefix(&s)
+            .ok()
+            .and_then(|rest| rest.components().next())
+            .and_then(|c| c.as_os_str().to_str())
+            .is_some_and(|first| super::rank_of_entry(first).is_some());
         let rule = if d == s {
             "the destination is the source directory; converting in place would destroy the source"
-        } else if d.starts_with(&s) {
-            "the destination lies inside the source directory"
+        } else if in_rank_folder {
+            "the destination lies inside one of the source's rank folders"
         } else if s.starts_with(&d) {
             "the destination contains the source directory; replacing it would destroy the source"
         } else {
@@ -428,5 +435,7 @@ mod tests {
         }
         assert_eq!(names(&src), Vec::<String>::new());
         SetWriter::begin_apart(&tmp.path().join("dst"), &[&src], "test", false).unwrap();
+        // Beside the rank folders is allowed (a merge into `run/merged`).
+        SetWriter::begin_apart(&src.join("merged"), &[&src], "test", false).unwrap();
     }
 }
