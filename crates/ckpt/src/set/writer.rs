@@ -426,7 +426,8 @@ mod tests {
         std::fs::create_dir(&src).unwrap();
         for dest in [
             src.clone(),
-            src.join("sub"),
+            src.join("rank_3"),
+            src.join("rank_0/x"),
             tmp.path().to_path_buf(),
             src.join(".."),
         ] {
