@@ -502,3 +502,25 @@ fn inspect_names_what_it_detected_and_rejects_corrupt_files() {
         assert!(err.contains(&format!("bad{cut}.ckpt")), "{err}");
     }
 }
+
+#[test]
+fn resume_refuses_a_mixed_set() {
+    let scratch = Scratch::new("resume-mixed");
+    let (a, b) = (scratch.0.join("a"), scratch.0.join("b"));
+    assert!(train_cmd(&a, 8).status().unwrap().success());
+    let mut other = train_cmd(&b, 8);
+    other.args(["--set", "train.seed=7"]);
+    assert!(other.status().unwrap().success());
+    // Same shapes, same sizes: only the set ids differ.
+    let file = "rank_3/checkpoint_3.safetensors";
+    std::fs::copy(b.join(file), a.join(file)).unwrap();
+    let mut resume = train_cmd(&scratch.0.join("c"), 8);
+    resume
+        .arg("--set")
+        .arg(format!("output.resume_from={}", a.display()));
+    let out = resume.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mixed checkpoint set"), "{err}");
+    assert!(!scratch.0.join("c").join("rank_0").exists());
+}
