@@ -3,7 +3,7 @@
 //! agrees; two writers into one destination never both write it; the tools refuse to harm
 //! what they did not create.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
