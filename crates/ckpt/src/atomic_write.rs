@@ -73,6 +73,13 @@ impl AtomicFile {
             .expect("an uncommitted AtomicFile has its file")
     }
 
+    /// The open temporary file, for positioned writes.
+    pub(crate) fn as_file(&self) -> &File {
+        self.file
+            .as_ref()
+            .expect("an uncommitted AtomicFile has its file")
+    }
+
     /// Appends `data`.
     pub(crate) fn write_all(&mut self, data: &[u8]) -> Result<()> {
         let tmp = self.tmp.clone();

@@ -434,7 +434,7 @@ impl CheckpointFile {
                 let bytes = n_rows as u64 * row_elems * elem;
                 let logical = start_row as u64 * row_elems * elem;
                 let mapped = if bytes >= MAP_MIN_BYTES {
-                    self.map_range(t, logical, bytes)
+                    self.map_range_of(t, logical, bytes)
                 } else {
                     None
                 };
@@ -507,7 +507,14 @@ impl CheckpointFile {
 impl CheckpointFile {
     /// Maps `bytes` bytes of `t`'s data from logical offset `logical`, when they lie in one
     /// extent and the file still has its indexed length (`None`: read them instead).
-    fn map_range(&self, t: &StoredTensor, logical: u64, bytes: u64) -> Option<MappedRange> {
+    /// A read-only mapping of `bytes` bytes of `t`'s data from byte `logical`, when they lie in
+    /// one extent and the kernel agrees.
+    pub(crate) fn map_range_of(
+        &self,
+        t: &StoredTensor,
+        logical: u64,
+        bytes: u64,
+    ) -> Option<MappedRange> {
         let mut off = logical;
         let e = t.extents.iter().find(|e| {
             if off < e.len {

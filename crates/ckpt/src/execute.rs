@@ -1,8 +1,10 @@
-//! Writing a planned file: each output tensor is assembled in bounded chunks (runs of rows of
-//! its box) from positioned reads of the source files, written once, and the buffer reused.
-//! At most two chunks ([`DEFAULT_CHUNK_BYTES`] each by default: one being assembled, one being
-//! written by the writer thread) plus a small read scratch buffer are held in memory, whatever
-//! the checkpoint size.
+//! Writing a planned file: each output tensor goes out in bounded chunks (runs of rows of its
+//! box). Safetensors output is written straight from mapped source pages with `pwritev`
+//! ([`crate::direct`]: one copy, at most one chunk of source mappings at a time). `.ckpt` output
+//! (protobuf framing, an optional CRC) is assembled from positioned reads into two circulating
+//! chunk buffers ([`DEFAULT_CHUNK_BYTES`] each by default: one being assembled, one being written
+//! by the writer thread) plus a small read scratch buffer. Either way memory stays bounded,
+//! whatever the checkpoint size.
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,7 @@ use crate::error::{CkptError, Result};
 use crate::ms_ckpt::CkptWriter;
 use crate::plan::{ItemSource, OutItem};
 use crate::progress::Progress;
-use crate::safetensors::{canonical_order, SafetensorsWriter};
+use crate::safetensors::canonical_order;
 use crate::sources::SourceSet;
 
 /// Largest piece of one output tensor assembled in memory at once (64 MiB): large enough that
@@ -60,26 +62,6 @@ pub struct FileStats {
     pub data_bytes: u64,
 }
 
-enum Writer {
-    Safetensors(SafetensorsWriter),
-    Ckpt(CkptWriter),
-}
-
-impl Writer {
-    fn write(&mut self, data: &[u8]) -> Result<()> {
-        match self {
-            Writer::Safetensors(w) => w.write(data),
-            Writer::Ckpt(w) => w.write(data),
-        }
-    }
-    fn finish(self) -> Result<AtomicFile> {
-        match self {
-            Writer::Safetensors(w) => w.finish(),
-            Writer::Ckpt(w) => w.finish(),
-        }
-    }
-}
-
 /// Total bytes of tensor data `items` will write.
 pub(crate) fn data_bytes(items: &[OutItem<'_>]) -> u64 {
     items.iter().map(|i| i.meta.n_bytes).sum()
@@ -106,12 +88,10 @@ pub(crate) fn write_items(
         items.sort_by_key(|i| rank_of(&i.meta.name));
     }
     let metas: Vec<TensorMeta> = items.iter().map(|i| i.meta.clone()).collect();
-    let mut writer = match opts.format {
-        Format::Safetensors => Writer::Safetensors(SafetensorsWriter::create(
-            dest, metadata, metas, opts.force,
-        )?),
-        Format::Ckpt => Writer::Ckpt(CkptWriter::create(dest, metas, opts.crc, opts.force)?),
-    };
+    if opts.format == Format::Safetensors {
+        return write_safetensors(sources, dest, &items, &metas, metadata, opts);
+    }
+    let mut writer = CkptWriter::create(dest, metas, opts.crc, opts.force)?;
     let mut stats = FileStats {
         n_tensors: items.len(),
         data_bytes: data_bytes(&items),
@@ -122,7 +102,7 @@ pub(crate) fn write_items(
     let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(1);
     let (free_tx, free_rx) = std::sync::mpsc::channel::<Vec<u8>>();
     let file = std::thread::scope(|scope| -> Result<AtomicFile> {
-        let handle = scope.spawn(move || -> Result<Writer> {
+        let handle = scope.spawn(move || -> Result<CkptWriter> {
             for buf in full_rx {
                 writer.write(&buf)?;
                 // The assembling side may have finished; a lost buffer is just freed.
@@ -157,6 +137,43 @@ pub(crate) fn write_items(
         Some(c) => c.submit(file)?,
         None => {
             file.commit()?;
+        }
+    }
+    opts.progress.file_done(&stats.path);
+    Ok(stats)
+}
+
+/// Writes a safetensors file: the header, then every item's data straight from the source
+/// files' pages ([`crate::direct`]).
+fn write_safetensors(
+    sources: &SourceSet,
+    dest: &Path,
+    items: &[OutItem<'_>],
+    metas: &[TensorMeta],
+    metadata: &[(String, String)],
+    opts: &WriteOptions<'_>,
+) -> Result<FileStats> {
+    let header = crate::safetensors::header_bytes(dest, metadata, metas)?;
+    let mut out = AtomicFile::create(dest, opts.force)?;
+    out.write_all(&header)?;
+    let path = out.dest().to_path_buf();
+    crate::direct::write_data(
+        sources,
+        out.as_file(),
+        &path,
+        header.len() as u64,
+        items,
+        opts,
+    )?;
+    let stats = FileStats {
+        n_tensors: items.len(),
+        data_bytes: data_bytes(items),
+        path,
+    };
+    match opts.committer {
+        Some(c) => c.submit(out)?,
+        None => {
+            out.commit()?;
         }
     }
     opts.progress.file_done(&stats.path);

@@ -49,10 +49,12 @@
 //!   distinct boxes ([`reshard::source_pieces`]); each piece is read with positioned reads from
 //!   one holder's file straight into the destination buffer (through a bounded scratch buffer
 //!   when its contiguous runs are short, or from a small read-only mapping of the range when it
-//!   is a megabyte or more), in chunks of rows of at most 64 MiB. A writer thread writes one chunk
-//!   while the next is assembled (two buffers circulate), and a committer thread fsyncs and
-//!   renames one finished file while the next is written. Holders are chosen so that the set of
-//!   source files opened is a minimum set cover of the pieces needed.
+//!   is a megabyte or more), in chunks of rows of at most 64 MiB. Safetensors output skips the
+//!   buffer: each chunk is a list of runs pointing into read-only mappings of the source files,
+//!   written with `pwritev` by two threads (the kernel copies each byte once, as `cp` does);
+//!   `.ckpt` output is assembled in two circulating buffers while a writer thread writes. A
+//!   committer thread fsyncs and renames one finished file while the next is written. Holders are
+//!   chosen so that the set of source files opened is a minimum set cover of the pieces needed.
 //! - **Pros.** Memory is bounded by one chunk whatever the checkpoint size; every byte is read
 //!   once and written once; unneeded source ranks are never opened.
 //! - **Cons.** Many small pieces mean many small reads; the planner's per-piece bookkeeping is
@@ -187,6 +189,7 @@ mod atomic_write;
 mod ckpt_file;
 mod convert;
 mod dedup;
+mod direct;
 mod error;
 mod execute;
 mod group_info;

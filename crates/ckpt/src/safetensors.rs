@@ -262,7 +262,7 @@ pub(crate) fn canonical_order(metas: &mut [TensorMeta]) {
 }
 
 /// Builds the header bytes (length prefix included) for `tensors` in the given order.
-fn header_bytes(
+pub(crate) fn header_bytes(
     path: &Path,
     metadata: &[(String, String)],
     tensors: &[TensorMeta],
