@@ -49,7 +49,10 @@ pub use crate::callbacks::{
 pub use crate::config::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
 };
-pub use crate::data::{Batch, BatchPlan, IdxDataset, Normalize, Split};
+pub use crate::data::{
+    Batch, BatchPlan, IdxDataset, Normalize, Split, TokenCorpus, TokenDtype, TokenSplit, Tokenizer,
+    MAX_TEXT_BYTES,
+};
 pub use crate::error::RuntimeError;
 pub use crate::executor::RankExecutor;
 #[cfg(feature = "mpi")]

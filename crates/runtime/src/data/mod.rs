@@ -8,11 +8,18 @@
 //!   training (the last incomplete batch dropped), in order and padded for evaluation (each
 //!   [`Batch`] says how many of its rows are real, so accuracy is exact on any device count).
 //!
+//! - [`TokenCorpus`]: a token stream for language modelling (text by byte or character, plain
+//!   or gzip; or a `u16`/`u32` token file), split into training and validation parts, read in
+//!   windows whose starts are a pure function of the seed, the epoch and the step. Not yet
+//!   wired into the configuration (the GPT model that consumes it comes next).
+//!
 //! A training step therefore reads: `plan.batch(i)` → this rank's rows of it (the dim-0 range
 //! of its input layout box) → [`IdxDataset::read_images`] / [`IdxDataset::read_labels`].
 
 mod batch;
 mod idx;
+mod text;
 
 pub use self::batch::{Batch, BatchPlan};
 pub use self::idx::{IdxDataset, Normalize, Split};
+pub use self::text::{TokenCorpus, TokenDtype, TokenSplit, Tokenizer, MAX_TEXT_BYTES};

@@ -1,0 +1,142 @@
+//! The language-modelling data reader: tokenisers, splits, gzip, token files, windows that are
+//! a pure function of the seed, and clear errors for bad files.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use runtime::{RuntimeError, TokenCorpus, TokenDtype, Tokenizer};
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+#[test]
+fn byte_tokens_split_at_the_validation_fraction() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "abcdefghij";
+    let path = write(dir.path(), "t.txt", text.as_bytes());
+    let c = TokenCorpus::open_text(&path, false, 0.2).unwrap();
+    assert_eq!(c.tokenizer, Tokenizer::Byte);
+    assert_eq!((c.train.len(), c.val.len()), (8, 2));
+    assert_eq!(c.train.vocab_size(), 256);
+    let (inputs, targets) = c.val.read_rows(&[0], 1).unwrap();
+    assert_eq!(
+        (inputs, targets),
+        (vec![u32::from(b'i')], vec![u32::from(b'j')])
+    );
+}
+
+#[test]
+fn char_tokens_use_the_distinct_characters_and_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "héllo wörld";
+    let path = write(dir.path(), "t.txt", text.as_bytes());
+    let c = TokenCorpus::open_text(&path, true, 0.0).unwrap();
+    let Tokenizer::Char { alphabet } = &c.tokenizer else {
+        panic!("a char tokenizer")
+    };
+    let mut distinct: Vec<char> = text.chars().collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(alphabet, &distinct);
+    assert_eq!(c.train.len(), text.chars().count() as u64);
+    let (inputs, targets) = c.train.read_rows(&[0], 10).unwrap();
+    assert_eq!(c.tokenizer.decode(&inputs), "héllo wörl");
+    assert_eq!(c.tokenizer.decode(&targets), "éllo wörld");
+    assert!(c.tokenizer.encode("z").is_err());
+}
+
+#[test]
+fn gzip_text_reads_like_plain_text_and_bad_gzip_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "In the beginning God created the heaven and the earth.\n".repeat(50);
+    let plain = write(dir.path(), "t.txt", text.as_bytes());
+    let gz = write(dir.path(), "t.txt.gz", &gzip(text.as_bytes()));
+    let a = TokenCorpus::open_text(&plain, false, 0.1).unwrap();
+    let b = TokenCorpus::open_text(&gz, false, 0.1).unwrap();
+    let starts = a.train.window_starts(1, 1, 0, 8, 16).unwrap();
+    assert_eq!(
+        a.train.read_rows(&starts, 16).unwrap(),
+        b.train.read_rows(&starts, 16).unwrap()
+    );
+    let bad = write(dir.path(), "bad.txt.gz", b"\x1f\x8bnot really gzip");
+    let err = TokenCorpus::open_text(&bad, false, 0.1).unwrap_err();
+    assert!(matches!(err, RuntimeError::Data { .. }), "{err}");
+    assert!(err.to_string().contains("bad.txt.gz"), "{err}");
+    let latin1 = write(dir.path(), "l.txt", b"caf\xe9");
+    let err = TokenCorpus::open_text(&latin1, false, 0.1).unwrap_err();
+    assert!(err.to_string().contains("not UTF-8"), "{err}");
+}
+
+#[test]
+fn window_starts_are_a_pure_function_of_seed_epoch_and_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "t.txt", &[b'x'; 1000]);
+    let c = TokenCorpus::open_text(&path, false, 0.1).unwrap();
+    let s = |seed, epoch, step| c.train.window_starts(seed, epoch, step, 16, 32).unwrap();
+    assert_eq!(s(1, 1, 3), s(1, 1, 3));
+    assert_ne!(s(1, 1, 3), s(1, 1, 4));
+    assert_ne!(s(1, 1, 3), s(1, 2, 3));
+    assert_ne!(s(1, 1, 3), s(2, 1, 3));
+    // Every window fits, and rows of one batch are independent of the batch size.
+    let big = c.train.window_starts(1, 1, 3, 64, 32).unwrap();
+    assert_eq!(&big[..16], &s(1, 1, 3)[..]);
+    assert!(big.iter().all(|&x| x + 33 <= c.train.len()));
+    // A rank reading rows 4..8 gets exactly those rows of the whole batch.
+    let (all_in, _) = c.train.read_rows(&big, 32).unwrap();
+    let (some_in, _) = c.train.read_rows(&big[4..8], 32).unwrap();
+    assert_eq!(&all_in[4 * 32..8 * 32], &some_in[..]);
+    // A split shorter than one window is an error.
+    assert!(c.val.window_starts(1, 1, 0, 1, 200).is_err());
+}
+
+#[test]
+fn token_files_are_read_by_window_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u16> = (0..100).map(|i| (i * 7 % 50) as u16).collect();
+    let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let path = write(dir.path(), "t.bin", &bytes);
+    let c = TokenCorpus::open_tokens(&path, TokenDtype::U16, 50, 0.1).unwrap();
+    assert_eq!((c.train.len(), c.val.len()), (90, 10));
+    let (inputs, targets) = c.train.read_rows(&[5], 4).unwrap();
+    let want: Vec<u32> = ids[5..10].iter().map(|&x| u32::from(x)).collect();
+    assert_eq!(inputs, want[..4]);
+    assert_eq!(targets, want[1..]);
+    let (val_in, _) = c.val.read_rows(&[0], 3).unwrap();
+    assert_eq!(
+        val_in,
+        ids[90..93]
+            .iter()
+            .map(|&x| u32::from(x))
+            .collect::<Vec<_>>()
+    );
+    // Ids beyond the vocabulary, odd lengths and impossible vocabularies are errors.
+    let small = TokenCorpus::open_tokens(&path, TokenDtype::U16, 10, 0.1).unwrap();
+    let err = small.train.read_rows(&[0], 20).unwrap_err();
+    assert!(err.to_string().contains("outside the vocabulary"), "{err}");
+    let odd = write(dir.path(), "odd.bin", &[1, 2, 3]);
+    let err = TokenCorpus::open_tokens(&odd, TokenDtype::U16, 10, 0.1).unwrap_err();
+    assert!(err.to_string().contains("odd.bin"), "{err}");
+    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U16, 70_000, 0.1).is_err());
+    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U32, 10, 1.0).is_err());
+    assert!(c.train.read_rows(&[88], 4).is_err());
+}
+
+#[test]
+fn the_bundled_kjv_text_reads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz");
+    let c = TokenCorpus::open_text(&path, true, 0.1).unwrap();
+    // The README: 4,153,207 bytes of ASCII, 73 distinct characters.
+    assert_eq!(c.tokenizer.vocab_size(), 73);
+    assert_eq!(c.train.len() + c.val.len(), 4_153_207);
+    let (inputs, _) = c.train.read_rows(&[0], 9).unwrap();
+    assert_eq!(c.tokenizer.decode(&inputs), "Genesis 1");
+}
