@@ -1,6 +1,7 @@
 //! The seed run under the MPI backend (`mpirun -np 4`, one process per rank), in both
 //! collective modes (polled, and blocking under a watchdog), gives the losses of the local
-//! backend and of one device. Built only with `--features mpi`.
+//! backend and of one device, and the four processes save one committed checkpoint set. Built
+//! only with `--features mpi`.
 
 use std::process::Command;
 
@@ -54,6 +55,21 @@ fn mpi_training_matches_local_and_one_device() {
     run(&args(&watched), true);
     run(&args(&common("local", "4", "semi_auto")), false);
     run(&args(&common("one", "1", "stand_alone")), false);
+    // The four processes wrote one set: rank 0's process committed what every rank staged.
+    let saved = dir.0.join("mpi");
+    let marker = ckpt::SetMarker::read(&saved)
+        .unwrap()
+        .expect("a committed set");
+    assert_eq!(marker.ranks, vec![0, 1, 2, 3]);
+    let report =
+        ckpt::verify_checkpoints(&saved, &saved.join("strategy.json"), true).expect("verifies");
+    assert!(report.is_ok(), "{:?}", report.faults);
+    let leftovers: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tessera-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     let mpi = step_losses(&dir.0.join("mpi.jsonl"));
     let local = step_losses(&dir.0.join("local.jsonl"));
     let one = step_losses(&dir.0.join("one.jsonl"));
