@@ -11,13 +11,14 @@
 //!    entries moved back into `DST` first.
 //! 3. **Stage.** Every file is written into a fresh sibling `<parent>/.<name>.tessera-staging-<id>`
 //!    (unique per writer) holding the sentinel `.tessera-staging`, each file fsynced.
-//! 4. **Mark.** The marker is written and fsynced, the sentinel removed, the directories fsynced.
-//! 5. **Switch.** The staging directory becomes `DST` with one `rename` (`RENAME_NOREPLACE`
+//! 4. **Mark.** The marker is written and fsynced.
+//! 5. **Link.** Entries of `DST` that belong to no set (a metrics log, a user's notes) are
+//!    hard-linked into the staging directory, so the new `DST` holds them from its first instant.
+//! 6. **Switch.** The staging directory becomes `DST` with one `rename` (`RENAME_NOREPLACE`
 //!    when `DST` does not exist, `RENAME_EXCHANGE` when it does), and the parent is fsynced.
 //!    This is the commit point: before it readers see the old `DST`, after it the new one.
-//! 6. **Retire.** Entries of the old directory that belong to no set (a metrics log, a user's
-//!    notes) are moved into the new `DST`; the old set's entries are removed. A stale `rank_<N>/`
-//!    of an earlier, larger run goes with them.
+//! 7. **Retire.** The old set's entries are removed (a stale `rank_<N>/` of an earlier, larger
+//!    run goes with them); foreign entries not linked before the switch are moved into `DST`.
 //!
 //! Readers ([`check_set`]) refuse a directory that is a staging directory (uncommitted) or
 //! whose files disagree with its marker (mixed): a missing or resized file, a `rank_<N>/` the

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::{rank_of_entry, SetMarker, SET_MARKER, STAGING_SENTINEL};
@@ -66,6 +67,34 @@ pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Moves the foreign entry `old` back to `new`: when `new` is absent, by renaming; when it is
+/// `old`'s hard link, by dropping the old name; directories entry by entry. Returns whether
+/// nothing of `old` is left.
+fn merge_back(old: &Path, new: &Path) -> bool {
+    let (Ok(o), n) = (
+        std::fs::symlink_metadata(old),
+        std::fs::symlink_metadata(new),
+    ) else {
+        return true;
+    };
+    match n {
+        Err(_) => rename2(old, new, RenameMode::NoReplace).is_ok(),
+        Ok(n) if o.is_dir() && n.is_dir() => {
+            let mut all = true;
+            if let Ok(entries) = std::fs::read_dir(old) {
+                for e in entries.flatten() {
+                    all &= merge_back(&e.path(), &new.join(e.file_name()));
+                }
+            }
+            all && std::fs::remove_dir(old).is_ok()
+        }
+        Ok(n) if !o.is_dir() && o.dev() == n.dev() && o.ino() == n.ino() => {
+            std::fs::remove_file(old).is_ok()
+        }
+        Ok(_) => false,
+    }
+}
+
 /// Puts the committed staging directory `staging` in place of `dest`, then retires the
 /// directory it replaced (now at `staging`).
 pub(crate) fn switch(staging: &Path, dest: &Path, new: &SetMarker) -> Result<()> {
@@ -104,35 +133,84 @@ fn fallback_switch(staging: &Path, dest: &Path, exists: bool) -> Result<()> {
     std::fs::rename(&aside, staging).map_err(io_err(&aside, "rename"))
 }
 
-/// Retires the old directory `old` that `dest` replaced: entries that belong to no set move
-/// into `dest` (the new set owns `new_entries`); the old set's entries are removed, then `old`.
-/// If a foreign entry cannot be moved, `old` is kept and the error names it.
-pub(crate) fn retire(old: &Path, dest: &Path, new_entries: &[String]) -> Result<()> {
-    let old_marker = SetMarker::read(old).ok().flatten();
-    let mut owned: BTreeSet<&str> = new_entries.iter().map(String::as_str).collect();
-    if let Some(m) = &old_marker {
-        owned.extend(m.entries.iter().map(String::as_str));
+/// The names of `dir`'s entries that belong to a set: the set marker and sentinel, every
+/// `rank_<N>`, the old marker's entries (when `dir` has a marker) and `new_entries`.
+fn is_set_entry(name: &str, owned: &BTreeSet<String>) -> bool {
+    owned.contains(name)
+        || name == SET_MARKER
+        || name == STAGING_SENTINEL
+        || rank_of_entry(name).is_some()
+}
+
+fn owned_names(dir: &Path, new_entries: &[String]) -> BTreeSet<String> {
+    let mut owned: BTreeSet<String> = new_entries.iter().cloned().collect();
+    if let Some(m) = SetMarker::read(dir).ok().flatten() {
+        owned.extend(m.entries);
     }
-    let mut kept = Vec::new();
-    let entries: Vec<_> = std::fs::read_dir(old)
-        .map_err(io_err(old, "list directory"))?
+    owned
+}
+
+fn list(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
+    std::fs::read_dir(dir)
+        .map_err(io_err(dir, "list directory"))?
         .collect::<std::io::Result<_>>()
-        .map_err(io_err(old, "list directory"))?;
-    for entry in &entries {
+        .map_err(io_err(dir, "list directory"))
+}
+
+/// Before the switch: gives the staging directory `staging` a hard link to every file of `dest`
+/// that belongs to no set (directories are recreated, their files linked), so that the new
+/// directory holds them from the instant it appears. What cannot be linked is moved by
+/// [`retire`] after the switch.
+pub(crate) fn link_foreign(dest: &Path, staging: &Path, new_entries: &[String]) -> Result<()> {
+    if !dest.is_dir() {
+        return Ok(());
+    }
+    let owned = owned_names(dest, new_entries);
+    for entry in list(dest)? {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let is_set_entry = owned.contains(name.as_str())
-            || name == SET_MARKER
-            || name == STAGING_SENTINEL
-            || rank_of_entry(&name).is_some();
+        if !is_set_entry(&name, &owned) {
+            mirror(&entry.path(), &staging.join(&name));
+        }
+    }
+    Ok(())
+}
+
+/// Hard-links `from` at `to`, recreating directories; failures are left to [`retire`].
+fn mirror(from: &Path, to: &Path) {
+    let Ok(meta) = std::fs::symlink_metadata(from) else {
+        return;
+    };
+    if meta.is_dir() {
+        if std::fs::create_dir(to).is_ok() {
+            if let Ok(entries) = std::fs::read_dir(from) {
+                for e in entries.flatten() {
+                    mirror(&e.path(), &to.join(e.file_name()));
+                }
+            }
+        }
+    } else {
+        let _ = std::fs::hard_link(from, to);
+    }
+}
+
+/// Retires the old directory `old` that `dest` replaced: the old set's entries are removed;
+/// entries that belong to no set were linked into `dest` before the switch, and what was not
+/// (or appeared since) is moved there now; then `old` is removed. If a foreign entry can be
+/// neither, `old` is kept and the error names it.
+pub(crate) fn retire(old: &Path, dest: &Path, new_entries: &[String]) -> Result<()> {
+    let owned = owned_names(old, new_entries);
+    let mut kept = Vec::new();
+    for entry in list(old)? {
+        let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        if is_set_entry {
+        if is_set_entry(&name, &owned) {
             let removed = if path.is_dir() && !path.is_symlink() {
                 std::fs::remove_dir_all(&path)
             } else {
                 std::fs::remove_file(&path)
             };
             removed.map_err(io_err(&path, "remove the old set's entry"))?;
-        } else if rename2(&path, &dest.join(&name), RenameMode::NoReplace).is_err() {
+        } else if !merge_back(&path, &dest.join(&name)) {
             kept.push(name);
         }
     }

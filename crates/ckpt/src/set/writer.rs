@@ -4,7 +4,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::switch::{retire, switch, sync_dir, sync_tree};
+use super::switch::{link_foreign, retire, switch, sync_dir, sync_tree};
 use super::{
     pending, remove_created, resolve_destination, sibling, DestLock, SetMarker, SET_ID_KEY,
     SET_MARKER, STAGING_SENTINEL,
@@ -137,6 +137,9 @@ impl SetWriter {
             marker.to_json().as_bytes(),
             false,
         )?;
+        // Entries of the destination that belong to no set are in the new directory from the
+        // instant it appears (hard links; the rest is moved after the switch).
+        pending::creating(|| link_foreign(&self.dest, &self.staging, &marker.entries))?;
         let sentinel = self.staging.join(STAGING_SENTINEL);
         std::fs::remove_file(&sentinel).map_err(io_err(&sentinel, "remove"))?;
         sync_dir(&self.staging);
