@@ -9,6 +9,7 @@ use comm::{Communicator, LocalCluster};
 
 use crate::callbacks::{Callback, CallbackList, LocalNorm, LossMonitor, MetricsLog};
 use crate::error::RuntimeError;
+use crate::preflight::check_before_start;
 use crate::session::{RankOutcome, Session};
 
 /// How a run reports as it goes.
@@ -104,10 +105,15 @@ pub fn run_rank(
 }
 
 /// Trains `session` with one thread per device (the `local` backend).
+///
+/// Everything [`check_before_start`] checks fails before a rank starts. A rank that fails
+/// stops the others at once (they fail waiting for it, not at `options.timeout`), and the
+/// error returned is that rank's own, not its peers' "peer failed".
 pub fn train_local(
     session: &Session,
     options: &LaunchOptions,
 ) -> Result<TrainReport, RuntimeError> {
+    check_before_start(session, options.metrics_log.as_deref())?;
     let devices = session.devices();
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
     let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
@@ -160,7 +166,7 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
     // The rank runs on this thread and makes every MPI call from it: MPI needs no thread
     // safety of its own (unless the application initialised it already).
     comm::mpi::prefer_thread_level(comm::mpi::ThreadLevel::Single);
-    let world = comm::mpi::MpiComm::world_with(options.timeout, on_timeout)?;
+    let world = Arc::new(comm::mpi::MpiComm::world_with(options.timeout, on_timeout)?);
     let devices = session.devices();
     if world.size() != devices {
         return Err(RuntimeError::Config {
@@ -171,7 +177,18 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
             ),
         });
     }
-    let outcome = run_rank(session, options, Arc::new(world))?;
+    // Only rank 0 writes the metrics log.
+    let metrics_log = options.metrics_log.as_deref().filter(|_| world.rank() == 0);
+    let result = check_before_start(session, metrics_log)
+        .and_then(|()| run_rank(session, options, world.clone()));
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            // Tell the peers before leaving, so that they stop now rather than at the timeout.
+            world.announce_failure(&err.to_string());
+            return Err(err);
+        }
+    };
     Ok(TrainReport {
         devices,
         ranks: vec![outcome],

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
 
+use crate::error::PeerFailure;
 use crate::op::ReduceOp;
 
 /// An MPI error: code and message.
@@ -16,8 +17,8 @@ pub(super) type MpiError = (i32, String);
 pub(super) enum WaitError {
     Mpi(i32, String),
     Timeout,
-    /// A member (group rank) announced a panic.
-    PeerPanicked(usize),
+    /// A member (group rank) announced a failure: a panic, or an error its run returned.
+    PeerFailed(usize, PeerFailure),
     /// A member (group rank) disagrees with this one about the call: it sent a message of
     /// another length than the schedule expects.
     Mismatch {
@@ -59,6 +60,26 @@ pub(super) struct Message(ffi::MPI_Message);
 
 /// The tag of failure notices on the control communicator.
 const FAILURE_TAG: c_int = 1;
+
+/// What a failure notice says (its one byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Notice {
+    /// The process is panicking.
+    Panicked = 1,
+    /// The process's run returned an error (which the process reports itself).
+    Failed = 2,
+}
+
+impl Notice {
+    fn cause(byte: u8) -> PeerFailure {
+        if byte == Notice::Failed as u8 {
+            PeerFailure::Aborted("an error of its own (that rank reports it)".to_string())
+        } else {
+            PeerFailure::Panicked
+        }
+    }
+}
 /// How long a panicking process lingers after sending its notices.
 const NOTICE_GRACE: Duration = Duration::from_millis(250);
 
@@ -75,8 +96,8 @@ pub(super) struct Raw {
     ctrl: ffi::MPI_Comm,
     world_rank: usize,
     world_size: usize,
-    /// World ranks that announced a panic.
-    failed: Vec<bool>,
+    /// The notice of every world rank that announced a failure (0: none).
+    failed: Vec<u8>,
     /// [`Raw::poll_all`]'s statuses, kept across calls.
     statuses: Vec<ffi::MPI_Status>,
 }
@@ -213,7 +234,7 @@ impl Raw {
                 ctrl,
                 world_rank: usize::try_from(rank).unwrap_or(0),
                 world_size,
-                failed: vec![false; world_size],
+                failed: vec![0; world_size],
                 statuses: Vec::new(),
             })
         }
@@ -317,11 +338,12 @@ impl Raw {
         Ok(())
     }
 
-    /// Reads the failure notices that arrived, and returns the group rank of a failed member.
+    /// Reads the failure notices that arrived, and returns a failed member (group rank) and
+    /// what it announced.
     fn failed_member(
         &mut self,
         member: &dyn Fn(usize) -> Option<usize>,
-    ) -> Result<Option<usize>, MpiError> {
+    ) -> Result<Option<(usize, PeerFailure)>, MpiError> {
         loop {
             let mut flag: c_int = 0;
             // SAFETY: `status` is written by MPI before it is read.
@@ -353,12 +375,12 @@ impl Raw {
                 .ok()
                 .and_then(|r| self.failed.get_mut(r))
             {
-                *slot = true;
+                *slot = byte.max(1);
             }
         }
         Ok((0..self.world_size)
-            .filter(|&r| self.failed[r])
-            .find_map(member))
+            .filter(|&r| self.failed[r] != 0)
+            .find_map(|r| member(r).map(|peer| (peer, Notice::cause(self.failed[r])))))
     }
 
     /// Polls until `check_done` reports completion, a member announces a panic, or
@@ -386,8 +408,8 @@ impl Raw {
             // Not on the first miss: a short wait (most small collectives) then costs no
             // `MPI_Iprobe` and no clock read.
             if iteration % 64 == 0 {
-                if let Some(peer) = self.failed_member(member)? {
-                    return Err(WaitError::PeerPanicked(peer));
+                if let Some((peer, cause)) = self.failed_member(member)? {
+                    return Err(WaitError::PeerFailed(peer, cause));
                 }
                 let now = Instant::now();
                 if now - *started.get_or_insert(now) >= timeout {
@@ -494,17 +516,22 @@ impl Raw {
         })
     }
 
-    /// Tells every other world rank that this process is failing, and waits (at most
-    /// `timeout`) for the notices to leave.
-    pub(super) fn announce_failure(&self, timeout: Duration) {
-        static NOTICE: u8 = 1;
+    /// Tells every other world rank that this process is failing (`notice` says how), and
+    /// waits (at most `timeout`) for the notices to leave.
+    pub(super) fn announce_failure(&self, notice: Notice, timeout: Duration) {
+        static PANICKED: u8 = Notice::Panicked as u8;
+        static FAILED: u8 = Notice::Failed as u8;
+        let byte: &'static u8 = match notice {
+            Notice::Panicked => &PANICKED,
+            Notice::Failed => &FAILED,
+        };
         let mut requests: Vec<Request> = (0..self.world_size)
             .filter(|&r| r != self.world_rank)
             .filter_map(|r| {
-                // SAFETY: `NOTICE` is static, so it outlives the send.
+                // SAFETY: `byte` is static, so it outlives the send.
                 start(|req| unsafe {
                     ffi::MPI_Isend(
-                        (&NOTICE as *const u8).cast(),
+                        (byte as *const u8).cast(),
                         1,
                         byte_type(),
                         r as c_int,
