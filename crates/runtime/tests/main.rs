@@ -6,4 +6,5 @@ mod config;
 mod equivalence;
 mod idx_data;
 mod optimizer;
+mod reproducibility;
 mod training;
