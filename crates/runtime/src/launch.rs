@@ -118,19 +118,17 @@ pub fn train_local(
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
     let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
     let mut ranks = Vec::with_capacity(devices);
-    let mut errors: Vec<(usize, String, bool)> = Vec::new();
+    let mut errors: Vec<(usize, String, Blame)> = Vec::new();
     for (rank, result) in results.into_iter().enumerate() {
         match result {
             Ok(Ok(outcome)) => ranks.push(outcome),
-            Ok(Err(err)) => errors.push((rank, err.to_string(), is_consequence(&err))),
-            Err(err) => errors.push((rank, err.to_string(), false)),
+            Ok(Err(err)) => errors.push((rank, err.to_string(), blame(&err))),
+            Err(err) => errors.push((rank, err.to_string(), Blame::OwnFault)),
         }
     }
-    // Report the root cause: a rank's own failure rather than its peers' "peer failed".
-    let cause = errors
-        .iter()
-        .find(|(_, _, consequence)| !consequence)
-        .or(errors.first());
+    // Report the root cause: a rank's own failure rather than a timeout, and a timeout rather
+    // than its peers' "peer failed"; the lowest rank among equals.
+    let cause = errors.iter().min_by_key(|(rank, _, blame)| (*blame, *rank));
     match cause {
         Some((rank, message, _)) => Err(RuntimeError::Rank {
             rank: *rank,
@@ -140,17 +138,30 @@ pub fn train_local(
     }
 }
 
-/// Whether `err` only reports another rank's failure (a peer that failed, a poisoned group).
-fn is_consequence(err: &RuntimeError) -> bool {
+/// How much of a failure a rank's error explains, most first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Blame {
+    /// The rank's own failure (bad data, a file it could not write, a panic, a mismatch).
+    OwnFault,
+    /// The rank waited for a peer that never came: the peer hung, or failed silently.
+    Timeout,
+    /// The rank only reports another rank's failure (a peer that failed, a poisoned group).
+    Consequence,
+}
+
+fn blame(err: &RuntimeError) -> Blame {
     let comm_err = match err {
         RuntimeError::Comm(e) => Some(e),
         RuntimeError::Reshard(reshard::ReshardError::Comm(e)) => Some(e),
         _ => None,
     };
-    matches!(
-        comm_err,
-        Some(comm::CommError::PeerFailed { .. } | comm::CommError::Poisoned { .. })
-    )
+    match comm_err {
+        Some(comm::CommError::PeerFailed { .. } | comm::CommError::Poisoned { .. }) => {
+            Blame::Consequence
+        }
+        Some(comm::CommError::Timeout { .. }) => Blame::Timeout,
+        _ => Blame::OwnFault,
+    }
 }
 
 /// Trains this process's rank of an `mpirun` job (the `mpi` backend). The job must have exactly
@@ -185,7 +196,11 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
         Ok(outcome) => outcome,
         Err(err) => {
             // Tell the peers before leaving, so that they stop now rather than at the timeout.
-            world.announce_failure(&err.to_string());
+            // A rank that only reports a peer's failure stays silent: the peers heard of it from
+            // that peer, and are not to blame this rank.
+            if blame(&err) != Blame::Consequence {
+                world.announce_failure(&err.to_string());
+            }
             return Err(err);
         }
     };

@@ -75,7 +75,11 @@ fn a_run_repeats_bit_for_bit() {
 fn a_one_device_plan_is_the_same_run_in_every_mode() {
     let stand_alone = bits(&train(&example("seed_stand_alone.toml", 1, &[])));
     let data_parallel = bits(&train(&example("seed_data_parallel.toml", 1, &[])));
-    let semi_auto = bits(&train(&example("seed_semi_auto.toml", 1, &["parallel.shard={}"])));
+    let semi_auto = bits(&train(&example(
+        "seed_semi_auto.toml",
+        1,
+        &["parallel.shard={}"],
+    )));
     assert!(stand_alone == data_parallel, "data_parallel on 1 device");
     assert!(stand_alone == semi_auto, "semi_auto on 1 device");
 }
