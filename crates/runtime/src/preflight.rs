@@ -168,10 +168,11 @@ fn check_metrics_log(path: &Path) -> Result<(), RuntimeError> {
         _ => Path::new("."),
     };
     if !parent.is_dir() {
-        return Err(bad(format!(
-            "its directory {} does not exist",
-            parent.display()
-        )));
+        return Err(bad(if parent.exists() {
+            format!("{} is not a directory", parent.display())
+        } else {
+            format!("its directory {} does not exist", parent.display())
+        }));
     }
     if path.is_dir() {
         return Err(bad("is a directory".to_string()));
