@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context;
 use clap::{Args, ValueEnum};
 use runtime::{LaunchOptions, Session, TrainConfig};
 
@@ -77,9 +76,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    // `train_local` / `train_mpi` check the output directory, the metrics log and the
+    // checkpoint resumed from before any rank starts (runtime::check_before_start).
     let out_dir = config.output().dir.clone();
-    std::fs::create_dir_all(&out_dir)
-        .with_context(|| format!("cannot create output.dir {}", out_dir.display()))?;
     let options = LaunchOptions {
         print_loss: true,
         metrics_log: Some(

@@ -98,3 +98,50 @@ fn mpi_training_matches_local_and_one_device() {
 fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
+
+/// A rank whose run returns an error (here rank 3, whose local-norm dump path is taken by a
+/// file, at the end of step 1) tells its peers before it leaves: the job ends with its error
+/// well before the 120 s `--timeout`, instead of the others waiting for it until then.
+#[test]
+fn mpi_a_failing_rank_stops_the_job_with_its_error() {
+    let dir = Scratch::new("mpi-failfast");
+    let norms = dir.0.join("norms");
+    std::fs::create_dir_all(&norms).unwrap();
+    std::fs::write(norms.join("rank_3"), b"in the way").unwrap();
+    let start = std::time::Instant::now();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "train",
+            "examples/seed_semi_auto.toml",
+            "--devices",
+            "4",
+            "--set",
+            "parallel.shard={ matmul1 = [[2, 2], [2, 1]], matmul2 = [[1, 4], [4, 1]] }",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            "train.dump_local_norm=true",
+            "--set",
+            &format!("train.dump_local_norm_path=\"{}\"", s(&norms)),
+            "--set",
+            &format!("output.dir=\"{}\"", s(&dir.0.join("run"))),
+            "--backend",
+            "mpi",
+            "--timeout",
+            "120",
+        ])
+        .current_dir(repo_root())
+        .output()
+        .expect("running mpirun");
+    let took = start.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(s(&norms.join("rank_3"))),
+        "rank 3's own error: {stderr}"
+    );
+    // A correctness bound (not the timeout), not a benchmark: the job takes about a second.
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+}

@@ -95,6 +95,29 @@ fn a_rank_that_leaves_fails_its_peers_and_its_sent_messages_still_arrive() {
 }
 
 #[test]
+fn a_rank_that_leaves_before_joining_a_group_fails_the_group_at_once() {
+    // Ranks 1..3 form a group rank 0 never creates; ranks 1 and 2 then wait in it for rank 3,
+    // which left at once. Its slot in that group never opened, so only the cluster-wide record
+    // that rank 3 dropped every communicator can end their wait before the (long) timeout.
+    let results = LocalCluster::new(4)
+        .unwrap()
+        .with_timeout(Duration::from_secs(120))
+        .run(|comm| -> Result<(), CommError> {
+            match comm.rank() {
+                0 | 3 => Ok(()),
+                _ => {
+                    let group = comm.group(&[1, 2, 3])?;
+                    expect_peer_failed(group.barrier(), 2, PeerFailure::Exited);
+                    Ok(())
+                }
+            }
+        });
+    for r in results {
+        r.unwrap().unwrap();
+    }
+}
+
+#[test]
 fn a_rank_that_never_joins_times_out_everyone_then_finds_them_gone() {
     let all_waited = Barrier::new(4);
     let results = LocalCluster::new(4)

@@ -68,6 +68,17 @@ pub enum RuntimeError {
         /// The error.
         source: std::io::Error,
     },
+    /// A file or directory the run needs that is missing or cannot be written, found before
+    /// any rank started.
+    #[error("{what} {path}: {reason}")]
+    Unusable {
+        /// What the path is for (`metrics log`).
+        what: String,
+        /// The path.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The parallel pass rejected the configuration.
     #[error(transparent)]
     Parallel(#[from] parallel::ParallelError),

@@ -9,6 +9,7 @@ use comm::{Communicator, LocalCluster};
 
 use crate::callbacks::{Callback, CallbackList, LocalNorm, LossMonitor, MetricsLog};
 use crate::error::RuntimeError;
+use crate::preflight::check_before_start;
 use crate::session::{RankOutcome, Session};
 
 /// How a run reports as it goes.
@@ -104,28 +105,31 @@ pub fn run_rank(
 }
 
 /// Trains `session` with one thread per device (the `local` backend).
+///
+/// Everything [`check_before_start`] checks fails before a rank starts. A rank that fails
+/// stops the others at once (they fail waiting for it, not at `options.timeout`), and the
+/// error returned is that rank's own, not its peers' "peer failed".
 pub fn train_local(
     session: &Session,
     options: &LaunchOptions,
 ) -> Result<TrainReport, RuntimeError> {
+    check_before_start(session, options.metrics_log.as_deref())?;
     let devices = session.devices();
     session.open_checkpoint_set()?;
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
     let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
     let mut ranks = Vec::with_capacity(devices);
-    let mut errors: Vec<(usize, String, bool)> = Vec::new();
+    let mut errors: Vec<(usize, String, Blame)> = Vec::new();
     for (rank, result) in results.into_iter().enumerate() {
         match result {
             Ok(Ok(outcome)) => ranks.push(outcome),
-            Ok(Err(err)) => errors.push((rank, err.to_string(), is_consequence(&err))),
-            Err(err) => errors.push((rank, err.to_string(), false)),
+            Ok(Err(err)) => errors.push((rank, err.to_string(), blame(&err))),
+            Err(err) => errors.push((rank, err.to_string(), Blame::OwnFault)),
         }
     }
-    // Report the root cause: a rank's own failure rather than its peers' "peer failed".
-    let cause = errors
-        .iter()
-        .find(|(_, _, consequence)| !consequence)
-        .or(errors.first());
+    // Report the root cause: a rank's own failure rather than a timeout, and a timeout rather
+    // than its peers' "peer failed"; the lowest rank among equals.
+    let cause = errors.iter().min_by_key(|(rank, _, blame)| (*blame, *rank));
     match cause {
         Some((rank, message, _)) => Err(RuntimeError::Rank {
             rank: *rank,
@@ -135,17 +139,30 @@ pub fn train_local(
     }
 }
 
-/// Whether `err` only reports another rank's failure (a peer that failed, a poisoned group).
-fn is_consequence(err: &RuntimeError) -> bool {
+/// How much of a failure a rank's error explains, most first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Blame {
+    /// The rank's own failure (bad data, a file it could not write, a panic, a mismatch).
+    OwnFault,
+    /// The rank waited for a peer that never came: the peer hung, or failed silently.
+    Timeout,
+    /// The rank only reports another rank's failure (a peer that failed, a poisoned group).
+    Consequence,
+}
+
+fn blame(err: &RuntimeError) -> Blame {
     let comm_err = match err {
         RuntimeError::Comm(e) => Some(e),
         RuntimeError::Reshard(reshard::ReshardError::Comm(e)) => Some(e),
         _ => None,
     };
-    matches!(
-        comm_err,
-        Some(comm::CommError::PeerFailed { .. } | comm::CommError::Poisoned { .. })
-    )
+    match comm_err {
+        Some(comm::CommError::PeerFailed { .. } | comm::CommError::Poisoned { .. }) => {
+            Blame::Consequence
+        }
+        Some(comm::CommError::Timeout { .. }) => Blame::Timeout,
+        _ => Blame::OwnFault,
+    }
 }
 
 /// Trains this process's rank of an `mpirun` job (the `mpi` backend). The job must have exactly
@@ -161,7 +178,7 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
     // The rank runs on this thread and makes every MPI call from it: MPI needs no thread
     // safety of its own (unless the application initialised it already).
     comm::mpi::prefer_thread_level(comm::mpi::ThreadLevel::Single);
-    let world = comm::mpi::MpiComm::world_with(options.timeout, on_timeout)?;
+    let world = Arc::new(comm::mpi::MpiComm::world_with(options.timeout, on_timeout)?);
     let devices = session.devices();
     if world.size() != devices {
         return Err(RuntimeError::Config {
@@ -172,10 +189,30 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
             ),
         });
     }
-    if world.rank() == 0 {
-        session.open_checkpoint_set()?;
-    }
-    let outcome = run_rank(session, options, Arc::new(world))?;
+    // Only rank 0 writes the metrics log.
+    let metrics_log = options.metrics_log.as_deref().filter(|_| world.rank() == 0);
+    let result = check_before_start(session, metrics_log)
+        .and_then(|()| {
+            // Rank 0's process holds the checkpoint set's lock and staging directory.
+            if world.rank() == 0 {
+                session.open_checkpoint_set()
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| run_rank(session, options, world.clone()));
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            // Tell the peers before leaving, so that they stop now rather than at the timeout.
+            // A rank that only reports a peer's failure stays silent: the peers heard of it from
+            // that peer, and are not to blame this rank.
+            if blame(&err) != Blame::Consequence {
+                world.announce_failure(&err.to_string());
+            }
+            return Err(err);
+        }
+    };
     Ok(TrainReport {
         devices,
         ranks: vec![outcome],

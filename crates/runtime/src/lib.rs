@@ -39,6 +39,7 @@ mod error;
 mod executor;
 mod launch;
 mod optimizer;
+mod preflight;
 mod session;
 mod trainer;
 
@@ -62,5 +63,6 @@ pub use crate::optimizer::{
     applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
     ParamSpec,
 };
+pub use crate::preflight::check_before_start;
 pub use crate::session::{ParamShard, RankOutcome, Session, GLOBAL_STEP};
 pub use crate::trainer::Trainer;

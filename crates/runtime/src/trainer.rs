@@ -147,11 +147,8 @@ impl Trainer {
 
     /// Trains on the local backend (one thread per device) and reports every step.
     pub fn train(self) -> Result<TrainReport, RuntimeError> {
+        // `train_local` creates the output directory (`check_before_start`).
         let config = self.config()?;
-        std::fs::create_dir_all(&config.output().dir).map_err(|source| RuntimeError::Io {
-            path: config.output().dir.clone(),
-            source,
-        })?;
         let session = Session::with_model(&config, self.model)?;
         let options = LaunchOptions {
             print_loss: self.print_loss,

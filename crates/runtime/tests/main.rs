@@ -6,5 +6,6 @@ mod config;
 mod equivalence;
 mod idx_data;
 mod optimizer;
+mod reproducibility;
 mod text_data;
 mod training;

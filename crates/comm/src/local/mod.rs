@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use self::shared::{
-    Arrival, Cluster, GroupShared, Lease, OpKind, Publication, PublishGuard, Registry, Slot,
+    Arrival, Cluster, GroupShared, Lease, OpKind, Publication, PublishGuard, RankPresence,
+    Registry, Slot,
 };
 use self::wait::{block_on, Doorbell, Poll};
 use crate::buf::{Buf, BufMut};
@@ -84,6 +85,7 @@ impl LocalCluster {
                 next_id: 1,
                 ..Default::default()
             }),
+            ranks: (0..self.n_ranks).map(|_| RankPresence::default()).collect(),
         });
         let world = Arc::new(GroupShared::new(0, (0..self.n_ranks).collect()));
         (0..self.n_ranks)
@@ -173,13 +175,15 @@ impl fmt::Debug for LocalComm {
 
 impl Drop for LocalComm {
     fn drop(&mut self) {
-        self.slot()
-            .close(std::thread::panicking(), &self.cluster.doorbell);
+        let panicking = std::thread::panicking();
+        self.slot().close(panicking, &self.cluster.doorbell);
+        self.presence().leave(panicking, &self.cluster.doorbell);
     }
 }
 
 impl LocalComm {
     fn new(cluster: Arc<Cluster>, group: Arc<GroupShared>, rank: usize) -> LocalComm {
+        cluster.ranks[group.members[rank]].enter();
         LocalComm {
             cluster,
             group,
@@ -190,6 +194,11 @@ impl LocalComm {
 
     fn slot(&self) -> &Slot {
         &self.group.slots[self.rank]
+    }
+
+    /// This rank's presence in the cluster.
+    fn presence(&self) -> &RankPresence {
+        &self.cluster.ranks[self.group.members[self.rank]]
     }
 
     fn lock(&self) -> MutexGuard<'_, EndpointState> {
@@ -269,6 +278,16 @@ impl<'a> Ctx<'a> {
         &self.comm.group.slots[rank]
     }
 
+    /// Why `peer` (a group rank) can no longer take part: it left or abandoned this group, or
+    /// it dropped every communicator it had, so it will never join this group's calls even
+    /// when it never joined the group itself.
+    fn peer_failure(&self, peer: usize) -> Option<PeerFailure> {
+        let world_rank = self.comm.group.members[peer];
+        self.slot(peer)
+            .failure()
+            .or_else(|| self.comm.cluster.ranks[world_rank].failure())
+    }
+
     /// Reserves the next step number.
     fn next_step(&mut self) -> u64 {
         self.step += 1;
@@ -305,7 +324,7 @@ impl<'a> Ctx<'a> {
                 if arrival == Arrival::Arrived {
                     continue;
                 }
-                match slot.failure() {
+                match self.peer_failure(peer) {
                     // A peer that arrived and then left is fine: check arrival again.
                     Some(_) if slot.arrival(step, self.kind) == Arrival::Arrived => {}
                     Some(cause) => {
@@ -375,7 +394,7 @@ impl<'a> Ctx<'a> {
             return Ok(lease);
         }
         let cause = block_on(&self.comm.cluster.doorbell, self.deadline(), || {
-            Ok::<_, CommError>(slot.failure().map_or(Poll::Pending, Poll::Ready))
+            Ok::<_, CommError>(self.peer_failure(peer).map_or(Poll::Pending, Poll::Ready))
         })?;
         Err(match cause {
             Some(cause) => self.peer_failed(peer, cause),
@@ -578,7 +597,7 @@ impl Communicator for LocalComm {
         self.call("send", OpKind::PointToPoint, |ctx| {
             check_p2p(ctx, dst, tag)?;
             let slot = ctx.slot(dst);
-            if let Some(cause) = slot.failure() {
+            if let Some(cause) = ctx.peer_failure(dst) {
                 return Err(ctx.peer_failed(dst, cause));
             }
             slot.mailbox
@@ -607,7 +626,7 @@ impl Communicator for LocalComm {
                 if let Some(message) = take() {
                     return Ok(Poll::Ready(message));
                 }
-                match ctx.slot(src).failure() {
+                match ctx.peer_failure(src) {
                     // A sender that sent and then left: its message may have landed meanwhile.
                     Some(cause) => take()
                         .map(Poll::Ready)

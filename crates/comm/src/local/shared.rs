@@ -32,6 +32,38 @@ pub(crate) struct Cluster {
     pub(crate) timeout: Duration,
     pub(crate) doorbell: Doorbell,
     pub(crate) registry: Mutex<Registry>,
+    /// Every world rank's presence: a rank that dropped all its communicators has left every
+    /// group, including the groups it never joined (whose slots alone would wait for it until
+    /// the timeout).
+    pub(crate) ranks: Vec<RankPresence>,
+}
+
+/// Whether a world rank still holds a communicator.
+#[derive(Debug, Default)]
+pub(crate) struct RankPresence {
+    /// Its live communicators (the world's and every group's).
+    comms: AtomicUsize,
+    liveness: Liveness,
+}
+
+impl RankPresence {
+    /// Counts a new communicator of this rank.
+    pub(crate) fn enter(&self) {
+        self.comms.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Counts a dropped communicator; the last one marks the rank gone (exited or panicked).
+    pub(crate) fn leave(&self, panicking: bool, doorbell: &Doorbell) {
+        if self.comms.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.liveness.close(panicking);
+            doorbell.ring();
+        }
+    }
+
+    /// Why the rank can no longer take part, once it has dropped every communicator.
+    pub(crate) fn failure(&self) -> Option<PeerFailure> {
+        self.liveness.failure()
+    }
 }
 
 /// Groups being created: the first member to call `group` creates the shared state, the others
@@ -170,8 +202,7 @@ pub(crate) struct Slot {
     pub_step: AtomicU64,
     readers: AtomicUsize,
     publication: UnsafeCell<Publication>,
-    state: AtomicU8,
-    abort_reason: Mutex<Option<String>>,
+    liveness: Liveness,
     /// Point-to-point messages for this member, by (sender's group rank, tag).
     pub(crate) mailbox: Mutex<Mailbox>,
 }
@@ -194,8 +225,7 @@ impl Default for Slot {
                 std::ptr::null_mut(),
                 0,
             )),
-            state: AtomicU8::new(OPEN),
-            abort_reason: Mutex::new(None),
+            liveness: Liveness::default(),
             mailbox: Mutex::new(HashMap::new()),
         }
     }
@@ -260,6 +290,41 @@ impl Slot {
 
     /// Why the owner can no longer take part, if so.
     pub(crate) fn failure(&self) -> Option<PeerFailure> {
+        self.liveness.failure()
+    }
+
+    /// Marks the owner as gone after an error.
+    pub(crate) fn abort(&self, reason: String, doorbell: &Doorbell) {
+        self.liveness.abort(reason);
+        doorbell.ring();
+    }
+
+    /// Marks the owner as gone because its communicator was dropped (while panicking or not).
+    pub(crate) fn close(&self, panicking: bool, doorbell: &Doorbell) {
+        self.liveness.close(panicking);
+        doorbell.ring();
+    }
+}
+
+/// Whether a member can still take part: open, or gone (exited, panicked, aborted with a
+/// reason). Callers ring the doorbell after a change.
+#[derive(Debug)]
+struct Liveness {
+    state: AtomicU8,
+    abort_reason: Mutex<Option<String>>,
+}
+
+impl Default for Liveness {
+    fn default() -> Liveness {
+        Liveness {
+            state: AtomicU8::new(OPEN),
+            abort_reason: Mutex::new(None),
+        }
+    }
+}
+
+impl Liveness {
+    fn failure(&self) -> Option<PeerFailure> {
         match self.state.load(Ordering::SeqCst) {
             OPEN => None,
             EXITED => Some(PeerFailure::Exited),
@@ -274,20 +339,17 @@ impl Slot {
         }
     }
 
-    /// Marks the owner as gone after an error.
-    pub(crate) fn abort(&self, reason: String, doorbell: &Doorbell) {
+    fn abort(&self, reason: String) {
         *self.abort_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
         self.state.store(ABORTED, Ordering::SeqCst);
-        doorbell.ring();
     }
 
-    /// Marks the owner as gone because its communicator was dropped (while panicking or not).
-    pub(crate) fn close(&self, panicking: bool, doorbell: &Doorbell) {
+    /// Gone, unless already gone for another reason.
+    fn close(&self, panicking: bool) {
         let state = if panicking { PANICKED } else { EXITED };
         let _ = self
             .state
             .compare_exchange(OPEN, state, Ordering::SeqCst, Ordering::SeqCst);
-        doorbell.ring();
     }
 }
 

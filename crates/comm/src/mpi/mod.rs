@@ -34,6 +34,10 @@
 //!   world rank on a private control communicator; waiting peers poll for notices and return
 //!   [`CommError::PeerFailed`] at once. The panicking process then exits and `mpirun`
 //!   terminates the job, as OpenMPI does for any rank that exits abnormally.
+//! - A peer whose work **returns an error** sends a notice with its error message when it calls
+//!   [`MpiComm::announce_failure`] before it exits, as `runtime::train_mpi` does: the waiting
+//!   peers' [`CommError::PeerFailed`] carries that message. Without it, its peers would wait
+//!   for it until the timeout.
 //! - Ranks that call all-reduce, reduce-scatter or all-gather with **different lengths**
 //!   (polled mode): a rank whose messages do not have the lengths its schedule expects gets
 //!   [`CommError::Mismatch`] naming the peer; a rank whose own messages happen to fit then
@@ -70,7 +74,7 @@ use self::raw::{Datatype, MpiError, Raw, Request};
 use self::watchdog::{Watchdog, Watched};
 use crate::buf::{Buf, BufMut};
 use crate::communicator::{Communicator, Tag, MAX_TAG};
-use crate::error::{CommError, PeerFailure, Site};
+use crate::error::{CommError, Site};
 use crate::op::ReduceOp;
 
 /// The timeout [`MpiComm::world`] callers usually pass.
@@ -161,6 +165,11 @@ struct Runtime {
 }
 
 static RUNTIME: Mutex<Option<Weak<Runtime>>> = Mutex::new(None);
+
+/// The longest a failing process waits for its failure notices to leave.
+const NOTICE_WAIT: Duration = Duration::from_secs(2);
+/// The longest error message a failure notice carries (longer ones are cut).
+const MAX_NOTICE_BYTES: usize = 2048;
 
 impl Runtime {
     /// Whether this thread may call MPI.
@@ -373,6 +382,37 @@ impl MpiComm {
 /// algorithms, timeouts and checks: the baseline `tessera bench collectives --backend mpi`
 /// measures the backend against, in the same process, run and buffers.
 impl MpiComm {
+    /// Tells every other rank of the job that this process is failing with `reason` (its run
+    /// returned an error), as a panicking process does while it unwinds: their waits end at
+    /// once with [`CommError::PeerFailed`] carrying `reason` (its first 2 KiB), instead of at
+    /// the timeout, so whichever process reports first names the root cause. Poisons this process's
+    /// MPI state, so later calls are refused and `MPI_Finalize`, which would wait for the
+    /// peers, is skipped: the process should report its error and exit. Only a process's first
+    /// announcement (or panic) sends notices; on a thread that may not call MPI this only
+    /// poisons.
+    pub fn announce_failure(&self, reason: &str) {
+        {
+            let mut poisoned = self
+                .runtime
+                .poisoned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            poisoned.get_or_insert_with(|| format!("this rank failed: {reason}"));
+            self.runtime.is_poisoned.store(true, Ordering::Release);
+        }
+        if !self.runtime.on_owner_thread() || self.runtime.announced.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // The peers report the message: keep it short enough to travel as one eager message.
+        let mut end = reason.len().min(MAX_NOTICE_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let notice = raw::Notice::Failed(reason[..end].to_string());
+        let raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
+        raw.announce_failure(&notice, self.timeout.min(NOTICE_WAIT));
+    }
+
     /// `MPI_Allreduce(MPI_IN_PLACE, buf, …, MPI_FLOAT, MPI_SUM, …)`.
     pub fn library_all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CommError> {
         let call = self.enter("library_all_reduce")?;
@@ -413,7 +453,7 @@ impl Drop for MpiComm {
         }
         let raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
         if std::thread::panicking() && !self.runtime.announced.swap(true, Ordering::SeqCst) {
-            raw.announce_failure(self.timeout.min(Duration::from_secs(2)));
+            raw.announce_failure(&raw::Notice::Panicked, self.timeout.min(NOTICE_WAIT));
             return;
         }
         let poisoned = self
@@ -520,10 +560,10 @@ impl Call<'_> {
                 timeout: self.comm.timeout,
                 waiting_for,
             },
-            raw::WaitError::PeerPanicked(peer) => CommError::PeerFailed {
+            raw::WaitError::PeerFailed(peer, cause) => CommError::PeerFailed {
                 site: self.site(),
                 peer,
-                cause: PeerFailure::Panicked,
+                cause,
             },
             raw::WaitError::Mismatch { peer, reason } => CommError::Mismatch {
                 site: self.site(),

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
 
+use crate::error::PeerFailure;
 use crate::op::ReduceOp;
 
 /// An MPI error: code and message.
@@ -16,8 +17,8 @@ pub(super) type MpiError = (i32, String);
 pub(super) enum WaitError {
     Mpi(i32, String),
     Timeout,
-    /// A member (group rank) announced a panic.
-    PeerPanicked(usize),
+    /// A member (group rank) announced a failure: a panic, or an error its run returned.
+    PeerFailed(usize, PeerFailure),
     /// A member (group rank) disagrees with this one about the call: it sent a message of
     /// another length than the schedule expects.
     Mismatch {
@@ -59,7 +60,40 @@ pub(super) struct Message(ffi::MPI_Message);
 
 /// The tag of failure notices on the control communicator.
 const FAILURE_TAG: c_int = 1;
-/// How long a panicking process lingers after sending its notices.
+
+/// What a failure notice says. On the wire: one byte (1: panicked), or 2 followed by the
+/// process's error message (UTF-8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Notice {
+    /// The process is panicking.
+    Panicked,
+    /// The process's run returned this error.
+    Failed(String),
+}
+
+impl Notice {
+    /// The bytes sent.
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            Notice::Panicked => vec![1],
+            Notice::Failed(reason) => {
+                let mut bytes = vec![2];
+                bytes.extend_from_slice(reason.as_bytes());
+                bytes
+            }
+        }
+    }
+
+    /// What the peers report of a sender of `bytes`.
+    fn cause(bytes: &[u8]) -> PeerFailure {
+        match bytes.split_first() {
+            Some((2, reason)) => PeerFailure::Aborted(String::from_utf8_lossy(reason).into_owned()),
+            _ => PeerFailure::Panicked,
+        }
+    }
+}
+
+/// How long a failing process lingers after sending its notices.
 const NOTICE_GRACE: Duration = Duration::from_millis(250);
 
 /// The process's MPI handles: initialisation, the control communicator for failure notices,
@@ -75,8 +109,8 @@ pub(super) struct Raw {
     ctrl: ffi::MPI_Comm,
     world_rank: usize,
     world_size: usize,
-    /// World ranks that announced a panic.
-    failed: Vec<bool>,
+    /// What every world rank that announced a failure said.
+    failed: Vec<Option<PeerFailure>>,
     /// [`Raw::poll_all`]'s statuses, kept across calls.
     statuses: Vec<ffi::MPI_Status>,
 }
@@ -213,7 +247,7 @@ impl Raw {
                 ctrl,
                 world_rank: usize::try_from(rank).unwrap_or(0),
                 world_size,
-                failed: vec![false; world_size],
+                failed: vec![None; world_size],
                 statuses: Vec::new(),
             })
         }
@@ -317,16 +351,17 @@ impl Raw {
         Ok(())
     }
 
-    /// Reads the failure notices that arrived, and returns the group rank of a failed member.
+    /// Reads the failure notices that arrived, and returns a failed member (group rank) and
+    /// what it announced.
     fn failed_member(
         &mut self,
         member: &dyn Fn(usize) -> Option<usize>,
-    ) -> Result<Option<usize>, MpiError> {
+    ) -> Result<Option<(usize, PeerFailure)>, MpiError> {
         loop {
             let mut flag: c_int = 0;
             // SAFETY: `status` is written by MPI before it is read.
             let mut status = unsafe { std::mem::zeroed::<ffi::MPI_Status>() };
-            // SAFETY: valid handles; the one-byte notice is received into `byte`.
+            // SAFETY: valid handles; `status` describes a matched notice.
             unsafe {
                 check(ffi::MPI_Iprobe(
                     ffi::RSMPI_ANY_SOURCE,
@@ -335,30 +370,37 @@ impl Raw {
                     &mut flag,
                     &mut status,
                 ))?;
-                if flag == 0 {
-                    break;
-                }
-                let mut byte = 0u8;
-                check(ffi::MPI_Recv(
-                    (&mut byte as *mut u8).cast(),
-                    1,
+            }
+            if flag == 0 {
+                break;
+            }
+            let mut count: c_int = 0;
+            // SAFETY: `status` was filled by the probe.
+            check(unsafe { ffi::MPI_Get_count(&status, byte_type(), &mut count) })?;
+            let mut notice = vec![0u8; usize::try_from(count).unwrap_or(0).max(1)];
+            // SAFETY: valid handles; the notice (`count` bytes) is received into `notice`.
+            check(unsafe {
+                ffi::MPI_Recv(
+                    notice.as_mut_ptr().cast(),
+                    count,
                     byte_type(),
                     status.MPI_SOURCE,
                     FAILURE_TAG,
                     self.ctrl,
                     ffi::RSMPI_STATUS_IGNORE,
-                ))?;
-            }
+                )
+            })?;
             if let Some(slot) = usize::try_from(status.MPI_SOURCE)
                 .ok()
                 .and_then(|r| self.failed.get_mut(r))
             {
-                *slot = true;
+                *slot = Some(Notice::cause(&notice));
             }
         }
-        Ok((0..self.world_size)
-            .filter(|&r| self.failed[r])
-            .find_map(member))
+        Ok((0..self.world_size).find_map(|r| {
+            let cause = self.failed[r].as_ref()?;
+            member(r).map(|peer| (peer, cause.clone()))
+        }))
     }
 
     /// Polls until `check_done` reports completion, a member announces a panic, or
@@ -386,8 +428,8 @@ impl Raw {
             // Not on the first miss: a short wait (most small collectives) then costs no
             // `MPI_Iprobe` and no clock read.
             if iteration % 64 == 0 {
-                if let Some(peer) = self.failed_member(member)? {
-                    return Err(WaitError::PeerPanicked(peer));
+                if let Some((peer, cause)) = self.failed_member(member)? {
+                    return Err(WaitError::PeerFailed(peer, cause));
                 }
                 let now = Instant::now();
                 if now - *started.get_or_insert(now) >= timeout {
@@ -494,18 +536,21 @@ impl Raw {
         })
     }
 
-    /// Tells every other world rank that this process is failing, and waits (at most
-    /// `timeout`) for the notices to leave.
-    pub(super) fn announce_failure(&self, timeout: Duration) {
-        static NOTICE: u8 = 1;
+    /// Tells every other world rank that this process is failing (`notice` says how), and
+    /// waits (at most `timeout`) for the notices to leave.
+    pub(super) fn announce_failure(&self, notice: &Notice, timeout: Duration) {
+        // Leaked: a send that outlasts `timeout` must still find its buffer (this happens once,
+        // on the way out of a failing process).
+        let bytes: &'static [u8] = Box::leak(notice.encode().into_boxed_slice());
+        let count = c_int::try_from(bytes.len()).unwrap_or(1);
         let mut requests: Vec<Request> = (0..self.world_size)
             .filter(|&r| r != self.world_rank)
             .filter_map(|r| {
-                // SAFETY: `NOTICE` is static, so it outlives the send.
+                // SAFETY: `bytes` is leaked, so it outlives the send.
                 start(|req| unsafe {
                     ffi::MPI_Isend(
-                        (&NOTICE as *const u8).cast(),
-                        1,
+                        bytes.as_ptr().cast(),
+                        count,
                         byte_type(),
                         r as c_int,
                         FAILURE_TAG,

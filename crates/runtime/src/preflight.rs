@@ -1,0 +1,246 @@
+//! Checks before any rank starts.
+//!
+//! Whatever can be found wrong from the configuration, the data headers and the file system is
+//! found here, at once, before a rank runs: a run must not train for minutes, or wait for a
+//! collective's timeout, to report that its metrics log cannot be written. The checks:
+//!
+//! - `data.batch_size` is not larger than the training split (no full batch would fit);
+//! - `output.dir` exists or can be created, and a file can be written in it;
+//! - the metrics log's directory exists and the log can be opened for writing;
+//! - `output.resume_from` is a directory holding a checkpoint (rank 0's file) and the strategy
+//!   file it is read with exists.
+//!
+//! (The data files themselves are opened, and their headers checked, by [`Session::new`].)
+//!
+//! Nothing is left behind by a failed check: directories created to test `output.dir` are
+//! removed again (only those, and only while empty), as is a probe file. After a successful
+//! check `output.dir` exists.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+
+use crate::error::RuntimeError;
+use crate::session::Session;
+
+/// Runs every check of this module for `session`, writing the metrics log at `metrics_log`
+/// (when given). Creates `output.dir` when it is missing, and leaves nothing behind on failure.
+pub fn check_before_start(
+    session: &Session,
+    metrics_log: Option<&Path>,
+) -> Result<(), RuntimeError> {
+    check_batch_fits(session)?;
+    check_resume_from(session)?;
+    let created = prepare_output_dir(&session.config.output().dir)?;
+    if let Some(path) = metrics_log {
+        // A failure here removes the output directories just created (when `created` drops).
+        check_metrics_log(path)?;
+    }
+    created.keep();
+    Ok(())
+}
+
+/// `data.batch_size` against the training split: at least one full batch must fit.
+fn check_batch_fits(session: &Session) -> Result<(), RuntimeError> {
+    let batch_size = session.config.data().batch_size;
+    let n_samples = session.train_data.len();
+    if batch_size > n_samples {
+        return Err(RuntimeError::Config {
+            key: "data.batch_size".to_string(),
+            reason: format!(
+                "{batch_size} is larger than the {n_samples} training samples in {}, so no full \
+                 batch fits",
+                session.config.data().dir.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `output.resume_from`: a directory with rank 0's checkpoint file, and the strategy file.
+fn check_resume_from(session: &Session) -> Result<(), RuntimeError> {
+    let output = session.config.output();
+    let Some(from) = &output.resume_from else {
+        return Ok(());
+    };
+    let bad = |reason: String| RuntimeError::Config {
+        key: "output.resume_from".to_string(),
+        reason: format!("{}: {reason}", from.display()),
+    };
+    if !from.is_dir() {
+        return Err(bad(if from.exists() {
+            "is not a directory".to_string()
+        } else {
+            "does not exist".to_string()
+        }));
+    }
+    let rank0 = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
+    if !rank0.is_file() {
+        return Err(bad(format!(
+            "holds no checkpoint (no {})",
+            rank0.strip_prefix(from).unwrap_or(&rank0).display()
+        )));
+    }
+    let (key, strategy) = match &output.resume_strategy {
+        Some(path) => ("output.resume_strategy", path.clone()),
+        None => ("output.resume_from", from.join("strategy.json")),
+    };
+    if !strategy.is_file() {
+        return Err(RuntimeError::Config {
+            key: key.to_string(),
+            reason: format!(
+                "the strategy file {} does not exist (set output.resume_strategy to the \
+                 checkpoint's strategy file)",
+                strategy.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Directories created by a check, removed again (deepest first, only while empty) unless
+/// [`keep`](CreatedDirs::keep) is called.
+#[derive(Debug)]
+#[must_use = "dropping it removes the directories it created"]
+struct CreatedDirs(Vec<PathBuf>);
+
+impl CreatedDirs {
+    /// Keeps the directories.
+    fn keep(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for CreatedDirs {
+    fn drop(&mut self) {
+        // Deepest first; `remove_dir` refuses a directory that is not empty.
+        for dir in self.0.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Creates `dir` (and its missing parents) and writes and removes a probe file in it. Returns
+/// the directories it created; on failure, removes them and names `output.dir`.
+fn prepare_output_dir(dir: &Path) -> Result<CreatedDirs, RuntimeError> {
+    let bad = |reason: String| RuntimeError::Config {
+        key: "output.dir".to_string(),
+        reason: format!("{}: {reason}", dir.display()),
+    };
+    // The missing ancestors, outermost first.
+    let mut missing: Vec<PathBuf> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    missing.reverse();
+    let mut created = CreatedDirs(Vec::new());
+    for ancestor in missing {
+        match std::fs::create_dir(&ancestor) {
+            Ok(()) => created.0.push(ancestor),
+            // Another process of the same job created it meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(bad(format!("cannot create {}: {e}", ancestor.display()))),
+        }
+    }
+    if !dir.is_dir() {
+        return Err(bad("is not a directory".to_string()));
+    }
+    let probe = dir.join(format!(".tessera-write-check-{}", std::process::id()));
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map_err(|e| bad(format!("cannot write a file in it: {e}")))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(created)
+}
+
+/// The metrics log: its directory exists and the file opens for writing (a file the check
+/// creates is removed again; an existing one is not truncated).
+fn check_metrics_log(path: &Path) -> Result<(), RuntimeError> {
+    let bad = |reason: String| RuntimeError::Unusable {
+        what: "metrics log".to_string(),
+        path: path.to_path_buf(),
+        reason,
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(bad(if parent.exists() {
+            format!("{} is not a directory", parent.display())
+        } else {
+            format!("its directory {} does not exist", parent.display())
+        }));
+    }
+    if path.is_dir() {
+        return Err(bad("is a directory".to_string()));
+    }
+    let existed = path.exists();
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|e| bad(format!("cannot be opened for writing: {e}")))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("tessera-preflight-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn output_dir_is_created_and_kept_or_removed() {
+        let root = scratch("outdir");
+        let dir = root.join("a").join("b");
+        prepare_output_dir(&dir).unwrap().keep();
+        assert!(dir.is_dir());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no probe left");
+        let other = root.join("c").join("d");
+        drop(prepare_output_dir(&other).unwrap());
+        assert!(!root.join("c").exists(), "created directories removed");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn output_dir_under_a_file_fails_and_leaves_nothing() {
+        let root = scratch("underfile");
+        std::fs::write(root.join("file"), b"x").unwrap();
+        let err = prepare_output_dir(&root.join("file")).unwrap_err();
+        assert!(err.to_string().contains("is not a directory"), "{err}");
+        let err = prepare_output_dir(&root.join("file").join("out")).unwrap_err();
+        assert!(err.to_string().contains("output.dir"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(&root).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the file remains: {left:?}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn metrics_log_needs_an_existing_directory_and_leaves_no_file() {
+        let root = scratch("metrics");
+        let missing = root.join("missing").join("log.jsonl");
+        let err = check_metrics_log(&missing).unwrap_err().to_string();
+        assert!(err.contains(&missing.display().to_string()), "{err}");
+        assert!(err.contains("does not exist"), "{err}");
+        let fine = root.join("log.jsonl");
+        check_metrics_log(&fine).unwrap();
+        assert!(!fine.exists(), "the check leaves no file behind");
+        std::fs::write(&fine, b"kept").unwrap();
+        check_metrics_log(&fine).unwrap();
+        assert_eq!(std::fs::read(&fine).unwrap(), b"kept", "not truncated");
+        assert!(check_metrics_log(&root).is_err(), "a directory is refused");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
