@@ -49,15 +49,102 @@ pub struct SourcePiece {
 /// The pieces `region` is made of under `src`: its intersections with the distinct source boxes,
 /// each with the replica group holding it. The pieces tile `region` exactly.
 pub fn source_pieces(src: &TensorLayout, region: &SliceBox) -> Vec<SourcePiece> {
-    src.distinct_boxes()
-        .into_iter()
-        .filter_map(|(block, holders)| {
-            region.intersect(&block).map(|piece| SourcePiece {
-                region: piece,
-                holders,
-            })
+    let index = SourceIndex::new(src);
+    let mut pieces = Vec::new();
+    index.for_each_piece(region, |piece, holders| {
+        pieces.push(SourcePiece {
+            region: piece,
+            holders: holders.to_vec(),
         })
-        .collect()
+    });
+    pieces
+}
+
+/// A source layout indexed for planning, so that finding what a destination box needs costs
+/// time in the pieces found, not in the ranks of the mesh: the distinct boxes in block order
+/// (row-major over the split factors, so a block's position is computed from its index) and
+/// every device's slots.
+pub(crate) struct SourceIndex<'a> {
+    layout: &'a TensorLayout,
+    /// The distinct boxes with their holders, row-major over [`TensorLayout::split_factors`].
+    blocks: Vec<(SliceBox, Vec<usize>)>,
+    /// Split factor per dim.
+    factors: Vec<usize>,
+    /// `(device, slot)` for every slot, sorted.
+    device_slots: Vec<(usize, usize)>,
+}
+
+impl<'a> SourceIndex<'a> {
+    /// Indexes `layout`: linear in its slots.
+    pub(crate) fn new(layout: &'a TensorLayout) -> SourceIndex<'a> {
+        let mesh = layout.mesh();
+        let mut device_slots: Vec<(usize, usize)> = (0..mesh.n_slots())
+            .map(|s| (mesh.device_of_slot(s), s))
+            .collect();
+        device_slots.sort_unstable();
+        SourceIndex {
+            layout,
+            blocks: layout.distinct_boxes(),
+            factors: layout.split_factors(),
+            device_slots,
+        }
+    }
+
+    /// The slots on `device`, ascending, with their boxes.
+    pub(crate) fn local_boxes(
+        &self,
+        device: usize,
+    ) -> impl Iterator<Item = (usize, SliceBox)> + '_ {
+        let start = self.device_slots.partition_point(|&(d, _)| d < device);
+        self.device_slots[start..]
+            .iter()
+            .take_while(move |&&(d, _)| d == device)
+            .map(|&(_, s)| (s, self.layout.slot_box(s)))
+    }
+
+    /// Calls `f` with every non-empty intersection of `region` with a distinct box, and the
+    /// box's holders, in block order — visiting only the blocks that overlap `region`.
+    pub(crate) fn for_each_piece(&self, region: &SliceBox, mut f: impl FnMut(SliceBox, &[usize])) {
+        if region.shape.iter().any(|&len| len == 0) {
+            return;
+        }
+        let slice_shape = self.layout.slice_shape();
+        // Per dim, the range of block indices the region overlaps.
+        let ranges: Vec<(usize, usize)> = (0..region.ndim())
+            .map(|d| {
+                let first = region.offset[d] / slice_shape[d];
+                let last = (region.offset[d] + region.shape[d] - 1) / slice_shape[d];
+                (first, last.min(self.factors[d] - 1))
+            })
+            .collect();
+        if ranges.iter().any(|&(first, last)| first > last) {
+            return;
+        }
+        let mut index: Vec<usize> = ranges.iter().map(|&(first, _)| first).collect();
+        loop {
+            let linear = index
+                .iter()
+                .zip(&self.factors)
+                .fold(0, |acc, (&i, &factor)| acc * factor + i);
+            let (block, holders) = &self.blocks[linear];
+            if let Some(piece) = region.intersect(block) {
+                f(piece, holders);
+            }
+            // Next index, row-major (last dim fastest).
+            let mut d = index.len();
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                if index[d] < ranges[d].1 {
+                    index[d] += 1;
+                    break;
+                }
+                index[d] = ranges[d].0;
+            }
+        }
+    }
 }
 
 /// A plan moving a tensor from layout `src` to layout `dst`: data, inspectable before it runs.
@@ -242,27 +329,18 @@ fn per_rank(
 
 /// Elements each destination slot lacks under the source layout, summed.
 pub(crate) fn lower_bound_elements(src: &TensorLayout, dst: &TensorLayout) -> usize {
+    let index = SourceIndex::new(src);
     let dst_mesh = dst.mesh();
     (0..dst_mesh.n_slots())
         .map(|slot| {
             let device = dst_mesh.device_of_slot(slot);
-            let held = local_source_boxes(src, device);
             let mut missing = vec![dst.slot_box(slot)];
-            for (_, b) in &held {
-                missing = missing.iter().flat_map(|m| m.subtract(b)).collect();
+            for (_, b) in index.local_boxes(device) {
+                missing = missing.iter().flat_map(|m| m.subtract(&b)).collect();
             }
             missing.iter().map(SliceBox::n_elements).sum::<usize>()
         })
         .sum()
-}
-
-/// The source slots on `device`, with their boxes.
-fn local_source_boxes(src: &TensorLayout, device: usize) -> Vec<(usize, SliceBox)> {
-    let mesh = src.mesh();
-    (0..mesh.n_slots())
-        .filter(|&s| mesh.device_of_slot(s) == device)
-        .map(|s| (s, src.slot_box(s)))
-        .collect()
 }
 
 /// Plans moving a tensor of `dtype` from `src` to `dst`.
@@ -313,13 +391,13 @@ fn plan_transfers(
     let src_mesh = src.mesh();
     let dst_mesh = dst.mesh();
     let elem = dtype.size_in_bytes();
-    let blocks = src.distinct_boxes();
+    let index = SourceIndex::new(src);
     let mut sent: BTreeMap<usize, usize> = BTreeMap::new();
     let mut transfers = Vec::new();
     for dst_slot in 0..dst_mesh.n_slots() {
         let dst_rank = dst_mesh.device_of_slot(dst_slot);
         let mut missing = vec![dst.slot_box(dst_slot)];
-        for (src_slot, held) in local_source_boxes(src, dst_rank) {
+        for (src_slot, held) in index.local_boxes(dst_rank) {
             let mut still = Vec::new();
             for m in &missing {
                 if let Some(common) = m.intersect(&held) {
@@ -338,10 +416,7 @@ fn plan_transfers(
             missing = still;
         }
         for m in &missing {
-            for (block, holders) in &blocks {
-                let Some(region) = m.intersect(block) else {
-                    continue;
-                };
+            index.for_each_piece(m, |region, holders| {
                 let src_slot = *holders
                     .iter()
                     .min_by_key(|&&s| {
@@ -358,7 +433,7 @@ fn plan_transfers(
                     dst_rank,
                     region,
                 });
-            }
+            });
         }
     }
     Ok(transfers)
