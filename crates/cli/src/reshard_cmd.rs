@@ -149,7 +149,6 @@ pub fn plan_json(plan: &ReshardPlan) -> Value {
     }
     let local: Vec<Value> = plan
         .transfers()
-        .iter()
         .filter(|t| t.is_local())
         .map(|t| json!({"rank": t.dst_rank, "region": region_json(&t.region), "bytes": t.region.n_elements() * elem}))
         .collect();

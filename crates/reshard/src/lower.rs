@@ -6,7 +6,7 @@
 //! other member is an all-to-all; anything else is a variable-sized exchange (all-to-all-v)
 //! within the group. Collectives let a backend use its tuned algorithms; the bytes are the same.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::plan::{ReshardPlan, Transfer};
@@ -43,82 +43,142 @@ pub struct Exchange {
     pub transfers: Vec<Transfer>,
 }
 
+/// The ranks and collective of one exchange, without its transfers (see [`lower_kinds`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExchangeKindOf {
+    /// The collective it lowers to.
+    pub kind: ExchangeKind,
+    /// The device ranks taking part, ascending.
+    pub ranks: Vec<usize>,
+}
+
 /// Groups the plan's network transfers into independent exchanges and classifies each.
 pub fn lower(plan: &ReshardPlan) -> Vec<Exchange> {
-    let network: Vec<&Transfer> = plan.transfers().iter().filter(|t| !t.is_local()).collect();
-    // Union-find over ranks.
-    let mut parent: BTreeMap<usize, usize> = BTreeMap::new();
-    fn find(parent: &mut BTreeMap<usize, usize>, r: usize) -> usize {
-        let p = *parent.entry(r).or_insert(r);
-        if p == r {
-            return r;
-        }
-        let root = find(parent, p);
-        parent.insert(r, root);
-        root
+    let (kinds, mut parent) = classify_groups(plan);
+    let mut groups: BTreeMap<usize, Vec<Transfer>> = BTreeMap::new();
+    for t in plan.transfers().filter(|t| !t.is_local()) {
+        let root = find(&mut parent, t.src_rank);
+        groups.entry(root).or_default().push(t);
     }
-    for t in &network {
+    kinds
+        .into_iter()
+        .map(|k| Exchange {
+            transfers: groups.remove(&k.ranks[0]).unwrap_or_default(),
+            kind: k.kind,
+            ranks: k.ranks,
+        })
+        .collect()
+}
+
+/// The exchanges of [`lower`] without their transfers, in the same order: memory linear in the
+/// ranks, whatever the number of transfers (what `--explain` prints).
+pub fn lower_kinds(plan: &ReshardPlan) -> Vec<ExchangeKindOf> {
+    classify_groups(plan).0
+}
+
+/// Union-find over ranks: the representative of `r`'s group (its smallest rank).
+fn find(parent: &mut BTreeMap<usize, usize>, r: usize) -> usize {
+    let mut root = r;
+    while let Some(&p) = parent.get(&root) {
+        if p == root {
+            break;
+        }
+        root = p;
+    }
+    parent.entry(root).or_insert(root);
+    // Path compression.
+    let mut node = r;
+    while node != root {
+        let next = *parent.get(&node).unwrap_or(&root);
+        parent.insert(node, root);
+        node = next;
+    }
+    root
+}
+
+/// What one group's transfers look like, gathered in one pass.
+#[derive(Default)]
+struct GroupStats {
+    n_transfers: usize,
+    /// The size of the first transfer, and whether every other has it too.
+    size: Option<usize>,
+    sizes_equal: bool,
+    /// Whether some ordered pair of ranks appears twice.
+    repeated_pair: bool,
+    /// Per sending rank, the first region sent and whether it sent only that region.
+    first_sent: BTreeMap<usize, (u32, bool)>,
+}
+
+/// The exchanges' ranks and kinds in the order of their smallest rank, and the union-find that
+/// groups the ranks. Two passes over the transfers; memory linear in the ranks.
+fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, BTreeMap<usize, usize>) {
+    let mut parent: BTreeMap<usize, usize> = BTreeMap::new();
+    for t in plan.raw_transfers().filter(|t| t.src_rank != t.dst_rank) {
         let a = find(&mut parent, t.src_rank);
         let b = find(&mut parent, t.dst_rank);
         if a != b {
             parent.insert(a.max(b), a.min(b));
         }
     }
-    let mut groups: BTreeMap<usize, Vec<Transfer>> = BTreeMap::new();
-    for t in network {
+    // A destination device receives all its transfers in one run of the plan unless it holds
+    // several slots (an interleaved mesh); then repeated pairs are looked up in one set.
+    let one_slot_per_device = plan.dst().mesh().interleave_factor() == 1;
+    let mut all_pairs: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut slot_sources: BTreeSet<usize> = BTreeSet::new();
+    let mut current_slot = None;
+    let mut stats: BTreeMap<usize, GroupStats> = BTreeMap::new();
+    for t in plan.raw_transfers().filter(|t| t.src_rank != t.dst_rank) {
         let root = find(&mut parent, t.src_rank);
-        groups.entry(root).or_default().push(t.clone());
-    }
-    groups
-        .into_values()
-        .map(|transfers| {
-            let mut ranks: Vec<usize> = transfers
-                .iter()
-                .flat_map(|t| [t.src_rank, t.dst_rank])
-                .collect();
-            ranks.sort_unstable();
-            ranks.dedup();
-            Exchange {
-                kind: classify(&ranks, &transfers),
-                ranks,
-                transfers,
+        let g = stats.entry(root).or_insert_with(|| GroupStats {
+            sizes_equal: true,
+            ..GroupStats::default()
+        });
+        g.n_transfers += 1;
+        let size = plan.region(t.region).n_elements();
+        match g.size {
+            None => g.size = Some(size),
+            Some(first) => g.sizes_equal &= first == size,
+        }
+        let repeated = if one_slot_per_device {
+            if current_slot != Some(t.dst_slot) {
+                current_slot = Some(t.dst_slot);
+                slot_sources.clear();
             }
-        })
-        .collect()
-}
-
-fn classify(ranks: &[usize], transfers: &[Transfer]) -> ExchangeKind {
-    let n = ranks.len();
-    if transfers.len() != n * (n - 1) {
-        return ExchangeKind::PointToPoint;
-    }
-    let mut pairs: BTreeMap<(usize, usize), &Transfer> = BTreeMap::new();
-    for t in transfers {
-        if pairs.insert((t.src_rank, t.dst_rank), t).is_some() {
-            return ExchangeKind::PointToPoint;
+            !slot_sources.insert(t.src_rank)
+        } else {
+            !all_pairs.insert((t.src_rank, t.dst_rank))
+        };
+        g.repeated_pair |= repeated;
+        // Interned regions: equal boxes have equal indices.
+        match g.first_sent.get_mut(&t.src_rank) {
+            None => {
+                g.first_sent.insert(t.src_rank, (t.region, true));
+            }
+            Some((first, same)) => *same &= *first == t.region,
         }
     }
-    // Every ordered pair of distinct members appears exactly once.
-    if pairs.len() != n * (n - 1) {
-        return ExchangeKind::PointToPoint;
+    let mut members: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let ranks: Vec<usize> = parent.keys().copied().collect();
+    for r in ranks {
+        let root = find(&mut parent, r);
+        members.entry(root).or_default().push(r);
     }
-    let size = transfers[0].region.n_elements();
-    if transfers.iter().any(|t| t.region.n_elements() != size) {
-        return ExchangeKind::PointToPoint;
-    }
-    let same_box_to_all = ranks.iter().all(|&src| {
-        let mut regions = transfers
-            .iter()
-            .filter(|t| t.src_rank == src)
-            .map(|t| &t.region);
-        let first = regions.next();
-        regions.all(|r| Some(r) == first)
-    });
-    if same_box_to_all {
-        ExchangeKind::AllGather
-    } else {
-        ExchangeKind::AllToAll
-    }
+    let kinds = stats
+        .into_iter()
+        .map(|(root, g)| {
+            let ranks = members.remove(&root).unwrap_or_default();
+            let n = ranks.len();
+            let kind = if g.n_transfers != n * (n - 1) || g.repeated_pair || !g.sizes_equal {
+                ExchangeKind::PointToPoint
+            } else if g.first_sent.values().all(|(_, same)| *same) {
+                ExchangeKind::AllGather
+            } else {
+                ExchangeKind::AllToAll
+            };
+            ExchangeKindOf { kind, ranks }
+        })
+        .collect();
+    (kinds, parent)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! source slots holding it, chosen to spread the sending load over replicas. The plan therefore
 //! moves exactly the lower bound of bytes: the elements each destination lacks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use layout::{SliceBox, TensorLayout};
@@ -34,6 +34,82 @@ impl Transfer {
     /// Whether sender and receiver are the same device (a local copy, no network).
     pub fn is_local(&self) -> bool {
         self.src_rank == self.dst_rank
+    }
+}
+
+/// A plan's transfers as stored: 8 bytes each (the source slot and an interned region), grouped
+/// by destination slot, so a plan whose every destination receives from every source (ranks²
+/// transfers) stays small; ranks that receive the same region share one copy of it.
+/// [`Transfer`] values are made on demand.
+#[derive(Debug, Clone, Default)]
+struct TransferTable {
+    /// `[src_slot, region index]`, grouped by destination slot in slot order.
+    pieces: Vec<[u32; 2]>,
+    /// For each destination slot, the end of its run in `pieces`.
+    slot_ends: Vec<usize>,
+    /// The distinct regions.
+    regions: Vec<SliceBox>,
+    /// Region → its index in `regions` (emptied once planning is done).
+    region_ids: HashMap<SliceBox, u32>,
+}
+
+/// A stored transfer with its ranks, its region by index (see [`ReshardPlan::raw_transfers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawTransfer {
+    pub(crate) src_rank: usize,
+    pub(crate) dst_slot: usize,
+    pub(crate) dst_rank: usize,
+    pub(crate) region: u32,
+}
+
+impl TransferTable {
+    /// Adds a transfer to the current destination slot.
+    fn push(&mut self, src_slot: usize, region: SliceBox) -> Result<(), ReshardError> {
+        let too_large = || ReshardError::Unsupported {
+            what: "a plan with more than 2^32 slots or distinct regions".to_string(),
+        };
+        let region_id = match self.region_ids.get(&region) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.regions.len()).map_err(|_| too_large())?;
+                self.regions.push(region.clone());
+                self.region_ids.insert(region, id);
+                id
+            }
+        };
+        let src_slot = u32::try_from(src_slot).map_err(|_| too_large())?;
+        self.pieces.push([src_slot, region_id]);
+        Ok(())
+    }
+
+    /// Closes the current destination slot's run.
+    fn end_slot(&mut self) {
+        self.slot_ends.push(self.pieces.len());
+    }
+
+    /// Frees the lookup once planning is done.
+    fn finish(mut self) -> TransferTable {
+        self.region_ids = HashMap::new();
+        self.pieces.shrink_to_fit();
+        self.regions.shrink_to_fit();
+        self
+    }
+
+    /// `(dst_slot, src_slot, region index)` in plan order.
+    fn iter(&self) -> impl Iterator<Item = (usize, usize, u32)> + '_ {
+        self.slot_ends
+            .iter()
+            .enumerate()
+            .flat_map(move |(dst_slot, &end)| {
+                let start = if dst_slot == 0 {
+                    0
+                } else {
+                    self.slot_ends[dst_slot - 1]
+                };
+                self.pieces[start..end]
+                    .iter()
+                    .map(move |&[src_slot, region]| (dst_slot, src_slot as usize, region))
+            })
     }
 }
 
@@ -157,7 +233,7 @@ pub struct ReshardPlan {
     reduce: Option<ReduceStep>,
     dst: TensorLayout,
     dtype: DType,
-    transfers: Vec<Transfer>,
+    transfers: TransferTable,
 }
 
 impl ReshardPlan {
@@ -189,8 +265,42 @@ impl ReshardPlan {
     }
 
     /// Every transfer, grouped by destination slot in slot order; local copies first per slot.
-    pub fn transfers(&self) -> &[Transfer] {
-        &self.transfers
+    pub fn transfers(&self) -> impl Iterator<Item = Transfer> + '_ {
+        let src_mesh = self.moved_from().mesh();
+        let dst_mesh = self.dst.mesh();
+        self.transfers
+            .iter()
+            .map(move |(dst_slot, src_slot, region)| Transfer {
+                src_slot,
+                src_rank: src_mesh.device_of_slot(src_slot),
+                dst_slot,
+                dst_rank: dst_mesh.device_of_slot(dst_slot),
+                region: self.transfers.regions[region as usize].clone(),
+            })
+    }
+
+    /// The transfers without copying their regions (see [`ReshardPlan::region`]).
+    pub(crate) fn raw_transfers(&self) -> impl Iterator<Item = RawTransfer> + '_ {
+        let src_mesh = self.moved_from().mesh();
+        let dst_mesh = self.dst.mesh();
+        self.transfers
+            .iter()
+            .map(move |(dst_slot, src_slot, region)| RawTransfer {
+                src_rank: src_mesh.device_of_slot(src_slot),
+                dst_slot,
+                dst_rank: dst_mesh.device_of_slot(dst_slot),
+                region,
+            })
+    }
+
+    /// Region number `id` of [`ReshardPlan::raw_transfers`].
+    pub(crate) fn region(&self, id: u32) -> &SliceBox {
+        &self.transfers.regions[id as usize]
+    }
+
+    /// Number of transfers (local copies included).
+    pub fn n_transfers(&self) -> usize {
+        self.transfers.pieces.len()
     }
 
     /// Bytes of one transfer.
@@ -204,7 +314,7 @@ impl ReshardPlan {
     pub fn bytes_per_rank(&self) -> Vec<(usize, usize)> {
         let network = self
             .network_transfers()
-            .map(|t| (t.dst_rank, self.transfer_bytes(t)));
+            .map(|t| (t.dst_rank, self.transfer_bytes(&t)));
         per_rank(
             &self.dst.mesh().device_ranks(),
             network.chain(self.reduce_bytes_per_rank()),
@@ -228,7 +338,7 @@ impl ReshardPlan {
     pub fn bytes_sent_per_rank(&self) -> Vec<(usize, usize)> {
         let network = self
             .network_transfers()
-            .map(|t| (t.src_rank, self.transfer_bytes(t)));
+            .map(|t| (t.src_rank, self.transfer_bytes(&t)));
         per_rank(&self.moved_from().mesh().device_ranks(), network)
     }
 
@@ -239,10 +349,9 @@ impl ReshardPlan {
 
     /// Bytes copied locally (no network).
     pub fn bytes_local(&self) -> usize {
-        self.transfers
-            .iter()
+        self.transfers()
             .filter(|t| t.is_local())
-            .map(|t| self.transfer_bytes(t))
+            .map(|t| self.transfer_bytes(&t))
             .sum()
     }
 
@@ -256,8 +365,8 @@ impl ReshardPlan {
     }
 
     /// The transfers that cross the network.
-    fn network_transfers(&self) -> impl Iterator<Item = &Transfer> {
-        self.transfers.iter().filter(|t| !t.is_local())
+    fn network_transfers(&self) -> impl Iterator<Item = Transfer> + '_ {
+        self.transfers().filter(|t| !t.is_local())
     }
 
     /// One line per transfer with its reason, then the totals.
@@ -281,8 +390,8 @@ impl ReshardPlan {
                 );
             }
         }
-        for t in &self.transfers {
-            let bytes = self.transfer_bytes(t);
+        for t in self.transfers() {
+            let bytes = self.transfer_bytes(&t);
             if t.is_local() {
                 let _ = writeln!(
                     out,
@@ -381,7 +490,7 @@ fn plan_transfers(
     src: &TensorLayout,
     dst: &TensorLayout,
     dtype: DType,
-) -> Result<Vec<Transfer>, ReshardError> {
+) -> Result<TransferTable, ReshardError> {
     if src.shape() != dst.shape() {
         return Err(ReshardError::ShapeMismatch {
             src: src.shape().to_vec(),
@@ -393,7 +502,8 @@ fn plan_transfers(
     let elem = dtype.size_in_bytes();
     let index = SourceIndex::new(src);
     let mut sent: BTreeMap<usize, usize> = BTreeMap::new();
-    let mut transfers = Vec::new();
+    let mut transfers = TransferTable::default();
+    let mut failed = None;
     for dst_slot in 0..dst_mesh.n_slots() {
         let dst_rank = dst_mesh.device_of_slot(dst_slot);
         let mut missing = vec![dst.slot_box(dst_slot)];
@@ -401,13 +511,7 @@ fn plan_transfers(
             let mut still = Vec::new();
             for m in &missing {
                 if let Some(common) = m.intersect(&held) {
-                    transfers.push(Transfer {
-                        src_slot,
-                        src_rank: dst_rank,
-                        dst_slot,
-                        dst_rank,
-                        region: common,
-                    });
+                    transfers.push(src_slot, common)?;
                     still.extend(m.subtract(&held));
                 } else {
                     still.push(m.clone());
@@ -426,17 +530,17 @@ fn plan_transfers(
                     .expect("a replica group is never empty");
                 let src_rank = src_mesh.device_of_slot(src_slot);
                 *sent.entry(src_rank).or_default() += region.n_elements() * elem;
-                transfers.push(Transfer {
-                    src_slot,
-                    src_rank,
-                    dst_slot,
-                    dst_rank,
-                    region,
-                });
+                if let Err(e) = transfers.push(src_slot, region) {
+                    failed.get_or_insert(e);
+                }
             });
         }
+        transfers.end_slot();
     }
-    Ok(transfers)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(transfers.finish()),
+    }
 }
 
 #[cfg(test)]
