@@ -54,10 +54,10 @@ pub struct ExchangeKindOf {
 
 /// Groups the plan's network transfers into independent exchanges and classifies each.
 pub fn lower(plan: &ReshardPlan) -> Vec<Exchange> {
-    let (kinds, mut parent) = classify_groups(plan);
+    let (kinds, mut groups_of) = classify_groups(plan);
     let mut groups: BTreeMap<usize, Vec<Transfer>> = BTreeMap::new();
     for t in plan.transfers().filter(|t| !t.is_local()) {
-        let root = find(&mut parent, t.src_rank);
+        let root = groups_of.find(t.src_rank);
         groups.entry(root).or_default().push(t);
     }
     kinds
@@ -76,24 +76,52 @@ pub fn lower_kinds(plan: &ReshardPlan) -> Vec<ExchangeKindOf> {
     classify_groups(plan).0
 }
 
-/// Union-find over ranks: the representative of `r`'s group (its smallest rank).
-fn find(parent: &mut BTreeMap<usize, usize>, r: usize) -> usize {
-    let mut root = r;
-    while let Some(&p) = parent.get(&root) {
-        if p == root {
-            break;
+/// Union-find over device ranks (dense: ranks are below the rank ceiling). The representative
+/// of a group is its smallest rank.
+struct RankGroups {
+    parent: Vec<usize>,
+    /// Whether a rank takes part in some network transfer.
+    touched: Vec<bool>,
+}
+
+impl RankGroups {
+    fn new(plan: &ReshardPlan) -> RankGroups {
+        let max_rank = plan
+            .moved_from()
+            .mesh()
+            .device_ranks()
+            .into_iter()
+            .chain(plan.dst().mesh().device_ranks())
+            .max()
+            .unwrap_or(0);
+        RankGroups {
+            parent: (0..=max_rank).collect(),
+            touched: vec![false; max_rank + 1],
         }
-        root = p;
     }
-    parent.entry(root).or_insert(root);
-    // Path compression.
-    let mut node = r;
-    while node != root {
-        let next = *parent.get(&node).unwrap_or(&root);
-        parent.insert(node, root);
-        node = next;
+
+    fn find(&mut self, r: usize) -> usize {
+        let mut root = r;
+        while self.parent[root] != root {
+            root = self.parent[root];
+        }
+        let mut node = r;
+        while node != root {
+            let next = self.parent[node];
+            self.parent[node] = root;
+            node = next;
+        }
+        root
     }
-    root
+
+    fn union(&mut self, a: usize, b: usize) {
+        self.touched[a] = true;
+        self.touched[b] = true;
+        let (a, b) = (self.find(a), self.find(b));
+        if a != b {
+            self.parent[a.max(b)] = a.min(b);
+        }
+    }
 }
 
 /// What one group's transfers look like, gathered in one pass.
@@ -111,14 +139,10 @@ struct GroupStats {
 
 /// The exchanges' ranks and kinds in the order of their smallest rank, and the union-find that
 /// groups the ranks. Two passes over the transfers; memory linear in the ranks.
-fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, BTreeMap<usize, usize>) {
-    let mut parent: BTreeMap<usize, usize> = BTreeMap::new();
+fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, RankGroups) {
+    let mut groups = RankGroups::new(plan);
     for t in plan.raw_transfers().filter(|t| t.src_rank != t.dst_rank) {
-        let a = find(&mut parent, t.src_rank);
-        let b = find(&mut parent, t.dst_rank);
-        if a != b {
-            parent.insert(a.max(b), a.min(b));
-        }
+        groups.union(t.src_rank, t.dst_rank);
     }
     // A destination device receives all its transfers in one run of the plan unless it holds
     // several slots (an interleaved mesh); then repeated pairs are looked up in one set.
@@ -128,7 +152,7 @@ fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, BTreeMap<usize, 
     let mut current_slot = None;
     let mut stats: BTreeMap<usize, GroupStats> = BTreeMap::new();
     for t in plan.raw_transfers().filter(|t| t.src_rank != t.dst_rank) {
-        let root = find(&mut parent, t.src_rank);
+        let root = groups.find(t.src_rank);
         let g = stats.entry(root).or_insert_with(|| GroupStats {
             sizes_equal: true,
             ..GroupStats::default()
@@ -158,10 +182,11 @@ fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, BTreeMap<usize, 
         }
     }
     let mut members: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    let ranks: Vec<usize> = parent.keys().copied().collect();
-    for r in ranks {
-        let root = find(&mut parent, r);
-        members.entry(root).or_default().push(r);
+    for r in 0..groups.touched.len() {
+        if groups.touched[r] {
+            let root = groups.find(r);
+            members.entry(root).or_default().push(r);
+        }
     }
     let kinds = stats
         .into_iter()
@@ -178,7 +203,7 @@ fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, BTreeMap<usize, 
             ExchangeKindOf { kind, ranks }
         })
         .collect();
-    (kinds, parent)
+    (kinds, groups)
 }
 
 #[cfg(test)]

@@ -314,7 +314,7 @@ impl ReshardPlan {
     pub fn bytes_per_rank(&self) -> Vec<(usize, usize)> {
         let network = self
             .network_transfers()
-            .map(|t| (t.dst_rank, self.transfer_bytes(&t)));
+            .map(|(_, dst_rank, bytes)| (dst_rank, bytes));
         per_rank(
             &self.dst.mesh().device_ranks(),
             network.chain(self.reduce_bytes_per_rank()),
@@ -338,7 +338,7 @@ impl ReshardPlan {
     pub fn bytes_sent_per_rank(&self) -> Vec<(usize, usize)> {
         let network = self
             .network_transfers()
-            .map(|t| (t.src_rank, self.transfer_bytes(&t)));
+            .map(|(src_rank, _, bytes)| (src_rank, bytes));
         per_rank(&self.moved_from().mesh().device_ranks(), network)
     }
 
@@ -349,9 +349,10 @@ impl ReshardPlan {
 
     /// Bytes copied locally (no network).
     pub fn bytes_local(&self) -> usize {
-        self.transfers()
-            .filter(|t| t.is_local())
-            .map(|t| self.transfer_bytes(&t))
+        let elem = self.dtype.size_in_bytes();
+        self.raw_transfers()
+            .filter(|t| t.src_rank == t.dst_rank)
+            .map(|t| self.region(t.region).n_elements() * elem)
             .sum()
     }
 
@@ -365,8 +366,18 @@ impl ReshardPlan {
     }
 
     /// The transfers that cross the network.
-    fn network_transfers(&self) -> impl Iterator<Item = Transfer> + '_ {
-        self.transfers().filter(|t| !t.is_local())
+    /// `(src_rank, dst_rank, bytes)` of every transfer that crosses the network.
+    fn network_transfers(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let elem = self.dtype.size_in_bytes();
+        self.raw_transfers()
+            .filter(|t| t.src_rank != t.dst_rank)
+            .map(move |t| {
+                (
+                    t.src_rank,
+                    t.dst_rank,
+                    self.region(t.region).n_elements() * elem,
+                )
+            })
     }
 
     /// One line per transfer with its reason, then the totals.
@@ -501,7 +512,9 @@ fn plan_transfers(
     let dst_mesh = dst.mesh();
     let elem = dtype.size_in_bytes();
     let index = SourceIndex::new(src);
-    let mut sent: BTreeMap<usize, usize> = BTreeMap::new();
+    // Bytes sent so far per source device (ranks are below the rank ceiling, so dense).
+    let max_src_rank = src_mesh.device_ranks().into_iter().max().unwrap_or(0);
+    let mut sent: Vec<usize> = vec![0; max_src_rank + 1];
     let mut transfers = TransferTable::default();
     let mut failed = None;
     for dst_slot in 0..dst_mesh.n_slots() {
@@ -525,11 +538,11 @@ fn plan_transfers(
                     .iter()
                     .min_by_key(|&&s| {
                         let r = src_mesh.device_of_slot(s);
-                        (sent.get(&r).copied().unwrap_or(0), r)
+                        (sent[r], r)
                     })
                     .expect("a replica group is never empty");
                 let src_rank = src_mesh.device_of_slot(src_slot);
-                *sent.entry(src_rank).or_default() += region.n_elements() * elem;
+                sent[src_rank] += region.n_elements() * elem;
                 if let Err(e) = transfers.push(src_slot, region) {
                     failed.get_or_insert(e);
                 }
