@@ -5,7 +5,8 @@
 //! source slots holding it, chosen to spread the sending load over replicas. The plan therefore
 //! moves exactly the lower bound of bytes: the elements each destination lacks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt::Write as _;
 
 use layout::{SliceBox, TensorLayout};
@@ -127,7 +128,7 @@ pub struct SourcePiece {
 pub fn source_pieces(src: &TensorLayout, region: &SliceBox) -> Vec<SourcePiece> {
     let index = SourceIndex::new(src);
     let mut pieces = Vec::new();
-    index.for_each_piece(region, |piece, holders| {
+    index.for_each_piece(region, |piece, _, holders| {
         pieces.push(SourcePiece {
             region: piece,
             holders: holders.to_vec(),
@@ -180,8 +181,12 @@ impl<'a> SourceIndex<'a> {
 
     /// Calls `f` with every non-empty intersection of `region` with a distinct box, and the
     /// box's holders, in block order — visiting only the blocks that overlap `region`.
-    pub(crate) fn for_each_piece(&self, region: &SliceBox, mut f: impl FnMut(SliceBox, &[usize])) {
-        if region.shape.iter().any(|&len| len == 0) {
+    pub(crate) fn for_each_piece(
+        &self,
+        region: &SliceBox,
+        mut f: impl FnMut(SliceBox, usize, &[usize]),
+    ) {
+        if region.shape.contains(&0) {
             return;
         }
         let slice_shape = self.layout.slice_shape();
@@ -204,7 +209,7 @@ impl<'a> SourceIndex<'a> {
                 .fold(0, |acc, (&i, &factor)| acc * factor + i);
             let (block, holders) = &self.blocks[linear];
             if let Some(piece) = region.intersect(block) {
-                f(piece, holders);
+                f(piece, linear, holders);
             }
             // Next index, row-major (last dim fastest).
             let mut d = index.len();
@@ -515,6 +520,9 @@ fn plan_transfers(
     // Bytes sent so far per source device (ranks are below the rank ceiling, so dense).
     let max_src_rank = src_mesh.device_ranks().into_iter().max().unwrap_or(0);
     let mut sent: Vec<usize> = vec![0; max_src_rank + 1];
+    // The least-loaded holder of each block: (bytes sent, rank, slot), smallest first.
+    let one_slot_per_device = src_mesh.interleave_factor() == 1;
+    let mut heaps: HashMap<usize, BinaryHeap<Reverse<(usize, usize, usize)>>> = HashMap::new();
     let mut transfers = TransferTable::default();
     let mut failed = None;
     for dst_slot in 0..dst_mesh.n_slots() {
@@ -533,16 +541,32 @@ fn plan_transfers(
             missing = still;
         }
         for m in &missing {
-            index.for_each_piece(m, |region, holders| {
-                let src_slot = *holders
-                    .iter()
-                    .min_by_key(|&&s| {
-                        let r = src_mesh.device_of_slot(s);
-                        (sent[r], r)
-                    })
-                    .expect("a replica group is never empty");
+            index.for_each_piece(m, |region, block, holders| {
+                let bytes = region.n_elements() * elem;
+                let src_slot = if one_slot_per_device {
+                    // A device holds one block, so only this block's pieces load its holders:
+                    // a heap per block finds the least-loaded one in log time.
+                    let heap = heaps.entry(block).or_insert_with(|| {
+                        holders
+                            .iter()
+                            .map(|&s| Reverse((0, src_mesh.device_of_slot(s), s)))
+                            .collect()
+                    });
+                    let Reverse((load, rank, slot)) =
+                        heap.pop().expect("a replica group is never empty");
+                    heap.push(Reverse((load + bytes, rank, slot)));
+                    slot
+                } else {
+                    *holders
+                        .iter()
+                        .min_by_key(|&&s| {
+                            let r = src_mesh.device_of_slot(s);
+                            (sent[r], r)
+                        })
+                        .expect("a replica group is never empty")
+                };
                 let src_rank = src_mesh.device_of_slot(src_slot);
-                sent[src_rank] += region.n_elements() * elem;
+                sent[src_rank] += bytes;
                 if let Err(e) = transfers.push(src_slot, region) {
                     failed.get_or_insert(e);
                 }
