@@ -38,16 +38,20 @@ impl Transfer {
     }
 }
 
-/// A plan's transfers as stored: 8 bytes each (the source slot and an interned region), grouped
-/// by destination slot, so a plan whose every destination receives from every source (ranks²
-/// transfers) stays small; ranks that receive the same region share one copy of it.
-/// [`Transfer`] values are made on demand.
+/// A plan's transfers as stored: runs of consecutive transfers into one destination slot whose
+/// source slots and interned region indices both count up by one — in a regular layout a
+/// destination slot's pieces come from consecutive source blocks, so a plan whose every
+/// destination receives from every source (ranks² transfers) takes memory in the ranks, and
+/// ranks that receive the same region share one copy of it. [`Transfer`] values are made on
+/// demand.
 #[derive(Debug, Clone, Default)]
 struct TransferTable {
-    /// `[src_slot, region index]`, grouped by destination slot in slot order.
-    pieces: Vec<[u32; 2]>,
-    /// For each destination slot, the end of its run in `pieces`.
+    /// `[first src_slot, first region index, length]`, grouped by destination slot in slot order.
+    runs: Vec<[u32; 3]>,
+    /// For each destination slot, the end of its runs in `runs`.
     slot_ends: Vec<usize>,
+    /// Number of transfers (the runs' lengths summed).
+    n_transfers: usize,
     /// The distinct regions.
     regions: Vec<SliceBox>,
     /// Region → its index in `regions` (emptied once planning is done).
@@ -79,19 +83,31 @@ impl TransferTable {
             }
         };
         let src_slot = u32::try_from(src_slot).map_err(|_| too_large())?;
-        self.pieces.push([src_slot, region_id]);
+        self.n_transfers += 1;
+        let slot_start = self.slot_ends.last().copied().unwrap_or(0);
+        if self.runs.len() > slot_start {
+            if let Some([first_src, first_region, len]) = self.runs.last_mut() {
+                if src_slot.checked_sub(*first_src) == Some(*len)
+                    && region_id.checked_sub(*first_region) == Some(*len)
+                {
+                    *len += 1;
+                    return Ok(());
+                }
+            }
+        }
+        self.runs.push([src_slot, region_id, 1]);
         Ok(())
     }
 
     /// Closes the current destination slot's run.
     fn end_slot(&mut self) {
-        self.slot_ends.push(self.pieces.len());
+        self.slot_ends.push(self.runs.len());
     }
 
     /// Frees the lookup once planning is done.
     fn finish(mut self) -> TransferTable {
         self.region_ids = HashMap::new();
-        self.pieces.shrink_to_fit();
+        self.runs.shrink_to_fit();
         self.regions.shrink_to_fit();
         self
     }
@@ -107,9 +123,11 @@ impl TransferTable {
                 } else {
                     self.slot_ends[dst_slot - 1]
                 };
-                self.pieces[start..end]
+                self.runs[start..end]
                     .iter()
-                    .map(move |&[src_slot, region]| (dst_slot, src_slot as usize, region))
+                    .flat_map(move |&[src_slot, region, len]| {
+                        (0..len).map(move |i| (dst_slot, (src_slot + i) as usize, region + i))
+                    })
             })
     }
 }
@@ -305,7 +323,7 @@ impl ReshardPlan {
 
     /// Number of transfers (local copies included).
     pub fn n_transfers(&self) -> usize {
-        self.transfers.pieces.len()
+        self.transfers.n_transfers
     }
 
     /// Bytes of one transfer.
@@ -501,6 +519,9 @@ pub fn plan_from(
     })
 }
 
+/// A block's holders by `(bytes sent, rank, slot)`, least loaded first.
+type HolderHeap = BinaryHeap<Reverse<(usize, usize, usize)>>;
+
 /// The transfers moving boxes from `src` to `dst` (no pending sums).
 fn plan_transfers(
     src: &TensorLayout,
@@ -522,7 +543,7 @@ fn plan_transfers(
     let mut sent: Vec<usize> = vec![0; max_src_rank + 1];
     // The least-loaded holder of each block: (bytes sent, rank, slot), smallest first.
     let one_slot_per_device = src_mesh.interleave_factor() == 1;
-    let mut heaps: HashMap<usize, BinaryHeap<Reverse<(usize, usize, usize)>>> = HashMap::new();
+    let mut heaps: HashMap<usize, HolderHeap> = HashMap::new();
     let mut transfers = TransferTable::default();
     let mut failed = None;
     for dst_slot in 0..dst_mesh.n_slots() {
