@@ -663,25 +663,23 @@ fn ms_placement(path: &Path, name: &str, stage: usize, l: &MsLayout) -> Result<S
         .iter()
         .map(|&d| d as usize)
         .collect();
-    let n: usize = dev
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| {
-            rule(format!(
-                "dev_matrix {dev:?} has a zero or overflowing product"
-            ))
-        })?;
-    let first = stage
-        .checked_mul(n)
-        .ok_or_else(|| rule("stage × devices overflows".to_string()))?;
     let layout_err = |source: LayoutError| CkptError::Layout {
         path: path.to_path_buf(),
         tensor: name.to_string(),
         source,
     };
-    let layout = Layout::from_ms_extended(&dev, &l.dim_axes(), Some((first..first + n).collect()))
+    // Bounded (axes, overflow, the rank ceiling) before the rank list is allocated.
+    let n = layout::limits::checked_rank_count(&dev).map_err(layout_err)?;
+    if n == 0 {
+        return Err(rule(format!("dev_matrix {dev:?} has a zero product")));
+    }
+    let ranks = stage
+        .checked_mul(n)
+        .and_then(|first| Some(first..first.checked_add(n)?))
+        .ok_or_else(|| rule("stage × devices overflows".to_string()))?;
+    let layout = Layout::from_ms_extended(&dev, &l.dim_axes(), Some(ranks.clone().collect()))
         .map_err(layout_err)?;
+    let first = ranks.start;
     let replicas = layout.replica_count();
     let opt_shard = match l.opt_weight_shard_size {
         0 | 1 => 1,

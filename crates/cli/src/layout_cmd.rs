@@ -157,7 +157,12 @@ fn render_text(t: &TensorLayout) -> anyhow::Result<String> {
         .map(|a| a.name.len() + 1 + a.size.to_string().len())
         .sum::<usize>()
         + mesh.n_axes().saturating_sub(1);
-    writeln!(out, "{:>6}  {:<coord_width$}  slice", "rank", "coordinate")?;
+    writeln!(
+        out,
+        "{:>6}  {}  slice",
+        "rank",
+        pad("coordinate", coord_width)
+    )?;
     for slot in 0..mesh.n_slots() {
         let coord: Vec<String> = mesh
             .coord(slot)
@@ -167,9 +172,9 @@ fn render_text(t: &TensorLayout) -> anyhow::Result<String> {
             .collect();
         writeln!(
             out,
-            "{:>6}  {:<coord_width$}  {}",
+            "{:>6}  {}  {}",
             grid::slot_label(mesh, slot),
-            coord.join(","),
+            pad(&coord.join(","), coord_width),
             t.slot_box(slot)
         )?;
     }
@@ -192,6 +197,16 @@ fn render_text(t: &TensorLayout) -> anyhow::Result<String> {
     writeln!(out)?;
     out.push_str(&grid::render(t));
     Ok(out)
+}
+
+/// `text` left-aligned in `width` columns. (A `{:<width$}` format panics for widths above
+/// `u16::MAX`, which long axis names reach.)
+fn pad(text: &str, width: usize) -> String {
+    let n_chars = text.chars().count();
+    let mut out = String::with_capacity(text.len() + width.saturating_sub(n_chars));
+    out.push_str(text);
+    out.extend(std::iter::repeat_n(' ', width.saturating_sub(n_chars)));
+    out
 }
 
 #[cfg(test)]

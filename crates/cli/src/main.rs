@@ -47,7 +47,21 @@ enum Command {
     Strategy(strategy_cmd::StrategyArgs),
 }
 
+/// The environment variable that sets the ceiling on ranks per mesh
+/// ([`layout::limits::max_ranks`], default 1,048,576).
+const MAX_RANKS_VAR: &str = "TESSERA_MAX_RANKS";
+
+/// Applies the resource settings read from the environment before any input is read.
+fn apply_limits() -> anyhow::Result<()> {
+    if let Some(text) = std::env::var_os(MAX_RANKS_VAR) {
+        let text = text.to_string_lossy();
+        layout::limits::set_max_ranks_from_str(&text)?;
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
+    apply_limits()?;
     match cli.command {
         Command::Layout(args) => layout_cmd::run(&args),
         Command::Train(args) => train_cmd::run(&args),

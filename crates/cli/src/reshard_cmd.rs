@@ -115,7 +115,7 @@ pub fn world_size(plan: &ReshardPlan) -> usize {
         .device_ranks()
         .into_iter()
         .chain(plan.dst().mesh().device_ranks());
-    ranks.max().map_or(1, |r| r + 1)
+    ranks.max().map_or(1, |r| r.saturating_add(1))
 }
 
 fn region_json(b: &layout::SliceBox) -> Value {
@@ -149,7 +149,6 @@ pub fn plan_json(plan: &ReshardPlan) -> Value {
     }
     let local: Vec<Value> = plan
         .transfers()
-        .iter()
         .filter(|t| t.is_local())
         .map(|t| json!({"rank": t.dst_rank, "region": region_json(&t.region), "bytes": t.region.n_elements() * elem}))
         .collect();
@@ -259,8 +258,57 @@ pub fn source_slices(
     Ok(local)
 }
 
+/// The most ranks `--run` starts: one thread each, on one machine.
+const MAX_RUN_RANKS: usize = 4096;
+
+/// Checks, before anything is allocated, that `--run` fits this machine: at most
+/// [`MAX_RUN_RANKS`] threads, and the global tensor, every source slice and every destination
+/// slice (with the expected copy it is compared against) within the memory available.
+fn check_run_fits(plan: &ReshardPlan) -> anyhow::Result<()> {
+    let world = world_size(plan);
+    if world > MAX_RUN_RANKS {
+        bail!(
+            "--run: the plan needs {world} local ranks (one thread each, up to its largest rank); --run starts at most {MAX_RUN_RANKS}"
+        );
+    }
+    let elem = plan.dtype().size_in_bytes();
+    let src = plan.src().layout();
+    let dst = plan.dst();
+    let bytes = (|| {
+        // The global values are made in f32, then converted.
+        let global = src.n_elements().checked_mul(4 + elem)?;
+        let sources = src.mesh().n_slots().checked_mul(src.slice_elements())?;
+        let results = dst.mesh().n_slots().checked_mul(dst.slice_elements())?;
+        let elements = sources.checked_add(results.checked_mul(2)?)?;
+        global.checked_add(elements.checked_mul(elem)?)
+    })();
+    let available = memory_available();
+    match (bytes, available) {
+        (None, _) => bail!(
+            "--run: a {:?} tensor over these meshes needs more bytes than fit in 64 bits",
+            dst.shape()
+        ),
+        (Some(b), Some(avail)) if b > avail => bail!(
+            "--run: a {:?} {} tensor over these meshes needs {b} bytes, more than the {avail} bytes of memory available",
+            dst.shape(),
+            plan.dtype()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The memory available to new allocations (Linux: `MemAvailable` of `/proc/meminfo`), or
+/// `None` when unknown.
+fn memory_available() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Runs `plan` on the local backend and counts ranks whose result differs from their box.
 fn run_and_check(plan: &ReshardPlan) -> anyhow::Result<usize> {
+    check_run_fits(plan)?;
     let world = world_size(plan);
     let global = iota(plan.dst().shape(), plan.dtype());
     let results = LocalCluster::new(world)?.run(|comm| -> anyhow::Result<bool> {

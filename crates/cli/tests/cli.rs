@@ -2,6 +2,7 @@
 
 mod ckpt_cli;
 mod fail_fast_cli;
+mod hostile_cli;
 mod layout_cli;
 #[cfg(feature = "mpi")]
 mod mpi_train;

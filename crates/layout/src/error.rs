@@ -181,12 +181,52 @@ pub enum LayoutError {
         /// Why not.
         reason: String,
     },
+    /// A mesh with more ranks than the process-wide ceiling ([`crate::limits::max_ranks`]).
+    #[error("device matrix {device_matrix:?} has {} ranks, above the limit of {max} ranks per mesh (set TESSERA_MAX_RANKS to change the limit)", fmt_rank_count(.n_ranks))]
+    TooManyRanks {
+        /// The axis sizes.
+        device_matrix: Vec<usize>,
+        /// Their product, `None` when it overflows `usize`.
+        n_ranks: Option<usize>,
+        /// The ceiling in force.
+        max: usize,
+    },
+    /// A mesh with more axes than [`crate::limits::MAX_MESH_AXES`].
+    #[error("a device matrix of {n_axes} axes is above the limit of {max} axes")]
+    TooManyAxes {
+        /// Axes asked for.
+        n_axes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A rank in a rank list at or above the rank ceiling.
+    #[error("rank {rank} in rank_list is above the limit of {max} ranks (ranks are 0..{max}; set TESSERA_MAX_RANKS to change the limit)")]
+    RankAboveCeiling {
+        /// The rank.
+        rank: usize,
+        /// The ceiling in force.
+        max: usize,
+    },
+    /// A rank ceiling that is not a positive integer.
+    #[error("TESSERA_MAX_RANKS = {value:?} is not a positive integer")]
+    BadRankCeiling {
+        /// The text given.
+        value: String,
+    },
     /// An element count or offset overflows `usize`.
     #[error("shape {shape:?} has more elements than fit in memory addressing")]
     Overflow {
         /// The shape.
         shape: Vec<usize>,
     },
+}
+
+/// A rank count for a message: the number, or a note that the product overflows.
+fn fmt_rank_count(n_ranks: &Option<usize>) -> String {
+    match n_ranks {
+        Some(n) => n.to_string(),
+        None => format!("more than {} (the product overflows)", usize::MAX),
+    }
 }
 
 /// Formats a list of aliases the way Python prints a tuple: `('dp', 'mp')`.

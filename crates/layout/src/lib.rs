@@ -33,6 +33,7 @@
 
 mod error;
 mod layout;
+pub mod limits;
 mod mesh;
 pub mod mindspore;
 mod slice_box;

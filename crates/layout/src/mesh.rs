@@ -1,6 +1,7 @@
 //! Device meshes: named axes over an ordered list of ranks.
 
 use crate::error::{py_tuple, LayoutError};
+use crate::limits;
 
 /// The reserved alias of MindSpore's virtual micro-interleaving axis.
 pub const INTERLEAVED_ALIAS: &str = "interleaved_parallel";
@@ -52,6 +53,7 @@ impl Mesh {
         if device_matrix.is_empty() {
             return Err(LayoutError::EmptyDeviceMatrix);
         }
+        limits::checked_rank_count(device_matrix)?;
         let names: Vec<&str> = alias_name.iter().map(|a| a.as_ref()).collect();
         for (i, name) in names.iter().enumerate() {
             if name.is_empty() {
@@ -84,6 +86,10 @@ impl Mesh {
     }
 
     /// Builds a mesh from already-named axes. Checks sizes and the rank list, not alias spelling.
+    ///
+    /// The sizes are bounded before anything per slot is allocated: at most
+    /// [`limits::MAX_MESH_AXES`] axes, and a product (the slot count) that neither overflows nor
+    /// exceeds [`limits::max_ranks`]; every rank of an explicit rank list is below that ceiling.
     pub fn from_axes(
         axes: Vec<MeshAxis>,
         rank_list: Option<Vec<usize>>,
@@ -91,19 +97,14 @@ impl Mesh {
         if axes.is_empty() {
             return Err(LayoutError::EmptyDeviceMatrix);
         }
-        let mut n_slots: usize = 1;
-        for axis in &axes {
-            if axis.size == 0 {
-                return Err(LayoutError::ZeroAxisSize {
-                    alias: axis.name.clone(),
-                });
-            }
-            n_slots = n_slots
-                .checked_mul(axis.size)
-                .ok_or_else(|| LayoutError::Overflow {
-                    shape: axes.iter().map(|a| a.size).collect(),
-                })?;
+        if let Some(axis) = axes.iter().find(|a| a.size == 0) {
+            return Err(LayoutError::ZeroAxisSize {
+                alias: axis.name.clone(),
+            });
         }
+        // Bounded before anything per slot is allocated.
+        let device_matrix: Vec<usize> = axes.iter().map(|a| a.size).collect();
+        let n_slots = limits::checked_rank_count(&device_matrix)?;
         let rank_list = match rank_list {
             None => (0..n_slots).collect(),
             Some(list) => {
@@ -112,6 +113,10 @@ impl Mesh {
                         got: list.len(),
                         expected: n_slots,
                     });
+                }
+                let max = limits::max_ranks();
+                if let Some(&rank) = list.iter().find(|&&r| r >= max) {
+                    return Err(LayoutError::RankAboveCeiling { rank, max });
                 }
                 let mut sorted = list.clone();
                 sorted.sort_unstable();
@@ -499,6 +504,49 @@ mod tests {
             assert_eq!(c[0], s[0] * 2 + s[1]);
             assert_eq!(c[1], s[2]);
         }
+    }
+
+    #[test]
+    fn absurd_device_matrices_are_errors_not_allocations() {
+        // 10^12 slots: refused before a rank list is allocated.
+        let err = Mesh::new(&[1_000_000, 1_000_000], &["a", "b"], None).unwrap_err();
+        assert!(matches!(
+            err,
+            LayoutError::TooManyRanks {
+                n_ranks: Some(1_000_000_000_000),
+                ..
+            }
+        ));
+        // The product overflows usize.
+        let err = Mesh::line("dp", usize::MAX)
+            .and_then(|m| m.split_axis(0, &[usize::MAX], &["x".into()]))
+            .unwrap_err();
+        assert!(matches!(err, LayoutError::TooManyRanks { .. }));
+        let err = Mesh::new(&[1 << 33, 1 << 33], &["a", "b"], None).unwrap_err();
+        assert!(matches!(
+            err,
+            LayoutError::TooManyRanks { n_ranks: None, .. }
+        ));
+        // 12000 axes of size 1 hold one rank but are still refused.
+        let names: Vec<String> = (0..12_000).map(|i| format!("a{i}")).collect();
+        let err = Mesh::new(&vec![1; 12_000], &names, None).unwrap_err();
+        assert_eq!(
+            err,
+            LayoutError::TooManyAxes {
+                n_axes: 12_000,
+                max: limits::MAX_MESH_AXES
+            }
+        );
+        // A rank list naming a rank at the ceiling.
+        let err = Mesh::new(&[2], &["dp"], Some(vec![0, limits::max_ranks()])).unwrap_err();
+        assert!(matches!(err, LayoutError::RankAboveCeiling { .. }));
+        // The largest mesh allowed by default is built.
+        assert_eq!(
+            Mesh::line("dp", limits::DEFAULT_MAX_RANKS)
+                .unwrap()
+                .n_slots(),
+            1 << 20
+        );
     }
 
     #[test]

@@ -507,7 +507,7 @@ pub fn describe_plan(plan: &ReshardPlan) -> String {
             }
         });
     }
-    let exchanges = reshard::lower(plan);
+    let exchanges = reshard::lower_kinds(plan);
     let mut kinds: Vec<String> = exchanges
         .iter()
         .map(|e| format!("{} over {} ranks", e.kind, e.ranks.len()))

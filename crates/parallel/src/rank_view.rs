@@ -95,7 +95,7 @@ impl Program {
                     let mut receives: Vec<(usize, usize)> = Vec::new();
                     let mut local = 0;
                     for t in plan.transfers() {
-                        let bytes = plan.transfer_bytes(t);
+                        let bytes = plan.transfer_bytes(&t);
                         if t.is_local() {
                             if t.dst_rank == rank {
                                 local += bytes;

@@ -204,9 +204,8 @@ fn rank_views_account_for_every_byte_of_every_reshard() {
         let transfer_bytes: usize = r
             .plan
             .transfers()
-            .iter()
             .filter(|t| !t.is_local())
-            .map(|t| r.plan.transfer_bytes(t))
+            .map(|t| r.plan.transfer_bytes(&t))
             .sum();
         assert_eq!(received, transfer_bytes);
         k += 1;

@@ -119,7 +119,6 @@ impl ReshardRunner {
         // Local copies.
         for t in plan
             .transfers()
-            .iter()
             .filter(|t| t.is_local() && t.dst_rank == me)
         {
             let (_, src) = held

@@ -57,6 +57,6 @@ mod test_util;
 
 pub use crate::error::ReshardError;
 pub use crate::execute::{reshard, DistTensor, ReshardRunner};
-pub use crate::lower::{lower, Exchange, ExchangeKind};
+pub use crate::lower::{lower, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
 pub use crate::partial::{DistLayout, ReduceKind, ReduceStep};
 pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};

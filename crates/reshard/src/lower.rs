@@ -6,7 +6,7 @@
 //! other member is an all-to-all; anything else is a variable-sized exchange (all-to-all-v)
 //! within the group. Collectives let a backend use its tuned algorithms; the bytes are the same.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::plan::{ReshardPlan, Transfer};
@@ -43,82 +43,167 @@ pub struct Exchange {
     pub transfers: Vec<Transfer>,
 }
 
+/// The ranks and collective of one exchange, without its transfers (see [`lower_kinds`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExchangeKindOf {
+    /// The collective it lowers to.
+    pub kind: ExchangeKind,
+    /// The device ranks taking part, ascending.
+    pub ranks: Vec<usize>,
+}
+
 /// Groups the plan's network transfers into independent exchanges and classifies each.
 pub fn lower(plan: &ReshardPlan) -> Vec<Exchange> {
-    let network: Vec<&Transfer> = plan.transfers().iter().filter(|t| !t.is_local()).collect();
-    // Union-find over ranks.
-    let mut parent: BTreeMap<usize, usize> = BTreeMap::new();
-    fn find(parent: &mut BTreeMap<usize, usize>, r: usize) -> usize {
-        let p = *parent.entry(r).or_insert(r);
-        if p == r {
-            return r;
-        }
-        let root = find(parent, p);
-        parent.insert(r, root);
-        root
-    }
-    for t in &network {
-        let a = find(&mut parent, t.src_rank);
-        let b = find(&mut parent, t.dst_rank);
-        if a != b {
-            parent.insert(a.max(b), a.min(b));
-        }
-    }
+    let (kinds, mut groups_of) = classify_groups(plan);
     let mut groups: BTreeMap<usize, Vec<Transfer>> = BTreeMap::new();
-    for t in network {
-        let root = find(&mut parent, t.src_rank);
-        groups.entry(root).or_default().push(t.clone());
+    for t in plan.transfers().filter(|t| !t.is_local()) {
+        let root = groups_of.find(t.src_rank);
+        groups.entry(root).or_default().push(t);
     }
-    groups
-        .into_values()
-        .map(|transfers| {
-            let mut ranks: Vec<usize> = transfers
-                .iter()
-                .flat_map(|t| [t.src_rank, t.dst_rank])
-                .collect();
-            ranks.sort_unstable();
-            ranks.dedup();
-            Exchange {
-                kind: classify(&ranks, &transfers),
-                ranks,
-                transfers,
-            }
+    kinds
+        .into_iter()
+        .map(|k| Exchange {
+            transfers: groups.remove(&k.ranks[0]).unwrap_or_default(),
+            kind: k.kind,
+            ranks: k.ranks,
         })
         .collect()
 }
 
-fn classify(ranks: &[usize], transfers: &[Transfer]) -> ExchangeKind {
-    let n = ranks.len();
-    if transfers.len() != n * (n - 1) {
-        return ExchangeKind::PointToPoint;
-    }
-    let mut pairs: BTreeMap<(usize, usize), &Transfer> = BTreeMap::new();
-    for t in transfers {
-        if pairs.insert((t.src_rank, t.dst_rank), t).is_some() {
-            return ExchangeKind::PointToPoint;
+/// The exchanges of [`lower`] without their transfers, in the same order: memory linear in the
+/// ranks, whatever the number of transfers (what `--explain` prints).
+pub fn lower_kinds(plan: &ReshardPlan) -> Vec<ExchangeKindOf> {
+    classify_groups(plan).0
+}
+
+/// Union-find over device ranks (dense: ranks are below the rank ceiling). The representative
+/// of a group is its smallest rank.
+struct RankGroups {
+    parent: Vec<usize>,
+    /// Whether a rank takes part in some network transfer.
+    touched: Vec<bool>,
+}
+
+impl RankGroups {
+    fn new(plan: &ReshardPlan) -> RankGroups {
+        let max_rank = plan
+            .moved_from()
+            .mesh()
+            .device_ranks()
+            .into_iter()
+            .chain(plan.dst().mesh().device_ranks())
+            .max()
+            .unwrap_or(0);
+        RankGroups {
+            parent: (0..=max_rank).collect(),
+            touched: vec![false; max_rank + 1],
         }
     }
-    // Every ordered pair of distinct members appears exactly once.
-    if pairs.len() != n * (n - 1) {
-        return ExchangeKind::PointToPoint;
+
+    fn find(&mut self, r: usize) -> usize {
+        let mut root = r;
+        while self.parent[root] != root {
+            root = self.parent[root];
+        }
+        let mut node = r;
+        while node != root {
+            let next = self.parent[node];
+            self.parent[node] = root;
+            node = next;
+        }
+        root
     }
-    let size = transfers[0].region.n_elements();
-    if transfers.iter().any(|t| t.region.n_elements() != size) {
-        return ExchangeKind::PointToPoint;
+
+    fn union(&mut self, a: usize, b: usize) {
+        self.touched[a] = true;
+        self.touched[b] = true;
+        let (a, b) = (self.find(a), self.find(b));
+        if a != b {
+            self.parent[a.max(b)] = a.min(b);
+        }
     }
-    let same_box_to_all = ranks.iter().all(|&src| {
-        let mut regions = transfers
-            .iter()
-            .filter(|t| t.src_rank == src)
-            .map(|t| &t.region);
-        let first = regions.next();
-        regions.all(|r| Some(r) == first)
-    });
-    if same_box_to_all {
-        ExchangeKind::AllGather
-    } else {
-        ExchangeKind::AllToAll
+}
+
+/// What one group's transfers look like, gathered in one pass.
+#[derive(Default)]
+struct GroupStats {
+    n_transfers: usize,
+    /// The size of the first transfer, and whether every other has it too.
+    size: Option<usize>,
+    sizes_equal: bool,
+    /// Whether some ordered pair of ranks appears twice.
+    repeated_pair: bool,
+    /// Per sending rank, the first region sent and whether it sent only that region.
+    first_sent: BTreeMap<usize, (u32, bool)>,
+}
+
+/// The exchanges' ranks and kinds in the order of their smallest rank, and the union-find that
+/// groups the ranks. Two passes over the transfers; memory linear in the ranks.
+fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, RankGroups) {
+    let mut groups = RankGroups::new(plan);
+    for t in plan.raw_transfers().filter(|t| t.src_rank != t.dst_rank) {
+        groups.union(t.src_rank, t.dst_rank);
     }
+    // A destination device receives all its transfers in one run of the plan unless it holds
+    // several slots (an interleaved mesh); then repeated pairs are looked up in one set.
+    let one_slot_per_device = plan.dst().mesh().interleave_factor() == 1;
+    let mut all_pairs: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut slot_sources: BTreeSet<usize> = BTreeSet::new();
+    let mut current_slot = None;
+    let mut stats: BTreeMap<usize, GroupStats> = BTreeMap::new();
+    for t in plan.raw_transfers().filter(|t| t.src_rank != t.dst_rank) {
+        let root = groups.find(t.src_rank);
+        let g = stats.entry(root).or_insert_with(|| GroupStats {
+            sizes_equal: true,
+            ..GroupStats::default()
+        });
+        g.n_transfers += 1;
+        let size = plan.region(t.region).n_elements();
+        match g.size {
+            None => g.size = Some(size),
+            Some(first) => g.sizes_equal &= first == size,
+        }
+        let repeated = if one_slot_per_device {
+            if current_slot != Some(t.dst_slot) {
+                current_slot = Some(t.dst_slot);
+                slot_sources.clear();
+            }
+            !slot_sources.insert(t.src_rank)
+        } else {
+            !all_pairs.insert((t.src_rank, t.dst_rank))
+        };
+        g.repeated_pair |= repeated;
+        // Interned regions: equal boxes have equal indices.
+        match g.first_sent.get_mut(&t.src_rank) {
+            None => {
+                g.first_sent.insert(t.src_rank, (t.region, true));
+            }
+            Some((first, same)) => *same &= *first == t.region,
+        }
+    }
+    let mut members: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for r in 0..groups.touched.len() {
+        if groups.touched[r] {
+            let root = groups.find(r);
+            members.entry(root).or_default().push(r);
+        }
+    }
+    let kinds = stats
+        .into_iter()
+        .map(|(root, g)| {
+            let ranks = members.remove(&root).unwrap_or_default();
+            let n = ranks.len();
+            let kind = if g.n_transfers != n * (n - 1) || g.repeated_pair || !g.sizes_equal {
+                ExchangeKind::PointToPoint
+            } else if g.first_sent.values().all(|(_, same)| *same) {
+                ExchangeKind::AllGather
+            } else {
+                ExchangeKind::AllToAll
+            };
+            ExchangeKindOf { kind, ranks }
+        })
+        .collect();
+    (kinds, groups)
 }
 
 #[cfg(test)]

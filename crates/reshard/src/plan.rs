@@ -5,7 +5,8 @@
 //! source slots holding it, chosen to spread the sending load over replicas. The plan therefore
 //! moves exactly the lower bound of bytes: the elements each destination lacks.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt::Write as _;
 
 use layout::{SliceBox, TensorLayout};
@@ -37,6 +38,100 @@ impl Transfer {
     }
 }
 
+/// A plan's transfers as stored: runs of consecutive transfers into one destination slot whose
+/// source slots and interned region indices both count up by one — in a regular layout a
+/// destination slot's pieces come from consecutive source blocks, so a plan whose every
+/// destination receives from every source (ranks² transfers) takes memory in the ranks, and
+/// ranks that receive the same region share one copy of it. [`Transfer`] values are made on
+/// demand.
+#[derive(Debug, Clone, Default)]
+struct TransferTable {
+    /// `[first src_slot, first region index, length]`, grouped by destination slot in slot order.
+    runs: Vec<[u32; 3]>,
+    /// For each destination slot, the end of its runs in `runs`.
+    slot_ends: Vec<usize>,
+    /// Number of transfers (the runs' lengths summed).
+    n_transfers: usize,
+    /// The distinct regions.
+    regions: Vec<SliceBox>,
+    /// Region → its index in `regions` (emptied once planning is done).
+    region_ids: HashMap<SliceBox, u32>,
+}
+
+/// A stored transfer with its ranks, its region by index (see [`ReshardPlan::raw_transfers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawTransfer {
+    pub(crate) src_rank: usize,
+    pub(crate) dst_slot: usize,
+    pub(crate) dst_rank: usize,
+    pub(crate) region: u32,
+}
+
+impl TransferTable {
+    /// Adds a transfer to the current destination slot.
+    fn push(&mut self, src_slot: usize, region: SliceBox) -> Result<(), ReshardError> {
+        let too_large = || ReshardError::Unsupported {
+            what: "a plan with more than 2^32 slots or distinct regions".to_string(),
+        };
+        let region_id = match self.region_ids.get(&region) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.regions.len()).map_err(|_| too_large())?;
+                self.regions.push(region.clone());
+                self.region_ids.insert(region, id);
+                id
+            }
+        };
+        let src_slot = u32::try_from(src_slot).map_err(|_| too_large())?;
+        self.n_transfers += 1;
+        let slot_start = self.slot_ends.last().copied().unwrap_or(0);
+        if self.runs.len() > slot_start {
+            if let Some([first_src, first_region, len]) = self.runs.last_mut() {
+                if src_slot.checked_sub(*first_src) == Some(*len)
+                    && region_id.checked_sub(*first_region) == Some(*len)
+                {
+                    *len += 1;
+                    return Ok(());
+                }
+            }
+        }
+        self.runs.push([src_slot, region_id, 1]);
+        Ok(())
+    }
+
+    /// Closes the current destination slot's run.
+    fn end_slot(&mut self) {
+        self.slot_ends.push(self.runs.len());
+    }
+
+    /// Frees the lookup once planning is done.
+    fn finish(mut self) -> TransferTable {
+        self.region_ids = HashMap::new();
+        self.runs.shrink_to_fit();
+        self.regions.shrink_to_fit();
+        self
+    }
+
+    /// `(dst_slot, src_slot, region index)` in plan order.
+    fn iter(&self) -> impl Iterator<Item = (usize, usize, u32)> + '_ {
+        self.slot_ends
+            .iter()
+            .enumerate()
+            .flat_map(move |(dst_slot, &end)| {
+                let start = if dst_slot == 0 {
+                    0
+                } else {
+                    self.slot_ends[dst_slot - 1]
+                };
+                self.runs[start..end]
+                    .iter()
+                    .flat_map(move |&[src_slot, region, len]| {
+                        (0..len).map(move |i| (dst_slot, (src_slot + i) as usize, region + i))
+                    })
+            })
+    }
+}
+
 /// A part of a region and the source slots that hold it (any of them can supply it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourcePiece {
@@ -49,15 +144,106 @@ pub struct SourcePiece {
 /// The pieces `region` is made of under `src`: its intersections with the distinct source boxes,
 /// each with the replica group holding it. The pieces tile `region` exactly.
 pub fn source_pieces(src: &TensorLayout, region: &SliceBox) -> Vec<SourcePiece> {
-    src.distinct_boxes()
-        .into_iter()
-        .filter_map(|(block, holders)| {
-            region.intersect(&block).map(|piece| SourcePiece {
-                region: piece,
-                holders,
-            })
+    let index = SourceIndex::new(src);
+    let mut pieces = Vec::new();
+    index.for_each_piece(region, |piece, _, holders| {
+        pieces.push(SourcePiece {
+            region: piece,
+            holders: holders.to_vec(),
         })
-        .collect()
+    });
+    pieces
+}
+
+/// A source layout indexed for planning, so that finding what a destination box needs costs
+/// time in the pieces found, not in the ranks of the mesh: the distinct boxes in block order
+/// (row-major over the split factors, so a block's position is computed from its index) and
+/// every device's slots.
+pub(crate) struct SourceIndex<'a> {
+    layout: &'a TensorLayout,
+    /// The distinct boxes with their holders, row-major over [`TensorLayout::split_factors`].
+    blocks: Vec<(SliceBox, Vec<usize>)>,
+    /// Split factor per dim.
+    factors: Vec<usize>,
+    /// `(device, slot)` for every slot, sorted.
+    device_slots: Vec<(usize, usize)>,
+}
+
+impl<'a> SourceIndex<'a> {
+    /// Indexes `layout`: linear in its slots.
+    pub(crate) fn new(layout: &'a TensorLayout) -> SourceIndex<'a> {
+        let mesh = layout.mesh();
+        let mut device_slots: Vec<(usize, usize)> = (0..mesh.n_slots())
+            .map(|s| (mesh.device_of_slot(s), s))
+            .collect();
+        device_slots.sort_unstable();
+        SourceIndex {
+            layout,
+            blocks: layout.distinct_boxes(),
+            factors: layout.split_factors(),
+            device_slots,
+        }
+    }
+
+    /// The slots on `device`, ascending, with their boxes.
+    pub(crate) fn local_boxes(
+        &self,
+        device: usize,
+    ) -> impl Iterator<Item = (usize, SliceBox)> + '_ {
+        let start = self.device_slots.partition_point(|&(d, _)| d < device);
+        self.device_slots[start..]
+            .iter()
+            .take_while(move |&&(d, _)| d == device)
+            .map(|&(_, s)| (s, self.layout.slot_box(s)))
+    }
+
+    /// Calls `f` with every non-empty intersection of `region` with a distinct box, and the
+    /// box's holders, in block order — visiting only the blocks that overlap `region`.
+    pub(crate) fn for_each_piece(
+        &self,
+        region: &SliceBox,
+        mut f: impl FnMut(SliceBox, usize, &[usize]),
+    ) {
+        if region.shape.contains(&0) {
+            return;
+        }
+        let slice_shape = self.layout.slice_shape();
+        // Per dim, the range of block indices the region overlaps.
+        let ranges: Vec<(usize, usize)> = (0..region.ndim())
+            .map(|d| {
+                let first = region.offset[d] / slice_shape[d];
+                let last = (region.offset[d] + region.shape[d] - 1) / slice_shape[d];
+                (first, last.min(self.factors[d] - 1))
+            })
+            .collect();
+        if ranges.iter().any(|&(first, last)| first > last) {
+            return;
+        }
+        let mut index: Vec<usize> = ranges.iter().map(|&(first, _)| first).collect();
+        loop {
+            let linear = index
+                .iter()
+                .zip(&self.factors)
+                .fold(0, |acc, (&i, &factor)| acc * factor + i);
+            let (block, holders) = &self.blocks[linear];
+            if let Some(piece) = region.intersect(block) {
+                f(piece, linear, holders);
+            }
+            // Next index, row-major (last dim fastest).
+            let mut d = index.len();
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                if index[d] < ranges[d].1 {
+                    index[d] += 1;
+                    break;
+                }
+                index[d] = ranges[d].0;
+            }
+        }
+    }
 }
 
 /// A plan moving a tensor from layout `src` to layout `dst`: data, inspectable before it runs.
@@ -70,7 +256,7 @@ pub struct ReshardPlan {
     reduce: Option<ReduceStep>,
     dst: TensorLayout,
     dtype: DType,
-    transfers: Vec<Transfer>,
+    transfers: TransferTable,
 }
 
 impl ReshardPlan {
@@ -102,8 +288,42 @@ impl ReshardPlan {
     }
 
     /// Every transfer, grouped by destination slot in slot order; local copies first per slot.
-    pub fn transfers(&self) -> &[Transfer] {
-        &self.transfers
+    pub fn transfers(&self) -> impl Iterator<Item = Transfer> + '_ {
+        let src_mesh = self.moved_from().mesh();
+        let dst_mesh = self.dst.mesh();
+        self.transfers
+            .iter()
+            .map(move |(dst_slot, src_slot, region)| Transfer {
+                src_slot,
+                src_rank: src_mesh.device_of_slot(src_slot),
+                dst_slot,
+                dst_rank: dst_mesh.device_of_slot(dst_slot),
+                region: self.transfers.regions[region as usize].clone(),
+            })
+    }
+
+    /// The transfers without copying their regions (see [`ReshardPlan::region`]).
+    pub(crate) fn raw_transfers(&self) -> impl Iterator<Item = RawTransfer> + '_ {
+        let src_mesh = self.moved_from().mesh();
+        let dst_mesh = self.dst.mesh();
+        self.transfers
+            .iter()
+            .map(move |(dst_slot, src_slot, region)| RawTransfer {
+                src_rank: src_mesh.device_of_slot(src_slot),
+                dst_slot,
+                dst_rank: dst_mesh.device_of_slot(dst_slot),
+                region,
+            })
+    }
+
+    /// Region number `id` of [`ReshardPlan::raw_transfers`].
+    pub(crate) fn region(&self, id: u32) -> &SliceBox {
+        &self.transfers.regions[id as usize]
+    }
+
+    /// Number of transfers (local copies included).
+    pub fn n_transfers(&self) -> usize {
+        self.transfers.n_transfers
     }
 
     /// Bytes of one transfer.
@@ -117,7 +337,7 @@ impl ReshardPlan {
     pub fn bytes_per_rank(&self) -> Vec<(usize, usize)> {
         let network = self
             .network_transfers()
-            .map(|t| (t.dst_rank, self.transfer_bytes(t)));
+            .map(|(_, dst_rank, bytes)| (dst_rank, bytes));
         per_rank(
             &self.dst.mesh().device_ranks(),
             network.chain(self.reduce_bytes_per_rank()),
@@ -141,7 +361,7 @@ impl ReshardPlan {
     pub fn bytes_sent_per_rank(&self) -> Vec<(usize, usize)> {
         let network = self
             .network_transfers()
-            .map(|t| (t.src_rank, self.transfer_bytes(t)));
+            .map(|(src_rank, _, bytes)| (src_rank, bytes));
         per_rank(&self.moved_from().mesh().device_ranks(), network)
     }
 
@@ -152,10 +372,10 @@ impl ReshardPlan {
 
     /// Bytes copied locally (no network).
     pub fn bytes_local(&self) -> usize {
-        self.transfers
-            .iter()
-            .filter(|t| t.is_local())
-            .map(|t| self.transfer_bytes(t))
+        let elem = self.dtype.size_in_bytes();
+        self.raw_transfers()
+            .filter(|t| t.src_rank == t.dst_rank)
+            .map(|t| self.region(t.region).n_elements() * elem)
             .sum()
     }
 
@@ -169,8 +389,18 @@ impl ReshardPlan {
     }
 
     /// The transfers that cross the network.
-    fn network_transfers(&self) -> impl Iterator<Item = &Transfer> {
-        self.transfers.iter().filter(|t| !t.is_local())
+    /// `(src_rank, dst_rank, bytes)` of every transfer that crosses the network.
+    fn network_transfers(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let elem = self.dtype.size_in_bytes();
+        self.raw_transfers()
+            .filter(|t| t.src_rank != t.dst_rank)
+            .map(move |t| {
+                (
+                    t.src_rank,
+                    t.dst_rank,
+                    self.region(t.region).n_elements() * elem,
+                )
+            })
     }
 
     /// One line per transfer with its reason, then the totals.
@@ -194,8 +424,8 @@ impl ReshardPlan {
                 );
             }
         }
-        for t in &self.transfers {
-            let bytes = self.transfer_bytes(t);
+        for t in self.transfers() {
+            let bytes = self.transfer_bytes(&t);
             if t.is_local() {
                 let _ = writeln!(
                     out,
@@ -242,27 +472,18 @@ fn per_rank(
 
 /// Elements each destination slot lacks under the source layout, summed.
 pub(crate) fn lower_bound_elements(src: &TensorLayout, dst: &TensorLayout) -> usize {
+    let index = SourceIndex::new(src);
     let dst_mesh = dst.mesh();
     (0..dst_mesh.n_slots())
         .map(|slot| {
             let device = dst_mesh.device_of_slot(slot);
-            let held = local_source_boxes(src, device);
             let mut missing = vec![dst.slot_box(slot)];
-            for (_, b) in &held {
-                missing = missing.iter().flat_map(|m| m.subtract(b)).collect();
+            for (_, b) in index.local_boxes(device) {
+                missing = missing.iter().flat_map(|m| m.subtract(&b)).collect();
             }
             missing.iter().map(SliceBox::n_elements).sum::<usize>()
         })
         .sum()
-}
-
-/// The source slots on `device`, with their boxes.
-fn local_source_boxes(src: &TensorLayout, device: usize) -> Vec<(usize, SliceBox)> {
-    let mesh = src.mesh();
-    (0..mesh.n_slots())
-        .filter(|&s| mesh.device_of_slot(s) == device)
-        .map(|s| (s, src.slot_box(s)))
-        .collect()
 }
 
 /// Plans moving a tensor of `dtype` from `src` to `dst`.
@@ -298,12 +519,15 @@ pub fn plan_from(
     })
 }
 
+/// A block's holders by `(bytes sent, rank, slot)`, least loaded first.
+type HolderHeap = BinaryHeap<Reverse<(usize, usize, usize)>>;
+
 /// The transfers moving boxes from `src` to `dst` (no pending sums).
 fn plan_transfers(
     src: &TensorLayout,
     dst: &TensorLayout,
     dtype: DType,
-) -> Result<Vec<Transfer>, ReshardError> {
+) -> Result<TransferTable, ReshardError> {
     if src.shape() != dst.shape() {
         return Err(ReshardError::ShapeMismatch {
             src: src.shape().to_vec(),
@@ -313,23 +537,23 @@ fn plan_transfers(
     let src_mesh = src.mesh();
     let dst_mesh = dst.mesh();
     let elem = dtype.size_in_bytes();
-    let blocks = src.distinct_boxes();
-    let mut sent: BTreeMap<usize, usize> = BTreeMap::new();
-    let mut transfers = Vec::new();
+    let index = SourceIndex::new(src);
+    // Bytes sent so far per source device (ranks are below the rank ceiling, so dense).
+    let max_src_rank = src_mesh.device_ranks().into_iter().max().unwrap_or(0);
+    let mut sent: Vec<usize> = vec![0; max_src_rank + 1];
+    // The least-loaded holder of each block: (bytes sent, rank, slot), smallest first.
+    let one_slot_per_device = src_mesh.interleave_factor() == 1;
+    let mut heaps: HashMap<usize, HolderHeap> = HashMap::new();
+    let mut transfers = TransferTable::default();
+    let mut failed = None;
     for dst_slot in 0..dst_mesh.n_slots() {
         let dst_rank = dst_mesh.device_of_slot(dst_slot);
         let mut missing = vec![dst.slot_box(dst_slot)];
-        for (src_slot, held) in local_source_boxes(src, dst_rank) {
+        for (src_slot, held) in index.local_boxes(dst_rank) {
             let mut still = Vec::new();
             for m in &missing {
                 if let Some(common) = m.intersect(&held) {
-                    transfers.push(Transfer {
-                        src_slot,
-                        src_rank: dst_rank,
-                        dst_slot,
-                        dst_rank,
-                        region: common,
-                    });
+                    transfers.push(src_slot, common)?;
                     still.extend(m.subtract(&held));
                 } else {
                     still.push(m.clone());
@@ -338,30 +562,43 @@ fn plan_transfers(
             missing = still;
         }
         for m in &missing {
-            for (block, holders) in &blocks {
-                let Some(region) = m.intersect(block) else {
-                    continue;
+            index.for_each_piece(m, |region, block, holders| {
+                let bytes = region.n_elements() * elem;
+                let src_slot = if one_slot_per_device {
+                    // A device holds one block, so only this block's pieces load its holders:
+                    // a heap per block finds the least-loaded one in log time.
+                    let heap = heaps.entry(block).or_insert_with(|| {
+                        holders
+                            .iter()
+                            .map(|&s| Reverse((0, src_mesh.device_of_slot(s), s)))
+                            .collect()
+                    });
+                    let Reverse((load, rank, slot)) =
+                        heap.pop().expect("a replica group is never empty");
+                    heap.push(Reverse((load + bytes, rank, slot)));
+                    slot
+                } else {
+                    *holders
+                        .iter()
+                        .min_by_key(|&&s| {
+                            let r = src_mesh.device_of_slot(s);
+                            (sent[r], r)
+                        })
+                        .expect("a replica group is never empty")
                 };
-                let src_slot = *holders
-                    .iter()
-                    .min_by_key(|&&s| {
-                        let r = src_mesh.device_of_slot(s);
-                        (sent.get(&r).copied().unwrap_or(0), r)
-                    })
-                    .expect("a replica group is never empty");
                 let src_rank = src_mesh.device_of_slot(src_slot);
-                *sent.entry(src_rank).or_default() += region.n_elements() * elem;
-                transfers.push(Transfer {
-                    src_slot,
-                    src_rank,
-                    dst_slot,
-                    dst_rank,
-                    region,
-                });
-            }
+                sent[src_rank] += bytes;
+                if let Err(e) = transfers.push(src_slot, region) {
+                    failed.get_or_insert(e);
+                }
+            });
         }
+        transfers.end_slot();
     }
-    Ok(transfers)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(transfers.finish()),
+    }
 }
 
 #[cfg(test)]

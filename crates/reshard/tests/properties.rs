@@ -204,7 +204,7 @@ fn matmul_output_reduce_scatters_onto_the_consumer_split() {
         .unwrap();
     let src = DistLayout::partial(src, &[1]).unwrap();
     let plan = reshard::plan_from(&src, &dst, DType::F32).unwrap();
-    assert!(plan.transfers().iter().all(|t| t.is_local()));
+    assert!(plan.transfers().all(|t| t.is_local()));
     // Each rank receives half of its 2x8 box: 8 floats.
     assert_eq!(plan.bytes_total(), 4 * 8 * 4);
     run_and_check(4, &src, &dst);

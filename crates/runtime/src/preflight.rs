@@ -4,13 +4,13 @@
 //! found here, at once, before a rank runs: a run must not train for minutes, or wait for a
 //! collective's timeout, to report that its metrics log cannot be written. The checks:
 //!
-//! - `data.batch_size` is not larger than the training split (no full batch would fit);
 //! - `output.dir` exists or can be created, and a file can be written in it;
 //! - the metrics log's directory exists and the log can be opened for writing;
 //! - `output.resume_from` is a directory holding a checkpoint (rank 0's file) and the strategy
 //!   file it is read with exists.
 //!
-//! (The data files themselves are opened, and their headers checked, by [`Session::new`].)
+//! (The data files themselves are opened, their headers checked and `data.batch_size` checked
+//! against the training split, by [`Session::new`].)
 //!
 //! Nothing is left behind by a failed check: directories created to test `output.dir` are
 //! removed again (only those, and only while empty), as is a probe file. After a successful
@@ -28,7 +28,6 @@ pub fn check_before_start(
     session: &Session,
     metrics_log: Option<&Path>,
 ) -> Result<(), RuntimeError> {
-    check_batch_fits(session)?;
     check_resume_from(session)?;
     let created = prepare_output_dir(&session.config.output().dir)?;
     if let Some(path) = metrics_log {
@@ -36,23 +35,6 @@ pub fn check_before_start(
         check_metrics_log(path)?;
     }
     created.keep();
-    Ok(())
-}
-
-/// `data.batch_size` against the training split: at least one full batch must fit.
-fn check_batch_fits(session: &Session) -> Result<(), RuntimeError> {
-    let batch_size = session.config.data().batch_size;
-    let n_samples = session.train_data.len();
-    if batch_size > n_samples {
-        return Err(RuntimeError::Config {
-            key: "data.batch_size".to_string(),
-            reason: format!(
-                "{batch_size} is larger than the {n_samples} training samples in {}, so no full \
-                 batch fits",
-                session.config.data().dir.display()
-            ),
-        });
-    }
     Ok(())
 }
 

@@ -110,6 +110,23 @@ pub struct ParamShard {
     pub values: Tensor,
 }
 
+/// A global batch larger than the training set is refused before anything batch-sized is
+/// built or allocated.
+fn check_batch_fits(config: &TrainConfig, train_data: &IdxDataset) -> Result<(), RuntimeError> {
+    let batch_size = config.data().batch_size;
+    if batch_size > train_data.len() {
+        return Err(RuntimeError::Config {
+            key: "data.batch_size".to_string(),
+            reason: format!(
+                "{batch_size} is larger than the training set ({} samples in {}); the global batch must fit in the data",
+                train_data.len(),
+                train_data.images_path().display()
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl Session {
     /// Builds the configured built-in model and its programs for `config`, reading the data's
     /// headers.
@@ -117,6 +134,7 @@ impl Session {
         let data = config.data();
         let (train_data, test_data) =
             IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+        check_batch_fits(config, &train_data)?;
         let model = seed_mlp(
             data.batch_size,
             &train_data.image_shape(),
@@ -133,6 +151,7 @@ impl Session {
         let data = config.data();
         let (train_data, test_data) =
             IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+        check_batch_fits(config, &train_data)?;
         let input = &model.graph.values()[model.input.0];
         let mut expected = vec![data.batch_size];
         expected.extend(train_data.image_shape());

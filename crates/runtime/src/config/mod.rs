@@ -247,6 +247,7 @@ impl TrainConfig {
                 reason: "0 is out of range: it must be ≥ 1".to_string(),
             });
         }
+        values::check_device_count("--devices", devices)?;
         self.parallel.devices = devices;
         Ok(self)
     }

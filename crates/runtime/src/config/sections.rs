@@ -7,8 +7,8 @@ use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 use toml::{Table, Value};
 
 use super::values::{
-    config_error, one_of, path_reader, read_bool, read_count, read_enum, read_float, read_positive,
-    read_strategy, wrong_type, Section,
+    config_error, one_of, path_reader, read_bool, read_count, read_device_count, read_enum,
+    read_float, read_positive, read_strategy, wrong_type, Section,
 };
 use super::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
@@ -192,7 +192,7 @@ fn read_parallel(
         read_enum(key, v, &modes, ParallelMode::parse)
     })?;
     let devices_given = s.has("devices");
-    let devices = s.or("devices", 1, read_positive)?;
+    let devices = s.or("devices", 1, read_device_count)?;
     let dataset_strategy = s.or(
         "dataset_strategy",
         DatasetStrategy::DataParallel,

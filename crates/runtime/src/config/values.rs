@@ -117,6 +117,26 @@ pub(super) fn read_positive(key: &str, value: Value) -> Result<usize, RuntimeErr
     }
 }
 
+/// A device count: positive and within the process-wide rank ceiling
+/// ([`layout::limits::max_ranks`]), checked before anything per device is allocated.
+pub(super) fn read_device_count(key: &str, value: Value) -> Result<usize, RuntimeError> {
+    let devices = read_positive(key, value)?;
+    check_device_count(key, devices)?;
+    Ok(devices)
+}
+
+/// Checks a device count named by `key` (a config key or a flag) against the rank ceiling.
+pub(super) fn check_device_count(key: &str, devices: usize) -> Result<(), RuntimeError> {
+    let max = layout::limits::max_ranks();
+    if devices > max {
+        return Err(config_error(
+            key,
+            format!("{devices} devices is above the limit of {max} ranks (set TESSERA_MAX_RANKS to change the limit)"),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn read_count(key: &str, value: Value) -> Result<u64, RuntimeError> {
     match value {
         Value::Integer(n) => u64::try_from(n)

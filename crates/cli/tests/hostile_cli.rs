@@ -1,0 +1,414 @@
+//! Hostile input (issue 13, "nothing blown up"): absurd flags, configs and crafted strategy files.
+//! Each must end in a clear error — a non-zero exit, a message naming the flag, key or file and
+//! the rule broken — and never in a panic, an allocation abort or files left behind.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::util::{repo_root, s, Scratch};
+
+/// Runs `tessera` with extra environment variables.
+fn tessera_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(args).current_dir(repo_root());
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    cmd.output().expect("running tessera")
+}
+
+/// Asserts a clean refusal: exit code 1 (not a signal, not a panic's 101), no "panicked" on
+/// stderr, and a message containing every fragment of `expected`.
+#[track_caller]
+fn assert_refused(out: &Output, expected: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected a clean failure, got {}:\n{stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("memory allocation"), "{stderr}");
+    for fragment in expected {
+        assert!(
+            stderr.contains(fragment),
+            "missing {fragment:?} in:\n{stderr}"
+        );
+    }
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `tessera train examples/seed_semi_auto.toml --explain`-free training args writing into
+/// `out_dir`, plus `extra`.
+fn train(out_dir: &Path, extra: &[&str]) -> Output {
+    let out_set = format!("output.dir={:?}", s(out_dir));
+    let mut args = vec![
+        "train",
+        "examples/seed_semi_auto.toml",
+        "--set",
+        &out_set,
+        "--set",
+        "train.max_steps=1",
+    ];
+    args.extend_from_slice(extra);
+    tessera_env(&args, &[])
+}
+
+#[test]
+fn huge_device_counts_are_refused_before_anything_is_allocated() {
+    let scratch = Scratch::new("hostile-devices");
+    let out_dir = scratch.0.join("run");
+    for devices in ["4294967296", "18446744073709551615", "1048577"] {
+        let out = train(&out_dir, &["--devices", devices]);
+        assert_refused(
+            &out,
+            &[
+                "--devices",
+                &format!("{devices} devices is above the limit of 1048576 ranks"),
+                "TESSERA_MAX_RANKS",
+            ],
+        );
+    }
+    // Too large for a device count at all: clap's own error, no panic.
+    let out = train(&out_dir, &["--devices", "99999999999999999999999"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    // The same bound through the config key.
+    let out = train(&out_dir, &["--set", "parallel.devices=4294967296"]);
+    assert_refused(
+        &out,
+        &["parallel.devices", "above the limit of 1048576 ranks"],
+    );
+    assert!(
+        !out_dir.exists(),
+        "a refused run left {}",
+        out_dir.display()
+    );
+}
+
+#[test]
+fn the_rank_ceiling_is_set_by_the_environment() {
+    let args = ["layout", "--mesh", "dp=8", "--map", "dp", "--shape", "8"];
+    let out = tessera_env(&args, &[("TESSERA_MAX_RANKS", "4")]);
+    assert_refused(&out, &["has 8 ranks, above the limit of 4 ranks per mesh"]);
+    let out = tessera_env(&args, &[("TESSERA_MAX_RANKS", "8")]);
+    assert!(out.status.success());
+    let out = tessera_env(&args, &[("TESSERA_MAX_RANKS", "lots")]);
+    assert_refused(
+        &out,
+        &["TESSERA_MAX_RANKS = \"lots\" is not a positive integer"],
+    );
+    // Raised above the default, a 2^20 + 1 device mesh is accepted.
+    let big = [
+        "layout",
+        "--mesh",
+        "dp=1048577",
+        "--map",
+        "None",
+        "--shape",
+        "1",
+        "--json",
+    ];
+    let out = tessera_env(&big, &[]);
+    assert_refused(&out, &["has 1048577 ranks, above the limit of 1048576"]);
+    let out = tessera_env(&big, &[("TESSERA_MAX_RANKS", "2000000")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_batch_larger_than_the_data_is_refused() {
+    let scratch = Scratch::new("hostile-batch");
+    let out_dir = scratch.0.join("run");
+    for extra in [&[][..], &["--explain"][..]] {
+        let mut args = vec!["--set", "data.batch_size=100000000"];
+        args.extend_from_slice(extra);
+        let out = train(&out_dir, &args);
+        assert_refused(
+            &out,
+            &[
+                "data.batch_size",
+                "100000000 is larger than the training set (1500 samples",
+            ],
+        );
+    }
+    assert!(
+        !out_dir.exists(),
+        "a refused run left {}",
+        out_dir.display()
+    );
+}
+
+#[test]
+fn absurd_layouts_are_refused() {
+    let axes: Vec<String> = (0..12_000).map(|i| format!("a{i}=1")).collect();
+    let mesh = axes.join(",");
+    let out = tessera_env(
+        &["layout", "--mesh", &mesh, "--map", "a0", "--shape", "8"],
+        &[],
+    );
+    assert_refused(
+        &out,
+        &["a device matrix of 12000 axes is above the limit of 64 axes"],
+    );
+    for (mesh, map, shape, expected) in [
+        (
+            "dp=1000000,mp=1000000",
+            "dp,mp",
+            "1000000,1000000",
+            "has 1000000000000 ranks",
+        ),
+        (
+            "dp=4294967296,mp=4294967296",
+            "dp,mp",
+            "8,8",
+            "(the product overflows)",
+        ),
+        (
+            "dp=2",
+            "dp,None,None",
+            "1099511627776,1099511627776,1099511627776",
+            "has more elements than fit in memory addressing",
+        ),
+    ] {
+        let out = tessera_env(
+            &["layout", "--mesh", mesh, "--map", map, "--shape", shape],
+            &[],
+        );
+        assert_refused(&out, &[expected]);
+    }
+    let out = tessera_env(
+        &[
+            "layout",
+            "--mesh",
+            "dp=2",
+            "--map",
+            "dp",
+            "--shape",
+            "8",
+            "--rank-list",
+            "0,18446744073709551615",
+        ],
+        &[],
+    );
+    assert_refused(
+        &out,
+        &["rank 18446744073709551615 in rank_list is above the limit"],
+    );
+    // A 65536-character axis name once overflowed the text formatter's width.
+    let long = format!("{}=2", "x".repeat(70_000));
+    let map = "x".repeat(70_000);
+    let out = tessera_env(
+        &["layout", "--mesh", &long, "--map", &map, "--shape", "2"],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn reshard_run_is_bounded_before_allocating() {
+    let out = tessera_env(
+        &[
+            "reshard",
+            "--shape",
+            "1000000000000",
+            "--from-mesh",
+            "dp=2",
+            "--from",
+            "dp",
+            "--to",
+            "None",
+            "--run",
+        ],
+        &[],
+    );
+    assert_refused(
+        &out,
+        &[
+            "--run: a [1000000000000] f32 tensor",
+            "bytes of memory available",
+        ],
+    );
+    let out = tessera_env(
+        &[
+            "reshard",
+            "--shape",
+            "8",
+            "--from-mesh",
+            "dp=2",
+            "--from",
+            "dp",
+            "--to",
+            "None",
+            "--from-rank-list",
+            "0,1048575",
+            "--run",
+        ],
+        &[],
+    );
+    assert_refused(
+        &out,
+        &["--run: the plan needs 1048576 local ranks", "at most 4096"],
+    );
+    let out = tessera_env(
+        &[
+            "reshard",
+            "--shape",
+            "8",
+            "--from-mesh",
+            "dp=1000000000",
+            "--from",
+            "dp",
+            "--to",
+            "None",
+        ],
+        &[],
+    );
+    assert_refused(&out, &["--from-mesh", "has 1000000000 ranks"]);
+}
+
+/// Protobuf encoding helpers for crafted MindSpore strategy files.
+mod pb {
+    pub fn varint(mut n: u64, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+
+    pub fn message(field: u64, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        varint((field << 3) | 2, &mut out);
+        varint(body.len() as u64, &mut out);
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A `{repeated uint dim = 1}` message body.
+    pub fn dims(values: &[u64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &v in values {
+            varint(1 << 3, &mut out);
+            varint(v, &mut out);
+        }
+        out
+    }
+
+    /// A strategy file of one parameter `w` with this device matrix and tensor map.
+    pub fn strategy(dev_matrix: &[u64], tensor_map: &[u64]) -> Vec<u8> {
+        let mut layouts = message(1, &dims(dev_matrix));
+        layouts.extend(message(2, &dims(tensor_map)));
+        let mut item = message(1, b"w");
+        item.extend(message(2, &layouts));
+        message(3, &item)
+    }
+}
+
+/// A MindSpore JSON strategy file of one parameter `w`.
+fn ms_json(dev_matrix: &str, tensor_map: &str, shape: &str) -> String {
+    format!(
+        r#"{{"parallel_layout_item": {{"w": {{"dev_matrix": {dev_matrix}, "tensor_map": {tensor_map}, "tensor_shape": {shape}}}}}}}"#
+    )
+}
+
+#[test]
+fn crafted_strategy_files_are_refused() {
+    let scratch = Scratch::new("hostile-strategy");
+    let dir = &scratch.0;
+    let axes_12000 = format!("[{}]", vec!["1"; 12_000].join(","));
+    let files: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "million_squared.ckpt",
+            pb::strategy(&[1_000_000, 1_000_000], &[1, 0]),
+            "device matrix [1000000, 1000000] has 1000000000000 ranks, above the limit of 1048576",
+        ),
+        (
+            "billion.ckpt",
+            pb::strategy(&[1_000_000_000], &[0]),
+            "device matrix [1000000000] has 1000000000 ranks",
+        ),
+        (
+            "map_out_of_range.ckpt",
+            pb::strategy(&[2, 2], &[5, 2_147_483_647]),
+            "tensor_map value 5 for tensor dim 0 is out of range",
+        ),
+        (
+            "million_squared.json",
+            ms_json("[1000000, 1000000]", "[1, 0]", "[8, 8]").into_bytes(),
+            "device matrix [1000000, 1000000] has 1000000000000 ranks",
+        ),
+        (
+            "billion.json",
+            ms_json("[1000000000]", "[0]", "[1000000000]").into_bytes(),
+            "device matrix [1000000000] has 1000000000 ranks",
+        ),
+        (
+            "axes.json",
+            ms_json(&axes_12000, "[0]", "[8]").into_bytes(),
+            "a device matrix of 12000 axes is above the limit of 64 axes",
+        ),
+        (
+            "map_out_of_range.json",
+            ms_json("[2]", "[7, -5]", "[8, 8]").into_bytes(),
+            "tensor_map value 7 for tensor dim 0 is out of range",
+        ),
+        (
+            "tessera.json",
+            br#"{"format": "tessera-strategy", "version": 1, "tensors": [{"name": "w", "shape": [8], "dtype": "f32", "placements": [{"mesh": {"axes": [["dp", 4294967296], ["mp", 4294967296]]}, "dims": [["dp"]]}]}]}"#.to_vec(),
+            "(the product overflows)",
+        ),
+    ];
+    for (name, bytes, _) in &files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    let before = listing(dir);
+    for (name, _, expected) in &files {
+        let path = dir.join(name);
+        let out = tessera_env(&["strategy", "show", s(&path)], &[]);
+        assert_refused(&out, &[s(&path), expected]);
+    }
+    assert_eq!(listing(dir), before, "files were left behind");
+}
+
+#[test]
+fn absurd_shapes_in_strategy_files_are_refused() {
+    let scratch = Scratch::new("hostile-shapes");
+    let path = scratch.0.join("huge.json");
+    std::fs::write(
+        &path,
+        ms_json(
+            "[2]",
+            "[0, -1]",
+            "[4611686018427387904, 4611686018427387904]",
+        ),
+    )
+    .unwrap();
+    let out = tessera_env(&["ckpt", "redundancy", "--strategy", s(&path)], &[]);
+    assert_refused(
+        &out,
+        &[s(&path), "has more elements than fit in memory addressing"],
+    );
+    assert_eq!(listing(&scratch.0), vec!["huge.json".to_string()]);
+}

@@ -1,0 +1,149 @@
+//! Resource bounds on sizes that come from files, flags and configs.
+//!
+//! Every [`Mesh`](crate::Mesh) is checked here before its rank list is allocated, so a strategy
+//! file, a `--devices` flag or a config key that asks for an absurd device count is an error
+//! instead of an allocation failure. The rank ceiling is a process-wide setting (default
+//! [`DEFAULT_MAX_RANKS`]); the binary raises or lowers it from the `TESSERA_MAX_RANKS`
+//! environment variable with [`set_max_ranks`]. This crate itself reads no environment.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::error::LayoutError;
+
+/// The default ceiling on the ranks (slots) of one mesh: 2^20 = 1,048,576.
+pub const DEFAULT_MAX_RANKS: usize = 1 << 20;
+
+/// The most axes a mesh may have. MindSpore's device matrices have a handful; 64 leaves room for
+/// every factorisation of a 2^64 device count while bounding per-slot coordinate vectors.
+pub const MAX_MESH_AXES: usize = 64;
+
+static MAX_RANKS: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_RANKS);
+
+/// The current ceiling on the ranks of one mesh (see [`set_max_ranks`]).
+pub fn max_ranks() -> usize {
+    MAX_RANKS.load(Ordering::Relaxed)
+}
+
+/// Sets the ceiling on the ranks of one mesh for the whole process. Zero is rejected.
+pub fn set_max_ranks(max: usize) -> Result<(), LayoutError> {
+    if max == 0 {
+        return Err(LayoutError::BadRankCeiling {
+            value: max.to_string(),
+        });
+    }
+    MAX_RANKS.store(max, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Parses a rank ceiling as written in `TESSERA_MAX_RANKS` (a positive integer, `_` allowed as a
+/// digit separator) and sets it.
+pub fn set_max_ranks_from_str(text: &str) -> Result<usize, LayoutError> {
+    let bad = || LayoutError::BadRankCeiling {
+        value: text.to_string(),
+    };
+    let max: usize = text.trim().replace('_', "").parse().map_err(|_| bad())?;
+    set_max_ranks(max).map_err(|_| bad())?;
+    Ok(max)
+}
+
+/// Checks a device count against the rank ceiling: `n_ranks` ranks of a mesh described by
+/// `device_matrix` (its axis sizes, for the message).
+pub fn check_rank_count(n_ranks: usize, device_matrix: &[usize]) -> Result<(), LayoutError> {
+    let max = max_ranks();
+    if n_ranks > max {
+        return Err(LayoutError::TooManyRanks {
+            device_matrix: device_matrix.to_vec(),
+            n_ranks: Some(n_ranks),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// The product of a device matrix, checked against overflow and the rank ceiling.
+pub fn checked_rank_count(device_matrix: &[usize]) -> Result<usize, LayoutError> {
+    if device_matrix.len() > MAX_MESH_AXES {
+        return Err(LayoutError::TooManyAxes {
+            n_axes: device_matrix.len(),
+            max: MAX_MESH_AXES,
+        });
+    }
+    let n_ranks = checked_product(device_matrix).ok_or_else(|| LayoutError::TooManyRanks {
+        device_matrix: device_matrix.to_vec(),
+        n_ranks: None,
+        max: max_ranks(),
+    })?;
+    check_rank_count(n_ranks, device_matrix)?;
+    Ok(n_ranks)
+}
+
+/// The product of `sizes`, or `None` when it overflows `usize`.
+pub fn checked_product(sizes: &[usize]) -> Option<usize> {
+    sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn products_that_overflow_are_none() {
+        assert_eq!(checked_product(&[2, 3, 4]), Some(24));
+        assert_eq!(checked_product(&[]), Some(1));
+        assert_eq!(checked_product(&[1 << 32, 1 << 32]), None);
+        assert_eq!(checked_product(&[usize::MAX, 0]), Some(0));
+    }
+
+    #[test]
+    fn the_default_ceiling_admits_a_million_ranks_and_no_more() {
+        assert_eq!(DEFAULT_MAX_RANKS, 1_048_576);
+        // The ceiling is process-wide; no test in this binary changes it.
+        assert_eq!(checked_rank_count(&[1024, 1024]), Ok(1 << 20));
+        let err = checked_rank_count(&[1024, 1025]).unwrap_err();
+        assert_eq!(
+            err,
+            LayoutError::TooManyRanks {
+                device_matrix: vec![1024, 1025],
+                n_ranks: Some(1024 * 1025),
+                max: DEFAULT_MAX_RANKS
+            }
+        );
+        assert!(err.to_string().contains("1049600 ranks"), "{err}");
+        assert!(err.to_string().contains("TESSERA_MAX_RANKS"), "{err}");
+    }
+
+    #[test]
+    fn an_overflowing_device_matrix_is_too_many_ranks() {
+        let err = checked_rank_count(&[1 << 40, 1 << 40]).unwrap_err();
+        assert!(matches!(
+            err,
+            LayoutError::TooManyRanks { n_ranks: None, .. }
+        ));
+        assert!(err.to_string().contains("overflows"), "{err}");
+    }
+
+    #[test]
+    fn at_most_64_axes() {
+        assert_eq!(checked_rank_count(&[1; 64]), Ok(1));
+        assert_eq!(
+            checked_rank_count(&[1; 65]),
+            Err(LayoutError::TooManyAxes {
+                n_axes: 65,
+                max: 64
+            })
+        );
+    }
+
+    #[test]
+    fn a_ceiling_must_be_a_positive_integer() {
+        for bad in ["0", "-3", "many", ""] {
+            assert_eq!(
+                set_max_ranks_from_str(bad),
+                Err(LayoutError::BadRankCeiling {
+                    value: bad.to_string()
+                })
+            );
+        }
+        assert_eq!(max_ranks(), DEFAULT_MAX_RANKS);
+    }
+}
