@@ -127,7 +127,10 @@ fn fallback_switch(staging: &Path, dest: &Path, exists: bool) -> Result<()> {
     if !exists {
         return std::fs::rename(staging, dest).map_err(io_err(dest, "rename into place"));
     }
-    let aside = staging.with_extension("old");
+    // `<staging>.old`: still a staging-prefixed name, so the next writer recovers it.
+    let mut aside = staging.as_os_str().to_owned();
+    aside.push(".old");
+    let aside = std::path::PathBuf::from(aside);
     std::fs::rename(dest, &aside).map_err(io_err(dest, "move the old set aside"))?;
     std::fs::rename(staging, dest).map_err(io_err(dest, "rename into place"))?;
     std::fs::rename(&aside, staging).map_err(io_err(&aside, "rename"))
