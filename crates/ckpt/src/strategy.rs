@@ -200,11 +200,19 @@ pub struct ResolvedParam {
 
 impl ResolvedParam {
     /// The placement whose mesh holds global rank `rank` (as a physical device), with its slot.
+    /// The first slot in slot order when an interleaved mesh gives the device several. A lookup
+    /// per virtual rank of the device, not a scan of the mesh (constant time for contiguous rank
+    /// lists).
     pub fn placement_of_rank(&self, rank: usize) -> Option<(&ParamLayout, usize)> {
         self.placements.iter().find_map(|p| {
             let mesh = p.held.mesh();
-            (0..mesh.n_slots())
-                .find(|&s| mesh.device_of_slot(s) == rank)
+            let k = mesh.interleave_factor();
+            (0..k)
+                .filter_map(|j| {
+                    let virtual_rank = rank.checked_mul(k)?.checked_add(j)?;
+                    mesh.slot_of_rank(virtual_rank)
+                })
+                .min()
                 .map(|s| (p, s))
         })
     }
@@ -721,5 +729,34 @@ mod tests {
         assert_eq!(split_stage_prefix("layer-1.w"), None);
         assert_eq!(split_stage_prefix("-x"), None);
         assert_eq!(split_stage_prefix("3-"), None);
+    }
+
+    #[test]
+    fn placement_of_rank_finds_the_first_slot_of_each_device() {
+        let meshes = [
+            layout::Mesh::new(&[2, 4], &["a", "b"], None).unwrap(),
+            layout::Mesh::new(&[2, 2], &["a", "b"], Some(vec![7, 3, 5, 1])).unwrap(),
+            layout::Mesh::new(&[2, 2], &["a", layout::INTERLEAVED_ALIAS], None).unwrap(),
+        ];
+        for mesh in meshes {
+            let mp = layout::Layout::from_mesh(mesh.clone(), vec![Vec::new(); 1])
+                .unwrap()
+                .bind(&[4])
+                .unwrap();
+            let param = ResolvedParam {
+                name: "w".into(),
+                shape: vec![4],
+                dtype: None,
+                placements: vec![ParamLayout::new(0, mp, 1).unwrap()],
+            };
+            for rank in 0..10 {
+                let brute = (0..mesh.n_slots()).find(|&s| mesh.device_of_slot(s) == rank);
+                assert_eq!(
+                    param.placement_of_rank(rank).map(|(_, s)| s),
+                    brute,
+                    "rank {rank}"
+                );
+            }
+        }
     }
 }
