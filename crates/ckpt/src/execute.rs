@@ -133,6 +133,11 @@ pub(crate) fn write_items(
         }
     })?;
     stats.path = file.dest().to_path_buf();
+    commit_file(file, stats, opts)
+}
+
+/// Hands a finished file to the committer (or commits it now) and reports it done.
+fn commit_file(file: AtomicFile, stats: FileStats, opts: &WriteOptions<'_>) -> Result<FileStats> {
     match opts.committer {
         Some(c) => c.submit(file)?,
         None => {
@@ -170,14 +175,7 @@ fn write_safetensors(
         data_bytes: data_bytes(items),
         path,
     };
-    match opts.committer {
-        Some(c) => c.submit(out)?,
-        None => {
-            out.commit()?;
-        }
-    }
-    opts.progress.file_done(&stats.path);
-    Ok(stats)
+    commit_file(out, stats, opts)
 }
 
 /// The assembling side of the writer thread: hands out buffers and takes them back filled.
