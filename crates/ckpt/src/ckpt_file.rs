@@ -407,18 +407,9 @@ impl CheckpointFile {
         if ndim == 0 {
             return self.read_bytes(t, 0, &mut dst[..elem as usize]);
         }
-        // Merge trailing dims that both sides hold whole into one run.
-        let extent = &region.shape;
-        let mut run_dims = 1;
-        let mut run = extent[ndim - 1] as u64;
-        while run_dims < ndim {
-            let d = ndim - run_dims;
-            if extent[d] != src_shape[d] || extent[d] != dst_shape[d] {
-                break;
-            }
-            run *= extent[d - 1] as u64;
-            run_dims += 1;
-        }
+        // Trailing dims that both sides hold whole make one run.
+        let (_, run) = crate::box_runs::contiguous_run(&region.shape, src_shape, dst_shape);
+        let run = run as u64;
         let src_strides = layout::row_major_strides(src_shape);
         let row_elems = src_strides[0] as u64; // elements per index of dim 0
         let needed = region.n_elements() as u64 * elem;
@@ -473,40 +464,21 @@ impl CheckpointFile {
             return Ok(());
         }
         // One pread per contiguous run, straight into the destination.
-        let dst_strides = layout::row_major_strides(dst_shape);
-        let outer = ndim - run_dims;
-        let mut counter = vec![0usize; outer];
-        let run_bytes = (run * elem) as usize;
-        loop {
-            let src_elem: usize = (0..ndim)
-                .map(|d| {
-                    (region.offset[d] + if d < outer { counter[d] } else { 0 }) * src_strides[d]
-                })
-                .sum();
-            let dst_elem: usize = (0..ndim)
-                .map(|d| (dst_offset[d] + if d < outer { counter[d] } else { 0 }) * dst_strides[d])
-                .sum();
-            let at = dst_elem * elem as usize;
-            self.read_bytes(t, src_elem as u64 * elem, &mut dst[at..at + run_bytes])?;
-            let mut d = outer;
-            loop {
-                if d == 0 {
-                    return Ok(());
-                }
-                d -= 1;
-                counter[d] += 1;
-                if counter[d] < extent[d] {
-                    break;
-                }
-                counter[d] = 0;
-            }
-        }
+        let e = elem as usize;
+        crate::box_runs::for_each_run(
+            src_shape,
+            &region.offset,
+            dst_shape,
+            dst_offset,
+            &region.shape,
+            |src, dst_at, n| {
+                self.read_bytes(t, (src * e) as u64, &mut dst[dst_at * e..(dst_at + n) * e])
+            },
+        )
     }
 }
 
 impl CheckpointFile {
-    /// Maps `bytes` bytes of `t`'s data from logical offset `logical`, when they lie in one
-    /// extent and the file still has its indexed length (`None`: read them instead).
     /// A read-only mapping of `bytes` bytes of `t`'s data from byte `logical`, when they lie in
     /// one extent and the kernel agrees.
     pub(crate) fn map_range_of(

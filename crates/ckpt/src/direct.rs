@@ -245,50 +245,24 @@ fn emit_runs(
     elem: usize,
     out: &mut Vec<Run>,
 ) {
-    let ndim = extent.len();
-    // Merge trailing dims that both sides hold whole into one run.
-    let mut run_dims = 1;
-    let mut run = extent[ndim - 1];
-    while run_dims < ndim {
-        let d = ndim - run_dims;
-        if extent[d] != src_shape[d] || extent[d] != dst_shape[d] {
-            break;
-        }
-        run *= extent[d - 1];
-        run_dims += 1;
-    }
-    let src_strides = layout::row_major_strides(src_shape);
-    let dst_strides = layout::row_major_strides(dst_shape);
-    let outer = ndim - run_dims;
-    let mut counter = vec![0usize; outer];
-    loop {
-        let at = |off: &[usize], strides: &[usize]| -> usize {
-            (0..ndim)
-                .map(|d| (off[d] + if d < outer { counter[d] } else { 0 }) * strides[d])
-                .sum()
-        };
-        let s = at(src_off, &src_strides) * elem;
-        let d = at(dst_off, &dst_strides) * elem;
-        out.push(Run {
-            dst: d,
-            // SAFETY: `s + run * elem` lies inside the mapping `base` starts (the caller mapped
-            // every row of the box).
-            src: unsafe { base.add(s) },
-            len: run * elem,
-        });
-        let mut k = outer;
-        loop {
-            if k == 0 {
-                return;
-            }
-            k -= 1;
-            counter[k] += 1;
-            if counter[k] < extent[k] {
-                break;
-            }
-            counter[k] = 0;
-        }
-    }
+    crate::box_runs::for_each_run::<()>(
+        src_shape,
+        src_off,
+        dst_shape,
+        dst_off,
+        extent,
+        |s, d, n| {
+            out.push(Run {
+                dst: d * elem,
+                // SAFETY: the run lies inside the mapping `base` starts (the caller mapped every
+                // row of the box).
+                src: unsafe { base.add(s * elem) },
+                len: n * elem,
+            });
+            Ok(())
+        },
+    )
+    .expect("pushing runs cannot fail");
 }
 
 /// Joins runs that continue each other on both sides.

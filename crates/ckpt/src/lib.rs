@@ -186,6 +186,7 @@
 #![deny(missing_docs)]
 
 mod atomic_write;
+mod box_runs;
 mod ckpt_file;
 mod convert;
 mod dedup;
