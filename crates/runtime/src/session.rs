@@ -71,13 +71,16 @@ struct SavedState<'a> {
 fn encode_staging(staging: &Path, id: &str) -> Vec<u8> {
     let mut out = id.as_bytes().to_vec();
     out.push(b'\n');
-    out.extend_from_slice(staging.as_os_str().as_encoded_bytes());
+    out.extend_from_slice(std::os::unix::ffi::OsStrExt::as_bytes(staging.as_os_str()));
     out
 }
 
 fn decode_staging(bytes: &[u8]) -> Option<(PathBuf, String)> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let (id, path) = text.split_once('\n')?;
+    use std::os::unix::ffi::OsStrExt;
+    let cut = bytes.iter().position(|&b| b == b'\n')?;
+    let id = std::str::from_utf8(&bytes[..cut]).ok()?;
+    // The path may be any bytes (Unix paths need not be UTF-8).
+    let path = std::ffi::OsStr::from_bytes(&bytes[cut + 1..]);
     Some((PathBuf::from(path), id.to_string()))
 }
 
@@ -694,4 +697,23 @@ fn copy_params(from: &RankExecutor, to: &mut RankExecutor) -> Result<(), Runtime
             .copy_from_slice(from.param(i).as_bytes());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_paths_cross_ranks_whatever_their_bytes() {
+        use std::os::unix::ffi::OsStrExt;
+        let path = Path::new(std::ffi::OsStr::from_bytes(
+            b"/tmp/r\xffun/.x.tessera-staging-1",
+        ));
+        let bytes = encode_staging(path, "0123456789abcdef");
+        assert_eq!(
+            decode_staging(&bytes),
+            Some((path.to_path_buf(), "0123456789abcdef".to_string()))
+        );
+        assert_eq!(decode_staging(b""), None);
+    }
 }
