@@ -238,7 +238,7 @@ pub use crate::rank_dir::{rank_file_path, RankFiles};
 pub use crate::ranks::{minimal_rank_list, RankCover};
 pub use crate::save::{
     save_param_strategy_file, save_rank_checkpoint, save_rank_checkpoint_in_set, save_safetensors,
-    to_ms_strategy,
+    save_side_file, to_ms_strategy,
 };
 pub use crate::set::{
     abandon_pending_sets, audit_set, check_set, DestLock, SetAudit, SetFile, SetMarker, SetWriter,

@@ -195,3 +195,10 @@ pub fn to_ms_strategy(
         layout_items,
     })
 }
+
+/// Writes a small side file of a checkpoint (a model description, `model.json`) atomically:
+/// a reader sees the whole file or none. Refuses an existing `path` unless `force`; returns the
+/// path written.
+pub fn save_side_file(path: &Path, bytes: &[u8], force: bool) -> Result<PathBuf> {
+    crate::atomic_write::write_file(path, bytes, force)
+}

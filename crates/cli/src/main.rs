@@ -14,6 +14,7 @@ mod bench_collectives;
 mod bench_reshard;
 mod bench_train;
 mod ckpt_cmd;
+mod generate_cmd;
 mod grid;
 mod layout_cmd;
 mod parse;
@@ -36,6 +37,8 @@ enum Command {
     Layout(layout_cmd::LayoutArgs),
     /// Train a model from a TOML configuration on N ranks (threads, or MPI processes).
     Train(train_cmd::TrainArgs),
+    /// Sample text from a trained GPT (its checkpoint under any strategy).
+    Generate(generate_cmd::GenerateArgs),
     /// Plan moving a tensor from one layout to another (bytes per rank, lower bound, every step);
     /// `--run` executes it on local ranks and checks the result.
     Reshard(reshard_cmd::ReshardArgs),
@@ -65,6 +68,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Layout(args) => layout_cmd::run(&args),
         Command::Train(args) => train_cmd::run(&args),
+        Command::Generate(args) => generate_cmd::run(&args),
         Command::Reshard(args) => reshard_cmd::run(&args),
         Command::Bench(args) => bench_cmd::run(&args),
         Command::Ckpt(args) => ckpt_cmd::run(&args),

@@ -109,6 +109,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         if let Some(acc) = report.accuracies().last() {
             println!("test accuracy after the last epoch: {:.2}%", acc * 100.0);
         }
+        if let Some(loss) = report.eval_losses().last() {
+            println!("validation loss after the last epoch: {loss:.4}");
+        }
         if config.output().save_checkpoint {
             println!(
                 "checkpoints: {}/rank_<r>/checkpoint_<r>.safetensors; strategy: {}/strategy.json (Tessera) and strategy.ckpt (MindSpore)",

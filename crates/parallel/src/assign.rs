@@ -14,6 +14,7 @@ use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
 use crate::config::{DatasetStrategy, ParallelConfig, ParallelMode};
+use crate::patterns::resolve_op_patterns;
 use crate::error::ParallelError;
 use crate::rules::{infer, strategy, OpContext};
 
@@ -179,22 +180,17 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
             reason: "at least one device is needed".to_string(),
         });
     }
-    if config.mode == ParallelMode::SemiAuto {
-        for name in config.strategies.keys() {
-            if graph.node_by_name(name).is_none() {
-                let known: Vec<&str> = graph
-                    .nodes()
-                    .iter()
-                    .filter(|n| n.role == NodeRole::Forward)
-                    .map(|n| n.name.as_str())
-                    .collect();
-                return Err(ParallelError::UnknownOp {
-                    op: name.clone(),
-                    known: known.join(", "),
-                });
-            }
-        }
-    }
+    // Patterns and cell names in the strategy table become the op names they stand for.
+    let resolved;
+    let config = if config.mode == ParallelMode::SemiAuto {
+        resolved = ParallelConfig {
+            strategies: resolve_op_patterns(graph, &config.strategies)?,
+            ..config.clone()
+        };
+        &resolved
+    } else {
+        config
+    };
     let stage = strategy::device_mesh(devices);
     let mut leaves: Vec<Option<TensorLayout>> = vec![None; graph.values().len()];
     for (index, &v) in graph.inputs().iter().enumerate() {

@@ -25,6 +25,7 @@ mod compile;
 mod config;
 mod error;
 mod lower;
+mod patterns;
 mod rank_view;
 pub mod rules;
 
@@ -34,6 +35,7 @@ pub use crate::assign::{
 pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 pub use crate::error::{format_strategy, ParallelError};
+pub use crate::patterns::{glob_matches, resolve_op_patterns};
 pub use crate::lower::{
     describe_plan, lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput,
     ProgramOutput, ProgramParam, ReshardStep, Step,

@@ -60,8 +60,10 @@ pub struct EpochInfo {
     pub epoch: usize,
     /// The global step at the end of the epoch.
     pub global_step: u64,
-    /// Accuracy on the evaluation split, in [0, 1], when the loop evaluated.
+    /// Accuracy on the evaluation split, in [0, 1], when the loop evaluated a classifier.
     pub eval_accuracy: Option<f64>,
+    /// Mean loss on the validation split, when the loop evaluated a language model.
+    pub eval_loss: Option<f64>,
     /// Wall time of the epoch, in milliseconds.
     pub epoch_ms: f64,
 }
@@ -209,7 +211,7 @@ impl Callback for LossMonitor {
 /// JSON lines of training metrics, one object per line, flushed as each is written:
 /// per step `{"epoch": 1, "step": 3, "loss": 2.28, "ms": 1.9}` (`step` counts within the
 /// epoch, from 1) and per epoch `{"epoch": 1, "eval_accuracy": 0.93}` (`null` when the loop
-/// did not evaluate).
+/// did not evaluate), or for a language model `{"epoch": 1, "eval_loss": 2.31}`.
 pub struct MetricsLog {
     path: PathBuf,
     file: File,
@@ -255,10 +257,11 @@ impl Callback for MetricsLog {
     }
 
     fn on_epoch_end(&mut self, epoch: &EpochInfo) -> Result<(), RuntimeError> {
-        self.write_line(json!({
-            "epoch": epoch.epoch,
-            "eval_accuracy": epoch.eval_accuracy,
-        }))
+        let line = match epoch.eval_loss {
+            Some(loss) => json!({"epoch": epoch.epoch, "eval_loss": loss}),
+            None => json!({"epoch": epoch.epoch, "eval_accuracy": epoch.eval_accuracy}),
+        };
+        self.write_line(line)
     }
 }
 

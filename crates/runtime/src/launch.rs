@@ -58,6 +58,11 @@ impl TrainReport {
         self.ranks.first().map_or(&[], |r| r.accuracies.as_slice())
     }
 
+    /// The validation loss after every epoch (language models).
+    pub fn eval_losses(&self) -> &[f64] {
+        self.ranks.first().map_or(&[], |r| r.eval_losses.as_slice())
+    }
+
     /// Step times of the first rank, in milliseconds.
     pub fn step_ms(&self) -> &[f64] {
         self.ranks.first().map_or(&[], |r| r.step_ms.as_slice())

@@ -37,7 +37,9 @@ mod config;
 mod data;
 mod error;
 mod executor;
+mod generate;
 mod launch;
+mod lm;
 mod optimizer;
 mod preflight;
 mod session;
@@ -64,5 +66,7 @@ pub use crate::optimizer::{
     ParamSpec,
 };
 pub use crate::preflight::check_before_start;
-pub use crate::session::{ParamShard, RankOutcome, Session, GLOBAL_STEP};
+pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
+pub use crate::lm::TextData;
+pub use crate::session::{ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP};
 pub use crate::trainer::Trainer;

@@ -13,10 +13,12 @@ use parallel::{compile_forward, compile_training, Program};
 use tensor::Tensor;
 
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
-use crate::config::TrainConfig;
+use crate::config::{ModelName, TrainConfig};
 use crate::data::{BatchPlan, IdxDataset};
 use crate::error::RuntimeError;
 use crate::executor::RankExecutor;
+use crate::generate::MODEL_FILE;
+use crate::lm::{gpt_parallel_config, TextData};
 use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
 
 /// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
@@ -35,13 +37,45 @@ pub struct Session {
     pub train: Arc<Program>,
     /// The evaluation program (forward, the logits replicated).
     pub eval: Arc<Program>,
-    /// The training split.
-    pub train_data: Arc<IdxDataset>,
-    /// The test split.
-    pub test_data: Arc<IdxDataset>,
+    /// What it trains and evaluates on.
+    pub data: TrainData,
     /// The checkpoint set this process writes (rank 0's process only), opened by
     /// [`Session::open_checkpoint_set`] before the ranks start.
     checkpoint_set: std::sync::Mutex<Option<ckpt::SetWriter>>,
+}
+
+/// What a session trains on.
+#[derive(Debug, Clone)]
+pub enum TrainData {
+    /// Images and labels (the seed MLP): the training and test splits.
+    Images {
+        /// The training split.
+        train: Arc<IdxDataset>,
+        /// The test split.
+        test: Arc<IdxDataset>,
+    },
+    /// Text (the GPT).
+    Text(Arc<TextData>),
+}
+
+/// The batches of one epoch.
+enum EpochPlan {
+    /// A shuffled pass over the images.
+    Images(BatchPlan),
+    /// `steps` batches of random windows.
+    Text {
+        /// Steps in the epoch.
+        steps: u64,
+    },
+}
+
+impl EpochPlan {
+    fn len(&self) -> u64 {
+        match self {
+            EpochPlan::Images(plan) => plan.len() as u64,
+            EpochPlan::Text { steps } => *steps,
+        }
+    }
 }
 
 /// What one rank ends a run with.
@@ -49,8 +83,10 @@ pub struct Session {
 pub struct RankOutcome {
     /// The loss of every step run, in order (every rank sees the same value).
     pub losses: Vec<f32>,
-    /// The test accuracy after every epoch (when evaluated).
+    /// The test accuracy after every epoch (when evaluated; images).
     pub accuracies: Vec<f64>,
+    /// The validation loss after every epoch (when evaluated; text).
+    pub eval_losses: Vec<f64>,
     /// Wall time of each step in milliseconds.
     pub step_ms: Vec<f64>,
     /// This rank's shard of every parameter at the end.
@@ -132,8 +168,11 @@ fn check_batch_fits(config: &TrainConfig, train_data: &IdxDataset) -> Result<(),
 
 impl Session {
     /// Builds the configured built-in model and its programs for `config`, reading the data's
-    /// headers.
+    /// headers (for text, the whole text; token files are indexed).
     pub fn new(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        if config.model().name == ModelName::Gpt {
+            return Session::new_gpt(config);
+        }
         let data = config.data();
         let (train_data, test_data) =
             IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
@@ -180,15 +219,104 @@ impl Session {
         let parallel = parallel_config(config, &model)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
-        Ok(Session {
+        let data = TrainData::Images {
+            train: Arc::new(train_data),
+            test: Arc::new(test_data),
+        };
+        Ok(Session::assemble(config, model, train, eval, data))
+    }
+
+    /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
+    fn new_gpt(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        let keys = config.data().text.as_ref().ok_or_else(|| RuntimeError::Config {
+            key: "data.format".to_string(),
+            reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\"".to_string(),
+        })?;
+        let text = TextData::open(config, keys)?;
+        let gpt = text.gpt_config(config)?;
+        let model = models::gpt(&gpt, tensor::DType::F32).map_err(|e| match e {
+            models::ModelsError::Config { key, reason } => RuntimeError::Config { key, reason },
+            models::ModelsError::Graph(g) => RuntimeError::Graph(g),
+        })?;
+        let parallel = parallel_config(config, &model)?;
+        let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
+        let train = compile_training(&model.graph, model.loss, &parallel)?;
+        let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;
+        let data = TrainData::Text(Arc::new(text));
+        Ok(Session::assemble(config, model, train, eval, data))
+    }
+
+    fn assemble(
+        config: &TrainConfig,
+        model: Model,
+        train: Program,
+        eval: Program,
+        data: TrainData,
+    ) -> Session {
+        Session {
             config: config.clone(),
             model,
             train: Arc::new(train),
             eval: Arc::new(eval),
-            train_data: Arc::new(train_data),
-            test_data: Arc::new(test_data),
+            data,
             checkpoint_set: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Steps in every epoch.
+    fn batches_per_epoch(&self) -> u64 {
+        match &self.data {
+            TrainData::Images { train, .. } => {
+                (train.len() / self.config.data().batch_size).max(1) as u64
+            }
+            TrainData::Text(text) => text.steps_per_epoch,
+        }
+    }
+
+    /// The batches of `epoch`.
+    fn epoch_plan(&self, epoch: usize) -> Result<EpochPlan, RuntimeError> {
+        Ok(match &self.data {
+            TrainData::Images { train, .. } => EpochPlan::Images(BatchPlan::train(
+                train.len(),
+                self.config.data().batch_size,
+                self.config.data().shuffle,
+                self.config.train().seed,
+                epoch as u64,
+            )?),
+            TrainData::Text(text) => EpochPlan::Text {
+                steps: text.steps_per_epoch,
+            },
         })
+    }
+
+    /// Feeds batch `index` of `plan` (of `epoch`) into `exec`.
+    fn feed_step(
+        &self,
+        exec: &mut RankExecutor,
+        plan: &EpochPlan,
+        epoch: usize,
+        index: u64,
+    ) -> Result<(), RuntimeError> {
+        match (&self.data, plan) {
+            (TrainData::Images { train, .. }, EpochPlan::Images(plan)) => {
+                let batch = plan.batch(index as usize).ok_or_else(|| RuntimeError::Mismatch {
+                    what: format!("batch {index} of epoch {epoch}"),
+                    expected: format!("below {}", plan.len()),
+                    got: index.to_string(),
+                })?;
+                self.feed(exec, train, &batch)
+            }
+            (TrainData::Text(text), _) => {
+                let seed = self.config.train().seed;
+                let starts = text.train_starts(seed, epoch as u64, index)?;
+                text.feed(exec, &self.model, &text.corpus.train, &starts)
+            }
+            (TrainData::Images { .. }, EpochPlan::Text { .. }) => Err(RuntimeError::Mismatch {
+                what: "the epoch's batches".to_string(),
+                expected: "image batches".to_string(),
+                got: "text steps".to_string(),
+            }),
+        }
     }
 
     /// Number of devices the programs run on.
@@ -357,32 +485,25 @@ impl Session {
             global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
         }
         let cfg = self.config.train();
-        let batch_size = self.config.data().batch_size;
         let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
         let mut outcome = RankOutcome::default();
         let mut epochs_run = 0;
-        let batches_per_epoch = (self.train_data.len() / batch_size).max(1) as u64;
+        let batches_per_epoch = self.batches_per_epoch();
         let first_epoch = (global_step / batches_per_epoch) as usize + 1;
         for epoch in first_epoch..=cfg.epochs {
             let epoch_start = Instant::now();
             epochs_run = epoch;
-            let plan = BatchPlan::train(
-                self.train_data.len(),
-                batch_size,
-                self.config.data().shuffle,
-                cfg.seed,
-                epoch as u64,
-            )?;
-            for batch in plan.iter() {
+            let plan = self.epoch_plan(epoch)?;
+            for index in 0..plan.len() {
                 // A resumed run skips the batches its checkpoint already trained on.
-                if (epoch as u64 - 1) * batches_per_epoch + (batch.index as u64) < global_step {
+                if (epoch as u64 - 1) * batches_per_epoch + index < global_step {
                     continue;
                 }
                 if global_step >= max_steps {
                     break;
                 }
                 let start = Instant::now();
-                self.feed(&mut exec, &self.train_data, &batch)?;
+                self.feed_step(&mut exec, &plan, epoch, index)?;
                 exec.set_step(global_step);
                 exec.run()?;
                 optimizer.begin_step();
@@ -413,25 +534,27 @@ impl Session {
                 callbacks.on_step_end(&StepInfo {
                     rank,
                     epoch,
-                    step_in_epoch: batch.index + 1,
+                    step_in_epoch: index as usize + 1,
                     global_step,
                     loss,
                     step_ms,
                     shards: &shards,
                 })?;
             }
-            let eval_accuracy = if cfg.eval {
+            let (eval_accuracy, eval_loss) = if cfg.eval {
                 copy_params(&exec, &mut eval)?;
-                Some(self.evaluate(&mut eval)?)
+                self.evaluate(&mut eval)?
             } else {
-                None
+                (None, None)
             };
             outcome.accuracies.extend(eval_accuracy);
+            outcome.eval_losses.extend(eval_loss);
             callbacks.on_epoch_end(&EpochInfo {
                 rank,
                 epoch,
                 global_step,
                 eval_accuracy,
+                eval_loss,
                 epoch_ms: epoch_start.elapsed().as_secs_f64() * 1e3,
             })?;
             // `max_steps` cuts the run short after evaluating the epoch it ends in.
@@ -545,6 +668,18 @@ impl Session {
         ckpt::save_rank_checkpoint_in_set(staging, set_id, rank, &pairs)?;
         if rank == 0 {
             self.save_strategy_files(staging)?;
+            if let TrainData::Text(text) = &self.data {
+                let saved = text.saved_model(&self.config)?;
+                let mut bytes = serde_json::to_vec_pretty(&saved.to_json()).map_err(|e| {
+                    RuntimeError::Mismatch {
+                        what: "the model description".to_string(),
+                        expected: "JSON".to_string(),
+                        got: e.to_string(),
+                    }
+                })?;
+                bytes.push(b'\n');
+                ckpt::save_side_file(&staging.join(MODEL_FILE), &bytes, true)?;
+            }
         }
         Ok(())
     }
@@ -603,16 +738,31 @@ impl Session {
         Ok(step)
     }
 
+    /// The evaluation after an epoch: the test accuracy (images) or the validation loss
+    /// (text).
+    fn evaluate(
+        &self,
+        eval: &mut RankExecutor,
+    ) -> Result<(Option<f64>, Option<f64>), RuntimeError> {
+        match &self.data {
+            TrainData::Images { test, .. } => Ok((Some(self.accuracy(eval, test)?), None)),
+            TrainData::Text(text) => {
+                let seed = self.config.train().seed;
+                Ok((None, text.validation_loss(eval, &self.model, seed)?))
+            }
+        }
+    }
+
     /// Test accuracy: every test sample once, the last batch padded and its padding ignored.
-    fn evaluate(&self, eval: &mut RankExecutor) -> Result<f64, RuntimeError> {
-        let plan = BatchPlan::eval(self.test_data.len(), self.config.data().batch_size)?;
+    fn accuracy(&self, eval: &mut RankExecutor, test: &IdxDataset) -> Result<f64, RuntimeError> {
+        let plan = BatchPlan::eval(test.len(), self.config.data().batch_size)?;
         let mut correct = 0usize;
         for batch in plan.iter() {
-            self.feed(eval, &self.test_data, &batch)?;
+            self.feed(eval, test, &batch)?;
             eval.run()?;
             let logits = eval.output(0).to_f64_vec();
             let classes = logits.len() / batch.indices.len();
-            let labels = self.test_data.labels();
+            let labels = test.labels();
             for row in (0..batch.indices.len()).filter(|&r| batch.is_real(r)) {
                 let scores = &logits[row * classes..(row + 1) * classes];
                 let best = scores

@@ -129,6 +129,7 @@ impl Trainer {
                 name: ModelName::Custom,
                 hidden: 0,
                 classes: self.classes,
+                gpt: None,
             },
             DataConfig {
                 format: DataFormat::Idx,
@@ -137,6 +138,7 @@ impl Trainer {
                 shuffle: self.shuffle,
                 pixel_max: None,
                 normalize: Normalize::Standardize,
+                text: None,
             },
             self.parallel.clone(),
             self.optimizer,

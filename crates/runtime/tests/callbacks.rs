@@ -97,6 +97,7 @@ fn metrics_log_writes_flushed_json_lines_and_truncates_on_create() {
         epoch: 1,
         global_step: 2,
         eval_accuracy,
+        eval_loss: None,
         epoch_ms: 10.0,
     };
     log.on_epoch_end(&epoch(Some(0.875))).unwrap();
@@ -114,6 +115,16 @@ fn metrics_log_writes_flushed_json_lines_and_truncates_on_create() {
     assert_eq!(
         lines[3],
         serde_json::json!({"epoch": 1, "eval_accuracy": null})
+    );
+    // A language model's evaluation reports its validation loss instead.
+    log.on_epoch_end(&EpochInfo {
+        eval_loss: Some(2.5),
+        ..epoch(None)
+    })
+    .unwrap();
+    assert_eq!(
+        read_lines(&path)[4],
+        serde_json::json!({"epoch": 1, "eval_loss": 2.5})
     );
     drop(log);
     let _again = MetricsLog::create(&path).unwrap();
@@ -261,6 +272,7 @@ fn a_callback_list_calls_in_order_and_stops_at_the_first_error() {
         epoch: 1,
         global_step: 1,
         eval_accuracy: None,
+        eval_loss: None,
         epoch_ms: 1.0,
     };
     assert!(list.on_epoch_end(&epoch).is_err());

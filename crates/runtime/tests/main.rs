@@ -4,6 +4,7 @@ mod batch_plan;
 mod callbacks;
 mod config;
 mod equivalence;
+mod gpt;
 mod idx_data;
 mod optimizer;
 mod reproducibility;

@@ -104,7 +104,7 @@ fn token_files_are_read_by_window_and_checked() {
     let ids: Vec<u16> = (0..100).map(|i| (i * 7 % 50) as u16).collect();
     let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
     let path = write(dir.path(), "t.bin", &bytes);
-    let c = TokenCorpus::open_tokens(&path, TokenDtype::U16, 50, 0.1).unwrap();
+    let c = TokenCorpus::open_tokens(&path, TokenDtype::U16, Some(50), 0.1).unwrap();
     assert_eq!((c.train.len(), c.val.len()), (90, 10));
     let (inputs, targets) = c.train.read_rows(&[5], 4).unwrap();
     let want: Vec<u32> = ids[5..10].iter().map(|&x| u32::from(x)).collect();
@@ -119,15 +119,18 @@ fn token_files_are_read_by_window_and_checked() {
             .collect::<Vec<_>>()
     );
     // Ids beyond the vocabulary, odd lengths and impossible vocabularies are errors.
-    let small = TokenCorpus::open_tokens(&path, TokenDtype::U16, 10, 0.1).unwrap();
+    let small = TokenCorpus::open_tokens(&path, TokenDtype::U16, Some(10), 0.1).unwrap();
     let err = small.train.read_rows(&[0], 20).unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     let odd = write(dir.path(), "odd.bin", &[1, 2, 3]);
-    let err = TokenCorpus::open_tokens(&odd, TokenDtype::U16, 10, 0.1).unwrap_err();
+    let err = TokenCorpus::open_tokens(&odd, TokenDtype::U16, Some(10), 0.1).unwrap_err();
     assert!(err.to_string().contains("odd.bin"), "{err}");
-    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U16, 70_000, 0.1).is_err());
-    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U32, 10, 1.0).is_err());
+    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U16, Some(70_000), 0.1).is_err());
+    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U32, Some(10), 1.0).is_err());
     assert!(c.train.read_rows(&[88], 4).is_err());
+    // Without a vocabulary size, the scan finds one more than the largest id (49 here).
+    let scanned = TokenCorpus::open_tokens(&path, TokenDtype::U16, None, 0.1).unwrap();
+    assert_eq!(scanned.train.vocab_size(), 50);
 }
 
 #[test]

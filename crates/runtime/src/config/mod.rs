@@ -43,6 +43,8 @@ use self::values::{config_error, describe, one_of};
 pub enum ModelName {
     /// `graph::models::seed_mlp`.
     SeedMlp,
+    /// `models::gpt`, a decoder-only transformer trained on text.
+    Gpt,
     /// A network built in code and given to [`crate::Trainer`] (not available in files).
     Custom,
 }
@@ -52,20 +54,65 @@ impl ModelName {
     pub fn name(self) -> &'static str {
         match self {
             ModelName::SeedMlp => "seed_mlp",
+            ModelName::Gpt => "gpt",
             ModelName::Custom => "custom",
         }
     }
 }
 
 /// `[model]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     /// The model.
     pub name: ModelName,
-    /// Width of the hidden layers.
+    /// Width of the hidden layers (the GPT's residual stream).
     pub hidden: usize,
-    /// Number of classes (labels must be below it).
+    /// Number of classes (labels must be below it); 0 for the GPT, whose classes are the
+    /// vocabulary.
     pub classes: usize,
+    /// The GPT's keys, when `name = "gpt"`.
+    pub gpt: Option<GptKeys>,
+}
+
+/// `[model]`'s keys of the GPT (`hidden` is [`ModelConfig::hidden`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptKeys {
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Width of the MLP's hidden layer (default `4·hidden`).
+    pub ffn_hidden: usize,
+    /// Dropout probability.
+    pub dropout: f64,
+    /// The LM head shares the embedding table.
+    pub tie_embeddings: bool,
+}
+
+/// `[parallel]`'s MindFormers keys, which set the GPT's op strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GptParallelKeys {
+    /// `parallel.data_parallel` (default: the devices over `model_parallel`).
+    pub data_parallel: Option<usize>,
+    /// `parallel.model_parallel` (default 1).
+    pub model_parallel: usize,
+    /// `parallel.vocab_emb_dp` (default true).
+    pub vocab_emb_dp: bool,
+    /// `parallel.use_seq_parallel` (default false).
+    pub use_seq_parallel: bool,
+}
+
+impl Default for GptParallelKeys {
+    fn default() -> Self {
+        GptParallelKeys {
+            data_parallel: None,
+            model_parallel: 1,
+            vocab_emb_dp: true,
+            use_seq_parallel: false,
+        }
+    }
 }
 
 /// The data formats.
@@ -73,6 +120,10 @@ pub struct ModelConfig {
 pub enum DataFormat {
     /// MNIST's IDX files ([`crate::IdxDataset`]).
     Idx,
+    /// A UTF-8 text file, plain or gzip ([`crate::TokenCorpus::open_text`]).
+    Text,
+    /// A flat binary file of token ids ([`crate::TokenCorpus::open_tokens`]).
+    Tokens,
 }
 
 impl DataFormat {
@@ -80,8 +131,29 @@ impl DataFormat {
     pub fn name(self) -> &'static str {
         match self {
             DataFormat::Idx => "idx",
+            DataFormat::Text => "text",
+            DataFormat::Tokens => "tokens",
         }
     }
+}
+
+/// `[data]`'s keys of the text formats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextDataKeys {
+    /// The text or token file (resolved).
+    pub path: PathBuf,
+    /// `data.tokenizer = "char"`: tokens are the file's distinct characters (else bytes).
+    pub char_tokens: bool,
+    /// The held-out fraction of the tokens (the end of the stream).
+    pub val_fraction: f64,
+    /// Width of a token id in a token file.
+    pub dtype: crate::data::TokenDtype,
+    /// The vocabulary of a token file (default: one more than its largest id).
+    pub vocab_size: Option<usize>,
+    /// Steps per epoch.
+    pub steps_per_epoch: u64,
+    /// Validation batches per evaluation.
+    pub eval_batches: u64,
 }
 
 /// `[data]`.
@@ -99,6 +171,8 @@ pub struct DataConfig {
     pub pixel_max: Option<f32>,
     /// Whether scaled pixels are then standardised with the training split's statistics.
     pub normalize: Normalize,
+    /// The text formats' keys (`format = "text"` or `"tokens"`).
+    pub text: Option<TextDataKeys>,
 }
 
 /// `[train]`, except the optimizer ([`TrainConfig::optimizer_config`]).
@@ -148,6 +222,7 @@ pub struct TrainConfig {
     data: DataConfig,
     parallel: ParallelConfig,
     strategy_file: Option<PathBuf>,
+    gpt_parallel: GptParallelKeys,
     optimizer: OptimizerConfig,
     train: TrainLoopConfig,
     output: OutputConfig,
@@ -232,6 +307,7 @@ impl TrainConfig {
             data,
             parallel,
             strategy_file: None,
+            gpt_parallel: GptParallelKeys::default(),
             optimizer,
             train,
             output,
@@ -288,6 +364,11 @@ impl TrainConfig {
     /// MindSpore's `load_param_strategy_file`.
     pub fn strategy_file(&self) -> Option<&Path> {
         self.strategy_file.as_deref()
+    }
+
+    /// `[parallel]`'s MindFormers keys (the GPT's strategies).
+    pub fn gpt_parallel(&self) -> GptParallelKeys {
+        self.gpt_parallel
     }
 
     /// The optimizer of `[train]`.

@@ -11,15 +11,35 @@ use super::values::{
     read_float, read_positive, read_strategy, wrong_type, Section,
 };
 use super::{
-    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
+    DataConfig, DataFormat, GptKeys, GptParallelKeys, ModelConfig, ModelName, OutputConfig,
+    TextDataKeys, TrainConfig, TrainLoopConfig,
 };
-use crate::data::Normalize;
+use crate::data::{Normalize, TokenDtype};
 use crate::error::RuntimeError;
 use crate::optimizer::{OptimizerConfig, OptimizerKind};
 
 /// The sections of a config file, in file order.
 pub(super) const SECTIONS: &[&str] = &["model", "data", "parallel", "train", "output"];
-pub(super) const MODEL_KEYS: &[&str] = &["name", "hidden", "classes"];
+pub(super) const MODEL_KEYS: &[&str] = &[
+    "name",
+    "hidden",
+    "classes",
+    "layers",
+    "heads",
+    "seq_len",
+    "ffn_hidden",
+    "dropout",
+    "tie_embeddings",
+];
+/// The keys only the GPT reads.
+const GPT_MODEL_KEYS: &[&str] = &[
+    "layers",
+    "heads",
+    "seq_len",
+    "ffn_hidden",
+    "dropout",
+    "tie_embeddings",
+];
 pub(super) const DATA_KEYS: &[&str] = &[
     "format",
     "dir",
@@ -27,7 +47,26 @@ pub(super) const DATA_KEYS: &[&str] = &[
     "shuffle",
     "pixel_max",
     "normalize",
+    "path",
+    "tokenizer",
+    "val_fraction",
+    "dtype",
+    "vocab_size",
+    "steps_per_epoch",
+    "eval_batches",
 ];
+/// The keys only the text formats read.
+const TEXT_DATA_KEYS: &[&str] = &[
+    "path",
+    "tokenizer",
+    "val_fraction",
+    "dtype",
+    "vocab_size",
+    "steps_per_epoch",
+    "eval_batches",
+];
+/// The keys only the image format reads.
+const IDX_DATA_KEYS: &[&str] = &["dir", "pixel_max", "normalize"];
 pub(super) const PARALLEL_KEYS: &[&str] = &[
     "devices",
     "mode",
@@ -37,6 +76,17 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "shard",
     "out_shard",
     "strategy_file",
+    "data_parallel",
+    "model_parallel",
+    "vocab_emb_dp",
+    "use_seq_parallel",
+];
+/// `[parallel]`'s MindFormers keys, read only for the GPT.
+const GPT_PARALLEL_KEYS: &[&str] = &[
+    "data_parallel",
+    "model_parallel",
+    "vocab_emb_dp",
+    "use_seq_parallel",
 ];
 pub(super) const TRAIN_KEYS: &[&str] = &[
     "epochs",
@@ -84,13 +134,19 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         ));
     }
     let mut warnings = Vec::new();
-    let model = read_model(take_section(&mut root, "model", MODEL_KEYS, true)?)?;
-    let data = read_data(take_section(&mut root, "data", DATA_KEYS, true)?, base)?;
-    let (parallel, strategy_file) = read_parallel(
-        take_section(&mut root, "parallel", PARALLEL_KEYS, false)?,
+    let model = read_model(
+        take_section(&mut root, "model", MODEL_KEYS, true)?,
+        &mut warnings,
+    )?;
+    let data = read_data(
+        take_section(&mut root, "data", DATA_KEYS, true)?,
         base,
         &mut warnings,
     )?;
+    check_model_data(&model, &data)?;
+    let mut parallel_section = take_section(&mut root, "parallel", PARALLEL_KEYS, false)?;
+    let gpt_parallel = read_gpt_parallel(&mut parallel_section, model.name, &mut warnings)?;
+    let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
@@ -101,6 +157,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         data,
         parallel,
         strategy_file,
+        gpt_parallel,
         optimizer,
         train,
         output,
@@ -108,25 +165,139 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     })
 }
 
-fn read_model(mut s: Section) -> Result<ModelConfig, RuntimeError> {
+/// Records a warning for every key of `keys` present in `s`, which has no effect because
+/// `why`; the keys are removed.
+fn discard_unused(s: &mut Section, section: &str, keys: &[&str], why: &str, warnings: &mut Vec<String>) {
+    for key in keys {
+        if s.discard(key) {
+            warnings.push(format!("{section}.{key} has no effect {why}"));
+        }
+    }
+}
+
+fn read_model(mut s: Section, warnings: &mut Vec<String>) -> Result<ModelConfig, RuntimeError> {
     let name = s.or("name", ModelName::SeedMlp, |key, v| {
-        read_enum(key, v, &["seed_mlp"], |t| {
-            (t == "seed_mlp").then_some(ModelName::SeedMlp)
+        read_enum(key, v, &["seed_mlp", "gpt"], |t| match t {
+            "seed_mlp" => Some(ModelName::SeedMlp),
+            "gpt" => Some(ModelName::Gpt),
+            _ => None,
         })
     })?;
+    let hidden = s.require("hidden", read_positive)?;
+    if name != ModelName::Gpt {
+        discard_unused(&mut s, "model", GPT_MODEL_KEYS, "unless model.name = \"gpt\"", warnings);
+        return Ok(ModelConfig {
+            name,
+            hidden,
+            classes: s.require("classes", read_positive)?,
+            gpt: None,
+        });
+    }
+    discard_unused(
+        &mut s,
+        "model",
+        &["classes"],
+        "for the GPT (its classes are the vocabulary, from the data)",
+        warnings,
+    );
+    let dropout = s.or("dropout", 0.0, read_float)?;
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(config_error(
+            "model.dropout",
+            format!("{dropout} is out of range: it must be at least 0 and below 1"),
+        ));
+    }
+    let gpt = GptKeys {
+        layers: s.require("layers", read_positive)?,
+        heads: s.require("heads", read_positive)?,
+        seq_len: s.require("seq_len", read_positive)?,
+        ffn_hidden: s.or("ffn_hidden", 4 * hidden, read_positive)?,
+        dropout,
+        tie_embeddings: s.or("tie_embeddings", true, read_bool)?,
+    };
+    if hidden % gpt.heads != 0 {
+        return Err(config_error(
+            "model.heads",
+            format!("{} heads do not divide model.hidden = {hidden}", gpt.heads),
+        ));
+    }
     Ok(ModelConfig {
         name,
-        hidden: s.require("hidden", read_positive)?,
-        classes: s.require("classes", read_positive)?,
+        hidden,
+        classes: 0,
+        gpt: Some(gpt),
     })
 }
 
-fn read_data(mut s: Section, base: &Path) -> Result<DataConfig, RuntimeError> {
+/// The GPT trains on the text formats, the MLP on images.
+fn check_model_data(model: &ModelConfig, data: &DataConfig) -> Result<(), RuntimeError> {
+    let text = data.text.is_some();
+    match (model.name, text) {
+        (ModelName::Gpt, false) => Err(config_error(
+            "data.format",
+            format!(
+                "the GPT trains on text: set data.format = \"text\" or \"tokens\" (got \"{}\")",
+                data.format.name()
+            ),
+        )),
+        (ModelName::SeedMlp, true) => Err(config_error(
+            "data.format",
+            format!(
+                "\"{}\" data needs model.name = \"gpt\" (the seed MLP classifies images)",
+                data.format.name()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `[parallel]`'s MindFormers keys; they set the GPT's strategies and mean nothing to other
+/// models.
+fn read_gpt_parallel(
+    s: &mut Section,
+    model: ModelName,
+    warnings: &mut Vec<String>,
+) -> Result<GptParallelKeys, RuntimeError> {
+    if model != ModelName::Gpt {
+        discard_unused(s, "parallel", GPT_PARALLEL_KEYS, "unless model.name = \"gpt\"", warnings);
+        return Ok(GptParallelKeys::default());
+    }
+    Ok(GptParallelKeys {
+        data_parallel: s.get("data_parallel", read_positive)?,
+        model_parallel: s.or("model_parallel", 1, read_positive)?,
+        vocab_emb_dp: s.or("vocab_emb_dp", true, read_bool)?,
+        use_seq_parallel: s.or("use_seq_parallel", false, read_bool)?,
+    })
+}
+
+fn read_data(
+    mut s: Section,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<DataConfig, RuntimeError> {
     let format = s.or("format", DataFormat::Idx, |key, v| {
-        read_enum(key, v, &["idx"], |t| {
-            (t == "idx").then_some(DataFormat::Idx)
+        read_enum(key, v, &["idx", "text", "tokens"], |t| match t {
+            "idx" => Some(DataFormat::Idx),
+            "text" => Some(DataFormat::Text),
+            "tokens" => Some(DataFormat::Tokens),
+            _ => None,
         })
     })?;
+    if format != DataFormat::Idx {
+        let why = format!("with data.format = \"{}\"", format.name());
+        discard_unused(&mut s, "data", IDX_DATA_KEYS, &why, warnings);
+        let text = read_text_keys(&mut s, format, base, warnings)?;
+        return Ok(DataConfig {
+            format,
+            dir: PathBuf::new(),
+            batch_size: s.require("batch_size", read_positive)?,
+            shuffle: s.or("shuffle", true, read_bool)?,
+            pixel_max: None,
+            normalize: Normalize::Standardize,
+            text: Some(text),
+        });
+    }
+    discard_unused(&mut s, "data", TEXT_DATA_KEYS, "with data.format = \"idx\"", warnings);
     let dir = s.require("dir", path_reader(base))?;
     let batch_size = s.require("batch_size", read_positive)?;
     let shuffle = s.or("shuffle", true, read_bool)?;
@@ -151,6 +322,60 @@ fn read_data(mut s: Section, base: &Path) -> Result<DataConfig, RuntimeError> {
         shuffle,
         pixel_max,
         normalize,
+        text: None,
+    })
+}
+
+/// The text formats' keys of `[data]`.
+fn read_text_keys(
+    s: &mut Section,
+    format: DataFormat,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<TextDataKeys, RuntimeError> {
+    let path = s.require("path", path_reader(base))?;
+    let char_tokens = s.or("tokenizer", false, |key, v| {
+        read_enum(key, v, &["byte", "char"], |t| match t {
+            "byte" => Some(false),
+            "char" => Some(true),
+            _ => None,
+        })
+    })?;
+    let val_fraction = s.or("val_fraction", 0.1, read_float)?;
+    if !(0.0..1.0).contains(&val_fraction) {
+        return Err(config_error(
+            "data.val_fraction",
+            format!("{val_fraction} is out of range: it must be at least 0 and below 1"),
+        ));
+    }
+    let dtype_given = s.has("dtype");
+    let dtype = s.or("dtype", TokenDtype::U16, |key, v| {
+        read_enum(key, v, &["u16", "u32"], TokenDtype::parse)
+    })?;
+    let vocab_size = s.get("vocab_size", read_positive)?;
+    if format == DataFormat::Text {
+        let unused = [("dtype", dtype_given), ("vocab_size", vocab_size.is_some())];
+        for (key, _) in unused.iter().filter(|(_, given)| *given) {
+            warnings.push(format!(
+                "data.{key} has no effect with data.format = \"text\" (the tokenizer sets the tokens)"
+            ));
+        }
+    } else if char_tokens {
+        warnings.push(
+            "data.tokenizer has no effect with data.format = \"tokens\" (the ids are given)"
+                .to_string(),
+        );
+    }
+    Ok(TextDataKeys {
+        path,
+        char_tokens,
+        val_fraction,
+        dtype,
+        vocab_size: if format == DataFormat::Text { None } else { vocab_size },
+        steps_per_epoch: s.or("steps_per_epoch", 100, |key, v| {
+            read_positive(key, v).map(|n| n as u64)
+        })?,
+        eval_batches: s.or("eval_batches", 4, |key, v| read_positive(key, v).map(|n| n as u64))?,
     })
 }
 

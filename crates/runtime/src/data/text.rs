@@ -91,7 +91,15 @@ impl TokenDtype {
         }
     }
 
-    /// Parses `"u16"` / `"u32"`.
+    /// The id stored little-endian in `bytes` (`size()` of them).
+    pub fn decode(self, bytes: &[u8]) -> u32 {
+        match self {
+            TokenDtype::U16 => u32::from(u16::from_le_bytes([bytes[0], bytes[1]])),
+            TokenDtype::U32 => u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+        }
+    }
+
+    /// `u16` or `u32`.
     pub fn parse(text: &str) -> Option<TokenDtype> {
         match text {
             "u16" => Some(TokenDtype::U16),
@@ -197,11 +205,12 @@ impl TokenCorpus {
     }
 
     /// Indexes the token file `path` of `dtype` ids below `vocab_size` (ids are checked as they
-    /// are read).
+    /// are read). Without a `vocab_size`, the file is scanned once and the vocabulary is one
+    /// more than its largest id.
     pub fn open_tokens(
         path: &Path,
         dtype: TokenDtype,
-        vocab_size: usize,
+        vocab_size: Option<usize>,
         val_fraction: f64,
     ) -> Result<TokenCorpus, RuntimeError> {
         check_fraction(path, val_fraction)?;
@@ -225,6 +234,10 @@ impl TokenCorpus {
                 ),
             ));
         }
+        let vocab_size = match vocab_size {
+            Some(v) => v,
+            None => largest_id(&file, path, dtype)? as usize + 1,
+        };
         if vocab_size == 0 || (dtype == TokenDtype::U16 && vocab_size > 1 << 16) {
             return Err(data_error(
                 path,
@@ -250,6 +263,32 @@ impl TokenCorpus {
             val: split(cut, n - cut),
             tokenizer: Tokenizer::Byte,
         })
+    }
+}
+
+/// The largest id of the token file `file` (0 when empty), read in 1 MiB chunks.
+fn largest_id(file: &File, path: &Path, dtype: TokenDtype) -> Result<u32, RuntimeError> {
+    let size = dtype.size();
+    let mut chunk = vec![0u8; (1 << 20) / size * size];
+    let mut offset = 0u64;
+    let mut largest = 0u32;
+    loop {
+        let n = file.read_at(&mut chunk, offset).map_err(|e| RuntimeError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        if n == 0 {
+            return Ok(largest);
+        }
+        // A short read may end inside a token: keep only whole ones and re-read the rest.
+        let whole = n / size * size;
+        if whole == 0 {
+            return Err(data_error(path, "the file ends inside a token".to_string()));
+        }
+        for b in chunk[..whole].chunks_exact(size) {
+            largest = largest.max(dtype.decode(b));
+        }
+        offset += whole as u64;
     }
 }
 
@@ -394,10 +433,7 @@ impl TokenSplit {
                         source: e,
                     })?;
                 for (o, b) in out.iter_mut().zip(bytes.chunks_exact(size)) {
-                    *o = match dtype {
-                        TokenDtype::U16 => u32::from(u16::from_le_bytes([b[0], b[1]])),
-                        TokenDtype::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-                    };
+                    *o = dtype.decode(b);
                     if *o as usize >= self.vocab_size {
                         return Err(data_error(
                             path,

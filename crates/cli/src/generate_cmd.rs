@@ -1,0 +1,48 @@
+//! `tessera generate RUN_DIR --prompt TEXT --tokens N [--temperature T] [--seed S]`: samples a
+//! continuation from a trained GPT (its checkpoint under any strategy, merged on the fly).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use runtime::GenerateOptions;
+
+/// Arguments of `tessera generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// The output directory of a GPT training run (`output.dir`): its checkpoint, strategy and
+    /// `model.json`.
+    pub run_dir: PathBuf,
+    /// The text to continue (for a model trained on a token file: space-separated ids).
+    #[arg(long)]
+    pub prompt: String,
+    /// How many tokens to sample.
+    #[arg(long, default_value_t = 200)]
+    pub tokens: usize,
+    /// Softmax temperature (0: always the most likely token).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Seed of the sampling.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// The largest `--tokens` accepted.
+const MAX_TOKENS: usize = 1 << 20;
+
+/// Runs `tessera generate`.
+pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    if args.tokens > MAX_TOKENS {
+        anyhow::bail!("--tokens {}: at most {MAX_TOKENS} tokens are sampled", args.tokens);
+    }
+    let text = runtime::generate(
+        &args.run_dir,
+        &GenerateOptions {
+            prompt: args.prompt.clone(),
+            tokens: args.tokens,
+            temperature: args.temperature,
+            seed: args.seed,
+        },
+    )?;
+    println!("{text}");
+    Ok(())
+}

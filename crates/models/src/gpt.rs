@@ -1,0 +1,233 @@
+//! A decoder-only transformer (GPT-2's shape): learned token and position embeddings,
+//! pre-LayerNorm blocks of causal multi-head attention and a GeLU MLP, a final LayerNorm and an
+//! LM head that shares the token embedding table unless `tie_embeddings` is off.
+//!
+//! Every op and parameter has a hierarchical name (`blocks.3.attn.qkv.matmul`,
+//! `blocks.3.mlp.fc1.weight`); `docs/CONFIG.md` lists them. The attention is laid out as
+//! Megatron-LM lays it out, so that splitting the QKV projection's output features over
+//! `model_parallel` splits the heads: the fused `qkv` weight's output features are ordered
+//! `(head, q|k|v, head_dim)`, its output `[B, S, 3·H]` is reshaped to `[B, S, heads, 3·head_dim]`
+//! (a split of the last dim becomes a split of the heads) and cut into `q`, `k`, `v` along the
+//! last dim.
+
+use graph::models::Model;
+use graph::nn::{Activation, Dense, LayerNorm};
+use graph::{GraphBuilder, GraphError, Initializer, ValueId};
+use tensor::DType;
+
+use crate::error::ModelsError;
+
+/// The shape of a GPT: `[model]`'s keys plus the vocabulary (from the data) and the global
+/// batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptConfig {
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Attention heads per block.
+    pub heads: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Tokens per sequence (the context length).
+    pub seq_len: usize,
+    /// Width of the MLP's hidden layer (GPT-2: `4·hidden`).
+    pub ffn_hidden: usize,
+    /// Probability of dropping an activation (embeddings, attention weights, residual
+    /// branches); 0 disables dropout.
+    pub dropout: f64,
+    /// The LM head multiplies by the token embedding table instead of its own weight.
+    pub tie_embeddings: bool,
+    /// Sequences per global batch.
+    pub batch: usize,
+}
+
+impl GptConfig {
+    /// A GPT of `layers` blocks, `heads` heads and width `hidden` over `seq_len` tokens of a
+    /// `vocab_size` vocabulary, with GPT-2's defaults: `ffn_hidden = 4·hidden`, no dropout, tied
+    /// embeddings.
+    pub fn new(
+        vocab_size: usize,
+        layers: usize,
+        heads: usize,
+        hidden: usize,
+        seq_len: usize,
+        batch: usize,
+    ) -> GptConfig {
+        GptConfig {
+            vocab_size,
+            layers,
+            heads,
+            hidden,
+            seq_len,
+            ffn_hidden: 4 * hidden,
+            dropout: 0.0,
+            tie_embeddings: true,
+            batch,
+        }
+    }
+
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads.max(1)
+    }
+
+    /// Checks the sizes: every one positive, `hidden` a multiple of `heads`, `dropout` in
+    /// `[0, 1)`. Errors name the `model.*` key.
+    pub fn validate(&self) -> Result<(), ModelsError> {
+        let sizes = [
+            ("model.layers", self.layers),
+            ("model.heads", self.heads),
+            ("model.hidden", self.hidden),
+            ("model.seq_len", self.seq_len),
+            ("model.ffn_hidden", self.ffn_hidden),
+            ("the vocabulary size", self.vocab_size),
+            ("data.batch_size", self.batch),
+        ];
+        for (key, size) in sizes {
+            if size == 0 {
+                return Err(ModelsError::Config {
+                    key: key.to_string(),
+                    reason: "0 is out of range: it must be ≥ 1".to_string(),
+                });
+            }
+        }
+        if self.hidden % self.heads != 0 {
+            return Err(ModelsError::Config {
+                key: "model.heads".to_string(),
+                reason: format!(
+                    "{} heads do not divide model.hidden = {}",
+                    self.heads, self.hidden
+                ),
+            });
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(ModelsError::Config {
+                key: "model.dropout".to_string(),
+                reason: format!("{} is out of range: it must be in [0, 1)", self.dropout),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// GPT-2's initialiser of weights, `Normal(0.02)`.
+fn weight_init() -> Initializer {
+    Initializer::normal(0.02)
+}
+
+/// A dense layer `[in → out]` with a zero bias and GPT-2's weight init.
+fn dense(in_features: usize, out_features: usize, std: f64) -> Dense {
+    Dense {
+        weight_init: Initializer::normal(std),
+        bias_init: Initializer::Zeros,
+        ..Dense::new(in_features, out_features)
+    }
+}
+
+/// GPT's LayerNorm (epsilon 1e-5, as GPT-2).
+fn layer_norm(hidden: usize) -> LayerNorm {
+    LayerNorm {
+        normalized_size: hidden,
+        epsilon: 1e-5,
+    }
+}
+
+/// Builds the GPT: inputs `input_ids [batch, seq_len]` and `labels [batch, seq_len]` (i32, the
+/// next token of every position); outputs the mean cross-entropy `loss` and the `logits
+/// [batch·seq_len, vocab]`. Parameters are `dtype` (f32 for training, f64 for gradient checks).
+pub fn gpt(config: &GptConfig, dtype: DType) -> Result<Model, ModelsError> {
+    config.validate()?;
+    Ok(build(config, dtype)?)
+}
+
+fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
+    let mut b = GraphBuilder::with_float_dtype(dtype);
+    let (batch, seq, hidden) = (c.batch, c.seq_len, c.hidden);
+    let ids = b.input("input_ids", &[batch, seq], DType::I32)?;
+    let labels = b.input("labels", &[batch, seq], DType::I32)?;
+    let keep = 1.0 - c.dropout;
+    let mut seeds = 0u64;
+    let mut dropout = |b: &mut GraphBuilder, name: &str, x: ValueId| {
+        seeds += 1;
+        if keep < 1.0 {
+            b.dropout(name, x, keep, seeds)
+        } else {
+            Ok(x)
+        }
+    };
+    let (table, tokens) = b.scope("wte", |b| {
+        let table = b.parameter("embedding_table", &[c.vocab_size, hidden], weight_init())?;
+        Ok((table, b.embedding("gather", table, ids)?))
+    })?;
+    let positions = b.parameter("wpe.embedding_table", &[seq, hidden], Initializer::normal(0.01))?;
+    let mut x = b.add("embed.add", tokens, positions)?;
+    x = dropout(&mut b, "embed.dropout", x)?;
+    for layer in 0..c.layers {
+        x = b.scope(&format!("blocks.{layer}"), |b| {
+            let h = b.call("ln1", &layer_norm(hidden), x)?;
+            let h = attention(b, c, h, &mut dropout)?;
+            let x = b.add("residual1", x, h)?;
+            let h = b.call("ln2", &layer_norm(hidden), x)?;
+            let h = b.scope("mlp", |b| {
+                let fc1 = Dense {
+                    activation: Some(Activation::Gelu { approximate: true }),
+                    ..dense(hidden, c.ffn_hidden, 0.02)
+                };
+                let h = b.call("fc1", &fc1, h)?;
+                let out_std = 0.02 / (2.0 * c.layers as f64).sqrt();
+                let h = b.call("fc2", &dense(c.ffn_hidden, hidden, out_std), h)?;
+                dropout(b, "dropout", h)
+            })?;
+            b.add("residual2", x, h)
+        })?;
+    }
+    let x = b.call("ln_f", &layer_norm(hidden), x)?;
+    let head = if c.tie_embeddings {
+        table
+    } else {
+        b.parameter("lm_head.weight", &[c.vocab_size, hidden], weight_init())?
+    };
+    let logits = b.batch_matmul("lm_head.matmul", x, head, false, true)?;
+    let logits = b.reshape("logits", logits, &[batch * seq, c.vocab_size])?;
+    let flat_labels = b.reshape("labels_flat", labels, &[batch * seq])?;
+    let loss = b.sparse_softmax_cross_entropy("loss", logits, flat_labels)?;
+    b.output(loss)?;
+    b.output(logits)?;
+    Ok(Model {
+        graph: b.finish(),
+        input: ids,
+        labels,
+        logits,
+        loss,
+    })
+}
+
+/// Causal multi-head self-attention on `x [B, S, H]` in the current scope (`attn.*`).
+fn attention(
+    b: &mut GraphBuilder,
+    c: &GptConfig,
+    x: ValueId,
+    dropout: &mut impl FnMut(&mut GraphBuilder, &str, ValueId) -> Result<ValueId, GraphError>,
+) -> Result<ValueId, GraphError> {
+    let (batch, seq, hidden, heads, hd) = (c.batch, c.seq_len, c.hidden, c.heads, c.head_dim());
+    b.scope("attn", |b| {
+        let qkv = b.call("qkv", &dense(hidden, 3 * hidden, 0.02), x)?;
+        let qkv = b.reshape("split_heads", qkv, &[batch, seq, heads, 3 * hd])?;
+        let parts = b.split("qkv_split", qkv, 3, &[hd, hd, hd])?;
+        let q = b.transpose("q_t", parts[0], &[0, 2, 1, 3])?;
+        let k = b.transpose("k_t", parts[1], &[0, 2, 1, 3])?;
+        let v = b.transpose("v_t", parts[2], &[0, 2, 1, 3])?;
+        let scores = b.batch_matmul("scores", q, k, false, true)?;
+        let mask = b.triu("causal_mask", &[seq, seq], 1)?;
+        let scores = b.masked_fill("masked", scores, mask, -1e9)?;
+        let probs = b.scaled_softmax("softmax", scores, 1.0 / (hd as f64).sqrt())?;
+        let probs = dropout(b, "attn_dropout", probs)?;
+        let context = b.batch_matmul("context", probs, v, false, false)?;
+        let context = b.transpose("context_t", context, &[0, 2, 1, 3])?;
+        let context = b.reshape("merge_heads", context, &[batch, seq, hidden])?;
+        let out_std = 0.02 / (2.0 * c.layers as f64).sqrt();
+        let out = b.call("proj", &dense(hidden, hidden, out_std), context)?;
+        dropout(b, "resid_dropout", out)
+    })
+}

@@ -1,0 +1,17 @@
+//! Tessera's built-in networks and their default strategies.
+//!
+//! - [`gpt`]: a decoder-only transformer, [`gpt::gpt`], with hierarchical op and parameter names;
+//! - [`gpt_parallel`]: the op strategies its cells set from a MindFormers-style parallel config
+//!   (`data_parallel`, `model_parallel`, `vocab_emb_dp`, `use_seq_parallel`), as MindFormers'
+//!   GPT cells set theirs from `parallel_config`.
+//!
+//! The seed MLP stays in `graph::models` (its home before this crate existed), re-exported here.
+
+pub mod error;
+pub mod gpt;
+pub mod gpt_parallel;
+
+pub use crate::error::ModelsError;
+pub use crate::gpt::{gpt, GptConfig};
+pub use crate::gpt_parallel::GptParallel;
+pub use graph::models::{seed_mlp, Model};

@@ -1,0 +1,271 @@
+//! Sampling text from a trained GPT: `tessera generate RUN_DIR --prompt ... --tokens N`.
+//!
+//! A GPT run saves `model.json` (the model's shape and tokenizer) beside its checkpoints. The
+//! checkpoint may have been saved under any strategy: every parameter is loaded whole (one
+//! device, replicated), merged on the fly from the ranks' files by the checkpoint planner.
+//! Sampling runs the forward graph on one device, one new token per pass over the last
+//! `seq_len` tokens.
+
+use std::path::{Path, PathBuf};
+
+use graph::exec::Executor;
+use graph::rng::{bits_at, stream_key};
+use layout::{Mesh, TensorLayout};
+use models::GptConfig;
+use serde_json::{json, Value};
+use tensor::{DType, Tensor};
+
+use crate::data::Tokenizer;
+use crate::error::RuntimeError;
+
+/// The model description a GPT run saves in its output directory.
+pub const MODEL_FILE: &str = "model.json";
+
+/// How generated ids become text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vocabulary {
+    /// Text tokenised by byte or character.
+    Text(Tokenizer),
+    /// Token ids of a token file, printed as numbers.
+    Ids,
+}
+
+/// What [`MODEL_FILE`] holds: the GPT's shape (batch 1) and its vocabulary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavedModel {
+    /// The model's shape.
+    pub gpt: GptConfig,
+    /// Its tokens.
+    pub vocabulary: Vocabulary,
+}
+
+impl SavedModel {
+    /// The JSON of [`MODEL_FILE`].
+    pub fn to_json(&self) -> Value {
+        let g = &self.gpt;
+        let (tokenizer, alphabet) = match &self.vocabulary {
+            Vocabulary::Text(Tokenizer::Byte) => ("byte", None),
+            Vocabulary::Text(Tokenizer::Char { alphabet }) => {
+                ("char", Some(alphabet.iter().collect::<String>()))
+            }
+            Vocabulary::Ids => ("ids", None),
+        };
+        json!({
+            "model": "gpt",
+            "vocab_size": g.vocab_size,
+            "layers": g.layers,
+            "heads": g.heads,
+            "hidden": g.hidden,
+            "seq_len": g.seq_len,
+            "ffn_hidden": g.ffn_hidden,
+            "tie_embeddings": g.tie_embeddings,
+            "tokenizer": tokenizer,
+            "alphabet": alphabet,
+        })
+    }
+
+    /// Reads `dir/model.json`.
+    pub fn read(dir: &Path) -> Result<SavedModel, RuntimeError> {
+        let path = dir.join(MODEL_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| RuntimeError::Data {
+            path: path.clone(),
+            reason: format!(
+                "cannot read the model description ({e}); is {} the output directory of a GPT run?",
+                dir.display()
+            ),
+        })?;
+        let bad = |reason: String| RuntimeError::Data {
+            path: path.clone(),
+            reason,
+        };
+        let json: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+        if json["model"] != "gpt" {
+            return Err(bad(format!("\"model\" is {}, not \"gpt\"", json["model"])));
+        }
+        let size = |key: &str| -> Result<usize, RuntimeError> {
+            json[key]
+                .as_u64()
+                .filter(|&n| n >= 1 && n <= 1 << 24)
+                .map(|n| n as usize)
+                .ok_or_else(|| bad(format!("\"{key}\" must be an integer from 1 to 2^24")))
+        };
+        let vocabulary = match json["tokenizer"].as_str() {
+            Some("byte") => Vocabulary::Text(Tokenizer::Byte),
+            Some("char") => {
+                let alphabet = json["alphabet"]
+                    .as_str()
+                    .ok_or_else(|| bad("a char tokenizer needs its \"alphabet\"".to_string()))?;
+                Vocabulary::Text(Tokenizer::Char {
+                    alphabet: alphabet.chars().collect(),
+                })
+            }
+            Some("ids") => Vocabulary::Ids,
+            other => return Err(bad(format!("unknown \"tokenizer\" {other:?}"))),
+        };
+        let gpt = GptConfig {
+            vocab_size: size("vocab_size")?,
+            layers: size("layers")?,
+            heads: size("heads")?,
+            hidden: size("hidden")?,
+            seq_len: size("seq_len")?,
+            ffn_hidden: size("ffn_hidden")?,
+            dropout: 0.0,
+            tie_embeddings: json["tie_embeddings"].as_bool().unwrap_or(true),
+            batch: 1,
+        };
+        gpt.validate().map_err(|e| bad(e.to_string()))?;
+        Ok(SavedModel { gpt, vocabulary })
+    }
+}
+
+/// What to sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    /// The text the sample continues.
+    pub prompt: String,
+    /// New tokens to sample.
+    pub tokens: usize,
+    /// Softmax temperature; 0 takes the most likely token every time.
+    pub temperature: f64,
+    /// Seed of the sampling.
+    pub seed: u64,
+}
+
+/// The prompt followed by `options.tokens` sampled tokens, decoded.
+pub fn generate(run_dir: &Path, options: &GenerateOptions) -> Result<String, RuntimeError> {
+    if !(options.temperature >= 0.0 && options.temperature.is_finite()) {
+        return Err(RuntimeError::Config {
+            key: "--temperature".to_string(),
+            reason: format!("{} must be a finite number ≥ 0", options.temperature),
+        });
+    }
+    let saved = SavedModel::read(run_dir)?;
+    let gpt = &saved.gpt;
+    let mut ids: Vec<u32> = match &saved.vocabulary {
+        Vocabulary::Text(t) => t.encode(&options.prompt).map_err(|reason| RuntimeError::Config {
+            key: "--prompt".to_string(),
+            reason,
+        })?,
+        Vocabulary::Ids => parse_ids(&options.prompt, gpt.vocab_size)?,
+    };
+    if ids.is_empty() {
+        return Err(RuntimeError::Config {
+            key: "--prompt".to_string(),
+            reason: "the prompt is empty: give at least one token to continue".to_string(),
+        });
+    }
+    let model = models::gpt(gpt, DType::F32).map_err(|e| RuntimeError::Config {
+        key: MODEL_FILE.to_string(),
+        reason: e.to_string(),
+    })?;
+    let mut exec = Executor::with_outputs(&model.graph, &[model.logits])?;
+    exec.init_parameters(0)?;
+    load_whole_parameters(&mut exec, &model.graph, run_dir)?;
+    let key = stream_key(options.seed, "generate");
+    let prompt_len = ids.len();
+    for n in 0..options.tokens {
+        let window = &ids[ids.len().saturating_sub(gpt.seq_len)..];
+        // Positions after the window are padding: the causal mask keeps them from the last
+        // real position's logits.
+        let mut input = vec![0i32; gpt.seq_len];
+        for (slot, &id) in input.iter_mut().zip(window) {
+            *slot = id as i32;
+        }
+        exec.set_input(model.input, &Tensor::from_vec(&[1, gpt.seq_len], input)?)?;
+        let labels = Tensor::from_vec(&[1, gpt.seq_len], vec![0i32; gpt.seq_len])?;
+        exec.set_input(model.labels, &labels)?;
+        exec.run()?;
+        let logits = exec.value(model.logits)?.to_f64_vec();
+        let row = &logits[(window.len() - 1) * gpt.vocab_size..window.len() * gpt.vocab_size];
+        ids.push(sample(row, options.temperature, bits_at(key, n as u64)));
+    }
+    Ok(match &saved.vocabulary {
+        Vocabulary::Text(t) => t.decode(&ids),
+        Vocabulary::Ids => ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| if i == prompt_len { format!("| {id}") } else { id.to_string() })
+            .collect::<Vec<_>>()
+            .join(" "),
+    })
+}
+
+/// Space-separated ids below `vocab_size`.
+fn parse_ids(prompt: &str, vocab_size: usize) -> Result<Vec<u32>, RuntimeError> {
+    prompt
+        .split_whitespace()
+        .map(|word| {
+            word.parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < vocab_size)
+                .ok_or_else(|| RuntimeError::Config {
+                    key: "--prompt".to_string(),
+                    reason: format!(
+                        "{word:?} is not a token id below the vocabulary of {vocab_size} (a token-file model takes space-separated ids)"
+                    ),
+                })
+        })
+        .collect()
+}
+
+/// Draws a token from `logits` at `temperature` with 64 random `bits` (the arg max at 0).
+fn sample(logits: &[f64], temperature: f64, bits: u64) -> u32 {
+    let best = logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i);
+    if temperature == 0.0 {
+        return best as u32;
+    }
+    let top = logits[best];
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| ((l - top) / temperature).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut target = (bits >> 11) as f64 / (1u64 << 53) as f64 * total;
+    for (i, w) in weights.iter().enumerate() {
+        if target < *w {
+            return i as u32;
+        }
+        target -= w;
+    }
+    best as u32
+}
+
+/// Loads every parameter of `graph` whole from the checkpoint set in `run_dir` (any strategy).
+fn load_whole_parameters(
+    exec: &mut Executor,
+    graph: &graph::Graph,
+    run_dir: &Path,
+) -> Result<(), RuntimeError> {
+    let one = Mesh::line("one", 1).map_err(|e| RuntimeError::Mismatch {
+        what: "the one-device mesh".to_string(),
+        expected: "a valid mesh".to_string(),
+        got: e.to_string(),
+    })?;
+    let params: Vec<(graph::ValueId, String, TensorLayout)> = graph
+        .values()
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| matches!(v.kind, graph::ValueKind::Parameter { .. }))
+        .map(|(i, v)| {
+            let layout = TensorLayout::replicated(one.clone(), &v.shape);
+            (graph::ValueId(i), v.name.clone(), layout)
+        })
+        .collect();
+    let targets: Vec<(&str, &TensorLayout)> =
+        params.iter().map(|(_, n, l)| (n.as_str(), l)).collect();
+    let strategy: PathBuf = run_dir.join("strategy.json");
+    let loaded = ckpt::load_rank_tensors(run_dir, &strategy, 0, &targets)?;
+    for (name, tensor) in loaded {
+        if let Some((id, _, _)) = params.iter().find(|(_, n, _)| *n == name) {
+            let slot = exec.value_mut(*id)?;
+            let want = slot.dtype();
+            *slot = tensor.to_dtype(want);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! Language modelling: the GPT built from `[model]`, its strategies from `[parallel]`, and its
+//! text data (batches of random windows, the validation loss).
+
+use std::collections::BTreeMap;
+
+use graph::models::Model;
+use models::{GptConfig, GptParallel};
+use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use tensor::Tensor;
+
+use crate::config::{DataFormat, TextDataKeys, TrainConfig};
+use crate::data::{TokenCorpus, TokenSplit};
+use crate::error::RuntimeError;
+use crate::executor::RankExecutor;
+use crate::generate::{SavedModel, Vocabulary};
+
+/// A tokenised text and how a run reads it.
+#[derive(Debug)]
+pub struct TextData {
+    /// The token stream, split into training and validation parts.
+    pub corpus: TokenCorpus,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Sequences per global batch.
+    pub batch: usize,
+    /// Steps per epoch.
+    pub steps_per_epoch: u64,
+    /// Validation batches per evaluation.
+    pub eval_batches: u64,
+}
+
+fn model_error(e: models::ModelsError) -> RuntimeError {
+    match e {
+        models::ModelsError::Config { key, reason } => RuntimeError::Config { key, reason },
+        models::ModelsError::Graph(g) => RuntimeError::Graph(g),
+    }
+}
+
+impl TextData {
+    /// Opens `data.path` as `[data]` says.
+    pub fn open(config: &TrainConfig, keys: &TextDataKeys) -> Result<TextData, RuntimeError> {
+        let data = config.data();
+        let corpus = match data.format {
+            DataFormat::Tokens => {
+                TokenCorpus::open_tokens(&keys.path, keys.dtype, keys.vocab_size, keys.val_fraction)?
+            }
+            _ => TokenCorpus::open_text(&keys.path, keys.char_tokens, keys.val_fraction)?,
+        };
+        let seq_len = config.model().gpt.as_ref().map_or(1, |g| g.seq_len);
+        for (name, split) in [("training", &corpus.train), ("validation", &corpus.val)] {
+            if split.len() <= seq_len as u64 && !(name == "validation" && split.is_empty()) {
+                return Err(RuntimeError::Data {
+                    path: keys.path.clone(),
+                    reason: format!(
+                        "the {name} split holds {} tokens, fewer than one window of model.seq_len + 1 = {}",
+                        split.len(),
+                        seq_len + 1
+                    ),
+                });
+            }
+        }
+        Ok(TextData {
+            corpus,
+            seq_len,
+            batch: data.batch_size,
+            steps_per_epoch: keys.steps_per_epoch,
+            eval_batches: keys.eval_batches,
+        })
+    }
+
+    /// The GPT's shape: `[model]` plus the vocabulary.
+    pub fn gpt_config(&self, config: &TrainConfig) -> Result<GptConfig, RuntimeError> {
+        let model = config.model();
+        let keys = model.gpt.as_ref().ok_or_else(|| RuntimeError::Config {
+            key: "model.name".to_string(),
+            reason: "text data trains the GPT: set model.name = \"gpt\"".to_string(),
+        })?;
+        let gpt = GptConfig {
+            vocab_size: self.corpus.train.vocab_size(),
+            layers: keys.layers,
+            heads: keys.heads,
+            hidden: model.hidden,
+            seq_len: keys.seq_len,
+            ffn_hidden: keys.ffn_hidden,
+            dropout: keys.dropout,
+            tie_embeddings: keys.tie_embeddings,
+            batch: self.batch,
+        };
+        gpt.validate().map_err(model_error)?;
+        Ok(gpt)
+    }
+
+    /// The description `tessera generate` reads: the model's shape (batch 1) and vocabulary.
+    pub fn saved_model(&self, config: &TrainConfig) -> Result<SavedModel, RuntimeError> {
+        let gpt = GptConfig {
+            batch: 1,
+            ..self.gpt_config(config)?
+        };
+        let vocabulary = match config.data().format {
+            DataFormat::Tokens => Vocabulary::Ids,
+            _ => Vocabulary::Text(self.corpus.tokenizer.clone()),
+        };
+        Ok(SavedModel { gpt, vocabulary })
+    }
+
+    /// Feeds this rank's rows of the global batch whose windows start at `starts` (of `split`)
+    /// into `exec`: `input_ids` the windows' first `seq_len` tokens, `labels` their last.
+    pub fn feed(
+        &self,
+        exec: &mut RankExecutor,
+        model: &Model,
+        split: &TokenSplit,
+        starts: &[u64],
+    ) -> Result<(), RuntimeError> {
+        let program = exec.program().clone();
+        for (i, input) in program.inputs.iter().enumerate() {
+            let region = exec.box_of(&input.layout)?;
+            let (first, rows) = match (region.offset.first(), region.shape.first()) {
+                (Some(&s), Some(&l)) => (s, l),
+                _ => (0, starts.len()),
+            };
+            let mine = starts.get(first..first + rows).ok_or_else(|| RuntimeError::Mismatch {
+                what: format!("rows of input {}", input.name),
+                expected: format!("rows within the batch of {}", starts.len()),
+                got: format!("rows {first}..{}", first + rows),
+            })?;
+            let (inputs, targets) = split.read_rows(mine, self.seq_len)?;
+            let ids = if input.value == model.labels {
+                targets
+            } else {
+                inputs
+            };
+            let ids: Vec<i32> = ids.into_iter().map(|t| t as i32).collect();
+            let block = Tensor::from_vec(&[rows, self.seq_len], ids)?;
+            let mut within = region.clone();
+            if let Some(o) = within.offset.first_mut() {
+                *o = 0;
+            }
+            let block = if within.shape == block.shape() {
+                block
+            } else {
+                block.extract_box(&within)?
+            };
+            exec.set_input(i, &block)?;
+        }
+        Ok(())
+    }
+
+    /// The window starts of training step `step` (from 0) of `epoch`.
+    pub fn train_starts(&self, seed: u64, epoch: u64, step: u64) -> Result<Vec<u64>, RuntimeError> {
+        window_starts(&self.corpus.train, seed, epoch, step, self.batch, self.seq_len)
+    }
+
+    /// The mean loss over the validation batches (the same windows at every evaluation), run
+    /// with `eval`, a program whose output 0 is the loss. `None` when the validation split is
+    /// shorter than a window.
+    pub fn validation_loss(
+        &self,
+        eval: &mut RankExecutor,
+        model: &Model,
+        seed: u64,
+    ) -> Result<Option<f64>, RuntimeError> {
+        let val = &self.corpus.val;
+        if val.len() <= self.seq_len as u64 || self.eval_batches == 0 {
+            return Ok(None);
+        }
+        let mut total = 0.0;
+        for step in 0..self.eval_batches {
+            // Epoch 0 is never a training epoch: the validation windows are their own stream.
+            let starts = window_starts(val, seed, 0, step, self.batch, self.seq_len)?;
+            self.feed(eval, model, val, &starts)?;
+            eval.run()?;
+            total += eval.output(0).to_f64_vec()[0];
+        }
+        Ok(Some(total / self.eval_batches as f64))
+    }
+}
+
+fn window_starts(
+    split: &TokenSplit,
+    seed: u64,
+    epoch: u64,
+    step: u64,
+    batch: usize,
+    seq_len: usize,
+) -> Result<Vec<u64>, RuntimeError> {
+    split
+        .window_starts(seed, epoch, step, batch, seq_len)
+        .map_err(|reason| RuntimeError::Config {
+            key: "model.seq_len".to_string(),
+            reason,
+        })
+}
+
+/// The parallel config of a GPT run: in `semi_auto`, the GPT cells' strategies from
+/// `[parallel]`'s MindFormers keys for every op `[parallel.shard]` (patterns included) leaves
+/// unset, and the dataset split over `data_parallel` unless `dataset_strategy` is given.
+pub fn gpt_parallel_config(
+    config: &TrainConfig,
+    gpt: &GptConfig,
+    model: &Model,
+    mut parallel: ParallelConfig,
+) -> Result<ParallelConfig, RuntimeError> {
+    let keys = config.gpt_parallel();
+    let devices = parallel.effective_devices();
+    if parallel.mode != ParallelMode::SemiAuto {
+        return Ok(parallel);
+    }
+    let split = GptParallel::resolve(
+        devices,
+        keys.data_parallel,
+        keys.model_parallel,
+        keys.vocab_emb_dp,
+        keys.use_seq_parallel,
+    )
+    .map_err(model_error)?;
+    split.check(gpt).map_err(model_error)?;
+    let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
+    let mut strategies: BTreeMap<String, OpStrategy> = split
+        .strategies(&model.graph)
+        .map_err(model_error)?
+        .into_iter()
+        .map(|(op, inputs)| {
+            (
+                op,
+                OpStrategy {
+                    inputs,
+                    outputs: None,
+                },
+            )
+        })
+        .collect();
+    strategies.extend(user);
+    parallel.strategies = strategies;
+    if parallel.dataset_strategy == DatasetStrategy::DataParallel {
+        parallel.dataset_strategy = DatasetStrategy::PerInput(split.dataset_strategy());
+    }
+    Ok(parallel)
+}

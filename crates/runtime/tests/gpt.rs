@@ -1,0 +1,192 @@
+//! The GPT trained on N ranks gives the numbers one device gives.
+//!
+//! Every configuration trains 20 steps of a small GPT on the bundled KJV text (byte tokens) on
+//! the local backend: the loss at every step equals `stand_alone`'s to a relative 1e-4, and the
+//! checkpoints the ranks save, merged with `ckpt`, hold the same parameters.
+
+use std::path::{Path, PathBuf};
+
+use ckpt::{CheckpointFile, MergeOptions};
+use runtime::{LaunchOptions, Session, TrainConfig};
+
+fn kjv() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")
+}
+
+/// A small GPT (2 blocks, 8 heads, width 32, 16 tokens, batch 8) training 20 steps with
+/// `optimizer`, `[parallel]` body `parallel`, and `model_extra` appended to `[model]`.
+fn config(out: &Path, optimizer: &str, model_extra: &str, parallel: &str) -> TrainConfig {
+    let text = format!(
+        r#"
+[model]
+name = "gpt"
+layers = 2
+heads = 8
+hidden = 32
+seq_len = 16
+ffn_hidden = 64
+{model_extra}
+[data]
+format = "text"
+path = "{data}"
+batch_size = 8
+steps_per_epoch = 20
+[parallel]
+{parallel}
+[train]
+epochs = 1
+max_steps = 20
+optimizer = "{optimizer}"
+learning_rate = 0.01
+momentum = 0.9
+seed = 5
+eval = false
+[output]
+dir = "{out}"
+"#,
+        data = kjv().display(),
+        out = out.display(),
+    );
+    TrainConfig::parse(&text, None, &[], Path::new("/")).expect("a valid test config")
+}
+
+type Run = (Vec<f32>, Vec<(String, Vec<f32>)>);
+
+/// Trains `config` on the local backend: the losses, and every merged parameter by name.
+fn train(config: &TrainConfig) -> Run {
+    let session = Session::new(config).expect("the session builds");
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(&session, &options).expect("training runs");
+    assert_eq!(report.losses().len(), 20);
+    for r in &report.ranks {
+        assert_eq!(r.losses, report.losses(), "every rank reports the same losses");
+    }
+    let out = &config.output().dir;
+    let merged = out.join("merged");
+    ckpt::unified_safetensors(
+        out,
+        &out.join("strategy.json"),
+        &merged,
+        &MergeOptions::default(),
+    )
+    .expect("the checkpoints merge");
+    let part = CheckpointFile::open(&merged.join("part0.safetensors")).expect("a merged part");
+    let params = session
+        .train
+        .params
+        .iter()
+        .map(|p| {
+            let t = part.read_tensor(&p.name).expect("a merged parameter");
+            (p.name.clone(), t.as_f32().expect("f32").to_vec())
+        })
+        .collect();
+    (report.losses().to_vec(), params)
+}
+
+fn assert_same_run(what: &str, (losses, params): &Run, (ref_losses, ref_params): &Run) {
+    for (step, (a, b)) in losses.iter().zip(ref_losses).enumerate() {
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        assert!(
+            rel <= 1e-4,
+            "{what}: step {}: loss {a} vs one device's {b}",
+            step + 1
+        );
+    }
+    assert_eq!(params.len(), ref_params.len(), "{what}: parameter count");
+    for ((name, a), (ref_name, b)) in params.iter().zip(ref_params) {
+        assert_eq!(name, ref_name);
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 2e-4 * (1.0 + y.abs()),
+                "{what}: {name}[{i}] = {x} vs one device's {y}"
+            );
+        }
+    }
+}
+
+fn semi(devices: usize, keys: &str) -> String {
+    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
+}
+
+/// Configurations as (name, devices, optimizer, `[model]` extra, `[parallel]` keys).
+const CASES: &[(&str, usize, &str, &str, &str)] = &[
+    ("data parallel 8", 8, "momentum", "", "model_parallel = 1"),
+    ("model parallel 2", 2, "momentum", "", "model_parallel = 2"),
+    ("model parallel 4", 4, "momentum", "", "model_parallel = 4"),
+    ("model parallel 8", 8, "momentum", "", "model_parallel = 8"),
+    (
+        "dp 2 × mp 4",
+        8,
+        "momentum",
+        "",
+        "data_parallel = 2\nmodel_parallel = 4",
+    ),
+    (
+        "dp 2 × mp 2, untied embeddings",
+        4,
+        "momentum",
+        "tie_embeddings = false",
+        "data_parallel = 2\nmodel_parallel = 2",
+    ),
+    (
+        "dp 2 × mp 2, dropout",
+        4,
+        "momentum",
+        "dropout = 0.1",
+        "data_parallel = 2\nmodel_parallel = 2",
+    ),
+    (
+        "sequence parallel, dp 2 × mp 2",
+        4,
+        "momentum",
+        "",
+        "data_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true",
+    ),
+    (
+        "a glob override: every fc1 data parallel",
+        4,
+        "momentum",
+        "",
+        "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]",
+    ),
+    ("adam, mp 2", 2, "adam", "", "model_parallel = 2"),
+];
+
+#[test]
+fn gpt_configurations_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut references = std::collections::BTreeMap::new();
+    for (i, (name, devices, optimizer, model_extra, parallel)) in CASES.iter().enumerate() {
+        let key = (*optimizer, *model_extra);
+        if !references.contains_key(&key) {
+            let out = tmp.path().join(format!("sa-{}", references.len()));
+            let reference = train(&config(&out, optimizer, model_extra, "mode = \"stand_alone\""));
+            references.insert(key, reference);
+        }
+        let out = tmp.path().join(format!("case-{i}"));
+        let run = train(&config(&out, optimizer, model_extra, &semi(*devices, parallel)));
+        assert_same_run(name, &run, &references[&key]);
+    }
+}
+
+#[test]
+fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = [
+        (
+            "data_parallel = 3\nmodel_parallel = 2",
+            4,
+            "parallel.data_parallel",
+        ),
+        ("model_parallel = 3", 4, "parallel.model_parallel"),
+        ("model_parallel = 16", 16, "model.heads"),
+    ];
+    for (keys, devices, needle) in bad {
+        let config = config(tmp.path(), "momentum", "", &semi(devices, keys));
+        let err = Session::new(&config).unwrap_err().to_string();
+        assert!(err.contains(needle), "{keys}: {err}");
+    }
+}
