@@ -5,6 +5,7 @@ mod callbacks;
 mod config;
 mod equivalence;
 mod idx_data;
+mod op_sharding;
 mod optimizer;
 mod reproducibility;
 mod text_data;

@@ -125,7 +125,7 @@ pub fn output_layouts(
             out_dims.push(cols);
             Ok(vec![output(ctx, &mesh, out_dims, ka, out)?])
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
             let out = out_shape(0);
             let r = out.len();
             let mut out_dims: Vec<Option<Vec<usize>>> = vec![None; r];
@@ -161,7 +161,7 @@ pub fn output_layouts(
         | Op::Tanh
         | Op::Dropout { .. }
         | Op::SparseSoftmaxCrossEntropyGrad { .. } => same_as(0),
-        Op::Softmax | Op::LogSoftmax => {
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             last_unsplit(0, "the softmax axis")?;
             same_as(0)
         }
@@ -169,7 +169,9 @@ pub fn output_layouts(
         | Op::GeluGrad { .. }
         | Op::TanhGrad
         | Op::SoftmaxGrad
-        | Op::LogSoftmaxGrad => {
+        | Op::LogSoftmaxGrad
+        | Op::ScaledSoftmaxGrad { .. } => {
+            last_unsplit(0, "the softmax axis")?;
             require_equal(0, 1)?;
             same_as(0)
         }
@@ -344,7 +346,9 @@ pub fn output_layouts(
             let partial = logits.iter().flatten().copied().collect();
             Ok(vec![output(ctx, &mesh, Vec::new(), partial, out_shape(0))?])
         }
-        Op::Fill { .. } => Ok(vec![output(
+        // Constants are computed whole on every rank; a consumer wanting a split takes its box
+        // (a local slice in the reshard before it).
+        Op::Fill { .. } | Op::Triu { .. } => Ok(vec![output(
             ctx,
             &mesh,
             vec![Vec::new(); out_shape(0).len()],

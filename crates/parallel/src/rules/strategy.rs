@@ -209,7 +209,10 @@ pub fn input_layouts(
             axis_names.extend(["m".to_string(), "k".to_string(), "n".to_string()]);
             place(ctx, s, &dev, &axis_names, devices, vec![a_dims, b_dims])
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div => broadcast_binary(ctx, s, devices),
+        // MaskedFill's mask follows x's split on the dims it has (broadcast dims stay whole).
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
+            broadcast_binary(ctx, s, devices)
+        }
         Op::BiasAdd => {
             let r = s[0].len();
             if s[1][0] != s[0][r - 1] {
@@ -232,7 +235,7 @@ pub fn input_layouts(
                 vec![dims, vec![vec![r - 1]]],
             )
         }
-        Op::Softmax | Op::LogSoftmax => {
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             let r = s[0].len();
             if r > 0 && s[0][r - 1] != 1 {
                 return Err(ctx.invalid(s, "the last dim (the softmax axis) cannot be split"));
@@ -438,7 +441,7 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             vec![1],
             vec![1],
         ],
-        Op::Softmax | Op::LogSoftmax => {
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             vec![batch_split(
                 ctx.input_shapes[0],
                 ctx.input_shapes[0].len() > 1,
