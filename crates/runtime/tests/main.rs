@@ -7,5 +7,7 @@ mod equivalence;
 mod idx_data;
 mod optimizer;
 mod reproducibility;
+mod sharded;
+mod sharded_reshape;
 mod text_data;
 mod training;

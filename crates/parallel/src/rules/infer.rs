@@ -9,7 +9,7 @@ use graph::Op;
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
-use super::OpContext;
+use super::{reshape, OpContext};
 use crate::error::ParallelError;
 
 /// Builds an output layout from per-dim axes and pending-sum axes on `mesh`.
@@ -218,24 +218,21 @@ pub fn output_layouts(
         }
         Op::Flatten { .. } | Op::Reshape { .. } => {
             let x = dims(0);
-            let in_shape = ctx.input_shapes[0];
             let out = out_shape(0);
-            if x.iter().skip(1).any(|axes| !axes.is_empty()) {
-                return Err(ctx.unsupported(format!(
-                    "only dim 0 of its input may be split, got {}",
+            let factors: Vec<usize> = x
+                .iter()
+                .map(|axes| axes.iter().map(|&a| mesh.axis_size(a)).product())
+                .collect();
+            let kept = reshape::kept_splits(ctx.input_shapes[0], out, &factors).map_err(|e| {
+                ctx.unsupported(format!(
+                    "{e}; its input is laid out as {}",
                     inputs[0].layout().describe_map()
-                )));
-            }
-            let first = x.first().cloned().unwrap_or_default();
-            if !first.is_empty() && in_shape.first() != out.first() {
-                return Err(ctx.unsupported(
-                    "its input is split on dim 0 but the output does not keep dim 0",
-                ));
-            }
-            let mut out_dims = vec![Vec::new(); out.len()];
-            if let Some(d0) = out_dims.first_mut() {
-                *d0 = first;
-            }
+                ))
+            })?;
+            let out_dims = kept
+                .iter()
+                .map(|from| from.map(|d| x[d].clone()).unwrap_or_default())
+                .collect();
             Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
         }
         Op::Transpose { perm } => {

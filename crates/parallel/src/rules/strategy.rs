@@ -9,7 +9,7 @@
 use graph::Op;
 use layout::{repeated_calc_mesh, Layout, Mesh};
 
-use super::{InputPlacement, OpContext};
+use super::{reshape, InputPlacement, OpContext};
 use crate::error::ParallelError;
 
 /// Builds the op's mesh from `dev_matrix` (named `names`) on `devices` devices, and the input
@@ -262,17 +262,8 @@ pub fn input_layouts(
             )
         }
         Op::Flatten { .. } | Op::Reshape { .. } => {
-            if s[0].iter().skip(1).any(|&f| f != 1) {
-                return Err(ctx.invalid(s, "only dim 0 can be split"));
-            }
-            let in0 = ctx.input_shapes[0].first().copied();
-            let out0 = ctx.output_shapes[0].first().copied();
-            if s[0].first().is_some_and(|&f| f > 1) && in0 != out0 {
-                return Err(ctx.invalid(
-                    s,
-                    "dim 0 can be split only when the output keeps it (same size)",
-                ));
-            }
+            reshape::kept_splits(ctx.input_shapes[0], ctx.output_shapes[0], &s[0])
+                .map_err(|e| ctx.invalid(s, e))?;
             elementwise(ctx, s, devices)
         }
         Op::Embedding => {
