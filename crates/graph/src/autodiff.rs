@@ -315,6 +315,8 @@ impl RuleCtx<'_> {
 /// | `BiasAdd` | `dy`, `BiasAddGrad(dy)` |
 /// | `ReLU`, `Tanh`, `GeLU` | `ReluGrad(y, dy)`, `TanhGrad(y, dy)`, `GeluGrad(x, dy)` |
 /// | `Softmax`, `LogSoftmax` | `SoftmaxGrad(y, dy)`, `LogSoftmaxGrad(y, dy)` |
+/// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
+/// | `MaskedFill(x, mask)` | `MaskedFill{0}(dy, mask)` for `x`; none for the mask |
 /// | `LayerNorm` | `LayerNormGrad(x, dy, mean, rstd, gamma)` → `dx, dgamma, dbeta` |
 /// | `Flatten`, `Reshape` | `Reshape(dy)` to the input shape |
 /// | `Transpose(perm)` | `Transpose(dy, perm⁻¹)` |
@@ -419,6 +421,15 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         }
         Op::Softmax => out.push((0, ctx.grad(0, Op::SoftmaxGrad, &[ctx.output(0), dy])?)),
         Op::LogSoftmax => out.push((0, ctx.grad(0, Op::LogSoftmaxGrad, &[ctx.output(0), dy])?)),
+        Op::ScaledSoftmax { scale } => {
+            let op = Op::ScaledSoftmaxGrad { scale };
+            out.push((0, ctx.grad(0, op, &[ctx.output(0), dy])?));
+        }
+        Op::MaskedFill { .. } => {
+            // The filled positions do not depend on x; the mask gets no gradient.
+            let op = Op::MaskedFill { value: 0.0 };
+            out.push((0, ctx.grad(0, op, &[dy, ctx.input(1)])?));
+        }
         Op::LayerNorm { .. } => {
             let inputs = [ctx.input(0), dy, ctx.output(1), ctx.output(2), ctx.input(1)];
             let grads = ctx.emit(
@@ -472,6 +483,8 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             out.push((0, ctx.grad(0, op, &[logits, labels, dy])?));
         }
         Op::Fill { .. }
+        | Op::Triu { .. }
+        | Op::ScaledSoftmaxGrad { .. }
         | Op::ReluGrad
         | Op::GeluGrad { .. }
         | Op::TanhGrad

@@ -518,6 +518,43 @@ impl GraphBuilder {
         };
         self.op1(name, op, &[])
     }
+
+    /// A constant of the builder's float dtype: 1 at `[.., i, j]` where `j - i >= diagonal`,
+    /// else 0 (`diagonal = 1` gives the causal attention mask, 1 on future positions).
+    pub fn triu(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        diagonal: i64,
+    ) -> Result<ValueId, GraphError> {
+        let op = Op::Triu {
+            shape: shape.to_vec(),
+            diagonal,
+            dtype: self.float_dtype,
+        };
+        self.op1(name, op, &[])
+    }
+
+    /// `x` with `value` wherever `mask` (any dtype, broadcast to `x`) is nonzero.
+    pub fn masked_fill(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        mask: ValueId,
+        value: f64,
+    ) -> Result<ValueId, GraphError> {
+        self.op1(name, Op::MaskedFill { value }, &[x, mask])
+    }
+
+    /// `softmax(scale · x)` over the last dim.
+    pub fn scaled_softmax(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        scale: f64,
+    ) -> Result<ValueId, GraphError> {
+        self.op1(name, Op::ScaledSoftmax { scale }, &[x])
+    }
 }
 
 #[cfg(test)]

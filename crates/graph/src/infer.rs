@@ -59,6 +59,21 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             c.min_rank(0, 1, "at least 1 dim (the class dim)")?;
             vec![c.same_as(0)?]
         }
+        Op::ScaledSoftmax { scale } => {
+            c.min_rank(0, 1, "at least 1 dim (the class dim)")?;
+            c.softmax_scale(*scale)?;
+            vec![c.same_as(0)?]
+        }
+        Op::MaskedFill { value } => {
+            let x = c.float(0)?;
+            if !broadcasts_to(&c.input(1).shape, &x.shape) {
+                return Err(c.rank_error(1, "a mask shape that broadcasts to x's shape"));
+            }
+            if value.is_nan() {
+                return Err(c.attribute("value", "must not be NaN".to_string()));
+            }
+            vec![c.same_as(0)?]
+        }
         Op::BiasAdd => {
             let x = c.float(0)?;
             c.same_dtype(1, 0)?;
@@ -212,6 +227,27 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
                 return Err(c.attribute("value", format!("must be finite, got {value}")));
             }
             vec![(shape.clone(), *dtype)]
+        }
+        Op::Triu { shape, dtype, .. } => {
+            if !dtype.is_float() {
+                return Err(c.attribute(
+                    "dtype",
+                    format!("must be a floating-point dtype, got {dtype}"),
+                ));
+            }
+            if shape.len() < 2 {
+                return Err(c.attribute(
+                    "shape",
+                    format!("{shape:?} needs at least 2 dims ([.., rows, cols])"),
+                ));
+            }
+            vec![(shape.clone(), *dtype)]
+        }
+        Op::ScaledSoftmaxGrad { scale } => {
+            c.softmax_scale(*scale)?;
+            c.same_dtype(1, 0)?;
+            c.same_shape(1, 0)?;
+            vec![c.same_as(0)?]
         }
         Op::ReluGrad
         | Op::GeluGrad { .. }
@@ -453,6 +489,15 @@ impl<'a> Check<'a> {
             rhs: self.operand(rhs.0),
             rhs_dim: rhs.1,
         })
+    }
+
+    /// `Ok` when a softmax scale is finite and positive.
+    fn softmax_scale(&self, scale: f64) -> Result<(), GraphError> {
+        if scale.is_finite() && scale > 0.0 {
+            Ok(())
+        } else {
+            Err(self.attribute("scale", format!("must be finite and > 0, got {scale}")))
+        }
     }
 
     /// Checks inputs 0 (`logits [n, c]`) and 1 (`labels [n]`) and the divisor; returns logits.

@@ -129,6 +129,36 @@ pub enum Op {
         /// The value.
         value: f64,
     },
+    /// An upper-triangular constant: no inputs → `shape` (`[rows, cols]`, or with leading batch
+    /// dims) of `dtype`, element `[.., i, j]` 1 where `j - i >= diagonal`, else 0. The causal
+    /// attention mask is `Triu { diagonal: 1, .. }` (1 marks the future positions to hide).
+    /// Element values are functions of *global* positions ([`crate::exec::EvalCtx::placement`]),
+    /// so any block of it can be computed on its own.
+    Triu {
+        /// The output shape, at least 2 dims (rewritten to the local shape by a parallel pass).
+        shape: Vec<usize>,
+        /// The first diagonal that holds ones: 0 the main diagonal, 1 the one above it.
+        diagonal: i64,
+        /// The output dtype (floating-point).
+        dtype: DType,
+    },
+    /// Inputs `x` and `mask` (any dtype, broadcastable to `x`, NumPy rules) → `x` where `mask`
+    /// is 0, `value` where it is not.
+    MaskedFill {
+        /// The value written where the mask is nonzero (may be infinite, e.g. `-inf`).
+        value: f64,
+    },
+    /// `softmax(scale · x)` over the last dim (attention scores scaled by `1/√d`).
+    ScaledSoftmax {
+        /// The factor applied to `x`, finite and positive.
+        scale: f64,
+    },
+    /// *Backward* of [`Op::ScaledSoftmax`]: inputs `y` (the forward output) and `dy` →
+    /// `dx = scale · y ⊙ (dy − Σ_last y ⊙ dy)`.
+    ScaledSoftmaxGrad {
+        /// The forward's scale.
+        scale: f64,
+    },
     /// *Backward* of [`Op::Relu`]: inputs `y` (the forward output) and `dy` → `dx`.
     ReluGrad,
     /// *Backward* of [`Op::Gelu`]: inputs `x` (the forward input) and `dy` → `dx`.
@@ -190,6 +220,10 @@ impl Op {
             Op::Dropout { .. } => "Dropout",
             Op::SparseSoftmaxCrossEntropy { .. } => "SparseSoftmaxCrossEntropy",
             Op::Fill { .. } => "Fill",
+            Op::Triu { .. } => "Triu",
+            Op::MaskedFill { .. } => "MaskedFill",
+            Op::ScaledSoftmax { .. } => "ScaledSoftmax",
+            Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
             Op::ReluGrad => "ReluGrad",
             Op::GeluGrad { .. } => "GeluGrad",
             Op::TanhGrad => "TanhGrad",
@@ -205,13 +239,14 @@ impl Op {
     /// Number of inputs.
     pub fn n_inputs(&self) -> usize {
         match self {
-            Op::Fill { .. } => 0,
+            Op::Fill { .. } | Op::Triu { .. } => 0,
             Op::Neg
             | Op::Relu
             | Op::Gelu { .. }
             | Op::Tanh
             | Op::Softmax
             | Op::LogSoftmax
+            | Op::ScaledSoftmax { .. }
             | Op::Flatten { .. }
             | Op::Reshape { .. }
             | Op::Transpose { .. }
@@ -229,6 +264,8 @@ impl Op {
             | Op::BiasAdd
             | Op::Embedding
             | Op::SparseSoftmaxCrossEntropy { .. }
+            | Op::MaskedFill { .. }
+            | Op::ScaledSoftmaxGrad { .. }
             | Op::ReluGrad
             | Op::GeluGrad { .. }
             | Op::TanhGrad
@@ -257,6 +294,7 @@ impl Op {
                 | Op::TanhGrad
                 | Op::SoftmaxGrad
                 | Op::LogSoftmaxGrad
+                | Op::ScaledSoftmaxGrad { .. }
                 | Op::LayerNormGrad
                 | Op::EmbeddingGrad { .. }
                 | Op::BiasAddGrad

@@ -219,3 +219,37 @@ fn fan_out_gradients_accumulate() {
     })
     .unwrap();
 }
+
+#[test]
+fn masked_fill_with_broadcast_masks_of_any_dtype() {
+    // A float causal mask broadcast over the batch, and an i32 mask fed per batch and column.
+    check_gradients("masked_fill triu mask", |b| {
+        let x = param(b, "x", &[2, 3, 4])?;
+        let mask = b.triu("mask", &[3, 4], 1)?;
+        Ok((b.masked_fill("fill", x, mask, -5.0)?, Vec::new()))
+    })
+    .unwrap();
+    check_gradients("masked_fill i32 mask", |b| {
+        let x = param(b, "x", &[2, 3, 4])?;
+        let mask = b.input("mask", &[2, 1, 4], DType::I32)?;
+        let feed = indices(&[2, 1, 4], 2, 5);
+        Ok((b.masked_fill("fill", x, mask, 2.5)?, vec![(mask, feed)]))
+    })
+    .unwrap();
+}
+
+#[test]
+fn scaled_softmax_alone_and_after_a_causal_mask() {
+    check_op(
+        "scaled_softmax",
+        Op::ScaledSoftmax { scale: 0.35 },
+        &[&[3, 5]],
+    );
+    check_gradients("causal attention weights", |b| {
+        let scores = param(b, "scores", &[2, 4, 4])?;
+        let mask = b.triu("causal", &[4, 4], 1)?;
+        let masked = b.masked_fill("masked", scores, mask, f64::NEG_INFINITY)?;
+        Ok((b.scaled_softmax("attn", masked, 0.5)?, Vec::new()))
+    })
+    .unwrap();
+}

@@ -281,3 +281,40 @@ fn eval_op_rejects_bad_operands_without_panicking() {
         "mm: MatMul produces 1 outputs, got 0 output buffers"
     );
 }
+
+#[test]
+fn triu_blocks_hold_the_values_of_the_whole() {
+    let shape = [2, 5, 6];
+    for diagonal in [-2, 0, 1, 4] {
+        let op = Op::Triu {
+            shape: shape.to_vec(),
+            diagonal,
+            dtype: DType::F32,
+        };
+        let mut whole = Tensor::zeros(DType::F32, &shape);
+        eval_op(&op, &[], std::slice::from_mut(&mut whole), &ctx(None)).unwrap();
+        let values = whole.as_f32().unwrap();
+        for (k, &v) in values.iter().enumerate() {
+            let (i, j) = ((k / 6 % 5) as i64, (k % 6) as i64);
+            assert_eq!(v, if j - i >= diagonal { 1.0 } else { 0.0 }, "{k}");
+        }
+        let region = SliceBox::new(vec![1, 2, 3], vec![1, 3, 2]);
+        let mut block = Tensor::zeros(DType::F32, &region.shape);
+        let placement = Placement {
+            offset: &region.offset,
+            global_shape: &shape,
+        };
+        eval_op(
+            &op,
+            &[],
+            std::slice::from_mut(&mut block),
+            &ctx(Some(placement)),
+        )
+        .unwrap();
+        assert_eq!(
+            block,
+            whole.extract_box(&region).unwrap(),
+            "diagonal {diagonal}"
+        );
+    }
+}

@@ -342,6 +342,12 @@ fn place_forward(
     placed: &PlacedGraph,
 ) -> Result<NodePlacement, ParallelError> {
     if node.inputs.is_empty() {
+        if config.mode == ParallelMode::SemiAuto && config.strategies.contains_key(&node.name) {
+            return Err(ctx.unsupported(
+                "a constant takes no strategy: it is computed whole on every rank, and a \
+                 consumer wanting a split takes its block",
+            ));
+        }
         let outputs = infer::output_layouts(ctx, &[], &placed.stage)?;
         return Ok(NodePlacement {
             strategy: None,
@@ -457,5 +463,5 @@ fn out_strategy_layouts(
 
 /// Whether a node is a forward op a user may annotate.
 pub fn is_annotatable(node: &Node) -> bool {
-    node.role == NodeRole::Forward && !matches!(node.op, Op::Fill { .. })
+    node.role == NodeRole::Forward && !matches!(node.op, Op::Fill { .. } | Op::Triu { .. })
 }

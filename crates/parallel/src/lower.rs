@@ -226,7 +226,8 @@ fn local_op(op: &Op, local_out: &[usize]) -> Op {
         | Op::Reshape { shape }
         | Op::BroadcastTo { shape }
         | Op::SumToShape { shape }
-        | Op::Fill { shape, .. } => *shape = local_out.to_vec(),
+        | Op::Fill { shape, .. }
+        | Op::Triu { shape, .. } => *shape = local_out.to_vec(),
         _ => {}
     }
     op

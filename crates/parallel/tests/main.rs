@@ -1,3 +1,4 @@
 //! Behaviour tests of the parallel pass.
 
+mod op_rules;
 mod rules;

@@ -215,3 +215,40 @@ fn rank_views_account_for_every_byte_of_every_reshard() {
         .to_string()
         .contains("reshard matmul2: reduce-scatter along dim 0"));
 }
+
+#[test]
+fn reshape_strategies_keep_outermost_splits_and_name_refused_dims() {
+    let semi = |devices: usize, s: &[&[usize]]| ParallelConfig {
+        dataset_strategy: parallel::DatasetStrategy::FullBatch,
+        ..ParallelConfig::new(ParallelMode::SemiAuto, devices).shard("reshape", s)
+    };
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[4, 6, 12], DType::F32).unwrap();
+    b.reshape("reshape", x, &[4, 6, 3, 4]).unwrap();
+    let g = b.finish();
+    // Dim 2 (H·D = 12) split 3 ways becomes the head dim (3) split 3 ways.
+    let config = semi(6, &[&[2, 1, 3]]);
+    let placed = place(&g, &config).unwrap();
+    let p = &placed.nodes[g.node_by_name("reshape").unwrap().0];
+    assert_eq!(p.outputs[0].layout().slice_shape(), &[2, 6, 1, 4]);
+    // Splitting 12 six ways does not divide the 3 heads.
+    let config = semi(6, &[&[1, 1, 6]]);
+    let err = place(&g, &config).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "dim 2 of the input is split 6 ways, which does not divide output dim 2 (size 3)"
+        ),
+        "{err}"
+    );
+    // A merge keeps only the outer dim's split.
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[4, 6], DType::F32).unwrap();
+    b.reshape("reshape", x, &[24]).unwrap();
+    let g = b.finish();
+    let config = semi(2, &[&[1, 2]]);
+    let err = place(&g, &config).unwrap_err().to_string();
+    assert!(
+        err.contains("dim 1 of the input is split 2 ways, but only the outermost dim"),
+        "{err}"
+    );
+}

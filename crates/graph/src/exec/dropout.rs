@@ -5,13 +5,12 @@
 //! unsharded tensor would get, given the block's offset ([`super::Placement`]); the backward node
 //! (the same op applied to `dy`) reproduces the forward mask without storing it.
 
-use layout::SliceBox;
 use tensor::kernels::Float;
 use tensor::TensorError;
 
 use crate::error::GraphError;
-use crate::exec::eval::EvalCtx;
-use crate::rng::{bits_at, for_each_global_run, mix64, region_fits};
+use crate::exec::eval::{checked_placement, EvalCtx};
+use crate::rng::{bits_at, for_each_global_run, mix64};
 
 /// Distinguishes dropout streams from initializer streams keyed by the same numbers.
 const DROPOUT_SALT: u64 = 0x6472_6F70_6F75_7421; // "dropout!"
@@ -73,19 +72,9 @@ pub(crate) fn dropout_into<T: Float>(
             *o = if keep { v * scale } else { T::ZERO };
         }
     };
-    match ctx.placement {
+    match checked_placement(ctx, shape)? {
         None => apply(0, 0, n),
         Some(placement) => {
-            if !region_fits(placement.offset, shape, placement.global_shape) {
-                return Err(GraphError::RegionOutOfRange {
-                    context: ctx.node.to_string(),
-                    region: SliceBox {
-                        offset: placement.offset.to_vec(),
-                        shape: shape.to_vec(),
-                    },
-                    shape: placement.global_shape.to_vec(),
-                });
-            }
             for_each_global_run(placement.global_shape, placement.offset, shape, apply);
         }
     }

@@ -1,13 +1,16 @@
 //! [`eval_op`]: the one dispatch from an [`Op`] to `tensor::kernels`, writing into
 //! caller-allocated outputs.
 
+use layout::SliceBox;
 use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, UnaryOp};
 use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
+use crate::exec::select::{masked_fill_into, triu_into};
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
+use crate::rng::region_fits;
 
 /// Where the block an op computes lies in the global tensor, for ops whose result depends on
 /// global positions ([`Op::Dropout`]).
@@ -70,6 +73,26 @@ pub fn eval_op(
             op: op.kind(),
             dtype,
         }),
+    }
+}
+
+/// `ctx.placement`, checked to hold a block of `shape` inside the global tensor.
+pub(crate) fn checked_placement<'a>(
+    ctx: &EvalCtx<'a>,
+    shape: &[usize],
+) -> Result<Option<Placement<'a>>, GraphError> {
+    match ctx.placement {
+        Some(p) if !region_fits(p.offset, shape, p.global_shape) => {
+            Err(GraphError::RegionOutOfRange {
+                context: ctx.node.to_string(),
+                region: SliceBox {
+                    offset: p.offset.to_vec(),
+                    shape: shape.to_vec(),
+                },
+                shape: p.global_shape.to_vec(),
+            })
+        }
+        placement => Ok(placement),
     }
 }
 
@@ -234,24 +257,30 @@ fn eval_typed<T: Float + Element>(
             let (x, bias) = (read::<T>(inputs[0], ctx)?, read::<T>(inputs[1], ctx)?);
             kernels::bias_add_into(x, bias, write(&mut outputs[0], ctx)?).map_err(kernel())
         }
-        Op::Softmax | Op::LogSoftmax => {
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             let x = inputs[0];
             min_rank(x, 1, "x", ctx)?;
             let (cols, xs) = (last_dim(x), read::<T>(x, ctx)?);
             let out = write(&mut outputs[0], ctx)?;
             match op {
                 Op::Softmax => kernels::softmax_into(xs, cols, out),
+                Op::ScaledSoftmax { scale } => {
+                    kernels::scaled_softmax_into(xs, T::from_f64(*scale), cols, out)
+                }
                 _ => kernels::log_softmax_into(xs, cols, out),
             }
             .map_err(kernel())
         }
-        Op::SoftmaxGrad | Op::LogSoftmaxGrad => {
+        Op::SoftmaxGrad | Op::LogSoftmaxGrad | Op::ScaledSoftmaxGrad { .. } => {
             let y = inputs[0];
             min_rank(y, 1, "y", ctx)?;
             let (cols, ys, dy) = (last_dim(y), read::<T>(y, ctx)?, read::<T>(inputs[1], ctx)?);
             let dx = write(&mut outputs[0], ctx)?;
             match op {
                 Op::SoftmaxGrad => kernels::softmax_grad_into(ys, dy, cols, dx),
+                Op::ScaledSoftmaxGrad { scale } => {
+                    kernels::scaled_softmax_grad_into(ys, dy, T::from_f64(*scale), cols, dx)
+                }
                 _ => kernels::log_softmax_grad_into(ys, dy, cols, dx),
             }
             .map_err(kernel())
@@ -418,6 +447,16 @@ fn eval_typed<T: Float + Element>(
         Op::Fill { value, .. } => {
             kernels::fill(write::<T>(&mut outputs[0], ctx)?, T::from_f64(*value));
             Ok(())
+        }
+        Op::Triu { diagonal, .. } => {
+            with_shape_and_elements::<T, _>(&mut outputs[0], ctx, |shape, out| {
+                triu_into(out, shape, *diagonal, ctx)
+            })
+        }
+        Op::MaskedFill { value } => {
+            let x = inputs[0];
+            let (xs, out) = (read::<T>(x, ctx)?, write::<T>(&mut outputs[0], ctx)?);
+            masked_fill_into(xs, x.shape(), inputs[1], T::from_f64(*value), out, ctx)
         }
         Op::Add
         | Op::Sub

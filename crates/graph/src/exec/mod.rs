@@ -8,6 +8,7 @@
 mod dropout;
 mod eval;
 mod executor;
+mod select;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
 pub use self::eval::{eval_op, EvalCtx, Placement};

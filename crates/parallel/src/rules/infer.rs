@@ -9,7 +9,7 @@ use graph::Op;
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
-use super::OpContext;
+use super::{reshape, OpContext};
 use crate::error::ParallelError;
 
 /// Builds an output layout from per-dim axes and pending-sum axes on `mesh`.
@@ -125,7 +125,7 @@ pub fn output_layouts(
             out_dims.push(cols);
             Ok(vec![output(ctx, &mesh, out_dims, ka, out)?])
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
             let out = out_shape(0);
             let r = out.len();
             let mut out_dims: Vec<Option<Vec<usize>>> = vec![None; r];
@@ -161,7 +161,7 @@ pub fn output_layouts(
         | Op::Tanh
         | Op::Dropout { .. }
         | Op::SparseSoftmaxCrossEntropyGrad { .. } => same_as(0),
-        Op::Softmax | Op::LogSoftmax => {
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             last_unsplit(0, "the softmax axis")?;
             same_as(0)
         }
@@ -169,7 +169,9 @@ pub fn output_layouts(
         | Op::GeluGrad { .. }
         | Op::TanhGrad
         | Op::SoftmaxGrad
-        | Op::LogSoftmaxGrad => {
+        | Op::LogSoftmaxGrad
+        | Op::ScaledSoftmaxGrad { .. } => {
+            last_unsplit(0, "the softmax axis")?;
             require_equal(0, 1)?;
             same_as(0)
         }
@@ -218,24 +220,21 @@ pub fn output_layouts(
         }
         Op::Flatten { .. } | Op::Reshape { .. } => {
             let x = dims(0);
-            let in_shape = ctx.input_shapes[0];
             let out = out_shape(0);
-            if x.iter().skip(1).any(|axes| !axes.is_empty()) {
-                return Err(ctx.unsupported(format!(
-                    "only dim 0 of its input may be split, got {}",
+            let factors: Vec<usize> = x
+                .iter()
+                .map(|axes| axes.iter().map(|&a| mesh.axis_size(a)).product())
+                .collect();
+            let kept = reshape::kept_splits(ctx.input_shapes[0], out, &factors).map_err(|e| {
+                ctx.unsupported(format!(
+                    "{e}; its input is laid out as {}",
                     inputs[0].layout().describe_map()
-                )));
-            }
-            let first = x.first().cloned().unwrap_or_default();
-            if !first.is_empty() && in_shape.first() != out.first() {
-                return Err(ctx.unsupported(
-                    "its input is split on dim 0 but the output does not keep dim 0",
-                ));
-            }
-            let mut out_dims = vec![Vec::new(); out.len()];
-            if let Some(d0) = out_dims.first_mut() {
-                *d0 = first;
-            }
+                ))
+            })?;
+            let out_dims = kept
+                .iter()
+                .map(|from| from.map(|d| x[d].clone()).unwrap_or_default())
+                .collect();
             Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
         }
         Op::Transpose { perm } => {
@@ -344,7 +343,9 @@ pub fn output_layouts(
             let partial = logits.iter().flatten().copied().collect();
             Ok(vec![output(ctx, &mesh, Vec::new(), partial, out_shape(0))?])
         }
-        Op::Fill { .. } => Ok(vec![output(
+        // Constants are computed whole on every rank; a consumer wanting a split takes its box
+        // (a local slice in the reshard before it).
+        Op::Fill { .. } | Op::Triu { .. } => Ok(vec![output(
             ctx,
             &mesh,
             vec![Vec::new(); out_shape(0).len()],

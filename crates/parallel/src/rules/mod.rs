@@ -11,6 +11,7 @@
 //! Both work on [`OpContext`]: the op, its name and the global shapes of its operands.
 
 pub mod infer;
+mod reshape;
 pub mod strategy;
 
 use graph::{Graph, Node, Op};

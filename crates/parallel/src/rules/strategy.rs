@@ -9,7 +9,7 @@
 use graph::Op;
 use layout::{repeated_calc_mesh, Layout, Mesh};
 
-use super::{InputPlacement, OpContext};
+use super::{reshape, InputPlacement, OpContext};
 use crate::error::ParallelError;
 
 /// Builds the op's mesh from `dev_matrix` (named `names`) on `devices` devices, and the input
@@ -209,7 +209,10 @@ pub fn input_layouts(
             axis_names.extend(["m".to_string(), "k".to_string(), "n".to_string()]);
             place(ctx, s, &dev, &axis_names, devices, vec![a_dims, b_dims])
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div => broadcast_binary(ctx, s, devices),
+        // MaskedFill's mask follows x's split on the dims it has (broadcast dims stay whole).
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
+            broadcast_binary(ctx, s, devices)
+        }
         Op::BiasAdd => {
             let r = s[0].len();
             if s[1][0] != s[0][r - 1] {
@@ -232,7 +235,7 @@ pub fn input_layouts(
                 vec![dims, vec![vec![r - 1]]],
             )
         }
-        Op::Softmax | Op::LogSoftmax => {
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             let r = s[0].len();
             if r > 0 && s[0][r - 1] != 1 {
                 return Err(ctx.invalid(s, "the last dim (the softmax axis) cannot be split"));
@@ -262,17 +265,8 @@ pub fn input_layouts(
             )
         }
         Op::Flatten { .. } | Op::Reshape { .. } => {
-            if s[0].iter().skip(1).any(|&f| f != 1) {
-                return Err(ctx.invalid(s, "only dim 0 can be split"));
-            }
-            let in0 = ctx.input_shapes[0].first().copied();
-            let out0 = ctx.output_shapes[0].first().copied();
-            if s[0].first().is_some_and(|&f| f > 1) && in0 != out0 {
-                return Err(ctx.invalid(
-                    s,
-                    "dim 0 can be split only when the output keeps it (same size)",
-                ));
-            }
+            reshape::kept_splits(ctx.input_shapes[0], ctx.output_shapes[0], &s[0])
+                .map_err(|e| ctx.invalid(s, e))?;
             elementwise(ctx, s, devices)
         }
         Op::Embedding => {
@@ -438,7 +432,7 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             vec![1],
             vec![1],
         ],
-        Op::Softmax | Op::LogSoftmax => {
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             vec![batch_split(
                 ctx.input_shapes[0],
                 ctx.input_shapes[0].len() > 1,

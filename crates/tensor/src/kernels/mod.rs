@@ -79,8 +79,9 @@ pub use self::reduce::{
     sum_slice, Reduction,
 };
 pub use self::softmax::{
-    log_softmax, log_softmax_grad, log_softmax_grad_into, log_softmax_into, log_sum_exp, softmax,
-    softmax_grad, softmax_grad_into, softmax_into,
+    log_softmax, log_softmax_grad, log_softmax_grad_into, log_softmax_into, log_sum_exp,
+    scaled_softmax_grad_into, scaled_softmax_into, softmax, softmax_grad, softmax_grad_into,
+    softmax_into,
 };
 pub use self::unary::{
     exp, exp_grad, gelu, gelu_grad, log, log_grad, neg, relu, relu_grad, sigmoid, sigmoid_grad,

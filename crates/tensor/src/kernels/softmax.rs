@@ -28,9 +28,16 @@ fn check_rows(
 /// Writes the softmax of one row: `out = exp(x - max) / Σ exp(x - max)`.
 #[inline]
 pub(crate) fn softmax_row<T: Float>(x: &[T], out: &mut [T]) {
+    scaled_softmax_row(x, T::ONE, out);
+}
+
+/// Writes the softmax of one row scaled by `scale > 0`:
+/// `out = exp(scale·(x - max)) / Σ exp(scale·(x - max))`.
+#[inline]
+fn scaled_softmax_row<T: Float>(x: &[T], scale: T, out: &mut [T]) {
     let max = max_slice(x);
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = (v - max).exp();
+        *o = ((v - max) * scale).exp();
     }
     let scale = T::ONE / sum_slice(out);
     for o in out.iter_mut() {
@@ -56,13 +63,37 @@ pub(crate) fn log_softmax_row<T: Float>(x: &[T], out: &mut [T]) {
 
 /// Softmax of each row of `cols` elements of `x` into `out`.
 pub fn softmax_into<T: Float>(x: &[T], cols: usize, out: &mut [T]) -> Result<(), TensorError> {
+    scaled_softmax_into(x, T::ONE, cols, out)
+}
+
+/// `softmax(scale · row)` of each row of `cols` elements of `x` into `out`; `scale` must be
+/// finite and positive (attention's `1/√d`).
+pub fn scaled_softmax_into<T: Float>(
+    x: &[T],
+    scale: T,
+    cols: usize,
+    out: &mut [T],
+) -> Result<(), TensorError> {
     check_rows("softmax", x.len(), cols, out.len())?;
+    check_scale("softmax", scale)?;
     if cols > 0 {
         for (o, row) in out.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
-            softmax_row(row, o);
+            scaled_softmax_row(row, scale, o);
         }
     }
     Ok(())
+}
+
+/// `Ok` when a softmax scale is finite and positive.
+fn check_scale<T: Float>(op: &'static str, scale: T) -> Result<(), TensorError> {
+    if scale.to_f64().is_finite() && scale > T::ZERO {
+        Ok(())
+    } else {
+        Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("the scale must be finite and positive, got {scale:?}"),
+        })
+    }
 }
 
 /// Log-softmax of each row of `cols` elements of `x` into `out`.
@@ -83,9 +114,22 @@ pub fn softmax_grad_into<T: Float>(
     cols: usize,
     dx: &mut [T],
 ) -> Result<(), TensorError> {
+    scaled_softmax_grad_into(y, dy, T::ONE, cols, dx)
+}
+
+/// Backward of [`scaled_softmax_into`] per row: `dx = scale · y ⊙ (dy - Σ dy⊙y)`, from the
+/// forward output `y`.
+pub fn scaled_softmax_grad_into<T: Float>(
+    y: &[T],
+    dy: &[T],
+    scale: T,
+    cols: usize,
+    dx: &mut [T],
+) -> Result<(), TensorError> {
     const OP: &str = "softmax_grad";
     check_rows(OP, y.len(), cols, dx.len())?;
     check::buffer_len(OP, "dy", y.len(), dy.len())?;
+    check_scale(OP, scale)?;
     if cols > 0 {
         for ((d, yr), gr) in dx
             .chunks_exact_mut(cols)
@@ -94,7 +138,7 @@ pub fn softmax_grad_into<T: Float>(
         {
             let inner = dot_slice(yr, gr);
             for ((o, &p), &g) in d.iter_mut().zip(yr).zip(gr) {
-                *o = p * (g - inner);
+                *o = scale * p * (g - inner);
             }
         }
     }

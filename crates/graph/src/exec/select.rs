@@ -1,0 +1,157 @@
+//! Kernels that pick elements by a mask or by position: [`crate::Op::Triu`] (a constant whose
+//! values are functions of global positions) and [`crate::Op::MaskedFill`] (a mask broadcast to
+//! `x`, NumPy rules, of any dtype).
+
+use tensor::kernels::Float;
+use tensor::{Storage, Tensor, TensorError};
+
+use crate::error::GraphError;
+use crate::exec::eval::{checked_placement, EvalCtx};
+
+/// `out[.., i, j] = 1` where `j - i >= diagonal`, else 0, for the block of `shape` at
+/// `ctx.placement` (the whole tensor when `None`): `i` and `j` are global positions.
+pub(crate) fn triu_into<T: Float>(
+    out: &mut [T],
+    shape: &[usize],
+    diagonal: i64,
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let ndim = shape.len();
+    if ndim < 2 {
+        return Err(invalid(
+            ctx,
+            format!("Triu needs at least 2 dims, got {shape:?}"),
+        ));
+    }
+    let (row0, col0) = match checked_placement(ctx, shape)? {
+        Some(p) => (p.offset[ndim - 2], p.offset[ndim - 1]),
+        None => (0, 0),
+    };
+    let (rows, cols) = (shape[ndim - 2], shape[ndim - 1]);
+    if cols == 0 || rows == 0 {
+        return Ok(());
+    }
+    for (k, row) in out.chunks_exact_mut(cols).enumerate() {
+        let i = (row0 + k % rows) as i64;
+        for (c, o) in row.iter_mut().enumerate() {
+            let j = (col0 + c) as i64;
+            *o = if j - i >= diagonal { T::ONE } else { T::ZERO };
+        }
+    }
+    Ok(())
+}
+
+/// `out = x` where the mask (broadcast to `x_shape`) is 0, `value` where it is not.
+pub(crate) fn masked_fill_into<T: Float>(
+    x: &[T],
+    x_shape: &[usize],
+    mask: &Tensor,
+    value: T,
+    out: &mut [T],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    if out.len() != x.len() {
+        return Err(invalid(
+            ctx,
+            format!("x has {} elements but the output {}", x.len(), out.len()),
+        ));
+    }
+    for_each_masked(x_shape, mask, ctx, |k, fill| {
+        out[k] = if fill { value } else { x[k] };
+    })
+}
+
+/// Calls `f(k, nonzero)` for every flat index `k` of a tensor of `shape`, with whether the
+/// element of `mask` broadcast to `shape` at `k` is nonzero.
+pub(crate) fn for_each_masked(
+    shape: &[usize],
+    mask: &Tensor,
+    ctx: &EvalCtx<'_>,
+    mut f: impl FnMut(usize, bool),
+) -> Result<(), GraphError> {
+    let strides = mask_strides(mask.shape(), shape).ok_or_else(|| {
+        invalid(
+            ctx,
+            format!(
+                "the mask's shape {:?} does not broadcast to {shape:?}",
+                mask.shape()
+            ),
+        )
+    })?;
+    // Every element type's `Default` is its zero (half's f16/bf16 included).
+    macro_rules! walk {
+        ($v:expr) => {
+            walk_broadcast(shape, &strides, |k, m| f(k, $v[m] != Default::default()))
+        };
+    }
+    match mask.storage() {
+        Storage::F64(v) => walk!(v),
+        Storage::F32(v) => walk!(v),
+        Storage::F16(v) => walk!(v),
+        Storage::BF16(v) => walk!(v),
+        Storage::I64(v) => walk!(v),
+        Storage::I32(v) => walk!(v),
+        Storage::I16(v) => walk!(v),
+        Storage::I8(v) => walk!(v),
+        Storage::U64(v) => walk!(v),
+        Storage::U32(v) => walk!(v),
+        Storage::U16(v) => walk!(v),
+        Storage::U8(v) | Storage::Bool(v) => walk!(v),
+    }
+    Ok(())
+}
+
+/// Strides of a contiguous tensor of `shape` read as broadcast to `target` (0 along stretched or
+/// missing dims), or `None` if it does not broadcast to `target`.
+fn mask_strides(shape: &[usize], target: &[usize]) -> Option<Vec<usize>> {
+    if shape.len() > target.len() {
+        return None;
+    }
+    let missing = target.len() - shape.len();
+    let mut strides = vec![0; target.len()];
+    let mut stride = 1;
+    for d in (missing..target.len()).rev() {
+        let size = shape[d - missing];
+        if size == target[d] {
+            strides[d] = stride;
+        } else if size != 1 {
+            return None;
+        }
+        stride *= size;
+    }
+    Some(strides)
+}
+
+/// Calls `f(k, m)` for every flat index `k` of `shape` in row-major order with the offset `m`
+/// the operand of `strides` reads there.
+fn walk_broadcast(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize, usize)) {
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return;
+    }
+    let ndim = shape.len();
+    let mut counter = vec![0usize; ndim];
+    let mut m = 0;
+    for k in 0..n {
+        f(k, m);
+        for d in (0..ndim).rev() {
+            counter[d] += 1;
+            m += strides[d];
+            if counter[d] < shape[d] {
+                break;
+            }
+            m -= strides[d] * shape[d];
+            counter[d] = 0;
+        }
+    }
+}
+
+fn invalid(ctx: &EvalCtx<'_>, reason: String) -> GraphError {
+    GraphError::Kernel {
+        node: ctx.node.to_string(),
+        source: Box::new(TensorError::InvalidArgument {
+            op: "eval_op",
+            reason,
+        }),
+    }
+}

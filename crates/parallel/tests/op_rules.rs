@@ -1,0 +1,100 @@
+//! Sharding rules of the transformer ops: which splits they accept, the layouts their inputs
+//! get, and the errors naming the broken rule.
+
+use graph::{Graph, GraphBuilder, Initializer, ValueId};
+use layout::TensorLayout;
+use parallel::rules::{infer, OpContext};
+use parallel::{place, ParallelConfig, ParallelMode, PlacedGraph};
+
+/// A graph of f32 parameters `x [4, 4, 8]` and whatever `build` adds.
+fn graph_with(build: impl FnOnce(&mut GraphBuilder, ValueId)) -> Graph {
+    let mut b = GraphBuilder::new();
+    let x = b
+        .parameter("x", &[4, 4, 8], Initializer::normal(1.0))
+        .unwrap();
+    build(&mut b, x);
+    b.finish()
+}
+
+fn placed(g: &Graph, op: &str, strategy: &[&[usize]], devices: usize) -> PlacedGraph {
+    let config = ParallelConfig::new(ParallelMode::SemiAuto, devices).shard(op, strategy);
+    place(g, &config).unwrap()
+}
+
+fn error(g: &Graph, op: &str, strategy: &[&[usize]], devices: usize) -> String {
+    let config = ParallelConfig::new(ParallelMode::SemiAuto, devices).shard(op, strategy);
+    place(g, &config).unwrap_err().to_string()
+}
+
+fn map(layout: &TensorLayout) -> Vec<i64> {
+    layout.layout().ms_flat_tensor_map().unwrap()
+}
+
+#[test]
+fn triu_is_computed_whole_and_takes_no_strategy() {
+    let g = graph_with(|b, x| {
+        let mask = b.triu("mask", &[4, 8], 1).unwrap();
+        b.masked_fill("fill", x, mask, -1e9).unwrap();
+    });
+    let p = placed(&g, "fill", &[&[2, 2, 2], &[2, 2]], 8);
+    let triu = &p.nodes[g.node_by_name("mask").unwrap().0];
+    assert_eq!(triu.outputs[0].layout().replica_count(), 8);
+    // The mask follows x's split on the dims it has.
+    let fill = &p.nodes[g.node_by_name("fill").unwrap().0];
+    assert_eq!(map(&fill.inputs[0]), vec![2, 1, 0]);
+    assert_eq!(map(&fill.inputs[1]), vec![1, 0]);
+    let err = error(&g, "mask", &[], 8);
+    assert!(err.contains("mask (Triu)"), "{err}");
+    assert!(err.contains("takes no strategy"), "{err}");
+}
+
+#[test]
+fn masked_fill_mask_must_be_split_like_x() {
+    let g = graph_with(|b, x| {
+        let mask = b.triu("mask", &[1, 8], 1).unwrap();
+        b.masked_fill("fill", x, mask, 0.0).unwrap();
+    });
+    let err = error(&g, "fill", &[&[1, 1, 2], &[1, 1]], 2);
+    assert!(
+        err.contains("fill (MaskedFill)")
+            && err.contains("dim 2 is split 2 ways in one input and 1"),
+        "{err}"
+    );
+    let err = error(&g, "fill", &[&[1, 2, 1], &[2, 1]], 2);
+    assert!(
+        err.contains("dim 0 of input 1 has size 1, which 2 does not divide"),
+        "{err}"
+    );
+    // The mask's broadcast dim stays whole while x's dim 1 is split.
+    let p = placed(&g, "fill", &[&[1, 2, 2], &[1, 2]], 4);
+    let fill = &p.nodes[g.node_by_name("fill").unwrap().0];
+    assert_eq!(map(&fill.inputs[1]), vec![-1, 0]);
+}
+
+#[test]
+fn scaled_softmax_keeps_its_last_dim_whole() {
+    let g = graph_with(|b, x| {
+        b.scaled_softmax("attn", x, 0.5).unwrap();
+    });
+    let err = error(&g, "attn", &[&[1, 1, 2]], 2);
+    assert!(
+        err.contains("attn (ScaledSoftmax)")
+            && err.contains("the last dim (the softmax axis) cannot be split"),
+        "{err}"
+    );
+    let p = placed(&g, "attn", &[&[2, 2, 1]], 4);
+    let attn = &p.nodes[g.node_by_name("attn").unwrap().0];
+    assert_eq!(map(attn.outputs[0].layout()), vec![1, 0, -1]);
+    // The output rule refuses a split last dim, whoever asks.
+    let node = &g.nodes()[g.node_by_name("attn").unwrap().0];
+    let ctx = OpContext::of(&g, node);
+    let mesh = layout::Mesh::line("dp", 2).unwrap();
+    let split_last = layout::Layout::from_mesh(mesh.clone(), vec![vec![], vec![], vec![0]])
+        .unwrap()
+        .bind(&[4, 4, 8])
+        .unwrap();
+    let err = infer::output_layouts(&ctx, &[split_last], &mesh).unwrap_err();
+    assert!(err
+        .to_string()
+        .contains("the softmax axis (the last dim) cannot be split"));
+}

@@ -1,0 +1,162 @@
+//! Ops under random valid strategies on a local cluster compute what one device computes: the
+//! forward output and the gradient of every input.
+//!
+//! Each case builds a tiny f64 graph `y = op(params…)` with the loss `sum(y · probe)` (a frozen
+//! random `probe`, so every element of `y` has its own weight), shards the op under test with a
+//! random strategy that the op's rules accept, and compares `y` and every parameter gradient with
+//! the unsharded run.
+
+use std::sync::Arc;
+
+use comm::{Communicator, LocalCluster};
+use graph::{Graph, GraphBuilder, GraphError, Initializer, ValueId};
+use parallel::{lower, place, LowerRequest, ParallelConfig, ParallelMode};
+use proptest::prelude::*;
+use runtime::RankExecutor;
+use tensor::{DType, Tensor};
+
+/// A forward graph under test: `y`, and the scalar loss.
+struct Case {
+    graph: Graph,
+    y: ValueId,
+    loss: ValueId,
+}
+
+/// Builds a case: `build` creates f64 parameters and returns `y`.
+fn case(build: impl FnOnce(&mut GraphBuilder) -> Result<ValueId, GraphError>) -> Case {
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let y = build(&mut b).unwrap();
+    let shape = b.shape(y).unwrap().to_vec();
+    let probe = b
+        .parameter_with("probe", &shape, DType::F64, Initializer::normal(1.0), false)
+        .unwrap();
+    let weighted = b.mul("probe_mul", y, probe).unwrap();
+    let loss = b.reduce_sum("probe_sum", weighted, &[], false).unwrap();
+    Case {
+        graph: b.finish(),
+        y,
+        loss,
+    }
+}
+
+/// A trainable f64 parameter drawn from N(0, 1).
+fn param(b: &mut GraphBuilder, name: &str, shape: &[usize]) -> Result<ValueId, GraphError> {
+    b.parameter(name, shape, Initializer::normal(1.0))
+}
+
+/// `y` gathered whole and every trainable parameter's global gradient under `config`.
+fn run(case: &Case, config: &ParallelConfig) -> (Tensor, Vec<Tensor>) {
+    let trainable = case.graph.trainable_parameters();
+    let training = graph::grad(&case.graph, case.loss, &trainable).unwrap();
+    let grads = trainable
+        .iter()
+        .map(|&p| (p, training.grad_of(p).unwrap()))
+        .collect();
+    let request = LowerRequest {
+        grads,
+        replicated_outputs: vec![case.loss, case.y],
+    };
+    let program = Arc::new(lower(&place(&training.graph, config).unwrap(), &request).unwrap());
+    let results = LocalCluster::new(program.devices()).unwrap().run(|comm| {
+        let world: Arc<dyn Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(program.clone(), world).unwrap();
+        exec.init_parameters(5).unwrap();
+        exec.run().unwrap();
+        let grads: Vec<_> = (0..program.params.len())
+            .filter(|&i| program.params[i].trainable)
+            .map(|i| {
+                let b = exec.box_of(&program.params[i].layout).unwrap();
+                (i, b, exec.grad(i).unwrap().clone())
+            })
+            .collect();
+        (exec.output(1).clone(), grads)
+    });
+    let results: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    let y = results[0].0.clone();
+    let mut grads: Vec<Tensor> = Vec::new();
+    for (k, (i, _, _)) in results[0].1.iter().enumerate() {
+        let shape = program.params[*i].layout.shape();
+        let mut g = Tensor::zeros(DType::F64, shape);
+        for r in &results {
+            let (_, region, piece) = &r.1[k];
+            g.insert_box(region, piece).unwrap();
+        }
+        grads.push(g);
+    }
+    (y, grads)
+}
+
+fn assert_close(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.shape(), b.shape(), "{what}");
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-9 * (1.0 + y.abs()),
+            "{what}[{i}]: sharded {x} vs one device {y}"
+        );
+    }
+}
+
+/// Runs `case` with `op` sharded by `strategy` on `devices` devices and on one device.
+fn check(case: &Case, op: &str, strategy: &[Vec<usize>], devices: usize) {
+    let (y1, grads1) = run(case, &ParallelConfig::stand_alone());
+    let tuples: Vec<&[usize]> = strategy.iter().map(Vec::as_slice).collect();
+    let config = ParallelConfig::new(ParallelMode::SemiAuto, devices).shard(op, &tuples);
+    let (y, grads) = run(case, &config);
+    let label = format!("{op} {strategy:?} on {devices} devices");
+    assert_close(&y, &y1, &format!("{label}: y"));
+    assert_eq!(grads.len(), grads1.len());
+    for (i, (g, g1)) in grads.iter().zip(&grads1).enumerate() {
+        assert_close(g, g1, &format!("{label}: grad {i}"));
+    }
+}
+
+/// A strategy for `shape`: per dim `2^wanted[d]` pieces, cut down so that every factor divides
+/// its dim, the product divides `devices`, and dims in `whole` stay unsplit.
+fn fit(shape: &[usize], wanted: &[u32], devices: usize, whole: &[usize]) -> Vec<usize> {
+    let mut left = devices;
+    shape
+        .iter()
+        .enumerate()
+        .map(|(d, &size)| {
+            let mut f = 1usize << wanted.get(d).copied().unwrap_or(0);
+            while f > 1 && (whole.contains(&d) || size % f != 0 || left % f != 0) {
+                f /= 2;
+            }
+            left /= f;
+            f
+        })
+        .collect()
+}
+
+fn devices() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(2usize), Just(4), Just(8)]
+}
+
+fn exponents(n: usize) -> impl Strategy<Value = Vec<u32>> {
+    proptest::collection::vec(0u32..=3, n)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+
+    #[test]
+    fn masked_fill_with_a_causal_triu_mask(devices in devices(), e in exponents(3), diagonal in -1i64..=2) {
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 4, 8])?;
+            let mask = b.triu("mask", &[4, 8], diagonal)?;
+            b.masked_fill("fill", x, mask, -3.0)
+        });
+        let sx = fit(&[4, 4, 8], &e, devices, &[]);
+        check(&c, "fill", &[sx.clone(), sx[1..].to_vec()], devices);
+    }
+
+    #[test]
+    fn scaled_softmax_any_split_but_the_last_dim(devices in devices(), e in exponents(3)) {
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 4, 8])?;
+            b.scaled_softmax("attn", x, 0.4)
+        });
+        check(&c, "attn", &[fit(&[4, 4, 8], &e, devices, &[2])], devices);
+    }
+}
