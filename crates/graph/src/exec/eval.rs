@@ -65,6 +65,10 @@ pub fn eval_op(
             got: outputs.len(),
         });
     }
+    if matches!(op, Op::Flatten { .. } | Op::Reshape { .. }) {
+        // A reshape moves bytes: every dtype (integer labels included).
+        return reshape_into(inputs[0], &mut outputs[0], ctx);
+    }
     match outputs[0].dtype() {
         DType::F32 => eval_typed::<f32>(op, inputs, outputs, ctx),
         DType::F64 => eval_typed::<f64>(op, inputs, outputs, ctx),
@@ -74,6 +78,15 @@ pub fn eval_op(
             dtype,
         }),
     }
+}
+
+/// The elements of `x` in `out`, a tensor of the same dtype and element count.
+fn reshape_into(x: &Tensor, out: &mut Tensor, ctx: &EvalCtx<'_>) -> Result<(), GraphError> {
+    if x.dtype() != out.dtype() || x.n_elements() != out.n_elements() {
+        return Err(mismatch(ctx, "output 0", x.shape(), x.dtype(), out));
+    }
+    out.as_bytes_mut().copy_from_slice(x.as_bytes());
+    Ok(())
 }
 
 /// `ctx.placement`, checked to hold a block of `shape` inside the global tensor.
@@ -321,14 +334,7 @@ fn eval_typed<T: Float + Element>(
             kernels::layer_norm_grad_into(saved, read::<T>(inputs[1], ctx)?, buffers)
                 .map_err(kernel())
         }
-        Op::Flatten { .. } | Op::Reshape { .. } => {
-            let (x, out) = (inputs[0], &mut outputs[0]);
-            if x.dtype() != out.dtype() || x.n_elements() != out.n_elements() {
-                return Err(mismatch(ctx, "output 0", x.shape(), x.dtype(), out));
-            }
-            out.as_bytes_mut().copy_from_slice(x.as_bytes());
-            Ok(())
-        }
+        Op::Flatten { .. } | Op::Reshape { .. } => reshape_into(inputs[0], &mut outputs[0], ctx),
         Op::Transpose { perm } => {
             let x = inputs[0];
             kernels::permute_into(

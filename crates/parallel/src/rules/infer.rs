@@ -165,12 +165,11 @@ pub fn output_layouts(
             last_unsplit(0, "the softmax axis")?;
             same_as(0)
         }
-        Op::ReluGrad
-        | Op::GeluGrad { .. }
-        | Op::TanhGrad
-        | Op::SoftmaxGrad
-        | Op::LogSoftmaxGrad
-        | Op::ScaledSoftmaxGrad { .. } => {
+        Op::ReluGrad | Op::GeluGrad { .. } | Op::TanhGrad => {
+            require_equal(0, 1)?;
+            same_as(0)
+        }
+        Op::SoftmaxGrad | Op::LogSoftmaxGrad | Op::ScaledSoftmaxGrad { .. } => {
             last_unsplit(0, "the softmax axis")?;
             require_equal(0, 1)?;
             same_as(0)
