@@ -190,3 +190,99 @@ fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
         assert!(err.contains(needle), "{keys}: {err}");
     }
 }
+
+#[test]
+fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = "data_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true";
+    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    let plan = session.train.explain();
+    // The row-parallel outputs are reduce-scattered onto the sequence split, and the column-
+    // parallel inputs all-gathered from it: no activation is all-reduced.
+    for op in ["attn.proj.matmul", "mlp.fc2.matmul"] {
+        let line = format!("reshard blocks.0.{op}: reduce-scatter along dim 1");
+        assert!(plan.contains(&line), "no {line:?} in\n{plan}");
+    }
+    for ln in ["ln1", "ln2"] {
+        let line = format!("reshard blocks.0.{ln}.layer_norm: all-gather");
+        assert!(plan.contains(&line), "no {line:?} in\n{plan}");
+    }
+    // Without sequence parallelism the same sums are all-reduces.
+    let keys = "data_parallel = 2\nmodel_parallel = 2";
+    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    let plan = session.train.explain();
+    assert!(plan.contains("reshard blocks.0.attn.proj.matmul: all-reduce"), "{plan}");
+}
+
+#[test]
+fn glob_and_cell_keys_override_the_cells_strategies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]\n\"blocks.1.attn.q.bias_add\" = [[4, 1, 1], [1]]";
+    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
+        .op_strategies()
+        .into_iter()
+        .map(|r| (r.name, r.inputs))
+        .collect();
+    for block in 0..2 {
+        let fc1 = &strategies[&format!("blocks.{block}.mlp.fc1.matmul")];
+        assert_eq!(fc1, &vec![vec![4, 1, 1], vec![1, 1]]);
+        // The cells' own choice stays for the ops no key names.
+        let fc2 = &strategies[&format!("blocks.{block}.mlp.fc2.matmul")];
+        assert_eq!(fc2, &vec![vec![2, 1, 2], vec![1, 2]]);
+    }
+    assert_eq!(strategies["blocks.1.attn.q.bias_add"], vec![vec![4, 1, 1], vec![1]]);
+    assert_eq!(strategies["blocks.0.attn.q.bias_add"], vec![vec![2, 1, 2], vec![2]]);
+    // A key that matches no op is an error naming it.
+    let keys = "model_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc9\" = [[2, 1, 1], [1, 1]]";
+    let err = Session::new(&config(tmp.path(), "momentum", "", &semi(2, keys))).unwrap_err();
+    assert!(err.to_string().contains("blocks.*.mlp.fc9"), "{err}");
+}
+
+#[test]
+fn generate_continues_a_prompt_from_a_checkpoint_of_any_strategy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let char_tokens = |out: &Path, parallel: &str| {
+        TrainConfig::parse(
+            &format!(
+                "[model]\nname = \"gpt\"\nlayers = 2\nheads = 8\nhidden = 32\nseq_len = 16\n\
+                 [data]\nformat = \"text\"\npath = \"{}\"\ntokenizer = \"char\"\nbatch_size = 8\nsteps_per_epoch = 20\n\
+                 [parallel]\n{parallel}\n[train]\nepochs = 1\noptimizer = \"adam\"\nlearning_rate = 0.01\neval = false\n\
+                 [output]\ndir = \"{}\"\n",
+                kjv().display(),
+                out.display()
+            ),
+            None,
+            &[],
+            Path::new("/"),
+        )
+        .unwrap()
+    };
+    let alone = tmp.path().join("alone");
+    let sharded = tmp.path().join("mp2");
+    train(&char_tokens(&alone, "mode = \"stand_alone\""));
+    train(&char_tokens(&sharded, &semi(2, "model_parallel = 2")));
+    let options = |temperature: f64, seed: u64| runtime::GenerateOptions {
+        prompt: "And God said".to_string(),
+        tokens: 20,
+        temperature,
+        seed,
+    };
+    let greedy = runtime::generate(&alone, &options(0.0, 1)).unwrap();
+    assert!(greedy.starts_with("And God said"), "{greedy}");
+    assert_eq!(greedy.chars().count(), "And God said".len() + 20);
+    // The model-parallel checkpoint, merged on load, continues the same way.
+    assert_eq!(runtime::generate(&sharded, &options(0.0, 1)).unwrap(), greedy);
+    // Sampling is a function of the seed.
+    let a = runtime::generate(&alone, &options(1.0, 7)).unwrap();
+    assert_eq!(a, runtime::generate(&alone, &options(1.0, 7)).unwrap());
+    // Bad requests get errors naming what is wrong.
+    let err = runtime::generate(tmp.path(), &options(1.0, 7)).unwrap_err();
+    assert!(err.to_string().contains("model.json"), "{err}");
+    let err = runtime::generate(&alone, &options(-1.0, 7)).unwrap_err();
+    assert!(err.to_string().contains("--temperature"), "{err}");
+    let mut unknown = options(0.0, 1);
+    unknown.prompt = "And God said 😀".to_string();
+    let err = runtime::generate(&alone, &unknown).unwrap_err();
+    assert!(err.to_string().contains("--prompt"), "{err}");
+}
