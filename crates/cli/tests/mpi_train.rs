@@ -145,3 +145,50 @@ fn mpi_a_failing_rank_stops_the_job_with_its_error() {
     // A correctness bound (not the timeout), not a benchmark: the job takes about a second.
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
 }
+
+/// The GPT (dp 2 × mp 2, sequence parallel) under `mpirun -np 4` gives the losses of the local
+/// backend and of one device, and its checkpoint generates text.
+#[test]
+fn mpi_train_gpt_matches_local_and_one_device() {
+    let dir = Scratch::new("mpi-gpt");
+    let common = |name: &str, devices: &str, mode: &str| -> Vec<String> {
+        let mut a: Vec<String> = vec!["train".into(), "examples/gpt_kjv.toml".into()];
+        for set in [
+            format!("parallel.devices={devices}"),
+            format!("parallel.mode=\"{mode}\""),
+            "parallel.data_parallel=2".to_string(),
+            "parallel.model_parallel=2".to_string(),
+            "parallel.use_seq_parallel=true".to_string(),
+            "model.layers=2".to_string(),
+            "model.hidden=64".to_string(),
+            "model.seq_len=32".to_string(),
+            "data.batch_size=8".to_string(),
+            "train.max_steps=10".to_string(),
+            "train.eval=false".to_string(),
+            format!("output.dir=\"{}\"", s(&dir.0.join(name))),
+        ] {
+            a.extend(["--set".to_string(), set]);
+        }
+        a.extend(["--log-json".to_string(), s(&dir.0.join(format!("{name}.jsonl"))).to_string()]);
+        a
+    };
+    let mut mpi = common("mpi", "4", "semi_auto");
+    mpi.extend(["--backend".to_string(), "mpi".to_string()]);
+    run(&args(&mpi), true);
+    run(&args(&common("local", "4", "semi_auto")), false);
+    run(&args(&common("one", "1", "stand_alone")), false);
+    let mpi = step_losses(&dir.0.join("mpi.jsonl"));
+    let local = step_losses(&dir.0.join("local.jsonl"));
+    let one = step_losses(&dir.0.join("one.jsonl"));
+    assert_eq!(mpi.len(), 10);
+    for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
+        assert!((m - l).abs() <= 1e-6 * l.abs(), "step {}: mpi {m} vs local {l}", i + 1);
+        assert!((m - o).abs() <= 1e-4 * o.abs(), "step {}: mpi {m} vs one device {o}", i + 1);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["generate", s(&dir.0.join("mpi")), "--prompt", "In the beginning", "--tokens", "10"])
+        .output()
+        .expect("running tessera generate");
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("In the beginning"));
+}

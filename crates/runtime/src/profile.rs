@@ -1,0 +1,79 @@
+//! Where a rank's step time goes: kernels by op kind, and reshards (communication), as
+//! [`crate::RankExecutor::run`] records them when profiling is on.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// Accumulated time of one kind of step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Total time.
+    pub time: Duration,
+    /// Steps counted.
+    pub count: u64,
+}
+
+impl Tally {
+    fn add(&mut self, time: Duration) {
+        self.time += time;
+        self.count += 1;
+    }
+}
+
+/// The time a rank spent in each kind of program step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepProfile {
+    /// Kernel time by op kind (`MatMul`, `LayerNormGrad`, …).
+    pub kernels: BTreeMap<&'static str, Tally>,
+    /// Reshard time (collectives and local copies).
+    pub reshards: Tally,
+    /// Program runs recorded.
+    pub runs: u64,
+}
+
+impl StepProfile {
+    /// Records a kernel of `kind` that took `time`.
+    pub fn kernel(&mut self, kind: &'static str, time: Duration) {
+        self.kernels.entry(kind).or_default().add(time);
+    }
+
+    /// Records a reshard that took `time`.
+    pub fn reshard(&mut self, time: Duration) {
+        self.reshards.add(time);
+    }
+
+    /// Total kernel time.
+    pub fn kernel_time(&self) -> Duration {
+        self.kernels.values().map(|t| t.time).sum()
+    }
+
+    /// A table of the time per run: every op kind, the kernels' total and the reshards, each
+    /// in milliseconds per run and as a share of `step` (the whole step's time per run).
+    pub fn table(&self, step: Duration) -> String {
+        let runs = self.runs.max(1) as f64;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3 / runs;
+        let share = |d: Duration| 100.0 * d.as_secs_f64() / (step.as_secs_f64() * runs).max(1e-12);
+        let mut kinds: Vec<(&&str, &Tally)> = self.kernels.iter().collect();
+        kinds.sort_by(|a, b| b.1.time.cmp(&a.1.time));
+        let mut out = String::new();
+        for (kind, t) in kinds {
+            let _ = writeln!(
+                out,
+                "  {kind:<32} {:>8.3} ms {:>5.1}%",
+                ms(t.time),
+                share(t.time)
+            );
+        }
+        let kernels = self.kernel_time();
+        let _ = writeln!(out, "  {:<32} {:>8.3} ms {:>5.1}%", "= kernels", ms(kernels), share(kernels));
+        let _ = writeln!(
+            out,
+            "  {:<32} {:>8.3} ms {:>5.1}%",
+            "reshards (communication)",
+            ms(self.reshards.time),
+            share(self.reshards.time)
+        );
+        out
+    }
+}
