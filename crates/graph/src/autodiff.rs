@@ -317,6 +317,7 @@ impl RuleCtx<'_> {
 /// | `Softmax`, `LogSoftmax` | `SoftmaxGrad(y, dy)`, `LogSoftmaxGrad(y, dy)` |
 /// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
 /// | `MaskedFill(x, mask)` | `MaskedFill{0}(dy, mask)` for `x`; none for the mask |
+/// | `Where(cond, x, y)` | `dy_y = MaskedFill{0}(dy, cond)`, `dx = dy - dy_y`; none for `cond` |
 /// | `LayerNorm` | `LayerNormGrad(x, dy, mean, rstd, gamma)` → `dx, dgamma, dbeta` |
 /// | `Flatten`, `Reshape` | `Reshape(dy)` to the input shape |
 /// | `Transpose(perm)` | `Transpose(dy, perm⁻¹)` |
@@ -424,6 +425,21 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         Op::ScaledSoftmax { scale } => {
             let op = Op::ScaledSoftmaxGrad { scale };
             out.push((0, ctx.grad(0, op, &[ctx.output(0), dy])?));
+        }
+        Op::Where => {
+            // dy where cond is 0 goes to y; the rest, dy - that (exact: dy - 0 or dy - dy),
+            // to x. The condition gets no gradient.
+            let cond = ctx.input(0);
+            let to_y = Op::MaskedFill { value: 0.0 };
+            let dy_y = if wants[2] {
+                ctx.grad(2, to_y, &[dy, cond])?
+            } else {
+                ctx.step(1, "to_y", to_y, &[dy, cond])?
+            };
+            if wants[1] {
+                out.push((1, ctx.grad(1, Op::Sub, &[dy, dy_y])?));
+            }
+            out.push((2, dy_y));
         }
         Op::MaskedFill { .. } => {
             // The filled positions do not depend on x; the mask gets no gradient.

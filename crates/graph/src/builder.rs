@@ -546,6 +546,18 @@ impl GraphBuilder {
         self.op1(name, Op::MaskedFill { value }, &[x, mask])
     }
 
+    /// `x` where `cond` (any dtype, broadcast to `x`) is nonzero, else `y`: [`Op::Where`]
+    /// (MindSpore's `Select`, NumPy's `where`).
+    pub fn select(
+        &mut self,
+        name: &str,
+        cond: ValueId,
+        x: ValueId,
+        y: ValueId,
+    ) -> Result<ValueId, GraphError> {
+        self.op1(name, Op::Where, &[cond, x, y])
+    }
+
     /// `softmax(scale · x)` over the last dim.
     pub fn scaled_softmax(
         &mut self,

@@ -64,6 +64,15 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             c.softmax_scale(*scale)?;
             vec![c.same_as(0)?]
         }
+        Op::Where => {
+            let x = c.float(1)?;
+            c.same_dtype(2, 1)?;
+            c.same_shape(2, 1)?;
+            if !broadcasts_to(&c.input(0).shape, &x.shape) {
+                return Err(c.rank_error(0, "a condition shape that broadcasts to x's shape"));
+            }
+            vec![c.same_as(1)?]
+        }
         Op::MaskedFill { value } => {
             let x = c.float(0)?;
             if !broadcasts_to(&c.input(1).shape, &x.shape) {

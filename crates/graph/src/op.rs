@@ -148,6 +148,9 @@ pub enum Op {
         /// The value written where the mask is nonzero (may be infinite, e.g. `-inf`).
         value: f64,
     },
+    /// Inputs `cond` (any dtype, broadcastable to `x`, NumPy rules), `x` and `y` (one shape and
+    /// dtype) → `x` where `cond` is nonzero, else `y`.
+    Where,
     /// `softmax(scale · x)` over the last dim (attention scores scaled by `1/√d`).
     ScaledSoftmax {
         /// The factor applied to `x`, finite and positive.
@@ -222,6 +225,7 @@ impl Op {
             Op::Fill { .. } => "Fill",
             Op::Triu { .. } => "Triu",
             Op::MaskedFill { .. } => "MaskedFill",
+            Op::Where => "Select",
             Op::ScaledSoftmax { .. } => "ScaledSoftmax",
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
             Op::ReluGrad => "ReluGrad",
@@ -272,7 +276,7 @@ impl Op {
             | Op::SoftmaxGrad
             | Op::LogSoftmaxGrad
             | Op::EmbeddingGrad { .. } => 2,
-            Op::LayerNorm { .. } | Op::SparseSoftmaxCrossEntropyGrad { .. } => 3,
+            Op::LayerNorm { .. } | Op::SparseSoftmaxCrossEntropyGrad { .. } | Op::Where => 3,
             Op::LayerNormGrad => 5,
         }
     }

@@ -253,3 +253,23 @@ fn scaled_softmax_alone_and_after_a_causal_mask() {
     })
     .unwrap();
 }
+
+#[test]
+fn where_routes_the_gradient_by_the_condition() {
+    check_gradients("where", |b| {
+        let x = param(b, "x", &[2, 3, 4])?;
+        let y = param(b, "y", &[2, 3, 4])?;
+        let cond = b.input("cond", &[3, 1], DType::U8)?;
+        let feed = Tensor::from_vec(&[3, 1], vec![1u8, 0, 7]).unwrap();
+        Ok((b.select("where", cond, x, y)?, vec![(cond, feed)]))
+    })
+    .unwrap();
+    // Only y trainable: the rule still routes dy through the mask.
+    check_gradients("where, y only", |b| {
+        let x = b.fill("x", &[3, 4], 2.0)?;
+        let y = param(b, "y", &[3, 4])?;
+        let cond = b.triu("cond", &[3, 4], 0)?;
+        Ok((b.select("where", cond, x, y)?, Vec::new()))
+    })
+    .unwrap();
+}

@@ -98,3 +98,23 @@ fn scaled_softmax_keeps_its_last_dim_whole() {
         .to_string()
         .contains("the softmax axis (the last dim) cannot be split"));
 }
+
+#[test]
+fn where_splits_x_and_y_alike_and_the_condition_with_them() {
+    let g = graph_with(|b, x| {
+        let y = b
+            .parameter("y", &[4, 4, 8], Initializer::normal(1.0))
+            .unwrap();
+        let cond = b.triu("cond", &[4, 8], 0).unwrap();
+        b.select("where", cond, x, y).unwrap();
+    });
+    let err = error(&g, "where", &[&[1, 2], &[2, 1, 2], &[1, 1, 2]], 4);
+    assert!(
+        err.contains("where (Select)") && err.contains("dim 0 is split 2 ways in one input and 1"),
+        "{err}"
+    );
+    let p = placed(&g, "where", &[&[2, 1], &[2, 2, 1], &[2, 2, 1]], 4);
+    let node = &p.nodes[g.node_by_name("where").unwrap().0];
+    assert_eq!(map(&node.inputs[0]), vec![0, -1]);
+    assert_eq!(map(&node.inputs[2]), vec![1, 0, -1]);
+}

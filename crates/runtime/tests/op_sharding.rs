@@ -152,6 +152,18 @@ proptest! {
     }
 
     #[test]
+    fn where_with_a_broadcast_condition(devices in devices(), e in exponents(3)) {
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 4, 8])?;
+            let y = param(b, "y", &[4, 4, 8])?;
+            let cond = b.triu("cond", &[4, 8], 2)?;
+            b.select("where", cond, x, y)
+        });
+        let sx = fit(&[4, 4, 8], &e, devices, &[]);
+        check(&c, "where", &[sx[1..].to_vec(), sx.clone(), sx], devices);
+    }
+
+    #[test]
     fn scaled_softmax_any_split_but_the_last_dim(devices in devices(), e in exponents(3)) {
         let c = case(|b| {
             let x = param(b, "x", &[4, 4, 8])?;

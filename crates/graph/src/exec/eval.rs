@@ -7,7 +7,7 @@ use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
-use crate::exec::select::{masked_fill_into, triu_into};
+use crate::exec::select::{masked_fill_into, triu_into, where_into};
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
 use crate::rng::region_fits;
@@ -457,6 +457,12 @@ fn eval_typed<T: Float + Element>(
             let x = inputs[0];
             let (xs, out) = (read::<T>(x, ctx)?, write::<T>(&mut outputs[0], ctx)?);
             masked_fill_into(xs, x.shape(), inputs[1], T::from_f64(*value), out, ctx)
+        }
+        Op::Where => {
+            let (x, y) = (inputs[1], inputs[2]);
+            let (xs, ys) = (read::<T>(x, ctx)?, read::<T>(y, ctx)?);
+            let out = write::<T>(&mut outputs[0], ctx)?;
+            where_into(inputs[0], xs, ys, x.shape(), out, ctx)
         }
         Op::Add
         | Op::Sub

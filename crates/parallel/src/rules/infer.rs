@@ -125,7 +125,7 @@ pub fn output_layouts(
             out_dims.push(cols);
             Ok(vec![output(ctx, &mesh, out_dims, ka, out)?])
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             let out = out_shape(0);
             let r = out.len();
             let mut out_dims: Vec<Option<Vec<usize>>> = vec![None; r];

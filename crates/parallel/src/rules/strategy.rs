@@ -209,8 +209,8 @@ pub fn input_layouts(
             axis_names.extend(["m".to_string(), "k".to_string(), "n".to_string()]);
             place(ctx, s, &dev, &axis_names, devices, vec![a_dims, b_dims])
         }
-        // MaskedFill's mask follows x's split on the dims it has (broadcast dims stay whole).
-        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
+        // A mask or condition follows x's split on the dims it has (broadcast dims stay whole).
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             broadcast_binary(ctx, s, devices)
         }
         Op::BiasAdd => {
