@@ -151,6 +151,22 @@ pub enum Op {
     /// Inputs `cond` (any dtype, broadcastable to `x`, NumPy rules), `x` and `y` (one shape and
     /// dtype) → `x` where `cond` is nonzero, else `y`.
     Where,
+    /// Concatenates its `n` inputs (`2..=MAX_INPUTS`, one dtype, equal in every dim but `axis`)
+    /// along `axis`.
+    Concat {
+        /// The dim to join along.
+        axis: usize,
+        /// The number of inputs.
+        n: usize,
+    },
+    /// Cuts `x` along `axis` into `sizes.len()` outputs (`1..=MAX_INPUTS`) of `sizes[k]` each
+    /// along `axis` (MindSpore's `SplitV`); the sizes sum to the dim.
+    Split {
+        /// The dim to cut.
+        axis: usize,
+        /// The size of every piece along `axis`.
+        sizes: Vec<usize>,
+    },
     /// `softmax(scale · x)` over the last dim (attention scores scaled by `1/√d`).
     ScaledSoftmax {
         /// The factor applied to `x`, finite and positive.
@@ -226,6 +242,8 @@ impl Op {
             Op::Triu { .. } => "Triu",
             Op::MaskedFill { .. } => "MaskedFill",
             Op::Where => "Select",
+            Op::Concat { .. } => "Concat",
+            Op::Split { .. } => "Split",
             Op::ScaledSoftmax { .. } => "ScaledSoftmax",
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
             Op::ReluGrad => "ReluGrad",
@@ -258,6 +276,7 @@ impl Op {
             | Op::SumToShape { .. }
             | Op::ReduceSum { .. }
             | Op::Dropout { .. }
+            | Op::Split { .. }
             | Op::BiasAddGrad => 1,
             Op::MatMul { .. }
             | Op::BatchMatMul { .. }
@@ -278,6 +297,7 @@ impl Op {
             | Op::EmbeddingGrad { .. } => 2,
             Op::LayerNorm { .. } | Op::SparseSoftmaxCrossEntropyGrad { .. } | Op::Where => 3,
             Op::LayerNormGrad => 5,
+            Op::Concat { n, .. } => *n,
         }
     }
 
@@ -285,6 +305,7 @@ impl Op {
     pub fn n_outputs(&self) -> usize {
         match self {
             Op::LayerNorm { .. } | Op::LayerNormGrad => 3,
+            Op::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }
     }
@@ -307,5 +328,6 @@ impl Op {
     }
 }
 
-/// The most inputs any op takes ([`Op::LayerNormGrad`]).
-pub const MAX_INPUTS: usize = 5;
+/// The most inputs any op takes ([`Op::Concat`]; [`Op::LayerNormGrad`] takes 5), and the most
+/// outputs of an [`Op::Split`] (its gradient is a `Concat` of them).
+pub const MAX_INPUTS: usize = 8;

@@ -273,3 +273,45 @@ fn where_routes_the_gradient_by_the_condition() {
     })
     .unwrap();
 }
+
+#[test]
+fn concat_along_any_axis() {
+    check_op(
+        "concat axis 0",
+        Op::Concat { axis: 0, n: 2 },
+        &[&[2, 3], &[1, 3]],
+    );
+    check_op(
+        "concat axis 1 of 3",
+        Op::Concat { axis: 1, n: 3 },
+        &[&[2, 1, 4], &[2, 3, 4], &[2, 2, 4]],
+    );
+    check_op(
+        "concat last axis",
+        Op::Concat { axis: 2, n: 2 },
+        &[&[2, 3, 1], &[2, 3, 2]],
+    );
+}
+
+#[test]
+fn split_with_used_and_unused_pieces() {
+    // Every piece used, reordered.
+    check_gradients("split all", |b| {
+        let x = param(b, "x", &[4, 6])?;
+        let p = b.split("split", x, 1, &[1, 2, 3])?;
+        Ok((b.concat("join", &[p[2], p[1], p[0]], 1)?, Vec::new()))
+    })
+    .unwrap();
+    // The middle piece unused: its gradient is zero.
+    check_gradients("split some", |b| {
+        let x = param(b, "x", &[2, 5, 3])?;
+        let p = b.split("split", x, 1, &[2, 1, 2])?;
+        Ok((b.concat("join", &[p[2], p[0]], 0)?, Vec::new()))
+    })
+    .unwrap();
+    check_gradients("split one piece", |b| {
+        let x = param(b, "x", &[2, 3])?;
+        Ok((b.split("split", x, 0, &[2])?[0], Vec::new()))
+    })
+    .unwrap();
+}

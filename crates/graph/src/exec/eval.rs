@@ -7,6 +7,7 @@ use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
+use crate::exec::pieces::{concat_into, split_into, AxisPieces};
 use crate::exec::select::{masked_fill_into, triu_into, where_into};
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
@@ -122,6 +123,14 @@ fn min_rank(t: &Tensor, ndim: usize, operand: &str, ctx: &EvalCtx<'_>) -> Result
             }),
         })
     }
+}
+
+/// Dim `axis` of every tensor (0 where a tensor has no such dim; the kernel's length checks
+/// then name the mismatch).
+fn dim_of_each<'t>(tensors: impl Iterator<Item = &'t Tensor>, axis: usize) -> Vec<usize> {
+    tensors
+        .map(|t| t.shape().get(axis).copied().unwrap_or(0))
+        .collect()
 }
 
 /// The last dim of `t` (callers checked its rank).
@@ -457,6 +466,27 @@ fn eval_typed<T: Float + Element>(
             let x = inputs[0];
             let (xs, out) = (read::<T>(x, ctx)?, write::<T>(&mut outputs[0], ctx)?);
             masked_fill_into(xs, x.shape(), inputs[1], T::from_f64(*value), out, ctx)
+        }
+        Op::Concat { axis, .. } => {
+            min_rank(&outputs[0], axis + 1, "output", ctx)?;
+            let sizes = dim_of_each(inputs.iter().copied(), *axis);
+            let pieces: Vec<&[T]> = inputs
+                .iter()
+                .map(|t| read::<T>(t, ctx))
+                .collect::<Result<_, _>>()?;
+            let layout = AxisPieces::new(outputs[0].shape(), *axis, &sizes);
+            concat_into(&pieces, layout, write(&mut outputs[0], ctx)?, ctx)
+        }
+        Op::Split { axis, .. } => {
+            let x = inputs[0];
+            min_rank(x, axis + 1, "x", ctx)?;
+            let sizes = dim_of_each(outputs.iter(), *axis);
+            let layout = AxisPieces::new(x.shape(), *axis, &sizes);
+            let mut outs: Vec<&mut [T]> = outputs
+                .iter_mut()
+                .map(|t| write::<T>(t, ctx))
+                .collect::<Result<_, _>>()?;
+            split_into(read::<T>(x, ctx)?, layout, &mut outs, ctx)
         }
         Op::Where => {
             let (x, y) = (inputs[1], inputs[2]);

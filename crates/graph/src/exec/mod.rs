@@ -8,6 +8,7 @@
 mod dropout;
 mod eval;
 mod executor;
+mod pieces;
 mod select;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};

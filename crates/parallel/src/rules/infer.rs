@@ -63,8 +63,19 @@ pub fn output_layouts(
         }
         Ok(())
     };
+    // A unit axis (a one-device mesh keeps one) splits nothing.
+    let splits = |axes: &[usize]| axes.iter().any(|&a| mesh.axis_size(a) > 1);
+    let dim_unsplit = |i: usize, d: usize, what: &str| -> Result<(), ParallelError> {
+        if dims(i).get(d).is_some_and(|axes| splits(axes)) {
+            return Err(ctx.unsupported(format!(
+                "dim {d} of input {i} is {what} and cannot be split, got {}",
+                inputs[i].layout().describe_map()
+            )));
+        }
+        Ok(())
+    };
     let last_unsplit = |i: usize, what: &str| -> Result<(), ParallelError> {
-        if dims(i).last().is_some_and(|axes| !axes.is_empty()) {
+        if dims(i).last().is_some_and(|axes| splits(axes)) {
             return Err(ctx.unsupported(format!("{what} (the last dim) cannot be split")));
         }
         Ok(())
@@ -239,6 +250,19 @@ pub fn output_layouts(
                 *d0 = first;
             }
             Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
+        }
+        Op::Concat { axis, .. } => {
+            for i in 1..inputs.len() {
+                require_equal(0, i)?;
+            }
+            dim_unsplit(0, *axis, "the concat axis")?;
+            same_as(0)
+        }
+        Op::Split { axis, .. } => {
+            dim_unsplit(0, *axis, "the split axis")?;
+            (0..ctx.output_shapes.len())
+                .map(|j| output(ctx, &mesh, dims(0), Vec::new(), out_shape(j)))
+                .collect()
         }
         Op::Transpose { perm } => {
             let x = dims(0);

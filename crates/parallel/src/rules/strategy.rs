@@ -246,6 +246,23 @@ pub fn input_layouts(
             elementwise(ctx, s, devices)
         }
         Op::Transpose { .. } | Op::ReduceSum { .. } => elementwise(ctx, s, devices),
+        Op::Concat { axis, .. } => {
+            if let Some(i) = s.iter().position(|si| si != &s[0]) {
+                return Err(ctx.invalid(
+                    s,
+                    format!("input {i} must be split like input 0 (every input alike)"),
+                ));
+            }
+            axis_unsplit(ctx, s, *axis, "concat")?;
+            let r = s[0].len();
+            let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+            let n = s.len();
+            place(ctx, s, &s[0], &names("d", r), devices, vec![dims; n])
+        }
+        Op::Split { axis, .. } => {
+            axis_unsplit(ctx, s, *axis, "split")?;
+            elementwise(ctx, s, devices)
+        }
         Op::LayerNorm { .. } => {
             let r = s[0].len();
             if s[0][r - 1] != 1 {
@@ -320,6 +337,25 @@ pub fn input_layouts(
             "a {} op cannot be given a strategy (it is placed from its inputs)",
             other.kind()
         ))),
+    }
+}
+
+/// `Ok` when dim `axis` of every input is whole (the axis a concat joins or a split cuts).
+fn axis_unsplit(
+    ctx: &OpContext<'_>,
+    s: &[Vec<usize>],
+    axis: usize,
+    what: &str,
+) -> Result<(), ParallelError> {
+    match s
+        .iter()
+        .position(|si| si.get(axis).is_some_and(|&f| f != 1))
+    {
+        Some(i) => Err(ctx.invalid(
+            s,
+            format!("dim {axis} of input {i} is the {what} axis and cannot be split"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -441,6 +477,12 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             vec![1],
             vec![1],
         ],
+        // The batch (dim 0) split alike in every input, unless it is the axis joined or cut.
+        Op::Concat { axis, .. } | Op::Split { axis, .. } => ctx
+            .input_shapes
+            .iter()
+            .map(|shape| batch_split(shape, *axis != 0 && shape.len() > 1))
+            .collect(),
         Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             vec![batch_split(
                 ctx.input_shapes[0],
