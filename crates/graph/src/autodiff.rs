@@ -320,7 +320,7 @@ impl RuleCtx<'_> {
 /// | `Transpose(perm)` | `Transpose(dy, perm⁻¹)` |
 /// | `BroadcastTo` / `SumToShape` | `SumToShape` / `BroadcastTo` to the input shape |
 /// | `ReduceSum` | `Reshape` to the kept-dims shape (if dropped), then `BroadcastTo` |
-/// | `Embedding` | `EmbeddingGrad(ids, dy)` (scatter-add) for the table |
+/// | `Embedding` | `EmbeddingGrad(table, ids, dy)` (scatter-add) for the table |
 /// | `Dropout` | `Dropout(dy)` with the same seed (the same mask) |
 /// | `SparseSoftmaxCrossEntropy` | `SparseSoftmaxCrossEntropyGrad(logits, labels, dloss)` |
 fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
@@ -456,12 +456,8 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             out.push((0, ctx.grad(0, Op::BroadcastTo { shape }, &[g])?));
         }
         Op::Embedding => {
-            let vocab_size = ctx.shape(ctx.input(0))[0];
-            let ids = ctx.input(1);
-            out.push((
-                0,
-                ctx.grad(0, Op::EmbeddingGrad { vocab_size }, &[ids, dy])?,
-            ));
+            let (table, ids) = (ctx.input(0), ctx.input(1));
+            out.push((0, ctx.grad(0, Op::EmbeddingGrad, &[table, ids, dy])?));
         }
         Op::Dropout { keep_prob, seed } => {
             out.push((0, ctx.grad(0, Op::Dropout { keep_prob, seed }, &[dy])?));
@@ -478,7 +474,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         | Op::SoftmaxGrad
         | Op::LogSoftmaxGrad
         | Op::LayerNormGrad
-        | Op::EmbeddingGrad { .. }
+        | Op::EmbeddingGrad
         | Op::BiasAddGrad
         | Op::SparseSoftmaxCrossEntropyGrad { .. } => {
             let node = &ctx.forward.nodes()[ctx.node.0];

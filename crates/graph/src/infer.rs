@@ -245,14 +245,17 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             )?;
             vec![c.same_as(0)?, c.same_as(4)?, c.same_as(4)?]
         }
-        Op::EmbeddingGrad { vocab_size } => {
-            let ids = c.index(0)?;
-            let dy = c.float(1)?;
+        Op::EmbeddingGrad => {
+            let table = c.float(0)?;
+            c.rank(0, 2, "a 2-D table [vocab, dim]")?;
+            let ids = c.index(1)?;
+            let dy = c.same_dtype(2, 0)?;
             let expected_rank = ids.shape.len() + 1;
             if dy.shape.len() != expected_rank || dy.shape[..ids.shape.len()] != ids.shape[..] {
-                return Err(c.rank_error(1, "the ids' shape followed by the embedding dim"));
+                return Err(c.rank_error(2, "the ids' shape followed by the embedding dim"));
             }
-            vec![(vec![*vocab_size, last(&dy.shape)], dy.dtype)]
+            c.dims_equal("embedding dim", (0, table.shape[1]), (2, last(&dy.shape)))?;
+            vec![c.same_as(0)?]
         }
         Op::BiasAddGrad => {
             let dy = c.float(0)?;

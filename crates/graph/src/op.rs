@@ -9,7 +9,9 @@
 //! - [`Op::Dropout`]'s mask is a pure function of `(seed, step, global element index)` (see
 //!   [`crate::exec::dropout_mask_keeps`]): a rank computes its part given its box's offset in the
 //!   global tensor ([`crate::exec::EvalCtx::placement`]);
-//! - [`Op::EmbeddingGrad`] carries the vocabulary size of the table it produces.
+//! - [`Op::Embedding`] and [`Op::EmbeddingGrad`] with the table's rows split (vocabulary
+//!   parallel) look up, and scatter into, only the rows of the rank's block, given the block's row
+//!   offset ([`crate::exec::EvalCtx::input_blocks`], [`crate::exec::EvalCtx::placement`]).
 //!
 //! Input order and outputs of every op are listed on its variant; [`crate::grad`]'s backward
 //! rules use the ops marked *backward*.
@@ -102,7 +104,8 @@ pub enum Op {
         keep_dims: bool,
     },
     /// Embedding lookup (MindSpore's `Gather` on axis 0): inputs `table [vocab, dim]` and integer
-    /// `ids [...]` (i32 or i64) → `[..., dim]`.
+    /// `ids [...]` (i32 or i64) → `[..., dim]`. Given a block of the table's rows, ids outside
+    /// the block give zero rows (the blocks' results sum to the lookup).
     Embedding,
     /// Inverted dropout: keeps an element with probability `keep_prob` and scales kept elements
     /// by `1/keep_prob`. The mask is a pure function of `(seed, step, global element index)`.
@@ -145,12 +148,10 @@ pub enum Op {
     /// *Backward* of [`Op::LayerNorm`]: inputs `x`, `dy`, `mean`, `rstd`, `gamma` → `dx`,
     /// `dgamma`, `dbeta`.
     LayerNormGrad,
-    /// *Backward* of [`Op::Embedding`] for the table (a scatter-add): inputs `ids` and
-    /// `dy [..., dim]` → `[vocab_size, dim]`.
-    EmbeddingGrad {
-        /// Rows of the table.
-        vocab_size: usize,
-    },
+    /// *Backward* of [`Op::Embedding`] for the table (a scatter-add): inputs `table` (read for
+    /// its shape and layout only), `ids` and `dy [..., dim]` → the table's shape. Given a block
+    /// of the table's rows, only ids in the block are accumulated.
+    EmbeddingGrad,
     /// *Backward* of [`Op::BiasAdd`] for the bias: input `dy [..., c]` → `[c]` (sum over every
     /// dim but the last).
     BiasAddGrad,
@@ -196,7 +197,7 @@ impl Op {
             Op::SoftmaxGrad => "SoftmaxGrad",
             Op::LogSoftmaxGrad => "LogSoftmaxGrad",
             Op::LayerNormGrad => "LayerNormGrad",
-            Op::EmbeddingGrad { .. } => "EmbeddingGrad",
+            Op::EmbeddingGrad => "EmbeddingGrad",
             Op::BiasAddGrad => "BiasAddGrad",
             Op::SparseSoftmaxCrossEntropyGrad { .. } => "SparseSoftmaxCrossEntropyGrad",
         }
@@ -233,9 +234,10 @@ impl Op {
             | Op::GeluGrad { .. }
             | Op::TanhGrad
             | Op::SoftmaxGrad
-            | Op::LogSoftmaxGrad
-            | Op::EmbeddingGrad { .. } => 2,
-            Op::LayerNorm { .. } | Op::SparseSoftmaxCrossEntropyGrad { .. } => 3,
+            | Op::LogSoftmaxGrad => 2,
+            Op::LayerNorm { .. } | Op::EmbeddingGrad | Op::SparseSoftmaxCrossEntropyGrad { .. } => {
+                3
+            }
             Op::LayerNormGrad => 5,
         }
     }
@@ -258,7 +260,7 @@ impl Op {
                 | Op::SoftmaxGrad
                 | Op::LogSoftmaxGrad
                 | Op::LayerNormGrad
-                | Op::EmbeddingGrad { .. }
+                | Op::EmbeddingGrad
                 | Op::BiasAddGrad
                 | Op::SparseSoftmaxCrossEntropyGrad { .. }
         )

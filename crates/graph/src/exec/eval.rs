@@ -1,7 +1,7 @@
 //! [`eval_op`]: the one dispatch from an [`Op`] to `tensor::kernels`, writing into
 //! caller-allocated outputs.
 
-use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, UnaryOp};
+use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, RowBlock, UnaryOp};
 use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
@@ -19,6 +19,15 @@ pub struct Placement<'a> {
     pub global_shape: &'a [usize],
 }
 
+/// Where one input's block lies in its global tensor (see [`EvalCtx::input_blocks`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputBlock {
+    /// Offset of the block in the global tensor, per dim.
+    pub offset: Vec<usize>,
+    /// The global tensor's shape.
+    pub global_shape: Vec<usize>,
+}
+
 /// What [`eval_op`] needs besides the op and its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EvalCtx<'a> {
@@ -30,6 +39,35 @@ pub struct EvalCtx<'a> {
     /// Where the output block lies in the global tensor (element-wise ops such as dropout: the
     /// input block too). `None`: the tensors are the whole global tensors.
     pub placement: Option<Placement<'a>>,
+    /// Per input, where its block lies in its global tensor, for ops that depend on which part
+    /// of an input they are given (a vocabulary-parallel [`Op::Embedding`]: the table's rows).
+    /// Empty: every input is its whole global tensor.
+    pub input_blocks: &'a [InputBlock],
+}
+
+impl EvalCtx<'_> {
+    /// The rows of a table of `rows` local rows: input `input`'s block of dim 0 (the whole
+    /// table when the inputs are whole).
+    fn input_rows(&self, input: usize, rows: usize) -> RowBlock {
+        match self.input_blocks.get(input) {
+            Some(b) => RowBlock {
+                first: b.offset.first().copied().unwrap_or(0),
+                vocab: b.global_shape.first().copied().unwrap_or(rows),
+            },
+            None => RowBlock::whole(rows),
+        }
+    }
+
+    /// The rows of the output's block of dim 0 (of `rows` local rows).
+    fn output_rows(&self, rows: usize) -> RowBlock {
+        match self.placement {
+            Some(p) => RowBlock {
+                first: p.offset.first().copied().unwrap_or(0),
+                vocab: p.global_shape.first().copied().unwrap_or(rows),
+            },
+            None => RowBlock::whole(rows),
+        }
+    }
 }
 
 /// Evaluates `op` on `inputs`, writing `outputs`, which the caller allocated with the shapes and
@@ -345,21 +383,23 @@ fn eval_typed<T: Float + Element>(
         Op::Embedding => {
             let (table, out) = (inputs[0], &mut outputs[0]);
             min_rank(table, 2, "table", ctx)?;
-            let dim = table.shape()[1];
-            let (rows, out) = (read::<T>(table, ctx)?, write::<T>(out, ctx)?);
-            with_ids!(inputs[1], ctx, op, |ids| kernels::gather_rows_into(
-                rows, dim, ids, out
+            let (rows, dim) = (table.shape()[0], table.shape()[1]);
+            let block = ctx.input_rows(0, rows);
+            let (table, out) = (read::<T>(table, ctx)?, write::<T>(out, ctx)?);
+            with_ids!(inputs[1], ctx, op, |ids| kernels::gather_block_rows_into(
+                table, block, dim, ids, out
             )
             .map_err(kernel()))
         }
-        Op::EmbeddingGrad { .. } => {
-            let (dy, out) = (inputs[1], &mut outputs[0]);
+        Op::EmbeddingGrad => {
+            let (dy, out) = (inputs[2], &mut outputs[0]);
             min_rank(out, 2, "table gradient", ctx)?;
-            let dim = out.shape()[1];
+            let (rows, dim) = (out.shape()[0], out.shape()[1]);
+            let block = ctx.output_rows(rows);
             let (dys, out) = (read::<T>(dy, ctx)?, write::<T>(out, ctx)?);
             kernels::fill(out, T::ZERO);
-            with_ids!(inputs[0], ctx, op, |ids| kernels::scatter_add_rows(
-                out, dim, ids, dys
+            with_ids!(inputs[1], ctx, op, |ids| kernels::scatter_add_block_rows(
+                out, block, dim, ids, dys
             )
             .map_err(kernel()))
         }

@@ -10,5 +10,5 @@ mod eval;
 mod executor;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
-pub use self::eval::{eval_op, EvalCtx, Placement};
+pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};
 pub use self::executor::Executor;

@@ -303,34 +303,32 @@ pub fn output_layouts(
             Ok(vec![output(ctx, &mesh, out_dims, partial, out_shape(0))?])
         }
         Op::Embedding => {
+            // Vocabulary parallel: a rank looks up the ids in its block of rows and writes zeros
+            // for the others, so the output is pending a sum over the axes splitting the rows.
             let table = dims(0);
-            if !table[0].is_empty() {
-                return Err(ctx.unsupported(
-                    "the table's vocabulary dim cannot be split (vocabulary-parallel embedding is not supported)",
-                ));
-            }
             let mut out_dims = dims(1);
             out_dims.push(table[1].clone());
             Ok(vec![output(
                 ctx,
                 &mesh,
                 out_dims,
-                Vec::new(),
+                table[0].clone(),
                 out_shape(0),
             )?])
         }
-        Op::EmbeddingGrad { .. } => {
-            let ids = dims(0);
-            let dy = dims(1);
+        Op::EmbeddingGrad => {
+            // A rank scatters its ids that fall in its block of rows: the table's layout,
+            // pending a sum over the axes splitting the ids.
+            let (table, ids, dy) = (dims(0), dims(1), dims(2));
+            if dy.last() != table.last() {
+                return Err(ctx.unsupported(format!(
+                    "dy's last dim must be split like the table's embedding dim ({} vs {})",
+                    inputs[2].layout().describe_map(),
+                    inputs[0].layout().describe_map()
+                )));
+            }
             let partial = ids.iter().flatten().copied().collect();
-            let last = dy.last().cloned().unwrap_or_default();
-            Ok(vec![output(
-                ctx,
-                &mesh,
-                vec![Vec::new(), last],
-                partial,
-                out_shape(0),
-            )?])
+            Ok(vec![output(ctx, &mesh, table, partial, out_shape(0))?])
         }
         Op::SparseSoftmaxCrossEntropy { .. } => {
             last_unsplit(0, "the class dim")?;

@@ -267,19 +267,16 @@ pub fn input_layouts(
             elementwise(ctx, s, devices)
         }
         Op::Embedding => {
-            if s[0][0] != 1 {
-                return Err(ctx.invalid(
-                    s,
-                    "the table's vocabulary dim cannot be split (vocabulary-parallel embedding is not supported)",
-                ));
-            }
+            // Device matrix `[ids dims..., e, v]`: the table `[vocab, dim]` is split `v` ways
+            // on its rows (vocabulary parallel, MindSpore's Gather with its parameter split on
+            // axis 0) and `e` ways on its columns; the ids by their own strategy.
             let ri = s[1].len();
             let mut dev = s[1].clone();
-            dev.push(s[0][1]);
-            let table = vec![Vec::new(), vec![ri]];
+            dev.extend([s[0][1], s[0][0]]);
+            let table = vec![vec![ri + 1], vec![ri]];
             let ids = (0..ri).map(|d| vec![d]).collect();
             let mut axis_names = names("d", ri);
-            axis_names.push("e".to_string());
+            axis_names.extend(["e".to_string(), "v".to_string()]);
             place(ctx, s, &dev, &axis_names, devices, vec![table, ids])
         }
         Op::SparseSoftmaxCrossEntropy { .. } => {
