@@ -316,17 +316,23 @@ impl RuleCtx<'_> {
 /// | `ReLU`, `Tanh`, `GeLU` | `ReluGrad(y, dy)`, `TanhGrad(y, dy)`, `GeluGrad(x, dy)` |
 /// | `Softmax`, `LogSoftmax` | `SoftmaxGrad(y, dy)`, `LogSoftmaxGrad(y, dy)` |
 /// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
+/// | `Concat(x…)` | `Split(dy)` into the inputs' sizes |
+/// | `Split(x)` | `Concat` of the outputs' gradients (zeros for an output without one) |
 /// | `MaskedFill(x, mask)` | `MaskedFill{0}(dy, mask)` for `x`; none for the mask |
+/// | `Where(cond, x, y)` | `dy_y = MaskedFill{0}(dy, cond)`, `dx = dy - dy_y`; none for `cond` |
 /// | `LayerNorm` | `LayerNormGrad(x, dy, mean, rstd, gamma)` → `dx, dgamma, dbeta` |
 /// | `Flatten`, `Reshape` | `Reshape(dy)` to the input shape |
 /// | `Transpose(perm)` | `Transpose(dy, perm⁻¹)` |
 /// | `BroadcastTo` / `SumToShape` | `SumToShape` / `BroadcastTo` to the input shape |
 /// | `ReduceSum` | `Reshape` to the kept-dims shape (if dropped), then `BroadcastTo` |
-/// | `Embedding` | `EmbeddingGrad(ids, dy)` (scatter-add) for the table |
+/// | `Embedding` | `EmbeddingGrad(table, ids, dy)` (scatter-add) for the table |
 /// | `Dropout` | `Dropout(dy)` with the same seed (the same mask) |
 /// | `SparseSoftmaxCrossEntropy` | `SparseSoftmaxCrossEntropyGrad(logits, labels, dloss)` |
 fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
     let op = ctx.forward.nodes()[ctx.node.0].op.clone();
+    if let Op::Split { axis, sizes } = &op {
+        return split_rule(ctx, *axis, sizes.len());
+    }
     let dy = ctx.dy()?;
     let wants = ctx.wants.to_vec();
     let mut out = Vec::new();
@@ -425,6 +431,31 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let op = Op::ScaledSoftmaxGrad { scale };
             out.push((0, ctx.grad(0, op, &[ctx.output(0), dy])?));
         }
+        Op::Where => {
+            // dy where cond is 0 goes to y; the rest, dy - that (exact: dy - 0 or dy - dy),
+            // to x. The condition gets no gradient.
+            let cond = ctx.input(0);
+            let to_y = Op::MaskedFill { value: 0.0 };
+            let dy_y = if wants[2] {
+                ctx.grad(2, to_y, &[dy, cond])?
+            } else {
+                ctx.step(1, "to_y", to_y, &[dy, cond])?
+            };
+            if wants[1] {
+                out.push((1, ctx.grad(1, Op::Sub, &[dy, dy_y])?));
+            }
+            out.push((2, dy_y));
+        }
+        Op::Concat { axis, n } => {
+            let sizes = (0..n).map(|i| ctx.shape(ctx.input(i))[axis]).collect();
+            let grads = ctx.emit(
+                "grad",
+                Op::Split { axis, sizes },
+                &[dy],
+                (0..n).map(Some).collect(),
+            )?;
+            out.extend((0..n).filter(|&i| wants[i]).map(|i| (i, grads[i])));
+        }
         Op::MaskedFill { .. } => {
             // The filled positions do not depend on x; the mask gets no gradient.
             let op = Op::MaskedFill { value: 0.0 };
@@ -467,12 +498,8 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             out.push((0, ctx.grad(0, Op::BroadcastTo { shape }, &[g])?));
         }
         Op::Embedding => {
-            let vocab_size = ctx.shape(ctx.input(0))[0];
-            let ids = ctx.input(1);
-            out.push((
-                0,
-                ctx.grad(0, Op::EmbeddingGrad { vocab_size }, &[ids, dy])?,
-            ));
+            let (table, ids) = (ctx.input(0), ctx.input(1));
+            out.push((0, ctx.grad(0, Op::EmbeddingGrad, &[table, ids, dy])?));
         }
         Op::Dropout { keep_prob, seed } => {
             out.push((0, ctx.grad(0, Op::Dropout { keep_prob, seed }, &[dy])?));
@@ -482,6 +509,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let op = Op::SparseSoftmaxCrossEntropyGrad { batch_divisor };
             out.push((0, ctx.grad(0, op, &[logits, labels, dy])?));
         }
+        Op::Split { .. } => unreachable!("Split's rule runs above"),
         Op::Fill { .. }
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }
@@ -491,7 +519,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         | Op::SoftmaxGrad
         | Op::LogSoftmaxGrad
         | Op::LayerNormGrad
-        | Op::EmbeddingGrad { .. }
+        | Op::EmbeddingGrad
         | Op::BiasAddGrad
         | Op::SparseSoftmaxCrossEntropyGrad { .. } => {
             let node = &ctx.forward.nodes()[ctx.node.0];
@@ -504,4 +532,34 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
     // Rules for ops with integer inputs never produce their gradient; keep only wanted ones.
     out.retain(|(i, _)| wants[*i]);
     Ok(out)
+}
+
+/// [`Op::Split`]'s rule: the outputs' gradients joined (a zero constant for an output nothing
+/// flowed into); with one piece, its gradient itself.
+fn split_rule(
+    ctx: &mut RuleCtx<'_>,
+    axis: usize,
+    n: usize,
+) -> Result<Vec<(usize, ValueId)>, GraphError> {
+    let mut parts = Vec::with_capacity(n);
+    for k in 0..n {
+        let part = match ctx.dys[k] {
+            Some(dy) => dy,
+            None => {
+                let out = &ctx.forward.values()[ctx.output(k).0];
+                let zeros = Op::Fill {
+                    shape: out.shape.clone(),
+                    dtype: out.dtype,
+                    value: 0.0,
+                };
+                ctx.step(0, &format!("zeros{k}"), zeros, &[])?
+            }
+        };
+        parts.push(part);
+    }
+    let dx = match parts.as_slice() {
+        [single] => *single,
+        _ => ctx.grad(0, Op::Concat { axis, n }, &parts)?,
+    };
+    Ok(vec![(0, dx)])
 }

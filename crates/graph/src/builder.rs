@@ -546,6 +546,45 @@ impl GraphBuilder {
         self.op1(name, Op::MaskedFill { value }, &[x, mask])
     }
 
+    /// `x` where `cond` (any dtype, broadcast to `x`) is nonzero, else `y`: [`Op::Where`]
+    /// (MindSpore's `Select`, NumPy's `where`).
+    pub fn select(
+        &mut self,
+        name: &str,
+        cond: ValueId,
+        x: ValueId,
+        y: ValueId,
+    ) -> Result<ValueId, GraphError> {
+        self.op1(name, Op::Where, &[cond, x, y])
+    }
+
+    /// `xs` (2 to [`crate::MAX_INPUTS`] values) joined along `axis`.
+    pub fn concat(
+        &mut self,
+        name: &str,
+        xs: &[ValueId],
+        axis: usize,
+    ) -> Result<ValueId, GraphError> {
+        let op = Op::Concat { axis, n: xs.len() };
+        self.op1(name, op, xs)
+    }
+
+    /// `x` cut along `axis` into pieces of `sizes` (summing to the dim); returns the pieces (the
+    /// node's outputs `name`, `name:1`, …).
+    pub fn split(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        axis: usize,
+        sizes: &[usize],
+    ) -> Result<Vec<ValueId>, GraphError> {
+        let op = Op::Split {
+            axis,
+            sizes: sizes.to_vec(),
+        };
+        self.node(name, op, &[x])
+    }
+
     /// `softmax(scale · x)` over the last dim.
     pub fn scaled_softmax(
         &mut self,

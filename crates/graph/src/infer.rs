@@ -5,7 +5,7 @@ use tensor::DType;
 
 use crate::error::{GraphError, Operand};
 use crate::ir::Value;
-use crate::op::Op;
+use crate::op::{Op, MAX_INPUTS};
 
 /// A value's type: its shape and dtype.
 pub(crate) type ValueType = (Vec<usize>, DType);
@@ -63,6 +63,67 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             c.min_rank(0, 1, "at least 1 dim (the class dim)")?;
             c.softmax_scale(*scale)?;
             vec![c.same_as(0)?]
+        }
+        Op::Where => {
+            let x = c.float(1)?;
+            c.same_dtype(2, 1)?;
+            c.same_shape(2, 1)?;
+            if !broadcasts_to(&c.input(0).shape, &x.shape) {
+                return Err(c.rank_error(0, "a condition shape that broadcasts to x's shape"));
+            }
+            vec![c.same_as(1)?]
+        }
+        Op::Concat { axis, n } => {
+            if !(2..=MAX_INPUTS).contains(n) {
+                return Err(c.attribute(
+                    "n",
+                    format!("must be from 2 to {MAX_INPUTS} inputs, got {n}"),
+                ));
+            }
+            let first = c.float(0)?;
+            c.axis(*axis, first)?;
+            let mut shape = first.shape.clone();
+            for i in 1..*n {
+                let v = c.same_dtype(i, 0)?;
+                let agrees = v.shape.len() == shape.len()
+                    && (0..shape.len()).all(|d| d == *axis || v.shape[d] == shape[d]);
+                if !agrees {
+                    return Err(c.rank_error(
+                        i,
+                        "the shape of the first input in every dim but the concat axis",
+                    ));
+                }
+                shape[*axis] += v.shape[*axis];
+            }
+            vec![(shape, first.dtype)]
+        }
+        Op::Split { axis, sizes } => {
+            let x = c.float(0)?;
+            c.axis(*axis, x)?;
+            if sizes.is_empty() || sizes.len() > MAX_INPUTS {
+                return Err(c.attribute(
+                    "sizes",
+                    format!("must have 1 to {MAX_INPUTS} pieces, got {}", sizes.len()),
+                ));
+            }
+            let total: usize = sizes.iter().sum();
+            if total != x.shape[*axis] {
+                return Err(c.attribute(
+                    "sizes",
+                    format!(
+                        "{sizes:?} add up to {total}, but dim {axis} of `{}` {:?} is {}",
+                        x.name, x.shape, x.shape[*axis]
+                    ),
+                ));
+            }
+            sizes
+                .iter()
+                .map(|&size| {
+                    let mut shape = x.shape.clone();
+                    shape[*axis] = size;
+                    (shape, x.dtype)
+                })
+                .collect()
         }
         Op::MaskedFill { value } => {
             let x = c.float(0)?;
@@ -281,14 +342,17 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             )?;
             vec![c.same_as(0)?, c.same_as(4)?, c.same_as(4)?]
         }
-        Op::EmbeddingGrad { vocab_size } => {
-            let ids = c.index(0)?;
-            let dy = c.float(1)?;
+        Op::EmbeddingGrad => {
+            let table = c.float(0)?;
+            c.rank(0, 2, "a 2-D table [vocab, dim]")?;
+            let ids = c.index(1)?;
+            let dy = c.same_dtype(2, 0)?;
             let expected_rank = ids.shape.len() + 1;
             if dy.shape.len() != expected_rank || dy.shape[..ids.shape.len()] != ids.shape[..] {
-                return Err(c.rank_error(1, "the ids' shape followed by the embedding dim"));
+                return Err(c.rank_error(2, "the ids' shape followed by the embedding dim"));
             }
-            vec![(vec![*vocab_size, last(&dy.shape)], dy.dtype)]
+            c.dims_equal("embedding dim", (0, table.shape[1]), (2, last(&dy.shape)))?;
+            vec![c.same_as(0)?]
         }
         Op::BiasAddGrad => {
             let dy = c.float(0)?;
@@ -489,6 +553,18 @@ impl<'a> Check<'a> {
             rhs: self.operand(rhs.0),
             rhs_dim: rhs.1,
         })
+    }
+
+    /// `Ok` when `axis` is a dim of `v`.
+    fn axis(&self, axis: usize, v: &Value) -> Result<(), GraphError> {
+        if axis < v.shape.len() {
+            Ok(())
+        } else {
+            Err(self.attribute(
+                "axis",
+                format!("{axis} is not a dim of `{}` {:?}", v.name, v.shape),
+            ))
+        }
     }
 
     /// `Ok` when a softmax scale is finite and positive.

@@ -83,7 +83,7 @@ pub mod rng;
 pub use crate::autodiff::{grad, TrainingGraph};
 pub use crate::builder::GraphBuilder;
 pub use crate::error::{GraphError, Operand};
-pub use crate::exec::{eval_op, EvalCtx, Executor, Placement};
+pub use crate::exec::{eval_op, EvalCtx, Executor, InputBlock, Placement};
 pub use crate::init::{FanMode, Initializer};
 pub use crate::ir::{GradOf, Graph, Node, NodeId, NodeRole, Use, Value, ValueId, ValueKind};
 pub use crate::op::{Op, MAX_INPUTS};

@@ -9,7 +9,9 @@
 //! - [`Op::Dropout`]'s mask is a pure function of `(seed, step, global element index)` (see
 //!   [`crate::exec::dropout_mask_keeps`]): a rank computes its part given its box's offset in the
 //!   global tensor ([`crate::exec::EvalCtx::placement`]);
-//! - [`Op::EmbeddingGrad`] carries the vocabulary size of the table it produces.
+//! - [`Op::Embedding`] and [`Op::EmbeddingGrad`] with the table's rows split (vocabulary
+//!   parallel) look up, and scatter into, only the rows of the rank's block, given the block's row
+//!   offset ([`crate::exec::EvalCtx::input_blocks`], [`crate::exec::EvalCtx::placement`]).
 //!
 //! Input order and outputs of every op are listed on its variant; [`crate::grad`]'s backward
 //! rules use the ops marked *backward*.
@@ -102,7 +104,8 @@ pub enum Op {
         keep_dims: bool,
     },
     /// Embedding lookup (MindSpore's `Gather` on axis 0): inputs `table [vocab, dim]` and integer
-    /// `ids [...]` (i32 or i64) → `[..., dim]`.
+    /// `ids [...]` (i32 or i64) → `[..., dim]`. Given a block of the table's rows, ids outside
+    /// the block give zero rows (the blocks' results sum to the lookup).
     Embedding,
     /// Inverted dropout: keeps an element with probability `keep_prob` and scales kept elements
     /// by `1/keep_prob`. The mask is a pure function of `(seed, step, global element index)`.
@@ -148,6 +151,25 @@ pub enum Op {
         /// The value written where the mask is nonzero (may be infinite, e.g. `-inf`).
         value: f64,
     },
+    /// Inputs `cond` (any dtype, broadcastable to `x`, NumPy rules), `x` and `y` (one shape and
+    /// dtype) → `x` where `cond` is nonzero, else `y`.
+    Where,
+    /// Concatenates its `n` inputs (`2..=MAX_INPUTS`, one dtype, equal in every dim but `axis`)
+    /// along `axis`.
+    Concat {
+        /// The dim to join along.
+        axis: usize,
+        /// The number of inputs.
+        n: usize,
+    },
+    /// Cuts `x` along `axis` into `sizes.len()` outputs (`1..=MAX_INPUTS`) of `sizes[k]` each
+    /// along `axis` (MindSpore's `SplitV`); the sizes sum to the dim.
+    Split {
+        /// The dim to cut.
+        axis: usize,
+        /// The size of every piece along `axis`.
+        sizes: Vec<usize>,
+    },
     /// `softmax(scale · x)` over the last dim (attention scores scaled by `1/√d`).
     ScaledSoftmax {
         /// The factor applied to `x`, finite and positive.
@@ -175,12 +197,10 @@ pub enum Op {
     /// *Backward* of [`Op::LayerNorm`]: inputs `x`, `dy`, `mean`, `rstd`, `gamma` → `dx`,
     /// `dgamma`, `dbeta`.
     LayerNormGrad,
-    /// *Backward* of [`Op::Embedding`] for the table (a scatter-add): inputs `ids` and
-    /// `dy [..., dim]` → `[vocab_size, dim]`.
-    EmbeddingGrad {
-        /// Rows of the table.
-        vocab_size: usize,
-    },
+    /// *Backward* of [`Op::Embedding`] for the table (a scatter-add): inputs `table` (read for
+    /// its shape and layout only), `ids` and `dy [..., dim]` → the table's shape. Given a block
+    /// of the table's rows, only ids in the block are accumulated.
+    EmbeddingGrad,
     /// *Backward* of [`Op::BiasAdd`] for the bias: input `dy [..., c]` → `[c]` (sum over every
     /// dim but the last).
     BiasAddGrad,
@@ -222,6 +242,9 @@ impl Op {
             Op::Fill { .. } => "Fill",
             Op::Triu { .. } => "Triu",
             Op::MaskedFill { .. } => "MaskedFill",
+            Op::Where => "Select",
+            Op::Concat { .. } => "Concat",
+            Op::Split { .. } => "Split",
             Op::ScaledSoftmax { .. } => "ScaledSoftmax",
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
             Op::ReluGrad => "ReluGrad",
@@ -230,7 +253,7 @@ impl Op {
             Op::SoftmaxGrad => "SoftmaxGrad",
             Op::LogSoftmaxGrad => "LogSoftmaxGrad",
             Op::LayerNormGrad => "LayerNormGrad",
-            Op::EmbeddingGrad { .. } => "EmbeddingGrad",
+            Op::EmbeddingGrad => "EmbeddingGrad",
             Op::BiasAddGrad => "BiasAddGrad",
             Op::SparseSoftmaxCrossEntropyGrad { .. } => "SparseSoftmaxCrossEntropyGrad",
         }
@@ -254,6 +277,7 @@ impl Op {
             | Op::SumToShape { .. }
             | Op::ReduceSum { .. }
             | Op::Dropout { .. }
+            | Op::Split { .. }
             | Op::BiasAddGrad => 1,
             Op::MatMul { .. }
             | Op::BatchMatMul { .. }
@@ -270,10 +294,13 @@ impl Op {
             | Op::GeluGrad { .. }
             | Op::TanhGrad
             | Op::SoftmaxGrad
-            | Op::LogSoftmaxGrad
-            | Op::EmbeddingGrad { .. } => 2,
-            Op::LayerNorm { .. } | Op::SparseSoftmaxCrossEntropyGrad { .. } => 3,
+            | Op::LogSoftmaxGrad => 2,
+            Op::LayerNorm { .. }
+            | Op::EmbeddingGrad
+            | Op::SparseSoftmaxCrossEntropyGrad { .. }
+            | Op::Where => 3,
             Op::LayerNormGrad => 5,
+            Op::Concat { n, .. } => *n,
         }
     }
 
@@ -281,6 +308,7 @@ impl Op {
     pub fn n_outputs(&self) -> usize {
         match self {
             Op::LayerNorm { .. } | Op::LayerNormGrad => 3,
+            Op::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }
     }
@@ -296,12 +324,13 @@ impl Op {
                 | Op::LogSoftmaxGrad
                 | Op::ScaledSoftmaxGrad { .. }
                 | Op::LayerNormGrad
-                | Op::EmbeddingGrad { .. }
+                | Op::EmbeddingGrad
                 | Op::BiasAddGrad
                 | Op::SparseSoftmaxCrossEntropyGrad { .. }
         )
     }
 }
 
-/// The most inputs any op takes ([`Op::LayerNormGrad`]).
-pub const MAX_INPUTS: usize = 5;
+/// The most inputs any op takes ([`Op::Concat`]; [`Op::LayerNormGrad`] takes 5), and the most
+/// outputs of an [`Op::Split`] (its gradient is a `Concat` of them).
+pub const MAX_INPUTS: usize = 8;

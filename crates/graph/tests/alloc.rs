@@ -73,6 +73,7 @@ fn a_training_step_allocates_only_inside_gemm() -> Result<(), GraphError> {
             node: &node.name,
             step: 0,
             placement: None,
+            input_blocks: &[],
         };
         eval_op(&node.op, &inputs, &mut outputs, &ctx)?; // warm-up
         let mut result = Ok(());

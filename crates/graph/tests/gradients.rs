@@ -253,3 +253,65 @@ fn scaled_softmax_alone_and_after_a_causal_mask() {
     })
     .unwrap();
 }
+
+#[test]
+fn where_routes_the_gradient_by_the_condition() {
+    check_gradients("where", |b| {
+        let x = param(b, "x", &[2, 3, 4])?;
+        let y = param(b, "y", &[2, 3, 4])?;
+        let cond = b.input("cond", &[3, 1], DType::U8)?;
+        let feed = Tensor::from_vec(&[3, 1], vec![1u8, 0, 7]).unwrap();
+        Ok((b.select("where", cond, x, y)?, vec![(cond, feed)]))
+    })
+    .unwrap();
+    // Only y trainable: the rule still routes dy through the mask.
+    check_gradients("where, y only", |b| {
+        let x = b.fill("x", &[3, 4], 2.0)?;
+        let y = param(b, "y", &[3, 4])?;
+        let cond = b.triu("cond", &[3, 4], 0)?;
+        Ok((b.select("where", cond, x, y)?, Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
+fn concat_along_any_axis() {
+    check_op(
+        "concat axis 0",
+        Op::Concat { axis: 0, n: 2 },
+        &[&[2, 3], &[1, 3]],
+    );
+    check_op(
+        "concat axis 1 of 3",
+        Op::Concat { axis: 1, n: 3 },
+        &[&[2, 1, 4], &[2, 3, 4], &[2, 2, 4]],
+    );
+    check_op(
+        "concat last axis",
+        Op::Concat { axis: 2, n: 2 },
+        &[&[2, 3, 1], &[2, 3, 2]],
+    );
+}
+
+#[test]
+fn split_with_used_and_unused_pieces() {
+    // Every piece used, reordered.
+    check_gradients("split all", |b| {
+        let x = param(b, "x", &[4, 6])?;
+        let p = b.split("split", x, 1, &[1, 2, 3])?;
+        Ok((b.concat("join", &[p[2], p[1], p[0]], 1)?, Vec::new()))
+    })
+    .unwrap();
+    // The middle piece unused: its gradient is zero.
+    check_gradients("split some", |b| {
+        let x = param(b, "x", &[2, 5, 3])?;
+        let p = b.split("split", x, 1, &[2, 1, 2])?;
+        Ok((b.concat("join", &[p[2], p[0]], 0)?, Vec::new()))
+    })
+    .unwrap();
+    check_gradients("split one piece", |b| {
+        let x = param(b, "x", &[2, 3])?;
+        Ok((b.split("split", x, 0, &[2])?[0], Vec::new()))
+    })
+    .unwrap();
+}

@@ -53,6 +53,7 @@ fn ctx(placement: Option<Placement<'_>>) -> EvalCtx<'_> {
         node: "drop",
         step: 3,
         placement,
+        input_blocks: &[],
     }
 }
 
@@ -115,6 +116,7 @@ fn dropout_keeps_the_expected_fraction_and_changes_with_the_step() -> Result<(),
             node: "drop",
             step,
             placement: None,
+            input_blocks: &[],
         };
         eval_op(&op, &[&x], std::slice::from_mut(&mut out), &ctx)?;
         let values = out.as_f32().unwrap().to_vec();
@@ -137,6 +139,7 @@ fn dropout_keeps_the_expected_fraction_and_changes_with_the_step() -> Result<(),
             node: "drop",
             step: 0,
             placement: Some(misplaced),
+            input_blocks: &[],
         },
     )
     .unwrap_err();
@@ -155,6 +158,7 @@ fn cross_entropy_shards_sum_to_the_global_mean() -> Result<(), GraphError> {
         node: "loss",
         step: 0,
         placement: None,
+        input_blocks: &[],
     };
     let loss_op = Op::SparseSoftmaxCrossEntropy { batch_divisor: 8 };
     let grad_op = Op::SparseSoftmaxCrossEntropyGrad { batch_divisor: 8 };
@@ -244,6 +248,7 @@ fn eval_op_rejects_bad_operands_without_panicking() {
         node: "mm",
         step: 0,
         placement: None,
+        input_blocks: &[],
     };
     let op = Op::MatMul {
         transpose_a: false,
@@ -317,4 +322,56 @@ fn triu_blocks_hold_the_values_of_the_whole() {
             "diagonal {diagonal}"
         );
     }
+}
+
+#[test]
+fn embedding_blocks_of_rows_sum_to_the_lookup_and_scatter_into_their_rows() {
+    use graph::InputBlock;
+    let table = Tensor::from_vec(&[6, 2], (0..12).map(|i| i as f64).collect()).unwrap();
+    let ids = Tensor::from_vec(&[4], vec![5i32, 0, 3, 3]).unwrap();
+    let dy = Tensor::from_vec(&[4, 2], (0..8).map(|i| 1.0 + i as f64).collect()).unwrap();
+    let whole = |op: &Op, inputs: &[&Tensor], shape: &[usize]| {
+        let mut out = [Tensor::zeros(DType::F64, shape)];
+        eval_op(op, inputs, &mut out, &ctx(None)).unwrap();
+        let [out] = out;
+        out
+    };
+    let lookup = whole(&Op::Embedding, &[&table, &ids], &[4, 2]);
+    let grad = whole(&Op::EmbeddingGrad, &[&table, &ids, &dy], &[6, 2]);
+    let mut summed = vec![0.0; 8];
+    let mut assembled = Tensor::zeros(DType::F64, &[6, 2]);
+    for first in [0, 3] {
+        let region = SliceBox::new(vec![first, 0], vec![3, 2]);
+        let block = table.extract_box(&region).unwrap();
+        let blocks = [
+            InputBlock {
+                offset: region.offset.clone(),
+                global_shape: vec![6, 2],
+            },
+            InputBlock::default(),
+            InputBlock::default(),
+        ];
+        let placement = Placement {
+            offset: &region.offset,
+            global_shape: &[6, 2],
+        };
+        let c = EvalCtx {
+            input_blocks: &blocks,
+            ..ctx(Some(placement))
+        };
+        let mut out = [Tensor::zeros(DType::F64, &[4, 2])];
+        eval_op(&Op::Embedding, &[&block, &ids], &mut out, &c).unwrap();
+        for (s, x) in summed.iter_mut().zip(out[0].to_f64_vec()) {
+            *s += x;
+        }
+        let mut g = [Tensor::zeros(DType::F64, &[3, 2])];
+        eval_op(&Op::EmbeddingGrad, &[&block, &ids, &dy], &mut g, &c).unwrap();
+        assembled.insert_box(&region, &g[0]).unwrap();
+        // An id past the whole table is an error on every block, not a silent zero.
+        let bad = Tensor::from_vec(&[4], vec![5i32, 6, 0, 0]).unwrap();
+        let err = eval_op(&Op::Embedding, &[&block, &bad], &mut out, &c).unwrap_err();
+        assert!(err.to_string().contains('6'), "{err}");
+    }
+    assert_eq!(summed, lookup.to_f64_vec());
+    assert_eq!(assembled.to_f64_vec(), grad.to_f64_vec());
 }

@@ -307,8 +307,12 @@ fn backward_need(
             .position(|&x| x == u)
             .map(|j| fwd_place.outputs[j].layout().clone())
     };
+    // A constant of the rule (zeros for an output without a gradient) is placed like the
+    // output of its shape, as a gradient would be; other values of the rule keep their own.
     let produced_by_rule = graph.values()[v.0].producer.is_some_and(|(n, _)| {
-        matches!(&graph.nodes()[n.0].role, NodeRole::Backward(g) if g.forward == forward_id(graph, forward))
+        let node = &graph.nodes()[n.0];
+        !node.inputs.is_empty()
+            && matches!(&node.role, NodeRole::Backward(g) if g.forward == forward_id(graph, forward))
     });
     as_forward(v)
         .or_else(|| gradient_target(graph, v).and_then(as_forward))

@@ -483,7 +483,11 @@ fn describe_node(name: &str, op: &Op, place: &NodePlacement) -> String {
                     .iter()
                     .map(|&a| o.layout().mesh().axis_name(a))
                     .collect();
-                s.push_str(&format!(" pending sum over {}", axes.join("+")));
+                s.push_str(&format!(
+                    " pending {} over {}",
+                    o.pending_op().name(),
+                    axes.join("+")
+                ));
             }
             s
         })
@@ -501,10 +505,15 @@ pub fn describe_plan(plan: &ReshardPlan) -> String {
     let mut parts = Vec::new();
     if let Some(step) = plan.reduce() {
         let n = step.slot_groups.first().map_or(0, Vec::len);
+        // Sums are the common case and go unnamed; other reductions say which they are.
+        let op = match step.op {
+            reshard::PendingOp::Sum => String::new(),
+            other => format!(" ({})", other.name()),
+        };
         parts.push(match step.kind {
-            reshard::ReduceKind::AllReduce => format!("all-reduce over groups of {n}"),
+            reshard::ReduceKind::AllReduce => format!("all-reduce{op} over groups of {n}"),
             reshard::ReduceKind::ReduceScatter { dim } => {
-                format!("reduce-scatter along dim {dim} over groups of {n}")
+                format!("reduce-scatter{op} along dim {dim} over groups of {n}")
             }
         });
     }

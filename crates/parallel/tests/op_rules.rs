@@ -98,3 +98,50 @@ fn scaled_softmax_keeps_its_last_dim_whole() {
         .to_string()
         .contains("the softmax axis (the last dim) cannot be split"));
 }
+
+#[test]
+fn where_splits_x_and_y_alike_and_the_condition_with_them() {
+    let g = graph_with(|b, x| {
+        let y = b
+            .parameter("y", &[4, 4, 8], Initializer::normal(1.0))
+            .unwrap();
+        let cond = b.triu("cond", &[4, 8], 0).unwrap();
+        b.select("where", cond, x, y).unwrap();
+    });
+    let err = error(&g, "where", &[&[1, 2], &[2, 1, 2], &[1, 1, 2]], 4);
+    assert!(
+        err.contains("where (Select)") && err.contains("dim 0 is split 2 ways in one input and 1"),
+        "{err}"
+    );
+    let p = placed(&g, "where", &[&[2, 1], &[2, 2, 1], &[2, 2, 1]], 4);
+    let node = &p.nodes[g.node_by_name("where").unwrap().0];
+    assert_eq!(map(&node.inputs[0]), vec![0, -1]);
+    assert_eq!(map(&node.inputs[2]), vec![1, 0, -1]);
+}
+
+#[test]
+fn concat_and_split_keep_their_axis_whole() {
+    let g = graph_with(|b, x| {
+        let y = b
+            .parameter("y", &[4, 2, 8], Initializer::normal(1.0))
+            .unwrap();
+        let joined = b.concat("concat", &[x, y], 1).unwrap();
+        b.split("split", joined, 2, &[3, 5]).unwrap();
+    });
+    let err = error(&g, "concat", &[&[1, 2, 1], &[1, 2, 1]], 2);
+    assert!(
+        err.contains("concat (Concat)")
+            && err.contains("dim 1 of input 0 is the concat axis and cannot be split"),
+        "{err}"
+    );
+    let err = error(&g, "concat", &[&[2, 1, 1], &[1, 1, 2]], 2);
+    assert!(err.contains("input 1 must be split like input 0"), "{err}");
+    let err = error(&g, "split", &[&[1, 1, 2]], 2);
+    assert!(err.contains("the split axis and cannot be split"), "{err}");
+    let p = placed(&g, "split", &[&[2, 3, 1]], 6);
+    let split = &p.nodes[g.node_by_name("split").unwrap().0];
+    assert_eq!(split.outputs.len(), 2);
+    for out in &split.outputs {
+        assert_eq!(map(out.layout()), vec![1, 0, -1]);
+    }
+}

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use comm::{Buf, BufMut, Communicator, ReduceOp};
+use comm::{Buf, BufMut, Communicator};
 use layout::{SliceBox, TensorLayout};
 use tensor::region::{copy_region, Placement};
 use tensor::{DType, Tensor};
@@ -178,7 +178,7 @@ impl ReshardRunner {
             let group = self.group(&ranks)?;
             match kind {
                 ReduceKind::AllReduce => {
-                    group.all_reduce(&mut tensor, ReduceOp::Sum)?;
+                    group.all_reduce(&mut tensor, step.op.comm_op())?;
                     out.push((slot, tensor));
                 }
                 ReduceKind::ReduceScatter { dim } => {
@@ -203,7 +203,7 @@ impl ReshardRunner {
                         Buf::from_tensor(&send),
                         BufMut::from_tensor(&mut mine),
                         &counts,
-                        ReduceOp::Sum,
+                        step.op.comm_op(),
                     )?;
                     out.push((slot, mine));
                 }

@@ -58,5 +58,5 @@ mod test_util;
 pub use crate::error::ReshardError;
 pub use crate::execute::{reshard, DistTensor, ReshardRunner};
 pub use crate::lower::{lower, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
-pub use crate::partial::{DistLayout, ReduceKind, ReduceStep};
+pub use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
 pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};

@@ -1,7 +1,9 @@
-//! Pending sums: a source whose values still need adding up over some mesh axes.
+//! Pending sums (and maxima): a source whose values still need adding up, or taking the maximum
+//! of, over some mesh axes.
 //!
 //! A matmul whose reduction dim is split leaves every rank with a partial sum of its output box;
-//! the true value is the sum over the ranks that differ only along the split axes. Such a value
+//! the true value is the sum over the ranks that differ only along the split axes. A maximum over
+//! a split dim leaves partial maxima in the same way ([`PendingOp::Max`]). Such a value
 //! exists only at run time (DESIGN: "A pending reduction (`Partial`) exists at run time only"), so
 //! it lives here and not in `layout`.
 
@@ -10,12 +12,42 @@ use layout::{Layout, LayoutError, TensorLayout};
 use crate::error::ReshardError;
 use crate::plan::lower_bound_elements;
 
+/// The reduction a pending value awaits over its partial axes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum PendingOp {
+    /// The values add up (a split reduction dim of a sum or a matmul).
+    #[default]
+    Sum,
+    /// The value is the maximum of the parts (a maximum over a split dim).
+    Max,
+}
+
+impl PendingOp {
+    /// `sum` or `max`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PendingOp::Sum => "sum",
+            PendingOp::Max => "max",
+        }
+    }
+
+    /// The communicator's reduction.
+    pub fn comm_op(self) -> comm::ReduceOp {
+        match self {
+            PendingOp::Sum => comm::ReduceOp::Sum,
+            PendingOp::Max => comm::ReduceOp::Max,
+        }
+    }
+}
+
 /// A run-time tensor layout: a [`TensorLayout`] plus the mesh axes over which its values are
-/// pending a sum. With no partial axes it is just the layout.
+/// pending a reduction (a sum unless [`DistLayout::with_op`] says otherwise). With no partial
+/// axes it is just the layout.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DistLayout {
     layout: TensorLayout,
     partial_axes: Vec<usize>,
+    op: PendingOp,
 }
 
 impl DistLayout {
@@ -46,7 +78,22 @@ impl DistLayout {
         Ok(DistLayout {
             layout,
             partial_axes: axes,
+            op: PendingOp::Sum,
         })
+    }
+
+    /// The same layout pending `op` instead of a sum (a layout with no partial axes is final
+    /// and stays as it is).
+    pub fn with_op(mut self, op: PendingOp) -> DistLayout {
+        if self.is_partial() {
+            self.op = op;
+        }
+        self
+    }
+
+    /// The reduction the partial values await ([`PendingOp::Sum`] when there are none).
+    pub fn pending_op(&self) -> PendingOp {
+        self.op
     }
 
     /// The layout's placement (each slot's box).
@@ -97,6 +144,7 @@ impl From<TensorLayout> for DistLayout {
         DistLayout {
             layout,
             partial_axes: Vec::new(),
+            op: PendingOp::Sum,
         }
     }
 }
@@ -110,7 +158,7 @@ impl std::fmt::Display for DistLayout {
                 .iter()
                 .map(|&a| self.layout.mesh().axis_name(a))
                 .collect();
-            write!(f, " pending sum over {}", names.join("+"))?;
+            write!(f, " pending {} over {}", self.op.name(), names.join("+"))?;
         }
         Ok(())
     }
@@ -129,11 +177,13 @@ pub enum ReduceKind {
     },
 }
 
-/// The first step of a plan from a partial source: sum within each partial group.
+/// The first step of a plan from a partial source: reduce (sum or max) within each partial group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReduceStep {
     /// All-reduce or reduce-scatter.
     pub kind: ReduceKind,
+    /// The reduction: the source's pending op.
+    pub op: PendingOp,
     /// The partial groups as slots of the source mesh, each in member order.
     pub slot_groups: Vec<Vec<usize>>,
     /// The placement after the step, with no pending sum.
@@ -175,6 +225,7 @@ impl ReduceStep {
             .expect("the all-reduce option is always there");
         ReduceStep {
             kind,
+            op: src.pending_op(),
             slot_groups: src.partial_slot_groups(),
             result,
         }

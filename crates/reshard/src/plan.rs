@@ -412,15 +412,20 @@ impl ReshardPlan {
             let mesh = self.src.layout().mesh();
             for group in &step.slot_groups {
                 let ranks: Vec<usize> = group.iter().map(|&s| mesh.device_of_slot(s)).collect();
+                let op = step.op.name();
                 let what = match step.kind {
-                    crate::partial::ReduceKind::AllReduce => "all-reduce (sum)".to_string(),
+                    crate::partial::ReduceKind::AllReduce => format!("all-reduce ({op})"),
                     crate::partial::ReduceKind::ReduceScatter { dim } => {
-                        format!("reduce-scatter (sum) along dim {dim}")
+                        format!("reduce-scatter ({op}) along dim {dim}")
                     }
+                };
+                let parts = match step.op {
+                    crate::partial::PendingOp::Sum => "partial sums",
+                    crate::partial::PendingOp::Max => "partial maxima",
                 };
                 let _ = writeln!(
                     out,
-                    "  ranks {ranks:?}: {what}: their values are partial sums of one box"
+                    "  ranks {ranks:?}: {what}: their values are {parts} of one box"
                 );
             }
         }

@@ -6,7 +6,7 @@
 use comm::{Communicator, LocalCluster};
 use layout::{Layout, Mesh, MeshAxis, TensorLayout};
 use proptest::prelude::*;
-use reshard::{DistLayout, DistTensor, ReshardRunner};
+use reshard::{DistLayout, DistTensor, PendingOp, ReshardRunner};
 use std::sync::Arc;
 use tensor::{DType, Tensor};
 
@@ -110,11 +110,14 @@ fn run_and_check(world: usize, src: &DistLayout, dst: &TensorLayout) {
                         .find_map(|grp| grp.iter().position(|&s| s == slot))
                         .unwrap();
                     let offsets: f32 = (0..n - 1).map(|k| (k + 1) as f32).sum();
+                    let max = src.pending_op() == PendingOp::Max;
                     for x in t.as_f32_mut().unwrap() {
-                        *x = if j + 1 < n {
-                            (j + 1) as f32
-                        } else {
-                            *x - offsets
+                        *x = match (j + 1 < n, max) {
+                            // Partial maxima: the last member holds the value, the others less.
+                            (true, true) => *x - (j + 1) as f32,
+                            (false, true) => *x,
+                            (true, false) => (j + 1) as f32,
+                            (false, false) => *x - offsets,
                         };
                     }
                 }
@@ -171,6 +174,7 @@ proptest! {
     fn partial_sources_resolve_to_the_sum(
         (world, spec_a, spec_b) in arb_pair(16),
         ndim in 1usize..=2,
+        max in any::<bool>(),
     ) {
         let la = spec_a.layout(ndim);
         let lb = spec_b.layout(ndim);
@@ -184,7 +188,39 @@ proptest! {
         let a = la.bind(&shape).unwrap();
         let b = lb.bind(&shape).unwrap();
         let src = DistLayout::partial(a, &unused).unwrap();
+        let src = if max { src.with_op(PendingOp::Max) } else { src };
         run_and_check(world, &src, &b);
+    }
+}
+
+#[test]
+fn pending_maxima_all_reduce_or_reduce_scatter_with_max() {
+    let mesh = Layout::new(&[2, 2], &["dp", "tp"], None).unwrap();
+    let bind = |a: &str, b: &str| {
+        mesh.apply(&[a.into(), b.into()])
+            .unwrap()
+            .bind(&[4, 8])
+            .unwrap()
+    };
+    let src = DistLayout::partial(bind("dp", "None"), &[1])
+        .unwrap()
+        .with_op(PendingOp::Max);
+    assert!(src.to_string().contains("pending max over tp"), "{src}");
+    for (dst, what) in [
+        (bind("dp", "tp"), "reduce-scatter (max) along dim 1"),
+        (bind("dp", "None"), "all-reduce (max)"),
+    ] {
+        let plan = reshard::plan_from(&src, &dst, DType::F32).unwrap();
+        let sum_plan = reshard::plan_from(
+            &DistLayout::partial(src.layout().clone(), &[1]).unwrap(),
+            &dst,
+            DType::F32,
+        )
+        .unwrap();
+        assert!(plan.explain().contains(what), "{}", plan.explain());
+        // A maximum moves what a sum moves.
+        assert_eq!(plan.bytes_total(), sum_plan.bytes_total());
+        run_and_check(4, &src, &dst);
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use comm::Communicator;
-use graph::{eval_op, EvalCtx, Placement};
+use graph::{eval_op, EvalCtx, InputBlock, Placement};
 use layout::{SliceBox, TensorLayout};
 use parallel::{Program, Step};
 use reshard::ReshardRunner;
@@ -25,6 +25,9 @@ pub struct RankExecutor {
     /// For each step, the offset of this rank's output block in the global tensor (kernel
     /// steps), for ops whose values depend on global positions.
     offsets: Vec<Vec<usize>>,
+    /// For each step, where this rank's block of every input lies (kernel steps), for ops
+    /// that depend on which part of an input they get (a vocabulary-parallel embedding).
+    input_blocks: Vec<Vec<InputBlock>>,
     step: u64,
 }
 
@@ -60,14 +63,28 @@ impl RankExecutor {
             .map(|b| Some(Tensor::zeros(b.dtype, &b.shape)))
             .collect();
         let mut offsets = Vec::with_capacity(program.steps.len());
+        let mut input_blocks = Vec::with_capacity(program.steps.len());
         for step in &program.steps {
-            offsets.push(match step {
+            let (offset, blocks) = match step {
                 Step::Kernel(k) => {
                     let layout = program.buffers[k.outputs[0]].layout.layout();
-                    layout.slot_box(slot_of(layout, rank)?).offset
+                    let blocks = k
+                        .inputs
+                        .iter()
+                        .map(|&b| {
+                            let layout = program.buffers[b].layout.layout();
+                            Ok(InputBlock {
+                                offset: layout.slot_box(slot_of(layout, rank)?).offset,
+                                global_shape: layout.shape().to_vec(),
+                            })
+                        })
+                        .collect::<Result<Vec<_>, RuntimeError>>()?;
+                    (layout.slot_box(slot_of(layout, rank)?).offset, blocks)
                 }
-                Step::Reshard(_) => Vec::new(),
-            });
+                Step::Reshard(_) => (Vec::new(), Vec::new()),
+            };
+            offsets.push(offset);
+            input_blocks.push(blocks);
         }
         Ok(RankExecutor {
             program,
@@ -75,6 +92,7 @@ impl RankExecutor {
             buffers,
             runner: ReshardRunner::new(world),
             offsets,
+            input_blocks,
             step: 0,
         })
     }
@@ -204,6 +222,7 @@ impl RankExecutor {
                                 offset: &self.offsets[i],
                                 global_shape: out_layout.shape(),
                             }),
+                            input_blocks: &self.input_blocks[i],
                         };
                         eval_op(&k.op, &ins, &mut outs, &ctx)
                     };

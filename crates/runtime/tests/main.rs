@@ -10,6 +10,7 @@ mod op_sharding;
 mod optimizer;
 mod reproducibility;
 mod sharded;
+mod sharded_embedding;
 mod sharded_reshape;
 mod text_data;
 mod training;

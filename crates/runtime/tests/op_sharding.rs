@@ -152,6 +152,46 @@ proptest! {
     }
 
     #[test]
+    fn where_with_a_broadcast_condition(devices in devices(), e in exponents(3)) {
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 4, 8])?;
+            let y = param(b, "y", &[4, 4, 8])?;
+            let cond = b.triu("cond", &[4, 8], 2)?;
+            b.select("where", cond, x, y)
+        });
+        let sx = fit(&[4, 4, 8], &e, devices, &[]);
+        check(&c, "where", &[sx[1..].to_vec(), sx.clone(), sx], devices);
+    }
+
+    #[test]
+    fn concat_with_its_axis_whole(devices in devices(), e in exponents(3), axis in 0usize..3) {
+        let mut a = vec![4, 4, 8];
+        let mut b2 = a.clone();
+        a[axis] = 2;
+        b2[axis] = 6;
+        let c = case(|b| {
+            let x0 = param(b, "x0", &a)?;
+            let x1 = param(b, "x1", &b2)?;
+            let x2 = param(b, "x2", &a)?;
+            b.concat("concat", &[x0, x1, x2], axis)
+        });
+        let s = fit(&a, &e, devices, &[axis]);
+        check(&c, "concat", &[s.clone(), s.clone(), s], devices);
+    }
+
+    #[test]
+    fn split_with_an_unused_piece(devices in devices(), e in exponents(3), axis in 0usize..3) {
+        let mut shape = vec![4, 4, 8];
+        shape[axis] = 6;
+        let c = case(|b| {
+            let x = param(b, "x", &shape)?;
+            let p = b.split("split", x, axis, &[1, 2, 3])?;
+            b.concat("join", &[p[2], p[0]], axis)
+        });
+        check(&c, "split", &[fit(&shape, &e, devices, &[axis])], devices);
+    }
+
+    #[test]
     fn scaled_softmax_any_split_but_the_last_dim(devices in devices(), e in exponents(3)) {
         let c = case(|b| {
             let x = param(b, "x", &[4, 4, 8])?;

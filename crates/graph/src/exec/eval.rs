@@ -2,12 +2,13 @@
 //! caller-allocated outputs.
 
 use layout::SliceBox;
-use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, UnaryOp};
+use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, RowBlock, UnaryOp};
 use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
-use crate::exec::select::{masked_fill_into, triu_into};
+use crate::exec::pieces::{concat_into, split_into, AxisPieces};
+use crate::exec::select::{masked_fill_into, triu_into, where_into};
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
 use crate::rng::region_fits;
@@ -22,6 +23,15 @@ pub struct Placement<'a> {
     pub global_shape: &'a [usize],
 }
 
+/// Where one input's block lies in its global tensor (see [`EvalCtx::input_blocks`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputBlock {
+    /// Offset of the block in the global tensor, per dim.
+    pub offset: Vec<usize>,
+    /// The global tensor's shape.
+    pub global_shape: Vec<usize>,
+}
+
 /// What [`eval_op`] needs besides the op and its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EvalCtx<'a> {
@@ -33,6 +43,35 @@ pub struct EvalCtx<'a> {
     /// Where the output block lies in the global tensor (element-wise ops such as dropout: the
     /// input block too). `None`: the tensors are the whole global tensors.
     pub placement: Option<Placement<'a>>,
+    /// Per input, where its block lies in its global tensor, for ops that depend on which part
+    /// of an input they are given (a vocabulary-parallel [`Op::Embedding`]: the table's rows).
+    /// Empty: every input is its whole global tensor.
+    pub input_blocks: &'a [InputBlock],
+}
+
+impl EvalCtx<'_> {
+    /// The rows of a table of `rows` local rows: input `input`'s block of dim 0 (the whole
+    /// table when the inputs are whole).
+    fn input_rows(&self, input: usize, rows: usize) -> RowBlock {
+        match self.input_blocks.get(input) {
+            Some(b) => RowBlock {
+                first: b.offset.first().copied().unwrap_or(0),
+                vocab: b.global_shape.first().copied().unwrap_or(rows),
+            },
+            None => RowBlock::whole(rows),
+        }
+    }
+
+    /// The rows of the output's block of dim 0 (of `rows` local rows).
+    fn output_rows(&self, rows: usize) -> RowBlock {
+        match self.placement {
+            Some(p) => RowBlock {
+                first: p.offset.first().copied().unwrap_or(0),
+                vocab: p.global_shape.first().copied().unwrap_or(rows),
+            },
+            None => RowBlock::whole(rows),
+        }
+    }
 }
 
 /// Evaluates `op` on `inputs`, writing `outputs`, which the caller allocated with the shapes and
@@ -135,6 +174,14 @@ fn min_rank(t: &Tensor, ndim: usize, operand: &str, ctx: &EvalCtx<'_>) -> Result
             }),
         })
     }
+}
+
+/// Dim `axis` of every tensor (0 where a tensor has no such dim; the kernel's length checks
+/// then name the mismatch).
+fn dim_of_each<'t>(tensors: impl Iterator<Item = &'t Tensor>, axis: usize) -> Vec<usize> {
+    tensors
+        .map(|t| t.shape().get(axis).copied().unwrap_or(0))
+        .collect()
 }
 
 /// The last dim of `t` (callers checked its rank).
@@ -380,21 +427,23 @@ fn eval_typed<T: Float + Element>(
         Op::Embedding => {
             let (table, out) = (inputs[0], &mut outputs[0]);
             min_rank(table, 2, "table", ctx)?;
-            let dim = table.shape()[1];
-            let (rows, out) = (read::<T>(table, ctx)?, write::<T>(out, ctx)?);
-            with_ids!(inputs[1], ctx, op, |ids| kernels::gather_rows_into(
-                rows, dim, ids, out
+            let (rows, dim) = (table.shape()[0], table.shape()[1]);
+            let block = ctx.input_rows(0, rows);
+            let (table, out) = (read::<T>(table, ctx)?, write::<T>(out, ctx)?);
+            with_ids!(inputs[1], ctx, op, |ids| kernels::gather_block_rows_into(
+                table, block, dim, ids, out
             )
             .map_err(kernel()))
         }
-        Op::EmbeddingGrad { .. } => {
-            let (dy, out) = (inputs[1], &mut outputs[0]);
+        Op::EmbeddingGrad => {
+            let (dy, out) = (inputs[2], &mut outputs[0]);
             min_rank(out, 2, "table gradient", ctx)?;
-            let dim = out.shape()[1];
+            let (rows, dim) = (out.shape()[0], out.shape()[1]);
+            let block = ctx.output_rows(rows);
             let (dys, out) = (read::<T>(dy, ctx)?, write::<T>(out, ctx)?);
             kernels::fill(out, T::ZERO);
-            with_ids!(inputs[0], ctx, op, |ids| kernels::scatter_add_rows(
-                out, dim, ids, dys
+            with_ids!(inputs[1], ctx, op, |ids| kernels::scatter_add_block_rows(
+                out, block, dim, ids, dys
             )
             .map_err(kernel()))
         }
@@ -463,6 +512,33 @@ fn eval_typed<T: Float + Element>(
             let x = inputs[0];
             let (xs, out) = (read::<T>(x, ctx)?, write::<T>(&mut outputs[0], ctx)?);
             masked_fill_into(xs, x.shape(), inputs[1], T::from_f64(*value), out, ctx)
+        }
+        Op::Concat { axis, .. } => {
+            min_rank(&outputs[0], axis + 1, "output", ctx)?;
+            let sizes = dim_of_each(inputs.iter().copied(), *axis);
+            let pieces: Vec<&[T]> = inputs
+                .iter()
+                .map(|t| read::<T>(t, ctx))
+                .collect::<Result<_, _>>()?;
+            let layout = AxisPieces::new(outputs[0].shape(), *axis, &sizes);
+            concat_into(&pieces, layout, write(&mut outputs[0], ctx)?, ctx)
+        }
+        Op::Split { axis, .. } => {
+            let x = inputs[0];
+            min_rank(x, axis + 1, "x", ctx)?;
+            let sizes = dim_of_each(outputs.iter(), *axis);
+            let layout = AxisPieces::new(x.shape(), *axis, &sizes);
+            let mut outs: Vec<&mut [T]> = outputs
+                .iter_mut()
+                .map(|t| write::<T>(t, ctx))
+                .collect::<Result<_, _>>()?;
+            split_into(read::<T>(x, ctx)?, layout, &mut outs, ctx)
+        }
+        Op::Where => {
+            let (x, y) = (inputs[1], inputs[2]);
+            let (xs, ys) = (read::<T>(x, ctx)?, read::<T>(y, ctx)?);
+            let out = write::<T>(&mut outputs[0], ctx)?;
+            where_into(inputs[0], xs, ys, x.shape(), out, ctx)
         }
         Op::Add
         | Op::Sub

@@ -239,6 +239,7 @@ impl Executor {
                 node: &node.name,
                 step: *step,
                 placement: None,
+                input_blocks: &[],
             };
             let result = eval_op(&node.op, &refs[..s.inputs.len()], scratch, &ctx);
             for &b in s.outputs.iter().rev() {

@@ -8,8 +8,9 @@
 mod dropout;
 mod eval;
 mod executor;
+mod pieces;
 mod select;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
-pub use self::eval::{eval_op, EvalCtx, Placement};
+pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};
 pub use self::executor::Executor;

@@ -61,9 +61,34 @@ pub(crate) fn masked_fill_into<T: Float>(
     })
 }
 
+/// `out = x` where `cond` (broadcast to `shape`) is nonzero, else `y`.
+pub(crate) fn where_into<T: Float>(
+    cond: &Tensor,
+    x: &[T],
+    y: &[T],
+    shape: &[usize],
+    out: &mut [T],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    if x.len() != out.len() || y.len() != out.len() {
+        return Err(invalid(
+            ctx,
+            format!(
+                "x, y and the output must have one length, got {}, {} and {}",
+                x.len(),
+                y.len(),
+                out.len()
+            ),
+        ));
+    }
+    for_each_masked(shape, cond, ctx, |k, pick_x| {
+        out[k] = if pick_x { x[k] } else { y[k] };
+    })
+}
+
 /// Calls `f(k, nonzero)` for every flat index `k` of a tensor of `shape`, with whether the
 /// element of `mask` broadcast to `shape` at `k` is nonzero.
-pub(crate) fn for_each_masked(
+fn for_each_masked(
     shape: &[usize],
     mask: &Tensor,
     ctx: &EvalCtx<'_>,

@@ -63,8 +63,19 @@ pub fn output_layouts(
         }
         Ok(())
     };
+    // A unit axis (a one-device mesh keeps one) splits nothing.
+    let splits = |axes: &[usize]| axes.iter().any(|&a| mesh.axis_size(a) > 1);
+    let dim_unsplit = |i: usize, d: usize, what: &str| -> Result<(), ParallelError> {
+        if dims(i).get(d).is_some_and(|axes| splits(axes)) {
+            return Err(ctx.unsupported(format!(
+                "dim {d} of input {i} is {what} and cannot be split, got {}",
+                inputs[i].layout().describe_map()
+            )));
+        }
+        Ok(())
+    };
     let last_unsplit = |i: usize, what: &str| -> Result<(), ParallelError> {
-        if dims(i).last().is_some_and(|axes| !axes.is_empty()) {
+        if dims(i).last().is_some_and(|axes| splits(axes)) {
             return Err(ctx.unsupported(format!("{what} (the last dim) cannot be split")));
         }
         Ok(())
@@ -125,7 +136,7 @@ pub fn output_layouts(
             out_dims.push(cols);
             Ok(vec![output(ctx, &mesh, out_dims, ka, out)?])
         }
-        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             let out = out_shape(0);
             let r = out.len();
             let mut out_dims: Vec<Option<Vec<usize>>> = vec![None; r];
@@ -236,6 +247,19 @@ pub fn output_layouts(
                 .collect();
             Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
         }
+        Op::Concat { axis, .. } => {
+            for i in 1..inputs.len() {
+                require_equal(0, i)?;
+            }
+            dim_unsplit(0, *axis, "the concat axis")?;
+            same_as(0)
+        }
+        Op::Split { axis, .. } => {
+            dim_unsplit(0, *axis, "the split axis")?;
+            (0..ctx.output_shapes.len())
+                .map(|j| output(ctx, &mesh, dims(0), Vec::new(), out_shape(j)))
+                .collect()
+        }
         Op::Transpose { perm } => {
             let x = dims(0);
             let out_dims = perm.iter().map(|&p| x[p].clone()).collect();
@@ -304,34 +328,32 @@ pub fn output_layouts(
             Ok(vec![output(ctx, &mesh, out_dims, partial, out_shape(0))?])
         }
         Op::Embedding => {
+            // Vocabulary parallel: a rank looks up the ids in its block of rows and writes zeros
+            // for the others, so the output is pending a sum over the axes splitting the rows.
             let table = dims(0);
-            if !table[0].is_empty() {
-                return Err(ctx.unsupported(
-                    "the table's vocabulary dim cannot be split (vocabulary-parallel embedding is not supported)",
-                ));
-            }
             let mut out_dims = dims(1);
             out_dims.push(table[1].clone());
             Ok(vec![output(
                 ctx,
                 &mesh,
                 out_dims,
-                Vec::new(),
+                table[0].clone(),
                 out_shape(0),
             )?])
         }
-        Op::EmbeddingGrad { .. } => {
-            let ids = dims(0);
-            let dy = dims(1);
+        Op::EmbeddingGrad => {
+            // A rank scatters its ids that fall in its block of rows: the table's layout,
+            // pending a sum over the axes splitting the ids.
+            let (table, ids, dy) = (dims(0), dims(1), dims(2));
+            if dy.last() != table.last() {
+                return Err(ctx.unsupported(format!(
+                    "dy's last dim must be split like the table's embedding dim ({} vs {})",
+                    inputs[2].layout().describe_map(),
+                    inputs[0].layout().describe_map()
+                )));
+            }
             let partial = ids.iter().flatten().copied().collect();
-            let last = dy.last().cloned().unwrap_or_default();
-            Ok(vec![output(
-                ctx,
-                &mesh,
-                vec![Vec::new(), last],
-                partial,
-                out_shape(0),
-            )?])
+            Ok(vec![output(ctx, &mesh, table, partial, out_shape(0))?])
         }
         Op::SparseSoftmaxCrossEntropy { .. } => {
             last_unsplit(0, "the class dim")?;

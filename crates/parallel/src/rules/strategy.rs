@@ -209,8 +209,8 @@ pub fn input_layouts(
             axis_names.extend(["m".to_string(), "k".to_string(), "n".to_string()]);
             place(ctx, s, &dev, &axis_names, devices, vec![a_dims, b_dims])
         }
-        // MaskedFill's mask follows x's split on the dims it has (broadcast dims stay whole).
-        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } => {
+        // A mask or condition follows x's split on the dims it has (broadcast dims stay whole).
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             broadcast_binary(ctx, s, devices)
         }
         Op::BiasAdd => {
@@ -246,6 +246,23 @@ pub fn input_layouts(
             elementwise(ctx, s, devices)
         }
         Op::Transpose { .. } | Op::ReduceSum { .. } => elementwise(ctx, s, devices),
+        Op::Concat { axis, .. } => {
+            if let Some(i) = s.iter().position(|si| si != &s[0]) {
+                return Err(ctx.invalid(
+                    s,
+                    format!("input {i} must be split like input 0 (every input alike)"),
+                ));
+            }
+            axis_unsplit(ctx, s, *axis, "concat")?;
+            let r = s[0].len();
+            let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+            let n = s.len();
+            place(ctx, s, &s[0], &names("d", r), devices, vec![dims; n])
+        }
+        Op::Split { axis, .. } => {
+            axis_unsplit(ctx, s, *axis, "split")?;
+            elementwise(ctx, s, devices)
+        }
         Op::LayerNorm { .. } => {
             let r = s[0].len();
             if s[0][r - 1] != 1 {
@@ -270,19 +287,16 @@ pub fn input_layouts(
             elementwise(ctx, s, devices)
         }
         Op::Embedding => {
-            if s[0][0] != 1 {
-                return Err(ctx.invalid(
-                    s,
-                    "the table's vocabulary dim cannot be split (vocabulary-parallel embedding is not supported)",
-                ));
-            }
+            // Device matrix `[ids dims..., e, v]`: the table `[vocab, dim]` is split `v` ways
+            // on its rows (vocabulary parallel, MindSpore's Gather with its parameter split on
+            // axis 0) and `e` ways on its columns; the ids by their own strategy.
             let ri = s[1].len();
             let mut dev = s[1].clone();
-            dev.push(s[0][1]);
-            let table = vec![Vec::new(), vec![ri]];
+            dev.extend([s[0][1], s[0][0]]);
+            let table = vec![vec![ri + 1], vec![ri]];
             let ids = (0..ri).map(|d| vec![d]).collect();
             let mut axis_names = names("d", ri);
-            axis_names.push("e".to_string());
+            axis_names.extend(["e".to_string(), "v".to_string()]);
             place(ctx, s, &dev, &axis_names, devices, vec![table, ids])
         }
         Op::SparseSoftmaxCrossEntropy { .. } => {
@@ -311,6 +325,25 @@ pub fn input_layouts(
             "a {} op cannot be given a strategy (it is placed from its inputs)",
             other.kind()
         ))),
+    }
+}
+
+/// `Ok` when dim `axis` of every input is whole (the axis a concat joins or a split cuts).
+fn axis_unsplit(
+    ctx: &OpContext<'_>,
+    s: &[Vec<usize>],
+    axis: usize,
+    what: &str,
+) -> Result<(), ParallelError> {
+    match s
+        .iter()
+        .position(|si| si.get(axis).is_some_and(|&f| f != 1))
+    {
+        Some(i) => Err(ctx.invalid(
+            s,
+            format!("dim {axis} of input {i} is the {what} axis and cannot be split"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -432,6 +465,12 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             vec![1],
             vec![1],
         ],
+        // The batch (dim 0) split alike in every input, unless it is the axis joined or cut.
+        Op::Concat { axis, .. } | Op::Split { axis, .. } => ctx
+            .input_shapes
+            .iter()
+            .map(|shape| batch_split(shape, *axis != 0 && shape.len() > 1))
+            .collect(),
         Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             vec![batch_split(
                 ctx.input_shapes[0],

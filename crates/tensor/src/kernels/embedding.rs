@@ -81,8 +81,59 @@ macro_rules! with_indices {
 pub(crate) use with_indices;
 
 /// `out[p, :] = table[indices[p], :]` for a table of rows of `dim` elements (any element type).
-pub fn gather_rows_into<T: Copy, I: IndexElement>(
+pub fn gather_rows_into<T: Copy + Default, I: IndexElement>(
     table: &[T],
+    dim: usize,
+    indices: &[I],
+    out: &mut [T],
+) -> Result<(), TensorError> {
+    let rows = table.len().checked_div(dim).unwrap_or(0);
+    gather_block_rows_into(table, RowBlock::whole(rows), dim, indices, out)
+}
+
+/// The rows of a `vocab`-row table one shard holds: `first..first + rows` (a vocabulary-parallel
+/// embedding splits its table's rows over ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowBlock {
+    /// The global index of the block's first row.
+    pub first: usize,
+    /// Rows of the whole table; indices are checked against it.
+    pub vocab: usize,
+}
+
+impl RowBlock {
+    /// The whole table of `vocab` rows.
+    pub fn whole(vocab: usize) -> RowBlock {
+        RowBlock { first: 0, vocab }
+    }
+
+    /// The block row of global row `row`, if the block (of `rows` rows) holds it.
+    #[inline(always)]
+    fn local(self, row: usize, rows: usize) -> Option<usize> {
+        row.checked_sub(self.first).filter(|&r| r < rows)
+    }
+
+    /// `Ok` when `rows` rows from `first` fit in the table.
+    fn check(self, op: &'static str, rows: usize) -> Result<(), TensorError> {
+        if self.first + rows > self.vocab {
+            return Err(TensorError::InvalidArgument {
+                op,
+                reason: format!(
+                    "a block of {rows} rows from row {} does not fit a table of {} rows",
+                    self.first, self.vocab
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// [`gather_rows_into`] on the block `block` of a table (`table` holds its rows of `dim`
+/// elements): an index in the block copies its row, any other valid index writes zeros (the
+/// rank holding that row writes it; the shards' outputs sum to the lookup).
+pub fn gather_block_rows_into<T: Copy + Default, I: IndexElement>(
+    table: &[T],
+    block: RowBlock,
     dim: usize,
     indices: &[I],
     out: &mut [T],
@@ -94,10 +145,13 @@ pub fn gather_rows_into<T: Copy, I: IndexElement>(
         return Ok(());
     };
     check::buffer_len(OP, "table", n_rows * dim, table.len())?;
-    check_indices(OP, indices, n_rows)?;
+    block.check(OP, n_rows)?;
+    check_indices(OP, indices, block.vocab)?;
     for (dst, &i) in out.chunks_exact_mut(dim).zip(indices) {
-        let row = i.to_i64() as usize;
-        dst.copy_from_slice(&table[row * dim..(row + 1) * dim]);
+        match block.local(i.to_i64() as usize, n_rows) {
+            Some(row) => dst.copy_from_slice(&table[row * dim..(row + 1) * dim]),
+            None => dst.fill(T::default()),
+        }
     }
     Ok(())
 }
@@ -110,6 +164,19 @@ pub fn scatter_add_rows<T: Float, I: IndexElement>(
     indices: &[I],
     src: &[T],
 ) -> Result<(), TensorError> {
+    let rows = table_grad.len().checked_div(dim).unwrap_or(0);
+    scatter_add_block_rows(table_grad, RowBlock::whole(rows), dim, indices, src)
+}
+
+/// [`scatter_add_rows`] into the block `block` of a table gradient: only indices in the block
+/// are accumulated (into their block rows); every index is checked against the whole table.
+pub fn scatter_add_block_rows<T: Float, I: IndexElement>(
+    table_grad: &mut [T],
+    block: RowBlock,
+    dim: usize,
+    indices: &[I],
+    src: &[T],
+) -> Result<(), TensorError> {
     const OP: &str = "scatter_add";
     check::buffer_len(OP, "src", indices.len() * dim, src.len())?;
     let Some(n_rows) = table_grad.len().checked_div(dim) else {
@@ -117,9 +184,12 @@ pub fn scatter_add_rows<T: Float, I: IndexElement>(
         return Ok(());
     };
     check::buffer_len(OP, "table_grad", n_rows * dim, table_grad.len())?;
-    check_indices(OP, indices, n_rows)?;
+    block.check(OP, n_rows)?;
+    check_indices(OP, indices, block.vocab)?;
     for (row_src, &i) in src.chunks_exact(dim).zip(indices) {
-        let row = i.to_i64() as usize;
+        let Some(row) = block.local(i.to_i64() as usize, n_rows) else {
+            continue;
+        };
         for (d, &v) in table_grad[row * dim..(row + 1) * dim]
             .iter_mut()
             .zip(row_src)

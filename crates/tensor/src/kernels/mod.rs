@@ -58,7 +58,8 @@ pub use self::broadcast::{
     broadcast_shape, broadcast_to, broadcast_to_into, sum_to_shape, sum_to_shape_into,
 };
 pub use self::embedding::{
-    check_indices, embedding, embedding_grad, gather_rows_into, scatter_add_rows, IndexElement,
+    check_indices, embedding, embedding_grad, gather_block_rows_into, gather_rows_into,
+    scatter_add_block_rows, scatter_add_rows, IndexElement, RowBlock,
 };
 pub use self::float::Float;
 pub use self::loss::{
