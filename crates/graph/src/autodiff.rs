@@ -318,6 +318,7 @@ impl RuleCtx<'_> {
 /// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
 /// | `Concat(x…)` | `Split(dy)` into the inputs' sizes |
 /// | `Split(x)` | `Concat` of the outputs' gradients (zeros for an output without one) |
+/// | `StridedSlice(x)` | `StridedSliceGrad(dy)`: `dy` scattered into zeros of `x`'s shape |
 /// | `MaskedFill(x, mask)` | `MaskedFill{0}(dy, mask)` for `x`; none for the mask |
 /// | `Where(cond, x, y)` | `dy_y = MaskedFill{0}(dy, cond)`, `dx = dy - dy_y`; none for `cond` |
 /// | `LayerNorm` | `LayerNormGrad(x, dy, mean, rstd, gamma)` → `dx, dgamma, dbeta` |
@@ -456,6 +457,19 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             )?;
             out.extend((0..n).filter(|&i| wants[i]).map(|i| (i, grads[i])));
         }
+        Op::StridedSlice {
+            begin,
+            end,
+            strides,
+        } => {
+            let op = Op::StridedSliceGrad {
+                input_shape: ctx.shape(ctx.input(0)),
+                begin,
+                end,
+                strides,
+            };
+            out.push((0, ctx.grad(0, op, &[dy])?));
+        }
         Op::MaskedFill { .. } => {
             // The filled positions do not depend on x; the mask gets no gradient.
             let op = Op::MaskedFill { value: 0.0 };
@@ -517,6 +531,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         Op::Fill { .. }
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }
+        | Op::StridedSliceGrad { .. }
         | Op::ReluGrad
         | Op::GeluGrad { .. }
         | Op::TanhGrad

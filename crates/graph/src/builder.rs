@@ -585,6 +585,23 @@ impl GraphBuilder {
         self.node(name, op, &[x])
     }
 
+    /// Elements `begin[d]..end[d]` of every dim `d` of `x`, every `strides[d]`-th.
+    pub fn strided_slice(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        begin: &[usize],
+        end: &[usize],
+        strides: &[usize],
+    ) -> Result<ValueId, GraphError> {
+        let op = Op::StridedSlice {
+            begin: begin.to_vec(),
+            end: end.to_vec(),
+            strides: strides.to_vec(),
+        };
+        self.op1(name, op, &[x])
+    }
+
     /// `softmax(scale · x)` over the last dim.
     pub fn scaled_softmax(
         &mut self,

@@ -167,6 +167,28 @@ pub enum Op {
         /// The size of every piece along `axis`.
         sizes: Vec<usize>,
     },
+    /// Elements `begin[d], begin[d] + strides[d], …` below `end[d]` of every dim `d` of `x`:
+    /// output dim `d` has `⌈(end[d] - begin[d]) / strides[d]⌉` elements.
+    StridedSlice {
+        /// First index per dim.
+        begin: Vec<usize>,
+        /// End (exclusive) per dim, at most the dim's size.
+        end: Vec<usize>,
+        /// Step per dim, at least 1.
+        strides: Vec<usize>,
+    },
+    /// *Backward* of [`Op::StridedSlice`]: input `dy` (the slice's shape) → zeros of
+    /// `input_shape` with `dy` scattered to the sliced positions.
+    StridedSliceGrad {
+        /// The forward input's shape (rewritten to the local shape by a parallel pass).
+        input_shape: Vec<usize>,
+        /// The forward's `begin`.
+        begin: Vec<usize>,
+        /// The forward's `end`.
+        end: Vec<usize>,
+        /// The forward's `strides`.
+        strides: Vec<usize>,
+    },
     /// `softmax(scale · x)` over the last dim (attention scores scaled by `1/√d`).
     ScaledSoftmax {
         /// The factor applied to `x`, finite and positive.
@@ -244,6 +266,8 @@ impl Op {
             Op::Where => "Select",
             Op::Concat { .. } => "Concat",
             Op::Split { .. } => "Split",
+            Op::StridedSlice { .. } => "StridedSlice",
+            Op::StridedSliceGrad { .. } => "StridedSliceGrad",
             Op::ScaledSoftmax { .. } => "ScaledSoftmax",
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
             Op::ReluGrad => "ReluGrad",
@@ -277,6 +301,8 @@ impl Op {
             | Op::ReduceSum { .. }
             | Op::Dropout { .. }
             | Op::Split { .. }
+            | Op::StridedSlice { .. }
+            | Op::StridedSliceGrad { .. }
             | Op::BiasAddGrad => 1,
             Op::MatMul { .. }
             | Op::BatchMatMul { .. }
@@ -320,6 +346,7 @@ impl Op {
                 | Op::SoftmaxGrad
                 | Op::LogSoftmaxGrad
                 | Op::ScaledSoftmaxGrad { .. }
+                | Op::StridedSliceGrad { .. }
                 | Op::LayerNormGrad
                 | Op::EmbeddingGrad { .. }
                 | Op::BiasAddGrad

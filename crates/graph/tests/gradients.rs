@@ -315,3 +315,19 @@ fn split_with_used_and_unused_pieces() {
     })
     .unwrap();
 }
+
+#[test]
+fn strided_slice_scatters_back() {
+    let op = Op::StridedSlice {
+        begin: vec![1, 0, 0],
+        end: vec![5, 6, 3],
+        strides: vec![2, 1, 2],
+    };
+    check_op("strided_slice", op, &[&[5, 6, 4]]);
+    check_gradients("strided_slice empty and whole dims", |b| {
+        let x = param(b, "x", &[3, 4])?;
+        let y = b.strided_slice("slice", x, &[0, 1], &[3, 4], &[1, 3])?;
+        Ok((y, Vec::new()))
+    })
+    .unwrap();
+}

@@ -192,6 +192,30 @@ proptest! {
     }
 
     #[test]
+    fn strided_slice_splits_only_whole_dims(
+        devices in devices(),
+        e in exponents(3),
+        sliced in proptest::collection::vec((any::<bool>(), 0usize..2, 1usize..=3), 3),
+    ) {
+        let shape = [4, 6, 8];
+        let (mut begin, mut end, mut strides, mut cut) = (vec![], vec![], vec![], vec![]);
+        for (d, &(is_sliced, b0, step)) in sliced.iter().enumerate() {
+            let (b, s) = if is_sliced { (b0, step) } else { (0, 1) };
+            begin.push(b);
+            end.push(shape[d] - usize::from(is_sliced && step == 1));
+            strides.push(s);
+            if is_sliced {
+                cut.push(d);
+            }
+        }
+        let c = case(|b| {
+            let x = param(b, "x", &shape)?;
+            b.strided_slice("slice", x, &begin, &end, &strides)
+        });
+        check(&c, "slice", &[fit(&shape, &e, devices, &cut)], devices);
+    }
+
+    #[test]
     fn scaled_softmax_any_split_but_the_last_dim(devices in devices(), e in exponents(3)) {
         let c = case(|b| {
             let x = param(b, "x", &[4, 4, 8])?;

@@ -7,7 +7,9 @@ use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
-use crate::exec::pieces::{concat_into, split_into, AxisPieces};
+use crate::exec::pieces::{
+    concat_into, split_into, strided_slice_grad_into, strided_slice_into, AxisPieces, Strided,
+};
 use crate::exec::select::{masked_fill_into, triu_into, where_into};
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
@@ -487,6 +489,30 @@ fn eval_typed<T: Float + Element>(
                 .map(|t| write::<T>(t, ctx))
                 .collect::<Result<_, _>>()?;
             split_into(read::<T>(x, ctx)?, layout, &mut outs, ctx)
+        }
+        Op::StridedSlice { begin, strides, .. } => {
+            let x = inputs[0];
+            let xs = read::<T>(x, ctx)?;
+            with_shape_and_elements::<T, _>(&mut outputs[0], ctx, |shape, out| {
+                let slice = Strided {
+                    begin,
+                    strides,
+                    shape,
+                };
+                strided_slice_into(xs, x.shape(), slice, out, ctx)
+            })
+        }
+        Op::StridedSliceGrad { begin, strides, .. } => {
+            let dy = inputs[0];
+            let dys = read::<T>(dy, ctx)?;
+            with_shape_and_elements::<T, _>(&mut outputs[0], ctx, |shape, dx| {
+                let slice = Strided {
+                    begin,
+                    strides,
+                    shape: dy.shape(),
+                };
+                strided_slice_grad_into(dys, slice, shape, dx, ctx)
+            })
         }
         Op::Where => {
             let (x, y) = (inputs[1], inputs[2]);

@@ -264,6 +264,20 @@ pub fn output_layouts(
                 .map(|j| output(ctx, &mesh, dims(0), Vec::new(), out_shape(j)))
                 .collect()
         }
+        // Both keep the layout of the dims they take whole, the only ones that may be split.
+        Op::StridedSlice { .. } | Op::StridedSliceGrad { .. } => {
+            let (input, output) = (ctx.input_shapes[0], out_shape(0));
+            let sliced = (0..input.len()).find(|&d| splits(&dims(0)[d]) && input[d] != output[d]);
+            if let Some(d) = sliced {
+                return Err(ctx.unsupported(format!(
+                    "dim {d} is sliced ({} and {} elements), so it cannot be split, got {}",
+                    input[d],
+                    output[d],
+                    inputs[0].layout().describe_map()
+                )));
+            }
+            same_as(0)
+        }
         Op::Transpose { perm } => {
             let x = dims(0);
             let out_dims = perm.iter().map(|&p| x[p].clone()).collect();
