@@ -319,6 +319,7 @@ impl RuleCtx<'_> {
 /// | `Concat(x…)` | `Split(dy)` into the inputs' sizes |
 /// | `Split(x)` | `Concat` of the outputs' gradients (zeros for an output without one) |
 /// | `StridedSlice(x)` | `StridedSliceGrad(dy)`: `dy` scattered into zeros of `x`'s shape |
+/// | `Cast(x)` | `Cast(dy)` back to `x`'s dtype |
 /// | `MaskedFill(x, mask)` | `MaskedFill{0}(dy, mask)` for `x`; none for the mask |
 /// | `Where(cond, x, y)` | `dy_y = MaskedFill{0}(dy, cond)`, `dx = dy - dy_y`; none for `cond` |
 /// | `LayerNorm` | `LayerNormGrad(x, dy, mean, rstd, gamma)` → `dx, dgamma, dbeta` |
@@ -469,6 +470,10 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
                 strides,
             };
             out.push((0, ctx.grad(0, op, &[dy])?));
+        }
+        Op::Cast { .. } => {
+            let dtype = ctx.forward.values()[ctx.input(0).0].dtype;
+            out.push((0, ctx.grad(0, Op::Cast { dtype }, &[dy])?));
         }
         Op::MaskedFill { .. } => {
             // The filled positions do not depend on x; the mask gets no gradient.

@@ -602,6 +602,11 @@ impl GraphBuilder {
         self.op1(name, op, &[x])
     }
 
+    /// `x` converted to `dtype` (f32, f64, f16 or bf16), rounding to nearest.
+    pub fn cast(&mut self, name: &str, x: ValueId, dtype: DType) -> Result<ValueId, GraphError> {
+        self.op1(name, Op::Cast { dtype }, &[x])
+    }
+
     /// `softmax(scale · x)` over the last dim.
     pub fn scaled_softmax(
         &mut self,

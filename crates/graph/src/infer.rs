@@ -147,6 +147,16 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             }
             vec![(input_shape.clone(), dy.dtype)]
         }
+        Op::Cast { dtype } => {
+            let x = c.float(0)?;
+            if !dtype.is_float() {
+                return Err(c.attribute(
+                    "dtype",
+                    format!("must be f32, f64, f16 or bf16, got {dtype}"),
+                ));
+            }
+            vec![(x.shape.clone(), *dtype)]
+        }
         Op::MaskedFill { value } => {
             let x = c.float(0)?;
             if !broadcasts_to(&c.input(1).shape, &x.shape) {

@@ -189,6 +189,12 @@ pub enum Op {
         /// The forward's `strides`.
         strides: Vec<usize>,
     },
+    /// `x` converted to `dtype` (f32, f64, f16 or bf16), each element rounded to the nearest
+    /// representable value (ties to even).
+    Cast {
+        /// The output dtype.
+        dtype: DType,
+    },
     /// `softmax(scale · x)` over the last dim (attention scores scaled by `1/√d`).
     ScaledSoftmax {
         /// The factor applied to `x`, finite and positive.
@@ -267,6 +273,7 @@ impl Op {
             Op::Concat { .. } => "Concat",
             Op::Split { .. } => "Split",
             Op::StridedSlice { .. } => "StridedSlice",
+            Op::Cast { .. } => "Cast",
             Op::StridedSliceGrad { .. } => "StridedSliceGrad",
             Op::ScaledSoftmax { .. } => "ScaledSoftmax",
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
@@ -303,6 +310,7 @@ impl Op {
             | Op::Split { .. }
             | Op::StridedSlice { .. }
             | Op::StridedSliceGrad { .. }
+            | Op::Cast { .. }
             | Op::BiasAddGrad => 1,
             Op::MatMul { .. }
             | Op::BatchMatMul { .. }

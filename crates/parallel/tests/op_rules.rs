@@ -162,3 +162,14 @@ fn strided_slice_splits_only_dims_taken_whole() {
     let slice = &p.nodes[g.node_by_name("slice").unwrap().0];
     assert_eq!(map(slice.outputs[0].layout()), vec![1, -1, 0]);
 }
+
+#[test]
+fn cast_keeps_the_layout_of_its_input() {
+    let g = graph_with(|b, x| {
+        b.cast("cast", x, tensor::DType::BF16).unwrap();
+    });
+    let p = placed(&g, "cast", &[&[2, 1, 4]], 8);
+    let cast = &p.nodes[g.node_by_name("cast").unwrap().0];
+    assert_eq!(map(&cast.inputs[0]), vec![1, -1, 0]);
+    assert_eq!(map(cast.outputs[0].layout()), vec![1, -1, 0]);
+}

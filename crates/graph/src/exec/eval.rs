@@ -68,6 +68,10 @@ pub fn eval_op(
             got: outputs.len(),
         });
     }
+    if let Op::Cast { .. } = op {
+        // Any float dtype in and out: not one compute type.
+        return cast_into(inputs[0], &mut outputs[0], ctx);
+    }
     match outputs[0].dtype() {
         DType::F32 => eval_typed::<f32>(op, inputs, outputs, ctx),
         DType::F64 => eval_typed::<f64>(op, inputs, outputs, ctx),
@@ -520,6 +524,7 @@ fn eval_typed<T: Float + Element>(
             let out = write::<T>(&mut outputs[0], ctx)?;
             where_into(inputs[0], xs, ys, x.shape(), out, ctx)
         }
+        Op::Cast { .. } => unreachable!("casts are dispatched in eval_op"),
         Op::Add
         | Op::Sub
         | Op::Mul
@@ -569,6 +574,23 @@ fn sum_into<T: Float + Element>(
         let target = as_shape.unwrap_or(out_shape);
         kernels::sum_to_shape_into(xs, x.shape(), target, out).map_err(GraphError::kernel(ctx.node))
     })
+}
+
+/// `out` = `x` converted to `out`'s dtype, rounding to nearest (the tensor crate's conversion).
+fn cast_into(x: &Tensor, out: &mut Tensor, ctx: &EvalCtx<'_>) -> Result<(), GraphError> {
+    if !x.dtype().is_float() || !out.dtype().is_float() {
+        return Err(GraphError::UnsupportedDType {
+            node: ctx.node.to_string(),
+            op: "Cast",
+            dtype: if x.dtype().is_float() {
+                out.dtype()
+            } else {
+                x.dtype()
+            },
+        });
+    }
+    // FIXME(kernels): no slice-level conversion yet, so this allocates its result.
+    replace_checked(out, x.to_dtype(out.dtype()), ctx)
 }
 
 /// Stores an allocated kernel result in `out`, which must have its shape and dtype.

@@ -171,6 +171,7 @@ pub fn output_layouts(
         | Op::Gelu { .. }
         | Op::Tanh
         | Op::Dropout { .. }
+        | Op::Cast { .. }
         | Op::SparseSoftmaxCrossEntropyGrad { .. } => same_as(0),
         Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             last_unsplit(0, "the softmax axis")?;

@@ -242,7 +242,7 @@ pub fn input_layouts(
             }
             elementwise(ctx, s, devices)
         }
-        Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Neg | Op::Dropout { .. } => {
+        Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Neg | Op::Dropout { .. } | Op::Cast { .. } => {
             elementwise(ctx, s, devices)
         }
         Op::Transpose { .. } | Op::ReduceSum { .. } => elementwise(ctx, s, devices),
