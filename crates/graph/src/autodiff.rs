@@ -433,7 +433,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let op = Op::ScaledSoftmaxGrad { scale };
             out.push((0, ctx.grad(0, op, &[ctx.output(0), dy])?));
         }
-        Op::Where => {
+        Op::Where if wants[1] || wants[2] => {
             // dy where cond is 0 goes to y; the rest, dy - that (exact: dy - 0 or dy - dy),
             // to x. The condition gets no gradient.
             let cond = ctx.input(0);
@@ -475,7 +475,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let dtype = ctx.forward.values()[ctx.input(0).0].dtype;
             out.push((0, ctx.grad(0, Op::Cast { dtype }, &[dy])?));
         }
-        Op::MaskedFill { .. } => {
+        Op::MaskedFill { .. } if wants[0] => {
             // The filled positions do not depend on x; the mask gets no gradient.
             let op = Op::MaskedFill { value: 0.0 };
             out.push((0, ctx.grad(0, op, &[dy, ctx.input(1)])?));
@@ -533,6 +533,8 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             out.push((0, ctx.grad(0, op, &[logits, labels, dy])?));
         }
         Op::Split { .. } => unreachable!("Split's rule runs above"),
+        // Only the condition or mask (a float one) wants a gradient, and gets none.
+        Op::Where | Op::MaskedFill { .. } => {}
         Op::Fill { .. }
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }

@@ -4,8 +4,10 @@
 //! execution must keep *global*:
 //! - [`Op::SparseSoftmaxCrossEntropy`] and its grad divide by `batch_divisor`, the global batch
 //!   size, so per-rank partial losses sum (all-reduce) to the global mean;
-//! - [`Op::Reshape`], [`Op::Flatten`], [`Op::BroadcastTo`], [`Op::SumToShape`] and
-//!   [`Op::Fill`] carry their target shape, which a parallel pass rewrites to the local shape;
+//! - [`Op::Reshape`], [`Op::Flatten`], [`Op::BroadcastTo`], [`Op::SumToShape`], [`Op::Fill`],
+//!   [`Op::Triu`] and [`Op::StridedSliceGrad`] carry their target shape, which a parallel pass
+//!   rewrites to the local shape;
+//! - [`Op::Triu`]'s values are functions of global positions, like dropout's mask;
 //! - [`Op::Dropout`]'s mask is a pure function of `(seed, step, global element index)` (see
 //!   [`crate::exec::dropout_mask_keeps`]): a rank computes its part given its box's offset in the
 //!   global tensor ([`crate::exec::EvalCtx::placement`]);

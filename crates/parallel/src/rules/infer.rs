@@ -139,7 +139,8 @@ pub fn output_layouts(
         Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             let out = out_shape(0);
             let r = out.len();
-            let mut out_dims: Vec<Option<Vec<usize>>> = vec![None; r];
+            // Per output dim: its axes and the input they were taken from.
+            let mut out_dims: Vec<Option<(Vec<usize>, usize)>> = vec![None; r];
             for (i, layout) in inputs.iter().enumerate() {
                 let shape = ctx.input_shapes[i];
                 let offset = r - shape.len();
@@ -149,20 +150,20 @@ pub fn output_layouts(
                         continue; // broadcast: replicated along j
                     }
                     match &out_dims[j] {
-                        Some(existing) if existing != axes => {
+                        Some((existing, k)) if existing != axes => {
                             return Err(ctx.unsupported(format!(
-                                "dim {j} is split differently in its inputs ({} and {})",
-                                inputs[0].layout().describe_map(),
-                                inputs[1].layout().describe_map()
+                                "dim {j} is split differently in inputs {k} and {i} ({} and {})",
+                                inputs[*k].layout().describe_map(),
+                                layout.layout().describe_map()
                             )))
                         }
-                        _ => out_dims[j] = Some(axes.clone()),
+                        _ => out_dims[j] = Some((axes.clone(), i)),
                     }
                 }
             }
             let out_dims = out_dims
                 .into_iter()
-                .map(Option::unwrap_or_default)
+                .map(|d| d.map(|(axes, _)| axes).unwrap_or_default())
                 .collect();
             Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
         }
