@@ -141,7 +141,7 @@ fn exponents(n: usize) -> impl Strategy<Value = Vec<u32>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(6))]
+    #![proptest_config(ProptestConfig::with_cases(12))]
 
     #[test]
     fn masked_fill_with_a_causal_triu_mask(devices in devices(), e in exponents(3), diagonal in -1i64..=2) {

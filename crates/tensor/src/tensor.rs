@@ -561,4 +561,40 @@ mod tests {
         assert_eq!(t.to_dtype(DType::I32).to_f64_vec(), vec![1.0, -2.0, 3.0]);
         assert!(Tensor::from_bytes(DType::F32, &[3], &[0; 11]).is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// f64 -> f16 / bf16 near the midpoint of two neighbours (where rounding to nearest
+        /// twice goes wrong): below it the lower one, above it the upper one, on it the even one.
+        #[test]
+        fn half_conversions_round_to_nearest_even(bits in 0u16..0x7bff, side in -1i32..=1, negative in proptest::prelude::any::<bool>()) {
+            let sign = if negative { -1.0 } else { 1.0 };
+            let check = |lower: f64, upper: f64, lower_even: bool, convert: &dyn Fn(f64) -> f64| {
+                let mid = (lower + upper) / 2.0;
+                let x = sign * (mid + f64::from(side) * mid * 2f64.powi(-40));
+                let expected = match side {
+                    -1 => lower,
+                    1 => upper,
+                    _ if lower_even => lower,
+                    _ => upper,
+                };
+                (convert(x), sign * expected)
+            };
+            let (got, expected) = check(
+                f16::from_bits(bits).to_f64(),
+                f16::from_bits(bits + 1).to_f64(),
+                bits & 1 == 0,
+                &|x| f64_to_f16(x).to_f64(),
+            );
+            proptest::prop_assert_eq!(got, expected, "f16");
+            let (got, expected) = check(
+                bf16::from_bits(bits).to_f64(),
+                bf16::from_bits(bits + 1).to_f64(),
+                bits & 1 == 0,
+                &|x| f64_to_bf16(x).to_f64(),
+            );
+            proptest::prop_assert_eq!(got, expected, "bf16");
+        }
+    }
 }
