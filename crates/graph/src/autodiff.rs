@@ -318,6 +318,8 @@ impl RuleCtx<'_> {
 /// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
 /// | `Concat(x…)` | `Split(dy)` into the inputs' sizes |
 /// | `Split(x)` | `Concat` of the outputs' gradients (zeros for an output without one) |
+/// | `StridedSlice(x)` | `StridedSliceGrad(dy)`: `dy` scattered into zeros of `x`'s shape |
+/// | `Cast(x)` | `Cast(dy)` back to `x`'s dtype |
 /// | `MaskedFill(x, mask)` | `MaskedFill{0}(dy, mask)` for `x`; none for the mask |
 /// | `Where(cond, x, y)` | `dy_y = MaskedFill{0}(dy, cond)`, `dx = dy - dy_y`; none for `cond` |
 /// | `LayerNorm` | `LayerNormGrad(x, dy, mean, rstd, gamma)` → `dx, dgamma, dbeta` |
@@ -431,7 +433,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let op = Op::ScaledSoftmaxGrad { scale };
             out.push((0, ctx.grad(0, op, &[ctx.output(0), dy])?));
         }
-        Op::Where => {
+        Op::Where if wants[1] || wants[2] => {
             // dy where cond is 0 goes to y; the rest, dy - that (exact: dy - 0 or dy - dy),
             // to x. The condition gets no gradient.
             let cond = ctx.input(0);
@@ -456,7 +458,24 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             )?;
             out.extend((0..n).filter(|&i| wants[i]).map(|i| (i, grads[i])));
         }
-        Op::MaskedFill { .. } => {
+        Op::StridedSlice {
+            begin,
+            end,
+            strides,
+        } => {
+            let op = Op::StridedSliceGrad {
+                input_shape: ctx.shape(ctx.input(0)),
+                begin,
+                end,
+                strides,
+            };
+            out.push((0, ctx.grad(0, op, &[dy])?));
+        }
+        Op::Cast { .. } => {
+            let dtype = ctx.forward.values()[ctx.input(0).0].dtype;
+            out.push((0, ctx.grad(0, Op::Cast { dtype }, &[dy])?));
+        }
+        Op::MaskedFill { .. } if wants[0] => {
             // The filled positions do not depend on x; the mask gets no gradient.
             let op = Op::MaskedFill { value: 0.0 };
             out.push((0, ctx.grad(0, op, &[dy, ctx.input(1)])?));
@@ -510,9 +529,12 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             out.push((0, ctx.grad(0, op, &[logits, labels, dy])?));
         }
         Op::Split { .. } => unreachable!("Split's rule runs above"),
+        // Only the condition or mask (a float one) wants a gradient, and gets none.
+        Op::Where | Op::MaskedFill { .. } => {}
         Op::Fill { .. }
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }
+        | Op::StridedSliceGrad { .. }
         | Op::ReluGrad
         | Op::GeluGrad { .. }
         | Op::TanhGrad

@@ -585,6 +585,28 @@ impl GraphBuilder {
         self.node(name, op, &[x])
     }
 
+    /// Elements `begin[d]..end[d]` of every dim `d` of `x`, every `strides[d]`-th.
+    pub fn strided_slice(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        begin: &[usize],
+        end: &[usize],
+        strides: &[usize],
+    ) -> Result<ValueId, GraphError> {
+        let op = Op::StridedSlice {
+            begin: begin.to_vec(),
+            end: end.to_vec(),
+            strides: strides.to_vec(),
+        };
+        self.op1(name, op, &[x])
+    }
+
+    /// `x` converted to `dtype` (f32, f64, f16 or bf16), rounding to nearest.
+    pub fn cast(&mut self, name: &str, x: ValueId, dtype: DType) -> Result<ValueId, GraphError> {
+        self.op1(name, Op::Cast { dtype }, &[x])
+    }
+
     /// `softmax(scale · x)` over the last dim.
     pub fn scaled_softmax(
         &mut self,

@@ -125,6 +125,38 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
                 })
                 .collect()
         }
+        Op::StridedSlice {
+            begin,
+            end,
+            strides,
+        } => {
+            let x = c.float(0)?;
+            let shape = c.strided_slice(&x.shape, begin, end, strides)?;
+            vec![(shape, x.dtype)]
+        }
+        Op::StridedSliceGrad {
+            input_shape,
+            begin,
+            end,
+            strides,
+        } => {
+            let dy = c.float(0)?;
+            let shape = c.strided_slice(input_shape, begin, end, strides)?;
+            if dy.shape != shape {
+                return Err(c.rank_error(0, "the shape of the slice it is the gradient of"));
+            }
+            vec![(input_shape.clone(), dy.dtype)]
+        }
+        Op::Cast { dtype } => {
+            let x = c.float(0)?;
+            if !dtype.is_float() {
+                return Err(c.attribute(
+                    "dtype",
+                    format!("must be f32, f64, f16 or bf16, got {dtype}"),
+                ));
+            }
+            vec![(x.shape.clone(), *dtype)]
+        }
         Op::MaskedFill { value } => {
             let x = c.float(0)?;
             if !broadcasts_to(&c.input(1).shape, &x.shape) {
@@ -565,6 +597,42 @@ impl<'a> Check<'a> {
                 format!("{axis} is not a dim of `{}` {:?}", v.name, v.shape),
             ))
         }
+    }
+
+    /// The shape of the strided slice `begin..end` by `strides` of a tensor of `shape`, or the
+    /// attribute that does not fit it.
+    fn strided_slice(
+        &self,
+        shape: &[usize],
+        begin: &[usize],
+        end: &[usize],
+        strides: &[usize],
+    ) -> Result<Vec<usize>, GraphError> {
+        for (attribute, list) in [("begin", begin), ("end", end), ("strides", strides)] {
+            if list.len() != shape.len() {
+                return Err(self.attribute(
+                    attribute,
+                    format!("{list:?} needs one entry per dim of the sliced shape {shape:?}"),
+                ));
+            }
+        }
+        (0..shape.len())
+            .map(|d| {
+                if strides[d] == 0 {
+                    return Err(self.attribute("strides", format!("{strides:?}: dim {d} is 0")));
+                }
+                if begin[d] > end[d] || end[d] > shape[d] {
+                    return Err(self.attribute(
+                        "end",
+                        format!(
+                            "dim {d}: {}..{} is not a range within its size {} (shape {shape:?})",
+                            begin[d], end[d], shape[d]
+                        ),
+                    ));
+                }
+                Ok((end[d] - begin[d]).div_ceil(strides[d]))
+            })
+            .collect()
     }
 
     /// `Ok` when a softmax scale is finite and positive.

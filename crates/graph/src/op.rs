@@ -4,8 +4,10 @@
 //! execution must keep *global*:
 //! - [`Op::SparseSoftmaxCrossEntropy`] and its grad divide by `batch_divisor`, the global batch
 //!   size, so per-rank partial losses sum (all-reduce) to the global mean;
-//! - [`Op::Reshape`], [`Op::Flatten`], [`Op::BroadcastTo`], [`Op::SumToShape`] and
-//!   [`Op::Fill`] carry their target shape, which a parallel pass rewrites to the local shape;
+//! - [`Op::Reshape`], [`Op::Flatten`], [`Op::BroadcastTo`], [`Op::SumToShape`], [`Op::Fill`],
+//!   [`Op::Triu`] and [`Op::StridedSliceGrad`] carry their target shape, which a parallel pass
+//!   rewrites to the local shape;
+//! - [`Op::Triu`]'s values are functions of global positions, like dropout's mask;
 //! - [`Op::Dropout`]'s mask is a pure function of `(seed, step, global element index)` (see
 //!   [`crate::exec::dropout_mask_keeps`]): a rank computes its part given its box's offset in the
 //!   global tensor ([`crate::exec::EvalCtx::placement`]);
@@ -170,6 +172,34 @@ pub enum Op {
         /// The size of every piece along `axis`.
         sizes: Vec<usize>,
     },
+    /// Elements `begin[d], begin[d] + strides[d], …` below `end[d]` of every dim `d` of `x`:
+    /// output dim `d` has `⌈(end[d] - begin[d]) / strides[d]⌉` elements.
+    StridedSlice {
+        /// First index per dim.
+        begin: Vec<usize>,
+        /// End (exclusive) per dim, at most the dim's size.
+        end: Vec<usize>,
+        /// Step per dim, at least 1.
+        strides: Vec<usize>,
+    },
+    /// *Backward* of [`Op::StridedSlice`]: input `dy` (the slice's shape) → zeros of
+    /// `input_shape` with `dy` scattered to the sliced positions.
+    StridedSliceGrad {
+        /// The forward input's shape (rewritten to the local shape by a parallel pass).
+        input_shape: Vec<usize>,
+        /// The forward's `begin`.
+        begin: Vec<usize>,
+        /// The forward's `end`.
+        end: Vec<usize>,
+        /// The forward's `strides`.
+        strides: Vec<usize>,
+    },
+    /// `x` converted to `dtype` (f32, f64, f16 or bf16), each element rounded to the nearest
+    /// representable value (ties to even).
+    Cast {
+        /// The output dtype.
+        dtype: DType,
+    },
     /// `softmax(scale · x)` over the last dim (attention scores scaled by `1/√d`).
     ScaledSoftmax {
         /// The factor applied to `x`, finite and positive.
@@ -245,6 +275,9 @@ impl Op {
             Op::Where => "Select",
             Op::Concat { .. } => "Concat",
             Op::Split { .. } => "Split",
+            Op::StridedSlice { .. } => "StridedSlice",
+            Op::Cast { .. } => "Cast",
+            Op::StridedSliceGrad { .. } => "StridedSliceGrad",
             Op::ScaledSoftmax { .. } => "ScaledSoftmax",
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
             Op::ReluGrad => "ReluGrad",
@@ -278,6 +311,9 @@ impl Op {
             | Op::ReduceSum { .. }
             | Op::Dropout { .. }
             | Op::Split { .. }
+            | Op::StridedSlice { .. }
+            | Op::StridedSliceGrad { .. }
+            | Op::Cast { .. }
             | Op::BiasAddGrad => 1,
             Op::MatMul { .. }
             | Op::BatchMatMul { .. }
@@ -323,6 +359,7 @@ impl Op {
                 | Op::SoftmaxGrad
                 | Op::LogSoftmaxGrad
                 | Op::ScaledSoftmaxGrad { .. }
+                | Op::StridedSliceGrad { .. }
                 | Op::LayerNormGrad
                 | Op::EmbeddingGrad
                 | Op::BiasAddGrad

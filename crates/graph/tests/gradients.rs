@@ -315,3 +315,91 @@ fn split_with_used_and_unused_pieces() {
     })
     .unwrap();
 }
+
+#[test]
+fn strided_slice_scatters_back() {
+    let op = Op::StridedSlice {
+        begin: vec![1, 0, 0],
+        end: vec![5, 6, 3],
+        strides: vec![2, 1, 2],
+    };
+    check_op("strided_slice", op, &[&[5, 6, 4]]);
+    check_gradients("strided_slice empty and whole dims", |b| {
+        let x = param(b, "x", &[3, 4])?;
+        let y = b.strided_slice("slice", x, &[0, 1], &[3, 4], &[1, 3])?;
+        Ok((y, Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
+fn cast_gradients_cast_back() {
+    // f64 to f64: the rule's graph against finite differences.
+    check_op("cast f64", Op::Cast { dtype: DType::F64 }, &[&[2, 3]]);
+    // Through f32 (finite differences would see f32's rounding): d sum(cast(x)·p) / dx is p,
+    // cast back to f64.
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let x = param(&mut b, "x", &[2, 3]).unwrap();
+    let low = b.cast("low", x, DType::F32).unwrap();
+    let probe = b
+        .parameter_with(
+            "probe",
+            &[2, 3],
+            DType::F32,
+            Initializer::normal(1.0),
+            false,
+        )
+        .unwrap();
+    let weighted = b.mul("weighted", low, probe).unwrap();
+    let loss = b.reduce_sum("loss", weighted, &[], false).unwrap();
+    let forward = b.finish();
+    let training = graph::grad(&forward, loss, &[x]).unwrap();
+    let dx = training.grad_of(x).unwrap();
+    assert_eq!(training.graph.value(dx).unwrap().dtype, DType::F64);
+    let mut exec = graph::Executor::new(&training.graph).unwrap();
+    exec.init_parameters(3).unwrap();
+    exec.run().unwrap();
+    let expected = exec.value(probe).unwrap().to_f64_vec();
+    assert_eq!(exec.value(dx).unwrap().to_f64_vec(), expected);
+}
+
+#[test]
+fn cast_rounds_to_nearest_even() {
+    let run = |values: Vec<f64>, dtype: DType| -> Vec<f64> {
+        let n = values.len();
+        let x = Tensor::from_vec(&[n], values).unwrap();
+        let mut out = Tensor::zeros(dtype, &[n]);
+        let ctx = graph::EvalCtx {
+            node: "cast",
+            step: 0,
+            placement: None,
+        };
+        graph::eval_op(
+            &Op::Cast { dtype },
+            &[&x],
+            std::slice::from_mut(&mut out),
+            &ctx,
+        )
+        .unwrap();
+        assert_eq!(out.dtype(), dtype);
+        out.to_f64_vec()
+    };
+    let tie = 1.0 + 2f64.powi(-11); // halfway between two f16 values
+    assert_eq!(
+        run(
+            vec![tie, tie + 2f64.powi(-30), 1.0 + 3.0 * 2f64.powi(-11)],
+            DType::F16
+        ),
+        vec![1.0, 1.0 + 2f64.powi(-10), 1.0 + 4.0 * 2f64.powi(-11)]
+    );
+    let tie = 1.0 + 2f64.powi(-8); // halfway between two bf16 values
+    assert_eq!(
+        run(vec![tie, tie + 2f64.powi(-30), -3.5], DType::BF16),
+        vec![1.0, 1.0 + 2f64.powi(-7), -3.5]
+    );
+    let tie = 1.0 + 2f64.powi(-24); // halfway between two f32 values
+    assert_eq!(
+        run(vec![tie, 0.1], DType::F32),
+        vec![1.0, f64::from(0.1f32)]
+    );
+}

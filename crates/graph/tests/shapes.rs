@@ -202,3 +202,79 @@ fn failed_nodes_leave_the_builder_unchanged() -> Result<(), GraphError> {
     b.reshape("r", x, &[3, 2])?;
     Ok(())
 }
+
+#[test]
+fn transformer_ops_name_the_broken_rule() {
+    // Valid shapes first.
+    let shape =
+        |f: fn(&mut GraphBuilder, [ValueId; 3]) -> Result<ValueId, GraphError>| build(f).unwrap();
+    assert_eq!(shape(|b, _| b.triu("mask", &[2, 3, 4], 1)), vec![2, 3, 4]);
+    assert_eq!(
+        shape(|b, [x, _, _]| {
+            let m = b.triu("m", &[1, 512], 0)?;
+            b.masked_fill("fill", x, m, f64::NEG_INFINITY)
+        }),
+        vec![32, 512]
+    );
+    assert_eq!(
+        shape(|b, [x, _, _]| b.concat("cat", &[x, x, x], 1)),
+        vec![32, 1536]
+    );
+    assert_eq!(
+        shape(|b, [x, _, _]| Ok(b.split("split", x, 0, &[2, 30])?[1])),
+        vec![30, 512]
+    );
+    assert_eq!(
+        shape(|b, [x, _, _]| b.strided_slice("s", x, &[1, 0], &[32, 512], &[2, 3])),
+        vec![16, 171]
+    );
+    // Errors.
+    let cases: Vec<(String, &str)> = vec![
+        (
+            error(|b, _| b.triu("mask", &[4], 0)),
+            "mask: attribute `shape` [4] needs at least 2 dims",
+        ),
+        (
+            error(|b, [x, w, _]| b.masked_fill("fill", x, w, 0.0)),
+            "fill: input `w` has shape [256, 10], but MaskedFill needs a mask shape that broadcasts to x's shape",
+        ),
+        (
+            error(|b, [x, _, _]| b.scaled_softmax("attn", x, 0.0)),
+            "attn: attribute `scale` must be finite and > 0, got 0",
+        ),
+        (
+            error(|b, [x, w, _]| b.select("sel", x, w, w)),
+            "sel: input `x` has shape [32, 512], but Select needs a condition shape that broadcasts to x's shape",
+        ),
+        (
+            error(|b, [x, _, _]| b.concat("cat", &[x], 0)),
+            "cat: attribute `n` must be from 2 to 8 inputs, got 1",
+        ),
+        (
+            error(|b, [x, w, _]| b.concat("cat", &[x, w], 0)),
+            "cat: input `w` has shape [256, 10], but Concat needs the shape of the first input in every dim but the concat axis",
+        ),
+        (
+            error(|b, [x, _, _]| Ok(b.split("split", x, 1, &[500, 10])?[0])),
+            "split: attribute `sizes` [500, 10] add up to 510, but dim 1 of `x` [32, 512] is 512",
+        ),
+        (
+            error(|b, [x, _, _]| b.strided_slice("s", x, &[0, 0], &[33, 512], &[1, 1])),
+            "s: attribute `end` dim 0: 0..33 is not a range within its size 32",
+        ),
+        (
+            error(|b, [x, _, _]| b.strided_slice("s", x, &[0, 0], &[32, 512], &[1, 0])),
+            "s: attribute `strides` [1, 0]: dim 1 is 0",
+        ),
+        (
+            error(|b, [x, _, _]| b.cast("c", x, DType::I32)),
+            "c: attribute `dtype` must be f32, f64, f16 or bf16, got i32",
+        ),
+    ];
+    for (got, expected) in cases {
+        assert!(
+            got.contains(expected),
+            "{got:?} should contain {expected:?}"
+        );
+    }
+}

@@ -228,6 +228,31 @@ fn local_op(op: &Op, local_out: &[usize]) -> Op {
         | Op::SumToShape { shape }
         | Op::Fill { shape, .. }
         | Op::Triu { shape, .. } => *shape = local_out.to_vec(),
+        // Only dims taken whole are split: there `end` is the (local) size.
+        Op::StridedSlice {
+            begin,
+            end,
+            strides,
+        } => {
+            for d in 0..end.len() {
+                if begin[d] == 0 && strides[d] == 1 {
+                    end[d] = local_out[d];
+                }
+            }
+        }
+        Op::StridedSliceGrad {
+            input_shape,
+            begin,
+            end,
+            strides,
+        } => {
+            for d in 0..end.len() {
+                if begin[d] == 0 && strides[d] == 1 && end[d] == input_shape[d] {
+                    end[d] = local_out[d];
+                }
+            }
+            *input_shape = local_out.to_vec();
+        }
         _ => {}
     }
     op

@@ -145,3 +145,31 @@ fn concat_and_split_keep_their_axis_whole() {
         assert_eq!(map(out.layout()), vec![1, 0, -1]);
     }
 }
+
+#[test]
+fn strided_slice_splits_only_dims_taken_whole() {
+    let g = graph_with(|b, x| {
+        b.strided_slice("slice", x, &[0, 1, 0], &[4, 4, 8], &[1, 1, 1])
+            .unwrap();
+    });
+    let err = error(&g, "slice", &[&[1, 2, 1]], 2);
+    assert!(
+        err.contains("slice (StridedSlice)")
+            && err.contains("dim 1 is sliced (3 of 4 elements), so it cannot be split"),
+        "{err}"
+    );
+    let p = placed(&g, "slice", &[&[2, 1, 4]], 8);
+    let slice = &p.nodes[g.node_by_name("slice").unwrap().0];
+    assert_eq!(map(slice.outputs[0].layout()), vec![1, -1, 0]);
+}
+
+#[test]
+fn cast_keeps_the_layout_of_its_input() {
+    let g = graph_with(|b, x| {
+        b.cast("cast", x, tensor::DType::BF16).unwrap();
+    });
+    let p = placed(&g, "cast", &[&[2, 1, 4]], 8);
+    let cast = &p.nodes[g.node_by_name("cast").unwrap().0];
+    assert_eq!(map(&cast.inputs[0]), vec![1, -1, 0]);
+    assert_eq!(map(cast.outputs[0].layout()), vec![1, -1, 0]);
+}

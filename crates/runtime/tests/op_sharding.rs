@@ -22,13 +22,16 @@ struct Case {
     loss: ValueId,
 }
 
-/// Builds a case: `build` creates f64 parameters and returns `y`.
+/// Builds a case: `build` creates f64 parameters and returns `y` (the probe takes `y`'s dtype).
 fn case(build: impl FnOnce(&mut GraphBuilder) -> Result<ValueId, GraphError>) -> Case {
     let mut b = GraphBuilder::with_float_dtype(DType::F64);
     let y = build(&mut b).unwrap();
-    let shape = b.shape(y).unwrap().to_vec();
+    let (shape, dtype) = {
+        let v = b.value(y).unwrap();
+        (v.shape.clone(), v.dtype)
+    };
     let probe = b
-        .parameter_with("probe", &shape, DType::F64, Initializer::normal(1.0), false)
+        .parameter_with("probe", &shape, dtype, Initializer::normal(1.0), false)
         .unwrap();
     let weighted = b.mul("probe_mul", y, probe).unwrap();
     let loss = b.reduce_sum("probe_sum", weighted, &[], false).unwrap();
@@ -76,7 +79,7 @@ fn run(case: &Case, config: &ParallelConfig) -> (Tensor, Vec<Tensor>) {
     let mut grads: Vec<Tensor> = Vec::new();
     for (k, (i, _, _)) in results[0].1.iter().enumerate() {
         let shape = program.params[*i].layout.shape();
-        let mut g = Tensor::zeros(DType::F64, shape);
+        let mut g = Tensor::zeros(results[0].1[k].2.dtype(), shape);
         for r in &results {
             let (_, region, piece) = &r.1[k];
             g.insert_box(region, piece).unwrap();
@@ -138,7 +141,7 @@ fn exponents(n: usize) -> impl Strategy<Value = Vec<u32>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(6))]
+    #![proptest_config(ProptestConfig::with_cases(12))]
 
     #[test]
     fn masked_fill_with_a_causal_triu_mask(devices in devices(), e in exponents(3), diagonal in -1i64..=2) {
@@ -189,6 +192,42 @@ proptest! {
             b.concat("join", &[p[2], p[0]], axis)
         });
         check(&c, "split", &[fit(&shape, &e, devices, &[axis])], devices);
+    }
+
+    #[test]
+    fn strided_slice_splits_only_whole_dims(
+        devices in devices(),
+        e in exponents(3),
+        sliced in proptest::collection::vec((any::<bool>(), 0usize..2, 1usize..=3), 3),
+    ) {
+        let shape = [4, 6, 8];
+        let (mut begin, mut end, mut strides, mut cut) = (vec![], vec![], vec![], vec![]);
+        for (d, &(is_sliced, b0, step)) in sliced.iter().enumerate() {
+            let (b, s) = if is_sliced { (b0, step) } else { (0, 1) };
+            begin.push(b);
+            end.push(shape[d] - usize::from(is_sliced && step == 1));
+            strides.push(s);
+            if is_sliced {
+                cut.push(d);
+            }
+        }
+        let c = case(|b| {
+            let x = param(b, "x", &shape)?;
+            b.strided_slice("slice", x, &begin, &end, &strides)
+        });
+        check(&c, "slice", &[fit(&shape, &e, devices, &cut)], devices);
+    }
+
+    #[test]
+    fn cast_keeps_its_input_layout(devices in devices(), e in exponents(3), to_bf16 in any::<bool>()) {
+        let dtype = if to_bf16 { DType::BF16 } else { DType::F32 };
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 4, 8])?;
+            let low = b.cast("cast", x, dtype)?;
+            // Back to f64 so the loss runs in a compute dtype.
+            b.cast("back", low, DType::F64)
+        });
+        check(&c, "cast", &[fit(&[4, 4, 8], &e, devices, &[])], devices);
     }
 
     #[test]

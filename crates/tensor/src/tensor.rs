@@ -337,8 +337,8 @@ impl Tensor {
         }
     }
 
-    /// A copy converted to `dtype` (through f64; integers truncate toward zero and saturate,
-    /// bools become `x != 0`).
+    /// A copy converted to `dtype` (through f64; floats round to nearest, ties to even, integers
+    /// truncate toward zero and saturate, bools become `x != 0`).
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         if dtype == self.dtype() {
             return self.clone();
@@ -347,8 +347,8 @@ impl Tensor {
         let storage = match dtype {
             DType::F64 => Storage::F64(values),
             DType::F32 => Storage::F32(values.iter().map(|&x| x as f32).collect()),
-            DType::F16 => Storage::F16(values.iter().map(|&x| f16::from_f64(x)).collect()),
-            DType::BF16 => Storage::BF16(values.iter().map(|&x| bf16::from_f64(x)).collect()),
+            DType::F16 => Storage::F16(values.iter().map(|&x| f64_to_f16(x)).collect()),
+            DType::BF16 => Storage::BF16(values.iter().map(|&x| f64_to_bf16(x)).collect()),
             DType::I64 => Storage::I64(values.iter().map(|&x| x as i64).collect()),
             DType::I32 => Storage::I32(values.iter().map(|&x| x as i32).collect()),
             DType::I16 => Storage::I16(values.iter().map(|&x| x as i16).collect()),
@@ -497,6 +497,33 @@ impl Tensor {
     }
 }
 
+/// `x` rounded to f32 *to odd*: truncated toward zero, with the last mantissa bit set when
+/// inexact. A second rounding of the result to a format with at least two fewer mantissa bits
+/// (f16, bf16) then gives exactly the correctly rounded value of `x`, which rounding to nearest
+/// twice does not (`half`'s `from_f64` goes through f32 that way).
+fn f64_to_f32_round_odd(x: f64) -> f32 {
+    let nearest = x as f32;
+    if !nearest.is_finite() || f64::from(nearest) == x {
+        return nearest;
+    }
+    let truncated = if f64::from(nearest).abs() > x.abs() {
+        f32::from_bits(nearest.to_bits() - 1) // one step toward zero (either sign)
+    } else {
+        nearest
+    };
+    f32::from_bits(truncated.to_bits() | 1)
+}
+
+/// `x` rounded to the nearest f16 (ties to even).
+fn f64_to_f16(x: f64) -> f16 {
+    f16::from_f32(f64_to_f32_round_odd(x))
+}
+
+/// `x` rounded to the nearest bf16 (ties to even).
+fn f64_to_bf16(x: f64) -> bf16 {
+    bf16::from_f32(f64_to_f32_round_odd(x))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,5 +560,41 @@ mod tests {
         assert_eq!(h.to_f64_vec(), vec![1.5, -2.0, 3.25]);
         assert_eq!(t.to_dtype(DType::I32).to_f64_vec(), vec![1.0, -2.0, 3.0]);
         assert!(Tensor::from_bytes(DType::F32, &[3], &[0; 11]).is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// f64 -> f16 / bf16 near the midpoint of two neighbours (where rounding to nearest
+        /// twice goes wrong): below it the lower one, above it the upper one, on it the even one.
+        #[test]
+        fn half_conversions_round_to_nearest_even(bits in 0u16..0x7bff, side in -1i32..=1, negative in proptest::prelude::any::<bool>()) {
+            let sign = if negative { -1.0 } else { 1.0 };
+            let check = |lower: f64, upper: f64, lower_even: bool, convert: &dyn Fn(f64) -> f64| {
+                let mid = (lower + upper) / 2.0;
+                let x = sign * (mid + f64::from(side) * mid * 2f64.powi(-40));
+                let expected = match side {
+                    -1 => lower,
+                    1 => upper,
+                    _ if lower_even => lower,
+                    _ => upper,
+                };
+                (convert(x), sign * expected)
+            };
+            let (got, expected) = check(
+                f16::from_bits(bits).to_f64(),
+                f16::from_bits(bits + 1).to_f64(),
+                bits & 1 == 0,
+                &|x| f64_to_f16(x).to_f64(),
+            );
+            proptest::prop_assert_eq!(got, expected, "f16");
+            let (got, expected) = check(
+                bf16::from_bits(bits).to_f64(),
+                bf16::from_bits(bits + 1).to_f64(),
+                bits & 1 == 0,
+                &|x| f64_to_bf16(x).to_f64(),
+            );
+            proptest::prop_assert_eq!(got, expected, "bf16");
+        }
     }
 }

@@ -7,7 +7,9 @@ use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
-use crate::exec::pieces::{concat_into, split_into, AxisPieces};
+use crate::exec::pieces::{
+    concat_into, split_into, strided_slice_grad_into, strided_slice_into, AxisPieces, Strided,
+};
 use crate::exec::select::{masked_fill_into, triu_into, where_into};
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
@@ -107,6 +109,10 @@ pub fn eval_op(
     if matches!(op, Op::Flatten { .. } | Op::Reshape { .. }) {
         // A reshape moves bytes: every dtype (integer labels included).
         return reshape_into(inputs[0], &mut outputs[0], ctx);
+    }
+    if let Op::Cast { .. } = op {
+        // Any float dtype in and out: not one compute type.
+        return cast_into(inputs[0], &mut outputs[0], ctx);
     }
     match outputs[0].dtype() {
         DType::F32 => eval_typed::<f32>(op, inputs, outputs, ctx),
@@ -534,12 +540,37 @@ fn eval_typed<T: Float + Element>(
                 .collect::<Result<_, _>>()?;
             split_into(read::<T>(x, ctx)?, layout, &mut outs, ctx)
         }
+        Op::StridedSlice { begin, strides, .. } => {
+            let x = inputs[0];
+            let xs = read::<T>(x, ctx)?;
+            with_shape_and_elements::<T, _>(&mut outputs[0], ctx, |shape, out| {
+                let slice = Strided {
+                    begin,
+                    strides,
+                    shape,
+                };
+                strided_slice_into(xs, x.shape(), slice, out, ctx)
+            })
+        }
+        Op::StridedSliceGrad { begin, strides, .. } => {
+            let dy = inputs[0];
+            let dys = read::<T>(dy, ctx)?;
+            with_shape_and_elements::<T, _>(&mut outputs[0], ctx, |shape, dx| {
+                let slice = Strided {
+                    begin,
+                    strides,
+                    shape: dy.shape(),
+                };
+                strided_slice_grad_into(dys, slice, shape, dx, ctx)
+            })
+        }
         Op::Where => {
             let (x, y) = (inputs[1], inputs[2]);
             let (xs, ys) = (read::<T>(x, ctx)?, read::<T>(y, ctx)?);
             let out = write::<T>(&mut outputs[0], ctx)?;
             where_into(inputs[0], xs, ys, x.shape(), out, ctx)
         }
+        Op::Cast { .. } => unreachable!("casts are dispatched in eval_op"),
         Op::Add
         | Op::Sub
         | Op::Mul
@@ -589,6 +620,23 @@ fn sum_into<T: Float + Element>(
         let target = as_shape.unwrap_or(out_shape);
         kernels::sum_to_shape_into(xs, x.shape(), target, out).map_err(GraphError::kernel(ctx.node))
     })
+}
+
+/// `out` = `x` converted to `out`'s dtype, rounding to nearest (the tensor crate's conversion).
+fn cast_into(x: &Tensor, out: &mut Tensor, ctx: &EvalCtx<'_>) -> Result<(), GraphError> {
+    if !x.dtype().is_float() || !out.dtype().is_float() {
+        return Err(GraphError::UnsupportedDType {
+            node: ctx.node.to_string(),
+            op: "Cast",
+            dtype: if x.dtype().is_float() {
+                out.dtype()
+            } else {
+                x.dtype()
+            },
+        });
+    }
+    // FIXME(kernels): no slice-level conversion yet, so this allocates its result.
+    replace_checked(out, x.to_dtype(out.dtype()), ctx)
 }
 
 /// Stores an allocated kernel result in `out`, which must have its shape and dtype.

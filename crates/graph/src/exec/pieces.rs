@@ -1,5 +1,6 @@
 //! Kernels that cut tensors into pieces and join them: [`crate::Op::Concat`] and
-//! [`crate::Op::Split`] along one axis.
+//! [`crate::Op::Split`] along one axis, [`crate::Op::StridedSlice`] and its scatter back
+//! ([`crate::Op::StridedSliceGrad`]).
 //!
 //! Along `axis`, a tensor of `shape` is `outer = Π shape[..axis]` blocks, each `shape[axis]`
 //! rows of `inner = Π shape[axis + 1..]` elements; piece `p` holds `sizes[p]` rows of every
@@ -94,6 +95,108 @@ pub(crate) fn split_into<T: Copy>(
     axis.walk(x.len(), lens.into_iter(), ctx, |p, at, whole, len| {
         outs[p][at..at + len].copy_from_slice(&x[whole..whole + len]);
     })
+}
+
+/// `out` = the strided slice of `x` (of `x_shape`) starting at `begin` with `strides`; the
+/// slice's extent is `out_shape`.
+pub(crate) fn strided_slice_into<T: Copy>(
+    x: &[T],
+    x_shape: &[usize],
+    slice: Strided<'_>,
+    out: &mut [T],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    check_len(ctx, "x", x_shape.iter().product(), x.len())?;
+    check_len(ctx, "out", slice.shape.iter().product(), out.len())?;
+    slice.walk(x_shape, ctx, |k, at| out[k] = x[at])
+}
+
+/// `dx` = zeros of `dx_shape` with `dy` (the strided slice's extent) at the sliced positions.
+pub(crate) fn strided_slice_grad_into<T: Copy + Default>(
+    dy: &[T],
+    slice: Strided<'_>,
+    dx_shape: &[usize],
+    dx: &mut [T],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    check_len(ctx, "dx", dx_shape.iter().product(), dx.len())?;
+    check_len(ctx, "dy", slice.shape.iter().product(), dy.len())?;
+    dx.fill(T::default());
+    slice.walk(dx_shape, ctx, |k, at| dx[at] = dy[k])
+}
+
+/// A strided slice: where it starts, its steps and its extent (the slice's shape).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Strided<'a> {
+    /// First index per dim.
+    pub begin: &'a [usize],
+    /// Step per dim.
+    pub strides: &'a [usize],
+    /// Elements taken per dim.
+    pub shape: &'a [usize],
+}
+
+impl Strided<'_> {
+    /// Checks that the slice lies in a tensor of `whole`; then calls `f(k, at)` for every
+    /// element `k` of the slice (row-major) with its flat index `at` in the whole tensor.
+    fn walk(
+        &self,
+        whole: &[usize],
+        ctx: &EvalCtx<'_>,
+        f: impl FnMut(usize, usize),
+    ) -> Result<(), GraphError> {
+        let ndim = whole.len();
+        let fits = [self.begin.len(), self.strides.len(), self.shape.len()] == [ndim; 3]
+            && (0..ndim).all(|d| {
+                self.shape[d] == 0
+                    || self.begin[d] + (self.shape[d] - 1) * self.strides[d] < whole[d]
+            });
+        if !fits {
+            return Err(GraphError::Kernel {
+                node: ctx.node.to_string(),
+                source: Box::new(TensorError::InvalidArgument {
+                    op: "strided_slice",
+                    reason: format!(
+                        "begin {:?}, strides {:?} and extent {:?} do not fit in shape {whole:?}",
+                        self.begin, self.strides, self.shape
+                    ),
+                }),
+            });
+        }
+        let whole_strides = layout::row_major_strides(whole);
+        let step: Vec<usize> = (0..ndim)
+            .map(|d| self.strides[d] * whole_strides[d])
+            .collect();
+        let start = (0..ndim).map(|d| self.begin[d] * whole_strides[d]).sum();
+        walk_strided(self.shape, &step, start, f);
+        Ok(())
+    }
+}
+
+/// Calls `f(k, at)` for every flat index `k` of `shape` in row-major order with the offset `at`
+/// an operand starting at `start` with `strides` (per dim, in elements; 0 for a broadcast dim)
+/// reads there.
+pub(crate) fn walk_strided(
+    shape: &[usize],
+    strides: &[usize],
+    start: usize,
+    mut f: impl FnMut(usize, usize),
+) {
+    let n: usize = shape.iter().product();
+    let mut counter = vec![0usize; shape.len()];
+    let mut at = start;
+    for k in 0..n {
+        f(k, at);
+        for d in (0..shape.len()).rev() {
+            counter[d] += 1;
+            at += strides[d];
+            if counter[d] < shape[d] {
+                break;
+            }
+            at -= strides[d] * shape[d];
+            counter[d] = 0;
+        }
+    }
 }
 
 fn check_len(

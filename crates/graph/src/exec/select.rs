@@ -7,6 +7,7 @@ use tensor::{Storage, Tensor, TensorError};
 
 use crate::error::GraphError;
 use crate::exec::eval::{checked_placement, EvalCtx};
+use crate::exec::pieces::walk_strided;
 
 /// `out[.., i, j] = 1` where `j - i >= diagonal`, else 0, for the block of `shape` at
 /// `ctx.placement` (the whole tensor when `None`): `i` and `j` are global positions.
@@ -106,7 +107,7 @@ fn for_each_masked(
     // Every element type's `Default` is its zero (half's f16/bf16 included).
     macro_rules! walk {
         ($v:expr) => {
-            walk_broadcast(shape, &strides, |k, m| f(k, $v[m] != Default::default()))
+            walk_strided(shape, &strides, 0, |k, m| f(k, $v[m] != Default::default()))
         };
     }
     match mask.storage() {
@@ -145,30 +146,6 @@ fn mask_strides(shape: &[usize], target: &[usize]) -> Option<Vec<usize>> {
         stride *= size;
     }
     Some(strides)
-}
-
-/// Calls `f(k, m)` for every flat index `k` of `shape` in row-major order with the offset `m`
-/// the operand of `strides` reads there.
-fn walk_broadcast(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize, usize)) {
-    let n: usize = shape.iter().product();
-    if n == 0 {
-        return;
-    }
-    let ndim = shape.len();
-    let mut counter = vec![0usize; ndim];
-    let mut m = 0;
-    for k in 0..n {
-        f(k, m);
-        for d in (0..ndim).rev() {
-            counter[d] += 1;
-            m += strides[d];
-            if counter[d] < shape[d] {
-                break;
-            }
-            m -= strides[d] * shape[d];
-            counter[d] = 0;
-        }
-    }
 }
 
 fn invalid(ctx: &EvalCtx<'_>, reason: String) -> GraphError {

@@ -139,7 +139,8 @@ pub fn output_layouts(
         Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             let out = out_shape(0);
             let r = out.len();
-            let mut out_dims: Vec<Option<Vec<usize>>> = vec![None; r];
+            // Per output dim: its axes and the input they were taken from.
+            let mut out_dims: Vec<Option<(Vec<usize>, usize)>> = vec![None; r];
             for (i, layout) in inputs.iter().enumerate() {
                 let shape = ctx.input_shapes[i];
                 let offset = r - shape.len();
@@ -149,20 +150,20 @@ pub fn output_layouts(
                         continue; // broadcast: replicated along j
                     }
                     match &out_dims[j] {
-                        Some(existing) if existing != axes => {
+                        Some((existing, k)) if existing != axes => {
                             return Err(ctx.unsupported(format!(
-                                "dim {j} is split differently in its inputs ({} and {})",
-                                inputs[0].layout().describe_map(),
-                                inputs[1].layout().describe_map()
+                                "dim {j} is split differently in inputs {k} and {i} ({} and {})",
+                                inputs[*k].layout().describe_map(),
+                                layout.layout().describe_map()
                             )))
                         }
-                        _ => out_dims[j] = Some(axes.clone()),
+                        _ => out_dims[j] = Some((axes.clone(), i)),
                     }
                 }
             }
             let out_dims = out_dims
                 .into_iter()
-                .map(Option::unwrap_or_default)
+                .map(|d| d.map(|(axes, _)| axes).unwrap_or_default())
                 .collect();
             Ok(vec![output(ctx, &mesh, out_dims, Vec::new(), out)?])
         }
@@ -171,6 +172,7 @@ pub fn output_layouts(
         | Op::Gelu { .. }
         | Op::Tanh
         | Op::Dropout { .. }
+        | Op::Cast { .. }
         | Op::SparseSoftmaxCrossEntropyGrad { .. } => same_as(0),
         Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             last_unsplit(0, "the softmax axis")?;
@@ -259,6 +261,20 @@ pub fn output_layouts(
             (0..ctx.output_shapes.len())
                 .map(|j| output(ctx, &mesh, dims(0), Vec::new(), out_shape(j)))
                 .collect()
+        }
+        // Both keep the layout of the dims they take whole, the only ones that may be split.
+        Op::StridedSlice { .. } | Op::StridedSliceGrad { .. } => {
+            let (input, output) = (ctx.input_shapes[0], out_shape(0));
+            let sliced = (0..input.len()).find(|&d| splits(&dims(0)[d]) && input[d] != output[d]);
+            if let Some(d) = sliced {
+                return Err(ctx.unsupported(format!(
+                    "dim {d} is sliced ({} and {} elements), so it cannot be split, got {}",
+                    input[d],
+                    output[d],
+                    inputs[0].layout().describe_map()
+                )));
+            }
+            same_as(0)
         }
         Op::Transpose { perm } => {
             let x = dims(0);

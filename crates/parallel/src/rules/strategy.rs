@@ -242,7 +242,7 @@ pub fn input_layouts(
             }
             elementwise(ctx, s, devices)
         }
-        Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Neg | Op::Dropout { .. } => {
+        Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Neg | Op::Dropout { .. } | Op::Cast { .. } => {
             elementwise(ctx, s, devices)
         }
         Op::Transpose { .. } | Op::ReduceSum { .. } => elementwise(ctx, s, devices),
@@ -261,6 +261,21 @@ pub fn input_layouts(
         }
         Op::Split { axis, .. } => {
             axis_unsplit(ctx, s, *axis, "split")?;
+            elementwise(ctx, s, devices)
+        }
+        Op::StridedSlice { .. } => {
+            let (input, output) = (ctx.input_shapes[0], ctx.output_shapes[0]);
+            let sliced = (0..input.len()).find(|&d| s[0][d] > 1 && input[d] != output[d]);
+            if let Some(d) = sliced {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "dim {d} is sliced ({} of {} elements), so it cannot be split: only a \
+                         dim taken whole (begin 0, end its size, stride 1) can",
+                        output[d], input[d]
+                    ),
+                ));
+            }
             elementwise(ctx, s, devices)
         }
         Op::LayerNorm { .. } => {
