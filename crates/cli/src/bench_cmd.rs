@@ -26,6 +26,8 @@ enum BenchCommand {
     Reshard(crate::bench_reshard::ReshardBenchArgs),
     /// Training-step time of seed_mlp (784-512-512-10, batch 32) on one rank and on N ranks.
     TrainStep(crate::bench_train::TrainStepArgs),
+    /// Training tokens/s of the GPT (4 layers, width 256, 128 tokens, batch 16) on 1 and 2 ranks.
+    GptStep(crate::bench_gpt::GptStepArgs),
 }
 
 /// Arguments of `tessera bench memcpy`.
@@ -47,6 +49,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Collectives(a) => crate::bench_collectives::run(a),
         BenchCommand::Reshard(a) => crate::bench_reshard::run(a),
         BenchCommand::TrainStep(a) => crate::bench_train::run(a),
+        BenchCommand::GptStep(a) => crate::bench_gpt::run(a),
     }
 }
 

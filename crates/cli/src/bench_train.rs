@@ -36,41 +36,45 @@ fn program(config: &ParallelConfig) -> anyhow::Result<Arc<Program>> {
     )?))
 }
 
-/// Runs `steps` training steps on this rank; returns every step's time.
-fn rank_steps(
+/// How a rank times its training steps.
+pub(crate) struct StepBench {
+    /// The optimizer every step updates with.
+    pub optimizer: OptimizerConfig,
+    /// Timed steps (after 20 warm-up steps).
+    pub steps: usize,
+    /// Record where the time of every timed step goes.
+    pub profile: bool,
+}
+
+/// What one rank measured.
+pub(crate) struct RankTimes {
+    /// Every timed step's wall time.
+    pub steps: Vec<Duration>,
+    /// The optimizer updates' share of the timed steps.
+    pub optimizer: Duration,
+    /// Kernel and reshard times of the timed steps, when profiled.
+    pub profile: Option<runtime::StepProfile>,
+}
+
+/// Runs 20 warm-up and `bench.steps` timed training steps on this rank, feeding its blocks of
+/// the global `batches` (one tensor per program input), cycled.
+pub(crate) fn rank_steps(
     program: Arc<Program>,
     world: Arc<dyn Communicator>,
-    steps: usize,
-) -> anyhow::Result<Vec<Duration>> {
+    batches: &[Vec<Tensor>],
+    bench: &StepBench,
+) -> anyhow::Result<RankTimes> {
     let mut exec = RankExecutor::new(program.clone(), world)?;
     exec.init_parameters(1)?;
-    // Eight different synthetic batches, cycled: pseudo-random pixels in [0, 1) and labels, so
-    // gradients stay realistic (one batch repeated drives them to subnormal numbers).
-    let batches: Vec<Vec<Tensor>> = (0..8u64)
-        .map(|b| -> anyhow::Result<Vec<Tensor>> {
-            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (b + 1);
-            let mut next = move || {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                (state >> 33) as u32
-            };
-            let x = Tensor::from_vec(
-                &[32, 28, 28],
-                (0..32 * 784)
-                    .map(|_| (next() % 1000) as f32 / 1000.0)
-                    .collect(),
-            )?;
-            let labels = Tensor::from_vec(&[32], (0..32).map(|_| (next() % 10) as i32).collect())?;
+    let blocks: Vec<Vec<Tensor>> = batches
+        .iter()
+        .map(|batch| {
             program
                 .inputs
                 .iter()
-                .enumerate()
-                .map(|(i, input)| {
-                    let global = if i == 0 { &x } else { &labels };
-                    Ok(global.extract_box(&exec.box_of(&input.layout)?)?)
-                })
-                .collect()
+                .zip(batch)
+                .map(|(input, global)| Ok(global.extract_box(&exec.box_of(&input.layout)?)?))
+                .collect::<anyhow::Result<Vec<Tensor>>>()
         })
         .collect::<anyhow::Result<_>>()?;
     let trainable: Vec<usize> = (0..program.params.len())
@@ -84,24 +88,22 @@ fn rank_steps(
             dtype: exec.param(i).dtype(),
         })
         .collect();
-    let mut optimizer = Optimizer::new(
-        OptimizerConfig {
-            kind: OptimizerKind::Momentum {
-                momentum: 0.9,
-                use_nesterov: false,
-            },
-            learning_rate: 0.01,
-            weight_decay: 0.0,
-        },
-        &specs,
-    )?;
-    let mut times = Vec::with_capacity(steps);
-    for step in 0..steps + 20 {
+    let mut optimizer = Optimizer::new(bench.optimizer, &specs)?;
+    let mut times = RankTimes {
+        steps: Vec::with_capacity(bench.steps),
+        optimizer: Duration::ZERO,
+        profile: None,
+    };
+    for step in 0..bench.steps + 20 {
+        if step == 20 {
+            exec.set_profiling(bench.profile);
+        }
         let start = Instant::now();
-        for (i, block) in batches[step % batches.len()].iter().enumerate() {
+        for (i, block) in blocks[step % blocks.len()].iter().enumerate() {
             exec.set_input(i, block)?;
         }
         exec.run()?;
+        let update = Instant::now();
         optimizer.begin_step();
         for (k, &i) in trainable.iter().enumerate() {
             if let Some((param, grad)) = exec.param_and_grad(i) {
@@ -110,13 +112,55 @@ fn rank_steps(
         }
         std::hint::black_box(exec.output(0));
         if step >= 20 {
-            times.push(start.elapsed());
+            times.optimizer += update.elapsed();
+            times.steps.push(start.elapsed());
         }
     }
+    times.profile = exec.profile().cloned();
     Ok(times)
 }
 
-fn summary(mut times: Vec<Duration>) -> (f64, f64, f64) {
+/// A pseudo-random stream (a 64-bit LCG's high bits), for synthetic batches.
+pub(crate) fn lcg(seed: u64) -> impl FnMut() -> u32 {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ seed;
+    move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) as u32
+    }
+}
+
+/// Eight different synthetic MLP batches: pseudo-random pixels in [0, 1) and labels, so
+/// gradients stay realistic (one batch repeated drives them to subnormal numbers).
+fn mlp_batches() -> anyhow::Result<Vec<Vec<Tensor>>> {
+    (0..8u64)
+        .map(|b| {
+            let mut next = lcg(b + 1);
+            let x = Tensor::from_vec(
+                &[32, 28, 28],
+                (0..32 * 784)
+                    .map(|_| (next() % 1000) as f32 / 1000.0)
+                    .collect(),
+            )?;
+            let labels = Tensor::from_vec(&[32], (0..32).map(|_| (next() % 10) as i32).collect())?;
+            Ok(vec![x, labels])
+        })
+        .collect()
+}
+
+/// The slowest rank's time of every step.
+pub(crate) fn slowest(per_rank: Vec<RankTimes>) -> Vec<Duration> {
+    let mut out = vec![Duration::ZERO; per_rank.first().map_or(0, |r| r.steps.len())];
+    for r in per_rank {
+        for (s, t) in out.iter_mut().zip(r.steps) {
+            *s = (*s).max(t);
+        }
+    }
+    out
+}
+
+pub(crate) fn summary(mut times: Vec<Duration>) -> (f64, f64, f64) {
     times.sort_unstable();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     (
@@ -132,12 +176,25 @@ pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
         "seed_mlp 784-512-512-10, batch 32, f32, Momentum; {} timed steps",
         args.steps
     );
+    let bench = StepBench {
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::Momentum {
+                momentum: 0.9,
+                use_nesterov: false,
+            },
+            learning_rate: 0.01,
+            weight_decay: 0.0,
+        },
+        steps: args.steps,
+        profile: false,
+    };
+    let batches = mlp_batches()?;
     let one = program(&ParallelConfig::stand_alone())?;
     let times = LocalCluster::new(1)?
-        .run(|comm| rank_steps(one.clone(), Arc::new(comm), args.steps))
+        .run(|comm| rank_steps(one.clone(), Arc::new(comm), &batches, &bench))
         .pop()
         .expect("one rank")??;
-    let (median, p10, p90) = summary(times);
+    let (median, p10, p90) = summary(times.steps);
     println!("tessera, 1 rank:  {median:.3} ms/step median [p10 {p10:.3} - p90 {p90:.3}]");
     if args.devices > 1 {
         let config = ParallelConfig::new(ParallelMode::SemiAuto, args.devices)
@@ -152,14 +209,10 @@ pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
         };
         let prog = program(&config)?;
         let per_rank = LocalCluster::new(args.devices)?
-            .run(|comm| rank_steps(prog.clone(), Arc::new(comm), args.steps));
-        let mut slowest = vec![Duration::ZERO; args.steps];
-        for r in per_rank {
-            for (s, t) in slowest.iter_mut().zip(r??) {
-                *s = (*s).max(t);
-            }
-        }
-        let (median, p10, p90) = summary(slowest);
+            .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &batches, &bench))
+            .into_iter()
+            .collect::<Result<anyhow::Result<Vec<_>>, _>>()??;
+        let (median, p10, p90) = summary(slowest(per_rank));
         println!(
             "tessera, {} ranks ({}), local backend: {median:.3} ms/step median [p10 {p10:.3} - p90 {p90:.3}] = {:.0} steps/s",
             args.devices,

@@ -1,6 +1,7 @@
 //! Running a [`Program`] on one rank.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use comm::Communicator;
 use graph::{eval_op, EvalCtx, InputBlock, Placement};
@@ -10,6 +11,7 @@ use reshard::ReshardRunner;
 use tensor::Tensor;
 
 use crate::error::RuntimeError;
+use crate::profile::StepProfile;
 
 /// One rank's executor of a program: its buffers (this rank's block of every value), and a
 /// reshard runner over the world communicator.
@@ -29,6 +31,8 @@ pub struct RankExecutor {
     /// that depend on which part of an input they get (a vocabulary-parallel embedding).
     input_blocks: Vec<Vec<InputBlock>>,
     step: u64,
+    /// Time per kind of step, when profiling ([`RankExecutor::set_profiling`]).
+    profile: Option<StepProfile>,
 }
 
 /// The slot of `rank` in `layout`'s mesh.
@@ -94,6 +98,7 @@ impl RankExecutor {
             offsets,
             input_blocks,
             step: 0,
+            profile: None,
         })
     }
 
@@ -201,10 +206,24 @@ impl RankExecutor {
         self.buffer(self.program.outputs[index].buffer)
     }
 
+    /// Turns the per-step timing of [`RankExecutor::run`] on (a fresh [`StepProfile`]) or off.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(StepProfile::default);
+    }
+
+    /// The time per kind of step since profiling was turned on.
+    pub fn profile(&self) -> Option<&StepProfile> {
+        self.profile.as_ref()
+    }
+
     /// Runs every step of the program once.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         let program = self.program.clone();
+        if let Some(p) = self.profile.as_mut() {
+            p.runs += 1;
+        }
         for (i, step) in program.steps.iter().enumerate() {
+            let started = self.profile.is_some().then(Instant::now);
             match step {
                 Step::Kernel(k) => {
                     let mut outs: Vec<Tensor> = k
@@ -242,6 +261,12 @@ impl RankExecutor {
                     let [t] = out;
                     self.buffers[r.to] = Some(t);
                     result?;
+                }
+            }
+            if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+                match step {
+                    Step::Kernel(k) => p.kernel(k.op.kind(), t.elapsed()),
+                    Step::Reshard(_) => p.reshard(t.elapsed()),
                 }
             }
         }

@@ -42,6 +42,7 @@ mod launch;
 mod lm;
 mod optimizer;
 mod preflight;
+mod profile;
 mod session;
 mod trainer;
 
@@ -66,6 +67,7 @@ pub use crate::optimizer::{
     ParamSpec,
 };
 pub use crate::preflight::check_before_start;
+pub use crate::profile::{StepProfile, Tally};
 pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
 pub use crate::lm::TextData;
 pub use crate::session::{ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP};

@@ -1,0 +1,152 @@
+//! `tessera bench gpt-step`: training tokens/s of the GPT (4 layers, 4 heads, width 256, 128
+//! tokens, batch 16, f32, AdamW) on one rank, and on 2 ranks of the local backend with data
+//! parallelism and with model parallelism 2, with a profile of where one rank's step goes.
+//!
+//! Batches are synthetic token ids (eight, cycled), so no file IO is timed.
+//! `scripts/bench-gpt.sh` runs this next to PyTorch (one thread, and DDP on 2 processes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use comm::LocalCluster;
+use models::{GptConfig, GptParallel};
+use parallel::{compile_training, DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use runtime::{OptimizerConfig, OptimizerKind};
+use tensor::{DType, Tensor};
+
+use crate::bench_train::{lcg, rank_steps, slowest, summary, StepBench};
+
+/// Arguments of `tessera bench gpt-step`.
+#[derive(Debug, Args)]
+pub struct GptStepArgs {
+    /// Timed steps (after 20 warm-up steps).
+    #[arg(long, default_value_t = 30)]
+    steps: usize,
+    /// Layers of the GPT.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Width of the residual stream.
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    /// Print where rank 0's step time goes.
+    #[arg(long)]
+    profile: bool,
+}
+
+/// The benchmark's GPT: byte vocabulary, 4 heads, 128 tokens, batch 16.
+fn gpt_config(args: &GptStepArgs) -> GptConfig {
+    GptConfig::new(256, args.layers, 4, args.hidden, 128, 16)
+}
+
+/// The program under `(data_parallel, model_parallel)` (stand-alone for `(1, 1)`).
+fn program(gpt: &GptConfig, dp: usize, mp: usize) -> anyhow::Result<Arc<parallel::Program>> {
+    let model = models::gpt(gpt, DType::F32)?;
+    let devices = dp * mp;
+    let config = if devices == 1 {
+        ParallelConfig::stand_alone()
+    } else {
+        let split = GptParallel::resolve(devices, Some(dp), mp, true, false)?;
+        let mut config = ParallelConfig::new(ParallelMode::SemiAuto, devices);
+        config.strategies = split
+            .strategies(&model.graph)?
+            .into_iter()
+            .map(|(op, inputs)| {
+                let strategy = OpStrategy {
+                    inputs,
+                    outputs: None,
+                };
+                (op, strategy)
+            })
+            .collect();
+        config.dataset_strategy = DatasetStrategy::PerInput(split.dataset_strategy());
+        config
+    };
+    Ok(Arc::new(compile_training(
+        &model.graph,
+        model.loss,
+        &config,
+    )?))
+}
+
+/// Eight batches of pseudo-random token ids: `input_ids` and `labels`, `[batch, seq_len]`.
+fn batches(gpt: &GptConfig) -> anyhow::Result<Vec<Vec<Tensor>>> {
+    let n = gpt.batch * gpt.seq_len;
+    (0..8u64)
+        .map(|b| {
+            let mut next = lcg(b + 1);
+            let mut ids = || -> anyhow::Result<Tensor> {
+                let v: Vec<i32> = (0..n).map(|_| (next() % 256) as i32).collect();
+                Ok(Tensor::from_vec(&[gpt.batch, gpt.seq_len], v)?)
+            };
+            Ok(vec![ids()?, ids()?])
+        })
+        .collect()
+}
+
+/// Times one configuration; prints its tokens/s and, when asked, rank 0's profile.
+fn measure(
+    args: &GptStepArgs,
+    gpt: &GptConfig,
+    (dp, mp): (usize, usize),
+    label: &str,
+) -> anyhow::Result<f64> {
+    let bench = StepBench {
+        optimizer: OptimizerConfig {
+            kind: OptimizerKind::AdamW {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            learning_rate: 1e-3,
+            weight_decay: 0.01,
+        },
+        steps: args.steps,
+        profile: args.profile,
+    };
+    let data = batches(gpt)?;
+    let prog = program(gpt, dp, mp)?;
+    let per_rank = LocalCluster::new(dp * mp)?
+        .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
+        .into_iter()
+        .collect::<Result<anyhow::Result<Vec<_>>, _>>()??;
+    let rank0 = per_rank
+        .first()
+        .map(|r| (r.optimizer, r.profile.clone(), r.steps.clone()));
+    let (median, p10, p90) = summary(slowest(per_rank));
+    let tokens = (gpt.batch * gpt.seq_len) as f64;
+    let rate = tokens / (median / 1e3);
+    println!(
+        "tessera, {label}: {rate:.0} tokens/s ({median:.1} ms/step median [p10 {p10:.1} - p90 {p90:.1}])"
+    );
+    if let Some((optimizer, Some(profile), steps)) = rank0 {
+        let total: Duration = steps.iter().sum();
+        let per_step = total / steps.len().max(1) as u32;
+        print!("{}", profile.table(per_step));
+        let runs = profile.runs.max(1) as u32;
+        let optimizer = optimizer / runs;
+        let other = per_step.saturating_sub(profile.kernel_time() / runs + profile.reshards.time / runs + optimizer);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!("  {:<32} {:>8.3} ms", "optimizer (AdamW)", ms(optimizer));
+        println!("  {:<32} {:>8.3} ms", "framework (feeding, dispatch)", ms(other));
+    }
+    Ok(rate)
+}
+
+/// Runs the benchmark.
+pub fn run(args: &GptStepArgs) -> anyhow::Result<()> {
+    let gpt = gpt_config(args);
+    println!(
+        "GPT {} layers, 4 heads, width {}, 128 tokens, batch 16, f32, AdamW; {} timed steps",
+        args.layers, args.hidden, args.steps
+    );
+    let one = measure(args, &gpt, (1, 1), "1 rank")?;
+    let dp = measure(args, &gpt, (2, 1), "2 ranks, data parallel")?;
+    let mp = measure(args, &gpt, (1, 2), "2 ranks, model parallel 2")?;
+    println!(
+        "speed-up on 2 ranks: data parallel {:.2}x, model parallel {:.2}x",
+        dp / one,
+        mp / one
+    );
+    Ok(())
+}

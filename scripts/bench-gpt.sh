@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Training tokens/s of the GPT (4 layers, 4 heads, width 256, 128 tokens, batch 16, f32, AdamW):
+# Tessera on 1 rank and on 2 ranks (data parallel; model parallel 2) with rank 0's profile, next
+# to PyTorch on one thread and DDP on 2 processes, in the same run. Installs PyTorch into a venv
+# if absent.
+#   scripts/bench-gpt.sh [steps]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-30}"
+venv="${TESSERA_BENCH_VENV:-target/bench-venv}"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip
+  "$venv/bin/pip" install --quiet torch --index-url https://download.pytorch.org/whl/cpu \
+    || "$venv/bin/pip" install --quiet torch
+fi
+cargo build --release -p tessera-cli --quiet
+echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+"$venv/bin/python" scripts/torch_gpt_step.py "$steps"
+target/release/tessera bench gpt-step --steps "$steps" --profile
+"$venv/bin/python" scripts/torch_gpt_step.py "$steps"
