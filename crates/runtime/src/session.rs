@@ -228,10 +228,15 @@ impl Session {
 
     /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
     fn new_gpt(config: &TrainConfig) -> Result<Session, RuntimeError> {
-        let keys = config.data().text.as_ref().ok_or_else(|| RuntimeError::Config {
-            key: "data.format".to_string(),
-            reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\"".to_string(),
-        })?;
+        let keys = config
+            .data()
+            .text
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Config {
+                key: "data.format".to_string(),
+                reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\""
+                    .to_string(),
+            })?;
         let text = TextData::open(config, keys)?;
         let gpt = text.gpt_config(config)?;
         let model = models::gpt(&gpt, tensor::DType::F32).map_err(|e| match e {
@@ -299,11 +304,13 @@ impl Session {
     ) -> Result<(), RuntimeError> {
         match (&self.data, plan) {
             (TrainData::Images { train, .. }, EpochPlan::Images(plan)) => {
-                let batch = plan.batch(index as usize).ok_or_else(|| RuntimeError::Mismatch {
-                    what: format!("batch {index} of epoch {epoch}"),
-                    expected: format!("below {}", plan.len()),
-                    got: index.to_string(),
-                })?;
+                let batch = plan
+                    .batch(index as usize)
+                    .ok_or_else(|| RuntimeError::Mismatch {
+                        what: format!("batch {index} of epoch {epoch}"),
+                        expected: format!("below {}", plan.len()),
+                        got: index.to_string(),
+                    })?;
                 self.feed(exec, train, &batch)
             }
             (TrainData::Text(text), _) => {
@@ -811,10 +818,7 @@ fn parallel_config(
         parallel
             .strategies
             .entry(op.name)
-            .or_insert_with(|| parallel::OpStrategy {
-                inputs: op.inputs,
-                outputs: op.outputs,
-            });
+            .or_insert_with(|| parallel::OpStrategy::from_tuples(op.inputs, op.outputs));
     }
     Ok(parallel)
 }

@@ -6,6 +6,7 @@ mod config;
 mod equivalence;
 mod gpt;
 mod idx_data;
+mod layout_config;
 mod op_sharding;
 mod optimizer;
 mod reproducibility;

@@ -20,8 +20,9 @@
 //!
 //! # Modules
 //! [`values`] reads typed values out of TOML tables; [`sections`] reads each section into its
-//! config struct.
+//! config struct; [`layouts`] reads `[parallel.mesh]` and layout-valued strategy entries.
 
+mod layouts;
 mod sections;
 mod values;
 
