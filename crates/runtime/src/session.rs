@@ -358,12 +358,23 @@ impl Session {
         out.save_checkpoint.then_some(out.dir.as_path())
     }
 
-    /// The strategy of everything a checkpoint holds: every parameter and every optimizer state
-    /// (laid out like its parameter), with global shapes and dtypes.
+    /// Whether checkpoints (and the strategy file describing them) hold parameter `p`: every
+    /// trainable parameter, and the non-trainable ones when
+    /// `parallel.strategy_file_only_for_trainable_params` is false (MindSpore's
+    /// `stra_file_only_trainable_params`: its strategy file lists trainable parameters only
+    /// unless told otherwise). A tensor the strategy file does not describe cannot be converted
+    /// or resumed, so the rank files hold exactly what the strategy file lists.
+    fn checkpointed(&self, p: &parallel::ProgramParam) -> bool {
+        p.trainable || !self.config.strategy_file_only_for_trainable_params()
+    }
+
+    /// The strategy of everything a checkpoint holds: the checkpointed parameters (every
+    /// trainable one; the others only with `strategy_file_only_for_trainable_params = false`)
+    /// and every optimizer state (laid out like its parameter), with global shapes and dtypes.
     pub fn strategy(&self) -> Result<ResolvedStrategy, RuntimeError> {
         let states = self.config.optimizer_config().kind.state_names();
         let mut params = Vec::new();
-        for p in &self.train.params {
+        for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             let dtype = self.train.buffers[p.buffer].dtype;
             let placement =
                 ParamLayout::new(0, p.layout.clone(), 1).map_err(|e| RuntimeError::Mismatch {
@@ -647,8 +658,8 @@ impl Session {
     }
 
     /// Writes this rank's checkpoint `rank_<r>/checkpoint_<r>.safetensors` into the staging
-    /// directory: its parameter shards, its optimizer state shards and the step counter; rank
-    /// 0 also writes the strategy files.
+    /// directory: its shards of the checkpointed parameters, its optimizer state shards and the
+    /// step counter; rank 0 also writes the strategy files.
     fn save_rank(
         &self,
         saved: &SavedState<'_>,
@@ -660,8 +671,10 @@ impl Session {
         let mut names: Vec<String> = Vec::new();
         let mut tensors: Vec<&Tensor> = Vec::new();
         for (i, p) in self.train.params.iter().enumerate() {
-            names.push(p.name.clone());
-            tensors.push(saved.exec.param(i));
+            if self.checkpointed(p) {
+                names.push(p.name.clone());
+                tensors.push(saved.exec.param(i));
+            }
         }
         for (k, &i) in saved.trainable.iter().enumerate() {
             for (state, t) in saved.optimizer.state(k)? {
@@ -691,8 +704,10 @@ impl Session {
         Ok(())
     }
 
-    /// Loads this rank's parameters and optimizer state from the checkpoint in `from`, saved
-    /// under any strategy (converted on load); returns the step it was saved at.
+    /// Loads this rank's checkpointed parameters (non-trainable ones only with
+    /// `strategy_file_only_for_trainable_params = false`; otherwise they keep their
+    /// initialisation) and optimizer state from the checkpoint in `from`, saved under any
+    /// strategy (converted on load); returns the step it was saved at.
     fn resume(
         &self,
         exec: &mut RankExecutor,
@@ -709,7 +724,7 @@ impl Session {
             .unwrap_or_else(|| from.join("strategy.json"));
         let states = self.config.optimizer_config().kind.state_names();
         let mut targets: Vec<(String, TensorLayout)> = Vec::new();
-        for p in &self.train.params {
+        for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             targets.push((p.name.clone(), p.layout.clone()));
         }
         for &i in trainable {

@@ -1,5 +1,6 @@
 //! Layout-valued strategies in the config: `[parallel.mesh]` and per-dim alias entries in
-//! `[parallel.shard]`, `[parallel.out_shard]` and `parallel.dataset_strategy`.
+//! `[parallel.shard]`, `[parallel.out_shard]` and `parallel.dataset_strategy`; and
+//! `parallel.strategy_file_only_for_trainable_params`.
 
 use layout::{DimSpec, Layout};
 use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
@@ -149,4 +150,22 @@ fn bad_layout_entries_name_the_key_and_the_rule() {
             "{body}: {reason:?} lacks {needle:?}"
         );
     }
+}
+
+#[test]
+fn strategy_file_only_for_trainable_params_defaults_to_true() {
+    let config = parse_with(&with_parallel(""), &[]).unwrap();
+    assert!(config.strategy_file_only_for_trainable_params());
+    let config = parse_with(
+        &with_parallel("strategy_file_only_for_trainable_params = false"),
+        &[],
+    )
+    .unwrap();
+    assert!(!config.strategy_file_only_for_trainable_params());
+    let (key, reason) = file_error(parse_with(
+        &with_parallel("strategy_file_only_for_trainable_params = 1"),
+        &[],
+    ));
+    assert_eq!(key, "parallel.strategy_file_only_for_trainable_params");
+    assert!(reason.contains("expected a boolean"), "{reason}");
 }

@@ -13,4 +13,5 @@ mod reproducibility;
 mod sharded;
 mod sharded_reshape;
 mod text_data;
+mod trainable_params;
 mod training;

@@ -80,6 +80,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "out_shard",
     "mesh",
     "strategy_file",
+    "strategy_file_only_for_trainable_params",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -150,6 +151,8 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     check_model_data(&model, &data)?;
     let mut parallel_section = take_section(&mut root, "parallel", PARALLEL_KEYS, false)?;
     let gpt_parallel = read_gpt_parallel(&mut parallel_section, model.name, &mut warnings)?;
+    let strategy_file_only_for_trainable_params =
+        parallel_section.or("strategy_file_only_for_trainable_params", true, read_bool)?;
     let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
@@ -161,6 +164,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         data,
         parallel,
         strategy_file,
+        strategy_file_only_for_trainable_params,
         gpt_parallel,
         optimizer,
         train,
