@@ -59,8 +59,19 @@ fn layout_entries_parse_beside_tuple_entries() {
         config.parallel_config().strategies["matmul2"].outputs,
         Some(vec![vec![8, 1]])
     );
-    // An override sets a layout entry too.
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+    // A mesh no entry uses is warned about.
     let text = with_parallel(MESH);
+    let config = parse_with(&text, &[]).unwrap();
+    assert!(
+        config
+            .warnings()
+            .iter()
+            .any(|w| w.contains("[parallel.mesh] has no effect")),
+        "{:?}",
+        config.warnings()
+    );
+    // An override sets a layout entry too.
     let config = parse_with(&text, &["parallel.shard.relu1=[[\"dp\", \"mp\"]]"]).unwrap();
     assert_eq!(
         config.parallel_config().strategies["relu1"].in_layouts,

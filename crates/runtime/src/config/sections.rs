@@ -491,6 +491,16 @@ fn read_parallel(
             "parallel.devices = {devices} has no effect in mode \"stand_alone\" (it runs on 1 device)"
         ));
     }
+    let is_layouts = |e: &StrategyEntry| matches!(e, StrategyEntry::Layouts(_));
+    let uses_layouts = matches!(dataset_strategy, DatasetStrategy::Layouts(_))
+        || shard.values().chain(out_shard.values()).any(is_layouts);
+    if mesh.is_some() && !uses_layouts {
+        warnings.push(
+            "[parallel.mesh] has no effect: no entry of parallel.shard, parallel.out_shard or \
+             parallel.dataset_strategy is a layout"
+                .to_string(),
+        );
+    }
     let strategies = shard
         .into_iter()
         .map(|(op, inputs)| {
