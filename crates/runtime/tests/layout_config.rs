@@ -143,6 +143,11 @@ fn bad_layout_entries_name_the_key_and_the_rule() {
             "must be ≥ 1",
         ),
         (
+            "[parallel.mesh]\ndevice_matrix = [4194304, 4194304]\nalias_name = [\"dp\", \"mp\"]",
+            "parallel.mesh.device_matrix",
+            "",
+        ),
+        (
             "[parallel.mesh]\ndevice_matrix = [8]",
             "parallel.mesh.alias_name",
             "missing required key",

@@ -7,7 +7,7 @@
 //! both, the first outermost) — MindSpore's `layout("dp", ("sp", "mp"))`. One entry is all
 //! tuples or all layouts; a table may mix entries of both kinds.
 
-use layout::{DimSpec, Layout, INTERLEAVED_ALIAS};
+use layout::{DimSpec, Layout, LayoutError, INTERLEAVED_ALIAS};
 use parallel::{DatasetStrategy, OpStrategy};
 use toml::Value;
 
@@ -77,8 +77,17 @@ pub(super) fn read_mesh(key: &str, value: Value) -> Result<Layout, RuntimeError>
             format!("\"{INTERLEAVED_ALIAS}\" is not supported in training strategies"),
         ));
     }
-    Layout::new(&device_matrix, &alias_name, None)
-        .map_err(|e| config_error(&format!("{key}.alias_name"), e.to_string()))
+    Layout::new(&device_matrix, &alias_name, None).map_err(|e| {
+        let culprit = match e {
+            LayoutError::AliasCountMismatch { .. }
+            | LayoutError::EmptyAlias
+            | LayoutError::AliasIsNone
+            | LayoutError::DuplicateAlias { .. }
+            | LayoutError::InterleavedNotLast { .. } => "alias_name",
+            _ => "device_matrix",
+        };
+        config_error(&format!("{key}.{culprit}"), e.to_string())
+    })
 }
 
 /// A non-empty TOML list, each item read by `read` (named `key[i]`).
