@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Args;
 use comm::LocalCluster;
 use models::{GptConfig, GptParallel};
-use parallel::{compile_training, DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use parallel::{compile_training, DatasetStrategy, ParallelConfig, ParallelMode};
 use runtime::{OptimizerConfig, OptimizerKind};
 use tensor::{DType, Tensor};
 
@@ -48,17 +48,7 @@ fn program(gpt: &GptConfig, dp: usize, mp: usize) -> anyhow::Result<Arc<parallel
     } else {
         let split = GptParallel::resolve(devices, Some(dp), mp, true, false)?;
         let mut config = ParallelConfig::new(ParallelMode::SemiAuto, devices);
-        config.strategies = split
-            .strategies(&model.graph)?
-            .into_iter()
-            .map(|(op, inputs)| {
-                let strategy = OpStrategy {
-                    inputs,
-                    outputs: None,
-                };
-                (op, strategy)
-            })
-            .collect();
+        config.strategies = split.strategies(&model.graph)?;
         config.dataset_strategy = DatasetStrategy::PerInput(split.dataset_strategy());
         config
     };

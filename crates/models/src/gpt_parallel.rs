@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use graph::{Graph, NodeRole};
+use parallel::OpStrategy;
 
 use crate::error::ModelsError;
 use crate::gpt::GptConfig;
@@ -120,7 +121,7 @@ impl GptParallel {
 
     /// A strategy for every forward op of `graph` (a GPT built by [`crate::gpt()`]) with
     /// inputs, by op name.
-    pub fn strategies(&self, graph: &Graph) -> Result<BTreeMap<String, Vec<Vec<usize>>>, ModelsError> {
+    pub fn strategies(&self, graph: &Graph) -> Result<BTreeMap<String, OpStrategy>, ModelsError> {
         let mut out = BTreeMap::new();
         for node in graph.nodes() {
             if node.role != NodeRole::Forward || node.inputs.is_empty() {
@@ -132,7 +133,7 @@ impl GptParallel {
                     format!("the GPT has an op {:?} without a default strategy", node.name),
                 )
             })?;
-            out.insert(node.name.clone(), strategy);
+            out.insert(node.name.clone(), OpStrategy::from_tuples(strategy, None));
         }
         Ok(out)
     }

@@ -13,9 +13,10 @@ use graph::{Graph, Node, NodeId, NodeRole, Op, ValueId, ValueKind};
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
-use crate::config::{DatasetStrategy, ParallelConfig, ParallelMode};
-use crate::patterns::resolve_op_patterns;
+use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 use crate::error::ParallelError;
+use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
+use crate::patterns::resolve_op_patterns;
 use crate::rules::{infer, strategy, OpContext};
 
 /// Where a node's strategy comes from.
@@ -132,6 +133,16 @@ fn input_layout(
     };
     let strategy: Vec<usize> = match (&config.dataset_strategy, config.mode) {
         (_, ParallelMode::StandAlone) => vec![1; shape.len()],
+        (DatasetStrategy::Layouts(list), _) => {
+            let given = list.get(index).ok_or_else(|| {
+                setting_error(format!(
+                    "it has {} layouts but the graph has more inputs (no layout for {name})",
+                    list.len()
+                ))
+            })?;
+            return bind_given(given, shape, devices, &format!("input {name}"))
+                .map_err(setting_error);
+        }
         (DatasetStrategy::FullBatch, _) => vec![1; shape.len()],
         (DatasetStrategy::DataParallel, _) => {
             let mut s = vec![1; shape.len()];
@@ -376,22 +387,31 @@ fn place_forward(
             StrategySource::Default,
         ),
     };
-    let input_placement = strategy::input_layouts(ctx, &strategy_tuples, devices)?;
-    let inputs: Vec<TensorLayout> = input_placement
-        .inputs
-        .into_iter()
-        .zip(&ctx.input_shapes)
-        .map(|(l, shape)| l.bind(shape).map_err(|e| ctx.layout_error(e)))
-        .collect::<Result<_, _>>()?;
+    let inputs: Vec<TensorLayout> = match user.and_then(|u| u.in_layouts.as_deref()) {
+        Some(given) => bind_op_layouts(ctx, given, Operands::Inputs, devices)?,
+        None => strategy::input_layouts(ctx, &strategy_tuples, devices)?
+            .inputs
+            .into_iter()
+            .zip(&ctx.input_shapes)
+            .map(|(l, shape)| l.bind(shape).map_err(|e| ctx.layout_error(e)))
+            .collect::<Result<_, _>>()?,
+    };
     let outputs = infer::output_layouts(ctx, &inputs, &placed.stage)?;
-    let out_layouts = match user.and_then(|u| u.outputs.as_ref()) {
-        None => None,
-        Some(out_strategy) => Some(out_strategy_layouts(
+    let out_layouts = match user {
+        Some(OpStrategy {
+            out_layouts: Some(given),
+            ..
+        }) => Some(bind_op_layouts(ctx, given, Operands::Outputs, devices)?),
+        Some(OpStrategy {
+            outputs: Some(out_strategy),
+            ..
+        }) => Some(out_strategy_layouts(
             ctx,
             &strategy_tuples,
             out_strategy,
             &outputs,
         )?),
+        _ => None,
     };
     Ok(NodePlacement {
         strategy: Some(strategy_tuples),

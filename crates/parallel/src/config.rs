@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use layout::Layout;
+
 /// How ops are sharded (MindSpore's `parallel_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParallelMode {
@@ -43,15 +45,77 @@ pub enum DatasetStrategy {
     FullBatch,
     /// One strategy tuple per input, in the graph's input order.
     PerInput(Vec<Vec<usize>>),
+    /// One layout per input, in the graph's input order, all on one mesh whose device count is
+    /// the run's (MindSpore's `dataset_strategy` given `Layout`s).
+    Layouts(Vec<Layout>),
 }
 
-/// A user strategy for one op: MindSpore's `shard(in_strategy, out_strategy)`.
+/// A user strategy for one op: MindSpore's `shard(in_strategy, out_strategy)`, given as split
+/// tuples or as layouts (MindSpore's `Layout(device_matrix, alias_name)` applied per input).
+///
+/// The tuples are always there: for a strategy given as layouts they are the layouts' split
+/// factors, which is what strategy files record. The layouts, when present, decide the
+/// placement: the op runs on their mesh and its inputs (outputs) take exactly those layouts,
+/// where tuples would have the op's rule build a device matrix. Build one with
+/// [`OpStrategy::from_tuples`] or [`OpStrategy::from_layouts`] so the two agree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpStrategy {
     /// One split tuple per input.
     pub inputs: Vec<Vec<usize>>,
     /// One split tuple per output, when the op's output layout is set explicitly.
     pub outputs: Option<Vec<Vec<usize>>>,
+    /// One layout per input when the in_strategy was given as layouts; `inputs` are their split
+    /// factors.
+    pub in_layouts: Option<Vec<Layout>>,
+    /// One layout per output when the out_strategy was given as layouts; `outputs` are their
+    /// split factors.
+    pub out_layouts: Option<Vec<Layout>>,
+}
+
+impl OpStrategy {
+    /// A strategy of split tuples: `inputs` per input, `outputs` per output when set.
+    pub fn from_tuples(inputs: Vec<Vec<usize>>, outputs: Option<Vec<Vec<usize>>>) -> OpStrategy {
+        OpStrategy {
+            inputs,
+            outputs,
+            in_layouts: None,
+            out_layouts: None,
+        }
+    }
+
+    /// A strategy of layouts: one per input, and one per output when set. The split tuples are
+    /// the layouts' split factors.
+    pub fn from_layouts(inputs: Vec<Layout>, outputs: Option<Vec<Layout>>) -> OpStrategy {
+        OpStrategy {
+            inputs: split_factors(&inputs),
+            outputs: outputs.as_deref().map(split_factors),
+            in_layouts: Some(inputs),
+            out_layouts: outputs,
+        }
+    }
+
+    /// The same in_strategy with `outputs` as the out_strategy, given as layouts.
+    pub fn with_out_layouts(self, outputs: Vec<Layout>) -> OpStrategy {
+        OpStrategy {
+            outputs: Some(split_factors(&outputs)),
+            out_layouts: Some(outputs),
+            ..self
+        }
+    }
+
+    /// The same in_strategy with `outputs` as the out_strategy, given as split tuples.
+    pub fn with_out_tuples(self, outputs: Vec<Vec<usize>>) -> OpStrategy {
+        OpStrategy {
+            outputs: Some(outputs),
+            out_layouts: None,
+            ..self
+        }
+    }
+}
+
+/// The split factors of every layout.
+fn split_factors(layouts: &[Layout]) -> Vec<Vec<usize>> {
+    layouts.iter().map(Layout::split_factors).collect()
 }
 
 /// Everything the parallel pass needs to know besides the graph.
@@ -102,10 +166,7 @@ impl ParallelConfig {
     pub fn shard(mut self, op: &str, inputs: &[&[usize]]) -> ParallelConfig {
         self.strategies.insert(
             op.to_string(),
-            OpStrategy {
-                inputs: inputs.iter().map(|s| s.to_vec()).collect(),
-                outputs: None,
-            },
+            OpStrategy::from_tuples(inputs.iter().map(|s| s.to_vec()).collect(), None),
         );
         self
     }
@@ -119,11 +180,24 @@ impl ParallelConfig {
     ) -> ParallelConfig {
         self.strategies.insert(
             op.to_string(),
-            OpStrategy {
-                inputs: inputs.iter().map(|s| s.to_vec()).collect(),
-                outputs: Some(outputs.iter().map(|s| s.to_vec()).collect()),
-            },
+            OpStrategy::from_tuples(
+                inputs.iter().map(|s| s.to_vec()).collect(),
+                Some(outputs.iter().map(|s| s.to_vec()).collect()),
+            ),
         );
+        self
+    }
+
+    /// Adds a user strategy given as layouts for op `op`: one per input, and one per output
+    /// when `outputs` is set (builder style).
+    pub fn shard_layouts(
+        mut self,
+        op: &str,
+        inputs: Vec<Layout>,
+        outputs: Option<Vec<Layout>>,
+    ) -> ParallelConfig {
+        self.strategies
+            .insert(op.to_string(), OpStrategy::from_layouts(inputs, outputs));
         self
     }
 

@@ -3,8 +3,8 @@
 //!
 //! # Brief overview
 //! - [`ParallelConfig`]: the mode (`stand_alone`, `data_parallel`, `semi_auto`), the device
-//!   count, per-op strategies (MindSpore's `shard(in_strategy, out_strategy)`), the dataset
-//!   strategy, `gradients_mean` and `loss_repeated_mean`.
+//!   count, per-op strategies (MindSpore's `shard(in_strategy, out_strategy)`, as split tuples
+//!   or as `Layout`s on a named device matrix), the dataset strategy, `gradients_mean` and `loss_repeated_mean`.
 //! - [`rules`]: for every op, MindSpore's rule from strategy tuples to the op's device matrix and
 //!   input layouts, and the rule from input layouts to output layouts with pending sums.
 //! - [`place`]: gives every node of a graph its placement ([`PlacedGraph`]); backward nodes run on
@@ -24,6 +24,7 @@ mod assign;
 mod compile;
 mod config;
 mod error;
+mod given_layouts;
 mod lower;
 mod patterns;
 mod rank_view;
@@ -35,9 +36,9 @@ pub use crate::assign::{
 pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 pub use crate::error::{format_strategy, ParallelError};
-pub use crate::patterns::{glob_matches, resolve_op_patterns};
 pub use crate::lower::{
     describe_plan, lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput,
     ProgramOutput, ProgramParam, ReshardStep, Step,
 };
+pub use crate::patterns::{glob_matches, resolve_op_patterns};
 pub use crate::rank_view::{RankProgram, RankStep};

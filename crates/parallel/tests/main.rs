@@ -1,4 +1,5 @@
 //! Behaviour tests of the parallel pass.
 
+mod layouts;
 mod op_rules;
 mod rules;

@@ -6,7 +6,7 @@ use graph::{GraphBuilder, NodeRole};
 use parallel::{place, ParallelConfig, ParallelError, ParallelMode, StrategySource};
 use tensor::DType;
 
-fn seed_training(batch: usize, hidden: usize) -> graph::TrainingGraph {
+pub(crate) fn seed_training(batch: usize, hidden: usize) -> graph::TrainingGraph {
     let model = seed_mlp(batch, &[8, 8], hidden, 10).unwrap();
     graph::grad(
         &model.graph,

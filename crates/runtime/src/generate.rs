@@ -86,7 +86,7 @@ impl SavedModel {
         let size = |key: &str| -> Result<usize, RuntimeError> {
             json[key]
                 .as_u64()
-                .filter(|&n| n >= 1 && n <= 1 << 24)
+                .filter(|n| (1..=1 << 24).contains(n))
                 .map(|n| n as usize)
                 .ok_or_else(|| bad(format!("\"{key}\" must be an integer from 1 to 2^24")))
         };
@@ -143,10 +143,13 @@ pub fn generate(run_dir: &Path, options: &GenerateOptions) -> Result<String, Run
     let saved = SavedModel::read(run_dir)?;
     let gpt = &saved.gpt;
     let mut ids: Vec<u32> = match &saved.vocabulary {
-        Vocabulary::Text(t) => t.encode(&options.prompt).map_err(|reason| RuntimeError::Config {
-            key: "--prompt".to_string(),
-            reason,
-        })?,
+        Vocabulary::Text(t) => {
+            t.encode(&options.prompt)
+                .map_err(|reason| RuntimeError::Config {
+                    key: "--prompt".to_string(),
+                    reason,
+                })?
+        }
         Vocabulary::Ids => parse_ids(&options.prompt, gpt.vocab_size)?,
     };
     if ids.is_empty() {
@@ -185,7 +188,13 @@ pub fn generate(run_dir: &Path, options: &GenerateOptions) -> Result<String, Run
         Vocabulary::Ids => ids
             .iter()
             .enumerate()
-            .map(|(i, id)| if i == prompt_len { format!("| {id}") } else { id.to_string() })
+            .map(|(i, id)| {
+                if i == prompt_len {
+                    format!("| {id}")
+                } else {
+                    id.to_string()
+                }
+            })
             .collect::<Vec<_>>()
             .join(" "),
     })

@@ -59,16 +59,16 @@ pub use crate::data::{
 };
 pub use crate::error::RuntimeError;
 pub use crate::executor::RankExecutor;
+pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
 #[cfg(feature = "mpi")]
 pub use crate::launch::train_mpi;
 pub use crate::launch::{run_rank, train_local, LaunchOptions, TrainReport};
+pub use crate::lm::TextData;
 pub use crate::optimizer::{
     applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
     ParamSpec,
 };
 pub use crate::preflight::check_before_start;
 pub use crate::profile::{StepProfile, Tally};
-pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
-pub use crate::lm::TextData;
 pub use crate::session::{ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP};
 pub use crate::trainer::Trainer;

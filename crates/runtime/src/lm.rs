@@ -41,9 +41,12 @@ impl TextData {
     pub fn open(config: &TrainConfig, keys: &TextDataKeys) -> Result<TextData, RuntimeError> {
         let data = config.data();
         let corpus = match data.format {
-            DataFormat::Tokens => {
-                TokenCorpus::open_tokens(&keys.path, keys.dtype, keys.vocab_size, keys.val_fraction)?
-            }
+            DataFormat::Tokens => TokenCorpus::open_tokens(
+                &keys.path,
+                keys.dtype,
+                keys.vocab_size,
+                keys.val_fraction,
+            )?,
             _ => TokenCorpus::open_text(&keys.path, keys.char_tokens, keys.val_fraction)?,
         };
         let seq_len = config.model().gpt.as_ref().map_or(1, |g| g.seq_len);
@@ -119,11 +122,13 @@ impl TextData {
                 (Some(&s), Some(&l)) => (s, l),
                 _ => (0, starts.len()),
             };
-            let mine = starts.get(first..first + rows).ok_or_else(|| RuntimeError::Mismatch {
-                what: format!("rows of input {}", input.name),
-                expected: format!("rows within the batch of {}", starts.len()),
-                got: format!("rows {first}..{}", first + rows),
-            })?;
+            let mine = starts
+                .get(first..first + rows)
+                .ok_or_else(|| RuntimeError::Mismatch {
+                    what: format!("rows of input {}", input.name),
+                    expected: format!("rows within the batch of {}", starts.len()),
+                    got: format!("rows {first}..{}", first + rows),
+                })?;
             let (inputs, targets) = split.read_rows(mine, self.seq_len)?;
             let ids = if input.value == model.labels {
                 targets
@@ -148,7 +153,14 @@ impl TextData {
 
     /// The window starts of training step `step` (from 0) of `epoch`.
     pub fn train_starts(&self, seed: u64, epoch: u64, step: u64) -> Result<Vec<u64>, RuntimeError> {
-        window_starts(&self.corpus.train, seed, epoch, step, self.batch, self.seq_len)
+        window_starts(
+            &self.corpus.train,
+            seed,
+            epoch,
+            step,
+            self.batch,
+            self.seq_len,
+        )
     }
 
     /// The mean loss over the validation batches (the same windows at every evaluation), run
@@ -218,18 +230,7 @@ pub fn gpt_parallel_config(
     let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
     let mut strategies: BTreeMap<String, OpStrategy> = split
         .strategies(&model.graph)
-        .map_err(model_error)?
-        .into_iter()
-        .map(|(op, inputs)| {
-            (
-                op,
-                OpStrategy {
-                    inputs,
-                    outputs: None,
-                },
-            )
-        })
-        .collect();
+        .map_err(model_error)?;
     strategies.extend(user);
     parallel.strategies = strategies;
     if parallel.dataset_strategy == DatasetStrategy::DataParallel {

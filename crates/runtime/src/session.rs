@@ -228,10 +228,15 @@ impl Session {
 
     /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
     fn new_gpt(config: &TrainConfig) -> Result<Session, RuntimeError> {
-        let keys = config.data().text.as_ref().ok_or_else(|| RuntimeError::Config {
-            key: "data.format".to_string(),
-            reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\"".to_string(),
-        })?;
+        let keys = config
+            .data()
+            .text
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Config {
+                key: "data.format".to_string(),
+                reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\""
+                    .to_string(),
+            })?;
         let text = TextData::open(config, keys)?;
         let gpt = text.gpt_config(config)?;
         let model = models::gpt(&gpt, tensor::DType::F32).map_err(|e| match e {
@@ -299,11 +304,13 @@ impl Session {
     ) -> Result<(), RuntimeError> {
         match (&self.data, plan) {
             (TrainData::Images { train, .. }, EpochPlan::Images(plan)) => {
-                let batch = plan.batch(index as usize).ok_or_else(|| RuntimeError::Mismatch {
-                    what: format!("batch {index} of epoch {epoch}"),
-                    expected: format!("below {}", plan.len()),
-                    got: index.to_string(),
-                })?;
+                let batch = plan
+                    .batch(index as usize)
+                    .ok_or_else(|| RuntimeError::Mismatch {
+                        what: format!("batch {index} of epoch {epoch}"),
+                        expected: format!("below {}", plan.len()),
+                        got: index.to_string(),
+                    })?;
                 self.feed(exec, train, &batch)
             }
             (TrainData::Text(text), _) => {
@@ -351,12 +358,23 @@ impl Session {
         out.save_checkpoint.then_some(out.dir.as_path())
     }
 
-    /// The strategy of everything a checkpoint holds: every parameter and every optimizer state
-    /// (laid out like its parameter), with global shapes and dtypes.
+    /// Whether checkpoints (and the strategy file describing them) hold parameter `p`: every
+    /// trainable parameter, and the non-trainable ones when
+    /// `parallel.strategy_file_only_for_trainable_params` is false (MindSpore's
+    /// `stra_file_only_trainable_params`: its strategy file lists trainable parameters only
+    /// unless told otherwise). A tensor the strategy file does not describe cannot be converted
+    /// or resumed, so the rank files hold exactly what the strategy file lists.
+    fn checkpointed(&self, p: &parallel::ProgramParam) -> bool {
+        p.trainable || !self.config.strategy_file_only_for_trainable_params()
+    }
+
+    /// The strategy of everything a checkpoint holds: the checkpointed parameters (every
+    /// trainable one; the others only with `strategy_file_only_for_trainable_params = false`)
+    /// and every optimizer state (laid out like its parameter), with global shapes and dtypes.
     pub fn strategy(&self) -> Result<ResolvedStrategy, RuntimeError> {
         let states = self.config.optimizer_config().kind.state_names();
         let mut params = Vec::new();
-        for p in &self.train.params {
+        for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             let dtype = self.train.buffers[p.buffer].dtype;
             let placement =
                 ParamLayout::new(0, p.layout.clone(), 1).map_err(|e| RuntimeError::Mismatch {
@@ -640,8 +658,8 @@ impl Session {
     }
 
     /// Writes this rank's checkpoint `rank_<r>/checkpoint_<r>.safetensors` into the staging
-    /// directory: its parameter shards, its optimizer state shards and the step counter; rank
-    /// 0 also writes the strategy files.
+    /// directory: its shards of the checkpointed parameters, its optimizer state shards and the
+    /// step counter; rank 0 also writes the strategy files.
     fn save_rank(
         &self,
         saved: &SavedState<'_>,
@@ -653,8 +671,10 @@ impl Session {
         let mut names: Vec<String> = Vec::new();
         let mut tensors: Vec<&Tensor> = Vec::new();
         for (i, p) in self.train.params.iter().enumerate() {
-            names.push(p.name.clone());
-            tensors.push(saved.exec.param(i));
+            if self.checkpointed(p) {
+                names.push(p.name.clone());
+                tensors.push(saved.exec.param(i));
+            }
         }
         for (k, &i) in saved.trainable.iter().enumerate() {
             for (state, t) in saved.optimizer.state(k)? {
@@ -684,8 +704,10 @@ impl Session {
         Ok(())
     }
 
-    /// Loads this rank's parameters and optimizer state from the checkpoint in `from`, saved
-    /// under any strategy (converted on load); returns the step it was saved at.
+    /// Loads this rank's checkpointed parameters (non-trainable ones only with
+    /// `strategy_file_only_for_trainable_params = false`; otherwise they keep their
+    /// initialisation) and optimizer state from the checkpoint in `from`, saved under any
+    /// strategy (converted on load); returns the step it was saved at.
     fn resume(
         &self,
         exec: &mut RankExecutor,
@@ -702,7 +724,7 @@ impl Session {
             .unwrap_or_else(|| from.join("strategy.json"));
         let states = self.config.optimizer_config().kind.state_names();
         let mut targets: Vec<(String, TensorLayout)> = Vec::new();
-        for p in &self.train.params {
+        for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             targets.push((p.name.clone(), p.layout.clone()));
         }
         for &i in trainable {
@@ -811,10 +833,7 @@ fn parallel_config(
         parallel
             .strategies
             .entry(op.name)
-            .or_insert_with(|| parallel::OpStrategy {
-                inputs: op.inputs,
-                outputs: op.outputs,
-            });
+            .or_insert_with(|| parallel::OpStrategy::from_tuples(op.inputs, op.outputs));
     }
     Ok(parallel)
 }

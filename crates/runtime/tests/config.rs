@@ -104,7 +104,7 @@ fn load_resolves_relative_paths_against_the_current_directory() {
     }
 }
 
-const MINIMAL: &str = r#"
+pub(crate) const MINIMAL: &str = r#"
 [model]
 hidden = 64
 classes = 10
@@ -119,7 +119,7 @@ learning_rate = 0.1
 dir = "out"
 "#;
 
-fn parse_with(text: &str, overrides: &[&str]) -> Result<TrainConfig, RuntimeError> {
+pub(crate) fn parse_with(text: &str, overrides: &[&str]) -> Result<TrainConfig, RuntimeError> {
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
     TrainConfig::parse(
         text,
@@ -238,7 +238,7 @@ fn every_override_form_applies() {
 }
 
 /// The key and reason of a config error from the file `conf.toml`.
-fn file_error(result: Result<TrainConfig, RuntimeError>) -> (String, String) {
+pub(crate) fn file_error(result: Result<TrainConfig, RuntimeError>) -> (String, String) {
     match result.unwrap_err() {
         RuntimeError::ConfigFile { path, key, reason } => {
             assert_eq!(path, Path::new("conf.toml"));

@@ -62,7 +62,11 @@ fn train(config: &TrainConfig) -> Run {
     let report = runtime::train_local(&session, &options).expect("training runs");
     assert_eq!(report.losses().len(), 20);
     for r in &report.ranks {
-        assert_eq!(r.losses, report.losses(), "every rank reports the same losses");
+        assert_eq!(
+            r.losses,
+            report.losses(),
+            "every rank reports the same losses"
+        );
     }
     let out = &config.output().dir;
     let merged = out.join("merged");
@@ -152,6 +156,13 @@ const CASES: &[(&str, usize, &str, &str, &str)] = &[
         "",
         "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]",
     ),
+    (
+        "layout overrides: fc1's batch over (dp, mp), fc2 row parallel",
+        4,
+        "momentum",
+        "",
+        "data_parallel = 2\nmodel_parallel = 2\n[parallel.mesh]\ndevice_matrix = [2, 2]\nalias_name = [\"dp\", \"mp\"]\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[[\"dp\", \"mp\"], \"None\", \"None\"], [\"None\", \"None\"]]\n\"blocks.*.mlp.fc2\" = [[\"dp\", \"None\", \"mp\"], [\"None\", \"mp\"]]",
+    ),
     ("adam, mp 2", 2, "adam", "", "model_parallel = 2"),
 ];
 
@@ -163,11 +174,21 @@ fn gpt_configurations_match_one_device() {
         let key = (*optimizer, *model_extra);
         if !references.contains_key(&key) {
             let out = tmp.path().join(format!("sa-{}", references.len()));
-            let reference = train(&config(&out, optimizer, model_extra, "mode = \"stand_alone\""));
+            let reference = train(&config(
+                &out,
+                optimizer,
+                model_extra,
+                "mode = \"stand_alone\"",
+            ));
             references.insert(key, reference);
         }
         let out = tmp.path().join(format!("case-{i}"));
-        let run = train(&config(&out, optimizer, model_extra, &semi(*devices, parallel)));
+        let run = train(&config(
+            &out,
+            optimizer,
+            model_extra,
+            &semi(*devices, parallel),
+        ));
         assert_same_run(name, &run, &references[&key]);
     }
 }
@@ -211,7 +232,10 @@ fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
     let keys = "data_parallel = 2\nmodel_parallel = 2";
     let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
     let plan = session.train.explain();
-    assert!(plan.contains("reshard blocks.0.attn.proj.matmul: all-reduce"), "{plan}");
+    assert!(
+        plan.contains("reshard blocks.0.attn.proj.matmul: all-reduce"),
+        "{plan}"
+    );
 }
 
 #[test]
@@ -231,8 +255,14 @@ fn glob_and_cell_keys_override_the_cells_strategies() {
         let fc2 = &strategies[&format!("blocks.{block}.mlp.fc2.matmul")];
         assert_eq!(fc2, &vec![vec![2, 1, 2], vec![1, 2]]);
     }
-    assert_eq!(strategies["blocks.1.attn.q.bias_add"], vec![vec![4, 1, 1], vec![1]]);
-    assert_eq!(strategies["blocks.0.attn.q.bias_add"], vec![vec![2, 1, 2], vec![2]]);
+    assert_eq!(
+        strategies["blocks.1.attn.q.bias_add"],
+        vec![vec![4, 1, 1], vec![1]]
+    );
+    assert_eq!(
+        strategies["blocks.0.attn.q.bias_add"],
+        vec![vec![2, 1, 2], vec![2]]
+    );
     // A key that matches no op is an error naming it.
     let keys = "model_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc9\" = [[2, 1, 1], [1, 1]]";
     let err = Session::new(&config(tmp.path(), "momentum", "", &semi(2, keys))).unwrap_err();
@@ -272,7 +302,10 @@ fn generate_continues_a_prompt_from_a_checkpoint_of_any_strategy() {
     assert!(greedy.starts_with("And God said"), "{greedy}");
     assert_eq!(greedy.chars().count(), "And God said".len() + 20);
     // The model-parallel checkpoint, merged on load, continues the same way.
-    assert_eq!(runtime::generate(&sharded, &options(0.0, 1)).unwrap(), greedy);
+    assert_eq!(
+        runtime::generate(&sharded, &options(0.0, 1)).unwrap(),
+        greedy
+    );
     // Sampling is a function of the seed.
     let a = runtime::generate(&alone, &options(1.0, 7)).unwrap();
     assert_eq!(a, runtime::generate(&alone, &options(1.0, 7)).unwrap());

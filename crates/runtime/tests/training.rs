@@ -288,3 +288,44 @@ fn a_custom_network_with_biases_and_layer_norm_matches_one_device() {
         );
     }
 }
+
+/// Strategies given as MindSpore layouts on a (dp, sp, mp) = (2, 2, 2) mesh, with the batch
+/// split over two axes and matmul2's reduction dim split over two (a pending sum).
+const LAYOUT_SHARDS: &str = r#"
+dataset_strategy = [[["dp", "sp"], "None", "None"], [["dp", "sp"]]]
+[parallel.mesh]
+device_matrix = [2, 2, 2]
+alias_name = ["dp", "sp", "mp"]
+[parallel.shard]
+matmul1 = [[["dp", "sp"], "None"], ["None", "mp"]]
+relu1 = [[["dp", "sp"], "mp"]]
+matmul2 = [["dp", ["sp", "mp"]], [["sp", "mp"], "None"]]
+matmul3 = [[["dp", "sp"], "mp"], ["mp", "None"]]
+[parallel.out_shard]
+matmul2 = [[["dp", "sp", "mp"], "None"]]
+"#;
+
+#[test]
+fn layout_valued_strategies_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = train(&config(
+        &tmp.path().join("sa"),
+        "momentum",
+        "devices = 1\nmode = \"stand_alone\"",
+        &[],
+    ));
+    let parallel = format!("devices = 8\nmode = \"semi_auto\"\n{LAYOUT_SHARDS}");
+    let out = tmp.path().join("layouts");
+    let cfg = config(&out, "momentum", &parallel, &[]);
+    let session = Session::new(&cfg).unwrap();
+    // Strategy files record the layouts' split factors.
+    let recorded: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
+        .op_strategies()
+        .into_iter()
+        .map(|r| (r.name, r.inputs))
+        .collect();
+    assert_eq!(recorded["matmul1"], vec![vec![4, 1], vec![1, 2]]);
+    assert_eq!(recorded["matmul2"], vec![vec![2, 4], vec![4, 1]]);
+    let run = train(&cfg);
+    assert_same_run("layout-valued strategies", &run, &reference);
+}

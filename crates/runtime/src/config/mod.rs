@@ -20,8 +20,9 @@
 //!
 //! # Modules
 //! [`values`] reads typed values out of TOML tables; [`sections`] reads each section into its
-//! config struct.
+//! config struct; [`layouts`] reads `[parallel.mesh]` and layout-valued strategy entries.
 
+mod layouts;
 mod sections;
 mod values;
 
@@ -222,6 +223,7 @@ pub struct TrainConfig {
     data: DataConfig,
     parallel: ParallelConfig,
     strategy_file: Option<PathBuf>,
+    strategy_file_only_for_trainable_params: bool,
     gpt_parallel: GptParallelKeys,
     optimizer: OptimizerConfig,
     train: TrainLoopConfig,
@@ -307,6 +309,7 @@ impl TrainConfig {
             data,
             parallel,
             strategy_file: None,
+            strategy_file_only_for_trainable_params: true,
             gpt_parallel: GptParallelKeys::default(),
             optimizer,
             train,
@@ -364,6 +367,20 @@ impl TrainConfig {
     /// MindSpore's `load_param_strategy_file`.
     pub fn strategy_file(&self) -> Option<&Path> {
         self.strategy_file.as_deref()
+    }
+
+    /// `parallel.strategy_file_only_for_trainable_params` (MindSpore's
+    /// `stra_file_only_trainable_params`, default `true`): the strategy file describes only the
+    /// trainable parameters (and their optimizer state), so a checkpoint saves and a resume
+    /// loads only those; `false` adds the non-trainable parameters.
+    pub fn strategy_file_only_for_trainable_params(&self) -> bool {
+        self.strategy_file_only_for_trainable_params
+    }
+
+    /// The same config with `parallel.strategy_file_only_for_trainable_params` set to `only`.
+    pub fn with_strategy_file_only_for_trainable_params(mut self, only: bool) -> TrainConfig {
+        self.strategy_file_only_for_trainable_params = only;
+        self
     }
 
     /// `[parallel]`'s MindFormers keys (the GPT's strategies).

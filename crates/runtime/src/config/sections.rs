@@ -3,12 +3,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use layout::Layout;
+use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
 use toml::{Table, Value};
+
+use super::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
 
 use super::values::{
     config_error, one_of, path_reader, read_bool, read_count, read_device_count, read_enum,
-    read_float, read_positive, read_strategy, wrong_type, Section,
+    read_float, read_positive, wrong_type, Section,
 };
 use super::{
     DataConfig, DataFormat, GptKeys, GptParallelKeys, ModelConfig, ModelName, OutputConfig,
@@ -75,7 +78,9 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "loss_repeated_mean",
     "shard",
     "out_shard",
+    "mesh",
     "strategy_file",
+    "strategy_file_only_for_trainable_params",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -146,6 +151,8 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     check_model_data(&model, &data)?;
     let mut parallel_section = take_section(&mut root, "parallel", PARALLEL_KEYS, false)?;
     let gpt_parallel = read_gpt_parallel(&mut parallel_section, model.name, &mut warnings)?;
+    let strategy_file_only_for_trainable_params =
+        parallel_section.or("strategy_file_only_for_trainable_params", true, read_bool)?;
     let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
@@ -157,6 +164,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         data,
         parallel,
         strategy_file,
+        strategy_file_only_for_trainable_params,
         gpt_parallel,
         optimizer,
         train,
@@ -167,7 +175,13 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
 
 /// Records a warning for every key of `keys` present in `s`, which has no effect because
 /// `why`; the keys are removed.
-fn discard_unused(s: &mut Section, section: &str, keys: &[&str], why: &str, warnings: &mut Vec<String>) {
+fn discard_unused(
+    s: &mut Section,
+    section: &str,
+    keys: &[&str],
+    why: &str,
+    warnings: &mut Vec<String>,
+) {
     for key in keys {
         if s.discard(key) {
             warnings.push(format!("{section}.{key} has no effect {why}"));
@@ -185,7 +199,13 @@ fn read_model(mut s: Section, warnings: &mut Vec<String>) -> Result<ModelConfig,
     })?;
     let hidden = s.require("hidden", read_positive)?;
     if name != ModelName::Gpt {
-        discard_unused(&mut s, "model", GPT_MODEL_KEYS, "unless model.name = \"gpt\"", warnings);
+        discard_unused(
+            &mut s,
+            "model",
+            GPT_MODEL_KEYS,
+            "unless model.name = \"gpt\"",
+            warnings,
+        );
         return Ok(ModelConfig {
             name,
             hidden,
@@ -259,7 +279,13 @@ fn read_gpt_parallel(
     warnings: &mut Vec<String>,
 ) -> Result<GptParallelKeys, RuntimeError> {
     if model != ModelName::Gpt {
-        discard_unused(s, "parallel", GPT_PARALLEL_KEYS, "unless model.name = \"gpt\"", warnings);
+        discard_unused(
+            s,
+            "parallel",
+            GPT_PARALLEL_KEYS,
+            "unless model.name = \"gpt\"",
+            warnings,
+        );
         return Ok(GptParallelKeys::default());
     }
     Ok(GptParallelKeys {
@@ -297,7 +323,13 @@ fn read_data(
             text: Some(text),
         });
     }
-    discard_unused(&mut s, "data", TEXT_DATA_KEYS, "with data.format = \"idx\"", warnings);
+    discard_unused(
+        &mut s,
+        "data",
+        TEXT_DATA_KEYS,
+        "with data.format = \"idx\"",
+        warnings,
+    );
     let dir = s.require("dir", path_reader(base))?;
     let batch_size = s.require("batch_size", read_positive)?;
     let shuffle = s.or("shuffle", true, read_bool)?;
@@ -371,39 +403,53 @@ fn read_text_keys(
         char_tokens,
         val_fraction,
         dtype,
-        vocab_size: if format == DataFormat::Text { None } else { vocab_size },
+        vocab_size: if format == DataFormat::Text {
+            None
+        } else {
+            vocab_size
+        },
         steps_per_epoch: s.or("steps_per_epoch", 100, |key, v| {
             read_positive(key, v).map(|n| n as u64)
         })?,
-        eval_batches: s.or("eval_batches", 4, |key, v| read_positive(key, v).map(|n| n as u64))?,
+        eval_batches: s.or("eval_batches", 4, |key, v| {
+            read_positive(key, v).map(|n| n as u64)
+        })?,
     })
 }
 
-fn read_dataset_strategy(key: &str, value: Value) -> Result<DatasetStrategy, RuntimeError> {
+fn read_dataset_strategy(
+    key: &str,
+    value: Value,
+    mesh: Option<&Layout>,
+) -> Result<DatasetStrategy, RuntimeError> {
     match value {
         Value::String(text) => match text.as_str() {
             "data_parallel" => Ok(DatasetStrategy::DataParallel),
             "full_batch" => Ok(DatasetStrategy::FullBatch),
             _ => Err(config_error(
                 key,
-                format!("unknown value \"{text}\" (valid: data_parallel, full_batch, or a list of per-input tuples like [[8, 1, 1], [8]])"),
+                format!("unknown value \"{text}\" (valid: data_parallel, full_batch, or a list of per-input tuples like [[8, 1, 1], [8]] or layouts like [[\"dp\", \"None\", \"None\"], [\"dp\"]])"),
             )),
         },
-        other => read_strategy(key, other).map(DatasetStrategy::PerInput),
+        other => read_strategy_entry(key, other, mesh).map(StrategyEntry::into_dataset_strategy),
     }
 }
 
-/// `[parallel.shard]` or `[parallel.out_shard]`: op name → strategy.
+/// `[parallel.shard]` or `[parallel.out_shard]`: op name → strategy (split tuples or layouts on
+/// `mesh`).
 fn read_strategy_table(
     key: &str,
     value: Value,
-) -> Result<BTreeMap<String, Vec<Vec<usize>>>, RuntimeError> {
+    mesh: Option<&Layout>,
+) -> Result<BTreeMap<String, StrategyEntry>, RuntimeError> {
     let Value::Table(table) = value else {
         return Err(wrong_type(key, "a table of op name = strategy", &value));
     };
     table
         .into_iter()
-        .map(|(op, strategy)| read_strategy(&format!("{key}.{op}"), strategy).map(|s| (op, s)))
+        .map(|(op, strategy)| {
+            read_strategy_entry(&format!("{key}.{op}"), strategy, mesh).map(|s| (op, s))
+        })
         .collect()
 }
 
@@ -418,15 +464,15 @@ fn read_parallel(
     })?;
     let devices_given = s.has("devices");
     let devices = s.or("devices", 1, read_device_count)?;
-    let dataset_strategy = s.or(
-        "dataset_strategy",
-        DatasetStrategy::DataParallel,
-        read_dataset_strategy,
-    )?;
+    let mesh = s.get("mesh", read_mesh)?;
+    let dataset_strategy = s.or("dataset_strategy", DatasetStrategy::DataParallel, |k, v| {
+        read_dataset_strategy(k, v, mesh.as_ref())
+    })?;
     let gradients_mean = s.or("gradients_mean", true, read_bool)?;
     let loss_repeated_mean = s.or("loss_repeated_mean", true, read_bool)?;
-    let shard = s.or("shard", BTreeMap::new(), read_strategy_table)?;
-    let mut out_shard = s.or("out_shard", BTreeMap::new(), read_strategy_table)?;
+    let strategy_table = |k: &str, v| read_strategy_table(k, v, mesh.as_ref());
+    let shard = s.or("shard", BTreeMap::new(), strategy_table)?;
+    let mut out_shard = s.or("out_shard", BTreeMap::new(), strategy_table)?;
     let strategy_file = s.get("strategy_file", path_reader(base))?;
     if let Some(op) = out_shard.keys().find(|op| !shard.contains_key(*op)) {
         return Err(config_error(
@@ -445,11 +491,21 @@ fn read_parallel(
             "parallel.devices = {devices} has no effect in mode \"stand_alone\" (it runs on 1 device)"
         ));
     }
+    let is_layouts = |e: &StrategyEntry| matches!(e, StrategyEntry::Layouts(_));
+    let uses_layouts = matches!(dataset_strategy, DatasetStrategy::Layouts(_))
+        || shard.values().chain(out_shard.values()).any(is_layouts);
+    if mesh.is_some() && !uses_layouts {
+        warnings.push(
+            "[parallel.mesh] has no effect: no entry of parallel.shard, parallel.out_shard or \
+             parallel.dataset_strategy is a layout"
+                .to_string(),
+        );
+    }
     let strategies = shard
         .into_iter()
         .map(|(op, inputs)| {
             let outputs = out_shard.remove(&op);
-            (op, OpStrategy { inputs, outputs })
+            (op, inputs.into_op_strategy(outputs))
         })
         .collect();
     let parallel = ParallelConfig {

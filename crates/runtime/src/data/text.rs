@@ -273,10 +273,12 @@ fn largest_id(file: &File, path: &Path, dtype: TokenDtype) -> Result<u32, Runtim
     let mut offset = 0u64;
     let mut largest = 0u32;
     loop {
-        let n = file.read_at(&mut chunk, offset).map_err(|e| RuntimeError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let n = file
+            .read_at(&mut chunk, offset)
+            .map_err(|e| RuntimeError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
         if n == 0 {
             return Ok(largest);
         }

@@ -1,0 +1,187 @@
+//! Layout-valued strategies in the config: `[parallel.mesh]` and per-dim alias entries in
+//! `[parallel.shard]`, `[parallel.out_shard]` and `parallel.dataset_strategy`; and
+//! `parallel.strategy_file_only_for_trainable_params`.
+
+use layout::{DimSpec, Layout};
+use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+
+use crate::config::{file_error, parse_with, MINIMAL};
+
+/// `MINIMAL` with a `[parallel]` section of `body` (semi_auto on 8 devices).
+fn with_parallel(body: &str) -> String {
+    format!("{MINIMAL}[parallel]\ndevices = 8\nmode = \"semi_auto\"\n{body}\n")
+}
+
+const MESH: &str =
+    "[parallel.mesh]\ndevice_matrix = [2, 2, 2]\nalias_name = [\"dp\", \"sp\", \"mp\"]";
+
+fn lay(entries: &[&str]) -> Layout {
+    let base = Layout::new(&[2, 2, 2], &["dp", "sp", "mp"], None).unwrap();
+    let specs: Vec<DimSpec> = entries.iter().map(|e| DimSpec::parse(e)).collect();
+    base.apply(&specs).unwrap()
+}
+
+#[test]
+fn layout_entries_parse_beside_tuple_entries() {
+    let text = with_parallel(&format!(
+        "dataset_strategy = [[[\"dp\", \"sp\"], \"None\", \"None\"], [[\"dp\", \"sp\"]]]\n{MESH}\n\
+         [parallel.shard]\n\
+         matmul1 = [[[\"dp\", \"sp\"], \"None\"], [\"None\", \"mp\"]]\n\
+         \"blocks.*.mlp.fc1.matmul\" = [[\"dp\", \"None\", \"None\"], [\"mp\", \"None\"]]\n\
+         matmul2 = [[2, 4], [4, 1]]\n\
+         [parallel.out_shard]\n\
+         matmul2 = [[[\"dp\", \"sp\", \"mp\"], \"None\"]]"
+    ));
+    let config = parse_with(&text, &[]).unwrap();
+    let mut want = ParallelConfig::new(ParallelMode::SemiAuto, 8)
+        .shard_layouts(
+            "matmul1",
+            vec![lay(&["dp+sp", "None"]), lay(&["None", "mp"])],
+            None,
+        )
+        .shard_layouts(
+            "blocks.*.mlp.fc1.matmul",
+            vec![lay(&["dp", "None", "None"]), lay(&["mp", "None"])],
+            None,
+        );
+    want.strategies.insert(
+        "matmul2".to_string(),
+        OpStrategy::from_tuples(vec![vec![2, 4], vec![4, 1]], None)
+            .with_out_layouts(vec![lay(&["dp+sp+mp", "None"])]),
+    );
+    want.dataset_strategy =
+        DatasetStrategy::Layouts(vec![lay(&["dp+sp", "None", "None"]), lay(&["dp+sp"])]);
+    assert_eq!(config.parallel_config(), want);
+    // The split tuples strategy files record come from the layouts.
+    let matmul1 = &config.parallel_config().strategies["matmul1"];
+    assert_eq!(matmul1.inputs, vec![vec![4, 1], vec![1, 2]]);
+    assert_eq!(
+        config.parallel_config().strategies["matmul2"].outputs,
+        Some(vec![vec![8, 1]])
+    );
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+    // A mesh no entry uses is warned about.
+    let text = with_parallel(MESH);
+    let config = parse_with(&text, &[]).unwrap();
+    assert!(
+        config
+            .warnings()
+            .iter()
+            .any(|w| w.contains("[parallel.mesh] has no effect")),
+        "{:?}",
+        config.warnings()
+    );
+    // An override sets a layout entry too.
+    let config = parse_with(&text, &["parallel.shard.relu1=[[\"dp\", \"mp\"]]"]).unwrap();
+    assert_eq!(
+        config.parallel_config().strategies["relu1"].in_layouts,
+        Some(vec![lay(&["dp", "mp"])])
+    );
+}
+
+#[test]
+fn bad_layout_entries_name_the_key_and_the_rule() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "[parallel.shard]\nmatmul1 = [[\"dp\", \"None\"], [\"None\", \"mp\"]]",
+            "parallel.shard.matmul1",
+            "needs [parallel.mesh]",
+        ),
+        (
+            "dataset_strategy = [[\"dp\", \"None\", \"None\"], [\"dp\"]]",
+            "parallel.dataset_strategy",
+            "needs [parallel.mesh]",
+        ),
+        (
+            &format!("{MESH}\n[parallel.shard]\nmatmul1 = [[\"xp\", \"None\"], [\"None\", \"mp\"]]"),
+            "parallel.shard.matmul1",
+            "[0]: The axis xp is not found in ('dp', 'sp', 'mp')",
+        ),
+        (
+            &format!("{MESH}\n[parallel.shard]\nmatmul1 = [[\"dp\", \"None\"], [\"mp\", \"mp\"]]"),
+            "parallel.shard.matmul1",
+            "[1]: The axis mp has been set more than one",
+        ),
+        (
+            &format!("{MESH}\n[parallel.shard]\nmatmul1 = [[[\"dp\", \"sp\"], \"dp\"], [\"None\", \"mp\"]]"),
+            "parallel.shard.matmul1",
+            "The axis dp has been set more than one",
+        ),
+        (
+            &format!("{MESH}\n[parallel.shard]\nmatmul1 = [[\"dp\", \"None\"], [1, 2]]"),
+            "parallel.shard.matmul1",
+            "mixes split tuples and layouts",
+        ),
+        (
+            &format!("{MESH}\n[parallel.shard]\nmatmul1 = [[\"dp\", 2], [\"None\", \"mp\"]]"),
+            "parallel.shard.matmul1",
+            "[0][1] is integer 2: a layout dim is an alias, \"None\" or a non-empty list of aliases",
+        ),
+        (
+            &format!("{MESH}\n[parallel.shard]\nmatmul1 = [[[], \"None\"], [\"None\", \"mp\"]]"),
+            "parallel.shard.matmul1",
+            "[0][0] is array []",
+        ),
+        (
+            "[parallel.mesh]\ndevice_matrix = [2, 4]\nalias_name = [\"dp\", \"dp\"]",
+            "parallel.mesh.alias_name",
+            "dp",
+        ),
+        (
+            "[parallel.mesh]\ndevice_matrix = [2, 4]\nalias_name = [\"dp\", \"None\"]",
+            "parallel.mesh.alias_name",
+            "None",
+        ),
+        (
+            "[parallel.mesh]\ndevice_matrix = [2, 4]\nalias_name = [\"dp\"]",
+            "parallel.mesh.alias_name",
+            "",
+        ),
+        (
+            "[parallel.mesh]\ndevice_matrix = [2, 0]\nalias_name = [\"dp\", \"mp\"]",
+            "parallel.mesh.device_matrix[1]",
+            "must be ≥ 1",
+        ),
+        (
+            "[parallel.mesh]\ndevice_matrix = [4194304, 4194304]\nalias_name = [\"dp\", \"mp\"]",
+            "parallel.mesh.device_matrix",
+            "",
+        ),
+        (
+            "[parallel.mesh]\ndevice_matrix = [8]",
+            "parallel.mesh.alias_name",
+            "missing required key",
+        ),
+        (
+            "[parallel.mesh]\ndevice_matrix = [8]\nalias_name = [\"dp\"]\nrank_list = [0]",
+            "parallel.mesh.rank_list",
+            "unknown key",
+        ),
+    ];
+    for (body, want_key, needle) in cases {
+        let (key, reason) = file_error(parse_with(&with_parallel(body), &[]));
+        assert_eq!(&key, want_key, "{body}: {reason}");
+        assert!(
+            reason.contains(needle),
+            "{body}: {reason:?} lacks {needle:?}"
+        );
+    }
+}
+
+#[test]
+fn strategy_file_only_for_trainable_params_defaults_to_true() {
+    let config = parse_with(&with_parallel(""), &[]).unwrap();
+    assert!(config.strategy_file_only_for_trainable_params());
+    let config = parse_with(
+        &with_parallel("strategy_file_only_for_trainable_params = false"),
+        &[],
+    )
+    .unwrap();
+    assert!(!config.strategy_file_only_for_trainable_params());
+    let (key, reason) = file_error(parse_with(
+        &with_parallel("strategy_file_only_for_trainable_params = 1"),
+        &[],
+    ));
+    assert_eq!(key, "parallel.strategy_file_only_for_trainable_params");
+    assert!(reason.contains("expected a boolean"), "{reason}");
+}
