@@ -371,6 +371,12 @@ impl GraphBuilder {
         softmax => Op::Softmax;
         /// Log-softmax over the last dim.
         log_softmax => Op::LogSoftmax;
+        /// `e^x`.
+        exp => Op::Exp;
+        /// `ln x`.
+        log => Op::Log;
+        /// `x`, through which no gradient flows.
+        stop_gradient => Op::StopGradient;
     }
 
     /// GeLU, the tanh approximation if `approximate`.
@@ -483,6 +489,35 @@ impl GraphBuilder {
             keep_dims,
         };
         self.op1(name, op, &[x])
+    }
+
+    /// Maximum over `axes` (all when empty); not differentiable (see [`Op::ReduceMax`]).
+    pub fn reduce_max(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        axes: &[usize],
+        keep_dims: bool,
+    ) -> Result<ValueId, GraphError> {
+        let op = Op::ReduceMax {
+            axes: axes.to_vec(),
+            keep_dims,
+        };
+        self.op1(name, op, &[x])
+    }
+
+    /// One-hot rows `[..., depth]` of the builder's float dtype for integer `labels [...]`.
+    pub fn one_hot(
+        &mut self,
+        name: &str,
+        labels: ValueId,
+        depth: usize,
+    ) -> Result<ValueId, GraphError> {
+        let op = Op::OneHot {
+            depth,
+            dtype: self.float_dtype,
+        };
+        self.op1(name, op, &[labels])
     }
 
     /// Inverted dropout keeping elements with probability `keep_prob`.

@@ -219,3 +219,30 @@ fn fan_out_gradients_accumulate() {
     })
     .unwrap();
 }
+
+#[test]
+fn exp_and_log() {
+    check_op("exp", Op::Exp, &[&[3, 4]]);
+    check_gradients("log", |b| {
+        // ln(x² + 1): a positive argument for any x.
+        let x = param(b, "x", &[3, 4])?;
+        let square = b.mul("square", x, x)?;
+        let one = b.fill("one", &[], 1.0)?;
+        let positive = b.add("positive", square, one)?;
+        Ok((b.log("log", positive)?, Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
+fn the_composite_cross_entropy_matches_finite_differences() {
+    // The max shift is a constant to autodiff, but the loss does not depend on it: finite
+    // differences (which do move the max) agree.
+    check_gradients("composite cross entropy", |b| {
+        let logits = param(b, "logits", &[4, 5])?;
+        let labels = b.input("labels", &[4], DType::I32)?;
+        let loss = b.vocab_parallel_cross_entropy("xent", logits, labels, 4)?;
+        Ok((loss, vec![(labels, indices(&[4], 5, 1))]))
+    })
+    .unwrap();
+}

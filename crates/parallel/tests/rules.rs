@@ -252,3 +252,35 @@ fn reshape_strategies_keep_outermost_splits_and_name_refused_dims() {
         "{err}"
     );
 }
+
+#[test]
+fn reduce_max_leaves_a_pending_max_and_one_hot_splits_its_classes() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[4, 6], DType::F32).unwrap();
+    let labels = b.input("labels", &[4], DType::I32).unwrap();
+    b.reduce_max("max", x, &[1], true).unwrap();
+    b.one_hot("hot", labels, 6).unwrap();
+    let g = b.finish();
+    let semi = |hot: &[usize]| ParallelConfig {
+        dataset_strategy: parallel::DatasetStrategy::FullBatch,
+        ..ParallelConfig::new(ParallelMode::SemiAuto, 4)
+            .shard("max", &[&[2, 2]])
+            .shard("hot", &[hot])
+    };
+    let placed = place(&g, &semi(&[2, 2])).unwrap();
+    let max = &placed.nodes[g.node_by_name("max").unwrap().0].outputs[0];
+    assert_eq!(max.pending_op(), reshard::PendingOp::Max);
+    assert_eq!(max.partial_axes(), &[1]);
+    assert_eq!(max.layout().slice_shape(), &[2, 1]);
+    let hot = &placed.nodes[g.node_by_name("hot").unwrap().0];
+    assert_eq!(hot.inputs[0].slice_shape(), &[2]);
+    assert_eq!(hot.outputs[0].layout().slice_shape(), &[2, 3]);
+    assert!(!hot.outputs[0].is_partial());
+    let err = place(&g, &semi(&[2])).unwrap_err().to_string();
+    assert!(err.contains("one factor per output dim of [4, 6]"), "{err}");
+    let err = place(&g, &semi(&[1, 4])).unwrap_err().to_string();
+    assert!(
+        err.contains("output dim 1 has size 6, which 4 does not divide"),
+        "{err}"
+    );
+}

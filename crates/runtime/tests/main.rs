@@ -8,6 +8,7 @@ mod idx_data;
 mod optimizer;
 mod reproducibility;
 mod sharded;
+mod sharded_cross_entropy;
 mod sharded_embedding;
 mod sharded_reshape;
 mod text_data;

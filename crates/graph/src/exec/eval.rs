@@ -6,6 +6,8 @@ use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
+use crate::exec::one_hot::{one_hot_into, Columns};
+use crate::exec::reduce_max::reduce_max_into;
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
 
@@ -56,6 +58,13 @@ impl EvalCtx<'_> {
             },
             None => RowBlock::whole(rows),
         }
+    }
+
+    /// The first column of the output's block of its last dim (0 when the output is whole).
+    fn output_first_column(&self) -> usize {
+        self.placement
+            .and_then(|p| p.offset.last().copied())
+            .unwrap_or(0)
     }
 
     /// The rows of the output's block of dim 0 (of `rows` local rows).
@@ -139,6 +148,11 @@ fn min_rank(t: &Tensor, ndim: usize, operand: &str, ctx: &EvalCtx<'_>) -> Result
     }
 }
 
+/// The last dim of `t`, 0 for a scalar.
+fn last_dim_or_zero(t: &Tensor) -> usize {
+    t.shape().last().copied().unwrap_or(0)
+}
+
 /// The last dim of `t` (callers checked its rank).
 fn last_dim(t: &Tensor) -> usize {
     t.shape()[t.ndim() - 1]
@@ -179,6 +193,8 @@ fn gelu_form(approximate: bool) -> GeluForm {
 fn unary_kernel(op: &Op) -> Option<UnaryOp> {
     Some(match op {
         Op::Neg => UnaryOp::Neg,
+        Op::Exp => UnaryOp::Exp,
+        Op::Log => UnaryOp::Log,
         Op::Relu | Op::ReluGrad => UnaryOp::Relu,
         Op::Tanh | Op::TanhGrad => UnaryOp::Tanh,
         Op::Gelu { approximate } | Op::GeluGrad { approximate } => {
@@ -330,7 +346,7 @@ fn eval_typed<T: Float + Element>(
             kernels::layer_norm_grad_into(saved, read::<T>(inputs[1], ctx)?, buffers)
                 .map_err(kernel())
         }
-        Op::Flatten { .. } | Op::Reshape { .. } => {
+        Op::Flatten { .. } | Op::Reshape { .. } | Op::StopGradient => {
             let (x, out) = (inputs[0], &mut outputs[0]);
             if x.dtype() != out.dtype() || x.n_elements() != out.n_elements() {
                 return Err(mismatch(ctx, "output 0", x.shape(), x.dtype(), out));
@@ -379,6 +395,24 @@ fn eval_typed<T: Float + Element>(
             }
             let kept = (!keep_dims).then(|| reduced_shape(x.shape(), axes, true));
             sum_into::<T>(x, out, kept.as_deref(), ctx)
+        }
+        Op::ReduceMax { axes, .. } => {
+            let x = inputs[0];
+            let xs = read::<T>(x, ctx)?;
+            let out = write::<T>(&mut outputs[0], ctx)?;
+            reduce_max_into(xs, x.shape(), axes, out).map_err(kernel())
+        }
+        Op::OneHot { depth, .. } => {
+            let columns = Columns {
+                first: ctx.output_first_column(),
+                local: last_dim_or_zero(&outputs[0]),
+                depth: *depth,
+            };
+            let out = write::<T>(&mut outputs[0], ctx)?;
+            with_ids!(inputs[0], ctx, op, |labels| one_hot_into(
+                labels, columns, out
+            )
+            .map_err(kernel()))
         }
         Op::Embedding => {
             let (table, out) = (inputs[0], &mut outputs[0]);
@@ -464,6 +498,8 @@ fn eval_typed<T: Float + Element>(
         | Op::Mul
         | Op::Div
         | Op::Neg
+        | Op::Exp
+        | Op::Log
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh

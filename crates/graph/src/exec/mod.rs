@@ -8,6 +8,8 @@
 mod dropout;
 mod eval;
 mod executor;
+mod one_hot;
+mod reduce_max;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
 pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};

@@ -93,6 +93,9 @@ pub fn input_layouts(
     strategy: &[Vec<usize>],
     devices: usize,
 ) -> Result<InputPlacement, ParallelError> {
+    if let Op::OneHot { .. } = ctx.op {
+        return one_hot(ctx, strategy, devices);
+    }
     check_divides(ctx, strategy)?;
     let s = strategy;
     match ctx.op {
@@ -239,10 +242,17 @@ pub fn input_layouts(
             }
             elementwise(ctx, s, devices)
         }
-        Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Neg | Op::Dropout { .. } => {
+        Op::Relu
+        | Op::Gelu { .. }
+        | Op::Tanh
+        | Op::Neg
+        | Op::Exp
+        | Op::Log
+        | Op::StopGradient
+        | Op::Dropout { .. } => elementwise(ctx, s, devices),
+        Op::Transpose { .. } | Op::ReduceSum { .. } | Op::ReduceMax { .. } => {
             elementwise(ctx, s, devices)
         }
-        Op::Transpose { .. } | Op::ReduceSum { .. } => elementwise(ctx, s, devices),
         Op::LayerNorm { .. } => {
             let r = s[0].len();
             if s[0][r - 1] != 1 {
@@ -306,6 +316,41 @@ pub fn input_layouts(
             other.kind()
         ))),
     }
+}
+
+/// OneHot, whose strategy is its output's (as MindSpore's): `[[rows..., classes]]`. The labels
+/// are split like the rows; the class axis splits only the output.
+fn one_hot(
+    ctx: &OpContext<'_>,
+    s: &[Vec<usize>],
+    devices: usize,
+) -> Result<InputPlacement, ParallelError> {
+    let out = ctx.output_shapes[0];
+    let [entry] = s else {
+        return Err(ctx.invalid(
+            s,
+            "a OneHot takes one entry: the split of its output [labels dims..., classes]",
+        ));
+    };
+    if entry.len() != out.len() {
+        return Err(ctx.invalid(
+            s,
+            format!(
+                "the entry must have one factor per output dim of {out:?} (labels dims, then classes)"
+            ),
+        ));
+    }
+    if let Some(d) = (0..out.len()).find(|&d| entry[d] == 0 || out[d] % entry[d] != 0) {
+        return Err(ctx.invalid(
+            s,
+            format!(
+                "output dim {d} has size {}, which {} does not divide",
+                out[d], entry[d]
+            ),
+        ));
+    }
+    let labels = (0..out.len() - 1).map(|d| vec![d]).collect();
+    place(ctx, s, entry, &names("d", out.len()), devices, vec![labels])
 }
 
 /// Unary and single-input ops: the device matrix is the strategy itself.
@@ -385,6 +430,15 @@ fn broadcast_binary(
     place(ctx, s, &dev, &names("d", r), devices, inputs)
 }
 
+/// The strategy that splits nothing (one device): all ones, one entry per input (for a OneHot,
+/// whose strategy is its output's, one entry for the output).
+pub fn unsplit_strategy(ctx: &OpContext<'_>) -> Vec<Vec<usize>> {
+    match ctx.op {
+        Op::OneHot { .. } => vec![vec![1; ctx.output_shapes[0].len()]],
+        _ => ctx.input_shapes.iter().map(|s| vec![1; s.len()]).collect(),
+    }
+}
+
 /// MindSpore's default for an op without a user strategy: data parallel, dim 0 of every input
 /// whose dim 0 is the batch (the output's dim 0) split over the devices, everything else whole.
 /// When the batch does not divide by the device count, it is split by the largest number that
@@ -417,6 +471,7 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             vec![1; ctx.input_shapes[1].len()],
         ],
         Op::Embedding => vec![vec![1, 1], batch_split(ctx.input_shapes[1], true)],
+        Op::OneHot { .. } => vec![batch_split(ctx.output_shapes[0], true)],
         Op::SparseSoftmaxCrossEntropy { .. } => {
             let b = gcd(ctx.input_shapes[0][0], devices);
             vec![vec![b, 1], vec![b]]
