@@ -49,6 +49,23 @@ macro_rules! binary_methods {
     )*};
 }
 
+/// Declares builder methods for reductions over axes (ops with `axes` and `keep_dims`).
+macro_rules! reduce_methods {
+    ($($(#[$doc:meta])* $method:ident => $op:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $method(
+            &mut self,
+            name: &str,
+            x: ValueId,
+            axes: &[usize],
+            keep_dims: bool,
+        ) -> Result<ValueId, GraphError> {
+            let axes = axes.to_vec();
+            self.op1(name, Op::$op { axes, keep_dims }, &[x])
+        }
+    )*};
+}
+
 impl GraphBuilder {
     /// A builder whose parameters are f32.
     pub fn new() -> GraphBuilder {
@@ -476,34 +493,11 @@ impl GraphBuilder {
         )
     }
 
-    /// Sum over `axes` (all when empty).
-    pub fn reduce_sum(
-        &mut self,
-        name: &str,
-        x: ValueId,
-        axes: &[usize],
-        keep_dims: bool,
-    ) -> Result<ValueId, GraphError> {
-        let op = Op::ReduceSum {
-            axes: axes.to_vec(),
-            keep_dims,
-        };
-        self.op1(name, op, &[x])
-    }
-
-    /// Maximum over `axes` (all when empty); not differentiable (see [`Op::ReduceMax`]).
-    pub fn reduce_max(
-        &mut self,
-        name: &str,
-        x: ValueId,
-        axes: &[usize],
-        keep_dims: bool,
-    ) -> Result<ValueId, GraphError> {
-        let op = Op::ReduceMax {
-            axes: axes.to_vec(),
-            keep_dims,
-        };
-        self.op1(name, op, &[x])
+    reduce_methods! {
+        /// Sum over `axes` (all when empty).
+        reduce_sum => ReduceSum;
+        /// Maximum over `axes` (all when empty); not differentiable (see [`Op::ReduceMax`]).
+        reduce_max => ReduceMax;
     }
 
     /// One-hot rows `[..., depth]` of the builder's float dtype for integer `labels [...]`.

@@ -12,16 +12,20 @@ pub(crate) fn reduce_max_into<T: Float>(
     axes: &[usize],
     out: &mut [T],
 ) -> Result<(), TensorError> {
-    const OP: &str = "reduce_max";
     let reduced = |d: usize| axes.is_empty() || axes.contains(&d);
-    let kept: usize = (0..shape.len())
-        .filter(|&d| !reduced(d))
-        .map(|d| shape[d])
-        .product();
-    let n: usize = shape.iter().product();
-    if x.len() != n || out.len() != kept || axes.iter().any(|&a| a >= shape.len()) {
+    // Per dim, the input stride and the output stride (0 for a reduced dim).
+    let mut strides = vec![(0usize, 0usize); shape.len()];
+    let (mut input, mut output) = (1, 1);
+    for d in (0..shape.len()).rev() {
+        strides[d] = (input, if reduced(d) { 0 } else { output });
+        input *= shape[d];
+        if !reduced(d) {
+            output *= shape[d];
+        }
+    }
+    if x.len() != input || out.len() != output || axes.iter().any(|&a| a >= shape.len()) {
         return Err(TensorError::InvalidArgument {
-            op: OP,
+            op: "reduce_max",
             reason: format!(
                 "{} elements of shape {shape:?} reduced over {axes:?} into {} elements",
                 x.len(),
@@ -30,26 +34,16 @@ pub(crate) fn reduce_max_into<T: Float>(
         });
     }
     out.fill(T::NEG_INFINITY);
-    // The output index of every input element: its kept coordinates, row-major.
-    let mut coords = vec![0usize; shape.len()];
-    for &v in x {
-        let mut o = 0;
-        for (d, &c) in coords.iter().enumerate() {
-            if !reduced(d) {
-                o = o * shape[d] + c;
-            }
-        }
+    for (i, &v) in x.iter().enumerate() {
+        let o: usize = strides
+            .iter()
+            .zip(shape)
+            .map(|(&(from, to), &size)| (i / from) % size * to)
+            .sum();
         let slot = &mut out[o];
         // Greater, or NaN (v != v), which then stays.
         if v > *slot || v.partial_cmp(&v).is_none() {
             *slot = v;
-        }
-        for d in (0..shape.len()).rev() {
-            coords[d] += 1;
-            if coords[d] < shape[d] {
-                break;
-            }
-            coords[d] = 0;
         }
     }
     Ok(())
@@ -72,5 +66,8 @@ mod tests {
         reduce_max_into(&x, &[2, 3], &[], &mut all).unwrap();
         assert_eq!(all, [5.0]);
         assert!(reduce_max_into(&x, &[2, 3], &[2], &mut all).is_err());
+        let mut nan = [0.0; 1];
+        reduce_max_into(&[1.0, f64::NAN, 2.0], &[3], &[0], &mut nan).unwrap();
+        assert!(nan[0].is_nan());
     }
 }

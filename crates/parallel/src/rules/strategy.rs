@@ -48,24 +48,30 @@ fn place(
     })
 }
 
-/// Checks that every factor divides its dim.
-fn check_divides(ctx: &OpContext<'_>, strategy: &[Vec<usize>]) -> Result<(), ParallelError> {
-    if strategy.len() != ctx.input_shapes.len() {
+/// Checks that the strategy has one entry per operand of `shapes` (the op's `operand`s: inputs,
+/// or for a OneHot its output), one factor per dim, and that every factor divides its dim.
+fn check_divides(
+    ctx: &OpContext<'_>,
+    strategy: &[Vec<usize>],
+    shapes: &[&[usize]],
+    operand: &str,
+) -> Result<(), ParallelError> {
+    if strategy.len() != shapes.len() {
         return Err(ctx.invalid(
             strategy,
             format!(
-                "it has {} entries but the op has {} inputs",
+                "it has {} entries but the op has {} {operand}s",
                 strategy.len(),
-                ctx.input_shapes.len()
+                shapes.len()
             ),
         ));
     }
-    for (i, (s, shape)) in strategy.iter().zip(&ctx.input_shapes).enumerate() {
+    for (i, (s, shape)) in strategy.iter().zip(shapes).enumerate() {
         if s.len() != shape.len() {
             return Err(ctx.invalid(
                 strategy,
                 format!(
-                    "input {i} has {} dims ({shape:?}) but its strategy has {} entries",
+                    "{operand} {i} has {} dims ({shape:?}) but its strategy has {} entries",
                     shape.len(),
                     s.len()
                 ),
@@ -75,7 +81,7 @@ fn check_divides(ctx: &OpContext<'_>, strategy: &[Vec<usize>]) -> Result<(), Par
             if f == 0 || size % f != 0 {
                 return Err(ctx.invalid(
                     strategy,
-                    format!("dim {d} of input {i} has size {size}, which {f} does not divide"),
+                    format!("dim {d} of {operand} {i} has size {size}, which {f} does not divide"),
                 ));
             }
         }
@@ -96,7 +102,7 @@ pub fn input_layouts(
     if let Op::OneHot { .. } = ctx.op {
         return one_hot(ctx, strategy, devices);
     }
-    check_divides(ctx, strategy)?;
+    check_divides(ctx, strategy, &ctx.input_shapes, "input")?;
     let s = strategy;
     match ctx.op {
         Op::MatMul {
@@ -326,29 +332,8 @@ fn one_hot(
     devices: usize,
 ) -> Result<InputPlacement, ParallelError> {
     let out = ctx.output_shapes[0];
-    let [entry] = s else {
-        return Err(ctx.invalid(
-            s,
-            "a OneHot takes one entry: the split of its output [labels dims..., classes]",
-        ));
-    };
-    if entry.len() != out.len() {
-        return Err(ctx.invalid(
-            s,
-            format!(
-                "the entry must have one factor per output dim of {out:?} (labels dims, then classes)"
-            ),
-        ));
-    }
-    if let Some(d) = (0..out.len()).find(|&d| entry[d] == 0 || out[d] % entry[d] != 0) {
-        return Err(ctx.invalid(
-            s,
-            format!(
-                "output dim {d} has size {}, which {} does not divide",
-                out[d], entry[d]
-            ),
-        ));
-    }
+    check_divides(ctx, s, &[out], "output")?;
+    let entry = &s[0];
     let labels = (0..out.len() - 1).map(|d| vec![d]).collect();
     place(ctx, s, entry, &names("d", out.len()), devices, vec![labels])
 }
