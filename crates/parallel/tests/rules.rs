@@ -231,6 +231,23 @@ fn reshape_strategies_keep_outermost_splits_and_name_refused_dims() {
     let placed = place(&g, &config).unwrap();
     let p = &placed.nodes[g.node_by_name("reshape").unwrap().0];
     assert_eq!(p.outputs[0].layout().slice_shape(), &[2, 6, 1, 4]);
+    // The lowered kernel reshapes this rank's block to its local shape.
+    let x = g.value_by_name("reshape").unwrap();
+    let program = parallel::compile_forward(&g, &[x], &semi(6, &[&[2, 1, 3]])).unwrap();
+    let local: Vec<_> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            parallel::Step::Kernel(k) => Some(k.op.clone()),
+            parallel::Step::Reshard(_) => None,
+        })
+        .collect();
+    assert_eq!(
+        local,
+        vec![graph::Op::Reshape {
+            shape: vec![2, 6, 1, 4]
+        }]
+    );
     // Splitting 12 six ways does not divide the 3 heads.
     let config = semi(6, &[&[1, 1, 6]]);
     let err = place(&g, &config).unwrap_err().to_string();
