@@ -84,6 +84,8 @@ fn nothing_moves_a_logits_sized_tensor() {
         explain.contains("xent.max (ReduceMax)") && explain.contains("pending max over d1"),
         "{explain}"
     );
+    let rank0 = program.for_rank(0).to_string();
+    assert!(rank0.contains("all-reduce (max)"), "{rank0}");
     // Every forward reshard with communication moves an [N, 1] tensor or a scalar.
     for step in &program.steps {
         if let Step::Reshard(r) = step {
