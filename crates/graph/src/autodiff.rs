@@ -164,6 +164,10 @@ fn depends_on(graph: &Graph, params: &[ValueId]) -> Vec<bool> {
         depends[p.0] = true;
     }
     for node in graph.nodes() {
+        // StopGradient's output is a constant to autodiff.
+        if node.op == Op::StopGradient {
+            continue;
+        }
         if node.inputs.iter().any(|v| depends[v.0]) {
             for out in &node.outputs {
                 depends[out.0] = graph.values()[out.0].dtype.is_float();
@@ -329,6 +333,9 @@ impl RuleCtx<'_> {
 /// | `ReduceSum` | `Reshape` to the kept-dims shape (if dropped), then `BroadcastTo` |
 /// | `Embedding` | `EmbeddingGrad(table, ids, dy)` (scatter-add) for the table |
 /// | `Dropout` | `Dropout(dy)` with the same seed (the same mask) |
+/// | `Exp`, `Log` | `Mul(dy, y)`, `Div(dy, x)` |
+/// | `StopGradient` | none (its output does not depend on anything) |
+/// | `ReduceMax`, `OneHot` | none: an error if a gradient reaches them (see [`Op::ReduceMax`]) |
 /// | `SparseSoftmaxCrossEntropy` | `SparseSoftmaxCrossEntropyGrad(logits, labels, dloss)` |
 fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
     let op = ctx.forward.nodes()[ctx.node.0].op.clone();
@@ -523,6 +530,18 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         Op::Dropout { keep_prob, seed } => {
             out.push((0, ctx.grad(0, Op::Dropout { keep_prob, seed }, &[dy])?));
         }
+        Op::Exp => out.push((0, ctx.grad(0, Op::Mul, &[dy, ctx.output(0)])?)),
+        Op::Log => out.push((0, ctx.grad(0, Op::Div, &[dy, ctx.input(0)])?)),
+        Op::StopGradient => {}
+        Op::ReduceMax { .. } => {
+            let node = &ctx.forward.nodes()[ctx.node.0];
+            return Err(GraphError::NotDifferentiable {
+                value: node.name.clone(),
+                reason: "is a ReduceMax node, which has no gradient rule: use its result under \
+                         StopGradient (as the shift of a log-sum-exp)"
+                    .to_string(),
+            });
+        }
         Op::SparseSoftmaxCrossEntropy { batch_divisor } => {
             let (logits, labels) = (ctx.input(0), ctx.input(1));
             let op = Op::SparseSoftmaxCrossEntropyGrad { batch_divisor };
@@ -535,6 +554,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }
         | Op::StridedSliceGrad { .. }
+        | Op::OneHot { .. }
         | Op::ReluGrad
         | Op::GeluGrad { .. }
         | Op::TanhGrad

@@ -49,6 +49,23 @@ macro_rules! binary_methods {
     )*};
 }
 
+/// Declares builder methods for reductions over axes (ops with `axes` and `keep_dims`).
+macro_rules! reduce_methods {
+    ($($(#[$doc:meta])* $method:ident => $op:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $method(
+            &mut self,
+            name: &str,
+            x: ValueId,
+            axes: &[usize],
+            keep_dims: bool,
+        ) -> Result<ValueId, GraphError> {
+            let axes = axes.to_vec();
+            self.op1(name, Op::$op { axes, keep_dims }, &[x])
+        }
+    )*};
+}
+
 impl GraphBuilder {
     /// A builder whose parameters are f32.
     pub fn new() -> GraphBuilder {
@@ -371,6 +388,12 @@ impl GraphBuilder {
         softmax => Op::Softmax;
         /// Log-softmax over the last dim.
         log_softmax => Op::LogSoftmax;
+        /// `e^x`.
+        exp => Op::Exp;
+        /// `ln x`.
+        log => Op::Log;
+        /// `x`, through which no gradient flows.
+        stop_gradient => Op::StopGradient;
     }
 
     /// GeLU, the tanh approximation if `approximate`.
@@ -470,19 +493,25 @@ impl GraphBuilder {
         )
     }
 
-    /// Sum over `axes` (all when empty).
-    pub fn reduce_sum(
+    reduce_methods! {
+        /// Sum over `axes` (all when empty).
+        reduce_sum => ReduceSum;
+        /// Maximum over `axes` (all when empty); not differentiable (see [`Op::ReduceMax`]).
+        reduce_max => ReduceMax;
+    }
+
+    /// One-hot rows `[..., depth]` of the builder's float dtype for integer `labels [...]`.
+    pub fn one_hot(
         &mut self,
         name: &str,
-        x: ValueId,
-        axes: &[usize],
-        keep_dims: bool,
+        labels: ValueId,
+        depth: usize,
     ) -> Result<ValueId, GraphError> {
-        let op = Op::ReduceSum {
-            axes: axes.to_vec(),
-            keep_dims,
+        let op = Op::OneHot {
+            depth,
+            dtype: self.float_dtype,
         };
-        self.op1(name, op, &[x])
+        self.op1(name, op, &[labels])
     }
 
     /// Inverted dropout keeping elements with probability `keep_prob`.

@@ -54,7 +54,24 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
                 broadcast_shape("", &a.shape, &b.shape).map_err(|_| c.not_broadcastable())?;
             vec![(shape, a.dtype)]
         }
-        Op::Neg | Op::Relu | Op::Gelu { .. } | Op::Tanh => vec![c.same_as(0)?],
+        Op::Neg | Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Exp | Op::Log | Op::StopGradient => {
+            vec![c.same_as(0)?]
+        }
+        Op::OneHot { depth, dtype } => {
+            let labels = c.index(0)?;
+            if *depth == 0 {
+                return Err(c.attribute("depth", "must be at least 1".to_string()));
+            }
+            if !dtype.is_float() {
+                return Err(c.attribute(
+                    "dtype",
+                    format!("must be a floating-point dtype, got {dtype}"),
+                ));
+            }
+            let mut shape = labels.shape.clone();
+            shape.push(*depth);
+            vec![(shape, *dtype)]
+        }
         Op::Softmax | Op::LogSoftmax => {
             c.min_rank(0, 1, "at least 1 dim (the class dim)")?;
             vec![c.same_as(0)?]
@@ -270,7 +287,7 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             }
             vec![(shape.clone(), x.dtype)]
         }
-        Op::ReduceSum { axes, keep_dims } => {
+        Op::ReduceSum { axes, keep_dims } | Op::ReduceMax { axes, keep_dims } => {
             let x = c.float(0)?;
             let ndim = x.shape.len();
             let ascending = axes.windows(2).all(|w| w[0] < w[1]);
@@ -282,6 +299,18 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
                         x.name
                     ),
                 ));
+            }
+            let reduced = |d: usize| axes.is_empty() || axes.contains(&d);
+            if matches!(op, Op::ReduceMax { .. }) {
+                if let Some(d) = (0..ndim).find(|&d| reduced(d) && x.shape[d] == 0) {
+                    return Err(c.attribute(
+                        "axes",
+                        format!(
+                            "reduce dim {d} of `{}` {:?}, which is empty: a maximum of nothing",
+                            x.name, x.shape
+                        ),
+                    ));
+                }
             }
             vec![(reduced_shape(&x.shape, axes, *keep_dims), x.dtype)]
         }

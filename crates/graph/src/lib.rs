@@ -70,6 +70,7 @@
 
 mod autodiff;
 mod builder;
+mod cross_entropy;
 mod error;
 pub mod exec;
 mod infer;
@@ -82,6 +83,7 @@ pub mod rng;
 
 pub use crate::autodiff::{grad, TrainingGraph};
 pub use crate::builder::GraphBuilder;
+pub use crate::cross_entropy::vocab_parallel_cross_entropy_strategies;
 pub use crate::error::{GraphError, Operand};
 pub use crate::exec::{eval_op, EvalCtx, Executor, InputBlock, Placement};
 pub use crate::init::{FanMode, Initializer};

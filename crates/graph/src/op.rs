@@ -105,6 +105,34 @@ pub enum Op {
         /// Keep the reduced axes with size 1.
         keep_dims: bool,
     },
+    /// Maximum over `axes` (every axis when empty), keeping them with size 1 if `keep_dims`.
+    ///
+    /// Not differentiable: its use is the shift of a log-sum-exp (`m` in
+    /// `log Σ exp(x − m) + m`), whose value does not depend on the shift, so it is wrapped in
+    /// [`Op::StopGradient`]; a gradient reaching it is an error naming the node. (Routing `dy` to
+    /// the arg-max positions would need the ties broken alike on every shard.)
+    ReduceMax {
+        /// The reduced axes, ascending and distinct.
+        axes: Vec<usize>,
+        /// Keep the reduced axes with size 1.
+        keep_dims: bool,
+    },
+    /// `e^x`.
+    Exp,
+    /// The natural logarithm `ln x`.
+    Log,
+    /// The identity, through which no gradient flows: autodiff treats its output as a constant.
+    StopGradient,
+    /// One-hot rows of integer `labels [...]` (i32 or i64) → `[..., depth]` of `dtype` (a float
+    /// type): 1 in the label's column, 0 elsewhere; a label outside `0..depth` is an error. Given
+    /// a block of the columns (the output placement's offset in the last dim), a rank writes its
+    /// columns. Not differentiable (its input is integer).
+    OneHot {
+        /// The number of classes (of the global tensor).
+        depth: usize,
+        /// The output dtype.
+        dtype: DType,
+    },
     /// Embedding lookup (MindSpore's `Gather` on axis 0): inputs `table [vocab, dim]` and integer
     /// `ids [...]` (i32 or i64) → `[..., dim]`. Given a block of the table's rows, ids outside
     /// the block give zero rows (the blocks' results sum to the lookup).
@@ -266,6 +294,11 @@ impl Op {
             Op::BroadcastTo { .. } => "BroadcastTo",
             Op::SumToShape { .. } => "SumToShape",
             Op::ReduceSum { .. } => "ReduceSum",
+            Op::ReduceMax { .. } => "ReduceMax",
+            Op::Exp => "Exp",
+            Op::Log => "Log",
+            Op::StopGradient => "StopGradient",
+            Op::OneHot { .. } => "OneHot",
             Op::Embedding => "Embedding",
             Op::Dropout { .. } => "Dropout",
             Op::SparseSoftmaxCrossEntropy { .. } => "SparseSoftmaxCrossEntropy",
@@ -309,6 +342,11 @@ impl Op {
             | Op::BroadcastTo { .. }
             | Op::SumToShape { .. }
             | Op::ReduceSum { .. }
+            | Op::ReduceMax { .. }
+            | Op::Exp
+            | Op::Log
+            | Op::StopGradient
+            | Op::OneHot { .. }
             | Op::Dropout { .. }
             | Op::Split { .. }
             | Op::StridedSlice { .. }

@@ -333,6 +333,20 @@ fn strided_slice_scatters_back() {
 }
 
 #[test]
+fn exp_and_log() {
+    check_op("exp", Op::Exp, &[&[3, 4]]);
+    check_gradients("log", |b| {
+        // ln(x² + 1): a positive argument for any x.
+        let x = param(b, "x", &[3, 4])?;
+        let square = b.mul("square", x, x)?;
+        let one = b.fill("one", &[], 1.0)?;
+        let positive = b.add("positive", square, one)?;
+        Ok((b.log("log", positive)?, Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
 fn cast_gradients_cast_back() {
     // f64 to f64: the rule's graph against finite differences.
     check_op("cast f64", Op::Cast { dtype: DType::F64 }, &[&[2, 3]]);
@@ -373,6 +387,7 @@ fn cast_rounds_to_nearest_even() {
             node: "cast",
             step: 0,
             placement: None,
+            input_blocks: &[],
         };
         graph::eval_op(
             &Op::Cast { dtype },
@@ -402,4 +417,17 @@ fn cast_rounds_to_nearest_even() {
         run(vec![tie, 0.1], DType::F32),
         vec![1.0, f64::from(0.1f32)]
     );
+}
+
+#[test]
+fn the_composite_cross_entropy_matches_finite_differences() {
+    // The max shift is a constant to autodiff, but the loss does not depend on it: finite
+    // differences (which do move the max) agree.
+    check_gradients("composite cross entropy", |b| {
+        let logits = param(b, "logits", &[4, 5])?;
+        let labels = b.input("labels", &[4], DType::I32)?;
+        let loss = b.vocab_parallel_cross_entropy("xent", logits, labels, 4)?;
+        Ok((loss, vec![(labels, indices(&[4], 5, 1))]))
+    })
+    .unwrap();
 }

@@ -2,6 +2,7 @@
 //! differences, whole models, the executor, and global semantics under sharding.
 
 mod alloc;
+mod composite;
 mod executor;
 mod gradients;
 mod models;

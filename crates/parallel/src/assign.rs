@@ -377,10 +377,7 @@ fn place_forward(
         _ => None,
     };
     let (strategy_tuples, source) = match (config.mode, user) {
-        (ParallelMode::StandAlone, _) => (
-            ctx.input_shapes.iter().map(|s| vec![1; s.len()]).collect(),
-            StrategySource::Default,
-        ),
+        (ParallelMode::StandAlone, _) => (strategy::unsplit_strategy(ctx), StrategySource::Default),
         (_, Some(user)) => (user.inputs.clone(), StrategySource::User),
         (_, None) => (
             strategy::default_strategy(ctx, devices),

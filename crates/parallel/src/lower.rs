@@ -525,22 +525,27 @@ fn describe_node(name: &str, op: &Op, place: &NodePlacement) -> String {
     )
 }
 
+/// The collective resolving a pending value: `all-reduce`, `reduce-scatter along dim 1`; sums are
+/// the common case and go unnamed, other reductions say which they are (`all-reduce (max)`).
+pub(crate) fn describe_reduce(step: &reshard::ReduceStep) -> String {
+    let op = match step.op {
+        reshard::PendingOp::Sum => String::new(),
+        other => format!(" ({})", other.name()),
+    };
+    match step.kind {
+        reshard::ReduceKind::AllReduce => format!("all-reduce{op}"),
+        reshard::ReduceKind::ReduceScatter { dim } => {
+            format!("reduce-scatter{op} along dim {dim}")
+        }
+    }
+}
+
 /// A short description of what a plan does: its collectives.
 pub fn describe_plan(plan: &ReshardPlan) -> String {
     let mut parts = Vec::new();
     if let Some(step) = plan.reduce() {
         let n = step.slot_groups.first().map_or(0, Vec::len);
-        // Sums are the common case and go unnamed; other reductions say which they are.
-        let op = match step.op {
-            reshard::PendingOp::Sum => String::new(),
-            other => format!(" ({})", other.name()),
-        };
-        parts.push(match step.kind {
-            reshard::ReduceKind::AllReduce => format!("all-reduce{op} over groups of {n}"),
-            reshard::ReduceKind::ReduceScatter { dim } => {
-                format!("reduce-scatter{op} along dim {dim} over groups of {n}")
-            }
-        });
+        parts.push(format!("{} over groups of {n}", describe_reduce(step)));
     }
     let exchanges = reshard::lower_kinds(plan);
     let mut kinds: Vec<String> = exchanges

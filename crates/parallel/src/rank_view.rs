@@ -3,9 +3,7 @@
 
 use std::fmt;
 
-use reshard::ReduceKind;
-
-use crate::lower::{Program, Step};
+use crate::lower::{describe_reduce, Program, Step};
 
 /// What one rank does in one step of a [`Program`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,15 +79,7 @@ impl Program {
                                     .collect::<Vec<_>>()
                             })
                             .find(|ranks| ranks.contains(&rank))
-                            .map(|ranks| {
-                                let kind = match step.kind {
-                                    ReduceKind::AllReduce => "all-reduce".to_string(),
-                                    ReduceKind::ReduceScatter { dim } => {
-                                        format!("reduce-scatter along dim {dim}")
-                                    }
-                                };
-                                (kind, ranks)
-                            })
+                            .map(|ranks| (describe_reduce(step), ranks))
                     });
                     let mut sends: Vec<(usize, usize)> = Vec::new();
                     let mut receives: Vec<(usize, usize)> = Vec::new();

@@ -231,6 +231,23 @@ fn reshape_strategies_keep_outermost_splits_and_name_refused_dims() {
     let placed = place(&g, &config).unwrap();
     let p = &placed.nodes[g.node_by_name("reshape").unwrap().0];
     assert_eq!(p.outputs[0].layout().slice_shape(), &[2, 6, 1, 4]);
+    // The lowered kernel reshapes this rank's block to its local shape.
+    let x = g.value_by_name("reshape").unwrap();
+    let program = parallel::compile_forward(&g, &[x], &semi(6, &[&[2, 1, 3]])).unwrap();
+    let local: Vec<_> = program
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            parallel::Step::Kernel(k) => Some(k.op.clone()),
+            parallel::Step::Reshard(_) => None,
+        })
+        .collect();
+    assert_eq!(
+        local,
+        vec![graph::Op::Reshape {
+            shape: vec![2, 6, 1, 4]
+        }]
+    );
     // Splitting 12 six ways does not divide the 3 heads.
     let config = semi(6, &[&[1, 1, 6]]);
     let err = place(&g, &config).unwrap_err().to_string();
@@ -249,6 +266,41 @@ fn reshape_strategies_keep_outermost_splits_and_name_refused_dims() {
     let err = place(&g, &config).unwrap_err().to_string();
     assert!(
         err.contains("dim 1 of the input is split 2 ways, but only the outermost dim"),
+        "{err}"
+    );
+}
+
+#[test]
+fn reduce_max_leaves_a_pending_max_and_one_hot_splits_its_classes() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[4, 6], DType::F32).unwrap();
+    let labels = b.input("labels", &[4], DType::I32).unwrap();
+    b.reduce_max("max", x, &[1], true).unwrap();
+    b.one_hot("hot", labels, 6).unwrap();
+    let g = b.finish();
+    let semi = |hot: &[usize]| ParallelConfig {
+        dataset_strategy: parallel::DatasetStrategy::FullBatch,
+        ..ParallelConfig::new(ParallelMode::SemiAuto, 4)
+            .shard("max", &[&[2, 2]])
+            .shard("hot", &[hot])
+    };
+    let placed = place(&g, &semi(&[2, 2])).unwrap();
+    let max = &placed.nodes[g.node_by_name("max").unwrap().0].outputs[0];
+    assert_eq!(max.pending_op(), reshard::PendingOp::Max);
+    assert_eq!(max.partial_axes(), &[1]);
+    assert_eq!(max.layout().slice_shape(), &[2, 1]);
+    let hot = &placed.nodes[g.node_by_name("hot").unwrap().0];
+    assert_eq!(hot.inputs[0].slice_shape(), &[2]);
+    assert_eq!(hot.outputs[0].layout().slice_shape(), &[2, 3]);
+    assert!(!hot.outputs[0].is_partial());
+    let err = place(&g, &semi(&[2])).unwrap_err().to_string();
+    assert!(
+        err.contains("output 0 has 2 dims ([4, 6]) but its strategy has 1 entries"),
+        "{err}"
+    );
+    let err = place(&g, &semi(&[1, 4])).unwrap_err().to_string();
+    assert!(
+        err.contains("dim 1 of output 0 has size 6, which 4 does not divide"),
         "{err}"
     );
 }

@@ -11,6 +11,7 @@ mod op_sharding;
 mod optimizer;
 mod reproducibility;
 mod sharded;
+mod sharded_cross_entropy;
 mod sharded_embedding;
 mod sharded_reshape;
 mod text_data;

@@ -89,3 +89,29 @@ fn mindspore_style_vocab_and_data_parallel_embedding() {
     let table = program.params.iter().find(|p| p.name == "table").unwrap();
     assert_eq!(table.layout.slice_shape(), &[2, 3]);
 }
+
+#[test]
+fn two_dimensional_ids_with_a_mindspore_strategy() {
+    // Token ids [batch, seq] under [[mp, 1], [dp, 1]]: mp = 4 row blocks, dp = 2 batch blocks.
+    let (vocab, dim, batch, seq) = (12, 3, 4, 3);
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let ids = b.input("ids", &[batch, seq], DType::I64).unwrap();
+    let t = b.input("t", &[batch, seq, dim], DType::F64).unwrap();
+    let table = b
+        .parameter("table", &[vocab, dim], Initializer::normal(0.5))
+        .unwrap();
+    let e = b.embedding("embed", table, ids).unwrap();
+    let z = b.mul("mul", e, t).unwrap();
+    let loss = b.reduce_sum("loss", z, &[], false).unwrap();
+    let config = ParallelConfig {
+        dataset_strategy: DatasetStrategy::FullBatch,
+        ..ParallelConfig::new(ParallelMode::SemiAuto, DEVICES).shard("embed", &[&[4, 1], &[2, 1]])
+    };
+    let n = batch * seq;
+    let ids_values = (0..n as i64).map(|i| (i * 7 + 2) % vocab as i64).collect();
+    let inputs = [
+        Tensor::from_vec(&[batch, seq], ids_values).unwrap(),
+        values(&[batch, seq, dim], 5),
+    ];
+    assert_matches_one_device(&b.finish(), loss, &config, &inputs, 1e-12);
+}

@@ -1,7 +1,7 @@
 //! Reshapes that keep split dims, and transposes of split dims, compute on a local cluster what
 //! one device computes (forward and gradients).
 
-use graph::{GraphBuilder, Initializer};
+use graph::{Graph, GraphBuilder, Initializer, ValueId};
 use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
 use proptest::prelude::*;
 use tensor::DType;
@@ -10,28 +10,51 @@ use crate::sharded::{assert_matches_one_device, values};
 
 const DEVICES: usize = 4;
 
-/// `x·w` (split by `factors`), reshaped to `to` (same strategy), times an input `t`, summed.
-/// The gradient of `w` goes through the reshape's backward (a reshape back) on split dims.
-fn check_reshape(from: &[usize], to: &[usize], factors: &[usize], flatten: bool) {
+/// `x·w` (split by `factors`), through the op `through` builds (named `op`, same strategy; the
+/// gradient of `w` goes through its backward on split dims), times an input `t` of shape `to`,
+/// summed; `shard` adds strategies.
+fn x_w_through_t(
+    from: &[usize],
+    to: &[usize],
+    factors: &[usize],
+    through: impl FnOnce(&mut GraphBuilder, ValueId) -> ValueId,
+    shard: &[(&str, &[&[usize]])],
+) -> (Graph, ValueId, ParallelConfig) {
     let mut b = GraphBuilder::with_float_dtype(DType::F64);
     let x = b.input("x", from, DType::F64).unwrap();
     let t = b.input("t", to, DType::F64).unwrap();
     let w = b.parameter("w", from, Initializer::normal(0.5)).unwrap();
     let y = b.mul("mul1", x, w).unwrap();
-    let r = if flatten {
-        b.flatten("reshape", y).unwrap()
-    } else {
-        b.reshape("reshape", y, to).unwrap()
-    };
+    let r = through(&mut b, y);
     let z = b.mul("mul2", r, t).unwrap();
     let loss = b.reduce_sum("loss", z, &[], false).unwrap();
-    let graph = b.finish();
-    let config = ParallelConfig {
+    let mut config = ParallelConfig {
         dataset_strategy: DatasetStrategy::FullBatch,
         ..ParallelConfig::new(ParallelMode::SemiAuto, DEVICES)
             .shard("mul1", &[factors, factors])
-            .shard("reshape", &[factors])
+            .shard("op", &[factors])
     };
+    for (name, strategy) in shard {
+        config = config.shard(name, strategy);
+    }
+    (b.finish(), loss, config)
+}
+
+/// A reshape (or flatten) of `from` into `to` split by `factors` matches one device.
+fn check_reshape(from: &[usize], to: &[usize], factors: &[usize], flatten: bool) {
+    let (graph, loss, config) = x_w_through_t(
+        from,
+        to,
+        factors,
+        |b, y| {
+            if flatten {
+                b.flatten("op", y).unwrap()
+            } else {
+                b.reshape("op", y, to).unwrap()
+            }
+        },
+        &[],
+    );
     let inputs = [values(from, 1), values(to, 2)];
     assert_matches_one_device(&graph, loss, &config, &inputs, 1e-12);
 }
@@ -135,22 +158,13 @@ fn transpose_of_a_head_split_matches_one_device() {
     // [B, S, H, D] -> [B, H, S, D] with H split (and B).
     let (from, to) = ([2, 3, 4, 2], [2, 4, 3, 2]);
     let factors: &[usize] = &[2, 1, 2, 1];
-    let mut b = GraphBuilder::with_float_dtype(DType::F64);
-    let x = b.input("x", &from, DType::F64).unwrap();
-    let t = b.input("t", &to, DType::F64).unwrap();
-    let w = b.parameter("w", &from, Initializer::normal(0.5)).unwrap();
-    let y = b.mul("mul1", x, w).unwrap();
-    let r = b.transpose("transpose", y, &[0, 2, 1, 3]).unwrap();
-    let z = b.mul("mul2", r, t).unwrap();
-    let loss = b.reduce_sum("loss", z, &[], false).unwrap();
-    let graph = b.finish();
-    let config = ParallelConfig {
-        dataset_strategy: DatasetStrategy::FullBatch,
-        ..ParallelConfig::new(ParallelMode::SemiAuto, DEVICES)
-            .shard("mul1", &[factors, factors])
-            .shard("transpose", &[factors])
-            .shard("mul2", &[&[2, 2, 1, 1], &[2, 2, 1, 1]])
-    };
+    let (graph, loss, config) = x_w_through_t(
+        &from,
+        &to,
+        factors,
+        |b, y| b.transpose("op", y, &[0, 2, 1, 3]).unwrap(),
+        &[("mul2", &[&[2, 2, 1, 1], &[2, 2, 1, 1]])],
+    );
     // The transposed value stays split on H: mul2 (split on dim 1) needs no reshard of it.
     let program = crate::sharded::compile(&graph, loss, &config);
     let moved: Vec<String> = program
@@ -163,7 +177,7 @@ fn transpose_of_a_head_split_matches_one_device() {
             parallel::Step::Kernel(_) => None,
         })
         .collect();
-    assert!(!moved.iter().any(|n| n == "transpose"), "{moved:?}");
+    assert!(!moved.iter().any(|n| n == "op"), "{moved:?}");
     let inputs = [values(&from, 1), values(&to, 2)];
     assert_matches_one_device(&graph, loss, &config, &inputs, 1e-12);
 }

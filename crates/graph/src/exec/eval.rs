@@ -11,6 +11,8 @@ use crate::exec::pieces::{
     concat_into, split_into, strided_slice_grad_into, strided_slice_into, AxisPieces, Strided,
 };
 use crate::exec::select::{masked_fill_into, triu_into, where_into};
+use crate::exec::one_hot::{one_hot_into, Columns};
+use crate::exec::reduce_max::reduce_max_into;
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
 use crate::rng::region_fits;
@@ -62,6 +64,13 @@ impl EvalCtx<'_> {
             },
             None => RowBlock::whole(rows),
         }
+    }
+
+    /// The first column of the output's block of its last dim (0 when the output is whole).
+    fn output_first_column(&self) -> usize {
+        self.placement
+            .and_then(|p| p.offset.last().copied())
+            .unwrap_or(0)
     }
 
     /// The rows of the output's block of dim 0 (of `rows` local rows).
@@ -190,6 +199,11 @@ fn dim_of_each<'t>(tensors: impl Iterator<Item = &'t Tensor>, axis: usize) -> Ve
         .collect()
 }
 
+/// The last dim of `t`, 0 for a scalar.
+fn last_dim_or_zero(t: &Tensor) -> usize {
+    t.shape().last().copied().unwrap_or(0)
+}
+
 /// The last dim of `t` (callers checked its rank).
 fn last_dim(t: &Tensor) -> usize {
     t.shape()[t.ndim() - 1]
@@ -230,6 +244,8 @@ fn gelu_form(approximate: bool) -> GeluForm {
 fn unary_kernel(op: &Op) -> Option<UnaryOp> {
     Some(match op {
         Op::Neg => UnaryOp::Neg,
+        Op::Exp => UnaryOp::Exp,
+        Op::Log => UnaryOp::Log,
         Op::Relu | Op::ReluGrad => UnaryOp::Relu,
         Op::Tanh | Op::TanhGrad => UnaryOp::Tanh,
         Op::Gelu { approximate } | Op::GeluGrad { approximate } => {
@@ -387,7 +403,9 @@ fn eval_typed<T: Float + Element>(
             kernels::layer_norm_grad_into(saved, read::<T>(inputs[1], ctx)?, buffers)
                 .map_err(kernel())
         }
-        Op::Flatten { .. } | Op::Reshape { .. } => reshape_into(inputs[0], &mut outputs[0], ctx),
+        Op::Flatten { .. } | Op::Reshape { .. } | Op::StopGradient => {
+            reshape_into(inputs[0], &mut outputs[0], ctx)
+        }
         Op::Transpose { perm } => {
             let x = inputs[0];
             kernels::permute_into(
@@ -429,6 +447,24 @@ fn eval_typed<T: Float + Element>(
             }
             let kept = (!keep_dims).then(|| reduced_shape(x.shape(), axes, true));
             sum_into::<T>(x, out, kept.as_deref(), ctx)
+        }
+        Op::ReduceMax { axes, .. } => {
+            let x = inputs[0];
+            let xs = read::<T>(x, ctx)?;
+            let out = write::<T>(&mut outputs[0], ctx)?;
+            reduce_max_into(xs, x.shape(), axes, out).map_err(kernel())
+        }
+        Op::OneHot { depth, .. } => {
+            let columns = Columns {
+                first: ctx.output_first_column(),
+                local: last_dim_or_zero(&outputs[0]),
+                depth: *depth,
+            };
+            let out = write::<T>(&mut outputs[0], ctx)?;
+            with_ids!(inputs[0], ctx, op, |labels| one_hot_into(
+                labels, columns, out
+            )
+            .map_err(kernel()))
         }
         Op::Embedding => {
             let (table, out) = (inputs[0], &mut outputs[0]);
@@ -576,6 +612,8 @@ fn eval_typed<T: Float + Element>(
         | Op::Mul
         | Op::Div
         | Op::Neg
+        | Op::Exp
+        | Op::Log
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh

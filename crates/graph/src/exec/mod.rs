@@ -10,6 +10,8 @@ mod eval;
 mod executor;
 mod pieces;
 mod select;
+mod one_hot;
+mod reduce_max;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
 pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};

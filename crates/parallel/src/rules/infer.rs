@@ -7,10 +7,13 @@
 
 use graph::Op;
 use layout::{Layout, Mesh, TensorLayout};
-use reshard::DistLayout;
+use reshard::{DistLayout, PendingOp};
 
 use super::{reshape, OpContext};
 use crate::error::ParallelError;
+
+/// The name `layout::repeated_calc_mesh` gives the repeated-calculation axis of a device matrix.
+const REPEATED_CALC_AXIS: &str = "rep";
 
 /// Builds an output layout from per-dim axes and pending-sum axes on `mesh`.
 fn output(
@@ -171,6 +174,9 @@ pub fn output_layouts(
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh
+        | Op::Exp
+        | Op::Log
+        | Op::StopGradient
         | Op::Dropout { .. }
         | Op::Cast { .. }
         | Op::SparseSoftmaxCrossEntropyGrad { .. } => same_as(0),
@@ -326,7 +332,8 @@ pub fn output_layouts(
             }
             Ok(vec![output(ctx, &mesh, out_dims, partial, out_shape(0))?])
         }
-        Op::ReduceSum { axes, keep_dims } => {
+        Op::ReduceSum { axes, keep_dims } | Op::ReduceMax { axes, keep_dims } => {
+            // A split reduced dim leaves partial sums (maxima) pending over its axes.
             let x = dims(0);
             let reduced = |d: usize| axes.is_empty() || axes.contains(&d);
             let mut partial = Vec::new();
@@ -341,7 +348,31 @@ pub fn output_layouts(
                     out_dims.push(a.clone());
                 }
             }
-            Ok(vec![output(ctx, &mesh, out_dims, partial, out_shape(0))?])
+            let out = output(ctx, &mesh, out_dims, partial, out_shape(0))?;
+            Ok(vec![match ctx.op {
+                Op::ReduceMax { .. } => out.with_op(PendingOp::Max),
+                _ => out,
+            }])
+        }
+        Op::OneHot { .. } => {
+            // The class dim is split over the mesh axes the labels are replicated on (the
+            // strategy's class factor), but for the repeated-calculation axis: each rank writes
+            // its columns.
+            let mut out_dims = dims(0);
+            let classes = inputs[0]
+                .layout()
+                .unused_axes()
+                .into_iter()
+                .filter(|&a| mesh.axis_name(a) != REPEATED_CALC_AXIS)
+                .collect();
+            out_dims.push(classes);
+            Ok(vec![output(
+                ctx,
+                &mesh,
+                out_dims,
+                Vec::new(),
+                out_shape(0),
+            )?])
         }
         Op::Embedding => {
             // Vocabulary parallel: a rank looks up the ids in its block of rows and writes zeros

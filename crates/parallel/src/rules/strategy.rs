@@ -48,24 +48,30 @@ fn place(
     })
 }
 
-/// Checks that every factor divides its dim.
-fn check_divides(ctx: &OpContext<'_>, strategy: &[Vec<usize>]) -> Result<(), ParallelError> {
-    if strategy.len() != ctx.input_shapes.len() {
+/// Checks that the strategy has one entry per operand of `shapes` (the op's `operand`s: inputs,
+/// or for a OneHot its output), one factor per dim, and that every factor divides its dim.
+fn check_divides(
+    ctx: &OpContext<'_>,
+    strategy: &[Vec<usize>],
+    shapes: &[&[usize]],
+    operand: &str,
+) -> Result<(), ParallelError> {
+    if strategy.len() != shapes.len() {
         return Err(ctx.invalid(
             strategy,
             format!(
-                "it has {} entries but the op has {} inputs",
+                "it has {} entries but the op has {} {operand}s",
                 strategy.len(),
-                ctx.input_shapes.len()
+                shapes.len()
             ),
         ));
     }
-    for (i, (s, shape)) in strategy.iter().zip(&ctx.input_shapes).enumerate() {
+    for (i, (s, shape)) in strategy.iter().zip(shapes).enumerate() {
         if s.len() != shape.len() {
             return Err(ctx.invalid(
                 strategy,
                 format!(
-                    "input {i} has {} dims ({shape:?}) but its strategy has {} entries",
+                    "{operand} {i} has {} dims ({shape:?}) but its strategy has {} entries",
                     shape.len(),
                     s.len()
                 ),
@@ -75,7 +81,7 @@ fn check_divides(ctx: &OpContext<'_>, strategy: &[Vec<usize>]) -> Result<(), Par
             if f == 0 || size % f != 0 {
                 return Err(ctx.invalid(
                     strategy,
-                    format!("dim {d} of input {i} has size {size}, which {f} does not divide"),
+                    format!("dim {d} of {operand} {i} has size {size}, which {f} does not divide"),
                 ));
             }
         }
@@ -93,7 +99,10 @@ pub fn input_layouts(
     strategy: &[Vec<usize>],
     devices: usize,
 ) -> Result<InputPlacement, ParallelError> {
-    check_divides(ctx, strategy)?;
+    if let Op::OneHot { .. } = ctx.op {
+        return one_hot(ctx, strategy, devices);
+    }
+    check_divides(ctx, strategy, &ctx.input_shapes, "input")?;
     let s = strategy;
     match ctx.op {
         Op::MatMul {
@@ -242,10 +251,20 @@ pub fn input_layouts(
             }
             elementwise(ctx, s, devices)
         }
-        Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Neg | Op::Dropout { .. } | Op::Cast { .. } => {
+        Op::Relu
+        | Op::Gelu { .. }
+        | Op::Tanh
+        | Op::Neg
+        | Op::Exp
+        | Op::Log
+        | Op::StopGradient
+        | Op::Dropout { .. }
+        | Op::Cast { .. } => {
             elementwise(ctx, s, devices)
         }
-        Op::Transpose { .. } | Op::ReduceSum { .. } => elementwise(ctx, s, devices),
+        Op::Transpose { .. } | Op::ReduceSum { .. } | Op::ReduceMax { .. } => {
+            elementwise(ctx, s, devices)
+        }
         Op::Concat { axis, .. } => {
             if let Some(i) = s.iter().position(|si| si != &s[0]) {
                 return Err(ctx.invalid(
@@ -362,6 +381,20 @@ fn axis_unsplit(
     }
 }
 
+/// OneHot, whose strategy is its output's (as MindSpore's): `[[rows..., classes]]`. The labels
+/// are split like the rows; the class axis splits only the output.
+fn one_hot(
+    ctx: &OpContext<'_>,
+    s: &[Vec<usize>],
+    devices: usize,
+) -> Result<InputPlacement, ParallelError> {
+    let out = ctx.output_shapes[0];
+    check_divides(ctx, s, &[out], "output")?;
+    let entry = &s[0];
+    let labels = (0..out.len() - 1).map(|d| vec![d]).collect();
+    place(ctx, s, entry, &names("d", out.len()), devices, vec![labels])
+}
+
 /// Unary and single-input ops: the device matrix is the strategy itself.
 fn elementwise(
     ctx: &OpContext<'_>,
@@ -439,6 +472,15 @@ fn broadcast_binary(
     place(ctx, s, &dev, &names("d", r), devices, inputs)
 }
 
+/// The strategy that splits nothing (one device): all ones, one entry per input (for a OneHot,
+/// whose strategy is its output's, one entry for the output).
+pub fn unsplit_strategy(ctx: &OpContext<'_>) -> Vec<Vec<usize>> {
+    match ctx.op {
+        Op::OneHot { .. } => vec![vec![1; ctx.output_shapes[0].len()]],
+        _ => ctx.input_shapes.iter().map(|s| vec![1; s.len()]).collect(),
+    }
+}
+
 /// MindSpore's default for an op without a user strategy: data parallel, dim 0 of every input
 /// whose dim 0 is the batch (the output's dim 0) split over the devices, everything else whole.
 /// When the batch does not divide by the device count, it is split by the largest number that
@@ -471,6 +513,7 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             vec![1; ctx.input_shapes[1].len()],
         ],
         Op::Embedding => vec![vec![1, 1], batch_split(ctx.input_shapes[1], true)],
+        Op::OneHot { .. } => vec![batch_split(ctx.output_shapes[0], true)],
         Op::SparseSoftmaxCrossEntropy { .. } => {
             let b = gcd(ctx.input_shapes[0][0], devices);
             vec![vec![b, 1], vec![b]]
