@@ -38,6 +38,10 @@ pub struct GptConfig {
     pub tie_embeddings: bool,
     /// Sequences per global batch.
     pub batch: usize,
+    /// Compute the loss as the vocabulary-parallel cross entropy (scope `loss`, see
+    /// `GraphBuilder::vocab_parallel_cross_entropy`), which keeps logits split on the vocabulary
+    /// (no all-gather); the same value as the fused op otherwise used.
+    pub vocab_parallel_loss: bool,
 }
 
 impl GptConfig {
@@ -62,6 +66,7 @@ impl GptConfig {
             dropout: 0.0,
             tie_embeddings: true,
             batch,
+            vocab_parallel_loss: false,
         }
     }
 
@@ -189,7 +194,11 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
     let logits = b.batch_matmul("lm_head.matmul", x, head, false, true)?;
     let logits = b.reshape("logits", logits, &[batch * seq, c.vocab_size])?;
     let flat_labels = b.reshape("labels_flat", labels, &[batch * seq])?;
-    let loss = b.sparse_softmax_cross_entropy("loss", logits, flat_labels)?;
+    let loss = if c.vocab_parallel_loss {
+        b.vocab_parallel_cross_entropy("loss", logits, flat_labels, batch * seq)?
+    } else {
+        b.sparse_softmax_cross_entropy("loss", logits, flat_labels)?
+    };
     b.output(loss)?;
     b.output(logits)?;
     Ok(Model {

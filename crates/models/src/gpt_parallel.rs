@@ -123,11 +123,18 @@ impl GptParallel {
     /// inputs, by op name.
     pub fn strategies(&self, graph: &Graph) -> Result<BTreeMap<String, OpStrategy>, ModelsError> {
         let mut out = BTreeMap::new();
+        // The vocabulary-parallel loss's ops, when the graph has them (scope `loss`).
+        let v = if self.vocab_emb_dp { 1 } else { self.model_parallel };
+        let loss_ops: BTreeMap<String, Vec<Vec<usize>>> =
+            graph::vocab_parallel_cross_entropy_strategies("loss", self.data_parallel, v)
+                .into_iter()
+                .collect();
         for node in graph.nodes() {
             if node.role != NodeRole::Forward || node.inputs.is_empty() {
                 continue;
             }
-            let strategy = self.strategy_of(&node.name).ok_or_else(|| {
+            let strategy = loss_ops.get(&node.name).cloned().or_else(|| self.strategy_of(&node.name));
+            let strategy = strategy.ok_or_else(|| {
                 config_error(
                     "model.name",
                     format!("the GPT has an op {:?} without a default strategy", node.name),
@@ -168,7 +175,9 @@ impl GptParallel {
             ("lm_head", "matmul") => vec![vec![dp, 1, 1], vec![v, 1]],
             (_, "logits") => vec![vec![dp, 1, v]],
             (_, "labels_flat") => vec![vec![dp, 1]],
-            (_, "loss") => vec![vec![dp, 1], vec![dp]],
+            ("", "loss") => vec![vec![dp, 1], vec![dp]],
+            // The vocabulary-parallel loss's final division of two scalars.
+            ("loss", "loss") => vec![Vec::new(), Vec::new()],
             _ => return None,
         };
         Some(strategy)

@@ -113,6 +113,7 @@ impl SavedModel {
             dropout: 0.0,
             tie_embeddings: json["tie_embeddings"].as_bool().unwrap_or(true),
             batch: 1,
+            vocab_parallel_loss: false,
         };
         gpt.validate().map_err(|e| bad(e.to_string()))?;
         Ok(SavedModel { gpt, vocabulary })

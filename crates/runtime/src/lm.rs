@@ -88,6 +88,10 @@ impl TextData {
             dropout: keys.dropout,
             tie_embeddings: keys.tie_embeddings,
             batch: self.batch,
+            // Logits split on the vocabulary are reduced where they lie, never gathered.
+            vocab_parallel_loss: config.parallel_config().mode == ParallelMode::SemiAuto
+                && !config.gpt_parallel().vocab_emb_dp
+                && config.gpt_parallel().model_parallel > 1,
         };
         gpt.validate().map_err(model_error)?;
         Ok(gpt)

@@ -164,6 +164,20 @@ const CASES: &[(&str, usize, &str, &str, &str)] = &[
         "data_parallel = 2\nmodel_parallel = 2\n[parallel.mesh]\ndevice_matrix = [2, 2]\nalias_name = [\"dp\", \"mp\"]\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[[\"dp\", \"mp\"], \"None\", \"None\"], [\"None\", \"None\"]]\n\"blocks.*.mlp.fc2\" = [[\"dp\", \"None\", \"mp\"], [\"None\", \"mp\"]]",
     ),
     ("adam, mp 2", 2, "adam", "", "model_parallel = 2"),
+    (
+        "vocabulary parallel, mp 2",
+        2,
+        "momentum",
+        "",
+        "model_parallel = 2\nvocab_emb_dp = false",
+    ),
+    (
+        "vocabulary parallel, dp 2 × mp 4, untied, sequence parallel",
+        8,
+        "momentum",
+        "tie_embeddings = false",
+        "data_parallel = 2\nmodel_parallel = 4\nvocab_emb_dp = false\nuse_seq_parallel = true",
+    ),
 ];
 
 #[test]
@@ -318,4 +332,29 @@ fn generate_continues_a_prompt_from_a_checkpoint_of_any_strategy() {
     unknown.prompt = "And God said 😀".to_string();
     let err = runtime::generate(&alone, &unknown).unwrap_err();
     assert!(err.to_string().contains("--prompt"), "{err}");
+}
+
+#[test]
+fn vocabulary_parallel_never_moves_the_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = "data_parallel = 2\nmodel_parallel = 2\nvocab_emb_dp = false";
+    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    // A rank's block of the [B·S, V] f32 logits: nothing that large crosses the network.
+    let logits_block = 8 * 16 * 256 * 4 / 4;
+    for step in &session.train.steps {
+        if let parallel::Step::Reshard(r) = step {
+            let value = &session.train.placed.graph.values()[r.value.0];
+            let sent = r.plan.bytes_sent_per_rank().iter().map(|&(_, b)| b).max().unwrap_or(0);
+            assert!(
+                sent < logits_block / 4,
+                "{} ({:?}) sends {sent} B from one rank: {}",
+                value.name,
+                value.shape,
+                r.reason
+            );
+        }
+    }
+    // The table is split on its rows, and the embedding's output is pending a sum.
+    let plan = session.train.explain();
+    assert!(plan.contains("reshard wte.gather: all-reduce"), "{plan}");
 }
