@@ -6,7 +6,7 @@
 #   scripts/bench-gpt.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps="${1:-30}"
+steps="${1:-20}"
 venv="${TESSERA_BENCH_VENV:-target/bench-venv}"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   python3 -m venv "$venv"

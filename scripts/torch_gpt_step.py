@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 LAYERS = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 HIDDEN = int(sys.argv[3]) if len(sys.argv) > 3 else 256
 HEADS, SEQ, BATCH, VOCAB = 4, 128, 16, 256
@@ -78,7 +78,7 @@ def time_steps(model, data):
         loss.backward()
         opt.step()
 
-    for i in range(20):
+    for i in range(5):
         step(i)
     times = []
     for i in range(STEPS):

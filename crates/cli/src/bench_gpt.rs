@@ -20,8 +20,8 @@ use crate::bench_train::{lcg, rank_steps, slowest, summary, StepBench};
 /// Arguments of `tessera bench gpt-step`.
 #[derive(Debug, Args)]
 pub struct GptStepArgs {
-    /// Timed steps (after 20 warm-up steps).
-    #[arg(long, default_value_t = 30)]
+    /// Timed steps (after 5 warm-up steps).
+    #[arg(long, default_value_t = 20)]
     steps: usize,
     /// Layers of the GPT.
     #[arg(long, default_value_t = 4)]
@@ -91,6 +91,7 @@ fn measure(
             learning_rate: 1e-3,
             weight_decay: 0.01,
         },
+        warmup: 5,
         steps: args.steps,
         profile: args.profile,
     };
@@ -115,10 +116,16 @@ fn measure(
         print!("{}", profile.table(per_step));
         let runs = profile.runs.max(1) as u32;
         let optimizer = optimizer / runs;
-        let other = per_step.saturating_sub(profile.kernel_time() / runs + profile.reshards.time / runs + optimizer);
+        let other = per_step.saturating_sub(
+            profile.kernel_time() / runs + profile.reshards.time / runs + optimizer,
+        );
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!("  {:<32} {:>8.3} ms", "optimizer (AdamW)", ms(optimizer));
-        println!("  {:<32} {:>8.3} ms", "framework (feeding, dispatch)", ms(other));
+        println!(
+            "  {:<32} {:>8.3} ms",
+            "framework (feeding, dispatch)",
+            ms(other)
+        );
     }
     Ok(rate)
 }

@@ -40,7 +40,9 @@ fn program(config: &ParallelConfig) -> anyhow::Result<Arc<Program>> {
 pub(crate) struct StepBench {
     /// The optimizer every step updates with.
     pub optimizer: OptimizerConfig,
-    /// Timed steps (after 20 warm-up steps).
+    /// Untimed steps first.
+    pub warmup: usize,
+    /// Timed steps.
     pub steps: usize,
     /// Record where the time of every timed step goes.
     pub profile: bool,
@@ -56,7 +58,7 @@ pub(crate) struct RankTimes {
     pub profile: Option<runtime::StepProfile>,
 }
 
-/// Runs 20 warm-up and `bench.steps` timed training steps on this rank, feeding its blocks of
+/// Runs `bench.warmup` untimed and `bench.steps` timed training steps on this rank, feeding its blocks of
 /// the global `batches` (one tensor per program input), cycled.
 pub(crate) fn rank_steps(
     program: Arc<Program>,
@@ -94,8 +96,8 @@ pub(crate) fn rank_steps(
         optimizer: Duration::ZERO,
         profile: None,
     };
-    for step in 0..bench.steps + 20 {
-        if step == 20 {
+    for step in 0..bench.steps + bench.warmup {
+        if step == bench.warmup {
             exec.set_profiling(bench.profile);
         }
         let start = Instant::now();
@@ -111,7 +113,7 @@ pub(crate) fn rank_steps(
             }
         }
         std::hint::black_box(exec.output(0));
-        if step >= 20 {
+        if step >= bench.warmup {
             times.optimizer += update.elapsed();
             times.steps.push(start.elapsed());
         }
@@ -185,6 +187,7 @@ pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
             learning_rate: 0.01,
             weight_decay: 0.0,
         },
+        warmup: 20,
         steps: args.steps,
         profile: false,
     };

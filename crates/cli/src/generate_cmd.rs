@@ -32,7 +32,10 @@ const MAX_TOKENS: usize = 1 << 20;
 /// Runs `tessera generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     if args.tokens > MAX_TOKENS {
-        anyhow::bail!("--tokens {}: at most {MAX_TOKENS} tokens are sampled", args.tokens);
+        anyhow::bail!(
+            "--tokens {}: at most {MAX_TOKENS} tokens are sampled",
+            args.tokens
+        );
     }
     let text = runtime::generate(
         &args.run_dir,

@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench_ckpt;
-mod bench_gpt;
 mod bench_cmd;
 mod bench_collectives;
+mod bench_gpt;
 mod bench_reshard;
 mod bench_train;
 mod ckpt_cmd;

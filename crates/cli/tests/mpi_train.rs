@@ -169,7 +169,10 @@ fn mpi_train_gpt_matches_local_and_one_device() {
         ] {
             a.extend(["--set".to_string(), set]);
         }
-        a.extend(["--log-json".to_string(), s(&dir.0.join(format!("{name}.jsonl"))).to_string()]);
+        a.extend([
+            "--log-json".to_string(),
+            s(&dir.0.join(format!("{name}.jsonl"))).to_string(),
+        ]);
         a
     };
     let mut mpi = common("mpi", "4", "semi_auto");
@@ -182,11 +185,26 @@ fn mpi_train_gpt_matches_local_and_one_device() {
     let one = step_losses(&dir.0.join("one.jsonl"));
     assert_eq!(mpi.len(), 10);
     for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
-        assert!((m - l).abs() <= 1e-6 * l.abs(), "step {}: mpi {m} vs local {l}", i + 1);
-        assert!((m - o).abs() <= 1e-4 * o.abs(), "step {}: mpi {m} vs one device {o}", i + 1);
+        assert!(
+            (m - l).abs() <= 1e-6 * l.abs(),
+            "step {}: mpi {m} vs local {l}",
+            i + 1
+        );
+        assert!(
+            (m - o).abs() <= 1e-4 * o.abs(),
+            "step {}: mpi {m} vs one device {o}",
+            i + 1
+        );
     }
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["generate", s(&dir.0.join("mpi")), "--prompt", "In the beginning", "--tokens", "10"])
+        .args([
+            "generate",
+            s(&dir.0.join("mpi")),
+            "--prompt",
+            "In the beginning",
+            "--tokens",
+            "10",
+        ])
         .output()
         .expect("running tessera generate");
     assert_ok(&out);

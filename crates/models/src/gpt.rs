@@ -163,7 +163,11 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
         let table = b.parameter("embedding_table", &[c.vocab_size, hidden], weight_init())?;
         Ok((table, b.embedding("gather", table, ids)?))
     })?;
-    let positions = b.parameter("wpe.embedding_table", &[seq, hidden], Initializer::normal(0.01))?;
+    let positions = b.parameter(
+        "wpe.embedding_table",
+        &[seq, hidden],
+        Initializer::normal(0.01),
+    )?;
     let mut x = b.add("embed.add", tokens, positions)?;
     x = dropout(&mut b, "embed.dropout", x)?;
     for layer in 0..c.layers {

@@ -124,7 +124,11 @@ impl GptParallel {
     pub fn strategies(&self, graph: &Graph) -> Result<BTreeMap<String, OpStrategy>, ModelsError> {
         let mut out = BTreeMap::new();
         // The vocabulary-parallel loss's ops, when the graph has them (scope `loss`).
-        let v = if self.vocab_emb_dp { 1 } else { self.model_parallel };
+        let v = if self.vocab_emb_dp {
+            1
+        } else {
+            self.model_parallel
+        };
         let loss_ops: BTreeMap<String, Vec<Vec<usize>>> =
             graph::vocab_parallel_cross_entropy_strategies("loss", self.data_parallel, v)
                 .into_iter()
@@ -133,11 +137,17 @@ impl GptParallel {
             if node.role != NodeRole::Forward || node.inputs.is_empty() {
                 continue;
             }
-            let strategy = loss_ops.get(&node.name).cloned().or_else(|| self.strategy_of(&node.name));
+            let strategy = loss_ops
+                .get(&node.name)
+                .cloned()
+                .or_else(|| self.strategy_of(&node.name));
             let strategy = strategy.ok_or_else(|| {
                 config_error(
                     "model.name",
-                    format!("the GPT has an op {:?} without a default strategy", node.name),
+                    format!(
+                        "the GPT has an op {:?} without a default strategy",
+                        node.name
+                    ),
                 )
             })?;
             out.insert(node.name.clone(), OpStrategy::from_tuples(strategy, None));

@@ -232,9 +232,8 @@ pub fn gpt_parallel_config(
     .map_err(model_error)?;
     split.check(gpt).map_err(model_error)?;
     let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
-    let mut strategies: BTreeMap<String, OpStrategy> = split
-        .strategies(&model.graph)
-        .map_err(model_error)?;
+    let mut strategies: BTreeMap<String, OpStrategy> =
+        split.strategies(&model.graph).map_err(model_error)?;
     strategies.extend(user);
     parallel.strategies = strategies;
     if parallel.dataset_strategy == DatasetStrategy::DataParallel {

@@ -55,7 +55,7 @@ impl StepProfile {
         let ms = |d: Duration| d.as_secs_f64() * 1e3 / runs;
         let share = |d: Duration| 100.0 * d.as_secs_f64() / (step.as_secs_f64() * runs).max(1e-12);
         let mut kinds: Vec<(&&str, &Tally)> = self.kernels.iter().collect();
-        kinds.sort_by(|a, b| b.1.time.cmp(&a.1.time));
+        kinds.sort_by_key(|k| std::cmp::Reverse(k.1.time));
         let mut out = String::new();
         for (kind, t) in kinds {
             let _ = writeln!(
@@ -66,7 +66,13 @@ impl StepProfile {
             );
         }
         let kernels = self.kernel_time();
-        let _ = writeln!(out, "  {:<32} {:>8.3} ms {:>5.1}%", "= kernels", ms(kernels), share(kernels));
+        let _ = writeln!(
+            out,
+            "  {:<32} {:>8.3} ms {:>5.1}%",
+            "= kernels",
+            ms(kernels),
+            share(kernels)
+        );
         let _ = writeln!(
             out,
             "  {:<32} {:>8.3} ms {:>5.1}%",

@@ -344,7 +344,13 @@ fn vocabulary_parallel_never_moves_the_logits() {
     for step in &session.train.steps {
         if let parallel::Step::Reshard(r) = step {
             let value = &session.train.placed.graph.values()[r.value.0];
-            let sent = r.plan.bytes_sent_per_rank().iter().map(|&(_, b)| b).max().unwrap_or(0);
+            let sent = r
+                .plan
+                .bytes_sent_per_rank()
+                .iter()
+                .map(|&(_, b)| b)
+                .max()
+                .unwrap_or(0);
             assert!(
                 sent < logits_block / 4,
                 "{} ({:?}) sends {sent} B from one rank: {}",

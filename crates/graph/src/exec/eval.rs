@@ -7,12 +7,12 @@ use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
 use crate::exec::dropout::dropout_into;
+use crate::exec::one_hot::{one_hot_into, Columns};
 use crate::exec::pieces::{
     concat_into, split_into, strided_slice_grad_into, strided_slice_into, AxisPieces, Strided,
 };
-use crate::exec::select::{masked_fill_into, triu_into, where_into};
-use crate::exec::one_hot::{one_hot_into, Columns};
 use crate::exec::reduce_max::reduce_max_into;
+use crate::exec::select::{masked_fill_into, triu_into, where_into};
 use crate::infer::{matrix_dims, reduced_shape};
 use crate::op::Op;
 use crate::rng::region_fits;

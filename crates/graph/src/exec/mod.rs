@@ -8,10 +8,10 @@
 mod dropout;
 mod eval;
 mod executor;
-mod pieces;
-mod select;
 mod one_hot;
+mod pieces;
 mod reduce_max;
+mod select;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
 pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};

@@ -259,9 +259,7 @@ pub fn input_layouts(
         | Op::Log
         | Op::StopGradient
         | Op::Dropout { .. }
-        | Op::Cast { .. } => {
-            elementwise(ctx, s, devices)
-        }
+        | Op::Cast { .. } => elementwise(ctx, s, devices),
         Op::Transpose { .. } | Op::ReduceSum { .. } | Op::ReduceMax { .. } => {
             elementwise(ctx, s, devices)
         }
