@@ -311,7 +311,7 @@ impl RuleCtx<'_> {
 /// | forward | input gradients |
 /// |---|---|
 /// | `MatMul(a, b)` | `MatMul(dy, b, false, !tb)` / `MatMul(a, dy, !ta, false)` etc. with the transposes folded into flags, never a transposed copy |
-/// | `BatchMatMul` | the same with `BatchMatMul`, then `SumToShape` over broadcast batch dims |
+/// | `BatchMatMul` | the same with `BatchMatMul`, then `SumToShape` over broadcast batch dims; for a 2-D `b` shared by a batched `a`, `BatchMatMulSum` (the batch summed inside one product) |
 /// | `Add`, `Sub` | `dy`, `±dy`, each `SumToShape`d to its input |
 /// | `Mul` | `dy·b`, `dy·a`, summed to shape |
 /// | `Div` | `dy/b`, `-(dy·y)/b`, summed to shape |
@@ -378,6 +378,22 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let grad_b = match tb {
                 false => (product(!ta, false), [a, dy]),
                 true => (product(true, ta), [dy, a]),
+            };
+            // A weight shared by every batch element (2-D b, batched a): its gradient sums the
+            // batch's products in one op, never a batched result summed afterwards.
+            let shared_b = batched && ctx.shape(b).len() == 2 && ctx.shape(a).len() > 2;
+            let grad_b = match grad_b {
+                (Op::BatchMatMul {
+                    transpose_a,
+                    transpose_b,
+                }, inputs) if shared_b => (
+                    Op::BatchMatMulSum {
+                        transpose_a,
+                        transpose_b,
+                    },
+                    inputs,
+                ),
+                other => other,
             };
             for (i, (op, inputs)) in [grad_a, grad_b].into_iter().enumerate() {
                 if wants[i] {
@@ -554,6 +570,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }
         | Op::StridedSliceGrad { .. }
+        | Op::BatchMatMulSum { .. }
         | Op::OneHot { .. }
         | Op::ReluGrad
         | Op::GeluGrad { .. }

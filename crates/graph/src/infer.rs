@@ -48,6 +48,21 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             shape.extend([m, n]);
             vec![(shape, a.dtype)]
         }
+        Op::BatchMatMulSum {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (a, b) = (c.float(0)?, c.same_dtype(1, 0)?);
+            c.min_rank(0, 3, "at least 3 dims (batch dims, then a matrix)")?;
+            c.min_rank(1, 3, "at least 3 dims (batch dims, then a matrix)")?;
+            let (m, k) = matrix_dims(&a.shape, *transpose_a);
+            let (k_b, n) = matrix_dims(&b.shape, *transpose_b);
+            c.dims_equal("inner dims", (0, k), (1, k_b))?;
+            if a.shape[..a.shape.len() - 2] != b.shape[..b.shape.len() - 2] {
+                return Err(c.not_broadcastable());
+            }
+            vec![(vec![m, n], a.dtype)]
+        }
         Op::Add | Op::Sub | Op::Mul | Op::Div => {
             let (a, b) = (c.float(0)?, c.same_dtype(1, 0)?);
             let shape =

@@ -39,6 +39,16 @@ pub enum Op {
         /// Use the matrices of `b` transposed.
         transpose_b: bool,
     },
+    /// *Backward* of [`Op::BatchMatMul`] for an operand shared by every batch element (a
+    /// weight): `Σ_batch op(a_i)·op(b_i)` of two inputs with the same batch dims, `[..., m, k]`
+    /// and `[..., k, n]` (transposes as flagged) → `[m, n]`. With `transpose_a` and not
+    /// `transpose_b` the batch folds into the reduction dim: one product of `[B·k, m]ᵀ·[B·k, n]`.
+    BatchMatMulSum {
+        /// Use the matrices of `a` transposed.
+        transpose_a: bool,
+        /// Use the matrices of `b` transposed.
+        transpose_b: bool,
+    },
     /// `a + b`, broadcasting.
     Add,
     /// `a - b`, broadcasting.
@@ -276,6 +286,7 @@ impl Op {
         match self {
             Op::MatMul { .. } => "MatMul",
             Op::BatchMatMul { .. } => "BatchMatMul",
+            Op::BatchMatMulSum { .. } => "BatchMatMulSum",
             Op::Add => "Add",
             Op::Sub => "Sub",
             Op::Mul => "Mul",
@@ -355,6 +366,7 @@ impl Op {
             | Op::BiasAddGrad => 1,
             Op::MatMul { .. }
             | Op::BatchMatMul { .. }
+            | Op::BatchMatMulSum { .. }
             | Op::Add
             | Op::Sub
             | Op::Mul
@@ -392,6 +404,7 @@ impl Op {
         matches!(
             self,
             Op::ReluGrad
+                | Op::BatchMatMulSum { .. }
                 | Op::GeluGrad { .. }
                 | Op::TanhGrad
                 | Op::SoftmaxGrad

@@ -39,9 +39,15 @@ fn matmul_every_transpose_combination() {
 
 #[test]
 fn batch_matmul_with_broadcast_batches() {
-    let cases: [(&[usize], &[usize], bool, bool); 4] = [
+    let cases: [(&[usize], &[usize], bool, bool); 8] = [
         (&[2, 3, 4], &[2, 4, 5], false, false),
-        (&[2, 3, 4], &[4, 5], false, false), // b shared by every batch
+        // b shared by every batch (a weight): its gradient is one BatchMatMulSum, folded into
+        // one product (transposed a) or accumulated, for every transpose combination.
+        (&[2, 3, 4], &[4, 5], false, false),
+        (&[2, 3, 4], &[5, 4], false, true),
+        (&[2, 4, 3], &[4, 5], true, false),
+        (&[2, 4, 3], &[5, 4], true, true),
+        (&[2, 2, 3, 4], &[5, 4], false, true),
         (&[2, 1, 4, 3], &[3, 5, 4], true, true), // batch dims broadcast both ways
         (&[3, 4], &[2, 4, 5], false, false), // a shared
     ];

@@ -335,6 +335,31 @@ fn eval_typed<T: Float + Element>(
                 .map_err(kernel())?;
             replace_checked(&mut outputs[0], result, ctx)
         }
+        Op::BatchMatMulSum {
+            transpose_a,
+            transpose_b,
+        } => {
+            let (a, b) = (inputs[0], inputs[1]);
+            min_rank(a, 3, "a", ctx)?;
+            min_rank(b, 3, "b", ctx)?;
+            let (ra, rb) = (a.ndim(), b.ndim());
+            let shape = GemmShape {
+                m: if *transpose_a { a.shape()[ra - 1] } else { a.shape()[ra - 2] },
+                k: if *transpose_a { a.shape()[ra - 2] } else { a.shape()[ra - 1] },
+                n: if *transpose_b { b.shape()[rb - 2] } else { b.shape()[rb - 1] },
+                trans_a: *transpose_a,
+                trans_b: *transpose_b,
+            };
+            let batch: usize = a.shape()[..ra - 2].iter().product();
+            kernels::batch_gemm_sum(
+                shape,
+                batch,
+                read::<T>(a, ctx)?,
+                read::<T>(b, ctx)?,
+                write(&mut outputs[0], ctx)?,
+            )
+            .map_err(kernel())
+        }
         Op::BiasAdd => {
             let (x, bias) = (read::<T>(inputs[0], ctx)?, read::<T>(inputs[1], ctx)?);
             kernels::bias_add_into(x, bias, write(&mut outputs[0], ctx)?).map_err(kernel())

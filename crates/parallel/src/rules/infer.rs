@@ -139,6 +139,35 @@ pub fn output_layouts(
             out_dims.push(cols);
             Ok(vec![output(ctx, &mesh, out_dims, ka, out)?])
         }
+        Op::BatchMatMulSum {
+            transpose_a,
+            transpose_b,
+        } => {
+            // Σ_batch op(a_i)·op(b_i): the batch dims and the reduction dim are summed away,
+            // so their axes (split alike in both inputs) become pending sums.
+            let (a, b) = (dims(0), dims(1));
+            let (ra, rb) = (a.len(), b.len());
+            let (rows, ka) = if *transpose_a {
+                (a[ra - 1].clone(), a[ra - 2].clone())
+            } else {
+                (a[ra - 2].clone(), a[ra - 1].clone())
+            };
+            let (kb, cols) = if *transpose_b {
+                (b[rb - 1].clone(), b[rb - 2].clone())
+            } else {
+                (b[rb - 2].clone(), b[rb - 1].clone())
+            };
+            if ka != kb || a[..ra - 2] != b[..rb - 2] {
+                return Err(ctx.unsupported(format!(
+                    "its inputs' batch and reduction dims must be split alike, got {} and {}",
+                    inputs[0].layout().describe_map(),
+                    inputs[1].layout().describe_map()
+                )));
+            }
+            let mut partial: Vec<usize> = a[..ra - 2].iter().flatten().copied().collect();
+            partial.extend(ka);
+            Ok(vec![output(ctx, &mesh, vec![rows, cols], partial, out_shape(0))?])
+        }
         Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             let out = out_shape(0);
             let r = out.len();

@@ -337,6 +337,34 @@ fn batch_matmul_checked(
     })
 }
 
+/// `C ← Σ_i op(A_i)·op(B_i)` over `batch` matrices stored one after another in `a` and `b`
+/// (each `shape`). With `trans_a` and not `trans_b` the sum is one product: the batch folds
+/// into the reduction dim (`[batch·k, m]ᵀ·[batch·k, n]`); otherwise the products accumulate.
+pub fn batch_gemm_sum<T: Float>(
+    shape: GemmShape,
+    batch: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "batch_gemm_sum";
+    let (a_size, b_size) = (shape.m * shape.k, shape.k * shape.n);
+    check::buffer_len(OP, "a", batch * a_size, a.len())?;
+    check::buffer_len(OP, "b", batch * b_size, b.len())?;
+    if shape.trans_a && !shape.trans_b {
+        let folded = GemmShape {
+            k: shape.k * batch,
+            ..shape
+        };
+        return gemm(folded, T::ONE, a, b, T::ZERO, c);
+    }
+    c.fill(T::ZERO);
+    for (ai, bi) in a.chunks_exact(a_size.max(1)).zip(b.chunks_exact(b_size.max(1))).take(batch) {
+        gemm(shape, T::ONE, ai, bi, T::ONE, c)?;
+    }
+    Ok(())
+}
+
 /// One gemm per batch element of the broadcast `batch` shape (or a single tall gemm when `b` is
 /// shared by every batch element and `a` is not transposed).
 fn batched_gemm<T: Float>(

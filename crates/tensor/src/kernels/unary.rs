@@ -136,14 +136,14 @@ function!(
     fwd | x | {
         let half = T::from_f64(0.5);
         let inner = T::from_f64(SQRT_2_OVER_PI) * (x + T::from_f64(GELU_CUBIC) * x * x * x);
-        half * x * (T::ONE + inner.tanh())
+        half * x * (T::ONE + inner.tanh_vectorizable())
     },
     bwd | x,
     dy | {
         let half = T::from_f64(0.5);
         let c = T::from_f64(GELU_CUBIC);
         let k = T::from_f64(SQRT_2_OVER_PI);
-        let t = (k * (x + c * x * x * x)).tanh();
+        let t = (k * (x + c * x * x * x)).tanh_vectorizable();
         let d_inner = k * (T::ONE + T::from_f64(3.0) * c * x * x);
         dy * (half * (T::ONE + t) + half * x * (T::ONE - t * t) * d_inner)
     }
