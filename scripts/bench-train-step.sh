@@ -6,13 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-300}"
-venv="${TESSERA_BENCH_VENV:-target/bench-venv}"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --upgrade pip
-  "$venv/bin/pip" install --quiet torch --index-url https://download.pytorch.org/whl/cpu \
-    || "$venv/bin/pip" install --quiet torch
-fi
+. scripts/bench-venv.sh
 cargo build --release -p tessera-cli --quiet
 echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$venv/bin/python" scripts/torch_train_step.py "$steps"

@@ -383,10 +383,13 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             // batch's products in one op, never a batched result summed afterwards.
             let shared_b = batched && ctx.shape(b).len() == 2 && ctx.shape(a).len() > 2;
             let grad_b = match grad_b {
-                (Op::BatchMatMul {
-                    transpose_a,
-                    transpose_b,
-                }, inputs) if shared_b => (
+                (
+                    Op::BatchMatMul {
+                        transpose_a,
+                        transpose_b,
+                    },
+                    inputs,
+                ) if shared_b => (
                     Op::BatchMatMulSum {
                         transpose_a,
                         transpose_b,

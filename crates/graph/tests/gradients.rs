@@ -49,7 +49,7 @@ fn batch_matmul_with_broadcast_batches() {
         (&[2, 4, 3], &[5, 4], true, true),
         (&[2, 2, 3, 4], &[5, 4], false, true),
         (&[2, 1, 4, 3], &[3, 5, 4], true, true), // batch dims broadcast both ways
-        (&[3, 4], &[2, 4, 5], false, false), // a shared
+        (&[3, 4], &[2, 4, 5], false, false),     // a shared
     ];
     for (a, b, ta, tb) in cases {
         let op = Op::BatchMatMul {

@@ -206,6 +206,23 @@ impl RankExecutor {
         self.buffer(self.program.outputs[index].buffer)
     }
 
+    /// Feeds input `index` from `rows`, this rank's rows of the global batch (every other dim
+    /// whole): the rest of the rank's box is cut from them when the input's other dims are
+    /// split too.
+    pub fn set_input_rows(&mut self, index: usize, rows: Tensor) -> Result<(), RuntimeError> {
+        let layout = self.program.inputs[index].layout.clone();
+        let mut within = self.box_of(&layout)?;
+        if let Some(o) = within.offset.first_mut() {
+            *o = 0;
+        }
+        let block = if within.shape == rows.shape() {
+            rows
+        } else {
+            rows.extract_box(&within)?
+        };
+        self.set_input(index, &block)
+    }
+
     /// Turns the per-step timing of [`RankExecutor::run`] on (a fresh [`StepProfile`]) or off.
     pub fn set_profiling(&mut self, on: bool) {
         self.profile = on.then(StepProfile::default);

@@ -140,17 +140,7 @@ impl TextData {
                 inputs
             };
             let ids: Vec<i32> = ids.into_iter().map(|t| t as i32).collect();
-            let block = Tensor::from_vec(&[rows, self.seq_len], ids)?;
-            let mut within = region.clone();
-            if let Some(o) = within.offset.first_mut() {
-                *o = 0;
-            }
-            let block = if within.shape == block.shape() {
-                block
-            } else {
-                block.extract_box(&within)?
-            };
-            exec.set_input(i, &block)?;
+            exec.set_input_rows(i, Tensor::from_vec(&[rows, self.seq_len], ids)?)?;
         }
         Ok(())
     }

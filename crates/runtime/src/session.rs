@@ -457,17 +457,7 @@ impl Session {
             } else {
                 data.read_images(rows)?
             };
-            // The rows are this rank's; cut the other dims of its box when they are split too.
-            let mut within = region.clone();
-            if let Some(o) = within.offset.first_mut() {
-                *o = 0;
-            }
-            let block = if within.shape == block.shape() {
-                block
-            } else {
-                block.extract_box(&within)?
-            };
-            exec.set_input(i, &block)?;
+            exec.set_input_rows(i, block)?;
         }
         Ok(())
     }

@@ -344,9 +344,21 @@ fn eval_typed<T: Float + Element>(
             min_rank(b, 3, "b", ctx)?;
             let (ra, rb) = (a.ndim(), b.ndim());
             let shape = GemmShape {
-                m: if *transpose_a { a.shape()[ra - 1] } else { a.shape()[ra - 2] },
-                k: if *transpose_a { a.shape()[ra - 2] } else { a.shape()[ra - 1] },
-                n: if *transpose_b { b.shape()[rb - 2] } else { b.shape()[rb - 1] },
+                m: if *transpose_a {
+                    a.shape()[ra - 1]
+                } else {
+                    a.shape()[ra - 2]
+                },
+                k: if *transpose_a {
+                    a.shape()[ra - 2]
+                } else {
+                    a.shape()[ra - 1]
+                },
+                n: if *transpose_b {
+                    b.shape()[rb - 2]
+                } else {
+                    b.shape()[rb - 1]
+                },
                 trans_a: *transpose_a,
                 trans_b: *transpose_b,
             };

@@ -33,6 +33,23 @@ fn output(
     DistLayout::partial(layout, &partial).map_err(|e| ctx.unsupported(e.to_string()))
 }
 
+/// The axes of a matrix product's rows, its inputs' reduction dims and its columns, from the
+/// inputs' per-dim axes (the last two dims of each, transposes as flagged).
+fn matrix_axes(a: &[Vec<usize>], b: &[Vec<usize>], ta: bool, tb: bool) -> [Vec<usize>; 4] {
+    let (ra, rb) = (a.len(), b.len());
+    let (rows, ka) = if ta {
+        (&a[ra - 1], &a[ra - 2])
+    } else {
+        (&a[ra - 2], &a[ra - 1])
+    };
+    let (kb, cols) = if tb {
+        (&b[rb - 1], &b[rb - 2])
+    } else {
+        (&b[rb - 2], &b[rb - 1])
+    };
+    [rows.clone(), ka.clone(), kb.clone(), cols.clone()]
+}
+
 /// The layouts of the outputs of `ctx`'s op when its inputs are laid out as `inputs`, all on
 /// one mesh. `stage` is the mesh used by ops without inputs.
 pub fn output_layouts(
@@ -94,16 +111,7 @@ pub fn output_layouts(
         } => {
             let (a, b) = (dims(0), dims(1));
             let (ra, rb) = (a.len(), b.len());
-            let (rows, ka) = if *transpose_a {
-                (a[ra - 1].clone(), a[ra - 2].clone())
-            } else {
-                (a[ra - 2].clone(), a[ra - 1].clone())
-            };
-            let (kb, cols) = if *transpose_b {
-                (b[rb - 1].clone(), b[rb - 2].clone())
-            } else {
-                (b[rb - 2].clone(), b[rb - 1].clone())
-            };
+            let [rows, ka, kb, cols] = matrix_axes(&a, &b, *transpose_a, *transpose_b);
             if ka != kb {
                 return Err(ctx.unsupported(format!(
                     "the reduction dims of its inputs are split differently ({} and {})",
@@ -147,16 +155,7 @@ pub fn output_layouts(
             // so their axes (split alike in both inputs) become pending sums.
             let (a, b) = (dims(0), dims(1));
             let (ra, rb) = (a.len(), b.len());
-            let (rows, ka) = if *transpose_a {
-                (a[ra - 1].clone(), a[ra - 2].clone())
-            } else {
-                (a[ra - 2].clone(), a[ra - 1].clone())
-            };
-            let (kb, cols) = if *transpose_b {
-                (b[rb - 1].clone(), b[rb - 2].clone())
-            } else {
-                (b[rb - 2].clone(), b[rb - 1].clone())
-            };
+            let [rows, ka, kb, cols] = matrix_axes(&a, &b, *transpose_a, *transpose_b);
             if ka != kb || a[..ra - 2] != b[..rb - 2] {
                 return Err(ctx.unsupported(format!(
                     "its inputs' batch and reduction dims must be split alike, got {} and {}",
@@ -166,7 +165,13 @@ pub fn output_layouts(
             }
             let mut partial: Vec<usize> = a[..ra - 2].iter().flatten().copied().collect();
             partial.extend(ka);
-            Ok(vec![output(ctx, &mesh, vec![rows, cols], partial, out_shape(0))?])
+            Ok(vec![output(
+                ctx,
+                &mesh,
+                vec![rows, cols],
+                partial,
+                out_shape(0),
+            )?])
         }
         Op::Add | Op::Sub | Op::Mul | Op::Div | Op::MaskedFill { .. } | Op::Where => {
             let out = out_shape(0);

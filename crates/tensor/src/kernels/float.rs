@@ -344,7 +344,10 @@ mod fast_math_tests {
         assert!(worst < 2e-7, "worst absolute error {worst}");
         for x in [0.0f32, -0.0, 1e-30, -1e-30, 1e-4, f32::MAX, f32::MIN] {
             let err = (f64::from(fast_tanh_f32(x)) - f64::from(x).tanh()).abs();
-            assert!(err <= 2e-7 * (1.0 + f64::from(x).tanh().abs()), "{x}: {err}");
+            assert!(
+                err <= 2e-7 * (1.0 + f64::from(x).tanh().abs()),
+                "{x}: {err}"
+            );
         }
         assert_eq!(fast_tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
         assert!(fast_tanh_f32(f32::NAN).is_nan());

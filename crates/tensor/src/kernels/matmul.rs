@@ -359,7 +359,11 @@ pub fn batch_gemm_sum<T: Float>(
         return gemm(folded, T::ONE, a, b, T::ZERO, c);
     }
     c.fill(T::ZERO);
-    for (ai, bi) in a.chunks_exact(a_size.max(1)).zip(b.chunks_exact(b_size.max(1))).take(batch) {
+    for (ai, bi) in a
+        .chunks_exact(a_size.max(1))
+        .zip(b.chunks_exact(b_size.max(1)))
+        .take(batch)
+    {
         gemm(shape, T::ONE, ai, bi, T::ONE, c)?;
     }
     Ok(())
