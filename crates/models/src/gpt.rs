@@ -104,6 +104,26 @@ impl GptConfig {
                 ),
             });
         }
+        let params = self.parameter_count();
+        if params > MAX_ELEMENTS {
+            return Err(ModelsError::Config {
+                key: "model".to_string(),
+                reason: format!(
+                    "{params} parameters (layers {}, hidden {}, ffn_hidden {}, vocabulary {}, seq_len {}) exceed the {MAX_ELEMENTS}-element bound",
+                    self.layers, self.hidden, self.ffn_hidden, self.vocab_size, self.seq_len
+                ),
+            });
+        }
+        let activation = self.largest_activation();
+        if activation > MAX_ELEMENTS {
+            return Err(ModelsError::Config {
+                key: "data.batch_size".to_string(),
+                reason: format!(
+                    "the largest activation ({activation} elements: batch {} × seq_len {} × the widest of ffn_hidden, vocabulary and heads × seq_len) exceeds the {MAX_ELEMENTS}-element bound",
+                    self.batch, self.seq_len
+                ),
+            });
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(ModelsError::Config {
                 key: "model.dropout".to_string(),
@@ -111,6 +131,37 @@ impl GptConfig {
             });
         }
         Ok(())
+    }
+}
+
+/// The most elements a GPT's parameters (together) or any one of its activations may have:
+/// 2^31 (8 GiB of f32). Sizes come from files and flags; they are checked before anything is
+/// built.
+pub const MAX_ELEMENTS: u128 = 1 << 31;
+
+impl GptConfig {
+    /// Parameters in the model (tied or untied head included), computed without overflow.
+    pub fn parameter_count(&self) -> u128 {
+        let (v, h, s, f, l) = (
+            self.vocab_size as u128,
+            self.hidden as u128,
+            self.seq_len as u128,
+            self.ffn_hidden as u128,
+            self.layers as u128,
+        );
+        let block = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h;
+        let head = if self.tie_embeddings { 0 } else { v * h };
+        v * h + s * h + l * block + 2 * h + head
+    }
+
+    /// Elements of the largest activation: `batch × seq_len` times the widest of `ffn_hidden`,
+    /// the vocabulary (the logits) and `heads × seq_len` (the attention weights).
+    pub fn largest_activation(&self) -> u128 {
+        let widest = (self.ffn_hidden as u128)
+            .max(self.vocab_size as u128)
+            .max(self.heads as u128 * self.seq_len as u128)
+            .max(self.hidden as u128);
+        self.batch as u128 * self.seq_len as u128 * widest
     }
 }
 
@@ -244,4 +295,40 @@ fn attention(
         let out = b.call("proj", &dense(hidden, hidden, out_std), context)?;
         dropout(b, "resid_dropout", out)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_count_matches_the_built_graph() {
+        for tie in [true, false] {
+            let config = GptConfig {
+                tie_embeddings: tie,
+                ..GptConfig::new(50, 2, 4, 16, 8, 2)
+            };
+            let model = gpt(&config, DType::F32).unwrap();
+            let built: usize = model
+                .graph
+                .values()
+                .iter()
+                .filter(|v| matches!(v.kind, graph::ValueKind::Parameter { .. }))
+                .map(|v| v.n_elements())
+                .sum();
+            assert_eq!(config.parameter_count(), built as u128, "tie {tie}");
+        }
+    }
+
+    #[test]
+    fn implausible_sizes_are_refused_before_anything_is_built() {
+        let huge = GptConfig::new(256, 4, 4, 1 << 20, 64, 16);
+        let err = gpt(&huge, DType::F32).unwrap_err().to_string();
+        assert!(err.contains("parameters") && err.contains("bound"), "{err}");
+        let wide = GptConfig::new(1 << 20, 1, 1, 8, 4096, 64);
+        let err = gpt(&wide, DType::F32).unwrap_err().to_string();
+        assert!(err.contains("data.batch_size"), "{err}");
+        let err = gpt(&GptConfig::new(256, 1, 3, 8, 4, 1), DType::F32).unwrap_err();
+        assert!(err.to_string().contains("model.heads"), "{err}");
+    }
 }
