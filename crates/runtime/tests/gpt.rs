@@ -364,3 +364,72 @@ fn vocabulary_parallel_never_moves_the_logits() {
     let plan = session.train.explain();
     assert!(plan.contains("reshard wte.gather: all-reduce"), "{plan}");
 }
+
+#[test]
+fn bad_gpt_and_text_settings_name_the_key_or_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parse = |extra: &[&str]| {
+        let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let text = format!(
+            "[model]\nname = \"gpt\"\nlayers = 1\nheads = 2\nhidden = 8\nseq_len = 8\n\
+             [data]\nformat = \"text\"\npath = \"{}\"\nbatch_size = 2\n\
+             [train]\nepochs = 1\noptimizer = \"sgd\"\nlearning_rate = 0.1\n[output]\ndir = \"{}\"\n",
+            kjv().display(),
+            tmp.path().display()
+        );
+        TrainConfig::parse(&text, None, &overrides, Path::new("/"))
+            .and_then(|c| Session::new(&c).map(|_| ()))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let not_text = tmp.path().join("latin1.txt");
+    std::fs::write(&not_text, [b'a', 0xE9, b'b']).unwrap();
+    let corrupt = tmp.path().join("broken.txt.gz");
+    std::fs::write(&corrupt, b"not gzip at all").unwrap();
+    let short = tmp.path().join("short.txt");
+    std::fs::write(&short, "tiny").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["data.format=\"idx\"".into(), "data.dir=/nowhere".into()],
+            "data.format",
+        ),
+        (vec!["data.tokenizer=\"word\"".into()], "data.tokenizer"),
+        (vec!["model.dropout=1.5".into()], "model.dropout"),
+        (vec!["model.heads=3".into()], "model.heads"),
+        (vec!["data.val_fraction=1.0".into()], "data.val_fraction"),
+        (
+            vec!["data.path=/nowhere/kjv.txt".into()],
+            "/nowhere/kjv.txt",
+        ),
+        (
+            vec![format!("data.path=\"{}\"", not_text.display())],
+            "latin1.txt",
+        ),
+        (
+            vec![format!("data.path=\"{}\"", corrupt.display())],
+            "broken.txt.gz",
+        ),
+        (
+            vec![format!("data.path=\"{}\"", short.display())],
+            "short.txt",
+        ),
+        (
+            vec![
+                "parallel.mode=\"semi_auto\"".into(),
+                "parallel.devices=4".into(),
+                "parallel.model_parallel=4".into(),
+                "model.heads=4".into(),
+                "data.batch_size=4".into(),
+                "parallel.vocab_emb_dp=false".into(),
+                "data.tokenizer=\"char\"".into(),
+            ],
+            "vocabulary",
+        ),
+    ];
+    for (overrides, needle) in cases {
+        let args: Vec<&str> = overrides.iter().map(String::as_str).collect();
+        let err = parse(&args);
+        assert!(err.contains(needle), "{overrides:?}: {err:?}");
+    }
+}
