@@ -2,11 +2,12 @@
 //! pre-LayerNorm blocks of causal multi-head attention and a GeLU MLP, a final LayerNorm and an
 //! LM head that shares the token embedding table unless `tie_embeddings` is off.
 //!
-//! Every op and parameter has a hierarchical name (`blocks.3.attn.q.matmul`,
-//! `blocks.3.mlp.fc1.weight`); `docs/CONFIG.md` lists them. The attention has one projection per
-//! role (`q`, `k`, `v`, as MindFormers' `dense1..3`) whose output features are ordered
-//! `(head, head_dim)`: reshaped from `[B, S, H]` to `[B, S, heads, head_dim]`, a split of the
-//! features over `model_parallel` becomes a split of the heads.
+//! Every op and parameter has a hierarchical name (`blocks.3.attn.qkv.matmul`,
+//! `blocks.3.mlp.fc1.weight`); `docs/CONFIG.md` lists them. The attention is laid out as
+//! Megatron-LM lays it out, so that splitting the fused QKV projection's output features over
+//! `model_parallel` splits the heads: its output features are ordered `(head, q|k|v, head_dim)`,
+//! its output `[B, S, 3·H]` is reshaped to `[B, S, heads, 3·head_dim]` (a split of the last dim
+//! becomes a split of the heads) and cut into `q`, `k`, `v` along the last dim.
 
 use graph::models::Model;
 use graph::nn::{Activation, Dense, LayerNorm};
@@ -274,15 +275,15 @@ fn attention(
 ) -> Result<ValueId, GraphError> {
     let (batch, seq, hidden, heads, hd) = (c.batch, c.seq_len, c.hidden, c.heads, c.head_dim());
     b.scope("attn", |b| {
-        // One projection per role, each split into heads `[B, H, S, head_dim]`.
-        let heads_of = |b: &mut GraphBuilder, role: &str| {
-            let y = b.call(role, &dense(hidden, hidden, 0.02), x)?;
-            let y = b.reshape(&format!("{role}_heads"), y, &[batch, seq, heads, hd])?;
-            b.transpose(&format!("{role}_t"), y, &[0, 2, 1, 3])
-        };
-        let q = heads_of(b, "q")?;
-        let k = heads_of(b, "k")?;
-        let v = heads_of(b, "v")?;
+        // One fused projection whose output features are ordered (head, q|k|v, head_dim):
+        // `[B, S, 3·H]` → `[B, S, heads, 3·head_dim]` keeps a split of the features as a split
+        // of the heads, and the last dim is cut into q, k and v.
+        let qkv = b.call("qkv", &dense(hidden, 3 * hidden, 0.02), x)?;
+        let qkv = b.reshape("split_heads", qkv, &[batch, seq, heads, 3 * hd])?;
+        let parts = b.split("qkv_split", qkv, 3, &[hd, hd, hd])?;
+        let q = b.transpose("q_t", parts[0], &[0, 2, 1, 3])?;
+        let k = b.transpose("k_t", parts[1], &[0, 2, 1, 3])?;
+        let v = b.transpose("v_t", parts[2], &[0, 2, 1, 3])?;
         let scores = b.batch_matmul("scores", q, k, false, true)?;
         let mask = b.triu("causal_mask", &[seq, seq], 1)?;
         let scores = b.masked_fill("masked", scores, mask, -1e9)?;

@@ -1,7 +1,7 @@
 //! The GPT's op strategies from a MindFormers-style parallel config.
 //!
 //! Megatron-LM's layout, as MindFormers' GPT cells set it from `parallel_config`:
-//! - the Q, K, V projections and `fc1` are column parallel (output features split over
+//! - the fused QKV projection and `fc1` are column parallel (output features split over
 //!   `model_parallel`), so attention runs with its heads split over `model_parallel`;
 //! - the attention output projection and `fc2` are row parallel (input features split), so
 //!   their outputs are pending sums, all-reduced where they rejoin the residual stream;
@@ -170,13 +170,15 @@ impl GptParallel {
             ("wte", "gather") => vec![vec![v, 1], vec![dp, 1]],
             ("embed", "add") => vec![stream.clone(), vec![s, 1]],
             (_, "layer_norm") => vec![stream.clone(), vec![1], vec![1]],
-            ("q" | "k" | "v" | "fc1", "matmul") => vec![vec![dp, 1, 1], vec![mp, 1]],
-            ("q" | "k" | "v" | "fc1", "bias_add") => vec![vec![dp, 1, mp], vec![mp]],
+            ("qkv" | "fc1", "matmul") => vec![vec![dp, 1, 1], vec![mp, 1]],
+            ("qkv" | "fc1", "bias_add") => vec![vec![dp, 1, mp], vec![mp]],
             ("fc1", "gelu") => vec![vec![dp, 1, mp]],
             ("proj" | "fc2", "matmul") => vec![vec![dp, 1, mp], vec![1, mp]],
             ("proj" | "fc2", "bias_add") => vec![stream.clone(), vec![1]],
-            ("attn", "q_heads" | "k_heads" | "v_heads") => vec![vec![dp, 1, mp]],
-            ("attn", "q_t" | "k_t" | "v_t" | "merge_heads") => vec![vec![dp, 1, mp, 1]],
+            ("attn", "split_heads") => vec![vec![dp, 1, mp]],
+            ("attn", "qkv_split" | "q_t" | "k_t" | "v_t" | "merge_heads") => {
+                vec![vec![dp, 1, mp, 1]]
+            }
             ("attn", "scores" | "context") => vec![heads4.clone(), heads4],
             ("attn", "masked") => vec![heads4, vec![1, 1]],
             ("attn", "softmax" | "attn_dropout" | "context_t") => vec![heads4],

@@ -255,7 +255,7 @@ fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
 #[test]
 fn glob_and_cell_keys_override_the_cells_strategies() {
     let tmp = tempfile::tempdir().unwrap();
-    let keys = "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]\n\"blocks.1.attn.q.bias_add\" = [[4, 1, 1], [1]]";
+    let keys = "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]\n\"blocks.1.attn.qkv.bias_add\" = [[4, 1, 1], [1]]";
     let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
     let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
         .op_strategies()
@@ -270,11 +270,11 @@ fn glob_and_cell_keys_override_the_cells_strategies() {
         assert_eq!(fc2, &vec![vec![2, 1, 2], vec![1, 2]]);
     }
     assert_eq!(
-        strategies["blocks.1.attn.q.bias_add"],
+        strategies["blocks.1.attn.qkv.bias_add"],
         vec![vec![4, 1, 1], vec![1]]
     );
     assert_eq!(
-        strategies["blocks.0.attn.q.bias_add"],
+        strategies["blocks.0.attn.qkv.bias_add"],
         vec![vec![2, 1, 2], vec![2]]
     );
     // A key that matches no op is an error naming it.
