@@ -239,3 +239,74 @@ proptest! {
         check(&c, "attn", &[fit(&[4, 4, 8], &e, devices, &[2])], devices);
     }
 }
+
+// The rules of the older ops a GPT uses, under random strategies.
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Attention's products: batch and head dims, rows, the reduction dim and columns split at
+    /// random (the reduction dim's split leaves a pending sum).
+    #[test]
+    fn batch_matmul_with_split_batch_head_and_reduction_dims(
+        devices in devices(),
+        e in exponents(5),
+        transpose_b in any::<bool>(),
+    ) {
+        let (b_shape, k_dim): (&[usize], usize) = if transpose_b {
+            (&[2, 4, 8, 4], 3)
+        } else {
+            (&[2, 4, 4, 8], 2)
+        };
+        let c = case(|b| {
+            let q = param(b, "q", &[2, 4, 8, 4])?;
+            let k = param(b, "k", b_shape)?;
+            b.batch_matmul("scores", q, k, false, transpose_b)
+        });
+        // [batch, heads, rows, reduction] for q; k follows on batch, heads and reduction.
+        let sq = fit(&[2, 4, 8, 4], &e[..4], devices, &[]);
+        let left = devices / sq.iter().product::<usize>();
+        let cols = fit(&[8], &e[4..], left, &[])[0];
+        let mut sk = vec![sq[0], sq[1], 1, 1];
+        sk[k_dim] = sq[3];
+        sk[if transpose_b { 2 } else { 3 }] = cols;
+        check(&c, "scores", &[sq, sk], devices);
+    }
+
+    /// A linear layer on `[B, S, H]` with a 2-D weight used transposed: the weight's gradient is
+    /// one BatchMatMulSum, whatever dims the strategy splits.
+    #[test]
+    fn batch_matmul_with_a_shared_weight(devices in devices(), e in exponents(4)) {
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 8, 8])?;
+            let w = param(b, "w", &[16, 8])?;
+            b.batch_matmul("linear", x, w, false, true)
+        });
+        let sx = fit(&[4, 8, 8], &e[..3], devices, &[]);
+        let left = devices / sx.iter().product::<usize>();
+        let out = fit(&[16], &e[3..], left, &[])[0];
+        check(&c, "linear", &[sx.clone(), vec![out, sx[2]]], devices);
+    }
+
+    /// Softmax over the last dim with the batch and head dims split.
+    #[test]
+    fn softmax_with_split_batch_and_head_dims(devices in devices(), e in exponents(3)) {
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 4, 8])?;
+            b.softmax("softmax", x)
+        });
+        check(&c, "softmax", &[fit(&[4, 4, 8], &e, devices, &[2])], devices);
+    }
+
+    /// LayerNorm with its batch and sequence dims split (sequence parallelism), gamma and beta
+    /// whole.
+    #[test]
+    fn layer_norm_with_split_batch_and_sequence_dims(devices in devices(), e in exponents(3)) {
+        let c = case(|b| {
+            let x = param(b, "x", &[4, 8, 8])?;
+            let gamma = param(b, "gamma", &[8])?;
+            let beta = param(b, "beta", &[8])?;
+            b.layer_norm("ln", x, gamma, beta, 1e-5)
+        });
+        check(&c, "ln", &[fit(&[4, 8, 8], &e, devices, &[2]), vec![1], vec![1]], devices);
+    }
+}
