@@ -98,3 +98,13 @@ pub enum RuntimeError {
     #[error(transparent)]
     Ckpt(#[from] ckpt::CkptError),
 }
+
+impl From<models::ModelsError> for RuntimeError {
+    /// A model's setting error is a config error naming its key.
+    fn from(e: models::ModelsError) -> RuntimeError {
+        match e {
+            models::ModelsError::Config { key, reason } => RuntimeError::Config { key, reason },
+            models::ModelsError::Graph(g) => RuntimeError::Graph(g),
+        }
+    }
+}

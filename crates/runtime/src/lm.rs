@@ -29,13 +29,6 @@ pub struct TextData {
     pub eval_batches: u64,
 }
 
-fn model_error(e: models::ModelsError) -> RuntimeError {
-    match e {
-        models::ModelsError::Config { key, reason } => RuntimeError::Config { key, reason },
-        models::ModelsError::Graph(g) => RuntimeError::Graph(g),
-    }
-}
-
 impl TextData {
     /// Opens `data.path` as `[data]` says.
     pub fn open(config: &TrainConfig, keys: &TextDataKeys) -> Result<TextData, RuntimeError> {
@@ -93,7 +86,7 @@ impl TextData {
                 && !config.gpt_parallel().vocab_emb_dp
                 && config.gpt_parallel().model_parallel > 1,
         };
-        gpt.validate().map_err(model_error)?;
+        gpt.validate()?;
         Ok(gpt)
     }
 
@@ -218,12 +211,10 @@ pub fn gpt_parallel_config(
         keys.model_parallel,
         keys.vocab_emb_dp,
         keys.use_seq_parallel,
-    )
-    .map_err(model_error)?;
-    split.check(gpt).map_err(model_error)?;
+    )?;
+    split.check(gpt)?;
     let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
-    let mut strategies: BTreeMap<String, OpStrategy> =
-        split.strategies(&model.graph).map_err(model_error)?;
+    let mut strategies: BTreeMap<String, OpStrategy> = split.strategies(&model.graph)?;
     strategies.extend(user);
     parallel.strategies = strategies;
     if parallel.dataset_strategy == DatasetStrategy::DataParallel {

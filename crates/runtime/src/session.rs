@@ -239,10 +239,7 @@ impl Session {
             })?;
         let text = TextData::open(config, keys)?;
         let gpt = text.gpt_config(config)?;
-        let model = models::gpt(&gpt, tensor::DType::F32).map_err(|e| match e {
-            models::ModelsError::Config { key, reason } => RuntimeError::Config { key, reason },
-            models::ModelsError::Graph(g) => RuntimeError::Graph(g),
-        })?;
+        let model = models::gpt(&gpt, tensor::DType::F32)?;
         let parallel = parallel_config(config, &model)?;
         let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
