@@ -433,3 +433,72 @@ fn bad_gpt_and_text_settings_name_the_key_or_file() {
         assert!(err.contains(needle), "{overrides:?}: {err:?}");
     }
 }
+
+/// A token file of the text's bytes trains exactly as the text does (the same ids, windows and
+/// losses), and every epoch ends with the validation loss in the metrics log.
+#[test]
+fn token_files_train_as_their_text_and_epochs_report_the_validation_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(kjv()).unwrap()),
+        &mut text,
+    )
+    .unwrap();
+    text.truncate(200_000);
+    let text_path = tmp.path().join("part.txt");
+    std::fs::write(&text_path, &text).unwrap();
+    let ids: Vec<u8> = text
+        .iter()
+        .flat_map(|&b| u16::from(b).to_le_bytes())
+        .collect();
+    let ids_path = tmp.path().join("part.bin");
+    std::fs::write(&ids_path, ids).unwrap();
+    let run = |name: &str, data: &str| {
+        let out = tmp.path().join(name);
+        let toml = format!(
+            "[model]\nname = \"gpt\"\nlayers = 1\nheads = 2\nhidden = 16\nseq_len = 16\n\
+             [data]\n{data}\nbatch_size = 4\nsteps_per_epoch = 3\neval_batches = 2\n\
+             [train]\nepochs = 2\noptimizer = \"adam\"\nlearning_rate = 0.01\n\
+             [output]\ndir = \"{}\"\nsave_checkpoint = false\n",
+            out.display()
+        );
+        let config = TrainConfig::parse(&toml, None, &[], Path::new("/")).unwrap();
+        let session = Session::new(&config).unwrap();
+        let options = LaunchOptions {
+            print_loss: false,
+            metrics_log: Some(config.output().metrics_file()),
+            ..LaunchOptions::default()
+        };
+        let report = runtime::train_local(&session, &options).unwrap();
+        let log = std::fs::read_to_string(config.output().metrics_file()).unwrap();
+        let evals: Vec<f64> = log
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter_map(|v| v.get("eval_loss").and_then(serde_json::Value::as_f64))
+            .collect();
+        (
+            report.losses().to_vec(),
+            report.eval_losses().to_vec(),
+            evals,
+        )
+    };
+    let text_run = run(
+        "text",
+        &format!("format = \"text\"\npath = \"{}\"", text_path.display()),
+    );
+    let ids_run = run(
+        "ids",
+        &format!(
+            "format = \"tokens\"\npath = \"{}\"\ndtype = \"u16\"\nvocab_size = 256",
+            ids_path.display()
+        ),
+    );
+    assert_eq!(text_run.0.len(), 6);
+    assert_eq!(ids_run.0, text_run.0, "the same ids train the same");
+    assert_eq!(ids_run.1, text_run.1);
+    // One validation loss per epoch, in the log as in the report.
+    assert_eq!(text_run.1.len(), 2);
+    assert_eq!(text_run.2, text_run.1);
+    assert!(text_run.1.iter().all(|l| l.is_finite() && *l > 0.0));
+}
