@@ -48,7 +48,7 @@ fn config_error(key: &str, reason: String) -> ModelsError {
 impl GptParallel {
     /// The parallel config on `devices` devices: `data_parallel` defaults to
     /// `devices / model_parallel`; when given, `data_parallel × model_parallel` must equal
-    /// `devices`.
+    /// `devices`, unless `model_parallel` is 1: then every device is a data-parallel shard.
     pub fn resolve(
         devices: usize,
         data_parallel: Option<usize>,
@@ -62,7 +62,13 @@ impl GptParallel {
                 format!("{model_parallel} does not divide the {devices} devices"),
             ));
         }
-        let data_parallel = data_parallel.unwrap_or(devices / model_parallel);
+        // With no model parallelism every device is a data-parallel shard, whatever
+        // `data_parallel` says (the rest is data parallel).
+        let data_parallel = match data_parallel {
+            _ if model_parallel == 1 => devices,
+            Some(dp) => dp,
+            None => devices / model_parallel,
+        };
         if data_parallel * model_parallel != devices {
             return Err(config_error(
                 "parallel.data_parallel",

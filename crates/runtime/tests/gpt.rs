@@ -224,6 +224,15 @@ fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
         let err = Session::new(&config).unwrap_err().to_string();
         assert!(err.contains(needle), "{keys}: {err}");
     }
+    // Without model parallelism the rest is data parallel: every device takes batch rows.
+    let keys = "data_parallel = 2\nmodel_parallel = 1";
+    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(8, keys))).unwrap();
+    let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
+        .op_strategies()
+        .into_iter()
+        .map(|r| (r.name, r.inputs))
+        .collect();
+    assert_eq!(strategies["wte.gather"], vec![vec![1, 1], vec![8, 1]]);
 }
 
 #[test]
