@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt::{CheckpointFile, MergeOptions};
 use runtime::{LaunchOptions, Session, TrainConfig};
+
+use crate::run_util::{self, merged_params, train_steps, Run};
 
 fn kjv() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")
@@ -50,65 +51,20 @@ dir = "{out}"
     TrainConfig::parse(&text, None, &[], Path::new("/")).expect("a valid test config")
 }
 
-type Run = (Vec<f32>, Vec<(String, Vec<f32>)>);
-
-/// Trains `config` on the local backend: the losses, and every merged parameter by name.
+/// Trains `config` for 20 steps: the losses, and every merged parameter by name.
 fn train(config: &TrainConfig) -> Run {
-    let session = Session::new(config).expect("the session builds");
-    let options = LaunchOptions {
-        print_loss: false,
-        ..LaunchOptions::default()
-    };
-    let report = runtime::train_local(&session, &options).expect("training runs");
-    assert_eq!(report.losses().len(), 20);
-    for r in &report.ranks {
-        assert_eq!(
-            r.losses,
-            report.losses(),
-            "every rank reports the same losses"
-        );
-    }
-    let out = &config.output().dir;
-    let merged = out.join("merged");
-    ckpt::unified_safetensors(
-        out,
-        &out.join("strategy.json"),
-        &merged,
-        &MergeOptions::default(),
-    )
-    .expect("the checkpoints merge");
-    let part = CheckpointFile::open(&merged.join("part0.safetensors")).expect("a merged part");
-    let params = session
+    let (session, losses) = train_steps(config, 20);
+    let names: Vec<String> = session
         .train
         .params
         .iter()
-        .map(|p| {
-            let t = part.read_tensor(&p.name).expect("a merged parameter");
-            (p.name.clone(), t.as_f32().expect("f32").to_vec())
-        })
+        .map(|p| p.name.clone())
         .collect();
-    (report.losses().to_vec(), params)
+    (losses, merged_params(&config.output().dir, &names))
 }
 
-fn assert_same_run(what: &str, (losses, params): &Run, (ref_losses, ref_params): &Run) {
-    for (step, (a, b)) in losses.iter().zip(ref_losses).enumerate() {
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        assert!(
-            rel <= 1e-4,
-            "{what}: step {}: loss {a} vs one device's {b}",
-            step + 1
-        );
-    }
-    assert_eq!(params.len(), ref_params.len(), "{what}: parameter count");
-    for ((name, a), (ref_name, b)) in params.iter().zip(ref_params) {
-        assert_eq!(name, ref_name);
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                (x - y).abs() <= 2e-4 * (1.0 + y.abs()),
-                "{what}: {name}[{i}] = {x} vs one device's {y}"
-            );
-        }
-    }
+fn assert_same_run(what: &str, run: &Run, reference: &Run) {
+    run_util::assert_same_run(what, run, reference, 2e-4);
 }
 
 fn semi(devices: usize, keys: &str) -> String {

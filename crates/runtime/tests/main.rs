@@ -10,6 +10,7 @@ mod layout_config;
 mod op_sharding;
 mod optimizer;
 mod reproducibility;
+mod run_util;
 mod sharded;
 mod sharded_cross_entropy;
 mod sharded_embedding;

@@ -8,8 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt::{CheckpointFile, MergeOptions};
 use runtime::{LaunchOptions, Session, TrainConfig};
+
+use crate::run_util::{self, merged_params, train_steps, Run};
 
 /// The bundled digits, relative to this crate.
 fn data_dir() -> PathBuf {
@@ -50,67 +51,21 @@ dir = "{out}"
     TrainConfig::parse(&text, None, &overrides, Path::new("/")).expect("a valid test config")
 }
 
-/// Trains `config` on the local backend: the losses, and the merged parameters by name.
-fn train(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
-    let session = Session::new(config).expect("the session builds");
-    let options = LaunchOptions {
-        print_loss: false,
-        ..LaunchOptions::default()
-    };
-    let report = runtime::train_local(&session, &options).expect("training runs");
-    assert_eq!(report.losses().len(), 20);
-    for r in &report.ranks {
-        assert_eq!(
-            r.losses,
-            report.losses(),
-            "every rank reports the same losses"
-        );
-    }
-    let params = merged_params(&config.output().dir);
-    (report.losses().to_vec(), params)
-}
-
-/// The parameters of the checkpoint the ranks saved in `out`, merged into full tensors.
-fn merged_params(out: &Path) -> Vec<(String, Vec<f32>)> {
-    let merged = out.join("merged");
-    ckpt::unified_safetensors(
-        out,
-        &out.join("strategy.json"),
-        &merged,
-        &MergeOptions::default(),
-    )
-    .expect("the checkpoints merge");
-    let part = CheckpointFile::open(&merged.join("part0.safetensors")).expect("a merged part");
+/// The seed MLP's weights.
+fn weights() -> Vec<String> {
     ["fc1_weight", "fc2_weight", "fc3_weight"]
-        .iter()
-        .map(|name| {
-            let t = part.read_tensor(name).expect("a merged parameter");
-            (name.to_string(), t.as_f32().expect("f32").to_vec())
-        })
-        .collect()
+        .map(String::from)
+        .to_vec()
 }
 
-fn assert_same_run(
-    what: &str,
-    (losses, params): &(Vec<f32>, Vec<(String, Vec<f32>)>),
-    (ref_losses, ref_params): &(Vec<f32>, Vec<(String, Vec<f32>)>),
-) {
-    for (step, (a, b)) in losses.iter().zip(ref_losses).enumerate() {
-        let rel = (a - b).abs() / b.abs().max(1e-12);
-        assert!(
-            rel <= 1e-4,
-            "{what}: step {}: loss {a} vs one device's {b}",
-            step + 1
-        );
-    }
-    for ((name, a), (_, b)) in params.iter().zip(ref_params) {
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                "{what}: {name}[{i}] = {x} vs one device's {y}"
-            );
-        }
-    }
+/// Trains `config` for 20 steps: the losses, and the merged weights by name.
+fn train(config: &TrainConfig) -> Run {
+    let (_, losses) = train_steps(config, 20);
+    (losses, merged_params(&config.output().dir, &weights()))
+}
+
+fn assert_same_run(what: &str, run: &Run, reference: &Run) {
+    run_util::assert_same_run(what, run, reference, 1e-4);
 }
 
 const SEED_SHARDS: &str = r#"
@@ -225,7 +180,7 @@ fn train_resumed(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
         "the resumed run trains the remaining steps"
     );
     assert_eq!(report.ranks[0].global_step, 20);
-    let params = merged_params(&config.output().dir);
+    let params = merged_params(&config.output().dir, &weights());
     (report.losses().to_vec(), params)
 }
 

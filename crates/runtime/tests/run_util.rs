@@ -1,0 +1,75 @@
+//! Training runs compared with one device: train a config on the local backend, merge the
+//! checkpoint its ranks saved, and compare losses and parameters.
+
+use std::path::Path;
+
+use ckpt::{CheckpointFile, MergeOptions};
+use runtime::{LaunchOptions, Session, TrainConfig};
+
+/// A run's loss at every step, and its merged parameters by name.
+pub type Run = (Vec<f32>, Vec<(String, Vec<f32>)>);
+
+/// Trains `config` on the local backend, expecting `steps` steps with the same loss on every
+/// rank; returns the session (for its programs) and the losses.
+pub fn train_steps(config: &TrainConfig, steps: usize) -> (Session, Vec<f32>) {
+    let session = Session::new(config).expect("the session builds");
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(&session, &options).expect("training runs");
+    assert_eq!(report.losses().len(), steps);
+    for r in &report.ranks {
+        assert_eq!(
+            r.losses,
+            report.losses(),
+            "every rank reports the same losses"
+        );
+    }
+    let losses = report.losses().to_vec();
+    (session, losses)
+}
+
+/// The parameters `names` of the checkpoint the ranks saved in `out`, merged into full tensors.
+pub fn merged_params(out: &Path, names: &[String]) -> Vec<(String, Vec<f32>)> {
+    let merged = out.join("merged");
+    ckpt::unified_safetensors(
+        out,
+        &out.join("strategy.json"),
+        &merged,
+        &MergeOptions::default(),
+    )
+    .expect("the checkpoints merge");
+    let part = CheckpointFile::open(&merged.join("part0.safetensors")).expect("a merged part");
+    names
+        .iter()
+        .map(|name| {
+            let t = part.read_tensor(name).expect("a merged parameter");
+            (name.clone(), t.as_f32().expect("f32").to_vec())
+        })
+        .collect()
+}
+
+/// Asserts that `run` matches `reference`, one device's run: every step's loss to a relative
+/// 1e-4, every parameter element to `tolerance · (1 + |x|)`.
+pub fn assert_same_run(what: &str, run: &Run, reference: &Run, tolerance: f32) {
+    let ((losses, params), (ref_losses, ref_params)) = (run, reference);
+    for (step, (a, b)) in losses.iter().zip(ref_losses).enumerate() {
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        assert!(
+            rel <= 1e-4,
+            "{what}: step {}: loss {a} vs one device's {b}",
+            step + 1
+        );
+    }
+    assert_eq!(params.len(), ref_params.len(), "{what}: parameter count");
+    for ((name, a), (ref_name, b)) in params.iter().zip(ref_params) {
+        assert_eq!(name, ref_name);
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= tolerance * (1.0 + y.abs()),
+                "{what}: {name}[{i}] = {x} vs one device's {y}"
+            );
+        }
+    }
+}
