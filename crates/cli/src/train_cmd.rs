@@ -63,7 +63,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         anyhow::bail!("--mpi-watchdog applies to --backend mpi only");
     }
     let session = Session::new(&config)?;
-    if args.explain {
+    if args.explain || args.explain_rank.is_some() {
         print!("{}", session.train.explain());
         if let Some(rank) = args.explain_rank {
             if rank >= session.devices() {

@@ -72,6 +72,24 @@ fn explain_prints_strategies_and_communication() {
     assert!(text.contains("B/step"));
 }
 
+/// `--explain-rank R` alone prints rank R's program and trains nothing.
+#[test]
+fn explain_rank_alone_prints_the_rank_program_without_training() {
+    let out = tessera(&[
+        "train",
+        "examples/gpt_kjv.toml",
+        "--explain-rank",
+        "3",
+        "--set",
+        "output.dir=\"/nonexistent/never-created\"",
+    ]);
+    assert_ok(&out);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("rank 3"), "{text}");
+    assert!(text.contains("blocks.0.attn.qkv.matmul"), "{text}");
+    assert!(!text.contains("trained"), "{text}");
+}
+
 fn expect_error(args: &[&str], needle: &str) {
     let mut all = vec!["train", "examples/seed_semi_auto.toml", "--explain"];
     all.extend_from_slice(args);
