@@ -467,3 +467,23 @@ fn token_files_train_as_their_text_and_epochs_report_the_validation_loss() {
     assert_eq!(text_run.2, text_run.1);
     assert!(text_run.1.iter().all(|l| l.is_finite() && *l > 0.0));
 }
+
+/// `parallel.mode = "data_parallel"` (every op's default strategy: the batch over all devices)
+/// trains the GPT as one device does.
+#[test]
+fn data_parallel_mode_matches_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = train(&config(
+        &tmp.path().join("alone"),
+        "momentum",
+        "",
+        "mode = \"stand_alone\"",
+    ));
+    let run = train(&config(
+        &tmp.path().join("dp"),
+        "momentum",
+        "",
+        "devices = 4\nmode = \"data_parallel\"",
+    ));
+    assert_same_run("data_parallel mode on 4 devices", &run, &reference);
+}

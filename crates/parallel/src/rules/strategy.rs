@@ -506,6 +506,17 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             a[1] = split;
             vec![a, vec![1; ctx.input_shapes[1].len()]]
         }
+        Op::BatchMatMul { .. }
+            if ctx.input_shapes[0].len() > 2
+                && ctx.input_shapes[1].len() == ctx.input_shapes[0].len()
+                && ctx.input_shapes[1][0] == ctx.input_shapes[0][0] =>
+        {
+            // Both operands batched alike (attention's products): the batch dim of both.
+            vec![
+                batch_split(ctx.input_shapes[0], true),
+                batch_split(ctx.input_shapes[1], true),
+            ]
+        }
         Op::MatMul { .. } | Op::BatchMatMul { .. } => vec![
             batch_split(ctx.input_shapes[0], true),
             vec![1; ctx.input_shapes[1].len()],
