@@ -16,7 +16,7 @@ use crate::ir::ValueId;
 
 /// The nodes of the composite, by name in its scope, and whether each node's inputs are
 /// logits-shaped (`[n, c]`, split `dp × mp`) or row-shaped (`[n, 1]` or `[n]`, split `dp`).
-const NODES: [(&str, &[Shape]); 11] = [
+const NODES: [(&str, &[Shape]); 12] = [
     ("max", &[Shape::Logits]),
     ("shift", &[Shape::Rows]),
     ("shifted", &[Shape::Logits, Shape::Rows]),
@@ -28,6 +28,7 @@ const NODES: [(&str, &[Shape]); 11] = [
     ("target", &[Shape::Logits]),
     ("row_loss", &[Shape::Rows, Shape::Rows]),
     ("total", &[Shape::Rows]),
+    ("loss", &[Shape::Scalar, Shape::Scalar]),
 ];
 
 /// The kind of an operand of the composite's nodes (a one-hot's strategy is its output's,
@@ -36,6 +37,7 @@ const NODES: [(&str, &[Shape]); 11] = [
 enum Shape {
     Logits,
     Rows,
+    Scalar,
 }
 
 impl GraphBuilder {
@@ -86,7 +88,7 @@ impl GraphBuilder {
             let row_loss = b.sub(NODES[9].0, lse, target)?;
             let total = b.reduce_sum(NODES[10].0, row_loss, &[], false)?;
             let divisor = b.fill("divisor", &[], batch_divisor as f64)?;
-            b.div("loss", total, divisor)
+            b.div(NODES[11].0, total, divisor)
         })
     }
 }
@@ -107,6 +109,7 @@ pub fn vocab_parallel_cross_entropy_strategies(
                 .map(|shape| match shape {
                     Shape::Logits => vec![dp, mp],
                     Shape::Rows => vec![dp, 1],
+                    Shape::Scalar => Vec::new(),
                 })
                 .collect();
             let name = if scope.is_empty() {

@@ -194,8 +194,6 @@ impl GptParallel {
             (_, "logits") => vec![vec![dp, 1, v]],
             (_, "labels_flat") => vec![vec![dp, 1]],
             ("", "loss") => vec![vec![dp, 1], vec![dp]],
-            // The vocabulary-parallel loss's final division of two scalars.
-            ("loss", "loss") => vec![Vec::new(), Vec::new()],
             _ => return None,
         };
         Some(strategy)
