@@ -115,6 +115,17 @@ pub enum LayoutError {
         /// The whole shape.
         shape: Vec<usize>,
     },
+    /// A manual row split does not fit the tensor: the wrong number of blocks, a block without
+    /// rows, or sizes that do not add up to the rows.
+    #[error("manual row split {sizes:?} of shape {shape:?}: {rule}")]
+    BadRowSplit {
+        /// The rows per block, as given.
+        sizes: Vec<usize>,
+        /// The tensor's global shape.
+        shape: Vec<usize>,
+        /// The rule broken.
+        rule: String,
+    },
     /// A strategy entry is zero.
     #[error(
         "strategy {strategy:?}: entry {dim} is 0; every dim needs a split factor of at least 1"

@@ -6,18 +6,42 @@ use crate::mesh::Mesh;
 use crate::slice_box::SliceBox;
 
 /// A [`Layout`] bound to a tensor's global shape. Every split dim divides exactly, so each slot of
-/// the mesh holds one [`SliceBox`] of the same shape.
+/// the mesh holds one [`SliceBox`] of the same shape — unless dim 0 has a *manual row split*
+/// (MindSpore's `manual_split` of a Gather's table, its `param_split_shape`): then block `i` of
+/// dim 0 has `row_split[i]` rows, and the slots' boxes differ in dim 0 only.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TensorLayout {
     layout: Layout,
     shape: Vec<usize>,
     slice_shape: Vec<usize>,
+    /// Rows of each block of dim 0 when they are uneven; `None`: `shape[0] / split` each.
+    row_split: Option<Vec<usize>>,
 }
 
 impl TensorLayout {
     /// Binds `layout` to `shape`: the layout has one entry per dim and every dim's size is
     /// divisible by the product of the axes splitting it.
     pub fn new(layout: Layout, shape: &[usize]) -> Result<TensorLayout, LayoutError> {
+        TensorLayout::bind(layout, shape, false)
+    }
+
+    /// Binds `layout` to `shape` with block `i` of dim 0 holding `rows[i]` rows (MindSpore's
+    /// manual split): dim 0 need not divide evenly; the other dims must.
+    pub fn with_rows(
+        layout: Layout,
+        shape: &[usize],
+        rows: &[usize],
+    ) -> Result<TensorLayout, LayoutError> {
+        TensorLayout::bind(layout, shape, true)?.with_row_split(rows)
+    }
+
+    /// [`TensorLayout::new`]; with `rows_by_hand`, dim 0 is not checked (its blocks are cut by
+    /// [`TensorLayout::with_row_split`] next).
+    fn bind(
+        layout: Layout,
+        shape: &[usize],
+        rows_by_hand: bool,
+    ) -> Result<TensorLayout, LayoutError> {
         let dims = layout.dims()?;
         if dims.len() != shape.len() {
             return Err(LayoutError::RankMismatch {
@@ -36,6 +60,10 @@ impl TensorLayout {
         let mut slice_shape = Vec::with_capacity(shape.len());
         for (dim, (axes, &size)) in dims.iter().zip(shape).enumerate() {
             let split: usize = axes.iter().map(|&a| mesh.axis_size(a)).product();
+            if dim == 0 && rows_by_hand {
+                slice_shape.push(size.div_ceil(split));
+                continue;
+            }
             if size % split != 0 {
                 return Err(LayoutError::NotDivisible {
                     dim,
@@ -55,7 +83,79 @@ impl TensorLayout {
             layout,
             shape: shape.to_vec(),
             slice_shape,
+            row_split: None,
         })
+    }
+
+    /// The same layout with block `i` of dim 0 holding `rows[i]` rows: one entry per block of
+    /// dim 0, each at least 1, adding up to the rows of the tensor.
+    pub fn with_row_split(&self, rows: &[usize]) -> Result<TensorLayout, LayoutError> {
+        let bad = |rule: String| LayoutError::BadRowSplit {
+            sizes: rows.to_vec(),
+            shape: self.shape.clone(),
+            rule,
+        };
+        let Some(&total) = self.shape.first() else {
+            return Err(bad("a scalar has no rows to split".to_string()));
+        };
+        let blocks = self.split_factors()[0];
+        if rows.len() != blocks {
+            return Err(bad(format!(
+                "dim 0 is split into {blocks} block(s), so it needs {blocks} size(s), got {}",
+                rows.len()
+            )));
+        }
+        if let Some(i) = rows.iter().position(|&r| r == 0) {
+            return Err(bad(format!(
+                "block {i} has no rows; every block needs at least one"
+            )));
+        }
+        let sum = rows.iter().try_fold(0usize, |acc, &r| acc.checked_add(r));
+        if sum != Some(total) {
+            return Err(bad(format!(
+                "the sizes add up to {}, but dim 0 has {total} rows",
+                sum.map_or_else(|| "more than usize::MAX".to_string(), |s| s.to_string())
+            )));
+        }
+        let even = rows.iter().all(|&r| r == rows[0]);
+        let mut out = self.clone();
+        out.slice_shape[0] = rows.iter().copied().max().unwrap_or(total);
+        out.row_split = (!even).then(|| rows.to_vec());
+        Ok(out)
+    }
+
+    /// Rows of each block of dim 0 when a manual row split makes them uneven.
+    pub fn row_split(&self) -> Option<&[usize]> {
+        self.row_split.as_deref()
+    }
+
+    /// Whether every slot holds a box of the same shape (no uneven row split).
+    pub fn is_uniform(&self) -> bool {
+        self.row_split.is_none()
+    }
+
+    /// First row and row count of block `block` of dim 0.
+    fn row_block(&self, block: usize) -> (usize, usize) {
+        match &self.row_split {
+            Some(rows) => (rows[..block].iter().sum(), rows[block]),
+            None => (block * self.slice_shape[0], self.slice_shape[0]),
+        }
+    }
+
+    /// The block of dim `dim` holding element `index` of that dim.
+    pub fn block_containing(&self, dim: usize, index: usize) -> usize {
+        match (&self.row_split, dim) {
+            (Some(rows), 0) => {
+                let mut end = 0;
+                rows.iter()
+                    .position(|&r| {
+                        end += r;
+                        index < end
+                    })
+                    .unwrap_or(rows.len() - 1)
+            }
+            _ => index / self.slice_shape[dim].max(1),
+        }
     }
 
     /// A fully replicated tensor of `shape` over `mesh`.
@@ -84,9 +184,18 @@ impl TensorLayout {
         &self.shape
     }
 
-    /// The shape every slot holds.
+    /// The shape every slot holds; with an uneven row split ([`TensorLayout::row_split`]), dim 0
+    /// is the largest block's rows and [`TensorLayout::slot_shape`] gives each slot's.
     pub fn slice_shape(&self) -> &[usize] {
         &self.slice_shape
+    }
+
+    /// The shape `slot` holds.
+    pub fn slot_shape(&self, slot: usize) -> Vec<usize> {
+        match &self.row_split {
+            None => self.slice_shape.clone(),
+            Some(_) => self.slot_box(slot).shape,
+        }
     }
 
     /// Number of elements of the global tensor.
@@ -94,7 +203,7 @@ impl TensorLayout {
         self.shape.iter().product()
     }
 
-    /// Number of elements each slot holds.
+    /// Number of elements each slot holds (the largest slot's with an uneven row split).
     pub fn slice_elements(&self) -> usize {
         self.slice_shape.iter().product()
     }
@@ -119,13 +228,17 @@ impl TensorLayout {
 
     /// The box held by `slot`.
     pub fn slot_box(&self, slot: usize) -> SliceBox {
-        let offset = self
-            .block_index(slot)
+        let block = self.block_index(slot);
+        let mut offset: Vec<usize> = block
             .iter()
             .zip(&self.slice_shape)
             .map(|(i, len)| i * len)
             .collect();
-        SliceBox::new(offset, self.slice_shape.clone())
+        let mut shape = self.slice_shape.clone();
+        if self.row_split.is_some() {
+            (offset[0], shape[0]) = self.row_block(block[0]);
+        }
+        SliceBox::new(offset, shape)
     }
 
     /// The box held by global rank `rank` (for interleaved meshes, the virtual rank).
@@ -223,8 +336,10 @@ impl TensorLayout {
 
     /// The same placement without unit mesh axes.
     pub fn normalized(&self) -> TensorLayout {
-        TensorLayout::new(self.layout.normalized(), &self.shape)
-            .expect("normalisation keeps divisibility")
+        TensorLayout {
+            layout: self.layout.normalized(),
+            ..self.clone()
+        }
     }
 
     /// Adds optimizer sharding (see [`Layout::with_optimizer_shard`]) and checks divisibility.
@@ -232,6 +347,14 @@ impl TensorLayout {
         &self,
         shard_size: Option<usize>,
     ) -> Result<TensorLayout, LayoutError> {
+        if let Some(rows) = &self.row_split {
+            return Err(LayoutError::BadRowSplit {
+                sizes: rows.clone(),
+                shape: self.shape.clone(),
+                rule: "optimizer sharding divides dim 0 evenly, which an uneven row split cannot"
+                    .to_string(),
+            });
+        }
         TensorLayout::new(self.layout.with_optimizer_shard(shard_size)?, &self.shape)
     }
 }
@@ -245,7 +368,11 @@ impl std::fmt::Display for TensorLayout {
             self.shape,
             self.mesh(),
             self.layout.describe_map()
-        )
+        )?;
+        match &self.row_split {
+            Some(rows) => write!(f, " with rows {rows:?}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -310,5 +437,73 @@ mod tests {
             t.rank_box(0).unwrap(),
             SliceBox::new(vec![4, 12], vec![4, 4])
         );
+    }
+
+    /// MindSpore's manual split of an embedding table: `[120, 56, 40, 40]` rows over mp = 4,
+    /// replicated over dp = 2.
+    #[test]
+    fn manual_row_split_gives_uneven_boxes() {
+        let base = Layout::new(&[2, 4], &["dp", "mp"], None).unwrap();
+        let t = base
+            .apply(&["mp".into(), "None".into()])
+            .unwrap()
+            .bind(&[256, 8])
+            .unwrap()
+            .with_row_split(&[120, 56, 40, 40])
+            .unwrap();
+        assert!(!t.is_uniform());
+        assert_eq!(t.slice_shape(), &[120, 8]);
+        assert_eq!(
+            t.rank_box(1).unwrap(),
+            SliceBox::new(vec![120, 0], vec![56, 8])
+        );
+        assert_eq!(
+            t.rank_box(7).unwrap(),
+            SliceBox::new(vec![216, 0], vec![40, 8])
+        );
+        assert_eq!(t.slot_shape(2), vec![40, 8]);
+        // Every row is held once per replica.
+        let rows: usize = t.distinct_boxes().iter().map(|(b, _)| b.shape[0]).sum();
+        assert_eq!(rows, 256);
+        assert_eq!(t.block_containing(0, 119), 0);
+        assert_eq!(t.block_containing(0, 120), 1);
+        assert_eq!(t.block_containing(0, 255), 3);
+        assert!(!t.same_placement(&t.normalized().with_row_split(&[64; 4]).unwrap()));
+        assert!(t.same_placement(&t.normalized()));
+        assert!(
+            t.to_string().ends_with("with rows [120, 56, 40, 40]"),
+            "{t}"
+        );
+        // Equal sizes are the uniform layout.
+        let even = t.with_row_split(&[64; 4]).unwrap();
+        assert!(even.is_uniform());
+        assert_eq!(
+            even,
+            base.apply(&["mp".into(), "None".into()])
+                .unwrap()
+                .bind(&[256, 8])
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_row_splits_name_the_rule() {
+        let t = Layout::new(&[4], &["mp"], None)
+            .unwrap()
+            .apply(&["mp".into(), "None".into()])
+            .unwrap()
+            .bind(&[256, 8])
+            .unwrap();
+        let msg = |rows: &[usize]| t.with_row_split(rows).unwrap_err().to_string();
+        assert!(
+            msg(&[128, 128]).contains("needs 4 size(s), got 2"),
+            "{}",
+            msg(&[128, 128])
+        );
+        assert!(msg(&[256, 0, 0, 0]).contains("block 1 has no rows"));
+        assert!(msg(&[100, 100, 100, 100]).contains("add up to 400, but dim 0 has 256 rows"));
+        assert!(msg(&[usize::MAX, 1, 1, 1]).contains("more than usize::MAX"));
+        let uneven = t.with_row_split(&[100, 56, 50, 50]).unwrap();
+        assert!(uneven.with_optimizer_shard(None).is_err());
     }
 }

@@ -68,7 +68,7 @@ impl ReshardRunner {
         let dst = plan.dst();
         let mut out: Vec<Tensor> = device_slots(dst, self.rank())
             .iter()
-            .map(|_| Tensor::zeros(plan.dtype(), dst.slice_shape()))
+            .map(|&slot| Tensor::zeros(plan.dtype(), &dst.slot_shape(slot)))
             .collect();
         let refs: Vec<&Tensor> = local.iter().collect();
         self.run_into(plan, &refs, &mut out)?;
@@ -452,12 +452,13 @@ fn check_inputs(
             ),
         });
     }
-    for t in local {
-        if t.shape() != layout.slice_shape() || t.dtype() != dtype {
+    for (&slot, t) in slots.iter().zip(local) {
+        let shape = layout.slot_shape(slot);
+        if t.shape() != shape || t.dtype() != dtype {
             return Err(ReshardError::LocalMismatch {
                 reason: format!(
                     "a slice of {layout} must be {:?} {dtype}, got {:?} {}",
-                    layout.slice_shape(),
+                    shape,
                     t.shape(),
                     t.dtype()
                 ),

@@ -204,11 +204,16 @@ impl ReduceStep {
         let slice = t.slice_shape();
         // The all-reduce comes first so that it wins a tie (one collective instead of two).
         let mut options: Vec<(ReduceKind, TensorLayout)> = vec![(ReduceKind::AllReduce, t.clone())];
-        options.extend((0..slice.len()).filter(|&d| slice[d] % n == 0).map(|dim| {
+        // An uneven row split keeps dim 0 whole within a block: no reduce-scatter onto it.
+        let scatterable = |d: usize| slice[d] % n == 0 && (t.is_uniform() || d != 0);
+        options.extend((0..slice.len()).filter(|&d| scatterable(d)).map(|dim| {
             let mut dims = t.dims().to_vec();
             dims[dim].extend_from_slice(src.partial_axes());
             let result = Layout::from_mesh(t.mesh().clone(), dims)
-                .and_then(|l| l.bind(t.shape()))
+                .and_then(|l| match t.row_split() {
+                    Some(rows) => TensorLayout::with_rows(l, t.shape(), rows),
+                    None => l.bind(t.shape()),
+                })
                 .expect("partial axes are unused and divide the chosen dim");
             (ReduceKind::ReduceScatter { dim }, result)
         }));

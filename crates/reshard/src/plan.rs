@@ -207,12 +207,13 @@ impl<'a> SourceIndex<'a> {
         if region.shape.contains(&0) {
             return;
         }
-        let slice_shape = self.layout.slice_shape();
         // Per dim, the range of block indices the region overlaps.
         let ranges: Vec<(usize, usize)> = (0..region.ndim())
             .map(|d| {
-                let first = region.offset[d] / slice_shape[d];
-                let last = (region.offset[d] + region.shape[d] - 1) / slice_shape[d];
+                let first = self.layout.block_containing(d, region.offset[d]);
+                let last = self
+                    .layout
+                    .block_containing(d, region.offset[d] + region.shape[d] - 1);
                 (first, last.min(self.factors[d] - 1))
             })
             .collect();

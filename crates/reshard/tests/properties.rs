@@ -193,6 +193,52 @@ proptest! {
     }
 }
 
+/// Splits `total` rows into `parts` blocks of at least one row each, spreading the rest by `seeds`.
+fn composition(total: usize, parts: usize, seeds: &[u8]) -> Vec<usize> {
+    let mut rows = vec![1; parts];
+    for i in 0..total - parts {
+        rows[usize::from(seeds[i % seeds.len()]) % parts] += 1;
+    }
+    rows
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Manual (uneven) row splits on either side, and a pending sum over an uneven source: the
+    /// plan still delivers every box and moves the fewest bytes.
+    #[test]
+    fn uneven_row_splits_reshard_exactly(
+        (world, spec_a, spec_b) in arb_pair(16),
+        ndim in 1usize..=2,
+        extra in 0usize..6,
+        seeds_a in proptest::collection::vec(any::<u8>(), 1..8),
+        seeds_b in proptest::collection::vec(any::<u8>(), 1..8),
+        partial in any::<bool>(),
+    ) {
+        let la = spec_a.layout(ndim);
+        let lb = spec_b.layout(ndim);
+        let (fa, fb) = (la.split_factors(), lb.split_factors());
+        let rows = fa[0] + fb[0] + extra;
+        let mut shape: Vec<usize> = (0..ndim).map(|d| fa[d] * fb[d] * 2).collect();
+        shape[0] = rows;
+        let bind_uneven = |l: &Layout, f: usize, seeds: &[u8]| -> TensorLayout {
+            TensorLayout::with_rows(l.clone(), &shape, &composition(rows, f, seeds)).unwrap()
+        };
+        let a = bind_uneven(&la, fa[0], &seeds_a);
+        let b = bind_uneven(&lb, fb[0], &seeds_b);
+        let src: DistLayout = if partial && !la.unused_axes().is_empty() {
+            DistLayout::partial(a.clone(), &la.unused_axes()).unwrap()
+        } else {
+            a.clone().into()
+        };
+        let plan = reshard::plan_from(&src, &b, DType::F32).unwrap();
+        prop_assert_eq!(plan.bytes_total(), plan.bytes_lower_bound());
+        run_and_check(world, &src, &b);
+        run_and_check(world, &b.clone().into(), &a);
+    }
+}
+
 #[test]
 fn pending_maxima_all_reduce_or_reduce_scatter_with_max() {
     let mesh = Layout::new(&[2, 2], &["dp", "tp"], None).unwrap();
