@@ -255,14 +255,15 @@ fn check_stored(
     param: &ResolvedParam,
     rank: usize,
 ) -> Result<()> {
-    let (pl, _) = param
+    let (pl, slot) = param
         .placement_of_rank(rank)
         .expect("a holder is a rank of one of the parameter's placements");
-    if t.shape != pl.held.slice_shape() {
+    let expected = pl.held.slot_shape(slot);
+    if t.shape != expected {
         return Err(CkptError::SliceShape {
             path: file.path().to_path_buf(),
             tensor: t.name.clone(),
-            expected: pl.held.slice_shape().to_vec(),
+            expected,
             found: t.shape.clone(),
         });
     }

@@ -11,6 +11,7 @@ use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile};
 use crate::rank_dir::rank_file_path;
 use crate::safetensors::{canonical_order, SafetensorsWriter};
 use crate::set::SET_ID_KEY;
+use crate::strategy::StagePlacement;
 use crate::strategy::{OpStrategyRecord, ResolvedStrategy, StrategyFlavour};
 
 /// Saves one rank's tensors as `dir/rank_<rank>/checkpoint_<rank>.safetensors` (metadata
@@ -170,13 +171,14 @@ pub fn to_ms_strategy(
             } else {
                 p.name.clone()
             };
+            let split = StagePlacement::ms_row_split(&pl.mp).unwrap_or_default();
             layout_items.push(MsLayoutItem {
                 param_name: name,
                 layout: MsLayout {
                     dev_matrix: vec![mesh.device_matrix().iter().map(|&d| d as u32).collect()],
                     tensor_map,
-                    param_split_shape: vec![Vec::new()],
-                    indices_offset: vec![Vec::new()],
+                    param_split_shape: vec![split.0],
+                    indices_offset: vec![split.1],
                     field: 0,
                     opt_weight_shard_step: pl.opt_shard_step() as i32,
                     opt_weight_shard_size: if pl.opt_shard > 1 {

@@ -49,9 +49,41 @@ pub struct StagePlacement {
     /// Optimizer-shard group size: `size` ranks of the replica group split dim 0 further
     /// (1 = no optimizer sharding). MindSpore's `-1` is already resolved to the replica count.
     pub opt_shard: usize,
+    /// Rows of each block of dim 0 when a manual split makes them uneven (MindSpore's
+    /// `param_split_shape`); `None`: even blocks.
+    pub rows: Option<Vec<usize>>,
 }
 
 impl StagePlacement {
+    /// The model-parallel layout bound to `shape`, with its manual row split if any.
+    pub fn bind(&self, shape: &[usize]) -> Result<TensorLayout, LayoutError> {
+        match &self.rows {
+            Some(rows) => TensorLayout::with_rows(self.layout.clone(), shape, rows),
+            None => self.layout.bind(shape),
+        }
+    }
+
+    /// Per-slice dim-0 sizes and offsets of a manual row split, in MindSpore's slice order
+    /// (row-major over the split factors): its `param_split_shape` and `indices_offset`.
+    pub fn ms_row_split(layout: &TensorLayout) -> Option<(Vec<i64>, Vec<i64>)> {
+        let rows = layout.row_split()?;
+        let inner: usize = layout.split_factors()[1..].iter().product();
+        let offsets: Vec<usize> = rows
+            .iter()
+            .scan(0, |acc, &r| {
+                let first = *acc;
+                *acc += r;
+                Some(first)
+            })
+            .collect();
+        let per_slice = |v: &[usize]| -> Vec<i64> {
+            v.iter()
+                .flat_map(|&x| std::iter::repeat_n(x as i64, inner))
+                .collect()
+        };
+        Some((per_slice(rows), per_slice(&offsets)))
+    }
+
     /// The layout ranks actually hold: the model-parallel layout with the optimizer shard.
     pub fn held_layout(&self) -> Result<Layout, LayoutError> {
         if self.opt_shard > 1 {
@@ -509,15 +541,20 @@ impl Strategy {
                             ),
                         });
                     }
-                    hint.shape
+                    let mut global = hint
+                        .shape
                         .iter()
                         .zip(&factors)
                         .map(|(s, f)| s.checked_mul(*f))
-                        .collect::<Option<Vec<usize>>>()
-                        .ok_or_else(|| CkptError::GlobalShape {
-                            tensor: p.name.clone(),
-                            reason: "the global shape overflows".to_string(),
-                        })?
+                        .collect::<Option<Vec<usize>>>();
+                    // Uneven blocks of rows: the rows are their sum, whatever block was seen.
+                    if let (Some(g), Some(rows)) = (global.as_mut(), &pl.rows) {
+                        g[0] = rows.iter().sum();
+                    }
+                    global.ok_or_else(|| CkptError::GlobalShape {
+                        tensor: p.name.clone(),
+                        reason: "the global shape overflows".to_string(),
+                    })?
                 };
                 match &shape {
                     Some(s) if *s != global => {
@@ -556,7 +593,6 @@ impl Strategy {
             let mut placements = Vec::with_capacity(p.placements.len());
             for pl in &p.placements {
                 let mp = pl
-                    .layout
                     .bind(&shape)
                     .map_err(|source| self.layout_err(&p.name, source))?;
                 placements.push(
@@ -615,6 +651,61 @@ impl Strategy {
             source,
         }
     }
+}
+
+/// The rows of each block of dim 0 that MindSpore's `param_split_shape` (one dim-0 size per
+/// slice, in slice order) and `indices_offset` (each slice's first row) record, or `None` when
+/// they are empty.
+fn ms_rows(layout: &Layout, l: &MsLayout) -> std::result::Result<Option<Vec<usize>>, String> {
+    let Some(sizes) = l.param_split_shape.iter().find(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    let factors = layout.split_factors();
+    let slices: usize = factors.iter().product();
+    if sizes.len() != slices {
+        return Err(format!(
+            "param_split_shape has {} entries, but the layout cuts the tensor into {slices} slices (one entry per slice)",
+            sizes.len()
+        ));
+    }
+    let inner: usize = factors.iter().skip(1).product();
+    let mut rows = Vec::with_capacity(factors.first().copied().unwrap_or(1));
+    for (i, &size) in sizes.iter().enumerate() {
+        let size = usize::try_from(size)
+            .ok()
+            .filter(|&s| s >= 1)
+            .ok_or_else(|| {
+                format!("param_split_shape entry {i} is {size}; a slice needs at least one row")
+            })?;
+        if i % inner == 0 {
+            rows.push(size);
+        } else if rows.last() != Some(&size) {
+            return Err(format!(
+                "param_split_shape entry {i} is {size}, but slices of one block of rows have the same rows ({})",
+                rows.last().copied().unwrap_or(0)
+            ));
+        }
+    }
+    rows.iter()
+        .try_fold(0usize, |acc, &r| acc.checked_add(r))
+        .ok_or("param_split_shape's rows overflow")?;
+    if let Some(offsets) = l.indices_offset.iter().find(|o| !o.is_empty()) {
+        let mut first = 0i64;
+        let expected: Vec<i64> = rows
+            .iter()
+            .flat_map(|&r| {
+                let at = first;
+                first += r as i64;
+                std::iter::repeat_n(at, inner)
+            })
+            .collect();
+        if *offsets != expected {
+            return Err(format!(
+                "indices_offset {offsets:?} does not match param_split_shape {sizes:?}: each slice starts at the rows before it, {expected:?}"
+            ));
+        }
+    }
+    Ok(Some(rows))
 }
 
 /// A shape found for a parameter outside its strategy file.
@@ -695,10 +786,17 @@ fn ms_placement(path: &Path, name: &str, stage: usize, l: &MsLayout) -> Result<S
         k if k < -1 => return Err(rule(format!("opt_weight_shard_size {k} is negative"))),
         k => (k as usize).min(replicas),
     };
+    let rows = ms_rows(&layout, l).map_err(rule)?;
+    if rows.is_some() && opt_shard > 1 {
+        return Err(rule(format!(
+            "param_split_shape splits dim 0 unevenly, which an optimizer shard of {opt_shard} cannot divide further"
+        )));
+    }
     let placement = StagePlacement {
         stage,
         layout,
         opt_shard,
+        rows,
     };
     if opt_shard > 1 {
         placement.held_layout().map_err(layout_err)?;

@@ -242,10 +242,37 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
             rule("\"optimizer_shard\" must be a group size of at least 1".to_string())
         })? as usize,
     };
+    let rows = match pl.get("rows") {
+        None | Some(Json::Null) => None,
+        Some(r) => Some(
+            r.as_arr()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|x| x.as_u64().filter(|&x| x >= 1).map(|x| x as usize))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| {
+                    rule(
+                        "\"rows\" must be a list of positive row counts, one per block of dim 0"
+                            .to_string(),
+                    )
+                })?,
+        ),
+    };
+    if let Some(rows) = &rows {
+        let blocks = layout.split_factors().first().copied().unwrap_or(1);
+        if rows.len() != blocks {
+            return Err(rule(format!(
+                "\"rows\" has {} entries, but dim 0 is split into {blocks} blocks",
+                rows.len()
+            )));
+        }
+    }
     let placement = StagePlacement {
         stage,
         layout,
         opt_shard,
+        rows,
     };
     placement.held_layout().map_err(layout_err)?;
     Ok(placement)
@@ -296,6 +323,12 @@ pub fn to_json(strategy: &ResolvedStrategy, ops: &[OpStrategyRecord]) -> Json {
                         ),
                         ("dims", Json::Arr(dims)),
                         ("optimizer_shard", Json::UInt(pl.opt_shard as u64)),
+                        (
+                            "rows",
+                            pl.mp.row_split().map_or(Json::Null, |rows| {
+                                Json::uints(rows.iter().map(|&r| r as u64))
+                            }),
+                        ),
                     ])
                 })
                 .collect();

@@ -211,12 +211,12 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
             Ok(x)
         }
     };
-    let (table, tokens) = b.scope("wte", |b| {
+    let (table, tokens) = b.scope("embedding", |b| {
         let table = b.parameter("embedding_table", &[c.vocab_size, hidden], weight_init())?;
         Ok((table, b.embedding("gather", table, ids)?))
     })?;
     let positions = b.parameter(
-        "wpe.embedding_table",
+        "position_embedding.embedding_table",
         &[seq, hidden],
         Initializer::normal(0.01),
     )?;

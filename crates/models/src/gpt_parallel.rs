@@ -173,7 +173,7 @@ impl GptParallel {
         let last = tail.first().copied()?;
         let parent = tail.get(1).copied().unwrap_or("");
         let strategy = match (parent, last) {
-            ("wte", "gather") => vec![vec![v, 1], vec![dp, 1]],
+            ("embedding", "gather") => vec![vec![v, 1], vec![dp, 1]],
             ("embed", "add") => vec![stream.clone(), vec![s, 1]],
             (_, "layer_norm") => vec![stream.clone(), vec![1], vec![1]],
             ("qkv" | "fc1", "matmul") => vec![vec![dp, 1, 1], vec![mp, 1]],

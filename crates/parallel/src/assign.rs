@@ -9,6 +9,8 @@
 //! Accumulations of gradient contributions work in the layout of the value they are the gradient
 //! of. Parameters take the layout their first forward consumer needs.
 
+use std::collections::BTreeMap;
+
 use graph::{Graph, Node, NodeId, NodeRole, Op, ValueId, ValueKind};
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
@@ -16,7 +18,7 @@ use reshard::DistLayout;
 use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 use crate::error::ParallelError;
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
-use crate::patterns::resolve_op_patterns;
+use crate::patterns::{resolve_manual_split, resolve_op_patterns};
 use crate::rules::{infer, strategy, OpContext};
 
 /// Where a node's strategy comes from.
@@ -193,14 +195,34 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
     }
     // Patterns and cell names in the strategy table become the op names they stand for.
     let resolved;
-    let config = if config.mode == ParallelMode::SemiAuto {
-        resolved = ParallelConfig {
-            strategies: resolve_op_patterns(graph, &config.strategies)?,
-            ..config.clone()
-        };
-        &resolved
-    } else {
-        config
+    let config = match config.mode {
+        ParallelMode::SemiAuto => {
+            resolved = ParallelConfig {
+                strategies: resolve_op_patterns(graph, &config.strategies)?,
+                manual_split: resolve_manual_split(graph, &config.manual_split)?,
+                ..config.clone()
+            };
+            &resolved
+        }
+        // One device holds every row; the split is a memory layout, not a result.
+        ParallelMode::StandAlone => {
+            resolved = ParallelConfig {
+                manual_split: BTreeMap::new(),
+                ..config.clone()
+            };
+            &resolved
+        }
+        mode if !config.manual_split.is_empty() => {
+            return Err(ParallelError::Setting {
+                setting: "manual_split",
+                reason: format!(
+                    "splits an embedding table by rows, which needs its strategy to split them: \
+                     use semi_auto_parallel (the mode is {})",
+                    mode.name()
+                ),
+            })
+        }
+        _ => config,
     };
     let stage = strategy::device_mesh(devices);
     let mut leaves: Vec<Option<TensorLayout>> = vec![None; graph.values().len()];
@@ -393,6 +415,10 @@ fn place_forward(
             .map(|(l, shape)| l.bind(shape).map_err(|e| ctx.layout_error(e)))
             .collect::<Result<_, _>>()?,
     };
+    let inputs = match config.manual_split.get(&node.name) {
+        Some(rows) => with_manual_rows(ctx, inputs, rows)?,
+        None => inputs,
+    };
     let outputs = infer::output_layouts(ctx, &inputs, &placed.stage)?;
     let out_layouts = match user {
         Some(OpStrategy {
@@ -417,6 +443,28 @@ fn place_forward(
         outputs,
         out_layouts,
     })
+}
+
+/// An Embedding's input layouts with its table (input 0) cut into blocks of `rows` rows.
+fn with_manual_rows(
+    ctx: &OpContext<'_>,
+    mut inputs: Vec<TensorLayout>,
+    rows: &[usize],
+) -> Result<Vec<TensorLayout>, ParallelError> {
+    let table = &inputs[0];
+    inputs[0] = table
+        .with_row_split(rows)
+        .map_err(|e| ParallelError::Setting {
+            setting: "manual_split",
+            reason: format!(
+                "{}: its strategy splits the table's {} rows into {} block(s) ({}): {e}",
+                ctx.name,
+                table.shape()[0],
+                table.split_factors()[0],
+                table.layout().describe_map()
+            ),
+        })?;
+    Ok(inputs)
 }
 
 /// The layouts an `out_strategy` asks for: each output dim split by its natural axes, then, when

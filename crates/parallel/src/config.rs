@@ -138,6 +138,10 @@ pub struct ParallelConfig {
     /// (the default) changes nothing; `false` multiplies gradients by the number of devices the
     /// loss is repeated on, as MindSpore does when it skips its `VirtualDiv`.
     pub loss_repeated_mean: bool,
+    /// MindSpore's `manual_split` of an embedding table (`[parallel.manual_split]`): for each key
+    /// (an Embedding op, its cell or a glob over them), the rows of each block of the table's
+    /// dim 0, in block order. Uneven blocks are allowed; they add up to the vocabulary.
+    pub manual_split: BTreeMap<String, Vec<usize>>,
 }
 
 impl ParallelConfig {
@@ -150,6 +154,7 @@ impl ParallelConfig {
             dataset_strategy: DatasetStrategy::DataParallel,
             gradients_mean: true,
             loss_repeated_mean: true,
+            manual_split: BTreeMap::new(),
         }
     }
 
@@ -168,6 +173,13 @@ impl ParallelConfig {
             op.to_string(),
             OpStrategy::from_tuples(inputs.iter().map(|s| s.to_vec()).collect(), None),
         );
+        self
+    }
+
+    /// Splits the table of Embedding op (or cell, or glob) `key` into blocks of `rows` rows
+    /// (builder style; see [`ParallelConfig::manual_split`]).
+    pub fn with_manual_split(mut self, key: &str, rows: &[usize]) -> ParallelConfig {
+        self.manual_split.insert(key.to_string(), rows.to_vec());
         self
     }
 

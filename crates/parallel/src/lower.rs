@@ -28,12 +28,25 @@ pub struct BufferSpec {
     pub name: String,
     /// The value.
     pub value: ValueId,
-    /// The local (per-rank) shape.
+    /// The local (per-rank) shape; with a manual row split, the largest rank's (see
+    /// [`BufferSpec::local_shape`]).
     pub shape: Vec<usize>,
     /// The element type.
     pub dtype: DType,
     /// The layout of the value in this buffer (pending sums included).
     pub layout: DistLayout,
+}
+
+impl BufferSpec {
+    /// The shape `rank` holds: [`BufferSpec::shape`], except where a manual row split gives
+    /// ranks different rows.
+    pub fn local_shape(&self, rank: usize) -> Vec<usize> {
+        let layout = self.layout.layout();
+        match layout.mesh().slot_of_rank(rank) {
+            Some(slot) if !layout.is_uniform() => layout.slot_shape(slot),
+            _ => self.shape.clone(),
+        }
+    }
 }
 
 /// One node evaluated on this rank's blocks.

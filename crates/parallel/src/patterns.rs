@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use graph::{Graph, NodeRole};
+use graph::{Graph, NodeRole, Op};
 
 use crate::config::OpStrategy;
 use crate::error::ParallelError;
@@ -113,6 +113,65 @@ pub fn resolve_op_patterns(
     Ok(chosen
         .into_iter()
         .map(|(op, (_, _, s))| (op.to_string(), s.clone()))
+        .collect())
+}
+
+/// The `[parallel.manual_split]` entries keyed by the Embedding ops of `graph` they apply to.
+/// A key is an Embedding op's name, its cell's name (`embedding` for `embedding.gather`) or a
+/// glob over either; a key that matches no Embedding op, or two keys that give one op different
+/// rows, are errors naming them.
+pub fn resolve_manual_split(
+    graph: &Graph,
+    manual_split: &BTreeMap<String, Vec<usize>>,
+) -> Result<BTreeMap<String, Vec<usize>>, ParallelError> {
+    let embeddings: Vec<&str> = graph
+        .nodes()
+        .iter()
+        .filter(|n| n.role == NodeRole::Forward && matches!(n.op, Op::Embedding))
+        .map(|n| n.name.as_str())
+        .collect();
+    let mut chosen: BTreeMap<&str, (&str, &Vec<usize>)> = BTreeMap::new();
+    for (key, rows) in manual_split {
+        let mut matched = false;
+        for &op in &embeddings {
+            let cell = op.rsplit_once('.').map(|(cell, _)| cell);
+            let hit = if is_pattern(key) {
+                glob_matches(key, op) || cell.is_some_and(|c| glob_matches(key, c))
+            } else {
+                key == op || cell == Some(key.as_str())
+            };
+            if !hit {
+                continue;
+            }
+            matched = true;
+            if let Some((other, held)) = chosen.insert(op, (key, rows)) {
+                if held != rows {
+                    return Err(ParallelError::Setting {
+                        setting: "manual_split",
+                        reason: format!(
+                            "keys {other:?} and {key:?} both split the table of {op:?}, with different rows"
+                        ),
+                    });
+                }
+            }
+        }
+        if !matched {
+            return Err(ParallelError::Setting {
+                setting: "manual_split",
+                reason: format!(
+                    "key {key:?} names no Embedding (Gather) op or cell; the Embedding ops are: {}",
+                    if embeddings.is_empty() {
+                        "none".to_string()
+                    } else {
+                        embeddings.join(", ")
+                    }
+                ),
+            });
+        }
+    }
+    Ok(chosen
+        .into_iter()
+        .map(|(op, (_, rows))| (op.to_string(), rows.clone()))
         .collect())
 }
 

@@ -64,7 +64,7 @@ impl RankExecutor {
         let buffers = program
             .buffers
             .iter()
-            .map(|b| Some(Tensor::zeros(b.dtype, &b.shape)))
+            .map(|b| Some(Tensor::zeros(b.dtype, &b.local_shape(rank))))
             .collect();
         let mut offsets = Vec::with_capacity(program.steps.len());
         let mut input_blocks = Vec::with_capacity(program.steps.len());
@@ -153,10 +153,11 @@ impl RankExecutor {
     pub fn set_input(&mut self, index: usize, local: &Tensor) -> Result<(), RuntimeError> {
         let input = &self.program.inputs[index];
         let spec = &self.program.buffers[input.buffer];
-        if local.shape() != spec.shape.as_slice() || local.dtype() != spec.dtype {
+        let shape = spec.local_shape(self.rank);
+        if local.shape() != shape.as_slice() || local.dtype() != spec.dtype {
             return Err(RuntimeError::Mismatch {
                 what: format!("input {}", input.name),
-                expected: format!("{:?} {}", spec.shape, spec.dtype),
+                expected: format!("{:?} {}", shape, spec.dtype),
                 got: format!("{:?} {}", local.shape(), local.dtype()),
             });
         }

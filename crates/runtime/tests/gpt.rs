@@ -163,6 +163,54 @@ fn gpt_configurations_match_one_device() {
     }
 }
 
+/// MindSpore's `manual_split`: the vocabulary-parallel table in uneven blocks of rows, tied to
+/// the LM head (which takes the table in even blocks through a reshard) or untied.
+#[test]
+fn manual_split_tables_train_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "manual split [120, 56, 40, 40], dp 2 × mp 4, tied",
+            8,
+            "",
+            "data_parallel = 2\nmodel_parallel = 4\nvocab_emb_dp = false\n[parallel.manual_split]\nembedding = [120, 56, 40, 40]",
+        ),
+        (
+            "manual split as (rows, offset) pairs, mp 2, untied",
+            2,
+            "tie_embeddings = false",
+            "model_parallel = 2\nvocab_emb_dp = false\n[parallel.manual_split]\n\"embedding.gather\" = [[200, 0], [56, 200]]",
+        ),
+    ];
+    for (i, (name, devices, model_extra, parallel)) in cases.iter().enumerate() {
+        let reference = train(&config(
+            &tmp.path().join(format!("sa-{i}")),
+            "momentum",
+            model_extra,
+            "mode = \"stand_alone\"",
+        ));
+        let out = tmp.path().join(format!("case-{i}"));
+        let run = train(&config(
+            &out,
+            "momentum",
+            model_extra,
+            &semi(*devices, parallel),
+        ));
+        assert_same_run(name, &run, &reference);
+        // Both strategy files record the uneven blocks (MindSpore's as `param_split_shape`).
+        for file in ["strategy.json", "strategy.ckpt"] {
+            let strategy = ckpt::Strategy::load(&out.join(file)).unwrap();
+            let table = strategy.param("embedding.embedding_table").unwrap();
+            let rows = if i == 0 {
+                vec![120, 56, 40, 40]
+            } else {
+                vec![200, 56]
+            };
+            assert_eq!(table.placements[0].rows, Some(rows), "{name}: {file}");
+        }
+    }
+}
+
 #[test]
 fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
     let tmp = tempfile::tempdir().unwrap();
@@ -188,7 +236,7 @@ fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
         .into_iter()
         .map(|r| (r.name, r.inputs))
         .collect();
-    assert_eq!(strategies["wte.gather"], vec![vec![1, 1], vec![8, 1]]);
+    assert_eq!(strategies["embedding.gather"], vec![vec![1, 1], vec![8, 1]]);
 }
 
 #[test]
@@ -327,7 +375,10 @@ fn vocabulary_parallel_never_moves_the_logits() {
     }
     // The table is split on its rows, and the embedding's output is pending a sum.
     let plan = session.train.explain();
-    assert!(plan.contains("reshard wte.gather: all-reduce"), "{plan}");
+    assert!(
+        plan.contains("reshard embedding.gather: all-reduce"),
+        "{plan}"
+    );
 }
 
 #[test]

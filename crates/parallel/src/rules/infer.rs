@@ -52,7 +52,39 @@ fn matrix_axes(a: &[Vec<usize>], b: &[Vec<usize>], ta: bool, tb: bool) -> [Vec<u
 
 /// The layouts of the outputs of `ctx`'s op when its inputs are laid out as `inputs`, all on
 /// one mesh. `stage` is the mesh used by ops without inputs.
+///
+/// An input with a manual (uneven) row split passes it to every output of its shape whose
+/// dim 0 is split by the same axes: an element-wise op, a gradient sum or a table's gradient
+/// keeps the blocks it was given.
 pub fn output_layouts(
+    ctx: &OpContext<'_>,
+    inputs: &[TensorLayout],
+    stage: &Mesh,
+) -> Result<Vec<DistLayout>, ParallelError> {
+    let outputs = even_output_layouts(ctx, inputs, stage)?;
+    let Some(uneven) = inputs.iter().find(|l| !l.is_uniform()) else {
+        return Ok(outputs);
+    };
+    let rows = uneven
+        .row_split()
+        .expect("a non-uniform layout has a row split");
+    outputs
+        .into_iter()
+        .map(|out| {
+            let t = out.layout();
+            if t.shape() != uneven.shape() || t.dims().first() != uneven.dims().first() {
+                return Ok(out);
+            }
+            let split = t.with_row_split(rows).map_err(|e| ctx.layout_error(e))?;
+            let partial = DistLayout::partial(split, out.partial_axes())
+                .map_err(|e| ctx.unsupported(e.to_string()))?;
+            Ok(partial.with_op(out.pending_op()))
+        })
+        .collect()
+}
+
+/// [`output_layouts`] for inputs in even blocks.
+fn even_output_layouts(
     ctx: &OpContext<'_>,
     inputs: &[TensorLayout],
     stage: &Mesh,

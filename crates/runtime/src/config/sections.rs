@@ -81,6 +81,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "mesh",
     "strategy_file",
     "strategy_file_only_for_trainable_params",
+    "manual_split",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -453,6 +454,78 @@ fn read_strategy_table(
         .collect()
 }
 
+/// `[parallel.manual_split]`: Embedding op or cell → rows per block of its table, as a list
+/// (`[120, 56, 40, 40]`) or MindSpore's `(rows, offset)` pairs (`[[120, 0], [56, 120], …]`,
+/// each offset the sum of the rows before it).
+fn read_manual_split(
+    key: &str,
+    value: Value,
+) -> Result<BTreeMap<String, Vec<usize>>, RuntimeError> {
+    let Value::Table(table) = value else {
+        return Err(wrong_type(
+            key,
+            "a table of embedding name = rows per block",
+            &value,
+        ));
+    };
+    let max_blocks = layout::limits::max_ranks();
+    table
+        .into_iter()
+        .map(|(name, entry)| {
+            let key = format!("{key}.{name}");
+            let expected = "a list of rows per block, like [120, 56, 40, 40]";
+            let Value::Array(items) = entry else {
+                return Err(wrong_type(&key, expected, &entry));
+            };
+            if items.is_empty() || items.len() > max_blocks {
+                return Err(config_error(
+                    &key,
+                    format!(
+                        "{} block(s): a split needs 1 to {max_blocks} blocks (one per rank of the table's split)",
+                        items.len()
+                    ),
+                ));
+            }
+            let mut rows = Vec::with_capacity(items.len());
+            let mut next_offset = 0usize;
+            for (i, item) in items.into_iter().enumerate() {
+                let item_key = format!("{key}[{i}]");
+                let n = match item {
+                    Value::Array(pair) => {
+                        let [size, offset]: [Value; 2] = pair.try_into().map_err(|p: Vec<Value>| {
+                            config_error(
+                                &item_key,
+                                format!("a (rows, offset) pair has 2 entries, got {}", p.len()),
+                            )
+                        })?;
+                        let size = read_positive(&item_key, size)?;
+                        let offset = match offset {
+                            Value::Integer(o) => usize::try_from(o).ok(),
+                            _ => None,
+                        };
+                        if offset != Some(next_offset) {
+                            return Err(config_error(
+                                &item_key,
+                                format!(
+                                    "offset {} is not where the block must start: {next_offset}, the rows before it (blocks are contiguous and in order)",
+                                    offset.map_or_else(|| "(not a non-negative integer)".to_string(), |o| o.to_string())
+                                ),
+                            ));
+                        }
+                        size
+                    }
+                    other => read_positive(&item_key, other)?,
+                };
+                next_offset = next_offset.checked_add(n).ok_or_else(|| {
+                    config_error(&key, "the rows add up to more than usize::MAX".to_string())
+                })?;
+                rows.push(n);
+            }
+            Ok((name, rows))
+        })
+        .collect()
+}
+
 fn read_parallel(
     mut s: Section,
     base: &Path,
@@ -474,6 +547,14 @@ fn read_parallel(
     let shard = s.or("shard", BTreeMap::new(), strategy_table)?;
     let mut out_shard = s.or("out_shard", BTreeMap::new(), strategy_table)?;
     let strategy_file = s.get("strategy_file", path_reader(base))?;
+    let manual_split = s.or("manual_split", BTreeMap::new(), read_manual_split)?;
+    if mode == ParallelMode::StandAlone && !manual_split.is_empty() {
+        warnings.push(
+            "[parallel.manual_split] has no effect in mode \"stand_alone\" (one device holds \
+             every row)"
+                .to_string(),
+        );
+    }
     if let Some(op) = out_shard.keys().find(|op| !shard.contains_key(*op)) {
         return Err(config_error(
             &format!("parallel.out_shard.{op}"),
@@ -515,6 +596,7 @@ fn read_parallel(
         dataset_strategy,
         gradients_mean,
         loss_repeated_mean,
+        manual_split,
     };
     Ok((parallel, strategy_file))
 }
