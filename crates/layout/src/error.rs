@@ -117,13 +117,11 @@ pub enum LayoutError {
     },
     /// A manual row split does not fit the tensor: the wrong number of blocks, a block without
     /// rows, or sizes that do not add up to the rows.
-    #[error("manual row split {sizes:?} of shape {shape:?}: {rule}")]
+    #[error("manual row split {sizes:?}: {rule}")]
     BadRowSplit {
         /// The rows per block, as given.
         sizes: Vec<usize>,
-        /// The tensor's global shape.
-        shape: Vec<usize>,
-        /// The rule broken.
+        /// The rule broken, with the tensor's shape.
         rule: String,
     },
     /// A strategy entry is zero.

@@ -92,8 +92,7 @@ impl TensorLayout {
     pub fn with_row_split(&self, rows: &[usize]) -> Result<TensorLayout, LayoutError> {
         let bad = |rule: String| LayoutError::BadRowSplit {
             sizes: rows.to_vec(),
-            shape: self.shape.clone(),
-            rule,
+            rule: format!("{rule} (shape {:?})", self.shape),
         };
         let Some(&total) = self.shape.first() else {
             return Err(bad("a scalar has no rows to split".to_string()));
@@ -350,7 +349,6 @@ impl TensorLayout {
         if let Some(rows) = &self.row_split {
             return Err(LayoutError::BadRowSplit {
                 sizes: rows.clone(),
-                shape: self.shape.clone(),
                 rule: "optimizer sharding divides dim 0 evenly, which an uneven row split cannot"
                     .to_string(),
             });

@@ -457,14 +457,17 @@ impl Program {
         );
         let _ = writeln!(out, "\nparameters:");
         for p in &self.params {
+            let slice = match p.layout.row_split() {
+                Some(rows) => format!("rows {rows:?} × {:?}", &p.layout.slice_shape()[1..]),
+                None => format!("{:?}", p.layout.slice_shape()),
+            };
             let _ = writeln!(
                 out,
-                "  {:<20} {:?} as {} over {} (slice {:?}, {} copies)",
+                "  {:<20} {:?} as {} over {} (slice {slice}, {} copies)",
                 p.name,
                 p.layout.shape(),
                 p.layout.layout().describe_map(),
                 p.layout.mesh(),
-                p.layout.slice_shape(),
                 p.layout.replica_count()
             );
         }

@@ -197,6 +197,21 @@ fn manual_split_tables_train_like_one_device() {
             &semi(*devices, parallel),
         ));
         assert_same_run(name, &run, &reference);
+        let explain = Session::new(&config(
+            &out,
+            "momentum",
+            model_extra,
+            &semi(*devices, parallel),
+        ))
+        .unwrap()
+        .train
+        .explain();
+        let rows = if i == 0 {
+            "rows [120, 56, 40, 40] × [32]"
+        } else {
+            "rows [200, 56] × [32]"
+        };
+        assert!(explain.contains(rows), "{explain}");
         // Both strategy files record the uneven blocks (MindSpore's as `param_split_shape`).
         for file in ["strategy.json", "strategy.ckpt"] {
             let strategy = ckpt::Strategy::load(&out.join(file)).unwrap();
@@ -443,6 +458,49 @@ fn bad_gpt_and_text_settings_name_the_key_or_file() {
             "vocabulary",
         ),
     ];
+    // `[parallel.manual_split]` on a vocabulary-parallel table over mp = 2 (256 byte ids).
+    let vocab_parallel = |extra: &[&str]| -> Vec<String> {
+        [
+            "parallel.mode=\"semi_auto\"",
+            "parallel.devices=2",
+            "parallel.model_parallel=2",
+            "parallel.vocab_emb_dp=false",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut cases = cases;
+    cases.extend([
+        (
+            vocab_parallel(&["parallel.manual_split.embedding=[100, 100, 56]"]),
+            "needs 2 size(s), got 3",
+        ),
+        (
+            vocab_parallel(&["parallel.manual_split.embedding=[100, 100]"]),
+            "add up to 200, but dim 0 has 256 rows",
+        ),
+        (
+            vocab_parallel(&["parallel.manual_split.embedding=[256, 0]"]),
+            "parallel.manual_split.embedding[1]",
+        ),
+        (
+            vocab_parallel(&["parallel.manual_split.blocks=[128, 128]"]),
+            "\"blocks\" names no Embedding (Gather) op or cell; the Embedding ops are: embedding.gather",
+        ),
+        (
+            vocab_parallel(&["parallel.manual_split.embedding=[[200, 0], [56, 100]]"]),
+            "offset 100 is not where the block must start: 200",
+        ),
+        (
+            vocab_parallel(&[
+                "parallel.vocab_emb_dp=true",
+                "parallel.manual_split.embedding=[128, 128]",
+            ]),
+            "splits the table's 256 rows into 1 block(s)",
+        ),
+    ]);
     for (overrides, needle) in cases {
         let args: Vec<&str> = overrides.iter().map(String::as_str).collect();
         let err = parse(&args);
