@@ -47,6 +47,7 @@ pub mod norm;
 pub mod permute;
 pub mod reduce;
 pub mod softmax;
+pub mod tree;
 pub mod unary;
 pub mod vector;
 
