@@ -64,6 +64,9 @@ pub trait Float:
     fn erfc(self) -> Self;
     /// The larger of two values (the non-NaN one if one is NaN).
     fn max(self, other: Self) -> Self;
+    /// `self · a + b` rounded once (a fused multiply-add: the same bits with or without the
+    /// hardware instruction).
+    fn mul_add(self, a: Self, b: Self) -> Self;
 }
 
 macro_rules! impl_float {
@@ -112,6 +115,10 @@ macro_rules! impl_float {
             #[inline(always)]
             fn max(self, other: Self) -> Self {
                 $t::max(self, other)
+            }
+            #[inline(always)]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                $t::mul_add(self, a, b)
             }
         }
     };

@@ -39,6 +39,7 @@
 pub mod binary;
 pub mod broadcast;
 pub(crate) mod check;
+pub mod det;
 pub mod embedding;
 pub(crate) mod float;
 pub mod loss;

@@ -1,0 +1,407 @@
+//! Deterministic-mode kernels: sums in the canonical order, whatever the shapes around them.
+//!
+//! A dim summed over is cut into `nb` canonical blocks of `block_len` elements
+//! ([`canonical_blocks`] picks `nb` from the dim's *global* length alone). Each block is summed
+//! in index order, one fused multiply-add (or add) per element, and the block sums are joined in
+//! the canonical tree ([`super::tree`]). A kernel given an aligned run of whole blocks computes
+//! their subtree, so a reduction split across ranks and completed by a deterministic
+//! collective gives the bits one device gives.
+//!
+//! The per-element order depends only on the summed dim: not on the other dims' sizes (a
+//! data-parallel split halves a product's rows), the thread count or the SIMD width. Fused
+//! multiply-adds round once with or without the hardware instruction; where it is missing the
+//! same bits are computed in software, slowly.
+
+use super::float::Float;
+use super::matmul::GemmShape;
+use super::tree::split_point;
+use crate::error::TensorError;
+
+/// The canonical block count of a summed dim of `len` elements: the largest power of two that
+/// is at most `max_blocks` and divides `len` (1 for an empty dim).
+pub fn canonical_blocks(len: usize, max_blocks: usize) -> usize {
+    let mut nb = 1;
+    while nb * 2 <= max_blocks.max(1) && len > 0 && len % (nb * 2) == 0 {
+        nb *= 2;
+    }
+    nb
+}
+
+/// Checks that `local` elements of a dim are whole blocks of `block_len`, a power-of-two count.
+fn local_blocks(op: &'static str, local: usize, block_len: usize) -> Result<usize, TensorError> {
+    let bad = |reason: String| TensorError::InvalidArgument { op, reason };
+    if block_len == 0 {
+        return Err(bad("the canonical block length is 0".to_string()));
+    }
+    if local % block_len != 0 {
+        return Err(bad(format!(
+            "the summed dim holds {local} elements here, not whole canonical blocks of {block_len}"
+        )));
+    }
+    let n = local / block_len;
+    if n > 1 && !n.is_power_of_two() {
+        return Err(bad(format!(
+            "{n} canonical blocks here (of {block_len}): a subtree needs a power of two"
+        )));
+    }
+    Ok(n)
+}
+
+/// A binary-counter stack that joins block results in the canonical tree as they arrive.
+struct TreeStack<V> {
+    /// `(level, value)`: a complete subtree of `2^level` blocks.
+    items: Vec<(u32, V)>,
+}
+
+impl<V> TreeStack<V> {
+    fn new() -> TreeStack<V> {
+        TreeStack { items: Vec::new() }
+    }
+
+    /// Pushes the next block's value and joins equal-sized subtrees (left = earlier).
+    fn push(&mut self, mut value: V, mut join: impl FnMut(V, V) -> V) {
+        let mut level = 0;
+        while let Some(&(top, _)) = self.items.last() {
+            if top != level {
+                break;
+            }
+            let (_, left) = self.items.pop().expect("checked non-empty");
+            value = join(left, value);
+            level += 1;
+        }
+        self.items.push((level, value));
+    }
+
+    /// The root (the block count was a power of two, so one subtree remains).
+    fn finish(mut self) -> Option<V> {
+        debug_assert!(self.items.len() <= 1);
+        self.items.pop().map(|(_, v)| v)
+    }
+}
+
+/// Rows of a register tile and columns of a tile.
+const TILE_M: usize = 4;
+const TILE_N: usize = 16;
+
+/// `C ← op(A)·op(B)` with the reduction dim in canonical blocks of `block_len`
+/// (`shape.k` must be whole blocks, a power-of-two count of them).
+pub fn det_gemm<T: Float>(
+    shape: GemmShape,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    block_len: usize,
+) -> Result<(), TensorError> {
+    const OP: &str = "det_gemm";
+    let GemmShape { m, n, k, .. } = shape;
+    super::check::buffer_len(OP, "a", m * k, a.len())?;
+    super::check::buffer_len(OP, "b", k * n, b.len())?;
+    super::check::buffer_len(OP, "c", m * n, c.len())?;
+    if k == 0 {
+        c.fill(T::ZERO);
+        return Ok(());
+    }
+    let nb = local_blocks(OP, k, block_len)?;
+    // Row-major A [m, k] and B [k, n]: a transposed operand is copied once.
+    let a_rm: std::borrow::Cow<'_, [T]> = if shape.trans_a {
+        std::borrow::Cow::Owned(transposed(a, k, m))
+    } else {
+        std::borrow::Cow::Borrowed(a)
+    };
+    let b_rm: std::borrow::Cow<'_, [T]> = if shape.trans_b {
+        std::borrow::Cow::Owned(transposed(b, n, k))
+    } else {
+        std::borrow::Cow::Borrowed(b)
+    };
+    let ops = Operands {
+        a: &a_rm,
+        b: &b_rm,
+        n,
+        k,
+        block_len,
+        nb,
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            unsafe { gemm_tiles_fma(&ops, m, c) };
+            return Ok(());
+        }
+    }
+    gemm_tiles(&ops, m, c);
+    Ok(())
+}
+
+/// `x` (`[rows, cols]` row-major) transposed to `[cols, rows]`.
+fn transposed<T: Float>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; x.len()];
+    for r in 0..rows {
+        for cidx in 0..cols {
+            out[cidx * rows + r] = x[r * cols + cidx];
+        }
+    }
+    out
+}
+
+/// Row-major operands of a product and its canonical blocks.
+struct Operands<'a, T> {
+    a: &'a [T],
+    b: &'a [T],
+    n: usize,
+    k: usize,
+    block_len: usize,
+    nb: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm_tiles_fma<T: Float>(ops: &Operands<'_, T>, m: usize, c: &mut [T]) {
+    gemm_tiles(ops, m, c)
+}
+
+/// Every output tile: per canonical block a register tile of sums in `k` order, joined in the
+/// canonical tree.
+#[inline(always)]
+fn gemm_tiles<T: Float>(ops: &Operands<'_, T>, m: usize, c: &mut [T]) {
+    let n = ops.n;
+    let mut i = 0;
+    while i < m {
+        let rows = TILE_M.min(m - i);
+        let mut j = 0;
+        while j < n {
+            let cols = TILE_N.min(n - j);
+            let tile = if rows == TILE_M && cols == TILE_N {
+                full_tile(ops, i, j)
+            } else {
+                edge_tile(ops, i, j, rows, cols)
+            };
+            for r in 0..rows {
+                c[(i + r) * n + j..(i + r) * n + j + cols].copy_from_slice(&tile[r][..cols]);
+            }
+            j += TILE_N;
+        }
+        i += TILE_M;
+    }
+}
+
+type Tile<T> = [[T; TILE_N]; TILE_M];
+
+fn join<T: Float>(mut left: Tile<T>, right: Tile<T>) -> Tile<T> {
+    for (l, r) in left.iter_mut().zip(&right) {
+        for (x, &y) in l.iter_mut().zip(r) {
+            *x = *x + y;
+        }
+    }
+    left
+}
+
+#[inline(always)]
+fn full_tile<T: Float>(ops: &Operands<'_, T>, i: usize, j: usize) -> Tile<T> {
+    let (k, n) = (ops.k, ops.n);
+    let mut stack = TreeStack::new();
+    for blk in 0..ops.nb {
+        let mut acc = [[T::ZERO; TILE_N]; TILE_M];
+        for kk in blk * ops.block_len..(blk + 1) * ops.block_len {
+            let brow: &[T; TILE_N] = ops.b[kk * n + j..kk * n + j + TILE_N]
+                .try_into()
+                .expect("a full tile has TILE_N columns");
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let av = ops.a[(i + r) * k + kk];
+                for (x, &bv) in acc_r.iter_mut().zip(brow) {
+                    *x = av.mul_add(bv, *x);
+                }
+            }
+        }
+        stack.push(acc, join);
+    }
+    stack.finish().expect("at least one block")
+}
+
+#[inline(always)]
+fn edge_tile<T: Float>(
+    ops: &Operands<'_, T>,
+    i: usize,
+    j: usize,
+    rows: usize,
+    cols: usize,
+) -> Tile<T> {
+    let (k, n) = (ops.k, ops.n);
+    let mut stack = TreeStack::new();
+    for blk in 0..ops.nb {
+        let mut acc = [[T::ZERO; TILE_N]; TILE_M];
+        for kk in blk * ops.block_len..(blk + 1) * ops.block_len {
+            for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
+                let av = ops.a[(i + r) * k + kk];
+                for (cc, x) in acc_r.iter_mut().enumerate().take(cols) {
+                    *x = av.mul_add(ops.b[kk * n + j + cc], *x);
+                }
+            }
+        }
+        stack.push(acc, join);
+    }
+    stack.finish().expect("at least one block")
+}
+
+/// `out[c] = Σ_r x[r, c]` over the `rows` rows of `x` (`[rows, cols]`) in canonical blocks of
+/// `block_len` rows: the deterministic sum behind bias and LayerNorm gradients, `ReduceSum`
+/// and the loss's mean.
+pub fn det_sum_rows<T: Float>(
+    x: &[T],
+    rows: usize,
+    cols: usize,
+    block_len: usize,
+    out: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "det_sum_rows";
+    super::check::buffer_len(OP, "x", rows * cols, x.len())?;
+    super::check::buffer_len(OP, "out", cols, out.len())?;
+    if rows == 0 {
+        out.fill(T::ZERO);
+        return Ok(());
+    }
+    let nb = local_blocks(OP, rows, block_len)?;
+    let mut stack: TreeStack<Vec<T>> = TreeStack::new();
+    for blk in 0..nb {
+        let mut acc = vec![T::ZERO; cols];
+        for r in blk * block_len..(blk + 1) * block_len {
+            for (a, &v) in acc.iter_mut().zip(&x[r * cols..(r + 1) * cols]) {
+                *a = *a + v;
+            }
+        }
+        stack.push(acc, |mut l, r| {
+            for (a, b) in l.iter_mut().zip(&r) {
+                *a = *a + *b;
+            }
+            l
+        });
+    }
+    out.copy_from_slice(&stack.finish().expect("at least one block"));
+    Ok(())
+}
+
+/// The canonical tree over `n ≥ 1` values.
+pub fn det_tree_sum<T: Float>(values: &[T]) -> T {
+    fn go<T: Float>(v: &[T]) -> T {
+        match v.len() {
+            0 => T::ZERO,
+            1 => v[0],
+            n => {
+                let left = split_point(n);
+                go(&v[..left]) + go(&v[left..])
+            }
+        }
+    }
+    go(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::tree::tree_reduce;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x = ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32;
+                (x / 16_777_216.0 - 0.5) * 10f32.powi((i % 7) as i32 - 3)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn canonical_blocks_are_powers_of_two_dividing_the_dim() {
+        assert_eq!(canonical_blocks(768, 8), 8);
+        assert_eq!(canonical_blocks(4, 8), 4);
+        assert_eq!(canonical_blocks(12, 16), 4);
+        assert_eq!(canonical_blocks(7, 8), 1);
+        assert_eq!(canonical_blocks(0, 8), 1);
+        assert_eq!(canonical_blocks(64, 1), 1);
+    }
+
+    /// Split K into aligned runs of blocks, multiply each run, join the partials in the tree:
+    /// the bits of the whole product. And the rows of C do not change any element's bits.
+    #[test]
+    fn k_splits_and_row_splits_give_the_same_bits() {
+        let (m, n, k, nb) = (9, 21, 64, 8);
+        let bl = k / nb;
+        let (a, b) = (values(m * k, 1), values(k * n, 2));
+        let mut whole = vec![0.0f32; m * n];
+        det_gemm(GemmShape::new(m, n, k), &a, &b, &mut whole, bl).unwrap();
+        // Reference: per element, tree over blocks of sequential fused sums.
+        for i in 0..m {
+            for j in 0..n {
+                let want = tree_reduce(
+                    nb,
+                    &mut |blk| {
+                        (blk * bl..(blk + 1) * bl)
+                            .fold(0.0f32, |acc, kk| a[i * k + kk].mul_add(b[kk * n + j], acc))
+                    },
+                    &mut |x, y| x + y,
+                );
+                assert_eq!(whole[i * n + j].to_bits(), want.to_bits());
+            }
+        }
+        for parts in [2usize, 4, 8] {
+            let kp = k / parts;
+            let partials: Vec<Vec<f32>> = (0..parts)
+                .map(|p| {
+                    let ap: Vec<f32> = (0..m)
+                        .flat_map(|i| a[i * k + p * kp..i * k + (p + 1) * kp].to_vec())
+                        .collect();
+                    let bp = b[p * kp * n..(p + 1) * kp * n].to_vec();
+                    let mut c = vec![0.0f32; m * n];
+                    det_gemm(GemmShape::new(m, n, kp), &ap, &bp, &mut c, bl).unwrap();
+                    c
+                })
+                .collect();
+            for e in 0..m * n {
+                let joined = tree_reduce(parts, &mut |p| partials[p][e], &mut |x, y| x + y);
+                assert_eq!(joined.to_bits(), whole[e].to_bits(), "{parts} parts");
+            }
+        }
+        // Rows 3..7 alone.
+        let mut some = vec![0.0f32; 4 * n];
+        det_gemm(GemmShape::new(4, n, k), &a[3 * k..7 * k], &b, &mut some, bl).unwrap();
+        assert_eq!(some, whole[3 * n..7 * n]);
+        // Transposed operands give the same bits.
+        let at = transposed(&a, m, k);
+        let bt = transposed(&b, k, n);
+        let mut t = vec![0.0f32; m * n];
+        let shape = GemmShape {
+            trans_a: true,
+            trans_b: true,
+            ..GemmShape::new(m, n, k)
+        };
+        det_gemm(shape, &at, &bt, &mut t, bl).unwrap();
+        assert_eq!(t, whole);
+    }
+
+    #[test]
+    fn row_sums_split_into_aligned_runs_join_to_the_same_bits() {
+        let (rows, cols, bl) = (32, 5, 4);
+        let x = values(rows * cols, 3);
+        let mut whole = vec![0.0f32; cols];
+        det_sum_rows(&x, rows, cols, bl, &mut whole).unwrap();
+        for parts in [2usize, 4, 8] {
+            let rp = rows / parts;
+            let partials: Vec<Vec<f32>> = (0..parts)
+                .map(|p| {
+                    let mut o = vec![0.0f32; cols];
+                    det_sum_rows(&x[p * rp * cols..(p + 1) * rp * cols], rp, cols, bl, &mut o)
+                        .unwrap();
+                    o
+                })
+                .collect();
+            for c in 0..cols {
+                let joined = tree_reduce(parts, &mut |p| partials[p][c], &mut |x, y| x + y);
+                assert_eq!(joined.to_bits(), whole[c].to_bits());
+            }
+        }
+        let err = det_sum_rows(&x[..6 * cols], 6, cols, bl, &mut whole).unwrap_err();
+        assert!(
+            err.to_string().contains("not whole canonical blocks of 4"),
+            "{err}"
+        );
+    }
+}
