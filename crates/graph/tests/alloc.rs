@@ -74,6 +74,7 @@ fn a_training_step_allocates_only_inside_gemm() -> Result<(), GraphError> {
             step: 0,
             placement: None,
             input_blocks: &[],
+            deterministic: None,
         };
         eval_op(&node.op, &inputs, &mut outputs, &ctx)?; // warm-up
         let mut result = Ok(());

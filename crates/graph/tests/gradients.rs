@@ -394,6 +394,7 @@ fn cast_rounds_to_nearest_even() {
             step: 0,
             placement: None,
             input_blocks: &[],
+            deterministic: None,
         };
         graph::eval_op(
             &Op::Cast { dtype },

@@ -54,6 +54,7 @@ fn ctx(placement: Option<Placement<'_>>) -> EvalCtx<'_> {
         step: 3,
         placement,
         input_blocks: &[],
+        deterministic: None,
     }
 }
 
@@ -117,6 +118,7 @@ fn dropout_keeps_the_expected_fraction_and_changes_with_the_step() -> Result<(),
             step,
             placement: None,
             input_blocks: &[],
+            deterministic: None,
         };
         eval_op(&op, &[&x], std::slice::from_mut(&mut out), &ctx)?;
         let values = out.as_f32().unwrap().to_vec();
@@ -140,6 +142,7 @@ fn dropout_keeps_the_expected_fraction_and_changes_with_the_step() -> Result<(),
             step: 0,
             placement: Some(misplaced),
             input_blocks: &[],
+            deterministic: None,
         },
     )
     .unwrap_err();
@@ -159,6 +162,7 @@ fn cross_entropy_shards_sum_to_the_global_mean() -> Result<(), GraphError> {
         step: 0,
         placement: None,
         input_blocks: &[],
+        deterministic: None,
     };
     let loss_op = Op::SparseSoftmaxCrossEntropy { batch_divisor: 8 };
     let grad_op = Op::SparseSoftmaxCrossEntropyGrad { batch_divisor: 8 };
@@ -249,6 +253,7 @@ fn eval_op_rejects_bad_operands_without_panicking() {
         step: 0,
         placement: None,
         input_blocks: &[],
+        deterministic: None,
     };
     let op = Op::MatMul {
         transpose_a: false,
@@ -357,6 +362,7 @@ fn embedding_blocks_of_rows_sum_to_the_lookup_and_scatter_into_their_rows() {
         };
         let c = EvalCtx {
             input_blocks: &blocks,
+            deterministic: None,
             ..ctx(Some(placement))
         };
         let mut out = [Tensor::zeros(DType::F64, &[4, 2])];

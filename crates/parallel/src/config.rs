@@ -142,6 +142,9 @@ pub struct ParallelConfig {
     /// (an Embedding op, its cell or a glob over them), the rows of each block of the table's
     /// dim 0, in block order. Uneven blocks are allowed; they add up to the vocabulary.
     pub manual_split: BTreeMap<String, Vec<usize>>,
+    /// Deterministic mode's most canonical blocks per summed dim (`parallel.deterministic_blocks`,
+    /// a power of two): a split of a summed dim must divide the dim's block count.
+    pub deterministic_blocks: usize,
 }
 
 impl ParallelConfig {
@@ -155,6 +158,7 @@ impl ParallelConfig {
             gradients_mean: true,
             loss_repeated_mean: true,
             manual_split: BTreeMap::new(),
+            deterministic_blocks: 16,
         }
     }
 

@@ -23,6 +23,7 @@
 mod assign;
 mod compile;
 mod config;
+mod deterministic;
 mod error;
 mod given_layouts;
 mod lower;
@@ -35,6 +36,7 @@ pub use crate::assign::{
 };
 pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+pub use crate::deterministic::check_deterministic;
 pub use crate::error::{format_strategy, ParallelError};
 pub use crate::lower::{
     describe_plan, lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput,

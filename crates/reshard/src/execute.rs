@@ -15,7 +15,7 @@ use tensor::{DType, Tensor};
 
 use crate::error::ReshardError;
 use crate::lower::{lower, Exchange, ExchangeKind};
-use crate::partial::{DistLayout, ReduceKind};
+use crate::partial::{DistLayout, PendingOp, ReduceKind};
 use crate::plan::{plan_from, ReshardPlan, Transfer};
 
 /// Runs plans on one rank, keeping the sub-group communicators it creates so repeated reshards
@@ -26,6 +26,8 @@ use crate::plan::{plan_from, ReshardPlan, Transfer};
 pub struct ReshardRunner {
     world: Arc<dyn Communicator>,
     groups: HashMap<Vec<usize>, Box<dyn Communicator>>,
+    /// Pending sums are added in the canonical tree over the group's members in block order.
+    deterministic: bool,
 }
 
 impl ReshardRunner {
@@ -34,7 +36,21 @@ impl ReshardRunner {
         ReshardRunner {
             world,
             groups: HashMap::new(),
+            deterministic: false,
         }
+    }
+
+    /// Deterministic mode: every pending sum is added in the canonical tree
+    /// (`tensor::kernels::tree`) over its group's members, ordered by the blocks of the summed
+    /// dim (row-major over the pending axes as the layout lists them), so that the result's bits
+    /// do not depend on the group's size or the arrival order.
+    pub fn set_deterministic(&mut self, on: bool) {
+        self.deterministic = on;
+    }
+
+    /// Whether pending sums are added in the canonical order.
+    pub fn is_deterministic(&self) -> bool {
+        self.deterministic
     }
 
     /// This rank (a device rank of the layouts).
@@ -174,6 +190,32 @@ impl ReshardRunner {
                         "a pending sum over an interleaved axis ({src}): one device holds two of its parts"
                     ),
                 });
+            }
+            if self.deterministic && step.op == PendingOp::Sum {
+                let order = canonical_member_order(src, group_slots);
+                let ordered: Vec<usize> = order.iter().map(|&s| mesh.device_of_slot(s)).collect();
+                let group = self.group(&ordered)?;
+                deterministic_all_reduce(group, &mut tensor)?;
+                let tensor = match kind {
+                    ReduceKind::AllReduce => tensor,
+                    ReduceKind::ReduceScatter { dim } => {
+                        // The part the ordinary path gives this member: its index in slot order.
+                        let j = group_slots
+                            .iter()
+                            .position(|&s| s == slot)
+                            .expect("the slot is in its group");
+                        let n = group_slots.len();
+                        let shape = tensor.shape().to_vec();
+                        let part_len = shape[dim] / n;
+                        let mut offset = vec![0; shape.len()];
+                        offset[dim] = j * part_len;
+                        let mut extent = shape;
+                        extent[dim] = part_len;
+                        tensor.extract_box(&SliceBox::new(offset, extent))?
+                    }
+                };
+                out.push((slot, tensor));
+                continue;
             }
             let group = self.group(&ranks)?;
             match kind {
@@ -463,6 +505,50 @@ fn check_inputs(
                     t.dtype()
                 ),
             });
+        }
+    }
+    Ok(())
+}
+
+/// `group_slots` ordered by their block along the summed dim: row-major over the pending axes
+/// in the order the layout lists them (the summed dim's axes, major first).
+fn canonical_member_order(src: &DistLayout, group_slots: &[usize]) -> Vec<usize> {
+    let mesh = src.layout().mesh();
+    let key = |slot: usize| {
+        src.partial_axes()
+            .iter()
+            .fold(0, |k, &a| k * mesh.axis_size(a) + mesh.coord_along(slot, a))
+    };
+    let mut order = group_slots.to_vec();
+    order.sort_by_key(|&s| key(s));
+    order
+}
+
+/// Sums `tensor` over `group` in the canonical tree over its members (member order), every
+/// member receiving the same bits.
+fn deterministic_all_reduce(
+    group: &dyn Communicator,
+    tensor: &mut Tensor,
+) -> Result<(), ReshardError> {
+    let n = group.size();
+    if n == 1 {
+        return Ok(());
+    }
+    let gathered = group.all_gather(tensor)?;
+    let len = tensor.n_elements();
+    match tensor.dtype() {
+        tensor::DType::F32 => {
+            let mut parts = gathered.as_slice::<f32>()?.to_vec();
+            tensor::kernels::tree::tree_sum_parts(&mut parts, len, tensor.as_slice_mut::<f32>()?);
+        }
+        tensor::DType::F64 => {
+            let mut parts = gathered.as_slice::<f64>()?.to_vec();
+            tensor::kernels::tree::tree_sum_parts(&mut parts, len, tensor.as_slice_mut::<f64>()?);
+        }
+        dtype => {
+            return Err(ReshardError::Unsupported {
+                what: format!("a deterministic sum of {dtype} values (f32 and f64 only)"),
+            })
         }
     }
     Ok(())

@@ -31,6 +31,8 @@ pub struct RankExecutor {
     /// that depend on which part of an input they get (a vocabulary-parallel embedding).
     input_blocks: Vec<Vec<InputBlock>>,
     step: u64,
+    /// Deterministic mode's most canonical blocks per summed dim ([`RankExecutor::set_deterministic`]).
+    deterministic: Option<usize>,
     /// Time per kind of step, when profiling ([`RankExecutor::set_profiling`]).
     profile: Option<StepProfile>,
 }
@@ -98,6 +100,7 @@ impl RankExecutor {
             offsets,
             input_blocks,
             step: 0,
+            deterministic: None,
             profile: None,
         })
     }
@@ -224,6 +227,13 @@ impl RankExecutor {
         self.set_input(index, &block)
     }
 
+    /// Deterministic mode (`Some(max canonical blocks)`): the summing kernels and the pending
+    /// sums of reshards add in the canonical order; `None` turns it off.
+    pub fn set_deterministic(&mut self, max_blocks: Option<usize>) {
+        self.deterministic = max_blocks;
+        self.runner.set_deterministic(max_blocks.is_some());
+    }
+
     /// Turns the per-step timing of [`RankExecutor::run`] on (a fresh [`StepProfile`]) or off.
     pub fn set_profiling(&mut self, on: bool) {
         self.profile = on.then(StepProfile::default);
@@ -260,6 +270,7 @@ impl RankExecutor {
                                 global_shape: out_layout.shape(),
                             }),
                             input_blocks: &self.input_blocks[i],
+                            deterministic: self.deterministic,
                         };
                         eval_op(&k.op, &ins, &mut outs, &ctx)
                     };

@@ -9,7 +9,7 @@ use ckpt::{OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, Strat
 use comm::Communicator;
 use graph::models::{seed_mlp, Model};
 use layout::{SliceBox, TensorLayout};
-use parallel::{compile_forward, compile_training, Program};
+use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
 use tensor::Tensor;
 
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
@@ -42,6 +42,8 @@ pub struct Session {
     /// The checkpoint set this process writes (rank 0's process only), opened by
     /// [`Session::open_checkpoint_set`] before the ranks start.
     checkpoint_set: std::sync::Mutex<Option<ckpt::SetWriter>>,
+    /// Deterministic mode's most canonical blocks per summed dim (`None`: off).
+    deterministic: Option<usize>,
 }
 
 /// What a session trains on.
@@ -223,7 +225,7 @@ impl Session {
             train: Arc::new(train_data),
             test: Arc::new(test_data),
         };
-        Ok(Session::assemble(config, model, train, eval, data))
+        Session::assemble(config, &parallel, model, train, eval, data)
     }
 
     /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
@@ -245,24 +247,40 @@ impl Session {
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;
         let data = TrainData::Text(Arc::new(text));
-        Ok(Session::assemble(config, model, train, eval, data))
+        Session::assemble(config, &parallel, model, train, eval, data)
     }
 
     fn assemble(
         config: &TrainConfig,
+        parallel: &ParallelConfig,
         model: Model,
         train: Program,
         eval: Program,
         data: TrainData,
-    ) -> Session {
-        Session {
+    ) -> Result<Session, RuntimeError> {
+        let deterministic = config
+            .train()
+            .deterministic
+            .then_some(parallel.deterministic_blocks);
+        if let Some(blocks) = deterministic {
+            // Refused before any rank starts: a sum whose split the canonical blocks can't serve.
+            check_deterministic(&train, blocks)?;
+            check_deterministic(&eval, blocks)?;
+        }
+        Ok(Session {
             config: config.clone(),
             model,
             train: Arc::new(train),
             eval: Arc::new(eval),
             data,
             checkpoint_set: std::sync::Mutex::new(None),
-        }
+            deterministic,
+        })
+    }
+
+    /// Deterministic mode's most canonical blocks per summed dim, when `train.deterministic`.
+    pub fn deterministic_blocks(&self) -> Option<usize> {
+        self.deterministic
     }
 
     /// Steps in every epoch.
@@ -470,6 +488,9 @@ impl Session {
         let rank = world.rank();
         let mut exec = RankExecutor::new(self.train.clone(), world.clone())?;
         let mut eval = RankExecutor::new(self.eval.clone(), world.clone())?;
+        let deterministic = self.deterministic_blocks();
+        exec.set_deterministic(deterministic);
+        eval.set_deterministic(deterministic);
         exec.init_parameters(self.config.train().seed)?;
         let trainable: Vec<usize> = (0..self.train.params.len())
             .filter(|&i| {

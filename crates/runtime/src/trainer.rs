@@ -65,6 +65,7 @@ impl Trainer {
                 epochs: 1,
                 max_steps: None,
                 seed: 1,
+                deterministic: false,
                 eval: true,
                 per_print_times: 1,
                 print_local_norm: false,

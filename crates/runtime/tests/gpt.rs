@@ -17,6 +17,17 @@ fn kjv() -> PathBuf {
 /// A small GPT (2 blocks, 8 heads, width 32, 16 tokens, batch 8) training 20 steps with
 /// `optimizer`, `[parallel]` body `parallel`, and `model_extra` appended to `[model]`.
 fn config(out: &Path, optimizer: &str, model_extra: &str, parallel: &str) -> TrainConfig {
+    config_with(out, optimizer, model_extra, parallel, &[])
+}
+
+/// [`config`] with command-line style `overrides` (`train.deterministic=true`).
+fn config_with(
+    out: &Path,
+    optimizer: &str,
+    model_extra: &str,
+    parallel: &str,
+    overrides: &[String],
+) -> TrainConfig {
     let text = format!(
         r#"
 [model]
@@ -48,7 +59,7 @@ dir = "{out}"
         data = kjv().display(),
         out = out.display(),
     );
-    TrainConfig::parse(&text, None, &[], Path::new("/")).expect("a valid test config")
+    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
 }
 
 /// Trains `config` for 20 steps: the losses, and every merged parameter by name.
@@ -222,6 +233,76 @@ fn manual_split_tables_train_like_one_device() {
                 vec![200, 56]
             };
             assert_eq!(table.placements[0].rows, Some(rows), "{name}: {file}");
+        }
+    }
+}
+
+/// `train.deterministic = true`: the loss at every step and every merged parameter are bitwise
+/// one device's, under data, model, vocabulary parallelism and their mixes, with SGD-momentum
+/// and Adam.
+#[test]
+fn deterministic_runs_are_bitwise_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let det = ["train.deterministic=true".to_string()];
+    let cases: &[(&str, usize, &str, &str)] = &[
+        ("data parallel 2", 2, "momentum", "model_parallel = 1"),
+        ("data parallel 8", 8, "momentum", "model_parallel = 1"),
+        ("model parallel 2", 2, "momentum", "model_parallel = 2"),
+        ("model parallel 4, adam", 4, "adam", "model_parallel = 4"),
+        (
+            "dp 2 × mp 4",
+            8,
+            "momentum",
+            "data_parallel = 2\nmodel_parallel = 4",
+        ),
+        (
+            "vocabulary parallel, dp 2 × mp 2",
+            4,
+            "adam",
+            "data_parallel = 2\nmodel_parallel = 2\nvocab_emb_dp = false",
+        ),
+    ];
+    let mut references = std::collections::BTreeMap::new();
+    for (i, (name, devices, optimizer, parallel)) in cases.iter().enumerate() {
+        if !references.contains_key(optimizer) {
+            let out = tmp.path().join(format!("sa-{optimizer}"));
+            let reference = train(&config_with(
+                &out,
+                optimizer,
+                "",
+                "mode = \"stand_alone\"",
+                &det,
+            ));
+            references.insert(*optimizer, reference);
+        }
+        let reference = &references[optimizer];
+        let out = tmp.path().join(format!("det-{i}"));
+        let (losses, params) = train(&config_with(
+            &out,
+            optimizer,
+            "",
+            &semi(*devices, parallel),
+            &det,
+        ));
+        for (step, (a, b)) in losses.iter().zip(&reference.0).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{name}: step {step} loss {a} vs {b}"
+            );
+        }
+        for ((pname, got), (_, want)) in params.iter().zip(&reference.1) {
+            let differ = got
+                .iter()
+                .zip(want)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(
+                differ,
+                0,
+                "{name}: {pname} differs in {differ} of {} elements",
+                got.len()
+            );
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct EvalCtx<'a> {
     /// of an input they are given (a vocabulary-parallel [`Op::Embedding`]: the table's rows).
     /// Empty: every input is its whole global tensor.
     pub input_blocks: &'a [InputBlock],
+    /// Deterministic mode: ops that sum over a dim sum in the canonical order, in at most this
+    /// many canonical blocks per summed dim (`tensor::kernels::det`). `None`: the fastest order.
+    pub deterministic: Option<usize>,
 }
 
 impl EvalCtx<'_> {
@@ -164,17 +167,28 @@ pub(crate) fn checked_placement<'a>(
 }
 
 /// The elements of `t` as `T`, or a kernel error naming the node.
-fn read<'t, T: Element>(t: &'t Tensor, ctx: &EvalCtx<'_>) -> Result<&'t [T], GraphError> {
+pub(super) fn read<'t, T: Element>(
+    t: &'t Tensor,
+    ctx: &EvalCtx<'_>,
+) -> Result<&'t [T], GraphError> {
     t.as_slice::<T>().map_err(GraphError::kernel(ctx.node))
 }
 
 /// The elements of `t` as `T`, writable.
-fn write<'t, T: Element>(t: &'t mut Tensor, ctx: &EvalCtx<'_>) -> Result<&'t mut [T], GraphError> {
+pub(super) fn write<'t, T: Element>(
+    t: &'t mut Tensor,
+    ctx: &EvalCtx<'_>,
+) -> Result<&'t mut [T], GraphError> {
     t.as_slice_mut::<T>().map_err(GraphError::kernel(ctx.node))
 }
 
 /// `Ok` when `t` has at least `ndim` dims (so indexing its shape is safe).
-fn min_rank(t: &Tensor, ndim: usize, operand: &str, ctx: &EvalCtx<'_>) -> Result<(), GraphError> {
+pub(super) fn min_rank(
+    t: &Tensor,
+    ndim: usize,
+    operand: &str,
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
     if t.ndim() >= ndim {
         Ok(())
     } else {
@@ -205,31 +219,8 @@ fn last_dim_or_zero(t: &Tensor) -> usize {
 }
 
 /// The last dim of `t` (callers checked its rank).
-fn last_dim(t: &Tensor) -> usize {
+pub(super) fn last_dim(t: &Tensor) -> usize {
     t.shape()[t.ndim() - 1]
-}
-
-/// Runs `$body` with `$ids` bound to the i32 or i64 entries of `$tensor`.
-macro_rules! with_ids {
-    ($tensor:expr, $ctx:expr, $op:expr, |$ids:ident| $body:expr) => {
-        match $tensor.storage() {
-            Storage::I32(v) => {
-                let $ids = v.as_slice();
-                $body
-            }
-            Storage::I64(v) => {
-                let $ids = v.as_slice();
-                $body
-            }
-            other => Err(GraphError::InputDType {
-                node: $ctx.node.to_string(),
-                op: $op.kind(),
-                value: "indices".to_string(),
-                got: other.dtype(),
-                expected: "integer indices (i32 or i64)".to_string(),
-            }),
-        }
-    };
 }
 
 fn gelu_form(approximate: bool) -> GeluForm {
@@ -278,6 +269,13 @@ fn eval_typed<T: Float + Element>(
     ctx: &EvalCtx<'_>,
 ) -> Result<(), GraphError> {
     let kernel = || GraphError::kernel(ctx.node);
+    if let Some(max_blocks) = ctx.deterministic {
+        if let Some(result) =
+            super::deterministic::eval_deterministic::<T>(op, inputs, outputs, ctx, max_blocks)
+        {
+            return result;
+        }
+    }
     if let Some(unary) = unary_kernel(op) {
         return if op.is_backward() {
             let (saved, dy) = (read::<T>(inputs[0], ctx)?, read::<T>(inputs[1], ctx)?);
@@ -729,7 +727,7 @@ fn replace_checked(out: &mut Tensor, result: Tensor, ctx: &EvalCtx<'_>) -> Resul
     Ok(())
 }
 
-fn mismatch(
+pub(super) fn mismatch(
     ctx: &EvalCtx<'_>,
     operand: &str,
     expected_shape: &[usize],

@@ -240,6 +240,7 @@ impl Executor {
                 step: *step,
                 placement: None,
                 input_blocks: &[],
+                deterministic: None,
             };
             let result = eval_op(&node.op, &refs[..s.inputs.len()], scratch, &ctx);
             for &b in s.outputs.iter().rev() {

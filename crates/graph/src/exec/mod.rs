@@ -5,6 +5,30 @@
 //! - [`Executor`]: a graph's schedule with preallocated, liveness-shared buffers.
 //! - [`dropout_mask_keeps`]: the counter-based dropout mask, for anyone who must reproduce it.
 
+/// Runs `$body` with `$ids` bound to the i32 or i64 entries of `$tensor`.
+macro_rules! with_ids {
+    ($tensor:expr, $ctx:expr, $op:expr, |$ids:ident| $body:expr) => {
+        match $tensor.storage() {
+            Storage::I32(v) => {
+                let $ids = v.as_slice();
+                $body
+            }
+            Storage::I64(v) => {
+                let $ids = v.as_slice();
+                $body
+            }
+            other => Err(GraphError::InputDType {
+                node: $ctx.node.to_string(),
+                op: $op.kind(),
+                value: "indices".to_string(),
+                got: other.dtype(),
+                expected: "integer indices (i32 or i64)".to_string(),
+            }),
+        }
+    };
+}
+
+mod deterministic;
 mod dropout;
 mod eval;
 mod executor;

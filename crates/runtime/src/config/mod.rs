@@ -185,6 +185,9 @@ pub struct TrainLoopConfig {
     pub max_steps: Option<u64>,
     /// Seed of parameter initialisation and data shuffling.
     pub seed: u64,
+    /// Deterministic mode (`train.deterministic`): every sum over a dim a strategy may split is
+    /// added in one canonical order, so losses and parameters are bitwise those of one device.
+    pub deterministic: bool,
     /// Evaluate on the test split after each epoch.
     pub eval: bool,
     /// Print the loss every this many steps (0: never).

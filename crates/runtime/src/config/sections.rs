@@ -82,6 +82,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "strategy_file",
     "strategy_file_only_for_trainable_params",
     "manual_split",
+    "deterministic_blocks",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -106,6 +107,7 @@ pub(super) const TRAIN_KEYS: &[&str] = &[
     "beta2",
     "eps",
     "seed",
+    "deterministic",
     "eval",
     "per_print_times",
     "print_local_norm",
@@ -548,6 +550,16 @@ fn read_parallel(
     let mut out_shard = s.or("out_shard", BTreeMap::new(), strategy_table)?;
     let strategy_file = s.get("strategy_file", path_reader(base))?;
     let manual_split = s.or("manual_split", BTreeMap::new(), read_manual_split)?;
+    let deterministic_blocks = s.or("deterministic_blocks", 16, |key, v| {
+        let n = read_positive(key, v)?;
+        if !n.is_power_of_two() || n > 1 << 20 {
+            return Err(config_error(
+                key,
+                format!("{n} is not a power of two between 1 and 1048576"),
+            ));
+        }
+        Ok(n)
+    })?;
     if mode == ParallelMode::StandAlone && !manual_split.is_empty() {
         warnings.push(
             "[parallel.manual_split] has no effect in mode \"stand_alone\" (one device holds \
@@ -597,6 +609,7 @@ fn read_parallel(
         gradients_mean,
         loss_repeated_mean,
         manual_split,
+        deterministic_blocks,
     };
     Ok((parallel, strategy_file))
 }
@@ -657,6 +670,7 @@ fn read_train_loop(
     let epochs = s.require("epochs", read_positive)?;
     let max_steps = s.or("max_steps", 0, read_count)?;
     let seed = s.or("seed", 1, read_count)?;
+    let deterministic = s.or("deterministic", false, read_bool)?;
     let eval = s.or("eval", true, read_bool)?;
     let per_print_times = s.or("per_print_times", 1, read_count)?;
     let print_local_norm = s.or("print_local_norm", false, read_bool)?;
@@ -678,6 +692,7 @@ fn read_train_loop(
         epochs,
         max_steps: (max_steps > 0).then_some(max_steps),
         seed,
+        deterministic,
         eval,
         per_print_times,
         print_local_norm,

@@ -280,6 +280,116 @@ pub fn det_sum_rows<T: Float>(
     Ok(())
 }
 
+/// `out` = `x` (of `shape`) summed over `axes` (ascending, each `< shape.len()`) in the canonical
+/// order of the flattened summed index space (the summed axes in order, row-major), in blocks of
+/// `block_len`. `out` holds the kept axes in order.
+pub fn det_sum_axes<T: Float>(
+    x: &[T],
+    shape: &[usize],
+    axes: &[usize],
+    block_len: usize,
+    out: &mut [T],
+) -> Result<(), TensorError> {
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
+    let rows: usize = axes.iter().map(|&d| shape[d]).product();
+    let cols: usize = kept.iter().map(|&d| shape[d]).product();
+    let perm: Vec<usize> = axes.iter().chain(&kept).copied().collect();
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return det_sum_rows(x, rows, cols, block_len, out);
+    }
+    let mut moved = vec![T::ZERO; x.len()];
+    super::permute::permute_into(x, shape, &perm, &mut moved)?;
+    det_sum_rows(&moved, rows, cols, block_len, out)
+}
+
+/// The gradient of an embedding lookup in canonical order: `table_grad` (the rows of `block`,
+/// `dim` wide) receives, per row, the sum of the `src` rows whose index names it, positions cut
+/// into canonical blocks of `block_len` (each block summed in position order, blocks joined in
+/// the canonical tree).
+pub fn det_scatter_add_block_rows<T: Float, I: super::embedding::IndexElement>(
+    table_grad: &mut [T],
+    block: super::embedding::RowBlock,
+    dim: usize,
+    indices: &[I],
+    src: &[T],
+    block_len: usize,
+) -> Result<(), TensorError> {
+    const OP: &str = "det_scatter_add";
+    super::check::buffer_len(OP, "src", indices.len() * dim, src.len())?;
+    table_grad.fill(T::ZERO);
+    let Some(n_rows) = table_grad.len().checked_div(dim) else {
+        return Ok(());
+    };
+    super::embedding::check_indices(OP, indices, block.vocab)?;
+    if indices.is_empty() {
+        return Ok(());
+    }
+    let nb = local_blocks(OP, indices.len(), block_len)?;
+    // Rows of this block that some position names, and per canonical block the sums.
+    let local = |i: I| {
+        (i.to_i64() as usize)
+            .checked_sub(block.first)
+            .filter(|&r| r < n_rows)
+    };
+    let mut touched: Vec<usize> = indices.iter().filter_map(|&i| local(i)).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let mut stacks: Vec<TreeStack<Vec<T>>> = touched.iter().map(|_| TreeStack::new()).collect();
+    let mut leaves: Vec<Vec<T>> = vec![vec![T::ZERO; dim]; touched.len()];
+    for blk in 0..nb {
+        for leaf in leaves.iter_mut() {
+            leaf.fill(T::ZERO);
+        }
+        for p in blk * block_len..(blk + 1) * block_len {
+            if let Some(row) = local(indices[p]) {
+                let t = touched
+                    .binary_search(&row)
+                    .expect("every named row is touched");
+                for (d, &v) in leaves[t].iter_mut().zip(&src[p * dim..(p + 1) * dim]) {
+                    *d = *d + v;
+                }
+            }
+        }
+        for (stack, leaf) in stacks.iter_mut().zip(&leaves) {
+            stack.push(leaf.clone(), |mut l, r| {
+                for (a, b) in l.iter_mut().zip(&r) {
+                    *a = *a + *b;
+                }
+                l
+            });
+        }
+    }
+    for (stack, &row) in stacks.into_iter().zip(&touched) {
+        let sum = stack.finish().expect("at least one block");
+        table_grad[row * dim..(row + 1) * dim].copy_from_slice(&sum);
+    }
+    Ok(())
+}
+
+/// The cross entropy of `logits` (`[rows, classes]`) against `labels`, each row's loss times
+/// `scale`, summed over the rows in canonical blocks of `block_len`.
+pub fn det_cross_entropy_sum<T: Float, I: super::embedding::IndexElement>(
+    logits: &[T],
+    classes: usize,
+    labels: &[I],
+    scale: T,
+    block_len: usize,
+) -> Result<T, TensorError> {
+    const OP: &str = "det_cross_entropy";
+    super::check::buffer_len(OP, "logits", labels.len() * classes, logits.len())?;
+    super::embedding::check_indices(OP, labels, classes)?;
+    let losses: Vec<T> = logits
+        .chunks_exact(classes.max(1))
+        .zip(labels)
+        .map(|(row, &label)| {
+            (super::softmax::log_sum_exp(row) - row[label.to_i64() as usize]) * scale
+        })
+        .collect();
+    let mut out = [T::ZERO];
+    det_sum_rows(&losses, losses.len(), 1, block_len, &mut out)?;
+    Ok(out[0])
+}
+
 /// The canonical tree over `n ≥ 1` values.
 pub fn det_tree_sum<T: Float>(values: &[T]) -> T {
     fn go<T: Float>(v: &[T]) -> T {

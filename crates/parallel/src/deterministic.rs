@@ -1,0 +1,171 @@
+//! Deterministic mode's planning rule: every sum over a split dim must be an aligned run of
+//! canonical blocks on each rank, so the kernels' subtrees and the collectives' tree over ranks
+//! complete the tree one device computes (`tensor::kernels::det`).
+
+use graph::Op;
+use layout::TensorLayout;
+use tensor::kernels::det::canonical_blocks;
+
+use crate::error::ParallelError;
+use crate::lower::{Program, Step};
+
+/// Checks every kernel step of `program` against the canonical blocks (at most `max_blocks`
+/// per summed dim): an error names the op, the dim and the rule.
+pub fn check_deterministic(program: &Program, max_blocks: usize) -> Result<(), ParallelError> {
+    if max_blocks == 0 || !max_blocks.is_power_of_two() {
+        return Err(ParallelError::Setting {
+            setting: "deterministic_blocks",
+            reason: format!("{max_blocks} is not a power of two of at least 1"),
+        });
+    }
+    for step in &program.steps {
+        let Step::Kernel(k) = step else { continue };
+        let input = |i: usize| program.buffers[k.inputs[i]].layout.layout();
+        let name = k.name.as_str();
+        let check = |operand: &str, layout: &TensorLayout, dims: &[usize]| {
+            check_summed(name, k.op.kind(), operand, layout, dims, max_blocks)
+        };
+        match &k.op {
+            Op::MatMul { transpose_a, .. } | Op::BatchMatMul { transpose_a, .. } => {
+                let a = input(0);
+                let r = a.shape().len();
+                let kdim = if *transpose_a { r - 2 } else { r - 1 };
+                check("a", a, &[kdim])?;
+            }
+            Op::BatchMatMulSum { transpose_a, .. } => {
+                let a = input(0);
+                let r = a.shape().len();
+                let kdim = if *transpose_a { r - 2 } else { r - 1 };
+                let dims: Vec<usize> = (0..r - 2).chain([kdim]).collect();
+                check("a", a, &dims)?;
+            }
+            Op::ReduceSum { axes, .. } => {
+                let x = input(0);
+                let mut dims: Vec<usize> = if axes.is_empty() {
+                    (0..x.shape().len()).collect()
+                } else {
+                    axes.clone()
+                };
+                dims.sort_unstable();
+                check("x", x, &dims)?;
+            }
+            Op::SumToShape { .. } | Op::BiasAddGrad => {
+                let x = input(0);
+                let out = program.buffers[k.outputs[0]]
+                    .layout
+                    .layout()
+                    .shape()
+                    .to_vec();
+                let lead = x.shape().len().saturating_sub(out.len());
+                let dims: Vec<usize> = (0..x.shape().len())
+                    .filter(|&d| d < lead || (out[d - lead] == 1 && x.shape()[d] != 1))
+                    .collect();
+                check("x", x, &dims)?;
+            }
+            Op::LayerNormGrad | Op::LayerNorm { .. } => {
+                let (x, gamma) = match &k.op {
+                    Op::LayerNorm { .. } => (input(0), input(1)),
+                    _ => (input(0), input(4)),
+                };
+                let r = x.shape().len();
+                let normalized = r - gamma.shape().len();
+                if let Some(d) = (normalized..r).find(|&d| x.split_factors()[d] > 1) {
+                    return Err(refuse(
+                        name,
+                        k.op.kind(),
+                        format!(
+                            "normalises over dim {d} of x, which its strategy splits; deterministic \
+                             mode needs the normalised dims whole"
+                        ),
+                    ));
+                }
+                if matches!(k.op, Op::LayerNormGrad) {
+                    check("x", x, &(0..normalized).collect::<Vec<_>>())?;
+                }
+            }
+            Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
+                let x = input(0);
+                let last = x.shape().len() - 1;
+                if x.split_factors()[last] > 1 {
+                    return Err(refuse(
+                        name,
+                        k.op.kind(),
+                        "normalises over its last dim, which its strategy splits; deterministic \
+                         mode needs it whole"
+                            .to_string(),
+                    ));
+                }
+            }
+            Op::SparseSoftmaxCrossEntropy { .. } => check("logits", input(0), &[0])?,
+            Op::EmbeddingGrad => {
+                let ids = input(1);
+                check("ids", ids, &(0..ids.shape().len()).collect::<Vec<_>>())?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn refuse(op: &str, kind: &'static str, reason: String) -> ParallelError {
+    ParallelError::Unsupported {
+        op: op.to_string(),
+        kind,
+        reason: format!("deterministic mode: {reason}"),
+    }
+}
+
+/// The summed dims `dims` (ascending) of `layout`'s tensor, flattened row-major, must be split
+/// along one dim only, with every summed dim before it of size 1, into a power of two of parts
+/// dividing the canonical block count.
+fn check_summed(
+    op: &str,
+    kind: &'static str,
+    operand: &str,
+    layout: &TensorLayout,
+    dims: &[usize],
+    max_blocks: usize,
+) -> Result<(), ParallelError> {
+    let shape = layout.shape();
+    let factors = layout.split_factors();
+    let split: Vec<usize> = dims.iter().copied().filter(|&d| factors[d] > 1).collect();
+    let Some(&first) = split.first() else {
+        return Ok(());
+    };
+    if let Some(&later) = split.get(1) {
+        return Err(refuse(
+            op,
+            kind,
+            format!(
+                "it sums dims {dims:?} of {operand}, and its strategy splits both dim {first} and dim {later}; \
+                 one summed dim at most may be split"
+            ),
+        ));
+    }
+    if let Some(&before) = dims.iter().find(|&&d| d < first && shape[d] > 1) {
+        return Err(refuse(
+            op,
+            kind,
+            format!(
+                "it sums dims {dims:?} of {operand}; dim {first} is split but dim {before} before it \
+                 (size {}) is whole, so a rank's part is not one contiguous run of canonical blocks",
+                shape[before]
+            ),
+        ));
+    }
+    let len: usize = dims.iter().map(|&d| shape[d]).product();
+    let blocks = canonical_blocks(len, max_blocks);
+    let f = factors[first];
+    if !f.is_power_of_two() || blocks % f != 0 {
+        return Err(refuse(
+            op,
+            kind,
+            format!(
+                "it sums dim {first} of {operand} ({len} summed elements in {blocks} canonical blocks \
+                 with parallel.deterministic_blocks = {max_blocks}), which its strategy splits {f} ways; \
+                 the split must be a power of two dividing the block count"
+            ),
+        ));
+    }
+    Ok(())
+}
