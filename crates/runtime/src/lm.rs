@@ -81,10 +81,13 @@ impl TextData {
             dropout: keys.dropout,
             tie_embeddings: keys.tie_embeddings,
             batch: self.batch,
-            // Logits split on the vocabulary are reduced where they lie, never gathered.
-            vocab_parallel_loss: config.parallel_config().mode == ParallelMode::SemiAuto
-                && !config.gpt_parallel().vocab_emb_dp
-                && config.gpt_parallel().model_parallel > 1,
+            // Logits split on the vocabulary are reduced where they lie, never gathered. In
+            // deterministic mode every run builds that loss, one device's included, so that
+            // all of them compute one formula in one order.
+            vocab_parallel_loss: config.train().deterministic
+                || (config.parallel_config().mode == ParallelMode::SemiAuto
+                    && !config.gpt_parallel().vocab_emb_dp
+                    && config.gpt_parallel().model_parallel > 1),
         };
         gpt.validate()?;
         Ok(gpt)
