@@ -307,6 +307,30 @@ fn deterministic_runs_are_bitwise_one_device() {
     }
 }
 
+/// Sequence parallelism sums LayerNorm and bias gradients over a split inner dim, which the
+/// canonical order cannot complete across ranks yet: refused before training.
+#[test]
+fn deterministic_mode_refuses_sequence_parallel_sums() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = config_with(
+        tmp.path(),
+        "momentum",
+        "",
+        &semi(2, "model_parallel = 2\nuse_seq_parallel = true"),
+        &["train.deterministic=true".to_string()],
+    );
+    let err = Session::new(&config)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("deterministic mode")
+            && err.contains("LayerNormGrad")
+            && err.contains("dim 1 is split"),
+        "{err}"
+    );
+}
+
 #[test]
 fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
     let tmp = tempfile::tempdir().unwrap();

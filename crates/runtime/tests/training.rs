@@ -128,6 +128,88 @@ fn twelve_configurations_match_one_device() {
     }
 }
 
+/// `train.deterministic = true`: the seed MLP under the seed's strategy (a split reduction
+/// dim), data parallelism, a reduce-scatter out-strategy and repeated calculation gives one
+/// device's losses and weights bit for bit.
+#[test]
+fn deterministic_mlp_runs_are_bitwise_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let det = "train.deterministic=true";
+    for optimizer in ["sgd", "adam"] {
+        let reference = train(&config(
+            &tmp.path().join(format!("sa-{optimizer}")),
+            optimizer,
+            "devices = 1\nmode = \"stand_alone\"",
+            &[det],
+        ));
+        let cases: Vec<(&str, String)> = vec![
+            ("seed strategies, 8 devices", semi(8, SEED_SHARDS)),
+            ("data parallel, 4 devices", "devices = 4\nmode = \"data_parallel\"".to_string()),
+            (
+                "split reduction dim with an out-strategy (reduce-scatter)",
+                semi(8, "[parallel.shard]\nmatmul1 = [[2, 4], [4, 1]]\n[parallel.out_shard]\nmatmul1 = [[8, 1]]"),
+            ),
+            ("repeated calculation", semi(8, "[parallel.shard]\nmatmul1 = [[2, 1], [1, 1]]\nmatmul3 = [[1, 2], [2, 1]]")),
+        ];
+        for (i, (what, parallel)) in cases.iter().enumerate() {
+            let out = tmp.path().join(format!("det-{optimizer}-{i}"));
+            let (losses, weights) = train(&config(&out, optimizer, parallel, &[det]));
+            for (step, (a, b)) in losses.iter().zip(&reference.0).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{what} ({optimizer}): step {step}: {a} vs {b}"
+                );
+            }
+            for ((name, got), (_, want)) in weights.iter().zip(&reference.1) {
+                assert!(
+                    got.iter()
+                        .zip(want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{what} ({optimizer}): {name} differs"
+                );
+            }
+        }
+    }
+}
+
+/// Strategies the canonical blocks can't serve are refused before training, naming the op, the
+/// dim and the rule.
+#[test]
+fn deterministic_mode_refuses_misaligned_splits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |parallel: String, extra: &[&str]| {
+        let mut all = vec!["train.deterministic=true"];
+        all.extend_from_slice(extra);
+        let c = config(tmp.path(), "sgd", &parallel, &all);
+        runtime::Session::new(&c)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    // 64 inputs in at most 2 blocks, split 4 ways.
+    let err = refused(
+        semi(4, "[parallel.shard]\nmatmul1 = [[1, 4], [4, 1]]"),
+        &["parallel.deterministic_blocks=2"],
+    );
+    assert!(
+        err.contains("matmul1") && err.contains("dim 1 of a") && err.contains("splits 4 ways"),
+        "{err}"
+    );
+    let bad = TrainConfig::parse(
+        "[model]\nname = \"seed_mlp\"\nhidden = 8\nclasses = 10\n[data]\nformat = \"idx\"\ndir = \"x\"\nbatch_size = 8\n[parallel]\ndeterministic_blocks = 6\n[train]\nepochs = 1\n[output]\ndir = \"o\"\n",
+        None,
+        &[],
+        Path::new("/"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("parallel.deterministic_blocks") && bad.contains("power of two"),
+        "{bad}"
+    );
+}
+
 #[test]
 fn resuming_under_another_strategy_continues_the_run() {
     let tmp = tempfile::tempdir().unwrap();
