@@ -210,3 +210,76 @@ fn mpi_train_gpt_matches_local_and_one_device() {
     assert_ok(&out);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("In the beginning"));
 }
+
+/// `train.deterministic = true` under `mpirun -np 4`: the seed MLP with split reduction dims
+/// and the GPT (dp 2 × mp 2, vocabulary parallel) log one device's losses bit for bit.
+#[test]
+fn mpi_deterministic_runs_are_bitwise_one_device() {
+    let dir = Scratch::new("mpi-det");
+    let configs: [(&str, &str, Vec<String>); 2] = [
+        (
+            "mlp",
+            "examples/seed_semi_auto.toml",
+            vec![
+                "parallel.shard={ matmul1 = [[2, 2], [2, 1]], matmul2 = [[1, 4], [4, 1]] }".into(),
+                "train.max_steps=10".into(),
+            ],
+        ),
+        (
+            "gpt",
+            "examples/gpt_kjv.toml",
+            vec![
+                "parallel.data_parallel=2".into(),
+                "parallel.model_parallel=2".into(),
+                "parallel.vocab_emb_dp=false".into(),
+                "model.layers=2".into(),
+                "model.hidden=64".into(),
+                "model.seq_len=32".into(),
+                "data.batch_size=8".into(),
+                "train.max_steps=6".into(),
+            ],
+        ),
+    ];
+    for (name, example, sets) in configs {
+        let command = |run_name: &str, devices: &str, mode: &str| -> Vec<String> {
+            let mut a: Vec<String> = vec!["train".into(), example.into()];
+            let mut all = vec![
+                format!("parallel.devices={devices}"),
+                format!("parallel.mode=\"{mode}\""),
+                "train.deterministic=true".to_string(),
+                "train.eval=false".to_string(),
+                format!("output.dir=\"{}\"", s(&dir.0.join(run_name))),
+            ];
+            all.extend(sets.iter().cloned());
+            for set in all {
+                a.extend(["--set".to_string(), set]);
+            }
+            a.extend([
+                "--log-json".to_string(),
+                s(&dir.0.join(format!("{run_name}.jsonl"))).to_string(),
+            ]);
+            a
+        };
+        let mut mpi = command(&format!("{name}-mpi"), "4", "semi_auto");
+        mpi.extend(["--backend".to_string(), "mpi".to_string()]);
+        run(&args(&mpi), true);
+        run(
+            &args(&command(&format!("{name}-one"), "1", "stand_alone")),
+            false,
+        );
+        let mpi = step_losses(&dir.0.join(format!("{name}-mpi.jsonl")));
+        let one = step_losses(&dir.0.join(format!("{name}-one.jsonl")));
+        assert!(
+            !mpi.is_empty() && mpi.len() == one.len(),
+            "{name}: {mpi:?} vs {one:?}"
+        );
+        for (i, (m, o)) in mpi.iter().zip(&one).enumerate() {
+            assert_eq!(
+                (*m as f32).to_bits(),
+                (*o as f32).to_bits(),
+                "{name} step {}: mpi {m} vs one device {o}",
+                i + 1
+            );
+        }
+    }
+}

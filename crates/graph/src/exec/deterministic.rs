@@ -82,7 +82,7 @@ pub(super) fn eval_deterministic<T: Float + Element>(
             *transpose_a,
             *transpose_b,
         ),
-        Op::ReduceSum { axes, .. } => (|| {
+        Op::ReduceSum { axes, .. } => {
             let x = inputs[0];
             let axes: Vec<usize> = if axes.is_empty() {
                 (0..x.ndim()).collect()
@@ -92,8 +92,8 @@ pub(super) fn eval_deterministic<T: Float + Element>(
                 a
             };
             sum_axes::<T>(x, &axes, &mut outputs[0], ctx, max_blocks)
-        })(),
-        Op::SumToShape { .. } | Op::BiasAddGrad => (|| {
+        }
+        Op::SumToShape { .. } | Op::BiasAddGrad => {
             let x = inputs[0];
             let target = outputs[0].shape().to_vec();
             let lead = x.ndim().saturating_sub(target.len());
@@ -101,7 +101,7 @@ pub(super) fn eval_deterministic<T: Float + Element>(
                 .filter(|&d| d < lead || (target[d - lead] == 1 && x.shape()[d] != 1))
                 .collect();
             sum_axes::<T>(x, &axes, &mut outputs[0], ctx, max_blocks)
-        })(),
+        }
         Op::LayerNormGrad => layer_norm_grad::<T>(inputs, outputs, ctx, max_blocks),
         Op::SparseSoftmaxCrossEntropy { batch_divisor } => (|| {
             let logits = inputs[0];

@@ -190,7 +190,7 @@ type Tile<T> = [[T; TILE_N]; TILE_M];
 fn join<T: Float>(mut left: Tile<T>, right: Tile<T>) -> Tile<T> {
     for (l, r) in left.iter_mut().zip(&right) {
         for (x, &y) in l.iter_mut().zip(r) {
-            *x = *x + y;
+            *x += y;
         }
     }
     left
@@ -266,12 +266,12 @@ pub fn det_sum_rows<T: Float>(
         let mut acc = vec![T::ZERO; cols];
         for r in blk * block_len..(blk + 1) * block_len {
             for (a, &v) in acc.iter_mut().zip(&x[r * cols..(r + 1) * cols]) {
-                *a = *a + v;
+                *a += v;
             }
         }
         stack.push(acc, |mut l, r| {
             for (a, b) in l.iter_mut().zip(&r) {
-                *a = *a + *b;
+                *a += *b;
             }
             l
         });
@@ -346,14 +346,14 @@ pub fn det_scatter_add_block_rows<T: Float, I: super::embedding::IndexElement>(
                     .binary_search(&row)
                     .expect("every named row is touched");
                 for (d, &v) in leaves[t].iter_mut().zip(&src[p * dim..(p + 1) * dim]) {
-                    *d = *d + v;
+                    *d += v;
                 }
             }
         }
         for (stack, leaf) in stacks.iter_mut().zip(&leaves) {
             stack.push(leaf.clone(), |mut l, r| {
                 for (a, b) in l.iter_mut().zip(&r) {
-                    *a = *a + *b;
+                    *a += *b;
                 }
                 l
             });

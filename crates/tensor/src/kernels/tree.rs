@@ -47,7 +47,7 @@ pub fn tree_sum_parts<T: Copy + std::ops::Add<Output = T>>(
     len: usize,
     out: &mut [T],
 ) {
-    let n = if len == 0 { 0 } else { parts.len() / len };
+    let n = parts.len().checked_div(len).unwrap_or(0);
     assert_eq!(out.len(), len, "the result has one part's length");
     if n == 0 {
         return;
