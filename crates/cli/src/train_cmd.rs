@@ -64,7 +64,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     }
     let session = Session::new(&config)?;
     if args.explain || args.explain_rank.is_some() {
-        print!("{}", session.train.explain());
+        print!(
+            "{}",
+            session.train.explain_with(session.deterministic_blocks())
+        );
         if let Some(rank) = args.explain_rank {
             if rank >= session.devices() {
                 anyhow::bail!(

@@ -39,8 +39,8 @@ pub use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMod
 pub use crate::deterministic::check_deterministic;
 pub use crate::error::{format_strategy, ParallelError};
 pub use crate::lower::{
-    describe_plan, lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput,
-    ProgramOutput, ProgramParam, ReshardStep, Step,
+    describe_plan, describe_plan_with, lower, BufferSpec, KernelStep, LowerRequest, Program,
+    ProgramInput, ProgramOutput, ProgramParam, ReshardStep, Step,
 };
 pub use crate::patterns::{glob_matches, resolve_op_patterns};
 pub use crate::rank_view::{RankProgram, RankStep};

@@ -441,8 +441,21 @@ impl Program {
 
     /// Every op's strategy and every inserted communication with its reason and bytes per step.
     pub fn explain(&self) -> String {
+        self.explain_with(None)
+    }
+
+    /// [`Program::explain`] for a run in deterministic mode (`Some(max canonical blocks)`): the
+    /// header says so and every pending sum is marked as the deterministic collective it runs as.
+    pub fn explain_with(&self, deterministic: Option<usize>) -> String {
         let graph = &self.placed.graph;
         let mut out = String::new();
+        if let Some(blocks) = deterministic {
+            let _ = writeln!(
+                out,
+                "deterministic mode: every summed dim in at most {blocks} canonical blocks; pending \
+                 sums added in the canonical tree over ranks"
+            );
+        }
         let _ = writeln!(
             out,
             "mode {} on {} device(s); {} steps, {} reshards, {} bytes moved per training step",
@@ -485,7 +498,7 @@ impl Program {
                 }
                 Step::Reshard(r) => {
                     let plan = &r.plan;
-                    let what = describe_plan(plan);
+                    let what = describe_plan_with(plan, deterministic.is_some());
                     let _ = writeln!(
                         out,
                         "    -> reshard {}: {} ({} B/step): {}",
@@ -558,10 +571,24 @@ pub(crate) fn describe_reduce(step: &reshard::ReduceStep) -> String {
 
 /// A short description of what a plan does: its collectives.
 pub fn describe_plan(plan: &ReshardPlan) -> String {
+    describe_plan_with(plan, false)
+}
+
+/// [`describe_plan`]; with `deterministic`, a pending sum is marked as the deterministic
+/// collective it runs as.
+pub fn describe_plan_with(plan: &ReshardPlan, deterministic: bool) -> String {
     let mut parts = Vec::new();
     if let Some(step) = plan.reduce() {
         let n = step.slot_groups.first().map_or(0, Vec::len);
-        parts.push(format!("{} over groups of {n}", describe_reduce(step)));
+        let marker = if deterministic && step.op == reshard::PendingOp::Sum {
+            "deterministic "
+        } else {
+            ""
+        };
+        parts.push(format!(
+            "{marker}{} over groups of {n}",
+            describe_reduce(step)
+        ));
     }
     let exchanges = reshard::lower_kinds(plan);
     let mut kinds: Vec<String> = exchanges

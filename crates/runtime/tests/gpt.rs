@@ -277,13 +277,19 @@ fn deterministic_runs_are_bitwise_one_device() {
         }
         let reference = &references[optimizer];
         let out = tmp.path().join(format!("det-{i}"));
-        let (losses, params) = train(&config_with(
-            &out,
-            optimizer,
-            "",
-            &semi(*devices, parallel),
-            &det,
-        ));
+        let run_config = config_with(&out, optimizer, "", &semi(*devices, parallel), &det);
+        let (losses, params) = train(&run_config);
+        if i == 0 {
+            // `--explain` says which collectives add in the canonical order.
+            let session = Session::new(&run_config).unwrap();
+            assert_eq!(session.deterministic_blocks(), Some(16));
+            let plan = session.train.explain_with(session.deterministic_blocks());
+            assert!(plan.starts_with("deterministic mode"), "{plan}");
+            assert!(
+                plan.contains("deterministic all-reduce over groups of 2"),
+                "{plan}"
+            );
+        }
         for (step, (a, b)) in losses.iter().zip(&reference.0).enumerate() {
             assert_eq!(
                 a.to_bits(),
