@@ -17,6 +17,10 @@ use tensor::{DType, Tensor};
 
 use crate::bench_train::{lcg, rank_steps, slowest, summary, StepBench};
 
+/// Canonical blocks per summed dim in the deterministic runs (`parallel.deterministic_blocks`'s
+/// default).
+const DETERMINISTIC_BLOCKS: usize = 16;
+
 /// Arguments of `tessera bench gpt-step`.
 #[derive(Debug, Args)]
 pub struct GptStepArgs {
@@ -32,6 +36,10 @@ pub struct GptStepArgs {
     /// Print where rank 0's step time goes.
     #[arg(long)]
     profile: bool,
+    /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
+    /// blocks), right after the ordinary run.
+    #[arg(long)]
+    deterministic: bool,
 }
 
 /// The benchmark's GPT: byte vocabulary, 4 heads, 128 tokens, batch 16.
@@ -39,9 +47,19 @@ fn gpt_config(args: &GptStepArgs) -> GptConfig {
     GptConfig::new(256, args.layers, 4, args.hidden, 128, 16)
 }
 
-/// The program under `(data_parallel, model_parallel)` (stand-alone for `(1, 1)`).
-fn program(gpt: &GptConfig, dp: usize, mp: usize) -> anyhow::Result<Arc<parallel::Program>> {
-    let model = models::gpt(gpt, DType::F32)?;
+/// The program under `(data_parallel, model_parallel)` (stand-alone for `(1, 1)`); in
+/// deterministic mode with the vocabulary-parallel loss, as training builds it.
+fn program(
+    gpt: &GptConfig,
+    dp: usize,
+    mp: usize,
+    deterministic: bool,
+) -> anyhow::Result<Arc<parallel::Program>> {
+    let gpt = GptConfig {
+        vocab_parallel_loss: deterministic,
+        ..gpt.clone()
+    };
+    let model = models::gpt(&gpt, DType::F32)?;
     let devices = dp * mp;
     let config = if devices == 1 {
         ParallelConfig::stand_alone()
@@ -80,6 +98,7 @@ fn measure(
     gpt: &GptConfig,
     (dp, mp): (usize, usize),
     label: &str,
+    deterministic: bool,
 ) -> anyhow::Result<f64> {
     let bench = StepBench {
         optimizer: OptimizerConfig {
@@ -94,9 +113,13 @@ fn measure(
         warmup: 5,
         steps: args.steps,
         profile: args.profile,
+        deterministic: deterministic.then_some(DETERMINISTIC_BLOCKS),
     };
     let data = batches(gpt)?;
-    let prog = program(gpt, dp, mp)?;
+    let prog = program(gpt, dp, mp, deterministic)?;
+    if deterministic {
+        parallel::check_deterministic(&prog, DETERMINISTIC_BLOCKS)?;
+    }
     let per_rank = LocalCluster::new(dp * mp)?
         .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
         .into_iter()
@@ -137,13 +160,27 @@ pub fn run(args: &GptStepArgs) -> anyhow::Result<()> {
         "GPT {} layers, 4 heads, width {}, 128 tokens, batch 16, f32, AdamW; {} timed steps",
         args.layers, args.hidden, args.steps
     );
-    let one = measure(args, &gpt, (1, 1), "1 rank")?;
-    let dp = measure(args, &gpt, (2, 1), "2 ranks, data parallel")?;
-    let mp = measure(args, &gpt, (1, 2), "2 ranks, model parallel 2")?;
+    let configurations = [
+        ((1, 1), "1 rank"),
+        ((2, 1), "2 ranks, data parallel"),
+        ((1, 2), "2 ranks, model parallel 2"),
+    ];
+    let mut rates = Vec::new();
+    for (split, label) in configurations {
+        let rate = measure(args, &gpt, split, label, false)?;
+        if args.deterministic {
+            let det = measure(args, &gpt, split, &format!("{label}, deterministic"), true)?;
+            println!(
+                "  deterministic mode: {:.2}x the ordinary throughput",
+                det / rate
+            );
+        }
+        rates.push(rate);
+    }
     println!(
         "speed-up on 2 ranks: data parallel {:.2}x, model parallel {:.2}x",
-        dp / one,
-        mp / one
+        rates[1] / rates[0],
+        rates[2] / rates[0]
     );
     Ok(())
 }

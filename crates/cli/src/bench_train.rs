@@ -46,6 +46,8 @@ pub(crate) struct StepBench {
     pub steps: usize,
     /// Record where the time of every timed step goes.
     pub profile: bool,
+    /// Deterministic mode's most canonical blocks per summed dim (`None`: off).
+    pub deterministic: Option<usize>,
 }
 
 /// What one rank measured.
@@ -67,6 +69,7 @@ pub(crate) fn rank_steps(
     bench: &StepBench,
 ) -> anyhow::Result<RankTimes> {
     let mut exec = RankExecutor::new(program.clone(), world)?;
+    exec.set_deterministic(bench.deterministic);
     exec.init_parameters(1)?;
     let blocks: Vec<Vec<Tensor>> = batches
         .iter()
@@ -190,6 +193,7 @@ pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
         warmup: 20,
         steps: args.steps,
         profile: false,
+        deterministic: None,
     };
     let batches = mlp_batches()?;
     let one = program(&ParallelConfig::stand_alone())?;

@@ -251,6 +251,16 @@ fn batch_matmul<T: Float + Element>(
         trans_b: tb,
     };
     let c = write::<T>(out, ctx)?;
+    let (na, nb): (usize, usize) = (a_batch.iter().product(), b_batch.iter().product());
+    if nb == 1 && na == n_batch && !ta {
+        // A weight shared by every batch element: one tall product (each element's sum is the
+        // same, the rows only stack).
+        let tall = GemmShape {
+            m: n_batch * m,
+            ..shape
+        };
+        return det::det_gemm(tall, xa, xb, c, bl).map_err(GraphError::kernel(ctx.node));
+    }
     for i in 0..n_batch {
         let (ia, ib) = (index_of(a_batch, i), index_of(b_batch, i));
         det::det_gemm(
