@@ -27,6 +27,7 @@ mod error;
 mod given_layouts;
 mod lower;
 mod patterns;
+pub mod pipeline;
 mod rank_view;
 pub mod rules;
 
