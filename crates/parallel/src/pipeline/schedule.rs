@@ -367,16 +367,23 @@ impl Schedule {
     /// warm-up forwards, then one forward and one backward in turn, then the rest of the
     /// backwards.
     ///
-    /// [`PipelineConfig::validate`] requires M to be a multiple of P (Megatron's rule): with a
-    /// partial last group this warm-up still gives a deadlock-free schedule (the tests check
-    /// every M ≤ 64), but the last group's chunk switches come early and the bubble is not the
-    /// one the formula promises, so the configuration refuses it rather than surprise a user.
+    /// M must be a multiple of P (Megatron's rule, also checked by
+    /// [`PipelineConfig::validate`]): with a partial last group this warm-up deadlocks (the
+    /// simulator finds P = 4, M = 5, 3 chunks stuck, the last stage waiting for a gradient of a
+    /// chunk whose forward the first stage cannot start), so the generator refuses it with
+    /// [`PipelineError::MicroBatchesNotMultipleOfStages`].
     pub fn interleaved_1f1b(
         stages: usize,
         micro_batches: usize,
         chunks: usize,
     ) -> Result<Schedule, PipelineError> {
         check_shape(stages, micro_batches, chunks)?;
+        if micro_batches % stages != 0 {
+            return Err(PipelineError::MicroBatchesNotMultipleOfStages {
+                micro_batches,
+                stages,
+            });
+        }
         let order = |backward: bool| -> Vec<(usize, usize)> {
             let mut order = Vec::with_capacity(micro_batches * chunks);
             for group_start in (0..micro_batches).step_by(stages) {
@@ -579,6 +586,14 @@ impl Schedule {
         }
     }
 
+    /// The action on `stage` whose output the send `event` carries.
+    pub(crate) fn gradient_or_forward(&self, stage: usize, event: &CommEvent) -> Action {
+        match event.payload {
+            Payload::Activation => Action::new(ActionKind::Forward, event.micro_batch, event.chunk),
+            Payload::Gradient => self.gradient_producer(stage, event.micro_batch, event.chunk),
+        }
+    }
+
     /// The consumer on another stage of what `action` on `stage` produces, if any.
     pub(crate) fn remote_consumer(&self, stage: usize, action: Action) -> Option<Dependency> {
         let piece = action.chunk * self.stages + stage;
@@ -612,8 +627,18 @@ impl Schedule {
     pub fn program(&self, order: CommOrder) -> Result<Vec<Vec<ProgramStep>>, PipelineError> {
         match order {
             CommOrder::AtUse => Ok(self.program_at_use()),
-            CommOrder::Linearized => self.program_linearized(),
+            CommOrder::Linearized => self.program_linearized(&Durations::uniform(1.0, 1.0, 1.0)),
         }
+    }
+
+    /// The [`CommOrder::Linearized`] program, ordered by a dependency-driven run with `durations`
+    /// rather than unit ones: with the durations the runtime will see, fewer rendezvous make one
+    /// side wait for the other. Deadlock-free under blocking point-to-point for any durations.
+    pub fn program_with_durations(
+        &self,
+        durations: &Durations,
+    ) -> Result<Vec<Vec<ProgramStep>>, PipelineError> {
+        self.program_linearized(durations)
     }
 
     /// Every stage's sends and receives alone, in program order ([`CommOrder::Linearized`]).
@@ -662,15 +687,48 @@ impl Schedule {
             .collect()
     }
 
-    fn program_linearized(&self) -> Result<Vec<Vec<ProgramStep>>, PipelineError> {
-        // Unit durations, no latency: any durations would do, as long as every action takes
-        // some time (so a stage's keys strictly increase).
-        let durations = Durations::uniform(1.0, 1.0, 1.0);
-        let timing = run_dependency_order(self, &durations)?;
-        // Sort key: (time, class, stage, index). Class 0 is a transfer at its producer's end
-        // time, class 1 a computation at its start time; a transfer sorts before a computation
-        // starting at the same moment. All keys are unique, and every stage's list is its
-        // projection of one global order.
+    fn program_linearized(
+        &self,
+        durations: &Durations,
+    ) -> Result<Vec<Vec<ProgramStep>>, PipelineError> {
+        durations.check(self.stages)?;
+        // Every action must take some time, so that a stage's keys strictly increase: a zero
+        // duration counts as a small positive one for ordering.
+        let smallest = [
+            &durations.forward,
+            &durations.backward_input,
+            &durations.backward_weight,
+        ]
+        .into_iter()
+        .flatten()
+        .copied()
+        .filter(|d| *d > 0.0)
+        .fold(f64::INFINITY, f64::min);
+        let floor = if smallest.is_finite() {
+            smallest * 1e-3
+        } else {
+            1.0
+        };
+        let positive = |values: &Vec<f64>| values.iter().map(|d| d.max(floor)).collect();
+        let ordering_durations = Durations {
+            forward: positive(&durations.forward),
+            backward_input: positive(&durations.backward_input),
+            backward_weight: positive(&durations.backward_weight),
+            p2p_latency: durations.p2p_latency,
+        };
+        let timing = run_dependency_order(self, &ordering_durations)?;
+        // Where each action sits in its stage's list.
+        let mut position = vec![[usize::MAX; 4]; self.split_backward.len()];
+        for (stage, actions) in self.per_stage.iter().enumerate() {
+            for (index, action) in actions.iter().enumerate() {
+                position[self.slot(stage, action.chunk, action.micro_batch)][action.kind.index()] =
+                    index;
+            }
+        }
+        // Sort key: (time, class, producer stage, producer index). Class 0 is a transfer at its
+        // rendezvous time, class 1 a computation at its start time; a transfer sorts before a
+        // computation starting at the same moment. All keys are unique, and every stage's list
+        // is its projection of one global order, so blocking execution cannot deadlock.
         type Key = (f64, u8, usize, usize);
         let mut keyed: Vec<Vec<(Key, ProgramStep)>> = self
             .per_stage
@@ -682,7 +740,21 @@ impl Schedule {
                 let (start, end) = timing[stage][index];
                 keyed[stage].push(((start, 1, stage, index), ProgramStep::Compute(*action)));
                 if let Some(consumer) = self.remote_consumer(stage, *action) {
-                    let key = (end, 0, stage, index);
+                    let consumer_index = position[self.slot(
+                        consumer.stage,
+                        consumer.action.chunk,
+                        consumer.action.micro_batch,
+                    )][consumer.action.kind.index()];
+                    let consumer_start = timing[consumer.stage]
+                        .get(consumer_index)
+                        .map_or(end, |(start, _)| *start);
+                    let time = rendezvous_time(
+                        &timing[stage],
+                        &timing[consumer.stage],
+                        end,
+                        consumer_start,
+                    );
+                    let key = (time, 0, stage, index);
                     let send = send_event(action, &consumer);
                     let recv = CommEvent {
                         direction: Direction::Recv,
@@ -714,6 +786,41 @@ impl Schedule {
         }
         text
     }
+}
+
+/// A moment in `[earliest, latest]` at which neither stage is in the middle of an action, so a
+/// rendezvous there costs neither side a wait; `earliest` (the producer's end) if there is none
+/// among the first candidates. `producer` and `consumer` are (start, end) in program order.
+fn rendezvous_time(
+    producer: &[(f64, f64)],
+    consumer: &[(f64, f64)],
+    earliest: f64,
+    latest: f64,
+) -> f64 {
+    const MAX_CANDIDATES: usize = 64;
+    let at_boundary = |timing: &[(f64, f64)], time: f64| {
+        let first_ending_later = timing.partition_point(|(_, end)| *end <= time);
+        timing
+            .get(first_ending_later)
+            .is_none_or(|(start, _)| *start >= time)
+    };
+    let boundaries_in_range = |timing: &[(f64, f64)]| {
+        let first = timing.partition_point(|(_, end)| *end < earliest);
+        timing[first..]
+            .iter()
+            .take(MAX_CANDIDATES)
+            .flat_map(|(start, end)| [*start, *end])
+            .filter(|time| (earliest..=latest).contains(time))
+            .collect::<Vec<f64>>()
+    };
+    let mut candidates = vec![earliest];
+    candidates.extend(boundaries_in_range(producer));
+    candidates.extend(boundaries_in_range(consumer));
+    candidates.sort_by(f64::total_cmp);
+    candidates
+        .into_iter()
+        .find(|time| at_boundary(producer, *time) && at_boundary(consumer, *time))
+        .unwrap_or(earliest)
 }
 
 fn compare_keys(a: &(f64, u8, usize, usize), b: &(f64, u8, usize, usize)) -> Ordering {

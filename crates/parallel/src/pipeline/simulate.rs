@@ -4,9 +4,7 @@
 use std::collections::HashMap;
 
 use super::error::{PipelineError, StuckStage};
-use super::schedule::{
-    Action, ActionKind, CommEvent, CommOrder, Direction, Payload, ProgramStep, Schedule,
-};
+use super::schedule::{Action, ActionKind, CommEvent, Direction, Payload, ProgramStep, Schedule};
 
 /// How long each action takes, per stage or for all stages, and the point-to-point latency.
 ///
@@ -138,6 +136,11 @@ pub struct SimulationReport {
     /// weight half has not (zero-bubble only; they hold the layer inputs and output gradients the
     /// weight gradient needs, less than a full set of activations). 0 without split backwards.
     pub peak_pending_weight_gradients: Vec<usize>,
+    /// Per stage, the most (micro-batch, chunk) pairs at once between the start of their forward
+    /// and the end of their last backward action (the full backward, or the weight half): every
+    /// pair whose layer inputs are still kept for some gradient. Equals `peak_activations` without
+    /// split backwards.
+    pub peak_retained: Vec<usize>,
     /// Per stage, every step with its start and end.
     pub timeline: Vec<Vec<TimedStep>>,
 }
@@ -145,7 +148,7 @@ pub struct SimulationReport {
 /// Everything [`check_schedule`] proved, with the data it used.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckReport {
-    /// The program checked ([`CommOrder::Linearized`]).
+    /// The program checked ([`CommOrder::Linearized`](super::CommOrder::Linearized)).
     pub program: Vec<Vec<ProgramStep>>,
     /// The buffered, dependency-driven run.
     pub dependency: SimulationReport,
@@ -153,7 +156,8 @@ pub struct CheckReport {
     pub blocking: SimulationReport,
 }
 
-/// Checks a schedule completely: builds its [`CommOrder::Linearized`] program, checks that every
+/// Checks a schedule completely: builds its [`CommOrder::Linearized`](super::CommOrder::Linearized) program (ordered with
+/// `durations`, [`Schedule::program_with_durations`]), checks that every
 /// send has exactly one matching receive and every cross-stage input exactly one transfer
 /// ([`check_communication`]), then runs it with buffered sends ([`simulate`]) and with blocking
 /// rendezvous in program order ([`simulate_blocking`]). Each action occurring exactly once is
@@ -163,7 +167,7 @@ pub fn check_schedule(
     durations: &Durations,
 ) -> Result<CheckReport, PipelineError> {
     durations.check(schedule.stages())?;
-    let program = schedule.program(CommOrder::Linearized)?;
+    let program = schedule.program_with_durations(durations)?;
     check_communication(schedule, &program)?;
     let dependency = simulate(schedule, durations)?;
     let blocking = simulate_blocking(schedule, &program, durations)?;
@@ -467,6 +471,17 @@ pub fn simulate_blocking(
                         clock[stage] = end;
                     }
                     ProgramStep::Comm(event) => {
+                        if event.direction == Direction::Send {
+                            let producer = schedule.gradient_or_forward(stage, event);
+                            let slot = schedule.slot(stage, producer.chunk, producer.micro_batch);
+                            if !computed[slot][producer.kind.index()] {
+                                return Err(PipelineError::InputNotReady {
+                                    stage,
+                                    step: event.to_string(),
+                                    input: format!("{producer} on stage {stage}"),
+                                });
+                            }
+                        }
                         let peer = event.peer;
                         let peer_step = program[peer].get(next[peer]);
                         let Some(ProgramStep::Comm(peer_event)) = peer_step else {
@@ -559,39 +574,53 @@ fn report(
     } else {
         0.0
     };
-    let (peak_activations, peak_pending_weight_gradients) = schedule
-        .per_stage()
-        .iter()
-        .map(|actions| peak_memory(actions))
-        .unzip();
+    let mut peak_activations = Vec::with_capacity(stages);
+    let mut peak_pending_weight_gradients = Vec::with_capacity(stages);
+    let mut peak_retained = Vec::with_capacity(stages);
+    for actions in schedule.per_stage() {
+        let peaks = peak_memory(actions);
+        peak_activations.push(peaks.activations);
+        peak_pending_weight_gradients.push(peaks.pending_weight_gradients);
+        peak_retained.push(peaks.retained);
+    }
     SimulationReport {
         makespan,
         busy,
         bubble_fraction,
         peak_activations,
         peak_pending_weight_gradients,
+        peak_retained,
         timeline,
     }
 }
 
-/// (peak in-flight activations, peak pending weight gradients) of one stage's list.
-fn peak_memory(actions: &[Action]) -> (usize, usize) {
-    let (mut activations, mut peak_activations) = (0usize, 0usize);
-    let (mut pending, mut peak_pending) = (0usize, 0usize);
+struct Peaks {
+    activations: usize,
+    pending_weight_gradients: usize,
+    retained: usize,
+}
+
+/// The memory peaks of one stage's list (see [`SimulationReport`]).
+fn peak_memory(actions: &[Action]) -> Peaks {
+    let mut peaks = Peaks {
+        activations: 0,
+        pending_weight_gradients: 0,
+        retained: 0,
+    };
+    let (mut activations, mut pending) = (0usize, 0usize);
     for action in actions {
         match action.kind {
-            ActionKind::Forward => {
-                activations += 1;
-                peak_activations = peak_activations.max(activations);
-            }
+            ActionKind::Forward => activations += 1,
             ActionKind::Backward => activations = activations.saturating_sub(1),
             ActionKind::BackwardInput => {
                 activations = activations.saturating_sub(1);
                 pending += 1;
-                peak_pending = peak_pending.max(pending);
             }
             ActionKind::BackwardWeight => pending = pending.saturating_sub(1),
         }
+        peaks.activations = peaks.activations.max(activations);
+        peaks.pending_weight_gradients = peaks.pending_weight_gradients.max(pending);
+        peaks.retained = peaks.retained.max(activations + pending);
     }
-    (peak_activations, peak_pending)
+    peaks
 }
