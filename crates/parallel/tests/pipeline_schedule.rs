@@ -321,3 +321,510 @@ fn p2_m8_figures() {
     let zero_bubble = figures(Scheduler::ZeroBubble).dependency;
     assert!((zero_bubble.bubble_fraction - 1.0 / 25.0).abs() < 1e-12);
 }
+
+// ---- the checker catches broken schedules and programs ----
+
+fn action(kind: ActionKind, mb: usize) -> Action {
+    Action::new(kind, mb, 0)
+}
+
+#[test]
+fn a_cross_stage_cycle_is_reported_as_a_deadlock_naming_both_stages() {
+    use ActionKind::{Backward as B, Forward as F};
+    // Stage 0 needs stage 1's B(0) before F(1); stage 1 runs F(1) first.
+    let schedule = Schedule::from_lists(
+        2,
+        2,
+        1,
+        vec![
+            vec![action(F, 0), action(B, 0), action(F, 1), action(B, 1)],
+            vec![action(F, 1), action(B, 1), action(F, 0), action(B, 0)],
+        ],
+    )
+    .unwrap();
+    let error = simulate(&schedule, &Durations::uniform(1.0, 1.0, 1.0)).unwrap_err();
+    let PipelineError::Deadlock { mode, stuck } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!(*mode, "dependency");
+    assert_eq!(stuck.len(), 2);
+    assert_eq!(stuck[0].stage, 0);
+    assert_eq!(stuck[0].step, "B(mb 0, chunk 0)");
+    assert_eq!(stuck[0].waiting_for, "B(mb 0, chunk 0) on stage 1");
+    assert_eq!(stuck[1].step, "F(mb 1, chunk 0)");
+    assert!(
+        error
+            .to_string()
+            .contains("stage 1 stuck at F(mb 1, chunk 0)"),
+        "{error}"
+    );
+    // No program can be ordered for it either.
+    assert!(matches!(
+        schedule.program(CommOrder::Linearized),
+        Err(PipelineError::Deadlock { .. })
+    ));
+}
+
+#[test]
+fn sends_placed_at_use_deadlock_1f1b_under_rendezvous_but_not_when_buffered() {
+    let schedule = Schedule::one_f_one_b(2, 4).unwrap();
+    let durations = Durations::uniform(1.0, 1.0, 1.0);
+    let at_use = schedule.program(CommOrder::AtUse).unwrap();
+    check_communication(&schedule, &at_use).unwrap();
+    simulate(&schedule, &durations).unwrap();
+    let error = simulate_blocking(&schedule, &at_use, &durations).unwrap_err();
+    let PipelineError::Deadlock { mode, stuck } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!(*mode, "blocking");
+    // Stage 0 sends F(1)'s activation while stage 1 sends B(0)'s gradient.
+    assert!(
+        stuck[0].step.starts_with("send activation of mb 1"),
+        "{error}"
+    );
+    assert!(
+        stuck[1].step.starts_with("send gradient of mb 0"),
+        "{error}"
+    );
+    // The linearized program of the same schedule runs.
+    let linearized = schedule.program(CommOrder::Linearized).unwrap();
+    simulate_blocking(&schedule, &linearized, &durations).unwrap();
+}
+
+#[test]
+fn a_missing_receive_a_duplicate_send_and_a_misplaced_send_are_caught() {
+    let schedule = Schedule::one_f_one_b(3, 3).unwrap();
+    let program = schedule.program(CommOrder::Linearized).unwrap();
+    let is_recv =
+        |step: &ProgramStep| matches!(step, ProgramStep::Comm(e) if e.direction == Direction::Recv);
+    let is_send =
+        |step: &ProgramStep| matches!(step, ProgramStep::Comm(e) if e.direction == Direction::Send);
+
+    let mut missing = program.clone();
+    let at = missing[1].iter().position(is_recv).unwrap();
+    missing[1].remove(at);
+    let error = check_communication(&schedule, &missing).unwrap_err();
+    assert!(
+        matches!(error, PipelineError::UnmatchedCommunication { .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("1 sends and 0 receives"),
+        "{error}"
+    );
+
+    let mut duplicated = program.clone();
+    let at = duplicated[0].iter().position(is_send).unwrap();
+    let send = duplicated[0][at];
+    duplicated[0].insert(at, send);
+    let error = check_communication(&schedule, &duplicated).unwrap_err();
+    assert!(
+        error.to_string().contains("2 sends and 1 receives"),
+        "{error}"
+    );
+
+    // A send moved before the forward that produces it.
+    let mut early = program.clone();
+    let at = early[0].iter().position(is_send).unwrap();
+    let send = early[0].remove(at);
+    early[0].insert(0, send);
+    let error =
+        simulate_blocking(&schedule, &early, &Durations::uniform(1.0, 1.0, 1.0)).unwrap_err();
+    assert!(
+        matches!(error, PipelineError::InputNotReady { stage: 0, .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_missing_or_repeated_action_is_refused_naming_it() {
+    use ActionKind::{Backward as B, BackwardInput as Bi, BackwardWeight as W, Forward as F};
+    let error = Schedule::from_lists(
+        1,
+        2,
+        1,
+        vec![vec![action(F, 0), action(B, 0), action(F, 1)]],
+    )
+    .unwrap_err();
+    assert_eq!(
+        error,
+        PipelineError::ActionCount {
+            stage: 0,
+            action: "B(mb 1, chunk 0)".to_string(),
+            count: 0,
+            expected: 1
+        }
+    );
+    let error = Schedule::from_lists(
+        1,
+        1,
+        1,
+        vec![vec![action(F, 0), action(F, 0), action(B, 0)]],
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("F(mb 0, chunk 0) occurs 2 times"),
+        "{error}"
+    );
+    // A split backward without its weight half.
+    let error = Schedule::from_lists(1, 1, 1, vec![vec![action(F, 0), action(Bi, 0)]]).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("W(mb 0, chunk 0) occurs 0 times"),
+        "{error}"
+    );
+    // Both a full and a split backward.
+    let error = Schedule::from_lists(
+        1,
+        1,
+        1,
+        vec![vec![
+            action(F, 0),
+            action(B, 0),
+            action(Bi, 0),
+            action(W, 0),
+        ]],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(error, PipelineError::ActionCount { .. }),
+        "{error}"
+    );
+    // Out of range micro-batch, wrong stage count.
+    let error = Schedule::from_lists(1, 1, 1, vec![vec![action(F, 3)]]).unwrap_err();
+    assert!(
+        matches!(error, PipelineError::ActionOutOfRange { .. }),
+        "{error}"
+    );
+    assert!(Schedule::from_lists(2, 1, 1, vec![vec![]]).is_err());
+}
+
+#[test]
+fn a_weight_half_before_its_input_half_deadlocks_on_its_own_stage() {
+    use ActionKind::{BackwardInput as Bi, BackwardWeight as W, Forward as F};
+    let schedule = Schedule::from_lists(
+        1,
+        1,
+        1,
+        vec![vec![action(F, 0), action(W, 0), action(Bi, 0)]],
+    )
+    .unwrap();
+    let error = simulate(&schedule, &Durations::uniform(1.0, 1.0, 1.0)).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("stuck at W(mb 0, chunk 0) waiting for Bi(mb 0, chunk 0)"),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_durations_are_refused() {
+    let schedule = Schedule::one_f_one_b(2, 2).unwrap();
+    for durations in [
+        Durations::uniform(-1.0, 1.0, 1.0),
+        Durations::uniform(f64::NAN, 1.0, 1.0),
+        Durations::uniform(1.0, 1.0, 1.0).with_latency(f64::INFINITY),
+        Durations::per_stage(vec![1.0; 3], vec![1.0], vec![1.0]),
+    ] {
+        let error = simulate(&schedule, &durations).unwrap_err();
+        assert!(
+            matches!(error, PipelineError::InvalidDuration { .. }),
+            "{error}"
+        );
+    }
+    // Zero durations are allowed and still give a deadlock-free program.
+    check_schedule(&schedule, &Durations::uniform(1.0, 0.0, 0.0)).unwrap();
+    check_schedule(&schedule, &Durations::uniform(0.0, 0.0, 0.0)).unwrap();
+}
+
+// ---- configuration ----
+
+#[test]
+fn every_config_rule_has_its_error_naming_the_key_and_value() {
+    let base = |scheduler| PipelineConfig::new(2, 4, scheduler);
+    let cases: Vec<(PipelineConfig, usize, &str, &str)> = vec![
+        (
+            PipelineConfig::new(0, 4, Scheduler::OneFOneB),
+            4,
+            "parallel.pipeline.stages = 0",
+            "at least 1",
+        ),
+        (
+            PipelineConfig::new(5000, 4, Scheduler::OneFOneB),
+            5000,
+            "parallel.pipeline.stages = 5000",
+            "at most 4096",
+        ),
+        (
+            base(Scheduler::OneFOneB),
+            3,
+            "parallel.pipeline.stages = 2",
+            "divide the device count 3",
+        ),
+        (
+            PipelineConfig::new(2, 0, Scheduler::OneFOneB),
+            4,
+            "parallel.pipeline.micro_batches = 0",
+            "at least 1",
+        ),
+        (
+            PipelineConfig::new(2, 70000, Scheduler::GPipe),
+            4,
+            "parallel.pipeline.micro_batches = 70000",
+            "at most 65536",
+        ),
+        (
+            base(Scheduler::GPipe).with_virtual_stages(1),
+            4,
+            "parallel.pipeline.virtual_stages = 1",
+            "between 2 and 64",
+        ),
+        (
+            base(Scheduler::GPipe).with_virtual_stages(65),
+            4,
+            "parallel.pipeline.virtual_stages = 65",
+            "between 2 and 64",
+        ),
+        (
+            base(Scheduler::OneFOneB).with_virtual_stages(2),
+            4,
+            "parallel.pipeline.interleave = true",
+            "\"1f1b\"",
+        ),
+        (
+            base(Scheduler::ZeroBubble).with_virtual_stages(2),
+            4,
+            "parallel.pipeline.interleave = true",
+            "\"zero_bubble\"",
+        ),
+        (
+            PipelineConfig {
+                interleave: false,
+                ..base(Scheduler::Interleaved1F1B)
+            },
+            4,
+            "parallel.pipeline.scheduler = \"interleaved_1f1b\"",
+            "needs interleave = true",
+        ),
+        (
+            PipelineConfig::new(4, 6, Scheduler::Interleaved1F1B),
+            4,
+            "parallel.pipeline.micro_batches = 6",
+            "multiple of parallel.pipeline.stages = 4",
+        ),
+        (
+            PipelineConfig::new(4096, 4096, Scheduler::GPipe).with_virtual_stages(2),
+            4096,
+            "parallel.pipeline",
+            "more than the bound",
+        ),
+        (
+            base(Scheduler::GPipe).with_stage("blocks.0", 2),
+            4,
+            "parallel.pipeline.stage_config.\"blocks.0\" = 2",
+            "below 2",
+        ),
+        (
+            base(Scheduler::GPipe).with_stage("", 0),
+            4,
+            "parallel.pipeline.stage_config",
+            "empty",
+        ),
+        (
+            base(Scheduler::GPipe).with_stage("a", 0).with_stage("a", 1),
+            4,
+            "parallel.pipeline.stage_config.\"a\"",
+            "twice",
+        ),
+    ];
+    for (config, devices, key, rule) in cases {
+        let error = config.validate(devices).unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains(key) && message.contains(rule), "{message}");
+        // The generators refuse the same configurations (all but the device-count rule).
+        if devices % config.stages.max(1) == 0 {
+            assert!(Schedule::generate(&config).is_err(), "{message}");
+        }
+    }
+    assert_eq!(
+        PipelineConfig::new(2, 4, Scheduler::OneFOneB).validate(3),
+        Err(PipelineError::StagesDoNotDivideDevices {
+            stages: 2,
+            devices: 3
+        })
+    );
+    // Fewer micro-batches than stages is fine for every non-interleaved scheduler.
+    for scheduler in [Scheduler::GPipe, Scheduler::OneFOneB, Scheduler::ZeroBubble] {
+        PipelineConfig::new(8, 3, scheduler).validate(8).unwrap();
+    }
+    // interleave = true with GPipe runs chunks under GPipe.
+    let config = PipelineConfig::new(2, 4, Scheduler::GPipe).with_virtual_stages(3);
+    config.validate(2).unwrap();
+    assert_eq!(Schedule::generate(&config).unwrap().chunks(), 3);
+}
+
+// ---- stage assignment ----
+
+fn layers(counts: &[u64]) -> Vec<Layer> {
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Layer::new(format!("blocks.{i}"), *n))
+        .collect()
+}
+
+#[test]
+fn layers_split_evenly_by_parameter_count() {
+    let config = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
+    let assignment = assign_stages(&layers(&[10; 8]), &config).unwrap();
+    assert_eq!(assignment.group_of_layer, vec![0, 0, 0, 0, 1, 1, 1, 1]);
+    // A heavy embedding and LM head: the split minimises the heaviest stage (100 + 10 + 10 is
+    // not better than 100 alone on stage 0).
+    let assignment = assign_stages(&layers(&[100, 10, 10, 10, 10, 100]), &config).unwrap();
+    assert_eq!(assignment.group_of_layer, vec![0, 0, 0, 1, 1, 1]);
+    assert_eq!(assignment.parameters_per_group, vec![120, 120]);
+    let config = PipelineConfig::new(3, 3, Scheduler::OneFOneB);
+    let assignment = assign_stages(&layers(&[100, 10, 10, 10, 10, 100]), &config).unwrap();
+    assert_eq!(assignment.group_of_layer, vec![0, 1, 1, 1, 1, 2]);
+    assert_eq!(assignment.parameters_per_group, vec![100, 40, 100]);
+    // Brute force: no contiguous split into 3 has a smaller maximum, on a few lists.
+    for counts in [
+        vec![5, 1, 9, 2, 2, 7, 3],
+        vec![1, 1, 1, 1, 50],
+        vec![0, 0, 0, 3],
+    ] {
+        let assignment = assign_stages(&layers(&counts), &config).unwrap();
+        let got = *assignment.parameters_per_group.iter().max().unwrap();
+        let n = counts.len();
+        let mut best = u64::MAX;
+        for a in 1..n {
+            for b in a + 1..n {
+                let sums =
+                    [&counts[..a], &counts[a..b], &counts[b..]].map(|s| s.iter().sum::<u64>());
+                best = best.min(*sums.iter().max().unwrap());
+            }
+        }
+        assert_eq!(got, best, "{counts:?}");
+        // Contiguous, non-decreasing, every group used.
+        assert!(assignment.group_of_layer.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(assignment.group_of_layer.last(), Some(&2));
+    }
+}
+
+#[test]
+fn virtual_stages_give_chunk_c_of_stage_s_the_group_c_p_plus_s() {
+    let config = PipelineConfig::new(2, 4, Scheduler::Interleaved1F1B); // 2 chunks
+    let assignment = assign_stages(&layers(&[1; 8]), &config).unwrap();
+    assert_eq!(assignment.group_of_layer, vec![0, 0, 1, 1, 2, 2, 3, 3]);
+    let places: Vec<(usize, usize)> = (0..8)
+        .map(|i| {
+            (
+                assignment.stage_of(i).unwrap(),
+                assignment.chunk_of(i).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        places,
+        vec![
+            (0, 0),
+            (0, 0),
+            (1, 0),
+            (1, 0),
+            (0, 1),
+            (0, 1),
+            (1, 1),
+            (1, 1)
+        ]
+    );
+    assert_eq!(assignment.parameters_of_stage(0), 4);
+    assert_eq!(assignment.stage_of(8), None);
+}
+
+#[test]
+fn stage_config_prefixes_longest_match_on_dot_boundaries() {
+    let names = [
+        "embedding",
+        "blocks.0.attn",
+        "blocks.0.mlp",
+        "blocks.1.attn",
+        "blocks.1.mlp",
+        "blocks.10.attn",
+        "final_norm",
+        "lm_head",
+    ];
+    let model: Vec<Layer> = names.iter().map(|n| Layer::new(*n, 1)).collect();
+    let config = PipelineConfig::new(3, 3, Scheduler::OneFOneB)
+        .with_stage("blocks", 1)
+        .with_stage("blocks.1", 1)
+        .with_stage("blocks.0", 0)
+        .with_stage("blocks.10", 2);
+    let assignment = assign_stages(&model, &config).unwrap();
+    // embedding: no prefix, first → 0; blocks.0.* → 0 ("blocks.0" beats "blocks");
+    // blocks.1.* → 1 ("blocks.1" does not match blocks.10); blocks.10 → 2; the rest inherit 2.
+    assert_eq!(assignment.group_of_layer, vec![0, 0, 0, 1, 1, 2, 2, 2]);
+}
+
+#[test]
+fn stage_config_errors_name_the_cell_or_stage() {
+    let model: Vec<Layer> = ["a", "b", "c"].iter().map(|n| Layer::new(*n, 1)).collect();
+    let config = PipelineConfig::new(2, 2, Scheduler::OneFOneB)
+        .with_stage("a", 1)
+        .with_stage("b", 0);
+    assert_eq!(
+        assign_stages(&model, &config),
+        Err(PipelineError::StageOrderDecreasing {
+            cell: "b".to_string(),
+            stage: 0,
+            previous: "a".to_string(),
+            previous_stage: 1
+        })
+    );
+    let config = PipelineConfig::new(3, 3, Scheduler::OneFOneB)
+        .with_stage("a", 0)
+        .with_stage("c", 2);
+    assert_eq!(
+        assign_stages(&model, &config),
+        Err(PipelineError::EmptyStage { stage: 1 })
+    );
+    let error = assign_stages(&model, &PipelineConfig::new(4, 4, Scheduler::GPipe)).unwrap_err();
+    assert_eq!(
+        error,
+        PipelineError::FewerLayersThanStages {
+            layers: 3,
+            groups: 4
+        }
+    );
+    assert_eq!(
+        assign_stages(&[], &PipelineConfig::new(1, 1, Scheduler::GPipe)),
+        Err(PipelineError::NoLayers)
+    );
+    let error = assign_stages(
+        &model,
+        &PipelineConfig::new(2, 2, Scheduler::GPipe).with_stage("a", 9),
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("stage_config.\"a\" = 9"),
+        "{error}"
+    );
+}
+
+#[test]
+fn stages_hold_contiguous_rank_groups_in_mindspore_order() {
+    assert_eq!(stage_ranks(0, 2, 8), Some(0..4));
+    assert_eq!(stage_ranks(1, 2, 8), Some(4..8));
+    assert_eq!(stage_ranks(3, 4, 8), Some(6..8));
+    assert_eq!(stage_ranks(2, 2, 8), None);
+    assert_eq!(stage_ranks(0, 3, 8), None);
+    assert_eq!(stage_ranks(0, 0, 8), None);
+    for rank in 0..8 {
+        let stage = stage_of_rank(rank, 4, 8).unwrap();
+        assert!(stage_ranks(stage, 4, 8).unwrap().contains(&rank));
+    }
+    assert_eq!(stage_of_rank(8, 4, 8), None);
+}

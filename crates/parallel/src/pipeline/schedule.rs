@@ -289,6 +289,7 @@ impl Schedule {
             match (full, input, weight) {
                 (1, 0, 0) => {}
                 (0, 1, 1) => split_backward[slot] = true,
+                (0, 0, 0) => return Err(bad(ActionKind::Backward, 1)),
                 (0, _, _) if input != 1 => return Err(bad(ActionKind::BackwardInput, 1)),
                 (0, _, _) => return Err(bad(ActionKind::BackwardWeight, 1)),
                 (1, _, _) => {
