@@ -1,7 +1,7 @@
 //! The schedule checker: simulations of a schedule, with buffered sends (each action starts when
 //! its inputs have arrived) and with blocking rendezvous sends and receives in program order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::error::{PipelineError, StuckStage};
 use super::schedule::{Action, ActionKind, CommEvent, Direction, Payload, ProgramStep, Schedule};
@@ -222,72 +222,77 @@ pub(crate) fn run_dependency_order(
         .iter()
         .map(|actions| Vec::with_capacity(actions.len()))
         .collect();
-    loop {
-        let mut progressed = false;
-        for stage in 0..stages {
-            'actions: while let Some(action) = per_stage[stage].get(next[stage]) {
-                let mut start = free_at[stage];
-                for dependency in schedule
-                    .dependency_array(stage, *action)
-                    .into_iter()
-                    .flatten()
-                {
-                    let slot = schedule.slot(
-                        dependency.stage,
-                        dependency.action.chunk,
-                        dependency.action.micro_batch,
-                    );
-                    match ends[slot][dependency.action.kind.index()] {
-                        Some(end) => {
-                            let latency = if dependency.payload.is_some() {
-                                durations.p2p_latency
-                            } else {
-                                0.0
-                            };
-                            start = start.max(end + latency);
-                        }
-                        None => break 'actions,
+    // Worklist: a stage is retried only when an input it may wait for has been produced, so
+    // the run is linear in the number of actions.
+    let mut queue: VecDeque<usize> = (0..stages).collect();
+    let mut queued = vec![true; stages];
+    while let Some(stage) = queue.pop_front() {
+        queued[stage] = false;
+        'actions: while let Some(action) = per_stage[stage].get(next[stage]) {
+            let mut start = free_at[stage];
+            for dependency in schedule
+                .dependency_array(stage, *action)
+                .into_iter()
+                .flatten()
+            {
+                let slot = schedule.slot(
+                    dependency.stage,
+                    dependency.action.chunk,
+                    dependency.action.micro_batch,
+                );
+                match ends[slot][dependency.action.kind.index()] {
+                    Some(end) => {
+                        let latency = if dependency.payload.is_some() {
+                            durations.p2p_latency
+                        } else {
+                            0.0
+                        };
+                        start = start.max(end + latency);
                     }
+                    None => break 'actions,
                 }
-                let end = start + durations.of(stage, action.kind);
-                let slot = schedule.slot(stage, action.chunk, action.micro_batch);
-                ends[slot][action.kind.index()] = Some(end);
-                timing[stage].push((start, end));
-                free_at[stage] = end;
-                next[stage] += 1;
-                progressed = true;
+            }
+            let end = start + durations.of(stage, action.kind);
+            let slot = schedule.slot(stage, action.chunk, action.micro_batch);
+            ends[slot][action.kind.index()] = Some(end);
+            timing[stage].push((start, end));
+            free_at[stage] = end;
+            next[stage] += 1;
+            if let Some(consumer) = schedule.remote_consumer(stage, *action) {
+                if !queued[consumer.stage] {
+                    queued[consumer.stage] = true;
+                    queue.push_back(consumer.stage);
+                }
             }
         }
-        if (0..stages).all(|stage| next[stage] == per_stage[stage].len()) {
-            return Ok(timing);
-        }
-        if !progressed {
-            let stuck = (0..stages)
-                .filter_map(|stage| {
-                    let action = per_stage[stage].get(next[stage])?;
-                    let waiting_for = schedule
-                        .dependency_array(stage, *action)
-                        .into_iter()
-                        .flatten()
-                        .find(|d| {
-                            let slot = schedule.slot(d.stage, d.action.chunk, d.action.micro_batch);
-                            ends[slot][d.action.kind.index()].is_none()
-                        })
-                        .map(|d| format!("{} on stage {}", d.action, d.stage))
-                        .unwrap_or_default();
-                    Some(StuckStage {
-                        stage,
-                        step: action.to_string(),
-                        waiting_for,
-                    })
-                })
-                .collect();
-            return Err(PipelineError::Deadlock {
-                mode: "dependency",
-                stuck,
-            });
-        }
     }
+    if (0..stages).all(|stage| next[stage] == per_stage[stage].len()) {
+        return Ok(timing);
+    }
+    let stuck = (0..stages)
+        .filter_map(|stage| {
+            let action = per_stage[stage].get(next[stage])?;
+            let waiting_for = schedule
+                .dependency_array(stage, *action)
+                .into_iter()
+                .flatten()
+                .find(|d| {
+                    let slot = schedule.slot(d.stage, d.action.chunk, d.action.micro_batch);
+                    ends[slot][d.action.kind.index()].is_none()
+                })
+                .map(|d| format!("{} on stage {}", d.action, d.stage))
+                .unwrap_or_default();
+            Some(StuckStage {
+                stage,
+                step: action.to_string(),
+                waiting_for,
+            })
+        })
+        .collect();
+    Err(PipelineError::Deadlock {
+        mode: "dependency",
+        stuck,
+    })
 }
 
 /// Checks a program against its schedule: one program per stage, each stage's computations are
@@ -422,131 +427,128 @@ pub fn simulate_blocking(
         Payload::Activation => 0,
         Payload::Gradient => 1,
     };
-    loop {
-        let mut progressed = false;
-        for stage in 0..stages {
-            while let Some(step) = program[stage].get(next[stage]) {
-                match step {
-                    ProgramStep::Compute(action) => {
-                        for dependency in schedule
-                            .dependency_array(stage, *action)
-                            .into_iter()
-                            .flatten()
-                        {
-                            let ready = match dependency.payload {
-                                None => {
-                                    let slot = schedule.slot(
-                                        stage,
-                                        dependency.action.chunk,
-                                        dependency.action.micro_batch,
-                                    );
-                                    computed[slot][dependency.action.kind.index()]
-                                }
-                                Some(payload) => {
-                                    let slot =
-                                        schedule.slot(stage, action.chunk, action.micro_batch);
-                                    received[slot][payload_index(payload)]
-                                }
-                            };
-                            if !ready {
-                                return Err(PipelineError::InputNotReady {
+    // Worklist: a stage is retried only when its peer has reached a rendezvous with it.
+    let mut queue: VecDeque<usize> = (0..stages).collect();
+    let mut queued = vec![true; stages];
+    while let Some(stage) = queue.pop_front() {
+        queued[stage] = false;
+        while let Some(step) = program[stage].get(next[stage]) {
+            match step {
+                ProgramStep::Compute(action) => {
+                    for dependency in schedule
+                        .dependency_array(stage, *action)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let ready = match dependency.payload {
+                            None => {
+                                let slot = schedule.slot(
                                     stage,
-                                    step: action.to_string(),
-                                    input: format!(
-                                        "{} on stage {}",
-                                        dependency.action, dependency.stage
-                                    ),
-                                });
+                                    dependency.action.chunk,
+                                    dependency.action.micro_batch,
+                                );
+                                computed[slot][dependency.action.kind.index()]
                             }
+                            Some(payload) => {
+                                let slot = schedule.slot(stage, action.chunk, action.micro_batch);
+                                received[slot][payload_index(payload)]
+                            }
+                        };
+                        if !ready {
+                            return Err(PipelineError::InputNotReady {
+                                stage,
+                                step: action.to_string(),
+                                input: format!(
+                                    "{} on stage {}",
+                                    dependency.action, dependency.stage
+                                ),
+                            });
                         }
-                        let start = clock[stage];
-                        let end = start + durations.of(stage, action.kind);
-                        let slot = schedule.slot(stage, action.chunk, action.micro_batch);
-                        computed[slot][action.kind.index()] = true;
-                        timeline[stage].push(TimedStep {
-                            step: *step,
-                            start,
+                    }
+                    let start = clock[stage];
+                    let end = start + durations.of(stage, action.kind);
+                    let slot = schedule.slot(stage, action.chunk, action.micro_batch);
+                    computed[slot][action.kind.index()] = true;
+                    timeline[stage].push(TimedStep {
+                        step: *step,
+                        start,
+                        end,
+                    });
+                    clock[stage] = end;
+                }
+                ProgramStep::Comm(event) => {
+                    if event.direction == Direction::Send {
+                        let producer = schedule.gradient_or_forward(stage, event);
+                        let slot = schedule.slot(stage, producer.chunk, producer.micro_batch);
+                        if !computed[slot][producer.kind.index()] {
+                            return Err(PipelineError::InputNotReady {
+                                stage,
+                                step: event.to_string(),
+                                input: format!("{producer} on stage {stage}"),
+                            });
+                        }
+                    }
+                    let peer = event.peer;
+                    let peer_step = program[peer].get(next[peer]);
+                    let Some(ProgramStep::Comm(peer_event)) = peer_step else {
+                        break;
+                    };
+                    if !event.matches(stage, peer_event, peer) {
+                        break;
+                    }
+                    let start = clock[stage].max(clock[peer]);
+                    let end = start + durations.p2p_latency;
+                    let (receiver, recv_event) = match event.direction {
+                        Direction::Recv => (stage, event),
+                        Direction::Send => (peer, peer_event),
+                    };
+                    let slot = schedule.slot(receiver, recv_event.chunk, recv_event.micro_batch);
+                    received[slot][payload_index(recv_event.payload)] = true;
+                    for (side, side_step) in
+                        [(stage, *step), (peer, ProgramStep::Comm(*peer_event))]
+                    {
+                        timeline[side].push(TimedStep {
+                            step: side_step,
+                            start: clock[side],
                             end,
                         });
-                        clock[stage] = end;
+                        clock[side] = end;
                     }
-                    ProgramStep::Comm(event) => {
-                        if event.direction == Direction::Send {
-                            let producer = schedule.gradient_or_forward(stage, event);
-                            let slot = schedule.slot(stage, producer.chunk, producer.micro_batch);
-                            if !computed[slot][producer.kind.index()] {
-                                return Err(PipelineError::InputNotReady {
-                                    stage,
-                                    step: event.to_string(),
-                                    input: format!("{producer} on stage {stage}"),
-                                });
-                            }
-                        }
-                        let peer = event.peer;
-                        let peer_step = program[peer].get(next[peer]);
-                        let Some(ProgramStep::Comm(peer_event)) = peer_step else {
-                            break;
-                        };
-                        if !event.matches(stage, peer_event, peer) {
-                            break;
-                        }
-                        let start = clock[stage].max(clock[peer]);
-                        let end = start + durations.p2p_latency;
-                        let (receiver, recv_event) = match event.direction {
-                            Direction::Recv => (stage, event),
-                            Direction::Send => (peer, peer_event),
-                        };
-                        let slot =
-                            schedule.slot(receiver, recv_event.chunk, recv_event.micro_batch);
-                        received[slot][payload_index(recv_event.payload)] = true;
-                        for (side, side_step) in
-                            [(stage, *step), (peer, ProgramStep::Comm(*peer_event))]
-                        {
-                            timeline[side].push(TimedStep {
-                                step: side_step,
-                                start: clock[side],
-                                end,
-                            });
-                            clock[side] = end;
-                        }
-                        next[peer] += 1;
+                    next[peer] += 1;
+                    if !queued[peer] {
+                        queued[peer] = true;
+                        queue.push_back(peer);
                     }
                 }
-                next[stage] += 1;
-                progressed = true;
             }
+            next[stage] += 1;
         }
-        if (0..stages).all(|stage| next[stage] == program[stage].len()) {
-            break;
-        }
-        if !progressed {
-            let stuck = (0..stages)
-                .filter_map(|stage| {
-                    let step = program[stage].get(next[stage])?;
-                    let waiting_for = match step {
-                        ProgramStep::Comm(event) => {
-                            match program[event.peer].get(next[event.peer]) {
-                                Some(peer_step) => format!(
-                                    "stage {} to reach the matching step (it is at {peer_step})",
-                                    event.peer
-                                ),
-                                None => format!("stage {}, which has finished", event.peer),
-                            }
-                        }
-                        ProgramStep::Compute(_) => "nothing (internal error)".to_string(),
-                    };
-                    Some(StuckStage {
-                        stage,
-                        step: step.to_string(),
-                        waiting_for,
-                    })
+    }
+    if (0..stages).any(|stage| next[stage] < program[stage].len()) {
+        let stuck = (0..stages)
+            .filter_map(|stage| {
+                let step = program[stage].get(next[stage])?;
+                let waiting_for = match step {
+                    ProgramStep::Comm(event) => match program[event.peer].get(next[event.peer]) {
+                        Some(peer_step) => format!(
+                            "stage {} to reach the matching step (it is at {peer_step})",
+                            event.peer
+                        ),
+                        None => format!("stage {}, which has finished", event.peer),
+                    },
+                    ProgramStep::Compute(_) => "nothing (internal error)".to_string(),
+                };
+                Some(StuckStage {
+                    stage,
+                    step: step.to_string(),
+                    waiting_for,
                 })
-                .collect();
-            return Err(PipelineError::Deadlock {
-                mode: "blocking",
-                stuck,
-            });
-        }
+            })
+            .collect();
+        return Err(PipelineError::Deadlock {
+            mode: "blocking",
+            stuck,
+        });
     }
     Ok(report(schedule, durations, timeline))
 }
