@@ -828,3 +828,209 @@ fn stages_hold_contiguous_rank_groups_in_mindspore_order() {
     }
     assert_eq!(stage_of_rank(8, 4, 8), None);
 }
+
+// ---- properties over random schedules ----
+
+mod random {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Every action a stage must run: forward and a full or split backward per (mb, chunk).
+    fn required(p: usize, m: usize, v: usize, split: bool) -> Vec<Vec<Action>> {
+        (0..p)
+            .map(|_| {
+                let mut actions = Vec::new();
+                for mb in 0..m {
+                    for chunk in 0..v {
+                        actions.push(Action::new(ActionKind::Forward, mb, chunk));
+                        if split {
+                            actions.push(Action::new(ActionKind::BackwardInput, mb, chunk));
+                            actions.push(Action::new(ActionKind::BackwardWeight, mb, chunk));
+                        } else {
+                            actions.push(Action::new(ActionKind::Backward, mb, chunk));
+                        }
+                    }
+                }
+                actions
+            })
+            .collect()
+    }
+
+    /// The inputs of an action, written out again from the model cut (piece g = c·P + s),
+    /// independently of `Schedule::dependencies`.
+    fn inputs(p: usize, v: usize, split: bool, stage: usize, a: Action) -> Vec<(usize, Action)> {
+        let piece = a.chunk * p + stage;
+        let place = |g: usize| (g % p, g / p);
+        let backward = if split {
+            ActionKind::BackwardInput
+        } else {
+            ActionKind::Backward
+        };
+        match a.kind {
+            ActionKind::Forward if piece > 0 => {
+                let (s, c) = place(piece - 1);
+                vec![(s, Action::new(ActionKind::Forward, a.micro_batch, c))]
+            }
+            ActionKind::Forward => vec![],
+            ActionKind::Backward | ActionKind::BackwardInput => {
+                let mut needs = vec![(
+                    stage,
+                    Action::new(ActionKind::Forward, a.micro_batch, a.chunk),
+                )];
+                if piece + 1 < p * v {
+                    let (s, c) = place(piece + 1);
+                    needs.push((s, Action::new(backward, a.micro_batch, c)));
+                }
+                needs
+            }
+            ActionKind::BackwardWeight => {
+                vec![(
+                    stage,
+                    Action::new(ActionKind::BackwardInput, a.micro_batch, a.chunk),
+                )]
+            }
+        }
+    }
+
+    /// A random valid execution: repeatedly pick one ready action of any stage.
+    fn random_topological(
+        p: usize,
+        m: usize,
+        v: usize,
+        split: bool,
+        choices: &[u32],
+    ) -> Vec<Vec<Action>> {
+        let mut remaining = required(p, m, v, split);
+        let mut done: std::collections::HashSet<(usize, Action)> = Default::default();
+        let mut lists = vec![Vec::new(); p];
+        let mut step = 0;
+        while remaining.iter().any(|r| !r.is_empty()) {
+            let ready: Vec<(usize, usize)> = remaining
+                .iter()
+                .enumerate()
+                .flat_map(|(s, r)| r.iter().enumerate().map(move |(i, a)| (s, i, *a)))
+                .filter(|(s, _, a)| inputs(p, v, split, *s, *a).iter().all(|x| done.contains(x)))
+                .map(|(s, i, _)| (s, i))
+                .collect();
+            let (s, i) = ready[choices[step % choices.len()] as usize % ready.len()];
+            step += 1;
+            let a = remaining[s].remove(i);
+            done.insert((s, a));
+            lists[s].push(a);
+        }
+        lists
+    }
+
+    fn durations(times: &[u8]) -> Durations {
+        let t = |i: usize| f64::from(times[i % times.len()] % 4);
+        Durations::uniform(t(0), t(1), t(2)).with_latency(t(3) / 2.0)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        /// Any schedule some valid execution order produced runs under blocking point-to-point
+        /// in its linearized program, whatever the durations, with every transfer matched.
+        #[test]
+        fn any_valid_order_runs_under_rendezvous(
+            p in 1usize..=4, m in 1usize..=4, v in 1usize..=2, split in any::<bool>(),
+            choices in prop::collection::vec(any::<u32>(), 1..64),
+            times in prop::collection::vec(any::<u8>(), 4),
+        ) {
+            let lists = random_topological(p, m, v, split, &choices);
+            let schedule = Schedule::from_lists(p, m, v, lists).unwrap();
+            for (stage, actions) in schedule.per_stage().iter().enumerate() {
+                for a in actions {
+                    let mut ours: Vec<(usize, Action)> = inputs(p, v, split, stage, *a);
+                    let mut theirs: Vec<(usize, Action)> = schedule
+                        .dependencies(stage, *a)
+                        .iter()
+                        .map(|d| (d.stage, d.action))
+                        .collect();
+                    ours.sort();
+                    theirs.sort();
+                    prop_assert_eq!(ours, theirs);
+                }
+            }
+            let durations = durations(&times);
+            let report = check_schedule(&schedule, &durations).unwrap();
+            assert_sends_matched(&schedule, &report.program, "random");
+            let unit = schedule.program(CommOrder::Linearized).unwrap();
+            simulate_blocking(&schedule, &unit, &durations).unwrap();
+        }
+
+        /// A random order of the required actions either deadlocks in the buffered simulation
+        /// (and then has no linearized program) or runs in both modes.
+        #[test]
+        fn random_orders_deadlock_or_run_in_both_modes(
+            p in 1usize..=3, m in 1usize..=3, split in any::<bool>(),
+            keys in prop::collection::vec(any::<u32>(), 3 * 3 * 3),
+        ) {
+            let mut lists = required(p, m, 1, split);
+            for (stage, list) in lists.iter_mut().enumerate() {
+                let mut keyed: Vec<(u32, Action)> = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (keys[(stage * 9 + i) % keys.len()], *a))
+                    .collect();
+                keyed.sort();
+                *list = keyed.into_iter().map(|(_, a)| a).collect();
+            }
+            let schedule = Schedule::from_lists(p, m, 1, lists).unwrap();
+            let durations = Durations::uniform(1.0, 1.0, 1.0);
+            match simulate(&schedule, &durations) {
+                Ok(_) => {
+                    check_schedule(&schedule, &durations).unwrap();
+                }
+                Err(PipelineError::Deadlock { stuck, .. }) => {
+                    prop_assert!(!stuck.is_empty());
+                    let refused = matches!(
+                        schedule.program(CommOrder::Linearized),
+                        Err(PipelineError::Deadlock { .. })
+                    );
+                    prop_assert!(refused);
+                }
+                Err(other) => prop_assert!(false, "{}", other),
+            }
+        }
+
+        /// The even split is contiguous, uses every group, and its heaviest group is the least
+        /// possible (checked against an exact dynamic programme).
+        #[test]
+        fn even_split_is_optimal(
+            counts in prop::collection::vec(0u64..1000, 1..12),
+            groups in 1usize..6,
+        ) {
+            prop_assume!(counts.len() >= groups);
+            let config = PipelineConfig::new(groups, groups, Scheduler::GPipe);
+            let assignment = assign_stages(&layers(&counts), &config).unwrap();
+            prop_assert!(assignment.group_of_layer.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1));
+            prop_assert_eq!(assignment.group_of_layer[0], 0);
+            prop_assert_eq!(*assignment.group_of_layer.last().unwrap(), groups - 1);
+            // best[k][i]: least max over splits of the first i layers into k groups.
+            let n = counts.len();
+            let mut best = vec![vec![u64::MAX; n + 1]; groups + 1];
+            best[0][0] = 0;
+            for k in 1..=groups {
+                for i in k..=n {
+                    for j in (k - 1)..i {
+                        if best[k - 1][j] == u64::MAX { continue; }
+                        let sum: u64 = counts[j..i].iter().sum();
+                        best[k][i] = best[k][i].min(best[k - 1][j].max(sum));
+                    }
+                }
+            }
+            prop_assert_eq!(*assignment.parameters_per_group.iter().max().unwrap(), best[groups][n]);
+        }
+    }
+}
+
+#[test]
+fn large_pipelines_check_in_linear_time() {
+    // 256 stages × 512 micro-batches: 262 144 actions. The simulators are worklists, so this
+    // runs in well under a second (repeated passes over every stage would take minutes).
+    let schedule = Schedule::one_f_one_b(256, 512).unwrap();
+    let report = check_schedule(&schedule, &Durations::uniform(1.0, 1.0, 1.0)).unwrap();
+    assert_eq!(report.dependency.makespan, (512 + 255) as f64 * 3.0);
+    assert_eq!(report.blocking.makespan, report.dependency.makespan);
+}
