@@ -246,6 +246,13 @@ fn zero_bubble_beats_1f1b_and_meets_the_zb_h1_formula() {
 
 #[test]
 fn interleaving_lowers_the_bubble_to_megatrons_formula() {
+    assert_eq!(
+        Schedule::interleaved_1f1b(4, 5, 3),
+        Err(PipelineError::MicroBatchesNotMultipleOfStages {
+            micro_batches: 5,
+            stages: 4
+        })
+    );
     // With V chunks each chunk's pass takes 1/V of the stage's: F = 1/V, B = 2/V. Megatron's
     // bubble time is (P − 1)(F + B)/V over the whole step's M(F + B).
     for p in 2..=8 {

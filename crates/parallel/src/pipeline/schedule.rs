@@ -191,9 +191,14 @@ impl fmt::Display for ProgramStep {
 /// Where [`Schedule::program`] places the sends and receives among the actions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommOrder {
-    /// Every stage's steps in one global order (that of the dependency-driven simulation with
-    /// unit durations): a rendezvous send or receive never waits for a peer that waits on
-    /// something later. Deadlock-free under blocking point-to-point; what the runtime should use.
+    /// Every stage's steps are its projection of one global order, taken from a
+    /// dependency-driven simulation (unit durations, or those given to
+    /// [`Schedule::program_with_durations`]); each transfer sits at a moment between its
+    /// producer's end and its consumer's start, where possible one at which neither stage is
+    /// mid-action. A rendezvous send or receive then never waits for a peer that waits on
+    /// something later: deadlock-free under blocking point-to-point. What the runtime should
+    /// use. Rendezvous still costs time where both neighbours are busy throughout (interleaved
+    /// 1F1B at P = 2); the blocking simulation measures it.
     Linearized,
     /// Each send right after the action producing it, each receive right before the action
     /// consuming it. Correct only with buffered (non-blocking) sends: under rendezvous
@@ -369,10 +374,14 @@ impl Schedule {
     /// backwards.
     ///
     /// M must be a multiple of P (Megatron's rule, also checked by
-    /// [`PipelineConfig::validate`]): with a partial last group this warm-up deadlocks (the
-    /// simulator finds P = 4, M = 5, 3 chunks stuck, the last stage waiting for a gradient of a
-    /// chunk whose forward the first stage cannot start), so the generator refuses it with
-    /// [`PipelineError::MicroBatchesNotMultipleOfStages`].
+    /// [`PipelineConfig::validate`]). With a partial last group this warm-up can deadlock: at
+    /// P = 4, M = 5 and 3 chunks the simulator found the last stage waiting at B(mb 0, chunk 1)
+    /// for stage 0's B(mb 0, chunk 2), while stage 0 waits at F(mb 4, chunk 2) for the last
+    /// stage's F(mb 4, chunk 1), which that stage lists after the backward. So the generator
+    /// refuses it with [`PipelineError::MicroBatchesNotMultipleOfStages`]. With M a multiple of
+    /// P and no latency, the makespan is M·chunks·(f + b) + (P − 1)·(f + b), with f and b one
+    /// chunk's forward and backward times: Megatron's bubble (P − 1)·(F + B)/chunks in
+    /// whole-stage times. The tests check it exactly.
     pub fn interleaved_1f1b(
         stages: usize,
         micro_batches: usize,
@@ -433,10 +442,12 @@ impl Schedule {
     /// at most s weight halves pending: after each `Bi` it runs the oldest pending `W`s until at
     /// most s remain, and runs the rest at the end, where they fill the cool-down bubble.
     ///
-    /// Peak in-flight activations (forward run, input gradient not yet) equal 1F1B's,
-    /// min(P − s, M); at most s micro-batches more wait for their weight gradient, so no stage
-    /// holds more than P micro-batches' inputs, 1F1B's peak on stage 0. With F = Bi = W the
-    /// bubble is (P − 1)·(F + Bi − W) per stage instead of 1F1B's (P − 1)·(F + Bi + W).
+    /// Peak in-flight activations (forward started, input gradient not yet) equal 1F1B's,
+    /// min(P − s, M). Between actions at most s micro-batches wait for their weight half (s + 1
+    /// right after a `Bi`), and no stage retains more than min(P, M) micro-batches' inputs at
+    /// once (`peak_retained`), 1F1B's peak on stage 0. With F = Bi = W and M ≥ P the makespan
+    /// is M·(F + Bi + W) + (P − 1)·(F + Bi − W), against 1F1B's
+    /// (M + P − 1)·(F + Bi + W); the tests check both exactly.
     pub fn zero_bubble_h1(stages: usize, micro_batches: usize) -> Result<Schedule, PipelineError> {
         check_shape(stages, micro_batches, 1)?;
         let per_stage = (0..stages)
