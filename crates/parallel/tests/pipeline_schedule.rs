@@ -1041,3 +1041,61 @@ fn large_pipelines_check_in_linear_time() {
     assert_eq!(report.dependency.makespan, (512 + 255) as f64 * 3.0);
     assert_eq!(report.blocking.makespan, report.dependency.makespan);
 }
+
+/// The exact lists, checked by hand against the papers' figures (chunk 0 is left out).
+#[test]
+fn listings_match_the_published_orders() {
+    let listing = |schedule: Schedule| schedule.listing().replace(", chunk 0)", ")");
+    assert_eq!(
+        listing(Schedule::gpipe(2, 2, 1).unwrap()),
+        "stage 0: F(mb 0) F(mb 1) B(mb 0) B(mb 1)\n\
+         stage 1: F(mb 0) F(mb 1) B(mb 0) B(mb 1)\n"
+    );
+    assert_eq!(
+        listing(Schedule::one_f_one_b(3, 4).unwrap()),
+        "stage 0: F(mb 0) F(mb 1) F(mb 2) B(mb 0) F(mb 3) B(mb 1) B(mb 2) B(mb 3)\n\
+         stage 1: F(mb 0) F(mb 1) B(mb 0) F(mb 2) B(mb 1) F(mb 3) B(mb 2) B(mb 3)\n\
+         stage 2: F(mb 0) B(mb 0) F(mb 1) B(mb 1) F(mb 2) B(mb 2) F(mb 3) B(mb 3)\n"
+    );
+    // Megatron: warm-up 2(P − s − 1) + (V − 1)P, groups of P micro-batches, chunks ascending
+    // forward and descending backward.
+    assert_eq!(
+        listing(Schedule::interleaved_1f1b(2, 4, 2).unwrap()),
+        "stage 0: F(mb 0) F(mb 1) F(mb 0, chunk 1) F(mb 1, chunk 1) F(mb 2) B(mb 0, chunk 1) \
+         F(mb 3) B(mb 1, chunk 1) F(mb 2, chunk 1) B(mb 0) F(mb 3, chunk 1) B(mb 1) \
+         B(mb 2, chunk 1) B(mb 3, chunk 1) B(mb 2) B(mb 3)\n\
+         stage 1: F(mb 0) F(mb 1) F(mb 0, chunk 1) B(mb 0, chunk 1) F(mb 1, chunk 1) \
+         B(mb 1, chunk 1) F(mb 2) B(mb 0) F(mb 3) B(mb 1) F(mb 2, chunk 1) B(mb 2, chunk 1) \
+         F(mb 3, chunk 1) B(mb 3, chunk 1) B(mb 2) B(mb 3)\n"
+    );
+    // ZB-H1: 1F1B's F/Bi order; stage s keeps at most s weight halves pending.
+    assert_eq!(
+        listing(Schedule::zero_bubble_h1(3, 4).unwrap()),
+        "stage 0: F(mb 0) F(mb 1) F(mb 2) Bi(mb 0) W(mb 0) F(mb 3) Bi(mb 1) W(mb 1) Bi(mb 2) \
+         W(mb 2) Bi(mb 3) W(mb 3)\n\
+         stage 1: F(mb 0) F(mb 1) Bi(mb 0) F(mb 2) Bi(mb 1) W(mb 0) F(mb 3) Bi(mb 2) W(mb 1) \
+         Bi(mb 3) W(mb 2) W(mb 3)\n\
+         stage 2: F(mb 0) Bi(mb 0) F(mb 1) Bi(mb 1) F(mb 2) Bi(mb 2) W(mb 0) F(mb 3) Bi(mb 3) \
+         W(mb 1) W(mb 2) W(mb 3)\n"
+    );
+}
+
+#[test]
+fn interleaved_holds_its_warm_up_plus_one_activations() {
+    for p in 1..=8 {
+        for m in (p..=MAX_M).step_by(p) {
+            for v in [2, 3] {
+                let schedule = Schedule::interleaved_1f1b(p, m, v).unwrap();
+                let report = simulate(&schedule, &Durations::uniform(1.0, 1.0, 0.0)).unwrap();
+                for s in 0..p {
+                    let warmup = 2 * (p - s - 1) + (v - 1) * p;
+                    let expected = (warmup + 1).min(m * v);
+                    assert_eq!(
+                        report.peak_activations[s], expected,
+                        "P={p} M={m} V={v} s={s}"
+                    );
+                }
+            }
+        }
+    }
+}
