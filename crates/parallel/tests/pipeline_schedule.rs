@@ -430,6 +430,21 @@ fn a_missing_receive_a_duplicate_send_and_a_misplaced_send_are_caught() {
         "{error}"
     );
 
+    // A program of another schedule, or of too few stages.
+    // (Stage 0 of 1F1B at P = M = 3 is GPipe's list: F F F B B B; stage 1 is the first to differ.)
+    let other = Schedule::gpipe(3, 3, 1).unwrap();
+    assert_eq!(
+        check_communication(&other, &program),
+        Err(PipelineError::ProgramDiffersFromSchedule { stage: 1 })
+    );
+    assert!(matches!(
+        check_communication(&schedule, &program[..2]),
+        Err(PipelineError::WrongStageCount {
+            what: "program",
+            ..
+        })
+    ));
+
     // A send moved before the forward that produces it.
     let mut early = program.clone();
     let at = early[0].iter().position(is_send).unwrap();
@@ -506,7 +521,14 @@ fn a_missing_or_repeated_action_is_refused_naming_it() {
         matches!(error, PipelineError::ActionOutOfRange { .. }),
         "{error}"
     );
-    assert!(Schedule::from_lists(2, 1, 1, vec![vec![]]).is_err());
+    assert_eq!(
+        Schedule::from_lists(2, 1, 1, vec![vec![]]),
+        Err(PipelineError::WrongStageCount {
+            what: "schedule",
+            given: 1,
+            stages: 2
+        })
+    );
 }
 
 #[test]

@@ -171,6 +171,22 @@ pub enum PipelineError {
         /// The empty stage (model-chunk index with interleave).
         stage: usize,
     },
+    /// A schedule or program with a list count other than its stage count.
+    #[error("pipeline {what}: {given} per-stage lists for {stages} stages")]
+    WrongStageCount {
+        /// `schedule` or `program`.
+        what: &'static str,
+        /// Lists given.
+        given: usize,
+        /// Stages.
+        stages: usize,
+    },
+    /// A program whose computations are not its schedule's list for that stage, in order.
+    #[error("pipeline program: stage {stage}: its computations differ from the schedule's list")]
+    ProgramDiffersFromSchedule {
+        /// The stage.
+        stage: usize,
+    },
     /// A schedule's shape does not fit its action (stage, micro-batch or chunk out of range).
     #[error("pipeline schedule: stage {stage}: {action}: {reason}")]
     ActionOutOfRange {

@@ -18,7 +18,8 @@
 //!   inputs are there; [`simulate_blocking`] runs a program with rendezvous sends and receives in
 //!   program order, as the runtime does. Both report deadlock (naming each stage's stuck step) or
 //!   a [`SimulationReport`]: makespan, busy time, bubble fraction and peak in-flight activations.
-//!   [`check_schedule`] runs every check at once.
+//!   [`check_communication`] matches every send with exactly one receive; [`check_schedule`]
+//!   runs every check at once.
 //!
 //! # Key design decision
 //! A schedule is a list, not code (DESIGN.md rule 7): a new schedule is a new generator plus its

@@ -250,10 +250,10 @@ impl Schedule {
     ) -> Result<Schedule, PipelineError> {
         check_shape(stages, micro_batches, chunks)?;
         if per_stage.len() != stages {
-            return Err(PipelineError::ActionOutOfRange {
-                stage: per_stage.len(),
-                action: "the list of stages".to_string(),
-                reason: format!("{} lists given for {stages} stages", per_stage.len()),
+            return Err(PipelineError::WrongStageCount {
+                what: "schedule",
+                given: per_stage.len(),
+                stages,
             });
         }
         let per_piece = chunks * micro_batches;

@@ -305,9 +305,10 @@ pub fn check_communication(
 ) -> Result<(), PipelineError> {
     let stages = schedule.stages();
     if program.len() != stages {
-        return Err(PipelineError::UnmatchedCommunication {
-            event: "the program".to_string(),
-            reason: format!("{} stage programs for {stages} stages", program.len()),
+        return Err(PipelineError::WrongStageCount {
+            what: "program",
+            given: program.len(),
+            stages,
         });
     }
     // (from, to, payload, micro-batch, from chunk, to chunk) → (sends, receives, expected)
@@ -335,11 +336,7 @@ pub fn check_communication(
             ProgramStep::Comm(_) => None,
         });
         if !computed.eq(schedule.per_stage()[stage].iter()) {
-            return Err(PipelineError::ActionOutOfRange {
-                stage,
-                action: "the program".to_string(),
-                reason: "its computations differ from the schedule's list".to_string(),
-            });
+            return Err(PipelineError::ProgramDiffersFromSchedule { stage });
         }
         for step in steps {
             let ProgramStep::Comm(event) = step else {
