@@ -530,6 +530,11 @@ fn a_missing_or_repeated_action_is_refused_naming_it() {
         matches!(error, PipelineError::ActionOutOfRange { .. }),
         "{error}"
     );
+    let schedule = Schedule::one_f_one_b(2, 2).unwrap();
+    assert_eq!(schedule.dependencies(2, action(F, 0)), None);
+    assert_eq!(schedule.dependencies(0, action(F, 2)), None);
+    assert_eq!(schedule.dependencies(0, Action::new(F, 0, 1)), None);
+    assert_eq!(schedule.dependencies(0, action(F, 0)), Some(vec![]));
     assert_eq!(
         Schedule::from_lists(2, 1, 1, vec![vec![]]),
         Err(PipelineError::WrongStageCount {
@@ -695,6 +700,10 @@ fn every_config_rule_has_its_error_naming_the_key_and_value() {
             devices: 3
         })
     );
+    assert!(matches!(
+        PipelineConfig::new(1, 1, Scheduler::GPipe).validate(0),
+        Err(PipelineError::StagesDoNotDivideDevices { devices: 0, .. })
+    ));
     // Fewer micro-batches than stages is fine for every non-interleaved scheduler.
     for scheduler in [Scheduler::GPipe, Scheduler::OneFOneB, Scheduler::ZeroBubble] {
         PipelineConfig::new(8, 3, scheduler).validate(8).unwrap();
@@ -781,6 +790,12 @@ fn virtual_stages_give_chunk_c_of_stage_s_the_group_c_p_plus_s() {
     );
     assert_eq!(assignment.parameters_of_stage(0), 4);
     assert_eq!(assignment.stage_of(8), None);
+    let broken = StageAssignment {
+        stages: 0,
+        ..assignment
+    };
+    assert_eq!(broken.stage_of(0), None);
+    assert_eq!(broken.parameters_of_stage(0), 0);
 }
 
 #[test]
@@ -982,6 +997,7 @@ mod random {
                     let mut ours: Vec<(usize, Action)> = inputs(p, v, split, stage, *a);
                     let mut theirs: Vec<(usize, Action)> = schedule
                         .dependencies(stage, *a)
+                        .unwrap()
                         .iter()
                         .map(|d| (d.stage, d.action))
                         .collect();

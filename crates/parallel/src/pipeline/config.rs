@@ -152,7 +152,7 @@ impl PipelineConfig {
     }
 
     /// Checks every rule, the device count included:
-    /// - `1 ≤ stages ≤ MAX_STAGES`, and `stages` divides `device_count`;
+    /// - `1 ≤ stages ≤ MAX_STAGES`, and `stages` divides `device_count` (which is not 0);
     /// - `1 ≤ micro_batches ≤ MAX_MICRO_BATCHES` (fewer micro-batches than stages is allowed
     ///   for every scheduler: the schedules handle M < P, with a larger bubble);
     /// - with `interleave`, `2 ≤ virtual_stages ≤ MAX_VIRTUAL_STAGES`, and the scheduler is
@@ -166,7 +166,7 @@ impl PipelineConfig {
     /// The first broken rule is returned.
     pub fn validate(&self, device_count: usize) -> Result<(), PipelineError> {
         self.validate_shape()?;
-        if device_count % self.stages != 0 {
+        if device_count == 0 || device_count % self.stages != 0 {
             return Err(PipelineError::StagesDoNotDivideDevices {
                 stages: self.stages,
                 devices: device_count,

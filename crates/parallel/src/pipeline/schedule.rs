@@ -539,13 +539,21 @@ impl Schedule {
         Action::new(kind, micro_batch, chunk)
     }
 
-    /// The inputs `action` on `stage` needs (at most two). The action must belong to the
-    /// schedule (from [`Schedule::per_stage`]); other arguments give an arbitrary answer.
-    pub fn dependencies(&self, stage: usize, action: Action) -> Vec<Dependency> {
-        self.dependency_array(stage, action)
-            .into_iter()
-            .flatten()
-            .collect()
+    /// The inputs `action` on `stage` needs (at most two; none for the first stage's forward of
+    /// chunk 0), or `None` if the stage, micro-batch or chunk is outside the schedule.
+    pub fn dependencies(&self, stage: usize, action: Action) -> Option<Vec<Dependency>> {
+        if stage >= self.stages
+            || action.micro_batch >= self.micro_batches
+            || action.chunk >= self.chunks
+        {
+            return None;
+        }
+        Some(
+            self.dependency_array(stage, action)
+                .into_iter()
+                .flatten()
+                .collect(),
+        )
     }
 
     pub(crate) fn dependency_array(&self, stage: usize, action: Action) -> [Option<Dependency>; 2] {

@@ -44,12 +44,16 @@ pub struct StageAssignment {
 impl StageAssignment {
     /// The stage of layer `layer_idx`, if the layer exists.
     pub fn stage_of(&self, layer_idx: usize) -> Option<usize> {
-        self.group_of_layer.get(layer_idx).map(|g| g % self.stages)
+        self.group_of_layer
+            .get(layer_idx)
+            .and_then(|g| g.checked_rem(self.stages))
     }
 
     /// The model chunk (within its stage) of layer `layer_idx`, if the layer exists.
     pub fn chunk_of(&self, layer_idx: usize) -> Option<usize> {
-        self.group_of_layer.get(layer_idx).map(|g| g / self.stages)
+        self.group_of_layer
+            .get(layer_idx)
+            .and_then(|g| g.checked_div(self.stages))
     }
 
     /// Parameters held by stage `stage`, summed over its chunks.
@@ -57,7 +61,7 @@ impl StageAssignment {
         self.parameters_per_group
             .iter()
             .enumerate()
-            .filter(|(g, _)| g % self.stages == stage)
+            .filter(|(g, _)| g.checked_rem(self.stages) == Some(stage))
             .map(|(_, n)| *n)
             .sum()
     }
