@@ -13,6 +13,9 @@
 //!   (with their reasons and bytes) where a layout changes or a pending sum is consumed;
 //!   [`Program::explain`] prints it. [`compile_training`] and [`compile_forward`] do all of it
 //!   from a forward graph.
+//! - [`pipeline`]: pipeline parallelism as data — the `[parallel.pipeline]` configuration, the
+//!   assignment of cells to stages, schedules as per-stage action lists (GPipe, 1F1B,
+//!   interleaved 1F1B, zero-bubble) and the simulator that proves them deadlock-free.
 //!
 //! # Architecture invariant
 //! `parallel` plans; it never executes a kernel or talks to a communicator. Its output is data:
@@ -28,6 +31,7 @@ mod error;
 mod given_layouts;
 mod lower;
 mod patterns;
+pub mod pipeline;
 mod rank_view;
 pub mod rules;
 

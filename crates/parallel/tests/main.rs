@@ -2,4 +2,5 @@
 
 mod layouts;
 mod op_rules;
+mod pipeline_schedule;
 mod rules;
