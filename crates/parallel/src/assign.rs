@@ -16,6 +16,7 @@ use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
 use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use crate::deterministic::contiguous_sums;
 use crate::error::ParallelError;
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
 use crate::patterns::{resolve_manual_split, resolve_op_patterns};
@@ -250,11 +251,16 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
             NodeRole::Backward(grad_of) => {
                 let forward = &graph.nodes()[grad_of.forward.0];
                 let fwd_place = &placed.nodes[grad_of.forward.0];
-                let inputs: Vec<TensorLayout> = node
+                let mut inputs: Vec<TensorLayout> = node
                     .inputs
                     .iter()
                     .map(|&v| backward_need(&placed, forward, fwd_place, v))
                     .collect();
+                if config.deterministic {
+                    inputs =
+                        contiguous_sums(&node.op, inputs, &ctx.input_shapes, ctx.output_shapes[0])
+                            .map_err(|e| ctx.layout_error(e))?;
+                }
                 let outputs = infer::output_layouts(&ctx, &inputs, &stage)?;
                 NodePlacement {
                     strategy: None,

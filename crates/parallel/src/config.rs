@@ -145,6 +145,10 @@ pub struct ParallelConfig {
     /// Deterministic mode's most canonical blocks per summed dim (`parallel.deterministic_blocks`,
     /// a power of two): a split of a summed dim must divide the dim's block count.
     pub deterministic_blocks: usize,
+    /// Deterministic mode (`train.deterministic`): a backward op whose sum runs over a split dim
+    /// that is not the outermost summed dim takes its inputs with that dim whole (a gather is
+    /// inserted), so every sum is one contiguous run of canonical blocks per rank.
+    pub deterministic: bool,
 }
 
 impl ParallelConfig {
@@ -159,6 +163,7 @@ impl ParallelConfig {
             loss_repeated_mean: true,
             manual_split: BTreeMap::new(),
             deterministic_blocks: 16,
+            deterministic: false,
         }
     }
 

@@ -25,43 +25,16 @@ pub fn check_deterministic(program: &Program, max_blocks: usize) -> Result<(), P
         let check = |operand: &str, layout: &TensorLayout, dims: &[usize]| {
             check_summed(name, k.op.kind(), operand, layout, dims, max_blocks)
         };
+        let shapes: Vec<&[usize]> = k
+            .inputs
+            .iter()
+            .map(|&b| program.buffers[b].layout.layout().shape())
+            .collect();
+        let out_shape = program.buffers[k.outputs[0]].layout.layout().shape();
+        if let Some((operand, dims)) = summed_dims(&k.op, &shapes, out_shape) {
+            check(&format!("input {operand}"), input(operand), &dims)?;
+        }
         match &k.op {
-            Op::MatMul { transpose_a, .. } | Op::BatchMatMul { transpose_a, .. } => {
-                let a = input(0);
-                let r = a.shape().len();
-                let kdim = if *transpose_a { r - 2 } else { r - 1 };
-                check("a", a, &[kdim])?;
-            }
-            Op::BatchMatMulSum { transpose_a, .. } => {
-                let a = input(0);
-                let r = a.shape().len();
-                let kdim = if *transpose_a { r - 2 } else { r - 1 };
-                let dims: Vec<usize> = (0..r - 2).chain([kdim]).collect();
-                check("a", a, &dims)?;
-            }
-            Op::ReduceSum { axes, .. } => {
-                let x = input(0);
-                let mut dims: Vec<usize> = if axes.is_empty() {
-                    (0..x.shape().len()).collect()
-                } else {
-                    axes.clone()
-                };
-                dims.sort_unstable();
-                check("x", x, &dims)?;
-            }
-            Op::SumToShape { .. } | Op::BiasAddGrad => {
-                let x = input(0);
-                let out = program.buffers[k.outputs[0]]
-                    .layout
-                    .layout()
-                    .shape()
-                    .to_vec();
-                let lead = x.shape().len().saturating_sub(out.len());
-                let dims: Vec<usize> = (0..x.shape().len())
-                    .filter(|&d| d < lead || (out[d - lead] == 1 && x.shape()[d] != 1))
-                    .collect();
-                check("x", x, &dims)?;
-            }
             Op::LayerNormGrad | Op::LayerNorm { .. } => {
                 let (x, gamma) = match &k.op {
                     Op::LayerNorm { .. } => (input(0), input(1)),
@@ -79,9 +52,6 @@ pub fn check_deterministic(program: &Program, max_blocks: usize) -> Result<(), P
                         ),
                     ));
                 }
-                if matches!(k.op, Op::LayerNormGrad) {
-                    check("x", x, &(0..normalized).collect::<Vec<_>>())?;
-                }
             }
             Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
                 let x = input(0);
@@ -96,15 +66,95 @@ pub fn check_deterministic(program: &Program, max_blocks: usize) -> Result<(), P
                     ));
                 }
             }
-            Op::SparseSoftmaxCrossEntropy { .. } => check("logits", input(0), &[0])?,
-            Op::EmbeddingGrad => {
-                let ids = input(1);
-                check("ids", ids, &(0..ids.shape().len()).collect::<Vec<_>>())?;
-            }
             _ => {}
         }
     }
     Ok(())
+}
+
+/// The operand and the dims (ascending) a summing op adds over, from its inputs' and first
+/// output's global shapes; `None` for ops that add over no dim a strategy may split.
+pub(crate) fn summed_dims(
+    op: &Op,
+    input_shapes: &[&[usize]],
+    output_shape: &[usize],
+) -> Option<(usize, Vec<usize>)> {
+    let rank = |i: usize| input_shapes[i].len();
+    Some(match op {
+        Op::MatMul { transpose_a, .. } | Op::BatchMatMul { transpose_a, .. } => {
+            let r = rank(0);
+            (0, vec![if *transpose_a { r - 2 } else { r - 1 }])
+        }
+        Op::BatchMatMulSum { transpose_a, .. } => {
+            let r = rank(0);
+            let kdim = if *transpose_a { r - 2 } else { r - 1 };
+            (0, (0..r - 2).chain([kdim]).collect())
+        }
+        Op::ReduceSum { axes, .. } => {
+            let mut dims: Vec<usize> = if axes.is_empty() {
+                (0..rank(0)).collect()
+            } else {
+                axes.clone()
+            };
+            dims.sort_unstable();
+            (0, dims)
+        }
+        Op::SumToShape { .. } | Op::BiasAddGrad => {
+            let x = input_shapes[0];
+            let lead = x.len().saturating_sub(output_shape.len());
+            let dims = (0..x.len())
+                .filter(|&d| d < lead || (output_shape[d - lead] == 1 && x[d] != 1))
+                .collect();
+            (0, dims)
+        }
+        Op::LayerNormGrad => (0, (0..rank(0) - input_shapes[4].len()).collect()),
+        Op::SparseSoftmaxCrossEntropy { .. } => (0, vec![0]),
+        Op::EmbeddingGrad => (1, (0..rank(1)).collect()),
+        _ => return None,
+    })
+}
+
+/// `inputs` of a summing backward op with every split of a summed dim after the first summed
+/// dim of size above 1 removed from every input (those axes then replicate): a rank's part of
+/// the sum becomes one contiguous run, at the price of a gather before the op.
+pub(crate) fn contiguous_sums(
+    op: &Op,
+    inputs: Vec<TensorLayout>,
+    input_shapes: &[&[usize]],
+    output_shape: &[usize],
+) -> Result<Vec<TensorLayout>, layout::LayoutError> {
+    let Some((operand, dims)) = summed_dims(op, input_shapes, output_shape) else {
+        return Ok(inputs);
+    };
+    let layout = &inputs[operand];
+    let shape = layout.shape();
+    let Some(&outer) = dims.iter().find(|&&d| shape[d] > 1) else {
+        return Ok(inputs);
+    };
+    let drop: Vec<usize> = dims
+        .iter()
+        .filter(|&&d| d != outer)
+        .flat_map(|&d| layout.dims()[d].iter().copied())
+        .collect();
+    if drop.is_empty() {
+        return Ok(inputs);
+    }
+    inputs
+        .into_iter()
+        .map(|l| {
+            let kept: Vec<Vec<usize>> = l
+                .dims()
+                .iter()
+                .map(|axes| axes.iter().copied().filter(|a| !drop.contains(a)).collect())
+                .collect();
+            let rows = l.row_split().map(<[usize]>::to_vec);
+            let bound = layout::Layout::from_mesh(l.mesh().clone(), kept)?;
+            match rows {
+                Some(r) => TensorLayout::with_rows(bound, l.shape(), &r),
+                None => bound.bind(l.shape()),
+            }
+        })
+        .collect()
 }
 
 fn refuse(op: &str, kind: &'static str, reason: String) -> ParallelError {

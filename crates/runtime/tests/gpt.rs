@@ -256,6 +256,18 @@ fn deterministic_runs_are_bitwise_one_device() {
             "data_parallel = 2\nmodel_parallel = 4",
         ),
         (
+            "vocabulary and sequence parallel, mp 2",
+            2,
+            "momentum",
+            "model_parallel = 2\nvocab_emb_dp = false\nuse_seq_parallel = true",
+        ),
+        (
+            "sequence parallel, dp 2 × mp 2",
+            4,
+            "adam",
+            "data_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true",
+        ),
+        (
             "vocabulary parallel, dp 2 × mp 2",
             4,
             "adam",
@@ -311,30 +323,6 @@ fn deterministic_runs_are_bitwise_one_device() {
             );
         }
     }
-}
-
-/// Sequence parallelism sums LayerNorm and bias gradients over a split inner dim, which the
-/// canonical order cannot complete across ranks yet: refused before training.
-#[test]
-fn deterministic_mode_refuses_sequence_parallel_sums() {
-    let tmp = tempfile::tempdir().unwrap();
-    let config = config_with(
-        tmp.path(),
-        "momentum",
-        "",
-        &semi(2, "model_parallel = 2\nuse_seq_parallel = true"),
-        &["train.deterministic=true".to_string()],
-    );
-    let err = Session::new(&config)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    assert!(
-        err.contains("deterministic mode")
-            && err.contains("LayerNormGrad")
-            && err.contains("dim 1 is split"),
-        "{err}"
-    );
 }
 
 #[test]

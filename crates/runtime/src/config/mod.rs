@@ -362,7 +362,10 @@ impl TrainConfig {
     /// The parallel settings of `[parallel]` (stand-alone on 1 device when the section is
     /// absent).
     pub fn parallel_config(&self) -> ParallelConfig {
-        self.parallel.clone()
+        ParallelConfig {
+            deterministic: self.train.deterministic,
+            ..self.parallel.clone()
+        }
     }
 
     /// `parallel.strategy_file`: a strategy file whose op strategies (MindSpore's

@@ -610,6 +610,7 @@ fn read_parallel(
         loss_repeated_mean,
         manual_split,
         deterministic_blocks,
+        deterministic: false,
     };
     Ok((parallel, strategy_file))
 }
