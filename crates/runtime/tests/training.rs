@@ -193,7 +193,9 @@ fn deterministic_mode_refuses_misaligned_splits() {
         &["parallel.deterministic_blocks=2"],
     );
     assert!(
-        err.contains("matmul1") && err.contains("dim 1 of input 0") && err.contains("splits 4 ways"),
+        err.contains("matmul1")
+            && err.contains("dim 1 of input 0")
+            && err.contains("splits 4 ways"),
         "{err}"
     );
     let bad = TrainConfig::parse(

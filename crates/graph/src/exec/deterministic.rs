@@ -298,6 +298,22 @@ fn batch_matmul_sum<T: Float + Element>(
     let ga = global_shape(ctx, 0, a.shape());
     let (_, kg) = matrix_dims(ga, ta);
     let batch_g: usize = ga[..ra - 2].iter().product();
+    let bl = block_len(batch_g * kg, max_blocks);
+    if ta && !tb {
+        // A weight's gradient: both operands already hold (batch, k) as their rows.
+        let folded = GemmShape {
+            trans_a: true,
+            ..GemmShape::new(m, n, batch * k)
+        };
+        return det::det_gemm(
+            folded,
+            read::<T>(a, ctx)?,
+            read::<T>(b, ctx)?,
+            write::<T>(out, ctx)?,
+            bl,
+        )
+        .map_err(GraphError::kernel(ctx.node));
+    }
     // A as [m, batch·k] and B as [batch·k, n], row-major.
     let am = matrices(
         read::<T>(a, ctx)?,
@@ -325,7 +341,7 @@ fn batch_matmul_sum<T: Float + Element>(
         &a_f,
         &b_f,
         write::<T>(out, ctx)?,
-        block_len(batch_g * kg, max_blocks),
+        bl,
     )
     .map_err(GraphError::kernel(ctx.node))
 }
