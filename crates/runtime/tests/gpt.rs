@@ -234,6 +234,24 @@ fn manual_split_tables_train_like_one_device() {
             };
             assert_eq!(table.placements[0].rows, Some(rows), "{name}: {file}");
         }
+        // MindSpore's strategy file alone (param_split_shape) merges the table the same way.
+        let merged = out.join("merged-ms");
+        ckpt::unified_safetensors(
+            &out,
+            &out.join("strategy.ckpt"),
+            &merged,
+            &ckpt::MergeOptions::default(),
+        )
+        .unwrap();
+        let part = ckpt::CheckpointFile::open(&merged.join("part0.safetensors")).unwrap();
+        let table = part.read_tensor("embedding.embedding_table").unwrap();
+        let from_json = &run
+            .1
+            .iter()
+            .find(|(n, _)| n == "embedding.embedding_table")
+            .unwrap()
+            .1;
+        assert_eq!(table.as_f32().unwrap(), from_json.as_slice(), "{name}");
     }
 }
 
