@@ -149,6 +149,9 @@ pub struct ParallelConfig {
     /// that is not the outermost summed dim takes its inputs with that dim whole (a gather is
     /// inserted), so every sum is one contiguous run of canonical blocks per rank.
     pub deterministic: bool,
+    /// `[parallel.pipeline]`: with more than one stage, every op runs on its stage's sub-mesh
+    /// (its strategy applies within the stage's devices) and values cross stages by reshards.
+    pub pipeline: Option<crate::pipeline::PipelineConfig>,
 }
 
 impl ParallelConfig {
@@ -164,6 +167,7 @@ impl ParallelConfig {
             manual_split: BTreeMap::new(),
             deterministic_blocks: 16,
             deterministic: false,
+            pipeline: None,
         }
     }
 

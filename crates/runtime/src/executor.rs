@@ -25,8 +25,9 @@ pub struct RankExecutor {
     buffers: Vec<Option<Tensor>>,
     runner: ReshardRunner,
     /// For each step, the offset of this rank's output block in the global tensor (kernel
-    /// steps), for ops whose values depend on global positions.
-    offsets: Vec<Vec<usize>>,
+    /// steps), for ops whose values depend on global positions; `None` for a kernel of another
+    /// pipeline stage, which this rank skips.
+    offsets: Vec<Option<Vec<usize>>>,
     /// For each step, where this rank's block of every input lies (kernel steps), for ops
     /// that depend on which part of an input they get (a vocabulary-parallel embedding).
     input_blocks: Vec<Vec<InputBlock>>,
@@ -63,15 +64,31 @@ impl RankExecutor {
                 got: format!("{} ranks", world.size()),
             });
         }
+        // A buffer of another pipeline stage's ranks holds nothing here.
         let buffers = program
             .buffers
             .iter()
-            .map(|b| Some(Tensor::zeros(b.dtype, &b.local_shape(rank))))
+            .map(|b| {
+                let held = b.layout.layout().mesh().slot_of_rank(rank).is_some();
+                let shape = if held { b.local_shape(rank) } else { vec![0] };
+                Some(Tensor::zeros(b.dtype, &shape))
+            })
             .collect();
         let mut offsets = Vec::with_capacity(program.steps.len());
         let mut input_blocks = Vec::with_capacity(program.steps.len());
         for step in &program.steps {
             let (offset, blocks) = match step {
+                Step::Kernel(k)
+                    if program.buffers[k.outputs[0]]
+                        .layout
+                        .layout()
+                        .mesh()
+                        .slot_of_rank(rank)
+                        .is_none() =>
+                {
+                    // Another stage's op: this rank skips it.
+                    (None, Vec::new())
+                }
                 Step::Kernel(k) => {
                     let layout = program.buffers[k.outputs[0]].layout.layout();
                     let blocks = k
@@ -85,9 +102,9 @@ impl RankExecutor {
                             })
                         })
                         .collect::<Result<Vec<_>, RuntimeError>>()?;
-                    (layout.slot_box(slot_of(layout, rank)?).offset, blocks)
+                    (Some(layout.slot_box(slot_of(layout, rank)?).offset), blocks)
                 }
-                Step::Reshard(_) => (Vec::new(), Vec::new()),
+                Step::Reshard(_) => (Some(Vec::new()), Vec::new()),
             };
             offsets.push(offset);
             input_blocks.push(blocks);
@@ -120,6 +137,20 @@ impl RankExecutor {
         self.step = step;
     }
 
+    /// Whether this rank holds a part of tensors laid out as `layout` (with pipeline stages, a
+    /// rank holds only its stage's).
+    pub fn holds(&self, layout: &TensorLayout) -> bool {
+        layout.mesh().slot_of_rank(self.rank).is_some()
+    }
+
+    /// Whether this rank holds a shard of parameter `index`.
+    pub fn holds_param(&self, index: usize) -> bool {
+        self.program
+            .params
+            .get(index)
+            .is_some_and(|p| self.holds(&p.layout))
+    }
+
     /// The part of `layout`'s global tensor this rank holds.
     pub fn box_of(&self, layout: &TensorLayout) -> Result<SliceBox, RuntimeError> {
         Ok(layout.slot_box(slot_of(layout, self.rank)?))
@@ -129,7 +160,9 @@ impl RankExecutor {
     /// values for one seed.
     pub fn init_parameters(&mut self, seed: u64) -> Result<(), RuntimeError> {
         let program = self.program.clone();
-        for p in &program.params {
+        let rank = self.rank;
+        let held = |p: &&parallel::ProgramParam| p.layout.mesh().slot_of_rank(rank).is_some();
+        for p in program.params.iter().filter(held) {
             let region = self.box_of(&p.layout)?;
             let dtype = program.buffers[p.buffer].dtype;
             let t = p
@@ -253,6 +286,7 @@ impl RankExecutor {
         for (i, step) in program.steps.iter().enumerate() {
             let started = self.profile.is_some().then(Instant::now);
             match step {
+                Step::Kernel(_) if self.offsets[i].is_none() => continue,
                 Step::Kernel(k) => {
                     let mut outs: Vec<Tensor> = k
                         .outputs
@@ -266,7 +300,7 @@ impl RankExecutor {
                             node: &k.name,
                             step: self.step,
                             placement: Some(Placement {
-                                offset: &self.offsets[i],
+                                offset: self.offsets[i].as_deref().unwrap_or_default(),
                                 global_shape: out_layout.shape(),
                             }),
                             input_blocks: &self.input_blocks[i],
@@ -280,15 +314,28 @@ impl RankExecutor {
                     result?;
                 }
                 Step::Reshard(r) => {
-                    let mut out = [self.buffers[r.to].take().expect("reshard target present")];
-                    let result = {
-                        let src = self.buffers[r.from]
-                            .as_ref()
-                            .expect("reshard source present");
-                        self.runner.run_into(&r.plan, &[src], &mut out)
+                    // A rank outside the source (destination) mesh gives (takes) no slice:
+                    // between pipeline stages one side sends and the other receives.
+                    let gives = self.holds(r.plan.src().layout());
+                    let takes = self.holds(r.plan.dst());
+                    let mut out: Vec<Tensor> = if takes {
+                        vec![self.buffers[r.to].take().expect("reshard target present")]
+                    } else {
+                        Vec::new()
                     };
-                    let [t] = out;
-                    self.buffers[r.to] = Some(t);
+                    let result = {
+                        let src: Vec<&Tensor> = if gives {
+                            vec![self.buffers[r.from]
+                                .as_ref()
+                                .expect("reshard source present")]
+                        } else {
+                            Vec::new()
+                        };
+                        self.runner.run_into(&r.plan, &src, &mut out)
+                    };
+                    if let Some(t) = out.pop() {
+                        self.buffers[r.to] = Some(t);
+                    }
                     result?;
                 }
             }

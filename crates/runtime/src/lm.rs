@@ -117,6 +117,9 @@ impl TextData {
     ) -> Result<(), RuntimeError> {
         let program = exec.program().clone();
         for (i, input) in program.inputs.iter().enumerate() {
+            if !exec.holds(&input.layout) {
+                continue;
+            }
             let region = exec.box_of(&input.layout)?;
             let (first, rows) = match (region.offset.first(), region.shape.first()) {
                 (Some(&s), Some(&l)) => (s, l),

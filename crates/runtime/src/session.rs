@@ -391,12 +391,16 @@ impl Session {
         let mut params = Vec::new();
         for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             let dtype = self.train.buffers[p.buffer].dtype;
-            let placement =
-                ParamLayout::new(0, p.layout.clone(), 1).map_err(|e| RuntimeError::Mismatch {
+            // A pipeline stage's parameters live on its ranks, `stage · n ..`.
+            let mesh = p.layout.mesh();
+            let stage = mesh.rank_list().first().copied().unwrap_or(0) / mesh.n_slots().max(1);
+            let placement = ParamLayout::new(stage, p.layout.clone(), 1).map_err(|e| {
+                RuntimeError::Mismatch {
                     what: format!("layout of {}", p.name),
                     expected: "a valid layout".to_string(),
                     got: e.to_string(),
-                })?;
+                }
+            })?;
             let mut names = vec![p.name.clone()];
             if p.trainable {
                 names.extend(states.iter().map(|s| state_checkpoint_name(s, &p.name)));
@@ -461,6 +465,9 @@ impl Session {
     ) -> Result<(), RuntimeError> {
         let program = exec.program().clone();
         for (i, input) in program.inputs.iter().enumerate() {
+            if !exec.holds(&input.layout) {
+                continue;
+            }
             let region = exec.box_of(&input.layout)?;
             let (start, len) = match (region.offset.first(), region.shape.first()) {
                 (Some(&s), Some(&l)) => (s, l),
@@ -494,7 +501,9 @@ impl Session {
         exec.init_parameters(self.config.train().seed)?;
         let trainable: Vec<usize> = (0..self.train.params.len())
             .filter(|&i| {
-                self.train.params[i].trainable && self.train.params[i].grad_buffer.is_some()
+                self.train.params[i].trainable
+                    && self.train.params[i].grad_buffer.is_some()
+                    && exec.holds_param(i)
             })
             .collect();
         let specs: Vec<ParamSpec> = trainable
@@ -604,6 +613,9 @@ impl Session {
             self.save_checkpoint_set(world.as_ref(), &saved)?;
         }
         for (i, p) in self.train.params.iter().enumerate() {
+            if !exec.holds_param(i) {
+                continue;
+            }
             outcome.params.push(ParamShard {
                 name: p.name.clone(),
                 layout: p.layout.clone(),
@@ -679,7 +691,7 @@ impl Session {
         let mut names: Vec<String> = Vec::new();
         let mut tensors: Vec<&Tensor> = Vec::new();
         for (i, p) in self.train.params.iter().enumerate() {
-            if self.checkpointed(p) {
+            if self.checkpointed(p) && saved.exec.holds_param(i) {
                 names.push(p.name.clone());
                 tensors.push(saved.exec.param(i));
             }
@@ -732,8 +744,10 @@ impl Session {
             .unwrap_or_else(|| from.join("strategy.json"));
         let states = self.config.optimizer_config().kind.state_names();
         let mut targets: Vec<(String, TensorLayout)> = Vec::new();
-        for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
-            targets.push((p.name.clone(), p.layout.clone()));
+        for (i, p) in self.train.params.iter().enumerate() {
+            if self.checkpointed(p) && exec.holds_param(i) {
+                targets.push((p.name.clone(), p.layout.clone()));
+            }
         }
         for &i in trainable {
             let p = &self.train.params[i];

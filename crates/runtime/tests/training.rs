@@ -173,6 +173,36 @@ fn deterministic_mlp_runs_are_bitwise_one_device() {
     }
 }
 
+/// Pipeline stages (one batch at a time): the layers split over 2 or 4 stages, data or model
+/// parallel inside each stage's ranks, train like one device.
+#[test]
+fn pipeline_stages_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = train(&config(
+        &tmp.path().join("sa"),
+        "momentum",
+        "devices = 1\nmode = \"stand_alone\"",
+        &[],
+    ));
+    let cases: Vec<(&str, String)> = vec![
+        ("2 stages on 2 devices", semi(2, "[parallel.pipeline]\nstages = 2")),
+        ("2 stages × data parallel 2", semi(4, "[parallel.pipeline]\nstages = 2")),
+        (
+            "2 stages, model parallel inside a stage",
+            semi(4, "[parallel.shard]\nmatmul2 = [[1, 2], [2, 1]]\n[parallel.pipeline]\nstages = 2"),
+        ),
+        (
+            "3 stages by stage_config",
+            semi(3, "[parallel.pipeline]\nstages = 3\n[parallel.pipeline.stage_config]\nmatmul1 = 0\nmatmul2 = 1\nmatmul3 = 2"),
+        ),
+    ];
+    for (i, (what, parallel)) in cases.iter().enumerate() {
+        let out = tmp.path().join(format!("pipe-{i}"));
+        let run = train(&config(&out, "momentum", parallel, &[]));
+        assert_same_run(what, &run, &reference);
+    }
+}
+
 /// Strategies the canonical blocks can't serve are refused before training, naming the op, the
 /// dim and the rule.
 #[test]

@@ -23,6 +23,7 @@
 //! config struct; [`layouts`] reads `[parallel.mesh]` and layout-valued strategy entries.
 
 mod layouts;
+mod pipeline;
 mod sections;
 mod values;
 

@@ -83,6 +83,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "strategy_file_only_for_trainable_params",
     "manual_split",
     "deterministic_blocks",
+    "pipeline",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -550,6 +551,7 @@ fn read_parallel(
     let mut out_shard = s.or("out_shard", BTreeMap::new(), strategy_table)?;
     let strategy_file = s.get("strategy_file", path_reader(base))?;
     let manual_split = s.or("manual_split", BTreeMap::new(), read_manual_split)?;
+    let pipeline = s.get("pipeline", super::pipeline::read_pipeline)?;
     let deterministic_blocks = s.or("deterministic_blocks", 16, |key, v| {
         let n = read_positive(key, v)?;
         if !n.is_power_of_two() || n > 1 << 20 {
@@ -611,6 +613,7 @@ fn read_parallel(
         manual_split,
         deterministic_blocks,
         deterministic: false,
+        pipeline,
     };
     Ok((parallel, strategy_file))
 }
