@@ -207,7 +207,9 @@ pub fn gpt_parallel_config(
     mut parallel: ParallelConfig,
 ) -> Result<ParallelConfig, RuntimeError> {
     let keys = config.gpt_parallel();
-    let devices = parallel.effective_devices();
+    // With pipeline stages, `data_parallel × model_parallel` is each stage's devices.
+    let stages = parallel.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
+    let devices = parallel.effective_devices() / stages;
     if parallel.mode != ParallelMode::SemiAuto {
         return Ok(parallel);
     }

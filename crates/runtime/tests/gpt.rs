@@ -255,6 +255,37 @@ fn manual_split_tables_train_like_one_device() {
     }
 }
 
+/// Pipeline stages (one batch at a time): the GPT's layers over 2 stages, the tied embedding
+/// shared by the first and the last stage, with model and vocabulary parallelism inside a stage.
+#[test]
+fn pipeline_stages_train_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = train(&config(
+        &tmp.path().join("sa"),
+        "momentum",
+        "",
+        "mode = \"stand_alone\"",
+    ));
+    let cases: &[(&str, usize, &str)] = &[
+        ("2 stages", 2, "[parallel.pipeline]\nstages = 2"),
+        (
+            "2 stages × model parallel 2, vocabulary parallel",
+            4,
+            "model_parallel = 2\nvocab_emb_dp = false\n[parallel.pipeline]\nstages = 2",
+        ),
+        (
+            "4 stages by stage_config",
+            4,
+            "[parallel.pipeline]\nstages = 4\n[parallel.pipeline.stage_config]\nembedding = 0\n\"blocks.0\" = 1\n\"blocks.1\" = 2\nln_f = 3",
+        ),
+    ];
+    for (i, (name, devices, parallel)) in cases.iter().enumerate() {
+        let out = tmp.path().join(format!("pipe-{i}"));
+        let run = train(&config(&out, "momentum", "", &semi(*devices, parallel)));
+        assert_same_run(name, &run, &reference);
+    }
+}
+
 /// `train.deterministic = true`: the loss at every step and every merged parameter are bitwise
 /// one device's, under data, model, vocabulary parallelism and their mixes, with SGD-momentum
 /// and Adam.
