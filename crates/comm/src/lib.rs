@@ -74,6 +74,7 @@
 mod buf;
 mod communicator;
 pub mod conformance;
+mod deterministic;
 mod error;
 mod local;
 #[cfg(feature = "mpi")]
