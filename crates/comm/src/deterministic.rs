@@ -23,21 +23,29 @@ use crate::communicator::{split_counts, Communicator};
 use crate::error::CommError;
 use crate::op::{with_reducible, ReduceOp, Reducible};
 
-/// Elements per block of the tree combination: small enough that the `log2(n) + 1` block
-/// temporaries of the tree stay in L1/L2 while the parts stream through once.
-const BLOCK_ELEMS: usize = 4096;
+/// Elements per block of the tree combination: small enough that the block's result and its
+/// few subtree temporaries ([`scratch_slots`]) stay in L1 while the parts stream through once
+/// (8 KiB each for f32), large enough that the per-block recursion costs nothing measurable.
+const BLOCK_ELEMS: usize = 2048;
 
-/// The number of right-subtree temporaries a tree over `n` parts needs at once: `⌈log2 n⌉`.
-fn tree_depth(n: usize) -> usize {
-    if n <= 1 {
+/// The number of block temporaries [`tree_block`] needs at once for a tree over `n` parts:
+/// one per nested right subtree of three parts or more (pairs and single leaves are combined
+/// straight from the parts): 0 up to 6 parts, 1 up to 14, 2 up to 30.
+fn scratch_slots(n: usize) -> usize {
+    if n <= 2 {
+        return 0;
+    }
+    let left = split_point(n);
+    let right = if n - left <= 2 {
         0
     } else {
-        (usize::BITS - (n - 1).leading_zeros()) as usize
-    }
+        1 + scratch_slots(n - left)
+    };
+    scratch_slots(left).max(right)
 }
 
 /// `out[i] = tree over parts first..first+count of parts[p][range.start + i]`, in the
-/// accumulator type. `scratch` holds at least `tree_depth(count) * out.len()` elements.
+/// accumulator type. `scratch` holds at least `scratch_slots(count) * out.len()` elements.
 fn tree_block<T: Reducible, F: Fn(T::Acc, T::Acc) -> T::Acc + Copy>(
     parts: &dyn Fn(usize) -> *const T,
     range: Range<usize>,
@@ -55,18 +63,42 @@ fn tree_block<T: Reducible, F: Fn(T::Acc, T::Acc) -> T::Acc + Copy>(
         }
         return;
     }
-    let left = split_point(count);
-    tree_block::<T, F>(parts, range.clone(), (first, left), out, scratch, combine);
-    if count - left == 1 {
-        // A single right leaf: combine it straight from its part (same bits, one pass less).
-        let src =
-            unsafe { std::slice::from_raw_parts(parts(first + left).add(range.start), out.len()) };
-        for (o, &x) in out.iter_mut().zip(src) {
-            *o = combine(*o, x.load());
+    if count == 2 {
+        // Two leaves in one pass (the same single addition, without a load pass first).
+        let (l, r) = unsafe {
+            (
+                std::slice::from_raw_parts(parts(first).add(range.start), out.len()),
+                std::slice::from_raw_parts(parts(first + 1).add(range.start), out.len()),
+            )
+        };
+        for ((o, &x), &y) in out.iter_mut().zip(l).zip(r) {
+            *o = combine(x.load(), y.load());
         }
         return;
     }
-    let (right, rest) = scratch.split_at_mut(out.len());
+    let left = split_point(count);
+    tree_block::<T, F>(parts, range.clone(), (first, left), out, scratch, combine);
+    let len = out.len();
+    let part = |p: usize| unsafe { std::slice::from_raw_parts(parts(p).add(range.start), len) };
+    match count - left {
+        // A right subtree of one leaf or a pair: folded in straight from its parts (the same
+        // additions, without a pass through a temporary).
+        1 => {
+            for (o, &x) in out.iter_mut().zip(part(first + left)) {
+                *o = combine(*o, x.load());
+            }
+            return;
+        }
+        2 => {
+            let (x, y) = (part(first + left), part(first + left + 1));
+            for ((o, &x), &y) in out.iter_mut().zip(x).zip(y) {
+                *o = combine(*o, combine(x.load(), y.load()));
+            }
+            return;
+        }
+        _ => {}
+    }
+    let (right, rest) = scratch.split_at_mut(len);
     tree_block::<T, F>(
         parts,
         range,
@@ -99,7 +131,7 @@ pub(crate) unsafe fn tree_combine_with<T: Reducible>(
         return;
     }
     let block = BLOCK_ELEMS.min(len);
-    let depth = tree_depth(n);
+    let depth = scratch_slots(n);
     let mut acc = vec![T::Acc::default(); block * (1 + depth)];
     let (head, scratch) = acc.split_at_mut(block);
     let mut start = 0;
@@ -266,11 +298,8 @@ mod tests {
     }
 
     #[test]
-    fn tree_depth_counts_the_nested_right_subtrees() {
-        assert_eq!(tree_depth(1), 0);
-        assert_eq!(tree_depth(2), 1);
-        assert_eq!(tree_depth(3), 2);
-        assert_eq!(tree_depth(8), 3);
-        assert_eq!(tree_depth(9), 4);
+    fn scratch_slots_count_the_nested_right_subtrees_of_three_or_more() {
+        let slots: Vec<usize> = (1..=17).map(scratch_slots).collect();
+        assert_eq!(slots, [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2]);
     }
 }

@@ -11,7 +11,9 @@
 //! not depend on who computes it) and writes the sum into chunk `r` of *every* buffer. Each
 //! rank reads `S` bytes and writes `S` bytes for an `S`-byte buffer, whatever the rank count,
 //! and the work is spread evenly. Chunks are processed in cache-sized blocks, so the sum is
-//! written out to the `n` buffers while it is still in cache.
+//! written out to the `n` buffers while it is still in cache. The deterministic all-reduce
+//! (issue 17) is the same schedule with the canonical summation tree over the ranks in place of
+//! the left-to-right fold ([`Order`]).
 
 use std::ops::Range;
 
