@@ -195,7 +195,8 @@ impl ReshardRunner {
                 let order = canonical_member_order(src, group_slots);
                 let ordered: Vec<usize> = order.iter().map(|&s| mesh.device_of_slot(s)).collect();
                 let group = self.group(&ordered)?;
-                deterministic_all_reduce(group, &mut tensor)?;
+                // Reduce-scatter plus all-gather, each chunk's owner adding in the tree.
+                group.all_reduce_deterministic(&mut tensor, step.op.comm_op())?;
                 let tensor = match kind {
                     ReduceKind::AllReduce => tensor,
                     ReduceKind::ReduceScatter { dim } => {
@@ -522,36 +523,6 @@ fn canonical_member_order(src: &DistLayout, group_slots: &[usize]) -> Vec<usize>
     let mut order = group_slots.to_vec();
     order.sort_by_key(|&s| key(s));
     order
-}
-
-/// Sums `tensor` over `group` in the canonical tree over its members (member order), every
-/// member receiving the same bits.
-fn deterministic_all_reduce(
-    group: &dyn Communicator,
-    tensor: &mut Tensor,
-) -> Result<(), ReshardError> {
-    let n = group.size();
-    if n == 1 {
-        return Ok(());
-    }
-    let gathered = group.all_gather(tensor)?;
-    let len = tensor.n_elements();
-    match tensor.dtype() {
-        tensor::DType::F32 => {
-            let mut parts = gathered.as_slice::<f32>()?.to_vec();
-            tensor::kernels::tree::tree_sum_parts(&mut parts, len, tensor.as_slice_mut::<f32>()?);
-        }
-        tensor::DType::F64 => {
-            let mut parts = gathered.as_slice::<f64>()?.to_vec();
-            tensor::kernels::tree::tree_sum_parts(&mut parts, len, tensor.as_slice_mut::<f64>()?);
-        }
-        dtype => {
-            return Err(ReshardError::Unsupported {
-                what: format!("a deterministic sum of {dtype} values (f32 and f64 only)"),
-            })
-        }
-    }
-    Ok(())
 }
 
 /// Copies `region` (global coordinates) from a slice at `src_box` to a slice at `dst_box`.
