@@ -480,7 +480,10 @@ impl Program {
                 Step::Kernel(_) => None,
             })
             .sum();
-        let _ = writeln!(out, "  between stages: {crossing} bytes per step (point-to-point)");
+        let _ = writeln!(
+            out,
+            "  between stages: {crossing} bytes per step (point-to-point)"
+        );
     }
 
     /// Every op's strategy and every inserted communication with its reason and bytes per step.
@@ -512,7 +515,13 @@ impl Program {
                 .count(),
             self.bytes_per_step()
         );
-        if let Some(p) = self.placed.config.pipeline.as_ref().filter(|p| p.stages > 1) {
+        if let Some(p) = self
+            .placed
+            .config
+            .pipeline
+            .as_ref()
+            .filter(|p| p.stages > 1)
+        {
             self.explain_stages(p, &mut out);
         }
         let _ = writeln!(out, "\nparameters:");

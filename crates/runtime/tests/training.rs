@@ -280,6 +280,57 @@ fn resuming_under_another_strategy_continues_the_run() {
     assert_same_run("resumed run", &(losses, second_params), &whole);
 }
 
+/// A checkpoint of a 2-stage pipeline run (each rank saved only its stage's parameters)
+/// resumes without a pipeline, and a data-parallel checkpoint resumes under 2 stages: the
+/// losses continue one device's run.
+#[test]
+fn pipeline_checkpoints_resume_under_another_stage_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = train(&config(
+        &tmp.path().join("whole"),
+        "momentum",
+        "devices = 1\nmode = \"stand_alone\"",
+        &[],
+    ));
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    for (i, (first_parallel, second_parallel)) in [
+        (
+            semi(4, "[parallel.pipeline]\nstages = 2"),
+            "devices = 2\nmode = \"data_parallel\"".to_string(),
+        ),
+        (
+            "devices = 2\nmode = \"data_parallel\"".to_string(),
+            semi(4, "[parallel.pipeline]\nstages = 2"),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let first = tmp.path().join(format!("first-{i}"));
+        let first_cfg = config(&first, "momentum", &first_parallel, &["train.max_steps=10"]);
+        let first_report =
+            runtime::train_local(&Session::new(&first_cfg).unwrap(), &options).unwrap();
+        let resume = format!("output.resume_from=\"{}\"", first.display());
+        let second_cfg = config(
+            &tmp.path().join(format!("second-{i}")),
+            "momentum",
+            &second_parallel,
+            &[&resume],
+        );
+        let (second_losses, second_params) = train_resumed(&second_cfg);
+        let mut losses = first_report.losses().to_vec();
+        losses.extend(second_losses);
+        assert_same_run(
+            &format!("resume case {i}"),
+            &(losses, second_params),
+            &whole,
+        );
+    }
+}
+
 /// Like [`train`] for a resumed run, which runs only the remaining steps.
 fn train_resumed(config: &TrainConfig) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
     let session = Session::new(config).unwrap();
