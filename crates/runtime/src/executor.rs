@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use comm::Communicator;
+use comm::{Communicator, Tag};
 use graph::{eval_op, EvalCtx, InputBlock, Placement};
 use layout::{SliceBox, TensorLayout};
 use parallel::{Program, Step};
@@ -283,74 +283,132 @@ impl RankExecutor {
         if let Some(p) = self.profile.as_mut() {
             p.runs += 1;
         }
-        for (i, step) in program.steps.iter().enumerate() {
-            let started = self.profile.is_some().then(Instant::now);
-            match step {
-                Step::Kernel(_) if self.offsets[i].is_none() => continue,
-                Step::Kernel(k) => {
-                    let mut outs: Vec<Tensor> = k
-                        .outputs
-                        .iter()
-                        .map(|&b| self.buffers[b].take().expect("output buffer present"))
-                        .collect();
-                    let result = {
-                        let ins: Vec<&Tensor> = k.inputs.iter().map(|&b| self.buffer(b)).collect();
-                        let out_layout = program.buffers[k.outputs[0]].layout.layout();
-                        let ctx = EvalCtx {
-                            node: &k.name,
-                            step: self.step,
-                            placement: Some(Placement {
-                                offset: self.offsets[i].as_deref().unwrap_or_default(),
-                                global_shape: out_layout.shape(),
-                            }),
-                            input_blocks: &self.input_blocks[i],
-                            deterministic: self.deterministic,
-                        };
-                        eval_op(&k.op, &ins, &mut outs, &ctx)
-                    };
-                    for (&b, t) in k.outputs.iter().zip(outs) {
-                        self.buffers[b] = Some(t);
-                    }
-                    result?;
-                }
-                Step::Reshard(r) => {
-                    // A rank outside the source (destination) mesh gives (takes) no slice:
-                    // between pipeline stages one side sends and the other receives.
-                    let gives = self.holds(r.plan.src().layout());
-                    let takes = self.holds(r.plan.dst());
-                    let mut out: Vec<Tensor> = if takes {
-                        vec![self.buffers[r.to].take().expect("reshard target present")]
-                    } else {
-                        Vec::new()
-                    };
-                    let result = {
-                        let src: Vec<&Tensor> = if gives {
-                            vec![self.buffers[r.from]
-                                .as_ref()
-                                .expect("reshard source present")]
-                        } else {
-                            Vec::new()
-                        };
-                        self.runner.run_into(&r.plan, &src, &mut out)
-                    };
-                    if let Some(t) = out.pop() {
-                        self.buffers[r.to] = Some(t);
-                    }
-                    result?;
-                }
-            }
-            if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-                match step {
-                    Step::Kernel(k) => p.kernel(k.op.kind(), t.elapsed()),
-                    Step::Reshard(_) => p.reshard(t.elapsed()),
-                }
-            }
+        for i in 0..program.steps.len() {
+            self.run_step(&program, i, None)?;
         }
+        self.finish_gradients();
+        Ok(())
+    }
+
+    /// Runs the steps `steps` (indices into the program's steps, in order); a reshard given a
+    /// tag moves its data as point-to-point messages with that tag
+    /// ([`ReshardRunner::run_into_messages`]), so that the other side may run it later. The
+    /// pieces of a pipelined training step.
+    pub fn run_steps(&mut self, steps: &[(usize, Option<Tag>)]) -> Result<(), RuntimeError> {
+        let program = self.program.clone();
+        for &(i, tag) in steps {
+            if i >= program.steps.len() {
+                return Err(RuntimeError::Mismatch {
+                    what: "a step to run".to_string(),
+                    expected: format!("below {}", program.steps.len()),
+                    got: i.to_string(),
+                });
+            }
+            self.run_step(&program, i, tag)?;
+        }
+        Ok(())
+    }
+
+    /// Scales the gradients as MindSpore's flags ask (`Program::grad_scale`), once per step.
+    pub fn finish_gradients(&mut self) {
+        let program = self.program.clone();
         if program.grad_scale != 1.0 {
             for p in &program.params {
                 if let Some(g) = p.grad_buffer {
                     scale(self.buffer_mut(g), program.grad_scale);
                 }
+            }
+        }
+    }
+
+    /// Swaps the buffers `indices` with `store` (one tensor per index): a pipelined step keeps
+    /// one set of a micro-batch's buffers per micro-batch in flight.
+    pub fn swap_buffers(&mut self, indices: &[usize], store: &mut [Option<Tensor>]) {
+        for (&b, t) in indices.iter().zip(store.iter_mut()) {
+            std::mem::swap(&mut self.buffers[b], t);
+        }
+    }
+
+    /// Buffer `b` (for accumulating a micro-batch's gradients).
+    pub fn buffer_at(&self, b: usize) -> &Tensor {
+        self.buffer(b)
+    }
+
+    /// Buffer `b`, writable.
+    pub fn buffer_at_mut(&mut self, b: usize) -> &mut Tensor {
+        self.buffer_mut(b)
+    }
+
+    /// Runs step `i` of `program` (this executor's program).
+    fn run_step(
+        &mut self,
+        program: &Program,
+        i: usize,
+        tag: Option<Tag>,
+    ) -> Result<(), RuntimeError> {
+        let step = &program.steps[i];
+        let started = self.profile.is_some().then(Instant::now);
+        match step {
+            Step::Kernel(_) if self.offsets[i].is_none() => return Ok(()),
+            Step::Kernel(k) => {
+                let mut outs: Vec<Tensor> = k
+                    .outputs
+                    .iter()
+                    .map(|&b| self.buffers[b].take().expect("output buffer present"))
+                    .collect();
+                let result = {
+                    let ins: Vec<&Tensor> = k.inputs.iter().map(|&b| self.buffer(b)).collect();
+                    let out_layout = program.buffers[k.outputs[0]].layout.layout();
+                    let ctx = EvalCtx {
+                        node: &k.name,
+                        step: self.step,
+                        placement: Some(Placement {
+                            offset: self.offsets[i].as_deref().unwrap_or_default(),
+                            global_shape: out_layout.shape(),
+                        }),
+                        input_blocks: &self.input_blocks[i],
+                        deterministic: self.deterministic,
+                    };
+                    eval_op(&k.op, &ins, &mut outs, &ctx)
+                };
+                for (&b, t) in k.outputs.iter().zip(outs) {
+                    self.buffers[b] = Some(t);
+                }
+                result?;
+            }
+            Step::Reshard(r) => {
+                // A rank outside the source (destination) mesh gives (takes) no slice:
+                // between pipeline stages one side sends and the other receives.
+                let gives = self.holds(r.plan.src().layout());
+                let takes = self.holds(r.plan.dst());
+                let mut out: Vec<Tensor> = if takes {
+                    vec![self.buffers[r.to].take().expect("reshard target present")]
+                } else {
+                    Vec::new()
+                };
+                let result = {
+                    let src: Vec<&Tensor> = if gives {
+                        vec![self.buffers[r.from]
+                            .as_ref()
+                            .expect("reshard source present")]
+                    } else {
+                        Vec::new()
+                    };
+                    match tag {
+                        Some(tag) => self.runner.run_into_messages(&r.plan, &src, &mut out, tag),
+                        None => self.runner.run_into(&r.plan, &src, &mut out),
+                    }
+                };
+                if let Some(t) = out.pop() {
+                    self.buffers[r.to] = Some(t);
+                }
+                result?;
+            }
+        }
+        if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+            match step {
+                Step::Kernel(k) => p.kernel(k.op.kind(), t.elapsed()),
+                Step::Reshard(_) => p.reshard(t.elapsed()),
             }
         }
         Ok(())
