@@ -324,7 +324,7 @@ dir = "{out}"
 /// K = 2 micro-batches of 4 windows equal one batch of 8 windows for 6 steps of the GPT (Adam):
 /// a step's micro-batches are the rows of the larger batch's random windows. With data
 /// parallel 2 × model parallel 2, K = 2 matches one device's K = 2 run (to the GPT suite's
-/// sharding tolerance, 2e-4), and in deterministic mode bit for bit.
+/// sharding tolerance, 2e-4), with dropout too, and in deterministic mode bit for bit.
 #[test]
 fn two_micro_batches_train_the_gpt_like_a_twice_larger_batch() {
     let tmp = tempfile::tempdir().unwrap();
@@ -355,6 +355,16 @@ fn two_micro_batches_train_the_gpt_like_a_twice_larger_batch() {
         "GPT, K = 2, dp 2 × mp 2, against one device",
         &sharded,
         &accumulated,
+        2e-4,
+    );
+    // Dropout: micro-step j of step t draws its masks at step t·K + j, on every rank alike.
+    let dropout = ["model.dropout=0.1"];
+    let dropped = run("dropout", one_device, (4, 2, steps), &dropout);
+    let dropped_sharded = run("dropout-sharded", dp_mp, (4, 2, steps), &dropout);
+    run_util::assert_same_run(
+        "GPT, K = 2, dropout, dp 2 × mp 2, against one device",
+        &dropped_sharded,
+        &dropped,
         2e-4,
     );
     let det = ["train.deterministic=true"];
