@@ -541,8 +541,9 @@ impl Session {
             .collect();
         let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
         // With `train.grad_accumulation_steps` > 1, the mean gradient of a step's micro-batches,
-        // one buffer per trainable parameter shard (empty between steps: a checkpoint holds
-        // none of it).
+        // one buffer per trainable parameter shard. It is zeroed at every step's start and
+        // spent by the step's update, so nothing in it outlives a step and checkpoints (taken
+        // between steps) need none of it.
         let mut accumulated: Option<Vec<Tensor>> = (self.micro_steps() > 1).then(|| {
             specs
                 .iter()
