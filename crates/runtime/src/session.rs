@@ -60,9 +60,10 @@ pub enum TrainData {
     Text(Arc<TextData>),
 }
 
-/// The batches of one epoch.
+/// The batches of one epoch, one per optimizer step (each of `train.grad_accumulation_steps`
+/// micro-batches).
 enum EpochPlan {
-    /// A shuffled pass over the images.
+    /// A shuffled pass over the images, in batches of every micro-batch of a step.
     Images(BatchPlan),
     /// `steps` batches of random windows.
     Text {
@@ -160,6 +161,17 @@ fn check_batch_fits(config: &TrainConfig, train_data: &IdxDataset) -> Result<(),
             key: "data.batch_size".to_string(),
             reason: format!(
                 "{batch_size} is larger than the training set ({} samples in {}); the global batch must fit in the data",
+                train_data.len(),
+                train_data.images_path().display()
+            ),
+        });
+    }
+    let micro_steps = config.train().grad_accumulation_steps;
+    if batch_size.saturating_mul(micro_steps) > train_data.len() {
+        return Err(RuntimeError::Config {
+            key: "train.grad_accumulation_steps".to_string(),
+            reason: format!(
+                "{micro_steps} micro-batches of data.batch_size = {batch_size} take more samples per step than the training set holds ({} in {}); an optimizer step's samples must fit in the data",
                 train_data.len(),
                 train_data.images_path().display()
             ),
@@ -283,22 +295,35 @@ impl Session {
         self.deterministic
     }
 
-    /// Steps in every epoch.
+    /// Micro-batches per optimizer step (`train.grad_accumulation_steps`).
+    fn micro_steps(&self) -> usize {
+        self.config.train().grad_accumulation_steps.max(1)
+    }
+
+    /// Samples an optimizer step trains on: every micro-batch of `data.batch_size`.
+    fn step_batch_size(&self) -> usize {
+        self.config
+            .data()
+            .batch_size
+            .saturating_mul(self.micro_steps())
+    }
+
+    /// Optimizer steps in every epoch.
     fn batches_per_epoch(&self) -> u64 {
         match &self.data {
-            TrainData::Images { train, .. } => {
-                (train.len() / self.config.data().batch_size).max(1) as u64
-            }
+            TrainData::Images { train, .. } => (train.len() / self.step_batch_size()).max(1) as u64,
             TrainData::Text(text) => text.steps_per_epoch,
         }
     }
 
-    /// The batches of `epoch`.
+    /// The batches of `epoch`, one per optimizer step: the images in batches of
+    /// `micro_steps · batch_size`, the order a run with that batch size would have, so
+    /// micro-batch `j` of a step is rows `j · batch_size ..` of that run's batch.
     fn epoch_plan(&self, epoch: usize) -> Result<EpochPlan, RuntimeError> {
         Ok(match &self.data {
             TrainData::Images { train, .. } => EpochPlan::Images(BatchPlan::train(
                 train.len(),
-                self.config.data().batch_size,
+                self.step_batch_size(),
                 self.config.data().shuffle,
                 self.config.train().seed,
                 epoch as u64,
@@ -309,13 +334,15 @@ impl Session {
         })
     }
 
-    /// Feeds batch `index` of `plan` (of `epoch`) into `exec`.
+    /// Feeds micro-batch `micro` of batch `index` of `plan` (of `epoch`) into `exec`: rows
+    /// `micro · batch_size .. (micro + 1) · batch_size` of the step's batch.
     fn feed_step(
         &self,
         exec: &mut RankExecutor,
         plan: &EpochPlan,
         epoch: usize,
         index: u64,
+        micro: usize,
     ) -> Result<(), RuntimeError> {
         match (&self.data, plan) {
             (TrainData::Images { train, .. }, EpochPlan::Images(plan)) => {
@@ -326,11 +353,18 @@ impl Session {
                         expected: format!("below {}", plan.len()),
                         got: index.to_string(),
                     })?;
-                self.feed(exec, train, &batch)
+                let batch_size = self.config.data().batch_size;
+                let rows = batch.rows(micro * batch_size, batch_size)?;
+                let micro_batch = crate::data::Batch {
+                    index: batch.index,
+                    indices: rows,
+                    n_real: rows.len(),
+                };
+                self.feed(exec, train, &micro_batch)
             }
             (TrainData::Text(text), _) => {
                 let seed = self.config.train().seed;
-                let starts = text.train_starts(seed, epoch as u64, index)?;
+                let starts = text.train_starts(seed, epoch as u64, index, micro)?;
                 text.feed(exec, &self.model, &text.corpus.train, &starts)
             }
             (TrainData::Images { .. }, EpochPlan::Text { .. }) => Err(RuntimeError::Mismatch {
@@ -515,6 +549,16 @@ impl Session {
             })
             .collect();
         let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
+        // With `train.grad_accumulation_steps` > 1, the mean gradient of a step's micro-batches,
+        // one buffer per trainable parameter shard. It is zeroed at every step's start and
+        // spent by the step's update, so nothing in it outlives a step and checkpoints (taken
+        // between steps) need none of it.
+        let mut accumulated: Option<Vec<Tensor>> = (self.micro_steps() > 1).then(|| {
+            specs
+                .iter()
+                .map(|spec| Tensor::zeros(spec.dtype, &spec.shape))
+                .collect()
+        });
         let mut global_step = 0u64;
         if let Some(from) = &self.config.output().resume_from {
             global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
@@ -538,16 +582,31 @@ impl Session {
                     break;
                 }
                 let start = Instant::now();
-                self.feed_step(&mut exec, &plan, epoch, index)?;
-                exec.set_step(global_step);
-                exec.run()?;
-                optimizer.begin_step();
-                for (k, &i) in trainable.iter().enumerate() {
-                    if let Some((param, grad)) = exec.param_and_grad(i) {
-                        optimizer.update(k, param, grad)?;
+                let loss = if let Some(accumulated) = accumulated.as_mut() {
+                    let loss = self.accumulate_step(
+                        &mut exec,
+                        accumulated,
+                        &trainable,
+                        (&plan, epoch, index),
+                        global_step,
+                    )?;
+                    optimizer.begin_step();
+                    for (k, &i) in trainable.iter().enumerate() {
+                        optimizer.update(k, exec.param_mut(i), &accumulated[k])?;
                     }
-                }
-                let loss = exec.output(0).to_f64_vec()[0] as f32;
+                    loss
+                } else {
+                    self.feed_step(&mut exec, &plan, epoch, index, 0)?;
+                    exec.set_step(global_step);
+                    exec.run()?;
+                    optimizer.begin_step();
+                    for (k, &i) in trainable.iter().enumerate() {
+                        if let Some((param, grad)) = exec.param_and_grad(i) {
+                            optimizer.update(k, param, grad)?;
+                        }
+                    }
+                    exec.output(0).to_f64_vec()[0] as f32
+                };
                 let step_ms = start.elapsed().as_secs_f64() * 1e3;
                 global_step += 1;
                 outcome.losses.push(loss);
@@ -560,7 +619,11 @@ impl Session {
                         .map(|(i, p)| ShardView {
                             name: &p.name,
                             param: exec.param(i),
-                            grad: exec.grad(i),
+                            // With accumulation, the gradient the update applied: the mean.
+                            grad: match (&accumulated, trainable.iter().position(|&t| t == i)) {
+                                (Some(accumulated), Some(k)) => Some(&accumulated[k]),
+                                _ => exec.grad(i),
+                            },
                         })
                         .collect()
                 } else {
@@ -625,6 +688,53 @@ impl Session {
         }
         outcome.global_step = global_step;
         Ok(outcome)
+    }
+
+    /// The forward and backward passes of one optimizer step with gradient accumulation:
+    /// runs `exec` on each of the step's micro-batches (`at`: the epoch's plan, the epoch and
+    /// the step's index in it) and leaves in `accumulated[k]` the mean of trainable parameter
+    /// `trainable[k]`'s gradients over them — the gradient of the mean loss over all the
+    /// step's samples, what one run on the `micro_steps` times larger batch computes. Returns
+    /// the mean of the micro-batches' losses, that batch's loss.
+    ///
+    /// Each micro-batch's gradient is reduced over the ranks by the program, as without
+    /// accumulation; the sum here is local to each rank's shard. Dropout draws micro-batch
+    /// `j` of optimizer step `s` at step `s · micro_steps + j`, so no two micro-batches share a
+    /// mask (the masks are not those of the larger batch: they are keyed by element position).
+    fn accumulate_step(
+        &self,
+        exec: &mut RankExecutor,
+        accumulated: &mut [Tensor],
+        trainable: &[usize],
+        at: (&EpochPlan, usize, u64),
+        global_step: u64,
+    ) -> Result<f32, RuntimeError> {
+        let (plan, epoch, index) = at;
+        let micro_steps = self.micro_steps();
+        let share = 1.0 / micro_steps as f64;
+        for acc in accumulated.iter_mut() {
+            acc.as_bytes_mut().fill(0);
+        }
+        let mut loss_sum = 0.0f64;
+        for micro in 0..micro_steps {
+            self.feed_step(exec, plan, epoch, index, micro)?;
+            exec.set_step(
+                global_step
+                    .wrapping_mul(micro_steps as u64)
+                    .wrapping_add(micro as u64),
+            );
+            exec.run()?;
+            loss_sum += exec.output(0).to_f64_vec()[0];
+            for (acc, &i) in accumulated.iter_mut().zip(trainable) {
+                let grad = exec.grad(i).ok_or_else(|| RuntimeError::Mismatch {
+                    what: format!("the gradient of {}", self.train.params[i].name),
+                    expected: "a gradient buffer (a trainable parameter)".to_string(),
+                    got: "none".to_string(),
+                })?;
+                tensor::kernels::accumulate_scaled(acc, share, grad)?;
+            }
+        }
+        Ok((loss_sum / micro_steps as f64) as f32)
     }
 
     /// Saves the run's checkpoint as one set: rank 0 shares the staging directory, every rank

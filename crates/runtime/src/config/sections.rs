@@ -10,8 +10,8 @@ use toml::{Table, Value};
 use super::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
 
 use super::values::{
-    config_error, one_of, path_reader, read_bool, read_count, read_device_count, read_enum,
-    read_float, read_positive, wrong_type, Section,
+    check_grad_accumulation_steps, config_error, one_of, path_reader, read_bool, read_count,
+    read_device_count, read_enum, read_float, read_positive, wrong_type, Section,
 };
 use super::{
     DataConfig, DataFormat, GptKeys, GptParallelKeys, ModelConfig, ModelName, OutputConfig,
@@ -99,6 +99,7 @@ const GPT_PARALLEL_KEYS: &[&str] = &[
 pub(super) const TRAIN_KEYS: &[&str] = &[
     "epochs",
     "max_steps",
+    "grad_accumulation_steps",
     "optimizer",
     "learning_rate",
     "weight_decay",
@@ -673,6 +674,11 @@ fn read_train_loop(
 ) -> Result<TrainLoopConfig, RuntimeError> {
     let epochs = s.require("epochs", read_positive)?;
     let max_steps = s.or("max_steps", 0, read_count)?;
+    let grad_accumulation_steps = s.or("grad_accumulation_steps", 1, |key, v| {
+        let n = read_positive(key, v)?;
+        check_grad_accumulation_steps(key, n)?;
+        Ok(n)
+    })?;
     let seed = s.or("seed", 1, read_count)?;
     let deterministic = s.or("deterministic", false, read_bool)?;
     let eval = s.or("eval", true, read_bool)?;
@@ -695,6 +701,7 @@ fn read_train_loop(
     Ok(TrainLoopConfig {
         epochs,
         max_steps: (max_steps > 0).then_some(max_steps),
+        grad_accumulation_steps,
         seed,
         deterministic,
         eval,
