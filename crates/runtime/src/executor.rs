@@ -329,6 +329,17 @@ impl RankExecutor {
         }
     }
 
+    /// A zeroed tensor shaped like buffer `b` on this rank (empty when another stage holds it).
+    pub fn fresh_buffer(&self, b: usize) -> Tensor {
+        let spec = &self.program.buffers[b];
+        let shape = if self.holds(spec.layout.layout()) {
+            spec.local_shape(self.rank)
+        } else {
+            vec![0]
+        };
+        Tensor::zeros(spec.dtype, &shape)
+    }
+
     /// Buffer `b` (for accumulating a micro-batch's gradients).
     pub fn buffer_at(&self, b: usize) -> &Tensor {
         self.buffer(b)

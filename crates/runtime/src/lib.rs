@@ -41,6 +41,7 @@ mod generate;
 mod launch;
 mod lm;
 mod optimizer;
+mod pipeline;
 mod preflight;
 mod profile;
 mod session;

@@ -20,6 +20,7 @@ use crate::executor::RankExecutor;
 use crate::generate::MODEL_FILE;
 use crate::lm::{gpt_parallel_config, TextData};
 use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
+use crate::pipeline::PipelineRunner;
 
 /// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
 /// conversions copy it as MindSpore copies its `global_step`).
@@ -559,6 +560,7 @@ impl Session {
                 .map(|spec| Tensor::zeros(spec.dtype, &spec.shape))
                 .collect()
         });
+        let pipelined = self.pipeline_runner(rank)?;
         let mut global_step = 0u64;
         if let Some(from) = &self.config.output().resume_from {
             global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
@@ -583,13 +585,24 @@ impl Session {
                 }
                 let start = Instant::now();
                 let loss = if let Some(accumulated) = accumulated.as_mut() {
-                    let loss = self.accumulate_step(
-                        &mut exec,
-                        accumulated,
-                        &trainable,
-                        (&plan, epoch, index),
-                        global_step,
-                    )?;
+                    let at = (&plan, epoch, index);
+                    let loss = match &pipelined {
+                        Some(runner) => self.pipelined_step(
+                            &mut exec,
+                            runner,
+                            accumulated,
+                            &trainable,
+                            at,
+                            global_step,
+                        )?,
+                        None => self.accumulate_step(
+                            &mut exec,
+                            accumulated,
+                            &trainable,
+                            at,
+                            global_step,
+                        )?,
+                    };
                     optimizer.begin_step();
                     for (k, &i) in trainable.iter().enumerate() {
                         optimizer.update(k, exec.param_mut(i), &accumulated[k])?;
@@ -701,6 +714,73 @@ impl Session {
     /// accumulation; the sum here is local to each rank's shard. Dropout draws micro-batch
     /// `j` of optimizer step `s` at step `s · micro_steps + j`, so no two micro-batches share a
     /// mask (the masks are not those of the larger batch: they are keyed by element position).
+    fn pipelined_step(
+        &self,
+        exec: &mut RankExecutor,
+        runner: &PipelineRunner,
+        accumulated: &mut [Tensor],
+        trainable: &[usize],
+        at: (&EpochPlan, usize, u64),
+        global_step: u64,
+    ) -> Result<f32, RuntimeError> {
+        let (plan, epoch, index) = at;
+        let micro_steps = self.micro_steps() as u64;
+        runner.run_step(
+            exec,
+            |exec, mb| self.feed_step(exec, plan, epoch, index, mb),
+            |mb| {
+                global_step
+                    .wrapping_mul(micro_steps)
+                    .wrapping_add(mb as u64)
+            },
+        )?;
+        for (acc, &i) in accumulated.iter_mut().zip(trainable) {
+            let grad = exec.grad(i).ok_or_else(|| RuntimeError::Mismatch {
+                what: format!("the gradient of {}", self.train.params[i].name),
+                expected: "a gradient buffer (a trainable parameter)".to_string(),
+                got: "none".to_string(),
+            })?;
+            acc.as_bytes_mut().copy_from_slice(grad.as_bytes());
+        }
+        Ok(exec.output(0).to_f64_vec()[0] as f32)
+    }
+
+    /// This rank's plan for pipelined steps, when the run has pipeline stages and more than one
+    /// micro-batch per step.
+    fn pipeline_runner(&self, rank: usize) -> Result<Option<PipelineRunner>, RuntimeError> {
+        let parallel = self.config.parallel_config();
+        let Some(p) = parallel.pipeline.filter(|p| p.stages > 1) else {
+            return Ok(None);
+        };
+        if self.micro_steps() < 2 {
+            return Ok(None);
+        }
+        if p.interleave {
+            return Err(RuntimeError::Config {
+                key: "parallel.pipeline.interleave".to_string(),
+                reason: "interleaved schedules (several model chunks per stage) are computed \
+                         (parallel::pipeline) but not executed yet; use gpipe, 1f1b or zero_bubble"
+                    .to_string(),
+            });
+        }
+        let config = parallel::pipeline::PipelineConfig {
+            micro_batches: self.micro_steps(),
+            ..p.clone()
+        };
+        let schedule =
+            parallel::pipeline::Schedule::generate(&config).map_err(|e| RuntimeError::Config {
+                key: "parallel.pipeline".to_string(),
+                reason: e.to_string(),
+            })?;
+        let per_stage = self.devices() / p.stages;
+        Ok(Some(PipelineRunner::new(
+            &self.train,
+            &schedule,
+            rank,
+            per_stage,
+        )?))
+    }
+
     fn accumulate_step(
         &self,
         exec: &mut RankExecutor,

@@ -192,6 +192,18 @@ fn pipeline_stages_match_one_device() {
             semi(4, "[parallel.shard]\nmatmul2 = [[1, 2], [2, 1]]\n[parallel.pipeline]\nstages = 2"),
         ),
         (
+            "2 stages, 4 micro-batches, 1F1B",
+            semi(2, "[parallel.pipeline]\nstages = 2\nmicro_batches = 4"),
+        ),
+        (
+            "2 stages × data parallel 2, 2 micro-batches, GPipe",
+            semi(4, "[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"gpipe\""),
+        ),
+        (
+            "3 stages, 8 micro-batches, zero bubble",
+            semi(3, "[parallel.pipeline]\nstages = 3\nmicro_batches = 8\nscheduler = \"zero_bubble\"\n[parallel.pipeline.stage_config]\nmatmul1 = 0\nmatmul2 = 1\nmatmul3 = 2"),
+        ),
+        (
             "3 stages by stage_config",
             semi(3, "[parallel.pipeline]\nstages = 3\n[parallel.pipeline.stage_config]\nmatmul1 = 0\nmatmul2 = 1\nmatmul3 = 2"),
         ),

@@ -57,15 +57,5 @@ pub(super) fn read_pipeline(key: &str, value: Value) -> Result<PipelineConfig, R
     config
         .validate_shape()
         .map_err(|e| config_error(key, e.to_string()))?;
-    if config.micro_batches > 1 {
-        return Err(config_error(
-            &format!("{key}.micro_batches"),
-            format!(
-                "{} micro-batches: stages run one whole batch at a time so far (micro_batches = 1); \
-                 micro-batch schedules are computed (`parallel::pipeline`) but not yet executed",
-                config.micro_batches
-            ),
-        ));
-    }
     Ok(config)
 }

@@ -12,6 +12,7 @@ use super::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
 use super::values::{
     check_grad_accumulation_steps, config_error, one_of, path_reader, read_bool, read_count,
     read_device_count, read_enum, read_float, read_positive, wrong_type, Section,
+    MAX_GRAD_ACCUMULATION_STEPS,
 };
 use super::{
     DataConfig, DataFormat, GptKeys, GptParallelKeys, ModelConfig, ModelName, OutputConfig,
@@ -148,7 +149,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         take_section(&mut root, "model", MODEL_KEYS, true)?,
         &mut warnings,
     )?;
-    let data = read_data(
+    let mut data = read_data(
         take_section(&mut root, "data", DATA_KEYS, true)?,
         base,
         &mut warnings,
@@ -162,7 +163,38 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
-    let train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    // Pipeline micro-batches cut each step's batch: M micro-batches of batch / M, one update.
+    if let Some(m) = parallel
+        .pipeline
+        .as_ref()
+        .map(|p| p.micro_batches)
+        .filter(|&m| m > 1)
+    {
+        if data.batch_size % m != 0 {
+            return Err(config_error(
+                "parallel.pipeline.micro_batches",
+                format!(
+                    "{m} micro-batches do not divide data.batch_size = {} (each micro-batch is an equal share of the step's batch)",
+                    data.batch_size
+                ),
+            ));
+        }
+        data.batch_size /= m;
+        train.grad_accumulation_steps = train
+            .grad_accumulation_steps
+            .checked_mul(m)
+            .filter(|&k| k <= MAX_GRAD_ACCUMULATION_STEPS)
+            .ok_or_else(|| {
+                config_error(
+                    "parallel.pipeline.micro_batches",
+                    format!(
+                        "{m} micro-batches × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
+                        train.grad_accumulation_steps
+                    ),
+                )
+            })?;
+    }
     Ok(TrainConfig {
         source: None,
         model,
