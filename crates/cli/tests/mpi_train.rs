@@ -338,3 +338,52 @@ fn mpi_deterministic_runs_are_bitwise_one_device() {
         }
     }
 }
+
+/// Pipeline stages with micro-batches under `mpirun -np 4`: the GPT on 2 stages × data
+/// parallel 2 with 4 micro-batches (1F1B; activations and gradients between stages as MPI
+/// messages) logs one device's losses.
+#[test]
+fn mpi_pipeline_matches_one_device() {
+    let dir = Scratch::new("mpi-pipe");
+    let command = |name: &str, devices: &str, mode: &str, pipeline: bool| -> Vec<String> {
+        let mut a: Vec<String> = vec!["train".into(), "examples/gpt_kjv.toml".into()];
+        let mut sets = vec![
+            format!("parallel.devices={devices}"),
+            format!("parallel.mode=\"{mode}\""),
+            "parallel.model_parallel=1".to_string(),
+            "model.layers=2".to_string(),
+            "model.hidden=64".to_string(),
+            "model.seq_len=32".to_string(),
+            "data.batch_size=8".to_string(),
+            "train.max_steps=6".to_string(),
+            "train.eval=false".to_string(),
+            format!("output.dir=\"{}\"", s(&dir.0.join(name))),
+        ];
+        if pipeline {
+            sets.push("parallel.pipeline={ stages = 2, micro_batches = 4 }".to_string());
+        }
+        for set in sets {
+            a.extend(["--set".to_string(), set]);
+        }
+        a.extend([
+            "--log-json".to_string(),
+            s(&dir.0.join(format!("{name}.jsonl"))).to_string(),
+        ]);
+        a
+    };
+    let mut mpi = command("mpi", "4", "semi_auto", true);
+    mpi.extend(["--backend".to_string(), "mpi".to_string()]);
+    run(&args(&mpi), true);
+    run(&args(&command("one", "1", "stand_alone", false)), false);
+    let mpi = step_losses(&dir.0.join("mpi.jsonl"));
+    let one = step_losses(&dir.0.join("one.jsonl"));
+    assert_eq!(mpi.len(), 6);
+    assert_eq!(one.len(), 6);
+    for (i, (m, o)) in mpi.iter().zip(&one).enumerate() {
+        assert!(
+            (m - o).abs() <= 1e-4 * o.abs(),
+            "step {}: mpi {m} vs one device {o}",
+            i + 1
+        );
+    }
+}

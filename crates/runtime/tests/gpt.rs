@@ -274,6 +274,21 @@ fn pipeline_stages_train_like_one_device() {
             "model_parallel = 2\nvocab_emb_dp = false\n[parallel.pipeline]\nstages = 2",
         ),
         (
+            "2 stages, 4 micro-batches, 1F1B, tied embedding",
+            2,
+            "[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+        ),
+        (
+            "2 stages × model parallel 2, 2 micro-batches, GPipe",
+            4,
+            "model_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"gpipe\"",
+        ),
+        (
+            "2 stages × data parallel 2, 2 micro-batches, zero bubble",
+            4,
+            "data_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"zero_bubble\"",
+        ),
+        (
             "4 stages by stage_config",
             4,
             "[parallel.pipeline]\nstages = 4\n[parallel.pipeline.stage_config]\nembedding = 0\n\"blocks.0\" = 1\n\"blocks.1\" = 2\nln_f = 3",
