@@ -448,9 +448,24 @@ impl Program {
         let per_stage = self.devices() / p.stages.max(1);
         let _ = writeln!(
             out,
-            "\npipeline: {} stages of {per_stage} ranks, {} micro-batch(es), one batch at a time",
-            p.stages, p.micro_batches
+            "\npipeline: {} stages of {per_stage} ranks, {} micro-batch(es) per step, scheduler {}",
+            p.stages,
+            p.micro_batches,
+            p.scheduler.name()
         );
+        // The runtime runs a backward pass whole (a split backward's weight half with its input
+        // half): predict with F = 1, B = 2, W = 0.
+        let durations = crate::pipeline::Durations::uniform(1.0, 2.0, 0.0);
+        if let Ok(report) = crate::pipeline::Schedule::generate(p)
+            .and_then(|schedule| crate::pipeline::simulate(&schedule, &durations))
+        {
+            let _ = writeln!(
+                out,
+                "  predicted bubble {:.1} % (forward 1, backward 2 per micro-batch and stage); micro-batches holding activations at once, per stage: {:?}",
+                report.bubble_fraction * 100.0,
+                report.peak_activations
+            );
+        }
         for s in 0..p.stages {
             let layers: Vec<&str> = stages
                 .layers
