@@ -4,6 +4,9 @@
 //! sends and goes on; each micro-batch in flight has its own buffers; the gradients (and the
 //! loss) are summed over the micro-batches and reduced once per step.
 
+use std::sync::OnceLock;
+use std::time::Instant;
+
 use comm::{Tag, MAX_TAG};
 use parallel::pipeline::{ActionKind, Schedule, StepPhase};
 use parallel::{Program, Step};
@@ -11,6 +14,38 @@ use tensor::Tensor;
 
 use crate::error::RuntimeError;
 use crate::executor::RankExecutor;
+
+/// One span of a rank's timeline in a pipelined step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSpan {
+    /// The rank.
+    pub rank: usize,
+    /// What ran: `F3` (forward of micro-batch 3), `B3`, or `wait F3` / `wait B3` (receiving
+    /// what the pass needs from another stage, the time the pipeline keeps this rank idle).
+    pub name: String,
+    /// Microseconds since the process's first pipelined step.
+    pub start_us: f64,
+    /// Microseconds.
+    pub dur_us: f64,
+    /// Whether the rank computed (false: it waited for another stage).
+    pub busy: bool,
+}
+
+/// One rank's timeline of a pipelined step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTrace {
+    /// The spans, in order.
+    pub spans: Vec<TraceSpan>,
+    /// `1 − busy / elapsed` from the first action's start to the last one's end: the share of
+    /// the rank's schedule spent waiting for other stages.
+    pub bubble: f64,
+}
+
+/// The process's clock origin for traces.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
 
 /// One rank's plan for a pipelined training step.
 #[derive(Debug)]
@@ -32,6 +67,10 @@ pub(crate) struct PipelineRunner {
     summed: Vec<usize>,
     /// Micro-batches per step.
     micro_batches: usize,
+    /// This rank.
+    rank: usize,
+    /// Per step, whether this rank receives in it (a transfer into its stage).
+    receives: Vec<bool>,
 }
 
 impl PipelineRunner {
@@ -52,6 +91,10 @@ impl PipelineRunner {
         let stage = rank / per_stage.max(1);
         let phases = parallel::pipeline::step_phases(program, per_stage);
         let tag = |i: usize| Some(i as Tag);
+        let receives: Vec<bool> = phases
+            .iter()
+            .map(|p| matches!(p, StepPhase::Transfer { to, .. } if *to == stage))
+            .collect();
         let (mut prologue, mut forward, mut backward, mut epilogue) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut local: Vec<usize> = program.inputs.iter().map(|i| i.buffer).collect();
@@ -108,6 +151,8 @@ impl PipelineRunner {
             local,
             summed,
             micro_batches: schedule.micro_batches(),
+            rank,
+            receives,
         })
     }
 
@@ -121,8 +166,10 @@ impl PipelineRunner {
         exec: &mut RankExecutor,
         mut feed: impl FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError>,
         step: impl Fn(usize) -> u64,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<StepTrace, RuntimeError> {
         exec.run_steps(&self.prologue)?;
+        let origin = epoch();
+        let mut trace = StepTrace::default();
         let mut slots: Vec<Vec<Option<Tensor>>> = (0..self.micro_batches)
             .map(|_| {
                 self.local
@@ -144,10 +191,16 @@ impl PipelineRunner {
             })?;
             exec.swap_buffers(&self.local, slot);
             exec.set_step(step(mb));
+            let label = match kind {
+                ActionKind::Forward => format!("F{mb}"),
+                _ => format!("B{mb}"),
+            };
             let result = match kind {
-                ActionKind::Forward => feed(exec, mb).and_then(|()| exec.run_steps(&self.forward)),
-                ActionKind::Backward | ActionKind::BackwardInput => {
-                    exec.run_steps(&self.backward).and_then(|()| {
+                ActionKind::Forward => feed(exec, mb)
+                    .and_then(|()| self.timed(exec, &self.forward, &label, origin, &mut trace)),
+                ActionKind::Backward | ActionKind::BackwardInput => self
+                    .timed(exec, &self.backward, &label, origin, &mut trace)
+                    .and_then(|()| {
                         for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
                             let sum = sum.as_mut().expect("sums stay in place");
                             if sum.n_elements() > 0 {
@@ -155,8 +208,7 @@ impl PipelineRunner {
                             }
                         }
                         Ok(())
-                    })
-                }
+                    }),
                 // The weight half of a split backward runs with its input half.
                 ActionKind::BackwardWeight => Ok(()),
             };
@@ -174,6 +226,63 @@ impl PipelineRunner {
         }
         exec.run_steps(&self.epilogue)?;
         exec.finish_gradients();
+        if let (Some(first), Some(last)) = (trace.spans.first(), trace.spans.last()) {
+            let elapsed = last.start_us + last.dur_us - first.start_us;
+            let busy: f64 = trace
+                .spans
+                .iter()
+                .filter(|s| s.busy)
+                .map(|s| s.dur_us)
+                .sum();
+            trace.bubble = if elapsed > 0.0 {
+                (1.0 - busy / elapsed).max(0.0)
+            } else {
+                0.0
+            };
+        }
+        Ok(trace)
+    }
+
+    /// Runs `steps`, recording a busy span for the computation and a waiting span for each
+    /// receive from another stage.
+    fn timed(
+        &self,
+        exec: &mut RankExecutor,
+        steps: &[(usize, Option<Tag>)],
+        label: &str,
+        origin: Instant,
+        trace: &mut StepTrace,
+    ) -> Result<(), RuntimeError> {
+        let us = |t: Instant| t.duration_since(origin).as_secs_f64() * 1e6;
+        let mut span_start = Instant::now();
+        let close = |trace: &mut StepTrace, start: Instant, end: Instant, busy: bool| {
+            if end > start {
+                trace.spans.push(TraceSpan {
+                    rank: self.rank,
+                    name: if busy {
+                        label.to_string()
+                    } else {
+                        format!("wait {label}")
+                    },
+                    start_us: us(start),
+                    dur_us: (end - start).as_secs_f64() * 1e6,
+                    busy,
+                });
+            }
+        };
+        for &step in steps {
+            if self.receives[step.0] {
+                let before = Instant::now();
+                close(trace, span_start, before, true);
+                exec.run_steps(&[step])?;
+                let after = Instant::now();
+                close(trace, before, after, false);
+                span_start = after;
+            } else {
+                exec.run_steps(&[step])?;
+            }
+        }
+        close(trace, span_start, Instant::now(), true);
         Ok(())
     }
 }
@@ -184,4 +293,28 @@ fn written(program: &Program, i: usize) -> Vec<usize> {
         Step::Kernel(k) => k.outputs.clone(),
         Step::Reshard(r) => vec![r.to],
     }
+}
+
+/// The Chrome trace-event JSON (Perfetto, chrome://tracing) of the ranks' pipelined steps: one
+/// complete event (`"ph": "X"`) per span, a thread per rank; waits are category `wait`.
+pub fn chrome_trace(traces: &[(usize, &[StepTrace])]) -> serde_json::Value {
+    let mut events = Vec::new();
+    for &(rank, steps) in traces {
+        events.push(serde_json::json!({
+            "name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+            "args": {"name": format!("rank {rank}")},
+        }));
+        for span in steps.iter().flat_map(|s| &s.spans) {
+            events.push(serde_json::json!({
+                "name": span.name,
+                "cat": if span.busy { "compute" } else { "wait" },
+                "ph": "X",
+                "ts": span.start_us,
+                "dur": span.dur_us,
+                "pid": 0,
+                "tid": rank,
+            }));
+        }
+    }
+    serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
 }

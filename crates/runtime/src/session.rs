@@ -20,7 +20,7 @@ use crate::executor::RankExecutor;
 use crate::generate::MODEL_FILE;
 use crate::lm::{gpt_parallel_config, TextData};
 use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
-use crate::pipeline::PipelineRunner;
+use crate::pipeline::{PipelineRunner, StepTrace};
 
 /// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
 /// conversions copy it as MindSpore copies its `global_step`).
@@ -97,6 +97,8 @@ pub struct RankOutcome {
     pub params: Vec<ParamShard>,
     /// The global step reached.
     pub global_step: u64,
+    /// With pipeline micro-batches: this rank's timeline of every step.
+    pub pipeline: Vec<StepTrace>,
 }
 
 /// What a rank saves at the end of a run.
@@ -587,14 +589,18 @@ impl Session {
                 let loss = if let Some(accumulated) = accumulated.as_mut() {
                     let at = (&plan, epoch, index);
                     let loss = match &pipelined {
-                        Some(runner) => self.pipelined_step(
-                            &mut exec,
-                            runner,
-                            accumulated,
-                            &trainable,
-                            at,
-                            global_step,
-                        )?,
+                        Some(runner) => {
+                            let (loss, trace) = self.pipelined_step(
+                                &mut exec,
+                                runner,
+                                accumulated,
+                                &trainable,
+                                at,
+                                global_step,
+                            )?;
+                            outcome.pipeline.push(trace);
+                            loss
+                        }
                         None => self.accumulate_step(
                             &mut exec,
                             accumulated,
@@ -722,10 +728,10 @@ impl Session {
         trainable: &[usize],
         at: (&EpochPlan, usize, u64),
         global_step: u64,
-    ) -> Result<f32, RuntimeError> {
+    ) -> Result<(f32, StepTrace), RuntimeError> {
         let (plan, epoch, index) = at;
         let micro_steps = self.micro_steps() as u64;
-        runner.run_step(
+        let trace = runner.run_step(
             exec,
             |exec, mb| self.feed_step(exec, plan, epoch, index, mb),
             |mb| {
@@ -742,7 +748,17 @@ impl Session {
             })?;
             acc.as_bytes_mut().copy_from_slice(grad.as_bytes());
         }
-        Ok(exec.output(0).to_f64_vec()[0] as f32)
+        Ok((exec.output(0).to_f64_vec()[0] as f32, trace))
+    }
+
+    /// Whether the steps are pipelined: more than one stage and more than one micro-batch.
+    pub fn is_pipelined(&self) -> bool {
+        self.micro_steps() > 1
+            && self
+                .config
+                .parallel_config()
+                .pipeline
+                .is_some_and(|p| p.stages > 1)
     }
 
     /// This rank's plan for pipelined steps, when the run has pipeline stages and more than one
