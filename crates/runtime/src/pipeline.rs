@@ -58,6 +58,11 @@ pub(crate) struct PipelineRunner {
     forward: Vec<(usize, Option<Tag>)>,
     /// This stage's backward pass of one micro-batch.
     backward: Vec<(usize, Option<Tag>)>,
+    /// The part of `backward` the input gradients sent to the previous stage need (a split
+    /// backward's input half, zero bubble's B); the rest is its weight half (W).
+    backward_input: Vec<(usize, Option<Tag>)>,
+    /// `backward` less `backward_input`.
+    backward_weight: Vec<(usize, Option<Tag>)>,
     /// Steps run once after the micro-batches, by every rank.
     epilogue: Vec<(usize, Option<Tag>)>,
     /// Buffers a micro-batch writes: each micro-batch in flight has its own.
@@ -137,6 +142,7 @@ impl PipelineRunner {
             .collect();
         summed.sort_unstable();
         summed.dedup();
+        let (backward_input, backward_weight) = split_backward(program, &phases, &backward, stage);
         let actions = schedule
             .per_stage()
             .get(stage)
@@ -147,6 +153,8 @@ impl PipelineRunner {
             prologue,
             forward,
             backward,
+            backward_input,
+            backward_weight,
             epilogue,
             local,
             summed,
@@ -170,49 +178,60 @@ impl PipelineRunner {
         exec.run_steps(&self.prologue)?;
         let origin = epoch();
         let mut trace = StepTrace::default();
-        let mut slots: Vec<Vec<Option<Tensor>>> = (0..self.micro_batches)
-            .map(|_| {
-                self.local
-                    .iter()
-                    .map(|&b| Some(exec.fresh_buffer(b)))
-                    .collect()
-            })
-            .collect();
+        // A micro-batch's buffers exist from its forward pass to its last backward action, so a
+        // schedule's memory is what it keeps in flight (1F1B: at most P − s on stage s).
+        let mut slots: Vec<Option<Vec<Option<Tensor>>>> = vec![None; self.micro_batches];
         let mut sums: Vec<Option<Tensor>> = self
             .summed
             .iter()
             .map(|&b| Some(exec.fresh_buffer(b)))
             .collect();
         for &(kind, mb) in &self.actions {
-            let slot = slots.get_mut(mb).ok_or_else(|| RuntimeError::Mismatch {
+            let entry = slots.get_mut(mb).ok_or_else(|| RuntimeError::Mismatch {
                 what: "a scheduled micro-batch".to_string(),
                 expected: format!("below {}", self.micro_batches),
                 got: mb.to_string(),
             })?;
+            let slot = entry.get_or_insert_with(|| {
+                self.local
+                    .iter()
+                    .map(|&b| Some(exec.fresh_buffer(b)))
+                    .collect()
+            });
             exec.swap_buffers(&self.local, slot);
             exec.set_step(step(mb));
             let label = match kind {
                 ActionKind::Forward => format!("F{mb}"),
+                ActionKind::BackwardWeight => format!("W{mb}"),
                 _ => format!("B{mb}"),
+            };
+            let add_sums = |exec: &RankExecutor, sums: &mut [Option<Tensor>]| {
+                for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
+                    let sum = sum.as_mut().expect("sums stay in place");
+                    if sum.n_elements() > 0 {
+                        tensor::kernels::accumulate_scaled(sum, 1.0, exec.buffer_at(b))?;
+                    }
+                }
+                Ok::<(), RuntimeError>(())
             };
             let result = match kind {
                 ActionKind::Forward => feed(exec, mb)
                     .and_then(|()| self.timed(exec, &self.forward, &label, origin, &mut trace)),
-                ActionKind::Backward | ActionKind::BackwardInput => self
+                ActionKind::Backward => self
                     .timed(exec, &self.backward, &label, origin, &mut trace)
-                    .and_then(|()| {
-                        for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
-                            let sum = sum.as_mut().expect("sums stay in place");
-                            if sum.n_elements() > 0 {
-                                tensor::kernels::accumulate_scaled(sum, 1.0, exec.buffer_at(b))?;
-                            }
-                        }
-                        Ok(())
-                    }),
-                // The weight half of a split backward runs with its input half.
-                ActionKind::BackwardWeight => Ok(()),
+                    .and_then(|()| add_sums(exec, &mut sums)),
+                ActionKind::BackwardInput => {
+                    self.timed(exec, &self.backward_input, &label, origin, &mut trace)
+                }
+                ActionKind::BackwardWeight => self
+                    .timed(exec, &self.backward_weight, &label, origin, &mut trace)
+                    .and_then(|()| add_sums(exec, &mut sums)),
             };
             exec.swap_buffers(&self.local, slot);
+            // The last backward action of a micro-batch frees its buffers.
+            if matches!(kind, ActionKind::Backward | ActionKind::BackwardWeight) {
+                *entry = None;
+            }
             result?;
         }
         let share = 1.0 / self.micro_batches as f64;
@@ -284,6 +303,42 @@ impl PipelineRunner {
         }
         close(trace, span_start, Instant::now(), true);
         Ok(())
+    }
+}
+
+/// Splits this stage's backward steps into the ones the input gradients sent to the previous
+/// stage need (walking back from those sends through what each step reads) and the rest, which
+/// only make the parameters' gradients.
+fn split_backward(
+    program: &Program,
+    phases: &[StepPhase],
+    backward: &[(usize, Option<Tag>)],
+    stage: usize,
+) -> (Vec<(usize, Option<Tag>)>, Vec<(usize, Option<Tag>)>) {
+    let mut needed = vec![false; backward.len()];
+    let mut wanted: Vec<usize> = Vec::new();
+    for (j, &(i, _)) in backward.iter().enumerate().rev() {
+        let sends_back = matches!(
+            phases[i],
+            StepPhase::Transfer { from, backward: true, .. } if from == stage
+        );
+        if sends_back || written(program, i).iter().any(|b| wanted.contains(b)) {
+            needed[j] = true;
+            wanted.extend(read(program, i));
+        }
+    }
+    let (mut input, mut weight) = (Vec::new(), Vec::new());
+    for (j, &step) in backward.iter().enumerate() {
+        if needed[j] { &mut input } else { &mut weight }.push(step);
+    }
+    (input, weight)
+}
+
+/// The buffers step `i` reads.
+fn read(program: &Program, i: usize) -> Vec<usize> {
+    match &program.steps[i] {
+        Step::Kernel(k) => k.inputs.clone(),
+        Step::Reshard(r) => vec![r.from],
     }
 }
 
