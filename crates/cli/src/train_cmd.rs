@@ -136,6 +136,22 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 "pipeline bubble (measured, mean over ranks and steps): {:.1} %",
                 bubble * 100.0
             );
+            let peaks: Vec<String> = report
+                .ranks
+                .iter()
+                .filter_map(|r| r.pipeline.last())
+                .map(|t| {
+                    format!(
+                        "{} × {:.2} MiB",
+                        t.peak_in_flight,
+                        t.micro_batch_bytes as f64 / (1 << 20) as f64
+                    )
+                })
+                .collect();
+            println!(
+                "micro-batches held at once × their buffers, per rank: {}",
+                peaks.join(", ")
+            );
         }
         if config.output().save_checkpoint {
             println!(

@@ -39,6 +39,11 @@ pub struct StepTrace {
     /// `1 − busy / elapsed` from the first action's start to the last one's end: the share of
     /// the rank's schedule spent waiting for other stages.
     pub bubble: f64,
+    /// The most micro-batches whose buffers this rank held at once.
+    pub peak_in_flight: usize,
+    /// The bytes of one micro-batch's buffers on this rank (activations, their gradients and
+    /// the transfers' copies).
+    pub micro_batch_bytes: usize,
 }
 
 /// The process's clock origin for traces.
@@ -181,6 +186,7 @@ impl PipelineRunner {
         // A micro-batch's buffers exist from its forward pass to its last backward action, so a
         // schedule's memory is what it keeps in flight (1F1B: at most P − s on stage s).
         let mut slots: Vec<Option<Vec<Option<Tensor>>>> = vec![None; self.micro_batches];
+        let mut in_flight = std::collections::BTreeSet::new();
         let mut sums: Vec<Option<Tensor>> = self
             .summed
             .iter()
@@ -198,6 +204,11 @@ impl PipelineRunner {
                     .map(|&b| Some(exec.fresh_buffer(b)))
                     .collect()
             });
+            if trace.micro_batch_bytes == 0 {
+                trace.micro_batch_bytes = slot.iter().flatten().map(|t| t.as_bytes().len()).sum();
+            }
+            in_flight.insert(mb);
+            trace.peak_in_flight = trace.peak_in_flight.max(in_flight.len());
             exec.swap_buffers(&self.local, slot);
             exec.set_step(step(mb));
             let label = match kind {
@@ -231,6 +242,7 @@ impl PipelineRunner {
             // The last backward action of a micro-batch frees its buffers.
             if matches!(kind, ActionKind::Backward | ActionKind::BackwardWeight) {
                 *entry = None;
+                in_flight.remove(&mb);
             }
             result?;
         }
