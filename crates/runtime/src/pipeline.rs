@@ -52,24 +52,27 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
+/// Steps to run, in program order, each with the message tag of a transfer between stages.
+type StepList = Vec<(usize, Option<Tag>)>;
+
 /// One rank's plan for a pipelined training step.
 #[derive(Debug)]
 pub(crate) struct PipelineRunner {
     /// This rank's stage's actions, in schedule order.
     actions: Vec<(ActionKind, usize)>,
     /// Steps run once before the micro-batches, by every rank.
-    prologue: Vec<(usize, Option<Tag>)>,
+    prologue: StepList,
     /// This stage's forward pass of one micro-batch (transfers tagged).
-    forward: Vec<(usize, Option<Tag>)>,
+    forward: StepList,
     /// This stage's backward pass of one micro-batch.
-    backward: Vec<(usize, Option<Tag>)>,
+    backward: StepList,
     /// The part of `backward` the input gradients sent to the previous stage need (a split
     /// backward's input half, zero bubble's B); the rest is its weight half (W).
-    backward_input: Vec<(usize, Option<Tag>)>,
+    backward_input: StepList,
     /// `backward` less `backward_input`.
-    backward_weight: Vec<(usize, Option<Tag>)>,
+    backward_weight: StepList,
     /// Steps run once after the micro-batches, by every rank.
-    epilogue: Vec<(usize, Option<Tag>)>,
+    epilogue: StepList,
     /// Buffers a micro-batch writes: each micro-batch in flight has its own.
     local: Vec<usize>,
     /// Micro-batch buffers summed over the micro-batches (gradients before their reduction, the
@@ -326,7 +329,7 @@ fn split_backward(
     phases: &[StepPhase],
     backward: &[(usize, Option<Tag>)],
     stage: usize,
-) -> (Vec<(usize, Option<Tag>)>, Vec<(usize, Option<Tag>)>) {
+) -> (StepList, StepList) {
     let mut needed = vec![false; backward.len()];
     let mut wanted: Vec<usize> = Vec::new();
     for (j, &(i, _)) in backward.iter().enumerate().rev() {
