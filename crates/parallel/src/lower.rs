@@ -453,17 +453,21 @@ impl Program {
             p.micro_batches,
             p.scheduler.name()
         );
-        // The runtime runs a backward pass whole (a split backward's weight half with its input
-        // half): predict with F = 1, B = 2, W = 0.
-        let durations = crate::pipeline::Durations::uniform(1.0, 2.0, 0.0);
+        // A backward costs about two forwards; zero bubble runs it as two halves.
+        let durations = match p.scheduler {
+            crate::pipeline::Scheduler::ZeroBubble => {
+                crate::pipeline::Durations::uniform(1.0, 1.0, 1.0)
+            }
+            _ => crate::pipeline::Durations::uniform(1.0, 2.0, 0.0),
+        };
         if let Ok(report) = crate::pipeline::Schedule::generate(p)
             .and_then(|schedule| crate::pipeline::simulate(&schedule, &durations))
         {
             let _ = writeln!(
                 out,
-                "  predicted bubble {:.1} % (forward 1, backward 2 per micro-batch and stage); micro-batches holding activations at once, per stage: {:?}",
+                "  predicted bubble {:.1} % (equal stages; a backward twice a forward); micro-batches held at once, per stage: {:?}",
                 report.bubble_fraction * 100.0,
-                report.peak_activations
+                report.peak_retained
             );
         }
         for s in 0..p.stages {
