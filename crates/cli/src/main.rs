@@ -21,6 +21,7 @@ mod layout_cmd;
 mod parse;
 mod reshard_cmd;
 mod strategy_cmd;
+mod timeline;
 mod train_cmd;
 
 /// Tessera: parallel training and distributed checkpoints.

@@ -43,6 +43,11 @@ pub struct TrainArgs {
     /// its rank's, `FILE` with `.rank<r>` before the extension.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Draw the pipeline schedule (stages × time; forward, backward and weight-gradient blocks
+    /// per micro-batch; bubbles as white space) into FILE as SVG, then go on (with --explain,
+    /// exit).
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<PathBuf>,
     /// Where the ranks run.
     #[arg(long, value_enum, default_value = "local")]
     backend: Backend,
@@ -68,6 +73,24 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         anyhow::bail!("--mpi-watchdog applies to --backend mpi only");
     }
     let session = Session::new(&config)?;
+    if let Some(path) = &args.timeline {
+        let pipeline = config
+            .parallel_config()
+            .pipeline
+            .filter(|p| p.stages > 1)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--timeline {}: the run has no pipeline to draw (set [parallel.pipeline] stages > 1)",
+                    path.display()
+                )
+            })?;
+        let bubble = crate::timeline::draw(&pipeline, path)?;
+        eprintln!(
+            "timeline: {} (predicted bubble {:.1} %)",
+            path.display(),
+            bubble * 100.0
+        );
+    }
     if args.explain || args.explain_rank.is_some() {
         print!(
             "{}",

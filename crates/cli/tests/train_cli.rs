@@ -273,3 +273,44 @@ fn train_trace_records_every_ranks_pipeline_timeline() {
     assert!(!plain.status.success());
     assert!(String::from_utf8_lossy(&plain.stderr).contains("no pipelined steps to trace"));
 }
+
+/// `--timeline FILE.svg`: the schedule as an SVG chart, one labelled block per forward,
+/// backward and weight-gradient pass of every micro-batch on every stage.
+#[test]
+fn train_timeline_draws_the_schedule() {
+    let dir = Scratch::new("train-timeline");
+    let svg = dir.0.join("schedule.svg");
+    let out = tessera(&[
+        "train",
+        "examples/gpt_kjv.toml",
+        "--set",
+        "parallel.devices=4",
+        "--set",
+        "parallel.model_parallel=1",
+        "--set",
+        "parallel.pipeline={ stages = 4, micro_batches = 8, scheduler = \"zero_bubble\" }",
+        "--explain",
+        "--timeline",
+        s(&svg),
+    ]);
+    assert_ok(&out);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..100.min(text.len())]);
+    assert!(text.contains("predicted bubble 11.1 %"), "ZB-H1: 1 − 24/27");
+    for mb in 0..8 {
+        for pass in ["F", "B", "W"] {
+            // One block per stage for each pass of each micro-batch.
+            let label = format!(">\n{pass}{mb}\n<");
+            assert_eq!(text.matches(&label).count(), 4, "{pass}{mb}");
+        }
+    }
+    let none = tessera(&[
+        "train",
+        "examples/gpt_kjv.toml",
+        "--explain",
+        "--timeline",
+        s(&svg),
+    ]);
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no pipeline to draw"));
+}
