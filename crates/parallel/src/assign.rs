@@ -15,9 +15,12 @@ use graph::{Graph, Node, NodeId, NodeRole, Op, ValueId, ValueKind};
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
-use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use crate::config::{
+    DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
+};
 use crate::deterministic::contiguous_sums;
 use crate::error::ParallelError;
+use crate::hsdp::{decide, param_bytes, ShardDecision};
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
 use crate::patterns::{resolve_manual_split, resolve_op_patterns};
 use crate::rules::{infer, strategy, OpContext};
@@ -81,7 +84,11 @@ pub struct PlacedGraph {
     /// One placement per node, by [`NodeId`].
     pub nodes: Vec<NodePlacement>,
     /// The layout of every input and parameter, by [`ValueId`] (`None` for intermediates).
+    /// Under `hsdp` level 3 a sharded parameter's is its shard layout.
     pub leaves: Vec<Option<TensorLayout>>,
+    /// What optimizer parallelism decided for every trainable parameter, by [`ValueId`]
+    /// (`None` for other values, and for all when `hsdp` is off or on one device).
+    pub optimizer_shards: Vec<Option<ShardDecision>>,
 }
 
 impl PlacedGraph {
@@ -243,6 +250,7 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
         stage: stage.clone(),
         nodes: Vec::with_capacity(graph.nodes().len()),
         leaves,
+        optimizer_shards: vec![None; graph.values().len()],
     };
     for node in graph.nodes() {
         let ctx = OpContext::of(graph, node);
@@ -307,7 +315,34 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
             placed.leaves[p.0] = Some(TensorLayout::replicated(stage.clone(), shape));
         }
     }
+    if let (Some(hsdp), true) = (&config.hsdp, devices > 1) {
+        shard_parameters(&mut placed, hsdp);
+    }
     Ok(placed)
+}
+
+/// Decides optimizer parallelism for every trainable parameter (see [`crate::hsdp`]); at
+/// level 3 a sharded parameter's leaf becomes its shard layout. Placement of every node is
+/// done by then, so the nodes (and the accumulations of gradient contributions) keep the
+/// strategy layout and the lowering inserts the gathers and reduce-scatters.
+fn shard_parameters(placed: &mut PlacedGraph, hsdp: &HsdpConfig) {
+    for p in placed.graph.parameters() {
+        if !matches!(
+            placed.graph.values()[p.0].kind,
+            ValueKind::Parameter {
+                trainable: true,
+                ..
+            }
+        ) {
+            continue;
+        }
+        let strategy_layout = placed.leaves[p.0].clone().expect("parameters are laid out");
+        let decision = decide(hsdp, &strategy_layout, param_bytes(&placed.graph, p));
+        if let (ShardDecision::Sharded(shard), OptimizerLevel::Level3) = (&decision, hsdp.level) {
+            placed.leaves[p.0] = Some(shard.layout.clone());
+        }
+        placed.optimizer_shards[p.0] = Some(decision);
+    }
 }
 
 /// The layout a value has for its consumers: a parameter not yet laid out is replicated.

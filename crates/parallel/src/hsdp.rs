@@ -1,0 +1,132 @@
+//! Optimizer parallelism (`[parallel.hsdp]`): which parameters are cut along dim 0 over their
+//! replica group, and into which layout.
+//!
+//! # The rule
+//! A trainable parameter is sharded when
+//! - it is held by more than one rank per slice (its replica group, MindSpore's repeated
+//!   device group, has R > 1 members);
+//! - its whole (unsharded) size is at least `threshold` KB;
+//! - the shard count K — `shard_size`, or R when `shard_size` is -1 or at least R — divides R;
+//! - dim 0 of its slice divides by K (and is not a manual row split).
+//!
+//! Otherwise it is left unsharded and `--explain` says why (MindSpore skips such parameters
+//! with a log line only). The shard layout is the parameter's strategy layout with K of the
+//! replica ranks appended to dim 0 as inner axes ([`layout::Layout::with_optimizer_shard`]):
+//! MindSpore's chunks of K consecutive ranks of the replica group, each rank holding the
+//! piece at its index in its chunk. The piece is a run of whole rows of the rank's slice, so
+//! it is contiguous in the slice's row-major buffer.
+//!
+//! # What each level changes
+//! The layout model does the work: a value whose buffer has one layout and whose consumer
+//! needs another gets a reshard, and a gradient's pending data-parallel sum is resolved by the
+//! cheapest collective into the layout it is brought to.
+//! - **level1**: weights keep the strategy layout; the gradient is all-reduced into it as
+//!   without sharding. The optimizer keeps state for, and updates, only the rank's piece; the
+//!   program's [`crate::WeightGather`]s then all-gather the pieces into the whole weights.
+//! - **level2**: as level 1, but the gradient is brought to the shard layout, so its sum is a
+//!   reduce-scatter and each rank holds only its piece of the gradient.
+//! - **level3**: the parameter's own buffer has the shard layout. Every consumer needs the
+//!   strategy layout, so the lowering all-gathers the weight before its first use (the forward
+//!   and backward passes share the gathered copy); the gradient is reduce-scattered into the
+//!   piece and the optimizer updates the piece in place. No gather after the update.
+
+use graph::Graph;
+use layout::TensorLayout;
+
+use crate::config::{HsdpConfig, OptimizerLevel};
+
+/// A parameter cut along dim 0 over (part of) its replica group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptimizerShard {
+    /// What is sharded.
+    pub level: OptimizerLevel,
+    /// The layout the parameter's strategy gives it: what its consumers need.
+    pub strategy_layout: TensorLayout,
+    /// The strategy layout with dim 0 further split over the shard group: the piece each rank
+    /// updates and keeps optimizer state for (and, from level 2, receives the gradient of;
+    /// at level 3, holds).
+    pub layout: TensorLayout,
+    /// Ranks per shard group (MindSpore's `opt_weight_shard_size`).
+    pub size: usize,
+    /// The rank stride inside a shard group (MindSpore's `opt_weight_shard_step`).
+    pub step: usize,
+}
+
+/// What optimizer parallelism decided for one trainable parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardDecision {
+    /// Sharded.
+    Sharded(OptimizerShard),
+    /// Left whole, and why.
+    Unsharded(String),
+}
+
+impl ShardDecision {
+    /// The shard, when sharded.
+    pub fn shard(&self) -> Option<&OptimizerShard> {
+        match self {
+            ShardDecision::Sharded(s) => Some(s),
+            ShardDecision::Unsharded(_) => None,
+        }
+    }
+}
+
+/// The decision for a parameter of `bytes` bytes laid out as `strategy_layout`.
+pub(crate) fn decide(
+    config: &HsdpConfig,
+    strategy_layout: &TensorLayout,
+    bytes: usize,
+) -> ShardDecision {
+    let unsharded = |reason: String| ShardDecision::Unsharded(reason);
+    let replicas = strategy_layout.replica_count();
+    if replicas <= 1 {
+        return unsharded("each slice is held by one rank (no replicas to shard over)".into());
+    }
+    let threshold = config.threshold_kb.saturating_mul(1024);
+    if bytes < threshold {
+        return unsharded(format!(
+            "{bytes} bytes, below the threshold of {} KB",
+            config.threshold_kb
+        ));
+    }
+    let k = config.shard_size.map_or(replicas, |s| s.min(replicas));
+    if k <= 1 {
+        return unsharded("shard_size 1 leaves every parameter whole".into());
+    }
+    if replicas % k != 0 {
+        return unsharded(format!(
+            "shard_size {k} does not divide its {replicas} replicas"
+        ));
+    }
+    if strategy_layout.row_split().is_some() {
+        return unsharded("its dim 0 is a manual row split".into());
+    }
+    let Some(&rows) = strategy_layout.slice_shape().first() else {
+        return unsharded("a scalar has no dim 0 to shard".into());
+    };
+    if rows % k != 0 {
+        return unsharded(format!(
+            "dim 0 of its slice ({rows} rows) does not divide into {k} pieces"
+        ));
+    }
+    let layout = match strategy_layout.with_optimizer_shard(Some(k)) {
+        Ok(l) => l,
+        Err(e) => return unsharded(e.to_string()),
+    };
+    let group = strategy_layout.replica_slots(0);
+    let mesh = strategy_layout.mesh();
+    let step = mesh.rank_of_slot(group[k - 1]).abs_diff(mesh.rank_of_slot(group[0])) / (k - 1);
+    ShardDecision::Sharded(OptimizerShard {
+        level: config.level,
+        strategy_layout: strategy_layout.clone(),
+        layout,
+        size: k,
+        step,
+    })
+}
+
+/// The whole size in bytes of parameter `value` of `graph`.
+pub(crate) fn param_bytes(graph: &Graph, value: graph::ValueId) -> usize {
+    let v = &graph.values()[value.0];
+    v.shape.iter().product::<usize>() * v.dtype.size_in_bytes()
+}
