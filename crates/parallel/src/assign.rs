@@ -252,6 +252,8 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
         leaves,
         optimizer_shards: vec![None; graph.values().len()],
     };
+    // Optimizer parallelism needs replicas: none on one device.
+    let hsdp = config.hsdp.as_ref().filter(|_| devices > 1);
     for node in graph.nodes() {
         let ctx = OpContext::of(graph, node);
         let placement = match &node.role {
@@ -279,7 +281,15 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                 }
             }
             NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
-                let home = value_layout(&placed, *value);
+                // A parameter whose gradient hsdp shards (level 2 and 3) sums its gradient's
+                // contributions in its shard layout: each is reduce-scattered, never whole.
+                let home = match placed.optimizer_shards[value.0]
+                    .as_ref()
+                    .and_then(ShardDecision::shard)
+                {
+                    Some(shard) if shard.level >= OptimizerLevel::Level2 => shard.layout.clone(),
+                    _ => value_layout(&placed, *value),
+                };
                 let inputs = vec![home.clone(); node.inputs.len()];
                 let outputs = if inputs.is_empty() {
                     // A seed: the constant in the layout of the value it is the gradient of.
@@ -296,13 +306,17 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                 }
             }
         };
-        // A parameter takes the layout its first forward consumer needs.
+        // A parameter takes the layout its first forward consumer needs; hsdp decides its
+        // optimizer shard from that layout.
         if node.role == NodeRole::Forward {
             for (&v, need) in node.inputs.iter().zip(&placement.inputs) {
                 if matches!(graph.values()[v.0].kind, ValueKind::Parameter { .. })
                     && placed.leaves[v.0].is_none()
                 {
                     placed.leaves[v.0] = Some(need.clone());
+                    if let Some(hsdp) = hsdp {
+                        placed.optimizer_shards[v.0] = optimizer_shard(graph, hsdp, v, need);
+                    }
                 }
             }
         }
@@ -315,34 +329,34 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
             placed.leaves[p.0] = Some(TensorLayout::replicated(stage.clone(), shape));
         }
     }
-    if let (Some(hsdp), true) = (&config.hsdp, devices > 1) {
-        shard_parameters(&mut placed, hsdp);
+    // Level 3: a sharded parameter's own buffer holds its piece. Every node is placed by
+    // now with the strategy layout, so the lowering gathers the weight before its use.
+    for p in graph.parameters() {
+        if let Some(ShardDecision::Sharded(shard)) = &placed.optimizer_shards[p.0] {
+            if shard.level == OptimizerLevel::Level3 {
+                placed.leaves[p.0] = Some(shard.layout.clone());
+            }
+        }
     }
     Ok(placed)
 }
 
-/// Decides optimizer parallelism for every trainable parameter (see [`crate::hsdp`]); at
-/// level 3 a sharded parameter's leaf becomes its shard layout. Placement of every node is
-/// done by then, so the nodes (and the accumulations of gradient contributions) keep the
-/// strategy layout and the lowering inserts the gathers and reduce-scatters.
-fn shard_parameters(placed: &mut PlacedGraph, hsdp: &HsdpConfig) {
-    for p in placed.graph.parameters() {
-        if !matches!(
-            placed.graph.values()[p.0].kind,
-            ValueKind::Parameter {
-                trainable: true,
-                ..
-            }
-        ) {
-            continue;
+/// What optimizer parallelism decides for parameter `p` of `graph` laid out as
+/// `strategy_layout` (see [`crate::hsdp`]): `None` for a parameter that is not trainable.
+fn optimizer_shard(
+    graph: &Graph,
+    hsdp: &HsdpConfig,
+    p: ValueId,
+    strategy_layout: &TensorLayout,
+) -> Option<ShardDecision> {
+    matches!(
+        graph.values()[p.0].kind,
+        ValueKind::Parameter {
+            trainable: true,
+            ..
         }
-        let strategy_layout = placed.leaves[p.0].clone().expect("parameters are laid out");
-        let decision = decide(hsdp, &strategy_layout, param_bytes(&placed.graph, p));
-        if let (ShardDecision::Sharded(shard), OptimizerLevel::Level3) = (&decision, hsdp.level) {
-            placed.leaves[p.0] = Some(shard.layout.clone());
-        }
-        placed.optimizer_shards[p.0] = Some(decision);
-    }
+    )
+    .then(|| decide(hsdp, strategy_layout, param_bytes(graph, p)))
 }
 
 /// The layout a value has for its consumers: a parameter not yet laid out is replicated.

@@ -95,6 +95,46 @@ pub struct RankOutcome {
     pub params: Vec<ParamShard>,
     /// The global step reached.
     pub global_step: u64,
+    /// The bytes this rank holds for its trainable parameters at the end.
+    pub memory: ParamMemory,
+}
+
+/// The bytes one rank holds for its trainable parameters, by category: what ZeRO's formulas
+/// count. Working buffers of a step (a weight gathered for its consumers, a gradient before
+/// its data-parallel sum) are not counted: they are the step's, like its activations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParamMemory {
+    /// The parameters' own buffers (the slice, or under `hsdp` level 3 the piece).
+    pub parameters: usize,
+    /// The gradients as the optimizer reads them (after their data-parallel sum).
+    pub gradients: usize,
+    /// The optimizer state.
+    pub optimizer: usize,
+}
+
+impl ParamMemory {
+    /// The sum of the three.
+    pub fn total(&self) -> usize {
+        self.parameters + self.gradients + self.optimizer
+    }
+
+    /// What `exec` and `optimizer` hold for the trainable parameters `trainable` (indices into
+    /// the program's parameters, in the optimizer's order).
+    fn measure(
+        exec: &RankExecutor,
+        optimizer: &Optimizer,
+        trainable: &[usize],
+    ) -> Result<ParamMemory, RuntimeError> {
+        let mut memory = ParamMemory::default();
+        for (k, &i) in trainable.iter().enumerate() {
+            memory.parameters += exec.param(i).as_bytes().len();
+            memory.gradients += exec.grad(i).map_or(0, |g| g.as_bytes().len());
+            for (_, state) in optimizer.state(k)? {
+                memory.optimizer += state.as_bytes().len();
+            }
+        }
+        Ok(memory)
+    }
 }
 
 /// What a rank saves at the end of a run.
@@ -391,22 +431,44 @@ impl Session {
         let mut params = Vec::new();
         for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             let dtype = self.train.buffers[p.buffer].dtype;
-            let placement =
-                ParamLayout::new(0, p.layout.clone(), 1).map_err(|e| RuntimeError::Mismatch {
+            let bind = |mp: &TensorLayout, opt_shard: usize| {
+                ParamLayout::new(0, mp.clone(), opt_shard).map_err(|e| RuntimeError::Mismatch {
                     what: format!("layout of {}", p.name),
                     expected: "a valid layout".to_string(),
                     got: e.to_string(),
-                })?;
-            let mut names = vec![p.name.clone()];
+                })
+            };
+            // hsdp: the optimizer state is held in optimizer-shard pieces at every level, the
+            // weights only at level 3 (levels 1 and 2 keep them whole on every rank).
+            let (weights, state) = match p.optimizer_shard() {
+                Some(shard) => {
+                    let sharded = bind(&shard.strategy_layout, shard.size)?;
+                    let weights = if shard.level == parallel::OptimizerLevel::Level3 {
+                        sharded.clone()
+                    } else {
+                        bind(&p.layout, 1)?
+                    };
+                    (weights, sharded)
+                }
+                None => {
+                    let whole = bind(&p.layout, 1)?;
+                    (whole.clone(), whole)
+                }
+            };
+            let mut entries = vec![(p.name.clone(), weights)];
             if p.trainable {
-                names.extend(states.iter().map(|s| state_checkpoint_name(s, &p.name)));
+                entries.extend(
+                    states
+                        .iter()
+                        .map(|s| (state_checkpoint_name(s, &p.name), state.clone())),
+                );
             }
-            for name in names {
+            for (name, placement) in entries {
                 params.push(ResolvedParam {
                     name,
                     shape: p.layout.shape().to_vec(),
                     dtype: Some(dtype),
-                    placements: vec![placement.clone()],
+                    placements: vec![placement],
                 });
             }
         }
@@ -501,7 +563,8 @@ impl Session {
             .iter()
             .map(|&i| ParamSpec {
                 name: self.train.params[i].name.clone(),
-                shape: exec.param(i).shape().to_vec(),
+                // This rank's optimizer piece: the whole shard, or its hsdp piece.
+                shape: exec.optimizer_piece(i).shape.clone(),
                 dtype: exec.param(i).dtype(),
             })
             .collect();
@@ -533,11 +596,7 @@ impl Session {
                 exec.set_step(global_step);
                 exec.run()?;
                 optimizer.begin_step();
-                for (k, &i) in trainable.iter().enumerate() {
-                    if let Some((param, grad)) = exec.param_and_grad(i) {
-                        optimizer.update(k, param, grad)?;
-                    }
-                }
+                update_parameters(&mut exec, &mut optimizer, &trainable)?;
                 let loss = exec.output(0).to_f64_vec()[0] as f32;
                 let step_ms = start.elapsed().as_secs_f64() * 1e3;
                 global_step += 1;
@@ -612,6 +671,7 @@ impl Session {
             });
         }
         outcome.global_step = global_step;
+        outcome.memory = ParamMemory::measure(&exec, &optimizer, &trainable)?;
         Ok(outcome)
     }
 
@@ -737,8 +797,9 @@ impl Session {
         }
         for &i in trainable {
             let p = &self.train.params[i];
+            let state_layout = p.optimizer_shard().map_or(&p.layout, |shard| &shard.layout);
             for s in states {
-                targets.push((state_checkpoint_name(s, &p.name), p.layout.clone()));
+                targets.push((state_checkpoint_name(s, &p.name), state_layout.clone()));
             }
         }
         let asked: Vec<(&str, &TensorLayout)> =
@@ -844,6 +905,23 @@ fn parallel_config(
             .or_insert_with(|| parallel::OpStrategy::from_tuples(op.inputs, op.outputs));
     }
     Ok(parallel)
+}
+
+/// The optimizer step: every trainable parameter's piece (its shard, or with `hsdp` the rows
+/// of its optimizer shard) updated with its gradient, then the updated pieces gathered into
+/// whole weights where `hsdp` keeps weights whole (levels 1 and 2).
+fn update_parameters(
+    exec: &mut RankExecutor,
+    optimizer: &mut Optimizer,
+    trainable: &[usize],
+) -> Result<(), RuntimeError> {
+    for (k, &i) in trainable.iter().enumerate() {
+        let piece = exec.optimizer_piece(i).clone();
+        if let Some((param, grad)) = exec.param_and_grad(i) {
+            optimizer.update_piece(k, param, piece.param_offset, grad, piece.grad_offset)?;
+        }
+    }
+    exec.gather_updated_weights()
 }
 
 /// Copies the training program's parameter shards into the evaluation program's (the layouts
