@@ -24,11 +24,17 @@
 //!   without sharding. The optimizer keeps state for, and updates, only the rank's piece; the
 //!   program's [`crate::WeightGather`]s then all-gather the pieces into the whole weights.
 //! - **level2**: as level 1, but the gradient is brought to the shard layout, so its sum is a
-//!   reduce-scatter and each rank holds only its piece of the gradient.
+//!   reduce-scatter and each rank holds only its piece of the gradient. A gradient with
+//!   several contributions (a tied embedding table) sums them in the shard layout: each is
+//!   reduce-scattered, and the pieces are added.
 //! - **level3**: the parameter's own buffer has the shard layout. Every consumer needs the
 //!   strategy layout, so the lowering all-gathers the weight before its first use (the forward
 //!   and backward passes share the gathered copy); the gradient is reduce-scattered into the
-//!   piece and the optimizer updates the piece in place. No gather after the update.
+//!   piece, as at level 2, and the optimizer updates the piece in place. No gather after the
+//!   update.
+//!
+//! The decision is made when a parameter gets its layout (from its first forward consumer),
+//! so the accumulations of its gradient, placed later, already know the shard layout.
 
 use graph::Graph;
 use layout::TensorLayout;
@@ -129,4 +135,70 @@ pub(crate) fn decide(
 pub(crate) fn param_bytes(graph: &Graph, value: graph::ValueId) -> usize {
     let v = &graph.values()[value.0];
     v.shape.iter().product::<usize>() * v.dtype.size_in_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layout::Layout;
+
+    fn hsdp(shard_size: Option<usize>, threshold_kb: usize) -> HsdpConfig {
+        HsdpConfig {
+            shard_size,
+            threshold_kb,
+            level: OptimizerLevel::Level2,
+        }
+    }
+
+    /// A `[rows, 8]` weight split `(None, mp)` on dp 4 × mp 2: replica groups of 4 (the dp
+    /// ranks, stride 2).
+    fn weight(rows: usize) -> TensorLayout {
+        Layout::new(&[4, 2], &["dp", "mp"], None)
+            .unwrap()
+            .apply(&["None".into(), "mp".into()])
+            .unwrap()
+            .bind(&[rows, 8])
+            .unwrap()
+    }
+
+    #[test]
+    fn the_shard_group_is_the_replica_group_capped_by_shard_size() {
+        let ShardDecision::Sharded(all) = decide(&hsdp(None, 0), &weight(8), 256) else {
+            panic!("sharded over the replica group");
+        };
+        assert_eq!((all.size, all.step), (4, 2));
+        assert_eq!(all.layout.slice_shape(), &[2, 4]);
+        let ShardDecision::Sharded(two) = decide(&hsdp(Some(2), 0), &weight(8), 256) else {
+            panic!("sharded over chunks of 2");
+        };
+        assert_eq!((two.size, two.step), (2, 2));
+        assert_eq!(two.layout.slice_shape(), &[4, 4]);
+        // Ranks 0 and 2 share a chunk (the replica group 0, 2, 4, 6 cut into {0, 2}, {4, 6}).
+        assert_eq!(two.layout.rank_box(2).unwrap().offset, vec![4, 0]);
+        assert_eq!(two.layout.rank_box(4).unwrap().offset, vec![0, 0]);
+        // A shard size above the replica count means the whole group.
+        let ShardDecision::Sharded(big) = decide(&hsdp(Some(8), 0), &weight(8), 256) else {
+            panic!("sharded over the replica group");
+        };
+        assert_eq!(big.size, 4);
+    }
+
+    #[test]
+    fn parameters_that_cannot_be_sharded_say_why() {
+        let why = |d: ShardDecision| match d {
+            ShardDecision::Unsharded(reason) => reason,
+            ShardDecision::Sharded(s) => panic!("unexpectedly sharded: {s:?}"),
+        };
+        assert!(why(decide(&hsdp(None, 1), &weight(8), 1023)).contains("below the threshold"));
+        assert!(why(decide(&hsdp(None, 0), &weight(6), 192)).contains("does not divide into 4"));
+        assert!(why(decide(&hsdp(Some(3), 0), &weight(12), 384))
+            .contains("does not divide its 4 replicas"));
+        let split = Layout::new(&[8], &["mp"], None)
+            .unwrap()
+            .apply(&["mp".into(), "None".into()])
+            .unwrap()
+            .bind(&[8, 8])
+            .unwrap();
+        assert!(why(decide(&hsdp(None, 0), &split, 256)).contains("no replicas"));
+    }
 }

@@ -18,6 +18,17 @@ fn kjv() -> PathBuf {
 /// vocabulary: the tied embedding table is 256 × 32 f32 = 32 KB, every other parameter at most
 /// 12 KB) training `steps` steps with `optimizer` under the `[parallel]` body `parallel`.
 fn config(out: &Path, optimizer: &str, parallel: &str, steps: usize) -> TrainConfig {
+    config_with(out, optimizer, parallel, steps, &[])
+}
+
+/// [`config`] with command-line style `overrides` (`output.resume_from=…`).
+fn config_with(
+    out: &Path,
+    optimizer: &str,
+    parallel: &str,
+    steps: usize,
+    overrides: &[String],
+) -> TrainConfig {
     let text = format!(
         r#"
 [model]
@@ -48,7 +59,7 @@ dir = "{out}"
         data = kjv().display(),
         out = out.display(),
     );
-    TrainConfig::parse(&text, None, &[], Path::new("/")).expect("a valid test config")
+    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
 }
 
 /// `[parallel]` keys: semi-auto on `devices` devices with the GPT keys `gpt`, then
@@ -282,6 +293,48 @@ fn hsdp_checkpoints_record_the_optimizer_shard() {
             let t = part.read_tensor(name).expect("a merged parameter");
             assert_eq!(t.as_f32().unwrap(), values.1.as_slice(), "{level}: {name}");
         }
+    }
+}
+
+/// A run saved under level 3 (weights and Adam's moments in pieces of 2 on dp 2 × mp 2)
+/// resumes under level 1 on 4 data-parallel ranks (weights whole, moments in pieces of 4) and
+/// under no sharding at all: each continues one device's uninterrupted run.
+#[test]
+fn hsdp_runs_resume_under_other_levels_and_strategies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, _, whole) = train(&config(
+        &tmp.path().join("whole"),
+        "adam",
+        "mode = \"stand_alone\"",
+        STEPS,
+    ));
+    let first = tmp.path().join("first");
+    let level3 = "optimizer_level = \"level3\"\nthreshold = 0\nshard_size = 2";
+    let (_, first_report, _) = train(&config(
+        &first,
+        "adam",
+        &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(level3)),
+        STEPS / 2,
+    ));
+    let resume = format!("output.resume_from=\"{}\"", first.display());
+    let seconds = [
+        ("level 1, dp 4", parallel(4, "model_parallel = 1", Some("threshold = 0"))),
+        ("no sharding, dp 2", parallel(2, "model_parallel = 1", None)),
+    ];
+    for (i, (what, body)) in seconds.iter().enumerate() {
+        let cfg = config_with(
+            &tmp.path().join(format!("second-{i}")),
+            "adam",
+            body,
+            STEPS,
+            std::slice::from_ref(&resume),
+        );
+        let (_, report, (losses, params)) = train(&cfg);
+        assert_eq!(report.ranks[0].global_step, STEPS as u64, "{what}");
+        let mut all = first_report.losses().to_vec();
+        all.extend(losses);
+        assert_eq!(all.len(), STEPS, "{what}: 10 steps, then the remaining 10");
+        run_util::assert_same_run(what, &(all, params), &whole, 2e-4);
     }
 }
 
