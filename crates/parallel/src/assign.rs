@@ -20,8 +20,8 @@ use crate::config::{
 };
 use crate::deterministic::contiguous_sums;
 use crate::error::ParallelError;
-use crate::hsdp::{decide, param_bytes, ShardDecision};
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
+use crate::hsdp::{decide, param_bytes, ShardDecision};
 use crate::patterns::{resolve_manual_split, resolve_op_patterns};
 use crate::rules::{infer, strategy, OpContext};
 

@@ -121,7 +121,10 @@ pub(crate) fn decide(
     };
     let group = strategy_layout.replica_slots(0);
     let mesh = strategy_layout.mesh();
-    let step = mesh.rank_of_slot(group[k - 1]).abs_diff(mesh.rank_of_slot(group[0])) / (k - 1);
+    let step = mesh
+        .rank_of_slot(group[k - 1])
+        .abs_diff(mesh.rank_of_slot(group[0]))
+        / (k - 1);
     ShardDecision::Sharded(OptimizerShard {
         level: config.level,
         strategy_layout: strategy_layout.clone(),

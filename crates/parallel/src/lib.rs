@@ -46,9 +46,9 @@ pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{
     DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
 };
-pub use crate::hsdp::{OptimizerShard, ShardDecision};
 pub use crate::deterministic::check_deterministic;
 pub use crate::error::{format_strategy, ParallelError};
+pub use crate::hsdp::{OptimizerShard, ShardDecision};
 pub use crate::lower::{
     describe_plan, describe_plan_with, lower, BufferSpec, KernelStep, LowerRequest, Program,
     ProgramInput, ProgramOutput, ProgramParam, ReshardStep, Step, WeightGather,

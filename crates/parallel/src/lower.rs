@@ -19,8 +19,8 @@ use tensor::DType;
 
 use crate::assign::{NodePlacement, PlacedGraph, StrategySource};
 use crate::config::{OptimizerLevel, ParallelMode};
-use crate::hsdp::{OptimizerShard, ShardDecision};
 use crate::error::{format_strategy, ParallelError};
+use crate::hsdp::{OptimizerShard, ShardDecision};
 
 /// A buffer of the program: one value in one layout, on every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]

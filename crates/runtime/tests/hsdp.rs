@@ -81,7 +81,11 @@ fn train(config: &TrainConfig) -> (Session, TrainReport, Run) {
     };
     let report = runtime::train_local(&session, &options).expect("training runs");
     for r in &report.ranks {
-        assert_eq!(r.losses, report.losses(), "every rank reports the same losses");
+        assert_eq!(
+            r.losses,
+            report.losses(),
+            "every rank reports the same losses"
+        );
     }
     let names: Vec<String> = session
         .train
@@ -190,7 +194,10 @@ fn hsdp_memory_follows_the_zero_formulas() {
         .iter()
         .map(|p| p.layout.n_elements() * 4)
         .sum();
-    assert_eq!(psi, total_bytes, "data parallelism holds every parameter whole");
+    assert_eq!(
+        psi, total_bytes,
+        "data parallelism holds every parameter whole"
+    );
     let n = 4;
     for threshold in [0, 16] {
         for level in ["level1", "level2", "level3"] {
@@ -207,7 +214,11 @@ fn hsdp_memory_follows_the_zero_formulas() {
             if threshold == 0 {
                 assert_eq!(unsharded, 0, "threshold 0 shards every parameter");
             } else {
-                assert_eq!(sharded, 256 * 32 * 4, "16 KB shards the embedding table alone");
+                assert_eq!(
+                    sharded,
+                    256 * 32 * 4,
+                    "16 KB shards the embedding table alone"
+                );
             }
             let expected = match level {
                 "level1" => ParamMemory {
@@ -227,7 +238,10 @@ fn hsdp_memory_follows_the_zero_formulas() {
                 },
             };
             for (rank, m) in memory.iter().enumerate() {
-                assert_eq!(*m, expected, "{level}, threshold {threshold} KB, rank {rank}");
+                assert_eq!(
+                    *m, expected,
+                    "{level}, threshold {threshold} KB, rank {rank}"
+                );
             }
             println!(
                 "hsdp {level}, threshold {threshold} KB: {} B per rank (parameters {}, gradients {}, Adam {}) against plain data parallelism's {}",
@@ -280,7 +294,12 @@ fn hsdp_checkpoints_record_the_optimizer_shard() {
             "{level}: weights are saved in pieces at level 3 only"
         );
         let merged = out.join("merged-ms");
-        let names: Vec<String> = session.train.params.iter().map(|p| p.name.clone()).collect();
+        let names: Vec<String> = session
+            .train
+            .params
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
         ckpt::unified_safetensors(
             &out,
             &out.join("strategy.ckpt"),
@@ -318,7 +337,10 @@ fn hsdp_runs_resume_under_other_levels_and_strategies() {
     ));
     let resume = format!("output.resume_from=\"{}\"", first.display());
     let seconds = [
-        ("level 1, dp 4", parallel(4, "model_parallel = 1", Some("threshold = 0"))),
+        (
+            "level 1, dp 4",
+            parallel(4, "model_parallel = 1", Some("threshold = 0")),
+        ),
         ("no sharding, dp 2", parallel(2, "model_parallel = 1", None)),
     ];
     for (i, (what, body)) in seconds.iter().enumerate() {
@@ -352,7 +374,10 @@ fn hsdp_explain_shows_shards_and_collectives() {
             &parallel(4, "model_parallel = 1", Some(&hsdp)),
             1,
         );
-        Session::new(&cfg).expect("the session builds").train.explain()
+        Session::new(&cfg)
+            .expect("the session builds")
+            .train
+            .explain()
     };
     let level1 = explain("level1", 16);
     assert!(level1.contains("hsdp level1: optimizer shard"), "{level1}");
@@ -365,13 +390,16 @@ fn hsdp_explain_shows_shards_and_collectives() {
     let level2 = explain("level2", 0);
     let to_shard = level2
         .lines()
-        .find(|l| l.contains("the gradient of blocks.0.attn.qkv.weight goes to its optimizer shard"))
+        .find(|l| {
+            l.contains("the gradient of blocks.0.attn.qkv.weight goes to its optimizer shard")
+        })
         .unwrap_or_else(|| panic!("a gradient to its shard:\n{level2}"));
     assert!(to_shard.contains("reduce-scatter"), "{to_shard}");
     let table_pieces = level2
         .lines()
         .filter(|l| {
-            l.contains("embedding.embedding_table.grad_sum1 needs input") && l.contains("reduce-scatter")
+            l.contains("embedding.embedding_table.grad_sum1 needs input")
+                && l.contains("reduce-scatter")
         })
         .count();
     assert_eq!(table_pieces, 2, "{level2}");
@@ -379,7 +407,10 @@ fn hsdp_explain_shows_shards_and_collectives() {
         .lines()
         .filter(|l| l.contains("all-reduce") && !l.contains("-> reshard loss:"))
         .collect();
-    assert!(all_reduces.is_empty(), "level 2 all-reduces no gradient: {all_reduces:#?}");
+    assert!(
+        all_reduces.is_empty(),
+        "level 2 all-reduces no gradient: {all_reduces:#?}"
+    );
     let level3 = explain("level3", 16);
     assert!(!level3.contains("after the optimizer update:"), "{level3}");
     let gather = level3
@@ -394,16 +425,56 @@ fn hsdp_explain_shows_shards_and_collectives() {
 fn hsdp_bad_values_name_the_key() {
     let tmp = tempfile::tempdir().unwrap();
     let cases = [
-        ("shard_size = 0", "parallel.hsdp.shard_size", "shard_size must be a positive integer or -1, but got 0."),
-        ("shard_size = -2", "parallel.hsdp.shard_size", "shard_size must be a positive integer or -1, but got -2."),
-        ("shard_size = \"all\"", "parallel.hsdp.shard_size", "shard_size must be a positive integer or -1"),
-        ("shard_size = 3", "parallel.hsdp.shard_size", "positive divisor of the 4 devices"),
-        ("shard_size = 8", "parallel.hsdp.shard_size", "positive divisor of the 4 devices"),
-        ("threshold = -1", "parallel.hsdp.threshold", "threshold must be a positive integer or 0, but got -1."),
-        ("threshold = 1.5", "parallel.hsdp.threshold", "threshold must be a positive integer or 0"),
-        ("optimizer_level = \"level4\"", "parallel.hsdp.optimizer_level", "Optimizer level should in ['level1', 'level2', 'level3'], but got \"level4\""),
-        ("optimizer_level = 1", "parallel.hsdp.optimizer_level", "Optimizer level should in"),
-        ("gradient_accumulation_shard = true", "parallel.hsdp.gradient_accumulation_shard", "unknown key"),
+        (
+            "shard_size = 0",
+            "parallel.hsdp.shard_size",
+            "shard_size must be a positive integer or -1, but got 0.",
+        ),
+        (
+            "shard_size = -2",
+            "parallel.hsdp.shard_size",
+            "shard_size must be a positive integer or -1, but got -2.",
+        ),
+        (
+            "shard_size = \"all\"",
+            "parallel.hsdp.shard_size",
+            "shard_size must be a positive integer or -1",
+        ),
+        (
+            "shard_size = 3",
+            "parallel.hsdp.shard_size",
+            "positive divisor of the 4 devices",
+        ),
+        (
+            "shard_size = 8",
+            "parallel.hsdp.shard_size",
+            "positive divisor of the 4 devices",
+        ),
+        (
+            "threshold = -1",
+            "parallel.hsdp.threshold",
+            "threshold must be a positive integer or 0, but got -1.",
+        ),
+        (
+            "threshold = 1.5",
+            "parallel.hsdp.threshold",
+            "threshold must be a positive integer or 0",
+        ),
+        (
+            "optimizer_level = \"level4\"",
+            "parallel.hsdp.optimizer_level",
+            "Optimizer level should in ['level1', 'level2', 'level3'], but got \"level4\"",
+        ),
+        (
+            "optimizer_level = 1",
+            "parallel.hsdp.optimizer_level",
+            "Optimizer level should in",
+        ),
+        (
+            "gradient_accumulation_shard = true",
+            "parallel.hsdp.gradient_accumulation_shard",
+            "unknown key",
+        ),
     ];
     for (body, key, message) in cases {
         let text = format!(

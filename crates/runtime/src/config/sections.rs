@@ -559,8 +559,9 @@ fn read_hsdp(key: &str, value: Value, devices: usize) -> Result<HsdpConfig, Runt
         )),
     })?;
     let threshold_kb = s.or("threshold", defaults.threshold_kb, |key, v| match v {
-        Value::Integer(n) if n >= 0 => usize::try_from(n)
-            .map_err(|_| config_error(key, format!("{n} is too large"))),
+        Value::Integer(n) if n >= 0 => {
+            usize::try_from(n).map_err(|_| config_error(key, format!("{n} is too large")))
+        }
         other => Err(config_error(
             key,
             format!("threshold must be a positive integer or 0, but got {other}."),
