@@ -61,8 +61,8 @@ pub struct OptimizerShard {
 /// What optimizer parallelism decided for one trainable parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShardDecision {
-    /// Sharded.
-    Sharded(OptimizerShard),
+    /// Sharded (boxed: two layouts are large beside a reason).
+    Sharded(Box<OptimizerShard>),
     /// Left whole, and why.
     Unsharded(String),
 }
@@ -125,13 +125,13 @@ pub(crate) fn decide(
         .rank_of_slot(group[k - 1])
         .abs_diff(mesh.rank_of_slot(group[0]))
         / (k - 1);
-    ShardDecision::Sharded(OptimizerShard {
+    ShardDecision::Sharded(Box::new(OptimizerShard {
         level: config.level,
         strategy_layout: strategy_layout.clone(),
         layout,
         size: k,
         step,
-    })
+    }))
 }
 
 /// The whole size in bytes of parameter `value` of `graph`.
