@@ -541,24 +541,39 @@ impl Program {
         );
         let _ = writeln!(out, "\nparameters:");
         for p in &self.params {
-            let slice = match p.layout.row_split() {
-                Some(rows) => format!("rows {rows:?} × {:?}", &p.layout.slice_shape()[1..]),
-                None => format!("{:?}", p.layout.slice_shape()),
+            // The layout the parameter's consumers need (under level 3 its buffer holds less).
+            let layout = p
+                .optimizer_shard()
+                .map_or(&p.layout, |shard| &shard.strategy_layout);
+            let slice = match layout.row_split() {
+                Some(rows) => format!("rows {rows:?} × {:?}", &layout.slice_shape()[1..]),
+                None => format!("{:?}", layout.slice_shape()),
             };
             let _ = writeln!(
                 out,
                 "  {:<20} {:?} as {} over {} (slice {slice}, {} copies)",
                 p.name,
-                p.layout.shape(),
-                p.layout.layout().describe_map(),
-                p.layout.mesh(),
-                p.layout.replica_count()
+                layout.shape(),
+                layout.layout().describe_map(),
+                layout.mesh(),
+                layout.replica_count()
             );
             match &p.hsdp {
                 Some(ShardDecision::Sharded(shard)) => {
+                    let what = match shard.level {
+                        OptimizerLevel::Level1 => {
+                            "optimizer state and update in pieces, weights gathered after the update"
+                        }
+                        OptimizerLevel::Level2 => {
+                            "gradient, optimizer state and update in pieces, weights gathered after the update"
+                        }
+                        OptimizerLevel::Level3 => {
+                            "weight, gradient, optimizer state and update in pieces, weight gathered before use"
+                        }
+                    };
                     let _ = writeln!(
                         out,
-                        "  {:<20} hsdp {}: optimizer shard {} (slice {:?}), dim 0 over groups of {} ranks (step {})",
+                        "  {:<20} hsdp {}: optimizer shard {} (slice {:?}), dim 0 over groups of {} ranks (step {}): {what}",
                         "",
                         shard.level.name(),
                         shard.layout.layout().describe_map(),

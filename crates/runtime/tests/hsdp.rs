@@ -262,6 +262,7 @@ fn hsdp_memory_follows_the_zero_formulas() {
 #[test]
 fn hsdp_checkpoints_record_the_optimizer_shard() {
     let tmp = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
     for level in ["level1", "level3"] {
         let out = tmp.path().join(level);
         let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0\nshard_size = 2");
@@ -294,12 +295,6 @@ fn hsdp_checkpoints_record_the_optimizer_shard() {
             "{level}: weights are saved in pieces at level 3 only"
         );
         let merged = out.join("merged-ms");
-        let names: Vec<String> = session
-            .train
-            .params
-            .iter()
-            .map(|p| p.name.clone())
-            .collect();
         ckpt::unified_safetensors(
             &out,
             &out.join("strategy.ckpt"),
@@ -307,11 +302,61 @@ fn hsdp_checkpoints_record_the_optimizer_shard() {
             &ckpt::MergeOptions::default(),
         )
         .expect("the checkpoints merge with the MindSpore strategy");
-        let part = ckpt::CheckpointFile::open(&merged.join("part0.safetensors")).unwrap();
-        for (name, values) in names.iter().zip(&from_json) {
-            let t = part.read_tensor(name).expect("a merged parameter");
-            assert_eq!(t.as_f32().unwrap(), values.1.as_slice(), "{level}: {name}");
-        }
+        assert_tensors(&merged.join("part0.safetensors"), &from_json, level);
+        runs.push((out, from_json));
+    }
+    // `tessera ckpt convert`: the level-3 checkpoint (weights in pieces of 2) converted to the
+    // level-1 run's strategy (weights whole, moments in pieces), then merged, holds the same
+    // tensors.
+    let (level1_dir, _) = &runs[0];
+    let (level3_dir, level3_params) = &runs[1];
+    let converted = tmp.path().join("converted");
+    ckpt::convert_checkpoints(
+        level3_dir,
+        &level3_dir.join("strategy.ckpt"),
+        &converted,
+        Some(&level1_dir.join("strategy.json")),
+        &ckpt::ConvertOptions::default(),
+    )
+    .expect("level 3 converts to level 1");
+    let merged = tmp.path().join("converted-merged");
+    ckpt::unified_safetensors(
+        &converted,
+        &level1_dir.join("strategy.json"),
+        &merged,
+        &ckpt::MergeOptions::default(),
+    )
+    .expect("the converted checkpoint merges");
+    assert_tensors(
+        &merged.join("part0.safetensors"),
+        level3_params,
+        "converted",
+    );
+    // The moments, held in pieces of 2 by both, come through too.
+    let moments: Vec<(String, Vec<f32>)> = ["moment1", "moment2"]
+        .iter()
+        .map(|m| {
+            let name = format!("{m}.blocks.0.attn.qkv.weight");
+            let part = ckpt::CheckpointFile::open(&level3_dir.join("merged-ms/part0.safetensors"))
+                .unwrap();
+            let values = part.read_tensor(&name).unwrap().as_f32().unwrap().to_vec();
+            assert!(values.iter().any(|&v| v != 0.0), "{name} has been updated");
+            (name, values)
+        })
+        .collect();
+    assert_tensors(
+        &merged.join("part0.safetensors"),
+        &moments,
+        "converted moments",
+    );
+}
+
+/// The tensors of `file` are `expected`, bit for bit.
+fn assert_tensors(file: &Path, expected: &[(String, Vec<f32>)], what: &str) {
+    let part = ckpt::CheckpointFile::open(file).expect("a merged part");
+    for (name, values) in expected {
+        let t = part.read_tensor(name).expect("a merged parameter");
+        assert_eq!(t.as_f32().unwrap(), values.as_slice(), "{what}: {name}");
     }
 }
 
