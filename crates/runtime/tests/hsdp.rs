@@ -360,6 +360,33 @@ fn assert_tensors(file: &Path, expected: &[(String, Vec<f32>)], what: &str) {
     }
 }
 
+/// In deterministic mode (`docs/DETERMINISM.md`) every level trains bitwise what one device
+/// trains: a reduce-scatter adds in the same canonical order as an all-reduce, and the update
+/// of a piece is the update of those elements.
+#[test]
+fn hsdp_in_deterministic_mode_is_bitwise_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deterministic = ["train.deterministic=true".to_string()];
+    let (_, _, reference) = train(&config_with(
+        &tmp.path().join("sa"),
+        "adam",
+        "mode = \"stand_alone\"",
+        5,
+        &deterministic,
+    ));
+    for level in ["level1", "level2", "level3"] {
+        let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0");
+        let (_, _, run) = train(&config_with(
+            &tmp.path().join(level),
+            "adam",
+            &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(&hsdp)),
+            5,
+            &deterministic,
+        ));
+        assert_eq!(run, reference, "{level}: bitwise one device's run");
+    }
+}
+
 /// A run saved under level 3 (weights and Adam's moments in pieces of 2 on dp 2 × mp 2)
 /// resumes under level 1 on 4 data-parallel ranks (weights whole, moments in pieces of 4) and
 /// under no sharding at all: each continues one device's uninterrupted run.
