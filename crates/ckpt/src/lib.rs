@@ -15,7 +15,8 @@
 //!   [`minimal_rank_list`], [`unified_safetensors`], [`load_distributed_checkpoint`],
 //!   [`load_segmented_checkpoints`], [`dedup_checkpoints`] with [`parameter_redundancy`] and
 //!   [`remove_param_redundancy`], [`verify_checkpoints`], [`merge_pipeline_strategies`],
-//!   [`restore_group_info_list`].
+//!   [`restore_group_info_list`], and [`diff_checkpoints`] (two checkpoints of any strategies,
+//!   tensor by tensor, merged on the fly: largest differences and bitwise equality).
 //! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
 //!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
 //! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]
@@ -190,6 +191,7 @@ mod box_runs;
 mod ckpt_file;
 mod convert;
 mod dedup;
+mod diff;
 mod direct;
 mod error;
 mod execute;
@@ -222,6 +224,10 @@ pub use crate::convert::{
 pub use crate::dedup::{
     dedup_checkpoints, parameter_redundancy, redundancy_of_file, remove_param_redundancy,
     DedupReport, RedundancyMap,
+};
+pub use crate::diff::{
+    compare_tensors, diff_checkpoints, DiffReport, DiffSide, DiffStats, TensorComparison,
+    TensorDiff,
 };
 pub use crate::error::{CkptError, Result};
 pub use crate::execute::DEFAULT_CHUNK_BYTES;

@@ -5,6 +5,10 @@
 //! (each rank sends `size / n`). Bus bandwidth is the algorithm bandwidth `size / t` times
 //! `2(n-1)/n` for all-reduce and `(n-1)/n` for all-gather, so it is comparable across rank
 //! counts and with the hardware's copy bandwidth. Each timing is the slowest rank's.
+//!
+//! The deterministic all-reduce (issue 17: the canonical summation tree over the ranks) is
+//! timed in the same runs as the ordinary one, run for run, and reported beside it with the
+//! median ratio of their times (its bandwidth as a share of the ordinary one's).
 
 use std::time::{Duration, Instant};
 
@@ -123,11 +127,19 @@ fn sweep(
             );
             println!(
                 "#     size   all-reduce             all-gather             MPI_Allreduce          \
-                 MPI_Allgather          all-reduce/MPI  all-gather/MPI"
+                 MPI_Allgather          all-reduce/MPI  all-gather/MPI  \
+                 det all-reduce         det/all-reduce"
             );
         } else {
-            println!("#     size   all-reduce             all-gather");
+            println!(
+                "#     size   all-reduce             all-gather             det all-reduce         \
+                 det/all-reduce"
+            );
         }
+        println!(
+            "# det all-reduce: all_reduce_deterministic (canonical tree, issue 17); \
+             det/all-reduce: median over runs of the all-reduce's time / its time"
+        );
     }
     let all_reduce_factor = 2.0 * (n - 1) as f64 / n as f64;
     let all_gather_factor = (n - 1) as f64 / n as f64;
@@ -153,6 +165,12 @@ fn sweep(
                 move || baseline.all_gather(&send, &mut recv)
             }));
         }
+        // Last, so the baseline keeps index 1.
+        all_reduces.push(Box::new({
+            let mut buf = vec![1f32; count];
+            move || comm.all_reduce_deterministic_in_place(&mut buf, ReduceOp::Sum)
+        }));
+        let det = all_reduces.len() - 1;
         let all_reduce = measure(comm, size, args.reps, &mut all_reduces)?;
         let all_gather = measure(comm, size, args.reps, &mut all_gathers)?;
         if comm.rank() == 0 {
@@ -171,6 +189,11 @@ fn sweep(
                     100.0 * paired_ratio(&all_gather[1], &all_gather[0]),
                 );
             }
+            line += &format!(
+                "  {}  {:>13.0}%",
+                bus_bandwidth(size, &all_reduce[det], all_reduce_factor),
+                100.0 * paired_ratio(&all_reduce[0], &all_reduce[det]),
+            );
             println!("{line}");
         }
         size *= 4;

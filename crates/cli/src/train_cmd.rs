@@ -38,6 +38,11 @@ pub struct TrainArgs {
     /// every reshard and the bytes exchanged with each).
     #[arg(long, value_name = "RANK")]
     explain_rank: Option<usize>,
+    /// Write every rank's timeline of the pipelined steps (compute and waiting spans) to FILE
+    /// in Chrome trace-event format (Perfetto, chrome://tracing). Under MPI each process writes
+    /// its rank's, `FILE` with `.rank<r>` before the extension.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Where the ranks run.
     #[arg(long, value_enum, default_value = "local")]
     backend: Backend,
@@ -79,6 +84,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if let Some(path) = &args.trace {
+        if !session.is_pipelined() {
+            anyhow::bail!(
+                "--trace {}: the run has no pipelined steps to trace (set [parallel.pipeline] stages > 1 and micro_batches > 1)",
+                path.display()
+            );
+        }
+    }
     // `train_local` / `train_mpi` check the output directory, the metrics log and the
     // checkpoint resumed from before any rank starts (runtime::check_before_start).
     let out_dir = config.output().dir.clone();
@@ -98,6 +111,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         Backend::Mpi => train_mpi(&session, &options)?,
     };
     let elapsed = start.elapsed().as_secs_f64();
+    if let Some(path) = &args.trace {
+        write_trace(path, &report)?;
+    }
     let is_rank0 = report.ranks.len() == session.devices() || mpi_rank_is_zero();
     if is_rank0 {
         let steps = report.losses().len();
@@ -114,6 +130,28 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
         if let Some(loss) = report.eval_losses().last() {
             println!("validation loss after the last epoch: {loss:.4}");
+        }
+        if let Some(bubble) = report.pipeline_bubble() {
+            println!(
+                "pipeline bubble (measured, mean over ranks and steps): {:.1} %",
+                bubble * 100.0
+            );
+            let peaks: Vec<String> = report
+                .ranks
+                .iter()
+                .filter_map(|r| r.pipeline.last())
+                .map(|t| {
+                    format!(
+                        "{} × {:.2} MiB",
+                        t.peak_in_flight,
+                        t.micro_batch_bytes as f64 / (1 << 20) as f64
+                    )
+                })
+                .collect();
+            println!(
+                "micro-batches held at once × their buffers, per rank: {}",
+                peaks.join(", ")
+            );
         }
         if config.output().save_checkpoint {
             println!(
@@ -142,4 +180,52 @@ fn mpi_rank_is_zero() -> bool {
         .iter()
         .find_map(|v| std::env::var(v).ok())
         .is_none_or(|r| r == "0")
+}
+
+/// Writes the ranks' pipeline timelines as Chrome trace events: every rank into `path` when
+/// this process ran them all, else this process's rank into `path` with `.rank<r>` inserted.
+fn write_trace(path: &std::path::Path, report: &runtime::TrainReport) -> anyhow::Result<()> {
+    let every_rank = report.ranks.len() == report.devices;
+    let traces: Vec<(usize, &[runtime::StepTrace])> = report
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let rank = match every_rank {
+                true => i,
+                false => r
+                    .pipeline
+                    .iter()
+                    .flat_map(|s| s.spans.first())
+                    .map(|s| s.rank)
+                    .next()
+                    .unwrap_or(0),
+            };
+            (rank, r.pipeline.as_slice())
+        })
+        .collect();
+    if traces.iter().all(|(_, t)| t.is_empty()) {
+        anyhow::bail!(
+            "--trace {}: the run has no pipelined steps to trace (set [parallel.pipeline] stages > 1 and micro_batches > 1)",
+            path.display()
+        );
+    }
+    let target = if every_rank {
+        path.to_path_buf()
+    } else {
+        let rank = traces.first().map_or(0, |(r, _)| *r);
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let ext = path
+            .extension()
+            .map(|e| format!(".{}", e.to_string_lossy()))
+            .unwrap_or_default();
+        path.with_file_name(format!("{stem}.rank{rank}{ext}"))
+    };
+    let text = serde_json::to_string(&runtime::chrome_trace(&traces))?;
+    std::fs::write(&target, text)
+        .map_err(|e| anyhow::anyhow!("--trace: cannot write {}: {e}", target.display()))?;
+    Ok(())
 }

@@ -203,3 +203,73 @@ fn a_saved_strategy_file_drives_the_next_run() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("holds no op strategies"));
 }
+
+/// `--trace`: every rank's timeline of the pipelined steps in Chrome trace-event format, with
+/// computing and waiting spans; the summary prints the measured bubble. A run without pipelined
+/// micro-batches has nothing to trace and says so.
+#[test]
+fn train_trace_records_every_ranks_pipeline_timeline() {
+    let dir = Scratch::new("train-trace");
+    let trace = dir.0.join("trace.json");
+    let base = |out: &str| -> Vec<String> {
+        [
+            "train",
+            "examples/gpt_kjv.toml",
+            "--set",
+            "parallel.devices=2",
+            "--set",
+            "parallel.model_parallel=1",
+            "--set",
+            "model.layers=2",
+            "--set",
+            "model.hidden=64",
+            "--set",
+            "train.max_steps=3",
+            "--set",
+            "train.eval=false",
+            "--set",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            format!("output.dir=\"{}\"", s(&dir.0.join(out))),
+            "--trace".to_string(),
+            s(&trace).to_string(),
+        ])
+        .collect()
+    };
+    let mut piped = base("piped");
+    piped.extend(
+        [
+            "--set",
+            "parallel.pipeline={ stages = 2, micro_batches = 4 }",
+        ]
+        .map(String::from),
+    );
+    let out = tessera(&piped.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("pipeline bubble (measured"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let spans: Vec<&serde_json::Value> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    for rank in 0..2 {
+        // Three steps × four micro-batches × forward and backward, each at least one span.
+        let computing = spans
+            .iter()
+            .filter(|e| e["tid"] == rank && e["cat"] == "compute")
+            .count();
+        assert!(computing >= 24, "rank {rank}: {computing} compute spans");
+        assert!(spans.iter().all(|e| e["dur"].as_f64().unwrap() >= 0.0));
+    }
+    // Stage 1 waits for stage 0's activations at least once per step.
+    assert!(spans.iter().any(|e| e["tid"] == 1 && e["cat"] == "wait"));
+    let plain = tessera(&base("plain").iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!plain.status.success());
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("no pipelined steps to trace"));
+}

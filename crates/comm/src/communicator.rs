@@ -153,6 +153,55 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         self.all_reduce_buf(BufMut::from_tensor(tensor), op)
     }
 
+    /// Reduces `buf` element-wise over all ranks, in place, in the canonical summation tree
+    /// (deterministic mode, issue 17): every element becomes `tree(x_0, …, x_{n-1})` over the
+    /// members in group-rank order, with the tree of [`tensor::kernels::tree::tree_reduce`]
+    /// (left subtree = the largest power of two below `n`; `Mean` divides the tree's sum by
+    /// `n`). The bits depend on the inputs and the member order alone: not on arrival order,
+    /// backend or buffer length, and they equal `tree_reduce` over the `n` parts on one
+    /// process. 16-bit floats accumulate in f32 and round once, as in
+    /// [`all_reduce_buf`](Communicator::all_reduce_buf); every dtype and op that it accepts is
+    /// accepted (`sum`/`mean` on bool fail with [`CommError::UnsupportedReduction`]).
+    ///
+    /// The provided algorithm is a reduce-scatter plus an all-gather: the owner of each
+    /// [`split_counts`] chunk receives the members' chunks
+    /// ([`all_to_all_v_bytes`](Communicator::all_to_all_v_bytes)), combines them in the tree,
+    /// and the reduced chunks are all-gathered
+    /// ([`all_gather_v_bytes`](Communicator::all_gather_v_bytes)): `2(n−1)/n` of the buffer
+    /// per rank, like a ring all-reduce. A backend may override it with a faster schedule of
+    /// the same arithmetic.
+    fn all_reduce_deterministic_buf(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        crate::deterministic::all_reduce(self, buf, op)
+    }
+
+    /// [`reduce_scatter_v`](Communicator::reduce_scatter_v) in the canonical summation tree:
+    /// `recv` gets part `rank()` of the result that
+    /// [`all_reduce_deterministic_buf`](Communicator::all_reduce_deterministic_buf) gives, with
+    /// the same arguments and checks as `reduce_scatter_v`. The provided algorithm is the
+    /// all-to-all-v half of the deterministic all-reduce.
+    fn reduce_scatter_deterministic_v(
+        &self,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        crate::deterministic::reduce_scatter_v(
+            self,
+            "reduce_scatter_deterministic",
+            send,
+            recv,
+            counts,
+            op,
+        )
+    }
+
+    /// [`all_reduce_deterministic_buf`](Communicator::all_reduce_deterministic_buf) on a
+    /// tensor, in place: the canonical-tree all-reduce of deterministic mode.
+    fn all_reduce_deterministic(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), CommError> {
+        self.all_reduce_deterministic_buf(BufMut::from_tensor(tensor), op)
+    }
+
     /// [`broadcast_bytes`](Communicator::broadcast_bytes) on a tensor (same shape and dtype on
     /// every rank).
     fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), CommError> {
@@ -225,6 +274,37 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         shape[0] = rows[self.rank()];
         let mut out = Tensor::zeros(tensor.dtype(), &shape);
         self.reduce_scatter_v(
+            Buf::from_tensor(tensor),
+            BufMut::from_tensor(&mut out),
+            &counts,
+            op,
+        )?;
+        Ok(out)
+    }
+
+    /// [`reduce_scatter`](Communicator::reduce_scatter) in the canonical summation tree: rank
+    /// `r` gets rows `split_counts(d0, size)[r]` of what
+    /// [`all_reduce_deterministic`](Communicator::all_reduce_deterministic) computes.
+    fn reduce_scatter_deterministic(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Tensor, CommError> {
+        let (&d0, rest) =
+            tensor
+                .shape()
+                .split_first()
+                .ok_or_else(|| CommError::InvalidArgument {
+                    site: self.site("reduce_scatter_deterministic"),
+                    reason: "a 0-dim tensor has no dim 0 to scatter along".to_string(),
+                })?;
+        let row_len: usize = rest.iter().product();
+        let rows = split_counts(d0, self.size());
+        let counts: Vec<usize> = rows.iter().map(|r| r * row_len).collect();
+        let mut shape = tensor.shape().to_vec();
+        shape[0] = rows[self.rank()];
+        let mut out = Tensor::zeros(tensor.dtype(), &shape);
+        self.reduce_scatter_deterministic_v(
             Buf::from_tensor(tensor),
             BufMut::from_tensor(&mut out),
             &counts,
@@ -315,6 +395,17 @@ pub trait CommunicatorExt: Communicator {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         self.all_reduce_buf(BufMut::new(data), op)
+    }
+
+    /// Deterministic all-reduce of a slice in place
+    /// ([`all_reduce_deterministic_buf`](Communicator::all_reduce_deterministic_buf)): the
+    /// gradient reduction of deterministic mode.
+    fn all_reduce_deterministic_in_place<T: Element>(
+        &self,
+        data: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        self.all_reduce_deterministic_buf(BufMut::new(data), op)
     }
 
     /// Reduce-scatter of a slice split by [`split_counts`]; `recv` holds this rank's part.

@@ -74,6 +74,7 @@ macro_rules! __comm_case_list {
     ($callback:ident ! ($($prefix:tt)*)) => {
         $crate::$callback!($($prefix)*
             barrier, broadcast, all_reduce, all_reduce_tensor_and_slices, reduce_scatter,
+            all_reduce_deterministic,
             all_gather, all_gather_v, all_to_all, all_to_all_v, send_recv, split_and_groups,
             concurrent_groups, invalid_arguments_poison_nothing
         );
@@ -384,6 +385,150 @@ pub fn reduce_scatter(comm: &dyn Communicator) -> CaseResult {
     let want = rows(&reference_reduce(&all, ReduceOp::Sum), start, counts[me]);
     let got = Tensor::from_vec(&[counts[me]], part).expect("len");
     expect_eq(comm, "reduce_scatter_into f32", &got, &want)
+}
+
+/// Rank `rank`'s input for the deterministic reductions: values whose sums round, with
+/// magnitudes spread over twelve decades, so that another summation order gives other bits.
+fn inexact_input(dtype: DType, len: usize, rank: usize, salt: usize) -> Tensor {
+    let values: Vec<f64> = (0..len)
+        .map(|i| {
+            let k = rank * 7 + i * 3 + salt * 5;
+            let sign = if k % 3 == 0 { -1.0 } else { 1.0 };
+            sign / (1.0 + (k % 13) as f64) * 10f64.powi((k % 12) as i32 - 6)
+        })
+        .collect();
+    Tensor::from_vec(&[len], values)
+        .expect("shape matches")
+        .to_dtype(dtype)
+}
+
+/// The canonical-tree reduction of `inputs` (member order) computed serially with
+/// `tensor::kernels::tree::tree_reduce`, in the dtype (f32 accumulating for 16-bit floats).
+fn reference_tree(inputs: &[Tensor], op: ReduceOp) -> Tensor {
+    use tensor::kernels::tree::tree_reduce;
+    let n = inputs.len();
+    let first = &inputs[0];
+    fn fold<T: Copy>(
+        n: usize,
+        len: usize,
+        value: impl Fn(usize, usize) -> T,
+        combine: impl Fn(T, T) -> T,
+    ) -> Vec<T> {
+        (0..len)
+            .map(|i| tree_reduce(n, &mut |p| value(p, i), &mut |a, b| combine(a, b)))
+            .collect()
+    }
+    let len = first.n_elements();
+    match first.dtype() {
+        DType::F64 => {
+            let v: Vec<&[f64]> = inputs
+                .iter()
+                .map(|t| t.as_slice::<f64>().expect("f64"))
+                .collect();
+            let out = match op {
+                ReduceOp::Sum | ReduceOp::Mean => fold(n, len, |p, i| v[p][i], |a, b| a + b),
+                ReduceOp::Max => fold(n, len, |p, i| v[p][i], f64::max),
+                ReduceOp::Min => fold(n, len, |p, i| v[p][i], f64::min),
+            };
+            let out = out
+                .into_iter()
+                .map(|x| {
+                    if op == ReduceOp::Mean {
+                        x / n as f64
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            Tensor::from_vec(first.shape(), out).expect("shape")
+        }
+        dtype => {
+            // f32, and the 16-bit floats through their f32 accumulator.
+            let v: Vec<Vec<f32>> = inputs
+                .iter()
+                .map(|t| t.to_dtype(DType::F32).as_f32().expect("f32").to_vec())
+                .collect();
+            let out = match op {
+                ReduceOp::Sum | ReduceOp::Mean => fold(n, len, |p, i| v[p][i], |a, b| a + b),
+                ReduceOp::Max => fold(n, len, |p, i| v[p][i], f32::max),
+                ReduceOp::Min => fold(n, len, |p, i| v[p][i], f32::min),
+            };
+            let out: Vec<f32> = out
+                .into_iter()
+                .map(|x| {
+                    if op == ReduceOp::Mean {
+                        x / n as f32
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            Tensor::from_vec(first.shape(), out)
+                .expect("shape")
+                .to_dtype(dtype)
+        }
+    }
+}
+
+/// Deterministic all-reduce and reduce-scatter (issue 17): every rank's result is bitwise the
+/// canonical tree over the members' inputs in member order, computed serially; on inexact
+/// floats over many decades, for every op, uneven and empty chunks, and megabytes. Integer
+/// sums, exact in any order, are checked against the ordinary all-reduce.
+pub fn all_reduce_deterministic(comm: &dyn Communicator) -> CaseResult {
+    let (n, me) = (comm.size(), comm.rank());
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for op in ReduceOp::ALL {
+            for len in [0, 1, n.saturating_sub(1), n + 1, 1_000, 40_003] {
+                let all: Vec<Tensor> = (0..n).map(|r| inexact_input(dtype, len, r, len)).collect();
+                let want = reference_tree(&all, op);
+                let mut t = all[me].clone();
+                comm.all_reduce_deterministic(&mut t, op)?;
+                expect_eq(
+                    comm,
+                    &format!("all_reduce_deterministic {op} {dtype}[{len}]"),
+                    &t,
+                    &want,
+                )?;
+                let part = comm.reduce_scatter_deterministic(&all[me], op)?;
+                let counts = split_counts(len, n);
+                let start: usize = counts[..me].iter().sum();
+                expect_eq(
+                    comm,
+                    &format!("reduce_scatter_deterministic {op} {dtype}[{len}]"),
+                    &part,
+                    &rows(&want, start, counts[me]),
+                )?;
+            }
+        }
+    }
+    let len = 1_200_007;
+    let all: Vec<Tensor> = (0..n)
+        .map(|r| inexact_input(DType::F32, len, r, 3))
+        .collect();
+    let mut t = all[me].clone();
+    comm.all_reduce_deterministic(&mut t, ReduceOp::Sum)?;
+    expect_eq(
+        comm,
+        &format!("all_reduce_deterministic sum f32[{len}]"),
+        &t,
+        &reference_tree(&all, ReduceOp::Sum),
+    )?;
+    let all = inputs(DType::I64, &[777], n, 2);
+    let mut t = all[me].clone();
+    comm.all_reduce_deterministic(&mut t, ReduceOp::Mean)?;
+    expect_eq(
+        comm,
+        "all_reduce_deterministic mean i64[777]",
+        &t,
+        &reference_reduce(&all, ReduceOp::Mean),
+    )?;
+    let mut flags = Tensor::from_bools(&[1], &[true]).expect("one");
+    let unsupported = comm.all_reduce_deterministic(&mut flags, ReduceOp::Sum);
+    expect(
+        comm,
+        matches!(unsupported, Err(CommError::UnsupportedReduction { .. })),
+        || format!("deterministic sum of bools: {unsupported:?}"),
+    )
 }
 
 /// All-gather along dim 0, any dtype, including 0-dim tensors and empty ones.

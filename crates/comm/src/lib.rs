@@ -23,6 +23,14 @@
 //!   (what the reshard engine uses to move boxes). Reductions ([`ReduceOp`]: sum, mean, max,
 //!   min) work on every numeric dtype (f16/bf16 accumulate in f32; bool takes max/min only);
 //!   moves work on any dtype as bytes.
+//! - **Deterministic reductions** (issue 17):
+//!   [`all_reduce_deterministic`](Communicator::all_reduce_deterministic) and
+//!   [`reduce_scatter_deterministic`](Communicator::reduce_scatter_deterministic) combine the
+//!   members' elements in the canonical summation tree of `tensor::kernels::tree`, in member
+//!   order, so the bits equal `tree_reduce` over the members' inputs on one process, on every
+//!   backend and whatever the arrival order. Provided methods (an all-to-all-v of chunks to
+//!   their owners, the tree, an all-gather-v); the local backend overrides the all-reduce with
+//!   its fused lend-based schedule of the same arithmetic.
 //! - **Groups**: [`group`](Communicator::group) takes ranks of the parent and numbers them in
 //!   the order given; only the listed ranks call it. Each group has its own channels, so
 //!   concurrent groups never mix messages or collectives.
@@ -74,6 +82,7 @@
 mod buf;
 mod communicator;
 pub mod conformance;
+mod deterministic;
 mod error;
 mod local;
 #[cfg(feature = "mpi")]

@@ -23,6 +23,7 @@ use crate::error::ParallelError;
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
 use crate::hsdp::{decide, param_bytes, ShardDecision};
 use crate::patterns::{resolve_manual_split, resolve_op_patterns};
+use crate::pipeline::{node_stages, relocate, relocate_dist, NodeStages};
 use crate::rules::{infer, strategy, OpContext};
 
 /// Where a node's strategy comes from.
@@ -233,16 +234,18 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
         _ => config,
     };
     let stage = strategy::device_mesh(devices);
+    // Pipeline stages: every node's strategy applies on its stage's devices, then its layouts
+    // move onto that stage's ranks (stage s holds ranks s·n .. (s + 1)·n).
+    let stages = pipeline_stages(graph, config, devices)?;
+    let per_stage = stages.as_ref().map_or(devices, |(_, n)| *n);
+    let offset_of_node = |id: usize| stages.as_ref().map_or(0, |(st, n)| st.nodes[id] * n);
+    let offset_of_value = |v: ValueId| stages.as_ref().map_or(0, |(st, n)| st.values[v.0] * n);
+    let stage_mesh = strategy::device_mesh(per_stage);
     let mut leaves: Vec<Option<TensorLayout>> = vec![None; graph.values().len()];
     for (index, &v) in graph.inputs().iter().enumerate() {
         let value = &graph.values()[v.0];
-        leaves[v.0] = Some(input_layout(
-            config,
-            &stage,
-            &value.shape,
-            index,
-            &value.name,
-        )?);
+        let layout = input_layout(config, &stage_mesh, &value.shape, index, &value.name)?;
+        leaves[v.0] = Some(relocated(&layout, offset_of_value(v), &value.name)?);
     }
     let mut placed = PlacedGraph {
         graph: graph.clone(),
@@ -254,10 +257,13 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
     };
     // Optimizer parallelism needs replicas: none on one device.
     let hsdp = config.hsdp.as_ref().filter(|_| devices > 1);
-    for node in graph.nodes() {
+    for (id, node) in graph.nodes().iter().enumerate() {
         let ctx = OpContext::of(graph, node);
         let placement = match &node.role {
-            NodeRole::Forward => place_forward(&ctx, node, config, devices, &placed)?,
+            NodeRole::Forward => {
+                let p = place_forward(&ctx, node, config, per_stage, &placed)?;
+                relocate_placement(&ctx, p, offset_of_node(id))?
+            }
             NodeRole::Backward(grad_of) => {
                 let forward = &graph.nodes()[grad_of.forward.0];
                 let fwd_place = &placed.nodes[grad_of.forward.0];
@@ -357,6 +363,70 @@ fn optimizer_shard(
         }
     )
     .then(|| decide(hsdp, strategy_layout, param_bytes(graph, p)))
+}
+
+/// The stage of every node and the devices per stage, when `config` asks for more than one
+/// pipeline stage.
+fn pipeline_stages(
+    graph: &Graph,
+    config: &ParallelConfig,
+    devices: usize,
+) -> Result<Option<(NodeStages, usize)>, ParallelError> {
+    let Some(p) = config.pipeline.as_ref().filter(|p| p.stages > 1) else {
+        return Ok(None);
+    };
+    let setting = |e: crate::pipeline::PipelineError| ParallelError::Setting {
+        setting: "pipeline",
+        reason: e.to_string(),
+    };
+    p.validate(devices).map_err(setting)?;
+    let stages = node_stages(graph, p).map_err(setting)?;
+    Ok(Some((stages, devices / p.stages)))
+}
+
+/// `layout` moved `offset` ranks up (onto its stage's ranks).
+fn relocated(
+    layout: &TensorLayout,
+    offset: usize,
+    what: &str,
+) -> Result<TensorLayout, ParallelError> {
+    relocate(layout, offset).map_err(|e| ParallelError::Layout {
+        op: what.to_string(),
+        source: e,
+    })
+}
+
+/// A placement computed on a stage's devices, moved onto the stage's ranks.
+fn relocate_placement(
+    ctx: &OpContext<'_>,
+    mut p: NodePlacement,
+    offset: usize,
+) -> Result<NodePlacement, ParallelError> {
+    if offset == 0 {
+        return Ok(p);
+    }
+    let err = |e| ctx.layout_error(e);
+    p.inputs = p
+        .inputs
+        .iter()
+        .map(|l| relocate(l, offset).map_err(err))
+        .collect::<Result<_, _>>()?;
+    // Constants are computed whole on every rank; their consumers take a local slice.
+    if !p.inputs.is_empty() {
+        p.outputs = p
+            .outputs
+            .iter()
+            .map(|l| relocate_dist(l, offset).map_err(err))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(out) = p.out_layouts.take() {
+        p.out_layouts = Some(
+            out.iter()
+                .map(|l| relocate(l, offset).map_err(err))
+                .collect::<Result<_, _>>()?,
+        );
+    }
+    Ok(p)
 }
 
 /// The layout a value has for its consumers: a parameter not yet laid out is replicated.

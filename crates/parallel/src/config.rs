@@ -214,6 +214,9 @@ pub struct ParallelConfig {
     pub deterministic: bool,
     /// Optimizer parallelism (`[parallel.hsdp]`), when on.
     pub hsdp: Option<HsdpConfig>,
+    /// `[parallel.pipeline]`: with more than one stage, every op runs on its stage's sub-mesh
+    /// (its strategy applies within the stage's devices) and values cross stages by reshards.
+    pub pipeline: Option<crate::pipeline::PipelineConfig>,
 }
 
 impl ParallelConfig {
@@ -230,6 +233,7 @@ impl ParallelConfig {
             deterministic_blocks: 16,
             deterministic: false,
             hsdp: None,
+            pipeline: None,
         }
     }
 

@@ -510,6 +510,68 @@ impl Program {
                 .sum::<usize>()
     }
 
+    /// The pipeline section of [`Program::explain`]: each stage's ranks and layers, and the
+    /// bytes sent between stages per step.
+    fn explain_stages(&self, p: &crate::pipeline::PipelineConfig, out: &mut String) {
+        let Ok(stages) = crate::pipeline::node_stages(&self.placed.graph, p) else {
+            return;
+        };
+        let per_stage = self.devices() / p.stages.max(1);
+        let _ = writeln!(
+            out,
+            "\npipeline: {} stages of {per_stage} ranks, {} micro-batch(es) per step, scheduler {}",
+            p.stages,
+            p.micro_batches,
+            p.scheduler.name()
+        );
+        // The runtime runs a backward pass whole (a split backward's weight half with its input
+        // half): predict with F = 1, B = 2, W = 0.
+        let durations = crate::pipeline::Durations::uniform(1.0, 2.0, 0.0);
+        if let Ok(report) = crate::pipeline::Schedule::generate(p)
+            .and_then(|schedule| crate::pipeline::simulate(&schedule, &durations))
+        {
+            let _ = writeln!(
+                out,
+                "  predicted bubble {:.1} % (forward 1, backward 2 per micro-batch and stage); micro-batches holding activations at once, per stage: {:?}",
+                report.bubble_fraction * 100.0,
+                report.peak_activations
+            );
+        }
+        for s in 0..p.stages {
+            let layers: Vec<&str> = stages
+                .layers
+                .iter()
+                .filter(|(_, st)| *st == s)
+                .map(|(name, _)| name.as_str())
+                .collect();
+            let _ = writeln!(
+                out,
+                "  stage {s}: ranks {}..{}: {}",
+                s * per_stage,
+                (s + 1) * per_stage,
+                layers.join(", ")
+            );
+        }
+        let crossing: usize = self
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Reshard(r) => {
+                    let (from, to) = (r.plan.src().layout().mesh(), r.plan.dst().mesh());
+                    let first = |m: &layout::Mesh| m.rank_list().first().copied().unwrap_or(0);
+                    let whole = |m: &layout::Mesh| m.n_slots() == self.devices();
+                    (!whole(from) && !whole(to) && first(from) != first(to))
+                        .then(|| r.plan.bytes_total())
+                }
+                Step::Kernel(_) => None,
+            })
+            .sum();
+        let _ = writeln!(
+            out,
+            "  between stages: {crossing} bytes per step (point-to-point)"
+        );
+    }
+
     /// Every op's strategy and every inserted communication with its reason and bytes per step.
     pub fn explain(&self) -> String {
         self.explain_with(None)
@@ -539,6 +601,15 @@ impl Program {
                 .count(),
             self.bytes_per_step()
         );
+        if let Some(p) = self
+            .placed
+            .config
+            .pipeline
+            .as_ref()
+            .filter(|p| p.stages > 1)
+        {
+            self.explain_stages(p, &mut out);
+        }
         let _ = writeln!(out, "\nparameters:");
         for p in &self.params {
             // The layout the parameter's consumers need (under level 3 its buffer holds less).

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use comm::{Buf, BufMut, Communicator};
+use comm::{Buf, BufMut, Communicator, Tag};
 use layout::{SliceBox, TensorLayout};
 use tensor::region::{copy_region, Placement};
 use tensor::{DType, Tensor};
@@ -28,6 +28,9 @@ pub struct ReshardRunner {
     groups: HashMap<Vec<usize>, Box<dyn Communicator>>,
     /// Pending sums are added in the canonical tree over the group's members in block order.
     deterministic: bool,
+    /// Network transfers as tagged point-to-point messages instead of a collective exchange
+    /// ([`ReshardRunner::run_into_messages`]).
+    messages: Option<Tag>,
 }
 
 impl ReshardRunner {
@@ -37,7 +40,28 @@ impl ReshardRunner {
             world,
             groups: HashMap::new(),
             deterministic: false,
+            messages: None,
         }
+    }
+
+    /// Like [`ReshardRunner::run_into`], with the transfers between ranks sent as point-to-point
+    /// messages tagged `tag` (sends first, which do not wait for the receiver, then receives)
+    /// instead of one collective exchange. A sender and its receiver then need not run the plan
+    /// at the same moment: between pipeline stages, a stage sends its activations and goes on
+    /// while the next stage receives them when its schedule reaches them. Messages between two
+    /// ranks with one tag arrive in the order they were sent. A pending sum of the source is
+    /// still added by a collective of the source's ranks.
+    pub fn run_into_messages(
+        &mut self,
+        plan: &ReshardPlan,
+        local: &[&Tensor],
+        out: &mut [Tensor],
+        tag: Tag,
+    ) -> Result<(), ReshardError> {
+        self.messages = Some(tag);
+        let result = self.run_into(plan, local, out);
+        self.messages = None;
+        result
     }
 
     /// Deterministic mode: every pending sum is added in the canonical tree
@@ -195,7 +219,8 @@ impl ReshardRunner {
                 let order = canonical_member_order(src, group_slots);
                 let ordered: Vec<usize> = order.iter().map(|&s| mesh.device_of_slot(s)).collect();
                 let group = self.group(&ordered)?;
-                deterministic_all_reduce(group, &mut tensor)?;
+                // Reduce-scatter plus all-gather, each chunk's owner adding in the tree.
+                group.all_reduce_deterministic(&mut tensor, step.op.comm_op())?;
                 let tensor = match kind {
                     ReduceKind::AllReduce => tensor,
                     ReduceKind::ReduceScatter { dim } => {
@@ -337,6 +362,34 @@ impl ReshardRunner {
                 pos += len;
             }
         };
+        if let Some(tag) = self.messages {
+            for &peer in exchange.ranks.iter().filter(|&&p| p != me) {
+                let sends = sends_to(peer);
+                if !sends.is_empty() {
+                    let mut buf = Vec::new();
+                    pack(&sends, &mut buf);
+                    self.world.send_bytes(peer, tag, &buf)?;
+                }
+            }
+            for &peer in exchange.ranks.iter().filter(|&&p| p != me) {
+                let receives = receives_from(peer);
+                if receives.is_empty() {
+                    continue;
+                }
+                let expected: usize = receives.iter().map(|t| t.region.n_elements() * elem).sum();
+                let bytes = self.world.recv_bytes(peer, tag)?;
+                if bytes.len() != expected {
+                    return Err(ReshardError::LocalMismatch {
+                        reason: format!(
+                            "rank {peer} sent {} bytes under tag {tag}, the plan expects {expected}",
+                            bytes.len()
+                        ),
+                    });
+                }
+                unpack(&receives, &bytes, out);
+            }
+            return Ok(());
+        }
         let my_index = exchange
             .ranks
             .iter()
@@ -522,36 +575,6 @@ fn canonical_member_order(src: &DistLayout, group_slots: &[usize]) -> Vec<usize>
     let mut order = group_slots.to_vec();
     order.sort_by_key(|&s| key(s));
     order
-}
-
-/// Sums `tensor` over `group` in the canonical tree over its members (member order), every
-/// member receiving the same bits.
-fn deterministic_all_reduce(
-    group: &dyn Communicator,
-    tensor: &mut Tensor,
-) -> Result<(), ReshardError> {
-    let n = group.size();
-    if n == 1 {
-        return Ok(());
-    }
-    let gathered = group.all_gather(tensor)?;
-    let len = tensor.n_elements();
-    match tensor.dtype() {
-        tensor::DType::F32 => {
-            let mut parts = gathered.as_slice::<f32>()?.to_vec();
-            tensor::kernels::tree::tree_sum_parts(&mut parts, len, tensor.as_slice_mut::<f32>()?);
-        }
-        tensor::DType::F64 => {
-            let mut parts = gathered.as_slice::<f64>()?.to_vec();
-            tensor::kernels::tree::tree_sum_parts(&mut parts, len, tensor.as_slice_mut::<f64>()?);
-        }
-        dtype => {
-            return Err(ReshardError::Unsupported {
-                what: format!("a deterministic sum of {dtype} values (f32 and f64 only)"),
-            })
-        }
-    }
-    Ok(())
 }
 
 /// Copies `region` (global coordinates) from a slice at `src_box` to a slice at `dst_box`.

@@ -209,9 +209,16 @@ impl Callback for LossMonitor {
 }
 
 /// JSON lines of training metrics, one object per line, flushed as each is written:
-/// per step `{"epoch": 1, "step": 3, "loss": 2.28, "ms": 1.9}` (`step` counts within the
-/// epoch, from 1) and per epoch `{"epoch": 1, "eval_accuracy": 0.93}` (`null` when the loop
-/// did not evaluate), or for a language model `{"epoch": 1, "eval_loss": 2.31}`.
+/// per step `{"epoch":1,"loss":2.2871413,"ms":1.9,"step":3}` (`step` counts within the
+/// epoch, from 1) and per epoch `{"epoch":1,"eval_accuracy":0.93}` (`null` when the loop
+/// did not evaluate), or for a language model `{"epoch":1,"eval_loss":2.31}`.
+///
+/// **Exact numbers** (issue 17): the f32 step loss is written as the shortest decimal that
+/// parses back to the same f32 bits (Rust's `{}` for f32, the `LossMonitor` form:
+/// `2.2871413`, never the widened `2.287141323089599`), so two runs' logs are bitwise equal
+/// exactly when their losses are, and `text.parse::<f32>()` recovers the bits. A NaN or
+/// infinite loss is written as `null` (JSON has no such numbers). f64 values (`ms`,
+/// `eval_loss`, `eval_accuracy`) are the shortest f64 decimals.
 pub struct MetricsLog {
     path: PathBuf,
     file: File,
@@ -238,6 +245,11 @@ impl MetricsLog {
     fn write_line(&mut self, value: serde_json::Value) -> Result<(), RuntimeError> {
         let mut line = value.to_string();
         line.push('\n');
+        self.write_str(line)
+    }
+
+    /// Writes one complete line (with its newline).
+    fn write_str(&mut self, line: String) -> Result<(), RuntimeError> {
         // One write per line: a reader tailing the file never sees half a line of ours.
         self.file
             .write_all(line.as_bytes())
@@ -248,12 +260,16 @@ impl MetricsLog {
 
 impl Callback for MetricsLog {
     fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
-        self.write_line(json!({
-            "epoch": step.epoch,
-            "step": step.step_in_epoch,
-            "loss": step.loss,
-            "ms": step.step_ms,
-        }))
+        // By hand, keys in the order serde_json's map writes them, because serde_json widens
+        // an f32 to f64 and writes that f64's digits.
+        let line = format!(
+            "{{\"epoch\":{},\"loss\":{},\"ms\":{},\"step\":{}}}\n",
+            step.epoch,
+            f32_json(step.loss),
+            json!(step.step_ms),
+            step.step_in_epoch
+        );
+        self.write_str(line)
     }
 
     fn on_epoch_end(&mut self, epoch: &EpochInfo) -> Result<(), RuntimeError> {
@@ -262,6 +278,16 @@ impl Callback for MetricsLog {
             None => json!({"epoch": epoch.epoch, "eval_accuracy": epoch.eval_accuracy}),
         };
         self.write_line(line)
+    }
+}
+
+/// An f32 as a JSON number: the shortest decimal that parses back to the same bits (Rust's
+/// `{}` for f32: `2.2871413`, `0.0000001`, `-0`, `3`), or `null` when it is NaN or infinite.
+pub fn f32_json(x: f32) -> String {
+    if x.is_finite() {
+        x.to_string()
+    } else {
+        "null".to_string()
     }
 }
 
@@ -411,5 +437,90 @@ mod tests {
         assert_eq!(l2_norm(&f64_tensor), 3.0);
         assert_eq!(l2_norm(&i32_tensor), 10.0);
         assert_eq!(l2_norm(&Tensor::zeros(tensor::DType::F32, &[0])), 0.0);
+    }
+
+    /// The step lines a `MetricsLog` writes for `losses`, as text.
+    fn logged(losses: &[f32]) -> Vec<String> {
+        let dir = std::env::temp_dir().join(format!(
+            "tessera-callbacks-{}-{}",
+            std::process::id(),
+            losses.len()
+        ));
+        let path = dir.join("metrics.jsonl");
+        let mut log = MetricsLog::create(&path).unwrap();
+        for (i, &loss) in losses.iter().enumerate() {
+            let step = StepInfo {
+                rank: 0,
+                epoch: 1,
+                step_in_epoch: i + 1,
+                global_step: i as u64 + 1,
+                loss,
+                step_ms: 1.25,
+                shards: &[],
+            };
+            log.on_step_end(&step).unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// Issue 17: the log holds each f32 loss as its shortest round-trip decimal (the f32
+    /// Display form, not serde_json's widened f64 digits), parsing back to the same bits; the
+    /// lines stay valid JSON, and a non-finite loss is `null`.
+    #[test]
+    fn metrics_log_writes_f32_losses_exactly() {
+        let losses = [
+            2.287_141_3_f32,
+            0.1,
+            1.0 / 3.0,
+            f32::from_bits(0x4012_3457), // an f32 whose f64 widening has 16 digits
+            3.0,
+            -0.0,
+            1.0e-7,
+            f32::MIN_POSITIVE,
+            f32::MAX,
+            f32::NAN,
+            f32::INFINITY,
+        ];
+        let lines = logged(&losses);
+        assert_eq!(lines.len(), losses.len());
+        for (line, &loss) in lines.iter().zip(&losses) {
+            let value: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"));
+            assert_eq!(value["ms"], 1.25, "{line}");
+            let text = line
+                .split("\"loss\":")
+                .nth(1)
+                .and_then(|rest| rest.split(',').next())
+                .unwrap_or_else(|| panic!("no loss in {line:?}"));
+            if !loss.is_finite() {
+                assert_eq!(text, "null", "{line}");
+                assert!(value["loss"].is_null());
+                continue;
+            }
+            assert_eq!(text, format!("{loss}"), "the f32 Display form in {line}");
+            let back: f32 = text.parse().unwrap();
+            assert_eq!(back.to_bits(), loss.to_bits(), "{line}");
+            assert!(value["loss"].is_number(), "{line}");
+        }
+        assert!(lines[0].contains("\"loss\":2.2871413,"), "{}", lines[0]);
+        assert!(
+            !lines[0].contains("2.287141323"),
+            "widened to f64: {}",
+            lines[0]
+        );
+        assert_eq!(
+            lines[0],
+            r#"{"epoch":1,"loss":2.2871413,"ms":1.25,"step":1}"#
+        );
+    }
+
+    #[test]
+    fn f32_json_is_the_display_form_or_null() {
+        assert_eq!(f32_json(2.287_141_3), "2.2871413");
+        assert_eq!(f32_json(f64::from(2.287_141_3_f32) as f32), "2.2871413");
+        assert_eq!(f32_json(-0.0), "-0");
+        assert_eq!(f32_json(f32::NEG_INFINITY), "null");
     }
 }

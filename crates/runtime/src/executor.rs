@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use comm::Communicator;
+use comm::{Communicator, Tag};
 use graph::{eval_op, EvalCtx, InputBlock, Placement};
 use layout::{SliceBox, TensorLayout};
 use parallel::{Program, Step};
@@ -25,8 +25,9 @@ pub struct RankExecutor {
     buffers: Vec<Option<Tensor>>,
     runner: ReshardRunner,
     /// For each step, the offset of this rank's output block in the global tensor (kernel
-    /// steps), for ops whose values depend on global positions.
-    offsets: Vec<Vec<usize>>,
+    /// steps), for ops whose values depend on global positions; `None` for a kernel of another
+    /// pipeline stage, which this rank skips.
+    offsets: Vec<Option<Vec<usize>>>,
     /// For each step, where this rank's block of every input lies (kernel steps), for ops
     /// that depend on which part of an input they get (a vocabulary-parallel embedding).
     input_blocks: Vec<Vec<InputBlock>>,
@@ -79,6 +80,14 @@ fn optimizer_pieces(program: &Program, rank: usize) -> Result<Vec<OptimizerPiece
         .params
         .iter()
         .map(|p| {
+            // A parameter of another pipeline stage's ranks: nothing here.
+            if p.layout.mesh().slot_of_rank(rank).is_none() {
+                return Ok(OptimizerPiece {
+                    shape: vec![0],
+                    param_offset: 0,
+                    grad_offset: 0,
+                });
+            }
             let param_box = p.layout.slot_box(slot_of(&p.layout, rank)?);
             let Some(shard) = p.optimizer_shard() else {
                 return Ok(OptimizerPiece {
@@ -130,15 +139,31 @@ impl RankExecutor {
                 got: format!("{} ranks", world.size()),
             });
         }
+        // A buffer of another pipeline stage's ranks holds nothing here.
         let buffers = program
             .buffers
             .iter()
-            .map(|b| Some(Tensor::zeros(b.dtype, &b.local_shape(rank))))
+            .map(|b| {
+                let held = b.layout.layout().mesh().slot_of_rank(rank).is_some();
+                let shape = if held { b.local_shape(rank) } else { vec![0] };
+                Some(Tensor::zeros(b.dtype, &shape))
+            })
             .collect();
         let mut offsets = Vec::with_capacity(program.steps.len());
         let mut input_blocks = Vec::with_capacity(program.steps.len());
         for step in &program.steps {
             let (offset, blocks) = match step {
+                Step::Kernel(k)
+                    if program.buffers[k.outputs[0]]
+                        .layout
+                        .layout()
+                        .mesh()
+                        .slot_of_rank(rank)
+                        .is_none() =>
+                {
+                    // Another stage's op: this rank skips it.
+                    (None, Vec::new())
+                }
                 Step::Kernel(k) => {
                     let layout = program.buffers[k.outputs[0]].layout.layout();
                     let blocks = k
@@ -152,9 +177,9 @@ impl RankExecutor {
                             })
                         })
                         .collect::<Result<Vec<_>, RuntimeError>>()?;
-                    (layout.slot_box(slot_of(layout, rank)?).offset, blocks)
+                    (Some(layout.slot_box(slot_of(layout, rank)?).offset), blocks)
                 }
-                Step::Reshard(_) => (Vec::new(), Vec::new()),
+                Step::Reshard(_) => (Some(Vec::new()), Vec::new()),
             };
             offsets.push(offset);
             input_blocks.push(blocks);
@@ -198,6 +223,20 @@ impl RankExecutor {
         self.step = step;
     }
 
+    /// Whether this rank holds a part of tensors laid out as `layout` (with pipeline stages, a
+    /// rank holds only its stage's).
+    pub fn holds(&self, layout: &TensorLayout) -> bool {
+        layout.mesh().slot_of_rank(self.rank).is_some()
+    }
+
+    /// Whether this rank holds a shard of parameter `index`.
+    pub fn holds_param(&self, index: usize) -> bool {
+        self.program
+            .params
+            .get(index)
+            .is_some_and(|p| self.holds(&p.layout))
+    }
+
     /// The part of `layout`'s global tensor this rank holds.
     pub fn box_of(&self, layout: &TensorLayout) -> Result<SliceBox, RuntimeError> {
         Ok(layout.slot_box(slot_of(layout, self.rank)?))
@@ -207,7 +246,9 @@ impl RankExecutor {
     /// values for one seed.
     pub fn init_parameters(&mut self, seed: u64) -> Result<(), RuntimeError> {
         let program = self.program.clone();
-        for p in &program.params {
+        let rank = self.rank;
+        let held = |p: &&parallel::ProgramParam| p.layout.mesh().slot_of_rank(rank).is_some();
+        for p in program.params.iter().filter(held) {
             let region = self.box_of(&p.layout)?;
             let dtype = program.buffers[p.buffer].dtype;
             let t = p
@@ -296,6 +337,9 @@ impl RankExecutor {
         let program = self.program.clone();
         for (g, src) in program.weight_gathers.iter().zip(&mut self.gather_sources) {
             let p = &program.params[g.param];
+            if p.layout.mesh().slot_of_rank(self.rank).is_none() {
+                continue;
+            }
             let piece = &self.pieces[g.param];
             let param = self.buffers[p.buffer]
                 .take()
@@ -359,60 +403,143 @@ impl RankExecutor {
         if let Some(p) = self.profile.as_mut() {
             p.runs += 1;
         }
-        for (i, step) in program.steps.iter().enumerate() {
-            let started = self.profile.is_some().then(Instant::now);
-            match step {
-                Step::Kernel(k) => {
-                    let mut outs: Vec<Tensor> = k
-                        .outputs
-                        .iter()
-                        .map(|&b| self.buffers[b].take().expect("output buffer present"))
-                        .collect();
-                    let result = {
-                        let ins: Vec<&Tensor> = k.inputs.iter().map(|&b| self.buffer(b)).collect();
-                        let out_layout = program.buffers[k.outputs[0]].layout.layout();
-                        let ctx = EvalCtx {
-                            node: &k.name,
-                            step: self.step,
-                            placement: Some(Placement {
-                                offset: &self.offsets[i],
-                                global_shape: out_layout.shape(),
-                            }),
-                            input_blocks: &self.input_blocks[i],
-                            deterministic: self.deterministic,
-                        };
-                        eval_op(&k.op, &ins, &mut outs, &ctx)
-                    };
-                    for (&b, t) in k.outputs.iter().zip(outs) {
-                        self.buffers[b] = Some(t);
-                    }
-                    result?;
-                }
-                Step::Reshard(r) => {
-                    let mut out = [self.buffers[r.to].take().expect("reshard target present")];
-                    let result = {
-                        let src = self.buffers[r.from]
-                            .as_ref()
-                            .expect("reshard source present");
-                        self.runner.run_into(&r.plan, &[src], &mut out)
-                    };
-                    let [t] = out;
-                    self.buffers[r.to] = Some(t);
-                    result?;
-                }
-            }
-            if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-                match step {
-                    Step::Kernel(k) => p.kernel(k.op.kind(), t.elapsed()),
-                    Step::Reshard(_) => p.reshard(t.elapsed()),
-                }
-            }
+        for i in 0..program.steps.len() {
+            self.run_step(&program, i, None)?;
         }
+        self.finish_gradients();
+        Ok(())
+    }
+
+    /// Runs the steps `steps` (indices into the program's steps, in order); a reshard given a
+    /// tag moves its data as point-to-point messages with that tag
+    /// ([`ReshardRunner::run_into_messages`]), so that the other side may run it later. The
+    /// pieces of a pipelined training step.
+    pub fn run_steps(&mut self, steps: &[(usize, Option<Tag>)]) -> Result<(), RuntimeError> {
+        let program = self.program.clone();
+        for &(i, tag) in steps {
+            if i >= program.steps.len() {
+                return Err(RuntimeError::Mismatch {
+                    what: "a step to run".to_string(),
+                    expected: format!("below {}", program.steps.len()),
+                    got: i.to_string(),
+                });
+            }
+            self.run_step(&program, i, tag)?;
+        }
+        Ok(())
+    }
+
+    /// Scales the gradients as MindSpore's flags ask (`Program::grad_scale`), once per step.
+    pub fn finish_gradients(&mut self) {
+        let program = self.program.clone();
         if program.grad_scale != 1.0 {
             for p in &program.params {
                 if let Some(g) = p.grad_buffer {
                     scale(self.buffer_mut(g), program.grad_scale);
                 }
+            }
+        }
+    }
+
+    /// Swaps the buffers `indices` with `store` (one tensor per index): a pipelined step keeps
+    /// one set of a micro-batch's buffers per micro-batch in flight.
+    pub fn swap_buffers(&mut self, indices: &[usize], store: &mut [Option<Tensor>]) {
+        for (&b, t) in indices.iter().zip(store.iter_mut()) {
+            std::mem::swap(&mut self.buffers[b], t);
+        }
+    }
+
+    /// A zeroed tensor shaped like buffer `b` on this rank (empty when another stage holds it).
+    pub fn fresh_buffer(&self, b: usize) -> Tensor {
+        let spec = &self.program.buffers[b];
+        let shape = if self.holds(spec.layout.layout()) {
+            spec.local_shape(self.rank)
+        } else {
+            vec![0]
+        };
+        Tensor::zeros(spec.dtype, &shape)
+    }
+
+    /// Buffer `b` (for accumulating a micro-batch's gradients).
+    pub fn buffer_at(&self, b: usize) -> &Tensor {
+        self.buffer(b)
+    }
+
+    /// Buffer `b`, writable.
+    pub fn buffer_at_mut(&mut self, b: usize) -> &mut Tensor {
+        self.buffer_mut(b)
+    }
+
+    /// Runs step `i` of `program` (this executor's program).
+    fn run_step(
+        &mut self,
+        program: &Program,
+        i: usize,
+        tag: Option<Tag>,
+    ) -> Result<(), RuntimeError> {
+        let step = &program.steps[i];
+        let started = self.profile.is_some().then(Instant::now);
+        match step {
+            Step::Kernel(_) if self.offsets[i].is_none() => return Ok(()),
+            Step::Kernel(k) => {
+                let mut outs: Vec<Tensor> = k
+                    .outputs
+                    .iter()
+                    .map(|&b| self.buffers[b].take().expect("output buffer present"))
+                    .collect();
+                let result = {
+                    let ins: Vec<&Tensor> = k.inputs.iter().map(|&b| self.buffer(b)).collect();
+                    let out_layout = program.buffers[k.outputs[0]].layout.layout();
+                    let ctx = EvalCtx {
+                        node: &k.name,
+                        step: self.step,
+                        placement: Some(Placement {
+                            offset: self.offsets[i].as_deref().unwrap_or_default(),
+                            global_shape: out_layout.shape(),
+                        }),
+                        input_blocks: &self.input_blocks[i],
+                        deterministic: self.deterministic,
+                    };
+                    eval_op(&k.op, &ins, &mut outs, &ctx)
+                };
+                for (&b, t) in k.outputs.iter().zip(outs) {
+                    self.buffers[b] = Some(t);
+                }
+                result?;
+            }
+            Step::Reshard(r) => {
+                // A rank outside the source (destination) mesh gives (takes) no slice:
+                // between pipeline stages one side sends and the other receives.
+                let gives = self.holds(r.plan.src().layout());
+                let takes = self.holds(r.plan.dst());
+                let mut out: Vec<Tensor> = if takes {
+                    vec![self.buffers[r.to].take().expect("reshard target present")]
+                } else {
+                    Vec::new()
+                };
+                let result = {
+                    let src: Vec<&Tensor> = if gives {
+                        vec![self.buffers[r.from]
+                            .as_ref()
+                            .expect("reshard source present")]
+                    } else {
+                        Vec::new()
+                    };
+                    match tag {
+                        Some(tag) => self.runner.run_into_messages(&r.plan, &src, &mut out, tag),
+                        None => self.runner.run_into(&r.plan, &src, &mut out),
+                    }
+                };
+                if let Some(t) = out.pop() {
+                    self.buffers[r.to] = Some(t);
+                }
+                result?;
+            }
+        }
+        if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+            match step {
+                Step::Kernel(k) => p.kernel(k.op.kind(), t.elapsed()),
+                Step::Reshard(_) => p.reshard(t.elapsed()),
             }
         }
         Ok(())

@@ -41,6 +41,7 @@ mod generate;
 mod launch;
 mod lm;
 mod optimizer;
+mod pipeline;
 mod preflight;
 mod profile;
 mod session;
@@ -68,6 +69,7 @@ pub use crate::optimizer::{
     applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
     ParamSpec,
 };
+pub use crate::pipeline::{chrome_trace, StepTrace, TraceSpan};
 pub use crate::preflight::check_before_start;
 pub use crate::profile::{StepProfile, Tally};
 pub use crate::session::{ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP};

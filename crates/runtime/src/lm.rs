@@ -117,6 +117,9 @@ impl TextData {
     ) -> Result<(), RuntimeError> {
         let program = exec.program().clone();
         for (i, input) in program.inputs.iter().enumerate() {
+            if !exec.holds(&input.layout) {
+                continue;
+            }
             let region = exec.box_of(&input.layout)?;
             let (first, rows) = match (region.offset.first(), region.shape.first()) {
                 (Some(&s), Some(&l)) => (s, l),
@@ -141,16 +144,33 @@ impl TextData {
         Ok(())
     }
 
-    /// The window starts of training step `step` (from 0) of `epoch`.
-    pub fn train_starts(&self, seed: u64, epoch: u64, step: u64) -> Result<Vec<u64>, RuntimeError> {
-        window_starts(
-            &self.corpus.train,
-            seed,
-            epoch,
-            step,
-            self.batch,
-            self.seq_len,
-        )
+    /// The window starts of micro-batch `micro` (from 0) of training step `step` (from 0) of
+    /// `epoch`: rows `micro · batch .. (micro + 1) · batch` of the step's windows. A window's
+    /// start depends on its row, never on the batch size, so with
+    /// `train.grad_accumulation_steps = K` the K micro-batches of a step are exactly the rows
+    /// of the step's batch of `K · batch` windows (with K = 1, micro-batch 0 is the batch).
+    pub fn train_starts(
+        &self,
+        seed: u64,
+        epoch: u64,
+        step: u64,
+        micro: usize,
+    ) -> Result<Vec<u64>, RuntimeError> {
+        let batch = self.batch as u64;
+        let first = (micro as u64).saturating_mul(batch);
+        self.corpus
+            .train
+            .window_starts_of_rows(
+                seed,
+                epoch,
+                step,
+                first..first.saturating_add(batch),
+                self.seq_len,
+            )
+            .map_err(|reason| RuntimeError::Config {
+                key: "model.seq_len".to_string(),
+                reason,
+            })
     }
 
     /// The mean loss over the validation batches (the same windows at every evaluation), run
@@ -204,7 +224,9 @@ pub fn gpt_parallel_config(
     mut parallel: ParallelConfig,
 ) -> Result<ParallelConfig, RuntimeError> {
     let keys = config.gpt_parallel();
-    let devices = parallel.effective_devices();
+    // With pipeline stages, `data_parallel × model_parallel` is each stage's devices.
+    let stages = parallel.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
+    let devices = parallel.effective_devices() / stages;
     if parallel.mode != ParallelMode::SemiAuto {
         return Ok(parallel);
     }

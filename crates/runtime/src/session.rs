@@ -20,6 +20,7 @@ use crate::executor::RankExecutor;
 use crate::generate::MODEL_FILE;
 use crate::lm::{gpt_parallel_config, TextData};
 use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
+use crate::pipeline::{PipelineRunner, StepTrace};
 
 /// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
 /// conversions copy it as MindSpore copies its `global_step`).
@@ -60,9 +61,10 @@ pub enum TrainData {
     Text(Arc<TextData>),
 }
 
-/// The batches of one epoch.
+/// The batches of one epoch, one per optimizer step (each of `train.grad_accumulation_steps`
+/// micro-batches).
 enum EpochPlan {
-    /// A shuffled pass over the images.
+    /// A shuffled pass over the images, in batches of every micro-batch of a step.
     Images(BatchPlan),
     /// `steps` batches of random windows.
     Text {
@@ -95,6 +97,8 @@ pub struct RankOutcome {
     pub params: Vec<ParamShard>,
     /// The global step reached.
     pub global_step: u64,
+    /// With pipeline micro-batches: this rank's timeline of every step.
+    pub pipeline: Vec<StepTrace>,
     /// The bytes this rank holds for its trainable parameters at the end.
     pub memory: ParamMemory,
 }
@@ -200,6 +204,17 @@ fn check_batch_fits(config: &TrainConfig, train_data: &IdxDataset) -> Result<(),
             key: "data.batch_size".to_string(),
             reason: format!(
                 "{batch_size} is larger than the training set ({} samples in {}); the global batch must fit in the data",
+                train_data.len(),
+                train_data.images_path().display()
+            ),
+        });
+    }
+    let micro_steps = config.train().grad_accumulation_steps;
+    if batch_size.saturating_mul(micro_steps) > train_data.len() {
+        return Err(RuntimeError::Config {
+            key: "train.grad_accumulation_steps".to_string(),
+            reason: format!(
+                "{micro_steps} micro-batches of data.batch_size = {batch_size} take more samples per step than the training set holds ({} in {}); an optimizer step's samples must fit in the data",
                 train_data.len(),
                 train_data.images_path().display()
             ),
@@ -323,22 +338,35 @@ impl Session {
         self.deterministic
     }
 
-    /// Steps in every epoch.
+    /// Micro-batches per optimizer step (`train.grad_accumulation_steps`).
+    fn micro_steps(&self) -> usize {
+        self.config.train().grad_accumulation_steps.max(1)
+    }
+
+    /// Samples an optimizer step trains on: every micro-batch of `data.batch_size`.
+    fn step_batch_size(&self) -> usize {
+        self.config
+            .data()
+            .batch_size
+            .saturating_mul(self.micro_steps())
+    }
+
+    /// Optimizer steps in every epoch.
     fn batches_per_epoch(&self) -> u64 {
         match &self.data {
-            TrainData::Images { train, .. } => {
-                (train.len() / self.config.data().batch_size).max(1) as u64
-            }
+            TrainData::Images { train, .. } => (train.len() / self.step_batch_size()).max(1) as u64,
             TrainData::Text(text) => text.steps_per_epoch,
         }
     }
 
-    /// The batches of `epoch`.
+    /// The batches of `epoch`, one per optimizer step: the images in batches of
+    /// `micro_steps · batch_size`, the order a run with that batch size would have, so
+    /// micro-batch `j` of a step is rows `j · batch_size ..` of that run's batch.
     fn epoch_plan(&self, epoch: usize) -> Result<EpochPlan, RuntimeError> {
         Ok(match &self.data {
             TrainData::Images { train, .. } => EpochPlan::Images(BatchPlan::train(
                 train.len(),
-                self.config.data().batch_size,
+                self.step_batch_size(),
                 self.config.data().shuffle,
                 self.config.train().seed,
                 epoch as u64,
@@ -349,13 +377,15 @@ impl Session {
         })
     }
 
-    /// Feeds batch `index` of `plan` (of `epoch`) into `exec`.
+    /// Feeds micro-batch `micro` of batch `index` of `plan` (of `epoch`) into `exec`: rows
+    /// `micro · batch_size .. (micro + 1) · batch_size` of the step's batch.
     fn feed_step(
         &self,
         exec: &mut RankExecutor,
         plan: &EpochPlan,
         epoch: usize,
         index: u64,
+        micro: usize,
     ) -> Result<(), RuntimeError> {
         match (&self.data, plan) {
             (TrainData::Images { train, .. }, EpochPlan::Images(plan)) => {
@@ -366,11 +396,18 @@ impl Session {
                         expected: format!("below {}", plan.len()),
                         got: index.to_string(),
                     })?;
-                self.feed(exec, train, &batch)
+                let batch_size = self.config.data().batch_size;
+                let rows = batch.rows(micro * batch_size, batch_size)?;
+                let micro_batch = crate::data::Batch {
+                    index: batch.index,
+                    indices: rows,
+                    n_real: rows.len(),
+                };
+                self.feed(exec, train, &micro_batch)
             }
             (TrainData::Text(text), _) => {
                 let seed = self.config.train().seed;
-                let starts = text.train_starts(seed, epoch as u64, index)?;
+                let starts = text.train_starts(seed, epoch as u64, index, micro)?;
                 text.feed(exec, &self.model, &text.corpus.train, &starts)
             }
             (TrainData::Images { .. }, EpochPlan::Text { .. }) => Err(RuntimeError::Mismatch {
@@ -431,8 +468,11 @@ impl Session {
         let mut params = Vec::new();
         for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             let dtype = self.train.buffers[p.buffer].dtype;
+            // A pipeline stage's parameters live on its ranks, `stage · n ..`.
+            let mesh = p.layout.mesh();
+            let stage = mesh.rank_list().first().copied().unwrap_or(0) / mesh.n_slots().max(1);
             let bind = |mp: &TensorLayout, opt_shard: usize| {
-                ParamLayout::new(0, mp.clone(), opt_shard).map_err(|e| RuntimeError::Mismatch {
+                ParamLayout::new(stage, mp.clone(), opt_shard).map_err(|e| RuntimeError::Mismatch {
                     what: format!("layout of {}", p.name),
                     expected: "a valid layout".to_string(),
                     got: e.to_string(),
@@ -523,6 +563,9 @@ impl Session {
     ) -> Result<(), RuntimeError> {
         let program = exec.program().clone();
         for (i, input) in program.inputs.iter().enumerate() {
+            if !exec.holds(&input.layout) {
+                continue;
+            }
             let region = exec.box_of(&input.layout)?;
             let (start, len) = match (region.offset.first(), region.shape.first()) {
                 (Some(&s), Some(&l)) => (s, l),
@@ -556,7 +599,9 @@ impl Session {
         exec.init_parameters(self.config.train().seed)?;
         let trainable: Vec<usize> = (0..self.train.params.len())
             .filter(|&i| {
-                self.train.params[i].trainable && self.train.params[i].grad_buffer.is_some()
+                self.train.params[i].trainable
+                    && self.train.params[i].grad_buffer.is_some()
+                    && exec.holds_param(i)
             })
             .collect();
         let specs: Vec<ParamSpec> = trainable
@@ -569,6 +614,22 @@ impl Session {
             })
             .collect();
         let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
+        // With `train.grad_accumulation_steps` > 1, the mean gradient of a step's micro-batches,
+        // one buffer per trainable parameter shard. It is zeroed at every step's start and
+        // spent by the step's update, so nothing in it outlives a step and checkpoints (taken
+        // between steps) need none of it.
+        // Laid out like the gradient buffers (under hsdp level 2 and 3, the pieces).
+        let mut accumulated: Option<Vec<Tensor>> = (self.micro_steps() > 1).then(|| {
+            trainable
+                .iter()
+                .zip(&specs)
+                .map(|(&i, spec)| {
+                    let shape = exec.grad(i).map_or(&spec.shape[..], Tensor::shape);
+                    Tensor::zeros(spec.dtype, shape)
+                })
+                .collect()
+        });
+        let pipelined = self.pipeline_runner(rank)?;
         let mut global_step = 0u64;
         if let Some(from) = &self.config.output().resume_from {
             global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
@@ -592,12 +653,40 @@ impl Session {
                     break;
                 }
                 let start = Instant::now();
-                self.feed_step(&mut exec, &plan, epoch, index)?;
-                exec.set_step(global_step);
-                exec.run()?;
-                optimizer.begin_step();
-                update_parameters(&mut exec, &mut optimizer, &trainable)?;
-                let loss = exec.output(0).to_f64_vec()[0] as f32;
+                let loss = if let Some(accumulated) = accumulated.as_mut() {
+                    let at = (&plan, epoch, index);
+                    let loss = match &pipelined {
+                        Some(runner) => {
+                            let (loss, trace) = self.pipelined_step(
+                                &mut exec,
+                                runner,
+                                accumulated,
+                                &trainable,
+                                at,
+                                global_step,
+                            )?;
+                            outcome.pipeline.push(trace);
+                            loss
+                        }
+                        None => self.accumulate_step(
+                            &mut exec,
+                            accumulated,
+                            &trainable,
+                            at,
+                            global_step,
+                        )?,
+                    };
+                    optimizer.begin_step();
+                    update_parameters(&mut exec, &mut optimizer, &trainable, Some(accumulated))?;
+                    loss
+                } else {
+                    self.feed_step(&mut exec, &plan, epoch, index, 0)?;
+                    exec.set_step(global_step);
+                    exec.run()?;
+                    optimizer.begin_step();
+                    update_parameters(&mut exec, &mut optimizer, &trainable, None)?;
+                    exec.output(0).to_f64_vec()[0] as f32
+                };
                 let step_ms = start.elapsed().as_secs_f64() * 1e3;
                 global_step += 1;
                 outcome.losses.push(loss);
@@ -610,7 +699,11 @@ impl Session {
                         .map(|(i, p)| ShardView {
                             name: &p.name,
                             param: exec.param(i),
-                            grad: exec.grad(i),
+                            // With accumulation, the gradient the update applied: the mean.
+                            grad: match (&accumulated, trainable.iter().position(|&t| t == i)) {
+                                (Some(accumulated), Some(k)) => Some(&accumulated[k]),
+                                _ => exec.grad(i),
+                            },
                         })
                         .collect()
                 } else {
@@ -663,6 +756,9 @@ impl Session {
             self.save_checkpoint_set(world.as_ref(), &saved)?;
         }
         for (i, p) in self.train.params.iter().enumerate() {
+            if !exec.holds_param(i) {
+                continue;
+            }
             outcome.params.push(ParamShard {
                 name: p.name.clone(),
                 layout: p.layout.clone(),
@@ -673,6 +769,130 @@ impl Session {
         outcome.global_step = global_step;
         outcome.memory = ParamMemory::measure(&exec, &optimizer, &trainable)?;
         Ok(outcome)
+    }
+
+    /// The forward and backward passes of one optimizer step with gradient accumulation:
+    /// runs `exec` on each of the step's micro-batches (`at`: the epoch's plan, the epoch and
+    /// the step's index in it) and leaves in `accumulated[k]` the mean of trainable parameter
+    /// `trainable[k]`'s gradients over them — the gradient of the mean loss over all the
+    /// step's samples, what one run on the `micro_steps` times larger batch computes. Returns
+    /// the mean of the micro-batches' losses, that batch's loss.
+    ///
+    /// Each micro-batch's gradient is reduced over the ranks by the program, as without
+    /// accumulation; the sum here is local to each rank's shard. Dropout draws micro-batch
+    /// `j` of optimizer step `s` at step `s · micro_steps + j`, so no two micro-batches share a
+    /// mask (the masks are not those of the larger batch: they are keyed by element position).
+    fn pipelined_step(
+        &self,
+        exec: &mut RankExecutor,
+        runner: &PipelineRunner,
+        accumulated: &mut [Tensor],
+        trainable: &[usize],
+        at: (&EpochPlan, usize, u64),
+        global_step: u64,
+    ) -> Result<(f32, StepTrace), RuntimeError> {
+        let (plan, epoch, index) = at;
+        let micro_steps = self.micro_steps() as u64;
+        let trace = runner.run_step(
+            exec,
+            |exec, mb| self.feed_step(exec, plan, epoch, index, mb),
+            |mb| {
+                global_step
+                    .wrapping_mul(micro_steps)
+                    .wrapping_add(mb as u64)
+            },
+        )?;
+        for (acc, &i) in accumulated.iter_mut().zip(trainable) {
+            let grad = exec.grad(i).ok_or_else(|| RuntimeError::Mismatch {
+                what: format!("the gradient of {}", self.train.params[i].name),
+                expected: "a gradient buffer (a trainable parameter)".to_string(),
+                got: "none".to_string(),
+            })?;
+            acc.as_bytes_mut().copy_from_slice(grad.as_bytes());
+        }
+        Ok((exec.output(0).to_f64_vec()[0] as f32, trace))
+    }
+
+    /// Whether the steps are pipelined: more than one stage and more than one micro-batch.
+    pub fn is_pipelined(&self) -> bool {
+        self.micro_steps() > 1
+            && self
+                .config
+                .parallel_config()
+                .pipeline
+                .is_some_and(|p| p.stages > 1)
+    }
+
+    /// This rank's plan for pipelined steps, when the run has pipeline stages and more than one
+    /// micro-batch per step.
+    fn pipeline_runner(&self, rank: usize) -> Result<Option<PipelineRunner>, RuntimeError> {
+        let parallel = self.config.parallel_config();
+        let Some(p) = parallel.pipeline.filter(|p| p.stages > 1) else {
+            return Ok(None);
+        };
+        if self.micro_steps() < 2 {
+            return Ok(None);
+        }
+        if p.interleave {
+            return Err(RuntimeError::Config {
+                key: "parallel.pipeline.interleave".to_string(),
+                reason: "interleaved schedules (several model chunks per stage) are computed \
+                         (parallel::pipeline) but not executed yet; use gpipe, 1f1b or zero_bubble"
+                    .to_string(),
+            });
+        }
+        let config = parallel::pipeline::PipelineConfig {
+            micro_batches: self.micro_steps(),
+            ..p.clone()
+        };
+        let schedule =
+            parallel::pipeline::Schedule::generate(&config).map_err(|e| RuntimeError::Config {
+                key: "parallel.pipeline".to_string(),
+                reason: e.to_string(),
+            })?;
+        let per_stage = self.devices() / p.stages;
+        Ok(Some(PipelineRunner::new(
+            &self.train,
+            &schedule,
+            rank,
+            per_stage,
+        )?))
+    }
+
+    fn accumulate_step(
+        &self,
+        exec: &mut RankExecutor,
+        accumulated: &mut [Tensor],
+        trainable: &[usize],
+        at: (&EpochPlan, usize, u64),
+        global_step: u64,
+    ) -> Result<f32, RuntimeError> {
+        let (plan, epoch, index) = at;
+        let micro_steps = self.micro_steps();
+        let share = 1.0 / micro_steps as f64;
+        for acc in accumulated.iter_mut() {
+            acc.as_bytes_mut().fill(0);
+        }
+        let mut loss_sum = 0.0f64;
+        for micro in 0..micro_steps {
+            self.feed_step(exec, plan, epoch, index, micro)?;
+            exec.set_step(
+                global_step
+                    .wrapping_mul(micro_steps as u64)
+                    .wrapping_add(micro as u64),
+            );
+            exec.run()?;
+            loss_sum += exec.output(0).to_f64_vec()[0];
+            for (acc, &i) in accumulated.iter_mut().zip(trainable) {
+                let grad = exec.grad(i).ok_or_else(|| RuntimeError::Mismatch {
+                    what: format!("the gradient of {}", self.train.params[i].name),
+                    expected: "a gradient buffer (a trainable parameter)".to_string(),
+                    got: "none".to_string(),
+                })?;
+                tensor::kernels::accumulate_scaled(acc, share, grad)?;
+            }
+        }
+        Ok((loss_sum / micro_steps as f64) as f32)
     }
 
     /// Saves the run's checkpoint as one set: rank 0 shares the staging directory, every rank
@@ -739,7 +959,7 @@ impl Session {
         let mut names: Vec<String> = Vec::new();
         let mut tensors: Vec<&Tensor> = Vec::new();
         for (i, p) in self.train.params.iter().enumerate() {
-            if self.checkpointed(p) {
+            if self.checkpointed(p) && saved.exec.holds_param(i) {
                 names.push(p.name.clone());
                 tensors.push(saved.exec.param(i));
             }
@@ -792,8 +1012,10 @@ impl Session {
             .unwrap_or_else(|| from.join("strategy.json"));
         let states = self.config.optimizer_config().kind.state_names();
         let mut targets: Vec<(String, TensorLayout)> = Vec::new();
-        for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
-            targets.push((p.name.clone(), p.layout.clone()));
+        for (i, p) in self.train.params.iter().enumerate() {
+            if self.checkpointed(p) && exec.holds_param(i) {
+                targets.push((p.name.clone(), p.layout.clone()));
+            }
         }
         for &i in trainable {
             let p = &self.train.params[i];
@@ -908,17 +1130,36 @@ fn parallel_config(
 }
 
 /// The optimizer step: every trainable parameter's piece (its shard, or with `hsdp` the rows
-/// of its optimizer shard) updated with its gradient, then the updated pieces gathered into
-/// whole weights where `hsdp` keeps weights whole (levels 1 and 2).
+/// of its optimizer shard) updated with its gradient — the program's gradient buffer, or with
+/// gradient accumulation `accumulated[k]` (laid out like it) — then the updated pieces gathered
+/// into whole weights where `hsdp` keeps weights whole (levels 1 and 2).
 fn update_parameters(
     exec: &mut RankExecutor,
     optimizer: &mut Optimizer,
     trainable: &[usize],
+    accumulated: Option<&[Tensor]>,
 ) -> Result<(), RuntimeError> {
     for (k, &i) in trainable.iter().enumerate() {
         let piece = exec.optimizer_piece(i).clone();
-        if let Some((param, grad)) = exec.param_and_grad(i) {
-            optimizer.update_piece(k, param, piece.param_offset, grad, piece.grad_offset)?;
+        match accumulated {
+            Some(accumulated) => optimizer.update_piece(
+                k,
+                exec.param_mut(i),
+                piece.param_offset,
+                &accumulated[k],
+                piece.grad_offset,
+            )?,
+            None => {
+                if let Some((param, grad)) = exec.param_and_grad(i) {
+                    optimizer.update_piece(
+                        k,
+                        param,
+                        piece.param_offset,
+                        grad,
+                        piece.grad_offset,
+                    )?;
+                }
+            }
         }
     }
     exec.gather_updated_weights()

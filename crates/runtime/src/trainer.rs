@@ -64,6 +64,7 @@ impl Trainer {
             train: TrainLoopConfig {
                 epochs: 1,
                 max_steps: None,
+                grad_accumulation_steps: 1,
                 seed: 1,
                 deterministic: false,
                 eval: true,
@@ -97,6 +98,13 @@ impl Trainer {
     /// Stop after this many steps in all.
     pub fn max_steps(mut self, steps: u64) -> Trainer {
         self.train.max_steps = Some(steps);
+        self
+    }
+
+    /// Micro-batches per optimizer step (`train.grad_accumulation_steps`, default 1): each step
+    /// updates once with the mean gradient of this many consecutive batches.
+    pub fn grad_accumulation_steps(mut self, steps: usize) -> Trainer {
+        self.train.grad_accumulation_steps = steps;
         self
     }
 

@@ -234,6 +234,70 @@ fn manual_split_tables_train_like_one_device() {
             };
             assert_eq!(table.placements[0].rows, Some(rows), "{name}: {file}");
         }
+        // MindSpore's strategy file alone (param_split_shape) merges the table the same way.
+        let merged = out.join("merged-ms");
+        ckpt::unified_safetensors(
+            &out,
+            &out.join("strategy.ckpt"),
+            &merged,
+            &ckpt::MergeOptions::default(),
+        )
+        .unwrap();
+        let part = ckpt::CheckpointFile::open(&merged.join("part0.safetensors")).unwrap();
+        let table = part.read_tensor("embedding.embedding_table").unwrap();
+        let from_json = &run
+            .1
+            .iter()
+            .find(|(n, _)| n == "embedding.embedding_table")
+            .unwrap()
+            .1;
+        assert_eq!(table.as_f32().unwrap(), from_json.as_slice(), "{name}");
+    }
+}
+
+/// Pipeline stages (one batch at a time): the GPT's layers over 2 stages, the tied embedding
+/// shared by the first and the last stage, with model and vocabulary parallelism inside a stage.
+#[test]
+fn pipeline_stages_train_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = train(&config(
+        &tmp.path().join("sa"),
+        "momentum",
+        "",
+        "mode = \"stand_alone\"",
+    ));
+    let cases: &[(&str, usize, &str)] = &[
+        ("2 stages", 2, "[parallel.pipeline]\nstages = 2"),
+        (
+            "2 stages × model parallel 2, vocabulary parallel",
+            4,
+            "model_parallel = 2\nvocab_emb_dp = false\n[parallel.pipeline]\nstages = 2",
+        ),
+        (
+            "2 stages, 4 micro-batches, 1F1B, tied embedding",
+            2,
+            "[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+        ),
+        (
+            "2 stages × model parallel 2, 2 micro-batches, GPipe",
+            4,
+            "model_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"gpipe\"",
+        ),
+        (
+            "2 stages × data parallel 2, 2 micro-batches, zero bubble",
+            4,
+            "data_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"zero_bubble\"",
+        ),
+        (
+            "4 stages by stage_config",
+            4,
+            "[parallel.pipeline]\nstages = 4\n[parallel.pipeline.stage_config]\nembedding = 0\n\"blocks.0\" = 1\n\"blocks.1\" = 2\nln_f = 3",
+        ),
+    ];
+    for (i, (name, devices, parallel)) in cases.iter().enumerate() {
+        let out = tmp.path().join(format!("pipe-{i}"));
+        let run = train(&config(&out, "momentum", "", &semi(*devices, parallel)));
+        assert_same_run(name, &run, &reference);
     }
 }
 

@@ -583,3 +583,66 @@ dir = "{out}"
         assert!(err.contains(message), "{body}: {err}");
     }
 }
+
+/// With gradient accumulation (2 micro-steps: the update applies their mean, laid out like
+/// the gradient, so in pieces from level 2) and with pipeline stages (2 stages of 2
+/// data-parallel ranks, 4 micro-batches: each stage shards its own parameters over its
+/// replicas), every level trains one device's numbers.
+#[test]
+fn hsdp_with_accumulation_and_pipeline_stages_matches_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let accumulate = ["train.grad_accumulation_steps=2".to_string()];
+    let (_, _, reference_accumulated) = train(&config_with(
+        &tmp.path().join("sa-acc"),
+        "adam",
+        "mode = \"stand_alone\"",
+        6,
+        &accumulate,
+    ));
+    let (_, _, reference) = train(&config(
+        &tmp.path().join("sa"),
+        "adam",
+        "mode = \"stand_alone\"",
+        6,
+    ));
+    for level in ["level1", "level2", "level3"] {
+        let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0");
+        let (_, _, run) = train(&config_with(
+            &tmp.path().join(format!("acc-{level}")),
+            "adam",
+            &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(&hsdp)),
+            6,
+            &accumulate,
+        ));
+        run_util::assert_same_run(
+            &format!("{level}, 2 accumulation steps"),
+            &run,
+            &reference_accumulated,
+            2e-4,
+        );
+        let (session, _, run) = train(&config(
+            &tmp.path().join(format!("pp-{level}")),
+            "adam",
+            &parallel(
+                4,
+                "model_parallel = 1\n[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+                Some(&hsdp),
+            ),
+            6,
+        ));
+        assert!(
+            session
+                .train
+                .params
+                .iter()
+                .any(|p| p.optimizer_shard().is_some()),
+            "{level}: the stages shard their parameters"
+        );
+        run_util::assert_same_run(
+            &format!("{level}, 2 pipeline stages"),
+            &run,
+            &reference,
+            2e-4,
+        );
+    }
+}

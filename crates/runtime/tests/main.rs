@@ -5,6 +5,7 @@ mod callbacks;
 mod config;
 mod equivalence;
 mod gpt;
+mod grad_accumulation;
 mod hsdp;
 mod idx_data;
 mod layout_config;

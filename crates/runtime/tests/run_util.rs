@@ -54,6 +54,7 @@ pub fn merged_params(out: &Path, names: &[String]) -> Vec<(String, Vec<f32>)> {
 /// 1e-4, every parameter element to `tolerance · (1 + |x|)`.
 pub fn assert_same_run(what: &str, run: &Run, reference: &Run, tolerance: f32) {
     let ((losses, params), (ref_losses, ref_params)) = (run, reference);
+    assert_eq!(losses.len(), ref_losses.len(), "{what}: step count");
     for (step, (a, b)) in losses.iter().zip(ref_losses).enumerate() {
         let rel = (a - b).abs() / b.abs().max(1e-12);
         assert!(

@@ -173,6 +173,48 @@ fn deterministic_mlp_runs_are_bitwise_one_device() {
     }
 }
 
+/// Pipeline stages (one batch at a time): the layers split over 2 or 4 stages, data or model
+/// parallel inside each stage's ranks, train like one device.
+#[test]
+fn pipeline_stages_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = train(&config(
+        &tmp.path().join("sa"),
+        "momentum",
+        "devices = 1\nmode = \"stand_alone\"",
+        &[],
+    ));
+    let cases: Vec<(&str, String)> = vec![
+        ("2 stages on 2 devices", semi(2, "[parallel.pipeline]\nstages = 2")),
+        ("2 stages × data parallel 2", semi(4, "[parallel.pipeline]\nstages = 2")),
+        (
+            "2 stages, model parallel inside a stage",
+            semi(4, "[parallel.shard]\nmatmul2 = [[1, 2], [2, 1]]\n[parallel.pipeline]\nstages = 2"),
+        ),
+        (
+            "2 stages, 4 micro-batches, 1F1B",
+            semi(2, "[parallel.pipeline]\nstages = 2\nmicro_batches = 4"),
+        ),
+        (
+            "2 stages × data parallel 2, 2 micro-batches, GPipe",
+            semi(4, "[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"gpipe\""),
+        ),
+        (
+            "3 stages, 8 micro-batches, zero bubble",
+            semi(3, "[parallel.pipeline]\nstages = 3\nmicro_batches = 8\nscheduler = \"zero_bubble\"\n[parallel.pipeline.stage_config]\nmatmul1 = 0\nmatmul2 = 1\nmatmul3 = 2"),
+        ),
+        (
+            "3 stages by stage_config",
+            semi(3, "[parallel.pipeline]\nstages = 3\n[parallel.pipeline.stage_config]\nmatmul1 = 0\nmatmul2 = 1\nmatmul3 = 2"),
+        ),
+    ];
+    for (i, (what, parallel)) in cases.iter().enumerate() {
+        let out = tmp.path().join(format!("pipe-{i}"));
+        let run = train(&config(&out, "momentum", parallel, &[]));
+        assert_same_run(what, &run, &reference);
+    }
+}
+
 /// Strategies the canonical blocks can't serve are refused before training, naming the op, the
 /// dim and the rule.
 #[test]
@@ -248,6 +290,57 @@ fn resuming_under_another_strategy_continues_the_run() {
     let mut losses = first_report.losses().to_vec();
     losses.extend(second_losses);
     assert_same_run("resumed run", &(losses, second_params), &whole);
+}
+
+/// A checkpoint of a 2-stage pipeline run (each rank saved only its stage's parameters)
+/// resumes without a pipeline, and a data-parallel checkpoint resumes under 2 stages: the
+/// losses continue one device's run.
+#[test]
+fn pipeline_checkpoints_resume_under_another_stage_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = train(&config(
+        &tmp.path().join("whole"),
+        "momentum",
+        "devices = 1\nmode = \"stand_alone\"",
+        &[],
+    ));
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    for (i, (first_parallel, second_parallel)) in [
+        (
+            semi(4, "[parallel.pipeline]\nstages = 2"),
+            "devices = 2\nmode = \"data_parallel\"".to_string(),
+        ),
+        (
+            "devices = 2\nmode = \"data_parallel\"".to_string(),
+            semi(4, "[parallel.pipeline]\nstages = 2"),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let first = tmp.path().join(format!("first-{i}"));
+        let first_cfg = config(&first, "momentum", &first_parallel, &["train.max_steps=10"]);
+        let first_report =
+            runtime::train_local(&Session::new(&first_cfg).unwrap(), &options).unwrap();
+        let resume = format!("output.resume_from=\"{}\"", first.display());
+        let second_cfg = config(
+            &tmp.path().join(format!("second-{i}")),
+            "momentum",
+            &second_parallel,
+            &[&resume],
+        );
+        let (second_losses, second_params) = train_resumed(&second_cfg);
+        let mut losses = first_report.losses().to_vec();
+        losses.extend(second_losses);
+        assert_same_run(
+            &format!("resume case {i}"),
+            &(losses, second_params),
+            &whole,
+        );
+    }
 }
 
 /// Like [`train`] for a resumed run, which runs only the remaining steps.

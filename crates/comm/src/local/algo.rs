@@ -11,7 +11,9 @@
 //! not depend on who computes it) and writes the sum into chunk `r` of *every* buffer. Each
 //! rank reads `S` bytes and writes `S` bytes for an `S`-byte buffer, whatever the rank count,
 //! and the work is spread evenly. Chunks are processed in cache-sized blocks, so the sum is
-//! written out to the `n` buffers while it is still in cache.
+//! written out to the `n` buffers while it is still in cache. The deterministic all-reduce
+//! (issue 17) is the same schedule with the canonical summation tree over the ranks in place of
+//! the left-to-right fold ([`Order`]).
 
 use std::ops::Range;
 
@@ -116,10 +118,42 @@ pub(super) fn broadcast(ctx: &mut Ctx<'_>, buf: &mut [u8], root: usize) -> Resul
     Ok(())
 }
 
+/// The order in which an all-reduce's owner combines the ranks' chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Order {
+    /// Left to right in rank order (`all_reduce`).
+    RankOrder,
+    /// The canonical summation tree over the ranks (`all_reduce_deterministic`, issue 17).
+    CanonicalTree,
+}
+
+/// For every `i < len`: writes `tree over s of srcs[s][off + i]` (the canonical summation tree,
+/// see `crate::deterministic`) to `dsts[d][off + i]` for every `d`.
+///
+/// # Safety
+/// As [`reduce_chunk`].
+unsafe fn reduce_chunk_tree<T: Reducible>(
+    srcs: &[*const u8],
+    dsts: &[*mut u8],
+    (off, len): (usize, usize),
+    op: ReduceOp,
+) {
+    let parts = |p: usize| srcs[p].cast::<T>().add(off);
+    crate::deterministic::tree_combine_with::<T>(srcs.len(), &parts, len, op, &mut |start, acc| {
+        for &d in dsts {
+            let dst = std::slice::from_raw_parts_mut(d.cast::<T>().add(off + start), acc.len());
+            store_acc::<T>(acc, dst);
+        }
+    });
+}
+
+/// The fused all-reduce: rank `r` reduces chunk `r` of every buffer in `order` and writes the
+/// result into chunk `r` of every buffer.
 pub(super) fn all_reduce(
     ctx: &mut Ctx<'_>,
     mut buf: BufMut<'_>,
     op: ReduceOp,
+    order: Order,
 ) -> Result<(), CommError> {
     let dtype = buf.dtype();
     if !op.supports(dtype) {
@@ -135,7 +169,11 @@ pub(super) fn all_reduce(
     let ptr = buf.bytes_mut().as_mut_ptr();
     let lend = ctx.next_step();
     let done = ctx.next_step();
-    let mut mine = Publication::new(OpKind::AllReduce, ptr, len);
+    let kind = match order {
+        Order::RankOrder => OpKind::AllReduce,
+        Order::CanonicalTree => OpKind::AllReduceDeterministic,
+    };
+    let mut mine = Publication::new(kind, ptr, len);
     mine.dtype = Some(dtype);
     mine.reduce = Some(op);
     // SAFETY: `buf` outlives the guard and is not used through a reference while it lives.
@@ -170,7 +208,14 @@ pub(super) fn all_reduce(
     // SAFETY: every buffer is leased (or ours) and aligned for the dtype (it came from a typed
     // `BufMut`); chunk `me` of every buffer is touched by this rank only.
     with_reducible!(dtype, T => unsafe {
-        reduce_chunk::<T>(&srcs, &ptrs, (range.start, range.start, range.len()), op, n)
+        match order {
+            Order::RankOrder => {
+                reduce_chunk::<T>(&srcs, &ptrs, (range.start, range.start, range.len()), op, n)
+            }
+            Order::CanonicalTree => {
+                reduce_chunk_tree::<T>(&srcs, &ptrs, (range.start, range.len()), op)
+            }
+        }
     });
     drop(leases);
     ctx.arrive(done);

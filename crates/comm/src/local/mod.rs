@@ -523,8 +523,16 @@ impl Communicator for LocalComm {
 
     fn all_reduce_buf(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
         self.call("all_reduce", OpKind::AllReduce, |ctx| {
-            algo::all_reduce(ctx, buf, op)
+            algo::all_reduce(ctx, buf, op, algo::Order::RankOrder)
         })
+    }
+
+    fn all_reduce_deterministic_buf(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        self.call(
+            "all_reduce_deterministic",
+            OpKind::AllReduceDeterministic,
+            |ctx| algo::all_reduce(ctx, buf, op, algo::Order::CanonicalTree),
+        )
     }
 
     fn reduce_scatter_v(

@@ -117,6 +117,8 @@ pub(crate) enum OpKind {
     Barrier,
     Broadcast,
     AllReduce,
+    /// The canonical-tree all-reduce of deterministic mode.
+    AllReduceDeterministic,
     ReduceScatter,
     AllGather,
     AllToAll,
@@ -125,10 +127,11 @@ pub(crate) enum OpKind {
 }
 
 impl OpKind {
-    const ALL: [OpKind; 7] = [
+    const ALL: [OpKind; 8] = [
         OpKind::Barrier,
         OpKind::Broadcast,
         OpKind::AllReduce,
+        OpKind::AllReduceDeterministic,
         OpKind::ReduceScatter,
         OpKind::AllGather,
         OpKind::AllToAll,

@@ -23,6 +23,7 @@
 //! config struct; [`layouts`] reads `[parallel.mesh]` and layout-valued strategy entries.
 
 mod layouts;
+mod pipeline;
 mod sections;
 mod values;
 
@@ -183,6 +184,11 @@ pub struct TrainLoopConfig {
     pub epochs: usize,
     /// Stop after this many global steps (`None`: no limit).
     pub max_steps: Option<u64>,
+    /// Micro-steps per optimizer step (`train.grad_accumulation_steps`, ≥ 1): each step runs
+    /// the program on this many consecutive batches of `data.batch_size` and updates once with
+    /// the mean of their gradients, the update one step on a batch this many times larger
+    /// would make. Steps, epochs and `max_steps` count optimizer steps.
+    pub grad_accumulation_steps: usize,
     /// Seed of parameter initialisation and data shuffling.
     pub seed: u64,
     /// Deterministic mode (`train.deterministic`): every sum over a dim a strategy may split is
@@ -306,6 +312,10 @@ impl TrainConfig {
                 reason: "0 is out of range: it must be ≥ 1".to_string(),
             });
         }
+        values::check_grad_accumulation_steps(
+            "train.grad_accumulation_steps",
+            train.grad_accumulation_steps,
+        )?;
         Ok(TrainConfig {
             source: None,
             model,

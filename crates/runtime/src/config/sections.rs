@@ -10,8 +10,9 @@ use toml::{Table, Value};
 use super::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
 
 use super::values::{
-    config_error, one_of, path_reader, read_bool, read_count, read_device_count, read_enum,
-    read_float, read_positive, wrong_type, Section,
+    check_grad_accumulation_steps, config_error, one_of, path_reader, read_bool, read_count,
+    read_device_count, read_enum, read_float, read_positive, wrong_type, Section,
+    MAX_GRAD_ACCUMULATION_STEPS,
 };
 use super::{
     DataConfig, DataFormat, GptKeys, GptParallelKeys, ModelConfig, ModelName, OutputConfig,
@@ -84,6 +85,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "manual_split",
     "deterministic_blocks",
     "hsdp",
+    "pipeline",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -102,6 +104,7 @@ const GPT_PARALLEL_KEYS: &[&str] = &[
 pub(super) const TRAIN_KEYS: &[&str] = &[
     "epochs",
     "max_steps",
+    "grad_accumulation_steps",
     "optimizer",
     "learning_rate",
     "weight_decay",
@@ -150,7 +153,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         take_section(&mut root, "model", MODEL_KEYS, true)?,
         &mut warnings,
     )?;
-    let data = read_data(
+    let mut data = read_data(
         take_section(&mut root, "data", DATA_KEYS, true)?,
         base,
         &mut warnings,
@@ -164,7 +167,38 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
-    let train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    // Pipeline micro-batches cut each step's batch: M micro-batches of batch / M, one update.
+    if let Some(m) = parallel
+        .pipeline
+        .as_ref()
+        .map(|p| p.micro_batches)
+        .filter(|&m| m > 1)
+    {
+        if data.batch_size % m != 0 {
+            return Err(config_error(
+                "parallel.pipeline.micro_batches",
+                format!(
+                    "{m} micro-batches do not divide data.batch_size = {} (each micro-batch is an equal share of the step's batch)",
+                    data.batch_size
+                ),
+            ));
+        }
+        data.batch_size /= m;
+        train.grad_accumulation_steps = train
+            .grad_accumulation_steps
+            .checked_mul(m)
+            .filter(|&k| k <= MAX_GRAD_ACCUMULATION_STEPS)
+            .ok_or_else(|| {
+                config_error(
+                    "parallel.pipeline.micro_batches",
+                    format!(
+                        "{m} micro-batches × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
+                        train.grad_accumulation_steps
+                    ),
+                )
+            })?;
+    }
     Ok(TrainConfig {
         source: None,
         model,
@@ -608,6 +642,7 @@ fn read_parallel(
     let mut out_shard = s.or("out_shard", BTreeMap::new(), strategy_table)?;
     let strategy_file = s.get("strategy_file", path_reader(base))?;
     let manual_split = s.or("manual_split", BTreeMap::new(), read_manual_split)?;
+    let pipeline = s.get("pipeline", super::pipeline::read_pipeline)?;
     let deterministic_blocks = s.or("deterministic_blocks", 16, |key, v| {
         let n = read_positive(key, v)?;
         if !n.is_power_of_two() || n > 1 << 20 {
@@ -678,6 +713,7 @@ fn read_parallel(
         deterministic_blocks,
         deterministic: false,
         hsdp,
+        pipeline,
     };
     Ok((parallel, strategy_file))
 }
@@ -737,6 +773,11 @@ fn read_train_loop(
 ) -> Result<TrainLoopConfig, RuntimeError> {
     let epochs = s.require("epochs", read_positive)?;
     let max_steps = s.or("max_steps", 0, read_count)?;
+    let grad_accumulation_steps = s.or("grad_accumulation_steps", 1, |key, v| {
+        let n = read_positive(key, v)?;
+        check_grad_accumulation_steps(key, n)?;
+        Ok(n)
+    })?;
     let seed = s.or("seed", 1, read_count)?;
     let deterministic = s.or("deterministic", false, read_bool)?;
     let eval = s.or("eval", true, read_bool)?;
@@ -759,6 +800,7 @@ fn read_train_loop(
     Ok(TrainLoopConfig {
         epochs,
         max_steps: (max_steps > 0).then_some(max_steps),
+        grad_accumulation_steps,
         seed,
         deterministic,
         eval,

@@ -137,6 +137,25 @@ pub(super) fn check_device_count(key: &str, devices: usize) -> Result<(), Runtim
     Ok(())
 }
 
+/// The most micro-steps one optimizer step may accumulate
+/// (`train.grad_accumulation_steps`): a bound on the loop, not on memory (the accumulated
+/// gradients take one gradient's memory whatever the count).
+pub(super) const MAX_GRAD_ACCUMULATION_STEPS: usize = 65536;
+
+/// Checks `train.grad_accumulation_steps` (named by `key`): 1 to
+/// [`MAX_GRAD_ACCUMULATION_STEPS`].
+pub(super) fn check_grad_accumulation_steps(key: &str, steps: usize) -> Result<(), RuntimeError> {
+    if steps == 0 || steps > MAX_GRAD_ACCUMULATION_STEPS {
+        return Err(config_error(
+            key,
+            format!(
+                "{steps} is out of range: it must be between 1 and {MAX_GRAD_ACCUMULATION_STEPS} (micro-steps per optimizer step)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn read_count(key: &str, value: Value) -> Result<u64, RuntimeError> {
     match value {
         Value::Integer(n) => u64::try_from(n)

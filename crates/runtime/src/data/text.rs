@@ -363,6 +363,20 @@ impl TokenSplit {
         batch: usize,
         seq_len: usize,
     ) -> Result<Vec<u64>, String> {
+        self.window_starts_of_rows(seed, epoch, step, 0..batch as u64, seq_len)
+    }
+
+    /// Rows `rows` of [`TokenSplit::window_starts`]: row `r`'s start depends on `seed`,
+    /// `epoch`, `step` and `r` only, never on the batch size, so rows `j·b .. (j+1)·b` of a
+    /// batch of `K·b` are micro-batch `j` of a gradient-accumulation step.
+    pub fn window_starts_of_rows(
+        &self,
+        seed: u64,
+        epoch: u64,
+        step: u64,
+        rows: std::ops::Range<u64>,
+        seq_len: usize,
+    ) -> Result<Vec<u64>, String> {
         let window = seq_len as u64 + 1;
         if self.len < window {
             return Err(format!(
@@ -372,7 +386,7 @@ impl TokenSplit {
         }
         let choices = self.len - window + 1;
         let key = graph::rng::stream_key(seed, &format!("text-windows/{epoch}/{step}"));
-        Ok((0..batch as u64)
+        Ok(rows
             .map(|row| {
                 // Multiply-shift maps 64 random bits onto [0, choices) without a modulo bias
                 // worth the name (choices is far below 2^64).

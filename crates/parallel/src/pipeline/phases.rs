@@ -1,0 +1,90 @@
+//! The steps of a pipelined program sorted into the parts of a training step: what each stage
+//! runs in a micro-batch's forward and backward pass, what crosses between stages, and what runs
+//! once per step around the micro-batches.
+
+use graph::NodeRole;
+use layout::Mesh;
+
+use crate::lower::{Program, Step};
+
+/// Where one step of a program runs in a pipelined training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepPhase {
+    /// Once per step, before the micro-batches, on every rank (constants on the whole mesh).
+    Prologue,
+    /// In every micro-batch's forward (`backward == false`) or backward pass of `stage`.
+    Stage {
+        /// The stage.
+        stage: usize,
+        /// Whether it belongs to the backward pass.
+        backward: bool,
+    },
+    /// A micro-batch's value sent from stage `from` to stage `to`: the sender runs it in its
+    /// pass, the receiver in its own.
+    Transfer {
+        /// The sending stage.
+        from: usize,
+        /// The receiving stage.
+        to: usize,
+        /// Whether it carries a gradient (backward pass) rather than an activation.
+        backward: bool,
+    },
+    /// Once per step after every micro-batch: the reductions of the gradients (summed over the
+    /// micro-batches) into the parameters' layouts, and the outputs gathered to every rank.
+    Epilogue,
+}
+
+/// The stage whose ranks `mesh` covers (`per_stage` ranks from `stage · per_stage`), or `None`
+/// for a mesh over every device.
+pub fn stage_of_mesh(mesh: &Mesh, per_stage: usize) -> Option<usize> {
+    let ranks = mesh.rank_list();
+    let first = *ranks.first()?;
+    (mesh.n_slots() == per_stage && ranks.iter().all(|&r| r / per_stage == first / per_stage))
+        .then_some(first / per_stage)
+}
+
+/// The phase of every step of `program`, whose stages hold `per_stage` ranks each.
+pub fn step_phases(program: &Program, per_stage: usize) -> Vec<StepPhase> {
+    let graph = &program.placed.graph;
+    let grad_buffers: Vec<usize> = program
+        .params
+        .iter()
+        .filter_map(|p| p.grad_buffer)
+        .collect();
+    let mut phases = vec![StepPhase::Epilogue; program.steps.len()];
+    // Kernels first: their stage and pass.
+    for (i, step) in program.steps.iter().enumerate() {
+        if let Step::Kernel(k) = step {
+            let mesh = program.buffers[k.outputs[0]].layout.layout().mesh();
+            phases[i] = match stage_of_mesh(mesh, per_stage) {
+                Some(stage) => StepPhase::Stage {
+                    stage,
+                    backward: graph.nodes()[k.node.0].role != NodeRole::Forward,
+                },
+                None => StepPhase::Prologue,
+            };
+        }
+    }
+    // A reshard belongs to the pass of the first kernel that reads what it writes.
+    for (i, step) in program.steps.iter().enumerate() {
+        let Step::Reshard(r) = step else { continue };
+        let consumer = program.steps[i + 1..]
+            .iter()
+            .zip(&phases[i + 1..])
+            .find(|(s, _)| matches!(s, Step::Kernel(k) if k.inputs.contains(&r.to)))
+            .map(|(_, p)| *p);
+        let from = stage_of_mesh(r.plan.src().layout().mesh(), per_stage);
+        let to = stage_of_mesh(r.plan.dst().mesh(), per_stage);
+        phases[i] = match (consumer, from, to) {
+            _ if grad_buffers.contains(&r.to) => StepPhase::Epilogue,
+            (Some(StepPhase::Stage { stage, backward }), Some(from), Some(to)) if from != to => {
+                debug_assert_eq!(stage, to);
+                StepPhase::Transfer { from, to, backward }
+            }
+            (Some(phase @ StepPhase::Stage { .. }), _, _) => phase,
+            (Some(StepPhase::Prologue), _, _) => StepPhase::Prologue,
+            _ => StepPhase::Epilogue,
+        };
+    }
+    phases
+}

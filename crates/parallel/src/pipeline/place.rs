@@ -1,0 +1,171 @@
+//! Pipeline stages in the parallel pass: which stage every node runs on, and moving a layout
+//! computed for one stage's devices onto that stage's ranks.
+//!
+//! A layer (cell) is a node name's leading components up to and including the first numeric one
+//! (`blocks.3.attn.qkv` → `blocks.3`), or its first component (`embedding.gather` →
+//! `embedding`). Layers are ordered by their first forward node; [`assign_stages`] cuts them
+//! into stages. A backward node runs on its forward node's stage; a gradient sum on the stage of
+//! the value it is the gradient of.
+
+use std::collections::HashMap;
+
+use graph::{Graph, NodeRole, ValueId, ValueKind};
+use layout::{Layout, LayoutError, Mesh, TensorLayout};
+use reshard::DistLayout;
+
+use super::config::PipelineConfig;
+use super::error::PipelineError;
+use super::stages::{assign_stages, Layer};
+
+/// The layer (cell) a node named `name` belongs to.
+pub fn layer_of(name: &str) -> &str {
+    let mut end = 0;
+    for (i, part) in name.split('.').enumerate() {
+        end += part.len() + usize::from(i > 0);
+        if i > 0 && part.chars().all(|c| c.is_ascii_digit()) {
+            return &name[..end];
+        }
+    }
+    name.split('.').next().unwrap_or(name)
+}
+
+/// The stage of every node and of every value that no node produces (inputs, parameters: the
+/// stage of their first forward consumer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStages {
+    /// Per node (by id).
+    pub nodes: Vec<usize>,
+    /// Per value (by id); produced values take their producer's stage.
+    pub values: Vec<usize>,
+    /// The layers in model order with their stage.
+    pub layers: Vec<(String, usize)>,
+}
+
+/// Assigns every node of `graph` to a stage of `config`.
+pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages, PipelineError> {
+    let mut order: Vec<String> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut params: Vec<u64> = Vec::new();
+    let mut counted = vec![false; graph.values().len()];
+    for node in graph.nodes().iter().filter(|n| n.role == NodeRole::Forward) {
+        let layer = layer_of(&node.name).to_string();
+        let i = *index.entry(layer.clone()).or_insert_with(|| {
+            order.push(layer);
+            params.push(0);
+            order.len() - 1
+        });
+        for &v in &node.inputs {
+            if matches!(graph.values()[v.0].kind, ValueKind::Parameter { .. }) && !counted[v.0] {
+                counted[v.0] = true;
+                params[i] += graph.values()[v.0].shape.iter().product::<usize>() as u64;
+            }
+        }
+    }
+    let layers: Vec<Layer> = order
+        .iter()
+        .zip(&params)
+        .map(|(name, &n)| Layer::new(name.clone(), n))
+        .collect();
+    let assignment = assign_stages(&layers, config)?;
+    let layer_stage = |name: &str| -> usize {
+        index
+            .get(layer_of(name))
+            .and_then(|&i| assignment.stage_of(i))
+            .unwrap_or(0)
+    };
+    let mut nodes = vec![0; graph.nodes().len()];
+    let mut values: Vec<Option<usize>> = vec![None; graph.values().len()];
+    for (id, node) in graph.nodes().iter().enumerate() {
+        let stage = match &node.role {
+            NodeRole::Forward => layer_stage(&node.name),
+            NodeRole::Backward(g) => nodes[g.forward.0],
+            NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
+                stage_of_value(graph, *value, &nodes, &values)
+            }
+        };
+        nodes[id] = stage;
+        for &v in &node.inputs {
+            if graph.values()[v.0].producer.is_none() && values[v.0].is_none() {
+                values[v.0] = Some(stage);
+            }
+        }
+        for &v in &node.outputs {
+            values[v.0] = Some(stage);
+        }
+    }
+    Ok(NodeStages {
+        nodes,
+        values: values.into_iter().map(|s| s.unwrap_or(0)).collect(),
+        layers: order
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| (name, assignment.stage_of(i).unwrap_or(0)))
+            .collect(),
+    })
+}
+
+/// The stage of `value`: its producer's, or for a leaf the stage it was first used on.
+fn stage_of_value(
+    graph: &Graph,
+    value: ValueId,
+    nodes: &[usize],
+    values: &[Option<usize>],
+) -> usize {
+    match graph.values()[value.0].producer {
+        Some((n, _)) => nodes[n.0],
+        None => values[value.0].unwrap_or(0),
+    }
+}
+
+/// `layout` (on ranks `0..n` of one stage's mesh) moved onto ranks `offset..offset + n`.
+pub fn relocate(layout: &TensorLayout, offset: usize) -> Result<TensorLayout, LayoutError> {
+    if offset == 0 {
+        return Ok(layout.clone());
+    }
+    let mesh = layout.mesh();
+    let moved = Mesh::from_axes(
+        mesh.axes().to_vec(),
+        Some(mesh.rank_list().iter().map(|&r| r + offset).collect()),
+    )?;
+    let bound = Layout::from_mesh(moved, layout.dims().to_vec())?;
+    match layout.row_split() {
+        Some(rows) => TensorLayout::with_rows(bound, layout.shape(), rows),
+        None => bound.bind(layout.shape()),
+    }
+}
+
+/// [`relocate`] for a layout with pending sums.
+pub fn relocate_dist(layout: &DistLayout, offset: usize) -> Result<DistLayout, LayoutError> {
+    let moved = relocate(layout.layout(), offset)?;
+    let partial = DistLayout::partial(moved, layout.partial_axes())
+        .expect("the same axes stay unused on the moved mesh");
+    Ok(partial.with_op(layout.pending_op()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_end_at_the_first_numeric_component() {
+        assert_eq!(layer_of("blocks.3.attn.qkv.matmul"), "blocks.3");
+        assert_eq!(layer_of("embedding.gather"), "embedding");
+        assert_eq!(layer_of("loss"), "loss");
+        assert_eq!(layer_of("matmul1"), "matmul1");
+        assert_eq!(layer_of("a.b.12.c"), "a.b.12");
+    }
+
+    #[test]
+    fn relocation_moves_the_rank_list_only() {
+        let t = Layout::new(&[2, 2], &["dp", "mp"], None)
+            .unwrap()
+            .apply(&["dp".into(), "mp".into()])
+            .unwrap()
+            .bind(&[4, 4])
+            .unwrap();
+        let moved = relocate(&t, 4).unwrap();
+        assert_eq!(moved.mesh().rank_list(), &[4, 5, 6, 7]);
+        assert_eq!(moved.rank_box(5).unwrap(), t.rank_box(1).unwrap());
+        assert!(moved.rank_box(1).is_err());
+    }
+}

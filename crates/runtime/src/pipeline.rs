@@ -1,0 +1,390 @@
+//! Pipelined training steps: every rank runs its stage's forward and backward passes of the
+//! micro-batches in the order its schedule lists them (`parallel::pipeline::Schedule`); the
+//! activations and gradients that cross stages travel as point-to-point messages, so a stage
+//! sends and goes on; each micro-batch in flight has its own buffers; the gradients (and the
+//! loss) are summed over the micro-batches and reduced once per step.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use comm::{Tag, MAX_TAG};
+use parallel::pipeline::{ActionKind, Schedule, StepPhase};
+use parallel::{Program, Step};
+use tensor::Tensor;
+
+use crate::error::RuntimeError;
+use crate::executor::RankExecutor;
+
+/// One span of a rank's timeline in a pipelined step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSpan {
+    /// The rank.
+    pub rank: usize,
+    /// What ran: `F3` (forward of micro-batch 3), `B3`, or `wait F3` / `wait B3` (receiving
+    /// what the pass needs from another stage, the time the pipeline keeps this rank idle).
+    pub name: String,
+    /// Microseconds since the process's first pipelined step.
+    pub start_us: f64,
+    /// Microseconds.
+    pub dur_us: f64,
+    /// Whether the rank computed (false: it waited for another stage).
+    pub busy: bool,
+}
+
+/// One rank's timeline of a pipelined step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTrace {
+    /// The spans, in order.
+    pub spans: Vec<TraceSpan>,
+    /// `1 − busy / elapsed` from the first action's start to the last one's end: the share of
+    /// the rank's schedule spent waiting for other stages.
+    pub bubble: f64,
+    /// The most micro-batches whose buffers this rank held at once.
+    pub peak_in_flight: usize,
+    /// The bytes of one micro-batch's buffers on this rank (activations, their gradients and
+    /// the transfers' copies).
+    pub micro_batch_bytes: usize,
+}
+
+/// The process's clock origin for traces.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Steps to run, in program order, each with the message tag of a transfer between stages.
+type StepList = Vec<(usize, Option<Tag>)>;
+
+/// One rank's plan for a pipelined training step.
+#[derive(Debug)]
+pub(crate) struct PipelineRunner {
+    /// This rank's stage's actions, in schedule order.
+    actions: Vec<(ActionKind, usize)>,
+    /// Steps run once before the micro-batches, by every rank.
+    prologue: StepList,
+    /// This stage's forward pass of one micro-batch (transfers tagged).
+    forward: StepList,
+    /// This stage's backward pass of one micro-batch.
+    backward: StepList,
+    /// The part of `backward` the input gradients sent to the previous stage need (a split
+    /// backward's input half, zero bubble's B); the rest is its weight half (W).
+    backward_input: StepList,
+    /// `backward` less `backward_input`.
+    backward_weight: StepList,
+    /// Steps run once after the micro-batches, by every rank.
+    epilogue: StepList,
+    /// Buffers a micro-batch writes: each micro-batch in flight has its own.
+    local: Vec<usize>,
+    /// Micro-batch buffers summed over the micro-batches (gradients before their reduction, the
+    /// loss) and divided by their count before the epilogue.
+    summed: Vec<usize>,
+    /// Micro-batches per step.
+    micro_batches: usize,
+    /// This rank.
+    rank: usize,
+    /// Per step, whether this rank receives in it (a transfer into its stage).
+    receives: Vec<bool>,
+}
+
+impl PipelineRunner {
+    /// The plan of `rank` for `program` under `schedule`, with stages of `per_stage` ranks.
+    pub(crate) fn new(
+        program: &Program,
+        schedule: &Schedule,
+        rank: usize,
+        per_stage: usize,
+    ) -> Result<PipelineRunner, RuntimeError> {
+        if program.steps.len() > MAX_TAG as usize {
+            return Err(RuntimeError::Mismatch {
+                what: "a pipelined program".to_string(),
+                expected: format!("at most {MAX_TAG} steps (one message tag per step)"),
+                got: format!("{} steps", program.steps.len()),
+            });
+        }
+        let stage = rank / per_stage.max(1);
+        let phases = parallel::pipeline::step_phases(program, per_stage);
+        let tag = |i: usize| Some(i as Tag);
+        let receives: Vec<bool> = phases
+            .iter()
+            .map(|p| matches!(p, StepPhase::Transfer { to, .. } if *to == stage))
+            .collect();
+        let (mut prologue, mut forward, mut backward, mut epilogue) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut local: Vec<usize> = program.inputs.iter().map(|i| i.buffer).collect();
+        for (i, phase) in phases.iter().enumerate() {
+            match *phase {
+                StepPhase::Prologue => prologue.push((i, None)),
+                StepPhase::Epilogue => epilogue.push((i, None)),
+                StepPhase::Stage {
+                    stage: s,
+                    backward: b,
+                } => {
+                    if s == stage {
+                        if b { &mut backward } else { &mut forward }.push((i, None));
+                    }
+                    local.extend(written(program, i));
+                }
+                StepPhase::Transfer {
+                    from,
+                    to,
+                    backward: b,
+                } => {
+                    if from == stage || to == stage {
+                        if b { &mut backward } else { &mut forward }.push((i, tag(i)));
+                    }
+                    local.extend(written(program, i));
+                }
+            }
+        }
+        local.sort_unstable();
+        local.dedup();
+        let mut summed: Vec<usize> = epilogue
+            .iter()
+            .filter_map(|&(i, _)| match &program.steps[i] {
+                Step::Reshard(r) => Some(r.from),
+                Step::Kernel(_) => None,
+            })
+            .chain(program.params.iter().filter_map(|p| p.grad_buffer))
+            .chain(program.outputs.iter().map(|o| o.buffer))
+            .filter(|b| local.binary_search(b).is_ok())
+            .collect();
+        summed.sort_unstable();
+        summed.dedup();
+        let (backward_input, backward_weight) = split_backward(program, &phases, &backward, stage);
+        let actions = schedule
+            .per_stage()
+            .get(stage)
+            .map(|list| list.iter().map(|a| (a.kind, a.micro_batch)).collect())
+            .unwrap_or_default();
+        Ok(PipelineRunner {
+            actions,
+            prologue,
+            forward,
+            backward,
+            backward_input,
+            backward_weight,
+            epilogue,
+            local,
+            summed,
+            micro_batches: schedule.micro_batches(),
+            rank,
+            receives,
+        })
+    }
+
+    /// Runs one training step: the prologue, this stage's passes of every micro-batch in
+    /// schedule order (`feed` writes micro-batch `mb`'s inputs before its forward pass; `step`
+    /// is the dropout counter of each micro-batch), the gradients' and loss's mean over the
+    /// micro-batches, then the epilogue (their reductions). The executor then holds the step's
+    /// gradients and loss as an ordinary run leaves them.
+    pub(crate) fn run_step(
+        &self,
+        exec: &mut RankExecutor,
+        mut feed: impl FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError>,
+        step: impl Fn(usize) -> u64,
+    ) -> Result<StepTrace, RuntimeError> {
+        exec.run_steps(&self.prologue)?;
+        let origin = epoch();
+        let mut trace = StepTrace::default();
+        // A micro-batch's buffers exist from its forward pass to its last backward action, so a
+        // schedule's memory is what it keeps in flight (1F1B: at most P − s on stage s).
+        let mut slots: Vec<Option<Vec<Option<Tensor>>>> = vec![None; self.micro_batches];
+        let mut in_flight = std::collections::BTreeSet::new();
+        let mut sums: Vec<Option<Tensor>> = self
+            .summed
+            .iter()
+            .map(|&b| Some(exec.fresh_buffer(b)))
+            .collect();
+        for &(kind, mb) in &self.actions {
+            let entry = slots.get_mut(mb).ok_or_else(|| RuntimeError::Mismatch {
+                what: "a scheduled micro-batch".to_string(),
+                expected: format!("below {}", self.micro_batches),
+                got: mb.to_string(),
+            })?;
+            let slot = entry.get_or_insert_with(|| {
+                self.local
+                    .iter()
+                    .map(|&b| Some(exec.fresh_buffer(b)))
+                    .collect()
+            });
+            if trace.micro_batch_bytes == 0 {
+                trace.micro_batch_bytes = slot.iter().flatten().map(|t| t.as_bytes().len()).sum();
+            }
+            in_flight.insert(mb);
+            trace.peak_in_flight = trace.peak_in_flight.max(in_flight.len());
+            exec.swap_buffers(&self.local, slot);
+            exec.set_step(step(mb));
+            let label = match kind {
+                ActionKind::Forward => format!("F{mb}"),
+                ActionKind::BackwardWeight => format!("W{mb}"),
+                _ => format!("B{mb}"),
+            };
+            let add_sums = |exec: &RankExecutor, sums: &mut [Option<Tensor>]| {
+                for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
+                    let sum = sum.as_mut().expect("sums stay in place");
+                    if sum.n_elements() > 0 {
+                        tensor::kernels::accumulate_scaled(sum, 1.0, exec.buffer_at(b))?;
+                    }
+                }
+                Ok::<(), RuntimeError>(())
+            };
+            let result = match kind {
+                ActionKind::Forward => feed(exec, mb)
+                    .and_then(|()| self.timed(exec, &self.forward, &label, origin, &mut trace)),
+                ActionKind::Backward => self
+                    .timed(exec, &self.backward, &label, origin, &mut trace)
+                    .and_then(|()| add_sums(exec, &mut sums)),
+                ActionKind::BackwardInput => {
+                    self.timed(exec, &self.backward_input, &label, origin, &mut trace)
+                }
+                ActionKind::BackwardWeight => self
+                    .timed(exec, &self.backward_weight, &label, origin, &mut trace)
+                    .and_then(|()| add_sums(exec, &mut sums)),
+            };
+            exec.swap_buffers(&self.local, slot);
+            // The last backward action of a micro-batch frees its buffers.
+            if matches!(kind, ActionKind::Backward | ActionKind::BackwardWeight) {
+                *entry = None;
+                in_flight.remove(&mb);
+            }
+            result?;
+        }
+        let share = 1.0 / self.micro_batches as f64;
+        for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
+            let sum = sum.take().expect("sums stay in place");
+            let dst = exec.buffer_at_mut(b);
+            dst.as_bytes_mut().fill(0);
+            if dst.n_elements() > 0 {
+                tensor::kernels::accumulate_scaled(dst, share, &sum)?;
+            }
+        }
+        exec.run_steps(&self.epilogue)?;
+        exec.finish_gradients();
+        if let (Some(first), Some(last)) = (trace.spans.first(), trace.spans.last()) {
+            let elapsed = last.start_us + last.dur_us - first.start_us;
+            let busy: f64 = trace
+                .spans
+                .iter()
+                .filter(|s| s.busy)
+                .map(|s| s.dur_us)
+                .sum();
+            trace.bubble = if elapsed > 0.0 {
+                (1.0 - busy / elapsed).max(0.0)
+            } else {
+                0.0
+            };
+        }
+        Ok(trace)
+    }
+
+    /// Runs `steps`, recording a busy span for the computation and a waiting span for each
+    /// receive from another stage.
+    fn timed(
+        &self,
+        exec: &mut RankExecutor,
+        steps: &[(usize, Option<Tag>)],
+        label: &str,
+        origin: Instant,
+        trace: &mut StepTrace,
+    ) -> Result<(), RuntimeError> {
+        let us = |t: Instant| t.duration_since(origin).as_secs_f64() * 1e6;
+        let mut span_start = Instant::now();
+        let close = |trace: &mut StepTrace, start: Instant, end: Instant, busy: bool| {
+            if end > start {
+                trace.spans.push(TraceSpan {
+                    rank: self.rank,
+                    name: if busy {
+                        label.to_string()
+                    } else {
+                        format!("wait {label}")
+                    },
+                    start_us: us(start),
+                    dur_us: (end - start).as_secs_f64() * 1e6,
+                    busy,
+                });
+            }
+        };
+        for &step in steps {
+            if self.receives[step.0] {
+                let before = Instant::now();
+                close(trace, span_start, before, true);
+                exec.run_steps(&[step])?;
+                let after = Instant::now();
+                close(trace, before, after, false);
+                span_start = after;
+            } else {
+                exec.run_steps(&[step])?;
+            }
+        }
+        close(trace, span_start, Instant::now(), true);
+        Ok(())
+    }
+}
+
+/// Splits this stage's backward steps into the ones the input gradients sent to the previous
+/// stage need (walking back from those sends through what each step reads) and the rest, which
+/// only make the parameters' gradients.
+fn split_backward(
+    program: &Program,
+    phases: &[StepPhase],
+    backward: &[(usize, Option<Tag>)],
+    stage: usize,
+) -> (StepList, StepList) {
+    let mut needed = vec![false; backward.len()];
+    let mut wanted: Vec<usize> = Vec::new();
+    for (j, &(i, _)) in backward.iter().enumerate().rev() {
+        let sends_back = matches!(
+            phases[i],
+            StepPhase::Transfer { from, backward: true, .. } if from == stage
+        );
+        if sends_back || written(program, i).iter().any(|b| wanted.contains(b)) {
+            needed[j] = true;
+            wanted.extend(read(program, i));
+        }
+    }
+    let (mut input, mut weight) = (Vec::new(), Vec::new());
+    for (j, &step) in backward.iter().enumerate() {
+        if needed[j] { &mut input } else { &mut weight }.push(step);
+    }
+    (input, weight)
+}
+
+/// The buffers step `i` reads.
+fn read(program: &Program, i: usize) -> Vec<usize> {
+    match &program.steps[i] {
+        Step::Kernel(k) => k.inputs.clone(),
+        Step::Reshard(r) => vec![r.from],
+    }
+}
+
+/// The buffers step `i` writes.
+fn written(program: &Program, i: usize) -> Vec<usize> {
+    match &program.steps[i] {
+        Step::Kernel(k) => k.outputs.clone(),
+        Step::Reshard(r) => vec![r.to],
+    }
+}
+
+/// The Chrome trace-event JSON (Perfetto, chrome://tracing) of the ranks' pipelined steps: one
+/// complete event (`"ph": "X"`) per span, a thread per rank; waits are category `wait`.
+pub fn chrome_trace(traces: &[(usize, &[StepTrace])]) -> serde_json::Value {
+    let mut events = Vec::new();
+    for &(rank, steps) in traces {
+        events.push(serde_json::json!({
+            "name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+            "args": {"name": format!("rank {rank}")},
+        }));
+        for span in steps.iter().flat_map(|s| &s.spans) {
+            events.push(serde_json::json!({
+                "name": span.name,
+                "cat": if span.busy { "compute" } else { "wait" },
+                "ph": "X",
+                "ts": span.start_us,
+                "dur": span.dur_us,
+                "pid": 0,
+                "tid": rank,
+            }));
+        }
+    }
+    serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}

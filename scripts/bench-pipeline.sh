@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Pipeline parallelism on this machine (issue 15's benchmark): an 8-layer GPT (width 128, 64
+# tokens, batch 16) on 2 ranks as 2 stages with 8 micro-batches, for each scheduler: tokens/s,
+# the measured bubble next to the predicted one, and the micro-batches each rank held at once;
+# then the same model without a pipeline on 1 rank and with data parallel 2, in the same run.
+#   scripts/bench-pipeline.sh [steps]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-20}"
+cargo build --release -p tessera-cli --quiet
+bin=target/release/tessera
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+common=(--set model.layers=8 --set model.hidden=128 --set model.seq_len=64 --set data.batch_size=16
+        --set train.eval=false --set "train.max_steps=$steps" --set output.save_checkpoint=false)
+run() {
+  local name="$1"; shift
+  local log
+  log="$("$bin" train examples/gpt_kjv.toml "${common[@]}" --set "output.dir=\"$out/$name\"" "$@" 2>&1)"
+  local rate
+  rate="$(grep -o '([0-9.]* steps/s)' <<<"$log" | tr -d '()' | cut -d' ' -f1)"
+  printf '%-26s %8.0f tokens/s' "$name" "$(echo "$rate * 16 * 64" | bc -l)"
+  grep -o 'bubble (measured[^:]*: [0-9.]* %' <<<"$log" | sed 's/.*: /  measured bubble /' | tr -d '\n' || true
+  grep -o 'per rank: .*' <<<"$log" | sed 's/per rank:/  held at once:/' | tr -d '\n' || true
+  echo
+}
+for scheduler in gpipe 1f1b zero_bubble; do
+  pipe=(--set parallel.mode=\"semi_auto\" --set parallel.devices=2 --set parallel.model_parallel=1
+        --set "parallel.pipeline={ stages = 2, micro_batches = 8, scheduler = \"$scheduler\" }")
+  predicted="$("$bin" train examples/gpt_kjv.toml "${common[@]}" "${pipe[@]}" --explain | grep -o 'predicted bubble [0-9.]* %')"
+  echo "   ($scheduler: $predicted)"
+  run "pipeline 2 × 8, $scheduler" "${pipe[@]}"
+done
+run "no pipeline, 1 rank" --set parallel.mode=\"stand_alone\" --set parallel.devices=1
+run "data parallel 2" --set parallel.mode=\"semi_auto\" --set parallel.devices=2 --set parallel.model_parallel=1
