@@ -15,10 +15,13 @@ use graph::{Graph, Node, NodeId, NodeRole, Op, ValueId, ValueKind};
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
-use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+use crate::config::{
+    DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
+};
 use crate::deterministic::contiguous_sums;
 use crate::error::ParallelError;
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
+use crate::hsdp::{decide, param_bytes, ShardDecision};
 use crate::patterns::{resolve_manual_split, resolve_op_patterns};
 use crate::pipeline::{node_stages, relocate, relocate_dist, NodeStages};
 use crate::rules::{infer, strategy, OpContext};
@@ -82,7 +85,11 @@ pub struct PlacedGraph {
     /// One placement per node, by [`NodeId`].
     pub nodes: Vec<NodePlacement>,
     /// The layout of every input and parameter, by [`ValueId`] (`None` for intermediates).
+    /// Under `hsdp` level 3 a sharded parameter's is its shard layout.
     pub leaves: Vec<Option<TensorLayout>>,
+    /// What optimizer parallelism decided for every trainable parameter, by [`ValueId`]
+    /// (`None` for other values, and for all when `hsdp` is off or on one device).
+    pub optimizer_shards: Vec<Option<ShardDecision>>,
 }
 
 impl PlacedGraph {
@@ -246,7 +253,10 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
         stage: stage.clone(),
         nodes: Vec::with_capacity(graph.nodes().len()),
         leaves,
+        optimizer_shards: vec![None; graph.values().len()],
     };
+    // Optimizer parallelism needs replicas: none on one device.
+    let hsdp = config.hsdp.as_ref().filter(|_| devices > 1);
     for (id, node) in graph.nodes().iter().enumerate() {
         let ctx = OpContext::of(graph, node);
         let placement = match &node.role {
@@ -277,7 +287,15 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                 }
             }
             NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
-                let home = value_layout(&placed, *value);
+                // A parameter whose gradient hsdp shards (level 2 and 3) sums its gradient's
+                // contributions in its shard layout: each is reduce-scattered, never whole.
+                let home = match placed.optimizer_shards[value.0]
+                    .as_ref()
+                    .and_then(ShardDecision::shard)
+                {
+                    Some(shard) if shard.level >= OptimizerLevel::Level2 => shard.layout.clone(),
+                    _ => value_layout(&placed, *value),
+                };
                 let inputs = vec![home.clone(); node.inputs.len()];
                 let outputs = if inputs.is_empty() {
                     // A seed: the constant in the layout of the value it is the gradient of.
@@ -294,13 +312,17 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                 }
             }
         };
-        // A parameter takes the layout its first forward consumer needs.
+        // A parameter takes the layout its first forward consumer needs; hsdp decides its
+        // optimizer shard from that layout.
         if node.role == NodeRole::Forward {
             for (&v, need) in node.inputs.iter().zip(&placement.inputs) {
                 if matches!(graph.values()[v.0].kind, ValueKind::Parameter { .. })
                     && placed.leaves[v.0].is_none()
                 {
                     placed.leaves[v.0] = Some(need.clone());
+                    if let Some(hsdp) = hsdp {
+                        placed.optimizer_shards[v.0] = optimizer_shard(graph, hsdp, v, need);
+                    }
                 }
             }
         }
@@ -313,7 +335,34 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
             placed.leaves[p.0] = Some(TensorLayout::replicated(stage.clone(), shape));
         }
     }
+    // Level 3: a sharded parameter's own buffer holds its piece. Every node is placed by
+    // now with the strategy layout, so the lowering gathers the weight before its use.
+    for p in graph.parameters() {
+        if let Some(ShardDecision::Sharded(shard)) = &placed.optimizer_shards[p.0] {
+            if shard.level == OptimizerLevel::Level3 {
+                placed.leaves[p.0] = Some(shard.layout.clone());
+            }
+        }
+    }
     Ok(placed)
+}
+
+/// What optimizer parallelism decides for parameter `p` of `graph` laid out as
+/// `strategy_layout` (see [`crate::hsdp`]): `None` for a parameter that is not trainable.
+fn optimizer_shard(
+    graph: &Graph,
+    hsdp: &HsdpConfig,
+    p: ValueId,
+    strategy_layout: &TensorLayout,
+) -> Option<ShardDecision> {
+    matches!(
+        graph.values()[p.0].kind,
+        ValueKind::Parameter {
+            trainable: true,
+            ..
+        }
+    )
+    .then(|| decide(hsdp, strategy_layout, param_bytes(graph, p)))
 }
 
 /// The stage of every node and the devices per stage, when `config` asks for more than one

@@ -118,6 +118,69 @@ fn split_factors(layouts: &[Layout]) -> Vec<Vec<usize>> {
     layouts.iter().map(Layout::split_factors).collect()
 }
 
+/// What optimizer parallelism shards (MindSpore's `optimizer_level`, ZeRO's stages 1–3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum OptimizerLevel {
+    /// The optimizer state and the update: each rank updates its dim-0 piece of the weight,
+    /// then the weights are all-gathered. Gradients are all-reduced as without sharding
+    /// (ZeRO-1).
+    Level1,
+    /// Level 1, and the gradients are reduce-scattered into the pieces instead of all-reduced
+    /// (ZeRO-2).
+    Level2,
+    /// Weights, gradients and optimizer state all sharded: each rank keeps only its piece of
+    /// the weight and gathers it before use (ZeRO-3, FSDP).
+    Level3,
+}
+
+impl OptimizerLevel {
+    /// Parses `level1`, `level2` or `level3`.
+    pub fn parse(text: &str) -> Option<OptimizerLevel> {
+        match text {
+            "level1" => Some(OptimizerLevel::Level1),
+            "level2" => Some(OptimizerLevel::Level2),
+            "level3" => Some(OptimizerLevel::Level3),
+            _ => None,
+        }
+    }
+
+    /// The config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerLevel::Level1 => "level1",
+            OptimizerLevel::Level2 => "level2",
+            OptimizerLevel::Level3 => "level3",
+        }
+    }
+}
+
+/// Optimizer parallelism (`[parallel.hsdp]`, MindSpore's `AutoParallel.hsdp(shard_size,
+/// threshold, optimizer_level)`): a trainable parameter held by more than one rank is cut along
+/// dim 0 over its replica group (see [`crate::OptimizerShard`] for the rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HsdpConfig {
+    /// The most ranks a parameter is sharded over (`None`: its whole replica group,
+    /// MindSpore's `-1`). A replica group larger than this is cut into consecutive chunks of
+    /// this many ranks.
+    pub shard_size: Option<usize>,
+    /// Parameters whose whole (unsharded) size is below this many KB (1024 bytes) are not
+    /// sharded.
+    pub threshold_kb: usize,
+    /// What is sharded.
+    pub level: OptimizerLevel,
+}
+
+impl Default for HsdpConfig {
+    /// MindSpore's defaults: the whole replica group, 64 KB, level 1.
+    fn default() -> HsdpConfig {
+        HsdpConfig {
+            shard_size: None,
+            threshold_kb: 64,
+            level: OptimizerLevel::Level1,
+        }
+    }
+}
+
 /// Everything the parallel pass needs to know besides the graph.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParallelConfig {
@@ -149,6 +212,8 @@ pub struct ParallelConfig {
     /// that is not the outermost summed dim takes its inputs with that dim whole (a gather is
     /// inserted), so every sum is one contiguous run of canonical blocks per rank.
     pub deterministic: bool,
+    /// Optimizer parallelism (`[parallel.hsdp]`), when on.
+    pub hsdp: Option<HsdpConfig>,
     /// `[parallel.pipeline]`: with more than one stage, every op runs on its stage's sub-mesh
     /// (its strategy applies within the stage's devices) and values cross stages by reshards.
     pub pipeline: Option<crate::pipeline::PipelineConfig>,
@@ -167,6 +232,7 @@ impl ParallelConfig {
             manual_split: BTreeMap::new(),
             deterministic_blocks: 16,
             deterministic: false,
+            hsdp: None,
             pipeline: None,
         }
     }
@@ -223,6 +289,12 @@ impl ParallelConfig {
     ) -> ParallelConfig {
         self.strategies
             .insert(op.to_string(), OpStrategy::from_layouts(inputs, outputs));
+        self
+    }
+
+    /// Turns optimizer parallelism on with `hsdp` (builder style).
+    pub fn with_hsdp(mut self, hsdp: HsdpConfig) -> ParallelConfig {
+        self.hsdp = Some(hsdp);
         self
     }
 

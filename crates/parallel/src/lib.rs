@@ -13,6 +13,9 @@
 //!   (with their reasons and bytes) where a layout changes or a pending sum is consumed;
 //!   [`Program::explain`] prints it. [`compile_training`] and [`compile_forward`] do all of it
 //!   from a forward graph.
+//! - [`hsdp`]: optimizer parallelism (`[parallel.hsdp]`, ZeRO levels 1–3): which parameters
+//!   are cut along dim 0 over their replica group; the lowering then gathers, reduce-scatters
+//!   and lists the post-update weight gathers ([`WeightGather`]).
 //! - [`pipeline`]: pipeline parallelism as data — the `[parallel.pipeline]` configuration, the
 //!   assignment of cells to stages, schedules as per-stage action lists (GPipe, 1F1B,
 //!   interleaved 1F1B, zero-bubble) and the simulator that proves them deadlock-free.
@@ -29,6 +32,7 @@ mod config;
 mod deterministic;
 mod error;
 mod given_layouts;
+pub mod hsdp;
 mod lower;
 mod patterns;
 pub mod pipeline;
@@ -39,12 +43,15 @@ pub use crate::assign::{
     gradient_target, is_annotatable, place, NodePlacement, PlacedGraph, StrategySource,
 };
 pub use crate::compile::{compile_forward, compile_training};
-pub use crate::config::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
+pub use crate::config::{
+    DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
+};
 pub use crate::deterministic::check_deterministic;
 pub use crate::error::{format_strategy, ParallelError};
+pub use crate::hsdp::{OptimizerShard, ShardDecision};
 pub use crate::lower::{
     describe_plan, describe_plan_with, lower, BufferSpec, KernelStep, LowerRequest, Program,
-    ProgramInput, ProgramOutput, ProgramParam, ReshardStep, Step,
+    ProgramInput, ProgramOutput, ProgramParam, ReshardStep, Step, WeightGather,
 };
 pub use crate::patterns::{glob_matches, resolve_op_patterns};
 pub use crate::rank_view::{RankProgram, RankStep};

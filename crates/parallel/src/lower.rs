@@ -18,8 +18,9 @@ use reshard::{DistLayout, ReshardPlan};
 use tensor::DType;
 
 use crate::assign::{NodePlacement, PlacedGraph, StrategySource};
-use crate::config::ParallelMode;
+use crate::config::{OptimizerLevel, ParallelMode};
 use crate::error::{format_strategy, ParallelError};
+use crate::hsdp::{OptimizerShard, ShardDecision};
 
 /// A buffer of the program: one value in one layout, on every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,9 +117,33 @@ pub struct ProgramParam {
     pub trainable: bool,
     /// Its buffer.
     pub buffer: usize,
-    /// The buffer holding its gradient in its own layout after a step (trainable parameters of a
-    /// training program).
+    /// The buffer holding its gradient after a step (trainable parameters of a training
+    /// program): in the parameter's layout, except under `hsdp` level 2 where it is in the
+    /// shard layout.
     pub grad_buffer: Option<usize>,
+    /// What optimizer parallelism decided for it (`None` when `hsdp` is off, on one device,
+    /// or for a parameter that is not trainable).
+    pub hsdp: Option<ShardDecision>,
+}
+
+impl ProgramParam {
+    /// Its optimizer shard, when `hsdp` shards it: the optimizer keeps state for, and
+    /// updates, only this rank's box of [`OptimizerShard::layout`].
+    pub fn optimizer_shard(&self) -> Option<&OptimizerShard> {
+        self.hsdp.as_ref().and_then(ShardDecision::shard)
+    }
+}
+
+/// After the optimizer has updated this rank's piece of a parameter in place (in the
+/// parameter's buffer, `hsdp` levels 1 and 2), the pieces are all-gathered into the whole
+/// weights: `plan` moves the parameter from its shard layout to its layout. The runtime takes
+/// the source from the rows of the parameter's own buffer.
+#[derive(Debug, Clone)]
+pub struct WeightGather {
+    /// The parameter (an index into [`Program::params`]).
+    pub param: usize,
+    /// From the shard layout to the parameter's layout.
+    pub plan: Arc<ReshardPlan>,
 }
 
 /// A value the program makes available after a step, in a chosen layout.
@@ -152,6 +177,9 @@ pub struct Program {
     /// Factor applied to every gradient after the step (`gradients_mean = false`,
     /// `loss_repeated_mean = false`; 1 otherwise).
     pub grad_scale: f64,
+    /// The gathers of updated weight pieces the runtime runs after the optimizer update
+    /// (`hsdp` levels 1 and 2), in parameter order.
+    pub weight_gathers: Vec<WeightGather>,
 }
 
 /// What to lower: the graph's gradient outputs and the values wanted after a step.
@@ -308,6 +336,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
             trainable,
             buffer,
             grad_buffer: None,
+            hsdp: placed.optimizer_shards[p.0].clone(),
         });
     }
     let mut targets: Vec<ValueId> = request.grads.iter().map(|&(_, g)| g).collect();
@@ -360,12 +389,46 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
             .iter_mut()
             .find(|x| x.value == p)
             .expect("gradients are requested for parameters");
-        let layout = slot.layout.clone();
         let name = slot.name.clone();
-        let b = lw.need(g, &layout, || {
-            format!("the gradient of {name} must be laid out like {name} (summing the contributions of the ranks that share it)")
-        })?;
+        let b = match slot.optimizer_shard() {
+            Some(shard) if shard.level >= OptimizerLevel::Level2 => {
+                let layout = shard.layout.clone();
+                lw.need(g, &layout, || {
+                    format!(
+                        "hsdp {}: the gradient of {name} goes to its optimizer shard {} (summing the contributions of the ranks that share it)",
+                        shard.level.name(),
+                        layout.layout().describe_map()
+                    )
+                })?
+            }
+            _ => {
+                let layout = slot.layout.clone();
+                lw.need(g, &layout, || {
+                    format!("the gradient of {name} must be laid out like {name} (summing the contributions of the ranks that share it)")
+                })?
+            }
+        };
         slot.grad_buffer = Some(b);
+    }
+    let mut weight_gathers = Vec::new();
+    for (i, p) in params.iter().enumerate() {
+        let Some(shard) = p.optimizer_shard() else {
+            continue;
+        };
+        if shard.level == OptimizerLevel::Level3 || p.grad_buffer.is_none() {
+            continue;
+        }
+        let dtype = lw.buffers[p.buffer].dtype;
+        let plan = reshard::plan(&shard.layout, &p.layout, dtype).map_err(|source| {
+            ParallelError::Reshard {
+                context: format!("gathering the updated pieces of {}", p.name),
+                source: Box::new(source),
+            }
+        })?;
+        weight_gathers.push(WeightGather {
+            param: i,
+            plan: Arc::new(plan),
+        });
     }
     let mut outputs = Vec::new();
     for &v in &request.replicated_outputs {
@@ -391,6 +454,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         params,
         outputs,
         grad_scale,
+        weight_gathers,
     })
 }
 
@@ -430,13 +494,20 @@ impl Program {
 
     /// Bytes every step moves over the network, summed over reshards.
     pub fn bytes_per_step(&self) -> usize {
-        self.steps
+        let steps: usize = self
+            .steps
             .iter()
             .map(|s| match s {
                 Step::Reshard(r) => r.plan.bytes_total(),
                 Step::Kernel(_) => 0,
             })
-            .sum()
+            .sum();
+        steps
+            + self
+                .weight_gathers
+                .iter()
+                .map(|g| g.plan.bytes_total())
+                .sum::<usize>()
     }
 
     /// The pipeline section of [`Program::explain`]: each stage's ranks and layers, and the
@@ -545,19 +616,52 @@ impl Program {
         }
         let _ = writeln!(out, "\nparameters:");
         for p in &self.params {
-            let slice = match p.layout.row_split() {
-                Some(rows) => format!("rows {rows:?} × {:?}", &p.layout.slice_shape()[1..]),
-                None => format!("{:?}", p.layout.slice_shape()),
+            // The layout the parameter's consumers need (under level 3 its buffer holds less).
+            let layout = p
+                .optimizer_shard()
+                .map_or(&p.layout, |shard| &shard.strategy_layout);
+            let slice = match layout.row_split() {
+                Some(rows) => format!("rows {rows:?} × {:?}", &layout.slice_shape()[1..]),
+                None => format!("{:?}", layout.slice_shape()),
             };
             let _ = writeln!(
                 out,
                 "  {:<20} {:?} as {} over {} (slice {slice}, {} copies)",
                 p.name,
-                p.layout.shape(),
-                p.layout.layout().describe_map(),
-                p.layout.mesh(),
-                p.layout.replica_count()
+                layout.shape(),
+                layout.layout().describe_map(),
+                layout.mesh(),
+                layout.replica_count()
             );
+            match &p.hsdp {
+                Some(ShardDecision::Sharded(shard)) => {
+                    let what = match shard.level {
+                        OptimizerLevel::Level1 => {
+                            "optimizer state and update in pieces, weights gathered after the update"
+                        }
+                        OptimizerLevel::Level2 => {
+                            "gradient, optimizer state and update in pieces, weights gathered after the update"
+                        }
+                        OptimizerLevel::Level3 => {
+                            "weight, gradient, optimizer state and update in pieces, weight gathered before use"
+                        }
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {:<20} hsdp {}: optimizer shard {} (slice {:?}), dim 0 over groups of {} ranks (step {}): {what}",
+                        "",
+                        shard.level.name(),
+                        shard.layout.layout().describe_map(),
+                        shard.layout.slice_shape(),
+                        shard.size,
+                        shard.step
+                    );
+                }
+                Some(ShardDecision::Unsharded(why)) => {
+                    let _ = writeln!(out, "  {:<20} hsdp: not sharded: {why}", "");
+                }
+                None => {}
+            }
         }
         let _ = writeln!(out, "\nsteps:");
         for step in &self.steps {
@@ -583,6 +687,18 @@ impl Program {
                         r.reason
                     );
                 }
+            }
+        }
+        if !self.weight_gathers.is_empty() {
+            let _ = writeln!(out, "\nafter the optimizer update:");
+            for g in &self.weight_gathers {
+                let _ = writeln!(
+                    out,
+                    "    -> gather {}: {} ({} B/step): hsdp: the updated pieces become the whole weight",
+                    self.params[g.param].name,
+                    describe_plan(&g.plan),
+                    g.plan.bytes_total()
+                );
             }
         }
         out

@@ -36,6 +36,81 @@ pub struct RankExecutor {
     deterministic: Option<usize>,
     /// Time per kind of step, when profiling ([`RankExecutor::set_profiling`]).
     profile: Option<StepProfile>,
+    /// For each parameter, the part of it this rank's optimizer updates.
+    pieces: Vec<OptimizerPiece>,
+    /// For each of the program's weight gathers, a buffer for this rank's updated piece.
+    gather_sources: Vec<Tensor>,
+}
+
+/// The part of a parameter one rank's optimizer updates: with `hsdp`, its box of the
+/// optimizer-shard layout, a run of whole rows of the parameter's slice (and of the gradient's,
+/// unless the gradient already holds just the piece); otherwise the whole slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptimizerPiece {
+    /// The piece's shape (what the optimizer's state has).
+    pub shape: Vec<usize>,
+    /// Offset, in elements, of its first element in the parameter's buffer.
+    pub param_offset: usize,
+    /// Offset, in elements, of its first element in the gradient's buffer.
+    pub grad_offset: usize,
+}
+
+impl OptimizerPiece {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the piece has no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Offset, in elements, of `inner`'s first element in the row-major buffer of `outer`, a box
+/// that contains it and agrees with it on every dim but 0.
+fn row_offset(outer: &SliceBox, inner: &SliceBox) -> usize {
+    let row: usize = inner.shape.iter().skip(1).product();
+    (inner.offset.first().copied().unwrap_or(0) - outer.offset.first().copied().unwrap_or(0)) * row
+}
+
+/// The piece of every parameter of `program` that `rank`'s optimizer updates.
+fn optimizer_pieces(program: &Program, rank: usize) -> Result<Vec<OptimizerPiece>, RuntimeError> {
+    program
+        .params
+        .iter()
+        .map(|p| {
+            // A parameter of another pipeline stage's ranks: nothing here.
+            if p.layout.mesh().slot_of_rank(rank).is_none() {
+                return Ok(OptimizerPiece {
+                    shape: vec![0],
+                    param_offset: 0,
+                    grad_offset: 0,
+                });
+            }
+            let param_box = p.layout.slot_box(slot_of(&p.layout, rank)?);
+            let Some(shard) = p.optimizer_shard() else {
+                return Ok(OptimizerPiece {
+                    shape: param_box.shape,
+                    param_offset: 0,
+                    grad_offset: 0,
+                });
+            };
+            let piece = shard.layout.slot_box(slot_of(&shard.layout, rank)?);
+            let grad_offset = match p.grad_buffer {
+                Some(g) => {
+                    let grad = program.buffers[g].layout.layout();
+                    row_offset(&grad.slot_box(slot_of(grad, rank)?), &piece)
+                }
+                None => 0,
+            };
+            Ok(OptimizerPiece {
+                param_offset: row_offset(&param_box, &piece),
+                grad_offset,
+                shape: piece.shape,
+            })
+        })
+        .collect()
 }
 
 /// The slot of `rank` in `layout`'s mesh.
@@ -109,9 +184,20 @@ impl RankExecutor {
             offsets.push(offset);
             input_blocks.push(blocks);
         }
+        let pieces = optimizer_pieces(&program, rank)?;
+        let gather_sources = program
+            .weight_gathers
+            .iter()
+            .map(|g| {
+                let dtype = program.buffers[program.params[g.param].buffer].dtype;
+                Tensor::zeros(dtype, &pieces[g.param].shape)
+            })
+            .collect();
         Ok(RankExecutor {
             program,
             rank,
+            pieces,
+            gather_sources,
             buffers,
             runner: ReshardRunner::new(world),
             offsets,
@@ -236,6 +322,40 @@ impl RankExecutor {
             (hi[0].as_mut(), lo[gb].as_ref())
         };
         Some((param?, grad?))
+    }
+
+    /// The part of parameter `index` this rank's optimizer updates (the whole shard without
+    /// `hsdp`).
+    pub fn optimizer_piece(&self, index: usize) -> &OptimizerPiece {
+        &self.pieces[index]
+    }
+
+    /// After the optimizer has updated this rank's piece of every parameter in place, brings
+    /// the updated pieces together into the whole weights (the program's weight gathers,
+    /// `hsdp` levels 1 and 2; nothing otherwise).
+    pub fn gather_updated_weights(&mut self) -> Result<(), RuntimeError> {
+        let program = self.program.clone();
+        for (g, src) in program.weight_gathers.iter().zip(&mut self.gather_sources) {
+            let p = &program.params[g.param];
+            if p.layout.mesh().slot_of_rank(self.rank).is_none() {
+                continue;
+            }
+            let piece = &self.pieces[g.param];
+            let param = self.buffers[p.buffer]
+                .take()
+                .expect("buffers are put back after every step");
+            let width = param.dtype().size_in_bytes();
+            let start = piece.param_offset * width;
+            let len = src.as_bytes().len();
+            src.as_bytes_mut()
+                .copy_from_slice(&param.as_bytes()[start..start + len]);
+            let mut out = [param];
+            let result = self.runner.run_into(&g.plan, &[&*src], &mut out);
+            let [param] = out;
+            self.buffers[p.buffer] = Some(param);
+            result?;
+        }
+        Ok(())
     }
 
     /// Output `index` after a run (replicated: the whole value).

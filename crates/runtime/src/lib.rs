@@ -59,7 +59,7 @@ pub use crate::data::{
     MAX_TEXT_BYTES,
 };
 pub use crate::error::RuntimeError;
-pub use crate::executor::RankExecutor;
+pub use crate::executor::{OptimizerPiece, RankExecutor};
 pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
 #[cfg(feature = "mpi")]
 pub use crate::launch::train_mpi;
@@ -72,5 +72,5 @@ pub use crate::optimizer::{
 pub use crate::pipeline::{chrome_trace, StepTrace, TraceSpan};
 pub use crate::preflight::check_before_start;
 pub use crate::profile::{StepProfile, Tally};
-pub use crate::session::{ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP};
+pub use crate::session::{ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP};
 pub use crate::trainer::Trainer;

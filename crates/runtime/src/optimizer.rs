@@ -358,6 +358,31 @@ impl Optimizer {
         param: &mut Tensor,
         grad: &Tensor,
     ) -> Result<(), RuntimeError> {
+        let slot = self.slot(index)?;
+        for (role, tensor) in [("parameter", &*param), ("gradient", grad)] {
+            if tensor.shape() != slot.spec.shape.as_slice() {
+                return Err(RuntimeError::Mismatch {
+                    what: format!("optimizer update of {}: the {role}", slot.spec.name),
+                    expected: format!("{} {:?}", slot.spec.dtype, slot.spec.shape),
+                    got: format!("{} {:?}", tensor.dtype(), tensor.shape()),
+                });
+            }
+        }
+        self.update_piece(index, param, 0, grad, 0)
+    }
+
+    /// Updates the elements `param_offset..` of `param` (row-major) with the elements
+    /// `grad_offset..` of `grad`, as many as parameter `index`'s spec has, advancing its state:
+    /// the update of an optimizer shard (`hsdp`), a run of rows of a larger buffer. Call
+    /// [`Optimizer::begin_step`] first.
+    pub fn update_piece(
+        &mut self,
+        index: usize,
+        param: &mut Tensor,
+        param_offset: usize,
+        grad: &Tensor,
+        grad_offset: usize,
+    ) -> Result<(), RuntimeError> {
         if self.step == 0 {
             return Err(RuntimeError::Mismatch {
                 what: "optimizer step count".to_string(),
@@ -372,19 +397,46 @@ impl Optimizer {
             .slots
             .get_mut(index)
             .ok_or_else(|| no_param(n_params, index))?;
-        for (role, tensor) in [("parameter", &*param), ("gradient", grad)] {
-            if tensor.shape() != slot.spec.shape.as_slice() || tensor.dtype() != slot.spec.dtype {
+        let n: usize = slot.spec.shape.iter().product();
+        for (role, tensor, offset) in [
+            ("parameter", &*param, param_offset),
+            ("gradient", grad, grad_offset),
+        ] {
+            let fits = offset
+                .checked_add(n)
+                .is_some_and(|end| end <= tensor.shape().iter().product());
+            if !fits || tensor.dtype() != slot.spec.dtype {
                 return Err(RuntimeError::Mismatch {
                     what: format!("optimizer update of {}: the {role}", slot.spec.name),
-                    expected: format!("{} {:?}", slot.spec.dtype, slot.spec.shape),
+                    expected: format!(
+                        "{} with elements {offset}..{} ({:?})",
+                        slot.spec.dtype,
+                        offset.saturating_add(n),
+                        slot.spec.shape
+                    ),
                     got: format!("{} {:?}", tensor.dtype(), tensor.shape()),
                 });
             }
         }
         let weight_decay = if slot.decay { config.weight_decay } else { 0.0 };
+        let range = |offset: usize| offset..offset + n;
         match slot.spec.dtype {
-            DType::F32 => apply::<f32>(&config, weight_decay, step, param, grad, &mut slot.state),
-            _ => apply::<f64>(&config, weight_decay, step, param, grad, &mut slot.state),
+            DType::F32 => apply::<f32>(
+                &config,
+                weight_decay,
+                step,
+                &mut param.as_slice_mut::<f32>()?[range(param_offset)],
+                &grad.as_slice::<f32>()?[range(grad_offset)],
+                &mut slot.state,
+            ),
+            _ => apply::<f64>(
+                &config,
+                weight_decay,
+                step,
+                &mut param.as_slice_mut::<f64>()?[range(param_offset)],
+                &grad.as_slice::<f64>()?[range(grad_offset)],
+                &mut slot.state,
+            ),
         }
     }
 }
@@ -395,13 +447,11 @@ fn apply<T: Float + tensor::Element>(
     config: &OptimizerConfig,
     weight_decay: f64,
     step: u64,
-    param: &mut Tensor,
-    grad: &Tensor,
+    p: &mut [T],
+    g: &[T],
     state: &mut [Tensor],
 ) -> Result<(), RuntimeError> {
     let learning_rate = config.learning_rate;
-    let p = param.as_slice_mut::<T>()?;
-    let g = grad.as_slice::<T>()?;
     let hyper = |a: f64, b: f64, c: f64| Step {
         lr: T::from_f64(learning_rate),
         wd: T::from_f64(weight_decay),

@@ -99,6 +99,46 @@ pub struct RankOutcome {
     pub global_step: u64,
     /// With pipeline micro-batches: this rank's timeline of every step.
     pub pipeline: Vec<StepTrace>,
+    /// The bytes this rank holds for its trainable parameters at the end.
+    pub memory: ParamMemory,
+}
+
+/// The bytes one rank holds for its trainable parameters, by category: what ZeRO's formulas
+/// count. Working buffers of a step (a weight gathered for its consumers, a gradient before
+/// its data-parallel sum) are not counted: they are the step's, like its activations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParamMemory {
+    /// The parameters' own buffers (the slice, or under `hsdp` level 3 the piece).
+    pub parameters: usize,
+    /// The gradients as the optimizer reads them (after their data-parallel sum).
+    pub gradients: usize,
+    /// The optimizer state.
+    pub optimizer: usize,
+}
+
+impl ParamMemory {
+    /// The sum of the three.
+    pub fn total(&self) -> usize {
+        self.parameters + self.gradients + self.optimizer
+    }
+
+    /// What `exec` and `optimizer` hold for the trainable parameters `trainable` (indices into
+    /// the program's parameters, in the optimizer's order).
+    fn measure(
+        exec: &RankExecutor,
+        optimizer: &Optimizer,
+        trainable: &[usize],
+    ) -> Result<ParamMemory, RuntimeError> {
+        let mut memory = ParamMemory::default();
+        for (k, &i) in trainable.iter().enumerate() {
+            memory.parameters += exec.param(i).as_bytes().len();
+            memory.gradients += exec.grad(i).map_or(0, |g| g.as_bytes().len());
+            for (_, state) in optimizer.state(k)? {
+                memory.optimizer += state.as_bytes().len();
+            }
+        }
+        Ok(memory)
+    }
 }
 
 /// What a rank saves at the end of a run.
@@ -431,23 +471,44 @@ impl Session {
             // A pipeline stage's parameters live on its ranks, `stage · n ..`.
             let mesh = p.layout.mesh();
             let stage = mesh.rank_list().first().copied().unwrap_or(0) / mesh.n_slots().max(1);
-            let placement = ParamLayout::new(stage, p.layout.clone(), 1).map_err(|e| {
-                RuntimeError::Mismatch {
+            let bind = |mp: &TensorLayout, opt_shard: usize| {
+                ParamLayout::new(stage, mp.clone(), opt_shard).map_err(|e| RuntimeError::Mismatch {
                     what: format!("layout of {}", p.name),
                     expected: "a valid layout".to_string(),
                     got: e.to_string(),
+                })
+            };
+            // hsdp: the optimizer state is held in optimizer-shard pieces at every level, the
+            // weights only at level 3 (levels 1 and 2 keep them whole on every rank).
+            let (weights, state) = match p.optimizer_shard() {
+                Some(shard) => {
+                    let sharded = bind(&shard.strategy_layout, shard.size)?;
+                    let weights = if shard.level == parallel::OptimizerLevel::Level3 {
+                        sharded.clone()
+                    } else {
+                        bind(&p.layout, 1)?
+                    };
+                    (weights, sharded)
                 }
-            })?;
-            let mut names = vec![p.name.clone()];
+                None => {
+                    let whole = bind(&p.layout, 1)?;
+                    (whole.clone(), whole)
+                }
+            };
+            let mut entries = vec![(p.name.clone(), weights)];
             if p.trainable {
-                names.extend(states.iter().map(|s| state_checkpoint_name(s, &p.name)));
+                entries.extend(
+                    states
+                        .iter()
+                        .map(|s| (state_checkpoint_name(s, &p.name), state.clone())),
+                );
             }
-            for name in names {
+            for (name, placement) in entries {
                 params.push(ResolvedParam {
                     name,
                     shape: p.layout.shape().to_vec(),
                     dtype: Some(dtype),
-                    placements: vec![placement.clone()],
+                    placements: vec![placement],
                 });
             }
         }
@@ -547,7 +608,8 @@ impl Session {
             .iter()
             .map(|&i| ParamSpec {
                 name: self.train.params[i].name.clone(),
-                shape: exec.param(i).shape().to_vec(),
+                // This rank's optimizer piece: the whole shard, or its hsdp piece.
+                shape: exec.optimizer_piece(i).shape.clone(),
                 dtype: exec.param(i).dtype(),
             })
             .collect();
@@ -556,10 +618,15 @@ impl Session {
         // one buffer per trainable parameter shard. It is zeroed at every step's start and
         // spent by the step's update, so nothing in it outlives a step and checkpoints (taken
         // between steps) need none of it.
+        // Laid out like the gradient buffers (under hsdp level 2 and 3, the pieces).
         let mut accumulated: Option<Vec<Tensor>> = (self.micro_steps() > 1).then(|| {
-            specs
+            trainable
                 .iter()
-                .map(|spec| Tensor::zeros(spec.dtype, &spec.shape))
+                .zip(&specs)
+                .map(|(&i, spec)| {
+                    let shape = exec.grad(i).map_or(&spec.shape[..], Tensor::shape);
+                    Tensor::zeros(spec.dtype, shape)
+                })
                 .collect()
         });
         let pipelined = self.pipeline_runner(rank)?;
@@ -610,20 +677,14 @@ impl Session {
                         )?,
                     };
                     optimizer.begin_step();
-                    for (k, &i) in trainable.iter().enumerate() {
-                        optimizer.update(k, exec.param_mut(i), &accumulated[k])?;
-                    }
+                    update_parameters(&mut exec, &mut optimizer, &trainable, Some(accumulated))?;
                     loss
                 } else {
                     self.feed_step(&mut exec, &plan, epoch, index, 0)?;
                     exec.set_step(global_step);
                     exec.run()?;
                     optimizer.begin_step();
-                    for (k, &i) in trainable.iter().enumerate() {
-                        if let Some((param, grad)) = exec.param_and_grad(i) {
-                            optimizer.update(k, param, grad)?;
-                        }
-                    }
+                    update_parameters(&mut exec, &mut optimizer, &trainable, None)?;
                     exec.output(0).to_f64_vec()[0] as f32
                 };
                 let step_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -706,6 +767,7 @@ impl Session {
             });
         }
         outcome.global_step = global_step;
+        outcome.memory = ParamMemory::measure(&exec, &optimizer, &trainable)?;
         Ok(outcome)
     }
 
@@ -957,8 +1019,9 @@ impl Session {
         }
         for &i in trainable {
             let p = &self.train.params[i];
+            let state_layout = p.optimizer_shard().map_or(&p.layout, |shard| &shard.layout);
             for s in states {
-                targets.push((state_checkpoint_name(s, &p.name), p.layout.clone()));
+                targets.push((state_checkpoint_name(s, &p.name), state_layout.clone()));
             }
         }
         let asked: Vec<(&str, &TensorLayout)> =
@@ -1064,6 +1127,42 @@ fn parallel_config(
             .or_insert_with(|| parallel::OpStrategy::from_tuples(op.inputs, op.outputs));
     }
     Ok(parallel)
+}
+
+/// The optimizer step: every trainable parameter's piece (its shard, or with `hsdp` the rows
+/// of its optimizer shard) updated with its gradient — the program's gradient buffer, or with
+/// gradient accumulation `accumulated[k]` (laid out like it) — then the updated pieces gathered
+/// into whole weights where `hsdp` keeps weights whole (levels 1 and 2).
+fn update_parameters(
+    exec: &mut RankExecutor,
+    optimizer: &mut Optimizer,
+    trainable: &[usize],
+    accumulated: Option<&[Tensor]>,
+) -> Result<(), RuntimeError> {
+    for (k, &i) in trainable.iter().enumerate() {
+        let piece = exec.optimizer_piece(i).clone();
+        match accumulated {
+            Some(accumulated) => optimizer.update_piece(
+                k,
+                exec.param_mut(i),
+                piece.param_offset,
+                &accumulated[k],
+                piece.grad_offset,
+            )?,
+            None => {
+                if let Some((param, grad)) = exec.param_and_grad(i) {
+                    optimizer.update_piece(
+                        k,
+                        param,
+                        piece.param_offset,
+                        grad,
+                        piece.grad_offset,
+                    )?;
+                }
+            }
+        }
+    }
+    exec.gather_updated_weights()
 }
 
 /// Copies the training program's parameter shards into the evaluation program's (the layouts

@@ -6,6 +6,7 @@ mod config;
 mod equivalence;
 mod gpt;
 mod grad_accumulation;
+mod hsdp;
 mod idx_data;
 mod layout_config;
 mod op_sharding;

@@ -481,7 +481,9 @@ fn apply_override(root: &mut Table, text: &str) -> Result<String, RuntimeError> 
 
 #[cfg(test)]
 mod tests {
-    use super::sections::{DATA_KEYS, MODEL_KEYS, OUTPUT_KEYS, PARALLEL_KEYS, TRAIN_KEYS};
+    use super::sections::{
+        DATA_KEYS, HSDP_KEYS, MODEL_KEYS, OUTPUT_KEYS, PARALLEL_KEYS, TRAIN_KEYS,
+    };
     use super::values::read_strategy;
     use super::*;
 
@@ -498,6 +500,13 @@ mod tests {
             ("output", OUTPUT_KEYS),
         ];
         assert_eq!(sections.map(|(name, _)| name), SECTIONS);
+        for key in HSDP_KEYS {
+            let documented = format!("`parallel.hsdp.{key}`");
+            assert!(
+                doc.contains(&documented),
+                "docs/CONFIG.md lacks {documented}"
+            );
+        }
         for (section, keys) in sections {
             for key in keys {
                 let documented = format!("`{section}.{key}`");

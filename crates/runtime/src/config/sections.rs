@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use layout::Layout;
-use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
+use parallel::{DatasetStrategy, HsdpConfig, OptimizerLevel, ParallelConfig, ParallelMode};
 use toml::{Table, Value};
 
 use super::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
@@ -84,12 +84,16 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "strategy_file_only_for_trainable_params",
     "manual_split",
     "deterministic_blocks",
+    "hsdp",
     "pipeline",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
     "use_seq_parallel",
 ];
+/// `[parallel.hsdp]`'s keys: MindSpore's `AutoParallel.hsdp(shard_size, threshold,
+/// optimizer_level)`.
+pub(super) const HSDP_KEYS: &[&str] = &["shard_size", "threshold", "optimizer_level"];
 /// `[parallel]`'s MindFormers keys, read only for the GPT.
 const GPT_PARALLEL_KEYS: &[&str] = &[
     "data_parallel",
@@ -562,6 +566,60 @@ fn read_manual_split(
         .collect()
 }
 
+/// `[parallel.hsdp]` on `devices` devices. The errors of a bad value are MindSpore's
+/// (`AutoParallel.hsdp`), prefixed by the key.
+fn read_hsdp(key: &str, value: Value, devices: usize) -> Result<HsdpConfig, RuntimeError> {
+    let mut s = Section::new(key, value, HSDP_KEYS)?;
+    let defaults = HsdpConfig::default();
+    let shard_size = s.or("shard_size", None, |key, v| match v {
+        Value::Integer(-1) => Ok(None),
+        Value::Integer(n) if n >= 1 => {
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            if n > devices || devices % n != 0 {
+                return Err(config_error(
+                    key,
+                    format!(
+                        "{n} must be -1 or a positive divisor of the {devices} devices \
+                         (parallel.devices): the shard group is a chunk of a parameter's \
+                         data-parallel group"
+                    ),
+                ));
+            }
+            Ok(Some(n))
+        }
+        other => Err(config_error(
+            key,
+            format!("shard_size must be a positive integer or -1, but got {other}."),
+        )),
+    })?;
+    let threshold_kb = s.or("threshold", defaults.threshold_kb, |key, v| match v {
+        Value::Integer(n) if n >= 0 => {
+            usize::try_from(n).map_err(|_| config_error(key, format!("{n} is too large")))
+        }
+        other => Err(config_error(
+            key,
+            format!("threshold must be a positive integer or 0, but got {other}."),
+        )),
+    })?;
+    let level = s.or("optimizer_level", defaults.level, |key, v| {
+        let parsed = match &v {
+            Value::String(text) => OptimizerLevel::parse(text),
+            _ => None,
+        };
+        parsed.ok_or_else(|| {
+            config_error(
+                key,
+                format!("Optimizer level should in ['level1', 'level2', 'level3'], but got {v}"),
+            )
+        })
+    })?;
+    Ok(HsdpConfig {
+        shard_size,
+        threshold_kb,
+        level,
+    })
+}
+
 fn read_parallel(
     mut s: Section,
     base: &Path,
@@ -595,6 +653,14 @@ fn read_parallel(
         }
         Ok(n)
     })?;
+    let hsdp = s.get("hsdp", |key, v| read_hsdp(key, v, devices))?;
+    if mode == ParallelMode::StandAlone && hsdp.is_some() {
+        warnings.push(
+            "[parallel.hsdp] has no effect in mode \"stand_alone\" (one device holds every \
+             parameter whole)"
+                .to_string(),
+        );
+    }
     if mode == ParallelMode::StandAlone && !manual_split.is_empty() {
         warnings.push(
             "[parallel.manual_split] has no effect in mode \"stand_alone\" (one device holds \
@@ -646,6 +712,7 @@ fn read_parallel(
         manual_split,
         deterministic_blocks,
         deterministic: false,
+        hsdp,
         pipeline,
     };
     Ok((parallel, strategy_file))

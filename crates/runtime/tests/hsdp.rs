@@ -1,0 +1,648 @@
+//! Optimizer parallelism (`[parallel.hsdp]`, ZeRO levels 1–3): the GPT trains the numbers one
+//! device trains at every level, shard size and threshold; the checkpoints merge into the same
+//! parameters through either strategy file; each rank holds the bytes ZeRO's formulas say;
+//! `--explain` shows the shard layouts and the collectives; bad values are refused naming the
+//! key.
+
+use std::path::{Path, PathBuf};
+
+use runtime::{LaunchOptions, ParamMemory, Session, TrainConfig, TrainReport};
+
+use crate::run_util::{self, merged_params, Run};
+
+fn kjv() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")
+}
+
+/// The small GPT of `tests/gpt.rs` (2 blocks, 8 heads, width 32, 16 tokens, batch 8, byte
+/// vocabulary: the tied embedding table is 256 × 32 f32 = 32 KB, every other parameter at most
+/// 12 KB) training `steps` steps with `optimizer` under the `[parallel]` body `parallel`.
+fn config(out: &Path, optimizer: &str, parallel: &str, steps: usize) -> TrainConfig {
+    config_with(out, optimizer, parallel, steps, &[])
+}
+
+/// [`config`] with command-line style `overrides` (`output.resume_from=…`).
+fn config_with(
+    out: &Path,
+    optimizer: &str,
+    parallel: &str,
+    steps: usize,
+    overrides: &[String],
+) -> TrainConfig {
+    let text = format!(
+        r#"
+[model]
+name = "gpt"
+layers = 2
+heads = 8
+hidden = 32
+seq_len = 16
+ffn_hidden = 64
+[data]
+format = "text"
+path = "{data}"
+batch_size = 8
+steps_per_epoch = 20
+[parallel]
+{parallel}
+[train]
+epochs = 1
+max_steps = {steps}
+optimizer = "{optimizer}"
+learning_rate = 0.01
+momentum = 0.9
+seed = 5
+eval = false
+[output]
+dir = "{out}"
+"#,
+        data = kjv().display(),
+        out = out.display(),
+    );
+    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+}
+
+/// `[parallel]` keys: semi-auto on `devices` devices with the GPT keys `gpt`, then
+/// `[parallel.hsdp]` with `hsdp` when given.
+fn parallel(devices: usize, gpt: &str, hsdp: Option<&str>) -> String {
+    let mut text = format!("devices = {devices}\nmode = \"semi_auto\"\n{gpt}\n");
+    if let Some(hsdp) = hsdp {
+        text.push_str(&format!("[parallel.hsdp]\n{hsdp}\n"));
+    }
+    text
+}
+
+/// Trains `config`: the session, the report, and the merged parameters by name.
+fn train(config: &TrainConfig) -> (Session, TrainReport, Run) {
+    let session = Session::new(config).expect("the session builds");
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(&session, &options).expect("training runs");
+    for r in &report.ranks {
+        assert_eq!(
+            r.losses,
+            report.losses(),
+            "every rank reports the same losses"
+        );
+    }
+    let names: Vec<String> = session
+        .train
+        .params
+        .iter()
+        .map(|p| p.name.clone())
+        .collect();
+    let params = merged_params(&config.output().dir, &names);
+    let losses = report.losses().to_vec();
+    (session, report, (losses, params))
+}
+
+const STEPS: usize = 20;
+
+/// The data-parallel and the dp 2 × mp 2 GPT, each level × shard_size {-1, 2} × threshold
+/// {0, 64} KB, with Adam and Momentum: every step's loss is one device's (relative 1e-4) and
+/// the merged checkpoint holds one device's parameters. Threshold 64 shards nothing of this
+/// small model (its largest parameter is 32 KB) and threshold 0 every parameter with replicas;
+/// `hsdp_memory_follows_the_zero_formulas` covers a threshold that shards some.
+#[test]
+fn hsdp_levels_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layouts = [
+        ("dp 4", "model_parallel = 1"),
+        ("dp 2 × mp 2", "data_parallel = 2\nmodel_parallel = 2"),
+    ];
+    let mut case = 0;
+    for optimizer in ["adam", "momentum"] {
+        let (_, _, reference) = train(&config(
+            &tmp.path().join(format!("sa-{optimizer}")),
+            optimizer,
+            "mode = \"stand_alone\"",
+            STEPS,
+        ));
+        for (layout_name, gpt) in layouts {
+            for level in ["level1", "level2", "level3"] {
+                for shard_size in [-1, 2] {
+                    for threshold in [0, 64] {
+                        let hsdp = format!(
+                            "optimizer_level = \"{level}\"\nshard_size = {shard_size}\nthreshold = {threshold}"
+                        );
+                        let out = tmp.path().join(format!("case-{case}"));
+                        case += 1;
+                        let what = format!(
+                            "{optimizer}, {layout_name}, {level}, shard_size {shard_size}, threshold {threshold}"
+                        );
+                        let cfg = config(&out, optimizer, &parallel(4, gpt, Some(&hsdp)), STEPS);
+                        let (session, _, run) = train(&cfg);
+                        let sharded = session
+                            .train
+                            .params
+                            .iter()
+                            .filter(|p| p.optimizer_shard().is_some())
+                            .count();
+                        if threshold == 0 {
+                            assert!(sharded > 0, "{what}: some parameter is sharded");
+                        } else {
+                            assert_eq!(sharded, 0, "{what}: nothing reaches 64 KB");
+                        }
+                        run_util::assert_same_run(&what, &run, &reference, 2e-4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every rank's bytes for parameters, gradients and Adam's two moments against plain data
+/// parallelism on 4 ranks (Ψ bytes of parameters per rank): ZeRO's formulas, in f32 without
+/// master copies — plain 4Ψ; level1 Ψ + Ψ + 2Ψ/4; level2 Ψ + Ψ/4 + 2Ψ/4; level3 (1 + 1 + 2)Ψ/4 —
+/// for the sharded bytes Ψₛ, the parameters below the threshold (Ψᵤ = Ψ − Ψₛ) costing 4Ψᵤ at
+/// every level. With threshold 0 every parameter is sharded; with 16 KB only the embedding
+/// table (32 KB of the model's ~138 KB).
+#[test]
+fn hsdp_memory_follows_the_zero_formulas() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 2;
+    let gpt = "model_parallel = 1";
+    let run = |name: &str, hsdp: Option<&str>| -> (Session, Vec<ParamMemory>) {
+        let cfg = config(
+            &tmp.path().join(name),
+            "adam",
+            &parallel(4, gpt, hsdp),
+            steps,
+        );
+        let (session, report, _) = train(&cfg);
+        let memory = report.ranks.iter().map(|r| r.memory).collect();
+        (session, memory)
+    };
+    let (plain_session, plain) = run("plain", None);
+    let psi = plain[0].parameters;
+    for m in &plain {
+        assert_eq!(
+            *m,
+            ParamMemory {
+                parameters: psi,
+                gradients: psi,
+                optimizer: 2 * psi,
+            },
+            "plain data parallelism: 4Ψ per rank"
+        );
+    }
+    let total_bytes: usize = plain_session
+        .train
+        .params
+        .iter()
+        .map(|p| p.layout.n_elements() * 4)
+        .sum();
+    assert_eq!(
+        psi, total_bytes,
+        "data parallelism holds every parameter whole"
+    );
+    let n = 4;
+    for threshold in [0, 16] {
+        for level in ["level1", "level2", "level3"] {
+            let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = {threshold}");
+            let (session, memory) = run(&format!("{level}-{threshold}"), Some(&hsdp));
+            let sharded: usize = session
+                .train
+                .params
+                .iter()
+                .filter(|p| p.optimizer_shard().is_some())
+                .map(|p| p.layout.shape().iter().product::<usize>() * 4)
+                .sum();
+            let unsharded = psi - sharded;
+            if threshold == 0 {
+                assert_eq!(unsharded, 0, "threshold 0 shards every parameter");
+            } else {
+                assert_eq!(
+                    sharded,
+                    256 * 32 * 4,
+                    "16 KB shards the embedding table alone"
+                );
+            }
+            let expected = match level {
+                "level1" => ParamMemory {
+                    parameters: psi,
+                    gradients: psi,
+                    optimizer: 2 * sharded / n + 2 * unsharded,
+                },
+                "level2" => ParamMemory {
+                    parameters: psi,
+                    gradients: sharded / n + unsharded,
+                    optimizer: 2 * sharded / n + 2 * unsharded,
+                },
+                _ => ParamMemory {
+                    parameters: sharded / n + unsharded,
+                    gradients: sharded / n + unsharded,
+                    optimizer: 2 * sharded / n + 2 * unsharded,
+                },
+            };
+            for (rank, m) in memory.iter().enumerate() {
+                assert_eq!(
+                    *m, expected,
+                    "{level}, threshold {threshold} KB, rank {rank}"
+                );
+            }
+            println!(
+                "hsdp {level}, threshold {threshold} KB: {} B per rank (parameters {}, gradients {}, Adam {}) against plain data parallelism's {}",
+                expected.total(),
+                expected.parameters,
+                expected.gradients,
+                expected.optimizer,
+                plain[0].total()
+            );
+        }
+    }
+}
+
+/// The checkpoints of a sharded run merge into the same tensors through the MindSpore
+/// protobuf strategy file (which records `opt_weight_shard_size` and `opt_weight_shard_step`
+/// and leaves the global shape to be inferred) as through Tessera's JSON; the strategy records
+/// the optimizer shard for the state at every level and for the weights at level 3 only.
+#[test]
+fn hsdp_checkpoints_record_the_optimizer_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
+    for level in ["level1", "level3"] {
+        let out = tmp.path().join(level);
+        let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0\nshard_size = 2");
+        let cfg = config(
+            &out,
+            "adam",
+            &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(&hsdp)),
+            3,
+        );
+        let (session, _, (_, from_json)) = train(&cfg);
+        let strategy = ckpt::Strategy::load(&out.join("strategy.ckpt")).expect("the strategy");
+        let shard_of = |name: &str| {
+            strategy
+                .params
+                .iter()
+                .find(|p| p.name == name)
+                .unwrap_or_else(|| panic!("{name} in the strategy"))
+                .placements[0]
+                .opt_shard
+        };
+        let weight = "blocks.0.attn.qkv.weight";
+        assert!(
+            session.train.params.iter().any(|p| p.name == weight),
+            "the GPT has {weight}"
+        );
+        assert_eq!(shard_of(&format!("moment1.{weight}")), 2);
+        assert_eq!(
+            shard_of(weight),
+            if level == "level3" { 2 } else { 1 },
+            "{level}: weights are saved in pieces at level 3 only"
+        );
+        let merged = out.join("merged-ms");
+        ckpt::unified_safetensors(
+            &out,
+            &out.join("strategy.ckpt"),
+            &merged,
+            &ckpt::MergeOptions::default(),
+        )
+        .expect("the checkpoints merge with the MindSpore strategy");
+        assert_tensors(&merged.join("part0.safetensors"), &from_json, level);
+        runs.push((out, from_json));
+    }
+    // `tessera ckpt convert`: the level-3 checkpoint (weights in pieces of 2) converted to the
+    // level-1 run's strategy (weights whole, moments in pieces), then merged, holds the same
+    // tensors.
+    let (level1_dir, _) = &runs[0];
+    let (level3_dir, level3_params) = &runs[1];
+    let converted = tmp.path().join("converted");
+    ckpt::convert_checkpoints(
+        level3_dir,
+        &level3_dir.join("strategy.ckpt"),
+        &converted,
+        Some(&level1_dir.join("strategy.json")),
+        &ckpt::ConvertOptions::default(),
+    )
+    .expect("level 3 converts to level 1");
+    let merged = tmp.path().join("converted-merged");
+    ckpt::unified_safetensors(
+        &converted,
+        &level1_dir.join("strategy.json"),
+        &merged,
+        &ckpt::MergeOptions::default(),
+    )
+    .expect("the converted checkpoint merges");
+    assert_tensors(
+        &merged.join("part0.safetensors"),
+        level3_params,
+        "converted",
+    );
+    // The moments, held in pieces of 2 by both, come through too.
+    let moments: Vec<(String, Vec<f32>)> = ["moment1", "moment2"]
+        .iter()
+        .map(|m| {
+            let name = format!("{m}.blocks.0.attn.qkv.weight");
+            let part = ckpt::CheckpointFile::open(&level3_dir.join("merged-ms/part0.safetensors"))
+                .unwrap();
+            let values = part.read_tensor(&name).unwrap().as_f32().unwrap().to_vec();
+            assert!(values.iter().any(|&v| v != 0.0), "{name} has been updated");
+            (name, values)
+        })
+        .collect();
+    assert_tensors(
+        &merged.join("part0.safetensors"),
+        &moments,
+        "converted moments",
+    );
+}
+
+/// The tensors of `file` are `expected`, bit for bit.
+fn assert_tensors(file: &Path, expected: &[(String, Vec<f32>)], what: &str) {
+    let part = ckpt::CheckpointFile::open(file).expect("a merged part");
+    for (name, values) in expected {
+        let t = part.read_tensor(name).expect("a merged parameter");
+        assert_eq!(t.as_f32().unwrap(), values.as_slice(), "{what}: {name}");
+    }
+}
+
+/// In deterministic mode (`docs/DETERMINISM.md`) every level trains bitwise what one device
+/// trains: a reduce-scatter adds in the same canonical order as an all-reduce, and the update
+/// of a piece is the update of those elements.
+#[test]
+fn hsdp_in_deterministic_mode_is_bitwise_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deterministic = ["train.deterministic=true".to_string()];
+    let (_, _, reference) = train(&config_with(
+        &tmp.path().join("sa"),
+        "adam",
+        "mode = \"stand_alone\"",
+        5,
+        &deterministic,
+    ));
+    for level in ["level1", "level2", "level3"] {
+        let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0");
+        let (_, _, run) = train(&config_with(
+            &tmp.path().join(level),
+            "adam",
+            &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(&hsdp)),
+            5,
+            &deterministic,
+        ));
+        assert_eq!(run, reference, "{level}: bitwise one device's run");
+    }
+}
+
+/// A run saved under level 3 (weights and Adam's moments in pieces of 2 on dp 2 × mp 2)
+/// resumes under level 1 on 4 data-parallel ranks (weights whole, moments in pieces of 4) and
+/// under no sharding at all: each continues one device's uninterrupted run.
+#[test]
+fn hsdp_runs_resume_under_other_levels_and_strategies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, _, whole) = train(&config(
+        &tmp.path().join("whole"),
+        "adam",
+        "mode = \"stand_alone\"",
+        STEPS,
+    ));
+    let first = tmp.path().join("first");
+    let level3 = "optimizer_level = \"level3\"\nthreshold = 0\nshard_size = 2";
+    let (_, first_report, _) = train(&config(
+        &first,
+        "adam",
+        &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(level3)),
+        STEPS / 2,
+    ));
+    let resume = format!("output.resume_from=\"{}\"", first.display());
+    let seconds = [
+        (
+            "level 1, dp 4",
+            parallel(4, "model_parallel = 1", Some("threshold = 0")),
+        ),
+        ("no sharding, dp 2", parallel(2, "model_parallel = 1", None)),
+    ];
+    for (i, (what, body)) in seconds.iter().enumerate() {
+        let cfg = config_with(
+            &tmp.path().join(format!("second-{i}")),
+            "adam",
+            body,
+            STEPS,
+            std::slice::from_ref(&resume),
+        );
+        let (_, report, (losses, params)) = train(&cfg);
+        assert_eq!(report.ranks[0].global_step, STEPS as u64, "{what}");
+        let mut all = first_report.losses().to_vec();
+        all.extend(losses);
+        assert_eq!(all.len(), STEPS, "{what}: 10 steps, then the remaining 10");
+        run_util::assert_same_run(what, &(all, params), &whole, 2e-4);
+    }
+}
+
+/// `--explain` shows each sharded parameter's shard layout, the gradient's reduce-scatter
+/// (level 2), the gathers after the update (levels 1 and 2) or before use (level 3), and why
+/// a parameter is left whole.
+#[test]
+fn hsdp_explain_shows_shards_and_collectives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let explain = |level: &str, threshold: usize| {
+        let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = {threshold}");
+        let cfg = config(
+            tmp.path(),
+            "adam",
+            &parallel(4, "model_parallel = 1", Some(&hsdp)),
+            1,
+        );
+        Session::new(&cfg)
+            .expect("the session builds")
+            .train
+            .explain()
+    };
+    let level1 = explain("level1", 16);
+    assert!(level1.contains("hsdp level1: optimizer shard"), "{level1}");
+    assert!(level1.contains("hsdp: not sharded:"), "{level1}");
+    assert!(level1.contains("below the threshold of 16 KB"), "{level1}");
+    assert!(level1.contains("after the optimizer update:"), "{level1}");
+    assert!(level1.contains("-> gather embedding"), "{level1}");
+    // Level 2: a gradient is reduce-scattered into its shard; the tied table's two
+    // contributions (embedding and LM head) each are, and are summed as pieces.
+    let level2 = explain("level2", 0);
+    let to_shard = level2
+        .lines()
+        .find(|l| {
+            l.contains("the gradient of blocks.0.attn.qkv.weight goes to its optimizer shard")
+        })
+        .unwrap_or_else(|| panic!("a gradient to its shard:\n{level2}"));
+    assert!(to_shard.contains("reduce-scatter"), "{to_shard}");
+    let table_pieces = level2
+        .lines()
+        .filter(|l| {
+            l.contains("embedding.embedding_table.grad_sum1 needs input")
+                && l.contains("reduce-scatter")
+        })
+        .count();
+    assert_eq!(table_pieces, 2, "{level2}");
+    let all_reduces: Vec<&str> = level2
+        .lines()
+        .filter(|l| l.contains("all-reduce") && !l.contains("-> reshard loss:"))
+        .collect();
+    assert!(
+        all_reduces.is_empty(),
+        "level 2 all-reduces no gradient: {all_reduces:#?}"
+    );
+    let level3 = explain("level3", 16);
+    assert!(!level3.contains("after the optimizer update:"), "{level3}");
+    let gather = level3
+        .lines()
+        .find(|l| l.contains("-> reshard embedding") && l.contains("all-gather"))
+        .unwrap_or_else(|| panic!("an all-gather of the embedding before use:\n{level3}"));
+    assert!(gather.contains("needs input"), "{gather}");
+}
+
+/// Bad `[parallel.hsdp]` values are refused with MindSpore's wording, naming the key.
+#[test]
+fn hsdp_bad_values_name_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "shard_size = 0",
+            "parallel.hsdp.shard_size",
+            "shard_size must be a positive integer or -1, but got 0.",
+        ),
+        (
+            "shard_size = -2",
+            "parallel.hsdp.shard_size",
+            "shard_size must be a positive integer or -1, but got -2.",
+        ),
+        (
+            "shard_size = \"all\"",
+            "parallel.hsdp.shard_size",
+            "shard_size must be a positive integer or -1",
+        ),
+        (
+            "shard_size = 3",
+            "parallel.hsdp.shard_size",
+            "positive divisor of the 4 devices",
+        ),
+        (
+            "shard_size = 8",
+            "parallel.hsdp.shard_size",
+            "positive divisor of the 4 devices",
+        ),
+        (
+            "threshold = -1",
+            "parallel.hsdp.threshold",
+            "threshold must be a positive integer or 0, but got -1.",
+        ),
+        (
+            "threshold = 1.5",
+            "parallel.hsdp.threshold",
+            "threshold must be a positive integer or 0",
+        ),
+        (
+            "optimizer_level = \"level4\"",
+            "parallel.hsdp.optimizer_level",
+            "Optimizer level should in ['level1', 'level2', 'level3'], but got \"level4\"",
+        ),
+        (
+            "optimizer_level = 1",
+            "parallel.hsdp.optimizer_level",
+            "Optimizer level should in",
+        ),
+        (
+            "gradient_accumulation_shard = true",
+            "parallel.hsdp.gradient_accumulation_shard",
+            "unknown key",
+        ),
+    ];
+    for (body, key, message) in cases {
+        let text = format!(
+            r#"
+[model]
+name = "gpt"
+layers = 1
+heads = 2
+hidden = 8
+seq_len = 8
+[data]
+format = "text"
+path = "{data}"
+batch_size = 4
+[parallel]
+devices = 4
+mode = "semi_auto"
+[parallel.hsdp]
+{body}
+[train]
+epochs = 1
+optimizer = "adam"
+learning_rate = 0.01
+[output]
+dir = "{out}"
+"#,
+            data = kjv().display(),
+            out = tmp.path().display(),
+        );
+        let err = TrainConfig::parse(&text, None, &[], Path::new("/"))
+            .expect_err(body)
+            .to_string();
+        assert!(err.contains(key), "{body}: {err}");
+        assert!(err.contains(message), "{body}: {err}");
+    }
+}
+
+/// With gradient accumulation (2 micro-steps: the update applies their mean, laid out like
+/// the gradient, so in pieces from level 2) and with pipeline stages (2 stages of 2
+/// data-parallel ranks, 4 micro-batches: each stage shards its own parameters over its
+/// replicas), every level trains one device's numbers.
+#[test]
+fn hsdp_with_accumulation_and_pipeline_stages_matches_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let accumulate = ["train.grad_accumulation_steps=2".to_string()];
+    let (_, _, reference_accumulated) = train(&config_with(
+        &tmp.path().join("sa-acc"),
+        "adam",
+        "mode = \"stand_alone\"",
+        6,
+        &accumulate,
+    ));
+    let (_, _, reference) = train(&config(
+        &tmp.path().join("sa"),
+        "adam",
+        "mode = \"stand_alone\"",
+        6,
+    ));
+    for level in ["level1", "level2", "level3"] {
+        let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0");
+        let (_, _, run) = train(&config_with(
+            &tmp.path().join(format!("acc-{level}")),
+            "adam",
+            &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(&hsdp)),
+            6,
+            &accumulate,
+        ));
+        run_util::assert_same_run(
+            &format!("{level}, 2 accumulation steps"),
+            &run,
+            &reference_accumulated,
+            2e-4,
+        );
+        let (session, _, run) = train(&config(
+            &tmp.path().join(format!("pp-{level}")),
+            "adam",
+            &parallel(
+                4,
+                "model_parallel = 1\n[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+                Some(&hsdp),
+            ),
+            6,
+        ));
+        assert!(
+            session
+                .train
+                .params
+                .iter()
+                .any(|p| p.optimizer_shard().is_some()),
+            "{level}: the stages shard their parameters"
+        );
+        run_util::assert_same_run(
+            &format!("{level}, 2 pipeline stages"),
+            &run,
+            &reference,
+            2e-4,
+        );
+    }
+}
