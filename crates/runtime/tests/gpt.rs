@@ -4,15 +4,11 @@
 //! the local backend: the loss at every step equals `stand_alone`'s to a relative 1e-4, and the
 //! checkpoints the ranks save, merged with `ckpt`, hold the same parameters.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use runtime::{LaunchOptions, Session, TrainConfig};
 
-use crate::run_util::{self, merged_params, train_steps, Run};
-
-fn kjv() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")
-}
+use crate::run_util::{self, kjv, merged_params, train_steps, Run};
 
 /// A small GPT (2 blocks, 8 heads, width 32, 16 tokens, batch 8) training 20 steps with
 /// `optimizer`, `[parallel]` body `parallel`, and `model_extra` appended to `[model]`.
@@ -28,38 +24,7 @@ fn config_with(
     parallel: &str,
     overrides: &[String],
 ) -> TrainConfig {
-    let text = format!(
-        r#"
-[model]
-name = "gpt"
-layers = 2
-heads = 8
-hidden = 32
-seq_len = 16
-ffn_hidden = 64
-{model_extra}
-[data]
-format = "text"
-path = "{data}"
-batch_size = 8
-steps_per_epoch = 20
-[parallel]
-{parallel}
-[train]
-epochs = 1
-max_steps = 20
-optimizer = "{optimizer}"
-learning_rate = 0.01
-momentum = 0.9
-seed = 5
-eval = false
-[output]
-dir = "{out}"
-"#,
-        data = kjv().display(),
-        out = out.display(),
-    );
-    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+    run_util::small_gpt(out, optimizer, model_extra, parallel, overrides)
 }
 
 /// Trains `config` for 20 steps: the losses, and every merged parameter by name.

@@ -20,10 +20,6 @@ fn digits() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/digits")
 }
 
-fn kjv() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")
-}
-
 /// The seed MLP (hidden 64) on the digits for `steps` optimizer steps of `micro_steps`
 /// micro-batches of `batch` samples, with `[parallel]` body `parallel` and overrides `extra`.
 fn mlp_config(
@@ -287,38 +283,13 @@ fn gpt_config(
     (batch, micro_steps, steps): (usize, usize, usize),
     extra: &[&str],
 ) -> TrainConfig {
-    let text = format!(
-        r#"
-[model]
-name = "gpt"
-layers = 2
-heads = 8
-hidden = 32
-seq_len = 16
-ffn_hidden = 64
-[data]
-format = "text"
-path = "{data}"
-batch_size = {batch}
-steps_per_epoch = 20
-[parallel]
-{parallel}
-[train]
-epochs = 1
-max_steps = {steps}
-grad_accumulation_steps = {micro_steps}
-optimizer = "adam"
-learning_rate = 0.01
-seed = 5
-eval = false
-[output]
-dir = "{out}"
-"#,
-        data = kjv().display(),
-        out = out.display(),
-    );
-    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-    TrainConfig::parse(&text, None, &overrides, Path::new("/")).expect("a valid test config")
+    let mut overrides = vec![
+        format!("data.batch_size={batch}"),
+        format!("train.grad_accumulation_steps={micro_steps}"),
+        format!("train.max_steps={steps}"),
+    ];
+    overrides.extend(extra.iter().map(|s| s.to_string()));
+    run_util::small_gpt(out, "adam", "", parallel, &overrides)
 }
 
 /// K = 2 micro-batches of 4 windows equal one batch of 8 windows for 6 steps of the GPT (Adam):

@@ -4,15 +4,11 @@
 //! `--explain` shows the shard layouts and the collectives; bad values are refused naming the
 //! key.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use runtime::{LaunchOptions, ParamMemory, Session, TrainConfig, TrainReport};
 
-use crate::run_util::{self, merged_params, Run};
-
-fn kjv() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")
-}
+use crate::run_util::{self, kjv, merged_params, Run};
 
 /// The small GPT of `tests/gpt.rs` (2 blocks, 8 heads, width 32, 16 tokens, batch 8, byte
 /// vocabulary: the tied embedding table is 256 × 32 f32 = 32 KB, every other parameter at most
@@ -29,37 +25,9 @@ fn config_with(
     steps: usize,
     overrides: &[String],
 ) -> TrainConfig {
-    let text = format!(
-        r#"
-[model]
-name = "gpt"
-layers = 2
-heads = 8
-hidden = 32
-seq_len = 16
-ffn_hidden = 64
-[data]
-format = "text"
-path = "{data}"
-batch_size = 8
-steps_per_epoch = 20
-[parallel]
-{parallel}
-[train]
-epochs = 1
-max_steps = {steps}
-optimizer = "{optimizer}"
-learning_rate = 0.01
-momentum = 0.9
-seed = 5
-eval = false
-[output]
-dir = "{out}"
-"#,
-        data = kjv().display(),
-        out = out.display(),
-    );
-    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+    let mut all = vec![format!("train.max_steps={steps}")];
+    all.extend_from_slice(overrides);
+    run_util::small_gpt(out, optimizer, "", parallel, &all)
 }
 
 /// `[parallel]` keys: semi-auto on `devices` devices with the GPT keys `gpt`, then

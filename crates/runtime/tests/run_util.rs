@@ -1,7 +1,7 @@
 //! Training runs compared with one device: train a config on the local backend, merge the
 //! checkpoint its ranks saved, and compare losses and parameters.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ckpt::{CheckpointFile, MergeOptions};
 use runtime::{LaunchOptions, Session, TrainConfig};
@@ -73,4 +73,53 @@ pub fn assert_same_run(what: &str, run: &Run, reference: &Run, tolerance: f32) {
             );
         }
     }
+}
+
+/// The bundled King James text (gzipped).
+pub fn kjv() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")
+}
+
+/// A small GPT (2 blocks, 8 heads, width 32, 16 tokens, batch 8) training 20 steps of the
+/// bundled text with `optimizer`, `model_extra` appended to `[model]`, `[parallel]` body
+/// `parallel`, and command-line style `overrides` (`train.max_steps=10`).
+pub fn small_gpt(
+    out: &Path,
+    optimizer: &str,
+    model_extra: &str,
+    parallel: &str,
+    overrides: &[String],
+) -> TrainConfig {
+    let text = format!(
+        r#"
+[model]
+name = "gpt"
+layers = 2
+heads = 8
+hidden = 32
+seq_len = 16
+ffn_hidden = 64
+{model_extra}
+[data]
+format = "text"
+path = "{data}"
+batch_size = 8
+steps_per_epoch = 20
+[parallel]
+{parallel}
+[train]
+epochs = 1
+max_steps = 20
+optimizer = "{optimizer}"
+learning_rate = 0.01
+momentum = 0.9
+seed = 5
+eval = false
+[output]
+dir = "{out}"
+"#,
+        data = kjv().display(),
+        out = out.display(),
+    );
+    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
 }
