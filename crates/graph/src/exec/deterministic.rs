@@ -38,12 +38,8 @@ pub(super) fn eval_deterministic<T: Float + Element>(
             transpose_a,
             transpose_b,
         } => (|| {
-            let (a, b) = (inputs[0], inputs[1]);
-            min_rank(a, 2, "a", ctx)?;
-            min_rank(b, 2, "b", ctx)?;
-            let (m, k) = matrix_dims(a.shape(), *transpose_a);
-            let (_, n) = matrix_dims(b.shape(), *transpose_b);
-            let (_, kg) = matrix_dims(global_shape(ctx, 0, a.shape()), *transpose_a);
+            let ProductDims { a, b, m, k, n, kg } =
+                product_dims(inputs, ctx, 2, (*transpose_a, *transpose_b))?;
             let shape = GemmShape {
                 m,
                 n,
@@ -201,6 +197,33 @@ fn matrices<T: Float>(x: &[T], batch: usize, r: usize, c: usize, trans: bool) ->
     out
 }
 
+/// The operands of a (batched) product and its dims: `op(A)` is `[.., m, k]`, `op(B)` is
+/// `[.., k, n]`, and `kg` is `k` in the global tensor.
+struct ProductDims<'t> {
+    a: &'t Tensor,
+    b: &'t Tensor,
+    m: usize,
+    k: usize,
+    n: usize,
+    kg: usize,
+}
+
+/// [`ProductDims`] of `inputs`, each of at least `rank` dims.
+fn product_dims<'t>(
+    inputs: &[&'t Tensor],
+    ctx: &EvalCtx<'_>,
+    rank: usize,
+    (ta, tb): (bool, bool),
+) -> Result<ProductDims<'t>, GraphError> {
+    let (a, b) = (inputs[0], inputs[1]);
+    min_rank(a, rank, "a", ctx)?;
+    min_rank(b, rank, "b", ctx)?;
+    let (m, k) = matrix_dims(a.shape(), ta);
+    let (_, n) = matrix_dims(b.shape(), tb);
+    let (_, kg) = matrix_dims(global_shape(ctx, 0, a.shape()), ta);
+    Ok(ProductDims { a, b, m, k, n, kg })
+}
+
 /// A batched product: every batch element through the canonical-order gemm. Batch dims
 /// broadcast as NumPy's do (a missing or size-1 dim repeats).
 fn batch_matmul<T: Float + Element>(
@@ -211,13 +234,8 @@ fn batch_matmul<T: Float + Element>(
     ta: bool,
     tb: bool,
 ) -> Result<(), GraphError> {
-    let (a, b) = (inputs[0], inputs[1]);
-    min_rank(a, 2, "a", ctx)?;
-    min_rank(b, 2, "b", ctx)?;
+    let ProductDims { a, b, m, k, n, kg } = product_dims(inputs, ctx, 2, (ta, tb))?;
     let (ra, rb) = (a.ndim(), b.ndim());
-    let (m, k) = matrix_dims(a.shape(), ta);
-    let (_, n) = matrix_dims(b.shape(), tb);
-    let (_, kg) = matrix_dims(global_shape(ctx, 0, a.shape()), ta);
     let out_shape = out.shape().to_vec();
     let batch_shape = &out_shape[..out_shape.len() - 2];
     let n_batch: usize = batch_shape.iter().product();
@@ -284,20 +302,14 @@ fn batch_matmul_sum<T: Float + Element>(
     ta: bool,
     tb: bool,
 ) -> Result<(), GraphError> {
-    let (a, b) = (inputs[0], inputs[1]);
-    min_rank(a, 3, "a", ctx)?;
-    min_rank(b, 3, "b", ctx)?;
+    let ProductDims { a, b, m, k, n, kg } = product_dims(inputs, ctx, 3, (ta, tb))?;
     let (ra, rb) = (a.ndim(), b.ndim());
-    let (m, k) = matrix_dims(a.shape(), ta);
-    let (_, n) = matrix_dims(b.shape(), tb);
     let batch: usize = a.shape()[..ra - 2].iter().product();
     let b_batch: usize = b.shape()[..rb - 2].iter().product();
     if b_batch != batch {
         return Err(mismatch(ctx, "b", a.shape(), <T as Element>::DTYPE, b));
     }
-    let ga = global_shape(ctx, 0, a.shape());
-    let (_, kg) = matrix_dims(ga, ta);
-    let batch_g: usize = ga[..ra - 2].iter().product();
+    let batch_g: usize = global_shape(ctx, 0, a.shape())[..ra - 2].iter().product();
     let bl = block_len(batch_g * kg, max_blocks);
     if ta && !tb {
         // A weight's gradient: both operands already hold (batch, k) as their rows.
