@@ -264,6 +264,25 @@ fn pipeline_stages_train_like_one_device() {
         let run = train(&config(&out, "momentum", "", &semi(*devices, parallel)));
         assert_same_run(name, &run, &reference);
     }
+    // Every executed scheduler at 2 and 4 stages with 1, 2, 4 and 8 micro-batches.
+    for scheduler in ["gpipe", "1f1b", "zero_bubble"] {
+        for stages in [2, 4] {
+            for micro in [1, 2, 4, 8] {
+                let out = tmp
+                    .path()
+                    .join(format!("sweep-{scheduler}-{stages}-{micro}"));
+                let parallel = format!(
+                    "[parallel.pipeline]\nstages = {stages}\nmicro_batches = {micro}\nscheduler = \"{scheduler}\""
+                );
+                let run = train(&config(&out, "momentum", "", &semi(stages, &parallel)));
+                assert_same_run(
+                    &format!("{scheduler}, {stages} stages, {micro} micro-batches"),
+                    &run,
+                    &reference,
+                );
+            }
+        }
+    }
 }
 
 /// `train.deterministic = true`: the loss at every step and every merged parameter are bitwise
@@ -275,6 +294,7 @@ fn deterministic_runs_are_bitwise_one_device() {
     let det = ["train.deterministic=true".to_string()];
     let cases: &[(&str, usize, &str, &str)] = &[
         ("data parallel 2", 2, "momentum", "model_parallel = 1"),
+        ("data parallel 4", 4, "momentum", "model_parallel = 1"),
         ("data parallel 8", 8, "momentum", "model_parallel = 1"),
         ("model parallel 2", 2, "momentum", "model_parallel = 2"),
         ("model parallel 4, adam", 4, "adam", "model_parallel = 4"),
