@@ -58,19 +58,19 @@ type StepList = Vec<(usize, Option<Tag>)>;
 /// One rank's plan for a pipelined training step.
 #[derive(Debug)]
 pub(crate) struct PipelineRunner {
-    /// This rank's stage's actions, in schedule order.
-    actions: Vec<(ActionKind, usize)>,
+    /// This rank's stage's actions, in schedule order: kind, micro-batch, model chunk.
+    actions: Vec<(ActionKind, usize, usize)>,
     /// Steps run once before the micro-batches, by every rank.
     prologue: StepList,
-    /// This stage's forward pass of one micro-batch (transfers tagged).
-    forward: StepList,
-    /// This stage's backward pass of one micro-batch.
-    backward: StepList,
-    /// The part of `backward` the input gradients sent to the previous stage need (a split
-    /// backward's input half, zero bubble's B); the rest is its weight half (W).
-    backward_input: StepList,
-    /// `backward` less `backward_input`.
-    backward_weight: StepList,
+    /// Per model chunk of this stage, its forward pass of one micro-batch (transfers tagged).
+    forward: Vec<StepList>,
+    /// Per model chunk, its backward pass of one micro-batch.
+    backward: Vec<StepList>,
+    /// Per model chunk, the part of its backward that the input gradients sent to the previous
+    /// stage need (a split backward's input half, zero bubble's B); the rest is its weight half.
+    backward_input: Vec<StepList>,
+    /// Per model chunk, `backward` less `backward_input`.
+    backward_weight: Vec<StepList>,
     /// Steps run once after the micro-batches, by every rank.
     epilogue: StepList,
     /// Buffers a micro-batch writes: each micro-batch in flight has its own.
@@ -108,29 +108,50 @@ impl PipelineRunner {
             .iter()
             .map(|p| matches!(p, StepPhase::Transfer { to, .. } if *to == stage))
             .collect();
-        let (mut prologue, mut forward, mut backward, mut epilogue) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let chunks = schedule.chunks().max(1);
+        let (mut prologue, mut epilogue) = (Vec::new(), Vec::new());
+        let mut forward: Vec<StepList> = vec![Vec::new(); chunks];
+        let mut backward: Vec<StepList> = vec![Vec::new(); chunks];
         let mut local: Vec<usize> = program.inputs.iter().map(|i| i.buffer).collect();
+        let mut pass =
+            |b: bool, chunk: usize, step: (usize, Option<Tag>)| -> Result<(), RuntimeError> {
+                let lists = if b { &mut backward } else { &mut forward };
+                lists
+                    .get_mut(chunk)
+                    .ok_or_else(|| RuntimeError::Mismatch {
+                        what: "a model chunk of the program".to_string(),
+                        expected: format!("below {chunks} (the schedule's chunks)"),
+                        got: chunk.to_string(),
+                    })?
+                    .push(step);
+                Ok(())
+            };
         for (i, phase) in phases.iter().enumerate() {
             match *phase {
                 StepPhase::Prologue => prologue.push((i, None)),
                 StepPhase::Epilogue => epilogue.push((i, None)),
                 StepPhase::Stage {
                     stage: s,
+                    chunk,
                     backward: b,
                 } => {
                     if s == stage {
-                        if b { &mut backward } else { &mut forward }.push((i, None));
+                        pass(b, chunk, (i, None))?;
                     }
                     local.extend(written(program, i));
                 }
                 StepPhase::Transfer {
                     from,
+                    from_chunk,
                     to,
+                    to_chunk,
                     backward: b,
                 } => {
-                    if from == stage || to == stage {
-                        if b { &mut backward } else { &mut forward }.push((i, tag(i)));
+                    if from == stage {
+                        pass(b, from_chunk, (i, tag(i)))?;
+                    }
+                    if to == stage {
+                        pass(b, to_chunk, (i, tag(i)))?;
                     }
                     local.extend(written(program, i));
                 }
@@ -150,11 +171,19 @@ impl PipelineRunner {
             .collect();
         summed.sort_unstable();
         summed.dedup();
-        let (backward_input, backward_weight) = split_backward(program, &phases, &backward, stage);
+        let (backward_input, backward_weight): (Vec<StepList>, Vec<StepList>) = backward
+            .iter()
+            .enumerate()
+            .map(|(chunk, list)| split_backward(program, &phases, list, stage, chunk))
+            .unzip();
         let actions = schedule
             .per_stage()
             .get(stage)
-            .map(|list| list.iter().map(|a| (a.kind, a.micro_batch)).collect())
+            .map(|list| {
+                list.iter()
+                    .map(|a| (a.kind, a.micro_batch, a.chunk))
+                    .collect()
+            })
             .unwrap_or_default();
         Ok(PipelineRunner {
             actions,
@@ -195,7 +224,7 @@ impl PipelineRunner {
             .iter()
             .map(|&b| Some(exec.fresh_buffer(b)))
             .collect();
-        for &(kind, mb) in &self.actions {
+        for &(kind, mb, chunk) in &self.actions {
             let entry = slots.get_mut(mb).ok_or_else(|| RuntimeError::Mismatch {
                 what: "a scheduled micro-batch".to_string(),
                 expected: format!("below {}", self.micro_batches),
@@ -214,10 +243,13 @@ impl PipelineRunner {
             trace.peak_in_flight = trace.peak_in_flight.max(in_flight.len());
             exec.swap_buffers(&self.local, slot);
             exec.set_step(step(mb));
-            let label = match kind {
-                ActionKind::Forward => format!("F{mb}"),
-                ActionKind::BackwardWeight => format!("W{mb}"),
-                _ => format!("B{mb}"),
+            let label = match (kind, chunks_of(&self.forward)) {
+                (ActionKind::Forward, 1) => format!("F{mb}"),
+                (ActionKind::BackwardWeight, 1) => format!("W{mb}"),
+                (_, 1) => format!("B{mb}"),
+                (ActionKind::Forward, _) => format!("F{mb}.{chunk}"),
+                (ActionKind::BackwardWeight, _) => format!("W{mb}.{chunk}"),
+                _ => format!("B{mb}.{chunk}"),
             };
             let add_sums = |exec: &RankExecutor, sums: &mut [Option<Tensor>]| {
                 for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
@@ -228,22 +260,47 @@ impl PipelineRunner {
                 }
                 Ok::<(), RuntimeError>(())
             };
+            fn pick(lists: &[StepList], chunk: usize) -> &[(usize, Option<Tag>)] {
+                lists.get(chunk).map_or(&[], |l| l.as_slice())
+            }
+            let steps = |lists| pick(lists, chunk);
+            // A micro-batch's last action on this stage is chunk 0's (whole or weight) backward.
+            let last =
+                chunk == 0 && matches!(kind, ActionKind::Backward | ActionKind::BackwardWeight);
             let result = match kind {
-                ActionKind::Forward => feed(exec, mb)
-                    .and_then(|()| self.timed(exec, &self.forward, &label, origin, &mut trace)),
-                ActionKind::Backward => self
-                    .timed(exec, &self.backward, &label, origin, &mut trace)
-                    .and_then(|()| add_sums(exec, &mut sums)),
-                ActionKind::BackwardInput => {
-                    self.timed(exec, &self.backward_input, &label, origin, &mut trace)
+                ActionKind::Forward => {
+                    (if chunk == 0 { feed(exec, mb) } else { Ok(()) }).and_then(|()| {
+                        self.timed(exec, steps(&self.forward), &label, origin, &mut trace)
+                    })
                 }
-                ActionKind::BackwardWeight => self
-                    .timed(exec, &self.backward_weight, &label, origin, &mut trace)
-                    .and_then(|()| add_sums(exec, &mut sums)),
-            };
+                ActionKind::Backward => {
+                    self.timed(exec, steps(&self.backward), &label, origin, &mut trace)
+                }
+                ActionKind::BackwardInput => self.timed(
+                    exec,
+                    steps(&self.backward_input),
+                    &label,
+                    origin,
+                    &mut trace,
+                ),
+                ActionKind::BackwardWeight => self.timed(
+                    exec,
+                    steps(&self.backward_weight),
+                    &label,
+                    origin,
+                    &mut trace,
+                ),
+            }
+            .and_then(|()| {
+                if last {
+                    add_sums(exec, &mut sums)
+                } else {
+                    Ok(())
+                }
+            });
             exec.swap_buffers(&self.local, slot);
             // The last backward action of a micro-batch frees its buffers.
-            if matches!(kind, ActionKind::Backward | ActionKind::BackwardWeight) {
+            if last {
                 *entry = None;
                 in_flight.remove(&mb);
             }
@@ -329,13 +386,15 @@ fn split_backward(
     phases: &[StepPhase],
     backward: &[(usize, Option<Tag>)],
     stage: usize,
+    chunk: usize,
 ) -> (StepList, StepList) {
     let mut needed = vec![false; backward.len()];
     let mut wanted: Vec<usize> = Vec::new();
     for (j, &(i, _)) in backward.iter().enumerate().rev() {
         let sends_back = matches!(
             phases[i],
-            StepPhase::Transfer { from, backward: true, .. } if from == stage
+            StepPhase::Transfer { from, from_chunk, backward: true, .. }
+                if from == stage && from_chunk == chunk
         );
         if sends_back || written(program, i).iter().any(|b| wanted.contains(b)) {
             needed[j] = true;
@@ -347,6 +406,11 @@ fn split_backward(
         if needed[j] { &mut input } else { &mut weight }.push(step);
     }
     (input, weight)
+}
+
+/// The model chunks a stage's pass lists cover.
+fn chunks_of(lists: &[StepList]) -> usize {
+    lists.len()
 }
 
 /// The buffers step `i` reads.

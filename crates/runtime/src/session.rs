@@ -833,14 +833,6 @@ impl Session {
         if self.micro_steps() < 2 {
             return Ok(None);
         }
-        if p.interleave {
-            return Err(RuntimeError::Config {
-                key: "parallel.pipeline.interleave".to_string(),
-                reason: "interleaved schedules (several model chunks per stage) are computed \
-                         (parallel::pipeline) but not executed yet; use gpipe, 1f1b or zero_bubble"
-                    .to_string(),
-            });
-        }
         let config = parallel::pipeline::PipelineConfig {
             micro_batches: self.micro_steps(),
             ..p.clone()

@@ -264,6 +264,19 @@ fn pipeline_stages_train_like_one_device() {
         let run = train(&config(&out, "momentum", "", &semi(*devices, parallel)));
         assert_same_run(name, &run, &reference);
     }
+    // Interleaved 1F1B: two model chunks per stage (chunk c of stage s holds cut c·P + s).
+    for (stages, micro) in [(2, 2), (2, 4), (4, 4)] {
+        let out = tmp.path().join(format!("interleaved-{stages}-{micro}"));
+        let parallel = format!(
+            "[parallel.pipeline]\nstages = {stages}\nmicro_batches = {micro}\nscheduler = \"interleaved_1f1b\"\nvirtual_stages = 2"
+        );
+        let run = train(&config(&out, "momentum", "", &semi(stages, &parallel)));
+        assert_same_run(
+            &format!("interleaved 1F1B, {stages} stages × 2 chunks, {micro} micro-batches"),
+            &run,
+            &reference,
+        );
+    }
     // Every executed scheduler at 2 and 4 stages with 1, 2, 4 and 8 micro-batches.
     for scheduler in ["gpipe", "1f1b", "zero_bubble"] {
         for stages in [2, 4] {

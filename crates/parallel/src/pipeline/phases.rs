@@ -16,6 +16,8 @@ pub enum StepPhase {
     Stage {
         /// The stage.
         stage: usize,
+        /// The stage's model chunk (0 without virtual stages).
+        chunk: usize,
         /// Whether it belongs to the backward pass.
         backward: bool,
     },
@@ -24,8 +26,12 @@ pub enum StepPhase {
     Transfer {
         /// The sending stage.
         from: usize,
+        /// The sending stage's model chunk.
+        from_chunk: usize,
         /// The receiving stage.
         to: usize,
+        /// The receiving stage's model chunk.
+        to_chunk: usize,
         /// Whether it carries a gradient (backward pass) rather than an activation.
         backward: bool,
     },
@@ -46,6 +52,14 @@ pub fn stage_of_mesh(mesh: &Mesh, per_stage: usize) -> Option<usize> {
 /// The phase of every step of `program`, whose stages hold `per_stage` ranks each.
 pub fn step_phases(program: &Program, per_stage: usize) -> Vec<StepPhase> {
     let graph = &program.placed.graph;
+    let stages = program
+        .placed
+        .config
+        .pipeline
+        .as_ref()
+        .and_then(|p| super::node_stages(graph, p).ok());
+    let node_chunk = |n: usize| stages.as_ref().map_or(0, |s| s.node_chunks[n]);
+    let value_chunk = |v: usize| stages.as_ref().map_or(0, |s| s.value_chunks[v]);
     let grad_buffers: Vec<usize> = program
         .params
         .iter()
@@ -59,6 +73,7 @@ pub fn step_phases(program: &Program, per_stage: usize) -> Vec<StepPhase> {
             phases[i] = match stage_of_mesh(mesh, per_stage) {
                 Some(stage) => StepPhase::Stage {
                     stage,
+                    chunk: node_chunk(k.node.0),
                     backward: graph.nodes()[k.node.0].role != NodeRole::Forward,
                 },
                 None => StepPhase::Prologue,
@@ -77,9 +92,23 @@ pub fn step_phases(program: &Program, per_stage: usize) -> Vec<StepPhase> {
         let to = stage_of_mesh(r.plan.dst().mesh(), per_stage);
         phases[i] = match (consumer, from, to) {
             _ if grad_buffers.contains(&r.to) => StepPhase::Epilogue,
-            (Some(StepPhase::Stage { stage, backward }), Some(from), Some(to)) if from != to => {
+            (
+                Some(StepPhase::Stage {
+                    stage,
+                    chunk,
+                    backward,
+                }),
+                Some(from),
+                Some(to),
+            ) if from != to => {
                 debug_assert_eq!(stage, to);
-                StepPhase::Transfer { from, to, backward }
+                StepPhase::Transfer {
+                    from,
+                    from_chunk: value_chunk(r.value.0),
+                    to,
+                    to_chunk: chunk,
+                    backward,
+                }
             }
             (Some(phase @ StepPhase::Stage { .. }), _, _) => phase,
             (Some(StepPhase::Prologue), _, _) => StepPhase::Prologue,

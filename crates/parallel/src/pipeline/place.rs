@@ -37,6 +37,10 @@ pub struct NodeStages {
     pub nodes: Vec<usize>,
     /// Per value (by id); produced values take their producer's stage.
     pub values: Vec<usize>,
+    /// Per node, its model chunk within its stage (0 without virtual stages).
+    pub node_chunks: Vec<usize>,
+    /// Per value, the model chunk of its producer (or first consumer).
+    pub value_chunks: Vec<usize>,
     /// The layers in model order with their stage.
     pub layers: Vec<(String, usize)>,
 }
@@ -67,35 +71,40 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
         .map(|(name, &n)| Layer::new(name.clone(), n))
         .collect();
     let assignment = assign_stages(&layers, config)?;
-    let layer_stage = |name: &str| -> usize {
+    // Groups `chunk · P + stage`, then split into stages and chunks.
+    let layer_group = |name: &str| -> usize {
         index
             .get(layer_of(name))
-            .and_then(|&i| assignment.stage_of(i))
+            .and_then(|&i| assignment.group_of_layer.get(i).copied())
             .unwrap_or(0)
     };
-    let mut nodes = vec![0; graph.nodes().len()];
+    let mut groups = vec![0; graph.nodes().len()];
     let mut values: Vec<Option<usize>> = vec![None; graph.values().len()];
     for (id, node) in graph.nodes().iter().enumerate() {
-        let stage = match &node.role {
-            NodeRole::Forward => layer_stage(&node.name),
-            NodeRole::Backward(g) => nodes[g.forward.0],
+        let group = match &node.role {
+            NodeRole::Forward => layer_group(&node.name),
+            NodeRole::Backward(g) => groups[g.forward.0],
             NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
-                stage_of_value(graph, *value, &nodes, &values)
+                stage_of_value(graph, *value, &groups, &values)
             }
         };
-        nodes[id] = stage;
+        groups[id] = group;
         for &v in &node.inputs {
             if graph.values()[v.0].producer.is_none() && values[v.0].is_none() {
-                values[v.0] = Some(stage);
+                values[v.0] = Some(group);
             }
         }
         for &v in &node.outputs {
-            values[v.0] = Some(stage);
+            values[v.0] = Some(group);
         }
     }
+    let p = assignment.stages.max(1);
+    let values: Vec<usize> = values.into_iter().map(|g| g.unwrap_or(0)).collect();
     Ok(NodeStages {
-        nodes,
-        values: values.into_iter().map(|s| s.unwrap_or(0)).collect(),
+        nodes: groups.iter().map(|g| g % p).collect(),
+        values: values.iter().map(|g| g % p).collect(),
+        node_chunks: groups.iter().map(|g| g / p).collect(),
+        value_chunks: values.iter().map(|g| g / p).collect(),
         layers: order
             .into_iter()
             .enumerate()
@@ -104,7 +113,7 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
     })
 }
 
-/// The stage of `value`: its producer's, or for a leaf the stage it was first used on.
+/// The group of `value`: its producer's, or for a leaf the group it was first used in.
 fn stage_of_value(
     graph: &Graph,
     value: ValueId,
