@@ -126,7 +126,14 @@ pub fn to_ms_strategy(
     strategy: &ResolvedStrategy,
     with_shapes: bool,
 ) -> Result<MsStrategyFile> {
-    let merged = strategy.n_stages() > 1;
+    // Several stages in one file take MindSpore's merged names; one stage's file keeps plain
+    // names (its stage is in its strategy items), as each stage saves it.
+    let stages: std::collections::BTreeSet<usize> = strategy
+        .params()
+        .iter()
+        .flat_map(|p| p.placements.iter().map(|pl| pl.stage))
+        .collect();
+    let merged = stages.len() > 1;
     let mut layout_items = Vec::new();
     for p in strategy.params() {
         for pl in &p.placements {

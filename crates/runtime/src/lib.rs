@@ -72,5 +72,7 @@ pub use crate::optimizer::{
 pub use crate::pipeline::{chrome_trace, StepTrace, TraceSpan};
 pub use crate::preflight::check_before_start;
 pub use crate::profile::{StepProfile, Tally};
-pub use crate::session::{ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP};
+pub use crate::session::{
+    ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP, STAGE_STRATEGY_DIR,
+};
 pub use crate::trainer::Trainer;

@@ -149,6 +149,16 @@ struct SavedState<'a> {
     global_step: u64,
 }
 
+/// Where a pipelined run's per-stage MindSpore strategy files go, inside the run directory.
+pub const STAGE_STRATEGY_DIR: &str = "pipeline_stages";
+
+/// The pipeline stage a mesh's ranks belong to: its first rank over its size (0 for none).
+fn stage_of_ranks(mesh: Option<&layout::Mesh>) -> usize {
+    mesh.map_or(0, |m| {
+        m.rank_list().first().copied().unwrap_or(0) / m.n_slots().max(1)
+    })
+}
+
 /// `<id>\n<staging path>` as bytes.
 fn encode_staging(staging: &Path, id: &str) -> Vec<u8> {
     let mut out = id.as_bytes().to_vec();
@@ -469,8 +479,7 @@ impl Session {
         for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             let dtype = self.train.buffers[p.buffer].dtype;
             // A pipeline stage's parameters live on its ranks, `stage · n ..`.
-            let mesh = p.layout.mesh();
-            let stage = mesh.rank_list().first().copied().unwrap_or(0) / mesh.n_slots().max(1);
+            let stage = stage_of_ranks(Some(p.layout.mesh()));
             let bind = |mp: &TensorLayout, opt_shard: usize| {
                 ParamLayout::new(stage, mp.clone(), opt_shard).map_err(|e| RuntimeError::Mismatch {
                     what: format!("layout of {}", p.name),
@@ -527,7 +536,44 @@ impl Session {
         };
         let json = save("strategy.json", StrategyFlavour::Tessera)?;
         let ms = save("strategy.ckpt", StrategyFlavour::MsProtobuf)?;
+        if strategy.n_stages() > 1 {
+            self.save_stage_strategy_files(&dir.join(STAGE_STRATEGY_DIR), &strategy, &ops)?;
+        }
         Ok((json, ms))
+    }
+
+    /// With pipeline stages, also one MindSpore strategy file per stage, as each stage's ranks
+    /// save it in MindSpore (`<dir>/stage_<s>.ckpt`, plain names): `tessera strategy
+    /// merge-stages` (MindSpore's `merge_pipeline_strategys`) turns them into the merged file.
+    fn save_stage_strategy_files(
+        &self,
+        dir: &Path,
+        strategy: &ResolvedStrategy,
+        ops: &[OpStrategyRecord],
+    ) -> Result<(), RuntimeError> {
+        std::fs::create_dir_all(dir).map_err(|e| RuntimeError::Mismatch {
+            what: format!("the directory {}", dir.display()),
+            expected: "a directory for the per-stage strategy files".to_string(),
+            got: e.to_string(),
+        })?;
+        for stage in 0..strategy.n_stages() {
+            let params: Vec<ResolvedParam> = strategy
+                .params()
+                .iter()
+                .filter(|p| p.placements.iter().any(|pl| pl.stage == stage))
+                .cloned()
+                .collect();
+            let stage_ops: Vec<OpStrategyRecord> =
+                ops.iter().filter(|o| o.stage == stage).cloned().collect();
+            ckpt::save_param_strategy_file(
+                &dir.join(format!("stage_{stage}.ckpt")),
+                &ResolvedStrategy::new(params)?,
+                &stage_ops,
+                StrategyFlavour::MsProtobuf,
+                true,
+            )?;
+        }
+        Ok(())
     }
 
     /// Every forward op's strategy, in graph order: its input tuples and, when its outputs
@@ -542,7 +588,7 @@ impl Session {
             .filter_map(|(node, place)| match (&node.role, &place.strategy) {
                 (graph::NodeRole::Forward, Some(inputs)) => Some(OpStrategyRecord {
                     name: node.name.clone(),
-                    stage: 0,
+                    stage: stage_of_ranks(place.inputs.first().map(|l| l.mesh())),
                     inputs: inputs.clone(),
                     outputs: place
                         .out_layouts

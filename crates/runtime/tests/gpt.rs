@@ -263,6 +263,25 @@ fn pipeline_stages_train_like_one_device() {
         let out = tmp.path().join(format!("pipe-{i}"));
         let run = train(&config(&out, "momentum", "", &semi(*devices, parallel)));
         assert_same_run(name, &run, &reference);
+        // One MindSpore strategy file per stage, which merge into the run's merged file.
+        let stages = out.join(runtime::STAGE_STRATEGY_DIR);
+        let merged = tmp.path().join(format!("merged-stages-{i}.ckpt"));
+        ckpt::merge_pipeline_strategies(&stages, &merged, false).unwrap();
+        let (ours, theirs) = (
+            ckpt::Strategy::load(&out.join("strategy.ckpt")).unwrap(),
+            ckpt::Strategy::load(&merged).unwrap(),
+        );
+        let names = |s: &ckpt::Strategy| {
+            let mut v: Vec<(String, usize)> = s
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.placements[0].stage))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&ours), names(&theirs), "{name}");
+        assert!(ours.n_stages() > 1, "{name}");
     }
     // Interleaved 1F1B: two model chunks per stage (chunk c of stage s holds cut c·P + s).
     for (stages, micro) in [(2, 2), (2, 4), (4, 4)] {
