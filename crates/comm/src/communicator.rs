@@ -259,20 +259,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// the result along dim 0 (the first `d0 % size` ranks get one row more; ranks past `d0`
     /// get zero rows).
     fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Tensor, CommError> {
-        let (&d0, rest) =
-            tensor
-                .shape()
-                .split_first()
-                .ok_or_else(|| CommError::InvalidArgument {
-                    site: self.site("reduce_scatter"),
-                    reason: "a 0-dim tensor has no dim 0 to scatter along".to_string(),
-                })?;
-        let row_len: usize = rest.iter().product();
-        let rows = split_counts(d0, self.size());
-        let counts: Vec<usize> = rows.iter().map(|r| r * row_len).collect();
-        let mut shape = tensor.shape().to_vec();
-        shape[0] = rows[self.rank()];
-        let mut out = Tensor::zeros(tensor.dtype(), &shape);
+        let (counts, mut out) = scatter_rows(self, tensor, "reduce_scatter")?;
         self.reduce_scatter_v(
             Buf::from_tensor(tensor),
             BufMut::from_tensor(&mut out),
@@ -290,20 +277,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         tensor: &Tensor,
         op: ReduceOp,
     ) -> Result<Tensor, CommError> {
-        let (&d0, rest) =
-            tensor
-                .shape()
-                .split_first()
-                .ok_or_else(|| CommError::InvalidArgument {
-                    site: self.site("reduce_scatter_deterministic"),
-                    reason: "a 0-dim tensor has no dim 0 to scatter along".to_string(),
-                })?;
-        let row_len: usize = rest.iter().product();
-        let rows = split_counts(d0, self.size());
-        let counts: Vec<usize> = rows.iter().map(|r| r * row_len).collect();
-        let mut shape = tensor.shape().to_vec();
-        shape[0] = rows[self.rank()];
-        let mut out = Tensor::zeros(tensor.dtype(), &shape);
+        let (counts, mut out) = scatter_rows(self, tensor, "reduce_scatter_deterministic")?;
         self.reduce_scatter_deterministic_v(
             Buf::from_tensor(tensor),
             BufMut::from_tensor(&mut out),
@@ -378,6 +352,28 @@ pub trait Communicator: Send + Sync + fmt::Debug {
 }
 
 /// The index of `dtype` in [`DType::ALL`], its wire code.
+/// A reduce-scatter of `tensor` along dim 0: each rank's element count (rows
+/// `split_counts(d0, size)`, whole rows) and this rank's zeroed result.
+fn scatter_rows<C: Communicator + ?Sized>(
+    comm: &C,
+    tensor: &Tensor,
+    op: &'static str,
+) -> Result<(Vec<usize>, Tensor), CommError> {
+    let (&d0, rest) = tensor
+        .shape()
+        .split_first()
+        .ok_or_else(|| CommError::InvalidArgument {
+            site: comm.site(op),
+            reason: "a 0-dim tensor has no dim 0 to scatter along".to_string(),
+        })?;
+    let row_len: usize = rest.iter().product();
+    let rows = split_counts(d0, comm.size());
+    let counts = rows.iter().map(|r| r * row_len).collect();
+    let mut shape = tensor.shape().to_vec();
+    shape[0] = rows[comm.rank()];
+    Ok((counts, Tensor::zeros(tensor.dtype(), &shape)))
+}
+
 fn dtype_code(dtype: DType) -> usize {
     DType::ALL
         .iter()

@@ -243,7 +243,7 @@ impl PipelineRunner {
             trace.peak_in_flight = trace.peak_in_flight.max(in_flight.len());
             exec.swap_buffers(&self.local, slot);
             exec.set_step(step(mb));
-            let label = match (kind, chunks_of(&self.forward)) {
+            let label = match (kind, self.forward.len()) {
                 (ActionKind::Forward, 1) => format!("F{mb}"),
                 (ActionKind::BackwardWeight, 1) => format!("W{mb}"),
                 (_, 1) => format!("B{mb}"),
@@ -406,11 +406,6 @@ fn split_backward(
         if needed[j] { &mut input } else { &mut weight }.push(step);
     }
     (input, weight)
-}
-
-/// The model chunks a stage's pass lists cover.
-fn chunks_of(lists: &[StepList]) -> usize {
-    lists.len()
 }
 
 /// The buffers step `i` reads.

@@ -152,13 +152,6 @@ struct SavedState<'a> {
 /// Where a pipelined run's per-stage MindSpore strategy files go, inside the run directory.
 pub const STAGE_STRATEGY_DIR: &str = "pipeline_stages";
 
-/// The pipeline stage a mesh's ranks belong to: its first rank over its size (0 for none).
-fn stage_of_ranks(mesh: Option<&layout::Mesh>) -> usize {
-    mesh.map_or(0, |m| {
-        m.rank_list().first().copied().unwrap_or(0) / m.n_slots().max(1)
-    })
-}
-
 /// `<id>\n<staging path>` as bytes.
 fn encode_staging(staging: &Path, id: &str) -> Vec<u8> {
     let mut out = id.as_bytes().to_vec();
@@ -479,7 +472,7 @@ impl Session {
         for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
             let dtype = self.train.buffers[p.buffer].dtype;
             // A pipeline stage's parameters live on its ranks, `stage · n ..`.
-            let stage = stage_of_ranks(Some(p.layout.mesh()));
+            let stage = parallel::pipeline::stage_of_ranks(p.layout.mesh());
             let bind = |mp: &TensorLayout, opt_shard: usize| {
                 ParamLayout::new(stage, mp.clone(), opt_shard).map_err(|e| RuntimeError::Mismatch {
                     what: format!("layout of {}", p.name),
@@ -588,7 +581,10 @@ impl Session {
             .filter_map(|(node, place)| match (&node.role, &place.strategy) {
                 (graph::NodeRole::Forward, Some(inputs)) => Some(OpStrategyRecord {
                     name: node.name.clone(),
-                    stage: stage_of_ranks(place.inputs.first().map(|l| l.mesh())),
+                    stage: place
+                        .inputs
+                        .first()
+                        .map_or(0, |l| parallel::pipeline::stage_of_ranks(l.mesh())),
                     inputs: inputs.clone(),
                     outputs: place
                         .out_layouts

@@ -383,26 +383,7 @@ fn deterministic_runs_are_bitwise_one_device() {
                 "{plan}"
             );
         }
-        for (step, (a, b)) in losses.iter().zip(&reference.0).enumerate() {
-            assert_eq!(
-                a.to_bits(),
-                b.to_bits(),
-                "{name}: step {step} loss {a} vs {b}"
-            );
-        }
-        for ((pname, got), (_, want)) in params.iter().zip(&reference.1) {
-            let differ = got
-                .iter()
-                .zip(want)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count();
-            assert_eq!(
-                differ,
-                0,
-                "{name}: {pname} differs in {differ} of {} elements",
-                got.len()
-            );
-        }
+        run_util::assert_bitwise_run(name, &(losses, params), reference);
     }
 }
 

@@ -182,16 +182,7 @@ fn sharded_accumulation_in_deterministic_mode_is_one_devices() {
     ];
     for (i, (what, parallel)) in parallels.iter().enumerate() {
         let sharded = run(&format!("sharded-{i}"), parallel, (8, 4, steps));
-        assert_bitwise(what, &sharded, &accumulated);
-    }
-}
-
-/// `run` and `reference` hold the same bits, losses and parameters.
-fn assert_bitwise(what: &str, run: &Run, reference: &Run) {
-    let bits = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&run.0), bits(&reference.0), "{what}: losses");
-    for ((name, a), (_, b)) in run.1.iter().zip(&reference.1) {
-        assert!(bits(a) == bits(b), "{what}: {name} differs");
+        run_util::assert_bitwise_run(what, &sharded, &accumulated);
     }
 }
 
@@ -341,7 +332,7 @@ fn two_micro_batches_train_the_gpt_like_a_twice_larger_batch() {
     let det = ["train.deterministic=true"];
     let det_accumulated = run("det-accum", one_device, (4, 2, steps), &det);
     let det_sharded = run("det-sharded", dp_mp, (4, 2, steps), &det);
-    assert_bitwise(
+    run_util::assert_bitwise_run(
         "GPT, K = 2, dp 2 × mp 2, deterministic",
         &det_sharded,
         &det_accumulated,

@@ -75,6 +75,33 @@ pub fn assert_same_run(what: &str, run: &Run, reference: &Run, tolerance: f32) {
     }
 }
 
+/// Asserts that `run` holds `reference`'s bits: every step's loss and every element of every
+/// parameter (deterministic mode's promise).
+pub fn assert_bitwise_run(what: &str, run: &Run, reference: &Run) {
+    let bits = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&run.0),
+        bits(&reference.0),
+        "{what}: losses {:?} vs {:?}",
+        run.0,
+        reference.0
+    );
+    assert_eq!(run.1.len(), reference.1.len(), "{what}: parameter count");
+    for ((name, a), (_, b)) in run.1.iter().zip(&reference.1) {
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{what}: {name} differs in {differ} of {} elements",
+            a.len()
+        );
+    }
+}
+
 /// The bundled King James text (gzipped).
 pub fn kjv() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz")

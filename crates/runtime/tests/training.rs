@@ -153,22 +153,8 @@ fn deterministic_mlp_runs_are_bitwise_one_device() {
         ];
         for (i, (what, parallel)) in cases.iter().enumerate() {
             let out = tmp.path().join(format!("det-{optimizer}-{i}"));
-            let (losses, weights) = train(&config(&out, optimizer, parallel, &[det]));
-            for (step, (a, b)) in losses.iter().zip(&reference.0).enumerate() {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{what} ({optimizer}): step {step}: {a} vs {b}"
-                );
-            }
-            for ((name, got), (_, want)) in weights.iter().zip(&reference.1) {
-                assert!(
-                    got.iter()
-                        .zip(want)
-                        .all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{what} ({optimizer}): {name} differs"
-                );
-            }
+            let run = train(&config(&out, optimizer, parallel, &[det]));
+            run_util::assert_bitwise_run(&format!("{what} ({optimizer})"), &run, &reference);
         }
     }
 }

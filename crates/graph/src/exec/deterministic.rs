@@ -2,10 +2,10 @@
 //! the canonical order of `tensor::kernels::det` with blocks fixed by the dim's *global*
 //! length, so every split that aligns with the blocks gives one device's bits.
 
-use tensor::kernels::{self, det, Float, GemmShape, RowBlock};
+use tensor::kernels::{self, det, Float, GemmShape};
 use tensor::{Element, Storage, Tensor};
 
-use super::eval::{min_rank, mismatch, read, write, EvalCtx};
+use super::eval::{min_rank, mismatch, read, write, write_scalar, EvalCtx};
 use crate::error::GraphError;
 use crate::infer::matrix_dims;
 use crate::op::Op;
@@ -114,31 +114,13 @@ pub(super) fn eval_deterministic<T: Float + Element>(
                 block_len(rows_g, max_blocks)
             )
             .map_err(kernel()))?;
-            match write::<T>(&mut outputs[0], ctx)? {
-                [loss] => {
-                    *loss = sum;
-                    Ok(())
-                }
-                _ => Err(mismatch(
-                    ctx,
-                    "output 0",
-                    &[],
-                    <T as Element>::DTYPE,
-                    &outputs[0],
-                )),
-            }
+            write_scalar(&mut outputs[0], sum, ctx)
         })(),
         Op::EmbeddingGrad => (|| {
             let (ids, dy, out) = (inputs[1], inputs[2], &mut outputs[0]);
             min_rank(out, 2, "table gradient", ctx)?;
             let (rows, dim) = (out.shape()[0], out.shape()[1]);
-            let block = match ctx.placement {
-                Some(p) => RowBlock {
-                    first: p.offset.first().copied().unwrap_or(0),
-                    vocab: p.global_shape.first().copied().unwrap_or(rows),
-                },
-                None => RowBlock::whole(rows),
-            };
+            let block = ctx.output_rows(rows);
             let positions_g: usize = global_shape(ctx, 1, ids.shape()).iter().product();
             let (dys, out) = (read::<T>(dy, ctx)?, write::<T>(out, ctx)?);
             with_ids!(ids, ctx, op, |idx| det::det_scatter_add_block_rows(

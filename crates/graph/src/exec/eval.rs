@@ -77,7 +77,7 @@ impl EvalCtx<'_> {
     }
 
     /// The rows of the output's block of dim 0 (of `rows` local rows).
-    fn output_rows(&self, rows: usize) -> RowBlock {
+    pub(super) fn output_rows(&self, rows: usize) -> RowBlock {
         match self.placement {
             Some(p) => RowBlock {
                 first: p.offset.first().copied().unwrap_or(0),
@@ -163,6 +163,21 @@ pub(crate) fn checked_placement<'a>(
             })
         }
         placement => Ok(placement),
+    }
+}
+
+/// Writes `value` into `out`, a tensor of one element.
+pub(super) fn write_scalar<T: Element>(
+    out: &mut Tensor,
+    value: T,
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    match write::<T>(out, ctx)? {
+        [single] => {
+            *single = value;
+            Ok(())
+        }
+        _ => Err(mismatch(ctx, "output 0", &[], <T as Element>::DTYPE, out)),
     }
 }
 
@@ -465,20 +480,7 @@ fn eval_typed<T: Float + Element>(
             let (x, out) = (inputs[0], &mut outputs[0]);
             if axes.is_empty() || axes.len() == x.ndim() {
                 let total = kernels::sum_slice(read::<T>(x, ctx)?);
-                let out = write::<T>(out, ctx)?;
-                return match out {
-                    [single] => {
-                        *single = total;
-                        Ok(())
-                    }
-                    _ => Err(mismatch(
-                        ctx,
-                        "output 0",
-                        &[],
-                        <T as Element>::DTYPE,
-                        &outputs[0],
-                    )),
-                };
+                return write_scalar(out, total, ctx);
             }
             let kept = (!keep_dims).then(|| reduced_shape(x.shape(), axes, true));
             sum_into::<T>(x, out, kept.as_deref(), ctx)
@@ -538,19 +540,11 @@ fn eval_typed<T: Float + Element>(
             let mean = with_ids!(inputs[1], ctx, op, |labels| {
                 kernels::sparse_softmax_cross_entropy_slice(xs, classes, labels).map_err(kernel())
             })?;
-            match write::<T>(&mut outputs[0], ctx)? {
-                [loss] => {
-                    *loss = mean * batch_rescale::<T>(rows, *batch_divisor);
-                    Ok(())
-                }
-                _ => Err(mismatch(
-                    ctx,
-                    "output 0",
-                    &[],
-                    <T as Element>::DTYPE,
-                    &outputs[0],
-                )),
-            }
+            write_scalar(
+                &mut outputs[0],
+                mean * batch_rescale::<T>(rows, *batch_divisor),
+                ctx,
+            )
         }
         Op::SparseSoftmaxCrossEntropyGrad { batch_divisor } => {
             let logits = inputs[0];

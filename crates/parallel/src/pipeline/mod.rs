@@ -53,7 +53,7 @@ pub use config::{
     MAX_TOTAL_PASSES, MAX_VIRTUAL_STAGES,
 };
 pub use error::{PipelineError, StuckStage};
-pub use phases::{stage_of_mesh, step_phases, StepPhase};
+pub use phases::{stage_of_mesh, stage_of_ranks, step_phases, StepPhase};
 pub use place::{layer_of, node_stages, relocate, relocate_dist, NodeStages};
 pub use schedule::{
     Action, ActionKind, CommEvent, CommOrder, Dependency, Direction, Payload, ProgramStep, Schedule,

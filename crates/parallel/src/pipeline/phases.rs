@@ -40,6 +40,12 @@ pub enum StepPhase {
     Epilogue,
 }
 
+/// The pipeline stage `mesh`'s ranks belong to: its first rank over its size (stage `s` holds
+/// ranks `s·n .. (s + 1)·n`; 0 for a mesh over every device).
+pub fn stage_of_ranks(mesh: &Mesh) -> usize {
+    mesh.rank_list().first().copied().unwrap_or(0) / mesh.n_slots().max(1)
+}
+
 /// The stage whose ranks `mesh` covers (`per_stage` ranks from `stage · per_stage`), or `None`
 /// for a mesh over every device.
 pub fn stage_of_mesh(mesh: &Mesh, per_stage: usize) -> Option<usize> {
