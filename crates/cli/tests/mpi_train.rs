@@ -207,8 +207,7 @@ fn mpi_a_failing_rank_stops_the_job_with_its_error() {
 fn mpi_train_gpt_matches_local_and_one_device() {
     let dir = Scratch::new("mpi-gpt");
     let common = |name: &str, devices: &str, mode: &str| -> Vec<String> {
-        let mut a: Vec<String> = vec!["train".into(), "examples/gpt_kjv.toml".into()];
-        for set in [
+        let sets = vec![
             format!("parallel.devices={devices}"),
             format!("parallel.mode=\"{mode}\""),
             "parallel.data_parallel=2".to_string(),
@@ -220,15 +219,8 @@ fn mpi_train_gpt_matches_local_and_one_device() {
             "data.batch_size=8".to_string(),
             "train.max_steps=10".to_string(),
             "train.eval=false".to_string(),
-            format!("output.dir=\"{}\"", s(&dir.0.join(name))),
-        ] {
-            a.extend(["--set".to_string(), set]);
-        }
-        a.extend([
-            "--log-json".to_string(),
-            s(&dir.0.join(format!("{name}.jsonl"))).to_string(),
-        ]);
-        a
+        ];
+        train_command("examples/gpt_kjv.toml", &dir.0, name, sets)
     };
     let mut mpi = common("mpi", "4", "semi_auto");
     mpi.extend(["--backend".to_string(), "mpi".to_string()]);
@@ -297,23 +289,14 @@ fn mpi_deterministic_runs_are_bitwise_one_device() {
     ];
     for (name, example, sets) in configs {
         let command = |run_name: &str, devices: &str, mode: &str| -> Vec<String> {
-            let mut a: Vec<String> = vec!["train".into(), example.into()];
             let mut all = vec![
                 format!("parallel.devices={devices}"),
                 format!("parallel.mode=\"{mode}\""),
                 "train.deterministic=true".to_string(),
                 "train.eval=false".to_string(),
-                format!("output.dir=\"{}\"", s(&dir.0.join(run_name))),
             ];
             all.extend(sets.iter().cloned());
-            for set in all {
-                a.extend(["--set".to_string(), set]);
-            }
-            a.extend([
-                "--log-json".to_string(),
-                s(&dir.0.join(format!("{run_name}.jsonl"))).to_string(),
-            ]);
-            a
+            train_command(example, &dir.0, run_name, all)
         };
         let mut mpi = command(&format!("{name}-mpi"), "4", "semi_auto");
         mpi.extend(["--backend".to_string(), "mpi".to_string()]);
@@ -346,7 +329,6 @@ fn mpi_deterministic_runs_are_bitwise_one_device() {
 fn mpi_pipeline_matches_one_device() {
     let dir = Scratch::new("mpi-pipe");
     let command = |name: &str, devices: &str, mode: &str, pipeline: bool| -> Vec<String> {
-        let mut a: Vec<String> = vec!["train".into(), "examples/gpt_kjv.toml".into()];
         let mut sets = vec![
             format!("parallel.devices={devices}"),
             format!("parallel.mode=\"{mode}\""),
@@ -357,19 +339,11 @@ fn mpi_pipeline_matches_one_device() {
             "data.batch_size=8".to_string(),
             "train.max_steps=6".to_string(),
             "train.eval=false".to_string(),
-            format!("output.dir=\"{}\"", s(&dir.0.join(name))),
         ];
         if pipeline {
             sets.push("parallel.pipeline={ stages = 2, micro_batches = 4 }".to_string());
         }
-        for set in sets {
-            a.extend(["--set".to_string(), set]);
-        }
-        a.extend([
-            "--log-json".to_string(),
-            s(&dir.0.join(format!("{name}.jsonl"))).to_string(),
-        ]);
-        a
+        train_command("examples/gpt_kjv.toml", &dir.0, name, sets)
     };
     let mut mpi = command("mpi", "4", "semi_auto", true);
     mpi.extend(["--backend".to_string(), "mpi".to_string()]);
@@ -386,4 +360,24 @@ fn mpi_pipeline_matches_one_device() {
             i + 1
         );
     }
+}
+
+/// `tessera train EXAMPLE` with `--set` for each of `sets`, its output in `dir/name` and its
+/// metrics log in `dir/name.jsonl`.
+fn train_command(
+    example: &str,
+    dir: &std::path::Path,
+    name: &str,
+    sets: Vec<String>,
+) -> Vec<String> {
+    let mut a: Vec<String> = vec!["train".into(), example.into()];
+    let output = format!("output.dir=\"{}\"", s(&dir.join(name)));
+    for set in sets.into_iter().chain([output]) {
+        a.extend(["--set".to_string(), set]);
+    }
+    a.extend([
+        "--log-json".to_string(),
+        s(&dir.join(format!("{name}.jsonl"))).to_string(),
+    ]);
+    a
 }
