@@ -34,6 +34,10 @@ pub struct TrainArgs {
     /// step, then exit without training.
     #[arg(long)]
     explain: bool,
+    /// With --explain: print JSON instead, one object per rank: the run's figures and the
+    /// rank's predicted memory (`{"rank": r, "memory": {"rank": r, "parameters": B, …}, …}`).
+    #[arg(long, requires = "explain")]
+    json: bool,
     /// With --explain: also print the program as this rank runs it (local shapes, the peers of
     /// every reshard and the bytes exchanged with each).
     #[arg(long, value_name = "RANK")]
@@ -91,11 +95,18 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             bubble * 100.0
         );
     }
+    if args.json {
+        for rank in 0..session.devices() {
+            println!("{}", explain_json(&session, rank));
+        }
+        return Ok(());
+    }
     if args.explain || args.explain_rank.is_some() {
         print!(
             "{}",
             session.train.explain_with(session.deterministic_blocks())
         );
+        print!("{}", explain_memory(&session));
         if let Some(rank) = args.explain_rank {
             if rank >= session.devices() {
                 anyhow::bail!(
@@ -154,6 +165,14 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         if let Some(loss) = report.eval_losses().last() {
             println!("validation loss after the last epoch: {loss:.4}");
         }
+        if let Some(memory) = report.ranks.first().map(|r| &r.memory_by_rank) {
+            if !memory.is_empty() {
+                print!(
+                    "memory per rank (measured peaks):\n{}",
+                    runtime::memory_lines(memory)
+                );
+            }
+        }
         if let Some(bubble) = report.pipeline_bubble() {
             println!(
                 "pipeline bubble (measured, mean over ranks and steps): {:.1} %",
@@ -185,6 +204,53 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The predicted memory section of `--explain`: every rank's figures (the distinct ones when
+/// there are many ranks).
+fn explain_memory(session: &Session) -> String {
+    let ranks: Vec<_> = (0..session.devices())
+        .map_while(|r| session.predict_memory(r))
+        .collect();
+    if ranks.is_empty() {
+        return "\nmemory per rank: not predicted for pipelined steps\n".to_string();
+    }
+    let mut text =
+        String::from("\nmemory per rank (predicted peaks; buffers freed after their last use):\n");
+    let lines = runtime::memory_lines(&ranks);
+    const SHOWN: usize = 16;
+    for line in lines.lines().take(SHOWN) {
+        text.push_str(line);
+        text.push('\n');
+    }
+    if ranks.len() > SHOWN {
+        let worst = ranks.iter().map(|r| r.peak).max().unwrap_or(0);
+        text.push_str(&format!(
+            "  … {} more ranks; the largest peak of any rank: {:.2} MiB\n",
+            ranks.len() - SHOWN,
+            worst as f64 / f64::from(1 << 20)
+        ));
+    }
+    text
+}
+
+/// `--explain --json`'s object for `rank`.
+fn explain_json(session: &Session, rank: usize) -> serde_json::Value {
+    let program = &session.train;
+    let reshards = program
+        .steps
+        .iter()
+        .filter(|s| matches!(s, parallel::Step::Reshard(_)))
+        .count();
+    serde_json::json!({
+        "rank": rank,
+        "devices": session.devices(),
+        "mode": program.placed.config.mode.name(),
+        "steps": program.steps.len(),
+        "reshards": reshards,
+        "bytes_per_step": program.bytes_per_step(),
+        "memory": session.predict_memory(rank).map(|m| runtime::memory_json(rank, &m)),
+    })
 }
 
 #[cfg(feature = "mpi")]

@@ -168,15 +168,51 @@ pub struct HsdpConfig {
     pub threshold_kb: usize,
     /// What is sharded.
     pub level: OptimizerLevel,
+    /// With gradient accumulation, each rank accumulates only its optimizer piece of a sharded
+    /// parameter's gradient (MindSpore's `parallel_optimizer_config`
+    /// `gradient_accumulation_shard`). From level 2 the gradient is already the piece.
+    pub gradient_accumulation_shard: bool,
 }
 
 impl Default for HsdpConfig {
-    /// MindSpore's defaults: the whole replica group, 64 KB, level 1.
+    /// MindSpore's defaults: the whole replica group, 64 KB, level 1, sharded accumulation.
     fn default() -> HsdpConfig {
         HsdpConfig {
             shard_size: None,
             threshold_kb: 64,
             level: OptimizerLevel::Level1,
+            gradient_accumulation_shard: true,
+        }
+    }
+}
+
+/// Recompute (`[parallel.recompute]`, MindSpore's `cell.recompute()` and
+/// `primitive.recompute()`): forward values the backward pass reads are not kept from the
+/// forward pass but computed again just before their first backward use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecomputeConfig {
+    /// Cell globs (`blocks.*`): every op of a matching cell is recomputed, except the cell's
+    /// outputs (values read outside the cell), which are kept as the next cell's checkpoint.
+    pub cells: Vec<String>,
+    /// Op globs over node names (`blocks.*.attn.softmax`) or op kinds (`Softmax`): each
+    /// output of a matching op is recomputed.
+    pub ops: Vec<String>,
+    /// Redo the communication that feeds recomputed ops (a model-parallel all-gather) rather
+    /// than keeping its result from the forward pass (MindSpore's `mp_comm_recompute`).
+    pub mp_comm_recompute: bool,
+    /// Under `hsdp` level 3, gather a weight again for its recomputed ops rather than sharing
+    /// the backward pass's gather (MindSpore's `parallel_optimizer_comm_recompute`).
+    pub parallel_optimizer_comm_recompute: bool,
+}
+
+impl Default for RecomputeConfig {
+    /// Nothing recomputed; MindSpore's defaults for the two switches.
+    fn default() -> RecomputeConfig {
+        RecomputeConfig {
+            cells: Vec::new(),
+            ops: Vec::new(),
+            mp_comm_recompute: true,
+            parallel_optimizer_comm_recompute: false,
         }
     }
 }
@@ -217,6 +253,8 @@ pub struct ParallelConfig {
     /// `[parallel.pipeline]`: with more than one stage, every op runs on its stage's sub-mesh
     /// (its strategy applies within the stage's devices) and values cross stages by reshards.
     pub pipeline: Option<crate::pipeline::PipelineConfig>,
+    /// `[parallel.recompute]`, when on.
+    pub recompute: Option<RecomputeConfig>,
 }
 
 impl ParallelConfig {
@@ -234,6 +272,7 @@ impl ParallelConfig {
             deterministic: false,
             hsdp: None,
             pipeline: None,
+            recompute: None,
         }
     }
 
@@ -289,6 +328,12 @@ impl ParallelConfig {
     ) -> ParallelConfig {
         self.strategies
             .insert(op.to_string(), OpStrategy::from_layouts(inputs, outputs));
+        self
+    }
+
+    /// Turns recompute on with `recompute` (builder style).
+    pub fn with_recompute(mut self, recompute: RecomputeConfig) -> ParallelConfig {
+        self.recompute = Some(recompute);
         self
     }
 

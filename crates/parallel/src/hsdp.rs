@@ -150,6 +150,7 @@ mod tests {
             shard_size,
             threshold_kb,
             level: OptimizerLevel::Level2,
+            ..HsdpConfig::default()
         }
     }
 

@@ -16,6 +16,9 @@
 //! - [`hsdp`]: optimizer parallelism (`[parallel.hsdp]`, ZeRO levels 1–3): which parameters
 //!   are cut along dim 0 over their replica group; the lowering then gathers, reduce-scatters
 //!   and lists the post-update weight gathers ([`WeightGather`]).
+//! - [`memory`]: when each buffer of a program lives, and the bytes a rank holds by category
+//!   (parameters, gradients, optimizer state, activations, communication), predicted before a
+//!   run.
 //! - [`pipeline`]: pipeline parallelism as data — the `[parallel.pipeline]` configuration, the
 //!   assignment of cells to stages, schedules as per-stage action lists (GPipe, 1F1B,
 //!   interleaved 1F1B, zero-bubble) and the simulator that proves them deadlock-free.
@@ -31,12 +34,15 @@ mod compile;
 mod config;
 mod deterministic;
 mod error;
+mod explain;
 mod given_layouts;
 pub mod hsdp;
 mod lower;
+pub mod memory;
 mod patterns;
 pub mod pipeline;
 mod rank_view;
+mod recompute;
 pub mod rules;
 
 pub use crate::assign::{
@@ -45,13 +51,15 @@ pub use crate::assign::{
 pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{
     DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
+    RecomputeConfig,
 };
 pub use crate::deterministic::check_deterministic;
 pub use crate::error::{format_strategy, ParallelError};
+pub use crate::explain::{describe_plan, describe_plan_with};
 pub use crate::hsdp::{OptimizerShard, ShardDecision};
 pub use crate::lower::{
-    describe_plan, describe_plan_with, lower, BufferSpec, KernelStep, LowerRequest, Program,
-    ProgramInput, ProgramOutput, ProgramParam, ReshardStep, Step, WeightGather,
+    lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput, ProgramOutput,
+    ProgramParam, ReshardStep, Step, WeightGather,
 };
 pub use crate::patterns::{glob_matches, resolve_op_patterns};
 pub use crate::rank_view::{RankProgram, RankStep};

@@ -9,7 +9,6 @@
 //! Which rank does what inside a reshard is in the plan; [`Program::for_rank`] shows it.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use graph::{Graph, Initializer, NodeId, NodeRole, Op, ValueId, ValueKind};
@@ -17,10 +16,11 @@ use layout::TensorLayout;
 use reshard::{DistLayout, ReshardPlan};
 use tensor::DType;
 
-use crate::assign::{NodePlacement, PlacedGraph, StrategySource};
+use crate::assign::PlacedGraph;
 use crate::config::{OptimizerLevel, ParallelMode};
-use crate::error::{format_strategy, ParallelError};
+use crate::error::ParallelError;
 use crate::hsdp::{OptimizerShard, ShardDecision};
+use crate::recompute::BackwardCopies;
 
 /// A buffer of the program: one value in one layout, on every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +63,9 @@ pub struct KernelStep {
     pub inputs: Vec<usize>,
     /// Output buffers.
     pub outputs: Vec<usize>,
+    /// A forward op run again in the backward pass (`[parallel.recompute]`), into its own
+    /// buffers, just before its outputs' first backward use.
+    pub recompute: bool,
 }
 
 /// A value moved from one layout to another.
@@ -191,20 +194,25 @@ pub struct LowerRequest {
     pub replicated_outputs: Vec<ValueId>,
 }
 
-struct Lowering<'a> {
-    placed: &'a PlacedGraph,
-    buffers: Vec<BufferSpec>,
-    steps: Vec<Step>,
+/// The state of lowering one placed graph: the buffers and steps so far.
+pub(crate) struct Lowering<'a> {
+    pub(crate) placed: &'a PlacedGraph,
+    pub(crate) buffers: Vec<BufferSpec>,
+    pub(crate) steps: Vec<Step>,
     /// Available copies of each value: layout and buffer; the first is where it was produced.
-    versions: HashMap<ValueId, Vec<usize>>,
+    pub(crate) versions: HashMap<ValueId, Vec<usize>>,
+    /// The backward pass's own copies (see [`crate::recompute`]).
+    pub(crate) backward: BackwardCopies,
 }
 
 impl Lowering<'_> {
-    fn graph(&self) -> &Graph {
+    pub(crate) fn graph(&self) -> &Graph {
         &self.placed.graph
     }
 
-    fn new_buffer(&mut self, value: ValueId, layout: DistLayout, suffix: &str) -> usize {
+    /// A new buffer for `value` in `layout` that no consumer finds by its layout (a backward
+    /// copy).
+    pub(crate) fn add_buffer(&mut self, value: ValueId, layout: DistLayout, suffix: &str) -> usize {
         let v = &self.graph().values()[value.0];
         let name = if suffix.is_empty() {
             v.name.clone()
@@ -218,13 +226,17 @@ impl Lowering<'_> {
             dtype: v.dtype,
             layout,
         });
-        let id = self.buffers.len() - 1;
+        self.buffers.len() - 1
+    }
+
+    fn new_buffer(&mut self, value: ValueId, layout: DistLayout, suffix: &str) -> usize {
+        let id = self.add_buffer(value, layout, suffix);
         self.versions.entry(value).or_default().push(id);
         id
     }
 
     /// A buffer holding `value` in `need` (no pending sums), resharding if no copy has it yet.
-    fn need(
+    pub(crate) fn need(
         &mut self,
         value: ValueId,
         need: &TensorLayout,
@@ -260,7 +272,7 @@ impl Lowering<'_> {
 }
 
 /// The op with its shape attributes rewritten to the local output shape.
-fn local_op(op: &Op, local_out: &[usize]) -> Op {
+pub(crate) fn local_op(op: &Op, local_out: &[usize]) -> Op {
     let mut op = op.clone();
     match &mut op {
         Op::Flatten { shape }
@@ -307,6 +319,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         buffers: Vec::new(),
         steps: Vec::new(),
         versions: HashMap::new(),
+        backward: BackwardCopies::new(placed)?,
     };
     let mut inputs = Vec::new();
     for v in graph.inputs() {
@@ -344,16 +357,22 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
     for node_id in graph.nodes_needed_for(&targets) {
         let node = &graph.nodes()[node_id.0];
         let place = &placed.nodes[node_id.0];
+        let backward = node.role != NodeRole::Forward;
         let mut in_bufs = Vec::with_capacity(node.inputs.len());
         for (i, (&v, need)) in node.inputs.iter().zip(&place.inputs).enumerate() {
-            let b = lw.need(v, need, || {
+            let reason = || {
                 format!(
                     "{} needs input {i} ({}) as {}",
                     node.name,
                     graph.values()[v.0].name,
                     need.layout().describe_map()
                 )
-            })?;
+            };
+            let b = if backward && lw.backward.rematerialised(v) {
+                lw.need_backward(v, need, false, reason)?
+            } else {
+                lw.need(v, need, reason)?
+            };
             in_bufs.push(b);
         }
         let mut out_bufs = Vec::with_capacity(node.outputs.len());
@@ -367,6 +386,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
             op: local_op(&node.op, &local_out),
             inputs: in_bufs,
             outputs: out_bufs.clone(),
+            recompute: false,
         }));
         if let Some(out_layouts) = &place.out_layouts {
             for (j, (&v, layout)) in node.outputs.iter().zip(out_layouts).enumerate() {
@@ -509,290 +529,4 @@ impl Program {
                 .map(|g| g.plan.bytes_total())
                 .sum::<usize>()
     }
-
-    /// The pipeline section of [`Program::explain`]: each stage's ranks and layers, and the
-    /// bytes sent between stages per step.
-    fn explain_stages(&self, p: &crate::pipeline::PipelineConfig, out: &mut String) {
-        let Ok(stages) = crate::pipeline::node_stages(&self.placed.graph, p) else {
-            return;
-        };
-        let per_stage = self.devices() / p.stages.max(1);
-        let _ = writeln!(
-            out,
-            "\npipeline: {} stages of {per_stage} ranks, {} micro-batch(es) per step, scheduler {}",
-            p.stages,
-            p.micro_batches,
-            p.scheduler.name()
-        );
-        // A backward costs about two forwards; zero bubble runs it as two halves.
-        let durations = match p.scheduler {
-            crate::pipeline::Scheduler::ZeroBubble => {
-                crate::pipeline::Durations::uniform(1.0, 1.0, 1.0)
-            }
-            _ => crate::pipeline::Durations::uniform(1.0, 2.0, 0.0),
-        };
-        if let Ok(report) = crate::pipeline::Schedule::generate(p)
-            .and_then(|schedule| crate::pipeline::simulate(&schedule, &durations))
-        {
-            let _ = writeln!(
-                out,
-                "  predicted bubble {:.1} % (equal stages; a backward twice a forward); micro-batches held at once, per stage: {:?}",
-                report.bubble_fraction * 100.0,
-                report.peak_retained
-            );
-        }
-        for s in 0..p.stages {
-            let layers: Vec<&str> = stages
-                .layers
-                .iter()
-                .filter(|(_, st)| *st == s)
-                .map(|(name, _)| name.as_str())
-                .collect();
-            let _ = writeln!(
-                out,
-                "  stage {s}: ranks {}..{}: {}",
-                s * per_stage,
-                (s + 1) * per_stage,
-                layers.join(", ")
-            );
-        }
-        let crossing: usize = self
-            .steps
-            .iter()
-            .filter_map(|step| match step {
-                Step::Reshard(r) => {
-                    let (from, to) = (r.plan.src().layout().mesh(), r.plan.dst().mesh());
-                    let first = |m: &layout::Mesh| m.rank_list().first().copied().unwrap_or(0);
-                    let whole = |m: &layout::Mesh| m.n_slots() == self.devices();
-                    (!whole(from) && !whole(to) && first(from) != first(to))
-                        .then(|| r.plan.bytes_total())
-                }
-                Step::Kernel(_) => None,
-            })
-            .sum();
-        let _ = writeln!(
-            out,
-            "  between stages: {crossing} bytes per step (point-to-point)"
-        );
-    }
-
-    /// Every op's strategy and every inserted communication with its reason and bytes per step.
-    pub fn explain(&self) -> String {
-        self.explain_with(None)
-    }
-
-    /// [`Program::explain`] for a run in deterministic mode (`Some(max canonical blocks)`): the
-    /// header says so and every pending sum is marked as the deterministic collective it runs as.
-    pub fn explain_with(&self, deterministic: Option<usize>) -> String {
-        let graph = &self.placed.graph;
-        let mut out = String::new();
-        if let Some(blocks) = deterministic {
-            let _ = writeln!(
-                out,
-                "deterministic mode: every summed dim in at most {blocks} canonical blocks; pending \
-                 sums added in the canonical tree over ranks"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "mode {} on {} device(s); {} steps, {} reshards, {} bytes moved per training step",
-            self.placed.config.mode.name(),
-            self.devices(),
-            self.steps.len(),
-            self.steps
-                .iter()
-                .filter(|s| matches!(s, Step::Reshard(_)))
-                .count(),
-            self.bytes_per_step()
-        );
-        if let Some(p) = self
-            .placed
-            .config
-            .pipeline
-            .as_ref()
-            .filter(|p| p.stages > 1)
-        {
-            self.explain_stages(p, &mut out);
-        }
-        let _ = writeln!(out, "\nparameters:");
-        for p in &self.params {
-            // The layout the parameter's consumers need (under level 3 its buffer holds less).
-            let layout = p
-                .optimizer_shard()
-                .map_or(&p.layout, |shard| &shard.strategy_layout);
-            let slice = match layout.row_split() {
-                Some(rows) => format!("rows {rows:?} × {:?}", &layout.slice_shape()[1..]),
-                None => format!("{:?}", layout.slice_shape()),
-            };
-            let _ = writeln!(
-                out,
-                "  {:<20} {:?} as {} over {} (slice {slice}, {} copies)",
-                p.name,
-                layout.shape(),
-                layout.layout().describe_map(),
-                layout.mesh(),
-                layout.replica_count()
-            );
-            match &p.hsdp {
-                Some(ShardDecision::Sharded(shard)) => {
-                    let what = match shard.level {
-                        OptimizerLevel::Level1 => {
-                            "optimizer state and update in pieces, weights gathered after the update"
-                        }
-                        OptimizerLevel::Level2 => {
-                            "gradient, optimizer state and update in pieces, weights gathered after the update"
-                        }
-                        OptimizerLevel::Level3 => {
-                            "weight, gradient, optimizer state and update in pieces, weight gathered before use"
-                        }
-                    };
-                    let _ = writeln!(
-                        out,
-                        "  {:<20} hsdp {}: optimizer shard {} (slice {:?}), dim 0 over groups of {} ranks (step {}): {what}",
-                        "",
-                        shard.level.name(),
-                        shard.layout.layout().describe_map(),
-                        shard.layout.slice_shape(),
-                        shard.size,
-                        shard.step
-                    );
-                }
-                Some(ShardDecision::Unsharded(why)) => {
-                    let _ = writeln!(out, "  {:<20} hsdp: not sharded: {why}", "");
-                }
-                None => {}
-            }
-        }
-        let _ = writeln!(out, "\nsteps:");
-        for step in &self.steps {
-            match step {
-                Step::Kernel(k) => {
-                    let node = &graph.nodes()[k.node.0];
-                    let place = &self.placed.nodes[k.node.0];
-                    let _ = writeln!(
-                        out,
-                        "  {}",
-                        describe_node(node.name.as_str(), &node.op, place)
-                    );
-                }
-                Step::Reshard(r) => {
-                    let plan = &r.plan;
-                    let what = describe_plan_with(plan, deterministic.is_some());
-                    let _ = writeln!(
-                        out,
-                        "    -> reshard {}: {} ({} B/step): {}",
-                        graph.values()[r.value.0].name,
-                        what,
-                        plan.bytes_total(),
-                        r.reason
-                    );
-                }
-            }
-        }
-        if !self.weight_gathers.is_empty() {
-            let _ = writeln!(out, "\nafter the optimizer update:");
-            for g in &self.weight_gathers {
-                let _ = writeln!(
-                    out,
-                    "    -> gather {}: {} ({} B/step): hsdp: the updated pieces become the whole weight",
-                    self.params[g.param].name,
-                    describe_plan(&g.plan),
-                    g.plan.bytes_total()
-                );
-            }
-        }
-        out
-    }
-}
-
-fn describe_node(name: &str, op: &Op, place: &NodePlacement) -> String {
-    let source = match &place.source {
-        StrategySource::User => "user".to_string(),
-        StrategySource::Default => "default".to_string(),
-        StrategySource::Backward(f) => format!("backward of node {}", f.0),
-        StrategySource::Gradient => "gradient".to_string(),
-    };
-    let strategy = place
-        .strategy
-        .as_ref()
-        .map(|s| format!(" strategy {}", format_strategy(s)))
-        .unwrap_or_default();
-    let outputs: Vec<String> = place
-        .outputs
-        .iter()
-        .map(|o| {
-            let mut s = o.layout().layout().describe_map();
-            if o.is_partial() {
-                let axes: Vec<&str> = o
-                    .partial_axes()
-                    .iter()
-                    .map(|&a| o.layout().mesh().axis_name(a))
-                    .collect();
-                s.push_str(&format!(
-                    " pending {} over {}",
-                    o.pending_op().name(),
-                    axes.join("+")
-                ));
-            }
-            s
-        })
-        .collect();
-    format!(
-        "{name} ({}){strategy} [{source}] on {}: -> {}",
-        op.kind(),
-        place.mesh(),
-        outputs.join(", ")
-    )
-}
-
-/// The collective resolving a pending value: `all-reduce`, `reduce-scatter along dim 1`; sums are
-/// the common case and go unnamed, other reductions say which they are (`all-reduce (max)`).
-pub(crate) fn describe_reduce(step: &reshard::ReduceStep) -> String {
-    let op = match step.op {
-        reshard::PendingOp::Sum => String::new(),
-        other => format!(" ({})", other.name()),
-    };
-    match step.kind {
-        reshard::ReduceKind::AllReduce => format!("all-reduce{op}"),
-        reshard::ReduceKind::ReduceScatter { dim } => {
-            format!("reduce-scatter{op} along dim {dim}")
-        }
-    }
-}
-
-/// A short description of what a plan does: its collectives.
-pub fn describe_plan(plan: &ReshardPlan) -> String {
-    describe_plan_with(plan, false)
-}
-
-/// [`describe_plan`]; with `deterministic`, a pending sum is marked as the deterministic
-/// collective it runs as.
-pub fn describe_plan_with(plan: &ReshardPlan, deterministic: bool) -> String {
-    let mut parts = Vec::new();
-    if let Some(step) = plan.reduce() {
-        let n = step.slot_groups.first().map_or(0, Vec::len);
-        let marker = if deterministic && step.op == reshard::PendingOp::Sum {
-            "deterministic "
-        } else {
-            ""
-        };
-        parts.push(format!(
-            "{marker}{} over groups of {n}",
-            describe_reduce(step)
-        ));
-    }
-    let exchanges = reshard::lower_kinds(plan);
-    let mut kinds: Vec<String> = exchanges
-        .iter()
-        .map(|e| format!("{} over {} ranks", e.kind, e.ranks.len()))
-        .collect();
-    kinds.dedup();
-    parts.extend(kinds);
-    if plan.bytes_local() > 0 && parts.is_empty() {
-        parts.push("local slice".to_string());
-    }
-    if parts.is_empty() {
-        parts.push("nothing to move".to_string());
-    }
-    parts.join(", then ")
 }

@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use crate::lower::{describe_reduce, Program, Step};
+use crate::explain::describe_reduce;
+use crate::lower::{Program, Step};
 
 /// What one rank does in one step of a [`Program`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -70,7 +70,7 @@ pub struct EpochInfo {
 
 /// What the end of training reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TrainEndInfo {
+pub struct TrainEndInfo<'a> {
     /// The rank reporting.
     pub rank: usize,
     /// Epochs run (the last one possibly cut short by `max_steps`).
@@ -79,6 +79,9 @@ pub struct TrainEndInfo {
     pub global_step: u64,
     /// The last step's loss, if a step ran.
     pub last_loss: Option<f32>,
+    /// Every rank's memory peaks, by rank (empty for pipelined runs, whose micro-batch
+    /// buffers the accounting does not follow).
+    pub memory: &'a [parallel::memory::MemoryReport],
 }
 
 /// Something the training loop calls as training progresses. Every method defaults to doing
@@ -95,7 +98,7 @@ pub trait Callback: Send {
     }
 
     /// Once, when training ends.
-    fn on_train_end(&mut self, _end: &TrainEndInfo) -> Result<(), RuntimeError> {
+    fn on_train_end(&mut self, _end: &TrainEndInfo<'_>) -> Result<(), RuntimeError> {
         Ok(())
     }
 }
@@ -141,7 +144,7 @@ impl Callback for CallbackList {
             .try_for_each(|c| c.on_epoch_end(epoch))
     }
 
-    fn on_train_end(&mut self, end: &TrainEndInfo) -> Result<(), RuntimeError> {
+    fn on_train_end(&mut self, end: &TrainEndInfo<'_>) -> Result<(), RuntimeError> {
         self.callbacks
             .iter_mut()
             .try_for_each(|c| c.on_train_end(end))
@@ -278,6 +281,14 @@ impl Callback for MetricsLog {
             None => json!({"epoch": epoch.epoch, "eval_accuracy": epoch.eval_accuracy}),
         };
         self.write_line(line)
+    }
+
+    /// One `{"memory": {"rank": r, …}}` line per rank: its peaks by category.
+    fn on_train_end(&mut self, end: &TrainEndInfo<'_>) -> Result<(), RuntimeError> {
+        for (rank, report) in end.memory.iter().enumerate() {
+            self.write_line(json!({ "memory": crate::memory::memory_json(rank, report) }))?;
+        }
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Instant;
 use comm::{Communicator, Tag};
 use graph::{eval_op, EvalCtx, InputBlock, Placement};
 use layout::{SliceBox, TensorLayout};
+use parallel::memory::{lifetimes, BufferLifetimes, MemoryCategory, MemoryMeter};
 use parallel::{Program, Step};
 use reshard::ReshardRunner;
 use tensor::Tensor;
@@ -40,6 +41,10 @@ pub struct RankExecutor {
     pieces: Vec<OptimizerPiece>,
     /// For each of the program's weight gathers, a buffer for this rank's updated piece.
     gather_sources: Vec<Tensor>,
+    /// When each buffer is allocated and freed.
+    lifetimes: BufferLifetimes,
+    /// The bytes held, by category.
+    meter: MemoryMeter,
 }
 
 /// The part of a parameter one rank's optimizer updates: with `hsdp`, its box of the
@@ -139,14 +144,22 @@ impl RankExecutor {
                 got: format!("{} ranks", world.size()),
             });
         }
-        // A buffer of another pipeline stage's ranks holds nothing here.
+        // Buffers that live across steps now; a step's own when a step first writes them. A
+        // buffer of another pipeline stage's ranks holds nothing here.
+        let lifetimes = lifetimes(&program);
+        let mut meter = MemoryMeter::default();
         let buffers = program
             .buffers
             .iter()
-            .map(|b| {
+            .enumerate()
+            .map(|(i, b)| {
                 let held = b.layout.layout().mesh().slot_of_rank(rank).is_some();
                 let shape = if held { b.local_shape(rank) } else { vec![0] };
-                Some(Tensor::zeros(b.dtype, &shape))
+                lifetimes.persistent[i].then(|| {
+                    let t = Tensor::zeros(b.dtype, &shape);
+                    meter.hold(lifetimes.category[i], t.as_bytes().len());
+                    t
+                })
             })
             .collect();
         let mut offsets = Vec::with_capacity(program.steps.len());
@@ -190,7 +203,9 @@ impl RankExecutor {
             .iter()
             .map(|g| {
                 let dtype = program.buffers[program.params[g.param].buffer].dtype;
-                Tensor::zeros(dtype, &pieces[g.param].shape)
+                let t = Tensor::zeros(dtype, &pieces[g.param].shape);
+                meter.hold(MemoryCategory::Communication, t.as_bytes().len());
+                t
             })
             .collect();
         Ok(RankExecutor {
@@ -205,7 +220,38 @@ impl RankExecutor {
             step: 0,
             deterministic: None,
             profile: None,
+            lifetimes,
+            meter,
         })
+    }
+
+    /// The bytes this rank holds, by category, and their peaks so far. The training loop adds
+    /// what it keeps beside the program's buffers (optimizer state, accumulation buffers).
+    pub fn memory(&mut self) -> &mut MemoryMeter {
+        &mut self.meter
+    }
+
+    /// Buffer `b` to be written: the one held, or a fresh one, counted.
+    fn take_for_writing(&mut self, b: usize) -> Tensor {
+        match self.buffers[b].take() {
+            Some(t) => t,
+            None => {
+                let t = self.fresh_buffer(b);
+                self.meter
+                    .hold(self.lifetimes.category[b], t.as_bytes().len());
+                t
+            }
+        }
+    }
+
+    /// Frees the buffers whose last use is step `i`.
+    fn release_after(&mut self, i: usize) {
+        for &b in &self.lifetimes.release_after[i] {
+            if let Some(t) = self.buffers[b].take() {
+                self.meter
+                    .release(self.lifetimes.category[b], t.as_bytes().len());
+            }
+        }
     }
 
     /// This rank.
@@ -397,7 +443,7 @@ impl RankExecutor {
         self.profile.as_ref()
     }
 
-    /// Runs every step of the program once.
+    /// Runs every step of the program once, each buffer freed after its last use.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
         let program = self.program.clone();
         if let Some(p) = self.profile.as_mut() {
@@ -405,6 +451,7 @@ impl RankExecutor {
         }
         for i in 0..program.steps.len() {
             self.run_step(&program, i, None)?;
+            self.release_after(i);
         }
         self.finish_gradients();
         Ok(())
@@ -413,7 +460,8 @@ impl RankExecutor {
     /// Runs the steps `steps` (indices into the program's steps, in order); a reshard given a
     /// tag moves its data as point-to-point messages with that tag
     /// ([`ReshardRunner::run_into_messages`]), so that the other side may run it later. The
-    /// pieces of a pipelined training step.
+    /// pieces of a pipelined training step. Buffers written stay allocated (the pipeline keeps
+    /// each micro-batch's).
     pub fn run_steps(&mut self, steps: &[(usize, Option<Tag>)]) -> Result<(), RuntimeError> {
         let program = self.program.clone();
         for &(i, tag) in steps {
@@ -485,7 +533,7 @@ impl RankExecutor {
                 let mut outs: Vec<Tensor> = k
                     .outputs
                     .iter()
-                    .map(|&b| self.buffers[b].take().expect("output buffer present"))
+                    .map(|&b| self.take_for_writing(b))
                     .collect();
                 let result = {
                     let ins: Vec<&Tensor> = k.inputs.iter().map(|&b| self.buffer(b)).collect();
@@ -513,7 +561,7 @@ impl RankExecutor {
                 let gives = self.holds(r.plan.src().layout());
                 let takes = self.holds(r.plan.dst());
                 let mut out: Vec<Tensor> = if takes {
-                    vec![self.buffers[r.to].take().expect("reshard target present")]
+                    vec![self.take_for_writing(r.to)]
                 } else {
                     Vec::new()
                 };

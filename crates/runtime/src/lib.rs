@@ -32,6 +32,7 @@
 //! The runtime executes what `parallel` planned; it makes no sharding decision of its own.
 #![deny(missing_docs)]
 
+mod accumulate;
 mod callbacks;
 mod config;
 mod data;
@@ -40,6 +41,7 @@ mod executor;
 mod generate;
 mod launch;
 mod lm;
+mod memory;
 mod optimizer;
 mod pipeline;
 mod preflight;
@@ -65,6 +67,7 @@ pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MOD
 pub use crate::launch::train_mpi;
 pub use crate::launch::{run_rank, train_local, LaunchOptions, TrainReport};
 pub use crate::lm::TextData;
+pub use crate::memory::{memory_json, memory_lines};
 pub use crate::optimizer::{
     applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
     ParamSpec,

@@ -9,9 +9,11 @@ use ckpt::{OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, Strat
 use comm::Communicator;
 use graph::models::{seed_mlp, Model};
 use layout::{SliceBox, TensorLayout};
+use parallel::memory::{MemoryCategory, MemoryReport, TrainingState};
 use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
 use tensor::Tensor;
 
+use crate::accumulate::Accumulation;
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
 use crate::config::{ModelName, TrainConfig};
 use crate::data::{BatchPlan, IdxDataset};
@@ -101,6 +103,9 @@ pub struct RankOutcome {
     pub pipeline: Vec<StepTrace>,
     /// The bytes this rank holds for its trainable parameters at the end.
     pub memory: ParamMemory,
+    /// Every rank's peak bytes over the run, by category and by rank (see
+    /// [`parallel::memory`]); empty for pipelined runs.
+    pub memory_by_rank: Vec<MemoryReport>,
 }
 
 /// The bytes one rank holds for its trainable parameters, by category: what ZeRO's formulas
@@ -656,21 +661,26 @@ impl Session {
             })
             .collect();
         let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
-        // With `train.grad_accumulation_steps` > 1, the mean gradient of a step's micro-batches,
-        // one buffer per trainable parameter shard. It is zeroed at every step's start and
-        // spent by the step's update, so nothing in it outlives a step and checkpoints (taken
-        // between steps) need none of it.
-        // Laid out like the gradient buffers (under hsdp level 2 and 3, the pieces).
-        let mut accumulated: Option<Vec<Tensor>> = (self.micro_steps() > 1).then(|| {
-            trainable
-                .iter()
-                .zip(&specs)
-                .map(|(&i, spec)| {
-                    let shape = exec.grad(i).map_or(&spec.shape[..], Tensor::shape);
-                    Tensor::zeros(spec.dtype, shape)
-                })
-                .collect()
-        });
+        // With `train.grad_accumulation_steps` > 1, the mean gradient of a step's micro-batches.
+        let accumulation_sharded = self
+            .config
+            .parallel_config()
+            .hsdp
+            .is_some_and(|h| h.gradient_accumulation_shard);
+        let mut accumulated = (self.micro_steps() > 1)
+            .then(|| Accumulation::new(&exec, &trainable, accumulation_sharded));
+        let optimizer_bytes: usize = (0..trainable.len())
+            .map(|k| optimizer.state(k))
+            .collect::<Result<Vec<_>, _>>()?
+            .iter()
+            .flatten()
+            .map(|(_, t)| t.as_bytes().len())
+            .sum();
+        exec.memory()
+            .hold(MemoryCategory::Optimizer, optimizer_bytes);
+        if let Some(acc) = &accumulated {
+            exec.memory().hold(MemoryCategory::Gradients, acc.bytes());
+        }
         let pipelined = self.pipeline_runner(rank)?;
         let mut global_step = 0u64;
         if let Some(from) = &self.config.output().resume_from {
@@ -719,7 +729,7 @@ impl Session {
                         )?,
                     };
                     optimizer.begin_step();
-                    update_parameters(&mut exec, &mut optimizer, &trainable, Some(accumulated))?;
+                    update_parameters(&mut exec, &mut optimizer, &trainable, Some(&*accumulated))?;
                     loss
                 } else {
                     self.feed_step(&mut exec, &plan, epoch, index, 0)?;
@@ -743,7 +753,7 @@ impl Session {
                             param: exec.param(i),
                             // With accumulation, the gradient the update applied: the mean.
                             grad: match (&accumulated, trainable.iter().position(|&t| t == i)) {
-                                (Some(accumulated), Some(k)) => Some(&accumulated[k]),
+                                (Some(accumulated), Some(k)) => Some(accumulated.buffer(k)),
                                 _ => exec.grad(i),
                             },
                         })
@@ -782,12 +792,18 @@ impl Session {
                 break;
             }
         }
+        let memory = match pipelined {
+            Some(_) => Vec::new(),
+            None => crate::memory::gather_reports(world.as_ref(), &exec.memory().report())?,
+        };
         callbacks.on_train_end(&TrainEndInfo {
             rank,
             epochs: epochs_run,
             global_step,
             last_loss: outcome.losses.last().copied(),
+            memory: &memory,
         })?;
+        outcome.memory_by_rank = memory;
         if self.checkpoint_dir().is_some() {
             let saved = SavedState {
                 exec: &exec,
@@ -828,7 +844,7 @@ impl Session {
         &self,
         exec: &mut RankExecutor,
         runner: &PipelineRunner,
-        accumulated: &mut [Tensor],
+        accumulated: &mut Accumulation,
         trainable: &[usize],
         at: (&EpochPlan, usize, u64),
         global_step: u64,
@@ -844,15 +860,26 @@ impl Session {
                     .wrapping_add(mb as u64)
             },
         )?;
-        for (acc, &i) in accumulated.iter_mut().zip(trainable) {
-            let grad = exec.grad(i).ok_or_else(|| RuntimeError::Mismatch {
-                what: format!("the gradient of {}", self.train.params[i].name),
-                expected: "a gradient buffer (a trainable parameter)".to_string(),
-                got: "none".to_string(),
-            })?;
-            acc.as_bytes_mut().copy_from_slice(grad.as_bytes());
-        }
+        accumulated.copy(exec, trainable)?;
         Ok((exec.output(0).to_f64_vec()[0] as f32, trace))
+    }
+
+    /// The memory `rank` will hold training this session (see [`parallel::memory`]), or
+    /// `None` for pipelined steps, whose in-flight micro-batches it does not predict.
+    pub fn predict_memory(&self, rank: usize) -> Option<MemoryReport> {
+        if self.is_pipelined() {
+            return None;
+        }
+        let accumulation_sharded = self
+            .config
+            .parallel_config()
+            .hsdp
+            .is_some_and(|h| h.gradient_accumulation_shard);
+        let state = TrainingState {
+            optimizer_tensors: self.config.optimizer_config().kind.state_names().len(),
+            accumulation_sharded: (self.micro_steps() > 1).then_some(accumulation_sharded),
+        };
+        Some(parallel::memory::predict(&self.train, rank, state))
     }
 
     /// Whether the steps are pipelined: more than one stage and more than one micro-batch.
@@ -896,7 +923,7 @@ impl Session {
     fn accumulate_step(
         &self,
         exec: &mut RankExecutor,
-        accumulated: &mut [Tensor],
+        accumulated: &mut Accumulation,
         trainable: &[usize],
         at: (&EpochPlan, usize, u64),
         global_step: u64,
@@ -904,9 +931,7 @@ impl Session {
         let (plan, epoch, index) = at;
         let micro_steps = self.micro_steps();
         let share = 1.0 / micro_steps as f64;
-        for acc in accumulated.iter_mut() {
-            acc.as_bytes_mut().fill(0);
-        }
+        accumulated.zero();
         let mut loss_sum = 0.0f64;
         for micro in 0..micro_steps {
             self.feed_step(exec, plan, epoch, index, micro)?;
@@ -917,14 +942,7 @@ impl Session {
             );
             exec.run()?;
             loss_sum += exec.output(0).to_f64_vec()[0];
-            for (acc, &i) in accumulated.iter_mut().zip(trainable) {
-                let grad = exec.grad(i).ok_or_else(|| RuntimeError::Mismatch {
-                    what: format!("the gradient of {}", self.train.params[i].name),
-                    expected: "a gradient buffer (a trainable parameter)".to_string(),
-                    got: "none".to_string(),
-                })?;
-                tensor::kernels::accumulate_scaled(acc, share, grad)?;
-            }
+            accumulated.add(exec, trainable, share)?;
         }
         Ok((loss_sum / micro_steps as f64) as f32)
     }
@@ -1171,7 +1189,7 @@ fn update_parameters(
     exec: &mut RankExecutor,
     optimizer: &mut Optimizer,
     trainable: &[usize],
-    accumulated: Option<&[Tensor]>,
+    accumulated: Option<&Accumulation>,
 ) -> Result<(), RuntimeError> {
     for (k, &i) in trainable.iter().enumerate() {
         let piece = exec.optimizer_piece(i).clone();
@@ -1180,8 +1198,8 @@ fn update_parameters(
                 k,
                 exec.param_mut(i),
                 piece.param_offset,
-                &accumulated[k],
-                piece.grad_offset,
+                accumulated.buffer(k),
+                accumulated.piece_offset(k, piece.grad_offset),
             )?,
             None => {
                 if let Some((param, grad)) = exec.param_and_grad(i) {

@@ -80,7 +80,7 @@ pub fn step_phases(program: &Program, per_stage: usize) -> Vec<StepPhase> {
                 Some(stage) => StepPhase::Stage {
                     stage,
                     chunk: node_chunk(k.node.0),
-                    backward: graph.nodes()[k.node.0].role != NodeRole::Forward,
+                    backward: k.recompute || graph.nodes()[k.node.0].role != NodeRole::Forward,
                 },
                 None => StepPhase::Prologue,
             };

@@ -23,6 +23,7 @@
 //! config struct; [`layouts`] reads `[parallel.mesh]` and layout-valued strategy entries.
 
 mod layouts;
+mod memory;
 mod pipeline;
 mod sections;
 mod values;
@@ -500,12 +501,18 @@ mod tests {
             ("output", OUTPUT_KEYS),
         ];
         assert_eq!(sections.map(|(name, _)| name), SECTIONS);
-        for key in HSDP_KEYS {
-            let documented = format!("`parallel.hsdp.{key}`");
-            assert!(
-                doc.contains(&documented),
-                "docs/CONFIG.md lacks {documented}"
-            );
+        let subsections = [
+            ("hsdp", HSDP_KEYS),
+            ("recompute", super::memory::RECOMPUTE_KEYS),
+        ];
+        for (subsection, keys) in subsections {
+            for key in keys {
+                let documented = format!("`parallel.{subsection}.{key}`");
+                assert!(
+                    doc.contains(&documented),
+                    "docs/CONFIG.md lacks {documented}"
+                );
+            }
         }
         for (section, keys) in sections {
             for key in keys {

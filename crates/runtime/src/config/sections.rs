@@ -86,6 +86,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "deterministic_blocks",
     "hsdp",
     "pipeline",
+    "recompute",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -93,7 +94,12 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
 ];
 /// `[parallel.hsdp]`'s keys: MindSpore's `AutoParallel.hsdp(shard_size, threshold,
 /// optimizer_level)`.
-pub(super) const HSDP_KEYS: &[&str] = &["shard_size", "threshold", "optimizer_level"];
+pub(super) const HSDP_KEYS: &[&str] = &[
+    "shard_size",
+    "threshold",
+    "optimizer_level",
+    "gradient_accumulation_shard",
+];
 /// `[parallel]`'s MindFormers keys, read only for the GPT.
 const GPT_PARALLEL_KEYS: &[&str] = &[
     "data_parallel",
@@ -613,10 +619,16 @@ fn read_hsdp(key: &str, value: Value, devices: usize) -> Result<HsdpConfig, Runt
             )
         })
     })?;
+    let gradient_accumulation_shard = s.or(
+        "gradient_accumulation_shard",
+        defaults.gradient_accumulation_shard,
+        read_bool,
+    )?;
     Ok(HsdpConfig {
         shard_size,
         threshold_kb,
         level,
+        gradient_accumulation_shard,
     })
 }
 
@@ -654,6 +666,7 @@ fn read_parallel(
         Ok(n)
     })?;
     let hsdp = s.get("hsdp", |key, v| read_hsdp(key, v, devices))?;
+    let recompute = s.get("recompute", super::memory::read_recompute)?;
     if mode == ParallelMode::StandAlone && hsdp.is_some() {
         warnings.push(
             "[parallel.hsdp] has no effect in mode \"stand_alone\" (one device holds every \
@@ -714,6 +727,7 @@ fn read_parallel(
         deterministic: false,
         hsdp,
         pipeline,
+        recompute,
     };
     Ok((parallel, strategy_file))
 }

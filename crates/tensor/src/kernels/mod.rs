@@ -94,5 +94,6 @@ pub use self::unary::{
     unary_into, GeluForm, GradInput, UnaryOp,
 };
 pub use self::vector::{
-    accumulate_scaled, axpby, axpy, div_sqrt_axpy, fill, scale, scale_inplace, square_axpby,
+    accumulate_scaled, accumulate_scaled_from, axpby, axpy, div_sqrt_axpy, fill, scale,
+    scale_inplace, square_axpby,
 };

@@ -86,9 +86,33 @@ pub fn scale(x: &Tensor, alpha: f64) -> Result<Tensor, TensorError> {
 /// `acc += alpha·x` in place (gradient accumulation). Both tensors have one shape and dtype,
 /// f32 or f64.
 pub fn accumulate_scaled(acc: &mut Tensor, alpha: f64, x: &Tensor) -> Result<(), TensorError> {
+    check::same_shape("accumulate_scaled", acc, x)?;
+    accumulate_scaled_from(acc, alpha, x, 0)
+}
+
+/// `acc += alpha·x[offset .. offset + acc.len()]` in place, over the row-major elements: the
+/// accumulation of one run of rows of a gradient (a sharded accumulation buffer). One dtype,
+/// f32 or f64; the run must lie inside `x`.
+pub fn accumulate_scaled_from(
+    acc: &mut Tensor,
+    alpha: f64,
+    x: &Tensor,
+    offset: usize,
+) -> Result<(), TensorError> {
     const OP: &str = "accumulate_scaled";
     check::same_dtype(OP, acc, x)?;
-    check::same_shape(OP, acc, x)?;
+    let len = acc.n_elements();
+    if offset
+        .checked_add(len)
+        .is_none_or(|end| end > x.n_elements())
+    {
+        return Err(TensorError::ElementCount {
+            op: OP,
+            shape: x.shape().to_vec(),
+            expected: offset.saturating_add(len),
+            got: x.n_elements(),
+        });
+    }
     with_float!(OP, x.dtype(), |T| {
         let xs = T::read(OP, x)?;
         let ys = acc
@@ -98,6 +122,6 @@ pub fn accumulate_scaled(acc: &mut Tensor, alpha: f64, x: &Tensor) -> Result<(),
                 expected: T::DTYPE,
                 got: x.dtype(),
             })?;
-        axpy(T::from_f64(alpha), &xs, ys)
+        axpy(T::from_f64(alpha), &xs[offset..offset + len], ys)
     })
 }

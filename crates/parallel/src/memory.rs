@@ -1,0 +1,271 @@
+//! Memory of a program on one rank: when each buffer lives, and the bytes held by category.
+//!
+//! The runtime allocates a step's buffers as the steps write them and frees each after its
+//! last reader ([`BufferLifetimes`]), so what a rank holds rises and falls over a step. The
+//! categories are those of ZeRO's accounting plus the step's working memory:
+//! - **parameters**: the parameters' own buffers (under `hsdp` level 3, the pieces);
+//! - **gradients**: the gradients the optimizer reads, after their data-parallel sum, and the
+//!   accumulation buffers of gradient accumulation;
+//! - **optimizer**: the optimizer's state;
+//! - **activations**: every value a kernel writes (forward activations, the backward pass's
+//!   values, gradients before their sum) and the fed inputs;
+//! - **communication**: the destinations of reshards (a gathered weight, an all-reduced
+//!   activation) and the pieces `hsdp` gathers after the update. The messages of a reshard in
+//!   flight are not counted.
+//!
+//! [`predict`] walks the program as the runtime runs it, before anything runs, so
+//! `tessera train --explain` can say what a run will need.
+
+use crate::lower::{Program, Step};
+
+/// What a buffer holds, for memory accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryCategory {
+    /// A parameter's own buffer.
+    Parameters,
+    /// A gradient the optimizer reads, or its accumulation buffer.
+    Gradients,
+    /// Optimizer state.
+    Optimizer,
+    /// A value a kernel writes, or a fed input.
+    Activations,
+    /// A reshard's destination.
+    Communication,
+}
+
+/// Bytes by [`MemoryCategory`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryBytes {
+    /// [`MemoryCategory::Parameters`].
+    pub parameters: usize,
+    /// [`MemoryCategory::Gradients`].
+    pub gradients: usize,
+    /// [`MemoryCategory::Optimizer`].
+    pub optimizer: usize,
+    /// [`MemoryCategory::Activations`].
+    pub activations: usize,
+    /// [`MemoryCategory::Communication`].
+    pub communication: usize,
+}
+
+impl MemoryBytes {
+    fn slot(&mut self, category: MemoryCategory) -> &mut usize {
+        match category {
+            MemoryCategory::Parameters => &mut self.parameters,
+            MemoryCategory::Gradients => &mut self.gradients,
+            MemoryCategory::Optimizer => &mut self.optimizer,
+            MemoryCategory::Activations => &mut self.activations,
+            MemoryCategory::Communication => &mut self.communication,
+        }
+    }
+
+    /// The sum over the categories.
+    pub fn total(&self) -> usize {
+        self.parameters + self.gradients + self.optimizer + self.activations + self.communication
+    }
+}
+
+/// A rank's memory over a run: each category's peak, and the peak of their sum (which may be
+/// below the sum of the peaks: categories peak at different times).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Each category's peak.
+    pub peaks: MemoryBytes,
+    /// The peak of the total.
+    pub peak: usize,
+}
+
+/// Bytes held, as buffers come and go: what the runtime measures and [`predict`] simulates.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryMeter {
+    current: MemoryBytes,
+    report: MemoryReport,
+}
+
+impl MemoryMeter {
+    /// `bytes` more held in `category`.
+    pub fn hold(&mut self, category: MemoryCategory, bytes: usize) {
+        let now = self.current.slot(category);
+        *now += bytes;
+        let now = *now;
+        let peak = self.report.peaks.slot(category);
+        *peak = (*peak).max(now);
+        self.report.peak = self.report.peak.max(self.current.total());
+    }
+
+    /// `bytes` of `category` released.
+    pub fn release(&mut self, category: MemoryCategory, bytes: usize) {
+        let now = self.current.slot(category);
+        *now = now.saturating_sub(bytes);
+    }
+
+    /// What is held now.
+    pub fn current(&self) -> MemoryBytes {
+        self.current
+    }
+
+    /// The peaks so far.
+    pub fn report(&self) -> MemoryReport {
+        self.report
+    }
+}
+
+/// When each buffer of a program lives during a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferLifetimes {
+    /// By buffer: lives across steps — parameters, gradients, inputs, outputs.
+    pub persistent: Vec<bool>,
+    /// By step: the other buffers it is the last to read or write (freed after it).
+    pub release_after: Vec<Vec<usize>>,
+    /// By buffer: what it holds.
+    pub category: Vec<MemoryCategory>,
+}
+
+/// The lifetimes of `program`'s buffers: a buffer that is not persistent is allocated by the
+/// first step writing it and freed after the last step using it.
+pub fn lifetimes(program: &Program) -> BufferLifetimes {
+    let n = program.buffers.len();
+    let mut category = vec![MemoryCategory::Activations; n];
+    let mut persistent = vec![false; n];
+    let mut last_use: Vec<Option<usize>> = vec![None; n];
+    for (i, step) in program.steps.iter().enumerate() {
+        match step {
+            Step::Kernel(k) => {
+                for &b in k.inputs.iter().chain(&k.outputs) {
+                    last_use[b] = Some(i);
+                }
+            }
+            Step::Reshard(r) => {
+                category[r.to] = MemoryCategory::Communication;
+                last_use[r.from] = Some(i);
+                last_use[r.to] = Some(i);
+            }
+        }
+    }
+    for input in &program.inputs {
+        persistent[input.buffer] = true;
+    }
+    for output in &program.outputs {
+        persistent[output.buffer] = true;
+    }
+    for p in &program.params {
+        persistent[p.buffer] = true;
+        category[p.buffer] = MemoryCategory::Parameters;
+        if let Some(g) = p.grad_buffer {
+            persistent[g] = true;
+            category[g] = MemoryCategory::Gradients;
+        }
+    }
+    let mut release_after = vec![Vec::new(); program.steps.len()];
+    for (b, last) in last_use.iter().enumerate() {
+        if let (Some(i), false) = (*last, persistent[b]) {
+            release_after[i].push(b);
+        }
+    }
+    BufferLifetimes {
+        persistent,
+        release_after,
+        category,
+    }
+}
+
+/// What a training run keeps besides the program's buffers, per trainable parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrainingState {
+    /// Optimizer state tensors per parameter, each shaped like its optimizer piece (SGD 0,
+    /// momentum 1, Adam 2).
+    pub optimizer_tensors: usize,
+    /// Gradient accumulation's buffer per parameter: `None` without accumulation;
+    /// `Some(true)` for one shaped like the optimizer piece
+    /// (`gradient_accumulation_shard`), `Some(false)` for one shaped like the gradient.
+    pub accumulation_sharded: Option<bool>,
+}
+
+/// The bytes of `len` elements of buffer `b`'s type.
+fn bytes_of(program: &Program, b: usize, shape: &[usize]) -> usize {
+    shape.iter().product::<usize>() * program.buffers[b].dtype.size_in_bytes()
+}
+
+/// The bytes buffer `b` takes on `rank` (nothing on a rank of another pipeline stage).
+pub fn buffer_bytes(program: &Program, b: usize, rank: usize) -> usize {
+    let spec = &program.buffers[b];
+    if spec.layout.layout().mesh().slot_of_rank(rank).is_none() {
+        return 0;
+    }
+    bytes_of(program, b, &spec.local_shape(rank))
+}
+
+/// Elements of the piece of parameter `p` that `rank`'s optimizer updates: its box of the
+/// `hsdp` shard layout, or its whole slice.
+fn piece_elements(program: &Program, p: usize, rank: usize) -> usize {
+    let param = &program.params[p];
+    let layout = param
+        .optimizer_shard()
+        .map_or(&param.layout, |shard| &shard.layout);
+    layout
+        .mesh()
+        .slot_of_rank(rank)
+        .map_or(0, |slot| layout.slot_box(slot).shape.iter().product())
+}
+
+/// The memory `rank` will hold running `program` (a non-pipelined step, buffers freed after
+/// their last use) with `state` beside it.
+pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryReport {
+    let lifetimes = lifetimes(program);
+    let mut meter = MemoryMeter::default();
+    for (b, &persistent) in lifetimes.persistent.iter().enumerate() {
+        if persistent {
+            meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
+        }
+    }
+    for (i, p) in program.params.iter().enumerate() {
+        let held = p.layout.mesh().slot_of_rank(rank).is_some();
+        let Some(grad) = p.grad_buffer.filter(|_| p.trainable && held) else {
+            continue;
+        };
+        let width = program.buffers[p.buffer].dtype.size_in_bytes();
+        let piece = piece_elements(program, i, rank) * width;
+        meter.hold(MemoryCategory::Optimizer, state.optimizer_tensors * piece);
+        match state.accumulation_sharded {
+            Some(true) => meter.hold(MemoryCategory::Gradients, piece),
+            Some(false) => meter.hold(MemoryCategory::Gradients, buffer_bytes(program, grad, rank)),
+            None => {}
+        }
+    }
+    for g in &program.weight_gathers {
+        let width = program.buffers[program.params[g.param].buffer]
+            .dtype
+            .size_in_bytes();
+        let held = program.params[g.param]
+            .layout
+            .mesh()
+            .slot_of_rank(rank)
+            .is_some();
+        let bytes = if held {
+            piece_elements(program, g.param, rank) * width
+        } else {
+            0
+        };
+        meter.hold(MemoryCategory::Communication, bytes);
+    }
+    let mut allocated = lifetimes.persistent.clone();
+    for (i, step) in program.steps.iter().enumerate() {
+        let written: &[usize] = match step {
+            Step::Kernel(k) => &k.outputs,
+            Step::Reshard(r) => std::slice::from_ref(&r.to),
+        };
+        for &b in written {
+            if !allocated[b] {
+                allocated[b] = true;
+                meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
+            }
+        }
+        for &b in &lifetimes.release_after[i] {
+            if allocated[b] {
+                allocated[b] = false;
+                meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
+            }
+        }
+    }
+    meter.report()
+}
