@@ -281,6 +281,7 @@ fn a_callback_list_calls_in_order_and_stops_at_the_first_error() {
         epochs: 1,
         global_step: 1,
         last_loss: Some(1.0),
+        memory: &[],
     };
     list.on_train_end(&end).unwrap();
     assert_eq!(

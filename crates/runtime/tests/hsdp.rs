@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use runtime::{LaunchOptions, ParamMemory, Session, TrainConfig, TrainReport};
+use runtime::{ParamMemory, Session, TrainConfig};
 
-use crate::run_util::{self, kjv, merged_params, Run};
+use crate::run_util::{self, kjv, train_report as train};
 
 /// The small GPT of `tests/gpt.rs` (2 blocks, 8 heads, width 32, 16 tokens, batch 8, byte
 /// vocabulary: the tied embedding table is 256 × 32 f32 = 32 KB, every other parameter at most
@@ -38,32 +38,6 @@ fn parallel(devices: usize, gpt: &str, hsdp: Option<&str>) -> String {
         text.push_str(&format!("[parallel.hsdp]\n{hsdp}\n"));
     }
     text
-}
-
-/// Trains `config`: the session, the report, and the merged parameters by name.
-fn train(config: &TrainConfig) -> (Session, TrainReport, Run) {
-    let session = Session::new(config).expect("the session builds");
-    let options = LaunchOptions {
-        print_loss: false,
-        ..LaunchOptions::default()
-    };
-    let report = runtime::train_local(&session, &options).expect("training runs");
-    for r in &report.ranks {
-        assert_eq!(
-            r.losses,
-            report.losses(),
-            "every rank reports the same losses"
-        );
-    }
-    let names: Vec<String> = session
-        .train
-        .params
-        .iter()
-        .map(|p| p.name.clone())
-        .collect();
-    let params = merged_params(&config.output().dir, &names);
-    let losses = report.losses().to_vec();
-    (session, report, (losses, params))
 }
 
 const STEPS: usize = 20;

@@ -9,6 +9,7 @@ mod grad_accumulation;
 mod hsdp;
 mod idx_data;
 mod layout_config;
+mod memory;
 mod op_sharding;
 mod optimizer;
 mod reproducibility;

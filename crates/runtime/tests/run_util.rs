@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ckpt::{CheckpointFile, MergeOptions};
-use runtime::{LaunchOptions, Session, TrainConfig};
+use runtime::{LaunchOptions, Session, TrainConfig, TrainReport};
 
 /// A run's loss at every step, and its merged parameters by name.
 pub type Run = (Vec<f32>, Vec<(String, Vec<f32>)>);
@@ -149,4 +149,30 @@ dir = "{out}"
         out = out.display(),
     );
     TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+}
+
+/// Trains `config`: the session, the report, and the merged parameters by name.
+pub fn train_report(config: &TrainConfig) -> (Session, TrainReport, Run) {
+    let session = Session::new(config).expect("the session builds");
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(&session, &options).expect("training runs");
+    for r in &report.ranks {
+        assert_eq!(
+            r.losses,
+            report.losses(),
+            "every rank reports the same losses"
+        );
+    }
+    let names: Vec<String> = session
+        .train
+        .params
+        .iter()
+        .map(|p| p.name.clone())
+        .collect();
+    let params = merged_params(&config.output().dir, &names);
+    let losses = report.losses().to_vec();
+    (session, report, (losses, params))
 }
