@@ -250,6 +250,15 @@ fn explain_json(session: &Session, rank: usize) -> serde_json::Value {
         "reshards": reshards,
         "bytes_per_step": program.bytes_per_step(),
         "memory": session.predict_memory(rank).map(|m| runtime::memory_json(rank, &m)),
+        "comm_plans": {
+            "distinct": program.plan_reuse.distinct,
+            "total": program.plan_reuse.total,
+        },
+        "buckets": program.buckets.iter().map(|b| serde_json::json!({
+            "kind": if b.scatter { "reducescatter" } else { "allreduce" },
+            "bytes": b.bytes,
+            "params": b.params.iter().map(|&p| program.params[p].name.as_str()).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -255,6 +255,11 @@ pub struct ParallelConfig {
     pub pipeline: Option<crate::pipeline::PipelineConfig>,
     /// `[parallel.recompute]`, when on.
     pub recompute: Option<RecomputeConfig>,
+    /// `[parallel.comm_fusion]`, when given.
+    pub comm_fusion: Option<crate::fusion::CommFusionConfig>,
+    /// `parallel.comm_reuse`: identical communications (same plan) share one plan, at most
+    /// this many of them (`None`: all, MindSpore's `-1`; `Some(0)`: none).
+    pub comm_reuse: Option<usize>,
 }
 
 impl ParallelConfig {
@@ -273,6 +278,8 @@ impl ParallelConfig {
             hsdp: None,
             pipeline: None,
             recompute: None,
+            comm_fusion: None,
+            comm_reuse: None,
         }
     }
 

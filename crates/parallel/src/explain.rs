@@ -193,6 +193,41 @@ impl Program {
                 }
             }
         }
+        let reuse = &self.plan_reuse;
+        let _ = writeln!(
+            out,
+            "\ncommunication plans: {} distinct for {} communications (parallel.comm_reuse)",
+            reuse.distinct, reuse.total
+        );
+        if !self.buckets.is_empty() {
+            let _ = writeln!(
+                out,
+                "\ngradient buckets (parallel.comm_fusion), in the order they run:"
+            );
+            for (i, b) in self.buckets.iter().enumerate() {
+                let names: Vec<&str> = b
+                    .params
+                    .iter()
+                    .map(|&p| self.params[p].name.as_str())
+                    .collect();
+                let after = match &self.steps[b.ready_after] {
+                    Step::Kernel(k) => k.name.clone(),
+                    Step::Reshard(r) => format!("reshard of {}", graph.values()[r.value.0].name),
+                };
+                let _ = writeln!(
+                    out,
+                    "  bucket {i}: one {} of {} B ({} gradients) after {after}: {}",
+                    if b.scatter {
+                        "reduce-scatter"
+                    } else {
+                        "all-reduce"
+                    },
+                    b.bytes,
+                    b.params.len(),
+                    names.join(", ")
+                );
+            }
+        }
         if !self.weight_gathers.is_empty() {
             let _ = writeln!(out, "\nafter the optimizer update:");
             for g in &self.weight_gathers {

@@ -28,8 +28,9 @@
 //!   several contributions (a tied embedding table) sums them in the shard layout: each is
 //!   reduce-scattered, and the pieces are added.
 //! - **level3**: the parameter's own buffer has the shard layout. Every consumer needs the
-//!   strategy layout, so the lowering all-gathers the weight before its first use (the forward
-//!   and backward passes share the gathered copy); the gradient is reduce-scattered into the
+//!   strategy layout, so the lowering all-gathers the weight before its first forward use, and
+//!   again before its first backward use ([`crate::recompute`]'s backward copies), so no whole
+//!   weight lives from one pass to the other; the gradient is reduce-scattered into the
 //!   piece, as at level 2, and the optimizer updates the piece in place. No gather after the
 //!   update.
 //!

@@ -16,6 +16,11 @@
 //! - [`hsdp`]: optimizer parallelism (`[parallel.hsdp]`, ZeRO levels 1–3): which parameters
 //!   are cut along dim 0 over their replica group; the lowering then gathers, reduce-scatters
 //!   and lists the post-update weight gathers ([`WeightGather`]).
+//! - `recompute`: `[parallel.recompute]` — which forward values the backward pass computes
+//!   again, and the backward pass's own copies (recomputed values, level-3 weights gathered
+//!   again) the lowering makes.
+//! - [`fusion`]: `[parallel.comm_fusion]` — the gradient reductions grouped into buckets, each
+//!   run as one collective as soon as its last gradient is computed.
 //! - [`memory`]: when each buffer of a program lives, and the bytes a rank holds by category
 //!   (parameters, gradients, optimizer state, activations, communication), predicted before a
 //!   run.
@@ -35,6 +40,7 @@ mod config;
 mod deterministic;
 mod error;
 mod explain;
+pub mod fusion;
 mod given_layouts;
 pub mod hsdp;
 mod lower;
@@ -58,7 +64,7 @@ pub use crate::error::{format_strategy, ParallelError};
 pub use crate::explain::{describe_plan, describe_plan_with};
 pub use crate::hsdp::{OptimizerShard, ShardDecision};
 pub use crate::lower::{
-    lower, BufferSpec, KernelStep, LowerRequest, Program, ProgramInput, ProgramOutput,
+    lower, BufferSpec, KernelStep, LowerRequest, PlanReuse, Program, ProgramInput, ProgramOutput,
     ProgramParam, ReshardStep, Step, WeightGather,
 };
 pub use crate::patterns::{glob_matches, resolve_op_patterns};

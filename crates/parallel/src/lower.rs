@@ -183,6 +183,22 @@ pub struct Program {
     /// The gathers of updated weight pieces the runtime runs after the optimizer update
     /// (`hsdp` levels 1 and 2), in parameter order.
     pub weight_gathers: Vec<WeightGather>,
+    /// The gradient reductions run fused, bucket by bucket (`[parallel.comm_fusion]`); their
+    /// steps are not run one by one.
+    pub buckets: Vec<crate::fusion::CommBucket>,
+    /// Communications in the program, and how many distinct plans they use
+    /// (`parallel.comm_reuse`).
+    pub plan_reuse: PlanReuse,
+}
+
+/// How many reshard plans a program's communications share (MindSpore's communication
+/// subgraph reuse).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanReuse {
+    /// Communications (reshard steps and weight gathers).
+    pub total: usize,
+    /// Distinct plans among them.
+    pub distinct: usize,
 }
 
 /// What to lower: the graph's gradient outputs and the values wanted after a step.
@@ -466,7 +482,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         });
     }
     let grad_scale = grad_scale(placed, request);
-    Ok(Program {
+    let mut program = Program {
         placed: placed.clone(),
         buffers: lw.buffers,
         steps: lw.steps,
@@ -475,7 +491,49 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         outputs,
         grad_scale,
         weight_gathers,
-    })
+        buckets: Vec::new(),
+        plan_reuse: PlanReuse::default(),
+    };
+    share_plans(&mut program, placed.config.comm_reuse);
+    if let Some(fusion) = &placed.config.comm_fusion {
+        program.buckets = crate::fusion::gradient_buckets(&program, fusion);
+    }
+    Ok(program)
+}
+
+/// Gives identical communications (the same plan: kind, groups, shapes) one shared plan, at
+/// most `cap` of them (`None`: all), and counts the distinct plans.
+fn share_plans(program: &mut Program, cap: Option<usize>) {
+    type Key = (DistLayout, TensorLayout, DType);
+    let mut seen: HashMap<Key, Arc<ReshardPlan>> = HashMap::new();
+    let mut shared = 0;
+    let mut total = 0;
+    let plans = program
+        .steps
+        .iter_mut()
+        .filter_map(|s| match s {
+            Step::Reshard(r) => Some(&mut r.plan),
+            Step::Kernel(_) => None,
+        })
+        .chain(program.weight_gathers.iter_mut().map(|g| &mut g.plan));
+    for plan in plans {
+        total += 1;
+        let key = (plan.src().clone(), plan.dst().clone(), plan.dtype());
+        match seen.get(&key) {
+            Some(same) if cap.is_none_or(|c| shared < c) => {
+                *plan = same.clone();
+                shared += 1;
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(key, plan.clone());
+            }
+        }
+    }
+    program.plan_reuse = PlanReuse {
+        total,
+        distinct: total - shared,
+    };
 }
 
 /// MindSpore's gradient scaling when `gradients_mean` or `loss_repeated_mean` is off: Tessera's

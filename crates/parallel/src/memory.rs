@@ -128,17 +128,25 @@ pub fn lifetimes(program: &Program) -> BufferLifetimes {
     let mut category = vec![MemoryCategory::Activations; n];
     let mut persistent = vec![false; n];
     let mut last_use: Vec<Option<usize>> = vec![None; n];
+    // A fused reduction runs with its bucket, after the bucket's last gradient.
+    let mut runs_at: Vec<usize> = (0..program.steps.len()).collect();
+    for bucket in &program.buckets {
+        for &s in &bucket.steps {
+            runs_at[s] = bucket.ready_after;
+        }
+    }
     for (i, step) in program.steps.iter().enumerate() {
+        let i = runs_at[i];
         match step {
             Step::Kernel(k) => {
                 for &b in k.inputs.iter().chain(&k.outputs) {
-                    last_use[b] = Some(i);
+                    last_use[b] = last_use[b].max(Some(i));
                 }
             }
             Step::Reshard(r) => {
                 category[r.to] = MemoryCategory::Communication;
-                last_use[r.from] = Some(i);
-                last_use[r.to] = Some(i);
+                last_use[r.from] = last_use[r.from].max(Some(i));
+                last_use[r.to] = last_use[r.to].max(Some(i));
             }
         }
     }

@@ -130,7 +130,7 @@ impl Lowering<'_> {
             .expect("a value is produced before it is used");
         let origin_layout = self.buffers[origin].layout.layout().clone();
         let keep_forward = !same_ranks(&origin_layout, need)
-            || (!level3 && !recomputed && !(for_recompute && bw.config.mp_comm_recompute))
+            || !(level3 || recomputed || (for_recompute && bw.config.mp_comm_recompute))
             || (recomputed
                 && !bw.config.mp_comm_recompute
                 && self.find_copy(&self.versions[&v][1..], need).is_some());

@@ -565,7 +565,7 @@ fn check_inputs(
 
 /// `group_slots` ordered by their block along the summed dim: row-major over the pending axes
 /// in the order the layout lists them (the summed dim's axes, major first).
-fn canonical_member_order(src: &DistLayout, group_slots: &[usize]) -> Vec<usize> {
+pub(crate) fn canonical_member_order(src: &DistLayout, group_slots: &[usize]) -> Vec<usize> {
     let mesh = src.layout().mesh();
     let key = |slot: usize| {
         src.partial_axes()

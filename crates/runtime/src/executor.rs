@@ -45,6 +45,10 @@ pub struct RankExecutor {
     lifetimes: BufferLifetimes,
     /// The bytes held, by category.
     meter: MemoryMeter,
+    /// By step: whether it runs fused in a bucket rather than alone.
+    fused: Vec<bool>,
+    /// By step: the buckets that run after it.
+    buckets_after: Vec<Vec<usize>>,
 }
 
 /// The part of a parameter one rank's optimizer updates: with `hsdp`, its box of the
@@ -197,6 +201,14 @@ impl RankExecutor {
             offsets.push(offset);
             input_blocks.push(blocks);
         }
+        let mut fused = vec![false; program.steps.len()];
+        let mut buckets_after = vec![Vec::new(); program.steps.len()];
+        for (b, bucket) in program.buckets.iter().enumerate() {
+            for &s in &bucket.steps {
+                fused[s] = true;
+            }
+            buckets_after[bucket.ready_after].push(b);
+        }
         let pieces = optimizer_pieces(&program, rank)?;
         let gather_sources = program
             .weight_gathers
@@ -222,6 +234,8 @@ impl RankExecutor {
             profile: None,
             lifetimes,
             meter,
+            fused,
+            buckets_after,
         })
     }
 
@@ -229,6 +243,17 @@ impl RankExecutor {
     /// what it keeps beside the program's buffers (optimizer state, accumulation buffers).
     pub fn memory(&mut self) -> &mut MemoryMeter {
         &mut self.meter
+    }
+
+    /// Allocates every buffer now, for good: a pipelined step keeps its buffers (and swaps
+    /// in each micro-batch's), so none is allocated or freed step by step.
+    pub fn allocate_all(&mut self) {
+        for b in 0..self.buffers.len() {
+            if self.buffers[b].is_none() {
+                let t = self.take_for_writing(b);
+                self.buffers[b] = Some(t);
+            }
+        }
     }
 
     /// Buffer `b` to be written: the one held, or a fresh one, counted.
@@ -450,7 +475,12 @@ impl RankExecutor {
             p.runs += 1;
         }
         for i in 0..program.steps.len() {
-            self.run_step(&program, i, None)?;
+            if !self.fused[i] {
+                self.run_step(&program, i, None)?;
+            }
+            for b in 0..self.buckets_after[i].len() {
+                self.run_bucket(&program, self.buckets_after[i][b])?;
+            }
             self.release_after(i);
         }
         self.finish_gradients();
@@ -516,6 +546,41 @@ impl RankExecutor {
     /// Buffer `b`, writable.
     pub fn buffer_at_mut(&mut self, b: usize) -> &mut Tensor {
         self.buffer_mut(b)
+    }
+
+    /// Runs bucket `b` of `program`'s fused gradient reductions as one collective.
+    fn run_bucket(&mut self, program: &Program, b: usize) -> Result<(), RuntimeError> {
+        let started = self.profile.is_some().then(Instant::now);
+        let steps: Vec<&parallel::ReshardStep> = program.buckets[b]
+            .steps
+            .iter()
+            .filter_map(|&s| match &program.steps[s] {
+                Step::Reshard(r) if self.holds(r.plan.dst()) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_for_writing(r.to)).collect();
+        let result = {
+            let plans: Vec<&reshard::ReshardPlan> = steps.iter().map(|r| &*r.plan).collect();
+            let srcs: Vec<&Tensor> = steps
+                .iter()
+                .map(|r| {
+                    self.buffers[r.from]
+                        .as_ref()
+                        .expect("a fused reduction's source is computed")
+                })
+                .collect();
+            let mut dsts: Vec<&mut Tensor> = outs.iter_mut().collect();
+            self.runner.run_fused(&plans, &srcs, &mut dsts)
+        };
+        for (r, t) in steps.iter().zip(outs) {
+            self.buffers[r.to] = Some(t);
+        }
+        result?;
+        if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+            p.reshard(t.elapsed());
+        }
+        Ok(())
     }
 
     /// Runs step `i` of `program` (this executor's program).

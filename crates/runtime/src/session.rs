@@ -682,6 +682,9 @@ impl Session {
             exec.memory().hold(MemoryCategory::Gradients, acc.bytes());
         }
         let pipelined = self.pipeline_runner(rank)?;
+        if pipelined.is_some() {
+            exec.allocate_all();
+        }
         let mut global_step = 0u64;
         if let Some(from) = &self.config.output().resume_from {
             global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;

@@ -485,9 +485,9 @@ fn hsdp_bad_values_name_the_key() {
             "Optimizer level should in",
         ),
         (
-            "gradient_accumulation_shard = true",
+            "gradient_accumulation_shard = 1",
             "parallel.hsdp.gradient_accumulation_shard",
-            "unknown key",
+            "a boolean",
         ),
     ];
     for (body, key, message) in cases {

@@ -1,9 +1,13 @@
-//! The memory sections of `[parallel]`: `[parallel.recompute]`.
+//! The memory and communication sections of `[parallel]`: `[parallel.recompute]`,
+//! `[parallel.comm_fusion]` and `parallel.comm_reuse`.
 
+use parallel::fusion::{CommFusionConfig, FusionMode};
 use parallel::RecomputeConfig;
 use toml::Value;
 
-use super::values::{read_bool, wrong_type, Section};
+use super::values::{
+    config_error, read_bool, read_count, read_positive, read_string, wrong_type, Section,
+};
 use crate::error::RuntimeError;
 
 /// The keys of `[parallel.recompute]`.
@@ -47,4 +51,80 @@ pub(super) fn read_recompute(key: &str, value: Value) -> Result<RecomputeConfig,
             read_bool,
         )?,
     })
+}
+
+/// The keys of `[parallel.comm_fusion]`.
+pub(super) const COMM_FUSION_KEYS: &[&str] = &["openstate", "allreduce", "reducescatter"];
+
+/// The keys of one collective's entry: `allreduce = { mode = "size", config = 32 }`.
+const FUSION_MODE_KEYS: &[&str] = &["mode", "config"];
+
+/// One collective's fusion: MindSpore's `{"mode": "auto" | "size" | "index", "config": …}`.
+fn read_fusion_mode(key: &str, value: Value) -> Result<FusionMode, RuntimeError> {
+    let mut s = Section::new(key, value, FUSION_MODE_KEYS)?;
+    let mode = s.or("mode", "auto".to_string(), read_string)?;
+    let config_key = format!("{key}.config");
+    match mode.as_str() {
+        "auto" => {
+            if s.discard("config") {
+                return Err(config_error(
+                    &config_key,
+                    "mode \"auto\" takes no config (64 MB buckets)",
+                ));
+            }
+            Ok(FusionMode::Auto)
+        }
+        "size" => {
+            let mb = s.require("config", read_positive)?;
+            let bytes = mb
+                .checked_mul(1 << 20)
+                .ok_or_else(|| config_error(&config_key, format!("{mb} MB is too large")))?;
+            Ok(FusionMode::Size(bytes))
+        }
+        "index" => {
+            let bounds = s.require("config", |k, v| {
+                let Value::Array(items) = v else {
+                    return Err(wrong_type(k, "a list of parameter indices", &v));
+                };
+                items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, item)| read_count(&format!("{k}[{i}]"), item))
+                    .map(|n| n.map(|n| usize::try_from(n).unwrap_or(usize::MAX)))
+                    .collect::<Result<Vec<usize>, _>>()
+            })?;
+            if bounds.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(config_error(
+                    &config_key,
+                    format!("the indices {bounds:?} must increase"),
+                ));
+            }
+            Ok(FusionMode::Index(bounds))
+        }
+        other => Err(config_error(
+            &format!("{key}.mode"),
+            format!("\"{other}\" is not one of \"auto\", \"size\", \"index\""),
+        )),
+    }
+}
+
+/// Reads `[parallel.comm_fusion]`.
+pub(super) fn read_comm_fusion(key: &str, value: Value) -> Result<CommFusionConfig, RuntimeError> {
+    let mut s = Section::new(key, value, COMM_FUSION_KEYS)?;
+    let defaults = CommFusionConfig::default();
+    Ok(CommFusionConfig {
+        openstate: s.or("openstate", defaults.openstate, read_bool)?,
+        allreduce: s.or("allreduce", defaults.allreduce, read_fusion_mode)?,
+        reducescatter: s.or("reducescatter", defaults.reducescatter, read_fusion_mode)?,
+    })
+}
+
+/// `parallel.comm_reuse`: `-1` (share every identical communication's plan), `0` (none) or a
+/// positive cap.
+pub(super) fn read_comm_reuse(key: &str, value: Value) -> Result<Option<usize>, RuntimeError> {
+    match value {
+        Value::Integer(-1) => Ok(None),
+        Value::Integer(n) if n >= 0 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        other => Err(wrong_type(key, "-1 or a count ≥ 0", &other)),
+    }
 }

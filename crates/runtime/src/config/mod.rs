@@ -504,6 +504,7 @@ mod tests {
         let subsections = [
             ("hsdp", HSDP_KEYS),
             ("recompute", super::memory::RECOMPUTE_KEYS),
+            ("comm_fusion", super::memory::COMM_FUSION_KEYS),
         ];
         for (subsection, keys) in subsections {
             for key in keys {

@@ -87,6 +87,8 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "hsdp",
     "pipeline",
     "recompute",
+    "comm_fusion",
+    "comm_reuse",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -667,6 +669,8 @@ fn read_parallel(
     })?;
     let hsdp = s.get("hsdp", |key, v| read_hsdp(key, v, devices))?;
     let recompute = s.get("recompute", super::memory::read_recompute)?;
+    let comm_fusion = s.get("comm_fusion", super::memory::read_comm_fusion)?;
+    let comm_reuse = s.or("comm_reuse", None, super::memory::read_comm_reuse)?;
     if mode == ParallelMode::StandAlone && hsdp.is_some() {
         warnings.push(
             "[parallel.hsdp] has no effect in mode \"stand_alone\" (one device holds every \
@@ -728,6 +732,8 @@ fn read_parallel(
         hsdp,
         pipeline,
         recompute,
+        comm_fusion,
+        comm_reuse,
     };
     Ok((parallel, strategy_file))
 }
