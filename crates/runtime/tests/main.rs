@@ -2,6 +2,7 @@
 
 mod batch_plan;
 mod callbacks;
+mod comm_fusion;
 mod config;
 mod equivalence;
 mod gpt;

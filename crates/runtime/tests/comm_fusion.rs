@@ -1,0 +1,205 @@
+//! Communication fusion and reuse: every fusion mode trains one device's numbers (bitwise in
+//! deterministic mode), the buckets cover the fusable gradients once each, identical
+//! communications share plans up to `comm_reuse`, and bad values are refused naming the key.
+
+use std::path::Path;
+
+use runtime::{Session, TrainConfig};
+
+use crate::run_util::{self, train_report};
+
+/// The small GPT with Adam for `steps` steps under `[parallel]` body `parallel`.
+fn gpt(out: &Path, parallel: &str, steps: usize, overrides: &[&str]) -> TrainConfig {
+    let mut all = vec![format!("train.max_steps={steps}")];
+    all.extend(overrides.iter().map(|s| s.to_string()));
+    run_util::small_gpt(out, "adam", "", parallel, &all)
+}
+
+const DP2: &str = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
+const DP2_MP2: &str = "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2\n";
+
+/// Every gradient reduction is in at most one bucket, and each bucket's steps are reductions
+/// into gradient buffers.
+fn check_buckets(what: &str, session: &Session) -> usize {
+    let program = &session.train;
+    let mut seen = std::collections::HashSet::new();
+    for b in &program.buckets {
+        assert_eq!(b.steps.len(), b.params.len(), "{what}");
+        for (&s, &p) in b.steps.iter().zip(&b.params) {
+            assert!(seen.insert(s), "{what}: step {s} in two buckets");
+            let parallel::Step::Reshard(r) = &program.steps[s] else {
+                panic!("{what}: bucket step {s} is not a reshard");
+            };
+            assert_eq!(Some(r.to), program.params[p].grad_buffer, "{what}");
+            assert!(b.ready_after < s || b.ready_after == s, "{what}");
+        }
+    }
+    program.buckets.len()
+}
+
+/// auto, size and index buckets, for all-reduces (data parallel) and reduce-scatters (hsdp
+/// level 2 over dp 2 × mp 2): 20 steps within 1e-4 of one device, and the buckets are where
+/// the mode puts them.
+#[test]
+fn every_fusion_mode_trains_one_devices_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 20;
+    let (_, reference) = run_util::train_steps(
+        &gpt(&tmp.path().join("sa"), "mode = \"stand_alone\"", steps, &[]),
+        steps,
+    );
+    let level2 = "[parallel.hsdp]\noptimizer_level = \"level2\"\nthreshold = 0\n";
+    let cases = [
+        ("dp 2, auto", format!("{DP2}[parallel.comm_fusion]\n"), Some(1)),
+        (
+            "dp 2, size 1 MB",
+            format!("{DP2}[parallel.comm_fusion]\nallreduce = {{ mode = \"size\", config = 1 }}\n"),
+            Some(1),
+        ),
+        (
+            "dp 2, index",
+            format!("{DP2}[parallel.comm_fusion]\nallreduce = {{ mode = \"index\", config = [4, 12] }}\n"),
+            Some(3),
+        ),
+        (
+            "dp 2 × mp 2, hsdp level 2",
+            format!("{DP2_MP2}{level2}[parallel.comm_fusion]\nreducescatter = {{ mode = \"auto\" }}\n"),
+            None,
+        ),
+        (
+            "dp 2, fusion off",
+            format!("{DP2}[parallel.comm_fusion]\nopenstate = false\n"),
+            Some(0),
+        ),
+    ];
+    for (i, (what, parallel, expected)) in cases.iter().enumerate() {
+        let cfg = gpt(&tmp.path().join(format!("case-{i}")), parallel, steps, &[]);
+        let (session, losses) = run_util::train_steps(&cfg, steps);
+        let buckets = check_buckets(what, &session);
+        match expected {
+            Some(n) => assert_eq!(buckets, *n, "{what}: buckets"),
+            None => {
+                assert!(buckets > 0, "{what}: some bucket");
+                assert!(
+                    session.train.buckets.iter().any(|b| b.scatter),
+                    "{what}: reduce-scatters fused"
+                );
+            }
+        }
+        let worst = losses
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| ((a - b) / b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-4, "{what}: loss {worst} from one device's");
+    }
+}
+
+/// In deterministic mode a fused bucket adds in the canonical tree, as unfused reductions do:
+/// data parallel 2 with fusion trains bitwise one device's losses and parameters.
+#[test]
+fn fused_reductions_stay_bitwise_in_deterministic_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 10;
+    let det = ["train.deterministic=true"];
+    let (_, _, one) = train_report(&gpt(
+        &tmp.path().join("one"),
+        "mode = \"stand_alone\"",
+        steps,
+        &det,
+    ));
+    let fused =
+        format!("{DP2}[parallel.comm_fusion]\nallreduce = {{ mode = \"index\", config = [8] }}\n");
+    let (session, _, two) = train_report(&gpt(&tmp.path().join("two"), &fused, steps, &det));
+    assert_eq!(check_buckets("deterministic", &session), 2);
+    run_util::assert_bitwise_run("fused, deterministic", &two, &one);
+}
+
+/// `comm_reuse = -1` shares every identical communication's plan, `0` none, `N` at most N.
+#[test]
+fn comm_reuse_shares_identical_plans_up_to_its_cap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reuse = |value: &str| {
+        let parallel = format!("{DP2_MP2}comm_reuse = {value}\n");
+        let session = Session::new(&gpt(tmp.path(), &parallel, 1, &[])).unwrap();
+        let program = session.train.clone();
+        let plans: Vec<&std::sync::Arc<reshard::ReshardPlan>> = program
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                parallel::Step::Reshard(r) => Some(&r.plan),
+                parallel::Step::Kernel(_) => None,
+            })
+            .collect();
+        let mut distinct: Vec<*const reshard::ReshardPlan> =
+            plans.iter().map(|p| std::sync::Arc::as_ptr(p)).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            program.plan_reuse.total,
+            plans.len() + program.weight_gathers.len()
+        );
+        assert_eq!(
+            program.plan_reuse.distinct,
+            distinct.len() + program.weight_gathers.len()
+        );
+        program.plan_reuse
+    };
+    let all = reuse("-1");
+    let none = reuse("0");
+    let three = reuse("3");
+    assert_eq!(none.distinct, none.total);
+    assert!(
+        all.distinct < all.total,
+        "the GPT repeats its layers' communications"
+    );
+    assert_eq!(three.distinct, three.total - 3);
+}
+
+/// Bad `[parallel.comm_fusion]` and `comm_reuse` values are refused naming the key.
+#[test]
+fn bad_fusion_settings_name_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "[parallel.comm_fusion]\nallreduce = { mode = \"bogus\" }",
+            "parallel.comm_fusion.allreduce.mode",
+        ),
+        (
+            "[parallel.comm_fusion]\nallreduce = { mode = \"size\" }",
+            "parallel.comm_fusion.allreduce.config",
+        ),
+        (
+            "[parallel.comm_fusion]\nallreduce = { mode = \"size\", config = 0 }",
+            "parallel.comm_fusion.allreduce.config",
+        ),
+        (
+            "[parallel.comm_fusion]\nallreduce = { mode = \"index\", config = [5, 5] }",
+            "parallel.comm_fusion.allreduce.config",
+        ),
+        (
+            "[parallel.comm_fusion]\nallreduce = { mode = \"auto\", config = 3 }",
+            "parallel.comm_fusion.allreduce.config",
+        ),
+        (
+            "[parallel.comm_fusion]\nbroadcast = { mode = \"auto\" }",
+            "parallel.comm_fusion.broadcast",
+        ),
+        ("comm_reuse = -2", "parallel.comm_reuse"),
+    ];
+    for (body, key) in cases {
+        let (base, table) = match body.strip_prefix("comm_reuse") {
+            Some(_) => (format!("{DP2}{body}\n"), ""),
+            None => (DP2.to_string(), body),
+        };
+        let text = format!(
+            "[model]\nname = \"gpt\"\nlayers = 1\nheads = 2\nhidden = 8\nseq_len = 8\n[data]\nformat = \"text\"\npath = \"{}\"\nbatch_size = 4\n[parallel]\n{base}{table}\n[train]\nepochs = 1\noptimizer = \"adam\"\nlearning_rate = 0.01\n[output]\ndir = \"{}\"\n",
+            run_util::kjv().display(),
+            tmp.path().display()
+        );
+        let err = TrainConfig::parse(&text, None, &[], Path::new("/"))
+            .expect_err(body)
+            .to_string();
+        assert!(err.contains(key), "{body}: {err}");
+    }
+}
