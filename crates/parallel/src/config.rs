@@ -257,6 +257,8 @@ pub struct ParallelConfig {
     pub recompute: Option<RecomputeConfig>,
     /// `[parallel.comm_fusion]`, when given.
     pub comm_fusion: Option<crate::fusion::CommFusionConfig>,
+    /// `[parallel.overlap]`.
+    pub overlap: crate::fusion::OverlapConfig,
     /// `parallel.comm_reuse`: identical communications (same plan) share one plan, at most
     /// this many of them (`None`: all, MindSpore's `-1`; `Some(0)`: none).
     pub comm_reuse: Option<usize>,
@@ -279,6 +281,7 @@ impl ParallelConfig {
             pipeline: None,
             recompute: None,
             comm_fusion: None,
+            overlap: crate::fusion::OverlapConfig::default(),
             comm_reuse: None,
         }
     }

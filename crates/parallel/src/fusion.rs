@@ -49,6 +49,14 @@ impl Default for CommFusionConfig {
     }
 }
 
+/// `[parallel.overlap]`, named after MindSpore's `transformer_opt` switches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OverlapConfig {
+    /// A gradient bucket's reduction runs on a progress thread while the rest of the backward
+    /// pass computes (`grad_computation_allreduce_overlap`).
+    pub grad_computation_allreduce_overlap: bool,
+}
+
 /// Gradient reductions run as one collective.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommBucket {

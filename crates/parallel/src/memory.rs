@@ -10,8 +10,8 @@
 //! - **activations**: every value a kernel writes (forward activations, the backward pass's
 //!   values, gradients before their sum) and the fed inputs;
 //! - **communication**: the destinations of reshards (a gathered weight, an all-reduced
-//!   activation) and the pieces `hsdp` gathers after the update. The messages of a reshard in
-//!   flight are not counted.
+//!   activation), the pieces `hsdp` gathers after the update, and with overlap the gradient
+//!   buckets in flight. The messages of a reshard in flight are not counted.
 //!
 //! [`predict`] walks the program as the runtime runs it, before anything runs, so
 //! `tessera train --explain` can say what a run will need.
@@ -256,6 +256,25 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
         };
         meter.hold(MemoryCategory::Communication, bytes);
     }
+    // With overlap, a bucket's packed gradients are in flight from its step to the end.
+    let overlap = program
+        .placed
+        .config
+        .overlap
+        .grad_computation_allreduce_overlap;
+    let mut in_flight_after = vec![0; program.steps.len()];
+    for bucket in program.buckets.iter().filter(|_| overlap) {
+        let takes_part = bucket
+            .steps
+            .first()
+            .is_some_and(|&s| match &program.steps[s] {
+                Step::Reshard(r) => r.plan.dst().mesh().slot_of_rank(rank).is_some(),
+                Step::Kernel(_) => false,
+            });
+        if takes_part {
+            in_flight_after[bucket.ready_after] += bucket.bytes;
+        }
+    }
     let mut allocated = lifetimes.persistent.clone();
     for (i, step) in program.steps.iter().enumerate() {
         let written: &[usize] = match step {
@@ -268,6 +287,7 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
                 meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
             }
         }
+        meter.hold(MemoryCategory::Communication, in_flight_after[i]);
         for &b in &lifetimes.release_after[i] {
             if allocated[b] {
                 allocated[b] = false;

@@ -62,18 +62,38 @@ fn part_box(shape: &[usize], dim: usize, n: usize, j: usize) -> SliceBox {
     SliceBox::new(offset, extent)
 }
 
-impl ReshardRunner {
-    /// Runs `plans` (each a fusable reduction with one [`fusion_key`]) as one collective:
-    /// `local[i]` is this rank's source slice of plan `i`, `out[i]` its destination slice
-    /// (allocated, every element overwritten). A rank outside the plans' meshes does nothing.
-    pub fn run_fused(
-        &mut self,
+/// A fused reduction packed on one rank, ready to run (possibly on another thread, with
+/// another [`ReshardRunner`] over the same ranks) and then to unpack into the destinations.
+#[derive(Debug)]
+pub struct PackedReduction {
+    /// The ranks reducing together, in the order the collective takes them.
+    group: Vec<usize>,
+    /// The reduction.
+    op: PendingOp,
+    /// Deterministic mode's canonical tree (an all-reduce, parts kept after).
+    deterministic: bool,
+    /// Reduce-scatter counts per member (elements), when run as a reduce-scatter.
+    counts: Option<Vec<usize>>,
+    /// The concatenated sources; after [`ReshardRunner::reduce_packed`], the result.
+    data: Tensor,
+    /// Each destination's part of its summed slice (the whole slice for an all-reduce), and
+    /// the slice's shape, in plan order.
+    parts: Vec<(SliceBox, Vec<usize>)>,
+    /// A reduce-scatter's result holds the parts alone.
+    scattered: bool,
+}
+
+impl PackedReduction {
+    /// Packs `plans` (each a fusable reduction with one [`fusion_key`]) for `rank`: `local[i]`
+    /// is its source slice of plan `i`. `None` when the rank is outside the plans' meshes.
+    pub fn pack(
         plans: &[&ReshardPlan],
         local: &[&Tensor],
-        out: &mut [&mut Tensor],
-    ) -> Result<(), ReshardError> {
+        rank: usize,
+        deterministic: bool,
+    ) -> Result<Option<PackedReduction>, ReshardError> {
         let Some(first) = plans.first() else {
-            return Ok(());
+            return Ok(None);
         };
         let key = fusion_key(first).ok_or_else(|| ReshardError::Unsupported {
             what: "fusing a reshard that is not a reduction alone".to_string(),
@@ -83,97 +103,146 @@ impl ReshardRunner {
                 what: "fusing reductions over different groups, ops or types".to_string(),
             });
         }
-        let me = self.rank();
-        let Some(g) = key.groups.iter().position(|g| g.contains(&me)) else {
-            return Ok(());
+        let Some(g) = key.groups.iter().position(|g| g.contains(&rank)) else {
+            return Ok(None);
         };
-        if local.len() != plans.len() || out.len() != plans.len() {
+        if local.len() != plans.len() {
             return Err(ReshardError::LocalMismatch {
-                reason: format!(
-                    "{} fused plans with {} sources and {} destinations",
-                    plans.len(),
-                    local.len(),
-                    out.len()
-                ),
+                reason: format!("{} fused plans with {} sources", plans.len(), local.len()),
             });
         }
-        let deterministic = self.is_deterministic() && key.op == PendingOp::Sum;
+        let deterministic = deterministic && key.op == PendingOp::Sum;
         let members = &key.groups[g];
         let n = members.len();
         let j = members
             .iter()
-            .position(|&r| r == me)
+            .position(|&r| r == rank)
             .expect("the rank is in its group");
-        // The member's part of each plan's slice (the whole slice for an all-reduce).
-        let parts: Vec<SliceBox> = plans
+        let parts = plans
             .iter()
             .zip(local)
-            .map(|(plan, t)| match key.scatter {
-                true => part_box(t.shape(), scatter_dim(plan), n, j),
-                false => SliceBox::new(vec![0; t.shape().len()], t.shape().to_vec()),
+            .map(|(plan, t)| {
+                let part = match key.scatter {
+                    true => part_box(t.shape(), scatter_dim(plan), n, j),
+                    false => SliceBox::new(vec![0; t.shape().len()], t.shape().to_vec()),
+                };
+                (part, t.shape().to_vec())
             })
             .collect();
-        if key.scatter && !deterministic {
+        let width = key.dtype.size_in_bytes();
+        let (bytes, counts) = if key.scatter && !deterministic {
             // Member k's parts of every plan, one after another, then member k + 1's.
             let mut send = Vec::new();
             let mut counts = Vec::with_capacity(n);
             for k in 0..n {
                 let before = send.len();
                 for (plan, t) in plans.iter().zip(local) {
-                    let dim = scatter_dim(plan);
-                    send.extend_from_slice(
-                        t.extract_box(&part_box(t.shape(), dim, n, k))?.as_bytes(),
-                    );
+                    let part = part_box(t.shape(), scatter_dim(plan), n, k);
+                    send.extend_from_slice(t.extract_box(&part)?.as_bytes());
                 }
-                counts.push((send.len() - before) / key.dtype.size_in_bytes());
+                counts.push((send.len() - before) / width);
             }
-            let send =
-                Tensor::from_bytes(key.dtype, &[send.len() / key.dtype.size_in_bytes()], &send)?;
-            let mut mine = Tensor::zeros(key.dtype, &[counts[j]]);
-            self.group(members)?.reduce_scatter_v(
-                Buf::from_tensor(&send),
-                BufMut::from_tensor(&mut mine),
-                &counts,
-                key.op.comm_op(),
-            )?;
-            let mut at = 0;
-            for o in out.iter_mut() {
-                let len = o.as_bytes().len();
-                o.as_bytes_mut()
-                    .copy_from_slice(&mine.as_bytes()[at..at + len]);
-                at += len;
-            }
-            return Ok(());
-        }
-        // An all-reduce of the concatenation (deterministic mode: also for reduce-scatters,
-        // each member then keeping its part, as the unfused deterministic path does).
-        let bytes: Vec<u8> = local
-            .iter()
-            .flat_map(|t| t.as_bytes().iter().copied())
-            .collect();
-        let mut flat = Tensor::from_bytes(
-            key.dtype,
-            &[bytes.len() / key.dtype.size_in_bytes()],
-            &bytes,
-        )?;
-        if deterministic {
-            let group = self.group(&key.canonical[g])?;
-            group.all_reduce_deterministic(&mut flat, key.op.comm_op())?;
+            (send, Some(counts))
         } else {
-            self.group(members)?
-                .all_reduce(&mut flat, key.op.comm_op())?;
+            let all = local.iter().flat_map(|t| t.as_bytes().iter().copied());
+            (all.collect::<Vec<u8>>(), None)
+        };
+        Ok(Some(PackedReduction {
+            group: match deterministic {
+                true => key.canonical[g].clone(),
+                false => members.clone(),
+            },
+            op: key.op,
+            deterministic,
+            counts,
+            data: Tensor::from_bytes(key.dtype, &[bytes.len() / width], &bytes)?,
+            parts,
+            scattered: key.scatter && !deterministic,
+        }))
+    }
+
+    /// The ranks reducing together (the group a runner needs).
+    pub fn group(&self) -> &[usize] {
+        &self.group
+    }
+
+    /// The bytes of the packed buffer.
+    pub fn bytes(&self) -> usize {
+        self.data.as_bytes().len()
+    }
+
+    /// Writes the reduced result into `out` (this rank's destination slice of each plan,
+    /// allocated; every element overwritten).
+    pub fn unpack(&self, out: &mut [&mut Tensor]) -> Result<(), ReshardError> {
+        if out.len() != self.parts.len() {
+            return Err(ReshardError::LocalMismatch {
+                reason: format!(
+                    "{} fused plans with {} destinations",
+                    self.parts.len(),
+                    out.len()
+                ),
+            });
         }
+        let dtype = self.data.dtype();
+        let width = dtype.size_in_bytes();
+        let data = self.data.as_bytes();
         let mut at = 0;
-        for ((o, t), part) in out.iter_mut().zip(local).zip(&parts) {
-            let len = t.as_bytes().len();
-            let summed = Tensor::from_bytes(key.dtype, t.shape(), &flat.as_bytes()[at..at + len])?;
+        for (o, (part, shape)) in out.iter_mut().zip(&self.parts) {
+            if self.scattered {
+                let len = part.shape.iter().product::<usize>() * width;
+                o.as_bytes_mut().copy_from_slice(&data[at..at + len]);
+                at += len;
+                continue;
+            }
+            let len = shape.iter().product::<usize>() * width;
+            let summed = Tensor::from_bytes(dtype, shape, &data[at..at + len])?;
             at += len;
-            let mine = if key.scatter {
-                summed.extract_box(part)?
-            } else {
-                summed
+            let mine = match summed.shape() == part.shape.as_slice() {
+                true => summed,
+                false => summed.extract_box(part)?,
             };
             o.as_bytes_mut().copy_from_slice(mine.as_bytes());
+        }
+        Ok(())
+    }
+}
+
+impl ReshardRunner {
+    /// Runs a packed reduction's collective over its group.
+    pub fn reduce_packed(&mut self, packed: &mut PackedReduction) -> Result<(), ReshardError> {
+        let op = packed.op.comm_op();
+        let group = self.group(&packed.group)?;
+        match &packed.counts {
+            Some(counts) => {
+                // The group communicator numbers its members in the group's order.
+                let mut mine = Tensor::zeros(packed.data.dtype(), &[counts[group.rank()]]);
+                group.reduce_scatter_v(
+                    Buf::from_tensor(&packed.data),
+                    BufMut::from_tensor(&mut mine),
+                    counts,
+                    op,
+                )?;
+                packed.data = mine;
+            }
+            None if packed.deterministic => group.all_reduce_deterministic(&mut packed.data, op)?,
+            None => group.all_reduce(&mut packed.data, op)?,
+        }
+        Ok(())
+    }
+
+    /// Runs `plans` (each a fusable reduction with one [`fusion_key`]) as one collective:
+    /// `local[i]` is this rank's source slice of plan `i`, `out[i]` its destination slice
+    /// (allocated, every element overwritten). A rank outside the plans' meshes does nothing.
+    pub fn run_fused(
+        &mut self,
+        plans: &[&ReshardPlan],
+        local: &[&Tensor],
+        out: &mut [&mut Tensor],
+    ) -> Result<(), ReshardError> {
+        let deterministic = self.is_deterministic();
+        if let Some(mut packed) = PackedReduction::pack(plans, local, self.rank(), deterministic)? {
+            self.reduce_packed(&mut packed)?;
+            packed.unpack(out)?;
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ use tensor::Tensor;
 
 use crate::error::RuntimeError;
 use crate::profile::StepProfile;
+use crate::progress::BucketReducer;
 
 /// One rank's executor of a program: its buffers (this rank's block of every value), and a
 /// reshard runner over the world communicator.
@@ -49,6 +50,8 @@ pub struct RankExecutor {
     fused: Vec<bool>,
     /// By step: the buckets that run after it.
     buckets_after: Vec<Vec<usize>>,
+    /// With `[parallel.overlap]`: where buckets are reduced while the steps go on.
+    overlap: Option<BucketReducer>,
 }
 
 /// The part of a parameter one rank's optimizer updates: with `hsdp`, its box of the
@@ -120,6 +123,39 @@ fn optimizer_pieces(program: &Program, rank: usize) -> Result<Vec<OptimizerPiece
             })
         })
         .collect()
+}
+
+/// With `grad_computation_allreduce_overlap` and gradient buckets: the reducer of this rank's
+/// buckets — a progress thread on the local backend, whose group communicators are created
+/// here, bucket by bucket, by every rank alike; deferred reductions under MPI.
+fn overlap_reducer(
+    program: &Program,
+    world: &Arc<dyn Communicator>,
+) -> Result<Option<BucketReducer>, RuntimeError> {
+    let config = &program.placed.config;
+    if !config.overlap.grad_computation_allreduce_overlap || program.buckets.is_empty() {
+        return Ok(None);
+    }
+    let mut runner = ReshardRunner::new(world.clone());
+    if world.backend() != "local" {
+        return Ok(Some(BucketReducer::deferred(runner)));
+    }
+    let rank = world.rank();
+    for bucket in &program.buckets {
+        let Some(Step::Reshard(first)) = bucket.steps.first().map(|&s| &program.steps[s]) else {
+            continue;
+        };
+        let Some(key) = reshard::fusion_key(&first.plan) else {
+            continue;
+        };
+        if let Some(g) = key.groups.iter().position(|g| g.contains(&rank)) {
+            runner.group(&key.groups[g])?;
+            if key.canonical[g] != key.groups[g] {
+                runner.group(&key.canonical[g])?;
+            }
+        }
+    }
+    Ok(Some(BucketReducer::thread(runner)))
 }
 
 /// The slot of `rank` in `layout`'s mesh.
@@ -209,6 +245,7 @@ impl RankExecutor {
             }
             buckets_after[bucket.ready_after].push(b);
         }
+        let overlap = overlap_reducer(&program, &world)?;
         let pieces = optimizer_pieces(&program, rank)?;
         let gather_sources = program
             .weight_gathers
@@ -236,6 +273,7 @@ impl RankExecutor {
             meter,
             fused,
             buckets_after,
+            overlap,
         })
     }
 
@@ -483,6 +521,7 @@ impl RankExecutor {
             }
             self.release_after(i);
         }
+        self.collect_buckets(&program)?;
         self.finish_gradients();
         Ok(())
     }
@@ -548,20 +587,25 @@ impl RankExecutor {
         self.buffer_mut(b)
     }
 
-    /// Runs bucket `b` of `program`'s fused gradient reductions as one collective.
-    fn run_bucket(&mut self, program: &Program, b: usize) -> Result<(), RuntimeError> {
-        let started = self.profile.is_some().then(Instant::now);
-        let steps: Vec<&parallel::ReshardStep> = program.buckets[b]
+    /// The reshard steps of bucket `b` this rank takes part in.
+    fn bucket_steps<'p>(&self, program: &'p Program, b: usize) -> Vec<&'p parallel::ReshardStep> {
+        program.buckets[b]
             .steps
             .iter()
             .filter_map(|&s| match &program.steps[s] {
                 Step::Reshard(r) if self.holds(r.plan.dst()) => Some(r),
                 _ => None,
             })
-            .collect();
-        let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_for_writing(r.to)).collect();
-        let result = {
-            let plans: Vec<&reshard::ReshardPlan> = steps.iter().map(|r| &*r.plan).collect();
+            .collect()
+    }
+
+    /// Runs bucket `b` of `program`'s fused gradient reductions as one collective, or with
+    /// overlap packs it and hands it to the progress thread.
+    fn run_bucket(&mut self, program: &Program, b: usize) -> Result<(), RuntimeError> {
+        let started = self.profile.is_some().then(Instant::now);
+        let steps = self.bucket_steps(program, b);
+        let plans: Vec<&reshard::ReshardPlan> = steps.iter().map(|r| &*r.plan).collect();
+        let packed = {
             let srcs: Vec<&Tensor> = steps
                 .iter()
                 .map(|r| {
@@ -570,13 +614,59 @@ impl RankExecutor {
                         .expect("a fused reduction's source is computed")
                 })
                 .collect();
+            let deterministic = self.runner.is_deterministic();
+            reshard::PackedReduction::pack(&plans, &srcs, self.rank, deterministic)?
+        };
+        if let Some(mut packed) = packed {
+            match self.overlap.as_mut() {
+                Some(reducer) => {
+                    // In flight until collected: counted as communication memory.
+                    self.meter
+                        .hold(MemoryCategory::Communication, packed.bytes());
+                    reducer.submit(b, packed);
+                }
+                None => {
+                    self.runner.reduce_packed(&mut packed)?;
+                    self.unpack_bucket(program, b, &packed)?;
+                }
+            }
+        }
+        if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+            p.reshard(t.elapsed());
+        }
+        Ok(())
+    }
+
+    /// Writes bucket `b`'s reduced gradients into their buffers.
+    fn unpack_bucket(
+        &mut self,
+        program: &Program,
+        b: usize,
+        packed: &reshard::PackedReduction,
+    ) -> Result<(), RuntimeError> {
+        let steps = self.bucket_steps(program, b);
+        let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_for_writing(r.to)).collect();
+        let result = {
             let mut dsts: Vec<&mut Tensor> = outs.iter_mut().collect();
-            self.runner.run_fused(&plans, &srcs, &mut dsts)
+            packed.unpack(&mut dsts)
         };
         for (r, t) in steps.iter().zip(outs) {
             self.buffers[r.to] = Some(t);
         }
-        result?;
+        Ok(result?)
+    }
+
+    /// Waits for the buckets handed to the progress thread and writes their gradients.
+    fn collect_buckets(&mut self, program: &Program) -> Result<(), RuntimeError> {
+        let Some(reducer) = self.overlap.as_mut() else {
+            return Ok(());
+        };
+        let started = self.profile.is_some().then(Instant::now);
+        for (b, packed) in reducer.collect()? {
+            self.unpack_bucket(program, b, &packed)?;
+            self.meter
+                .release(MemoryCategory::Communication, packed.bytes());
+        }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
             p.reshard(t.elapsed());
         }

@@ -46,6 +46,7 @@ mod optimizer;
 mod pipeline;
 mod preflight;
 mod profile;
+mod progress;
 mod session;
 mod trainer;
 

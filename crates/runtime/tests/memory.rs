@@ -41,11 +41,11 @@ const DP2_MP2: &str = "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmod
 const DP2: &str = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
 
 /// The prediction holds under data, model and sequence parallelism, every hsdp level,
-/// gradient accumulation (sharded or not) and recompute.
+/// gradient accumulation (sharded or not), recompute, and overlapped gradient buckets.
 #[test]
 fn measured_memory_equals_the_prediction() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, &[&str]); 7] = [
+    let cases: [(&str, String, &[&str]); 8] = [
         ("stand-alone", "mode = \"stand_alone\"".to_string(), &[]),
         ("dp 2", DP2.to_string(), &[]),
         (
@@ -67,6 +67,13 @@ fn measured_memory_equals_the_prediction() {
             "dp 2, hsdp level 2, recompute",
             format!(
                 "{DP2}[parallel.hsdp]\noptimizer_level = \"level2\"\nthreshold = 0\n[parallel.recompute]\ncells = [\"blocks.*\"]"
+            ),
+            &[],
+        ),
+        (
+            "dp 2, fused and overlapped buckets",
+            format!(
+                "{DP2}[parallel.comm_fusion]\nallreduce = {{ mode = \"index\", config = [6] }}\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true"
             ),
             &[],
         ),

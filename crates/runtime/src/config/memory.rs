@@ -1,7 +1,7 @@
 //! The memory and communication sections of `[parallel]`: `[parallel.recompute]`,
-//! `[parallel.comm_fusion]` and `parallel.comm_reuse`.
+//! `[parallel.comm_fusion]`, `[parallel.overlap]` and `parallel.comm_reuse`.
 
-use parallel::fusion::{CommFusionConfig, FusionMode};
+use parallel::fusion::{CommFusionConfig, FusionMode, OverlapConfig};
 use parallel::RecomputeConfig;
 use toml::Value;
 
@@ -127,4 +127,19 @@ pub(super) fn read_comm_reuse(key: &str, value: Value) -> Result<Option<usize>, 
         Value::Integer(n) if n >= 0 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
         other => Err(wrong_type(key, "-1 or a count ≥ 0", &other)),
     }
+}
+
+/// The keys of `[parallel.overlap]`.
+pub(super) const OVERLAP_KEYS: &[&str] = &["grad_computation_allreduce_overlap"];
+
+/// Reads `[parallel.overlap]`.
+pub(super) fn read_overlap(key: &str, value: Value) -> Result<OverlapConfig, RuntimeError> {
+    let mut s = Section::new(key, value, OVERLAP_KEYS)?;
+    Ok(OverlapConfig {
+        grad_computation_allreduce_overlap: s.or(
+            "grad_computation_allreduce_overlap",
+            false,
+            read_bool,
+        )?,
+    })
 }

@@ -505,6 +505,7 @@ mod tests {
             ("hsdp", HSDP_KEYS),
             ("recompute", super::memory::RECOMPUTE_KEYS),
             ("comm_fusion", super::memory::COMM_FUSION_KEYS),
+            ("overlap", super::memory::OVERLAP_KEYS),
         ];
         for (subsection, keys) in subsections {
             for key in keys {

@@ -89,6 +89,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "recompute",
     "comm_fusion",
     "comm_reuse",
+    "overlap",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -671,6 +672,18 @@ fn read_parallel(
     let recompute = s.get("recompute", super::memory::read_recompute)?;
     let comm_fusion = s.get("comm_fusion", super::memory::read_comm_fusion)?;
     let comm_reuse = s.or("comm_reuse", None, super::memory::read_comm_reuse)?;
+    let overlap = s.or(
+        "overlap",
+        parallel::fusion::OverlapConfig::default(),
+        super::memory::read_overlap,
+    )?;
+    if overlap.grad_computation_allreduce_overlap && comm_fusion.is_none() {
+        warnings.push(
+            "parallel.overlap.grad_computation_allreduce_overlap has no effect without \
+             [parallel.comm_fusion]: it overlaps the fused gradient buckets"
+                .to_string(),
+        );
+    }
     if mode == ParallelMode::StandAlone && hsdp.is_some() {
         warnings.push(
             "[parallel.hsdp] has no effect in mode \"stand_alone\" (one device holds every \
@@ -733,6 +746,7 @@ fn read_parallel(
         pipeline,
         recompute,
         comm_fusion,
+        overlap,
         comm_reuse,
     };
     Ok((parallel, strategy_file))
