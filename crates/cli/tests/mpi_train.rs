@@ -259,11 +259,28 @@ fn mpi_train_gpt_matches_local_and_one_device() {
 }
 
 /// `train.deterministic = true` under `mpirun -np 4`: the seed MLP with split reduction dims
-/// and the GPT (dp 2 × mp 2, vocabulary parallel) log one device's losses bit for bit.
+/// and the GPT (dp 2 × mp 2, vocabulary parallel; also with fused, overlapped gradient buckets
+/// and recompute) log one device's losses bit for bit, and every rank's memory line.
 #[test]
 fn mpi_deterministic_runs_are_bitwise_one_device() {
     let dir = Scratch::new("mpi-det");
-    let configs: [(&str, &str, Vec<String>); 2] = [
+    let gpt = |extra: &[&str]| -> Vec<String> {
+        let mut sets: Vec<String> = [
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=2",
+            "parallel.vocab_emb_dp=false",
+            "model.layers=2",
+            "model.hidden=64",
+            "model.seq_len=32",
+            "data.batch_size=8",
+            "train.max_steps=6",
+        ]
+        .map(String::from)
+        .to_vec();
+        sets.extend(extra.iter().map(|x| x.to_string()));
+        sets
+    };
+    let configs: [(&str, &str, Vec<String>); 3] = [
         (
             "mlp",
             "examples/seed_semi_auto.toml",
@@ -272,19 +289,16 @@ fn mpi_deterministic_runs_are_bitwise_one_device() {
                 "train.max_steps=10".into(),
             ],
         ),
+        ("gpt", "examples/gpt_kjv.toml", gpt(&[])),
         (
-            "gpt",
+            // Fused, overlapped (deferred under MPI) gradient buckets and recompute.
+            "gpt-memory",
             "examples/gpt_kjv.toml",
-            vec![
-                "parallel.data_parallel=2".into(),
-                "parallel.model_parallel=2".into(),
-                "parallel.vocab_emb_dp=false".into(),
-                "model.layers=2".into(),
-                "model.hidden=64".into(),
-                "model.seq_len=32".into(),
-                "data.batch_size=8".into(),
-                "train.max_steps=6".into(),
-            ],
+            gpt(&[
+                "parallel.comm_fusion.openstate=true",
+                "parallel.overlap.grad_computation_allreduce_overlap=true",
+                "parallel.recompute.cells=[\"blocks.*\"]",
+            ]),
         ),
     ];
     for (name, example, sets) in configs {
@@ -305,6 +319,10 @@ fn mpi_deterministic_runs_are_bitwise_one_device() {
             &args(&command(&format!("{name}-one"), "1", "stand_alone")),
             false,
         );
+        // Every rank's memory peaks reach rank 0's log.
+        let log = std::fs::read_to_string(dir.0.join(format!("{name}-mpi.jsonl"))).unwrap();
+        let memory_lines = log.lines().filter(|l| l.starts_with("{\"memory\"")).count();
+        assert_eq!(memory_lines, 4, "{name}: a memory line per rank");
         let mpi = step_losses(&dir.0.join(format!("{name}-mpi.jsonl")));
         let one = step_losses(&dir.0.join(format!("{name}-one.jsonl")));
         assert!(
