@@ -40,6 +40,20 @@ pub struct GptStepArgs {
     /// blocks), right after the ordinary run.
     #[arg(long)]
     deterministic: bool,
+    /// Also time data parallel 2 with the gradients fused into buckets and reduced on a
+    /// progress thread while the backward pass computes (`[parallel.comm_fusion]` auto,
+    /// `[parallel.overlap]`), right after the plain run.
+    #[arg(long)]
+    fusion: bool,
+}
+
+/// How a configuration's gradients are reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    /// One reduction per gradient, at the end of the backward pass.
+    Plain,
+    /// `[parallel.comm_fusion]` auto buckets with `grad_computation_allreduce_overlap`.
+    FusedOverlapped,
 }
 
 /// The benchmark's GPT: byte vocabulary, 4 heads, 128 tokens, batch 16.
@@ -51,9 +65,9 @@ fn gpt_config(args: &GptStepArgs) -> GptConfig {
 /// deterministic mode with the vocabulary-parallel loss, as training builds it.
 fn program(
     gpt: &GptConfig,
-    dp: usize,
-    mp: usize,
+    (dp, mp): (usize, usize),
     deterministic: bool,
+    reduction: Reduction,
 ) -> anyhow::Result<Arc<parallel::Program>> {
     let gpt = GptConfig {
         vocab_parallel_loss: deterministic,
@@ -68,6 +82,10 @@ fn program(
         let mut config = ParallelConfig::new(ParallelMode::SemiAuto, devices);
         config.strategies = split.strategies(&model.graph)?;
         config.dataset_strategy = DatasetStrategy::PerInput(split.dataset_strategy());
+        if reduction == Reduction::FusedOverlapped {
+            config.comm_fusion = Some(parallel::fusion::CommFusionConfig::default());
+            config.overlap.grad_computation_allreduce_overlap = true;
+        }
         config
     };
     Ok(Arc::new(compile_training(
@@ -98,7 +116,7 @@ fn measure(
     gpt: &GptConfig,
     (dp, mp): (usize, usize),
     label: &str,
-    deterministic: bool,
+    (deterministic, reduction): (bool, Reduction),
 ) -> anyhow::Result<f64> {
     let bench = StepBench {
         optimizer: OptimizerConfig {
@@ -116,7 +134,7 @@ fn measure(
         deterministic: deterministic.then_some(DETERMINISTIC_BLOCKS),
     };
     let data = batches(gpt)?;
-    let prog = program(gpt, dp, mp, deterministic)?;
+    let prog = program(gpt, (dp, mp), deterministic, reduction)?;
     if deterministic {
         parallel::check_deterministic(&prog, DETERMINISTIC_BLOCKS)?;
     }
@@ -167,9 +185,24 @@ pub fn run(args: &GptStepArgs) -> anyhow::Result<()> {
     ];
     let mut rates = Vec::new();
     for (split, label) in configurations {
-        let rate = measure(args, &gpt, split, label, false)?;
+        let rate = measure(args, &gpt, split, label, (false, Reduction::Plain))?;
+        if args.fusion && split == (2, 1) {
+            let label = format!("{label}, fused and overlapped gradients");
+            let fused = measure(
+                args,
+                &gpt,
+                split,
+                &label,
+                (false, Reduction::FusedOverlapped),
+            )?;
+            println!(
+                "  fusion and overlap: {:.2}x the plain throughput",
+                fused / rate
+            );
+        }
         if args.deterministic {
-            let det = measure(args, &gpt, split, &format!("{label}, deterministic"), true)?;
+            let label = format!("{label}, deterministic");
+            let det = measure(args, &gpt, split, &label, (true, Reduction::Plain))?;
             println!(
                 "  deterministic mode: {:.2}x the ordinary throughput",
                 det / rate

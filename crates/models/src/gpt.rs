@@ -190,7 +190,9 @@ fn layer_norm(hidden: usize) -> LayerNorm {
 
 /// Builds the GPT: inputs `input_ids [batch, seq_len]` and `labels [batch, seq_len]` (i32, the
 /// next token of every position); outputs the mean cross-entropy `loss` and the `logits
-/// [batch·seq_len, vocab]`. Parameters are `dtype` (f32 for training, f64 for gradient checks).
+/// [batch·seq_len, vocab]`. Parameters and activations are `dtype` (f32 for training, f64 for
+/// gradient checks, bf16 or f16 for mixed precision, where the logits are cast to f32 for the
+/// loss and the outputs are f32).
 pub fn gpt(config: &GptConfig, dtype: DType) -> Result<Model, ModelsError> {
     config.validate()?;
     Ok(build(config, dtype)?)
@@ -248,7 +250,11 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
         b.parameter("lm_head.weight", &[c.vocab_size, hidden], weight_init())?
     };
     let logits = b.batch_matmul("lm_head.matmul", x, head, false, true)?;
-    let logits = b.reshape("logits", logits, &[batch * seq, c.vocab_size])?;
+    let mut logits = b.reshape("logits", logits, &[batch * seq, c.vocab_size])?;
+    if dtype != DType::F32 {
+        // Mixed precision: the softmax and the loss in f32, as MindSpore's O2 keeps them.
+        logits = b.cast("logits_f32", logits, DType::F32)?;
+    }
     let flat_labels = b.reshape("labels_flat", labels, &[batch * seq])?;
     let loss = if c.vocab_parallel_loss {
         b.vocab_parallel_cross_entropy("loss", logits, flat_labels, batch * seq)?

@@ -192,6 +192,7 @@ impl GptParallel {
             (_, "residual1" | "residual2") => vec![stream.clone(), stream],
             ("lm_head", "matmul") => vec![vec![dp, 1, 1], vec![v, 1]],
             (_, "logits") => vec![vec![dp, 1, v]],
+            (_, "logits_f32") => vec![vec![dp, v]],
             (_, "labels_flat") => vec![vec![dp, 1]],
             ("", "loss") => vec![vec![dp, 1], vec![dp]],
             _ => return None,

@@ -259,6 +259,12 @@ pub struct ParallelConfig {
     pub comm_fusion: Option<crate::fusion::CommFusionConfig>,
     /// `[parallel.overlap]`.
     pub overlap: crate::fusion::OverlapConfig,
+    /// Every pending sum of half-precision values (activations and gradients) is added in f32
+    /// (MindSpore's `enable_fp32_communication`).
+    pub enable_fp32_communication: bool,
+    /// The gradients' sums of half-precision values are added in f32 (MindSpore's inverse of
+    /// `disable_gradient_fp32_sync`).
+    pub gradient_fp32_sync: bool,
     /// `parallel.comm_reuse`: identical communications (same plan) share one plan, at most
     /// this many of them (`None`: all, MindSpore's `-1`; `Some(0)`: none).
     pub comm_reuse: Option<usize>,
@@ -282,6 +288,8 @@ impl ParallelConfig {
             recompute: None,
             comm_fusion: None,
             overlap: crate::fusion::OverlapConfig::default(),
+            enable_fp32_communication: false,
+            gradient_fp32_sync: true,
             comm_reuse: None,
         }
     }

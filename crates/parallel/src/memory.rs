@@ -16,6 +16,8 @@
 //! [`predict`] walks the program as the runtime runs it, before anything runs, so
 //! `tessera train --explain` can say what a run will need.
 
+use tensor::DType;
+
 use crate::lower::{Program, Step};
 
 /// What a buffer holds, for memory accounting.
@@ -187,6 +189,9 @@ pub struct TrainingState {
     /// `Some(true)` for one shaped like the optimizer piece
     /// (`gradient_accumulation_shard`), `Some(false)` for one shaped like the gradient.
     pub accumulation_sharded: Option<bool>,
+    /// Mixed precision: the optimizer keeps an f32 master piece beside the weights, and its
+    /// state in f32.
+    pub master_weights: bool,
 }
 
 /// The bytes of `len` elements of buffer `b`'s type.
@@ -232,8 +237,15 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
             continue;
         };
         let width = program.buffers[p.buffer].dtype.size_in_bytes();
-        let piece = piece_elements(program, i, rank) * width;
-        meter.hold(MemoryCategory::Optimizer, state.optimizer_tensors * piece);
+        let elements = piece_elements(program, i, rank);
+        let piece = elements * width;
+        match state.master_weights {
+            true => meter.hold(
+                MemoryCategory::Optimizer,
+                (state.optimizer_tensors + 1) * elements * 4,
+            ),
+            false => meter.hold(MemoryCategory::Optimizer, state.optimizer_tensors * piece),
+        }
         match state.accumulation_sharded {
             Some(true) => meter.hold(MemoryCategory::Gradients, piece),
             Some(false) => meter.hold(MemoryCategory::Gradients, buffer_bytes(program, grad, rank)),
@@ -271,8 +283,20 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
                 Step::Reshard(r) => r.plan.dst().mesh().slot_of_rank(rank).is_some(),
                 Step::Kernel(_) => false,
             });
+        // Half-precision gradients summed in f32 travel widened.
+        let widened = bucket
+            .steps
+            .first()
+            .is_some_and(|&s| match &program.steps[s] {
+                Step::Reshard(r) => {
+                    let config = &program.placed.config;
+                    matches!(r.plan.dtype(), DType::BF16 | DType::F16)
+                        && (config.gradient_fp32_sync || config.enable_fp32_communication)
+                }
+                Step::Kernel(_) => false,
+            });
         if takes_part {
-            in_flight_after[bucket.ready_after] += bucket.bytes;
+            in_flight_after[bucket.ready_after] += bucket.bytes * if widened { 2 } else { 1 };
         }
     }
     let mut allocated = lifetimes.persistent.clone();

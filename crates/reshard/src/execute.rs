@@ -31,6 +31,8 @@ pub struct ReshardRunner {
     /// Network transfers as tagged point-to-point messages instead of a collective exchange
     /// ([`ReshardRunner::run_into_messages`]).
     messages: Option<Tag>,
+    /// Pending sums of half-precision (bf16, f16) values are added in f32.
+    reduce_in_f32: bool,
 }
 
 impl ReshardRunner {
@@ -41,7 +43,20 @@ impl ReshardRunner {
             groups: HashMap::new(),
             deterministic: false,
             messages: None,
+            reduce_in_f32: false,
         }
+    }
+
+    /// Adds the pending sums of half-precision values in f32 (`true`): the halves are widened
+    /// before the reduction and rounded after it, so the sum rounds once instead of at every
+    /// addition (MindSpore's `enable_fp32_communication` and gradient fp32 sync).
+    pub fn set_reduce_in_f32(&mut self, on: bool) {
+        self.reduce_in_f32 = on;
+    }
+
+    /// Whether pending sums of half-precision values are added in f32.
+    pub fn reduces_in_f32(&self) -> bool {
+        self.reduce_in_f32
     }
 
     /// Like [`ReshardRunner::run_into`], with the transfers between ranks sent as point-to-point
@@ -195,7 +210,14 @@ impl ReshardRunner {
         let mesh = src.layout().mesh();
         let step = plan.reduce().expect("called with a reduce step");
         let mut out = Vec::with_capacity(held.len());
-        for (slot, mut tensor) in held {
+        for (slot, tensor) in held {
+            let dtype = tensor.dtype();
+            let widen = self.reduce_in_f32 && matches!(dtype, DType::BF16 | DType::F16);
+            let mut tensor = match widen {
+                true => tensor.to_dtype(DType::F32),
+                false => tensor,
+            };
+            let narrow = |t: Tensor| if widen { t.to_dtype(dtype) } else { t };
             let group_slots = step
                 .slot_groups
                 .iter()
@@ -239,14 +261,14 @@ impl ReshardRunner {
                         tensor.extract_box(&SliceBox::new(offset, extent))?
                     }
                 };
-                out.push((slot, tensor));
+                out.push((slot, narrow(tensor)));
                 continue;
             }
             let group = self.group(&ranks)?;
             match kind {
                 ReduceKind::AllReduce => {
                     group.all_reduce(&mut tensor, step.op.comm_op())?;
-                    out.push((slot, tensor));
+                    out.push((slot, narrow(tensor)));
                 }
                 ReduceKind::ReduceScatter { dim } => {
                     let n = ranks.len();
@@ -272,7 +294,7 @@ impl ReshardRunner {
                         &counts,
                         step.op.comm_op(),
                     )?;
-                    out.push((slot, mine));
+                    out.push((slot, narrow(mine)));
                 }
             }
         }

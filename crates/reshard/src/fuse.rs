@@ -90,7 +90,7 @@ impl PackedReduction {
         plans: &[&ReshardPlan],
         local: &[&Tensor],
         rank: usize,
-        deterministic: bool,
+        (deterministic, reduce_in_f32): (bool, bool),
     ) -> Result<Option<PackedReduction>, ReshardError> {
         let Some(first) = plans.first() else {
             return Ok(None);
@@ -147,6 +147,10 @@ impl PackedReduction {
             let all = local.iter().flat_map(|t| t.as_bytes().iter().copied());
             (all.collect::<Vec<u8>>(), None)
         };
+        let mut data = Tensor::from_bytes(key.dtype, &[bytes.len() / width], &bytes)?;
+        if reduce_in_f32 && matches!(key.dtype, DType::BF16 | DType::F16) {
+            data = data.to_dtype(DType::F32);
+        }
         Ok(Some(PackedReduction {
             group: match deterministic {
                 true => key.canonical[g].clone(),
@@ -155,7 +159,7 @@ impl PackedReduction {
             op: key.op,
             deterministic,
             counts,
-            data: Tensor::from_bytes(key.dtype, &[bytes.len() / width], &bytes)?,
+            data,
             parts,
             scattered: key.scatter && !deterministic,
         }))
@@ -188,19 +192,19 @@ impl PackedReduction {
         let data = self.data.as_bytes();
         let mut at = 0;
         for (o, (part, shape)) in out.iter_mut().zip(&self.parts) {
-            if self.scattered {
-                let len = part.shape.iter().product::<usize>() * width;
-                o.as_bytes_mut().copy_from_slice(&data[at..at + len]);
-                at += len;
-                continue;
-            }
-            let len = shape.iter().product::<usize>() * width;
-            let summed = Tensor::from_bytes(dtype, shape, &data[at..at + len])?;
+            let whole = match self.scattered {
+                true => &part.shape,
+                false => shape,
+            };
+            let len = whole.iter().product::<usize>() * width;
+            let summed = Tensor::from_bytes(dtype, whole, &data[at..at + len])?;
             at += len;
             let mine = match summed.shape() == part.shape.as_slice() {
                 true => summed,
                 false => summed.extract_box(part)?,
             };
+            // Rounded back when the sum ran wider than the destination.
+            let mine = mine.to_dtype(o.dtype());
             o.as_bytes_mut().copy_from_slice(mine.as_bytes());
         }
         Ok(())
@@ -239,8 +243,8 @@ impl ReshardRunner {
         local: &[&Tensor],
         out: &mut [&mut Tensor],
     ) -> Result<(), ReshardError> {
-        let deterministic = self.is_deterministic();
-        if let Some(mut packed) = PackedReduction::pack(plans, local, self.rank(), deterministic)? {
+        let modes = (self.is_deterministic(), self.reduces_in_f32());
+        if let Some(mut packed) = PackedReduction::pack(plans, local, self.rank(), modes)? {
             self.reduce_packed(&mut packed)?;
             packed.unpack(out)?;
         }

@@ -52,6 +52,12 @@ pub struct RankExecutor {
     buckets_after: Vec<Vec<usize>>,
     /// With `[parallel.overlap]`: where buckets are reduced while the steps go on.
     overlap: Option<BucketReducer>,
+    /// By step: whether it seeds the backward pass with the loss's gradient (a `Fill` of 1).
+    loss_seed: Vec<bool>,
+    /// The factor the loss seed is multiplied by (mixed precision's loss scale; 1 otherwise).
+    loss_scale: f64,
+    /// By step: whether its pending sum (of half-precision values) is added in f32.
+    wide_sum: Vec<bool>,
 }
 
 /// The part of a parameter one rank's optimizer updates: with `hsdp`, its box of the
@@ -246,6 +252,36 @@ impl RankExecutor {
             buckets_after[bucket.ready_after].push(b);
         }
         let overlap = overlap_reducer(&program, &world)?;
+        let config = &program.placed.config;
+        let grads: Vec<usize> = program
+            .params
+            .iter()
+            .filter_map(|p| p.grad_buffer)
+            .collect();
+        let wide_sum = program
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Reshard(r) if grads.contains(&r.to) => {
+                    config.gradient_fp32_sync || config.enable_fp32_communication
+                }
+                Step::Reshard(_) => config.enable_fp32_communication,
+                Step::Kernel(_) => false,
+            })
+            .collect();
+        let loss_seed = program
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Kernel(k) => {
+                    matches!(
+                        program.placed.graph.nodes()[k.node.0].role,
+                        graph::NodeRole::Seed { .. }
+                    ) && matches!(k.op, graph::Op::Fill { value, .. } if value == 1.0)
+                }
+                Step::Reshard(_) => false,
+            })
+            .collect();
         let pieces = optimizer_pieces(&program, rank)?;
         let gather_sources = program
             .weight_gathers
@@ -274,7 +310,16 @@ impl RankExecutor {
             fused,
             buckets_after,
             overlap,
+            loss_seed,
+            loss_scale: 1.0,
+            wide_sum,
         })
+    }
+
+    /// Multiplies the gradient seeding the backward pass by `scale` (a loss scale), so every
+    /// gradient comes out `scale` times the loss's.
+    pub fn set_loss_scale(&mut self, scale: f64) {
+        self.loss_scale = scale;
     }
 
     /// The bytes this rank holds, by category, and their peaks so far. The training loop adds
@@ -614,8 +659,11 @@ impl RankExecutor {
                         .expect("a fused reduction's source is computed")
                 })
                 .collect();
-            let deterministic = self.runner.is_deterministic();
-            reshard::PackedReduction::pack(&plans, &srcs, self.rank, deterministic)?
+            // A bucket holds gradients.
+            let config = &program.placed.config;
+            let wide = config.gradient_fp32_sync || config.enable_fp32_communication;
+            let modes = (self.runner.is_deterministic(), wide);
+            reshard::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
         };
         if let Some(mut packed) = packed {
             match self.overlap.as_mut() {
@@ -703,7 +751,19 @@ impl RankExecutor {
                         input_blocks: &self.input_blocks[i],
                         deterministic: self.deterministic,
                     };
-                    eval_op(&k.op, &ins, &mut outs, &ctx)
+                    match &k.op {
+                        graph::Op::Fill { shape, dtype, .. }
+                            if self.loss_seed[i] && self.loss_scale != 1.0 =>
+                        {
+                            let scaled = graph::Op::Fill {
+                                shape: shape.clone(),
+                                dtype: *dtype,
+                                value: self.loss_scale,
+                            };
+                            eval_op(&scaled, &ins, &mut outs, &ctx)
+                        }
+                        op => eval_op(op, &ins, &mut outs, &ctx),
+                    }
                 };
                 for (&b, t) in k.outputs.iter().zip(outs) {
                     self.buffers[b] = Some(t);
@@ -711,6 +771,7 @@ impl RankExecutor {
                 result?;
             }
             Step::Reshard(r) => {
+                self.runner.set_reduce_in_f32(self.wide_sum[i]);
                 // A rank outside the source (destination) mesh gives (takes) no slice:
                 // between pipeline stages one side sends and the other receives.
                 let gives = self.holds(r.plan.src().layout());

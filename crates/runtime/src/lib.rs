@@ -44,6 +44,7 @@ mod lm;
 mod memory;
 mod optimizer;
 mod pipeline;
+mod precision;
 mod preflight;
 mod profile;
 mod progress;
@@ -74,6 +75,7 @@ pub use crate::optimizer::{
     ParamSpec,
 };
 pub use crate::pipeline::{chrome_trace, StepTrace, TraceSpan};
+pub use crate::precision::{LossScale, Precision};
 pub use crate::preflight::check_before_start;
 pub use crate::profile::{StepProfile, Tally};
 pub use crate::session::{

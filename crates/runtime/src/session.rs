@@ -23,6 +23,7 @@ use crate::generate::MODEL_FILE;
 use crate::lm::{gpt_parallel_config, TextData};
 use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
 use crate::pipeline::{PipelineRunner, StepTrace};
+use crate::precision::{LossScaler, MasterWeights, Precision};
 
 /// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
 /// conversions copy it as MindSpore copies its `global_step`).
@@ -238,6 +239,14 @@ impl Session {
         if config.model().name == ModelName::Gpt {
             return Session::new_gpt(config);
         }
+        if config.train().precision != Precision::F32 {
+            return Err(RuntimeError::Config {
+                key: "train.precision".to_string(),
+                reason: "mixed precision is built for the GPT (model.name = \"gpt\"); the seed \
+                         MLP trains in f32"
+                    .to_string(),
+            });
+        }
         let data = config.data();
         let (train_data, test_data) =
             IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
@@ -304,7 +313,7 @@ impl Session {
             })?;
         let text = TextData::open(config, keys)?;
         let gpt = text.gpt_config(config)?;
-        let model = models::gpt(&gpt, tensor::DType::F32)?;
+        let model = models::gpt(&gpt, config.train().precision.dtype())?;
         let parallel = parallel_config(config, &model)?;
         let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
@@ -502,15 +511,22 @@ impl Session {
                     (whole.clone(), whole)
                 }
             };
-            let mut entries = vec![(p.name.clone(), weights)];
+            // Under mixed precision the optimizer state is f32 (beside f32 master weights).
+            let state_dtype = match self.config.train().precision.has_master_weights() {
+                true => tensor::DType::F32,
+                false => dtype,
+            };
+            let mut entries = vec![(p.name.clone(), weights, dtype)];
             if p.trainable {
-                entries.extend(
-                    states
-                        .iter()
-                        .map(|s| (state_checkpoint_name(s, &p.name), state.clone())),
-                );
+                entries.extend(states.iter().map(|s| {
+                    (
+                        state_checkpoint_name(s, &p.name),
+                        state.clone(),
+                        state_dtype,
+                    )
+                }));
             }
-            for (name, placement) in entries {
+            for (name, placement, dtype) in entries {
                 params.push(ResolvedParam {
                     name,
                     shape: p.layout.shape().to_vec(),
@@ -651,13 +667,18 @@ impl Session {
                     && exec.holds_param(i)
             })
             .collect();
+        let precision = self.config.train().precision;
         let specs: Vec<ParamSpec> = trainable
             .iter()
             .map(|&i| ParamSpec {
                 name: self.train.params[i].name.clone(),
-                // This rank's optimizer piece: the whole shard, or its hsdp piece.
+                // This rank's optimizer piece: the whole shard, or its hsdp piece; its state in
+                // f32 under mixed precision (beside f32 master weights).
                 shape: exec.optimizer_piece(i).shape.clone(),
-                dtype: exec.param(i).dtype(),
+                dtype: match precision.has_master_weights() {
+                    true => tensor::DType::F32,
+                    false => exec.param(i).dtype(),
+                },
             })
             .collect();
         let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
@@ -689,6 +710,15 @@ impl Session {
         if let Some(from) = &self.config.output().resume_from {
             global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
         }
+        // Mixed precision: f32 master pieces (after a resume, of the weights it loaded).
+        let mut master = match precision.has_master_weights() {
+            true => Some(MasterWeights::new(&exec, &trainable)?),
+            false => None,
+        };
+        if let Some(m) = &master {
+            exec.memory().hold(MemoryCategory::Optimizer, m.bytes());
+        }
+        let mut scaler = LossScaler::new(self.config.train().loss_scale);
         let cfg = self.config.train();
         let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
         let mut outcome = RankOutcome::default();
@@ -708,6 +738,7 @@ impl Session {
                     break;
                 }
                 let start = Instant::now();
+                exec.set_loss_scale(scaler.as_ref().map_or(1.0, LossScaler::scale));
                 let loss = if let Some(accumulated) = accumulated.as_mut() {
                     let at = (&plan, epoch, index);
                     let loss = match &pipelined {
@@ -731,15 +762,33 @@ impl Session {
                             global_step,
                         )?,
                     };
-                    optimizer.begin_step();
-                    update_parameters(&mut exec, &mut optimizer, &trainable, Some(&*accumulated))?;
+                    update_parameters(
+                        &mut exec,
+                        &mut optimizer,
+                        UpdateContext {
+                            trainable: &trainable,
+                            accumulated: Some(&*accumulated),
+                            master: master.as_mut(),
+                            scaler: scaler.as_mut(),
+                            world: world.as_ref(),
+                        },
+                    )?;
                     loss
                 } else {
                     self.feed_step(&mut exec, &plan, epoch, index, 0)?;
                     exec.set_step(global_step);
                     exec.run()?;
-                    optimizer.begin_step();
-                    update_parameters(&mut exec, &mut optimizer, &trainable, None)?;
+                    update_parameters(
+                        &mut exec,
+                        &mut optimizer,
+                        UpdateContext {
+                            trainable: &trainable,
+                            accumulated: None,
+                            master: master.as_mut(),
+                            scaler: scaler.as_mut(),
+                            world: world.as_ref(),
+                        },
+                    )?;
                     exec.output(0).to_f64_vec()[0] as f32
                 };
                 let step_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -881,6 +930,7 @@ impl Session {
         let state = TrainingState {
             optimizer_tensors: self.config.optimizer_config().kind.state_names().len(),
             accumulation_sharded: (self.micro_steps() > 1).then_some(accumulation_sharded),
+            master_weights: self.config.train().precision.has_master_weights(),
         };
         Some(parallel::memory::predict(&self.train, rank, state))
     }
@@ -1184,40 +1234,101 @@ fn parallel_config(
     Ok(parallel)
 }
 
+/// What an optimizer step needs besides the executor and the optimizer.
+struct UpdateContext<'a> {
+    /// The trainable parameters (indices into the program's), in the optimizer's order.
+    trainable: &'a [usize],
+    /// With gradient accumulation, the step's mean gradients (else the program's).
+    accumulated: Option<&'a Accumulation>,
+    /// Under mixed precision, the f32 master pieces the optimizer updates.
+    master: Option<&'a mut MasterWeights>,
+    /// The loss scale, when the gradients carry one.
+    scaler: Option<&'a mut LossScaler>,
+    /// Every rank (to agree on skipping a step whose gradients overflowed).
+    world: &'a dyn Communicator,
+}
+
+/// Parameter `i`'s (`trainable[k]`) gradient — accumulated, or the program's — and where its
+/// optimizer piece starts in it.
+fn gradient_of<'e>(
+    exec: &'e RankExecutor,
+    accumulated: Option<&'e Accumulation>,
+    k: usize,
+    i: usize,
+) -> Option<(&'e Tensor, usize)> {
+    let piece = exec.optimizer_piece(i);
+    match accumulated {
+        Some(acc) => Some((acc.buffer(k), acc.piece_offset(k, piece.grad_offset))),
+        None => exec.grad(i).map(|g| (g, piece.grad_offset)),
+    }
+}
+
 /// The optimizer step: every trainable parameter's piece (its shard, or with `hsdp` the rows
 /// of its optimizer shard) updated with its gradient — the program's gradient buffer, or with
-/// gradient accumulation `accumulated[k]` (laid out like it) — then the updated pieces gathered
-/// into whole weights where `hsdp` keeps weights whole (levels 1 and 2).
+/// gradient accumulation the accumulated mean — then the updated pieces gathered into whole
+/// weights where `hsdp` keeps weights whole (levels 1 and 2). Under mixed precision the update
+/// applies to the f32 master piece, with the gradient widened and unscaled, and the result is
+/// rounded into the weights; a step whose gradients overflowed on any rank is skipped
+/// (returns `false`).
 fn update_parameters(
     exec: &mut RankExecutor,
     optimizer: &mut Optimizer,
-    trainable: &[usize],
-    accumulated: Option<&Accumulation>,
-) -> Result<(), RuntimeError> {
-    for (k, &i) in trainable.iter().enumerate() {
-        let piece = exec.optimizer_piece(i).clone();
-        match accumulated {
-            Some(accumulated) => optimizer.update_piece(
-                k,
-                exec.param_mut(i),
-                piece.param_offset,
-                accumulated.buffer(k),
-                accumulated.piece_offset(k, piece.grad_offset),
-            )?,
-            None => {
-                if let Some((param, grad)) = exec.param_and_grad(i) {
-                    optimizer.update_piece(
-                        k,
-                        param,
-                        piece.param_offset,
-                        grad,
-                        piece.grad_offset,
-                    )?;
+    ctx: UpdateContext<'_>,
+) -> Result<bool, RuntimeError> {
+    let Some(master) = ctx.master else {
+        optimizer.begin_step();
+        for (k, &i) in ctx.trainable.iter().enumerate() {
+            let piece = exec.optimizer_piece(i).clone();
+            match ctx.accumulated {
+                Some(accumulated) => optimizer.update_piece(
+                    k,
+                    exec.param_mut(i),
+                    piece.param_offset,
+                    accumulated.buffer(k),
+                    accumulated.piece_offset(k, piece.grad_offset),
+                )?,
+                None => {
+                    if let Some((param, grad)) = exec.param_and_grad(i) {
+                        optimizer.update_piece(
+                            k,
+                            param,
+                            piece.param_offset,
+                            grad,
+                            piece.grad_offset,
+                        )?;
+                    }
                 }
             }
         }
+        exec.gather_updated_weights()?;
+        return Ok(true);
+    };
+    let unscale = ctx.scaler.as_ref().map_or(1.0, |s| 1.0 / s.scale());
+    let mut grads = Vec::with_capacity(ctx.trainable.len());
+    for (k, &i) in ctx.trainable.iter().enumerate() {
+        let shape = exec.optimizer_piece(i).shape.clone();
+        let grad = match gradient_of(exec, ctx.accumulated, k, i) {
+            Some((g, offset)) => crate::precision::f32_piece(g, offset, &shape, unscale)?,
+            None => Tensor::zeros(tensor::DType::F32, &shape),
+        };
+        grads.push(grad);
     }
-    exec.gather_updated_weights()
+    if let Some(scaler) = ctx.scaler {
+        let mine = !grads.iter().all(crate::precision::all_finite);
+        let overflow = crate::precision::any_rank_overflowed(ctx.world, mine)?;
+        scaler.record(overflow);
+        if overflow {
+            return Ok(false);
+        }
+    }
+    optimizer.begin_step();
+    for (k, &i) in ctx.trainable.iter().enumerate() {
+        optimizer.update_piece(k, master.piece_mut(k), 0, &grads[k], 0)?;
+        let offset = exec.optimizer_piece(i).param_offset;
+        crate::precision::write_piece(exec.param_mut(i), offset, master.piece(k))?;
+    }
+    exec.gather_updated_weights()?;
+    Ok(true)
 }
 
 /// Copies the training program's parameter shards into the evaluation program's (the layouts

@@ -71,6 +71,8 @@ impl Trainer {
                 per_print_times: 1,
                 print_local_norm: false,
                 dump_local_norm: None,
+                precision: crate::precision::Precision::F32,
+                loss_scale: None,
             },
             output: OutputConfig {
                 dir: PathBuf::from("runs/custom"),

@@ -13,6 +13,7 @@ mod layout_config;
 mod memory;
 mod op_sharding;
 mod optimizer;
+mod precision;
 mod reproducibility;
 mod run_util;
 mod sharded;

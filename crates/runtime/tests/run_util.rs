@@ -45,7 +45,12 @@ pub fn merged_params(out: &Path, names: &[String]) -> Vec<(String, Vec<f32>)> {
         .iter()
         .map(|name| {
             let t = part.read_tensor(name).expect("a merged parameter");
-            (name.clone(), t.as_f32().expect("f32").to_vec())
+            // Half-precision weights (mixed precision) widened, exactly.
+            let values = match t.as_f32() {
+                Ok(xs) => xs.to_vec(),
+                Err(_) => t.to_f64_vec().into_iter().map(|x| x as f32).collect(),
+            };
+            (name.clone(), values)
         })
         .collect()
 }

@@ -129,12 +129,49 @@ pub fn eval_op(
     match outputs[0].dtype() {
         DType::F32 => eval_typed::<f32>(op, inputs, outputs, ctx),
         DType::F64 => eval_typed::<f64>(op, inputs, outputs, ctx),
+        DType::BF16 | DType::F16 => eval_half(op, inputs, outputs, ctx),
         dtype => Err(GraphError::UnsupportedDType {
             node: ctx.node.to_string(),
             op: op.kind(),
             dtype,
         }),
     }
+}
+
+/// A half-precision (bf16 or f16) op: computed in f32 — the half inputs widened, the f32
+/// kernel run, its outputs rounded to nearest into the half outputs. On CPUs without half
+/// arithmetic this is the fastest way (see docs/PERFORMANCE.md); what half precision saves
+/// here is memory, not time.
+fn eval_half(
+    op: &Op,
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let is_half = |d: DType| matches!(d, DType::BF16 | DType::F16);
+    let widened: Vec<std::borrow::Cow<'_, Tensor>> = inputs
+        .iter()
+        .map(|t| match is_half(t.dtype()) {
+            true => std::borrow::Cow::Owned(t.to_dtype(DType::F32)),
+            false => std::borrow::Cow::Borrowed(*t),
+        })
+        .collect();
+    let wide_inputs: Vec<&Tensor> = widened.iter().map(|t| t.as_ref()).collect();
+    let mut wide_outputs: Vec<Tensor> = outputs
+        .iter_mut()
+        .map(|t| match is_half(t.dtype()) {
+            true => Tensor::zeros(DType::F32, t.shape()),
+            false => std::mem::replace(t, Tensor::zeros(t.dtype(), &[0])),
+        })
+        .collect();
+    let result = eval_typed::<f32>(op, &wide_inputs, &mut wide_outputs, ctx);
+    for (out, wide) in outputs.iter_mut().zip(wide_outputs) {
+        *out = match is_half(out.dtype()) {
+            true => wide.to_dtype(out.dtype()),
+            false => wide,
+        };
+    }
+    result
 }
 
 /// The elements of `x` in `out`, a tensor of the same dtype and element count.

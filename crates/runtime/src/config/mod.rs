@@ -203,6 +203,10 @@ pub struct TrainLoopConfig {
     pub print_local_norm: bool,
     /// Dump every rank's local norms each step under this directory (resolved).
     pub dump_local_norm: Option<PathBuf>,
+    /// What the model computes in (`train.precision`).
+    pub precision: crate::precision::Precision,
+    /// The loss scale (`train.loss_scale`; `None`: none).
+    pub loss_scale: Option<crate::precision::LossScale>,
 }
 
 /// `[output]`.

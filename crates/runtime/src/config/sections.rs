@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::precision::{LossScale, Precision};
 use layout::Layout;
 use parallel::{DatasetStrategy, HsdpConfig, OptimizerLevel, ParallelConfig, ParallelMode};
 use toml::{Table, Value};
@@ -90,6 +91,8 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "comm_fusion",
     "comm_reuse",
     "overlap",
+    "enable_fp32_communication",
+    "gradient_fp32_sync",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -129,6 +132,8 @@ pub(super) const TRAIN_KEYS: &[&str] = &[
     "print_local_norm",
     "dump_local_norm",
     "dump_local_norm_path",
+    "precision",
+    "loss_scale",
 ];
 pub(super) const OUTPUT_KEYS: &[&str] =
     &["dir", "save_checkpoint", "resume_from", "resume_strategy"];
@@ -672,6 +677,8 @@ fn read_parallel(
     let recompute = s.get("recompute", super::memory::read_recompute)?;
     let comm_fusion = s.get("comm_fusion", super::memory::read_comm_fusion)?;
     let comm_reuse = s.or("comm_reuse", None, super::memory::read_comm_reuse)?;
+    let enable_fp32_communication = s.or("enable_fp32_communication", false, read_bool)?;
+    let gradient_fp32_sync = s.or("gradient_fp32_sync", true, read_bool)?;
     let overlap = s.or(
         "overlap",
         parallel::fusion::OverlapConfig::default(),
@@ -747,6 +754,8 @@ fn read_parallel(
         recompute,
         comm_fusion,
         overlap,
+        enable_fp32_communication,
+        gradient_fp32_sync,
         comm_reuse,
     };
     Ok((parallel, strategy_file))
@@ -831,6 +840,25 @@ fn read_train_loop(
         }
         (false, None) => None,
     };
+    let precision = s.or("precision", Precision::F32, |key, v| {
+        read_enum(key, v, &["f32", "bf16", "f16"], Precision::parse)
+    })?;
+    let loss_scale = s.get("loss_scale", |key, v| match v {
+        Value::String(text) if text == "dynamic" => Ok(LossScale::Dynamic),
+        Value::Integer(n) if n >= 1 => Ok(LossScale::Static(n as f64)),
+        Value::Float(x) if x.is_finite() && x >= 1.0 => Ok(LossScale::Static(x)),
+        other => Err(wrong_type(key, "\"dynamic\" or a number ≥ 1", &other)),
+    })?;
+    let loss_scale = match (precision, loss_scale) {
+        // f16's range needs a scale: dynamic unless one is given.
+        (Precision::F16, None) => Some(LossScale::Dynamic),
+        (Precision::F32, Some(_)) => {
+            warnings
+                .push("train.loss_scale has no effect with train.precision = \"f32\"".to_string());
+            None
+        }
+        (_, given) => given,
+    };
     Ok(TrainLoopConfig {
         epochs,
         max_steps: (max_steps > 0).then_some(max_steps),
@@ -841,6 +869,8 @@ fn read_train_loop(
         per_print_times,
         print_local_norm,
         dump_local_norm,
+        precision,
+        loss_scale,
     })
 }
 

@@ -1,0 +1,213 @@
+//! Mixed precision (`train.precision`, `train.loss_scale`): the model computes in bf16 or f16
+//! while the optimizer keeps f32 master weights and f32 state, as MindSpore's O2 and PyTorch's
+//! AMP with master weights do.
+//!
+//! Each step the gradients (low precision, scaled by the loss scale under f16) are read into
+//! f32, unscaled, and applied to the master piece; the updated master piece is rounded into the
+//! model's weights. With a loss scale, a step whose gradients hold an infinity or a NaN on any
+//! rank is skipped by every rank; a dynamic scale then halves, and doubles after
+//! [`GROWTH_INTERVAL`] clean steps (PyTorch's `GradScaler` rule).
+
+use comm::{BufMut, Communicator, ReduceOp};
+use tensor::{DType, Tensor};
+
+use crate::error::RuntimeError;
+
+/// Clean steps before a dynamic loss scale doubles.
+pub const GROWTH_INTERVAL: u64 = 2000;
+
+/// The dynamic loss scale's first value (2¹⁶).
+pub const INITIAL_DYNAMIC_SCALE: f64 = 65536.0;
+
+/// What the model computes in (`train.precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// bfloat16 compute, f32 master weights.
+    Bf16,
+    /// float16 compute, f32 master weights, with a loss scale.
+    F16,
+}
+
+impl Precision {
+    /// Parses `"f32"`, `"bf16"`, `"f16"`.
+    pub fn parse(text: &str) -> Option<Precision> {
+        match text {
+            "f32" => Some(Precision::F32),
+            "bf16" => Some(Precision::Bf16),
+            "f16" => Some(Precision::F16),
+            _ => None,
+        }
+    }
+
+    /// The model's floating-point type.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::Bf16 => DType::BF16,
+            Precision::F16 => DType::F16,
+        }
+    }
+
+    /// Whether the optimizer keeps f32 master weights beside the model's.
+    pub fn has_master_weights(self) -> bool {
+        self != Precision::F32
+    }
+}
+
+/// `train.loss_scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossScale {
+    /// A fixed factor.
+    Static(f64),
+    /// Halved on overflow, doubled after [`GROWTH_INTERVAL`] clean steps.
+    Dynamic,
+}
+
+/// A static scale is finite and ≥ 1 (checked when read), so equality is reflexive.
+impl Eq for LossScale {}
+
+/// The loss scale of a run as it goes.
+#[derive(Debug, Clone)]
+pub(crate) struct LossScaler {
+    scale: f64,
+    dynamic: bool,
+    clean_steps: u64,
+}
+
+impl LossScaler {
+    /// The scaler of `config` (`None`: scale 1, never skips).
+    pub(crate) fn new(config: Option<LossScale>) -> Option<LossScaler> {
+        config.map(|c| match c {
+            LossScale::Static(scale) => LossScaler {
+                scale,
+                dynamic: false,
+                clean_steps: 0,
+            },
+            LossScale::Dynamic => LossScaler {
+                scale: INITIAL_DYNAMIC_SCALE,
+                dynamic: true,
+                clean_steps: 0,
+            },
+        })
+    }
+
+    /// The factor the loss's gradient seed is multiplied by.
+    pub(crate) fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// Records a step's outcome (`overflow`: skipped) and adapts a dynamic scale.
+    pub(crate) fn record(&mut self, overflow: bool) {
+        if !self.dynamic {
+            return;
+        }
+        if overflow {
+            self.scale = (self.scale / 2.0).max(1.0);
+            self.clean_steps = 0;
+        } else {
+            self.clean_steps += 1;
+            if self.clean_steps == GROWTH_INTERVAL {
+                self.scale *= 2.0;
+                self.clean_steps = 0;
+            }
+        }
+    }
+}
+
+/// Whether any rank of `world` saw a non-finite gradient (`mine` for this rank).
+pub(crate) fn any_rank_overflowed(
+    world: &dyn Communicator,
+    mine: bool,
+) -> Result<bool, RuntimeError> {
+    let mut flag = [if mine { 1.0f32 } else { 0.0 }];
+    world.all_reduce_buf(BufMut::new(&mut flag), ReduceOp::Max)?;
+    Ok(flag[0] > 0.0)
+}
+
+/// The `len` elements of `t` from element `offset`, as f32 times `factor`.
+pub(crate) fn f32_piece(
+    t: &Tensor,
+    offset: usize,
+    shape: &[usize],
+    factor: f64,
+) -> Result<Tensor, RuntimeError> {
+    let len: usize = shape.iter().product();
+    let values = t.to_f64_vec();
+    let end = offset + len;
+    if end > values.len() {
+        return Err(RuntimeError::Mismatch {
+            what: "a gradient piece".to_string(),
+            expected: format!("{end} elements"),
+            got: values.len().to_string(),
+        });
+    }
+    let piece: Vec<f32> = values[offset..end]
+        .iter()
+        .map(|&x| (x * factor) as f32)
+        .collect();
+    Ok(Tensor::from_vec(shape, piece)?)
+}
+
+/// Whether every element of `t` is finite.
+pub(crate) fn all_finite(t: &Tensor) -> bool {
+    match t.as_slice::<f32>() {
+        Ok(xs) => xs.iter().all(|x| x.is_finite()),
+        Err(_) => t.to_f64_vec().iter().all(|x| x.is_finite()),
+    }
+}
+
+/// Writes `master` (f32) into `param` from element `offset`, rounded to `param`'s type.
+pub(crate) fn write_piece(
+    param: &mut Tensor,
+    offset: usize,
+    master: &Tensor,
+) -> Result<(), RuntimeError> {
+    let rounded = master.to_dtype(param.dtype());
+    let width = param.dtype().size_in_bytes();
+    let bytes = rounded.as_bytes();
+    let start = offset * width;
+    param.as_bytes_mut()[start..start + bytes.len()].copy_from_slice(bytes);
+    Ok(())
+}
+
+/// The f32 master copy of every trainable parameter's optimizer piece (in the optimizer's
+/// order), under mixed precision.
+#[derive(Debug)]
+pub(crate) struct MasterWeights {
+    pieces: Vec<Tensor>,
+}
+
+impl MasterWeights {
+    /// The pieces of `exec`'s weights for the trainable parameters `trainable`, widened.
+    pub(crate) fn new(
+        exec: &crate::executor::RankExecutor,
+        trainable: &[usize],
+    ) -> Result<MasterWeights, RuntimeError> {
+        let pieces = trainable
+            .iter()
+            .map(|&i| {
+                let piece = exec.optimizer_piece(i);
+                f32_piece(exec.param(i), piece.param_offset, &piece.shape, 1.0)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(MasterWeights { pieces })
+    }
+
+    /// The bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.pieces.iter().map(|t| t.as_bytes().len()).sum()
+    }
+
+    /// Piece `k`.
+    pub(crate) fn piece_mut(&mut self, k: usize) -> &mut Tensor {
+        &mut self.pieces[k]
+    }
+
+    /// Piece `k`.
+    pub(crate) fn piece(&self, k: usize) -> &Tensor {
+        &self.pieces[k]
+    }
+}
