@@ -268,6 +268,22 @@ impl Lowering<'_> {
         let from = *versions
             .first()
             .expect("a value is produced before it is used");
+        let to = self.push_reshard(value, from, need, None, reason())?;
+        self.versions.entry(value).or_default().push(to);
+        Ok(to)
+    }
+
+    /// Appends a reshard of `value` from buffer `from` into a new buffer laid out as `need`
+    /// (named with `suffix` after the layout), and returns that buffer; consumers find it by
+    /// its layout only once the caller registers it.
+    pub(crate) fn push_reshard(
+        &mut self,
+        value: ValueId,
+        from: usize,
+        need: &TensorLayout,
+        suffix: Option<&str>,
+        reason: String,
+    ) -> Result<usize, ParallelError> {
         let src = self.buffers[from].layout.clone();
         let dtype = self.buffers[from].dtype;
         let plan =
@@ -275,10 +291,14 @@ impl Lowering<'_> {
                 context: format!("moving {}", self.graph().values()[value.0].name),
                 source: Box::new(source),
             })?;
-        let to = self.new_buffer(value, need.clone().into(), &need.layout().describe_map());
+        let mut name = need.layout().describe_map();
+        if let Some(suffix) = suffix {
+            name = format!("{name}@{suffix}");
+        }
+        let to = self.add_buffer(value, need.clone().into(), &name);
         self.steps.push(Step::Reshard(ReshardStep {
             value,
-            reason: reason(),
+            reason,
             plan: Arc::new(plan),
             from,
             to,

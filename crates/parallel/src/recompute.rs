@@ -12,7 +12,6 @@
 //! each is computed again, from kept values, just before its first backward use.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use graph::{Graph, NodeId, NodeRole, ValueId};
 use layout::TensorLayout;
@@ -21,7 +20,7 @@ use crate::assign::PlacedGraph;
 use crate::config::{OptimizerLevel, RecomputeConfig};
 use crate::error::ParallelError;
 use crate::hsdp::ShardDecision;
-use crate::lower::{local_op, KernelStep, Lowering, ReshardStep, Step};
+use crate::lower::{local_op, KernelStep, Lowering, Step};
 use crate::patterns::glob_matches;
 
 /// Which pass a backward copy serves: the backward ops, or (for a weight gathered again under
@@ -145,15 +144,6 @@ impl Lowering<'_> {
         if let Some(b) = self.find_copy(&[base], need) {
             return Ok(b);
         }
-        let src = self.buffers[base].layout.clone();
-        let dtype = self.buffers[base].dtype;
-        let plan =
-            reshard::plan_from(&src, need, dtype).map_err(|source| ParallelError::Reshard {
-                context: format!("moving {} again", self.graph().values()[v.0].name),
-                source: Box::new(source),
-            })?;
-        let suffix = format!("{}@backward", need.layout().describe_map());
-        let to = self.add_buffer(v, need.clone().into(), &suffix);
         let why = if level3 {
             "hsdp level3: gathered again for the backward pass"
         } else if recomputed {
@@ -161,13 +151,8 @@ impl Lowering<'_> {
         } else {
             "communicated again for a recomputed op (mp_comm_recompute)"
         };
-        self.steps.push(Step::Reshard(ReshardStep {
-            value: v,
-            reason: format!("{} ({why})", reason()),
-            plan: Arc::new(plan),
-            from: base,
-            to,
-        }));
+        let reason = format!("{} ({why})", reason());
+        let to = self.push_reshard(v, base, need, Some("backward"), reason)?;
         self.backward.copies.entry((v, pass)).or_default().push(to);
         Ok(to)
     }

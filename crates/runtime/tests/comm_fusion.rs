@@ -6,17 +6,7 @@ use std::path::Path;
 
 use runtime::{Session, TrainConfig};
 
-use crate::run_util::{self, train_report};
-
-/// The small GPT with Adam for `steps` steps under `[parallel]` body `parallel`.
-fn gpt(out: &Path, parallel: &str, steps: usize, overrides: &[&str]) -> TrainConfig {
-    let mut all = vec![format!("train.max_steps={steps}")];
-    all.extend(overrides.iter().map(|s| s.to_string()));
-    run_util::small_gpt(out, "adam", "", parallel, &all)
-}
-
-const DP2: &str = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
-const DP2_MP2: &str = "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2\n";
+use crate::run_util::{self, adam_gpt, train_report, DP2, DP2_MP2};
 
 /// Every gradient reduction is in at most one bucket, and each bucket's steps are reductions
 /// into gradient buffers.
@@ -31,7 +21,10 @@ fn check_buckets(what: &str, session: &Session) -> usize {
                 panic!("{what}: bucket step {s} is not a reshard");
             };
             assert_eq!(Some(r.to), program.params[p].grad_buffer, "{what}");
-            assert!(b.ready_after <= s, "{what}: a bucket runs before its steps would");
+            assert!(
+                b.ready_after <= s,
+                "{what}: a bucket runs before its steps would"
+            );
         }
     }
     program.buckets.len()
@@ -45,7 +38,7 @@ fn every_fusion_mode_trains_one_devices_numbers() {
     let tmp = tempfile::tempdir().unwrap();
     let steps = 20;
     let (_, reference) = run_util::train_steps(
-        &gpt(&tmp.path().join("sa"), "mode = \"stand_alone\"", steps, &[]),
+        &adam_gpt(&tmp.path().join("sa"), "mode = \"stand_alone\"", steps, &[]),
         steps,
     );
     let level2 = "[parallel.hsdp]\noptimizer_level = \"level2\"\nthreshold = 0\n";
@@ -73,7 +66,7 @@ fn every_fusion_mode_trains_one_devices_numbers() {
         ),
     ];
     for (i, (what, parallel, expected)) in cases.iter().enumerate() {
-        let cfg = gpt(&tmp.path().join(format!("case-{i}")), parallel, steps, &[]);
+        let cfg = adam_gpt(&tmp.path().join(format!("case-{i}")), parallel, steps, &[]);
         let (session, losses) = run_util::train_steps(&cfg, steps);
         let buckets = check_buckets(what, &session);
         match expected {
@@ -86,12 +79,7 @@ fn every_fusion_mode_trains_one_devices_numbers() {
                 );
             }
         }
-        let worst = losses
-            .iter()
-            .zip(&reference)
-            .map(|(a, b)| ((a - b) / b).abs())
-            .fold(0.0f32, f32::max);
-        assert!(worst <= 1e-4, "{what}: loss {worst} from one device's");
+        run_util::assert_losses_within(what, &losses, &reference, 1e-4);
     }
 }
 
@@ -102,7 +90,7 @@ fn fused_reductions_stay_bitwise_in_deterministic_mode() {
     let tmp = tempfile::tempdir().unwrap();
     let steps = 10;
     let det = ["train.deterministic=true"];
-    let (_, _, one) = train_report(&gpt(
+    let (_, _, one) = train_report(&adam_gpt(
         &tmp.path().join("one"),
         "mode = \"stand_alone\"",
         steps,
@@ -110,7 +98,7 @@ fn fused_reductions_stay_bitwise_in_deterministic_mode() {
     ));
     let fused =
         format!("{DP2}[parallel.comm_fusion]\nallreduce = {{ mode = \"index\", config = [8] }}\n");
-    let (session, _, two) = train_report(&gpt(&tmp.path().join("two"), &fused, steps, &det));
+    let (session, _, two) = train_report(&adam_gpt(&tmp.path().join("two"), &fused, steps, &det));
     assert_eq!(check_buckets("deterministic", &session), 2);
     run_util::assert_bitwise_run("fused, deterministic", &two, &one);
 }
@@ -121,7 +109,7 @@ fn comm_reuse_shares_identical_plans_up_to_its_cap() {
     let tmp = tempfile::tempdir().unwrap();
     let reuse = |value: &str| {
         let parallel = format!("{DP2_MP2}comm_reuse = {value}\n");
-        let session = Session::new(&gpt(tmp.path(), &parallel, 1, &[])).unwrap();
+        let session = Session::new(&adam_gpt(tmp.path(), &parallel, 1, &[])).unwrap();
         let program = session.train.clone();
         let plans: Vec<&std::sync::Arc<reshard::ReshardPlan>> = program
             .steps

@@ -30,12 +30,7 @@ fn config_with(
 /// Trains `config` for 20 steps: the losses, and every merged parameter by name.
 fn train(config: &TrainConfig) -> Run {
     let (session, losses) = train_steps(config, 20);
-    let names: Vec<String> = session
-        .train
-        .params
-        .iter()
-        .map(|p| p.name.clone())
-        .collect();
+    let names = run_util::param_names(&session);
     (losses, merged_params(&config.output().dir, &names))
 }
 

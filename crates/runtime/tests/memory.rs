@@ -9,15 +9,7 @@ use std::path::Path;
 use parallel::memory::MemoryReport;
 use runtime::{Session, TrainConfig};
 
-use crate::run_util::{self, train_report, Run};
-
-/// The small GPT (`run_util::small_gpt`) with Adam, `steps` steps, `[parallel]` body
-/// `parallel`, and `overrides`.
-fn gpt(out: &Path, parallel: &str, steps: usize, overrides: &[&str]) -> TrainConfig {
-    let mut all = vec![format!("train.max_steps={steps}")];
-    all.extend(overrides.iter().map(|s| s.to_string()));
-    run_util::small_gpt(out, "adam", "", parallel, &all)
-}
+use crate::run_util::{self, adam_gpt, train_report, Run, DP2, DP2_MP2};
 
 /// Trains `config`; every rank's measured memory must equal its prediction. Returns the run
 /// and the per-rank reports.
@@ -36,9 +28,6 @@ fn train_predicted(what: &str, config: &TrainConfig) -> (Session, Run, Vec<Memor
     }
     (session, run, measured)
 }
-
-const DP2_MP2: &str = "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2\n";
-const DP2: &str = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
 
 /// The prediction holds under data, model and sequence parallelism, every hsdp level,
 /// gradient accumulation (sharded or not), recompute, and overlapped gradient buckets.
@@ -84,7 +73,7 @@ fn measured_memory_equals_the_prediction() {
         ),
     ];
     for (i, (what, parallel, overrides)) in cases.iter().enumerate() {
-        let cfg = gpt(
+        let cfg = adam_gpt(
             &tmp.path().join(format!("case-{i}")),
             parallel,
             2,
@@ -103,7 +92,7 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
     let tmp = tempfile::tempdir().unwrap();
     let steps = 20;
     let (_, reference) = run_util::train_steps(
-        &gpt(&tmp.path().join("sa"), "mode = \"stand_alone\"", steps, &[]),
+        &adam_gpt(&tmp.path().join("sa"), "mode = \"stand_alone\"", steps, &[]),
         steps,
     );
     let level3 = "[parallel.hsdp]\noptimizer_level = \"level3\"\nthreshold = 0\n";
@@ -139,11 +128,11 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
         let with = format!("{plain}[parallel.recompute]\n{recompute}\n");
         let (_, off, off_memory) = train_predicted(
             what,
-            &gpt(&tmp.path().join(format!("off-{i}")), &plain, steps, &[]),
+            &adam_gpt(&tmp.path().join(format!("off-{i}")), &plain, steps, &[]),
         );
         let (session, on, on_memory) = train_predicted(
             what,
-            &gpt(&tmp.path().join(format!("on-{i}")), &with, steps, &[]),
+            &adam_gpt(&tmp.path().join(format!("on-{i}")), &with, steps, &[]),
         );
         let recomputed = session
             .train
@@ -154,12 +143,7 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
         assert!(recomputed > 0, "{what}: some op is recomputed");
         run_util::assert_bitwise_run(what, &on, &off);
         assert_eq!(on.0.len(), steps);
-        let worst =
-            on.0.iter()
-                .zip(&reference)
-                .map(|(a, b)| ((a - b) / b).abs())
-                .fold(0.0f32, f32::max);
-        assert!(worst <= 1e-4, "{what}: loss {worst} from one device's");
+        run_util::assert_losses_within(what, &on.0, &reference, 1e-4);
         for (rank, (on, off)) in on_memory.iter().zip(&off_memory).enumerate() {
             assert!(
                 on.peaks.activations < off.peaks.activations,
@@ -180,7 +164,7 @@ fn sharded_accumulation_holds_the_piece_alone() {
     let run = |name: &str, shard: bool| {
         let parallel =
             format!("{DP2}[parallel.hsdp]\nthreshold = 0\ngradient_accumulation_shard = {shard}");
-        let cfg = gpt(
+        let cfg = adam_gpt(
             &tmp.path().join(name),
             &parallel,
             6,
@@ -249,7 +233,7 @@ fn bad_recompute_settings_name_the_key() {
     ];
     for (body, key, rule) in build_cases {
         let text = format!("{DP2}[parallel.recompute]\n{body}\n");
-        let message = Session::new(&gpt(tmp.path(), &text, 1, &[]))
+        let message = Session::new(&adam_gpt(tmp.path(), &text, 1, &[]))
             .expect_err("the session refuses it")
             .to_string();
         assert!(

@@ -7,34 +7,13 @@ use std::path::Path;
 
 use runtime::{Session, TrainConfig};
 
-use crate::run_util::{self, train_report};
-
-/// The small GPT with Adam for `steps` steps under `[parallel]` body `parallel`.
-fn gpt(out: &Path, parallel: &str, steps: usize, overrides: &[&str]) -> TrainConfig {
-    let mut all = vec![format!("train.max_steps={steps}")];
-    all.extend(overrides.iter().map(|s| s.to_string()));
-    run_util::small_gpt(out, "adam", "", parallel, &all)
-}
+use crate::run_util::{self, adam_gpt, train_report, DP2, DP2_MP2};
 
 const SA: &str = "mode = \"stand_alone\"";
-const DP2: &str = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
-const DP2_MP2: &str = "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2\n";
 
 /// The documented tolerance: each step's loss within 5 % of the f32 run's (this small GPT at
 /// learning rate 0.01 drifts most: measured worst 2.7 % in bf16, 4.5 % in f16).
 const TOLERANCE: f32 = 5e-2;
-
-fn assert_follows(what: &str, losses: &[f32], reference: &[f32]) {
-    assert_eq!(losses.len(), reference.len(), "{what}");
-    for (i, (a, b)) in losses.iter().zip(reference).enumerate() {
-        let rel = ((a - b) / b).abs();
-        assert!(
-            rel <= TOLERANCE,
-            "{what}: step {} loss {a} vs f32 {b}",
-            i + 1
-        );
-    }
-}
 
 /// bf16 and f16 (dynamic loss scale) on one device, data parallel 2 (with fp32 gradient sync
 /// and without) and dp 2 × mp 2 (every sum in f32): 20 steps within 5 % of f32's losses, and
@@ -44,7 +23,7 @@ fn half_precision_follows_the_f32_curve() {
     let tmp = tempfile::tempdir().unwrap();
     let steps = 20;
     let (_, reference) =
-        run_util::train_steps(&gpt(&tmp.path().join("f32"), SA, steps, &[]), steps);
+        run_util::train_steps(&adam_gpt(&tmp.path().join("f32"), SA, steps, &[]), steps);
     let cases: [(&str, &str, &[&str]); 6] = [
         ("bf16, one device", SA, &["train.precision=\"bf16\""]),
         ("f16, one device", SA, &["train.precision=\"f16\""]),
@@ -72,14 +51,14 @@ fn half_precision_follows_the_f32_curve() {
         ),
     ];
     for (i, (what, parallel, overrides)) in cases.iter().enumerate() {
-        let cfg = gpt(
+        let cfg = adam_gpt(
             &tmp.path().join(format!("case-{i}")),
             parallel,
             steps,
             overrides,
         );
         let (_, losses) = run_util::train_steps(&cfg, steps);
-        assert_follows(what, &losses, &reference);
+        run_util::assert_losses_within(what, &losses, &reference, TOLERANCE);
         assert_ne!(losses, reference, "{what}: computed in half precision");
     }
 }
@@ -92,7 +71,7 @@ fn half_precision_halves_weights_and_activations() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |name: &str, precision: &str| {
         let set = format!("train.precision=\"{precision}\"");
-        let cfg = gpt(&tmp.path().join(name), DP2, 2, &[&set]);
+        let cfg = adam_gpt(&tmp.path().join(name), DP2, 2, &[&set]);
         let (session, report, _) = train_report(&cfg);
         let m = report.ranks[0].memory_by_rank[0];
         assert_eq!(
@@ -117,8 +96,8 @@ fn half_precision_halves_weights_and_activations() {
 fn an_overflowing_loss_scale_skips_every_step() {
     let tmp = tempfile::tempdir().unwrap();
     let skip = ["train.precision=\"f16\"", "train.loss_scale=1e30"];
-    let (_, _, skipped) = train_report(&gpt(&tmp.path().join("skip"), DP2, 3, &skip));
-    let (_, _, initial) = train_report(&gpt(
+    let (_, _, skipped) = train_report(&adam_gpt(&tmp.path().join("skip"), DP2, 3, &skip));
+    let (_, _, initial) = train_report(&adam_gpt(
         &tmp.path().join("init"),
         DP2,
         1,

@@ -171,13 +171,45 @@ pub fn train_report(config: &TrainConfig) -> (Session, TrainReport, Run) {
             "every rank reports the same losses"
         );
     }
-    let names: Vec<String> = session
+    let params = merged_params(&config.output().dir, &param_names(&session));
+    let losses = report.losses().to_vec();
+    (session, report, (losses, params))
+}
+
+/// Every step's loss within relative `tolerance` of `reference`'s, and as many steps.
+pub fn assert_losses_within(what: &str, losses: &[f32], reference: &[f32], tolerance: f32) {
+    assert_eq!(losses.len(), reference.len(), "{what}: steps");
+    for (i, (a, b)) in losses.iter().zip(reference).enumerate() {
+        let rel = ((a - b) / b).abs();
+        assert!(
+            rel <= tolerance,
+            "{what}: step {} loss {a} vs {b} (relative {rel} > {tolerance})",
+            i + 1
+        );
+    }
+}
+
+/// The names of `session`'s parameters, in program order.
+pub fn param_names(session: &Session) -> Vec<String> {
+    session
         .train
         .params
         .iter()
         .map(|p| p.name.clone())
-        .collect();
-    let params = merged_params(&config.output().dir, &names);
-    let losses = report.losses().to_vec();
-    (session, report, (losses, params))
+        .collect()
+}
+
+/// `[parallel]` body: data parallel 2 (the GPT keys: model parallel 1).
+pub const DP2: &str = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
+
+/// `[parallel]` body: data parallel 2 × model parallel 2.
+pub const DP2_MP2: &str =
+    "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2\n";
+
+/// [`small_gpt`] with Adam for `steps` steps under `[parallel]` body `parallel`, and
+/// command-line style `overrides`.
+pub fn adam_gpt(out: &Path, parallel: &str, steps: usize, overrides: &[&str]) -> TrainConfig {
+    let mut all = vec![format!("train.max_steps={steps}")];
+    all.extend(overrides.iter().map(|s| s.to_string()));
+    small_gpt(out, "adam", "", parallel, &all)
 }
