@@ -35,18 +35,18 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// `dst = a·b` with gemm's generic entry point, row-major, one thread.
+/// `dst = a·b` (`mnk` = m, n, k) with gemm's generic entry point, row-major, one thread;
+/// `unit` is (0, 1) in `T`.
 fn gemm_rowmajor<T: 'static + Copy>(
-    m: usize,
-    n: usize,
-    k: usize,
+    mnk: (usize, usize, usize),
     a: &[T],
     b: &[T],
     dst: &mut [T],
-    zero: T,
-    one: T,
+    unit: (T, T),
 ) {
-    // SAFETY: the slices hold m·k, k·n and m·n elements with the strides given.
+    let (m, n, k) = mnk;
+    assert!(a.len() >= m * k && b.len() >= k * n && dst.len() >= m * n);
+    // SAFETY: the slices hold m·k, k·n and m·n elements (checked) with the strides given.
     unsafe {
         gemm::gemm(
             m,
@@ -62,8 +62,8 @@ fn gemm_rowmajor<T: 'static + Copy>(
             b.as_ptr(),
             1,
             n as isize,
-            zero,
-            one,
+            unit.0,
+            unit.1,
             false,
             false,
             false,
@@ -82,7 +82,7 @@ fn bench(c: &mut Criterion) {
         let b = values(k * n, 2);
         let mut out = vec![0.0f32; m * n];
         group.bench_function(BenchmarkId::new("f32", name), |bench| {
-            bench.iter(|| gemm_rowmajor(m, n, k, &a, &b, &mut out, 0.0, 1.0))
+            bench.iter(|| gemm_rowmajor((m, n, k), &a, &b, &mut out, (0.0, 1.0)))
         });
         let a_bf16 = Tensor::from_vec(&[m, k], a.clone())
             .unwrap()
@@ -95,7 +95,7 @@ fn bench(c: &mut Criterion) {
                 let a = a_bf16.to_dtype(DType::F32);
                 let b = b_bf16.to_dtype(DType::F32);
                 let (a, b) = (a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
-                gemm_rowmajor(m, n, k, a, b, &mut out, 0.0, 1.0);
+                gemm_rowmajor((m, n, k), a, b, &mut out, (0.0, 1.0));
                 Tensor::from_vec(&[m, n], out.clone())
                     .unwrap()
                     .to_dtype(DType::BF16)
@@ -106,7 +106,7 @@ fn bench(c: &mut Criterion) {
         let mut out16 = vec![gemm::f16::from_f32(0.0); m * n];
         let (zero, one) = (gemm::f16::from_f32(0.0), gemm::f16::from_f32(1.0));
         group.bench_function(BenchmarkId::new("gemm_f16", name), |bench| {
-            bench.iter(|| gemm_rowmajor(m, n, k, &a16, &b16, &mut out16, zero, one))
+            bench.iter(|| gemm_rowmajor((m, n, k), &a16, &b16, &mut out16, (zero, one)))
         });
     }
     group.finish();
