@@ -291,13 +291,16 @@ fn mpi_deterministic_runs_are_bitwise_one_device() {
         ),
         ("gpt", "examples/gpt_kjv.toml", gpt(&[])),
         (
-            // Fused, overlapped (deferred under MPI) gradient buckets and recompute.
+            // Fused, overlapped (deferred under MPI) gradient buckets, recompute, and level-3
+            // weights gathered one ahead (inline under MPI).
             "gpt-memory",
             "examples/gpt_kjv.toml",
             gpt(&[
                 "parallel.comm_fusion.openstate=true",
                 "parallel.overlap.grad_computation_allreduce_overlap=true",
                 "parallel.recompute.cells=[\"blocks.*\"]",
+                "parallel.hsdp={ optimizer_level = \"level3\", threshold = 0 }",
+                "parallel.overlap.computation_allgather_overlap=true",
             ]),
         ),
     ];

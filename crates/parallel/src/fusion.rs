@@ -55,6 +55,10 @@ pub struct OverlapConfig {
     /// A gradient bucket's reduction runs on a progress thread while the rest of the backward
     /// pass computes (`grad_computation_allreduce_overlap`).
     pub grad_computation_allreduce_overlap: bool,
+    /// Under `hsdp` level 3, each weight's all-gather runs on a progress thread one gather
+    /// ahead: the next weight arrives while the current layer computes
+    /// (`computation_allgather_overlap`).
+    pub computation_allgather_overlap: bool,
 }
 
 /// Gradient reductions run as one collective.
@@ -170,4 +174,31 @@ pub fn gradient_buckets(program: &Program, config: &CommFusionConfig) -> Vec<Com
     }
     buckets.sort_by_key(|b| (b.ready_after, b.steps[0]));
     buckets
+}
+
+/// With `computation_allgather_overlap`: the steps (in order) that gather a level-3 weight from
+/// its pieces, forward and backward — each is started when the one before it runs (the first
+/// when the step starts) and its result taken at its own step.
+pub fn prefetched_gathers(program: &Program) -> Vec<usize> {
+    if !program.placed.config.overlap.computation_allgather_overlap {
+        return Vec::new();
+    }
+    let level3: Vec<usize> = program
+        .params
+        .iter()
+        .filter(|p| {
+            p.optimizer_shard()
+                .is_some_and(|s| s.level == crate::config::OptimizerLevel::Level3)
+        })
+        .map(|p| p.buffer)
+        .collect();
+    program
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Step::Reshard(r) if level3.contains(&r.from) && r.plan.reduce().is_none() => Some(i),
+            _ => None,
+        })
+        .collect()
 }

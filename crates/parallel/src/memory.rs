@@ -300,7 +300,34 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
         }
     }
     let mut allocated = lifetimes.persistent.clone();
+    // Prefetched level-3 gathers: each started (its destination allocated, its source copied)
+    // when the gather before it runs, the first when the step starts.
+    let gathers = crate::fusion::prefetched_gathers(program);
+    let gather_bytes = |g: usize| match &program.steps[g] {
+        Step::Reshard(r) if r.plan.dst().mesh().slot_of_rank(rank).is_some() => {
+            Some((r.to, buffer_bytes(program, r.from, rank)))
+        }
+        _ => None,
+    };
+    let start = |g: usize, meter: &mut MemoryMeter, allocated: &mut [bool]| {
+        if let Some((to, src)) = gather_bytes(g) {
+            allocated[to] = true;
+            meter.hold(lifetimes.category[to], buffer_bytes(program, to, rank));
+            meter.hold(MemoryCategory::Communication, src);
+        }
+    };
+    if let Some(&first) = gathers.first() {
+        start(first, &mut meter, &mut allocated);
+    }
     for (i, step) in program.steps.iter().enumerate() {
+        if let Some(k) = gathers.iter().position(|&g| g == i) {
+            if let Some((_, src)) = gather_bytes(i) {
+                meter.release(MemoryCategory::Communication, src);
+            }
+            if let Some(&next) = gathers.get(k + 1) {
+                start(next, &mut meter, &mut allocated);
+            }
+        }
         let written: &[usize] = match step {
             Step::Kernel(k) => &k.outputs,
             Step::Reshard(r) => std::slice::from_ref(&r.to),

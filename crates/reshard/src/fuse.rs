@@ -81,6 +81,8 @@ pub struct PackedReduction {
     parts: Vec<(SliceBox, Vec<usize>)>,
     /// A reduce-scatter's result holds the parts alone.
     scattered: bool,
+    /// The bytes packed (the reduction's input).
+    packed_bytes: usize,
 }
 
 impl PackedReduction {
@@ -151,6 +153,7 @@ impl PackedReduction {
         if reduce_in_f32 && matches!(key.dtype, DType::BF16 | DType::F16) {
             data = data.to_dtype(DType::F32);
         }
+        let packed_bytes = data.as_bytes().len();
         Ok(Some(PackedReduction {
             group: match deterministic {
                 true => key.canonical[g].clone(),
@@ -162,6 +165,7 @@ impl PackedReduction {
             data,
             parts,
             scattered: key.scatter && !deterministic,
+            packed_bytes,
         }))
     }
 
@@ -170,9 +174,9 @@ impl PackedReduction {
         &self.group
     }
 
-    /// The bytes of the packed buffer.
+    /// The bytes packed: what the reduction takes in (its result may be smaller).
     pub fn bytes(&self) -> usize {
-        self.data.as_bytes().len()
+        self.packed_bytes
     }
 
     /// Writes the reduced result into `out` (this rank's destination slice of each plan,

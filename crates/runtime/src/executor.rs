@@ -13,7 +13,7 @@ use tensor::Tensor;
 
 use crate::error::RuntimeError;
 use crate::profile::StepProfile;
-use crate::progress::BucketReducer;
+use crate::progress::{Job, Progress};
 
 /// One rank's executor of a program: its buffers (this rank's block of every value), and a
 /// reshard runner over the world communicator.
@@ -50,8 +50,16 @@ pub struct RankExecutor {
     fused: Vec<bool>,
     /// By step: the buckets that run after it.
     buckets_after: Vec<Vec<usize>>,
-    /// With `[parallel.overlap]`: where buckets are reduced while the steps go on.
-    overlap: Option<BucketReducer>,
+    /// With `[parallel.overlap]`: where buckets are reduced and weights gathered while the
+    /// steps go on.
+    overlap: Option<Progress>,
+    /// With `computation_allgather_overlap`: by step, the level-3 gather started after it
+    /// (`prefetch_after`), and whether the step's own gather was started before
+    /// (`prefetched`).
+    prefetch_after: Vec<Option<usize>>,
+    prefetched: Vec<bool>,
+    /// The first prefetched gather, started when a run begins.
+    first_prefetch: Option<usize>,
     /// By step: whether it seeds the backward pass with the loss's gradient (a `Fill` of 1).
     loss_seed: Vec<bool>,
     /// The factor the loss seed is multiplied by (mixed precision's loss scale; 1 otherwise).
@@ -131,23 +139,25 @@ fn optimizer_pieces(program: &Program, rank: usize) -> Result<Vec<OptimizerPiece
         .collect()
 }
 
-/// With `grad_computation_allreduce_overlap` and gradient buckets: the reducer of this rank's
-/// buckets — a progress thread on the local backend, whose group communicators are created
-/// here, bucket by bucket, by every rank alike; deferred reductions under MPI.
-fn overlap_reducer(
+/// With `[parallel.overlap]` and something to overlap (gradient buckets, prefetched `gathers`):
+/// this rank's progress worker — a thread on the local backend, whose group communicators are
+/// created here, job kind by job kind in program order, by every rank alike; inline under MPI.
+fn progress_for(
     program: &Program,
     world: &Arc<dyn Communicator>,
-) -> Result<Option<BucketReducer>, RuntimeError> {
-    let config = &program.placed.config;
-    if !config.overlap.grad_computation_allreduce_overlap || program.buckets.is_empty() {
+    gathers: &[usize],
+) -> Result<Option<Progress>, RuntimeError> {
+    let overlap = &program.placed.config.overlap;
+    let buckets = overlap.grad_computation_allreduce_overlap && !program.buckets.is_empty();
+    if !buckets && gathers.is_empty() {
         return Ok(None);
     }
     let mut runner = ReshardRunner::new(world.clone());
     if world.backend() != "local" {
-        return Ok(Some(BucketReducer::deferred(runner)));
+        return Ok(Some(Progress::inline(runner)));
     }
     let rank = world.rank();
-    for bucket in &program.buckets {
+    for bucket in program.buckets.iter().filter(|_| buckets) {
         let Some(Step::Reshard(first)) = bucket.steps.first().map(|&s| &program.steps[s]) else {
             continue;
         };
@@ -161,7 +171,16 @@ fn overlap_reducer(
             }
         }
     }
-    Ok(Some(BucketReducer::thread(runner)))
+    for &g in gathers {
+        if let Step::Reshard(r) = &program.steps[g] {
+            for exchange in reshard::lower(&r.plan) {
+                if exchange.ranks.contains(&rank) {
+                    runner.group(&exchange.ranks)?;
+                }
+            }
+        }
+    }
+    Ok(Some(Progress::thread(runner)))
 }
 
 /// The slot of `rank` in `layout`'s mesh.
@@ -251,7 +270,16 @@ impl RankExecutor {
             }
             buckets_after[bucket.ready_after].push(b);
         }
-        let overlap = overlap_reducer(&program, &world)?;
+        let gathers = parallel::fusion::prefetched_gathers(&program);
+        let overlap = progress_for(&program, &world, &gathers)?;
+        let mut prefetch_after = vec![None; program.steps.len()];
+        let mut prefetched = vec![false; program.steps.len()];
+        for w in gathers.windows(2) {
+            prefetch_after[w[0]] = Some(w[1]);
+        }
+        for &g in &gathers {
+            prefetched[g] = true;
+        }
         let config = &program.placed.config;
         let grads: Vec<usize> = program
             .params
@@ -310,6 +338,9 @@ impl RankExecutor {
             fused,
             buckets_after,
             overlap,
+            prefetch_after,
+            prefetched,
+            first_prefetch: gathers.first().copied(),
             loss_seed,
             loss_scale: 1.0,
             wide_sum,
@@ -557,9 +588,17 @@ impl RankExecutor {
         if let Some(p) = self.profile.as_mut() {
             p.runs += 1;
         }
+        if let Some(first) = self.first_prefetch {
+            self.start_gather(&program, first)?;
+        }
         for i in 0..program.steps.len() {
-            if !self.fused[i] {
+            if self.prefetched[i] {
+                self.finish_gather(&program, i)?;
+            } else if !self.fused[i] {
                 self.run_step(&program, i, None)?;
+            }
+            if let Some(next) = self.prefetch_after[i] {
+                self.start_gather(&program, next)?;
             }
             for b in 0..self.buckets_after[i].len() {
                 self.run_bucket(&program, self.buckets_after[i][b])?;
@@ -666,12 +705,17 @@ impl RankExecutor {
             reshard::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
         };
         if let Some(mut packed) = packed {
-            match self.overlap.as_mut() {
+            let overlapped = program
+                .placed
+                .config
+                .overlap
+                .grad_computation_allreduce_overlap;
+            match self.overlap.as_mut().filter(|_| overlapped) {
                 Some(reducer) => {
                     // In flight until collected: counted as communication memory.
                     self.meter
                         .hold(MemoryCategory::Communication, packed.bytes());
-                    reducer.submit(b, packed);
+                    reducer.submit(Job::Bucket(b, packed))?;
                 }
                 None => {
                     self.runner.reduce_packed(&mut packed)?;
@@ -704,13 +748,65 @@ impl RankExecutor {
         Ok(result?)
     }
 
+    /// Hands the gather of step `i` (a level-3 weight's) to the progress thread: its
+    /// destination is allocated now, and the copy of its source counts as communication until
+    /// it is done.
+    fn start_gather(&mut self, program: &Program, i: usize) -> Result<(), RuntimeError> {
+        let Step::Reshard(r) = &program.steps[i] else {
+            return Ok(());
+        };
+        if !self.holds(r.plan.dst()) {
+            return Ok(());
+        }
+        let dst = self.take_for_writing(r.to);
+        let src = self.buffers[r.from]
+            .clone()
+            .expect("a parameter's buffer is always held");
+        self.meter
+            .hold(MemoryCategory::Communication, src.as_bytes().len());
+        let job = Job::Gather {
+            step: i,
+            plan: r.plan.clone(),
+            src,
+            dst,
+        };
+        self.overlap
+            .as_mut()
+            .expect("gathers are prefetched with a progress worker")
+            .submit(job)?;
+        Ok(())
+    }
+
+    /// Takes the prefetched gather of step `i` into its buffer.
+    fn finish_gather(&mut self, program: &Program, i: usize) -> Result<(), RuntimeError> {
+        let Step::Reshard(r) = &program.steps[i] else {
+            return Ok(());
+        };
+        if !self.holds(r.plan.dst()) {
+            return Ok(());
+        }
+        let started = self.profile.is_some().then(Instant::now);
+        let (dst, src) = self
+            .overlap
+            .as_mut()
+            .expect("gathers are prefetched with a progress worker")
+            .take_gather(i)?;
+        self.meter
+            .release(MemoryCategory::Communication, src.as_bytes().len());
+        self.buffers[r.to] = Some(dst);
+        if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+            p.reshard(t.elapsed());
+        }
+        Ok(())
+    }
+
     /// Waits for the buckets handed to the progress thread and writes their gradients.
     fn collect_buckets(&mut self, program: &Program) -> Result<(), RuntimeError> {
         let Some(reducer) = self.overlap.as_mut() else {
             return Ok(());
         };
         let started = self.profile.is_some().then(Instant::now);
-        for (b, packed) in reducer.collect()? {
+        for (b, packed) in reducer.collect_buckets()? {
             self.unpack_bucket(program, b, &packed)?;
             self.meter
                 .release(MemoryCategory::Communication, packed.bytes());

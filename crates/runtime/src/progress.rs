@@ -1,39 +1,86 @@
-//! Gradient buckets reduced while the backward pass computes (`[parallel.overlap]`
-//! `grad_computation_allreduce_overlap`).
+//! Communication that runs while the steps go on (`[parallel.overlap]`): gradient buckets
+//! reduced during the backward pass (`grad_computation_allreduce_overlap`), and level-3 weight
+//! gathers one gather ahead (`computation_allgather_overlap`).
 //!
-//! On the local backend a progress thread per rank runs each bucket's collective as soon as the
-//! bucket is handed over, with its own reshard runner whose group communicators were created
-//! when the executor was built (every rank in the same order, so the groups match across ranks
-//! and never race the main runner's). MPI serialises a process's calls under one lock held for
-//! a whole collective, so a second thread in a collective could deadlock two ranks' main
-//! threads; there the buckets are packed when ready and reduced, in order, when the backward
-//! pass ends — the same memory, no overlap.
+//! On the local backend a progress thread per rank runs each job as soon as it is handed over,
+//! with its own reshard runner whose group communicators were created when the executor was
+//! built (every rank in the same order, so the groups match across ranks and never race the
+//! main runner's). MPI serialises a process's calls under one lock held for a whole
+//! collective, so a second thread in a collective could deadlock two ranks' main threads; there
+//! a gather runs when handed over and the buckets when collected, in order — the same memory,
+//! no overlap.
 
+use std::collections::VecDeque;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use reshard::{PackedReduction, ReshardError, ReshardRunner};
+use reshard::{PackedReduction, ReshardError, ReshardPlan, ReshardRunner};
+use tensor::Tensor;
 
-/// A bucket handed over: its index and its packed gradients.
-type Job = (usize, PackedReduction);
-
-/// Where handed-over buckets are reduced.
+/// Work handed over.
 #[derive(Debug)]
-pub(crate) enum BucketReducer {
+pub(crate) enum Job {
+    /// Gradient bucket `.0`, packed.
+    Bucket(usize, PackedReduction),
+    /// The gather of step `step`: `src` (this rank's piece) into `dst`.
+    Gather {
+        /// The program step.
+        step: usize,
+        /// Its plan.
+        plan: Arc<ReshardPlan>,
+        /// This rank's source slice (a copy).
+        src: Tensor,
+        /// The destination slice, written by the gather.
+        dst: Tensor,
+    },
+}
+
+impl Job {
+    /// Runs the job with `runner`.
+    fn run(self, runner: &mut ReshardRunner) -> Result<Job, ReshardError> {
+        match self {
+            Job::Bucket(b, mut packed) => {
+                runner.reduce_packed(&mut packed)?;
+                Ok(Job::Bucket(b, packed))
+            }
+            Job::Gather {
+                step,
+                plan,
+                src,
+                dst,
+            } => {
+                let mut out = [dst];
+                runner.run_into(&plan, &[&src], &mut out)?;
+                let [dst] = out;
+                Ok(Job::Gather {
+                    step,
+                    plan,
+                    src,
+                    dst,
+                })
+            }
+        }
+    }
+}
+
+/// Where handed-over jobs run.
+#[derive(Debug)]
+enum Worker {
     /// A progress thread (the local backend).
     Thread {
         /// Jobs to the thread (dropped to stop it).
         jobs: Option<mpsc::Sender<Job>>,
         /// Results back, in the order handed over.
-        done: mpsc::Receiver<(usize, Result<PackedReduction, ReshardError>)>,
+        done: mpsc::Receiver<Result<Job, ReshardError>>,
         /// The thread (detached on drop: a thread stuck in a collective whose peers failed
         /// ends with that collective's error).
         _thread: JoinHandle<()>,
-        /// Buckets handed over and not yet collected.
+        /// Jobs handed over and not yet received back.
         in_flight: usize,
     },
-    /// Reduced when collected, in order (MPI).
-    Deferred {
+    /// This thread: gathers when handed over, buckets when collected (MPI).
+    Inline {
         /// The runner.
         runner: ReshardRunner,
         /// Buckets handed over and not yet reduced.
@@ -41,84 +88,137 @@ pub(crate) enum BucketReducer {
     },
 }
 
-impl BucketReducer {
-    /// A reducer on a progress thread running `runner`.
-    pub(crate) fn thread(mut runner: ReshardRunner) -> BucketReducer {
+/// The jobs of one rank, and the finished ones not yet taken.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    worker: Worker,
+    /// Finished jobs received while waiting for another.
+    finished: VecDeque<Job>,
+}
+
+impl Progress {
+    /// Jobs on a progress thread running `runner`.
+    pub(crate) fn thread(mut runner: ReshardRunner) -> Progress {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (outbox, done) = mpsc::channel();
         let thread = std::thread::spawn(move || {
-            for (bucket, mut packed) in inbox {
-                let result = runner.reduce_packed(&mut packed).map(|()| packed);
-                if outbox.send((bucket, result)).is_err() {
+            for job in inbox {
+                if outbox.send(job.run(&mut runner)).is_err() {
                     break;
                 }
             }
         });
-        BucketReducer::Thread {
-            jobs: Some(jobs),
-            done,
-            _thread: thread,
-            in_flight: 0,
+        Progress {
+            worker: Worker::Thread {
+                jobs: Some(jobs),
+                done,
+                _thread: thread,
+                in_flight: 0,
+            },
+            finished: VecDeque::new(),
         }
     }
 
-    /// A reducer that reduces at collection time with `runner`.
-    pub(crate) fn deferred(runner: ReshardRunner) -> BucketReducer {
-        BucketReducer::Deferred {
-            runner,
-            pending: Vec::new(),
+    /// Jobs run on this thread by `runner` (no overlap).
+    pub(crate) fn inline(runner: ReshardRunner) -> Progress {
+        Progress {
+            worker: Worker::Inline {
+                runner,
+                pending: Vec::new(),
+            },
+            finished: VecDeque::new(),
         }
     }
 
-    /// Hands bucket `bucket` over.
-    pub(crate) fn submit(&mut self, bucket: usize, packed: PackedReduction) {
-        match self {
-            BucketReducer::Thread {
+    /// Hands `job` over.
+    pub(crate) fn submit(&mut self, job: Job) -> Result<(), ReshardError> {
+        match &mut self.worker {
+            Worker::Thread {
                 jobs, in_flight, ..
             } => {
-                // A send fails only when the thread has ended; `collect` then reports it.
-                if jobs
-                    .as_ref()
-                    .is_some_and(|j| j.send((bucket, packed)).is_ok())
-                {
-                    *in_flight += 1;
+                let sent = jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
+                if !sent {
+                    return Err(ended());
                 }
+                *in_flight += 1;
             }
-            BucketReducer::Deferred { pending, .. } => pending.push((bucket, packed)),
+            Worker::Inline { runner, pending } => match job {
+                gather @ Job::Gather { .. } => self.finished.push_back(gather.run(runner)?),
+                bucket @ Job::Bucket(..) => pending.push(bucket),
+            },
+        }
+        Ok(())
+    }
+
+    /// The next finished job from the worker.
+    fn receive(&mut self) -> Result<Job, ReshardError> {
+        match &mut self.worker {
+            Worker::Thread {
+                done, in_flight, ..
+            } => {
+                if *in_flight == 0 {
+                    return Err(ended());
+                }
+                *in_flight -= 1;
+                done.recv().map_err(|_| ended())?
+            }
+            Worker::Inline { .. } => Err(ended()),
         }
     }
 
-    /// Every bucket handed over since the last collection, reduced, in order.
-    pub(crate) fn collect(&mut self) -> Result<Vec<(usize, PackedReduction)>, ReshardError> {
-        match self {
-            BucketReducer::Thread {
-                done, in_flight, ..
-            } => {
-                let mut out = Vec::with_capacity(*in_flight);
-                while *in_flight > 0 {
-                    *in_flight -= 1;
-                    let (bucket, result) = done.recv().map_err(|_| ReshardError::Unsupported {
-                        what: "the communication progress thread ended".to_string(),
-                    })?;
-                    out.push((bucket, result?));
-                }
-                Ok(out)
+    /// The gather of step `step`, once done (its destination slice and copied source).
+    pub(crate) fn take_gather(&mut self, step: usize) -> Result<(Tensor, Tensor), ReshardError> {
+        loop {
+            if let Some(at) = self
+                .finished
+                .iter()
+                .position(|j| matches!(j, Job::Gather { step: s, .. } if *s == step))
+            {
+                let Some(Job::Gather { src, dst, .. }) = self.finished.remove(at) else {
+                    unreachable!("found above");
+                };
+                return Ok((dst, src));
             }
-            BucketReducer::Deferred { runner, pending } => {
-                let mut out = Vec::with_capacity(pending.len());
-                for (bucket, mut packed) in pending.drain(..) {
-                    runner.reduce_packed(&mut packed)?;
-                    out.push((bucket, packed));
-                }
-                Ok(out)
+            let job = self.receive()?;
+            self.finished.push_back(job);
+        }
+    }
+
+    /// Every bucket handed over, reduced, in order.
+    pub(crate) fn collect_buckets(
+        &mut self,
+    ) -> Result<Vec<(usize, PackedReduction)>, ReshardError> {
+        if let Worker::Inline { runner, pending } = &mut self.worker {
+            for job in pending.drain(..) {
+                self.finished.push_back(job.run(runner)?);
             }
         }
+        while matches!(self.worker, Worker::Thread { in_flight, .. } if in_flight > 0) {
+            let job = self.receive()?;
+            self.finished.push_back(job);
+        }
+        let mut buckets = Vec::new();
+        let mut gathers = VecDeque::new();
+        for job in self.finished.drain(..) {
+            match job {
+                Job::Bucket(b, packed) => buckets.push((b, packed)),
+                gather @ Job::Gather { .. } => gathers.push_back(gather),
+            }
+        }
+        self.finished = gathers;
+        Ok(buckets)
     }
 }
 
-impl Drop for BucketReducer {
+fn ended() -> ReshardError {
+    ReshardError::Unsupported {
+        what: "the communication progress thread ended".to_string(),
+    }
+}
+
+impl Drop for Progress {
     fn drop(&mut self) {
-        if let BucketReducer::Thread { jobs, .. } = self {
+        if let Worker::Thread { jobs, .. } = &mut self.worker {
             jobs.take();
         }
     }

@@ -60,6 +60,11 @@ fn every_fusion_mode_trains_one_devices_numbers() {
             None,
         ),
         (
+            "dp 2 × mp 2, hsdp level 3, gathers prefetched",
+            format!("{DP2_MP2}[parallel.hsdp]\noptimizer_level = \"level3\"\nthreshold = 0\n[parallel.overlap]\ncomputation_allgather_overlap = true\n"),
+            Some(0),
+        ),
+        (
             "dp 2, fusion off",
             format!("{DP2}[parallel.comm_fusion]\nopenstate = false\n"),
             Some(0),

@@ -34,7 +34,7 @@ fn train_predicted(what: &str, config: &TrainConfig) -> (Session, Run, Vec<Memor
 #[test]
 fn measured_memory_equals_the_prediction() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, &[&str]); 8] = [
+    let cases: [(&str, String, &[&str]); 9] = [
         ("stand-alone", "mode = \"stand_alone\"".to_string(), &[]),
         ("dp 2", DP2.to_string(), &[]),
         (
@@ -63,6 +63,13 @@ fn measured_memory_equals_the_prediction() {
             "dp 2, fused and overlapped buckets",
             format!(
                 "{DP2}[parallel.comm_fusion]\nallreduce = {{ mode = \"index\", config = [6] }}\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true"
+            ),
+            &[],
+        ),
+        (
+            "dp 2, hsdp level 3, prefetched gathers, overlapped buckets, recompute",
+            format!(
+                "{DP2}[parallel.hsdp]\noptimizer_level = \"level3\"\nthreshold = 0\n[parallel.comm_fusion]\n[parallel.overlap]\ncomputation_allgather_overlap = true\ngrad_computation_allreduce_overlap = true\n[parallel.recompute]\ncells = [\"blocks.*\"]"
             ),
             &[],
         ),

@@ -130,7 +130,10 @@ pub(super) fn read_comm_reuse(key: &str, value: Value) -> Result<Option<usize>, 
 }
 
 /// The keys of `[parallel.overlap]`.
-pub(super) const OVERLAP_KEYS: &[&str] = &["grad_computation_allreduce_overlap"];
+pub(super) const OVERLAP_KEYS: &[&str] = &[
+    "grad_computation_allreduce_overlap",
+    "computation_allgather_overlap",
+];
 
 /// Reads `[parallel.overlap]`.
 pub(super) fn read_overlap(key: &str, value: Value) -> Result<OverlapConfig, RuntimeError> {
@@ -141,5 +144,6 @@ pub(super) fn read_overlap(key: &str, value: Value) -> Result<OverlapConfig, Run
             false,
             read_bool,
         )?,
+        computation_allgather_overlap: s.or("computation_allgather_overlap", false, read_bool)?,
     })
 }
