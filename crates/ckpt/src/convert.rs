@@ -109,9 +109,44 @@ pub fn convert_checkpoints(
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
     let sources = SourceSet::rank_dirs(src_dir)?;
+    let (src_res, dst_res, skipped) = resolve_conversion(
+        &sources,
+        src_dir,
+        src_strategy,
+        dst_strategy,
+        opts.allow_missing,
+    )?;
+    let extras = |rank: usize| Extras {
+        src_only_params: dst_strategy.is_some(),
+        home_rank: Some(rank % src_res.n_ranks().max(1)),
+    };
+    check_prefix(opts.prefix)?;
+    let name =
+        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
+    let out = Output {
+        dir: dst_dir,
+        sources: &[src_dir],
+        tool: "ckpt convert",
+    };
+    run(
+        &sources, &src_res, &dst_res, extras, name, out, opts, skipped,
+    )
+}
+
+/// Resolves both strategies of a conversion reading `sources` (found under `src_dir`): the
+/// source against the files, the destination against the source (`None`: everything merged
+/// into rank 0). Returns them with the parameters left out and why. A source strategy listing
+/// parameters no file holds is an error unless `allow_missing`.
+pub(crate) fn resolve_conversion(
+    sources: &SourceSet,
+    src_dir: &Path,
+    src_strategy: &Path,
+    dst_strategy: Option<&Path>,
+    allow_missing: bool,
+) -> Result<(ResolvedStrategy, ResolvedStrategy, Vec<(String, String)>)> {
     let src = Strategy::load(src_strategy)?;
     let (src_res, src_unknown) = sources.resolve_source(&src)?;
-    if let (false, Some(name)) = (opts.allow_missing, src_unknown.first()) {
+    if let (false, Some(name)) = (allow_missing, src_unknown.first()) {
         return Err(CkptError::TensorMissing {
             path: src_dir.to_path_buf(),
             tensor: name.clone(),
@@ -146,21 +181,7 @@ pub fn convert_checkpoints(
         }
         None => merged_target(&src_res)?,
     };
-    let extras = |rank: usize| Extras {
-        src_only_params: dst_strategy.is_some(),
-        home_rank: Some(rank % src_res.n_ranks().max(1)),
-    };
-    check_prefix(opts.prefix)?;
-    let name =
-        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
-    let out = Output {
-        dir: dst_dir,
-        sources: &[src_dir],
-        tool: "ckpt convert",
-    };
-    run(
-        &sources, &src_res, &dst_res, extras, name, out, opts, skipped,
-    )
+    Ok((src_res, dst_res, skipped))
 }
 
 /// MindSpore's `convert_checkpoint_by_rank`: converts one destination rank.
@@ -265,7 +286,7 @@ fn merged_target(src: &ResolvedStrategy) -> Result<ResolvedStrategy> {
 
 /// Orders `.ckpt` output like the file tensors outside the strategy come from (MindSpore
 /// keeps the source file's order); tensors that file lacks follow in plan order.
-fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
+pub(crate) fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
     let Some(file) = file else { return };
     let pos = |name: &str| {
         file.tensors()

@@ -12,11 +12,14 @@
 //!   positioned reads. [`SourceSet`] finds the files of a checkpoint directory (`rank_<N>/`) or
 //!   of a unified checkpoint.
 //! - Operations: [`convert_checkpoints`] / [`convert_checkpoint_by_rank`],
+//!   [`convert_checkpoint_files`] (a `{rank: file}` map in, one named file out),
 //!   [`minimal_rank_list`], [`unified_safetensors`], [`load_distributed_checkpoint`],
 //!   [`load_segmented_checkpoints`], [`dedup_checkpoints`] with [`parameter_redundancy`] and
 //!   [`remove_param_redundancy`], [`verify_checkpoints`], [`merge_pipeline_strategies`],
 //!   [`restore_group_info_list`], and [`diff_checkpoints`] (two checkpoints of any strategies,
 //!   tensor by tensor, merged on the fly: largest differences and bitwise equality).
+//! - In memory: [`load_rank_from_files`] and [`load_rank_from_unified`] read one destination
+//!   rank's tensors (for the Python package's `load_distributed_checkpoint`).
 //! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
 //!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
 //! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]
@@ -188,6 +191,7 @@
 
 mod atomic_write;
 mod box_runs;
+mod by_files;
 mod ckpt_file;
 mod convert;
 mod dedup;
@@ -216,6 +220,7 @@ mod tessera_strategy;
 mod verify;
 mod wire;
 
+pub use crate::by_files::{convert_checkpoint_files, load_rank_from_files, load_rank_from_unified};
 pub use crate::ckpt_file::{CheckpointFile, Format, StoredTensor, StoredType, TensorMeta};
 pub use crate::convert::{
     convert_checkpoint_by_rank, convert_checkpoints, load_distributed_checkpoint, ConvertOptions,
