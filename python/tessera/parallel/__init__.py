@@ -59,13 +59,15 @@ def _source_strategy(src_strategy_file: Any) -> str:
 def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
                         src_strategy_file=None, dst_strategy_file=None, process_num=1,
                         output_format="ckpt", *, force: bool = False,
-                        progress: _progress.Progress = None) -> None:
+                        allow_missing: bool = False, progress: _progress.Progress = None) -> None:
     """Converts the checkpoint in ``src_checkpoints_dir/rank_<r>/`` saved under
     ``src_strategy_file`` to ``dst_strategy_file`` (None: everything merged into rank 0),
     writing ``dst_checkpoints_dir/rank_<r>/<ckpt_prefix><r>.<output_format>``.
 
     Each destination rank reads a minimal set of source files, streaming; ``process_num`` is
-    accepted for compatibility (one process is enough).
+    accepted for compatibility (one process is enough). A source strategy parameter that no
+    source file holds is an error (``CheckpointError`` naming it) unless ``allow_missing``,
+    where MindSpore leaves it out silently.
     """
     src = _checks.path(src_checkpoints_dir, "src_checkpoints_dir")
     dst = _checks.path(dst_checkpoints_dir, "dst_checkpoints_dir")
@@ -77,7 +79,7 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     _checks.choice(output_format, "output_format", _FORMATS)
     _tessera.convert_checkpoints(src, src_strategy, dst, dst_strategy, prefix=ckpt_prefix,
                                  output_format=output_format, force=force,
-                                 progress=_progress.resolve(progress))
+                                 allow_missing=allow_missing, progress=_progress.resolve(progress))
 
 
 def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_file_name,
