@@ -45,7 +45,10 @@ fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
 
-fn skipped_list<'py>(py: Python<'py>, skipped: &[(String, String)]) -> PyResult<Bound<'py, PyList>> {
+fn skipped_list<'py>(
+    py: Python<'py>,
+    skipped: &[(String, String)],
+) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for (name, reason) in skipped {
         let d = PyDict::new(py);
@@ -385,13 +388,35 @@ fn box_dict<'py>(py: Python<'py>, b: &layout::SliceBox) -> PyResult<Bound<'py, P
     Ok(d)
 }
 
-/// The source strategy bound to shapes: the checkpoint's when `src_dir` is given, else the
-/// recorded or smallest dividing (scale-free) shapes.
-fn resolve_source(src: &Strategy, src_dir: Option<&Path>) -> ckpt::Result<ckpt::ResolvedStrategy> {
-    match src_dir {
-        Some(dir) => Ok(ckpt::SourceSet::rank_dirs(dir)?.resolve_source(src)?.0),
-        None => src.resolve_scale_free(),
-    }
+/// Both strategies bound to the shapes of the checkpoint in `dir` (saved under `src`).
+fn resolve_with_checkpoint(
+    src: &Strategy,
+    dst: Option<&Strategy>,
+    dir: &Path,
+) -> ckpt::Result<(ckpt::ResolvedStrategy, ckpt::ResolvedStrategy)> {
+    let src_res = ckpt::SourceSet::rank_dirs(dir)?.resolve_source(src)?.0;
+    let dst_res = match dst {
+        Some(d) => {
+            d.resolve(|p, _| {
+                Ok(src_res.param(&p.name).map(|s| ShapeHint {
+                    shape: s.shape.clone(),
+                    is_global: true,
+                    dtype: s.dtype,
+                    source: "the source checkpoint".to_string(),
+                }))
+            })?
+            .0
+        }
+        None => {
+            let params: Vec<_> = src_res
+                .params()
+                .iter()
+                .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
+                .collect();
+            ckpt::ResolvedStrategy::single_rank(&params)?
+        }
+    };
+    Ok((src_res, dst_res))
 }
 
 /// The plan of a conversion, per destination rank: the minimal source ranks, and for each
@@ -411,29 +436,11 @@ fn reshard_plan<'py>(
         .map(Strategy::load)
         .transpose()
         .map_err(ckpt_err)?;
-    let src_res = resolve_source(&src, src_dir.as_deref()).map_err(ckpt_err)?;
-    let dst_res = match &dst {
-        Some(d) => {
-            d.resolve(|p, _| {
-                Ok(src_res.param(&p.name).map(|s| ShapeHint {
-                    shape: s.shape.clone(),
-                    is_global: true,
-                    dtype: s.dtype,
-                    source: "the source strategy".to_string(),
-                }))
-            })
-            .map_err(ckpt_err)?
-            .0
-        }
-        None => {
-            let params: Vec<_> = src_res
-                .params()
-                .iter()
-                .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
-                .collect();
-            ckpt::ResolvedStrategy::single_rank(&params).map_err(ckpt_err)?
-        }
-    };
+    let (src_res, dst_res) = match src_dir.as_deref() {
+        None => ckpt::resolve_scale_free_pair(&src, dst.as_ref()),
+        Some(dir) => resolve_with_checkpoint(&src, dst.as_ref(), dir),
+    }
+    .map_err(ckpt_err)?;
     let src_ranks = src_res.ranks();
     let out = PyList::empty(py);
     for rank in ranks.unwrap_or_else(|| dst_res.ranks()) {

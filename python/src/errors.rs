@@ -48,11 +48,31 @@ fn culprit(e: &CkptError) -> Culprit<'_> {
     let rule = |r: &str| r.to_string();
     let (file, tensor, rule): (Option<&Path>, Option<&str>, String) = match e {
         E::Io { path, op, source } => (Some(path), None, format!("{op} failed: {source}")),
-        E::StrategyParam { path, tensor, rule: r }
-        | E::TensorMissing { path, tensor, rule: r }
-        | E::CkptValue { path, tensor, rule: r } => (Some(path), Some(tensor), rule(r)),
-        E::Unsupported { path, tensor, reason } => (Some(path), Some(tensor), rule(reason)),
-        E::Layout { path, tensor, source } => (Some(path), Some(tensor), source.to_string()),
+        E::StrategyParam {
+            path,
+            tensor,
+            rule: r,
+        }
+        | E::TensorMissing {
+            path,
+            tensor,
+            rule: r,
+        }
+        | E::CkptValue {
+            path,
+            tensor,
+            rule: r,
+        } => (Some(path), Some(tensor), rule(r)),
+        E::Unsupported {
+            path,
+            tensor,
+            reason,
+        } => (Some(path), Some(tensor), rule(reason)),
+        E::Layout {
+            path,
+            tensor,
+            source,
+        } => (Some(path), Some(tensor), source.to_string()),
         E::UnknownDType { path, tensor, .. }
         | E::ShapeOverflow { path, tensor, .. }
         | E::InvalidOffsets { path, tensor, .. }
@@ -106,7 +126,12 @@ pub fn ckpt_err(e: CkptError) -> PyErr {
 }
 
 /// Sets `file`, `tensor` and `rule` on the exception instance of `err`.
-pub fn with_culprit(err: PyErr, file: Option<String>, tensor: Option<String>, rule: String) -> PyErr {
+pub fn with_culprit(
+    err: PyErr,
+    file: Option<String>,
+    tensor: Option<String>,
+    rule: String,
+) -> PyErr {
     Python::attach(|py| {
         let value = err.value(py);
         let set = value

@@ -61,8 +61,8 @@ fn train<'py>(
             "timeout {timeout} must be a positive number of seconds"
         )));
     }
-    let config = load_config(path.as_deref(), text.as_deref(), &overrides, devices)
-        .map_err(runtime_err)?;
+    let config =
+        load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
     let warnings = config.warnings().to_vec();
     let out_dir = config.output().dir.clone();
     let saved = config.output().save_checkpoint;
@@ -107,8 +107,8 @@ fn plan<'py>(
     devices: Option<usize>,
     overrides: Vec<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let config = load_config(path.as_deref(), text.as_deref(), &overrides, devices)
-        .map_err(runtime_err)?;
+    let config =
+        load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
     let session = py.detach(|| Session::new(&config)).map_err(runtime_err)?;
     let program = &session.train;
     let params = PyList::empty(py);

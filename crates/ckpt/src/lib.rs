@@ -246,7 +246,7 @@ pub use crate::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
 pub use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 pub use crate::progress::{NoProgress, Progress};
 pub use crate::rank_dir::{rank_file_path, RankFiles};
-pub use crate::ranks::{minimal_rank_list, RankCover};
+pub use crate::ranks::{minimal_rank_list, resolve_scale_free_pair, RankCover};
 pub use crate::save::{
     save_param_strategy_file, save_rank_checkpoint, save_rank_checkpoint_in_set, save_safetensors,
     save_side_file, to_ms_strategy,
