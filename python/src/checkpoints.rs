@@ -407,14 +407,7 @@ fn resolve_with_checkpoint(
             })?
             .0
         }
-        None => {
-            let params: Vec<_> = src_res
-                .params()
-                .iter()
-                .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
-                .collect();
-            ckpt::ResolvedStrategy::single_rank(&params)?
-        }
+        None => src_res.merged()?,
     };
     Ok((src_res, dst_res))
 }

@@ -11,7 +11,7 @@ use tensor::Tensor;
 use crate::ckpt_file::Format;
 use crate::convert::{order_like, resolve_conversion, resolve_target, ConvertOptions, RankReport};
 use crate::error::{CkptError, Result};
-use crate::execute::{fill_chunk, write_items, WriteOptions};
+use crate::execute::{fill_chunk, write_items};
 use crate::plan::{plan_rank, Extras, ItemSource, RankPlan};
 use crate::rank_dir::RankFiles;
 use crate::sources::SourceSet;
@@ -95,14 +95,7 @@ pub fn convert_checkpoint_files(
     if format == Format::Ckpt {
         order_like(&mut plan.items, sources.extras_file(home)?.as_deref());
     }
-    let write = WriteOptions {
-        format,
-        force: opts.force,
-        crc: opts.crc,
-        chunk_bytes: opts.chunk_bytes,
-        progress: opts.progress,
-        committer: None,
-    };
+    let write = opts.write_options(format, None);
     opts.progress
         .start("converting", crate::execute::data_bytes(&plan.items));
     let meta = [("format".to_string(), "ms".to_string())];

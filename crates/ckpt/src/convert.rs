@@ -55,6 +55,24 @@ impl Default for ConvertOptions<'_> {
     }
 }
 
+impl<'a> ConvertOptions<'a> {
+    /// The options of writing one file of this conversion in `format`.
+    pub(crate) fn write_options(
+        &self,
+        format: Format,
+        committer: Option<&'a crate::atomic_write::Committer>,
+    ) -> WriteOptions<'a> {
+        WriteOptions {
+            format,
+            force: self.force,
+            crc: self.crc,
+            chunk_bytes: self.chunk_bytes,
+            progress: self.progress,
+            committer,
+        }
+    }
+}
+
 impl std::fmt::Debug for ConvertOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConvertOptions")
@@ -179,7 +197,7 @@ pub(crate) fn resolve_conversion(
             }));
             res
         }
-        None => merged_target(&src_res)?,
+        None => src_res.merged()?,
     };
     Ok((src_res, dst_res, skipped))
 }
@@ -274,16 +292,6 @@ pub(crate) fn resolve_target(
     })
 }
 
-/// Every source parameter whole on rank 0.
-fn merged_target(src: &ResolvedStrategy) -> Result<ResolvedStrategy> {
-    let params: Vec<_> = src
-        .params()
-        .iter()
-        .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
-        .collect();
-    ResolvedStrategy::single_rank(&params)
-}
-
 /// Orders `.ckpt` output like the file tensors outside the strategy come from (MindSpore
 /// keeps the source file's order); tensors that file lacks follow in plan order.
 pub(crate) fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
@@ -358,14 +366,7 @@ fn run(
     let total: u64 = plans.iter().map(|(_, _, p)| data_bytes(&p.items)).sum();
     opts.progress.start("converting", total);
     let committer = crate::atomic_write::Committer::new();
-    let write = WriteOptions {
-        format,
-        force: opts.force,
-        crc: opts.crc,
-        chunk_bytes: opts.chunk_bytes,
-        progress: opts.progress,
-        committer: Some(&committer),
-    };
+    let write = opts.write_options(format, Some(&committer));
     let metadata = [
         ("format".to_string(), "ms".to_string()),
         set.metadata_entry(),

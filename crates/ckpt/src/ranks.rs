@@ -341,14 +341,7 @@ pub fn resolve_scale_free_pair(
             d.check_stages()?;
             d.resolve(|p, _| Ok(hint(&p.name)))?.0
         }
-        None => {
-            let params: Vec<_> = src_resolved
-                .params()
-                .iter()
-                .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
-                .collect();
-            ResolvedStrategy::single_rank(&params)?
-        }
+        None => src_resolved.merged()?,
     };
     Ok((src_resolved, dst_resolved))
 }
