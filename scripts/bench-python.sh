@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 reps="${1:-5}"
 
 cargo build --release -p tessera-cli
-tessera="$PWD/target/release/tessera"
+tessera="$(realpath "${CARGO_TARGET_DIR:-target}")/release/tessera"
 
 ms_venv="${TESSERA_MS_VENV:-target/bench-ms-venv}"
 if ! "$ms_venv/bin/python" -c "import mindspore" 2>/dev/null; then

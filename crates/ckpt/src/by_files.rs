@@ -9,7 +9,9 @@ use layout::SliceBox;
 use tensor::Tensor;
 
 use crate::ckpt_file::Format;
-use crate::convert::{order_like, resolve_conversion, resolve_target, ConvertOptions, RankReport};
+use crate::convert::{
+    order_like, resolve_conversion, resolve_target, ConvertOptions, RankReport, ResolvedConversion,
+};
 use crate::error::{CkptError, Result};
 use crate::execute::{fill_chunk, write_items};
 use crate::plan::{plan_rank, Extras, ItemSource, RankPlan};
@@ -78,7 +80,7 @@ pub fn convert_checkpoint_files(
     let files = rank_files(files)?;
     let root = files.root.clone();
     let sources = SourceSet::of_rank_files(files);
-    let (src, dst, _skipped) = resolve_conversion(
+    let ResolvedConversion { src, dst, .. } = resolve_conversion(
         &sources,
         &root,
         src_strategy,
@@ -124,7 +126,7 @@ pub fn load_rank_from_files(
     let files = rank_files(files)?;
     let root = files.root.clone();
     let sources = SourceSet::of_rank_files(files);
-    let (src, dst, _) =
+    let ResolvedConversion { src, dst, .. } =
         resolve_conversion(&sources, &root, src_strategy, Some(dst_strategy), true)?;
     check_rank(&dst, rank)?;
     let extras = Extras {

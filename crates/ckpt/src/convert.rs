@@ -127,7 +127,11 @@ pub fn convert_checkpoints(
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
     let sources = SourceSet::rank_dirs(src_dir)?;
-    let (src_res, dst_res, skipped) = resolve_conversion(
+    let ResolvedConversion {
+        src: src_res,
+        dst: dst_res,
+        skipped,
+    } = resolve_conversion(
         &sources,
         src_dir,
         src_strategy,
@@ -151,6 +155,16 @@ pub fn convert_checkpoints(
     )
 }
 
+/// Both strategies of a conversion bound to shapes, and the parameters left out with why.
+pub(crate) struct ResolvedConversion {
+    /// The source strategy, bound to the source files' shapes.
+    pub src: ResolvedStrategy,
+    /// The destination strategy (or everything merged on one rank).
+    pub dst: ResolvedStrategy,
+    /// Parameters left out, with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
 /// Resolves both strategies of a conversion reading `sources` (found under `src_dir`): the
 /// source against the files, the destination against the source (`None`: everything merged
 /// into rank 0). Returns them with the parameters left out and why. A source strategy listing
@@ -161,7 +175,7 @@ pub(crate) fn resolve_conversion(
     src_strategy: &Path,
     dst_strategy: Option<&Path>,
     allow_missing: bool,
-) -> Result<(ResolvedStrategy, ResolvedStrategy, Vec<(String, String)>)> {
+) -> Result<ResolvedConversion> {
     let src = Strategy::load(src_strategy)?;
     let (src_res, src_unknown) = sources.resolve_source(&src)?;
     if let (false, Some(name)) = (allow_missing, src_unknown.first()) {
@@ -188,7 +202,7 @@ pub(crate) fn resolve_conversion(
         Some(path) => {
             let dst = Strategy::load(path)?;
             dst.check_stages()?;
-            let (res, unknown) = resolve_target(&dst, &src_res, &sources)?;
+            let (res, unknown) = resolve_target(&dst, &src_res, sources)?;
             skipped.extend(unknown.into_iter().map(|n| {
                 (
                     n,
@@ -199,7 +213,11 @@ pub(crate) fn resolve_conversion(
         }
         None => src_res.merged()?,
     };
-    Ok((src_res, dst_res, skipped))
+    Ok(ResolvedConversion {
+        src: src_res,
+        dst: dst_res,
+        skipped,
+    })
 }
 
 /// MindSpore's `convert_checkpoint_by_rank`: converts one destination rank.

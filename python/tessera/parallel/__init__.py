@@ -16,9 +16,7 @@ the GIL.
 
 from __future__ import annotations
 
-import glob
-import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
