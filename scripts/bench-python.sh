@@ -6,7 +6,7 @@
 # Input: `tessera bench ckpt-convert`'s 1 GiB source (8 × [8192, 4096] f32 over dev [2,4]
 # map [1,0], safetensors) and its strategies (to dev [2,2] map [0,1]); see docs/PERFORMANCE.md.
 #
-#   scripts/bench-python.sh [REPS]      (default 5)
+#   scripts/bench-python.sh [REPS] [VARIANTS]   (default 5; python,mindspore,cli)
 #
 # Venvs (made when absent): target/bench-ms-venv (mindspore==2.10.0, safetensors==0.7.0 — the
 # pin the reference cases need — and psutil) and target/bench-py-venv (this repository's
@@ -15,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps="${1:-5}"
+only="${2:-python,mindspore,cli}"
 
 cargo build --release -p tessera-cli
 tessera="$(realpath "${CARGO_TARGET_DIR:-target}")/release/tessera"
@@ -38,5 +39,5 @@ trap 'rm -rf "$work"' EXIT
 echo "generating the 1 GiB source in $work/gen (not timed)…" >&2
 "$tessera" bench ckpt-convert --dir "$work/gen" --keep --reps 1 >/dev/null
 
-python3 scripts/bench_python.py --work "$work" --reps "$reps" --tessera "$tessera" \
+python3 scripts/bench_python.py --work "$work" --reps "$reps" --only "$only" --tessera "$tessera" \
   --ms-python "$ms_venv/bin/python" --py-python "$py_venv/bin/python"

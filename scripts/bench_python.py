@@ -35,15 +35,20 @@ def main():
     ap.add_argument("--tessera", required=True)
     ap.add_argument("--ms-python", required=True)
     ap.add_argument("--py-python", required=True)
+    ap.add_argument("--only", default="python,mindspore,cli",
+                    help="comma-separated variants to run, in this order each repetition")
     args = ap.parse_args()
     gen = os.path.join(args.work, "gen")
     src, a, b = os.path.join(gen, "src"), os.path.join(gen, "A.ckpt"), os.path.join(gen, "B.ckpt")
-    variants = {
-        "tessera.parallel (Python)": lambda dst: [args.py_python, "-c", CALL.format(module="tessera.parallel"), src, dst, a, b],
-        "mindspore.parallel 2.10": lambda dst: [args.ms_python, "-c", CALL.format(module="mindspore.parallel"), src, dst, a, b],
-        "tessera ckpt convert (CLI)": lambda dst: [args.tessera, "ckpt", "convert", "--src", src, "--src-strategy", a,
+    every = {
+        "python": lambda dst: [args.py_python, "-c", CALL.format(module="tessera.parallel"), src, dst, a, b],
+        "mindspore": lambda dst: [args.ms_python, "-c", CALL.format(module="mindspore.parallel"), src, dst, a, b],
+        "cli": lambda dst: [args.tessera, "ckpt", "convert", "--src", src, "--src-strategy", a,
                                                    "--dst", dst, "--dst-strategy", b, "--format", "safetensors", "--quiet"],
     }
+    labels = {"python": "tessera.parallel (Python)", "mindspore": "mindspore.parallel 2.10",
+              "cli": "tessera ckpt convert (CLI)"}
+    variants = {labels[key]: every[key] for key in args.only.split(",")}
     results = {name: {"call": [], "wall": [], "rss": []} for name in variants}
     for rep in range(args.reps):
         for name, cmd in variants.items():
@@ -67,12 +72,14 @@ def main():
     print("|---|---:|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {stat(r['call'], secs)} | {stat(r['wall'], secs)} | {stat(r['rss'], mib)} |")
-    t, m, c = (results[n] for n in variants)
+    t, m, c = (results.get(labels[k]) for k in ("python", "mindspore", "cli"))
     med = statistics.median
     print()
-    print(f"MindSpore / tessera.parallel: {med(m['call']) / med(t['call']):.1f}× the time, "
-          f"{med(m['rss']) / med(t['rss']):.1f}× the peak RSS")
-    print(f"tessera.parallel call / CLI process: {med(t['call']) / med(c['wall']):.3f}")
+    if t and m:
+        print(f"MindSpore / tessera.parallel: {med(m['call']) / med(t['call']):.1f}× the time, "
+              f"{med(m['rss']) / med(t['rss']):.1f}× the peak RSS")
+    if t and c:
+        print(f"tessera.parallel call / CLI process: {med(t['call']) / med(c['wall']):.3f}")
 
 
 if __name__ == "__main__":
