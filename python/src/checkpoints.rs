@@ -16,6 +16,7 @@ use crate::progress::PyProgress;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert_checkpoints, m)?)?;
     m.add_function(wrap_pyfunction!(convert_checkpoint_files, m)?)?;
+    m.add_function(wrap_pyfunction!(convert_unsharded, m)?)?;
     m.add_function(wrap_pyfunction!(rank_list, m)?)?;
     m.add_function(wrap_pyfunction!(unified_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(load_distributed_files, m)?)?;
@@ -120,6 +121,39 @@ fn convert_checkpoints<'py>(
                 dst_strategy.as_deref(),
                 &opts,
             )
+        })
+        .map_err(ckpt_err)?;
+    convert_report(py, &report)
+}
+
+/// Slices the unsharded checkpoint in `src_dir/rank_0/` for `dst_strategy`, writing
+/// `dst_dir/rank_<r>/<prefix><r>.<ext>`; returns the report as a dict.
+#[pyfunction]
+#[pyo3(signature = (src_dir, dst_dir, dst_strategy, prefix="checkpoint_", output_format=None, force=false, progress=None))]
+#[allow(clippy::too_many_arguments)]
+fn convert_unsharded<'py>(
+    py: Python<'py>,
+    src_dir: PathBuf,
+    dst_dir: PathBuf,
+    dst_strategy: PathBuf,
+    prefix: &str,
+    output_format: Option<&str>,
+    force: bool,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let format = format_of(output_format)?;
+    let sink = PyProgress::new(progress);
+    let prefix = prefix.to_string();
+    let report = py
+        .detach(|| {
+            let opts = ConvertOptions {
+                format,
+                prefix: &prefix,
+                force,
+                progress: &sink,
+                ..Default::default()
+            };
+            ckpt::convert_unsharded(&src_dir, &dst_dir, &dst_strategy, &opts)
         })
         .map_err(ckpt_err)?;
     convert_report(py, &report)

@@ -32,6 +32,9 @@ def convert_checkpoints(src_dir: _Path, src_strategy: _Path, dst_dir: _Path,
                         output_format: Optional[str] = None, ranks: Optional[Sequence[int]] = None,
                         force: bool = False, allow_missing: bool = False,
                         progress: _Progress = None) -> Dict[str, Any]: ...
+def convert_unsharded(src_dir: _Path, dst_dir: _Path, dst_strategy: _Path, prefix: str = "checkpoint_",
+                      output_format: Optional[str] = None, force: bool = False,
+                      progress: _Progress = None) -> Dict[str, Any]: ...
 def convert_checkpoint_files(rank: int, files: Dict[int, _Path], src_strategy: _Path, dst_file: _Path,
                              dst_strategy: Optional[_Path] = None, force: bool = False,
                              progress: _Progress = None) -> Dict[str, Any]: ...

@@ -26,6 +26,15 @@ def test_convert_checkpoints_a_to_b(case, tmp_path, flavour, expected):
         assert_same_file(tmp_path / "out" / f, case / "expected" / expected / f)
 
 
+def test_convert_checkpoints_from_unsharded_remakes_the_sources(case, tmp_path):
+    # How the reference sources were made: convert_checkpoints(full, src_strategy=None -> A).
+    P.convert_checkpoints(str(case / "full_ckpt"), str(tmp_path / "out"), "checkpoint_", None,
+                          _strategy(case, "A.ckpt"))
+    for r in range(8):
+        f = f"rank_{r}/checkpoint_{r}.ckpt"
+        assert_same_file(tmp_path / "out" / f, case / "src_ckpt" / f)
+
+
 def test_convert_checkpoints_a_to_full(case, tmp_path):
     P.convert_checkpoints(case / "src_ckpt", tmp_path / "out", "merged_", _strategy(case, "A.ckpt"))
     assert_same_file(tmp_path / "out/rank_0/merged_0.ckpt",

@@ -220,6 +220,58 @@ pub(crate) fn resolve_conversion(
     })
 }
 
+/// MindSpore's `convert_checkpoints` with `src_strategy_file=None`: the checkpoint in
+/// `src_dir/rank_0/` holds every tensor whole (an unsharded checkpoint); each is sliced for
+/// `dst_strategy`, and tensors the strategy lacks are copied whole to every rank.
+pub fn convert_unsharded(
+    src_dir: &Path,
+    dst_dir: &Path,
+    dst_strategy: &Path,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
+    let sources = SourceSet::rank_dirs(src_dir)?;
+    let file = sources.rank_file(0)?.ok_or(CkptError::MissingRank {
+        path: src_dir.to_path_buf(),
+        rank: 0,
+    })?;
+    let params: Vec<_> = file
+        .tensors()
+        .iter()
+        .filter_map(|t| {
+            t.dtype()
+                .map(|d| (t.name.clone(), t.shape.clone(), Some(d)))
+        })
+        .collect();
+    let src_res = ResolvedStrategy::single_rank(&params)?;
+    let dst = Strategy::load(dst_strategy)?;
+    dst.check_stages()?;
+    let (dst_res, unknown) = resolve_target(&dst, &src_res, &sources)?;
+    let skipped = unknown
+        .into_iter()
+        .map(|n| {
+            (
+                n,
+                "in the destination strategy but not in the source checkpoint".to_string(),
+            )
+        })
+        .collect();
+    let extras = |_| Extras {
+        src_only_params: true,
+        home_rank: Some(0),
+    };
+    check_prefix(opts.prefix)?;
+    let name =
+        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
+    let out = Output {
+        dir: dst_dir,
+        sources: &[src_dir],
+        tool: "ckpt convert",
+    };
+    run(
+        &sources, &src_res, &dst_res, extras, name, out, opts, skipped,
+    )
+}
+
 /// MindSpore's `convert_checkpoint_by_rank`: converts one destination rank.
 pub fn convert_checkpoint_by_rank(
     rank: usize,

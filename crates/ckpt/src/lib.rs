@@ -223,8 +223,8 @@ mod wire;
 pub use crate::by_files::{convert_checkpoint_files, load_rank_from_files, load_rank_from_unified};
 pub use crate::ckpt_file::{CheckpointFile, Format, StoredTensor, StoredType, TensorMeta};
 pub use crate::convert::{
-    convert_checkpoint_by_rank, convert_checkpoints, load_distributed_checkpoint, ConvertOptions,
-    ConvertReport, RankReport,
+    convert_checkpoint_by_rank, convert_checkpoints, convert_unsharded,
+    load_distributed_checkpoint, ConvertOptions, ConvertReport, RankReport,
 };
 pub use crate::dedup::{
     dedup_checkpoints, parameter_redundancy, redundancy_of_file, remove_param_redundancy,

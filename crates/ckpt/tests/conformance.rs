@@ -711,3 +711,23 @@ fn load_rank_in_memory_matches_load_distributed() {
         );
     });
 }
+
+/// `convert_unsharded` (MindSpore's `convert_checkpoints` without a source strategy) remakes the
+/// sharded sources MindSpore made from the full checkpoint.
+#[test]
+fn convert_unsharded_remakes_the_sources() {
+    each_case(|c| {
+        let out = tmp();
+        ckpt::convert_unsharded(
+            &c.join("full_ckpt"),
+            out.path(),
+            &c.join("strategy/A.ckpt"),
+            &ConvertOptions::default(),
+        )
+        .unwrap();
+        for r in 0..8 {
+            let file = format!("rank_{r}/checkpoint_{r}.ckpt");
+            assert_same_tensors(&out.path().join(&file), &c.join("src_ckpt").join(&file), true);
+        }
+    });
+}

@@ -44,8 +44,8 @@ __all__ = [
 
 _FORMATS = ("ckpt", "safetensors")
 _NO_UNSHARDED_SOURCE = (
-    "src_strategy_file=None (an unsharded source) is not supported; give the strategy the "
-    "checkpoint was saved under")
+    "src_strategy_file=None (an unsharded source) is supported by convert_checkpoints only; give "
+    "the strategy the checkpoint was saved under")
 
 
 def _source_strategy(src_strategy_file: Any) -> str:
@@ -59,7 +59,8 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
                         output_format="ckpt", *, force: bool = False,
                         allow_missing: bool = False, progress: _progress.Progress = None) -> None:
     """Converts the checkpoint in ``src_checkpoints_dir/rank_<r>/`` saved under
-    ``src_strategy_file`` to ``dst_strategy_file`` (None: everything merged into rank 0),
+    ``src_strategy_file`` to ``dst_strategy_file`` (None: everything merged into rank 0;
+    ``src_strategy_file=None``: ``rank_0`` holds an unsharded checkpoint to slice),
     writing ``dst_checkpoints_dir/rank_<r>/<ckpt_prefix><r>.<output_format>``.
 
     Each destination rank reads a minimal set of source files, streaming; ``process_num`` is
@@ -71,10 +72,19 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     dst = _checks.path(dst_checkpoints_dir, "dst_checkpoints_dir")
     if not isinstance(ckpt_prefix, str):
         raise TypeError(f"For 'ckpt_prefix', the type must be str, but got {type(ckpt_prefix).__name__}.")
-    src_strategy = _source_strategy(src_strategy_file)
     dst_strategy = _checks.optional_path(dst_strategy_file, "dst_strategy_file")
     _checks.positive_int(process_num, "process_num")
     _checks.choice(output_format, "output_format", _FORMATS)
+    if src_strategy_file is None:
+        # An unsharded source (rank_0 holds every tensor whole), sliced for the destination.
+        if dst_strategy is None:
+            raise ValueError("src_strategy_file and dst_strategy_file are both None: there is "
+                             "nothing to convert")
+        _tessera.convert_unsharded(src, dst, dst_strategy, prefix=ckpt_prefix,
+                                   output_format=output_format, force=force,
+                                   progress=_progress.resolve(progress))
+        return
+    src_strategy = _checks.path(src_strategy_file, "src_strategy_file")
     _tessera.convert_checkpoints(src, src_strategy, dst, dst_strategy, prefix=ckpt_prefix,
                                  output_format=output_format, force=force,
                                  allow_missing=allow_missing, progress=_progress.resolve(progress))
