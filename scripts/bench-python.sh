@@ -17,6 +17,8 @@ cd "$(dirname "$0")/.."
 reps="${1:-5}"
 only="${2:-python,mindspore,cli}"
 
+# A relative CARGO_TARGET_DIR would resolve against python/ when pip builds the package there.
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then export CARGO_TARGET_DIR="$(realpath -m "$CARGO_TARGET_DIR")"; fi
 cargo build --release -p tessera-cli
 tessera="$(realpath "${CARGO_TARGET_DIR:-target}")/release/tessera"
 
