@@ -10,14 +10,14 @@ use tensor::Tensor;
 
 use crate::ckpt_file::Format;
 use crate::convert::{
-    order_like, resolve_conversion, resolve_target, ConvertOptions, RankReport, ResolvedConversion,
+    load_target, order_like, resolve_conversion, ConvertOptions, RankReport, ResolvedConversion,
 };
 use crate::error::{CkptError, Result};
 use crate::execute::{fill_chunk, write_items};
 use crate::plan::{plan_rank, Extras, ItemSource, RankPlan};
 use crate::rank_dir::RankFiles;
 use crate::sources::SourceSet;
-use crate::strategy::{ResolvedStrategy, Strategy};
+use crate::strategy::ResolvedStrategy;
 
 /// Source files given per rank, all of one format.
 fn rank_files(files: &BTreeMap<usize, PathBuf>) -> Result<RankFiles> {
@@ -147,9 +147,7 @@ pub fn load_rank_from_unified(
 ) -> Result<Vec<(String, Tensor)>> {
     let sources = SourceSet::unified(unified_dir)?;
     let src = sources.unified_strategy()?;
-    let dst = Strategy::load(strategy)?;
-    dst.check_stages()?;
-    let (dst, _) = resolve_target(&dst, &src, &sources)?;
+    let (dst, _) = load_target(strategy, &src, &sources, "")?;
     check_rank(&dst, rank)?;
     let extras = Extras {
         src_only_params: true,

@@ -200,15 +200,13 @@ pub(crate) fn resolve_conversion(
         .collect();
     let dst_res = match dst_strategy {
         Some(path) => {
-            let dst = Strategy::load(path)?;
-            dst.check_stages()?;
-            let (res, unknown) = resolve_target(&dst, &src_res, sources)?;
-            skipped.extend(unknown.into_iter().map(|n| {
-                (
-                    n,
-                    "in the destination strategy but not in the source checkpoint".to_string(),
-                )
-            }));
+            let (res, unknown) = load_target(
+                path,
+                &src_res,
+                sources,
+                "in the destination strategy but not in the source checkpoint",
+            )?;
+            skipped.extend(unknown);
             res
         }
         None => src_res.merged()?,
@@ -243,18 +241,12 @@ pub fn convert_unsharded(
         })
         .collect();
     let src_res = ResolvedStrategy::single_rank(&params)?;
-    let dst = Strategy::load(dst_strategy)?;
-    dst.check_stages()?;
-    let (dst_res, unknown) = resolve_target(&dst, &src_res, &sources)?;
-    let skipped = unknown
-        .into_iter()
-        .map(|n| {
-            (
-                n,
-                "in the destination strategy but not in the source checkpoint".to_string(),
-            )
-        })
-        .collect();
+    let (dst_res, skipped) = load_target(
+        dst_strategy,
+        &src_res,
+        &sources,
+        "in the destination strategy but not in the source checkpoint",
+    )?;
     let extras = |_| Extras {
         src_only_params: true,
         home_rank: Some(0),
@@ -300,18 +292,12 @@ pub fn load_distributed_checkpoint(
 ) -> Result<ConvertReport> {
     let sources = SourceSet::unified(unified_dir)?;
     let src_res = sources.unified_strategy()?;
-    let dst = Strategy::load(strategy)?;
-    dst.check_stages()?;
-    let (dst_res, unknown) = resolve_target(&dst, &src_res, &sources)?;
-    let skipped = unknown
-        .into_iter()
-        .map(|n| {
-            (
-                n,
-                "in the strategy but not in the unified checkpoint".to_string(),
-            )
-        })
-        .collect();
+    let (dst_res, skipped) = load_target(
+        strategy,
+        &src_res,
+        &sources,
+        "in the strategy but not in the unified checkpoint",
+    )?;
     let extras = |_| Extras {
         src_only_params: true,
         home_rank: Some(0),
@@ -331,6 +317,21 @@ pub fn load_distributed_checkpoint(
     run(
         &sources, &src_res, &dst_res, extras, name, out, &opts, skipped,
     )
+}
+
+/// Loads the destination strategy at `path` and binds it against a fixed source (see
+/// [`resolve_target`]); parameters the source lacks are returned as skipped, with `why`.
+pub(crate) fn load_target(
+    path: &Path,
+    src: &ResolvedStrategy,
+    sources: &SourceSet,
+    why: &str,
+) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
+    let dst = Strategy::load(path)?;
+    dst.check_stages()?;
+    let (dst_res, unknown) = resolve_target(&dst, src, sources)?;
+    let skipped = unknown.into_iter().map(|n| (n, why.to_string())).collect();
+    Ok((dst_res, skipped))
 }
 
 /// Binds a destination strategy's shapes: its own, else the source parameter's of the same

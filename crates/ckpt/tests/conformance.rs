@@ -727,7 +727,11 @@ fn convert_unsharded_remakes_the_sources() {
         .unwrap();
         for r in 0..8 {
             let file = format!("rank_{r}/checkpoint_{r}.ckpt");
-            assert_same_tensors(&out.path().join(&file), &c.join("src_ckpt").join(&file), true);
+            assert_same_tensors(
+                &out.path().join(&file),
+                &c.join("src_ckpt").join(&file),
+                true,
+            );
         }
     });
 }
