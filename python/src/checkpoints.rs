@@ -82,6 +82,18 @@ fn convert_report<'py>(py: Python<'py>, report: &ConvertReport) -> PyResult<Boun
     Ok(d)
 }
 
+/// Runs a conversion with the GIL released, its progress reported to `progress`; returns its
+/// report as a dict.
+fn converted<'py>(
+    py: Python<'py>,
+    progress: Option<Py<PyAny>>,
+    convert: impl FnOnce(&dyn ckpt::Progress) -> ckpt::Result<ConvertReport> + Send,
+) -> PyResult<Bound<'py, PyDict>> {
+    let sink = PyProgress::new(progress);
+    let report = py.detach(|| convert(&sink)).map_err(ckpt_err)?;
+    convert_report(py, &report)
+}
+
 /// Converts `src_dir/rank_<r>/` from `src_strategy` to `dst_strategy` (`None`: merged into
 /// rank 0), writing `dst_dir/rank_<r>/<prefix><r>.<ext>`; returns the report as a dict.
 #[pyfunction]
@@ -101,29 +113,25 @@ fn convert_checkpoints<'py>(
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let format = format_of(output_format)?;
-    let sink = PyProgress::new(progress);
     let prefix = prefix.to_string();
-    let report = py
-        .detach(|| {
-            let opts = ConvertOptions {
-                format,
-                prefix: &prefix,
-                ranks: ranks.as_deref(),
-                force,
-                allow_missing,
-                progress: &sink,
-                ..Default::default()
-            };
-            ckpt::convert_checkpoints(
-                &src_dir,
-                &src_strategy,
-                &dst_dir,
-                dst_strategy.as_deref(),
-                &opts,
-            )
-        })
-        .map_err(ckpt_err)?;
-    convert_report(py, &report)
+    converted(py, progress, |sink| {
+        let opts = ConvertOptions {
+            format,
+            prefix: &prefix,
+            ranks: ranks.as_deref(),
+            force,
+            allow_missing,
+            progress: sink,
+            ..Default::default()
+        };
+        ckpt::convert_checkpoints(
+            &src_dir,
+            &src_strategy,
+            &dst_dir,
+            dst_strategy.as_deref(),
+            &opts,
+        )
+    })
 }
 
 /// Slices the unsharded checkpoint in `src_dir/rank_0/` for `dst_strategy`, writing
@@ -142,21 +150,17 @@ fn convert_unsharded<'py>(
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let format = format_of(output_format)?;
-    let sink = PyProgress::new(progress);
     let prefix = prefix.to_string();
-    let report = py
-        .detach(|| {
-            let opts = ConvertOptions {
-                format,
-                prefix: &prefix,
-                force,
-                progress: &sink,
-                ..Default::default()
-            };
-            ckpt::convert_unsharded(&src_dir, &dst_dir, &dst_strategy, &opts)
-        })
-        .map_err(ckpt_err)?;
-    convert_report(py, &report)
+    converted(py, progress, |sink| {
+        let opts = ConvertOptions {
+            format,
+            prefix: &prefix,
+            force,
+            progress: sink,
+            ..Default::default()
+        };
+        ckpt::convert_unsharded(&src_dir, &dst_dir, &dst_strategy, &opts)
+    })
 }
 
 /// Converts destination rank `rank` from the source files `files` (rank → path) into exactly
@@ -280,20 +284,16 @@ fn load_distributed_files<'py>(
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let format = format_of(output_format)?;
-    let sink = PyProgress::new(progress);
-    let report = py
-        .detach(|| {
-            let opts = ConvertOptions {
-                format,
-                ranks: ranks.as_deref(),
-                force,
-                progress: &sink,
-                ..Default::default()
-            };
-            ckpt::load_distributed_checkpoint(&unified_dir, &strategy, &dst_dir, &opts)
-        })
-        .map_err(ckpt_err)?;
-    convert_report(py, &report)
+    converted(py, progress, |sink| {
+        let opts = ConvertOptions {
+            format,
+            ranks: ranks.as_deref(),
+            force,
+            progress: sink,
+            ..Default::default()
+        };
+        ckpt::load_distributed_checkpoint(&unified_dir, &strategy, &dst_dir, &opts)
+    })
 }
 
 /// The tensors destination `rank` holds under `dst_strategy`, from per-rank `files` saved
