@@ -142,16 +142,8 @@ pub fn convert_checkpoints(
         src_only_params: dst_strategy.is_some(),
         home_rank: Some(rank % src_res.n_ranks().max(1)),
     };
-    check_prefix(opts.prefix)?;
-    let name =
-        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
-    let out = Output {
-        dir: dst_dir,
-        sources: &[src_dir],
-        tool: "ckpt convert",
-    };
-    run(
-        &sources, &src_res, &dst_res, extras, name, out, opts, skipped,
+    write_rank_dirs(
+        &sources, &src_res, &dst_res, extras, src_dir, dst_dir, opts, skipped,
     )
 }
 
@@ -251,16 +243,8 @@ pub fn convert_unsharded(
         src_only_params: true,
         home_rank: Some(0),
     };
-    check_prefix(opts.prefix)?;
-    let name =
-        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
-    let out = Output {
-        dir: dst_dir,
-        sources: &[src_dir],
-        tool: "ckpt convert",
-    };
-    run(
-        &sources, &src_res, &dst_res, extras, name, out, opts, skipped,
+    write_rank_dirs(
+        &sources, &src_res, &dst_res, extras, src_dir, dst_dir, opts, skipped,
     )
 }
 
@@ -385,6 +369,29 @@ fn check_prefix(prefix: &str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Writes a conversion's output as `dst_dir/rank_<r>/<prefix><r>.<ext>` (see [`run`]).
+#[allow(clippy::too_many_arguments)]
+fn write_rank_dirs(
+    sources: &SourceSet,
+    src: &ResolvedStrategy,
+    dst: &ResolvedStrategy,
+    extras: impl Fn(usize) -> Extras,
+    src_dir: &Path,
+    dst_dir: &Path,
+    opts: &ConvertOptions<'_>,
+    skipped: Vec<(String, String)>,
+) -> Result<ConvertReport> {
+    check_prefix(opts.prefix)?;
+    let name =
+        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
+    let out = Output {
+        dir: dst_dir,
+        sources: &[src_dir],
+        tool: "ckpt convert",
+    };
+    run(sources, src, dst, extras, name, out, opts, skipped)
 }
 
 /// Where a conversion writes: the destination set, the directories it reads (which the
