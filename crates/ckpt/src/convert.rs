@@ -55,6 +55,24 @@ impl Default for ConvertOptions<'_> {
     }
 }
 
+impl<'a> ConvertOptions<'a> {
+    /// The options of writing one file of this conversion in `format`.
+    pub(crate) fn write_options(
+        &self,
+        format: Format,
+        committer: Option<&'a crate::atomic_write::Committer>,
+    ) -> WriteOptions<'a> {
+        WriteOptions {
+            format,
+            force: self.force,
+            crc: self.crc,
+            chunk_bytes: self.chunk_bytes,
+            progress: self.progress,
+            committer,
+        }
+    }
+}
+
 impl std::fmt::Debug for ConvertOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConvertOptions")
@@ -109,9 +127,50 @@ pub fn convert_checkpoints(
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
     let sources = SourceSet::rank_dirs(src_dir)?;
+    let ResolvedConversion {
+        src: src_res,
+        dst: dst_res,
+        skipped,
+    } = resolve_conversion(
+        &sources,
+        src_dir,
+        src_strategy,
+        dst_strategy,
+        opts.allow_missing,
+    )?;
+    let extras = |rank: usize| Extras {
+        src_only_params: dst_strategy.is_some(),
+        home_rank: Some(rank % src_res.n_ranks().max(1)),
+    };
+    write_rank_dirs(
+        &sources, &src_res, &dst_res, extras, src_dir, dst_dir, opts, skipped,
+    )
+}
+
+/// Both strategies of a conversion bound to shapes, and the parameters left out with why.
+pub(crate) struct ResolvedConversion {
+    /// The source strategy, bound to the source files' shapes.
+    pub src: ResolvedStrategy,
+    /// The destination strategy (or everything merged on one rank).
+    pub dst: ResolvedStrategy,
+    /// Parameters left out, with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// Resolves both strategies of a conversion reading `sources` (found under `src_dir`): the
+/// source against the files, the destination against the source (`None`: everything merged
+/// into rank 0). Returns them with the parameters left out and why. A source strategy listing
+/// parameters no file holds is an error unless `allow_missing`.
+pub(crate) fn resolve_conversion(
+    sources: &SourceSet,
+    src_dir: &Path,
+    src_strategy: &Path,
+    dst_strategy: Option<&Path>,
+    allow_missing: bool,
+) -> Result<ResolvedConversion> {
     let src = Strategy::load(src_strategy)?;
     let (src_res, src_unknown) = sources.resolve_source(&src)?;
-    if let (false, Some(name)) = (opts.allow_missing, src_unknown.first()) {
+    if let (false, Some(name)) = (allow_missing, src_unknown.first()) {
         return Err(CkptError::TensorMissing {
             path: src_dir.to_path_buf(),
             tensor: name.clone(),
@@ -133,33 +192,59 @@ pub fn convert_checkpoints(
         .collect();
     let dst_res = match dst_strategy {
         Some(path) => {
-            let dst = Strategy::load(path)?;
-            dst.check_stages()?;
-            let (res, unknown) = resolve_target(&dst, &src_res, &sources)?;
-            skipped.extend(unknown.into_iter().map(|n| {
-                (
-                    n,
-                    "in the destination strategy but not in the source checkpoint".to_string(),
-                )
-            }));
+            let (res, unknown) = load_target(
+                path,
+                &src_res,
+                sources,
+                "in the destination strategy but not in the source checkpoint",
+            )?;
+            skipped.extend(unknown);
             res
         }
-        None => merged_target(&src_res)?,
+        None => src_res.merged()?,
     };
-    let extras = |rank: usize| Extras {
-        src_only_params: dst_strategy.is_some(),
-        home_rank: Some(rank % src_res.n_ranks().max(1)),
+    Ok(ResolvedConversion {
+        src: src_res,
+        dst: dst_res,
+        skipped,
+    })
+}
+
+/// MindSpore's `convert_checkpoints` with `src_strategy_file=None`: the checkpoint in
+/// `src_dir/rank_0/` holds every tensor whole (an unsharded checkpoint); each is sliced for
+/// `dst_strategy`, and tensors the strategy lacks are copied whole to every rank.
+pub fn convert_unsharded(
+    src_dir: &Path,
+    dst_dir: &Path,
+    dst_strategy: &Path,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
+    let sources = SourceSet::rank_dirs(src_dir)?;
+    let file = sources.rank_file(0)?.ok_or(CkptError::MissingRank {
+        path: src_dir.to_path_buf(),
+        rank: 0,
+    })?;
+    let params: Vec<_> = file
+        .tensors()
+        .iter()
+        .filter_map(|t| {
+            t.dtype()
+                .map(|d| (t.name.clone(), t.shape.clone(), Some(d)))
+        })
+        .collect();
+    let src_res = ResolvedStrategy::single_rank(&params)?;
+    let (dst_res, skipped) = load_target(
+        dst_strategy,
+        &src_res,
+        &sources,
+        "in the destination strategy but not in the source checkpoint",
+    )?;
+    let extras = |_| Extras {
+        src_only_params: true,
+        home_rank: Some(0),
     };
-    check_prefix(opts.prefix)?;
-    let name =
-        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
-    let out = Output {
-        dir: dst_dir,
-        sources: &[src_dir],
-        tool: "ckpt convert",
-    };
-    run(
-        &sources, &src_res, &dst_res, extras, name, out, opts, skipped,
+    write_rank_dirs(
+        &sources, &src_res, &dst_res, extras, src_dir, dst_dir, opts, skipped,
     )
 }
 
@@ -191,18 +276,12 @@ pub fn load_distributed_checkpoint(
 ) -> Result<ConvertReport> {
     let sources = SourceSet::unified(unified_dir)?;
     let src_res = sources.unified_strategy()?;
-    let dst = Strategy::load(strategy)?;
-    dst.check_stages()?;
-    let (dst_res, unknown) = resolve_target(&dst, &src_res, &sources)?;
-    let skipped = unknown
-        .into_iter()
-        .map(|n| {
-            (
-                n,
-                "in the strategy but not in the unified checkpoint".to_string(),
-            )
-        })
-        .collect();
+    let (dst_res, skipped) = load_target(
+        strategy,
+        &src_res,
+        &sources,
+        "in the strategy but not in the unified checkpoint",
+    )?;
     let extras = |_| Extras {
         src_only_params: true,
         home_rank: Some(0),
@@ -222,6 +301,21 @@ pub fn load_distributed_checkpoint(
     run(
         &sources, &src_res, &dst_res, extras, name, out, &opts, skipped,
     )
+}
+
+/// Loads the destination strategy at `path` and binds it against a fixed source (see
+/// [`resolve_target`]); parameters the source lacks are returned as skipped, with `why`.
+pub(crate) fn load_target(
+    path: &Path,
+    src: &ResolvedStrategy,
+    sources: &SourceSet,
+    why: &str,
+) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
+    let dst = Strategy::load(path)?;
+    dst.check_stages()?;
+    let (dst_res, unknown) = resolve_target(&dst, src, sources)?;
+    let skipped = unknown.into_iter().map(|n| (n, why.to_string())).collect();
+    Ok((dst_res, skipped))
 }
 
 /// Binds a destination strategy's shapes: its own, else the source parameter's of the same
@@ -253,19 +347,9 @@ pub(crate) fn resolve_target(
     })
 }
 
-/// Every source parameter whole on rank 0.
-fn merged_target(src: &ResolvedStrategy) -> Result<ResolvedStrategy> {
-    let params: Vec<_> = src
-        .params()
-        .iter()
-        .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
-        .collect();
-    ResolvedStrategy::single_rank(&params)
-}
-
 /// Orders `.ckpt` output like the file tensors outside the strategy come from (MindSpore
 /// keeps the source file's order); tensors that file lacks follow in plan order.
-fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
+pub(crate) fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
     let Some(file) = file else { return };
     let pos = |name: &str| {
         file.tensors()
@@ -285,6 +369,29 @@ fn check_prefix(prefix: &str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Writes a conversion's output as `dst_dir/rank_<r>/<prefix><r>.<ext>` (see [`run`]).
+#[allow(clippy::too_many_arguments)]
+fn write_rank_dirs(
+    sources: &SourceSet,
+    src: &ResolvedStrategy,
+    dst: &ResolvedStrategy,
+    extras: impl Fn(usize) -> Extras,
+    src_dir: &Path,
+    dst_dir: &Path,
+    opts: &ConvertOptions<'_>,
+    skipped: Vec<(String, String)>,
+) -> Result<ConvertReport> {
+    check_prefix(opts.prefix)?;
+    let name =
+        |rank: usize, format: Format| rank_file_path(Path::new(""), rank, opts.prefix, format);
+    let out = Output {
+        dir: dst_dir,
+        sources: &[src_dir],
+        tool: "ckpt convert",
+    };
+    run(sources, src, dst, extras, name, out, opts, skipped)
 }
 
 /// Where a conversion writes: the destination set, the directories it reads (which the
@@ -337,14 +444,7 @@ fn run(
     let total: u64 = plans.iter().map(|(_, _, p)| data_bytes(&p.items)).sum();
     opts.progress.start("converting", total);
     let committer = crate::atomic_write::Committer::new();
-    let write = WriteOptions {
-        format,
-        force: opts.force,
-        crc: opts.crc,
-        chunk_bytes: opts.chunk_bytes,
-        progress: opts.progress,
-        committer: Some(&committer),
-    };
+    let write = opts.write_options(format, Some(&committer));
     let metadata = [
         ("format".to_string(), "ms".to_string()),
         set.metadata_entry(),

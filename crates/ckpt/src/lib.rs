@@ -12,11 +12,14 @@
 //!   positioned reads. [`SourceSet`] finds the files of a checkpoint directory (`rank_<N>/`) or
 //!   of a unified checkpoint.
 //! - Operations: [`convert_checkpoints`] / [`convert_checkpoint_by_rank`],
+//!   [`convert_checkpoint_files`] (a `{rank: file}` map in, one named file out),
 //!   [`minimal_rank_list`], [`unified_safetensors`], [`load_distributed_checkpoint`],
 //!   [`load_segmented_checkpoints`], [`dedup_checkpoints`] with [`parameter_redundancy`] and
 //!   [`remove_param_redundancy`], [`verify_checkpoints`], [`merge_pipeline_strategies`],
 //!   [`restore_group_info_list`], and [`diff_checkpoints`] (two checkpoints of any strategies,
 //!   tensor by tensor, merged on the fly: largest differences and bitwise equality).
+//! - In memory: [`load_rank_from_files`] and [`load_rank_from_unified`] read one destination
+//!   rank's tensors (for the Python package's `load_distributed_checkpoint`).
 //! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
 //!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
 //! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]
@@ -188,6 +191,7 @@
 
 mod atomic_write;
 mod box_runs;
+mod by_files;
 mod ckpt_file;
 mod convert;
 mod dedup;
@@ -216,10 +220,11 @@ mod tessera_strategy;
 mod verify;
 mod wire;
 
+pub use crate::by_files::{convert_checkpoint_files, load_rank_from_files, load_rank_from_unified};
 pub use crate::ckpt_file::{CheckpointFile, Format, StoredTensor, StoredType, TensorMeta};
 pub use crate::convert::{
-    convert_checkpoint_by_rank, convert_checkpoints, load_distributed_checkpoint, ConvertOptions,
-    ConvertReport, RankReport,
+    convert_checkpoint_by_rank, convert_checkpoints, convert_unsharded,
+    load_distributed_checkpoint, ConvertOptions, ConvertReport, RankReport,
 };
 pub use crate::dedup::{
     dedup_checkpoints, parameter_redundancy, redundancy_of_file, remove_param_redundancy,
@@ -241,7 +246,7 @@ pub use crate::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
 pub use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 pub use crate::progress::{NoProgress, Progress};
 pub use crate::rank_dir::{rank_file_path, RankFiles};
-pub use crate::ranks::{minimal_rank_list, RankCover};
+pub use crate::ranks::{minimal_rank_list, resolve_scale_free_pair, RankCover};
 pub use crate::save::{
     save_param_strategy_file, save_rank_checkpoint, save_rank_checkpoint_in_set, save_safetensors,
     save_side_file, to_ms_strategy,

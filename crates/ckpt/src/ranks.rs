@@ -261,6 +261,28 @@ pub(crate) fn needed_boxes<'a>(
 /// Shapes the strategies do not record are replaced by the least common multiple of every
 /// split factor of the parameter: which ranks hold which part of a box does not depend on scale.
 pub fn minimal_rank_list(src: &Strategy, dst: Option<&Strategy>, rank: usize) -> Result<RankCover> {
+    let (src_resolved, dst_resolved) = resolve_scale_free_pair(src, dst)?;
+    if !dst_resolved.ranks().contains(&rank) {
+        return Err(CkptError::InvalidRequest(format!(
+            "rank {rank} is not a destination rank (the destination has ranks {:?})",
+            dst_resolved.ranks()
+        )));
+    }
+    let sets: Vec<Vec<usize>> = needed_boxes(&src_resolved, &dst_resolved, rank)
+        .into_iter()
+        .flat_map(|(p, b)| pieces_for(p, &b).into_iter().map(|piece| piece.holders))
+        .collect();
+    Ok(solve_cover(&sets))
+}
+
+/// Both strategies of a conversion bound to shapes without any checkpoint: the recorded ones,
+/// else per dim the least common multiple of every split factor the two strategies give the
+/// parameter (`dst = None`: everything on one rank). Which ranks hold which part of a box does
+/// not depend on scale, so plans and rank lists made on these shapes hold for the real ones.
+pub fn resolve_scale_free_pair(
+    src: &Strategy,
+    dst: Option<&Strategy>,
+) -> Result<(ResolvedStrategy, ResolvedStrategy)> {
     src.check_stages()?;
     let synthetic = |p: &crate::strategy::StrategyParam| -> Result<Option<Vec<usize>>> {
         let mut factors: Vec<usize> = Vec::new();
@@ -319,26 +341,9 @@ pub fn minimal_rank_list(src: &Strategy, dst: Option<&Strategy>, rank: usize) ->
             d.check_stages()?;
             d.resolve(|p, _| Ok(hint(&p.name)))?.0
         }
-        None => {
-            let params: Vec<_> = src_resolved
-                .params()
-                .iter()
-                .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
-                .collect();
-            ResolvedStrategy::single_rank(&params)?
-        }
+        None => src_resolved.merged()?,
     };
-    if !dst_resolved.ranks().contains(&rank) {
-        return Err(CkptError::InvalidRequest(format!(
-            "rank {rank} is not a destination rank (the destination has ranks {:?})",
-            dst_resolved.ranks()
-        )));
-    }
-    let sets: Vec<Vec<usize>> = needed_boxes(&src_resolved, &dst_resolved, rank)
-        .into_iter()
-        .flat_map(|(p, b)| pieces_for(p, &b).into_iter().map(|piece| piece.holders))
-        .collect();
-    Ok(solve_cover(&sets))
+    Ok((src_resolved, dst_resolved))
 }
 
 #[cfg(test)]

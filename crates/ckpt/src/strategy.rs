@@ -315,6 +315,17 @@ impl ResolvedStrategy {
             .unwrap_or(0)
     }
 
+    /// This strategy's parameters whole on one rank (rank 0), same shapes and dtypes: the
+    /// destination of a merge.
+    pub fn merged(&self) -> Result<ResolvedStrategy> {
+        let params: Vec<_> = self
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.clone(), p.dtype))
+            .collect();
+        ResolvedStrategy::single_rank(&params)
+    }
+
     /// Every parameter fully replicated on one rank (rank 0), with the given shapes: the
     /// destination of a merge.
     pub fn single_rank(params: &[(String, Vec<usize>, Option<DType>)]) -> Result<ResolvedStrategy> {

@@ -613,3 +613,125 @@ fn source_order_and_dtypes_are_kept() {
         ]
     );
 }
+
+/// `convert_checkpoint_files` (MindSpore's `{rank: file}` form): given only the files of the
+/// minimal cover, each destination rank's file is MindSpore's, written to the exact name asked.
+#[test]
+fn convert_by_rank_from_named_files() {
+    each_case(|c| {
+        let a = Strategy::load(&c.join("strategy/A.ckpt")).unwrap();
+        let b = Strategy::load(&c.join("strategy/B.ckpt")).unwrap();
+        for r in 0..4 {
+            let cover = ckpt::minimal_rank_list(&a, Some(&b), r).unwrap();
+            let files: std::collections::BTreeMap<usize, std::path::PathBuf> = cover
+                .ranks
+                .iter()
+                .map(|&s| (s, c.join(format!("src_ckpt/rank_{s}/checkpoint_{s}.ckpt"))))
+                .collect();
+            let out = tmp();
+            let dst = out.path().join(format!("out_{r}.ckpt"));
+            let report = ckpt::convert_checkpoint_files(
+                r,
+                &files,
+                &c.join("strategy/A.ckpt"),
+                &dst,
+                Some(&c.join("strategy/B.ckpt")),
+                &ConvertOptions::default(),
+            )
+            .unwrap();
+            assert_eq!(report.path, dst);
+            assert_eq!(report.source_ranks, cover.ranks);
+            assert_same_tensors(
+                &dst,
+                &c.join(format!("expected/convert_by_rank_A_to_B/rank_{r}.ckpt")),
+                true,
+            );
+            // An existing output is kept unless forced.
+            let again = ckpt::convert_checkpoint_files(
+                r,
+                &files,
+                &c.join("strategy/A.ckpt"),
+                &dst,
+                Some(&c.join("strategy/B.ckpt")),
+                &ConvertOptions::default(),
+            );
+            assert!(
+                matches!(again, Err(ckpt::CkptError::DestinationExists { .. })),
+                "{again:?}"
+            );
+        }
+    });
+}
+
+/// Loading one rank in memory gives the tensors MindSpore's `load_distributed_checkpoint`
+/// wrote for it, from the unified checkpoint and from the per-rank files alike.
+#[test]
+fn load_rank_in_memory_matches_load_distributed() {
+    each_case(|c| {
+        let files: std::collections::BTreeMap<usize, std::path::PathBuf> = (0..8)
+            .map(|s| (s, c.join(format!("src_ckpt/rank_{s}/checkpoint_{s}.ckpt"))))
+            .collect();
+        for r in 0..4 {
+            let expected = read_all(&c.join(format!(
+                "expected/load_distributed_B/rank_{r}/net.safetensors"
+            )));
+            let unified = ckpt::load_rank_from_unified(
+                &c.join("expected/unified_safetensors"),
+                &c.join("strategy/B.ckpt"),
+                r,
+            )
+            .unwrap();
+            let from_files = ckpt::load_rank_from_files(
+                &files,
+                &c.join("strategy/A.ckpt"),
+                &c.join("strategy/B.ckpt"),
+                r,
+            )
+            .unwrap();
+            for (name, want) in &expected {
+                for (label, got) in [("unified", &unified), ("files", &from_files)] {
+                    let (_, t) = got
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .unwrap_or_else(|| panic!("{label}: rank {r} lacks {name}"));
+                    assert_eq!(t.shape(), want.shape.as_slice(), "{label} {name}");
+                    assert_eq!(t.as_bytes(), want.bytes.as_slice(), "{label} {name}");
+                }
+            }
+        }
+        let err = ckpt::load_rank_from_unified(
+            &c.join("expected/unified_safetensors"),
+            &c.join("strategy/B.ckpt"),
+            9,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("rank 9 is not a destination rank"),
+            "{err}"
+        );
+    });
+}
+
+/// `convert_unsharded` (MindSpore's `convert_checkpoints` without a source strategy) remakes the
+/// sharded sources MindSpore made from the full checkpoint.
+#[test]
+fn convert_unsharded_remakes_the_sources() {
+    each_case(|c| {
+        let out = tmp();
+        ckpt::convert_unsharded(
+            &c.join("full_ckpt"),
+            out.path(),
+            &c.join("strategy/A.ckpt"),
+            &ConvertOptions::default(),
+        )
+        .unwrap();
+        for r in 0..8 {
+            let file = format!("rank_{r}/checkpoint_{r}.ckpt");
+            assert_same_tensors(
+                &out.path().join(&file),
+                &c.join("src_ckpt").join(&file),
+                true,
+            );
+        }
+    });
+}

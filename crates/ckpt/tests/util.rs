@@ -5,19 +5,16 @@ use std::path::{Path, PathBuf};
 
 use ckpt::CheckpointFile;
 
-/// The MindSpore reference cases, or `None` (with the reason printed) when `shared/` is absent.
+/// The MindSpore reference cases, copied into the repository (`tests/fixtures/mindspore/`).
+/// Always `Some`: a clone without them is broken, and the tests say so rather than skip.
 pub fn cases() -> Option<PathBuf> {
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/mindspore/cases");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!(
-            "SKIPPED: {} is absent, so the MindSpore conformance cases cannot run",
-            dir.display()
-        );
-        None
-    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/mindspore/cases");
+    assert!(
+        dir.is_dir(),
+        "{} is missing: the MindSpore conformance fixtures are part of the repository",
+        dir.display()
+    );
+    Some(dir)
 }
 
 /// One case directory, or `None` with the reason printed.

@@ -5,16 +5,17 @@ use std::path::{Path, PathBuf};
 
 use crate::util::{assert_ok, s, tessera, Scratch};
 
+/// A MindSpore reference case, copied into the repository (`tests/fixtures/mindspore/`).
 fn case(name: &str) -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/reference/mindspore/cases")
+        .join("../../tests/fixtures/mindspore/cases")
         .join(name);
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!("SKIPPED: {} is absent", dir.display());
-        None
-    }
+    assert!(
+        dir.is_dir(),
+        "{} is missing: the MindSpore conformance fixtures are part of the repository",
+        dir.display()
+    );
+    Some(dir)
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Conformance with MindSpore 2.10's `Layout`: every entry of
-//! `reference/mindspore/cases/case0_layout_to_dict/layouts.json` — the `to_dict()` results, the
+//! `tests/fixtures/mindspore/cases/case0_layout_to_dict/layouts.json` — the `to_dict()` results, the
 //! derived sharding strategies and the rejected calls with their messages.
 
 use std::path::PathBuf;
@@ -7,20 +7,17 @@ use std::path::PathBuf;
 use layout::{DimSpec, Layout, MsDimMap};
 use serde_json::Value;
 
-/// The shared reference directory, or `None` (with the reason printed) when it is absent.
+/// The reference cases, copied into the repository (`tests/fixtures/mindspore/`).
 fn case0() -> Option<Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/reference/mindspore/cases/case0_layout_to_dict/layouts.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Some(serde_json::from_str(&text).expect("layouts.json is valid JSON")),
-        Err(e) => {
-            eprintln!(
-                "SKIPPED: MindSpore conformance needs {} ({e}); run from a checkout next to ../shared",
-                path.display()
-            );
-            None
-        }
-    }
+        .join("../../tests/fixtures/mindspore/cases/case0_layout_to_dict/layouts.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (the MindSpore conformance fixtures are part of the repository)",
+            path.display()
+        )
+    });
+    Some(serde_json::from_str(&text).expect("layouts.json is valid JSON"))
 }
 
 fn usizes(v: &Value) -> Vec<usize> {

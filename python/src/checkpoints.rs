@@ -1,0 +1,517 @@
+//! `mindspore.parallel`'s checkpoint tools over the `ckpt` crate, plus Tessera's
+//! `reshard_plan` and `verify_checkpoint`. Results are plain Python data.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ckpt::{ConvertOptions, ConvertReport, Format, MergeOptions, ShapeHint, Strategy};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::arrays;
+use crate::errors::ckpt_err;
+use crate::progress::PyProgress;
+
+/// Adds the functions of this module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(convert_checkpoints, m)?)?;
+    m.add_function(wrap_pyfunction!(convert_checkpoint_files, m)?)?;
+    m.add_function(wrap_pyfunction!(convert_unsharded, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_list, m)?)?;
+    m.add_function(wrap_pyfunction!(unified_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(load_distributed_files, m)?)?;
+    m.add_function(wrap_pyfunction!(load_rank_from_files, m)?)?;
+    m.add_function(wrap_pyfunction!(load_rank_from_unified, m)?)?;
+    m.add_function(wrap_pyfunction!(load_segmented_checkpoints, m)?)?;
+    m.add_function(wrap_pyfunction!(build_searched_strategy, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_pipeline_strategys, m)?)?;
+    m.add_function(wrap_pyfunction!(restore_group_info_list, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(reshard_plan, m)?)?;
+    Ok(())
+}
+
+fn format_of(name: Option<&str>) -> PyResult<Option<Format>> {
+    name.map(|n| {
+        n.parse::<Format>().map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "format {n:?} is not supported: use 'ckpt' or 'safetensors'"
+            ))
+        })
+    })
+    .transpose()
+}
+
+fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn skipped_list<'py>(
+    py: Python<'py>,
+    skipped: &[(String, String)],
+) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for (name, reason) in skipped {
+        let d = PyDict::new(py);
+        d.set_item("name", name)?;
+        d.set_item("reason", reason)?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+fn rank_report<'py>(py: Python<'py>, r: &ckpt::RankReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("rank", r.rank)?;
+    d.set_item("path", path_str(&r.path))?;
+    d.set_item("source_ranks", &r.source_ranks)?;
+    d.set_item("minimal", if r.exact { "exact" } else { "greedy" })?;
+    d.set_item("tensors", r.n_tensors)?;
+    d.set_item("bytes", r.data_bytes)?;
+    Ok(d)
+}
+
+fn convert_report<'py>(py: Python<'py>, report: &ConvertReport) -> PyResult<Bound<'py, PyDict>> {
+    let ranks = PyList::empty(py);
+    for r in &report.ranks {
+        ranks.append(rank_report(py, r)?)?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("ranks", ranks)?;
+    d.set_item("skipped", skipped_list(py, &report.skipped)?)?;
+    Ok(d)
+}
+
+/// Runs a conversion with the GIL released, its progress reported to `progress`; returns its
+/// report as a dict.
+fn converted<'py>(
+    py: Python<'py>,
+    progress: Option<Py<PyAny>>,
+    convert: impl FnOnce(&dyn ckpt::Progress) -> ckpt::Result<ConvertReport> + Send,
+) -> PyResult<Bound<'py, PyDict>> {
+    let sink = PyProgress::new(progress);
+    let report = py.detach(|| convert(&sink)).map_err(ckpt_err)?;
+    convert_report(py, &report)
+}
+
+/// Converts `src_dir/rank_<r>/` from `src_strategy` to `dst_strategy` (`None`: merged into
+/// rank 0), writing `dst_dir/rank_<r>/<prefix><r>.<ext>`; returns the report as a dict.
+#[pyfunction]
+#[pyo3(signature = (src_dir, src_strategy, dst_dir, dst_strategy=None, prefix="checkpoint_", output_format=None, ranks=None, force=false, allow_missing=false, progress=None))]
+#[allow(clippy::too_many_arguments)]
+fn convert_checkpoints<'py>(
+    py: Python<'py>,
+    src_dir: PathBuf,
+    src_strategy: PathBuf,
+    dst_dir: PathBuf,
+    dst_strategy: Option<PathBuf>,
+    prefix: &str,
+    output_format: Option<&str>,
+    ranks: Option<Vec<usize>>,
+    force: bool,
+    allow_missing: bool,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let format = format_of(output_format)?;
+    let prefix = prefix.to_string();
+    converted(py, progress, |sink| {
+        let opts = ConvertOptions {
+            format,
+            prefix: &prefix,
+            ranks: ranks.as_deref(),
+            force,
+            allow_missing,
+            progress: sink,
+            ..Default::default()
+        };
+        ckpt::convert_checkpoints(
+            &src_dir,
+            &src_strategy,
+            &dst_dir,
+            dst_strategy.as_deref(),
+            &opts,
+        )
+    })
+}
+
+/// Slices the unsharded checkpoint in `src_dir/rank_0/` for `dst_strategy`, writing
+/// `dst_dir/rank_<r>/<prefix><r>.<ext>`; returns the report as a dict.
+#[pyfunction]
+#[pyo3(signature = (src_dir, dst_dir, dst_strategy, prefix="checkpoint_", output_format=None, force=false, progress=None))]
+#[allow(clippy::too_many_arguments)]
+fn convert_unsharded<'py>(
+    py: Python<'py>,
+    src_dir: PathBuf,
+    dst_dir: PathBuf,
+    dst_strategy: PathBuf,
+    prefix: &str,
+    output_format: Option<&str>,
+    force: bool,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let format = format_of(output_format)?;
+    let prefix = prefix.to_string();
+    converted(py, progress, |sink| {
+        let opts = ConvertOptions {
+            format,
+            prefix: &prefix,
+            force,
+            progress: sink,
+            ..Default::default()
+        };
+        ckpt::convert_unsharded(&src_dir, &dst_dir, &dst_strategy, &opts)
+    })
+}
+
+/// Converts destination rank `rank` from the source files `files` (rank → path) into exactly
+/// `dst_file`; returns the rank's report as a dict.
+#[pyfunction]
+#[pyo3(signature = (rank, files, src_strategy, dst_file, dst_strategy=None, force=false, progress=None))]
+#[allow(clippy::too_many_arguments)]
+fn convert_checkpoint_files<'py>(
+    py: Python<'py>,
+    rank: usize,
+    files: BTreeMap<usize, PathBuf>,
+    src_strategy: PathBuf,
+    dst_file: PathBuf,
+    dst_strategy: Option<PathBuf>,
+    force: bool,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let sink = PyProgress::new(progress);
+    let report = py
+        .detach(|| {
+            let opts = ConvertOptions {
+                force,
+                progress: &sink,
+                ..Default::default()
+            };
+            ckpt::convert_checkpoint_files(
+                rank,
+                &files,
+                &src_strategy,
+                &dst_file,
+                dst_strategy.as_deref(),
+                &opts,
+            )
+        })
+        .map_err(ckpt_err)?;
+    rank_report(py, &report)
+}
+
+/// The minimal source ranks destination `rank` needs: `(ranks ascending, proven minimal)`.
+#[pyfunction]
+#[pyo3(signature = (rank, src_strategy, dst_strategy=None))]
+fn rank_list(
+    rank: usize,
+    src_strategy: PathBuf,
+    dst_strategy: Option<PathBuf>,
+) -> PyResult<(Vec<usize>, bool)> {
+    let src = Strategy::load(&src_strategy).map_err(ckpt_err)?;
+    let dst = dst_strategy
+        .as_deref()
+        .map(Strategy::load)
+        .transpose()
+        .map_err(ckpt_err)?;
+    let cover = ckpt::minimal_rank_list(&src, dst.as_ref(), rank).map_err(ckpt_err)?;
+    Ok((cover.ranks, cover.exact))
+}
+
+/// Merges every rank of `src_dir` into full tensors in `dst_dir` (part files, index and
+/// hyper-parameter file); returns the report as a dict.
+#[pyfunction]
+#[pyo3(signature = (src_dir, strategy, dst_dir, dedup=false, max_part_bytes=ckpt::DEFAULT_PART_BYTES, force=false, progress=None))]
+#[allow(clippy::too_many_arguments)]
+fn unified_safetensors<'py>(
+    py: Python<'py>,
+    src_dir: PathBuf,
+    strategy: PathBuf,
+    dst_dir: PathBuf,
+    dedup: bool,
+    max_part_bytes: u64,
+    force: bool,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    if max_part_bytes == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "max_part_size must be positive",
+        ));
+    }
+    let sink = PyProgress::new(progress);
+    let r = py
+        .detach(|| {
+            let opts = MergeOptions {
+                max_part_bytes,
+                dedup,
+                force,
+                progress: &sink,
+                ..Default::default()
+            };
+            ckpt::unified_safetensors(&src_dir, &strategy, &dst_dir, &opts)
+        })
+        .map_err(ckpt_err)?;
+    let parts = PyList::empty(py);
+    for (path, names) in &r.parts {
+        let d = PyDict::new(py);
+        d.set_item("path", path_str(path))?;
+        d.set_item("tensors", names)?;
+        parts.append(d)?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("parts", parts)?;
+    d.set_item("index", path_str(&r.index))?;
+    d.set_item("hyper_param", r.hyper.as_deref().map(path_str))?;
+    d.set_item("source_ranks", &r.source_ranks)?;
+    d.set_item("total_size", r.total_size)?;
+    d.set_item("skipped", skipped_list(py, &r.skipped)?)?;
+    d.set_item("warnings", &r.warnings)?;
+    Ok(d)
+}
+
+/// Slices the unified checkpoint in `unified_dir` for `strategy`, writing
+/// `dst_dir/rank_<r>/net.<ext>` for `ranks` (all by default); returns the report as a dict.
+#[pyfunction]
+#[pyo3(signature = (unified_dir, strategy, dst_dir, ranks=None, output_format=None, force=false, progress=None))]
+#[allow(clippy::too_many_arguments)]
+fn load_distributed_files<'py>(
+    py: Python<'py>,
+    unified_dir: PathBuf,
+    strategy: PathBuf,
+    dst_dir: PathBuf,
+    ranks: Option<Vec<usize>>,
+    output_format: Option<&str>,
+    force: bool,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let format = format_of(output_format)?;
+    converted(py, progress, |sink| {
+        let opts = ConvertOptions {
+            format,
+            ranks: ranks.as_deref(),
+            force,
+            progress: sink,
+            ..Default::default()
+        };
+        ckpt::load_distributed_checkpoint(&unified_dir, &strategy, &dst_dir, &opts)
+    })
+}
+
+/// The tensors destination `rank` holds under `dst_strategy`, from per-rank `files` saved
+/// under `src_strategy`, as a dict of numpy arrays.
+#[pyfunction]
+fn load_rank_from_files<'py>(
+    py: Python<'py>,
+    files: BTreeMap<usize, PathBuf>,
+    src_strategy: PathBuf,
+    dst_strategy: PathBuf,
+    rank: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let tensors = py
+        .detach(|| ckpt::load_rank_from_files(&files, &src_strategy, &dst_strategy, rank))
+        .map_err(ckpt_err)?;
+    arrays::to_dict(py, &tensors)
+}
+
+/// The tensors destination `rank` holds under `strategy`, from the unified checkpoint in
+/// `unified_dir`, as a dict of numpy arrays.
+#[pyfunction]
+fn load_rank_from_unified<'py>(
+    py: Python<'py>,
+    unified_dir: PathBuf,
+    strategy: PathBuf,
+    rank: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let tensors = py
+        .detach(|| ckpt::load_rank_from_unified(&unified_dir, &strategy, rank))
+        .map_err(ckpt_err)?;
+    arrays::to_dict(py, &tensors)
+}
+
+/// The union of every checkpoint file in `dir` (later files win), as a dict of numpy arrays.
+#[pyfunction]
+fn load_segmented_checkpoints<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let tensors = py
+        .detach(|| {
+            let entries = ckpt::load_segmented_checkpoints(&dir)?;
+            entries
+                .iter()
+                .map(|e| Ok((e.tensor.name.clone(), e.file.read_tensor(&e.tensor.name)?)))
+                .collect::<ckpt::Result<Vec<_>>>()
+        })
+        .map_err(ckpt_err)?;
+    arrays::to_dict(py, &tensors)
+}
+
+/// `build_searched_strategy` as JSON text: per parameter its MindSpore layout fields.
+#[pyfunction]
+fn build_searched_strategy(file: PathBuf) -> PyResult<String> {
+    let s = Strategy::load(&file).map_err(ckpt_err)?;
+    let ms = match s.ms {
+        Some(ms) => ms,
+        None => {
+            let (resolved, _) = s.resolve(|_, _| Ok(None)).map_err(ckpt_err)?;
+            ckpt::to_ms_strategy(&file, &resolved, true).map_err(ckpt_err)?
+        }
+    };
+    Ok(ms.searched_strategy_json())
+}
+
+/// Merges the per-stage strategy files of `src_dir` into `dst_file`; returns the report.
+#[pyfunction]
+#[pyo3(signature = (src_dir, dst_file, force=false))]
+fn merge_pipeline_strategys<'py>(
+    py: Python<'py>,
+    src_dir: PathBuf,
+    dst_file: PathBuf,
+    force: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let r = ckpt::merge_pipeline_strategies(&src_dir, &dst_file, force).map_err(ckpt_err)?;
+    let d = PyDict::new(py);
+    d.set_item("path", path_str(&r.path))?;
+    let merged: Vec<(String, u32)> = r.merged.iter().map(|(p, s)| (path_str(p), *s)).collect();
+    d.set_item("merged", merged)?;
+    let skipped: Vec<(String, String)> = r
+        .skipped
+        .iter()
+        .map(|(p, why)| (path_str(p), why.clone()))
+        .collect();
+    d.set_item("skipped", skipped)?;
+    Ok(d)
+}
+
+/// The ranks whose checkpoint can restore this rank's, from a group-info file.
+#[pyfunction]
+fn restore_group_info_list(file: PathBuf) -> PyResult<Vec<u32>> {
+    ckpt::restore_group_info_list(&file).map_err(ckpt_err)
+}
+
+/// Checks a checkpoint against its strategy; returns the findings as a dict.
+#[pyfunction]
+#[pyo3(signature = (src_dir, strategy, replicas=false))]
+fn verify_checkpoint<'py>(
+    py: Python<'py>,
+    src_dir: PathBuf,
+    strategy: PathBuf,
+    replicas: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let r = py
+        .detach(|| ckpt::verify_checkpoints(&src_dir, &strategy, replicas))
+        .map_err(ckpt_err)?;
+    let faults = PyList::empty(py);
+    for f in &r.faults {
+        let d = PyDict::new(py);
+        d.set_item("file", path_str(&f.path))?;
+        d.set_item("tensor", &f.tensor)?;
+        d.set_item("rule", &f.rule)?;
+        faults.append(d)?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("ok", r.is_ok())?;
+    d.set_item("files", r.n_files)?;
+    d.set_item("parameters", r.n_params)?;
+    d.set_item("slices", r.n_slices)?;
+    d.set_item("replica_pairs", r.n_replica_pairs)?;
+    d.set_item("faults", faults)?;
+    Ok(d)
+}
+
+fn box_dict<'py>(py: Python<'py>, b: &layout::SliceBox) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("offset", &b.offset)?;
+    d.set_item("shape", &b.shape)?;
+    Ok(d)
+}
+
+/// Both strategies bound to the shapes of the checkpoint in `dir` (saved under `src`).
+fn resolve_with_checkpoint(
+    src: &Strategy,
+    dst: Option<&Strategy>,
+    dir: &Path,
+) -> ckpt::Result<(ckpt::ResolvedStrategy, ckpt::ResolvedStrategy)> {
+    let src_res = ckpt::SourceSet::rank_dirs(dir)?.resolve_source(src)?.0;
+    let dst_res = match dst {
+        Some(d) => {
+            d.resolve(|p, _| {
+                Ok(src_res.param(&p.name).map(|s| ShapeHint {
+                    shape: s.shape.clone(),
+                    is_global: true,
+                    dtype: s.dtype,
+                    source: "the source checkpoint".to_string(),
+                }))
+            })?
+            .0
+        }
+        None => src_res.merged()?,
+    };
+    Ok((src_res, dst_res))
+}
+
+/// The plan of a conversion, per destination rank: the minimal source ranks, and for each
+/// parameter the rank's box and the pieces it needs, each with the source ranks holding it.
+#[pyfunction]
+#[pyo3(signature = (src_strategy, dst_strategy=None, src_dir=None, ranks=None))]
+fn reshard_plan<'py>(
+    py: Python<'py>,
+    src_strategy: PathBuf,
+    dst_strategy: Option<PathBuf>,
+    src_dir: Option<PathBuf>,
+    ranks: Option<Vec<usize>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let src = Strategy::load(&src_strategy).map_err(ckpt_err)?;
+    let dst = dst_strategy
+        .as_deref()
+        .map(Strategy::load)
+        .transpose()
+        .map_err(ckpt_err)?;
+    let (src_res, dst_res) = match src_dir.as_deref() {
+        None => ckpt::resolve_scale_free_pair(&src, dst.as_ref()),
+        Some(dir) => resolve_with_checkpoint(&src, dst.as_ref(), dir),
+    }
+    .map_err(ckpt_err)?;
+    let src_ranks = src_res.ranks();
+    let out = PyList::empty(py);
+    for rank in ranks.unwrap_or_else(|| dst_res.ranks()) {
+        let cover = ckpt::minimal_rank_list(&src, dst.as_ref(), rank).map_err(ckpt_err)?;
+        let params = PyDict::new(py);
+        for p in dst_res.params() {
+            let Some((pl, slot)) = p.placement_of_rank(rank) else {
+                continue;
+            };
+            let Some(sp) = src_res.param(&p.name) else {
+                continue;
+            };
+            let dst_box = pl.held.slot_box(slot);
+            // Distinct source boxes meeting the destination box, each with its holders.
+            let mut pieces: Vec<(layout::SliceBox, Vec<usize>)> = Vec::new();
+            for &r in &src_ranks {
+                let Some((spl, sslot)) = sp.placement_of_rank(r) else {
+                    continue;
+                };
+                let Some(piece) = spl.held.slot_box(sslot).intersect(&dst_box) else {
+                    continue;
+                };
+                match pieces.iter_mut().find(|(b, _)| *b == piece) {
+                    Some((_, holders)) => holders.push(r),
+                    None => pieces.push((piece, vec![r])),
+                }
+            }
+            let list = PyList::empty(py);
+            for (piece, holders) in &pieces {
+                let d = box_dict(py, piece)?;
+                d.set_item("holders", holders)?;
+                list.append(d)?;
+            }
+            let entry = box_dict(py, &dst_box)?;
+            entry.set_item("global_shape", &p.shape)?;
+            entry.set_item("pieces", list)?;
+            params.set_item(&p.name, entry)?;
+        }
+        let d = PyDict::new(py);
+        d.set_item("rank", rank)?;
+        d.set_item("source_ranks", &cover.ranks)?;
+        d.set_item("minimal", if cover.exact { "exact" } else { "greedy" })?;
+        d.set_item("params", params)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}

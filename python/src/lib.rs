@@ -1,0 +1,33 @@
+//! The native half of the Python package `tessera` (import name `tessera._tessera`).
+//!
+//! It turns Python arguments into calls of Tessera's library crates and their results into
+//! plain Python data (dicts, lists, numpy arrays); it holds no checkpoint, layout or training
+//! logic of its own. The MindSpore-compatible names, signatures and argument checks live in the
+//! Python layer (`tessera/parallel/`), which calls these functions.
+//!
+//! - [`checkpoints`]: `mindspore.parallel`'s checkpoint tools over the `ckpt` crate.
+//! - [`layouts`]: `Layout` checks, `to_dict` and per-rank slices over the `layout` crate.
+//! - [`training`]: `train` and `plan` over the `runtime` crate.
+//! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
+//!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
+//!
+//! Long operations release the GIL; progress reaches a Python callable ([`progress`]).
+
+use pyo3::prelude::*;
+
+mod arrays;
+mod checkpoints;
+mod errors;
+mod layouts;
+mod progress;
+mod training;
+
+/// The module `tessera._tessera`.
+#[pymodule]
+fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    checkpoints::register(m)?;
+    layouts::register(m)?;
+    training::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! Training and planning from Python over the `runtime` crate, as `tessera train` and
+//! `tessera train --explain` drive a `Session`, returning data instead of printing.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use parallel::Step;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use runtime::{LaunchOptions, Session, TrainConfig};
+
+use crate::errors::runtime_err;
+
+/// Adds the functions of this module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(train, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    Ok(())
+}
+
+/// A configuration from a TOML file (`path`) or TOML text (`text`, relative paths against the
+/// current directory), with `overrides` (`section.key=value`) and a device count applied.
+fn load_config(
+    path: Option<&Path>,
+    text: Option<&str>,
+    overrides: &[String],
+    devices: Option<usize>,
+) -> Result<TrainConfig, runtime::RuntimeError> {
+    let config = match (path, text) {
+        (Some(path), _) => TrainConfig::load(path, overrides)?,
+        (None, text) => {
+            let base = std::env::current_dir().map_err(|source| runtime::RuntimeError::Io {
+                path: PathBuf::from("."),
+                source,
+            })?;
+            TrainConfig::parse(text.unwrap_or(""), None, overrides, &base)?
+        }
+    };
+    match devices {
+        Some(n) => config.with_devices(n),
+        None => Ok(config),
+    }
+}
+
+/// Trains as `tessera train` does (ranks as threads); returns the metrics as a dict.
+#[pyfunction]
+#[pyo3(signature = (path=None, text=None, devices=None, overrides=Vec::new(), log_json=None, print_loss=false, timeout=300.0))]
+#[allow(clippy::too_many_arguments)]
+fn train<'py>(
+    py: Python<'py>,
+    path: Option<PathBuf>,
+    text: Option<String>,
+    devices: Option<usize>,
+    overrides: Vec<String>,
+    log_json: Option<PathBuf>,
+    print_loss: bool,
+    timeout: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "timeout {timeout} must be a positive number of seconds"
+        )));
+    }
+    let config =
+        load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
+    let warnings = config.warnings().to_vec();
+    let out_dir = config.output().dir.clone();
+    let saved = config.output().save_checkpoint;
+    let metrics_log = log_json.unwrap_or_else(|| config.output().metrics_file());
+    let report = py
+        .detach(|| {
+            let session = Session::new(&config)?;
+            let options = LaunchOptions {
+                print_loss,
+                metrics_log: Some(metrics_log.clone()),
+                timeout: Duration::from_secs_f64(timeout),
+                mpi_watchdog: false,
+            };
+            runtime::train_local(&session, &options)
+        })
+        .map_err(runtime_err)?;
+    let d = PyDict::new(py);
+    d.set_item("devices", report.devices)?;
+    d.set_item("steps", report.losses().len())?;
+    d.set_item("losses", report.losses())?;
+    d.set_item("accuracies", report.accuracies())?;
+    d.set_item("eval_losses", report.eval_losses())?;
+    let step_ms = report.ranks.first().map(|r| r.step_ms.clone());
+    d.set_item("step_ms", step_ms.unwrap_or_default())?;
+    d.set_item("pipeline_bubble", report.pipeline_bubble())?;
+    d.set_item("output_dir", out_dir.display().to_string())?;
+    d.set_item("checkpoint_saved", saved)?;
+    d.set_item("metrics_log", metrics_log.display().to_string())?;
+    d.set_item("warnings", warnings)?;
+    Ok(d)
+}
+
+/// The parallel plan of a configuration, as `tessera train --explain` prints it, as a dict:
+/// every parameter's layout and slice, every step (kernels and inserted communication with
+/// reason and bytes per step), and the explain text itself.
+#[pyfunction]
+#[pyo3(signature = (path=None, text=None, devices=None, overrides=Vec::new()))]
+fn plan<'py>(
+    py: Python<'py>,
+    path: Option<PathBuf>,
+    text: Option<String>,
+    devices: Option<usize>,
+    overrides: Vec<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let config =
+        load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
+    let session = py.detach(|| Session::new(&config)).map_err(runtime_err)?;
+    let program = &session.train;
+    let params = PyList::empty(py);
+    for p in &program.params {
+        let layout = p
+            .optimizer_shard()
+            .map_or(&p.layout, |shard| &shard.strategy_layout);
+        let d = PyDict::new(py);
+        d.set_item("name", &p.name)?;
+        d.set_item("shape", layout.shape())?;
+        d.set_item("layout", layout.layout().describe_map())?;
+        d.set_item("mesh", layout.mesh().to_string())?;
+        d.set_item("slice_shape", layout.slice_shape())?;
+        d.set_item("replicas", layout.replica_count())?;
+        d.set_item("trainable", p.trainable)?;
+        d.set_item("optimizer_sharded", p.optimizer_shard().is_some())?;
+        params.append(d)?;
+    }
+    let graph = &program.placed.graph;
+    let steps = PyList::empty(py);
+    let mut n_reshards = 0usize;
+    for step in &program.steps {
+        let d = PyDict::new(py);
+        match step {
+            Step::Kernel(k) => {
+                d.set_item("kind", "kernel")?;
+                d.set_item("name", &k.name)?;
+            }
+            Step::Reshard(r) => {
+                n_reshards += 1;
+                d.set_item("kind", "reshard")?;
+                d.set_item("value", &graph.values()[r.value.0].name)?;
+                d.set_item("communication", parallel::describe_plan(&r.plan))?;
+                d.set_item("bytes", r.plan.bytes_total())?;
+                d.set_item("reason", &r.reason)?;
+            }
+        }
+        steps.append(d)?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("mode", program.placed.config.mode.name())?;
+    d.set_item("devices", program.devices())?;
+    d.set_item("bytes_per_step", program.bytes_per_step())?;
+    d.set_item("reshards", n_reshards)?;
+    d.set_item("params", params)?;
+    d.set_item("steps", steps)?;
+    d.set_item("pipelined", session.is_pipelined())?;
+    d.set_item(
+        "explain",
+        program.explain_with(session.deterministic_blocks()),
+    )?;
+    Ok(d)
+}

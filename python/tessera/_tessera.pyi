@@ -1,0 +1,69 @@
+"""Type stubs of the native module ``tessera._tessera`` (Rust, PyO3). Use ``tessera.parallel``
+and ``tessera.train`` / ``tessera.plan``; these are their building blocks."""
+
+from os import PathLike
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+_Path = Union[str, PathLike]
+_Progress = Optional[Callable[[str, str, int], None]]
+
+class CheckpointError(ValueError):
+    """Bad checkpoint, strategy or request."""
+    file: Optional[str]
+    tensor: Optional[str]
+    rule: str
+
+class CheckpointIOError(OSError):
+    """An operating-system error on a checkpoint file."""
+    file: Optional[str]
+    tensor: Optional[str]
+    rule: str
+
+class ConfigError(ValueError):
+    """A training configuration that breaks a rule (``tensor`` holds the key, if any)."""
+    file: Optional[str]
+    tensor: Optional[str]
+    rule: str
+
+def convert_checkpoints(src_dir: _Path, src_strategy: _Path, dst_dir: _Path,
+                        dst_strategy: Optional[_Path] = None, prefix: str = "checkpoint_",
+                        output_format: Optional[str] = None, ranks: Optional[Sequence[int]] = None,
+                        force: bool = False, allow_missing: bool = False,
+                        progress: _Progress = None) -> Dict[str, Any]: ...
+def convert_unsharded(src_dir: _Path, dst_dir: _Path, dst_strategy: _Path, prefix: str = "checkpoint_",
+                      output_format: Optional[str] = None, force: bool = False,
+                      progress: _Progress = None) -> Dict[str, Any]: ...
+def convert_checkpoint_files(rank: int, files: Dict[int, _Path], src_strategy: _Path, dst_file: _Path,
+                             dst_strategy: Optional[_Path] = None, force: bool = False,
+                             progress: _Progress = None) -> Dict[str, Any]: ...
+def rank_list(rank: int, src_strategy: _Path, dst_strategy: Optional[_Path] = None) -> Tuple[List[int], bool]: ...
+def unified_safetensors(src_dir: _Path, strategy: _Path, dst_dir: _Path, dedup: bool = False,
+                        max_part_bytes: int = ..., force: bool = False,
+                        progress: _Progress = None) -> Dict[str, Any]: ...
+def load_distributed_files(unified_dir: _Path, strategy: _Path, dst_dir: _Path,
+                           ranks: Optional[Sequence[int]] = None, output_format: Optional[str] = None,
+                           force: bool = False, progress: _Progress = None) -> Dict[str, Any]: ...
+def load_rank_from_files(files: Dict[int, _Path], src_strategy: _Path, dst_strategy: _Path,
+                         rank: int) -> Dict[str, np.ndarray]: ...
+def load_rank_from_unified(unified_dir: _Path, strategy: _Path, rank: int) -> Dict[str, np.ndarray]: ...
+def load_segmented_checkpoints(dir: _Path) -> Dict[str, np.ndarray]: ...
+def build_searched_strategy(file: _Path) -> str: ...
+def merge_pipeline_strategys(src_dir: _Path, dst_file: _Path, force: bool = False) -> Dict[str, Any]: ...
+def restore_group_info_list(file: _Path) -> List[int]: ...
+def verify_checkpoint(src_dir: _Path, strategy: _Path, replicas: bool = False) -> Dict[str, Any]: ...
+def reshard_plan(src_strategy: _Path, dst_strategy: Optional[_Path] = None,
+                 src_dir: Optional[_Path] = None,
+                 ranks: Optional[Sequence[int]] = None) -> List[Dict[str, Any]]: ...
+def layout_to_dict(device_matrix: Sequence[int], alias_name: Sequence[str],
+                   rank_list: Optional[Sequence[int]] = None,
+                   tensor_map: Optional[List[Union[str, List[str]]]] = None) -> Dict[str, Any]: ...
+def layout_slices(device_matrix: Sequence[int], alias_name: Sequence[str],
+                  rank_list: Optional[Sequence[int]], tensor_map: List[Union[str, List[str]]],
+                  shape: Sequence[int]) -> Dict[str, Any]: ...
+def train(path: Optional[_Path] = None, text: Optional[str] = None, devices: Optional[int] = None,
+          overrides: List[str] = ..., log_json: Optional[_Path] = None, print_loss: bool = False,
+          timeout: float = 300.0) -> Dict[str, Any]: ...
+def plan(path: Optional[_Path] = None, text: Optional[str] = None, devices: Optional[int] = None,
+         overrides: List[str] = ...) -> Dict[str, Any]: ...

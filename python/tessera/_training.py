@@ -1,0 +1,91 @@
+"""Training and planning from Python: ``tessera train`` and ``tessera train --explain`` as
+functions returning data."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from . import _checks, _tessera
+
+Config = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+def _toml_value(value: Any, key: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v, key) for v in value) + "]"
+    raise TypeError(f"config key {key!r}: a {type(value).__name__} cannot be written as TOML")
+
+
+def _toml(config: Mapping[str, Any]) -> str:
+    """A config dict (sections of keys; nested dicts are sub-tables) as TOML text."""
+    lines: List[str] = []
+
+    def table(prefix: str, items: Mapping[str, Any]) -> None:
+        scalars = [(k, v) for k, v in items.items() if not isinstance(v, Mapping)]
+        tables = [(k, v) for k, v in items.items() if isinstance(v, Mapping)]
+        if prefix and scalars:
+            lines.append(f"[{prefix}]")
+        for k, v in scalars:
+            lines.append(f"{json.dumps(str(k))} = {_toml_value(v, f'{prefix}.{k}' if prefix else k)}")
+        for k, v in tables:
+            name = json.dumps(str(k))
+            table(f"{prefix}.{name}" if prefix else name, v)
+
+    table("", config)
+    return "\n".join(lines) + "\n"
+
+
+def _source(config: Config) -> Tuple[Optional[str], Optional[str]]:
+    if isinstance(config, Mapping):
+        return None, _toml(config)
+    return _checks.path(config, "config"), None
+
+
+def _overrides(overrides: Optional[Mapping[str, Any]]) -> List[str]:
+    if overrides is None:
+        return []
+    if not isinstance(overrides, Mapping):
+        raise TypeError(f"overrides must be a dict of 'section.key': value, not {type(overrides).__name__}")
+    return [f"{k}={_toml_value(v, k)}" for k, v in overrides.items()]
+
+
+def _devices(devices: Optional[int]) -> Optional[int]:
+    return None if devices is None else _checks.positive_int(devices, "devices")
+
+
+def train(config: Config, devices: Optional[int] = None, *,
+          overrides: Optional[Mapping[str, Any]] = None, log_json: Optional[str] = None,
+          print_loss: bool = False, timeout: float = 300.0) -> Dict[str, Any]:
+    """Trains as ``tessera train CONFIG [--devices N]`` does (ranks as threads of this
+    process) and returns the metrics: ``losses`` (per step), ``accuracies`` /
+    ``eval_losses`` (per epoch), ``step_ms``, ``steps``, ``devices``, ``pipeline_bubble``,
+    ``output_dir``, ``checkpoint_saved``, ``metrics_log`` and ``warnings``.
+
+    ``config`` is a TOML file (docs/CONFIG.md) or a dict of sections (``{"model": {...},
+    "data": {...}, ...}``; relative paths against the current directory). ``overrides``
+    maps ``"section.key"`` to a value, as ``--set`` does. A bad configuration raises
+    ``ConfigError`` naming the key.
+    """
+    path, text = _source(config)
+    return _tessera.train(path=path, text=text, devices=_devices(devices),
+                          overrides=_overrides(overrides),
+                          log_json=_checks.optional_path(log_json, "log_json"),
+                          print_loss=bool(print_loss), timeout=float(timeout))
+
+
+def plan(config: Config, devices: Optional[int] = None, *,
+         overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The parallel plan ``tessera train --explain`` prints, as a dict: ``mode``,
+    ``devices``, ``bytes_per_step``, ``reshards``, ``params`` (name, shape, layout, mesh,
+    slice_shape, replicas, …), ``steps`` (kernels, and reshards with their communication,
+    bytes per step and reason), ``pipelined`` and the ``explain`` text. Nothing is trained."""
+    path, text = _source(config)
+    return _tessera.plan(path=path, text=text, devices=_devices(devices), overrides=_overrides(overrides))

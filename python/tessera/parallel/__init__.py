@@ -1,0 +1,301 @@
+"""``mindspore.parallel``'s checkpoint and layout tools, call for call.
+
+``from tessera import parallel as ms_parallel`` stands in for scripts that use these
+functions: names, parameters (order, names, defaults) and return types are MindSpore 2.10's.
+Tessera's additions come after MindSpore's parameters and are keyword-only:
+``force`` (replace existing outputs; without it an existing output is an error and nothing is
+overwritten) and ``progress`` (see :func:`tessera._progress.resolve`).
+
+Where MindSpore is wrong or not minimal, Tessera's answer stands; ``docs/PYTHON.md`` lists
+every difference. Beyond MindSpore: :func:`reshard_plan`, :func:`layout_slices` and
+:func:`verify_checkpoint` return plain Python data.
+
+Every function calls Tessera's Rust library in-process (no subprocess); conversions release
+the GIL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .. import _checks, _progress, _tessera
+from .._tessera import CheckpointError, CheckpointIOError
+from ._layout import Layout
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointIOError",
+    "Layout",
+    "build_searched_strategy",
+    "convert_checkpoint_by_rank",
+    "convert_checkpoints",
+    "layout_slices",
+    "load_distributed_checkpoint",
+    "load_segmented_checkpoints",
+    "merge_pipeline_strategys",
+    "rank_list_for_convert",
+    "reshard_plan",
+    "restore_group_info_list",
+    "unified_safetensors",
+    "verify_checkpoint",
+]
+
+_FORMATS = ("ckpt", "safetensors")
+_NO_UNSHARDED_SOURCE = (
+    "src_strategy_file=None (an unsharded source) is supported by convert_checkpoints only; give "
+    "the strategy the checkpoint was saved under")
+
+
+def _source_strategy(src_strategy_file: Any) -> str:
+    if src_strategy_file is None:
+        raise ValueError(_NO_UNSHARDED_SOURCE)
+    return _checks.path(src_strategy_file, "src_strategy_file")
+
+
+def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
+                        src_strategy_file=None, dst_strategy_file=None, process_num=1,
+                        output_format="ckpt", *, force: bool = False,
+                        allow_missing: bool = False, progress: _progress.Progress = None) -> None:
+    """Converts the checkpoint in ``src_checkpoints_dir/rank_<r>/`` saved under
+    ``src_strategy_file`` to ``dst_strategy_file`` (None: everything merged into rank 0;
+    ``src_strategy_file=None``: ``rank_0`` holds an unsharded checkpoint to slice),
+    writing ``dst_checkpoints_dir/rank_<r>/<ckpt_prefix><r>.<output_format>``.
+
+    Each destination rank reads a minimal set of source files, streaming; ``process_num`` is
+    accepted for compatibility (one process is enough). A source strategy parameter that no
+    source file holds is an error (``CheckpointError`` naming it) unless ``allow_missing``,
+    where MindSpore leaves it out silently.
+    """
+    src = _checks.path(src_checkpoints_dir, "src_checkpoints_dir")
+    dst = _checks.path(dst_checkpoints_dir, "dst_checkpoints_dir")
+    if not isinstance(ckpt_prefix, str):
+        raise TypeError(f"For 'ckpt_prefix', the type must be str, but got {type(ckpt_prefix).__name__}.")
+    dst_strategy = _checks.optional_path(dst_strategy_file, "dst_strategy_file")
+    _checks.positive_int(process_num, "process_num")
+    _checks.choice(output_format, "output_format", _FORMATS)
+    if src_strategy_file is None:
+        # An unsharded source (rank_0 holds every tensor whole), sliced for the destination.
+        if dst_strategy is None:
+            raise ValueError("src_strategy_file and dst_strategy_file are both None: there is "
+                             "nothing to convert")
+        _tessera.convert_unsharded(src, dst, dst_strategy, prefix=ckpt_prefix,
+                                   output_format=output_format, force=force,
+                                   progress=_progress.resolve(progress))
+        return
+    src_strategy = _checks.path(src_strategy_file, "src_strategy_file")
+    _tessera.convert_checkpoints(src, src_strategy, dst, dst_strategy, prefix=ckpt_prefix,
+                                 output_format=output_format, force=force,
+                                 allow_missing=allow_missing, progress=_progress.resolve(progress))
+
+
+def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_file_name,
+                               src_strategy_file=None, dst_strategy_file=None, *,
+                               force: bool = False, progress: _progress.Progress = None) -> None:
+    """Converts destination rank ``rank_id`` from the source files ``checkpoint_files_map``
+    (source rank → file; the ranks of :func:`rank_list_for_convert` suffice) into
+    ``save_checkpoint_file_name`` (``.ckpt`` or ``.safetensors``)."""
+    rank = _checks.non_negative_int(rank_id, "rank_id")
+    if not isinstance(checkpoint_files_map, dict):
+        raise TypeError("For 'checkpoint_files_map', the type must be dict, but got "
+                        f"{type(checkpoint_files_map).__name__}.")
+    files = {}
+    for r, f in checkpoint_files_map.items():
+        files[_checks.non_negative_int(r, "checkpoint_files_map key")] = _checks.path(
+            f, "checkpoint_files_map value")
+    out = _checks.path(save_checkpoint_file_name, "save_checkpoint_file_name")
+    _tessera.convert_checkpoint_files(
+        rank, files, _source_strategy(src_strategy_file), out,
+        _checks.optional_path(dst_strategy_file, "dst_strategy_file"), force=force,
+        progress=_progress.resolve(progress))
+
+
+def rank_list_for_convert(rank_id, src_strategy_file=None, dst_strategy_file=None) -> List[int]:
+    """The source ranks destination ``rank_id`` needs: a proven minimum (ascending), where
+    MindSpore returns a superset (descending). Without a source strategy, ``[0]``."""
+    rank = _checks.non_negative_int(rank_id, "rank_id")
+    if src_strategy_file is None:
+        return [0]
+    ranks, _exact = _tessera.rank_list(
+        rank, _checks.path(src_strategy_file, "src_strategy_file"),
+        _checks.optional_path(dst_strategy_file, "dst_strategy_file"))
+    return ranks
+
+
+def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundancy=True,
+                        file_suffix=None, max_process_num=64, choice_func=None,
+                        split_dst_file=(), *, max_part_size: int = 3 << 30,
+                        force: bool = False, progress: _progress.Progress = None) -> None:
+    """Merges every rank of ``src_dir`` into full tensors: ``dst_dir/part<i>.safetensors``
+    (about ``max_part_size`` bytes each), ``param_name_map.json`` and
+    ``hyper_param.safetensors`` for tensors outside the strategy.
+
+    ``merge_with_redundancy=False`` declares sources saved without redundancy; Tessera reads
+    each piece from whichever replica holds it either way.
+    """
+    src = _checks.path(src_dir, "src_dir")
+    strategy = _checks.path(src_strategy_file, "src_strategy_file")
+    dst = _checks.path(dst_dir, "dst_dir")
+    if not isinstance(merge_with_redundancy, bool):
+        raise TypeError("For 'merge_with_redundancy', the type must be bool, but got "
+                        f"{type(merge_with_redundancy).__name__}.")
+    _checks.positive_int(max_process_num, "max_process_num")
+    _checks.unsupported(file_suffix, None, "file_suffix",
+                        "Tessera picks each rank's file as MindSpore does without a suffix")
+    _checks.unsupported(choice_func, None, "choice_func", "filter or rename the merged index instead")
+    _checks.unsupported(tuple(split_dst_file), (), "split_dst_file",
+                        "one process writes every part (it is I/O bound)")
+    _checks.positive_int(max_part_size, "max_part_size")
+    _tessera.unified_safetensors(src, strategy, dst, dedup=not merge_with_redundancy,
+                                 max_part_bytes=max_part_size, force=force,
+                                 progress=_progress.resolve(progress))
+
+
+def _rename(tensors: Dict[str, np.ndarray], name_map: Optional[dict]) -> Dict[str, np.ndarray]:
+    if name_map is None:
+        return tensors
+    if not isinstance(name_map, dict):
+        raise TypeError(f"For 'name_map', the type must be dict, but got {type(name_map).__name__}.")
+    return {name_map.get(k, k): v for k, v in tensors.items()}
+
+
+def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_strategy=None,
+                                train_strategy_filename=None, strict_load=False, dec_key=None,
+                                dec_mode="AES-GCM", format="ckpt", unified_safetensors_dir=None,
+                                dst_safetensors_dir=None, rank_id=None,
+                                output_format="safetensors", name_map=None,
+                                max_process_num=64, return_param_dict=False, *,
+                                force: bool = False, progress: _progress.Progress = None,
+                                ) -> Optional[Dict[str, np.ndarray]]:
+    """The tensors a rank holds under ``predict_strategy`` (a strategy file), as a dict of
+    name → numpy array, or, with ``dst_safetensors_dir``, files
+    ``dst_safetensors_dir/rank_<r>/net.<output_format>`` (every rank, or ``rank_id``).
+
+    - ``format="ckpt"``: from ``checkpoint_filenames`` (one file per training rank, in rank
+      order) saved under ``train_strategy_filename``.
+    - ``format="safetensors"``: from ``unified_safetensors_dir`` (see
+      :func:`unified_safetensors`).
+
+    ``network`` must be None: Tessera has no MindSpore ``Cell`` to load into; the arrays are
+    returned instead (``rank_id`` defaults to 0). bf16 tensors come back as float32.
+    """
+    if network is not None:
+        raise TypeError("For 'network', tessera.parallel loads no MindSpore Cell: pass None "
+                        "and use the returned dict of numpy arrays")
+    _checks.choice(format, "format", _FORMATS)
+    _checks.choice(output_format, "output_format", _FORMATS)
+    _checks.unsupported(dec_key, None, "dec_key", "encrypted checkpoints are not read")
+    _checks.positive_int(max_process_num, "max_process_num")
+    if isinstance(predict_strategy, dict):
+        raise TypeError("For 'predict_strategy', give a strategy file (str); a layout dict is "
+                        "not supported by tessera.parallel")
+    strategy = _checks.path(predict_strategy, "predict_strategy")
+    rank = None if rank_id is None else _checks.non_negative_int(rank_id, "rank_id")
+    if format == "safetensors":
+        unified = _checks.path(unified_safetensors_dir, "unified_safetensors_dir")
+        if dst_safetensors_dir is not None:
+            _checks.unsupported(name_map, None, "name_map", "rename after loading instead")
+            _tessera.load_distributed_files(
+                unified, strategy, _checks.path(dst_safetensors_dir, "dst_safetensors_dir"),
+                ranks=None if rank is None else [rank], output_format=output_format,
+                force=force, progress=_progress.resolve(progress))
+            return None
+        tensors = _tessera.load_rank_from_unified(unified, strategy, rank or 0)
+        return _rename(tensors, name_map)
+    if not isinstance(checkpoint_filenames, (list, tuple)):
+        raise TypeError("For 'checkpoint_filenames', the type must be list, but got "
+                        f"{type(checkpoint_filenames).__name__}.")
+    files = {r: _checks.path(f, "checkpoint_filenames") for r, f in enumerate(checkpoint_filenames)}
+    train = _checks.path(train_strategy_filename, "train_strategy_filename")
+    tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0)
+    return _rename(tensors, name_map)
+
+
+def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filter_prefix=None,
+                               dec_key=None, dec_mode="AES-GCM", specify_prefix=None,
+                               choice_func=None) -> Dict[str, np.ndarray]:
+    """The union of every checkpoint file in ``ckpt_file_dir`` (files in name order, a later
+    file's tensor replacing an earlier one's), as name → numpy array. ``filter_prefix`` drops
+    names with those prefixes, ``specify_prefix`` keeps only those, ``choice_func(name)``
+    keeps a name when true."""
+    directory = _checks.path(ckpt_file_dir, "ckpt_file_dir")
+    if net is not None:
+        raise TypeError("For 'net', tessera.parallel loads no MindSpore Cell: pass None")
+    _checks.unsupported(dec_key, None, "dec_key", "encrypted checkpoints are not read")
+
+    def prefixes(value, name):
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
+            return tuple(value)
+        raise TypeError(f"For '{name}', the type must be str or a list of str, but got {type(value).__name__}.")
+
+    drop, keep = prefixes(filter_prefix, "filter_prefix"), prefixes(specify_prefix, "specify_prefix")
+    if choice_func is not None and not callable(choice_func):
+        raise TypeError(f"For 'choice_func', the type must be callable, but got {type(choice_func).__name__}.")
+    tensors = _tessera.load_segmented_checkpoints(directory)
+    return {name: t for name, t in tensors.items()
+            if not name.startswith(drop) and (not keep or name.startswith(keep))
+            and (choice_func is None or choice_func(name))}
+
+
+def build_searched_strategy(strategy_filename) -> Dict[str, dict]:
+    """Per parameter, its ``ParallelLayouts`` as a plain dict (``dev_matrix``,
+    ``tensor_map``, ``param_split_shape``, ``indices_offset`` as lists of ``{"dim": [...]}``,
+    ``field``, ``opt_weight_shard_step``, ``opt_weight_shard_size``)."""
+    import json
+
+    return json.loads(_tessera.build_searched_strategy(_checks.path(strategy_filename, "strategy_filename")))
+
+
+def merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file, *, force: bool = False) -> None:
+    """Merges the per-stage strategy files in ``src_strategy_dirs`` into
+    ``dst_strategy_file`` (names become ``"<stage>-<name>"``; inputs taken in sorted order)."""
+    _tessera.merge_pipeline_strategys(_checks.path(src_strategy_dirs, "src_strategy_dirs"),
+                                      _checks.path(dst_strategy_file, "dst_strategy_file"), force=force)
+
+
+def restore_group_info_list(group_info_file_name) -> List[int]:
+    """The ranks whose checkpoint can restore this rank's (``ckpt_restore_rank_list``)."""
+    return _tessera.restore_group_info_list(_checks.path(group_info_file_name, "group_info_file_name"))
+
+
+# ---------------------------------------------------------------------------- beyond MindSpore
+
+def reshard_plan(src_strategy_file, dst_strategy_file=None, src_checkpoints_dir=None,
+                 rank_id=None) -> List[dict]:
+    """The plan of a conversion, per destination rank (``rank_id``, or all): ``source_ranks``
+    (a minimal cover), ``minimal`` (``"exact"`` or ``"greedy"``) and per parameter the rank's
+    box (``offset``, ``shape``, ``global_shape``) with the ``pieces`` it needs, each with the
+    source ranks (``holders``) that hold it. Shapes come from ``src_checkpoints_dir`` when
+    given, else from the strategies (the smallest shapes their splits divide)."""
+    ranks = None if rank_id is None else [_checks.non_negative_int(rank_id, "rank_id")]
+    return _tessera.reshard_plan(
+        _checks.path(src_strategy_file, "src_strategy_file"),
+        _checks.optional_path(dst_strategy_file, "dst_strategy_file"),
+        _checks.optional_path(src_checkpoints_dir, "src_checkpoints_dir"), ranks)
+
+
+def layout_slices(layout: Layout, shape: Sequence[int]) -> dict:
+    """Every rank's slice of a tensor of ``shape`` under ``layout`` (a called
+    :class:`Layout`): ``slices`` (per mesh slot: ``rank``, ``device``, ``offset``,
+    ``shape``), ``slice_shape``, ``split_factors`` and ``replicas``."""
+    if not isinstance(layout, Layout):
+        raise TypeError(f"For 'layout', the type must be Layout, but got {type(layout).__name__}.")
+    if not isinstance(shape, (list, tuple)):
+        raise TypeError(f"For 'shape', the type must be tuple or list, but got {type(shape).__name__}.")
+    for dim in shape:
+        _checks.non_negative_int(dim, "shape")
+    return layout.slices(shape)
+
+
+def verify_checkpoint(checkpoints_dir, strategy_file, check_replicas=False) -> dict:
+    """Checks ``checkpoints_dir/rank_<r>/`` against its strategy without raising for faults:
+    ``{"ok", "files", "parameters", "slices", "replica_pairs", "faults": [{"file",
+    "tensor", "rule"}]}``. ``check_replicas`` also compares every replica's bytes."""
+    return _tessera.verify_checkpoint(_checks.path(checkpoints_dir, "checkpoints_dir"),
+                                      _checks.path(strategy_file, "strategy_file"),
+                                      replicas=bool(check_replicas))
