@@ -38,6 +38,7 @@ mod patterns;
 pub mod pipeline;
 mod rank_view;
 pub mod rules;
+pub mod search;
 
 pub use crate::assign::{
     gradient_target, is_annotatable, place, NodePlacement, PlacedGraph, StrategySource,

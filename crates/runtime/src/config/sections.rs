@@ -625,7 +625,7 @@ fn read_parallel(
     base: &Path,
     warnings: &mut Vec<String>,
 ) -> Result<(ParallelConfig, Option<PathBuf>), RuntimeError> {
-    let modes = ["stand_alone", "data_parallel", "semi_auto"];
+    let modes = ParallelMode::NAMES;
     let mode = s.or("mode", ParallelMode::StandAlone, |key, v| {
         read_enum(key, v, &modes, ParallelMode::parse)
     })?;
@@ -674,9 +674,9 @@ fn read_parallel(
             format!("an out_strategy needs an in_strategy: add parallel.shard.{op} (MindSpore's shard() takes out_strategy only with in_strategy)"),
         ));
     }
-    if mode != ParallelMode::SemiAuto && !shard.is_empty() {
+    if !mode.uses_strategies() && !shard.is_empty() {
         warnings.push(format!(
-            "[parallel.shard] has no effect in mode \"{}\" (only semi_auto uses op strategies)",
+            "[parallel.shard] has no effect in mode \"{}\" (only semi_auto and the search modes use op strategies)",
             mode.name()
         ));
     }
