@@ -197,6 +197,9 @@ struct Lowering<'a> {
     steps: Vec<Step>,
     /// Available copies of each value: layout and buffer; the first is where it was produced.
     versions: HashMap<ValueId, Vec<usize>>,
+    /// Plans already made, by source, destination and dtype: the blocks of a deep model move
+    /// alike, so each distinct move is planned once (planning is linear in the ranks).
+    plans: HashMap<(DistLayout, TensorLayout, DType), Arc<ReshardPlan>>,
 }
 
 impl Lowering<'_> {
@@ -242,16 +245,26 @@ impl Lowering<'_> {
             .expect("a value is produced before it is used");
         let src = self.buffers[from].layout.clone();
         let dtype = self.buffers[from].dtype;
-        let plan =
-            reshard::plan_from(&src, need, dtype).map_err(|source| ParallelError::Reshard {
-                context: format!("moving {}", self.graph().values()[value.0].name),
-                source: Box::new(source),
-            })?;
+        let key = (src, need.clone(), dtype);
+        let plan = match self.plans.get(&key) {
+            Some(plan) => plan.clone(),
+            None => {
+                let plan = reshard::plan_from(&key.0, need, dtype).map_err(|source| {
+                    ParallelError::Reshard {
+                        context: format!("moving {}", self.graph().values()[value.0].name),
+                        source: Box::new(source),
+                    }
+                })?;
+                let plan = Arc::new(plan);
+                self.plans.insert(key, plan.clone());
+                plan
+            }
+        };
         let to = self.new_buffer(value, need.clone().into(), &need.layout().describe_map());
         self.steps.push(Step::Reshard(ReshardStep {
             value,
             reason: reason(),
-            plan: Arc::new(plan),
+            plan,
             from,
             to,
         }));
@@ -307,6 +320,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         buffers: Vec::new(),
         steps: Vec::new(),
         versions: HashMap::new(),
+        plans: HashMap::new(),
     };
     let mut inputs = Vec::new();
     for v in graph.inputs() {
