@@ -486,7 +486,9 @@ fn is_contiguous(list: &[usize]) -> bool {
 fn contiguous_ranks(start: usize, n: usize) -> Arc<[usize]> {
     static CACHE: OnceLock<Mutex<HashMap<(usize, usize), Arc<[usize]>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut cache = cache
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     cache
         .entry((start, n))
         .or_insert_with(|| (start..start + n).collect())

@@ -32,9 +32,11 @@
 //! The runtime executes what `parallel` planned; it makes no sharding decision of its own.
 #![deny(missing_docs)]
 
+mod auto;
 mod callbacks;
 mod config;
 mod data;
+pub mod device_profile;
 mod error;
 mod executor;
 mod generate;
@@ -47,12 +49,14 @@ mod profile;
 mod session;
 mod trainer;
 
+pub use crate::auto::{build_model, load_profile, plan, plan_model, PlanReport};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
     StepInfo, TrainEndInfo,
 };
 pub use crate::config::{
-    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
+    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, SearchKeys,
+    TrainConfig, TrainLoopConfig,
 };
 pub use crate::data::{
     Batch, BatchPlan, IdxDataset, Normalize, Split, TokenCorpus, TokenDtype, TokenSplit, Tokenizer,

@@ -276,7 +276,8 @@ impl Session {
         let classes = config.model().classes;
         train_data.validate_labels(classes)?;
         test_data.validate_labels(classes)?;
-        let parallel = parallel_config(config, &model)?;
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, None, &mut parallel)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
         let data = TrainData::Images {
@@ -300,7 +301,8 @@ impl Session {
         let text = TextData::open(config, keys)?;
         let gpt = text.gpt_config(config)?;
         let model = models::gpt(&gpt, tensor::DType::F32)?;
-        let parallel = parallel_config(config, &model)?;
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
         let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;

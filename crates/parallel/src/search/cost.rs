@@ -2,10 +2,14 @@
 //!
 //! Every time is in seconds and every size in bytes. A collective over `g` devices whose
 //! group fits in one node (`g ≤ devices_per_node`) uses the intra-node link, otherwise the
-//! inter-node one (the slowest link bounds a ring). Times follow the textbook ring
-//! algorithms: an all-reduce of `n` bytes costs `2(g−1)·α + 2(g−1)/g·n·β`, a reduce-scatter or
-//! all-gather (of an `n`-byte result) `(g−1)·α + (g−1)/g·n·β`, an all-to-all moving `m` bytes
-//! per device `(g−1)·α + m·β`.
+//! inter-node one (the slowest link bounds the collective). Each collective takes the faster
+//! of two textbook algorithms (as NCCL and HCCL pick by size):
+//! - all-reduce of `n` bytes: ring `2(g−1)·α + 2(g−1)/g·n·β`, or recursive halving and
+//!   doubling `2⌈log₂g⌉·α + 2(g−1)/g·n·β`;
+//! - all-gather (of an `n`-byte result) or reduce-scatter (of `n` bytes): ring
+//!   `(g−1)·α + (g−1)/g·n·β`, or recursive doubling `⌈log₂g⌉·α + (g−1)/g·n·β`;
+//! - all-to-all receiving `m` bytes per device: pairwise `(g−1)·α + m·β`, or Bruck
+//!   `⌈log₂g⌉·α + m·⌈log₂g⌉/2·β`.
 
 /// One link class: latency and bandwidth.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,7 +103,10 @@ impl DeviceProfile {
         positive("memory_bandwidth", self.memory_bandwidth)?;
         positive("memory_bytes", self.memory_bytes as f64)?;
         positive("devices_per_node", self.devices_per_node as f64)?;
-        for (name, link) in [("intra_node", self.intra_node), ("inter_node", self.inter_node)] {
+        for (name, link) in [
+            ("intra_node", self.intra_node),
+            ("inter_node", self.inter_node),
+        ] {
             positive(&format!("{name}.bandwidth"), link.bandwidth)?;
             if !(link.alpha.is_finite() && link.alpha >= 0.0) {
                 return Err(ProfileError {
@@ -144,7 +151,8 @@ impl DeviceProfile {
         }
         let link = self.link(group);
         let g = group as f64;
-        2.0 * (g - 1.0) * link.alpha + 2.0 * (g - 1.0) / g * bytes / link.bandwidth
+        let steps = (g - 1.0).min(log2_ceil(group));
+        2.0 * steps * link.alpha + 2.0 * (g - 1.0) / g * bytes / link.bandwidth
     }
 
     /// Seconds of an all-gather producing `bytes` per device (or a reduce-scatter of `bytes`)
@@ -155,7 +163,8 @@ impl DeviceProfile {
         }
         let link = self.link(group);
         let g = group as f64;
-        (g - 1.0) * link.alpha + (g - 1.0) / g * bytes / link.bandwidth
+        let steps = (g - 1.0).min(log2_ceil(group));
+        steps * link.alpha + (g - 1.0) / g * bytes / link.bandwidth
     }
 
     /// Seconds of an all-to-all in which each device receives `bytes` from `group − 1` peers.
@@ -164,6 +173,14 @@ impl DeviceProfile {
             return 0.0;
         }
         let link = self.link(group);
-        (group as f64 - 1.0) * link.alpha + bytes / link.bandwidth
+        let pairwise = (group as f64 - 1.0) * link.alpha + bytes / link.bandwidth;
+        let rounds = log2_ceil(group);
+        let bruck = rounds * link.alpha + bytes * (rounds / 2.0).max(1.0) / link.bandwidth;
+        pairwise.min(bruck)
     }
+}
+
+/// `⌈log₂ g⌉` as a float.
+fn log2_ceil(group: usize) -> f64 {
+    (usize::BITS - (group.max(1) - 1).leading_zeros()) as f64
 }

@@ -75,13 +75,16 @@ impl Work {
         if edge.u == w {
             edge.m[a * self.n_cands[edge.v] + b]
         } else {
-            edge.m[b * self.n_cands[edge.u] + a]
+            edge.m[b * self.n_cands[edge.v] + a]
         }
     }
 
     /// Adds an edge `u`–`v`, summing it into an existing one between them.
     fn add_edge(&mut self, u: usize, v: usize, m: Vec<f64>) {
-        let existing = self.live_edges(u).into_iter().find(|&e| self.other(e, u) == v);
+        let existing = self
+            .live_edges(u)
+            .into_iter()
+            .find(|&e| self.other(e, u) == v);
         match existing {
             Some(e) => {
                 let nv = self.n_cands[v];
@@ -127,7 +130,10 @@ impl Work {
         for b in 0..self.n_cands[x] {
             let (best_a, best) = (0..self.n_cands[w])
                 .map(|a| (a, self.cost[w][a] + self.at(e, w, a, b)))
-                .fold((0, f64::INFINITY), |acc, it| if it.1 < acc.1 { it } else { acc });
+                .fold(
+                    (0, f64::INFINITY),
+                    |acc, it| if it.1 < acc.1 { it } else { acc },
+                );
             self.cost[x][b] += best;
             arg.push(best_a as u32);
         }
@@ -196,11 +202,10 @@ impl Work {
 
 /// The index and value of the smallest entry.
 fn argmin(values: &[f64]) -> (usize, f64) {
-    values
-        .iter()
-        .copied()
-        .enumerate()
-        .fold((0, f64::INFINITY), |acc, it| if it.1 < acc.1 { it } else { acc })
+    values.iter().copied().enumerate().fold(
+        (0, f64::INFINITY),
+        |acc, it| if it.1 < acc.1 { it } else { acc },
+    )
 }
 
 /// Minimises node time + `lambda` × node memory + edge time over `problem` by elimination,

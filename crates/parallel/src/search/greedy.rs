@@ -5,9 +5,11 @@
 //!   time plus the redistribution to the ops already decided around it; ops never reached are
 //!   seeded with their cheapest candidate in turn.
 //! - [`recursive`]: recursive bisection. The devices are doubled round by round (1, 2, 4, …);
-//!   in each round every op, in topological order, may refine its strategy to one that uses
-//!   twice the devices (every split factor a multiple of the current one), choosing by its own
-//!   time plus the redistribution to its neighbours' current choices.
+//!   in each round every op, in topological order, refines its strategy to one that uses more
+//!   devices, up to the round's count (every split factor a multiple of the current one),
+//!   choosing by its own time plus the redistribution to its neighbours' current choices. As
+//!   in MindSpore's double recursion, every round cuts: an op keeps its strategy only when no
+//!   refinement is valid.
 
 use std::collections::VecDeque;
 
@@ -83,9 +85,10 @@ pub fn propagate(problem: &SearchProblem, seeds: &[(usize, usize)]) -> Vec<usize
 /// Whether strategy `finer` splits every dim by a multiple of `coarser`'s split.
 fn refines(coarser: &[Vec<usize>], finer: &[Vec<usize>]) -> bool {
     coarser.len() == finer.len()
-        && coarser.iter().zip(finer).all(|(c, f)| {
-            c.len() == f.len() && c.iter().zip(f).all(|(&a, &b)| a > 0 && b % a == 0)
-        })
+        && coarser
+            .iter()
+            .zip(finer)
+            .all(|(c, f)| c.len() == f.len() && c.iter().zip(f).all(|(&a, &b)| a > 0 && b % a == 0))
 }
 
 /// Recursive bisection (see the module doc).
@@ -103,11 +106,11 @@ pub fn recursive(problem: &SearchProblem) -> Vec<usize> {
             let current = choice[node].unwrap_or(0);
             let cands = &problem.nodes[node].candidates;
             let from = &cands[current].strategy;
+            // Every round cuts: the op keeps its strategy only when none refines it.
             let allowed = (0..cands.len()).filter(|&c| {
-                c == current
-                    || (used(node, c) <= round
-                        && used(node, c) > used(node, current)
-                        && refines(from, &cands[c].strategy))
+                used(node, c) <= round
+                    && used(node, c) > used(node, current)
+                    && refines(from, &cands[c].strategy)
             });
             choice[node] = best_local(problem, &choice, node, allowed).or(Some(current));
         }

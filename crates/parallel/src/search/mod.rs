@@ -150,7 +150,9 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
     }
     let deadline = request.time_budget.map(|d| start + d);
     let (mut choice, approximate) = match request.mode {
-        SearchMode::ShardingPropagation => (greedy::propagate(&problem, &seeds(graph, &problem)), false),
+        SearchMode::ShardingPropagation => {
+            (greedy::propagate(&problem, &seeds(graph, &problem)), false)
+        }
         SearchMode::RecursiveProgramming => (greedy::recursive(&problem), false),
         SearchMode::DynamicProgramming => lagrangian(&problem, budget, deadline),
     };

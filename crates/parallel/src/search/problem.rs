@@ -431,14 +431,8 @@ fn edge_matrices(
                     (a.inputs[first].clone(), &b.inputs[second])
                 }
             };
-            let (t, by) = redistribution(
-                settings.profile,
-                shape,
-                elem,
-                &from,
-                &to.factors,
-                is_float,
-            );
+            let (t, by) =
+                redistribution(settings.profile, shape, elem, &from, &to.factors, is_float);
             time.push(t);
             bytes.push(by);
         }

@@ -90,6 +90,11 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "model_parallel",
     "vocab_emb_dp",
     "use_seq_parallel",
+    "device_profile",
+    "max_device_memory",
+    "search_time_budget",
+    "save_operator_strategy_file",
+    "load_operator_strategy_file",
 ];
 /// `[parallel.hsdp]`'s keys: MindSpore's `AutoParallel.hsdp(shard_size, threshold,
 /// optimizer_level)`.
@@ -163,6 +168,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let gpt_parallel = read_gpt_parallel(&mut parallel_section, model.name, &mut warnings)?;
     let strategy_file_only_for_trainable_params =
         parallel_section.or("strategy_file_only_for_trainable_params", true, read_bool)?;
+    let search = super::search::read_search_keys(&mut parallel_section, base)?;
     let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
@@ -207,6 +213,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         strategy_file,
         strategy_file_only_for_trainable_params,
         gpt_parallel,
+        search,
         optimizer,
         train,
         output,
