@@ -150,3 +150,42 @@ dir = "{out}"
     );
     TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
 }
+
+/// The bundled digits (IDX images), relative to this crate.
+pub fn digits() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/digits")
+}
+
+/// The seed MLP (hidden 128) training 20 steps of the bundled digits with `optimizer`,
+/// `[parallel]` body `parallel`, and command-line style `extra` overrides.
+pub fn seed_mlp(out: &Path, optimizer: &str, parallel: &str, extra: &[&str]) -> TrainConfig {
+    let text = format!(
+        r#"
+[model]
+name = "seed_mlp"
+hidden = 128
+classes = 10
+[data]
+format = "idx"
+dir = "{data}"
+batch_size = 32
+shuffle = true
+[parallel]
+{parallel}
+[train]
+epochs = 1
+max_steps = 20
+optimizer = "{optimizer}"
+learning_rate = 0.02
+momentum = 0.9
+seed = 3
+eval = false
+[output]
+dir = "{out}"
+"#,
+        data = digits().display(),
+        out = out.display(),
+    );
+    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    TrainConfig::parse(&text, None, &overrides, Path::new("/")).expect("a valid test config")
+}
