@@ -34,15 +34,21 @@ fn residual(batch: usize, width: usize) -> Graph {
     let mut b = GraphBuilder::new();
     let x = b.input("x", &[batch, width], DType::F32).unwrap();
     let labels = b.input("labels", &[batch], DType::I32).unwrap();
-    let wa = b.parameter("wa", &[width, width], Initializer::Zeros).unwrap();
-    let wb = b.parameter("wb", &[width, width], Initializer::Zeros).unwrap();
+    let wa = b
+        .parameter("wa", &[width, width], Initializer::Zeros)
+        .unwrap();
+    let wb = b
+        .parameter("wb", &[width, width], Initializer::Zeros)
+        .unwrap();
     let wh = b.parameter("wh", &[width, 4], Initializer::Zeros).unwrap();
     let h = b.matmul("a", x, wa).unwrap();
     let h = b.relu("relu", h).unwrap();
     let h = b.matmul("b", h, wb).unwrap();
     let h = b.add("residual", x, h).unwrap();
     let logits = b.matmul("head", h, wh).unwrap();
-    let loss = b.sparse_softmax_cross_entropy("loss", logits, labels).unwrap();
+    let loss = b
+        .sparse_softmax_cross_entropy("loss", logits, labels)
+        .unwrap();
     b.output(loss).unwrap();
     b.finish()
 }
@@ -197,5 +203,10 @@ fn the_problem_does_not_grow_with_the_devices() {
     assert_eq!(small.edges.len(), large.edges.len());
     let cells = |p: &SearchProblem| p.edges.iter().map(|e| e.time.len()).sum::<usize>();
     // Candidates grow with log2(devices), never with the devices.
-    assert!(cells(&large) <= cells(&small) * 8, "{} vs {}", cells(&large), cells(&small));
+    assert!(
+        cells(&large) <= cells(&small) * 8,
+        "{} vs {}",
+        cells(&large),
+        cells(&small)
+    );
 }

@@ -77,24 +77,25 @@ fn read_memory(key: &str, value: Value) -> Result<u64, RuntimeError> {
                     format!("{text:?} is not a size such as \"80GB\" or \"64GiB\""),
                 )
             })?;
-            let scale =
-                match unit.trim() {
-                    "" | "B" => 1.0,
-                    "KB" => 1e3,
-                    "MB" => 1e6,
-                    "GB" => 1e9,
-                    "TB" => 1e12,
-                    "KiB" => 1024.0,
-                    "MiB" => (1u64 << 20) as f64,
-                    "GiB" => (1u64 << 30) as f64,
-                    "TiB" => (1u64 << 40) as f64,
-                    other => return Err(config_error(
+            let scale = match unit.trim() {
+                "" | "B" => 1.0,
+                "KB" => 1e3,
+                "MB" => 1e6,
+                "GB" => 1e9,
+                "TB" => 1e12,
+                "KiB" => 1024.0,
+                "MiB" => (1u64 << 20) as f64,
+                "GiB" => (1u64 << 30) as f64,
+                "TiB" => (1u64 << 40) as f64,
+                other => {
+                    return Err(config_error(
                         key,
                         format!(
                             "unknown unit {other:?} (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             let bytes = number * scale;
             if !(bytes >= 1.0 && bytes <= MAX_DEVICE_MEMORY as f64) {
                 return Err(config_error(
