@@ -480,11 +480,14 @@ fn is_contiguous(list: &[usize]) -> bool {
         .is_some_and(|&start| list.iter().enumerate().all(|(i, &r)| r == start + i))
 }
 
+/// Interned rank lists by `(start, n)`.
+type RankListCache = HashMap<(usize, usize), Arc<[usize]>>;
+
 /// The rank list `start..start + n`, one shared copy per `(start, n)` for the process: every
 /// layout of a plan over the same devices points at it. A cache of values, not state: the
 /// list is the same whoever asks.
 fn contiguous_ranks(start: usize, n: usize) -> Arc<[usize]> {
-    static CACHE: OnceLock<Mutex<HashMap<(usize, usize), Arc<[usize]>>>> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<RankListCache>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut cache = cache
         .lock()

@@ -179,7 +179,7 @@ proptest! {
         let p = problem(&graph, &profile, devices);
         let mem = |pick: &dyn Fn(f64, f64) -> f64, init: f64| -> f64 {
             (0..p.nodes.len())
-                .map(|n| (0..p.n_candidates(n)).map(|c| p.node_memory(n, c)).fold(init, |a, b| pick(a, b)))
+                .map(|n| (0..p.n_candidates(n)).map(|c| p.node_memory(n, c)).fold(init, pick))
                 .sum()
         };
         let least = mem(&f64::min, f64::INFINITY);

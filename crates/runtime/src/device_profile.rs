@@ -113,14 +113,14 @@ pub fn read(path: &Path) -> Result<DeviceProfile, RuntimeError> {
     }
     let memory_bytes = number(path, &root, "memory_bytes", "")?;
     let devices_per_node = number(path, &root, "devices_per_node", "")?;
-    if !(memory_bytes >= 1.0 && memory_bytes < 1e18) {
+    if !(1.0..1e18).contains(&memory_bytes) {
         return Err(bad(
             path,
             "memory_bytes",
             format!("{memory_bytes} is out of range"),
         ));
     }
-    if !(devices_per_node >= 1.0 && devices_per_node <= 1e6) || devices_per_node.fract() != 0.0 {
+    if !(1.0..=1e6).contains(&devices_per_node) || devices_per_node.fract() != 0.0 {
         return Err(bad(
             path,
             "devices_per_node",

@@ -41,6 +41,9 @@ enum EdgeKind {
     SharedParam { first: usize, second: usize },
 }
 
+/// An edge's time and bytes matrices.
+type EdgeCosts = (Arc<Vec<f64>>, Arc<Vec<f64>>);
+
 /// Two ops whose choices interact.
 #[derive(Debug, Clone)]
 pub struct SearchEdge {
@@ -214,18 +217,16 @@ impl SearchProblem {
         settings: &EvalSettings<'_>,
         index_of: &HashMap<usize, usize>,
     ) {
-        let mut matrices: HashMap<(usize, usize, EdgeKind), (Arc<Vec<f64>>, Arc<Vec<f64>>)> =
-            HashMap::new();
+        let mut matrices: HashMap<(usize, usize, EdgeKind), EdgeCosts> = HashMap::new();
         let mut first_reader: HashMap<ValueId, (usize, usize)> = HashMap::new();
         for v in 0..self.nodes.len() {
             let node = &graph.nodes()[self.nodes[v].node.0];
             for (input, &value) in node.inputs.iter().enumerate() {
                 let val = &graph.values()[value.0];
                 let edge = match (&val.kind, val.producer) {
-                    (ValueKind::Intermediate, Some((p, out))) => match index_of.get(&p.0) {
-                        Some(&u) => Some((u, EdgeKind::Value { out, input })),
-                        None => None,
-                    },
+                    (ValueKind::Intermediate, Some((p, out))) => index_of
+                        .get(&p.0)
+                        .map(|&u| (u, EdgeKind::Value { out, input })),
                     (ValueKind::Parameter { .. }, _) => match first_reader.get(&value) {
                         Some(&(u, first)) if u != v => Some((
                             u,
@@ -420,7 +421,7 @@ fn edge_matrices(
     elem: f64,
     is_float: bool,
     settings: &EvalSettings<'_>,
-) -> (Arc<Vec<f64>>, Arc<Vec<f64>>) {
+) -> EdgeCosts {
     let mut time = Vec::with_capacity(us.len() * vs.len());
     let mut bytes = Vec::with_capacity(us.len() * vs.len());
     for a in us {

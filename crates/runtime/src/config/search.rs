@@ -97,7 +97,7 @@ fn read_memory(key: &str, value: Value) -> Result<u64, RuntimeError> {
                 }
             };
             let bytes = number * scale;
-            if !(bytes >= 1.0 && bytes <= MAX_DEVICE_MEMORY as f64) {
+            if !(1.0..=MAX_DEVICE_MEMORY as f64).contains(&bytes) {
                 return Err(config_error(
                     key,
                     format!("{text:?} is out of range: it must be between 1 byte and 1 PiB"),
