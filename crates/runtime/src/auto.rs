@@ -107,18 +107,7 @@ fn optimizer_states(config: &TrainConfig) -> usize {
 /// whole), with the GPT's shape when it is one.
 pub fn build_model(config: &TrainConfig) -> Result<(Model, Option<GptConfig>), RuntimeError> {
     if config.model().name == ModelName::Gpt {
-        let keys = config
-            .data()
-            .text
-            .as_ref()
-            .ok_or_else(|| RuntimeError::Config {
-                key: "data.format".to_string(),
-                reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\""
-                    .to_string(),
-            })?;
-        let text = TextData::open(config, keys)?;
-        let gpt = text.gpt_config(config)?;
-        let model = models::gpt(&gpt, tensor::DType::F32)?;
+        let (_, gpt, model) = open_gpt(config)?;
         return Ok((model, Some(gpt)));
     }
     let data = config.data();
@@ -130,6 +119,22 @@ pub fn build_model(config: &TrainConfig) -> Result<(Model, Option<GptConfig>), R
         config.model().classes,
     )?;
     Ok((model, None))
+}
+
+/// The GPT of `[model]` on the text of `[data]`: the text, the GPT's shape and the model.
+pub(crate) fn open_gpt(config: &TrainConfig) -> Result<(TextData, GptConfig, Model), RuntimeError> {
+    let keys = config
+        .data()
+        .text
+        .as_ref()
+        .ok_or_else(|| RuntimeError::Config {
+            key: "data.format".to_string(),
+            reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\"".to_string(),
+        })?;
+    let text = TextData::open(config, keys)?;
+    let gpt = text.gpt_config(config)?;
+    let model = models::gpt(&gpt, tensor::DType::F32)?;
+    Ok((text, gpt, model))
 }
 
 /// The GPT's Megatron strategies for every split of the devices, every vocabulary and

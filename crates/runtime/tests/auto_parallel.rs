@@ -4,7 +4,7 @@
 use parallel::{ParallelMode, StrategySource};
 use runtime::{Session, TrainConfig};
 
-use crate::run_util::{self, merged_params, train_steps, Run};
+use crate::run_util::{self, Run};
 
 const MODES: [&str; 3] = [
     "sharding_propagation",
@@ -15,7 +15,7 @@ const MODES: [&str; 3] = [
 /// Trains `config` for 20 steps: the losses, and every merged parameter by name. Asserts that
 /// the session searched (its forward ops take the strategies the search gave).
 fn train_searched(config: &TrainConfig) -> (Session, Run) {
-    let (session, losses) = train_steps(config, 20);
+    let (session, run) = run_util::train_run(config, 20);
     let placed = &session.train.placed;
     assert!(matches!(placed.config.mode, ParallelMode::Auto(_)));
     let searched = placed
@@ -24,25 +24,11 @@ fn train_searched(config: &TrainConfig) -> (Session, Run) {
         .filter(|n| n.source == StrategySource::User)
         .count();
     assert!(searched > 0, "the forward ops take the searched strategies");
-    let names: Vec<String> = session
-        .train
-        .params
-        .iter()
-        .map(|p| p.name.clone())
-        .collect();
-    let params = merged_params(&config.output().dir, &names);
-    (session, (losses, params))
+    (session, run)
 }
 
 fn reference(config: &TrainConfig) -> Run {
-    let (session, losses) = train_steps(config, 20);
-    let names: Vec<String> = session
-        .train
-        .params
-        .iter()
-        .map(|p| p.name.clone())
-        .collect();
-    (losses, merged_params(&config.output().dir, &names))
+    run_util::train_run(config, 20).1
 }
 
 /// Every mode on the seed MLP, 8 devices, once with the memory of an H100 and once with 200 kB

@@ -30,6 +30,20 @@ pub fn train_steps(config: &TrainConfig, steps: usize) -> (Session, Vec<f32>) {
     (session, losses)
 }
 
+/// Trains `config` for `steps` steps: the session, and the run (losses and every parameter of
+/// the training program, merged from the checkpoint the ranks saved).
+pub fn train_run(config: &TrainConfig, steps: usize) -> (Session, Run) {
+    let (session, losses) = train_steps(config, steps);
+    let names: Vec<String> = session
+        .train
+        .params
+        .iter()
+        .map(|p| p.name.clone())
+        .collect();
+    let params = merged_params(&config.output().dir, &names);
+    (session, (losses, params))
+}
+
 /// The parameters `names` of the checkpoint the ranks saved in `out`, merged into full tensors.
 pub fn merged_params(out: &Path, names: &[String]) -> Vec<(String, Vec<f32>)> {
     let merged = out.join("merged");
