@@ -12,6 +12,7 @@ mod bench_ckpt;
 mod bench_cmd;
 mod bench_collectives;
 mod bench_gpt;
+mod bench_profile;
 mod bench_reshard;
 mod bench_train;
 mod ckpt_cmd;
