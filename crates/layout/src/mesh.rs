@@ -113,7 +113,15 @@ impl Mesh {
         let n_slots = limits::checked_rank_count(&device_matrix)?;
         let rank_list: Arc<[usize]> = match rank_list {
             None => contiguous_ranks(0, n_slots),
-            Some(list) if is_contiguous(&list) => contiguous_ranks(list[0], n_slots),
+            Some(list) if list.len() == n_slots && is_contiguous(&list) => {
+                let max = limits::max_ranks();
+                match list.last() {
+                    Some(&last) if last >= max => {
+                        return Err(LayoutError::RankAboveCeiling { rank: last, max })
+                    }
+                    _ => contiguous_ranks(list[0], n_slots),
+                }
+            }
             Some(list) => {
                 if list.len() != n_slots {
                     return Err(LayoutError::RankListLength {
