@@ -207,6 +207,7 @@ mod merge_stages;
 mod mmap;
 mod ms_ckpt;
 mod ms_strategy;
+mod op_strategy_file;
 mod plan;
 mod progress;
 mod rank_dir;
@@ -244,6 +245,9 @@ pub use crate::load::{
 pub use crate::merge::{unified_safetensors, MergeOptions, MergeReport, DEFAULT_PART_BYTES};
 pub use crate::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
 pub use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
+pub use crate::op_strategy_file::{
+    read_operator_strategy_file, write_operator_strategy_file, MAX_OP_STRATEGY_FILE_BYTES,
+};
 pub use crate::progress::{NoProgress, Progress};
 pub use crate::rank_dir::{rank_file_path, RankFiles};
 pub use crate::ranks::{minimal_rank_list, resolve_scale_free_pair, RankCover};

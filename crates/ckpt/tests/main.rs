@@ -4,6 +4,7 @@ mod attacks;
 mod conformance;
 mod differences;
 mod fuzz;
+mod op_strategy;
 mod pipeline;
 mod roundtrip;
 mod sets;

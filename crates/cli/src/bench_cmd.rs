@@ -28,6 +28,8 @@ enum BenchCommand {
     TrainStep(crate::bench_train::TrainStepArgs),
     /// Training tokens/s of the GPT (4 layers, width 256, 128 tokens, batch 16) on 1 and 2 ranks.
     GptStep(crate::bench_gpt::GptStepArgs),
+    /// Measure this machine as a device profile for the searches (cpu-local.toml).
+    Profile(crate::bench_profile::ProfileArgs),
 }
 
 /// Arguments of `tessera bench memcpy`.
@@ -50,6 +52,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Reshard(a) => crate::bench_reshard::run(a),
         BenchCommand::TrainStep(a) => crate::bench_train::run(a),
         BenchCommand::GptStep(a) => crate::bench_gpt::run(a),
+        BenchCommand::Profile(a) => crate::bench_profile::run(a),
     }
 }
 

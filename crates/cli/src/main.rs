@@ -12,6 +12,7 @@ mod bench_ckpt;
 mod bench_cmd;
 mod bench_collectives;
 mod bench_gpt;
+mod bench_profile;
 mod bench_reshard;
 mod bench_train;
 mod ckpt_cmd;
@@ -19,6 +20,7 @@ mod generate_cmd;
 mod grid;
 mod layout_cmd;
 mod parse;
+mod plan_cmd;
 mod reshard_cmd;
 mod strategy_cmd;
 mod timeline;
@@ -44,6 +46,9 @@ enum Command {
     /// Plan moving a tensor from one layout to another (bytes per rank, lower bound, every step);
     /// `--run` executes it on local ranks and checks the result.
     Reshard(reshard_cmd::ReshardArgs),
+    /// Plan a run without starting ranks: search (or cost) every op's strategy, predict the
+    /// step time and memory, write the operator strategy file.
+    Plan(plan_cmd::PlanArgs),
     /// Benchmarks, each next to its baseline measured in the same run.
     Bench(bench_cmd::BenchArgs),
     /// Distributed checkpoints: convert, rank lists, merge, load, dedup, verify, inspect.
@@ -72,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => train_cmd::run(&args),
         Command::Generate(args) => generate_cmd::run(&args),
         Command::Reshard(args) => reshard_cmd::run(&args),
+        Command::Plan(args) => plan_cmd::run(&args),
         Command::Bench(args) => bench_cmd::run(&args),
         Command::Ckpt(args) => ckpt_cmd::run(&args),
         Command::Strategy(args) => strategy_cmd::run(&args),

@@ -1,5 +1,8 @@
 //! Device meshes: named axes over an ordered list of ranks.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use crate::error::{py_tuple, LayoutError};
 use crate::limits;
 
@@ -28,7 +31,10 @@ pub struct MeshAxis {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Mesh {
     axes: Vec<MeshAxis>,
-    rank_list: Vec<usize>,
+    /// Shared: cloning a mesh (every layout holds one) copies no per-rank data, and contiguous
+    /// lists are interned (see [`contiguous_ranks`]), so a plan's thousands of layouts over the
+    /// same devices hold one list between them.
+    rank_list: Arc<[usize]>,
     /// Row-major strides of the axes, in slots.
     strides: Vec<usize>,
     /// `Some(start)` when `rank_list == start..start+n`, for O(1) rank lookup.
@@ -105,8 +111,17 @@ impl Mesh {
         // Bounded before anything per slot is allocated.
         let device_matrix: Vec<usize> = axes.iter().map(|a| a.size).collect();
         let n_slots = limits::checked_rank_count(&device_matrix)?;
-        let rank_list = match rank_list {
-            None => (0..n_slots).collect(),
+        let rank_list: Arc<[usize]> = match rank_list {
+            None => contiguous_ranks(0, n_slots),
+            Some(list) if list.len() == n_slots && is_contiguous(&list) => {
+                let max = limits::max_ranks();
+                match list.last() {
+                    Some(&last) if last >= max => {
+                        return Err(LayoutError::RankAboveCeiling { rank: last, max })
+                    }
+                    _ => contiguous_ranks(list[0], n_slots),
+                }
+            }
             Some(list) => {
                 if list.len() != n_slots {
                     return Err(LayoutError::RankListLength {
@@ -123,9 +138,15 @@ impl Mesh {
                 if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
                     return Err(LayoutError::DuplicateRank { rank: w[0] });
                 }
-                list
+                list.into()
             }
         };
+        Ok(Mesh::with_checked_ranks(axes, rank_list))
+    }
+
+    /// A mesh over `axes` with a rank list already checked (as long as the slots, unique,
+    /// below the ceiling).
+    fn with_checked_ranks(axes: Vec<MeshAxis>, rank_list: Arc<[usize]>) -> Mesh {
         let mut strides = vec![1; axes.len()];
         for i in (0..axes.len().saturating_sub(1)).rev() {
             strides[i] = strides[i + 1] * axes[i + 1].size;
@@ -133,13 +154,13 @@ impl Mesh {
         let contiguous_from = rank_list
             .first()
             .copied()
-            .filter(|&start| rank_list.iter().enumerate().all(|(i, &r)| r == start + i));
-        Ok(Mesh {
+            .filter(|_| is_contiguous(&rank_list));
+        Mesh {
             axes,
             rank_list,
             strides,
             contiguous_from,
-        })
+        }
     }
 
     /// A one-axis mesh of `n` ranks `0..n` named `name`.
@@ -409,7 +430,7 @@ impl Mesh {
             size,
         }));
         axes.extend_from_slice(&self.axes[axis + 1..]);
-        Mesh::from_axes(axes, Some(self.rank_list.clone()))
+        Ok(Mesh::with_checked_ranks(axes, self.rank_list.clone()))
     }
 
     /// The same devices without the axes of size 1 (MindSpore's normalisation). A mesh whose
@@ -429,8 +450,7 @@ impl Mesh {
             axes.push(self.axes[0].clone());
             remap[0] = Some(0);
         }
-        let mesh = Mesh::from_axes(axes, Some(self.rank_list.clone()))
-            .expect("removing unit axes keeps a valid mesh");
+        let mesh = Mesh::with_checked_ranks(axes, self.rank_list.clone());
         (mesh, remap)
     }
 
@@ -460,6 +480,30 @@ impl std::fmt::Display for Mesh {
         }
         Ok(())
     }
+}
+
+/// Whether `list` is `start..start + len` for its first entry `start`.
+fn is_contiguous(list: &[usize]) -> bool {
+    list.first()
+        .is_some_and(|&start| list.iter().enumerate().all(|(i, &r)| r == start + i))
+}
+
+/// Interned rank lists by `(start, n)`.
+type RankListCache = HashMap<(usize, usize), Arc<[usize]>>;
+
+/// The rank list `start..start + n`, one shared copy per `(start, n)` for the process: every
+/// layout of a plan over the same devices points at it. A cache of values, not state: the
+/// list is the same whoever asks.
+fn contiguous_ranks(start: usize, n: usize) -> Arc<[usize]> {
+    static CACHE: OnceLock<Mutex<RankListCache>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut cache = cache
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    cache
+        .entry((start, n))
+        .or_insert_with(|| (start..start + n).collect())
+        .clone()
 }
 
 #[cfg(test)]

@@ -205,7 +205,7 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
     // Patterns and cell names in the strategy table become the op names they stand for.
     let resolved;
     let config = match config.mode {
-        ParallelMode::SemiAuto => {
+        ParallelMode::SemiAuto | ParallelMode::Auto(_) => {
             resolved = ParallelConfig {
                 strategies: resolve_op_patterns(graph, &config.strategies)?,
                 manual_split: resolve_manual_split(graph, &config.manual_split)?,
@@ -504,7 +504,7 @@ fn place_forward(
     placed: &PlacedGraph,
 ) -> Result<NodePlacement, ParallelError> {
     if node.inputs.is_empty() {
-        if config.mode == ParallelMode::SemiAuto && config.strategies.contains_key(&node.name) {
+        if config.mode.uses_strategies() && config.strategies.contains_key(&node.name) {
             return Err(ctx.unsupported(
                 "a constant takes no strategy: it is computed whole on every rank, and a \
                  consumer wanting a split takes its block",
@@ -520,7 +520,7 @@ fn place_forward(
         });
     }
     let user = match config.mode {
-        ParallelMode::SemiAuto => config.strategies.get(&node.name),
+        ParallelMode::SemiAuto | ParallelMode::Auto(_) => config.strategies.get(&node.name),
         _ => None,
     };
     let (strategy_tuples, source) = match (config.mode, user) {

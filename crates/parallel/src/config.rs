@@ -13,17 +13,42 @@ pub enum ParallelMode {
     DataParallel,
     /// Ops take the user's strategies; unannotated ops are data parallel.
     SemiAuto,
+    /// Automatic parallel: ops without a user strategy get one found by a search over the cost
+    /// model (`sharding_propagation`, `recursive_programming`, `dynamic_programming`). Once
+    /// found, the strategies are placed as in `semi_auto`.
+    Auto(crate::search::SearchMode),
 }
 
 impl ParallelMode {
-    /// Parses `stand_alone`, `data_parallel` or `semi_auto`.
+    /// Every config spelling [`ParallelMode::parse`] accepts, in documentation order.
+    pub const NAMES: [&'static str; 6] = [
+        "stand_alone",
+        "data_parallel",
+        "semi_auto",
+        "sharding_propagation",
+        "recursive_programming",
+        "dynamic_programming",
+    ];
+
+    /// Parses `stand_alone`, `data_parallel`, `semi_auto` or a search mode
+    /// (`sharding_propagation`, `recursive_programming`, `dynamic_programming`).
     pub fn parse(text: &str) -> Option<ParallelMode> {
+        use crate::search::SearchMode;
         match text {
             "stand_alone" => Some(ParallelMode::StandAlone),
             "data_parallel" => Some(ParallelMode::DataParallel),
             "semi_auto" | "semi_auto_parallel" => Some(ParallelMode::SemiAuto),
-            _ => None,
+            _ => SearchMode::ALL
+                .into_iter()
+                .find(|m| m.name() == text)
+                .map(ParallelMode::Auto),
         }
+    }
+
+    /// Whether ops take strategies from `[parallel.shard]` (or a search): `semi_auto` and the
+    /// search modes.
+    pub fn uses_strategies(self) -> bool {
+        matches!(self, ParallelMode::SemiAuto | ParallelMode::Auto(_))
     }
 
     /// The config spelling.
@@ -32,6 +57,7 @@ impl ParallelMode {
             ParallelMode::StandAlone => "stand_alone",
             ParallelMode::DataParallel => "data_parallel",
             ParallelMode::SemiAuto => "semi_auto",
+            ParallelMode::Auto(search) => search.name(),
         }
     }
 }

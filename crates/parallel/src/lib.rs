@@ -50,6 +50,7 @@ pub mod pipeline;
 mod rank_view;
 mod recompute;
 pub mod rules;
+pub mod search;
 
 pub use crate::assign::{
     gradient_target, is_annotatable, place, NodePlacement, PlacedGraph, StrategySource,

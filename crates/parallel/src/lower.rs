@@ -219,6 +219,9 @@ pub(crate) struct Lowering<'a> {
     pub(crate) versions: HashMap<ValueId, Vec<usize>>,
     /// The backward pass's own copies (see [`crate::recompute`]).
     pub(crate) backward: BackwardCopies,
+    /// Plans already made, by source, destination and dtype: the blocks of a deep model move
+    /// alike, so each distinct move is planned once (planning is linear in the ranks).
+    plans: HashMap<(DistLayout, TensorLayout, DType), Arc<ReshardPlan>>,
 }
 
 impl Lowering<'_> {
@@ -286,11 +289,21 @@ impl Lowering<'_> {
     ) -> Result<usize, ParallelError> {
         let src = self.buffers[from].layout.clone();
         let dtype = self.buffers[from].dtype;
-        let plan =
-            reshard::plan_from(&src, need, dtype).map_err(|source| ParallelError::Reshard {
-                context: format!("moving {}", self.graph().values()[value.0].name),
-                source: Box::new(source),
-            })?;
+        let key = (src, need.clone(), dtype);
+        let plan = match self.plans.get(&key) {
+            Some(plan) => plan.clone(),
+            None => {
+                let plan = reshard::plan_from(&key.0, need, dtype).map_err(|source| {
+                    ParallelError::Reshard {
+                        context: format!("moving {}", self.graph().values()[value.0].name),
+                        source: Box::new(source),
+                    }
+                })?;
+                let plan = Arc::new(plan);
+                self.plans.insert(key, plan.clone());
+                plan
+            }
+        };
         let mut name = need.layout().describe_map();
         if let Some(suffix) = suffix {
             name = format!("{name}@{suffix}");
@@ -299,7 +312,7 @@ impl Lowering<'_> {
         self.steps.push(Step::Reshard(ReshardStep {
             value,
             reason,
-            plan: Arc::new(plan),
+            plan,
             from,
             to,
         }));
@@ -356,6 +369,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         steps: Vec::new(),
         versions: HashMap::new(),
         backward: BackwardCopies::new(placed)?,
+        plans: HashMap::new(),
     };
     let mut inputs = Vec::new();
     for v in graph.inputs() {
@@ -544,7 +558,8 @@ fn share_plans(program: &mut Program, cap: Option<usize>) {
                 *plan = same.clone();
                 shared += 1;
             }
-            Some(_) => {}
+            // Beyond the cap a repeat gets a plan of its own (the lowering shares them all).
+            Some(_) => *plan = Arc::new((**plan).clone()),
             None => {
                 seen.insert(key, plan.clone());
             }

@@ -4,3 +4,4 @@ mod layouts;
 mod op_rules;
 mod pipeline_schedule;
 mod rules;
+mod search;

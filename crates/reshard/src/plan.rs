@@ -366,9 +366,16 @@ impl ReshardPlan {
         per_rank(&self.moved_from().mesh().device_ranks(), network)
     }
 
-    /// Total bytes received over the network, the reduction included.
+    /// Total bytes received over the network, the reduction included (the sum of
+    /// [`ReshardPlan::bytes_per_rank`], without building the per-rank table).
     pub fn bytes_total(&self) -> usize {
-        self.bytes_per_rank().iter().map(|(_, b)| b).sum()
+        let network: usize = self.network_transfers().map(|(_, _, bytes)| bytes).sum();
+        let reduce = self.reduce.as_ref().map_or(0, |step| {
+            step.elements_received_per_member(&self.src)
+                * self.dtype.size_in_bytes()
+                * self.src.layout().mesh().n_slots()
+        });
+        network + reduce
     }
 
     /// Bytes copied locally (no network).

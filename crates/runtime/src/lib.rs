@@ -33,9 +33,11 @@
 #![deny(missing_docs)]
 
 mod accumulate;
+mod auto;
 mod callbacks;
 mod config;
 mod data;
+pub mod device_profile;
 mod error;
 mod executor;
 mod generate;
@@ -51,12 +53,14 @@ mod progress;
 mod session;
 mod trainer;
 
+pub use crate::auto::{build_model, load_profile, plan, plan_model, PlanReport};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
     StepInfo, TrainEndInfo,
 };
 pub use crate::config::{
-    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
+    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, SearchKeys,
+    TrainConfig, TrainLoopConfig,
 };
 pub use crate::data::{
     Batch, BatchPlan, IdxDataset, Normalize, Split, TokenCorpus, TokenDtype, TokenSplit, Tokenizer,

@@ -290,7 +290,8 @@ impl Session {
         let classes = config.model().classes;
         train_data.validate_labels(classes)?;
         test_data.validate_labels(classes)?;
-        let parallel = parallel_config(config, &model)?;
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, None, &mut parallel)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
         let data = TrainData::Images {
@@ -302,19 +303,9 @@ impl Session {
 
     /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
     fn new_gpt(config: &TrainConfig) -> Result<Session, RuntimeError> {
-        let keys = config
-            .data()
-            .text
-            .as_ref()
-            .ok_or_else(|| RuntimeError::Config {
-                key: "data.format".to_string(),
-                reason: "the GPT trains on text: set data.format = \"text\" or \"tokens\""
-                    .to_string(),
-            })?;
-        let text = TextData::open(config, keys)?;
-        let gpt = text.gpt_config(config)?;
-        let model = models::gpt(&gpt, config.train().precision.dtype())?;
-        let parallel = parallel_config(config, &model)?;
+        let (text, gpt, model) = crate::auto::open_gpt(config)?;
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
         let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;

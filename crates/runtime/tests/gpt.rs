@@ -8,7 +8,7 @@ use std::path::Path;
 
 use runtime::{LaunchOptions, Session, TrainConfig};
 
-use crate::run_util::{self, kjv, merged_params, train_steps, Run};
+use crate::run_util::{self, kjv, Run};
 
 /// A small GPT (2 blocks, 8 heads, width 32, 16 tokens, batch 8) training 20 steps with
 /// `optimizer`, `[parallel]` body `parallel`, and `model_extra` appended to `[model]`.
@@ -29,9 +29,7 @@ fn config_with(
 
 /// Trains `config` for 20 steps: the losses, and every merged parameter by name.
 fn train(config: &TrainConfig) -> Run {
-    let (session, losses) = train_steps(config, 20);
-    let names = run_util::param_names(&session);
-    (losses, merged_params(&config.output().dir, &names))
+    run_util::train_run(config, 20).1
 }
 
 fn assert_same_run(what: &str, run: &Run, reference: &Run) {

@@ -1,5 +1,6 @@
 //! Behaviour tests of the runtime.
 
+mod auto_parallel;
 mod batch_plan;
 mod callbacks;
 mod comm_fusion;

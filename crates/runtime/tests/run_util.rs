@@ -30,6 +30,14 @@ pub fn train_steps(config: &TrainConfig, steps: usize) -> (Session, Vec<f32>) {
     (session, losses)
 }
 
+/// Trains `config` for `steps` steps: the session, and the run (losses and every parameter of
+/// the training program, merged from the checkpoint the ranks saved).
+pub fn train_run(config: &TrainConfig, steps: usize) -> (Session, Run) {
+    let (session, losses) = train_steps(config, steps);
+    let params = merged_params(&config.output().dir, &param_names(&session));
+    (session, (losses, params))
+}
+
 /// The parameters `names` of the checkpoint the ranks saved in `out`, merged into full tensors.
 pub fn merged_params(out: &Path, names: &[String]) -> Vec<(String, Vec<f32>)> {
     let merged = out.join("merged");
@@ -212,4 +220,43 @@ pub fn adam_gpt(out: &Path, parallel: &str, steps: usize, overrides: &[&str]) ->
     let mut all = vec![format!("train.max_steps={steps}")];
     all.extend(overrides.iter().map(|s| s.to_string()));
     small_gpt(out, "adam", "", parallel, &all)
+}
+
+/// The bundled digits (IDX images), relative to this crate.
+pub fn digits() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/digits")
+}
+
+/// The seed MLP (hidden 128) training 20 steps of the bundled digits with `optimizer`,
+/// `[parallel]` body `parallel`, and command-line style `extra` overrides.
+pub fn seed_mlp(out: &Path, optimizer: &str, parallel: &str, extra: &[&str]) -> TrainConfig {
+    let text = format!(
+        r#"
+[model]
+name = "seed_mlp"
+hidden = 128
+classes = 10
+[data]
+format = "idx"
+dir = "{data}"
+batch_size = 32
+shuffle = true
+[parallel]
+{parallel}
+[train]
+epochs = 1
+max_steps = 20
+optimizer = "{optimizer}"
+learning_rate = 0.02
+momentum = 0.9
+seed = 3
+eval = false
+[output]
+dir = "{out}"
+"#,
+        data = digits().display(),
+        out = out.display(),
+    );
+    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    TrainConfig::parse(&text, None, &overrides, Path::new("/")).expect("a valid test config")
 }

@@ -14,41 +14,13 @@ use crate::run_util::{self, merged_params, train_steps, Run};
 
 /// The bundled digits, relative to this crate.
 fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/digits")
+    run_util::digits()
 }
 
 /// A config of the seed MLP (hidden 128) training 20 steps, with `parallel` as the
 /// `[parallel]` section body and `extra` appended.
 fn config(out: &Path, optimizer: &str, parallel: &str, extra: &[&str]) -> TrainConfig {
-    let text = format!(
-        r#"
-[model]
-name = "seed_mlp"
-hidden = 128
-classes = 10
-[data]
-format = "idx"
-dir = "{data}"
-batch_size = 32
-shuffle = true
-[parallel]
-{parallel}
-[train]
-epochs = 1
-max_steps = 20
-optimizer = "{optimizer}"
-learning_rate = 0.02
-momentum = 0.9
-seed = 3
-eval = false
-[output]
-dir = "{out}"
-"#,
-        data = data_dir().display(),
-        out = out.display(),
-    );
-    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-    TrainConfig::parse(&text, None, &overrides, Path::new("/")).expect("a valid test config")
+    run_util::seed_mlp(out, optimizer, parallel, extra)
 }
 
 /// The seed MLP's weights.

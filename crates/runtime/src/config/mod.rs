@@ -25,6 +25,7 @@
 mod layouts;
 mod memory;
 mod pipeline;
+mod search;
 mod sections;
 mod values;
 
@@ -38,6 +39,7 @@ use crate::data::Normalize;
 use crate::error::RuntimeError;
 use crate::optimizer::OptimizerConfig;
 
+pub use self::search::{ProfileChoice, SearchKeys};
 use self::sections::{from_root, SECTIONS};
 use self::values::{config_error, describe, one_of};
 
@@ -239,6 +241,7 @@ pub struct TrainConfig {
     strategy_file: Option<PathBuf>,
     strategy_file_only_for_trainable_params: bool,
     gpt_parallel: GptParallelKeys,
+    search: SearchKeys,
     optimizer: OptimizerConfig,
     train: TrainLoopConfig,
     output: OutputConfig,
@@ -329,6 +332,7 @@ impl TrainConfig {
             strategy_file: None,
             strategy_file_only_for_trainable_params: true,
             gpt_parallel: GptParallelKeys::default(),
+            search: SearchKeys::default(),
             optimizer,
             train,
             output,
@@ -407,6 +411,26 @@ impl TrainConfig {
     /// `[parallel]`'s MindFormers keys (the GPT's strategies).
     pub fn gpt_parallel(&self) -> GptParallelKeys {
         self.gpt_parallel
+    }
+
+    /// `[parallel]`'s automatic-parallel keys (device profile, memory and time budgets,
+    /// operator strategy files).
+    pub fn search(&self) -> &SearchKeys {
+        &self.search
+    }
+
+    /// The same config with `search` as its automatic-parallel keys (the command line's
+    /// `--profile`).
+    pub fn with_search(mut self, search: SearchKeys) -> TrainConfig {
+        self.search = search;
+        self
+    }
+
+    /// The same config with `parallel` as its parallel settings (after a search fills in
+    /// strategies).
+    pub fn with_parallel(mut self, parallel: ParallelConfig) -> TrainConfig {
+        self.parallel = parallel;
+        self
     }
 
     /// The optimizer of `[train]`.

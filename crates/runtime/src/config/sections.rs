@@ -97,6 +97,11 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "model_parallel",
     "vocab_emb_dp",
     "use_seq_parallel",
+    "device_profile",
+    "max_device_memory",
+    "search_time_budget",
+    "save_operator_strategy_file",
+    "load_operator_strategy_file",
 ];
 /// `[parallel.hsdp]`'s keys: MindSpore's `AutoParallel.hsdp(shard_size, threshold,
 /// optimizer_level)`.
@@ -177,6 +182,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let gpt_parallel = read_gpt_parallel(&mut parallel_section, model.name, &mut warnings)?;
     let strategy_file_only_for_trainable_params =
         parallel_section.or("strategy_file_only_for_trainable_params", true, read_bool)?;
+    let search = super::search::read_search_keys(&mut parallel_section, base)?;
     let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
@@ -221,6 +227,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         strategy_file,
         strategy_file_only_for_trainable_params,
         gpt_parallel,
+        search,
         optimizer,
         train,
         output,
@@ -645,7 +652,7 @@ fn read_parallel(
     base: &Path,
     warnings: &mut Vec<String>,
 ) -> Result<(ParallelConfig, Option<PathBuf>), RuntimeError> {
-    let modes = ["stand_alone", "data_parallel", "semi_auto"];
+    let modes = ParallelMode::NAMES;
     let mode = s.or("mode", ParallelMode::StandAlone, |key, v| {
         read_enum(key, v, &modes, ParallelMode::parse)
     })?;
@@ -711,9 +718,9 @@ fn read_parallel(
             format!("an out_strategy needs an in_strategy: add parallel.shard.{op} (MindSpore's shard() takes out_strategy only with in_strategy)"),
         ));
     }
-    if mode != ParallelMode::SemiAuto && !shard.is_empty() {
+    if !mode.uses_strategies() && !shard.is_empty() {
         warnings.push(format!(
-            "[parallel.shard] has no effect in mode \"{}\" (only semi_auto uses op strategies)",
+            "[parallel.shard] has no effect in mode \"{}\" (only semi_auto and the search modes use op strategies)",
             mode.name()
         ));
     }

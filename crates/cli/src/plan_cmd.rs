@@ -1,0 +1,227 @@
+//! `tessera plan`: a dry run that searches (or costs) a run's strategies without starting ranks,
+//! prints the plan and writes the operator strategy file `tessera train` then uses.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::Args;
+use runtime::{PlanReport, ProfileChoice, TrainConfig};
+
+/// Arguments of `tessera plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The training configuration (TOML; see docs/CONFIG.md). `parallel.mode` picks the search
+    /// (`sharding_propagation`, `recursive_programming`, `dynamic_programming`); any other mode
+    /// costs the configured strategies.
+    config: PathBuf,
+    /// Override `parallel.devices`.
+    #[arg(long)]
+    devices: Option<usize>,
+    /// The device profile: a built-in name (h100-nvlink-ib, ascend910b-hccs-roce) or a profile
+    /// TOML file (`tessera bench profile` writes cpu-local.toml). Overrides
+    /// `parallel.device_profile`.
+    #[arg(long, value_name = "NAME|FILE")]
+    profile: Option<String>,
+    /// Override one key, `section.key=value`; repeatable.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    sets: Vec<String>,
+    /// Print the plan as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `tessera plan`.
+pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
+    let mut config = TrainConfig::load(&args.config, &args.sets)?;
+    if let Some(n) = args.devices {
+        config = config.with_devices(n)?;
+    }
+    if let Some(p) = &args.profile {
+        let base = std::env::current_dir()?;
+        let mut search = config.search().clone();
+        search.device_profile = ProfileChoice::parse(p, &base);
+        config = config.with_search(search);
+    }
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
+    }
+    let report = runtime::plan(&config)?;
+    let file = config
+        .search()
+        .save_operator_strategy_file
+        .clone()
+        .unwrap_or_else(|| config.output().dir.join("operator_strategy.json"));
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("{}: cannot create the directory: {e}", dir.display()))?;
+    }
+    ckpt::write_operator_strategy_file(&file, &report.records())?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&report, &file))?
+        );
+    } else {
+        print!("{}", describe(&report, &file));
+    }
+    Ok(())
+}
+
+/// `blocks.7.attn.qkv.matmul` → (`blocks.*.attn.qkv.matmul`, 7): ops of repeated layers grouped.
+fn layer_pattern(name: &str) -> (String, Option<usize>) {
+    let parts: Vec<&str> = name.split('.').collect();
+    match parts.iter().position(|p| p.parse::<usize>().is_ok()) {
+        Some(i) => {
+            let index = parts[i].parse().ok();
+            let mut pattern: Vec<&str> = parts.clone();
+            pattern[i] = "*";
+            (pattern.join("."), index)
+        }
+        None => (name.to_string(), None),
+    }
+}
+
+/// `[0, 1, 2, 5]` → `0-2,5`.
+fn ranges(indices: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < indices.len() {
+        let start = indices[i];
+        let mut end = start;
+        while i + 1 < indices.len() && indices[i + 1] == end + 1 {
+            i += 1;
+            end = indices[i];
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    out.join(",")
+}
+
+fn tuple(s: &[Vec<usize>]) -> String {
+    let inner: Vec<String> = s
+        .iter()
+        .map(|t| {
+            let f: Vec<String> = t.iter().map(usize::to_string).collect();
+            format!("({})", f.join(", "))
+        })
+        .collect();
+    format!("({})", inner.join(", "))
+}
+
+fn bytes(b: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", UNITS[u])
+}
+
+/// The plan as text.
+fn describe(r: &PlanReport, file: &std::path::Path) -> String {
+    let mut out = String::new();
+    let m = &r.cost.memory;
+    out.push_str(&format!(
+        "plan: {} on {} device(s), profile {} ({} per device)\n",
+        r.mode,
+        r.devices,
+        r.profile.name,
+        bytes(r.memory_budget as f64)
+    ));
+    match (&r.loaded_from, r.search_ms > 0.0) {
+        (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
+        (None, true) => out.push_str(&format!(
+            "search: {:.1} ms over {} ops ({} distinct); {}\n",
+            r.search_ms,
+            r.n_ops,
+            r.n_classes,
+            match r.gap {
+                None => "optimal under the cost model".to_string(),
+                Some(g) => format!("optimality gap at most {:.1} %", g * 100.0),
+            }
+        )),
+        (None, false) => out.push_str("strategies as configured (no search)\n"),
+    }
+    out.push_str(&format!(
+        "predicted step: {:.3} ms = compute {:.3} + communication {:.3} + bubble {:.3}\n",
+        r.step_ms(),
+        r.cost.compute * 1e3,
+        r.cost.comm * 1e3,
+        r.bubble_seconds() * 1e3
+    ));
+    out.push_str(&format!(
+        "memory per device: parameters {}, gradients {}, optimizer {}, activations {}; total {}\n",
+        bytes(m.parameters),
+        bytes(m.gradients),
+        bytes(m.optimizer),
+        bytes(m.activations),
+        bytes(m.total())
+    ));
+    out.push_str(&format!(
+        "communication per step: {} per device, {} in all\n",
+        bytes(r.cost.comm_bytes),
+        bytes(r.cost.comm_bytes * r.devices as f64)
+    ));
+    out.push_str("strategies (in_strategy per op; repeated layers grouped):\n");
+    let mut groups: Vec<(String, String, Vec<usize>)> = Vec::new();
+    let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (name, s) in &r.strategies {
+        let (pattern, layer) = layer_pattern(name);
+        let key = (pattern.clone(), tuple(s));
+        let i = *index.entry(key.clone()).or_insert_with(|| {
+            groups.push((key.0, key.1, Vec::new()));
+            groups.len() - 1
+        });
+        groups[i].2.extend(layer);
+    }
+    for (pattern, strategy, layers) in groups {
+        let which = if layers.is_empty() {
+            pattern
+        } else {
+            pattern.replacen('*', &format!("{{{}}}", ranges(&layers)), 1)
+        };
+        out.push_str(&format!("  {which:<48} {strategy}\n"));
+    }
+    out.push_str(&format!("operator strategy file: {}\n", file.display()));
+    out
+}
+
+/// The plan as JSON.
+fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
+    let m = &r.cost.memory;
+    serde_json::json!({
+        "mode": r.mode,
+        "devices": r.devices,
+        "profile": r.profile.name,
+        "search_ms": r.search_ms,
+        "predicted_step_ms": r.step_ms(),
+        "compute_ms": r.cost.compute * 1e3,
+        "comm_ms": r.cost.comm * 1e3,
+        "bubble_ms": r.bubble_seconds() * 1e3,
+        "comm_bytes_per_step": r.cost.comm_bytes * r.devices as f64,
+        "comm_bytes_per_device": r.cost.comm_bytes,
+        "peak_memory_bytes": m.total(),
+        "memory_budget_bytes": r.memory_budget,
+        "memory": {
+            "parameters": m.parameters,
+            "gradients": m.gradients,
+            "optimizer": m.optimizer,
+            "activations": m.activations,
+        },
+        "gap": r.gap,
+        "n_ops": r.n_ops,
+        "n_classes": r.n_classes,
+        "operator_strategy_file": file.display().to_string(),
+        "ops": r.strategies.iter().map(|(name, s)| serde_json::json!({
+            "name": name,
+            "in_strategy": s,
+        })).collect::<Vec<_>>(),
+    })
+}

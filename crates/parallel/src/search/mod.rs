@@ -1,0 +1,298 @@
+//! Automatic parallel: strategy searches over a cost model (MindSpore's `AUTO_PARALLEL`).
+//!
+//! # Brief overview
+//! - [`cost`]: device profiles and the α–β times of collectives; [`profiles`]: the built-in
+//!   profiles from public figures.
+//! - The forward ops of a graph become a [`SearchProblem`]: per op its candidate strategies
+//!   (from its sharding rule), each costed ([`Evaluated`]: compute, communication inside the
+//!   op, memory), and per pair of connected ops the redistribution time of every pair of
+//!   choices. Forward and backward are both counted: an op's backward runs on its device
+//!   matrix, so its cost follows from the forward choice.
+//! - [`search`] solves it with one of three algorithms ([`SearchMode`]): sharding propagation,
+//!   recursive bisection, or dynamic programming by graph elimination (exact on
+//!   series-parallel graphs, otherwise approximate with a reported gap). All keep the memory
+//!   per device under the budget, or fail naming the least memory that would do.
+//!
+//! # Architecture invariant
+//! Pure: no files, no clocks but the search's own deadline, no devices. Plans are costed
+//! symbolically from split factors, so the work grows with the ops and their candidates, never
+//! with the devices squared.
+
+mod budget;
+mod candidates;
+pub mod cost;
+mod elimination;
+mod evaluate;
+mod exhaustive;
+mod footprint;
+mod greedy;
+mod problem;
+pub mod profiles;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use graph::Graph;
+
+use crate::error::ParallelError;
+use crate::rules::{strategy, OpContext};
+
+pub use crate::search::candidates::{batch_splits, candidates};
+pub use crate::search::cost::{DeviceProfile, Link, MatmulRate, ProfileError};
+pub use crate::search::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
+pub use crate::search::exhaustive::{brute_force, MAX_COMBINATIONS};
+pub use crate::search::footprint::{plan_memory, MemoryEstimate};
+pub use crate::search::problem::{PlanCost, SearchEdge, SearchNode, SearchProblem};
+
+/// The search algorithms (`parallel.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchMode {
+    /// `sharding_propagation`.
+    ShardingPropagation,
+    /// `recursive_programming`.
+    RecursiveProgramming,
+    /// `dynamic_programming`.
+    DynamicProgramming,
+}
+
+impl SearchMode {
+    /// Every mode, in documentation order.
+    pub const ALL: [SearchMode; 3] = [
+        SearchMode::ShardingPropagation,
+        SearchMode::RecursiveProgramming,
+        SearchMode::DynamicProgramming,
+    ];
+
+    /// The config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchMode::ShardingPropagation => "sharding_propagation",
+            SearchMode::RecursiveProgramming => "recursive_programming",
+            SearchMode::DynamicProgramming => "dynamic_programming",
+        }
+    }
+}
+
+/// What a search is asked.
+#[derive(Debug, Clone)]
+pub struct SearchRequest<'a> {
+    /// The algorithm.
+    pub mode: SearchMode,
+    /// The device profile.
+    pub profile: &'a DeviceProfile,
+    /// Devices.
+    pub devices: usize,
+    /// Memory per device, bytes (the profile's when `None`).
+    pub memory_budget: Option<u64>,
+    /// Optimizer state per trainable parameter, in parameter copies (Adam: 2, momentum: 1).
+    pub optimizer_states: usize,
+    /// Ops whose strategy is fixed (the user's `[parallel.shard]`), by name.
+    pub fixed: BTreeMap<String, Vec<Vec<usize>>>,
+    /// Extra candidate strategies by op name (a model's own, e.g. the GPT's Megatron layouts).
+    pub hints: BTreeMap<String, Vec<Vec<Vec<usize>>>>,
+    /// How long dynamic programming may run before it fixes the remaining ops greedily.
+    pub time_budget: Option<Duration>,
+}
+
+/// What a search found.
+#[derive(Debug, Clone)]
+pub struct SearchResult {
+    /// The strategy of every forward op, in graph order.
+    pub strategies: Vec<(String, Vec<Vec<usize>>)>,
+    /// The predicted cost.
+    pub cost: PlanCost,
+    /// Wall time of the search (problem building included), milliseconds.
+    pub search_ms: f64,
+    /// A lower bound of the step time under the cost model (every op and edge at its cheapest).
+    pub lower_bound: f64,
+    /// Whether dynamic programming had to fix ops greedily (deadline or an irreducible graph):
+    /// then `gap` bounds how far from optimal the result may be.
+    pub approximate: bool,
+    /// `(time − lower_bound) / time` when the result is not proven optimal.
+    pub gap: Option<f64>,
+    /// Ops searched.
+    pub n_ops: usize,
+    /// Distinct op classes (ops with the same kind and shapes share their candidates).
+    pub n_classes: usize,
+}
+
+/// The settings of `request` for costing ops.
+fn settings<'a>(request: &SearchRequest<'a>) -> EvalSettings<'a> {
+    EvalSettings {
+        profile: request.profile,
+        devices: request.devices,
+        optimizer_states: request.optimizer_states,
+    }
+}
+
+/// Searches strategies for the forward ops of `graph`.
+pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult, ParallelError> {
+    let start = Instant::now();
+    request
+        .profile
+        .validate()
+        .map_err(|e| ParallelError::Setting {
+            setting: "device_profile",
+            reason: format!("profile {}: {e}", request.profile.name),
+        })?;
+    let settings = settings(request);
+    let problem = SearchProblem::build(graph, &settings, &request.fixed, &request.hints)?;
+    let budget = request
+        .memory_budget
+        .unwrap_or(request.profile.memory_bytes) as f64;
+    let least = budget::min_memory(&problem);
+    if least > budget {
+        return Err(ParallelError::MemoryExceeded {
+            needed: least.ceil() as u64,
+            available: budget as u64,
+            profile: request.profile.name.clone(),
+        });
+    }
+    let deadline = request.time_budget.map(|d| start + d);
+    let (mut choice, approximate) = match request.mode {
+        SearchMode::ShardingPropagation => {
+            (greedy::propagate(&problem, &seeds(graph, &problem)), false)
+        }
+        SearchMode::RecursiveProgramming => (greedy::recursive(&problem), false),
+        SearchMode::DynamicProgramming => lagrangian(&problem, budget, deadline),
+    };
+    budget::repair(&problem, &mut choice, budget);
+    let cost = problem.cost(&choice);
+    let lower_bound = problem.lower_bound();
+    let proven = request.mode == SearchMode::DynamicProgramming && !approximate;
+    let gap = (!proven).then(|| {
+        let t = cost.time();
+        if t > 0.0 {
+            ((t - lower_bound) / t).max(0.0)
+        } else {
+            0.0
+        }
+    });
+    let strategies = problem
+        .nodes
+        .iter()
+        .zip(&choice)
+        .map(|(node, &c)| {
+            (
+                graph.nodes()[node.node.0].name.clone(),
+                node.candidates[c].strategy.clone(),
+            )
+        })
+        .collect();
+    let mut classes: Vec<usize> = problem.nodes.iter().map(|n| n.class).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    Ok(SearchResult {
+        strategies,
+        cost,
+        search_ms: start.elapsed().as_secs_f64() * 1e3,
+        lower_bound,
+        approximate,
+        gap,
+        n_ops: problem.nodes.len(),
+        n_classes: classes.len(),
+    })
+}
+
+/// The predicted cost of given strategies for every forward op of `graph` (ops without one
+/// take the data-parallel default).
+pub fn evaluate_strategies(
+    graph: &Graph,
+    request: &SearchRequest<'_>,
+    strategies: &BTreeMap<String, Vec<Vec<usize>>>,
+) -> Result<PlanCost, ParallelError> {
+    let mut fixed = strategies.clone();
+    for node in graph.nodes() {
+        if node.role == graph::NodeRole::Forward
+            && !node.inputs.is_empty()
+            && !fixed.contains_key(&node.name)
+        {
+            let ctx = OpContext::of(graph, node);
+            fixed.insert(
+                node.name.clone(),
+                strategy::default_strategy(&ctx, request.devices),
+            );
+        }
+    }
+    let problem = SearchProblem::build(graph, &settings(request), &fixed, &BTreeMap::new())?;
+    Ok(problem.cost(&vec![0; problem.nodes.len()]))
+}
+
+/// Where propagation starts: every fixed op; with none, the data-parallel strategy of the
+/// op with the most compute.
+fn seeds(graph: &Graph, problem: &SearchProblem) -> Vec<(usize, usize)> {
+    let fixed: Vec<(usize, usize)> = (0..problem.nodes.len())
+        .filter(|&n| problem.nodes[n].fixed)
+        .map(|n| (n, 0))
+        .collect();
+    if !fixed.is_empty() {
+        return fixed;
+    }
+    let largest = (0..problem.nodes.len()).max_by(|&a, &b| {
+        let work = |n: usize| {
+            problem.nodes[n]
+                .candidates
+                .iter()
+                .map(|c| c.compute * c.devices_used as f64)
+                .fold(0.0, f64::max)
+        };
+        work(a).total_cmp(&work(b))
+    });
+    let Some(n) = largest else {
+        return Vec::new();
+    };
+    let node = &graph.nodes()[problem.nodes[n].node.0];
+    let dp = strategy::default_strategy(&OpContext::of(graph, node), problem.devices);
+    let c = problem.nodes[n]
+        .candidates
+        .iter()
+        .position(|c| c.strategy == dp)
+        .unwrap_or(0);
+    vec![(n, c)]
+}
+
+/// Dynamic programming under the memory budget: elimination on time + λ·memory, with λ raised
+/// by bisection until the plan fits (λ = 0 when the fastest plan fits already).
+fn lagrangian(
+    problem: &SearchProblem,
+    budget: f64,
+    deadline: Option<Instant>,
+) -> (Vec<usize>, bool) {
+    let first = elimination::solve(problem, 0.0, deadline);
+    if problem.memory(&first.choice) <= budget {
+        return (first.choice, first.approximate);
+    }
+    // λ in seconds per byte: raise it until the plan fits, then bisect for the fastest that does.
+    let mut lo = 0.0;
+    let mut hi = 1e-15;
+    let mut best = None;
+    for _ in 0..60 {
+        let s = elimination::solve(problem, hi, deadline);
+        if problem.memory(&s.choice) <= budget {
+            best = Some(s);
+            break;
+        }
+        lo = hi;
+        hi *= 4.0;
+    }
+    let Some(mut best) = best else {
+        return (first.choice, true);
+    };
+    for _ in 0..12 {
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            break;
+        }
+        let mid = 0.5 * (lo + hi);
+        let s = elimination::solve(problem, mid, deadline);
+        if problem.memory(&s.choice) <= budget {
+            hi = mid;
+            if problem.time(&s.choice) <= problem.time(&best.choice) {
+                best = s;
+            }
+        } else {
+            lo = mid;
+        }
+    }
+    // A Lagrangian optimum is optimal only for the memory it lands on.
+    (best.choice, true)
+}

@@ -1,0 +1,181 @@
+//! Automatic parallel: every search mode trains the seed MLP and the GPT as one device does,
+//! with the strategies it found (and those strategies saved and loaded again).
+
+use parallel::{ParallelMode, StrategySource};
+use runtime::{Session, TrainConfig};
+
+use crate::run_util::{self, Run};
+
+const MODES: [&str; 3] = [
+    "sharding_propagation",
+    "recursive_programming",
+    "dynamic_programming",
+];
+
+/// Trains `config` for 20 steps: the losses, and every merged parameter by name. Asserts that
+/// the session searched (its forward ops take the strategies the search gave).
+fn train_searched(config: &TrainConfig) -> (Session, Run) {
+    let (session, run) = run_util::train_run(config, 20);
+    let placed = &session.train.placed;
+    assert!(matches!(placed.config.mode, ParallelMode::Auto(_)));
+    let searched = placed
+        .nodes
+        .iter()
+        .filter(|n| n.source == StrategySource::User)
+        .count();
+    assert!(searched > 0, "the forward ops take the searched strategies");
+    (session, run)
+}
+
+fn reference(config: &TrainConfig) -> Run {
+    run_util::train_run(config, 20).1
+}
+
+/// Every mode on the seed MLP, 8 devices, once with the memory of an H100 and once with 200 kB
+/// per device, which data parallelism (every weight whole on every device) exceeds.
+#[test]
+fn every_search_mode_trains_the_mlp_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let alone = reference(&run_util::seed_mlp(
+        &tmp.path().join("alone"),
+        "momentum",
+        "mode = \"stand_alone\"",
+        &[],
+    ));
+    for mode in MODES {
+        for (i, memory) in ["\"80GB\"", "200000"].into_iter().enumerate() {
+            let out = tmp.path().join(format!("{mode}-{i}"));
+            let config = run_util::seed_mlp(
+                &out,
+                "momentum",
+                &format!("devices = 8\nmode = \"{mode}\"\nmax_device_memory = {memory}"),
+                &[],
+            );
+            let (session, run) = train_searched(&config);
+            let what = format!("{mode} with {memory} bytes per device");
+            run_util::assert_same_run(&what, &run, &alone, 1e-4);
+            if memory == "200000" {
+                let split_weight = session
+                    .train
+                    .params
+                    .iter()
+                    .any(|p| p.layout.replica_count() < 8);
+                assert!(split_weight, "{what}: a weight is split to fit");
+            }
+        }
+    }
+}
+
+/// Every mode on the small GPT, 4 devices.
+#[test]
+fn every_search_mode_trains_the_gpt_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let alone = reference(&run_util::small_gpt(
+        &tmp.path().join("alone"),
+        "momentum",
+        "",
+        "mode = \"stand_alone\"",
+        &[],
+    ));
+    for mode in MODES {
+        let config = run_util::small_gpt(
+            &tmp.path().join(mode),
+            "momentum",
+            "",
+            &format!("devices = 4\nmode = \"{mode}\"\nmax_device_memory = 2000000"),
+            &[],
+        );
+        let (_, run) = train_searched(&config);
+        run_util::assert_same_run(mode, &run, &alone, 2e-4);
+    }
+}
+
+/// The strategies a run saves (`save_operator_strategy_file`) load into another run
+/// (`load_operator_strategy_file`), which then skips the search and trains alike.
+#[test]
+fn saved_operator_strategies_load_and_train_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("ops.json");
+    let saving = run_util::seed_mlp(
+        &tmp.path().join("save"),
+        "momentum",
+        &format!(
+            "devices = 8\nmode = \"dynamic_programming\"\nmax_device_memory = 200000\nsave_operator_strategy_file = \"{}\"",
+            file.display()
+        ),
+        &[],
+    );
+    let (first, run) = train_searched(&saving);
+    let loading = run_util::seed_mlp(
+        &tmp.path().join("load"),
+        "momentum",
+        // A budget no plan fits: loading must not search.
+        &format!(
+            "devices = 8\nmode = \"dynamic_programming\"\nmax_device_memory = 1\nload_operator_strategy_file = \"{}\"",
+            file.display()
+        ),
+        &[],
+    );
+    let (second, loaded) = train_searched(&loading);
+    run_util::assert_same_run("loaded strategies", &loaded, &run, 1e-6);
+    let strategies = |s: &Session| {
+        s.train
+            .placed
+            .nodes
+            .iter()
+            .map(|n| n.strategy.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strategies(&first), strategies(&second));
+}
+
+/// A budget below the smallest plan fails with a message naming the memory that would fit.
+#[test]
+fn a_budget_no_plan_fits_names_the_memory_needed() {
+    let tmp = tempfile::tempdir().unwrap();
+    for mode in MODES {
+        let config = run_util::seed_mlp(
+            &tmp.path().join(mode),
+            "momentum",
+            &format!("devices = 8\nmode = \"{mode}\"\nmax_device_memory = 1000"),
+            &[],
+        );
+        let err = Session::new(&config).unwrap_err().to_string();
+        assert!(
+            err.contains("no strategy fits in 1000 bytes") && err.contains("max_device_memory"),
+            "{mode}: {err}"
+        );
+    }
+}
+
+/// A plan is made without ranks and reports what `tessera plan` prints.
+#[test]
+fn plan_reports_the_step_and_memory_of_its_strategies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = run_util::small_gpt(
+        &tmp.path().join("plan"),
+        "adamw",
+        "",
+        "devices = 64\nmode = \"dynamic_programming\"",
+        &["data.batch_size=64".to_string()],
+    );
+    let report = runtime::plan(&config).expect("a plan");
+    assert_eq!(report.devices, 64);
+    assert!(report.step_ms() > 0.0);
+    assert!(report.cost.memory.total() <= report.memory_budget as f64);
+    assert!(report.cost.memory.optimizer > 0.0, "adamw keeps state");
+    let megatron = runtime::plan(&run_util::small_gpt(
+        &tmp.path().join("megatron"),
+        "adamw",
+        "",
+        "devices = 64\nmode = \"semi_auto\"\nmodel_parallel = 8",
+        &["data.batch_size=64".to_string()],
+    ))
+    .expect("a configured plan");
+    assert!(
+        report.step_ms() <= megatron.step_ms() * (1.0 + 1e-9),
+        "dynamic programming ({} ms) is no slower than Megatron's dp × mp ({} ms) under the model",
+        report.step_ms(),
+        megatron.step_ms()
+    );
+}
