@@ -171,7 +171,7 @@ pub enum GraphError {
         got_dtype: DType,
     },
     /// An op executed on a dtype the executor does not compute with.
-    #[error("{node}: {op} cannot execute on dtype {dtype} (the executor computes in f32 and f64)")]
+    #[error("{node}: {op} cannot execute on dtype {dtype} (the executor computes in f32 and f64, and in bf16 and f16 through f32)")]
     UnsupportedDType {
         /// The node.
         node: String,

@@ -277,13 +277,13 @@ fn eval_op_rejects_bad_operands_without_panicking() {
     let err = eval_op(
         &op,
         &[&m, &m],
-        &mut [Tensor::zeros(DType::F16, &[3, 3])],
+        &mut [Tensor::zeros(DType::I32, &[3, 3])],
         &ctx,
     )
     .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "mm: MatMul cannot execute on dtype f16 (the executor computes in f32 and f64)"
+        "mm: MatMul cannot execute on dtype i32 (the executor computes in f32 and f64, and in bf16 and f16 through f32)"
     );
     let err = eval_op(&op, &[&m, &m], &mut [], &ctx).unwrap_err();
     assert_eq!(
