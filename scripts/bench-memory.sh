@@ -16,7 +16,7 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== 1. fusion and overlap (tessera bench gpt-step --fusion --steps $steps)"
-"$bin" bench gpt-step --fusion --profile --steps "$steps" | grep -E 'tokens/s|fusion and overlap|reshards|= kernels'
+"$bin" bench gpt-step --fusion --profile --steps "$steps" | grep -E 'tokens/s|the plain throughput|reshards|= kernels'
 echo
 echo "== 2. memory per rank (rank 0; MiB): predicted / measured; ZeRO's formula for parameters + gradients + optimizer"
 common=(--set parallel.devices=2 --set parallel.data_parallel=2 --set parallel.model_parallel=1

@@ -1,5 +1,6 @@
 //! `tessera train`: train a model from a TOML configuration.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -95,18 +96,21 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             bubble * 100.0
         );
     }
+    // Written, not printed: a closed pipe (`… | head`) ends the command quietly.
+    let mut out = std::io::stdout().lock();
     if args.json {
         for rank in 0..session.devices() {
-            println!("{}", explain_json(&session, rank));
+            writeln!(out, "{}", explain_json(&session, rank))?;
         }
         return Ok(());
     }
     if args.explain || args.explain_rank.is_some() {
-        print!(
+        write!(
+            out,
             "{}",
             session.train.explain_with(session.deterministic_blocks())
-        );
-        print!("{}", explain_memory(&session));
+        )?;
+        write!(out, "{}", explain_memory(&session))?;
         if let Some(rank) = args.explain_rank {
             if rank >= session.devices() {
                 anyhow::bail!(
@@ -114,10 +118,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                     session.devices()
                 );
             }
-            print!("\n{}", session.train.for_rank(rank));
+            write!(out, "\n{}", session.train.for_rank(rank))?;
         }
         return Ok(());
     }
+    // The rank threads print the loss: release stdout.
+    drop(out);
     if let Some(path) = &args.trace {
         if !session.is_pipelined() {
             anyhow::bail!(
