@@ -127,28 +127,32 @@ pub(crate) fn any_rank_overflowed(
     Ok(flag[0] > 0.0)
 }
 
-/// The `len` elements of `t` from element `offset`, as f32 times `factor`.
+/// The elements of `t` from element `offset`, shaped `shape`, as f32 times `factor`.
 pub(crate) fn f32_piece(
     t: &Tensor,
     offset: usize,
     shape: &[usize],
     factor: f64,
 ) -> Result<Tensor, RuntimeError> {
+    let width = t.dtype().size_in_bytes();
     let len: usize = shape.iter().product();
-    let values = t.to_f64_vec();
-    let end = offset + len;
-    if end > values.len() {
-        return Err(RuntimeError::Mismatch {
+    let bytes = t
+        .as_bytes()
+        .get(offset * width..(offset + len) * width)
+        .ok_or_else(|| RuntimeError::Mismatch {
             what: "a gradient piece".to_string(),
-            expected: format!("{end} elements"),
-            got: values.len().to_string(),
-        });
+            expected: format!("{} elements", offset + len),
+            got: t.n_elements().to_string(),
+        })?;
+    let mut piece = Tensor::from_bytes(t.dtype(), shape, bytes)?.to_dtype(DType::F32);
+    if factor != 1.0 {
+        let f = factor as f32;
+        piece
+            .as_slice_mut::<f32>()?
+            .iter_mut()
+            .for_each(|x| *x *= f);
     }
-    let piece: Vec<f32> = values[offset..end]
-        .iter()
-        .map(|&x| (x * factor) as f32)
-        .collect();
-    Ok(Tensor::from_vec(shape, piece)?)
+    Ok(piece)
 }
 
 /// Whether every element of `t` is finite.

@@ -674,11 +674,7 @@ impl Session {
             .collect();
         let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
         // With `train.grad_accumulation_steps` > 1, the mean gradient of a step's micro-batches.
-        let accumulation_sharded = self
-            .config
-            .parallel_config()
-            .hsdp
-            .is_some_and(|h| h.gradient_accumulation_shard);
+        let accumulation_sharded = self.accumulation_sharded();
         let mut accumulated = (self.micro_steps() > 1)
             .then(|| Accumulation::new(&exec, &trainable, accumulation_sharded));
         let optimizer_bytes: usize = (0..trainable.len())
@@ -913,17 +909,22 @@ impl Session {
         if self.is_pipelined() {
             return None;
         }
-        let accumulation_sharded = self
-            .config
-            .parallel_config()
-            .hsdp
-            .is_some_and(|h| h.gradient_accumulation_shard);
+        let accumulation_sharded = self.accumulation_sharded();
         let state = TrainingState {
             optimizer_tensors: self.config.optimizer_config().kind.state_names().len(),
             accumulation_sharded: (self.micro_steps() > 1).then_some(accumulation_sharded),
             master_weights: self.config.train().precision.has_master_weights(),
         };
         Some(parallel::memory::predict(&self.train, rank, state))
+    }
+
+    /// Whether gradient accumulation keeps only each rank's optimizer piece
+    /// (`parallel.hsdp.gradient_accumulation_shard`).
+    fn accumulation_sharded(&self) -> bool {
+        self.config
+            .parallel_config()
+            .hsdp
+            .is_some_and(|h| h.gradient_accumulation_shard)
     }
 
     /// Whether the steps are pipelined: more than one stage and more than one micro-batch.

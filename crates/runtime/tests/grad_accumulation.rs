@@ -7,18 +7,14 @@
 //! (relative 1e-5) and the same merged parameters (1e-5): the micro-batches of a step are the
 //! rows of the larger batch, so only the order of a few sums differs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use runtime::{LaunchOptions, RuntimeError, Session, TrainConfig};
 
-use crate::run_util::{self, merged_params, train_steps, Run};
+use crate::run_util::{self, digits, merged_params, train_steps, Run};
 
 /// The tolerance of every comparison: losses relative, parameters `1e-5 · (1 + |x|)`.
 const TOLERANCE: f32 = 1e-5;
-
-fn digits() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/digits")
-}
 
 /// The seed MLP (hidden 64) on the digits for `steps` optimizer steps of `micro_steps`
 /// micro-batches of `batch` samples, with `[parallel]` body `parallel` and overrides `extra`.

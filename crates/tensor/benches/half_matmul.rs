@@ -13,6 +13,9 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::values;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tensor::{DType, Tensor};
 
@@ -22,18 +25,6 @@ const SHAPES: [(&str, usize, usize, usize); 3] = [
     ("fc1", 2048, 1024, 256),
     ("lm_head", 2048, 256, 256),
 ];
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 /// `dst = a·b` (`mnk` = m, n, k) with gemm's generic entry point, row-major, one thread;
 /// `unit` is (0, 1) in `T`.

@@ -8,6 +8,9 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::values;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tensor::kernels::{gemm, gemm_with, GemmBackend, GemmShape};
 
@@ -33,19 +36,6 @@ const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> Ge
         trans_a,
         trans_b,
     }
-}
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 fn matmul_shapes(c: &mut Criterion) {
