@@ -62,6 +62,67 @@ impl GroupInfo {
     }
 }
 
+impl GroupInfo {
+    /// The group-info file of a rank that created the communication groups `groups` (world
+    /// ranks, each group ascending) and whose checkpoint the ranks `restore` can supply: the
+    /// groups named as MindSpore names them ([`group_name`]), in ascending rank-list order,
+    /// each once.
+    pub fn for_rank(groups: &[Vec<usize>], restore: &[usize]) -> GroupInfo {
+        let mut lists: Vec<Vec<u32>> = groups
+            .iter()
+            .map(|g| g.iter().map(|&r| r as u32).collect())
+            .collect();
+        lists.sort();
+        lists.dedup();
+        GroupInfo {
+            groups: lists
+                .into_iter()
+                .map(|ranks| GroupItem {
+                    group_name: group_name(&ranks),
+                    ranks,
+                })
+                .collect(),
+            restore_rank_list: Some(restore.iter().map(|&r| r as u32).collect()),
+        }
+    }
+}
+
+/// MindSpore's name of the communication group of `ranks`
+/// (`DeviceManager::GenerateGroupNameByRanks`): `"<size>-<hash>"`, the hash being the C++
+/// standard library's `std::hash<std::string>` of `"r0-r1-…"`, as MindSpore built with GCC
+/// computes it (libstdc++'s `_Hash_bytes`, a 64-bit Murmur variant, seed `0xc70f6907`).
+pub fn group_name(ranks: &[u32]) -> String {
+    let key: Vec<String> = ranks.iter().map(u32::to_string).collect();
+    let key = key.join("-");
+    format!("{}-{}", ranks.len(), libstdcxx_hash(key.as_bytes()))
+}
+
+/// libstdc++'s `std::_Hash_bytes(ptr, len, 0xc70f6907)` on a 64-bit target.
+fn libstdcxx_hash(bytes: &[u8]) -> u64 {
+    const MUL: u64 = (0xc6a4_a793_u64 << 32) + 0x5bd1_e995;
+    const SEED: u64 = 0xc70f_6907;
+    let shift_mix = |v: u64| v ^ (v >> 47);
+    let mut hash = SEED ^ (bytes.len() as u64).wrapping_mul(MUL);
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let data = shift_mix(u64::from_le_bytes(word).wrapping_mul(MUL)).wrapping_mul(MUL);
+        hash ^= data;
+        hash = hash.wrapping_mul(MUL);
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        let data = tail
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8).wrapping_add(u64::from(b)));
+        hash ^= data;
+        hash = hash.wrapping_mul(MUL);
+    }
+    shift_mix(shift_mix(hash).wrapping_mul(MUL))
+}
+
 /// MindSpore's `restore_group_info_list`: the ranks that can supply this rank's checkpoint.
 ///
 /// Unlike MindSpore 2.10, which returns `[]`, a file without `ckpt_restore_rank_list` is an
@@ -174,4 +235,33 @@ fn ranks(bytes: &[u8], at: usize) -> Result<Vec<u32>, WireError> {
         .into_iter()
         .map(|v| crate::wire::as_uint32(v, at, "rank"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names libstdc++ 12 (g++ -O1, x86-64) gives these keys' `std::hash<std::string>`;
+    /// `4-6301172352641561019` also names MindSpore's group of ranks 0–3 in the reference
+    /// group-info file.
+    #[test]
+    fn group_names_match_libstdcxx() {
+        assert_eq!(group_name(&[0, 1, 2, 3]), "4-6301172352641561019");
+        assert_eq!(group_name(&[0, 4]), "2-16453000547691086251");
+        // Keys of 8 bytes and more go through the word loop as well as the tail.
+        let eight: Vec<u32> = (0..8).collect();
+        assert_eq!(group_name(&eight), "8-12158923167718251343");
+        let nine: Vec<u32> = (8..17).collect();
+        assert_eq!(group_name(&nine), "9-15821168632925674071");
+    }
+
+    #[test]
+    fn for_rank_round_trips_and_names_each_group_once() {
+        let info = GroupInfo::for_rank(&[vec![0, 1, 2, 3], vec![0, 2], vec![0, 1, 2, 3]], &[0, 2]);
+        assert_eq!(info.groups.len(), 2);
+        assert_eq!(info.groups[0].ranks, vec![0, 1, 2, 3]);
+        assert_eq!(info.groups[1].group_name, group_name(&[0, 2]));
+        let decoded = GroupInfo::decode(Path::new("mem"), &info.encode()).unwrap();
+        assert_eq!(decoded, info);
+    }
 }

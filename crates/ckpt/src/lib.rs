@@ -237,7 +237,7 @@ pub use crate::diff::{
 };
 pub use crate::error::{CkptError, Result};
 pub use crate::execute::DEFAULT_CHUNK_BYTES;
-pub use crate::group_info::{restore_group_info_list, GroupInfo, GroupItem};
+pub use crate::group_info::{group_name, restore_group_info_list, GroupInfo, GroupItem};
 pub use crate::load::{
     inspect, inspect_detected, load_rank_tensors, load_segmented_checkpoints, write_segmented,
     InspectedFile, SegmentedEntry,

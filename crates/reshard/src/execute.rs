@@ -112,6 +112,13 @@ impl ReshardRunner {
         Ok(self.groups[ranks].as_ref())
     }
 
+    /// The rank lists of every sub-group communicator this runner has created, ascending.
+    pub fn created_groups(&self) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = self.groups.keys().cloned().collect();
+        groups.sort();
+        groups
+    }
+
     /// Runs this rank's part of `plan`. `local` holds this rank's source slices, one per source
     /// slot on this device in slot order (none when the rank is outside the source mesh); the
     /// result holds this rank's destination slices the same way.

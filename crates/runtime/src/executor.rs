@@ -393,6 +393,18 @@ impl RankExecutor {
         }
     }
 
+    /// The rank lists of every sub-group communicator this rank has created so far (its
+    /// reshards' and its progress worker's), ascending.
+    pub fn created_groups(&self) -> Vec<Vec<usize>> {
+        let mut groups = self.runner.created_groups();
+        if let Some(progress) = &self.overlap {
+            groups.extend(progress.created_groups());
+        }
+        groups.sort();
+        groups.dedup();
+        groups
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank

@@ -41,6 +41,7 @@ pub mod device_profile;
 mod error;
 mod executor;
 mod generate;
+mod group_info;
 mod launch;
 mod lm;
 mod memory;
@@ -69,6 +70,7 @@ pub use crate::data::{
 pub use crate::error::RuntimeError;
 pub use crate::executor::{OptimizerPiece, RankExecutor};
 pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
+pub use crate::group_info::{group_info_path, restore_ranks, write_group_info};
 #[cfg(feature = "mpi")]
 pub use crate::launch::train_mpi;
 pub use crate::launch::{run_rank, train_local, LaunchOptions, TrainReport};

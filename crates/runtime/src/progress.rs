@@ -78,6 +78,8 @@ enum Worker {
         _thread: JoinHandle<()>,
         /// Jobs handed over and not yet received back.
         in_flight: usize,
+        /// The groups the thread's runner created before it started (it creates no others).
+        groups: Vec<Vec<usize>>,
     },
     /// This thread: gathers when handed over, buckets when collected (MPI).
     Inline {
@@ -99,6 +101,7 @@ pub(crate) struct Progress {
 impl Progress {
     /// Jobs on a progress thread running `runner`.
     pub(crate) fn thread(mut runner: ReshardRunner) -> Progress {
+        let groups = runner.created_groups();
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (outbox, done) = mpsc::channel();
         let thread = std::thread::spawn(move || {
@@ -114,6 +117,7 @@ impl Progress {
                 done,
                 _thread: thread,
                 in_flight: 0,
+                groups,
             },
             finished: VecDeque::new(),
         }
@@ -127,6 +131,14 @@ impl Progress {
                 pending: Vec::new(),
             },
             finished: VecDeque::new(),
+        }
+    }
+
+    /// The rank lists of the sub-group communicators its runner created.
+    pub(crate) fn created_groups(&self) -> Vec<Vec<usize>> {
+        match &self.worker {
+            Worker::Thread { groups, .. } => groups.clone(),
+            Worker::Inline { runner, .. } => runner.created_groups(),
         }
     }
 

@@ -709,6 +709,7 @@ impl Session {
         let cfg = self.config.train();
         let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
         let mut outcome = RankOutcome::default();
+        let mut group_info_written = false;
         let mut epochs_run = 0;
         let batches_per_epoch = self.batches_per_epoch();
         let first_epoch = (global_step / batches_per_epoch) as usize + 1;
@@ -780,6 +781,11 @@ impl Session {
                 };
                 let step_ms = start.elapsed().as_secs_f64() * 1e3;
                 global_step += 1;
+                if !group_info_written {
+                    // Every group a step creates exists after the first one.
+                    self.write_group_info(&exec, rank)?;
+                    group_info_written = true;
+                }
                 outcome.losses.push(loss);
                 outcome.step_ms.push(step_ms);
                 let shards: Vec<ShardView<'_>> = if want_shards {
@@ -830,6 +836,9 @@ impl Session {
             if global_step >= max_steps {
                 break;
             }
+        }
+        if !group_info_written {
+            self.write_group_info(&exec, rank)?;
         }
         let memory = match pipelined {
             Some(_) => Vec::new(),
@@ -901,6 +910,16 @@ impl Session {
         )?;
         accumulated.copy(exec, trainable)?;
         Ok((exec.output(0).to_f64_vec()[0] as f32, trace))
+    }
+
+    /// Writes `rank`'s group-info file when `output.group_info_file` asks for one.
+    fn write_group_info(&self, exec: &RankExecutor, rank: usize) -> Result<(), RuntimeError> {
+        let out = self.config.output();
+        let Some(template) = &out.group_info_file else {
+            return Ok(());
+        };
+        let path = crate::group_info::group_info_path(&out.dir, template, rank);
+        crate::group_info::write_group_info(&path, &self.train, rank, &exec.created_groups())
     }
 
     /// The memory `rank` will hold training this session (see [`parallel::memory`]), or

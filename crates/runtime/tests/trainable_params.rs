@@ -65,6 +65,7 @@ fn config(out: &Path, seed: u64, steps: u64, only: bool, resume: Option<&Path>) 
         save_checkpoint: true,
         resume_from: resume.map(Path::to_path_buf),
         resume_strategy: None,
+        group_info_file: None,
     };
     TrainConfig::from_parts(
         base.model().clone(),

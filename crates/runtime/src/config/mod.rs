@@ -209,6 +209,12 @@ pub struct TrainLoopConfig {
     pub precision: crate::precision::Precision,
     /// The loss scale (`train.loss_scale`; `None`: none).
     pub loss_scale: Option<crate::precision::LossScale>,
+    /// `train.parameter_broadcast`: after initialisation or a resume, every parameter is
+    /// broadcast from the first rank of its replica group (MindSpore's `parameter_broadcast`).
+    pub parameter_broadcast: bool,
+    /// `train.lazy_init` (MindSpore's `no_init_parameters`): a parameter is allocated and
+    /// filled only when first used or loaded, so a resumed run never initialises it first.
+    pub lazy_init: bool,
 }
 
 /// `[output]`.
@@ -222,6 +228,10 @@ pub struct OutputConfig {
     pub resume_from: Option<PathBuf>,
     /// The strategy file of the checkpoint resumed from, when it is not inside it (resolved).
     pub resume_strategy: Option<PathBuf>,
+    /// `output.group_info_file`: every rank writes MindSpore's group-info file
+    /// (`ParallelGroupMap`) here, `{rank}` replaced by its rank (without `{rank}`, `_<rank>`
+    /// goes before the extension); a relative path lies under [`OutputConfig::dir`].
+    pub group_info_file: Option<String>,
 }
 
 impl OutputConfig {

@@ -12,7 +12,7 @@ use super::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
 
 use super::values::{
     check_grad_accumulation_steps, config_error, one_of, path_reader, read_bool, read_count,
-    read_device_count, read_enum, read_float, read_positive, wrong_type, Section,
+    read_device_count, read_enum, read_float, read_positive, read_string, wrong_type, Section,
     MAX_GRAD_ACCUMULATION_STEPS,
 };
 use super::{
@@ -139,9 +139,16 @@ pub(super) const TRAIN_KEYS: &[&str] = &[
     "dump_local_norm_path",
     "precision",
     "loss_scale",
+    "parameter_broadcast",
+    "lazy_init",
 ];
-pub(super) const OUTPUT_KEYS: &[&str] =
-    &["dir", "save_checkpoint", "resume_from", "resume_strategy"];
+pub(super) const OUTPUT_KEYS: &[&str] = &[
+    "dir",
+    "save_checkpoint",
+    "resume_from",
+    "resume_strategy",
+    "group_info_file",
+];
 
 /// Takes section `name` out of `root` (an empty table when absent and not `required`).
 fn take_section(
@@ -831,6 +838,8 @@ fn read_train_loop(
     let seed = s.or("seed", 1, read_count)?;
     let deterministic = s.or("deterministic", false, read_bool)?;
     let eval = s.or("eval", true, read_bool)?;
+    let parameter_broadcast = s.or("parameter_broadcast", false, read_bool)?;
+    let lazy_init = s.or("lazy_init", false, read_bool)?;
     let per_print_times = s.or("per_print_times", 1, read_count)?;
     let print_local_norm = s.or("print_local_norm", false, read_bool)?;
     let dump = s.or("dump_local_norm", false, read_bool)?;
@@ -878,6 +887,8 @@ fn read_train_loop(
         dump_local_norm,
         precision,
         loss_scale,
+        parameter_broadcast,
+        lazy_init,
     })
 }
 
@@ -887,5 +898,12 @@ fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, RuntimeError
         save_checkpoint: s.or("save_checkpoint", true, read_bool)?,
         resume_from: s.get("resume_from", path_reader(base))?,
         resume_strategy: s.get("resume_strategy", path_reader(base))?,
+        group_info_file: s.get("group_info_file", |key, v| {
+            let text = read_string(key, v)?;
+            match text.is_empty() {
+                true => Err(config_error(key, "a file name, not the empty string")),
+                false => Ok(text),
+            }
+        })?,
     })
 }
