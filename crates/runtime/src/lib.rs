@@ -34,6 +34,7 @@
 
 mod accumulate;
 mod auto;
+mod broadcast;
 mod callbacks;
 mod config;
 mod data;
@@ -55,6 +56,7 @@ mod session;
 mod trainer;
 
 pub use crate::auto::{build_model, load_profile, plan, plan_model, PlanReport};
+pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
     StepInfo, TrainEndInfo,

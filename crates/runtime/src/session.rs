@@ -13,6 +13,7 @@ use parallel::memory::{MemoryCategory, MemoryReport, TrainingState};
 use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
 use tensor::Tensor;
 
+use crate::broadcast::parameter_broadcast;
 use crate::accumulate::Accumulation;
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
 use crate::config::{ModelName, TrainConfig};
@@ -107,6 +108,9 @@ pub struct RankOutcome {
     /// Every rank's peak bytes over the run, by category and by rank (see
     /// [`parallel::memory`]); empty for pipelined runs.
     pub memory_by_rank: Vec<MemoryReport>,
+    /// With `train.parameter_broadcast`: the parameters this rank took part in broadcasting
+    /// from the first rank of their replica group, before its first step.
+    pub broadcast: Vec<String>,
 }
 
 /// The bytes one rank holds for its trainable parameters, by category: what ZeRO's formulas
@@ -697,6 +701,17 @@ impl Session {
         if let Some(from) = &self.config.output().resume_from {
             global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
         }
+        let mut broadcast = Vec::new();
+        if self.config.train().parameter_broadcast {
+            let layouts = self
+                .train
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.layout.clone()))
+                .collect();
+            let first = crate::broadcast::stage_first_rank(&self.train, rank);
+            broadcast = parameter_broadcast(&mut exec, world.as_ref(), &layouts, rank, first)?;
+        }
         // Mixed precision: f32 master pieces (after a resume, of the weights it loaded).
         let mut master = match precision.has_master_weights() {
             true => Some(MasterWeights::new(&exec, &trainable)?),
@@ -708,7 +723,10 @@ impl Session {
         let mut scaler = LossScaler::new(self.config.train().loss_scale);
         let cfg = self.config.train();
         let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
-        let mut outcome = RankOutcome::default();
+        let mut outcome = RankOutcome {
+            broadcast,
+            ..RankOutcome::default()
+        };
         let mut group_info_written = false;
         let mut epochs_run = 0;
         let batches_per_epoch = self.batches_per_epoch();

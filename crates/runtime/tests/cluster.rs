@@ -1,7 +1,12 @@
 //! Cluster-facing training features (issue 19): group-info files, parameter broadcast and lazy
 //! parameter initialisation.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use ckpt::{group_name, GroupInfo};
+use comm::Communicator;
+use runtime::RankExecutor;
 
 use crate::run_util::{adam_gpt, train_steps, DP2, DP2_MP2};
 
@@ -81,4 +86,124 @@ fn group_info_reads_back_with_restore_group_info_list() {
     train_steps(&config, 1);
     let path = dir.path().join("group_info_3.pb");
     assert_eq!(ckpt::restore_group_info_list(&path).unwrap(), vec![1, 3]);
+}
+
+/// Every rank's parameter shards before and after [`runtime::parameter_broadcast`], each rank
+/// initialised with its own seed so replicas start different: by rank, (name, box, before,
+/// after).
+type Shards = Vec<(String, layout::SliceBox, Vec<f32>, Vec<f32>)>;
+
+fn broadcast_from_differing_ranks(parallel: &str) -> Vec<Shards> {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adam_gpt(dir.path(), parallel, 1, &[]);
+    let session = runtime::Session::new(&config).unwrap();
+    let devices = session.devices();
+    let layouts: BTreeMap<String, layout::TensorLayout> = session
+        .train
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.layout.clone()))
+        .collect();
+    let cluster = comm::LocalCluster::new(devices).unwrap();
+    let results = cluster.run(|comm| {
+        let rank = comm.rank();
+        let world: Arc<dyn comm::Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(session.train.clone(), world.clone()).unwrap();
+        exec.init_parameters(100 + rank as u64).unwrap();
+        let values = |exec: &RankExecutor| -> Vec<Vec<f32>> {
+            (0..session.train.params.len())
+                .map(|i| exec.param(i).as_f32().unwrap().to_vec())
+                .collect()
+        };
+        let before = values(&exec);
+        runtime::parameter_broadcast(&mut exec, world.as_ref(), &layouts, rank, 0).unwrap();
+        let after = values(&exec);
+        session
+            .train
+            .params
+            .iter()
+            .zip(before.into_iter().zip(after))
+            .map(|(p, (b, a))| (p.name.clone(), exec.box_of(&p.layout).unwrap(), b, a))
+            .collect::<Shards>()
+    });
+    results.into_iter().map(Result::unwrap).collect()
+}
+
+/// Every rank ends with the values the first rank holding its box started with; replicas that
+/// started different end equal.
+fn assert_broadcast_from_first_holder(ranks: &[Shards]) {
+    let mut differed = 0;
+    for (rank, shards) in ranks.iter().enumerate() {
+        for (k, (name, region, _, after)) in shards.iter().enumerate() {
+            let first = (0..ranks.len())
+                .find(|&q| &ranks[q][k].1 == region)
+                .unwrap();
+            assert_eq!(after, &ranks[first][k].2, "rank {rank}'s {name}");
+            if first != rank && ranks[rank][k].2 != ranks[first][k].2 {
+                differed += 1;
+            }
+        }
+    }
+    assert!(differed > 0, "the ranks started with equal replicas");
+}
+
+#[test]
+fn parameter_broadcast_makes_differing_replicas_equal() {
+    assert_broadcast_from_first_holder(&broadcast_from_differing_ranks(DP2));
+    assert_broadcast_from_first_holder(&broadcast_from_differing_ranks(DP2_MP2));
+}
+
+/// MindSpore's three errors, as messages naming the argument.
+#[test]
+fn parameter_broadcast_refuses_bad_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adam_gpt(dir.path(), DP2, 1, &[]);
+    let session = runtime::Session::new(&config).unwrap();
+    let name = session.train.params[0].name.clone();
+    let layout = session.train.params[0].layout.clone();
+    let cluster = comm::LocalCluster::new(2).unwrap();
+    let errors = cluster.run(|comm| {
+        let rank = comm.rank();
+        let world: Arc<dyn comm::Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(session.train.clone(), world.clone()).unwrap();
+        exec.init_parameters(1).unwrap();
+        let good = BTreeMap::from([(name.clone(), layout.clone())]);
+        let bad_name = BTreeMap::from([("no.such.weight".to_string(), layout.clone())]);
+        let w = world.as_ref();
+        [
+            runtime::parameter_broadcast(&mut exec, w, &good, 1 - rank, 0),
+            runtime::parameter_broadcast(&mut exec, w, &good, rank, 1),
+            runtime::parameter_broadcast(&mut exec, w, &bad_name, rank, 0),
+        ]
+        .map(|r| r.unwrap_err().to_string())
+    });
+    for messages in errors {
+        let [cur, initial, missing] = messages.unwrap();
+        assert!(cur.contains("cur_rank") && cur.contains("this rank"), "{cur}");
+        assert!(initial.contains("initial_rank") && initial.contains("stage"), "{initial}");
+        assert!(missing.contains("no.such.weight") && missing.contains("lacks"), "{missing}");
+    }
+}
+
+/// `train.parameter_broadcast` runs the broadcast before the first step: every parameter with
+/// more than one holder of a rank's box (here, under data parallel, all of them), and none
+/// without the key; the run still trains the numbers it trains without.
+#[test]
+fn parameter_broadcast_key_broadcasts_every_replicated_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |broadcast: bool| {
+        let out = dir.path().join(format!("run_{broadcast}"));
+        let key = format!("train.parameter_broadcast={broadcast}");
+        let config = adam_gpt(&out, DP2, 2, &[&key]);
+        crate::run_util::train_report(&config)
+    };
+    let (session, with, with_run) = run(true);
+    let (_, without, without_run) = run(false);
+    let mut names = crate::run_util::param_names(&session);
+    names.sort();
+    for rank in &with.ranks {
+        assert_eq!(rank.broadcast, names);
+    }
+    assert!(without.ranks.iter().all(|r| r.broadcast.is_empty()));
+    crate::run_util::assert_bitwise_run("broadcast of equal replicas", &with_run, &without_run);
 }
