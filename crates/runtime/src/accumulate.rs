@@ -28,7 +28,7 @@ impl Accumulation {
         let mut offsets = Vec::with_capacity(trainable.len());
         for &i in trainable {
             let piece = exec.optimizer_piece(i);
-            let dtype = exec.param(i).dtype();
+            let dtype = exec.param_dtype(i);
             match exec.grad(i) {
                 Some(grad) if !sharded => {
                     buffers.push(Tensor::zeros(dtype, grad.shape()));

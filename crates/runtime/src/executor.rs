@@ -66,6 +66,20 @@ pub struct RankExecutor {
     loss_scale: f64,
     /// By step: whether its pending sum (of half-precision values) is added in f32.
     wide_sum: Vec<bool>,
+    /// Lazy parameters ([`RankExecutor::with_lazy_parameters`]): the buffers of parameters
+    /// neither filled nor loaded yet, and the seed they are filled from when a run needs them.
+    lazy: Option<LazyParameters>,
+    /// Bytes of parameter values filled by their initialisers so far.
+    initialised_bytes: usize,
+}
+
+/// The parameters a lazy executor has not allocated yet.
+#[derive(Debug, Clone, Default)]
+struct LazyParameters {
+    /// Parameter indices still unallocated.
+    pending: Vec<usize>,
+    /// The seed of [`RankExecutor::init_parameters`], once called.
+    seed: Option<u64>,
 }
 
 /// The part of a parameter one rank's optimizer updates: with `hsdp`, its box of the
@@ -201,6 +215,24 @@ impl RankExecutor {
         program: Arc<Program>,
         world: Arc<dyn Communicator>,
     ) -> Result<RankExecutor, RuntimeError> {
+        RankExecutor::build(program, world, false)
+    }
+
+    /// An executor that allocates no parameter until it is loaded ([`RankExecutor::set_param`])
+    /// or a run needs it, when [`RankExecutor::init_parameters`]' seed fills it (MindSpore's
+    /// `no_init_parameters`): a resumed run never fills what it then overwrites.
+    pub fn with_lazy_parameters(
+        program: Arc<Program>,
+        world: Arc<dyn Communicator>,
+    ) -> Result<RankExecutor, RuntimeError> {
+        RankExecutor::build(program, world, true)
+    }
+
+    fn build(
+        program: Arc<Program>,
+        world: Arc<dyn Communicator>,
+        lazy: bool,
+    ) -> Result<RankExecutor, RuntimeError> {
         let rank = world.rank();
         if world.size() != program.devices() {
             return Err(RuntimeError::Mismatch {
@@ -213,6 +245,20 @@ impl RankExecutor {
         // buffer of another pipeline stage's ranks holds nothing here.
         let lifetimes = lifetimes(&program);
         let mut meter = MemoryMeter::default();
+        let lazy = lazy.then(|| LazyParameters {
+            pending: (0..program.params.len())
+                .filter(|&p| {
+                    let layout = &program.params[p].layout;
+                    layout.mesh().slot_of_rank(rank).is_some()
+                })
+                .collect(),
+            seed: None,
+        });
+        let unallocated: Vec<usize> = lazy
+            .iter()
+            .flat_map(|l| &l.pending)
+            .map(|&p| program.params[p].buffer)
+            .collect();
         let buffers = program
             .buffers
             .iter()
@@ -220,7 +266,8 @@ impl RankExecutor {
             .map(|(i, b)| {
                 let held = b.layout.layout().mesh().slot_of_rank(rank).is_some();
                 let shape = if held { b.local_shape(rank) } else { vec![0] };
-                lifetimes.persistent[i].then(|| {
+                let persistent = lifetimes.persistent[i] && !unallocated.contains(&i);
+                persistent.then(|| {
                     let t = Tensor::zeros(b.dtype, &shape);
                     meter.hold(lifetimes.category[i], t.as_bytes().len());
                     t
@@ -344,6 +391,8 @@ impl RankExecutor {
             loss_seed,
             loss_scale: 1.0,
             wide_sum,
+            lazy,
+            initialised_bytes: 0,
         })
     }
 
@@ -362,8 +411,14 @@ impl RankExecutor {
     /// Allocates every buffer now, for good: a pipelined step keeps its buffers (and swaps
     /// in each micro-batch's), so none is allocated or freed step by step.
     pub fn allocate_all(&mut self) {
+        let pending: Vec<usize> = self
+            .lazy
+            .iter()
+            .flat_map(|l| &l.pending)
+            .map(|&p| self.program.params[p].buffer)
+            .collect();
         for b in 0..self.buffers.len() {
-            if self.buffers[b].is_none() {
+            if self.buffers[b].is_none() && !pending.contains(&b) {
                 let t = self.take_for_writing(b);
                 self.buffers[b] = Some(t);
             }
@@ -441,19 +496,104 @@ impl RankExecutor {
 
     /// Initialises this rank's shard of every parameter; every sharding gives the same global
     /// values for one seed.
+    ///
+    /// A lazy executor ([`RankExecutor::with_lazy_parameters`]) only keeps the seed: each
+    /// parameter not loaded by then is filled when a run first needs it.
     pub fn init_parameters(&mut self, seed: u64) -> Result<(), RuntimeError> {
+        if let Some(lazy) = self.lazy.as_mut() {
+            lazy.seed = Some(seed);
+            return Ok(());
+        }
         let program = self.program.clone();
         let rank = self.rank;
         let held = |p: &&parallel::ProgramParam| p.layout.mesh().slot_of_rank(rank).is_some();
         for p in program.params.iter().filter(held) {
-            let region = self.box_of(&p.layout)?;
-            let dtype = program.buffers[p.buffer].dtype;
-            let t = p
-                .init
-                .fill(p.layout.shape(), &region, dtype, seed, &p.name)?;
+            let t = self.filled_param(p, seed)?;
             self.buffers[p.buffer] = Some(t);
         }
         Ok(())
+    }
+
+    /// This rank's shard of `p` filled by its initialiser from `seed`.
+    fn filled_param(
+        &mut self,
+        p: &parallel::ProgramParam,
+        seed: u64,
+    ) -> Result<Tensor, RuntimeError> {
+        let region = self.box_of(&p.layout)?;
+        let dtype = self.program.buffers[p.buffer].dtype;
+        let t = p
+            .init
+            .fill(p.layout.shape(), &region, dtype, seed, &p.name)?;
+        self.initialised_bytes += t.as_bytes().len();
+        Ok(t)
+    }
+
+    /// Bytes of parameter values this rank has filled by their initialisers: every shard's
+    /// once the parameters are initialised eagerly, only those of parameters no checkpoint
+    /// loaded under lazy initialisation.
+    pub fn initialised_bytes(&self) -> usize {
+        self.initialised_bytes
+    }
+
+    /// Fills every parameter a lazy executor has not allocated yet (nothing otherwise): what a
+    /// run does first. An error if [`RankExecutor::init_parameters`] gave no seed.
+    pub fn materialize_parameters(&mut self) -> Result<(), RuntimeError> {
+        let Some(lazy) = self.lazy.as_mut() else {
+            return Ok(());
+        };
+        if lazy.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut lazy.pending);
+        let Some(seed) = lazy.seed else {
+            let name = &self.program.params[pending[0]].name;
+            return Err(RuntimeError::Mismatch {
+                what: format!("parameter {name} of a lazily initialised program"),
+                expected: "a seed (init_parameters) or loaded values (set_param) before a run"
+                    .to_string(),
+                got: "neither".to_string(),
+            });
+        };
+        let program = self.program.clone();
+        for &i in &pending {
+            let p = &program.params[i];
+            let t = self.filled_param(p, seed)?;
+            self.meter
+                .hold(MemoryCategory::Parameters, t.as_bytes().len());
+            self.buffers[p.buffer] = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Sets this rank's shard of parameter `index` to `values` (a loaded checkpoint), which
+    /// must have the shard's shape and dtype; a lazy executor allocates nothing else for it.
+    pub fn set_param(&mut self, index: usize, values: Tensor) -> Result<(), RuntimeError> {
+        let p = &self.program.params[index];
+        let spec = &self.program.buffers[p.buffer];
+        let shape = spec.local_shape(self.rank);
+        if values.shape() != shape.as_slice() || values.dtype() != spec.dtype {
+            return Err(RuntimeError::Mismatch {
+                what: format!("values of parameter {}", p.name),
+                expected: format!("{shape:?} {}", spec.dtype),
+                got: format!("{:?} {}", values.shape(), values.dtype()),
+            });
+        }
+        let b = p.buffer;
+        if let Some(lazy) = self.lazy.as_mut() {
+            if let Some(at) = lazy.pending.iter().position(|&q| q == index) {
+                lazy.pending.swap_remove(at);
+                self.meter
+                    .hold(MemoryCategory::Parameters, values.as_bytes().len());
+            }
+        }
+        self.buffers[b] = Some(values);
+        Ok(())
+    }
+
+    /// The dtype of parameter `index` (known before a lazy executor allocates it).
+    pub fn param_dtype(&self, index: usize) -> tensor::DType {
+        self.program.buffers[self.program.params[index].buffer].dtype
     }
 
     fn buffer(&self, b: usize) -> &Tensor {
@@ -596,6 +736,7 @@ impl RankExecutor {
 
     /// Runs every step of the program once, each buffer freed after its last use.
     pub fn run(&mut self) -> Result<(), RuntimeError> {
+        self.materialize_parameters()?;
         let program = self.program.clone();
         if let Some(p) = self.profile.as_mut() {
             p.runs += 1;
@@ -628,6 +769,7 @@ impl RankExecutor {
     /// pieces of a pipelined training step. Buffers written stay allocated (the pipeline keeps
     /// each micro-batch's).
     pub fn run_steps(&mut self, steps: &[(usize, Option<Tag>)]) -> Result<(), RuntimeError> {
+        self.materialize_parameters()?;
         let program = self.program.clone();
         for &(i, tag) in steps {
             if i >= program.steps.len() {

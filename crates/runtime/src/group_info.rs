@@ -18,7 +18,10 @@ pub fn group_info_path(out_dir: &Path, template: &str, rank: usize) -> PathBuf {
         PathBuf::from(template.replace("{rank}", &rank.to_string()))
     } else {
         let given = Path::new(template);
-        let stem = given.file_stem().unwrap_or(given.as_os_str()).to_string_lossy();
+        let stem = given
+            .file_stem()
+            .unwrap_or(given.as_os_str())
+            .to_string_lossy();
         let name = match given.extension() {
             Some(ext) => format!("{stem}_{rank}.{}", ext.to_string_lossy()),
             None => format!("{stem}_{rank}"),
@@ -95,9 +98,6 @@ mod tests {
             group_info_path(out, "/abs/gi_{rank}.pb", 0),
             Path::new("/abs/gi_0.pb")
         );
-        assert_eq!(
-            group_info_path(out, "/abs/gi", 2),
-            Path::new("/abs/gi_2")
-        );
+        assert_eq!(group_info_path(out, "/abs/gi", 2), Path::new("/abs/gi_2"));
     }
 }

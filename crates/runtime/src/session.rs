@@ -13,8 +13,8 @@ use parallel::memory::{MemoryCategory, MemoryReport, TrainingState};
 use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
 use tensor::Tensor;
 
-use crate::broadcast::parameter_broadcast;
 use crate::accumulate::Accumulation;
+use crate::broadcast::parameter_broadcast;
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
 use crate::config::{ModelName, TrainConfig};
 use crate::data::{BatchPlan, IdxDataset};
@@ -111,6 +111,10 @@ pub struct RankOutcome {
     /// With `train.parameter_broadcast`: the parameters this rank took part in broadcasting
     /// from the first rank of their replica group, before its first step.
     pub broadcast: Vec<String>,
+    /// Bytes of parameter values this rank filled by their initialisers
+    /// ([`RankExecutor::initialised_bytes`]): none that a resume then overwrote under
+    /// `train.lazy_init`.
+    pub initialised_bytes: usize,
 }
 
 /// The bytes one rank holds for its trainable parameters, by category: what ZeRO's formulas
@@ -649,7 +653,10 @@ impl Session {
         want_shards: bool,
     ) -> Result<RankOutcome, RuntimeError> {
         let rank = world.rank();
-        let mut exec = RankExecutor::new(self.train.clone(), world.clone())?;
+        let mut exec = match self.config.train().lazy_init {
+            true => RankExecutor::with_lazy_parameters(self.train.clone(), world.clone())?,
+            false => RankExecutor::new(self.train.clone(), world.clone())?,
+        };
         let mut eval = RankExecutor::new(self.eval.clone(), world.clone())?;
         let deterministic = self.deterministic_blocks();
         exec.set_deterministic(deterministic);
@@ -672,7 +679,7 @@ impl Session {
                 shape: exec.optimizer_piece(i).shape.clone(),
                 dtype: match precision.has_master_weights() {
                     true => tensor::DType::F32,
-                    false => exec.param(i).dtype(),
+                    false => exec.param_dtype(i),
                 },
             })
             .collect();
@@ -703,6 +710,7 @@ impl Session {
         }
         let mut broadcast = Vec::new();
         if self.config.train().parameter_broadcast {
+            exec.materialize_parameters()?;
             let layouts = self
                 .train
                 .params
@@ -714,7 +722,10 @@ impl Session {
         }
         // Mixed precision: f32 master pieces (after a resume, of the weights it loaded).
         let mut master = match precision.has_master_weights() {
-            true => Some(MasterWeights::new(&exec, &trainable)?),
+            true => {
+                exec.materialize_parameters()?;
+                Some(MasterWeights::new(&exec, &trainable)?)
+            }
             false => None,
         };
         if let Some(m) = &master {
@@ -835,6 +846,7 @@ impl Session {
                 })?;
             }
             let (eval_accuracy, eval_loss) = if cfg.eval {
+                exec.materialize_parameters()?;
                 copy_params(&exec, &mut eval)?;
                 self.evaluate(&mut eval)?
             } else {
@@ -858,6 +870,8 @@ impl Session {
         if !group_info_written {
             self.write_group_info(&exec, rank)?;
         }
+        // A run of no step still ends with every parameter (saved, reported).
+        exec.materialize_parameters()?;
         let memory = match pipelined {
             Some(_) => Vec::new(),
             None => crate::memory::gather_reports(world.as_ref(), &exec.memory().report())?,
@@ -891,6 +905,7 @@ impl Session {
             });
         }
         outcome.global_step = global_step;
+        outcome.initialised_bytes = exec.initialised_bytes();
         outcome.memory = ParamMemory::measure(&exec, &optimizer, &trainable)?;
         Ok(outcome)
     }
@@ -1163,9 +1178,12 @@ impl Session {
         let loaded = ckpt::load_rank_tensors(from, &strategy_file, rank, &asked)?;
         for (name, tensor) in loaded {
             if let Some(i) = self.train.params.iter().position(|p| p.name == name) {
-                let dst = exec.param_mut(i);
-                let want = dst.dtype();
-                *dst = tensor.to_dtype(want);
+                let want = exec.param_dtype(i);
+                let values = match tensor.dtype() == want {
+                    true => tensor,
+                    false => tensor.to_dtype(want),
+                };
+                exec.set_param(i, values)?;
                 continue;
             }
             for (k, &i) in trainable.iter().enumerate() {

@@ -32,7 +32,11 @@ fn group_info_under_data_parallel_lists_every_rank() {
     let infos = group_infos(DP2, "group_info.pb", 2);
     for info in &infos {
         assert_eq!(info.restore_rank_list, Some(vec![0, 1]));
-        let all = info.groups.iter().find(|g| g.ranks == [0, 1]).expect("the dp group");
+        let all = info
+            .groups
+            .iter()
+            .find(|g| g.ranks == [0, 1])
+            .expect("the dp group");
         assert_eq!(all.group_name, group_name(&[0, 1]));
     }
 }
@@ -45,7 +49,11 @@ fn group_info_under_model_parallel_lists_the_replica_ranks() {
     let infos = group_infos(DP2_MP2, "gi/{rank}.pb", 4);
     for (rank, info) in infos.iter().enumerate() {
         let mp = (rank % 2) as u32;
-        assert_eq!(info.restore_rank_list, Some(vec![mp, mp + 2]), "rank {rank}");
+        assert_eq!(
+            info.restore_rank_list,
+            Some(vec![mp, mp + 2]),
+            "rank {rank}"
+        );
         let dp_group = vec![mp, mp + 2];
         let first = (rank as u32 / 2) * 2;
         let mp_group = vec![first, first + 1];
@@ -179,9 +187,18 @@ fn parameter_broadcast_refuses_bad_arguments() {
     });
     for messages in errors {
         let [cur, initial, missing] = messages.unwrap();
-        assert!(cur.contains("cur_rank") && cur.contains("this rank"), "{cur}");
-        assert!(initial.contains("initial_rank") && initial.contains("stage"), "{initial}");
-        assert!(missing.contains("no.such.weight") && missing.contains("lacks"), "{missing}");
+        assert!(
+            cur.contains("cur_rank") && cur.contains("this rank"),
+            "{cur}"
+        );
+        assert!(
+            initial.contains("initial_rank") && initial.contains("stage"),
+            "{initial}"
+        );
+        assert!(
+            missing.contains("no.such.weight") && missing.contains("lacks"),
+            "{missing}"
+        );
     }
 }
 
@@ -206,4 +223,62 @@ fn parameter_broadcast_key_broadcasts_every_replicated_parameter() {
     }
     assert!(without.ranks.iter().all(|r| r.broadcast.is_empty()));
     crate::run_util::assert_bitwise_run("broadcast of equal replicas", &with_run, &without_run);
+}
+
+/// Bytes of every parameter shard a rank ended with.
+fn shard_bytes(rank: &runtime::RankOutcome) -> usize {
+    rank.params.iter().map(|p| p.values.as_bytes().len()).sum()
+}
+
+/// `train.lazy_init` trains the bits eager initialisation trains, fresh and resumed, under
+/// data × model parallel and under pipeline stages; a resumed lazy run fills no parameter its
+/// checkpoint holds, where an eager one fills every shard and then overwrites it.
+#[test]
+fn lazy_init_trains_the_same_bits_and_never_fills_what_a_resume_loads() {
+    let cases = [
+        ("dp 2 × mp 2", DP2_MP2.to_string()),
+        (
+            "2 stages, 2 micro-batches",
+            "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 1\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2"
+                .to_string(),
+        ),
+    ];
+    for (name, parallel) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("first");
+        let from = format!("output.resume_from=\"{}\"", first.display());
+        crate::run_util::train_steps(&adam_gpt(&first, &parallel, 2, &[]), 2);
+        let run = |lazy: bool, resume: bool| {
+            let out = dir.path().join(format!("lazy_{lazy}_resume_{resume}"));
+            let key = format!("train.lazy_init={lazy}");
+            let mut keys = vec![key.as_str()];
+            if resume {
+                keys.push(&from);
+            }
+            crate::run_util::train_report(&adam_gpt(&out, &parallel, 4, &keys))
+        };
+        let (_, eager, eager_run) = run(false, false);
+        let (_, lazy, lazy_run) = run(true, false);
+        crate::run_util::assert_bitwise_run(&format!("{name}: lazy"), &lazy_run, &eager_run);
+        for (e, l) in eager.ranks.iter().zip(&lazy.ranks) {
+            assert_eq!(
+                e.initialised_bytes,
+                shard_bytes(e),
+                "{name}: eager fills all"
+            );
+            assert_eq!(
+                l.initialised_bytes,
+                shard_bytes(l),
+                "{name}: lazy fills all, later"
+            );
+        }
+        let (_, eager, eager_run) = run(false, true);
+        let (_, lazy, lazy_run) = run(true, true);
+        assert_eq!(eager_run.0.len(), 2, "{name}: the resume ran steps 3 and 4");
+        crate::run_util::assert_bitwise_run(&format!("{name}: lazy resume"), &lazy_run, &eager_run);
+        for (e, l) in eager.ranks.iter().zip(&lazy.ranks) {
+            assert_eq!(e.initialised_bytes, shard_bytes(e), "{name}: eager resume");
+            assert_eq!(l.initialised_bytes, 0, "{name}: lazy resume fills nothing");
+        }
+    }
 }
