@@ -97,6 +97,9 @@ pub enum RuntimeError {
     /// A checkpoint operation failed.
     #[error(transparent)]
     Ckpt(#[from] ckpt::CkptError),
+    /// A layout or mesh was invalid (an axis name a mesh lacks, a shape a layout cannot split).
+    #[error(transparent)]
+    Layout(#[from] layout::LayoutError),
 }
 
 impl From<models::ModelsError> for RuntimeError {

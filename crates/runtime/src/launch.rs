@@ -142,7 +142,17 @@ pub fn train_local(
     session.open_checkpoint_set()?;
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
     let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
-    let mut ranks = Vec::with_capacity(devices);
+    let ranks = root_cause(results)?;
+    Ok(TrainReport { devices, ranks })
+}
+
+/// Every rank's result, in rank order, or the root cause of a failure: a rank's own failure
+/// rather than a timeout, and a timeout rather than its peers' "peer failed"; the lowest rank
+/// among equals.
+pub(crate) fn root_cause<R>(
+    results: Vec<Result<Result<R, RuntimeError>, comm::CommError>>,
+) -> Result<Vec<R>, RuntimeError> {
+    let mut ranks = Vec::with_capacity(results.len());
     let mut errors: Vec<(usize, String, Blame)> = Vec::new();
     for (rank, result) in results.into_iter().enumerate() {
         match result {
@@ -151,15 +161,13 @@ pub fn train_local(
             Err(err) => errors.push((rank, err.to_string(), Blame::OwnFault)),
         }
     }
-    // Report the root cause: a rank's own failure rather than a timeout, and a timeout rather
-    // than its peers' "peer failed"; the lowest rank among equals.
     let cause = errors.iter().min_by_key(|(rank, _, blame)| (*blame, *rank));
     match cause {
         Some((rank, message, _)) => Err(RuntimeError::Rank {
             rank: *rank,
             message: message.clone(),
         }),
-        None => Ok(TrainReport { devices, ranks }),
+        None => Ok(ranks),
     }
 }
 

@@ -43,6 +43,7 @@ mod error;
 mod executor;
 mod generate;
 mod group_info;
+mod hybrid;
 mod launch;
 mod lm;
 mod memory;
@@ -73,6 +74,7 @@ pub use crate::error::RuntimeError;
 pub use crate::executor::{OptimizerPiece, RankExecutor};
 pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
 pub use crate::group_info::{group_info_path, restore_ranks, write_group_info};
+pub use crate::hybrid::{run_hybrid, HybridRank};
 #[cfg(feature = "mpi")]
 pub use crate::launch::train_mpi;
 pub use crate::launch::{run_rank, train_local, LaunchOptions, TrainReport};

@@ -282,3 +282,60 @@ fn lazy_init_trains_the_same_bits_and_never_fills_what_a_resume_loads() {
         }
     }
 }
+
+/// HYBRID_PARALLEL: the example's seed MLP, sliced by hand over dp × mp meshes, trains the
+/// losses and weights `mode = "stand_alone"` trains.
+#[test]
+fn hybrid_parallel_example_trains_like_stand_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 12;
+    let config = crate::run_util::seed_mlp(
+        dir.path(),
+        "momentum",
+        "mode = \"stand_alone\"",
+        &[&format!("train.max_steps={steps}")],
+    );
+    let (_, (losses, params)) = crate::run_util::train_run(&config, steps);
+    for (dp, mp) in [(1, 1), (2, 2), (1, 4), (4, 1)] {
+        let spec = crate::hybrid_mlp::HybridMlp {
+            data_dir: crate::run_util::digits(),
+            dp,
+            mp,
+            hidden: 128,
+            batch_size: 32,
+            steps,
+            learning_rate: 0.02,
+            momentum: 0.9,
+            seed: 3,
+        };
+        let run = crate::hybrid_mlp::train_hybrid_mlp(&spec).unwrap();
+        let what = format!("hybrid dp {dp} × mp {mp}");
+        crate::run_util::assert_losses_within(&what, &run.losses, &losses, 1e-5);
+        for ((name, w), (ref_name, reference)) in run.weights.iter().zip(&params) {
+            assert_eq!(name, ref_name);
+            for (i, (a, b)) in w.as_f32().unwrap().iter().zip(reference).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "{what}: {name}[{i}] {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+/// A hybrid closure's errors name the mesh axis it lacks; a failing rank's own error is
+/// reported, not its peers' "peer failed".
+#[test]
+fn hybrid_parallel_reports_the_failing_rank() {
+    let mesh = layout::Mesh::new(&[2, 2], &["dp", "mp"], None).unwrap();
+    let err = runtime::run_hybrid(&mesh, std::time::Duration::from_secs(20), |place| {
+        if place.rank() == 3 {
+            place.coordinate("tp")?;
+        }
+        place.axis_group(&["dp"])?.barrier()?;
+        Ok(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("rank 3") && err.contains("tp"), "{err}");
+}

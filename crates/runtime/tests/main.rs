@@ -10,6 +10,10 @@ mod equivalence;
 mod gpt;
 mod grad_accumulation;
 mod hsdp;
+/// The HYBRID_PARALLEL example, run by `cluster`'s tests.
+#[allow(dead_code)]
+#[path = "../../../examples/hybrid_mlp.rs"]
+mod hybrid_mlp;
 mod idx_data;
 mod layout_config;
 mod memory;
