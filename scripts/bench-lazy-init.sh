@@ -5,19 +5,21 @@
 # stops at once (max_steps = 2), so its peak resident set is the start's: the parameters
 # initialised (eager only) and the checkpoint loaded (both). Median and min–max of N runs each
 # (GNU time's maximum resident set size).
-#   scripts/bench-lazy-init.sh [runs]
+#   scripts/bench-lazy-init.sh [runs] [hidden]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-5}"
+hidden="${2:-512}"
 cargo build --release -p tessera-cli --quiet
 bin=target/release/tessera
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 common=(--devices 1 --set parallel.data_parallel=1 --set parallel.model_parallel=1
-        --set model.hidden=512 --set train.eval=false --set train.optimizer=\"adam\")
+        --set model.hidden=$hidden --set train.eval=false --set train.optimizer=\"adam\")
 "$bin" train examples/gpt_kjv.toml "${common[@]}" --set train.max_steps=2 \
   --set "output.dir=\"$out/first\"" > /dev/null
 echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== hidden $hidden"
 printf '| train.lazy_init | peak RSS at start, median (MiB) | min–max (MiB) |\n|---|---|---|\n'
 for lazy in false true; do
   for i in $(seq "$runs"); do

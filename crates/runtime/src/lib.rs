@@ -54,6 +54,7 @@ mod preflight;
 mod profile;
 mod progress;
 mod session;
+mod shard_fn;
 mod trainer;
 
 pub use crate::auto::{build_model, load_profile, plan, plan_model, PlanReport};
@@ -91,4 +92,5 @@ pub use crate::profile::{StepProfile, Tally};
 pub use crate::session::{
     ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP, STAGE_STRATEGY_DIR,
 };
+pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
 pub use crate::trainer::Trainer;

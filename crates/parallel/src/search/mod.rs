@@ -18,6 +18,7 @@
 //! symbolically from split factors, so the work grows with the ops and their candidates, never
 //! with the devices squared.
 
+mod anchors;
 mod budget;
 mod candidates;
 pub mod cost;
@@ -37,6 +38,7 @@ use graph::Graph;
 use crate::error::ParallelError;
 use crate::rules::{strategy, OpContext};
 
+pub use crate::search::anchors::{anchored_strategies, Anchor};
 pub use crate::search::candidates::{batch_splits, candidates};
 pub use crate::search::cost::{DeviceProfile, Link, MatmulRate, ProfileError};
 pub use crate::search::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
