@@ -314,3 +314,40 @@ fn train_timeline_draws_the_schedule() {
     assert!(!none.status.success());
     assert!(String::from_utf8_lossy(&none.stderr).contains("no pipeline to draw"));
 }
+
+/// `output.group_info_file` writes every rank's group-info file, which `tessera strategy
+/// restore-ranks` reads back: each rank is in its own list, and every rank of a list names the
+/// same list (they hold identical copies of each other's parameters).
+#[test]
+fn group_info_files_read_back_with_restore_ranks() {
+    let dir = Scratch::new("train-group-info");
+    let out_dir = dir.0.join("run");
+    let out = tessera(&[
+        "train",
+        "examples/seed_semi_auto.toml",
+        "--set",
+        "train.max_steps=1",
+        "--set",
+        "train.eval=false",
+        "--set",
+        "output.save_checkpoint=false",
+        "--set",
+        "output.group_info_file=\"groups/gi_{rank}.pb\"",
+        "--set",
+        &format!("output.dir=\"{}\"", s(&out_dir)),
+    ]);
+    assert_ok(&out);
+    let list = |rank: usize| -> Vec<usize> {
+        let file = out_dir.join(format!("groups/gi_{rank}.pb"));
+        let out = tessera(&["strategy", "restore-ranks", "--json", s(&file)]);
+        assert_ok(&out);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    for rank in 0..8 {
+        let ranks = list(rank);
+        assert!(ranks.contains(&rank), "rank {rank}: {ranks:?}");
+        for &other in &ranks {
+            assert_eq!(list(other), ranks, "ranks {rank} and {other}");
+        }
+    }
+}
