@@ -18,6 +18,7 @@ mod bench_train;
 mod ckpt_cmd;
 mod generate_cmd;
 mod grid;
+mod launch;
 mod layout_cmd;
 mod parse;
 mod plan_cmd;
@@ -55,6 +56,10 @@ enum Command {
     Ckpt(ckpt_cmd::CkptArgs),
     /// Strategy files: show, merge pipeline stages, restore ranks from group info.
     Strategy(strategy_cmd::StrategyArgs),
+    /// Start a job's processes on this host (workers, or a parameter-server job of scheduler,
+    /// servers and workers) with their rank and role in the environment, like MindSpore's
+    /// `msrun`: per-process logs, a merged console view, signal forwarding, restarts.
+    Launch(launch::LaunchArgs),
 }
 
 /// The environment variable that sets the ceiling on ranks per mesh
@@ -81,6 +86,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench_cmd::run(&args),
         Command::Ckpt(args) => ckpt_cmd::run(&args),
         Command::Strategy(args) => strategy_cmd::run(&args),
+        Command::Launch(args) => launch::run(&args),
     }
 }
 
@@ -116,7 +122,11 @@ fn message(err: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    clean_up_on_signals();
+    // `launch` writes no checkpoint sets and handles its signals itself: it forwards them to
+    // its processes and exits only once they are gone.
+    if !matches!(cli.command, Command::Launch(_)) {
+        clean_up_on_signals();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -128,6 +138,9 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {}", message(&err));
+            if let Some(launch::Interrupted(signal)) = err.downcast_ref::<launch::Interrupted>() {
+                return ExitCode::from(u8::try_from(128 + signal).unwrap_or(1));
+            }
             ExitCode::FAILURE
         }
     }
