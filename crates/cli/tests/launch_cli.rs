@@ -253,11 +253,13 @@ fn stdout_and_stderr_go_to_the_log_and_the_console_line_by_line() {
 #[test]
 fn the_default_log_directory_is_created_in_the_working_directory() {
     let dir = Scratch::new("launch-default-logs");
-    let args = ["--nproc", "1", "--", "sh", "-c", "echo hello"];
+    // The process's stdin is closed: `read` finds its end at once.
+    let script = "echo hello; if read line; then echo got input; else echo stdin closed; fi";
+    let args = ["--nproc", "1", "--", "sh", "-c", script];
     let out = finish(launch_command(&dir.0, &args).spawn().unwrap());
     assert_ok(&out);
     let log = read(&dir.0.join("tessera_logs/worker_0.log"));
-    assert!(log.contains("hello\n"), "{log}");
+    assert!(log.contains("hello\nstdin closed\n"), "{log}");
 }
 
 #[test]
