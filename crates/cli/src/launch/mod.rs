@@ -88,6 +88,7 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
         command: args.command.clone(),
     };
     let plan = JobPlan::new(request, free_local_port)?;
+    raise_open_file_limit(plan.world_size());
     std::fs::create_dir_all(&plan.log_dir)
         .with_context(|| format!("cannot create the log directory {}", plan.log_dir.display()))?;
     let mut logs = Vec::with_capacity(plan.processes.len());
@@ -155,6 +156,27 @@ fn summary(plan: &JobPlan) -> String {
 /// scheduler to bind).
 fn free_local_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Raises the soft limit on open files towards the hard one when the job needs more than it
+/// allows: the launcher holds three descriptors per process (two pipes and the log file), and
+/// the common soft limit of 1024 would stop a job of 1024 workers. The processes inherit the
+/// raised limit. Left as is if that fails; opening a file past the limit is then reported as
+/// an error.
+fn raise_open_file_limit(processes: usize) {
+    let needed = (processes as u64).saturating_mul(3).saturating_add(64);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the one struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= needed {
+            return;
+        }
+        limit.rlim_cur = needed.min(limit.rlim_max);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
 }
 
 /// Delivers SIGINT and SIGTERM to the supervisor as events, from a plain thread.
