@@ -315,7 +315,7 @@ fn a_process_that_ignores_sigterm_gets_sigkill_after_the_grace_period() {
     let err = stderr(&out);
     assert!(!out.status.success());
     assert!(
-        err.contains("worker 0 still running 1 s after SIGTERM; sending SIGKILL"),
+        err.contains("worker 0 still running 1 s after it was told to stop; sending SIGKILL"),
         "{err}"
     );
     assert!(!alive(wait_for_pid(&pid_file)));

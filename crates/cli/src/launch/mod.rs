@@ -111,6 +111,7 @@ fn report(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
         Outcome::Success => Ok(()),
         Outcome::Interrupted(signal) => Err(Interrupted(signal).into()),
+        Outcome::Bug(what) => Err(anyhow::anyhow!("internal error in tessera launch: {what}")),
         Outcome::StartFailed { spec, error } => Err(anyhow::anyhow!(
             "cannot start {spec} (rank {}): {error}; the job was stopped",
             spec.rank

@@ -46,6 +46,8 @@ pub enum Outcome {
     },
     /// The launcher received this signal, forwarded it and stopped the job.
     Interrupted(i32),
+    /// The supervisor lost track of the job (a bug, not bad input).
+    Bug(&'static str),
 }
 
 /// One process of the plan and its state.
@@ -108,8 +110,12 @@ pub fn supervise(
         let event = match &mut ending {
             None => match receiver.recv() {
                 Ok(event) => event,
-                // Unreachable while `sender` lives; end rather than spin.
-                Err(_) => break,
+                // `sender` lives here, so the channel cannot close; if it did, say so.
+                Err(_) => {
+                    let outcome = Outcome::Bug("the event channel closed");
+                    ending = Some(begin_ending(plan, &slots, outcome));
+                    continue;
+                }
             },
             Some(end) => {
                 if slots.iter().all(|s| s.running.is_none()) {
@@ -121,7 +127,7 @@ pub fn supervise(
                     Err(RecvTimeoutError::Timeout) if !end.killed => {
                         for slot in slots.iter().filter(|s| s.running.is_some()) {
                             eprintln!(
-                                "[launch] {} still running {} s after SIGTERM; sending SIGKILL",
+                                "[launch] {} still running {} s after it was told to stop; sending SIGKILL",
                                 slot.spec,
                                 plan.grace.as_secs()
                             );
@@ -171,7 +177,10 @@ pub fn supervise(
         }
     }
     drain(pumps);
-    ending.map_or(Outcome::Success, |end| end.outcome)
+    match ending {
+        Some(end) => end.outcome,
+        None => Outcome::Bug("the job ended without an outcome"),
+    }
 }
 
 /// Handles the end of the process in slot `index` while the job runs; returns how the job ends
@@ -269,6 +278,7 @@ fn begin_ending(plan: &JobPlan, slots: &[Slot], outcome: Outcome) -> Ending {
             }
             signal_running(slots, libc::SIGTERM);
         }
+        Outcome::Bug(_) => signal_running(slots, libc::SIGTERM),
         Outcome::Interrupted(_) => {}
     }
     Ending {
