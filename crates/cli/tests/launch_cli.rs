@@ -108,6 +108,20 @@ world=${TESSERA_WORLD_SIZE-} local=${TESSERA_LOCAL_RANK-} sid=${TESSERA_SERVER_I
 wid=${TESSERA_WORKER_ID--} ns=${TESSERA_NUM_SERVERS-} nw=${TESSERA_NUM_WORKERS-} \
 addr=${TESSERA_SCHEDULER_ADDR--} restart=${TESSERA_RESTART_COUNT-}\"";
 
+/// In a PS job, `script` with the workers held back until the scheduler and the `servers` have
+/// run it (their own end is reported by a mark in `dir`): once the workers finish, the launcher
+/// stops the others, which might otherwise not have run yet.
+fn workers_after_the_others(dir: &Path, servers: usize, script: &str) -> String {
+    let marks = dir.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    format!(
+        "{script}; if [ \"$TESSERA_ROLE\" != worker ]; then touch {marks}/$TESSERA_RANK; exit 0; fi; \
+         while [ \"$(ls {marks} | wc -l)\" -lt {others} ]; do sleep 0.05; done",
+        marks = s(&marks),
+        others = servers + 1
+    )
+}
+
 #[test]
 fn workers_see_their_rank_and_world_size() {
     let dir = Scratch::new("launch-env-workers");
@@ -130,7 +144,8 @@ fn workers_see_their_rank_and_world_size() {
 #[test]
 fn a_ps_job_has_a_scheduler_servers_and_workers_with_one_scheduler_address() {
     let dir = Scratch::new("launch-env-ps");
-    let out = launch_sh(&dir.0, &["--nproc", "2", "--ps-servers", "2"], PRINT_ENV);
+    let script = workers_after_the_others(&dir.0, 2, PRINT_ENV);
+    let out = launch_sh(&dir.0, &["--nproc", "2", "--ps-servers", "2"], &script);
     assert_ok(&out);
     let console = stdout(&out);
     let scheduler = read(&dir.0.join("logs/scheduler_0.log"));
@@ -189,7 +204,7 @@ fn a_given_scheduler_address_is_passed_on() {
             "--scheduler-addr",
             "tessera-scheduler.default.svc:50051",
         ],
-        "echo \"addr=$TESSERA_SCHEDULER_ADDR\"",
+        &workers_after_the_others(&dir.0, 1, "echo \"addr=$TESSERA_SCHEDULER_ADDR\""),
     );
     assert_ok(&out);
     let console = stdout(&out);
@@ -420,8 +435,17 @@ fn a_failed_server_is_restarted_but_the_scheduler_is_not() {
 #[test]
 fn when_every_worker_is_done_the_scheduler_and_servers_are_stopped() {
     let dir = Scratch::new("launch-ps-done");
-    let script = "if [ \"$TESSERA_ROLE\" = worker ]; then echo trained; exit 0; fi; \
-        trap 'echo asked to stop; exit 0' TERM; sleep 600 & wait";
+    let marks = dir.0.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    // The scheduler and servers mark that their SIGTERM trap is set, then wait for ever; the
+    // workers finish once all three are waiting.
+    let script = format!(
+        "if [ \"$TESSERA_ROLE\" != worker ]; then trap 'echo asked to stop; exit 0' TERM; \
+         touch {marks}/$TESSERA_RANK; sleep 600 & wait; exit 9; fi; \
+         while [ \"$(ls {marks} | wc -l)\" -lt 3 ]; do sleep 0.05; done; echo trained",
+        marks = s(&marks)
+    );
+    let script = script.as_str();
     let out = launch_sh(&dir.0, &["--nproc", "2", "--ps-servers", "2"], script);
     assert_ok(&out);
     assert!(stderr(&out).contains("every worker finished; stopping the scheduler and servers"));
