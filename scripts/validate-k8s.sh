@@ -66,4 +66,24 @@ if contract worker 3 "$STATE/w" >/dev/null 2>&1; then
     echo "validate-k8s: $ENTRYPOINT accepted worker index 3 of 3" >&2
     exit 1
 fi
+# The workers' probe: succeeds while the scheduler's port accepts connections, fails after.
+PORT_FILE="$STATE/port"
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+open(sys.argv[1], "w").write(str(s.getsockname()[1])); time.sleep(30)' "$PORT_FILE" &
+LISTENER=$!
+for _ in $(seq 100); do [ -s "$PORT_FILE" ] && break; sleep 0.1; done
+PORT="$(cat "$PORT_FILE")"
+probe() { TESSERA_SCHEDULER_ADDR="127.0.0.1:$PORT" bash "$ENTRYPOINT" --probe-scheduler 2>/dev/null; }
+if ! probe; then
+    kill "$LISTENER"
+    echo "validate-k8s: the probe failed while the scheduler port $PORT was open" >&2
+    exit 1
+fi
+kill "$LISTENER"
+wait "$LISTENER" 2>/dev/null || true
+if probe; then
+    echo "validate-k8s: the probe succeeded with nothing listening on $PORT" >&2
+    exit 1
+fi
 echo "validate-k8s: manifests and entrypoint OK"
