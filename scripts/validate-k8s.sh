@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VALIDATOR="${KUBERNETES_VALIDATE:-kubernetes-validate}"
-# The oldest Kubernetes the manifests target (Indexed Job pod hostnames need 1.28 or later).
+# The Kubernetes release whose API schemas the manifests are checked against (they need 1.24
+# or later: Indexed Jobs and their pods' hostnames).
 K8S_VERSION="${K8S_VERSION:-1.30.0}"
 
 if ! command -v "$VALIDATOR" >/dev/null 2>&1; then
