@@ -10,14 +10,14 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::util::{assert_ok, s, Scratch};
+use crate::util::{assert_ok, s, tessera_command, tessera_path, Scratch};
 
 /// Longest a launch may take before the test calls it hung; the sleepers below sleep 600 s.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
 /// `tessera launch` with `args`, run from `cwd`, output captured.
 fn launch_command(cwd: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    let mut command = tessera_command();
     command
         .arg("launch")
         .args(args)
@@ -513,7 +513,7 @@ fn launch_runs_tessera_train() {
         "--log-dir",
         s(&logs),
         "--",
-        env!("CARGO_BIN_EXE_tessera"),
+        tessera_path(),
         "train",
         "examples/seed_stand_alone.toml",
         "--set",
@@ -607,4 +607,23 @@ fn a_command_that_cannot_start_is_reported() {
         err.contains("cannot start worker 0 (rank 0):") && err.contains("No such file"),
         "{err}"
     );
+}
+
+#[test]
+fn a_stray_background_process_holding_the_output_does_not_hold_the_launcher() {
+    let dir = Scratch::new("launch-stray");
+    let pid_file = dir.0.join("stray.pid");
+    // The worker leaves a sleeper behind that keeps its stdout open, and exits 0.
+    let script = format!(
+        "sh -c 'echo $$ > {pid}; exec sleep 600' & echo started; \
+         while [ ! -s {pid} ]; do sleep 0.05; done",
+        pid = s(&pid_file)
+    );
+    let out = launch_sh(&dir.0, &["--nproc", "1"], &script);
+    let stray = wait_for_pid(&pid_file);
+    // The launcher does not follow what a process left behind: stop it here.
+    // SAFETY: kill(2) on the sleeper this test started.
+    unsafe { libc::kill(stray, libc::SIGKILL) };
+    assert_ok(&out);
+    assert!(stdout(&out).contains("[worker 0] started\n"));
 }

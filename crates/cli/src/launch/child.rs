@@ -3,8 +3,9 @@
 //! Every process is the leader of its own process group, so a signal reaches it and everything
 //! it started (a shell's children, say) at once, and a Ctrl-C at the terminal reaches only the
 //! launcher, which forwards it exactly once. Its stdin is closed (`/dev/null`); stdout and stderr
-//! go to [`output::pump`] threads. A waiter thread owns the child, reaps it and reports its exit
-//! as an [`Event`].
+//! go to [`output::pump`] threads. A waiter thread owns the child, reaps it, waits for the output
+//! threads to copy its last lines (at most [`DRAIN_WAIT`]: a stray grandchild may keep a pipe
+//! open) and then reports its exit as an [`Event`].
 
 use std::ffi::OsString;
 use std::io;
@@ -13,13 +14,17 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::output::{self, LogFile};
+
+/// Longest wait, after a process ended, for its output threads to reach the end of its pipes.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// What the supervisor is told.
 #[derive(Debug)]
 pub enum Event {
-    /// The process in slot `slot` ended (or waiting for it failed).
+    /// The process in slot `slot` ended (or waiting for it failed), and its output is copied.
     Exited {
         /// Index of the process in the job plan.
         slot: usize,
@@ -35,8 +40,6 @@ pub enum Event {
 pub struct Running {
     /// Its process id, which is also its process group id.
     pub pid: libc::pid_t,
-    /// The threads copying its stdout and stderr.
-    pub pumps: Vec<JoinHandle<()>>,
 }
 
 /// What one start of a process needs.
@@ -82,7 +85,7 @@ pub fn start(request: StartRequest<'_>, events: &Sender<Event>) -> io::Result<Ru
         )));
     };
     match watch(child, pid, request, events) {
-        Ok(pumps) => Ok(Running { pid, pumps }),
+        Ok(()) => Ok(Running { pid }),
         Err(err) => {
             // Nothing watches it: do not leave it running or unreaped.
             signal_group(pid, libc::SIGKILL);
@@ -95,14 +98,13 @@ pub fn start(request: StartRequest<'_>, events: &Sender<Event>) -> io::Result<Ru
     }
 }
 
-/// Starts the output threads and the waiter thread of the just-spawned `child` (process `pid`);
-/// returns the output threads.
+/// Starts the output threads and the waiter thread of the just-spawned `child` (process `pid`).
 fn watch(
     mut child: Child,
     pid: libc::pid_t,
     request: StartRequest<'_>,
     events: &Sender<Event>,
-) -> io::Result<Vec<JoinHandle<()>>> {
+) -> io::Result<()> {
     let mut pumps = Vec::with_capacity(2);
     if let Some(stdout) = child.stdout.take() {
         pumps.push(output::pump(
@@ -120,10 +122,23 @@ fn watch(
         .name(format!("launch-wait {pid}"))
         .spawn(move || {
             let status = child.wait();
+            drain(pumps);
             // The supervisor outlives every waiter; a closed channel means it has given up.
             let _ = events.send(Event::Exited { slot, status });
         })?;
-    Ok(pumps)
+    Ok(())
+}
+
+/// Waits (at most [`DRAIN_WAIT`]) for the output threads to end, and joins those that did; one
+/// still blocked on a pipe that a stray grandchild holds open is left to itself.
+fn drain(pumps: Vec<JoinHandle<()>>) {
+    let deadline = Instant::now() + DRAIN_WAIT;
+    while Instant::now() < deadline && !pumps.iter().all(|p| p.is_finished()) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for pump in pumps.into_iter().filter(|p| p.is_finished()) {
+        let _ = pump.join();
+    }
 }
 
 /// Sends `signal` to the process group led by `pid`. A group that is already gone is not an

@@ -3,15 +3,15 @@
 //! 0, with a failure when a process failed for good, or because the launcher got a signal.
 //!
 //! Ending always goes the same way: SIGTERM (or the launcher's signal) to every process still
-//! running, SIGKILL to those still running after the grace period, then a bounded wait for the
-//! last output, so the launcher never hangs on a process that will not die or a pipe that a
-//! stray grandchild keeps open.
+//! running, SIGKILL to those still running after the grace period, and a bounded wait after
+//! that, so the launcher never hangs on a process that will not die. An exit is reported once
+//! the process's last output is in its log (see [`child`]), so a restart's or a failure
+//! report's lines come after it.
 
 use std::io;
 use std::process::ExitStatus;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::child::{self, Event, Running, StartRequest};
@@ -20,8 +20,6 @@ use super::plan::{JobPlan, ProcessSpec, Role, CONTRACT_VARS};
 
 /// How long to wait for processes to be reaped after SIGKILL before giving up on them.
 const AFTER_KILL_WAIT: Duration = Duration::from_secs(5);
-/// How long to wait, at the end, for the output threads to copy the last lines.
-const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// How the job ended.
 #[derive(Debug)]
@@ -93,7 +91,6 @@ pub fn supervise(
             finished: false,
         })
         .collect();
-    let mut pumps = Vec::new();
     let mut ending: Option<Ending> = None;
     for index in 0..slots.len() {
         if let Err(error) = start(plan, &mut slots, index, &sender) {
@@ -159,9 +156,7 @@ pub fn supervise(
                 slot: index,
                 status,
             } => {
-                if let Some(running) = slots[index].running.take() {
-                    pumps.extend(running.pumps);
-                }
+                slots[index].running = None;
                 if ending.is_some() {
                     continue;
                 }
@@ -171,12 +166,6 @@ pub fn supervise(
             }
         }
     }
-    for slot in &mut slots {
-        if let Some(running) = slot.running.take() {
-            pumps.extend(running.pumps);
-        }
-    }
-    drain(pumps);
     match ending {
         Some(end) => end.outcome,
         None => Outcome::Bug("the job ended without an outcome"),
@@ -294,18 +283,6 @@ fn signal_running(slots: &[Slot], signal: i32) {
         if let Some(running) = &slot.running {
             child::signal_group(running.pid, signal);
         }
-    }
-}
-
-/// Waits (bounded) for the output threads to copy the last lines and joins those that ended; a
-/// thread still blocked on a pipe that a stray grandchild holds open is left behind.
-fn drain(pumps: Vec<JoinHandle<()>>) {
-    let deadline = Instant::now() + DRAIN_WAIT;
-    while Instant::now() < deadline && !pumps.iter().all(|p| p.is_finished()) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for pump in pumps.into_iter().filter(|p| p.is_finished()) {
-        let _ = pump.join();
     }
 }
 
