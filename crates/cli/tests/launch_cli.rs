@@ -604,7 +604,7 @@ fn a_command_that_cannot_start_is_reported() {
     let err = stderr(&out);
     assert!(!out.status.success());
     assert!(
-        err.contains("cannot start worker 0 (rank 0):") && err.contains("No such file"),
+        err.contains("cannot start worker 0 (rank 0): /nonexistent/tessera-x: No such file"),
         "{err}"
     );
 }

@@ -75,7 +75,9 @@ pub fn start(request: StartRequest<'_>, events: &Sender<Event>) -> io::Result<Ru
         command.env_remove(name);
     }
     command.envs(request.set.iter().map(|(k, v)| (k, v)));
-    let mut child = command.spawn()?;
+    let mut child = command.spawn().map_err(|err| {
+        io::Error::new(err.kind(), format!("{}: {err}", program.to_string_lossy()))
+    })?;
     let Ok(pid) = libc::pid_t::try_from(child.id()) else {
         let _ = child.kill();
         let _ = child.wait();
