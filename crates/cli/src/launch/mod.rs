@@ -138,19 +138,28 @@ fn report(outcome: Outcome) -> anyhow::Result<()> {
 
 /// `3 processes (1 scheduler, 1 server, 1 worker) …`: what is about to start.
 fn summary(plan: &JobPlan) -> String {
+    let workers = count(plan.num_workers, "worker");
     let mut text = if plan.num_servers > 0 {
         format!(
-            "starting {} processes (1 scheduler, {} servers, {} workers), scheduler at {}",
+            "starting {} processes (1 scheduler, {}, {workers}), scheduler at {}",
             plan.world_size(),
-            plan.num_servers,
-            plan.num_workers,
+            count(plan.num_servers, "server"),
             plan.scheduler_addr.as_deref().unwrap_or("?")
         )
     } else {
-        format!("starting {} workers", plan.num_workers)
+        format!("starting {workers}")
     };
     text.push_str(&format!(", logs in {}", plan.log_dir.display()));
     text
+}
+
+/// `1 worker`, `2 workers`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 /// A port on 127.0.0.1 that is free now (the OS picks it; it is released at once for the
