@@ -2,7 +2,8 @@
 //!
 //! This crate is glue: it parses arguments into validated requests, makes one library call,
 //! prints the result and turns errors into a one-line reason and a non-zero exit code. Anything
-//! worth testing lives in the library crates.
+//! worth testing lives in the library crates. The exception is `launch`, a process supervisor:
+//! processes, signals and exit codes are this crate's business alone (ARCHITECTURE.md, `cli`).
 
 use std::process::ExitCode;
 
