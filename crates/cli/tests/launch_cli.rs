@@ -125,7 +125,24 @@ fn workers_after_the_others(dir: &Path, servers: usize, script: &str) -> String 
 #[test]
 fn workers_see_their_rank_and_world_size() {
     let dir = Scratch::new("launch-env-workers");
-    let out = launch_sh(&dir.0, &["--nproc", "3"], PRINT_ENV);
+    let logs = dir.0.join("logs");
+    let args = [
+        "--log-dir",
+        s(&logs),
+        "--nproc",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        PRINT_ENV,
+    ];
+    // Contract variables in the launcher's own environment do not leak into its processes.
+    let mut command = launch_command(&dir.0, &args);
+    command
+        .env("TESSERA_SERVER_ID", "99")
+        .env("TESSERA_SCHEDULER_ADDR", "leaked:1")
+        .env("TESSERA_RESTART_COUNT", "5");
+    let out = finish(command.spawn().unwrap());
     assert_ok(&out);
     let console = stdout(&out);
     for id in 0..3 {
