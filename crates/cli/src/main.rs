@@ -2,7 +2,8 @@
 //!
 //! This crate is glue: it parses arguments into validated requests, makes one library call,
 //! prints the result and turns errors into a one-line reason and a non-zero exit code. Anything
-//! worth testing lives in the library crates.
+//! worth testing lives in the library crates. The exception is `launch`, a process supervisor:
+//! processes, signals and exit codes are this crate's business alone (ARCHITECTURE.md, `cli`).
 
 use std::process::ExitCode;
 
@@ -18,6 +19,7 @@ mod bench_train;
 mod ckpt_cmd;
 mod generate_cmd;
 mod grid;
+mod launch;
 mod layout_cmd;
 mod parse;
 mod plan_cmd;
@@ -55,6 +57,10 @@ enum Command {
     Ckpt(ckpt_cmd::CkptArgs),
     /// Strategy files: show, merge pipeline stages, restore ranks from group info.
     Strategy(strategy_cmd::StrategyArgs),
+    /// Start a job's processes on this host (workers, or a parameter-server job of scheduler,
+    /// servers and workers) with their rank and role in the environment, like MindSpore's
+    /// `msrun`: per-process logs, a merged console view, signal forwarding, restarts.
+    Launch(launch::LaunchArgs),
 }
 
 /// The environment variable that sets the ceiling on ranks per mesh
@@ -81,6 +87,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench_cmd::run(&args),
         Command::Ckpt(args) => ckpt_cmd::run(&args),
         Command::Strategy(args) => strategy_cmd::run(&args),
+        Command::Launch(args) => launch::run(&args),
     }
 }
 
@@ -116,7 +123,11 @@ fn message(err: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    clean_up_on_signals();
+    // `launch` writes no checkpoint sets and handles its signals itself: it forwards them to
+    // its processes and exits only once they are gone.
+    if !matches!(cli.command, Command::Launch(_)) {
+        clean_up_on_signals();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -128,6 +139,9 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {}", message(&err));
+            if let Some(launch::Interrupted(signal)) = err.downcast_ref::<launch::Interrupted>() {
+                return ExitCode::from(u8::try_from(128 + signal).unwrap_or(1));
+            }
             ExitCode::FAILURE
         }
     }

@@ -4,6 +4,7 @@ mod ckpt_cli;
 mod diff_cli;
 mod fail_fast_cli;
 mod hostile_cli;
+mod launch_cli;
 mod layout_cli;
 #[cfg(feature = "mpi")]
 mod mpi_train;

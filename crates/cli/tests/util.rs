@@ -3,9 +3,19 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The path of the `tessera` binary built for these tests.
+pub fn tessera_path() -> &'static str {
+    env!("CARGO_BIN_EXE_tessera")
+}
+
+/// The `tessera` binary built for these tests as a command, to configure and start.
+pub fn tessera_command() -> Command {
+    Command::new(tessera_path())
+}
+
 /// Runs the `tessera` binary built for these tests.
 pub fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
+    tessera_command()
         .args(args)
         .current_dir(repo_root())
         .output()

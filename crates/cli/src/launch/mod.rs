@@ -1,0 +1,211 @@
+//! `tessera launch`: start a job's processes on this host, after MindSpore's `msrun`.
+//!
+//! `--nproc N` workers, or with `--ps-servers S` a parameter-server job of one scheduler, S
+//! servers and N workers, each started with its role, rank and world size in the environment
+//! (the contract is in `docs/LAUNCH.md` and [`plan::JobPlan::environment`]). Each process's
+//! output goes to its own log file and, prefixed, to the merged console view; signals to the
+//! launcher are forwarded; a failed process is restarted while `--restarts` allows, and
+//! otherwise stops the job.
+//!
+//! The modules: [`plan`] (arguments → the processes and their environment, pure), [`output`]
+//! (log files and the console view), [`child`] (starting and signalling one process) and
+//! [`supervise`] (the policy: restarts and ending the job). This file is the glue.
+
+mod child;
+mod output;
+mod plan;
+mod supervise;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use plan::{JobPlan, LaunchRequest};
+use supervise::Outcome;
+
+/// Lines of a failed process's log shown when it stops the job.
+const TAIL_LINES: usize = 20;
+
+/// Arguments of `tessera launch`.
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// Number of workers to start (1 to 1024).
+    #[arg(long, value_name = "N")]
+    nproc: usize,
+    /// Run a parameter-server job: one scheduler, S servers (1 to 1024) and the N workers.
+    #[arg(long, value_name = "S")]
+    ps_servers: Option<usize>,
+    /// Restart a failed worker or server up to K times (the scheduler is never restarted).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    restarts: u32,
+    /// Directory of the per-process logs `<role>_<id>.log` (created if missing; existing logs
+    /// are appended to, never truncated or removed).
+    #[arg(long, value_name = "DIR", default_value = "tessera_logs")]
+    log_dir: PathBuf,
+    /// The scheduler's address given to every process (default: a free port on 127.0.0.1);
+    /// only with --ps-servers.
+    #[arg(long, value_name = "HOST:PORT")]
+    scheduler_addr: Option<String>,
+    /// Seconds between SIGTERM and SIGKILL when the job is stopped.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    grace_period: u64,
+    /// The command every process runs, after `--` (e.g. `-- tessera train CONFIG`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// The job was stopped because the launcher received this signal; the binary exits with
+/// 128 + the signal number, as the signal's default action would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interrupted(pub i32);
+
+impl fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "interrupted by signal {}; every process was stopped",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Runs `tessera launch`: Ok when every worker exited 0.
+pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
+    let request = LaunchRequest {
+        workers: args.nproc,
+        servers: args.ps_servers,
+        restarts: args.restarts,
+        log_dir: args.log_dir.clone(),
+        scheduler_addr: args.scheduler_addr.clone(),
+        grace_secs: args.grace_period,
+        command: args.command.clone(),
+    };
+    let plan = JobPlan::new(request, free_local_port)?;
+    raise_open_file_limit(plan.world_size());
+    std::fs::create_dir_all(&plan.log_dir)
+        .with_context(|| format!("cannot create the log directory {}", plan.log_dir.display()))?;
+    let mut logs = Vec::with_capacity(plan.processes.len());
+    for spec in &plan.processes {
+        let path = plan.log_dir.join(spec.log_file_name());
+        let log = output::LogFile::open(path.clone())
+            .with_context(|| format!("cannot open the log file {}", path.display()))?;
+        logs.push(Arc::new(log));
+    }
+    let events = supervise::channel();
+    let signals = forward_signals(events.0.clone())?;
+    eprintln!("[launch] {}", summary(&plan));
+    let outcome = supervise::supervise(&plan, logs, events);
+    signals.close();
+    report(outcome)
+}
+
+/// Turns the job's outcome into the command's result, printing a failed process's log tail.
+fn report(outcome: Outcome) -> anyhow::Result<()> {
+    match outcome {
+        Outcome::Success => Ok(()),
+        Outcome::Interrupted(signal) => Err(Interrupted(signal).into()),
+        Outcome::Bug(what) => Err(anyhow::anyhow!("internal error in tessera launch: {what}")),
+        Outcome::StartFailed { spec, error } => Err(anyhow::anyhow!(
+            "cannot start {spec} (rank {}): {error}; the job was stopped",
+            spec.rank
+        )),
+        Outcome::Failed { spec, status, log } => {
+            let shown = supervise::describe(&status);
+            eprintln!("[launch] {spec} (rank {}) failed: {shown}", spec.rank);
+            match output::tail(&log, TAIL_LINES) {
+                Ok(lines) => {
+                    eprintln!("[launch] last lines of {}:", log.display());
+                    for line in lines {
+                        eprintln!("[{spec}] {line}");
+                    }
+                }
+                Err(err) => eprintln!("[launch] cannot read {}: {err}", log.display()),
+            }
+            Err(anyhow::anyhow!(
+                "{spec} (rank {}) failed ({shown}); the job was stopped",
+                spec.rank
+            ))
+        }
+    }
+}
+
+/// `3 processes (1 scheduler, 1 server, 1 worker) …`: what is about to start.
+fn summary(plan: &JobPlan) -> String {
+    let workers = count(plan.num_workers, "worker");
+    let mut text = if plan.num_servers > 0 {
+        format!(
+            "starting {} processes (1 scheduler, {}, {workers}), scheduler at {}",
+            plan.world_size(),
+            count(plan.num_servers, "server"),
+            plan.scheduler_addr.as_deref().unwrap_or("?")
+        )
+    } else {
+        format!("starting {workers}")
+    };
+    text.push_str(&format!(", logs in {}", plan.log_dir.display()));
+    text
+}
+
+/// `1 worker`, `2 workers`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// A port on 127.0.0.1 that is free now (the OS picks it; it is released at once for the
+/// scheduler to bind).
+fn free_local_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Raises the soft limit on open files towards the hard one when the job needs more than it
+/// allows: the launcher holds three descriptors per process (two pipes and the log file), and
+/// the common soft limit of 1024 would stop a job of 1024 workers. The processes inherit the
+/// raised limit. Left as is if that fails; opening a file past the limit is then reported as
+/// an error.
+fn raise_open_file_limit(processes: usize) {
+    let needed = (processes as u64).saturating_mul(3).saturating_add(64);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the one struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= needed {
+            return;
+        }
+        limit.rlim_cur = needed.min(limit.rlim_max);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+}
+
+/// Delivers SIGINT and SIGTERM to the supervisor as events, from a plain thread.
+fn forward_signals(
+    sender: std::sync::mpsc::Sender<child::Event>,
+) -> anyhow::Result<signal_hook::iterator::Handle> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("cannot install the signal handlers")?;
+    let handle = signals.handle();
+    std::thread::Builder::new()
+        .name("launch-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if sender.send(child::Event::Signal(signal)).is_err() {
+                    break;
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(handle)
+}

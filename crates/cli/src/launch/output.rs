@@ -1,0 +1,172 @@
+//! Where the processes' output goes: one log file per process, appended to (existing files are
+//! never truncated or removed), and the merged console view on the launcher's stdout, every line
+//! prefixed with its process (`[worker 1] …`).
+//!
+//! Each of a process's two pipes is read by its own thread, a line at a time; a line is written
+//! whole, under one lock, to the log file and to the console, so lines never interleave.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Longest line passed on as one; a longer run of bytes without a newline is cut into lines of
+/// this length, so one process cannot make the launcher hold unbounded memory.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// How much of the end of a log file [`tail`] reads.
+const TAIL_BYTES: u64 = 64 * 1024;
+
+/// One process's log file, shared by the threads reading its stdout and stderr and kept over its
+/// restarts.
+#[derive(Debug)]
+pub struct LogFile {
+    path: PathBuf,
+    file: Mutex<File>,
+    /// Set after the first failed write, so a full disk is reported once, not per line.
+    failed: AtomicBool,
+}
+
+impl LogFile {
+    /// Opens `path` for appending, creating it if missing; what it holds is kept.
+    pub fn open(path: PathBuf) -> io::Result<LogFile> {
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        Ok(LogFile {
+            path,
+            file: Mutex::new(file),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one line (which ends in a newline). A failure is reported on stderr once.
+    pub fn write_line(&self, line: &[u8]) {
+        let result = match self.file.lock() {
+            Ok(mut file) => file.write_all(line),
+            Err(poisoned) => poisoned.into_inner().write_all(line),
+        };
+        if let Err(err) = result {
+            if !self.failed.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "[launch] cannot write {}: {err}; the console still shows the output",
+                    self.path.display()
+                );
+            }
+        }
+    }
+}
+
+/// Starts a thread copying `pipe` line by line into `log` and onto the console with `prefix`.
+/// The thread ends when the pipe is closed (the process and everything holding the pipe ended).
+pub fn pump(
+    pipe: impl Read + Send + 'static,
+    prefix: Arc<str>,
+    log: Arc<LogFile>,
+) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("launch-output {prefix}"))
+        .spawn(move || {
+            let mut reader = BufReader::new(pipe);
+            let mut line = Vec::new();
+            let mut console_line = Vec::new();
+            while next_line(&mut reader, &mut line) {
+                log.write_line(&line);
+                console_line.clear();
+                console_line.extend_from_slice(prefix.as_bytes());
+                console_line.extend_from_slice(&line);
+                // A closed console (`tessera launch … | head`) must not stop the logging.
+                let _ = io::stdout().lock().write_all(&console_line);
+            }
+        })
+}
+
+/// Reads the next line into `line` (cleared first), ending it with a newline if the stream ended
+/// without one; false at the end of the stream. A read error ends the stream.
+fn next_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> bool {
+    line.clear();
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => &[],
+        };
+        if buf.is_empty() {
+            if line.is_empty() {
+                return false;
+            }
+            line.push(b'\n');
+            return true;
+        }
+        let room = MAX_LINE_BYTES - line.len();
+        let window = &buf[..buf.len().min(room)];
+        if let Some(end) = window.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&window[..=end]);
+            reader.consume(end + 1);
+            return true;
+        }
+        let taken = window.len();
+        line.extend_from_slice(window);
+        reader.consume(taken);
+        if line.len() == MAX_LINE_BYTES {
+            line.push(b'\n');
+            return true;
+        }
+    }
+}
+
+/// The last `lines` lines of the file at `path` (from its last 64 KiB), lossily decoded.
+pub fn tail(path: &Path, lines: usize) -> io::Result<Vec<String>> {
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let start = len.saturating_sub(TAIL_BYTES);
+    file.seek(SeekFrom::Start(start))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let mut all: Vec<&str> = text.lines().collect();
+    if start > 0 && !all.is_empty() {
+        // The first line read is probably cut.
+        all.remove(0);
+    }
+    let from = all.len().saturating_sub(lines);
+    Ok(all[from..].iter().map(|l| l.to_string()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines_of(bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut reader = BufReader::with_capacity(7, bytes);
+        let mut line = Vec::new();
+        let mut out = Vec::new();
+        while next_line(&mut reader, &mut line) {
+            out.push(line.clone());
+        }
+        out
+    }
+
+    #[test]
+    fn lines_are_split_at_newlines_and_the_last_one_is_ended() {
+        assert_eq!(
+            lines_of(b"one\ntwo and more\n\nlast"),
+            [&b"one\n"[..], b"two and more\n", b"\n", b"last\n"]
+        );
+        assert!(lines_of(b"").is_empty());
+    }
+
+    #[test]
+    fn an_endless_line_is_cut_into_bounded_lines() {
+        let long = vec![b'x'; MAX_LINE_BYTES * 2 + 3];
+        let lines = lines_of(&long);
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0].len(), MAX_LINE_BYTES + 1);
+        assert_eq!(lines[2], b"xxx\n");
+    }
+}

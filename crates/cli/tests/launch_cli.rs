@@ -1,0 +1,646 @@
+//! `tessera launch` end to end: the environment contract its processes see, their logs and the
+//! merged console view, failure, restarts, signal forwarding and argument errors.
+//!
+//! The processes are small shell scripts. Every run goes through [`finish`], which fails the
+//! test instead of hanging if the launcher does not end; that bound (minutes) is a guard against
+//! a hang, far above the runs' real length, not a timing assertion.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::util::{assert_ok, s, tessera_command, tessera_path, Scratch};
+
+/// Longest a launch may take before the test calls it hung; the sleepers below sleep 600 s.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// `tessera launch` with `args`, run from `cwd`, output captured.
+fn launch_command(cwd: &Path, args: &[&str]) -> Command {
+    let mut command = tessera_command();
+    command
+        .arg("launch")
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Waits for a started launcher's output; kills it and fails the test if it hangs.
+fn finish(child: Child) -> Output {
+    let pid = child.id() as libc::pid_t;
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(HANG_GUARD) {
+        Ok(output) => output.expect("waiting for tessera launch"),
+        Err(_) => {
+            // SAFETY: kill(2) on the launcher this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("tessera launch did not end within {HANG_GUARD:?}");
+        }
+    }
+}
+
+/// Runs `tessera launch --log-dir <dir>/logs ARGS -- sh -c SCRIPT` to its end.
+fn launch_sh(dir: &Path, args: &[&str], script: &str) -> Output {
+    let logs = dir.join("logs");
+    let mut all = vec!["--log-dir", s(&logs)];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--", "sh", "-c", script]);
+    finish(
+        launch_command(dir, &all)
+            .spawn()
+            .expect("starting tessera launch"),
+    )
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped by init does not).
+fn alive(pid: libc::pid_t) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the parenthesised command name: `pid (comm) S …`.
+    let state = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
+/// Waits until `path` holds a process id (written by a child); fails the test after the guard.
+fn wait_for_pid(path: &Path) -> libc::pid_t {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Ok(pid) = text.trim().parse() {
+                return pid;
+            }
+        }
+        assert!(
+            start.elapsed() < HANG_GUARD,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Prints every contract variable on one line (`-` for an unset one).
+const PRINT_ENV: &str = "echo \"role=${TESSERA_ROLE-} rank=${TESSERA_RANK-} \
+world=${TESSERA_WORLD_SIZE-} local=${TESSERA_LOCAL_RANK-} sid=${TESSERA_SERVER_ID--} \
+wid=${TESSERA_WORKER_ID--} ns=${TESSERA_NUM_SERVERS-} nw=${TESSERA_NUM_WORKERS-} \
+addr=${TESSERA_SCHEDULER_ADDR--} restart=${TESSERA_RESTART_COUNT-}\"";
+
+/// In a PS job, `script` with the workers held back until the scheduler and the `servers` have
+/// run it (their own end is reported by a mark in `dir`): once the workers finish, the launcher
+/// stops the others, which might otherwise not have run yet.
+fn workers_after_the_others(dir: &Path, servers: usize, script: &str) -> String {
+    let marks = dir.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    format!(
+        "{script}; if [ \"$TESSERA_ROLE\" != worker ]; then touch {marks}/$TESSERA_RANK; exit 0; fi; \
+         while [ \"$(ls {marks} | wc -l)\" -lt {others} ]; do sleep 0.05; done",
+        marks = s(&marks),
+        others = servers + 1
+    )
+}
+
+#[test]
+fn workers_see_their_rank_and_world_size() {
+    let dir = Scratch::new("launch-env-workers");
+    let logs = dir.0.join("logs");
+    let args = [
+        "--log-dir",
+        s(&logs),
+        "--nproc",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        PRINT_ENV,
+    ];
+    // Contract variables in the launcher's own environment do not leak into its processes.
+    let mut command = launch_command(&dir.0, &args);
+    command
+        .env("TESSERA_SERVER_ID", "99")
+        .env("TESSERA_SCHEDULER_ADDR", "leaked:1")
+        .env("TESSERA_RESTART_COUNT", "5");
+    let out = finish(command.spawn().unwrap());
+    assert_ok(&out);
+    let console = stdout(&out);
+    for id in 0..3 {
+        let line = format!(
+            "role=worker rank={id} world=3 local={id} sid=- wid={id} ns=0 nw=3 addr=- restart=0"
+        );
+        assert!(
+            console.contains(&format!("[worker {id}] {line}\n")),
+            "{console}"
+        );
+        let log = read(&dir.0.join(format!("logs/worker_{id}.log")));
+        assert!(log.contains(&format!("{line}\n")), "{log}");
+    }
+}
+
+#[test]
+fn a_ps_job_has_a_scheduler_servers_and_workers_with_one_scheduler_address() {
+    let dir = Scratch::new("launch-env-ps");
+    let script = workers_after_the_others(&dir.0, 2, PRINT_ENV);
+    let out = launch_sh(&dir.0, &["--nproc", "2", "--ps-servers", "2"], &script);
+    assert_ok(&out);
+    let console = stdout(&out);
+    let scheduler = read(&dir.0.join("logs/scheduler_0.log"));
+    let addr = scheduler
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("addr="))
+        .expect("the scheduler sees an address")
+        .to_string();
+    let port = addr.strip_prefix("127.0.0.1:").expect("a local address");
+    assert!(port.parse::<u16>().is_ok_and(|p| p > 0), "{addr}");
+    let expected = [
+        (
+            "scheduler 0",
+            "scheduler_0",
+            "role=scheduler rank=0 world=5 local=0 sid=- wid=-",
+        ),
+        (
+            "server 0",
+            "server_0",
+            "role=server rank=1 world=5 local=1 sid=0 wid=-",
+        ),
+        (
+            "server 1",
+            "server_1",
+            "role=server rank=2 world=5 local=2 sid=1 wid=-",
+        ),
+        (
+            "worker 0",
+            "worker_0",
+            "role=worker rank=3 world=5 local=3 sid=- wid=0",
+        ),
+        (
+            "worker 1",
+            "worker_1",
+            "role=worker rank=4 world=5 local=4 sid=- wid=1",
+        ),
+    ];
+    for (name, file, head) in expected {
+        let line = format!("{head} ns=2 nw=2 addr={addr} restart=0");
+        assert!(console.contains(&format!("[{name}] {line}\n")), "{console}");
+        let log = read(&dir.0.join(format!("logs/{file}.log")));
+        assert!(log.contains(&line), "{log}");
+    }
+}
+
+#[test]
+fn a_given_scheduler_address_is_passed_on() {
+    let dir = Scratch::new("launch-env-addr");
+    let out = launch_sh(
+        &dir.0,
+        &[
+            "--nproc",
+            "1",
+            "--ps-servers",
+            "1",
+            "--scheduler-addr",
+            "tessera-scheduler.default.svc:50051",
+        ],
+        &workers_after_the_others(&dir.0, 1, "echo \"addr=$TESSERA_SCHEDULER_ADDR\""),
+    );
+    assert_ok(&out);
+    let console = stdout(&out);
+    for name in ["scheduler 0", "server 0", "worker 0"] {
+        assert!(
+            console.contains(&format!(
+                "[{name}] addr=tessera-scheduler.default.svc:50051\n"
+            )),
+            "{console}"
+        );
+    }
+}
+
+#[test]
+fn stdout_and_stderr_go_to_the_log_and_the_console_line_by_line() {
+    let dir = Scratch::new("launch-logs");
+    let logs = dir.0.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    // What is already in the log directory stays: logs are appended to.
+    std::fs::write(logs.join("worker_0.log"), "from an earlier run\n").unwrap();
+    std::fs::write(logs.join("notes.txt"), "not ours\n").unwrap();
+    // Four workers each write 200 lines of 3000 copies of their id, alternating stdout and
+    // stderr, at the same time: every console line must be one whole line of one worker.
+    let script = "i=0; line=$(printf \"%3000s\" \"\" | tr \" \" \"$TESSERA_WORKER_ID\"); \
+        while [ $i -lt 100 ]; do echo \"$line\"; echo \"$line\" >&2; i=$((i+1)); done; \
+        echo \"out of $TESSERA_WORKER_ID\"; echo \"err of $TESSERA_WORKER_ID\" >&2";
+    let out = launch_sh(&dir.0, &["--nproc", "4"], script);
+    assert_ok(&out);
+    let console = stdout(&out);
+    let mut counts = [0usize; 4];
+    for line in console.lines() {
+        let (prefix, text) = line.split_once("] ").expect("a prefixed line");
+        let id: usize = prefix.strip_prefix("[worker ").unwrap().parse().unwrap();
+        if text.starts_with("out of") || text.starts_with("err of") {
+            assert_eq!(text[7..].trim(), id.to_string());
+            continue;
+        }
+        let digit = char::from(b'0' + id as u8);
+        assert!(
+            text.len() == 3000 && text.chars().all(|c| c == digit),
+            "an interleaved line from worker {id}: {text:.80}…"
+        );
+        counts[id] += 1;
+    }
+    assert_eq!(counts, [200; 4]);
+    for id in 0..4 {
+        let log = read(&logs.join(format!("worker_{id}.log")));
+        assert!(log.contains(&format!("out of {id}\n")), "stdout in the log");
+        assert!(log.contains(&format!("err of {id}\n")), "stderr in the log");
+        assert!(
+            console.contains(&format!("[worker {id}] err of {id}\n")),
+            "stderr in the console view"
+        );
+        assert_eq!(log.lines().filter(|l| l.len() == 3000).count(), 200);
+    }
+    let kept = read(&logs.join("worker_0.log"));
+    assert!(kept.starts_with("from an earlier run\n"), "{kept:.200}");
+    assert_eq!(read(&logs.join("notes.txt")), "not ours\n");
+}
+
+#[test]
+fn the_default_log_directory_is_created_in_the_working_directory() {
+    let dir = Scratch::new("launch-default-logs");
+    // The process's stdin is closed: `read` finds its end at once.
+    let script = "echo hello; if read line; then echo got input; else echo stdin closed; fi";
+    let args = ["--nproc", "1", "--", "sh", "-c", script];
+    let out = finish(launch_command(&dir.0, &args).spawn().unwrap());
+    assert_ok(&out);
+    let log = read(&dir.0.join("tessera_logs/worker_0.log"));
+    assert!(log.contains("hello\nstdin closed\n"), "{log}");
+}
+
+#[test]
+fn a_failing_process_stops_the_job_with_its_log_tail() {
+    let dir = Scratch::new("launch-fail");
+    let pid_file = dir.0.join("sleeper.pid");
+    // Worker 0 sleeps for ten minutes; worker 1 waits until it runs, then fails.
+    let script = format!(
+        "if [ \"$TESSERA_WORKER_ID\" = 0 ]; then echo $$ > {pid}; exec sleep 600; fi; \
+         while [ ! -s {pid} ]; do sleep 0.05; done; \
+         echo \"worker one's last words\"; echo 'on stderr too' >&2; exit 3",
+        pid = s(&pid_file)
+    );
+    let out = launch_sh(&dir.0, &["--nproc", "2"], &script);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("[launch] worker 1 (rank 1) failed: exit status: 3"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[worker 1] worker one's last words\n"),
+        "the log tail: {err}"
+    );
+    assert!(err.contains("[worker 1] on stderr too\n"), "{err}");
+    assert!(err.contains("error: worker 1 (rank 1) failed"), "{err}");
+    let sleeper = wait_for_pid(&pid_file);
+    assert!(!alive(sleeper), "the sleeping worker was stopped");
+}
+
+#[test]
+fn a_process_killed_by_a_signal_is_a_failure() {
+    let dir = Scratch::new("launch-killed");
+    let out = launch_sh(&dir.0, &["--nproc", "1"], "kill -KILL $$");
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("worker 0 (rank 0) failed: signal: 9 (SIGKILL)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_process_that_ignores_sigterm_gets_sigkill_after_the_grace_period() {
+    let dir = Scratch::new("launch-stubborn");
+    let pid_file = dir.0.join("stubborn.pid");
+    let script = format!(
+        "if [ \"$TESSERA_WORKER_ID\" = 0 ]; then trap '' TERM; echo $$ > {pid}; exec sleep 600; fi; \
+         while [ ! -s {pid} ]; do sleep 0.05; done; exit 1",
+        pid = s(&pid_file)
+    );
+    let out = launch_sh(&dir.0, &["--nproc", "2", "--grace-period", "1"], &script);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("worker 0 still running 1 s after it was told to stop; sending SIGKILL"),
+        "{err}"
+    );
+    assert!(!alive(wait_for_pid(&pid_file)));
+}
+
+/// Fails on the first start only.
+const FAIL_FIRST: &str =
+    "echo \"start $TESSERA_RESTART_COUNT\"; [ \"$TESSERA_RESTART_COUNT\" -ge 1 ] || exit 7";
+
+#[test]
+fn a_failed_worker_is_restarted_with_its_restart_count() {
+    let dir = Scratch::new("launch-restart");
+    let out = launch_sh(&dir.0, &["--nproc", "2", "--restarts", "1"], FAIL_FIRST);
+    assert_ok(&out);
+    let err = stderr(&out);
+    for id in 0..2 {
+        assert!(
+            err.contains(&format!(
+                "[launch] worker {id} (rank {id}) failed (exit status: 7); restarting it (1 of 1)"
+            )),
+            "{err}"
+        );
+        let log = read(&dir.0.join(format!("logs/worker_{id}.log")));
+        assert!(
+            log.contains("start 0\n") && log.contains("start 1\n"),
+            "{log}"
+        );
+        assert!(!log.contains("start 2"), "{log}");
+    }
+    // Without restarts the same job fails: the restart is what made it pass.
+    let again = Scratch::new("launch-no-restart");
+    let out = launch_sh(&again.0, &["--nproc", "2"], FAIL_FIRST);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn restarts_are_counted_per_process_and_run_out() {
+    let dir = Scratch::new("launch-restart-out");
+    let out = launch_sh(
+        &dir.0,
+        &["--nproc", "1", "--restarts", "2"],
+        "echo \"start $TESSERA_RESTART_COUNT\"; exit 4",
+    );
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("restarting it (2 of 2)"), "{err}");
+    assert!(
+        err.contains("worker 0 (rank 0) failed: exit status: 4"),
+        "{err}"
+    );
+    let log = read(&dir.0.join("logs/worker_0.log"));
+    let starts: Vec<&str> = log.lines().filter(|l| l.starts_with("start ")).collect();
+    assert_eq!(starts, ["start 0", "start 1", "start 2"]);
+}
+
+#[test]
+fn a_failed_server_is_restarted_but_the_scheduler_is_not() {
+    let dir = Scratch::new("launch-restart-ps");
+    // The server fails on its first start and marks its second; the worker waits for the mark.
+    let mark = dir.0.join("server-restarted");
+    let script = format!(
+        "echo \"start $TESSERA_RESTART_COUNT\"; \
+         if [ \"$TESSERA_ROLE\" = server ]; then [ \"$TESSERA_RESTART_COUNT\" = 0 ] && exit 2; \
+         touch {mark}; fi; \
+         if [ \"$TESSERA_ROLE\" = worker ]; then while [ ! -e {mark} ]; do sleep 0.05; done; fi",
+        mark = s(&mark)
+    );
+    let script = script.as_str();
+    let out = launch_sh(
+        &dir.0,
+        &["--nproc", "1", "--ps-servers", "1", "--restarts", "1"],
+        script,
+    );
+    assert_ok(&out);
+    let server = read(&dir.0.join("logs/server_0.log"));
+    assert!(
+        server.contains("start 0\n") && server.contains("start 1\n"),
+        "{server}"
+    );
+
+    let dir = Scratch::new("launch-scheduler-fails");
+    let script = "echo \"start $TESSERA_RESTART_COUNT\"; \
+        if [ \"$TESSERA_ROLE\" = scheduler ]; then exit 6; fi; exec sleep 600";
+    let out = launch_sh(
+        &dir.0,
+        &["--nproc", "1", "--ps-servers", "1", "--restarts", "3"],
+        script,
+    );
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("scheduler 0 (rank 0) failed: exit status: 6"),
+        "{err}"
+    );
+    let scheduler = read(&dir.0.join("logs/scheduler_0.log"));
+    assert!(
+        !scheduler.contains("start 1"),
+        "never restarted: {scheduler}"
+    );
+}
+
+#[test]
+fn when_every_worker_is_done_the_scheduler_and_servers_are_stopped() {
+    let dir = Scratch::new("launch-ps-done");
+    let marks = dir.0.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    // The scheduler and servers mark that their SIGTERM trap is set, then wait for ever; the
+    // workers finish once all three are waiting.
+    let script = format!(
+        "if [ \"$TESSERA_ROLE\" != worker ]; then trap 'echo asked to stop; exit 0' TERM; \
+         touch {marks}/$TESSERA_RANK; sleep 600 & wait; exit 9; fi; \
+         while [ \"$(ls {marks} | wc -l)\" -lt 3 ]; do sleep 0.05; done; echo trained",
+        marks = s(&marks)
+    );
+    let script = script.as_str();
+    let out = launch_sh(&dir.0, &["--nproc", "2", "--ps-servers", "2"], script);
+    assert_ok(&out);
+    assert!(stderr(&out).contains("every worker finished; stopping the scheduler and servers"));
+    for file in ["scheduler_0", "server_0", "server_1"] {
+        let log = read(&dir.0.join(format!("logs/{file}.log")));
+        assert!(log.contains("asked to stop\n"), "{file}: {log}");
+    }
+}
+
+#[test]
+fn signals_to_the_launcher_reach_every_process() {
+    for (signal, name) in [(libc::SIGTERM, "TERM"), (libc::SIGINT, "INT")] {
+        let dir = Scratch::new(&format!("launch-signal-{name}"));
+        let logs = dir.0.join("logs");
+        // Each worker runs a `sleep` in the foreground (in the worker's process group, so the
+        // signal reaches it too), then records that it got the signal and ends.
+        let script = format!(
+            "trap 'echo got {name}; exit 0' {name}; echo $$ > {dir}/pid_$TESSERA_WORKER_ID; \
+             sh -c 'echo $$ > {dir}/sleep_'$TESSERA_WORKER_ID'; exec sleep 600'; echo sleep ended",
+            dir = s(&dir.0)
+        );
+        let args = [
+            "--log-dir",
+            s(&logs),
+            "--nproc",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ];
+        let child = launch_command(&dir.0, &args).spawn().unwrap();
+        let mut pids = Vec::new();
+        for id in 0..2 {
+            pids.push(wait_for_pid(&dir.0.join(format!("pid_{id}"))));
+            pids.push(wait_for_pid(&dir.0.join(format!("sleep_{id}"))));
+        }
+        // SAFETY: kill(2) on the launcher this test started.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let out = finish(child);
+        assert_eq!(out.status.code(), Some(128 + signal), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("interrupted by signal"),
+            "{}",
+            stderr(&out)
+        );
+        for id in 0..2 {
+            let log = read(&logs.join(format!("worker_{id}.log")));
+            assert!(log.contains(&format!("got {name}\n")), "{log}");
+        }
+        for pid in pids {
+            assert!(!alive(pid), "process {pid} outlived the launcher ({name})");
+        }
+    }
+}
+
+#[test]
+fn launch_runs_tessera_train() {
+    let dir = Scratch::new("launch-train");
+    let logs = dir.0.join("logs");
+    let output_dir = format!("output.dir=\"{}\"", s(&dir.0.join("run")));
+    let args = [
+        "--nproc",
+        "1",
+        "--log-dir",
+        s(&logs),
+        "--",
+        tessera_path(),
+        "train",
+        "examples/seed_stand_alone.toml",
+        "--set",
+        "train.max_steps=3",
+        "--set",
+        &output_dir,
+    ];
+    let out = finish(
+        launch_command(&crate::util::repo_root(), &args)
+            .spawn()
+            .unwrap(),
+    );
+    assert_ok(&out);
+    let console = stdout(&out);
+    assert!(
+        console.contains("[worker 0] epoch: 1 step: 3, loss is "),
+        "{console}"
+    );
+    let log = read(&logs.join("worker_0.log"));
+    assert!(log.contains("epoch: 1 step: 3, loss is "), "{log}");
+    assert!(dir.0.join("run/rank_0/checkpoint_0.safetensors").is_file());
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_starts() {
+    let dir = Scratch::new("launch-args");
+    let logs = dir.0.join("logs");
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &["--nproc", "0", "--", "true"],
+            "--nproc must be between 1 and 1024, got 0",
+        ),
+        (
+            &["--nproc", "1025", "--", "true"],
+            "--nproc must be between 1 and 1024, got 1025",
+        ),
+        (&["--nproc", "-3", "--", "true"], "--nproc"),
+        (&["--nproc", "2"], "<COMMAND>"),
+        (
+            &["--nproc", "1", "--ps-servers", "0", "--", "true"],
+            "--ps-servers must be between 1 and 1024, got 0",
+        ),
+        (
+            &["--nproc", "1", "--scheduler-addr", "h:1", "--", "true"],
+            "--scheduler-addr needs --ps-servers",
+        ),
+        (
+            &[
+                "--nproc",
+                "1",
+                "--ps-servers",
+                "1",
+                "--scheduler-addr",
+                "nohost",
+                "--",
+                "true",
+            ],
+            "--scheduler-addr must be HOST:PORT",
+        ),
+        (
+            &["--nproc", "1", "--restarts", "5000", "--", "true"],
+            "--restarts must be at most 1000",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["--log-dir", s(&logs)];
+        all.extend_from_slice(args);
+        let out = finish(launch_command(&dir.0, &all).spawn().unwrap());
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+        assert!(!logs.exists(), "{args:?} created the log directory");
+    }
+}
+
+#[test]
+fn a_command_that_cannot_start_is_reported() {
+    let dir = Scratch::new("launch-nocommand");
+    let logs = dir.0.join("logs");
+    let args = [
+        "--log-dir",
+        s(&logs),
+        "--nproc",
+        "2",
+        "--",
+        "/nonexistent/tessera-x",
+    ];
+    let out = finish(launch_command(&dir.0, &args).spawn().unwrap());
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cannot start worker 0 (rank 0): /nonexistent/tessera-x: No such file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_stray_background_process_holding_the_output_does_not_hold_the_launcher() {
+    let dir = Scratch::new("launch-stray");
+    let pid_file = dir.0.join("stray.pid");
+    // The worker leaves a sleeper behind that keeps its stdout open, and exits 0.
+    let script = format!(
+        "sh -c 'echo $$ > {pid}; exec sleep 600' & echo started; \
+         while [ ! -s {pid} ]; do sleep 0.05; done",
+        pid = s(&pid_file)
+    );
+    let out = launch_sh(&dir.0, &["--nproc", "1"], &script);
+    let stray = wait_for_pid(&pid_file);
+    // The launcher does not follow what a process left behind: stop it here.
+    // SAFETY: kill(2) on the sleeper this test started.
+    unsafe { libc::kill(stray, libc::SIGKILL) };
+    assert_ok(&out);
+    assert!(stdout(&out).contains("[worker 0] started\n"));
+}
