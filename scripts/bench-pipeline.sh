@@ -34,3 +34,35 @@ for scheduler in gpipe 1f1b zero_bubble; do
 done
 run "no pipeline, 1 rank" --set parallel.mode=\"stand_alone\" --set parallel.devices=1
 run "data parallel 2" --set parallel.mode=\"semi_auto\" --set parallel.devices=2 --set parallel.model_parallel=1
+echo
+echo "== peak memory per stage (MiB; 3 steps): predicted (--explain --json) / measured (metrics log)"
+printf '| scheduler | stage 0 activations | stage 1 activations | stage 0 peak | stage 1 peak |\n|---|---|---|---|---|\n'
+for scheduler in gpipe 1f1b zero_bubble; do
+  pipe=(--set parallel.mode=\"semi_auto\" --set parallel.devices=2 --set parallel.model_parallel=1
+        --set "parallel.pipeline={ stages = 2, micro_batches = 8, scheduler = \"$scheduler\" }"
+        --set train.max_steps=3)
+  name="mem-$scheduler"
+  "$bin" train examples/gpt_kjv.toml "${common[@]}" "${pipe[@]}" --set "output.dir=\"$out/$name\"" \
+    --explain --json > "$out/$name.plan.json"
+  "$bin" train examples/gpt_kjv.toml "${common[@]}" "${pipe[@]}" --set "output.dir=\"$out/$name\"" \
+    --log-json "$out/$name.jsonl" > /dev/null
+  python3 - "$scheduler" "$out/$name.plan.json" "$out/$name.jsonl" <<'PY'
+import json, sys
+scheduler, plan_path, log_path = sys.argv[1:]
+predicted = {}
+for line in open(plan_path):
+    line = line.strip()
+    if line.startswith("{"):
+        obj = json.loads(line)
+        if obj.get("memory"):
+            predicted[obj["memory"]["rank"]] = obj["memory"]
+measured = {}
+for line in open(log_path):
+    obj = json.loads(line)
+    if "memory" in obj:
+        measured[obj["memory"]["rank"]] = obj["memory"]
+mib = lambda b: b / (1 << 20)
+cell = lambda r, k: f"{mib(predicted[r][k]):.2f} / {mib(measured[r][k]):.2f}"
+print(f"| {scheduler} | {cell(0, 'activations')} | {cell(1, 'activations')} | {cell(0, 'peak')} | {cell(1, 'peak')} |")
+PY
+done

@@ -231,6 +231,50 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
             meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
         }
     }
+    hold_training_state(&mut meter, program, rank, state);
+    walk_steps(&mut meter, program, rank, &lifetimes);
+    meter.report()
+}
+
+/// The memory `rank` will hold running `program` pipelined with `state` beside it: every
+/// buffer allocated for good before the first step, plus, during a step, the micro-batch sums
+/// and `held` micro-batches' own copies of `buffers.local` (`held` from the stage's schedule,
+/// [`crate::pipeline::micro_batches_held`]).
+pub fn predict_pipelined(
+    program: &Program,
+    rank: usize,
+    state: TrainingState,
+    buffers: &crate::pipeline::MicroBatchBuffers,
+    held: usize,
+) -> MemoryReport {
+    let lifetimes = lifetimes(program);
+    let mut meter = MemoryMeter::default();
+    let hold = |meter: &mut MemoryMeter, b: usize| {
+        meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank))
+    };
+    for b in 0..program.buffers.len() {
+        hold(&mut meter, b);
+    }
+    hold_training_state(&mut meter, program, rank, state);
+    for &b in &buffers.summed {
+        hold(&mut meter, b);
+    }
+    for _ in 0..held {
+        for &b in &buffers.local {
+            hold(&mut meter, b);
+        }
+    }
+    meter.report()
+}
+
+/// Holds what a training run keeps beside the program's buffers: optimizer state (and master
+/// weights), accumulation buffers, and the sources of `hsdp`'s weight gathers.
+fn hold_training_state(
+    meter: &mut MemoryMeter,
+    program: &Program,
+    rank: usize,
+    state: TrainingState,
+) {
     for (i, p) in program.params.iter().enumerate() {
         let held = p.layout.mesh().slot_of_rank(rank).is_some();
         let Some(grad) = p.grad_buffer.filter(|_| p.trainable && held) else {
@@ -268,6 +312,16 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
         };
         meter.hold(MemoryCategory::Communication, bytes);
     }
+}
+
+/// Walks the steps of a non-pipelined run: each buffer allocated by its first writer and freed
+/// after its last use, prefetched gathers and, with overlap, buckets in flight.
+fn walk_steps(
+    meter: &mut MemoryMeter,
+    program: &Program,
+    rank: usize,
+    lifetimes: &BufferLifetimes,
+) {
     // With overlap, a bucket's packed gradients are in flight from its step to the end.
     let overlap = program
         .placed
@@ -317,7 +371,7 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
         }
     };
     if let Some(&first) = gathers.first() {
-        start(first, &mut meter, &mut allocated);
+        start(first, meter, &mut allocated);
     }
     for (i, step) in program.steps.iter().enumerate() {
         if let Some(k) = gathers.iter().position(|&g| g == i) {
@@ -325,7 +379,7 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
                 meter.release(MemoryCategory::Communication, src);
             }
             if let Some(&next) = gathers.get(k + 1) {
-                start(next, &mut meter, &mut allocated);
+                start(next, meter, &mut allocated);
             }
         }
         let written: &[usize] = match step {
@@ -346,5 +400,4 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
             }
         }
     }
-    meter.report()
 }

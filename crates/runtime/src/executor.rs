@@ -815,6 +815,21 @@ impl RankExecutor {
         Tensor::zeros(spec.dtype, &shape)
     }
 
+    /// [`RankExecutor::fresh_buffer`], its bytes counted in `b`'s memory category until
+    /// [`RankExecutor::release_counted`] (a pipelined micro-batch's own buffers).
+    pub fn fresh_counted(&mut self, b: usize) -> Tensor {
+        let t = self.fresh_buffer(b);
+        self.meter
+            .hold(self.lifetimes.category[b], t.as_bytes().len());
+        t
+    }
+
+    /// Stops counting `t`, a [`RankExecutor::fresh_counted`] buffer of `b`, as it is dropped.
+    pub fn release_counted(&mut self, b: usize, t: Tensor) {
+        self.meter
+            .release(self.lifetimes.category[b], t.as_bytes().len());
+    }
+
     /// Buffer `b` (for accumulating a micro-batch's gradients).
     pub fn buffer_at(&self, b: usize) -> &Tensor {
         self.buffer(b)

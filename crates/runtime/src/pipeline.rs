@@ -8,8 +8,11 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use comm::{Tag, MAX_TAG};
-use parallel::pipeline::{ActionKind, Schedule, StepPhase};
-use parallel::{Program, Step};
+use parallel::pipeline::{
+    frees_micro_batch, step_reads, step_writes, Action, ActionKind, MicroBatchBuffers, Schedule,
+    StepPhase,
+};
+use parallel::Program;
 use tensor::Tensor;
 
 use crate::error::RuntimeError;
@@ -112,7 +115,6 @@ impl PipelineRunner {
         let (mut prologue, mut epilogue) = (Vec::new(), Vec::new());
         let mut forward: Vec<StepList> = vec![Vec::new(); chunks];
         let mut backward: Vec<StepList> = vec![Vec::new(); chunks];
-        let mut local: Vec<usize> = program.inputs.iter().map(|i| i.buffer).collect();
         let mut pass =
             |b: bool, chunk: usize, step: (usize, Option<Tag>)| -> Result<(), RuntimeError> {
                 let lists = if b { &mut backward } else { &mut forward };
@@ -138,7 +140,6 @@ impl PipelineRunner {
                     if s == stage {
                         pass(b, chunk, (i, None))?;
                     }
-                    local.extend(written(program, i));
                 }
                 StepPhase::Transfer {
                     from,
@@ -153,24 +154,11 @@ impl PipelineRunner {
                     if to == stage {
                         pass(b, to_chunk, (i, tag(i)))?;
                     }
-                    local.extend(written(program, i));
                 }
             }
         }
-        local.sort_unstable();
-        local.dedup();
-        let mut summed: Vec<usize> = epilogue
-            .iter()
-            .filter_map(|&(i, _)| match &program.steps[i] {
-                Step::Reshard(r) => Some(r.from),
-                Step::Kernel(_) => None,
-            })
-            .chain(program.params.iter().filter_map(|p| p.grad_buffer))
-            .chain(program.outputs.iter().map(|o| o.buffer))
-            .filter(|b| local.binary_search(b).is_ok())
-            .collect();
-        summed.sort_unstable();
-        summed.dedup();
+        let MicroBatchBuffers { local, summed } =
+            parallel::pipeline::micro_batch_buffers(program, per_stage);
         let (backward_input, backward_weight): (Vec<StepList>, Vec<StepList>) = backward
             .iter()
             .enumerate()
@@ -222,7 +210,7 @@ impl PipelineRunner {
         let mut sums: Vec<Option<Tensor>> = self
             .summed
             .iter()
-            .map(|&b| Some(exec.fresh_buffer(b)))
+            .map(|&b| Some(exec.fresh_counted(b)))
             .collect();
         for &(kind, mb, chunk) in &self.actions {
             let entry = slots.get_mut(mb).ok_or_else(|| RuntimeError::Mismatch {
@@ -233,7 +221,7 @@ impl PipelineRunner {
             let slot = entry.get_or_insert_with(|| {
                 self.local
                     .iter()
-                    .map(|&b| Some(exec.fresh_buffer(b)))
+                    .map(|&b| Some(exec.fresh_counted(b)))
                     .collect()
             });
             if trace.micro_batch_bytes == 0 {
@@ -265,8 +253,7 @@ impl PipelineRunner {
             }
             let steps = |lists| pick(lists, chunk);
             // A micro-batch's last action on this stage is chunk 0's (whole or weight) backward.
-            let last =
-                chunk == 0 && matches!(kind, ActionKind::Backward | ActionKind::BackwardWeight);
+            let last = frees_micro_batch(&Action::new(kind, mb, chunk));
             let result = match kind {
                 ActionKind::Forward => {
                     (if chunk == 0 { feed(exec, mb) } else { Ok(()) }).and_then(|()| {
@@ -301,7 +288,11 @@ impl PipelineRunner {
             exec.swap_buffers(&self.local, slot);
             // The last backward action of a micro-batch frees its buffers.
             if last {
-                *entry = None;
+                if let Some(slot) = entry.take() {
+                    for (&b, t) in self.local.iter().zip(slot) {
+                        exec.release_counted(b, t.expect("slots are whole after a swap"));
+                    }
+                }
                 in_flight.remove(&mb);
             }
             result?;
@@ -314,6 +305,7 @@ impl PipelineRunner {
             if dst.n_elements() > 0 {
                 tensor::kernels::accumulate_scaled(dst, share, &sum)?;
             }
+            exec.release_counted(b, sum);
         }
         exec.run_steps(&self.epilogue)?;
         exec.finish_gradients();
@@ -396,9 +388,9 @@ fn split_backward(
             StepPhase::Transfer { from, from_chunk, backward: true, .. }
                 if from == stage && from_chunk == chunk
         );
-        if sends_back || written(program, i).iter().any(|b| wanted.contains(b)) {
+        if sends_back || step_writes(program, i).iter().any(|b| wanted.contains(b)) {
             needed[j] = true;
-            wanted.extend(read(program, i));
+            wanted.extend(step_reads(program, i));
         }
     }
     let (mut input, mut weight) = (Vec::new(), Vec::new());
@@ -406,22 +398,6 @@ fn split_backward(
         if needed[j] { &mut input } else { &mut weight }.push(step);
     }
     (input, weight)
-}
-
-/// The buffers step `i` reads.
-fn read(program: &Program, i: usize) -> Vec<usize> {
-    match &program.steps[i] {
-        Step::Kernel(k) => k.inputs.clone(),
-        Step::Reshard(r) => vec![r.from],
-    }
-}
-
-/// The buffers step `i` writes.
-fn written(program: &Program, i: usize) -> Vec<usize> {
-    match &program.steps[i] {
-        Step::Kernel(k) => k.outputs.clone(),
-        Step::Reshard(r) => vec![r.to],
-    }
 }
 
 /// The Chrome trace-event JSON (Perfetto, chrome://tracing) of the ranks' pipelined steps: one

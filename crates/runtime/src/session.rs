@@ -872,10 +872,7 @@ impl Session {
         }
         // A run of no step still ends with every parameter (saved, reported).
         exec.materialize_parameters()?;
-        let memory = match pipelined {
-            Some(_) => Vec::new(),
-            None => crate::memory::gather_reports(world.as_ref(), &exec.memory().report())?,
-        };
+        let memory = crate::memory::gather_reports(world.as_ref(), &exec.memory().report())?;
         callbacks.on_train_end(&TrainEndInfo {
             rank,
             epochs: epochs_run,
@@ -955,19 +952,34 @@ impl Session {
         crate::group_info::write_group_info(&path, &self.train, rank, &exec.created_groups())
     }
 
-    /// The memory `rank` will hold training this session (see [`parallel::memory`]), or
-    /// `None` for pipelined steps, whose in-flight micro-batches it does not predict.
+    /// The memory `rank` will hold training this session (see [`parallel::memory`]); for
+    /// pipelined steps, with as many micro-batches in flight as its stage's schedule holds.
+    /// `None` only when the pipeline's schedule cannot be built (the run would fail first).
     pub fn predict_memory(&self, rank: usize) -> Option<MemoryReport> {
-        if self.is_pipelined() {
-            return None;
-        }
         let accumulation_sharded = self.accumulation_sharded();
         let state = TrainingState {
             optimizer_tensors: self.config.optimizer_config().kind.state_names().len(),
             accumulation_sharded: (self.micro_steps() > 1).then_some(accumulation_sharded),
             master_weights: self.config.train().precision.has_master_weights(),
         };
-        Some(parallel::memory::predict(&self.train, rank, state))
+        match self.pipeline_schedule().ok()? {
+            None => Some(parallel::memory::predict(&self.train, rank, state)),
+            Some((schedule, per_stage)) => {
+                let stage = rank / per_stage.max(1);
+                let held = schedule
+                    .per_stage()
+                    .get(stage)
+                    .map_or(0, |actions| parallel::pipeline::micro_batches_held(actions));
+                let buffers = parallel::pipeline::micro_batch_buffers(&self.train, per_stage);
+                Some(parallel::memory::predict_pipelined(
+                    &self.train,
+                    rank,
+                    state,
+                    &buffers,
+                    held,
+                ))
+            }
+        }
     }
 
     /// Whether gradient accumulation keeps only each rank's optimizer piece
@@ -992,6 +1004,22 @@ impl Session {
     /// This rank's plan for pipelined steps, when the run has pipeline stages and more than one
     /// micro-batch per step.
     fn pipeline_runner(&self, rank: usize) -> Result<Option<PipelineRunner>, RuntimeError> {
+        let Some((schedule, per_stage)) = self.pipeline_schedule()? else {
+            return Ok(None);
+        };
+        Ok(Some(PipelineRunner::new(
+            &self.train,
+            &schedule,
+            rank,
+            per_stage,
+        )?))
+    }
+
+    /// The schedule of a pipelined session and the ranks per stage (`None` when steps are not
+    /// pipelined).
+    fn pipeline_schedule(
+        &self,
+    ) -> Result<Option<(parallel::pipeline::Schedule, usize)>, RuntimeError> {
         let parallel = self.config.parallel_config();
         let Some(p) = parallel.pipeline.filter(|p| p.stages > 1) else {
             return Ok(None);
@@ -1008,13 +1036,7 @@ impl Session {
                 key: "parallel.pipeline".to_string(),
                 reason: e.to_string(),
             })?;
-        let per_stage = self.devices() / p.stages;
-        Ok(Some(PipelineRunner::new(
-            &self.train,
-            &schedule,
-            rank,
-            per_stage,
-        )?))
+        Ok(Some((schedule, self.devices() / p.stages)))
     }
 
     fn accumulate_step(

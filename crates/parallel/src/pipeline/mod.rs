@@ -40,6 +40,7 @@
 //! assert!((report.dependency.bubble_fraction - 1.0 / 9.0).abs() < 1e-12);
 //! ```
 
+mod buffers;
 mod config;
 mod error;
 mod phases;
@@ -48,6 +49,10 @@ mod schedule;
 mod simulate;
 mod stages;
 
+pub use buffers::{
+    frees_micro_batch, micro_batch_buffers, micro_batches_held, step_reads, step_writes,
+    MicroBatchBuffers,
+};
 pub use config::{
     PipelineConfig, Scheduler, DEFAULT_VIRTUAL_STAGES, MAX_MICRO_BATCHES, MAX_STAGES,
     MAX_TOTAL_PASSES, MAX_VIRTUAL_STAGES,
