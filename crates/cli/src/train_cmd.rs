@@ -260,6 +260,12 @@ fn explain_json(session: &Session, rank: usize) -> serde_json::Value {
             "distinct": program.plan_reuse.distinct,
             "total": program.plan_reuse.total,
         },
+        "gather_buckets": program.gather_buckets.iter().map(|b| serde_json::json!({
+            "kind": "allgather",
+            "bytes": b.bytes,
+            "groups": b.groups,
+            "params": b.gathers.iter().map(|&g| program.params[program.weight_gathers[g].param].name.as_str()).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "buckets": program.buckets.iter().map(|b| serde_json::json!({
             "kind": if b.scatter { "reducescatter" } else { "allreduce" },
             "bytes": b.bytes,

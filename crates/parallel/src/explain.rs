@@ -239,6 +239,20 @@ impl Program {
                     g.plan.bytes_total()
                 );
             }
+            for (i, b) in self.gather_buckets.iter().enumerate() {
+                let names: Vec<&str> = b
+                    .gathers
+                    .iter()
+                    .map(|&g| self.params[self.weight_gathers[g].param].name.as_str())
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "    gather bucket {i} (parallel.comm_fusion allgather): one all-gather of {} B per rank over each of {} groups replaces the gathers of {}",
+                    b.bytes,
+                    b.groups.len(),
+                    names.join(", ")
+                );
+            }
         }
         out
     }

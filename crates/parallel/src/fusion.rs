@@ -36,6 +36,8 @@ pub struct CommFusionConfig {
     pub allreduce: FusionMode,
     /// The gradients' reduce-scatters (hsdp levels 2 and 3).
     pub reducescatter: FusionMode,
+    /// The all-gathers of updated weight pieces after the optimizer step (hsdp levels 1 and 2).
+    pub allgather: FusionMode,
 }
 
 impl Default for CommFusionConfig {
@@ -45,6 +47,7 @@ impl Default for CommFusionConfig {
             openstate: true,
             allreduce: FusionMode::Auto,
             reducescatter: FusionMode::Auto,
+            allgather: FusionMode::Auto,
         }
     }
 }
@@ -132,38 +135,7 @@ pub fn gradient_buckets(program: &Program, config: &CommFusionConfig) -> Vec<Com
             true => &config.reducescatter,
             false => &config.allreduce,
         };
-        // Runs of candidates, each run cut by size or taken whole (one per index range).
-        let runs: Vec<Vec<Candidate>> = match mode {
-            FusionMode::Index(bounds) => {
-                let mut parts: BTreeMap<usize, Vec<Candidate>> = BTreeMap::new();
-                for c in candidates {
-                    let part = bounds.iter().filter(|&&x| x <= c.param).count();
-                    parts.entry(part).or_default().push(c);
-                }
-                parts.into_values().collect()
-            }
-            FusionMode::Auto | FusionMode::Size(_) => {
-                let limit = match mode {
-                    FusionMode::Size(limit) => *limit,
-                    _ => AUTO_BUCKET_BYTES,
-                };
-                let mut runs: Vec<Vec<Candidate>> = Vec::new();
-                let mut bytes = 0;
-                for c in candidates {
-                    match runs.last_mut() {
-                        Some(run) if bytes + c.bytes <= limit => {
-                            bytes += c.bytes;
-                            run.push(c);
-                        }
-                        _ => {
-                            bytes = c.bytes;
-                            runs.push(vec![c]);
-                        }
-                    }
-                }
-                runs
-            }
-        };
+        let runs = cut_into_runs(candidates, mode, |c| c.param, |c| c.bytes);
         buckets.extend(runs.into_iter().map(|run| CommBucket {
             scatter,
             steps: run.iter().map(|c| c.step).collect(),
@@ -174,6 +146,171 @@ pub fn gradient_buckets(program: &Program, config: &CommFusionConfig) -> Vec<Com
     }
     buckets.sort_by_key(|b| (b.ready_after, b.steps[0]));
     buckets
+}
+
+/// `items` (in order) cut into buckets under `mode`: by size (`auto`: 64 MB), a larger item
+/// alone; or at parameter indices (`index`), each range whole.
+fn cut_into_runs<T>(
+    items: Vec<T>,
+    mode: &FusionMode,
+    param: impl Fn(&T) -> usize,
+    bytes: impl Fn(&T) -> usize,
+) -> Vec<Vec<T>> {
+    match mode {
+        FusionMode::Index(bounds) => {
+            let mut parts: BTreeMap<usize, Vec<T>> = BTreeMap::new();
+            for item in items {
+                let part = bounds.iter().filter(|&&x| x <= param(&item)).count();
+                parts.entry(part).or_default().push(item);
+            }
+            parts.into_values().collect()
+        }
+        FusionMode::Auto | FusionMode::Size(_) => {
+            let limit = match mode {
+                FusionMode::Size(limit) => *limit,
+                _ => AUTO_BUCKET_BYTES,
+            };
+            let mut runs: Vec<Vec<T>> = Vec::new();
+            let mut total = 0;
+            for item in items {
+                let b = bytes(&item);
+                match runs.last_mut() {
+                    Some(run) if total + b <= limit => {
+                        total += b;
+                        run.push(item);
+                    }
+                    _ => {
+                        total = b;
+                        runs.push(vec![item]);
+                    }
+                }
+            }
+            runs
+        }
+    }
+}
+
+/// Weight gathers run as one all-gather per group: every member's updated pieces of the
+/// bucket's parameters, concatenated, gathered, and each member's piece copied to its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatherBucket {
+    /// The weight gathers (indices into [`Program::weight_gathers`]), in parameter order.
+    pub gathers: Vec<usize>,
+    /// The groups gathering together (device ranks, in piece order); every rank of the
+    /// parameters' meshes is in exactly one. Group member `j`'s piece of each parameter is
+    /// rows `j · rows ..` of the group's common slice.
+    pub groups: Vec<Vec<usize>>,
+    /// Bytes of one member's concatenated pieces.
+    pub bytes: usize,
+}
+
+/// The gather groups of weight gather `g` and one member's piece bytes, when the gather is an
+/// all-gather of equal dim-0 pieces (what an `hsdp` shard is); `None` when it cannot be fused.
+/// The replicas of a slice hold its pieces in classes (the ranks holding the same piece); the
+/// `t`-th rank of every class, in piece order, gather together.
+fn gather_groups(program: &Program, g: usize) -> Option<(Vec<Vec<usize>>, usize)> {
+    let param = &program.params[program.weight_gathers[g].param];
+    let shard = param.optimizer_shard()?;
+    let (slices, pieces) = (&param.layout, &shard.layout);
+    let mesh = slices.mesh();
+    let width = program.buffers[param.buffer].dtype.size_in_bytes();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut piece_bytes = None;
+    for slot in 0..mesh.n_slots() {
+        let mut replicas: Vec<usize> = slices
+            .replica_slots(slot)
+            .into_iter()
+            .map(|s| mesh.device_of_slot(s))
+            .collect();
+        replicas.sort_unstable();
+        if replicas[0] != mesh.device_of_slot(slot) {
+            continue;
+        }
+        let whole = slices.slot_box(slot);
+        // The ranks holding each piece, by the piece's first row.
+        let mut classes: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for &rank in &replicas {
+            let piece = pieces.slot_box(pieces.mesh().slot_of_rank(rank)?);
+            if piece.shape[1..] != whole.shape[1..] || piece.offset[1..] != whole.offset[1..] {
+                return None;
+            }
+            classes
+                .entry(*piece.offset.first()?)
+                .or_default()
+                .push(rank);
+        }
+        let rows = *whole.shape.first()? / classes.len();
+        let per_class = replicas.len() / classes.len();
+        for (k, (&first_row, holders)) in classes.iter().enumerate() {
+            let piece = pieces.slot_box(pieces.mesh().slot_of_rank(holders[0])?);
+            if first_row != whole.offset[0] + k * rows
+                || piece.shape[0] != rows
+                || holders.len() != per_class
+            {
+                return None;
+            }
+        }
+        let bytes = piece_elements(&whole.shape, rows) * width;
+        if *piece_bytes.get_or_insert(bytes) != bytes {
+            return None;
+        }
+        for t in 0..per_class {
+            groups.push(classes.values().map(|holders| holders[t]).collect());
+        }
+    }
+    groups.sort();
+    Some((groups, piece_bytes?))
+}
+
+/// Elements of a `rows`-row piece of a slice of `shape`.
+fn piece_elements(shape: &[usize], rows: usize) -> usize {
+    rows * shape[1..].iter().product::<usize>()
+}
+
+/// The buckets of `program`'s weight gathers under `config` (`allgather`): gathers over the
+/// same groups in the same type fuse, in parameter order, cut by size or index.
+pub fn gather_buckets(program: &Program, config: &CommFusionConfig) -> Vec<GatherBucket> {
+    if !config.openstate {
+        return Vec::new();
+    }
+    let mut by_key: BTreeMap<String, (Vec<Vec<usize>>, Vec<(usize, usize, usize)>)> =
+        BTreeMap::new();
+    for g in 0..program.weight_gathers.len() {
+        let Some((groups, bytes)) = gather_groups(program, g) else {
+            continue;
+        };
+        let param = program.weight_gathers[g].param;
+        let dtype = program.buffers[program.params[param].buffer].dtype;
+        let key = format!("{dtype:?}{groups:?}");
+        by_key
+            .entry(key)
+            .or_insert_with(|| (groups, Vec::new()))
+            .1
+            .push((g, param, bytes));
+    }
+    let mut buckets = Vec::new();
+    for (_, (groups, gathers)) in by_key {
+        for run in cut_into_runs(gathers, &config.allgather, |c| c.1, |c| c.2) {
+            buckets.push(GatherBucket {
+                gathers: run.iter().map(|c| c.0).collect(),
+                groups: groups.clone(),
+                bytes: run.iter().map(|c| c.2).sum(),
+            });
+        }
+    }
+    buckets.sort_by_key(|b| b.gathers[0]);
+    buckets
+}
+
+/// By weight gather: whether a [`GatherBucket`] runs it.
+pub fn fused_gathers(program: &Program) -> Vec<bool> {
+    let mut fused = vec![false; program.weight_gathers.len()];
+    for bucket in &program.gather_buckets {
+        for &g in &bucket.gathers {
+            fused[g] = true;
+        }
+    }
+    fused
 }
 
 /// With `computation_allgather_overlap`: the steps (in order) that gather a level-3 weight from

@@ -186,6 +186,9 @@ pub struct Program {
     /// The gradient reductions run fused, bucket by bucket (`[parallel.comm_fusion]`); their
     /// steps are not run one by one.
     pub buckets: Vec<crate::fusion::CommBucket>,
+    /// The weight gathers run fused, bucket by bucket (`[parallel.comm_fusion] allgather`);
+    /// the others run one by one.
+    pub gather_buckets: Vec<crate::fusion::GatherBucket>,
     /// Communications in the program, and how many distinct plans they use
     /// (`parallel.comm_reuse`).
     pub plan_reuse: PlanReuse,
@@ -526,11 +529,13 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         grad_scale,
         weight_gathers,
         buckets: Vec::new(),
+        gather_buckets: Vec::new(),
         plan_reuse: PlanReuse::default(),
     };
     share_plans(&mut program, placed.config.comm_reuse);
     if let Some(fusion) = &placed.config.comm_fusion {
         program.buckets = crate::fusion::gradient_buckets(&program, fusion);
+        program.gather_buckets = crate::fusion::gather_buckets(&program, fusion);
     }
     Ok(program)
 }

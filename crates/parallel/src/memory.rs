@@ -233,7 +233,20 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
     }
     hold_training_state(&mut meter, program, rank, state);
     walk_steps(&mut meter, program, rank, &lifetimes);
+    hold_fused_gathers(&mut meter, program, rank);
     meter.report()
+}
+
+/// The fused weight gathers after the update: each bucket's packed pieces and the gathered
+/// buffer, held while it runs.
+fn hold_fused_gathers(meter: &mut MemoryMeter, program: &Program, rank: usize) {
+    for bucket in &program.gather_buckets {
+        if let Some(group) = bucket.groups.iter().find(|g| g.contains(&rank)) {
+            let transient = bucket.bytes * (1 + group.len());
+            meter.hold(MemoryCategory::Communication, transient);
+            meter.release(MemoryCategory::Communication, transient);
+        }
+    }
 }
 
 /// The memory `rank` will hold running `program` pipelined with `state` beside it: every
@@ -264,6 +277,14 @@ pub fn predict_pipelined(
             hold(&mut meter, b);
         }
     }
+    for &b in buffers
+        .summed
+        .iter()
+        .chain((0..held).flat_map(|_| &buffers.local))
+    {
+        meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
+    }
+    hold_fused_gathers(&mut meter, program, rank);
     meter.report()
 }
 
@@ -296,7 +317,13 @@ fn hold_training_state(
             None => {}
         }
     }
-    for g in &program.weight_gathers {
+    let fused = crate::fusion::fused_gathers(program);
+    for (g, _) in program
+        .weight_gathers
+        .iter()
+        .zip(&fused)
+        .filter(|(_, &f)| !f)
+    {
         let width = program.buffers[program.params[g.param].buffer]
             .dtype
             .size_in_bytes();

@@ -358,12 +358,20 @@ impl RankExecutor {
             })
             .collect();
         let pieces = optimizer_pieces(&program, rank)?;
+        let fused_gathers = parallel::fusion::fused_gathers(&program);
         let gather_sources = program
             .weight_gathers
             .iter()
-            .map(|g| {
+            .zip(&fused_gathers)
+            .map(|(g, &fused)| {
                 let dtype = program.buffers[program.params[g.param].buffer].dtype;
-                let t = Tensor::zeros(dtype, &pieces[g.param].shape);
+                // A fused gather packs its source with its bucket's.
+                let shape = if fused {
+                    vec![0]
+                } else {
+                    pieces[g.param].shape.clone()
+                };
+                let t = Tensor::zeros(dtype, &shape);
                 meter.hold(MemoryCategory::Communication, t.as_bytes().len());
                 t
             })
@@ -672,7 +680,15 @@ impl RankExecutor {
     /// `hsdp` levels 1 and 2; nothing otherwise).
     pub fn gather_updated_weights(&mut self) -> Result<(), RuntimeError> {
         let program = self.program.clone();
-        for (g, src) in program.weight_gathers.iter().zip(&mut self.gather_sources) {
+        let fused = parallel::fusion::fused_gathers(&program);
+        for bucket in &program.gather_buckets {
+            self.run_gather_bucket(&program, bucket)?;
+        }
+        let unfused = program.weight_gathers.iter().zip(&fused);
+        for ((g, _), src) in unfused
+            .zip(&mut self.gather_sources)
+            .filter(|((_, &f), _)| !f)
+        {
             let p = &program.params[g.param];
             if p.layout.mesh().slot_of_rank(self.rank).is_none() {
                 continue;
@@ -691,6 +707,53 @@ impl RankExecutor {
             let [param] = out;
             self.buffers[p.buffer] = Some(param);
             result?;
+        }
+        Ok(())
+    }
+
+    /// One fused weight gather (`[parallel.comm_fusion] allgather`): this rank's updated
+    /// pieces of the bucket's parameters, concatenated, all-gathered over its group, and every
+    /// member's piece copied to its rows of the parameter's slice.
+    fn run_gather_bucket(
+        &mut self,
+        program: &Program,
+        bucket: &parallel::fusion::GatherBucket,
+    ) -> Result<(), RuntimeError> {
+        let Some(group) = bucket.groups.iter().find(|g| g.contains(&self.rank)) else {
+            return Ok(());
+        };
+        let params: Vec<usize> = bucket
+            .gathers
+            .iter()
+            .map(|&g| program.weight_gathers[g].param)
+            .collect();
+        let mut packed = Vec::with_capacity(bucket.bytes);
+        let mut lengths = Vec::with_capacity(params.len());
+        for &i in &params {
+            let param = self.param(i);
+            let width = param.dtype().size_in_bytes();
+            let piece = &self.pieces[i];
+            let len = piece.shape.iter().product::<usize>() * width;
+            let start = piece.param_offset * width;
+            packed.extend_from_slice(&param.as_bytes()[start..start + len]);
+            lengths.push(len);
+        }
+        let mut gathered = vec![0u8; packed.len() * group.len()];
+        let transient = packed.len() + gathered.len();
+        self.meter.hold(MemoryCategory::Communication, transient);
+        let result = self
+            .runner
+            .group(group)
+            .and_then(|comm| Ok(comm.all_gather_bytes(&packed, &mut gathered)?));
+        self.meter.release(MemoryCategory::Communication, transient);
+        result?;
+        let mut at = 0;
+        for member in 0..group.len() {
+            for (&i, &len) in params.iter().zip(&lengths) {
+                let dst = &mut self.param_mut(i).as_bytes_mut()[member * len..(member + 1) * len];
+                dst.copy_from_slice(&gathered[at..at + len]);
+                at += len;
+            }
         }
         Ok(())
     }

@@ -88,6 +88,91 @@ fn every_fusion_mode_trains_one_devices_numbers() {
     }
 }
 
+/// Fused weight gathers (`allgather`, hsdp levels 1 and 2): every gather of the bucket's
+/// parameters runs as one all-gather per group, including groups of a shard size below the
+/// replica count; the weights are the unfused gathers' bits, every rank's memory is as
+/// predicted, and the buckets are where the mode puts them.
+#[test]
+fn fused_weight_gathers_train_the_unfused_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 4;
+    let dp4 = "devices = 4\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
+    let cases = [
+        (
+            "dp 2, level 1, auto",
+            DP2.to_string(),
+            "level1",
+            "",
+            "{ mode = \"auto\" }",
+            Some(1),
+        ),
+        (
+            "dp 2 × mp 2, level 2, index",
+            DP2_MP2.to_string(),
+            "level2",
+            "",
+            "{ mode = \"index\", config = [6] }",
+            None,
+        ),
+        (
+            "dp 4, level 1, shard size 2, size 1 MB",
+            dp4.to_string(),
+            "level1",
+            "shard_size = 2\n",
+            "{ mode = \"size\", config = 1 }",
+            None,
+        ),
+    ];
+    for (i, (what, parallel, level, extra, mode, expected)) in cases.iter().enumerate() {
+        let hsdp =
+            format!("[parallel.hsdp]\noptimizer_level = \"{level}\"\nthreshold = 0\n{extra}");
+        let unfused = format!("{parallel}{hsdp}");
+        let fused = format!("{parallel}{hsdp}[parallel.comm_fusion]\nallreduce = {{ mode = \"auto\" }}\nreducescatter = {{ mode = \"auto\" }}\nallgather = {mode}\n");
+        let plain = format!("{parallel}{hsdp}[parallel.comm_fusion]\nallgather = {{ mode = \"index\", config = [] }}\nopenstate = false\n");
+        let run = |name: &str, body: &str| {
+            train_report(&adam_gpt(
+                &tmp.path().join(format!("{i}-{name}")),
+                body,
+                steps,
+                &[],
+            ))
+        };
+        let (_, _, reference) = run("unfused", &unfused);
+        let (session, report, with) = run("fused", &fused);
+        let buckets = &session.train.gather_buckets;
+        assert!(!buckets.is_empty(), "{what}: a fused gather");
+        if let Some(n) = expected {
+            assert_eq!(buckets.len(), *n, "{what}: buckets");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for b in buckets {
+            for &g in &b.gathers {
+                assert!(seen.insert(g), "{what}: gather {g} in two buckets");
+            }
+            let mut ranks: Vec<usize> = b.groups.iter().flatten().copied().collect();
+            ranks.sort_unstable();
+            assert_eq!(
+                ranks,
+                (0..session.devices()).collect::<Vec<_>>(),
+                "{what}: every rank once"
+            );
+        }
+        run_util::assert_bitwise_run(what, &with, &reference);
+        for (rank, m) in report.ranks[0].memory_by_rank.iter().enumerate() {
+            assert_eq!(
+                Some(*m),
+                session.predict_memory(rank),
+                "{what}: rank {rank}'s memory"
+            );
+        }
+        let (session, _, _) = run("off", &plain);
+        assert!(
+            session.train.gather_buckets.is_empty(),
+            "{what}: openstate = false"
+        );
+    }
+}
+
 /// In deterministic mode a fused bucket adds in the canonical tree, as unfused reductions do:
 /// data parallel 2 with fusion trains bitwise one device's losses and parameters.
 #[test]

@@ -54,7 +54,8 @@ pub(super) fn read_recompute(key: &str, value: Value) -> Result<RecomputeConfig,
 }
 
 /// The keys of `[parallel.comm_fusion]`.
-pub(super) const COMM_FUSION_KEYS: &[&str] = &["openstate", "allreduce", "reducescatter"];
+pub(super) const COMM_FUSION_KEYS: &[&str] =
+    &["openstate", "allreduce", "reducescatter", "allgather"];
 
 /// The keys of one collective's entry: `allreduce = { mode = "size", config = 32 }`.
 const FUSION_MODE_KEYS: &[&str] = &["mode", "config"];
@@ -116,6 +117,7 @@ pub(super) fn read_comm_fusion(key: &str, value: Value) -> Result<CommFusionConf
         openstate: s.or("openstate", defaults.openstate, read_bool)?,
         allreduce: s.or("allreduce", defaults.allreduce, read_fusion_mode)?,
         reducescatter: s.or("reducescatter", defaults.reducescatter, read_fusion_mode)?,
+        allgather: s.or("allgather", defaults.allgather, read_fusion_mode)?,
     })
 }
 
