@@ -273,8 +273,10 @@ pub fn gather_buckets(program: &Program, config: &CommFusionConfig) -> Vec<Gathe
     if !config.openstate {
         return Vec::new();
     }
-    let mut by_key: BTreeMap<String, (Vec<Vec<usize>>, Vec<(usize, usize, usize)>)> =
-        BTreeMap::new();
+    // By group partition and type: the partition, and each gather with its parameter and
+    // bytes per member.
+    type Fusable = (Vec<Vec<usize>>, Vec<(usize, usize, usize)>);
+    let mut by_key: BTreeMap<String, Fusable> = BTreeMap::new();
     for g in 0..program.weight_gathers.len() {
         let Some((groups, bytes)) = gather_groups(program, g) else {
             continue;
