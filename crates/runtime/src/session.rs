@@ -159,9 +159,15 @@ impl ParamMemory {
 struct SavedState<'a> {
     exec: &'a RankExecutor,
     optimizer: &'a Optimizer,
+    /// Mixed precision's f32 master pieces, saved beside the half-precision weights.
+    master: Option<&'a MasterWeights>,
     trainable: &'a [usize],
     global_step: u64,
 }
+
+/// The checkpoint name of mixed precision's f32 master weight of a parameter, laid out like its
+/// optimizer state: `master_weight.<param>`.
+pub const MASTER_WEIGHT: &str = "master_weight";
 
 /// Where a pipelined run's per-stage MindSpore strategy files go, inside the run directory.
 pub const STAGE_STRATEGY_DIR: &str = "pipeline_stages";
@@ -517,7 +523,9 @@ impl Session {
             };
             let mut entries = vec![(p.name.clone(), weights, dtype)];
             if p.trainable {
-                entries.extend(states.iter().map(|s| {
+                let master = self.config.train().precision.has_master_weights();
+                let names = states.iter().chain(master.then_some(&MASTER_WEIGHT));
+                entries.extend(names.map(|s| {
                     (
                         state_checkpoint_name(s, &p.name),
                         state.clone(),
@@ -705,8 +713,10 @@ impl Session {
             exec.allocate_all();
         }
         let mut global_step = 0u64;
+        let mut resumed_masters = Vec::new();
         if let Some(from) = &self.config.output().resume_from {
-            global_step = self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
+            (global_step, resumed_masters) =
+                self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
         }
         let mut broadcast = Vec::new();
         if self.config.train().parameter_broadcast {
@@ -724,7 +734,15 @@ impl Session {
         let mut master = match precision.has_master_weights() {
             true => {
                 exec.materialize_parameters()?;
-                Some(MasterWeights::new(&exec, &trainable)?)
+                let mut master = MasterWeights::new(&exec, &trainable)?;
+                // A resume continues from the saved f32 masters (or f32 weights), not from the
+                // half-precision weights rounded from them.
+                for (k, piece) in resumed_masters.into_iter().enumerate() {
+                    if let Some(piece) = piece {
+                        *master.piece_mut(k) = piece;
+                    }
+                }
+                Some(master)
             }
             false => None,
         };
@@ -885,6 +903,7 @@ impl Session {
             let saved = SavedState {
                 exec: &exec,
                 optimizer: &optimizer,
+                master: master.as_ref(),
                 trainable: &trainable,
                 global_step,
             };
@@ -1140,6 +1159,13 @@ impl Session {
                 names.push(state_checkpoint_name(state, &self.train.params[i].name));
                 tensors.push(t);
             }
+            if let Some(master) = saved.master {
+                names.push(state_checkpoint_name(
+                    MASTER_WEIGHT,
+                    &self.train.params[i].name,
+                ));
+                tensors.push(master.piece(k));
+            }
         }
         names.push(GLOBAL_STEP.to_string());
         tensors.push(&step);
@@ -1167,6 +1193,9 @@ impl Session {
     /// `strategy_file_only_for_trainable_params = false`; otherwise they keep their
     /// initialisation) and optimizer state from the checkpoint in `from`, saved under any
     /// strategy (converted on load); returns the step it was saved at.
+    ///
+    /// Under mixed precision it also returns, by trainable parameter, the f32 master piece to
+    /// continue from: the saved `master_weight.<name>`, or the piece of a weight saved in f32.
     fn resume(
         &self,
         exec: &mut RankExecutor,
@@ -1174,7 +1203,7 @@ impl Session {
         trainable: &[usize],
         from: &Path,
         rank: usize,
-    ) -> Result<u64, RuntimeError> {
+    ) -> Result<(u64, Vec<Option<Tensor>>), RuntimeError> {
         let strategy_file = self
             .config
             .output()
@@ -1188,19 +1217,45 @@ impl Session {
                 targets.push((p.name.clone(), p.layout.clone()));
             }
         }
+        let masters_wanted = self.config.train().precision.has_master_weights();
+        let saved_names: Vec<String> = match masters_wanted {
+            true => ckpt::Strategy::load(&strategy_file)?
+                .params
+                .into_iter()
+                .map(|p| p.name)
+                .collect(),
+            false => Vec::new(),
+        };
         for &i in trainable {
             let p = &self.train.params[i];
             let state_layout = p.optimizer_shard().map_or(&p.layout, |shard| &shard.layout);
             for s in states {
                 targets.push((state_checkpoint_name(s, &p.name), state_layout.clone()));
             }
+            let master = state_checkpoint_name(MASTER_WEIGHT, &p.name);
+            if saved_names.contains(&master) {
+                targets.push((master, state_layout.clone()));
+            }
         }
+        let mut masters: Vec<Option<Tensor>> = vec![None; trainable.len()];
         let asked: Vec<(&str, &TensorLayout)> =
             targets.iter().map(|(n, l)| (n.as_str(), l)).collect();
         let loaded = ckpt::load_rank_tensors(from, &strategy_file, rank, &asked)?;
         for (name, tensor) in loaded {
             if let Some(i) = self.train.params.iter().position(|p| p.name == name) {
                 let want = exec.param_dtype(i);
+                // Weights saved in f32 are the masters of a mixed-precision resume.
+                if let Some(k) = trainable.iter().position(|&t| t == i) {
+                    if masters_wanted && tensor.dtype() == tensor::DType::F32 {
+                        let piece = exec.optimizer_piece(i);
+                        masters[k] = Some(crate::precision::f32_piece(
+                            &tensor,
+                            piece.param_offset,
+                            &piece.shape,
+                            1.0,
+                        )?);
+                    }
+                }
                 let values = match tensor.dtype() == want {
                     true => tensor,
                     false => tensor.to_dtype(want),
@@ -1209,10 +1264,14 @@ impl Session {
                 continue;
             }
             for (k, &i) in trainable.iter().enumerate() {
+                let param = &self.train.params[i].name;
                 for s in states {
-                    if state_checkpoint_name(s, &self.train.params[i].name) == name {
+                    if state_checkpoint_name(s, param) == name {
                         optimizer.load_state(k, s, &tensor)?;
                     }
+                }
+                if state_checkpoint_name(MASTER_WEIGHT, param) == name {
+                    masters[k] = Some(tensor.to_dtype(tensor::DType::F32));
                 }
             }
         }
@@ -1222,7 +1281,7 @@ impl Session {
             .map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) as u64)
             .unwrap_or(0);
         optimizer.set_step_count(step);
-        Ok(step)
+        Ok((step, masters))
     }
 
     /// The evaluation after an epoch: the test accuracy (images) or the validation loss

@@ -92,6 +92,59 @@ fn half_precision_halves_weights_and_activations() {
 
 /// An f16 loss scale so large that every gradient overflows: every rank skips every step, so
 /// the merged weights are the initial ones; the loss is still reported.
+/// A resumed mixed-precision run continues from the saved f32 master weights: 2 steps, a
+/// checkpoint, 2 more steps train bitwise the 4 steps of one run, with whole and with
+/// hsdp-sharded masters; a bf16 run resumed from an f32 checkpoint takes its weights as masters.
+#[test]
+fn a_half_precision_resume_continues_from_the_f32_masters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = "train.precision=\"bf16\"";
+    let level1 = format!("{DP2}[parallel.hsdp]\nthreshold = 0");
+    for (what, parallel) in [("dp 2", DP2.to_string()), ("dp 2, hsdp level 1", level1)] {
+        let dir = tmp.path().join(what.replace([' ', ','], "_"));
+        let whole = adam_gpt(&dir.join("whole"), &parallel, 4, &[bf16]);
+        let (_, _, reference) = run_util::train_report(&whole);
+        let first = adam_gpt(&dir.join("first"), &parallel, 2, &[bf16]);
+        run_util::train_steps(&first, 2);
+        let from = format!("output.resume_from=\"{}\"", dir.join("first").display());
+        let resumed = adam_gpt(&dir.join("resumed"), &parallel, 4, &[bf16, &from]);
+        let (_, _, run) = run_util::train_report(&resumed);
+        assert_eq!(
+            run.0[..],
+            reference.0[2..],
+            "{what}: losses of steps 3 and 4"
+        );
+        assert_eq!(
+            run.1, reference.1,
+            "{what}: weights and masters after step 4"
+        );
+    }
+    // From an f32 checkpoint: the masters are its weights, exactly.
+    let first = adam_gpt(&tmp.path().join("f32"), DP2, 2, &[]);
+    let (session, _) = run_util::train_steps(&first, 2);
+    let from = format!(
+        "output.resume_from=\"{}\"",
+        tmp.path().join("f32").display()
+    );
+    let resumed = adam_gpt(
+        &tmp.path().join("from-f32"),
+        DP2,
+        2,
+        &[bf16, &from, "train.max_steps=2"],
+    );
+    run_util::train_steps(&resumed, 0);
+    let names: Vec<String> = run_util::param_names(&session)
+        .into_iter()
+        .map(|n| format!("master_weight.{n}"))
+        .collect();
+    let masters = run_util::merged_params(&tmp.path().join("from-f32"), &names);
+    let weights =
+        run_util::merged_params(&tmp.path().join("f32"), &run_util::param_names(&session));
+    for ((name, m), (_, w)) in masters.iter().zip(&weights) {
+        assert_eq!(m, w, "{name}: the f32 weights became the masters");
+    }
+}
+
 #[test]
 fn an_overflowing_loss_scale_skips_every_step() {
     let tmp = tempfile::tempdir().unwrap();
