@@ -56,6 +56,12 @@ impl GroupInfo {
         w.buf
     }
 
+    /// Whether `bytes` hold only the fields of a group-info file (as a file a run may replace
+    /// with its own).
+    pub fn is_group_info(bytes: &[u8]) -> bool {
+        has_only_group_info_fields(bytes).is_ok()
+    }
+
     /// Writes the file atomically.
     pub fn write(&self, path: &Path, force: bool) -> Result<PathBuf> {
         crate::atomic_write::write_file(path, &self.encode(), force)

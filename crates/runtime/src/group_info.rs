@@ -61,13 +61,15 @@ pub fn restore_ranks(program: &Program, rank: usize) -> Vec<usize> {
 }
 
 /// Writes `rank`'s group-info file to `path` (atomically, replacing an earlier run's): the
-/// sub-groups `groups` it created and its restore list.
+/// sub-groups `groups` it created and its restore list. A file already there that is not a
+/// group-info file is refused, never replaced.
 pub fn write_group_info(
     path: &Path,
     program: &Program,
     rank: usize,
     groups: &[Vec<usize>],
 ) -> Result<(), RuntimeError> {
+    check_replaceable(path)?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| RuntimeError::Io {
             path: dir.to_path_buf(),
@@ -77,6 +79,23 @@ pub fn write_group_info(
     let info = ckpt::GroupInfo::for_rank(groups, &restore_ranks(program, rank));
     info.write(path, true)?;
     Ok(())
+}
+
+/// Nothing at `path`, or an earlier run's group-info file: what a run may write there.
+pub fn check_replaceable(path: &Path) -> Result<(), RuntimeError> {
+    if path.exists() && !is_group_info_file(path) {
+        return Err(RuntimeError::Unusable {
+            what: "output.group_info_file".to_string(),
+            path: path.to_path_buf(),
+            reason: "exists and is not a group-info file; refusing to replace it".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether `path` is a file holding a group-info message (an earlier run's).
+fn is_group_info_file(path: &Path) -> bool {
+    path.is_file() && std::fs::read(path).is_ok_and(|bytes| ckpt::GroupInfo::is_group_info(&bytes))
 }
 
 #[cfg(test)]

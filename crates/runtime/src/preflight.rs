@@ -29,12 +29,27 @@ pub fn check_before_start(
     metrics_log: Option<&Path>,
 ) -> Result<(), RuntimeError> {
     check_resume_from(session)?;
+    check_group_info_files(session)?;
     let created = prepare_output_dir(&session.config.output().dir)?;
     if let Some(path) = metrics_log {
         // A failure here removes the output directories just created (when `created` drops).
         check_metrics_log(path)?;
     }
     created.keep();
+    Ok(())
+}
+
+/// `output.group_info_file`: no rank's path holds a file other than a group-info file, which
+/// the run would refuse to replace after its first step.
+fn check_group_info_files(session: &Session) -> Result<(), RuntimeError> {
+    let output = session.config.output();
+    let Some(template) = &output.group_info_file else {
+        return Ok(());
+    };
+    for rank in 0..session.devices() {
+        let path = crate::group_info::group_info_path(&output.dir, template, rank);
+        crate::group_info::check_replaceable(&path)?;
+    }
     Ok(())
 }
 

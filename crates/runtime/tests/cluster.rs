@@ -81,6 +81,32 @@ fn group_info_with_full_optimizer_sharding_lists_only_the_rank() {
     }
 }
 
+/// A file at the group-info path that is not a group-info file is never replaced: the run
+/// fails naming the key and the file is untouched.
+#[test]
+fn group_info_never_replaces_a_foreign_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("notes_0.pb");
+    std::fs::write(&foreign, b"my own notes, not protobuf").unwrap();
+    let config = adam_gpt(dir.path(), DP2, 1, &["output.group_info_file=\"notes.pb\""]);
+    let session = runtime::Session::new(&config).unwrap();
+    let options = runtime::LaunchOptions {
+        print_loss: false,
+        ..runtime::LaunchOptions::default()
+    };
+    let err = runtime::train_local(&session, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("output.group_info_file") && err.contains("notes_0.pb"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&foreign).unwrap(),
+        b"my own notes, not protobuf"
+    );
+}
+
 /// The file reads back through the strategy tool's reader (`restore_group_info_list`).
 #[test]
 fn group_info_reads_back_with_restore_group_info_list() {
