@@ -153,6 +153,20 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         self.all_reduce_buf(BufMut::from_tensor(tensor), op)
     }
 
+    /// Starts [`all_reduce`](Communicator::all_reduce) of `tensor`, to finish with
+    /// [`PendingAllReduce::wait`] after the caller has computed meanwhile (every member starts
+    /// its reductions in the same order). A backend that can run it in the background does
+    /// (MPI's nonblocking all-reduce, advanced at each [`PendingAllReduce::test`]); the
+    /// default runs it now.
+    fn start_all_reduce(
+        &self,
+        mut tensor: Tensor,
+        op: ReduceOp,
+    ) -> Result<crate::PendingAllReduce, CommError> {
+        self.all_reduce(&mut tensor, op)?;
+        Ok(crate::PendingAllReduce::done(tensor))
+    }
+
     /// Reduces `buf` element-wise over all ranks, in place, in the canonical summation tree
     /// (deterministic mode, issue 17): every element becomes `tree(x_0, …, x_{n-1})` over the
     /// members in group-rank order, with the tree of [`tensor::kernels::tree::tree_reduce`]

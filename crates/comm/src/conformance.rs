@@ -74,7 +74,7 @@ macro_rules! __comm_case_list {
     ($callback:ident ! ($($prefix:tt)*)) => {
         $crate::$callback!($($prefix)*
             barrier, broadcast, all_reduce, all_reduce_tensor_and_slices, reduce_scatter,
-            all_reduce_deterministic,
+            all_reduce_deterministic, started_all_reduces,
             all_gather, all_gather_v, all_to_all, all_to_all_v, send_recv, split_and_groups,
             concurrent_groups, invalid_arguments_poison_nothing
         );
@@ -325,6 +325,42 @@ pub fn all_reduce(comm: &dyn Communicator) -> CaseResult {
             &format!("all_reduce {op} bool"),
             &t,
             &reference_reduce(&all, op),
+        )?;
+    }
+    Ok(())
+}
+
+/// Reductions started together and finished later ([`Communicator::start_all_reduce`]), as a
+/// fused gradient bucket is while the backward pass computes: several in flight at once, of
+/// the dtypes and ops a backend runs in the background and of those it runs at once, tested a
+/// few times and waited for in order, each equal to the serial reference.
+pub fn started_all_reduces(comm: &dyn Communicator) -> CaseResult {
+    let n = comm.size();
+    let cases = [
+        (DType::F32, ReduceOp::Sum, 40_003),
+        (DType::F64, ReduceOp::Max, 17),
+        (DType::F32, ReduceOp::Min, 0),
+        (DType::BF16, ReduceOp::Sum, 1_000),
+        (DType::F32, ReduceOp::Mean, n + 1),
+    ];
+    let mut pending = Vec::new();
+    for (i, &(dtype, op, len)) in cases.iter().enumerate() {
+        let all = inputs(dtype, &[len], n, 20 + i);
+        let mine = all[comm.rank()].clone();
+        pending.push((comm.start_all_reduce(mine, op)?, reference_reduce(&all, op)));
+    }
+    for _ in 0..3 {
+        for (p, _) in pending.iter_mut() {
+            p.test()?;
+        }
+    }
+    for ((p, want), &(dtype, op, len)) in pending.into_iter().zip(&cases) {
+        let got = p.wait()?;
+        expect_eq(
+            comm,
+            &format!("started all_reduce {op} {dtype}[{len}]"),
+            &got,
+            &want,
         )?;
     }
     Ok(())

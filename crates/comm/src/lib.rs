@@ -88,6 +88,7 @@ mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod op;
+mod pending;
 mod schedule;
 
 pub use crate::buf::{Buf, BufMut};
@@ -95,3 +96,4 @@ pub use crate::communicator::{split_counts, Communicator, CommunicatorExt, Tag, 
 pub use crate::error::{CommError, PeerFailure, Site};
 pub use crate::local::{LocalCluster, LocalComm};
 pub use crate::op::ReduceOp;
+pub use crate::pending::{InFlight, PendingAllReduce};

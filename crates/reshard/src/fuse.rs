@@ -85,7 +85,33 @@ pub struct PackedReduction {
     packed_bytes: usize,
 }
 
+/// A packed reduction started by [`ReshardRunner::start_packed`], in flight.
+#[derive(Debug)]
+pub struct StartedReduction {
+    packed: PackedReduction,
+    pending: comm::PendingAllReduce,
+}
+
+impl StartedReduction {
+    /// Advances the reduction (a backend that progresses only inside its calls needs this);
+    /// whether it has completed.
+    pub fn test(&mut self) -> Result<bool, ReshardError> {
+        Ok(self.pending.test()?)
+    }
+
+    /// Whether it runs in the background rather than having completed when started.
+    pub fn is_background(&self) -> bool {
+        self.pending.is_background()
+    }
+}
+
 impl PackedReduction {
+    /// The data, leaving an empty tensor of its type in its place.
+    fn take_data(&mut self) -> Tensor {
+        let empty = Tensor::zeros(self.data.dtype(), &[0]);
+        std::mem::replace(&mut self.data, empty)
+    }
+
     /// Packs `plans` (each a fusable reduction with one [`fusion_key`]) for `rank`: `local[i]`
     /// is its source slice of plan `i`. `None` when the rank is outside the plans' meshes.
     pub fn pack(
@@ -236,6 +262,43 @@ impl ReshardRunner {
             None => group.all_reduce(&mut packed.data, op)?,
         }
         Ok(())
+    }
+
+    /// Starts [`ReshardRunner::reduce_packed`] so that it can run while the caller computes:
+    /// an all-reduce starts on the group's communicator
+    /// ([`comm::Communicator::start_all_reduce`]); a reduce-scatter or a deterministic
+    /// all-reduce (the canonical tree) runs now. Finish with [`ReshardRunner::finish_packed`].
+    pub fn start_packed(
+        &mut self,
+        mut packed: PackedReduction,
+    ) -> Result<StartedReduction, ReshardError> {
+        if packed.counts.is_some() || packed.deterministic {
+            self.reduce_packed(&mut packed)?;
+            let data = packed.take_data();
+            return Ok(StartedReduction {
+                packed,
+                pending: comm::PendingAllReduce::done(data),
+            });
+        }
+        let op = packed.op.comm_op();
+        let group = self.group(&packed.group)?;
+        let data = packed.take_data();
+        let pending = group.start_all_reduce(data, op)?;
+        Ok(StartedReduction { packed, pending })
+    }
+
+    /// Waits for a [`ReshardRunner::start_packed`] reduction: the packed result, as
+    /// [`ReshardRunner::reduce_packed`] leaves it.
+    pub fn finish_packed(
+        &mut self,
+        started: StartedReduction,
+    ) -> Result<PackedReduction, ReshardError> {
+        let StartedReduction {
+            mut packed,
+            pending,
+        } = started;
+        packed.data = pending.wait()?;
+        Ok(packed)
     }
 
     /// Runs `plans` (each a fusable reduction with one [`fusion_key`]) as one collective:

@@ -58,7 +58,7 @@ mod test_util;
 
 pub use crate::error::ReshardError;
 pub use crate::execute::{reshard, DistTensor, ReshardRunner};
-pub use crate::fuse::{fusion_key, FusionKey, PackedReduction};
+pub use crate::fuse::{fusion_key, FusionKey, PackedReduction, StartedReduction};
 pub use crate::lower::{lower, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
 pub use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
 pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};

@@ -819,6 +819,9 @@ impl RankExecutor {
             for b in 0..self.buckets_after[i].len() {
                 self.run_bucket(&program, self.buckets_after[i][b])?;
             }
+            if let Some(progress) = self.overlap.as_mut() {
+                progress.poll()?;
+            }
             self.release_after(i);
         }
         self.collect_buckets(&program)?;

@@ -7,15 +7,16 @@
 //! built (every rank in the same order, so the groups match across ranks and never race the
 //! main runner's). MPI serialises a process's calls under one lock held for a whole
 //! collective, so a second thread in a collective could deadlock two ranks' main threads; there
-//! a gather runs when handed over and the buckets when collected, in order — the same memory,
-//! no overlap.
+//! a gather runs when handed over, and a bucket starts as MPI's nonblocking all-reduce when
+//! handed over and progresses while the steps go on (advanced between steps, finished when the
+//! buckets are collected). Reduce-scatter buckets and deterministic ones run when handed over.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use reshard::{PackedReduction, ReshardError, ReshardPlan, ReshardRunner};
+use reshard::{PackedReduction, ReshardError, ReshardPlan, ReshardRunner, StartedReduction};
 use tensor::Tensor;
 
 /// Work handed over.
@@ -81,12 +82,14 @@ enum Worker {
         /// The groups the thread's runner created before it started (it creates no others).
         groups: Vec<Vec<usize>>,
     },
-    /// This thread: gathers when handed over, buckets when collected (MPI).
+    /// This thread (MPI): gathers when handed over; buckets started when handed over as
+    /// nonblocking reductions, advanced between steps ([`Progress::poll`]) and finished when
+    /// collected.
     Inline {
         /// The runner.
         runner: ReshardRunner,
-        /// Buckets handed over and not yet reduced.
-        pending: Vec<Job>,
+        /// Buckets started and not yet collected, with their index.
+        started: Vec<(usize, StartedReduction)>,
     },
 }
 
@@ -128,7 +131,7 @@ impl Progress {
         Progress {
             worker: Worker::Inline {
                 runner,
-                pending: Vec::new(),
+                started: Vec::new(),
             },
             finished: VecDeque::new(),
         }
@@ -154,9 +157,9 @@ impl Progress {
                 }
                 *in_flight += 1;
             }
-            Worker::Inline { runner, pending } => match job {
+            Worker::Inline { runner, started } => match job {
                 gather @ Job::Gather { .. } => self.finished.push_back(gather.run(runner)?),
-                bucket @ Job::Bucket(..) => pending.push(bucket),
+                Job::Bucket(b, packed) => started.push((b, runner.start_packed(packed)?)),
             },
         }
         Ok(())
@@ -176,6 +179,17 @@ impl Progress {
             }
             Worker::Inline { .. } => Err(ended()),
         }
+    }
+
+    /// Advances the buckets started on this thread (MPI progresses a nonblocking collective
+    /// only inside its calls); nothing for a progress thread, which runs them itself.
+    pub(crate) fn poll(&mut self) -> Result<(), ReshardError> {
+        if let Worker::Inline { started, .. } = &mut self.worker {
+            for (_, reduction) in started.iter_mut() {
+                reduction.test()?;
+            }
+        }
+        Ok(())
     }
 
     /// The gather of step `step`, once done (its destination slice and copied source).
@@ -200,9 +214,10 @@ impl Progress {
     pub(crate) fn collect_buckets(
         &mut self,
     ) -> Result<Vec<(usize, PackedReduction)>, ReshardError> {
-        if let Worker::Inline { runner, pending } = &mut self.worker {
-            for job in pending.drain(..) {
-                self.finished.push_back(job.run(runner)?);
+        if let Worker::Inline { runner, started } = &mut self.worker {
+            for (b, reduction) in started.drain(..) {
+                let packed = runner.finish_packed(reduction)?;
+                self.finished.push_back(Job::Bucket(b, packed));
             }
         }
         while matches!(self.worker, Worker::Thread { in_flight, .. } if in_flight > 0) {

@@ -59,6 +59,7 @@
 //!   other threads are then refused).
 
 mod p2p;
+mod pending;
 mod raw;
 mod watchdog;
 
@@ -784,6 +785,46 @@ impl Communicator for MpiComm {
             |raw| unsafe { raw.bcast(&self.comm, ptr, count, root) },
             |raw| unsafe { raw.ibcast(&self.comm, ptr, count, root) },
         )
+    }
+
+    /// MPI's nonblocking all-reduce for f32 and f64 sums, maxima and minima under polled
+    /// collectives ([`OnTimeout::ReturnError`]); the blocking path otherwise.
+    fn start_all_reduce(
+        &self,
+        mut tensor: tensor::Tensor,
+        op: ReduceOp,
+    ) -> Result<crate::PendingAllReduce, CommError> {
+        let dtype = tensor.dtype();
+        let background = self.on_timeout == OnTimeout::ReturnError
+            && matches!(dtype, DType::F32 | DType::F64)
+            && matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
+        if !background {
+            self.all_reduce(&mut tensor, op)?;
+            return Ok(crate::PendingAllReduce::done(tensor));
+        }
+        let call = self.enter("start_all_reduce")?;
+        let count = call.count(tensor.n_elements())?;
+        let ptr = tensor.as_bytes_mut().as_mut_ptr();
+        // SAFETY: the tensor's heap buffer moves into the pending reduction with it and is
+        // neither read, written nor freed until the request completes (it is leaked if the
+        // request is abandoned).
+        let started = unsafe {
+            call.raw
+                .iallreduce(&self.comm, (ptr, count, datatype(dtype)), op)
+        };
+        let request = call.check(started)?;
+        let site = call.site();
+        drop(call);
+        Ok(crate::PendingAllReduce::in_flight(Box::new(
+            pending::MpiAllReduce {
+                runtime: self.runtime.clone(),
+                request: Some(request),
+                data: Some(tensor),
+                members: self.members.clone(),
+                timeout: self.timeout,
+                site,
+            },
+        )))
     }
 
     fn all_reduce_buf(&self, mut buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {

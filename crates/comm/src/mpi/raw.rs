@@ -697,6 +697,30 @@ impl Raw {
         ))
     }
 
+    /// Starts an in-place all-reduce (`MPI_Iallreduce`), advanced by [`Raw::test`].
+    ///
+    /// # Safety
+    /// `buf` holds `count` elements of `dtype` and stays valid, untouched by the caller, until
+    /// the request completes.
+    pub(super) unsafe fn iallreduce(
+        &self,
+        comm: &Comm,
+        (buf, count, dtype): (*mut u8, i32, Datatype),
+        op: ReduceOp,
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Iallreduce(
+                self.in_place,
+                addr(buf),
+                count,
+                mpi_type(dtype),
+                mpi_op(op),
+                comm.0,
+                req,
+            )
+        })
+    }
+
     /// # Safety
     /// `send` holds the sum of `counts` elements of `dtype`, `recv` this rank's count.
     pub(super) unsafe fn reduce_scatter(

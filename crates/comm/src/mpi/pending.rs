@@ -1,0 +1,123 @@
+//! MPI's nonblocking all-reduce (`MPI_Iallreduce`) as a [`PendingAllReduce`]: started on the
+//! calling thread, advanced by each `test` (OpenMPI progresses a nonblocking collective inside
+//! `MPI_Test`), finished by `wait` within the communicator's deadline, watching for failure
+//! notices as every polled call does.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tensor::Tensor;
+
+use super::raw::{Request, WaitError};
+use super::Runtime;
+use crate::error::{CommError, Site};
+use crate::pending::InFlight;
+
+/// An all-reduce MPI runs in the background on a tensor it owns until it completes.
+pub(super) struct MpiAllReduce {
+    pub(super) runtime: Arc<Runtime>,
+    /// `None` once completed.
+    pub(super) request: Option<Request>,
+    /// The buffer MPI reduces in place; leaked if the request is abandoned (MPI may still
+    /// write it).
+    pub(super) data: Option<Tensor>,
+    /// The group's members as world ranks, in group-rank order (to name a failed peer).
+    pub(super) members: Vec<usize>,
+    pub(super) timeout: Duration,
+    pub(super) site: Site,
+}
+
+impl std::fmt::Debug for MpiAllReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiAllReduce")
+            .field("site", &self.site)
+            .field("done", &self.request.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the request handle is used only under the runtime's MPI lock, and by one owner.
+unsafe impl Send for MpiAllReduce {}
+
+impl MpiAllReduce {
+    fn error(&self, err: WaitError) -> CommError {
+        let err = match err {
+            WaitError::Mpi(code, message) => CommError::Mpi {
+                site: self.site.clone(),
+                code,
+                message,
+            },
+            WaitError::Timeout => CommError::Timeout {
+                site: self.site.clone(),
+                timeout: self.timeout,
+                waiting_for: Vec::new(),
+            },
+            WaitError::PeerFailed(peer, cause) => CommError::PeerFailed {
+                site: self.site.clone(),
+                peer,
+                cause,
+            },
+            WaitError::Mismatch { peer, reason } => CommError::Mismatch {
+                site: self.site.clone(),
+                peer,
+                reason,
+            },
+        };
+        if err.poisons() {
+            let mut poisoned = self
+                .runtime
+                .poisoned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            poisoned.get_or_insert_with(|| err.to_string());
+            self.runtime.is_poisoned.store(true, Ordering::Release);
+        }
+        err
+    }
+}
+
+impl InFlight for MpiAllReduce {
+    fn test(&mut self) -> Result<bool, CommError> {
+        let Some(request) = self.request.as_mut() else {
+            return Ok(true);
+        };
+        let raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
+        let done = raw.test(request);
+        drop(raw);
+        match done {
+            Ok(true) => {
+                self.request = None;
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err((code, message)) => Err(self.error(WaitError::Mpi(code, message))),
+        }
+    }
+
+    fn wait(mut self: Box<Self>) -> Result<Tensor, CommError> {
+        if let Some(request) = self.request.take() {
+            let members = self.members.clone();
+            let mut raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
+            let polled = raw.poll(request, self.timeout, |world_rank| {
+                members.iter().position(|&m| m == world_rank)
+            });
+            drop(raw);
+            if let Err(err) = polled {
+                // MPI may still write the buffer: abandon it.
+                std::mem::forget(self.data.take());
+                return Err(self.error(err));
+            }
+        }
+        Ok(self.data.take().expect("the data stays until taken"))
+    }
+}
+
+impl Drop for MpiAllReduce {
+    fn drop(&mut self) {
+        if self.request.is_some() {
+            // Never completed: MPI may still write the buffer.
+            std::mem::forget(self.data.take());
+        }
+    }
+}
