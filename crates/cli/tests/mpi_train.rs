@@ -132,22 +132,7 @@ fn mpi_gradient_accumulation_matches_the_larger_batch() {
     run(&args(&mpi), true);
     run(&args(&common("local", "4", "semi_auto", "8", "4")), false);
     run(&args(&common("one", "1", "stand_alone", "32", "1")), false);
-    let mpi = step_losses(&dir.0.join("mpi.jsonl"));
-    let local = step_losses(&dir.0.join("local.jsonl"));
-    let one = step_losses(&dir.0.join("one.jsonl"));
-    assert_eq!(mpi.len(), 10);
-    for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
-        assert!(
-            (m - l).abs() <= 1e-6 * l.abs(),
-            "step {}: mpi {m} vs local {l}",
-            i + 1
-        );
-        assert!(
-            (m - o).abs() <= 1e-4 * o.abs(),
-            "step {}: mpi with K = 4 {m} vs one device on batch × 4 {o}",
-            i + 1
-        );
-    }
+    assert_mpi_losses(&dir.0, 10, 1e-6);
 }
 
 fn args(v: &[String]) -> Vec<&str> {
@@ -227,22 +212,7 @@ fn mpi_train_gpt_matches_local_and_one_device() {
     run(&args(&mpi), true);
     run(&args(&common("local", "4", "semi_auto")), false);
     run(&args(&common("one", "1", "stand_alone")), false);
-    let mpi = step_losses(&dir.0.join("mpi.jsonl"));
-    let local = step_losses(&dir.0.join("local.jsonl"));
-    let one = step_losses(&dir.0.join("one.jsonl"));
-    assert_eq!(mpi.len(), 10);
-    for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
-        assert!(
-            (m - l).abs() <= 1e-6 * l.abs(),
-            "step {}: mpi {m} vs local {l}",
-            i + 1
-        );
-        assert!(
-            (m - o).abs() <= 1e-4 * o.abs(),
-            "step {}: mpi {m} vs one device {o}",
-            i + 1
-        );
-    }
+    assert_mpi_losses(&dir.0, 10, 1e-6);
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args([
             "generate",
@@ -293,22 +263,7 @@ fn mpi_overlapped_buckets_match_local_and_one_device() {
     run(&args(&mpi), true);
     run(&args(&common("local", "4", "semi_auto", true)), false);
     run(&args(&common("one", "1", "stand_alone", false)), false);
-    let mpi = step_losses(&dir.0.join("mpi.jsonl"));
-    let local = step_losses(&dir.0.join("local.jsonl"));
-    let one = step_losses(&dir.0.join("one.jsonl"));
-    assert_eq!(mpi.len(), 8);
-    for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
-        assert!(
-            (m - l).abs() <= 1e-5 * l.abs(),
-            "step {}: mpi {m} vs local {l}",
-            i + 1
-        );
-        assert!(
-            (m - o).abs() <= 1e-4 * o.abs(),
-            "step {}: mpi {m} vs one device {o}",
-            i + 1
-        );
-    }
+    assert_mpi_losses(&dir.0, 8, 1e-5);
     let log = std::fs::read_to_string(dir.0.join("mpi.jsonl")).unwrap();
     assert_eq!(
         log.matches("\"memory\"").count(),
@@ -438,6 +393,26 @@ fn mpi_pipeline_matches_one_device() {
             (m - o).abs() <= 1e-4 * o.abs(),
             "step {}: mpi {m} vs one device {o}",
             i + 1
+        );
+    }
+}
+
+/// Asserts that the runs `mpi`, `local` and `one` in `dir` logged `steps` steps, the MPI run's
+/// losses within relative `local_tolerance` of the local backend's and 1e-4 of one device's.
+fn assert_mpi_losses(dir: &std::path::Path, steps: usize, local_tolerance: f64) {
+    let mpi = step_losses(&dir.join("mpi.jsonl"));
+    let local = step_losses(&dir.join("local.jsonl"));
+    let one = step_losses(&dir.join("one.jsonl"));
+    assert_eq!(mpi.len(), steps);
+    for (i, ((m, l), o)) in mpi.iter().zip(&local).zip(&one).enumerate() {
+        let step = i + 1;
+        assert!(
+            (m - l).abs() <= local_tolerance * l.abs(),
+            "step {step}: mpi {m} vs local {l}"
+        );
+        assert!(
+            (m - o).abs() <= 1e-4 * o.abs(),
+            "step {step}: mpi {m} vs one device {o}"
         );
     }
 }

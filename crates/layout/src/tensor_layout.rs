@@ -272,6 +272,20 @@ impl TensorLayout {
         self.mesh().slots_varying(slot, &self.layout.unused_axes())
     }
 
+    /// The device ranks holding the same box as device rank `rank`, ascending (`None` when
+    /// the rank is outside the mesh).
+    pub fn replica_ranks(&self, rank: usize) -> Option<Vec<usize>> {
+        let mesh = self.mesh();
+        let slot = mesh.slot_of_rank(rank)?;
+        let mut ranks: Vec<usize> = self
+            .replica_slots(slot)
+            .into_iter()
+            .map(|s| mesh.device_of_slot(s))
+            .collect();
+        ranks.sort_unstable();
+        Some(ranks)
+    }
+
     /// Index of `slot` inside its replica group.
     pub fn replica_index(&self, slot: usize) -> usize {
         let mesh = self.mesh();

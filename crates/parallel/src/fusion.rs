@@ -217,12 +217,7 @@ fn gather_groups(program: &Program, g: usize) -> Option<(Vec<Vec<usize>>, usize)
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut piece_bytes = None;
     for slot in 0..mesh.n_slots() {
-        let mut replicas: Vec<usize> = slices
-            .replica_slots(slot)
-            .into_iter()
-            .map(|s| mesh.device_of_slot(s))
-            .collect();
-        replicas.sort_unstable();
+        let replicas = slices.replica_ranks(mesh.device_of_slot(slot))?;
         if replicas[0] != mesh.device_of_slot(slot) {
             continue;
         }

@@ -60,21 +60,11 @@ pub fn parameter_broadcast(
     let mut groups: HashMap<Vec<usize>, Box<dyn Communicator>> = HashMap::new();
     let mut done = Vec::new();
     for (index, name, layout) in targets {
-        let mesh = layout.mesh();
-        let Some(slot) = mesh.slot_of_rank(rank) else {
+        let Some(holders) = layout.replica_ranks(rank).filter(|h| h.len() > 1) else {
             continue;
         };
-        let mut holders: Vec<usize> = layout
-            .replica_slots(slot)
-            .into_iter()
-            .map(|s| mesh.device_of_slot(s))
-            .collect();
-        holders.sort_unstable();
-        if holders.len() < 2 {
-            continue;
-        }
         let shard = exec.param_mut(index);
-        let expected = layout.slot_shape(slot);
+        let expected = layout.rank_box(rank)?.shape;
         if shard.shape() != expected.as_slice() {
             return Err(mismatch(
                 &format!("layout of \"{name}\""),

@@ -39,16 +39,9 @@ pub fn restore_ranks(program: &Program, rank: usize) -> Vec<usize> {
     let mut ranks: Option<Vec<usize>> = None;
     for p in program.params.iter().filter(|p| p.trainable) {
         let layout = p.optimizer_shard().map_or(&p.layout, |shard| &shard.layout);
-        let mesh = layout.mesh();
-        let Some(slot) = mesh.slot_of_rank(rank) else {
+        let Some(holders) = layout.replica_ranks(rank) else {
             continue;
         };
-        let mut holders: Vec<usize> = layout
-            .replica_slots(slot)
-            .into_iter()
-            .map(|s| mesh.device_of_slot(s))
-            .collect();
-        holders.sort_unstable();
         ranks = Some(match ranks {
             None => holders,
             Some(so_far) => so_far
