@@ -236,8 +236,8 @@ fn py_choice<'a>(
                     ckpt::ParamChoice::Drop
                 });
             }
-            if let Ok(s) = out.cast::<pyo3::types::PyString>() {
-                return Ok(ckpt::ParamChoice::Rename(s.to_str()?.to_string()));
+            if out.is_instance_of::<pyo3::types::PyString>() {
+                return Ok(ckpt::ParamChoice::Rename(out.extract::<String>()?));
             }
             Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "For 'unified_safetensors', the return value type of the function 'choice_func' must be bool or str, but got {}.",
@@ -306,7 +306,7 @@ fn unified_safetensors<'py>(
     }
     let d = PyDict::new(py);
     d.set_item("parts", parts)?;
-    d.set_item("index", path_str(&r.index))?;
+    d.set_item("index", r.index.as_deref().map(path_str))?;
     d.set_item("hyper_param", r.hyper.as_deref().map(path_str))?;
     d.set_item("source_ranks", &r.source_ranks)?;
     d.set_item("total_size", r.total_size)?;

@@ -116,8 +116,8 @@ fn check_split(split: Option<(usize, usize)>) -> Result<()> {
 pub struct MergeReport {
     /// Each part file and the parameters in it.
     pub parts: Vec<(PathBuf, Vec<String>)>,
-    /// `param_name_map.json`.
-    pub index: PathBuf,
+    /// `param_name_map.json` (`None` for a split run other than the first, which writes none).
+    pub index: Option<PathBuf>,
     /// `hyper_param.safetensors`, when there were tensors outside the strategy.
     pub hyper: Option<PathBuf>,
     /// Source ranks read.
@@ -334,7 +334,7 @@ pub fn unified_safetensors(
             index.to_pretty(4).as_bytes(),
             opts.force || out.is_set(),
         )?;
-        report.index = out.final_path(rel);
+        report.index = Some(out.final_path(rel));
     }
     out.commit()?;
     opts.progress.finish();
