@@ -293,6 +293,7 @@ fn unified_safetensors<'py>(
         };
         ckpt::unified_safetensors(&src_dir, &strategy, &dst_dir, &opts)
     });
+    drop(choice_fn);
     if let Some(e) = raised.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }

@@ -19,7 +19,11 @@
 //!   [`restore_group_info_list`], and [`diff_checkpoints`] (two checkpoints of any strategies,
 //!   tensor by tensor, merged on the fly: largest differences and bitwise equality).
 //! - In memory: [`load_rank_from_files`] and [`load_rank_from_unified`] read one destination
-//!   rank's tensors (for the Python package's `load_distributed_checkpoint`).
+//!   rank's tensors (for the Python package's `load_distributed_checkpoint`); their `_with`
+//!   forms take a [`Strategy`] built in memory (MindSpore's layout dict,
+//!   [`Strategy::from_layout_lists`]) and, for `.ckpt` files, a [`Decryption`].
+//! - Encrypted MindSpore `.ckpt` files ([`crypto`]): [`CheckpointFile::open_with`] and
+//!   [`SourceSet::with_decryption`] read them (AES-GCM, AES-CBC, SM4-CBC).
 //! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
 //!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
 //! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]

@@ -25,7 +25,14 @@ fn src_files(c: &Path) -> BTreeMap<usize, PathBuf> {
 fn assert_same(x: &[(String, tensor::Tensor)], y: &[(String, tensor::Tensor)], what: &str) {
     assert!(!x.is_empty(), "{what}: nothing loaded");
     assert_eq!(x.len(), y.len(), "{what}");
-    for ((n1, t1), (n2, t2)) in x.iter().zip(y) {
+    // Same tensors, in whatever order the strategies list them.
+    let sorted = |v: &[(String, tensor::Tensor)]| {
+        let mut v: Vec<(String, tensor::Tensor)> = v.to_vec();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let (x, y) = (sorted(x), sorted(y));
+    for ((n1, t1), (n2, t2)) in x.iter().zip(&y) {
         assert_eq!(n1, n2, "{what}");
         assert_eq!(t1.shape(), t2.shape(), "{what}: {n1}");
         assert_eq!(t1.as_bytes(), t2.as_bytes(), "{what}: {n1}");
