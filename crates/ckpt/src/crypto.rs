@@ -140,7 +140,9 @@ impl std::fmt::Debug for Decryption {
 impl Decryption {
     /// A key and mode, the key length checked against the mode.
     pub fn new(key: &[u8], mode: CipherMode) -> Result<Decryption> {
-        check_key(Path::new("<dec_key>"), key, mode)?;
+        key_problem(key, mode).map_or(Ok(()), |why| {
+            Err(CkptError::InvalidRequest(format!("dec_key: {why}")))
+        })?;
         Ok(Decryption {
             key: key.to_vec(),
             mode,
@@ -148,21 +150,25 @@ impl Decryption {
     }
 }
 
-fn check_key(path: &Path, key: &[u8], mode: CipherMode) -> Result<()> {
+/// Why `key` cannot be a key of `mode`, if it cannot.
+fn key_problem(key: &[u8], mode: CipherMode) -> Option<String> {
     if mode.key_lengths().contains(&key.len()) {
-        return Ok(());
+        return None;
     }
-    Err(CkptError::Decrypt {
-        path: path.to_path_buf(),
-        reason: format!(
-            "a {mode} key must be {} bytes long, but the key has {} bytes",
-            mode.key_lengths()
-                .iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            key.len()
-        ),
+    let lengths: Vec<String> = mode.key_lengths().iter().map(|n| n.to_string()).collect();
+    Some(format!(
+        "{mode} keys are {} bytes long, but the key has {} bytes",
+        lengths.join(", "),
+        key.len()
+    ))
+}
+
+fn check_key(path: &Path, key: &[u8], mode: CipherMode) -> Result<()> {
+    key_problem(key, mode).map_or(Ok(()), |reason| {
+        Err(CkptError::Decrypt {
+            path: path.to_path_buf(),
+            reason,
+        })
     })
 }
 
@@ -319,7 +325,9 @@ pub fn encrypt_with_ivs(
     block_bytes: usize,
     mut next_iv: impl FnMut() -> Result<[u8; IV_BYTES]>,
 ) -> Result<Vec<u8>> {
-    check_key(Path::new("<enc_key>"), key, mode)?;
+    if let Some(why) = key_problem(key, mode) {
+        return Err(CkptError::InvalidRequest(format!("enc_key: {why}")));
+    }
     let block_bytes = block_bytes.clamp(1, MAX_BLOCK_BYTES);
     let mut out = Vec::with_capacity(plain.len() + plain.len() / block_bytes * 64 + 64);
     for block in plain.chunks(block_bytes) {
@@ -631,7 +639,12 @@ mod tests {
         let err = decrypt_all(b"plain protobuf", &key, CipherMode::AesGcm).unwrap_err();
         assert!(err.to_string().contains("not an encrypted"), "{err}");
         let err = decrypt_all(&enc, &[1u8; 15], CipherMode::AesGcm).unwrap_err();
-        assert!(err.to_string().contains("16, 24, 32 bytes"), "{err}");
+        assert!(err.to_string().contains("16, 24, 32 bytes long"), "{err}");
+        let err = Decryption::new(&[0u8; 8], CipherMode::Sm4Cbc).unwrap_err();
+        assert!(
+            err.to_string().contains("SM4-CBC keys are 16 bytes long"),
+            "{err}"
+        );
         assert!("AES-XTS".parse::<CipherMode>().is_err());
     }
 
