@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use ckpt::{ConvertOptions, ConvertReport, Format, MergeOptions, ShapeHint, Strategy};
 use pyo3::prelude::*;
@@ -28,6 +29,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restore_group_info_list, m)?)?;
     m.add_function(wrap_pyfunction!(verify_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(reshard_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(encrypt_checkpoint_file, m)?)?;
     Ok(())
 }
 
@@ -217,10 +219,45 @@ fn rank_list(
     Ok((cover.ranks, cover.exact))
 }
 
+/// MindSpore's `choice_func` over Python: a bool keeps or drops, a str renames. The first
+/// Python error (an exception in the callable, or a value of another type) is kept in
+/// `raised`, and the merge stops.
+fn py_choice<'a>(
+    f: &'a Py<PyAny>,
+    raised: &'a Mutex<Option<PyErr>>,
+) -> impl Fn(&str) -> ckpt::Result<ckpt::ParamChoice> + Sync + 'a {
+    move |name: &str| {
+        let result = Python::attach(|py| -> PyResult<ckpt::ParamChoice> {
+            let out = f.bind(py).call1((name,))?;
+            if let Ok(b) = out.cast::<pyo3::types::PyBool>() {
+                return Ok(if b.is_true() {
+                    ckpt::ParamChoice::Keep
+                } else {
+                    ckpt::ParamChoice::Drop
+                });
+            }
+            if out.is_instance_of::<pyo3::types::PyString>() {
+                return Ok(ckpt::ParamChoice::Rename(out.extract::<String>()?));
+            }
+            Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "For 'unified_safetensors', the return value type of the function 'choice_func' must be bool or str, but got {}.",
+                out.get_type().repr()?
+            )))
+        });
+        result.map_err(|e| {
+            let message = format!("choice_func({name:?}) failed: {e}");
+            let mut slot = raised.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(e);
+            ckpt::CkptError::InvalidRequest(message)
+        })
+    }
+}
+
 /// Merges every rank of `src_dir` into full tensors in `dst_dir` (part files, index and
-/// hyper-parameter file); returns the report as a dict.
+/// hyper-parameter file); returns the report as a dict. `file_suffix`, `choice` and `split`
+/// are MindSpore's `file_suffix`, `choice_func` and `split_dst_file`.
 #[pyfunction]
-#[pyo3(signature = (src_dir, strategy, dst_dir, dedup=false, max_part_bytes=ckpt::DEFAULT_PART_BYTES, force=false, progress=None))]
+#[pyo3(signature = (src_dir, strategy, dst_dir, dedup=false, max_part_bytes=ckpt::DEFAULT_PART_BYTES, force=false, progress=None, file_suffix=None, choice=None, split=None))]
 #[allow(clippy::too_many_arguments)]
 fn unified_safetensors<'py>(
     py: Python<'py>,
@@ -231,6 +268,9 @@ fn unified_safetensors<'py>(
     max_part_bytes: u64,
     force: bool,
     progress: Option<Py<PyAny>>,
+    file_suffix: Option<String>,
+    choice: Option<Py<PyAny>>,
+    split: Option<(usize, usize)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     if max_part_bytes == 0 {
         return Err(pyo3::exceptions::PyValueError::new_err(
@@ -238,18 +278,26 @@ fn unified_safetensors<'py>(
         ));
     }
     let sink = PyProgress::new(progress);
-    let r = py
-        .detach(|| {
-            let opts = MergeOptions {
-                max_part_bytes,
-                dedup,
-                force,
-                progress: &sink,
-                ..Default::default()
-            };
-            ckpt::unified_safetensors(&src_dir, &strategy, &dst_dir, &opts)
-        })
-        .map_err(ckpt_err)?;
+    let raised = Mutex::new(None);
+    let choice_fn = choice.as_ref().map(|f| py_choice(f, &raised));
+    let r = py.detach(|| {
+        let opts = MergeOptions {
+            max_part_bytes,
+            dedup,
+            force,
+            progress: &sink,
+            file_suffix: file_suffix.as_deref(),
+            choice: choice_fn.as_ref().map(|f| f as ckpt::ChoiceFn<'_>),
+            split,
+            ..Default::default()
+        };
+        ckpt::unified_safetensors(&src_dir, &strategy, &dst_dir, &opts)
+    });
+    drop(choice_fn);
+    if let Some(e) = raised.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    let r = r.map_err(ckpt_err)?;
     let parts = PyList::empty(py);
     for (path, names) in &r.parts {
         let d = PyDict::new(py);
@@ -259,7 +307,7 @@ fn unified_safetensors<'py>(
     }
     let d = PyDict::new(py);
     d.set_item("parts", parts)?;
-    d.set_item("index", path_str(&r.index))?;
+    d.set_item("index", r.index.as_deref().map(path_str))?;
     d.set_item("hyper_param", r.hyper.as_deref().map(path_str))?;
     d.set_item("source_ranks", &r.source_ranks)?;
     d.set_item("total_size", r.total_size)?;
@@ -268,71 +316,144 @@ fn unified_safetensors<'py>(
     Ok(d)
 }
 
-/// Slices the unified checkpoint in `unified_dir` for `strategy`, writing
-/// `dst_dir/rank_<r>/net.<ext>` for `ranks` (all by default); returns the report as a dict.
+/// One entry of MindSpore's layout dict, normalised by the Python side: name, dev_matrix,
+/// tensor_map, param_split_shape, field_size, opt_shard_step, opt_shard_size.
+type LayoutEntry = (String, Vec<i64>, Vec<i64>, Vec<i64>, i64, i64, i64);
+
+/// The target strategy: the file `strategy`, or the layout dict `layouts`.
+fn target_strategy(
+    strategy: Option<PathBuf>,
+    layouts: Option<Vec<LayoutEntry>>,
+) -> PyResult<Strategy> {
+    match (strategy, layouts) {
+        (Some(path), None) => Strategy::load(&path).map_err(ckpt_err),
+        (None, Some(entries)) => {
+            let items: Vec<(String, ckpt::LayoutList)> = entries
+                .into_iter()
+                .map(
+                    |(name, dev_matrix, tensor_map, param_split_shape, field_size, step, size)| {
+                        (
+                            name,
+                            ckpt::LayoutList {
+                                dev_matrix,
+                                tensor_map,
+                                param_split_shape,
+                                field_size,
+                                opt_shard_step: step,
+                                opt_shard_size: size,
+                            },
+                        )
+                    },
+                )
+                .collect();
+            Strategy::from_layout_lists(Path::new("predict_strategy"), &items).map_err(ckpt_err)
+        }
+        _ => Err(pyo3::exceptions::PyValueError::new_err(
+            "give exactly one of a strategy file and a layout dict",
+        )),
+    }
+}
+
+/// The key and mode of `dec_key` / `dec_mode`.
+fn decryption(dec_key: Option<Vec<u8>>, dec_mode: &str) -> PyResult<Option<ckpt::Decryption>> {
+    let Some(key) = dec_key else {
+        return Ok(None);
+    };
+    let mode: ckpt::CipherMode = dec_mode.parse().map_err(ckpt_err)?;
+    ckpt::Decryption::new(&key, mode)
+        .map(Some)
+        .map_err(ckpt_err)
+}
+
+/// Slices the unified checkpoint in `unified_dir` for `strategy` (a file) or `layouts` (a
+/// layout dict), writing `dst_dir/rank_<r>/net.<ext>` for `ranks` (all by default), tensors
+/// renamed by `name_map`; returns the report as a dict.
 #[pyfunction]
-#[pyo3(signature = (unified_dir, strategy, dst_dir, ranks=None, output_format=None, force=false, progress=None))]
+#[pyo3(signature = (unified_dir, strategy, dst_dir, ranks=None, output_format=None, force=false, progress=None, layouts=None, name_map=None))]
 #[allow(clippy::too_many_arguments)]
 fn load_distributed_files<'py>(
     py: Python<'py>,
     unified_dir: PathBuf,
-    strategy: PathBuf,
+    strategy: Option<PathBuf>,
     dst_dir: PathBuf,
     ranks: Option<Vec<usize>>,
     output_format: Option<&str>,
     force: bool,
     progress: Option<Py<PyAny>>,
+    layouts: Option<Vec<LayoutEntry>>,
+    name_map: Option<BTreeMap<String, String>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let format = format_of(output_format)?;
+    let strategy = target_strategy(strategy, layouts)?;
     converted(py, progress, |sink| {
         let opts = ConvertOptions {
             format,
             ranks: ranks.as_deref(),
             force,
             progress: sink,
+            name_map: name_map.as_ref(),
             ..Default::default()
         };
-        ckpt::load_distributed_checkpoint(&unified_dir, &strategy, &dst_dir, &opts)
+        ckpt::load_distributed_checkpoint_with(&unified_dir, &strategy, &dst_dir, &opts)
     })
 }
 
-/// The tensors destination `rank` holds under `dst_strategy`, from per-rank `files` saved
-/// under `src_strategy`, as a dict of numpy arrays.
+/// The tensors destination `rank` holds under `dst_strategy` (a file) or `layouts` (a layout
+/// dict), from per-rank `files` saved under `src_strategy` (decrypted with `dec_key` /
+/// `dec_mode` when a key is given), as a dict of numpy arrays.
 #[pyfunction]
+#[pyo3(signature = (files, src_strategy, dst_strategy, rank, layouts=None, dec_key=None, dec_mode="AES-GCM"))]
+#[allow(clippy::too_many_arguments)]
 fn load_rank_from_files<'py>(
     py: Python<'py>,
     files: BTreeMap<usize, PathBuf>,
     src_strategy: PathBuf,
-    dst_strategy: PathBuf,
+    dst_strategy: Option<PathBuf>,
     rank: usize,
+    layouts: Option<Vec<LayoutEntry>>,
+    dec_key: Option<Vec<u8>>,
+    dec_mode: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let dst = target_strategy(dst_strategy, layouts)?;
+    let dec = decryption(dec_key, dec_mode)?;
     let tensors = py
-        .detach(|| ckpt::load_rank_from_files(&files, &src_strategy, &dst_strategy, rank))
+        .detach(|| ckpt::load_rank_from_files_with(&files, &src_strategy, &dst, rank, dec.as_ref()))
         .map_err(ckpt_err)?;
     arrays::to_dict(py, &tensors)
 }
 
-/// The tensors destination `rank` holds under `strategy`, from the unified checkpoint in
-/// `unified_dir`, as a dict of numpy arrays.
+/// The tensors destination `rank` holds under `strategy` (a file) or `layouts` (a layout
+/// dict), from the unified checkpoint in `unified_dir`, as a dict of numpy arrays.
 #[pyfunction]
+#[pyo3(signature = (unified_dir, strategy, rank, layouts=None))]
 fn load_rank_from_unified<'py>(
     py: Python<'py>,
     unified_dir: PathBuf,
-    strategy: PathBuf,
+    strategy: Option<PathBuf>,
     rank: usize,
+    layouts: Option<Vec<LayoutEntry>>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let strategy = target_strategy(strategy, layouts)?;
     let tensors = py
-        .detach(|| ckpt::load_rank_from_unified(&unified_dir, &strategy, rank))
+        .detach(|| ckpt::load_rank_from_unified_with(&unified_dir, &strategy, rank))
         .map_err(ckpt_err)?;
     arrays::to_dict(py, &tensors)
 }
 
-/// The union of every checkpoint file in `dir` (later files win), as a dict of numpy arrays.
+/// The union of every checkpoint file in `dir` (later files win), decrypted with `dec_key` /
+/// `dec_mode` when a key is given, as a dict of numpy arrays.
 #[pyfunction]
-fn load_segmented_checkpoints<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+#[pyo3(signature = (dir, dec_key=None, dec_mode="AES-GCM"))]
+fn load_segmented_checkpoints<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    dec_key: Option<Vec<u8>>,
+    dec_mode: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dec = decryption(dec_key, dec_mode)?;
     let tensors = py
         .detach(|| {
-            let entries = ckpt::load_segmented_checkpoints(&dir)?;
+            let entries = ckpt::load_segmented_checkpoints_with(&dir, dec.as_ref())?;
             entries
                 .iter()
                 .map(|e| Ok((e.tensor.name.clone(), e.file.read_tensor(&e.tensor.name)?)))
@@ -514,4 +635,22 @@ fn reshard_plan<'py>(
         out.append(d)?;
     }
     Ok(out)
+}
+
+/// Writes `dst`, the plain `.ckpt` file `src` encrypted as MindSpore's
+/// `save_checkpoint(enc_key=key, enc_mode=mode)` writes it (for tests and tools; the
+/// `mindspore.parallel` functions only read encrypted files).
+#[pyfunction]
+#[pyo3(signature = (src, dst, key, mode="AES-GCM", force=false))]
+fn encrypt_checkpoint_file(
+    src: PathBuf,
+    dst: PathBuf,
+    key: Vec<u8>,
+    mode: &str,
+    force: bool,
+) -> PyResult<String> {
+    let mode: ckpt::CipherMode = mode.parse().map_err(ckpt_err)?;
+    ckpt::crypto::encrypt_file(&src, &dst, &key, mode, force)
+        .map(|p| path_str(&p))
+        .map_err(ckpt_err)
 }

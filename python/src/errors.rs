@@ -85,7 +85,8 @@ fn culprit(e: &CkptError) -> Culprit<'_> {
         | E::InvalidHeader { path, reason }
         | E::SafetensorsTruncated { path, reason }
         | E::InvalidSet { path, reason }
-        | E::UncommittedSet { path, reason } => (Some(path), None, rule(reason)),
+        | E::UncommittedSet { path, reason }
+        | E::Decrypt { path, reason } => (Some(path), None, rule(reason)),
         E::Protobuf { path, reason, .. } | E::MixedSet { path, reason, .. } => {
             (Some(path), None, rule(reason))
         }

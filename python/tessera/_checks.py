@@ -43,8 +43,3 @@ def choice(value: Any, name: str, allowed: tuple) -> str:
         raise ValueError(f"For '{name}', the value must be one of {list(allowed)}, but got '{value}'.")
     return value
 
-
-def unsupported(value: Any, default: Any, name: str, why: str) -> None:
-    """Refuses a MindSpore option Tessera does not implement when it is not at its default."""
-    if value != default:
-        raise ValueError(f"{name}={value!r} is not supported by tessera.parallel: {why}")

@@ -10,14 +10,15 @@ use tensor::Tensor;
 
 use crate::ckpt_file::Format;
 use crate::convert::{
-    load_target, order_like, resolve_conversion, ConvertOptions, RankReport, ResolvedConversion,
+    bind_target, order_like, resolve_conversion, ConvertOptions, RankReport, ResolvedConversion,
 };
+use crate::crypto::Decryption;
 use crate::error::{CkptError, Result};
 use crate::execute::{fill_chunk, write_items};
 use crate::plan::{plan_rank, Extras, ItemSource, RankPlan};
 use crate::rank_dir::RankFiles;
 use crate::sources::SourceSet;
-use crate::strategy::ResolvedStrategy;
+use crate::strategy::{ResolvedStrategy, Strategy};
 
 /// Source files given per rank, all of one format.
 fn rank_files(files: &BTreeMap<usize, PathBuf>) -> Result<RankFiles> {
@@ -80,11 +81,12 @@ pub fn convert_checkpoint_files(
     let files = rank_files(files)?;
     let root = files.root.clone();
     let sources = SourceSet::of_rank_files(files);
+    let dst_loaded = dst_strategy.map(Strategy::load).transpose()?;
     let ResolvedConversion { src, dst, .. } = resolve_conversion(
         &sources,
         &root,
         src_strategy,
-        dst_strategy,
+        dst_loaded.as_ref(),
         opts.allow_missing,
     )?;
     check_rank(&dst, rank)?;
@@ -123,9 +125,28 @@ pub fn load_rank_from_files(
     dst_strategy: &Path,
     rank: usize,
 ) -> Result<Vec<(String, Tensor)>> {
+    load_rank_from_files_with(
+        files,
+        src_strategy,
+        &Strategy::load(dst_strategy)?,
+        rank,
+        None,
+    )
+}
+
+/// [`load_rank_from_files`] for a destination strategy already in memory (for instance one
+/// built from MindSpore's layout dict, [`Strategy::from_layout_lists`]), reading encrypted
+/// `.ckpt` files with `dec` (MindSpore's `dec_key` / `dec_mode`).
+pub fn load_rank_from_files_with(
+    files: &BTreeMap<usize, PathBuf>,
+    src_strategy: &Path,
+    dst_strategy: &Strategy,
+    rank: usize,
+    dec: Option<&Decryption>,
+) -> Result<Vec<(String, Tensor)>> {
     let files = rank_files(files)?;
     let root = files.root.clone();
-    let sources = SourceSet::of_rank_files(files);
+    let sources = SourceSet::of_rank_files(files).with_decryption(dec.cloned());
     let ResolvedConversion { src, dst, .. } =
         resolve_conversion(&sources, &root, src_strategy, Some(dst_strategy), true)?;
     check_rank(&dst, rank)?;
@@ -145,9 +166,18 @@ pub fn load_rank_from_unified(
     strategy: &Path,
     rank: usize,
 ) -> Result<Vec<(String, Tensor)>> {
+    load_rank_from_unified_with(unified_dir, &Strategy::load(strategy)?, rank)
+}
+
+/// [`load_rank_from_unified`] for a strategy already in memory.
+pub fn load_rank_from_unified_with(
+    unified_dir: &Path,
+    strategy: &Strategy,
+    rank: usize,
+) -> Result<Vec<(String, Tensor)>> {
     let sources = SourceSet::unified(unified_dir)?;
     let src = sources.unified_strategy()?;
-    let (dst, _) = load_target(strategy, &src, &sources, "")?;
+    let (dst, _) = bind_target(strategy, &src, &sources, "")?;
     check_rank(&dst, rank)?;
     let extras = Extras {
         src_only_params: true,

@@ -16,6 +16,7 @@ use layout::SliceBox;
 use tensor::region::{copy_region, Placement};
 use tensor::{DType, Tensor};
 
+use crate::crypto::{self, Decryption};
 use crate::error::{io_err, CkptError, Result};
 use crate::mmap::MappedRange;
 use crate::{ms_ckpt, safetensors};
@@ -215,12 +216,44 @@ impl CheckpointFile {
     /// `.ckpt`); any other name is read as `.ckpt` unless it starts like safetensors.
     /// A `.ckpt` file with a `crc_num` trailer is checked against it.
     pub fn open(path: &Path) -> Result<CheckpointFile> {
-        let file = File::open(path).map_err(io_err(path, "open"))?;
-        let len = file.metadata().map_err(io_err(path, "stat"))?.len();
+        CheckpointFile::open_with(path, None)
+    }
+
+    /// [`CheckpointFile::open`], decrypting a MindSpore-encrypted `.ckpt` file with `dec`
+    /// (see [`crate::crypto`]). With `dec`, the file must be an encrypted `.ckpt`; without it,
+    /// an encrypted file is an error that says so.
+    pub fn open_with(path: &Path, dec: Option<&Decryption>) -> Result<CheckpointFile> {
+        let mut file = File::open(path).map_err(io_err(path, "open"))?;
+        let mut len = file.metadata().map_err(io_err(path, "stat"))?.len();
         let format = match Format::from_path(path) {
             Some(f) => f,
             None => sniff(&file, len),
         };
+        if format == Format::Ckpt {
+            let mut head = [0u8; 4];
+            let encrypted = if len >= 4 && file.read_exact_at(&mut head, 0).is_ok() {
+                crypto::encrypted_mode(&head)
+            } else {
+                None
+            };
+            match (dec, encrypted) {
+                (Some(dec), _) => (file, len) = crypto::decrypt_file(path, dec)?,
+                (None, Some(mode)) => {
+                    return Err(CkptError::Decrypt {
+                        path: path.to_path_buf(),
+                        reason: format!(
+                            "the file is encrypted ({mode}); pass dec_key (and dec_mode='{mode}')"
+                        ),
+                    })
+                }
+                (None, None) => {}
+            }
+        } else if dec.is_some() {
+            return Err(CkptError::Decrypt {
+                path: path.to_path_buf(),
+                reason: "a key was given, but only .ckpt files are encrypted (MindSpore refuses dec_key for safetensors)".to_string(),
+            });
+        }
         let (tensors, metadata, crc) = match format {
             Format::Safetensors => {
                 let h = safetensors::read_header(path, &file, len)?;

@@ -6,6 +6,7 @@
 //! source covers solved, source headers checked, destinations checked for existence), so a bad
 //! input fails before anything is created; then files are written one by one, each atomically.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::ckpt_file::{CheckpointFile, Format};
@@ -38,6 +39,9 @@ pub struct ConvertOptions<'a> {
     pub chunk_bytes: usize,
     /// Progress sink.
     pub progress: &'a dyn Progress,
+    /// Output names of renamed tensors (name in the source → name written): MindSpore's
+    /// `name_map` of `load_distributed_checkpoint`. Strategies and sources use the source names.
+    pub name_map: Option<&'a BTreeMap<String, String>>,
 }
 
 impl Default for ConvertOptions<'_> {
@@ -51,6 +55,7 @@ impl Default for ConvertOptions<'_> {
             allow_missing: false,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             progress: &NoProgress,
+            name_map: None,
         }
     }
 }
@@ -69,6 +74,7 @@ impl<'a> ConvertOptions<'a> {
             chunk_bytes: self.chunk_bytes,
             progress: self.progress,
             committer,
+            rename: self.name_map,
         }
     }
 }
@@ -127,6 +133,7 @@ pub fn convert_checkpoints(
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
     let sources = SourceSet::rank_dirs(src_dir)?;
+    let dst_strategy = dst_strategy.map(Strategy::load).transpose()?;
     let ResolvedConversion {
         src: src_res,
         dst: dst_res,
@@ -135,7 +142,7 @@ pub fn convert_checkpoints(
         &sources,
         src_dir,
         src_strategy,
-        dst_strategy,
+        dst_strategy.as_ref(),
         opts.allow_missing,
     )?;
     let extras = |rank: usize| Extras {
@@ -165,7 +172,7 @@ pub(crate) fn resolve_conversion(
     sources: &SourceSet,
     src_dir: &Path,
     src_strategy: &Path,
-    dst_strategy: Option<&Path>,
+    dst_strategy: Option<&Strategy>,
     allow_missing: bool,
 ) -> Result<ResolvedConversion> {
     let src = Strategy::load(src_strategy)?;
@@ -191,9 +198,9 @@ pub(crate) fn resolve_conversion(
         })
         .collect();
     let dst_res = match dst_strategy {
-        Some(path) => {
-            let (res, unknown) = load_target(
-                path,
+        Some(dst) => {
+            let (res, unknown) = bind_target(
+                dst,
                 &src_res,
                 sources,
                 "in the destination strategy but not in the source checkpoint",
@@ -274,9 +281,20 @@ pub fn load_distributed_checkpoint(
     dst_dir: &Path,
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
+    load_distributed_checkpoint_with(unified_dir, &Strategy::load(strategy)?, dst_dir, opts)
+}
+
+/// [`load_distributed_checkpoint`] for a destination strategy already in memory (for
+/// instance one built from MindSpore's layout dict, [`Strategy::from_layout_lists`]).
+pub fn load_distributed_checkpoint_with(
+    unified_dir: &Path,
+    strategy: &Strategy,
+    dst_dir: &Path,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
     let sources = SourceSet::unified(unified_dir)?;
     let src_res = sources.unified_strategy()?;
-    let (dst_res, skipped) = load_target(
+    let (dst_res, skipped) = bind_target(
         strategy,
         &src_res,
         &sources,
@@ -311,9 +329,18 @@ pub(crate) fn load_target(
     sources: &SourceSet,
     why: &str,
 ) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
-    let dst = Strategy::load(path)?;
+    bind_target(&Strategy::load(path)?, src, sources, why)
+}
+
+/// [`load_target`] for a strategy already in memory.
+pub(crate) fn bind_target(
+    dst: &Strategy,
+    src: &ResolvedStrategy,
+    sources: &SourceSet,
+    why: &str,
+) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
     dst.check_stages()?;
-    let (dst_res, unknown) = resolve_target(&dst, src, sources)?;
+    let (dst_res, unknown) = resolve_target(dst, src, sources)?;
     let skipped = unknown.into_iter().map(|n| (n, why.to_string())).collect();
     Ok((dst_res, skipped))
 }

@@ -192,6 +192,7 @@ pub fn dedup_checkpoints(
         chunk_bytes: DEFAULT_CHUNK_BYTES,
         progress,
         committer: Some(&committer),
+        rename: None,
     };
     for (rank, rel, items, mut metadata) in plans {
         metadata.push(set.metadata_entry());

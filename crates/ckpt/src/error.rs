@@ -81,6 +81,17 @@ pub enum CkptError {
         reason: String,
     },
 
+    // ---------------------------------------------------------------- encryption
+    /// An encrypted `.ckpt` file that cannot be decrypted with the key and mode given (or a
+    /// plain file read with a key, or a bad key).
+    #[error("{path}: cannot decrypt the checkpoint: {reason}")]
+    Decrypt {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong (wrong key or mode, tampered data, wrong key length, …).
+        reason: String,
+    },
+
     // ---------------------------------------------------------------- safetensors
     /// The file is shorter than the 8-byte header length, or than the header it announces.
     #[error("{path}: truncated safetensors file: {reason}")]

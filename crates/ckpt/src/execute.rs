@@ -6,6 +6,7 @@
 //! by the writer thread) plus a small read scratch buffer. Either way memory stays bounded,
 //! whatever the checkpoint size.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use layout::SliceBox;
@@ -38,6 +39,9 @@ pub struct WriteOptions<'a> {
     pub progress: &'a dyn Progress,
     /// Commit finished files on this background committer instead of inline.
     pub(crate) committer: Option<&'a Committer>,
+    /// Output names of renamed tensors (source name → name written); sources are still read
+    /// under their own names.
+    pub(crate) rename: Option<&'a BTreeMap<String, String>>,
 }
 
 impl std::fmt::Debug for WriteOptions<'_> {
@@ -76,8 +80,31 @@ pub(crate) fn write_items(
     metadata: &[(String, String)],
     opts: &WriteOptions<'_>,
 ) -> Result<FileStats> {
+    let out_meta = |i: &OutItem<'_>| {
+        let mut m = i.meta.clone();
+        if let Some(new) = opts.rename.and_then(|r| r.get(&m.name)) {
+            m.name = new.clone();
+        }
+        m
+    };
+    if opts.rename.is_some() {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = items
+            .iter()
+            .map(out_meta)
+            .find(|m| !seen.insert(m.name.clone()))
+        {
+            return Err(CkptError::UnsafeDestination {
+                path: dest.to_path_buf(),
+                rule: format!(
+                    "two tensors would both be written as {:?} after renaming",
+                    dup.name
+                ),
+            });
+        }
+    }
     if opts.format == Format::Safetensors {
-        let mut metas: Vec<TensorMeta> = items.iter().map(|i| i.meta.clone()).collect();
+        let mut metas: Vec<TensorMeta> = items.iter().map(out_meta).collect();
         canonical_order(&mut metas);
         let rank_of = |name: &str| {
             metas
@@ -85,9 +112,9 @@ pub(crate) fn write_items(
                 .position(|m| m.name == name)
                 .unwrap_or(usize::MAX)
         };
-        items.sort_by_key(|i| rank_of(&i.meta.name));
+        items.sort_by_key(|i| rank_of(&out_meta(i).name));
     }
-    let metas: Vec<TensorMeta> = items.iter().map(|i| i.meta.clone()).collect();
+    let metas: Vec<TensorMeta> = items.iter().map(out_meta).collect();
     if opts.format == Format::Safetensors {
         return write_safetensors(sources, dest, &items, &metas, metadata, opts);
     }

@@ -19,7 +19,11 @@
 //!   [`restore_group_info_list`], and [`diff_checkpoints`] (two checkpoints of any strategies,
 //!   tensor by tensor, merged on the fly: largest differences and bitwise equality).
 //! - In memory: [`load_rank_from_files`] and [`load_rank_from_unified`] read one destination
-//!   rank's tensors (for the Python package's `load_distributed_checkpoint`).
+//!   rank's tensors (for the Python package's `load_distributed_checkpoint`); their `_with`
+//!   forms take a [`Strategy`] built in memory (MindSpore's layout dict,
+//!   [`Strategy::from_layout_lists`]) and, for `.ckpt` files, a [`Decryption`].
+//! - Encrypted MindSpore `.ckpt` files ([`crypto`]): [`CheckpointFile::open_with`] and
+//!   [`SourceSet::with_decryption`] read them (AES-GCM, AES-CBC, SM4-CBC).
 //! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
 //!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
 //! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]
@@ -194,6 +198,7 @@ mod box_runs;
 mod by_files;
 mod ckpt_file;
 mod convert;
+pub mod crypto;
 mod dedup;
 mod diff;
 mod direct;
@@ -221,12 +226,17 @@ mod tessera_strategy;
 mod verify;
 mod wire;
 
-pub use crate::by_files::{convert_checkpoint_files, load_rank_from_files, load_rank_from_unified};
+pub use crate::by_files::{
+    convert_checkpoint_files, load_rank_from_files, load_rank_from_files_with,
+    load_rank_from_unified, load_rank_from_unified_with,
+};
 pub use crate::ckpt_file::{CheckpointFile, Format, StoredTensor, StoredType, TensorMeta};
 pub use crate::convert::{
     convert_checkpoint_by_rank, convert_checkpoints, convert_unsharded,
-    load_distributed_checkpoint, ConvertOptions, ConvertReport, RankReport,
+    load_distributed_checkpoint, load_distributed_checkpoint_with, ConvertOptions, ConvertReport,
+    RankReport,
 };
+pub use crate::crypto::{CipherMode, Decryption};
 pub use crate::dedup::{
     dedup_checkpoints, parameter_redundancy, redundancy_of_file, remove_param_redundancy,
     DedupReport, RedundancyMap,
@@ -239,10 +249,13 @@ pub use crate::error::{CkptError, Result};
 pub use crate::execute::DEFAULT_CHUNK_BYTES;
 pub use crate::group_info::{group_name, restore_group_info_list, GroupInfo, GroupItem};
 pub use crate::load::{
-    inspect, inspect_detected, load_rank_tensors, load_segmented_checkpoints, write_segmented,
-    InspectedFile, SegmentedEntry,
+    inspect, inspect_detected, load_rank_tensors, load_segmented_checkpoints,
+    load_segmented_checkpoints_with, write_segmented, InspectedFile, SegmentedEntry,
 };
-pub use crate::merge::{unified_safetensors, MergeOptions, MergeReport, DEFAULT_PART_BYTES};
+pub use crate::merge::{
+    split_range, unified_safetensors, ChoiceFn, MergeOptions, MergeReport, ParamChoice,
+    DEFAULT_PART_BYTES,
+};
 pub use crate::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
 pub use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 pub use crate::op_strategy_file::{
@@ -261,8 +274,8 @@ pub use crate::set::{
 };
 pub use crate::sources::{SourceSet, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 pub use crate::strategy::{
-    OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint, StagePlacement,
-    Strategy, StrategyFlavour, StrategyParam,
+    LayoutList, OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint,
+    StagePlacement, Strategy, StrategyFlavour, StrategyParam,
 };
 pub use crate::verify::{verify_checkpoints, Fault, VerifyReport};
 

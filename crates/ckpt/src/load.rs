@@ -29,6 +29,15 @@ pub struct SegmentedEntry {
 /// file in `dir`, files taken in name order, a later file's tensor replacing an earlier one's.
 /// Returns the entries in first-seen order.
 pub fn load_segmented_checkpoints(dir: &Path) -> Result<Vec<SegmentedEntry>> {
+    load_segmented_checkpoints_with(dir, None)
+}
+
+/// [`load_segmented_checkpoints`], reading encrypted `.ckpt` files with `dec` (MindSpore's
+/// `dec_key` / `dec_mode`; with a key every file must be an encrypted `.ckpt`).
+pub fn load_segmented_checkpoints_with(
+    dir: &Path,
+    dec: Option<&crate::crypto::Decryption>,
+) -> Result<Vec<SegmentedEntry>> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io_err(dir, "list directory"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -43,7 +52,7 @@ pub fn load_segmented_checkpoints(dir: &Path) -> Result<Vec<SegmentedEntry>> {
     }
     let mut entries: Vec<SegmentedEntry> = Vec::new();
     for path in paths {
-        let file = Rc::new(CheckpointFile::open(&path)?);
+        let file = Rc::new(CheckpointFile::open_with(&path, dec)?);
         for t in file.tensors() {
             let entry = SegmentedEntry {
                 file: file.clone(),
@@ -96,6 +105,7 @@ pub fn write_segmented(
         chunk_bytes: DEFAULT_CHUNK_BYTES,
         progress,
         committer: None,
+        rename: None,
     };
     let meta = [("format".to_string(), "ms".to_string())];
     let stats = write_items(&sources, dest, items, &meta, &write)?;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use layout::SliceBox;
 
 use crate::ckpt_file::Format;
-use crate::error::Result;
+use crate::error::{CkptError, Result};
 use crate::execute::{data_bytes, write_items, WriteOptions, DEFAULT_CHUNK_BYTES};
 use crate::json::Json;
 use crate::plan::{plan_gathers, ItemSource, OutItem};
@@ -20,6 +20,20 @@ use crate::strategy::Strategy;
 
 /// MindSpore's default part size: 3 GiB.
 pub const DEFAULT_PART_BYTES: u64 = 3 << 30;
+
+/// What `choice_func` decides for one parameter of a merge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParamChoice {
+    /// Merge it under its own name (`True`).
+    Keep,
+    /// Leave it out (`False`).
+    Drop,
+    /// Merge it under this name, in the part file and the index (a `str`).
+    Rename(String),
+}
+
+/// A parameter filter: MindSpore's `choice_func(name)`.
+pub type ChoiceFn<'a> = &'a (dyn Fn(&str) -> Result<ParamChoice> + Sync);
 
 /// Options of [`unified_safetensors`].
 #[derive(Clone, Copy)]
@@ -36,6 +50,16 @@ pub struct MergeOptions<'a> {
     pub chunk_bytes: usize,
     /// Progress sink.
     pub progress: &'a dyn Progress,
+    /// Only the safetensors files whose names end in `<file_suffix>.safetensors` are sources
+    /// (MindSpore's `file_suffix`; see [`crate::RankFiles::discover_with_suffix`]).
+    pub file_suffix: Option<&'a str>,
+    /// Decides, per parameter, to keep, drop or rename it (MindSpore's `choice_func`).
+    pub choice: Option<ChoiceFn<'a>>,
+    /// `(k, total)`: write only the `k`-th (1-based) of `total` contiguous runs of part files
+    /// (MindSpore's `split_dst_file`); the index and the hyper-parameter file only when
+    /// `k == 1`. The parts are planned the same way in every run, so `total` runs with
+    /// `k = 1..=total` into one directory write every part once.
+    pub split: Option<(usize, usize)>,
 }
 
 impl Default for MergeOptions<'_> {
@@ -46,6 +70,9 @@ impl Default for MergeOptions<'_> {
             force: false,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             progress: &NoProgress,
+            file_suffix: None,
+            choice: None,
+            split: None,
         }
     }
 }
@@ -56,7 +83,31 @@ impl std::fmt::Debug for MergeOptions<'_> {
             .field("max_part_bytes", &self.max_part_bytes)
             .field("dedup", &self.dedup)
             .field("force", &self.force)
+            .field("file_suffix", &self.file_suffix)
+            .field("choice", &self.choice.map(|_| "<fn>"))
+            .field("split", &self.split)
             .finish()
+    }
+}
+
+/// The part files run `k` of `total` writes, out of `n_parts`: MindSpore's split of
+/// `split_dst_file` (the first `n_parts % total` runs take one part more).
+pub fn split_range(n_parts: usize, k: usize, total: usize) -> std::ops::Range<usize> {
+    let avg = n_parts / total;
+    let rem = n_parts % total;
+    let start = avg * (k - 1) + (k - 1).min(rem);
+    let end = start + avg + usize::from(k <= rem);
+    start..end
+}
+
+fn check_split(split: Option<(usize, usize)>) -> Result<()> {
+    match split {
+        Some((k, total)) if total == 0 || k == 0 || k > total => {
+            Err(CkptError::InvalidRequest(format!(
+                "split_dst_file ({k}, {total}) is invalid: it must be (k, total) with 1 <= k <= total"
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -65,8 +116,8 @@ impl std::fmt::Debug for MergeOptions<'_> {
 pub struct MergeReport {
     /// Each part file and the parameters in it.
     pub parts: Vec<(PathBuf, Vec<String>)>,
-    /// `param_name_map.json`.
-    pub index: PathBuf,
+    /// `param_name_map.json` (`None` for a split run other than the first, which writes none).
+    pub index: Option<PathBuf>,
     /// `hyper_param.safetensors`, when there were tensors outside the strategy.
     pub hyper: Option<PathBuf>,
     /// Source ranks read.
@@ -97,13 +148,18 @@ pub(crate) fn assign_parts(sizes: &[u64], n_parts: usize) -> Vec<usize> {
 
 /// MindSpore's `unified_safetensors`: writes every parameter of `strategy` found in the
 /// checkpoint under `src_dir` whole into `dst_dir`.
+///
+/// Without `opts.split` the output is one checkpoint set (committed at once, see
+/// [`crate::SetWriter`]). With `opts.split` several runs fill one directory, so each file is
+/// written atomically on its own and the directory carries no set marker.
 pub fn unified_safetensors(
     src_dir: &Path,
     strategy: &Path,
     dst_dir: &Path,
     opts: &MergeOptions<'_>,
 ) -> Result<MergeReport> {
-    let sources = SourceSet::rank_dirs(src_dir)?;
+    check_split(opts.split)?;
+    let sources = SourceSet::rank_dirs_with_suffix(src_dir, opts.file_suffix)?;
     let strategy = Strategy::load(strategy)?;
     let (src, unknown) = sources.resolve_source(&strategy)?;
     let mut report = MergeReport {
@@ -113,19 +169,35 @@ pub fn unified_safetensors(
             .collect(),
         ..MergeReport::default()
     };
-    let params: Vec<_> = src
-        .params()
-        .iter()
-        .filter(|p| {
-            let skip = p.name.starts_with("accu_grads");
-            if skip {
+    // Output name of every kept parameter.
+    let mut params: Vec<&crate::strategy::ResolvedParam> = Vec::new();
+    let mut out_names: Vec<String> = Vec::new();
+    for p in src.params() {
+        if p.name.starts_with("accu_grads") {
+            report
+                .skipped
+                .push((p.name.clone(), "gradient accumulation buffer".to_string()));
+            continue;
+        }
+        let out = match opts.choice.map(|f| f(&p.name)).transpose()? {
+            None | Some(ParamChoice::Keep) => p.name.clone(),
+            Some(ParamChoice::Drop) => {
                 report
                     .skipped
-                    .push((p.name.clone(), "gradient accumulation buffer".to_string()));
+                    .push((p.name.clone(), "dropped by choice_func".to_string()));
+                continue;
             }
-            !skip
-        })
-        .collect();
+            Some(ParamChoice::Rename(n)) => n,
+        };
+        if let Some(i) = out_names.iter().position(|o| *o == out) {
+            return Err(CkptError::InvalidRequest(format!(
+                "choice_func gives {:?} and {:?} the same name {out:?}",
+                params[i].name, p.name
+            )));
+        }
+        params.push(p);
+        out_names.push(out);
+    }
     let boxes = params
         .iter()
         .map(|p| (*p, SliceBox::full(&p.shape)))
@@ -153,27 +225,39 @@ pub fn unified_safetensors(
     for (item, &p) in plan.items.into_iter().zip(&part_of) {
         parts[p].push(item);
     }
-    // Tensors outside the strategy, from rank 0's file.
+    let (mine, first_run) = match opts.split {
+        Some((k, total)) => (split_range(n_parts, k, total), k == 1),
+        None => (0..n_parts, true),
+    };
+    // Tensors outside the strategy, from rank 0's file (written by the first run only).
     let mut hyper_items = Vec::new();
-    if let Some(file) = sources.extras_file(0)? {
-        for t in file.tensors() {
-            if strategy.param(&t.name).is_none() {
-                hyper_items.push(OutItem {
-                    meta: crate::ckpt_file::TensorMeta {
-                        name: t.name.clone(),
-                        ty: t.ty.clone(),
-                        shape: t.shape.clone(),
-                        n_bytes: t.n_bytes,
-                    },
-                    source: ItemSource::Stored {
-                        file: file.clone(),
-                        region: None,
-                    },
-                });
+    if first_run {
+        if let Some(file) = sources.extras_file(0)? {
+            for t in file.tensors() {
+                if strategy.param(&t.name).is_none() {
+                    hyper_items.push(OutItem {
+                        meta: crate::ckpt_file::TensorMeta {
+                            name: t.name.clone(),
+                            ty: t.ty.clone(),
+                            shape: t.shape.clone(),
+                            n_bytes: t.n_bytes,
+                        },
+                        source: ItemSource::Stored {
+                            file: file.clone(),
+                            region: None,
+                        },
+                    });
+                }
             }
         }
     }
-    let set = SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt merge", opts.force)?;
+    let renames: std::collections::BTreeMap<String, String> = params
+        .iter()
+        .zip(&out_names)
+        .filter(|(p, o)| p.name != **o)
+        .map(|(p, o)| (p.name.clone(), o.clone()))
+        .collect();
+    let out = Out::begin(dst_dir, src_dir, opts)?;
     let part_name = |i: usize| PathBuf::from(format!("part{i}.safetensors"));
     let committer = crate::atomic_write::Committer::new();
     let write = WriteOptions {
@@ -183,17 +267,17 @@ pub fn unified_safetensors(
         chunk_bytes: opts.chunk_bytes,
         progress: opts.progress,
         committer: Some(&committer),
+        rename: (!renames.is_empty()).then_some(&renames),
     };
-    let mut metadata = vec![
-        ("format".to_string(), "ms".to_string()),
-        set.metadata_entry(),
-    ];
+    let mut metadata = vec![("format".to_string(), "ms".to_string())];
+    metadata.extend(out.metadata_entry());
     if opts.dedup {
         // MindSpore marks merged output from deduplicated sources this way.
         metadata.push(("remove_redundancy".to_string(), "False".to_string()));
     }
-    let total = report.total_size + data_bytes(&hyper_items);
-    opts.progress.start("merging", total);
+    let mine_bytes: u64 = parts[mine.clone()].iter().map(|p| data_bytes(p)).sum();
+    opts.progress
+        .start("merging", mine_bytes + data_bytes(&hyper_items));
     // Index in MindSpore's order: largest parameter first.
     let mut order: Vec<usize> = (0..sizes.len()).collect();
     order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]));
@@ -201,51 +285,139 @@ pub fn unified_safetensors(
         .iter()
         .map(|&i| {
             (
-                params[i].name.clone(),
+                out_names[i].clone(),
                 Json::Str(format!("part{}.safetensors", part_of[i])),
             )
         })
         .collect();
     for (i, items) in parts.into_iter().enumerate() {
-        let names = items.iter().map(|it| it.meta.name.clone()).collect();
+        if !mine.contains(&i) {
+            continue;
+        }
+        let names = items
+            .iter()
+            .map(|it| renames.get(&it.meta.name).unwrap_or(&it.meta.name).clone())
+            .collect();
         write_items(
             &sources,
-            &set.staged(&part_name(i)),
+            &out.staged(&part_name(i)),
             items,
             &metadata,
             &write,
         )?;
-        report.parts.push((set.final_path(&part_name(i)), names));
+        report.parts.push((out.final_path(&part_name(i)), names));
     }
     if !hyper_items.is_empty() {
-        let meta = [
-            ("format".to_string(), "ms".to_string()),
-            set.metadata_entry(),
-        ];
+        let mut meta = vec![("format".to_string(), "ms".to_string())];
+        meta.extend(out.metadata_entry());
         let rel = Path::new(HYPER_PARAM_FILE);
-        write_items(&sources, &set.staged(rel), hyper_items, &meta, &write)?;
-        report.hyper = Some(set.final_path(rel));
+        let plain = WriteOptions {
+            rename: None,
+            ..write
+        };
+        write_items(&sources, &out.staged(rel), hyper_items, &meta, &plain)?;
+        report.hyper = Some(out.final_path(rel));
     }
-    let index = Json::obj([
-        (
-            "metadata",
-            Json::obj([("total_size", Json::UInt(report.total_size))]),
-        ),
-        ("weight_map", Json::Obj(weight_map)),
-    ]);
     // The index goes last, once every part is on disk.
     committer.finish()?;
-    let rel = Path::new(PARAM_NAME_MAP);
-    crate::atomic_write::write_file(&set.staged(rel), index.to_pretty(4).as_bytes(), false)?;
-    report.index = set.final_path(rel);
-    set.commit()?;
+    if first_run {
+        let index = Json::obj([
+            (
+                "metadata",
+                Json::obj([("total_size", Json::UInt(report.total_size))]),
+            ),
+            ("weight_map", Json::Obj(weight_map)),
+        ]);
+        let rel = Path::new(PARAM_NAME_MAP);
+        crate::atomic_write::write_file(
+            &out.staged(rel),
+            index.to_pretty(4).as_bytes(),
+            opts.force || out.is_set(),
+        )?;
+        report.index = Some(out.final_path(rel));
+    }
+    out.commit()?;
     opts.progress.finish();
     Ok(report)
+}
+
+/// Where a merge writes: a checkpoint set, or (for a split run) the plain directory.
+enum Out {
+    Set(SetWriter),
+    Plain(PathBuf),
+}
+
+impl Out {
+    fn begin(dst_dir: &Path, src_dir: &Path, opts: &MergeOptions<'_>) -> Result<Out> {
+        if opts.split.is_none() {
+            return SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt merge", opts.force)
+                .map(Out::Set);
+        }
+        crate::set::writer::check_apart(dst_dir, &[src_dir])?;
+        let marker = dst_dir.join(crate::set::SET_MARKER);
+        if marker.exists() {
+            return Err(CkptError::UnsafeDestination {
+                path: dst_dir.to_path_buf(),
+                rule: "the directory holds a committed checkpoint set; a split merge (split_dst_file) writes its parts into a plain directory, so give an empty or new one".to_string(),
+            });
+        }
+        std::fs::create_dir_all(dst_dir)
+            .map_err(crate::error::io_err(dst_dir, "create directory"))?;
+        Ok(Out::Plain(dst_dir.to_path_buf()))
+    }
+
+    fn is_set(&self) -> bool {
+        matches!(self, Out::Set(_))
+    }
+
+    fn staged(&self, rel: &Path) -> PathBuf {
+        match self {
+            Out::Set(s) => s.staged(rel),
+            Out::Plain(d) => d.join(rel),
+        }
+    }
+
+    fn final_path(&self, rel: &Path) -> PathBuf {
+        match self {
+            Out::Set(s) => s.final_path(rel),
+            Out::Plain(d) => d.join(rel),
+        }
+    }
+
+    fn metadata_entry(&self) -> Option<(String, String)> {
+        match self {
+            Out::Set(s) => Some(s.metadata_entry()),
+            Out::Plain(_) => None,
+        }
+    }
+
+    fn commit(self) -> Result<()> {
+        match self {
+            Out::Set(s) => s.commit().map(|_| ()),
+            Out::Plain(_) => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_ranges_as_mindspore() {
+        // 5 parts over 2 runs: 0..3 and 3..5; over 3 runs: 0..2, 2..4, 4..5.
+        assert_eq!(split_range(5, 1, 2), 0..3);
+        assert_eq!(split_range(5, 2, 2), 3..5);
+        assert_eq!(split_range(5, 3, 3), 4..5);
+        // More runs than parts: the last runs write nothing.
+        assert_eq!(split_range(2, 3, 3), 2..2);
+        let all: Vec<usize> = (1..=4).flat_map(|k| split_range(7, k, 4)).collect();
+        assert_eq!(all, (0..7).collect::<Vec<_>>());
+        assert!(check_split(Some((0, 2))).is_err());
+        assert!(check_split(Some((3, 2))).is_err());
+        assert!(check_split(Some((1, 0))).is_err());
+        assert!(check_split(Some((2, 2))).is_ok());
+    }
 
     #[test]
     fn largest_first_into_lightest() {

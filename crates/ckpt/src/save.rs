@@ -105,7 +105,7 @@ pub fn save_param_strategy_file(
     };
     match flavour {
         StrategyFlavour::Tessera => crate::tessera_strategy::write(path, strategy, ops, force),
-        StrategyFlavour::MsProtobuf => {
+        StrategyFlavour::MsProtobuf | StrategyFlavour::MsLayoutDict => {
             let file = ms_file(false)?;
             crate::atomic_write::write_file(path, &file.encode(), force)
         }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::ckpt_file::{CheckpointFile, Format};
+use crate::crypto::Decryption;
 use crate::error::{io_err, CkptError, Result};
 use crate::json::Json;
 use crate::rank_dir::RankFiles;
@@ -40,13 +41,21 @@ pub struct SourceSet {
     set_id: Option<String>,
     /// Without a marker: the first set id met in a file, and that file.
     first_id: RefCell<Option<(String, PathBuf)>>,
+    /// The key and mode encrypted `.ckpt` files are read with.
+    decryption: Option<Decryption>,
 }
 
 impl SourceSet {
     /// Sources in `dir/rank_<N>/`. An uncommitted or mixed set is refused ([`check_set`]).
     pub fn rank_dirs(dir: &Path) -> Result<SourceSet> {
+        SourceSet::rank_dirs_with_suffix(dir, None)
+    }
+
+    /// [`SourceSet::rank_dirs`], each rank's file chosen among those ending in
+    /// `<file_suffix>.safetensors` (see [`RankFiles::discover_with_suffix`]).
+    pub fn rank_dirs_with_suffix(dir: &Path, file_suffix: Option<&str>) -> Result<SourceSet> {
         let marker = check_set(dir)?;
-        let mut set = SourceSet::of_rank_files(RankFiles::discover(dir)?);
+        let mut set = SourceSet::of_rank_files(RankFiles::discover_with_suffix(dir, file_suffix)?);
         set.set_id = marker.map(|m| m.id);
         Ok(set)
     }
@@ -58,7 +67,14 @@ impl SourceSet {
             cache: RefCell::default(),
             set_id: None,
             first_id: RefCell::default(),
+            decryption: None,
         }
+    }
+
+    /// Reads encrypted `.ckpt` files with `dec` (MindSpore's `dec_key` / `dec_mode`).
+    pub fn with_decryption(mut self, dec: Option<Decryption>) -> SourceSet {
+        self.decryption = dec;
+        self
     }
 
     /// A unified checkpoint: `param_name_map.json`, its part files and an optional
@@ -98,6 +114,7 @@ impl SourceSet {
             cache: RefCell::default(),
             set_id: marker.map(|m| m.id),
             first_id: RefCell::default(),
+            decryption: None,
         })
     }
 
@@ -112,6 +129,7 @@ impl SourceSet {
             cache: RefCell::default(),
             set_id: None,
             first_id: RefCell::default(),
+            decryption: None,
         }
     }
 
@@ -144,7 +162,7 @@ impl SourceSet {
         if let Some(f) = self.cache.borrow().get(path) {
             return Ok(f.clone());
         }
-        let file = Rc::new(CheckpointFile::open(path)?);
+        let file = Rc::new(CheckpointFile::open_with(path, self.decryption.as_ref())?);
         file.verify_metadata_crc()?;
         self.check_set_id(&file)?;
         self.cache

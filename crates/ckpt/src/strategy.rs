@@ -16,7 +16,7 @@ use tensor::DType;
 
 use crate::error::{io_err, CkptError, Result};
 use crate::json::Json;
-use crate::ms_strategy::{MsLayout, MsStrategyFile, MsStrategyItem};
+use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 
 /// Which file flavour a strategy came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +27,9 @@ pub enum StrategyFlavour {
     MsJson,
     /// Tessera's own strategy JSON (`"format": "tessera-strategy"`).
     Tessera,
+    /// MindSpore's layout dict in memory (`predict_strategy` of `load_distributed_checkpoint`),
+    /// see [`Strategy::from_layout_lists`]; saved as protobuf.
+    MsLayoutDict,
 }
 
 impl std::fmt::Display for StrategyFlavour {
@@ -35,6 +38,7 @@ impl std::fmt::Display for StrategyFlavour {
             StrategyFlavour::MsProtobuf => "MindSpore protobuf",
             StrategyFlavour::MsJson => "MindSpore JSON",
             StrategyFlavour::Tessera => "Tessera JSON",
+            StrategyFlavour::MsLayoutDict => "MindSpore layout dict",
         })
     }
 }
@@ -352,7 +356,90 @@ impl ResolvedStrategy {
     }
 }
 
+/// One entry of MindSpore's layout dict, `{name: [dev_matrix, tensor_map, param_split_shape,
+/// field_size, opt_shard_step, opt_shard_size]}` (the `_convert_to_list` form that
+/// `load_distributed_checkpoint` accepts as `predict_strategy`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LayoutList {
+    /// The device matrix.
+    pub dev_matrix: Vec<i64>,
+    /// MindSpore's flat tensor map (reversed axis indices, `-1` for an unsplit dim).
+    pub tensor_map: Vec<i64>,
+    /// `param_split_shape` (empty for even splits).
+    pub param_split_shape: Vec<i64>,
+    /// `field_size` (MindSpore requires 0).
+    pub field_size: i64,
+    /// Rank stride inside the optimizer-shard group (0: no optimizer sharding).
+    pub opt_shard_step: i64,
+    /// Optimizer-shard group size (0: none).
+    pub opt_shard_size: i64,
+}
+
 impl Strategy {
+    /// A strategy from MindSpore's layout dict (see [`LayoutList`]); `label` names it in
+    /// errors (the dict has no file). Every entry goes through the same checks as a strategy
+    /// file's layout item; shapes come from the checkpoint it is used with.
+    pub fn from_layout_lists(label: &Path, items: &[(String, LayoutList)]) -> Result<Strategy> {
+        let bad = |name: &str, rule: String| CkptError::StrategyParam {
+            path: label.to_path_buf(),
+            tensor: name.to_string(),
+            rule,
+        };
+        let mut layout_items = Vec::with_capacity(items.len());
+        for (name, l) in items {
+            let dev_matrix = l
+                .dev_matrix
+                .iter()
+                .map(|&d| u32::try_from(d).ok().filter(|&d| d > 0))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| {
+                    bad(
+                        name,
+                        format!("dev_matrix {:?} must hold positive ints", l.dev_matrix),
+                    )
+                })?;
+            let tensor_map = l
+                .tensor_map
+                .iter()
+                .map(|&v| i32::try_from(v).ok())
+                .collect::<Option<Vec<i32>>>()
+                .ok_or_else(|| {
+                    bad(
+                        name,
+                        format!("tensor_map {:?} is out of range", l.tensor_map),
+                    )
+                })?;
+            if l.field_size != 0 {
+                return Err(bad(
+                    name,
+                    format!("field_size is {}, but MindSpore requires 0", l.field_size),
+                ));
+            }
+            let small = |v: i64, what: &str| {
+                i32::try_from(v).map_err(|_| bad(name, format!("{what} {v} is out of range")))
+            };
+            layout_items.push(MsLayoutItem {
+                param_name: name.clone(),
+                layout: MsLayout {
+                    dev_matrix: vec![dev_matrix],
+                    tensor_map: vec![tensor_map],
+                    param_split_shape: vec![l.param_split_shape.clone()],
+                    indices_offset: vec![Vec::new()],
+                    field: 0,
+                    opt_weight_shard_step: small(l.opt_shard_step, "opt_shard_step")?,
+                    opt_weight_shard_size: small(l.opt_shard_size, "opt_shard_size")?,
+                    tensor_shape: None,
+                },
+            });
+        }
+        let file = MsStrategyFile {
+            current_stage: 0,
+            strategy_items: Vec::new(),
+            layout_items,
+        };
+        Strategy::from_ms(label, file, StrategyFlavour::MsLayoutDict)
+    }
+
     /// Reads a strategy file of any flavour, detected by content: JSON (`{`) is Tessera's if
     /// it says `"format": "tessera-strategy"`, MindSpore's if it has `parallel_layout_item`;
     /// anything else is read as MindSpore protobuf.

@@ -5,6 +5,7 @@ mod conformance;
 mod differences;
 mod fuzz;
 mod op_strategy;
+mod options;
 mod pipeline;
 mod roundtrip;
 mod sets;

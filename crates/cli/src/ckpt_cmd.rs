@@ -125,8 +125,29 @@ struct MergeArgs {
     /// The sources were saved without redundancy.
     #[arg(long)]
     dedup: bool,
+    /// Merge only the safetensors files named `*<SUFFIX>.safetensors` in each rank directory
+    /// (MindSpore's `file_suffix`).
+    #[arg(long, value_name = "SUFFIX")]
+    file_suffix: Option<String>,
+    /// Write only run K of TOTAL of the part files, the index and hyper-parameter file only in
+    /// run 1 (MindSpore's `split_dst_file`); TOTAL runs into one directory write everything.
+    #[arg(long, value_name = "K/TOTAL", value_parser = parse_split)]
+    split: Option<(usize, usize)>,
     #[command(flatten)]
     write: WriteFlags,
+}
+
+/// `K/TOTAL` of `--split`.
+fn parse_split(s: &str) -> Result<(usize, usize), String> {
+    let (k, total) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not K/TOTAL"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{v:?} is not a number"))
+    };
+    Ok((num(k)?, num(total)?))
 }
 
 #[derive(Debug, Args)]
@@ -389,6 +410,8 @@ fn merge(a: &MergeArgs) -> anyhow::Result<()> {
         dedup: a.dedup,
         force: a.write.force,
         progress: &bar,
+        file_suffix: a.file_suffix.as_deref(),
+        split: a.split,
         ..Default::default()
     };
     let r =
@@ -400,7 +423,9 @@ fn merge(a: &MergeArgs) -> anyhow::Result<()> {
     for (path, names) in &r.parts {
         text.push_str(&format!("{}: {}\n", path.display(), names.join(", ")));
     }
-    text.push_str(&format!("{}\n", r.index.display()));
+    if let Some(index) = &r.index {
+        text.push_str(&format!("{}\n", index.display()));
+    }
     if let Some(h) = &r.hyper {
         text.push_str(&format!("{}\n", h.display()));
     }
@@ -416,7 +441,7 @@ fn merge(a: &MergeArgs) -> anyhow::Result<()> {
         a.write.json,
         json!({
             "parts": r.parts.iter().map(|(p, n)| json!({"path": path_str(p), "tensors": n})).collect::<Vec<_>>(),
-            "index": path_str(&r.index),
+            "index": r.index.as_deref().map(path_str),
             "hyper_param": r.hyper.as_deref().map(path_str),
             "source_ranks": r.source_ranks,
             "total_size": r.total_size,

@@ -154,3 +154,59 @@ fn inspect_checkpoint_and_strategy() {
     assert_ok(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("net.w1"));
 }
+
+#[test]
+fn merge_split_runs_and_file_suffix() {
+    let Some(c) = case("case1_dp2mp4_to_2x2") else {
+        return;
+    };
+    let dir = Scratch::new("merge-split");
+    let (src, strategy) = (c.join("src_safetensors"), c.join("strategy/A.ckpt"));
+    let merge = |dst: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "ckpt",
+            "merge",
+            "--src",
+            s(&src),
+            "--strategy",
+            s(&strategy),
+            "--dst",
+            s(dst),
+            "--max-part-bytes",
+            "64",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        tessera(&args)
+    };
+    let whole = dir.0.join("whole");
+    assert_ok(&merge(&whole, &[]));
+    let split = dir.0.join("split");
+    let second = merge(&split, &["--split", "2/2", "--file-suffix", "_0"]);
+    // "_0" matches only rank 0's file name: the other ranks have no matching file.
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("file_suffix"));
+    for k in ["2/2", "1/2"] {
+        let out = merge(&split, &["--split", k]);
+        assert_ok(&out);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["index"].is_null(), k == "2/2", "{k}: {report}");
+    }
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".safetensors") || n.ends_with(".json"))
+            .filter(|n| n != "tessera_set.json")
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&split), names(&whole));
+    assert!(!merge(&dir.0.join("bad"), &["--split", "3/2"])
+        .status
+        .success());
+    assert!(!merge(&dir.0.join("bad"), &["--split", "x"])
+        .status
+        .success());
+}

@@ -123,6 +123,22 @@ def rank_list_for_convert(rank_id, src_strategy_file=None, dst_strategy_file=Non
     return ranks
 
 
+def _split_dst_file(value: Any) -> Optional[tuple]:
+    """``split_dst_file``: ``()`` (everything) or ``(k, total)`` with ``1 <= k <= total``."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"For 'split_dst_file', the type must be tuple, but got {type(value).__name__}.")
+    if len(value) == 0:
+        return None
+    if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ValueError("For 'split_dst_file', the value must be () or a tuple (k, total) of two "
+                         f"ints, but got {tuple(value)!r}.")
+    k, total = value
+    if total < 1 or not 1 <= k <= total:
+        raise ValueError("For 'split_dst_file', the value (k, total) must satisfy 1 <= k <= total, "
+                         f"but got {tuple(value)!r}.")
+    return (int(k), int(total))
+
+
 def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundancy=True,
                         file_suffix=None, max_process_num=64, choice_func=None,
                         split_dst_file=(), *, max_part_size: int = 3 << 30,
@@ -132,7 +148,12 @@ def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundan
     ``hyper_param.safetensors`` for tensors outside the strategy.
 
     ``merge_with_redundancy=False`` declares sources saved without redundancy; Tessera reads
-    each piece from whichever replica holds it either way.
+    each piece from whichever replica holds it either way. ``file_suffix`` takes in each rank
+    directory only the files named ``*<file_suffix>.safetensors`` (several: the one MindSpore
+    picks). ``choice_func(name)`` returns True to keep a parameter, False to drop it, or a str
+    to rename it (part file and index). ``split_dst_file=(k, total)`` writes only the k-th of
+    ``total`` runs of part files, and the index and hyper-parameter file only when ``k == 1``
+    (the directory then carries no checkpoint-set marker: several runs fill it).
     """
     src = _checks.path(src_dir, "src_dir")
     strategy = _checks.path(src_strategy_file, "src_strategy_file")
@@ -141,23 +162,95 @@ def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundan
         raise TypeError("For 'merge_with_redundancy', the type must be bool, but got "
                         f"{type(merge_with_redundancy).__name__}.")
     _checks.positive_int(max_process_num, "max_process_num")
-    _checks.unsupported(file_suffix, None, "file_suffix",
-                        "Tessera picks each rank's file as MindSpore does without a suffix")
-    _checks.unsupported(choice_func, None, "choice_func", "filter or rename the merged index instead")
-    _checks.unsupported(tuple(split_dst_file), (), "split_dst_file",
-                        "one process writes every part (it is I/O bound)")
+    if file_suffix is not None and not isinstance(file_suffix, str):
+        raise TypeError(f"For 'file_suffix', the type must be str, but got {type(file_suffix).__name__}.")
+    if choice_func is not None and not callable(choice_func):
+        raise TypeError(f"For 'choice_func', the type must be callable, but got {type(choice_func).__name__}.")
+    split = _split_dst_file(split_dst_file)
     _checks.positive_int(max_part_size, "max_part_size")
     _tessera.unified_safetensors(src, strategy, dst, dedup=not merge_with_redundancy,
                                  max_part_bytes=max_part_size, force=force,
-                                 progress=_progress.resolve(progress))
+                                 progress=_progress.resolve(progress), file_suffix=file_suffix,
+                                 choice=choice_func, split=split)
 
 
 def _rename(tensors: Dict[str, np.ndarray], name_map: Optional[dict]) -> Dict[str, np.ndarray]:
     if name_map is None:
         return tensors
+    return {name_map.get(k, k): v for k, v in tensors.items()}
+
+
+def _name_map(name_map: Any) -> Optional[Dict[str, str]]:
+    if name_map is None:
+        return None
     if not isinstance(name_map, dict):
         raise TypeError(f"For 'name_map', the type must be dict, but got {type(name_map).__name__}.")
-    return {name_map.get(k, k): v for k, v in tensors.items()}
+    for k, v in name_map.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError("For 'name_map', keys and values must be str, but got "
+                            f"{k!r}: {v!r}.")
+    return dict(name_map)
+
+
+_BAD_PREDICT_STRATEGY = (
+    "For 'load_distributed_checkpoint', the argument 'predict_strategy' is dict, "
+    "the key of it must be string, and the value of it must be list or tuple that "
+    "the first four elements must be dev_matrix (list[int]), tensor_map (list[int]), "
+    "param_split_shape (list[int]) and field_size (int, which value is 0)."
+    "Please check whether 'predict_strategy' is correct.")
+
+
+def _layout_entries(predict_strategy: dict) -> list:
+    """MindSpore's layout dict as ``(name, dev_matrix, tensor_map, param_split_shape,
+    field_size, opt_shard_step, opt_shard_size)`` tuples, checked as MindSpore's
+    ``_check_predict_strategy`` checks it (same ValueError). Entries 4 and 5 are the optimizer
+    shard step and size (``_convert_to_list``'s form); a runtime layout's opt-shard group name
+    at index 5 is accepted only when empty."""
+
+    def int_list(arg):
+        return isinstance(arg, (list, tuple)) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in arg)
+
+    entries = []
+    for name, value in predict_strategy.items():
+        if not isinstance(name, str) or not isinstance(value, (list, tuple)) or len(value) < 4:
+            raise ValueError(_BAD_PREDICT_STRATEGY)
+        dev_matrix, tensor_map, split_shape, field_size = value[:4]
+        if not int_list(dev_matrix) or not int_list(tensor_map) or \
+                not (int_list(split_shape) or not split_shape) or \
+                not (isinstance(field_size, int) and field_size == 0):
+            raise ValueError(_BAD_PREDICT_STRATEGY)
+        step = size = 0
+        if len(value) > 5 and isinstance(value[5], str):
+            if value[5]:
+                raise ValueError(
+                    f"For 'predict_strategy', parameter {name!r} names the optimizer-shard "
+                    f"communication group {value[5]!r}, which tessera.parallel cannot resolve "
+                    "outside a MindSpore job: give opt_shard_step and opt_shard_size as ints "
+                    "(the build_searched_strategy / _convert_to_list form)")
+        elif len(value) > 5:
+            step, size = value[4], value[5]
+            for what, v in (("opt_shard_step", step), ("opt_shard_size", size)):
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise ValueError(f"For 'predict_strategy', parameter {name!r}: {what} must be "
+                                     f"an int, but got {type(v).__name__}.")
+        entries.append((name, list(dev_matrix), list(tensor_map), list(split_shape or []),
+                        0, int(step), int(size)))
+    return entries
+
+
+_DEC_MODES = ("AES-GCM", "AES-CBC", "SM4-CBC")
+
+
+def _decryption(dec_key: Any, dec_mode: Any) -> Optional[bytes]:
+    """``dec_key`` (None or bytes) and ``dec_mode`` checked as MindSpore checks them."""
+    if dec_key is not None and not isinstance(dec_key, bytes):
+        raise TypeError(f"For 'dec_key', the type must be bytes, but got {type(dec_key).__name__}.")
+    if not isinstance(dec_mode, str):
+        raise TypeError(f"For 'dec_mode', the type must be str, but got {type(dec_mode).__name__}.")
+    if dec_key is not None:
+        _checks.choice(dec_mode, "dec_mode", _DEC_MODES)
+    return dec_key
 
 
 def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_strategy=None,
@@ -168,15 +261,21 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
                                 max_process_num=64, return_param_dict=False, *,
                                 force: bool = False, progress: _progress.Progress = None,
                                 ) -> Optional[Dict[str, np.ndarray]]:
-    """The tensors a rank holds under ``predict_strategy`` (a strategy file), as a dict of
-    name → numpy array, or, with ``dst_safetensors_dir``, files
-    ``dst_safetensors_dir/rank_<r>/net.<output_format>`` (every rank, or ``rank_id``).
+    """The tensors a rank holds under ``predict_strategy``, as a dict of name → numpy array,
+    or, with ``dst_safetensors_dir``, files ``dst_safetensors_dir/rank_<r>/net.<output_format>``
+    (every rank, or ``rank_id``).
+
+    ``predict_strategy`` is a strategy file, or MindSpore's layout dict
+    ``{name: [dev_matrix, tensor_map, param_split_shape, field_size, opt_shard_step,
+    opt_shard_size, ...]}``.
 
     - ``format="ckpt"``: from ``checkpoint_filenames`` (one file per training rank, in rank
-      order) saved under ``train_strategy_filename``.
+      order) saved under ``train_strategy_filename``; encrypted files are read with
+      ``dec_key`` and ``dec_mode`` ('AES-GCM', 'AES-CBC' or 'SM4-CBC').
     - ``format="safetensors"``: from ``unified_safetensors_dir`` (see
       :func:`unified_safetensors`).
 
+    ``name_map`` renames tensors (name in the checkpoint → name returned or written).
     ``network`` must be None: Tessera has no MindSpore ``Cell`` to load into; the arrays are
     returned instead (``rank_id`` defaults to 0). bf16 tensors come back as float32.
     """
@@ -185,31 +284,39 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
                         "and use the returned dict of numpy arrays")
     _checks.choice(format, "format", _FORMATS)
     _checks.choice(output_format, "output_format", _FORMATS)
-    _checks.unsupported(dec_key, None, "dec_key", "encrypted checkpoints are not read")
+    key = _decryption(dec_key, dec_mode)
     _checks.positive_int(max_process_num, "max_process_num")
     if isinstance(predict_strategy, dict):
-        raise TypeError("For 'predict_strategy', give a strategy file (str); a layout dict is "
-                        "not supported by tessera.parallel")
-    strategy = _checks.path(predict_strategy, "predict_strategy")
+        strategy, layouts = None, _layout_entries(predict_strategy)
+    else:
+        strategy, layouts = _checks.path(predict_strategy, "predict_strategy"), None
+    names = _name_map(name_map)
     rank = None if rank_id is None else _checks.non_negative_int(rank_id, "rank_id")
     if format == "safetensors":
+        if key is not None:
+            raise ValueError("For 'load_distributed_checkpoint', dec_key must be None when "
+                             "format is 'safetensors'.")
+        if dec_mode != "AES-GCM":
+            raise ValueError("For 'load_distributed_checkpoint', strict_load and dec_mode must "
+                             "be default when format is 'safetensors'.")
         unified = _checks.path(unified_safetensors_dir, "unified_safetensors_dir")
         if dst_safetensors_dir is not None:
-            _checks.unsupported(name_map, None, "name_map", "rename after loading instead")
             _tessera.load_distributed_files(
                 unified, strategy, _checks.path(dst_safetensors_dir, "dst_safetensors_dir"),
                 ranks=None if rank is None else [rank], output_format=output_format,
-                force=force, progress=_progress.resolve(progress))
+                force=force, progress=_progress.resolve(progress), layouts=layouts,
+                name_map=names)
             return None
-        tensors = _tessera.load_rank_from_unified(unified, strategy, rank or 0)
-        return _rename(tensors, name_map)
+        tensors = _tessera.load_rank_from_unified(unified, strategy, rank or 0, layouts=layouts)
+        return _rename(tensors, names)
     if not isinstance(checkpoint_filenames, (list, tuple)):
         raise TypeError("For 'checkpoint_filenames', the type must be list, but got "
                         f"{type(checkpoint_filenames).__name__}.")
     files = {r: _checks.path(f, "checkpoint_filenames") for r, f in enumerate(checkpoint_filenames)}
     train = _checks.path(train_strategy_filename, "train_strategy_filename")
-    tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0)
-    return _rename(tensors, name_map)
+    tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0, layouts=layouts,
+                                            dec_key=key, dec_mode=dec_mode)
+    return _rename(tensors, names)
 
 
 def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filter_prefix=None,
@@ -218,11 +325,12 @@ def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filte
     """The union of every checkpoint file in ``ckpt_file_dir`` (files in name order, a later
     file's tensor replacing an earlier one's), as name → numpy array. ``filter_prefix`` drops
     names with those prefixes, ``specify_prefix`` keeps only those, ``choice_func(name)``
-    keeps a name when true."""
+    keeps a name when true. Encrypted ``.ckpt`` files are read with ``dec_key`` and
+    ``dec_mode``."""
     directory = _checks.path(ckpt_file_dir, "ckpt_file_dir")
     if net is not None:
         raise TypeError("For 'net', tessera.parallel loads no MindSpore Cell: pass None")
-    _checks.unsupported(dec_key, None, "dec_key", "encrypted checkpoints are not read")
+    key = _decryption(dec_key, dec_mode)
 
     def prefixes(value, name):
         if value is None:
@@ -236,7 +344,7 @@ def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filte
     drop, keep = prefixes(filter_prefix, "filter_prefix"), prefixes(specify_prefix, "specify_prefix")
     if choice_func is not None and not callable(choice_func):
         raise TypeError(f"For 'choice_func', the type must be callable, but got {type(choice_func).__name__}.")
-    tensors = _tessera.load_segmented_checkpoints(directory)
+    tensors = _tessera.load_segmented_checkpoints(directory, dec_key=key, dec_mode=dec_mode)
     return {name: t for name, t in tensors.items()
             if not name.startswith(drop) and (not keep or name.startswith(keep))
             and (choice_func is None or choice_func(name))}

@@ -25,11 +25,12 @@ def rank_list_for_convert(rank_id: int, src_strategy_file: Optional[_Path] = Non
                           dst_strategy_file: Optional[_Path] = None) -> List[int]: ...
 def unified_safetensors(src_dir: _Path, src_strategy_file: _Path, dst_dir: _Path,
                         merge_with_redundancy: bool = True, file_suffix: Optional[str] = None,
-                        max_process_num: int = 64, choice_func: Optional[Callable[[str], Any]] = None,
+                        max_process_num: int = 64,
+                        choice_func: Optional[Callable[[str], Union[bool, str]]] = None,
                         split_dst_file: Tuple[int, ...] = (), *, max_part_size: int = ...,
                         force: bool = False, progress: _Progress = None) -> None: ...
 def load_distributed_checkpoint(network: None, checkpoint_filenames: Optional[Sequence[_Path]] = None,
-                                predict_strategy: Optional[_Path] = None,
+                                predict_strategy: Union[None, _Path, Dict[str, Sequence[Any]]] = None,
                                 train_strategy_filename: Optional[_Path] = None,
                                 strict_load: bool = False, dec_key: Optional[bytes] = None,
                                 dec_mode: str = "AES-GCM", format: str = "ckpt",

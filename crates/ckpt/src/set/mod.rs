@@ -29,7 +29,7 @@ mod lock;
 mod marker;
 pub(crate) mod pending;
 mod switch;
-mod writer;
+pub(crate) mod writer;
 
 use std::path::{Path, PathBuf};
 

@@ -195,7 +195,7 @@ fn resolve_lexically(path: &Path) -> Result<PathBuf> {
 
 /// Refuses a destination that is or contains one of `sources`, or lies inside one of its
 /// `rank_<N>/` folders (where it would change the source's ranks).
-fn check_apart(dest: &Path, sources: &[&Path]) -> Result<()> {
+pub(crate) fn check_apart(dest: &Path, sources: &[&Path]) -> Result<()> {
     let d = resolve_lexically(dest)?;
     for src in sources {
         let s = resolve_lexically(src)?;
