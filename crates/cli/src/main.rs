@@ -21,6 +21,7 @@ mod grid;
 mod layout_cmd;
 mod parse;
 mod plan_cmd;
+mod ps_cmd;
 mod reshard_cmd;
 mod strategy_cmd;
 mod timeline;

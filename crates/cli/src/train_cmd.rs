@@ -77,6 +77,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if args.mpi_watchdog && args.backend != Backend::Mpi {
         anyhow::bail!("--mpi-watchdog applies to --backend mpi only");
     }
+    if config.ps().is_some() {
+        return crate::ps_cmd::run(&config);
+    }
     let session = Session::new(&config)?;
     if let Some(path) = &args.timeline {
         let pipeline = config

@@ -60,3 +60,28 @@ pub fn run_role(
         PsRole::Worker => worker::run(config, &settings, env).map(Some),
     }
 }
+
+/// Worker 0's closing lines, as `tessera train` prints them (empty for other workers):
+/// steps, speed and final loss, then the test accuracy.
+pub fn summary(report: &WorkerReport, config: &runtime::TrainConfig, env: &RoleEnv) -> String {
+    if report.worker_id != 0 {
+        return String::new();
+    }
+    let keys = config.ps();
+    let workers = env.num_workers.or(keys.and_then(|k| k.workers)).unwrap_or(0);
+    let servers = env.num_servers.or(keys.and_then(|k| k.servers)).unwrap_or(0);
+    let mut text = format!(
+        "trained {} steps on {workers} worker(s) and {servers} server(s) in {:.2} s ({:.1} steps/s); final loss {:.4}\n",
+        report.steps_run,
+        report.seconds,
+        report.steps_run as f64 / report.seconds.max(1e-9),
+        report.losses.last().copied().unwrap_or(f32::NAN)
+    );
+    if let Some(acc) = report.accuracies.last() {
+        text.push_str(&format!(
+            "test accuracy after the last epoch: {:.2}%\n",
+            acc * 100.0
+        ));
+    }
+    text
+}

@@ -411,7 +411,7 @@ pub fn run(settings: &JobSettings, env: &RoleEnv, batch_size: usize) -> Result<(
             tonic::transport::Server::builder()
                 .add_service(SchedulerServer::new(service.clone()))
                 .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener),
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                     async {
                         let _ = stop_rx.await;
                     },

@@ -480,7 +480,7 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 )
                 .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener),
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                     async {
                         let _ = stop_rx.await;
                     },
