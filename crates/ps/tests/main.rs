@@ -1,0 +1,9 @@
+//! Behaviour tests of parameter-server training: roles as threads over real gRPC, and as
+//! real processes (`tessera-ps-role`) for the failure tests.
+
+mod async_training;
+mod config;
+mod faults;
+mod heartbeat;
+mod sync_equivalence;
+mod util;
