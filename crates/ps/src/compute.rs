@@ -90,7 +90,9 @@ impl Compute {
                     .params
                     .iter()
                     .position(|q| q.name == p.name)
-                    .ok_or_else(|| PsError::Protocol(format!("parameter {} is not evaluated", p.name)))
+                    .ok_or_else(|| {
+                        PsError::Protocol(format!("parameter {} is not evaluated", p.name))
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Compute {
@@ -158,7 +160,9 @@ impl Compute {
             epoch as u64,
         )?;
         let batch = plan.batch(index as usize).ok_or_else(|| {
-            PsError::Protocol(format!("step {step}: batch {index} of epoch {epoch} does not exist"))
+            PsError::Protocol(format!(
+                "step {step}: batch {index} of epoch {epoch} does not exist"
+            ))
         })?;
         Ok(batch.rows(offset, count)?.to_vec())
     }
@@ -185,9 +189,14 @@ impl Compute {
                 .params
                 .iter()
                 .map(|p| {
-                    session.train.params.iter().position(|q| q.name == p.name).ok_or_else(|| {
-                        PsError::Protocol(format!("parameter {} is not trained", p.name))
-                    })
+                    session
+                        .train
+                        .params
+                        .iter()
+                        .position(|q| q.name == p.name)
+                        .ok_or_else(|| {
+                            PsError::Protocol(format!("parameter {} is not trained", p.name))
+                        })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             self.programs.insert(
@@ -204,7 +213,11 @@ impl Compute {
             .get_mut(&rows.len())
             .ok_or_else(|| PsError::Protocol("no program for the batch".to_string()))?;
         for (k, w) in weights.iter().enumerate() {
-            copy_into(program.exec.param_mut(program.param_index[k]), w, &self.params[k].name)?;
+            copy_into(
+                program.exec.param_mut(program.param_index[k]),
+                w,
+                &self.params[k].name,
+            )?;
         }
         let labels = program.session.model.labels;
         let inputs = program.exec.program().inputs.clone();
@@ -231,7 +244,11 @@ impl Compute {
     /// The test accuracy at `weights`: every test sample once.
     pub fn accuracy(&mut self, weights: &[Tensor]) -> Result<f64, PsError> {
         for (k, w) in weights.iter().enumerate() {
-            copy_into(self.eval.param_mut(self.eval_index[k]), w, &self.params[k].name)?;
+            copy_into(
+                self.eval.param_mut(self.eval_index[k]),
+                w,
+                &self.params[k].name,
+            )?;
         }
         let batch_size = self.base.data().batch_size;
         let plan = BatchPlan::eval(self.test.len(), batch_size)?;

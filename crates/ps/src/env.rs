@@ -83,10 +83,14 @@ impl RoleEnv {
         let number = |var: &str| -> Result<Option<usize>, PsError> {
             match lookup(var) {
                 None => Ok(None),
-                Some(text) => text.trim().parse::<usize>().map(Some).map_err(|_| PsError::Env {
-                    var: var.to_string(),
-                    reason: format!("\"{text}\" is not a non-negative integer"),
-                }),
+                Some(text) => text
+                    .trim()
+                    .parse::<usize>()
+                    .map(Some)
+                    .map_err(|_| PsError::Env {
+                        var: var.to_string(),
+                        reason: format!("\"{text}\" is not a non-negative integer"),
+                    }),
             }
         };
         let needed = |var: &str| -> Result<usize, PsError> {
@@ -156,11 +160,24 @@ impl JobSettings {
     pub fn new(config: &TrainConfig, env: &RoleEnv) -> Result<JobSettings, PsError> {
         let keys = config.ps().ok_or_else(|| PsError::Config {
             key: "parallel.mode".to_string(),
-            reason: "TESSERA_ROLE is set but the config is not parallel.mode = \"parameter_server\""
-                .to_string(),
+            reason:
+                "TESSERA_ROLE is set but the config is not parallel.mode = \"parameter_server\""
+                    .to_string(),
         })?;
-        let servers = agree("ps.servers", keys.servers, "TESSERA_NUM_SERVERS", env.num_servers, 1)?;
-        let workers = agree("ps.workers", keys.workers, "TESSERA_NUM_WORKERS", env.num_workers, 2)?;
+        let servers = agree(
+            "ps.servers",
+            keys.servers,
+            "TESSERA_NUM_SERVERS",
+            env.num_servers,
+            1,
+        )?;
+        let workers = agree(
+            "ps.workers",
+            keys.workers,
+            "TESSERA_NUM_WORKERS",
+            env.num_workers,
+            2,
+        )?;
         let role_id = match env.role {
             PsRole::Server => Some(("TESSERA_SERVER_ID", env.server_id, servers)),
             _ => None,

@@ -21,7 +21,12 @@ pub fn free_local_port() -> Result<u16, PsError> {
 
 /// The environment of process `rank` of a local job with `servers` servers and `workers`
 /// workers: rank 0 is the scheduler, then the servers, then the workers.
-pub fn role_env(rank: usize, servers: usize, workers: usize, scheduler_addr: &str) -> Vec<(String, String)> {
+pub fn role_env(
+    rank: usize,
+    servers: usize,
+    workers: usize,
+    scheduler_addr: &str,
+) -> Vec<(String, String)> {
     let (role, id_var, id) = if rank == 0 {
         ("scheduler", None, 0)
     } else if rank <= servers {
@@ -32,10 +37,16 @@ pub fn role_env(rank: usize, servers: usize, workers: usize, scheduler_addr: &st
     let mut env = vec![
         ("TESSERA_ROLE".to_string(), role.to_string()),
         ("TESSERA_RANK".to_string(), rank.to_string()),
-        ("TESSERA_WORLD_SIZE".to_string(), (1 + servers + workers).to_string()),
+        (
+            "TESSERA_WORLD_SIZE".to_string(),
+            (1 + servers + workers).to_string(),
+        ),
         ("TESSERA_NUM_SERVERS".to_string(), servers.to_string()),
         ("TESSERA_NUM_WORKERS".to_string(), workers.to_string()),
-        ("TESSERA_SCHEDULER_ADDR".to_string(), scheduler_addr.to_string()),
+        (
+            "TESSERA_SCHEDULER_ADDR".to_string(),
+            scheduler_addr.to_string(),
+        ),
         ("TESSERA_RESTART_COUNT".to_string(), "0".to_string()),
     ];
     if let Some(var) = id_var {

@@ -68,8 +68,14 @@ pub fn summary(report: &WorkerReport, config: &runtime::TrainConfig, env: &RoleE
         return String::new();
     }
     let keys = config.ps();
-    let workers = env.num_workers.or(keys.and_then(|k| k.workers)).unwrap_or(0);
-    let servers = env.num_servers.or(keys.and_then(|k| k.servers)).unwrap_or(0);
+    let workers = env
+        .num_workers
+        .or(keys.and_then(|k| k.workers))
+        .unwrap_or(0);
+    let servers = env
+        .num_servers
+        .or(keys.and_then(|k| k.servers))
+        .unwrap_or(0);
     let mut text = format!(
         "trained {} steps on {workers} worker(s) and {servers} server(s) in {:.2} s ({:.1} steps/s); final loss {:.4}\n",
         report.steps_run,

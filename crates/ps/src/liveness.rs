@@ -93,7 +93,10 @@ mod tests {
         assert_eq!(live.sweep(t0 + ms(1001)), vec![(1, ms(1001))]);
         assert_eq!(live.alive(), vec![0]);
         assert_eq!(live.dead(), vec![1]);
-        assert!(!live.beat(1, t0 + ms(1100)), "a dead process is not revived by a beat");
+        assert!(
+            !live.beat(1, t0 + ms(1100)),
+            "a dead process is not revived by a beat"
+        );
         live.register(1, t0 + ms(1200));
         assert_eq!(live.alive(), vec![0, 1]);
         assert!(live.dead().is_empty());

@@ -24,7 +24,10 @@ pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, PsError> {
 }
 
 /// A client of the scheduler at `addr`.
-pub fn scheduler_client(addr: &str, timeout: Duration) -> Result<SchedulerClient<Channel>, PsError> {
+pub fn scheduler_client(
+    addr: &str,
+    timeout: Duration,
+) -> Result<SchedulerClient<Channel>, PsError> {
     Ok(SchedulerClient::new(channel(addr, timeout)?)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))

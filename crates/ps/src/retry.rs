@@ -69,7 +69,11 @@ pub fn retryable(status: &tonic::Status) -> bool {
     use tonic::Code;
     matches!(
         status.code(),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Aborted | Code::Cancelled
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::Aborted
+            | Code::Cancelled
     )
 }
 

@@ -145,7 +145,9 @@ impl SchedulerService {
             changed = true;
         }
         if s.all_done() && !s.worker_live.is_alive(0) && !s.finished {
-            eprintln!("[ps scheduler] every live worker is done and worker 0 is gone: the job ends");
+            eprintln!(
+                "[ps scheduler] every live worker is done and worker 0 is gone: the job ends"
+            );
             s.finished = true;
             changed = true;
         }
@@ -155,7 +157,10 @@ impl SchedulerService {
             self.changed.notify_waiters();
         }
         if all_dead {
-            return Err(PsError::io("the job", "every worker died before the job ended"));
+            return Err(PsError::io(
+                "the job",
+                "every worker died before the job ended",
+            ));
         }
         Ok(())
     }
@@ -239,7 +244,11 @@ impl Scheduler for SchedulerService {
                 }
                 alive
             }
-            _ => return Err(Status::invalid_argument("heartbeat: role must be server or worker")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "heartbeat: role must be server or worker",
+                ))
+            }
         };
         Ok(Response::new(HeartbeatReply {
             shutdown: s.finished,
@@ -282,8 +291,7 @@ impl Scheduler for SchedulerService {
                 s.worker_step.insert(r.worker_id, r.step);
                 let too_far = !s.sync
                     && !s.assignments.contains_key(&r.step)
-                    && s
-                        .slowest_step()
+                    && s.slowest_step()
                         .is_some_and(|slowest| r.step > slowest + s.staleness);
                 if !too_far {
                     let members = s.members(r.step);

@@ -183,7 +183,9 @@ fn mean_of(
     shapes: &[Vec<usize>],
 ) -> Result<(f32, Vec<Tensor>), PsError> {
     let total_rows: u64 = pushed.values().map(|p| p.rows).sum();
-    let equal = pushed.values().all(|p| Some(p.rows) == pushed.values().next().map(|q| q.rows));
+    let equal = pushed
+        .values()
+        .all(|p| Some(p.rows) == pushed.values().next().map(|q| q.rows));
     let n = pushed.len() as f64;
     let weight = |p: &Pushed| -> f64 {
         match equal {
@@ -374,8 +376,9 @@ impl ParameterServer for ServerService {
                     }));
                 }
             }
-            let _ = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), notified)
-                .await;
+            let _ =
+                tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), notified)
+                    .await;
         }
     }
 
@@ -447,7 +450,10 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
     let compute = Compute::new(config)?;
     let held_index = partition_of(compute.params(), settings.servers, env.server_id);
     let initial_all = compute.initial_params()?;
-    let held: Vec<ParamInfo> = held_index.iter().map(|&i| compute.params()[i].clone()).collect();
+    let held: Vec<ParamInfo> = held_index
+        .iter()
+        .map(|&i| compute.params()[i].clone())
+        .collect();
     let initial: Vec<Tensor> = held_index.iter().map(|&i| initial_all[i].clone()).collect();
     drop(compute);
     let service = ServerService::new(
@@ -532,13 +538,17 @@ async fn serve(
             let reply = policy
                 .run("Heartbeat", &peer, |_| {
                     let mut c = client.clone();
-                    let b = beat.clone();
+                    let b = beat;
                     async move { c.heartbeat(b).await }
                 })
                 .await?
                 .into_inner();
             if reply.shutdown {
-                eprintln!("[ps server {}] the job is over at version {}", env.server_id, service.version());
+                eprintln!(
+                    "[ps server {}] the job is over at version {}",
+                    env.server_id,
+                    service.version()
+                );
                 return Ok(());
             }
             if reply.rejoin {

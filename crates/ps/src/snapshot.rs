@@ -94,7 +94,10 @@ pub fn load(
         reason,
     };
     let file = ckpt::CheckpointFile::open(path).map_err(|e| bad(e.to_string()))?;
-    let read = |name: &str| file.read_tensor(name).map_err(|e| bad(format!("{name}: {e}")));
+    let read = |name: &str| {
+        file.read_tensor(name)
+            .map_err(|e| bad(format!("{name}: {e}")))
+    };
     for (k, name) in names.iter().enumerate() {
         let t = read(name)?;
         if t.shape() != weights[k].shape() {

@@ -53,10 +53,19 @@ mod tests {
         let msg = to_msg("w", &t);
         let back = from_msg(&msg, "w", &[2, 2]).unwrap();
         assert_eq!(back.as_f32().unwrap(), t.as_f32().unwrap());
-        assert!(from_msg(&msg, "v", &[2, 2]).unwrap_err().to_string().contains("expected tensor v"));
-        assert!(from_msg(&msg, "w", &[4]).unwrap_err().to_string().contains("shape"));
+        assert!(from_msg(&msg, "v", &[2, 2])
+            .unwrap_err()
+            .to_string()
+            .contains("expected tensor v"));
+        assert!(from_msg(&msg, "w", &[4])
+            .unwrap_err()
+            .to_string()
+            .contains("shape"));
         let mut short = msg.clone();
         short.data.pop();
-        assert!(from_msg(&short, "w", &[2, 2]).unwrap_err().to_string().contains("15 bytes"));
+        assert!(from_msg(&short, "w", &[2, 2])
+            .unwrap_err()
+            .to_string()
+            .contains("15 bytes"));
     }
 }

@@ -95,7 +95,11 @@ impl Links {
                     .collect();
                 return Err(PsError::io(
                     "waiting for the servers",
-                    format!("server(s) {} did not register within {} s", missing.join(", "), limit.as_secs()),
+                    format!(
+                        "server(s) {} did not register within {} s",
+                        missing.join(", "),
+                        limit.as_secs()
+                    ),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -121,7 +125,10 @@ impl Links {
             if link.client.is_none() {
                 link.client = Some(server_client(&link.addr, policy.timeout)?);
             }
-            let client = link.client.clone().ok_or_else(|| PsError::io("a client", "none"))?;
+            let client = link
+                .client
+                .clone()
+                .ok_or_else(|| PsError::io("a client", "none"))?;
             match tokio::time::timeout(policy.timeout, call(client)).await {
                 Ok(Ok(reply)) => return Ok(reply.into_inner()),
                 Ok(Err(status)) if !crate::retry::retryable(&status) => {
@@ -305,7 +312,12 @@ impl Reporter {
         Ok(())
     }
 
-    fn epoch(&mut self, epoch: usize, global_step: u64, accuracy: Option<f64>) -> Result<(), PsError> {
+    fn epoch(
+        &mut self,
+        epoch: usize,
+        global_step: u64,
+        accuracy: Option<f64>,
+    ) -> Result<(), PsError> {
         self.callbacks.on_epoch_end(&EpochInfo {
             rank: 0,
             epoch,
@@ -320,14 +332,22 @@ impl Reporter {
 }
 
 /// Runs worker `env.worker_id` to the end of the job.
-pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Result<WorkerReport, PsError> {
+pub fn run(
+    config: &TrainConfig,
+    settings: &JobSettings,
+    env: &RoleEnv,
+) -> Result<WorkerReport, PsError> {
     let mut compute = Compute::new(config)?;
     let rt = crate::scheduler::runtime(2)?;
     let reporter = match env.worker_id {
         0 => {
             let mut callbacks = CallbackList::new();
-            callbacks.push(Box::new(LossMonitor::stdout(config.train().per_print_times)));
-            callbacks.push(Box::new(MetricsLog::create(&config.output().metrics_file())?));
+            callbacks.push(Box::new(LossMonitor::stdout(
+                config.train().per_print_times,
+            )));
+            callbacks.push(Box::new(MetricsLog::create(
+                &config.output().metrics_file(),
+            )?));
             Some(Reporter {
                 callbacks,
                 epoch_start: Instant::now(),
@@ -384,7 +404,16 @@ async fn work(
         beat.clone(),
     ));
     links.resolve_servers(true).await?;
-    let outcome = steps(config, settings, &mut links, compute, &mut reporter, &beat, &mut step).await;
+    let outcome = steps(
+        config,
+        settings,
+        &mut links,
+        compute,
+        &mut reporter,
+        &beat,
+        &mut step,
+    )
+    .await;
     beat.stop.store(true, Ordering::Relaxed);
     let _ = heart.await;
     let (losses, accuracies) = outcome?;
@@ -398,7 +427,12 @@ async fn work(
 }
 
 /// Heartbeats until told to stop; notes when the scheduler asks for a new registration.
-async fn heartbeat(mut client: SchedulerClient<Channel>, every: Duration, id: u32, beat: Arc<Beat>) {
+async fn heartbeat(
+    mut client: SchedulerClient<Channel>,
+    every: Duration,
+    id: u32,
+    beat: Arc<Beat>,
+) {
     while !beat.stop.load(Ordering::Relaxed) {
         let request = HeartbeatRequest {
             role: Role::Worker as i32,
@@ -461,7 +495,12 @@ async fn steps(
                 *step = (*step).max(links.register(0).await?);
                 continue;
             }
-            _ => return Err(PsError::Protocol(format!("BeginStep: unknown status {}", begin.status))),
+            _ => {
+                return Err(PsError::Protocol(format!(
+                    "BeginStep: unknown status {}",
+                    begin.status
+                )))
+            }
         }
         let min_version = if settings.sync { s } else { 0 };
         let loss_before = links.pull_all(min_version, &mut weights, compute).await?;
@@ -545,7 +584,10 @@ async fn steps(
             rep.epoch(compute.epoch_of(last).0, total, Some(acc))?;
         }
         links
-            .scheduler_call("Finish", |mut c| async move { c.finish(FinishRequest {}).await })
+            .scheduler_call(
+                "Finish",
+                |mut c| async move { c.finish(FinishRequest {}).await },
+            )
             .await?;
     }
     Ok((losses, accuracies))

@@ -22,11 +22,18 @@ fn defaults_and_given_keys() {
     let config = with_ps("").unwrap();
     let keys = config.ps().unwrap();
     assert_eq!((keys.servers, keys.workers, keys.sync), (None, None, true));
-    let config = with_ps("servers = 2\nworkers = 3\nsync = false\nstaleness = 4\ncheckpoint_every = 7")
-        .unwrap();
+    let config =
+        with_ps("servers = 2\nworkers = 3\nsync = false\nstaleness = 4\ncheckpoint_every = 7")
+            .unwrap();
     let keys = config.ps().unwrap();
     assert_eq!(
-        (keys.servers, keys.workers, keys.sync, keys.staleness, keys.checkpoint_every),
+        (
+            keys.servers,
+            keys.workers,
+            keys.sync,
+            keys.staleness,
+            keys.checkpoint_every
+        ),
         (Some(2), Some(3), false, 4, 7)
     );
     assert!(config.warnings().is_empty());
@@ -42,7 +49,10 @@ fn bad_values_name_the_key() {
         ("sync = \"yes\"", "ps.sync"),
         ("checkpoint_every = 0", "ps.checkpoint_every"),
         ("staleness = -1", "ps.staleness"),
-        ("heartbeat_ms = 100\ndead_after_ms = 100", "ps.dead_after_ms"),
+        (
+            "heartbeat_ms = 100\ndead_after_ms = 100",
+            "ps.dead_after_ms",
+        ),
         ("rpc_retries = 1000", "ps.rpc_retries"),
         ("replicas = 2", "ps.replicas"),
     ];
@@ -54,15 +64,26 @@ fn bad_values_name_the_key() {
 
 #[test]
 fn ps_section_needs_the_mode_and_the_mode_refuses_devices() {
-    let text = ps_text(Path::new("/tmp/out"), "workers = 2", "max_steps = 4")
-        .replace("mode = \"parameter_server\"", "mode = \"data_parallel\"\ndevices = 2");
+    let text = ps_text(Path::new("/tmp/out"), "workers = 2", "max_steps = 4").replace(
+        "mode = \"parameter_server\"",
+        "mode = \"data_parallel\"\ndevices = 2",
+    );
     let err = parse(&text).unwrap_err();
-    assert!(err.contains("config ps:") && err.contains("parameter_server"), "{err}");
-    let text = ps_text(Path::new("/tmp/out"), "", "max_steps = 4")
-        .replace("mode = \"parameter_server\"", "mode = \"parameter_server\"\ndevices = 4");
+    assert!(
+        err.contains("config ps:") && err.contains("parameter_server"),
+        "{err}"
+    );
+    let text = ps_text(Path::new("/tmp/out"), "", "max_steps = 4").replace(
+        "mode = \"parameter_server\"",
+        "mode = \"parameter_server\"\ndevices = 4",
+    );
     let err = parse(&text).unwrap_err();
     assert!(err.contains("parallel.devices"), "{err}");
-    let text = ps_text(Path::new("/tmp/out"), "", "max_steps = 4\ngrad_accumulation_steps = 2");
+    let text = ps_text(
+        Path::new("/tmp/out"),
+        "",
+        "max_steps = 4\ngrad_accumulation_steps = 2",
+    );
     let err = parse(&text).unwrap_err();
     assert!(err.contains("train.grad_accumulation_steps"), "{err}");
     assert!(digits().exists());
@@ -79,10 +100,17 @@ fn env(vars: &[(&str, &str)]) -> Result<Option<RoleEnv>, String> {
 
 #[test]
 fn environment_errors_name_the_variable() {
-    assert_eq!(env(&[]).unwrap(), None, "no TESSERA_ROLE: not a role process");
+    assert_eq!(
+        env(&[]).unwrap(),
+        None,
+        "no TESSERA_ROLE: not a role process"
+    );
     let addr = ("TESSERA_SCHEDULER_ADDR", "127.0.0.1:1");
     let err = env(&[("TESSERA_ROLE", "boss"), addr]).unwrap_err();
-    assert!(err.contains("TESSERA_ROLE") && err.contains("boss"), "{err}");
+    assert!(
+        err.contains("TESSERA_ROLE") && err.contains("boss"),
+        "{err}"
+    );
     let err = env(&[("TESSERA_ROLE", "worker"), addr]).unwrap_err();
     assert!(err.contains("TESSERA_WORKER_ID"), "{err}");
     let err = env(&[("TESSERA_ROLE", "server"), ("TESSERA_SERVER_ID", "x"), addr]).unwrap_err();
@@ -106,8 +134,13 @@ fn counts_of_config_and_environment_must_agree() {
     };
     let settings = JobSettings::new(&config, &role("2")).unwrap();
     assert_eq!((settings.workers, settings.servers), (2, 1));
-    let err = JobSettings::new(&config, &role("3")).unwrap_err().to_string();
-    assert!(err.contains("ps.workers") && err.contains("TESSERA_NUM_WORKERS=3"), "{err}");
+    let err = JobSettings::new(&config, &role("3"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ps.workers") && err.contains("TESSERA_NUM_WORKERS=3"),
+        "{err}"
+    );
     let server = env(&[
         ("TESSERA_ROLE", "server"),
         ("TESSERA_SERVER_ID", "1"),
@@ -123,6 +156,8 @@ fn counts_of_config_and_environment_must_agree() {
             .replace("[ps]\n", ""),
     )
     .unwrap();
-    let err = JobSettings::new(&not_ps, &role("2")).unwrap_err().to_string();
+    let err = JobSettings::new(&not_ps, &role("2"))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("parallel.mode"), "{err}");
 }

@@ -29,7 +29,9 @@ fn a_silent_worker_is_declared_dead_and_a_beating_one_is_not() {
                 .add_service(SchedulerServer::new(service.clone()))
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
-        let mut client = SchedulerClient::connect(format!("http://{addr}")).await.unwrap();
+        let mut client = SchedulerClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
         for worker_id in [0, 1] {
             client
                 .register_worker(RegisterWorkerRequest {

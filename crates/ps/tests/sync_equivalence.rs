@@ -9,12 +9,16 @@ use crate::util::{digits, ps_config, run_in_process};
 
 /// The same run as data parallel on `devices` ranks (local backend).
 fn data_parallel_losses(out: &Path, devices: usize, steps: u64) -> Vec<f32> {
-    let text = crate::util::ps_text(out, "", &format!("epochs = 1\nmax_steps = {steps}\neval = false"))
-        .replace(
-            "mode = \"parameter_server\"",
-            &format!("mode = \"data_parallel\"\ndevices = {devices}"),
-        )
-        .replace("[ps]\n", "");
+    let text = crate::util::ps_text(
+        out,
+        "",
+        &format!("epochs = 1\nmax_steps = {steps}\neval = false"),
+    )
+    .replace(
+        "mode = \"parameter_server\"",
+        &format!("mode = \"data_parallel\"\ndevices = {devices}"),
+    )
+    .replace("[ps]\n", "");
     let config = TrainConfig::parse(&text, None, &[], Path::new("/")).expect("a DP config");
     let session = Session::new(&config).expect("a session");
     let options = LaunchOptions {

@@ -56,7 +56,11 @@ fn train_defaults(given: &str) -> String {
     ];
     defaults
         .iter()
-        .filter(|(key, _)| !given.lines().any(|l| l.trim_start().starts_with(&format!("{key} "))))
+        .filter(|(key, _)| {
+            !given
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{key} ")))
+        })
         .map(|(key, value)| format!("{key} = {value}\n"))
         .collect()
 }
@@ -68,7 +72,10 @@ pub fn ps_config(out: &Path, ps: &str, train: &str) -> TrainConfig {
 
 /// A free port on 127.0.0.1.
 pub fn scheduler_addr() -> String {
-    format!("127.0.0.1:{}", ps::launch::free_local_port().expect("a free port"))
+    format!(
+        "127.0.0.1:{}",
+        ps::launch::free_local_port().expect("a free port")
+    )
 }
 
 /// The environment of `rank` of a local job, as a launcher sets it.

@@ -148,7 +148,9 @@ pub(super) fn read_ps(
         servers: s.get("servers", read_process_count)?,
         workers: s.get("workers", read_process_count)?,
         sync: s.or("sync", d.sync, read_bool)?,
-        staleness: s.or("staleness", d.staleness, |k, v| read_bounded(k, v, 0, 1_000_000))?,
+        staleness: s.or("staleness", d.staleness, |k, v| {
+            read_bounded(k, v, 0, 1_000_000)
+        })?,
         checkpoint_every: s.or("checkpoint_every", d.checkpoint_every, |k, v| {
             read_bounded(k, v, 1, 1_000_000_000)
         })?,
