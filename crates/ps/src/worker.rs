@@ -34,6 +34,8 @@ pub struct WorkerReport {
     pub accuracies: Vec<f64>,
     /// Wall time of the whole run in seconds.
     pub seconds: f64,
+    /// Wall time of the step loop in seconds (from the first step to the last push).
+    pub step_seconds: f64,
 }
 
 /// One server as a worker sees it.
@@ -404,6 +406,7 @@ async fn work(
         beat.clone(),
     ));
     links.resolve_servers(true).await?;
+    let loop_start = Instant::now();
     let outcome = steps(
         config,
         settings,
@@ -414,6 +417,7 @@ async fn work(
         &mut step,
     )
     .await;
+    let step_seconds = loop_start.elapsed().as_secs_f64();
     beat.stop.store(true, Ordering::Relaxed);
     let _ = heart.await;
     let (losses, accuracies) = outcome?;
@@ -423,6 +427,7 @@ async fn work(
         losses,
         accuracies,
         seconds: started.elapsed().as_secs_f64(),
+        step_seconds,
     })
 }
 

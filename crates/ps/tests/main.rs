@@ -5,5 +5,6 @@ mod async_training;
 mod config;
 mod faults;
 mod heartbeat;
+mod prost_ckpt;
 mod sync_equivalence;
 mod util;
