@@ -44,7 +44,7 @@ struct PackedTensorProto {
 
 fn mindspore_ckpt_files() -> Vec<PathBuf> {
     let cases = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/reference/mindspore/cases");
+        .join("../../tests/fixtures/mindspore/cases");
     let mut files = Vec::new();
     let mut stack = vec![cases];
     while let Some(dir) = stack.pop() {
@@ -71,7 +71,7 @@ fn prost_reencodes_mindspore_checkpoints_byte_for_byte_only_unpacked() {
     use prost::Message;
     let files = mindspore_ckpt_files();
     if files.is_empty() {
-        eprintln!("skipped: ../shared/reference/mindspore/cases is not here");
+        eprintln!("skipped: tests/fixtures/mindspore/cases is not here");
         return;
     }
     let (mut same, mut packed_differs) = (0, 0);
