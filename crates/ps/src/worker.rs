@@ -363,6 +363,8 @@ pub fn run(
 /// Per-step state shared with the heartbeat task.
 struct Beat {
     step: AtomicU64,
+    /// Steps this worker computed and pushed.
+    computed: AtomicU64,
     stop: AtomicBool,
     rejoin: AtomicBool,
 }
@@ -396,6 +398,7 @@ async fn work(
     let mut step = links.register(env.restart_count).await?;
     let beat = Arc::new(Beat {
         step: AtomicU64::new(step),
+        computed: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         rejoin: AtomicBool::new(false),
     });
@@ -421,6 +424,10 @@ async fn work(
     beat.stop.store(true, Ordering::Relaxed);
     let _ = heart.await;
     let (losses, accuracies) = outcome?;
+    eprintln!(
+        "[ps worker {worker_id}] ran {computed} step(s)",
+        computed = beat.computed.load(Ordering::Relaxed)
+    );
     Ok(WorkerReport {
         worker_id: env.worker_id,
         steps_run: step,
@@ -539,6 +546,7 @@ async fn steps(
             }
             links.push(srv, request).await?;
         }
+        beat.computed.fetch_add(1, Ordering::Relaxed);
         let ms = step_start.elapsed().as_secs_f64() * 1e3;
         step_start = Instant::now();
         if settings.sync {

@@ -132,3 +132,45 @@ fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
         );
     }
 }
+
+#[test]
+fn a_worker_joining_mid_run_takes_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "servers = 1\nworkers = 2\nheartbeat_ms = 100\ndead_after_ms = 600",
+        "epochs = 3\neval = true",
+    );
+    let (mut job, addr) = start_job(&config, 1, 2);
+    // Rank 0 scheduler, 1 server, 2..3 workers 0..1.
+    assert!(
+        job[2].wait_for_line("epoch: 1 step: 10,", LIMIT),
+        "worker 0 reached step 10:\n{}",
+        job[2].output()
+    );
+    // A third worker: the launcher's counts stay 2; it registers and gets rows.
+    let mut env = ps::launch::role_env(3, 1, 2, &addr);
+    for (k, v) in env.iter_mut() {
+        if k == "TESSERA_WORKER_ID" {
+            *v = "2".to_string();
+        }
+    }
+    let mut joiner = RoleProcess::start(&config, &env);
+    let ok: Vec<bool> = job.iter_mut().map(|p| p.finish(LIMIT)).collect();
+    assert!(joiner.finish(LIMIT), "joiner:\n{}", joiner.output());
+    assert_eq!(ok, vec![true; 4], "scheduler:\n{}", job[0].output());
+    let ran: u64 = joiner
+        .output()
+        .lines()
+        .find_map(|l| l.strip_prefix("[ps worker 2] ran "))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the joiner's step count");
+    assert!(ran >= 1, "{}", joiner.output());
+    assert!(job[0].output().contains("worker 2 registered"));
+    assert!(
+        job[2].output().contains("trained 138 steps"),
+        "{}",
+        job[2].output()
+    );
+}

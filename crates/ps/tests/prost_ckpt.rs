@@ -43,8 +43,8 @@ struct PackedTensorProto {
 }
 
 fn mindspore_ckpt_files() -> Vec<PathBuf> {
-    let cases = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/mindspore/cases");
+    let cases =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/mindspore/cases");
     let mut files = Vec::new();
     let mut stack = vec![cases];
     while let Some(dir) = stack.pop() {
@@ -80,7 +80,12 @@ fn prost_reencodes_mindspore_checkpoints_byte_for_byte_only_unpacked() {
         let decoded = Checkpoint::decode(bytes.as_slice())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let again = decoded.encode_to_vec();
-        assert_eq!(again, bytes, "{}: prost re-encoding differs", path.display());
+        assert_eq!(
+            again,
+            bytes,
+            "{}: prost re-encoding differs",
+            path.display()
+        );
         same += 1;
         // Packed dims (prost's default for repeated scalars) are not MindSpore's bytes.
         let packed: Vec<u8> = decoded
