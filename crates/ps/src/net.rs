@@ -9,9 +9,15 @@ use crate::error::PsError;
 use crate::proto::parameter_server_client::ParameterServerClient;
 use crate::proto::scheduler_client::SchedulerClient;
 
-/// The largest message accepted (a server partition of the seed MLP is well under 1 MiB;
-/// tensors in a message are checked against the expected shapes as well).
-pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+/// Room for a message's fields besides its tensors (names, shapes, members, counters).
+pub const MESSAGE_SLACK_BYTES: usize = 1 << 20;
+
+/// The largest message carrying `tensor_bytes` of tensors: what a server accepts in a push
+/// and a worker in a pull, so a peer cannot make either allocate more than the partition
+/// (tensors are then checked against the expected shapes as well).
+pub fn message_limit(tensor_bytes: usize) -> usize {
+    tensor_bytes.saturating_add(MESSAGE_SLACK_BYTES)
+}
 
 /// A lazily connecting channel to `addr` (`host:port`) with `timeout` per call.
 pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, PsError> {
@@ -28,17 +34,21 @@ pub fn scheduler_client(
     addr: &str,
     timeout: Duration,
 ) -> Result<SchedulerClient<Channel>, PsError> {
-    Ok(SchedulerClient::new(channel(addr, timeout)?)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    // The scheduler's replies hold ids and addresses only.
+    Ok(
+        SchedulerClient::new(channel(addr, timeout)?)
+            .max_decoding_message_size(MESSAGE_SLACK_BYTES),
+    )
 }
 
-/// A client of the server at `addr`.
+/// A client of the server at `addr` whose replies carry at most `tensor_bytes` of tensors.
 pub fn server_client(
     addr: &str,
     timeout: Duration,
+    tensor_bytes: usize,
 ) -> Result<ParameterServerClient<Channel>, PsError> {
+    let limit = message_limit(tensor_bytes);
     Ok(ParameterServerClient::new(channel(addr, timeout)?)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit))
 }

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use crate::compute::{Compute, ParamInfo};
 use crate::env::{JobSettings, RoleEnv};
 use crate::error::PsError;
-use crate::net::{scheduler_client, MAX_MESSAGE_BYTES};
+use crate::net::{message_limit, scheduler_client};
 use crate::partition::{partition, ParamSize};
 use crate::proto::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::proto::*;
@@ -402,6 +402,15 @@ impl ParameterServer for ServerService {
                 .map(|(m, (n, shape))| from_msg(m, n, shape))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(status)?;
+            if r.members.len() > runtime::MAX_PS_PROCESSES || !r.members.contains(&r.worker_id) {
+                return Err(Status::invalid_argument(format!(
+                    "push of step {} by worker {}: {} members, which must include the worker and number at most {}",
+                    r.step,
+                    r.worker_id,
+                    r.members.len(),
+                    runtime::MAX_PS_PROCESSES
+                )));
+            }
             if let Some(rec) = s.recovery.as_mut() {
                 rec.seen = rec.seen.max(r.seen_version);
             }
@@ -464,6 +473,8 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
         initial,
         env.restart_count > 0,
     )?;
+    // A push carries the partition's gradients and nothing larger is read.
+    let limit = message_limit(held.iter().map(ParamInfo::bytes).sum());
     let names: Vec<&str> = held.iter().map(|p| p.name.as_str()).collect();
     eprintln!("[ps server {}] holds {}", env.server_id, names.join(", "));
     let rt = crate::scheduler::runtime(2)?;
@@ -482,8 +493,8 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
             tonic::transport::Server::builder()
                 .add_service(
                     ParameterServerServer::new(service.clone())
-                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                        .max_decoding_message_size(limit)
+                        .max_encoding_message_size(limit),
                 )
                 .serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

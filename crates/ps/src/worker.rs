@@ -45,6 +45,8 @@ struct ServerLink {
     client: Option<ParameterServerClient<Channel>>,
     /// The parameters it holds: indices into the job's parameters.
     held: Vec<usize>,
+    /// Their bytes (the most a pull reply carries).
+    bytes: usize,
     /// The highest version seen.
     seen: u64,
     /// Sync: this worker's pushes since the server's last snapshot, by step.
@@ -125,7 +127,7 @@ impl Links {
             }
             let link = &mut self.servers[s];
             if link.client.is_none() {
-                link.client = Some(server_client(&link.addr, policy.timeout)?);
+                link.client = Some(server_client(&link.addr, policy.timeout, link.bytes)?);
             }
             let client = link
                 .client
@@ -379,11 +381,17 @@ async fn work(
     let started = Instant::now();
     let worker_id = env.worker_id as u32;
     let servers = (0..settings.servers)
-        .map(|id| ServerLink {
+        .map(|id| {
+            let held = partition_of(compute.params(), settings.servers, id);
+            let bytes = held.iter().map(|&i| compute.params()[i].bytes()).sum();
+            (id, held, bytes)
+        })
+        .map(|(id, held, bytes)| ServerLink {
             id,
             addr: String::new(),
             client: None,
-            held: partition_of(compute.params(), settings.servers, id),
+            held,
+            bytes,
             seen: 0,
             history: BTreeMap::new(),
         })

@@ -6,5 +6,6 @@ mod config;
 mod faults;
 mod heartbeat;
 mod prost_ckpt;
+mod protocol;
 mod sync_equivalence;
 mod util;
