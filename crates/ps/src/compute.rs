@@ -266,17 +266,7 @@ impl Compute {
                 self.eval.set_input_rows(i, block)?;
             }
             self.eval.run()?;
-            let logits = self.eval.output(0).to_f64_vec();
-            let classes = logits.len() / batch.indices.len();
-            for row in (0..batch.indices.len()).filter(|&r| batch.is_real(r)) {
-                let scores = &logits[row * classes..(row + 1) * classes];
-                let best = scores
-                    .iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map_or(0, |(c, _)| c);
-                correct += usize::from(best == usize::from(labels[batch.indices[row]]));
-            }
+            correct += batch.correct_predictions(&self.eval.output(0).to_f64_vec(), labels);
         }
         Ok(correct as f64 / plan.n_real().max(1) as f64)
     }

@@ -40,26 +40,49 @@ impl RetryPolicy {
             if n > 0 {
                 tokio::time::sleep(self.backoff(n)).await;
             }
-            match tokio::time::timeout(self.timeout, attempt(n)).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(status)) if !retryable(&status) => {
-                    return Err(PsError::Rpc {
-                        call: call.to_string(),
-                        peer: peer.to_string(),
-                        attempts: n + 1,
-                        last: format!("{}: {}", status.code(), status.message()),
-                    })
-                }
-                Ok(Err(status)) => last = format!("{}: {}", status.code(), status.message()),
-                Err(_) => last = format!("no answer within {} ms", self.timeout.as_millis()),
+            match self.attempt(attempt(n)).await {
+                Attempt::Done(value) => return Ok(value),
+                Attempt::Fatal(why) => return Err(rpc_error(call, peer, n + 1, why)),
+                Attempt::Retry(why) => last = why,
             }
         }
-        Err(PsError::Rpc {
-            call: call.to_string(),
-            peer: peer.to_string(),
-            attempts: self.retries + 1,
-            last,
-        })
+        Err(rpc_error(call, peer, self.retries + 1, last))
+    }
+
+    /// One attempt of a call, cut at `timeout`, and what to do next.
+    pub async fn attempt<T>(
+        &self,
+        call: impl Future<Output = Result<T, tonic::Status>>,
+    ) -> Attempt<T> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => Attempt::Done(value),
+            Ok(Err(status)) if !retryable(&status) => {
+                Attempt::Fatal(format!("{}: {}", status.code(), status.message()))
+            }
+            Ok(Err(status)) => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
+            Err(_) => Attempt::Retry(format!("no answer within {} ms", self.timeout.as_millis())),
+        }
+    }
+}
+
+/// The outcome of one attempt of a call.
+#[derive(Debug)]
+pub enum Attempt<T> {
+    /// It succeeded.
+    Done(T),
+    /// It failed in a way retrying cannot mend (the reason).
+    Fatal(String),
+    /// It failed and may succeed when tried again (the reason).
+    Retry(String),
+}
+
+/// The error of `call` to `peer` after `attempts` attempts, the last failing for `last`.
+pub fn rpc_error(call: &str, peer: &str, attempts: u32, last: String) -> PsError {
+    PsError::Rpc {
+        call: call.to_string(),
+        peer: peer.to_string(),
+        attempts,
+        last,
     }
 }
 

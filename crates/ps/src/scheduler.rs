@@ -37,6 +37,15 @@ struct State {
     assignments: BTreeMap<u64, Vec<u32>>,
     /// Whether any worker ever registered.
     had_workers: bool,
+    /// The job's workers at the start (`ps.workers`).
+    expected_workers: usize,
+    /// Workers that ever registered.
+    registered: BTreeSet<u32>,
+    /// When the scheduler started, and how long step 0 waits for the expected workers.
+    started: Instant,
+    startup_grace: Duration,
+    /// Servers that heard the job is over.
+    servers_told: BTreeSet<u32>,
     /// Worker 0 (or, when it died, the scheduler) declared the job over.
     finished: bool,
 }
@@ -113,6 +122,11 @@ impl SchedulerService {
                 done: BTreeSet::new(),
                 assignments: BTreeMap::new(),
                 had_workers: false,
+                expected_workers: settings.workers,
+                registered: BTreeSet::new(),
+                started: Instant::now(),
+                startup_grace: settings.retry.timeout * (settings.retry.retries + 1),
+                servers_told: BTreeSet::new(),
                 finished: false,
             })),
             changed: Arc::new(Notify::new()),
@@ -170,6 +184,15 @@ impl SchedulerService {
         self.lock().finished
     }
 
+    /// Whether every live server has heard that the job is over.
+    pub fn servers_told(&self) -> bool {
+        let s = self.lock();
+        s.server_live
+            .alive()
+            .iter()
+            .all(|id| s.servers_told.contains(id))
+    }
+
     /// The live workers, ascending.
     pub fn live_workers(&self) -> Vec<u32> {
         self.lock().worker_live.alive()
@@ -214,6 +237,7 @@ impl Scheduler for SchedulerService {
         let start_step = {
             let mut s = self.lock();
             s.had_workers = true;
+            s.registered.insert(r.worker_id);
             s.done.remove(&r.worker_id);
             s.worker_live.register(r.worker_id, Instant::now());
             // A worker joining a running job takes part from the first step not yet begun.
@@ -235,7 +259,12 @@ impl Scheduler for SchedulerService {
         let now = Instant::now();
         let mut s = self.lock();
         let alive = match Role::try_from(r.role) {
-            Ok(Role::Server) => s.server_live.beat(r.id, now),
+            Ok(Role::Server) => {
+                if s.finished {
+                    s.servers_told.insert(r.id);
+                }
+                s.server_live.beat(r.id, now)
+            }
             Ok(Role::Worker) => {
                 let alive = s.worker_live.beat(r.id, now);
                 if alive {
@@ -293,7 +322,12 @@ impl Scheduler for SchedulerService {
                     && !s.assignments.contains_key(&r.step)
                     && s.slowest_step()
                         .is_some_and(|slowest| r.step > slowest + s.staleness);
-                if !too_far {
+                // The first step waits (a bounded time) for the job's workers to register,
+                // so its members, and every rank's rows, are those of the full job.
+                let starting = s.assignments.is_empty()
+                    && s.registered.len() < s.expected_workers
+                    && s.started.elapsed() < s.startup_grace;
+                if !too_far && !starting {
                     let members = s.members(r.step);
                     let Some(position) = members.iter().position(|&m| m == r.worker_id) else {
                         return Ok(Response::new(reply(StepStatus::Skip)));
@@ -431,8 +465,14 @@ pub fn run(settings: &JobSettings, env: &RoleEnv, batch_size: usize) -> Result<(
                 break Err(e);
             }
             if service.finished() {
-                // Let servers and workers hear it in their next heartbeats.
-                tokio::time::sleep(heartbeat * 3).await;
+                // Serve until every live server has heard it (bounded), so none is left
+                // calling a scheduler that is gone.
+                let deadline = Instant::now() + heartbeat * 20;
+                while !service.servers_told() && Instant::now() < deadline {
+                    tokio::time::sleep(heartbeat / 2).await;
+                    let _ = service.sweep();
+                }
+                tokio::time::sleep(heartbeat).await;
                 break Ok(());
             }
         };

@@ -527,13 +527,14 @@ async fn serve(
         addr: addr.to_string(),
         restart_count: env.restart_count,
     };
-    policy
-        .run("RegisterServer", &peer, |_| {
+    let register_now = || {
+        policy.run("RegisterServer", &peer, |_| {
             let mut c = client.clone();
             let r = register.clone();
             async move { c.register_server(r).await }
         })
-        .await?;
+    };
+    register_now().await?;
     eprintln!("[ps server {}] serving at {addr}", env.server_id);
     let tick = (settings.heartbeat / 2).max(Duration::from_millis(5));
     let mut last_beat = Instant::now() - settings.heartbeat;
@@ -563,25 +564,21 @@ async fn serve(
                 return Ok(());
             }
             if reply.rejoin {
-                policy
-                    .run("RegisterServer", &peer, |_| {
-                        let mut c = client.clone();
-                        let r = register.clone();
-                        async move { c.register_server(r).await }
-                    })
-                    .await?;
+                register_now().await?;
             }
         }
         if let Some(step) = service.waiting_step() {
-            let reply = policy
-                .run("StepMembers", &peer, |_| {
-                    let mut c = client.clone();
-                    async move { c.step_members(StepMembersRequest { step }).await }
-                })
-                .await?
-                .into_inner();
-            if reply.known {
-                service.set_alive(step, reply.alive)?;
+            // One attempt per tick: the heartbeat is what fails the server when the
+            // scheduler is gone.
+            let mut c = client.clone();
+            if let crate::retry::Attempt::Done(reply) = policy
+                .attempt(c.step_members(StepMembersRequest { step }))
+                .await
+            {
+                let reply = reply.into_inner();
+                if reply.known {
+                    service.set_alive(step, reply.alive)?;
+                }
             }
         }
     }

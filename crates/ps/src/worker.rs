@@ -18,6 +18,7 @@ use crate::net::{scheduler_client, server_client};
 use crate::proto::parameter_server_client::ParameterServerClient;
 use crate::proto::scheduler_client::SchedulerClient;
 use crate::proto::*;
+use crate::retry::{rpc_error, Attempt};
 use crate::server::partition_of;
 use crate::wire::{from_msg, to_msg};
 
@@ -133,26 +134,15 @@ impl Links {
                 .client
                 .clone()
                 .ok_or_else(|| PsError::io("a client", "none"))?;
-            match tokio::time::timeout(policy.timeout, call(client)).await {
-                Ok(Ok(reply)) => return Ok(reply.into_inner()),
-                Ok(Err(status)) if !crate::retry::retryable(&status) => {
-                    return Err(PsError::Rpc {
-                        call: name.to_string(),
-                        peer: format!("server {s} at {}", self.servers[s].addr),
-                        attempts: attempt + 1,
-                        last: format!("{}: {}", status.code(), status.message()),
-                    })
-                }
-                Ok(Err(status)) => last = format!("{}: {}", status.code(), status.message()),
-                Err(_) => last = format!("no answer within {} ms", policy.timeout.as_millis()),
+            let peer = || format!("server {s} at {}", self.servers[s].addr);
+            match policy.attempt(call(client)).await {
+                Attempt::Done(reply) => return Ok(reply.into_inner()),
+                Attempt::Fatal(why) => return Err(rpc_error(name, &peer(), attempt + 1, why)),
+                Attempt::Retry(why) => last = why,
             }
         }
-        Err(PsError::Rpc {
-            call: name.to_string(),
-            peer: format!("server {s} at {}", self.servers[s].addr),
-            attempts: policy.retries + 1,
-            last,
-        })
+        let peer = format!("server {s} at {}", self.servers[s].addr);
+        Err(rpc_error(name, &peer, policy.retries + 1, last))
     }
 
     /// Pushes `request` to server `s` and notes its versions.

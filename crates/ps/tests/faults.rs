@@ -30,7 +30,7 @@ fn a_killed_worker_leaves_the_job_to_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
-        "servers = 1\nworkers = 3\nheartbeat_ms = 100\ndead_after_ms = 600",
+        "servers = 1\nworkers = 3\nheartbeat_ms = 100\ndead_after_ms = 1500",
         "epochs = 5\nlearning_rate = 0.05\neval = true",
     );
     let (mut job, _) = start_job(&config, 1, 3);
@@ -68,7 +68,7 @@ fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
     let steps = 40;
     let config = write_config(
         dir.path(),
-        "servers = 2\nworkers = 2\ncheckpoint_every = 5\nheartbeat_ms = 100\ndead_after_ms = 600",
+        "servers = 2\nworkers = 2\ncheckpoint_every = 5\nheartbeat_ms = 100\ndead_after_ms = 1500",
         &format!("epochs = 1\nmax_steps = {steps}\neval = false"),
     );
     let (mut job, addr) = start_job(&config, 2, 2);
@@ -138,7 +138,7 @@ fn a_worker_joining_mid_run_takes_part() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
-        "servers = 1\nworkers = 2\nheartbeat_ms = 100\ndead_after_ms = 600",
+        "servers = 1\nworkers = 2\nheartbeat_ms = 100\ndead_after_ms = 1500",
         "epochs = 3\neval = true",
     );
     let (mut job, addr) = start_job(&config, 1, 2);
