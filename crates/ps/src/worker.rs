@@ -158,89 +158,78 @@ impl Links {
         Ok(())
     }
 
-    /// Pulls server `s`'s weights at a version ≥ `min_version` into `weights`; in sync mode
-    /// replays this worker's kept gradients when the server (restarted) waits for them.
-    /// Returns the server's mean loss of the step before its version.
-    async fn pull(
+    /// Asks server `s` once (the server holds the call up to its long-poll) for its weights at
+    /// a version ≥ `min_version`; when they are there, writes them into `weights` and returns
+    /// the server's mean loss of the step before its version. In sync mode, replays this
+    /// worker's kept gradients when the server (restarted) waits for them. Returns the
+    /// server's version too, for progress.
+    async fn pull_once(
         &mut self,
         s: usize,
         min_version: u64,
         weights: &mut [Tensor],
         compute: &Compute,
-    ) -> Result<f32, PsError> {
+    ) -> Result<(Option<f32>, u64), PsError> {
         let worker_id = self.worker_id;
-        let mut progress = (u64::MAX, Instant::now());
-        let patience = self.settings.retry.timeout * 10;
-        loop {
-            let reply = self
-                .call_server(s, "Pull", |mut c| async move {
-                    c.pull(PullRequest {
-                        worker_id,
-                        min_version,
-                    })
-                    .await
+        let reply = self
+            .call_server(s, "Pull", |mut c| async move {
+                c.pull(PullRequest {
+                    worker_id,
+                    min_version,
                 })
-                .await?;
-            let link = &mut self.servers[s];
-            if reply.version < link.seen {
+                .await
+            })
+            .await?;
+        let link = &mut self.servers[s];
+        if reply.version < link.seen {
+            eprintln!(
+                "[ps worker {worker_id}] server {s} is at version {} after a restart (had reached {})",
+                reply.version, link.seen
+            );
+        }
+        link.seen = reply.version;
+        link.history = link.history.split_off(&reply.snapshot_version);
+        if reply.ready {
+            let held = link.held.clone();
+            if reply.tensors.len() != held.len() {
+                return Err(PsError::Protocol(format!(
+                    "server {s} sent {} tensors, it holds {}",
+                    reply.tensors.len(),
+                    held.len()
+                )));
+            }
+            for (msg, &i) in reply.tensors.iter().zip(&held) {
+                let p = &compute.params()[i];
+                weights[i] = from_msg(msg, &p.name, &p.shape)?;
+            }
+            return Ok((Some(reply.last_loss), reply.version));
+        }
+        if reply.waiting_for_you && self.settings.sync {
+            let replays: Vec<PushRequest> = link
+                .history
+                .range(reply.version..)
+                .map(|(_, r)| PushRequest {
+                    replay: true,
+                    ..r.clone()
+                })
+                .collect();
+            if !replays.is_empty() {
                 eprintln!(
-                    "[ps worker {worker_id}] server {s} is at version {} after a restart (had reached {})",
-                    reply.version, link.seen
+                    "[ps worker {worker_id}] replaying {} kept gradient(s) (steps {}..) to server {s}",
+                    replays.len(),
+                    reply.version
                 );
             }
-            link.seen = reply.version;
-            link.history = link.history.split_off(&reply.snapshot_version);
-            if reply.ready {
-                let held = link.held.clone();
-                if reply.tensors.len() != held.len() {
-                    return Err(PsError::Protocol(format!(
-                        "server {s} sent {} tensors, it holds {}",
-                        reply.tensors.len(),
-                        held.len()
-                    )));
-                }
-                for (msg, &i) in reply.tensors.iter().zip(&held) {
-                    let p = &compute.params()[i];
-                    weights[i] = from_msg(msg, &p.name, &p.shape)?;
-                }
-                return Ok(reply.last_loss);
-            }
-            if reply.waiting_for_you && self.settings.sync {
-                let replays: Vec<PushRequest> = link
-                    .history
-                    .range(reply.version..)
-                    .map(|(_, r)| PushRequest {
-                        replay: true,
-                        ..r.clone()
-                    })
-                    .collect();
-                if !replays.is_empty() {
-                    eprintln!(
-                        "[ps worker {worker_id}] replaying {} kept gradient(s) (steps {}..) to server {s}",
-                        replays.len(),
-                        reply.version
-                    );
-                }
-                for r in replays {
-                    self.push(s, r).await?;
-                }
-            }
-            if reply.version != progress.0 {
-                progress = (reply.version, Instant::now());
-            } else if progress.1.elapsed() > patience {
-                return Err(PsError::io(
-                    format!("waiting for server {s}"),
-                    format!(
-                        "no progress past version {} (wanted {min_version}) for {} s",
-                        reply.version,
-                        patience.as_secs()
-                    ),
-                ));
+            for r in replays {
+                self.push(s, r).await?;
             }
         }
+        Ok((None, reply.version))
     }
 
     /// Pulls every server's weights (at a version ≥ `min_version`); returns server 0's loss.
+    /// The servers not yet there are asked in turn, so a restarted server waiting for this
+    /// worker's replays is served while another server waits for a peer.
     async fn pull_all(
         &mut self,
         min_version: u64,
@@ -248,11 +237,33 @@ impl Links {
         compute: &Compute,
     ) -> Result<f32, PsError> {
         let mut loss = f32::NAN;
-        for s in 0..self.servers.len() {
-            let l = self.pull(s, min_version, weights, compute).await?;
-            if s == 0 {
-                loss = l;
+        let mut waiting: Vec<usize> = (0..self.servers.len()).collect();
+        let patience = self.settings.retry.timeout * 10;
+        let mut progress = (Vec::new(), Instant::now());
+        while !waiting.is_empty() {
+            let mut versions = Vec::with_capacity(waiting.len());
+            let mut still = Vec::with_capacity(waiting.len());
+            for &s in &waiting {
+                let (got, version) = self.pull_once(s, min_version, weights, compute).await?;
+                match got {
+                    Some(l) if s == 0 => loss = l,
+                    Some(_) => {}
+                    None => still.push(s),
+                }
+                versions.push(version);
             }
+            if versions != progress.0 {
+                progress = (versions, Instant::now());
+            } else if progress.1.elapsed() > patience {
+                return Err(PsError::io(
+                    format!("waiting for server(s) {still:?}"),
+                    format!(
+                        "no progress towards version {min_version} for {} s",
+                        patience.as_secs()
+                    ),
+                ));
+            }
+            waiting = still;
         }
         Ok(loss)
     }

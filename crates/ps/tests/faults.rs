@@ -90,8 +90,11 @@ fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
     let ok: Vec<bool> = [0, 1, 3, 4].iter().map(|&i| job[i].finish(LIMIT)).collect();
     assert!(
         restarted.finish(LIMIT),
-        "restarted server:\n{}",
-        restarted.output()
+        "restarted server:\n{}\nscheduler:\n{}\nworker 0:\n{}\nworker 1:\n{}",
+        restarted.output(),
+        job[0].output(),
+        job[3].output(),
+        job[4].output()
     );
     assert_eq!(ok, vec![true; 4], "worker 0:\n{}", job[3].output());
     let server = restarted.output();
