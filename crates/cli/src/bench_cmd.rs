@@ -28,6 +28,9 @@ enum BenchCommand {
     TrainStep(crate::bench_train::TrainStepArgs),
     /// Training tokens/s of the GPT (4 layers, width 256, 128 tokens, batch 16) on 1 and 2 ranks.
     GptStep(crate::bench_gpt::GptStepArgs),
+    /// Parameter-server steps/s (sync, async; 1-4 workers, 1-2 servers) next to all-reduce
+    /// data parallel, and the recovery time from a killed worker.
+    Ps(crate::bench_ps::PsBenchArgs),
     /// Measure this machine as a device profile for the searches (cpu-local.toml).
     Profile(crate::bench_profile::ProfileArgs),
 }
@@ -53,6 +56,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchCommand::TrainStep(a) => crate::bench_train::run(a),
         BenchCommand::GptStep(a) => crate::bench_gpt::run(a),
         BenchCommand::Profile(a) => crate::bench_profile::run(a),
+        BenchCommand::Ps(a) => crate::bench_ps::run(a),
     }
 }
 

@@ -77,6 +77,22 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if args.mpi_watchdog && args.backend != Backend::Mpi {
         anyhow::bail!("--mpi-watchdog applies to --backend mpi only");
     }
+    if config.ps().is_some() {
+        let refused = [
+            ("--devices", args.devices.is_some()),
+            ("--log-json", args.log_json.is_some()),
+            ("--explain", args.explain || args.explain_rank.is_some()),
+            ("--trace", args.trace.is_some()),
+            ("--timeline", args.timeline.is_some()),
+            ("--backend mpi", args.backend == Backend::Mpi),
+        ];
+        if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
+            anyhow::bail!(
+                "{flag} does not apply to parallel.mode = \"parameter_server\" (set the counts in [ps]; worker 0 logs to <output.dir>/metrics.jsonl)"
+            );
+        }
+        return crate::ps_cmd::run(&config);
+    }
     let session = Session::new(&config)?;
     if let Some(path) = &args.timeline {
         let pipeline = config

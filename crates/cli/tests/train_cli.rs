@@ -351,3 +351,41 @@ fn group_info_files_read_back_with_restore_ranks() {
         }
     }
 }
+
+#[test]
+fn parameter_server_mode_starts_every_role_and_trains() {
+    let dir = Scratch::new("train-ps");
+    let out_dir = dir.0.join("run");
+    let out = tessera(&[
+        "train",
+        "examples/seed_parameter_server.toml",
+        "--set",
+        "train.max_steps=6",
+        "--set",
+        &format!("output.dir=\"{}\"", s(&out_dir)),
+    ]);
+    assert_ok(&out);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("epoch: 1 step: 6, loss is "), "{stdout}");
+    assert!(
+        stdout.contains("trained 6 steps on 2 worker(s) and 2 server(s)"),
+        "{stdout}"
+    );
+    let losses = step_losses(&out_dir.join("metrics.jsonl"));
+    assert_eq!(losses.len(), 6);
+    assert!(losses[5] < losses[0], "the loss falls: {losses:?}");
+    for server in 0..2 {
+        assert!(out_dir
+            .join(format!("ps/server_{server}.safetensors"))
+            .is_file());
+    }
+    let refused = tessera(&[
+        "train",
+        "examples/seed_parameter_server.toml",
+        "--devices",
+        "4",
+    ]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(stderr.contains("--devices does not apply"), "{stderr}");
+}

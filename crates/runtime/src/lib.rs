@@ -64,8 +64,8 @@ pub use crate::callbacks::{
     StepInfo, TrainEndInfo,
 };
 pub use crate::config::{
-    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, SearchKeys,
-    TrainConfig, TrainLoopConfig,
+    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, PsKeys,
+    SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,
 };
 pub use crate::data::{
     Batch, BatchPlan, IdxDataset, Normalize, Split, TokenCorpus, TokenDtype, TokenSplit, Tokenizer,

@@ -1306,18 +1306,7 @@ impl Session {
         for batch in plan.iter() {
             self.feed(eval, test, &batch)?;
             eval.run()?;
-            let logits = eval.output(0).to_f64_vec();
-            let classes = logits.len() / batch.indices.len();
-            let labels = test.labels();
-            for row in (0..batch.indices.len()).filter(|&r| batch.is_real(r)) {
-                let scores = &logits[row * classes..(row + 1) * classes];
-                let best = scores
-                    .iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map_or(0, |(c, _)| c);
-                correct += usize::from(best == usize::from(labels[batch.indices[row]]));
-            }
+            correct += batch.correct_predictions(&eval.output(0).to_f64_vec(), test.labels());
         }
         Ok(correct as f64 / plan.n_real().max(1) as f64)
     }

@@ -25,6 +25,7 @@
 mod layouts;
 mod memory;
 mod pipeline;
+mod ps;
 mod search;
 mod sections;
 mod values;
@@ -39,6 +40,7 @@ use crate::data::Normalize;
 use crate::error::RuntimeError;
 use crate::optimizer::OptimizerConfig;
 
+pub use self::ps::{PsKeys, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE};
 pub use self::search::{ProfileChoice, SearchKeys};
 use self::sections::{from_root, SECTIONS};
 use self::values::{config_error, describe, one_of};
@@ -255,6 +257,7 @@ pub struct TrainConfig {
     optimizer: OptimizerConfig,
     train: TrainLoopConfig,
     output: OutputConfig,
+    ps: Option<PsKeys>,
     warnings: Vec<String>,
 }
 
@@ -346,6 +349,7 @@ impl TrainConfig {
             optimizer,
             train,
             output,
+            ps: None,
             warnings: Vec::new(),
         })
     }
@@ -443,6 +447,24 @@ impl TrainConfig {
         self
     }
 
+    /// `[ps]` when `parallel.mode = "parameter_server"` (`None` in every other mode).
+    pub fn ps(&self) -> Option<&PsKeys> {
+        self.ps.as_ref()
+    }
+
+    /// The same config with `data.batch_size = batch` (a parameter-server worker's share of
+    /// the global batch).
+    pub fn with_batch_size(mut self, batch: usize) -> Result<TrainConfig, RuntimeError> {
+        if batch == 0 {
+            return Err(RuntimeError::Config {
+                key: "data.batch_size".to_string(),
+                reason: "0 is out of range: it must be ≥ 1".to_string(),
+            });
+        }
+        self.data.batch_size = batch;
+        Ok(self)
+    }
+
     /// The optimizer of `[train]`.
     pub fn optimizer_config(&self) -> OptimizerConfig {
         self.optimizer
@@ -538,7 +560,15 @@ mod tests {
             ("train", TRAIN_KEYS),
             ("output", OUTPUT_KEYS),
         ];
-        assert_eq!(sections.map(|(name, _)| name), SECTIONS);
+        assert_eq!(sections.map(|(name, _)| name), SECTIONS[..5]);
+        let sections = [
+            sections[0],
+            sections[1],
+            sections[2],
+            sections[3],
+            sections[4],
+            ("ps", super::ps::PS_KEYS),
+        ];
         let subsections = [
             ("hsdp", HSDP_KEYS),
             ("recompute", super::memory::RECOMPUTE_KEYS),

@@ -24,7 +24,7 @@ use crate::error::RuntimeError;
 use crate::optimizer::{OptimizerConfig, OptimizerKind};
 
 /// The sections of a config file, in file order.
-pub(super) const SECTIONS: &[&str] = &["model", "data", "parallel", "train", "output"];
+pub(super) const SECTIONS: &[&str] = &["model", "data", "parallel", "train", "output", "ps"];
 pub(super) const MODEL_KEYS: &[&str] = &[
     "name",
     "hidden",
@@ -185,6 +185,9 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         &mut warnings,
     )?;
     check_model_data(&model, &data)?;
+    let ps_mode = super::ps::take_ps_mode(&mut root);
+    let ps_devices_given = ps_mode && super::ps::parallel_sets_devices(&root);
+    let ps_section = root.remove("ps");
     let mut parallel_section = take_section(&mut root, "parallel", PARALLEL_KEYS, false)?;
     let gpt_parallel = read_gpt_parallel(&mut parallel_section, model.name, &mut warnings)?;
     let strategy_file_only_for_trainable_params =
@@ -195,6 +198,22 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
     let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    let ps = match (ps_mode, ps_section) {
+        (true, section) => Some(super::ps::read_ps(
+            section,
+            model.name,
+            ps_devices_given,
+            train.grad_accumulation_steps,
+            &mut warnings,
+        )?),
+        (false, Some(_)) => {
+            return Err(config_error(
+                "ps",
+                "[ps] applies only with parallel.mode = \"parameter_server\"",
+            ))
+        }
+        (false, None) => None,
+    };
     // Pipeline micro-batches cut each step's batch: M micro-batches of batch / M, one update.
     if let Some(m) = parallel
         .pipeline
@@ -238,6 +257,7 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         optimizer,
         train,
         output,
+        ps,
         warnings,
     })
 }

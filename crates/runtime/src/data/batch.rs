@@ -55,6 +55,26 @@ impl Batch<'_> {
     pub fn is_real(&self, row: usize) -> bool {
         row < self.n_real
     }
+
+    /// How many real rows a classifier got right: row `r`'s highest score in `logits`
+    /// (row-major, one row of scores per batch row) is the label of its sample in `labels`.
+    pub fn correct_predictions(&self, logits: &[f64], labels: &[u8]) -> usize {
+        let classes = logits.len() / self.indices.len().max(1);
+        (0..self.indices.len())
+            .filter(|&row| self.is_real(row))
+            .filter(|&row| {
+                let scores = &logits[row * classes..(row + 1) * classes];
+                let best = scores
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map_or(0, |(c, _)| c);
+                labels
+                    .get(self.indices[row])
+                    .is_some_and(|&label| best == usize::from(label))
+            })
+            .count()
+    }
 }
 
 fn check_sizes(n_samples: usize, batch_size: usize) -> Result<(), RuntimeError> {

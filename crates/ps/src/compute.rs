@@ -1,0 +1,288 @@
+//! A worker's arithmetic: the runtime's stand-alone training program on the worker's rows,
+//! the data order of a data-parallel run, and the test accuracy. Servers use it for the
+//! parameters' names, shapes and initial values.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use comm::{Communicator, LocalCluster};
+use runtime::{BatchPlan, IdxDataset, RankExecutor, Session, TrainConfig, TrainData};
+use tensor::Tensor;
+
+use crate::error::PsError;
+
+/// A trainable parameter: its name and shape (f32).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// The name (`fc1.weight`).
+    pub name: String,
+    /// The global shape.
+    pub shape: Vec<usize>,
+}
+
+impl ParamInfo {
+    /// Bytes of the f32 tensor.
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * 4
+    }
+}
+
+/// One stand-alone program and its executor, for one batch size.
+struct Program {
+    session: Session,
+    exec: RankExecutor,
+    /// Program parameter index of every trainable parameter, in [`Compute::params`] order.
+    param_index: Vec<usize>,
+}
+
+/// The model, data and programs of a parameter-server job.
+pub struct Compute {
+    base: TrainConfig,
+    /// The training split.
+    train: Arc<IdxDataset>,
+    /// The test split.
+    test: Arc<IdxDataset>,
+    params: Vec<ParamInfo>,
+    /// Training programs by batch size (a worker's share changes when workers come and go).
+    programs: BTreeMap<usize, Program>,
+    /// The evaluation executor (global batch).
+    eval: RankExecutor,
+    eval_index: Vec<usize>,
+    /// The graph value of the labels input (the same in every batch size's graph).
+    labels: graph::ValueId,
+}
+
+fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
+    let cluster = LocalCluster::new(1).map_err(runtime::RuntimeError::from)?;
+    let comm = cluster
+        .comms()
+        .pop()
+        .ok_or_else(|| PsError::io("a one-rank communicator", "none was made"))?;
+    Ok(Arc::new(comm))
+}
+
+impl Compute {
+    /// The job of `config` (a parameter-server config: stand-alone programs).
+    pub fn new(config: &TrainConfig) -> Result<Compute, PsError> {
+        let session = Session::new(config)?;
+        let TrainData::Images { train, test } = session.data.clone() else {
+            return Err(PsError::Config {
+                key: "model.name".to_string(),
+                reason: "parameter-server training trains on images (the seed MLP)".to_string(),
+            });
+        };
+        let program = &session.train;
+        let param_index: Vec<usize> = (0..program.params.len())
+            .filter(|&i| program.params[i].trainable && program.params[i].grad_buffer.is_some())
+            .collect();
+        let params = param_index
+            .iter()
+            .map(|&i| ParamInfo {
+                name: program.params[i].name.clone(),
+                shape: program.params[i].layout.shape().to_vec(),
+            })
+            .collect::<Vec<_>>();
+        let eval = RankExecutor::new(session.eval.clone(), one_rank()?)?;
+        let eval_index = params
+            .iter()
+            .map(|p| {
+                eval.program()
+                    .params
+                    .iter()
+                    .position(|q| q.name == p.name)
+                    .ok_or_else(|| {
+                        PsError::Protocol(format!("parameter {} is not evaluated", p.name))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Compute {
+            base: config.clone(),
+            train,
+            test,
+            params,
+            programs: BTreeMap::new(),
+            eval,
+            eval_index,
+            labels: session.model.labels,
+        })
+    }
+
+    /// The trainable parameters, in program order.
+    pub fn params(&self) -> &[ParamInfo] {
+        &self.params
+    }
+
+    /// Every parameter's initial value (`train.seed`), as a data-parallel run starts.
+    pub fn initial_params(&self) -> Result<Vec<Tensor>, PsError> {
+        let session = Session::new(&self.base)?;
+        let mut exec = RankExecutor::new(session.train.clone(), one_rank()?)?;
+        exec.init_parameters(self.base.train().seed)?;
+        let mut out = Vec::with_capacity(self.params.len());
+        for p in &self.params {
+            let i = session
+                .train
+                .params
+                .iter()
+                .position(|q| q.name == p.name)
+                .ok_or_else(|| PsError::Protocol(format!("no parameter {}", p.name)))?;
+            out.push(exec.param(i).clone());
+        }
+        Ok(out)
+    }
+
+    /// Global steps per epoch (full global batches of `data.batch_size`).
+    pub fn steps_per_epoch(&self) -> u64 {
+        (self.train.len() / self.base.data().batch_size).max(1) as u64
+    }
+
+    /// Steps of the whole run: `train.epochs` epochs, cut at `train.max_steps`.
+    pub fn total_steps(&self) -> u64 {
+        let all = self.steps_per_epoch() * self.base.train().epochs as u64;
+        self.base.train().max_steps.map_or(all, |m| m.min(all))
+    }
+
+    /// The epoch (from 1) and the step in it (from 0) of global step `step` (from 0).
+    pub fn epoch_of(&self, step: u64) -> (usize, u64) {
+        let per = self.steps_per_epoch();
+        ((step / per) as usize + 1, step % per)
+    }
+
+    /// The sample indices of rows `offset..offset + count` of global step `step`'s batch:
+    /// the batch a data-parallel run takes at that step.
+    pub fn rows(&self, step: u64, offset: usize, count: usize) -> Result<Vec<usize>, PsError> {
+        let (epoch, index) = self.epoch_of(step);
+        let data = self.base.data();
+        let plan = BatchPlan::train(
+            self.train.len(),
+            data.batch_size,
+            data.shuffle,
+            self.base.train().seed,
+            epoch as u64,
+        )?;
+        let batch = plan.batch(index as usize).ok_or_else(|| {
+            PsError::Protocol(format!(
+                "step {step}: batch {index} of epoch {epoch} does not exist"
+            ))
+        })?;
+        Ok(batch.rows(offset, count)?.to_vec())
+    }
+
+    /// The mean loss over `rows` and its gradient for every parameter, at `weights`.
+    pub fn gradient(
+        &mut self,
+        weights: &[Tensor],
+        rows: &[usize],
+    ) -> Result<(f32, Vec<Tensor>), PsError> {
+        if rows.is_empty() || weights.len() != self.params.len() {
+            return Err(PsError::Protocol(format!(
+                "a gradient needs rows and {} weights, got {} rows and {} weights",
+                self.params.len(),
+                rows.len(),
+                weights.len()
+            )));
+        }
+        if !self.programs.contains_key(&rows.len()) {
+            let config = self.base.clone().with_batch_size(rows.len())?;
+            let session = Session::new(&config)?;
+            let exec = RankExecutor::new(session.train.clone(), one_rank()?)?;
+            let param_index = self
+                .params
+                .iter()
+                .map(|p| {
+                    session
+                        .train
+                        .params
+                        .iter()
+                        .position(|q| q.name == p.name)
+                        .ok_or_else(|| {
+                            PsError::Protocol(format!("parameter {} is not trained", p.name))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            self.programs.insert(
+                rows.len(),
+                Program {
+                    session,
+                    exec,
+                    param_index,
+                },
+            );
+        }
+        let program = self
+            .programs
+            .get_mut(&rows.len())
+            .ok_or_else(|| PsError::Protocol("no program for the batch".to_string()))?;
+        for (k, w) in weights.iter().enumerate() {
+            copy_into(
+                program.exec.param_mut(program.param_index[k]),
+                w,
+                &self.params[k].name,
+            )?;
+        }
+        let labels = program.session.model.labels;
+        let inputs = program.exec.program().inputs.clone();
+        for (i, input) in inputs.iter().enumerate() {
+            let block = if input.value == labels {
+                self.train.read_labels(rows)?
+            } else {
+                self.train.read_images(rows)?
+            };
+            program.exec.set_input_rows(i, block)?;
+        }
+        program.exec.run()?;
+        let loss = program.exec.output(0).to_f64_vec()[0] as f32;
+        let mut grads = Vec::with_capacity(self.params.len());
+        for (k, &i) in program.param_index.iter().enumerate() {
+            let g = program.exec.grad(i).ok_or_else(|| {
+                PsError::Protocol(format!("parameter {} has no gradient", self.params[k].name))
+            })?;
+            grads.push(g.clone());
+        }
+        Ok((loss, grads))
+    }
+
+    /// The test accuracy at `weights`: every test sample once.
+    pub fn accuracy(&mut self, weights: &[Tensor]) -> Result<f64, PsError> {
+        for (k, w) in weights.iter().enumerate() {
+            copy_into(
+                self.eval.param_mut(self.eval_index[k]),
+                w,
+                &self.params[k].name,
+            )?;
+        }
+        let batch_size = self.base.data().batch_size;
+        let plan = BatchPlan::eval(self.test.len(), batch_size)?;
+        let labels = self.test.labels();
+        let label_value = Some(self.labels);
+        let inputs = self.eval.program().inputs.clone();
+        let mut correct = 0usize;
+        for batch in plan.iter() {
+            for (i, input) in inputs.iter().enumerate() {
+                let block = if Some(input.value) == label_value {
+                    self.test.read_labels(batch.indices)?
+                } else {
+                    self.test.read_images(batch.indices)?
+                };
+                self.eval.set_input_rows(i, block)?;
+            }
+            self.eval.run()?;
+            correct += batch.correct_predictions(&self.eval.output(0).to_f64_vec(), labels);
+        }
+        Ok(correct as f64 / plan.n_real().max(1) as f64)
+    }
+}
+
+/// Copies `src`'s values into `dst` (same shape and dtype), naming the parameter on mismatch.
+fn copy_into(dst: &mut Tensor, src: &Tensor, name: &str) -> Result<(), PsError> {
+    if dst.shape() != src.shape() || dst.dtype() != src.dtype() {
+        return Err(PsError::Protocol(format!(
+            "weights of {name}: {:?} {}, expected {:?} {}",
+            src.shape(),
+            src.dtype(),
+            dst.shape(),
+            dst.dtype()
+        )));
+    }
+    dst.as_bytes_mut().copy_from_slice(src.as_bytes());
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! Errors of parameter-server training.
+
+use std::path::PathBuf;
+
+/// What can go wrong in a scheduler, server or worker.
+#[derive(Debug, thiserror::Error)]
+pub enum PsError {
+    /// A bad or missing environment variable of the process contract.
+    #[error("environment {var}: {reason}")]
+    Env {
+        /// The variable (`TESSERA_ROLE`).
+        var: String,
+        /// The rule broken.
+        reason: String,
+    },
+    /// A configuration that contradicts the environment or itself.
+    #[error("config {key}: {reason}")]
+    Config {
+        /// The key (`ps.workers`).
+        key: String,
+        /// The rule broken.
+        reason: String,
+    },
+    /// A call that failed after every retry.
+    #[error("{call} to {peer} failed after {attempts} attempt(s): {last}")]
+    Rpc {
+        /// The call (`Pull`).
+        call: String,
+        /// Who was called (`server 1 at 127.0.0.1:4000`).
+        peer: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last error.
+        last: String,
+    },
+    /// A message from the network that breaks the protocol (named field and rule).
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// A snapshot file that cannot be written or read.
+    #[error("snapshot {path}: {reason}")]
+    Snapshot {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A socket, runtime or child process that could not be set up.
+    #[error("{what}: {reason}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// An error of the runtime (programs, data, optimizer).
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
+}
+
+impl PsError {
+    /// An [`PsError::Io`] for `what`.
+    pub fn io(what: impl Into<String>, reason: impl std::fmt::Display) -> PsError {
+        PsError::Io {
+            what: what.into(),
+            reason: reason.to_string(),
+        }
+    }
+}

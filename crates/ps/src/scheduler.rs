@@ -1,0 +1,496 @@
+//! The scheduler: registration, liveness, each step's members and rows, async staleness, and
+//! the end of the job.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tonic::{Request, Response, Status};
+
+use crate::env::{JobSettings, RoleEnv};
+use crate::error::PsError;
+use crate::liveness::Liveness;
+use crate::proto::scheduler_server::{Scheduler, SchedulerServer};
+use crate::proto::*;
+
+/// Step assignments kept for replays after a server restart (older ones are dropped).
+const KEPT_ASSIGNMENTS: u64 = 100_000;
+
+/// The longest a long-polling call (`BeginStep` waiting on staleness, `JobStatus`) is held.
+const LONGEST_POLL: Duration = Duration::from_millis(500);
+
+/// The scheduler's state.
+struct State {
+    batch_size: usize,
+    sync: bool,
+    staleness: u64,
+    servers: BTreeMap<u32, String>,
+    server_live: Liveness,
+    worker_live: Liveness,
+    /// The step each worker last began.
+    worker_step: BTreeMap<u32, u64>,
+    /// Workers that ran their last step.
+    done: BTreeSet<u32>,
+    /// Members of every step begun, in row order.
+    assignments: BTreeMap<u64, Vec<u32>>,
+    /// Whether any worker ever registered.
+    had_workers: bool,
+    /// The job's workers at the start (`ps.workers`).
+    expected_workers: usize,
+    /// Workers that ever registered.
+    registered: BTreeSet<u32>,
+    /// When the scheduler started, and how long step 0 waits for the expected workers.
+    started: Instant,
+    startup_grace: Duration,
+    /// Servers that heard the job is over.
+    servers_told: BTreeSet<u32>,
+    /// Worker 0 (or, when it died, the scheduler) declared the job over.
+    finished: bool,
+}
+
+impl State {
+    /// Whether every live worker ran its last step (and one did).
+    fn all_done(&self) -> bool {
+        !self.done.is_empty()
+            && self
+                .worker_live
+                .alive()
+                .iter()
+                .all(|w| self.done.contains(w))
+    }
+
+    /// The slowest live, unfinished worker's step.
+    fn slowest_step(&self) -> Option<u64> {
+        self.worker_live
+            .alive()
+            .iter()
+            .filter(|w| !self.done.contains(w))
+            .filter_map(|w| self.worker_step.get(w).copied())
+            .min()
+    }
+
+    /// The members of `step`, fixing them (the live unfinished workers, at most one per row)
+    /// when it is new.
+    fn members(&mut self, step: u64) -> Vec<u32> {
+        if let Some(m) = self.assignments.get(&step) {
+            return m.clone();
+        }
+        let members: Vec<u32> = self
+            .worker_live
+            .alive()
+            .into_iter()
+            .filter(|w| !self.done.contains(w))
+            .take(self.batch_size)
+            .collect();
+        self.assignments.insert(step, members.clone());
+        let keep_from = step.saturating_sub(KEPT_ASSIGNMENTS);
+        self.assignments = self.assignments.split_off(&keep_from);
+        members
+    }
+}
+
+/// Rows `offset, count` of a `batch`-row batch for the member at `position` of `members`:
+/// contiguous blocks, the first `batch % members` one row larger.
+pub fn rows_of(batch: usize, members: usize, position: usize) -> (usize, usize) {
+    let members = members.max(1);
+    let (base, extra) = (batch / members, batch % members);
+    let offset = position * base + position.min(extra);
+    (offset, base + usize::from(position < extra))
+}
+
+/// The scheduler's gRPC service.
+#[derive(Clone)]
+pub struct SchedulerService {
+    state: Arc<Mutex<State>>,
+    changed: Arc<Notify>,
+}
+
+impl SchedulerService {
+    /// A scheduler for a job of `settings` with global batch `batch_size`.
+    pub fn new(settings: &JobSettings, batch_size: usize) -> SchedulerService {
+        SchedulerService {
+            state: Arc::new(Mutex::new(State {
+                batch_size: batch_size.max(1),
+                sync: settings.sync,
+                staleness: settings.staleness,
+                servers: BTreeMap::new(),
+                server_live: Liveness::new(settings.dead_after),
+                worker_live: Liveness::new(settings.dead_after),
+                worker_step: BTreeMap::new(),
+                done: BTreeSet::new(),
+                assignments: BTreeMap::new(),
+                had_workers: false,
+                expected_workers: settings.workers,
+                registered: BTreeSet::new(),
+                started: Instant::now(),
+                startup_grace: settings.retry.timeout * (settings.retry.retries + 1),
+                servers_told: BTreeSet::new(),
+                finished: false,
+            })),
+            changed: Arc::new(Notify::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Declares dead every silent process (logging each); ends the job when every live
+    /// worker is done and worker 0 is gone. Returns an error when every worker died.
+    pub fn sweep(&self) -> Result<(), PsError> {
+        let now = Instant::now();
+        let mut s = self.lock();
+        let mut changed = false;
+        for (id, silent) in s.worker_live.sweep(now) {
+            eprintln!(
+                "[ps scheduler] worker {id} declared dead: no heartbeat for {} ms; its rows go to the live workers from the next step",
+                silent.as_millis()
+            );
+            changed = true;
+        }
+        for (id, silent) in s.server_live.sweep(now) {
+            eprintln!(
+                "[ps scheduler] server {id} declared dead: no heartbeat for {} ms; workers wait for it to restart",
+                silent.as_millis()
+            );
+            s.servers.remove(&id);
+            changed = true;
+        }
+        if s.all_done() && !s.worker_live.is_alive(0) && !s.finished {
+            eprintln!(
+                "[ps scheduler] every live worker is done and worker 0 is gone: the job ends"
+            );
+            s.finished = true;
+            changed = true;
+        }
+        let all_dead = s.had_workers && s.worker_live.alive().is_empty() && !s.finished;
+        drop(s);
+        if changed {
+            self.changed.notify_waiters();
+        }
+        if all_dead {
+            return Err(PsError::io(
+                "the job",
+                "every worker died before the job ended",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the job is over.
+    pub fn finished(&self) -> bool {
+        self.lock().finished
+    }
+
+    /// Whether every live server has heard that the job is over.
+    pub fn servers_told(&self) -> bool {
+        let s = self.lock();
+        s.server_live
+            .alive()
+            .iter()
+            .all(|id| s.servers_told.contains(id))
+    }
+
+    /// The live workers, ascending.
+    pub fn live_workers(&self) -> Vec<u32> {
+        self.lock().worker_live.alive()
+    }
+
+    /// The workers declared dead, ascending.
+    pub fn dead_workers(&self) -> Vec<u32> {
+        self.lock().worker_live.dead()
+    }
+
+    /// Waits (at most `limit`) for a change of state.
+    async fn wait_change(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.changed.notified()).await;
+    }
+}
+
+#[tonic::async_trait]
+impl Scheduler for SchedulerService {
+    async fn register_server(
+        &self,
+        request: Request<RegisterServerRequest>,
+    ) -> Result<Response<RegisterServerReply>, Status> {
+        let r = request.into_inner();
+        {
+            let mut s = self.lock();
+            s.servers.insert(r.server_id, r.addr.clone());
+            s.server_live.register(r.server_id, Instant::now());
+        }
+        eprintln!(
+            "[ps scheduler] server {} registered at {} (restart {})",
+            r.server_id, r.addr, r.restart_count
+        );
+        self.changed.notify_waiters();
+        Ok(Response::new(RegisterServerReply {}))
+    }
+
+    async fn register_worker(
+        &self,
+        request: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerReply>, Status> {
+        let r = request.into_inner();
+        let start_step = {
+            let mut s = self.lock();
+            s.had_workers = true;
+            s.registered.insert(r.worker_id);
+            s.done.remove(&r.worker_id);
+            s.worker_live.register(r.worker_id, Instant::now());
+            // A worker joining a running job takes part from the first step not yet begun.
+            s.assignments.keys().next_back().map_or(0, |&last| last + 1)
+        };
+        eprintln!(
+            "[ps scheduler] worker {} registered (restart {}), from step {start_step}",
+            r.worker_id, r.restart_count
+        );
+        self.changed.notify_waiters();
+        Ok(Response::new(RegisterWorkerReply { start_step }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatReply>, Status> {
+        let r = request.into_inner();
+        let now = Instant::now();
+        let mut s = self.lock();
+        let alive = match Role::try_from(r.role) {
+            Ok(Role::Server) => {
+                if s.finished {
+                    s.servers_told.insert(r.id);
+                }
+                s.server_live.beat(r.id, now)
+            }
+            Ok(Role::Worker) => {
+                let alive = s.worker_live.beat(r.id, now);
+                if alive {
+                    let step = s.worker_step.entry(r.id).or_insert(r.step);
+                    *step = (*step).max(r.step);
+                }
+                alive
+            }
+            _ => {
+                return Err(Status::invalid_argument(
+                    "heartbeat: role must be server or worker",
+                ))
+            }
+        };
+        Ok(Response::new(HeartbeatReply {
+            shutdown: s.finished,
+            rejoin: !alive && !s.finished,
+        }))
+    }
+
+    async fn get_servers(
+        &self,
+        _request: Request<GetServersRequest>,
+    ) -> Result<Response<GetServersReply>, Status> {
+        let s = self.lock();
+        let servers = s
+            .servers
+            .iter()
+            .map(|(&server_id, addr)| ServerAddr {
+                server_id,
+                addr: addr.clone(),
+            })
+            .collect();
+        Ok(Response::new(GetServersReply { servers }))
+    }
+
+    async fn begin_step(
+        &self,
+        request: Request<BeginStepRequest>,
+    ) -> Result<Response<BeginStepReply>, Status> {
+        let r = request.into_inner();
+        let reply = |status: StepStatus| BeginStepReply {
+            status: status as i32,
+            ..BeginStepReply::default()
+        };
+        let deadline = Instant::now() + LONGEST_POLL;
+        loop {
+            {
+                let mut s = self.lock();
+                if !s.worker_live.is_alive(r.worker_id) {
+                    return Ok(Response::new(reply(StepStatus::Rejoin)));
+                }
+                s.worker_step.insert(r.worker_id, r.step);
+                let too_far = !s.sync
+                    && !s.assignments.contains_key(&r.step)
+                    && s.slowest_step()
+                        .is_some_and(|slowest| r.step > slowest + s.staleness);
+                // The first step waits (a bounded time) for the job's workers to register,
+                // so its members, and every rank's rows, are those of the full job.
+                let starting = s.assignments.is_empty()
+                    && s.registered.len() < s.expected_workers
+                    && s.started.elapsed() < s.startup_grace;
+                if !too_far && !starting {
+                    let members = s.members(r.step);
+                    let Some(position) = members.iter().position(|&m| m == r.worker_id) else {
+                        return Ok(Response::new(reply(StepStatus::Skip)));
+                    };
+                    let (offset, count) = rows_of(s.batch_size, members.len(), position);
+                    drop(s);
+                    self.changed.notify_waiters();
+                    return Ok(Response::new(BeginStepReply {
+                        status: StepStatus::Go as i32,
+                        members,
+                        row_offset: offset as u64,
+                        row_count: count as u64,
+                    }));
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Response::new(reply(StepStatus::Wait)));
+            }
+            self.wait_change(deadline - now).await;
+        }
+    }
+
+    async fn step_members(
+        &self,
+        request: Request<StepMembersRequest>,
+    ) -> Result<Response<StepMembersReply>, Status> {
+        let step = request.into_inner().step;
+        let s = self.lock();
+        let reply = match s.assignments.get(&step) {
+            Some(members) => StepMembersReply {
+                alive: members
+                    .iter()
+                    .copied()
+                    .filter(|&w| s.worker_live.is_alive(w))
+                    .collect(),
+                known: true,
+            },
+            None => StepMembersReply {
+                alive: Vec::new(),
+                known: false,
+            },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn worker_done(
+        &self,
+        request: Request<WorkerDoneRequest>,
+    ) -> Result<Response<WorkerDoneReply>, Status> {
+        let id = request.into_inner().worker_id;
+        self.lock().done.insert(id);
+        eprintln!("[ps scheduler] worker {id} ran its last step");
+        self.changed.notify_waiters();
+        Ok(Response::new(WorkerDoneReply {}))
+    }
+
+    async fn job_status(
+        &self,
+        request: Request<JobStatusRequest>,
+    ) -> Result<Response<JobStatusReply>, Status> {
+        let wait = Duration::from_millis(u64::from(request.into_inner().wait_ms)).min(LONGEST_POLL);
+        let deadline = Instant::now() + wait;
+        loop {
+            {
+                let s = self.lock();
+                let all_workers_done = s.all_done();
+                if all_workers_done || Instant::now() >= deadline {
+                    return Ok(Response::new(JobStatusReply {
+                        all_workers_done,
+                        live_workers: s.worker_live.alive(),
+                        dead_workers: s.worker_live.dead(),
+                    }));
+                }
+            }
+            self.wait_change(deadline.saturating_duration_since(Instant::now()))
+                .await;
+        }
+    }
+
+    async fn finish(
+        &self,
+        _request: Request<FinishRequest>,
+    ) -> Result<Response<FinishReply>, Status> {
+        self.lock().finished = true;
+        eprintln!("[ps scheduler] the job is over");
+        self.changed.notify_waiters();
+        Ok(Response::new(FinishReply {}))
+    }
+}
+
+/// The socket address of `host:port`.
+pub fn resolve(addr: &str) -> Result<SocketAddr, PsError> {
+    addr.to_socket_addrs()
+        .map_err(|e| PsError::io(format!("resolving {addr}"), e))?
+        .next()
+        .ok_or_else(|| PsError::io(format!("resolving {addr}"), "no address"))
+}
+
+/// A tokio runtime for one role.
+pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, PsError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()
+        .map_err(|e| PsError::io("starting the tokio runtime", e))
+}
+
+/// Runs the scheduler at `env.scheduler_addr` until the job is over (then waits a few
+/// heartbeats so servers and workers see it), or fails when every worker died.
+pub fn run(settings: &JobSettings, env: &RoleEnv, batch_size: usize) -> Result<(), PsError> {
+    let rt = runtime(2)?;
+    let service = SchedulerService::new(settings, batch_size);
+    let addr = resolve(&env.scheduler_addr)?;
+    let heartbeat = settings.heartbeat;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| PsError::io(format!("binding the scheduler to {addr}"), e))?;
+        eprintln!("[ps scheduler] listening on {addr}");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(SchedulerServer::new(service.clone()))
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    async {
+                        let _ = stop_rx.await;
+                    },
+                ),
+        );
+        let outcome = loop {
+            tokio::time::sleep(heartbeat / 2).await;
+            if let Err(e) = service.sweep() {
+                break Err(e);
+            }
+            if service.finished() {
+                // Serve until every live server has heard it (bounded), so none is left
+                // calling a scheduler that is gone.
+                let deadline = Instant::now() + heartbeat * 20;
+                while !service.servers_told() && Instant::now() < deadline {
+                    tokio::time::sleep(heartbeat / 2).await;
+                    let _ = service.sweep();
+                }
+                tokio::time::sleep(heartbeat).await;
+                break Ok(());
+            }
+        };
+        let _ = stop_tx.send(());
+        let _ = server.await;
+        outcome
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_split_contiguously_and_cover_the_batch() {
+        assert_eq!(rows_of(32, 2, 0), (0, 16));
+        assert_eq!(rows_of(32, 2, 1), (16, 16));
+        let blocks: Vec<_> = (0..3).map(|p| rows_of(32, 3, p)).collect();
+        assert_eq!(blocks, vec![(0, 11), (11, 11), (22, 10)]);
+    }
+}

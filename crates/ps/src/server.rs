@@ -1,0 +1,585 @@
+//! A parameter server: one partition of the parameters, the optimizer over it, sync barriers
+//! or async updates, snapshots, and recovery from a snapshot plus replayed gradients.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use runtime::{Optimizer, ParamSpec, TrainConfig};
+use tensor::{DType, Tensor};
+use tokio::sync::Notify;
+use tonic::{Request, Response, Status};
+
+use crate::compute::{Compute, ParamInfo};
+use crate::env::{JobSettings, RoleEnv};
+use crate::error::PsError;
+use crate::net::{message_limit, scheduler_client};
+use crate::partition::{partition, ParamSize};
+use crate::proto::parameter_server_server::{ParameterServer, ParameterServerServer};
+use crate::proto::*;
+use crate::snapshot::{self, PartitionState};
+use crate::wire::{from_msg, to_msg};
+
+/// The longest a pull waits for the version it asks for before answering "not ready".
+const LONGEST_PULL: Duration = Duration::from_millis(500);
+
+/// How many steps past its version a server buffers pushes (workers replaying, or ahead).
+const MAX_STEPS_AHEAD: u64 = 4096;
+
+/// The parameters server `server_id` of `servers` holds, in program order: indices into
+/// `params`.
+pub fn partition_of(params: &[ParamInfo], servers: usize, server_id: usize) -> Vec<usize> {
+    let sizes: Vec<ParamSize> = params
+        .iter()
+        .map(|p| ParamSize {
+            name: p.name.clone(),
+            bytes: p.bytes(),
+        })
+        .collect();
+    partition(&sizes, servers)
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, s)| s == server_id)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// One worker's push of one step.
+struct Pushed {
+    rows: u64,
+    loss: f32,
+    replay: bool,
+    grads: Vec<Tensor>,
+}
+
+/// What a restarted server reports once it has caught up.
+struct Recovery {
+    /// The snapshot's version.
+    from: u64,
+    /// Steps applied from replayed gradients.
+    replayed: u64,
+    /// The highest version workers had seen before the restart.
+    seen: u64,
+    reported: bool,
+}
+
+/// The server's state.
+struct State {
+    server_id: usize,
+    sync: bool,
+    checkpoint_every: u64,
+    snapshot_file: PathBuf,
+    names: Vec<String>,
+    shapes: Vec<Vec<usize>>,
+    weights: Vec<Tensor>,
+    optimizer: Optimizer,
+    version: u64,
+    snapshot_version: u64,
+    last_loss: f32,
+    /// Sync: pushes by step and worker.
+    pending: BTreeMap<u64, BTreeMap<u32, Pushed>>,
+    /// Sync: each pending step's members, as its pushes say.
+    members: BTreeMap<u64, Vec<u32>>,
+    /// Sync: the step's members still alive, from the scheduler.
+    alive: Option<(u64, Vec<u32>)>,
+    recovery: Option<Recovery>,
+}
+
+impl State {
+    /// Applies `grad` (one per parameter) with the optimizer: one step.
+    fn apply(&mut self, grads: &[Tensor]) -> Result<(), PsError> {
+        self.optimizer.begin_step();
+        for (k, g) in grads.iter().enumerate() {
+            self.optimizer.update(k, &mut self.weights[k], g)?;
+        }
+        self.version += 1;
+        if self.version % self.checkpoint_every == 0 {
+            self.snapshot()?;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self) -> Result<(), PsError> {
+        snapshot::save(
+            &self.snapshot_file,
+            &PartitionState {
+                names: &self.names,
+                weights: &self.weights,
+                optimizer: &self.optimizer,
+                version: self.version,
+            },
+        )?;
+        self.snapshot_version = self.version;
+        Ok(())
+    }
+
+    /// Sync: completes every step whose live members have all pushed.
+    fn complete_steps(&mut self) -> Result<bool, PsError> {
+        let mut any = false;
+        loop {
+            let step = self.version;
+            let (Some(pushed), Some(members)) = (self.pending.get(&step), self.members.get(&step))
+            else {
+                break;
+            };
+            let needed: Vec<u32> = match &self.alive {
+                Some((s, alive)) if *s == step => alive.clone(),
+                _ => members.clone(),
+            };
+            if pushed.is_empty() || !needed.iter().all(|w| pushed.contains_key(w)) {
+                break;
+            }
+            let pushed = self.pending.remove(&step).unwrap_or_default();
+            self.members.remove(&step);
+            let (loss, grads) = mean_of(&pushed, &self.shapes)?;
+            let replay = pushed.values().any(|p| p.replay);
+            self.apply(&grads)?;
+            self.last_loss = loss;
+            if let Some(r) = self.recovery.as_mut() {
+                if replay {
+                    r.replayed += 1;
+                }
+            }
+            any = true;
+        }
+        self.report_recovery();
+        Ok(any)
+    }
+
+    /// Logs, once, how a restarted server caught up: steps replayed and lost.
+    fn report_recovery(&mut self) {
+        let (sync, id, version) = (self.sync, self.server_id, self.version);
+        let Some(r) = self.recovery.as_mut() else {
+            return;
+        };
+        if r.reported || r.seen <= r.from || version < r.seen {
+            return;
+        }
+        r.reported = true;
+        let behind = r.seen - r.from;
+        if sync {
+            eprintln!(
+                "[ps server {id}] recovered: restarted from the snapshot at step {}; replayed {} step(s) ({}..{}) from the workers' kept gradients; lost {} step(s)",
+                r.from,
+                r.replayed,
+                r.from,
+                r.from + r.replayed,
+                behind.saturating_sub(r.replayed)
+            );
+        } else {
+            eprintln!(
+                "[ps server {id}] recovered: restarted from the snapshot at update {}; lost {behind} update(s) (async mode does not replay)",
+                r.from
+            );
+        }
+    }
+}
+
+/// The weighted mean (by rows) of the pushes' gradients and losses; a plain mean when every
+/// push has the same rows, as data parallel's averaged all-reduce computes it.
+fn mean_of(
+    pushed: &BTreeMap<u32, Pushed>,
+    shapes: &[Vec<usize>],
+) -> Result<(f32, Vec<Tensor>), PsError> {
+    let total_rows: u64 = pushed.values().map(|p| p.rows).sum();
+    let equal = pushed
+        .values()
+        .all(|p| Some(p.rows) == pushed.values().next().map(|q| q.rows));
+    let n = pushed.len() as f64;
+    let weight = |p: &Pushed| -> f64 {
+        match equal {
+            true => 1.0,
+            false => p.rows as f64,
+        }
+    };
+    let denominator = if equal { n } else { total_rows.max(1) as f64 };
+    let loss = pushed
+        .values()
+        .map(|p| weight(p) * f64::from(p.loss))
+        .sum::<f64>()
+        / denominator;
+    let mut grads = Vec::with_capacity(shapes.len());
+    for (k, shape) in shapes.iter().enumerate() {
+        let mut sum = vec![0f32; shape.iter().product()];
+        for p in pushed.values() {
+            let g = p.grads[k]
+                .as_f32()
+                .map_err(|e| PsError::Protocol(e.to_string()))?;
+            let w = weight(p) as f32;
+            if equal {
+                sum.iter_mut().zip(g).for_each(|(s, x)| *s += x);
+            } else {
+                sum.iter_mut().zip(g).for_each(|(s, x)| *s += w * x);
+            }
+        }
+        let scale = 1.0 / denominator as f32;
+        sum.iter_mut().for_each(|s| *s *= scale);
+        grads.push(Tensor::from_vec(shape, sum).map_err(|e| PsError::Protocol(e.to_string()))?);
+    }
+    Ok((loss as f32, grads))
+}
+
+/// The server's gRPC service.
+#[derive(Clone)]
+pub struct ServerService {
+    state: Arc<Mutex<State>>,
+    changed: Arc<Notify>,
+}
+
+fn status(e: PsError) -> Status {
+    match e {
+        PsError::Protocol(m) => Status::invalid_argument(m),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+impl ServerService {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A server of `settings`'s job holding the parameters `held` of `compute`, starting from
+    /// `initial` (one tensor per held parameter) or, when `restart` and a snapshot exists,
+    /// from the snapshot.
+    pub fn new(
+        settings: &JobSettings,
+        config: &TrainConfig,
+        server_id: usize,
+        held: &[ParamInfo],
+        initial: Vec<Tensor>,
+        restart: bool,
+    ) -> Result<ServerService, PsError> {
+        let names: Vec<String> = held.iter().map(|p| p.name.clone()).collect();
+        let specs: Vec<ParamSpec> = held
+            .iter()
+            .map(|p| ParamSpec {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+                dtype: DType::F32,
+            })
+            .collect();
+        let mut optimizer = Optimizer::new(config.optimizer_config(), &specs)?;
+        let mut weights = initial;
+        let snapshot_file = snapshot::snapshot_path(&settings.output_dir, server_id);
+        let mut version = 0;
+        let mut recovery = None;
+        if restart {
+            if snapshot_file.exists() {
+                version = snapshot::load(&snapshot_file, &names, &mut weights, &mut optimizer)?;
+                eprintln!(
+                    "[ps server {server_id}] restarted from the snapshot at version {version} ({})",
+                    snapshot_file.display()
+                );
+            } else {
+                eprintln!(
+                    "[ps server {server_id}] restarted with no snapshot yet: from the initial weights"
+                );
+            }
+            recovery = Some(Recovery {
+                from: version,
+                replayed: 0,
+                seen: 0,
+                reported: false,
+            });
+        }
+        Ok(ServerService {
+            state: Arc::new(Mutex::new(State {
+                server_id,
+                sync: settings.sync,
+                checkpoint_every: settings.checkpoint_every.max(1),
+                snapshot_file,
+                names,
+                shapes: held.iter().map(|p| p.shape.clone()).collect(),
+                weights,
+                optimizer,
+                version,
+                snapshot_version: version,
+                last_loss: f32::NAN,
+                pending: BTreeMap::new(),
+                members: BTreeMap::new(),
+                alive: None,
+                recovery,
+            })),
+            changed: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Sync: the step the server waits on, when some pushes for it arrived.
+    pub fn waiting_step(&self) -> Option<u64> {
+        let s = self.lock();
+        (s.sync && s.pending.contains_key(&s.version)).then_some(s.version)
+    }
+
+    /// Sync: the scheduler says `alive` of step `step`'s members live; completes the step when
+    /// they all pushed.
+    pub fn set_alive(&self, step: u64, alive: Vec<u32>) -> Result<(), PsError> {
+        let done = {
+            let mut s = self.lock();
+            s.alive = Some((step, alive));
+            s.complete_steps()?
+        };
+        if done {
+            self.changed.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// Writes a snapshot when steps were applied since the last one.
+    pub fn final_snapshot(&self) -> Result<(), PsError> {
+        let mut s = self.lock();
+        if s.version > s.snapshot_version {
+            s.snapshot()?;
+        }
+        Ok(())
+    }
+
+    /// The version (steps or pushes applied).
+    pub fn version(&self) -> u64 {
+        self.lock().version
+    }
+}
+
+#[tonic::async_trait]
+impl ParameterServer for ServerService {
+    async fn pull(&self, request: Request<PullRequest>) -> Result<Response<PullReply>, Status> {
+        let r = request.into_inner();
+        let deadline = Instant::now() + LONGEST_PULL;
+        loop {
+            let notified = self.changed.notified();
+            {
+                let s = self.lock();
+                let ready = s.version >= r.min_version;
+                if ready || Instant::now() >= deadline {
+                    let waiting_for_you = !ready
+                        && s.sync
+                        && !s
+                            .pending
+                            .get(&s.version)
+                            .is_some_and(|p| p.contains_key(&r.worker_id));
+                    let tensors = match ready {
+                        true => s
+                            .names
+                            .iter()
+                            .zip(&s.weights)
+                            .map(|(n, w)| to_msg(n, w))
+                            .collect(),
+                        false => Vec::new(),
+                    };
+                    return Ok(Response::new(PullReply {
+                        ready,
+                        version: s.version,
+                        snapshot_version: s.snapshot_version,
+                        waiting_for_you,
+                        last_loss: s.last_loss,
+                        tensors,
+                    }));
+                }
+            }
+            let _ =
+                tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), notified)
+                    .await;
+        }
+    }
+
+    async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushReply>, Status> {
+        let r = request.into_inner();
+        let changed = {
+            let mut s = self.lock();
+            if r.tensors.len() != s.names.len() {
+                return Err(Status::invalid_argument(format!(
+                    "push of step {}: {} tensors, server {} holds {}",
+                    r.step,
+                    r.tensors.len(),
+                    s.server_id,
+                    s.names.len()
+                )));
+            }
+            let grads = r
+                .tensors
+                .iter()
+                .zip(s.names.iter().zip(&s.shapes))
+                .map(|(m, (n, shape))| from_msg(m, n, shape))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(status)?;
+            if r.members.len() > runtime::MAX_PS_PROCESSES || !r.members.contains(&r.worker_id) {
+                return Err(Status::invalid_argument(format!(
+                    "push of step {} by worker {}: {} members, which must include the worker and number at most {}",
+                    r.step,
+                    r.worker_id,
+                    r.members.len(),
+                    runtime::MAX_PS_PROCESSES
+                )));
+            }
+            if let Some(rec) = s.recovery.as_mut() {
+                rec.seen = rec.seen.max(r.seen_version);
+            }
+            if s.sync {
+                if r.step >= s.version {
+                    if r.step > s.version + MAX_STEPS_AHEAD {
+                        return Err(Status::failed_precondition(format!(
+                            "push of step {} is more than {MAX_STEPS_AHEAD} steps ahead of server {}'s step {}",
+                            r.step, s.server_id, s.version
+                        )));
+                    }
+                    s.members.insert(r.step, r.members.clone());
+                    s.pending.entry(r.step).or_default().insert(
+                        r.worker_id,
+                        Pushed {
+                            rows: r.rows,
+                            loss: r.loss,
+                            replay: r.replay,
+                            grads,
+                        },
+                    );
+                }
+                // A push of a step already applied (a replay that crossed) is dropped.
+                s.complete_steps().map_err(status)?
+            } else {
+                s.apply(&grads).map_err(status)?;
+                s.last_loss = r.loss;
+                s.report_recovery();
+                true
+            }
+        };
+        if changed {
+            self.changed.notify_waiters();
+        }
+        let s = self.lock();
+        Ok(Response::new(PushReply {
+            version: s.version,
+            snapshot_version: s.snapshot_version,
+        }))
+    }
+}
+
+/// Runs server `env.server_id`: binds an ephemeral port on `env.host`, registers with the
+/// scheduler, serves until the scheduler says the job is over, and writes a last snapshot.
+pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Result<(), PsError> {
+    let compute = Compute::new(config)?;
+    let held_index = partition_of(compute.params(), settings.servers, env.server_id);
+    let initial_all = compute.initial_params()?;
+    let held: Vec<ParamInfo> = held_index
+        .iter()
+        .map(|&i| compute.params()[i].clone())
+        .collect();
+    let initial: Vec<Tensor> = held_index.iter().map(|&i| initial_all[i].clone()).collect();
+    drop(compute);
+    let service = ServerService::new(
+        settings,
+        config,
+        env.server_id,
+        &held,
+        initial,
+        env.restart_count > 0,
+    )?;
+    // A push carries the partition's gradients and nothing larger is read.
+    let limit = message_limit(held.iter().map(ParamInfo::bytes).sum());
+    let names: Vec<&str> = held.iter().map(|p| p.name.as_str()).collect();
+    eprintln!("[ps server {}] holds {}", env.server_id, names.join(", "));
+    let rt = crate::scheduler::runtime(2)?;
+    let settings = settings.clone();
+    let env = env.clone();
+    rt.block_on(async move {
+        let bind = format!("{}:0", env.host);
+        let listener = tokio::net::TcpListener::bind(&bind)
+            .await
+            .map_err(|e| PsError::io(format!("binding server {} to {bind}", env.server_id), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| PsError::io("the server's address", e))?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    ParameterServerServer::new(service.clone())
+                        .max_decoding_message_size(limit)
+                        .max_encoding_message_size(limit),
+                )
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    async {
+                        let _ = stop_rx.await;
+                    },
+                ),
+        );
+        let outcome = serve(&service, &settings, &env, &addr.to_string()).await;
+        let _ = stop_tx.send(());
+        let _ = serving.await;
+        outcome?;
+        service.final_snapshot()
+    })
+}
+
+/// Registers, then heartbeats (and, in sync mode, asks which of a waiting step's members are
+/// alive) until the scheduler ends the job.
+async fn serve(
+    service: &ServerService,
+    settings: &JobSettings,
+    env: &RoleEnv,
+    addr: &str,
+) -> Result<(), PsError> {
+    let policy = settings.retry;
+    let peer = format!("the scheduler at {}", env.scheduler_addr);
+    let client = scheduler_client(&env.scheduler_addr, policy.timeout)?;
+    let register = RegisterServerRequest {
+        server_id: env.server_id as u32,
+        addr: addr.to_string(),
+        restart_count: env.restart_count,
+    };
+    let register_now = || {
+        policy.run("RegisterServer", &peer, |_| {
+            let mut c = client.clone();
+            let r = register.clone();
+            async move { c.register_server(r).await }
+        })
+    };
+    register_now().await?;
+    eprintln!("[ps server {}] serving at {addr}", env.server_id);
+    let tick = (settings.heartbeat / 2).max(Duration::from_millis(5));
+    let mut last_beat = Instant::now() - settings.heartbeat;
+    loop {
+        tokio::time::sleep(tick).await;
+        if last_beat.elapsed() >= settings.heartbeat {
+            last_beat = Instant::now();
+            let beat = HeartbeatRequest {
+                role: Role::Server as i32,
+                id: env.server_id as u32,
+                step: service.version(),
+            };
+            let reply = policy
+                .run("Heartbeat", &peer, |_| {
+                    let mut c = client.clone();
+                    let b = beat;
+                    async move { c.heartbeat(b).await }
+                })
+                .await?
+                .into_inner();
+            if reply.shutdown {
+                eprintln!(
+                    "[ps server {}] the job is over at version {}",
+                    env.server_id,
+                    service.version()
+                );
+                return Ok(());
+            }
+            if reply.rejoin {
+                register_now().await?;
+            }
+        }
+        if let Some(step) = service.waiting_step() {
+            // One attempt per tick: the heartbeat is what fails the server when the
+            // scheduler is gone.
+            let mut c = client.clone();
+            if let crate::retry::Attempt::Done(reply) = policy
+                .attempt(c.step_members(StepMembersRequest { step }))
+                .await
+            {
+                let reply = reply.into_inner();
+                if reply.known {
+                    service.set_alive(step, reply.alive)?;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Tensors on the wire: f32 values, little-endian, checked against the shape the receiver
+//! expects before anything is allocated from a message's sizes.
+
+use tensor::{DType, Tensor};
+
+use crate::error::PsError;
+use crate::proto::TensorMsg;
+
+/// `t` (f32) as a message named `name`.
+pub fn to_msg(name: &str, t: &Tensor) -> TensorMsg {
+    TensorMsg {
+        name: name.to_string(),
+        shape: t.shape().iter().map(|&d| d as u64).collect(),
+        data: t.as_bytes().to_vec(),
+    }
+}
+
+/// The tensor of `msg`, which must be `name` with shape `expected` (f32): a message of any
+/// other name, shape or byte length is refused, naming the rule.
+pub fn from_msg(msg: &TensorMsg, name: &str, expected: &[usize]) -> Result<Tensor, PsError> {
+    if msg.name != name {
+        return Err(PsError::Protocol(format!(
+            "expected tensor {name}, got {}",
+            msg.name
+        )));
+    }
+    let shape_ok = msg.shape.len() == expected.len()
+        && msg.shape.iter().zip(expected).all(|(&a, &b)| a == b as u64);
+    if !shape_ok {
+        return Err(PsError::Protocol(format!(
+            "tensor {name}: shape {:?}, expected {expected:?}",
+            msg.shape
+        )));
+    }
+    let want = expected.iter().product::<usize>() * 4;
+    if msg.data.len() != want {
+        return Err(PsError::Protocol(format!(
+            "tensor {name}: {} bytes, expected {want} (f32 {expected:?})",
+            msg.data.len()
+        )));
+    }
+    Tensor::from_bytes(DType::F32, expected, &msg.data)
+        .map_err(|e| PsError::Protocol(format!("tensor {name}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_refusals() {
+        let t = Tensor::from_vec(&[2, 2], vec![1.0f32, -2.0, 3.5, 0.25]).unwrap();
+        let msg = to_msg("w", &t);
+        let back = from_msg(&msg, "w", &[2, 2]).unwrap();
+        assert_eq!(back.as_f32().unwrap(), t.as_f32().unwrap());
+        assert!(from_msg(&msg, "v", &[2, 2])
+            .unwrap_err()
+            .to_string()
+            .contains("expected tensor v"));
+        assert!(from_msg(&msg, "w", &[4])
+            .unwrap_err()
+            .to_string()
+            .contains("shape"));
+        let mut short = msg.clone();
+        short.data.pop();
+        assert!(from_msg(&short, "w", &[2, 2])
+            .unwrap_err()
+            .to_string()
+            .contains("15 bytes"));
+    }
+}

@@ -1,0 +1,628 @@
+//! A worker: asks the scheduler for each step's rows, pulls the weights, computes the gradient
+//! on its rows and pushes it to the servers; worker 0 reports losses and accuracy like the
+//! runtime's training loop.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runtime::{Callback, CallbackList, EpochInfo, LossMonitor, MetricsLog, StepInfo, TrainConfig};
+use tensor::Tensor;
+use tonic::transport::Channel;
+
+use crate::compute::Compute;
+use crate::env::{JobSettings, RoleEnv};
+use crate::error::PsError;
+use crate::net::{scheduler_client, server_client};
+use crate::proto::parameter_server_client::ParameterServerClient;
+use crate::proto::scheduler_client::SchedulerClient;
+use crate::proto::*;
+use crate::retry::{rpc_error, Attempt};
+use crate::server::partition_of;
+use crate::wire::{from_msg, to_msg};
+
+/// What a worker ends with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerReport {
+    /// The worker.
+    pub worker_id: usize,
+    /// Steps this worker computed.
+    pub steps_run: u64,
+    /// Worker 0: every step's loss (sync: the mean over the step's workers; async: its own).
+    pub losses: Vec<f32>,
+    /// Worker 0: the test accuracy after each epoch (when `train.eval`).
+    pub accuracies: Vec<f64>,
+    /// Wall time of the whole run in seconds.
+    pub seconds: f64,
+    /// Wall time of the step loop in seconds (from the first step to the last push).
+    pub step_seconds: f64,
+}
+
+/// One server as a worker sees it.
+struct ServerLink {
+    id: usize,
+    addr: String,
+    client: Option<ParameterServerClient<Channel>>,
+    /// The parameters it holds: indices into the job's parameters.
+    held: Vec<usize>,
+    /// Their bytes (the most a pull reply carries).
+    bytes: usize,
+    /// The highest version seen.
+    seen: u64,
+    /// Sync: this worker's pushes since the server's last snapshot, by step.
+    history: BTreeMap<u64, PushRequest>,
+}
+
+/// The worker's connections and settings.
+struct Links {
+    settings: JobSettings,
+    worker_id: u32,
+    scheduler: SchedulerClient<Channel>,
+    scheduler_peer: String,
+    servers: Vec<ServerLink>,
+}
+
+impl Links {
+    /// Fills in every server's address from the scheduler, waiting (bounded) for all to
+    /// register.
+    async fn resolve_servers(&mut self, wait_for_all: bool) -> Result<(), PsError> {
+        let limit = self.settings.retry.timeout * (self.settings.retry.retries + 1);
+        let start = Instant::now();
+        loop {
+            let c = self.scheduler.clone();
+            let reply = self
+                .settings
+                .retry
+                .run("GetServers", &self.scheduler_peer, |_| {
+                    let mut c = c.clone();
+                    async move { c.get_servers(GetServersRequest {}).await }
+                })
+                .await?
+                .into_inner();
+            for s in reply.servers {
+                if let Some(link) = self.servers.get_mut(s.server_id as usize) {
+                    if link.addr != s.addr {
+                        link.addr = s.addr;
+                        link.client = None;
+                    }
+                }
+            }
+            if !wait_for_all || self.servers.iter().all(|s| !s.addr.is_empty()) {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                let missing: Vec<String> = self
+                    .servers
+                    .iter()
+                    .filter(|s| s.addr.is_empty())
+                    .map(|s| s.id.to_string())
+                    .collect();
+                return Err(PsError::io(
+                    "waiting for the servers",
+                    format!(
+                        "server(s) {} did not register within {} s",
+                        missing.join(", "),
+                        limit.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Calls server `s` with `call` (retried with backoff; the address is asked again from the
+    /// scheduler before each retry, so a restarted server is found).
+    async fn call_server<T, F, Fut>(&mut self, s: usize, name: &str, call: F) -> Result<T, PsError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let policy = self.settings.retry;
+        let mut last = String::new();
+        for attempt in 0..=policy.retries {
+            if attempt > 0 {
+                tokio::time::sleep(policy.backoff(attempt)).await;
+                // A server that died may be registered again elsewhere.
+                let _ = self.resolve_servers(false).await;
+            }
+            let link = &mut self.servers[s];
+            if link.client.is_none() {
+                link.client = Some(server_client(&link.addr, policy.timeout, link.bytes)?);
+            }
+            let client = link
+                .client
+                .clone()
+                .ok_or_else(|| PsError::io("a client", "none"))?;
+            let peer = || format!("server {s} at {}", self.servers[s].addr);
+            match policy.attempt(call(client)).await {
+                Attempt::Done(reply) => return Ok(reply.into_inner()),
+                Attempt::Fatal(why) => return Err(rpc_error(name, &peer(), attempt + 1, why)),
+                Attempt::Retry(why) => last = why,
+            }
+        }
+        let peer = format!("server {s} at {}", self.servers[s].addr);
+        Err(rpc_error(name, &peer, policy.retries + 1, last))
+    }
+
+    /// Pushes `request` to server `s` and notes its versions.
+    async fn push(&mut self, s: usize, request: PushRequest) -> Result<(), PsError> {
+        let reply = self
+            .call_server(s, "Push", |mut c| {
+                let r = request.clone();
+                async move { c.push(r).await }
+            })
+            .await?;
+        let link = &mut self.servers[s];
+        link.history = link.history.split_off(&reply.snapshot_version);
+        Ok(())
+    }
+
+    /// Asks server `s` once (the server holds the call up to its long-poll) for its weights at
+    /// a version ≥ `min_version`; when they are there, writes them into `weights` and returns
+    /// the server's mean loss of the step before its version. In sync mode, replays this
+    /// worker's kept gradients when the server (restarted) waits for them. Returns the
+    /// server's version too, for progress.
+    async fn pull_once(
+        &mut self,
+        s: usize,
+        min_version: u64,
+        weights: &mut [Tensor],
+        compute: &Compute,
+    ) -> Result<(Option<f32>, u64), PsError> {
+        let worker_id = self.worker_id;
+        let reply = self
+            .call_server(s, "Pull", |mut c| async move {
+                c.pull(PullRequest {
+                    worker_id,
+                    min_version,
+                })
+                .await
+            })
+            .await?;
+        let link = &mut self.servers[s];
+        if reply.version < link.seen {
+            eprintln!(
+                "[ps worker {worker_id}] server {s} is at version {} after a restart (had reached {})",
+                reply.version, link.seen
+            );
+        }
+        link.seen = reply.version;
+        link.history = link.history.split_off(&reply.snapshot_version);
+        if reply.ready {
+            let held = link.held.clone();
+            if reply.tensors.len() != held.len() {
+                return Err(PsError::Protocol(format!(
+                    "server {s} sent {} tensors, it holds {}",
+                    reply.tensors.len(),
+                    held.len()
+                )));
+            }
+            for (msg, &i) in reply.tensors.iter().zip(&held) {
+                let p = &compute.params()[i];
+                weights[i] = from_msg(msg, &p.name, &p.shape)?;
+            }
+            return Ok((Some(reply.last_loss), reply.version));
+        }
+        if reply.waiting_for_you && self.settings.sync {
+            let replays: Vec<PushRequest> = link
+                .history
+                .range(reply.version..)
+                .map(|(_, r)| PushRequest {
+                    replay: true,
+                    ..r.clone()
+                })
+                .collect();
+            if !replays.is_empty() {
+                eprintln!(
+                    "[ps worker {worker_id}] replaying {} kept gradient(s) (steps {}..) to server {s}",
+                    replays.len(),
+                    reply.version
+                );
+            }
+            for r in replays {
+                self.push(s, r).await?;
+            }
+        }
+        Ok((None, reply.version))
+    }
+
+    /// Pulls every server's weights (at a version ≥ `min_version`); returns server 0's loss.
+    /// The servers not yet there are asked in turn, so a restarted server waiting for this
+    /// worker's replays is served while another server waits for a peer.
+    async fn pull_all(
+        &mut self,
+        min_version: u64,
+        weights: &mut [Tensor],
+        compute: &Compute,
+    ) -> Result<f32, PsError> {
+        let mut loss = f32::NAN;
+        let mut waiting: Vec<usize> = (0..self.servers.len()).collect();
+        let patience = self.settings.retry.timeout * 10;
+        let mut progress = (Vec::new(), Instant::now());
+        while !waiting.is_empty() {
+            let mut versions = Vec::with_capacity(waiting.len());
+            let mut still = Vec::with_capacity(waiting.len());
+            for &s in &waiting {
+                let (got, version) = self.pull_once(s, min_version, weights, compute).await?;
+                match got {
+                    Some(l) if s == 0 => loss = l,
+                    Some(_) => {}
+                    None => still.push(s),
+                }
+                versions.push(version);
+            }
+            if versions != progress.0 {
+                progress = (versions, Instant::now());
+            } else if progress.1.elapsed() > patience {
+                return Err(PsError::io(
+                    format!("waiting for server(s) {still:?}"),
+                    format!(
+                        "no progress towards version {min_version} for {} s",
+                        patience.as_secs()
+                    ),
+                ));
+            }
+            waiting = still;
+        }
+        Ok(loss)
+    }
+
+    async fn scheduler_call<T, F, Fut>(&self, name: &str, call: F) -> Result<T, PsError>
+    where
+        F: Fn(SchedulerClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let reply = self
+            .settings
+            .retry
+            .run(name, &self.scheduler_peer, |_| call(self.scheduler.clone()))
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    async fn register(&self, restart_count: u32) -> Result<u64, PsError> {
+        let worker_id = self.worker_id;
+        let reply = self
+            .scheduler_call("RegisterWorker", |mut c| async move {
+                c.register_worker(RegisterWorkerRequest {
+                    worker_id,
+                    restart_count,
+                })
+                .await
+            })
+            .await?;
+        Ok(reply.start_step)
+    }
+}
+
+/// Worker 0's reporting: the runtime's loss monitor and metrics log.
+struct Reporter {
+    callbacks: CallbackList,
+    epoch_start: Instant,
+}
+
+impl Reporter {
+    fn step(&mut self, compute: &Compute, step: u64, loss: f32, ms: f64) -> Result<(), PsError> {
+        let (epoch, index) = compute.epoch_of(step);
+        self.callbacks.on_step_end(&StepInfo {
+            rank: 0,
+            epoch,
+            step_in_epoch: index as usize + 1,
+            global_step: step + 1,
+            loss,
+            step_ms: ms,
+            shards: &[],
+        })?;
+        Ok(())
+    }
+
+    fn epoch(
+        &mut self,
+        epoch: usize,
+        global_step: u64,
+        accuracy: Option<f64>,
+    ) -> Result<(), PsError> {
+        self.callbacks.on_epoch_end(&EpochInfo {
+            rank: 0,
+            epoch,
+            global_step,
+            eval_accuracy: accuracy,
+            eval_loss: None,
+            epoch_ms: self.epoch_start.elapsed().as_secs_f64() * 1e3,
+        })?;
+        self.epoch_start = Instant::now();
+        Ok(())
+    }
+}
+
+/// Runs worker `env.worker_id` to the end of the job.
+pub fn run(
+    config: &TrainConfig,
+    settings: &JobSettings,
+    env: &RoleEnv,
+) -> Result<WorkerReport, PsError> {
+    let mut compute = Compute::new(config)?;
+    let rt = crate::scheduler::runtime(2)?;
+    let reporter = match env.worker_id {
+        0 => {
+            let mut callbacks = CallbackList::new();
+            callbacks.push(Box::new(LossMonitor::stdout(
+                config.train().per_print_times,
+            )));
+            callbacks.push(Box::new(MetricsLog::create(
+                &config.output().metrics_file(),
+            )?));
+            Some(Reporter {
+                callbacks,
+                epoch_start: Instant::now(),
+            })
+        }
+        _ => None,
+    };
+    rt.block_on(work(config, settings, env, &mut compute, reporter))
+}
+
+/// Per-step state shared with the heartbeat task.
+struct Beat {
+    step: AtomicU64,
+    /// Steps this worker computed and pushed.
+    computed: AtomicU64,
+    stop: AtomicBool,
+    rejoin: AtomicBool,
+}
+
+async fn work(
+    config: &TrainConfig,
+    settings: &JobSettings,
+    env: &RoleEnv,
+    compute: &mut Compute,
+    mut reporter: Option<Reporter>,
+) -> Result<WorkerReport, PsError> {
+    let started = Instant::now();
+    let worker_id = env.worker_id as u32;
+    let servers = (0..settings.servers)
+        .map(|id| {
+            let held = partition_of(compute.params(), settings.servers, id);
+            let bytes = held.iter().map(|&i| compute.params()[i].bytes()).sum();
+            (id, held, bytes)
+        })
+        .map(|(id, held, bytes)| ServerLink {
+            id,
+            addr: String::new(),
+            client: None,
+            held,
+            bytes,
+            seen: 0,
+            history: BTreeMap::new(),
+        })
+        .collect();
+    let mut links = Links {
+        settings: settings.clone(),
+        worker_id,
+        scheduler: scheduler_client(&env.scheduler_addr, settings.retry.timeout)?,
+        scheduler_peer: format!("the scheduler at {}", env.scheduler_addr),
+        servers,
+    };
+    let mut step = links.register(env.restart_count).await?;
+    let beat = Arc::new(Beat {
+        step: AtomicU64::new(step),
+        computed: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        rejoin: AtomicBool::new(false),
+    });
+    let heart = tokio::spawn(heartbeat(
+        links.scheduler.clone(),
+        settings.heartbeat,
+        worker_id,
+        beat.clone(),
+    ));
+    links.resolve_servers(true).await?;
+    let loop_start = Instant::now();
+    let outcome = steps(
+        config,
+        settings,
+        &mut links,
+        compute,
+        &mut reporter,
+        &beat,
+        &mut step,
+    )
+    .await;
+    let step_seconds = loop_start.elapsed().as_secs_f64();
+    beat.stop.store(true, Ordering::Relaxed);
+    let _ = heart.await;
+    let (losses, accuracies) = outcome?;
+    eprintln!(
+        "[ps worker {worker_id}] ran {computed} step(s)",
+        computed = beat.computed.load(Ordering::Relaxed)
+    );
+    Ok(WorkerReport {
+        worker_id: env.worker_id,
+        steps_run: step,
+        losses,
+        accuracies,
+        seconds: started.elapsed().as_secs_f64(),
+        step_seconds,
+    })
+}
+
+/// Heartbeats until told to stop; notes when the scheduler asks for a new registration.
+async fn heartbeat(
+    mut client: SchedulerClient<Channel>,
+    every: Duration,
+    id: u32,
+    beat: Arc<Beat>,
+) {
+    while !beat.stop.load(Ordering::Relaxed) {
+        let request = HeartbeatRequest {
+            role: Role::Worker as i32,
+            id,
+            step: beat.step.load(Ordering::Relaxed),
+        };
+        if let Ok(Ok(reply)) = tokio::time::timeout(every * 4, client.heartbeat(request)).await {
+            if reply.get_ref().rejoin {
+                beat.rejoin.store(true, Ordering::Relaxed);
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The step loop; returns worker 0's losses and accuracies.
+async fn steps(
+    config: &TrainConfig,
+    settings: &JobSettings,
+    links: &mut Links,
+    compute: &mut Compute,
+    reporter: &mut Option<Reporter>,
+    beat: &Beat,
+    step: &mut u64,
+) -> Result<(Vec<f32>, Vec<f64>), PsError> {
+    let total = compute.total_steps();
+    let per_epoch = compute.steps_per_epoch();
+    let evaluate = config.train().eval;
+    let worker_id = links.worker_id;
+    let mut weights: Vec<Tensor> = compute
+        .params()
+        .iter()
+        .map(|p| Tensor::zeros(tensor::DType::F32, &p.shape))
+        .collect();
+    let mut losses = Vec::new();
+    let mut accuracies = Vec::new();
+    // Sync: the step whose loss worker 0 reports once the servers have applied it.
+    let mut unreported: Option<(u64, f64)> = None;
+    let mut step_start = Instant::now();
+    while *step < total {
+        beat.step.store(*step, Ordering::Relaxed);
+        if beat.rejoin.swap(false, Ordering::Relaxed) {
+            *step = (*step).max(links.register(0).await?);
+            continue;
+        }
+        let s = *step;
+        let begin = links
+            .scheduler_call("BeginStep", |mut c| async move {
+                c.begin_step(BeginStepRequest { worker_id, step: s }).await
+            })
+            .await?;
+        match StepStatus::try_from(begin.status) {
+            Ok(StepStatus::Go) => {}
+            Ok(StepStatus::Wait) => continue,
+            Ok(StepStatus::Skip) => {
+                *step += 1;
+                continue;
+            }
+            Ok(StepStatus::Rejoin) => {
+                *step = (*step).max(links.register(0).await?);
+                continue;
+            }
+            _ => {
+                return Err(PsError::Protocol(format!(
+                    "BeginStep: unknown status {}",
+                    begin.status
+                )))
+            }
+        }
+        let min_version = if settings.sync { s } else { 0 };
+        let loss_before = links.pull_all(min_version, &mut weights, compute).await?;
+        if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
+            report_step(rep, compute, done, loss_before, ms, &mut losses)?;
+            if evaluate && (done + 1) % per_epoch == 0 {
+                let acc = compute.accuracy(&weights)?;
+                accuracies.push(acc);
+                rep.epoch(compute.epoch_of(done).0, done + 1, Some(acc))?;
+            }
+        }
+        let rows = compute.rows(s, begin.row_offset as usize, begin.row_count as usize)?;
+        let (loss, grads) = compute.gradient(&weights, &rows)?;
+        for srv in 0..links.servers.len() {
+            let held = links.servers[srv].held.clone();
+            let request = PushRequest {
+                worker_id,
+                step: s,
+                members: begin.members.clone(),
+                rows: begin.row_count,
+                loss,
+                replay: false,
+                seen_version: links.servers[srv].seen,
+                tensors: held
+                    .iter()
+                    .map(|&i| to_msg(&compute.params()[i].name, &grads[i]))
+                    .collect(),
+            };
+            if settings.sync {
+                links.servers[srv].history.insert(s, request.clone());
+            }
+            links.push(srv, request).await?;
+        }
+        beat.computed.fetch_add(1, Ordering::Relaxed);
+        let ms = step_start.elapsed().as_secs_f64() * 1e3;
+        step_start = Instant::now();
+        if settings.sync {
+            unreported = Some((s, ms));
+        } else if let Some(rep) = reporter.as_mut() {
+            report_step(rep, compute, s, loss, ms, &mut losses)?;
+            if evaluate && (s + 1) % per_epoch == 0 && s + 1 < total {
+                links.pull_all(0, &mut weights, compute).await?;
+                let acc = compute.accuracy(&weights)?;
+                accuracies.push(acc);
+                rep.epoch(compute.epoch_of(s).0, s + 1, Some(acc))?;
+            }
+        }
+        *step += 1;
+    }
+    // Sync: every worker waits for the last step to be applied (replaying if a server
+    // restarted meanwhile); worker 0 reports it.
+    if settings.sync {
+        let loss = links.pull_all(total, &mut weights, compute).await?;
+        if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
+            report_step(rep, compute, done, loss, ms, &mut losses)?;
+        }
+    }
+    links
+        .scheduler_call("WorkerDone", |mut c| async move {
+            c.worker_done(WorkerDoneRequest { worker_id }).await
+        })
+        .await?;
+    if let Some(rep) = reporter.as_mut() {
+        if !settings.sync {
+            // Async: the final weights are there once every worker has pushed its last step.
+            loop {
+                let status = links
+                    .scheduler_call("JobStatus", |mut c| async move {
+                        c.job_status(JobStatusRequest { wait_ms: 500 }).await
+                    })
+                    .await?;
+                if status.all_workers_done {
+                    break;
+                }
+            }
+            links.pull_all(0, &mut weights, compute).await?;
+        }
+        let last = total.saturating_sub(1);
+        if evaluate && total > 0 {
+            let acc = compute.accuracy(&weights)?;
+            accuracies.push(acc);
+            rep.epoch(compute.epoch_of(last).0, total, Some(acc))?;
+        }
+        links
+            .scheduler_call(
+                "Finish",
+                |mut c| async move { c.finish(FinishRequest {}).await },
+            )
+            .await?;
+    }
+    Ok((losses, accuracies))
+}
+
+fn report_step(
+    rep: &mut Reporter,
+    compute: &Compute,
+    step: u64,
+    loss: f32,
+    ms: f64,
+    losses: &mut Vec<f32>,
+) -> Result<(), PsError> {
+    losses.push(loss);
+    rep.step(compute, step, loss, ms)
+}

@@ -1,0 +1,179 @@
+//! Failures with real processes (`tessera-ps-role`): a worker killed mid-run, a server killed
+//! and restarted from its snapshot.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::util::{final_accuracy, loss_lines, ps_text, scheduler_addr, sigkill, RoleProcess};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Starts every role of a job for the config file `config`.
+fn start_job(config: &Path, servers: usize, workers: usize) -> (Vec<RoleProcess>, String) {
+    let addr = scheduler_addr();
+    let job = (0..1 + servers + workers)
+        .map(|rank| {
+            RoleProcess::start(config, &ps::launch::role_env(rank, servers, workers, &addr))
+        })
+        .collect();
+    (job, addr)
+}
+
+fn write_config(dir: &Path, ps: &str, train: &str) -> std::path::PathBuf {
+    let path = dir.join("ps.toml");
+    std::fs::write(&path, ps_text(&dir.join("out"), ps, train)).unwrap();
+    path
+}
+
+#[test]
+fn a_killed_worker_leaves_the_job_to_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "servers = 1\nworkers = 3\nheartbeat_ms = 100\ndead_after_ms = 1500",
+        "epochs = 5\nlearning_rate = 0.05\neval = true",
+    );
+    let (mut job, _) = start_job(&config, 1, 3);
+    // Rank 0 scheduler, 1 server, 2..4 workers 0..2.
+    assert!(
+        job[2].wait_for_line("epoch: 1 step: 20,", LIMIT),
+        "worker 0 reached step 20:\n{}",
+        job[2].output()
+    );
+    sigkill(&job[4].child);
+    let _ = job[4].finish(LIMIT);
+    let ok: Vec<bool> = job.iter_mut().take(4).map(|p| p.finish(LIMIT)).collect();
+    assert_eq!(
+        ok,
+        vec![true; 4],
+        "scheduler:\n{}\nworker 0:\n{}",
+        job[0].output(),
+        job[2].output()
+    );
+    assert!(
+        job[0].output().contains("worker 2 declared dead"),
+        "{}",
+        job[0].output()
+    );
+    let out = job[2].output();
+    assert!(out.contains("trained 230 steps"), "{out}");
+    let accuracy = final_accuracy(&out).expect("an accuracy line");
+    eprintln!("after a killed worker: {accuracy} %");
+    assert!(accuracy >= 90.0, "accuracy {accuracy} %");
+}
+
+#[test]
+fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 40;
+    let config = write_config(
+        dir.path(),
+        "servers = 2\nworkers = 2\ncheckpoint_every = 5\nheartbeat_ms = 100\ndead_after_ms = 1500",
+        &format!("epochs = 1\nmax_steps = {steps}\neval = false"),
+    );
+    let (mut job, addr) = start_job(&config, 2, 2);
+    // Rank 0 scheduler, 1..2 servers 0..1, 3..4 workers 0..1.
+    assert!(
+        job[3].wait_for_line("epoch: 1 step: 12,", LIMIT),
+        "worker 0 reached step 12:\n{}",
+        job[3].output()
+    );
+    sigkill(&job[2].child);
+    let _ = job[2].finish(LIMIT);
+    let mut env = ps::launch::role_env(2, 2, 2, &addr);
+    for (k, v) in env.iter_mut() {
+        if k == "TESSERA_RESTART_COUNT" {
+            *v = "1".to_string();
+        }
+    }
+    let mut restarted = RoleProcess::start(&config, &env);
+    let ok: Vec<bool> = [0, 1, 3, 4].iter().map(|&i| job[i].finish(LIMIT)).collect();
+    assert!(
+        restarted.finish(LIMIT),
+        "restarted server:\n{}\nscheduler:\n{}\nworker 0:\n{}\nworker 1:\n{}",
+        restarted.output(),
+        job[0].output(),
+        job[3].output(),
+        job[4].output()
+    );
+    assert_eq!(ok, vec![true; 4], "worker 0:\n{}", job[3].output());
+    let server = restarted.output();
+    assert!(
+        server.contains("restarted from the snapshot at version"),
+        "{server}"
+    );
+    let recovered = server
+        .lines()
+        .find(|l| l.contains("recovered:"))
+        .unwrap_or_else(|| panic!("no recovery line:\n{server}"));
+    eprintln!("{recovered}");
+    assert!(recovered.contains("lost 0 step(s)"), "{recovered}");
+    let replayed: u64 = recovered
+        .split("replayed ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a replayed count");
+    assert!(replayed >= 1, "{recovered}");
+    // Snapshot plus replay lose nothing: the losses are an uninterrupted run's.
+    let losses = loss_lines(&job[3].output());
+    assert_eq!(losses.len(), steps);
+    let reference = crate::util::run_in_process(
+        &crate::util::ps_config(
+            &dir.path().join("reference"),
+            "servers = 2\nworkers = 2",
+            &format!("epochs = 1\nmax_steps = {steps}\neval = false\nper_print_times = 0"),
+        ),
+        2,
+        2,
+    );
+    for (i, (a, b)) in losses.iter().zip(&reference.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5,
+            "step {}: {a} vs uninterrupted {b}",
+            i + 1
+        );
+    }
+}
+
+#[test]
+fn a_worker_joining_mid_run_takes_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "servers = 1\nworkers = 2\nheartbeat_ms = 100\ndead_after_ms = 1500",
+        "epochs = 3\neval = true",
+    );
+    let (mut job, addr) = start_job(&config, 1, 2);
+    // Rank 0 scheduler, 1 server, 2..3 workers 0..1.
+    assert!(
+        job[2].wait_for_line("epoch: 1 step: 10,", LIMIT),
+        "worker 0 reached step 10:\n{}",
+        job[2].output()
+    );
+    // A third worker: the launcher's counts stay 2; it registers and gets rows.
+    let mut env = ps::launch::role_env(3, 1, 2, &addr);
+    for (k, v) in env.iter_mut() {
+        if k == "TESSERA_WORKER_ID" {
+            *v = "2".to_string();
+        }
+    }
+    let mut joiner = RoleProcess::start(&config, &env);
+    let ok: Vec<bool> = job.iter_mut().map(|p| p.finish(LIMIT)).collect();
+    assert!(joiner.finish(LIMIT), "joiner:\n{}", joiner.output());
+    assert_eq!(ok, vec![true; 4], "scheduler:\n{}", job[0].output());
+    let ran: u64 = joiner
+        .output()
+        .lines()
+        .find_map(|l| l.strip_prefix("[ps worker 2] ran "))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the joiner's step count");
+    assert!(ran >= 1, "{}", joiner.output());
+    assert!(job[0].output().contains("worker 2 registered"));
+    assert!(
+        job[2].output().contains("trained 138 steps"),
+        "{}",
+        job[2].output()
+    );
+}
