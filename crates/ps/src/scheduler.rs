@@ -41,6 +41,10 @@ struct State {
     expected_workers: usize,
     /// Workers that ever registered.
     registered: BTreeSet<u32>,
+    /// By worker, the first step its current incarnation takes part in: a worker restarted
+    /// before it was declared dead is not a member of the steps its old incarnation left
+    /// unfinished.
+    joined_from: BTreeMap<u32, u64>,
     /// When the scheduler started, and how long step 0 waits for the expected workers.
     started: Instant,
     startup_grace: Duration,
@@ -124,6 +128,7 @@ impl SchedulerService {
                 had_workers: false,
                 expected_workers: settings.workers,
                 registered: BTreeSet::new(),
+                joined_from: BTreeMap::new(),
                 started: Instant::now(),
                 startup_grace: settings.retry.timeout * (settings.retry.retries + 1),
                 servers_told: BTreeSet::new(),
@@ -241,7 +246,9 @@ impl Scheduler for SchedulerService {
             s.done.remove(&r.worker_id);
             s.worker_live.register(r.worker_id, Instant::now());
             // A worker joining a running job takes part from the first step not yet begun.
-            s.assignments.keys().next_back().map_or(0, |&last| last + 1)
+            let start = s.assignments.keys().next_back().map_or(0, |&last| last + 1);
+            s.joined_from.insert(r.worker_id, start);
+            start
         };
         eprintln!(
             "[ps scheduler] worker {} registered (restart {}), from step {start_step}",
@@ -363,6 +370,7 @@ impl Scheduler for SchedulerService {
                     .iter()
                     .copied()
                     .filter(|&w| s.worker_live.is_alive(w))
+                    .filter(|w| s.joined_from.get(w).is_none_or(|&from| from <= step))
                     .collect(),
                 known: true,
             },
