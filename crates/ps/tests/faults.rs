@@ -136,8 +136,9 @@ fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
     }
 }
 
-#[test]
-fn a_worker_joining_mid_run_takes_part() {
+/// Runs a 1-server, 2-worker job and starts a worker of each of `joiners` (new ids) once
+/// worker 0 has run 10 steps; returns the steps each joiner ran and worker 0's output.
+fn run_with_joiners(joiners: &[usize]) -> (Vec<u64>, String) {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
@@ -151,29 +152,50 @@ fn a_worker_joining_mid_run_takes_part() {
         "worker 0 reached step 10:\n{}",
         job[2].output()
     );
-    // A third worker: the launcher's counts stay 2; it registers and gets rows.
-    let mut env = ps::launch::role_env(3, 1, 2, &addr);
-    for (k, v) in env.iter_mut() {
-        if k == "TESSERA_WORKER_ID" {
-            *v = "2".to_string();
-        }
-    }
-    let mut joiner = RoleProcess::start(&config, &env);
+    // More workers: the launcher's counts stay 2; each registers and gets rows.
+    let mut started: Vec<RoleProcess> = joiners
+        .iter()
+        .map(|&id| {
+            let mut env = ps::launch::role_env(3, 1, 2, &addr);
+            for (k, v) in env.iter_mut() {
+                if k == "TESSERA_WORKER_ID" {
+                    *v = id.to_string();
+                }
+            }
+            RoleProcess::start(&config, &env)
+        })
+        .collect();
     let ok: Vec<bool> = job.iter_mut().map(|p| p.finish(LIMIT)).collect();
-    assert!(joiner.finish(LIMIT), "joiner:\n{}", joiner.output());
     assert_eq!(ok, vec![true; 4], "scheduler:\n{}", job[0].output());
-    let ran: u64 = joiner
-        .output()
-        .lines()
-        .find_map(|l| l.strip_prefix("[ps worker 2] ran "))
-        .and_then(|t| t.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("the joiner's step count");
-    assert!(ran >= 1, "{}", joiner.output());
-    assert!(job[0].output().contains("worker 2 registered"));
-    assert!(
-        job[2].output().contains("trained 138 steps"),
-        "{}",
-        job[2].output()
-    );
+    let mut ran = Vec::new();
+    for (joiner, &id) in started.iter_mut().zip(joiners) {
+        assert!(joiner.finish(LIMIT), "joiner:\n{}", joiner.output());
+        let prefix = format!("[ps worker {id}] ran ");
+        let steps = joiner
+            .output()
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+            .and_then(|t| t.split(' ').next().and_then(|n| n.parse().ok()))
+            .expect("the joiner's step count");
+        assert!(job[0].output().contains(&format!("worker {id} registered")));
+        ran.push(steps);
+    }
+    (ran, job[2].output())
+}
+
+#[test]
+fn a_worker_joining_mid_run_takes_part() {
+    let (ran, worker0) = run_with_joiners(&[2]);
+    assert!(ran[0] >= 1, "{ran:?}");
+    assert!(worker0.contains("trained 138 steps"), "{worker0}");
+}
+
+/// Scale-out from 2 to 4 workers mid-run: both new workers take part, and the job keeps the
+/// seed run's accuracy.
+#[test]
+fn scaling_out_from_two_to_four_workers_mid_run() {
+    let (ran, worker0) = run_with_joiners(&[2, 3]);
+    assert!(ran.iter().all(|&n| n >= 1), "{ran:?}");
+    let accuracy = final_accuracy(&worker0).expect("an accuracy line");
+    assert!(accuracy >= 90.0, "{accuracy}\n{worker0}");
 }
