@@ -129,6 +129,16 @@ pub struct StoredTensor {
 }
 
 impl StoredTensor {
+    /// Its name, type, shape and size as an output tensor's description.
+    pub fn meta(&self) -> TensorMeta {
+        TensorMeta {
+            name: self.name.clone(),
+            ty: self.ty.clone(),
+            shape: self.shape.clone(),
+            n_bytes: self.n_bytes,
+        }
+    }
+
     /// The dtype, if Tessera can slice this tensor.
     pub fn dtype(&self) -> Option<DType> {
         self.ty.dtype()

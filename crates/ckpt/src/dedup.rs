@@ -9,10 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use crate::ckpt_file::TensorMeta;
 use crate::error::{CkptError, Result};
 use crate::execute::{write_items, WriteOptions, DEFAULT_CHUNK_BYTES};
-use crate::plan::{ItemSource, OutItem};
+use crate::plan::OutItem;
 use crate::progress::Progress;
 use crate::set::{SetWriter, SET_ID_KEY};
 use crate::sources::SourceSet;
@@ -143,18 +142,7 @@ pub fn dedup_checkpoints(
             if in_strategy && !owned.is_some_and(|o| o.contains(&t.name)) {
                 continue;
             }
-            items.push(OutItem {
-                meta: TensorMeta {
-                    name: t.name.clone(),
-                    ty: t.ty.clone(),
-                    shape: t.shape.clone(),
-                    n_bytes: t.n_bytes,
-                },
-                source: ItemSource::Stored {
-                    file: file.clone(),
-                    region: None,
-                },
-            });
+            items.push(OutItem::whole(&file, t));
         }
         for name in owned.into_iter().flatten() {
             if file.tensor(name).is_none() && stored.contains(name) {

@@ -11,7 +11,7 @@ use crate::ckpt_file::{CheckpointFile, Format, StoredTensor};
 use crate::error::{io_err, CkptError, Result};
 use crate::execute::{fill_chunk, write_items, WriteOptions, DEFAULT_CHUNK_BYTES};
 use crate::group_info::GroupInfo;
-use crate::plan::{plan_gathers, ItemSource, OutItem};
+use crate::plan::{plan_gathers, OutItem};
 use crate::progress::Progress;
 use crate::sources::SourceSet;
 use crate::strategy::{ResolvedParam, Strategy};
@@ -82,18 +82,7 @@ pub fn write_segmented(
     })?;
     let items: Vec<OutItem<'_>> = entries
         .iter()
-        .map(|e| OutItem {
-            meta: crate::ckpt_file::TensorMeta {
-                name: e.tensor.name.clone(),
-                ty: e.tensor.ty.clone(),
-                shape: e.tensor.shape.clone(),
-                n_bytes: e.tensor.n_bytes,
-            },
-            source: ItemSource::Stored {
-                file: e.file.clone(),
-                region: None,
-            },
-        })
+        .map(|e| OutItem::whole(&e.file, &e.tensor))
         .collect();
     let dir = dest.parent().unwrap_or(Path::new("."));
     let sources = SourceSet::empty(dir);

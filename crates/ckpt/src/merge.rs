@@ -12,7 +12,7 @@ use crate::ckpt_file::Format;
 use crate::error::{CkptError, Result};
 use crate::execute::{data_bytes, write_items, WriteOptions, DEFAULT_CHUNK_BYTES};
 use crate::json::Json;
-use crate::plan::{plan_gathers, ItemSource, OutItem};
+use crate::plan::{plan_gathers, OutItem};
 use crate::progress::{NoProgress, Progress};
 use crate::set::SetWriter;
 use crate::sources::{SourceSet, HYPER_PARAM_FILE, PARAM_NAME_MAP};
@@ -235,18 +235,7 @@ pub fn unified_safetensors(
         if let Some(file) = sources.extras_file(0)? {
             for t in file.tensors() {
                 if strategy.param(&t.name).is_none() {
-                    hyper_items.push(OutItem {
-                        meta: crate::ckpt_file::TensorMeta {
-                            name: t.name.clone(),
-                            ty: t.ty.clone(),
-                            shape: t.shape.clone(),
-                            n_bytes: t.n_bytes,
-                        },
-                        source: ItemSource::Stored {
-                            file: file.clone(),
-                            region: None,
-                        },
-                    });
+                    hyper_items.push(OutItem::whole(&file, t));
                 }
             }
         }

@@ -41,6 +41,22 @@ pub(crate) struct OutItem<'a> {
     pub source: ItemSource<'a>,
 }
 
+impl<'a> OutItem<'a> {
+    /// Tensor `tensor` of `file`, copied whole and byte for byte.
+    pub(crate) fn whole(
+        file: &Rc<CheckpointFile>,
+        tensor: &crate::ckpt_file::StoredTensor,
+    ) -> OutItem<'a> {
+        OutItem {
+            meta: tensor.meta(),
+            source: ItemSource::Stored {
+                file: file.clone(),
+                region: None,
+            },
+        }
+    }
+}
+
 /// The plan of one output file.
 #[derive(Debug, Clone)]
 pub(crate) struct RankPlan<'a> {
@@ -97,12 +113,7 @@ pub(crate) fn plan_rank<'a>(
                 };
                 let meta = match &region {
                     Some(b) => TensorMeta::new(&t.name, t.ty.clone(), b.shape.clone()),
-                    None => TensorMeta {
-                        name: t.name.clone(),
-                        ty: t.ty.clone(),
-                        shape: t.shape.clone(),
-                        n_bytes: t.n_bytes,
-                    },
+                    None => t.meta(),
                 };
                 plan.items.push(OutItem {
                     meta,

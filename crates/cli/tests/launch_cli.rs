@@ -7,10 +7,9 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::util::{assert_ok, s, tessera_command, tessera_path, Scratch};
+use crate::util::{assert_ok, s, tessera_command, tessera_path, wait_or_kill, Scratch};
 
 /// Longest a launch may take before the test calls it hung; the sleepers below sleep 600 s.
 const HANG_GUARD: Duration = Duration::from_secs(120);
@@ -30,19 +29,8 @@ fn launch_command(cwd: &Path, args: &[&str]) -> Command {
 
 /// Waits for a started launcher's output; kills it and fails the test if it hangs.
 fn finish(child: Child) -> Output {
-    let pid = child.id() as libc::pid_t;
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    match receiver.recv_timeout(HANG_GUARD) {
-        Ok(output) => output.expect("waiting for tessera launch"),
-        Err(_) => {
-            // SAFETY: kill(2) on the launcher this test started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("tessera launch did not end within {HANG_GUARD:?}");
-        }
-    }
+    wait_or_kill(child, HANG_GUARD)
+        .unwrap_or_else(|| panic!("tessera launch did not end within {HANG_GUARD:?}"))
 }
 
 /// Runs `tessera launch --log-dir <dir>/logs ARGS -- sh -c SCRIPT` to its end.

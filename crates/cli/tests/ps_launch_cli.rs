@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{repo_root, s, tessera_command, Scratch};
+use crate::util::{repo_root, s, tessera_command, wait_or_kill, Scratch};
 
 /// Longest the job may take before the test calls it hung (a guard, not a timing check).
 const HANG_GUARD: Duration = Duration::from_secs(180);
@@ -107,23 +107,13 @@ fn find_process(addr: &str, role: &str, id_var: &str, id: usize) -> Option<i32> 
 
 /// Waits for the launcher to end; kills it and fails the test if it hangs.
 fn finish(child: Child, dir: &Path) -> std::process::Output {
-    let pid = child.id() as libc::pid_t;
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    match receiver.recv_timeout(HANG_GUARD) {
-        Ok(out) => out.expect("waiting for tessera launch"),
-        Err(_) => {
-            // SAFETY: kill(2) on the launcher this test started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            panic!(
-                "the job did not end within {HANG_GUARD:?}\nscheduler:\n{}\nworker 0:\n{}",
-                log(dir, "scheduler", 0),
-                log(dir, "worker", 0)
-            );
-        }
-    }
+    wait_or_kill(child, HANG_GUARD).unwrap_or_else(|| {
+        panic!(
+            "the job did not end within {HANG_GUARD:?}\nscheduler:\n{}\nworker 0:\n{}",
+            log(dir, "scheduler", 0),
+            log(dir, "worker", 0)
+        )
+    })
 }
 
 /// SIGKILLs `role` `id` of the job once worker 0 has logged step 20, and returns the job's

@@ -1,7 +1,8 @@
 //! Helpers shared by the command-line tests.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
+use std::time::Duration;
 
 /// The path of the `tessera` binary built for these tests.
 pub fn tessera_path() -> &'static str {
@@ -71,4 +72,22 @@ pub fn step_losses(log: &Path) -> Vec<f64> {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("one JSON object per line"))
         .filter_map(|v| v.get("loss").and_then(|x| x.as_f64()))
         .collect()
+}
+
+/// Waits for `child`'s output; `None` if it has not ended within `guard` (it is then killed).
+/// The guard catches a hang, far above a run's real length; it is not a timing check.
+pub fn wait_or_kill(child: Child, guard: Duration) -> Option<Output> {
+    let pid = child.id() as libc::pid_t;
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(guard) {
+        Ok(output) => Some(output.expect("waiting for the process")),
+        Err(_) => {
+            // SAFETY: kill(2) on the process the test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            None
+        }
+    }
 }

@@ -172,7 +172,42 @@ const NOTICE_WAIT: Duration = Duration::from_secs(2);
 /// The longest error message a failure notice carries (longer ones are cut).
 const MAX_NOTICE_BYTES: usize = 2048;
 
+/// The error for a wait at `site` that ended without completion (`waiting_for`: the peer
+/// waited for, when known).
+fn wait_error(
+    err: raw::WaitError,
+    site: Site,
+    timeout: Duration,
+    waiting_for: Vec<usize>,
+) -> CommError {
+    match err {
+        raw::WaitError::Mpi(code, message) => CommError::Mpi {
+            site,
+            code,
+            message,
+        },
+        raw::WaitError::Timeout => CommError::Timeout {
+            site,
+            timeout,
+            waiting_for,
+        },
+        raw::WaitError::PeerFailed(peer, cause) => CommError::PeerFailed { site, peer, cause },
+        raw::WaitError::Mismatch { peer, reason } => CommError::Mismatch { site, peer, reason },
+    }
+}
+
 impl Runtime {
+    /// Poisons the process's MPI state with `err` (unless it is an argument error): no more
+    /// MPI calls, no `MPI_Finalize`.
+    fn fail(&self, err: CommError) -> CommError {
+        if err.poisons() {
+            let mut poisoned = self.poisoned.lock().unwrap_or_else(|e| e.into_inner());
+            poisoned.get_or_insert_with(|| err.to_string());
+            self.is_poisoned.store(true, Ordering::Release);
+        }
+        err
+    }
+
     /// Whether this thread may call MPI.
     fn on_owner_thread(&self) -> bool {
         match self.owner {
@@ -500,17 +535,7 @@ impl Call<'_> {
 
     /// Poisons the process's MPI state with `err` (unless it is an argument error).
     fn fail(&self, err: CommError) -> CommError {
-        if err.poisons() {
-            let mut poisoned = self
-                .comm
-                .runtime
-                .poisoned
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            poisoned.get_or_insert_with(|| err.to_string());
-            self.comm.runtime.is_poisoned.store(true, Ordering::Release);
-        }
-        err
+        self.comm.runtime.fail(err)
     }
 
     fn check<T>(&self, rc: Result<T, (i32, String)>) -> Result<T, CommError> {
@@ -550,28 +575,7 @@ impl Call<'_> {
     /// The error for a wait that ended without completion (`waiting_for`: the peer waited
     /// for, when known), poisoning the process.
     fn wait_error(&self, err: raw::WaitError, waiting_for: Vec<usize>) -> CommError {
-        self.fail(match err {
-            raw::WaitError::Mpi(code, message) => CommError::Mpi {
-                site: self.site(),
-                code,
-                message,
-            },
-            raw::WaitError::Timeout => CommError::Timeout {
-                site: self.site(),
-                timeout: self.comm.timeout,
-                waiting_for,
-            },
-            raw::WaitError::PeerFailed(peer, cause) => CommError::PeerFailed {
-                site: self.site(),
-                peer,
-                cause,
-            },
-            raw::WaitError::Mismatch { peer, reason } => CommError::Mismatch {
-                site: self.site(),
-                peer,
-                reason,
-            },
-        })
+        self.fail(wait_error(err, self.site(), self.comm.timeout, waiting_for))
     }
 
     /// Polls `request` to completion, watching for failure notices and the deadline. On

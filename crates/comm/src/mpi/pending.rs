@@ -3,7 +3,6 @@
 //! `MPI_Test`), finished by `wait` within the communicator's deadline, watching for failure
 //! notices as every polled call does.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,38 +41,8 @@ unsafe impl Send for MpiAllReduce {}
 
 impl MpiAllReduce {
     fn error(&self, err: WaitError) -> CommError {
-        let err = match err {
-            WaitError::Mpi(code, message) => CommError::Mpi {
-                site: self.site.clone(),
-                code,
-                message,
-            },
-            WaitError::Timeout => CommError::Timeout {
-                site: self.site.clone(),
-                timeout: self.timeout,
-                waiting_for: Vec::new(),
-            },
-            WaitError::PeerFailed(peer, cause) => CommError::PeerFailed {
-                site: self.site.clone(),
-                peer,
-                cause,
-            },
-            WaitError::Mismatch { peer, reason } => CommError::Mismatch {
-                site: self.site.clone(),
-                peer,
-                reason,
-            },
-        };
-        if err.poisons() {
-            let mut poisoned = self
-                .runtime
-                .poisoned
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            poisoned.get_or_insert_with(|| err.to_string());
-            self.runtime.is_poisoned.store(true, Ordering::Release);
-        }
-        err
+        let err = super::wait_error(err, self.site.clone(), self.timeout, Vec::new());
+        self.runtime.fail(err)
     }
 }
 
