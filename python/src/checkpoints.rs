@@ -174,7 +174,7 @@ fn convert_checkpoint_files<'py>(
     py: Python<'py>,
     rank: usize,
     files: BTreeMap<usize, PathBuf>,
-    src_strategy: PathBuf,
+    src_strategy: Option<PathBuf>,
     dst_file: PathBuf,
     dst_strategy: Option<PathBuf>,
     force: bool,
@@ -191,7 +191,7 @@ fn convert_checkpoint_files<'py>(
             ckpt::convert_checkpoint_files(
                 rank,
                 &files,
-                &src_strategy,
+                src_strategy.as_deref(),
                 &dst_file,
                 dst_strategy.as_deref(),
                 &opts,
@@ -320,13 +320,15 @@ fn unified_safetensors<'py>(
 /// tensor_map, param_split_shape, field_size, opt_shard_step, opt_shard_size.
 type LayoutEntry = (String, Vec<i64>, Vec<i64>, Vec<i64>, i64, i64, i64);
 
-/// The target strategy: the file `strategy`, or the layout dict `layouts`.
+/// The target strategy: the file `strategy`, the layout dict `layouts`, or neither (every
+/// tensor whole on rank 0: MindSpore's `predict_strategy=None`).
 fn target_strategy(
     strategy: Option<PathBuf>,
     layouts: Option<Vec<LayoutEntry>>,
-) -> PyResult<Strategy> {
+) -> PyResult<Option<Strategy>> {
     match (strategy, layouts) {
-        (Some(path), None) => Strategy::load(&path).map_err(ckpt_err),
+        (None, None) => Ok(None),
+        (Some(path), None) => Strategy::load(&path).map(Some).map_err(ckpt_err),
         (None, Some(entries)) => {
             let items: Vec<(String, ckpt::LayoutList)> = entries
                 .into_iter()
@@ -346,10 +348,12 @@ fn target_strategy(
                     },
                 )
                 .collect();
-            Strategy::from_layout_lists(Path::new("predict_strategy"), &items).map_err(ckpt_err)
+            Strategy::from_layout_lists(Path::new("predict_strategy"), &items)
+                .map(Some)
+                .map_err(ckpt_err)
         }
-        _ => Err(pyo3::exceptions::PyValueError::new_err(
-            "give exactly one of a strategy file and a layout dict",
+        (Some(_), Some(_)) => Err(pyo3::exceptions::PyValueError::new_err(
+            "give at most one of a strategy file and a layout dict",
         )),
     }
 }
@@ -394,12 +398,13 @@ fn load_distributed_files<'py>(
             name_map: name_map.as_ref(),
             ..Default::default()
         };
-        ckpt::load_distributed_checkpoint_with(&unified_dir, &strategy, &dst_dir, &opts)
+        ckpt::load_distributed_checkpoint_with(&unified_dir, strategy.as_ref(), &dst_dir, &opts)
     })
 }
 
-/// The tensors destination `rank` holds under `dst_strategy` (a file) or `layouts` (a layout
-/// dict), from per-rank `files` saved under `src_strategy` (decrypted with `dec_key` /
+/// The tensors destination `rank` holds under `dst_strategy` (a file), `layouts` (a layout
+/// dict) or neither (whole tensors), from per-rank `files` saved under `src_strategy` (none: one
+/// unsharded file, as rank 0; decrypted with `dec_key` /
 /// `dec_mode` when a key is given), as a dict of numpy arrays.
 #[pyfunction]
 #[pyo3(signature = (files, src_strategy, dst_strategy, rank, layouts=None, dec_key=None, dec_mode="AES-GCM"))]
@@ -407,7 +412,7 @@ fn load_distributed_files<'py>(
 fn load_rank_from_files<'py>(
     py: Python<'py>,
     files: BTreeMap<usize, PathBuf>,
-    src_strategy: PathBuf,
+    src_strategy: Option<PathBuf>,
     dst_strategy: Option<PathBuf>,
     rank: usize,
     layouts: Option<Vec<LayoutEntry>>,
@@ -417,7 +422,15 @@ fn load_rank_from_files<'py>(
     let dst = target_strategy(dst_strategy, layouts)?;
     let dec = decryption(dec_key, dec_mode)?;
     let tensors = py
-        .detach(|| ckpt::load_rank_from_files_with(&files, &src_strategy, &dst, rank, dec.as_ref()))
+        .detach(|| {
+            ckpt::load_rank_from_files_with(
+                &files,
+                src_strategy.as_deref(),
+                dst.as_ref(),
+                rank,
+                dec.as_ref(),
+            )
+        })
         .map_err(ckpt_err)?;
     arrays::to_dict(py, &tensors)
 }
@@ -435,7 +448,7 @@ fn load_rank_from_unified<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let strategy = target_strategy(strategy, layouts)?;
     let tensors = py
-        .detach(|| ckpt::load_rank_from_unified_with(&unified_dir, &strategy, rank))
+        .detach(|| ckpt::load_rank_from_unified_with(&unified_dir, strategy.as_ref(), rank))
         .map_err(ckpt_err)?;
     arrays::to_dict(py, &tensors)
 }

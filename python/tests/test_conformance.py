@@ -218,3 +218,67 @@ def test_layout_to_dict_and_errors_match_mindspore():
             assert {k: _listify(v) for k, v in got.items()} == c["to_dict"], c["call"]
             n_ok += 1
     assert n_ok >= 9 and n_err >= 7
+
+
+def _full_file(case):
+    return str(case / "full_ckpt/rank_0/full.ckpt")
+
+
+def _assert_arrays_equal_file(got, path):
+    want, _ = read_any(path)
+    assert sorted(got) == sorted(want)
+    for name, (dtype, shape, raw) in want.items():
+        np.testing.assert_array_equal(got[name], _as_array(dtype, shape, raw), err_msg=name)
+
+
+def test_convert_checkpoint_by_rank_from_an_unsharded_source(case, tmp_path):
+    # src_strategy_file=None: the one full file slices into each destination rank, tensor for
+    # tensor what the sharded sources give.
+    for r in range(4):
+        out = tmp_path / f"rank_{r}.ckpt"
+        P.convert_checkpoint_by_rank(r, {0: _full_file(case)}, str(out), None,
+                                     _strategy(case, "B.ckpt"))
+        assert_same_file(out, case / f"expected/convert_by_rank_A_to_B/rank_{r}.ckpt",
+                         order=False)
+    # An unsharded source is one file, given as rank 0.
+    with pytest.raises(CheckpointError, match="unsharded"):
+        P.convert_checkpoint_by_rank(0, {1: _full_file(case)}, str(tmp_path / "x.ckpt"), None,
+                                     _strategy(case, "B.ckpt"))
+    with pytest.raises(ValueError, match="both None"):
+        P.convert_checkpoint_by_rank(0, {0: _full_file(case)}, str(tmp_path / "y.ckpt"))
+
+
+def test_load_distributed_checkpoint_without_predict_strategy_gives_whole_tensors(case, tmp_path):
+    # predict_strategy=None: one device predicts, so every tensor comes whole, from the sharded
+    # files, from the unified checkpoint, and written to rank_0/.
+    full = case / "expected/convert_ckpt_A_to_full/rank_0/merged_0.ckpt"
+    files = [str(case / f"src_ckpt/rank_{s}/checkpoint_{s}.ckpt") for s in range(8)]
+    _assert_arrays_equal_file(
+        P.load_distributed_checkpoint(None, files, None, _strategy(case, "A.ckpt")), full)
+    unified = str(case / "expected/unified_safetensors")
+    whole = P.load_distributed_checkpoint(None, format="safetensors",
+                                          unified_safetensors_dir=unified)
+    for name, arr in P.load_distributed_checkpoint(None, files, None,
+                                                   _strategy(case, "A.ckpt")).items():
+        if name in whole:
+            np.testing.assert_array_equal(whole[name], arr, err_msg=name)
+    P.load_distributed_checkpoint(None, format="safetensors", unified_safetensors_dir=unified,
+                                  dst_safetensors_dir=str(tmp_path / "d"))
+    assert sorted(p.name for p in (tmp_path / "d").glob("rank_*")) == ["rank_0"]
+    written, _ = read_any(tmp_path / "d/rank_0/net.safetensors")
+    assert sorted(written) == sorted(whole)
+    with pytest.raises(CheckpointError, match="rank 1"):
+        P.load_distributed_checkpoint(None, files, None, _strategy(case, "A.ckpt"), rank_id=1)
+
+
+def test_load_distributed_checkpoint_from_an_unsharded_file(case):
+    # train_strategy_filename=None: the one file is unsharded; each rank's slices under B equal
+    # those from the eight sharded files.
+    files = [str(case / f"src_ckpt/rank_{s}/checkpoint_{s}.ckpt") for s in range(8)]
+    for r in range(4):
+        from_full = P.load_distributed_checkpoint(None, [_full_file(case)],
+                                                  _strategy(case, "B.ckpt"), rank_id=r)
+        from_shards = P.load_distributed_checkpoint(None, files, _strategy(case, "B.ckpt"),
+                                                    _strategy(case, "A.ckpt"), rank_id=r)
+        for name, arr in from_shards.items():
+            np.testing.assert_array_equal(from_full[name], arr, err_msg=name)

@@ -30,7 +30,7 @@ def test_exception_classes():
     (lambda: P.convert_checkpoints(str(CASE), "/tmp/x", "c_", A, B, output_format="npz"), ValueError),
     (lambda: P.convert_checkpoints(str(CASE), "/tmp/x", "c_", A, B, process_num=0), ValueError),
     (lambda: P.convert_checkpoints(str(CASE), "/tmp/x", "c_", None, None), ValueError),
-    (lambda: P.convert_checkpoint_by_rank(0, {0: A}, "/tmp/x.ckpt", None, B), ValueError),
+    (lambda: P.convert_checkpoint_by_rank(0, {0: A}, "/tmp/x.ckpt", None, None), ValueError),
     (lambda: P.convert_checkpoint_by_rank(0, [A], "/tmp/x.ckpt", A, B), TypeError),
     (lambda: P.unified_safetensors(str(CASE), A, "/tmp/x", file_suffix=11), TypeError),
     (lambda: P.unified_safetensors(str(CASE), A, "/tmp/x", split_dst_file=(2, 1)), ValueError),

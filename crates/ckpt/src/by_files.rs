@@ -10,7 +10,7 @@ use tensor::Tensor;
 
 use crate::ckpt_file::Format;
 use crate::convert::{
-    bind_target, order_like, resolve_conversion, ConvertOptions, RankReport, ResolvedConversion,
+    order_like, resolve_conversion, unified_target, ConvertOptions, RankReport, ResolvedConversion,
 };
 use crate::crypto::Decryption;
 use crate::error::{CkptError, Result};
@@ -53,15 +53,33 @@ fn rank_files(files: &BTreeMap<usize, PathBuf>) -> Result<RankFiles> {
     })
 }
 
+/// The source files of a conversion by file: with a source strategy, any ranks; without one
+/// (an unsharded source), exactly one file, given as rank 0.
+fn source_files(
+    files: &BTreeMap<usize, PathBuf>,
+    src_strategy: Option<&Path>,
+) -> Result<RankFiles> {
+    if src_strategy.is_none() && files.keys().ne([0usize].iter()) {
+        return Err(CkptError::InvalidRequest(format!(
+            "without a source strategy the source is unsharded: give exactly one file, as rank 0 \
+             (got ranks {:?})",
+            files.keys().collect::<Vec<_>>()
+        )));
+    }
+    rank_files(files)
+}
+
 /// MindSpore's `convert_checkpoint_by_rank`: writes destination `rank`'s file to exactly
 /// `dst_file` (format from its extension), reading the source files of `files` (rank → file;
 /// only the ranks the rank needs must be present). Parameters outside the source strategy come
-/// from the file of source rank `rank % n_src`. The file is written atomically; an existing one
-/// is replaced only with `opts.force`. `opts.ranks` and `opts.prefix` are ignored.
+/// from the file of source rank `rank % n_src`. Without a source strategy the source is
+/// unsharded: one file, given as rank 0, holding every tensor whole. The file is written
+/// atomically; an existing one is replaced only with `opts.force`. `opts.ranks` and
+/// `opts.prefix` are ignored.
 pub fn convert_checkpoint_files(
     rank: usize,
     files: &BTreeMap<usize, PathBuf>,
-    src_strategy: &Path,
+    src_strategy: Option<&Path>,
     dst_file: &Path,
     dst_strategy: Option<&Path>,
     opts: &ConvertOptions<'_>,
@@ -78,9 +96,9 @@ pub fn convert_checkpoint_files(
             rule: "the output file is one of the source files; write it elsewhere".to_string(),
         });
     }
-    let files = rank_files(files)?;
+    let files = source_files(files, src_strategy)?;
     let root = files.root.clone();
-    let sources = SourceSet::of_rank_files(files);
+    let sources = SourceSet::of_rank_files(files).with_decryption(opts.decryption.cloned());
     let dst_loaded = dst_strategy.map(Strategy::load).transpose()?;
     let ResolvedConversion { src, dst, .. } = resolve_conversion(
         &sources,
@@ -127,28 +145,30 @@ pub fn load_rank_from_files(
 ) -> Result<Vec<(String, Tensor)>> {
     load_rank_from_files_with(
         files,
-        src_strategy,
-        &Strategy::load(dst_strategy)?,
+        Some(src_strategy),
+        Some(&Strategy::load(dst_strategy)?),
         rank,
         None,
     )
 }
 
 /// [`load_rank_from_files`] for a destination strategy already in memory (for instance one
-/// built from MindSpore's layout dict, [`Strategy::from_layout_lists`]), reading encrypted
-/// `.ckpt` files with `dec` (MindSpore's `dec_key` / `dec_mode`).
+/// built from MindSpore's layout dict, [`Strategy::from_layout_lists`]) or none (MindSpore's
+/// `predict_strategy=None`: every tensor whole, on rank 0), for an unsharded source (no
+/// source strategy: one file, given as rank 0), reading encrypted `.ckpt` files with `dec`
+/// (MindSpore's `dec_key` / `dec_mode`).
 pub fn load_rank_from_files_with(
     files: &BTreeMap<usize, PathBuf>,
-    src_strategy: &Path,
-    dst_strategy: &Strategy,
+    src_strategy: Option<&Path>,
+    dst_strategy: Option<&Strategy>,
     rank: usize,
     dec: Option<&Decryption>,
 ) -> Result<Vec<(String, Tensor)>> {
-    let files = rank_files(files)?;
+    let files = source_files(files, src_strategy)?;
     let root = files.root.clone();
     let sources = SourceSet::of_rank_files(files).with_decryption(dec.cloned());
     let ResolvedConversion { src, dst, .. } =
-        resolve_conversion(&sources, &root, src_strategy, Some(dst_strategy), true)?;
+        resolve_conversion(&sources, &root, src_strategy, dst_strategy, true)?;
     check_rank(&dst, rank)?;
     let extras = Extras {
         src_only_params: true,
@@ -166,18 +186,19 @@ pub fn load_rank_from_unified(
     strategy: &Path,
     rank: usize,
 ) -> Result<Vec<(String, Tensor)>> {
-    load_rank_from_unified_with(unified_dir, &Strategy::load(strategy)?, rank)
+    load_rank_from_unified_with(unified_dir, Some(&Strategy::load(strategy)?), rank)
 }
 
-/// [`load_rank_from_unified`] for a strategy already in memory.
+/// [`load_rank_from_unified`] for a strategy already in memory, or none (every tensor whole, on
+/// rank 0: MindSpore's `predict_strategy=None`).
 pub fn load_rank_from_unified_with(
     unified_dir: &Path,
-    strategy: &Strategy,
+    strategy: Option<&Strategy>,
     rank: usize,
 ) -> Result<Vec<(String, Tensor)>> {
     let sources = SourceSet::unified(unified_dir)?;
     let src = sources.unified_strategy()?;
-    let (dst, _) = bind_target(strategy, &src, &sources, "")?;
+    let (dst, _) = unified_target(&sources, &src, strategy)?;
     check_rank(&dst, rank)?;
     let extras = Extras {
         src_only_params: true,

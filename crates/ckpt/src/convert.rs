@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::ckpt_file::{CheckpointFile, Format};
+use crate::crypto::Decryption;
 use crate::error::{CkptError, Result};
 use crate::execute::{data_bytes, write_items, WriteOptions, DEFAULT_CHUNK_BYTES};
 use crate::plan::{plan_rank, Extras, OutItem, RankPlan};
@@ -42,6 +43,8 @@ pub struct ConvertOptions<'a> {
     /// Output names of renamed tensors (name in the source → name written): MindSpore's
     /// `name_map` of `load_distributed_checkpoint`. Strategies and sources use the source names.
     pub name_map: Option<&'a BTreeMap<String, String>>,
+    /// How to read encrypted `.ckpt` sources (MindSpore's `dec_key` / `dec_mode`).
+    pub decryption: Option<&'a Decryption>,
 }
 
 impl Default for ConvertOptions<'_> {
@@ -56,6 +59,7 @@ impl Default for ConvertOptions<'_> {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             progress: &NoProgress,
             name_map: None,
+            decryption: None,
         }
     }
 }
@@ -132,7 +136,18 @@ pub fn convert_checkpoints(
     dst_strategy: Option<&Path>,
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
-    let sources = SourceSet::rank_dirs(src_dir)?;
+    convert_from(src_dir, Some(src_strategy), dst_dir, dst_strategy, opts)
+}
+
+/// [`convert_checkpoints`] from a sharded (`Some` strategy) or unsharded (`None`) source.
+fn convert_from(
+    src_dir: &Path,
+    src_strategy: Option<&Path>,
+    dst_dir: &Path,
+    dst_strategy: Option<&Path>,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
+    let sources = SourceSet::rank_dirs(src_dir)?.with_decryption(opts.decryption.cloned());
     let dst_strategy = dst_strategy.map(Strategy::load).transpose()?;
     let ResolvedConversion {
         src: src_res,
@@ -165,38 +180,21 @@ pub(crate) struct ResolvedConversion {
 }
 
 /// Resolves both strategies of a conversion reading `sources` (found under `src_dir`): the
-/// source against the files, the destination against the source (`None`: everything merged
-/// into rank 0). Returns them with the parameters left out and why. A source strategy listing
-/// parameters no file holds is an error unless `allow_missing`.
+/// source against the files (`None`: an unsharded source, source rank 0's file holding every
+/// tensor whole), the destination against the source (`None`: everything merged into rank 0).
+/// Returns them with the parameters left out and why. A source strategy listing parameters no
+/// file holds is an error unless `allow_missing`.
 pub(crate) fn resolve_conversion(
     sources: &SourceSet,
     src_dir: &Path,
-    src_strategy: &Path,
+    src_strategy: Option<&Path>,
     dst_strategy: Option<&Strategy>,
     allow_missing: bool,
 ) -> Result<ResolvedConversion> {
-    let src = Strategy::load(src_strategy)?;
-    let (src_res, src_unknown) = sources.resolve_source(&src)?;
-    if let (false, Some(name)) = (allow_missing, src_unknown.first()) {
-        return Err(CkptError::TensorMissing {
-            path: src_dir.to_path_buf(),
-            tensor: name.clone(),
-            rule: format!(
-                "{} lists it (and {} more parameters no rank file holds); the checkpoint is incomplete (pass --allow-missing to convert without them)",
-                src_strategy.display(),
-                src_unknown.len() - 1
-            ),
-        });
-    }
-    let mut skipped: Vec<(String, String)> = src_unknown
-        .into_iter()
-        .map(|n| {
-            (
-                n,
-                "in the source strategy but in no source file".to_string(),
-            )
-        })
-        .collect();
+    let (src_res, mut skipped) = match src_strategy {
+        Some(path) => resolve_source(sources, src_dir, path, allow_missing)?,
+        None => (unsharded_source(sources, src_dir)?, Vec::new()),
+    };
     let dst_res = match dst_strategy {
         Some(dst) => {
             let (res, unknown) = bind_target(
@@ -217,16 +215,41 @@ pub(crate) fn resolve_conversion(
     })
 }
 
-/// MindSpore's `convert_checkpoints` with `src_strategy_file=None`: the checkpoint in
-/// `src_dir/rank_0/` holds every tensor whole (an unsharded checkpoint); each is sliced for
-/// `dst_strategy`, and tensors the strategy lacks are copied whole to every rank.
-pub fn convert_unsharded(
+/// The source strategy in `src_strategy` bound to the files of `sources`, with the parameters
+/// it lists that no file holds (an error unless `allow_missing`).
+fn resolve_source(
+    sources: &SourceSet,
     src_dir: &Path,
-    dst_dir: &Path,
-    dst_strategy: &Path,
-    opts: &ConvertOptions<'_>,
-) -> Result<ConvertReport> {
-    let sources = SourceSet::rank_dirs(src_dir)?;
+    src_strategy: &Path,
+    allow_missing: bool,
+) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
+    let src = Strategy::load(src_strategy)?;
+    let (src_res, src_unknown) = sources.resolve_source(&src)?;
+    if let (false, Some(name)) = (allow_missing, src_unknown.first()) {
+        return Err(CkptError::TensorMissing {
+            path: src_dir.to_path_buf(),
+            tensor: name.clone(),
+            rule: format!(
+                "{} lists it (and {} more parameters no rank file holds); the checkpoint is incomplete (pass --allow-missing to convert without them)",
+                src_strategy.display(),
+                src_unknown.len() - 1
+            ),
+        });
+    }
+    let skipped = src_unknown
+        .into_iter()
+        .map(|n| {
+            (
+                n,
+                "in the source strategy but in no source file".to_string(),
+            )
+        })
+        .collect();
+    Ok((src_res, skipped))
+}
+
+/// An unsharded source: source rank 0's file holds every tensor whole, on one rank.
+fn unsharded_source(sources: &SourceSet, src_dir: &Path) -> Result<ResolvedStrategy> {
     let file = sources.rank_file(0)?.ok_or(CkptError::MissingRank {
         path: src_dir.to_path_buf(),
         rank: 0,
@@ -239,20 +262,19 @@ pub fn convert_unsharded(
                 .map(|d| (t.name.clone(), t.shape.clone(), Some(d)))
         })
         .collect();
-    let src_res = ResolvedStrategy::single_rank(&params)?;
-    let (dst_res, skipped) = load_target(
-        dst_strategy,
-        &src_res,
-        &sources,
-        "in the destination strategy but not in the source checkpoint",
-    )?;
-    let extras = |_| Extras {
-        src_only_params: true,
-        home_rank: Some(0),
-    };
-    write_rank_dirs(
-        &sources, &src_res, &dst_res, extras, src_dir, dst_dir, opts, skipped,
-    )
+    ResolvedStrategy::single_rank(&params)
+}
+
+/// MindSpore's `convert_checkpoints` with `src_strategy_file=None`: the checkpoint in
+/// `src_dir/rank_0/` holds every tensor whole (an unsharded checkpoint); each is sliced for
+/// `dst_strategy`, and tensors the strategy lacks are copied whole to every rank.
+pub fn convert_unsharded(
+    src_dir: &Path,
+    dst_dir: &Path,
+    dst_strategy: &Path,
+    opts: &ConvertOptions<'_>,
+) -> Result<ConvertReport> {
+    convert_from(src_dir, None, dst_dir, Some(dst_strategy), opts)
 }
 
 /// MindSpore's `convert_checkpoint_by_rank`: converts one destination rank.
@@ -281,25 +303,39 @@ pub fn load_distributed_checkpoint(
     dst_dir: &Path,
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
-    load_distributed_checkpoint_with(unified_dir, &Strategy::load(strategy)?, dst_dir, opts)
+    load_distributed_checkpoint_with(unified_dir, Some(&Strategy::load(strategy)?), dst_dir, opts)
+}
+
+/// The destination of slicing a unified checkpoint: `strategy` bound to it, or, without one,
+/// every tensor whole on rank 0.
+pub(crate) fn unified_target(
+    sources: &SourceSet,
+    src: &ResolvedStrategy,
+    strategy: Option<&Strategy>,
+) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
+    match strategy {
+        Some(strategy) => bind_target(
+            strategy,
+            src,
+            sources,
+            "in the strategy but not in the unified checkpoint",
+        ),
+        None => Ok((src.merged()?, Vec::new())),
+    }
 }
 
 /// [`load_distributed_checkpoint`] for a destination strategy already in memory (for
-/// instance one built from MindSpore's layout dict, [`Strategy::from_layout_lists`]).
+/// instance one built from MindSpore's layout dict, [`Strategy::from_layout_lists`]), or for
+/// none: MindSpore's `predict_strategy=None`, every tensor whole on rank 0.
 pub fn load_distributed_checkpoint_with(
     unified_dir: &Path,
-    strategy: &Strategy,
+    strategy: Option<&Strategy>,
     dst_dir: &Path,
     opts: &ConvertOptions<'_>,
 ) -> Result<ConvertReport> {
     let sources = SourceSet::unified(unified_dir)?;
     let src_res = sources.unified_strategy()?;
-    let (dst_res, skipped) = bind_target(
-        strategy,
-        &src_res,
-        &sources,
-        "in the strategy but not in the unified checkpoint",
-    )?;
+    let (dst_res, skipped) = unified_target(&sources, &src_res, strategy)?;
     let extras = |_| Extras {
         src_only_params: true,
         home_rank: Some(0),
@@ -321,18 +357,8 @@ pub fn load_distributed_checkpoint_with(
     )
 }
 
-/// Loads the destination strategy at `path` and binds it against a fixed source (see
-/// [`resolve_target`]); parameters the source lacks are returned as skipped, with `why`.
-pub(crate) fn load_target(
-    path: &Path,
-    src: &ResolvedStrategy,
-    sources: &SourceSet,
-    why: &str,
-) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
-    bind_target(&Strategy::load(path)?, src, sources, why)
-}
-
-/// [`load_target`] for a strategy already in memory.
+/// Binds the destination strategy `dst` to the source `src` (shapes from the source where
+/// the strategy lacks them); its parameters no source holds are left out with `why`.
 pub(crate) fn bind_target(
     dst: &Strategy,
     src: &ResolvedStrategy,

@@ -633,7 +633,7 @@ fn convert_by_rank_from_named_files() {
             let report = ckpt::convert_checkpoint_files(
                 r,
                 &files,
-                &c.join("strategy/A.ckpt"),
+                Some(&c.join("strategy/A.ckpt")),
                 &dst,
                 Some(&c.join("strategy/B.ckpt")),
                 &ConvertOptions::default(),
@@ -650,7 +650,7 @@ fn convert_by_rank_from_named_files() {
             let again = ckpt::convert_checkpoint_files(
                 r,
                 &files,
-                &c.join("strategy/A.ckpt"),
+                Some(&c.join("strategy/A.ckpt")),
                 &dst,
                 Some(&c.join("strategy/B.ckpt")),
                 &ConvertOptions::default(),

@@ -100,11 +100,13 @@ fn load_rank_from_encrypted_files_matches_the_plain_load() {
     let b = Strategy::load(&c.join("strategy/B.ckpt")).unwrap();
     let dec = Decryption::new(key, CipherMode::AesCbc).unwrap();
     for rank in 0..4 {
-        let plain = ckpt::load_rank_from_files_with(&src_files(&c), &a, &b, rank, None).unwrap();
-        let got = ckpt::load_rank_from_files_with(&enc_files, &a, &b, rank, Some(&dec)).unwrap();
+        let plain = ckpt::load_rank_from_files_with(&src_files(&c), Some(&a), Some(&b), rank, None)
+            .unwrap();
+        let got = ckpt::load_rank_from_files_with(&enc_files, Some(&a), Some(&b), rank, Some(&dec))
+            .unwrap();
         assert_same(&plain, &got, &format!("rank {rank}"));
     }
-    assert!(ckpt::load_rank_from_files_with(&enc_files, &a, &b, 0, None).is_err());
+    assert!(ckpt::load_rank_from_files_with(&enc_files, Some(&a), Some(&b), 0, None).is_err());
 }
 
 #[test]
@@ -148,11 +150,13 @@ fn layout_dict_is_the_strategy_file() {
             .map(|r| (r, c.join(format!("src_ckpt/rank_{r}/checkpoint_{r}.ckpt"))))
             .collect();
         for rank in file.resolve_scale_free().unwrap().ranks() {
-            let x = ckpt::load_rank_from_unified_with(&unified, &dict, rank).unwrap();
-            let y = ckpt::load_rank_from_unified_with(&unified, &file, rank).unwrap();
+            let x = ckpt::load_rank_from_unified_with(&unified, Some(&dict), rank).unwrap();
+            let y = ckpt::load_rank_from_unified_with(&unified, Some(&file), rank).unwrap();
             assert_same(&x, &y, &format!("{name} rank {rank}"));
-            let x = ckpt::load_rank_from_files_with(&files, &a, &dict, rank, None).unwrap();
-            let y = ckpt::load_rank_from_files_with(&files, &a, &file, rank, None).unwrap();
+            let x =
+                ckpt::load_rank_from_files_with(&files, Some(&a), Some(&dict), rank, None).unwrap();
+            let y =
+                ckpt::load_rank_from_files_with(&files, Some(&a), Some(&file), rank, None).unwrap();
             assert_same(&x, &y, &format!("{name} rank {rank}"));
         }
     }
@@ -175,7 +179,7 @@ fn name_map_renames_written_tensors() {
     let unified = c.join("expected/unified_safetensors");
     let b = Strategy::load(&c.join("strategy/B.ckpt")).unwrap();
     let plain = tmp();
-    ckpt::load_distributed_checkpoint_with(&unified, &b, plain.path(), &Default::default())
+    ckpt::load_distributed_checkpoint_with(&unified, Some(&b), plain.path(), &Default::default())
         .unwrap();
     let first = read_all(&plain.path().join("rank_0/net.safetensors"))[0]
         .0
@@ -186,7 +190,7 @@ fn name_map_renames_written_tensors() {
         name_map: Some(&map),
         ..Default::default()
     };
-    ckpt::load_distributed_checkpoint_with(&unified, &b, out.path(), &opts).unwrap();
+    ckpt::load_distributed_checkpoint_with(&unified, Some(&b), out.path(), &opts).unwrap();
     for r in 0..4 {
         let f = format!("rank_{r}/net.safetensors");
         let ours: BTreeMap<_, _> = read_all(&out.path().join(&f)).into_iter().collect();
@@ -205,8 +209,9 @@ fn name_map_renames_written_tensors() {
         ..Default::default()
     };
     let out = tmp();
-    let err = ckpt::load_distributed_checkpoint_with(&unified, &b, &out.path().join("x"), &opts)
-        .unwrap_err();
+    let err =
+        ckpt::load_distributed_checkpoint_with(&unified, Some(&b), &out.path().join("x"), &opts)
+            .unwrap_err();
     assert!(err.to_string().contains("after renaming"), "{err}");
     assert!(!out.path().join("x/rank_0").exists());
 }
@@ -404,4 +409,33 @@ fn file_suffix_picks_the_files_to_merge() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("rank_") && err.contains("9_99"), "{err}");
+}
+
+#[test]
+fn an_unsharded_source_file_loads_like_the_sharded_ones() {
+    let c = case1();
+    let full = BTreeMap::from([(0usize, c.join("full_ckpt/rank_0/full.ckpt"))]);
+    let a = c.join("strategy/A.ckpt");
+    let b = Strategy::load(&c.join("strategy/B.ckpt")).unwrap();
+    for rank in 0..4 {
+        let sharded =
+            ckpt::load_rank_from_files_with(&src_files(&c), Some(&a), Some(&b), rank, None)
+                .unwrap();
+        let unsharded = ckpt::load_rank_from_files_with(&full, None, Some(&b), rank, None).unwrap();
+        let unsharded: Vec<_> = unsharded
+            .into_iter()
+            .filter(|(n, _)| sharded.iter().any(|(m, _)| m == n))
+            .collect();
+        assert_same(&sharded, &unsharded, &format!("rank {rank}"));
+    }
+    // Without a destination strategy every tensor comes whole, on rank 0 only.
+    let whole = ckpt::load_rank_from_files_with(&src_files(&c), Some(&a), None, 0, None).unwrap();
+    let want = ckpt::load_rank_from_files_with(&full, None, None, 0, None).unwrap();
+    assert_same(&want, &whole, "whole");
+    let err = ckpt::load_rank_from_files_with(&full, None, None, 1, None).unwrap_err();
+    assert!(err.to_string().contains("rank 1"), "{err}");
+    // An unsharded source is one file, as rank 0.
+    let two = BTreeMap::from([(0usize, full[&0].clone()), (1, full[&0].clone())]);
+    let err = ckpt::load_rank_from_files_with(&two, None, Some(&b), 0, None).unwrap_err();
+    assert!(err.to_string().contains("unsharded"), "{err}");
 }

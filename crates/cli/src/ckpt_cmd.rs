@@ -58,14 +58,67 @@ struct WriteFlags {
     json: bool,
 }
 
+/// How to read encrypted `.ckpt` sources (MindSpore's `dec_key` / `dec_mode`).
+#[derive(Debug, Args)]
+struct DecryptFlags {
+    /// Decrypt the `.ckpt` sources with this key, given in hex (16, 24 or 32 bytes for AES,
+    /// 16 for SM4). Prefer --dec-key-file: a command line is visible to other users.
+    #[arg(long, value_name = "HEX", conflicts_with = "dec_key_file")]
+    dec_key: Option<String>,
+    /// Decrypt the `.ckpt` sources with the key held in this file (its raw bytes).
+    #[arg(long, value_name = "PATH")]
+    dec_key_file: Option<PathBuf>,
+    /// The cipher the sources were encrypted with: AES-GCM (the default), AES-CBC or SM4-CBC.
+    #[arg(long, value_name = "MODE")]
+    dec_mode: Option<String>,
+}
+
+impl DecryptFlags {
+    /// The decryption asked for, if any; the key is checked against the mode.
+    fn decryption(&self) -> anyhow::Result<Option<ckpt::Decryption>> {
+        let key = match (&self.dec_key, &self.dec_key_file) {
+            (Some(hex), _) => parse_hex_key(hex)?,
+            (None, Some(path)) => std::fs::read(path).with_context(|| {
+                format!("--dec-key-file {}: cannot read the key", path.display())
+            })?,
+            (None, None) if self.dec_mode.is_some() => {
+                bail!("--dec-mode needs a key: give --dec-key or --dec-key-file")
+            }
+            (None, None) => return Ok(None),
+        };
+        let mode: ckpt::CipherMode = self
+            .dec_mode
+            .as_deref()
+            .unwrap_or("AES-GCM")
+            .parse()
+            .context("--dec-mode")?;
+        Ok(Some(
+            ckpt::Decryption::new(&key, mode).context("the decryption key")?,
+        ))
+    }
+}
+
+/// The bytes of a hex key (`--dec-key`): an even number of hex digits.
+fn parse_hex_key(hex: &str) -> anyhow::Result<Vec<u8>> {
+    let hex = hex.trim();
+    if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("--dec-key must be the key in hex (an even number of the digits 0-9a-f)");
+    }
+    Ok((0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("two hex digits"))
+        .collect())
+}
+
 #[derive(Debug, Args)]
 struct ConvertArgs {
     /// Source checkpoint directory (holding rank_<N>/).
     #[arg(long)]
     src: PathBuf,
-    /// Source strategy file (MindSpore protobuf or JSON, or Tessera JSON).
+    /// Source strategy file (MindSpore protobuf or JSON, or Tessera JSON); without it the
+    /// source is unsharded (rank_0/ holds every tensor whole) and --dst-strategy is required.
     #[arg(long)]
-    src_strategy: PathBuf,
+    src_strategy: Option<PathBuf>,
     /// Destination directory.
     #[arg(long)]
     dst: PathBuf,
@@ -88,6 +141,8 @@ struct ConvertArgs {
     /// as skipped); without it that is an error.
     #[arg(long)]
     allow_missing: bool,
+    #[command(flatten)]
+    decrypt: DecryptFlags,
     #[command(flatten)]
     write: WriteFlags,
 }
@@ -178,6 +233,8 @@ struct LoadSegmentedArgs {
     /// Also write the merged tensors to this file (.ckpt or .safetensors).
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    decrypt: DecryptFlags,
     #[command(flatten)]
     write: WriteFlags,
 }
@@ -354,6 +411,7 @@ fn convert_report_text(report: &ckpt::ConvertReport) -> String {
 }
 
 fn convert(a: &ConvertArgs) -> anyhow::Result<()> {
+    let decryption = a.decrypt.decryption()?;
     let bar = Bar::new(a.write.quiet || a.write.json);
     let ranks = (!a.rank.is_empty()).then_some(a.rank.as_slice());
     let opts = ckpt::ConvertOptions {
@@ -364,15 +422,16 @@ fn convert(a: &ConvertArgs) -> anyhow::Result<()> {
         crc: a.crc,
         allow_missing: a.allow_missing,
         progress: &bar,
+        decryption: decryption.as_ref(),
         ..Default::default()
     };
-    let report = ckpt::convert_checkpoints(
-        &a.src,
-        &a.src_strategy,
-        &a.dst,
-        a.dst_strategy.as_deref(),
-        &opts,
-    )
+    let report = match (&a.src_strategy, &a.dst_strategy) {
+        (Some(src), dst) => ckpt::convert_checkpoints(&a.src, src, &a.dst, dst.as_deref(), &opts),
+        (None, Some(dst)) => ckpt::convert_unsharded(&a.src, &a.dst, dst, &opts),
+        (None, None) => bail!(
+            "give --src-strategy, --dst-strategy or both: without either there is nothing to convert"
+        ),
+    }
     .context("checkpoint conversion failed")?;
     print(
         a.write.json,
@@ -472,7 +531,8 @@ fn load(a: &LoadArgs) -> anyhow::Result<()> {
 }
 
 fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
-    let entries = ckpt::load_segmented_checkpoints(&a.dir)?;
+    let decryption = a.decrypt.decryption()?;
+    let entries = ckpt::load_segmented_checkpoints_with(&a.dir, decryption.as_ref())?;
     let written = match &a.out {
         Some(out) => {
             let bar = Bar::new(a.write.quiet || a.write.json);

@@ -210,3 +210,126 @@ fn merge_split_runs_and_file_suffix() {
         .status
         .success());
 }
+
+/// The files of `dir`'s `rank_<r>/` directories, bytes by relative path.
+fn rank_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    for rank in std::fs::read_dir(dir).unwrap() {
+        let rank = rank.unwrap().path();
+        if !rank.is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(&rank).unwrap() {
+            let f = f.unwrap().path();
+            let rel = f.strip_prefix(dir).unwrap().to_path_buf();
+            files.push((rel, std::fs::read(&f).unwrap()));
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn convert_reads_encrypted_sources_with_dec_key() {
+    let Some(c) = case("case1_dp2mp4_to_2x2") else {
+        return;
+    };
+    let dir = Scratch::new("dec-key");
+    let key = b"0123456789abcdef";
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let enc = dir.0.join("enc");
+    for r in 0..8 {
+        let name = format!("rank_{r}/checkpoint_{r}.ckpt");
+        std::fs::create_dir_all(enc.join(format!("rank_{r}"))).unwrap();
+        ckpt::crypto::encrypt_file(
+            &c.join("src_ckpt").join(&name),
+            &enc.join(&name),
+            key,
+            ckpt::CipherMode::AesCbc,
+            false,
+        )
+        .unwrap();
+    }
+    let key_file = dir.0.join("key");
+    std::fs::write(&key_file, key).unwrap();
+    let (sa, sb) = (c.join("strategy/A.ckpt"), c.join("strategy/B.ckpt"));
+    let convert = |src: &Path, dst: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "ckpt",
+            "convert",
+            "--quiet",
+            "--src",
+            s(src),
+            "--src-strategy",
+            s(&sa),
+            "--dst",
+            s(dst),
+            "--dst-strategy",
+            s(&sb),
+        ];
+        args.extend_from_slice(extra);
+        tessera(&args)
+    };
+    let plain = dir.0.join("plain");
+    assert_ok(&convert(&c.join("src_ckpt"), &plain, &[]));
+    // The hex key and the key file both give the plain conversion's bytes.
+    let (by_hex, by_file) = (dir.0.join("hex"), dir.0.join("file"));
+    assert_ok(&convert(
+        &enc,
+        &by_hex,
+        &["--dec-key", &hex, "--dec-mode", "AES-CBC"],
+    ));
+    let key_arg = ["--dec-key-file", s(&key_file), "--dec-mode", "AES-CBC"];
+    assert_ok(&convert(&enc, &by_file, &key_arg));
+    assert_eq!(rank_files(&by_hex), rank_files(&plain));
+    assert_eq!(rank_files(&by_file), rank_files(&plain));
+    // Without a key, with the wrong key or the wrong mode: an error, and no output.
+    let wrong: String = "ff".repeat(16);
+    for (extra, says) in [
+        (&[][..], "encrypted"),
+        (&["--dec-key", &wrong, "--dec-mode", "AES-CBC"][..], ""),
+        (&["--dec-key", &hex, "--dec-mode", "AES-GCM"][..], ""),
+        (&["--dec-key", "abc"][..], "hex"),
+        (&["--dec-mode", "AES-CBC"][..], "needs a key"),
+    ] {
+        let out_dir = dir.0.join("refused");
+        let out = convert(&enc, &out_dir, extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert!(!out_dir.exists(), "{extra:?} left {}", out_dir.display());
+    }
+}
+
+#[test]
+fn convert_slices_an_unsharded_source_without_src_strategy() {
+    let Some(c) = case("case1_dp2mp4_to_2x2") else {
+        return;
+    };
+    let dir = Scratch::new("unsharded");
+    let dst = dir.0.join("out");
+    let out = tessera(&[
+        "ckpt",
+        "convert",
+        "--quiet",
+        "--src",
+        s(&c.join("full_ckpt")),
+        "--dst",
+        s(&dst),
+        "--dst-strategy",
+        s(&c.join("strategy/A.ckpt")),
+    ]);
+    assert_ok(&out);
+    // The way MindSpore made the reference's sharded sources from the full checkpoint.
+    assert_eq!(rank_files(&dst), rank_files(&c.join("src_ckpt")));
+    let out = tessera(&[
+        "ckpt",
+        "convert",
+        "--src",
+        s(&c.join("full_ckpt")),
+        "--dst",
+        s(&dir.0.join("x")),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to convert"));
+}

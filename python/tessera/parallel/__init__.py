@@ -43,15 +43,8 @@ __all__ = [
 ]
 
 _FORMATS = ("ckpt", "safetensors")
-_NO_UNSHARDED_SOURCE = (
-    "src_strategy_file=None (an unsharded source) is supported by convert_checkpoints only; give "
-    "the strategy the checkpoint was saved under")
-
-
-def _source_strategy(src_strategy_file: Any) -> str:
-    if src_strategy_file is None:
-        raise ValueError(_NO_UNSHARDED_SOURCE)
-    return _checks.path(src_strategy_file, "src_strategy_file")
+_NOTHING_TO_CONVERT = ("src_strategy_file and dst_strategy_file are both None: there is "
+                       "nothing to convert")
 
 
 def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
@@ -78,8 +71,7 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     if src_strategy_file is None:
         # An unsharded source (rank_0 holds every tensor whole), sliced for the destination.
         if dst_strategy is None:
-            raise ValueError("src_strategy_file and dst_strategy_file are both None: there is "
-                             "nothing to convert")
+            raise ValueError(_NOTHING_TO_CONVERT)
         _tessera.convert_unsharded(src, dst, dst_strategy, prefix=ckpt_prefix,
                                    output_format=output_format, force=force,
                                    progress=_progress.resolve(progress))
@@ -95,7 +87,9 @@ def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_fi
                                force: bool = False, progress: _progress.Progress = None) -> None:
     """Converts destination rank ``rank_id`` from the source files ``checkpoint_files_map``
     (source rank → file; the ranks of :func:`rank_list_for_convert` suffice) into
-    ``save_checkpoint_file_name`` (``.ckpt`` or ``.safetensors``)."""
+    ``save_checkpoint_file_name`` (``.ckpt`` or ``.safetensors``). With
+    ``src_strategy_file=None`` the source is unsharded: one file holding every tensor whole,
+    given as ``{0: file}``."""
     rank = _checks.non_negative_int(rank_id, "rank_id")
     if not isinstance(checkpoint_files_map, dict):
         raise TypeError("For 'checkpoint_files_map', the type must be dict, but got "
@@ -105,10 +99,12 @@ def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_fi
         files[_checks.non_negative_int(r, "checkpoint_files_map key")] = _checks.path(
             f, "checkpoint_files_map value")
     out = _checks.path(save_checkpoint_file_name, "save_checkpoint_file_name")
-    _tessera.convert_checkpoint_files(
-        rank, files, _source_strategy(src_strategy_file), out,
-        _checks.optional_path(dst_strategy_file, "dst_strategy_file"), force=force,
-        progress=_progress.resolve(progress))
+    src_strategy = _checks.optional_path(src_strategy_file, "src_strategy_file")
+    dst_strategy = _checks.optional_path(dst_strategy_file, "dst_strategy_file")
+    if src_strategy is None and dst_strategy is None:
+        raise ValueError(_NOTHING_TO_CONVERT)
+    _tessera.convert_checkpoint_files(rank, files, src_strategy, out, dst_strategy, force=force,
+                                      progress=_progress.resolve(progress))
 
 
 def rank_list_for_convert(rank_id, src_strategy_file=None, dst_strategy_file=None) -> List[int]:
@@ -267,10 +263,11 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
 
     ``predict_strategy`` is a strategy file, or MindSpore's layout dict
     ``{name: [dev_matrix, tensor_map, param_split_shape, field_size, opt_shard_step,
-    opt_shard_size, ...]}``.
+    opt_shard_size, ...]}``, or None: one device predicts, so every tensor comes whole (as
+    rank 0).
 
     - ``format="ckpt"``: from ``checkpoint_filenames`` (one file per training rank, in rank
-      order) saved under ``train_strategy_filename``; encrypted files are read with
+      order) saved under ``train_strategy_filename`` (None: one unsharded file); encrypted files are read with
       ``dec_key`` and ``dec_mode`` ('AES-GCM', 'AES-CBC' or 'SM4-CBC').
     - ``format="safetensors"``: from ``unified_safetensors_dir`` (see
       :func:`unified_safetensors`).
@@ -286,7 +283,9 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
     _checks.choice(output_format, "output_format", _FORMATS)
     key = _decryption(dec_key, dec_mode)
     _checks.positive_int(max_process_num, "max_process_num")
-    if isinstance(predict_strategy, dict):
+    if predict_strategy is None:
+        strategy, layouts = None, None
+    elif isinstance(predict_strategy, dict):
         strategy, layouts = None, _layout_entries(predict_strategy)
     else:
         strategy, layouts = _checks.path(predict_strategy, "predict_strategy"), None
@@ -313,7 +312,7 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
         raise TypeError("For 'checkpoint_filenames', the type must be list, but got "
                         f"{type(checkpoint_filenames).__name__}.")
     files = {r: _checks.path(f, "checkpoint_filenames") for r, f in enumerate(checkpoint_filenames)}
-    train = _checks.path(train_strategy_filename, "train_strategy_filename")
+    train = _checks.optional_path(train_strategy_filename, "train_strategy_filename")
     tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0, layouts=layouts,
                                             dec_key=key, dec_mode=dec_mode)
     return _rename(tensors, names)
