@@ -35,7 +35,7 @@ def convert_checkpoints(src_dir: _Path, src_strategy: _Path, dst_dir: _Path,
 def convert_unsharded(src_dir: _Path, dst_dir: _Path, dst_strategy: _Path, prefix: str = "checkpoint_",
                       output_format: Optional[str] = None, force: bool = False,
                       progress: _Progress = None) -> Dict[str, Any]: ...
-def convert_checkpoint_files(rank: int, files: Dict[int, _Path], src_strategy: _Path, dst_file: _Path,
+def convert_checkpoint_files(rank: int, files: Dict[int, _Path], src_strategy: Optional[_Path], dst_file: _Path,
                              dst_strategy: Optional[_Path] = None, force: bool = False,
                              progress: _Progress = None) -> Dict[str, Any]: ...
 def rank_list(rank: int, src_strategy: _Path, dst_strategy: Optional[_Path] = None) -> Tuple[List[int], bool]: ...
@@ -51,7 +51,7 @@ def load_distributed_files(unified_dir: _Path, strategy: Optional[_Path], dst_di
                            force: bool = False, progress: _Progress = None,
                            layouts: Optional[List[_LayoutEntry]] = None,
                            name_map: Optional[Dict[str, str]] = None) -> Dict[str, Any]: ...
-def load_rank_from_files(files: Dict[int, _Path], src_strategy: _Path, dst_strategy: Optional[_Path],
+def load_rank_from_files(files: Dict[int, _Path], src_strategy: Optional[_Path], dst_strategy: Optional[_Path],
                          rank: int, layouts: Optional[List[_LayoutEntry]] = None,
                          dec_key: Optional[bytes] = None,
                          dec_mode: str = "AES-GCM") -> Dict[str, np.ndarray]: ...
