@@ -230,46 +230,58 @@ fn mpi_train_gpt_matches_local_and_one_device() {
 
 /// Fused gradient buckets reduced while the backward pass computes
 /// (`grad_computation_allreduce_overlap`) under `mpirun -np 4`: each bucket starts as MPI's
-/// nonblocking all-reduce when its last gradient is computed. The GPT (data parallel 4, 1 MB
-/// buckets) trains the losses of the local backend's progress thread and of one device, and
-/// every rank's memory is as predicted (the metrics log's memory lines).
+/// nonblocking all-reduce (or, with hsdp level 2, nonblocking reduce-scatter) when its last
+/// gradient is computed. The GPT (data parallel 4, 1 MB buckets) trains the losses of the local
+/// backend's progress thread and of one device, and every rank's memory line reaches the
+/// metrics log.
 #[test]
 fn mpi_overlapped_buckets_match_local_and_one_device() {
-    let dir = Scratch::new("mpi-overlap");
-    let common = |name: &str, devices: &str, mode: &str, overlap: bool| -> Vec<String> {
-        let mut sets = vec![
-            format!("parallel.devices={devices}"),
-            format!("parallel.mode=\"{mode}\""),
-            "parallel.data_parallel=4".to_string(),
-            "parallel.model_parallel=1".to_string(),
-            "model.layers=2".to_string(),
-            "model.hidden=64".to_string(),
-            "model.seq_len=32".to_string(),
-            "data.batch_size=8".to_string(),
-            "train.max_steps=8".to_string(),
-            "train.eval=false".to_string(),
-            "output.save_checkpoint=false".to_string(),
-        ];
-        if overlap {
-            sets.extend([
-                "parallel.comm_fusion={ allreduce = { mode = \"size\", config = 1 } }".to_string(),
-                "parallel.overlap.grad_computation_allreduce_overlap=true".to_string(),
-            ]);
-        }
-        train_command("examples/gpt_kjv.toml", &dir.0, name, sets)
-    };
-    let mut mpi = common("mpi", "4", "semi_auto", true);
-    mpi.extend(["--backend".to_string(), "mpi".to_string()]);
-    run(&args(&mpi), true);
-    run(&args(&common("local", "4", "semi_auto", true)), false);
-    run(&args(&common("one", "1", "stand_alone", false)), false);
-    assert_mpi_losses(&dir.0, 8, 1e-5);
-    let log = std::fs::read_to_string(dir.0.join("mpi.jsonl")).unwrap();
-    assert_eq!(
-        log.matches("\"memory\"").count(),
-        4,
-        "a memory line per rank"
-    );
+    for (case, extra) in [
+        ("allreduce", None),
+        (
+            "reducescatter",
+            Some("parallel.hsdp={ optimizer_level = \"level2\", threshold = 0 }"),
+        ),
+    ] {
+        let dir = Scratch::new(&format!("mpi-overlap-{case}"));
+        let common = |name: &str, devices: &str, mode: &str, overlap: bool| -> Vec<String> {
+            let mut sets = vec![
+                format!("parallel.devices={devices}"),
+                format!("parallel.mode=\"{mode}\""),
+                "parallel.data_parallel=4".to_string(),
+                "parallel.model_parallel=1".to_string(),
+                "model.layers=2".to_string(),
+                "model.hidden=64".to_string(),
+                "model.seq_len=32".to_string(),
+                "data.batch_size=8".to_string(),
+                "train.max_steps=8".to_string(),
+                "train.eval=false".to_string(),
+                "output.save_checkpoint=false".to_string(),
+            ];
+            if overlap {
+                sets.extend([
+                    "parallel.comm_fusion={ allreduce = { mode = \"size\", config = 1 }, \
+                     reducescatter = { mode = \"size\", config = 1 } }"
+                        .to_string(),
+                    "parallel.overlap.grad_computation_allreduce_overlap=true".to_string(),
+                ]);
+                sets.extend(extra.map(String::from));
+            }
+            train_command("examples/gpt_kjv.toml", &dir.0, name, sets)
+        };
+        let mut mpi = common("mpi", "4", "semi_auto", true);
+        mpi.extend(["--backend".to_string(), "mpi".to_string()]);
+        run(&args(&mpi), true);
+        run(&args(&common("local", "4", "semi_auto", true)), false);
+        run(&args(&common("one", "1", "stand_alone", false)), false);
+        assert_mpi_losses(&dir.0, 8, 1e-5);
+        let log = std::fs::read_to_string(dir.0.join("mpi.jsonl")).unwrap();
+        assert_eq!(
+            log.matches("\"memory\"").count(),
+            4,
+            "{case}: a memory line per rank"
+        );
+    }
 }
 
 /// `train.deterministic = true` under `mpirun -np 4`: the seed MLP with split reduction dims

@@ -167,6 +167,28 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         Ok(crate::PendingAllReduce::done(tensor))
     }
 
+    /// Starts [`reduce_scatter_v`](Communicator::reduce_scatter_v) of `send`, to finish with
+    /// [`PendingAllReduce::wait`], which returns this rank's part (`counts[rank()]`
+    /// elements). Every member starts its collectives in the same order. A backend that can
+    /// run it in the background does (MPI's nonblocking reduce-scatter); the default runs it
+    /// now.
+    fn start_reduce_scatter_v(
+        &self,
+        send: Tensor,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<crate::PendingAllReduce, CommError> {
+        let mine = counts.get(self.rank()).copied().unwrap_or(0);
+        let mut recv = Tensor::zeros(send.dtype(), &[mine]);
+        self.reduce_scatter_v(
+            Buf::from_tensor(&send),
+            BufMut::from_tensor(&mut recv),
+            counts,
+            op,
+        )?;
+        Ok(crate::PendingAllReduce::done(recv))
+    }
+
     /// Reduces `buf` element-wise over all ranks, in place, in the canonical summation tree
     /// (deterministic mode, issue 17): every element becomes `tree(x_0, …, x_{n-1})` over the
     /// members in group-rank order, with the tree of [`tensor::kernels::tree::tree_reduce`]

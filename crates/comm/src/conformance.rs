@@ -330,35 +330,60 @@ pub fn all_reduce(comm: &dyn Communicator) -> CaseResult {
     Ok(())
 }
 
-/// Reductions started together and finished later ([`Communicator::start_all_reduce`]), as a
-/// fused gradient bucket is while the backward pass computes: several in flight at once, of
-/// the dtypes and ops a backend runs in the background and of those it runs at once, tested a
-/// few times and waited for in order, each equal to the serial reference.
+/// Reductions started together and finished later ([`Communicator::start_all_reduce`],
+/// [`Communicator::start_reduce_scatter_v`]), as fused gradient buckets are while the backward
+/// pass computes: several all-reduces and reduce-scatters (uneven parts, some empty) in flight
+/// at once, of the dtypes and ops a backend runs in the background and of those it runs at
+/// once, tested a few times and waited for in order, each equal to the serial reference.
 pub fn started_all_reduces(comm: &dyn Communicator) -> CaseResult {
-    let n = comm.size();
+    let (n, me) = (comm.size(), comm.rank());
     let cases = [
-        (DType::F32, ReduceOp::Sum, 40_003),
-        (DType::F64, ReduceOp::Max, 17),
-        (DType::F32, ReduceOp::Min, 0),
-        (DType::BF16, ReduceOp::Sum, 1_000),
-        (DType::F32, ReduceOp::Mean, n + 1),
+        (DType::F32, ReduceOp::Sum, 40_003, false),
+        (DType::F32, ReduceOp::Sum, 0, true),
+        (DType::F64, ReduceOp::Max, 17, false),
+        (DType::F64, ReduceOp::Sum, 5, true),
+        (DType::F32, ReduceOp::Min, 0, false),
+        (DType::BF16, ReduceOp::Sum, 1_000, false),
+        (DType::F32, ReduceOp::Max, 30_011, true),
+        (DType::BF16, ReduceOp::Sum, 999, true),
+        (DType::F32, ReduceOp::Mean, n + 1, false),
+        (DType::F32, ReduceOp::Mean, 7, true),
     ];
     let mut pending = Vec::new();
-    for (i, &(dtype, op, len)) in cases.iter().enumerate() {
+    for (i, &(dtype, op, len, scatter)) in cases.iter().enumerate() {
         let all = inputs(dtype, &[len], n, 20 + i);
-        let mine = all[comm.rank()].clone();
-        pending.push((comm.start_all_reduce(mine, op)?, reference_reduce(&all, op)));
+        let mine = all[me].clone();
+        let want = reference_reduce(&all, op);
+        pending.push(match scatter {
+            false => (comm.start_all_reduce(mine, op)?, want),
+            true => {
+                // Uneven parts: member k gets about len·(k+1)/Σ, the last the rest.
+                let total: usize = (1..=n).sum();
+                let mut counts: Vec<usize> = (0..n).map(|k| len * (k + 1) / total).collect();
+                counts[n - 1] = len - counts[..n - 1].iter().sum::<usize>();
+                let w = dtype.size_in_bytes();
+                let at: usize = counts[..me].iter().sum();
+                let part = &want.as_bytes()[at * w..(at + counts[me]) * w];
+                let part = Tensor::from_bytes(dtype, &[counts[me]], part).expect("part");
+                (comm.start_reduce_scatter_v(mine, &counts, op)?, part)
+            }
+        });
     }
     for _ in 0..3 {
         for (p, _) in pending.iter_mut() {
             p.test()?;
         }
     }
-    for ((p, want), &(dtype, op, len)) in pending.into_iter().zip(&cases) {
+    for ((p, want), &(dtype, op, len, scatter)) in pending.into_iter().zip(&cases) {
         let got = p.wait()?;
+        let what = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
         expect_eq(
             comm,
-            &format!("started all_reduce {op} {dtype}[{len}]"),
+            &format!("started {what} {op} {dtype}[{len}]"),
             &got,
             &want,
         )?;

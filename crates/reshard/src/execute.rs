@@ -175,30 +175,9 @@ impl ReshardRunner {
                 .zip(local.iter().copied())
                 .collect(),
         };
-        let from = plan.moved_from();
         let mut out: Vec<(usize, &mut Tensor)> =
             dst_slots.iter().copied().zip(out.iter_mut()).collect();
-        // Local copies.
-        for t in plan
-            .transfers()
-            .filter(|t| t.is_local() && t.dst_rank == me)
-        {
-            let (_, src) = held
-                .iter()
-                .find(|(s, _)| *s == t.src_slot)
-                .expect("a local transfer reads a slot of this device");
-            let (_, dst_tensor) = out
-                .iter_mut()
-                .find(|(s, _)| *s == t.dst_slot)
-                .expect("a local transfer writes a slot of this device");
-            copy_piece(
-                src,
-                &from.slot_box(t.src_slot),
-                dst_tensor,
-                &dst.slot_box(t.dst_slot),
-                &t.region,
-            );
-        }
+        copy_local(plan, me, &held, &mut out);
         // Network transfers, one exchange per independent group.
         if let Some(exchange) = lower(plan).into_iter().find(|e| e.ranks.contains(&me)) {
             self.exchange(plan, &exchange, &held, &mut out)?;
@@ -317,79 +296,13 @@ impl ReshardRunner {
         out: &mut [(usize, &mut Tensor)],
     ) -> Result<(), ReshardError> {
         let me = self.rank();
-        let from = plan.moved_from();
-        let dst = plan.dst();
         let elem = plan.dtype().size_in_bytes();
         let n = exchange.ranks.len();
-        let sends_to = |peer: usize| -> Vec<&Transfer> {
-            exchange
-                .transfers
-                .iter()
-                .filter(|t| t.src_rank == me && t.dst_rank == peer)
-                .collect()
-        };
-        let receives_from = |peer: usize| -> Vec<&Transfer> {
-            exchange
-                .transfers
-                .iter()
-                .filter(|t| t.src_rank == peer && t.dst_rank == me)
-                .collect()
-        };
-        // Pack what this rank sends, peer by peer in group order (its own share, if any, first
-        // for an all-gather).
-        let pack = |transfers: &[&Transfer], buf: &mut Vec<u8>| {
-            for t in transfers {
-                let (_, src) = held
-                    .iter()
-                    .find(|(s, _)| *s == t.src_slot)
-                    .expect("a transfer reads a slot of its sender");
-                let start = buf.len();
-                buf.resize(start + t.region.n_elements() * elem, 0);
-                let zero = vec![0; t.region.ndim()];
-                let src_box = from.slot_box(t.src_slot);
-                copy_region(
-                    src.as_bytes(),
-                    Placement {
-                        shape: src.shape(),
-                        offset: &src_box.relative(&t.region).offset,
-                    },
-                    &mut buf[start..],
-                    Placement {
-                        shape: &t.region.shape,
-                        offset: &zero,
-                    },
-                    &t.region.shape,
-                    elem,
-                );
-            }
-        };
+        let sends_to = |peer: usize| exchange.sends(me, peer);
+        let receives_from = |peer: usize| exchange.sends(peer, me);
+        let pack = |transfers: &[&Transfer], buf: &mut Vec<u8>| pack(plan, transfers, held, buf);
         let unpack = |transfers: &[&Transfer], bytes: &[u8], out: &mut [(usize, &mut Tensor)]| {
-            let mut pos = 0;
-            for t in transfers {
-                let len = t.region.n_elements() * elem;
-                let (_, dst_tensor) = out
-                    .iter_mut()
-                    .find(|(s, _)| *s == t.dst_slot)
-                    .expect("a transfer writes a slot of its receiver");
-                let dst_box = dst.slot_box(t.dst_slot);
-                let zero = vec![0; t.region.ndim()];
-                let shape = dst_tensor.shape().to_vec();
-                copy_region(
-                    &bytes[pos..pos + len],
-                    Placement {
-                        shape: &t.region.shape,
-                        offset: &zero,
-                    },
-                    dst_tensor.as_bytes_mut(),
-                    Placement {
-                        shape: &shape,
-                        offset: &dst_box.relative(&t.region).offset,
-                    },
-                    &t.region.shape,
-                    elem,
-                );
-                pos += len;
-            }
+            unpack(plan, transfers, bytes, out)
         };
         if let Some(tag) = self.messages {
             for &peer in exchange.ranks.iter().filter(|&&p| p != me) {
@@ -487,6 +400,111 @@ impl ReshardRunner {
             }
         }
         Ok(())
+    }
+}
+
+/// Copies the pieces of `plan` that stay on device `me` from its source slices `held` into its
+/// destination slices `out` (both by slot).
+pub(crate) fn copy_local(
+    plan: &ReshardPlan,
+    me: usize,
+    held: &[(usize, &Tensor)],
+    out: &mut [(usize, &mut Tensor)],
+) {
+    let (from, dst) = (plan.moved_from(), plan.dst());
+    for t in plan
+        .transfers()
+        .filter(|t| t.is_local() && t.dst_rank == me)
+    {
+        let (_, src) = held
+            .iter()
+            .find(|(s, _)| *s == t.src_slot)
+            .expect("a local transfer reads a slot of this device");
+        let (_, dst_tensor) = out
+            .iter_mut()
+            .find(|(s, _)| *s == t.dst_slot)
+            .expect("a local transfer writes a slot of this device");
+        copy_piece(
+            src,
+            &from.slot_box(t.src_slot),
+            dst_tensor,
+            &dst.slot_box(t.dst_slot),
+            &t.region,
+        );
+    }
+}
+
+/// Appends the regions of `transfers` (sent by this rank) to `buf`, one after another, each
+/// packed dense, read from this rank's source slices `held` (by slot).
+pub(crate) fn pack(
+    plan: &ReshardPlan,
+    transfers: &[&Transfer],
+    held: &[(usize, &Tensor)],
+    buf: &mut Vec<u8>,
+) {
+    let from = plan.moved_from();
+    let elem = plan.dtype().size_in_bytes();
+    for t in transfers {
+        let (_, src) = held
+            .iter()
+            .find(|(s, _)| *s == t.src_slot)
+            .expect("a transfer reads a slot of its sender");
+        let start = buf.len();
+        buf.resize(start + t.region.n_elements() * elem, 0);
+        let zero = vec![0; t.region.ndim()];
+        let src_box = from.slot_box(t.src_slot);
+        copy_region(
+            src.as_bytes(),
+            Placement {
+                shape: src.shape(),
+                offset: &src_box.relative(&t.region).offset,
+            },
+            &mut buf[start..],
+            Placement {
+                shape: &t.region.shape,
+                offset: &zero,
+            },
+            &t.region.shape,
+            elem,
+        );
+    }
+}
+
+/// Writes the regions of `transfers` (received by this rank), packed one after another in
+/// `bytes` as [`pack`] packs them, into this rank's destination slices `out` (by slot).
+pub(crate) fn unpack(
+    plan: &ReshardPlan,
+    transfers: &[&Transfer],
+    bytes: &[u8],
+    out: &mut [(usize, &mut Tensor)],
+) {
+    let dst = plan.dst();
+    let elem = plan.dtype().size_in_bytes();
+    let mut pos = 0;
+    for t in transfers {
+        let len = t.region.n_elements() * elem;
+        let (_, dst_tensor) = out
+            .iter_mut()
+            .find(|(s, _)| *s == t.dst_slot)
+            .expect("a transfer writes a slot of its receiver");
+        let dst_box = dst.slot_box(t.dst_slot);
+        let zero = vec![0; t.region.ndim()];
+        let shape = dst_tensor.shape().to_vec();
+        copy_region(
+            &bytes[pos..pos + len],
+            Placement {
+                shape: &t.region.shape,
+                offset: &zero,
+            },
+            dst_tensor.as_bytes_mut(),
+            Placement {
+                shape: &shape,
+                offset: &dst_box.relative(&t.region).offset,
+            },
+            &t.region.shape,
+            elem,
+        );
+        pos += len;
     }
 }
 

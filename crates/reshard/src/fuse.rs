@@ -265,14 +265,15 @@ impl ReshardRunner {
     }
 
     /// Starts [`ReshardRunner::reduce_packed`] so that it can run while the caller computes:
-    /// an all-reduce starts on the group's communicator
-    /// ([`comm::Communicator::start_all_reduce`]); a reduce-scatter or a deterministic
-    /// all-reduce (the canonical tree) runs now. Finish with [`ReshardRunner::finish_packed`].
+    /// an all-reduce or a reduce-scatter starts on the group's communicator
+    /// ([`comm::Communicator::start_all_reduce`], [`comm::Communicator::start_reduce_scatter_v`]);
+    /// a deterministic all-reduce (the canonical tree) runs now. Finish with
+    /// [`ReshardRunner::finish_packed`].
     pub fn start_packed(
         &mut self,
         mut packed: PackedReduction,
     ) -> Result<StartedReduction, ReshardError> {
-        if packed.counts.is_some() || packed.deterministic {
+        if packed.deterministic {
             self.reduce_packed(&mut packed)?;
             let data = packed.take_data();
             return Ok(StartedReduction {
@@ -283,7 +284,10 @@ impl ReshardRunner {
         let op = packed.op.comm_op();
         let group = self.group(&packed.group)?;
         let data = packed.take_data();
-        let pending = group.start_all_reduce(data, op)?;
+        let pending = match &packed.counts {
+            Some(counts) => group.start_reduce_scatter_v(data, counts, op)?,
+            None => group.start_all_reduce(data, op)?,
+        };
         Ok(StartedReduction { packed, pending })
     }
 

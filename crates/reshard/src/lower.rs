@@ -43,6 +43,16 @@ pub struct Exchange {
     pub transfers: Vec<Transfer>,
 }
 
+impl Exchange {
+    /// The transfers from device `from` to device `to`, in plan order.
+    pub fn sends(&self, from: usize, to: usize) -> Vec<&Transfer> {
+        self.transfers
+            .iter()
+            .filter(|t| t.src_rank == from && t.dst_rank == to)
+            .collect()
+    }
+}
+
 /// The ranks and collective of one exchange, without its transfers (see [`lower_kinds`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExchangeKindOf {

@@ -7,9 +7,9 @@
 //! built (every rank in the same order, so the groups match across ranks and never race the
 //! main runner's). MPI serialises a process's calls under one lock held for a whole
 //! collective, so a second thread in a collective could deadlock two ranks' main threads; there
-//! a gather runs when handed over, and a bucket starts as MPI's nonblocking all-reduce when
-//! handed over and progresses while the steps go on (advanced between steps, finished when the
-//! buckets are collected). Reduce-scatter buckets and deterministic ones run when handed over.
+//! a gather runs when handed over, and a bucket starts as MPI's nonblocking all-reduce or
+//! reduce-scatter when handed over and progresses while the steps go on (advanced between
+//! steps, finished when the buckets are collected). Deterministic buckets run when handed over.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;

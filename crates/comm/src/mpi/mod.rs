@@ -697,6 +697,35 @@ fn datatype(dtype: DType) -> Datatype {
     }
 }
 
+impl MpiComm {
+    /// Whether a started collective of `dtype` and `op` runs in the background: under polled
+    /// collectives, on the types and operations MPI reduces natively.
+    fn runs_in_background(&self, dtype: DType, op: ReduceOp) -> bool {
+        self.on_timeout == OnTimeout::ReturnError
+            && matches!(dtype, DType::F32 | DType::F64)
+            && matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)
+    }
+
+    /// A started request, whose result MPI writes into `data`, as a pending collective.
+    fn in_flight(
+        &self,
+        request: raw::Request,
+        data: tensor::Tensor,
+        kept: pending::Kept,
+        site: Site,
+    ) -> crate::PendingAllReduce {
+        crate::PendingAllReduce::in_flight(Box::new(pending::MpiInFlight {
+            runtime: self.runtime.clone(),
+            request: Some(request),
+            data: Some(data),
+            kept,
+            members: self.members.clone(),
+            timeout: self.timeout,
+            site,
+        }))
+    }
+}
+
 impl Communicator for MpiComm {
     fn backend(&self) -> &'static str {
         BACKEND
@@ -798,11 +827,7 @@ impl Communicator for MpiComm {
         mut tensor: tensor::Tensor,
         op: ReduceOp,
     ) -> Result<crate::PendingAllReduce, CommError> {
-        let dtype = tensor.dtype();
-        let background = self.on_timeout == OnTimeout::ReturnError
-            && matches!(dtype, DType::F32 | DType::F64)
-            && matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min);
-        if !background {
+        if !self.runs_in_background(tensor.dtype(), op) {
             self.all_reduce(&mut tensor, op)?;
             return Ok(crate::PendingAllReduce::done(tensor));
         }
@@ -814,21 +839,60 @@ impl Communicator for MpiComm {
         // request is abandoned).
         let started = unsafe {
             call.raw
-                .iallreduce(&self.comm, (ptr, count, datatype(dtype)), op)
+                .iallreduce(&self.comm, (ptr, count, datatype(tensor.dtype())), op)
         };
         let request = call.check(started)?;
         let site = call.site();
         drop(call);
-        Ok(crate::PendingAllReduce::in_flight(Box::new(
-            pending::MpiAllReduce {
-                runtime: self.runtime.clone(),
-                request: Some(request),
-                data: Some(tensor),
-                members: self.members.clone(),
-                timeout: self.timeout,
-                site,
-            },
-        )))
+        Ok(self.in_flight(request, tensor, pending::Kept::default(), site))
+    }
+
+    /// MPI's nonblocking reduce-scatter for f32 and f64 sums, maxima and minima under polled
+    /// collectives ([`OnTimeout::ReturnError`]); the blocking path otherwise.
+    fn start_reduce_scatter_v(
+        &self,
+        send: tensor::Tensor,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<crate::PendingAllReduce, CommError> {
+        let dtype = send.dtype();
+        let valid = counts.len() == self.size && counts.iter().sum::<usize>() == send.n_elements();
+        if !valid || !self.runs_in_background(dtype, op) {
+            // The blocking call checks the counts and names what is wrong.
+            let mine = counts.get(self.rank).copied().unwrap_or(0);
+            let mut recv = tensor::Tensor::zeros(dtype, &[mine]);
+            self.reduce_scatter_v(
+                Buf::from_tensor(&send),
+                BufMut::from_tensor(&mut recv),
+                counts,
+                op,
+            )?;
+            return Ok(crate::PendingAllReduce::done(recv));
+        }
+        let call = self.enter("start_reduce_scatter")?;
+        let (mpi_counts, _) = call.counts(counts)?;
+        let mut recv = tensor::Tensor::zeros(dtype, &[counts[self.rank]]);
+        let (send_ptr, recv_ptr) = (send.as_bytes().as_ptr(), recv.as_bytes_mut().as_mut_ptr());
+        // SAFETY: both tensors' heap buffers and the counts move into the pending reduction
+        // and are neither read, written nor freed until the request completes (they are leaked
+        // if the request is abandoned).
+        let started = unsafe {
+            call.raw.ireduce_scatter(
+                &self.comm,
+                (send_ptr, recv_ptr),
+                &mpi_counts,
+                datatype(dtype),
+                op,
+            )
+        };
+        let request = call.check(started)?;
+        let site = call.site();
+        drop(call);
+        let kept = pending::Kept {
+            send: Some(send),
+            counts: mpi_counts,
+        };
+        Ok(self.in_flight(request, recv, kept, site))
     }
 
     fn all_reduce_buf(&self, mut buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {

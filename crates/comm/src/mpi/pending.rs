@@ -1,7 +1,7 @@
-//! MPI's nonblocking all-reduce (`MPI_Iallreduce`) as a [`PendingAllReduce`]: started on the
-//! calling thread, advanced by each `test` (OpenMPI progresses a nonblocking collective inside
-//! `MPI_Test`), finished by `wait` within the communicator's deadline, watching for failure
-//! notices as every polled call does.
+//! MPI's nonblocking all-reduce and reduce-scatter (`MPI_Iallreduce`, `MPI_Ireduce_scatter`)
+//! as a [`crate::PendingAllReduce`]: started on the calling thread, advanced by each `test`
+//! (OpenMPI progresses a nonblocking collective inside `MPI_Test`), finished by `wait` within
+//! the communicator's deadline, watching for failure notices as every polled call does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,23 +13,41 @@ use super::Runtime;
 use crate::error::{CommError, Site};
 use crate::pending::InFlight;
 
-/// An all-reduce MPI runs in the background on a tensor it owns until it completes.
-pub(super) struct MpiAllReduce {
+/// What MPI reads until a request completes besides the result buffer: a reduce-scatter's
+/// send buffer and counts. Leaked with the result if the request is abandoned.
+#[derive(Default)]
+pub(super) struct Kept {
+    #[expect(
+        dead_code,
+        reason = "held, never read: MPI reads it until the request completes"
+    )]
+    pub(super) send: Option<Tensor>,
+    #[expect(
+        dead_code,
+        reason = "held, never read: MPI reads it until the request completes"
+    )]
+    pub(super) counts: Vec<i32>,
+}
+
+/// A collective MPI runs in the background on buffers it owns until it completes.
+pub(super) struct MpiInFlight {
     pub(super) runtime: Arc<Runtime>,
     /// `None` once completed.
     pub(super) request: Option<Request>,
-    /// The buffer MPI reduces in place; leaked if the request is abandoned (MPI may still
-    /// write it).
+    /// The buffer MPI writes the result into; leaked if the request is abandoned (MPI may
+    /// still write it).
     pub(super) data: Option<Tensor>,
+    /// Buffers MPI may still read.
+    pub(super) kept: Kept,
     /// The group's members as world ranks, in group-rank order (to name a failed peer).
     pub(super) members: Vec<usize>,
     pub(super) timeout: Duration,
     pub(super) site: Site,
 }
 
-impl std::fmt::Debug for MpiAllReduce {
+impl std::fmt::Debug for MpiInFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MpiAllReduce")
+        f.debug_struct("MpiInFlight")
             .field("site", &self.site)
             .field("done", &self.request.is_none())
             .finish_non_exhaustive()
@@ -37,16 +55,16 @@ impl std::fmt::Debug for MpiAllReduce {
 }
 
 // SAFETY: the request handle is used only under the runtime's MPI lock, and by one owner.
-unsafe impl Send for MpiAllReduce {}
+unsafe impl Send for MpiInFlight {}
 
-impl MpiAllReduce {
+impl MpiInFlight {
     fn error(&self, err: WaitError) -> CommError {
         let err = super::wait_error(err, self.site.clone(), self.timeout, Vec::new());
         self.runtime.fail(err)
     }
 }
 
-impl InFlight for MpiAllReduce {
+impl InFlight for MpiInFlight {
     fn test(&mut self) -> Result<bool, CommError> {
         let Some(request) = self.request.as_mut() else {
             return Ok(true);
@@ -73,20 +91,28 @@ impl InFlight for MpiAllReduce {
             });
             drop(raw);
             if let Err(err) = polled {
-                // MPI may still write the buffer: abandon it.
-                std::mem::forget(self.data.take());
+                // MPI may still use the buffers: abandon them.
+                self.abandon();
                 return Err(self.error(err));
             }
         }
+        self.kept = Kept::default();
         Ok(self.data.take().expect("the data stays until taken"))
     }
 }
 
-impl Drop for MpiAllReduce {
+impl MpiInFlight {
+    /// Leaks the buffers of a request that never completed: MPI may still use them.
+    fn abandon(&mut self) {
+        std::mem::forget(self.data.take());
+        std::mem::forget(std::mem::take(&mut self.kept));
+    }
+}
+
+impl Drop for MpiInFlight {
     fn drop(&mut self) {
         if self.request.is_some() {
-            // Never completed: MPI may still write the buffer.
-            std::mem::forget(self.data.take());
+            self.abandon();
         }
     }
 }

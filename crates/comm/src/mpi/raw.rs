@@ -721,6 +721,32 @@ impl Raw {
         })
     }
 
+    /// Starts a reduce-scatter (`MPI_Ireduce_scatter`), advanced by [`Raw::test`].
+    ///
+    /// # Safety
+    /// `send` holds the sum of `counts` elements of `dtype`, `recv` this rank's count; both
+    /// buffers and `counts` stay valid, untouched by the caller, until the request completes.
+    pub(super) unsafe fn ireduce_scatter(
+        &self,
+        comm: &Comm,
+        (send, recv): (*const u8, *mut u8),
+        counts: &[i32],
+        dtype: Datatype,
+        op: ReduceOp,
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Ireduce_scatter(
+                addr(send),
+                addr(recv),
+                counts.as_ptr(),
+                mpi_type(dtype),
+                mpi_op(op),
+                comm.0,
+                req,
+            )
+        })
+    }
+
     /// # Safety
     /// `send` holds the sum of `counts` elements of `dtype`, `recv` this rank's count.
     pub(super) unsafe fn reduce_scatter(
