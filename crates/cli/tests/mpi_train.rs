@@ -231,9 +231,10 @@ fn mpi_train_gpt_matches_local_and_one_device() {
 /// Fused gradient buckets reduced while the backward pass computes
 /// (`grad_computation_allreduce_overlap`) under `mpirun -np 4`: each bucket starts as MPI's
 /// nonblocking all-reduce (or, with hsdp level 2, nonblocking reduce-scatter) when its last
-/// gradient is computed. The GPT (data parallel 4, 1 MB buckets) trains the losses of the local
-/// backend's progress thread and of one device, and every rank's memory line reaches the
-/// metrics log.
+/// gradient is computed; with hsdp level 3 and `computation_allgather_overlap`, each weight's
+/// gather also starts, as MPI's nonblocking all-gather, one gather ahead of its use. The GPT
+/// (data parallel 4, 1 MB buckets) trains the losses of the local backend's progress thread and
+/// of one device, and every rank's memory line reaches the metrics log.
 #[test]
 fn mpi_overlapped_buckets_match_local_and_one_device() {
     for (case, extra) in [
@@ -241,6 +242,13 @@ fn mpi_overlapped_buckets_match_local_and_one_device() {
         (
             "reducescatter",
             Some("parallel.hsdp={ optimizer_level = \"level2\", threshold = 0 }"),
+        ),
+        (
+            "level3-gathers",
+            Some(
+                "parallel.hsdp={ optimizer_level = \"level3\", threshold = 0 }\n\
+                 parallel.overlap.computation_allgather_overlap=true",
+            ),
         ),
     ] {
         let dir = Scratch::new(&format!("mpi-overlap-{case}"));
@@ -265,7 +273,7 @@ fn mpi_overlapped_buckets_match_local_and_one_device() {
                         .to_string(),
                     "parallel.overlap.grad_computation_allreduce_overlap=true".to_string(),
                 ]);
-                sets.extend(extra.map(String::from));
+                sets.extend(extra.into_iter().flat_map(|e| e.lines()).map(String::from));
             }
             train_command("examples/gpt_kjv.toml", &dir.0, name, sets)
         };

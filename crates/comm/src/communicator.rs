@@ -154,21 +154,21 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     }
 
     /// Starts [`all_reduce`](Communicator::all_reduce) of `tensor`, to finish with
-    /// [`PendingAllReduce::wait`] after the caller has computed meanwhile (every member starts
+    /// [`PendingCollective::wait`] after the caller has computed meanwhile (every member starts
     /// its reductions in the same order). A backend that can run it in the background does
-    /// (MPI's nonblocking all-reduce, advanced at each [`PendingAllReduce::test`]); the
+    /// (MPI's nonblocking all-reduce, advanced at each [`PendingCollective::test`]); the
     /// default runs it now.
     fn start_all_reduce(
         &self,
         mut tensor: Tensor,
         op: ReduceOp,
-    ) -> Result<crate::PendingAllReduce, CommError> {
+    ) -> Result<crate::PendingCollective, CommError> {
         self.all_reduce(&mut tensor, op)?;
-        Ok(crate::PendingAllReduce::done(tensor))
+        Ok(crate::PendingCollective::done(tensor))
     }
 
     /// Starts [`reduce_scatter_v`](Communicator::reduce_scatter_v) of `send`, to finish with
-    /// [`PendingAllReduce::wait`], which returns this rank's part (`counts[rank()]`
+    /// [`PendingCollective::wait`], which returns this rank's part (`counts[rank()]`
     /// elements). Every member starts its collectives in the same order. A backend that can
     /// run it in the background does (MPI's nonblocking reduce-scatter); the default runs it
     /// now.
@@ -177,7 +177,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         send: Tensor,
         counts: &[usize],
         op: ReduceOp,
-    ) -> Result<crate::PendingAllReduce, CommError> {
+    ) -> Result<crate::PendingCollective, CommError> {
         let mine = counts.get(self.rank()).copied().unwrap_or(0);
         let mut recv = Tensor::zeros(send.dtype(), &[mine]);
         self.reduce_scatter_v(
@@ -186,7 +186,20 @@ pub trait Communicator: Send + Sync + fmt::Debug {
             counts,
             op,
         )?;
-        Ok(crate::PendingAllReduce::done(recv))
+        Ok(crate::PendingCollective::done(recv))
+    }
+
+    /// Starts [`all_gather_bytes`](Communicator::all_gather_bytes) of `send`, to finish with
+    /// [`PendingCollective::wait`], which returns the gathered bytes as a `u8` tensor
+    /// (`size()` times as long, in rank order). Every member starts its collectives in the
+    /// same order. A backend that can run it in the background does (MPI's nonblocking
+    /// all-gather); the default runs it now.
+    fn start_all_gather_bytes(&self, send: Vec<u8>) -> Result<crate::PendingCollective, CommError> {
+        let mut recv = vec![0u8; send.len() * self.size()];
+        self.all_gather_bytes(&send, &mut recv)?;
+        let len = recv.len();
+        let gathered = Tensor::from_vec(&[len], recv).expect("the length is the shape");
+        Ok(crate::PendingCollective::done(gathered))
     }
 
     /// Reduces `buf` element-wise over all ranks, in place, in the canonical summation tree

@@ -74,7 +74,7 @@ macro_rules! __comm_case_list {
     ($callback:ident ! ($($prefix:tt)*)) => {
         $crate::$callback!($($prefix)*
             barrier, broadcast, all_reduce, all_reduce_tensor_and_slices, reduce_scatter,
-            all_reduce_deterministic, started_all_reduces,
+            all_reduce_deterministic, started_collectives,
             all_gather, all_gather_v, all_to_all, all_to_all_v, send_recv, split_and_groups,
             concurrent_groups, invalid_arguments_poison_nothing
         );
@@ -330,12 +330,13 @@ pub fn all_reduce(comm: &dyn Communicator) -> CaseResult {
     Ok(())
 }
 
-/// Reductions started together and finished later ([`Communicator::start_all_reduce`],
-/// [`Communicator::start_reduce_scatter_v`]), as fused gradient buckets are while the backward
-/// pass computes: several all-reduces and reduce-scatters (uneven parts, some empty) in flight
-/// at once, of the dtypes and ops a backend runs in the background and of those it runs at
-/// once, tested a few times and waited for in order, each equal to the serial reference.
-pub fn started_all_reduces(comm: &dyn Communicator) -> CaseResult {
+/// Collectives started together and finished later ([`Communicator::start_all_reduce`],
+/// [`Communicator::start_reduce_scatter_v`], [`Communicator::start_all_gather_bytes`]), as
+/// fused gradient buckets and prefetched weight gathers are while the steps compute: several
+/// all-reduces, reduce-scatters (uneven parts, some empty) and all-gathers in flight at once,
+/// of the dtypes and ops a backend runs in the background and of those it runs at once, tested
+/// a few times and waited for in order, each equal to the serial reference.
+pub fn started_collectives(comm: &dyn Communicator) -> CaseResult {
     let (n, me) = (comm.size(), comm.rank());
     let cases = [
         (DType::F32, ReduceOp::Sum, 40_003, false),
@@ -369,10 +370,29 @@ pub fn started_all_reduces(comm: &dyn Communicator) -> CaseResult {
             }
         });
     }
+    // All-gathers of bytes, in flight with the reductions: rank r sends `len` bytes of its own.
+    let gathers = [0usize, 1, 10_007];
+    let bytes_of = |rank: usize, len: usize| -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + rank * 31 + len) as u8).collect()
+    };
+    let mut gathered = Vec::new();
+    for &len in &gathers {
+        let want: Vec<u8> = (0..n).flat_map(|r| bytes_of(r, len)).collect();
+        let want = Tensor::from_vec(&[want.len()], want).expect("len");
+        gathered.push((comm.start_all_gather_bytes(bytes_of(me, len))?, want));
+    }
     for _ in 0..3 {
-        for (p, _) in pending.iter_mut() {
+        for (p, _) in pending.iter_mut().chain(gathered.iter_mut()) {
             p.test()?;
         }
+    }
+    for ((p, want), len) in gathered.into_iter().zip(gathers) {
+        expect_eq(
+            comm,
+            &format!("started all_gather u8[{len}]"),
+            &p.wait()?,
+            &want,
+        )?;
     }
     for ((p, want), &(dtype, op, len, scatter)) in pending.into_iter().zip(&cases) {
         let got = p.wait()?;

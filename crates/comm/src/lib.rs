@@ -96,4 +96,4 @@ pub use crate::communicator::{split_counts, Communicator, CommunicatorExt, Tag, 
 pub use crate::error::{CommError, PeerFailure, Site};
 pub use crate::local::{LocalCluster, LocalComm};
 pub use crate::op::ReduceOp;
-pub use crate::pending::{InFlight, PendingAllReduce};
+pub use crate::pending::{InFlight, PendingCollective};

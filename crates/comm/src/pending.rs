@@ -1,7 +1,9 @@
-//! Collectives that run while the caller computes: an all-reduce started now and finished
-//! later ([`crate::Communicator::start_all_reduce`]). A backend whose collectives progress
+//! Collectives that run while the caller computes: an all-reduce, reduce-scatter or all-gather
+//! started now and finished later ([`crate::Communicator::start_all_reduce`],
+//! [`crate::Communicator::start_reduce_scatter_v`],
+//! [`crate::Communicator::start_all_gather_bytes`]). A backend whose collectives progress
 //! only inside its calls (MPI's nonblocking collectives advance in `MPI_Test`) advances it at
-//! every [`PendingAllReduce::test`]; one without returns it already done.
+//! every [`PendingCollective::test`]; one without returns it already done.
 
 use std::fmt;
 
@@ -9,18 +11,18 @@ use tensor::Tensor;
 
 use crate::error::CommError;
 
-/// A backend's all-reduce in flight.
+/// A backend's collective in flight.
 pub trait InFlight: Send + fmt::Debug {
     /// Advances the reduction; whether it has completed.
     fn test(&mut self) -> Result<bool, CommError>;
 
-    /// Waits (within the communicator's deadline) and returns the reduced tensor.
+    /// Waits (within the communicator's deadline) and returns the result.
     fn wait(self: Box<Self>) -> Result<Tensor, CommError>;
 }
 
-/// An all-reduce started by [`crate::Communicator::start_all_reduce`].
+/// A collective started by one of the communicator's `start_*` calls.
 #[derive(Debug)]
-pub struct PendingAllReduce {
+pub struct PendingCollective {
     state: State,
 }
 
@@ -30,17 +32,17 @@ enum State {
     InFlight(Box<dyn InFlight>),
 }
 
-impl PendingAllReduce {
+impl PendingCollective {
     /// One that completed when it started.
-    pub fn done(result: Tensor) -> PendingAllReduce {
-        PendingAllReduce {
+    pub fn done(result: Tensor) -> PendingCollective {
+        PendingCollective {
             state: State::Done(result),
         }
     }
 
     /// One a backend runs in the background.
-    pub fn in_flight(op: Box<dyn InFlight>) -> PendingAllReduce {
-        PendingAllReduce {
+    pub fn in_flight(op: Box<dyn InFlight>) -> PendingCollective {
+        PendingCollective {
             state: State::InFlight(op),
         }
     }
@@ -58,7 +60,8 @@ impl PendingAllReduce {
         }
     }
 
-    /// Waits for it and returns the reduced tensor.
+    /// Waits for it and returns the result: the reduced tensor, this rank's part of a
+    /// reduce-scatter, or an all-gather's bytes (a `u8` tensor).
     pub fn wait(self) -> Result<Tensor, CommError> {
         match self.state {
             State::Done(t) => Ok(t),

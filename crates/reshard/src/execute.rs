@@ -87,6 +87,12 @@ impl ReshardRunner {
         self.deterministic = on;
     }
 
+    /// Whether network transfers run as tagged messages
+    /// ([`ReshardRunner::run_into_messages`] is running).
+    pub(crate) fn sends_messages(&self) -> bool {
+        self.messages.is_some()
+    }
+
     /// Whether pending sums are added in the canonical order.
     pub fn is_deterministic(&self) -> bool {
         self.deterministic
@@ -572,14 +578,15 @@ pub fn reshard(
 }
 
 /// The slots of `layout`'s mesh on device `rank`, in slot order.
-fn device_slots(layout: &TensorLayout, rank: usize) -> Vec<usize> {
+pub(crate) fn device_slots(layout: &TensorLayout, rank: usize) -> Vec<usize> {
     let mesh = layout.mesh();
     (0..mesh.n_slots())
         .filter(|&s| mesh.device_of_slot(s) == rank)
         .collect()
 }
 
-fn check_inputs(
+/// Checks that `local` holds one tensor per slot of `slots`, each of its slot's shape and `dtype`.
+pub(crate) fn check_inputs(
     layout: &TensorLayout,
     slots: &[usize],
     local: &[&Tensor],

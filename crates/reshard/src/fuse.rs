@@ -89,7 +89,7 @@ pub struct PackedReduction {
 #[derive(Debug)]
 pub struct StartedReduction {
     packed: PackedReduction,
-    pending: comm::PendingAllReduce,
+    pending: comm::PendingCollective,
 }
 
 impl StartedReduction {
@@ -278,7 +278,7 @@ impl ReshardRunner {
             let data = packed.take_data();
             return Ok(StartedReduction {
                 packed,
-                pending: comm::PendingAllReduce::done(data),
+                pending: comm::PendingCollective::done(data),
             });
         }
         let op = packed.op.comm_op();

@@ -53,6 +53,7 @@ mod fuse;
 mod lower;
 mod partial;
 mod plan;
+mod started;
 #[cfg(test)]
 mod test_util;
 
@@ -62,3 +63,4 @@ pub use crate::fuse::{fusion_key, FusionKey, PackedReduction, StartedReduction};
 pub use crate::lower::{lower, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
 pub use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
 pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};
+pub use crate::started::StartedReshard;

@@ -80,8 +80,10 @@ fn global(shape: &[usize]) -> Tensor {
     Tensor::from_vec(shape, (0..n).map(|i| i as f32).collect()).unwrap()
 }
 
-/// Runs `plan` from `src` (optionally partial over `partial`) to `dst` on `world` local ranks and
-/// checks every destination slice against the global tensor.
+/// Runs `plan` from `src` (optionally partial over `partial`) to `dst` on `world` local ranks,
+/// at once and as a started reshard finished later ([`ReshardRunner::start_into`], which starts
+/// an all-gather plan's collective), and checks every destination slice of both against the
+/// global tensor.
 fn run_and_check(world: usize, src: &DistLayout, dst: &TensorLayout) {
     let g = global(dst.shape());
     let plan = reshard::plan_from(src, dst, DType::F32).unwrap();
@@ -122,7 +124,21 @@ fn run_and_check(world: usize, src: &DistLayout, dst: &TensorLayout) {
                     }
                 }
             }
-            runner.run(&plan, local).map_err(|e| e.to_string())
+            let dst = plan.dst();
+            let out: Vec<Tensor> = (0..dst.mesh().n_slots())
+                .filter(|&s| dst.mesh().device_of_slot(s) == rank)
+                .map(|s| Tensor::zeros(DType::F32, &dst.slot_shape(s)))
+                .collect();
+            let refs: Vec<&Tensor> = local.iter().collect();
+            let started = runner
+                .start_into(&plan, &refs, out)
+                .and_then(|s| runner.finish_into(&plan, s))
+                .map_err(|e| e.to_string())?;
+            let at_once = runner.run(&plan, local).map_err(|e| e.to_string())?;
+            if started != at_once {
+                return Err("the started reshard differs from the one run at once".to_string());
+            }
+            Ok(at_once)
         }
     });
     let mesh = dst.mesh();

@@ -7,16 +7,19 @@
 //! built (every rank in the same order, so the groups match across ranks and never race the
 //! main runner's). MPI serialises a process's calls under one lock held for a whole
 //! collective, so a second thread in a collective could deadlock two ranks' main threads; there
-//! a gather runs when handed over, and a bucket starts as MPI's nonblocking all-reduce or
-//! reduce-scatter when handed over and progresses while the steps go on (advanced between
-//! steps, finished when the buckets are collected). Deterministic buckets run when handed over.
+//! a bucket starts as MPI's nonblocking all-reduce or reduce-scatter, and a gather as its
+//! nonblocking all-gather, when handed over, and progresses while the steps go on (advanced
+//! between steps, finished when the buckets are collected or the gather is taken).
+//! Deterministic buckets, and gathers that are not one all-gather, run when handed over.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use reshard::{PackedReduction, ReshardError, ReshardPlan, ReshardRunner, StartedReduction};
+use reshard::{
+    PackedReduction, ReshardError, ReshardPlan, ReshardRunner, StartedReduction, StartedReshard,
+};
 use tensor::Tensor;
 
 /// Work handed over.
@@ -82,15 +85,26 @@ enum Worker {
         /// The groups the thread's runner created before it started (it creates no others).
         groups: Vec<Vec<usize>>,
     },
-    /// This thread (MPI): gathers when handed over; buckets started when handed over as
-    /// nonblocking reductions, advanced between steps ([`Progress::poll`]) and finished when
+    /// This thread (MPI): gathers and buckets started when handed over as nonblocking
+    /// collectives, advanced between steps ([`Progress::poll`]) and finished when taken or
     /// collected.
     Inline {
         /// The runner.
         runner: ReshardRunner,
         /// Buckets started and not yet collected, with their index.
         started: Vec<(usize, StartedReduction)>,
+        /// Gathers started and not yet taken.
+        gathers: Vec<StartedGather>,
     },
+}
+
+/// A gather started on this thread: its step, plan and source copy, and the reshard in flight.
+#[derive(Debug)]
+struct StartedGather {
+    step: usize,
+    plan: Arc<ReshardPlan>,
+    src: Tensor,
+    reshard: StartedReshard,
 }
 
 /// The jobs of one rank, and the finished ones not yet taken.
@@ -132,6 +146,7 @@ impl Progress {
             worker: Worker::Inline {
                 runner,
                 started: Vec::new(),
+                gathers: Vec::new(),
             },
             finished: VecDeque::new(),
         }
@@ -157,8 +172,25 @@ impl Progress {
                 }
                 *in_flight += 1;
             }
-            Worker::Inline { runner, started } => match job {
-                gather @ Job::Gather { .. } => self.finished.push_back(gather.run(runner)?),
+            Worker::Inline {
+                runner,
+                started,
+                gathers,
+            } => match job {
+                Job::Gather {
+                    step,
+                    plan,
+                    src,
+                    dst,
+                } => {
+                    let reshard = runner.start_into(&plan, &[&src], vec![dst])?;
+                    gathers.push(StartedGather {
+                        step,
+                        plan,
+                        src,
+                        reshard,
+                    });
+                }
                 Job::Bucket(b, packed) => started.push((b, runner.start_packed(packed)?)),
             },
         }
@@ -184,9 +216,15 @@ impl Progress {
     /// Advances the buckets started on this thread (MPI progresses a nonblocking collective
     /// only inside its calls); nothing for a progress thread, which runs them itself.
     pub(crate) fn poll(&mut self) -> Result<(), ReshardError> {
-        if let Worker::Inline { started, .. } = &mut self.worker {
+        if let Worker::Inline {
+            started, gathers, ..
+        } = &mut self.worker
+        {
             for (_, reduction) in started.iter_mut() {
                 reduction.test()?;
+            }
+            for gather in gathers.iter_mut() {
+                gather.reshard.test()?;
             }
         }
         Ok(())
@@ -194,6 +232,22 @@ impl Progress {
 
     /// The gather of step `step`, once done (its destination slice and copied source).
     pub(crate) fn take_gather(&mut self, step: usize) -> Result<(Tensor, Tensor), ReshardError> {
+        if let Worker::Inline {
+            runner, gathers, ..
+        } = &mut self.worker
+        {
+            if let Some(at) = gathers.iter().position(|g| g.step == step) {
+                let StartedGather {
+                    plan, src, reshard, ..
+                } = gathers.remove(at);
+                let [dst] = <[Tensor; 1]>::try_from(runner.finish_into(&plan, reshard)?).map_err(
+                    |out| ReshardError::LocalMismatch {
+                        reason: format!("a gather gave {} destination slices, not one", out.len()),
+                    },
+                )?;
+                return Ok((dst, src));
+            }
+        }
         loop {
             if let Some(at) = self
                 .finished
@@ -214,7 +268,10 @@ impl Progress {
     pub(crate) fn collect_buckets(
         &mut self,
     ) -> Result<Vec<(usize, PackedReduction)>, ReshardError> {
-        if let Worker::Inline { runner, started } = &mut self.worker {
+        if let Worker::Inline {
+            runner, started, ..
+        } = &mut self.worker
+        {
             for (b, reduction) in started.drain(..) {
                 let packed = runner.finish_packed(reduction)?;
                 self.finished.push_back(Job::Bucket(b, packed));

@@ -713,8 +713,8 @@ impl MpiComm {
         data: tensor::Tensor,
         kept: pending::Kept,
         site: Site,
-    ) -> crate::PendingAllReduce {
-        crate::PendingAllReduce::in_flight(Box::new(pending::MpiInFlight {
+    ) -> crate::PendingCollective {
+        crate::PendingCollective::in_flight(Box::new(pending::MpiInFlight {
             runtime: self.runtime.clone(),
             request: Some(request),
             data: Some(data),
@@ -826,10 +826,10 @@ impl Communicator for MpiComm {
         &self,
         mut tensor: tensor::Tensor,
         op: ReduceOp,
-    ) -> Result<crate::PendingAllReduce, CommError> {
+    ) -> Result<crate::PendingCollective, CommError> {
         if !self.runs_in_background(tensor.dtype(), op) {
             self.all_reduce(&mut tensor, op)?;
-            return Ok(crate::PendingAllReduce::done(tensor));
+            return Ok(crate::PendingCollective::done(tensor));
         }
         let call = self.enter("start_all_reduce")?;
         let count = call.count(tensor.n_elements())?;
@@ -854,7 +854,7 @@ impl Communicator for MpiComm {
         send: tensor::Tensor,
         counts: &[usize],
         op: ReduceOp,
-    ) -> Result<crate::PendingAllReduce, CommError> {
+    ) -> Result<crate::PendingCollective, CommError> {
         let dtype = send.dtype();
         let valid = counts.len() == self.size && counts.iter().sum::<usize>() == send.n_elements();
         if !valid || !self.runs_in_background(dtype, op) {
@@ -867,7 +867,7 @@ impl Communicator for MpiComm {
                 counts,
                 op,
             )?;
-            return Ok(crate::PendingAllReduce::done(recv));
+            return Ok(crate::PendingCollective::done(recv));
         }
         let call = self.enter("start_reduce_scatter")?;
         let (mpi_counts, _) = call.counts(counts)?;
@@ -891,6 +891,36 @@ impl Communicator for MpiComm {
         let kept = pending::Kept {
             send: Some(send),
             counts: mpi_counts,
+        };
+        Ok(self.in_flight(request, recv, kept, site))
+    }
+
+    /// MPI's nonblocking all-gather under polled collectives ([`OnTimeout::ReturnError`]); the
+    /// blocking path otherwise.
+    fn start_all_gather_bytes(&self, send: Vec<u8>) -> Result<crate::PendingCollective, CommError> {
+        let len = send.len();
+        let send = tensor::Tensor::from_vec(&[len], send).expect("the length is the shape");
+        if self.on_timeout != OnTimeout::ReturnError {
+            let mut recv = vec![0u8; len * self.size];
+            self.all_gather_bytes(send.as_bytes(), &mut recv)?;
+            let gathered = tensor::Tensor::from_vec(&[recv.len()], recv).expect("shape");
+            return Ok(crate::PendingCollective::done(gathered));
+        }
+        let call = self.enter("start_all_gather")?;
+        let count = call.count(len)?;
+        call.count(len * self.size)?;
+        let mut recv = tensor::Tensor::zeros(DType::U8, &[len * self.size]);
+        let (send_ptr, recv_ptr) = (send.as_bytes().as_ptr(), recv.as_bytes_mut().as_mut_ptr());
+        // SAFETY: both tensors' heap buffers move into the pending collective and are neither
+        // read, written nor freed until the request completes (they are leaked if the request
+        // is abandoned).
+        let started = unsafe { call.raw.iallgather(&self.comm, send_ptr, count, recv_ptr) };
+        let request = call.check(started)?;
+        let site = call.site();
+        drop(call);
+        let kept = pending::Kept {
+            send: Some(send),
+            counts: Vec::new(),
         };
         Ok(self.in_flight(request, recv, kept, site))
     }

@@ -1,5 +1,5 @@
-//! MPI's nonblocking all-reduce and reduce-scatter (`MPI_Iallreduce`, `MPI_Ireduce_scatter`)
-//! as a [`crate::PendingAllReduce`]: started on the calling thread, advanced by each `test`
+//! MPI's nonblocking collectives (`MPI_Iallreduce`, `MPI_Ireduce_scatter`, `MPI_Iallgather`)
+//! as a [`crate::PendingCollective`]: started on the calling thread, advanced by each `test`
 //! (OpenMPI progresses a nonblocking collective inside `MPI_Test`), finished by `wait` within
 //! the communicator's deadline, watching for failure notices as every polled call does.
 
@@ -13,8 +13,9 @@ use super::Runtime;
 use crate::error::{CommError, Site};
 use crate::pending::InFlight;
 
-/// What MPI reads until a request completes besides the result buffer: a reduce-scatter's
-/// send buffer and counts. Leaked with the result if the request is abandoned.
+/// What MPI reads until a request completes besides the result buffer: the send buffer of a
+/// reduce-scatter or all-gather, and a reduce-scatter's counts. Leaked with the result if the
+/// request is abandoned.
 #[derive(Default)]
 pub(super) struct Kept {
     #[expect(

@@ -767,6 +767,32 @@ impl Raw {
         ))
     }
 
+    /// Starts an all-gather of bytes (`MPI_Iallgather`), advanced by [`Raw::test`].
+    ///
+    /// # Safety
+    /// `send` holds `count` bytes and `recv` `count × size` bytes; both stay valid, untouched
+    /// by the caller, until the request completes.
+    pub(super) unsafe fn iallgather(
+        &self,
+        comm: &Comm,
+        send: *const u8,
+        count: i32,
+        recv: *mut u8,
+    ) -> Result<Request, MpiError> {
+        start(|req| {
+            ffi::MPI_Iallgather(
+                addr(send),
+                count,
+                byte(),
+                addr(recv),
+                count,
+                byte(),
+                comm.0,
+                req,
+            )
+        })
+    }
+
     /// # Safety
     /// `send` holds `count` bytes and `recv` `count × size` bytes.
     pub(super) unsafe fn allgather(
