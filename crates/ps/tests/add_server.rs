@@ -171,3 +171,80 @@ fn servers_added_mid_run_take_over_parameters_and_the_losses_stay_exact() {
         );
     }
 }
+
+/// A server that switched to a later map refuses routes of an earlier one (and untagged ones)
+/// with an error naming both epochs, serves the current one, and takes in a handover only of
+/// parameters the new map gives it.
+#[test]
+fn stale_routes_and_misrouted_handovers_are_refused() {
+    use ps::proto::parameter_server_server::ParameterServer;
+    use ps::proto::{HandoverRequest, PullRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = ps_config(dir.path(), "servers = 1\nworkers = 2", "max_steps = 4");
+    let settings = ps::env::JobSettings::from_keys(config.ps().unwrap(), 1, 2, &config);
+    let compute = ps::compute::Compute::new(&config).unwrap();
+    let all = compute.params().to_vec();
+    let initial = compute.initial_params().unwrap();
+    let service =
+        ps::server::ServerService::new(&settings, &config, 0, &all, initial.clone(), false)
+            .unwrap();
+    service.enable_migration(all.clone(), Some(1));
+    let rt = ps::scheduler::runtime(1).unwrap();
+    let pull = || PullRequest {
+        worker_id: 0,
+        min_version: 0,
+    };
+    rt.block_on(async {
+        for request in [
+            ps::migrate::tagged(pull(), 0),
+            tonic::Request::new(pull()),
+        ] {
+            let err = service.pull(request).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+            assert!(
+                err.message().contains(ps::migrate::STALE_ROUTE)
+                    && err.message().contains("serves epoch 1"),
+                "{}",
+                err.message()
+            );
+        }
+        let ok = service
+            .pull(ps::migrate::tagged(pull(), 1))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(ok.tensors.len(), all.len());
+        // Under a 2-server map, server 0 keeps the largest parameter: handing it to server 0
+        // again is fine, but one the map gives server 1 is refused, naming it.
+        let owners = ps::migrate::owners(&all, 2);
+        let theirs = owners.iter().position(|&o| o == 1).expect("server 1 owns one");
+        let handover = |param: usize| HandoverRequest {
+            from_server: 1,
+            epoch: 2,
+            servers: 2,
+            version: 0,
+            optimizer_steps: 0,
+            last_loss: 0.0,
+            weights: vec![ps::wire::to_msg(&all[param].name, &initial[param])],
+            states: Vec::new(),
+        };
+        let err = service
+            .handover(tonic::Request::new(handover(theirs)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message().contains(&all[theirs].name) && err.message().contains("belongs to server 1"),
+            "{}",
+            err.message()
+        );
+        // Momentum keeps one state per parameter: a handover without it is refused.
+        let mine = owners.iter().position(|&o| o == 0).expect("server 0 owns one");
+        let err = service
+            .handover(tonic::Request::new(handover(mine)))
+            .await
+            .unwrap_err();
+        assert!(err.message().contains("optimizer state"), "{}", err.message());
+    });
+}
