@@ -1,5 +1,5 @@
 //! `tessera bench ps`: parameter-server training of the seed MLP (digits, hidden 128, global
-//! batch 32) in steps/s — sync and async, 1, 2 and 4 workers, 1 and 2 servers — next to
+//! batch 32), or with `--model gpt` a small GPT, in steps/s — sync and async, 1, 2 and 4 workers, 1 and 2 servers — next to
 //! data-parallel all-reduce training on the local backend in the same run, and the time a
 //! sync job takes to go on after a worker is killed. `--recovery` measures instead, over
 //! `--trials` fresh jobs each, the time to recover from a killed worker (kill → the survivors'
@@ -36,11 +36,38 @@ pub struct PsBenchArgs {
     /// Fresh jobs per kind of failure with `--recovery`.
     #[arg(long, default_value_t = 5)]
     trials: usize,
+    /// The model of the steps/s table: `seed_mlp` or `gpt` (a small GPT on `--text`).
+    #[arg(long, default_value = "seed_mlp")]
+    model: String,
+    /// The text the GPT trains on.
+    #[arg(long, default_value = "data/kjv/kjv.txt.gz")]
+    text: PathBuf,
 }
 
-/// The seed MLP config: `[parallel]` body `parallel`, `[ps]` body `ps` (empty: no section).
+/// The small GPT of `--model gpt`.
+const GPT_DESCRIPTION: &str =
+    "GPT (KJV bytes, 2 blocks, 4 heads, width 64, 32 tokens, global batch 16, momentum)";
+
+/// The `[model]` and `[data]` sections of `args.model`.
+fn model_sections(args: &PsBenchArgs) -> String {
+    match args.model.as_str() {
+        "gpt" => format!(
+            "[model]\nname = \"gpt\"\nlayers = 2\nheads = 4\nhidden = 64\nseq_len = 32\nffn_hidden = 256\n\
+             [data]\nformat = \"text\"\npath = \"{}\"\nbatch_size = 16\nsteps_per_epoch = 100000\n",
+            args.text.display()
+        ),
+        _ => format!(
+            "[model]\nname = \"seed_mlp\"\nhidden = 128\nclasses = 10\n\
+             [data]\nformat = \"idx\"\ndir = \"{}\"\nbatch_size = 32\nshuffle = true\n",
+            args.data.display()
+        ),
+    }
+}
+
+/// The config of `args.model`: `[parallel]` body `parallel`, `[ps]` body `ps` (empty: no
+/// section).
 fn config_text(
-    data: &Path,
+    args: &PsBenchArgs,
     out: &Path,
     parallel: &str,
     ps: &str,
@@ -52,13 +79,11 @@ fn config_text(
         false => format!("[ps]\n{ps}\n"),
     };
     format!(
-        "[model]\nname = \"seed_mlp\"\nhidden = 128\nclasses = 10\n\
-         [data]\nformat = \"idx\"\ndir = \"{}\"\nbatch_size = 32\nshuffle = true\n\
-         [parallel]\n{parallel}\n{ps}\
+        "{}[parallel]\n{parallel}\n{ps}\
          [train]\nepochs = 100\nmax_steps = {steps}\noptimizer = \"momentum\"\nlearning_rate = 0.02\n\
          momentum = 0.9\nseed = 3\neval = false\nper_print_times = {print}\n\
          [output]\ndir = \"{}\"\n",
-        data.display(),
+        model_sections(args),
         out.display()
     )
 }
@@ -71,7 +96,7 @@ fn parse(text: &str) -> anyhow::Result<TrainConfig> {
 fn data_parallel(args: &PsBenchArgs, dir: &Path, devices: usize) -> anyhow::Result<f64> {
     let parallel = format!("mode = \"data_parallel\"\ndevices = {devices}");
     let config = parse(&config_text(
-        &args.data,
+        args,
         &dir.join("dp"),
         &parallel,
         "",
@@ -98,7 +123,7 @@ fn parameter_server(
 ) -> anyhow::Result<f64> {
     let ps = format!("servers = {servers}\nworkers = {workers}\nsync = {sync}\nstaleness = 2");
     let text = config_text(
-        &args.data,
+        args,
         &dir.join("ps"),
         "mode = \"parameter_server\"",
         &ps,
@@ -251,7 +276,7 @@ fn recovery_config(
         args.dead_after_ms
     );
     let text = config_text(
-        &args.data,
+        args,
         &dir.join(name),
         "mode = \"parameter_server\"",
         &ps,
@@ -369,8 +394,13 @@ pub fn run(args: &PsBenchArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
         return outcome;
     }
+    let model = match args.model.as_str() {
+        "gpt" => GPT_DESCRIPTION,
+        "seed_mlp" => "seed MLP (digits, hidden 128, global batch 32, momentum)",
+        other => anyhow::bail!("--model {other}: expected seed_mlp or gpt"),
+    };
     println!(
-        "seed MLP (digits, hidden 128, global batch 32, momentum), {} steps per run; steps/s of worker 0's loop (PS) or the mean step (DP)",
+        "{model}, {} steps per run; steps/s of worker 0's loop (PS) or the mean step (DP)",
         args.steps
     );
     println!("{:<28} {:>9}", "run", "steps/s");

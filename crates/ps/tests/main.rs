@@ -5,6 +5,7 @@ mod add_server;
 mod async_training;
 mod config;
 mod faults;
+mod gpt;
 mod heartbeat;
 mod prost_ckpt;
 mod protocol;
