@@ -258,7 +258,10 @@ impl ProcessJob {
         }
         match failed.is_empty() {
             true => Ok(()),
-            false => Err(anyhow::anyhow!("the recovery run failed: {}", failed.join("; "))),
+            false => Err(anyhow::anyhow!(
+                "the recovery run failed: {}",
+                failed.join("; ")
+            )),
         }
     }
 }
@@ -379,10 +382,22 @@ fn run_recovery(args: &PsBenchArgs, dir: &Path) -> anyhow::Result<()> {
         serving.push(s);
         server_next.push(n);
     }
-    println!("killed worker (1 server, 3 workers): declared dead {}", spread(&dead));
-    println!("killed worker: survivors' next completed step {}", spread(&worker_next));
-    println!("killed server (2 servers, 2 workers, restarted at once): serving again {}", spread(&serving));
-    println!("killed server: next completed step {}", spread(&server_next));
+    println!(
+        "killed worker (1 server, 3 workers): declared dead {}",
+        spread(&dead)
+    );
+    println!(
+        "killed worker: survivors' next completed step {}",
+        spread(&worker_next)
+    );
+    println!(
+        "killed server (2 servers, 2 workers, restarted at once): serving again {}",
+        spread(&serving)
+    );
+    println!(
+        "killed server: next completed step {}",
+        spread(&server_next)
+    );
     Ok(())
 }
 

@@ -75,17 +75,17 @@ impl Compute {
     /// The job of `config` (a parameter-server config: stand-alone programs).
     pub fn new(config: &TrainConfig) -> Result<Compute, PsError> {
         let session = Session::new(config)?;
-        let data = match session.data.clone() {
-            TrainData::Images { train, test } => Data::Images { train, test },
-            TrainData::Text(_) if config.train().eval => {
-                return Err(PsError::Config {
+        let data =
+            match session.data.clone() {
+                TrainData::Images { train, test } => Data::Images { train, test },
+                TrainData::Text(_) if config.train().eval => return Err(PsError::Config {
                     key: "train.eval".to_string(),
-                    reason: "parameter-server GPT training does not evaluate: set train.eval = false"
-                        .to_string(),
-                })
-            }
-            TrainData::Text(text) => Data::Text(text),
-        };
+                    reason:
+                        "parameter-server GPT training does not evaluate: set train.eval = false"
+                            .to_string(),
+                }),
+                TrainData::Text(text) => Data::Text(text),
+            };
         let program = &session.train;
         let param_index: Vec<usize> = (0..program.params.len())
             .filter(|&i| program.params[i].trainable && program.params[i].grad_buffer.is_some())

@@ -196,10 +196,7 @@ fn stale_routes_and_misrouted_handovers_are_refused() {
         min_version: 0,
     };
     rt.block_on(async {
-        for request in [
-            ps::migrate::tagged(pull(), 0),
-            tonic::Request::new(pull()),
-        ] {
+        for request in [ps::migrate::tagged(pull(), 0), tonic::Request::new(pull())] {
             let err = service.pull(request).await.unwrap_err();
             assert_eq!(err.code(), tonic::Code::FailedPrecondition);
             assert!(
@@ -218,7 +215,10 @@ fn stale_routes_and_misrouted_handovers_are_refused() {
         // Under a 2-server map, server 0 keeps the largest parameter: handing it to server 0
         // again is fine, but one the map gives server 1 is refused, naming it.
         let owners = ps::migrate::owners(&all, 2);
-        let theirs = owners.iter().position(|&o| o == 1).expect("server 1 owns one");
+        let theirs = owners
+            .iter()
+            .position(|&o| o == 1)
+            .expect("server 1 owns one");
         let handover = |param: usize| HandoverRequest {
             from_server: 1,
             epoch: 2,
@@ -235,16 +235,24 @@ fn stale_routes_and_misrouted_handovers_are_refused() {
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(
-            err.message().contains(&all[theirs].name) && err.message().contains("belongs to server 1"),
+            err.message().contains(&all[theirs].name)
+                && err.message().contains("belongs to server 1"),
             "{}",
             err.message()
         );
         // Momentum keeps one state per parameter: a handover without it is refused.
-        let mine = owners.iter().position(|&o| o == 0).expect("server 0 owns one");
+        let mine = owners
+            .iter()
+            .position(|&o| o == 0)
+            .expect("server 0 owns one");
         let err = service
             .handover(tonic::Request::new(handover(mine)))
             .await
             .unwrap_err();
-        assert!(err.message().contains("optimizer state"), "{}", err.message());
+        assert!(
+            err.message().contains("optimizer state"),
+            "{}",
+            err.message()
+        );
     });
 }

@@ -86,7 +86,11 @@ fn sync_ps_gpt_matches_data_parallel_all_reduce_step_for_step() {
     let report = run_in_process(&ps_config, 2, 2);
     assert_eq!(report.losses.len(), dp.len());
     for (i, (a, b)) in report.losses.iter().zip(&dp).enumerate() {
-        assert!((a - b).abs() <= 1e-5, "step {}: PS loss {a} vs DP {b}", i + 1);
+        assert!(
+            (a - b).abs() <= 1e-5,
+            "step {}: PS loss {a} vs DP {b}",
+            i + 1
+        );
     }
     // The losses move: a run that did not train would not match by accident.
     assert!(dp[0] - dp[dp.len() - 1] > 0.05, "{dp:?}");
@@ -97,6 +101,8 @@ fn ps_gpt_refuses_evaluation_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let text = gpt_text(dir.path(), "mode = \"parameter_server\"", "workers = 2", 2)
         .replace("eval = false", "eval = true");
-    let err = ps::compute::Compute::new(&parse(&text)).err().expect("refused");
+    let err = ps::compute::Compute::new(&parse(&text))
+        .err()
+        .expect("refused");
     assert!(err.to_string().contains("train.eval"), "{err}");
 }
