@@ -1,12 +1,14 @@
 //! A worker's arithmetic: the runtime's stand-alone training program on the worker's rows,
 //! the data order of a data-parallel run, and the test accuracy. Servers use it for the
-//! parameters' names, shapes and initial values.
+//! parameters' names, shapes and initial values. The seed MLP reads images (a row is a
+//! sample); the GPT reads text (a row is a window of tokens, fed by the runtime's
+//! `TextData::feed`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use comm::{Communicator, LocalCluster};
-use runtime::{BatchPlan, IdxDataset, RankExecutor, Session, TrainConfig, TrainData};
+use runtime::{BatchPlan, IdxDataset, RankExecutor, Session, TextData, TrainConfig, TrainData};
 use tensor::Tensor;
 
 use crate::error::PsError;
@@ -35,13 +37,21 @@ struct Program {
     param_index: Vec<usize>,
 }
 
+/// A job's data.
+enum Data {
+    /// Images (the seed MLP): the training and test splits.
+    Images {
+        train: Arc<IdxDataset>,
+        test: Arc<IdxDataset>,
+    },
+    /// Text (the GPT).
+    Text(Arc<TextData>),
+}
+
 /// The model, data and programs of a parameter-server job.
 pub struct Compute {
     base: TrainConfig,
-    /// The training split.
-    train: Arc<IdxDataset>,
-    /// The test split.
-    test: Arc<IdxDataset>,
+    data: Data,
     params: Vec<ParamInfo>,
     /// Training programs by batch size (a worker's share changes when workers come and go).
     programs: BTreeMap<usize, Program>,
@@ -65,12 +75,17 @@ impl Compute {
     /// The job of `config` (a parameter-server config: stand-alone programs).
     pub fn new(config: &TrainConfig) -> Result<Compute, PsError> {
         let session = Session::new(config)?;
-        let TrainData::Images { train, test } = session.data.clone() else {
-            return Err(PsError::Config {
-                key: "model.name".to_string(),
-                reason: "parameter-server training trains on images (the seed MLP)".to_string(),
-            });
-        };
+        let data =
+            match session.data.clone() {
+                TrainData::Images { train, test } => Data::Images { train, test },
+                TrainData::Text(_) if config.train().eval => return Err(PsError::Config {
+                    key: "train.eval".to_string(),
+                    reason:
+                        "parameter-server GPT training does not evaluate: set train.eval = false"
+                            .to_string(),
+                }),
+                TrainData::Text(text) => Data::Text(text),
+            };
         let program = &session.train;
         let param_index: Vec<usize> = (0..program.params.len())
             .filter(|&i| program.params[i].trainable && program.params[i].grad_buffer.is_some())
@@ -97,8 +112,7 @@ impl Compute {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Compute {
             base: config.clone(),
-            train,
-            test,
+            data,
             params,
             programs: BTreeMap::new(),
             eval,
@@ -132,7 +146,10 @@ impl Compute {
 
     /// Global steps per epoch (full global batches of `data.batch_size`).
     pub fn steps_per_epoch(&self) -> u64 {
-        (self.train.len() / self.base.data().batch_size).max(1) as u64
+        match &self.data {
+            Data::Images { train, .. } => (train.len() / self.base.data().batch_size).max(1) as u64,
+            Data::Text(text) => text.steps_per_epoch.max(1),
+        }
     }
 
     /// Steps of the whole run: `train.epochs` epochs, cut at `train.max_steps`.
@@ -147,13 +164,27 @@ impl Compute {
         ((step / per) as usize + 1, step % per)
     }
 
-    /// The sample indices of rows `offset..offset + count` of global step `step`'s batch:
-    /// the batch a data-parallel run takes at that step.
+    /// Rows `offset..offset + count` of global step `step`'s batch, the batch a data-parallel
+    /// run takes at that step: sample indices (images) or window starts (text).
     pub fn rows(&self, step: u64, offset: usize, count: usize) -> Result<Vec<usize>, PsError> {
         let (epoch, index) = self.epoch_of(step);
+        let train = match &self.data {
+            Data::Images { train, .. } => train,
+            Data::Text(text) => {
+                let starts = text.train_starts(self.base.train().seed, epoch as u64, index, 0)?;
+                let mine = starts.get(offset..offset + count).ok_or_else(|| {
+                    PsError::Protocol(format!(
+                        "step {step}: rows {offset}..{} of a batch of {}",
+                        offset + count,
+                        starts.len()
+                    ))
+                })?;
+                return Ok(mine.iter().map(|&s| s as usize).collect());
+            }
+        };
         let data = self.base.data();
         let plan = BatchPlan::train(
-            self.train.len(),
+            train.len(),
             data.batch_size,
             data.shuffle,
             self.base.train().seed,
@@ -219,15 +250,28 @@ impl Compute {
                 &self.params[k].name,
             )?;
         }
-        let labels = program.session.model.labels;
-        let inputs = program.exec.program().inputs.clone();
-        for (i, input) in inputs.iter().enumerate() {
-            let block = if input.value == labels {
-                self.train.read_labels(rows)?
-            } else {
-                self.train.read_images(rows)?
-            };
-            program.exec.set_input_rows(i, block)?;
+        match &self.data {
+            Data::Images { train, .. } => {
+                let labels = program.session.model.labels;
+                let inputs = program.exec.program().inputs.clone();
+                for (i, input) in inputs.iter().enumerate() {
+                    let block = if input.value == labels {
+                        train.read_labels(rows)?
+                    } else {
+                        train.read_images(rows)?
+                    };
+                    program.exec.set_input_rows(i, block)?;
+                }
+            }
+            Data::Text(text) => {
+                let starts: Vec<u64> = rows.iter().map(|&r| r as u64).collect();
+                text.feed(
+                    &mut program.exec,
+                    &program.session.model,
+                    &text.corpus.train,
+                    &starts,
+                )?;
+            }
         }
         program.exec.run()?;
         let loss = program.exec.output(0).to_f64_vec()[0] as f32;
@@ -243,6 +287,14 @@ impl Compute {
 
     /// The test accuracy at `weights`: every test sample once.
     pub fn accuracy(&mut self, weights: &[Tensor]) -> Result<f64, PsError> {
+        let Data::Images { test, .. } = &self.data else {
+            return Err(PsError::Config {
+                key: "train.eval".to_string(),
+                reason: "parameter-server GPT training does not evaluate: set train.eval = false"
+                    .to_string(),
+            });
+        };
+        let test = test.clone();
         for (k, w) in weights.iter().enumerate() {
             copy_into(
                 self.eval.param_mut(self.eval_index[k]),
@@ -251,17 +303,17 @@ impl Compute {
             )?;
         }
         let batch_size = self.base.data().batch_size;
-        let plan = BatchPlan::eval(self.test.len(), batch_size)?;
-        let labels = self.test.labels();
+        let plan = BatchPlan::eval(test.len(), batch_size)?;
+        let labels = test.labels();
         let label_value = Some(self.labels);
         let inputs = self.eval.program().inputs.clone();
         let mut correct = 0usize;
         for batch in plan.iter() {
             for (i, input) in inputs.iter().enumerate() {
                 let block = if Some(input.value) == label_value {
-                    self.test.read_labels(batch.indices)?
+                    test.read_labels(batch.indices)?
                 } else {
-                    self.test.read_images(batch.indices)?
+                    test.read_images(batch.indices)?
                 };
                 self.eval.set_input_rows(i, block)?;
             }

@@ -60,6 +60,8 @@ pub struct RoleEnv {
     pub restart_count: u32,
     /// `TESSERA_HOST`: the address servers bind (default 127.0.0.1).
     pub host: String,
+    /// `TESSERA_SERVER_JOIN=1`: a server added to a running job (its id is the next one).
+    pub added_server: bool,
 }
 
 impl RoleEnv {
@@ -127,6 +129,16 @@ impl RoleEnv {
             scheduler_addr,
             restart_count: u32::try_from(restart_count).unwrap_or(u32::MAX),
             host: lookup("TESSERA_HOST").unwrap_or_else(|| "127.0.0.1".to_string()),
+            added_server: match lookup("TESSERA_SERVER_JOIN").as_deref().map(str::trim) {
+                None | Some("" | "0" | "false") => false,
+                Some("1" | "true") => true,
+                Some(other) => {
+                    return Err(PsError::Env {
+                        var: "TESSERA_SERVER_JOIN".to_string(),
+                        reason: format!("\"{other}\" is not 1 or 0"),
+                    })
+                }
+            },
         };
         Ok(Some(env))
     }
@@ -182,11 +194,13 @@ impl JobSettings {
             PsRole::Server => Some(("TESSERA_SERVER_ID", env.server_id, servers)),
             _ => None,
         };
-        if let Some((var, id, count)) = role_id {
+        if let Some((var, id, count)) = role_id.filter(|_| !env.added_server) {
             if id >= count {
                 return Err(PsError::Env {
                     var: var.to_string(),
-                    reason: format!("{id} is not below the job's {count} servers"),
+                    reason: format!(
+                        "{id} is not below the job's {count} servers (set TESSERA_SERVER_JOIN=1 to add a server)"
+                    ),
                 });
             }
         }

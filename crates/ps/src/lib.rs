@@ -26,6 +26,7 @@ pub mod env;
 mod error;
 pub mod launch;
 pub mod liveness;
+pub mod migrate;
 pub mod net;
 pub mod partition;
 pub mod retry;

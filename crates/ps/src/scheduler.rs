@@ -15,6 +15,8 @@ use crate::liveness::Liveness;
 use crate::proto::scheduler_server::{Scheduler, SchedulerServer};
 use crate::proto::*;
 
+mod map;
+
 /// Step assignments kept for replays after a server restart (older ones are dropped).
 const KEPT_ASSIGNMENTS: u64 = 100_000;
 
@@ -52,6 +54,8 @@ struct State {
     servers_told: BTreeSet<u32>,
     /// Worker 0 (or, when it died, the scheduler) declared the job over.
     finished: bool,
+    /// The partition map and a server being added.
+    map: map::MapState,
 }
 
 impl State {
@@ -133,6 +137,7 @@ impl SchedulerService {
                 startup_grace: settings.retry.timeout * (settings.retry.retries + 1),
                 servers_told: BTreeSet::new(),
                 finished: false,
+                map: map::MapState::new(settings.servers),
             })),
             changed: Arc::new(Notify::new()),
         }
@@ -171,7 +176,11 @@ impl SchedulerService {
             changed = true;
         }
         let all_dead = s.had_workers && s.worker_live.alive().is_empty() && !s.finished;
+        let migration = s.map.failed(&s.server_live.dead(), now, s.startup_grace);
         drop(s);
+        if let Some(why) = migration {
+            return Err(PsError::io("the job", why));
+        }
         if changed {
             self.changed.notify_waiters();
         }
@@ -223,6 +232,19 @@ impl Scheduler for SchedulerService {
         let r = request.into_inner();
         {
             let mut s = self.lock();
+            let next_step = s.assignments.keys().next_back().map_or(0, |&last| last + 1);
+            let opened = s
+                .map
+                .register(r.server_id, next_step)
+                .map_err(Status::failed_precondition)?;
+            if opened {
+                eprintln!(
+                    "[ps scheduler] server {} is being added: the partition map of epoch {} over {} servers takes effect at step {next_step}; workers wait there for the handover",
+                    r.server_id,
+                    s.map.current.epoch + 1,
+                    r.server_id + 1
+                );
+            }
             s.servers.insert(r.server_id, r.addr.clone());
             s.server_live.register(r.server_id, Instant::now());
         }
@@ -305,7 +327,11 @@ impl Scheduler for SchedulerService {
                 addr: addr.clone(),
             })
             .collect();
-        Ok(Response::new(GetServersReply { servers }))
+        Ok(Response::new(GetServersReply {
+            servers,
+            map_epoch: s.map.current.epoch,
+            map_servers: s.map.current.servers as u32,
+        }))
     }
 
     async fn begin_step(
@@ -334,12 +360,14 @@ impl Scheduler for SchedulerService {
                 let starting = s.assignments.is_empty()
                     && s.registered.len() < s.expected_workers
                     && s.started.elapsed() < s.startup_grace;
-                if !too_far && !starting {
+                let migrating = s.map.holds(r.step);
+                if !too_far && !starting && !migrating {
                     let members = s.members(r.step);
                     let Some(position) = members.iter().position(|&m| m == r.worker_id) else {
                         return Ok(Response::new(reply(StepStatus::Skip)));
                     };
                     let (offset, count) = rows_of(s.batch_size, members.len(), position);
+                    let map_epoch = s.map.current.epoch;
                     drop(s);
                     self.changed.notify_waiters();
                     return Ok(Response::new(BeginStepReply {
@@ -347,6 +375,7 @@ impl Scheduler for SchedulerService {
                         members,
                         row_offset: offset as u64,
                         row_count: count as u64,
+                        map_epoch,
                     }));
                 }
             }
@@ -424,6 +453,55 @@ impl Scheduler for SchedulerService {
         eprintln!("[ps scheduler] the job is over");
         self.changed.notify_waiters();
         Ok(Response::new(FinishReply {}))
+    }
+
+    async fn partition_map(
+        &self,
+        request: Request<PartitionMapRequest>,
+    ) -> Result<Response<PartitionMapReply>, Status> {
+        let r = request.into_inner();
+        let mut s = self.lock();
+        let committed = match r.ready_epoch > s.map.current.epoch {
+            true => s.map.ready(r.server_id, r.ready_epoch),
+            false => None,
+        };
+        if let Some((map, step)) = committed {
+            eprintln!(
+                "[ps scheduler] partition map of epoch {} committed: {} servers from step {step}",
+                map.epoch, map.servers
+            );
+        }
+        // The step each live, unfinished worker waits at (or is on).
+        let steps: Vec<Option<u64>> = s
+            .worker_live
+            .alive()
+            .iter()
+            .filter(|w| !s.done.contains(w))
+            .map(|w| s.worker_step.get(w).copied())
+            .collect();
+        let go = !s.finished && s.map.go(&steps, Instant::now());
+        let pending = s.map.pending.clone();
+        let reply = PartitionMapReply {
+            epoch: s.map.current.epoch,
+            servers: s.map.current.servers as u32,
+            next_epoch: pending.as_ref().map_or(0, |p| p.map.epoch),
+            next_servers: pending.as_ref().map_or(0, |p| p.map.servers as u32),
+            switch_step: pending.as_ref().map_or(0, |p| p.switch_step),
+            go,
+            servers_addrs: s
+                .servers
+                .iter()
+                .map(|(&server_id, addr)| ServerAddr {
+                    server_id,
+                    addr: addr.clone(),
+                })
+                .collect(),
+        };
+        drop(s);
+        if committed.is_some() {
+            self.changed.notify_waiters();
+        }
+        Ok(Response::new(reply))
     }
 }
 

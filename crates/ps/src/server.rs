@@ -21,6 +21,9 @@ use crate::proto::*;
 use crate::snapshot::{self, PartitionState};
 use crate::wire::{from_msg, to_msg};
 
+mod migrate;
+pub use migrate::{current_map, handover_limit};
+
 /// The longest a pull waits for the version it asks for before answering "not ready".
 const LONGEST_PULL: Duration = Duration::from_millis(500);
 
@@ -84,6 +87,10 @@ struct State {
     /// Sync: the step's members still alive, from the scheduler.
     alive: Option<(u64, Vec<u32>)>,
     recovery: Option<Recovery>,
+    /// The partition map's epoch this server serves (`None`: being added, not serving yet).
+    epoch: Option<u64>,
+    /// Handing parameters over when a server is added.
+    migration: migrate::Migration,
 }
 
 impl State {
@@ -300,6 +307,8 @@ impl ServerService {
                 members: BTreeMap::new(),
                 alive: None,
                 recovery,
+                epoch: Some(0),
+                migration: migrate::Migration::default(),
             })),
             changed: Arc::new(Notify::new()),
         })
@@ -343,12 +352,14 @@ impl ServerService {
 #[tonic::async_trait]
 impl ParameterServer for ServerService {
     async fn pull(&self, request: Request<PullRequest>) -> Result<Response<PullReply>, Status> {
+        let routed = crate::migrate::epoch_of(&request);
         let r = request.into_inner();
         let deadline = Instant::now() + LONGEST_PULL;
         loop {
             let notified = self.changed.notified();
             {
                 let s = self.lock();
+                crate::migrate::stale_route("Pull", s.server_id, s.epoch, routed)?;
                 let ready = s.version >= r.min_version;
                 if ready || Instant::now() >= deadline {
                     let waiting_for_you = !ready
@@ -383,9 +394,11 @@ impl ParameterServer for ServerService {
     }
 
     async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushReply>, Status> {
+        let routed = crate::migrate::epoch_of(&request);
         let r = request.into_inner();
         let changed = {
             let mut s = self.lock();
+            crate::migrate::stale_route("Push", s.server_id, s.epoch, routed)?;
             if r.tensors.len() != s.names.len() {
                 return Err(Status::invalid_argument(format!(
                     "push of step {}: {} tensors, server {} holds {}",
@@ -451,19 +464,43 @@ impl ParameterServer for ServerService {
             snapshot_version: s.snapshot_version,
         }))
     }
+
+    async fn handover(
+        &self,
+        request: Request<HandoverRequest>,
+    ) -> Result<Response<HandoverReply>, Status> {
+        self.receive(request.into_inner())
+    }
 }
 
 /// Runs server `env.server_id`: binds an ephemeral port on `env.host`, registers with the
 /// scheduler, serves until the scheduler says the job is over, and writes a last snapshot.
 pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Result<(), PsError> {
     let compute = Compute::new(config)?;
-    let held_index = partition_of(compute.params(), settings.servers, env.server_id);
+    let rt = crate::scheduler::runtime(2)?;
+    // The committed partition map (servers may have been added since the job started).
+    let map = rt.block_on(current_map(settings, env))?;
+    let joining = env.server_id >= map.servers;
+    if joining && !env.added_server {
+        return Err(PsError::Env {
+            var: "TESSERA_SERVER_ID".to_string(),
+            reason: format!(
+                "{} is not below the job's {} servers (set TESSERA_SERVER_JOIN=1 to add a server)",
+                env.server_id, map.servers
+            ),
+        });
+    }
+    let held_index = match joining {
+        true => Vec::new(),
+        false => partition_of(compute.params(), map.servers, env.server_id),
+    };
     let initial_all = compute.initial_params()?;
     let held: Vec<ParamInfo> = held_index
         .iter()
         .map(|&i| compute.params()[i].clone())
         .collect();
     let initial: Vec<Tensor> = held_index.iter().map(|&i| initial_all[i].clone()).collect();
+    let all = compute.params().to_vec();
     drop(compute);
     let service = ServerService::new(
         settings,
@@ -473,11 +510,20 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
         initial,
         env.restart_count > 0,
     )?;
-    // A push carries the partition's gradients and nothing larger is read.
-    let limit = message_limit(held.iter().map(ParamInfo::bytes).sum());
+    // A push carries the partition's gradients, a handover (adding a server) at most every
+    // parameter with its optimizer state; nothing larger is read.
+    let states = config.optimizer_config().kind.state_names().len();
+    let limit =
+        message_limit(held.iter().map(ParamInfo::bytes).sum()).max(handover_limit(&all, states));
+    service.enable_migration(all, (!joining).then_some(map.epoch));
     let names: Vec<&str> = held.iter().map(|p| p.name.as_str()).collect();
-    eprintln!("[ps server {}] holds {}", env.server_id, names.join(", "));
-    let rt = crate::scheduler::runtime(2)?;
+    match joining {
+        true => eprintln!(
+            "[ps server {}] is being added to a job of {} server(s): it holds nothing until the handover",
+            env.server_id, map.servers
+        ),
+        false => eprintln!("[ps server {}] holds {}", env.server_id, names.join(", ")),
+    }
     let settings = settings.clone();
     let env = env.clone();
     rt.block_on(async move {
@@ -567,6 +613,7 @@ async fn serve(
                 register_now().await?;
             }
         }
+        migrate::tick(service, &client, &policy).await?;
         if let Some(step) = service.waiting_step() {
             // One attempt per tick: the heartbeat is what fails the server when the
             // scheduler is gone.

@@ -14,6 +14,7 @@ use tonic::transport::Channel;
 use crate::compute::Compute;
 use crate::env::{JobSettings, RoleEnv};
 use crate::error::PsError;
+use crate::migrate::{tagged, STALE_ROUTE};
 use crate::net::{scheduler_client, server_client};
 use crate::proto::parameter_server_client::ParameterServerClient;
 use crate::proto::scheduler_client::SchedulerClient;
@@ -61,9 +62,54 @@ struct Links {
     scheduler: SchedulerClient<Channel>,
     scheduler_peer: String,
     servers: Vec<ServerLink>,
+    /// The epoch of the partition map `servers` follow (every pull and push is tagged with it).
+    epoch: u64,
 }
 
 impl Links {
+    /// Fetches the committed partition map from the scheduler and, when its epoch is not the
+    /// one followed, routes by it from now: one link per server of the map, holding its
+    /// partition, every address known (waiting, bounded, for all to register).
+    async fn follow_map(&mut self, compute: &Compute, first: bool) -> Result<(), PsError> {
+        let c = self.scheduler.clone();
+        let reply = self
+            .settings
+            .retry
+            .run("GetServers", &self.scheduler_peer, |_| {
+                let mut c = c.clone();
+                async move { c.get_servers(GetServersRequest {}).await }
+            })
+            .await?
+            .into_inner();
+        if !first && reply.map_epoch == self.epoch {
+            return Ok(());
+        }
+        let servers = (reply.map_servers as usize).max(1);
+        self.servers = (0..servers)
+            .map(|id| {
+                let held = partition_of(compute.params(), servers, id);
+                let bytes = held.iter().map(|&i| compute.params()[i].bytes()).sum();
+                ServerLink {
+                    id,
+                    addr: String::new(),
+                    client: None,
+                    held,
+                    bytes,
+                    seen: 0,
+                    history: BTreeMap::new(),
+                }
+            })
+            .collect();
+        if !first {
+            eprintln!(
+                "[ps worker {}] routes by the partition map of epoch {} ({servers} servers) from now",
+                self.worker_id, reply.map_epoch
+            );
+        }
+        self.epoch = reply.map_epoch;
+        self.resolve_servers(true).await
+    }
+
     /// Fills in every server's address from the scheduler, waiting (bounded) for all to
     /// register.
     async fn resolve_servers(&mut self, wait_for_all: bool) -> Result<(), PsError> {
@@ -147,9 +193,10 @@ impl Links {
 
     /// Pushes `request` to server `s` and notes its versions.
     async fn push(&mut self, s: usize, request: PushRequest) -> Result<(), PsError> {
+        let epoch = self.epoch;
         let reply = self
             .call_server(s, "Push", |mut c| {
-                let r = request.clone();
+                let r = tagged(request.clone(), epoch);
                 async move { c.push(r).await }
             })
             .await?;
@@ -170,13 +217,16 @@ impl Links {
         weights: &mut [Tensor],
         compute: &Compute,
     ) -> Result<(Option<f32>, u64), PsError> {
-        let worker_id = self.worker_id;
+        let (worker_id, epoch) = (self.worker_id, self.epoch);
         let reply = self
             .call_server(s, "Pull", |mut c| async move {
-                c.pull(PullRequest {
-                    worker_id,
-                    min_version,
-                })
+                c.pull(tagged(
+                    PullRequest {
+                        worker_id,
+                        min_version,
+                    },
+                    epoch,
+                ))
                 .await
             })
             .await?;
@@ -228,9 +278,31 @@ impl Links {
     }
 
     /// Pulls every server's weights (at a version ≥ `min_version`); returns server 0's loss.
-    /// The servers not yet there are asked in turn, so a restarted server waiting for this
-    /// worker's replays is served while another server waits for a peer.
+    /// A server refusing the route as stale (a server was added) makes the worker follow the
+    /// new map and pull again.
     async fn pull_all(
+        &mut self,
+        min_version: u64,
+        weights: &mut [Tensor],
+        compute: &Compute,
+    ) -> Result<f32, PsError> {
+        let mut tries = 0;
+        loop {
+            match self.pull_each(min_version, weights, compute).await {
+                Err(PsError::Rpc { last, .. }) if last.contains(STALE_ROUTE) && tries < 3 => {
+                    tries += 1;
+                    eprintln!("[ps worker {}] {last}", self.worker_id);
+                    self.follow_map(compute, false).await?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Links::pull_all`] under the map followed. The servers not yet there are asked in
+    /// turn, so a restarted server waiting for this worker's replays is served while another
+    /// server waits for a peer.
+    async fn pull_each(
         &mut self,
         min_version: u64,
         weights: &mut [Tensor],
@@ -381,28 +453,13 @@ async fn work(
 ) -> Result<WorkerReport, PsError> {
     let started = Instant::now();
     let worker_id = env.worker_id as u32;
-    let servers = (0..settings.servers)
-        .map(|id| {
-            let held = partition_of(compute.params(), settings.servers, id);
-            let bytes = held.iter().map(|&i| compute.params()[i].bytes()).sum();
-            (id, held, bytes)
-        })
-        .map(|(id, held, bytes)| ServerLink {
-            id,
-            addr: String::new(),
-            client: None,
-            held,
-            bytes,
-            seen: 0,
-            history: BTreeMap::new(),
-        })
-        .collect();
     let mut links = Links {
         settings: settings.clone(),
         worker_id,
         scheduler: scheduler_client(&env.scheduler_addr, settings.retry.timeout)?,
         scheduler_peer: format!("the scheduler at {}", env.scheduler_addr),
-        servers,
+        servers: Vec::new(),
+        epoch: 0,
     };
     let mut step = links.register(env.restart_count).await?;
     let beat = Arc::new(Beat {
@@ -417,7 +474,7 @@ async fn work(
         worker_id,
         beat.clone(),
     ));
-    links.resolve_servers(true).await?;
+    links.follow_map(compute, true).await?;
     let loop_start = Instant::now();
     let outcome = steps(
         config,
@@ -522,6 +579,10 @@ async fn steps(
                     begin.status
                 )))
             }
+        }
+        if begin.map_epoch != links.epoch {
+            // A server was added: the step boundary where this worker switches maps.
+            links.follow_map(compute, false).await?;
         }
         let min_version = if settings.sync { s } else { 0 };
         let loss_before = links.pull_all(min_version, &mut weights, compute).await?;

@@ -1,9 +1,11 @@
 //! Behaviour tests of parameter-server training: roles as threads over real gRPC, and as
 //! real processes (`tessera-ps-role`) for the failure tests.
 
+mod add_server;
 mod async_training;
 mod config;
 mod faults;
+mod gpt;
 mod heartbeat;
 mod prost_ckpt;
 mod protocol;

@@ -116,11 +116,11 @@ pub(super) fn read_ps(
     grad_accumulation_steps: usize,
     warnings: &mut Vec<String>,
 ) -> Result<PsKeys, RuntimeError> {
-    if model != ModelName::SeedMlp {
+    if !matches!(model, ModelName::SeedMlp | ModelName::Gpt) {
         return Err(config_error(
             "parallel.mode",
             format!(
-                "\"{PARAMETER_SERVER_MODE}\" trains the seed MLP (model.name = \"seed_mlp\"), not model.name = \"{}\"",
+                "\"{PARAMETER_SERVER_MODE}\" trains the seed MLP or the GPT (model.name = \"seed_mlp\" or \"gpt\"), not model.name = \"{}\"",
                 model.name()
             ),
         ));
