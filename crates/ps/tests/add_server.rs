@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use crate::util::{loss_lines, ps_config, ps_text, run_in_process, scheduler_addr, RoleProcess};
+use crate::util::{
+    final_accuracy, loss_lines, ps_config, ps_text, run_in_process, scheduler_addr, RoleProcess,
+};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -255,4 +257,62 @@ fn stale_routes_and_misrouted_handovers_are_refused() {
             err.message()
         );
     });
+}
+
+/// Async training (bounded staleness) takes a server mid-run too: the map switches at a step
+/// boundary, the new server owns parameters afterwards, and the job still reaches the seed
+/// run's accuracy.
+#[test]
+fn a_server_added_to_an_async_run_takes_over_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ps.toml");
+    std::fs::write(
+        &config,
+        ps_text(
+            &dir.path().join("out"),
+            "servers = 1\nworkers = 2\nsync = false\nstaleness = 2\nheartbeat_ms = 100\n\
+             dead_after_ms = 3000",
+            "epochs = 3",
+        ),
+    )
+    .unwrap();
+    let addr = scheduler_addr();
+    let mut job: Vec<RoleProcess> = (0..4)
+        .map(|rank| RoleProcess::start(&config, &ps::launch::role_env(rank, 1, 2, &addr)))
+        .collect();
+    assert!(
+        job[2].wait_for_line("epoch: 1 step: 5,", LIMIT),
+        "worker 0 reached step 5:\n{}",
+        job[2].output()
+    );
+    let mut added = RoleProcess::start(&config, &added_server_env(1, 1, 2, &addr));
+    assert!(
+        job[0].wait_for_line("partition map of epoch 1 committed", LIMIT),
+        "scheduler:\n{}\nserver 1:\n{}",
+        job[0].output(),
+        added.output()
+    );
+    let ok: Vec<bool> = job.iter_mut().map(|p| p.finish(LIMIT)).collect();
+    assert_eq!(
+        (ok, added.finish(LIMIT)),
+        (vec![true; 4], true),
+        "scheduler:\n{}\nserver 0:\n{}\nserver 1:\n{}\nworker 0:\n{}",
+        job[0].output(),
+        job[1].output(),
+        added.output(),
+        job[2].output()
+    );
+    let out = added.output();
+    let switched = out
+        .lines()
+        .find(|l| l.contains("switched to the partition map"))
+        .unwrap_or_else(|| panic!("server 1 never switched:\n{out}"));
+    assert!(!switched.contains("received nothing"), "{switched}");
+    let worker0 = job[2].output();
+    assert!(
+        worker0.contains("routes by the partition map of epoch 1"),
+        "{worker0}"
+    );
+    let accuracy = final_accuracy(&worker0).expect("an accuracy line");
+    assert!(accuracy >= 90.0, "accuracy {accuracy} %\n{worker0}");
 }
