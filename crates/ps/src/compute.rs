@@ -1,15 +1,18 @@
 //! A worker's arithmetic: the runtime's stand-alone training program on the worker's rows,
 //! the data order of a data-parallel run, and the test accuracy. Servers use it for the
-//! parameters' names, shapes and initial values.
+//! parameters' names, shapes and initial values. The seed MLP runs through the runtime's
+//! session; the embedding bag through [`crate::embedding`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use comm::{Communicator, LocalCluster};
-use runtime::{BatchPlan, IdxDataset, RankExecutor, Session, TrainConfig, TrainData};
+use runtime::{BatchPlan, IdxDataset, ModelName, RankExecutor, Session, TrainConfig, TrainData};
 use tensor::Tensor;
 
+use crate::embedding::BagNet;
 use crate::error::PsError;
+use crate::sparse::{Rows, TableInfo};
 
 /// A trainable parameter: its name and shape (f32).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +45,23 @@ pub struct Compute {
     train: Arc<IdxDataset>,
     /// The test split.
     test: Arc<IdxDataset>,
+    /// The parameters a worker holds (server-resident tables excluded).
     params: Vec<ParamInfo>,
+    /// The server-resident tables (`ps.embedding_on_server`).
+    tables: Vec<TableInfo>,
+    net: Net,
+}
+
+/// The network of the job.
+enum Net {
+    /// The seed MLP, through the runtime's session.
+    Mlp(MlpNet),
+    /// The embedding bag ([`crate::embedding`]).
+    Bag(Box<BagNet>),
+}
+
+/// The seed MLP's programs.
+struct MlpNet {
     /// Training programs by batch size (a worker's share changes when workers come and go).
     programs: BTreeMap<usize, Program>,
     /// The evaluation executor (global batch).
@@ -52,7 +71,8 @@ pub struct Compute {
     labels: graph::ValueId,
 }
 
-fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
+/// A communicator of one rank (the stand-alone programs' world).
+pub(crate) fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
     let cluster = LocalCluster::new(1).map_err(runtime::RuntimeError::from)?;
     let comm = cluster
         .comms()
@@ -64,6 +84,20 @@ fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
 impl Compute {
     /// The job of `config` (a parameter-server config: stand-alone programs).
     pub fn new(config: &TrainConfig) -> Result<Compute, PsError> {
+        if config.model().name == ModelName::EmbeddingBag {
+            let data = config.data();
+            let (train, test) =
+                IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+            let (net, params, tables) = BagNet::new(config, &train)?;
+            return Ok(Compute {
+                base: config.clone(),
+                train: Arc::new(train),
+                test: Arc::new(test),
+                params,
+                tables,
+                net: Net::Bag(Box::new(net)),
+            });
+        }
         let session = Session::new(config)?;
         let TrainData::Images { train, test } = session.data.clone() else {
             return Err(PsError::Config {
@@ -100,10 +134,13 @@ impl Compute {
             train,
             test,
             params,
-            programs: BTreeMap::new(),
-            eval,
-            eval_index,
-            labels: session.model.labels,
+            tables: Vec::new(),
+            net: Net::Mlp(MlpNet {
+                programs: BTreeMap::new(),
+                eval,
+                eval_index,
+                labels: session.model.labels,
+            }),
         })
     }
 
@@ -112,8 +149,69 @@ impl Compute {
         &self.params
     }
 
+    /// The server-resident tables (`ps.embedding_on_server`), which workers never hold whole.
+    pub fn tables(&self) -> &[TableInfo] {
+        &self.tables
+    }
+
+    /// Every server-resident table's initial value (`train.seed`): what the table starts as
+    /// when a worker holds it whole.
+    pub fn initial_tables(&self) -> Result<Vec<Tensor>, PsError> {
+        match &self.net {
+            Net::Bag(bag) if bag.server_table() => {
+                Ok(vec![bag.initial(self.base.data().batch_size)?.0])
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The distinct rows of server-resident table 0 that samples `rows` look up, in id order
+    /// (empty when the job has no such table).
+    pub fn table_ids(&self, rows: &[usize]) -> Result<Vec<u64>, PsError> {
+        match &self.net {
+            Net::Bag(bag) if bag.server_table() => bag.distinct_ids(&self.train, rows),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The mean loss over samples `rows`, the gradient of every parameter at `weights` and the
+    /// row-sparse gradient of server-resident table 0 at its rows `held` (distinct, in id
+    /// order), whose values are `table_rows` (`[held.len(), width]`).
+    pub fn gradient_with_rows(
+        &mut self,
+        weights: &[Tensor],
+        rows: &[usize],
+        held: &[u64],
+        table_rows: &Tensor,
+    ) -> Result<(f32, Vec<Tensor>, Rows), PsError> {
+        let Net::Bag(bag) = &mut self.net else {
+            return Err(PsError::Protocol(
+                "the job has no server-resident table".to_string(),
+            ));
+        };
+        let [head] = weights else {
+            return Err(PsError::Protocol(format!(
+                "a gradient needs 1 weight besides the table, got {}",
+                weights.len()
+            )));
+        };
+        if rows.is_empty() {
+            return Err(PsError::Protocol("a gradient needs rows".to_string()));
+        }
+        let (loss, table_grad, head_grad) =
+            bag.gradient(&self.train, rows, table_rows, Some(held), head)?;
+        Ok((loss, vec![head_grad], crate::embedding::rows_of(held, &table_grad)?))
+    }
+
     /// Every parameter's initial value (`train.seed`), as a data-parallel run starts.
     pub fn initial_params(&self) -> Result<Vec<Tensor>, PsError> {
+        if let Net::Bag(bag) = &self.net {
+            let (table, head) = bag.initial(self.base.data().batch_size)?;
+            return Ok(match bag.server_table() {
+                true => vec![head],
+                false => vec![table, head],
+            });
+        }
         let session = Session::new(&self.base)?;
         let mut exec = RankExecutor::new(session.train.clone(), one_rank()?)?;
         exec.init_parameters(self.base.train().seed)?;
@@ -181,7 +279,19 @@ impl Compute {
                 weights.len()
             )));
         }
-        if !self.programs.contains_key(&rows.len()) {
+        let mlp = match &mut self.net {
+            Net::Mlp(mlp) => mlp,
+            Net::Bag(bag) => {
+                let [table, head] = weights else {
+                    return Err(PsError::Protocol(
+                        "a gradient with a server-resident table needs its rows".to_string(),
+                    ));
+                };
+                let (loss, t, h) = bag.gradient(&self.train, rows, table, None, head)?;
+                return Ok((loss, vec![t, h]));
+            }
+        };
+        if !mlp.programs.contains_key(&rows.len()) {
             let config = self.base.clone().with_batch_size(rows.len())?;
             let session = Session::new(&config)?;
             let exec = RankExecutor::new(session.train.clone(), one_rank()?)?;
@@ -199,7 +309,7 @@ impl Compute {
                         })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            self.programs.insert(
+            mlp.programs.insert(
                 rows.len(),
                 Program {
                     session,
@@ -208,7 +318,7 @@ impl Compute {
                 },
             );
         }
-        let program = self
+        let program = mlp
             .programs
             .get_mut(&rows.len())
             .ok_or_else(|| PsError::Protocol("no program for the batch".to_string()))?;
@@ -243,18 +353,29 @@ impl Compute {
 
     /// The test accuracy at `weights`: every test sample once.
     pub fn accuracy(&mut self, weights: &[Tensor]) -> Result<f64, PsError> {
+        let batch_size = self.base.data().batch_size;
+        let mlp = match &mut self.net {
+            Net::Mlp(mlp) => mlp,
+            Net::Bag(bag) => {
+                let [table, head] = weights else {
+                    return Err(PsError::Protocol(
+                        "the accuracy with a server-resident table is not computed".to_string(),
+                    ));
+                };
+                return bag.accuracy(&self.test, batch_size, table, head);
+            }
+        };
         for (k, w) in weights.iter().enumerate() {
             copy_into(
-                self.eval.param_mut(self.eval_index[k]),
+                mlp.eval.param_mut(mlp.eval_index[k]),
                 w,
                 &self.params[k].name,
             )?;
         }
-        let batch_size = self.base.data().batch_size;
         let plan = BatchPlan::eval(self.test.len(), batch_size)?;
         let labels = self.test.labels();
-        let label_value = Some(self.labels);
-        let inputs = self.eval.program().inputs.clone();
+        let label_value = Some(mlp.labels);
+        let inputs = mlp.eval.program().inputs.clone();
         let mut correct = 0usize;
         for batch in plan.iter() {
             for (i, input) in inputs.iter().enumerate() {
@@ -263,10 +384,10 @@ impl Compute {
                 } else {
                     self.test.read_images(batch.indices)?
                 };
-                self.eval.set_input_rows(i, block)?;
+                mlp.eval.set_input_rows(i, block)?;
             }
-            self.eval.run()?;
-            correct += batch.correct_predictions(&self.eval.output(0).to_f64_vec(), labels);
+            mlp.eval.run()?;
+            correct += batch.correct_predictions(&mlp.eval.output(0).to_f64_vec(), labels);
         }
         Ok(correct as f64 / plan.n_real().max(1) as f64)
     }

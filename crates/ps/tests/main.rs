@@ -3,6 +3,7 @@
 
 mod async_training;
 mod config;
+mod embedding;
 mod faults;
 mod heartbeat;
 mod prost_ckpt;
