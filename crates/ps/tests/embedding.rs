@@ -270,3 +270,13 @@ fn bad_rows_are_refused_naming_the_table_and_the_id() {
         assert_eq!(got.values, want);
     });
 }
+
+#[test]
+fn the_example_config_parses_with_the_table_on_the_servers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/embedding_parameter_server.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let config = TrainConfig::parse(&text, None, &[], Path::new("/")).unwrap();
+    let keys = config.ps().unwrap();
+    assert_eq!(keys.embedding_on_server, vec![TABLE.to_string()]);
+    assert_eq!(keys.worker_max_param_bytes, Some(LIMIT));
+}
