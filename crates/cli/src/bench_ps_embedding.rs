@@ -97,7 +97,11 @@ pub fn run(args: &PsEmbeddingBenchArgs) -> anyhow::Result<()> {
         ),
     ];
     for (name, extra) in runs {
-        let text = config_text(args, &dir.join(name.split(' ').nth(2).unwrap_or("x")), &extra);
+        let text = config_text(
+            args,
+            &dir.join(name.split(' ').nth(2).unwrap_or("x")),
+            &extra,
+        );
         let r = run_job(args, &text)?;
         let steps = r.steps_run.max(1);
         println!(

@@ -200,7 +200,11 @@ impl Compute {
         }
         let (loss, table_grad, head_grad) =
             bag.gradient(&self.train, rows, table_rows, Some(held), head)?;
-        Ok((loss, vec![head_grad], crate::embedding::rows_of(held, &table_grad)?))
+        Ok((
+            loss,
+            vec![head_grad],
+            crate::embedding::rows_of(held, &table_grad)?,
+        ))
     }
 
     /// Every parameter's initial value (`train.seed`), as a data-parallel run starts.

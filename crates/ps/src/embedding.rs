@@ -134,8 +134,8 @@ impl BagNet {
     /// The initial table and head (`train.seed`), as one process holding the whole table
     /// starts: the same values whether the table then lives on the servers or not.
     pub fn initial(&self, batch: usize) -> Result<(Tensor, Tensor), PsError> {
-        let model = embedding_bag(&self.dims, batch, self.dims.vocab_size())
-            .map_err(RuntimeError::from)?;
+        let model =
+            embedding_bag(&self.dims, batch, self.dims.vocab_size()).map_err(RuntimeError::from)?;
         let program = compile_training(&model.graph, model.loss, &self.parallel)
             .map_err(RuntimeError::from)?;
         let mut p = build(program, &model, true)?;
@@ -157,11 +157,7 @@ impl BagNet {
 
     /// The distinct table rows of samples `rows` of `data`, in id order.
     pub fn distinct_ids(&self, data: &IdxDataset, rows: &[usize]) -> Result<Vec<u64>, PsError> {
-        let mut ids: Vec<u64> = self
-            .ids(data, rows)?
-            .into_iter()
-            .map(u64::from)
-            .collect();
+        let mut ids: Vec<u64> = self.ids(data, rows)?.into_iter().map(u64::from).collect();
         ids.sort_unstable();
         ids.dedup();
         Ok(ids)
@@ -360,7 +356,10 @@ pub fn worker_limit(
 }
 
 /// Refuses a batch whose rows of a server-resident table take more than `limit` bytes.
-pub fn check_rows_limit(pulled: &crate::sparse::PulledRows, limit: Option<u64>) -> Result<(), PsError> {
+pub fn check_rows_limit(
+    pulled: &crate::sparse::PulledRows,
+    limit: Option<u64>,
+) -> Result<(), PsError> {
     let (Some(limit), Some(table)) = (limit, &pulled.table) else {
         return Ok(());
     };

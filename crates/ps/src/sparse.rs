@@ -161,12 +161,7 @@ pub fn from_rows_msg(
 /// are added in worker order (`weights[k]` times push k's row, or the row itself when
 /// `weights` is `None`), and the sum is multiplied by `scale`. Rows no push has are absent
 /// (their dense mean is 0). The rows come out in id order.
-pub fn mean_rows(
-    pushes: &[&Rows],
-    width: usize,
-    weights: Option<&[f32]>,
-    scale: f32,
-) -> Rows {
+pub fn mean_rows(pushes: &[&Rows], width: usize, weights: Option<&[f32]>, scale: f32) -> Rows {
     let mut sums: BTreeMap<u64, Vec<f32>> = BTreeMap::new();
     for (k, push) in pushes.iter().enumerate() {
         for (j, &id) in push.ids.iter().enumerate() {
@@ -202,7 +197,9 @@ pub fn split_rows(table: &TableInfo, servers: usize, rows: &Rows) -> Vec<Rows> {
     for (k, &id) in rows.ids.iter().enumerate() {
         let s = table.owner(servers, id as usize);
         out[s].ids.push(id);
-        out[s].values.extend_from_slice(&rows.values[k * w..(k + 1) * w]);
+        out[s]
+            .values
+            .extend_from_slice(&rows.values[k * w..(k + 1) * w]);
     }
     out
 }
@@ -293,8 +290,7 @@ impl PulledRows {
                 let at = self.ids.binary_search(id).map_err(|_| {
                     PsError::Protocol(format!("table {}: row {id} was not asked", table.name))
                 })?;
-                self.values[at * w..(at + 1) * w]
-                    .copy_from_slice(&rows.values[k * w..(k + 1) * w]);
+                self.values[at * w..(at + 1) * w].copy_from_slice(&rows.values[k * w..(k + 1) * w]);
             }
         }
         Ok(())
@@ -331,9 +327,8 @@ mod tests {
         };
         let msg = to_rows_msg(&t, &rows);
         assert_eq!(from_rows_msg(&msg, &t, &(0..10)).unwrap(), rows);
-        let err = |m: &RowsMsg, held: Range<usize>| {
-            from_rows_msg(m, &t, &held).unwrap_err().to_string()
-        };
+        let err =
+            |m: &RowsMsg, held: Range<usize>| from_rows_msg(m, &t, &held).unwrap_err().to_string();
         let mut far = msg.clone();
         far.ids[0] = 10;
         assert!(err(&far, 0..10).contains("table t: row id 10 is out of range"));

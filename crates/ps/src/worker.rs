@@ -685,8 +685,8 @@ async fn steps(
                 }
             }
             links
-                    .pull_all(0, &mut weights, compute, &mut PulledRows::none())
-                    .await?;
+                .pull_all(0, &mut weights, compute, &mut PulledRows::none())
+                .await?;
         }
         let last = total.saturating_sub(1);
         if evaluate && total > 0 {

@@ -46,9 +46,8 @@ fn a_server_resident_table_trains_as_the_dense_table_step_for_step() {
     let train = format!("max_steps = {steps}");
     let ps = "servers = 2\nworkers = 2";
     let dense = run_in_process(&bag_config(&dir.path().join("dense"), ps, &train), 2, 2);
-    let sparse_ps = format!(
-        "{ps}\nembedding_on_server = [\"{TABLE}\"]\nworker_max_param_bytes = {LIMIT}"
-    );
+    let sparse_ps =
+        format!("{ps}\nembedding_on_server = [\"{TABLE}\"]\nworker_max_param_bytes = {LIMIT}");
     let config = bag_config(&dir.path().join("sparse"), &sparse_ps, &train);
     let sparse = run_in_process(&config, 2, 2);
     assert_eq!(dense.losses.len(), steps as usize);
@@ -85,14 +84,24 @@ fn a_server_resident_table_trains_as_the_dense_table_step_for_step() {
     assert!(most_rows < table.rows / 4, "{most_rows} rows");
     assert_eq!(dense.largest_table_bytes, 0);
     // Fewer bytes cross the wire than with the dense table, both ways.
-    assert!(sparse.pull_bytes * 4 < dense.pull_bytes, "{sparse:?} {dense:?}");
-    assert!(sparse.push_bytes * 4 < dense.push_bytes, "{sparse:?} {dense:?}");
+    assert!(
+        sparse.pull_bytes * 4 < dense.pull_bytes,
+        "{sparse:?} {dense:?}"
+    );
+    assert!(
+        sparse.push_bytes * 4 < dense.push_bytes,
+        "{sparse:?} {dense:?}"
+    );
+    let rate = |r: &ps::WorkerReport| r.steps_run as f64 / r.step_seconds.max(1e-9);
     eprintln!(
-        "per step, worker 0: dense pull {} B push {} B; sparse pull {} B push {} B",
+        "per step, worker 0: dense pull {} B push {} B ({:.1} steps/s); sparse pull {} B push {} B ({:.1} steps/s), largest table buffer {} B",
         dense.pull_bytes / steps,
         dense.push_bytes / steps,
+        rate(&dense),
         sparse.pull_bytes / steps,
-        sparse.push_bytes / steps
+        sparse.push_bytes / steps,
+        rate(&sparse),
+        sparse.largest_table_bytes
     );
 }
 
@@ -109,7 +118,10 @@ fn a_worker_refuses_to_hold_a_table_above_its_limit() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("ps.worker_max_param_bytes"), "{err}");
-    assert!(err.contains(&format!("parameter {TABLE} of 1114112 bytes")), "{err}");
+    assert!(
+        err.contains(&format!("parameter {TABLE} of 1114112 bytes")),
+        "{err}"
+    );
     // Server-resident, the table is no worker's parameter.
     let config = bag_config(
         dir.path(),
@@ -262,8 +274,8 @@ fn bad_rows_are_refused_naming_the_table_and_the_id() {
             .unwrap()
             .into_inner();
         assert_eq!(reply.version, 0);
-        let got = ps::sparse::from_rows_msg(&reply.sparse[0], &compute.tables()[0], &(0..17408))
-            .unwrap();
+        let got =
+            ps::sparse::from_rows_msg(&reply.sparse[0], &compute.tables()[0], &(0..17408)).unwrap();
         let all = whole.as_f32().unwrap();
         let mut want = all[9000 * WIDTH..9001 * WIDTH].to_vec();
         want.extend_from_slice(&all[17407 * WIDTH..17408 * WIDTH]);
@@ -273,7 +285,8 @@ fn bad_rows_are_refused_naming_the_table_and_the_id() {
 
 #[test]
 fn the_example_config_parses_with_the_table_on_the_servers() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/embedding_parameter_server.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/embedding_parameter_server.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let config = TrainConfig::parse(&text, None, &[], Path::new("/")).unwrap();
     let keys = config.ps().unwrap();

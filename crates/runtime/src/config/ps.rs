@@ -134,9 +134,7 @@ fn read_names(key: &str, value: Value) -> Result<Vec<String>, RuntimeError> {
             Value::String(name) if name.is_empty() => {
                 return Err(config_error(key, "holds an empty parameter name"))
             }
-            Value::String(name) => {
-                return Err(config_error(key, format!("names {name:?} twice")))
-            }
+            Value::String(name) => return Err(config_error(key, format!("names {name:?} twice"))),
             other => {
                 return Err(config_error(
                     key,
