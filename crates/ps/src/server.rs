@@ -600,6 +600,11 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
     // A push carries the partition's gradients (and at most this server's table rows) and
     // nothing larger is read.
     let table_bytes: usize = tables.iter().map(ServerTable::bytes).sum();
+    let mut names: Vec<String> = held.iter().map(|p| p.name.clone()).collect();
+    names.extend(tables.iter().map(|t| {
+        let b = t.block();
+        format!("rows {}..{} of {}", b.start, b.end, t.info().name)
+    }));
     let service = service.with_tables(tables);
     let limit = message_limit(
         held.iter()
@@ -607,7 +612,6 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
             .sum::<usize>()
             .saturating_add(table_bytes),
     );
-    let names: Vec<&str> = held.iter().map(|p| p.name.as_str()).collect();
     eprintln!("[ps server {}] holds {}", env.server_id, names.join(", "));
     let rt = crate::scheduler::runtime(2)?;
     let settings = settings.clone();
