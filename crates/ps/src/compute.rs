@@ -55,7 +55,7 @@ pub struct Compute {
 /// The network of the job.
 enum Net {
     /// The seed MLP, through the runtime's session.
-    Mlp(MlpNet),
+    Mlp(Box<MlpNet>),
     /// The embedding bag ([`crate::embedding`]).
     Bag(Box<BagNet>),
 }
@@ -135,12 +135,12 @@ impl Compute {
             test,
             params,
             tables: Vec::new(),
-            net: Net::Mlp(MlpNet {
+            net: Net::Mlp(Box::new(MlpNet {
                 programs: BTreeMap::new(),
                 eval,
                 eval_index,
                 labels: session.model.labels,
-            }),
+            })),
         })
     }
 
@@ -295,7 +295,7 @@ impl Compute {
                 return Ok((loss, vec![t, h]));
             }
         };
-        if !mlp.programs.contains_key(&rows.len()) {
+        if let std::collections::btree_map::Entry::Vacant(slot) = mlp.programs.entry(rows.len()) {
             let config = self.base.clone().with_batch_size(rows.len())?;
             let session = Session::new(&config)?;
             let exec = RankExecutor::new(session.train.clone(), one_rank()?)?;
@@ -313,14 +313,11 @@ impl Compute {
                         })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            mlp.programs.insert(
-                rows.len(),
-                Program {
-                    session,
-                    exec,
-                    param_index,
-                },
-            );
+            slot.insert(Program {
+                session,
+                exec,
+                param_index,
+            });
         }
         let program = mlp
             .programs
