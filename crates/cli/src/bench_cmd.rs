@@ -31,6 +31,9 @@ enum BenchCommand {
     /// Parameter-server steps/s (sync, async; 1-4 workers, 1-2 servers) next to all-reduce
     /// data parallel, and the recovery time from a killed worker.
     Ps(crate::bench_ps::PsBenchArgs),
+    /// Parameter-server embedding bag with its table on the workers (dense) and on the servers
+    /// (`ps.embedding_on_server`, row-sparse): bytes per step and steps/s.
+    PsEmbedding(crate::bench_ps_embedding::PsEmbeddingBenchArgs),
     /// Measure this machine as a device profile for the searches (cpu-local.toml).
     Profile(crate::bench_profile::ProfileArgs),
 }
@@ -57,6 +60,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         BenchCommand::GptStep(a) => crate::bench_gpt::run(a),
         BenchCommand::Profile(a) => crate::bench_profile::run(a),
         BenchCommand::Ps(a) => crate::bench_ps::run(a),
+        BenchCommand::PsEmbedding(a) => crate::bench_ps_embedding::run(a),
     }
 }
 

@@ -15,6 +15,7 @@ mod bench_collectives;
 mod bench_gpt;
 mod bench_profile;
 mod bench_ps;
+mod bench_ps_embedding;
 mod bench_reshard;
 mod bench_train;
 mod ckpt_cmd;

@@ -1,5 +1,7 @@
 //! Tessera's built-in networks and their default strategies.
 //!
+//! - [`embedding_bag`]: a bag of embedded pixel features, the large-table model of
+//!   parameter-server training ([`embedding_bag::embedding_bag`]);
 //! - [`gpt`]: a decoder-only transformer, [`gpt::gpt`], with hierarchical op and parameter names;
 //! - [`gpt_parallel`]: the op strategies its cells set from a MindFormers-style parallel config
 //!   (`data_parallel`, `model_parallel`, `vocab_emb_dp`, `use_seq_parallel`), as MindFormers'
@@ -7,6 +9,7 @@
 //!
 //! The seed MLP stays in `graph::models` (its home before this crate existed), re-exported here.
 
+pub mod embedding_bag;
 pub mod error;
 pub mod gpt;
 pub mod gpt_parallel;

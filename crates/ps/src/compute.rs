@@ -2,16 +2,21 @@
 //! the data order of a data-parallel run, and the test accuracy. Servers use it for the
 //! parameters' names, shapes and initial values. The seed MLP reads images (a row is a
 //! sample); the GPT reads text (a row is a window of tokens, fed by the runtime's
-//! `TextData::feed`).
+//! `TextData::feed`); both run through the runtime's session. The embedding bag reads images
+//! through [`crate::embedding`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use comm::{Communicator, LocalCluster};
-use runtime::{BatchPlan, IdxDataset, RankExecutor, Session, TextData, TrainConfig, TrainData};
+use runtime::{
+    BatchPlan, IdxDataset, ModelName, RankExecutor, Session, TextData, TrainConfig, TrainData,
+};
 use tensor::Tensor;
 
+use crate::embedding::BagNet;
 use crate::error::PsError;
+use crate::sparse::{Rows, TableInfo};
 
 /// A trainable parameter: its name and shape (f32).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,11 +53,40 @@ enum Data {
     Text(Arc<TextData>),
 }
 
+/// The training and test splits of an image job; for a text job (the GPT), an error naming
+/// `train.eval`, the one setting that asks for what only images give.
+fn images(data: &Data) -> Result<(&Arc<IdxDataset>, &Arc<IdxDataset>), PsError> {
+    match data {
+        Data::Images { train, test } => Ok((train, test)),
+        Data::Text(_) => Err(PsError::Config {
+            key: "train.eval".to_string(),
+            reason: "parameter-server GPT training does not evaluate: set train.eval = false"
+                .to_string(),
+        }),
+    }
+}
+
 /// The model, data and programs of a parameter-server job.
 pub struct Compute {
     base: TrainConfig,
     data: Data,
+    /// The parameters a worker holds (server-resident tables excluded).
     params: Vec<ParamInfo>,
+    /// The server-resident tables (`ps.embedding_on_server`).
+    tables: Vec<TableInfo>,
+    net: Net,
+}
+
+/// The network of the job.
+enum Net {
+    /// The seed MLP, through the runtime's session.
+    Mlp(Box<MlpNet>),
+    /// The embedding bag ([`crate::embedding`]).
+    Bag(Box<BagNet>),
+}
+
+/// The seed MLP's programs.
+struct MlpNet {
     /// Training programs by batch size (a worker's share changes when workers come and go).
     programs: BTreeMap<usize, Program>,
     /// The evaluation executor (global batch).
@@ -62,7 +96,8 @@ pub struct Compute {
     labels: graph::ValueId,
 }
 
-fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
+/// A communicator of one rank (the stand-alone programs' world).
+pub(crate) fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
     let cluster = LocalCluster::new(1).map_err(runtime::RuntimeError::from)?;
     let comm = cluster
         .comms()
@@ -74,6 +109,22 @@ fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
 impl Compute {
     /// The job of `config` (a parameter-server config: stand-alone programs).
     pub fn new(config: &TrainConfig) -> Result<Compute, PsError> {
+        if config.model().name == ModelName::EmbeddingBag {
+            let data = config.data();
+            let (train, test) =
+                IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+            let (net, params, tables) = BagNet::new(config, &train)?;
+            return Ok(Compute {
+                base: config.clone(),
+                data: Data::Images {
+                    train: Arc::new(train),
+                    test: Arc::new(test),
+                },
+                params,
+                tables,
+                net: Net::Bag(Box::new(net)),
+            });
+        }
         let session = Session::new(config)?;
         let data =
             match session.data.clone() {
@@ -114,10 +165,13 @@ impl Compute {
             base: config.clone(),
             data,
             params,
-            programs: BTreeMap::new(),
-            eval,
-            eval_index,
-            labels: session.model.labels,
+            tables: Vec::new(),
+            net: Net::Mlp(Box::new(MlpNet {
+                programs: BTreeMap::new(),
+                eval,
+                eval_index,
+                labels: session.model.labels,
+            })),
         })
     }
 
@@ -126,8 +180,73 @@ impl Compute {
         &self.params
     }
 
+    /// The server-resident tables (`ps.embedding_on_server`), which workers never hold whole.
+    pub fn tables(&self) -> &[TableInfo] {
+        &self.tables
+    }
+
+    /// Every server-resident table's initial value (`train.seed`): what the table starts as
+    /// when a worker holds it whole.
+    pub fn initial_tables(&self) -> Result<Vec<Tensor>, PsError> {
+        match &self.net {
+            Net::Bag(bag) if bag.server_table() => {
+                Ok(vec![bag.initial(self.base.data().batch_size)?.0])
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The distinct rows of server-resident table 0 that samples `rows` look up, in id order
+    /// (empty when the job has no such table).
+    pub fn table_ids(&self, rows: &[usize]) -> Result<Vec<u64>, PsError> {
+        match &self.net {
+            Net::Bag(bag) if bag.server_table() => bag.distinct_ids(images(&self.data)?.0, rows),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The mean loss over samples `rows`, the gradient of every parameter at `weights` and the
+    /// row-sparse gradient of server-resident table 0 at its rows `held` (distinct, in id
+    /// order), whose values are `table_rows` (`[held.len(), width]`).
+    pub fn gradient_with_rows(
+        &mut self,
+        weights: &[Tensor],
+        rows: &[usize],
+        held: &[u64],
+        table_rows: &Tensor,
+    ) -> Result<(f32, Vec<Tensor>, Rows), PsError> {
+        let Net::Bag(bag) = &mut self.net else {
+            return Err(PsError::Protocol(
+                "the job has no server-resident table".to_string(),
+            ));
+        };
+        let [head] = weights else {
+            return Err(PsError::Protocol(format!(
+                "a gradient needs 1 weight besides the table, got {}",
+                weights.len()
+            )));
+        };
+        if rows.is_empty() {
+            return Err(PsError::Protocol("a gradient needs rows".to_string()));
+        }
+        let (loss, table_grad, head_grad) =
+            bag.gradient(images(&self.data)?.0, rows, table_rows, Some(held), head)?;
+        Ok((
+            loss,
+            vec![head_grad],
+            crate::embedding::rows_of(held, &table_grad)?,
+        ))
+    }
+
     /// Every parameter's initial value (`train.seed`), as a data-parallel run starts.
     pub fn initial_params(&self) -> Result<Vec<Tensor>, PsError> {
+        if let Net::Bag(bag) = &self.net {
+            let (table, head) = bag.initial(self.base.data().batch_size)?;
+            return Ok(match bag.server_table() {
+                true => vec![head],
+                false => vec![table, head],
+            });
+        }
         let session = Session::new(&self.base)?;
         let mut exec = RankExecutor::new(session.train.clone(), one_rank()?)?;
         exec.init_parameters(self.base.train().seed)?;
@@ -212,7 +331,19 @@ impl Compute {
                 weights.len()
             )));
         }
-        if !self.programs.contains_key(&rows.len()) {
+        let mlp = match &mut self.net {
+            Net::Mlp(mlp) => mlp,
+            Net::Bag(bag) => {
+                let [table, head] = weights else {
+                    return Err(PsError::Protocol(
+                        "a gradient with a server-resident table needs its rows".to_string(),
+                    ));
+                };
+                let (loss, t, h) = bag.gradient(images(&self.data)?.0, rows, table, None, head)?;
+                return Ok((loss, vec![t, h]));
+            }
+        };
+        if let std::collections::btree_map::Entry::Vacant(slot) = mlp.programs.entry(rows.len()) {
             let config = self.base.clone().with_batch_size(rows.len())?;
             let session = Session::new(&config)?;
             let exec = RankExecutor::new(session.train.clone(), one_rank()?)?;
@@ -230,16 +361,13 @@ impl Compute {
                         })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            self.programs.insert(
-                rows.len(),
-                Program {
-                    session,
-                    exec,
-                    param_index,
-                },
-            );
+            slot.insert(Program {
+                session,
+                exec,
+                param_index,
+            });
         }
-        let program = self
+        let program = mlp
             .programs
             .get_mut(&rows.len())
             .ok_or_else(|| PsError::Protocol("no program for the batch".to_string()))?;
@@ -287,26 +415,30 @@ impl Compute {
 
     /// The test accuracy at `weights`: every test sample once.
     pub fn accuracy(&mut self, weights: &[Tensor]) -> Result<f64, PsError> {
-        let Data::Images { test, .. } = &self.data else {
-            return Err(PsError::Config {
-                key: "train.eval".to_string(),
-                reason: "parameter-server GPT training does not evaluate: set train.eval = false"
-                    .to_string(),
-            });
+        let test = images(&self.data)?.1.clone();
+        let batch_size = self.base.data().batch_size;
+        let mlp = match &mut self.net {
+            Net::Mlp(mlp) => mlp,
+            Net::Bag(bag) => {
+                let [table, head] = weights else {
+                    return Err(PsError::Protocol(
+                        "the accuracy with a server-resident table is not computed".to_string(),
+                    ));
+                };
+                return bag.accuracy(&test, batch_size, table, head);
+            }
         };
-        let test = test.clone();
         for (k, w) in weights.iter().enumerate() {
             copy_into(
-                self.eval.param_mut(self.eval_index[k]),
+                mlp.eval.param_mut(mlp.eval_index[k]),
                 w,
                 &self.params[k].name,
             )?;
         }
-        let batch_size = self.base.data().batch_size;
         let plan = BatchPlan::eval(test.len(), batch_size)?;
         let labels = test.labels();
-        let label_value = Some(self.labels);
-        let inputs = self.eval.program().inputs.clone();
+        let label_value = Some(mlp.labels);
+        let inputs = mlp.eval.program().inputs.clone();
         let mut correct = 0usize;
         for batch in plan.iter() {
             for (i, input) in inputs.iter().enumerate() {
@@ -315,10 +447,10 @@ impl Compute {
                 } else {
                     test.read_images(batch.indices)?
                 };
-                self.eval.set_input_rows(i, block)?;
+                mlp.eval.set_input_rows(i, block)?;
             }
-            self.eval.run()?;
-            correct += batch.correct_predictions(&self.eval.output(0).to_f64_vec(), labels);
+            mlp.eval.run()?;
+            correct += batch.correct_predictions(&mlp.eval.output(0).to_f64_vec(), labels);
         }
         Ok(correct as f64 / plan.n_real().max(1) as f64)
     }

@@ -12,6 +12,11 @@
 //! - A **worker** ([`worker`]) pulls weights, computes gradients on its rows with the runtime's
 //!   stand-alone programs ([`compute`]) and pushes them.
 //!
+//! - **Server-resident embedding tables** (`ps.embedding_on_server`, MindSpore's
+//!   `EmbeddingLookup(target="CPU")`): a table is cut into row blocks, one per server
+//!   ([`sparse`], [`table`]); workers pull only their batch's rows and push row-sparse
+//!   gradients ([`embedding`]), and hold no parameter larger than `ps.worker_max_param_bytes`.
+//!
 //! Every call has a deadline and bounded retries with backoff ([`retry`]). The process
 //! contract (environment variables) is [`env`]; [`launch`] starts every role as a child
 //! process for a plain `tessera train ps.toml`.
@@ -22,6 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod compute;
+pub mod embedding;
 pub mod env;
 mod error;
 pub mod launch;
@@ -33,6 +39,8 @@ pub mod retry;
 pub mod scheduler;
 pub mod server;
 pub mod snapshot;
+pub mod sparse;
+pub mod table;
 pub mod wire;
 pub mod worker;
 

@@ -19,6 +19,8 @@ use crate::partition::{partition, ParamSize};
 use crate::proto::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::proto::*;
 use crate::snapshot::{self, PartitionState};
+use crate::sparse::{check_ids, from_rows_msg, mean_rows, to_rows_msg, Rows};
+use crate::table::ServerTable;
 use crate::wire::{from_msg, to_msg};
 
 mod migrate;
@@ -54,6 +56,8 @@ struct Pushed {
     loss: f32,
     replay: bool,
     grads: Vec<Tensor>,
+    /// Row-sparse gradients, one per server-resident table (empty when none).
+    sparse: Vec<Rows>,
 }
 
 /// What a restarted server reports once it has caught up.
@@ -91,14 +95,21 @@ struct State {
     epoch: Option<u64>,
     /// Handing parameters over when a server is added.
     migration: migrate::Migration,
+    /// This server's blocks of the server-resident tables.
+    tables: Vec<ServerTable>,
 }
 
 impl State {
-    /// Applies `grad` (one per parameter) with the optimizer: one step.
-    fn apply(&mut self, grads: &[Tensor]) -> Result<(), PsError> {
+    /// Applies `grad` (one per parameter) and `sparse` (one per table) with the optimizer:
+    /// one step.
+    fn apply(&mut self, grads: &[Tensor], sparse: &[Rows]) -> Result<(), PsError> {
         self.optimizer.begin_step();
         for (k, g) in grads.iter().enumerate() {
             self.optimizer.update(k, &mut self.weights[k], g)?;
+        }
+        let step = self.optimizer.step_count();
+        for (table, rows) in self.tables.iter_mut().zip(sparse) {
+            table.apply(step, rows)?;
         }
         self.version += 1;
         if self.version % self.checkpoint_every == 0 {
@@ -140,8 +151,9 @@ impl State {
             let pushed = self.pending.remove(&step).unwrap_or_default();
             self.members.remove(&step);
             let (loss, grads) = mean_of(&pushed, &self.shapes)?;
+            let sparse = sparse_mean_of(&pushed, &self.tables);
             let replay = pushed.values().any(|p| p.replay);
-            self.apply(&grads)?;
+            self.apply(&grads, &sparse)?;
             self.last_loss = loss;
             if let Some(r) = self.recovery.as_mut() {
                 if replay {
@@ -227,6 +239,31 @@ fn mean_of(
     Ok((loss as f32, grads))
 }
 
+/// The row-sparse counterpart of [`mean_of`] for every table: the same weights, order of
+/// additions and scale, on the rows the pushes have.
+fn sparse_mean_of(pushed: &BTreeMap<u32, Pushed>, tables: &[ServerTable]) -> Vec<Rows> {
+    let total_rows: u64 = pushed.values().map(|p| p.rows).sum();
+    let equal = pushed
+        .values()
+        .all(|p| Some(p.rows) == pushed.values().next().map(|q| q.rows));
+    let denominator = if equal {
+        pushed.len() as f64
+    } else {
+        total_rows.max(1) as f64
+    };
+    let weights: Option<Vec<f32>> =
+        (!equal).then(|| pushed.values().map(|p| p.rows as f64 as f32).collect());
+    let scale = 1.0 / denominator as f32;
+    tables
+        .iter()
+        .enumerate()
+        .map(|(t, table)| {
+            let pushes: Vec<&Rows> = pushed.values().filter_map(|p| p.sparse.get(t)).collect();
+            mean_rows(&pushes, table.info().width, weights.as_deref(), scale)
+        })
+        .collect()
+}
+
 /// The server's gRPC service.
 #[derive(Clone)]
 pub struct ServerService {
@@ -309,9 +346,16 @@ impl ServerService {
                 recovery,
                 epoch: Some(0),
                 migration: migrate::Migration::default(),
+                tables: Vec::new(),
             })),
             changed: Arc::new(Notify::new()),
         })
+    }
+
+    /// This server with its blocks of the server-resident tables (`ps.embedding_on_server`).
+    pub fn with_tables(self, tables: Vec<ServerTable>) -> ServerService {
+        self.lock().tables = tables;
+        self
     }
 
     /// Sync: the step the server waits on, when some pushes for it arrived.
@@ -354,6 +398,11 @@ impl ParameterServer for ServerService {
     async fn pull(&self, request: Request<PullRequest>) -> Result<Response<PullReply>, Status> {
         let routed = crate::migrate::epoch_of(&request);
         let r = request.into_inner();
+        {
+            // Rows asked for are checked before waiting: a bad id is refused at once.
+            let s = self.lock();
+            sparse_request_ok(&s, &r.sparse).map_err(status)?;
+        }
         let deadline = Instant::now() + LONGEST_PULL;
         loop {
             let notified = self.changed.notified();
@@ -377,6 +426,10 @@ impl ParameterServer for ServerService {
                             .collect(),
                         false => Vec::new(),
                     };
+                    let sparse = match ready {
+                        true => sparse_rows(&s, &r.sparse).map_err(status)?,
+                        false => Vec::new(),
+                    };
                     return Ok(Response::new(PullReply {
                         ready,
                         version: s.version,
@@ -384,6 +437,7 @@ impl ParameterServer for ServerService {
                         waiting_for_you,
                         last_loss: s.last_loss,
                         tensors,
+                        sparse,
                     }));
                 }
             }
@@ -415,6 +469,7 @@ impl ParameterServer for ServerService {
                 .map(|(m, (n, shape))| from_msg(m, n, shape))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(status)?;
+            let sparse = sparse_grads(&s, &r.sparse).map_err(status)?;
             if r.members.len() > runtime::MAX_PS_PROCESSES || !r.members.contains(&r.worker_id) {
                 return Err(Status::invalid_argument(format!(
                     "push of step {} by worker {}: {} members, which must include the worker and number at most {}",
@@ -443,13 +498,14 @@ impl ParameterServer for ServerService {
                             loss: r.loss,
                             replay: r.replay,
                             grads,
+                            sparse,
                         },
                     );
                 }
                 // A push of a step already applied (a replay that crossed) is dropped.
                 s.complete_steps().map_err(status)?
             } else {
-                s.apply(&grads).map_err(status)?;
+                s.apply(&grads, &sparse).map_err(status)?;
                 s.last_loss = r.loss;
                 s.report_recovery();
                 true
@@ -471,6 +527,73 @@ impl ParameterServer for ServerService {
     ) -> Result<Response<HandoverReply>, Status> {
         self.receive(request.into_inner())
     }
+}
+
+/// The table of `msg` among the server's tables.
+fn table_of<'a>(s: &'a State, name: &str) -> Result<&'a ServerTable, PsError> {
+    s.tables
+        .iter()
+        .find(|t| t.info().name == name)
+        .ok_or_else(|| {
+            PsError::Protocol(format!(
+                "server {} holds no server-resident table {name:?}",
+                s.server_id
+            ))
+        })
+}
+
+/// Checks a pull's row requests: held tables, ids in the table and this server's block.
+fn sparse_request_ok(s: &State, wanted: &[RowsMsg]) -> Result<(), PsError> {
+    for msg in wanted {
+        let table = table_of(s, &msg.name)?;
+        check_ids(msg, table.info(), table.block())?;
+    }
+    Ok(())
+}
+
+/// The rows a pull asks for (checked by [`sparse_request_ok`]).
+fn sparse_rows(s: &State, wanted: &[RowsMsg]) -> Result<Vec<RowsMsg>, PsError> {
+    wanted
+        .iter()
+        .map(|msg| {
+            let table = table_of(s, &msg.name)?;
+            Ok(to_rows_msg(table.info(), &table.rows(&msg.ids)?))
+        })
+        .collect()
+}
+
+/// A push's row-sparse gradients, one per table in the server's order (empty rows for a table
+/// the push leaves out); each message checked against its table before it is decoded.
+fn sparse_grads(s: &State, msgs: &[RowsMsg]) -> Result<Vec<Rows>, PsError> {
+    let mut out: Vec<Option<Rows>> = vec![None; s.tables.len()];
+    for msg in msgs {
+        let t = s
+            .tables
+            .iter()
+            .position(|t| t.info().name == msg.name)
+            .ok_or_else(|| {
+                PsError::Protocol(format!(
+                    "push: server {} holds no server-resident table {:?}",
+                    s.server_id, msg.name
+                ))
+            })?;
+        if out[t].is_some() {
+            return Err(PsError::Protocol(format!(
+                "push: table {} sent twice",
+                msg.name
+            )));
+        }
+        out[t] = Some(from_rows_msg(msg, s.tables[t].info(), s.tables[t].block())?);
+    }
+    Ok(out
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Rows {
+                ids: Vec::new(),
+                values: Vec::new(),
+            })
+        })
+        .collect())
 }
 
 /// Runs server `env.server_id`: binds an ephemeral port on `env.host`, registers with the
@@ -501,6 +624,15 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
         .collect();
     let initial: Vec<Tensor> = held_index.iter().map(|&i| initial_all[i].clone()).collect();
     let all = compute.params().to_vec();
+    if (joining || map.servers != settings.servers) && !compute.tables().is_empty() {
+        return Err(PsError::Config {
+            key: "ps.embedding_on_server".to_string(),
+            reason: "a server cannot be added to a job with server-resident tables: their row \
+                     blocks are not migrated"
+                .to_string(),
+        });
+    }
+    let tables = crate::table::server_tables(&compute, config, settings.servers, env)?;
     drop(compute);
     let service = ServerService::new(
         settings,
@@ -510,13 +642,25 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
         initial,
         env.restart_count > 0,
     )?;
-    // A push carries the partition's gradients, a handover (adding a server) at most every
-    // parameter with its optimizer state; nothing larger is read.
+    // A push carries the partition's gradients (and at most this server's table rows), a
+    // handover (adding a server) at most every parameter with its optimizer state; nothing
+    // larger is read.
     let states = config.optimizer_config().kind.state_names().len();
-    let limit =
-        message_limit(held.iter().map(ParamInfo::bytes).sum()).max(handover_limit(&all, states));
+    let table_bytes: usize = tables.iter().map(ServerTable::bytes).sum();
+    let mut names: Vec<String> = held.iter().map(|p| p.name.clone()).collect();
+    names.extend(tables.iter().map(|t| {
+        let b = t.block();
+        format!("rows {}..{} of {}", b.start, b.end, t.info().name)
+    }));
+    let service = service.with_tables(tables);
+    let limit = message_limit(
+        held.iter()
+            .map(ParamInfo::bytes)
+            .sum::<usize>()
+            .saturating_add(table_bytes),
+    )
+    .max(handover_limit(&all, states));
     service.enable_migration(all, (!joining).then_some(map.epoch));
-    let names: Vec<&str> = held.iter().map(|p| p.name.as_str()).collect();
     match joining {
         true => eprintln!(
             "[ps server {}] is being added to a job of {} server(s): it holds nothing until the handover",

@@ -21,6 +21,7 @@ use crate::proto::scheduler_client::SchedulerClient;
 use crate::proto::*;
 use crate::retry::{rpc_error, Attempt};
 use crate::server::partition_of;
+use crate::sparse::{split_rows, to_rows_msg, PulledRows};
 use crate::wire::{from_msg, to_msg};
 
 /// What a worker ends with.
@@ -38,6 +39,12 @@ pub struct WorkerReport {
     pub seconds: f64,
     /// Wall time of the step loop in seconds (from the first step to the last push).
     pub step_seconds: f64,
+    /// Bytes of tensor and row values this worker pulled (payload, without framing).
+    pub pull_bytes: u64,
+    /// Bytes of gradient values (dense and row-sparse) this worker pushed.
+    pub push_bytes: u64,
+    /// The largest buffer of server-resident table rows the worker held (its batch's rows).
+    pub largest_table_bytes: u64,
 }
 
 /// One server as a worker sees it.
@@ -64,6 +71,9 @@ struct Links {
     servers: Vec<ServerLink>,
     /// The epoch of the partition map `servers` follow (every pull and push is tagged with it).
     epoch: u64,
+    /// Payload bytes pulled and pushed.
+    pull_bytes: u64,
+    push_bytes: u64,
 }
 
 impl Links {
@@ -88,7 +98,14 @@ impl Links {
         self.servers = (0..servers)
             .map(|id| {
                 let held = partition_of(compute.params(), servers, id);
-                let bytes = held.iter().map(|&i| compute.params()[i].bytes()).sum();
+                let bytes: usize = held.iter().map(|&i| compute.params()[i].bytes()).sum();
+                // A pull reply carries at most this server's rows of every table too.
+                let rows: usize = compute
+                    .tables()
+                    .iter()
+                    .map(|t| t.block(servers, id).len() * t.width * 4)
+                    .sum();
+                let bytes = bytes.saturating_add(rows);
                 ServerLink {
                     id,
                     addr: String::new(),
@@ -194,6 +211,12 @@ impl Links {
     /// Pushes `request` to server `s` and notes its versions.
     async fn push(&mut self, s: usize, request: PushRequest) -> Result<(), PsError> {
         let epoch = self.epoch;
+        self.push_bytes += request
+            .tensors
+            .iter()
+            .map(|t| t.data.len())
+            .chain(request.sparse.iter().map(|r| r.data.len()))
+            .sum::<usize>() as u64;
         let reply = self
             .call_server(s, "Push", |mut c| {
                 let r = tagged(request.clone(), epoch);
@@ -216,18 +239,24 @@ impl Links {
         min_version: u64,
         weights: &mut [Tensor],
         compute: &Compute,
+        pulled: &mut PulledRows,
     ) -> Result<(Option<f32>, u64), PsError> {
         let (worker_id, epoch) = (self.worker_id, self.epoch);
+        let sparse = pulled.request_for(self.servers.len(), s);
         let reply = self
-            .call_server(s, "Pull", |mut c| async move {
-                c.pull(tagged(
-                    PullRequest {
-                        worker_id,
-                        min_version,
-                    },
-                    epoch,
-                ))
-                .await
+            .call_server(s, "Pull", |mut c| {
+                let sparse = sparse.clone();
+                async move {
+                    c.pull(tagged(
+                        PullRequest {
+                            worker_id,
+                            min_version,
+                            sparse,
+                        },
+                        epoch,
+                    ))
+                    .await
+                }
             })
             .await?;
         let link = &mut self.servers[s];
@@ -252,6 +281,14 @@ impl Links {
                 let p = &compute.params()[i];
                 weights[i] = from_msg(msg, &p.name, &p.shape)?;
             }
+            let servers = self.servers.len();
+            pulled.fill(servers, s, &reply.sparse)?;
+            self.pull_bytes += reply
+                .tensors
+                .iter()
+                .map(|t| t.data.len())
+                .chain(reply.sparse.iter().map(|r| r.data.len()))
+                .sum::<usize>() as u64;
             return Ok((Some(reply.last_loss), reply.version));
         }
         if reply.waiting_for_you && self.settings.sync {
@@ -285,10 +322,11 @@ impl Links {
         min_version: u64,
         weights: &mut [Tensor],
         compute: &Compute,
+        pulled: &mut PulledRows,
     ) -> Result<f32, PsError> {
         let mut tries = 0;
         loop {
-            match self.pull_each(min_version, weights, compute).await {
+            match self.pull_each(min_version, weights, compute, pulled).await {
                 Err(PsError::Rpc { last, .. }) if last.contains(STALE_ROUTE) && tries < 3 => {
                     tries += 1;
                     eprintln!("[ps worker {}] {last}", self.worker_id);
@@ -307,6 +345,7 @@ impl Links {
         min_version: u64,
         weights: &mut [Tensor],
         compute: &Compute,
+        pulled: &mut PulledRows,
     ) -> Result<f32, PsError> {
         let mut loss = f32::NAN;
         let mut waiting: Vec<usize> = (0..self.servers.len()).collect();
@@ -316,7 +355,9 @@ impl Links {
             let mut versions = Vec::with_capacity(waiting.len());
             let mut still = Vec::with_capacity(waiting.len());
             for &s in &waiting {
-                let (got, version) = self.pull_once(s, min_version, weights, compute).await?;
+                let (got, version) = self
+                    .pull_once(s, min_version, weights, compute, pulled)
+                    .await?;
                 match got {
                     Some(l) if s == 0 => loss = l,
                     Some(_) => {}
@@ -460,6 +501,8 @@ async fn work(
         scheduler_peer: format!("the scheduler at {}", env.scheduler_addr),
         servers: Vec::new(),
         epoch: 0,
+        pull_bytes: 0,
+        push_bytes: 0,
     };
     let mut step = links.register(env.restart_count).await?;
     let beat = Arc::new(Beat {
@@ -489,7 +532,7 @@ async fn work(
     let step_seconds = loop_start.elapsed().as_secs_f64();
     beat.stop.store(true, Ordering::Relaxed);
     let _ = heart.await;
-    let (losses, accuracies) = outcome?;
+    let (losses, accuracies, largest_table_bytes) = outcome?;
     eprintln!(
         "[ps worker {worker_id}] ran {computed} step(s)",
         computed = beat.computed.load(Ordering::Relaxed)
@@ -501,6 +544,9 @@ async fn work(
         accuracies,
         seconds: started.elapsed().as_secs_f64(),
         step_seconds,
+        pull_bytes: links.pull_bytes,
+        push_bytes: links.push_bytes,
+        largest_table_bytes,
     })
 }
 
@@ -526,7 +572,8 @@ async fn heartbeat(
     }
 }
 
-/// The step loop; returns worker 0's losses and accuracies.
+/// The step loop; returns worker 0's losses and accuracies, and the largest buffer of table
+/// rows held.
 async fn steps(
     config: &TrainConfig,
     settings: &JobSettings,
@@ -535,8 +582,10 @@ async fn steps(
     reporter: &mut Option<Reporter>,
     beat: &Beat,
     step: &mut u64,
-) -> Result<(Vec<f32>, Vec<f64>), PsError> {
+) -> Result<(Vec<f32>, Vec<f64>, u64), PsError> {
     let total = compute.total_steps();
+    let limit = crate::embedding::worker_limit(config, compute)?;
+    let mut largest_table_bytes = 0u64;
     let per_epoch = compute.steps_per_epoch();
     let evaluate = config.train().eval;
     let worker_id = links.worker_id;
@@ -585,7 +634,19 @@ async fn steps(
             links.follow_map(compute, false).await?;
         }
         let min_version = if settings.sync { s } else { 0 };
-        let loss_before = links.pull_all(min_version, &mut weights, compute).await?;
+        let rows = compute.rows(s, begin.row_offset as usize, begin.row_count as usize)?;
+        let mut pulled = match compute.tables().first() {
+            Some(table) => {
+                let pulled = PulledRows::new(table, compute.table_ids(&rows)?);
+                crate::embedding::check_rows_limit(&pulled, limit)?;
+                largest_table_bytes = largest_table_bytes.max(pulled.bytes() as u64);
+                pulled
+            }
+            None => PulledRows::none(),
+        };
+        let loss_before = links
+            .pull_all(min_version, &mut weights, compute, &mut pulled)
+            .await?;
         if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
             report_step(rep, compute, done, loss_before, ms, &mut losses)?;
             if evaluate && (done + 1) % per_epoch == 0 {
@@ -594,8 +655,23 @@ async fn steps(
                 rep.epoch(compute.epoch_of(done).0, done + 1, Some(acc))?;
             }
         }
-        let rows = compute.rows(s, begin.row_offset as usize, begin.row_count as usize)?;
-        let (loss, grads) = compute.gradient(&weights, &rows)?;
+        let (loss, grads, row_grads) = match &pulled.table {
+            Some(table) => {
+                let values = Tensor::from_vec(
+                    &[pulled.ids.len(), table.width],
+                    std::mem::take(&mut pulled.values),
+                )
+                .map_err(|e| PsError::Protocol(e.to_string()))?;
+                let (loss, grads, rows) =
+                    compute.gradient_with_rows(&weights, &rows, &pulled.ids, &values)?;
+                let split = split_rows(table, links.servers.len(), &rows);
+                (loss, grads, Some((table.clone(), split)))
+            }
+            None => {
+                let (loss, grads) = compute.gradient(&weights, &rows)?;
+                (loss, grads, None)
+            }
+        };
         for srv in 0..links.servers.len() {
             let held = links.servers[srv].held.clone();
             let request = PushRequest {
@@ -610,6 +686,12 @@ async fn steps(
                     .iter()
                     .map(|&i| to_msg(&compute.params()[i].name, &grads[i]))
                     .collect(),
+                sparse: match &row_grads {
+                    Some((table, split)) if !split[srv].ids.is_empty() => {
+                        vec![to_rows_msg(table, &split[srv])]
+                    }
+                    _ => Vec::new(),
+                },
             };
             if settings.sync {
                 links.servers[srv].history.insert(s, request.clone());
@@ -624,7 +706,9 @@ async fn steps(
         } else if let Some(rep) = reporter.as_mut() {
             report_step(rep, compute, s, loss, ms, &mut losses)?;
             if evaluate && (s + 1) % per_epoch == 0 && s + 1 < total {
-                links.pull_all(0, &mut weights, compute).await?;
+                links
+                    .pull_all(0, &mut weights, compute, &mut PulledRows::none())
+                    .await?;
                 let acc = compute.accuracy(&weights)?;
                 accuracies.push(acc);
                 rep.epoch(compute.epoch_of(s).0, s + 1, Some(acc))?;
@@ -635,7 +719,9 @@ async fn steps(
     // Sync: every worker waits for the last step to be applied (replaying if a server
     // restarted meanwhile); worker 0 reports it.
     if settings.sync {
-        let loss = links.pull_all(total, &mut weights, compute).await?;
+        let loss = links
+            .pull_all(total, &mut weights, compute, &mut PulledRows::none())
+            .await?;
         if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
             report_step(rep, compute, done, loss, ms, &mut losses)?;
         }
@@ -658,7 +744,9 @@ async fn steps(
                     break;
                 }
             }
-            links.pull_all(0, &mut weights, compute).await?;
+            links
+                .pull_all(0, &mut weights, compute, &mut PulledRows::none())
+                .await?;
         }
         let last = total.saturating_sub(1);
         if evaluate && total > 0 {
@@ -673,7 +761,7 @@ async fn steps(
             )
             .await?;
     }
-    Ok((losses, accuracies))
+    Ok((losses, accuracies, largest_table_bytes))
 }
 
 fn report_step(

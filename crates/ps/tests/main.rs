@@ -4,6 +4,7 @@
 mod add_server;
 mod async_training;
 mod config;
+mod embedding;
 mod faults;
 mod gpt;
 mod heartbeat;

@@ -33,6 +33,7 @@ fn bad_pushes_are_refused_and_leave_the_weights_alone() {
         replay: false,
         seen_version: 0,
         tensors,
+        sparse: Vec::new(),
     };
     let mut wrong_shape = good.clone();
     wrong_shape[0].shape = vec![1];
@@ -54,6 +55,7 @@ fn bad_pushes_are_refused_and_leave_the_weights_alone() {
             .pull(Request::new(PullRequest {
                 worker_id: 0,
                 min_version: 0,
+                sparse: Vec::new(),
             }))
             .await
             .unwrap()

@@ -253,6 +253,14 @@ impl Session {
         if config.model().name == ModelName::Gpt {
             return Session::new_gpt(config);
         }
+        if config.model().name == ModelName::EmbeddingBag {
+            return Err(RuntimeError::Config {
+                key: "model.name".to_string(),
+                reason: "\"embedding_bag\" trains in parallel.mode = \"parameter_server\" only \
+                         (the ps crate builds its programs)"
+                    .to_string(),
+            });
+        }
         if config.train().precision != Precision::F32 {
             return Err(RuntimeError::Config {
                 key: "train.precision".to_string(),

@@ -52,6 +52,9 @@ pub enum ModelName {
     SeedMlp,
     /// `models::gpt`, a decoder-only transformer trained on text.
     Gpt,
+    /// `models::embedding_bag`, a bag of embedded pixel features over the images; trained in
+    /// `parallel.mode = "parameter_server"` only (its table may live on the servers).
+    EmbeddingBag,
     /// A network built in code and given to [`crate::Trainer`] (not available in files).
     Custom,
 }
@@ -62,6 +65,7 @@ impl ModelName {
         match self {
             ModelName::SeedMlp => "seed_mlp",
             ModelName::Gpt => "gpt",
+            ModelName::EmbeddingBag => "embedding_bag",
             ModelName::Custom => "custom",
         }
     }

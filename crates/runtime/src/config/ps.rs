@@ -21,6 +21,8 @@ pub(super) const PS_KEYS: &[&str] = &[
     "dead_after_ms",
     "rpc_timeout_ms",
     "rpc_retries",
+    "embedding_on_server",
+    "worker_max_param_bytes",
 ];
 
 /// The most servers or workers a job may have.
@@ -48,6 +50,13 @@ pub struct PsKeys {
     pub rpc_timeout_ms: u64,
     /// `ps.rpc_retries`: how many times a failed call is tried again (with backoff).
     pub rpc_retries: u32,
+    /// `ps.embedding_on_server`: the embedding tables that live on the servers, row-partitioned
+    /// across them (MindSpore's `nn.EmbeddingLookup(target="CPU")` with `set_param_ps()`):
+    /// workers pull only their batch's rows and push row-sparse gradients.
+    pub embedding_on_server: Vec<String>,
+    /// `ps.worker_max_param_bytes`: the largest parameter buffer a worker may hold (`None`: no
+    /// limit); a worker refuses a larger one, naming it.
+    pub worker_max_param_bytes: Option<u64>,
 }
 
 impl Default for PsKeys {
@@ -62,6 +71,8 @@ impl Default for PsKeys {
             dead_after_ms: 2000,
             rpc_timeout_ms: 10_000,
             rpc_retries: 8,
+            embedding_on_server: Vec::new(),
+            worker_max_param_bytes: None,
         }
     }
 }
@@ -108,6 +119,33 @@ fn read_bounded(key: &str, value: Value, low: u64, high: u64) -> Result<u64, Run
     Ok(n)
 }
 
+/// A list of distinct, non-empty tensor names.
+fn read_names(key: &str, value: Value) -> Result<Vec<String>, RuntimeError> {
+    let Value::Array(items) = value else {
+        return Err(config_error(
+            key,
+            format!("{value} is not a list of parameter names"),
+        ));
+    };
+    let mut names: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        match item {
+            Value::String(name) if !name.is_empty() && !names.contains(&name) => names.push(name),
+            Value::String(name) if name.is_empty() => {
+                return Err(config_error(key, "holds an empty parameter name"))
+            }
+            Value::String(name) => return Err(config_error(key, format!("names {name:?} twice"))),
+            other => {
+                return Err(config_error(
+                    key,
+                    format!("{other} is not a parameter name (a string)"),
+                ))
+            }
+        }
+    }
+    Ok(names)
+}
+
 /// Reads `[ps]` (an empty table when absent) for a parameter-server run.
 pub(super) fn read_ps(
     value: Option<Value>,
@@ -116,11 +154,14 @@ pub(super) fn read_ps(
     grad_accumulation_steps: usize,
     warnings: &mut Vec<String>,
 ) -> Result<PsKeys, RuntimeError> {
-    if !matches!(model, ModelName::SeedMlp | ModelName::Gpt) {
+    if !matches!(
+        model,
+        ModelName::SeedMlp | ModelName::Gpt | ModelName::EmbeddingBag
+    ) {
         return Err(config_error(
             "parallel.mode",
             format!(
-                "\"{PARAMETER_SERVER_MODE}\" trains the seed MLP or the GPT (model.name = \"seed_mlp\" or \"gpt\"), not model.name = \"{}\"",
+                "\"{PARAMETER_SERVER_MODE}\" trains the seed MLP, the GPT or the embedding bag (model.name = \"seed_mlp\", \"gpt\" or \"embedding_bag\"), not model.name = \"{}\"",
                 model.name()
             ),
         ));
@@ -165,6 +206,10 @@ pub(super) fn read_ps(
         })?,
         rpc_retries: s.or("rpc_retries", d.rpc_retries, |k, v| {
             read_bounded(k, v, 0, 100).map(|n| n as u32)
+        })?,
+        embedding_on_server: s.or("embedding_on_server", Vec::new(), read_names)?,
+        worker_max_param_bytes: s.get("worker_max_param_bytes", |k, v| {
+            read_bounded(k, v, 1, u64::MAX)
         })?,
     };
     if keys.dead_after_ms <= keys.heartbeat_ms {

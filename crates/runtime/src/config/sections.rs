@@ -280,9 +280,10 @@ fn discard_unused(
 
 fn read_model(mut s: Section, warnings: &mut Vec<String>) -> Result<ModelConfig, RuntimeError> {
     let name = s.or("name", ModelName::SeedMlp, |key, v| {
-        read_enum(key, v, &["seed_mlp", "gpt"], |t| match t {
+        read_enum(key, v, &["seed_mlp", "gpt", "embedding_bag"], |t| match t {
             "seed_mlp" => Some(ModelName::SeedMlp),
             "gpt" => Some(ModelName::Gpt),
+            "embedding_bag" => Some(ModelName::EmbeddingBag),
             _ => None,
         })
     })?;
@@ -349,10 +350,10 @@ fn check_model_data(model: &ModelConfig, data: &DataConfig) -> Result<(), Runtim
                 data.format.name()
             ),
         )),
-        (ModelName::SeedMlp, true) => Err(config_error(
+        (ModelName::SeedMlp | ModelName::EmbeddingBag, true) => Err(config_error(
             "data.format",
             format!(
-                "\"{}\" data needs model.name = \"gpt\" (the seed MLP classifies images)",
+                "\"{}\" data needs model.name = \"gpt\" (the seed MLP and the embedding bag classify images)",
                 data.format.name()
             ),
         )),
