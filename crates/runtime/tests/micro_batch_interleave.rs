@@ -43,11 +43,19 @@ fn interleave_two_equals_no_interleave() {
     }
 }
 
-fn config_error(parallel: &str, batch: usize) -> (String, String) {
-    let text = format!(
-        "[model]\nname = \"seed_mlp\"\nhidden = 16\nclasses = 10\n[data]\nformat = \"idx\"\ndir = \"/nonexistent\"\nbatch_size = {batch}\n[parallel]\n{parallel}\n"
+fn parse(parallel: &str, batch: usize) -> Result<TrainConfig, RuntimeError> {
+    let text = run_util::small_gpt_text(
+        std::path::Path::new("/nonexistent-out"),
+        "momentum",
+        "",
+        parallel,
     );
-    match TrainConfig::parse(&text, None, &[], std::path::Path::new("/")) {
+    let batch = format!("data.batch_size={batch}");
+    TrainConfig::parse(&text, None, &[batch], std::path::Path::new("/"))
+}
+
+fn config_error(parallel: &str, batch: usize) -> (String, String) {
+    match parse(parallel, batch) {
         Err(RuntimeError::Config { key, reason }) => (key, reason),
         other => panic!("expected a config error, got {other:?}"),
     }
@@ -78,13 +86,12 @@ fn invalid_interleave_values_are_refused_with_the_rule() {
 /// Accepted values cut the batch: 2 parts of a batch of 8 are micro-steps of 4.
 #[test]
 fn interleave_cuts_the_batch_into_micro_steps() {
-    let text = "[model]\nname = \"seed_mlp\"\nhidden = 16\nclasses = 10\n[data]\nformat = \"idx\"\ndir = \"/nonexistent\"\nbatch_size = 8\n[parallel]\nmicro_batch_interleave = 2\n";
-    let config = TrainConfig::parse(text, None, &[], std::path::Path::new("/")).unwrap();
+    let config = parse("micro_batch_interleave = 2", 8).unwrap();
     assert_eq!(config.micro_batch_interleave(), 2);
     assert_eq!(config.data().batch_size, 4);
     assert_eq!(config.train().grad_accumulation_steps, 2);
-    let default = text.replace("micro_batch_interleave = 2\n", "");
-    let config = TrainConfig::parse(&default, None, &[], std::path::Path::new("/")).unwrap();
+    let config = parse("", 8).unwrap();
     assert_eq!(config.micro_batch_interleave(), 1);
     assert_eq!(config.data().batch_size, 8);
+    assert_eq!(config.train().grad_accumulation_steps, 1);
 }

@@ -130,7 +130,13 @@ pub fn small_gpt(
     parallel: &str,
     overrides: &[String],
 ) -> TrainConfig {
-    let text = format!(
+    let text = small_gpt_text(out, optimizer, model_extra, parallel);
+    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+}
+
+/// The TOML text of [`small_gpt`].
+pub fn small_gpt_text(out: &Path, optimizer: &str, model_extra: &str, parallel: &str) -> String {
+    format!(
         r#"
 [model]
 name = "gpt"
@@ -160,8 +166,7 @@ dir = "{out}"
 "#,
         data = kjv().display(),
         out = out.display(),
-    );
-    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+    )
 }
 
 /// Trains `config`: the session, the report, and the merged parameters by name.
