@@ -295,6 +295,51 @@ impl Graph {
             .collect()
     }
 
+    /// A copy of this graph with a new parameter `name`, a copy of parameter `param` (same
+    /// shape, dtype, initialiser and trainability), read by `uses` instead of `param`. Every
+    /// existing id stays; the copy is the last value. This is how pipeline stages give each
+    /// stage that reads a shared parameter (a tied embedding) its own copy.
+    pub fn with_parameter_copy(
+        &self,
+        param: ValueId,
+        name: &str,
+        uses: &[Use],
+    ) -> Result<(Graph, ValueId), GraphError> {
+        let original = self.value(param)?;
+        if !matches!(original.kind, ValueKind::Parameter { .. }) {
+            return Err(GraphError::BadName {
+                name: original.name.clone(),
+                reason: "is not a parameter, so it cannot be copied",
+            });
+        }
+        if name.is_empty() || self.names.contains_key(name) {
+            return Err(GraphError::BadName {
+                name: name.to_string(),
+                reason: "is already defined in this graph (or empty)",
+            });
+        }
+        for u in uses {
+            if self.nodes.get(u.node.0).and_then(|n| n.inputs.get(u.input)) != Some(&param) {
+                return Err(GraphError::BadName {
+                    name: original.name.clone(),
+                    reason: "is not the input a use to be moved to its copy names",
+                });
+            }
+        }
+        let mut graph = self.clone();
+        let copy = ValueId(graph.values.len());
+        let mut value = original.clone();
+        value.name = name.to_string();
+        graph.values.push(value);
+        graph.consumers.push(uses.to_vec());
+        graph.consumers[param.0].retain(|u| !uses.contains(u));
+        for u in uses {
+            graph.nodes[u.node.0].inputs[u.input] = copy;
+        }
+        graph.names.insert(name.to_string(), NameRef::Value(copy));
+        Ok((graph, copy))
+    }
+
     /// A copy of this graph with edited ops and leaf shapes, keeping every id, name and role.
     ///
     /// `leaf_shape` gives the new shape of each input and parameter; `node_op` the new op of

@@ -319,10 +319,14 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                 if matches!(graph.values()[v.0].kind, ValueKind::Parameter { .. })
                     && placed.leaves[v.0].is_none()
                 {
-                    placed.leaves[v.0] = Some(need.clone());
+                    let need = match shared_owner_layout(graph, &placed, v, per_stage)? {
+                        Some(owner) => owner,
+                        None => need.clone(),
+                    };
                     if let Some(hsdp) = hsdp {
-                        placed.optimizer_shards[v.0] = optimizer_shard(graph, hsdp, v, need);
+                        placed.optimizer_shards[v.0] = optimizer_shard(graph, hsdp, v, &need);
                     }
+                    placed.leaves[v.0] = Some(need);
                 }
             }
         }
@@ -367,6 +371,44 @@ fn optimizer_shard(
 
 /// The stage of every node and the devices per stage, when `config` asks for more than one
 /// pipeline stage.
+/// For a copy of a shared parameter (`pipeline::split_shared_parameters`): its owner's layout
+/// moved onto the copy's stage, so slot `j` of every copy holds the same box.
+fn shared_owner_layout(
+    graph: &Graph,
+    placed: &PlacedGraph,
+    copy: ValueId,
+    per_stage: usize,
+) -> Result<Option<TensorLayout>, ParallelError> {
+    let name = &graph.values()[copy.0].name;
+    let Some((owner, stage)) = crate::pipeline::shared_copy_of(name) else {
+        return Ok(None);
+    };
+    let Some(owner_layout) = graph
+        .value_by_name(owner)
+        .and_then(|o| placed.leaves[o.0].clone())
+    else {
+        return Err(ParallelError::Setting {
+            setting: "pipeline",
+            reason: format!(
+                "{name} copies the shared parameter {owner}, which no earlier stage has laid out"
+            ),
+        });
+    };
+    let from = owner_layout
+        .mesh()
+        .rank_list()
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let from = from - from % per_stage.max(1);
+    crate::pipeline::move_between_stages(&owner_layout, from, stage * per_stage)
+        .map(Some)
+        .map_err(|e| ParallelError::Layout {
+            op: name.clone(),
+            source: e,
+        })
+}
+
 fn pipeline_stages(
     graph: &Graph,
     config: &ParallelConfig,

@@ -9,12 +9,14 @@ use crate::lower::{lower, LowerRequest, Program};
 
 /// The training program of `forward` under `config`: forward, backward (by [`graph::grad`]) and
 /// every trainable parameter's gradient in the parameter's layout; `loss` is gathered to every
-/// rank as output 0.
+/// rank as output 0. With pipeline stages, a parameter read on several stages is split into
+/// one copy per stage first ([`crate::pipeline::split_shared_parameters`]).
 pub fn compile_training(
     forward: &Graph,
     loss: ValueId,
     config: &ParallelConfig,
 ) -> Result<Program, ParallelError> {
+    let forward = &crate::pipeline::split_shared_parameters(forward, config)?;
     let trainable = forward.trainable_parameters();
     let training = graph::grad(forward, loss, &trainable)?;
     let grads = trainable
@@ -37,6 +39,7 @@ pub fn compile_forward(
     outputs: &[ValueId],
     config: &ParallelConfig,
 ) -> Result<Program, ParallelError> {
+    let forward = &crate::pipeline::split_shared_parameters(forward, config)?;
     lower(
         &place(forward, config)?,
         &LowerRequest {

@@ -192,6 +192,9 @@ pub struct Program {
     /// Communications in the program, and how many distinct plans they use
     /// (`parallel.comm_reuse`).
     pub plan_reuse: PlanReuse,
+    /// Parameters shared by several pipeline stages, each with its per-stage copies
+    /// ([`crate::pipeline::split_shared_parameters`]); empty without them.
+    pub shared: Vec<crate::pipeline::SharedParameter>,
 }
 
 /// How many reshard plans a program's communications share (MindSpore's communication
@@ -531,7 +534,12 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         buckets: Vec::new(),
         gather_buckets: Vec::new(),
         plan_reuse: PlanReuse::default(),
+        shared: Vec::new(),
     };
+    program.shared =
+        crate::pipeline::shared_parameters(program.params.iter().map(|p| p.name.as_str()), |i| {
+            crate::pipeline::stage_of_ranks(program.params[i].layout.mesh())
+        });
     share_plans(&mut program, placed.config.comm_reuse);
     if let Some(fusion) = &placed.config.comm_fusion {
         program.buckets = crate::fusion::gradient_buckets(&program, fusion);

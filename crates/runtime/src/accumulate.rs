@@ -53,6 +53,11 @@ impl Accumulation {
         &self.buffers[k]
     }
 
+    /// Buffer `k`, writable (the sum of a shared parameter's copies' gradients).
+    pub(crate) fn buffer_mut(&mut self, k: usize) -> &mut Tensor {
+        &mut self.buffers[k]
+    }
+
     /// Where the optimizer finds parameter `trainable[k]`'s piece in buffer `k`, given where
     /// it lies in the gradient (`grad_offset`).
     pub(crate) fn piece_offset(&self, k: usize, grad_offset: usize) -> usize {

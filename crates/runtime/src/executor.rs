@@ -530,9 +530,9 @@ impl RankExecutor {
     ) -> Result<Tensor, RuntimeError> {
         let region = self.box_of(&p.layout)?;
         let dtype = self.program.buffers[p.buffer].dtype;
-        let t = p
-            .init
-            .fill(p.layout.shape(), &region, dtype, seed, &p.name)?;
+        // A shared parameter's copy starts from its owner's values.
+        let name = parallel::pipeline::shared_copy_of(&p.name).map_or(p.name.as_str(), |c| c.0);
+        let t = p.init.fill(p.layout.shape(), &region, dtype, seed, name)?;
         self.initialised_bytes += t.as_bytes().len();
         Ok(t)
     }
@@ -652,6 +652,12 @@ impl RankExecutor {
         self.program.params[index]
             .grad_buffer
             .map(|b| self.buffer(b))
+    }
+
+    /// This rank's shard of the gradient of parameter `index`, writable.
+    pub fn grad_mut(&mut self, index: usize) -> Option<&mut Tensor> {
+        let b = self.program.params[index].grad_buffer?;
+        Some(self.buffer_mut(b))
     }
 
     /// The shard of parameter `index` and of its gradient together (for an optimizer update).

@@ -55,6 +55,7 @@ mod profile;
 mod progress;
 mod session;
 mod shard_fn;
+mod shared;
 mod trainer;
 
 pub use crate::auto::{build_model, load_profile, plan, plan_model, PlanReport};
@@ -93,4 +94,5 @@ pub use crate::session::{
     ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP, STAGE_STRATEGY_DIR,
 };
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
+pub use crate::shared::sync_pipeline_shared_parameters;
 pub use crate::trainer::Trainer;

@@ -47,6 +47,9 @@ pub struct StepTrace {
     /// The bytes of one micro-batch's buffers on this rank (activations, their gradients and
     /// the transfers' copies).
     pub micro_batch_bytes: usize,
+    /// With `parallel.pipeline.output_broadcast`: every micro-batch's loss, computed by the
+    /// last stage and broadcast to every rank (empty otherwise).
+    pub micro_batch_losses: Vec<f32>,
 }
 
 /// The process's clock origin for traces.
@@ -87,6 +90,9 @@ pub(crate) struct PipelineRunner {
     rank: usize,
     /// Per step, whether this rank receives in it (a transfer into its stage).
     receives: Vec<bool>,
+    /// With `output_broadcast`: the epilogue step that brings the loss from the last stage to
+    /// every rank, its source buffer (a micro-batch buffer) and the output buffer it fills.
+    output_broadcast: Option<(usize, usize, usize)>,
 }
 
 impl PipelineRunner {
@@ -186,7 +192,40 @@ impl PipelineRunner {
             micro_batches: schedule.micro_batches(),
             rank,
             receives,
+            output_broadcast: None,
         })
+    }
+
+    /// Broadcasts every micro-batch's loss from the last stage to every rank
+    /// (`parallel.pipeline.output_broadcast`): after the micro-batches, the epilogue's move of
+    /// the loss to every rank runs once per micro-batch on that micro-batch's loss, before it
+    /// runs on their mean. An error when the program reports no loss made on one stage.
+    pub(crate) fn broadcast_outputs(
+        mut self,
+        program: &Program,
+        per_stage: usize,
+    ) -> Result<PipelineRunner, RuntimeError> {
+        let output = program.outputs.first().map(|o| o.buffer);
+        let phases = parallel::pipeline::step_phases(program, per_stage);
+        let found = program
+            .steps
+            .iter()
+            .enumerate()
+            .find_map(|(i, step)| match step {
+                parallel::Step::Reshard(r)
+                    if Some(r.to) == output
+                        && phases[i] == StepPhase::Epilogue
+                        && self.summed.contains(&r.from) =>
+                {
+                    Some((i, r.from, r.to))
+                }
+                _ => None,
+            });
+        self.output_broadcast = Some(found.ok_or_else(|| RuntimeError::Config {
+            key: "parallel.pipeline.output_broadcast".to_string(),
+            reason: "the program's loss does not come from one stage's micro-batches, so there is no last-stage output to broadcast".to_string(),
+        })?);
+        Ok(self)
     }
 
     /// Runs one training step: the prologue, this stage's passes of every micro-batch in
@@ -207,6 +246,9 @@ impl PipelineRunner {
         // schedule's memory is what it keeps in flight (1F1B: at most P − s on stage s).
         let mut slots: Vec<Option<Vec<Option<Tensor>>>> = vec![None; self.micro_batches];
         let mut in_flight = std::collections::BTreeSet::new();
+        // With `output_broadcast`: each micro-batch's loss as this rank holds it (its part of
+        // the last stage's value; nothing on other stages).
+        let mut mb_outputs: Vec<Option<Tensor>> = vec![None; self.micro_batches];
         let mut sums: Vec<Option<Tensor>> = self
             .summed
             .iter()
@@ -280,6 +322,9 @@ impl PipelineRunner {
             }
             .and_then(|()| {
                 if last {
+                    if let Some((_, src, _)) = self.output_broadcast {
+                        mb_outputs[mb] = Some(exec.buffer_at(src).clone());
+                    }
                     add_sums(exec, &mut sums)
                 } else {
                     Ok(())
@@ -296,6 +341,24 @@ impl PipelineRunner {
                 in_flight.remove(&mb);
             }
             result?;
+        }
+        if let Some((step, src, out)) = self.output_broadcast {
+            for (mb, loss) in mb_outputs.into_iter().enumerate() {
+                let loss = loss.ok_or_else(|| RuntimeError::Mismatch {
+                    what: format!("micro-batch {mb}'s loss"),
+                    expected: "one per micro-batch of the step".to_string(),
+                    got: "none: the schedule did not finish it".to_string(),
+                })?;
+                if loss.n_elements() > 0 {
+                    exec.buffer_at_mut(src)
+                        .as_bytes_mut()
+                        .copy_from_slice(loss.as_bytes());
+                }
+                exec.run_steps(&[(step, None)])?;
+                trace
+                    .micro_batch_losses
+                    .push(exec.buffer_at(out).to_f64_vec()[0] as f32);
+            }
         }
         let share = 1.0 / self.micro_batches as f64;
         for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {

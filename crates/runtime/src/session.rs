@@ -108,6 +108,12 @@ pub struct RankOutcome {
     /// Every rank's peak bytes over the run, by category and by rank (see
     /// [`parallel::memory`]); empty for pipelined runs.
     pub memory_by_rank: Vec<MemoryReport>,
+    /// With `parallel.pipeline.output_broadcast`: per step, the loss of each micro-batch as
+    /// this rank received it from the last stage (empty without it).
+    pub micro_batch_losses: Vec<Vec<f32>>,
+    /// This rank's shard of every copy of a parameter shared by pipeline stages
+    /// (`embedding.embedding_table@stage1`) at the end; `params` holds only the owners.
+    pub shared_copies: Vec<ParamShard>,
     /// With `train.parameter_broadcast`: the parameters this rank took part in broadcasting
     /// from the first rank of their replica group, before its first step.
     pub broadcast: Vec<String>,
@@ -486,8 +492,11 @@ impl Session {
     /// `stra_file_only_trainable_params`: its strategy file lists trainable parameters only
     /// unless told otherwise). A tensor the strategy file does not describe cannot be converted
     /// or resumed, so the rank files hold exactly what the strategy file lists.
+    /// A shared parameter's copies on later pipeline stages are never checkpointed: its owner
+    /// is, and a resume loads the owner's tensor into every copy.
     fn checkpointed(&self, p: &parallel::ProgramParam) -> bool {
-        p.trainable || !self.config.strategy_file_only_for_trainable_params()
+        (p.trainable || !self.config.strategy_file_only_for_trainable_params())
+            && parallel::pipeline::shared_copy_of(&p.name).is_none()
     }
 
     /// The strategy of everything a checkpoint holds: the checkpointed parameters (every
@@ -720,6 +729,7 @@ impl Session {
         if pipelined.is_some() {
             exec.allocate_all();
         }
+        let mut partners = self.interleave_partners(&world)?;
         let mut global_step = 0u64;
         let mut resumed_masters = Vec::new();
         if let Some(from) = &self.config.output().resume_from {
@@ -766,6 +776,8 @@ impl Session {
         };
         let mut group_info_written = false;
         let mut epochs_run = 0;
+        // Copies of parameters shared by pipeline stages: their gradients summed every step.
+        let mut shared_grads = crate::shared::SharedGradients::default();
         let batches_per_epoch = self.batches_per_epoch();
         let first_epoch = (global_step / batches_per_epoch) as usize + 1;
         for epoch in first_epoch..=cfg.epochs {
@@ -782,6 +794,9 @@ impl Session {
                 }
                 let start = Instant::now();
                 exec.set_loss_scale(scaler.as_ref().map_or(1.0, LossScaler::scale));
+                for p in &mut partners {
+                    p.set_loss_scale(scaler.as_ref().map_or(1.0, LossScaler::scale));
+                }
                 let loss = if let Some(accumulated) = accumulated.as_mut() {
                     let at = (&plan, epoch, index);
                     let loss = match &pipelined {
@@ -794,9 +809,22 @@ impl Session {
                                 at,
                                 global_step,
                             )?;
+                            if self.output_broadcast() {
+                                outcome
+                                    .micro_batch_losses
+                                    .push(trace.micro_batch_losses.clone());
+                            }
                             outcome.pipeline.push(trace);
                             loss
                         }
+                        None if !partners.is_empty() => self.interleaved_step(
+                            &mut exec,
+                            &mut partners,
+                            accumulated,
+                            &trainable,
+                            at,
+                            global_step,
+                        )?,
                         None => self.accumulate_step(
                             &mut exec,
                             accumulated,
@@ -805,6 +833,7 @@ impl Session {
                             global_step,
                         )?,
                     };
+                    shared_grads.sum(&mut exec, Some(accumulated), &trainable, world.as_ref())?;
                     update_parameters(
                         &mut exec,
                         &mut optimizer,
@@ -821,6 +850,7 @@ impl Session {
                     self.feed_step(&mut exec, &plan, epoch, index, 0)?;
                     exec.set_step(global_step);
                     exec.run()?;
+                    shared_grads.sum(&mut exec, None, &trainable, world.as_ref())?;
                     update_parameters(
                         &mut exec,
                         &mut optimizer,
@@ -835,6 +865,10 @@ impl Session {
                     exec.output(0).to_f64_vec()[0] as f32
                 };
                 let step_ms = start.elapsed().as_secs_f64() * 1e3;
+                if self.output_broadcast() && pipelined.is_none() {
+                    // One batch per step: the loss every rank holds is the last stage's.
+                    outcome.micro_batch_losses.push(vec![loss]);
+                }
                 global_step += 1;
                 if !group_info_written {
                     // Every group a step creates exists after the first one.
@@ -921,12 +955,16 @@ impl Session {
             if !exec.holds_param(i) {
                 continue;
             }
-            outcome.params.push(ParamShard {
+            let shard = ParamShard {
                 name: p.name.clone(),
                 layout: p.layout.clone(),
                 region: exec.box_of(&p.layout)?,
                 values: exec.param(i).clone(),
-            });
+            };
+            match parallel::pipeline::shared_copy_of(&p.name) {
+                Some(_) => outcome.shared_copies.push(shard),
+                None => outcome.params.push(shard),
+            }
         }
         outcome.global_step = global_step;
         outcome.initialised_bytes = exec.initialised_bytes();
@@ -1034,12 +1072,11 @@ impl Session {
         let Some((schedule, per_stage)) = self.pipeline_schedule()? else {
             return Ok(None);
         };
-        Ok(Some(PipelineRunner::new(
-            &self.train,
-            &schedule,
-            rank,
-            per_stage,
-        )?))
+        let runner = PipelineRunner::new(&self.train, &schedule, rank, per_stage)?;
+        Ok(Some(match self.output_broadcast() {
+            true => runner.broadcast_outputs(&self.train, per_stage)?,
+            false => runner,
+        }))
     }
 
     /// The schedule of a pipelined session and the ranks per stage (`None` when steps are not
@@ -1064,6 +1101,116 @@ impl Session {
                 reason: e.to_string(),
             })?;
         Ok(Some((schedule, self.devices() / p.stages)))
+    }
+
+    /// `parallel.pipeline.output_broadcast`: every micro-batch's loss goes from the last stage
+    /// to every rank.
+    fn output_broadcast(&self) -> bool {
+        self.config
+            .parallel_config()
+            .pipeline
+            .is_some_and(|p| p.stages > 1 && p.output_broadcast)
+    }
+
+    /// With `parallel.micro_batch_interleave = n` on the local backend: `n − 1` more executors
+    /// of the training program for this rank, each over its own communicator of every rank
+    /// (so their messages and collectives never mix with the first one's). None otherwise:
+    /// under MPI a process's calls hold one lock for a whole collective, so the parts run
+    /// one after the other there.
+    fn interleave_partners(
+        &self,
+        world: &Arc<dyn Communicator>,
+    ) -> Result<Vec<RankExecutor>, RuntimeError> {
+        let n = self.config.micro_batch_interleave();
+        if n < 2 || world.backend() != "local" {
+            return Ok(Vec::new());
+        }
+        let all: Vec<usize> = (0..world.size()).collect();
+        (1..n)
+            .map(|_| {
+                let own: Arc<dyn Communicator> = Arc::from(world.group(&all)?);
+                let mut exec = RankExecutor::new(self.train.clone(), own)?;
+                exec.set_deterministic(self.deterministic_blocks());
+                exec.init_parameters(self.config.train().seed)?;
+                Ok(exec)
+            })
+            .collect()
+    }
+
+    /// One optimizer step of `parallel.micro_batch_interleave`: the step's micro-steps in
+    /// groups of `1 + partners.len()` parts, the parts of a group run at once (part 0 on
+    /// `exec`, part `j` on `partners[j − 1]`, each on its own thread and communicators), so
+    /// while one part waits in a collective another computes. Losses and gradients are then
+    /// added in part order, exactly as [`Session::accumulate_step`] adds them.
+    fn interleaved_step(
+        &self,
+        exec: &mut RankExecutor,
+        partners: &mut [RankExecutor],
+        accumulated: &mut Accumulation,
+        trainable: &[usize],
+        at: (&EpochPlan, usize, u64),
+        global_step: u64,
+    ) -> Result<f32, RuntimeError> {
+        let (plan, epoch, index) = at;
+        let micro_steps = self.micro_steps();
+        let share = 1.0 / micro_steps as f64;
+        accumulated.zero();
+        exec.materialize_parameters()?;
+        for p in partners.iter_mut() {
+            p.materialize_parameters()?;
+            for i in 0..exec.program().params.len() {
+                if exec.holds_param(i) {
+                    p.param_mut(i)
+                        .as_bytes_mut()
+                        .copy_from_slice(exec.param(i).as_bytes());
+                }
+            }
+        }
+        let step_of = |micro: usize| {
+            global_step
+                .wrapping_mul(micro_steps as u64)
+                .wrapping_add(micro as u64)
+        };
+        let mut loss_sum = 0.0f64;
+        let n = partners.len() + 1;
+        for first in (0..micro_steps).step_by(n) {
+            let others = &mut partners[..(micro_steps - first).min(n) - 1];
+            self.feed_step(exec, plan, epoch, index, first)?;
+            exec.set_step(step_of(first));
+            for (j, p) in others.iter_mut().enumerate() {
+                self.feed_step(p, plan, epoch, index, first + 1 + j)?;
+                p.set_step(step_of(first + 1 + j));
+            }
+            let (mine, theirs) = std::thread::scope(|s| {
+                let handles: Vec<_> = others
+                    .iter_mut()
+                    .map(|p| s.spawn(move || p.run()))
+                    .collect();
+                let mine = exec.run();
+                let theirs: Vec<Result<(), RuntimeError>> = handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(RuntimeError::Mismatch {
+                                what: "an interleaved part of the batch".to_string(),
+                                expected: "its run to finish".to_string(),
+                                got: "its thread panicked".to_string(),
+                            })
+                        })
+                    })
+                    .collect();
+                (mine, theirs)
+            });
+            mine?;
+            theirs.into_iter().collect::<Result<Vec<()>, _>>()?;
+            loss_sum += exec.output(0).to_f64_vec()[0];
+            accumulated.add(exec, trainable, share)?;
+            for p in others.iter() {
+                loss_sum += p.output(0).to_f64_vec()[0];
+                accumulated.add(p, trainable, share)?;
+            }
+        }
+        Ok((loss_sum / micro_steps as f64) as f32)
     }
 
     fn accumulate_step(
@@ -1163,6 +1310,10 @@ impl Session {
             }
         }
         for (k, &i) in saved.trainable.iter().enumerate() {
+            // A shared parameter's owner saves its state; its copies hold the same.
+            if !self.checkpointed(&self.train.params[i]) {
+                continue;
+            }
             for (state, t) in saved.optimizer.state(k)? {
                 names.push(state_checkpoint_name(state, &self.train.params[i].name));
                 tensors.push(t);
@@ -1221,8 +1372,9 @@ impl Session {
         let states = self.config.optimizer_config().kind.state_names();
         let mut targets: Vec<(String, TensorLayout)> = Vec::new();
         for (i, p) in self.train.params.iter().enumerate() {
-            if self.checkpointed(p) && exec.holds_param(i) {
-                targets.push((p.name.clone(), p.layout.clone()));
+            let copy = parallel::pipeline::shared_copy_of(&p.name).is_some();
+            if (copy || self.checkpointed(p)) && exec.holds_param(i) {
+                targets.push((checkpoint_name(p).to_string(), p.layout.clone()));
             }
         }
         let masters_wanted = self.config.train().precision.has_master_weights();
@@ -1238,9 +1390,12 @@ impl Session {
             let p = &self.train.params[i];
             let state_layout = p.optimizer_shard().map_or(&p.layout, |shard| &shard.layout);
             for s in states {
-                targets.push((state_checkpoint_name(s, &p.name), state_layout.clone()));
+                targets.push((
+                    state_checkpoint_name(s, checkpoint_name(p)),
+                    state_layout.clone(),
+                ));
             }
-            let master = state_checkpoint_name(MASTER_WEIGHT, &p.name);
+            let master = state_checkpoint_name(MASTER_WEIGHT, checkpoint_name(p));
             if saved_names.contains(&master) {
                 targets.push((master, state_layout.clone()));
             }
@@ -1250,7 +1405,10 @@ impl Session {
             targets.iter().map(|(n, l)| (n.as_str(), l)).collect();
         let loaded = ckpt::load_rank_tensors(from, &strategy_file, rank, &asked)?;
         for (name, tensor) in loaded {
-            if let Some(i) = self.train.params.iter().position(|p| p.name == name) {
+            let held = |(i, p): &(usize, &parallel::ProgramParam)| {
+                checkpoint_name(p) == name && exec.holds_param(*i)
+            };
+            if let Some((i, _)) = self.train.params.iter().enumerate().find(held) {
                 let want = exec.param_dtype(i);
                 // Weights saved in f32 are the masters of a mixed-precision resume.
                 if let Some(k) = trainable.iter().position(|&t| t == i) {
@@ -1272,7 +1430,7 @@ impl Session {
                 continue;
             }
             for (k, &i) in trainable.iter().enumerate() {
-                let param = &self.train.params[i].name;
+                let param = checkpoint_name(&self.train.params[i]);
                 for s in states {
                     if state_checkpoint_name(s, param) == name {
                         optimizer.load_state(k, s, &tensor)?;
@@ -1458,6 +1616,12 @@ fn update_parameters(
 
 /// Copies the training program's parameter shards into the evaluation program's (the layouts
 /// agree: both programs place the forward graph alike).
+/// The name `p`'s values are saved and resumed under: its own, or for a copy of a parameter
+/// shared by pipeline stages its owner's.
+fn checkpoint_name(p: &parallel::ProgramParam) -> &str {
+    parallel::pipeline::shared_copy_of(&p.name).map_or(p.name.as_str(), |c| c.0)
+}
+
 fn copy_params(from: &RankExecutor, to: &mut RankExecutor) -> Result<(), RuntimeError> {
     let eval_params = to.program().params.clone();
     for (j, p) in eval_params.iter().enumerate() {

@@ -253,7 +253,12 @@ fn parameter_broadcast_key_broadcasts_every_replicated_parameter() {
 
 /// Bytes of every parameter shard a rank ended with.
 fn shard_bytes(rank: &runtime::RankOutcome) -> usize {
-    rank.params.iter().map(|p| p.values.as_bytes().len()).sum()
+    // A pipeline's shared-parameter copies (the tied table on the last stage) are filled too.
+    rank.params
+        .iter()
+        .chain(&rank.shared_copies)
+        .map(|p| p.values.as_bytes().len())
+        .sum()
 }
 
 /// `train.lazy_init` trains the bits eager initialisation trains, fresh and resumed, under

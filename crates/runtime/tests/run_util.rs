@@ -130,7 +130,13 @@ pub fn small_gpt(
     parallel: &str,
     overrides: &[String],
 ) -> TrainConfig {
-    let text = format!(
+    let text = small_gpt_text(out, optimizer, model_extra, parallel);
+    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+}
+
+/// The TOML text of [`small_gpt`].
+pub fn small_gpt_text(out: &Path, optimizer: &str, model_extra: &str, parallel: &str) -> String {
+    format!(
         r#"
 [model]
 name = "gpt"
@@ -160,8 +166,7 @@ dir = "{out}"
 "#,
         data = kjv().display(),
         out = out.display(),
-    );
-    TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
+    )
 }
 
 /// Trains `config`: the session, the report, and the merged parameters by name.
@@ -197,12 +202,14 @@ pub fn assert_losses_within(what: &str, losses: &[f32], reference: &[f32], toler
     }
 }
 
-/// The names of `session`'s parameters, in program order.
+/// The names of `session`'s parameters, in program order (a shared parameter's per-stage
+/// copies, which checkpoints hold under their owner's name, left out).
 pub fn param_names(session: &Session) -> Vec<String> {
     session
         .train
         .params
         .iter()
+        .filter(|p| parallel::pipeline::shared_copy_of(&p.name).is_none())
         .map(|p| p.name.clone())
         .collect()
 }

@@ -20,6 +20,9 @@
 //!   a [`SimulationReport`]: makespan, busy time, bubble fraction and peak in-flight activations.
 //!   [`check_communication`] matches every send with exactly one receive; [`check_schedule`]
 //!   runs every check at once.
+//! - [`split_shared_parameters`] gives every stage that reads a shared parameter (a tied
+//!   embedding) its own copy; [`SharedParameter`] lists a program's owners and copies, whose
+//!   gradients the runtime sums across their stages once per step.
 //!
 //! # Key design decision
 //! A schedule is a list, not code (DESIGN.md rule 7): a new schedule is a new generator plus its
@@ -46,6 +49,7 @@ mod error;
 mod phases;
 mod place;
 mod schedule;
+mod shared;
 mod simulate;
 mod stages;
 
@@ -59,9 +63,13 @@ pub use config::{
 };
 pub use error::{PipelineError, StuckStage};
 pub use phases::{stage_of_mesh, stage_of_ranks, step_phases, StepPhase};
-pub use place::{layer_of, node_stages, relocate, relocate_dist, NodeStages};
+pub use place::{layer_of, move_between_stages, node_stages, relocate, relocate_dist, NodeStages};
 pub use schedule::{
     Action, ActionKind, CommEvent, CommOrder, Dependency, Direction, Payload, ProgramStep, Schedule,
+};
+pub use shared::{
+    is_shared_copy, shared_copy_of, shared_parameters, split_shared_parameters, SharedParameter,
+    SHARED_COPY_MARK,
 };
 pub use simulate::{
     check_communication, check_schedule, simulate, simulate_blocking, CheckReport, Durations,

@@ -59,7 +59,12 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
             order.len() - 1
         });
         for &v in &node.inputs {
-            if matches!(graph.values()[v.0].kind, ValueKind::Parameter { .. }) && !counted[v.0] {
+            // A shared parameter's copies (`shared`) are not counted again: the stages are
+            // those of the graph before the copies were made.
+            if matches!(graph.values()[v.0].kind, ValueKind::Parameter { .. })
+                && !counted[v.0]
+                && !super::shared::is_shared_copy(graph, v)
+            {
                 counted[v.0] = true;
                 params[i] += graph.values()[v.0].shape.iter().product::<usize>() as u64;
             }
@@ -135,6 +140,28 @@ pub fn relocate(layout: &TensorLayout, offset: usize) -> Result<TensorLayout, La
     let moved = Mesh::from_axes(
         mesh.axes().to_vec(),
         Some(mesh.rank_list().iter().map(|&r| r + offset).collect()),
+    )?;
+    let bound = Layout::from_mesh(moved, layout.dims().to_vec())?;
+    match layout.row_split() {
+        Some(rows) => TensorLayout::with_rows(bound, layout.shape(), rows),
+        None => bound.bind(layout.shape()),
+    }
+}
+
+/// `layout` (on a stage whose ranks start at `from`) moved onto the stage whose ranks start at
+/// `to`: every rank `r` of its mesh becomes `r − from + to`.
+pub fn move_between_stages(
+    layout: &TensorLayout,
+    from: usize,
+    to: usize,
+) -> Result<TensorLayout, LayoutError> {
+    if from == to {
+        return Ok(layout.clone());
+    }
+    let mesh = layout.mesh();
+    let moved = Mesh::from_axes(
+        mesh.axes().to_vec(),
+        Some(mesh.rank_list().iter().map(|&r| r + to - from).collect()),
     )?;
     let bound = Layout::from_mesh(moved, layout.dims().to_vec())?;
     match layout.row_split() {

@@ -250,6 +250,8 @@ impl OutputConfig {
 /// A validated training configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
+    /// `parallel.micro_batch_interleave` (1: off).
+    micro_batch_interleave: usize,
     source: Option<PathBuf>,
     model: ModelConfig,
     data: DataConfig,
@@ -342,6 +344,7 @@ impl TrainConfig {
             train.grad_accumulation_steps,
         )?;
         Ok(TrainConfig {
+            micro_batch_interleave: 1,
             source: None,
             model,
             data,
@@ -394,6 +397,14 @@ impl TrainConfig {
     /// `[output]`.
     pub fn output(&self) -> &OutputConfig {
         &self.output
+    }
+
+    /// `parallel.micro_batch_interleave` (MindSpore's `MicroBatchInterleaved`, 1: off): each
+    /// batch is cut into this many parts (`data.batch_size` and
+    /// `train.grad_accumulation_steps` as read already account for them), run at once so one
+    /// part's communication overlaps another's computation, and one update is made.
+    pub fn micro_batch_interleave(&self) -> usize {
+        self.micro_batch_interleave
     }
 
     /// The parallel settings of `[parallel]` (stand-alone on 1 device when the section is

@@ -93,6 +93,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "overlap",
     "enable_fp32_communication",
     "gradient_fp32_sync",
+    "micro_batch_interleave",
     "data_parallel",
     "model_parallel",
     "vocab_emb_dp",
@@ -193,6 +194,8 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let strategy_file_only_for_trainable_params =
         parallel_section.or("strategy_file_only_for_trainable_params", true, read_bool)?;
     let search = super::search::read_search_keys(&mut parallel_section, base)?;
+    let micro_batch_interleave =
+        parallel_section.or("micro_batch_interleave", 1, read_micro_batch_interleave)?;
     let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
@@ -245,7 +248,11 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
                 )
             })?;
     }
+    if micro_batch_interleave > 1 {
+        interleave_micro_batches(micro_batch_interleave, &parallel, &mut data, &mut train)?;
+    }
     Ok(TrainConfig {
+        micro_batch_interleave,
         source: None,
         model,
         data,
@@ -673,6 +680,68 @@ fn read_hsdp(key: &str, value: Value, devices: usize) -> Result<HsdpConfig, Runt
         level,
         gradient_accumulation_shard,
     })
+}
+
+/// `parallel.micro_batch_interleave`: an integer ≥ 1.
+fn read_micro_batch_interleave(key: &str, value: Value) -> Result<usize, RuntimeError> {
+    match value {
+        Value::Integer(n) if n >= 1 => usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= MAX_GRAD_ACCUMULATION_STEPS)
+            .ok_or_else(|| {
+                config_error(
+                    key,
+                    format!("{n} parts are too many (at most {MAX_GRAD_ACCUMULATION_STEPS})"),
+                )
+            }),
+        Value::Integer(n) => Err(config_error(
+            key,
+            format!("{n} is out of range: it must be an integer ≥ 1 (1: no interleaving)"),
+        )),
+        other => Err(wrong_type(key, "an integer ≥ 1", &other)),
+    }
+}
+
+/// `parallel.micro_batch_interleave = n > 1` (MindSpore's `MicroBatchInterleaved`): each
+/// batch is cut into `n` equal parts, run as `n` micro-steps of one update (the runtime runs
+/// a step's parts at once, so one part's communication overlaps another's computation).
+fn interleave_micro_batches(
+    n: usize,
+    parallel: &ParallelConfig,
+    data: &mut DataConfig,
+    train: &mut TrainLoopConfig,
+) -> Result<(), RuntimeError> {
+    let key = "parallel.micro_batch_interleave";
+    if parallel.pipeline.as_ref().is_some_and(|p| p.stages > 1) {
+        return Err(config_error(
+            key,
+            format!("{n} applies without pipeline stages: [parallel.pipeline] already cuts each batch into micro-batches (use its micro_batches)"),
+        ));
+    }
+    if data.batch_size % n != 0 {
+        return Err(config_error(
+            key,
+            format!(
+                "{n} parts do not divide data.batch_size = {} (each part is an equal share of the batch)",
+                data.batch_size
+            ),
+        ));
+    }
+    data.batch_size /= n;
+    train.grad_accumulation_steps = train
+        .grad_accumulation_steps
+        .checked_mul(n)
+        .filter(|&k| k <= MAX_GRAD_ACCUMULATION_STEPS)
+        .ok_or_else(|| {
+            config_error(
+                key,
+                format!(
+                    "{n} parts × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
+                    train.grad_accumulation_steps
+                ),
+            )
+        })?;
+    Ok(())
 }
 
 fn read_parallel(

@@ -1,0 +1,222 @@
+//! Parameters shared across pipeline stages (the GPT's tied embedding table, read by the
+//! embedding on the first stage and by the LM head on the last): every stage holding one has
+//! its own copy, the copies' gradients are summed across their stages once per step, and the
+//! copies stay bitwise equal; `sync_pipeline_shared_parameters` makes differing copies equal.
+
+use std::sync::Arc;
+
+use comm::Communicator;
+
+use parallel::pipeline::{shared_copy_of, step_phases, StepPhase};
+use parallel::Step;
+use runtime::{RankExecutor, Session};
+
+use crate::run_util::{self, small_gpt, Run};
+
+const TABLE: &str = "embedding.embedding_table";
+
+fn semi(devices: usize, keys: &str) -> String {
+    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
+}
+
+/// Every copy of a shared parameter on every rank holds the bits of its owner's shard of the
+/// same box; returns how many copy shards were compared.
+fn assert_copies_equal_owner(what: &str, report: &runtime::TrainReport) -> usize {
+    let mut compared = 0;
+    for (rank, outcome) in report.ranks.iter().enumerate() {
+        for copy in &outcome.shared_copies {
+            let (owner, stage) = shared_copy_of(&copy.name).expect("a copy's name");
+            let shard = report
+                .ranks
+                .iter()
+                .flat_map(|r| &r.params)
+                .find(|p| p.name == owner && p.region == copy.region)
+                .unwrap_or_else(|| panic!("{what}: no owner shard of {} {:?}", owner, copy.region));
+            let bits = |t: &tensor::Tensor| -> Vec<u32> {
+                t.as_f32().unwrap().iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(
+                bits(&copy.values),
+                bits(&shard.values),
+                "{what}: rank {rank}'s copy {} (stage {stage}) differs from its owner",
+                copy.name
+            );
+            compared += 1;
+        }
+    }
+    compared
+}
+
+/// No parameter crosses stages in a micro-batch's passes: every transfer between stages
+/// carries an activation or an activation's gradient.
+fn assert_no_parameter_transfers(what: &str, session: &Session, per_stage: usize) {
+    let program = &session.train;
+    let graph = &program.placed.graph;
+    let phases = step_phases(program, per_stage);
+    for (step, phase) in program.steps.iter().zip(&phases) {
+        if let (Step::Reshard(r), StepPhase::Transfer { .. }) = (step, phase) {
+            let value = &graph.values()[r.value.0];
+            assert!(
+                value.producer.is_some(),
+                "{what}: parameter {} moves between stages",
+                value.name
+            );
+        }
+    }
+}
+
+/// The tied embedding across 2 and 4 stages (with model and vocabulary parallelism inside the
+/// stages, with data parallelism, with every scheduler): each stage holding the table has its
+/// copy, the copies are bitwise equal after 20 steps, and losses and merged parameters equal
+/// one device's.
+#[test]
+fn tied_embedding_copies_stay_identical_and_train_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference: Run = run_util::train_run(
+        &small_gpt(
+            &tmp.path().join("sa"),
+            "momentum",
+            "",
+            "mode = \"stand_alone\"",
+            &[],
+        ),
+        20,
+    )
+    .1;
+    let cases: &[(&str, usize, usize, &str)] = &[
+        ("2 stages, 1 micro-batch", 2, 1, "[parallel.pipeline]\nstages = 2"),
+        (
+            "2 stages, 4 micro-batches, 1F1B",
+            2,
+            1,
+            "[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+        ),
+        (
+            "2 stages × model parallel 2, vocabulary parallel, GPipe",
+            4,
+            2,
+            "model_parallel = 2\nvocab_emb_dp = false\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"gpipe\"",
+        ),
+        (
+            "2 stages × data parallel 2, zero bubble",
+            4,
+            2,
+            "data_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"zero_bubble\"",
+        ),
+        (
+            "4 stages, 4 micro-batches, 1F1B",
+            4,
+            1,
+            "[parallel.pipeline]\nstages = 4\nmicro_batches = 4",
+        ),
+        (
+            "2 stages × 2 chunks, interleaved 1F1B",
+            2,
+            1,
+            "[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"interleaved_1f1b\"\nvirtual_stages = 2",
+        ),
+    ];
+    for (i, (name, devices, per_stage, keys)) in cases.iter().enumerate() {
+        let config = small_gpt(
+            &tmp.path().join(format!("pipe-{i}")),
+            "momentum",
+            "",
+            &semi(*devices, keys),
+            &[],
+        );
+        let (session, report, run) = run_util::train_report(&config);
+        let copies: Vec<&str> = session
+            .train
+            .params
+            .iter()
+            .filter_map(|p| shared_copy_of(&p.name).map(|c| c.0))
+            .collect();
+        assert_eq!(copies, vec![TABLE], "{name}: the table has one copy");
+        assert_eq!(session.train.shared.len(), 1, "{name}");
+        assert_no_parameter_transfers(name, &session, *per_stage);
+        let compared = assert_copies_equal_owner(name, &report);
+        assert_eq!(
+            compared, *per_stage,
+            "{name}: one copy shard per rank of the last stage"
+        );
+        run_util::assert_losses_within(name, &run.0, &reference.0, 1e-4);
+        run_util::assert_same_run(name, &run, &reference, 2e-4);
+    }
+}
+
+/// Untied embeddings share nothing: no copies.
+#[test]
+fn untied_embeddings_have_no_copies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = small_gpt(
+        tmp.path(),
+        "momentum",
+        "tie_embeddings = false",
+        &semi(2, "[parallel.pipeline]\nstages = 2\nmicro_batches = 2"),
+        &["train.max_steps=1".to_string()],
+    );
+    let session = Session::new(&config).unwrap();
+    assert!(session.train.shared.is_empty());
+    assert!(session
+        .train
+        .params
+        .iter()
+        .all(|p| shared_copy_of(&p.name).is_none()));
+}
+
+/// `sync_pipeline_shared_parameters`: copies that start different (each rank initialised from
+/// its own seed) end equal to their owner's values, which do not change; the evaluation
+/// (inference) program of 2 stages × model parallel 2.
+#[test]
+fn sync_pipeline_shared_parameters_makes_differing_copies_equal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = small_gpt(
+        tmp.path(),
+        "momentum",
+        "",
+        &semi(
+            4,
+            "model_parallel = 2\nvocab_emb_dp = false\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2",
+        ),
+        &["train.max_steps=1".to_string()],
+    );
+    let session = Session::new(&config).unwrap();
+    let program = session.eval.clone();
+    assert_eq!(program.shared.len(), 1);
+    let shared = program.shared[0].clone();
+    let cluster = comm::LocalCluster::new(session.devices()).unwrap();
+    let results = cluster.run(|comm| {
+        let rank = comm.rank();
+        let world: Arc<dyn comm::Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(program.clone(), world.clone()).unwrap();
+        exec.init_parameters(7 + rank as u64).unwrap();
+        let mine = shared
+            .params
+            .iter()
+            .copied()
+            .find(|&i| exec.holds_param(i))
+            .expect("every rank holds the owner or a copy");
+        let region = exec.box_of(&program.params[mine].layout).unwrap();
+        let before = exec.param(mine).as_f32().unwrap().to_vec();
+        let synced = runtime::sync_pipeline_shared_parameters(&mut exec, world.as_ref()).unwrap();
+        let after = exec.param(mine).as_f32().unwrap().to_vec();
+        (mine, region, before, after, synced)
+    });
+    let results: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    let owner = shared.params[0];
+    let mut changed = 0;
+    for (rank, (index, region, before, after, synced)) in results.iter().enumerate() {
+        assert_eq!(synced, &vec![TABLE.to_string()], "rank {rank}");
+        let (_, _, owner_before, owner_after, _) = results
+            .iter()
+            .find(|(i, r, ..)| *i == owner && r == region)
+            .expect("an owner shard of the same box");
+        assert_eq!(owner_before, owner_after, "the owner keeps its values");
+        assert_eq!(after, owner_before, "rank {rank} holds its owner's values");
+        if *index != owner {
+            assert_ne!(before, after, "rank {rank}'s copy started different");
+            changed += 1;
+        }
+    }
+    assert_eq!(changed, 2, "the two ranks of the last stage hold copies");
+}
