@@ -131,6 +131,17 @@ fn parameter_server(
         0,
     );
     let config = parse(&text)?;
+    let report = run_threads(&config, servers, workers)?;
+    Ok(report.steps_run as f64 / report.step_seconds.max(1e-9))
+}
+
+/// Runs a parameter-server job of `config` with every role a thread of this process (real
+/// gRPC over loopback); worker 0's report.
+pub(crate) fn run_threads(
+    config: &TrainConfig,
+    servers: usize,
+    workers: usize,
+) -> anyhow::Result<ps::WorkerReport> {
     let addr = format!("127.0.0.1:{}", ps::launch::free_local_port()?);
     let handles: Vec<_> = (0..1 + servers + workers)
         .map(|rank| {
@@ -145,16 +156,16 @@ fn parameter_server(
             })
         })
         .collect();
-    let mut rate = None;
+    let mut report = None;
     for h in handles {
-        let report = h
+        let r = h
             .join()
             .map_err(|_| anyhow::anyhow!("a role thread panicked"))??;
-        if let Some(r) = report.filter(|r| r.worker_id == 0) {
-            rate = Some(r.steps_run as f64 / r.step_seconds.max(1e-9));
+        if let Some(r) = r.filter(|r| r.worker_id == 0) {
+            report = Some(r);
         }
     }
-    rate.ok_or_else(|| anyhow::anyhow!("worker 0 did not report"))
+    report.ok_or_else(|| anyhow::anyhow!("worker 0 did not report"))
 }
 
 /// A job of real processes of this binary, every output line sent with its process's tag

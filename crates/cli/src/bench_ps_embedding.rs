@@ -49,31 +49,7 @@ fn config_text(args: &PsEmbeddingBenchArgs, out: &Path, extra: &str) -> String {
 /// Worker 0's report of one job.
 fn run_job(args: &PsEmbeddingBenchArgs, text: &str) -> anyhow::Result<ps::WorkerReport> {
     let config = TrainConfig::parse(text, None, &[], Path::new("."))?;
-    let (servers, workers) = (args.servers, args.workers);
-    let addr = format!("127.0.0.1:{}", ps::launch::free_local_port()?);
-    let handles: Vec<_> = (0..1 + servers + workers)
-        .map(|rank| {
-            let config = config.clone();
-            let vars = ps::launch::role_env(rank, servers, workers, &addr);
-            std::thread::spawn(move || -> anyhow::Result<Option<ps::WorkerReport>> {
-                let env = ps::RoleEnv::from_lookup(|n| {
-                    vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
-                })?
-                .ok_or_else(|| anyhow::anyhow!("no role"))?;
-                Ok(ps::run_role(&config, &env)?)
-            })
-        })
-        .collect();
-    let mut report = None;
-    for h in handles {
-        let r = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("a role thread panicked"))??;
-        if let Some(r) = r.filter(|r| r.worker_id == 0) {
-            report = Some(r);
-        }
-    }
-    report.ok_or_else(|| anyhow::anyhow!("worker 0 did not report"))
+    crate::bench_ps::run_threads(&config, args.servers, args.workers)
 }
 
 /// Runs `tessera bench ps-embedding`.

@@ -81,16 +81,7 @@ impl Links {
     /// one followed, routes by it from now: one link per server of the map, holding its
     /// partition, every address known (waiting, bounded, for all to register).
     async fn follow_map(&mut self, compute: &Compute, first: bool) -> Result<(), PsError> {
-        let c = self.scheduler.clone();
-        let reply = self
-            .settings
-            .retry
-            .run("GetServers", &self.scheduler_peer, |_| {
-                let mut c = c.clone();
-                async move { c.get_servers(GetServersRequest {}).await }
-            })
-            .await?
-            .into_inner();
+        let reply = self.get_servers().await?;
         if !first && reply.map_epoch == self.epoch {
             return Ok(());
         }
@@ -127,22 +118,27 @@ impl Links {
         self.resolve_servers(true).await
     }
 
+    /// The scheduler's servers and committed partition map.
+    async fn get_servers(&self) -> Result<GetServersReply, PsError> {
+        let c = self.scheduler.clone();
+        Ok(self
+            .settings
+            .retry
+            .run("GetServers", &self.scheduler_peer, |_| {
+                let mut c = c.clone();
+                async move { c.get_servers(GetServersRequest {}).await }
+            })
+            .await?
+            .into_inner())
+    }
+
     /// Fills in every server's address from the scheduler, waiting (bounded) for all to
     /// register.
     async fn resolve_servers(&mut self, wait_for_all: bool) -> Result<(), PsError> {
         let limit = self.settings.retry.timeout * (self.settings.retry.retries + 1);
         let start = Instant::now();
         loop {
-            let c = self.scheduler.clone();
-            let reply = self
-                .settings
-                .retry
-                .run("GetServers", &self.scheduler_peer, |_| {
-                    let mut c = c.clone();
-                    async move { c.get_servers(GetServersRequest {}).await }
-                })
-                .await?
-                .into_inner();
+            let reply = self.get_servers().await?;
             for s in reply.servers {
                 if let Some(link) = self.servers.get_mut(s.server_id as usize) {
                     if link.addr != s.addr {
