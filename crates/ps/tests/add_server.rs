@@ -28,6 +28,20 @@ fn added_server_env(
     env
 }
 
+/// A job of 1 server and 2 workers as processes (rank 0 scheduler, 1 server 0, 2..3 workers
+/// 0..1), once worker 0 has reached step 5.
+fn start_job(config: &std::path::Path, addr: &str) -> Vec<RoleProcess> {
+    let mut job: Vec<RoleProcess> = (0..4)
+        .map(|rank| RoleProcess::start(config, &ps::launch::role_env(rank, 1, 2, addr)))
+        .collect();
+    assert!(
+        job[2].wait_for_line("epoch: 1 step: 5,", LIMIT),
+        "worker 0 reached step 5:\n{}",
+        job[2].output()
+    );
+    job
+}
+
 /// The step a `partition map of epoch E committed: S servers from step K` line names.
 fn switch_step(scheduler: &str, epoch: u64) -> u64 {
     let marker = format!("partition map of epoch {epoch} committed: ");
@@ -56,15 +70,7 @@ fn servers_added_mid_run_take_over_parameters_and_the_losses_stay_exact() {
     )
     .unwrap();
     let addr = scheduler_addr();
-    // Rank 0 scheduler, 1 server 0, 2..3 workers 0..1.
-    let mut job: Vec<RoleProcess> = (0..4)
-        .map(|rank| RoleProcess::start(&config, &ps::launch::role_env(rank, 1, 2, &addr)))
-        .collect();
-    assert!(
-        job[2].wait_for_line("epoch: 1 step: 5,", LIMIT),
-        "worker 0 reached step 5:\n{}",
-        job[2].output()
-    );
+    let mut job = start_job(&config, &addr);
     // 1 → 2 servers, then 2 → 3 once the first map is committed.
     let mut added = vec![RoleProcess::start(
         &config,
@@ -278,14 +284,7 @@ fn a_server_added_to_an_async_run_takes_over_parameters() {
     )
     .unwrap();
     let addr = scheduler_addr();
-    let mut job: Vec<RoleProcess> = (0..4)
-        .map(|rank| RoleProcess::start(&config, &ps::launch::role_env(rank, 1, 2, &addr)))
-        .collect();
-    assert!(
-        job[2].wait_for_line("epoch: 1 step: 5,", LIMIT),
-        "worker 0 reached step 5:\n{}",
-        job[2].output()
-    );
+    let mut job = start_job(&config, &addr);
     let mut added = RoleProcess::start(&config, &added_server_env(1, 1, 2, &addr));
     assert!(
         job[0].wait_for_line("partition map of epoch 1 committed", LIMIT),
