@@ -1,0 +1,110 @@
+//! Deterministic mode's canonical-order product (`det::det_gemm`) against the routed `gemm`, on
+//! the shapes of the GPT benchmark model (`tessera bench gpt-step`: 4 layers, width 256, 128
+//! tokens, batch 16, so 2,048 rows; `parallel.deterministic_blocks = 16`), f32, one thread.
+//!
+//! The two run in interleaved rounds (gemm, det, gemm, …) so both see the same machine load.
+//! Prints a Markdown table of GFLOP/s, median (10th percentile – best round), and the median of
+//! the per-round ratio det ÷ gemm.
+//!
+//! Run: `cargo bench -p tessera-tensor --bench det_matmul [-- ROUNDS]` (default 30).
+
+use std::time::Instant;
+
+use tensor::kernels::{det, gemm, GemmShape};
+
+/// Weights `[in, out]`: forward `X·W`, `dX = dY·Wᵀ`, `dW = Xᵀ·dY`; attention per head.
+const GPT_SHAPES: [(&str, GemmShape); 9] = [
+    ("qkv forward", shape(2048, 768, 256, false, false)),
+    ("fc1 forward", shape(2048, 1024, 256, false, false)),
+    ("fc2 forward", shape(2048, 256, 1024, false, false)),
+    ("fc1 dX", shape(2048, 256, 1024, false, true)),
+    ("fc2 dX", shape(2048, 1024, 256, false, true)),
+    ("qkv dW", shape(256, 768, 2048, true, false)),
+    ("fc1 dW", shape(256, 1024, 2048, true, false)),
+    ("scores (one head)", shape(128, 128, 64, false, true)),
+    ("context (one head)", shape(128, 64, 128, false, false)),
+];
+
+/// `parallel.deterministic_blocks`' default.
+const MAX_BLOCKS: usize = 16;
+
+const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
+    GemmShape {
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+    }
+}
+
+/// Deterministic values in [-0.5, 0.5).
+fn values(n: usize, step: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * step) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
+}
+
+/// Median, 10th percentile and best of `samples` (sorted in place).
+fn summary(samples: &mut [f64]) -> (f64, f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    (
+        samples[samples.len() / 2],
+        samples[samples.len() / 10],
+        samples[samples.len() - 1],
+    )
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; the first numeric argument is the round count.
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(30)
+        .max(1);
+    println!("| shape | m×n×k | block | gemm GFLOP/s | det GFLOP/s | det ÷ gemm |");
+    println!("|---|---|---|---|---|---|");
+    let (mut total_gemm, mut total_det) = (0.0, 0.0);
+    for (name, s) in GPT_SHAPES {
+        let a = values(s.m * s.k, 7919);
+        let b = values(s.k * s.n, 104_729);
+        let mut c = vec![0f32; s.m * s.n];
+        let block_len = s.k / det::canonical_blocks(s.k, MAX_BLOCKS);
+        let flops = s.flops() as f64;
+        // About 50 MFLOP per timed batch, so short products are not lost in timer resolution.
+        let reps = ((5e7 / flops) as usize).max(1);
+        let (mut g, mut d, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let start = Instant::now();
+            for _ in 0..reps {
+                gemm(s, 1.0, &a, &b, 0.0, &mut c).expect("valid shape");
+            }
+            let tg = start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            for _ in 0..reps {
+                det::det_gemm(s, &a, &b, &mut c, block_len).expect("valid shape");
+            }
+            let td = start.elapsed().as_secs_f64();
+            g.push(flops * reps as f64 / tg / 1e9);
+            d.push(flops * reps as f64 / td / 1e9);
+            ratio.push(tg / td);
+            total_gemm += tg / reps as f64;
+            total_det += td / reps as f64;
+        }
+        let (gm, gp, gb) = summary(&mut g);
+        let (dm, dp, db) = summary(&mut d);
+        let (rm, rp, rb) = summary(&mut ratio);
+        println!(
+            "| {name} | {}×{}×{}{}{} | {block_len} | {gm:.1} ({gp:.1}–{gb:.1}) | {dm:.1} ({dp:.1}–{db:.1}) | {rm:.2}× ({rp:.2}–{rb:.2}) |",
+            s.m,
+            s.n,
+            s.k,
+            if s.trans_a { " Aᵀ" } else { "" },
+            if s.trans_b { " Bᵀ" } else { "" },
+        );
+    }
+    println!(
+        "\nAll shapes, one of each: det ÷ gemm throughput {:.2}×",
+        total_gemm / total_det
+    );
+}

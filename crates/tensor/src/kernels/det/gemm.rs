@@ -1,0 +1,352 @@
+//! The canonical-order product `C ← op(A)·op(B)`, blocked for the caches.
+//!
+//! Every output element is the canonical tree over the reduction dim's blocks, each block a run
+//! of sequential fused multiply-adds from zero. The work is cut three ways without changing
+//! that order:
+//! - **passes** over the reduction dim: a pass covers an aligned power-of-two run of blocks,
+//!   about [`PASS_K`] elements, so its packed panels stay in cache; a pass computes the subtree
+//!   of its blocks and the passes' results are joined in the same tree ([`super::TreeStack`]);
+//! - **chunks** of rows of `op(A)`, packed as row tiles of [`TILE_M`] (a chunk stays in L2);
+//! - **column panels** of `op(B)` of [`TILE_N`] (a panel stays in L1 while a chunk's tiles pass).
+//!
+//! A register tile is summed by [`super::gemm_avx2`] for `f32` on x86-64 with AVX2 and FMA, and
+//! by the portable [`tile_sum`] otherwise; both give the same bits (one rounding per
+//! multiply-add, the same joins).
+
+use std::any::TypeId;
+
+use super::{local_blocks, TreeStack};
+use crate::error::TensorError;
+use crate::kernels::float::Float;
+use crate::kernels::matmul::GemmShape;
+
+/// Rows of a register tile.
+pub(super) const TILE_M: usize = 6;
+/// Columns of a register tile.
+pub(super) const TILE_N: usize = 16;
+/// Reduction elements a pass aims at (a panel of `PASS_K × TILE_N` f32 is 16 KiB).
+const PASS_K: usize = 256;
+/// Tree levels of a pass's blocks at most (a pass holds at most [`PASS_K`] blocks).
+pub(super) const PASS_LEVELS: usize = PASS_K.trailing_zeros() as usize + 1;
+/// Bytes of packed `A` a chunk may hold (half this machine class's 512 KiB L2).
+const CHUNK_BYTES: usize = 256 << 10;
+/// Rows of a chunk at most.
+const MAX_CHUNK_M: usize = 96;
+
+/// `C ← op(A)·op(B)` with the reduction dim in canonical blocks of `block_len`
+/// (`shape.k` must be whole blocks, a power-of-two count of them).
+pub fn det_gemm<T: Float>(
+    shape: GemmShape,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    block_len: usize,
+) -> Result<(), TensorError> {
+    const OP: &str = "det_gemm";
+    let GemmShape { m, n, k, .. } = shape;
+    crate::kernels::check::buffer_len(OP, "a", m * k, a.len())?;
+    crate::kernels::check::buffer_len(OP, "b", k * n, b.len())?;
+    crate::kernels::check::buffer_len(OP, "c", m * n, c.len())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        c.fill(T::ZERO);
+        return Ok(());
+    }
+    let nb = local_blocks(OP, k, block_len)?;
+    let per_pass = blocks_per_pass(nb, block_len);
+    let passes = Passes {
+        shape,
+        a,
+        b,
+        block_len,
+        per_pass,
+    };
+    let n_passes = nb / per_pass;
+    if n_passes == 1 {
+        passes.run(0, c);
+        return Ok(());
+    }
+    let mut tree = TreeStack::new();
+    for p in 0..n_passes {
+        let mut part = vec![T::ZERO; m * n];
+        passes.run(p, &mut part);
+        tree.push(part, |mut left, right| {
+            for (l, r) in left.iter_mut().zip(&right) {
+                *l = *l + *r;
+            }
+            left
+        });
+    }
+    c.copy_from_slice(&tree.finish().expect("at least one pass"));
+    Ok(())
+}
+
+/// The blocks a pass covers: the largest power of two dividing `nb` whose elements stay
+/// within [`PASS_K`] (at least one block).
+fn blocks_per_pass(nb: usize, block_len: usize) -> usize {
+    let mut q = 1;
+    while q * 2 <= nb && q * 2 * block_len <= PASS_K {
+        q *= 2;
+    }
+    q
+}
+
+/// One product cut into passes over the reduction dim.
+struct Passes<'a, T> {
+    shape: GemmShape,
+    a: &'a [T],
+    b: &'a [T],
+    block_len: usize,
+    /// Blocks per pass (a power of two).
+    per_pass: usize,
+}
+
+impl<T: Float> Passes<'_, T> {
+    /// Pass `p`: `out` (`[m, n]`) ← the subtree of blocks `p·per_pass ..` for every element.
+    fn run(&self, p: usize, out: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::gemm_avx2::available() {
+                // SAFETY: the CPU supports the features the function is compiled for.
+                unsafe { self.run_fma(p, out) };
+                return;
+            }
+        }
+        self.run_portable(p, out);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_fma(&self, p: usize, out: &mut [T]) {
+        self.run_portable(p, out)
+    }
+
+    #[inline(always)]
+    fn run_portable(&self, p: usize, out: &mut [T]) {
+        let GemmShape { m, n, k, .. } = self.shape;
+        let kc = self.per_pass * self.block_len;
+        let k0 = p * kc;
+        let panels = pack_b(self.b, k, n, self.shape.trans_b, k0, kc);
+        let chunk_m = chunk_rows::<T>(kc);
+        let mut packed_a = vec![T::ZERO; chunk_m * kc];
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = chunk_m.min(m - i0);
+            pack_a(self.a, m, k, self.shape.trans_a, (i0, rows), (k0, kc), &mut packed_a);
+            for (pi, panel) in panels.chunks_exact(kc * TILE_N).enumerate() {
+                let cols = TILE_N.min(n - pi * TILE_N);
+                for t in 0..rows.div_ceil(TILE_M) {
+                    let tile_a = &packed_a[t * kc * TILE_M..(t + 1) * kc * TILE_M];
+                    let tile = tile(tile_a, panel, self.per_pass, self.block_len);
+                    let here = TILE_M.min(rows - t * TILE_M);
+                    for r in 0..here {
+                        let i = i0 + t * TILE_M + r;
+                        let at = i * n + pi * TILE_N;
+                        out[at..at + cols].copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
+                    }
+                }
+            }
+            i0 += rows;
+        }
+    }
+}
+
+/// Rows of `A` packed at a time: a multiple of [`TILE_M`] whose `kc` columns fit
+/// [`CHUNK_BYTES`].
+fn chunk_rows<T>(kc: usize) -> usize {
+    let fit = CHUNK_BYTES / (kc * std::mem::size_of::<T>()).max(1);
+    (fit.min(MAX_CHUNK_M) / TILE_M).max(1) * TILE_M
+}
+
+/// A register tile's sums, row-major `[TILE_M][TILE_N]`.
+type Tile<T> = [T; TILE_M * TILE_N];
+
+/// One register tile over `q` blocks of `block_len`: `tile_a` is `[q·block_len][TILE_M]`,
+/// `panel` `[q·block_len][TILE_N]`.
+#[inline(always)]
+fn tile<T: Float>(tile_a: &[T], panel: &[T], q: usize, block_len: usize) -> Tile<T> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let (Some(a), Some(b)) = (same::<T, f32>(tile_a), same::<T, f32>(panel)) {
+            if super::gemm_avx2::available() {
+                let mut out = [0f32; TILE_M * TILE_N];
+                // SAFETY: the CPU supports the features the function is compiled for.
+                unsafe { super::gemm_avx2::tile_f32(a, b, q, block_len, &mut out) };
+                let mut tile = [T::ZERO; TILE_M * TILE_N];
+                same_mut::<T, f32>(&mut tile)
+                    .expect("T is f32")
+                    .copy_from_slice(&out);
+                return tile;
+            }
+        }
+    }
+    tile_sum(tile_a, panel, q, block_len)
+}
+
+/// `s` as a slice of `U` when `T` is `U`.
+fn same<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+    // SAFETY: T and U are the same type, so the layout is the same.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<U>(), s.len()) })
+}
+
+/// `s` as a mutable slice of `U` when `T` is `U`.
+fn same_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
+    // SAFETY: T and U are the same type, so the layout is the same.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<U>(), s.len()) })
+}
+
+/// The portable register tile: per block the sums in `k` order, the blocks joined in the
+/// canonical tree as they finish (a binary counter: a finished block joins the equal-sized
+/// subtrees before it).
+#[inline(always)]
+fn tile_sum<T: Float>(tile_a: &[T], panel: &[T], q: usize, block_len: usize) -> Tile<T> {
+    assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
+    let mut stack = [[T::ZERO; TILE_M * TILE_N]; PASS_LEVELS];
+    for blk in 0..q {
+        let mut acc = [T::ZERO; TILE_M * TILE_N];
+        for kk in blk * block_len..(blk + 1) * block_len {
+            let brow = &panel[kk * TILE_N..(kk + 1) * TILE_N];
+            let arow = &tile_a[kk * TILE_M..(kk + 1) * TILE_M];
+            for (acc_r, &av) in acc.chunks_exact_mut(TILE_N).zip(arow) {
+                for (x, &bv) in acc_r.iter_mut().zip(brow) {
+                    *x = av.mul_add(bv, *x);
+                }
+            }
+        }
+        let mut level = 0;
+        let mut done = blk + 1;
+        while done % 2 == 0 {
+            for (l, r) in stack[level].iter().zip(acc.iter_mut()) {
+                *r = *l + *r;
+            }
+            done /= 2;
+            level += 1;
+        }
+        stack[level] = acc;
+    }
+    stack[q.trailing_zeros() as usize]
+}
+
+/// Rows `k0..k0 + kc` of `op(B)` (`[k, n]`) as column panels of [`TILE_N`]: panel `p` holds
+/// `[kc][TILE_N]` (zero-padded).
+fn pack_b<T: Float>(b: &[T], k: usize, n: usize, trans: bool, k0: usize, kc: usize) -> Vec<T> {
+    let n_panels = n.div_ceil(TILE_N);
+    let mut out = vec![T::ZERO; n_panels * kc * TILE_N];
+    for (p, panel) in out.chunks_exact_mut(kc * TILE_N).enumerate() {
+        let cols = TILE_N.min(n - p * TILE_N);
+        for kk in 0..kc {
+            let row = &mut panel[kk * TILE_N..kk * TILE_N + cols];
+            let kg = k0 + kk;
+            if trans {
+                for (cc, x) in row.iter_mut().enumerate() {
+                    *x = b[(p * TILE_N + cc) * k + kg];
+                }
+            } else {
+                row.copy_from_slice(&b[kg * n + p * TILE_N..kg * n + p * TILE_N + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// Rows `i0..i0 + rows` and columns `k0..k0 + kc` of `op(A)` (`[m, k]`) as row tiles of
+/// [`TILE_M`]: tile `t` holds `[kc][TILE_M]` (zero-padded).
+fn pack_a<T: Float>(
+    a: &[T],
+    m: usize,
+    k: usize,
+    trans: bool,
+    (i0, rows): (usize, usize),
+    (k0, kc): (usize, usize),
+    out: &mut [T],
+) {
+    for t in 0..rows.div_ceil(TILE_M) {
+        let tile = &mut out[t * kc * TILE_M..(t + 1) * kc * TILE_M];
+        let here = TILE_M.min(rows - t * TILE_M);
+        for kk in 0..kc {
+            let kg = k0 + kk;
+            for r in 0..TILE_M {
+                let i = i0 + t * TILE_M + r;
+                tile[kk * TILE_M + r] = if r >= here {
+                    T::ZERO
+                } else if trans {
+                    a[kg * m + i]
+                } else {
+                    a[i * k + kg]
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * 10f32.powi((i % 5) as i32 - 2)
+            })
+            .collect()
+    }
+
+    /// The intrinsics tile and the portable tile give the same bits, for every block shape.
+    #[test]
+    fn simd_and_portable_tiles_agree_bit_for_bit() {
+        for (q, block_len) in [(1, 1), (1, 7), (2, 3), (4, 4), (8, 32), (16, 16), (1, 300)] {
+            let steps = q * block_len;
+            let a = values(steps * TILE_M, 5 + q as u64);
+            let b = values(steps * TILE_N, 11 + block_len as u64);
+            let portable = tile_sum(&a, &b, q, block_len);
+            let routed = tile(&a, &b, q, block_len);
+            assert_eq!(
+                portable.map(f32::to_bits),
+                routed.map(f32::to_bits),
+                "{q} blocks of {block_len}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pass_is_a_power_of_two_run_of_blocks_near_pass_k() {
+        assert_eq!(blocks_per_pass(16, 16), 16);
+        assert_eq!(blocks_per_pass(16, 128), 2);
+        assert_eq!(blocks_per_pass(8, 512), 1);
+        assert_eq!(blocks_per_pass(1, 4), 1);
+        assert_eq!(chunk_rows::<f32>(256), 96);
+        assert_eq!(chunk_rows::<f32>(1 << 20), TILE_M);
+    }
+
+    /// `f64` (the portable tile) against a plain per-element reference over 4 passes.
+    #[test]
+    fn f64_products_follow_the_canonical_order() {
+        let (m, n, k, nb) = (7, 19, 1024, 8);
+        let bl = k / nb;
+        let a: Vec<f64> = values(m * k, 3).into_iter().map(f64::from).collect();
+        let b: Vec<f64> = values(k * n, 4).into_iter().map(f64::from).collect();
+        let mut c = vec![0f64; m * n];
+        det_gemm(GemmShape::new(m, n, k), &a, &b, &mut c, bl).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let want = crate::kernels::tree::tree_reduce(
+                    nb,
+                    &mut |blk| {
+                        (blk * bl..(blk + 1) * bl)
+                            .fold(0.0f64, |acc, kk| a[i * k + kk].mul_add(b[kk * n + j], acc))
+                    },
+                    &mut |x, y| x + y,
+                );
+                assert_eq!(c[i * n + j].to_bits(), want.to_bits());
+            }
+        }
+    }
+}
