@@ -74,7 +74,7 @@ pub fn det_gemm<T: Float>(
         passes.run(p, &mut part);
         tree.push(part, |mut left, right| {
             for (l, r) in left.iter_mut().zip(&right) {
-                *l = *l + *r;
+                *l += *r;
             }
             left
         });
@@ -134,7 +134,15 @@ impl<T: Float> Passes<'_, T> {
         let mut i0 = 0;
         while i0 < m {
             let rows = chunk_m.min(m - i0);
-            pack_a(self.a, m, k, self.shape.trans_a, (i0, rows), (k0, kc), &mut packed_a);
+            pack_a(
+                self.a,
+                m,
+                k,
+                self.shape.trans_a,
+                (i0, rows),
+                (k0, kc),
+                &mut packed_a,
+            );
             for (pi, panel) in panels.chunks_exact(kc * TILE_N).enumerate() {
                 let cols = TILE_N.min(n - pi * TILE_N);
                 for t in 0..rows.div_ceil(TILE_M) {
