@@ -15,6 +15,8 @@
 mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx2;
+#[cfg(target_arch = "x86_64")]
+mod gemm_avx512;
 
 pub use self::gemm::det_gemm;
 

@@ -4,7 +4,7 @@
 //! of sequential fused multiply-adds from zero. The work is cut three ways without changing
 //! that order:
 //! - **passes** over the reduction dim: a pass covers an aligned power-of-two run of blocks,
-//!   about [`PASS_K`] elements, so its packed panels stay in cache; a pass computes the subtree
+//!   about [`pass_k`] elements, so its packed panels stay in cache; a pass computes the subtree
 //!   of its blocks and the passes' results are joined in the same tree ([`super::TreeStack`]);
 //! - **chunks** of rows of `op(A)`, packed as row tiles of [`TILE_M`] (a chunk stays in L2);
 //! - **column panels** of `op(B)` of [`TILE_N`] (a panel stays in L1 while a chunk's tiles pass).
@@ -24,10 +24,25 @@ use crate::kernels::matmul::GemmShape;
 pub(super) const TILE_M: usize = 6;
 /// Columns of a register tile.
 pub(super) const TILE_N: usize = 16;
-/// Reduction elements a pass aims at (a panel of `PASS_K × TILE_N` f32 is 16 KiB).
-const PASS_K: usize = 256;
-/// Tree levels of a pass's blocks at most (a pass holds at most [`PASS_K`] blocks).
-pub(super) const PASS_LEVELS: usize = PASS_K.trailing_zeros() as usize + 1;
+/// Reduction elements a pass aims at with the AVX-512 tiles, whose CPUs have L2 caches of
+/// 1 MiB or more (a pair of panels of `1024 × TILE_N` f32 is 128 KiB). Longer passes mean
+/// fewer partial products written out and joined.
+const PASS_K_WIDE: usize = 1024;
+/// Reduction elements a pass aims at otherwise (a panel of `256 × TILE_N` f32 is 16 KiB).
+const PASS_K_NARROW: usize = 256;
+/// Tree levels of a pass's blocks at most (a pass holds at most [`PASS_K_WIDE`] blocks).
+pub(super) const PASS_LEVELS: usize = PASS_K_WIDE.trailing_zeros() as usize + 1;
+
+/// Reduction elements a pass aims at on this CPU.
+fn pass_k() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::gemm_avx512::available() {
+            return PASS_K_WIDE;
+        }
+    }
+    PASS_K_NARROW
+}
 /// Bytes of packed `A` a chunk may hold (half this machine class's 512 KiB L2).
 const CHUNK_BYTES: usize = 256 << 10;
 /// Rows of a chunk at most.
@@ -55,7 +70,7 @@ pub fn det_gemm<T: Float>(
         return Ok(());
     }
     let nb = local_blocks(OP, k, block_len)?;
-    let per_pass = blocks_per_pass(nb, block_len);
+    let per_pass = blocks_per_pass(nb, block_len, pass_k());
     let passes = Passes {
         shape,
         a,
@@ -84,10 +99,10 @@ pub fn det_gemm<T: Float>(
 }
 
 /// The blocks a pass covers: the largest power of two dividing `nb` whose elements stay
-/// within [`PASS_K`] (at least one block).
-fn blocks_per_pass(nb: usize, block_len: usize) -> usize {
+/// within `pass_k` (at least one block).
+fn blocks_per_pass(nb: usize, block_len: usize, pass_k: usize) -> usize {
     let mut q = 1;
-    while q * 2 <= nb && q * 2 * block_len <= PASS_K {
+    while q * 2 <= nb && q * 2 * block_len <= pass_k {
         q *= 2;
     }
     q
@@ -143,18 +158,40 @@ impl<T: Float> Passes<'_, T> {
                 (k0, kc),
                 &mut packed_a,
             );
-            for (pi, panel) in panels.chunks_exact(kc * TILE_N).enumerate() {
-                let cols = TILE_N.min(n - pi * TILE_N);
+            let panel_len = kc * TILE_N;
+            let n_panels = panels.len() / panel_len;
+            let mut pi = 0;
+            while pi < n_panels {
+                let width = if pi + 1 < n_panels { PAIR } else { 1 };
                 for t in 0..rows.div_ceil(TILE_M) {
                     let tile_a = &packed_a[t * kc * TILE_M..(t + 1) * kc * TILE_M];
-                    let tile = tile(tile_a, panel, self.per_pass, self.block_len);
                     let here = TILE_M.min(rows - t * TILE_M);
-                    for r in 0..here {
-                        let i = i0 + t * TILE_M + r;
-                        let at = i * n + pi * TILE_N;
-                        out[at..at + cols].copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
+                    let mut store = |p: usize, tile: &Tile<T>| {
+                        let cols = TILE_N.min(n - p * TILE_N);
+                        for r in 0..here {
+                            let at = (i0 + t * TILE_M + r) * n + p * TILE_N;
+                            out[at..at + cols]
+                                .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
+                        }
+                    };
+                    let panel = |p: usize| &panels[p * panel_len..(p + 1) * panel_len];
+                    if width == 2 {
+                        if let Some((t0, t1)) = tile_pair(
+                            tile_a,
+                            (panel(pi), panel(pi + 1)),
+                            self.per_pass,
+                            self.block_len,
+                        ) {
+                            store(pi, &t0);
+                            store(pi + 1, &t1);
+                            continue;
+                        }
+                    }
+                    for p in pi..pi + width {
+                        store(p, &tile(tile_a, panel(p), self.per_pass, self.block_len));
                     }
                 }
+                pi += width;
             }
             i0 += rows;
         }
@@ -166,6 +203,52 @@ impl<T: Float> Passes<'_, T> {
 fn chunk_rows<T>(kc: usize) -> usize {
     let fit = CHUNK_BYTES / (kc * std::mem::size_of::<T>()).max(1);
     (fit.min(MAX_CHUNK_M) / TILE_M).max(1) * TILE_M
+}
+
+/// Column panels a step of the widest tile covers: two where [`tile_pair`] runs.
+const PAIR: usize = 2;
+
+/// The tiles of two neighbouring panels in one pass of the AVX-512 kernel, for `f32` on a CPU
+/// that has it; `None` otherwise (the caller sums the tiles one by one).
+#[inline(always)]
+fn tile_pair<T: Float>(
+    tile_a: &[T],
+    (panel0, panel1): (&[T], &[T]),
+    q: usize,
+    block_len: usize,
+) -> Option<(Tile<T>, Tile<T>)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let (Some(a), Some(b0), Some(b1)) = (
+            same::<T, f32>(tile_a),
+            same::<T, f32>(panel0),
+            same::<T, f32>(panel1),
+        ) {
+            if super::gemm_avx512::available() {
+                let mut out = ([0f32; TILE_M * TILE_N], [0f32; TILE_M * TILE_N]);
+                // SAFETY: the CPU supports the features the function is compiled for.
+                unsafe {
+                    super::gemm_avx512::tiles_f32(
+                        a,
+                        (b0, b1),
+                        q,
+                        block_len,
+                        (&mut out.0, &mut out.1),
+                    )
+                };
+                let mut tiles = ([T::ZERO; TILE_M * TILE_N], [T::ZERO; TILE_M * TILE_N]);
+                same_mut::<T, f32>(&mut tiles.0)
+                    .expect("T is f32")
+                    .copy_from_slice(&out.0);
+                same_mut::<T, f32>(&mut tiles.1)
+                    .expect("T is f32")
+                    .copy_from_slice(&out.1);
+                return Some(tiles);
+            }
+        }
+    }
+    let _ = (tile_a, panel0, panel1, q, block_len);
+    None
 }
 
 /// A register tile's sums, row-major `[TILE_M][TILE_N]`.
@@ -310,7 +393,17 @@ mod tests {
     /// The intrinsics tile and the portable tile give the same bits, for every block shape.
     #[test]
     fn simd_and_portable_tiles_agree_bit_for_bit() {
-        for (q, block_len) in [(1, 1), (1, 7), (2, 3), (4, 4), (8, 32), (16, 16), (1, 300)] {
+        for (q, block_len) in [
+            (1, 1),
+            (1, 7),
+            (2, 3),
+            (4, 4),
+            (8, 32),
+            (16, 16),
+            (1, 300),
+            (64, 4),
+            (32, 1),
+        ] {
             let steps = q * block_len;
             let a = values(steps * TILE_M, 5 + q as u64);
             let b = values(steps * TILE_N, 11 + block_len as u64);
@@ -321,15 +414,31 @@ mod tests {
                 routed.map(f32::to_bits),
                 "{q} blocks of {block_len}"
             );
+            // The second panel of a pair: another B, so a swapped pair would show.
+            let b1 = values(steps * TILE_N, 17 + block_len as u64);
+            if let Some((t0, t1)) = tile_pair(&a, (&b, &b1), q, block_len) {
+                assert_eq!(
+                    t0.map(f32::to_bits),
+                    portable.map(f32::to_bits),
+                    "pair, panel 0"
+                );
+                let portable1 = tile_sum(&a, &b1, q, block_len);
+                assert_eq!(
+                    t1.map(f32::to_bits),
+                    portable1.map(f32::to_bits),
+                    "pair, panel 1"
+                );
+            }
         }
     }
 
     #[test]
     fn a_pass_is_a_power_of_two_run_of_blocks_near_pass_k() {
-        assert_eq!(blocks_per_pass(16, 16), 16);
-        assert_eq!(blocks_per_pass(16, 128), 2);
-        assert_eq!(blocks_per_pass(8, 512), 1);
-        assert_eq!(blocks_per_pass(1, 4), 1);
+        assert_eq!(blocks_per_pass(16, 16, PASS_K_NARROW), 16);
+        assert_eq!(blocks_per_pass(16, 128, PASS_K_NARROW), 2);
+        assert_eq!(blocks_per_pass(16, 128, PASS_K_WIDE), 8);
+        assert_eq!(blocks_per_pass(8, 512, PASS_K_NARROW), 1);
+        assert_eq!(blocks_per_pass(1, 4, PASS_K_WIDE), 1);
         assert_eq!(chunk_rows::<f32>(256), 96);
         assert_eq!(chunk_rows::<f32>(1 << 20), TILE_M);
     }

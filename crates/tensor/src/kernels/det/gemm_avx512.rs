@@ -1,0 +1,118 @@
+//! Two neighbouring `f32` register tiles of the canonical-order product at once, in AVX-512.
+//!
+//! Twelve 16-lane accumulators hold the `6 × 16` tiles of two column panels (one register per
+//! row and panel), so a step loads one row of each panel, broadcasts six elements of `A` and
+//! issues twelve `vfmadd`s (one rounding each, as `f32::mul_add`). Blocks are summed in pairs:
+//! the even block's accumulators stay in registers while the odd block runs (32 registers
+//! hold both), and the pair joins there, so only level-one subtrees go to the stack. Lanes are
+//! columns, so the bits are those of [`super::gemm`]'s portable tile.
+
+use std::arch::x86_64::{
+    __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_storeu_ps,
+};
+use std::mem::MaybeUninit;
+
+use super::gemm::{PASS_LEVELS, TILE_M, TILE_N};
+
+/// Accumulator registers of the two tiles.
+const REGS: usize = 2 * TILE_M;
+
+/// Whether this CPU runs [`tiles_f32`].
+pub(super) fn available() -> bool {
+    std::is_x86_feature_detected!("avx512f")
+}
+
+/// One block's sums from zero: `block_len` steps from `ap` (`[..][TILE_M]`) and the two panels.
+///
+/// # Safety
+/// AVX-512F; `ap` and both panels hold `block_len` more steps.
+#[inline(always)]
+unsafe fn block(
+    ap: &mut *const f32,
+    bp: &mut (*const f32, *const f32),
+    block_len: usize,
+) -> [__m512; REGS] {
+    let mut acc = [_mm512_setzero_ps(); REGS];
+    for _ in 0..block_len {
+        // SAFETY: the caller keeps every read inside the operands.
+        unsafe {
+            let b0 = _mm512_loadu_ps(bp.0);
+            let b1 = _mm512_loadu_ps(bp.1);
+            for r in 0..TILE_M {
+                let av = _mm512_set1_ps(*ap.add(r));
+                acc[2 * r] = _mm512_fmadd_ps(av, b0, acc[2 * r]);
+                acc[2 * r + 1] = _mm512_fmadd_ps(av, b1, acc[2 * r + 1]);
+            }
+            *ap = ap.add(TILE_M);
+            *bp = (bp.0.add(TILE_N), bp.1.add(TILE_N));
+        }
+    }
+    acc
+}
+
+/// `left + right`, register by register (`left` holds the earlier blocks).
+#[inline(always)]
+fn join(left: &[__m512; REGS], right: &mut [__m512; REGS]) {
+    for (l, r) in left.iter().zip(right.iter_mut()) {
+        // SAFETY: callers run with AVX-512F (every caller is `tiles_f32`).
+        *r = unsafe { _mm512_add_ps(*l, *r) };
+    }
+}
+
+/// `out0` and `out1` (`[TILE_M][TILE_N]` each) ← the canonical tree over `q` blocks of
+/// `block_len` of `tile_a` (`[q·block_len][TILE_M]`) times `panel0` and `panel1`
+/// (`[q·block_len][TILE_N]` each).
+///
+/// # Safety
+/// The CPU must support AVX-512F ([`available`]).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn tiles_f32(
+    tile_a: &[f32],
+    (panel0, panel1): (&[f32], &[f32]),
+    q: usize,
+    block_len: usize,
+    (out0, out1): (&mut [f32; TILE_M * TILE_N], &mut [f32; TILE_M * TILE_N]),
+) {
+    let steps = q * block_len;
+    assert!(
+        tile_a.len() >= steps * TILE_M
+            && panel0.len() >= steps * TILE_N
+            && panel1.len() >= steps * TILE_N
+    );
+    assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
+    let mut ap = tile_a.as_ptr();
+    let mut bp = (panel0.as_ptr(), panel1.as_ptr());
+    let root = if q == 1 {
+        // SAFETY: the asserts above keep every read inside the operands.
+        unsafe { block(&mut ap, &mut bp, block_len) }
+    } else {
+        // Level `l` (≥ 1) is written before it is read: the counter joins only levels it filled.
+        let mut stack = [MaybeUninit::<[__m512; REGS]>::uninit(); PASS_LEVELS];
+        for pair in 0..q / 2 {
+            // SAFETY: as above.
+            let left = unsafe { block(&mut ap, &mut bp, block_len) };
+            let mut sum = unsafe { block(&mut ap, &mut bp, block_len) };
+            join(&left, &mut sum);
+            // Pairs 0..=pair done: join while the counter carries.
+            let mut level = 1;
+            let mut done = pair + 1;
+            while done % 2 == 0 {
+                // SAFETY: a carry at `level` means pairs filled it (see above).
+                join(unsafe { stack[level].assume_init_ref() }, &mut sum);
+                done /= 2;
+                level += 1;
+            }
+            stack[level].write(sum);
+        }
+        // SAFETY: after `q / 2` (a power of two) pairs the counter holds one subtree, at the top.
+        unsafe { stack[q.trailing_zeros() as usize].assume_init_read() }
+    };
+    for r in 0..TILE_M {
+        // SAFETY: each output holds TILE_M rows of TILE_N (16) floats.
+        unsafe {
+            _mm512_storeu_ps(out0.as_mut_ptr().add(r * TILE_N), root[2 * r]);
+            _mm512_storeu_ps(out1.as_mut_ptr().add(r * TILE_N), root[2 * r + 1]);
+        }
+    }
+}
