@@ -525,7 +525,7 @@ impl CkptWriter {
                 )));
             };
             let n_bytes = t.n_bytes;
-            if self.written_in_current % SLICE_BYTES == 0 {
+            if self.written_in_current.is_multiple_of(SLICE_BYTES) {
                 self.start_chunk()?;
             }
             let room = SLICE_BYTES - self.written_in_current % SLICE_BYTES;

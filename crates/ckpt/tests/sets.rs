@@ -234,7 +234,7 @@ fn a_wrong_safetensors_crc_num_stops_a_conversion() {
     let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     header["__metadata__"]["crc_num"] = serde_json::Value::String("12345".into());
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

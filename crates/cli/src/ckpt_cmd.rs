@@ -101,7 +101,7 @@ impl DecryptFlags {
 /// The bytes of a hex key (`--dec-key`): an even number of hex digits.
 fn parse_hex_key(hex: &str) -> anyhow::Result<Vec<u8>> {
     let hex = hex.trim();
-    if hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         bail!("--dec-key must be the key in hex (an even number of the digits 0-9a-f)");
     }
     Ok((0..hex.len())

@@ -474,7 +474,7 @@ fn inexact_input(dtype: DType, len: usize, rank: usize, salt: usize) -> Tensor {
     let values: Vec<f64> = (0..len)
         .map(|i| {
             let k = rank * 7 + i * 3 + salt * 5;
-            let sign = if k % 3 == 0 { -1.0 } else { 1.0 };
+            let sign = if k.is_multiple_of(3) { -1.0 } else { 1.0 };
             sign / (1.0 + (k % 13) as f64) * 10f64.powi((k % 12) as i32 - 6)
         })
         .collect();

@@ -249,7 +249,7 @@ impl Layout {
         if dims.is_empty() {
             return Err(fail("a 0-dim tensor has no dim 0 to split".to_string()));
         }
-        if replicas % k != 0 {
+        if !replicas.is_multiple_of(k) {
             return Err(fail(format!(
                 "it does not divide the {replicas} replicas of the tensor"
             )));
@@ -263,10 +263,10 @@ impl Layout {
                 break;
             }
             let size = mesh.axis_size(axis);
-            if need % size == 0 {
+            if need.is_multiple_of(size) {
                 taken.push(axis);
                 need /= size;
-            } else if size % need == 0 {
+            } else if size.is_multiple_of(need) {
                 // Split `axis` into (size/need, need) and take the inner part.
                 let name = mesh.axis_name(axis).to_string();
                 let names = vec![name.clone(), format!("{name}.opt")];
@@ -337,7 +337,7 @@ pub fn repeated_calc_mesh<S: AsRef<str>>(
         });
     }
     let used: usize = dev_matrix.iter().product();
-    if device_num == 0 || device_num % used != 0 {
+    if device_num == 0 || !device_num.is_multiple_of(used) {
         return Err(LayoutError::StrategyDeviceMismatch {
             strategy: dev_matrix.to_vec(),
             used,

@@ -394,7 +394,7 @@ impl Mesh {
     /// The ranks of pipeline stage `stage` when the rank list is cut into `n_stages` equal
     /// consecutive parts (MindSpore: stage `s` owns ranks `[s*P, (s+1)*P)`).
     pub fn stage_ranks(&self, n_stages: usize, stage: usize) -> Result<Vec<usize>, LayoutError> {
-        if n_stages == 0 || self.n_slots() % n_stages != 0 || stage >= n_stages {
+        if n_stages == 0 || !self.n_slots().is_multiple_of(n_stages) || stage >= n_stages {
             return Err(LayoutError::AxisIndexOutOfRange {
                 alias: "pipeline stage".to_string(),
                 index: stage,

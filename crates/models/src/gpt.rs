@@ -96,7 +96,7 @@ impl GptConfig {
                 });
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(ModelsError::Config {
                 key: "model.heads".to_string(),
                 reason: format!(

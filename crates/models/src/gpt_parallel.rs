@@ -56,7 +56,7 @@ impl GptParallel {
         vocab_emb_dp: bool,
         use_seq_parallel: bool,
     ) -> Result<GptParallel, ModelsError> {
-        if model_parallel == 0 || devices % model_parallel != 0 {
+        if model_parallel == 0 || !devices.is_multiple_of(model_parallel) {
             return Err(config_error(
                 "parallel.model_parallel",
                 format!("{model_parallel} does not divide the {devices} devices"),

@@ -158,7 +158,7 @@ fn input_layout(
         (DatasetStrategy::DataParallel, _) => {
             let mut s = vec![1; shape.len()];
             if let Some(d0) = s.first_mut() {
-                if shape[0] % devices != 0 {
+                if !shape[0].is_multiple_of(devices) {
                     return Err(setting_error(format!(
                         "data_parallel splits dim 0 of input {name} (shape {shape:?}) over {devices} \
                          devices, but {} is not divisible by {devices}",

@@ -206,7 +206,7 @@ fn check_summed(
     let len: usize = dims.iter().map(|&d| shape[d]).product();
     let blocks = canonical_blocks(len, max_blocks);
     let f = factors[first];
-    if !f.is_power_of_two() || blocks % f != 0 {
+    if !f.is_power_of_two() || !blocks.is_multiple_of(f) {
         return Err(refuse(
             op,
             kind,

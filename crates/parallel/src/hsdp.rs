@@ -100,7 +100,7 @@ pub(crate) fn decide(
     if k <= 1 {
         return unsharded("shard_size 1 leaves every parameter whole".into());
     }
-    if replicas % k != 0 {
+    if !replicas.is_multiple_of(k) {
         return unsharded(format!(
             "shard_size {k} does not divide its {replicas} replicas"
         ));

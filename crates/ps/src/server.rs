@@ -112,7 +112,7 @@ impl State {
             table.apply(step, rows)?;
         }
         self.version += 1;
-        if self.version % self.checkpoint_every == 0 {
+        if self.version.is_multiple_of(self.checkpoint_every) {
             self.snapshot()?;
         }
         Ok(())

@@ -701,7 +701,7 @@ async fn steps(
             unreported = Some((s, ms));
         } else if let Some(rep) = reporter.as_mut() {
             report_step(rep, compute, s, loss, ms, &mut losses)?;
-            if evaluate && (s + 1) % per_epoch == 0 && s + 1 < total {
+            if evaluate && (s + 1).is_multiple_of(per_epoch) && s + 1 < total {
                 links
                     .pull_all(0, &mut weights, compute, &mut PulledRows::none())
                     .await?;

@@ -205,7 +205,7 @@ impl ReduceStep {
         // The all-reduce comes first so that it wins a tie (one collective instead of two).
         let mut options: Vec<(ReduceKind, TensorLayout)> = vec![(ReduceKind::AllReduce, t.clone())];
         // An uneven row split keeps dim 0 whole within a block: no reduce-scatter onto it.
-        let scatterable = |d: usize| slice[d] % n == 0 && (t.is_uniform() || d != 0);
+        let scatterable = |d: usize| slice[d].is_multiple_of(n) && (t.is_uniform() || d != 0);
         options.extend((0..slice.len()).filter(|&d| scatterable(d)).map(|dim| {
             let mut dims = t.dims().to_vec();
             dims[dim].extend_from_slice(src.partial_axes());

@@ -64,7 +64,7 @@ fn evaluation_covers_every_sample_once_and_pads_the_last_batch() {
 
     // Exact accuracy on any device count: count correct rows among the real ones only. With a
     // "model" that is right on even samples, accuracy is #even / 297 whatever the split of rows.
-    let correct = |i: usize| i % 2 == 0;
+    let correct = |i: usize| i.is_multiple_of(2);
     let want = (0..297).filter(|&i| correct(i)).count();
     for devices in [1, 2, 4, 8] {
         let rows = 32 / devices;

@@ -123,7 +123,7 @@ fn fit(shape: &[usize], wanted: &[u32], devices: usize, whole: &[usize]) -> Vec<
         .enumerate()
         .map(|(d, &size)| {
             let mut f = 1usize << wanted.get(d).copied().unwrap_or(0);
-            while f > 1 && (whole.contains(&d) || size % f != 0 || left % f != 0) {
+            while f > 1 && (whole.contains(&d) || size % f != 0 || !left.is_multiple_of(f)) {
                 f /= 2;
             }
             left /= f;

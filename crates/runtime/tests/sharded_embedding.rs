@@ -48,7 +48,7 @@ fn arb_case() -> impl Strategy<Value = (usize, usize, Vec<i32>, [usize; 3])> {
     let pow2 = || prop_oneof![Just(1usize), Just(2), Just(4)];
     (pow2(), pow2(), pow2(), 1usize..=3, 1usize..=3, 1usize..=2)
         .prop_filter("the splits fit the devices", |(v, c, d, ..)| {
-            DEVICES % (v * c * d) == 0
+            DEVICES.is_multiple_of(v * c * d)
         })
         .prop_flat_map(|(v, c, d, rows, cols, per)| {
             let (vocab, dim, n) = (v * rows, c * cols, d * per * 2);

@@ -114,7 +114,7 @@ fn arb_case() -> impl Strategy<Value = Case> {
                 }
                 let (a, b) = (cut(atoms, *in_mask), cut(atoms, *out_mask));
                 let f = [1, 2, 4][*choice];
-                let f = if gcd(a[0], b[0]) % f == 0 && DEVICES % (used * f) == 0 {
+                let f = if gcd(a[0], b[0]).is_multiple_of(f) && DEVICES.is_multiple_of(used * f) {
                     f
                 } else {
                     1

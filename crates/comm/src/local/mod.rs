@@ -576,7 +576,7 @@ impl Communicator for LocalComm {
     fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
         self.call("all_to_all", OpKind::AllToAll, |ctx| {
             let n = ctx.size();
-            if send.len() % n != 0 || recv.len() != send.len() {
+            if !send.len().is_multiple_of(n) || recv.len() != send.len() {
                 return Err(ctx.invalid(format!(
                     "send ({} bytes) must divide into {n} equal chunks and recv ({} bytes) \
                      match it",

@@ -166,7 +166,7 @@ impl PipelineConfig {
     /// The first broken rule is returned.
     pub fn validate(&self, device_count: usize) -> Result<(), PipelineError> {
         self.validate_shape()?;
-        if device_count == 0 || device_count % self.stages != 0 {
+        if device_count == 0 || !device_count.is_multiple_of(self.stages) {
             return Err(PipelineError::StagesDoNotDivideDevices {
                 stages: self.stages,
                 devices: device_count,
@@ -214,7 +214,7 @@ impl PipelineConfig {
         } else if self.scheduler == Scheduler::Interleaved1F1B {
             return Err(PipelineError::InterleavedNeedsInterleave);
         }
-        if self.scheduler == Scheduler::Interleaved1F1B && self.micro_batches % self.stages != 0 {
+        if self.scheduler == Scheduler::Interleaved1F1B && !self.micro_batches.is_multiple_of(self.stages) {
             return Err(PipelineError::MicroBatchesNotMultipleOfStages {
                 micro_batches: self.micro_batches,
                 stages: self.stages,

@@ -388,7 +388,7 @@ impl Schedule {
         chunks: usize,
     ) -> Result<Schedule, PipelineError> {
         check_shape(stages, micro_batches, chunks)?;
-        if micro_batches % stages != 0 {
+        if !micro_batches.is_multiple_of(stages) {
             return Err(PipelineError::MicroBatchesNotMultipleOfStages {
                 micro_batches,
                 stages,

@@ -217,7 +217,7 @@ fn groups_needed(weights: &[u128], bound: u128) -> usize {
 /// MindSpore's order: stage s holds ranks `s·N/P .. (s+1)·N/P`. `None` if `stages` is 0, does
 /// not divide `device_count`, or `stage` is not below `stages`.
 pub fn stage_ranks(stage: usize, stages: usize, device_count: usize) -> Option<Range<usize>> {
-    if stages == 0 || device_count % stages != 0 || stage >= stages {
+    if stages == 0 || !device_count.is_multiple_of(stages) || stage >= stages {
         return None;
     }
     let per_stage = device_count / stages;
@@ -227,7 +227,7 @@ pub fn stage_ranks(stage: usize, stages: usize, device_count: usize) -> Option<R
 /// The stage that holds `rank` (the inverse of [`stage_ranks`]); `None` under the same
 /// conditions, or if `rank` is not below `device_count`.
 pub fn stage_of_rank(rank: usize, stages: usize, device_count: usize) -> Option<usize> {
-    if stages == 0 || device_count % stages != 0 || rank >= device_count {
+    if stages == 0 || !device_count.is_multiple_of(stages) || rank >= device_count {
         return None;
     }
     Some(rank / (device_count / stages))

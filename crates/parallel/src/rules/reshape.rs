@@ -111,7 +111,7 @@ pub fn kept_splits(
         if f == 1 {
             continue;
         }
-        if to[first_out] % f != 0 {
+        if !to[first_out].is_multiple_of(f) {
             return Err(format!(
                 "dim {first_in} of the input is split {f} ways, which does not divide output dim \
                  {first_out} (size {}) that it becomes ({})",

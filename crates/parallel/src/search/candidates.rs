@@ -27,7 +27,7 @@ fn operand_shapes<'a>(ctx: &OpContext<'a>) -> Vec<&'a [usize]> {
 pub fn batch_splits(devices: usize) -> Vec<usize> {
     let mut out: Vec<usize> = std::iter::successors(Some(1usize), |&d| d.checked_mul(2))
         .take_while(|&d| d <= devices)
-        .filter(|d| devices % d == 0)
+        .filter(|d| devices.is_multiple_of(*d))
         .collect();
     if out.last() != Some(&devices) {
         out.push(devices);

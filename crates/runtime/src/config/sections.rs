@@ -631,7 +631,7 @@ fn read_hsdp(key: &str, value: Value, devices: usize) -> Result<HsdpConfig, Runt
         Value::Integer(-1) => Ok(None),
         Value::Integer(n) if n >= 1 => {
             let n = usize::try_from(n).unwrap_or(usize::MAX);
-            if n > devices || devices % n != 0 {
+            if n > devices || !devices.is_multiple_of(n) {
                 return Err(config_error(
                     key,
                     format!(
@@ -718,7 +718,7 @@ fn interleave_micro_batches(
             format!("{n} applies without pipeline stages: [parallel.pipeline] already cuts each batch into micro-batches (use its micro_batches)"),
         ));
     }
-    if data.batch_size % n != 0 {
+    if !data.batch_size.is_multiple_of(n) {
         return Err(config_error(
             key,
             format!(

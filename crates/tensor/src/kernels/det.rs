@@ -28,7 +28,7 @@ use crate::error::TensorError;
 /// is at most `max_blocks` and divides `len` (1 for an empty dim).
 pub fn canonical_blocks(len: usize, max_blocks: usize) -> usize {
     let mut nb = 1;
-    while nb * 2 <= max_blocks.max(1) && len > 0 && len % (nb * 2) == 0 {
+    while nb * 2 <= max_blocks.max(1) && len > 0 && len.is_multiple_of(nb * 2) {
         nb *= 2;
     }
     nb
@@ -40,7 +40,7 @@ fn local_blocks(op: &'static str, local: usize, block_len: usize) -> Result<usiz
     if block_len == 0 {
         return Err(bad("the canonical block length is 0".to_string()));
     }
-    if local % block_len != 0 {
+    if !local.is_multiple_of(block_len) {
         return Err(bad(format!(
             "the summed dim holds {local} elements here, not whole canonical blocks of {block_len}"
         )));
