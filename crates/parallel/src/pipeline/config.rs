@@ -214,7 +214,9 @@ impl PipelineConfig {
         } else if self.scheduler == Scheduler::Interleaved1F1B {
             return Err(PipelineError::InterleavedNeedsInterleave);
         }
-        if self.scheduler == Scheduler::Interleaved1F1B && !self.micro_batches.is_multiple_of(self.stages) {
+        if self.scheduler == Scheduler::Interleaved1F1B
+            && !self.micro_batches.is_multiple_of(self.stages)
+        {
             return Err(PipelineError::MicroBatchesNotMultipleOfStages {
                 micro_batches: self.micro_batches,
                 stages: self.stages,

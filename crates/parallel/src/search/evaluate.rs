@@ -220,7 +220,9 @@ fn move_cost(
         let p = from.partial;
         let local = full / src.iter().product::<usize>().max(1) as f64;
         let scatter = (0..shape.len()).find(|&d| {
-            dst[d] >= src[d] * p && dst[d].is_multiple_of(src[d] * p) && shape[d].is_multiple_of(src[d] * p)
+            dst[d] >= src[d] * p
+                && dst[d].is_multiple_of(src[d] * p)
+                && shape[d].is_multiple_of(src[d] * p)
         });
         let fraction = (p - 1) as f64 / p as f64;
         match scatter {
