@@ -13,7 +13,7 @@ use std::arch::x86_64::{
 
 use std::mem::MaybeUninit;
 
-use super::gemm::{PASS_LEVELS, TILE_M, TILE_N};
+use super::gemm::{RowTile, PASS_LEVELS, TILE_M, TILE_N};
 
 /// Accumulator registers of a tile.
 const REGS: usize = TILE_M * TILE_N / 8;
@@ -24,24 +24,26 @@ pub(super) fn available() -> bool {
 }
 
 /// `out` (`[TILE_M][TILE_N]`) ← the canonical tree over `q` blocks of `block_len` of
-/// `tile_a` (`[q·block_len][TILE_M]`) times `panel` (`[q·block_len][TILE_N]`).
+/// `tile_a`'s rows times `panel` (`[q·block_len][TILE_N]`).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA ([`available`]).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn tile_f32(
-    tile_a: &[f32],
+    tile_a: &RowTile<'_, f32>,
     panel: &[f32],
     q: usize,
     block_len: usize,
     out: &mut [f32; TILE_M * TILE_N],
 ) {
     let steps = q * block_len;
-    assert!(tile_a.len() >= steps * TILE_M && panel.len() >= steps * TILE_N);
+    tile_a.check(steps);
+    assert!(panel.len() >= steps * TILE_N);
     assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
     // Level `l` is written before it is read: the binary counter joins only levels it filled.
     let mut stack = [MaybeUninit::<[__m256; REGS]>::uninit(); PASS_LEVELS];
-    let (mut ap, mut bp) = (tile_a.as_ptr(), panel.as_ptr());
+    let (mut ap, mut bp) = (tile_a.data.as_ptr(), panel.as_ptr());
+    let (offsets, step) = (tile_a.offsets, tile_a.step);
     for blk in 0..q {
         let mut acc: [__m256; REGS] = [_mm256_setzero_ps(); REGS];
         for _ in 0..block_len {
@@ -50,11 +52,11 @@ pub(super) unsafe fn tile_f32(
                 let b0 = _mm256_loadu_ps(bp);
                 let b1 = _mm256_loadu_ps(bp.add(8));
                 for r in 0..TILE_M {
-                    let av = _mm256_broadcast_ss(&*ap.add(r));
+                    let av = _mm256_broadcast_ss(&*ap.add(offsets[r]));
                     acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
                     acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
                 }
-                ap = ap.add(TILE_M);
+                ap = ap.add(step);
                 bp = bp.add(TILE_N);
             }
         }

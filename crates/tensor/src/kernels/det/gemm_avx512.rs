@@ -13,7 +13,7 @@ use std::arch::x86_64::{
 };
 use std::mem::MaybeUninit;
 
-use super::gemm::{PASS_LEVELS, TILE_M, TILE_N};
+use super::gemm::{RowTile, PASS_LEVELS, TILE_M, TILE_N};
 
 /// Accumulator registers of the two tiles.
 const REGS: usize = 2 * TILE_M;
@@ -23,13 +23,15 @@ pub(super) fn available() -> bool {
     std::is_x86_feature_detected!("avx512f")
 }
 
-/// One block's sums from zero: `block_len` steps from `ap` (`[..][TILE_M]`) and the two panels.
+/// One block's sums from zero: `block_len` steps of the rows at `ap + offsets[r]` (a step
+/// apart) and of the two panels.
 ///
 /// # Safety
-/// AVX-512F; `ap` and both panels hold `block_len` more steps.
+/// AVX-512F; the rows and both panels hold `block_len` more steps.
 #[inline(always)]
 unsafe fn block(
     ap: &mut *const f32,
+    (offsets, step): (&[usize; TILE_M], usize),
     bp: &mut (*const f32, *const f32),
     block_len: usize,
 ) -> [__m512; REGS] {
@@ -40,11 +42,11 @@ unsafe fn block(
             let b0 = _mm512_loadu_ps(bp.0);
             let b1 = _mm512_loadu_ps(bp.1);
             for r in 0..TILE_M {
-                let av = _mm512_set1_ps(*ap.add(r));
+                let av = _mm512_set1_ps(*ap.add(offsets[r]));
                 acc[2 * r] = _mm512_fmadd_ps(av, b0, acc[2 * r]);
                 acc[2 * r + 1] = _mm512_fmadd_ps(av, b1, acc[2 * r + 1]);
             }
-            *ap = ap.add(TILE_M);
+            *ap = ap.add(step);
             *bp = (bp.0.add(TILE_N), bp.1.add(TILE_N));
         }
     }
@@ -61,38 +63,35 @@ fn join(left: &[__m512; REGS], right: &mut [__m512; REGS]) {
 }
 
 /// `out0` and `out1` (`[TILE_M][TILE_N]` each) ← the canonical tree over `q` blocks of
-/// `block_len` of `tile_a` (`[q·block_len][TILE_M]`) times `panel0` and `panel1`
-/// (`[q·block_len][TILE_N]` each).
+/// `block_len` of `tile_a`'s rows times `panel0` and `panel1` (`[q·block_len][TILE_N]` each).
 ///
 /// # Safety
 /// The CPU must support AVX-512F ([`available`]).
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn tiles_f32(
-    tile_a: &[f32],
+    tile_a: &RowTile<'_, f32>,
     (panel0, panel1): (&[f32], &[f32]),
     q: usize,
     block_len: usize,
     (out0, out1): (&mut [f32; TILE_M * TILE_N], &mut [f32; TILE_M * TILE_N]),
 ) {
     let steps = q * block_len;
-    assert!(
-        tile_a.len() >= steps * TILE_M
-            && panel0.len() >= steps * TILE_N
-            && panel1.len() >= steps * TILE_N
-    );
+    tile_a.check(steps);
+    assert!(panel0.len() >= steps * TILE_N && panel1.len() >= steps * TILE_N);
     assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
-    let mut ap = tile_a.as_ptr();
+    let mut ap = tile_a.data.as_ptr();
+    let rows = (&tile_a.offsets, tile_a.step);
     let mut bp = (panel0.as_ptr(), panel1.as_ptr());
     let root = if q == 1 {
         // SAFETY: the asserts above keep every read inside the operands.
-        unsafe { block(&mut ap, &mut bp, block_len) }
+        unsafe { block(&mut ap, rows, &mut bp, block_len) }
     } else {
         // Level `l` (≥ 1) is written before it is read: the counter joins only levels it filled.
         let mut stack = [MaybeUninit::<[__m512; REGS]>::uninit(); PASS_LEVELS];
         for pair in 0..q / 2 {
             // SAFETY: as above.
-            let left = unsafe { block(&mut ap, &mut bp, block_len) };
-            let mut sum = unsafe { block(&mut ap, &mut bp, block_len) };
+            let left = unsafe { block(&mut ap, rows, &mut bp, block_len) };
+            let mut sum = unsafe { block(&mut ap, rows, &mut bp, block_len) };
             join(&left, &mut sum);
             // Pairs 0..=pair done: join while the counter carries.
             let mut level = 1;
