@@ -2,13 +2,12 @@
 //! the shapes of the GPT benchmark model (`tessera bench gpt-step`: 4 layers, width 256, 128
 //! tokens, batch 16, so 2,048 rows; `parallel.deterministic_blocks = 16`), f32, one thread.
 //!
-//! The two run in interleaved rounds (gemm, det, gemm, …) so both see the same machine load.
-//! Prints a Markdown table of GFLOP/s, median (10th percentile – best round), and the median of
-//! the per-round ratio det ÷ gemm.
+//! The two run in interleaved rounds (gemm, det, gemm, …) so both see the same machine load, and
+//! each is timed by the thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`), so time the thread spends
+//! descheduled on a shared machine is not counted. Prints a Markdown table of GFLOP/s, median
+//! (10th percentile – best round), and the median of the per-round ratio det ÷ gemm.
 //!
 //! Run: `cargo bench -p tessera-tensor --bench det_matmul [-- ROUNDS]` (default 30).
-
-use std::time::Instant;
 
 use tensor::kernels::{det, gemm, GemmShape};
 
@@ -36,6 +35,18 @@ const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> Ge
         trans_a,
         trans_b,
     }
+}
+
+/// Seconds of CPU time this thread has used.
+fn thread_cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 /// Deterministic values in [-0.5, 0.5).
@@ -75,16 +86,16 @@ fn main() {
         let reps = ((5e7 / flops) as usize).max(1);
         let (mut g, mut d, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
-            let start = Instant::now();
+            let start = thread_cpu_seconds();
             for _ in 0..reps {
                 gemm(s, 1.0, &a, &b, 0.0, &mut c).expect("valid shape");
             }
-            let tg = start.elapsed().as_secs_f64();
-            let start = Instant::now();
+            let tg = thread_cpu_seconds() - start;
+            let start = thread_cpu_seconds();
             for _ in 0..reps {
                 det::det_gemm(s, &a, &b, &mut c, block_len).expect("valid shape");
             }
-            let td = start.elapsed().as_secs_f64();
+            let td = thread_cpu_seconds() - start;
             g.push(flops * reps as f64 / tg / 1e9);
             d.push(flops * reps as f64 / td / 1e9);
             ratio.push(tg / td);
