@@ -171,7 +171,7 @@ impl<T: Float> Passes<'_, T> {
                     } else {
                         RowTile::in_place(self.a, k, (first, here), k0)
                     };
-                    let mut store = |p: usize, tile: &Tile<T>| {
+                    let store = |out: &mut [T], p: usize, tile: &Tile<T>| {
                         let cols = TILE_N.min(n - p * TILE_N);
                         for r in 0..here {
                             let at = (first + r) * n + p * TILE_N;
@@ -180,19 +180,35 @@ impl<T: Float> Passes<'_, T> {
                         }
                     };
                     if width == 2 {
-                        if let Some((t0, t1)) = tile_pair(
-                            &tile_a,
-                            (panel(pi), panel(pi + 1)),
-                            self.per_pass,
-                            self.block_len,
-                        ) {
-                            store(pi, &t0);
-                            store(pi + 1, &t1);
-                            continue;
+                        let (q, bl) = (self.per_pass, self.block_len);
+                        let panels = (panel(pi), panel(pi + 1));
+                        if here == TILE_M && (pi + 2) * TILE_N <= n {
+                            // A whole pair of tiles: summed straight into `out`.
+                            let at = first * n + pi * TILE_N;
+                            let end = at + (TILE_M - 1) * n + PAIR * TILE_N;
+                            if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n)) {
+                                continue;
+                            }
+                        } else {
+                            let mut pair = [T::ZERO; TILE_M * PAIR * TILE_N];
+                            if tile_pair(&tile_a, panels, (q, bl), (&mut pair, PAIR * TILE_N)) {
+                                for p in 0..PAIR {
+                                    let part: Tile<T> = std::array::from_fn(|e| {
+                                        let (r, c) = (e / TILE_N, e % TILE_N);
+                                        pair[r * PAIR * TILE_N + p * TILE_N + c]
+                                    });
+                                    store(out, pi + p, &part);
+                                }
+                                continue;
+                            }
                         }
                     }
                     for p in pi..pi + width {
-                        store(p, &tile(&tile_a, panel(p), self.per_pass, self.block_len));
+                        store(
+                            out,
+                            p,
+                            &tile(&tile_a, panel(p), self.per_pass, self.block_len),
+                        );
                     }
                 }
                 pi += width;
@@ -264,14 +280,15 @@ fn chunk_rows<T>(kc: usize) -> usize {
 const PAIR: usize = 2;
 
 /// The tiles of two neighbouring panels in one pass of the AVX-512 kernel, for `f32` on a CPU
-/// that has it; `None` otherwise (the caller sums the tiles one by one).
+/// that has it, written to `out` (`TILE_M` rows of `PAIR · TILE_N`, rows `ldc` apart); `false`
+/// otherwise (the caller sums the tiles one by one).
 #[inline(always)]
 fn tile_pair<T: Float>(
     tile_a: &RowTile<'_, T>,
     (panel0, panel1): (&[T], &[T]),
-    q: usize,
-    block_len: usize,
-) -> Option<(Tile<T>, Tile<T>)> {
+    (q, block_len): (usize, usize),
+    (out, ldc): (&mut [T], usize),
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if let (Some(a), Some(b0), Some(b1)) = (
@@ -280,30 +297,22 @@ fn tile_pair<T: Float>(
             same::<T, f32>(panel1),
         ) {
             if super::gemm_avx512::available() {
-                let mut out = ([0f32; TILE_M * TILE_N], [0f32; TILE_M * TILE_N]);
+                let out = same_mut::<T, f32>(out).expect("T is f32");
                 // SAFETY: the CPU supports the features the function is compiled for.
                 unsafe {
                     super::gemm_avx512::tiles_f32(
                         &tile_a.over(a),
                         (b0, b1),
-                        q,
-                        block_len,
-                        (&mut out.0, &mut out.1),
+                        (q, block_len),
+                        (out, ldc),
                     )
                 };
-                let mut tiles = ([T::ZERO; TILE_M * TILE_N], [T::ZERO; TILE_M * TILE_N]);
-                same_mut::<T, f32>(&mut tiles.0)
-                    .expect("T is f32")
-                    .copy_from_slice(&out.0);
-                same_mut::<T, f32>(&mut tiles.1)
-                    .expect("T is f32")
-                    .copy_from_slice(&out.1);
-                return Some(tiles);
+                return true;
             }
         }
     }
-    let _ = (tile_a, panel0, panel1, q, block_len);
-    None
+    let _ = (tile_a, panel0, panel1, q, block_len, out, ldc);
+    false
 }
 
 /// A register tile's sums, row-major `[TILE_M][TILE_N]`.
@@ -470,18 +479,29 @@ mod tests {
             );
             // The second panel of a pair: another B, so a swapped pair would show.
             let b1 = values(steps * TILE_N, 17 + block_len as u64);
-            if let Some((t0, t1)) = tile_pair(&a, (&b, &b1), q, block_len) {
-                assert_eq!(
-                    t0.map(f32::to_bits),
-                    portable.map(f32::to_bits),
-                    "pair, panel 0"
-                );
+            // Written with a wider row stride than the pair: the gap must stay untouched.
+            let ldc = PAIR * TILE_N + 3;
+            let mut out = vec![f32::NAN; (TILE_M - 1) * ldc + PAIR * TILE_N];
+            if tile_pair(&a, (&b, &b1), (q, block_len), (&mut out, ldc)) {
                 let portable1 = tile_sum(&a, &b1, q, block_len);
-                assert_eq!(
-                    t1.map(f32::to_bits),
-                    portable1.map(f32::to_bits),
-                    "pair, panel 1"
-                );
+                for r in 0..TILE_M {
+                    for (p, want) in [&portable, &portable1].into_iter().enumerate() {
+                        let got = &out[r * ldc + p * TILE_N..r * ldc + (p + 1) * TILE_N];
+                        assert_eq!(
+                            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            want[r * TILE_N..(r + 1) * TILE_N]
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .collect::<Vec<_>>(),
+                            "pair, panel {p}, row {r}"
+                        );
+                    }
+                    if r + 1 < TILE_M {
+                        assert!(out[r * ldc + PAIR * TILE_N..(r + 1) * ldc]
+                            .iter()
+                            .all(|x| x.is_nan()));
+                    }
+                }
             }
         }
     }

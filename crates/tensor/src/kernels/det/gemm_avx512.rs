@@ -62,8 +62,9 @@ fn join(left: &[__m512; REGS], right: &mut [__m512; REGS]) {
     }
 }
 
-/// `out0` and `out1` (`[TILE_M][TILE_N]` each) ← the canonical tree over `q` blocks of
-/// `block_len` of `tile_a`'s rows times `panel0` and `panel1` (`[q·block_len][TILE_N]` each).
+/// `out` (`TILE_M` rows of `2 · TILE_N`, rows `ldc` apart) ← the canonical tree over `q`
+/// blocks of `block_len` of `tile_a`'s rows times `panel0` (the left `TILE_N` columns) and
+/// `panel1` (the right ones), each `[q·block_len][TILE_N]`.
 ///
 /// # Safety
 /// The CPU must support AVX-512F ([`available`]).
@@ -71,9 +72,8 @@ fn join(left: &[__m512; REGS], right: &mut [__m512; REGS]) {
 pub(super) unsafe fn tiles_f32(
     tile_a: &RowTile<'_, f32>,
     (panel0, panel1): (&[f32], &[f32]),
-    q: usize,
-    block_len: usize,
-    (out0, out1): (&mut [f32; TILE_M * TILE_N], &mut [f32; TILE_M * TILE_N]),
+    (q, block_len): (usize, usize),
+    (out, ldc): (&mut [f32], usize),
 ) {
     let steps = q * block_len;
     tile_a.check(steps);
@@ -107,11 +107,12 @@ pub(super) unsafe fn tiles_f32(
         // SAFETY: after `q / 2` (a power of two) pairs the counter holds one subtree, at the top.
         unsafe { stack[q.trailing_zeros() as usize].assume_init_read() }
     };
+    assert!(ldc >= 2 * TILE_N && out.len() >= (TILE_M - 1) * ldc + 2 * TILE_N);
     for r in 0..TILE_M {
-        // SAFETY: each output holds TILE_M rows of TILE_N (16) floats.
+        // SAFETY: the assert above keeps both 16-float rows inside `out`.
         unsafe {
-            _mm512_storeu_ps(out0.as_mut_ptr().add(r * TILE_N), root[2 * r]);
-            _mm512_storeu_ps(out1.as_mut_ptr().add(r * TILE_N), root[2 * r + 1]);
+            _mm512_storeu_ps(out.as_mut_ptr().add(r * ldc), root[2 * r]);
+            _mm512_storeu_ps(out.as_mut_ptr().add(r * ldc + TILE_N), root[2 * r + 1]);
         }
     }
 }
