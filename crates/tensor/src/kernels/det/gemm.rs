@@ -14,6 +14,7 @@
 //! multiply-add, the same joins).
 
 use std::any::TypeId;
+use std::cell::RefCell;
 
 use super::{local_blocks, TreeStack};
 use crate::error::TensorError;
@@ -143,78 +144,78 @@ impl<T: Float> Passes<'_, T> {
         let GemmShape { m, n, k, .. } = self.shape;
         let kc = self.per_pass * self.block_len;
         let k0 = p * kc;
-        let panels = pack_b(self.b, k, n, self.shape.trans_b, k0, kc);
         let chunk_m = chunk_rows::<T>(kc);
         let panel_len = kc * TILE_N;
-        let n_panels = panels.len() / panel_len;
-        let panel = |p: usize| &panels[p * panel_len..(p + 1) * panel_len];
+        let n_panels = n.div_ceil(TILE_N);
         // A transposed `A` is packed: in place a tile's step would read a fresh cache line.
-        let mut packed_a = if self.shape.trans_a {
-            vec![T::ZERO; chunk_m * kc]
-        } else {
-            Vec::new()
-        };
-        let mut i0 = 0;
-        while i0 < m {
-            let rows = chunk_m.min(m - i0);
-            if self.shape.trans_a {
-                pack_a_columns(self.a, m, (i0, rows), (k0, kc), &mut packed_a);
-            }
-            let mut pi = 0;
-            while pi < n_panels {
-                let width = if pi + 1 < n_panels { PAIR } else { 1 };
-                for t in 0..rows.div_ceil(TILE_M) {
-                    let first = i0 + t * TILE_M;
-                    let here = TILE_M.min(rows - t * TILE_M);
-                    let tile_a = if self.shape.trans_a {
-                        RowTile::packed(&packed_a[t * kc * TILE_M..(t + 1) * kc * TILE_M])
-                    } else {
-                        RowTile::in_place(self.a, k, (first, here), k0)
-                    };
-                    let store = |out: &mut [T], p: usize, tile: &Tile<T>| {
-                        let cols = TILE_N.min(n - p * TILE_N);
-                        for r in 0..here {
-                            let at = (first + r) * n + p * TILE_N;
-                            out[at..at + cols]
-                                .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
-                        }
-                    };
-                    if width == 2 {
-                        let (q, bl) = (self.per_pass, self.block_len);
-                        let panels = (panel(pi), panel(pi + 1));
-                        if here == TILE_M && (pi + 2) * TILE_N <= n {
-                            // A whole pair of tiles: summed straight into `out`.
-                            let at = first * n + pi * TILE_N;
-                            let end = at + (TILE_M - 1) * n + PAIR * TILE_N;
-                            if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n)) {
-                                continue;
-                            }
-                        } else {
-                            let mut pair = [T::ZERO; TILE_M * PAIR * TILE_N];
-                            if tile_pair(&tile_a, panels, (q, bl), (&mut pair, PAIR * TILE_N)) {
-                                for p in 0..PAIR {
-                                    let part: Tile<T> = std::array::from_fn(|e| {
-                                        let (r, c) = (e / TILE_N, e % TILE_N);
-                                        pair[r * PAIR * TILE_N + p * TILE_N + c]
-                                    });
-                                    store(out, pi + p, &part);
-                                }
-                                continue;
-                            }
-                        }
-                    }
-                    for p in pi..pi + width {
-                        store(
-                            out,
-                            p,
-                            &tile(&tile_a, panel(p), self.per_pass, self.block_len),
-                        );
-                    }
+        let a_len = if self.shape.trans_a { chunk_m * kc } else { 0 };
+        with_scratch::<T, _>(n_panels * panel_len + a_len, |space| {
+            let (panels, packed_a) = space.split_at_mut(n_panels * panel_len);
+            pack_b(self.b, (k, n), self.shape.trans_b, (k0, kc), panels);
+            let panels = &*panels;
+            let panel = |p: usize| &panels[p * panel_len..(p + 1) * panel_len];
+            let mut i0 = 0;
+            while i0 < m {
+                let rows = chunk_m.min(m - i0);
+                if self.shape.trans_a {
+                    pack_a_columns(self.a, m, (i0, rows), (k0, kc), packed_a);
                 }
-                pi += width;
+                let mut pi = 0;
+                while pi < n_panels {
+                    let width = if pi + 1 < n_panels { PAIR } else { 1 };
+                    for t in 0..rows.div_ceil(TILE_M) {
+                        let first = i0 + t * TILE_M;
+                        let here = TILE_M.min(rows - t * TILE_M);
+                        let tile_a = if self.shape.trans_a {
+                            RowTile::packed(&packed_a[t * kc * TILE_M..(t + 1) * kc * TILE_M])
+                        } else {
+                            RowTile::in_place(self.a, k, (first, here), k0)
+                        };
+                        let store = |out: &mut [T], p: usize, tile: &Tile<T>| {
+                            let cols = TILE_N.min(n - p * TILE_N);
+                            for r in 0..here {
+                                let at = (first + r) * n + p * TILE_N;
+                                out[at..at + cols]
+                                    .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
+                            }
+                        };
+                        if width == 2 {
+                            let (q, bl) = (self.per_pass, self.block_len);
+                            let panels = (panel(pi), panel(pi + 1));
+                            if here == TILE_M && (pi + 2) * TILE_N <= n {
+                                // A whole pair of tiles: summed straight into `out`.
+                                let at = first * n + pi * TILE_N;
+                                let end = at + (TILE_M - 1) * n + PAIR * TILE_N;
+                                if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n)) {
+                                    continue;
+                                }
+                            } else {
+                                let mut pair = [T::ZERO; TILE_M * PAIR * TILE_N];
+                                if tile_pair(&tile_a, panels, (q, bl), (&mut pair, PAIR * TILE_N)) {
+                                    for p in 0..PAIR {
+                                        let part: Tile<T> = std::array::from_fn(|e| {
+                                            let (r, c) = (e / TILE_N, e % TILE_N);
+                                            pair[r * PAIR * TILE_N + p * TILE_N + c]
+                                        });
+                                        store(out, pi + p, &part);
+                                    }
+                                    continue;
+                                }
+                            }
+                        }
+                        for p in pi..pi + width {
+                            store(
+                                out,
+                                p,
+                                &tile(&tile_a, panel(p), self.per_pass, self.block_len),
+                            );
+                        }
+                    }
+                    pi += width;
+                }
+                i0 += rows;
             }
-            i0 += rows;
-        }
+        });
     }
 }
 
@@ -409,13 +410,20 @@ fn pack_a_columns<T: Float>(
     }
 }
 
-/// Rows `k0..k0 + kc` of `op(B)` (`[k, n]`) as column panels of [`TILE_N`]: panel `p` holds
-/// `[kc][TILE_N]` (zero-padded).
-fn pack_b<T: Float>(b: &[T], k: usize, n: usize, trans: bool, k0: usize, kc: usize) -> Vec<T> {
-    let n_panels = n.div_ceil(TILE_N);
-    let mut out = vec![T::ZERO; n_panels * kc * TILE_N];
+/// Rows `k0..k0 + kc` of `op(B)` (`[k, n]`) as column panels of [`TILE_N`] into `out`: panel
+/// `p` holds `[kc][TILE_N]` (zero-padded). Every element of `out` is written.
+fn pack_b<T: Float>(
+    b: &[T],
+    (k, n): (usize, usize),
+    trans: bool,
+    (k0, kc): (usize, usize),
+    out: &mut [T],
+) {
     for (p, panel) in out.chunks_exact_mut(kc * TILE_N).enumerate() {
         let cols = TILE_N.min(n - p * TILE_N);
+        if cols < TILE_N {
+            panel.fill(T::ZERO);
+        }
         if trans {
             // Column `cc` of the panel is a run of row `p·TILE_N + cc` of `B`: read it in order.
             for cc in 0..cols {
@@ -432,7 +440,31 @@ fn pack_b<T: Float>(b: &[T], k: usize, n: usize, trans: bool, k0: usize, kc: usi
             }
         }
     }
-    out
+}
+
+thread_local! {
+    /// Packing space the thread's products reuse, so a product does not fault in fresh pages.
+    static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` elements of this thread's packing space. The contents are stale: `f`
+/// must write every element before it reads it.
+fn with_scratch<T: Float, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut space) => {
+            if space.len() < words {
+                space.resize(words, 0);
+            }
+            // SAFETY: `T` is f32 or f64 (`Float` is sealed): plain data for which every bit
+            // pattern is a value, aligned at most to 8 as the `u64`s are; `words` covers `len`.
+            let view =
+                unsafe { std::slice::from_raw_parts_mut(space.as_mut_ptr().cast::<T>(), len) };
+            f(view)
+        }
+        // A product inside a product on this thread: a space of its own.
+        Err(_) => f(&mut vec![T::ZERO; len]),
+    })
 }
 
 #[cfg(test)]
