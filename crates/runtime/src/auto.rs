@@ -265,8 +265,10 @@ pub fn plan_model(
     model: &Model,
     gpt: Option<&GptConfig>,
 ) -> Result<PlanReport, RuntimeError> {
-    let profile = load_profile(&config.search().device_profile)?;
     let parallel = config.parallel_config();
+    // Every rank of the run shares a profile's `compute_slots` (its cores) when it has them.
+    let profile =
+        load_profile(&config.search().device_profile)?.for_ranks(parallel.effective_devices());
     let (devices, bubble_fraction) = stage_devices(&parallel);
     let budget = config
         .search()
