@@ -27,6 +27,11 @@ pub struct ProfileArgs {
     /// Cores the ranks share (`compute_slots`; default: the cores this process may use).
     #[arg(long)]
     cores: Option<usize>,
+    /// Time each kernel as the mean of back-to-back calls over 0.2 s (the rate this process
+    /// sustains on the machine as loaded now, other work's share of the cores included)
+    /// instead of its best call (the rate of an idle core).
+    #[arg(long)]
+    sustained: bool,
     /// Device memory to record, GiB (the plan's limit; default: this machine's 24 GiB).
     #[arg(long, default_value_t = 24)]
     memory_gib: u64,
@@ -43,13 +48,32 @@ fn best_of(reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Re
     Ok(best)
 }
 
+/// Seconds of one call of `f`: the best of `reps` calls, or with `sustained` the mean of calls
+/// back to back over at least 0.2 s.
+fn time_call(
+    sustained: bool,
+    reps: usize,
+    mut f: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    if !sustained {
+        return best_of(reps, f);
+    }
+    let start = Instant::now();
+    let mut calls = 0u32;
+    while calls == 0 || start.elapsed().as_secs_f64() < 0.2 {
+        f()?;
+        calls += 1;
+    }
+    Ok(start.elapsed().as_secs_f64() / f64::from(calls))
+}
+
 /// FLOP/s of an `n × n × n` f32 product.
-fn matmul_rate(n: usize) -> anyhow::Result<(f64, f64)> {
+fn matmul_rate(n: usize, sustained: bool) -> anyhow::Result<(f64, f64)> {
     let a = Tensor::zeros(DType::F32, &[n, n]);
     let b = Tensor::zeros(DType::F32, &[n, n]);
     let flops = 2.0 * (n as f64).powi(3);
     let reps = (2e9 / flops).clamp(3.0, 200.0) as usize;
-    let t = best_of(reps, || {
+    let t = time_call(sustained, reps, || {
         tensor::kernels::matmul::matmul(&a, &b, false, false)?;
         Ok(())
     })?;
@@ -59,7 +83,7 @@ fn matmul_rate(n: usize) -> anyhow::Result<(f64, f64)> {
 /// Seconds of an all-reduce of `elements` f32 over `ranks` local ranks: `reps` all-reduces
 /// back to back after one barrier, the slowest rank's mean. Not the best of single timed
 /// calls after a barrier each: when rank threads outnumber the cores (or other work shares
-/// them), each collective also waits for descheduled peers, as it does in a training step.
+/// them), each collective also waits for descheduled peers.
 fn all_reduce_time(ranks: usize, elements: usize, reps: usize) -> anyhow::Result<f64> {
     let cluster = LocalCluster::new(ranks)?;
     let times = cluster.run(|comm| {
@@ -107,7 +131,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     }
     let mut matmul = Vec::new();
     for (i, n) in [32usize, 128, 512].into_iter().enumerate() {
-        let (flops, rate) = matmul_rate(n)?;
+        let (flops, rate) = matmul_rate(n, args.sustained)?;
         println!("matmul {n}×{n}×{n}: {:.2} GFLOP/s", rate / 1e9);
         // Class i applies from half this product's size up (the first from 0).
         let min_flops = if i == 0 { 0.0 } else { flops / 2.0 };
@@ -119,7 +143,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let bytes = 64usize << 20;
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
-    let t = best_of(5, || {
+    let t = time_call(args.sustained, 5, || {
         dst.copy_from_slice(&src);
         std::hint::black_box(&dst);
         Ok(())
