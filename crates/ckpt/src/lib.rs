@@ -212,6 +212,7 @@ mod merge_stages;
 mod mmap;
 mod ms_ckpt;
 mod ms_strategy;
+mod op_layout_value;
 mod op_strategy_file;
 mod plan;
 mod progress;

@@ -121,9 +121,15 @@ pub struct OpStrategyRecord {
     pub stage: usize,
     /// One split tuple per input (`shard`'s `in_strategy`).
     pub inputs: Vec<Vec<usize>>,
-    /// One split tuple per output, when an `out_strategy` was set. Only Tessera JSON records
-    /// it; MindSpore's files have no place for it.
+    /// One split tuple per output, when an `out_strategy` was set. Tessera JSON and MindSpore's
+    /// operator strategy file record it; MindSpore's parameter strategy file has no place for it.
     pub outputs: Option<Vec<Vec<usize>>>,
+    /// One layout per input when the in_strategy is layout-valued (`inputs` are then their
+    /// split factors); only MindSpore's operator strategy file records them.
+    pub in_layouts: Option<Vec<layout::Layout>>,
+    /// One layout per output when the out_strategy is layout-valued (`outputs` are then their
+    /// split factors).
+    pub out_layouts: Option<Vec<layout::Layout>>,
 }
 
 impl OpStrategyRecord {
@@ -138,6 +144,8 @@ impl OpStrategyRecord {
                 .map(|t| t.iter().map(|&f| f as usize).collect())
                 .collect(),
             outputs: None,
+            in_layouts: None,
+            out_layouts: None,
         }
     }
 

@@ -149,6 +149,8 @@ fn op_record(op: &Json) -> std::result::Result<OpStrategyRecord, String> {
         stage,
         inputs,
         outputs,
+        in_layouts: None,
+        out_layouts: None,
     })
 }
 

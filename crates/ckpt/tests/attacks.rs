@@ -484,12 +484,16 @@ fn op_strategies_round_trip_through_every_flavour() {
             stage: 0,
             inputs: vec![vec![2, 4], vec![4, 1]],
             outputs: Some(vec![vec![8, 1]]),
+            in_layouts: None,
+            out_layouts: None,
         },
         ckpt::OpStrategyRecord {
             name: "relu1".into(),
             stage: 0,
             inputs: vec![vec![4, 1]],
             outputs: None,
+            in_layouts: None,
+            out_layouts: None,
         },
     ];
     for (file, flavour) in [

@@ -2,6 +2,7 @@
 //! rule each bad file breaks.
 
 use ckpt::{read_operator_strategy_file, write_operator_strategy_file, OpStrategyRecord};
+use layout::{DimSpec, Layout};
 use proptest::prelude::*;
 
 fn record(
@@ -14,6 +15,8 @@ fn record(
         stage: 0,
         inputs,
         outputs,
+        in_layouts: None,
+        out_layouts: None,
     }
 }
 
@@ -83,8 +86,8 @@ fn bad_files_name_the_rule_broken() {
             "\"parallel_strategy\" must be a list",
         ),
         (
-            r#"{"parallel_strategy_item":{},"parallel_layout_value_item":{}}"#,
-            "layout-form",
+            r#"{"parallel_strategy_item":{},"parallel_newshape_layout_value_item":{}}"#,
+            "reshaped inputs are not supported",
         ),
         (
             r#"{"parallel_strategy_item":{},"parallel_out_strategy_item":{"x":{"parallel_strategy":[[1]]}}}"#,
@@ -97,5 +100,172 @@ fn bad_files_name_the_rule_broken() {
         std::fs::write(&path, text).unwrap();
         let err = read_operator_strategy_file(&path).unwrap_err().to_string();
         assert!(err.contains(rule) && err.contains("bad"), "{text}: {err}");
+    }
+}
+
+/// `Layout((2, 2, 2), ("dp", "sp", "mp"))(entries…)`.
+fn lay(entries: &[&str]) -> Layout {
+    let base = Layout::new(&[2, 2, 2], &["dp", "sp", "mp"], None).unwrap();
+    let specs: Vec<DimSpec> = entries.iter().map(|e| DimSpec::parse(e)).collect();
+    base.apply(&specs).unwrap()
+}
+
+/// One layout-form input as MindSpore writes it (`to_json_layout_value_tuple_item` in
+/// `strategy_checkpoint_info.cc`): axis numbers counted from the right of the device matrix.
+fn ms_layout(tensor_map: &str) -> String {
+    format!(
+        r#"{{"alias_name":["dp","sp","mp"],"dev_matrix":[2,2,2],"interleaved_parallel":false,"tensor_map":{tensor_map}}}"#
+    )
+}
+
+/// A hand-written file with MindSpore's layout-form entries: `matmul1.shard(in_strategy=(
+/// layout(("dp", "sp"), "None"), layout("None", "mp")), out_strategy=(layout(("dp", "sp", "mp"),
+/// "None"),))` and a tuple-form `relu1`. nlohmann's JSON orders the input keys as strings, so
+/// input "1" may come before "0".
+#[test]
+fn a_mindspore_layout_entry_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("strategy.json");
+    let text = format!(
+        r#"{{"current_stage":0,"parallel_strategy_item":{{"relu1":{{"parallel_strategy":[[8,1]],"stage":0}}}},
+        "parallel_layout_value_item":{{"matmul1":{{"1":{},"0":{}}}}},
+        "parallel_out_layout_value_item":{{"matmul1":{{"0":{}}}}}}}"#,
+        ms_layout("[[-1],[0]]"),
+        ms_layout("[[2,1],[-1]]"),
+        ms_layout("[[2,1,0],[-1]]"),
+    );
+    std::fs::write(&path, text).unwrap();
+    let records = read_operator_strategy_file(&path).unwrap();
+    let mut want = record(
+        "matmul1",
+        vec![vec![4, 1], vec![1, 2]],
+        Some(vec![vec![8, 1]]),
+    );
+    want.in_layouts = Some(vec![lay(&["dp+sp", "None"]), lay(&["None", "mp"])]);
+    want.out_layouts = Some(vec![lay(&["dp+sp+mp", "None"])]);
+    assert_eq!(records, vec![record("relu1", vec![vec![8, 1]], None), want]);
+}
+
+/// Layout-valued records are written as layout-form entries and read back equal, beside
+/// tuple-valued ones.
+#[test]
+fn layout_records_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ops.json");
+    let mut matmul = record(
+        "matmul1",
+        vec![vec![2, 1], vec![1, 4]],
+        Some(vec![vec![2, 1]]),
+    );
+    matmul.in_layouts = Some(vec![lay(&["sp", "None"]), lay(&["None", "dp+mp"])]);
+    let mut out_only = record(
+        "matmul2",
+        vec![vec![2, 4], vec![4, 1]],
+        Some(vec![vec![1, 8]]),
+    );
+    out_only.out_layouts = Some(vec![lay(&["None", "mp+sp+dp"])]);
+    matmul.out_layouts = Some(vec![lay(&["mp", "None"])]);
+    // In name order, as read back sorted below.
+    let records = vec![matmul, out_only, record("relu1", vec![vec![8, 1]], None)];
+    write_operator_strategy_file(&path, &records).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("parallel_layout_value_item")
+            && text.contains("parallel_out_layout_value_item")
+    );
+    let mut read = read_operator_strategy_file(&path).unwrap();
+    read.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(read, records);
+}
+
+#[test]
+fn bad_layout_entries_name_the_op_and_the_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |layouts: &str| {
+        format!(r#"{{"current_stage":0,"parallel_layout_value_item":{{"matmul1":{layouts}}}}}"#)
+    };
+    let good = ms_layout("[[2],[-1]]");
+    let cases = [
+        (entry("[]"), "must be an object of input index"),
+        (
+            entry(&format!(r#"{{"1":{good}}}"#)),
+            "must be an input index",
+        ),
+        (
+            entry(&format!(r#"{{"0":{good},"01":{good}}}"#)),
+            "must be an input index",
+        ),
+        (
+            entry(
+                r#"{"0":{"dev_matrix":[2,2,2],"tensor_map":[[2]],"alias_name":["dp","sp","mp"]}}"#,
+            ),
+            "missing \"interleaved_parallel\"",
+        ),
+        (
+            entry(&format!(r#"{{"0":{}}}"#, ms_layout("[[3],[-1]]"))),
+            "from 0 to 2",
+        ),
+        (
+            entry(&format!(r#"{{"0":{}}}"#, ms_layout("[[2],[2]]"))),
+            "tensor_map",
+        ),
+        (
+            entry(&format!(r#"{{"0":{}}}"#, ms_layout("[[],[-1]]"))),
+            "[-1] or a non-empty list",
+        ),
+        (
+            entry(
+                r#"{"0":{"dev_matrix":[2,0],"tensor_map":[[1]],"interleaved_parallel":false,"alias_name":["dp","mp"]}}"#,
+            ),
+            "axis size",
+        ),
+        (
+            entry(
+                r#"{"0":{"dev_matrix":[2,2],"tensor_map":[[1]],"interleaved_parallel":false,"alias_name":["dp"]}}"#,
+            ),
+            "alias",
+        ),
+        (
+            entry(
+                r#"{"0":{"dev_matrix":[2,2],"tensor_map":[[1]],"interleaved_parallel":true,"alias_name":["dp","interleaved_parallel"]}}"#,
+            ),
+            "not supported",
+        ),
+        (
+            entry(
+                r#"{"0":{"dev_matrix":[2,2],"tensor_map":[[1]],"interleaved_parallel":true,"alias_name":["dp","mp"]}}"#,
+            ),
+            "lacks",
+        ),
+        (
+            entry(
+                r#"{"0":{"dev_matrix":[2],"tensor_map":[[0]],"interleaved_parallel":false,"alias_name":["dp"],"rank_list":[0,1]}}"#,
+            ),
+            "unknown key \"rank_list\"",
+        ),
+        (
+            format!(
+                r#"{{"parallel_strategy_item":{{"matmul1":{{"stage":0,"parallel_strategy":[[4,1]]}}}},"parallel_layout_value_item":{{"matmul1":{{"0":{good}}}}}}}"#
+            ),
+            "disagree",
+        ),
+        (
+            format!(
+                r#"{{"parallel_strategy_item":{{}},"parallel_out_layout_value_item":{{"matmul1":{{"0":{good}}}}}}}"#
+            ),
+            "no in_strategy",
+        ),
+    ];
+    for (i, (text, rule)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad{i}.json"));
+        std::fs::write(&path, text).unwrap();
+        let err = read_operator_strategy_file(&path).unwrap_err().to_string();
+        assert!(
+            err.contains(rule) && err.contains(&format!("bad{i}")),
+            "{text}: {err}"
+        );
+        if !rule.contains("in_strategy") {
+            assert!(err.contains("matmul1"), "{text}: {err}");
+        }
     }
 }

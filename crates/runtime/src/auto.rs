@@ -47,6 +47,19 @@ pub struct PlanReport {
     pub n_classes: usize,
     /// Where the strategies came from when not searched.
     pub loaded_from: Option<PathBuf>,
+    /// The layout-valued strategies of a loaded operator strategy file, by op name: the
+    /// layouts of its inputs and, when given, of its outputs. `strategies` holds their split
+    /// factors.
+    pub layouts: BTreeMap<String, LoadedLayouts>,
+}
+
+/// The layouts a loaded operator strategy file gives one op.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedLayouts {
+    /// One layout per input, when the in_strategy is layout-valued.
+    pub inputs: Option<Vec<layout::Layout>>,
+    /// One layout per output, when the out_strategy is layout-valued.
+    pub outputs: Option<Vec<layout::Layout>>,
 }
 
 impl PlanReport {
@@ -68,11 +81,19 @@ impl PlanReport {
     pub fn records(&self) -> Vec<OpStrategyRecord> {
         self.strategies
             .iter()
-            .map(|(name, inputs)| OpStrategyRecord {
-                name: name.clone(),
-                stage: 0,
-                inputs: inputs.clone(),
-                outputs: None,
+            .map(|(name, inputs)| {
+                let layouts = self.layouts.get(name);
+                let out_layouts = layouts.and_then(|l| l.outputs.clone());
+                OpStrategyRecord {
+                    name: name.clone(),
+                    stage: 0,
+                    inputs: inputs.clone(),
+                    outputs: out_layouts
+                        .as_ref()
+                        .map(|o| o.iter().map(layout::Layout::split_factors).collect()),
+                    in_layouts: layouts.and_then(|l| l.inputs.clone()),
+                    out_layouts,
+                }
             })
             .collect()
     }
@@ -244,8 +265,10 @@ pub fn plan_model(
     model: &Model,
     gpt: Option<&GptConfig>,
 ) -> Result<PlanReport, RuntimeError> {
-    let profile = load_profile(&config.search().device_profile)?;
     let parallel = config.parallel_config();
+    // Every rank of the run shares a profile's `compute_slots` (its cores) when it has them.
+    let profile =
+        load_profile(&config.search().device_profile)?.for_ranks(parallel.effective_devices());
     let (devices, bubble_fraction) = stage_devices(&parallel);
     let budget = config
         .search()
@@ -261,7 +284,10 @@ pub fn plan_model(
         hints: BTreeMap::new(),
         time_budget: None,
     };
-    let costed = |mode: String, strategies: BTreeMap<String, Vec<Vec<usize>>>, from| {
+    let costed = |mode: String,
+                  strategies: BTreeMap<String, Vec<Vec<usize>>>,
+                  from,
+                  layouts: BTreeMap<String, LoadedLayouts>| {
         let cost = evaluate_strategies(&model.graph, &request, &strategies)?;
         let strategies = model
             .graph
@@ -283,21 +309,31 @@ pub fn plan_model(
             n_ops: 0,
             n_classes: 0,
             loaded_from: from,
+            layouts,
         })
     };
     let mode = match parallel.mode {
         ParallelMode::Auto(mode) => mode,
         other => {
             let configured = configured_strategies(config, model, gpt, parallel.clone())?;
-            return costed(other.name().to_string(), configured, None);
+            return costed(other.name().to_string(), configured, None, BTreeMap::new());
         }
     };
     if let Some(path) = &config.search().load_operator_strategy_file {
-        let loaded = load_strategies(path, model)?
-            .into_iter()
-            .map(|r| (r.name, r.inputs))
+        let records = load_strategies(path, model)?;
+        let layouts = records
+            .iter()
+            .filter(|r| r.in_layouts.is_some() || r.out_layouts.is_some())
+            .map(|r| {
+                let loaded = LoadedLayouts {
+                    inputs: r.in_layouts.clone(),
+                    outputs: r.out_layouts.clone(),
+                };
+                (r.name.clone(), loaded)
+            })
             .collect();
-        return costed(mode.name().to_string(), loaded, Some(path.clone()));
+        let loaded = records.into_iter().map(|r| (r.name, r.inputs)).collect();
+        return costed(mode.name().to_string(), loaded, Some(path.clone()), layouts);
     }
     let start = Instant::now();
     let result = run_search(config, model, gpt, &parallel, mode, &profile, devices)?;
@@ -314,6 +350,7 @@ pub fn plan_model(
         n_ops: result.n_ops,
         n_classes: result.n_classes,
         loaded_from: None,
+        layouts: BTreeMap::new(),
     })
 }
 
@@ -371,9 +408,17 @@ pub(crate) fn apply_search(
         ckpt::write_operator_strategy_file(path, &report.records())?;
     }
     for (name, inputs) in report.strategies {
-        parallel
-            .strategies
-            .insert(name, OpStrategy::from_tuples(inputs, None));
+        let layouts = report.layouts.get(&name).cloned();
+        let (ins, outs) = layouts.map_or((None, None), |l| (l.inputs, l.outputs));
+        let strategy = match ins {
+            Some(layouts) => OpStrategy::from_layouts(layouts, None),
+            None => OpStrategy::from_tuples(inputs, None),
+        };
+        let strategy = match outs {
+            Some(layouts) => strategy.with_out_layouts(layouts),
+            None => strategy,
+        };
+        parallel.strategies.insert(name, strategy);
     }
     Ok(())
 }

@@ -15,11 +15,22 @@
 //! [inter_node]
 //! alpha = 1.0e-5
 //! bandwidth = 5.0e9
+//! compute_slots = 2              # optional: cores the rank threads share
+//! [[local_link]]                 # optional: α–β on the local backend, ascending ranks
+//! ranks = 8
+//! alpha = 3.0e-4
+//! bandwidth = 2.0e8
 //! ```
+//!
+//! With `compute_slots`, the profile is one machine running every rank as a thread: a plan for
+//! more ranks than cores slows compute by the ranks per core, and its collectives use the
+//! `[[local_link]]` measured with the nearest rank count at or above the run's
+//! (`DeviceProfile::for_ranks`).
 
 use std::path::Path;
 
-use parallel::search::{DeviceProfile, Link, MatmulRate};
+use parallel::search::cost::{MAX_COMPUTE_SLOTS, MAX_LOCAL_LINKS};
+use parallel::search::{DeviceProfile, Link, LocalLink, MatmulRate};
 use toml::{Table, Value};
 
 use crate::error::RuntimeError;
@@ -48,6 +59,70 @@ fn number(path: &Path, table: &Table, key: &str, prefix: &str) -> Result<f64, Ru
         )),
         None => Err(bad(path, &format!("{prefix}{key}"), "missing")),
     }
+}
+
+/// A whole number at `key` (`prefix` names its table), within `range`.
+fn whole(
+    path: &Path,
+    table: &Table,
+    key: &str,
+    prefix: &str,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, RuntimeError> {
+    let v = number(path, table, key, prefix)?;
+    if v.fract() != 0.0 || v < *range.start() as f64 || v > *range.end() as f64 {
+        return Err(bad(
+            path,
+            &format!("{prefix}{key}"),
+            format!(
+                "{v} is not a whole number between {} and {}",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(v as usize)
+}
+
+/// The optional `[[local_link]]` measurements.
+fn local_links(path: &Path, root: &Table) -> Result<Vec<LocalLink>, RuntimeError> {
+    let Some(value) = root.get("local_link") else {
+        return Ok(Vec::new());
+    };
+    let items = value.as_array().ok_or_else(|| {
+        bad(
+            path,
+            "local_link",
+            "expected an array of [[local_link]] tables",
+        )
+    })?;
+    if items.len() > MAX_LOCAL_LINKS {
+        return Err(bad(
+            path,
+            "local_link",
+            format!(
+                "{} measurements is over the limit of {MAX_LOCAL_LINKS}",
+                items.len()
+            ),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let prefix = format!("local_link[{i}].");
+            let table = item
+                .as_table()
+                .ok_or_else(|| bad(path, &format!("local_link[{i}]"), "expected a table"))?;
+            Ok(LocalLink {
+                ranks: whole(path, table, "ranks", &prefix, 2..=MAX_COMPUTE_SLOTS)?,
+                link: Link {
+                    alpha: number(path, table, "alpha", &prefix)?,
+                    bandwidth: number(path, table, "bandwidth", &prefix)?,
+                },
+            })
+        })
+        .collect()
 }
 
 fn link(path: &Path, root: &Table, key: &str) -> Result<Link, RuntimeError> {
@@ -135,6 +210,17 @@ pub fn read(path: &Path) -> Result<DeviceProfile, RuntimeError> {
         devices_per_node: devices_per_node as usize,
         intra_node: link(path, &root, "intra_node")?,
         inter_node: link(path, &root, "inter_node")?,
+        compute_slots: match root.get("compute_slots") {
+            None => None,
+            Some(_) => Some(whole(
+                path,
+                &root,
+                "compute_slots",
+                "",
+                1..=MAX_COMPUTE_SLOTS,
+            )?),
+        },
+        local_links: local_links(path, &root)?,
     };
     profile
         .validate()
@@ -148,6 +234,9 @@ pub fn to_toml(profile: &DeviceProfile) -> String {
         "name = {:?}\nmemory_bandwidth = {:e}\nmemory_bytes = {}\ndevices_per_node = {}\n",
         profile.name, profile.memory_bandwidth, profile.memory_bytes, profile.devices_per_node
     );
+    if let Some(slots) = profile.compute_slots {
+        out.push_str(&format!("compute_slots = {slots}\n"));
+    }
     for m in &profile.matmul {
         out.push_str(&format!(
             "\n[[matmul]]\nmin_flops = {:e}\nflops_per_s = {:e}\n",
@@ -163,5 +252,95 @@ pub fn to_toml(profile: &DeviceProfile) -> String {
             l.alpha, l.bandwidth
         ));
     }
+    for l in &profile.local_links {
+        out.push_str(&format!(
+            "\n[[local_link]]\nranks = {}\nalpha = {:e}\nbandwidth = {:e}\n",
+            l.ranks, l.link.alpha, l.link.bandwidth
+        ));
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "memory_bandwidth = 1e10\nmemory_bytes = 1073741824\ndevices_per_node = 2\n";
+    const TABLES: &str = "[[matmul]]\nmin_flops = 0.0\nflops_per_s = 1e10\n\
+        [intra_node]\nalpha = 1e-5\nbandwidth = 1e9\n[inter_node]\nalpha = 1e-5\nbandwidth = 1e9\n";
+
+    fn read_text(text: &str) -> Result<DeviceProfile, RuntimeError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cpu.toml");
+        std::fs::write(&path, text).unwrap();
+        read(&path)
+    }
+
+    #[test]
+    fn cores_and_local_links_round_trip() {
+        let text = format!(
+            "{BASE}compute_slots = 2\n{TABLES}[[local_link]]\nranks = 2\nalpha = 2e-5\nbandwidth = 2e9\n\
+             [[local_link]]\nranks = 8\nalpha = 3e-4\nbandwidth = 2e8\n"
+        );
+        let p = read_text(&text).unwrap();
+        assert_eq!(p.compute_slots, Some(2));
+        assert_eq!(p.local_links.len(), 2);
+        assert_eq!(p.local_links[1].ranks, 8);
+        assert_eq!(read_text(&to_toml(&p)).unwrap(), p);
+        let plain = read_text(&format!("{BASE}{TABLES}")).unwrap();
+        assert_eq!((plain.compute_slots, plain.local_links.len()), (None, 0));
+    }
+
+    #[test]
+    fn bad_cores_and_local_links_name_the_key() {
+        let cases = [
+            (
+                format!("{BASE}compute_slots = 0\n{TABLES}"),
+                "(compute_slots)",
+                "between 1 and",
+            ),
+            (
+                format!("{BASE}compute_slots = 1.5\n{TABLES}"),
+                "(compute_slots)",
+                "whole number",
+            ),
+            (
+                format!("{BASE}compute_slots = \"two\"\n{TABLES}"),
+                "(compute_slots)",
+                "expected a number",
+            ),
+            (
+                format!("{BASE}{TABLES}[[local_link]]\nranks = 1\nalpha = 0\nbandwidth = 1e9\n"),
+                "(local_link[0].ranks)",
+                "between 2 and",
+            ),
+            (
+                format!(
+                    "{BASE}{TABLES}[[local_link]]\nranks = 8\nalpha = 0\nbandwidth = 1e9\n\
+                         [[local_link]]\nranks = 2\nalpha = 0\nbandwidth = 1e9\n"
+                ),
+                "(local_link[1].ranks)",
+                "ascend",
+            ),
+            (
+                format!("{BASE}{TABLES}[[local_link]]\nranks = 2\nalpha = -1\nbandwidth = 1e9\n"),
+                "(local_link[0].alpha)",
+                "≥ 0",
+            ),
+            (
+                format!("{BASE}{TABLES}[[local_link]]\nranks = 2\nalpha = 0\n"),
+                "(local_link[0].bandwidth)",
+                "missing",
+            ),
+            (
+                format!("{BASE}local_link = 3\n{TABLES}"),
+                "(local_link)",
+                "expected an array",
+            ),
+        ];
+        for (text, key, rule) in cases {
+            let err = read_text(&text).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(rule), "{text}: {err}");
+        }
+    }
 }

@@ -58,7 +58,7 @@ mod shard_fn;
 mod shared;
 mod trainer;
 
-pub use crate::auto::{build_model, load_profile, plan, plan_model, PlanReport};
+pub use crate::auto::{build_model, load_profile, plan, plan_model, LoadedLayouts, PlanReport};
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,

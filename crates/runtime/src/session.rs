@@ -635,6 +635,8 @@ impl Session {
                         .out_layouts
                         .as_ref()
                         .map(|outs| outs.iter().map(|l| l.split_factors()).collect()),
+                    in_layouts: None,
+                    out_layouts: None,
                 }),
                 _ => None,
             })

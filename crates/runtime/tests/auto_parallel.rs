@@ -179,3 +179,65 @@ fn plan_reports_the_step_and_memory_of_its_strategies() {
         megatron.step_ms()
     );
 }
+
+/// A hand-written MindSpore layout-form entry (`parallel_layout_value_item`, the format of
+/// `StrategyCheckpointInfo::to_json_layout_value_tuple_item` and
+/// `StrategyJsonInfo::LayoutFromJson` in MindSpore's `strategy_checkpoint_info.cc`) loads as
+/// the layouts it names: the run places and trains exactly as the same layouts given in
+/// `[parallel.shard]`, and the file it saves holds the entry again.
+#[test]
+fn a_mindspore_layout_entry_loads_like_the_configured_layouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    // layout = Layout((2, 2), ("dp", "mp")); matmul1.shard((layout("mp", "None"),
+    // layout("None", "dp"))): "mp" is axis 0 from the right, "dp" axis 1. Split tuples
+    // ([[2, 1], [1, 2]]) would put the batch on the outer axis instead.
+    let file = tmp.path().join("ms_ops.json");
+    std::fs::write(
+        &file,
+        r#"{"current_stage": 0, "parallel_layout_value_item": {"matmul1": {
+            "0": {"alias_name": ["dp", "mp"], "dev_matrix": [2, 2], "interleaved_parallel": false, "tensor_map": [[0], [-1]]},
+            "1": {"alias_name": ["dp", "mp"], "dev_matrix": [2, 2], "interleaved_parallel": false, "tensor_map": [[-1], [1]]}}}}"#,
+    )
+    .unwrap();
+    let configured = run_util::seed_mlp(
+        &tmp.path().join("config"),
+        "momentum",
+        "devices = 4\nmode = \"semi_auto\"\n[parallel.mesh]\ndevice_matrix = [2, 2]\n\
+         alias_name = [\"dp\", \"mp\"]\n[parallel.shard]\nmatmul1 = [[\"mp\", \"None\"], [\"None\", \"dp\"]]",
+        &[],
+    );
+    let (want, want_run) = run_util::train_run(&configured, 20);
+    let saved = tmp.path().join("saved.json");
+    let loading = run_util::seed_mlp(
+        &tmp.path().join("load"),
+        "momentum",
+        &format!(
+            "devices = 4\nmode = \"dynamic_programming\"\nload_operator_strategy_file = \"{}\"\n\
+             save_operator_strategy_file = \"{}\"",
+            file.display(),
+            saved.display()
+        ),
+        &[],
+    );
+    let (got, got_run) = train_searched(&loading);
+    let placed = |s: &Session| {
+        s.train
+            .placed
+            .nodes
+            .iter()
+            .map(|n| (n.strategy.clone(), n.inputs.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(placed(&got), placed(&want));
+    run_util::assert_same_run("layout entry", &got_run, &want_run, 1e-6);
+    let read = |p: &std::path::Path| {
+        ckpt::read_operator_strategy_file(p)
+            .unwrap()
+            .into_iter()
+            .find(|r| r.name == "matmul1")
+            .unwrap()
+    };
+    let (loaded, resaved) = (read(&file), read(&saved));
+    assert!(resaved.in_layouts.is_some(), "saved as a layout entry");
+    assert_eq!(resaved, loaded);
+}

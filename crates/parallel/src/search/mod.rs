@@ -40,7 +40,7 @@ use crate::rules::{strategy, OpContext};
 
 pub use crate::search::anchors::{anchored_strategies, Anchor};
 pub use crate::search::candidates::{batch_splits, candidates};
-pub use crate::search::cost::{DeviceProfile, Link, MatmulRate, ProfileError};
+pub use crate::search::cost::{DeviceProfile, Link, LocalLink, MatmulRate, ProfileError};
 pub use crate::search::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
 pub use crate::search::exhaustive::{brute_force, MAX_COMBINATIONS};
 pub use crate::search::footprint::{plan_memory, MemoryEstimate};

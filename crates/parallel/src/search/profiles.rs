@@ -53,6 +53,8 @@ pub fn built_in(name: &str) -> Option<DeviceProfile> {
                 alpha: 6e-6,
                 bandwidth: 0.8 * 50e9,
             },
+            compute_slots: None,
+            local_links: Vec::new(),
         }),
         "ascend910b-hccs-roce" => Some(DeviceProfile {
             name: name.to_string(),
@@ -68,6 +70,8 @@ pub fn built_in(name: &str) -> Option<DeviceProfile> {
                 alpha: 10e-6,
                 bandwidth: 0.8 * 25e9,
             },
+            compute_slots: None,
+            local_links: Vec::new(),
         }),
         _ => None,
     }
