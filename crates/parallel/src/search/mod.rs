@@ -9,7 +9,7 @@
 //!   choices. Forward and backward are both counted: an op's backward runs on its device
 //!   matrix, so its cost follows from the forward choice.
 //! - [`search`] solves it with one of three algorithms ([`SearchMode`]): sharding propagation,
-//!   recursive bisection, or dynamic programming by graph elimination (exact on
+//!   recursive bisection (forking over the order of batch and model halvings), or dynamic programming by graph elimination (exact on
 //!   series-parallel graphs, otherwise approximate with a reported gap). All keep the memory
 //!   per device under the budget, or fail naming the least memory that would do.
 //!
@@ -29,6 +29,7 @@ mod footprint;
 mod greedy;
 mod problem;
 pub mod profiles;
+mod recursive;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -155,7 +156,7 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
         SearchMode::ShardingPropagation => {
             (greedy::propagate(&problem, &seeds(graph, &problem)), false)
         }
-        SearchMode::RecursiveProgramming => (greedy::recursive(&problem), false),
+        SearchMode::RecursiveProgramming => (recursive::recursive(&problem, budget), false),
         SearchMode::DynamicProgramming => lagrangian(&problem, budget, deadline),
     };
     budget::repair(&problem, &mut choice, budget);
