@@ -144,6 +144,9 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
             r.n_classes,
             match r.gap {
                 None => "optimal under the cost model".to_string(),
+                Some(g) if g.is_nan() => {
+                    "pipeline stages cut by balanced layer times, each stage searched on its own (no optimality bound)".to_string()
+                }
                 Some(g) => format!("optimality gap at most {:.1} %", g * 100.0),
             }
         )),
@@ -169,6 +172,9 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
         bytes(r.cost.comm_bytes),
         bytes(r.cost.comm_bytes * r.devices as f64)
     ));
+    if let Some(p) = &r.pipeline {
+        out.push_str(&describe_pipeline(p, r.devices * p.config.stages));
+    }
     out.push_str("strategies (in_strategy per op; repeated layers grouped):\n");
     let mut groups: Vec<(String, String, Vec<usize>)> = Vec::new();
     let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -193,6 +199,61 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
     out
 }
 
+/// The chosen pipeline: per stage its layers, ranks, time per step and memory.
+fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
+    let mut out = format!(
+        "pipeline: {} stage(s) × {} micro-batches ({}), bubble {:.3} ms, makespan {:.3} ms\n",
+        p.config.stages,
+        p.config.micro_batches,
+        p.config.scheduler.name(),
+        p.bubble * 1e3,
+        p.makespan * 1e3
+    );
+    for (stage, cost) in p.stage_costs.iter().enumerate() {
+        let layers: Vec<&str> = p
+            .layers
+            .iter()
+            .filter(|(_, s)| *s == stage)
+            .map(|(l, _)| l.as_str())
+            .collect();
+        let ranks = p.ranks(stage, devices);
+        out.push_str(&format!(
+            "  stage {stage}: ranks {}-{}, {} layer(s) {}..{}, {:.3} ms per step, {} per device\n",
+            ranks.start,
+            ranks.end.saturating_sub(1),
+            layers.len(),
+            layers.first().unwrap_or(&"-"),
+            layers.last().unwrap_or(&"-"),
+            cost.time() * 1e3,
+            bytes(cost.memory.total())
+        ));
+    }
+    out
+}
+
+/// The pipeline as JSON (`null` without `parallel.auto_pipeline`).
+fn pipeline_json(r: &PlanReport) -> serde_json::Value {
+    let Some(p) = &r.pipeline else {
+        return serde_json::Value::Null;
+    };
+    let devices = r.devices * p.config.stages;
+    serde_json::json!({
+        "stages": p.config.stages,
+        "micro_batches": p.config.micro_batches,
+        "scheduler": p.config.scheduler.name(),
+        "stage_of_layer": p.layers.iter().map(|(l, s)| (l.clone(), serde_json::json!(s)))
+            .collect::<serde_json::Map<String, serde_json::Value>>(),
+        "stage_ranks": (0..p.config.stages).map(|s| {
+            let r = p.ranks(s, devices);
+            serde_json::json!([r.start, r.end])
+        }).collect::<Vec<_>>(),
+        "stage_step_ms": p.stage_costs.iter().map(|c| c.time() * 1e3).collect::<Vec<_>>(),
+        "stage_memory_bytes": p.stage_costs.iter().map(|c| c.memory.total()).collect::<Vec<_>>(),
+        "makespan_ms": p.makespan * 1e3,
+        "bubble_ms": p.bubble * 1e3,
+    })
+}
+
 /// The plan as JSON.
 fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
     let m = &r.cost.memory;
@@ -215,10 +276,11 @@ fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
             "optimizer": m.optimizer,
             "activations": m.activations,
         },
-        "gap": r.gap,
+        "gap": r.gap.filter(|g| !g.is_nan()),
         "n_ops": r.n_ops,
         "n_classes": r.n_classes,
         "operator_strategy_file": file.display().to_string(),
+        "pipeline": pipeline_json(r),
         "ops": r.strategies.iter().map(|(name, s)| serde_json::json!({
             "name": name,
             "in_strategy": s,

@@ -1,7 +1,7 @@
 //! Automatic parallel for a run: the device profile, the search over the model's forward ops
 //! (or the strategies of an operator strategy file), and the plan report `tessera plan` prints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use parallel::search::{
 };
 use parallel::{OpStrategy, ParallelConfig, ParallelMode};
 
+use crate::auto_pipeline::{search_pipelined, PipelinePlan};
 use crate::config::{ModelName, ProfileChoice, TrainConfig};
 use crate::data::IdxDataset;
 use crate::error::RuntimeError;
@@ -39,7 +40,8 @@ pub struct PlanReport {
     pub bubble_fraction: f64,
     /// The search's wall time, ms (0 when the strategies were loaded or configured).
     pub search_ms: f64,
-    /// The search's optimality gap bound, when not proven optimal.
+    /// The search's optimality gap bound, when not proven optimal (NaN when none exists: a
+    /// searched pipeline's layer cut is a heuristic).
     pub gap: Option<f64>,
     /// Ops and distinct op classes searched.
     pub n_ops: usize,
@@ -47,6 +49,9 @@ pub struct PlanReport {
     pub n_classes: usize,
     /// Where the strategies came from when not searched.
     pub loaded_from: Option<PathBuf>,
+    /// The pipeline the search chose (`parallel.auto_pipeline`); `cost` is then its busiest
+    /// stage's per step and `bubble_fraction` that stage's idle share.
+    pub pipeline: Option<PipelinePlan>,
 }
 
 impl PlanReport {
@@ -70,7 +75,11 @@ impl PlanReport {
             .iter()
             .map(|(name, inputs)| OpStrategyRecord {
                 name: name.clone(),
-                stage: 0,
+                stage: self
+                    .pipeline
+                    .as_ref()
+                    .and_then(|p| p.stage_of_op.get(name).copied())
+                    .unwrap_or(0),
                 inputs: inputs.clone(),
                 outputs: None,
             })
@@ -169,18 +178,31 @@ fn gpt_hints(
     hints
 }
 
+/// Where a search runs: its devices, its memory per device and the ops it covers.
+#[derive(Debug, Clone)]
+pub(crate) struct SearchScope {
+    /// Devices (of the stage).
+    pub devices: usize,
+    /// Memory per device, bytes.
+    pub budget: u64,
+    /// The forward ops searched (a pipeline stage's), every one when `None`.
+    pub only: Option<BTreeSet<String>>,
+}
+
 /// The search of `mode` for `model` under `config`; ops with a `[parallel.shard]` entry keep it.
-fn run_search(
+pub(crate) fn run_search(
     config: &TrainConfig,
     model: &Model,
     gpt: Option<&GptConfig>,
     parallel: &ParallelConfig,
     mode: SearchMode,
     profile: &DeviceProfile,
-    devices: usize,
+    scope: &SearchScope,
 ) -> Result<SearchResult, RuntimeError> {
+    let devices = scope.devices;
     let fixed = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?
         .into_iter()
+        .filter(|(name, _)| scope.only.as_ref().is_none_or(|o| o.contains(name)))
         .map(|(name, s)| (name, s.inputs))
         .collect();
     let hints = gpt.map_or_else(BTreeMap::new, |g| gpt_hints(g, model, devices));
@@ -188,11 +210,12 @@ fn run_search(
         mode,
         profile,
         devices,
-        memory_budget: config.search().max_device_memory,
+        memory_budget: Some(scope.budget),
         optimizer_states: optimizer_states(config),
         fixed,
         hints,
         time_budget: Some(Duration::from_secs_f64(config.search().search_time_budget)),
+        only: scope.only.clone(),
     };
     Ok(search(&model.graph, &request)?)
 }
@@ -260,6 +283,7 @@ pub fn plan_model(
         fixed: BTreeMap::new(),
         hints: BTreeMap::new(),
         time_budget: None,
+        only: None,
     };
     let costed = |mode: String, strategies: BTreeMap<String, Vec<Vec<usize>>>, from| {
         let cost = evaluate_strategies(&model.graph, &request, &strategies)?;
@@ -283,6 +307,7 @@ pub fn plan_model(
             n_ops: 0,
             n_classes: 0,
             loaded_from: from,
+            pipeline: None,
         })
     };
     let mode = match parallel.mode {
@@ -300,7 +325,15 @@ pub fn plan_model(
         return costed(mode.name().to_string(), loaded, Some(path.clone()));
     }
     let start = Instant::now();
-    let result = run_search(config, model, gpt, &parallel, mode, &profile, devices)?;
+    if config.search().auto_pipeline {
+        return plan_pipelined(config, model, gpt, &parallel, mode, profile, budget, start);
+    }
+    let scope = SearchScope {
+        devices,
+        budget,
+        only: None,
+    };
+    let result = run_search(config, model, gpt, &parallel, mode, &profile, &scope)?;
     Ok(PlanReport {
         mode: mode.name().to_string(),
         devices,
@@ -314,6 +347,61 @@ pub fn plan_model(
         n_ops: result.n_ops,
         n_classes: result.n_classes,
         loaded_from: None,
+        pipeline: None,
+    })
+}
+
+/// [`plan_model`] with `parallel.auto_pipeline`: the stage count searched too.
+#[allow(clippy::too_many_arguments)]
+fn plan_pipelined(
+    config: &TrainConfig,
+    model: &Model,
+    gpt: Option<&GptConfig>,
+    parallel: &ParallelConfig,
+    mode: SearchMode,
+    profile: DeviceProfile,
+    budget: u64,
+    start: Instant,
+) -> Result<PlanReport, RuntimeError> {
+    let devices = parallel.effective_devices();
+    let found = search_pipelined(
+        config, model, gpt, parallel, mode, &profile, devices, budget,
+    )?;
+    let plan = found.plan;
+    // Time of the busiest stage, memory of the fullest.
+    let mut cost = plan.stage_costs[plan.busiest()].clone();
+    cost.memory = plan
+        .stage_costs
+        .iter()
+        .map(|c| c.memory)
+        .max_by(|a, b| a.total().total_cmp(&b.total()))
+        .unwrap_or(cost.memory);
+    let bubble_fraction = if plan.makespan > 0.0 {
+        plan.bubble / plan.makespan
+    } else {
+        0.0
+    };
+    // A pipeline's layer cut is a heuristic: no optimality is claimed for it.
+    let (gap, n_ops, n_classes) = found
+        .flat
+        .as_ref()
+        .map_or((Some(f64::NAN), found.strategies.len(), 0), |r| {
+            (r.gap, r.n_ops, r.n_classes)
+        });
+    Ok(PlanReport {
+        mode: mode.name().to_string(),
+        devices: devices / plan.config.stages,
+        profile,
+        memory_budget: budget,
+        strategies: found.strategies,
+        cost,
+        bubble_fraction,
+        search_ms: start.elapsed().as_secs_f64() * 1e3,
+        gap,
+        n_ops,
+        n_classes,
+        loaded_from: None,
+        pipeline: Some(plan),
     })
 }
 
@@ -369,6 +457,24 @@ pub(crate) fn apply_search(
     let report = plan_model(config, model, gpt)?;
     if let Some(path) = &config.search().save_operator_strategy_file {
         ckpt::write_operator_strategy_file(path, &report.records())?;
+    }
+    if let Some(plan) = report.pipeline.as_ref().filter(|p| p.config.stages > 1) {
+        if !plan.batch_cut {
+            return Err(RuntimeError::Config {
+                key: "parallel.auto_pipeline".to_string(),
+                reason: format!(
+                    "the search chose {} pipeline stages; training them needs the batch cut into micro-batches before the model is built: add [parallel.pipeline] with stages = 1 and micro_batches = {} (tessera plan shows the plan without it)",
+                    plan.config.stages, plan.config.micro_batches
+                ),
+            });
+        }
+        let mut pipeline = parallel
+            .pipeline
+            .clone()
+            .unwrap_or_else(|| plan.config.clone());
+        pipeline.stages = plan.config.stages;
+        pipeline.stage_config = plan.config.stage_config.clone();
+        parallel.pipeline = Some(pipeline);
     }
     for (name, inputs) in report.strategies {
         parallel

@@ -215,3 +215,99 @@ fn recursive_programming_is_within_ten_percent_of_dynamic_programming() {
         );
     }
 }
+
+/// `parallel.auto_pipeline` on the seed MLP (batch 8192, 2 devices): with the memory of an H100
+/// the plain search is faster than any pipeline, so one stage is kept, with the plain search's
+/// plan; with 4 MB per device, which no plan of the two devices together fits (activations of
+/// the whole batch), the search cuts the layers into 2 stages whose in-flight micro-batches fit.
+#[test]
+fn auto_pipeline_keeps_one_stage_unless_memory_forces_stages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = |name: &str, extra: &str| {
+        run_util::seed_mlp(
+            &tmp.path().join(name),
+            "momentum",
+            &format!("devices = 2\nmode = \"dynamic_programming\"\n{extra}"),
+            &["data.batch_size=8192"],
+        )
+    };
+    let plain = runtime::plan(&config("plain", "")).expect("a plain plan");
+    let roomy = runtime::plan(&config("roomy", "auto_pipeline = true")).expect("a plan");
+    let pipeline = roomy.pipeline.as_ref().expect("the pipeline chosen");
+    assert_eq!(pipeline.config.stages, 1, "one stage is cheaper here");
+    assert!((roomy.step_ms() - plain.step_ms()).abs() <= 1e-9 * plain.step_ms());
+
+    let budget = "max_device_memory = 4000000";
+    let err = runtime::plan(&config("tight-plain", budget)).unwrap_err();
+    assert!(err.to_string().contains("no strategy fits"), "{err}");
+    let tight = runtime::plan(&config("tight", &format!("{budget}\nauto_pipeline = true")))
+        .expect("a pipelined plan fits");
+    let pipeline = tight.pipeline.as_ref().expect("the pipeline chosen");
+    assert_eq!(pipeline.config.stages, 2);
+    assert_eq!(tight.devices, 1, "one device per stage");
+    for (stage, cost) in pipeline.stage_costs.iter().enumerate() {
+        assert!(
+            cost.memory.total() <= 4e6,
+            "stage {stage} holds {} bytes",
+            cost.memory.total()
+        );
+    }
+    let stages: Vec<usize> = pipeline.layers.iter().map(|(_, s)| *s).collect();
+    assert!(
+        stages.windows(2).all(|w| w[0] <= w[1]),
+        "contiguous: {stages:?}"
+    );
+    assert_eq!(stages.first(), Some(&0));
+    assert_eq!(stages.last(), Some(&1));
+    assert!(tight.bubble_seconds() > 0.0, "a pipeline idles");
+    assert!(
+        tight.step_ms() > roomy.step_ms(),
+        "the pipeline was not the fastest"
+    );
+    // The operator strategy records carry each op's stage.
+    let records = tight.records();
+    assert!(records.iter().any(|r| r.stage == 0) && records.iter().any(|r| r.stage == 1));
+}
+
+/// Training the pipeline the search chose for the small GPT on 2 ranks (the batch cut into 4
+/// micro-batches by `[parallel.pipeline]`) equals `stand_alone`.
+#[test]
+fn auto_pipeline_plan_trains_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let alone = reference(&run_util::small_gpt(
+        &tmp.path().join("alone"),
+        "momentum",
+        "",
+        "mode = \"stand_alone\"",
+        &[],
+    ));
+    let file = tmp.path().join("ops.json");
+    let config = run_util::small_gpt(
+        &tmp.path().join("auto"),
+        "momentum",
+        "",
+        &format!(
+            "devices = 2\nmode = \"dynamic_programming\"\nauto_pipeline = true\nsave_operator_strategy_file = \"{}\"\n[parallel.pipeline]\nstages = 1\nmicro_batches = 4",
+            file.display()
+        ),
+        &[],
+    );
+    let plan = runtime::plan(&config).expect("a plan");
+    let stages = plan.pipeline.as_ref().map_or(1, |p| p.config.stages);
+    assert_eq!(stages, 2, "the search pipelines the small GPT on 2 devices");
+    let (session, run) = train_searched(&config);
+    let placed = session
+        .train
+        .placed
+        .config
+        .pipeline
+        .as_ref()
+        .expect("a pipeline");
+    assert_eq!(placed.stages, 2);
+    run_util::assert_same_run("searched pipeline", &run, &alone, 1e-4);
+    let records = ckpt::read_operator_strategy_file(&file).expect("the saved strategies");
+    assert!(
+        records.iter().any(|r| r.stage == 1),
+        "the file carries the stages"
+    );
+}

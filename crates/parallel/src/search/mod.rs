@@ -31,7 +31,7 @@ mod problem;
 pub mod profiles;
 mod recursive;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use graph::Graph;
@@ -95,6 +95,8 @@ pub struct SearchRequest<'a> {
     pub hints: BTreeMap<String, Vec<Vec<Vec<usize>>>>,
     /// How long dynamic programming may run before it fixes the remaining ops greedily.
     pub time_budget: Option<Duration>,
+    /// Search only these forward ops (a pipeline stage's), by name; every one when `None`.
+    pub only: Option<BTreeSet<String>>,
 }
 
 /// What a search found.
@@ -117,6 +119,11 @@ pub struct SearchResult {
     pub n_ops: usize,
     /// Distinct op classes (ops with the same kind and shapes share their candidates).
     pub n_classes: usize,
+    /// Per op of `strategies`, its share of the step time (its own time and half of each of
+    /// its redistributions, seconds) and its memory per device.
+    pub op_shares: Vec<(f64, MemoryEstimate)>,
+    /// Per op of `strategies`, the least memory per device any of its candidates needs.
+    pub op_least_memory: Vec<MemoryEstimate>,
 }
 
 /// The settings of `request` for costing ops.
@@ -139,7 +146,13 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
             reason: format!("profile {}: {e}", request.profile.name),
         })?;
     let settings = settings(request);
-    let problem = SearchProblem::build(graph, &settings, &request.fixed, &request.hints)?;
+    let problem = SearchProblem::build_only(
+        graph,
+        &settings,
+        &request.fixed,
+        &request.hints,
+        request.only.as_ref(),
+    )?;
     let budget = request
         .memory_budget
         .unwrap_or(request.profile.memory_bytes) as f64;
@@ -194,6 +207,8 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
         gap,
         n_ops: problem.nodes.len(),
         n_classes: classes.len(),
+        op_shares: problem.node_shares(&choice),
+        op_least_memory: problem.least_memory(),
     })
 }
 

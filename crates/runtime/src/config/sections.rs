@@ -103,6 +103,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "search_time_budget",
     "save_operator_strategy_file",
     "load_operator_strategy_file",
+    "auto_pipeline",
 ];
 /// `[parallel.hsdp]`'s keys: MindSpore's `AutoParallel.hsdp(shard_size, threshold,
 /// optimizer_level)`.
