@@ -14,7 +14,7 @@ use parallel::search::{
 };
 use parallel::{OpStrategy, ParallelConfig, ParallelMode};
 
-use crate::auto_pipeline::{search_pipelined, PipelinePlan};
+use crate::auto_pipeline::{plan_loaded_stages, search_pipelined, PipelinePlan, Planner};
 use crate::config::{ModelName, ProfileChoice, TrainConfig};
 use crate::data::IdxDataset;
 use crate::error::RuntimeError;
@@ -318,15 +318,41 @@ pub fn plan_model(
         }
     };
     if let Some(path) = &config.search().load_operator_strategy_file {
-        let loaded = load_strategies(path, model)?
-            .into_iter()
-            .map(|r| (r.name, r.inputs))
-            .collect();
+        let records = load_strategies(path, model)?;
+        if records.iter().any(|r| r.stage > 0) {
+            // A pipelined plan: its stages from the entries' `stage`, costed per stage.
+            let stage_of_op: BTreeMap<String, usize> =
+                records.iter().map(|r| (r.name.clone(), r.stage)).collect();
+            let mut with_loaded = parallel.clone();
+            for r in records {
+                with_loaded
+                    .strategies
+                    .insert(r.name, OpStrategy::from_tuples(r.inputs, None));
+            }
+            let mut report = plan_pipelined(
+                config,
+                model,
+                gpt,
+                &with_loaded,
+                mode,
+                profile,
+                budget,
+                Instant::now(),
+                Some((&stage_of_op, path)),
+            )?;
+            report.search_ms = 0.0;
+            report.gap = None;
+            report.loaded_from = Some(path.clone());
+            return Ok(report);
+        }
+        let loaded = records.into_iter().map(|r| (r.name, r.inputs)).collect();
         return costed(mode.name().to_string(), loaded, Some(path.clone()));
     }
     let start = Instant::now();
     if config.search().auto_pipeline {
-        return plan_pipelined(config, model, gpt, &parallel, mode, profile, budget, start);
+        return plan_pipelined(
+            config, model, gpt, &parallel, mode, profile, budget, start, None,
+        );
     }
     let scope = SearchScope {
         devices,
@@ -351,7 +377,8 @@ pub fn plan_model(
     })
 }
 
-/// [`plan_model`] with `parallel.auto_pipeline`: the stage count searched too.
+/// [`plan_model`] with `parallel.auto_pipeline`: the stage count searched too; or the
+/// pipeline of `loaded` strategies whose file names their stages (stage per op, the file).
 #[allow(clippy::too_many_arguments)]
 fn plan_pipelined(
     config: &TrainConfig,
@@ -362,11 +389,23 @@ fn plan_pipelined(
     profile: DeviceProfile,
     budget: u64,
     start: Instant,
+    loaded: Option<(&BTreeMap<String, usize>, &Path)>,
 ) -> Result<PlanReport, RuntimeError> {
     let devices = parallel.effective_devices();
-    let found = search_pipelined(
-        config, model, gpt, parallel, mode, &profile, devices, budget,
-    )?;
+    let planner = Planner {
+        config,
+        model,
+        gpt,
+        parallel,
+        mode,
+        profile: &profile,
+        devices,
+        budget,
+    };
+    let found = match loaded {
+        Some((stage_of_op, file)) => plan_loaded_stages(&planner, stage_of_op, file)?,
+        None => search_pipelined(&planner)?,
+    };
     let plan = found.plan;
     // Time of the busiest stage, memory of the fullest.
     let mut cost = plan.stage_costs[plan.busiest()].clone();

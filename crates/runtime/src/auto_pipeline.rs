@@ -192,6 +192,41 @@ fn scaled(cost: &PlanCost, factor: f64, memory: MemoryEstimate) -> PlanCost {
     }
 }
 
+/// What every search of one plan shares.
+pub(crate) struct Planner<'a> {
+    /// The run's configuration.
+    pub config: &'a TrainConfig,
+    /// The model.
+    pub model: &'a Model,
+    /// The GPT's shape, for its Megatron hints.
+    pub gpt: Option<&'a GptConfig>,
+    /// The parallel settings (its `strategies` stay fixed).
+    pub parallel: &'a ParallelConfig,
+    /// The search algorithm.
+    pub mode: SearchMode,
+    /// The device profile.
+    pub profile: &'a DeviceProfile,
+    /// All devices.
+    pub devices: usize,
+    /// Memory per device, bytes.
+    pub budget: u64,
+}
+
+impl Planner<'_> {
+    /// The search over `scope`.
+    fn search(&self, scope: &SearchScope) -> Result<SearchResult, RuntimeError> {
+        run_search(
+            self.config,
+            self.model,
+            self.gpt,
+            self.parallel,
+            self.mode,
+            self.profile,
+            scope,
+        )
+    }
+}
+
 /// What is tried for one stage count.
 struct Attempt {
     strategies: Vec<(String, Vec<Vec<usize>>)>,
@@ -199,17 +234,13 @@ struct Attempt {
 }
 
 /// The search with `parallel.auto_pipeline`: every stage count tried, the fastest kept.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn search_pipelined(
-    config: &TrainConfig,
-    model: &Model,
-    gpt: Option<&GptConfig>,
-    parallel: &ParallelConfig,
-    mode: SearchMode,
-    profile: &DeviceProfile,
-    devices: usize,
-    budget: u64,
-) -> Result<PipelinedSearch, RuntimeError> {
+pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch, RuntimeError> {
+    let (model, parallel, devices, budget) = (
+        planner.model,
+        planner.parallel,
+        planner.devices,
+        planner.budget,
+    );
     if parallel.pipeline.as_ref().is_some_and(|p| p.interleave) {
         return Err(RuntimeError::Config {
             key: "parallel.auto_pipeline".to_string(),
@@ -224,7 +255,7 @@ pub(crate) fn search_pipelined(
         budget,
         only: None,
     };
-    let flat = run_search(config, model, gpt, parallel, mode, profile, &whole);
+    let flat = planner.search(&whole);
     let mut best: Option<(f64, PipelinedSearch)> = None;
     let mut first_error = None;
     match flat {
@@ -256,9 +287,7 @@ pub(crate) fn search_pipelined(
     }
     let mut stages = 2;
     while stages <= layers.len().min(MAX_STAGES) && devices % stages == 0 {
-        if let Some(attempt) = try_stages(
-            config, model, gpt, parallel, mode, profile, devices, budget, &layers, stages,
-        )? {
+        if let Some(attempt) = try_stages(planner, &layers, stages)? {
             let step = attempt.plan.makespan;
             if best.as_ref().is_none_or(|(t, _)| step < *t) {
                 best = Some((
@@ -283,28 +312,24 @@ pub(crate) fn search_pipelined(
     }
 }
 
-/// The best plan with `stages` stages, or `None` when none fits the memory.
-#[allow(clippy::too_many_arguments)]
-fn try_stages(
-    config: &TrainConfig,
-    model: &Model,
-    gpt: Option<&GptConfig>,
-    parallel: &ParallelConfig,
-    mode: SearchMode,
-    profile: &DeviceProfile,
-    devices: usize,
-    budget: u64,
-    layers: &[(String, Vec<String>)],
-    stages: usize,
-) -> Result<Option<Attempt>, RuntimeError> {
-    let sub = devices / stages;
+/// A stage count's schedule: the pipeline, its schedule, graph batches per micro-batch and
+/// the micro-batches each stage holds at once (as fractions of the graph's batch).
+struct StagePlanShape {
+    pipeline: PipelineConfig,
+    schedule: parallel::pipeline::Schedule,
+    per_graph: f64,
+    held: Vec<f64>,
+    batch_cut: bool,
+}
+
+/// The schedule of `stages` stages, or `None` when the scheduler cannot make it.
+fn shape(parallel: &ParallelConfig, stages: usize) -> Result<Option<StagePlanShape>, RuntimeError> {
     let (micro_batches, scheduler, batch_cut) = schedule_for(parallel, stages);
     let pipeline = PipelineConfig::new(stages, micro_batches, scheduler);
     let Ok(schedule) = parallel::pipeline::Schedule::generate(&pipeline) else {
         return Ok(None);
     };
     let per_graph = if batch_cut { 1.0 } else { micro_batches as f64 };
-    // Micro-batches each stage holds at once, as fractions of the graph's batch.
     let order = simulate(&schedule, &Durations::uniform(1.0, 1.0, 1.0))
         .map_err(|e| config_error(e.to_string()))?;
     let held: Vec<f64> = order
@@ -312,6 +337,25 @@ fn try_stages(
         .iter()
         .map(|&k| k.max(1) as f64 / per_graph)
         .collect();
+    Ok(Some(StagePlanShape {
+        pipeline,
+        schedule,
+        per_graph,
+        held,
+        batch_cut,
+    }))
+}
+
+/// The best plan with `stages` stages, or `None` when none fits the memory.
+fn try_stages(
+    planner: &Planner<'_>,
+    layers: &[(String, Vec<String>)],
+    stages: usize,
+) -> Result<Option<Attempt>, RuntimeError> {
+    let Some(shape) = shape(planner.parallel, stages)? else {
+        return Ok(None);
+    };
+    let (sub, budget) = (planner.devices / stages, planner.budget);
     // 1. Cost every layer from the whole model searched on the stage's devices (its times
     //    from the fastest plan, its memory the least any plan needs: the stage searches keep
     //    to the budget).
@@ -320,7 +364,7 @@ fn try_stages(
         budget: UNLIMITED,
         only: None,
     };
-    let Ok(pre) = run_search(config, model, gpt, parallel, mode, profile, &whole) else {
+    let Ok(pre) = planner.search(&whole) else {
         return Ok(None);
     };
     let share: BTreeMap<&str, (f64, MemoryEstimate)> = pre
@@ -342,12 +386,30 @@ fn try_stages(
         })
         .collect();
     // 2. Cut the layers into stages.
-    let Some(starts) = cut(&costs, &held, budget as f64) else {
+    let Some(starts) = cut(&costs, &shape.held, budget as f64) else {
         return Ok(None);
     };
     let stage_of_layer: Vec<usize> = (0..layers.len())
         .map(|i| starts.iter().rposition(|&s| s <= i).unwrap_or(0))
         .collect();
+    let activations: Vec<f64> = costs.iter().map(|c| c.activations).collect();
+    staged(planner, &shape, layers, &stage_of_layer, &activations)
+}
+
+/// Steps 3 and 4 of the module doc for a given cut (`stage_of_layer`, with the activations
+/// per layer the stage searches leave room for): `None` when a stage does not fit.
+fn staged(
+    planner: &Planner<'_>,
+    shape: &StagePlanShape,
+    layers: &[(String, Vec<String>)],
+    stage_of_layer: &[usize],
+    layer_activations: &[f64],
+) -> Result<Option<Attempt>, RuntimeError> {
+    let (model, budget) = (planner.model, planner.budget);
+    let stages = shape.pipeline.stages;
+    let sub = planner.devices / stages;
+    let (per_graph, held) = (shape.per_graph, &shape.held);
+    let micro_batches = shape.pipeline.micro_batches;
     // 3. Search every stage on its own devices.
     let mut strategies: BTreeMap<String, Vec<Vec<usize>>> = BTreeMap::new();
     let mut stage_of_op = BTreeMap::new();
@@ -356,15 +418,15 @@ fn try_stages(
     for (stage, &held_here) in held.iter().enumerate() {
         let only: BTreeSet<String> = layers
             .iter()
-            .zip(&stage_of_layer)
+            .zip(stage_of_layer)
             .filter(|(_, &s)| s == stage)
             .flat_map(|((_, ops), _)| ops.iter().cloned())
             .collect();
-        let estimated_activations: f64 = costs
+        let estimated_activations: f64 = layer_activations
             .iter()
-            .zip(&stage_of_layer)
+            .zip(stage_of_layer)
             .filter(|(_, &s)| s == stage)
-            .map(|(c, _)| c.activations)
+            .map(|(a, _)| a)
             .sum();
         // The search counts the activations of one graph batch; the stage holds `held_here`
         // of them (more with micro-batches in flight, less when the batch is cut after).
@@ -374,7 +436,7 @@ fn try_stages(
             budget: (budget as f64 - extra).clamp(1.0, UNLIMITED as f64) as u64,
             only: Some(only.clone()),
         };
-        let Ok(found) = run_search(config, model, gpt, parallel, mode, profile, &scope) else {
+        let Ok(found) = planner.search(&scope) else {
             return Ok(None);
         };
         let mut memory = found.cost.memory;
@@ -395,16 +457,16 @@ fn try_stages(
     }
     // 4. The schedule with the stages' predicted times.
     let third: Vec<f64> = per_micro.iter().map(|t| t / 3.0).collect();
-    let link = profile.link(devices);
+    let link = planner.profile.link(planner.devices);
     let boundary = boundary_bytes(model, &stage_of_op) / per_graph / sub as f64;
     let durations = Durations::per_stage(third.clone(), third.clone(), third)
         .with_latency(link.alpha + boundary / link.bandwidth);
-    let report = simulate(&schedule, &durations).map_err(|e| config_error(e.to_string()))?;
+    let report = simulate(&shape.schedule, &durations).map_err(|e| config_error(e.to_string()))?;
     let busiest = report.busy.iter().copied().fold(0.0, f64::max);
-    let mut config_out = pipeline;
+    let mut config_out = shape.pipeline.clone();
     config_out.stage_config = layers
         .iter()
-        .zip(&stage_of_layer)
+        .zip(stage_of_layer)
         .map(|((l, _), &s)| (l.clone(), s))
         .collect();
     let ordered = model
@@ -420,15 +482,74 @@ fn try_stages(
             layers: layers
                 .iter()
                 .map(|(l, _)| l.clone())
-                .zip(stage_of_layer)
+                .zip(stage_of_layer.iter().copied())
                 .collect(),
             stage_of_op,
             stage_costs,
             makespan: report.makespan,
             bubble: (report.makespan - busiest).max(0.0),
-            batch_cut,
+            batch_cut: shape.batch_cut,
         },
     }))
+}
+
+/// The pipeline of strategies loaded from an operator strategy file whose entries name their
+/// stages (`planner.parallel.strategies` holds the loaded strategies): each layer runs on the
+/// stage of its ops, and the plan is costed as a searched one is.
+pub(crate) fn plan_loaded_stages(
+    planner: &Planner<'_>,
+    stage_of_op: &BTreeMap<String, usize>,
+    file: &std::path::Path,
+) -> Result<PipelinedSearch, RuntimeError> {
+    let layers = model_layers(planner.model);
+    let stages = stage_of_op.values().copied().max().unwrap_or(0) + 1;
+    let key = "parallel.load_operator_strategy_file";
+    let bad = |reason: String| RuntimeError::Config {
+        key: key.to_string(),
+        reason: format!("{}: {reason}", file.display()),
+    };
+    if planner.devices % stages != 0 {
+        return Err(bad(format!(
+            "its {stages} stages do not divide the {} devices",
+            planner.devices
+        )));
+    }
+    let mut stage_of_layer = Vec::with_capacity(layers.len());
+    for (layer, ops) in &layers {
+        let found: BTreeSet<usize> = ops
+            .iter()
+            .filter_map(|o| stage_of_op.get(o))
+            .copied()
+            .collect();
+        match (found.first(), found.len()) {
+            (Some(&s), 1) => stage_of_layer.push(s),
+            (None, _) => return Err(bad(format!("no op of layer {layer:?} has a stage"))),
+            _ => {
+                return Err(bad(format!(
+                    "the ops of layer {layer:?} name several stages {found:?}"
+                )))
+            }
+        }
+    }
+    if stage_of_layer.windows(2).any(|w| w[1] < w[0]) {
+        return Err(bad(
+            "the stages must not decrease along the model".to_string()
+        ));
+    }
+    let shape = shape(planner.parallel, stages)?
+        .ok_or_else(|| bad(format!("the scheduler cannot run {stages} stages")))?;
+    let zeros = vec![0.0; layers.len()];
+    let attempt = staged(planner, &shape, &layers, &stage_of_layer, &zeros)?.ok_or_else(|| {
+        bad(format!(
+            "a stage exceeds {} bytes of memory per device",
+            planner.budget
+        ))
+    })?;
+    Ok(PipelinedSearch {
+        strategies: attempt.strategies,
+        plan: attempt.plan,
+        flat: None,
+    })
 }
 
 /// Bytes of the graph's batch crossing the busiest stage boundary: every value an op of one

@@ -310,4 +310,27 @@ fn auto_pipeline_plan_trains_like_one_device() {
         records.iter().any(|r| r.stage == 1),
         "the file carries the stages"
     );
+    // Loading the file (no search) places the same pipeline from the entries' stages.
+    let loading = run_util::small_gpt(
+        &tmp.path().join("load"),
+        "momentum",
+        "",
+        &format!(
+            "devices = 2\nmode = \"dynamic_programming\"\nload_operator_strategy_file = \"{}\"\n[parallel.pipeline]\nstages = 1\nmicro_batches = 4",
+            file.display()
+        ),
+        &[],
+    );
+    let (loaded_session, loaded) = train_searched(&loading);
+    let stage_config = |s: &runtime::Session| {
+        s.train
+            .placed
+            .config
+            .pipeline
+            .as_ref()
+            .map(|p| p.stage_config.clone())
+    };
+    assert!(stage_config(&session).is_some());
+    assert_eq!(stage_config(&loaded_session), stage_config(&session));
+    run_util::assert_same_run("loaded pipeline", &loaded, &run, 1e-6);
 }
