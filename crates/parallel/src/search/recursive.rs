@@ -12,11 +12,11 @@
 //! commits to batch splits before it sees the model splits). So the recursion forks at every
 //! level: after `k` batch-first rounds, one branch hands all the remaining halvings out at once
 //! (the op picks among every refinement up to the whole device count, batch or model), the
-//! other goes on with one more batch-first round. Each branch's plan is repaired to the memory
-//! budget and costed whole; the cheapest is kept. The shared prefix is computed once, so the
-//! work is `O(log₂ devices)` rounds of `ops × candidates × degree`.
+//! other goes on with one more batch-first round. Each branch's plan is costed whole; the
+//! cheapest that fits the memory budget is kept (the cheapest of all when none fits, which the
+//! caller then repairs). The shared prefix is computed once, so the work is `O(log₂ devices)`
+//! rounds of `ops × candidates × degree`.
 
-use crate::search::budget;
 use crate::search::greedy::best_local;
 use crate::search::problem::SearchProblem;
 
@@ -133,7 +133,9 @@ fn model_round(problem: &SearchProblem, start: &[usize], next: Option<&[usize]>)
     settle(problem, start, &first, &all)
 }
 
-/// Recursive bisection under `budget` bytes per device (see the module doc).
+/// Recursive bisection under `budget` bytes per device (see the module doc). The branches are
+/// compared as they are, a plan that fits before one that does not (repairing every branch to
+/// the budget would cost ops² per branch); the caller repairs the chosen plan.
 pub fn recursive(problem: &SearchProblem, budget: f64) -> Vec<usize> {
     let n = problem.nodes.len();
     let devices = problem.devices.max(1);
@@ -152,8 +154,7 @@ pub fn recursive(problem: &SearchProblem, budget: f64) -> Vec<usize> {
         let next_target = (target * 2).min(devices);
         let next = (target < devices).then(|| batch_round(problem, &state, next_target));
         // Branch: every remaining halving handed out now, to the model dims first.
-        let mut plan = model_round(problem, &state, next.as_deref());
-        budget::repair(problem, &mut plan, budget);
+        let plan = model_round(problem, &state, next.as_deref());
         let fits = problem.memory(&plan) <= budget;
         let time = problem.time(&plan);
         let better = match &best {
