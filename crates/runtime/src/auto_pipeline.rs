@@ -14,10 +14,12 @@
 //!    simulated with every stage's predicted forward and backward time per micro-batch; the
 //!    step is its makespan, the bubble what the busiest stage idles.
 //!
-//! The P with the least predicted step wins. A micro-batch's time is the stage's time over the
-//! micro-batches when the model is built for the whole batch (no `[parallel.pipeline]`), or the
-//! stage's time when `[parallel.pipeline]` already cut the batch; the gradient all-reduces are
-//! counted with every micro-batch (an overestimate for P = 1 and P > 1 alike). Sending a
+//! The P with the least predicted step wins. Stages are costed on the model of one micro-batch:
+//! the model as built when `[parallel.pipeline]` already cut the batch, otherwise the model
+//! rebuilt with `data.batch_size / micro_batches` (a P whose micro-batches do not divide the
+//! batch is skipped). The gradient all-reduces are counted with every micro-batch (an
+//! overestimate; with `[parallel.pipeline]` P = 1 is costed the same way, as M accumulated
+//! micro-steps). Sending a
 //! micro-batch's activations to the next stage costs the latency and bandwidth of the link
 //! between stages, for the largest boundary's bytes split over the stage's devices.
 
@@ -193,6 +195,7 @@ fn scaled(cost: &PlanCost, factor: f64, memory: MemoryEstimate) -> PlanCost {
 }
 
 /// What every search of one plan shares.
+#[derive(Clone, Copy)]
 pub(crate) struct Planner<'a> {
     /// The run's configuration.
     pub config: &'a TrainConfig,
@@ -312,12 +315,11 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
     }
 }
 
-/// A stage count's schedule: the pipeline, its schedule, graph batches per micro-batch and
-/// the micro-batches each stage holds at once (as fractions of the graph's batch).
+/// A stage count's schedule: the pipeline, its schedule and the micro-batches each stage
+/// holds at once.
 struct StagePlanShape {
     pipeline: PipelineConfig,
     schedule: parallel::pipeline::Schedule,
-    per_graph: f64,
     held: Vec<f64>,
     batch_cut: bool,
 }
@@ -329,18 +331,16 @@ fn shape(parallel: &ParallelConfig, stages: usize) -> Result<Option<StagePlanSha
     let Ok(schedule) = parallel::pipeline::Schedule::generate(&pipeline) else {
         return Ok(None);
     };
-    let per_graph = if batch_cut { 1.0 } else { micro_batches as f64 };
     let order = simulate(&schedule, &Durations::uniform(1.0, 1.0, 1.0))
         .map_err(|e| config_error(e.to_string()))?;
     let held: Vec<f64> = order
         .peak_activations
         .iter()
-        .map(|&k| k.max(1) as f64 / per_graph)
+        .map(|&k| k.max(1) as f64)
         .collect();
     Ok(Some(StagePlanShape {
         pipeline,
         schedule,
-        per_graph,
         held,
         batch_cut,
     }))
@@ -354,6 +354,29 @@ fn try_stages(
 ) -> Result<Option<Attempt>, RuntimeError> {
     let Some(shape) = shape(planner.parallel, stages)? else {
         return Ok(None);
+    };
+    // The stages run one micro-batch at a time: cost them on the model of one micro-batch
+    // (built here when `[parallel.pipeline]` did not cut the batch already).
+    let micro = if shape.batch_cut {
+        None
+    } else {
+        let batch = planner.config.data().batch_size;
+        let m = shape.pipeline.micro_batches;
+        if batch % m != 0 {
+            return Ok(None);
+        }
+        let config = planner.config.clone().with_batch_size(batch / m)?;
+        let (model, gpt) = crate::auto::build_model(&config)?;
+        Some((config, model, gpt))
+    };
+    let planner = match &micro {
+        Some((config, model, gpt)) => &Planner {
+            config,
+            model,
+            gpt: gpt.as_ref(),
+            ..*planner
+        },
+        None => planner,
     };
     let (sub, budget) = (planner.devices / stages, planner.budget);
     // 1. Cost every layer from the whole model searched on the stage's devices (its times
@@ -408,7 +431,7 @@ fn staged(
     let (model, budget) = (planner.model, planner.budget);
     let stages = shape.pipeline.stages;
     let sub = planner.devices / stages;
-    let (per_graph, held) = (shape.per_graph, &shape.held);
+    let held = &shape.held;
     let micro_batches = shape.pipeline.micro_batches;
     // 3. Search every stage on its own devices.
     let mut strategies: BTreeMap<String, Vec<Vec<usize>>> = BTreeMap::new();
@@ -448,17 +471,13 @@ fn staged(
             stage_of_op.insert(name.clone(), stage);
             strategies.insert(name, s);
         }
-        per_micro.push(found.cost.time() / per_graph);
-        stage_costs.push(scaled(
-            &found.cost,
-            micro_batches as f64 / per_graph,
-            memory,
-        ));
+        per_micro.push(found.cost.time());
+        stage_costs.push(scaled(&found.cost, micro_batches as f64, memory));
     }
     // 4. The schedule with the stages' predicted times.
     let third: Vec<f64> = per_micro.iter().map(|t| t / 3.0).collect();
     let link = planner.profile.link(planner.devices);
-    let boundary = boundary_bytes(model, &stage_of_op) / per_graph / sub as f64;
+    let boundary = boundary_bytes(model, &stage_of_op) / sub as f64;
     let durations = Durations::per_stage(third.clone(), third.clone(), third)
         .with_latency(link.alpha + boundary / link.bandwidth);
     let report = simulate(&shape.schedule, &durations).map_err(|e| config_error(e.to_string()))?;
