@@ -610,3 +610,34 @@ fn config_error(reason: String) -> RuntimeError {
         reason,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(time: f64, fixed: f64, activations: f64) -> LayerCost {
+        LayerCost {
+            time,
+            fixed,
+            activations,
+        }
+    }
+
+    #[test]
+    fn the_cut_minimises_the_slowest_stage() {
+        let layers = [1.0, 1.0, 1.0, 3.0].map(|t| layer(t, 0.0, 0.0));
+        // [1, 1, 1 | 3]: the slowest stage takes 3, any other cut more.
+        assert_eq!(cut(&layers, &[1.0, 1.0], 100.0), Some(vec![0, 3]));
+        assert_eq!(cut(&layers, &[1.0; 4], 100.0), Some(vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn the_cut_keeps_every_stage_in_memory_or_fails() {
+        // Time alone would cut [1, 1 | 1, 1]; stage 0 holds 3 micro-batches of activations,
+        // so it can only take one layer under 40 bytes.
+        let layers = [layer(1.0, 10.0, 10.0); 4];
+        assert_eq!(cut(&layers, &[1.0, 1.0], 100.0), Some(vec![0, 2]));
+        assert_eq!(cut(&layers, &[3.0, 1.0], 40.0), None);
+        assert_eq!(cut(&layers, &[3.0, 1.0], 60.0), Some(vec![0, 1]));
+    }
+}

@@ -334,3 +334,24 @@ fn auto_pipeline_plan_trains_like_one_device() {
     assert_eq!(stage_config(&loaded_session), stage_config(&session));
     run_util::assert_same_run("loaded pipeline", &loaded, &run, 1e-6);
 }
+
+/// Training a pipeline the search chose needs the batch cut into micro-batches before the model
+/// is built: without `[parallel.pipeline]` the run fails naming the key and what to add.
+#[test]
+fn auto_pipeline_training_without_the_pipeline_section_names_what_to_add() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = run_util::small_gpt(
+        &tmp.path().join("nosec"),
+        "momentum",
+        "",
+        "devices = 2\nmode = \"dynamic_programming\"\nauto_pipeline = true",
+        &[],
+    );
+    let plan = runtime::plan(&config).expect("tessera plan works without the section");
+    assert_eq!(plan.pipeline.as_ref().map(|p| p.config.stages), Some(2));
+    let err = Session::new(&config).unwrap_err().to_string();
+    assert!(
+        err.contains("parallel.auto_pipeline") && err.contains("[parallel.pipeline]"),
+        "{err}"
+    );
+}
