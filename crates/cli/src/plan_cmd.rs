@@ -170,7 +170,7 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
     out.push_str(&format!(
         "communication per step: {} per device, {} in all\n",
         bytes(r.cost.comm_bytes),
-        bytes(r.cost.comm_bytes * r.devices as f64)
+        bytes(total_comm_bytes(r))
     ));
     if let Some(p) = &r.pipeline {
         out.push_str(&describe_pipeline(p, r.devices * p.config.stages));
@@ -197,6 +197,19 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
     }
     out.push_str(&format!("operator strategy file: {}\n", file.display()));
     out
+}
+
+/// Bytes received per step by all devices: of every stage when pipelined (the report's cost is
+/// then the busiest stage's).
+fn total_comm_bytes(r: &PlanReport) -> f64 {
+    match &r.pipeline {
+        Some(p) => p
+            .stage_costs
+            .iter()
+            .map(|c| c.comm_bytes * r.devices as f64)
+            .sum(),
+        None => r.cost.comm_bytes * r.devices as f64,
+    }
 }
 
 /// The chosen pipeline: per stage its layers, ranks, time per step and memory.
@@ -266,7 +279,7 @@ fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
         "compute_ms": r.cost.compute * 1e3,
         "comm_ms": r.cost.comm * 1e3,
         "bubble_ms": r.bubble_seconds() * 1e3,
-        "comm_bytes_per_step": r.cost.comm_bytes * r.devices as f64,
+        "comm_bytes_per_step": total_comm_bytes(r),
         "comm_bytes_per_device": r.cost.comm_bytes,
         "peak_memory_bytes": m.total(),
         "memory_budget_bytes": r.memory_budget,
