@@ -137,19 +137,22 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
     ));
     match (&r.loaded_from, r.search_ms > 0.0) {
         (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
-        (None, true) => out.push_str(&format!(
-            "search: {:.1} ms over {} ops ({} distinct); {}\n",
-            r.search_ms,
-            r.n_ops,
-            r.n_classes,
-            match r.gap {
-                None => "optimal under the cost model".to_string(),
-                Some(g) if g.is_nan() => {
-                    "pipeline stages cut by balanced layer times, each stage searched on its own (no optimality bound)".to_string()
+        (None, true) => match r.pipeline.as_ref().filter(|p| p.config.stages > 1) {
+            Some(p) => out.push_str(&format!(
+                "search: {:.1} ms over {} ops in {} stage searches; the stages cut by balanced layer times (no optimality bound)\n",
+                r.search_ms, r.n_ops, p.config.stages
+            )),
+            None => out.push_str(&format!(
+                "search: {:.1} ms over {} ops ({} distinct); {}\n",
+                r.search_ms,
+                r.n_ops,
+                r.n_classes,
+                match r.gap {
+                    None => "optimal under the cost model".to_string(),
+                    Some(g) => format!("optimality gap at most {:.1} %", g * 100.0),
                 }
-                Some(g) => format!("optimality gap at most {:.1} %", g * 100.0),
-            }
-        )),
+            )),
+        },
         (None, false) => out.push_str("strategies as configured (no search)\n"),
     }
     out.push_str(&format!(
@@ -289,7 +292,7 @@ fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
             "optimizer": m.optimizer,
             "activations": m.activations,
         },
-        "gap": r.gap.filter(|g| !g.is_nan()),
+        "gap": r.gap,
         "n_ops": r.n_ops,
         "n_classes": r.n_classes,
         "operator_strategy_file": file.display().to_string(),

@@ -40,8 +40,8 @@ pub struct PlanReport {
     pub bubble_fraction: f64,
     /// The search's wall time, ms (0 when the strategies were loaded or configured).
     pub search_ms: f64,
-    /// The search's optimality gap bound, when not proven optimal (NaN when none exists: a
-    /// searched pipeline's layer cut is a heuristic).
+    /// The search's optimality gap bound, when not proven optimal. `None` also for a pipeline
+    /// of several stages (`pipeline`), whose layer cut is a heuristic without a bound.
     pub gap: Option<f64>,
     /// Ops and distinct op classes searched.
     pub n_ops: usize,
@@ -420,11 +420,11 @@ fn plan_pipelined(
     } else {
         0.0
     };
-    // A pipeline's layer cut is a heuristic: no optimality is claimed for it.
+    // A pipeline's layer cut is a heuristic: no gap is bounded (the stages show it).
     let (gap, n_ops, n_classes) = found
         .flat
         .as_ref()
-        .map_or((Some(f64::NAN), found.strategies.len(), 0), |r| {
+        .map_or((None, found.strategies.len(), 0), |r| {
             (r.gap, r.n_ops, r.n_classes)
         });
     Ok(PlanReport {
