@@ -497,8 +497,8 @@ pub(crate) fn apply_search(
     if let Some(path) = &config.search().save_operator_strategy_file {
         ckpt::write_operator_strategy_file(path, &report.records())?;
     }
-    if let Some(plan) = report.pipeline.as_ref().filter(|p| p.config.stages > 1) {
-        if !plan.batch_cut {
+    if let Some(plan) = &report.pipeline {
+        if plan.config.stages > 1 && !plan.batch_cut {
             return Err(RuntimeError::Config {
                 key: "parallel.auto_pipeline".to_string(),
                 reason: format!(
@@ -507,13 +507,16 @@ pub(crate) fn apply_search(
                 ),
             });
         }
-        let mut pipeline = parallel
-            .pipeline
-            .clone()
-            .unwrap_or_else(|| plan.config.clone());
-        pipeline.stages = plan.config.stages;
-        pipeline.stage_config = plan.config.stage_config.clone();
-        parallel.pipeline = Some(pipeline);
+        // The searched stage count replaces `[parallel.pipeline]`'s (one stage included).
+        if plan.config.stages > 1 || parallel.pipeline.is_some() {
+            let mut pipeline = parallel
+                .pipeline
+                .clone()
+                .unwrap_or_else(|| plan.config.clone());
+            pipeline.stages = plan.config.stages;
+            pipeline.stage_config = plan.config.stage_config.clone();
+            parallel.pipeline = Some(pipeline);
+        }
     }
     for (name, inputs) in report.strategies {
         parallel
