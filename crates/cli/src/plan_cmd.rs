@@ -137,16 +137,22 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
     ));
     match (&r.loaded_from, r.search_ms > 0.0) {
         (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
-        (None, true) => out.push_str(&format!(
-            "search: {:.1} ms over {} ops ({} distinct); {}\n",
-            r.search_ms,
-            r.n_ops,
-            r.n_classes,
-            match r.gap {
-                None => "optimal under the cost model".to_string(),
-                Some(g) => format!("optimality gap at most {:.1} %", g * 100.0),
-            }
-        )),
+        (None, true) => match r.pipeline.as_ref().filter(|p| p.config.stages > 1) {
+            Some(p) => out.push_str(&format!(
+                "search: {:.1} ms over {} ops in {} stage searches; the stages cut by balanced layer times (no optimality bound)\n",
+                r.search_ms, r.n_ops, p.config.stages
+            )),
+            None => out.push_str(&format!(
+                "search: {:.1} ms over {} ops ({} distinct); {}\n",
+                r.search_ms,
+                r.n_ops,
+                r.n_classes,
+                match r.gap {
+                    None => "optimal under the cost model".to_string(),
+                    Some(g) => format!("optimality gap at most {:.1} %", g * 100.0),
+                }
+            )),
+        },
         (None, false) => out.push_str("strategies as configured (no search)\n"),
     }
     out.push_str(&format!(
@@ -167,8 +173,11 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
     out.push_str(&format!(
         "communication per step: {} per device, {} in all\n",
         bytes(r.cost.comm_bytes),
-        bytes(r.cost.comm_bytes * r.devices as f64)
+        bytes(total_comm_bytes(r))
     ));
+    if let Some(p) = &r.pipeline {
+        out.push_str(&describe_pipeline(p, r.devices * p.config.stages));
+    }
     out.push_str("strategies (in_strategy per op; repeated layers grouped):\n");
     let mut groups: Vec<(String, String, Vec<usize>)> = Vec::new();
     let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -193,6 +202,74 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
     out
 }
 
+/// Bytes received per step by all devices: of every stage when pipelined (the report's cost is
+/// then the busiest stage's).
+fn total_comm_bytes(r: &PlanReport) -> f64 {
+    match &r.pipeline {
+        Some(p) => p
+            .stage_costs
+            .iter()
+            .map(|c| c.comm_bytes * r.devices as f64)
+            .sum(),
+        None => r.cost.comm_bytes * r.devices as f64,
+    }
+}
+
+/// The chosen pipeline: per stage its layers, ranks, time per step and memory.
+fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
+    let mut out = format!(
+        "pipeline: {} stage(s) × {} micro-batches ({}), bubble {:.3} ms, makespan {:.3} ms\n",
+        p.config.stages,
+        p.config.micro_batches,
+        p.config.scheduler.name(),
+        p.bubble * 1e3,
+        p.makespan * 1e3
+    );
+    for (stage, cost) in p.stage_costs.iter().enumerate() {
+        let layers: Vec<&str> = p
+            .layers
+            .iter()
+            .filter(|(_, s)| *s == stage)
+            .map(|(l, _)| l.as_str())
+            .collect();
+        let ranks = p.ranks(stage, devices);
+        out.push_str(&format!(
+            "  stage {stage}: ranks {}-{}, {} layer(s) {}..{}, {:.3} ms per step, {} per device\n",
+            ranks.start,
+            ranks.end.saturating_sub(1),
+            layers.len(),
+            layers.first().unwrap_or(&"-"),
+            layers.last().unwrap_or(&"-"),
+            cost.time() * 1e3,
+            bytes(cost.memory.total())
+        ));
+    }
+    out
+}
+
+/// The pipeline as JSON (`null` without `parallel.auto_pipeline`).
+fn pipeline_json(r: &PlanReport) -> serde_json::Value {
+    let Some(p) = &r.pipeline else {
+        return serde_json::Value::Null;
+    };
+    let devices = r.devices * p.config.stages;
+    serde_json::json!({
+        "stages": p.config.stages,
+        "micro_batches": p.config.micro_batches,
+        "scheduler": p.config.scheduler.name(),
+        "stage_of_layer": p.layers.iter().map(|(l, s)| (l.clone(), serde_json::json!(s)))
+            .collect::<serde_json::Map<String, serde_json::Value>>(),
+        "stage_ranks": (0..p.config.stages).map(|s| {
+            let r = p.ranks(s, devices);
+            serde_json::json!([r.start, r.end])
+        }).collect::<Vec<_>>(),
+        "stage_step_ms": p.stage_costs.iter().map(|c| c.time() * 1e3).collect::<Vec<_>>(),
+        "stage_memory_bytes": p.stage_costs.iter().map(|c| c.memory.total()).collect::<Vec<_>>(),
+        "makespan_ms": p.makespan * 1e3,
+        "bubble_ms": p.bubble * 1e3,
+    })
+}
+
 /// The plan as JSON.
 fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
     let m = &r.cost.memory;
@@ -205,7 +282,7 @@ fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
         "compute_ms": r.cost.compute * 1e3,
         "comm_ms": r.cost.comm * 1e3,
         "bubble_ms": r.bubble_seconds() * 1e3,
-        "comm_bytes_per_step": r.cost.comm_bytes * r.devices as f64,
+        "comm_bytes_per_step": total_comm_bytes(r),
         "comm_bytes_per_device": r.cost.comm_bytes,
         "peak_memory_bytes": m.total(),
         "memory_budget_bytes": r.memory_budget,
@@ -219,6 +296,7 @@ fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
         "n_ops": r.n_ops,
         "n_classes": r.n_classes,
         "operator_strategy_file": file.display().to_string(),
+        "pipeline": pipeline_json(r),
         "ops": r.strategies.iter().map(|(name, s)| serde_json::json!({
             "name": name,
             "in_strategy": s,

@@ -8,6 +8,7 @@ mod launch_cli;
 mod layout_cli;
 #[cfg(feature = "mpi")]
 mod mpi_train;
+mod plan_cli;
 mod profile_cli;
 mod ps_launch_cli;
 mod sets_cli;

@@ -68,6 +68,7 @@ fn request(
         fixed: BTreeMap::new(),
         hints: BTreeMap::new(),
         time_budget: None,
+        only: None,
     }
 }
 

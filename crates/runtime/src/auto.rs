@@ -1,7 +1,7 @@
 //! Automatic parallel for a run: the device profile, the search over the model's forward ops
 //! (or the strategies of an operator strategy file), and the plan report `tessera plan` prints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use parallel::search::{
 };
 use parallel::{OpStrategy, ParallelConfig, ParallelMode};
 
+use crate::auto_pipeline::{plan_loaded_stages, search_pipelined, PipelinePlan, Planner};
 use crate::config::{ModelName, ProfileChoice, TrainConfig};
 use crate::data::IdxDataset;
 use crate::error::RuntimeError;
@@ -39,7 +40,8 @@ pub struct PlanReport {
     pub bubble_fraction: f64,
     /// The search's wall time, ms (0 when the strategies were loaded or configured).
     pub search_ms: f64,
-    /// The search's optimality gap bound, when not proven optimal.
+    /// The search's optimality gap bound, when not proven optimal. `None` also for a pipeline
+    /// of several stages (`pipeline`), whose layer cut is a heuristic without a bound.
     pub gap: Option<f64>,
     /// Ops and distinct op classes searched.
     pub n_ops: usize,
@@ -51,6 +53,9 @@ pub struct PlanReport {
     /// layouts of its inputs and, when given, of its outputs. `strategies` holds their split
     /// factors.
     pub layouts: BTreeMap<String, LoadedLayouts>,
+    /// The pipeline the search chose (`parallel.auto_pipeline`); `cost` is then its busiest
+    /// stage's per step and `bubble_fraction` that stage's idle share.
+    pub pipeline: Option<PipelinePlan>,
 }
 
 /// The layouts a loaded operator strategy file gives one op.
@@ -86,7 +91,11 @@ impl PlanReport {
                 let out_layouts = layouts.and_then(|l| l.outputs.clone());
                 OpStrategyRecord {
                     name: name.clone(),
-                    stage: 0,
+                    stage: self
+                        .pipeline
+                        .as_ref()
+                        .and_then(|p| p.stage_of_op.get(name).copied())
+                        .unwrap_or(0),
                     inputs: inputs.clone(),
                     outputs: out_layouts
                         .as_ref()
@@ -190,18 +199,31 @@ fn gpt_hints(
     hints
 }
 
+/// Where a search runs: its devices, its memory per device and the ops it covers.
+#[derive(Debug, Clone)]
+pub(crate) struct SearchScope {
+    /// Devices (of the stage).
+    pub devices: usize,
+    /// Memory per device, bytes.
+    pub budget: u64,
+    /// The forward ops searched (a pipeline stage's), every one when `None`.
+    pub only: Option<BTreeSet<String>>,
+}
+
 /// The search of `mode` for `model` under `config`; ops with a `[parallel.shard]` entry keep it.
-fn run_search(
+pub(crate) fn run_search(
     config: &TrainConfig,
     model: &Model,
     gpt: Option<&GptConfig>,
     parallel: &ParallelConfig,
     mode: SearchMode,
     profile: &DeviceProfile,
-    devices: usize,
+    scope: &SearchScope,
 ) -> Result<SearchResult, RuntimeError> {
+    let devices = scope.devices;
     let fixed = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?
         .into_iter()
+        .filter(|(name, _)| scope.only.as_ref().is_none_or(|o| o.contains(name)))
         .map(|(name, s)| (name, s.inputs))
         .collect();
     let hints = gpt.map_or_else(BTreeMap::new, |g| gpt_hints(g, model, devices));
@@ -209,11 +231,12 @@ fn run_search(
         mode,
         profile,
         devices,
-        memory_budget: config.search().max_device_memory,
+        memory_budget: Some(scope.budget),
         optimizer_states: optimizer_states(config),
         fixed,
         hints,
         time_budget: Some(Duration::from_secs_f64(config.search().search_time_budget)),
+        only: scope.only.clone(),
     };
     Ok(search(&model.graph, &request)?)
 }
@@ -283,6 +306,7 @@ pub fn plan_model(
         fixed: BTreeMap::new(),
         hints: BTreeMap::new(),
         time_budget: None,
+        only: None,
     };
     let costed = |mode: String,
                   strategies: BTreeMap<String, Vec<Vec<usize>>>,
@@ -310,6 +334,7 @@ pub fn plan_model(
             n_classes: 0,
             loaded_from: from,
             layouts,
+            pipeline: None,
         })
     };
     let mode = match parallel.mode {
@@ -332,11 +357,47 @@ pub fn plan_model(
                 (r.name.clone(), loaded)
             })
             .collect();
+        if records.iter().any(|r| r.stage > 0) {
+            // A pipelined plan: its stages from the entries' `stage`, costed per stage.
+            let stage_of_op: BTreeMap<String, usize> =
+                records.iter().map(|r| (r.name.clone(), r.stage)).collect();
+            let mut with_loaded = parallel.clone();
+            for r in records {
+                with_loaded
+                    .strategies
+                    .insert(r.name, OpStrategy::from_tuples(r.inputs, None));
+            }
+            let mut report = plan_pipelined(
+                config,
+                model,
+                gpt,
+                &with_loaded,
+                mode,
+                profile,
+                budget,
+                Instant::now(),
+                Some((&stage_of_op, path)),
+            )?;
+            report.search_ms = 0.0;
+            report.gap = None;
+            report.loaded_from = Some(path.clone());
+            return Ok(report);
+        }
         let loaded = records.into_iter().map(|r| (r.name, r.inputs)).collect();
         return costed(mode.name().to_string(), loaded, Some(path.clone()), layouts);
     }
     let start = Instant::now();
-    let result = run_search(config, model, gpt, &parallel, mode, &profile, devices)?;
+    if config.search().auto_pipeline {
+        return plan_pipelined(
+            config, model, gpt, &parallel, mode, profile, budget, start, None,
+        );
+    }
+    let scope = SearchScope {
+        devices,
+        budget,
+        only: None,
+    };
+    let result = run_search(config, model, gpt, &parallel, mode, &profile, &scope)?;
     Ok(PlanReport {
         mode: mode.name().to_string(),
         devices,
@@ -351,6 +412,75 @@ pub fn plan_model(
         n_classes: result.n_classes,
         loaded_from: None,
         layouts: BTreeMap::new(),
+        pipeline: None,
+    })
+}
+
+/// [`plan_model`] with `parallel.auto_pipeline`: the stage count searched too; or the
+/// pipeline of `loaded` strategies whose file names their stages (stage per op, the file).
+#[allow(clippy::too_many_arguments)]
+fn plan_pipelined(
+    config: &TrainConfig,
+    model: &Model,
+    gpt: Option<&GptConfig>,
+    parallel: &ParallelConfig,
+    mode: SearchMode,
+    profile: DeviceProfile,
+    budget: u64,
+    start: Instant,
+    loaded: Option<(&BTreeMap<String, usize>, &Path)>,
+) -> Result<PlanReport, RuntimeError> {
+    let devices = parallel.effective_devices();
+    let planner = Planner {
+        config,
+        model,
+        gpt,
+        parallel,
+        mode,
+        profile: &profile,
+        devices,
+        budget,
+    };
+    let found = match loaded {
+        Some((stage_of_op, file)) => plan_loaded_stages(&planner, stage_of_op, file)?,
+        None => search_pipelined(&planner)?,
+    };
+    let plan = found.plan;
+    // Time of the busiest stage, memory of the fullest.
+    let mut cost = plan.stage_costs[plan.busiest()].clone();
+    cost.memory = plan
+        .stage_costs
+        .iter()
+        .map(|c| c.memory)
+        .max_by(|a, b| a.total().total_cmp(&b.total()))
+        .unwrap_or(cost.memory);
+    let bubble_fraction = if plan.makespan > 0.0 {
+        plan.bubble / plan.makespan
+    } else {
+        0.0
+    };
+    // A pipeline's layer cut is a heuristic: no gap is bounded (the stages show it).
+    let (gap, n_ops, n_classes) = found
+        .flat
+        .as_ref()
+        .map_or((None, found.strategies.len(), 0), |r| {
+            (r.gap, r.n_ops, r.n_classes)
+        });
+    Ok(PlanReport {
+        mode: mode.name().to_string(),
+        devices: devices / plan.config.stages,
+        profile,
+        memory_budget: budget,
+        strategies: found.strategies,
+        cost,
+        bubble_fraction,
+        search_ms: start.elapsed().as_secs_f64() * 1e3,
+        gap,
+        n_ops,
+        n_classes,
+        loaded_from: None,
+        layouts: BTreeMap::new(),
+        pipeline: Some(plan),
     })
 }
 
@@ -406,6 +536,27 @@ pub(crate) fn apply_search(
     let report = plan_model(config, model, gpt)?;
     if let Some(path) = &config.search().save_operator_strategy_file {
         ckpt::write_operator_strategy_file(path, &report.records())?;
+    }
+    if let Some(plan) = &report.pipeline {
+        if plan.config.stages > 1 && !plan.batch_cut {
+            return Err(RuntimeError::Config {
+                key: "parallel.auto_pipeline".to_string(),
+                reason: format!(
+                    "the search chose {} pipeline stages; training them needs the batch cut into micro-batches before the model is built: add [parallel.pipeline] with stages = 1 and micro_batches = {} (tessera plan shows the plan without it)",
+                    plan.config.stages, plan.config.micro_batches
+                ),
+            });
+        }
+        // The searched stage count replaces `[parallel.pipeline]`'s (one stage included).
+        if plan.config.stages > 1 || parallel.pipeline.is_some() {
+            let mut pipeline = parallel
+                .pipeline
+                .clone()
+                .unwrap_or_else(|| plan.config.clone());
+            pipeline.stages = plan.config.stages;
+            pipeline.stage_config = plan.config.stage_config.clone();
+            parallel.pipeline = Some(pipeline);
+        }
     }
     for (name, inputs) in report.strategies {
         let layouts = report.layouts.get(&name).cloned();

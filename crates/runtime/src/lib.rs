@@ -34,6 +34,7 @@
 
 mod accumulate;
 mod auto;
+mod auto_pipeline;
 mod broadcast;
 mod callbacks;
 mod config;
@@ -59,6 +60,7 @@ mod shared;
 mod trainer;
 
 pub use crate::auto::{build_model, load_profile, plan, plan_model, LoadedLayouts, PlanReport};
+pub use crate::auto_pipeline::PipelinePlan;
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,

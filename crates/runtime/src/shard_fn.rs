@@ -118,6 +118,7 @@ pub fn shard(
         fixed,
         hints: BTreeMap::new(),
         time_budget: None,
+        only: None,
     };
     let found = search(sub_network, &request)?;
     let mut strategies: BTreeMap<String, OpStrategy> = found

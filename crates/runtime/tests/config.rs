@@ -509,3 +509,23 @@ fn keys_without_effect_are_warned_about() {
     );
     assert_eq!(config.parallel_config().effective_devices(), 1);
 }
+
+#[test]
+fn auto_pipeline_needs_a_search_mode() {
+    let (key, reason) = config_error(parse_with(MINIMAL, &["parallel.auto_pipeline=true"]));
+    assert_eq!(key, "parallel.auto_pipeline");
+    assert!(
+        reason.contains("applies only with a search mode"),
+        "{reason}"
+    );
+    let searched = parse_with(
+        MINIMAL,
+        &[
+            "parallel.auto_pipeline=true",
+            "parallel.mode=\"dynamic_programming\"",
+        ],
+    )
+    .expect("valid with a search mode");
+    assert!(searched.search().auto_pipeline);
+    assert!(!parse_with(MINIMAL, &[]).unwrap().search().auto_pipeline);
+}

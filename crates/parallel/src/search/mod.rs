@@ -9,7 +9,7 @@
 //!   choices. Forward and backward are both counted: an op's backward runs on its device
 //!   matrix, so its cost follows from the forward choice.
 //! - [`search`] solves it with one of three algorithms ([`SearchMode`]): sharding propagation,
-//!   recursive bisection, or dynamic programming by graph elimination (exact on
+//!   recursive bisection (forking over the order of batch and model halvings), or dynamic programming by graph elimination (exact on
 //!   series-parallel graphs, otherwise approximate with a reported gap). All keep the memory
 //!   per device under the budget, or fail naming the least memory that would do.
 //!
@@ -29,8 +29,9 @@ mod footprint;
 mod greedy;
 mod problem;
 pub mod profiles;
+mod recursive;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use graph::Graph;
@@ -94,6 +95,8 @@ pub struct SearchRequest<'a> {
     pub hints: BTreeMap<String, Vec<Vec<Vec<usize>>>>,
     /// How long dynamic programming may run before it fixes the remaining ops greedily.
     pub time_budget: Option<Duration>,
+    /// Search only these forward ops (a pipeline stage's), by name; every one when `None`.
+    pub only: Option<BTreeSet<String>>,
 }
 
 /// What a search found.
@@ -116,6 +119,11 @@ pub struct SearchResult {
     pub n_ops: usize,
     /// Distinct op classes (ops with the same kind and shapes share their candidates).
     pub n_classes: usize,
+    /// Per op of `strategies`, its share of the step time (its own time and half of each of
+    /// its redistributions, seconds) and its memory per device.
+    pub op_shares: Vec<(f64, MemoryEstimate)>,
+    /// Per op of `strategies`, the least memory per device any of its candidates needs.
+    pub op_least_memory: Vec<MemoryEstimate>,
 }
 
 /// The settings of `request` for costing ops.
@@ -138,7 +146,13 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
             reason: format!("profile {}: {e}", request.profile.name),
         })?;
     let settings = settings(request);
-    let problem = SearchProblem::build(graph, &settings, &request.fixed, &request.hints)?;
+    let problem = SearchProblem::build_only(
+        graph,
+        &settings,
+        &request.fixed,
+        &request.hints,
+        request.only.as_ref(),
+    )?;
     let budget = request
         .memory_budget
         .unwrap_or(request.profile.memory_bytes) as f64;
@@ -155,7 +169,7 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
         SearchMode::ShardingPropagation => {
             (greedy::propagate(&problem, &seeds(graph, &problem)), false)
         }
-        SearchMode::RecursiveProgramming => (greedy::recursive(&problem), false),
+        SearchMode::RecursiveProgramming => (recursive::recursive(&problem, budget), false),
         SearchMode::DynamicProgramming => lagrangian(&problem, budget, deadline),
     };
     budget::repair(&problem, &mut choice, budget);
@@ -193,6 +207,8 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
         gap,
         n_ops: problem.nodes.len(),
         n_classes: classes.len(),
+        op_shares: problem.node_shares(&choice),
+        op_least_memory: problem.least_memory(),
     })
 }
 

@@ -5,7 +5,7 @@
 //! list, and edges between such classes share one cost matrix, so memory and time grow with
 //! the ops and the distinct classes' candidates, not with the devices.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use graph::{Graph, NodeId, NodeRole, ValueId, ValueKind};
@@ -148,12 +148,27 @@ impl SearchProblem {
         fixed: &BTreeMap<String, Vec<Vec<usize>>>,
         hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
     ) -> Result<SearchProblem, ParallelError> {
+        SearchProblem::build_only(graph, settings, fixed, hints, None)
+    }
+
+    /// [`SearchProblem::build`] over the forward ops named in `only` (every one when `None`):
+    /// a pipeline stage's ops. Values from ops outside come in as they are (no edge).
+    pub fn build_only(
+        graph: &Graph,
+        settings: &EvalSettings<'_>,
+        fixed: &BTreeMap<String, Vec<Vec<usize>>>,
+        hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
+        only: Option<&BTreeSet<String>>,
+    ) -> Result<SearchProblem, ParallelError> {
         let devices = settings.devices;
         let mut classes: HashMap<String, (usize, Arc<Vec<Evaluated>>)> = HashMap::new();
         let mut nodes: Vec<SearchNode> = Vec::new();
         let mut index_of: HashMap<usize, usize> = HashMap::new();
         for (id, node) in graph.nodes().iter().enumerate() {
-            if node.role != NodeRole::Forward || node.inputs.is_empty() {
+            if node.role != NodeRole::Forward
+                || node.inputs.is_empty()
+                || only.is_some_and(|o| !o.contains(&node.name))
+            {
                 continue;
             }
             let (candidates, class, is_fixed) = if let Some(s) = fixed.get(&node.name) {
@@ -349,6 +364,40 @@ impl SearchProblem {
             .enumerate()
             .map(|(n, &c)| self.node_memory(n, c))
             .sum()
+    }
+
+    /// Per node, its time under `choice` with half of every edge it has, and its memory: the
+    /// shares that add up to [`SearchProblem::time`] and [`SearchProblem::cost`]'s memory.
+    pub fn node_shares(&self, choice: &[usize]) -> Vec<(f64, MemoryEstimate)> {
+        let mut time: Vec<f64> = choice
+            .iter()
+            .enumerate()
+            .map(|(n, &c)| self.node_time(n, c))
+            .collect();
+        for (e, edge) in self.edges.iter().enumerate() {
+            let t = self.edge_time(e, choice[edge.u], choice[edge.v]);
+            time[edge.u] += 0.5 * t;
+            time[edge.v] += 0.5 * t;
+        }
+        time.into_iter()
+            .zip(choice)
+            .enumerate()
+            .map(|(n, (t, &c))| (t, self.nodes[n].candidates[c].memory))
+            .collect()
+    }
+
+    /// Per node, the memory of its candidate needing the least (what any plan needs at least).
+    pub fn least_memory(&self) -> Vec<MemoryEstimate> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                node.candidates
+                    .iter()
+                    .map(|c| c.memory)
+                    .min_by(|a, b| a.total().total_cmp(&b.total()))
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     /// A lower bound of any plan's step time: every node and edge at its cheapest.

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use toml::Value;
 
-use super::values::{config_error, path_reader, read_float, read_string, wrong_type, Section};
+use super::values::{
+    config_error, path_reader, read_bool, read_float, read_string, wrong_type, Section,
+};
 use crate::error::RuntimeError;
 
 /// The keys of `[parallel]` the searches read.
@@ -24,6 +26,9 @@ pub struct SearchKeys {
     pub save_operator_strategy_file: Option<PathBuf>,
     /// `parallel.load_operator_strategy_file`: strategies to use instead of searching.
     pub load_operator_strategy_file: Option<PathBuf>,
+    /// `parallel.auto_pipeline`: the search also chooses the pipeline stage count, the layers
+    /// of each stage and the strategies within each stage's devices. Default false.
+    pub auto_pipeline: bool,
 }
 
 /// A device profile by name or file.
@@ -54,6 +59,7 @@ impl Default for SearchKeys {
             search_time_budget: 60.0,
             save_operator_strategy_file: None,
             load_operator_strategy_file: None,
+            auto_pipeline: false,
         }
     }
 }
@@ -145,11 +151,13 @@ pub(super) fn read_search_keys(s: &mut Section, base: &Path) -> Result<SearchKey
     )?;
     let save_operator_strategy_file = s.get("save_operator_strategy_file", path_reader(base))?;
     let load_operator_strategy_file = s.get("load_operator_strategy_file", path_reader(base))?;
+    let auto_pipeline = s.or("auto_pipeline", defaults.auto_pipeline, read_bool)?;
     Ok(SearchKeys {
         device_profile,
         max_device_memory,
         search_time_budget,
         save_operator_strategy_file,
         load_operator_strategy_file,
+        auto_pipeline,
     })
 }

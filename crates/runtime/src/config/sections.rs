@@ -103,6 +103,7 @@ pub(super) const PARALLEL_KEYS: &[&str] = &[
     "search_time_budget",
     "save_operator_strategy_file",
     "load_operator_strategy_file",
+    "auto_pipeline",
 ];
 /// `[parallel.hsdp]`'s keys: MindSpore's `AutoParallel.hsdp(shard_size, threshold,
 /// optimizer_level)`.
@@ -197,6 +198,15 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let micro_batch_interleave =
         parallel_section.or("micro_batch_interleave", 1, read_micro_batch_interleave)?;
     let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
+    if search.auto_pipeline && !matches!(parallel.mode, parallel::ParallelMode::Auto(_)) {
+        return Err(config_error(
+            "parallel.auto_pipeline",
+            format!(
+                "applies only with a search mode (sharding_propagation, recursive_programming or dynamic_programming), not parallel.mode = \"{}\"",
+                parallel.mode.name()
+            ),
+        ));
+    }
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;

@@ -1,0 +1,81 @@
+//! `tessera plan` with `parallel.auto_pipeline`: the chosen stages printed, the `pipeline`
+//! object of `--json`, and the stages in the operator strategy file.
+
+use crate::util::{assert_ok, repo_root, s, tessera, Scratch};
+
+/// A small GPT on 2 devices whose searched plan is a 2-stage pipeline (see the runtime's
+/// `auto_pipeline_plan_trains_like_one_device`).
+fn config(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("gpt.toml");
+    let text = format!(
+        r#"
+[model]
+name = "gpt"
+layers = 2
+heads = 8
+hidden = 32
+seq_len = 16
+ffn_hidden = 64
+[data]
+format = "text"
+path = "{data}"
+batch_size = 8
+[parallel]
+devices = 2
+mode = "dynamic_programming"
+auto_pipeline = true
+[parallel.pipeline]
+stages = 1
+micro_batches = 4
+[train]
+epochs = 1
+optimizer = "momentum"
+learning_rate = 0.01
+momentum = 0.9
+[output]
+dir = "{out}"
+"#,
+        data = repo_root().join("data/kjv/kjv.txt.gz").display(),
+        out = dir.join("out").display(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn plan_prints_and_writes_the_searched_pipeline() {
+    let dir = Scratch::new("plan-pipeline");
+    let cfg = config(&dir.0);
+    let out = tessera(&["plan", s(&cfg), "--json"]);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let p = &json["pipeline"];
+    assert_eq!(p["stages"], 2, "{p}");
+    assert_eq!(p["micro_batches"], 4);
+    assert_eq!(p["scheduler"], "1f1b");
+    assert_eq!(p["stage_of_layer"]["embedding"], 0);
+    assert_eq!(p["stage_of_layer"]["loss"], 1);
+    assert_eq!(p["stage_ranks"], serde_json::json!([[0, 1], [1, 2]]));
+    let bubble = p["bubble_ms"].as_f64().unwrap();
+    assert!(bubble > 0.0 && (json["bubble_ms"].as_f64().unwrap() - bubble).abs() < 1e-9);
+    assert!(
+        (json["predicted_step_ms"].as_f64().unwrap() - p["makespan_ms"].as_f64().unwrap()).abs()
+            < 1e-9
+    );
+    assert!(json["gap"].is_null(), "no bound is claimed for a pipeline");
+    let file = std::fs::read_to_string(json["operator_strategy_file"].as_str().unwrap()).unwrap();
+    let file: serde_json::Value = serde_json::from_str(&file).unwrap();
+    let items = file["parallel_strategy_item"].as_object().unwrap();
+    assert_eq!(items["embedding.gather"]["stage"], 0);
+    assert_eq!(items["loss"]["stage"], 1);
+
+    let text = tessera(&["plan", s(&cfg)]);
+    assert_ok(&text);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("pipeline: 2 stage(s) × 4 micro-batches (1f1b)"),
+        "{text}"
+    );
+    assert!(text.contains("stage 0: ranks 0-0"), "{text}");
+    assert!(text.contains("stage 1: ranks 1-1"), "{text}");
+}
