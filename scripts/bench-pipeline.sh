@@ -21,9 +21,10 @@ run() {
   local name="$1"; shift
   local log
   log="$("$bin" train examples/gpt_kjv.toml "${common[@]}" --set "output.dir=\"$out/$name\"" "$@" 2>&1)"
-  local rate
-  rate="$(grep -o '([0-9.]* steps/s)' <<<"$log" | tr -d '()' | cut -d' ' -f1)"
-  printf '%-26s %8.0f tokens/s' "$name" "$(echo "$rate * $batch * 64" | bc -l)"
+  local secs
+  # "trained N steps on D device(s) in S s": the summary's steps/s has one decimal only.
+  secs="$(grep -o 'device(s) in [0-9.]* s' <<<"$log" | cut -d' ' -f3)"
+  printf '%-26s %8.0f tokens/s' "$name" "$(echo "$steps * $batch * 64 / $secs" | bc -l)"
   grep -o 'bubble (measured[^:]*: [0-9.]* %' <<<"$log" | sed 's/.*: /  measured bubble /' | tr -d '\n' || true
   grep -o 'bubble (predicted from[^:]*: [0-9.]* %' <<<"$log" | sed 's/.*: /  (from its pass times: /;s/$/)/' | tr -d '\n' || true
   grep -o 'per rank: .*' <<<"$log" | sed 's/per rank:/  held at once:/' | tr -d '\n' || true
