@@ -25,7 +25,8 @@ pub struct TraceSpan {
     pub rank: usize,
     /// What ran: `F3` (forward of micro-batch 3), `B3`, `W3`; `wait F3` / `wait B3` (receiving
     /// what the pass needs from another stage, the time the pipeline keeps this rank idle); or
-    /// the runtime's own work around a pass (`feed F3`, `buffers 3`, `sum W3`, `free 3`).
+    /// the runtime's own work around a pass (`buffers 3`: a micro-batch's buffers, `feed F3`: its
+    /// inputs, `sum W3`: adding its gradients to the step's sums).
     pub name: String,
     /// Microseconds since the process's first pipelined step.
     pub start_us: f64,
