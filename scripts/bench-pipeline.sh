@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on this machine (issue 15's benchmark): an 8-layer GPT (width 128, 64
-# tokens, batch 16) on 2 ranks as 2 stages with 8 micro-batches, for each scheduler: tokens/s,
-# the measured bubble next to the predicted one, and the micro-batches each rank held at once;
-# then the same model without a pipeline on 1 rank and with data parallel 2, in the same run.
-#   scripts/bench-pipeline.sh [steps]
+# tokens, batch 64 by default, so micro-batches of 8 sequences) on 2 ranks as 2 stages with 8
+# micro-batches, for each scheduler: tokens/s, the measured bubble next to the predicted one
+# (the schedule's, from --explain) and the one the simulator predicts from the run's own pass
+# times per stage, and the micro-batches each rank held at once; then the same model without a
+# pipeline on 1 rank and with data parallel 2, in the same run.
+#   scripts/bench-pipeline.sh [steps] [batch]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-20}"
+batch="${2:-64}"
 cargo build --release -p tessera-cli --quiet
 bin=target/release/tessera
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-common=(--set model.layers=8 --set model.hidden=128 --set model.seq_len=64 --set data.batch_size=16
+echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); batch $batch, $steps steps"
+common=(--set model.layers=8 --set model.hidden=128 --set model.seq_len=64 --set "data.batch_size=$batch"
         --set train.eval=false --set "train.max_steps=$steps" --set output.save_checkpoint=false)
 run() {
   local name="$1"; shift
   local log
   log="$("$bin" train examples/gpt_kjv.toml "${common[@]}" --set "output.dir=\"$out/$name\"" "$@" 2>&1)"
-  local rate
-  rate="$(grep -o '([0-9.]* steps/s)' <<<"$log" | tr -d '()' | cut -d' ' -f1)"
-  printf '%-26s %8.0f tokens/s' "$name" "$(echo "$rate * 16 * 64" | bc -l)"
+  local secs
+  # "trained N steps on D device(s) in S s": the summary's steps/s has one decimal only.
+  secs="$(grep -o 'device(s) in [0-9.]* s' <<<"$log" | cut -d' ' -f3)"
+  printf '%-26s %8.0f tokens/s' "$name" "$(echo "$steps * $batch * 64 / $secs" | bc -l)"
   grep -o 'bubble (measured[^:]*: [0-9.]* %' <<<"$log" | sed 's/.*: /  measured bubble /' | tr -d '\n' || true
+  grep -o 'bubble (predicted from[^:]*: [0-9.]* %' <<<"$log" | sed 's/.*: /  (from its pass times: /;s/$/)/' | tr -d '\n' || true
   grep -o 'per rank: .*' <<<"$log" | sed 's/per rank:/  held at once:/' | tr -d '\n' || true
   echo
 }

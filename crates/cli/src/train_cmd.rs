@@ -197,9 +197,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
         if let Some(bubble) = report.pipeline_bubble() {
             println!(
-                "pipeline bubble (measured, mean over ranks and steps): {:.1} %",
+                "pipeline bubble (measured, idle share of every rank over each step): {:.1} %",
                 bubble * 100.0
             );
+            if let Some(predicted) = calibrated_bubble(&config, &report)? {
+                println!(
+                    "pipeline bubble (predicted from this run's pass times per stage): {:.1} %",
+                    predicted * 100.0
+                );
+            }
             let peaks: Vec<String> = report
                 .ranks
                 .iter()
@@ -306,6 +312,24 @@ fn mpi_rank_is_zero() -> bool {
         .iter()
         .find_map(|v| std::env::var(v).ok())
         .is_none_or(|r| r == "0")
+}
+
+/// The schedule simulator's bubble with each stage's passes timed as this run measured them
+/// (`None` without a pipeline, or when some stage's ranks are not in this process).
+fn calibrated_bubble(
+    config: &TrainConfig,
+    report: &runtime::TrainReport,
+) -> anyhow::Result<Option<f64>> {
+    let Some(pipeline) = config.parallel_config().pipeline.filter(|p| p.stages > 1) else {
+        return Ok(None);
+    };
+    let schedule = parallel::pipeline::Schedule::generate(&pipeline)?;
+    let per_rank: Vec<&[runtime::StepTrace]> =
+        report.ranks.iter().map(|r| r.pipeline.as_slice()).collect();
+    let per_stage = (report.devices / pipeline.stages).max(1);
+    Ok(runtime::calibrated_prediction(
+        &schedule, per_stage, &per_rank,
+    )?)
 }
 
 /// Writes the ranks' pipeline timelines as Chrome trace events: every rank into `path` when

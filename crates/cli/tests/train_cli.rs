@@ -250,6 +250,10 @@ fn train_trace_records_every_ranks_pipeline_timeline() {
     assert_ok(&out);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("pipeline bubble (measured"), "{stdout}");
+    assert!(
+        stdout.contains("pipeline bubble (predicted from this run's pass times per stage)"),
+        "{stdout}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let spans: Vec<&serde_json::Value> = json["traceEvents"]
@@ -269,6 +273,10 @@ fn train_trace_records_every_ranks_pipeline_timeline() {
     }
     // Stage 1 waits for stage 0's activations at least once per step.
     assert!(spans.iter().any(|e| e["tid"] == 1 && e["cat"] == "wait"));
+    // The runtime's bookkeeping (a micro-batch's buffers, summing its gradients) is its own span.
+    assert!(spans
+        .iter()
+        .any(|e| e["cat"] == "runtime" && e["name"].as_str().unwrap().starts_with("sum ")));
     let plain = tessera(&base("plain").iter().map(String::as_str).collect::<Vec<_>>());
     assert!(!plain.status.success());
     assert!(String::from_utf8_lossy(&plain.stderr).contains("no pipelined steps to trace"));

@@ -58,23 +58,14 @@ impl TrainReport {
         self.ranks.first().map_or(&[], |r| r.accuracies.as_slice())
     }
 
-    /// The measured pipeline bubble: the mean over ranks and steps (the first step, which warms
-    /// up, left out when there are more) of the share of each rank's schedule spent waiting for
-    /// other stages; `None` without pipelined micro-batches.
+    /// The measured pipeline bubble ([`crate::measured_bubble`]): per step, the share of
+    /// rank-time over the step's span on every rank spent waiting for other stages (or before
+    /// or after a rank's part of the step), averaged over the steps after the first; `None`
+    /// without pipelined micro-batches.
     pub fn pipeline_bubble(&self) -> Option<f64> {
-        let per_rank: Vec<f64> = self
-            .ranks
-            .iter()
-            .filter_map(|r| {
-                let steps = match r.pipeline.len() {
-                    0 => return None,
-                    1 => &r.pipeline[..],
-                    _ => &r.pipeline[1..],
-                };
-                Some(steps.iter().map(|s| s.bubble).sum::<f64>() / steps.len() as f64)
-            })
-            .collect();
-        (!per_rank.is_empty()).then(|| per_rank.iter().sum::<f64>() / per_rank.len() as f64)
+        let per_rank: Vec<&[crate::StepTrace]> =
+            self.ranks.iter().map(|r| r.pipeline.as_slice()).collect();
+        crate::measured_bubble(&per_rank)
     }
 
     /// The validation loss after every epoch (language models).

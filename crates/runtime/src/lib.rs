@@ -36,6 +36,7 @@ mod accumulate;
 mod auto;
 mod auto_pipeline;
 mod broadcast;
+mod bubble;
 mod callbacks;
 mod config;
 mod data;
@@ -62,6 +63,7 @@ mod trainer;
 pub use crate::auto::{build_model, load_profile, plan, plan_model, LoadedLayouts, PlanReport};
 pub use crate::auto_pipeline::PipelinePlan;
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
+pub use crate::bubble::{calibrated_prediction, measured_bubble, step_bubble};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
     StepInfo, TrainEndInfo,
@@ -88,7 +90,7 @@ pub use crate::optimizer::{
     applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
     ParamSpec,
 };
-pub use crate::pipeline::{chrome_trace, StepTrace, TraceSpan};
+pub use crate::pipeline::{chrome_trace, PassTimes, SpanKind, StepTrace, TraceSpan};
 pub use crate::precision::{LossScale, Precision};
 pub use crate::preflight::check_before_start;
 pub use crate::profile::{StepProfile, Tally};

@@ -23,15 +23,40 @@ use crate::executor::RankExecutor;
 pub struct TraceSpan {
     /// The rank.
     pub rank: usize,
-    /// What ran: `F3` (forward of micro-batch 3), `B3`, or `wait F3` / `wait B3` (receiving
-    /// what the pass needs from another stage, the time the pipeline keeps this rank idle).
+    /// What ran: `F3` (forward of micro-batch 3), `B3`, `W3`; `wait F3` / `wait B3` (receiving
+    /// what the pass needs from another stage, the time the pipeline keeps this rank idle); or
+    /// the runtime's own work around a pass (`buffers 3`: a micro-batch's buffers, `feed F3`: its
+    /// inputs, `sum W3`: adding its gradients to the step's sums).
     pub name: String,
     /// Microseconds since the process's first pipelined step.
     pub start_us: f64,
     /// Microseconds.
     pub dur_us: f64,
-    /// Whether the rank computed (false: it waited for another stage).
-    pub busy: bool,
+    /// What the rank did in the span.
+    pub kind: SpanKind,
+}
+
+/// What a rank did during a [`TraceSpan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    /// A scheduled pass (forward, backward or weight-gradient steps of the program).
+    Compute,
+    /// Waiting to receive an activation or gradient from another stage.
+    Wait,
+    /// The runtime's bookkeeping between passes: a micro-batch's inputs, its buffers, summing
+    /// its gradients.
+    Runtime,
+}
+
+impl SpanKind {
+    /// The Chrome trace category: `compute`, `wait` or `runtime`.
+    pub fn category(self) -> &'static str {
+        match self {
+            SpanKind::Compute => "compute",
+            SpanKind::Wait => "wait",
+            SpanKind::Runtime => "runtime",
+        }
+    }
 }
 
 /// One rank's timeline of a pipelined step.
@@ -39,8 +64,9 @@ pub struct TraceSpan {
 pub struct StepTrace {
     /// The spans, in order.
     pub spans: Vec<TraceSpan>,
-    /// `1 − busy / elapsed` from the first action's start to the last one's end: the share of
-    /// the rank's schedule spent waiting for other stages.
+    /// The share of this rank's own span (its first span's start to its last one's end) spent
+    /// waiting for other stages. The run's measured bubble ([`crate::measured_bubble`]) also
+    /// counts the time before and after this span within the step's span over every rank.
     pub bubble: f64,
     /// The most micro-batches whose buffers this rank held at once.
     pub peak_in_flight: usize,
@@ -50,6 +76,52 @@ pub struct StepTrace {
     /// With `parallel.pipeline.output_broadcast`: every micro-batch's loss, computed by the
     /// last stage and broadcast to every rank (empty otherwise).
     pub micro_batch_losses: Vec<f32>,
+    /// Microseconds this rank worked (waits left out) in its forward passes, its full or
+    /// input-gradient backward passes, and its weight-gradient passes, each with the runtime's
+    /// bookkeeping around it (buffers and inputs with the forward, the gradients' sum with a
+    /// micro-batch's last pass).
+    pub pass_us: PassTimes,
+}
+
+/// Time per kind of pass (see [`StepTrace::pass_us`]), summed over a step's passes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PassTimes {
+    /// Forward passes.
+    pub forward: f64,
+    /// Full backward passes, or zero bubble's input-gradient halves.
+    pub backward_input: f64,
+    /// Zero bubble's weight-gradient halves.
+    pub backward_weight: f64,
+}
+
+impl PassTimes {
+    /// Adds `us` to the time of `kind` (a full backward counts as an input-gradient one).
+    fn add(&mut self, kind: ActionKind, us: f64) {
+        match kind {
+            ActionKind::Forward => self.forward += us,
+            ActionKind::Backward | ActionKind::BackwardInput => self.backward_input += us,
+            ActionKind::BackwardWeight => self.backward_weight += us,
+        }
+    }
+}
+
+impl StepTrace {
+    /// The rank's own span, in microseconds since the trace origin: its first span's start and
+    /// its last span's end (`None` without spans).
+    pub fn extent(&self) -> Option<(f64, f64)> {
+        let first = self.spans.first()?;
+        let last = self.spans.last()?;
+        Some((first.start_us, last.start_us + last.dur_us))
+    }
+
+    /// Microseconds spent waiting for other stages (the [`SpanKind::Wait`] spans).
+    pub fn waiting_us(&self) -> f64 {
+        self.spans
+            .iter()
+            .filter(|s| s.kind == SpanKind::Wait)
+            .map(|s| s.dur_us)
+            .sum()
+    }
 }
 
 /// The process's clock origin for traces.
@@ -245,6 +317,10 @@ impl PipelineRunner {
         // A micro-batch's buffers exist from its forward pass to its last backward action, so a
         // schedule's memory is what it keeps in flight (1F1B: at most P − s on stage s).
         let mut slots: Vec<Option<Vec<Option<Tensor>>>> = vec![None; self.micro_batches];
+        // Buffers of finished micro-batches, reused by the next ones: every pass writes the
+        // buffers it reads later, as unpipelined steps reuse the executor's buffers, so only
+        // the step's peak in flight is ever allocated (and counted), and freed after the step.
+        let mut pool: Vec<Vec<Option<Tensor>>> = Vec::new();
         let mut in_flight = std::collections::BTreeSet::new();
         // With `output_broadcast`: each micro-batch's loss as this rank holds it (its part of
         // the last stage's value; nothing on other stages).
@@ -260,12 +336,22 @@ impl PipelineRunner {
                 expected: format!("below {}", self.micro_batches),
                 got: mb.to_string(),
             })?;
+            let first_span = trace.spans.len();
+            let allocated = Instant::now();
+            let fresh = entry.is_none() && pool.is_empty();
             let slot = entry.get_or_insert_with(|| {
-                self.local
-                    .iter()
-                    .map(|&b| Some(exec.fresh_counted(b)))
-                    .collect()
+                pool.pop().unwrap_or_else(|| {
+                    self.local
+                        .iter()
+                        .map(|&b| Some(exec.fresh_counted(b)))
+                        .collect()
+                })
             });
+            if fresh {
+                let name = format!("buffers {mb}");
+                let span = (allocated, Instant::now());
+                self.record(&mut trace, &name, SpanKind::Runtime, span, origin);
+            }
             if trace.micro_batch_bytes == 0 {
                 trace.micro_batch_bytes = slot.iter().flatten().map(|t| t.as_bytes().len()).sum();
             }
@@ -298,7 +384,11 @@ impl PipelineRunner {
             let last = frees_micro_batch(&Action::new(kind, mb, chunk));
             let result = match kind {
                 ActionKind::Forward => {
+                    let fed = Instant::now();
                     (if chunk == 0 { feed(exec, mb) } else { Ok(()) }).and_then(|()| {
+                        let span = (fed, Instant::now());
+                        let name = format!("feed {label}");
+                        self.record(&mut trace, &name, SpanKind::Runtime, span, origin);
                         self.timed(exec, steps(&self.forward), &label, origin, &mut trace)
                     })
                 }
@@ -322,22 +412,34 @@ impl PipelineRunner {
             }
             .and_then(|()| {
                 if last {
+                    let summing = Instant::now();
                     if let Some((_, src, _)) = self.output_broadcast {
                         mb_outputs[mb] = Some(exec.buffer_at(src).clone());
                     }
-                    add_sums(exec, &mut sums)
+                    let summed = add_sums(exec, &mut sums);
+                    let span = (summing, Instant::now());
+                    self.record(
+                        &mut trace,
+                        &format!("sum {label}"),
+                        SpanKind::Runtime,
+                        span,
+                        origin,
+                    );
+                    summed
                 } else {
                     Ok(())
                 }
             });
             exec.swap_buffers(&self.local, slot);
-            // The last backward action of a micro-batch frees its buffers.
+            let worked: f64 = trace.spans[first_span..]
+                .iter()
+                .filter(|s| s.kind != SpanKind::Wait)
+                .map(|s| s.dur_us)
+                .sum();
+            trace.pass_us.add(kind, worked);
+            // The last backward action of a micro-batch hands its buffers to the next one.
             if last {
-                if let Some(slot) = entry.take() {
-                    for (&b, t) in self.local.iter().zip(slot) {
-                        exec.release_counted(b, t.expect("slots are whole after a swap"));
-                    }
-                }
+                pool.extend(entry.take());
                 in_flight.remove(&mb);
             }
             result?;
@@ -360,6 +462,11 @@ impl PipelineRunner {
                     .push(exec.buffer_at(out).to_f64_vec()[0] as f32);
             }
         }
+        for slot in pool {
+            for (&b, t) in self.local.iter().zip(slot) {
+                exec.release_counted(b, t.expect("slots are whole after a swap"));
+            }
+        }
         let share = 1.0 / self.micro_batches as f64;
         for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
             let sum = sum.take().expect("sums stay in place");
@@ -372,16 +479,9 @@ impl PipelineRunner {
         }
         exec.run_steps(&self.epilogue)?;
         exec.finish_gradients();
-        if let (Some(first), Some(last)) = (trace.spans.first(), trace.spans.last()) {
-            let elapsed = last.start_us + last.dur_us - first.start_us;
-            let busy: f64 = trace
-                .spans
-                .iter()
-                .filter(|s| s.busy)
-                .map(|s| s.dur_us)
-                .sum();
-            trace.bubble = if elapsed > 0.0 {
-                (1.0 - busy / elapsed).max(0.0)
+        if let Some((start, end)) = trace.extent() {
+            trace.bubble = if end > start {
+                (trace.waiting_us() / (end - start)).clamp(0.0, 1.0)
             } else {
                 0.0
             };
@@ -399,37 +499,49 @@ impl PipelineRunner {
         origin: Instant,
         trace: &mut StepTrace,
     ) -> Result<(), RuntimeError> {
-        let us = |t: Instant| t.duration_since(origin).as_secs_f64() * 1e6;
         let mut span_start = Instant::now();
-        let close = |trace: &mut StepTrace, start: Instant, end: Instant, busy: bool| {
-            if end > start {
-                trace.spans.push(TraceSpan {
-                    rank: self.rank,
-                    name: if busy {
-                        label.to_string()
-                    } else {
-                        format!("wait {label}")
-                    },
-                    start_us: us(start),
-                    dur_us: (end - start).as_secs_f64() * 1e6,
-                    busy,
-                });
-            }
-        };
         for &step in steps {
             if self.receives[step.0] {
                 let before = Instant::now();
-                close(trace, span_start, before, true);
+                self.record(
+                    trace,
+                    label,
+                    SpanKind::Compute,
+                    (span_start, before),
+                    origin,
+                );
                 exec.run_steps(&[step])?;
                 let after = Instant::now();
-                close(trace, before, after, false);
+                let wait = format!("wait {label}");
+                self.record(trace, &wait, SpanKind::Wait, (before, after), origin);
                 span_start = after;
             } else {
                 exec.run_steps(&[step])?;
             }
         }
-        close(trace, span_start, Instant::now(), true);
+        let end = Instant::now();
+        self.record(trace, label, SpanKind::Compute, (span_start, end), origin);
         Ok(())
+    }
+
+    /// Adds the span `from .. to` to `trace` (nothing when it is empty).
+    fn record(
+        &self,
+        trace: &mut StepTrace,
+        name: &str,
+        kind: SpanKind,
+        (from, to): (Instant, Instant),
+        origin: Instant,
+    ) {
+        if to > from {
+            trace.spans.push(TraceSpan {
+                rank: self.rank,
+                name: name.to_string(),
+                start_us: from.duration_since(origin).as_secs_f64() * 1e6,
+                dur_us: (to - from).as_secs_f64() * 1e6,
+                kind,
+            });
+        }
     }
 }
 
@@ -475,7 +587,7 @@ pub fn chrome_trace(traces: &[(usize, &[StepTrace])]) -> serde_json::Value {
         for span in steps.iter().flat_map(|s| &s.spans) {
             events.push(serde_json::json!({
                 "name": span.name,
-                "cat": if span.busy { "compute" } else { "wait" },
+                "cat": span.kind.category(),
                 "ph": "X",
                 "ts": span.start_us,
                 "dur": span.dur_us,
