@@ -104,10 +104,24 @@ fn for_each_masked(
             ),
         )
     })?;
+    let repeats = repeated_suffix(mask.shape(), shape);
     // Every element type's `Default` is its zero (half's f16/bf16 included).
     macro_rules! walk {
         ($v:expr) => {
-            walk_strided(shape, &strides, 0, |k, m| f(k, $v[m] != Default::default()))
+            match repeats {
+                // The mask is the trailing dims of `shape`, repeated over the leading ones (a
+                // causal mask over every batch and head): read it run by run.
+                Some(run) if run > 0 => {
+                    let bits: Vec<bool> = $v.iter().map(|m| *m != Default::default()).collect();
+                    let n: usize = shape.iter().product();
+                    for base in (0..n).step_by(run) {
+                        for (i, &bit) in bits.iter().enumerate() {
+                            f(base + i, bit);
+                        }
+                    }
+                }
+                _ => walk_strided(shape, &strides, 0, |k, m| f(k, $v[m] != Default::default())),
+            }
         };
     }
     match mask.storage() {
@@ -125,6 +139,15 @@ fn for_each_masked(
         Storage::U8(v) | Storage::Bool(v) => walk!(v),
     }
     Ok(())
+}
+
+/// The mask's element count when it equals `target`'s trailing dims (after dropping its
+/// leading 1s), so that broadcasting repeats it whole over `target`'s leading dims.
+fn repeated_suffix(shape: &[usize], target: &[usize]) -> Option<usize> {
+    let first = shape.iter().position(|&d| d != 1).unwrap_or(shape.len());
+    let core = &shape[first..];
+    (core.len() <= target.len() && target[target.len() - core.len()..] == *core)
+        .then(|| core.iter().product())
 }
 
 /// Strides of a contiguous tensor of `shape` read as broadcast to `target` (0 along stretched or

@@ -37,7 +37,7 @@ pub(crate) fn softmax_row<T: Float>(x: &[T], out: &mut [T]) {
 fn scaled_softmax_row<T: Float>(x: &[T], scale: T, out: &mut [T]) {
     let max = max_slice(x);
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = ((v - max) * scale).exp();
+        *o = ((v - max) * scale).exp_vectorizable();
     }
     let scale = T::ONE / sum_slice(out);
     for o in out.iter_mut() {
