@@ -44,10 +44,23 @@ fn pass_k() -> usize {
     }
     PASS_K_NARROW
 }
-/// Bytes of `A` a chunk of rows may cover (half the 512 KiB L2 of the smaller machines).
-const CHUNK_BYTES: usize = 256 << 10;
-/// Rows of a chunk at most.
-const MAX_CHUNK_M: usize = 96;
+/// Bytes of `A` a chunk of rows may cover and the rows of a chunk at most: half of a 1 MiB L2
+/// with the AVX-512 tiles (the weight gradients' few rows then re-read `B` fewer times), half of
+/// a 512 KiB one otherwise.
+const CHUNK_WIDE: (usize, usize) = (512 << 10, 192);
+/// See [`CHUNK_WIDE`].
+const CHUNK_NARROW: (usize, usize) = (256 << 10, 96);
+
+/// [`CHUNK_WIDE`] or [`CHUNK_NARROW`] on this CPU.
+fn chunk_limits() -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::gemm_avx512::available() {
+            return CHUNK_WIDE;
+        }
+    }
+    CHUNK_NARROW
+}
 
 /// `C ← op(A)·op(B)` with the reduction dim in canonical blocks of `block_len`
 /// (`shape.k` must be whole blocks, a power-of-two count of them).
@@ -144,7 +157,7 @@ impl<T: Float> Passes<'_, T> {
         let GemmShape { m, n, k, .. } = self.shape;
         let kc = self.per_pass * self.block_len;
         let k0 = p * kc;
-        let chunk_m = chunk_rows::<T>(kc);
+        let chunk_m = chunk_rows::<T>(kc, chunk_limits());
         let panel_len = kc * TILE_N;
         let n_panels = n.div_ceil(TILE_N);
         // A transposed `A` is packed: in place a tile's step would read a fresh cache line.
@@ -271,10 +284,10 @@ impl<'a, T> RowTile<'a, T> {
 }
 
 /// Rows of `A` a chunk covers: a multiple of [`TILE_M`] whose `kc` columns fit
-/// [`CHUNK_BYTES`].
-fn chunk_rows<T>(kc: usize) -> usize {
-    let fit = CHUNK_BYTES / (kc * std::mem::size_of::<T>()).max(1);
-    (fit.min(MAX_CHUNK_M) / TILE_M).max(1) * TILE_M
+/// `bytes`, at most `max_rows`.
+fn chunk_rows<T>(kc: usize, (bytes, max_rows): (usize, usize)) -> usize {
+    let fit = bytes / (kc * std::mem::size_of::<T>()).max(1);
+    (fit.min(max_rows) / TILE_M).max(1) * TILE_M
 }
 
 /// Column panels a step of the widest tile covers: two where [`tile_pair`] runs.
@@ -545,8 +558,9 @@ mod tests {
         assert_eq!(blocks_per_pass(16, 128, PASS_K_WIDE), 8);
         assert_eq!(blocks_per_pass(8, 512, PASS_K_NARROW), 1);
         assert_eq!(blocks_per_pass(1, 4, PASS_K_WIDE), 1);
-        assert_eq!(chunk_rows::<f32>(256), 96);
-        assert_eq!(chunk_rows::<f32>(1 << 20), TILE_M);
+        assert_eq!(chunk_rows::<f32>(256, CHUNK_NARROW), 96);
+        assert_eq!(chunk_rows::<f32>(1024, CHUNK_WIDE), 126);
+        assert_eq!(chunk_rows::<f32>(1 << 20, CHUNK_WIDE), TILE_M);
     }
 
     /// `det_gemm` against a plain per-element reference in the canonical order, for every
