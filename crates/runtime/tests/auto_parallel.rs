@@ -31,6 +31,17 @@ fn reference(config: &TrainConfig) -> Run {
     run_util::train_run(config, 20).1
 }
 
+/// The small GPT's run on one device (momentum), configured under `dir/alone`.
+fn small_gpt_alone(dir: &std::path::Path) -> Run {
+    reference(&run_util::small_gpt(
+        &dir.join("alone"),
+        "momentum",
+        "",
+        "mode = \"stand_alone\"",
+        &[],
+    ))
+}
+
 /// Every mode on the seed MLP, 8 devices, once with the memory of an H100 and once with 200 kB
 /// per device, which data parallelism (every weight whole on every device) exceeds.
 #[test]
@@ -70,13 +81,7 @@ fn every_search_mode_trains_the_mlp_like_one_device() {
 #[test]
 fn every_search_mode_trains_the_gpt_like_one_device() {
     let tmp = tempfile::tempdir().unwrap();
-    let alone = reference(&run_util::small_gpt(
-        &tmp.path().join("alone"),
-        "momentum",
-        "",
-        "mode = \"stand_alone\"",
-        &[],
-    ));
+    let alone = small_gpt_alone(tmp.path());
     for mode in MODES {
         let config = run_util::small_gpt(
             &tmp.path().join(mode),
@@ -336,13 +341,7 @@ fn auto_pipeline_keeps_one_stage_unless_memory_forces_stages() {
 #[test]
 fn auto_pipeline_plan_trains_like_one_device() {
     let tmp = tempfile::tempdir().unwrap();
-    let alone = reference(&run_util::small_gpt(
-        &tmp.path().join("alone"),
-        "momentum",
-        "",
-        "mode = \"stand_alone\"",
-        &[],
-    ));
+    let alone = small_gpt_alone(tmp.path());
     let file = tmp.path().join("ops.json");
     let config = run_util::small_gpt(
         &tmp.path().join("auto"),
