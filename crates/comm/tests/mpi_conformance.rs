@@ -272,7 +272,7 @@ fn suite(on_timeout: OnTimeout) -> ExitCode {
     };
     let (n, me) = (world.size(), world.rank());
     let groups = (|| -> Result<Vec<NamedGroup>, CommError> {
-        let pairs = if n % 2 == 0 {
+        let pairs = if n.is_multiple_of(2) {
             world.group(&[me & !1, me | 1])?
         } else {
             world.group(&[me])?

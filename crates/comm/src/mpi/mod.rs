@@ -1100,7 +1100,7 @@ impl Communicator for MpiComm {
 
     fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
         let n = self.size;
-        if send.len() % n != 0 || recv.len() != send.len() {
+        if !send.len().is_multiple_of(n) || recv.len() != send.len() {
             let call = self.enter("all_to_all")?;
             return Err(call.invalid(format!(
                 "send ({} bytes) must divide into {n} equal chunks and recv ({} bytes) match it",

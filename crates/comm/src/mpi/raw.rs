@@ -427,7 +427,7 @@ impl Raw {
             iteration += 1;
             // Not on the first miss: a short wait (most small collectives) then costs no
             // `MPI_Iprobe` and no clock read.
-            if iteration % 64 == 0 {
+            if iteration.is_multiple_of(64) {
                 if let Some((peer, cause)) = self.failed_member(member)? {
                     return Err(WaitError::PeerFailed(peer, cause));
                 }

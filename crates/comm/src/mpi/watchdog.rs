@@ -93,7 +93,7 @@ fn watch(shared: &Weak<Shared>) {
             return;
         };
         let calls = shared.calls.load(Ordering::Acquire);
-        if calls % 2 == 0 {
+        if calls.is_multiple_of(2) {
             seen = None;
             continue;
         }
