@@ -4,14 +4,17 @@
 //! of sequential fused multiply-adds from zero. The work is cut three ways without changing
 //! that order:
 //! - **passes** over the reduction dim: a pass covers an aligned power-of-two run of blocks,
-//!   about [`pass_k`] elements, so its packed panels stay in cache; a pass computes the subtree
-//!   of its blocks and the passes' results are joined in the same tree ([`super::TreeStack`]);
-//! - **chunks** of rows of `op(A)`, packed as row tiles of [`TILE_M`] (a chunk stays in L2);
-//! - **column panels** of `op(B)` of [`TILE_N`] (a panel stays in L1 while a chunk's tiles pass).
+//!   about [`Blocking::pass_k`] elements, so its packed panels stay in cache; a pass computes
+//!   the subtree of its blocks and the passes' results are joined in the same tree
+//!   ([`super::TreeStack`]);
+//! - **chunks** of rows of `op(A)` (a chunk stays in L2): a row-major `A` is read in place, a
+//!   transposed one packed as row tiles of [`TILE_M`];
+//! - **column panels** of `op(B)` of [`TILE_N`], packed into per-thread space.
 //!
-//! A register tile is summed by [`super::gemm_avx2`] for `f32` on x86-64 with AVX2 and FMA, and
-//! by the portable [`tile_sum`] otherwise; both give the same bits (one rounding per
-//! multiply-add, the same joins).
+//! A register tile is summed by [`super::gemm_avx512`] (two neighbouring whole tiles at once)
+//! or [`super::gemm_avx2`] for `f32` on x86-64 CPUs that have them, and by the portable
+//! [`tile_sum`] otherwise; all give the same bits (one rounding per multiply-add, the same
+//! joins).
 
 use std::any::TypeId;
 use std::cell::RefCell;
@@ -25,41 +28,65 @@ use crate::kernels::matmul::GemmShape;
 pub(super) const TILE_M: usize = 6;
 /// Columns of a register tile.
 pub(super) const TILE_N: usize = 16;
-/// Reduction elements a pass aims at with the AVX-512 tiles, whose CPUs have L2 caches of
-/// 1 MiB or more (a pair of panels of `1024 × TILE_N` f32 is 128 KiB). Longer passes mean
-/// fewer partial products written out and joined.
-const PASS_K_WIDE: usize = 1024;
-/// Reduction elements a pass aims at otherwise (a panel of `256 × TILE_N` f32 is 16 KiB).
-const PASS_K_NARROW: usize = 256;
-/// Tree levels of a pass's blocks at most (a pass holds at most [`PASS_K_WIDE`] blocks).
-pub(super) const PASS_LEVELS: usize = PASS_K_WIDE.trailing_zeros() as usize + 1;
+/// Tree levels of a pass's blocks at most (a pass holds at most [`Blocking::WIDE`]'s
+/// `pass_k` blocks).
+pub(super) const PASS_LEVELS: usize = Blocking::WIDE.pass_k.trailing_zeros() as usize + 1;
 
-/// Reduction elements a pass aims at on this CPU.
-fn pass_k() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::gemm_avx512::available() {
-            return PASS_K_WIDE;
-        }
-    }
-    PASS_K_NARROW
+/// How a product is cut for the caches of the CPU it runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Blocking {
+    /// Reduction elements a pass aims at.
+    pass_k: usize,
+    /// Bytes of `A` a chunk of rows may cover.
+    chunk_bytes: usize,
+    /// Rows of a chunk at most.
+    chunk_rows: usize,
 }
-/// Bytes of `A` a chunk of rows may cover and the rows of a chunk at most: half of a 1 MiB L2
-/// with the AVX-512 tiles (the weight gradients' few rows then re-read `B` fewer times), half of
-/// a 512 KiB one otherwise.
-const CHUNK_WIDE: (usize, usize) = (512 << 10, 192);
-/// See [`CHUNK_WIDE`].
-const CHUNK_NARROW: (usize, usize) = (256 << 10, 96);
 
-/// [`CHUNK_WIDE`] or [`CHUNK_NARROW`] on this CPU.
-fn chunk_limits() -> (usize, usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::gemm_avx512::available() {
-            return CHUNK_WIDE;
+impl Blocking {
+    /// With the AVX-512 tiles, whose CPUs have L2 caches of 1 MiB or more: a pair of panels of
+    /// `1024 × TILE_N` f32 is 128 KiB, and longer passes mean fewer partial products written
+    /// out and joined; chunks of half the L2, so the weight gradients' few rows re-read `B`
+    /// fewer times.
+    const WIDE: Blocking = Blocking {
+        pass_k: 1024,
+        chunk_bytes: 512 << 10,
+        chunk_rows: 192,
+    };
+    /// Otherwise: a panel of `256 × TILE_N` f32 is 16 KiB; chunks of half a 512 KiB L2.
+    const NARROW: Blocking = Blocking {
+        pass_k: 256,
+        chunk_bytes: 256 << 10,
+        chunk_rows: 96,
+    };
+
+    /// The blocking for this CPU.
+    fn here() -> Blocking {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::gemm_avx512::available() {
+                return Blocking::WIDE;
+            }
         }
+        Blocking::NARROW
     }
-    CHUNK_NARROW
+
+    /// Rows of `A` a chunk covers: a multiple of [`TILE_M`] whose `kc` columns fit
+    /// `chunk_bytes`, at most `chunk_rows`.
+    fn chunk_m<T>(self, kc: usize) -> usize {
+        let fit = self.chunk_bytes / (kc * std::mem::size_of::<T>()).max(1);
+        (fit.min(self.chunk_rows) / TILE_M).max(1) * TILE_M
+    }
+
+    /// The blocks a pass covers: the largest power of two dividing `nb` whose elements stay
+    /// within `pass_k` (at least one block).
+    fn blocks_per_pass(self, nb: usize, block_len: usize) -> usize {
+        let mut q = 1;
+        while q * 2 <= nb && q * 2 * block_len <= self.pass_k {
+            q *= 2;
+        }
+        q
+    }
 }
 
 /// `C ← op(A)·op(B)` with the reduction dim in canonical blocks of `block_len`
@@ -84,14 +111,16 @@ pub fn det_gemm<T: Float>(
         return Ok(());
     }
     let nb = local_blocks(OP, k, block_len)?;
-    let per_pass = blocks_per_pass(nb, block_len, pass_k());
+    let blocking = Blocking::here();
     let passes = Passes {
         shape,
         a,
         b,
         block_len,
-        per_pass,
+        per_pass: blocking.blocks_per_pass(nb, block_len),
+        blocking,
     };
+    let per_pass = passes.per_pass;
     let n_passes = nb / per_pass;
     if n_passes == 1 {
         passes.run(0, c);
@@ -112,16 +141,6 @@ pub fn det_gemm<T: Float>(
     Ok(())
 }
 
-/// The blocks a pass covers: the largest power of two dividing `nb` whose elements stay
-/// within `pass_k` (at least one block).
-fn blocks_per_pass(nb: usize, block_len: usize, pass_k: usize) -> usize {
-    let mut q = 1;
-    while q * 2 <= nb && q * 2 * block_len <= pass_k {
-        q *= 2;
-    }
-    q
-}
-
 /// One product cut into passes over the reduction dim.
 struct Passes<'a, T> {
     shape: GemmShape,
@@ -130,6 +149,8 @@ struct Passes<'a, T> {
     block_len: usize,
     /// Blocks per pass (a power of two).
     per_pass: usize,
+    /// The cut for this CPU's caches.
+    blocking: Blocking,
 }
 
 impl<T: Float> Passes<'_, T> {
@@ -157,7 +178,7 @@ impl<T: Float> Passes<'_, T> {
         let GemmShape { m, n, k, .. } = self.shape;
         let kc = self.per_pass * self.block_len;
         let k0 = p * kc;
-        let chunk_m = chunk_rows::<T>(kc, chunk_limits());
+        let chunk_m = self.blocking.chunk_m::<T>(kc);
         let panel_len = kc * TILE_N;
         let n_panels = n.div_ceil(TILE_N);
         // A transposed `A` is packed: in place a tile's step would read a fresh cache line.
@@ -184,44 +205,25 @@ impl<T: Float> Passes<'_, T> {
                         } else {
                             RowTile::in_place(self.a, k, (first, here), k0)
                         };
-                        let store = |out: &mut [T], p: usize, tile: &Tile<T>| {
+                        // A whole pair of tiles: summed straight into `out` where the CPU
+                        // has the paired kernel; edge tiles one by one.
+                        if width == PAIR && here == TILE_M && (pi + PAIR) * TILE_N <= n {
+                            let at = first * n + pi * TILE_N;
+                            let end = at + (TILE_M - 1) * n + PAIR * TILE_N;
+                            let panels = (panel(pi), panel(pi + 1));
+                            let (q, bl) = (self.per_pass, self.block_len);
+                            if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n)) {
+                                continue;
+                            }
+                        }
+                        for p in pi..pi + width {
+                            let tile = tile(&tile_a, panel(p), self.per_pass, self.block_len);
                             let cols = TILE_N.min(n - p * TILE_N);
                             for r in 0..here {
                                 let at = (first + r) * n + p * TILE_N;
                                 out[at..at + cols]
                                     .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
                             }
-                        };
-                        if width == 2 {
-                            let (q, bl) = (self.per_pass, self.block_len);
-                            let panels = (panel(pi), panel(pi + 1));
-                            if here == TILE_M && (pi + 2) * TILE_N <= n {
-                                // A whole pair of tiles: summed straight into `out`.
-                                let at = first * n + pi * TILE_N;
-                                let end = at + (TILE_M - 1) * n + PAIR * TILE_N;
-                                if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n)) {
-                                    continue;
-                                }
-                            } else {
-                                let mut pair = [T::ZERO; TILE_M * PAIR * TILE_N];
-                                if tile_pair(&tile_a, panels, (q, bl), (&mut pair, PAIR * TILE_N)) {
-                                    for p in 0..PAIR {
-                                        let part: Tile<T> = std::array::from_fn(|e| {
-                                            let (r, c) = (e / TILE_N, e % TILE_N);
-                                            pair[r * PAIR * TILE_N + p * TILE_N + c]
-                                        });
-                                        store(out, pi + p, &part);
-                                    }
-                                    continue;
-                                }
-                            }
-                        }
-                        for p in pi..pi + width {
-                            store(
-                                out,
-                                p,
-                                &tile(&tile_a, panel(p), self.per_pass, self.block_len),
-                            );
                         }
                     }
                     pi += width;
@@ -281,13 +283,6 @@ impl<'a, T> RowTile<'a, T> {
             "a row tile reads past its operand"
         );
     }
-}
-
-/// Rows of `A` a chunk covers: a multiple of [`TILE_M`] whose `kc` columns fit
-/// `bytes`, at most `max_rows`.
-fn chunk_rows<T>(kc: usize, (bytes, max_rows): (usize, usize)) -> usize {
-    let fit = bytes / (kc * std::mem::size_of::<T>()).max(1);
-    (fit.min(max_rows) / TILE_M).max(1) * TILE_M
 }
 
 /// Column panels a step of the widest tile covers: two where [`tile_pair`] runs.
@@ -553,14 +548,15 @@ mod tests {
 
     #[test]
     fn a_pass_is_a_power_of_two_run_of_blocks_near_pass_k() {
-        assert_eq!(blocks_per_pass(16, 16, PASS_K_NARROW), 16);
-        assert_eq!(blocks_per_pass(16, 128, PASS_K_NARROW), 2);
-        assert_eq!(blocks_per_pass(16, 128, PASS_K_WIDE), 8);
-        assert_eq!(blocks_per_pass(8, 512, PASS_K_NARROW), 1);
-        assert_eq!(blocks_per_pass(1, 4, PASS_K_WIDE), 1);
-        assert_eq!(chunk_rows::<f32>(256, CHUNK_NARROW), 96);
-        assert_eq!(chunk_rows::<f32>(1024, CHUNK_WIDE), 126);
-        assert_eq!(chunk_rows::<f32>(1 << 20, CHUNK_WIDE), TILE_M);
+        let (narrow, wide) = (Blocking::NARROW, Blocking::WIDE);
+        assert_eq!(narrow.blocks_per_pass(16, 16), 16);
+        assert_eq!(narrow.blocks_per_pass(16, 128), 2);
+        assert_eq!(wide.blocks_per_pass(16, 128), 8);
+        assert_eq!(narrow.blocks_per_pass(8, 512), 1);
+        assert_eq!(wide.blocks_per_pass(1, 4), 1);
+        assert_eq!(narrow.chunk_m::<f32>(256), 96);
+        assert_eq!(wide.chunk_m::<f32>(1024), 126);
+        assert_eq!(wide.chunk_m::<f32>(1 << 20), TILE_M);
     }
 
     /// `det_gemm` against a plain per-element reference in the canonical order, for every
