@@ -226,12 +226,7 @@ fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
         p.makespan * 1e3
     );
     for (stage, cost) in p.stage_costs.iter().enumerate() {
-        let layers: Vec<&str> = p
-            .layers
-            .iter()
-            .filter(|(_, s)| *s == stage)
-            .map(|(l, _)| l.as_str())
-            .collect();
+        let layers = parallel::pipeline::layers_of_stage(&p.layers, stage);
         let ranks = p.ranks(stage, devices);
         out.push_str(&format!(
             "  stage {stage}: ranks {}-{}, {} layer(s) {}..{}, {:.3} ms per step, {} per device\n",

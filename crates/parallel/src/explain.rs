@@ -45,12 +45,7 @@ impl Program {
             );
         }
         for s in 0..p.stages {
-            let layers: Vec<&str> = stages
-                .layers
-                .iter()
-                .filter(|(_, st)| *st == s)
-                .map(|(name, _)| name.as_str())
-                .collect();
+            let layers = crate::pipeline::layers_of_stage(&stages.layers, s);
             let _ = writeln!(
                 out,
                 "  stage {s}: ranks {}..{}: {}",

@@ -29,6 +29,16 @@ pub fn layer_of(name: &str) -> &str {
     name.split('.').next().unwrap_or(name)
 }
 
+/// The names of the layers on `stage`, in model order, from a `(layer, stage)` list such as
+/// [`NodeStages::layers`].
+pub fn layers_of_stage(layers: &[(String, usize)], stage: usize) -> Vec<&str> {
+    layers
+        .iter()
+        .filter(|(_, s)| *s == stage)
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
 /// The stage of every node and of every value that no node produces (inputs, parameters: the
 /// stage of their first forward consumer).
 #[derive(Debug, Clone, PartialEq, Eq)]
