@@ -7,12 +7,13 @@
 //! descheduled on a shared machine is not counted. Prints a Markdown table of GFLOP/s, median
 //! (10th percentile – best round), and the median of the per-round ratio det ÷ gemm.
 //!
-//! Run: `cargo bench -p tessera-tensor --bench det_matmul [-- ROUNDS]` (default 30).
+//! Run: `cargo bench -p tessera-tensor --bench det_matmul [-- ROUNDS] [NAME…]` (default 30
+//! rounds; names keep only the shapes whose names contain one of them).
 
 use tensor::kernels::{det, gemm, GemmShape};
 
 /// Weights `[in, out]`: forward `X·W`, `dX = dY·Wᵀ`, `dW = Xᵀ·dY`; attention per head.
-const GPT_SHAPES: [(&str, GemmShape); 9] = [
+const GPT_SHAPES: [(&str, GemmShape); 10] = [
     ("qkv forward", shape(2048, 768, 256, false, false)),
     ("fc1 forward", shape(2048, 1024, 256, false, false)),
     ("fc2 forward", shape(2048, 256, 1024, false, false)),
@@ -22,6 +23,7 @@ const GPT_SHAPES: [(&str, GemmShape); 9] = [
     ("fc1 dW", shape(256, 1024, 2048, true, false)),
     ("scores (one head)", shape(128, 128, 64, false, true)),
     ("context (one head)", shape(128, 64, 128, false, false)),
+    ("dV (one head)", shape(128, 64, 128, true, false)),
 ];
 
 /// `parallel.deterministic_blocks`' default.
@@ -73,10 +75,18 @@ fn main() {
         .find_map(|arg| arg.parse().ok())
         .unwrap_or(30)
         .max(1);
+    // Any other argument (not a flag) keeps only the shapes whose names contain it.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with('-') && arg.parse::<usize>().is_err())
+        .collect();
     println!("| shape | m×n×k | block | gemm GFLOP/s | det GFLOP/s | det ÷ gemm |");
     println!("|---|---|---|---|---|---|");
     let (mut total_gemm, mut total_det) = (0.0, 0.0);
     for (name, s) in GPT_SHAPES {
+        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+            continue;
+        }
         let a = values(s.m * s.k, 7919);
         let b = values(s.k * s.n, 104_729);
         let mut c = vec![0f32; s.m * s.n];

@@ -126,18 +126,29 @@ pub fn det_gemm<T: Float>(
         passes.run(0, c);
         return Ok(());
     }
-    let mut tree = TreeStack::new();
-    for p in 0..n_passes {
-        let mut part = vec![T::ZERO; m * n];
+    // The first pass lands in `c`, the tree's leftmost leaf (`None`), into which every join
+    // along the left edge adds; the later passes go to spare buffers, reused once joined.
+    passes.run(0, c);
+    let mut tree: TreeStack<Option<Vec<T>>> = TreeStack::new();
+    tree.push(None, |_, _| unreachable!("the first leaf joins nothing"));
+    let mut spare: Vec<Vec<T>> = Vec::new();
+    for p in 1..n_passes {
+        let mut part = spare.pop().unwrap_or_else(|| vec![T::ZERO; m * n]);
         passes.run(p, &mut part);
-        tree.push(part, |mut left, right| {
-            for (l, r) in left.iter_mut().zip(&right) {
+        tree.push(Some(part), |mut left, right| {
+            let right = right.expect("only the first leaf is `c`");
+            let sum: &mut [T] = match &mut left {
+                Some(left) => left,
+                None => &mut *c,
+            };
+            for (l, r) in sum.iter_mut().zip(&right) {
                 *l += *r;
             }
+            spare.push(right);
             left
         });
     }
-    c.copy_from_slice(&tree.finish().expect("at least one pass"));
+    debug_assert!(matches!(tree.finish(), Some(None)), "the root is `c`");
     Ok(())
 }
 
@@ -179,15 +190,20 @@ impl<T: Float> Passes<'_, T> {
         let kc = self.per_pass * self.block_len;
         let k0 = p * kc;
         let chunk_m = self.blocking.chunk_m::<T>(kc);
-        let panel_len = kc * TILE_N;
+        let panel_len = packed_panel_stride(kc);
         let n_panels = n.div_ceil(TILE_N);
         // A transposed `A` is packed: in place a tile's step would read a fresh cache line.
-        let a_len = if self.shape.trans_a { chunk_m * kc } else { 0 };
+        let a_stride = packed_tile_stride(kc);
+        let a_len = if self.shape.trans_a {
+            chunk_m.div_ceil(TILE_M) * a_stride
+        } else {
+            0
+        };
         with_scratch::<T, _>(n_panels * panel_len + a_len, |space| {
             let (panels, packed_a) = space.split_at_mut(n_panels * panel_len);
             pack_b(self.b, (k, n), self.shape.trans_b, (k0, kc), panels);
             let panels = &*panels;
-            let panel = |p: usize| &panels[p * panel_len..(p + 1) * panel_len];
+            let panel = |p: usize| &panels[p * panel_len..p * panel_len + kc * TILE_N];
             let mut i0 = 0;
             while i0 < m {
                 let rows = chunk_m.min(m - i0);
@@ -201,18 +217,19 @@ impl<T: Float> Passes<'_, T> {
                         let first = i0 + t * TILE_M;
                         let here = TILE_M.min(rows - t * TILE_M);
                         let tile_a = if self.shape.trans_a {
-                            RowTile::packed(&packed_a[t * kc * TILE_M..(t + 1) * kc * TILE_M])
+                            RowTile::packed(&packed_a[t * a_stride..t * a_stride + kc * TILE_M])
                         } else {
                             RowTile::in_place(self.a, k, (first, here), k0)
                         };
-                        // A whole pair of tiles: summed straight into `out` where the CPU
-                        // has the paired kernel; edge tiles one by one.
-                        if width == PAIR && here == TILE_M && (pi + PAIR) * TILE_N <= n {
+                        // A pair of whole panels: summed straight into `out` where the CPU
+                        // has the paired kernel (a short last row tile too: its missing rows
+                        // are computed and not stored); edge panels one by one.
+                        if width == PAIR && (pi + PAIR) * TILE_N <= n {
                             let at = first * n + pi * TILE_N;
-                            let end = at + (TILE_M - 1) * n + PAIR * TILE_N;
+                            let end = at + (here - 1) * n + PAIR * TILE_N;
                             let panels = (panel(pi), panel(pi + 1));
                             let (q, bl) = (self.per_pass, self.block_len);
-                            if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n)) {
+                            if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n, here)) {
                                 continue;
                             }
                         }
@@ -289,14 +306,14 @@ impl<'a, T> RowTile<'a, T> {
 const PAIR: usize = 2;
 
 /// The tiles of two neighbouring panels in one pass of the AVX-512 kernel, for `f32` on a CPU
-/// that has it, written to `out` (`TILE_M` rows of `PAIR · TILE_N`, rows `ldc` apart); `false`
-/// otherwise (the caller sums the tiles one by one).
+/// that has it, written to `out` (the first `rows` of the tile's `TILE_M` rows, each
+/// `PAIR · TILE_N` wide, `ldc` apart); `false` otherwise (the caller sums the tiles one by one).
 #[inline(always)]
 fn tile_pair<T: Float>(
     tile_a: &RowTile<'_, T>,
     (panel0, panel1): (&[T], &[T]),
     (q, block_len): (usize, usize),
-    (out, ldc): (&mut [T], usize),
+    (out, ldc, rows): (&mut [T], usize, usize),
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -313,14 +330,14 @@ fn tile_pair<T: Float>(
                         &tile_a.over(a),
                         (b0, b1),
                         (q, block_len),
-                        (out, ldc),
+                        (out, ldc, rows),
                     )
                 };
                 return true;
             }
         }
     }
-    let _ = (tile_a, panel0, panel1, q, block_len, out, ldc);
+    let _ = (tile_a, panel0, panel1, q, block_len, out, ldc, rows);
     false
 }
 
@@ -396,8 +413,18 @@ fn tile_sum<T: Float>(tile_a: &RowTile<'_, T>, panel: &[T], q: usize, block_len:
     stack[q.trailing_zeros() as usize]
 }
 
+/// Elements from one packed row tile of `kc` steps to the next: a cache line more than the
+/// tile, so that the tiles do not start a multiple of 4 KiB apart (packing writes to every tile
+/// of a chunk in turn, and lines 4 KiB apart share an L1 set).
+fn packed_tile_stride(kc: usize) -> usize {
+    kc * TILE_M + 16
+}
+
 /// Rows `i0..i0 + rows` and columns `k0..k0 + kc` of `op(A) = Aᵀ` (`A` is `[k, m]`) as row
-/// tiles of [`TILE_M`]: tile `t` holds `[kc][TILE_M]` (zero-padded).
+/// tiles of [`TILE_M`]: tile `t` holds `[kc][TILE_M]` (zero-padded) from element
+/// `t · packed_tile_stride(kc)` on. Each row of `A` is read
+/// once, in order, and dealt out to the tiles in fixed-size pieces (a copy of a run whose
+/// length the compiler does not know is a `memcpy` call per [`TILE_M`] elements).
 fn pack_a_columns<T: Float>(
     a: &[T],
     m: usize,
@@ -405,21 +432,37 @@ fn pack_a_columns<T: Float>(
     (k0, kc): (usize, usize),
     out: &mut [T],
 ) {
-    for t in 0..rows.div_ceil(TILE_M) {
-        let tile = &mut out[t * kc * TILE_M..(t + 1) * kc * TILE_M];
-        let here = TILE_M.min(rows - t * TILE_M);
-        let first = i0 + t * TILE_M;
-        for kk in 0..kc {
-            let at = (k0 + kk) * m + first;
-            let dst = &mut tile[kk * TILE_M..(kk + 1) * TILE_M];
-            dst[..here].copy_from_slice(&a[at..at + here]);
-            dst[here..].fill(T::ZERO);
+    let tile_len = packed_tile_stride(kc);
+    let out = &mut out[..rows.div_ceil(TILE_M) * tile_len];
+    for kk in 0..kc {
+        let at = (k0 + kk) * m + i0;
+        let row = &a[at..at + rows];
+        let mut whole = row.chunks_exact(TILE_M);
+        for (src, tile) in whole.by_ref().zip(out.chunks_exact_mut(tile_len)) {
+            let dst: &mut [T; TILE_M] = (&mut tile[kk * TILE_M..(kk + 1) * TILE_M])
+                .try_into()
+                .expect("TILE_M elements");
+            *dst = src.try_into().expect("TILE_M elements");
+        }
+        let rest = whole.remainder();
+        if !rest.is_empty() {
+            let t = rows / TILE_M;
+            let dst = &mut out[t * tile_len + kk * TILE_M..t * tile_len + (kk + 1) * TILE_M];
+            dst[..rest.len()].copy_from_slice(rest);
+            dst[rest.len()..].fill(T::ZERO);
         }
     }
 }
 
+/// Elements from one packed column panel of `kc` steps to the next: a cache line more than
+/// the panel, for the reason of [`packed_tile_stride`] (a pair's two panels are read in step).
+fn packed_panel_stride(kc: usize) -> usize {
+    kc * TILE_N + 16
+}
+
 /// Rows `k0..k0 + kc` of `op(B)` (`[k, n]`) as column panels of [`TILE_N`] into `out`: panel
-/// `p` holds `[kc][TILE_N]` (zero-padded). Every element of `out` is written.
+/// `p` holds `[kc][TILE_N]` (zero-padded) from element `p · packed_panel_stride(kc)` on. Every
+/// element of the panels is written.
 fn pack_b<T: Float>(
     b: &[T],
     (k, n): (usize, usize),
@@ -427,24 +470,41 @@ fn pack_b<T: Float>(
     (k0, kc): (usize, usize),
     out: &mut [T],
 ) {
-    for (p, panel) in out.chunks_exact_mut(kc * TILE_N).enumerate() {
+    let stride = packed_panel_stride(kc);
+    let n_panels = n.div_ceil(TILE_N);
+    let whole = n / TILE_N;
+    if !trans {
+        // Row by row, each row of `B` read once in order and dealt out to the panels in
+        // fixed-size pieces (a run of unknown length would be a `memcpy` call each).
+        for kk in 0..kc {
+            let row = &b[(k0 + kk) * n..(k0 + kk + 1) * n];
+            for (p, src) in row.chunks_exact(TILE_N).enumerate() {
+                let at = p * stride + kk * TILE_N;
+                let dst: &mut [T; TILE_N] = (&mut out[at..at + TILE_N])
+                    .try_into()
+                    .expect("TILE_N elements");
+                *dst = src.try_into().expect("TILE_N elements");
+            }
+            if whole < n_panels {
+                let at = whole * stride + kk * TILE_N;
+                let rest = &row[whole * TILE_N..];
+                out[at..at + rest.len()].copy_from_slice(rest);
+                out[at + rest.len()..at + TILE_N].fill(T::ZERO);
+            }
+        }
+        return;
+    }
+    for p in 0..n_panels {
+        let panel = &mut out[p * stride..p * stride + kc * TILE_N];
         let cols = TILE_N.min(n - p * TILE_N);
         if cols < TILE_N {
             panel.fill(T::ZERO);
         }
-        if trans {
-            // Column `cc` of the panel is a run of row `p·TILE_N + cc` of `B`: read it in order.
-            for cc in 0..cols {
-                let src = &b[(p * TILE_N + cc) * k + k0..(p * TILE_N + cc) * k + k0 + kc];
-                for (kk, &x) in src.iter().enumerate() {
-                    panel[kk * TILE_N + cc] = x;
-                }
-            }
-        } else {
-            for kk in 0..kc {
-                let kg = k0 + kk;
-                panel[kk * TILE_N..kk * TILE_N + cols]
-                    .copy_from_slice(&b[kg * n + p * TILE_N..kg * n + p * TILE_N + cols]);
+        // Column `cc` of the panel is a run of row `p·TILE_N + cc` of `B`: read it in order.
+        for cc in 0..cols {
+            let src = &b[(p * TILE_N + cc) * k + k0..(p * TILE_N + cc) * k + k0 + kc];
+            for (kk, &x) in src.iter().enumerate() {
+                panel[kk * TILE_N + cc] = x;
             }
         }
     }
@@ -519,12 +579,22 @@ mod tests {
             );
             // The second panel of a pair: another B, so a swapped pair would show.
             let b1 = values(steps * TILE_N, 17 + block_len as u64);
-            // Written with a wider row stride than the pair: the gap must stay untouched.
+            // Written with a wider row stride than the pair: the gap must stay untouched. A
+            // short tile stores only its rows: nothing after them is written.
             let ldc = PAIR * TILE_N + 3;
-            let mut out = vec![f32::NAN; (TILE_M - 1) * ldc + PAIR * TILE_N];
-            if tile_pair(&a, (&b, &b1), (q, block_len), (&mut out, ldc)) {
+            for rows in [TILE_M, 2] {
+                let mut out = vec![f32::NAN; TILE_M * ldc];
+                let stored = (rows - 1) * ldc + PAIR * TILE_N;
+                if !tile_pair(
+                    &a,
+                    (&b, &b1),
+                    (q, block_len),
+                    (&mut out[..stored], ldc, rows),
+                ) {
+                    continue;
+                }
                 let portable1 = tile_sum(&a, &b1, q, block_len);
-                for r in 0..TILE_M {
+                for r in 0..rows {
                     for (p, want) in [&portable, &portable1].into_iter().enumerate() {
                         let got = &out[r * ldc + p * TILE_N..r * ldc + (p + 1) * TILE_N];
                         assert_eq!(
@@ -533,15 +603,14 @@ mod tests {
                                 .iter()
                                 .map(|x| x.to_bits())
                                 .collect::<Vec<_>>(),
-                            "pair, panel {p}, row {r}"
+                            "pair of {rows} rows, panel {p}, row {r}"
                         );
                     }
-                    if r + 1 < TILE_M {
-                        assert!(out[r * ldc + PAIR * TILE_N..(r + 1) * ldc]
-                            .iter()
-                            .all(|x| x.is_nan()));
-                    }
+                    assert!(out[r * ldc + PAIR * TILE_N..(r + 1) * ldc]
+                        .iter()
+                        .all(|x| x.is_nan()));
                 }
+                assert!(out[rows * ldc..].iter().all(|x| x.is_nan()), "{rows} rows");
             }
         }
     }
@@ -586,7 +655,8 @@ mod tests {
                 trans_b,
                 ..GemmShape::new(m, n, k)
             };
-            let mut c = vec![T::ZERO; m * n];
+            // Every element must be written: stale values would show.
+            let mut c = vec![T::from(f32::NAN); m * n];
             det_gemm(shape, &a, &b, &mut c, bl).unwrap();
             for i in 0..m {
                 for j in 0..n {
@@ -612,6 +682,8 @@ mod tests {
     fn f32_products_follow_the_canonical_order() {
         check_against_reference::<f32>(13, 40, 64, 16);
         check_against_reference::<f32>(7, 19, 2048, 16);
+        // Four passes (the first one's result joined in `c`), paired panels, short row tiles.
+        check_against_reference::<f32>(13, 40, 4096, 32);
     }
 
     /// `f64` (the portable tile) against the reference over several passes.

@@ -62,9 +62,9 @@ fn join(left: &[__m512; REGS], right: &mut [__m512; REGS]) {
     }
 }
 
-/// `out` (`TILE_M` rows of `2 · TILE_N`, rows `ldc` apart) ← the canonical tree over `q`
-/// blocks of `block_len` of `tile_a`'s rows times `panel0` (the left `TILE_N` columns) and
-/// `panel1` (the right ones), each `[q·block_len][TILE_N]`.
+/// `out` (the first `stored` of the `TILE_M` rows, each `2 · TILE_N` wide, rows `ldc` apart) ←
+/// the canonical tree over `q` blocks of `block_len` of `tile_a`'s rows times `panel0` (the
+/// left `TILE_N` columns) and `panel1` (the right ones), each `[q·block_len][TILE_N]`.
 ///
 /// # Safety
 /// The CPU must support AVX-512F ([`available`]).
@@ -73,7 +73,7 @@ pub(super) unsafe fn tiles_f32(
     tile_a: &RowTile<'_, f32>,
     (panel0, panel1): (&[f32], &[f32]),
     (q, block_len): (usize, usize),
-    (out, ldc): (&mut [f32], usize),
+    (out, ldc, stored): (&mut [f32], usize, usize),
 ) {
     let steps = q * block_len;
     tile_a.check(steps);
@@ -107,8 +107,9 @@ pub(super) unsafe fn tiles_f32(
         // SAFETY: after `q / 2` (a power of two) pairs the counter holds one subtree, at the top.
         unsafe { stack[q.trailing_zeros() as usize].assume_init_read() }
     };
-    assert!(ldc >= 2 * TILE_N && out.len() >= (TILE_M - 1) * ldc + 2 * TILE_N);
-    for r in 0..TILE_M {
+    assert!((1..=TILE_M).contains(&stored));
+    assert!(ldc >= 2 * TILE_N && out.len() >= (stored - 1) * ldc + 2 * TILE_N);
+    for r in 0..stored {
         // SAFETY: the assert above keeps both 16-float rows inside `out`.
         unsafe {
             _mm512_storeu_ps(out.as_mut_ptr().add(r * ldc), root[2 * r]);
