@@ -353,7 +353,6 @@ fn layer_norm_grad<T: Float + Element>(
     };
     let (x, dy, mean, rstd, gamma) = (inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]);
     let cols = gamma.n_elements();
-    let rows = x.n_elements().checked_div(cols).unwrap_or(0);
     let rows_g = global_shape(ctx, 0, x.shape()).iter().product::<usize>() / cols.max(1);
     let saved = kernels::LayerNormSaved {
         x: read::<T>(x, ctx)?,
@@ -361,26 +360,16 @@ fn layer_norm_grad<T: Float + Element>(
         rstd: read::<T>(rstd, ctx)?,
         gamma: read::<T>(gamma, ctx)?,
     };
-    let (xs, means, rstds) = (saved.x, saved.mean, saved.rstd);
-    let dys = read::<T>(dy, ctx)?;
     let buffers = kernels::LayerNormGradBuffers {
         dx: write(dx, ctx)?,
         dgamma: write(dgamma, ctx)?,
         dbeta: write(dbeta, ctx)?,
     };
-    kernels::layer_norm_grad_into(saved, dys, buffers).map_err(GraphError::kernel(ctx.node))?;
-    if means.len() != rows || rstds.len() != rows {
-        return Err(mismatch(ctx, "mean", &[rows], <T as Element>::DTYPE, mean));
-    }
-    let mut prod = vec![T::ZERO; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            let xhat = (xs[r * cols + c] - means[r]) * rstds[r];
-            prod[r * cols + c] = dys[r * cols + c] * xhat;
-        }
-    }
-    let bl = block_len(rows_g, max_blocks);
-    det::det_sum_rows(&prod, rows, cols, bl, write(dgamma, ctx)?)
-        .map_err(GraphError::kernel(ctx.node))?;
-    det::det_sum_rows(dys, rows, cols, bl, write(dbeta, ctx)?).map_err(GraphError::kernel(ctx.node))
+    det::det_layer_norm_grad_into(
+        saved,
+        read::<T>(dy, ctx)?,
+        buffers,
+        block_len(rows_g, max_blocks),
+    )
+    .map_err(GraphError::kernel(ctx.node))
 }

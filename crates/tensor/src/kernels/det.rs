@@ -123,6 +123,42 @@ pub fn det_sum_rows<T: Float>(
     Ok(())
 }
 
+/// LayerNorm's gradient ([`super::layer_norm_grad_into`]) with `dgamma` and `dbeta` summed
+/// over the rows in canonical blocks of `block_len` rows: each block's rows added in order from
+/// zero, the blocks joined in the canonical tree. `dx` is row by row, as always.
+pub fn det_layer_norm_grad_into<T: Float>(
+    saved: super::LayerNormSaved<'_, T>,
+    dy: &[T],
+    grads: super::LayerNormGradBuffers<'_, T>,
+    block_len: usize,
+) -> Result<(), TensorError> {
+    const OP: &str = "det_layer_norm_grad";
+    let rows = super::norm::check_grad_buffers(OP, &saved, dy, &grads)?;
+    let cols = saved.gamma.len();
+    if rows == 0 {
+        grads.dgamma.fill(T::ZERO);
+        grads.dbeta.fill(T::ZERO);
+        return Ok(());
+    }
+    let nb = local_blocks(OP, rows, block_len)?;
+    let mut stack: TreeStack<(Vec<T>, Vec<T>)> = TreeStack::new();
+    for blk in 0..nb {
+        let (mut g, mut b) = (vec![T::ZERO; cols], vec![T::ZERO; cols]);
+        let span = blk * block_len..(blk + 1) * block_len;
+        super::norm::layer_norm_grad_rows(&saved, dy, grads.dx, span, (&mut g, &mut b));
+        stack.push((g, b), |(mut lg, mut lb), (rg, rb)| {
+            for (l, r) in lg.iter_mut().zip(&rg).chain(lb.iter_mut().zip(&rb)) {
+                *l += *r;
+            }
+            (lg, lb)
+        });
+    }
+    let (g, b) = stack.finish().expect("at least one block");
+    grads.dgamma.copy_from_slice(&g);
+    grads.dbeta.copy_from_slice(&b);
+    Ok(())
+}
+
 /// `out` = `x` (of `shape`) summed over `axes` (ascending, each `< shape.len()`) in the canonical
 /// order of the flattened summed index space (the summed axes in order, row-major), in blocks of
 /// `block_len`. `out` holds the kept axes in order.
@@ -253,6 +289,68 @@ mod tests {
     use super::*;
     use crate::kernels::matmul::GemmShape;
     use crate::kernels::tree::tree_reduce;
+
+    /// The fused LayerNorm gradient: `dx` as the ordinary kernel's; `dgamma` and `dbeta` the
+    /// canonical row sums of `dy·x̂` and `dy`; and a run of whole blocks gives its subtree.
+    #[test]
+    fn layer_norm_grad_sums_rows_in_canonical_order() {
+        let (rows, cols, bl) = (24, 5, 3);
+        let val = |i: usize, s: usize| ((i * s) % 97) as f32 / 97.0 - 0.4;
+        let x: Vec<f32> = (0..rows * cols).map(|i| val(i, 31)).collect();
+        let dy: Vec<f32> = (0..rows * cols).map(|i| val(i, 17) * 3.0).collect();
+        let mean: Vec<f32> = (0..rows).map(|r| val(r, 7) * 0.1).collect();
+        let rstd: Vec<f32> = (0..rows).map(|r| 1.0 + val(r, 5)).collect();
+        let gamma: Vec<f32> = (0..cols).map(|c| 1.0 + val(c, 3)).collect();
+        let saved = |lo: usize, hi: usize| crate::kernels::LayerNormSaved {
+            x: &x[lo * cols..hi * cols],
+            mean: &mean[lo..hi],
+            rstd: &rstd[lo..hi],
+            gamma: &gamma,
+        };
+        let run = |lo: usize, hi: usize, det: bool| {
+            let (mut dx, mut dg, mut db) = (
+                vec![0f32; (hi - lo) * cols],
+                vec![0f32; cols],
+                vec![0f32; cols],
+            );
+            let grads = crate::kernels::LayerNormGradBuffers {
+                dx: &mut dx,
+                dgamma: &mut dg,
+                dbeta: &mut db,
+            };
+            let dy = &dy[lo * cols..hi * cols];
+            if det {
+                det_layer_norm_grad_into(saved(lo, hi), dy, grads, bl).unwrap();
+            } else {
+                crate::kernels::layer_norm_grad_into(saved(lo, hi), dy, grads).unwrap();
+            }
+            (dx, dg, db)
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (dx, dg, db) = run(0, rows, true);
+        assert_eq!(bits(&dx), bits(&run(0, rows, false).0));
+        let prod: Vec<f32> = (0..rows * cols)
+            .map(|i| dy[i] * ((x[i] - mean[i / cols]) * rstd[i / cols]))
+            .collect();
+        let (mut want_g, mut want_b) = (vec![0f32; cols], vec![0f32; cols]);
+        det_sum_rows(&prod, rows, cols, bl, &mut want_g).unwrap();
+        det_sum_rows(&dy, rows, cols, bl, &mut want_b).unwrap();
+        assert_eq!(bits(&dg), bits(&want_g));
+        assert_eq!(bits(&db), bits(&want_b));
+        // Two halves of four blocks each, joined: the whole tree's bits.
+        let (_, g0, b0) = run(0, rows / 2, true);
+        let (_, g1, b1) = run(rows / 2, rows, true);
+        let joined = |l: &[f32], r: &[f32]| l.iter().zip(r).map(|(a, b)| a + b).collect::<Vec<_>>();
+        assert_eq!(bits(&joined(&g0, &g1)), bits(&dg));
+        assert_eq!(bits(&joined(&b0, &b1)), bits(&db));
+        // Rows that are not whole blocks are refused.
+        let grads = crate::kernels::LayerNormGradBuffers {
+            dx: &mut vec![0f32; 4 * cols],
+            dgamma: &mut vec![0f32; cols],
+            dbeta: &mut vec![0f32; cols],
+        };
+        assert!(det_layer_norm_grad_into(saved(0, 4), &dy[..4 * cols], grads, bl).is_err());
+    }
 
     /// `x` (`[rows, cols]` row-major) transposed to `[cols, rows]`.
     fn transposed(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {

@@ -108,24 +108,48 @@ pub fn layer_norm_grad_into<T: Float>(
     dy: &[T],
     grads: LayerNormGradBuffers<'_, T>,
 ) -> Result<(), TensorError> {
-    const OP: &str = "layer_norm_grad";
-    let cols = saved.gamma.len();
-    let rows = row_count(OP, saved.x.len(), cols)?;
-    check::buffer_len(OP, "dy", saved.x.len(), dy.len())?;
-    check::buffer_len(OP, "mean", rows, saved.mean.len())?;
-    check::buffer_len(OP, "rstd", rows, saved.rstd.len())?;
-    check::buffer_len(OP, "dx", saved.x.len(), grads.dx.len())?;
-    check::buffer_len(OP, "dgamma", cols, grads.dgamma.len())?;
-    check::buffer_len(OP, "dbeta", cols, grads.dbeta.len())?;
+    let rows = check_grad_buffers("layer_norm_grad", &saved, dy, &grads)?;
     grads.dgamma.fill(T::ZERO);
     grads.dbeta.fill(T::ZERO);
+    layer_norm_grad_rows(&saved, dy, grads.dx, 0..rows, (grads.dgamma, grads.dbeta));
+    Ok(())
+}
+
+/// Checks the buffers of a LayerNorm gradient; the row count.
+pub(crate) fn check_grad_buffers<T: Float>(
+    op: &'static str,
+    saved: &LayerNormSaved<'_, T>,
+    dy: &[T],
+    grads: &LayerNormGradBuffers<'_, T>,
+) -> Result<usize, TensorError> {
+    let cols = saved.gamma.len();
+    let rows = row_count(op, saved.x.len(), cols)?;
+    check::buffer_len(op, "dy", saved.x.len(), dy.len())?;
+    check::buffer_len(op, "mean", rows, saved.mean.len())?;
+    check::buffer_len(op, "rstd", rows, saved.rstd.len())?;
+    check::buffer_len(op, "dx", saved.x.len(), grads.dx.len())?;
+    check::buffer_len(op, "dgamma", cols, grads.dgamma.len())?;
+    check::buffer_len(op, "dbeta", cols, grads.dbeta.len())?;
+    Ok(rows)
+}
+
+/// Rows `rows` of a LayerNorm gradient: their `dx` (all of `dx`, of which these rows are
+/// written), and `dy·x̂` and `dy` added row after row into `dgamma` and `dbeta`.
+pub(crate) fn layer_norm_grad_rows<T: Float>(
+    saved: &LayerNormSaved<'_, T>,
+    dy: &[T],
+    dx: &mut [T],
+    rows: std::ops::Range<usize>,
+    (dgamma, dbeta): (&mut [T], &mut [T]),
+) {
+    let cols = saved.gamma.len();
     let inv_cols = T::ONE / T::from_usize(cols);
-    let rows_iter = saved
-        .x
+    let span = rows.start * cols..rows.end * cols;
+    let rows_iter = saved.x[span.clone()]
         .chunks_exact(cols)
-        .zip(dy.chunks_exact(cols))
-        .zip(grads.dx.chunks_exact_mut(cols));
-    for (r, ((x_row, dy_row), dx_row)) in rows_iter.enumerate() {
+        .zip(dy[span.clone()].chunks_exact(cols))
+        .zip(dx[span].chunks_exact_mut(cols));
+    for (r, ((x_row, dy_row), dx_row)) in rows.zip(rows_iter) {
         let (mu, inv_std) = (saved.mean[r], saved.rstd[r]);
         // First pass: the two row means, and the parameter gradients.
         let mut sum_g = T::ZERO;
@@ -135,8 +159,8 @@ pub fn layer_norm_grad_into<T: Float>(
             let g = dy_row[c] * saved.gamma[c];
             sum_g += g;
             sum_g_xhat += g * xhat;
-            grads.dgamma[c] += dy_row[c] * xhat;
-            grads.dbeta[c] += dy_row[c];
+            dgamma[c] += dy_row[c] * xhat;
+            dbeta[c] += dy_row[c];
         }
         let mean_g = sum_g * inv_cols;
         let mean_g_xhat = sum_g_xhat * inv_cols;
@@ -146,7 +170,6 @@ pub fn layer_norm_grad_into<T: Float>(
             dx_row[c] = inv_std * (g - mean_g - xhat * mean_g_xhat);
         }
     }
-    Ok(())
 }
 
 /// The forward results of [`layer_norm`].
