@@ -213,33 +213,52 @@ pub fn det_scatter_add_block_rows<T: Float, I: super::embedding::IndexElement>(
     let mut touched: Vec<usize> = indices.iter().filter_map(|&i| local(i)).collect();
     touched.sort_unstable();
     touched.dedup();
-    let mut stacks: Vec<TreeStack<Vec<T>>> = touched.iter().map(|_| TreeStack::new()).collect();
-    let mut leaves: Vec<Vec<T>> = vec![vec![T::ZERO; dim]; touched.len()];
-    for blk in 0..nb {
-        for leaf in leaves.iter_mut() {
-            leaf.fill(T::ZERO);
+    // A block that names a row gives it a leaf; the others give it a zero leaf (`None`), which
+    // joins as the `+0` vector would: `x + 0` (turning `-0` into `+0`). Spent leaves are reused.
+    let mut stacks: Vec<TreeStack<Option<Vec<T>>>> =
+        touched.iter().map(|_| TreeStack::new()).collect();
+    let mut leaves: Vec<Option<Vec<T>>> = vec![None; touched.len()];
+    let mut spare: Vec<Vec<T>> = Vec::new();
+    let plus_zero = |mut v: Vec<T>| {
+        for x in v.iter_mut() {
+            *x += T::ZERO;
         }
+        v
+    };
+    for blk in 0..nb {
         for p in blk * block_len..(blk + 1) * block_len {
             if let Some(row) = local(indices[p]) {
                 let t = touched
                     .binary_search(&row)
                     .expect("every named row is touched");
-                for (d, &v) in leaves[t].iter_mut().zip(&src[p * dim..(p + 1) * dim]) {
+                let leaf = leaves[t].get_or_insert_with(|| {
+                    let mut v = spare.pop().unwrap_or_default();
+                    v.clear();
+                    v.resize(dim, T::ZERO);
+                    v
+                });
+                for (d, &v) in leaf.iter_mut().zip(&src[p * dim..(p + 1) * dim]) {
                     *d += v;
                 }
             }
         }
-        for (stack, leaf) in stacks.iter_mut().zip(&leaves) {
-            stack.push(leaf.clone(), |mut l, r| {
-                for (a, b) in l.iter_mut().zip(&r) {
-                    *a += *b;
+        for (stack, leaf) in stacks.iter_mut().zip(leaves.iter_mut()) {
+            stack.push(leaf.take(), |l, r| match (l, r) {
+                (None, None) => None,
+                (Some(v), None) | (None, Some(v)) => Some(plus_zero(v)),
+                (Some(mut l), Some(r)) => {
+                    for (a, b) in l.iter_mut().zip(&r) {
+                        *a += *b;
+                    }
+                    spare.push(r);
+                    Some(l)
                 }
-                l
             });
         }
     }
     for (stack, &row) in stacks.into_iter().zip(&touched) {
         let sum = stack.finish().expect("at least one block");
+        let sum = sum.expect("a touched row has a leaf");
         table_grad[row * dim..(row + 1) * dim].copy_from_slice(&sum);
     }
     Ok(())
@@ -350,6 +369,66 @@ mod tests {
             dbeta: &mut vec![0f32; cols],
         };
         assert!(det_layer_norm_grad_into(saved(0, 4), &dy[..4 * cols], grads, bl).is_err());
+    }
+
+    /// The embedding gradient: per row, the canonical tree over the position blocks of each
+    /// block's sum in position order (`+0` for a block that does not name the row), signed
+    /// zeros included; the rows outside this rank's block are left out; and two aligned halves
+    /// of the positions, joined row by row, give the whole's bits.
+    #[test]
+    fn scatter_add_sums_each_row_in_canonical_order() {
+        let (vocab, dim, positions, bl) = (6, 3, 32, 4);
+        let ids: Vec<i64> = (0..positions)
+            .map(|p| ((p * 7 + p / 5) % vocab) as i64)
+            .collect();
+        let src: Vec<f32> = (0..positions * dim)
+            .map(|i| match i % 11 {
+                0 => -0.0,
+                1 => 0.0,
+                k => (k as f32 - 5.5) * 0.37 + (i as f32) * 1e-3,
+            })
+            .collect();
+        let reference = |pos: std::ops::Range<usize>, row: usize| -> Vec<f32> {
+            let nb = pos.len() / bl;
+            tree_reduce(
+                nb,
+                &mut |blk| {
+                    let mut acc = vec![0f32; dim];
+                    for p in pos.start + blk * bl..pos.start + (blk + 1) * bl {
+                        if ids[p] as usize == row {
+                            for (a, &v) in acc.iter_mut().zip(&src[p * dim..(p + 1) * dim]) {
+                                *a += v;
+                            }
+                        }
+                    }
+                    acc
+                },
+                &mut |l: Vec<f32>, r: Vec<f32>| l.iter().zip(&r).map(|(a, b)| a + b).collect(),
+            )
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let scatter = |pos: std::ops::Range<usize>, first: usize, rows: usize| {
+            let mut out = vec![f32::NAN; rows * dim];
+            let block = crate::kernels::RowBlock { first, vocab };
+            let (ids, src) = (&ids[pos.clone()], &src[pos.start * dim..pos.end * dim]);
+            det_scatter_add_block_rows(&mut out, block, dim, ids, src, bl).unwrap();
+            out
+        };
+        let whole = scatter(0..positions, 0, vocab);
+        for row in 0..vocab {
+            let want = reference(0..positions, row);
+            assert_eq!(
+                bits(&whole[row * dim..(row + 1) * dim]),
+                bits(&want),
+                "row {row}"
+            );
+        }
+        // Rows 2..5 only: the same bits for those rows.
+        let part = scatter(0..positions, 2, 3);
+        assert_eq!(bits(&part), bits(&whole[2 * dim..5 * dim]));
+        let (lo, hi) = (scatter(0..16, 0, vocab), scatter(16..32, 0, vocab));
+        let joined: Vec<f32> = lo.iter().zip(&hi).map(|(a, b)| a + b).collect();
+        assert_eq!(bits(&joined), bits(&whole));
     }
 
     /// `x` (`[rows, cols]` row-major) transposed to `[cols, rows]`.
