@@ -499,6 +499,30 @@ fn pack_b<T: Float>(
         let cols = TILE_N.min(n - p * TILE_N);
         if cols < TILE_N {
             panel.fill(T::ZERO);
+        } else {
+            // Squares of TILE_N × TILE_N: fixed-size reads of the panel's rows of `B`, then
+            // fixed-size writes of the panel's steps, all in registers or L1.
+            let whole_k = kc / TILE_N * TILE_N;
+            for s0 in (0..whole_k).step_by(TILE_N) {
+                let square: [[T; TILE_N]; TILE_N] = std::array::from_fn(|cc| {
+                    let at = (p * TILE_N + cc) * k + k0 + s0;
+                    b[at..at + TILE_N].try_into().expect("TILE_N elements")
+                });
+                for (kk, dst) in panel[s0 * TILE_N..(s0 + TILE_N) * TILE_N]
+                    .chunks_exact_mut(TILE_N)
+                    .enumerate()
+                {
+                    let dst: &mut [T; TILE_N] = dst.try_into().expect("TILE_N elements");
+                    *dst = std::array::from_fn(|cc| square[cc][kk]);
+                }
+            }
+            for cc in 0..TILE_N {
+                let row = (p * TILE_N + cc) * k + k0;
+                for kk in whole_k..kc {
+                    panel[kk * TILE_N + cc] = b[row + kk];
+                }
+            }
+            continue;
         }
         // Column `cc` of the panel is a run of row `p·TILE_N + cc` of `B`: read it in order.
         for cc in 0..cols {
@@ -564,6 +588,9 @@ mod tests {
             (1, 300),
             (64, 4),
             (32, 1),
+            (1, 4),
+            (1, 8),
+            (16, 8),
         ] {
             let steps = q * block_len;
             let data = values(steps * TILE_M, 5 + q as u64);
@@ -684,6 +711,8 @@ mod tests {
         check_against_reference::<f32>(7, 19, 2048, 16);
         // Four passes (the first one's result joined in `c`), paired panels, short row tiles.
         check_against_reference::<f32>(13, 40, 4096, 32);
+        // A pass that is not whole squares of TILE_N steps (transposed `B`'s packing).
+        check_against_reference::<f32>(9, 33, 24, 8);
     }
 
     /// `f64` (the portable tile) against the reference over several passes.

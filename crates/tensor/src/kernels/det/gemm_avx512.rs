@@ -82,30 +82,12 @@ pub(super) unsafe fn tiles_f32(
     let mut ap = tile_a.data.as_ptr();
     let rows = (&tile_a.offsets, tile_a.step);
     let mut bp = (panel0.as_ptr(), panel1.as_ptr());
-    let root = if q == 1 {
+    // Short blocks with their length known to the compiler, so their steps are unrolled.
+    let root = match block_len {
         // SAFETY: the asserts above keep every read inside the operands.
-        unsafe { block(&mut ap, rows, &mut bp, block_len) }
-    } else {
-        // Level `l` (≥ 1) is written before it is read: the counter joins only levels it filled.
-        let mut stack = [MaybeUninit::<[__m512; REGS]>::uninit(); PASS_LEVELS];
-        for pair in 0..q / 2 {
-            // SAFETY: as above.
-            let left = unsafe { block(&mut ap, rows, &mut bp, block_len) };
-            let mut sum = unsafe { block(&mut ap, rows, &mut bp, block_len) };
-            join(&left, &mut sum);
-            // Pairs 0..=pair done: join while the counter carries.
-            let mut level = 1;
-            let mut done = pair + 1;
-            while done % 2 == 0 {
-                // SAFETY: a carry at `level` means pairs filled it (see above).
-                join(unsafe { stack[level].assume_init_ref() }, &mut sum);
-                done /= 2;
-                level += 1;
-            }
-            stack[level].write(sum);
-        }
-        // SAFETY: after `q / 2` (a power of two) pairs the counter holds one subtree, at the top.
-        unsafe { stack[q.trailing_zeros() as usize].assume_init_read() }
+        4 => unsafe { tree::<4>(q, 4, (&mut ap, rows, &mut bp)) },
+        8 => unsafe { tree::<8>(q, 8, (&mut ap, rows, &mut bp)) },
+        _ => unsafe { tree::<0>(q, block_len, (&mut ap, rows, &mut bp)) },
     };
     assert!((1..=TILE_M).contains(&stored));
     assert!(ldc >= 2 * TILE_N && out.len() >= (stored - 1) * ldc + 2 * TILE_N);
@@ -116,4 +98,47 @@ pub(super) unsafe fn tiles_f32(
             _mm512_storeu_ps(out.as_mut_ptr().add(r * ldc + TILE_N), root[2 * r + 1]);
         }
     }
+}
+
+/// The canonical tree over `q` blocks of `block_len` steps (`BL` when it is not 0), from `ap`
+/// and `bp` on, in registers.
+///
+/// # Safety
+/// AVX-512F; the rows and both panels hold `q · block_len` more steps.
+#[inline(always)]
+unsafe fn tree<const BL: usize>(
+    q: usize,
+    block_len: usize,
+    (ap, rows, bp): (
+        &mut *const f32,
+        (&[usize; TILE_M], usize),
+        &mut (*const f32, *const f32),
+    ),
+) -> [__m512; REGS] {
+    let block_len = if BL > 0 { BL } else { block_len };
+    if q == 1 {
+        // SAFETY: the caller keeps every read inside the operands.
+        return unsafe { block(ap, rows, bp, block_len) };
+    }
+
+    // Level `l` (≥ 1) is written before it is read: the counter joins only levels it filled.
+    let mut stack = [MaybeUninit::<[__m512; REGS]>::uninit(); PASS_LEVELS];
+    for pair in 0..q / 2 {
+        // SAFETY: as above.
+        let left = unsafe { block(ap, rows, bp, block_len) };
+        let mut sum = unsafe { block(ap, rows, bp, block_len) };
+        join(&left, &mut sum);
+        // Pairs 0..=pair done: join while the counter carries.
+        let mut level = 1;
+        let mut done = pair + 1;
+        while done % 2 == 0 {
+            // SAFETY: a carry at `level` means pairs filled it (see above).
+            join(unsafe { stack[level].assume_init_ref() }, &mut sum);
+            done /= 2;
+            level += 1;
+        }
+        stack[level].write(sum);
+    }
+    // SAFETY: after `q / 2` (a power of two) pairs the counter holds one subtree, at the top.
+    unsafe { stack[q.trailing_zeros() as usize].assume_init_read() }
 }
