@@ -45,6 +45,11 @@ pub struct ConvertOptions<'a> {
     pub name_map: Option<&'a BTreeMap<String, String>>,
     /// How to read encrypted `.ckpt` sources (MindSpore's `dec_key` / `dec_mode`).
     pub decryption: Option<&'a Decryption>,
+    /// Flush every file, the set marker and the directories to disk before the conversion
+    /// returns (default). Off ([`crate::Durability::OsBuffered`]), the output is still written
+    /// atomically (the old set or the new one, never a mix, if the process fails or is killed),
+    /// but a power loss or OS crash soon after may lose it.
+    pub fsync: bool,
 }
 
 impl Default for ConvertOptions<'_> {
@@ -60,11 +65,17 @@ impl Default for ConvertOptions<'_> {
             progress: &NoProgress,
             name_map: None,
             decryption: None,
+            fsync: true,
         }
     }
 }
 
 impl<'a> ConvertOptions<'a> {
+    /// The durability [`ConvertOptions::fsync`] asks for.
+    pub fn durability(&self) -> crate::Durability {
+        crate::Durability::from_fsync(self.fsync)
+    }
+
     /// The options of writing one file of this conversion in `format`.
     pub(crate) fn write_options(
         &self,
@@ -77,6 +88,7 @@ impl<'a> ConvertOptions<'a> {
             crc: self.crc,
             chunk_bytes: self.chunk_bytes,
             progress: self.progress,
+            durability: self.durability(),
             committer,
             rename: self.name_map,
         }
@@ -93,6 +105,7 @@ impl std::fmt::Debug for ConvertOptions<'_> {
             .field("crc", &self.crc)
             .field("allow_missing", &self.allow_missing)
             .field("chunk_bytes", &self.chunk_bytes)
+            .field("fsync", &self.fsync)
             .finish()
     }
 }
@@ -493,7 +506,13 @@ fn run(
         }
         plans.push((rank, name(rank, format), plan));
     }
-    let set = SetWriter::begin_apart(out.dir, out.sources, out.tool, opts.force)?;
+    let set = SetWriter::begin_apart(
+        out.dir,
+        out.sources,
+        out.tool,
+        opts.force,
+        opts.durability(),
+    )?;
     let total: u64 = plans.iter().map(|(_, _, p)| data_bytes(&p.items)).sum();
     opts.progress.start("converting", total);
     let committer = crate::atomic_write::Committer::new();

@@ -67,11 +67,13 @@ pub fn load_segmented_checkpoints_with(
     Ok(entries)
 }
 
-/// Writes the union of a segmented checkpoint into one file (format from `dest`'s extension).
+/// Writes the union of a segmented checkpoint into one file (format from `dest`'s extension),
+/// atomically, fsynced or not as `durability` says.
 pub fn write_segmented(
     entries: &[SegmentedEntry],
     dest: &Path,
     force: bool,
+    durability: crate::Durability,
     progress: &dyn Progress,
 ) -> Result<PathBuf> {
     let format = Format::from_path(dest).ok_or_else(|| {
@@ -93,6 +95,7 @@ pub fn write_segmented(
         crc: false,
         chunk_bytes: DEFAULT_CHUNK_BYTES,
         progress,
+        durability,
         committer: None,
         rename: None,
     };
