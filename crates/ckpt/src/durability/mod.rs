@@ -138,5 +138,9 @@ pub(crate) mod probe {
 
 #[cfg(not(test))]
 mod probe {
+    /// Outside tests, nothing is counted.
     pub(super) fn record(_: &std::path::Path) {}
 }
+
+#[cfg(test)]
+mod tests;
