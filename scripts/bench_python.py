@@ -37,7 +37,7 @@ def main():
     ap.add_argument("--tessera", required=True)
     ap.add_argument("--ms-python", required=True)
     ap.add_argument("--py-python", required=True)
-    ap.add_argument("--only", default="python,mindspore,cli",
+    ap.add_argument("--only", default="python,python-nofsync,mindspore,cli,cli-nofsync",
                     help="comma-separated variants to run, in this order each repetition")
     args = ap.parse_args()
     gen = os.path.join(args.work, "gen")
