@@ -521,17 +521,33 @@ fn run(
         ("format".to_string(), "ms".to_string()),
         set.metadata_entry(),
     ];
+    // Safetensors output is copied by the kernel from the sources' pages (`direct`), one file
+    // per thread; `.ckpt` output already keeps two cores busy (assembling and writing) and
+    // would hold two more chunk buffers per extra thread.
+    let n_threads = if format == Format::Safetensors {
+        crate::fan_out::FILE_THREADS
+    } else {
+        1
+    };
+    let settings = write.settings();
+    let staged: Vec<_> = plans.iter().map(|(_, rel, _)| set.staged(rel)).collect();
+    let jobs: Vec<_> = plans.into_iter().zip(staged).collect();
+    let done = crate::fan_out::run_jobs(jobs, n_threads, opts.progress, |progress, job| {
+        let ((rank, rel, plan), staged) = job;
+        let write = settings.with_progress(progress);
+        let stats = write_items(sources, &staged, plan.items, &metadata, &write)?;
+        Ok((rank, rel, plan.cover, stats))
+    })?;
     let mut report = ConvertReport {
-        ranks: Vec::with_capacity(plans.len()),
+        ranks: Vec::with_capacity(done.len()),
         skipped,
     };
-    for (rank, rel, plan) in plans {
-        let stats = write_items(sources, &set.staged(&rel), plan.items, &metadata, &write)?;
+    for (rank, rel, cover, stats) in done {
         report.ranks.push(RankReport {
             rank,
             path: set.final_path(&rel),
-            source_ranks: plan.cover.ranks,
-            exact: plan.cover.exact,
+            source_ranks: cover.ranks,
+            exact: cover.exact,
             n_tensors: stats.n_tensors,
             data_bytes: stats.data_bytes,
         });

@@ -58,6 +58,50 @@ impl std::fmt::Debug for WriteOptions<'_> {
     }
 }
 
+/// [`WriteOptions`] without the progress sink, which need not be `Sync`: what the threads
+/// writing several files at once share ([`crate::fan_out`]).
+#[derive(Clone, Copy)]
+pub(crate) struct WriteSettings<'a> {
+    format: Format,
+    force: bool,
+    crc: bool,
+    chunk_bytes: usize,
+    durability: crate::Durability,
+    committer: Option<&'a Committer>,
+    rename: Option<&'a BTreeMap<String, String>>,
+}
+
+impl<'a> WriteOptions<'a> {
+    /// These options without their progress sink.
+    pub(crate) fn settings(&self) -> WriteSettings<'a> {
+        WriteSettings {
+            format: self.format,
+            force: self.force,
+            crc: self.crc,
+            chunk_bytes: self.chunk_bytes,
+            durability: self.durability,
+            committer: self.committer,
+            rename: self.rename,
+        }
+    }
+}
+
+impl<'a> WriteSettings<'a> {
+    /// The options of a write reporting to `progress`.
+    pub(crate) fn with_progress(self, progress: &'a dyn Progress) -> WriteOptions<'a> {
+        WriteOptions {
+            format: self.format,
+            force: self.force,
+            crc: self.crc,
+            chunk_bytes: self.chunk_bytes,
+            progress,
+            durability: self.durability,
+            committer: self.committer,
+            rename: self.rename,
+        }
+    }
+}
+
 /// What writing one file did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileStats {

@@ -205,6 +205,7 @@ mod dedup;
 mod diff;
 mod direct;
 mod durability;
+mod fan_out;
 mod error;
 mod execute;
 mod group_info;
