@@ -4,7 +4,8 @@
 //!
 //! Every destination file is planned before the first byte is written (strategies resolved,
 //! source covers solved, source headers checked, destinations checked for existence), so a bad
-//! input fails before anything is created; then files are written one by one, each atomically.
+//! input fails before anything is created; then files are written one by one, each atomically
+//! (two at a time for safetensors output without fsync, [`crate::fan_out`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +37,8 @@ pub struct ConvertOptions<'a> {
     /// Convert even when the source strategy lists parameters that no source file holds
     /// (they are reported as skipped); otherwise that is an error, as `verify` calls it a fault.
     pub allow_missing: bool,
-    /// Largest chunk of one tensor held in memory.
+    /// Largest chunk of one tensor held in memory by one writing thread (without fsync,
+    /// safetensors output is written by two threads, a file each).
     pub chunk_bytes: usize,
     /// Progress sink.
     pub progress: &'a dyn Progress,
@@ -48,7 +50,8 @@ pub struct ConvertOptions<'a> {
     /// Flush every file, the set marker and the directories to disk before the conversion
     /// returns (default). Off ([`crate::Durability::OsBuffered`]), the output is still written
     /// atomically (the old set or the new one, never a mix, if the process fails or is killed),
-    /// but a power loss or OS crash soon after may lose it.
+    /// but a power loss or OS crash soon after may lose it. Safetensors output is then written
+    /// two files at a time.
     pub fsync: bool,
 }
 
@@ -521,10 +524,13 @@ fn run(
         ("format".to_string(), "ms".to_string()),
         set.metadata_entry(),
     ];
-    // Safetensors output is copied by the kernel from the sources' pages (`direct`), one file
-    // per thread; `.ckpt` output already keeps two cores busy (assembling and writing) and
-    // would hold two more chunk buffers per extra thread.
-    let n_threads = if format == Format::Safetensors {
+    // Without fsync, safetensors output (copied by the kernel from the sources' pages,
+    // `direct`) is written two files at a time. Measured on the 1 GiB 8→4 conversion (2 cores,
+    // medians of 9 interleaved runs, `sync` before each): 0.27 s → 0.17 s (`cp -r`: 0.19 s),
+    // peak RSS 41 → 75 MiB. With fsync the disk is the limit: 0.67 s → 0.69 s over 7 runs, so
+    // one file at a time. `.ckpt` output already keeps two cores busy (assembling, writing)
+    // and would hold two more chunk buffers per extra thread.
+    let n_threads = if format == Format::Safetensors && !opts.fsync {
         crate::fan_out::FILE_THREADS
     } else {
         1

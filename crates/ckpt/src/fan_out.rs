@@ -138,15 +138,23 @@ mod tests {
     fn the_earliest_failure_is_reported_and_stops_new_jobs() {
         for n_threads in [1, 2] {
             let started = Mutex::new(Vec::new());
-            let err = run_jobs((0..50usize).collect(), n_threads, &Log::default(), |_, j| {
-                started.lock().unwrap().push(j);
-                if j >= 3 {
-                    return Err(CkptError::InvalidRequest(format!("job {j}")));
-                }
-                Ok(j)
-            })
+            let err = run_jobs(
+                (0..50usize).collect(),
+                n_threads,
+                &Log::default(),
+                |_, j| {
+                    started.lock().unwrap().push(j);
+                    if j >= 3 {
+                        return Err(CkptError::InvalidRequest(format!("job {j}")));
+                    }
+                    Ok(j)
+                },
+            )
             .unwrap_err();
-            assert_eq!(err.to_string(), CkptError::InvalidRequest("job 3".into()).to_string());
+            assert_eq!(
+                err.to_string(),
+                CkptError::InvalidRequest("job 3".into()).to_string()
+            );
             // Each thread may have taken one more job before it saw the failure.
             assert!(started.lock().unwrap().len() <= 3 + 2 * n_threads);
         }

@@ -191,19 +191,26 @@ fn a_conversion_failing_midway_without_fsync_leaves_the_old_set_whole() {
     crate::convert_checkpoints(&src, &s4, &dst, Some(&s4), &opts).unwrap();
     let old_id = set_id(&dst);
     let old = files(&dst, &old_id);
-    for at in 1..=4 {
+    // Safetensors output is written two files at a time, `.ckpt` output one at a time.
+    for (format, at) in [Format::Ckpt, Format::Safetensors]
+        .into_iter()
+        .flat_map(|f| (1..=4).map(move |at| (f, at)))
+    {
         let progress = PanicAt(at, std::cell::Cell::new(0));
         let opts = ConvertOptions {
             fsync: false,
             force: true,
-            format: Some(Format::Ckpt),
+            format: Some(format),
             progress: &progress,
             ..ConvertOptions::default()
         };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             crate::convert_checkpoints(&src, &s4, &dst, Some(&s4), &opts)
         }));
-        assert!(run.is_err(), "the failure was injected at file {at}");
+        assert!(
+            run.is_err(),
+            "{format:?}: the failure was injected at file {at}"
+        );
         // The destination still holds the old set, whole; nothing is left beside it.
         assert_eq!(set_id(&dst), old_id);
         assert_eq!(files(&dst, &old_id), old);
