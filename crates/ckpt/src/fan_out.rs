@@ -85,10 +85,13 @@ pub(crate) fn run_jobs<J: Send, T: Send>(
     });
     // Jobs are taken in order, so one that never started comes after every failure.
     let mut out = Vec::with_capacity(n_jobs);
-    for result in results.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        if let Some(r) = result {
-            out.push(r?);
-        }
+    for result in results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .flatten()
+    {
+        out.push(result?);
     }
     if out.len() < n_jobs {
         return Err(CkptError::InvalidRequest(

@@ -89,6 +89,9 @@ fn strategy(dev: &[usize], map: &[i64], n: usize) -> anyhow::Result<ckpt::Resolv
     Ok(ckpt::ResolvedStrategy::new(params)?)
 }
 
+/// One timed variant: writes its output to the given path.
+type Timed<'a> = dyn Fn(&Path) -> anyhow::Result<()> + 'a;
+
 fn sync() -> anyhow::Result<()> {
     let status = Command::new("sync").status().context("running sync")?;
     if !status.success() {
@@ -160,7 +163,7 @@ fn bench(dir: &Path, args: &CkptConvertArgs) -> anyhow::Result<()> {
         Ok(())
     };
     // Each timed as a pair: flushed to disk before it returns, and left in the page cache.
-    let variants: [(&str, &dyn Fn(&Path) -> anyhow::Result<()>); 4] = [
+    let variants: [(&str, &Timed<'_>); 4] = [
         ("cp -r SRC COPY && sync", &|out| cp(out, true)),
         ("tessera convert (fsynced)", &|out| convert(out, true)),
         ("cp -r SRC COPY (no sync)", &|out| cp(out, false)),
