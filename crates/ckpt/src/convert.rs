@@ -531,7 +531,7 @@ fn run(
     // one file at a time. `.ckpt` output already keeps two cores busy (assembling, writing)
     // and would hold two more chunk buffers per extra thread.
     let n_threads = if format == Format::Safetensors && !opts.fsync {
-        crate::fan_out::FILE_THREADS
+        crate::fan_out::file_threads()
     } else {
         1
     };

@@ -17,7 +17,12 @@ use crate::progress::Progress;
 
 /// Files written at once where that is allowed: the machines Tessera is measured on have two
 /// cores, and a third writer only adds contention for them.
-pub(crate) const FILE_THREADS: usize = 2;
+const FILE_THREADS: usize = 2;
+
+/// How many files to write at once: [`FILE_THREADS`], or fewer on a machine with fewer cores.
+pub(crate) fn file_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(FILE_THREADS))
+}
 
 /// A progress event of a worker thread.
 enum Event {
