@@ -2,11 +2,15 @@
 # The 1 GiB 8→4 checkpoint conversion three ways, in one run, interleaved:
 #   - tessera.parallel.convert_checkpoints (the Python package, in-process Rust),
 #   - mindspore.parallel.convert_checkpoints (MindSpore 2.10 from PyPI),
-#   - the `tessera ckpt convert` command line.
+#   - the `tessera ckpt convert` command line,
+# and the two Tessera ones also without fsync (`fsync=False`, `--no-fsync`: MindSpore never
+# fsyncs, so this is the like-for-like comparison).
 # Input: `tessera bench ckpt-convert`'s 1 GiB source (8 × [8192, 4096] f32 over dev [2,4]
 # map [1,0], safetensors) and its strategies (to dev [2,2] map [0,1]); see docs/PERFORMANCE.md.
 #
-#   scripts/bench-python.sh [REPS] [VARIANTS]   (default 5; python,mindspore,cli)
+#   scripts/bench-python.sh [REPS] [VARIANTS]
+#     REPS default 5; VARIANTS, comma-separated, default all five:
+#     python,python-nofsync,mindspore,cli,cli-nofsync
 #
 # Venvs (made when absent): target/bench-ms-venv (mindspore==2.10.0, safetensors==0.7.0 — the
 # pin the reference cases need — and psutil) and target/bench-py-venv (this repository's
@@ -15,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps="${1:-5}"
-only="${2:-python,mindspore,cli}"
+only="${2:-python,python-nofsync,mindspore,cli,cli-nofsync}"
 
 # A relative CARGO_TARGET_DIR would resolve against python/ when pip builds the package there.
 if [ -n "${CARGO_TARGET_DIR:-}" ]; then export CARGO_TARGET_DIR="$(realpath -m "$CARGO_TARGET_DIR")"; fi

@@ -98,8 +98,10 @@ fn converted<'py>(
 
 /// Converts `src_dir/rank_<r>/` from `src_strategy` to `dst_strategy` (`None`: merged into
 /// rank 0), writing `dst_dir/rank_<r>/<prefix><r>.<ext>`; returns the report as a dict.
+/// `fsync=false` writes as atomically but issues no fsync ([`ckpt::Durability::OsBuffered`]),
+/// as for every writer below.
 #[pyfunction]
-#[pyo3(signature = (src_dir, src_strategy, dst_dir, dst_strategy=None, prefix="checkpoint_", output_format=None, ranks=None, force=false, allow_missing=false, progress=None))]
+#[pyo3(signature = (src_dir, src_strategy, dst_dir, dst_strategy=None, prefix="checkpoint_", output_format=None, ranks=None, force=false, allow_missing=false, progress=None, fsync=true))]
 #[allow(clippy::too_many_arguments)]
 fn convert_checkpoints<'py>(
     py: Python<'py>,
@@ -113,6 +115,7 @@ fn convert_checkpoints<'py>(
     force: bool,
     allow_missing: bool,
     progress: Option<Py<PyAny>>,
+    fsync: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let format = format_of(output_format)?;
     let prefix = prefix.to_string();
@@ -124,6 +127,7 @@ fn convert_checkpoints<'py>(
             force,
             allow_missing,
             progress: sink,
+            fsync,
             ..Default::default()
         };
         ckpt::convert_checkpoints(
@@ -139,7 +143,7 @@ fn convert_checkpoints<'py>(
 /// Slices the unsharded checkpoint in `src_dir/rank_0/` for `dst_strategy`, writing
 /// `dst_dir/rank_<r>/<prefix><r>.<ext>`; returns the report as a dict.
 #[pyfunction]
-#[pyo3(signature = (src_dir, dst_dir, dst_strategy, prefix="checkpoint_", output_format=None, force=false, progress=None))]
+#[pyo3(signature = (src_dir, dst_dir, dst_strategy, prefix="checkpoint_", output_format=None, force=false, progress=None, fsync=true))]
 #[allow(clippy::too_many_arguments)]
 fn convert_unsharded<'py>(
     py: Python<'py>,
@@ -150,6 +154,7 @@ fn convert_unsharded<'py>(
     output_format: Option<&str>,
     force: bool,
     progress: Option<Py<PyAny>>,
+    fsync: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let format = format_of(output_format)?;
     let prefix = prefix.to_string();
@@ -159,6 +164,7 @@ fn convert_unsharded<'py>(
             prefix: &prefix,
             force,
             progress: sink,
+            fsync,
             ..Default::default()
         };
         ckpt::convert_unsharded(&src_dir, &dst_dir, &dst_strategy, &opts)
@@ -168,7 +174,7 @@ fn convert_unsharded<'py>(
 /// Converts destination rank `rank` from the source files `files` (rank → path) into exactly
 /// `dst_file`; returns the rank's report as a dict.
 #[pyfunction]
-#[pyo3(signature = (rank, files, src_strategy, dst_file, dst_strategy=None, force=false, progress=None))]
+#[pyo3(signature = (rank, files, src_strategy, dst_file, dst_strategy=None, force=false, progress=None, fsync=true))]
 #[allow(clippy::too_many_arguments)]
 fn convert_checkpoint_files<'py>(
     py: Python<'py>,
@@ -179,6 +185,7 @@ fn convert_checkpoint_files<'py>(
     dst_strategy: Option<PathBuf>,
     force: bool,
     progress: Option<Py<PyAny>>,
+    fsync: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let sink = PyProgress::new(progress);
     let report = py
@@ -186,6 +193,7 @@ fn convert_checkpoint_files<'py>(
             let opts = ConvertOptions {
                 force,
                 progress: &sink,
+                fsync,
                 ..Default::default()
             };
             ckpt::convert_checkpoint_files(
@@ -257,7 +265,7 @@ fn py_choice<'a>(
 /// hyper-parameter file); returns the report as a dict. `file_suffix`, `choice` and `split`
 /// are MindSpore's `file_suffix`, `choice_func` and `split_dst_file`.
 #[pyfunction]
-#[pyo3(signature = (src_dir, strategy, dst_dir, dedup=false, max_part_bytes=ckpt::DEFAULT_PART_BYTES, force=false, progress=None, file_suffix=None, choice=None, split=None))]
+#[pyo3(signature = (src_dir, strategy, dst_dir, dedup=false, max_part_bytes=ckpt::DEFAULT_PART_BYTES, force=false, progress=None, file_suffix=None, choice=None, split=None, fsync=true))]
 #[allow(clippy::too_many_arguments)]
 fn unified_safetensors<'py>(
     py: Python<'py>,
@@ -271,6 +279,7 @@ fn unified_safetensors<'py>(
     file_suffix: Option<String>,
     choice: Option<Py<PyAny>>,
     split: Option<(usize, usize)>,
+    fsync: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     if max_part_bytes == 0 {
         return Err(pyo3::exceptions::PyValueError::new_err(
@@ -289,6 +298,7 @@ fn unified_safetensors<'py>(
             file_suffix: file_suffix.as_deref(),
             choice: choice_fn.as_ref().map(|f| f as ckpt::ChoiceFn<'_>),
             split,
+            fsync,
             ..Default::default()
         };
         ckpt::unified_safetensors(&src_dir, &strategy, &dst_dir, &opts)
@@ -373,7 +383,7 @@ fn decryption(dec_key: Option<Vec<u8>>, dec_mode: &str) -> PyResult<Option<ckpt:
 /// layout dict), writing `dst_dir/rank_<r>/net.<ext>` for `ranks` (all by default), tensors
 /// renamed by `name_map`; returns the report as a dict.
 #[pyfunction]
-#[pyo3(signature = (unified_dir, strategy, dst_dir, ranks=None, output_format=None, force=false, progress=None, layouts=None, name_map=None))]
+#[pyo3(signature = (unified_dir, strategy, dst_dir, ranks=None, output_format=None, force=false, progress=None, layouts=None, name_map=None, fsync=true))]
 #[allow(clippy::too_many_arguments)]
 fn load_distributed_files<'py>(
     py: Python<'py>,
@@ -386,6 +396,7 @@ fn load_distributed_files<'py>(
     progress: Option<Py<PyAny>>,
     layouts: Option<Vec<LayoutEntry>>,
     name_map: Option<BTreeMap<String, String>>,
+    fsync: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let format = format_of(output_format)?;
     let strategy = target_strategy(strategy, layouts)?;
@@ -396,6 +407,7 @@ fn load_distributed_files<'py>(
             force,
             progress: sink,
             name_map: name_map.as_ref(),
+            fsync,
             ..Default::default()
         };
         ckpt::load_distributed_checkpoint_with(&unified_dir, strategy.as_ref(), &dst_dir, &opts)

@@ -43,3 +43,10 @@ def choice(value: Any, name: str, allowed: tuple) -> str:
         raise ValueError(f"For '{name}', the value must be one of {list(allowed)}, but got '{value}'.")
     return value
 
+
+
+def flag(value: Any, name: str) -> bool:
+    """A bool argument (TypeError otherwise, so ``fsync=0`` is not read as a choice)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"For '{name}', the type must be bool, but got {type(value).__name__}.")
+    return value

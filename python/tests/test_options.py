@@ -1,7 +1,7 @@
 """MindSpore options beyond the plain conversions: unified_safetensors' file_suffix,
 choice_func and split_dst_file; load_distributed_checkpoint with a layout dict, with name_map
 and dst_safetensors_dir, and with encrypted .ckpt files (dec_key / dec_mode), as
-load_segmented_checkpoints reads them too. Outputs are judged by the pure-Python readers of
+load_segmented_checkpoints reads them too; fsync=False on every writer. Outputs are judged by the pure-Python readers of
 conftest and against the runs without the option."""
 
 import json
@@ -275,3 +275,41 @@ def test_load_segmented_checkpoints_decrypts(tmp_path):
         P.load_segmented_checkpoints(str(seg))
     with pytest.raises(tessera.CheckpointError, match="not an encrypted"):
         P.load_segmented_checkpoints(str(CASE / "segmented"), dec_key=KEY[:16], dec_mode="SM4-CBC")
+
+
+# ------------------------------------------------------------------------------------ fsync=False
+
+def _set_files(directory):
+    """Every file under ``directory`` (relative path → bytes), the set id blanked out: two
+    writes of the same set differ in nothing else."""
+    set_id = json.loads((directory / "tessera_set.json").read_text())["id"].encode()
+    return {str(p.relative_to(directory)): p.read_bytes().replace(set_id, b"#")
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("output_format", ["ckpt", "safetensors"])
+def test_fsync_false_converts_to_the_same_files(tmp_path, output_format):
+    src = str(CASE / "src_ckpt")
+    for fsync in (True, False):
+        P.convert_checkpoints(src, str(tmp_path / str(fsync)), "checkpoint_", A, B,
+                              output_format=output_format, fsync=fsync)
+    durable = _set_files(tmp_path / "True")
+    assert len(durable) == 5, sorted(durable)  # four ranks and the marker
+    assert _set_files(tmp_path / "False") == durable
+
+
+def test_fsync_false_on_the_other_writers(tmp_path):
+    for fsync in (True, False):
+        out = tmp_path / str(fsync)
+        P.unified_safetensors(SRC_ST, A, str(out / "unified"), fsync=fsync)
+        P.convert_checkpoint_by_rank(1, {r: FILES[r] for r in range(8)},
+                                     str(out / "rank1.ckpt"), A, B, fsync=fsync)
+        P.load_distributed_checkpoint(None, predict_strategy=B, format="safetensors",
+                                      unified_safetensors_dir=UNIFIED,
+                                      dst_safetensors_dir=str(out / "sliced"), fsync=fsync)
+    for name in ("unified", "sliced"):
+        assert _set_files(tmp_path / "False" / name) == _set_files(tmp_path / "True" / name)
+    assert_same_file(tmp_path / "False/rank1.ckpt", tmp_path / "True/rank1.ckpt")
+    with pytest.raises(TypeError, match="fsync"):
+        P.convert_checkpoints(str(CASE / "src_ckpt"), str(tmp_path / "x"), "checkpoint_", A, B,
+                              fsync=0)

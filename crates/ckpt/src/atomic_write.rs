@@ -1,12 +1,14 @@
 //! Atomic file creation: write `.<name>.<pid>-<n>.tmp` beside the destination (a name unique
 //! to this process and write, so concurrent writers never share one), fsync it, rename it into
-//! place, fsync the directory. A reader never sees a half-written file, and a failure (or a
-//! panic, or an early return) removes the temporary file.
+//! place, fsync the directory (both fsyncs only under [`Durability::Fsync`]). A reader never
+//! sees a half-written file, and a failure (or a panic, or an early return) removes the
+//! temporary file.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::durability::Durability;
 use crate::error::{io_err, CkptError, Result};
 
 /// A destination being written. Dropped without [`AtomicFile::commit`], it removes its
@@ -16,6 +18,7 @@ pub(crate) struct AtomicFile {
     dest: PathBuf,
     tmp: PathBuf,
     file: Option<File>,
+    durability: Durability,
 }
 
 /// Fails with [`CkptError::DestinationExists`] when `path` exists and `force` is off.
@@ -34,13 +37,14 @@ pub(crate) fn create_dir_all(dir: &Path) -> Result<()> {
 }
 
 impl AtomicFile {
-    /// Starts writing `dest` through `<dest>.tmp`. Refuses an existing `dest` unless `force`.
-    pub(crate) fn create(dest: &Path, force: bool) -> Result<AtomicFile> {
+    /// Starts writing `dest` through `<dest>.tmp`, to be committed with `durability`. Refuses
+    /// an existing `dest` unless `force`.
+    pub(crate) fn create(dest: &Path, force: bool, durability: Durability) -> Result<AtomicFile> {
         check_destination(dest, force)?;
-        crate::set::pending::creating(|| Self::create_unguarded(dest))
+        crate::set::pending::creating(|| Self::create_unguarded(dest, durability))
     }
 
-    fn create_unguarded(dest: &Path) -> Result<AtomicFile> {
+    fn create_unguarded(dest: &Path, durability: Durability) -> Result<AtomicFile> {
         if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             create_dir_all(parent)?;
         }
@@ -59,6 +63,7 @@ impl AtomicFile {
             dest: dest.to_path_buf(),
             tmp,
             file: Some(file),
+            durability,
         })
     }
 
@@ -87,10 +92,16 @@ impl AtomicFile {
         Ok(())
     }
 
-    /// Flushes the data to disk, renames the file into place and flushes the directory entry.
+    /// Flushes the data to disk, renames the file into place and flushes the directory entry
+    /// (the flushes only under [`Durability::Fsync`]).
     pub(crate) fn commit(mut self) -> Result<PathBuf> {
         let file = self.file.take().expect("commit runs once");
-        file.sync_all().map_err(io_err(&self.tmp, "fsync"))?;
+        if let Err(e) = self.durability.sync_file(&file, &self.tmp) {
+            // Dropped below with its file gone: remove the temporary file here.
+            drop(file);
+            let _ = fs::remove_file(&self.tmp);
+            return Err(e);
+        }
         drop(file);
         crate::set::pending::creating(|| fs::rename(&self.tmp, &self.dest))
             .map_err(io_err(&self.dest, "rename into place"))?;
@@ -100,11 +111,8 @@ impl AtomicFile {
             } else {
                 parent
             };
-            // Persist the rename. Some filesystems refuse to fsync a directory; that is not an
-            // error worth failing a finished write for.
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
+            // Persist the rename.
+            self.durability.sync_dir(dir);
         }
         Ok(std::mem::take(&mut self.dest))
     }
@@ -188,9 +196,19 @@ impl Drop for Committer {
     }
 }
 
-/// Writes `data` to `dest` atomically.
+/// Writes `data` to `dest` atomically and durably.
 pub(crate) fn write_file(dest: &Path, data: &[u8], force: bool) -> Result<PathBuf> {
-    let mut f = AtomicFile::create(dest, force)?;
+    write_file_with(dest, data, force, Durability::Fsync)
+}
+
+/// Writes `data` to `dest` atomically, with `durability`.
+pub(crate) fn write_file_with(
+    dest: &Path,
+    data: &[u8],
+    force: bool,
+    durability: Durability,
+) -> Result<PathBuf> {
+    let mut f = AtomicFile::create(dest, force, durability)?;
     f.write_all(data)?;
     f.commit()
 }
@@ -204,7 +222,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("a.bin");
         {
-            let mut f = AtomicFile::create(&dest, false).unwrap();
+            let mut f = AtomicFile::create(&dest, false, Durability::Fsync).unwrap();
             f.write_all(b"half").unwrap();
         }
         assert!(!dest.exists());

@@ -4,7 +4,8 @@
 //!
 //! Every destination file is planned before the first byte is written (strategies resolved,
 //! source covers solved, source headers checked, destinations checked for existence), so a bad
-//! input fails before anything is created; then files are written one by one, each atomically.
+//! input fails before anything is created; then files are written one by one, each atomically
+//! (two at a time for safetensors output without fsync, [`crate::fan_out`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +37,8 @@ pub struct ConvertOptions<'a> {
     /// Convert even when the source strategy lists parameters that no source file holds
     /// (they are reported as skipped); otherwise that is an error, as `verify` calls it a fault.
     pub allow_missing: bool,
-    /// Largest chunk of one tensor held in memory.
+    /// Largest chunk of one tensor held in memory by one writing thread (without fsync,
+    /// safetensors output is written by two threads, a file each).
     pub chunk_bytes: usize,
     /// Progress sink.
     pub progress: &'a dyn Progress,
@@ -45,6 +47,12 @@ pub struct ConvertOptions<'a> {
     pub name_map: Option<&'a BTreeMap<String, String>>,
     /// How to read encrypted `.ckpt` sources (MindSpore's `dec_key` / `dec_mode`).
     pub decryption: Option<&'a Decryption>,
+    /// Flush every file, the set marker and the directories to disk before the conversion
+    /// returns (default). Off ([`crate::Durability::OsBuffered`]), the output is still written
+    /// atomically (the old set or the new one, never a mix, if the process fails or is killed),
+    /// but a power loss or OS crash soon after may lose it. Safetensors output is then written
+    /// two files at a time.
+    pub fsync: bool,
 }
 
 impl Default for ConvertOptions<'_> {
@@ -60,11 +68,17 @@ impl Default for ConvertOptions<'_> {
             progress: &NoProgress,
             name_map: None,
             decryption: None,
+            fsync: true,
         }
     }
 }
 
 impl<'a> ConvertOptions<'a> {
+    /// The durability [`ConvertOptions::fsync`] asks for.
+    pub fn durability(&self) -> crate::Durability {
+        crate::Durability::from_fsync(self.fsync)
+    }
+
     /// The options of writing one file of this conversion in `format`.
     pub(crate) fn write_options(
         &self,
@@ -77,6 +91,7 @@ impl<'a> ConvertOptions<'a> {
             crc: self.crc,
             chunk_bytes: self.chunk_bytes,
             progress: self.progress,
+            durability: self.durability(),
             committer,
             rename: self.name_map,
         }
@@ -93,6 +108,7 @@ impl std::fmt::Debug for ConvertOptions<'_> {
             .field("crc", &self.crc)
             .field("allow_missing", &self.allow_missing)
             .field("chunk_bytes", &self.chunk_bytes)
+            .field("fsync", &self.fsync)
             .finish()
     }
 }
@@ -493,7 +509,13 @@ fn run(
         }
         plans.push((rank, name(rank, format), plan));
     }
-    let set = SetWriter::begin_apart(out.dir, out.sources, out.tool, opts.force)?;
+    let set = SetWriter::begin_apart(
+        out.dir,
+        out.sources,
+        out.tool,
+        opts.force,
+        opts.durability(),
+    )?;
     let total: u64 = plans.iter().map(|(_, _, p)| data_bytes(&p.items)).sum();
     opts.progress.start("converting", total);
     let committer = crate::atomic_write::Committer::new();
@@ -502,17 +524,36 @@ fn run(
         ("format".to_string(), "ms".to_string()),
         set.metadata_entry(),
     ];
+    // Without fsync, safetensors output (copied by the kernel from the sources' pages,
+    // `direct`) is written two files at a time. Measured on the 1 GiB 8→4 conversion (2 cores,
+    // medians of 9 interleaved runs, `sync` before each): 0.27 s → 0.17 s (`cp -r`: 0.19 s),
+    // peak RSS 41 → 75 MiB. With fsync the disk is the limit: 0.67 s → 0.69 s over 7 runs, so
+    // one file at a time. `.ckpt` output already keeps two cores busy (assembling, writing)
+    // and would hold two more chunk buffers per extra thread.
+    let n_threads = if format == Format::Safetensors && !opts.fsync {
+        crate::fan_out::file_threads()
+    } else {
+        1
+    };
+    let settings = write.settings();
+    let staged: Vec<_> = plans.iter().map(|(_, rel, _)| set.staged(rel)).collect();
+    let jobs: Vec<_> = plans.into_iter().zip(staged).collect();
+    let done = crate::fan_out::run_jobs(jobs, n_threads, opts.progress, |progress, job| {
+        let ((rank, rel, plan), staged) = job;
+        let write = settings.with_progress(progress);
+        let stats = write_items(sources, &staged, plan.items, &metadata, &write)?;
+        Ok((rank, rel, plan.cover, stats))
+    })?;
     let mut report = ConvertReport {
-        ranks: Vec::with_capacity(plans.len()),
+        ranks: Vec::with_capacity(done.len()),
         skipped,
     };
-    for (rank, rel, plan) in plans {
-        let stats = write_items(sources, &set.staged(&rel), plan.items, &metadata, &write)?;
+    for (rank, rel, cover, stats) in done {
         report.ranks.push(RankReport {
             rank,
             path: set.final_path(&rel),
-            source_ranks: plan.cover.ranks,
-            exact: plan.cover.exact,
+            source_ranks: cover.ranks,
+            exact: cover.exact,
             n_tensors: stats.n_tensors,
             data_bytes: stats.data_bytes,
         });

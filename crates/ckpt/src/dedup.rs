@@ -108,12 +108,14 @@ pub struct DedupReport {
 /// Saves the checkpoint in `src_dir` without redundancy into `dst_dir` (same file names):
 /// each replica group's copy is kept by its owner only ([`remove_param_redundancy`]); tensors
 /// outside the strategy are kept everywhere. Safetensors output says
-/// `remove_redundancy: "True"`.
+/// `remove_redundancy: "True"`. Under [`crate::Durability::OsBuffered`] nothing is fsynced
+/// (still written atomically, see [`crate::Durability`]).
 pub fn dedup_checkpoints(
     src_dir: &Path,
     strategy: &Path,
     dst_dir: &Path,
     force: bool,
+    durability: crate::Durability,
     progress: &dyn Progress,
 ) -> Result<DedupReport> {
     let sources = SourceSet::rank_dirs(src_dir)?;
@@ -166,7 +168,7 @@ pub fn dedup_checkpoints(
         metadata.push(("remove_redundancy".to_string(), "True".to_string()));
         plans.push((rank, rel, items, metadata));
     }
-    let set = SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt dedup", force)?;
+    let set = SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt dedup", force, durability)?;
     let total: u64 = plans
         .iter()
         .flat_map(|(_, _, items, _)| items.iter().map(|i| i.meta.n_bytes))
@@ -179,6 +181,7 @@ pub fn dedup_checkpoints(
         crc: false,
         chunk_bytes: DEFAULT_CHUNK_BYTES,
         progress,
+        durability,
         committer: Some(&committer),
         rename: None,
     };

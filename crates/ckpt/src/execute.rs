@@ -37,6 +37,8 @@ pub struct WriteOptions<'a> {
     pub chunk_bytes: usize,
     /// Where progress goes.
     pub progress: &'a dyn Progress,
+    /// Whether finished files are fsynced before they are renamed into place.
+    pub(crate) durability: crate::Durability,
     /// Commit finished files on this background committer instead of inline.
     pub(crate) committer: Option<&'a Committer>,
     /// Output names of renamed tensors (source name → name written); sources are still read
@@ -51,7 +53,52 @@ impl std::fmt::Debug for WriteOptions<'_> {
             .field("force", &self.force)
             .field("crc", &self.crc)
             .field("chunk_bytes", &self.chunk_bytes)
+            .field("durability", &self.durability)
             .finish()
+    }
+}
+
+/// [`WriteOptions`] without the progress sink, which need not be `Sync`: what the threads
+/// writing several files at once share ([`crate::fan_out`]).
+#[derive(Clone, Copy)]
+pub(crate) struct WriteSettings<'a> {
+    format: Format,
+    force: bool,
+    crc: bool,
+    chunk_bytes: usize,
+    durability: crate::Durability,
+    committer: Option<&'a Committer>,
+    rename: Option<&'a BTreeMap<String, String>>,
+}
+
+impl<'a> WriteOptions<'a> {
+    /// These options without their progress sink.
+    pub(crate) fn settings(&self) -> WriteSettings<'a> {
+        WriteSettings {
+            format: self.format,
+            force: self.force,
+            crc: self.crc,
+            chunk_bytes: self.chunk_bytes,
+            durability: self.durability,
+            committer: self.committer,
+            rename: self.rename,
+        }
+    }
+}
+
+impl<'a> WriteSettings<'a> {
+    /// The options of a write reporting to `progress`.
+    pub(crate) fn with_progress(self, progress: &'a dyn Progress) -> WriteOptions<'a> {
+        WriteOptions {
+            format: self.format,
+            force: self.force,
+            crc: self.crc,
+            chunk_bytes: self.chunk_bytes,
+            progress,
+            durability: self.durability,
+            committer: self.committer,
+            rename: self.rename,
+        }
     }
 }
 
@@ -118,7 +165,7 @@ pub(crate) fn write_items(
     if opts.format == Format::Safetensors {
         return write_safetensors(sources, dest, &items, &metas, metadata, opts);
     }
-    let mut writer = CkptWriter::create(dest, metas, opts.crc, opts.force)?;
+    let mut writer = CkptWriter::create(dest, metas, opts.crc, opts.force, opts.durability)?;
     let mut stats = FileStats {
         n_tensors: items.len(),
         data_bytes: data_bytes(&items),
@@ -186,7 +233,7 @@ fn write_safetensors(
     opts: &WriteOptions<'_>,
 ) -> Result<FileStats> {
     let header = crate::safetensors::header_bytes(dest, metadata, metas)?;
-    let mut out = AtomicFile::create(dest, opts.force)?;
+    let mut out = AtomicFile::create(dest, opts.force, opts.durability)?;
     out.write_all(&header)?;
     let path = out.dest().to_path_buf();
     crate::direct::write_data(

@@ -27,7 +27,9 @@
 //! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
 //!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
 //! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]
-//!   (readers' checks), [`abandon_pending_sets`] (for signal handlers).
+//!   (readers' checks), [`abandon_pending_sets`] (for signal handlers). [`Durability`] says
+//!   whether a write fsyncs (the default) or leaves its data to the page cache (the writers'
+//!   `fsync: false` option: still atomic against a failing process, not against a power loss).
 //!
 //! # Example
 //! ```
@@ -202,8 +204,10 @@ pub mod crypto;
 mod dedup;
 mod diff;
 mod direct;
+mod durability;
 mod error;
 mod execute;
+mod fan_out;
 mod group_info;
 mod json;
 mod load;
@@ -246,6 +250,7 @@ pub use crate::diff::{
     compare_tensors, diff_checkpoints, DiffReport, DiffSide, DiffStats, TensorComparison,
     TensorDiff,
 };
+pub use crate::durability::Durability;
 pub use crate::error::{CkptError, Result};
 pub use crate::execute::DEFAULT_CHUNK_BYTES;
 pub use crate::group_info::{group_name, restore_group_info_list, GroupInfo, GroupItem};

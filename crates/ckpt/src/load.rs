@@ -2,7 +2,7 @@
 //! training runtime, and recognising what kind of file a path holds.
 
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use layout::TensorLayout;
 use tensor::Tensor;
@@ -20,7 +20,7 @@ use crate::strategy::{ResolvedParam, Strategy};
 #[derive(Debug, Clone)]
 pub struct SegmentedEntry {
     /// The file holding the winning copy.
-    pub file: Rc<CheckpointFile>,
+    pub file: Arc<CheckpointFile>,
     /// The tensor.
     pub tensor: StoredTensor,
 }
@@ -52,7 +52,7 @@ pub fn load_segmented_checkpoints_with(
     }
     let mut entries: Vec<SegmentedEntry> = Vec::new();
     for path in paths {
-        let file = Rc::new(CheckpointFile::open_with(&path, dec)?);
+        let file = Arc::new(CheckpointFile::open_with(&path, dec)?);
         for t in file.tensors() {
             let entry = SegmentedEntry {
                 file: file.clone(),
@@ -67,11 +67,13 @@ pub fn load_segmented_checkpoints_with(
     Ok(entries)
 }
 
-/// Writes the union of a segmented checkpoint into one file (format from `dest`'s extension).
+/// Writes the union of a segmented checkpoint into one file (format from `dest`'s extension),
+/// atomically, fsynced or not as `durability` says.
 pub fn write_segmented(
     entries: &[SegmentedEntry],
     dest: &Path,
     force: bool,
+    durability: crate::Durability,
     progress: &dyn Progress,
 ) -> Result<PathBuf> {
     let format = Format::from_path(dest).ok_or_else(|| {
@@ -93,6 +95,7 @@ pub fn write_segmented(
         crc: false,
         chunk_bytes: DEFAULT_CHUNK_BYTES,
         progress,
+        durability,
         committer: None,
         rename: None,
     };

@@ -60,6 +60,18 @@ pub struct MergeOptions<'a> {
     /// `k == 1`. The parts are planned the same way in every run, so `total` runs with
     /// `k = 1..=total` into one directory write every part once.
     pub split: Option<(usize, usize)>,
+    /// Flush every part, the index, the set marker and the directories to disk before the
+    /// merge returns (default). Off, the output is still written atomically (a failed or
+    /// killed process leaves the old set or the new one), but a power loss or OS crash soon
+    /// after may lose it.
+    pub fsync: bool,
+}
+
+impl MergeOptions<'_> {
+    /// The durability [`MergeOptions::fsync`] asks for.
+    pub fn durability(&self) -> crate::Durability {
+        crate::Durability::from_fsync(self.fsync)
+    }
 }
 
 impl Default for MergeOptions<'_> {
@@ -73,6 +85,7 @@ impl Default for MergeOptions<'_> {
             file_suffix: None,
             choice: None,
             split: None,
+            fsync: true,
         }
     }
 }
@@ -86,6 +99,7 @@ impl std::fmt::Debug for MergeOptions<'_> {
             .field("file_suffix", &self.file_suffix)
             .field("choice", &self.choice.map(|_| "<fn>"))
             .field("split", &self.split)
+            .field("fsync", &self.fsync)
             .finish()
     }
 }
@@ -255,6 +269,7 @@ pub fn unified_safetensors(
         crc: false,
         chunk_bytes: opts.chunk_bytes,
         progress: opts.progress,
+        durability: opts.durability(),
         committer: Some(&committer),
         rename: (!renames.is_empty()).then_some(&renames),
     };
@@ -318,10 +333,11 @@ pub fn unified_safetensors(
             ("weight_map", Json::Obj(weight_map)),
         ]);
         let rel = Path::new(PARAM_NAME_MAP);
-        crate::atomic_write::write_file(
+        crate::atomic_write::write_file_with(
             &out.staged(rel),
             index.to_pretty(4).as_bytes(),
             opts.force || out.is_set(),
+            opts.durability(),
         )?;
         report.index = Some(out.final_path(rel));
     }
@@ -339,8 +355,14 @@ enum Out {
 impl Out {
     fn begin(dst_dir: &Path, src_dir: &Path, opts: &MergeOptions<'_>) -> Result<Out> {
         if opts.split.is_none() {
-            return SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt merge", opts.force)
-                .map(Out::Set);
+            return SetWriter::begin_apart(
+                dst_dir,
+                &[src_dir],
+                "ckpt merge",
+                opts.force,
+                opts.durability(),
+            )
+            .map(Out::Set);
         }
         crate::set::writer::check_apart(dst_dir, &[src_dir])?;
         let marker = dst_dir.join(crate::set::SET_MARKER);

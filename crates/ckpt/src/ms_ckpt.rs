@@ -477,15 +477,17 @@ pub(crate) struct CkptWriter {
 }
 
 impl CkptWriter {
-    /// Creates `dest`; tensors must be written in the order of `tensors`.
+    /// Creates `dest`, to be committed with `durability`; tensors must be written in the
+    /// order of `tensors`.
     pub(crate) fn create(
         dest: &Path,
         tensors: Vec<TensorMeta>,
         crc: bool,
         force: bool,
+        durability: crate::Durability,
     ) -> Result<CkptWriter> {
         Ok(CkptWriter {
-            out: AtomicFile::create(dest, force)?,
+            out: AtomicFile::create(dest, force, durability)?,
             tensors,
             current: 0,
             written_in_current: 0,

@@ -7,7 +7,7 @@
 //! holder is struck off and the cover is solved again.
 
 use std::collections::{BTreeSet, HashSet};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use layout::SliceBox;
 
@@ -29,7 +29,7 @@ pub(crate) enum ItemSource<'a> {
     },
     /// A box of one stored tensor (`None`: the whole tensor, byte for byte).
     Stored {
-        file: Rc<CheckpointFile>,
+        file: Arc<CheckpointFile>,
         region: Option<SliceBox>,
     },
 }
@@ -44,7 +44,7 @@ pub(crate) struct OutItem<'a> {
 impl<'a> OutItem<'a> {
     /// Tensor `tensor` of `file`, copied whole and byte for byte.
     pub(crate) fn whole(
-        file: &Rc<CheckpointFile>,
+        file: &Arc<CheckpointFile>,
         tensor: &crate::ckpt_file::StoredTensor,
     ) -> OutItem<'a> {
         OutItem {

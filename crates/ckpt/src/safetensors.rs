@@ -340,7 +340,7 @@ impl SafetensorsWriter {
         force: bool,
     ) -> Result<SafetensorsWriter> {
         let header = header_bytes(dest, metadata, &tensors)?;
-        let mut out = AtomicFile::create(dest, force)?;
+        let mut out = AtomicFile::create(dest, force, crate::Durability::Fsync)?;
         out.write_all(&header)?;
         let mut w = SafetensorsWriter {
             out,

@@ -1,12 +1,12 @@
 //! Where source tensors come from: per-rank directories or a unified (merged) checkpoint.
 //!
 //! Files are opened and indexed on first use and kept, so a conversion reads each header once
-//! and never opens a rank it does not need.
+//! and never opens a rank it does not need. A set is shared by the threads writing several
+//! destination files at once (the cache is behind a mutex, the files behind `Arc`).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ckpt_file::{CheckpointFile, Format};
 use crate::crypto::Decryption;
@@ -32,15 +32,21 @@ enum Kind {
     },
 }
 
+/// `mutex`'s contents; a panic elsewhere while holding it left them consistent (every update is
+/// one insert or one assignment).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A set of source checkpoint files.
 #[derive(Debug)]
 pub struct SourceSet {
     kind: Kind,
-    cache: RefCell<HashMap<PathBuf, Rc<CheckpointFile>>>,
+    cache: Mutex<HashMap<PathBuf, Arc<CheckpointFile>>>,
     /// The id of the committed set the files belong to (from its marker).
     set_id: Option<String>,
     /// Without a marker: the first set id met in a file, and that file.
-    first_id: RefCell<Option<(String, PathBuf)>>,
+    first_id: Mutex<Option<(String, PathBuf)>>,
     /// The key and mode encrypted `.ckpt` files are read with.
     decryption: Option<Decryption>,
 }
@@ -64,9 +70,9 @@ impl SourceSet {
     pub(crate) fn of_rank_files(files: RankFiles) -> SourceSet {
         SourceSet {
             kind: Kind::Ranks(files),
-            cache: RefCell::default(),
+            cache: Mutex::default(),
             set_id: None,
-            first_id: RefCell::default(),
+            first_id: Mutex::default(),
             decryption: None,
         }
     }
@@ -111,9 +117,9 @@ impl SourceSet {
                 weight_map,
                 hyper,
             },
-            cache: RefCell::default(),
+            cache: Mutex::default(),
             set_id: marker.map(|m| m.id),
-            first_id: RefCell::default(),
+            first_id: Mutex::default(),
             decryption: None,
         })
     }
@@ -126,9 +132,9 @@ impl SourceSet {
                 weight_map: Vec::new(),
                 hyper: None,
             },
-            cache: RefCell::default(),
+            cache: Mutex::default(),
             set_id: None,
-            first_id: RefCell::default(),
+            first_id: Mutex::default(),
             decryption: None,
         }
     }
@@ -158,16 +164,14 @@ impl SourceSet {
     }
 
     /// Opens (once) and returns the file at `path`.
-    pub fn open(&self, path: &Path) -> Result<Rc<CheckpointFile>> {
-        if let Some(f) = self.cache.borrow().get(path) {
+    pub fn open(&self, path: &Path) -> Result<Arc<CheckpointFile>> {
+        if let Some(f) = lock(&self.cache).get(path) {
             return Ok(f.clone());
         }
-        let file = Rc::new(CheckpointFile::open_with(path, self.decryption.as_ref())?);
+        let file = Arc::new(CheckpointFile::open_with(path, self.decryption.as_ref())?);
         file.verify_metadata_crc()?;
         self.check_set_id(&file)?;
-        self.cache
-            .borrow_mut()
-            .insert(path.to_path_buf(), file.clone());
+        lock(&self.cache).insert(path.to_path_buf(), file.clone());
         Ok(file)
     }
 
@@ -188,7 +192,7 @@ impl SourceSet {
         let Some(found) = file.set_id() else {
             return Ok(());
         };
-        let mut first = self.first_id.borrow_mut();
+        let mut first = lock(&self.first_id);
         match &*first {
             None => *first = Some((found.to_string(), file.path().to_path_buf())),
             Some((id, path)) if id != found => {
@@ -209,11 +213,11 @@ impl SourceSet {
 
     /// Number of files opened so far.
     pub fn n_opened(&self) -> usize {
-        self.cache.borrow().len()
+        lock(&self.cache).len()
     }
 
     /// The file of source rank `rank`, or `None` if the rank has none.
-    pub fn rank_file(&self, rank: usize) -> Result<Option<Rc<CheckpointFile>>> {
+    pub fn rank_file(&self, rank: usize) -> Result<Option<Arc<CheckpointFile>>> {
         match &self.kind {
             Kind::Ranks(r) => match r.files.get(&rank) {
                 Some(p) => self.open(p).map(Some),
@@ -225,7 +229,7 @@ impl SourceSet {
 
     /// The file that holds `tensor` for source rank `rank` (it may still lack the tensor when
     /// the checkpoint was saved without redundancy). `None` when the rank has no file.
-    pub fn file_for(&self, rank: usize, tensor: &str) -> Result<Option<Rc<CheckpointFile>>> {
+    pub fn file_for(&self, rank: usize, tensor: &str) -> Result<Option<Arc<CheckpointFile>>> {
         match &self.kind {
             Kind::Ranks(_) => self.rank_file(rank),
             Kind::Unified { weight_map, .. } => {
@@ -243,7 +247,7 @@ impl SourceSet {
     /// The file whose tensors outside the strategy a destination rank copies: source rank
     /// `home` (MindSpore copies from `rank % device_num`), or the lowest rank present when
     /// `home` has no file; for a unified checkpoint, `hyper_param.safetensors`.
-    pub fn extras_file(&self, home: usize) -> Result<Option<Rc<CheckpointFile>>> {
+    pub fn extras_file(&self, home: usize) -> Result<Option<Arc<CheckpointFile>>> {
         match &self.kind {
             Kind::Ranks(r) => {
                 let path = r.files.get(&home).or_else(|| r.files.values().next());

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use tensor::DType;
 
@@ -116,7 +116,7 @@ pub fn verify_checkpoints(
     };
     // Open every file; a file that does not parse, fails its CRC or belongs to another set is
     // a fault, and only the others are checked further.
-    let mut files: BTreeMap<usize, Rc<CheckpointFile>> = BTreeMap::new();
+    let mut files: BTreeMap<usize, Arc<CheckpointFile>> = BTreeMap::new();
     let mut first_id: Option<(String, PathBuf)> = None;
     for (&rank, path) in &rank_files.files {
         report.n_files += 1;
@@ -155,7 +155,7 @@ pub fn verify_checkpoints(
             ),
             _ => {}
         }
-        files.insert(rank, Rc::new(file));
+        files.insert(rank, Arc::new(file));
     }
     if let Err(e) = strategy.check_stages() {
         faults.push(&strategy.path, None, e.to_string());
@@ -226,7 +226,7 @@ pub fn verify_checkpoints(
 
 /// What checking one parameter's slices needs.
 struct ParamCheck<'a> {
-    files: &'a BTreeMap<usize, Rc<CheckpointFile>>,
+    files: &'a BTreeMap<usize, Arc<CheckpointFile>>,
     dedup: bool,
     check_replicas: bool,
     src_dir: &'a Path,
@@ -244,7 +244,7 @@ impl ParamCheck<'_> {
             let mesh = pl.held.mesh();
             for (block, holders) in pl.held.distinct_boxes() {
                 // Holders whose file has a well-formed slice of this block.
-                let mut good: Vec<(usize, Rc<CheckpointFile>)> = Vec::new();
+                let mut good: Vec<(usize, Arc<CheckpointFile>)> = Vec::new();
                 for &slot in &holders {
                     let rank = mesh.device_of_slot(slot);
                     let Some(file) = self.files.get(&rank) else {
@@ -319,7 +319,7 @@ impl ParamCheck<'_> {
     }
 
     /// Compares every replica of one block with the first holder's bytes.
-    fn replicas(&mut self, name: &str, block: &str, good: &[(usize, Rc<CheckpointFile>)]) {
+    fn replicas(&mut self, name: &str, block: &str, good: &[(usize, Arc<CheckpointFile>)]) {
         let (first_rank, first) = &good[0];
         for (rank, other) in &good[1..] {
             self.report.n_replica_pairs += 1;

@@ -326,7 +326,14 @@ fn load_segmented() {
         // Written out, the union is the unsharded checkpoint.
         let out = tmp();
         let merged = out.path().join("all.ckpt");
-        ckpt::write_segmented(&entries, &merged, false, &ckpt::NoProgress).unwrap();
+        ckpt::write_segmented(
+            &entries,
+            &merged,
+            false,
+            ckpt::Durability::Fsync,
+            &ckpt::NoProgress,
+        )
+        .unwrap();
         assert_same_tensors(&merged, &c.join("full_ckpt/rank_0/full.ckpt"), false);
     });
 }
@@ -519,6 +526,7 @@ fn dedup_matches_mindspore_sources() {
             &c.join("strategy/A.ckpt"),
             out.path(),
             false,
+            ckpt::Durability::Fsync,
             &ckpt::NoProgress,
         )
         .unwrap();

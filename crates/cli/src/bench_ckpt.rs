@@ -2,9 +2,10 @@
 //! `cp -r` + `sync` of the same source directory, measured in the same run.
 //!
 //! The source (8 × [8192, 4096] f32 over dev [2,4] map [1,0]) is written by Tessera's own writer
-//! and is not timed. Each repetition removes the previous output and runs `sync` first (not
-//! timed), then times `cp -r SRC COPY && sync` and the conversion (whose writes are fsynced file
-//! by file). Peak RSS is measured by `/usr/bin/time -v` around a separate `tessera ckpt convert`
+//! and is not timed. Each repetition times, interleaved, `cp -r SRC COPY && sync`, the
+//! conversion (whose writes are fsynced file by file), `cp -r SRC COPY` without `sync` and the
+//! conversion with `--no-fsync` (the like-for-like pair: nothing flushed); before each, the
+//! previous output is removed and `sync` runs (not timed). Peak RSS is measured by `/usr/bin/time -v` around a separate `tessera ckpt convert`
 //! process.
 
 use std::path::{Path, PathBuf};
@@ -88,6 +89,9 @@ fn strategy(dev: &[usize], map: &[i64], n: usize) -> anyhow::Result<ckpt::Resolv
     Ok(ckpt::ResolvedStrategy::new(params)?)
 }
 
+/// One timed variant: writes its output to the given path.
+type Timed<'a> = dyn Fn(&Path) -> anyhow::Result<()> + 'a;
+
 fn sync() -> anyhow::Result<()> {
     let status = Command::new("sync").status().context("running sync")?;
     if !status.success() {
@@ -139,53 +143,66 @@ fn bench(dir: &Path, args: &CkptConvertArgs) -> anyhow::Result<()> {
         std::fs::read(&entry)?;
     }
     sync()?;
-    let mut cp_times = Vec::new();
-    let mut our_times = Vec::new();
-    for _ in 0..args.reps.max(1) {
-        remove(&copy);
-        sync()?;
-        let t = Instant::now();
-        let status = Command::new("cp").arg("-r").arg(&src).arg(&copy).status()?;
-        sync()?;
-        cp_times.push(t.elapsed());
+    let cp = |out: &Path, then_sync: bool| -> anyhow::Result<()> {
+        let status = Command::new("cp").arg("-r").arg(&src).arg(out).status()?;
+        if then_sync {
+            sync()?;
+        }
         if !status.success() {
             bail!("cp -r failed");
         }
-        remove(&dst);
-        sync()?;
-        let t = Instant::now();
+        Ok(())
+    };
+    let convert = |out: &Path, fsync: bool| -> anyhow::Result<()> {
         let opts = ckpt::ConvertOptions {
             format: Some(ckpt::Format::Safetensors),
+            fsync,
             ..Default::default()
         };
-        ckpt::convert_checkpoints(&src, &sa, &dst, Some(&sb), &opts)?;
-        our_times.push(t.elapsed());
+        ckpt::convert_checkpoints(&src, &sa, out, Some(&sb), &opts)?;
+        Ok(())
+    };
+    // Each timed as a pair: flushed to disk before it returns, and left in the page cache.
+    let variants: [(&str, &Timed<'_>); 4] = [
+        ("cp -r SRC COPY && sync", &|out| cp(out, true)),
+        ("tessera convert (fsynced)", &|out| convert(out, true)),
+        ("cp -r SRC COPY (no sync)", &|out| cp(out, false)),
+        ("tessera convert --no-fsync", &|out| convert(out, false)),
+    ];
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
+    for _ in 0..args.reps.max(1) {
+        for ((label, run), times) in variants.iter().zip(&mut times) {
+            let out = if label.starts_with("cp") { &copy } else { &dst };
+            remove(out);
+            // Not timed: the previous variant's (and this removal's) writes reach the disk.
+            sync()?;
+            let t = Instant::now();
+            run(out)?;
+            times.push(t.elapsed());
+        }
     }
-    let (cp_med, cp_min, cp_max) = summary(&mut cp_times);
-    let (our_med, our_min, our_max) = summary(&mut our_times);
     println!(
         "checkpoint conversion: {} tensors [8192, 4096] f32 = {} over 8 ranks (dev [2,4] map [1,0]) -> 4 ranks (dev [2,2] map [0,1]), safetensors, warm cache",
         args.tensors,
         crate::bench_cmd::human_bytes(total_bytes as usize)
     );
     println!("{:<34} {:>9} {:>19}", "", "median", "min - max");
+    let mut medians = Vec::new();
+    for ((label, _), times) in variants.iter().zip(&mut times) {
+        let (med, min, max) = summary(times);
+        medians.push(med.as_secs_f64());
+        println!(
+            "{:<34} {:>8.3}s {:>8.3}s - {:.3}s",
+            label,
+            med.as_secs_f64(),
+            min.as_secs_f64(),
+            max.as_secs_f64()
+        );
+    }
     println!(
-        "{:<34} {:>8.3}s {:>8.3}s - {:.3}s",
-        "cp -r SRC COPY && sync",
-        cp_med.as_secs_f64(),
-        cp_min.as_secs_f64(),
-        cp_max.as_secs_f64()
-    );
-    println!(
-        "{:<34} {:>8.3}s {:>8.3}s - {:.3}s",
-        "tessera convert (fsynced)",
-        our_med.as_secs_f64(),
-        our_min.as_secs_f64(),
-        our_max.as_secs_f64()
-    );
-    println!(
-        "ratio tessera / (cp + sync): {:.2} (median over {} runs each, interleaved)",
-        our_med.as_secs_f64() / cp_med.as_secs_f64().max(1e-9),
+        "ratio tessera / (cp + sync): {:.2}; tessera --no-fsync / cp (no sync): {:.2} (medians over {} runs each, interleaved)",
+        medians[1] / medians[0].max(1e-9),
+        medians[3] / medians[2].max(1e-9),
         args.reps.max(1)
     );
     // Peak RSS of a separate conversion process.

@@ -56,6 +56,20 @@ struct WriteFlags {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Do not fsync: leave the written files, the set marker and the directory entries to the
+    /// OS page cache, as `cp` does. The output still appears atomically (a failed or killed run
+    /// leaves the old checkpoint or the new one, never a mix), but what is given up is
+    /// durability: a power loss or OS crash shortly after the command returns may lose the new
+    /// checkpoint, or leave its files empty.
+    #[arg(long)]
+    no_fsync: bool,
+}
+
+impl WriteFlags {
+    /// The durability `--no-fsync` asks for.
+    fn durability(&self) -> ckpt::Durability {
+        ckpt::Durability::from_fsync(!self.no_fsync)
+    }
 }
 
 /// How to read encrypted `.ckpt` sources (MindSpore's `dec_key` / `dec_mode`).
@@ -423,6 +437,7 @@ fn convert(a: &ConvertArgs) -> anyhow::Result<()> {
         allow_missing: a.allow_missing,
         progress: &bar,
         decryption: decryption.as_ref(),
+        fsync: !a.write.no_fsync,
         ..Default::default()
     };
     let report = match (&a.src_strategy, &a.dst_strategy) {
@@ -471,6 +486,7 @@ fn merge(a: &MergeArgs) -> anyhow::Result<()> {
         progress: &bar,
         file_suffix: a.file_suffix.as_deref(),
         split: a.split,
+        fsync: !a.write.no_fsync,
         ..Default::default()
     };
     let r =
@@ -519,6 +535,7 @@ fn load(a: &LoadArgs) -> anyhow::Result<()> {
         ranks,
         force: a.write.force,
         progress: &bar,
+        fsync: !a.write.no_fsync,
         ..Default::default()
     };
     let report = ckpt::load_distributed_checkpoint(&a.unified, &a.strategy, &a.dst, &opts)
@@ -536,7 +553,13 @@ fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
     let written = match &a.out {
         Some(out) => {
             let bar = Bar::new(a.write.quiet || a.write.json);
-            Some(ckpt::write_segmented(&entries, out, a.write.force, &bar)?)
+            Some(ckpt::write_segmented(
+                &entries,
+                out,
+                a.write.force,
+                a.write.durability(),
+                &bar,
+            )?)
         }
         None => None,
     };
@@ -567,8 +590,15 @@ fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
 
 fn dedup(a: &DedupArgs) -> anyhow::Result<()> {
     let bar = Bar::new(a.write.quiet || a.write.json);
-    let r = ckpt::dedup_checkpoints(&a.src, &a.strategy, &a.dst, a.write.force, &bar)
-        .context("saving without redundancy failed")?;
+    let r = ckpt::dedup_checkpoints(
+        &a.src,
+        &a.strategy,
+        &a.dst,
+        a.write.force,
+        a.write.durability(),
+        &bar,
+    )
+    .context("saving without redundancy failed")?;
     let mut text = String::new();
     for (rank, path, names) in &r.ranks {
         text.push_str(&format!(

@@ -333,3 +333,70 @@ fn convert_slices_an_unsharded_source_without_src_strategy() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to convert"));
 }
+
+/// Every file under `dir` by relative path, with the set id blanked out.
+fn set_files(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let id = ckpt::SetMarker::read(dir).unwrap().expect("a set").id;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).replace(&id, "#");
+            out.insert(path.strip_prefix(dir).unwrap().to_path_buf(), text.into());
+        }
+    }
+    out
+}
+
+#[test]
+fn no_fsync_converts_and_merges_to_the_same_files() {
+    let Some(c) = case("case1_dp2mp4_to_2x2") else {
+        return;
+    };
+    let dir = Scratch::new("no-fsync");
+    let (src, sa, sb) = (
+        c.join("src_ckpt"),
+        c.join("strategy/A.ckpt"),
+        c.join("strategy/B.ckpt"),
+    );
+    let run = |args: &[&str], dst: &Path, extra: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--quiet", "--dst", s(dst)]);
+        all.extend_from_slice(extra);
+        assert_ok(&tessera(&all));
+    };
+    let convert = [
+        "ckpt",
+        "convert",
+        "--src",
+        s(&src),
+        "--src-strategy",
+        s(&sa),
+        "--dst-strategy",
+        s(&sb),
+    ];
+    let merge = ["ckpt", "merge", "--src", s(&src), "--strategy", s(&sa)];
+    for (name, args) in [("convert", &convert[..]), ("merge", &merge[..])] {
+        let (on, off) = (
+            dir.0.join(format!("{name}_on")),
+            dir.0.join(format!("{name}_off")),
+        );
+        run(args, &on, &[]);
+        run(args, &off, &["--no-fsync"]);
+        let files = set_files(&on);
+        assert!(files.len() > 1, "{name}: {:?}", files.keys());
+        assert_eq!(files, set_files(&off), "{name}");
+    }
+    let help = tessera(&["ckpt", "convert", "--help"]);
+    assert_ok(&help);
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        text.contains("--no-fsync") && text.contains("power loss"),
+        "{text}"
+    );
+}

@@ -190,8 +190,32 @@ fn other(held: &Held) -> (&'static str, usize) {
 
 #[test]
 fn interrupted_conversions_leave_the_old_or_the_new_set() {
-    let scratch = Scratch::new("interrupt-convert");
+    interrupted_conversions(false);
+}
+
+/// Without fsync a conversion is as atomic against a killed process (only a power loss can
+/// lose its data).
+#[test]
+fn interrupted_conversions_without_fsync_leave_the_old_or_the_new_set() {
+    interrupted_conversions(true);
+}
+
+/// Kills conversions (`--no-fsync` or not) at points before, during and after their run and
+/// checks the destination holds the old set or the new one, whole.
+fn interrupted_conversions(no_fsync: bool) {
+    let scratch = Scratch::new(if no_fsync {
+        "interrupt-convert-no-fsync"
+    } else {
+        "interrupt-convert"
+    });
     let dir = &scratch.0;
+    let convert_cmd = |dir: &Path, dst: &Path, strategy: &str, force: bool| {
+        let mut cmd = convert_cmd(dir, dst, strategy, force);
+        if no_fsync {
+            cmd.arg("--no-fsync");
+        }
+        cmd
+    };
     source(dir, 4);
     let dst = dir.join("dst");
     assert!(convert_cmd(dir, &dst, "B.json", false)

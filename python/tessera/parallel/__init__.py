@@ -50,7 +50,8 @@ _NOTHING_TO_CONVERT = ("src_strategy_file and dst_strategy_file are both None: t
 def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
                         src_strategy_file=None, dst_strategy_file=None, process_num=1,
                         output_format="ckpt", *, force: bool = False,
-                        allow_missing: bool = False, progress: _progress.Progress = None) -> None:
+                        allow_missing: bool = False, progress: _progress.Progress = None,
+                        fsync: bool = True) -> None:
     """Converts the checkpoint in ``src_checkpoints_dir/rank_<r>/`` saved under
     ``src_strategy_file`` to ``dst_strategy_file`` (None: everything merged into rank 0;
     ``src_strategy_file=None``: ``rank_0`` holds an unsharded checkpoint to slice),
@@ -60,6 +61,10 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     accepted for compatibility (one process is enough). A source strategy parameter that no
     source file holds is an error (``CheckpointError`` naming it) unless ``allow_missing``,
     where MindSpore leaves it out silently.
+
+    ``fsync=False`` skips every fsync (files, set marker, directories): the output still appears
+    atomically (a failed or killed process leaves the old checkpoint or the new one), but a
+    power loss or OS crash soon after may lose it. MindSpore never fsyncs.
     """
     src = _checks.path(src_checkpoints_dir, "src_checkpoints_dir")
     dst = _checks.path(dst_checkpoints_dir, "dst_checkpoints_dir")
@@ -74,22 +79,24 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
             raise ValueError(_NOTHING_TO_CONVERT)
         _tessera.convert_unsharded(src, dst, dst_strategy, prefix=ckpt_prefix,
                                    output_format=output_format, force=force,
-                                   progress=_progress.resolve(progress))
+                                   progress=_progress.resolve(progress), fsync=_checks.flag(fsync, "fsync"))
         return
     src_strategy = _checks.path(src_strategy_file, "src_strategy_file")
     _tessera.convert_checkpoints(src, src_strategy, dst, dst_strategy, prefix=ckpt_prefix,
                                  output_format=output_format, force=force,
-                                 allow_missing=allow_missing, progress=_progress.resolve(progress))
+                                 allow_missing=allow_missing, progress=_progress.resolve(progress),
+                                 fsync=_checks.flag(fsync, "fsync"))
 
 
 def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_file_name,
                                src_strategy_file=None, dst_strategy_file=None, *,
-                               force: bool = False, progress: _progress.Progress = None) -> None:
+                               force: bool = False, progress: _progress.Progress = None,
+                               fsync: bool = True) -> None:
     """Converts destination rank ``rank_id`` from the source files ``checkpoint_files_map``
     (source rank → file; the ranks of :func:`rank_list_for_convert` suffice) into
     ``save_checkpoint_file_name`` (``.ckpt`` or ``.safetensors``). With
     ``src_strategy_file=None`` the source is unsharded: one file holding every tensor whole,
-    given as ``{0: file}``."""
+    given as ``{0: file}``. ``fsync=False``: as for :func:`convert_checkpoints`."""
     rank = _checks.non_negative_int(rank_id, "rank_id")
     if not isinstance(checkpoint_files_map, dict):
         raise TypeError("For 'checkpoint_files_map', the type must be dict, but got "
@@ -104,7 +111,8 @@ def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_fi
     if src_strategy is None and dst_strategy is None:
         raise ValueError(_NOTHING_TO_CONVERT)
     _tessera.convert_checkpoint_files(rank, files, src_strategy, out, dst_strategy, force=force,
-                                      progress=_progress.resolve(progress))
+                                      progress=_progress.resolve(progress),
+                                      fsync=_checks.flag(fsync, "fsync"))
 
 
 def rank_list_for_convert(rank_id, src_strategy_file=None, dst_strategy_file=None) -> List[int]:
@@ -138,7 +146,8 @@ def _split_dst_file(value: Any) -> Optional[tuple]:
 def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundancy=True,
                         file_suffix=None, max_process_num=64, choice_func=None,
                         split_dst_file=(), *, max_part_size: int = 3 << 30,
-                        force: bool = False, progress: _progress.Progress = None) -> None:
+                        force: bool = False, progress: _progress.Progress = None,
+                        fsync: bool = True) -> None:
     """Merges every rank of ``src_dir`` into full tensors: ``dst_dir/part<i>.safetensors``
     (about ``max_part_size`` bytes each), ``param_name_map.json`` and
     ``hyper_param.safetensors`` for tensors outside the strategy.
@@ -150,6 +159,10 @@ def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundan
     to rename it (part file and index). ``split_dst_file=(k, total)`` writes only the k-th of
     ``total`` runs of part files, and the index and hyper-parameter file only when ``k == 1``
     (the directory then carries no checkpoint-set marker: several runs fill it).
+
+    ``fsync=False`` skips every fsync (files, set marker, directories): the output still appears
+    atomically (a failed or killed process leaves the old checkpoint or the new one), but a
+    power loss or OS crash soon after may lose it. MindSpore never fsyncs.
     """
     src = _checks.path(src_dir, "src_dir")
     strategy = _checks.path(src_strategy_file, "src_strategy_file")
@@ -167,7 +180,8 @@ def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundan
     _tessera.unified_safetensors(src, strategy, dst, dedup=not merge_with_redundancy,
                                  max_part_bytes=max_part_size, force=force,
                                  progress=_progress.resolve(progress), file_suffix=file_suffix,
-                                 choice=choice_func, split=split)
+                                 choice=choice_func, split=split,
+                                 fsync=_checks.flag(fsync, "fsync"))
 
 
 def _rename(tensors: Dict[str, np.ndarray], name_map: Optional[dict]) -> Dict[str, np.ndarray]:
@@ -256,7 +270,7 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
                                 output_format="safetensors", name_map=None,
                                 max_process_num=64, return_param_dict=False, *,
                                 force: bool = False, progress: _progress.Progress = None,
-                                ) -> Optional[Dict[str, np.ndarray]]:
+                                fsync: bool = True) -> Optional[Dict[str, np.ndarray]]:
     """The tensors a rank holds under ``predict_strategy``, as a dict of name → numpy array,
     or, with ``dst_safetensors_dir``, files ``dst_safetensors_dir/rank_<r>/net.<output_format>``
     (every rank, or ``rank_id``).
@@ -275,6 +289,8 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
     ``name_map`` renames tensors (name in the checkpoint → name returned or written).
     ``network`` must be None: Tessera has no MindSpore ``Cell`` to load into; the arrays are
     returned instead (``rank_id`` defaults to 0). bf16 tensors come back as float32.
+    ``fsync=False`` (files written to ``dst_safetensors_dir`` only): as for
+    :func:`convert_checkpoints`.
     """
     if network is not None:
         raise TypeError("For 'network', tessera.parallel loads no MindSpore Cell: pass None "
@@ -304,7 +320,7 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
                 unified, strategy, _checks.path(dst_safetensors_dir, "dst_safetensors_dir"),
                 ranks=None if rank is None else [rank], output_format=output_format,
                 force=force, progress=_progress.resolve(progress), layouts=layouts,
-                name_map=names)
+                name_map=names, fsync=_checks.flag(fsync, "fsync"))
             return None
         tensors = _tessera.load_rank_from_unified(unified, strategy, rank or 0, layouts=layouts)
         return _rename(tensors, names)

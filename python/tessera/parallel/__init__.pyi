@@ -15,12 +15,13 @@ def convert_checkpoints(src_checkpoints_dir: _Path, dst_checkpoints_dir: _Path, 
                         src_strategy_file: Optional[_Path] = None,
                         dst_strategy_file: Optional[_Path] = None, process_num: int = 1,
                         output_format: str = "ckpt", *, force: bool = False,
-                        allow_missing: bool = False, progress: _Progress = None) -> None: ...
+                        allow_missing: bool = False, progress: _Progress = None,
+                        fsync: bool = True) -> None: ...
 def convert_checkpoint_by_rank(rank_id: int, checkpoint_files_map: Dict[int, _Path],
                                save_checkpoint_file_name: _Path,
                                src_strategy_file: Optional[_Path] = None,
                                dst_strategy_file: Optional[_Path] = None, *, force: bool = False,
-                               progress: _Progress = None) -> None: ...
+                               progress: _Progress = None, fsync: bool = True) -> None: ...
 def rank_list_for_convert(rank_id: int, src_strategy_file: Optional[_Path] = None,
                           dst_strategy_file: Optional[_Path] = None) -> List[int]: ...
 def unified_safetensors(src_dir: _Path, src_strategy_file: _Path, dst_dir: _Path,
@@ -28,7 +29,8 @@ def unified_safetensors(src_dir: _Path, src_strategy_file: _Path, dst_dir: _Path
                         max_process_num: int = 64,
                         choice_func: Optional[Callable[[str], Union[bool, str]]] = None,
                         split_dst_file: Tuple[int, ...] = (), *, max_part_size: int = ...,
-                        force: bool = False, progress: _Progress = None) -> None: ...
+                        force: bool = False, progress: _Progress = None,
+                        fsync: bool = True) -> None: ...
 def load_distributed_checkpoint(network: None, checkpoint_filenames: Optional[Sequence[_Path]] = None,
                                 predict_strategy: Union[None, _Path, Dict[str, Sequence[Any]]] = None,
                                 train_strategy_filename: Optional[_Path] = None,
@@ -39,8 +41,8 @@ def load_distributed_checkpoint(network: None, checkpoint_filenames: Optional[Se
                                 rank_id: Optional[int] = None, output_format: str = "safetensors",
                                 name_map: Optional[Dict[str, str]] = None,
                                 max_process_num: int = 64, return_param_dict: bool = False, *,
-                                force: bool = False,
-                                progress: _Progress = None) -> Optional[Dict[str, np.ndarray]]: ...
+                                force: bool = False, progress: _Progress = None,
+                                fsync: bool = True) -> Optional[Dict[str, np.ndarray]]: ...
 def load_segmented_checkpoints(ckpt_file_dir: _Path, net: None = None, strict_load: bool = False,
                                filter_prefix: Union[None, str, Sequence[str]] = None,
                                dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM",

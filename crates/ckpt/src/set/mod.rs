@@ -20,6 +20,10 @@
 //! 7. **Retire.** The old set's entries are removed (a stale `rank_<N>/` of an earlier, larger
 //!    run goes with them); foreign entries not linked before the switch are moved into `DST`.
 //!
+//! Under [`crate::Durability::OsBuffered`] (the writers' `fsync: false`) steps 3, 4 and 6 skip
+//! every fsync and nothing else: the switch is as atomic against a failing process, but a power
+//! loss soon after may lose the new set.
+//!
 //! Readers ([`check_set`]) refuse a directory that is a staging directory (uncommitted) or
 //! whose files disagree with its marker (mixed): a missing or resized file, a `rank_<N>/` the
 //! marker does not list, a safetensors file carrying another set's id. A directory without a

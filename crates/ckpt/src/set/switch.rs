@@ -8,6 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::{rank_of_entry, SetMarker, SET_MARKER, STAGING_SENTINEL};
+use crate::durability::Durability;
 use crate::error::{io_err, CkptError, Result};
 
 /// How [`rename2`] treats an existing target.
@@ -47,26 +48,6 @@ pub(crate) fn rename2(from: &Path, to: &Path, mode: RenameMode) -> std::io::Resu
     }
 }
 
-/// Flushes a directory's entries to disk. Some filesystems refuse to fsync a directory; that
-/// is not worth failing a finished write for.
-pub(crate) fn sync_dir(dir: &Path) {
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
-/// Flushes `dir` and every directory below it.
-pub(crate) fn sync_tree(dir: &Path) -> Result<()> {
-    for entry in std::fs::read_dir(dir).map_err(io_err(dir, "list directory"))? {
-        let entry = entry.map_err(io_err(dir, "list directory"))?;
-        if entry.file_type().map_err(io_err(dir, "stat"))?.is_dir() {
-            sync_tree(&entry.path())?;
-        }
-    }
-    sync_dir(dir);
-    Ok(())
-}
-
 /// Moves the foreign entry `old` back to `new`: when `new` is absent, by renaming; when it is
 /// `old`'s hard link, by dropping the old name; directories entry by entry. Returns whether
 /// nothing of `old` is left.
@@ -96,8 +77,14 @@ fn merge_back(old: &Path, new: &Path) -> bool {
 }
 
 /// Puts the committed staging directory `staging` in place of `dest`, then retires the
-/// directory it replaced (now at `staging`).
-pub(crate) fn switch(staging: &Path, dest: &Path, new: &SetMarker) -> Result<()> {
+/// directory it replaced (now at `staging`). The parent and `dest` are flushed with
+/// `durability`.
+pub(crate) fn switch(
+    staging: &Path,
+    dest: &Path,
+    new: &SetMarker,
+    durability: Durability,
+) -> Result<()> {
     let parent = dest.parent().unwrap_or(Path::new("/"));
     let exists = std::fs::symlink_metadata(dest).is_ok();
     let mode = if exists {
@@ -110,9 +97,9 @@ pub(crate) fn switch(staging: &Path, dest: &Path, new: &SetMarker) -> Result<()>
         Err(e) if is_unsupported(&e) => fallback_switch(staging, dest, exists)?,
         Err(e) => return Err(io_err(dest, "switch the new set into place")(e)),
     }
-    sync_dir(parent);
+    durability.sync_dir(parent);
     if exists {
-        retire(staging, dest, &new.entries)?;
+        retire(staging, dest, &new.entries, durability)?;
     }
     Ok(())
 }
@@ -200,7 +187,12 @@ fn mirror(from: &Path, to: &Path) {
 /// entries that belong to no set were linked into `dest` before the switch, and what was not
 /// (or appeared since) is moved there now; then `old` is removed. If a foreign entry can be
 /// neither, `old` is kept and the error names it.
-pub(crate) fn retire(old: &Path, dest: &Path, new_entries: &[String]) -> Result<()> {
+pub(crate) fn retire(
+    old: &Path,
+    dest: &Path,
+    new_entries: &[String],
+    durability: Durability,
+) -> Result<()> {
     let owned = owned_names(old, new_entries);
     let mut kept = Vec::new();
     for entry in list(old)? {
@@ -217,7 +209,7 @@ pub(crate) fn retire(old: &Path, dest: &Path, new_entries: &[String]) -> Result<
             kept.push(name);
         }
     }
-    sync_dir(dest);
+    durability.sync_dir(dest);
     if kept.is_empty() {
         std::fs::remove_dir(old).map_err(io_err(old, "remove the old set's directory"))?;
         return Ok(());

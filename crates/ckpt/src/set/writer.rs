@@ -4,11 +4,12 @@ use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::switch::{link_foreign, retire, switch, sync_dir, sync_tree};
+use super::switch::{link_foreign, retire, switch};
 use super::{
     pending, remove_created, resolve_destination, sibling, DestLock, SetMarker, SET_ID_KEY,
     SET_MARKER, STAGING_SENTINEL,
 };
+use crate::durability::Durability;
 use crate::error::{io_err, CkptError, Result};
 
 /// The infix of staging directory names: `.<name>.tessera-staging-<id>`.
@@ -28,6 +29,8 @@ pub struct SetWriter {
     tool: String,
     created_parents: Vec<PathBuf>,
     committed: bool,
+    /// Whether the staged files, the marker and the directories are flushed to disk.
+    durability: Durability,
     /// Held until the staging directory is cleaned up (then released before the parents this
     /// writer created are removed, since its file lives in the innermost one).
     lock: Option<DestLock>,
@@ -36,15 +39,36 @@ pub struct SetWriter {
 impl SetWriter {
     /// Locks `dest`, cleans up after writers that died, and creates a fresh staging
     /// directory. Refuses a `dest` that exists and is not an empty directory unless `force`;
-    /// `tool` names the operation in the marker (`"ckpt convert"`).
+    /// `tool` names the operation in the marker (`"ckpt convert"`). Durable: see
+    /// [`SetWriter::begin_with`].
     pub fn begin(dest: &Path, tool: &str, force: bool) -> Result<SetWriter> {
+        Self::begin_with(dest, tool, force, Durability::Fsync)
+    }
+
+    /// [`SetWriter::begin`] with the given durability: under [`Durability::OsBuffered`] the
+    /// sentinel, the marker and the directories are never fsynced (the caller writes the set's
+    /// own files with the same durability, [`SetWriter::durability`]); everything else, the
+    /// staging, the lock, the atomic switch and the cleanup, is the same.
+    pub fn begin_with(
+        dest: &Path,
+        tool: &str,
+        force: bool,
+        durability: Durability,
+    ) -> Result<SetWriter> {
         let (resolved, created_parents) = resolve_destination(dest)?;
         let undo = |e: CkptError| {
             remove_created(&created_parents);
             e
         };
         let lock = DestLock::acquire(&resolved).map_err(undo)?;
-        let result = Self::stage(&resolved, tool, force, lock, created_parents.clone());
+        let staged = Staged {
+            tool,
+            force,
+            durability,
+            lock,
+            created_parents: created_parents.clone(),
+        };
+        let result = Self::stage(&resolved, staged);
         if result.is_err() {
             remove_created(&created_parents);
         }
@@ -54,26 +78,29 @@ impl SetWriter {
         })
     }
 
-    /// [`SetWriter::begin`] after refusing a destination that is or contains one of `sources`
-    /// (the directories the operation reads), or lies inside one of its `rank_<N>/` folders.
+    /// [`SetWriter::begin_with`] after refusing a destination that is or contains one of
+    /// `sources` (the directories the operation reads), or lies inside one of its `rank_<N>/`
+    /// folders.
     pub fn begin_apart(
         dest: &Path,
         sources: &[&Path],
         tool: &str,
         force: bool,
+        durability: Durability,
     ) -> Result<SetWriter> {
         check_apart(dest, sources)?;
-        Self::begin(dest, tool, force)
+        Self::begin_with(dest, tool, force, durability)
     }
 
-    fn stage(
-        resolved: &Path,
-        tool: &str,
-        force: bool,
-        lock: DestLock,
-        created_parents: Vec<PathBuf>,
-    ) -> Result<SetWriter> {
-        recover(resolved)?;
+    fn stage(resolved: &Path, staged: Staged<'_>) -> Result<SetWriter> {
+        let Staged {
+            tool,
+            force,
+            durability,
+            lock,
+            created_parents,
+        } = staged;
+        recover(resolved, durability)?;
         check_destination(resolved, force)?;
         let id = fresh_id();
         let staging = sibling(resolved, &format!("{STAGING_INFIX}{id}"));
@@ -91,9 +118,15 @@ impl SetWriter {
             tool: tool.to_string(),
             created_parents,
             committed: false,
+            durability,
             lock: Some(lock),
         };
-        crate::atomic_write::write_file(&writer.staging.join(STAGING_SENTINEL), b"", false)?;
+        crate::atomic_write::write_file_with(
+            &writer.staging.join(STAGING_SENTINEL),
+            b"",
+            false,
+            durability,
+        )?;
         Ok(writer)
     }
 
@@ -127,25 +160,32 @@ impl SetWriter {
         &self.dest
     }
 
+    /// Whether the set is flushed to disk as it is committed; the set's own files are to be
+    /// written with the same.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
     /// Writes the marker and switches the staging directory into place (the commit point), then
     /// retires the directory it replaced. Returns the marker.
     pub fn commit(mut self) -> Result<SetMarker> {
-        sync_tree(&self.staging)?;
+        self.durability.sync_tree(&self.staging)?;
         let marker = SetMarker::describe(&self.staging, &self.id, &self.tool)?;
-        crate::atomic_write::write_file(
+        crate::atomic_write::write_file_with(
             &self.staging.join(SET_MARKER),
             marker.to_json().as_bytes(),
             false,
+            self.durability,
         )?;
         // Entries of the destination that belong to no set are in the new directory from the
         // instant it appears (hard links; the rest is moved after the switch).
         pending::creating(|| link_foreign(&self.dest, &self.staging, &marker.entries))?;
         let sentinel = self.staging.join(STAGING_SENTINEL);
         std::fs::remove_file(&sentinel).map_err(io_err(&sentinel, "remove"))?;
-        sync_dir(&self.staging);
+        self.durability.sync_dir(&self.staging);
         // An interruption waits until the switch is done (see `pending`).
         let mut list = pending::guard();
-        let switched = switch(&self.staging, &self.dest, &marker);
+        let switched = switch(&self.staging, &self.dest, &marker, self.durability);
         self.committed = true;
         pending::unregister_in(&mut list, &self.staging);
         drop(list);
@@ -165,6 +205,15 @@ impl Drop for SetWriter {
             remove_created(&self.created_parents);
         }
     }
+}
+
+/// What [`SetWriter::stage`] needs besides the destination.
+struct Staged<'a> {
+    tool: &'a str,
+    force: bool,
+    durability: Durability,
+    lock: DestLock,
+    created_parents: Vec<PathBuf>,
 }
 
 /// `path` made absolute with `.`, `..` and symlinks of its existing part resolved, without
@@ -248,8 +297,8 @@ fn check_destination(dest: &Path, force: bool) -> Result<()> {
 
 /// Cleans up after writers of `dest` that died (the caller holds the lock): a staging
 /// directory that still has its sentinel is removed; one without (an old directory after the
-/// switch, or a new one just before) is retired into `dest`.
-fn recover(dest: &Path) -> Result<()> {
+/// switch, or a new one just before) is retired into `dest`, flushed with `durability`.
+fn recover(dest: &Path, durability: Durability) -> Result<()> {
     let Some(parent) = dest.parent() else {
         return Ok(());
     };
@@ -268,7 +317,7 @@ fn recover(dest: &Path) -> Result<()> {
         } else if dest.exists() {
             let current = SetMarker::read(dest).ok().flatten();
             let entries = current.map(|m| m.entries).unwrap_or_default();
-            retire(&stale, dest, &entries)?;
+            retire(&stale, dest, &entries, durability)?;
         }
         // Otherwise the directory may hold entries of no set with nowhere to go: left alone.
     }
@@ -434,12 +483,27 @@ mod tests {
             tmp.path().to_path_buf(),
             src.join(".."),
         ] {
-            let err = SetWriter::begin_apart(&dest, &[&src], "test", true).unwrap_err();
+            let err = SetWriter::begin_apart(&dest, &[&src], "test", true, Durability::Fsync)
+                .unwrap_err();
             assert!(matches!(err, CkptError::UnsafeDestination { .. }), "{err}");
         }
         assert_eq!(names(&src), Vec::<String>::new());
-        SetWriter::begin_apart(&tmp.path().join("dst"), &[&src], "test", false).unwrap();
+        SetWriter::begin_apart(
+            &tmp.path().join("dst"),
+            &[&src],
+            "test",
+            false,
+            Durability::Fsync,
+        )
+        .unwrap();
         // Beside the rank folders is allowed (a merge into `run/merged`).
-        SetWriter::begin_apart(&src.join("merged"), &[&src], "test", false).unwrap();
+        SetWriter::begin_apart(
+            &src.join("merged"),
+            &[&src],
+            "test",
+            false,
+            Durability::Fsync,
+        )
+        .unwrap();
     }
 }
