@@ -51,12 +51,13 @@ def resolve(progress: Progress) -> Optional[ProgressCallback]:
     if progress is False:
         return None
     if progress is None or progress is True:
+        # No terminal, no bar: decided before importing tqdm, which takes a while.
+        if progress is None and not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+            return None
         tqdm = _tqdm_class()
         if tqdm is None:
             if progress is True:
                 raise ImportError("progress=True draws a tqdm bar, but tqdm is not installed (pip install tqdm)")
-            return None
-        if progress is None and not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
             return None
         return _TqdmProgress(tqdm)
     if callable(progress):
