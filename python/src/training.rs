@@ -69,6 +69,7 @@ fn train<'py>(
     let metrics_log = log_json.unwrap_or_else(|| config.output().metrics_file());
     let report = py
         .detach(|| {
+            runtime::allocator::keep_freed_memory();
             let session = Session::new(&config)?;
             let options = LaunchOptions {
                 print_loss,

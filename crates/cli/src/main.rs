@@ -126,6 +126,7 @@ fn message(err: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    runtime::allocator::keep_freed_memory();
     // `launch` writes no checkpoint sets and handles its signals itself: it forwards them to
     // its processes and exits only once they are gone.
     if !matches!(cli.command, Command::Launch(_)) {

@@ -33,6 +33,7 @@
 #![deny(missing_docs)]
 
 mod accumulate;
+pub mod allocator;
 mod auto;
 mod auto_pipeline;
 mod broadcast;
