@@ -16,13 +16,16 @@ the GIL.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from .. import _checks, _progress, _tessera
 from .._tessera import CheckpointError, CheckpointIOError
 from ._layout import Layout
+
+if TYPE_CHECKING:
+    # Only for the annotations: numpy (and the BLAS threads it starts) is loaded when a call
+    # first returns arrays, so a conversion does not share the cores with idle BLAS threads.
+    import numpy as np
 
 __all__ = [
     "CheckpointError",
