@@ -63,6 +63,8 @@ expect "$(contract server 1 "$STATE/v")" "server rank=2 world=6 local=0 sid=1 wi
 expect "$(contract worker 2 "$STATE/w")" "worker rank=5 world=6 local=0 sid=- wid=2 restart=0"
 # A container restarted in the same pod (same state directory) counts the restart.
 expect "$(contract worker 2 "$STATE/w")" "worker rank=5 world=6 local=0 sid=- wid=2 restart=1"
+# Without a role (`docker run IMAGE tessera …` outside a pod) the command runs unchanged.
+expect "$(env -i PATH="$PATH" bash "$ENTRYPOINT" sh -c 'echo "plain rank=${TESSERA_RANK--}"')" "plain rank=-"
 if contract worker 3 "$STATE/w" >/dev/null 2>&1; then
     echo "validate-k8s: $ENTRYPOINT accepted worker index 3 of 3" >&2
     exit 1

@@ -14,7 +14,8 @@
 # TESSERA_SERVER_ID or TESSERA_WORKER_ID, and TESSERA_RESTART_COUNT (0 at the pod's first
 # start, k after the container's k-th restart in this pod).
 #
-#   tessera-pod-env COMMAND [ARGS...]    set the contract and exec COMMAND
+#   tessera-pod-env COMMAND [ARGS...]    set the contract and exec COMMAND (without
+#                                        TESSERA_ROLE: exec COMMAND unchanged)
 #   tessera-pod-env --probe-scheduler    exit 0 if the scheduler accepts a TCP connection
 set -euo pipefail
 
@@ -36,7 +37,9 @@ if [ "${1-}" = "--probe-scheduler" ]; then
 fi
 
 [ "$#" -ge 1 ] || fail "no command given"
-role="${TESSERA_ROLE:?TESSERA_ROLE is not set}"
+# Outside a PS pod (no role given), the command runs as it is: `docker run IMAGE tessera …`.
+[ -n "${TESSERA_ROLE-}" ] || exec "$@"
+role="$TESSERA_ROLE"
 servers="${TESSERA_NUM_SERVERS:?TESSERA_NUM_SERVERS is not set}"
 workers="${TESSERA_NUM_WORKERS:?TESSERA_NUM_WORKERS is not set}"
 index="${TESSERA_POD_INDEX:?TESSERA_POD_INDEX is not set}"

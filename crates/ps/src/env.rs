@@ -58,8 +58,15 @@ pub struct RoleEnv {
     pub scheduler_addr: String,
     /// `TESSERA_RESTART_COUNT` (0 when unset).
     pub restart_count: u32,
-    /// `TESSERA_HOST`: the address servers bind (default 127.0.0.1).
-    pub host: String,
+    /// `TESSERA_HOST`: the address the scheduler and the servers bind. Unset, a server binds
+    /// 127.0.0.1 and the scheduler the address `TESSERA_SCHEDULER_ADDR` resolves to; in a pod,
+    /// `0.0.0.0`.
+    pub host: Option<String>,
+    /// `TESSERA_SERVER_PORT`: the port a server binds (0, the default: any free port).
+    pub server_port: u16,
+    /// `TESSERA_ADVERTISE_HOST`: the name a server gives the scheduler for workers to reach it
+    /// by (unset: the address it bound), e.g. its pod's DNS name.
+    pub advertise_host: Option<String>,
     /// `TESSERA_SERVER_JOIN=1`: a server added to a running job (its id is the next one).
     pub added_server: bool,
 }
@@ -128,7 +135,15 @@ impl RoleEnv {
             num_workers: number("TESSERA_NUM_WORKERS")?,
             scheduler_addr,
             restart_count: u32::try_from(restart_count).unwrap_or(u32::MAX),
-            host: lookup("TESSERA_HOST").unwrap_or_else(|| "127.0.0.1".to_string()),
+            host: lookup("TESSERA_HOST").filter(|h| !h.trim().is_empty()),
+            server_port: match number("TESSERA_SERVER_PORT")? {
+                None => 0,
+                Some(port) => u16::try_from(port).map_err(|_| PsError::Env {
+                    var: "TESSERA_SERVER_PORT".to_string(),
+                    reason: format!("{port} is not a port (at most 65535)"),
+                })?,
+            },
+            advertise_host: lookup("TESSERA_ADVERTISE_HOST").filter(|h| !h.trim().is_empty()),
             added_server: match lookup("TESSERA_SERVER_JOIN").as_deref().map(str::trim) {
                 None | Some("" | "0" | "false") => false,
                 Some("1" | "true") => true,

@@ -513,6 +513,22 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, PsError> {
         .ok_or_else(|| PsError::io(format!("resolving {addr}"), "no address"))
 }
 
+/// The address the scheduler binds: `TESSERA_HOST` with `TESSERA_SCHEDULER_ADDR`'s port (in a
+/// pod, `0.0.0.0`: its own DNS name may not resolve before it is ready), else the address
+/// `TESSERA_SCHEDULER_ADDR` resolves to.
+fn bind_addr(env: &RoleEnv) -> Result<SocketAddr, PsError> {
+    match &env.host {
+        Some(host) => {
+            let port = env
+                .scheduler_addr
+                .rsplit_once(':')
+                .map_or("", |(_, port)| port);
+            resolve(&format!("{host}:{port}"))
+        }
+        None => resolve(&env.scheduler_addr),
+    }
+}
+
 /// A tokio runtime for one role.
 pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, PsError> {
     tokio::runtime::Builder::new_multi_thread()
@@ -527,7 +543,7 @@ pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, PsError> {
 pub fn run(settings: &JobSettings, env: &RoleEnv, batch_size: usize) -> Result<(), PsError> {
     let rt = runtime(2)?;
     let service = SchedulerService::new(settings, batch_size);
-    let addr = resolve(&env.scheduler_addr)?;
+    let addr = bind_addr(env)?;
     let heartbeat = settings.heartbeat;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)

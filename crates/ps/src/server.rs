@@ -596,7 +596,24 @@ fn sparse_grads(s: &State, msgs: &[RowsMsg]) -> Result<Vec<Rows>, PsError> {
         .collect())
 }
 
-/// Runs server `env.server_id`: binds an ephemeral port on `env.host`, registers with the
+/// The address a server bound at `bound` gives the scheduler for workers to reach it:
+/// `TESSERA_ADVERTISE_HOST` with the bound port, else the bound address, which must then be one
+/// a worker can connect to (not `0.0.0.0` or `::`).
+fn advertised_addr(env: &RoleEnv, bound: std::net::SocketAddr) -> Result<String, PsError> {
+    match &env.advertise_host {
+        Some(host) => Ok(format!("{host}:{}", bound.port())),
+        None if bound.ip().is_unspecified() => Err(PsError::Env {
+            var: "TESSERA_ADVERTISE_HOST".to_string(),
+            reason: format!(
+                "server {} binds every interface ({bound}), so it needs the name workers reach it by",
+                env.server_id
+            ),
+        }),
+        None => Ok(bound.to_string()),
+    }
+}
+
+/// Runs server `env.server_id`: binds `env.host` (127.0.0.1 unset) at `env.server_port` (0: any), registers with the
 /// scheduler, serves until the scheduler says the job is over, and writes a last snapshot.
 pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Result<(), PsError> {
     let compute = Compute::new(config)?;
@@ -671,13 +688,18 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
     let settings = settings.clone();
     let env = env.clone();
     rt.block_on(async move {
-        let bind = format!("{}:0", env.host);
+        let bind = format!(
+            "{}:{}",
+            env.host.as_deref().unwrap_or("127.0.0.1"),
+            env.server_port
+        );
         let listener = tokio::net::TcpListener::bind(&bind)
             .await
             .map_err(|e| PsError::io(format!("binding server {} to {bind}", env.server_id), e))?;
-        let addr = listener
+        let bound = listener
             .local_addr()
             .map_err(|e| PsError::io("the server's address", e))?;
+        let addr = advertised_addr(&env, bound)?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(
             tonic::transport::Server::builder()
@@ -693,7 +715,7 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
                     },
                 ),
         );
-        let outcome = serve(&service, &settings, &env, &addr.to_string()).await;
+        let outcome = serve(&service, &settings, &env, &addr).await;
         let _ = stop_tx.send(());
         let _ = serving.await;
         outcome?;
@@ -772,5 +794,46 @@ async fn serve(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod advertise_tests {
+    use super::*;
+
+    fn server_env(host: Option<&str>, advertise: Option<&str>) -> RoleEnv {
+        let mut env = RoleEnv::from_lookup(|name| match name {
+            "TESSERA_ROLE" => Some("server".to_string()),
+            "TESSERA_SERVER_ID" => Some("1".to_string()),
+            "TESSERA_SCHEDULER_ADDR" => Some("127.0.0.1:1".to_string()),
+            _ => None,
+        })
+        .unwrap()
+        .unwrap();
+        env.host = host.map(str::to_string);
+        env.advertise_host = advertise.map(str::to_string);
+        env
+    }
+
+    #[test]
+    fn a_server_advertises_its_name_or_a_reachable_bound_address() {
+        let any: std::net::SocketAddr = "0.0.0.0:50052".parse().unwrap();
+        let local: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let named = server_env(Some("0.0.0.0"), Some("tessera-server-1.tessera-server"));
+        assert_eq!(
+            advertised_addr(&named, any).unwrap(),
+            "tessera-server-1.tessera-server:50052"
+        );
+        assert_eq!(
+            advertised_addr(&server_env(None, None), local).unwrap(),
+            "127.0.0.1:40000"
+        );
+        let err = advertised_addr(&server_env(Some("0.0.0.0"), None), any)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TESSERA_ADVERTISE_HOST") && err.contains("server 1"),
+            "{err}"
+        );
     }
 }

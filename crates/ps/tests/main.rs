@@ -8,6 +8,7 @@ mod embedding;
 mod faults;
 mod gpt;
 mod heartbeat;
+mod pod_network;
 mod prost_ckpt;
 mod protocol;
 mod sync_equivalence;

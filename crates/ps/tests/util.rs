@@ -89,11 +89,21 @@ pub fn env_of(rank: usize, servers: usize, workers: usize, addr: &str) -> RoleEn
 /// Runs every role of `config` as a thread of this process (real gRPC on 127.0.0.1); returns
 /// worker 0's report. Fails the test when any role fails.
 pub fn run_in_process(config: &TrainConfig, servers: usize, workers: usize) -> WorkerReport {
-    let addr = scheduler_addr();
+    run_in_process_with(config, (servers, workers), &scheduler_addr(), |_| {})
+}
+
+/// [`run_in_process`] with the scheduler at `addr` and each role's environment edited by `edit`.
+pub fn run_in_process_with(
+    config: &TrainConfig,
+    (servers, workers): (usize, usize),
+    addr: &str,
+    edit: impl Fn(&mut RoleEnv),
+) -> WorkerReport {
     let handles: Vec<_> = (0..1 + servers + workers)
         .map(|rank| {
             let config = config.clone();
-            let env = env_of(rank, servers, workers, &addr);
+            let mut env = env_of(rank, servers, workers, addr);
+            edit(&mut env);
             std::thread::spawn(move || -> Result<Option<WorkerReport>, PsError> {
                 ps::run_role(&config, &env)
             })
