@@ -380,10 +380,15 @@ fn eval_typed<T: Float + Element>(
             transpose_a,
             transpose_b,
         } => {
-            // FIXME(kernels): no slice-level batched gemm yet, so this allocates its result.
-            let result = kernels::batch_matmul(inputs[0], inputs[1], *transpose_a, *transpose_b)
-                .map_err(kernel())?;
-            replace_checked(&mut outputs[0], result, ctx)
+            let (a, b) = (inputs[0], inputs[1]);
+            let out_shape = outputs[0].shape().to_vec();
+            kernels::batch_matmul_into(
+                (read::<T>(a, ctx)?, a.shape()),
+                (read::<T>(b, ctx)?, b.shape()),
+                (*transpose_a, *transpose_b),
+                (write(&mut outputs[0], ctx)?, &out_shape),
+            )
+            .map_err(kernel())
         }
         Op::BatchMatMulSum {
             transpose_a,

@@ -307,20 +307,70 @@ fn batch_matmul_checked(
     check::min_rank(op, a, 2)?;
     check::min_rank(op, b, 2)?;
     check::same_dtype(op, a, b)?;
-    let (m, k) = matrix_dims(a.shape(), trans_a);
-    let (k_b, n) = matrix_dims(b.shape(), trans_b);
+    let out_shape = batch_matmul_shape(op, (a.shape(), b.shape()), (trans_a, trans_b))?;
+    with_float!(op, a.dtype(), |T| {
+        let xa = T::read(op, a)?;
+        let xb = T::read(op, b)?;
+        let mut out = vec![T::ZERO; out_shape.iter().product()];
+        batch_matmul_into::<T>(
+            (&xa, a.shape()),
+            (&xb, b.shape()),
+            (trans_a, trans_b),
+            (&mut out, &out_shape),
+        )?;
+        Ok(T::write(&out_shape, out, a.dtype()))
+    })
+}
+
+/// The shape of `op(a)·op(b)` for [`batch_matmul`]: the broadcast batch dims, then `[m, n]`.
+pub fn batch_matmul_shape(
+    op: &'static str,
+    (a, b): (&[usize], &[usize]),
+    (trans_a, trans_b): (bool, bool),
+) -> Result<Vec<usize>, TensorError> {
+    for shape in [a, b] {
+        if shape.len() < 2 {
+            return Err(TensorError::InvalidArgument {
+                op,
+                reason: format!("needs at least 2 dims, got shape {shape:?}"),
+            });
+        }
+    }
+    let (m, k) = matrix_dims(a, trans_a);
+    let (k_b, n) = matrix_dims(b, trans_b);
     if k != k_b {
         return Err(TensorError::ShapeMismatch {
             op,
-            lhs: a.shape().to_vec(),
-            rhs: b.shape().to_vec(),
+            lhs: a.to_vec(),
+            rhs: b.to_vec(),
         });
     }
-    let a_batch = &a.shape()[..a.ndim() - 2];
-    let b_batch = &b.shape()[..b.ndim() - 2];
-    let batch = broadcast_shape(op, a_batch, b_batch)?;
-    let mut out_shape = batch.clone();
-    out_shape.extend([m, n]);
+    let mut out = broadcast_shape(op, &a[..a.len() - 2], &b[..b.len() - 2])?;
+    out.extend([m, n]);
+    Ok(out)
+}
+
+/// [`batch_matmul`] on slices: `out` (of `out_shape`, which must be
+/// [`batch_matmul_shape`]'s) ← `op(a)·op(b)`, every element written.
+pub fn batch_matmul_into<T: Float>(
+    (a, a_shape): (&[T], &[usize]),
+    (b, b_shape): (&[T], &[usize]),
+    (trans_a, trans_b): (bool, bool),
+    (out, out_shape): (&mut [T], &[usize]),
+) -> Result<(), TensorError> {
+    const OP: &str = "batch_matmul";
+    let want = batch_matmul_shape(OP, (a_shape, b_shape), (trans_a, trans_b))?;
+    if want != out_shape {
+        return Err(TensorError::InvalidArgument {
+            op: OP,
+            reason: format!("the output has shape {out_shape:?}, the product {want:?}"),
+        });
+    }
+    check::buffer_len(OP, "a", a_shape.iter().product(), a.len())?;
+    check::buffer_len(OP, "b", b_shape.iter().product(), b.len())?;
+    check::buffer_len(OP, "out", want.iter().product(), out.len())?;
+    let (m, k) = matrix_dims(a_shape, trans_a);
+    let (_, n) = matrix_dims(b_shape, trans_b);
     let shape = GemmShape {
         m,
         n,
@@ -328,13 +378,8 @@ fn batch_matmul_checked(
         trans_a,
         trans_b,
     };
-    with_float!(op, a.dtype(), |T| {
-        let xa = T::read(op, a)?;
-        let xb = T::read(op, b)?;
-        let mut out = vec![T::ZERO; out_shape.iter().product()];
-        batched_gemm::<T>(shape, &xa, a_batch, &xb, b_batch, &batch, &mut out)?;
-        Ok(T::write(&out_shape, out, a.dtype()))
-    })
+    let (a_batch, b_batch) = (&a_shape[..a_shape.len() - 2], &b_shape[..b_shape.len() - 2]);
+    batched_gemm::<T>(shape, a, a_batch, b, b_batch, &want[..want.len() - 2], out)
 }
 
 /// `C ← Σ_i op(A_i)·op(B_i)` over `batch` matrices stored one after another in `a` and `b`
@@ -452,5 +497,50 @@ mod tests {
         assert_eq!(route(512, 10, 32, true, true), MatrixMultiply);
         assert_eq!(route(512, 1, 32, true, false), Gemm);
         assert_eq!(route(512, 32, 32, true, false), Gemm);
+    }
+
+    /// The slice-level batched product writes every element (a stale output would show) and
+    /// equals the per-batch product; a wrong output shape or buffer is refused.
+    #[test]
+    fn batch_matmul_into_broadcasts_and_checks_its_output() {
+        let (a_shape, b_shape) = ([2usize, 3, 4, 5], [3usize, 6, 5]);
+        let a: Vec<f32> = (0..120).map(|i| (i % 7) as f32 - 3.0).collect();
+        let b: Vec<f32> = (0..90).map(|i| (i % 5) as f32 * 0.5).collect();
+        let out_shape = batch_matmul_shape("t", (&a_shape, &b_shape), (false, true)).unwrap();
+        assert_eq!(out_shape, [2, 3, 4, 6]);
+        let mut out = vec![f32::NAN; 144];
+        batch_matmul_into(
+            (&a, &a_shape),
+            (&b, &b_shape),
+            (false, true),
+            (&mut out, &out_shape),
+        )
+        .unwrap();
+        for (p, q) in (0..2).flat_map(|p| (0..3).map(move |q| (p, q))) {
+            for (i, j) in (0..4).flat_map(|i| (0..6).map(move |j| (i, j))) {
+                let want: f32 = (0..5)
+                    .map(|k| a[((p * 3 + q) * 4 + i) * 5 + k] * b[(q * 6 + j) * 5 + k])
+                    .sum();
+                let got = out[((p * 3 + q) * 4 + i) * 6 + j];
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "[{p},{q},{i},{j}] {got} vs {want}"
+                );
+            }
+        }
+        let wrong = batch_matmul_into(
+            (&a, &a_shape),
+            (&b, &b_shape),
+            (false, true),
+            (&mut out, &[2, 3, 6, 4]),
+        );
+        assert!(wrong.unwrap_err().to_string().contains("[2, 3, 4, 6]"));
+        let short = batch_matmul_into(
+            (&a, &a_shape),
+            (&b, &b_shape),
+            (false, true),
+            (&mut out[..10], &out_shape),
+        );
+        assert!(short.is_err());
     }
 }

@@ -69,7 +69,8 @@ pub use self::loss::{
     sparse_softmax_cross_entropy_grad_into, sparse_softmax_cross_entropy_slice,
 };
 pub use self::matmul::{
-    batch_gemm_sum, batch_matmul, gemm, gemm_with, matmul, GemmBackend, GemmShape,
+    batch_gemm_sum, batch_matmul, batch_matmul_into, batch_matmul_shape, gemm, gemm_with, matmul,
+    GemmBackend, GemmShape,
 };
 pub use self::norm::{
     layer_norm, layer_norm_grad, layer_norm_grad_into, layer_norm_into, LayerNormGradBuffers,
