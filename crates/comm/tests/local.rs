@@ -240,3 +240,30 @@ fn api_walkthrough() {
     }
     assert!(matches!(LocalCluster::new(0), Err(CommError::Setup { .. })));
 }
+
+/// An all-gather large enough that its copies stream (non-temporal stores above 16 MiB written
+/// in all), with an odd per-rank length so the copies have unaligned heads and tails: every
+/// rank holds every rank's data.
+#[test]
+fn large_all_gathers_stream_every_byte() {
+    let n = 3;
+    let len = (3 << 20) + 5; // u32s: 12 MiB + 20 bytes per rank, 108 MiB written in all
+    let value = |rank: usize, i: usize| (rank as u32).wrapping_mul(0x9E37_79B9) ^ i as u32;
+    let results = LocalCluster::new(n).unwrap().run(|comm| {
+        let me = comm.rank();
+        let x: Vec<u32> = (0..len).map(|i| value(me, i)).collect();
+        let mut out = vec![0u32; len * n];
+        comm.all_gather_into(&x, &mut out)?;
+        Ok::<_, CommError>(out)
+    });
+    for r in results {
+        let out = r.unwrap().unwrap();
+        for rank in 0..n {
+            let chunk = &out[rank * len..(rank + 1) * len];
+            assert!(
+                chunk.iter().enumerate().all(|(i, &v)| v == value(rank, i)),
+                "rank {rank}'s chunk"
+            );
+        }
+    }
+}

@@ -319,11 +319,12 @@ pub(super) fn all_gather(
     let _lent = unsafe { ctx.publish(mine, lend) };
     ctx.wait_all(lend)?;
     let offsets = prefix_sums(counts);
+    let stream = n.saturating_mul(recv.len()) > super::stream_copy::STREAM_ABOVE;
     // Start with the next rank so the ranks do not all read rank 0 first.
     for peer in (0..n).map(|k| (me + k) % n) {
         let dst = &mut recv[offsets[peer]..offsets[peer] + counts[peer]];
         if peer == me {
-            dst.copy_from_slice(send);
+            super::stream_copy::copy(dst, send, stream);
             continue;
         }
         let lease = ctx.lease_matching(peer, lend, &mine)?;
@@ -338,7 +339,7 @@ pub(super) fn all_gather(
         }
         // SAFETY: the lease keeps the peer's bytes valid and unwritten.
         let src = unsafe { std::slice::from_raw_parts(lease.publication.ptr, counts[peer]) };
-        dst.copy_from_slice(src);
+        super::stream_copy::copy(dst, src, stream);
     }
     ctx.arrive(done);
     ctx.wait_all(done)

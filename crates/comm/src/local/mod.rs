@@ -6,6 +6,7 @@
 
 mod algo;
 mod shared;
+mod stream_copy;
 mod wait;
 
 use std::collections::HashMap;
