@@ -312,7 +312,7 @@ fn batch_matmul_checked(
         let xa = T::read(op, a)?;
         let xb = T::read(op, b)?;
         let mut out = vec![T::ZERO; out_shape.iter().product()];
-        batch_matmul_into::<T>(
+        batched_product::<T>(
             (&xa, a.shape()),
             (&xb, b.shape()),
             (trans_a, trans_b),
@@ -369,6 +369,21 @@ pub fn batch_matmul_into<T: Float>(
     check::buffer_len(OP, "a", a_shape.iter().product(), a.len())?;
     check::buffer_len(OP, "b", b_shape.iter().product(), b.len())?;
     check::buffer_len(OP, "out", want.iter().product(), out.len())?;
+    batched_product(
+        (a, a_shape),
+        (b, b_shape),
+        (trans_a, trans_b),
+        (out, out_shape),
+    )
+}
+
+/// [`batch_matmul_into`] once the shapes and lengths are known to fit.
+fn batched_product<T: Float>(
+    (a, a_shape): (&[T], &[usize]),
+    (b, b_shape): (&[T], &[usize]),
+    (trans_a, trans_b): (bool, bool),
+    (out, out_shape): (&mut [T], &[usize]),
+) -> Result<(), TensorError> {
     let (m, k) = matrix_dims(a_shape, trans_a);
     let (_, n) = matrix_dims(b_shape, trans_b);
     let shape = GemmShape {
@@ -379,7 +394,8 @@ pub fn batch_matmul_into<T: Float>(
         trans_b,
     };
     let (a_batch, b_batch) = (&a_shape[..a_shape.len() - 2], &b_shape[..b_shape.len() - 2]);
-    batched_gemm::<T>(shape, a, a_batch, b, b_batch, &want[..want.len() - 2], out)
+    let batch = &out_shape[..out_shape.len() - 2];
+    batched_gemm::<T>(shape, a, a_batch, b, b_batch, batch, out)
 }
 
 /// `C ← Σ_i op(A_i)·op(B_i)` over `batch` matrices stored one after another in `a` and `b`

@@ -190,10 +190,10 @@ impl<T: Float> Passes<'_, T> {
         let kc = self.per_pass * self.block_len;
         let k0 = p * kc;
         let chunk_m = self.blocking.chunk_m::<T>(kc);
-        let panel_len = packed_panel_stride(kc);
+        let panel_len = packed_stride(kc * TILE_N);
         let n_panels = n.div_ceil(TILE_N);
         // A transposed `A` is packed: in place a tile's step would read a fresh cache line.
-        let a_stride = packed_tile_stride(kc);
+        let a_stride = packed_stride(kc * TILE_M);
         let a_len = if self.shape.trans_a {
             chunk_m.div_ceil(TILE_M) * a_stride
         } else {
@@ -413,16 +413,17 @@ fn tile_sum<T: Float>(tile_a: &RowTile<'_, T>, panel: &[T], q: usize, block_len:
     stack[q.trailing_zeros() as usize]
 }
 
-/// Elements from one packed row tile of `kc` steps to the next: a cache line more than the
-/// tile, so that the tiles do not start a multiple of 4 KiB apart (packing writes to every tile
-/// of a chunk in turn, and lines 4 KiB apart share an L1 set).
-fn packed_tile_stride(kc: usize) -> usize {
-    kc * TILE_M + 16
+/// Elements from one packed block of `len` elements (a row tile of `A`, a column panel of `B`)
+/// to the next: at least a cache line more than the block, so that the blocks do not start a
+/// multiple of 4 KiB apart. Packing writes to every tile of a chunk in turn, a pair's two panels
+/// are read in step, and lines 4 KiB apart share an L1 set.
+fn packed_stride(len: usize) -> usize {
+    len + 16
 }
 
 /// Rows `i0..i0 + rows` and columns `k0..k0 + kc` of `op(A) = Aᵀ` (`A` is `[k, m]`) as row
 /// tiles of [`TILE_M`]: tile `t` holds `[kc][TILE_M]` (zero-padded) from element
-/// `t · packed_tile_stride(kc)` on. Each row of `A` is read
+/// `t · packed_stride(kc * TILE_M)` on. Each row of `A` is read
 /// once, in order, and dealt out to the tiles in fixed-size pieces (a copy of a run whose
 /// length the compiler does not know is a `memcpy` call per [`TILE_M`] elements).
 fn pack_a_columns<T: Float>(
@@ -432,7 +433,7 @@ fn pack_a_columns<T: Float>(
     (k0, kc): (usize, usize),
     out: &mut [T],
 ) {
-    let tile_len = packed_tile_stride(kc);
+    let tile_len = packed_stride(kc * TILE_M);
     let out = &mut out[..rows.div_ceil(TILE_M) * tile_len];
     for kk in 0..kc {
         let at = (k0 + kk) * m + i0;
@@ -454,14 +455,8 @@ fn pack_a_columns<T: Float>(
     }
 }
 
-/// Elements from one packed column panel of `kc` steps to the next: a cache line more than
-/// the panel, for the reason of [`packed_tile_stride`] (a pair's two panels are read in step).
-fn packed_panel_stride(kc: usize) -> usize {
-    kc * TILE_N + 16
-}
-
 /// Rows `k0..k0 + kc` of `op(B)` (`[k, n]`) as column panels of [`TILE_N`] into `out`: panel
-/// `p` holds `[kc][TILE_N]` (zero-padded) from element `p · packed_panel_stride(kc)` on. Every
+/// `p` holds `[kc][TILE_N]` (zero-padded) from element `p · packed_stride(kc * TILE_N)` on. Every
 /// element of the panels is written.
 fn pack_b<T: Float>(
     b: &[T],
@@ -470,7 +465,7 @@ fn pack_b<T: Float>(
     (k0, kc): (usize, usize),
     out: &mut [T],
 ) {
-    let stride = packed_panel_stride(kc);
+    let stride = packed_stride(kc * TILE_N);
     let n_panels = n.div_ceil(TILE_N);
     let whole = n / TILE_N;
     if !trans {
