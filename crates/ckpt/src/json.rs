@@ -41,6 +41,16 @@ impl Json {
         String::from_utf8(out).expect("JSON is UTF-8")
     }
 
+    /// The value as compact JSON text for a message, cut after 120 characters (`…`).
+    pub(crate) fn brief(&self) -> String {
+        const LONGEST: usize = 120;
+        let text = serde_json::to_string(self).expect("writing JSON to memory");
+        match text.char_indices().nth(LONGEST) {
+            Some((cut, _)) => format!("{}…", &text[..cut]),
+            None => text,
+        }
+    }
+
     /// The entry `key` of an object.
     pub(crate) fn get(&self, key: &str) -> Option<&Json> {
         match self {

@@ -221,7 +221,8 @@ fn entry(name: &str, item: &Json) -> std::result::Result<(usize, Vec<Vec<usize>>
                 .as_u64()
                 .filter(|&f| (1..MAX_ENTRY).contains(&f))
                 .ok_or(format!(
-                    "op {name:?}: input {i}: split factor {d:?} must be an integer between 1 and {MAX_ENTRY}"
+                    "op {name:?}: input {i}: split factor {} must be an integer between 1 and {MAX_ENTRY}",
+                    d.brief()
                 ))?;
             tuple.push(f as usize);
         }

@@ -65,7 +65,7 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             Some(d) => Some(
                 d.as_str()
                     .and_then(|s| s.parse::<DType>().ok())
-                    .ok_or_else(|| rule(format!("unknown \"dtype\" {d:?}")))?,
+                    .ok_or_else(|| rule(format!("unknown \"dtype\" {}", d.brief())))?,
             ),
         };
         let list = t
@@ -205,7 +205,7 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
                 name: n.as_str().expect("checked").to_string(),
                 size: s.as_u64().expect("checked") as usize,
             }),
-            _ => return Err(rule(format!("mesh axis {a:?} is not [name, size]"))),
+            _ => return Err(rule(format!("mesh axis {} is not [name, size]", a.brief()))),
         }
     }
     let rank_list = match mesh.get("rank_list") {
@@ -225,14 +225,17 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
     for d in pl.get("dims").and_then(Json::as_arr).ok_or_else(|| {
         rule("\"dims\" must be a list (one list of axis names per tensor dim)".to_string())
     })? {
-        let names = d
-            .as_arr()
-            .ok_or_else(|| rule(format!("dim entry {d:?} is not a list of axis names")))?;
+        let names = d.as_arr().ok_or_else(|| {
+            rule(format!(
+                "dim entry {} is not a list of axis names",
+                d.brief()
+            ))
+        })?;
         let mut axes = Vec::with_capacity(names.len());
         for n in names {
             let n = n
                 .as_str()
-                .ok_or_else(|| rule(format!("axis {n:?} is not a name")))?;
+                .ok_or_else(|| rule(format!("axis {} is not a name", n.brief())))?;
             axes.push(mesh.axis_index(n).map_err(layout_err)?);
         }
         dims.push(axes);

@@ -155,6 +155,12 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
         },
         (None, false) => out.push_str("strategies as configured (no search)\n"),
     }
+    if r.splits_nothing() {
+        out.push_str(&format!(
+            "note: no op is split over the {} devices (no splittable dim divides by {}): every device repeats the whole step, which one device would compute as fast\n",
+            r.devices, r.devices
+        ));
+    }
     out.push_str(&format!(
         "predicted step: {:.3} ms = compute {:.3} + communication {:.3} + bubble {:.3}\n",
         r.step_ms(),
@@ -271,6 +277,7 @@ fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
     serde_json::json!({
         "mode": r.mode,
         "devices": r.devices,
+        "splits_nothing": r.splits_nothing(),
         "profile": r.profile.name,
         "search_ms": r.search_ms,
         "predicted_step_ms": r.step_ms(),

@@ -297,13 +297,10 @@ fn check_run_fits(plan: &ReshardPlan) -> anyhow::Result<()> {
     }
 }
 
-/// The memory available to new allocations (Linux: `MemAvailable` of `/proc/meminfo`), or
-/// `None` when unknown.
+/// The memory available to new allocations (`MemAvailable`, or the cgroup's room when
+/// lower), or `None` when unknown.
 fn memory_available() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    runtime::host_memory().and_then(|m| usize::try_from(m.available).ok())
 }
 
 /// Runs `plan` on the local backend and counts ranks whose result differs from their box.

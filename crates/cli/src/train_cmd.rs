@@ -147,6 +147,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 path.display()
             );
         }
+        // Under MPI each process writes `<stem>.rank<r><ext>` beside `path`: the same directory.
+        runtime::check_output_file("trace", &trace_target(path, mpi_rank()))?;
     }
     // `train_local` / `train_mpi` check the output directory, the metrics log and the
     // checkpoint resumed from before any rank starts (runtime::check_before_start).
@@ -181,6 +183,12 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             steps as f64 / elapsed.max(1e-9),
             report.losses().last().copied().unwrap_or(f32::NAN)
         );
+        if report.skipped_steps() > 0 {
+            println!(
+                "{} of the {steps} steps skipped their update: their gradients overflowed under train.loss_scale",
+                report.skipped_steps()
+            );
+        }
         if let Some(acc) = report.accuracies().last() {
             println!("test accuracy after the last epoch: {:.2}%", acc * 100.0);
         }
@@ -308,10 +316,32 @@ fn train_mpi(_: &Session, _: &LaunchOptions) -> anyhow::Result<runtime::TrainRep
 
 /// Whether this process is rank 0 of an `mpirun` job (OpenMPI and MPICH set these).
 fn mpi_rank_is_zero() -> bool {
+    mpi_rank().is_none_or(|r| r == 0)
+}
+
+/// This process's rank under an MPI launcher (`None` outside one).
+fn mpi_rank() -> Option<usize> {
     ["OMPI_COMM_WORLD_RANK", "PMI_RANK"]
         .iter()
         .find_map(|v| std::env::var(v).ok())
-        .is_none_or(|r| r == "0")
+        .and_then(|r| r.parse().ok())
+}
+
+/// The file `--trace path` writes: `path` when this process ran every rank, else (`rank`: this
+/// process's rank under MPI) `path` with `.rank<r>` before its extension.
+fn trace_target(path: &std::path::Path, rank: Option<usize>) -> std::path::PathBuf {
+    let Some(rank) = rank else {
+        return path.to_path_buf();
+    };
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}.rank{rank}{ext}"))
 }
 
 /// The schedule simulator's bubble with each stage's passes timed as this run measured them
@@ -360,20 +390,10 @@ fn write_trace(path: &std::path::Path, report: &runtime::TrainReport) -> anyhow:
             path.display()
         );
     }
-    let target = if every_rank {
-        path.to_path_buf()
-    } else {
-        let rank = traces.first().map_or(0, |(r, _)| *r);
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let ext = path
-            .extension()
-            .map(|e| format!(".{}", e.to_string_lossy()))
-            .unwrap_or_default();
-        path.with_file_name(format!("{stem}.rank{rank}{ext}"))
-    };
+    let target = trace_target(
+        path,
+        (!every_rank).then(|| traces.first().map_or(0, |(r, _)| *r)),
+    );
     let text = serde_json::to_string(&runtime::chrome_trace(&traces))?;
     std::fs::write(&target, text)
         .map_err(|e| anyhow::anyhow!("--trace: cannot write {}: {e}", target.display()))?;

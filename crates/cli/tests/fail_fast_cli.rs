@@ -118,3 +118,209 @@ fn resuming_from_a_missing_checkpoint_fails_before_training() {
     let run = train(&dir.0.join("run"), &["--set", &resume]);
     assert_fails_before_training(&run, "holds no checkpoint");
 }
+
+/// A tiny GPT on the bundled text (1 device unless `extra` sets `parallel.devices`), its output in
+/// `out_dir`, plus `extra` arguments.
+fn train_gpt(out_dir: &Path, extra: &[&str]) -> (Output, Duration) {
+    let out_dir = format!("output.dir=\"{}\"", s(out_dir));
+    let mut args = vec![
+        "train",
+        "examples/gpt_kjv.toml",
+        "--timeout",
+        "120",
+        "--set",
+        "parallel.devices=1",
+        "--set",
+        "parallel.data_parallel=1",
+        "--set",
+        "parallel.model_parallel=1",
+        "--set",
+        "model.layers=1",
+        "--set",
+        "model.hidden=16",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.seq_len=8",
+        "--set",
+        "data.batch_size=2",
+        "--set",
+        "data.steps_per_epoch=2",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        &out_dir,
+    ];
+    args.extend_from_slice(extra);
+    let start = Instant::now();
+    let out = tessera(&args);
+    (out, start.elapsed())
+}
+
+/// Item 15 of issue 30: an unwritable `--trace` fails before training, like `--log-json`.
+#[test]
+fn an_unwritable_trace_fails_before_training() {
+    let dir = Scratch::new("failfast-trace");
+    let trace = dir.0.join("missing").join("trace.json");
+    let run = train_gpt(
+        &dir.0.join("run"),
+        &[
+            "--set",
+            "parallel.devices=2",
+            "--set",
+            "parallel.pipeline={ stages = 2, micro_batches = 2 }",
+            "--trace",
+            s(&trace),
+        ],
+    );
+    assert_fails_before_training(&run, &format!("trace {}", s(&trace)));
+    assert_fails_before_training(&run, "does not exist");
+    assert!(!dir.0.join("run").exists(), "no output directory is left");
+}
+
+/// Item 14: counts that drive work are bounded before the run.
+#[test]
+fn an_unbounded_eval_batches_is_refused() {
+    let dir = Scratch::new("failfast-eval");
+    let run = train_gpt(
+        &dir.0.join("run"),
+        &["--set", "data.eval_batches=1000000000"],
+    );
+    assert_fails_before_training(&run, "data.eval_batches");
+    assert_fails_before_training(&run, "between 1 and 65536");
+}
+
+/// Item 13: a model under the element bound but larger than the machine's memory fails before
+/// any rank starts, naming the prediction and what is available; `--explain` still works.
+#[test]
+fn a_run_larger_than_the_memory_fails_naming_both_figures() {
+    let dir = Scratch::new("failfast-memory");
+    // 4 layers of width 6144: 1.8e9 parameters (under the 2^31 bound), ~29 GB each with AdamW;
+    // four data-parallel replicas in this one process need ~116 GB.
+    let big = [
+        "--set",
+        "parallel.devices=4",
+        "--set",
+        "parallel.data_parallel=4",
+        "--set",
+        "model.layers=4",
+        "--set",
+        "model.hidden=6144",
+        "--set",
+        "model.heads=4",
+        "--set",
+        "data.batch_size=4",
+    ];
+    let run = train_gpt(&dir.0.join("run"), &big);
+    assert_fails_before_training(&run, "parallel.devices");
+    assert_fails_before_training(&run, "GiB");
+    assert_fails_before_training(&run, "is available");
+    assert!(!dir.0.join("run").exists(), "no output directory is left");
+    let mut explain = big.to_vec();
+    explain.push("--explain");
+    let (out, _) = train_gpt(&dir.0.join("run"), &explain);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("predicted peaks"));
+}
+
+/// Item 6: a run whose every step overflows at its fixed loss scale fails, naming the key,
+/// and writes no checkpoint; a run with some skipped steps says how many.
+#[test]
+fn a_run_whose_every_step_overflowed_fails_naming_the_loss_scale() {
+    let dir = Scratch::new("failfast-overflow");
+    let run_dir = dir.0.join("run");
+    let (out, _) = train_gpt(
+        &run_dir,
+        &[
+            "--set",
+            "train.precision=\"f16\"",
+            "--set",
+            "train.loss_scale=1e9",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("train.loss_scale"), "{stderr}");
+    assert!(
+        stderr.contains("every one of the run's 2 steps"),
+        "{stderr}"
+    );
+    assert!(
+        !run_dir.join("strategy.json").exists(),
+        "no checkpoint of unchanged parameters"
+    );
+}
+
+/// Item 7: a checkpoint resumes only into the model and vocabulary it was saved from, and
+/// only when steps are left to train.
+#[test]
+fn a_resume_into_another_model_or_alphabet_or_past_the_end_is_refused() {
+    let dir = Scratch::new("failfast-resume-model");
+    let first = dir.0.join("first");
+    let (out, _) = train_gpt(&first, &["--set", "model.layers=2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resume = format!("output.resume_from=\"{}\"", s(&first));
+    // One layer fewer: blocks.1.* would be dropped.
+    let run = train_gpt(
+        &dir.0.join("fewer"),
+        &["--set", &resume, "--set", "train.epochs=2"],
+    );
+    assert_fails_before_training(&run, "output.resume_from");
+    assert_fails_before_training(&run, "this model does not have (blocks.1.");
+    // The same model, nothing left to train.
+    let run = train_gpt(
+        &dir.0.join("done"),
+        &["--set", &resume, "--set", "model.layers=2"],
+    );
+    assert_fails_before_training(&run, "nothing is left to train");
+    // Resuming with steps left works.
+    let (out, _) = train_gpt(
+        &dir.0.join("more"),
+        &[
+            "--set",
+            &resume,
+            "--set",
+            "model.layers=2",
+            "--set",
+            "train.epochs=2",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Character tokens: another text with an alphabet of the same size.
+    let text_a = dir.0.join("a.txt");
+    let text_b = dir.0.join("b.txt");
+    std::fs::write(&text_a, "abcd dcba ".repeat(200)).unwrap();
+    std::fs::write(&text_b, "wxyz zyxw ".repeat(200)).unwrap();
+    let char_run = |out_dir: &Path, text: &Path, extra: &[&str]| {
+        let path = format!("data.path=\"{}\"", s(text));
+        let mut args = vec!["--set", "data.tokenizer=\"char\"", "--set", &path];
+        args.extend_from_slice(extra);
+        train_gpt(out_dir, &args)
+    };
+    let (out, _) = char_run(&dir.0.join("char"), &text_a, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resume = format!("output.resume_from=\"{}\"", s(&dir.0.join("char")));
+    let run = char_run(
+        &dir.0.join("char2"),
+        &text_b,
+        &["--set", &resume, "--set", "train.epochs=2"],
+    );
+    assert_fails_before_training(&run, "model.json");
+    assert_fails_before_training(&run, "alphabet");
+}

@@ -79,3 +79,39 @@ fn plan_prints_and_writes_the_searched_pipeline() {
     assert!(text.contains("stage 0: ranks 0-0"), "{text}");
     assert!(text.contains("stage 1: ranks 1-1"), "{text}");
 }
+
+/// Item 8 of issue 30: a device count that no dim divides is refused as the run would refuse
+/// it, and with a full batch the plan says it splits nothing and predicts no communication.
+#[test]
+fn a_plan_that_splits_nothing_says_so() {
+    let search = [
+        "plan",
+        "examples/gpt_kjv.toml",
+        "--devices",
+        "5",
+        "--set",
+        "parallel.mode=dynamic_programming",
+        "--set",
+        "parallel.model_parallel=1",
+        "--set",
+        "parallel.data_parallel=1",
+    ];
+    let out = tessera(&search);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("dataset_strategy") && stderr.contains("not divisible by 5"),
+        "{stderr}"
+    );
+    let mut full_batch = search.to_vec();
+    full_batch.extend(["--set", "parallel.dataset_strategy=full_batch", "--json"]);
+    let out = tessera(&full_batch);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["splits_nothing"], true, "{json}");
+    assert_eq!(json["comm_bytes_per_device"], 0.0, "{json}");
+}

@@ -129,6 +129,22 @@ pub fn gradient_target(graph: &Graph, v: ValueId) -> Option<ValueId> {
     }
 }
 
+/// Checks that the dataset strategy of `config` splits every input of `graph` over
+/// `devices` (one pipeline stage's devices): what placing the program checks first, for
+/// callers that plan without placing (`tessera plan`).
+pub fn check_dataset_strategy(
+    graph: &Graph,
+    config: &ParallelConfig,
+    devices: usize,
+) -> Result<(), ParallelError> {
+    let stage_mesh = strategy::device_mesh(devices);
+    for (index, &v) in graph.inputs().iter().enumerate() {
+        let value = &graph.values()[v.0];
+        input_layout(config, &stage_mesh, &value.shape, index, &value.name)?;
+    }
+    Ok(())
+}
+
 /// The layout of graph input number `index` under the dataset strategy.
 fn input_layout(
     config: &ParallelConfig,

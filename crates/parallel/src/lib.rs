@@ -53,7 +53,8 @@ pub mod rules;
 pub mod search;
 
 pub use crate::assign::{
-    gradient_target, is_annotatable, place, NodePlacement, PlacedGraph, StrategySource,
+    check_dataset_strategy, gradient_target, is_annotatable, place, NodePlacement, PlacedGraph,
+    StrategySource,
 };
 pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{

@@ -842,8 +842,43 @@ fn stage_config_errors_name_the_cell_or_stage() {
         .with_stage("c", 2);
     assert_eq!(
         assign_stages(&model, &config),
-        Err(PipelineError::EmptyStage { stage: 1 })
+        Err(PipelineError::EmptyStage {
+            stage: 1,
+            keys: Vec::new()
+        })
     );
+    // A key whose layers a longer key takes: the error names it.
+    let config = PipelineConfig::new(2, 2, Scheduler::OneFOneB)
+        .with_stage("blocks", 1)
+        .with_stage("blocks.0", 0)
+        .with_stage("blocks.1", 0);
+    let blocks: Vec<Layer> = ["blocks.0", "blocks.1"]
+        .iter()
+        .map(|n| Layer::new(*n, 1))
+        .collect();
+    let error = assign_stages(&blocks, &config).unwrap_err();
+    assert_eq!(
+        error,
+        PipelineError::EmptyStage {
+            stage: 1,
+            keys: vec!["blocks".to_string()]
+        }
+    );
+    assert!(error.to_string().contains("\"blocks\""), "{error}");
+    // A typo matches no layer: refused, naming the key and the layers.
+    for typo in ["d", "a.x", "bb"] {
+        let config = PipelineConfig::new(2, 2, Scheduler::OneFOneB)
+            .with_stage("a", 0)
+            .with_stage(typo, 1);
+        let error = assign_stages(&model, &config).unwrap_err();
+        assert_eq!(
+            error,
+            PipelineError::StageConfigMatchesNoLayer {
+                prefix: typo.to_string(),
+                layers: "a, b, c".to_string()
+            }
+        );
+    }
     let error = assign_stages(&model, &PipelineConfig::new(4, 4, Scheduler::GPipe)).unwrap_err();
     assert_eq!(
         error,

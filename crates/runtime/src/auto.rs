@@ -68,6 +68,17 @@ pub struct LoadedLayouts {
 }
 
 impl PlanReport {
+    /// Whether the plan splits no op over its several devices: every device repeats the whole
+    /// step (no splittable dim divides by the device count).
+    pub fn splits_nothing(&self) -> bool {
+        self.devices > 1
+            && self
+                .strategies
+                .iter()
+                .flat_map(|(_, tuples)| tuples.iter().flatten())
+                .all(|&factor| factor == 1)
+    }
+
     /// Seconds of idle pipeline time per step.
     pub fn bubble_seconds(&self) -> f64 {
         let busy = self.cost.time();
@@ -120,6 +131,14 @@ pub fn load_profile(choice: &ProfileChoice) -> Result<DeviceProfile, RuntimeErro
                 ),
             })
         }
+        ProfileChoice::File(path) if !path.exists() => Err(RuntimeError::Config {
+            key: "parallel.device_profile".to_string(),
+            reason: format!(
+                "{} is neither a built-in profile ({}) nor an existing profile file",
+                path.display(),
+                profiles::BUILT_IN.join(", ")
+            ),
+        }),
         ProfileChoice::File(path) => crate::device_profile::read(path),
     }
 }
@@ -385,6 +404,11 @@ pub fn plan_model(
         }
         let loaded = records.into_iter().map(|r| (r.name, r.inputs)).collect();
         return costed(mode.name().to_string(), loaded, Some(path.clone()), layouts);
+    }
+    if !config.search().auto_pipeline {
+        // The run places the inputs by the dataset strategy first: a plan it would refuse is
+        // refused here too, not costed.
+        parallel::check_dataset_strategy(&model.graph, &parallel, devices)?;
     }
     let start = Instant::now();
     if config.search().auto_pipeline {

@@ -6,6 +6,7 @@
 //! memory_bandwidth = 1.2e10      # bytes/s, memory-bound ops
 //! memory_bytes = 25769803776     # device memory, the plan's limit
 //! devices_per_node = 8
+//! compute_slots = 2              # optional: cores the rank threads share
 //! [[matmul]]                     # FLOP/s by shape class, ascending min_flops
 //! min_flops = 0.0
 //! flops_per_s = 2.0e10
@@ -15,12 +16,14 @@
 //! [inter_node]
 //! alpha = 1.0e-5
 //! bandwidth = 5.0e9
-//! compute_slots = 2              # optional: cores the rank threads share
 //! [[local_link]]                 # optional: α–β on the local backend, ascending ranks
 //! ranks = 8
 //! alpha = 3.0e-4
 //! bandwidth = 2.0e8
 //! ```
+//!
+//! Every table holds only its own keys: an unknown key, or a top-level key written after a
+//! `[table]` header (where TOML puts it inside that table), is an error naming it.
 //!
 //! With `compute_slots`, the profile is one machine running every rank as a thread: a plan for
 //! more ranks than cores slows compute by the ranks per core, and its collectives use the
@@ -46,6 +49,36 @@ fn bad(path: &Path, key: &str, reason: impl Into<String>) -> RuntimeError {
         key: format!("{} ({key})", path.display()),
         reason: reason.into(),
     }
+}
+
+/// The keys of the file's top level.
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "name",
+    "memory_bandwidth",
+    "memory_bytes",
+    "devices_per_node",
+    "compute_slots",
+    "matmul",
+    "intra_node",
+    "inter_node",
+    "local_link",
+];
+
+/// Refuses a key of `table` (named by `prefix`, empty at the top level) outside `valid`; a
+/// top-level key found inside a table is named as misplaced.
+fn only_keys(path: &Path, table: &Table, prefix: &str, valid: &[&str]) -> Result<(), RuntimeError> {
+    let Some(unknown) = table.keys().find(|k| !valid.contains(&k.as_str())) else {
+        return Ok(());
+    };
+    let hint = if !prefix.is_empty() && TOP_LEVEL_KEYS.contains(&unknown.as_str()) {
+        format!(
+            "{unknown} belongs at the top of the file, before the first [table] header (TOML puts a key written after [{}] inside that table)",
+            prefix.trim_end_matches('.')
+        )
+    } else {
+        format!("unknown key (valid keys here: {})", valid.join(", "))
+    };
+    Err(bad(path, &format!("{prefix}{unknown}"), hint))
 }
 
 fn number(path: &Path, table: &Table, key: &str, prefix: &str) -> Result<f64, RuntimeError> {
@@ -114,6 +147,7 @@ fn local_links(path: &Path, root: &Table) -> Result<Vec<LocalLink>, RuntimeError
             let table = item
                 .as_table()
                 .ok_or_else(|| bad(path, &format!("local_link[{i}]"), "expected a table"))?;
+            only_keys(path, table, &prefix, &["ranks", "alpha", "bandwidth"])?;
             Ok(LocalLink {
                 ranks: whole(path, table, "ranks", &prefix, 2..=MAX_COMPUTE_SLOTS)?,
                 link: Link {
@@ -131,6 +165,7 @@ fn link(path: &Path, root: &Table, key: &str) -> Result<Link, RuntimeError> {
         .and_then(Value::as_table)
         .ok_or_else(|| bad(path, key, "missing table (alpha, bandwidth)"))?;
     let prefix = format!("{key}.");
+    only_keys(path, table, &prefix, &["alpha", "bandwidth"])?;
     Ok(Link {
         alpha: number(path, table, "alpha", &prefix)?,
         bandwidth: number(path, table, "bandwidth", &prefix)?,
@@ -155,9 +190,17 @@ pub fn read(path: &Path) -> Result<DeviceProfile, RuntimeError> {
     let root: Table = text
         .parse()
         .map_err(|e: toml::de::Error| bad(path, "(syntax)", e.message().trim().to_string()))?;
+    only_keys(path, &root, "", TOP_LEVEL_KEYS)?;
     let name = match root.get("name") {
         Some(Value::String(s)) => s.clone(),
-        _ => path
+        Some(other) => {
+            return Err(bad(
+                path,
+                "name",
+                format!("expected a string, got {} {other}", other.type_str()),
+            ))
+        }
+        None => path
             .file_stem()
             .map_or("profile".to_string(), |s| s.to_string_lossy().into_owned()),
     };
@@ -181,6 +224,7 @@ pub fn read(path: &Path) -> Result<DeviceProfile, RuntimeError> {
         let table = c
             .as_table()
             .ok_or_else(|| bad(path, &format!("matmul[{i}]"), "expected a table"))?;
+        only_keys(path, table, &prefix, &["min_flops", "flops_per_s"])?;
         matmul.push(MatmulRate {
             min_flops: number(path, table, "min_flops", &prefix)?,
             flops_per_s: number(path, table, "flops_per_s", &prefix)?,
@@ -337,6 +381,37 @@ mod tests {
                 "(local_link)",
                 "expected an array",
             ),
+        ];
+        for (text, key, rule) in cases {
+            let err = read_text(&text).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(rule), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_and_misplaced_keys_are_named() {
+        let cases = [
+            (
+                format!("{BASE}compute_slot = 2\n{TABLES}"),
+                "(compute_slot)",
+                "unknown key",
+            ),
+            (
+                format!("{BASE}{TABLES}compute_slots = 2\n"),
+                "(inter_node.compute_slots)",
+                "belongs at the top of the file",
+            ),
+            (
+                format!("{BASE}{TABLES}[[local_link]]\nranks = 2\nalpha = 0\nbandwidth = 1e9\nlatency = 1\n"),
+                "(local_link[0].latency)",
+                "unknown key",
+            ),
+            (
+                BASE.to_string() + &TABLES.replace("flops_per_s = 1e10\n", "flops_per_s = 1e10\nflops = 1\n"),
+                "(matmul[0].flops)",
+                "unknown key",
+            ),
+            (format!("name = 3\n{BASE}{TABLES}"), "(name)", "expected a string"),
         ];
         for (text, key, rule) in cases {
             let err = read_text(&text).unwrap_err().to_string();

@@ -9,7 +9,7 @@ use comm::{Communicator, LocalCluster};
 
 use crate::callbacks::{Callback, CallbackList, LocalNorm, LossMonitor, MetricsLog};
 use crate::error::RuntimeError;
-use crate::preflight::check_before_start;
+use crate::preflight::{check_before_start, RanksHere};
 use crate::session::{RankOutcome, Session};
 
 /// How a run reports as it goes.
@@ -51,6 +51,11 @@ impl TrainReport {
     /// The losses of every step (the same on every rank).
     pub fn losses(&self) -> &[f32] {
         self.ranks.first().map_or(&[], |r| r.losses.as_slice())
+    }
+
+    /// The steps whose update was skipped for overflowing gradients (the same on every rank).
+    pub fn skipped_steps(&self) -> u64 {
+        self.ranks.first().map_or(0, |r| r.skipped_steps)
     }
 
     /// The test accuracy after every epoch.
@@ -128,7 +133,11 @@ pub fn train_local(
     session: &Session,
     options: &LaunchOptions,
 ) -> Result<TrainReport, RuntimeError> {
-    check_before_start(session, options.metrics_log.as_deref())?;
+    check_before_start(
+        session,
+        options.metrics_log.as_deref(),
+        &RanksHere::every_rank(session),
+    )?;
     let devices = session.devices();
     session.open_checkpoint_set()?;
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
@@ -214,7 +223,11 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
     }
     // Only rank 0 writes the metrics log.
     let metrics_log = options.metrics_log.as_deref().filter(|_| world.rank() == 0);
-    let result = check_before_start(session, metrics_log)
+    let here = RanksHere {
+        ranks: vec![world.rank()],
+        processes_on_machine: mpi_local_size(),
+    };
+    let result = check_before_start(session, metrics_log, &here)
         .and_then(|()| {
             // Rank 0's process holds the checkpoint set's lock and staging directory.
             if world.rank() == 0 {
@@ -240,4 +253,15 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
         devices,
         ranks: vec![outcome],
     })
+}
+
+/// Processes of this MPI job on this machine (OpenMPI's `OMPI_COMM_WORLD_LOCAL_SIZE`,
+/// MPICH's `MPI_LOCALNRANKS`), 1 when the launcher does not say.
+#[cfg(feature = "mpi")]
+fn mpi_local_size() -> u64 {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(1)
+        .max(1)
 }

@@ -46,6 +46,7 @@ mod error;
 mod executor;
 mod generate;
 mod group_info;
+mod host_memory;
 mod hybrid;
 mod launch;
 mod lm;
@@ -56,6 +57,7 @@ mod precision;
 mod preflight;
 mod profile;
 mod progress;
+mod resume_check;
 mod session;
 mod shard_fn;
 mod shared;
@@ -81,6 +83,7 @@ pub use crate::error::RuntimeError;
 pub use crate::executor::{OptimizerPiece, RankExecutor};
 pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
 pub use crate::group_info::{group_info_path, restore_ranks, write_group_info};
+pub use crate::host_memory::{host_memory, HostMemory};
 pub use crate::hybrid::{run_hybrid, HybridRank};
 #[cfg(feature = "mpi")]
 pub use crate::launch::train_mpi;
@@ -93,7 +96,7 @@ pub use crate::optimizer::{
 };
 pub use crate::pipeline::{chrome_trace, PassTimes, SpanKind, StepTrace, TraceSpan};
 pub use crate::precision::{LossScale, Precision};
-pub use crate::preflight::check_before_start;
+pub use crate::preflight::{check_before_start, check_output_file, RanksHere};
 pub use crate::profile::{StepProfile, Tally};
 pub use crate::session::{
     ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP, STAGE_STRATEGY_DIR,

@@ -95,6 +95,11 @@ impl OptimizerKind {
     }
 }
 
+/// The state names of every rule ([`OptimizerKind::state_names`]): what a checkpoint may hold
+/// beside the parameters, whichever rule saved it.
+pub const STATE_NAMES_OF_EVERY_RULE: &[&str] =
+    &["moments", "moment1", "moment2", "adam_m", "adam_v"];
+
 /// An optimizer's rule and the hyperparameters shared by all rules.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OptimizerConfig {
@@ -535,5 +540,37 @@ fn adam_weight_decay<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v:
         *v = h.b * *v + (T::ONE - h.b) * g * g;
         let update = *m / (v.sqrt() + h.c) + h.wd * *p;
         *p -= h.lr * update;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resume recognises the state of whichever rule saved the checkpoint.
+    #[test]
+    fn every_rule_s_states_are_listed() {
+        let kinds = [
+            OptimizerKind::Sgd,
+            OptimizerKind::Momentum {
+                momentum: 0.9,
+                use_nesterov: false,
+            },
+            OptimizerKind::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            OptimizerKind::AdamW {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+        ];
+        for kind in kinds {
+            for name in kind.state_names() {
+                assert!(STATE_NAMES_OF_EVERY_RULE.contains(name), "{name}");
+            }
+        }
     }
 }

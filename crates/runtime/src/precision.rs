@@ -117,6 +117,31 @@ impl LossScaler {
     }
 }
 
+/// Fails a run whose every step was skipped for overflowing gradients: its parameters never
+/// changed, so its checkpoint would be the one it started from. The error names
+/// `train.loss_scale` and the scale the steps overflowed at.
+pub(crate) fn check_some_update(
+    outcome: &crate::RankOutcome,
+    scaler: Option<&LossScaler>,
+) -> Result<(), RuntimeError> {
+    let steps = outcome.losses.len() as u64;
+    match scaler {
+        Some(scaler) if steps > 0 && outcome.skipped_steps == steps => {
+            let how = match scaler.dynamic {
+                true => format!("down to the dynamic scale {}", scaler.scale),
+                false => format!("at the fixed scale {}", scaler.scale),
+            };
+            Err(RuntimeError::Config {
+                key: "train.loss_scale".to_string(),
+                reason: format!(
+                    "every one of the run's {steps} steps was skipped: its gradients overflowed {how}, so no parameter changed and no checkpoint is written (lower train.loss_scale, or set it to \"dynamic\")"
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether any rank of `world` saw a non-finite gradient (`mine` for this rank).
 pub(crate) fn any_rank_overflowed(
     world: &dyn Communicator,

@@ -4,10 +4,13 @@
 //! found here, at once, before a rank runs: a run must not train for minutes, or wait for a
 //! collective's timeout, to report that its metrics log cannot be written. The checks:
 //!
+//! - the predicted memory peak of the ranks this process runs fits the memory available
+//!   ([`crate::host_memory`]);
 //! - `output.dir` exists or can be created, and a file can be written in it;
 //! - the metrics log's directory exists and the log can be opened for writing;
 //! - `output.resume_from` is a directory holding a checkpoint (rank 0's file) and the strategy
-//!   file it is read with exists.
+//!   file it is read with exists, and the checkpoint is this model's with steps left to train
+//!   ([`crate::resume_check`]).
 //!
 //! (The data files themselves are opened, their headers checked and `data.batch_size` checked
 //! against the training split, by [`Session::new`].)
@@ -27,16 +30,75 @@ use crate::session::Session;
 pub fn check_before_start(
     session: &Session,
     metrics_log: Option<&Path>,
+    here: &RanksHere,
 ) -> Result<(), RuntimeError> {
+    check_memory(session, here)?;
     check_resume_from(session)?;
     check_group_info_files(session)?;
     let created = prepare_output_dir(&session.config.output().dir)?;
     if let Some(path) = metrics_log {
         // A failure here removes the output directories just created (when `created` drops).
-        check_metrics_log(path)?;
+        check_output_file("metrics log", path)?;
     }
     created.keep();
     Ok(())
+}
+
+/// The ranks one process runs, and how many such processes share this machine's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RanksHere {
+    /// The ranks this process runs (every rank on the local backend, its own under MPI).
+    pub ranks: Vec<usize>,
+    /// Processes of the job on this machine, each holding its own ranks (1 on the local
+    /// backend; under MPI, the launcher's local size).
+    pub processes_on_machine: u64,
+}
+
+impl RanksHere {
+    /// Every rank of `session` in this process, alone on the machine (the local backend).
+    pub fn every_rank(session: &Session) -> RanksHere {
+        RanksHere {
+            ranks: (0..session.devices()).collect(),
+            processes_on_machine: 1,
+        }
+    }
+}
+
+/// The predicted peak of the ranks this process runs fits the memory available to it: its
+/// share (`1 / processes_on_machine`) of `MemAvailable`, lowered to a cgroup limit where one is
+/// set. The error names both figures; `--explain` is not affected.
+fn check_memory(session: &Session, here: &RanksHere) -> Result<(), RuntimeError> {
+    let Some(memory) = crate::host_memory::host_memory() else {
+        return Ok(());
+    };
+    let predicted: u64 = here
+        .ranks
+        .iter()
+        .filter_map(|&rank| session.predict_memory(rank))
+        .map(|report| report.peak as u64)
+        .fold(0, u64::saturating_add);
+    let share = memory.available / here.processes_on_machine.max(1);
+    if predicted <= share {
+        return Ok(());
+    }
+    let gib = |bytes: u64| bytes as f64 / f64::from(1 << 30);
+    let whose = match (here.ranks.len(), here.processes_on_machine) {
+        (1, 1) => "its rank".to_string(),
+        (n, 1) => format!("its {n} ranks"),
+        (_, p) => format!(
+            "its rank, one of {p} processes sharing this machine's {:.2} GiB",
+            gib(memory.available)
+        ),
+    };
+    Err(RuntimeError::Config {
+        key: "parallel.devices".to_string(),
+        reason: format!(
+            "the run needs {:.2} GiB ({predicted} bytes, the predicted peak of {whose}; see --explain) but {:.2} GiB ({share} bytes) is available ({}): use more devices, a smaller model or batch, hsdp or recompute",
+            gib(predicted),
+            gib(share),
+            memory.source
+        ),
+    })
 }
 
 /// `output.group_info_file`: no rank's path holds a file other than a group-info file, which
@@ -91,7 +153,7 @@ fn check_resume_from(session: &Session) -> Result<(), RuntimeError> {
             ),
         });
     }
-    Ok(())
+    crate::resume_check::check_resumable(session, from, &strategy)
 }
 
 /// Directories created by a check, removed again (deepest first, only while empty) unless
@@ -152,11 +214,12 @@ fn prepare_output_dir(dir: &Path) -> Result<CreatedDirs, RuntimeError> {
     Ok(created)
 }
 
-/// The metrics log: its directory exists and the file opens for writing (a file the check
-/// creates is removed again; an existing one is not truncated).
-fn check_metrics_log(path: &Path) -> Result<(), RuntimeError> {
+/// An output file a run writes (`what`: "metrics log", "trace"): its directory exists and the
+/// file opens for writing (a file the check creates is removed again; an existing one is not
+/// truncated).
+pub fn check_output_file(what: &str, path: &Path) -> Result<(), RuntimeError> {
     let bad = |reason: String| RuntimeError::Unusable {
-        what: "metrics log".to_string(),
+        what: what.to_string(),
         path: path.to_path_buf(),
         reason,
     };
@@ -228,16 +291,21 @@ mod tests {
     fn metrics_log_needs_an_existing_directory_and_leaves_no_file() {
         let root = scratch("metrics");
         let missing = root.join("missing").join("log.jsonl");
-        let err = check_metrics_log(&missing).unwrap_err().to_string();
+        let err = check_output_file("metrics log", &missing)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(&missing.display().to_string()), "{err}");
         assert!(err.contains("does not exist"), "{err}");
         let fine = root.join("log.jsonl");
-        check_metrics_log(&fine).unwrap();
+        check_output_file("metrics log", &fine).unwrap();
         assert!(!fine.exists(), "the check leaves no file behind");
         std::fs::write(&fine, b"kept").unwrap();
-        check_metrics_log(&fine).unwrap();
+        check_output_file("metrics log", &fine).unwrap();
         assert_eq!(std::fs::read(&fine).unwrap(), b"kept", "not truncated");
-        assert!(check_metrics_log(&root).is_err(), "a directory is refused");
+        assert!(
+            check_output_file("metrics log", &root).is_err(),
+            "a directory is refused"
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

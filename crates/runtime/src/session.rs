@@ -117,6 +117,9 @@ pub struct RankOutcome {
     /// With `train.parameter_broadcast`: the parameters this rank took part in broadcasting
     /// from the first rank of their replica group, before its first step.
     pub broadcast: Vec<String>,
+    /// Steps whose update was skipped because their gradients overflowed under the loss
+    /// scale (`train.loss_scale`, mixed precision); they count in `losses`.
+    pub skipped_steps: u64,
     /// Bytes of parameter values this rank filled by their initialisers
     /// ([`RankExecutor::initialised_bytes`]): none that a resume then overwrote under
     /// `train.lazy_init`.
@@ -388,6 +391,18 @@ impl Session {
     }
 
     /// Optimizer steps in every epoch.
+    /// The global step this run ends at: `train.epochs` epochs, or `train.max_steps` if fewer.
+    pub(crate) fn planned_steps(&self) -> u64 {
+        let train = self.config.train();
+        let epochs = self.batches_per_epoch().saturating_mul(train.epochs as u64);
+        train.max_steps.map_or(epochs, |m| m.min(epochs))
+    }
+
+    /// Optimizer steps per epoch.
+    pub(crate) fn steps_per_epoch(&self) -> u64 {
+        self.batches_per_epoch()
+    }
+
     fn batches_per_epoch(&self) -> u64 {
         match &self.data {
             TrainData::Images { train, .. } => (train.len() / self.step_batch_size()).max(1) as u64,
@@ -799,6 +814,7 @@ impl Session {
                 for p in &mut partners {
                     p.set_loss_scale(scaler.as_ref().map_or(1.0, LossScaler::scale));
                 }
+                let applied;
                 let loss = if let Some(accumulated) = accumulated.as_mut() {
                     let at = (&plan, epoch, index);
                     let loss = match &pipelined {
@@ -836,7 +852,7 @@ impl Session {
                         )?,
                     };
                     shared_grads.sum(&mut exec, Some(accumulated), &trainable, world.as_ref())?;
-                    update_parameters(
+                    applied = update_parameters(
                         &mut exec,
                         &mut optimizer,
                         UpdateContext {
@@ -853,7 +869,7 @@ impl Session {
                     exec.set_step(global_step);
                     exec.run()?;
                     shared_grads.sum(&mut exec, None, &trainable, world.as_ref())?;
-                    update_parameters(
+                    applied = update_parameters(
                         &mut exec,
                         &mut optimizer,
                         UpdateContext {
@@ -872,6 +888,7 @@ impl Session {
                     outcome.micro_batch_losses.push(vec![loss]);
                 }
                 global_step += 1;
+                outcome.skipped_steps += u64::from(!applied);
                 if !group_info_written {
                     // Every group a step creates exists after the first one.
                     self.write_group_info(&exec, rank)?;
@@ -932,6 +949,7 @@ impl Session {
         if !group_info_written {
             self.write_group_info(&exec, rank)?;
         }
+        crate::precision::check_some_update(&outcome, scaler.as_ref())?;
         // A run of no step still ends with every parameter (saved, reported).
         exec.materialize_parameters()?;
         let memory = crate::memory::gather_reports(world.as_ref(), &exec.memory().report())?;

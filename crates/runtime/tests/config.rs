@@ -467,6 +467,45 @@ fn bad_overrides_are_errors_naming_the_override() {
     assert_eq!(key, "train.epochz");
 }
 
+/// A value given with `--set` is blamed on the override, also when the error names a key
+/// inside it (a table set at once, an element of a list), never on the file.
+#[test]
+fn errors_in_overridden_values_name_the_override_not_the_file() {
+    for (set, key) in [
+        ("parallel.hsdp={shard_size=0}", "parallel.hsdp.shard_size"),
+        (
+            "parallel.shard.matmul1=[[0, 1], [1, 1]]",
+            "parallel.shard.matmul1",
+        ),
+        ("train.epochs=0", "train.epochs"),
+    ] {
+        let (got, reason) = config_error(parse_with(MINIMAL, &[set]));
+        assert_eq!(got, key, "{set}");
+        assert!(reason.contains(&format!("--set {set}")), "{set}: {reason}");
+    }
+}
+
+/// TOML's quoted key parts work in `--set`: a pattern key holding dots names one entry.
+#[test]
+fn quoted_key_parts_in_overrides_name_one_entry() {
+    let config = parse_with(
+        MINIMAL,
+        &[
+            r#"parallel.shard."matmul*"=[[2, 1], [1, 1]]"#,
+            "parallel.mode=semi_auto",
+            "parallel.devices=2",
+        ],
+    )
+    .unwrap();
+    let strategies = &config.parallel_config().strategies;
+    assert!(
+        strategies.keys().any(|k| k == "matmul*"),
+        "{:?}",
+        strategies.keys().collect::<Vec<_>>()
+    );
+    assert!(!strategies.keys().any(|k| k.contains('"')));
+}
+
 #[test]
 fn a_toml_syntax_error_names_the_file_and_line() {
     let (key, reason) = file_error(parse_with("[model]\nhidden = = 3\n", &[]));

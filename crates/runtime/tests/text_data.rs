@@ -76,6 +76,29 @@ fn gzip_text_reads_like_plain_text_and_bad_gzip_is_named() {
     assert!(err.to_string().contains("not UTF-8"), "{err}");
 }
 
+/// `cat a.gz b.gz`, pigz and bgzip write several gzip members: all of them are the text.
+#[test]
+fn every_member_of_a_multi_member_gzip_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = ("abc abc abc\n".repeat(20), "xyz é xyz\n".repeat(20));
+    let mut members = gzip(first.as_bytes());
+    members.extend(gzip(second.as_bytes()));
+    let gz = write(dir.path(), "two.txt.gz", &members);
+    let whole = format!("{first}{second}");
+    let c = TokenCorpus::open_text(&gz, true, 0.0).unwrap();
+    assert_eq!(c.train.len(), whole.chars().count() as u64);
+    let Tokenizer::Char { alphabet } = &c.tokenizer else {
+        panic!("a char tokenizer")
+    };
+    assert!(
+        alphabet.contains(&'z') && alphabet.contains(&'é'),
+        "{alphabet:?}"
+    );
+    let all = c.train.len() as usize - 1;
+    let (inputs, _) = c.train.read_rows(&[0], all).unwrap();
+    assert_eq!(c.tokenizer.decode(&inputs), whole[..whole.len() - 1]);
+}
+
 #[test]
 fn window_starts_are_a_pure_function_of_seed_epoch_and_step() {
     let dir = tempfile::tempdir().unwrap();

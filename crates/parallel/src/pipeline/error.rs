@@ -165,11 +165,31 @@ pub enum PipelineError {
     /// Following `stage_config`, a stage (or model chunk) gets no layer.
     #[error(
         "parallel.pipeline.stage_config: stage {stage} gets no layer; every stage needs at \
-         least one"
+         least one ({})",
+        match keys.as_slice() {
+            [] => format!("no key names stage {stage}"),
+            keys => format!(
+                "the key(s) naming it, {}, match only layers that a longer key gives another stage",
+                keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
+            ),
+        }
     )]
     EmptyStage {
         /// The empty stage (model-chunk index with interleave).
         stage: usize,
+        /// The `stage_config` keys that name it.
+        keys: Vec<String>,
+    },
+    /// A `stage_config` key that matches no layer: a typo would otherwise be ignored.
+    #[error(
+        "parallel.pipeline.stage_config.{prefix:?}: matches no layer of the model (a key is a \
+         layer's name or a `.`-separated ancestor of it; the layers: {layers})"
+    )]
+    StageConfigMatchesNoLayer {
+        /// The key.
+        prefix: String,
+        /// The model's layer names (the first few).
+        layers: String,
     },
     /// A schedule or program with a list count other than its stage count.
     #[error("pipeline {what}: {given} per-stage lists for {stages} stages")]

@@ -74,7 +74,9 @@ impl StageAssignment {
 ///   layer no prefix matches inherits the stage of the layer before it (stage 0 for the first), as
 ///   MindSpore's stage colouring passes a producer's stage to its users. Group indices must not
 ///   decrease along the model ([`PipelineError::StageOrderDecreasing`], naming the cell) and every
-///   group must get a layer ([`PipelineError::EmptyStage`]).
+///   group must get a layer ([`PipelineError::EmptyStage`], naming the keys of the empty stage).
+///   Every key must match some layer ([`PipelineError::StageConfigMatchesNoLayer`]): a typo is
+///   an error, not a key silently ignored.
 /// - Without: the layers are cut into `stages × chunks` contiguous non-empty groups so that the
 ///   largest group's parameter count is as small as possible (binary search on that bound, greedy
 ///   packing; ties leave the later groups lighter).
@@ -124,6 +126,20 @@ fn split_by_prefix(
     stage_config: &[(String, usize)],
     groups: usize,
 ) -> Result<Vec<usize>, PipelineError> {
+    if let Some((prefix, _)) = stage_config
+        .iter()
+        .find(|(prefix, _)| !layers.iter().any(|l| prefix_matches(prefix, &l.name)))
+    {
+        const SHOWN: usize = 8;
+        let mut names: Vec<&str> = layers.iter().take(SHOWN).map(|l| l.name.as_str()).collect();
+        if layers.len() > SHOWN {
+            names.push("…");
+        }
+        return Err(PipelineError::StageConfigMatchesNoLayer {
+            prefix: prefix.clone(),
+            layers: names.join(", "),
+        });
+    }
     let mut group_of_layer = Vec::with_capacity(layers.len());
     let mut previous: Option<(usize, usize)> = None; // (layer index, group)
     for (layer_idx, layer) in layers.iter().enumerate() {
@@ -155,7 +171,12 @@ fn split_by_prefix(
         }
     }
     if let Some(stage) = used.iter().position(|u| !u) {
-        return Err(PipelineError::EmptyStage { stage });
+        let keys = stage_config
+            .iter()
+            .filter(|(_, s)| *s == stage)
+            .map(|(prefix, _)| prefix.clone())
+            .collect();
+        return Err(PipelineError::EmptyStage { stage, keys });
     }
     Ok(group_of_layer)
 }

@@ -151,7 +151,10 @@ pub fn evaluate(
                 }
                 memory.gradients += local;
                 memory.optimizer += local * settings.optimizer_states as f64;
-                devices / split
+                // The ranks that computed distinct parts of the gradient sum it; ranks that
+                // repeat the op's whole work (devices beyond `devices_used`) hold the same
+                // gradient and need no sum, as the lowering places it.
+                devices_used / split
             }
             ValueKind::Input => continue,
             ValueKind::Intermediate if !value.dtype.is_float() => continue,

@@ -24,26 +24,28 @@
 
 mod layouts;
 mod memory;
+mod overrides;
 mod pipeline;
 mod ps;
 mod search;
 mod sections;
 mod values;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use parallel::ParallelConfig;
-use toml::{Table, Value};
+use toml::Table;
 
 use crate::data::Normalize;
 use crate::error::RuntimeError;
 use crate::optimizer::OptimizerConfig;
 
+use self::overrides::{apply_override, concerns};
 pub use self::ps::{PsKeys, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE};
 pub use self::search::{ProfileChoice, SearchKeys};
-use self::sections::{from_root, SECTIONS};
-use self::values::{config_error, describe, one_of};
+use self::sections::from_root;
+#[cfg(test)]
+use self::sections::SECTIONS;
 
 /// The built-in models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,18 +306,24 @@ impl TrainConfig {
                 format!("not valid TOML{at}: {}", e.message().trim()),
             )
         })?;
-        let mut overridden = BTreeSet::new();
+        let mut overridden = Vec::new();
         for text in overrides {
-            overridden.insert(apply_override(&mut root, text)?);
+            overridden.push((apply_override(&mut root, text)?, text));
         }
         let mut config = from_root(root, base).map_err(|e| match e {
-            RuntimeError::Config { key, reason } if overridden.contains(&key) => {
-                RuntimeError::Config {
-                    reason: format!("{reason} (the value comes from --set {key}=…)"),
-                    key,
+            RuntimeError::Config { key, reason } => {
+                match overridden
+                    .iter()
+                    .rev()
+                    .find(|(path, _)| concerns(&key, path))
+                {
+                    Some((_, text)) => RuntimeError::Config {
+                        reason: format!("{reason} (the value comes from --set {text})"),
+                        key,
+                    },
+                    None => in_source(source, &key, reason),
                 }
             }
-            RuntimeError::Config { key, reason } => in_source(source, &key, reason),
             other => other,
         })?;
         config.source = source.map(Path::to_path_buf);
@@ -507,60 +515,11 @@ fn in_source(source: Option<&Path>, key: &str, reason: String) -> RuntimeError {
     }
 }
 
-/// Applies one `section.key=value` override to `root`; returns the dotted key set.
-fn apply_override(root: &mut Table, text: &str) -> Result<String, RuntimeError> {
-    let bad = |reason: String| config_error(&format!("--set {text}"), reason);
-    let Some((key, raw)) = text.split_once('=') else {
-        return Err(bad("expected section.key=value".to_string()));
-    };
-    let path: Vec<&str> = key.trim().split('.').map(str::trim).collect();
-    if path.len() < 2 || path.iter().any(|p| p.is_empty()) {
-        return Err(bad(format!(
-            "`{}` does not name a key inside a section: expected section.key=value",
-            key.trim()
-        )));
-    }
-    if !SECTIONS.contains(&path[0]) {
-        return Err(bad(format!(
-            "unknown section `{}` (valid sections: {})",
-            path[0],
-            one_of(SECTIONS)
-        )));
-    }
-    let raw = raw.trim();
-    let value = match format!("v = {raw}").parse::<Table>() {
-        Ok(mut parsed) if parsed.len() == 1 => parsed
-            .remove("v")
-            .unwrap_or_else(|| Value::String(raw.to_string())),
-        _ => Value::String(raw.to_string()),
-    };
-    let (leaf, parents) = path.split_last().unwrap_or((&"", &[]));
-    let mut table = root;
-    for (depth, part) in parents.iter().enumerate() {
-        let entry = table
-            .entry(part.to_string())
-            .or_insert_with(|| Value::Table(Table::new()));
-        table = match entry {
-            Value::Table(inner) => inner,
-            other => {
-                return Err(bad(format!(
-                    "{} is {}, not a table",
-                    path[..=depth].join("."),
-                    describe(other)
-                )))
-            }
-        };
-    }
-    table.insert(leaf.to_string(), value);
-    Ok(path.join("."))
-}
-
 #[cfg(test)]
 mod tests {
     use super::sections::{
         DATA_KEYS, HSDP_KEYS, MODEL_KEYS, OUTPUT_KEYS, PARALLEL_KEYS, TRAIN_KEYS,
     };
-    use super::values::read_strategy;
     use super::*;
 
     /// Every key of every section is documented in docs/CONFIG.md as `section.key`.
@@ -608,21 +567,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn override_values_parse_as_toml_or_fall_back_to_strings() {
-        let mut root = Table::new();
-        apply_override(&mut root, "train.epochs=7").unwrap();
-        apply_override(&mut root, "data.dir=some/dir").unwrap();
-        apply_override(&mut root, "data.shuffle = false").unwrap();
-        apply_override(&mut root, "parallel.shard.matmul1=[[2,4],[4,1]]").unwrap();
-        apply_override(&mut root, "output.dir=\"quoted dir\"").unwrap();
-        assert_eq!(root["train"]["epochs"], Value::Integer(7));
-        assert_eq!(root["data"]["dir"], Value::String("some/dir".into()));
-        assert_eq!(root["data"]["shuffle"], Value::Boolean(false));
-        assert_eq!(root["output"]["dir"], Value::String("quoted dir".into()));
-        let strategy = read_strategy("k", root["parallel"]["shard"]["matmul1"].clone()).unwrap();
-        assert_eq!(strategy, vec![vec![2, 4], vec![4, 1]]);
     }
 }

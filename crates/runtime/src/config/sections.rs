@@ -11,9 +11,9 @@ use toml::{Table, Value};
 use super::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
 
 use super::values::{
-    check_grad_accumulation_steps, config_error, one_of, path_reader, read_bool, read_count,
-    read_device_count, read_enum, read_float, read_positive, read_string, wrong_type, Section,
-    MAX_GRAD_ACCUMULATION_STEPS,
+    check_grad_accumulation_steps, config_error, one_of, path_reader, read_at_most, read_bool,
+    read_count, read_device_count, read_enum, read_float, read_positive, read_string, wrong_type,
+    Section, MAX_EVAL_BATCHES, MAX_GRAD_ACCUMULATION_STEPS,
 };
 use super::{
     DataConfig, DataFormat, GptKeys, GptParallelKeys, ModelConfig, ModelName, OutputConfig,
@@ -519,7 +519,13 @@ fn read_text_keys(
             read_positive(key, v).map(|n| n as u64)
         })?,
         eval_batches: s.or("eval_batches", 4, |key, v| {
-            read_positive(key, v).map(|n| n as u64)
+            read_at_most(
+                key,
+                v,
+                MAX_EVAL_BATCHES,
+                "validation batches per evaluation",
+            )
+            .map(|n| n as u64)
         })?,
     })
 }

@@ -117,6 +117,28 @@ pub(super) fn read_positive(key: &str, value: Value) -> Result<usize, RuntimeErr
     }
 }
 
+/// A positive integer at most `max` (`what` says what it counts), checked before it drives
+/// any work.
+pub(super) fn read_at_most(
+    key: &str,
+    value: Value,
+    max: usize,
+    what: &str,
+) -> Result<usize, RuntimeError> {
+    let n = read_positive(key, value)?;
+    if n > max {
+        return Err(config_error(
+            key,
+            format!("{n} is out of range: it must be between 1 and {max} ({what})"),
+        ));
+    }
+    Ok(n)
+}
+
+/// The most validation batches one evaluation runs (`data.eval_batches`): every epoch's end
+/// runs them all before the checkpoint is written.
+pub(super) const MAX_EVAL_BATCHES: usize = 65536;
+
 /// A device count: positive and within the process-wide rank ceiling
 /// ([`layout::limits::max_ranks`]), checked before anything per device is allocated.
 pub(super) fn read_device_count(key: &str, value: Value) -> Result<usize, RuntimeError> {

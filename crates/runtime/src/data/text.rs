@@ -304,7 +304,7 @@ fn read_text(path: &Path) -> Result<String, RuntimeError> {
     let file = File::open(path).map_err(io)?;
     let gz = path.extension().is_some_and(|e| e == "gz");
     let reader: Box<dyn Read> = if gz {
-        Box::new(flate2::read::GzDecoder::new(file))
+        Box::new(flate2::read::MultiGzDecoder::new(file))
     } else {
         Box::new(file)
     };

@@ -1,0 +1,150 @@
+//! Whether the checkpoint of `output.resume_from` belongs to this run, checked before any rank
+//! starts:
+//!
+//! - every tensor it holds is one of this model's parameters, an optimizer state or master
+//!   weight of one, or the step counter: a checkpoint of another architecture (more layers, a
+//!   renamed cell) is refused, naming the tensors the model lacks, instead of dropping them;
+//! - a GPT checkpoint's `model.json` describes this run's model: the same shape and the same
+//!   vocabulary (a character tokenizer's alphabet, character for character), since a token id
+//!   means a character only under one alphabet;
+//! - the step it was saved at leaves something to train under `train.epochs` and
+//!   `train.max_steps`.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::RuntimeError;
+use crate::generate::{SavedModel, MODEL_FILE};
+use crate::optimizer::STATE_NAMES_OF_EVERY_RULE;
+use crate::session::{Session, TrainData, GLOBAL_STEP, MASTER_WEIGHT};
+
+/// Checks the checkpoint in `from`, read with the strategy file `strategy_file`, against
+/// `session`.
+pub(crate) fn check_resumable(
+    session: &Session,
+    from: &Path,
+    strategy_file: &Path,
+) -> Result<(), RuntimeError> {
+    check_tensor_names(session, from, strategy_file)?;
+    check_model_description(session, from)?;
+    check_steps_left(session, from)
+}
+
+fn resume_error(from: &Path, reason: String) -> RuntimeError {
+    RuntimeError::Config {
+        key: "output.resume_from".to_string(),
+        reason: format!("{}: {reason}", from.display()),
+    }
+}
+
+/// Every tensor of the strategy file is the model's.
+fn check_tensor_names(
+    session: &Session,
+    from: &Path,
+    strategy_file: &Path,
+) -> Result<(), RuntimeError> {
+    let strategy = ckpt::Strategy::load(strategy_file)?;
+    let model: std::collections::BTreeSet<&str> = session
+        .train
+        .params
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    let known = |name: &str| {
+        model.contains(name)
+            || name == GLOBAL_STEP
+            || name.split_once('.').is_some_and(|(state, param)| {
+                (state == MASTER_WEIGHT || STATE_NAMES_OF_EVERY_RULE.contains(&state))
+                    && model.contains(param)
+            })
+    };
+    let foreign: Vec<&str> = strategy
+        .params
+        .iter()
+        .map(|p| p.name.as_str())
+        .filter(|name| !known(name))
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    const SHOWN: usize = 5;
+    let more = match foreign.len() > SHOWN {
+        true => format!(" and {} more", foreign.len() - SHOWN),
+        false => String::new(),
+    };
+    Err(resume_error(
+        from,
+        format!(
+            "the checkpoint holds {} tensor(s) this model does not have ({}{more}): it was saved from another model; give [model] the shape of the run that saved it",
+            foreign.len(),
+            foreign[..foreign.len().min(SHOWN)].join(", ")
+        ),
+    ))
+}
+
+/// A GPT checkpoint's `model.json` (when it has one) describes this run's model.
+fn check_model_description(session: &Session, from: &Path) -> Result<(), RuntimeError> {
+    let TrainData::Text(text) = &session.data else {
+        return Ok(());
+    };
+    if !from.join(MODEL_FILE).is_file() {
+        return Ok(());
+    }
+    let saved = SavedModel::read(from)?.to_json();
+    let ours = text.saved_model(&session.config)?.to_json();
+    let differing: Vec<String> = ours
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(key, value)| saved.get(key.as_str()) != Some(*value))
+        .map(|(key, value)| {
+            let theirs = saved.get(key.as_str()).unwrap_or(&Value::Null);
+            format!("{key}: saved {}, this run {}", brief(theirs), brief(value))
+        })
+        .collect();
+    if differing.is_empty() {
+        return Ok(());
+    }
+    Err(resume_error(
+        from,
+        format!(
+            "its {MODEL_FILE} describes another model or vocabulary ({}); a token id means the same character only under the same alphabet, so resume on the text and [model] the checkpoint was trained with",
+            differing.join("; ")
+        ),
+    ))
+}
+
+/// A JSON value for a message, long strings (an alphabet) cut to 40 characters.
+fn brief(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+/// The checkpoint's step leaves steps to train.
+fn check_steps_left(session: &Session, from: &Path) -> Result<(), RuntimeError> {
+    let step_file = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
+    let saved_step = ckpt::CheckpointFile::open(&step_file)
+        .and_then(|f| f.read_tensor(GLOBAL_STEP))
+        .map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) as u64)
+        .unwrap_or(0);
+    let planned = session.planned_steps();
+    if saved_step < planned {
+        return Ok(());
+    }
+    let train = session.config.train();
+    Err(resume_error(
+        from,
+        format!(
+            "the checkpoint was saved at step {saved_step}, and this run ends at step {planned} ({} epoch(s) of {} step(s){}): nothing is left to train; raise train.epochs or train.max_steps",
+            train.epochs,
+            session.steps_per_epoch(),
+            train
+                .max_steps
+                .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
+        ),
+    ))
+}
