@@ -436,8 +436,12 @@ impl PipelineRunner {
                     }
                     let summed = match apart {
                         true => {
-                            kept[mb] =
-                                Some(self.summed.iter().map(|&b| exec.buffer_at(b).clone()).collect());
+                            kept[mb] = Some(
+                                self.summed
+                                    .iter()
+                                    .map(|&b| exec.buffer_at(b).clone())
+                                    .collect(),
+                            );
                             Ok(())
                         }
                         false => add_sums(exec, &mut sums),

@@ -353,6 +353,20 @@ impl Session {
             .train()
             .deterministic
             .then_some(parallel.deterministic_blocks);
+        if deterministic.is_some()
+            && config.train().precision.has_master_weights()
+            && train.devices() > 1
+        {
+            // Half-precision partial sums are rounded to the half type where a rank's part
+            // ends, which one device never does: only one device's runs are bitwise.
+            return Err(RuntimeError::Config {
+                key: "train.precision".to_string(),
+                reason: format!(
+                    "train.deterministic = true with a half precision is bitwise on one device only (each rank's partial sums round to the half type); this run has {} devices: use train.precision = \"f32\" or one device",
+                    train.devices()
+                ),
+            });
+        }
         if let Some(blocks) = deterministic {
             // Refused before any rank starts: a sum whose split the canonical blocks can't serve.
             check_deterministic(&train, blocks)?;

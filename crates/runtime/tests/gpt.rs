@@ -461,10 +461,18 @@ fn gradient_scale_switches_act_under_every_loss() {
             ];
             overrides.extend(switches.iter().map(|s| s.to_string()));
             let out = tmp.path().join(format!("{l}-{name}"));
-            run_util::train_run(&config_with(&out, "momentum", "", &parallel, &overrides), steps).1
+            run_util::train_run(
+                &config_with(&out, "momentum", "", &parallel, &overrides),
+                steps,
+            )
+            .1
         };
         let cases: [(&str, &[&str], f64); 3] = [
-            ("gradients_mean = false", &["parallel.gradients_mean=false"], 2.0),
+            (
+                "gradients_mean = false",
+                &["parallel.gradients_mean=false"],
+                2.0,
+            ),
             (
                 "loss_repeated_mean = false",
                 &["parallel.loss_repeated_mean=false"],

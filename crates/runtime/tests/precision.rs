@@ -217,9 +217,21 @@ fn half_precision_trains_with_the_vocabulary_parallel_loss() {
         run_util::train_steps(&adam_gpt(&tmp.path().join("f32"), SA, steps, &[]), steps);
     let det = "train.deterministic=true";
     let cases: [(&str, &str, &[&str]); 4] = [
-        ("bf16, vocabulary parallel", vocab, &["train.precision=\"bf16\""]),
-        ("f16, vocabulary parallel", vocab, &["train.precision=\"f16\""]),
-        ("bf16, deterministic", SA, &["train.precision=\"bf16\"", det]),
+        (
+            "bf16, vocabulary parallel",
+            vocab,
+            &["train.precision=\"bf16\""],
+        ),
+        (
+            "f16, vocabulary parallel",
+            vocab,
+            &["train.precision=\"f16\""],
+        ),
+        (
+            "bf16, deterministic",
+            SA,
+            &["train.precision=\"bf16\"", det],
+        ),
         ("f16, deterministic", SA, &["train.precision=\"f16\"", det]),
     ];
     for (i, (what, parallel, overrides)) in cases.iter().enumerate() {
@@ -231,6 +243,29 @@ fn half_precision_trains_with_the_vocabulary_parallel_loss() {
             let again = tmp.path().join(format!("again-{i}"));
             let (_, _, rerun) = train_report(&adam_gpt(&again, parallel, steps, overrides));
             run_util::assert_bitwise_run(what, &rerun, &run);
+        }
+    }
+}
+
+/// Half precision in deterministic mode on more than one device is refused before training,
+/// naming `train.precision` (each rank's partial sums round to the half type, which one device
+/// never does, so the run could not be bitwise one device's).
+#[test]
+fn half_precision_deterministic_on_several_devices_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for precision in ["train.precision=\"bf16\"", "train.precision=\"f16\""] {
+        for parallel in [DP2, DP2_MP2] {
+            let config = adam_gpt(
+                tmp.path(),
+                parallel,
+                2,
+                &[precision, "train.deterministic=true"],
+            );
+            let err = Session::new(&config).unwrap_err().to_string();
+            assert!(
+                err.contains("train.precision") && err.contains("one device"),
+                "{precision}: {err}"
+            );
         }
     }
 }
