@@ -18,6 +18,11 @@ use tensor::Tensor;
 use crate::error::RuntimeError;
 use crate::executor::RankExecutor;
 
+/// Called after each micro-batch's reductions in deterministic mode (see
+/// [`PipelineRunner::run_step`]): the executor and the micro-batch.
+pub(crate) type MicroBatchReduced<'a> =
+    dyn FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError> + 'a;
+
 /// One span of a rank's timeline in a pipelined step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSpan {
@@ -321,7 +326,7 @@ impl PipelineRunner {
         exec: &mut RankExecutor,
         mut feed: impl FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError>,
         step: impl Fn(usize) -> u64,
-        mut each: Option<&mut dyn FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError>>,
+        mut each: Option<&mut MicroBatchReduced<'_>>,
     ) -> Result<StepTrace, RuntimeError> {
         let apart = each.is_some();
         exec.run_steps(&self.prologue)?;
@@ -530,7 +535,7 @@ impl PipelineRunner {
         &self,
         exec: &mut RankExecutor,
         kept: Vec<Option<Vec<Tensor>>>,
-        each: &mut dyn FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError>,
+        each: &mut MicroBatchReduced<'_>,
     ) -> Result<(), RuntimeError> {
         for (mb, values) in kept.into_iter().enumerate() {
             let values = values.ok_or_else(|| RuntimeError::Mismatch {
