@@ -20,7 +20,7 @@ use crate::op::Op;
 pub struct GraphBuilder {
     graph: Graph,
     scope: String,
-    float_dtype: DType,
+    pub(crate) float_dtype: DType,
 }
 
 impl Default for GraphBuilder {

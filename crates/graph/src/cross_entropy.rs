@@ -75,7 +75,11 @@ impl GraphBuilder {
                 reason: "must be at least 1".to_string(),
             });
         }
-        self.scope(name, |b| {
+        // The composite's constants (the one-hot, the divisor) take the logits' dtype, not the
+        // builder's: under mixed precision the logits are cast to f32 for the loss.
+        let dtype = logits_value.dtype;
+        let outer = std::mem::replace(&mut self.float_dtype, dtype);
+        let loss = self.scope(name, |b| {
             let max = b.reduce_max(NODES[0].0, logits, &[1], true)?;
             let m = b.stop_gradient(NODES[1].0, max)?;
             let shifted = b.sub(NODES[2].0, logits, m)?;
@@ -89,7 +93,9 @@ impl GraphBuilder {
             let total = b.reduce_sum(NODES[10].0, row_loss, &[], false)?;
             let divisor = b.fill("divisor", &[], batch_divisor as f64)?;
             b.div(NODES[11].0, total, divisor)
-        })
+        });
+        self.float_dtype = outer;
+        loss
     }
 }
 

@@ -587,20 +587,16 @@ fn share_plans(program: &mut Program, cap: Option<usize>) {
 /// MindSpore's gradient scaling when `gradients_mean` or `loss_repeated_mean` is off: Tessera's
 /// gradients are those of the global mean loss; MindSpore without `gradients_mean` sums the
 /// replicas' mean-loss gradients (one per batch shard), and without `loss_repeated_mean` skips
-/// dividing by the devices the loss is repeated on.
+/// dividing by the devices the loss is repeated on. Both follow from the loss the gradients
+/// are seeded from, whatever op computes it ([`loss_batch_shards`]).
 fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
     if request.grads.is_empty() || placed.config.mode == ParallelMode::StandAlone {
         return 1.0;
     }
-    let graph = &placed.graph;
-    let loss_node = graph.nodes().iter().enumerate().find(|(_, n)| {
-        matches!(n.op, Op::SparseSoftmaxCrossEntropy { .. }) && n.role == NodeRole::Forward
-    });
-    let Some((id, _)) = loss_node else {
+    let Some(shards) = loss_batch_shards(placed) else {
         return 1.0;
     };
-    let loss = &placed.nodes[id].outputs[0];
-    let shards = loss.partial_count() as f64;
+    let shards = shards as f64;
     let repeated = (placed.stage.n_devices() as f64) / shards;
     let mut scale = 1.0;
     if !placed.config.gradients_mean {
@@ -610,6 +606,39 @@ fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
         scale *= repeated;
     }
     scale
+}
+
+/// The number of parts the loss's rows are split into (its batch shards): the pending sum
+/// nearest the loss — the loss itself, or, searching its inputs breadth-first through the
+/// forward pass, the first value computed as a sum pending over ranks (the rows' sum of a
+/// `SparseSoftmaxCrossEntropy`, the `ReduceSum` over rows of a loss built from primitive ops).
+/// 1 when nothing on the way is split; `None` when the graph seeds no loss.
+fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
+    let graph = &placed.graph;
+    let loss = graph.nodes().iter().find_map(|n| match (&n.role, &n.op) {
+        (NodeRole::Seed { value }, Op::Fill { value: one, .. }) if *one == 1.0 => Some(*value),
+        _ => None,
+    })?;
+    let mut queue = std::collections::VecDeque::from([loss]);
+    let mut seen = std::collections::HashSet::from([loss]);
+    while let Some(value) = queue.pop_front() {
+        let Some((node, j)) = graph.values()[value.0].producer else {
+            continue;
+        };
+        if graph.nodes()[node.0].role != NodeRole::Forward {
+            continue;
+        }
+        let count = placed.nodes[node.0].outputs[j].partial_count();
+        if count > 1 {
+            return Some(count);
+        }
+        for &input in &graph.nodes()[node.0].inputs {
+            if seen.insert(input) {
+                queue.push_back(input);
+            }
+        }
+    }
+    Some(1)
 }
 
 impl Program {

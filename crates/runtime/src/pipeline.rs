@@ -18,6 +18,11 @@ use tensor::Tensor;
 use crate::error::RuntimeError;
 use crate::executor::RankExecutor;
 
+/// Called after each micro-batch's reductions in deterministic mode (see
+/// [`PipelineRunner::run_step`]): the executor and the micro-batch.
+pub(crate) type MicroBatchReduced<'a> =
+    dyn FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError> + 'a;
+
 /// One span of a rank's timeline in a pipelined step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSpan {
@@ -302,15 +307,28 @@ impl PipelineRunner {
 
     /// Runs one training step: the prologue, this stage's passes of every micro-batch in
     /// schedule order (`feed` writes micro-batch `mb`'s inputs before its forward pass; `step`
-    /// is the dropout counter of each micro-batch), the gradients' and loss's mean over the
-    /// micro-batches, then the epilogue (their reductions). The executor then holds the step's
-    /// gradients and loss as an ordinary run leaves them.
+    /// is the dropout counter of each micro-batch), then the reductions.
+    ///
+    /// Without `each`, the gradients and the loss are summed over the micro-batches on the
+    /// rank, their mean is taken and the epilogue (their reductions) runs once: the executor
+    /// then holds the step's gradients and loss as an ordinary run leaves them.
+    ///
+    /// With `each` (deterministic mode), every micro-batch's gradients and loss are kept apart
+    /// and, after the schedule, reduced one micro-batch at a time in micro-batch order: the
+    /// epilogue runs on micro-batch `mb`'s values and `each(exec, mb)` then finds that
+    /// micro-batch's reduced gradients and loss in the executor, as an unpipelined run of it
+    /// leaves them. Gradient accumulation (`train.grad_accumulation_steps`) reduces in that
+    /// order, so the caller's sum over the micro-batches adds what one device adds, bit for bit
+    /// (the sum of the ranks' local sums over the micro-batches would add the same terms in
+    /// another order).
     pub(crate) fn run_step(
         &self,
         exec: &mut RankExecutor,
         mut feed: impl FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError>,
         step: impl Fn(usize) -> u64,
+        mut each: Option<&mut MicroBatchReduced<'_>>,
     ) -> Result<StepTrace, RuntimeError> {
+        let apart = each.is_some();
         exec.run_steps(&self.prologue)?;
         let origin = epoch();
         let mut trace = StepTrace::default();
@@ -325,11 +343,16 @@ impl PipelineRunner {
         // With `output_broadcast`: each micro-batch's loss as this rank holds it (its part of
         // the last stage's value; nothing on other stages).
         let mut mb_outputs: Vec<Option<Tensor>> = vec![None; self.micro_batches];
-        let mut sums: Vec<Option<Tensor>> = self
-            .summed
-            .iter()
-            .map(|&b| Some(exec.fresh_counted(b)))
-            .collect();
+        let mut sums: Vec<Option<Tensor>> = match apart {
+            true => Vec::new(),
+            false => self
+                .summed
+                .iter()
+                .map(|&b| Some(exec.fresh_counted(b)))
+                .collect(),
+        };
+        // With `each`: every micro-batch's summed buffers, kept apart until the reductions.
+        let mut kept: Vec<Option<Vec<Tensor>>> = vec![None; self.micro_batches];
         for &(kind, mb, chunk) in &self.actions {
             let entry = slots.get_mut(mb).ok_or_else(|| RuntimeError::Mismatch {
                 what: "a scheduled micro-batch".to_string(),
@@ -416,7 +439,18 @@ impl PipelineRunner {
                     if let Some((_, src, _)) = self.output_broadcast {
                         mb_outputs[mb] = Some(exec.buffer_at(src).clone());
                     }
-                    let summed = add_sums(exec, &mut sums);
+                    let summed = match apart {
+                        true => {
+                            kept[mb] = Some(
+                                self.summed
+                                    .iter()
+                                    .map(|&b| exec.buffer_at(b).clone())
+                                    .collect(),
+                            );
+                            Ok(())
+                        }
+                        false => add_sums(exec, &mut sums),
+                    };
                     let span = (summing, Instant::now());
                     self.record(
                         &mut trace,
@@ -467,18 +501,23 @@ impl PipelineRunner {
                 exec.release_counted(b, t.expect("slots are whole after a swap"));
             }
         }
-        let share = 1.0 / self.micro_batches as f64;
-        for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
-            let sum = sum.take().expect("sums stay in place");
-            let dst = exec.buffer_at_mut(b);
-            dst.as_bytes_mut().fill(0);
-            if dst.n_elements() > 0 {
-                tensor::kernels::accumulate_scaled(dst, share, &sum)?;
+        match each.as_mut() {
+            Some(each) => self.reduce_apart(exec, kept, &mut **each)?,
+            None => {
+                let share = 1.0 / self.micro_batches as f64;
+                for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
+                    let sum = sum.take().expect("sums stay in place");
+                    let dst = exec.buffer_at_mut(b);
+                    dst.as_bytes_mut().fill(0);
+                    if dst.n_elements() > 0 {
+                        tensor::kernels::accumulate_scaled(dst, share, &sum)?;
+                    }
+                    exec.release_counted(b, sum);
+                }
+                exec.run_steps(&self.epilogue)?;
+                exec.finish_gradients();
             }
-            exec.release_counted(b, sum);
         }
-        exec.run_steps(&self.epilogue)?;
-        exec.finish_gradients();
         if let Some((start, end)) = trace.extent() {
             trace.bubble = if end > start {
                 (trace.waiting_us() / (end - start)).clamp(0.0, 1.0)
@@ -487,6 +526,35 @@ impl PipelineRunner {
             };
         }
         Ok(trace)
+    }
+
+    /// The reductions of a step whose micro-batches' summed buffers were `kept` apart: for
+    /// each micro-batch in order, its values into the summed buffers, the epilogue, then
+    /// `each(exec, mb)`.
+    fn reduce_apart(
+        &self,
+        exec: &mut RankExecutor,
+        kept: Vec<Option<Vec<Tensor>>>,
+        each: &mut MicroBatchReduced<'_>,
+    ) -> Result<(), RuntimeError> {
+        for (mb, values) in kept.into_iter().enumerate() {
+            let values = values.ok_or_else(|| RuntimeError::Mismatch {
+                what: format!("micro-batch {mb}'s gradients"),
+                expected: "one set per micro-batch of the step".to_string(),
+                got: "none: the schedule did not finish it".to_string(),
+            })?;
+            for (&b, value) in self.summed.iter().zip(&values) {
+                if value.n_elements() > 0 {
+                    exec.buffer_at_mut(b)
+                        .as_bytes_mut()
+                        .copy_from_slice(value.as_bytes());
+                }
+            }
+            exec.run_steps(&self.epilogue)?;
+            exec.finish_gradients();
+            each(exec, mb)?;
+        }
+        Ok(())
     }
 
     /// Runs `steps`, recording a busy span for the computation and a waiting span for each

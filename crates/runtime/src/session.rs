@@ -356,6 +356,20 @@ impl Session {
             .train()
             .deterministic
             .then_some(parallel.deterministic_blocks);
+        if deterministic.is_some()
+            && config.train().precision.has_master_weights()
+            && train.devices() > 1
+        {
+            // Half-precision partial sums are rounded to the half type where a rank's part
+            // ends, which one device never does: only one device's runs are bitwise.
+            return Err(RuntimeError::Config {
+                key: "train.precision".to_string(),
+                reason: format!(
+                    "train.deterministic = true with a half precision is bitwise on one device only (each rank's partial sums round to the half type); this run has {} devices: use train.precision = \"f32\" or one device",
+                    train.devices()
+                ),
+            });
+        }
         if let Some(blocks) = deterministic {
             // Refused before any rank starts: a sum whose split the canonical blocks can't serve.
             check_deterministic(&train, blocks)?;
@@ -826,6 +840,7 @@ impl Session {
                                 &trainable,
                                 at,
                                 global_step,
+                                (&mut shared_grads, world.as_ref()),
                             )?;
                             if self.output_broadcast() {
                                 outcome
@@ -851,7 +866,14 @@ impl Session {
                             global_step,
                         )?,
                     };
-                    shared_grads.sum(&mut exec, Some(accumulated), &trainable, world.as_ref())?;
+                    if pipelined.is_none() {
+                        shared_grads.sum(
+                            &mut exec,
+                            Some(accumulated),
+                            &trainable,
+                            world.as_ref(),
+                        )?;
+                    }
                     applied = update_parameters(
                         &mut exec,
                         &mut optimizer,
@@ -1003,6 +1025,15 @@ impl Session {
     /// accumulation; the sum here is local to each rank's shard. Dropout draws micro-batch
     /// `j` of optimizer step `s` at step `s · micro_steps + j`, so no two micro-batches share a
     /// mask (the masks are not those of the larger batch: they are keyed by element position).
+    ///
+    /// The gradients of parameters shared by several stages are summed over their copies
+    /// (`shared`: the sums and the world) before the update. In deterministic mode every
+    /// micro-batch's gradients are reduced, summed over the copies and added into
+    /// `accumulated` one micro-batch at a time, in the order and with the arithmetic of
+    /// [`Session::accumulate_step`], so a pipelined step is bitwise one device's step with
+    /// `train.grad_accumulation_steps` = `micro_batches` (what the pipeline's micro-batches
+    /// are); otherwise the rank sums its micro-batches first and reduces once.
+    #[allow(clippy::too_many_arguments)]
     fn pipelined_step(
         &self,
         exec: &mut RankExecutor,
@@ -1011,20 +1042,33 @@ impl Session {
         trainable: &[usize],
         at: (&EpochPlan, usize, u64),
         global_step: u64,
+        shared: (&mut crate::shared::SharedGradients, &dyn Communicator),
     ) -> Result<(f32, StepTrace), RuntimeError> {
         let (plan, epoch, index) = at;
+        let (shared_grads, world) = shared;
         let micro_steps = self.micro_steps() as u64;
-        let trace = runner.run_step(
-            exec,
-            |exec, mb| self.feed_step(exec, plan, epoch, index, mb),
-            |mb| {
-                global_step
-                    .wrapping_mul(micro_steps)
-                    .wrapping_add(mb as u64)
-            },
-        )?;
-        accumulated.copy(exec, trainable)?;
-        Ok((exec.output(0).to_f64_vec()[0] as f32, trace))
+        let feed = |exec: &mut RankExecutor, mb| self.feed_step(exec, plan, epoch, index, mb);
+        let step = |mb| {
+            global_step
+                .wrapping_mul(micro_steps)
+                .wrapping_add(mb as u64)
+        };
+        if self.deterministic.is_none() {
+            let trace = runner.run_step(exec, feed, step, None)?;
+            accumulated.copy(exec, trainable)?;
+            shared_grads.sum(exec, Some(accumulated), trainable, world)?;
+            return Ok((exec.output(0).to_f64_vec()[0] as f32, trace));
+        }
+        let share = 1.0 / micro_steps as f64;
+        accumulated.zero();
+        let mut loss_sum = 0.0f64;
+        let mut each = |exec: &mut RankExecutor, _mb: usize| {
+            shared_grads.sum(exec, None, trainable, world)?;
+            loss_sum += exec.output(0).to_f64_vec()[0];
+            accumulated.add(exec, trainable, share)
+        };
+        let trace = runner.run_step(exec, feed, step, Some(&mut each))?;
+        Ok(((loss_sum / micro_steps as f64) as f32, trace))
     }
 
     /// Writes `rank`'s group-info file when `output.group_info_file` asks for one.

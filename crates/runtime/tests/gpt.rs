@@ -380,6 +380,126 @@ fn deterministic_runs_are_bitwise_one_device() {
     }
 }
 
+/// `train.deterministic = true` with pipeline stages and several micro-batches: a pipeline's
+/// micro-batches are a step's gradient accumulation (`data.batch_size / micro_batches` each,
+/// `train.grad_accumulation_steps = micro_batches`), so the losses and the merged parameters
+/// are bitwise one device's run of those micro-batches, on 2 and 4 devices, with data
+/// parallelism and model parallelism inside a stage, and the tied embedding's copies summed.
+#[test]
+fn deterministic_pipelines_are_bitwise_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 8;
+    let det = |extra: &[&str]| -> Vec<String> {
+        let mut all = vec![
+            "train.deterministic=true".to_string(),
+            format!("train.max_steps={steps}"),
+        ];
+        all.extend(extra.iter().map(|s| s.to_string()));
+        all
+    };
+    let run = |name: &str, parallel: &str, extra: &[&str]| {
+        let out = tmp.path().join(name);
+        run_util::train_run(
+            &config_with(&out, "momentum", "", parallel, &det(extra)),
+            steps,
+        )
+        .1
+    };
+    // (name, devices, [parallel] keys, micro-batches)
+    let cases: &[(&str, usize, &str, usize)] = &[
+        ("2 stages, 2 micro-batches, 1F1B", 2, "[parallel.pipeline]\nstages = 2\nmicro_batches = 2", 2),
+        ("2 stages, 4 micro-batches, GPipe", 2, "[parallel.pipeline]\nstages = 2\nmicro_batches = 4\nscheduler = \"gpipe\"", 4),
+        ("4 stages, 4 micro-batches", 4, "[parallel.pipeline]\nstages = 4\nmicro_batches = 4", 4),
+        (
+            "2 stages × data parallel 2, 2 micro-batches, zero bubble",
+            4,
+            "data_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\nscheduler = \"zero_bubble\"",
+            2,
+        ),
+        (
+            "2 stages × model parallel 2, vocabulary parallel, 2 micro-batches",
+            4,
+            "model_parallel = 2\nvocab_emb_dp = false\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2",
+            2,
+        ),
+    ];
+    let mut references = std::collections::BTreeMap::new();
+    for (i, (name, devices, parallel, micro)) in cases.iter().enumerate() {
+        let reference = references.entry(*micro).or_insert_with(|| {
+            let batch = format!("data.batch_size={}", 8 / micro);
+            let accumulate = format!("train.grad_accumulation_steps={micro}");
+            run(
+                &format!("sa-{micro}"),
+                "mode = \"stand_alone\"",
+                &[&batch, &accumulate],
+            )
+        });
+        let piped = run(&format!("pipe-{i}"), &semi(*devices, parallel), &[]);
+        run_util::assert_bitwise_run(name, &piped, reference);
+    }
+}
+
+/// `parallel.gradients_mean` and `parallel.loss_repeated_mean` scale the gradients as MindSpore
+/// does, under either loss (the fused `SparseSoftmaxCrossEntropy` and the vocabulary-parallel
+/// one built from primitive ops). On dp 2 × mp 2 the loss is summed from 2 batch shards and
+/// repeated on 2 devices each: `gradients_mean = false` doubles every gradient (the sum over
+/// the 2 replicas of each one's mean-loss gradient), `loss_repeated_mean = false` doubles it
+/// (no division by the 2 devices repeating the loss), both quadruple it. With SGD-momentum
+/// (no weight decay) a gradient k times larger at learning rate η takes exactly the steps of
+/// the mean gradient at k·η, so the runs are compared bit for bit.
+#[test]
+fn gradient_scale_switches_act_under_every_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 4;
+    let dp_mp = "data_parallel = 2\nmodel_parallel = 2";
+    for (l, loss_keys) in ["", "\nvocab_emb_dp = false"].iter().enumerate() {
+        let parallel = semi(4, &format!("{dp_mp}{loss_keys}"));
+        let run = |name: &str, lr: f64, switches: &[&str]| {
+            let mut overrides = vec![
+                format!("train.max_steps={steps}"),
+                format!("train.learning_rate={lr}"),
+            ];
+            overrides.extend(switches.iter().map(|s| s.to_string()));
+            let out = tmp.path().join(format!("{l}-{name}"));
+            run_util::train_run(
+                &config_with(&out, "momentum", "", &parallel, &overrides),
+                steps,
+            )
+            .1
+        };
+        let cases: [(&str, &[&str], f64); 3] = [
+            (
+                "gradients_mean = false",
+                &["parallel.gradients_mean=false"],
+                2.0,
+            ),
+            (
+                "loss_repeated_mean = false",
+                &["parallel.loss_repeated_mean=false"],
+                2.0,
+            ),
+            (
+                "both false",
+                &[
+                    "parallel.gradients_mean=false",
+                    "parallel.loss_repeated_mean=false",
+                ],
+                4.0,
+            ),
+        ];
+        let unscaled = run("unscaled", 0.005, &[]);
+        for (i, (what, switches, factor)) in cases.iter().enumerate() {
+            let scaled = run(&format!("off-{i}"), 0.005, switches);
+            let mean = run(&format!("mean-{i}"), 0.005 * factor, &[]);
+            let what = format!("{what}, loss {l}");
+            // The same parameters after every step as the mean gradient at factor × η ...
+            run_util::assert_bitwise_run(&what, &scaled, &mean);
+            // ... which is not the mean gradient at η: the switch acted.
+            assert_ne!(scaled.1, unscaled.1, "{what}: the switch changed nothing");
+        }
+    }
+}
+
 #[test]
 fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
     let tmp = tempfile::tempdir().unwrap();

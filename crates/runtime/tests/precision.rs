@@ -203,3 +203,69 @@ fn bad_precision_settings_name_the_key() {
         .to_string();
     assert!(err.contains("train.precision"), "{err}");
 }
+
+/// bf16 and f16 train with the vocabulary-parallel loss (`vocab_emb_dp = false`, whose one-hot
+/// and divisor follow the f32 logits), within the documented tolerance of f32; and half
+/// precision trains in deterministic mode, which builds that loss on every device count, the
+/// same bits on every run.
+#[test]
+fn half_precision_trains_with_the_vocabulary_parallel_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 8;
+    let vocab = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 2\nvocab_emb_dp = false\n";
+    let (_, reference) =
+        run_util::train_steps(&adam_gpt(&tmp.path().join("f32"), SA, steps, &[]), steps);
+    let det = "train.deterministic=true";
+    let cases: [(&str, &str, &[&str]); 4] = [
+        (
+            "bf16, vocabulary parallel",
+            vocab,
+            &["train.precision=\"bf16\""],
+        ),
+        (
+            "f16, vocabulary parallel",
+            vocab,
+            &["train.precision=\"f16\""],
+        ),
+        (
+            "bf16, deterministic",
+            SA,
+            &["train.precision=\"bf16\"", det],
+        ),
+        ("f16, deterministic", SA, &["train.precision=\"f16\"", det]),
+    ];
+    for (i, (what, parallel, overrides)) in cases.iter().enumerate() {
+        let out = tmp.path().join(format!("case-{i}"));
+        let (_, _, run) = train_report(&adam_gpt(&out, parallel, steps, overrides));
+        run_util::assert_losses_within(what, &run.0, &reference, TOLERANCE);
+        assert_ne!(run.0, reference, "{what}: computed in half precision");
+        if overrides.contains(&det) {
+            let again = tmp.path().join(format!("again-{i}"));
+            let (_, _, rerun) = train_report(&adam_gpt(&again, parallel, steps, overrides));
+            run_util::assert_bitwise_run(what, &rerun, &run);
+        }
+    }
+}
+
+/// Half precision in deterministic mode on more than one device is refused before training,
+/// naming `train.precision` (each rank's partial sums round to the half type, which one device
+/// never does, so the run could not be bitwise one device's).
+#[test]
+fn half_precision_deterministic_on_several_devices_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for precision in ["train.precision=\"bf16\"", "train.precision=\"f16\""] {
+        for parallel in [DP2, DP2_MP2] {
+            let config = adam_gpt(
+                tmp.path(),
+                parallel,
+                2,
+                &[precision, "train.deterministic=true"],
+            );
+            let err = Session::new(&config).unwrap_err().to_string();
+            assert!(
+                err.contains("train.precision") && err.contains("one device"),
+                "{precision}: {err}"
+            );
+        }
+    }
+}
