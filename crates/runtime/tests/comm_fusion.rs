@@ -281,3 +281,26 @@ fn bad_fusion_settings_name_the_key() {
         assert!(err.contains(key), "{body}: {err}");
     }
 }
+
+/// A pipelined run fuses its gradient reductions too: the buckets cover them once each and
+/// the run gives the unfused pipelined run's losses bit for bit (every element is still the
+/// sum over the same ranks, in the same order).
+#[test]
+fn pipelined_runs_fuse_their_gradients() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 6;
+    let pipeline = "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 1\n\
+                    [parallel.pipeline]\nstages = 2\nmicro_batches = 2\n";
+    let unfused = adam_gpt(&tmp.path().join("unfused"), pipeline, steps, &[]);
+    let (session, reference) = run_util::train_steps(&unfused, steps);
+    assert_eq!(check_buckets("unfused", &session), 0);
+    let fused = adam_gpt(
+        &tmp.path().join("fused"),
+        &format!("{pipeline}[parallel.comm_fusion]\n"),
+        steps,
+        &[],
+    );
+    let (session, losses) = run_util::train_steps(&fused, steps);
+    assert!(check_buckets("fused", &session) > 0, "some bucket");
+    assert_eq!(losses, reference);
+}
