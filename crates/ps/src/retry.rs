@@ -65,6 +65,49 @@ impl RetryPolicy {
     }
 }
 
+/// Runs a registration `attempt` until the scheduler accepts it: failures that retrying can
+/// mend are retried as [`RetryPolicy::run`] does, and a refusal because the id is alive in
+/// another process (`AlreadyExists`: the predecessor of a restarted process, not yet declared
+/// dead) is asked again every `policy.first_backoff` until `patience` has passed. Any other
+/// refusal fails at once.
+pub async fn until_admitted<T, F, Fut>(
+    policy: &RetryPolicy,
+    call: &str,
+    peer: &str,
+    patience: std::time::Duration,
+    mut attempt: F,
+) -> Result<T, PsError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
+    let give_up = std::time::Instant::now() + patience;
+    let mut failures = 0u32;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let status = match tokio::time::timeout(policy.timeout, attempt()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(status)) => status,
+            Err(_) => tonic::Status::deadline_exceeded(format!(
+                "no answer within {} ms",
+                policy.timeout.as_millis()
+            )),
+        };
+        let why = format!("{}: {}", status.code(), status.message());
+        if status.code() == tonic::Code::AlreadyExists && std::time::Instant::now() < give_up {
+            tokio::time::sleep(policy.first_backoff).await;
+            continue;
+        }
+        if retryable(&status) && failures < policy.retries {
+            failures += 1;
+            tokio::time::sleep(policy.backoff(failures)).await;
+            continue;
+        }
+        return Err(rpc_error(call, peer, attempts, why));
+    }
+}
+
 /// The outcome of one attempt of a call.
 #[derive(Debug)]
 pub enum Attempt<T> {

@@ -71,6 +71,9 @@ pub fn start(request: StartRequest<'_>, events: &Sender<Event>) -> io::Result<Ru
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // Its own process group keeps it out of the terminal's signals; the kernel's SIGKILL when
+    // the launcher ends (SIGKILL of the launcher included) keeps it from outliving the launcher.
+    ps::launch::die_with_parent(&mut command);
     for name in request.remove {
         command.env_remove(name);
     }
