@@ -18,9 +18,9 @@ fn free_addr() -> String {
     format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
 }
 
-/// Starts `tessera launch --nproc 2 --ps-servers 1 --restarts 1` of the seed parameter-server
+/// Starts `tessera launch --nproc 2 --ps-servers 1 --restarts R` of the seed parameter-server
 /// run (sync, 2 workers, 1 server, snapshots every 5 steps).
-fn start_job(dir: &Path, addr: &str) -> Child {
+fn start_job(dir: &Path, addr: &str, restarts: &str) -> Child {
     let out = dir.join("run");
     let sets = [
         "ps.servers=1".to_string(),
@@ -39,7 +39,7 @@ fn start_job(dir: &Path, addr: &str) -> Child {
         "--ps-servers",
         "1",
         "--restarts",
-        "1",
+        restarts,
         "--scheduler-addr",
         addr,
         "--log-dir",
@@ -119,8 +119,19 @@ fn finish(child: Child, dir: &Path) -> std::process::Output {
 /// SIGKILLs `role` `id` of the job once worker 0 has logged step 20, and returns the job's
 /// output after the launcher restarted it and the job ended.
 fn kill_and_finish(dir: &Path, role: &str, id_var: &str, id: usize) -> std::process::Output {
+    kill_and_finish_with(dir, role, id_var, id, "1")
+}
+
+/// [`kill_and_finish`] with `--restarts restarts`.
+fn kill_and_finish_with(
+    dir: &Path,
+    role: &str,
+    id_var: &str,
+    id: usize,
+    restarts: &str,
+) -> std::process::Output {
     let addr = free_addr();
-    let job = start_job(dir, &addr);
+    let job = start_job(dir, &addr, restarts);
     wait_for(dir, "worker", 0, "step: 20,");
     let pid = find_process(&addr, role, id_var, id).expect("the process to kill");
     // SAFETY: kill(2) on a process of this test's job.
@@ -181,6 +192,23 @@ fn a_killed_worker_restarts_and_the_job_keeps_its_accuracy() {
         "{}",
         log(&dir.0, "worker", 0)
     );
+}
+
+#[test]
+fn a_worker_lost_with_no_restarts_left_is_reported_and_the_job_exits_0() {
+    let dir = Scratch::new("ps-launch-lost-worker");
+    let out = kill_and_finish_with(&dir.0, "worker", "TESSERA_WORKER_ID", 1, "0");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "[launch] worker 1 (rank 3) (signal: 9 (SIGKILL)) was lost; the job finished on 1 worker(s)"
+        ),
+        "{stderr}"
+    );
+    let worker0 = log(&dir.0, "worker", 0);
+    assert!(worker0.contains("worker 1 was lost at step "), "{worker0}");
+    assert!(final_accuracy(&dir.0) >= 0.9, "{worker0}");
 }
 
 // ---- `tessera train` of a parameter-server config without a launcher: it starts every role

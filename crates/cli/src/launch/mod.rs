@@ -113,7 +113,16 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
 /// Turns the job's outcome into the command's result, printing a failed process's log tail.
 fn report(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
-        Outcome::Success => Ok(()),
+        Outcome::Success { finished, lost } => {
+            for worker in lost {
+                eprintln!("[launch] {worker} was lost; the job finished on {finished} worker(s)");
+            }
+            Ok(())
+        }
+        Outcome::AllWorkersLost(lost) => Err(anyhow::anyhow!(
+            "every worker was lost: {}; the job was stopped",
+            lost.join(", ")
+        )),
         Outcome::Interrupted(signal) => Err(Interrupted(signal).into()),
         Outcome::Bug(what) => Err(anyhow::anyhow!("internal error in tessera launch: {what}")),
         Outcome::StartFailed { spec, error } => Err(anyhow::anyhow!(
