@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::auth::JobSecret;
-use crate::env::JOB_SECRET_VAR;
+use crate::env::{PsRole, JOB_SECRET_VAR};
 use crate::error::PsError;
 
 /// How long children have after the forwarded signal (or SIGTERM) before SIGKILL.
@@ -47,15 +47,14 @@ pub fn role_env(
     scheduler_addr: &str,
     secret: &JobSecret,
 ) -> Vec<(String, String)> {
-    let (role, id_var, id) = if rank == 0 {
-        ("scheduler", None, 0)
-    } else if rank <= servers {
-        ("server", Some("TESSERA_SERVER_ID"), rank - 1)
-    } else {
-        ("worker", Some("TESSERA_WORKER_ID"), rank - 1 - servers)
+    let (role, id) = role_of(rank, servers);
+    let id_var = match role {
+        PsRole::Scheduler => None,
+        PsRole::Server => Some("TESSERA_SERVER_ID"),
+        PsRole::Worker => Some("TESSERA_WORKER_ID"),
     };
     let mut env = vec![
-        ("TESSERA_ROLE".to_string(), role.to_string()),
+        ("TESSERA_ROLE".to_string(), role.name().to_string()),
         ("TESSERA_RANK".to_string(), rank.to_string()),
         (
             "TESSERA_WORLD_SIZE".to_string(),
@@ -74,6 +73,16 @@ pub fn role_env(
         env.push((var.to_string(), id.to_string()));
     }
     env
+}
+
+/// The role and the id within it of process `rank` of a job with `servers` servers: rank 0 is
+/// the scheduler, then the servers, then the workers.
+pub fn role_of(rank: usize, servers: usize) -> (PsRole, usize) {
+    match rank {
+        0 => (PsRole::Scheduler, 0),
+        r if r <= servers => (PsRole::Server, r - 1),
+        r => (PsRole::Worker, r - 1 - servers),
+    }
 }
 
 /// Makes the process `command` starts receive SIGKILL when the thread that starts it ends
@@ -126,7 +135,7 @@ impl LocalJobEnd {
 struct RoleChild {
     /// `worker 1 (rank 3)`.
     name: String,
-    role: &'static str,
+    role: PsRole,
     child: Child,
     status: Option<ExitStatus>,
 }
@@ -147,17 +156,8 @@ pub fn run_local_job(
     let mut children: Vec<RoleChild> = Vec::new();
     for rank in 0..1 + servers + workers {
         let env = role_env(rank, servers, workers, &addr, secret);
-        let role = match rank {
-            0 => "scheduler",
-            r if r <= servers => "server",
-            _ => "worker",
-        };
-        let id = match role {
-            "scheduler" => 0,
-            "server" => rank - 1,
-            _ => rank - 1 - servers,
-        };
-        let name = format!("{role} {id} (rank {rank})");
+        let (role, id) = role_of(rank, servers);
+        let name = format!("{} {id} (rank {rank})", role.name());
         let mut command = Command::new(program);
         command.args(args).envs(env);
         die_with_parent(&mut command);
@@ -197,7 +197,7 @@ impl RoleChild {
 
 /// Waits for the job's end (see the module's doc).
 fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd, PsError> {
-    let workers = children.iter().filter(|c| c.role == "worker").count();
+    let workers = children.iter().filter(|c| c.role == PsRole::Worker).count();
     loop {
         let signal = stop.load(Ordering::Relaxed);
         if signal != 0 {
@@ -211,7 +211,7 @@ fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd
             match c.child.try_wait() {
                 Ok(Some(status)) => {
                     c.status = Some(status);
-                    if !status.success() && c.role == "worker" {
+                    if !status.success() && c.role == PsRole::Worker {
                         eprintln!(
                             "[tessera] {} ended ({status}); the job goes on without it",
                             c.name
@@ -228,7 +228,7 @@ fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd
         }
         let lost: Vec<String> = children
             .iter()
-            .filter(|c| c.role == "worker" && c.failed())
+            .filter(|c| c.role == PsRole::Worker && c.failed())
             .map(RoleChild::ending)
             .collect();
         if lost.len() == workers {
@@ -242,7 +242,10 @@ fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd
             ));
         }
         // A scheduler or a server is not restarted here: the job cannot go on without it.
-        if let Some(c) = children.iter().find(|c| c.role != "worker" && c.failed()) {
+        if let Some(c) = children
+            .iter()
+            .find(|c| c.role != PsRole::Worker && c.failed())
+        {
             let why = format!(
                 "{} was lost; the job cannot go on without it (`tessera launch --restarts` restarts a server), so every process was stopped",
                 c.ending()

@@ -1,7 +1,7 @@
 //! Deadlines and bounded retries with exponential backoff for every call.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::PsError;
 
@@ -68,20 +68,19 @@ impl RetryPolicy {
 /// Runs a registration `attempt` until the scheduler accepts it: failures that retrying can
 /// mend are retried as [`RetryPolicy::run`] does, and a refusal because the id is alive in
 /// another process (`AlreadyExists`: the predecessor of a restarted process, not yet declared
-/// dead) is asked again every `policy.first_backoff` until `patience` has passed. Any other
-/// refusal fails at once.
+/// dead) is asked again every `every` until `patience` has passed. Any other refusal fails at
+/// once.
 pub async fn until_admitted<T, F, Fut>(
     policy: &RetryPolicy,
-    call: &str,
-    peer: &str,
-    patience: std::time::Duration,
+    (call, peer): (&str, &str),
+    (every, patience): (Duration, Duration),
     mut attempt: F,
 ) -> Result<T, PsError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, tonic::Status>>,
 {
-    let give_up = std::time::Instant::now() + patience;
+    let give_up = Instant::now() + patience;
     let mut failures = 0u32;
     let mut attempts = 0u32;
     loop {
@@ -95,8 +94,8 @@ where
             )),
         };
         let why = format!("{}: {}", status.code(), status.message());
-        if status.code() == tonic::Code::AlreadyExists && std::time::Instant::now() < give_up {
-            tokio::time::sleep(policy.first_backoff).await;
+        if status.code() == tonic::Code::AlreadyExists && Instant::now() < give_up {
+            tokio::time::sleep(every).await;
             continue;
         }
         if retryable(&status) && failures < policy.retries {

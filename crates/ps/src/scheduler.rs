@@ -61,6 +61,8 @@ struct State {
     /// process that holds the id: a second process cannot register a live id.
     worker_incarnation: BTreeMap<u32, u64>,
     server_incarnation: BTreeMap<u32, u64>,
+    /// Incarnations refused so far (each refusal is logged once).
+    refused: BTreeSet<u64>,
     /// Workers declared dead and not registered since, with the last step each had begun.
     lost: BTreeMap<u32, u64>,
 }
@@ -147,6 +149,7 @@ impl SchedulerService {
                 map: map::MapState::new(settings.servers),
                 worker_incarnation: BTreeMap::new(),
                 server_incarnation: BTreeMap::new(),
+                refused: BTreeSet::new(),
                 lost: BTreeMap::new(),
             })),
             changed: Arc::new(Notify::new()),
@@ -259,11 +262,10 @@ impl Scheduler for SchedulerService {
             let mut s = self.lock();
             let s = &mut *s;
             admit(
-                "server",
-                r.server_id,
-                r.incarnation,
+                ("server", r.server_id, r.incarnation),
                 &s.server_live,
                 &mut s.server_incarnation,
+                &mut s.refused,
             )?;
             let next_step = s.assignments.keys().next_back().map_or(0, |&last| last + 1);
             let opened = s
@@ -298,11 +300,10 @@ impl Scheduler for SchedulerService {
             let mut s = self.lock();
             let state = &mut *s;
             admit(
-                "worker",
-                r.worker_id,
-                r.incarnation,
+                ("worker", r.worker_id, r.incarnation),
                 &state.worker_live,
                 &mut state.worker_incarnation,
+                &mut state.refused,
             )?;
             s.lost.remove(&r.worker_id);
             s.had_workers = true;
@@ -558,18 +559,20 @@ impl Scheduler for SchedulerService {
 }
 
 /// Admits the process `incarnation` to `role` `id`: refused (`AlreadyExists`) when the id is
-/// alive and held by another process; a repeated registration of the same process is accepted.
+/// alive and held by another process (logged once per process, in `refused`); a repeated
+/// registration of the same process is accepted.
 fn admit(
-    role: &str,
-    id: u32,
-    incarnation: u64,
+    (role, id, incarnation): (&str, u32, u64),
     live: &Liveness,
     incarnations: &mut BTreeMap<u32, u64>,
+    refused: &mut BTreeSet<u64>,
 ) -> Result<(), Status> {
     if live.is_alive(id) && incarnations.get(&id) != Some(&incarnation) {
-        eprintln!(
-            "[ps scheduler] refused a second registration of {role} {id}: the id is alive in another process"
-        );
+        if refused.insert(incarnation) {
+            eprintln!(
+                "[ps scheduler] refused a second registration of {role} {id}: the id is alive in another process (a restarted one is admitted once its predecessor is declared dead)"
+            );
+        }
         return Err(Status::already_exists(format!(
             "{role} {id} is alive: a second process cannot register its id; a restarted {role} is admitted once the scheduler declares its predecessor dead (ps.dead_after_ms)"
         )));

@@ -745,9 +745,9 @@ async fn serve(
         restart_count: env.restart_count,
         incarnation: u64::from_le_bytes(crate::auth::random_bytes()?),
     };
-    let patience = settings.registration_patience();
+    let waits = (settings.heartbeat, settings.registration_patience());
     let register_now = || {
-        until_admitted(&policy, "RegisterServer", &peer, patience, || {
+        until_admitted(&policy, ("RegisterServer", &peer), waits, || {
             let mut c = client.clone();
             let r = register.clone();
             async move { c.register_server(r).await }

@@ -410,11 +410,11 @@ impl Links {
     /// this worker takes part in.
     async fn register(&self, restart_count: u32) -> Result<u64, PsError> {
         let (worker_id, incarnation) = (self.worker_id, self.incarnation);
+        let settings = &self.settings;
         let reply = until_admitted(
-            &self.settings.retry,
-            "RegisterWorker",
-            &self.scheduler_peer,
-            self.settings.registration_patience(),
+            &settings.retry,
+            ("RegisterWorker", &self.scheduler_peer),
+            (settings.heartbeat, settings.registration_patience()),
             || {
                 let mut c = self.scheduler.clone();
                 async move {
