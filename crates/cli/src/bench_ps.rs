@@ -196,13 +196,16 @@ impl ProcessJob {
 
     /// Starts `tessera train CONFIG` with `env`, its lines tagged `tag`; its index.
     fn start(&mut self, tag: usize, env: Vec<(String, String)>) -> anyhow::Result<usize> {
-        let mut child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        command
             .arg("train")
             .arg(&self.config)
             .envs(env)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+            .stderr(Stdio::piped());
+        // The roles end with the benchmark, however it ends.
+        ps::launch::die_with_parent(&mut command);
+        let mut child = command.spawn()?;
         let streams: [Box<dyn std::io::Read + Send>; 2] = [
             Box::new(
                 child
