@@ -116,6 +116,13 @@ pub fn random_bytes<const N: usize>() -> Result<[u8; N], PsError> {
     Ok(bytes)
 }
 
+/// A process's incarnation: a random non-zero number it draws once and sends with every
+/// registration, so the scheduler tells a repeated registration of the same process (its reply
+/// lost) from a second process claiming a live id. 0 means "unspecified" on the wire.
+pub fn new_incarnation() -> Result<u64, PsError> {
+    Ok(u64::from_le_bytes(random_bytes()?).max(1))
+}
+
 /// The client side: puts the job's secret into every call's metadata.
 #[derive(Clone)]
 pub struct AttachSecret {

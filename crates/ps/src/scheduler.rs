@@ -560,14 +560,16 @@ impl Scheduler for SchedulerService {
 
 /// Admits the process `incarnation` to `role` `id`: refused (`AlreadyExists`) when the id is
 /// alive and held by another process (logged once per process, in `refused`); a repeated
-/// registration of the same process is accepted.
+/// registration of the same process (the same non-zero incarnation) is accepted.
 fn admit(
     (role, id, incarnation): (&str, u32, u64),
     live: &Liveness,
     incarnations: &mut BTreeMap<u32, u64>,
     refused: &mut BTreeSet<u64>,
 ) -> Result<(), Status> {
-    if live.is_alive(id) && incarnations.get(&id) != Some(&incarnation) {
+    // Incarnation 0 is "unspecified": never taken for the same process again.
+    let same_process = incarnation != 0 && incarnations.get(&id) == Some(&incarnation);
+    if live.is_alive(id) && !same_process {
         if refused.insert(incarnation) {
             eprintln!(
                 "[ps scheduler] refused a second registration of {role} {id}: the id is alive in another process (a restarted one is admitted once its predecessor is declared dead)"

@@ -743,7 +743,7 @@ async fn serve(
         server_id: env.server_id as u32,
         addr: addr.to_string(),
         restart_count: env.restart_count,
-        incarnation: u64::from_le_bytes(crate::auth::random_bytes()?),
+        incarnation: crate::auth::new_incarnation()?,
     };
     let waits = (settings.heartbeat, settings.registration_patience());
     let register_now = || {

@@ -524,7 +524,7 @@ async fn work(
         settings: settings.clone(),
         worker_id,
         secret: env.secret.clone(),
-        incarnation: u64::from_le_bytes(crate::auth::random_bytes()?),
+        incarnation: crate::auth::new_incarnation()?,
         scheduler: scheduler_client(&env.scheduler_addr, settings.retry.timeout, &env.secret)?,
         scheduler_peer: format!("the scheduler at {}", env.scheduler_addr),
         servers: Vec::new(),

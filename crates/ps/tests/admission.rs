@@ -170,13 +170,16 @@ fn only_the_jobs_own_processes_are_admitted() {
             incarnation,
         };
         own.register_worker(register(1)).await.unwrap();
-        // The same process again (a reply lost on the way) is admitted; another is not.
+        // The same process again (a reply lost on the way) is admitted; another is not, nor a
+        // caller that gives no incarnation (0).
         own.register_worker(register(1)).await.unwrap();
-        refused(
-            own.register_worker(register(2)).await,
-            Code::AlreadyExists,
-            "worker 0 is alive",
-        );
+        for other in [2, 0] {
+            refused(
+                own.register_worker(register(other)).await,
+                Code::AlreadyExists,
+                "worker 0 is alive",
+            );
+        }
 
         own.finish(FinishRequest {}).await.unwrap();
     });
