@@ -264,18 +264,17 @@ fn read_or_empty(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// The role process among `roles` whose environment has `var=value`.
-fn role_with(roles: &[i32], var: &str, value: usize) -> i32 {
-    let wanted = format!("{var}={value}");
+/// The role process among `roles` whose environment holds `entry` (`TESSERA_WORKER_ID=1`).
+fn role_with(roles: &[i32], entry: &str) -> i32 {
     *roles
         .iter()
         .find(|pid| {
             std::fs::read(format!("/proc/{pid}/environ"))
                 .unwrap_or_default()
                 .split(|&b| b == 0)
-                .any(|v| v == wanted.as_bytes())
+                .any(|v| v == entry.as_bytes())
         })
-        .unwrap_or_else(|| panic!("no role with {wanted}"))
+        .unwrap_or_else(|| panic!("no role with {entry}"))
 }
 
 #[test]
@@ -318,7 +317,7 @@ fn signals_to_a_ps_train_stop_every_role_and_the_writes() {
 fn a_killed_worker_is_reported_and_the_job_exits_0() {
     let dir = Scratch::new("ps-train-lost-worker");
     let (child, roles) = start_ps_train(&dir.0, &["train.epochs=2"], 20);
-    let worker = role_with(&roles, "TESSERA_WORKER_ID", 1);
+    let worker = role_with(&roles, "TESSERA_WORKER_ID=1");
     // SAFETY: kill(2) on a role of this test's job.
     assert_eq!(unsafe { libc::kill(worker, libc::SIGKILL) }, 0);
     let out = finish(child, &dir.0);
@@ -344,18 +343,22 @@ fn a_killed_worker_is_reported_and_the_job_exits_0() {
 fn a_job_that_loses_every_worker_or_a_server_fails_naming_it() {
     for (victims, cause) in [
         (
-            &[("TESSERA_WORKER_ID", 0), ("TESSERA_WORKER_ID", 1)][..],
+            &["TESSERA_WORKER_ID=0", "TESSERA_WORKER_ID=1"][..],
             "every worker was lost: worker 0 (rank 3) (signal: 9 (SIGKILL)), worker 1 (rank 4) (signal: 9 (SIGKILL))",
         ),
         (
-            &[("TESSERA_SERVER_ID", 1)][..],
+            &["TESSERA_SERVER_ID=1"][..],
             "server 1 (rank 2) (signal: 9 (SIGKILL)) was lost; the job cannot go on without it",
+        ),
+        (
+            &["TESSERA_ROLE=scheduler"][..],
+            "scheduler 0 (rank 0) (signal: 9 (SIGKILL)) was lost; the job cannot go on without it",
         ),
     ] {
         let dir = Scratch::new("ps-train-fatal");
         let (child, roles) = start_ps_train(&dir.0, &[], 3);
-        for (var, id) in victims {
-            let pid = role_with(&roles, var, *id);
+        for entry in victims {
+            let pid = role_with(&roles, entry);
             // SAFETY: kill(2) on a role of this test's job.
             assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
         }
