@@ -282,6 +282,7 @@ fn signals_to_a_ps_train_stop_every_role_and_the_writes() {
     for (signal, name) in [
         (libc::SIGTERM, "TERM"),
         (libc::SIGINT, "INT"),
+        (libc::SIGHUP, "HUP"),
         (libc::SIGKILL, "KILL"),
     ] {
         let dir = Scratch::new(&format!("ps-train-sig{name}"));
