@@ -41,6 +41,16 @@ if [ "$status" -ne 0 ]; then
     exit 1
 fi
 
+# Every role gets the job's secret from the same Kubernetes Secret (docs/PS.md, "Admission"):
+# a role without it refuses to start, and one with another is refused by the others.
+for role in scheduler servers workers; do
+    manifest="deploy/k8s/manifests/$role.yaml"
+    if ! grep -A4 -- '- name: TESSERA_JOB_SECRET' "$manifest" | grep -q 'name: tessera-job-secret'; then
+        echo "validate-k8s: $manifest does not set TESSERA_JOB_SECRET from the Secret tessera-job-secret" >&2
+        exit 1
+    fi
+done
+
 # The entrypoint: ranks, ids, world size and restart count per role, as docs/LAUNCH.md states.
 ENTRYPOINT=deploy/k8s/tessera-pod-env.sh
 bash -n "$ENTRYPOINT"

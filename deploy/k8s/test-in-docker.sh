@@ -29,6 +29,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$docker" image inspect "$image" >/dev/null
+# The job's secret, as the Secret tessera-job-secret hands it to every pod.
+job_secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 "$docker" network create "$tag" >/dev/null
 
 # start NAME ALIAS ROLE INDEX [ENV...]: one pod's container, as its manifest describes it.
@@ -37,7 +39,7 @@ start() {
     shift 4
     local env=(-e "TESSERA_ROLE=$role" -e "TESSERA_NUM_SERVERS=$servers"
         -e "TESSERA_NUM_WORKERS=$workers" -e "TESSERA_SCHEDULER_ADDR=$scheduler_addr"
-        -e "TESSERA_POD_INDEX=$index")
+        -e "TESSERA_POD_INDEX=$index" -e "TESSERA_JOB_SECRET=$job_secret")
     for kv in "$@"; do env+=(-e "$kv"); done
     local alias_flag=()
     [ -n "$alias" ] && alias_flag=(--network-alias "$alias")

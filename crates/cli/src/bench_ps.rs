@@ -143,16 +143,17 @@ pub(crate) fn run_threads(
     workers: usize,
 ) -> anyhow::Result<ps::WorkerReport> {
     let addr = format!("127.0.0.1:{}", ps::launch::free_local_port()?);
+    let secret = ps::auth::JobSecret::generate()?;
     let handles: Vec<_> = (0..1 + servers + workers)
         .map(|rank| {
             let config = config.clone();
-            let vars = ps::launch::role_env(rank, servers, workers, &addr);
+            let vars = ps::launch::role_env(rank, servers, workers, &addr, &secret);
             std::thread::spawn(move || -> anyhow::Result<Option<ps::WorkerReport>> {
                 let env = ps::RoleEnv::from_lookup(|n| {
                     vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
                 })?
                 .ok_or_else(|| anyhow::anyhow!("no role"))?;
-                Ok(ps::run_role(&config, &env)?)
+                Ok(ps::run_role(&config, &env, None)?)
             })
         })
         .collect();
@@ -195,13 +196,16 @@ impl ProcessJob {
 
     /// Starts `tessera train CONFIG` with `env`, its lines tagged `tag`; its index.
     fn start(&mut self, tag: usize, env: Vec<(String, String)>) -> anyhow::Result<usize> {
-        let mut child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        command
             .arg("train")
             .arg(&self.config)
             .envs(env)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+            .stderr(Stdio::piped());
+        // The roles end with the benchmark, however it ends.
+        ps::launch::die_with_parent(&mut command);
+        let mut child = command.spawn()?;
         let streams: [Box<dyn std::io::Read + Send>; 2] = [
             Box::new(
                 child
@@ -309,8 +313,9 @@ fn recovery_config(
 fn recovery(args: &PsBenchArgs, dir: &Path) -> anyhow::Result<(f64, f64)> {
     let mut job = ProcessJob::new(recovery_config(args, dir, "rec", 1, 3)?)?;
     let addr = format!("127.0.0.1:{}", ps::launch::free_local_port()?);
+    let secret = ps::auth::JobSecret::generate()?;
     for rank in 0..5 {
-        job.start(rank, ps::launch::role_env(rank, 1, 3, &addr))?;
+        job.start(rank, ps::launch::role_env(rank, 1, 3, &addr, &secret))?;
     }
     // Rank 2 is worker 0 (rank 1 the server); rank 4 is worker 2.
     job.next(&|rank, line| rank == 2 && line.contains("step: 20,"))?;
@@ -332,14 +337,15 @@ fn recovery(args: &PsBenchArgs, dir: &Path) -> anyhow::Result<(f64, f64)> {
 fn server_recovery(args: &PsBenchArgs, dir: &Path) -> anyhow::Result<(f64, f64)> {
     let mut job = ProcessJob::new(recovery_config(args, dir, "srv", 2, 2)?)?;
     let addr = format!("127.0.0.1:{}", ps::launch::free_local_port()?);
+    let secret = ps::auth::JobSecret::generate()?;
     for rank in 0..5 {
-        job.start(rank, ps::launch::role_env(rank, 2, 2, &addr))?;
+        job.start(rank, ps::launch::role_env(rank, 2, 2, &addr, &secret))?;
     }
     // Rank 3 is worker 0; rank 2 is server 1.
     job.next(&|rank, line| rank == 3 && line.contains("step: 20,"))?;
     let killed = Instant::now();
     job.kill(2)?;
-    let mut env = ps::launch::role_env(2, 2, 2, &addr);
+    let mut env = ps::launch::role_env(2, 2, 2, &addr, &secret);
     for (k, v) in env.iter_mut() {
         if k == "TESSERA_RESTART_COUNT" {
             *v = "1".to_string();

@@ -6,6 +6,7 @@
 //! processes, signals and exit codes are this crate's business alone (ARCHITECTURE.md, `cli`).
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use clap::{Parser, Subcommand};
 
@@ -94,7 +95,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// On SIGINT, SIGTERM or SIGHUP: remove the staging directories and lock files of unfinished
+/// Set while a command supervises child processes (a parameter-server `tessera train` that
+/// started its roles): a signal is then recorded in [`STOP_SIGNAL`] for it to stop them,
+/// rather than ending this process at once and leaving them running.
+static SUPERVISING: AtomicBool = AtomicBool::new(false);
+
+/// The signal received while [`SUPERVISING`] (0: none).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// On SIGINT, SIGTERM or SIGHUP: while a command supervises children, hand it the signal (see
+/// [`SUPERVISING`]); otherwise remove the staging directories and lock files of unfinished
 /// checkpoint writes (a committed set is never touched; a commit in progress finishes first),
 /// then exit with 128 + the signal number, as the default action would.
 fn clean_up_on_signals() {
@@ -103,7 +113,11 @@ fn clean_up_on_signals() {
         return;
     };
     std::thread::spawn(move || {
-        if let Some(signal) = signals.forever().next() {
+        for signal in signals.forever() {
+            if SUPERVISING.load(Ordering::SeqCst) {
+                STOP_SIGNAL.store(signal, Ordering::SeqCst);
+                continue;
+            }
             ckpt::abandon_pending_sets();
             std::process::exit(128 + signal);
         }

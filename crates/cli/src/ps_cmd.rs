@@ -1,26 +1,59 @@
 //! `tessera train` in `parallel.mode = "parameter_server"`: run the role `TESSERA_ROLE` names,
-//! or, when it is unset, start every role as a child process on this machine.
+//! or, when it is unset, start every role as a child process on this machine and supervise
+//! them (`ps::launch`): a signal to this process stops every one of them.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use runtime::TrainConfig;
 
-/// Runs a parameter-server config.
-pub fn run(config: &TrainConfig) -> anyhow::Result<()> {
+/// Runs a parameter-server config; worker 0 writes the metrics log to `metrics_log` (`None`:
+/// `<output.dir>/metrics.jsonl`).
+pub fn run(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<()> {
     let Some(env) = ps::RoleEnv::from_process()? else {
-        let keys = config
-            .ps()
-            .ok_or_else(|| anyhow::anyhow!("the config is not in parameter_server mode"))?;
-        let servers = keys.servers.unwrap_or(1);
-        let workers = keys.workers.unwrap_or(2);
-        let program = std::env::current_exe()?;
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        eprintln!(
-            "parameter-server job on this machine: 1 scheduler, {servers} server(s), {workers} worker(s)"
-        );
-        ps::launch::run_local_job(&program, &args, servers, workers)?;
-        return Ok(());
+        return run_local_job(config, metrics_log);
     };
-    if let Some(report) = ps::run_role(config, &env)? {
+    if let Some(report) = ps::run_role(config, &env, metrics_log)? {
         print!("{}", ps::summary(&report, config, &env));
     }
     Ok(())
+}
+
+/// Starts and supervises every role of the job on this machine, under the job secret of
+/// `TESSERA_JOB_SECRET` when it is set, else a fresh one. The metrics log worker 0 will write
+/// is checked first, so a bad path fails before anything starts.
+fn run_local_job(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<()> {
+    let keys = config
+        .ps()
+        .ok_or_else(|| anyhow::anyhow!("the config is not in parameter_server mode"))?;
+    let default_log = config.output().metrics_file();
+    runtime::MetricsLog::create(metrics_log.unwrap_or(&default_log))?;
+    let servers = keys.servers.unwrap_or(1);
+    let workers = keys.workers.unwrap_or(2);
+    let secret = match std::env::var(ps::env::JOB_SECRET_VAR) {
+        Ok(text) => ps::auth::JobSecret::from_env_value(Some(text))?,
+        Err(_) => ps::auth::JobSecret::generate()?,
+    };
+    let program = std::env::current_exe()?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    eprintln!(
+        "parameter-server job on this machine: 1 scheduler, {servers} server(s), {workers} worker(s)"
+    );
+    // From here a signal stops the children before this process ends (see `main`).
+    crate::SUPERVISING.store(true, Ordering::SeqCst);
+    let end = ps::launch::run_local_job(
+        &program,
+        &args,
+        (servers, workers),
+        &secret,
+        &crate::STOP_SIGNAL,
+    );
+    match end {
+        Ok(end) => {
+            eprint!("{}", end.report());
+            Ok(())
+        }
+        Err(ps::PsError::Stopped { signal }) => Err(crate::launch::Interrupted(signal).into()),
+        Err(other) => Err(other.into()),
+    }
 }

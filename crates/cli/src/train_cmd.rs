@@ -80,7 +80,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if config.ps().is_some() {
         let refused = [
             ("--devices", args.devices.is_some()),
-            ("--log-json", args.log_json.is_some()),
             ("--explain", args.explain || args.explain_rank.is_some()),
             ("--trace", args.trace.is_some()),
             ("--timeline", args.timeline.is_some()),
@@ -88,10 +87,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ];
         if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
             anyhow::bail!(
-                "{flag} does not apply to parallel.mode = \"parameter_server\" (set the counts in [ps]; worker 0 logs to <output.dir>/metrics.jsonl)"
+                "{flag} does not apply to parallel.mode = \"parameter_server\" (set the counts in [ps])"
             );
         }
-        return crate::ps_cmd::run(&config);
+        return crate::ps_cmd::run(&config, args.log_json.as_deref());
     }
     let session = Session::new(&config)?;
     if let Some(path) = &args.timeline {

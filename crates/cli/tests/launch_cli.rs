@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::util::{assert_ok, s, tessera_command, tessera_path, wait_or_kill, Scratch};
+use crate::util::{
+    alive, assert_ok, s, tessera_command, tessera_path, wait_or_kill, wait_until_gone, Scratch,
+};
 
 /// Longest a launch may take before the test calls it hung; the sleepers below sleep 600 s.
 const HANG_GUARD: Duration = Duration::from_secs(120);
@@ -56,20 +58,6 @@ fn stderr(out: &Output) -> String {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Whether process `pid` still runs (a zombie waiting to be reaped by init does not).
-fn alive(pid: libc::pid_t) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks that the process exists.
-    if unsafe { libc::kill(pid, 0) } != 0 {
-        return false;
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the parenthesised command name: `pid (comm) S …`.
-    let state = stat
-        .rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next());
-    !matches!(state, Some('Z' | 'X') | None)
 }
 
 /// Waits until `path` holds a process id (written by a child); fails the test after the guard.
@@ -194,6 +182,91 @@ fn a_ps_job_has_a_scheduler_servers_and_workers_with_one_scheduler_address() {
         let log = read(&dir.0.join(format!("logs/{file}.log")));
         assert!(log.contains(&line), "{log}");
     }
+}
+
+#[test]
+fn a_ps_job_shares_one_secret_that_is_fresh_or_given_and_never_printed() {
+    let dir = Scratch::new("launch-secret");
+    let secrets = dir.0.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    // Each process writes the secret it got (none: `-`) to a file of its rank and run.
+    let script = |run: &str| {
+        format!(
+            "printf %s \"${{TESSERA_JOB_SECRET--}}\" > {dir}/{run}_$TESSERA_RANK",
+            dir = s(&secrets)
+        )
+    };
+    let read_run = |run: &str, ranks: usize| -> Vec<String> {
+        (0..ranks)
+            .map(|rank| read(&secrets.join(format!("{run}_{rank}"))))
+            .collect()
+    };
+    let fresh = |run: &str| {
+        let script = workers_after_the_others(&dir.0.join(run), 1, &script(run));
+        let out = launch_sh(&dir.0, &["--nproc", "2", "--ps-servers", "1"], &script);
+        assert_ok(&out);
+        let got = read_run(run, 4);
+        assert!(
+            got.iter().all(|g| g == &got[0]),
+            "one secret per job: {got:?}"
+        );
+        assert!(
+            got[0].len() == 64 && got[0].chars().all(|c| c.is_ascii_hexdigit()),
+            "{got:?}"
+        );
+        assert!(!stdout(&out).contains(&got[0]) && !stderr(&out).contains(&got[0]));
+        got[0].clone()
+    };
+    assert_ne!(fresh("first"), fresh("second"), "each job makes its own");
+    // A secret in the launcher's environment is the job's (launches on several hosts share it).
+    let given = "a-secret-shared-by-two-hosts";
+    let script_given = workers_after_the_others(&dir.0.join("given"), 1, &script("given"));
+    let logs = dir.0.join("logs");
+    let mut command = launch_command(
+        &dir.0,
+        &[
+            "--log-dir",
+            s(&logs),
+            "--nproc",
+            "2",
+            "--ps-servers",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            &script_given,
+        ],
+    );
+    command.env("TESSERA_JOB_SECRET", given);
+    assert_ok(&finish(command.spawn().unwrap()));
+    assert_eq!(read_run("given", 4), vec![given.to_string(); 4]);
+    // Too short a secret is refused before anything starts, naming the variable.
+    let mut command = launch_command(&dir.0, &["--nproc", "1", "--ps-servers", "1", "--", "true"]);
+    command.env("TESSERA_JOB_SECRET", "short");
+    let out = finish(command.spawn().unwrap());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("TESSERA_JOB_SECRET"),
+        "{}",
+        stderr(&out)
+    );
+    // A job of workers only has no secret, even if the launcher's environment holds one.
+    let mut command = launch_command(
+        &dir.0,
+        &[
+            "--log-dir",
+            s(&logs),
+            "--nproc",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            &script("plain"),
+        ],
+    );
+    command.env("TESSERA_JOB_SECRET", given);
+    assert_ok(&finish(command.spawn().unwrap()));
+    assert_eq!(read_run("plain", 1), vec!["-".to_string()]);
 }
 
 #[test]
@@ -505,6 +578,42 @@ fn signals_to_the_launcher_reach_every_process() {
             assert!(!alive(pid), "process {pid} outlived the launcher ({name})");
         }
     }
+}
+
+#[test]
+fn sigkill_of_the_launcher_takes_every_process_with_it() {
+    let dir = Scratch::new("launch-sigkill");
+    let logs = dir.0.join("logs");
+    // Every process of a PS job (scheduler, server, two workers) records its pid, then becomes
+    // a sleeper with that pid.
+    let script = format!(
+        "echo $$ > {dir}/pid_$TESSERA_RANK; exec sleep 600",
+        dir = s(&dir.0)
+    );
+    let args = [
+        "--log-dir",
+        s(&logs),
+        "--nproc",
+        "2",
+        "--ps-servers",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let child = launch_command(&dir.0, &args).spawn().unwrap();
+    let pids: Vec<libc::pid_t> = (0..4)
+        .map(|rank| wait_for_pid(&dir.0.join(format!("pid_{rank}"))))
+        .collect();
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
+    let out = finish(child);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGKILL)
+    );
+    wait_until_gone(&pids, HANG_GUARD, "SIGKILL of tessera launch");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::{repo_root, s, tessera_command, wait_or_kill, Scratch};
+use crate::util::{repo_root, s, step_losses, tessera_command, wait_or_kill, Scratch};
 
 /// Longest the job may take before the test calls it hung (a guard, not a timing check).
 const HANG_GUARD: Duration = Duration::from_secs(180);
@@ -18,9 +18,9 @@ fn free_addr() -> String {
     format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
 }
 
-/// Starts `tessera launch --nproc 2 --ps-servers 1 --restarts 1` of the seed parameter-server
+/// Starts `tessera launch --nproc 2 --ps-servers 1 --restarts R` of the seed parameter-server
 /// run (sync, 2 workers, 1 server, snapshots every 5 steps).
-fn start_job(dir: &Path, addr: &str) -> Child {
+fn start_job(dir: &Path, addr: &str, restarts: &str) -> Child {
     let out = dir.join("run");
     let sets = [
         "ps.servers=1".to_string(),
@@ -39,7 +39,7 @@ fn start_job(dir: &Path, addr: &str) -> Child {
         "--ps-servers",
         "1",
         "--restarts",
-        "1",
+        restarts,
         "--scheduler-addr",
         addr,
         "--log-dir",
@@ -119,8 +119,19 @@ fn finish(child: Child, dir: &Path) -> std::process::Output {
 /// SIGKILLs `role` `id` of the job once worker 0 has logged step 20, and returns the job's
 /// output after the launcher restarted it and the job ended.
 fn kill_and_finish(dir: &Path, role: &str, id_var: &str, id: usize) -> std::process::Output {
+    kill_and_finish_with(dir, role, id_var, id, "1")
+}
+
+/// [`kill_and_finish`] with `--restarts restarts`.
+fn kill_and_finish_with(
+    dir: &Path,
+    role: &str,
+    id_var: &str,
+    id: usize,
+    restarts: &str,
+) -> std::process::Output {
     let addr = free_addr();
-    let job = start_job(dir, &addr);
+    let job = start_job(dir, &addr, restarts);
     wait_for(dir, "worker", 0, "step: 20,");
     let pid = find_process(&addr, role, id_var, id).expect("the process to kill");
     // SAFETY: kill(2) on a process of this test's job.
@@ -181,4 +192,181 @@ fn a_killed_worker_restarts_and_the_job_keeps_its_accuracy() {
         "{}",
         log(&dir.0, "worker", 0)
     );
+}
+
+#[test]
+fn a_worker_lost_with_no_restarts_left_is_reported_and_the_job_exits_0() {
+    let dir = Scratch::new("ps-launch-lost-worker");
+    let out = kill_and_finish_with(&dir.0, "worker", "TESSERA_WORKER_ID", 1, "0");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "[launch] worker 1 (rank 3) (signal: 9 (SIGKILL)) was lost; the job finished on 1 worker(s)"
+        ),
+        "{stderr}"
+    );
+    let worker0 = log(&dir.0, "worker", 0);
+    assert!(worker0.contains("worker 1 was lost at step "), "{worker0}");
+    assert!(final_accuracy(&dir.0) >= 0.9, "{worker0}");
+}
+
+// ---- `tessera train` of a parameter-server config without a launcher: it starts every role
+// as its own child and must take them with it, and end as the faults it survives allow ----
+
+/// Starts `tessera train examples/seed_parameter_server.toml` (2 servers, 2 workers, so rank
+/// 0 is the scheduler, 1..2 the servers, 3..4 the workers) with `sets` and its output in `dir`
+/// (`run/`, `stdout`, `stderr`); returns it once its five roles run and worker 0 has written
+/// `steps` step lines to the metrics log.
+fn start_ps_train(dir: &Path, sets: &[&str], steps: usize) -> (Child, Vec<i32>) {
+    let mut command = tessera_command();
+    command.args(["train", "examples/seed_parameter_server.toml"]);
+    let out = format!("output.dir=\"{}\"", s(&dir.join("run")));
+    for set in [
+        "ps.heartbeat_ms=100",
+        "ps.dead_after_ms=1500",
+        "train.epochs=50",
+        out.as_str(),
+    ]
+    .iter()
+    .chain(sets)
+    {
+        command.args(["--set", set]);
+    }
+    let child = command
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .expect("starting tessera train");
+    let start = Instant::now();
+    let roles = loop {
+        let roles = crate::util::children_of(child.id() as i32);
+        let lines = std::fs::read_to_string(dir.join("run/metrics.jsonl"))
+            .map(|t| t.lines().filter(|l| l.contains("\"loss\"")).count())
+            .unwrap_or(0);
+        if roles.len() == 5 && lines >= steps {
+            break roles;
+        }
+        assert!(
+            start.elapsed() < HANG_GUARD,
+            "the job never got going: {} roles, {lines} steps:\n{}",
+            roles.len(),
+            read_or_empty(&dir.join("stderr"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (child, roles)
+}
+
+fn read_or_empty(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The role process among `roles` whose environment holds `entry` (`TESSERA_WORKER_ID=1`).
+fn role_with(roles: &[i32], entry: &str) -> i32 {
+    *roles
+        .iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .unwrap_or_default()
+                .split(|&b| b == 0)
+                .any(|v| v == entry.as_bytes())
+        })
+        .unwrap_or_else(|| panic!("no role with {entry}"))
+}
+
+#[test]
+fn signals_to_a_ps_train_stop_every_role_and_the_writes() {
+    for (signal, name) in [
+        (libc::SIGTERM, "TERM"),
+        (libc::SIGINT, "INT"),
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGKILL, "KILL"),
+    ] {
+        let dir = Scratch::new(&format!("ps-train-sig{name}"));
+        let (child, roles) = start_ps_train(&dir.0, &[], 3);
+        // SAFETY: kill(2) on the process this test started.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let out = finish(child, &dir.0);
+        crate::util::wait_until_gone(&roles, HANG_GUARD, &format!("SIG{name}"));
+        if signal == libc::SIGKILL {
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&out.status),
+                Some(signal)
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(128 + signal), "SIG{name}");
+            let stderr = read_or_empty(&dir.0.join("stderr"));
+            assert!(stderr.contains("interrupted by signal"), "{stderr}");
+        }
+        // Every role is gone, so nothing writes into output.dir any more, and the job did not
+        // run to its end (50 epochs).
+        let written = crate::util::files_with_sizes(&dir.0.join("run"));
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(crate::util::files_with_sizes(&dir.0.join("run")), written);
+        let steps = step_losses(&dir.0.join("run/metrics.jsonl")).len();
+        assert!(
+            steps < 50 * 46,
+            "SIG{name}: the job ran to its end ({steps} steps)"
+        );
+    }
+}
+
+#[test]
+fn a_killed_worker_is_reported_and_the_job_exits_0() {
+    let dir = Scratch::new("ps-train-lost-worker");
+    let (child, roles) = start_ps_train(&dir.0, &["train.epochs=2"], 20);
+    let worker = role_with(&roles, "TESSERA_WORKER_ID=1");
+    // SAFETY: kill(2) on a role of this test's job.
+    assert_eq!(unsafe { libc::kill(worker, libc::SIGKILL) }, 0);
+    let out = finish(child, &dir.0);
+    let (stdout, stderr) = (
+        read_or_empty(&dir.0.join("stdout")),
+        read_or_empty(&dir.0.join("stderr")),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "worker 1 (rank 4) (signal: 9 (SIGKILL)) was lost; the job finished on 1 worker(s)"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("trained 92 steps on 1 worker(s)")
+            && stdout.contains("worker 1 was lost at step "),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_job_that_loses_every_worker_or_a_server_fails_naming_it() {
+    for (victims, cause) in [
+        (
+            &["TESSERA_WORKER_ID=0", "TESSERA_WORKER_ID=1"][..],
+            "every worker was lost: worker 0 (rank 3) (signal: 9 (SIGKILL)), worker 1 (rank 4) (signal: 9 (SIGKILL))",
+        ),
+        (
+            &["TESSERA_SERVER_ID=1"][..],
+            "server 1 (rank 2) (signal: 9 (SIGKILL)) was lost; the job cannot go on without it",
+        ),
+        (
+            &["TESSERA_ROLE=scheduler"][..],
+            "scheduler 0 (rank 0) (signal: 9 (SIGKILL)) was lost; the job cannot go on without it",
+        ),
+    ] {
+        let dir = Scratch::new("ps-train-fatal");
+        let (child, roles) = start_ps_train(&dir.0, &[], 3);
+        for entry in victims {
+            let pid = role_with(&roles, entry);
+            // SAFETY: kill(2) on a role of this test's job.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        }
+        let out = finish(child, &dir.0);
+        let stderr = read_or_empty(&dir.0.join("stderr"));
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(cause), "{stderr}");
+        crate::util::wait_until_gone(&roles, HANG_GUARD, "a fatal fault");
+    }
 }

@@ -361,6 +361,65 @@ fn group_info_files_read_back_with_restore_ranks() {
 }
 
 #[test]
+fn log_json_in_parameter_server_mode_writes_the_metrics_where_it_says() {
+    let dir = Scratch::new("train-ps-log-json");
+    let out_dir = dir.0.join("run");
+    let log = dir.0.join("logs/ps.jsonl");
+    let out = tessera(&[
+        "train",
+        "examples/seed_parameter_server.toml",
+        "--set",
+        "train.max_steps=5",
+        "--set",
+        &format!("output.dir=\"{}\"", s(&out_dir)),
+        "--log-json",
+        s(&log),
+    ]);
+    assert_ok(&out);
+    // Collective training's schema: one object per step with these keys.
+    let text = std::fs::read_to_string(&log).expect("the --log-json file");
+    let steps: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .collect();
+    assert_eq!(steps.len(), 5, "{text}");
+    for (i, step) in steps.iter().enumerate() {
+        let mut keys: Vec<&str> = step
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["epoch", "loss", "ms", "step"], "{step}");
+        assert_eq!(step["step"], i + 1);
+    }
+    assert!(
+        !out_dir.join("metrics.jsonl").exists(),
+        "the metrics go where --log-json says, not to the default"
+    );
+    // An unwritable --log-json fails before any role starts, naming the file.
+    let bad = dir.0.join("a_file");
+    std::fs::write(&bad, "").unwrap();
+    let out = tessera(&[
+        "train",
+        "examples/seed_parameter_server.toml",
+        "--set",
+        &format!("output.dir=\"{}\"", s(&dir.0.join("run2"))),
+        "--log-json",
+        s(&bad.join("log.jsonl")),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("a_file"), "{stderr}");
+    assert!(
+        !stderr.contains("parameter-server job on this machine"),
+        "nothing started: {stderr}"
+    );
+}
+
+#[test]
 fn parameter_server_mode_starts_every_role_and_trains() {
     let dir = Scratch::new("train-ps");
     let out_dir = dir.0.join("run");

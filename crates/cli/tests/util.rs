@@ -91,3 +91,79 @@ pub fn wait_or_kill(child: Child, guard: Duration) -> Option<Output> {
         }
     }
 }
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+pub fn alive(pid: libc::pid_t) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the parenthesised command name: `pid (comm) S …`.
+    let state = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
+/// The running children of process `parent` (from `/proc/*/stat`), ascending.
+pub fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
+    let mut found: Vec<libc::pid_t> = std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+                .filter(|&pid| {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    // `pid (comm) S ppid …`
+                    let ppid = stat
+                        .rsplit_once(") ")
+                        .and_then(|(_, rest)| rest.split(' ').nth(1))
+                        .and_then(|p| p.parse::<libc::pid_t>().ok());
+                    ppid == Some(parent) && alive(pid)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort_unstable();
+    found
+}
+
+/// Polls until no process of `pids` runs; fails the test after `guard` (a guard against a
+/// hang, not a timing check), naming the survivors and `what` was done to their parent.
+pub fn wait_until_gone(pids: &[libc::pid_t], guard: Duration, what: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let left: Vec<libc::pid_t> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() {
+            return;
+        }
+        if start.elapsed() > guard {
+            for &pid in &left {
+                // SAFETY: kill(2) on a process this test's job started; touches no memory.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("processes {left:?} outlived their parent after {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every file under `dir` with its length, sorted: what a run has written so far.
+pub fn files_with_sizes(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => todo.push(path),
+                Ok(m) => found.push((path, m.len())),
+                Err(_) => {}
+            }
+        }
+    }
+    found.sort();
+    found
+}

@@ -6,8 +6,12 @@ use std::time::Duration;
 
 use runtime::{PsKeys, TrainConfig, MAX_PS_PROCESSES};
 
+use crate::auth::JobSecret;
 use crate::error::PsError;
 use crate::retry::RetryPolicy;
+
+/// The variable that hands every role the job's secret (see [`JobSecret`]).
+pub const JOB_SECRET_VAR: &str = "TESSERA_JOB_SECRET";
 
 /// The three roles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,9 @@ pub struct RoleEnv {
     pub advertise_host: Option<String>,
     /// `TESSERA_SERVER_JOIN=1`: a server added to a running job (its id is the next one).
     pub added_server: bool,
+    /// `TESSERA_JOB_SECRET`: the job's shared secret, sent with every call and checked on
+    /// every call received (never printed: its `Debug` form is redacted).
+    pub secret: JobSecret,
 }
 
 impl RoleEnv {
@@ -154,6 +161,7 @@ impl RoleEnv {
                     })
                 }
             },
+            secret: JobSecret::from_env_value(lookup(JOB_SECRET_VAR))?,
         };
         Ok(Some(env))
     }
@@ -245,6 +253,14 @@ impl JobSettings {
             },
             output_dir: config.output().dir.clone(),
         }
+    }
+}
+
+impl JobSettings {
+    /// How long a registration refused because its id is alive in another process is asked
+    /// again: long enough for the scheduler to declare a killed predecessor dead.
+    pub fn registration_patience(&self) -> Duration {
+        self.dead_after * 2 + self.heartbeat * 4 + self.retry.timeout
     }
 }
 

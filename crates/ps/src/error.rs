@@ -52,6 +52,12 @@ pub enum PsError {
         /// What went wrong.
         reason: String,
     },
+    /// The job was stopped because the process that started it received `signal`.
+    #[error("interrupted by signal {signal}; every process of the job was stopped")]
+    Stopped {
+        /// The signal number.
+        signal: i32,
+    },
     /// An error of the runtime (programs, data, optimizer).
     #[error(transparent)]
     Runtime(#[from] runtime::RuntimeError),

@@ -1,12 +1,30 @@
 //! `tessera train ps.toml` without a launcher: this process starts the scheduler, the servers
 //! and the workers as child processes of the same command line, with the process contract's
-//! environment, on 127.0.0.1.
+//! environment (a fresh job secret included), on 127.0.0.1, and supervises them.
+//!
+//! Every child dies with this process: a signal to it is forwarded to every child (then
+//! SIGKILL after [`STOP_GRACE`]), and each child asks the kernel for SIGKILL when this process
+//! ends in any other way, SIGKILL included ([`die_with_parent`]). The job's end follows what
+//! parameter-server training survives (docs/PS.md): a lost worker is reported and the job goes
+//! on while any worker is left; a lost scheduler or server, or every worker, stops the job with
+//! an error naming it.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
 
+use crate::auth::JobSecret;
+use crate::env::{PsRole, JOB_SECRET_VAR};
 use crate::error::PsError;
+
+/// How long children have after the forwarded signal (or SIGTERM) before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// How often the supervisor looks at its children and at the stop signal.
+const POLL: Duration = Duration::from_millis(50);
 
 /// A free port on 127.0.0.1 (bound, then released for the scheduler to take).
 pub fn free_local_port() -> Result<u16, PsError> {
@@ -20,22 +38,23 @@ pub fn free_local_port() -> Result<u16, PsError> {
 }
 
 /// The environment of process `rank` of a local job with `servers` servers and `workers`
-/// workers: rank 0 is the scheduler, then the servers, then the workers.
+/// workers: rank 0 is the scheduler, then the servers, then the workers; every one gets the
+/// job's `secret`.
 pub fn role_env(
     rank: usize,
     servers: usize,
     workers: usize,
     scheduler_addr: &str,
+    secret: &JobSecret,
 ) -> Vec<(String, String)> {
-    let (role, id_var, id) = if rank == 0 {
-        ("scheduler", None, 0)
-    } else if rank <= servers {
-        ("server", Some("TESSERA_SERVER_ID"), rank - 1)
-    } else {
-        ("worker", Some("TESSERA_WORKER_ID"), rank - 1 - servers)
+    let (role, id) = role_of(rank, servers);
+    let id_var = match role {
+        PsRole::Scheduler => None,
+        PsRole::Server => Some("TESSERA_SERVER_ID"),
+        PsRole::Worker => Some("TESSERA_WORKER_ID"),
     };
     let mut env = vec![
-        ("TESSERA_ROLE".to_string(), role.to_string()),
+        ("TESSERA_ROLE".to_string(), role.name().to_string()),
         ("TESSERA_RANK".to_string(), rank.to_string()),
         (
             "TESSERA_WORLD_SIZE".to_string(),
@@ -48,6 +67,7 @@ pub fn role_env(
             scheduler_addr.to_string(),
         ),
         ("TESSERA_RESTART_COUNT".to_string(), "0".to_string()),
+        (JOB_SECRET_VAR.to_string(), secret.expose().to_string()),
     ];
     if let Some(var) = id_var {
         env.push((var.to_string(), id.to_string()));
@@ -55,39 +75,231 @@ pub fn role_env(
     env
 }
 
-/// Starts every role of a `servers` × `workers` job as a child running `program` with `args`,
-/// and waits for all; fails naming the first role that failed.
+/// The role and the id within it of process `rank` of a job with `servers` servers: rank 0 is
+/// the scheduler, then the servers, then the workers.
+pub fn role_of(rank: usize, servers: usize) -> (PsRole, usize) {
+    match rank {
+        0 => (PsRole::Scheduler, 0),
+        r if r <= servers => (PsRole::Server, r - 1),
+        r => (PsRole::Worker, r - 1 - servers),
+    }
+}
+
+/// Makes the process `command` starts receive SIGKILL when the thread that starts it ends
+/// (with the whole starting process, SIGKILL included), and not start at all when its parent
+/// is already gone. Linux's `PR_SET_PDEATHSIG`; it survives `exec` of a normal binary.
+pub fn die_with_parent(command: &mut Command) {
+    // SAFETY: getpid(2) takes nothing and touches no memory.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the child between fork and exec and calls only the
+    // async-signal-safe prctl(2) and getppid(2).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the request took effect: its signal will never come.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the parent process has ended"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// How a local job ended, when the job itself finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalJobEnd {
+    /// Workers that ran to their end.
+    pub finished_workers: usize,
+    /// The workers lost on the way: `worker 1 (rank 3)` and how it ended.
+    pub lost_workers: Vec<String>,
+}
+
+impl LocalJobEnd {
+    /// What to tell the user about a job that survived its faults (empty: none).
+    pub fn report(&self) -> String {
+        self.lost_workers
+            .iter()
+            .map(|lost| {
+                format!(
+                    "{lost} was lost; the job finished on {} worker(s)\n",
+                    self.finished_workers
+                )
+            })
+            .collect()
+    }
+}
+
+/// One child of the job.
+struct RoleChild {
+    /// `worker 1 (rank 3)`.
+    name: String,
+    role: PsRole,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+/// Starts every role of a `servers` × `workers` job as a child running `program` with `args`
+/// (each with [`role_env`] under `secret`) and supervises them to the job's end. `stop` holds
+/// a signal number once the caller received one (0: none): it is forwarded to every child,
+/// which are then waited for (SIGKILL after [`STOP_GRACE`]), and the job fails with
+/// [`PsError::Stopped`].
 pub fn run_local_job(
     program: &Path,
     args: &[String],
-    servers: usize,
-    workers: usize,
-) -> Result<(), PsError> {
+    (servers, workers): (usize, usize),
+    secret: &JobSecret,
+    stop: &AtomicI32,
+) -> Result<LocalJobEnd, PsError> {
     let addr = format!("127.0.0.1:{}", free_local_port()?);
-    let mut children: Vec<(String, Child)> = Vec::new();
+    let mut children: Vec<RoleChild> = Vec::new();
     for rank in 0..1 + servers + workers {
-        let env = role_env(rank, servers, workers, &addr);
-        let name = format!(
-            "{} (rank {rank})",
-            env.first().map(|(_, v)| v.as_str()).unwrap_or("?")
-        );
-        let child = Command::new(program)
-            .args(args)
-            .envs(env)
-            .spawn()
-            .map_err(|e| PsError::io(format!("starting {name} ({})", program.display()), e))?;
-        children.push((name, child));
-    }
-    let mut failed = Vec::new();
-    for (name, mut child) in children {
-        match child.wait() {
-            Ok(status) if status.success() => {}
-            Ok(status) => failed.push(format!("{name} exited with {status}")),
-            Err(e) => failed.push(format!("{name}: {e}")),
+        let env = role_env(rank, servers, workers, &addr, secret);
+        let (role, id) = role_of(rank, servers);
+        let name = format!("{} {id} (rank {rank})", role.name());
+        let mut command = Command::new(program);
+        command.args(args).envs(env);
+        die_with_parent(&mut command);
+        match command.spawn() {
+            Ok(child) => children.push(RoleChild {
+                name,
+                role,
+                child,
+                status: None,
+            }),
+            Err(e) => {
+                stop_all(&mut children, libc::SIGTERM);
+                return Err(PsError::io(
+                    format!("starting {name} ({})", program.display()),
+                    e,
+                ));
+            }
         }
     }
-    match failed.is_empty() {
-        true => Ok(()),
-        false => Err(PsError::io("the parameter-server job", failed.join("; "))),
+    supervise(&mut children, stop)
+}
+
+impl RoleChild {
+    /// Whether it ended with a failure.
+    fn failed(&self) -> bool {
+        self.status.is_some_and(|s| !s.success())
+    }
+
+    /// `worker 1 (rank 3) (signal: 9 (SIGKILL))`.
+    fn ending(&self) -> String {
+        match self.status {
+            Some(status) => format!("{} ({status})", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+/// Waits for the job's end (see the module's doc).
+fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd, PsError> {
+    let workers = children.iter().filter(|c| c.role == PsRole::Worker).count();
+    loop {
+        let signal = stop.load(Ordering::Relaxed);
+        if signal != 0 {
+            eprintln!(
+                "[tessera] received signal {signal}; forwarded to every process of the job, stopping it"
+            );
+            stop_all(children, signal);
+            return Err(PsError::Stopped { signal });
+        }
+        for c in children.iter_mut().filter(|c| c.status.is_none()) {
+            match c.child.try_wait() {
+                Ok(Some(status)) => {
+                    c.status = Some(status);
+                    if !status.success() && c.role == PsRole::Worker {
+                        eprintln!(
+                            "[tessera] {} ended ({status}); the job goes on without it",
+                            c.name
+                        );
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let what = format!("waiting for {}", c.name);
+                    stop_all(children, libc::SIGTERM);
+                    return Err(PsError::io(what, e));
+                }
+            }
+        }
+        let lost: Vec<String> = children
+            .iter()
+            .filter(|c| c.role == PsRole::Worker && c.failed())
+            .map(RoleChild::ending)
+            .collect();
+        if lost.len() == workers {
+            stop_all(children, libc::SIGTERM);
+            return Err(PsError::io(
+                "the parameter-server job",
+                format!(
+                    "every worker was lost: {}; every process was stopped",
+                    lost.join(", ")
+                ),
+            ));
+        }
+        // A scheduler or a server is not restarted here: the job cannot go on without it.
+        if let Some(c) = children
+            .iter()
+            .find(|c| c.role != PsRole::Worker && c.failed())
+        {
+            let why = format!(
+                "{} was lost; the job cannot go on without it (`tessera launch --restarts` restarts a server), so every process was stopped",
+                c.ending()
+            );
+            stop_all(children, libc::SIGTERM);
+            return Err(PsError::io("the parameter-server job", why));
+        }
+        if children.iter().all(|c| c.status.is_some()) {
+            return Ok(LocalJobEnd {
+                finished_workers: workers - lost.len(),
+                lost_workers: lost,
+            });
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Sends `signal` to every child still running, SIGKILL to those left after [`STOP_GRACE`],
+/// and reaps them all.
+fn stop_all(children: &mut [RoleChild], signal: i32) {
+    let signal_running = |children: &mut [RoleChild], signal: i32| {
+        for c in children.iter_mut().filter(|c| c.status.is_none()) {
+            if let Ok(pid) = libc::pid_t::try_from(c.child.id()) {
+                // SAFETY: kill(2) on our own unreaped child; touches no memory.
+                unsafe {
+                    libc::kill(pid, signal);
+                }
+            }
+        }
+    };
+    signal_running(children, signal);
+    let mut deadline = Instant::now() + STOP_GRACE;
+    let mut killed = false;
+    loop {
+        for c in children.iter_mut().filter(|c| c.status.is_none()) {
+            match c.child.try_wait() {
+                Ok(Some(status)) => c.status = Some(status),
+                Ok(None) => {}
+                // Not ours to wait for any more: nothing left to stop.
+                Err(_) => c.status = Some(ExitStatus::default()),
+            }
+        }
+        if children.iter().all(|c| c.status.is_some()) {
+            return;
+        }
+        if Instant::now() >= deadline {
+            if killed {
+                // Survived SIGKILL (stuck in the kernel): nothing more to do.
+                return;
+            }
+            signal_running(children, libc::SIGKILL);
+            killed = true;
+            deadline = Instant::now() + STOP_GRACE;
+        }
+        std::thread::sleep(POLL);
     }
 }

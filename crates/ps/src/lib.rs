@@ -17,8 +17,9 @@
 //!   ([`sparse`], [`table`]); workers pull only their batch's rows and push row-sparse
 //!   gradients ([`embedding`]), and hold no parameter larger than `ps.worker_max_param_bytes`.
 //!
-//! Every call has a deadline and bounded retries with backoff ([`retry`]). The process
-//! contract (environment variables) is [`env`]; [`launch`] starts every role as a child
+//! Every call has a deadline and bounded retries with backoff ([`retry`]) and carries the
+//! job's secret, which schedulers and servers check before anything else ([`auth`]). The
+//! process contract (environment variables) is [`env`]; [`launch`] starts every role as a child
 //! process for a plain `tessera train ps.toml`.
 //!
 //! # Architecture invariant
@@ -26,6 +27,7 @@
 //! crate moves tensors and decides who takes part in a step, nothing else.
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod compute;
 pub mod embedding;
 pub mod env;
@@ -55,10 +57,12 @@ pub mod proto {
 }
 
 /// Runs the role `env` names for `config` in this process (the scheduler and servers until the
-/// job ends; a worker until its last step). Worker 0's report is returned for printing.
+/// job ends; a worker until its last step). Worker 0 writes the metrics log to `metrics_log`
+/// (`None`: `<output.dir>/metrics.jsonl`); its report is returned for printing.
 pub fn run_role(
     config: &runtime::TrainConfig,
     env: &RoleEnv,
+    metrics_log: Option<&std::path::Path>,
 ) -> Result<Option<WorkerReport>, PsError> {
     let settings = env::JobSettings::new(config, env)?;
     match env.role {
@@ -66,21 +70,19 @@ pub fn run_role(
             scheduler::run(&settings, env, config.data().batch_size).map(|()| None)
         }
         PsRole::Server => server::run(config, &settings, env).map(|()| None),
-        PsRole::Worker => worker::run(config, &settings, env).map(Some),
+        PsRole::Worker => worker::run(config, &settings, env, metrics_log).map(Some),
     }
 }
 
 /// Worker 0's closing lines, as `tessera train` prints them (empty for other workers):
-/// steps, speed and final loss, then the test accuracy.
+/// steps, the workers that finished the job, speed and final loss; each worker the job lost and
+/// where; then the test accuracy.
 pub fn summary(report: &WorkerReport, config: &runtime::TrainConfig, env: &RoleEnv) -> String {
     if report.worker_id != 0 {
         return String::new();
     }
     let keys = config.ps();
-    let workers = env
-        .num_workers
-        .or(keys.and_then(|k| k.workers))
-        .unwrap_or(0);
+    let workers = report.finished_workers;
     let servers = env
         .num_servers
         .or(keys.and_then(|k| k.servers))
@@ -92,6 +94,11 @@ pub fn summary(report: &WorkerReport, config: &runtime::TrainConfig, env: &RoleE
         report.steps_run as f64 / report.seconds.max(1e-9),
         report.losses.last().copied().unwrap_or(f32::NAN)
     );
+    for (id, step) in &report.lost_workers {
+        text.push_str(&format!(
+            "worker {id} was lost at step {step} (declared dead: no heartbeat); the job finished on {workers} worker(s)\n"
+        ));
+    }
     if let Some(acc) = report.accuracies.last() {
         text.push_str(&format!(
             "test accuracy after the last epoch: {:.2}%\n",

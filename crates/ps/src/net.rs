@@ -1,10 +1,12 @@
 //! Channels and clients: lazy connections (a peer that is down fails the call, which is
-//! retried), and the message size bound.
+//! retried), the job's secret on every call ([`crate::auth`]), and the message size bound.
 
 use std::time::Duration;
 
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::auth::{AttachSecret, JobSecret};
 use crate::error::PsError;
 use crate::proto::parameter_server_client::ParameterServerClient;
 use crate::proto::scheduler_client::SchedulerClient;
@@ -29,26 +31,37 @@ pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, PsError> {
     Ok(endpoint.connect_lazy())
 }
 
-/// A client of the scheduler at `addr`.
+/// A channel whose every call carries the job's secret.
+pub type JobChannel = InterceptedService<Channel, AttachSecret>;
+
+/// A client of the scheduler at `addr`, its calls carrying `secret`.
 pub fn scheduler_client(
     addr: &str,
     timeout: Duration,
-) -> Result<SchedulerClient<Channel>, PsError> {
+    secret: &JobSecret,
+) -> Result<SchedulerClient<JobChannel>, PsError> {
     // The scheduler's replies hold ids and addresses only.
     Ok(
-        SchedulerClient::new(channel(addr, timeout)?)
+        SchedulerClient::with_interceptor(channel(addr, timeout)?, AttachSecret::new(secret)?)
             .max_decoding_message_size(MESSAGE_SLACK_BYTES),
     )
 }
 
-/// A client of the server at `addr` whose replies carry at most `tensor_bytes` of tensors.
+/// A client of the server at `addr` whose replies carry at most `tensor_bytes` of tensors,
+/// its calls carrying `secret`.
 pub fn server_client(
     addr: &str,
     timeout: Duration,
     tensor_bytes: usize,
-) -> Result<ParameterServerClient<Channel>, PsError> {
+    secret: &JobSecret,
+) -> Result<ParameterServerClient<JobChannel>, PsError> {
     let limit = message_limit(tensor_bytes);
-    Ok(ParameterServerClient::new(channel(addr, timeout)?)
+    Ok(
+        ParameterServerClient::with_interceptor(
+            channel(addr, timeout)?,
+            AttachSecret::new(secret)?,
+        )
         .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit))
+        .max_encoding_message_size(limit),
+    )
 }

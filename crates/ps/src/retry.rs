@@ -1,7 +1,7 @@
 //! Deadlines and bounded retries with exponential backoff for every call.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::PsError;
 
@@ -62,6 +62,48 @@ impl RetryPolicy {
             Ok(Err(status)) => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
             Err(_) => Attempt::Retry(format!("no answer within {} ms", self.timeout.as_millis())),
         }
+    }
+}
+
+/// Runs a registration `attempt` until the scheduler accepts it: failures that retrying can
+/// mend are retried as [`RetryPolicy::run`] does, and a refusal because the id is alive in
+/// another process (`AlreadyExists`: the predecessor of a restarted process, not yet declared
+/// dead) is asked again every `every` until `patience` has passed. Any other refusal fails at
+/// once.
+pub async fn until_admitted<T, F, Fut>(
+    policy: &RetryPolicy,
+    (call, peer): (&str, &str),
+    (every, patience): (Duration, Duration),
+    mut attempt: F,
+) -> Result<T, PsError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
+    let give_up = Instant::now() + patience;
+    let mut failures = 0u32;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let status = match tokio::time::timeout(policy.timeout, attempt()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(status)) => status,
+            Err(_) => tonic::Status::deadline_exceeded(format!(
+                "no answer within {} ms",
+                policy.timeout.as_millis()
+            )),
+        };
+        let why = format!("{}: {}", status.code(), status.message());
+        if status.code() == tonic::Code::AlreadyExists && Instant::now() < give_up {
+            tokio::time::sleep(every).await;
+            continue;
+        }
+        if retryable(&status) && failures < policy.retries {
+            failures += 1;
+            tokio::time::sleep(policy.backoff(failures)).await;
+            continue;
+        }
+        return Err(rpc_error(call, peer, attempts, why));
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
+use crate::auth::CheckSecret;
 use crate::env::{JobSettings, RoleEnv};
 use crate::error::PsError;
 use crate::liveness::Liveness;
@@ -56,6 +57,14 @@ struct State {
     finished: bool,
     /// The partition map and a server being added.
     map: map::MapState,
+    /// By worker and by server, the incarnation (a random number each process draws) of the
+    /// process that holds the id: a second process cannot register a live id.
+    worker_incarnation: BTreeMap<u32, u64>,
+    server_incarnation: BTreeMap<u32, u64>,
+    /// Incarnations refused so far (each refusal is logged once).
+    refused: BTreeSet<u64>,
+    /// Workers declared dead and not registered since, with the last step each had begun.
+    lost: BTreeMap<u32, u64>,
 }
 
 impl State {
@@ -138,6 +147,10 @@ impl SchedulerService {
                 servers_told: BTreeSet::new(),
                 finished: false,
                 map: map::MapState::new(settings.servers),
+                worker_incarnation: BTreeMap::new(),
+                server_incarnation: BTreeMap::new(),
+                refused: BTreeSet::new(),
+                lost: BTreeMap::new(),
             })),
             changed: Arc::new(Notify::new()),
         }
@@ -154,8 +167,12 @@ impl SchedulerService {
         let mut s = self.lock();
         let mut changed = false;
         for (id, silent) in s.worker_live.sweep(now) {
+            let step = s.worker_step.get(&id).copied().unwrap_or(0);
+            if !s.done.contains(&id) {
+                s.lost.insert(id, step);
+            }
             eprintln!(
-                "[ps scheduler] worker {id} declared dead: no heartbeat for {} ms; its rows go to the live workers from the next step",
+                "[ps scheduler] worker {id} declared dead at step {step}: no heartbeat for {} ms; its rows go to the live workers from the next step",
                 silent.as_millis()
             );
             changed = true;
@@ -170,7 +187,8 @@ impl SchedulerService {
         }
         if s.all_done() && !s.worker_live.is_alive(0) && !s.finished {
             eprintln!(
-                "[ps scheduler] every live worker is done and worker 0 is gone: the job ends"
+                "[ps scheduler] every live worker is done and worker 0 is gone: the job ends{}",
+                lost_text(&s.lost)
             );
             s.finished = true;
             changed = true;
@@ -217,6 +235,16 @@ impl SchedulerService {
         self.lock().worker_live.dead()
     }
 
+    /// The workers the job lost (declared dead, not registered since), with the last step each
+    /// had begun, by id.
+    pub fn lost_workers(&self) -> Vec<(u32, u64)> {
+        self.lock()
+            .lost
+            .iter()
+            .map(|(&id, &step)| (id, step))
+            .collect()
+    }
+
     /// Waits (at most `limit`) for a change of state.
     async fn wait_change(&self, limit: Duration) {
         let _ = tokio::time::timeout(limit, self.changed.notified()).await;
@@ -232,6 +260,13 @@ impl Scheduler for SchedulerService {
         let r = request.into_inner();
         {
             let mut s = self.lock();
+            let s = &mut *s;
+            admit(
+                ("server", r.server_id, r.incarnation),
+                &s.server_live,
+                &mut s.server_incarnation,
+                &mut s.refused,
+            )?;
             let next_step = s.assignments.keys().next_back().map_or(0, |&last| last + 1);
             let opened = s
                 .map
@@ -263,6 +298,14 @@ impl Scheduler for SchedulerService {
         let r = request.into_inner();
         let start_step = {
             let mut s = self.lock();
+            let state = &mut *s;
+            admit(
+                ("worker", r.worker_id, r.incarnation),
+                &state.worker_live,
+                &mut state.worker_incarnation,
+                &mut state.refused,
+            )?;
+            s.lost.remove(&r.worker_id);
             s.had_workers = true;
             s.registered.insert(r.worker_id);
             s.done.remove(&r.worker_id);
@@ -437,6 +480,12 @@ impl Scheduler for SchedulerService {
                         all_workers_done,
                         live_workers: s.worker_live.alive(),
                         dead_workers: s.worker_live.dead(),
+                        lost: s
+                            .lost
+                            .iter()
+                            .map(|(&worker_id, &step)| LostWorker { worker_id, step })
+                            .collect(),
+                        done_workers: s.done.iter().copied().collect(),
                     }));
                 }
             }
@@ -449,8 +498,12 @@ impl Scheduler for SchedulerService {
         &self,
         _request: Request<FinishRequest>,
     ) -> Result<Response<FinishReply>, Status> {
-        self.lock().finished = true;
-        eprintln!("[ps scheduler] the job is over");
+        let lost = {
+            let mut s = self.lock();
+            s.finished = true;
+            lost_text(&s.lost)
+        };
+        eprintln!("[ps scheduler] the job is over{lost}");
         self.changed.notify_waiters();
         Ok(Response::new(FinishReply {}))
     }
@@ -505,6 +558,43 @@ impl Scheduler for SchedulerService {
     }
 }
 
+/// Admits the process `incarnation` to `role` `id`: refused (`AlreadyExists`) when the id is
+/// alive and held by another process (logged once per process, in `refused`); a repeated
+/// registration of the same process (the same non-zero incarnation) is accepted.
+fn admit(
+    (role, id, incarnation): (&str, u32, u64),
+    live: &Liveness,
+    incarnations: &mut BTreeMap<u32, u64>,
+    refused: &mut BTreeSet<u64>,
+) -> Result<(), Status> {
+    // Incarnation 0 is "unspecified": never taken for the same process again.
+    let same_process = incarnation != 0 && incarnations.get(&id) == Some(&incarnation);
+    if live.is_alive(id) && !same_process {
+        if refused.insert(incarnation) {
+            eprintln!(
+                "[ps scheduler] refused a second registration of {role} {id}: the id is alive in another process (a restarted one is admitted once its predecessor is declared dead)"
+            );
+        }
+        return Err(Status::already_exists(format!(
+            "{role} {id} is alive: a second process cannot register its id; a restarted {role} is admitted once the scheduler declares its predecessor dead (ps.dead_after_ms)"
+        )));
+    }
+    incarnations.insert(id, incarnation);
+    Ok(())
+}
+
+/// `; lost: worker 2 at step 40, …` (empty when no worker was lost).
+fn lost_text(lost: &BTreeMap<u32, u64>) -> String {
+    if lost.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = lost
+        .iter()
+        .map(|(id, step)| format!("worker {id} at step {step}"))
+        .collect();
+    format!("; lost: {}", each.join(", "))
+}
+
 /// The socket address of `host:port`.
 pub fn resolve(addr: &str) -> Result<SocketAddr, PsError> {
     addr.to_socket_addrs()
@@ -545,6 +635,7 @@ pub fn run(settings: &JobSettings, env: &RoleEnv, batch_size: usize) -> Result<(
     let service = SchedulerService::new(settings, batch_size);
     let addr = bind_addr(env)?;
     let heartbeat = settings.heartbeat;
+    let admission = CheckSecret::new(&env.secret, "the scheduler");
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -553,7 +644,10 @@ pub fn run(settings: &JobSettings, env: &RoleEnv, batch_size: usize) -> Result<(
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(SchedulerServer::new(service.clone()))
+                .add_service(SchedulerServer::with_interceptor(
+                    service.clone(),
+                    admission,
+                ))
                 .serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                     async {

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 use runtime::{Optimizer, ParamSpec, TrainConfig};
 use tensor::{DType, Tensor};
 use tokio::sync::Notify;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use crate::auth::CheckSecret;
 use crate::compute::{Compute, ParamInfo};
 use crate::env::{JobSettings, RoleEnv};
 use crate::error::PsError;
@@ -18,6 +20,7 @@ use crate::net::{message_limit, scheduler_client};
 use crate::partition::{partition, ParamSize};
 use crate::proto::parameter_server_server::{ParameterServer, ParameterServerServer};
 use crate::proto::*;
+use crate::retry::until_admitted;
 use crate::snapshot::{self, PartitionState};
 use crate::sparse::{check_ids, from_rows_msg, mean_rows, to_rows_msg, Rows};
 use crate::table::ServerTable;
@@ -701,13 +704,15 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
             .map_err(|e| PsError::io("the server's address", e))?;
         let addr = advertised_addr(&env, bound)?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let admission = CheckSecret::new(&env.secret, format!("server {}", env.server_id));
         let serving = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(
+                .add_service(InterceptedService::new(
                     ParameterServerServer::new(service.clone())
                         .max_decoding_message_size(limit)
                         .max_encoding_message_size(limit),
-                )
+                    admission,
+                ))
                 .serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                     async {
@@ -733,14 +738,16 @@ async fn serve(
 ) -> Result<(), PsError> {
     let policy = settings.retry;
     let peer = format!("the scheduler at {}", env.scheduler_addr);
-    let client = scheduler_client(&env.scheduler_addr, policy.timeout)?;
+    let client = scheduler_client(&env.scheduler_addr, policy.timeout, &env.secret)?;
     let register = RegisterServerRequest {
         server_id: env.server_id as u32,
         addr: addr.to_string(),
         restart_count: env.restart_count,
+        incarnation: crate::auth::new_incarnation()?,
     };
+    let waits = (settings.heartbeat, settings.registration_patience());
     let register_now = || {
-        policy.run("RegisterServer", &peer, |_| {
+        until_admitted(&policy, ("RegisterServer", &peer), waits, || {
             let mut c = client.clone();
             let r = register.clone();
             async move { c.register_server(r).await }
@@ -779,7 +786,7 @@ async fn serve(
                 register_now().await?;
             }
         }
-        migrate::tick(service, &client, &policy).await?;
+        migrate::tick(service, &client, &policy, &env.secret).await?;
         if let Some(step) = service.waiting_step() {
             // One attempt per tick: the heartbeat is what fails the server when the
             // scheduler is gone.
@@ -806,6 +813,7 @@ mod advertise_tests {
             "TESSERA_ROLE" => Some("server".to_string()),
             "TESSERA_SERVER_ID" => Some("1".to_string()),
             "TESSERA_SCHEDULER_ADDR" => Some("127.0.0.1:1".to_string()),
+            "TESSERA_JOB_SECRET" => Some("a-job-secret-of-enough-length".to_string()),
             _ => None,
         })
         .unwrap()

@@ -3,14 +3,16 @@
 //! runtime's training loop.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::net::JobChannel as Channel;
 use runtime::{Callback, CallbackList, EpochInfo, LossMonitor, MetricsLog, StepInfo, TrainConfig};
 use tensor::Tensor;
-use tonic::transport::Channel;
 
+use crate::auth::JobSecret;
 use crate::compute::Compute;
 use crate::env::{JobSettings, RoleEnv};
 use crate::error::PsError;
@@ -19,7 +21,7 @@ use crate::net::{scheduler_client, server_client};
 use crate::proto::parameter_server_client::ParameterServerClient;
 use crate::proto::scheduler_client::SchedulerClient;
 use crate::proto::*;
-use crate::retry::{rpc_error, Attempt};
+use crate::retry::{rpc_error, until_admitted, Attempt};
 use crate::server::partition_of;
 use crate::sparse::{split_rows, to_rows_msg, PulledRows};
 use crate::wire::{from_msg, to_msg};
@@ -45,6 +47,11 @@ pub struct WorkerReport {
     pub push_bytes: u64,
     /// The largest buffer of server-resident table rows the worker held (its batch's rows).
     pub largest_table_bytes: u64,
+    /// Worker 0: the workers that ran their last step (the job finished on these).
+    pub finished_workers: usize,
+    /// Worker 0: the workers the job lost (declared dead, not back), with the last step each
+    /// had begun.
+    pub lost_workers: Vec<(u32, u64)>,
 }
 
 /// One server as a worker sees it.
@@ -66,6 +73,10 @@ struct ServerLink {
 struct Links {
     settings: JobSettings,
     worker_id: u32,
+    /// The job's secret (every server client carries it).
+    secret: JobSecret,
+    /// This process's incarnation (see `RegisterWorkerRequest`).
+    incarnation: u64,
     scheduler: SchedulerClient<Channel>,
     scheduler_peer: String,
     servers: Vec<ServerLink>,
@@ -187,7 +198,12 @@ impl Links {
             }
             let link = &mut self.servers[s];
             if link.client.is_none() {
-                link.client = Some(server_client(&link.addr, policy.timeout, link.bytes)?);
+                link.client = Some(server_client(
+                    &link.addr,
+                    policy.timeout,
+                    link.bytes,
+                    &self.secret,
+                )?);
             }
             let client = link
                 .client
@@ -390,18 +406,29 @@ impl Links {
         Ok(reply.into_inner())
     }
 
+    /// Registers with the scheduler (waiting while a predecessor holds the id); the first step
+    /// this worker takes part in.
     async fn register(&self, restart_count: u32) -> Result<u64, PsError> {
-        let worker_id = self.worker_id;
-        let reply = self
-            .scheduler_call("RegisterWorker", |mut c| async move {
-                c.register_worker(RegisterWorkerRequest {
-                    worker_id,
-                    restart_count,
-                })
-                .await
-            })
-            .await?;
-        Ok(reply.start_step)
+        let (worker_id, incarnation) = (self.worker_id, self.incarnation);
+        let settings = &self.settings;
+        let reply = until_admitted(
+            &settings.retry,
+            ("RegisterWorker", &self.scheduler_peer),
+            (settings.heartbeat, settings.registration_patience()),
+            || {
+                let mut c = self.scheduler.clone();
+                async move {
+                    c.register_worker(RegisterWorkerRequest {
+                        worker_id,
+                        restart_count,
+                        incarnation,
+                    })
+                    .await
+                }
+            },
+        )
+        .await?;
+        Ok(reply.into_inner().start_step)
     }
 }
 
@@ -445,11 +472,13 @@ impl Reporter {
     }
 }
 
-/// Runs worker `env.worker_id` to the end of the job.
+/// Runs worker `env.worker_id` to the end of the job; worker 0 writes the metrics log to
+/// `metrics_log` (`None`: `<output.dir>/metrics.jsonl`, as collective training does).
 pub fn run(
     config: &TrainConfig,
     settings: &JobSettings,
     env: &RoleEnv,
+    metrics_log: Option<&Path>,
 ) -> Result<WorkerReport, PsError> {
     let mut compute = Compute::new(config)?;
     let rt = crate::scheduler::runtime(2)?;
@@ -459,8 +488,9 @@ pub fn run(
             callbacks.push(Box::new(LossMonitor::stdout(
                 config.train().per_print_times,
             )));
+            let default_log = config.output().metrics_file();
             callbacks.push(Box::new(MetricsLog::create(
-                &config.output().metrics_file(),
+                metrics_log.unwrap_or(&default_log),
             )?));
             Some(Reporter {
                 callbacks,
@@ -493,7 +523,9 @@ async fn work(
     let mut links = Links {
         settings: settings.clone(),
         worker_id,
-        scheduler: scheduler_client(&env.scheduler_addr, settings.retry.timeout)?,
+        secret: env.secret.clone(),
+        incarnation: crate::auth::new_incarnation()?,
+        scheduler: scheduler_client(&env.scheduler_addr, settings.retry.timeout, &env.secret)?,
         scheduler_peer: format!("the scheduler at {}", env.scheduler_addr),
         servers: Vec::new(),
         epoch: 0,
@@ -528,7 +560,7 @@ async fn work(
     let step_seconds = loop_start.elapsed().as_secs_f64();
     beat.stop.store(true, Ordering::Relaxed);
     let _ = heart.await;
-    let (losses, accuracies, largest_table_bytes) = outcome?;
+    let ending = outcome?;
     eprintln!(
         "[ps worker {worker_id}] ran {computed} step(s)",
         computed = beat.computed.load(Ordering::Relaxed)
@@ -536,13 +568,15 @@ async fn work(
     Ok(WorkerReport {
         worker_id: env.worker_id,
         steps_run: step,
-        losses,
-        accuracies,
+        losses: ending.losses,
+        accuracies: ending.accuracies,
         seconds: started.elapsed().as_secs_f64(),
         step_seconds,
         pull_bytes: links.pull_bytes,
         push_bytes: links.push_bytes,
-        largest_table_bytes,
+        largest_table_bytes: ending.largest_table_bytes,
+        finished_workers: ending.finished_workers,
+        lost_workers: ending.lost_workers,
     })
 }
 
@@ -568,8 +602,19 @@ async fn heartbeat(
     }
 }
 
-/// The step loop; returns worker 0's losses and accuracies, and the largest buffer of table
-/// rows held.
+/// What the step loop ends with.
+struct Ending {
+    /// Worker 0's losses and accuracies.
+    losses: Vec<f32>,
+    accuracies: Vec<f64>,
+    /// The largest buffer of table rows held.
+    largest_table_bytes: u64,
+    /// Worker 0: the workers that ran their last step, and those lost (with their last step).
+    finished_workers: usize,
+    lost_workers: Vec<(u32, u64)>,
+}
+
+/// The step loop; returns what [`Ending`] holds.
 async fn steps(
     config: &TrainConfig,
     settings: &JobSettings,
@@ -578,7 +623,7 @@ async fn steps(
     reporter: &mut Option<Reporter>,
     beat: &Beat,
     step: &mut u64,
-) -> Result<(Vec<f32>, Vec<f64>, u64), PsError> {
+) -> Result<Ending, PsError> {
     let total = compute.total_steps();
     let limit = crate::embedding::worker_limit(config, compute)?;
     let mut largest_table_bytes = 0u64;
@@ -727,19 +772,29 @@ async fn steps(
             c.worker_done(WorkerDoneRequest { worker_id }).await
         })
         .await?;
+    let mut ending = Ending {
+        losses: Vec::new(),
+        accuracies: Vec::new(),
+        largest_table_bytes,
+        finished_workers: 0,
+        lost_workers: Vec::new(),
+    };
     if let Some(rep) = reporter.as_mut() {
-        if !settings.sync {
-            // Async: the final weights are there once every worker has pushed its last step.
-            loop {
-                let status = links
-                    .scheduler_call("JobStatus", |mut c| async move {
-                        c.job_status(JobStatusRequest { wait_ms: 500 }).await
-                    })
-                    .await?;
-                if status.all_workers_done {
-                    break;
-                }
+        // The final weights are there once every live worker has pushed its last step; the
+        // job's status then says which workers finished it and which it lost.
+        let status = loop {
+            let status = links
+                .scheduler_call("JobStatus", |mut c| async move {
+                    c.job_status(JobStatusRequest { wait_ms: 500 }).await
+                })
+                .await?;
+            if status.all_workers_done {
+                break status;
             }
+        };
+        ending.finished_workers = status.done_workers.len();
+        ending.lost_workers = status.lost.iter().map(|l| (l.worker_id, l.step)).collect();
+        if !settings.sync {
             links
                 .pull_all(0, &mut weights, compute, &mut PulledRows::none())
                 .await?;
@@ -757,7 +812,9 @@ async fn steps(
             )
             .await?;
     }
-    Ok((losses, accuracies, largest_table_bytes))
+    ending.losses = losses;
+    ending.accuracies = accuracies;
+    Ok(ending)
 }
 
 fn report_step(

@@ -18,7 +18,7 @@ fn added_server_env(
     workers: usize,
     addr: &str,
 ) -> Vec<(String, String)> {
-    let mut env = ps::launch::role_env(1, servers, workers, addr);
+    let mut env = crate::util::role_env(1, servers, workers, addr);
     for (k, v) in env.iter_mut() {
         if k == "TESSERA_SERVER_ID" {
             *v = id.to_string();
@@ -32,7 +32,7 @@ fn added_server_env(
 /// 0..1), once worker 0 has reached step 5.
 fn start_job(config: &std::path::Path, addr: &str) -> Vec<RoleProcess> {
     let mut job: Vec<RoleProcess> = (0..4)
-        .map(|rank| RoleProcess::start(config, &ps::launch::role_env(rank, 1, 2, addr)))
+        .map(|rank| RoleProcess::start(config, &crate::util::role_env(rank, 1, 2, addr)))
         .collect();
     assert!(
         job[2].wait_for_line("epoch: 1 step: 5,", LIMIT),

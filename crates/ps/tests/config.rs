@@ -89,11 +89,13 @@ fn ps_section_needs_the_mode_and_the_mode_refuses_devices() {
     assert!(digits().exists());
 }
 
+/// The contract of `vars`, with a valid job secret unless `vars` sets one.
 fn env(vars: &[(&str, &str)]) -> Result<Option<RoleEnv>, String> {
     RoleEnv::from_lookup(|name| {
         vars.iter()
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.to_string())
+            .or_else(|| (name == "TESSERA_JOB_SECRET").then(|| "x".repeat(32)))
     })
     .map_err(|e| e.to_string())
 }

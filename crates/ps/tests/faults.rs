@@ -13,7 +13,10 @@ fn start_job(config: &Path, servers: usize, workers: usize) -> (Vec<RoleProcess>
     let addr = scheduler_addr();
     let job = (0..1 + servers + workers)
         .map(|rank| {
-            RoleProcess::start(config, &ps::launch::role_env(rank, servers, workers, &addr))
+            RoleProcess::start(
+                config,
+                &crate::util::role_env(rank, servers, workers, &addr),
+            )
         })
         .collect();
     (job, addr)
@@ -56,7 +59,20 @@ fn a_killed_worker_leaves_the_job_to_the_others() {
         job[0].output()
     );
     let out = job[2].output();
-    assert!(out.contains("trained 230 steps"), "{out}");
+    // The summary counts the workers that finished the job and names the one it lost.
+    assert!(out.contains("trained 230 steps on 2 worker(s)"), "{out}");
+    assert!(
+        out.contains("worker 2 was lost at step ")
+            && out.contains("the job finished on 2 worker(s)"),
+        "{out}"
+    );
+    assert!(
+        job[0]
+            .output()
+            .contains("the job is over; lost: worker 2 at step "),
+        "{}",
+        job[0].output()
+    );
     let accuracy = final_accuracy(&out).expect("an accuracy line");
     eprintln!("after a killed worker: {accuracy} %");
     assert!(accuracy >= 90.0, "accuracy {accuracy} %");
@@ -80,7 +96,7 @@ fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
     );
     sigkill(&job[2].child);
     let _ = job[2].finish(LIMIT);
-    let mut env = ps::launch::role_env(2, 2, 2, &addr);
+    let mut env = crate::util::role_env(2, 2, 2, &addr);
     for (k, v) in env.iter_mut() {
         if k == "TESSERA_RESTART_COUNT" {
             *v = "1".to_string();
@@ -156,7 +172,7 @@ fn run_with_joiners(joiners: &[usize]) -> (Vec<u64>, String) {
     let mut started: Vec<RoleProcess> = joiners
         .iter()
         .map(|&id| {
-            let mut env = ps::launch::role_env(3, 1, 2, &addr);
+            let mut env = crate::util::role_env(3, 1, 2, &addr);
             for (k, v) in env.iter_mut() {
                 if k == "TESSERA_WORKER_ID" {
                     *v = id.to_string();

@@ -37,6 +37,7 @@ fn a_silent_worker_is_declared_dead_and_a_beating_one_is_not() {
                 .register_worker(RegisterWorkerRequest {
                     worker_id,
                     restart_count: 0,
+                    incarnation: u64::from(worker_id),
                 })
                 .await
                 .unwrap();

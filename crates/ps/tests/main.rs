@@ -2,6 +2,7 @@
 //! real processes (`tessera-ps-role`) for the failure tests.
 
 mod add_server;
+mod admission;
 mod async_training;
 mod config;
 mod embedding;

@@ -38,6 +38,7 @@ fn pod_network_settings_are_read_and_checked() {
                 "TESSERA_SCHEDULER_ADDR",
                 "tessera-scheduler-0.tessera-scheduler:50051",
             ),
+            ("TESSERA_JOB_SECRET", "a-job-secret-of-enough-length"),
         ];
         v.extend_from_slice(extra);
         RoleEnv::from_lookup(move |name| {

@@ -78,9 +78,21 @@ pub fn scheduler_addr() -> String {
     )
 }
 
+/// The job secret of the test job whose scheduler is at `addr` (one per job, the same for
+/// every role of it).
+pub fn secret_of(addr: &str) -> ps::auth::JobSecret {
+    ps::auth::JobSecret::new(format!("test-job-secret-{addr}")).expect("a valid secret")
+}
+
+/// The launcher's variables of `rank` of the test job at `addr` ([`ps::launch::role_env`]
+/// with the job's [`secret_of`]).
+pub fn role_env(rank: usize, servers: usize, workers: usize, addr: &str) -> Vec<(String, String)> {
+    ps::launch::role_env(rank, servers, workers, addr, &secret_of(addr))
+}
+
 /// The environment of `rank` of a local job, as a launcher sets it.
 pub fn env_of(rank: usize, servers: usize, workers: usize, addr: &str) -> RoleEnv {
-    let vars = ps::launch::role_env(rank, servers, workers, addr);
+    let vars = role_env(rank, servers, workers, addr);
     RoleEnv::from_lookup(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
         .expect("a valid environment")
         .expect("a role")
@@ -105,7 +117,7 @@ pub fn run_in_process_with(
             let mut env = env_of(rank, servers, workers, addr);
             edit(&mut env);
             std::thread::spawn(move || -> Result<Option<WorkerReport>, PsError> {
-                ps::run_role(&config, &env)
+                ps::run_role(&config, &env, None)
             })
         })
         .collect();

@@ -2,7 +2,8 @@
 //!
 //! Every process is the leader of its own process group, so a signal reaches it and everything
 //! it started (a shell's children, say) at once, and a Ctrl-C at the terminal reaches only the
-//! launcher, which forwards it exactly once. Its stdin is closed (`/dev/null`); stdout and stderr
+//! launcher, which forwards it exactly once. Each asks the kernel for SIGKILL when the launcher
+//! ends ([`ps::launch::die_with_parent`]), so none outlives a launcher that was killed. Its stdin is closed (`/dev/null`); stdout and stderr
 //! go to [`output::pump`] threads. A waiter thread owns the child, reaps it, waits for the output
 //! threads to copy its last lines (at most [`DRAIN_WAIT`]: a stray grandchild may keep a pipe
 //! open) and then reports its exit as an [`Event`].
@@ -71,6 +72,9 @@ pub fn start(request: StartRequest<'_>, events: &Sender<Event>) -> io::Result<Ru
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // Its own process group keeps it out of the terminal's signals; the kernel's SIGKILL when
+    // the launcher ends (SIGKILL of the launcher included) keeps it from outliving the launcher.
+    ps::launch::die_with_parent(&mut command);
     for name in request.remove {
         command.env_remove(name);
     }

@@ -86,6 +86,10 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
         scheduler_addr: args.scheduler_addr.clone(),
         grace_secs: args.grace_period,
         command: args.command.clone(),
+        secret: match args.ps_servers {
+            Some(_) => Some(job_secret()?),
+            None => None,
+        },
     };
     let plan = JobPlan::new(request, free_local_port)?;
     raise_open_file_limit(plan.world_size());
@@ -109,7 +113,16 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
 /// Turns the job's outcome into the command's result, printing a failed process's log tail.
 fn report(outcome: Outcome) -> anyhow::Result<()> {
     match outcome {
-        Outcome::Success => Ok(()),
+        Outcome::Success { finished, lost } => {
+            for worker in lost {
+                eprintln!("[launch] {worker} was lost; the job finished on {finished} worker(s)");
+            }
+            Ok(())
+        }
+        Outcome::AllWorkersLost(lost) => Err(anyhow::anyhow!(
+            "every worker was lost: {}; the job was stopped",
+            lost.join(", ")
+        )),
         Outcome::Interrupted(signal) => Err(Interrupted(signal).into()),
         Outcome::Bug(what) => Err(anyhow::anyhow!("internal error in tessera launch: {what}")),
         Outcome::StartFailed { spec, error } => Err(anyhow::anyhow!(
@@ -166,6 +179,15 @@ fn count(n: usize, noun: &str) -> String {
 /// scheduler to bind).
 fn free_local_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The PS job's secret: `TESSERA_JOB_SECRET` when set (so processes of this launch and of
+/// launches on other hosts, given the same secret, form one job), else a fresh one.
+fn job_secret() -> anyhow::Result<ps::auth::JobSecret> {
+    Ok(match std::env::var(ps::env::JOB_SECRET_VAR) {
+        Ok(text) => ps::auth::JobSecret::from_env_value(Some(text))?,
+        Err(_) => ps::auth::JobSecret::generate()?,
+    })
 }
 
 /// Raises the soft limit on open files towards the hard one when the job needs more than it

@@ -81,6 +81,8 @@ pub enum PlanError {
     Address(String),
     /// No command after `--`.
     NoCommand,
+    /// A parameter-server job without its secret (a bug of the caller, not of the arguments).
+    NoSecret,
 }
 
 impl fmt::Display for PlanError {
@@ -113,6 +115,11 @@ impl fmt::Display for PlanError {
                 "--scheduler-addr must be HOST:PORT with a port between 1 and 65535, got {text:?}"
             ),
             PlanError::NoCommand => write!(f, "no command to launch: give it after `--`"),
+            PlanError::NoSecret => write!(
+                f,
+                "a parameter-server job needs its secret ({})",
+                ps::env::JOB_SECRET_VAR
+            ),
         }
     }
 }
@@ -136,6 +143,9 @@ pub struct LaunchRequest {
     pub grace_secs: u64,
     /// The program and its arguments.
     pub command: Vec<OsString>,
+    /// The parameter-server job's secret (`TESSERA_JOB_SECRET`), handed to every process of a
+    /// PS job; unused without `--ps-servers`.
+    pub secret: Option<ps::auth::JobSecret>,
 }
 
 /// A validated job: every process to start and how.
@@ -157,11 +167,13 @@ pub struct JobPlan {
     pub grace: Duration,
     /// The program (first element) and its arguments.
     pub command: Vec<OsString>,
+    /// The PS job's secret, given to every process; `None` in a job of workers only.
+    pub secret: Option<ps::auth::JobSecret>,
 }
 
 /// The environment variables a launch sets; every one is set or removed for every process, so
 /// nothing leaks in from the launcher's own environment.
-pub const CONTRACT_VARS: [&str; 10] = [
+pub const CONTRACT_VARS: [&str; 11] = [
     "TESSERA_ROLE",
     "TESSERA_RANK",
     "TESSERA_WORLD_SIZE",
@@ -172,6 +184,7 @@ pub const CONTRACT_VARS: [&str; 10] = [
     "TESSERA_NUM_WORKERS",
     "TESSERA_SCHEDULER_ADDR",
     "TESSERA_RESTART_COUNT",
+    ps::env::JOB_SECRET_VAR,
 ];
 
 impl JobPlan {
@@ -198,6 +211,10 @@ impl JobPlan {
         if request.command.is_empty() {
             return Err(PlanError::NoCommand.into());
         }
+        let secret = match request.servers {
+            Some(_) => Some(request.secret.ok_or(PlanError::NoSecret)?),
+            None => None,
+        };
         let scheduler_addr = match (request.servers, request.scheduler_addr) {
             (None, Some(_)) => return Err(PlanError::AddressWithoutServers.into()),
             (None, None) => None,
@@ -243,6 +260,7 @@ impl JobPlan {
             scheduler_addr,
             grace: Duration::from_secs(request.grace_secs),
             command: request.command,
+            secret,
         })
     }
 
@@ -276,6 +294,9 @@ impl JobPlan {
         if let Some(addr) = &self.scheduler_addr {
             env.push(("TESSERA_SCHEDULER_ADDR", addr.clone()));
         }
+        if let Some(secret) = &self.secret {
+            env.push((ps::env::JOB_SECRET_VAR, secret.expose().to_string()));
+        }
         env
     }
 }
@@ -305,6 +326,7 @@ mod tests {
             scheduler_addr: None,
             grace_secs: 5,
             command: vec![OsString::from("true")],
+            secret: Some(ps::auth::JobSecret::new("s".repeat(32)).unwrap()),
         }
     }
 
@@ -330,6 +352,7 @@ mod tests {
         assert_eq!(value(&env, "TESSERA_NUM_SERVERS"), Some("0"));
         assert_eq!(value(&env, "TESSERA_SCHEDULER_ADDR"), None);
         assert_eq!(value(&env, "TESSERA_SERVER_ID"), None);
+        assert_eq!(value(&env, "TESSERA_JOB_SECRET"), None);
     }
 
     #[test]
@@ -358,6 +381,11 @@ mod tests {
             value(&env, "TESSERA_SCHEDULER_ADDR"),
             Some("127.0.0.1:4242")
         );
+        let secret = "s".repeat(32);
+        for spec in &plan.processes {
+            let env = plan.environment(spec, 0);
+            assert_eq!(value(&env, "TESSERA_JOB_SECRET"), Some(secret.as_str()));
+        }
     }
 
     #[test]

@@ -24,8 +24,16 @@ const AFTER_KILL_WAIT: Duration = Duration::from_secs(5);
 /// How the job ended.
 #[derive(Debug)]
 pub enum Outcome {
-    /// Every worker exited 0.
-    Success,
+    /// Every worker exited 0, or, in a parameter-server job, every worker that was not lost.
+    Success {
+        /// The workers that exited 0.
+        finished: usize,
+        /// The workers a parameter-server job lost on the way (`worker 1 (rank 4) (signal: 9
+        /// (SIGKILL))`): failed with no restarts left, while others went on.
+        lost: Vec<String>,
+    },
+    /// Every worker of a parameter-server job failed with no restarts left (each described).
+    AllWorkersLost(Vec<String>),
     /// A process failed with no restarts left.
     Failed {
         /// Which process.
@@ -59,6 +67,8 @@ struct Slot {
     running: Option<Running>,
     /// A worker whose last instance exited 0.
     finished: bool,
+    /// A worker of a parameter-server job that failed with no restarts left, and how.
+    lost: Option<String>,
 }
 
 /// The job being stopped, and when to escalate.
@@ -89,6 +99,7 @@ pub fn supervise(
             restarts_used: 0,
             running: None,
             finished: false,
+            lost: None,
         })
         .collect();
     let mut ending: Option<Ending> = None;
@@ -186,13 +197,7 @@ fn on_exit(
     if matches!(&status, Ok(s) if s.success()) {
         if spec.role == Role::Worker {
             slots[index].finished = true;
-            let all_done = slots
-                .iter()
-                .filter(|s| s.spec.role == Role::Worker)
-                .all(|s| s.finished);
-            if all_done {
-                return Some(Outcome::Success);
-            }
+            return workers_ended(slots);
         } else {
             eprintln!("[launch] {spec} exited with status 0 before the workers finished");
         }
@@ -211,10 +216,34 @@ fn on_exit(
             Err(error) => Some(Outcome::StartFailed { spec, error }),
         };
     }
+    // A parameter-server job survives a lost worker (docs/PS.md): the others take its rows.
+    if spec.role == Role::Worker && plan.num_servers > 0 {
+        eprintln!(
+            "[launch] {spec} (rank {}) failed ({shown}) with no restarts left; the parameter-server job goes on without it",
+            spec.rank
+        );
+        slot.lost = Some(format!("{spec} (rank {}) ({shown})", spec.rank));
+        return workers_ended(slots);
+    }
     Some(Outcome::Failed {
         spec,
         status,
         log: slot.log.path().to_path_buf(),
+    })
+}
+
+/// The job's end once every worker has finished or was lost (`None` while one runs): success
+/// when any finished, otherwise every worker was lost.
+fn workers_ended(slots: &[Slot]) -> Option<Outcome> {
+    let workers = || slots.iter().filter(|s| s.spec.role == Role::Worker);
+    if !workers().all(|s| s.finished || s.lost.is_some()) {
+        return None;
+    }
+    let lost: Vec<String> = workers().filter_map(|s| s.lost.clone()).collect();
+    let finished = workers().filter(|s| s.finished).count();
+    Some(match finished {
+        0 => Outcome::AllWorkersLost(lost),
+        _ => Outcome::Success { finished, lost },
     })
 }
 
@@ -255,7 +284,7 @@ fn start(
 /// success only the scheduler and servers are left; after a signal it was forwarded already).
 fn begin_ending(plan: &JobPlan, slots: &[Slot], outcome: Outcome) -> Ending {
     match &outcome {
-        Outcome::Success => {
+        Outcome::Success { .. } => {
             if slots.iter().any(|s| s.running.is_some()) {
                 eprintln!("[launch] every worker finished; stopping the scheduler and servers");
             }
@@ -264,6 +293,12 @@ fn begin_ending(plan: &JobPlan, slots: &[Slot], outcome: Outcome) -> Ending {
         Outcome::Failed { spec, .. } | Outcome::StartFailed { spec, .. } => {
             if slots.iter().any(|s| s.running.is_some()) {
                 eprintln!("[launch] {spec} failed; stopping every other process");
+            }
+            signal_running(slots, libc::SIGTERM);
+        }
+        Outcome::AllWorkersLost(_) => {
+            if slots.iter().any(|s| s.running.is_some()) {
+                eprintln!("[launch] every worker was lost; stopping every other process");
             }
             signal_running(slots, libc::SIGTERM);
         }

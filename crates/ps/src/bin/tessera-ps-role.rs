@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let config = runtime::TrainConfig::load(&config, &overrides)?;
         let env = ps::RoleEnv::from_process()?.ok_or("TESSERA_ROLE is not set")?;
-        if let Some(report) = ps::run_role(&config, &env)? {
+        if let Some(report) = ps::run_role(&config, &env, None)? {
             print!("{}", ps::summary(&report, &config, &env));
         }
         Ok(())

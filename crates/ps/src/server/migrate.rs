@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 
+use crate::net::JobChannel as Channel;
 use runtime::{state_checkpoint_name, Optimizer, ParamSpec};
 use tensor::{DType, Tensor};
-use tonic::transport::Channel;
 use tonic::{Response, Status};
 
 use super::{ServerService, State};
+use crate::auth::JobSecret;
 use crate::compute::ParamInfo;
 use crate::env::{JobSettings, RoleEnv};
 use crate::error::PsError;
@@ -57,7 +58,8 @@ pub fn handover_limit(all: &[ParamInfo], states: usize) -> usize {
 
 /// The committed map, asked of the scheduler (with retries) when a server starts.
 pub async fn current_map(settings: &JobSettings, env: &RoleEnv) -> Result<PartitionMap, PsError> {
-    let client = crate::net::scheduler_client(&env.scheduler_addr, settings.retry.timeout)?;
+    let client =
+        crate::net::scheduler_client(&env.scheduler_addr, settings.retry.timeout, &env.secret)?;
     let peer = format!("the scheduler at {}", env.scheduler_addr);
     let server_id = env.server_id as u32;
     let reply = settings
@@ -163,6 +165,7 @@ impl ServerService {
         &self,
         reply: &PartitionMapReply,
         policy: &RetryPolicy,
+        secret: &JobSecret,
     ) -> Result<(), PsError> {
         let (me, requests, limit) = {
             let s = self.lock();
@@ -216,7 +219,7 @@ impl ServerService {
                         reply.next_epoch
                     ))
                 })?;
-            let client = server_client(&addr, policy.timeout, limit)?;
+            let client = server_client(&addr, policy.timeout, limit, secret)?;
             let client = client
                 .max_encoding_message_size(limit)
                 .max_decoding_message_size(limit);
@@ -340,6 +343,7 @@ pub(super) async fn tick(
     service: &ServerService,
     client: &SchedulerClient<Channel>,
     policy: &RetryPolicy,
+    secret: &JobSecret,
 ) -> Result<(), PsError> {
     let (me, ready_epoch) = {
         let s = service.lock();
@@ -380,7 +384,7 @@ pub(super) async fn tick(
     }
     let sent = service.lock().migration.sent == Some(reply.next_epoch);
     if !sent {
-        service.hand_over(&reply, policy).await?;
+        service.hand_over(&reply, policy, secret).await?;
         service.lock().migration.sent = Some(reply.next_epoch);
     }
     service.try_switch(&reply)?;
