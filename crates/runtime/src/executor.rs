@@ -683,7 +683,7 @@ impl RankExecutor {
 
     /// After the optimizer has updated this rank's piece of every parameter in place, brings
     /// the updated pieces together into the whole weights (the program's weight gathers,
-    /// `hsdp` levels 1 and 2; nothing otherwise).
+    /// `hsdp` levels `zero1` and `zero2`; nothing otherwise).
     pub fn gather_updated_weights(&mut self) -> Result<(), RuntimeError> {
         let program = self.program.clone();
         let fused = parallel::fusion::fused_gathers(&program);

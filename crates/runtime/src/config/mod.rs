@@ -33,7 +33,7 @@ mod values;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use parallel::ParallelConfig;
+use parallel::{HsdpConfig, ParallelConfig};
 use toml::{Table, Value};
 
 use crate::data::Normalize;
@@ -410,8 +410,10 @@ impl TrainConfig {
     /// The parallel settings of `[parallel]` (stand-alone on 1 device when the section is
     /// absent).
     pub fn parallel_config(&self) -> ParallelConfig {
+        let accumulates = self.train.grad_accumulation_steps > 1;
         ParallelConfig {
             deterministic: self.train.deterministic,
+            hsdp: self.parallel.hsdp.map(|h| HsdpConfig { accumulates, ..h }),
             ..self.parallel.clone()
         }
     }
