@@ -293,7 +293,7 @@ pub struct RecomputeConfig {
     /// Redo the communication that feeds recomputed ops (a model-parallel all-gather) rather
     /// than keeping its result from the forward pass (MindSpore's `mp_comm_recompute`).
     pub mp_comm_recompute: bool,
-    /// Under `hsdp` level 3, gather a weight again for its recomputed ops rather than sharing
+    /// Under `hsdp` levels 1–3, gather a weight again for its recomputed ops rather than sharing
     /// the backward pass's gather (MindSpore's `parallel_optimizer_comm_recompute`).
     pub parallel_optimizer_comm_recompute: bool,
 }

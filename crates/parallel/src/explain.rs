@@ -113,7 +113,7 @@ impl Program {
         }
         let _ = writeln!(out, "\nparameters:");
         for p in &self.params {
-            // The layout the parameter's consumers need (under level 3 its buffer holds less).
+            // The layout the parameter's consumers need (under hsdp levels 1–3 its buffer holds less).
             let layout = p
                 .optimizer_shard()
                 .map_or(&p.layout, |shard| &shard.strategy_layout);

@@ -53,7 +53,7 @@ pub struct RankExecutor {
     /// With `[parallel.overlap]`: where buckets are reduced and weights gathered while the
     /// steps go on.
     overlap: Option<Progress>,
-    /// With `computation_allgather_overlap`: by step, the level-3 gather started after it
+    /// With `computation_allgather_overlap`: by step, the hsdp weight gather started after it
     /// (`prefetch_after`), and whether the step's own gather was started before
     /// (`prefetched`).
     prefetch_after: Vec<Option<usize>>,
@@ -989,7 +989,7 @@ impl RankExecutor {
         Ok(result?)
     }
 
-    /// Hands the gather of step `i` (a level-3 weight's) to the progress thread: its
+    /// Hands the gather of step `i` (an hsdp weight's, levels 1–3) to the progress thread: its
     /// destination is allocated now, and the copy of its source counts as communication until
     /// it is done.
     fn start_gather(&mut self, program: &Program, i: usize) -> Result<(), RuntimeError> {
