@@ -428,7 +428,7 @@ fn hsdp_explain_shows_shards_and_collectives() {
     let level1 = explain("level1", 16);
     assert!(
         level1.contains(
-            "hsdp level1: optimizer shard [(dp), None] (slice [64, 32]), dim 0 over groups of 4 ranks (step 1): \
+            "hsdp level1: optimizer shard (d0, None) (slice [64, 32]), dim 0 over groups of 4 ranks (step 1): \
              weight, gradient, optimizer state and update in pieces, weight gathered before its forward use \
              and kept until its backward use"
         ),
