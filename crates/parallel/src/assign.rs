@@ -15,9 +15,7 @@ use graph::{Graph, Node, NodeId, NodeRole, Op, ValueId, ValueKind};
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
-use crate::config::{
-    DatasetStrategy, HsdpConfig, OpStrategy, ParallelConfig, ParallelMode,
-};
+use crate::config::{DatasetStrategy, HsdpConfig, OpStrategy, ParallelConfig, ParallelMode};
 use crate::deterministic::contiguous_sums;
 use crate::error::ParallelError;
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};

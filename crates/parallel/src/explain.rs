@@ -346,7 +346,10 @@ fn describe_shard(shard: &OptimizerShard, accumulates: bool) -> String {
     .into_iter()
     .filter_map(|(on, what)| on.then_some(what))
     .collect();
-    let whole = match (shard.level.shards_weights(), shard.level.regathers_for_backward()) {
+    let whole = match (
+        shard.level.shards_weights(),
+        shard.level.regathers_for_backward(),
+    ) {
         (true, true) => "weight gathered before its forward use and again before its backward use",
         (true, false) => "weight gathered before its forward use and kept until its backward use",
         (false, _) => "weights gathered after the update",

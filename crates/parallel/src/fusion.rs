@@ -323,7 +323,10 @@ pub fn prefetched_gathers(program: &Program) -> Vec<usize> {
     let pieces: Vec<usize> = program
         .params
         .iter()
-        .filter(|p| p.optimizer_shard().is_some_and(|s| s.level.shards_weights()))
+        .filter(|p| {
+            p.optimizer_shard()
+                .is_some_and(|s| s.level.shards_weights())
+        })
         .map(|p| p.buffer)
         .collect();
     program

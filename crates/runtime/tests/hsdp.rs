@@ -415,7 +415,9 @@ fn hsdp_explain_shows_shards_and_collectives() {
         let gather = text
             .lines()
             .find(|l| l.contains("-> reshard embedding") && l.contains("all-gather"))
-            .unwrap_or_else(|| panic!("{what}: an all-gather of the embedding before use:\n{text}"));
+            .unwrap_or_else(|| {
+                panic!("{what}: an all-gather of the embedding before use:\n{text}")
+            });
         assert!(gather.contains("needs input"), "{what}: {gather}");
     };
     let zero1 = explain("zero1", 16);
