@@ -150,8 +150,8 @@ fn pipelined_memory_equals_the_prediction() {
     );
 }
 
-/// Recompute by cell, by op, with and without `mp_comm_recompute`, and under hsdp level 3
-/// with `parallel_optimizer_comm_recompute`: 20 steps train bitwise the numbers the same
+/// Recompute by cell, by op, with and without `mp_comm_recompute`, and under hsdp levels 3
+/// and 1 with `parallel_optimizer_comm_recompute` (and level 1 without it): 20 steps train bitwise the numbers the same
 /// strategy trains without recompute (the same kernels run again on the same inputs) and one
 /// device's within 1e-4; the activation peak falls, by exactly the predicted amount.
 #[test]
@@ -163,6 +163,7 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
         steps,
     );
     let level3 = "[parallel.hsdp]\noptimizer_level = \"level3\"\nthreshold = 0\n";
+    let level1 = "[parallel.hsdp]\noptimizer_level = \"level1\"\nthreshold = 0\n";
     let cases = [
         ("dp 2 × mp 2", DP2_MP2, "", "cells = [\"blocks.*\"]"),
         (
@@ -181,6 +182,13 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
             "dp 2, level 3",
             DP2,
             level3,
+            "cells = [\"blocks.*\"]\nparallel_optimizer_comm_recompute = true",
+        ),
+        ("dp 2, level 1", DP2, level1, "cells = [\"blocks.*\"]"),
+        (
+            "dp 2, level 1, parallel_optimizer_comm_recompute",
+            DP2,
+            level1,
             "cells = [\"blocks.*\"]\nparallel_optimizer_comm_recompute = true",
         ),
         (
@@ -220,6 +228,47 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
             );
         }
     }
+}
+
+/// Under hsdp level 1 the backward pass reads the weight gathered for the forward pass: with
+/// recompute, a recomputed op gathers the weight again only with
+/// `parallel_optimizer_comm_recompute`; level 3 gathers again for the backward pass anyway.
+#[test]
+fn level1_gathers_again_only_for_recompute_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gathers = |level: &str, recompute: &str| {
+        let parallel = format!(
+            "{DP2}[parallel.hsdp]\noptimizer_level = \"{level}\"\nthreshold = 0\n{recompute}"
+        );
+        let session = Session::new(&adam_gpt(tmp.path(), &parallel, 1, &[])).unwrap();
+        let pieces: Vec<usize> = session
+            .train
+            .params
+            .iter()
+            .filter(|p| p.optimizer_shard().is_some())
+            .map(|p| p.buffer)
+            .collect();
+        assert!(!pieces.is_empty(), "{level}: some weight in pieces");
+        session
+            .train
+            .steps
+            .iter()
+            .filter(|s| matches!(s, parallel::Step::Reshard(r) if pieces.contains(&r.from)))
+            .count()
+    };
+    let cells = "[parallel.recompute]\ncells = [\"blocks.*\"]\n";
+    let plain = gathers("level1", "");
+    assert_eq!(
+        gathers("level1", cells),
+        plain,
+        "the forward gathers serve recompute"
+    );
+    let again = format!("{cells}parallel_optimizer_comm_recompute = true\n");
+    assert!(gathers("level1", &again) > plain, "recompute gathers again");
+    assert!(
+        gathers("level3", "") > plain,
+        "level 3 gathers again for the backward pass"
+    );
 }
 
 /// With hsdp `zero1` and gradient accumulation, `gradient_accumulation_shard` (the default)
