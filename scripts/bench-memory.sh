@@ -28,7 +28,9 @@ for level in 0 1 2 3; do
   for recompute in off on; do
     sets=("${common[@]}")
     if [ "$level" != 0 ]; then
-      sets+=(--set "parallel.hsdp={ optimizer_level = \"level$level\", threshold = 0 }")
+      # ZeRO's stages: 1 and 2 keep weights whole (zero1, zero2); 3 is MindSpore's level3.
+      stage=("" zero1 zero2 level3)
+      sets+=(--set "parallel.hsdp={ optimizer_level = \"${stage[$level]}\", threshold = 0 }")
     fi
     if [ "$recompute" = on ]; then
       sets+=(--set 'parallel.recompute.cells=["blocks.*"]')

@@ -23,7 +23,8 @@ common=(--backend mpi --set parallel.devices=2 --set parallel.data_parallel=2
         --set 'parallel.comm_fusion={ allreduce = { mode = "size", config = 1 }, reducescatter = { mode = "size", config = 1 } }')
 case "$level" in
   0) ;;
-  2|3) common+=(--set "parallel.hsdp={ optimizer_level = \"level$level\", threshold = 0 }") ;;
+  2) common+=(--set "parallel.hsdp={ optimizer_level = \"zero2\", threshold = 0 }") ;;
+  3) common+=(--set "parallel.hsdp={ optimizer_level = \"level3\", threshold = 0 }") ;;
   *) echo "hsdp level must be 0, 2 or 3, not $level" >&2; exit 2 ;;
 esac
 echo "== hsdp level $level"

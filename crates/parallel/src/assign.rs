@@ -15,9 +15,7 @@ use graph::{Graph, Node, NodeId, NodeRole, Op, ValueId, ValueKind};
 use layout::{Layout, Mesh, TensorLayout};
 use reshard::DistLayout;
 
-use crate::config::{
-    DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
-};
+use crate::config::{DatasetStrategy, HsdpConfig, OpStrategy, ParallelConfig, ParallelMode};
 use crate::deterministic::contiguous_sums;
 use crate::error::ParallelError;
 use crate::given_layouts::{bind_given, bind_op_layouts, Operands};
@@ -85,7 +83,7 @@ pub struct PlacedGraph {
     /// One placement per node, by [`NodeId`].
     pub nodes: Vec<NodePlacement>,
     /// The layout of every input and parameter, by [`ValueId`] (`None` for intermediates).
-    /// Under `hsdp` level 3 a sharded parameter's is its shard layout.
+    /// Under `hsdp`'s MindSpore levels a sharded parameter's is its shard layout.
     pub leaves: Vec<Option<TensorLayout>>,
     /// What optimizer parallelism decided for every trainable parameter, by [`ValueId`]
     /// (`None` for other values, and for all when `hsdp` is off or on one device).
@@ -303,14 +301,16 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                 }
             }
             NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
-                // A parameter whose gradient hsdp shards (level 2 and 3) sums its gradient's
-                // contributions in its shard layout: each is reduce-scattered, never whole.
+                // A parameter whose gradient hsdp shards sums its gradient's contributions in
+                // its shard layout: each is reduce-scattered, never whole; any other in the
+                // layout its consumers need.
                 let home = match placed.optimizer_shards[value.0]
                     .as_ref()
                     .and_then(ShardDecision::shard)
                 {
-                    Some(shard) if shard.level >= OptimizerLevel::Level2 => shard.layout.clone(),
-                    _ => value_layout(&placed, *value),
+                    Some(shard) if shard.gradient_sharded => shard.layout.clone(),
+                    Some(shard) => shard.strategy_layout.clone(),
+                    None => value_layout(&placed, *value),
                 };
                 let inputs = vec![home.clone(); node.inputs.len()];
                 let outputs = if inputs.is_empty() {
@@ -355,11 +355,11 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
             placed.leaves[p.0] = Some(TensorLayout::replicated(stage.clone(), shape));
         }
     }
-    // Level 3: a sharded parameter's own buffer holds its piece. Every node is placed by
-    // now with the strategy layout, so the lowering gathers the weight before its use.
+    // MindSpore's levels: a sharded parameter's own buffer holds its piece. Every node is
+    // placed by now with the strategy layout, so the lowering gathers the weight before its use.
     for p in graph.parameters() {
         if let Some(ShardDecision::Sharded(shard)) = &placed.optimizer_shards[p.0] {
-            if shard.level == OptimizerLevel::Level3 {
+            if shard.level.shards_weights() {
                 placed.leaves[p.0] = Some(shard.layout.clone());
             }
         }

@@ -144,38 +144,79 @@ fn split_factors(layouts: &[Layout]) -> Vec<Vec<usize>> {
     layouts.iter().map(Layout::split_factors).collect()
 }
 
-/// What optimizer parallelism shards (MindSpore's `optimizer_level`, ZeRO's stages 1–3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// What optimizer parallelism shards (MindSpore's `optimizer_level`, plus ZeRO's stages 1 and 2
+/// under their own names). See [`crate::hsdp`] for what each one does to the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptimizerLevel {
-    /// The optimizer state and the update: each rank updates its dim-0 piece of the weight,
-    /// then the weights are all-gathered. Gradients are all-reduced as without sharding
-    /// (ZeRO-1).
+    /// ZeRO-1 (`zero1`): the weights stay whole on every rank; each rank keeps optimizer state
+    /// for, and updates, only its dim-0 piece of the all-reduced gradient, then the pieces are
+    /// all-gathered into the whole weights.
+    Zero1,
+    /// ZeRO-2 (`zero2`): as ZeRO-1, but the gradients are reduce-scattered into the pieces
+    /// instead of all-reduced.
+    Zero2,
+    /// MindSpore's `level1`: the weights and the optimizer state are sharded. Each rank holds
+    /// only its piece of the weight, all-gathered before its first forward use (the gathered
+    /// weight lives until its last backward use); the gradient is reduce-scattered into the
+    /// piece (the backward of the gather). With gradient accumulation the whole gradient is
+    /// accumulated.
     Level1,
-    /// Level 1, and the gradients are reduce-scattered into the pieces instead of all-reduced
-    /// (ZeRO-2).
+    /// MindSpore's `level2`: level 1 with the gradient accumulation sharded too (MindSpore's
+    /// `grad_accumulation_shard`): the gradient is reduce-scattered at every micro step and only
+    /// the piece is accumulated. Without accumulation it is level 1.
     Level2,
-    /// Weights, gradients and optimizer state all sharded: each rank keeps only its piece of
-    /// the weight and gathers it before use (ZeRO-3, FSDP).
+    /// MindSpore's `level3` (ZeRO-3, FSDP): level 2, and each weight is gathered again before
+    /// its first backward use, so no gathered weight lives from one pass to the other.
     Level3,
 }
 
 impl OptimizerLevel {
-    /// Parses `level1`, `level2` or `level3`.
+    /// Every level, in the order of [`OptimizerLevel::name`]'s spellings.
+    pub const ALL: [OptimizerLevel; 5] = [
+        OptimizerLevel::Level1,
+        OptimizerLevel::Level2,
+        OptimizerLevel::Level3,
+        OptimizerLevel::Zero1,
+        OptimizerLevel::Zero2,
+    ];
+
+    /// Parses `level1`, `level2`, `level3`, `zero1` or `zero2`.
     pub fn parse(text: &str) -> Option<OptimizerLevel> {
-        match text {
-            "level1" => Some(OptimizerLevel::Level1),
-            "level2" => Some(OptimizerLevel::Level2),
-            "level3" => Some(OptimizerLevel::Level3),
-            _ => None,
-        }
+        OptimizerLevel::ALL.into_iter().find(|l| l.name() == text)
     }
 
     /// The config spelling.
     pub fn name(self) -> &'static str {
         match self {
+            OptimizerLevel::Zero1 => "zero1",
+            OptimizerLevel::Zero2 => "zero2",
             OptimizerLevel::Level1 => "level1",
             OptimizerLevel::Level2 => "level2",
             OptimizerLevel::Level3 => "level3",
+        }
+    }
+
+    /// Whether a sharded parameter's own buffer holds only the rank's piece (MindSpore's
+    /// levels), rather than the whole slice (ZeRO-1 and ZeRO-2).
+    pub fn shards_weights(self) -> bool {
+        matches!(
+            self,
+            OptimizerLevel::Level1 | OptimizerLevel::Level2 | OptimizerLevel::Level3
+        )
+    }
+
+    /// Whether a sharded weight is gathered again before its first backward use (level 3).
+    pub fn regathers_for_backward(self) -> bool {
+        self == OptimizerLevel::Level3
+    }
+
+    /// Whether gradient accumulation keeps only the piece at this level (`Some`), or as
+    /// `gradient_accumulation_shard` says (`None`, ZeRO-1).
+    pub fn accumulation_shard(self) -> Option<bool> {
+        match self {
+            OptimizerLevel::Zero1 => None,
+            OptimizerLevel::Level1 => Some(false),
+            OptimizerLevel::Zero2 | OptimizerLevel::Level2 | OptimizerLevel::Level3 => Some(true),
         }
     }
 }
@@ -194,20 +235,46 @@ pub struct HsdpConfig {
     pub threshold_kb: usize,
     /// What is sharded.
     pub level: OptimizerLevel,
-    /// With gradient accumulation, each rank accumulates only its optimizer piece of a sharded
-    /// parameter's gradient (MindSpore's `parallel_optimizer_config`
-    /// `gradient_accumulation_shard`). From level 2 the gradient is already the piece.
+    /// Under ZeRO-1 with gradient accumulation, each rank accumulates only its optimizer piece
+    /// of a sharded parameter's gradient (MindSpore's `parallel_optimizer_config`
+    /// `gradient_accumulation_shard`). The other levels decide it themselves
+    /// ([`OptimizerLevel::accumulation_shard`]).
     pub gradient_accumulation_shard: bool,
+    /// Whether the run accumulates gradients over micro-batches (`train.grad_accumulation_steps`
+    /// > 1, set by the trainer): level 1 then keeps, and accumulates, the whole gradient.
+    pub accumulates: bool,
+}
+
+impl HsdpConfig {
+    /// Whether the program brings a sharded parameter's gradient to its shard layout (its sum
+    /// is a reduce-scatter) rather than to the strategy layout (an all-reduce).
+    pub fn gradient_sharded(&self) -> bool {
+        match self.level {
+            OptimizerLevel::Zero1 => false,
+            OptimizerLevel::Level1 => !self.accumulates,
+            OptimizerLevel::Zero2 | OptimizerLevel::Level2 | OptimizerLevel::Level3 => true,
+        }
+    }
+
+    /// Whether gradient accumulation keeps only each rank's optimizer piece of a sharded
+    /// parameter's gradient.
+    pub fn accumulation_sharded(&self) -> bool {
+        self.level
+            .accumulation_shard()
+            .unwrap_or(self.gradient_accumulation_shard)
+    }
 }
 
 impl Default for HsdpConfig {
-    /// MindSpore's defaults: the whole replica group, 64 KB, level 1, sharded accumulation.
+    /// MindSpore's defaults: the whole replica group, 64 KB, level 1; ZeRO-1's accumulation
+    /// sharded; no accumulation.
     fn default() -> HsdpConfig {
         HsdpConfig {
             shard_size: None,
             threshold_kb: 64,
             level: OptimizerLevel::Level1,
             gradient_accumulation_shard: true,
+            accumulates: false,
         }
     }
 }
@@ -226,7 +293,7 @@ pub struct RecomputeConfig {
     /// Redo the communication that feeds recomputed ops (a model-parallel all-gather) rather
     /// than keeping its result from the forward pass (MindSpore's `mp_comm_recompute`).
     pub mp_comm_recompute: bool,
-    /// Under `hsdp` level 3, gather a weight again for its recomputed ops rather than sharing
+    /// Under `hsdp` levels 1–3, gather a weight again for its recomputed ops rather than sharing
     /// the backward pass's gather (MindSpore's `parallel_optimizer_comm_recompute`).
     pub parallel_optimizer_comm_recompute: bool,
 }

@@ -7,9 +7,8 @@ use graph::Op;
 use reshard::ReshardPlan;
 
 use crate::assign::{NodePlacement, StrategySource};
-use crate::config::OptimizerLevel;
 use crate::error::format_strategy;
-use crate::hsdp::ShardDecision;
+use crate::hsdp::{OptimizerShard, ShardDecision};
 use crate::lower::{Program, Step};
 
 impl Program {
@@ -114,7 +113,7 @@ impl Program {
         }
         let _ = writeln!(out, "\nparameters:");
         for p in &self.params {
-            // The layout the parameter's consumers need (under level 3 its buffer holds less).
+            // The layout the parameter's consumers need (under hsdp levels 1–3 its buffer holds less).
             let layout = p
                 .optimizer_shard()
                 .map_or(&p.layout, |shard| &shard.strategy_layout);
@@ -133,17 +132,8 @@ impl Program {
             );
             match &p.hsdp {
                 Some(ShardDecision::Sharded(shard)) => {
-                    let what = match shard.level {
-                        OptimizerLevel::Level1 => {
-                            "optimizer state and update in pieces, weights gathered after the update"
-                        }
-                        OptimizerLevel::Level2 => {
-                            "gradient, optimizer state and update in pieces, weights gathered after the update"
-                        }
-                        OptimizerLevel::Level3 => {
-                            "weight, gradient, optimizer state and update in pieces, weight gathered before use"
-                        }
-                    };
+                    let accumulates = self.placed.config.hsdp.is_some_and(|h| h.accumulates);
+                    let what = describe_shard(shard, accumulates);
                     let _ = writeln!(
                         out,
                         "  {:<20} hsdp {}: optimizer shard {} (slice {:?}), dim 0 over groups of {} ranks (step {}): {what}",
@@ -343,4 +333,31 @@ pub fn describe_plan_with(plan: &ReshardPlan, deterministic: bool) -> String {
         parts.push("nothing to move".to_string());
     }
     parts.join(", then ")
+}
+
+/// What `hsdp` keeps in pieces for a sharded parameter and when its weight is whole, for
+/// `--explain` (`accumulates`: the run accumulates gradients over micro-batches).
+fn describe_shard(shard: &OptimizerShard, accumulates: bool) -> String {
+    let pieces: Vec<&str> = [
+        (shard.level.shards_weights(), "weight"),
+        (shard.gradient_sharded, "gradient"),
+        (true, "optimizer state and update"),
+    ]
+    .into_iter()
+    .filter_map(|(on, what)| on.then_some(what))
+    .collect();
+    let whole = match (
+        shard.level.shards_weights(),
+        shard.level.regathers_for_backward(),
+    ) {
+        (true, true) => "weight gathered before its forward use and again before its backward use",
+        (true, false) => "weight gathered before its forward use and kept until its backward use",
+        (false, _) => "weights gathered after the update",
+    };
+    let accumulation = match (accumulates, shard.accumulation_sharded) {
+        (false, _) => "",
+        (true, true) => "; the gradient accumulated in pieces",
+        (true, false) => "; the gradient accumulated whole",
+    };
+    format!("{} in pieces, {whole}{accumulation}", pieces.join(", "))
 }

@@ -34,9 +34,11 @@ pub struct CommFusionConfig {
     pub openstate: bool,
     /// The gradients' all-reduces.
     pub allreduce: FusionMode,
-    /// The gradients' reduce-scatters (hsdp levels 2 and 3).
+    /// The gradients' reduce-scatters (`hsdp` gradients brought to their pieces: every level but
+    /// `zero1`, and `level1` only without accumulation).
     pub reducescatter: FusionMode,
-    /// The all-gathers of updated weight pieces after the optimizer step (hsdp levels 1 and 2).
+    /// The all-gathers of updated weight pieces after the optimizer step (`hsdp` levels `zero1`
+    /// and `zero2`, which keep weights whole).
     pub allgather: FusionMode,
 }
 
@@ -58,9 +60,9 @@ pub struct OverlapConfig {
     /// A gradient bucket's reduction runs on a progress thread while the rest of the backward
     /// pass computes (`grad_computation_allreduce_overlap`).
     pub grad_computation_allreduce_overlap: bool,
-    /// Under `hsdp` level 3, each weight's all-gather runs on a progress thread one gather
-    /// ahead: the next weight arrives while the current layer computes
-    /// (`computation_allgather_overlap`).
+    /// Under `hsdp`'s MindSpore levels (weights kept in pieces), each weight's all-gather runs
+    /// on a progress thread one gather ahead: the next weight arrives while the current layer
+    /// computes (`computation_allgather_overlap`).
     pub computation_allgather_overlap: bool,
 }
 
@@ -310,19 +312,20 @@ pub fn fused_gathers(program: &Program) -> Vec<bool> {
     fused
 }
 
-/// With `computation_allgather_overlap`: the steps (in order) that gather a level-3 weight from
-/// its pieces, forward and backward — each is started when the one before it runs (the first
-/// when the step starts) and its result taken at its own step.
+/// With `computation_allgather_overlap`: the steps (in order) that gather a weight `hsdp` keeps
+/// in pieces (levels 1–3) from its pieces, forward and (level 3) backward — each is started
+/// when the one before it runs (the first when the step starts) and its result taken at its
+/// own step.
 pub fn prefetched_gathers(program: &Program) -> Vec<usize> {
     if !program.placed.config.overlap.computation_allgather_overlap {
         return Vec::new();
     }
-    let level3: Vec<usize> = program
+    let pieces: Vec<usize> = program
         .params
         .iter()
         .filter(|p| {
             p.optimizer_shard()
-                .is_some_and(|s| s.level == crate::config::OptimizerLevel::Level3)
+                .is_some_and(|s| s.level.shards_weights())
         })
         .map(|p| p.buffer)
         .collect();
@@ -331,7 +334,7 @@ pub fn prefetched_gathers(program: &Program) -> Vec<usize> {
         .iter()
         .enumerate()
         .filter_map(|(i, s)| match s {
-            Step::Reshard(r) if level3.contains(&r.from) && r.plan.reduce().is_none() => Some(i),
+            Step::Reshard(r) if pieces.contains(&r.from) && r.plan.reduce().is_none() => Some(i),
             _ => None,
         })
         .collect()

@@ -19,20 +19,32 @@
 //! # What each level changes
 //! The layout model does the work: a value whose buffer has one layout and whose consumer
 //! needs another gets a reshard, and a gradient's pending data-parallel sum is resolved by the
-//! cheapest collective into the layout it is brought to.
-//! - **level1**: weights keep the strategy layout; the gradient is all-reduced into it as
+//! cheapest collective into the layout it is brought to. MindSpore's three levels
+//! ([`OptimizerLevel::shards_weights`]) give the parameter's own buffer the shard layout:
+//! - **level1**: every consumer needs the strategy layout, so the lowering all-gathers the
+//!   weight before its first forward use; the backward pass reads that gathered copy, which
+//!   lives until its last backward use. The gradient is brought to the shard layout, so its
+//!   sum is a reduce-scatter (the backward of the gather), and the optimizer updates the piece
+//!   in place: no gather after the update. With gradient accumulation
+//!   ([`HsdpConfig::accumulates`]) the gradient is instead brought whole to the strategy
+//!   layout and accumulated whole, as MindSpore accumulates the whole gradient at level 1; the
+//!   optimizer reads its piece's rows of the sum.
+//! - **level2**: as level 1, but with accumulation too the gradient goes to the shard layout
+//!   at every micro step and only the piece is accumulated (MindSpore's
+//!   `grad_accumulation_shard`). Without accumulation it is level 1.
+//! - **level3**: as level 2, and every weight is gathered again before its first backward use
+//!   ([`crate::recompute`]'s backward copies), so no whole weight lives from one pass to the
+//!   other.
+//!
+//! ZeRO's first two stages stay reachable under their own names; they keep the weights whole:
+//! - **zero1**: weights keep the strategy layout; the gradient is all-reduced into it as
 //!   without sharding. The optimizer keeps state for, and updates, only the rank's piece; the
 //!   program's [`crate::WeightGather`]s then all-gather the pieces into the whole weights.
-//! - **level2**: as level 1, but the gradient is brought to the shard layout, so its sum is a
-//!   reduce-scatter and each rank holds only its piece of the gradient. A gradient with
-//!   several contributions (a tied embedding table) sums them in the shard layout: each is
-//!   reduce-scattered, and the pieces are added.
-//! - **level3**: the parameter's own buffer has the shard layout. Every consumer needs the
-//!   strategy layout, so the lowering all-gathers the weight before its first forward use, and
-//!   again before its first backward use ([`crate::recompute`]'s backward copies), so no whole
-//!   weight lives from one pass to the other; the gradient is reduce-scattered into the
-//!   piece, as at level 2, and the optimizer updates the piece in place. No gather after the
-//!   update.
+//! - **zero2**: as zero1, but the gradient is brought to the shard layout, so its sum is a
+//!   reduce-scatter and each rank holds only its piece of the gradient.
+//!
+//! A gradient with several contributions (a tied embedding table) brought to the shard layout
+//! sums them there: each is reduce-scattered, and the pieces are added.
 //!
 //! The decision is made when a parameter gets its layout (from its first forward consumer),
 //! so the accumulations of its gradient, placed later, already know the shard layout.
@@ -50,9 +62,14 @@ pub struct OptimizerShard {
     /// The layout the parameter's strategy gives it: what its consumers need.
     pub strategy_layout: TensorLayout,
     /// The strategy layout with dim 0 further split over the shard group: the piece each rank
-    /// updates and keeps optimizer state for (and, from level 2, receives the gradient of;
-    /// at level 3, holds).
+    /// updates and keeps optimizer state for (and, at MindSpore's levels, holds; with
+    /// `gradient_sharded`, receives the gradient of).
     pub layout: TensorLayout,
+    /// Whether the program brings the gradient to [`OptimizerShard::layout`] (a
+    /// reduce-scatter) rather than to the strategy layout ([`HsdpConfig::gradient_sharded`]).
+    pub gradient_sharded: bool,
+    /// Whether gradient accumulation keeps only the piece ([`HsdpConfig::accumulation_sharded`]).
+    pub accumulation_sharded: bool,
     /// Ranks per shard group (MindSpore's `opt_weight_shard_size`).
     pub size: usize,
     /// The rank stride inside a shard group (MindSpore's `opt_weight_shard_step`).
@@ -128,6 +145,8 @@ pub(crate) fn decide(
         / (k - 1);
     ShardDecision::Sharded(Box::new(OptimizerShard {
         level: config.level,
+        gradient_sharded: config.gradient_sharded(),
+        accumulation_sharded: config.accumulation_sharded(),
         strategy_layout: strategy_layout.clone(),
         layout,
         size: k,

@@ -13,9 +13,9 @@
 //!   (with their reasons and bytes) where a layout changes or a pending sum is consumed;
 //!   [`Program::explain`] prints it. [`compile_training`] and [`compile_forward`] do all of it
 //!   from a forward graph.
-//! - [`hsdp`]: optimizer parallelism (`[parallel.hsdp]`, ZeRO levels 1–3): which parameters
-//!   are cut along dim 0 over their replica group; the lowering then gathers, reduce-scatters
-//!   and lists the post-update weight gathers ([`WeightGather`]).
+//! - [`hsdp`]: optimizer parallelism (`[parallel.hsdp]`, MindSpore's levels 1–3 and ZeRO-1/2):
+//!   which parameters are cut along dim 0 over their replica group; the lowering then gathers,
+//!   reduce-scatters and lists the post-update weight gathers ([`WeightGather`]).
 //! - `recompute`: `[parallel.recompute]` — which forward values the backward pass computes
 //!   again, and the backward pass's own copies (recomputed values, level-3 weights gathered
 //!   again) the lowering makes.

@@ -17,7 +17,7 @@ use reshard::{DistLayout, ReshardPlan};
 use tensor::DType;
 
 use crate::assign::PlacedGraph;
-use crate::config::{OptimizerLevel, ParallelMode};
+use crate::config::ParallelMode;
 use crate::error::ParallelError;
 use crate::hsdp::{OptimizerShard, ShardDecision};
 use crate::recompute::BackwardCopies;
@@ -121,8 +121,8 @@ pub struct ProgramParam {
     /// Its buffer.
     pub buffer: usize,
     /// The buffer holding its gradient after a step (trainable parameters of a training
-    /// program): in the parameter's layout, except under `hsdp` level 2 where it is in the
-    /// shard layout.
+    /// program): in the parameter's strategy layout, or in its `hsdp` shard layout where
+    /// [`OptimizerShard::gradient_sharded`].
     pub grad_buffer: Option<usize>,
     /// What optimizer parallelism decided for it (`None` when `hsdp` is off, on one device,
     /// or for a parameter that is not trainable).
@@ -138,7 +138,7 @@ impl ProgramParam {
 }
 
 /// After the optimizer has updated this rank's piece of a parameter in place (in the
-/// parameter's buffer, `hsdp` levels 1 and 2), the pieces are all-gathered into the whole
+/// parameter's buffer, `hsdp` levels `zero1` and `zero2`), the pieces are all-gathered into the whole
 /// weights: `plan` moves the parameter from its shard layout to its layout. The runtime takes
 /// the source from the rows of the parameter's own buffer.
 #[derive(Debug, Clone)]
@@ -181,7 +181,7 @@ pub struct Program {
     /// `loss_repeated_mean = false`; 1 otherwise).
     pub grad_scale: f64,
     /// The gathers of updated weight pieces the runtime runs after the optimizer update
-    /// (`hsdp` levels 1 and 2), in parameter order.
+    /// (`hsdp` levels `zero1` and `zero2`), in parameter order.
     pub weight_gathers: Vec<WeightGather>,
     /// The gradient reductions run fused, bucket by bucket (`[parallel.comm_fusion]`); their
     /// steps are not run one by one.
@@ -467,7 +467,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
             .expect("gradients are requested for parameters");
         let name = slot.name.clone();
         let b = match slot.optimizer_shard() {
-            Some(shard) if shard.level >= OptimizerLevel::Level2 => {
+            Some(shard) if shard.gradient_sharded => {
                 let layout = shard.layout.clone();
                 lw.need(g, &layout, || {
                     format!(
@@ -477,8 +477,9 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
                     )
                 })?
             }
-            _ => {
-                let layout = slot.layout.clone();
+            shard => {
+                // The strategy layout: a parameter's own, or the one hsdp shards it from.
+                let layout = shard.map_or(&slot.layout, |s| &s.strategy_layout).clone();
                 lw.need(g, &layout, || {
                     format!("the gradient of {name} must be laid out like {name} (summing the contributions of the ranks that share it)")
                 })?
@@ -491,7 +492,7 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
         let Some(shard) = p.optimizer_shard() else {
             continue;
         };
-        if shard.level == OptimizerLevel::Level3 || p.grad_buffer.is_none() {
+        if shard.level.shards_weights() || p.grad_buffer.is_none() {
             continue;
         }
         let dtype = lw.buffers[p.buffer].dtype;

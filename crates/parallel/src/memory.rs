@@ -3,15 +3,15 @@
 //! The runtime allocates a step's buffers as the steps write them and frees each after its
 //! last reader ([`BufferLifetimes`]), so what a rank holds rises and falls over a step. The
 //! categories are those of ZeRO's accounting plus the step's working memory:
-//! - **parameters**: the parameters' own buffers (under `hsdp` level 3, the pieces);
+//! - **parameters**: the parameters' own buffers (under `hsdp` levels 1–3, the pieces);
 //! - **gradients**: the gradients the optimizer reads, after their data-parallel sum, and the
 //!   accumulation buffers of gradient accumulation;
 //! - **optimizer**: the optimizer's state;
 //! - **activations**: every value a kernel writes (forward activations, the backward pass's
 //!   values, gradients before their sum) and the fed inputs;
 //! - **communication**: the destinations of reshards (a gathered weight, an all-reduced
-//!   activation), the pieces `hsdp` gathers after the update, and with overlap the gradient
-//!   buckets in flight. The messages of a reshard in flight are not counted.
+//!   activation), the pieces `hsdp` gathers after the update (`zero1`, `zero2`), and with
+//!   overlap the gradient buckets in flight. The messages of a reshard in flight are not counted.
 //!
 //! [`predict`] walks the program as the runtime runs it, before anything runs, so
 //! `tessera train --explain` can say what a run will need.
@@ -381,7 +381,7 @@ fn walk_steps(
         }
     }
     let mut allocated = lifetimes.persistent.clone();
-    // Prefetched level-3 gathers: each started (its destination allocated, its source copied)
+    // Prefetched weight gathers (hsdp levels 1–3): each started (its destination allocated, its source copied)
     // when the gather before it runs, the first when the step starts.
     let gathers = crate::fusion::prefetched_gathers(program);
     let gather_bytes = |g: usize| match &program.steps[g] {

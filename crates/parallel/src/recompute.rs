@@ -34,14 +34,17 @@ enum Pass {
 /// The backward pass's own copies of forward values, made while lowering: recomputed values,
 /// weights gathered again under `hsdp` level 3 (ZeRO-3 gathers for the forward and again for
 /// the backward pass, so no whole weight lives between them), and the communication feeding
-/// recomputed ops.
+/// recomputed ops (a sharded weight's gather only with `parallel_optimizer_comm_recompute`).
 #[derive(Debug, Default)]
 pub(crate) struct BackwardCopies {
     config: RecomputeConfig,
     /// By value id: recomputed under `[parallel.recompute]`.
     recomputed: Vec<bool>,
-    /// By value id: a weight that `hsdp` level 3 keeps in pieces.
-    level3: Vec<bool>,
+    /// By value id: a weight that `hsdp` keeps in pieces (MindSpore's levels), gathered before
+    /// use.
+    sharded_weight: Vec<bool>,
+    /// By value id: a weight gathered again for the backward pass (`hsdp` level 3).
+    regathered: Vec<bool>,
     /// Copies made for the backward pass, by value and pass: buffers, in order made.
     copies: HashMap<(ValueId, Pass), Vec<usize>>,
     /// The output buffers of each recomputed node.
@@ -54,19 +57,19 @@ impl BackwardCopies {
         let graph = &placed.graph;
         let config = placed.config.recompute.clone().unwrap_or_default();
         let recomputed = recomputed_values(graph, &config)?;
-        let level3 = placed
+        let levels: Vec<Option<OptimizerLevel>> = placed
             .optimizer_shards
             .iter()
-            .map(|s| {
-                s.as_ref()
-                    .and_then(ShardDecision::shard)
-                    .is_some_and(|s| s.level == OptimizerLevel::Level3)
-            })
+            .map(|s| s.as_ref().and_then(ShardDecision::shard).map(|s| s.level))
             .collect();
+        let by_level = |f: fn(OptimizerLevel) -> bool| -> Vec<bool> {
+            levels.iter().map(|l| l.is_some_and(f)).collect()
+        };
         Ok(BackwardCopies {
             config,
             recomputed,
-            level3,
+            sharded_weight: by_level(OptimizerLevel::shards_weights),
+            regathered: by_level(OptimizerLevel::regathers_for_backward),
             ..BackwardCopies::default()
         })
     }
@@ -74,7 +77,7 @@ impl BackwardCopies {
     /// Whether a backward op reads `v` from the backward pass's own copies.
     pub(crate) fn rematerialised(&self, v: ValueId) -> bool {
         self.recomputed.get(v.0).copied().unwrap_or(false)
-            || self.level3.get(v.0).copied().unwrap_or(false)
+            || self.regathered.get(v.0).copied().unwrap_or(false)
     }
 }
 
@@ -111,8 +114,19 @@ impl Lowering<'_> {
         reason: impl FnOnce() -> String,
     ) -> Result<usize, ParallelError> {
         let bw = &self.backward;
-        let (recomputed, level3) = (bw.recomputed[v.0], bw.level3[v.0]);
-        let pass = if for_recompute && level3 && bw.config.parallel_optimizer_comm_recompute {
+        let (recomputed, sharded_weight, regathered) = (
+            bw.recomputed[v.0],
+            bw.sharded_weight[v.0],
+            bw.regathered[v.0],
+        );
+        // A recomputed op communicates again what feeds it: a sharded weight's gather as
+        // `parallel_optimizer_comm_recompute` says, other communication as `mp_comm_recompute`.
+        let comm_recompute = match sharded_weight {
+            true => bw.config.parallel_optimizer_comm_recompute,
+            false => bw.config.mp_comm_recompute,
+        };
+        let pass = if for_recompute && sharded_weight && bw.config.parallel_optimizer_comm_recompute
+        {
             Pass::Recompute
         } else {
             Pass::Backward
@@ -129,7 +143,7 @@ impl Lowering<'_> {
             .expect("a value is produced before it is used");
         let origin_layout = self.buffers[origin].layout.layout().clone();
         let keep_forward = !same_ranks(&origin_layout, need)
-            || !(level3 || recomputed || (for_recompute && bw.config.mp_comm_recompute))
+            || !(regathered || recomputed || (for_recompute && comm_recompute))
             || (recomputed
                 && !bw.config.mp_comm_recompute
                 && self.find_copy(&self.versions[&v][1..], need).is_some());
@@ -144,8 +158,10 @@ impl Lowering<'_> {
         if let Some(b) = self.find_copy(&[base], need) {
             return Ok(b);
         }
-        let why = if level3 {
+        let why = if regathered {
             "hsdp level3: gathered again for the backward pass"
+        } else if sharded_weight {
+            "hsdp: gathered again for a recomputed op (parallel_optimizer_comm_recompute)"
         } else if recomputed {
             "recomputed"
         } else {

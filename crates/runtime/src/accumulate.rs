@@ -1,10 +1,11 @@
 //! Gradient accumulation's buffers (`train.grad_accumulation_steps` > 1): the mean gradient of
 //! a step's micro-batches, one buffer per trainable parameter shard.
 //!
-//! Each buffer is shaped like the gradient the program leaves (under `hsdp` level 2 and 3, the
-//! optimizer piece), or — with `parallel.hsdp.gradient_accumulation_shard` on a parameter that
-//! hsdp shards — like the optimizer piece alone: the rank accumulates, and its optimizer
-//! reads, only its rows. It is zeroed at every step's start and spent by the step's update,
+//! Each buffer is shaped like the gradient the program leaves (the optimizer piece where `hsdp`
+//! reduce-scatters the gradient), or — where hsdp shards the accumulation (levels 2 and 3,
+//! `zero2`, and `zero1` with `parallel.hsdp.gradient_accumulation_shard`) — like the optimizer
+//! piece alone: the rank accumulates, and its optimizer reads, only its rows. Level 1 keeps the
+//! whole gradient. It is zeroed at every step's start and spent by the step's update,
 //! so nothing in it outlives a step and checkpoints (taken between steps) need none of it.
 
 use tensor::Tensor;

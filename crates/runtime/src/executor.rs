@@ -53,7 +53,7 @@ pub struct RankExecutor {
     /// With `[parallel.overlap]`: where buckets are reduced and weights gathered while the
     /// steps go on.
     overlap: Option<Progress>,
-    /// With `computation_allgather_overlap`: by step, the level-3 gather started after it
+    /// With `computation_allgather_overlap`: by step, the hsdp weight gather started after it
     /// (`prefetch_after`), and whether the step's own gather was started before
     /// (`prefetched`).
     prefetch_after: Vec<Option<usize>>,
@@ -683,7 +683,7 @@ impl RankExecutor {
 
     /// After the optimizer has updated this rank's piece of every parameter in place, brings
     /// the updated pieces together into the whole weights (the program's weight gathers,
-    /// `hsdp` levels 1 and 2; nothing otherwise).
+    /// `hsdp` levels `zero1` and `zero2`; nothing otherwise).
     pub fn gather_updated_weights(&mut self) -> Result<(), RuntimeError> {
         let program = self.program.clone();
         let fused = parallel::fusion::fused_gathers(&program);
@@ -989,7 +989,7 @@ impl RankExecutor {
         Ok(result?)
     }
 
-    /// Hands the gather of step `i` (a level-3 weight's) to the progress thread: its
+    /// Hands the gather of step `i` (an hsdp weight's, levels 1–3) to the progress thread: its
     /// destination is allocated now, and the copy of its source counts as communication until
     /// it is done.
     fn start_gather(&mut self, program: &Program, i: usize) -> Result<(), RuntimeError> {

@@ -1,6 +1,6 @@
 //! Communication that runs while the steps go on (`[parallel.overlap]`): gradient buckets
-//! reduced during the backward pass (`grad_computation_allreduce_overlap`), and level-3 weight
-//! gathers one gather ahead (`computation_allgather_overlap`).
+//! reduced during the backward pass (`grad_computation_allreduce_overlap`), and hsdp weight
+//! gathers (levels 1–3) one gather ahead (`computation_allgather_overlap`).
 //!
 //! On the local backend a progress thread per rank runs each job as soon as it is handed over,
 //! with its own reshard runner whose group communicators were created when the executor was

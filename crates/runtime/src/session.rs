@@ -131,7 +131,7 @@ pub struct RankOutcome {
 /// its data-parallel sum) are not counted: they are the step's, like its activations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ParamMemory {
-    /// The parameters' own buffers (the slice, or under `hsdp` level 3 the piece).
+    /// The parameters' own buffers (the slice, or under `hsdp`'s MindSpore levels the piece).
     pub parameters: usize,
     /// The gradients as the optimizer reads them (after their data-parallel sum).
     pub gradients: usize,
@@ -546,11 +546,11 @@ impl Session {
                 })
             };
             // hsdp: the optimizer state is held in optimizer-shard pieces at every level, the
-            // weights only at level 3 (levels 1 and 2 keep them whole on every rank).
+            // weights at MindSpore's levels (zero1 and zero2 keep them whole on every rank).
             let (weights, state) = match p.optimizer_shard() {
                 Some(shard) => {
                     let sharded = bind(&shard.strategy_layout, shard.size)?;
-                    let weights = if shard.level == parallel::OptimizerLevel::Level3 {
+                    let weights = if shard.level.shards_weights() {
                         sharded.clone()
                     } else {
                         bind(&p.layout, 1)?
@@ -1111,13 +1111,13 @@ impl Session {
         }
     }
 
-    /// Whether gradient accumulation keeps only each rank's optimizer piece
-    /// (`parallel.hsdp.gradient_accumulation_shard`).
+    /// Whether gradient accumulation keeps only each rank's optimizer piece (`hsdp` level 2
+    /// and 3, zero2, or zero1 with `parallel.hsdp.gradient_accumulation_shard`).
     fn accumulation_sharded(&self) -> bool {
         self.config
             .parallel_config()
             .hsdp
-            .is_some_and(|h| h.gradient_accumulation_shard)
+            .is_some_and(|h| h.accumulation_sharded())
     }
 
     /// Whether the steps are pipelined: more than one stage and more than one micro-batch.
@@ -1613,7 +1613,7 @@ fn gradient_of<'e>(
 /// The optimizer step: every trainable parameter's piece (its shard, or with `hsdp` the rows
 /// of its optimizer shard) updated with its gradient — the program's gradient buffer, or with
 /// gradient accumulation the accumulated mean — then the updated pieces gathered into whole
-/// weights where `hsdp` keeps weights whole (levels 1 and 2). Under mixed precision the update
+/// weights where `hsdp` keeps weights whole (`zero1` and `zero2`). Under mixed precision the update
 /// applies to the f32 master piece, with the gradient widened and unscaled, and the result is
 /// rounded into the weights; a step whose gradients overflowed on any rank is skipped
 /// (returns `false`).

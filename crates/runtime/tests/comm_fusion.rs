@@ -88,7 +88,7 @@ fn every_fusion_mode_trains_one_devices_numbers() {
     }
 }
 
-/// Fused weight gathers (`allgather`, hsdp levels 1 and 2): every gather of the bucket's
+/// Fused weight gathers (`allgather`, hsdp `zero1` and `zero2`, which gather the updated pieces): every gather of the bucket's
 /// parameters runs as one all-gather per group, including groups of a shard size below the
 /// replica count; the weights are the unfused gathers' bits, every rank's memory is as
 /// predicted, and the buckets are where the mode puts them.
@@ -99,25 +99,25 @@ fn fused_weight_gathers_train_the_unfused_bits() {
     let dp4 = "devices = 4\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
     let cases = [
         (
-            "dp 2, level 1, auto",
+            "dp 2, zero1, auto",
             DP2.to_string(),
-            "level1",
+            "zero1",
             "",
             "{ mode = \"auto\" }",
             Some(1),
         ),
         (
-            "dp 2 × mp 2, level 2, index",
+            "dp 2 × mp 2, zero2, index",
             DP2_MP2.to_string(),
-            "level2",
+            "zero2",
             "",
             "{ mode = \"index\", config = [6] }",
             None,
         ),
         (
-            "dp 4, level 1, shard size 2, size 1 MB",
+            "dp 4, zero1, shard size 2, size 1 MB",
             dp4.to_string(),
-            "level1",
+            "zero1",
             "shard_size = 2\n",
             "{ mode = \"size\", config = 1 }",
             None,

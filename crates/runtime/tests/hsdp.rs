@@ -1,8 +1,8 @@
-//! Optimizer parallelism (`[parallel.hsdp]`, ZeRO levels 1–3): the GPT trains the numbers one
-//! device trains at every level, shard size and threshold; the checkpoints merge into the same
-//! parameters through either strategy file; each rank holds the bytes ZeRO's formulas say;
-//! `--explain` shows the shard layouts and the collectives; bad values are refused naming the
-//! key.
+//! Optimizer parallelism (`[parallel.hsdp]`, MindSpore's levels 1–3 and ZeRO-1/2 as `zero1`
+//! and `zero2`): the GPT trains the numbers one device trains at every level, shard size and
+//! threshold; the checkpoints merge into the same parameters through either strategy file;
+//! each rank holds the bytes MindSpore's levels and ZeRO's formulas say; `--explain` shows the
+//! shard layouts and the collectives; bad values are refused naming the key.
 
 use std::path::Path;
 
@@ -42,10 +42,11 @@ fn parallel(devices: usize, gpt: &str, hsdp: Option<&str>) -> String {
 
 const STEPS: usize = 20;
 
-/// The data-parallel and the dp 2 × mp 2 GPT, each level × shard_size {-1, 2} × threshold
-/// {0, 64} KB, with Adam and Momentum: every step's loss is one device's (relative 1e-4) and
-/// the merged checkpoint holds one device's parameters. Threshold 64 shards nothing of this
-/// small model (its largest parameter is 32 KB) and threshold 0 every parameter with replicas;
+/// The data-parallel and the dp 2 × mp 2 GPT, each MindSpore level × shard_size {-1, 2} ×
+/// threshold {0, 64} KB (and `zero1`, `zero2` with every parameter sharded), with Adam and
+/// Momentum: every step's loss is one device's (relative 1e-4) and the merged checkpoint holds
+/// one device's parameters. Threshold 64 shards nothing of this small model (its largest
+/// parameter is 32 KB) and threshold 0 every parameter with replicas;
 /// `hsdp_memory_follows_the_zero_formulas` covers a threshold that shards some.
 #[test]
 fn hsdp_levels_match_one_device() {
@@ -63,9 +64,12 @@ fn hsdp_levels_match_one_device() {
             STEPS,
         ));
         for (layout_name, gpt) in layouts {
-            for level in ["level1", "level2", "level3"] {
+            for level in ["level1", "level2", "level3", "zero1", "zero2"] {
                 for shard_size in [-1, 2] {
                     for threshold in [0, 64] {
+                        if level.starts_with("zero") && (shard_size, threshold) != (-1, 0) {
+                            continue;
+                        }
                         let hsdp = format!(
                             "optimizer_level = \"{level}\"\nshard_size = {shard_size}\nthreshold = {threshold}"
                         );
@@ -96,8 +100,9 @@ fn hsdp_levels_match_one_device() {
 }
 
 /// Every rank's bytes for parameters, gradients and Adam's two moments against plain data
-/// parallelism on 4 ranks (Ψ bytes of parameters per rank): ZeRO's formulas, in f32 without
-/// master copies — plain 4Ψ; level1 Ψ + Ψ + 2Ψ/4; level2 Ψ + Ψ/4 + 2Ψ/4; level3 (1 + 1 + 2)Ψ/4 —
+/// parallelism on 4 ranks (Ψ bytes of parameters per rank), in f32 without master copies —
+/// plain 4Ψ; MindSpore's level1, level2 and level3 (weights, gradients and state in pieces,
+/// without accumulation) (1 + 1 + 2)Ψ/4; ZeRO's zero1 Ψ + Ψ + 2Ψ/4 and zero2 Ψ + Ψ/4 + 2Ψ/4 —
 /// for the sharded bytes Ψₛ, the parameters below the threshold (Ψᵤ = Ψ − Ψₛ) costing 4Ψᵤ at
 /// every level. With threshold 0 every parameter is sharded; with 16 KB only the embedding
 /// table (32 KB of the model's ~138 KB).
@@ -142,7 +147,7 @@ fn hsdp_memory_follows_the_zero_formulas() {
     );
     let n = 4;
     for threshold in [0, 16] {
-        for level in ["level1", "level2", "level3"] {
+        for level in ["level1", "level2", "level3", "zero1", "zero2"] {
             let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = {threshold}");
             let (session, memory) = run(&format!("{level}-{threshold}"), Some(&hsdp));
             let sharded: usize = session
@@ -163,12 +168,12 @@ fn hsdp_memory_follows_the_zero_formulas() {
                 );
             }
             let expected = match level {
-                "level1" => ParamMemory {
+                "zero1" => ParamMemory {
                     parameters: psi,
                     gradients: psi,
                     optimizer: 2 * sharded / n + 2 * unsharded,
                 },
-                "level2" => ParamMemory {
+                "zero2" => ParamMemory {
                     parameters: psi,
                     gradients: sharded / n + unsharded,
                     optimizer: 2 * sharded / n + 2 * unsharded,
@@ -200,12 +205,13 @@ fn hsdp_memory_follows_the_zero_formulas() {
 /// The checkpoints of a sharded run merge into the same tensors through the MindSpore
 /// protobuf strategy file (which records `opt_weight_shard_size` and `opt_weight_shard_step`
 /// and leaves the global shape to be inferred) as through Tessera's JSON; the strategy records
-/// the optimizer shard for the state at every level and for the weights at level 3 only.
+/// the optimizer shard for the state at every level and for the weights at MindSpore's levels
+/// (not under `zero1`, which keeps them whole).
 #[test]
 fn hsdp_checkpoints_record_the_optimizer_shard() {
     let tmp = tempfile::tempdir().unwrap();
     let mut runs = Vec::new();
-    for level in ["level1", "level3"] {
+    for level in ["zero1", "level3", "level1"] {
         let out = tmp.path().join(level);
         let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0\nshard_size = 2");
         let cfg = config(
@@ -233,8 +239,8 @@ fn hsdp_checkpoints_record_the_optimizer_shard() {
         assert_eq!(shard_of(&format!("moment1.{weight}")), 2);
         assert_eq!(
             shard_of(weight),
-            if level == "level3" { 2 } else { 1 },
-            "{level}: weights are saved in pieces at level 3 only"
+            if level == "zero1" { 1 } else { 2 },
+            "{level}: weights are saved in pieces except under zero1"
         );
         let merged = out.join("merged-ms");
         ckpt::unified_safetensors(
@@ -248,7 +254,7 @@ fn hsdp_checkpoints_record_the_optimizer_shard() {
         runs.push((out, from_json));
     }
     // `tessera ckpt convert`: the level-3 checkpoint (weights in pieces of 2) converted to the
-    // level-1 run's strategy (weights whole, moments in pieces), then merged, holds the same
+    // zero1 run's strategy (weights whole, moments in pieces), then merged, holds the same
     // tensors.
     let (level1_dir, _) = &runs[0];
     let (level3_dir, level3_params) = &runs[1];
@@ -260,7 +266,7 @@ fn hsdp_checkpoints_record_the_optimizer_shard() {
         Some(&level1_dir.join("strategy.json")),
         &ckpt::ConvertOptions::default(),
     )
-    .expect("level 3 converts to level 1");
+    .expect("level 3 converts to zero1");
     let merged = tmp.path().join("converted-merged");
     ckpt::unified_safetensors(
         &converted,
@@ -316,7 +322,7 @@ fn hsdp_in_deterministic_mode_is_bitwise_one_device() {
         5,
         &deterministic,
     ));
-    for level in ["level1", "level2", "level3"] {
+    for level in ["level1", "level2", "level3", "zero1", "zero2"] {
         let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0");
         let (_, _, run) = train(&config_with(
             &tmp.path().join(level),
@@ -330,8 +336,9 @@ fn hsdp_in_deterministic_mode_is_bitwise_one_device() {
 }
 
 /// A run saved under level 3 (weights and Adam's moments in pieces of 2 on dp 2 × mp 2)
-/// resumes under level 1 on 4 data-parallel ranks (weights whole, moments in pieces of 4) and
-/// under no sharding at all: each continues one device's uninterrupted run.
+/// resumes under level 1 on 4 data-parallel ranks (weights and moments in pieces of 4), under
+/// zero1 (weights whole, moments in pieces of 4) and under no sharding at all: each continues
+/// one device's uninterrupted run.
 #[test]
 fn hsdp_runs_resume_under_other_levels_and_strategies() {
     let tmp = tempfile::tempdir().unwrap();
@@ -355,6 +362,14 @@ fn hsdp_runs_resume_under_other_levels_and_strategies() {
             "level 1, dp 4",
             parallel(4, "model_parallel = 1", Some("threshold = 0")),
         ),
+        (
+            "zero1, dp 4",
+            parallel(
+                4,
+                "model_parallel = 1",
+                Some("optimizer_level = \"zero1\"\nthreshold = 0"),
+            ),
+        ),
         ("no sharding, dp 2", parallel(2, "model_parallel = 1", None)),
     ];
     for (i, (what, body)) in seconds.iter().enumerate() {
@@ -374,31 +389,59 @@ fn hsdp_runs_resume_under_other_levels_and_strategies() {
     }
 }
 
-/// `--explain` shows each sharded parameter's shard layout, the gradient's reduce-scatter
-/// (level 2), the gathers after the update (levels 1 and 2) or before use (level 3), and why
-/// a parameter is left whole.
+/// `--explain` shows each sharded parameter's shard layout, the gradient's reduce-scatter, the
+/// weights' gathers after the update (zero1, zero2), before the forward use (MindSpore's
+/// levels) and again before the backward use (level 3 only), how accumulation holds the
+/// gradient, and why a parameter is left whole.
 #[test]
 fn hsdp_explain_shows_shards_and_collectives() {
     let tmp = tempfile::tempdir().unwrap();
-    let explain = |level: &str, threshold: usize| {
+    let explain_with = |level: &str, threshold: usize, overrides: &[String]| {
         let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = {threshold}");
-        let cfg = config(
+        let cfg = config_with(
             tmp.path(),
             "adam",
             &parallel(4, "model_parallel = 1", Some(&hsdp)),
             1,
+            overrides,
         );
         Session::new(&cfg)
             .expect("the session builds")
             .train
             .explain()
     };
+    let explain = |level: &str, threshold: usize| explain_with(level, threshold, &[]);
+    let gathered_before_use = |text: &str, what: &str| {
+        let gather = text
+            .lines()
+            .find(|l| l.contains("-> reshard embedding") && l.contains("all-gather"))
+            .unwrap_or_else(|| {
+                panic!("{what}: an all-gather of the embedding before use:\n{text}")
+            });
+        assert!(gather.contains("needs input"), "{what}: {gather}");
+    };
+    let zero1 = explain("zero1", 16);
+    assert!(zero1.contains("hsdp zero1: optimizer shard"), "{zero1}");
+    assert!(zero1.contains("hsdp: not sharded:"), "{zero1}");
+    assert!(zero1.contains("below the threshold of 16 KB"), "{zero1}");
+    assert!(zero1.contains("after the optimizer update:"), "{zero1}");
+    assert!(zero1.contains("-> gather embedding"), "{zero1}");
+    // Level 1 (MindSpore's): the weight in pieces, gathered before the forward pass only.
     let level1 = explain("level1", 16);
-    assert!(level1.contains("hsdp level1: optimizer shard"), "{level1}");
-    assert!(level1.contains("hsdp: not sharded:"), "{level1}");
-    assert!(level1.contains("below the threshold of 16 KB"), "{level1}");
-    assert!(level1.contains("after the optimizer update:"), "{level1}");
-    assert!(level1.contains("-> gather embedding"), "{level1}");
+    assert!(
+        level1.contains(
+            "hsdp level1: optimizer shard (d0, None) (slice [64, 32]), dim 0 over groups of 4 ranks (step 1): \
+             weight, gradient, optimizer state and update in pieces, weight gathered before its forward use \
+             and kept until its backward use"
+        ),
+        "{level1}"
+    );
+    assert!(!level1.contains("after the optimizer update:"), "{level1}");
+    assert!(
+        !level1.contains("gathered again for the backward pass"),
+        "{level1}"
+    );
+    gathered_before_use(&level1, "level1");
     // Level 2: a gradient is reduce-scattered into its shard; the tied table's two
     // contributions (embedding and LM head) each are, and are summed as pieces.
     let level2 = explain("level2", 0);
@@ -427,11 +470,29 @@ fn hsdp_explain_shows_shards_and_collectives() {
     );
     let level3 = explain("level3", 16);
     assert!(!level3.contains("after the optimizer update:"), "{level3}");
-    let gather = level3
+    assert!(
+        level3.contains("gathered again for the backward pass"),
+        "{level3}"
+    );
+    gathered_before_use(&level3, "level3");
+    // With accumulation, level 1 brings the gradient whole (an all-reduce) and accumulates it
+    // whole; level 2 reduce-scatters it and accumulates the piece.
+    let accumulate = ["train.grad_accumulation_steps=2".to_string()];
+    let level1 = explain_with("level1", 0, &accumulate);
+    assert!(
+        level1.contains("the gradient accumulated whole"),
+        "{level1}"
+    );
+    let whole = level1
         .lines()
-        .find(|l| l.contains("-> reshard embedding") && l.contains("all-gather"))
-        .unwrap_or_else(|| panic!("an all-gather of the embedding before use:\n{level3}"));
-    assert!(gather.contains("needs input"), "{gather}");
+        .find(|l| l.contains("the gradient of blocks.0.attn.qkv.weight must be laid out like"))
+        .unwrap_or_else(|| panic!("the whole gradient:\n{level1}"));
+    assert!(whole.contains("all-reduce"), "{whole}");
+    let level2 = explain_with("level2", 0, &accumulate);
+    assert!(
+        level2.contains("the gradient accumulated in pieces"),
+        "{level2}"
+    );
 }
 
 /// Bad `[parallel.hsdp]` values are refused with MindSpore's wording, naming the key.
@@ -477,7 +538,7 @@ fn hsdp_bad_values_name_the_key() {
         (
             "optimizer_level = \"level4\"",
             "parallel.hsdp.optimizer_level",
-            "Optimizer level should in ['level1', 'level2', 'level3'], but got \"level4\"",
+            "Optimizer level should in ['level1', 'level2', 'level3', 'zero1', 'zero2'], but got \"level4\"",
         ),
         (
             "optimizer_level = 1",
@@ -488,6 +549,16 @@ fn hsdp_bad_values_name_the_key() {
             "gradient_accumulation_shard = 1",
             "parallel.hsdp.gradient_accumulation_shard",
             "a boolean",
+        ),
+        (
+            "gradient_accumulation_shard = true",
+            "parallel.hsdp.gradient_accumulation_shard",
+            "true contradicts optimizer_level \"level1\", which accumulates the whole gradient",
+        ),
+        (
+            "optimizer_level = \"level2\"\ngradient_accumulation_shard = false",
+            "parallel.hsdp.gradient_accumulation_shard",
+            "false contradicts optimizer_level \"level2\", which accumulates only each rank's piece",
         ),
     ];
     for (body, key, message) in cases {
@@ -526,10 +597,10 @@ dir = "{out}"
     }
 }
 
-/// With gradient accumulation (2 micro-steps: the update applies their mean, laid out like
-/// the gradient, so in pieces from level 2) and with pipeline stages (2 stages of 2
-/// data-parallel ranks, 4 micro-batches: each stage shards its own parameters over its
-/// replicas), every level trains one device's numbers.
+/// With gradient accumulation (2 micro-steps: the update applies their mean, accumulated whole
+/// under level 1, in pieces under level 2 and 3) on dp 4 and on dp 2 × mp 2, and with pipeline
+/// stages (2 stages of 2 data-parallel ranks, 4 micro-batches: each stage shards its own
+/// parameters over its replicas), every level trains one device's numbers.
 #[test]
 fn hsdp_with_accumulation_and_pipeline_stages_matches_one_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -547,21 +618,26 @@ fn hsdp_with_accumulation_and_pipeline_stages_matches_one_device() {
         "mode = \"stand_alone\"",
         6,
     ));
-    for level in ["level1", "level2", "level3"] {
+    for level in ["level1", "level2", "level3", "zero1", "zero2"] {
         let hsdp = format!("optimizer_level = \"{level}\"\nthreshold = 0");
-        let (_, _, run) = train(&config_with(
-            &tmp.path().join(format!("acc-{level}")),
-            "adam",
-            &parallel(4, "data_parallel = 2\nmodel_parallel = 2", Some(&hsdp)),
-            6,
-            &accumulate,
-        ));
-        run_util::assert_same_run(
-            &format!("{level}, 2 accumulation steps"),
-            &run,
-            &reference_accumulated,
-            2e-4,
-        );
+        for (mesh, gpt) in [
+            ("dp 4", "model_parallel = 1"),
+            ("dp 2 × mp 2", "data_parallel = 2\nmodel_parallel = 2"),
+        ] {
+            let (_, _, run) = train(&config_with(
+                &tmp.path().join(format!("acc-{level}-{}", gpt.len())),
+                "adam",
+                &parallel(4, gpt, Some(&hsdp)),
+                6,
+                &accumulate,
+            ));
+            run_util::assert_same_run(
+                &format!("{level}, {mesh}, 2 accumulation steps"),
+                &run,
+                &reference_accumulated,
+                2e-4,
+            );
+        }
         let (session, _, run) = train(&config(
             &tmp.path().join(format!("pp-{level}")),
             "adam",

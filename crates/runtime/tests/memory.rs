@@ -34,7 +34,7 @@ fn train_predicted(what: &str, config: &TrainConfig) -> (Session, Run, Vec<Memor
 #[test]
 fn measured_memory_equals_the_prediction() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, &[&str]); 9] = [
+    let cases: [(&str, String, &[&str]); 14] = [
         ("stand-alone", "mode = \"stand_alone\"".to_string(), &[]),
         ("dp 2", DP2.to_string(), &[]),
         (
@@ -51,6 +51,33 @@ fn measured_memory_equals_the_prediction() {
             "dp 2, hsdp level 1, accumulation",
             format!("{DP2}[parallel.hsdp]\nthreshold = 0"),
             &["train.grad_accumulation_steps=2"],
+        ),
+        (
+            "dp 2 × mp 2, hsdp level 1",
+            format!("{DP2_MP2}[parallel.hsdp]\nthreshold = 0"),
+            &[],
+        ),
+        (
+            "dp 2, hsdp level 2, accumulation",
+            format!("{DP2}[parallel.hsdp]\noptimizer_level = \"level2\"\nthreshold = 0"),
+            &["train.grad_accumulation_steps=2"],
+        ),
+        (
+            "dp 2, hsdp zero1, accumulation",
+            format!("{DP2}[parallel.hsdp]\noptimizer_level = \"zero1\"\nthreshold = 0"),
+            &["train.grad_accumulation_steps=2"],
+        ),
+        (
+            "dp 2 × mp 2, hsdp zero2",
+            format!("{DP2_MP2}[parallel.hsdp]\noptimizer_level = \"zero2\"\nthreshold = 0"),
+            &[],
+        ),
+        (
+            "dp 2, hsdp level 1, prefetched gathers, recompute",
+            format!(
+                "{DP2}[parallel.hsdp]\nthreshold = 0\n[parallel.overlap]\ncomputation_allgather_overlap = true\n[parallel.recompute]\ncells = [\"blocks.*\"]"
+            ),
+            &[],
         ),
         (
             "dp 2, hsdp level 2, recompute",
@@ -123,8 +150,8 @@ fn pipelined_memory_equals_the_prediction() {
     );
 }
 
-/// Recompute by cell, by op, with and without `mp_comm_recompute`, and under hsdp level 3
-/// with `parallel_optimizer_comm_recompute`: 20 steps train bitwise the numbers the same
+/// Recompute by cell, by op, with and without `mp_comm_recompute`, and under hsdp levels 3
+/// and 1 with `parallel_optimizer_comm_recompute` (and level 1 without it): 20 steps train bitwise the numbers the same
 /// strategy trains without recompute (the same kernels run again on the same inputs) and one
 /// device's within 1e-4; the activation peak falls, by exactly the predicted amount.
 #[test]
@@ -136,6 +163,7 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
         steps,
     );
     let level3 = "[parallel.hsdp]\noptimizer_level = \"level3\"\nthreshold = 0\n";
+    let level1 = "[parallel.hsdp]\noptimizer_level = \"level1\"\nthreshold = 0\n";
     let cases = [
         ("dp 2 × mp 2", DP2_MP2, "", "cells = [\"blocks.*\"]"),
         (
@@ -154,6 +182,13 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
             "dp 2, level 3",
             DP2,
             level3,
+            "cells = [\"blocks.*\"]\nparallel_optimizer_comm_recompute = true",
+        ),
+        ("dp 2, level 1", DP2, level1, "cells = [\"blocks.*\"]"),
+        (
+            "dp 2, level 1, parallel_optimizer_comm_recompute",
+            DP2,
+            level1,
             "cells = [\"blocks.*\"]\nparallel_optimizer_comm_recompute = true",
         ),
         (
@@ -195,15 +230,57 @@ fn recompute_trains_the_same_numbers_with_fewer_activations() {
     }
 }
 
-/// With hsdp level 1 and gradient accumulation, `gradient_accumulation_shard` (the default)
+/// Under hsdp level 1 the backward pass reads the weight gathered for the forward pass: with
+/// recompute, a recomputed op gathers the weight again only with
+/// `parallel_optimizer_comm_recompute`; level 3 gathers again for the backward pass anyway.
+#[test]
+fn level1_gathers_again_only_for_recompute_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gathers = |level: &str, recompute: &str| {
+        let parallel = format!(
+            "{DP2}[parallel.hsdp]\noptimizer_level = \"{level}\"\nthreshold = 0\n{recompute}"
+        );
+        let session = Session::new(&adam_gpt(tmp.path(), &parallel, 1, &[])).unwrap();
+        let pieces: Vec<usize> = session
+            .train
+            .params
+            .iter()
+            .filter(|p| p.optimizer_shard().is_some())
+            .map(|p| p.buffer)
+            .collect();
+        assert!(!pieces.is_empty(), "{level}: some weight in pieces");
+        session
+            .train
+            .steps
+            .iter()
+            .filter(|s| matches!(s, parallel::Step::Reshard(r) if pieces.contains(&r.from)))
+            .count()
+    };
+    let cells = "[parallel.recompute]\ncells = [\"blocks.*\"]\n";
+    let plain = gathers("level1", "");
+    assert_eq!(
+        gathers("level1", cells),
+        plain,
+        "the forward gathers serve recompute"
+    );
+    let again = format!("{cells}parallel_optimizer_comm_recompute = true\n");
+    assert!(gathers("level1", &again) > plain, "recompute gathers again");
+    assert!(
+        gathers("level3", "") > plain,
+        "level 3 gathers again for the backward pass"
+    );
+}
+
+/// With hsdp `zero1` and gradient accumulation, `gradient_accumulation_shard` (the default)
 /// keeps only the optimizer piece of each sharded gradient's accumulation: the gradient bytes
 /// fall by the sharded parameters' (n − 1)/n, and the numbers are the unsharded accumulation's.
 #[test]
 fn sharded_accumulation_holds_the_piece_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |name: &str, shard: bool| {
-        let parallel =
-            format!("{DP2}[parallel.hsdp]\nthreshold = 0\ngradient_accumulation_shard = {shard}");
+        let parallel = format!(
+            "{DP2}[parallel.hsdp]\noptimizer_level = \"zero1\"\nthreshold = 0\ngradient_accumulation_shard = {shard}"
+        );
         let cfg = adam_gpt(
             &tmp.path().join(name),
             &parallel,
@@ -228,6 +305,50 @@ fn sharded_accumulation_holds_the_piece_alone() {
             w.peaks.gradients - s.peaks.gradients,
             sharded_bytes / 2,
             "half of each sharded parameter's accumulation is not held"
+        );
+    }
+}
+
+/// MindSpore's level 1 accumulates the whole gradient, level 2 only each rank's piece
+/// (`grad_accumulation_shard`), both with the weights in pieces: on 2 data-parallel ranks with
+/// every parameter sharded, level 1's gradient peak holds the sharded parameters' whole
+/// gradient twice (the program's gradient, all-reduced at every micro step, and its
+/// accumulation), level 2's their halves (reduce-scattered at every micro step, accumulated as
+/// pieces): Ψₛ apart. Both hold half of every sharded weight, and train the same numbers.
+#[test]
+fn level2_accumulates_the_piece_level1_the_whole_gradient() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |level: &str| {
+        let parallel =
+            format!("{DP2}[parallel.hsdp]\noptimizer_level = \"{level}\"\nthreshold = 0");
+        let cfg = adam_gpt(
+            &tmp.path().join(level),
+            &parallel,
+            6,
+            &["train.grad_accumulation_steps=3"],
+        );
+        train_predicted(level, &cfg)
+    };
+    let (session, level1, level1_memory) = run("level1");
+    let (_, level2, level2_memory) = run("level2");
+    run_util::assert_same_run("level 2 against level 1", &level2, &level1, 1e-6);
+    let sharded_bytes: usize = session
+        .train
+        .params
+        .iter()
+        .filter(|p| p.optimizer_shard().is_some())
+        .map(|p| p.layout.n_elements() * 4)
+        .sum();
+    assert!(sharded_bytes > 0);
+    for (rank, (one, two)) in level1_memory.iter().zip(&level2_memory).enumerate() {
+        assert_eq!(
+            one.peaks.gradients - two.peaks.gradients,
+            sharded_bytes,
+            "rank {rank}: level 1 holds the whole gradient and its whole accumulation"
+        );
+        assert_eq!(
+            one.peaks.parameters, two.peaks.parameters,
+            "rank {rank}: both hold the weights in pieces"
         );
     }
 }

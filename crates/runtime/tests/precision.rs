@@ -94,13 +94,18 @@ fn half_precision_halves_weights_and_activations() {
 /// the merged weights are the initial ones; the loss is still reported.
 /// A resumed mixed-precision run continues from the saved f32 master weights: 2 steps, a
 /// checkpoint, 2 more steps train bitwise the 4 steps of one run, with whole and with
-/// hsdp-sharded masters; a bf16 run resumed from an f32 checkpoint takes its weights as masters.
+/// hsdp-sharded masters (weights in pieces under level 1, whole under zero1); a bf16 run resumed from an f32 checkpoint takes its weights as masters.
 #[test]
 fn a_half_precision_resume_continues_from_the_f32_masters() {
     let tmp = tempfile::tempdir().unwrap();
     let bf16 = "train.precision=\"bf16\"";
     let level1 = format!("{DP2}[parallel.hsdp]\nthreshold = 0");
-    for (what, parallel) in [("dp 2", DP2.to_string()), ("dp 2, hsdp level 1", level1)] {
+    let zero1 = format!("{DP2}[parallel.hsdp]\noptimizer_level = \"zero1\"\nthreshold = 0");
+    for (what, parallel) in [
+        ("dp 2", DP2.to_string()),
+        ("dp 2, hsdp level 1", level1),
+        ("dp 2, hsdp zero1", zero1),
+    ] {
         let dir = tmp.path().join(what.replace([' ', ','], "_"));
         let whole = adam_gpt(&dir.join("whole"), &parallel, 4, &[bf16]);
         let (_, _, reference) = run_util::train_report(&whole);

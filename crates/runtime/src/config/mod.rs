@@ -33,7 +33,7 @@ mod values;
 
 use std::path::{Path, PathBuf};
 
-use parallel::ParallelConfig;
+use parallel::{HsdpConfig, ParallelConfig};
 use toml::Table;
 
 use crate::data::Normalize;
@@ -418,8 +418,10 @@ impl TrainConfig {
     /// The parallel settings of `[parallel]` (stand-alone on 1 device when the section is
     /// absent).
     pub fn parallel_config(&self) -> ParallelConfig {
+        let accumulates = self.train.grad_accumulation_steps > 1;
         ParallelConfig {
             deterministic: self.train.deterministic,
+            hsdp: self.parallel.hsdp.map(|h| HsdpConfig { accumulates, ..h }),
             ..self.parallel.clone()
         }
     }

@@ -679,22 +679,46 @@ fn read_hsdp(key: &str, value: Value, devices: usize) -> Result<HsdpConfig, Runt
             _ => None,
         };
         parsed.ok_or_else(|| {
+            let names: Vec<String> = OptimizerLevel::ALL
+                .iter()
+                .map(|l| format!("'{}'", l.name()))
+                .collect();
             config_error(
                 key,
-                format!("Optimizer level should in ['level1', 'level2', 'level3'], but got {v}"),
+                format!(
+                    "Optimizer level should in [{}], but got {v}",
+                    names.join(", ")
+                ),
             )
         })
     })?;
-    let gradient_accumulation_shard = s.or(
-        "gradient_accumulation_shard",
-        defaults.gradient_accumulation_shard,
-        read_bool,
-    )?;
+    let gradient_accumulation_shard = s.get("gradient_accumulation_shard", |key, v| {
+        let given = read_bool(key, v)?;
+        // MindSpore's levels decide it themselves: only a value that agrees is accepted.
+        match level.accumulation_shard() {
+            Some(decided) if decided != given => Err(config_error(
+                key,
+                format!(
+                    "{given} contradicts optimizer_level \"{}\", which accumulates {}; \
+                     gradient_accumulation_shard chooses only under \"zero1\" (MindSpore: only \
+                     level2 shards the accumulation)",
+                    level.name(),
+                    match decided {
+                        true => "only each rank's piece of the gradient",
+                        false => "the whole gradient (\"level2\" accumulates the pieces)",
+                    }
+                ),
+            )),
+            _ => Ok(given),
+        }
+    })?;
     Ok(HsdpConfig {
         shard_size,
         threshold_kb,
         level,
-        gradient_accumulation_shard,
+        gradient_accumulation_shard: gradient_accumulation_shard
+            .unwrap_or(defaults.gradient_accumulation_shard),
+        accumulates: false,
     })
 }
 
