@@ -86,6 +86,17 @@ fn ps_section_needs_the_mode_and_the_mode_refuses_devices() {
     );
     let err = parse(&text).unwrap_err();
     assert!(err.contains("train.grad_accumulation_steps"), "{err}");
+    // The servers add gradients in arrival order: no bitwise promise to make.
+    let text = ps_text(
+        Path::new("/tmp/out"),
+        "",
+        "max_steps = 4\ndeterministic = true",
+    );
+    let err = parse(&text).unwrap_err();
+    assert!(
+        err.contains("train.deterministic") && err.contains("parameter_server"),
+        "{err}"
+    );
     assert!(digits().exists());
 }
 

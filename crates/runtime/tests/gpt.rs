@@ -439,6 +439,60 @@ fn deterministic_pipelines_are_bitwise_one_device() {
     }
 }
 
+/// `train.deterministic = true` with the other switches that change how a step runs: interleaved
+/// micro-batches (bitwise the one-device accumulation of those micro-batches), recompute, fused
+/// and overlapped gradient buckets, and a searched plan — each bitwise one device.
+#[test]
+fn deterministic_mode_holds_under_the_other_switches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 6;
+    let run = |name: &str, parallel: &str, extra: &[&str]| {
+        let mut overrides = vec![
+            "train.deterministic=true".to_string(),
+            format!("train.max_steps={steps}"),
+        ];
+        overrides.extend(extra.iter().map(|s| s.to_string()));
+        let out = tmp.path().join(name);
+        run_util::train_run(
+            &config_with(&out, "momentum", "", parallel, &overrides),
+            steps,
+        )
+        .1
+    };
+    let one_device = run("sa", "mode = \"stand_alone\"", &[]);
+    let one_device_accumulating = run(
+        "sa-acc",
+        "mode = \"stand_alone\"",
+        &["data.batch_size=4", "train.grad_accumulation_steps=2"],
+    );
+    let cases: &[(&str, String, &Run)] = &[
+        (
+            "micro-batch interleave 2, dp 2",
+            semi(2, "model_parallel = 1\nmicro_batch_interleave = 2"),
+            &one_device_accumulating,
+        ),
+        (
+            "recompute every block, dp 2 × mp 2",
+            semi(4, "data_parallel = 2\nmodel_parallel = 2\n[parallel.recompute]\ncells = [\"blocks.*\"]"),
+            &one_device,
+        ),
+        (
+            "fused and overlapped buckets, dp 4",
+            semi(4, "model_parallel = 1\n[parallel.comm_fusion]\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true"),
+            &one_device,
+        ),
+        (
+            "dynamic programming search on 4 devices",
+            "devices = 4\nmode = \"dynamic_programming\"".to_string(),
+            &one_device,
+        ),
+    ];
+    for (name, parallel, reference) in cases {
+        let got = run(name, parallel, &[]);
+        run_util::assert_bitwise_run(name, &got, reference);
+    }
+}
+
 /// `parallel.gradients_mean` and `parallel.loss_repeated_mean` scale the gradients as MindSpore
 /// does, under either loss (the fused `SparseSoftmaxCrossEntropy` and the vocabulary-parallel
 /// one built from primitive ops). On dp 2 × mp 2 the loss is summed from 2 batch shards and

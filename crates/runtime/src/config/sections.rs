@@ -211,6 +211,15 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
     let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    if ps_mode && train.deterministic {
+        return Err(config_error(
+            "train.deterministic",
+            format!(
+                "has no bitwise guarantee in mode \"{}\": the servers apply the workers' gradients in the order they arrive; use a collective mode (data_parallel, semi_auto, …) for deterministic training",
+                super::ps::PARAMETER_SERVER_MODE
+            ),
+        ));
+    }
     let ps = match (ps_mode, ps_section) {
         (true, section) => Some(super::ps::read_ps(
             section,
