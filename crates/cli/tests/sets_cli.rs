@@ -539,8 +539,9 @@ fn resume_refuses_a_mixed_set() {
     let file = "rank_3/checkpoint_3.safetensors";
     std::fs::copy(b.join(file), a.join(file)).unwrap();
     let mut resume = train_cmd(&scratch.0.join("c"), 8);
+    // Steps left to train past the checkpoint's, so that the set itself is what is refused.
     resume
-        .arg("--set")
+        .args(["--set", "train.max_steps=6", "--set"])
         .arg(format!("output.resume_from={}", a.display()));
     let out = resume.output().unwrap();
     assert!(!out.status.success());

@@ -100,6 +100,21 @@ fn ps_section_needs_the_mode_and_the_mode_refuses_devices() {
     assert!(digits().exists());
 }
 
+/// The collective launcher (`runtime::train_local`, what Python's `tessera.train` calls) refuses
+/// a parameter-server config instead of training it as one stand-alone device.
+#[test]
+fn the_collective_launcher_refuses_a_parameter_server_config() {
+    let config = with_ps("").unwrap();
+    let session = runtime::Session::new(&config).unwrap();
+    let err = runtime::train_local(&session, &runtime::LaunchOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("parallel.mode") && err.contains("parameter_server"),
+        "{err}"
+    );
+}
+
 /// The contract of `vars`, with a valid job secret unless `vars` sets one.
 fn env(vars: &[(&str, &str)]) -> Result<Option<RoleEnv>, String> {
     RoleEnv::from_lookup(|name| {

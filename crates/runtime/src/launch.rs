@@ -133,6 +133,7 @@ pub fn train_local(
     session: &Session,
     options: &LaunchOptions,
 ) -> Result<TrainReport, RuntimeError> {
+    refuse_parameter_server(session)?;
     check_before_start(
         session,
         options.metrics_log.as_deref(),
@@ -144,6 +145,22 @@ pub fn train_local(
     let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
     let ranks = root_cause(results)?;
     Ok(TrainReport { devices, ranks })
+}
+
+/// The collective launchers train collective modes only: a parameter-server config is trained
+/// by its scheduler, servers and workers (`tessera train` starts them; `ps::launch`), never
+/// silently as one stand-alone device.
+fn refuse_parameter_server(session: &Session) -> Result<(), RuntimeError> {
+    match session.config.ps() {
+        Some(_) => Err(RuntimeError::Config {
+            key: "parallel.mode".to_string(),
+            reason: format!(
+                "\"{}\" is trained by a scheduler, servers and workers (`tessera train` starts them), not by the collective launcher",
+                crate::config::PARAMETER_SERVER_MODE
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Every rank's result, in rank order, or the root cause of a failure: a rank's own failure
@@ -223,6 +240,7 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
     }
     // Only rank 0 writes the metrics log.
     let metrics_log = options.metrics_log.as_deref().filter(|_| world.rank() == 0);
+    refuse_parameter_server(session)?;
     let here = RanksHere {
         ranks: vec![world.rank()],
         processes_on_machine: mpi_local_size(),

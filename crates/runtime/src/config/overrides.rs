@@ -51,15 +51,19 @@ pub(super) fn apply_override(root: &mut Table, text: &str) -> Result<Vec<String>
 }
 
 /// Whether an error about config key `error_key` concerns the override of `path`: the key
-/// itself, a key inside it (`parallel.pipeline.stages` under `parallel.pipeline`), or one of its
-/// elements (`parallel.shard.x[0]`).
+/// itself, a key inside it (`parallel.pipeline.stages` under `parallel.pipeline`), one of its
+/// elements (`parallel.shard.x[0]`), or a table holding it (`ps` for `ps.workers`: a section the
+/// override created or changed).
 pub(super) fn concerns(error_key: &str, path: &[String]) -> bool {
-    [path.join("."), display_key(path)].iter().any(|key| {
-        error_key == key
-            || error_key
-                .strip_prefix(key.as_str())
+    let inside = |outer: &str, inner: &str| {
+        inner == outer
+            || inner
+                .strip_prefix(outer)
                 .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
-    })
+    };
+    [path.join("."), display_key(path)]
+        .iter()
+        .any(|key| inside(key, error_key) || inside(error_key, key))
 }
 
 /// `path` written back as a dotted key, parts that are not bare keys quoted.
@@ -225,6 +229,9 @@ mod tests {
         assert!(concerns(r#"parallel.shard."blocks.*.mlp.fc1"[0]"#, &path));
         assert!(concerns("parallel.shard.blocks.*.mlp.fc1.x", &path));
         assert!(!concerns("parallel.shard.blocks.*.mlp.fc10", &path));
-        assert!(!concerns("parallel.shard", &path));
+        assert!(!concerns("parallel.mesh", &path));
+        // The table holding the override: the section it created or changed.
+        assert!(concerns("parallel.shard", &path));
+        assert!(concerns("parallel", &path));
     }
 }
