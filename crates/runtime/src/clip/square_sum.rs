@@ -276,7 +276,10 @@ mod tests {
         assert_eq!(sum_f32(&[0.5, 0.25, 0.0, -0.0]), 0.3125);
         let tiny = f32::from_bits(1); // 2⁻¹⁴⁹, the smallest subnormal
         assert_eq!(sum_f32(&[tiny]), 2f64.powi(-298));
-        assert_eq!(sum_f32(&[f32::MAX]), f64::from(f32::MAX) * f64::from(f32::MAX));
+        assert_eq!(
+            sum_f32(&[f32::MAX]),
+            f64::from(f32::MAX) * f64::from(f32::MAX)
+        );
         let mut s = SquareSum::default();
         s.add_f64(&[3.0, 4.0, f64::from_bits(1)]);
         assert_eq!(s.to_f64(), 25.0);
@@ -285,7 +288,7 @@ mod tests {
     #[test]
     fn the_sum_is_the_same_in_every_order_and_split() {
         let xs: Vec<f32> = (0..200_003)
-            .map(|i| ((i as f32 * 0.618).sin() * 10f32.powi(i % 9 - 4)))
+            .map(|i| (i as f32 * 0.618).sin() * 10f32.powi(i % 9 - 4))
             .collect();
         let whole = {
             let mut s = SquareSum::default();
