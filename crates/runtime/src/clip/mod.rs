@@ -103,6 +103,19 @@ impl MaxGradNorm {
         Ok(norm)
     }
 
+    /// Clips the program's gradient buffers of the trainable parameters `trainable` (indices
+    /// into `exec`'s program's parameters) in place, as a training step does without
+    /// accumulation; returns the global norm before clipping. Every rank of `world` calls it
+    /// at the same step (benchmarks and custom loops over a [`RankExecutor`]).
+    pub fn clip_gradients(
+        self,
+        exec: &mut RankExecutor,
+        trainable: &[usize],
+        world: &dyn Communicator,
+    ) -> Result<f64, RuntimeError> {
+        self.clip_in_place(exec, None, trainable, world)
+    }
+
     /// Clips `pieces` (by trainable parameter `trainable[k]`, its whole optimizer piece, as
     /// mixed precision's unscaled f32 gradients are) in place; returns the global norm before
     /// clipping. Every rank of `world` calls it at the same step.
