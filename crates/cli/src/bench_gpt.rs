@@ -219,7 +219,14 @@ pub fn run(args: &GptStepArgs) -> anyhow::Result<()> {
                 } else {
                     measure(args, &gpt, split, label, (false, Reduction::Plain), false)?
                 };
-                let det = measure(args, &gpt, split, &det_label, (true, Reduction::Plain), false)?;
+                let det = measure(
+                    args,
+                    &gpt,
+                    split,
+                    &det_label,
+                    (true, Reduction::Plain),
+                    false,
+                )?;
                 ratios.push(det / ordinary);
             }
             ratios.sort_by(f64::total_cmp);
@@ -239,8 +246,14 @@ pub fn run(args: &GptStepArgs) -> anyhow::Result<()> {
                     0 => rate,
                     _ => measure(args, &gpt, split, label, (false, Reduction::Plain), false)?,
                 };
-                let clipped =
-                    measure(args, &gpt, split, &clip_label, (false, Reduction::Plain), true)?;
+                let clipped = measure(
+                    args,
+                    &gpt,
+                    split,
+                    &clip_label,
+                    (false, Reduction::Plain),
+                    true,
+                )?;
                 ratios.push(clipped / plain);
             }
             ratios.sort_by(f64::total_cmp);

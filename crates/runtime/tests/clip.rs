@@ -170,9 +170,12 @@ fn norms_and_clipped_runs_match_one_device() {
     }
 }
 
+/// One step's parameters and the gradients its update applied, by name.
+type StepShards = Vec<(String, Vec<f32>, Vec<f32>)>;
+
 /// Records every step's parameters and (clipped) gradients by name.
 #[derive(Clone, Default)]
-struct Shards(Arc<Mutex<Vec<Vec<(String, Vec<f32>, Vec<f32>)>>>>);
+struct Shards(Arc<Mutex<Vec<StepShards>>>);
 
 impl Callback for Shards {
     fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
@@ -190,7 +193,7 @@ impl Callback for Shards {
 }
 
 /// One step of SGD on one device, recording parameters and the gradient the update applied.
-fn one_sgd_step(out: &Path, overrides: &[&str]) -> (Vec<(String, Vec<f32>, Vec<f32>)>, Vec<f64>) {
+fn one_sgd_step(out: &Path, overrides: &[&str]) -> (StepShards, Vec<f64>) {
     let mut all = vec!["train.max_steps=1"];
     all.extend(overrides);
     let config = small_gpt(out, "sgd", "mode = \"stand_alone\"", &all);
