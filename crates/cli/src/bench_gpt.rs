@@ -49,6 +49,12 @@ pub struct GptStepArgs {
     /// (`[parallel.overlap]`), right after the plain run.
     #[arg(long)]
     fusion: bool,
+    /// Also time every configuration with its gradients clipped by global norm
+    /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), the runs
+    /// alternating with unclipped ones `--rounds` times; reports the median (min–max) of the
+    /// rounds' throughput ratios.
+    #[arg(long)]
+    clip: bool,
 }
 
 /// How a configuration's gradients are reduced.
@@ -123,6 +129,7 @@ fn measure(
     (dp, mp): (usize, usize),
     label: &str,
     (deterministic, reduction): (bool, Reduction),
+    clip: bool,
 ) -> anyhow::Result<f64> {
     let bench = StepBench {
         optimizer: OptimizerConfig {
@@ -138,6 +145,7 @@ fn measure(
         steps: args.steps,
         profile: args.profile,
         deterministic: deterministic.then_some(DETERMINISTIC_BLOCKS),
+        clip: clip.then(|| runtime::MaxGradNorm::new(1.0)).flatten(),
     };
     let data = batches(gpt)?;
     let prog = program(gpt, (dp, mp), deterministic, reduction)?;
@@ -191,14 +199,14 @@ pub fn run(args: &GptStepArgs) -> anyhow::Result<()> {
     ];
     let mut rates = Vec::new();
     for (split, label) in configurations {
-        let rate = measure(args, &gpt, split, label, (false, Reduction::Plain))?;
+        let rate = measure(args, &gpt, split, label, (false, Reduction::Plain), false)?;
         if args.fusion && split == (2, 1) {
             for (what, reduction) in [
                 ("fused", Reduction::Fused),
                 ("fused and overlapped", Reduction::FusedOverlapped),
             ] {
                 let label = format!("{label}, {what} gradients");
-                let fused = measure(args, &gpt, split, &label, (false, reduction))?;
+                let fused = measure(args, &gpt, split, &label, (false, reduction), false)?;
                 println!("  {what}: {:.2}x the plain throughput", fused / rate);
             }
         }
@@ -209,14 +217,48 @@ pub fn run(args: &GptStepArgs) -> anyhow::Result<()> {
                 let ordinary = if round == 0 {
                     rate
                 } else {
-                    measure(args, &gpt, split, label, (false, Reduction::Plain))?
+                    measure(args, &gpt, split, label, (false, Reduction::Plain), false)?
                 };
-                let det = measure(args, &gpt, split, &det_label, (true, Reduction::Plain))?;
+                let det = measure(
+                    args,
+                    &gpt,
+                    split,
+                    &det_label,
+                    (true, Reduction::Plain),
+                    false,
+                )?;
                 ratios.push(det / ordinary);
             }
             ratios.sort_by(f64::total_cmp);
             println!(
                 "  deterministic mode: {:.2}x the ordinary throughput (median of {} rounds, {:.2}-{:.2})",
+                ratios[ratios.len() / 2],
+                ratios.len(),
+                ratios[0],
+                ratios[ratios.len() - 1]
+            );
+        }
+        if args.clip {
+            let clip_label = format!("{label}, clipped by global norm");
+            let mut ratios = Vec::new();
+            for round in 0..args.rounds.max(1) {
+                let plain = match round {
+                    0 => rate,
+                    _ => measure(args, &gpt, split, label, (false, Reduction::Plain), false)?,
+                };
+                let clipped = measure(
+                    args,
+                    &gpt,
+                    split,
+                    &clip_label,
+                    (false, Reduction::Plain),
+                    true,
+                )?;
+                ratios.push(clipped / plain);
+            }
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "  clipping by global norm: {:.3}x the unclipped throughput (median of {} rounds, {:.3}-{:.3})",
                 ratios[ratios.len() / 2],
                 ratios.len(),
                 ratios[0],

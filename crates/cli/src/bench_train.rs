@@ -48,6 +48,8 @@ pub(crate) struct StepBench {
     pub profile: bool,
     /// Deterministic mode's most canonical blocks per summed dim (`None`: off).
     pub deterministic: Option<usize>,
+    /// `train.max_grad_norm`: clip every step's gradients by global norm (`None`: off).
+    pub clip: Option<runtime::MaxGradNorm>,
 }
 
 /// What one rank measured.
@@ -68,7 +70,7 @@ pub(crate) fn rank_steps(
     batches: &[Vec<Tensor>],
     bench: &StepBench,
 ) -> anyhow::Result<RankTimes> {
-    let mut exec = RankExecutor::new(program.clone(), world)?;
+    let mut exec = RankExecutor::new(program.clone(), world.clone())?;
     exec.set_deterministic(bench.deterministic);
     exec.init_parameters(1)?;
     let blocks: Vec<Vec<Tensor>> = batches
@@ -109,6 +111,9 @@ pub(crate) fn rank_steps(
         }
         exec.run()?;
         let update = Instant::now();
+        if let Some(clip) = bench.clip {
+            std::hint::black_box(clip.clip_gradients(&mut exec, &trainable, world.as_ref())?);
+        }
         optimizer.begin_step();
         for (k, &i) in trainable.iter().enumerate() {
             if let Some((param, grad)) = exec.param_and_grad(i) {
@@ -194,6 +199,7 @@ pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
         steps: args.steps,
         profile: false,
         deterministic: None,
+        clip: None,
     };
     let batches = mlp_batches()?;
     let one = program(&ParallelConfig::stand_alone())?;

@@ -39,6 +39,7 @@ mod auto_pipeline;
 mod broadcast;
 mod bubble;
 mod callbacks;
+mod clip;
 mod config;
 mod data;
 pub mod device_profile;
@@ -71,6 +72,7 @@ pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
     StepInfo, TrainEndInfo,
 };
+pub use crate::clip::MaxGradNorm;
 pub use crate::config::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, PsKeys,
     SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,

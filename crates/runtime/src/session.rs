@@ -124,6 +124,9 @@ pub struct RankOutcome {
     /// ([`RankExecutor::initialised_bytes`]): none that a resume then overwrote under
     /// `train.lazy_init`.
     pub initialised_bytes: usize,
+    /// With `train.max_grad_norm`: every step's global gradient norm before clipping, in
+    /// order (`None` for a step skipped for overflowing under the loss scale); empty without.
+    pub grad_norms: Vec<Option<f64>>,
 }
 
 /// The bytes one rank holds for its trainable parameters, by category: what ZeRO's formulas
@@ -828,7 +831,7 @@ impl Session {
                 for p in &mut partners {
                     p.set_loss_scale(scaler.as_ref().map_or(1.0, LossScaler::scale));
                 }
-                let applied;
+                let update;
                 let loss = if let Some(accumulated) = accumulated.as_mut() {
                     let at = (&plan, epoch, index);
                     let loss = match &pipelined {
@@ -874,15 +877,16 @@ impl Session {
                             world.as_ref(),
                         )?;
                     }
-                    applied = update_parameters(
+                    update = update_parameters(
                         &mut exec,
                         &mut optimizer,
                         UpdateContext {
                             trainable: &trainable,
-                            accumulated: Some(&*accumulated),
+                            accumulated: Some(accumulated),
                             master: master.as_mut(),
                             scaler: scaler.as_mut(),
                             world: world.as_ref(),
+                            clip: cfg.max_grad_norm,
                         },
                     )?;
                     loss
@@ -891,7 +895,7 @@ impl Session {
                     exec.set_step(global_step);
                     exec.run()?;
                     shared_grads.sum(&mut exec, None, &trainable, world.as_ref())?;
-                    applied = update_parameters(
+                    update = update_parameters(
                         &mut exec,
                         &mut optimizer,
                         UpdateContext {
@@ -900,6 +904,7 @@ impl Session {
                             master: master.as_mut(),
                             scaler: scaler.as_mut(),
                             world: world.as_ref(),
+                            clip: cfg.max_grad_norm,
                         },
                     )?;
                     exec.output(0).to_f64_vec()[0] as f32
@@ -910,7 +915,10 @@ impl Session {
                     outcome.micro_batch_losses.push(vec![loss]);
                 }
                 global_step += 1;
-                outcome.skipped_steps += u64::from(!applied);
+                outcome.skipped_steps += u64::from(!update.applied);
+                if cfg.max_grad_norm.is_some() {
+                    outcome.grad_norms.push(update.grad_norm);
+                }
                 if !group_info_written {
                     // Every group a step creates exists after the first one.
                     self.write_group_info(&exec, rank)?;
@@ -1586,13 +1594,25 @@ struct UpdateContext<'a> {
     /// The trainable parameters (indices into the program's), in the optimizer's order.
     trainable: &'a [usize],
     /// With gradient accumulation, the step's mean gradients (else the program's).
-    accumulated: Option<&'a Accumulation>,
+    accumulated: Option<&'a mut Accumulation>,
     /// Under mixed precision, the f32 master pieces the optimizer updates.
     master: Option<&'a mut MasterWeights>,
     /// The loss scale, when the gradients carry one.
     scaler: Option<&'a mut LossScaler>,
-    /// Every rank (to agree on skipping a step whose gradients overflowed).
+    /// Every rank (to agree on skipping a step whose gradients overflowed, and to add up the
+    /// global gradient norm).
     world: &'a dyn Communicator,
+    /// `train.max_grad_norm`: the global norm the gradients are clipped to.
+    clip: Option<crate::clip::MaxGradNorm>,
+}
+
+/// What an optimizer step did.
+struct StepUpdate {
+    /// Whether the parameters were updated (`false`: skipped for overflowing gradients).
+    applied: bool,
+    /// With `train.max_grad_norm`, the global gradient norm before clipping (`None` when
+    /// the step was skipped, or without clipping).
+    grad_norm: Option<f64>,
 }
 
 /// Parameter `i`'s (`trainable[k]`) gradient — accumulated, or the program's — and where its
@@ -1615,18 +1635,26 @@ fn gradient_of<'e>(
 /// gradient accumulation the accumulated mean — then the updated pieces gathered into whole
 /// weights where `hsdp` keeps weights whole (`zero1` and `zero2`). Under mixed precision the update
 /// applies to the f32 master piece, with the gradient widened and unscaled, and the result is
-/// rounded into the weights; a step whose gradients overflowed on any rank is skipped
-/// (returns `false`).
+/// rounded into the weights; a step whose gradients overflowed on any rank is skipped.
+/// With `train.max_grad_norm` the gradients (unscaled, under mixed precision) are first
+/// clipped by their global norm ([`crate::clip`]).
 fn update_parameters(
     exec: &mut RankExecutor,
     optimizer: &mut Optimizer,
-    ctx: UpdateContext<'_>,
-) -> Result<bool, RuntimeError> {
+    mut ctx: UpdateContext<'_>,
+) -> Result<StepUpdate, RuntimeError> {
     let Some(master) = ctx.master else {
+        let grad_norm = match ctx.clip {
+            Some(clip) => {
+                let accumulated = ctx.accumulated.as_deref_mut();
+                Some(clip.clip_in_place(exec, accumulated, ctx.trainable, ctx.world)?)
+            }
+            None => None,
+        };
         optimizer.begin_step();
         for (k, &i) in ctx.trainable.iter().enumerate() {
             let piece = exec.optimizer_piece(i).clone();
-            match ctx.accumulated {
+            match ctx.accumulated.as_deref() {
                 Some(accumulated) => optimizer.update_piece(
                     k,
                     exec.param_mut(i),
@@ -1648,13 +1676,16 @@ fn update_parameters(
             }
         }
         exec.gather_updated_weights()?;
-        return Ok(true);
+        return Ok(StepUpdate {
+            applied: true,
+            grad_norm,
+        });
     };
     let unscale = ctx.scaler.as_ref().map_or(1.0, |s| 1.0 / s.scale());
     let mut grads = Vec::with_capacity(ctx.trainable.len());
     for (k, &i) in ctx.trainable.iter().enumerate() {
         let shape = exec.optimizer_piece(i).shape.clone();
-        let grad = match gradient_of(exec, ctx.accumulated, k, i) {
+        let grad = match gradient_of(exec, ctx.accumulated.as_deref(), k, i) {
             Some((g, offset)) => crate::precision::f32_piece(g, offset, &shape, unscale)?,
             None => Tensor::zeros(tensor::DType::F32, &shape),
         };
@@ -1665,9 +1696,16 @@ fn update_parameters(
         let overflow = crate::precision::any_rank_overflowed(ctx.world, mine)?;
         scaler.record(overflow);
         if overflow {
-            return Ok(false);
+            return Ok(StepUpdate {
+                applied: false,
+                grad_norm: None,
+            });
         }
     }
+    let grad_norm = match ctx.clip {
+        Some(clip) => Some(clip.clip_pieces(exec, &mut grads, ctx.trainable, ctx.world)?),
+        None => None,
+    };
     optimizer.begin_step();
     for (k, &i) in ctx.trainable.iter().enumerate() {
         optimizer.update_piece(k, master.piece_mut(k), 0, &grads[k], 0)?;
@@ -1675,7 +1713,10 @@ fn update_parameters(
         crate::precision::write_piece(exec.param_mut(i), offset, master.piece(k))?;
     }
     exec.gather_updated_weights()?;
-    Ok(true)
+    Ok(StepUpdate {
+        applied: true,
+        grad_norm,
+    })
 }
 
 /// Copies the training program's parameter shards into the evaluation program's (the layouts

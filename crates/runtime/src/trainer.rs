@@ -75,6 +75,7 @@ impl Trainer {
                 loss_scale: None,
                 parameter_broadcast: false,
                 lazy_init: false,
+                max_grad_norm: None,
             },
             output: OutputConfig {
                 dir: PathBuf::from("runs/custom"),

@@ -3,6 +3,7 @@
 mod auto_parallel;
 mod batch_plan;
 mod callbacks;
+mod clip;
 mod cluster;
 mod comm_fusion;
 mod config;

@@ -223,6 +223,9 @@ pub struct TrainLoopConfig {
     /// `train.lazy_init` (MindSpore's `no_init_parameters`): a parameter is allocated and
     /// filled only when first used or loaded, so a resumed run never initialises it first.
     pub lazy_init: bool,
+    /// `train.max_grad_norm` (MindSpore's `clip_by_global_norm`): every step's gradient is
+    /// clipped to this global L2 norm before the update (`None`: not clipped).
+    pub max_grad_norm: Option<crate::clip::MaxGradNorm>,
 }
 
 /// `[output]`.

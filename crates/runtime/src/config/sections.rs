@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::clip::MaxGradNorm;
 use crate::precision::{LossScale, Precision};
 use layout::Layout;
 use parallel::{DatasetStrategy, HsdpConfig, OptimizerLevel, ParallelConfig, ParallelMode};
@@ -143,6 +144,7 @@ pub(super) const TRAIN_KEYS: &[&str] = &[
     "loss_scale",
     "parameter_broadcast",
     "lazy_init",
+    "max_grad_norm",
 ];
 pub(super) const OUTPUT_KEYS: &[&str] = &[
     "dir",
@@ -216,6 +218,15 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
             "train.deterministic",
             format!(
                 "has no bitwise guarantee in mode \"{}\": the servers apply the workers' gradients in the order they arrive; use a collective mode (data_parallel, semi_auto, …) for deterministic training",
+                super::ps::PARAMETER_SERVER_MODE
+            ),
+        ));
+    }
+    if ps_mode && train.max_grad_norm.is_some() {
+        return Err(config_error(
+            "train.max_grad_norm",
+            format!(
+                "is not applied in mode \"{}\": the servers apply each worker's gradient as it arrives, so no step has one global gradient to take the norm of; use a collective mode (data_parallel, semi_auto, …) to clip by global norm",
                 super::ps::PARAMETER_SERVER_MODE
             ),
         ));
@@ -979,6 +990,7 @@ fn read_train_loop(
     let eval = s.or("eval", true, read_bool)?;
     let parameter_broadcast = s.or("parameter_broadcast", false, read_bool)?;
     let lazy_init = s.or("lazy_init", false, read_bool)?;
+    let max_grad_norm = s.get("max_grad_norm", read_max_grad_norm)?;
     let per_print_times = s.or("per_print_times", 1, read_count)?;
     let print_local_norm = s.or("print_local_norm", false, read_bool)?;
     let dump = s.or("dump_local_norm", false, read_bool)?;
@@ -1028,6 +1040,18 @@ fn read_train_loop(
         loss_scale,
         parameter_broadcast,
         lazy_init,
+        max_grad_norm,
+    })
+}
+
+/// `train.max_grad_norm`: a finite number > 0.
+fn read_max_grad_norm(key: &str, value: Value) -> Result<MaxGradNorm, RuntimeError> {
+    let norm = read_float(key, value)?;
+    MaxGradNorm::new(norm).ok_or_else(|| {
+        config_error(
+            key,
+            format!("{norm} is not a clipping norm: it must be a finite number > 0 (the global gradient norm is clipped to it)"),
+        )
     })
 }
 
