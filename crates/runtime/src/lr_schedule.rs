@@ -174,7 +174,9 @@ fn check_min_lr(min_lr: f64, learning_rate: f64, strict: bool) -> Result<(), Run
         let rule = if strict { "<" } else { "≤" };
         return Err(bad(
             "min_lr",
-            format!("{min_lr} is out of range: it must be {rule} train.learning_rate = {learning_rate}"),
+            format!(
+                "{min_lr} is out of range: it must be {rule} train.learning_rate = {learning_rate}"
+            ),
         ));
     }
     Ok(())
@@ -279,7 +281,9 @@ impl LrSchedule {
                     if m <= last {
                         return Err(bad(
                             "milestone",
-                            format!("entry {t} ({m}) must be ≥ 1 and above the one before ({last})"),
+                            format!(
+                                "entry {t} ({m}) must be ≥ 1 and above the one before ({last})"
+                            ),
                         ));
                     }
                     last = m;

@@ -594,7 +594,14 @@ fn apply<T: Float + tensor::Element>(
             h.wd = T::from_f64(1.0 - learning_rate * weight_decay);
             h.lr = T::from_f64(learning_rate / bias_correction1);
             let sqrt_bc2 = T::from_f64(bias_correction2.sqrt());
-            mint_adamw(h, sqrt_bc2, p, g, m.as_slice_mut::<T>()?, v.as_slice_mut::<T>()?)
+            mint_adamw(
+                h,
+                sqrt_bc2,
+                p,
+                g,
+                m.as_slice_mut::<T>()?,
+                v.as_slice_mut::<T>()?,
+            )
         }
         (kind, state) => {
             // The slots are built from `state_names`, so this is a bug, not bad input.

@@ -35,7 +35,12 @@ fn warmup_lr_is_mindspore_s() {
     // MindSpore's docstring example: nn.warmup_lr(0.1, 6, 2, 2) = [0, 0, 0.05, 0.05, 0.1, 0.1].
     let mut s = schedule(0.1, 0, LrDecay::WarmupLr { warmup_epoch: 2 });
     s.step_per_epoch = 2;
-    assert_rates("warmup_lr", &s, 6, &[0.0, 0.0, 0.05, 0.05, 0.1, 0.1, 0.1, 0.1]);
+    assert_rates(
+        "warmup_lr",
+        &s,
+        6,
+        &[0.0, 0.0, 0.05, 0.05, 0.1, 0.1, 0.1, 0.1],
+    );
 }
 
 #[test]
@@ -118,8 +123,18 @@ fn exponential_decay_lr_smooth_and_stair() {
     s.step_per_epoch = 2;
     assert_rates("exponential", &s, 6, &[0.1, 0.1, 0.09, 0.09, 0.081, 0.081]);
     let root = 0.1 * 0.9f64.sqrt();
-    assert_rates("exponential e/2", &exp(2, false), 4, &[0.1, root, 0.09, 0.9 * root]);
-    assert_rates("exponential stair", &exp(2, true), 5, &[0.1, 0.1, 0.09, 0.09, 0.081]);
+    assert_rates(
+        "exponential e/2",
+        &exp(2, false),
+        4,
+        &[0.1, root, 0.09, 0.9 * root],
+    );
+    assert_rates(
+        "exponential stair",
+        &exp(2, true),
+        5,
+        &[0.1, 0.1, 0.09, 0.09, 0.081],
+    );
 }
 
 #[test]
@@ -196,9 +211,19 @@ fn warm_up_before_a_mindspore_schedule_shifts_it() {
             decay_epoch: 2,
         },
     );
-    assert_rates("warm-up + cosine_decay_lr", &s, 6, &[0.0, 0.05, 0.1, 0.055, 0.01, 0.01]);
+    assert_rates(
+        "warm-up + cosine_decay_lr",
+        &s,
+        6,
+        &[0.0, 0.05, 0.1, 0.055, 0.01, 0.01],
+    );
     let s = schedule(1.0, 4, LrDecay::Constant);
-    assert_rates("warm-up + constant", &s, 6, &[0.0, 0.25, 0.5, 0.75, 1.0, 1.0]);
+    assert_rates(
+        "warm-up + constant",
+        &s,
+        6,
+        &[0.0, 0.25, 0.5, 0.75, 1.0, 1.0],
+    );
 }
 
 fn config_key(err: RuntimeError) -> String {
@@ -213,45 +238,94 @@ fn config_key(err: RuntimeError) -> String {
 fn bad_schedule_values_name_their_key() {
     let cases: &[(&[&str], &str)] = &[
         (&["train.warmup_steps=-1"], "train.warmup_steps"),
-        (&["train.lr_schedule=\"cosine\"", "train.min_lr=0.5"], "train.min_lr"),
-        (&["train.lr_schedule=\"cosine\"", "train.min_lr=-0.1"], "train.min_lr"),
         (
-            &["train.lr_schedule=\"cosine_decay_lr\"", "train.decay_epoch=2", "train.min_lr=0.1"],
+            &["train.lr_schedule=\"cosine\"", "train.min_lr=0.5"],
             "train.min_lr",
         ),
-        (&["train.lr_schedule=\"cosine\"", "train.decay_steps=0"], "train.decay_steps"),
-        (&["train.lr_schedule=\"cosine\"", "train.num_cycles=0"], "train.num_cycles"),
-        (&["train.lr_schedule=\"cosine_decay_lr\""], "train.decay_epoch"),
         (
-            &["train.lr_schedule=\"cosine_decay_lr\"", "train.decay_epoch=0"],
+            &["train.lr_schedule=\"cosine\"", "train.min_lr=-0.1"],
+            "train.min_lr",
+        ),
+        (
+            &[
+                "train.lr_schedule=\"cosine_decay_lr\"",
+                "train.decay_epoch=2",
+                "train.min_lr=0.1",
+            ],
+            "train.min_lr",
+        ),
+        (
+            &["train.lr_schedule=\"cosine\"", "train.decay_steps=0"],
+            "train.decay_steps",
+        ),
+        (
+            &["train.lr_schedule=\"cosine\"", "train.num_cycles=0"],
+            "train.num_cycles",
+        ),
+        (
+            &["train.lr_schedule=\"cosine_decay_lr\""],
             "train.decay_epoch",
         ),
         (
-            &["train.lr_schedule=\"warmup_lr\"", "train.warmup_epoch=2", "train.step_per_epoch=0"],
+            &[
+                "train.lr_schedule=\"cosine_decay_lr\"",
+                "train.decay_epoch=0",
+            ],
+            "train.decay_epoch",
+        ),
+        (
+            &[
+                "train.lr_schedule=\"warmup_lr\"",
+                "train.warmup_epoch=2",
+                "train.step_per_epoch=0",
+            ],
             "train.step_per_epoch",
         ),
         (
-            &["train.lr_schedule=\"warmup_lr\"", "train.warmup_epoch=2", "train.warmup_steps=3"],
+            &[
+                "train.lr_schedule=\"warmup_lr\"",
+                "train.warmup_epoch=2",
+                "train.warmup_steps=3",
+            ],
             "train.warmup_steps",
         ),
         (
-            &["train.lr_schedule=\"exponential_decay_lr\"", "train.decay_epoch=1", "train.decay_rate=0"],
+            &[
+                "train.lr_schedule=\"exponential_decay_lr\"",
+                "train.decay_epoch=1",
+                "train.decay_rate=0",
+            ],
             "train.decay_rate",
         ),
         (
-            &["train.lr_schedule=\"polynomial_decay_lr\"", "train.decay_epoch=1", "train.power=0"],
+            &[
+                "train.lr_schedule=\"polynomial_decay_lr\"",
+                "train.decay_epoch=1",
+                "train.power=0",
+            ],
             "train.power",
         ),
         (
-            &["train.lr_schedule=\"piecewise_constant_lr\"", "train.milestone=[2, 2]", "train.learning_rates=[0.1, 0.05]"],
+            &[
+                "train.lr_schedule=\"piecewise_constant_lr\"",
+                "train.milestone=[2, 2]",
+                "train.learning_rates=[0.1, 0.05]",
+            ],
             "train.milestone",
         ),
         (
-            &["train.lr_schedule=\"piecewise_constant_lr\"", "train.milestone=[2]", "train.learning_rates=[0.1, 0.05]"],
+            &[
+                "train.lr_schedule=\"piecewise_constant_lr\"",
+                "train.milestone=[2]",
+                "train.learning_rates=[0.1, 0.05]",
+            ],
             "train.milestone",
         ),
         (&["train.lr_schedule=\"linear\""], "train.lr_schedule"),
-        (&["train.warmup_steps=2", "train.warmup_lr_init=0.5"], "train.warmup_lr_init"),
+        (
+            &["train.warmup_steps=2", "train.warmup_lr_init=0.5"],
+            "train.warmup_lr_init",
+        ),
         (&["train.no_weight_decay=[\"\"]"], "train.no_weight_decay"),
     ];
     for (overrides, key) in cases {

@@ -178,7 +178,14 @@ fn run(
 fn every_rule_follows_the_reference_over_several_steps_in_f64_and_f32() {
     let p0 = values(37, 1);
     let grads: Vec<Vec<f64>> = (0..6).map(|s| values(37, s + 2)).collect();
-    for kind in [OptimizerKind::Sgd, MOMENTUM, NESTEROV, ADAM, ADAMW, MINT_ADAMW] {
+    for kind in [
+        OptimizerKind::Sgd,
+        MOMENTUM,
+        NESTEROV,
+        ADAM,
+        ADAMW,
+        MINT_ADAMW,
+    ] {
         let want = reference(kind, 0.05, 0.02, &p0, &grads);
         assert_close(
             &run(kind, DType::F64, "fc1_weight", &p0, &grads, 0.02),
@@ -245,7 +252,14 @@ fn updating_shards_separately_equals_updating_the_whole() {
             SliceBox::new(vec![0, 3], vec![4, 3]),
         ],
     ];
-    for kind in [OptimizerKind::Sgd, MOMENTUM, NESTEROV, ADAM, ADAMW, MINT_ADAMW] {
+    for kind in [
+        OptimizerKind::Sgd,
+        MOMENTUM,
+        NESTEROV,
+        ADAM,
+        ADAMW,
+        MINT_ADAMW,
+    ] {
         let cfg = config(kind, 0.01, 0.05);
         let mut whole = p0.clone();
         let mut opt = Optimizer::new(cfg, &[spec("w", &shape, DType::F32)]).unwrap();
@@ -477,7 +491,10 @@ fn mint_adamw_is_pytorch_s_bias_corrected_rule() {
     assert_close(&got, &[step1, step2], 1e-12);
     // MindSpore's AdamWeightDecay (no bias correction) moves ~3× further on step 1.
     let no_correction = 1.0 - scalar_run(config(ADAMW, 0.1, 0.0), &[0.5])[0];
-    assert!(no_correction > 3.0 * (1.0 - step1) * 0.99, "{no_correction}");
+    assert!(
+        no_correction > 3.0 * (1.0 - step1) * 0.99,
+        "{no_correction}"
+    );
 
     let grads = [0.3, -1.2, 0.05, 2.0, -0.4];
     let (lr, wd, b1, b2, eps) = (0.01, 0.1, 0.9, 0.999, 1e-8);
@@ -493,7 +510,11 @@ fn mint_adamw_is_pytorch_s_bias_corrected_rule() {
         p -= lr * m_hat / (v_hat.sqrt() + eps);
         want.push(p);
     }
-    assert_close(&scalar_run(config(MINT_ADAMW, lr, wd), &grads), &want, 1e-12);
+    assert_close(
+        &scalar_run(config(MINT_ADAMW, lr, wd), &grads),
+        &want,
+        1e-12,
+    );
     assert_eq!(MINT_ADAMW.state_names(), ["exp_avg", "exp_avg_sq"]);
 }
 
@@ -503,8 +524,8 @@ fn mint_adamw_is_pytorch_s_bias_corrected_rule() {
 fn the_step_s_learning_rate_drives_every_rule() {
     for kind in [OptimizerKind::Sgd, MOMENTUM, ADAM, ADAMW, MINT_ADAMW] {
         let run = |set: Option<f64>| {
-            let mut opt = Optimizer::new(config(kind, 0.1, 0.0), &[spec("w", &[1], DType::F64)])
-                .unwrap();
+            let mut opt =
+                Optimizer::new(config(kind, 0.1, 0.0), &[spec("w", &[1], DType::F64)]).unwrap();
             if let Some(lr) = set {
                 opt.set_learning_rate(lr).unwrap();
             }
@@ -515,7 +536,10 @@ fn the_step_s_learning_rate_drives_every_rule() {
             1.0 - p.as_slice::<f64>().unwrap()[0]
         };
         let (base, half, zero) = (run(None), run(Some(0.05)), run(Some(0.0)));
-        assert!((half - base / 2.0).abs() < 1e-12, "{kind:?}: {half} vs {base}");
+        assert!(
+            (half - base / 2.0).abs() < 1e-12,
+            "{kind:?}: {half} vs {base}"
+        );
         assert_eq!(zero, 0.0, "{kind:?}: a rate of 0 leaves the parameter");
     }
     let mut opt = Optimizer::new(config(ADAM, 0.1, 0.0), &[]).unwrap();
@@ -564,8 +588,15 @@ fn the_weight_decay_filter_updates_excluded_parameters_without_decay() {
         assert_eq!(default_decays, [true, true, true, false], "{kind:?}");
         assert_eq!(filtered[0], decayed[0], "{kind:?}: the weight decays");
         for k in 1..names.len() {
-            assert_eq!(filtered[k], no_decay[k], "{kind:?}: {} without decay", names[k]);
+            assert_eq!(
+                filtered[k], no_decay[k],
+                "{kind:?}: {} without decay",
+                names[k]
+            );
         }
-        assert_ne!(filtered[1], decayed[1], "{kind:?}: the filter changes the bias's update");
+        assert_ne!(
+            filtered[1], decayed[1],
+            "{kind:?}: the filter changes the bias's update"
+        );
     }
 }

@@ -12,7 +12,10 @@ use crate::optimizer::WeightDecayFilter;
 
 /// The keys only some schedules read: `(key, the schedules that read it)`.
 const RULE_KEYS: &[(&str, &[&str])] = &[
-    ("min_lr", &["cosine", "cosine_decay_lr", "polynomial_decay_lr"]),
+    (
+        "min_lr",
+        &["cosine", "cosine_decay_lr", "polynomial_decay_lr"],
+    ),
     ("decay_steps", &["cosine"]),
     ("num_cycles", &["cosine"]),
     (
@@ -27,7 +30,11 @@ const RULE_KEYS: &[(&str, &[&str])] = &[
     ("warmup_epoch", &["warmup_lr"]),
     (
         "decay_epoch",
-        &["cosine_decay_lr", "polynomial_decay_lr", "exponential_decay_lr"],
+        &[
+            "cosine_decay_lr",
+            "polynomial_decay_lr",
+            "exponential_decay_lr",
+        ],
     ),
     ("power", &["polynomial_decay_lr"]),
     ("update_decay_epoch", &["polynomial_decay_lr"]),

@@ -376,7 +376,10 @@ impl TrainConfig {
 
     /// The same config with learning-rate schedule `schedule` (checked; its peak becomes
     /// `train.learning_rate`).
-    pub fn with_lr_schedule(mut self, schedule: crate::lr_schedule::LrSchedule) -> Result<TrainConfig, RuntimeError> {
+    pub fn with_lr_schedule(
+        mut self,
+        schedule: crate::lr_schedule::LrSchedule,
+    ) -> Result<TrainConfig, RuntimeError> {
         schedule.validate()?;
         self.optimizer.learning_rate = schedule.learning_rate;
         self.lr_schedule = schedule;
@@ -384,7 +387,10 @@ impl TrainConfig {
     }
 
     /// The same config with weight-decay filter `filter`.
-    pub fn with_weight_decay_filter(mut self, filter: crate::optimizer::WeightDecayFilter) -> TrainConfig {
+    pub fn with_weight_decay_filter(
+        mut self,
+        filter: crate::optimizer::WeightDecayFilter,
+    ) -> TrainConfig {
         self.weight_decay_filter = filter;
         self
     }
