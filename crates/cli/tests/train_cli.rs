@@ -392,7 +392,7 @@ fn log_json_in_parameter_server_mode_writes_the_metrics_where_it_says() {
             .map(String::as_str)
             .collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["epoch", "loss", "ms", "step"], "{step}");
+        assert_eq!(keys, ["epoch", "loss", "lr", "ms", "step"], "{step}");
         assert_eq!(step["step"], i + 1);
     }
     assert!(

@@ -436,6 +436,8 @@ impl Links {
 struct Reporter {
     callbacks: CallbackList,
     epoch_start: Instant,
+    /// The servers' rate: constant (the config refuses schedules in this mode).
+    learning_rate: f64,
 }
 
 impl Reporter {
@@ -448,6 +450,8 @@ impl Reporter {
             global_step: step + 1,
             loss,
             step_ms: ms,
+            lr: self.learning_rate,
+            grad_norm: None,
             shards: &[],
         })?;
         Ok(())
@@ -495,6 +499,7 @@ pub fn run(
             Some(Reporter {
                 callbacks,
                 epoch_start: Instant::now(),
+                learning_rate: config.optimizer_config().learning_rate,
             })
         }
         _ => None,

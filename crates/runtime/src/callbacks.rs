@@ -47,6 +47,11 @@ pub struct StepInfo<'a> {
     pub loss: f32,
     /// Wall time of the step, in milliseconds.
     pub step_ms: f64,
+    /// The learning rate the step's update used (the schedule's rate for the step; the same
+    /// on every rank).
+    pub lr: f64,
+    /// The global gradient norm of the step, when the loop computed one (gradient clipping).
+    pub grad_norm: Option<f64>,
     /// This rank's parameter shards (empty when no callback needs them).
     pub shards: &'a [ShardView<'a>],
 }
@@ -212,8 +217,9 @@ impl Callback for LossMonitor {
 }
 
 /// JSON lines of training metrics, one object per line, flushed as each is written:
-/// per step `{"epoch":1,"loss":2.2871413,"ms":1.9,"step":3}` (`step` counts within the
-/// epoch, from 1) and per epoch `{"epoch":1,"eval_accuracy":0.93}` (`null` when the loop
+/// per step `{"epoch":1,"loss":2.2871413,"lr":0.001,"ms":1.9,"step":3}` (`step` counts within
+/// the epoch, from 1; `lr` is the learning rate the step's update used; a `"grad_norm"` key
+/// comes before `"loss"` when the loop computed the global gradient norm) and per epoch `{"epoch":1,"eval_accuracy":0.93}` (`null` when the loop
 /// did not evaluate), or for a language model `{"epoch":1,"eval_loss":2.31}`.
 ///
 /// **Exact numbers** (issue 17): the f32 step loss is written as the shortest decimal that
@@ -265,10 +271,14 @@ impl Callback for MetricsLog {
     fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
         // By hand, keys in the order serde_json's map writes them, because serde_json widens
         // an f32 to f64 and writes that f64's digits.
+        let grad_norm = step
+            .grad_norm
+            .map_or(String::new(), |n| format!("\"grad_norm\":{},", json!(n)));
         let line = format!(
-            "{{\"epoch\":{},\"loss\":{},\"ms\":{},\"step\":{}}}\n",
+            "{{\"epoch\":{},{grad_norm}\"loss\":{},\"lr\":{},\"ms\":{},\"step\":{}}}\n",
             step.epoch,
             f32_json(step.loss),
+            json!(step.lr),
             json!(step.step_ms),
             step.step_in_epoch
         );
@@ -467,6 +477,8 @@ mod tests {
                 global_step: i as u64 + 1,
                 loss,
                 step_ms: 1.25,
+                lr: 0.001,
+                grad_norm: None,
                 shards: &[],
             };
             log.on_step_end(&step).unwrap();
@@ -523,8 +535,46 @@ mod tests {
         );
         assert_eq!(
             lines[0],
-            r#"{"epoch":1,"loss":2.2871413,"ms":1.25,"step":1}"#
+            r#"{"epoch":1,"loss":2.2871413,"lr":0.001,"ms":1.25,"step":1}"#
         );
+    }
+
+    /// The step line carries the step's learning rate as its shortest f64 decimal, and a
+    /// `grad_norm` only when the loop computed one; keys stay in sorted order.
+    #[test]
+    fn metrics_log_writes_lr_and_grad_norm_when_known() {
+        let dir = std::env::temp_dir().join(format!("tessera-metrics-lr-{}", std::process::id()));
+        let path = dir.join("metrics.jsonl");
+        let mut log = MetricsLog::create(&path).unwrap();
+        let lr = 0.1 + 0.2; // 0.30000000000000004: every digit kept
+        for grad_norm in [None, Some(1.5)] {
+            log.on_step_end(&StepInfo {
+                rank: 0,
+                epoch: 2,
+                step_in_epoch: 3,
+                global_step: 7,
+                loss: 1.5,
+                step_ms: 2.0,
+                lr,
+                grad_norm,
+                shards: &[],
+            })
+            .unwrap();
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                r#"{"epoch":2,"loss":1.5,"lr":0.30000000000000004,"ms":2.0,"step":3}"#,
+                r#"{"epoch":2,"grad_norm":1.5,"loss":1.5,"lr":0.30000000000000004,"ms":2.0,"step":3}"#,
+            ]
+        );
+        for line in lines {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(value["lr"].as_f64(), Some(lr), "{line}");
+        }
     }
 
     #[test]

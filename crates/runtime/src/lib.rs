@@ -5,8 +5,9 @@
 //! - [`RankExecutor`]: one rank's buffers (its block of every value of a [`parallel::Program`]);
 //!   [`RankExecutor::run`] evaluates the kernel steps with [`graph::eval_op`] and the reshard
 //!   steps with a [`reshard::ReshardRunner`] over the world [`comm::Communicator`].
-//! - [`Optimizer`]: SGD, Momentum, Adam, AdamW with MindSpore's update rules, on one rank's
-//!   parameter shards, so its state is sharded like its parameter.
+//! - [`Optimizer`]: SGD, Momentum, Adam, AdamW with MindSpore's update rules and mint AdamW
+//!   (PyTorch's), on one rank's parameter shards, so its state is sharded like its parameter;
+//!   [`LrSchedule`]: MindSpore's and MindFormers' learning-rate schedules per global step.
 //! - [`IdxDataset`] and [`BatchPlan`]: MNIST-format data, global batches that are the same on
 //!   every device count; each rank reads only its rows.
 //! - [`Callback`]s: [`LossMonitor`] (MindSpore's `epoch: 1 step: 10, loss is …`), [`MetricsLog`]
@@ -51,6 +52,7 @@ mod host_memory;
 mod hybrid;
 mod launch;
 mod lm;
+mod lr_schedule;
 mod memory;
 mod optimizer;
 mod pipeline;
@@ -91,10 +93,11 @@ pub use crate::hybrid::{run_hybrid, HybridRank};
 pub use crate::launch::train_mpi;
 pub use crate::launch::{run_rank, train_local, LaunchOptions, TrainReport};
 pub use crate::lm::TextData;
+pub use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
 pub use crate::memory::{memory_json, memory_lines};
 pub use crate::optimizer::{
     applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
-    ParamSpec,
+    ParamSpec, WeightDecayFilter,
 };
 pub use crate::pipeline::{chrome_trace, PassTimes, SpanKind, StepTrace, TraceSpan};
 pub use crate::precision::{LossScale, Precision};

@@ -1,4 +1,5 @@
-//! Optimizers whose state is sharded like its parameter: SGD, Momentum, Adam and AdamW.
+//! Optimizers whose state is sharded like its parameter: SGD, Momentum, Adam, AdamW
+//! (MindSpore's `AdamWeightDecay`) and mint AdamW (PyTorch's rule).
 //!
 //! # Sharding
 //! An [`Optimizer`] works on one rank's shard of each parameter and the gradient shard of the
@@ -10,9 +11,11 @@
 //! # Update rules
 //! The rules are MindSpore's, with `p` the parameter, `g` its gradient, `lr` the learning rate,
 //! `wd` the weight decay and `t` the step count (1 on the first step, see
-//! [`Optimizer::begin_step`]). Weight decay follows MindSpore's default filter: it applies to
-//! parameters whose name contains neither `beta` nor `gamma` ([`applies_weight_decay`]); for the
-//! others `wd` is 0.
+//! [`Optimizer::begin_step`]). `lr` is the step's rate: `train.learning_rate`, or the
+//! schedule's rate for the step ([`Optimizer::set_learning_rate`], [`crate::LrSchedule`]).
+//! Weight decay follows MindSpore's default filter: it applies to parameters whose name contains
+//! neither `beta` nor `gamma` ([`applies_weight_decay`]); a [`WeightDecayFilter`] can exclude
+//! more (biases, embeddings: MindFormers' recipe). For the excluded parameters `wd` is 0.
 //!
 //! | kind | MindSpore | rule |
 //! |---|---|---|
@@ -20,10 +23,16 @@
 //! | [`OptimizerKind::Momentum`] | `nn.Momentum` | `g' = g + wd·p`; `v = μ·v + g'`; `p -= lr·v`, or with Nesterov `p -= lr·(g' + μ·v)` |
 //! | [`OptimizerKind::Adam`] | `nn.Adam` | `g' = g + wd·p`; `m = β1·m + (1-β1)·g'`; `v = β2·v + (1-β2)·g'²`; `p -= lr·√(1-β2ᵗ)/(1-β1ᵗ) · m/(√v + ε)` |
 //! | [`OptimizerKind::AdamW`] | `nn.AdamWeightDecay` | `m = β1·m + (1-β1)·g`; `v = β2·v + (1-β2)·g²`; `p -= lr·(m/(√v + ε) + wd·p)` |
+//! | [`OptimizerKind::MintAdamW`] | `mint.optim.AdamW` (PyTorch's `torch.optim.AdamW`) | `p = p·(1 - lr·wd)`; `m = β1·m + (1-β1)·g`; `v = β2·v + (1-β2)·g²`; `p -= (lr/(1-β1ᵗ)) · m/(√v/√(1-β2ᵗ) + ε)` |
 //!
 //! Two details are MindSpore's and differ from PyTorch: Adam's ε is added to `√v` *outside* the
 //! bias correction (the correction scales the learning rate, as `ops.Adam` does), and AdamW is
 //! MindSpore's `AdamWeightDecay`, which has **no** bias correction (PyTorch's `AdamW` has one).
+//! `mint_adamw` is MindSpore's `mint.optim.AdamW`, whose documented algorithm is PyTorch's:
+//! bias-corrected moments with ε added to `√v̂` (`v̂ = v/(1-β2ᵗ)`), and weight decay decoupled
+//! and scaled by the learning rate, applied before the moments' step; the arithmetic above
+//! is the one `mindspore.experimental.optim.adamw` and PyTorch's `_single_tensor_adamw` run
+//! (`step_size = lr/bias_correction1`, `denom = √v/√bias_correction2 + ε`).
 //! Momentum accumulates the raw gradient (`v = μ·v + g`, no dampening), as `ops.ApplyMomentum`
 //! does.
 //!
@@ -31,7 +40,8 @@
 //!
 //! # State names
 //! State tensors are named as MindSpore's optimizers name theirs, so checkpoints look familiar:
-//! `moments` (Momentum), `moment1`/`moment2` (Adam), `adam_m`/`adam_v` (AdamWeightDecay). In a
+//! `moments` (Momentum), `moment1`/`moment2` (Adam), `adam_m`/`adam_v` (AdamWeightDecay),
+//! `exp_avg`/`exp_avg_sq` (mint AdamW, PyTorch's names). In a
 //! checkpoint the state of parameter `fc1_weight` is `moments.fc1_weight`
 //! ([`state_checkpoint_name`]), MindSpore's `Parameter.clone(prefix=…)` naming.
 
@@ -71,16 +81,27 @@ pub enum OptimizerKind {
         /// Added to `√v` (> 0).
         eps: f64,
     },
+    /// Adam with bias correction and decoupled weight decay scaled by the learning rate
+    /// (MindSpore's `mint.optim.AdamW`, PyTorch's `AdamW`). State: `exp_avg`, `exp_avg_sq`.
+    MintAdamW {
+        /// Decay of the first moment, in (0, 1).
+        beta1: f64,
+        /// Decay of the second moment, in (0, 1).
+        beta2: f64,
+        /// Added to the bias-corrected `√v̂` (> 0).
+        eps: f64,
+    },
 }
 
 impl OptimizerKind {
-    /// The config spelling: `sgd`, `momentum`, `adam` or `adamw`.
+    /// The config spelling: `sgd`, `momentum`, `adam`, `adamw` or `mint_adamw`.
     pub fn name(&self) -> &'static str {
         match self {
             OptimizerKind::Sgd => "sgd",
             OptimizerKind::Momentum { .. } => "momentum",
             OptimizerKind::Adam { .. } => "adam",
             OptimizerKind::AdamW { .. } => "adamw",
+            OptimizerKind::MintAdamW { .. } => "mint_adamw",
         }
     }
 
@@ -91,14 +112,22 @@ impl OptimizerKind {
             OptimizerKind::Momentum { .. } => &["moments"],
             OptimizerKind::Adam { .. } => &["moment1", "moment2"],
             OptimizerKind::AdamW { .. } => &["adam_m", "adam_v"],
+            OptimizerKind::MintAdamW { .. } => &["exp_avg", "exp_avg_sq"],
         }
     }
 }
 
 /// The state names of every rule ([`OptimizerKind::state_names`]): what a checkpoint may hold
 /// beside the parameters, whichever rule saved it.
-pub const STATE_NAMES_OF_EVERY_RULE: &[&str] =
-    &["moments", "moment1", "moment2", "adam_m", "adam_v"];
+pub const STATE_NAMES_OF_EVERY_RULE: &[&str] = &[
+    "moments",
+    "moment1",
+    "moment2",
+    "adam_m",
+    "adam_v",
+    "exp_avg",
+    "exp_avg_sq",
+];
 
 /// An optimizer's rule and the hyperparameters shared by all rules.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -150,7 +179,8 @@ impl OptimizerConfig {
                 check("momentum", momentum, momentum >= 0.0, "it must be ≥ 0")
             }
             OptimizerKind::Adam { beta1, beta2, eps }
-            | OptimizerKind::AdamW { beta1, beta2, eps } => {
+            | OptimizerKind::AdamW { beta1, beta2, eps }
+            | OptimizerKind::MintAdamW { beta1, beta2, eps } => {
                 let in_unit = |b: f64| b > 0.0 && b < 1.0;
                 check("beta1", beta1, in_unit(beta1), "it must lie in (0, 1)")?;
                 check("beta2", beta2, in_unit(beta2), "it must lie in (0, 1)")?;
@@ -164,6 +194,28 @@ impl OptimizerConfig {
 /// neither `beta` nor `gamma` (the shifts and scales of normalisation layers).
 pub fn applies_weight_decay(param_name: &str) -> bool {
     !param_name.contains("beta") && !param_name.contains("gamma")
+}
+
+/// Which parameters weight decay applies to: MindSpore's default filter (no `beta`, no
+/// `gamma` in the name) and, in addition, no name containing any of `excluded`
+/// (`train.no_weight_decay`, e.g. `["bias", "embedding"]` for MindFormers' recipe of no decay on
+/// biases, LayerNorm and embeddings). Names are matched as substrings, so the filter is the
+/// same on every rank and under every layout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightDecayFilter {
+    /// Name substrings whose parameters get no weight decay, beside `beta` and `gamma`.
+    pub excluded: Vec<String>,
+}
+
+impl WeightDecayFilter {
+    /// Whether weight decay applies to parameter `param_name`.
+    pub fn applies(&self, param_name: &str) -> bool {
+        applies_weight_decay(param_name)
+            && !self
+                .excluded
+                .iter()
+                .any(|word| param_name.contains(word.as_str()))
+    }
 }
 
 /// The checkpoint name of state `state` of parameter `param` (`moments.fc1_weight`), as
@@ -208,6 +260,8 @@ pub struct Optimizer {
     config: OptimizerConfig,
     slots: Vec<Slot>,
     step: u64,
+    /// The rate of the coming updates (`config.learning_rate` until set).
+    learning_rate: f64,
 }
 
 /// The hyperparameters of one update, rounded to the compute type.
@@ -244,10 +298,44 @@ impl Optimizer {
             });
         }
         Ok(Optimizer {
+            learning_rate: config.learning_rate,
             config,
             slots,
             step: 0,
         })
+    }
+
+    /// Applies weight decay only to the parameters `filter` accepts (the default filter is
+    /// MindSpore's, which [`Optimizer::new`] uses).
+    pub fn set_weight_decay_filter(&mut self, filter: &WeightDecayFilter) {
+        for slot in &mut self.slots {
+            slot.decay = filter.applies(&slot.spec.name);
+        }
+    }
+
+    /// Whether weight decay applies to parameter `index`.
+    pub fn decays(&self, index: usize) -> Result<bool, RuntimeError> {
+        Ok(self.slot(index)?.decay)
+    }
+
+    /// Sets the learning rate of the coming updates: the schedule's rate for this step
+    /// ([`crate::LrSchedule::learning_rate`]). It must be finite and ≥ 0 (a warm-up starts
+    /// at 0).
+    pub fn set_learning_rate(&mut self, learning_rate: f64) -> Result<(), RuntimeError> {
+        if !(learning_rate.is_finite() && learning_rate >= 0.0) {
+            return Err(RuntimeError::Mismatch {
+                what: "the step's learning rate".to_string(),
+                expected: "a finite number ≥ 0".to_string(),
+                got: learning_rate.to_string(),
+            });
+        }
+        self.learning_rate = learning_rate;
+        Ok(())
+    }
+
+    /// The learning rate of the coming updates.
+    pub fn learning_rate(&self) -> f64 {
+        self.learning_rate
     }
 
     /// The configuration.
@@ -395,7 +483,10 @@ impl Optimizer {
                 got: "0".to_string(),
             });
         }
-        let config = self.config;
+        let config = OptimizerConfig {
+            learning_rate: self.learning_rate,
+            ..self.config
+        };
         let step = self.step;
         let n_params = self.slots.len();
         let slot = self
@@ -494,6 +585,24 @@ fn apply<T: Float + tensor::Element>(
             m.as_slice_mut::<T>()?,
             v.as_slice_mut::<T>()?,
         ),
+        (OptimizerKind::MintAdamW { beta1, beta2, eps }, [m, v]) => {
+            let t = i32::try_from(step).unwrap_or(i32::MAX);
+            let bias_correction1 = 1.0 - beta1.powi(t);
+            let bias_correction2 = 1.0 - beta2.powi(t);
+            let mut h = hyper(beta1, beta2, eps);
+            // PyTorch's factors: decay `1 - lr·wd`, step size `lr / (1-β1ᵗ)`, `√(1-β2ᵗ)`.
+            h.wd = T::from_f64(1.0 - learning_rate * weight_decay);
+            h.lr = T::from_f64(learning_rate / bias_correction1);
+            let sqrt_bc2 = T::from_f64(bias_correction2.sqrt());
+            mint_adamw(
+                h,
+                sqrt_bc2,
+                p,
+                g,
+                m.as_slice_mut::<T>()?,
+                v.as_slice_mut::<T>()?,
+            )
+        }
         (kind, state) => {
             // The slots are built from `state_names`, so this is a bug, not bad input.
             return Err(RuntimeError::Mismatch {
@@ -543,6 +652,18 @@ fn adam_weight_decay<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v:
     }
 }
 
+/// mint AdamW (PyTorch's AdamW): `h.wd` holds `1 - lr·wd`, `h.lr` the step size
+/// `lr/(1-β1ᵗ)`; β1, β2, ε in `h.a`, `h.b`, `h.c`; `sqrt_bc2` is `√(1-β2ᵗ)`.
+fn mint_adamw<T: Float>(h: Step<T>, sqrt_bc2: T, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        *p *= h.wd;
+        *m = h.a * *m + (T::ONE - h.a) * g;
+        *v = h.b * *v + (T::ONE - h.b) * g * g;
+        let denom = v.sqrt() / sqrt_bc2 + h.c;
+        *p -= h.lr * *m / denom;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -562,6 +683,11 @@ mod tests {
                 eps: 1e-8,
             },
             OptimizerKind::AdamW {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            OptimizerKind::MintAdamW {
                 beta1: 0.9,
                 beta2: 0.999,
                 eps: 1e-8,

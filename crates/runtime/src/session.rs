@@ -743,6 +743,7 @@ impl Session {
             })
             .collect();
         let mut optimizer = Optimizer::new(self.config.optimizer_config(), &specs)?;
+        optimizer.set_weight_decay_filter(self.config.weight_decay_filter());
         // With `train.grad_accumulation_steps` > 1, the mean gradient of a step's micro-batches.
         let accumulation_sharded = self.accumulation_sharded();
         let mut accumulated = (self.micro_steps() > 1)
@@ -813,6 +814,13 @@ impl Session {
         // Copies of parameters shared by pipeline stages: their gradients summed every step.
         let mut shared_grads = crate::shared::SharedGradients::default();
         let batches_per_epoch = self.batches_per_epoch();
+        // The schedule is a function of the global step alone: every rank, and a resumed run,
+        // takes the same rate at the same step.
+        let schedule = self.config.lr_schedule();
+        let run_steps = (cfg.epochs as u64)
+            .saturating_mul(batches_per_epoch)
+            .min(max_steps);
+        schedule.check_run_steps(run_steps)?;
         let first_epoch = (global_step / batches_per_epoch) as usize + 1;
         for epoch in first_epoch..=cfg.epochs {
             let epoch_start = Instant::now();
@@ -827,6 +835,8 @@ impl Session {
                     break;
                 }
                 let start = Instant::now();
+                let lr = schedule.learning_rate(global_step, run_steps);
+                optimizer.set_learning_rate(lr)?;
                 exec.set_loss_scale(scaler.as_ref().map_or(1.0, LossScaler::scale));
                 for p in &mut partners {
                     p.set_loss_scale(scaler.as_ref().map_or(1.0, LossScaler::scale));
@@ -951,6 +961,8 @@ impl Session {
                     global_step,
                     loss,
                     step_ms,
+                    lr,
+                    grad_norm: None,
                     shards: &shards,
                 })?;
             }

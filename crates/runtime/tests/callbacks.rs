@@ -40,6 +40,8 @@ fn step(global_step: u64, loss: f32) -> StepInfo<'static> {
         global_step,
         loss,
         step_ms: 1.5,
+        lr: 0.01,
+        grad_norm: None,
         shards: &[],
     }
 }
@@ -105,7 +107,7 @@ fn metrics_log_writes_flushed_json_lines_and_truncates_on_create() {
     let lines = read_lines(&path);
     assert_eq!(
         lines[0],
-        serde_json::json!({"epoch": 1, "step": 1, "loss": 0.5, "ms": 1.5})
+        serde_json::json!({"epoch": 1, "step": 1, "loss": 0.5, "lr": 0.01, "ms": 1.5})
     );
     assert_eq!(lines[1]["step"], 2);
     assert_eq!(

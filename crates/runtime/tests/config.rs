@@ -568,3 +568,50 @@ fn auto_pipeline_needs_a_search_mode() {
     assert!(searched.search().auto_pipeline);
     assert!(!parse_with(MINIMAL, &[]).unwrap().search().auto_pipeline);
 }
+
+/// `optimizer = "mint_adamw"` is mint.optim.AdamW with its defaults (weight decay 1e-2,
+/// ε 1e-8); the schedule defaults to a constant rate; `no_weight_decay` lists name parts.
+#[test]
+fn mint_adamw_schedule_and_decay_filter_keys_parse() {
+    let config = parse_with(
+        MINIMAL,
+        &[
+            "train.optimizer=\"mint_adamw\"",
+            "train.no_weight_decay=[\"bias\", \"embedding\"]",
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        config.optimizer_config(),
+        OptimizerConfig {
+            kind: OptimizerKind::MintAdamW {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            learning_rate: 0.1,
+            weight_decay: 1e-2,
+        }
+    );
+    assert_eq!(*config.lr_schedule(), runtime::LrSchedule::constant(0.1));
+    assert_eq!(config.weight_decay_filter().excluded, ["bias", "embedding"]);
+    let config = parse_with(
+        MINIMAL,
+        &[
+            "train.lr_schedule=\"cosine\"",
+            "train.warmup_steps=10",
+            "train.min_lr=0.01",
+            "train.decay_steps=100",
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        config.lr_schedule().decay,
+        runtime::LrDecay::CosineWithWarmUp {
+            lr_end: 0.01,
+            decay_steps: Some(100),
+            num_cycles: 0.5,
+        }
+    );
+    assert_eq!(config.lr_schedule().warmup_steps, 10);
+}

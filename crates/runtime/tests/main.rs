@@ -17,6 +17,7 @@ mod hsdp;
 mod hybrid_mlp;
 mod idx_data;
 mod layout_config;
+mod lr_schedule;
 mod memory;
 mod micro_batch_interleave;
 mod op_sharding;

@@ -134,6 +134,14 @@ fn reference(kind: OptimizerKind, lr: f64, wd: f64, p0: &[f64], grads: &[Vec<f64
                     let update = s1[i] / (s2[i].sqrt() + eps) + wd * p[i];
                     p[i] -= lr * update;
                 }
+                OptimizerKind::MintAdamW { beta1, beta2, eps } => {
+                    p[i] -= lr * wd * p[i];
+                    s1[i] = beta1 * s1[i] + (1.0 - beta1) * g[i];
+                    s2[i] = beta2 * s2[i] + (1.0 - beta2) * g[i] * g[i];
+                    let m_hat = s1[i] / (1.0 - beta1.powi(t));
+                    let v_hat = s2[i] / (1.0 - beta2.powi(t));
+                    p[i] -= lr * m_hat / (v_hat.sqrt() + eps);
+                }
             }
         }
     }
@@ -170,7 +178,14 @@ fn run(
 fn every_rule_follows_the_reference_over_several_steps_in_f64_and_f32() {
     let p0 = values(37, 1);
     let grads: Vec<Vec<f64>> = (0..6).map(|s| values(37, s + 2)).collect();
-    for kind in [OptimizerKind::Sgd, MOMENTUM, NESTEROV, ADAM, ADAMW] {
+    for kind in [
+        OptimizerKind::Sgd,
+        MOMENTUM,
+        NESTEROV,
+        ADAM,
+        ADAMW,
+        MINT_ADAMW,
+    ] {
         let want = reference(kind, 0.05, 0.02, &p0, &grads);
         assert_close(
             &run(kind, DType::F64, "fc1_weight", &p0, &grads, 0.02),
@@ -189,7 +204,7 @@ fn every_rule_follows_the_reference_over_several_steps_in_f64_and_f32() {
 fn weight_decay_skips_beta_and_gamma_parameters_as_mindspore_does() {
     let p0 = values(9, 3);
     let grads: Vec<Vec<f64>> = (0..3).map(|s| values(9, s + 5)).collect();
-    for kind in [OptimizerKind::Sgd, MOMENTUM, ADAM, ADAMW] {
+    for kind in [OptimizerKind::Sgd, MOMENTUM, ADAM, ADAMW, MINT_ADAMW] {
         let undecayed = reference(kind, 0.05, 0.0, &p0, &grads);
         let decayed = reference(kind, 0.05, 0.3, &p0, &grads);
         assert_close(
@@ -237,7 +252,14 @@ fn updating_shards_separately_equals_updating_the_whole() {
             SliceBox::new(vec![0, 3], vec![4, 3]),
         ],
     ];
-    for kind in [OptimizerKind::Sgd, MOMENTUM, NESTEROV, ADAM, ADAMW] {
+    for kind in [
+        OptimizerKind::Sgd,
+        MOMENTUM,
+        NESTEROV,
+        ADAM,
+        ADAMW,
+        MINT_ADAMW,
+    ] {
         let cfg = config(kind, 0.01, 0.05);
         let mut whole = p0.clone();
         let mut opt = Optimizer::new(cfg, &[spec("w", &shape, DType::F32)]).unwrap();
@@ -296,7 +318,7 @@ fn state_is_named_as_mindspore_names_it_and_resumes_exactly() {
     let p0 = values(8, 2);
     let grads: Vec<Vec<f64>> = (0..6).map(|s| values(8, s + 20)).collect();
     let to_tensor = |v: &Vec<f64>| Tensor::from_vec(&[8], v.clone()).unwrap();
-    for kind in [MOMENTUM, ADAM, ADAMW] {
+    for kind in [MOMENTUM, ADAM, ADAMW, MINT_ADAMW] {
         let cfg = config(kind, 0.05, 0.01);
         let specs = [spec("w", &[8], DType::F64)];
         let mut straight = Optimizer::new(cfg, &specs).unwrap();
@@ -447,4 +469,134 @@ fn misuse_is_an_error_naming_the_parameter() {
         .is_err());
     // Nothing above changed the parameter.
     assert_eq!(p, Tensor::zeros(DType::F32, &[2, 2]));
+}
+
+const MINT_ADAMW: OptimizerKind = OptimizerKind::MintAdamW {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+};
+
+/// mint AdamW (PyTorch's AdamW) against its update written out by hand: step 1 and 2 of
+/// p = 1, g = 0.5, lr 0.1, wd 0.01, β = (0.9, 0.999), ε = 1e-8; then five steps of varying
+/// gradients against PyTorch's documented form `p -= lr·m̂/(√v̂ + ε)`, `m̂ = m/(1-β1ᵗ)`,
+/// `v̂ = v/(1-β2ᵗ)`, after `p -= lr·wd·p`.
+#[test]
+fn mint_adamw_is_pytorch_s_bias_corrected_rule() {
+    let got = scalar_run(config(MINT_ADAMW, 0.1, 0.01), &[0.5, 0.5]);
+    // Step 1: p·(1 − 0.001); m = 0.05, v = 0.00025; m̂ = 0.5, √v̂ = 0.5.
+    let step1 = 0.999 - 0.05 / (0.5 + 1e-8);
+    // Step 2: m = 0.095, v = 0.00049975; 1-β1² = 0.19, 1-β2² = 0.001999, √v̂ = 0.5.
+    let step2 = step1 * 0.999 - (0.1 / 0.19) * 0.095 / (0.5 + 1e-8);
+    assert_close(&got, &[step1, step2], 1e-12);
+    // MindSpore's AdamWeightDecay (no bias correction) moves ~3× further on step 1.
+    let no_correction = 1.0 - scalar_run(config(ADAMW, 0.1, 0.0), &[0.5])[0];
+    assert!(
+        no_correction > 3.0 * (1.0 - step1) * 0.99,
+        "{no_correction}"
+    );
+
+    let grads = [0.3, -1.2, 0.05, 2.0, -0.4];
+    let (lr, wd, b1, b2, eps) = (0.01, 0.1, 0.9, 0.999, 1e-8);
+    let (mut p, mut m, mut v) = (1.0f64, 0.0f64, 0.0f64);
+    let mut want = Vec::new();
+    for (k, g) in grads.iter().enumerate() {
+        let t = k as i32 + 1;
+        p -= lr * wd * p;
+        m = b1 * m + (1.0 - b1) * g;
+        v = b2 * v + (1.0 - b2) * g * g;
+        let m_hat = m / (1.0 - b1.powi(t));
+        let v_hat = v / (1.0 - b2.powi(t));
+        p -= lr * m_hat / (v_hat.sqrt() + eps);
+        want.push(p);
+    }
+    assert_close(
+        &scalar_run(config(MINT_ADAMW, lr, wd), &grads),
+        &want,
+        1e-12,
+    );
+    assert_eq!(MINT_ADAMW.state_names(), ["exp_avg", "exp_avg_sq"]);
+}
+
+/// The step's learning rate ([`Optimizer::set_learning_rate`]) replaces the configured one in
+/// every rule, and a bad one is refused.
+#[test]
+fn the_step_s_learning_rate_drives_every_rule() {
+    for kind in [OptimizerKind::Sgd, MOMENTUM, ADAM, ADAMW, MINT_ADAMW] {
+        let run = |set: Option<f64>| {
+            let mut opt =
+                Optimizer::new(config(kind, 0.1, 0.0), &[spec("w", &[1], DType::F64)]).unwrap();
+            if let Some(lr) = set {
+                opt.set_learning_rate(lr).unwrap();
+            }
+            let mut p = Tensor::from_vec(&[1], vec![1f64]).unwrap();
+            opt.begin_step();
+            opt.update(0, &mut p, &Tensor::from_vec(&[1], vec![0.5]).unwrap())
+                .unwrap();
+            1.0 - p.as_slice::<f64>().unwrap()[0]
+        };
+        let (base, half, zero) = (run(None), run(Some(0.05)), run(Some(0.0)));
+        assert!(
+            (half - base / 2.0).abs() < 1e-12,
+            "{kind:?}: {half} vs {base}"
+        );
+        assert_eq!(zero, 0.0, "{kind:?}: a rate of 0 leaves the parameter");
+    }
+    let mut opt = Optimizer::new(config(ADAM, 0.1, 0.0), &[]).unwrap();
+    for bad in [-0.1, f64::NAN, f64::INFINITY] {
+        assert!(opt.set_learning_rate(bad).is_err(), "{bad}");
+    }
+}
+
+/// `train.no_weight_decay`: a filtered parameter is updated exactly as with weight decay 0,
+/// the others exactly as with the configured decay; MindSpore's `beta`/`gamma` stay excluded.
+#[test]
+fn the_weight_decay_filter_updates_excluded_parameters_without_decay() {
+    let names = [
+        "layers.0.dense.weight",
+        "layers.0.dense.bias",
+        "embedding.embedding_table",
+        "layers.0.norm.gamma",
+    ];
+    let filter = runtime::WeightDecayFilter {
+        excluded: vec!["bias".to_string(), "embedding".to_string()],
+    };
+    for kind in [OptimizerKind::Sgd, ADAM, ADAMW, MINT_ADAMW] {
+        let run = |wd: f64, filter: Option<&runtime::WeightDecayFilter>| {
+            let specs: Vec<ParamSpec> = names.iter().map(|n| spec(n, &[3], DType::F32)).collect();
+            let mut opt = Optimizer::new(config(kind, 0.05, wd), &specs).unwrap();
+            if let Some(f) = filter {
+                opt.set_weight_decay_filter(f);
+            }
+            let mut params: Vec<Tensor> = (0..names.len())
+                .map(|k| Tensor::from_vec(&[3], vec![1.0f32, -2.0, 0.5 + k as f32]).unwrap())
+                .collect();
+            let grad = Tensor::from_vec(&[3], vec![0.1f32, 0.2, -0.3]).unwrap();
+            for _ in 0..3 {
+                opt.begin_step();
+                for (k, p) in params.iter_mut().enumerate() {
+                    opt.update(k, p, &grad).unwrap();
+                }
+            }
+            let decays: Vec<bool> = (0..names.len()).map(|k| opt.decays(k).unwrap()).collect();
+            (params, decays)
+        };
+        let (filtered, decays) = run(0.1, Some(&filter));
+        let (no_decay, _) = run(0.0, None);
+        let (decayed, default_decays) = run(0.1, None);
+        assert_eq!(decays, [true, false, false, false], "{kind:?}");
+        assert_eq!(default_decays, [true, true, true, false], "{kind:?}");
+        assert_eq!(filtered[0], decayed[0], "{kind:?}: the weight decays");
+        for k in 1..names.len() {
+            assert_eq!(
+                filtered[k], no_decay[k],
+                "{kind:?}: {} without decay",
+                names[k]
+            );
+        }
+        assert_ne!(
+            filtered[1], decayed[1],
+            "{kind:?}: the filter changes the bias's update"
+        );
+    }
 }

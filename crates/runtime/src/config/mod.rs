@@ -23,6 +23,7 @@
 //! config struct; [`layouts`] reads `[parallel.mesh]` and layout-valued strategy entries.
 
 mod layouts;
+mod lr;
 mod memory;
 mod overrides;
 mod pipeline;
@@ -266,6 +267,8 @@ pub struct TrainConfig {
     gpt_parallel: GptParallelKeys,
     search: SearchKeys,
     optimizer: OptimizerConfig,
+    lr_schedule: crate::lr_schedule::LrSchedule,
+    weight_decay_filter: crate::optimizer::WeightDecayFilter,
     train: TrainLoopConfig,
     output: OutputConfig,
     ps: Option<PsKeys>,
@@ -364,12 +367,35 @@ impl TrainConfig {
             strategy_file_only_for_trainable_params: true,
             gpt_parallel: GptParallelKeys::default(),
             search: SearchKeys::default(),
+            lr_schedule: crate::lr_schedule::LrSchedule::constant(optimizer.learning_rate),
+            weight_decay_filter: crate::optimizer::WeightDecayFilter::default(),
             optimizer,
             train,
             output,
             ps: None,
             warnings: Vec::new(),
         })
+    }
+
+    /// The same config with learning-rate schedule `schedule` (checked; its peak becomes
+    /// `train.learning_rate`).
+    pub fn with_lr_schedule(
+        mut self,
+        schedule: crate::lr_schedule::LrSchedule,
+    ) -> Result<TrainConfig, RuntimeError> {
+        schedule.validate()?;
+        self.optimizer.learning_rate = schedule.learning_rate;
+        self.lr_schedule = schedule;
+        Ok(self)
+    }
+
+    /// The same config with weight-decay filter `filter`.
+    pub fn with_weight_decay_filter(
+        mut self,
+        filter: crate::optimizer::WeightDecayFilter,
+    ) -> TrainConfig {
+        self.weight_decay_filter = filter;
+        self
     }
 
     /// The same config on `devices` devices (the command line's `--devices`).
@@ -496,6 +522,16 @@ impl TrainConfig {
     /// The optimizer of `[train]`.
     pub fn optimizer_config(&self) -> OptimizerConfig {
         self.optimizer
+    }
+
+    /// The learning-rate schedule (`train.lr_schedule` and its keys; `constant` by default).
+    pub fn lr_schedule(&self) -> &crate::lr_schedule::LrSchedule {
+        &self.lr_schedule
+    }
+
+    /// The weight-decay filter (`train.no_weight_decay` beside MindSpore's default).
+    pub fn weight_decay_filter(&self) -> &crate::optimizer::WeightDecayFilter {
+        &self.weight_decay_filter
     }
 
     /// Keys that are valid but have no effect in this config (e.g. `train.momentum` with

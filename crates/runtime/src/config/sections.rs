@@ -133,6 +133,22 @@ pub(super) const TRAIN_KEYS: &[&str] = &[
     "beta1",
     "beta2",
     "eps",
+    "no_weight_decay",
+    "lr_schedule",
+    "warmup_steps",
+    "warmup_lr_init",
+    "min_lr",
+    "decay_steps",
+    "num_cycles",
+    "step_per_epoch",
+    "warmup_epoch",
+    "decay_epoch",
+    "power",
+    "update_decay_epoch",
+    "decay_rate",
+    "is_stair",
+    "milestone",
+    "learning_rates",
     "seed",
     "deterministic",
     "eval",
@@ -212,6 +228,12 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
+    let lr_schedule =
+        super::lr::read_lr_schedule(&mut train_section, optimizer.learning_rate, &mut warnings)?;
+    let weight_decay_filter = super::lr::read_weight_decay_filter(&mut train_section)?;
+    if ps_mode {
+        super::lr::refuse_in_ps_mode(&lr_schedule, &weight_decay_filter)?;
+    }
     let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
     if ps_mode && train.deterministic {
         return Err(config_error(
@@ -292,6 +314,8 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         gpt_parallel,
         search,
         optimizer,
+        lr_schedule,
+        weight_decay_filter,
         train,
         output,
         ps,
@@ -931,12 +955,14 @@ fn read_optimizer(
     s: &mut Section,
     warnings: &mut Vec<String>,
 ) -> Result<OptimizerConfig, RuntimeError> {
-    let names = ["sgd", "momentum", "adam", "adamw"];
+    let names = ["sgd", "momentum", "adam", "adamw", "mint_adamw"];
     let name = s.require("optimizer", |key, v| {
         read_enum(key, v, &names, |t| names.iter().copied().find(|n| *n == t))
     })?;
     let learning_rate = s.require("learning_rate", read_float)?;
-    let weight_decay = s.or("weight_decay", 0.0, read_float)?;
+    // mint.optim.AdamW's default weight decay is 1e-2; the MindSpore nn optimizers' is 0.
+    let default_weight_decay = if name == "mint_adamw" { 1e-2 } else { 0.0 };
+    let weight_decay = s.or("weight_decay", default_weight_decay, read_float)?;
     let kind = match name {
         "sgd" => OptimizerKind::Sgd,
         "momentum" => OptimizerKind::Momentum {
@@ -944,15 +970,16 @@ fn read_optimizer(
             use_nesterov: s.or("use_nesterov", false, read_bool)?,
         },
         _ => {
-            // MindSpore's defaults: nn.Adam eps 1e-8, nn.AdamWeightDecay eps 1e-6.
-            let default_eps = if name == "adam" { 1e-8 } else { 1e-6 };
+            // MindSpore's defaults: nn.Adam and mint.optim.AdamW eps 1e-8,
+            // nn.AdamWeightDecay eps 1e-6.
+            let default_eps = if name == "adamw" { 1e-6 } else { 1e-8 };
             let beta1 = s.or("beta1", 0.9, read_float)?;
             let beta2 = s.or("beta2", 0.999, read_float)?;
             let eps = s.or("eps", default_eps, read_float)?;
-            if name == "adam" {
-                OptimizerKind::Adam { beta1, beta2, eps }
-            } else {
-                OptimizerKind::AdamW { beta1, beta2, eps }
+            match name {
+                "adam" => OptimizerKind::Adam { beta1, beta2, eps },
+                "adamw" => OptimizerKind::AdamW { beta1, beta2, eps },
+                _ => OptimizerKind::MintAdamW { beta1, beta2, eps },
             }
         }
     };
