@@ -962,7 +962,7 @@ impl Session {
                     loss,
                     step_ms,
                     lr,
-                    grad_norm: None,
+                    grad_norm: update.grad_norm,
                     shards: &shards,
                 })?;
             }

@@ -385,3 +385,35 @@ fn bad_clipping_norms_are_refused_naming_the_key() {
         "{err}"
     );
 }
+
+/// The metrics log carries each step's norm as `"grad_norm"`, the value the step clipped with.
+#[test]
+fn the_metrics_log_records_each_step_s_norm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = small_gpt(
+        &tmp.path().join("run"),
+        "momentum",
+        &semi(2, "model_parallel = 1"),
+        &[TIGHT, "train.max_steps=4"],
+    );
+    let session = Session::new(&config).unwrap();
+    let log = tmp.path().join("metrics.jsonl");
+    let options = runtime::LaunchOptions {
+        print_loss: false,
+        metrics_log: Some(log.clone()),
+        ..runtime::LaunchOptions::default()
+    };
+    let report = runtime::train_local(&session, &options).unwrap();
+    let logged: Vec<f64> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| {
+            v["grad_norm"]
+                .as_f64()
+                .expect("a grad_norm on every step line")
+        })
+        .collect();
+    assert_eq!(logged, norms(&report));
+}
