@@ -439,3 +439,60 @@ fn half_type_gradient_sums() {
         }
     }
 }
+
+/// `parallel.gradient_fp32_sync` in training: bf16 on 4 data-parallel devices, 4 steps. With
+/// `false` the gradients' sums add in bf16 (see [`half_type_gradient_sums`] for the sums
+/// themselves): the parameters differ from `true`'s, the losses stay within the documented
+/// tolerance of f32's, and every path a gradient sum can take — the plain all-reduce, a fused
+/// bucket, a fused bucket reduced while the backward pass goes on, hsdp level 2's
+/// reduce-scatter — gives the same bits, as they do with `true`.
+#[test]
+fn gradient_fp32_sync_false_sums_gradients_in_the_half_type_on_every_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 4;
+    let dp4 = "devices = 4\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
+    let (_, reference) =
+        run_util::train_steps(&adam_gpt(&tmp.path().join("f32"), SA, steps, &[]), steps);
+    let paths = [
+        ("all-reduce", String::new()),
+        ("fused", "[parallel.comm_fusion]\n".to_string()),
+        (
+            "fused, overlapped",
+            "[parallel.comm_fusion]\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true\n"
+                .to_string(),
+        ),
+        (
+            "hsdp level 2",
+            "[parallel.hsdp]\noptimizer_level = \"level2\"\nthreshold = 0\n".to_string(),
+        ),
+    ];
+    let mut by_switch = Vec::new();
+    for sync in ["true", "false"] {
+        let set = format!("parallel.gradient_fp32_sync={sync}");
+        let mut runs: Vec<(&str, run_util::Run)> = paths
+            .iter()
+            .map(|(what, keys)| {
+                let out = tmp.path().join(format!("{sync}-{}", what.replace([' ', ','], "_")));
+                let overrides = ["train.precision=\"bf16\"", set.as_str()];
+                let cfg = adam_gpt(&out, &format!("{dp4}{keys}"), steps, &overrides);
+                (*what, train_report(&cfg).2)
+            })
+            .collect();
+        for (what, run) in &runs {
+            let what = format!("gradient_fp32_sync = {sync}, {what}");
+            run_util::assert_losses_within(&what, &run.0, &reference, TOLERANCE);
+            run_util::assert_bitwise_run(&what, run, &runs[0].1);
+        }
+        by_switch.push(runs.swap_remove(0).1);
+    }
+    let differ = by_switch[0]
+        .1
+        .iter()
+        .zip(&by_switch[1].1)
+        .filter(|((_, a), (_, b))| a != b)
+        .count();
+    assert!(
+        differ > 0,
+        "gradient_fp32_sync = false trained bitwise like true"
+    );
+}
