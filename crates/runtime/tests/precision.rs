@@ -288,7 +288,7 @@ fn half_sum_input_row(dtype: tensor::DType, rank: usize, n: usize, columns: usiz
             _ => {
                 let k = rank * 7 + c * 3;
                 let x = (1.0 + (k % 13) as f64) / 17.0 * 10f64.powi((k % 4) as i32 - 2);
-                if k % 3 == 0 {
+                if k.is_multiple_of(3) {
                     -x
                 } else {
                     x
@@ -472,7 +472,9 @@ fn gradient_fp32_sync_false_sums_gradients_in_the_half_type_on_every_path() {
         let mut runs: Vec<(&str, run_util::Run)> = paths
             .iter()
             .map(|(what, keys)| {
-                let out = tmp.path().join(format!("{sync}-{}", what.replace([' ', ','], "_")));
+                let out = tmp
+                    .path()
+                    .join(format!("{sync}-{}", what.replace([' ', ','], "_")));
                 let overrides = ["train.precision=\"bf16\"", set.as_str()];
                 let cfg = adam_gpt(&out, &format!("{dp4}{keys}"), steps, &overrides);
                 (*what, train_report(&cfg).2)
