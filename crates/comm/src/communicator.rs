@@ -6,6 +6,7 @@ use std::time::Duration;
 use tensor::{DType, Element, Tensor};
 
 use crate::buf::{Buf, BufMut};
+use crate::deterministic::Combine;
 use crate::error::{CommError, Site};
 use crate::op::ReduceOp;
 
@@ -220,7 +221,76 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// per rank, like a ring all-reduce. A backend may override it with a faster schedule of
     /// the same arithmetic.
     fn all_reduce_deterministic_buf(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<(), CommError> {
-        crate::deterministic::all_reduce(self, buf, op)
+        crate::deterministic::all_reduce(
+            self,
+            ("all_reduce_deterministic", Combine::CanonicalTree),
+            buf,
+            op,
+        )
+    }
+
+    /// Reduces `buf` element-wise over all ranks, in place, accumulating in the buffer's own
+    /// element type: every element becomes `(…((x_0 ⊕ x_1) ⊕ x_2) …) ⊕ x_{n-1}` over the members
+    /// in group-rank order, every partial result rounded to the dtype (`Mean` then divides the
+    /// rounded sum by `n` and rounds again). For bf16 and f16 this is a half-precision
+    /// all-reduce — each addition rounds to the half type, as a ring all-reduce in that type
+    /// does, where [`all_reduce_buf`](Communicator::all_reduce_buf) accumulates in f32 and
+    /// rounds once; for f32 and f64 it is a left-to-right sum in member order. The bits depend
+    /// on the inputs and the member order alone, on every backend. `sum`/`mean` on bool fail
+    /// with [`CommError::UnsupportedReduction`].
+    ///
+    /// The provided algorithm is the deterministic all-reduce's
+    /// ([`all_reduce_deterministic_buf`](Communicator::all_reduce_deterministic_buf)) with this
+    /// fold in place of the tree: the owner of each [`split_counts`] chunk receives the
+    /// members' chunks, folds them in member order, and the reduced chunks are all-gathered.
+    fn all_reduce_in_element_type_buf(
+        &self,
+        buf: BufMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        crate::deterministic::all_reduce(
+            self,
+            (
+                "all_reduce_in_element_type",
+                Combine::MemberOrderInElementType,
+            ),
+            buf,
+            op,
+        )
+    }
+
+    /// [`reduce_scatter_v`](Communicator::reduce_scatter_v) accumulating in the element type:
+    /// `recv` gets part `rank()` of the result that
+    /// [`all_reduce_in_element_type_buf`](Communicator::all_reduce_in_element_type_buf) gives,
+    /// with the same arguments and checks as `reduce_scatter_v`.
+    fn reduce_scatter_in_element_type_v(
+        &self,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        crate::deterministic::reduce_scatter_v(
+            self,
+            (
+                "reduce_scatter_in_element_type",
+                Combine::MemberOrderInElementType,
+            ),
+            send,
+            recv,
+            counts,
+            op,
+        )
+    }
+
+    /// [`all_reduce_in_element_type_buf`](Communicator::all_reduce_in_element_type_buf) on a
+    /// tensor, in place: every partial sum rounded to the tensor's dtype, in member order.
+    fn all_reduce_in_element_type(
+        &self,
+        tensor: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        self.all_reduce_in_element_type_buf(BufMut::from_tensor(tensor), op)
     }
 
     /// [`reduce_scatter_v`](Communicator::reduce_scatter_v) in the canonical summation tree:
@@ -237,7 +307,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     ) -> Result<(), CommError> {
         crate::deterministic::reduce_scatter_v(
             self,
-            "reduce_scatter_deterministic",
+            ("reduce_scatter_deterministic", Combine::CanonicalTree),
             send,
             recv,
             counts,

@@ -18,7 +18,9 @@ use std::fmt;
 
 use tensor::{DType, Tensor};
 
-use crate::{split_counts, Buf, CommError, Communicator, CommunicatorExt, ReduceOp, MAX_TAG};
+use crate::{
+    split_counts, Buf, BufMut, CommError, Communicator, CommunicatorExt, ReduceOp, MAX_TAG,
+};
 
 /// Why a case failed on one rank.
 #[derive(Debug)]
@@ -74,7 +76,7 @@ macro_rules! __comm_case_list {
     ($callback:ident ! ($($prefix:tt)*)) => {
         $crate::$callback!($($prefix)*
             barrier, broadcast, all_reduce, all_reduce_tensor_and_slices, reduce_scatter,
-            all_reduce_deterministic, started_collectives,
+            all_reduce_deterministic, all_reduce_in_element_type, started_collectives,
             all_gather, all_gather_v, all_to_all, all_to_all_v, send_recv, split_and_groups,
             concurrent_groups, invalid_arguments_poison_nothing
         );
@@ -609,6 +611,98 @@ pub fn all_reduce_deterministic(comm: &dyn Communicator) -> CaseResult {
         comm,
         matches!(unsupported, Err(CommError::UnsupportedReduction { .. })),
         || format!("deterministic sum of bools: {unsupported:?}"),
+    )
+}
+
+/// The reduction in the element type of `inputs` (member order) computed serially: left to
+/// right, every partial result rounded to the dtype (`Mean` divides the rounded sum and rounds
+/// again). Floats only.
+fn reference_in_element_type(inputs: &[Tensor], op: ReduceOp) -> Tensor {
+    let first = &inputs[0];
+    let dtype = first.dtype();
+    // The result of one operation computed in f64 and rounded to a type of p ≤ 24 bits is the
+    // correctly rounded result in that type (53 ≥ 2p + 2: double rounding is innocuous for
+    // +, ÷, max and min), which is what adding in the type itself gives.
+    let round = |x: f64| -> f64 {
+        Tensor::from_vec(&[1], vec![x])
+            .expect("one")
+            .to_dtype(dtype)
+            .to_f64_vec()[0]
+    };
+    let values: Vec<Vec<f64>> = inputs.iter().map(Tensor::to_f64_vec).collect();
+    let out: Vec<f64> = (0..first.n_elements())
+        .map(|i| {
+            let mut acc = values[0][i];
+            for v in &values[1..] {
+                acc = round(match op {
+                    ReduceOp::Sum | ReduceOp::Mean => acc + v[i],
+                    ReduceOp::Max => acc.max(v[i]),
+                    ReduceOp::Min => acc.min(v[i]),
+                });
+            }
+            if op == ReduceOp::Mean {
+                acc = round(acc / inputs.len() as f64);
+            }
+            acc
+        })
+        .collect();
+    Tensor::from_vec(first.shape(), out)
+        .expect("shape")
+        .to_dtype(dtype)
+}
+
+/// All-reduce and reduce-scatter in the element type: every rank's result is bitwise the
+/// serial left-to-right fold over the members' inputs in member order, each partial result
+/// rounded to the dtype, for bf16, f16, f32 and f64, every op, uneven and empty chunks; integer
+/// sums equal the ordinary all-reduce's; a sum of bools is refused.
+pub fn all_reduce_in_element_type(comm: &dyn Communicator) -> CaseResult {
+    let (n, me) = (comm.size(), comm.rank());
+    for dtype in [DType::BF16, DType::F16, DType::F32, DType::F64] {
+        for op in ReduceOp::ALL {
+            for len in [0, 1, n.saturating_sub(1), n + 1, 1_000, 40_003] {
+                let all: Vec<Tensor> = (0..n).map(|r| inexact_input(dtype, len, r, len)).collect();
+                let want = reference_in_element_type(&all, op);
+                let mut t = all[me].clone();
+                comm.all_reduce_in_element_type(&mut t, op)?;
+                expect_eq(
+                    comm,
+                    &format!("all_reduce_in_element_type {op} {dtype}[{len}]"),
+                    &t,
+                    &want,
+                )?;
+                let counts = split_counts(len, n);
+                let mut part = Tensor::zeros(dtype, &[counts[me]]);
+                comm.reduce_scatter_in_element_type_v(
+                    Buf::from_tensor(&all[me]),
+                    BufMut::from_tensor(&mut part),
+                    &counts,
+                    op,
+                )?;
+                let start: usize = counts[..me].iter().sum();
+                expect_eq(
+                    comm,
+                    &format!("reduce_scatter_in_element_type {op} {dtype}[{len}]"),
+                    &part,
+                    &rows(&want, start, counts[me]),
+                )?;
+            }
+        }
+    }
+    let all = inputs(DType::I32, &[777], n, 4);
+    let mut t = all[me].clone();
+    comm.all_reduce_in_element_type(&mut t, ReduceOp::Sum)?;
+    expect_eq(
+        comm,
+        "all_reduce_in_element_type sum i32[777]",
+        &t,
+        &reference_reduce(&all, ReduceOp::Sum),
+    )?;
+    let mut flags = Tensor::from_bools(&[1], &[true]).expect("one");
+    let unsupported = comm.all_reduce_in_element_type(&mut flags, ReduceOp::Sum);
+    expect(
+        comm,
+        matches!(unsupported, Err(CommError::UnsupportedReduction { .. })),
+        || format!("sum of bools in the element type: {unsupported:?}"),
     )
 }
 

@@ -1,18 +1,24 @@
-//! Deterministic reductions: every element reduced over the group's members in the canonical
-//! summation tree of `tensor::kernels::tree`, whatever the arrival order or the backend.
+//! Reductions in a fixed order: every element reduced over the group's members in an order
+//! fixed by the member order alone, whatever the arrival order or the backend. Two orders exist
+//! ([`Combine`]):
 //!
-//! The result of a deterministic all-reduce or reduce-scatter over a group of `n` members is,
-//! element by element, `tree(x_0, x_1, …, x_{n-1})` with the members in group-rank order and the
-//! tree of [`tensor::kernels::tree::tree_reduce`] (left subtree = the largest power of two below
-//! `n`). One process that holds the `n` parts computes the same bits with `tree_reduce`.
+//! - **The canonical summation tree** (deterministic mode, issue 17): element by element,
+//!   `tree(x_0, x_1, …, x_{n-1})` with the members in group-rank order and the tree of
+//!   [`tensor::kernels::tree::tree_reduce`] (left subtree = the largest power of two below `n`),
+//!   16-bit floats accumulating in f32. One process that holds the `n` parts computes the same
+//!   bits with `tree_reduce`.
+//! - **Member order in the element type** (a half-precision all-reduce, MindSpore's gradient sums
+//!   with `gradient_fp32_sync` off): `(…((x_0 ⊕ x_1) ⊕ x_2) …) ⊕ x_{n-1}`, every partial result
+//!   rounded to the element type (bf16 and f16 round after every addition; the other types
+//!   compute in their own type anyway).
 //!
 //! The generic algorithm (what every backend gets from the provided methods of
 //! [`Communicator`]) is a reduce-scatter plus an all-gather: the buffer is cut into `n` chunks by
 //! [`split_counts`]; an all-to-all-v gives the owner of chunk `r` every member's chunk `r`; the
-//! owner combines them in the canonical tree; an all-gather-v hands the reduced chunks to every
+//! owner combines them in the chosen order; an all-gather-v hands the reduced chunks to every
 //! member. Each rank sends and receives `(n-1)/n` of the buffer in each half, the bytes of a ring
-//! all-reduce. The local backend overrides the all-reduce with the same owner-computes scheme
-//! done on lent buffers (no staging copies), see `local::algo`.
+//! all-reduce. The local backend overrides the deterministic all-reduce with the same
+//! owner-computes scheme done on lent buffers (no staging copies), see `local::algo`.
 
 use std::ops::Range;
 
@@ -21,7 +27,16 @@ use tensor::kernels::tree::split_point;
 use crate::buf::{Buf, BufMut};
 use crate::communicator::{split_counts, Communicator};
 use crate::error::CommError;
-use crate::op::{with_reducible, ReduceOp, Reducible};
+use crate::op::{combine_bytes, divide_in_place, with_reducible, ReduceOp, Reducible};
+
+/// The order in which the owner of a chunk combines the members' parts (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Combine {
+    /// The canonical summation tree, 16-bit floats accumulating in f32.
+    CanonicalTree,
+    /// Left to right in member order, every partial result rounded to the element type.
+    MemberOrderInElementType,
+}
 
 /// Elements per block of the tree combination: small enough that the block's result and its
 /// few subtree temporaries ([`scratch_slots`]) stay in L1 while the parts stream through once
@@ -212,11 +227,11 @@ fn check_reduce_scatter<C: Communicator + ?Sized>(
     Ok(())
 }
 
-/// The generic deterministic reduce-scatter: an all-to-all-v gives this rank every member's
-/// part `rank()` (its own included, in member order), which it combines in the canonical tree.
+/// The generic fixed-order reduce-scatter: an all-to-all-v gives this rank every member's
+/// part `rank()` (its own included, in member order), which it combines in `combine`'s order.
 pub(crate) fn reduce_scatter_v<C: Communicator + ?Sized>(
     comm: &C,
-    what: &'static str,
+    (what, combine): (&'static str, Combine),
     send: Buf<'_>,
     mut recv: BufMut<'_>,
     counts: &[usize],
@@ -237,27 +252,54 @@ pub(crate) fn reduce_scatter_v<C: Communicator + ?Sized>(
             bytemuck::cast_slice_mut(&mut received),
             &recv_counts,
         )?;
-        let out = bytemuck::cast_slice_mut::<u8, T>(recv.bytes_mut());
-        let base = received.as_ptr();
-        // SAFETY: part `p` is `received[p * mine..][..mine]`, read only; `out` is `recv`.
-        unsafe { tree_combine::<T>(n, &|p| base.add(p * mine), out, op) };
+        match combine {
+            Combine::CanonicalTree => {
+                let out = bytemuck::cast_slice_mut::<u8, T>(recv.bytes_mut());
+                let base = received.as_ptr();
+                // SAFETY: part `p` is `received[p * mine..][..mine]`, read only; `out` is
+                // `recv`.
+                unsafe { tree_combine::<T>(n, &|p| base.add(p * mine), out, op) };
+            }
+            Combine::MemberOrderInElementType => {
+                fold_in_element_type(bytemuck::cast_slice(&received), recv.reborrow(), op, n)
+            }
+        }
     });
     Ok(())
 }
 
-/// The generic deterministic all-reduce: [`reduce_scatter_v`] over [`split_counts`] chunks,
-/// then an all-gather-v of the reduced chunks back into `buf`.
+/// `recv = (…(part_0 ⊕ part_1) ⊕ …) ⊕ part_{n-1}` (then `/ n` for `Mean`), every partial
+/// result rounded to `recv`'s element type: `parts` holds the `n` parts one after another, each
+/// `recv.len()` elements of that type.
+fn fold_in_element_type(parts: &[u8], mut recv: BufMut<'_>, op: ReduceOp, n: usize) {
+    let dtype = recv.dtype();
+    let len = recv.bytes().len();
+    let out = recv.bytes_mut();
+    if len == 0 || n == 0 {
+        return;
+    }
+    out.copy_from_slice(&parts[..len]);
+    for part in parts[len..].chunks_exact(len).take(n - 1) {
+        combine_bytes(dtype, op, out, part, false);
+    }
+    if op == ReduceOp::Mean {
+        divide_in_place(&mut recv, n);
+    }
+}
+
+/// The generic fixed-order all-reduce: [`reduce_scatter_v`] over [`split_counts`] chunks, then
+/// an all-gather-v of the reduced chunks back into `buf`.
 pub(crate) fn all_reduce<C: Communicator + ?Sized>(
     comm: &C,
+    (what, combine): (&'static str, Combine),
     mut buf: BufMut<'_>,
     op: ReduceOp,
 ) -> Result<(), CommError> {
-    const WHAT: &str = "all_reduce_deterministic";
     let (n, me) = (comm.size(), comm.rank());
     let dtype = buf.dtype();
     if !op.supports(dtype) {
         return Err(CommError::UnsupportedReduction {
-            site: comm.site(WHAT),
+            site: comm.site(what),
             reduce: op,
             dtype,
         });
@@ -266,7 +308,14 @@ pub(crate) fn all_reduce<C: Communicator + ?Sized>(
     let byte_counts: Vec<usize> = counts.iter().map(|c| c * dtype.size_in_bytes()).collect();
     with_reducible!(dtype, T => {
         let mut chunk = vec![<T as bytemuck::Zeroable>::zeroed(); counts[me]];
-        reduce_scatter_v(comm, WHAT, buf.as_buf(), BufMut::new(&mut chunk), &counts, op)?;
+        reduce_scatter_v(
+            comm,
+            (what, combine),
+            buf.as_buf(),
+            BufMut::new(&mut chunk),
+            &counts,
+            op,
+        )?;
         comm.all_gather_v_bytes(bytemuck::cast_slice(&chunk), buf.bytes_mut(), &byte_counts)?;
     });
     Ok(())

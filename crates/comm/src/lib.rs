@@ -31,6 +31,13 @@
 //!   backend and whatever the arrival order. Provided methods (an all-to-all-v of chunks to
 //!   their owners, the tree, an all-gather-v); the local backend overrides the all-reduce with
 //!   its fused lend-based schedule of the same arithmetic.
+//! - **Reductions in the element type**:
+//!   [`all_reduce_in_element_type`](Communicator::all_reduce_in_element_type) and
+//!   [`reduce_scatter_in_element_type_v`](Communicator::reduce_scatter_in_element_type_v) fold
+//!   the members' elements left to right in member order and round every partial result to the
+//!   dtype: for bf16 and f16 a half-precision all-reduce (the gradient sums of
+//!   `gradient_fp32_sync = false`). Provided methods, the deterministic reductions' schedule
+//!   with this fold in place of the tree, so every backend computes the same bits.
 //! - **Groups**: [`group`](Communicator::group) takes ranks of the parent and numbers them in
 //!   the order given; only the listed ranks call it. Each group has its own channels, so
 //!   concurrent groups never mix messages or collectives.

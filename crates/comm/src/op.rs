@@ -7,7 +7,10 @@ use tensor::{DType, Element};
 
 /// How an all-reduce or reduce-scatter combines the ranks' elements.
 ///
-/// - Floats (f64, f32, f16, bf16): f16 and bf16 accumulate in f32 and round once at the end.
+/// - Floats (f64, f32, f16, bf16): f16 and bf16 accumulate in f32 and round once at the end,
+///   except in the reductions in the element type
+///   ([`all_reduce_in_element_type_buf`](crate::Communicator::all_reduce_in_element_type_buf)),
+///   which round after every combination.
 ///   `Max`/`Min` ignore NaN when the other operand is a number (`f32::max`).
 /// - Integers: `Sum` wraps on overflow; `Mean` is the wrapped sum divided by the rank count,
 ///   truncated toward zero.
@@ -280,10 +283,10 @@ pub(crate) fn store_acc<T: Reducible>(acc: &[T::Acc], dst: &mut [T]) {
 /// `src_first`: the order matters to neither the sum nor max/min of numbers, but fixing it
 /// makes both partners of an exchange compute bitwise the same result, even for `-0.0` vs
 /// `0.0` under max/min). `Mean` combines as `Sum`: the division comes once, at the end.
-/// 16-bit floats round after each combination, so callers reduce them as f32 copies.
+/// 16-bit floats round after each combination: what a reduction in the element type wants
+/// (`Communicator::all_reduce_in_element_type_buf`); a sum that rounds once reduces f32 copies.
 ///
 /// Both buffers hold whole, aligned elements of `dtype`, and the same number of them.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn combine_bytes(
     dtype: DType,
     op: ReduceOp,
@@ -318,7 +321,6 @@ pub(crate) fn combine_bytes(
 
 /// Divides every element by `n` (integers truncate): the second half of a `Mean` computed as
 /// a sum.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn divide_in_place(buf: &mut crate::BufMut<'_>, n: usize) {
     let dtype = buf.dtype();
     let bytes = buf.bytes_mut();

@@ -267,3 +267,80 @@ fn large_all_gathers_stream_every_byte() {
         }
     }
 }
+
+/// The all-reduce and reduce-scatter in the element type add bf16 and f16 in the half type, in
+/// rank order, rounding after every addition: on 3 and 4 ranks each result equals the
+/// sequential sum written out by hand, and differs from the ordinary all-reduce (f32
+/// accumulation, one rounding) on values chosen so that it must. With `small` a third of the
+/// half type's unit in the last place at 1 (`ulp / 2 - small` rounds away, `3·small` does
+/// not): `1 ⊕ small ⊕ small ⊕ …` stays 1 in the half type, while the f32 sum `1 + 2·small`
+/// (3 ranks) or `1 + 3·small` (4 ranks) rounds up to `1 + ulp`; and the order matters:
+/// `small ⊕ small ⊕ 1` (rank 0 and 1 small, rank 2 holding 1) is `2·small ⊕ 1 = 1 + ulp`.
+#[test]
+fn half_precision_sums_in_the_element_type_round_after_every_addition_in_rank_order() {
+    fn half(dtype: tensor::DType, x: f64) -> Tensor {
+        Tensor::from_vec(&[1], vec![x]).unwrap().to_dtype(dtype)
+    }
+    for (dtype, ulp) in [
+        (tensor::DType::BF16, 2f64.powi(-7)),
+        (tensor::DType::F16, 2f64.powi(-10)),
+    ] {
+        // 3/8 of an ulp: below half an ulp alone, above it twice, and exact in the type.
+        let small = 0.375 * ulp;
+        for n in [3usize, 4] {
+            // Element 0: rank 0 holds 1, the others `small`; element 1: the last rank holds 1.
+            let value = |rank: usize, element: usize| {
+                let big = if element == 0 { 0 } else { n - 1 };
+                if rank == big {
+                    1.0
+                } else {
+                    small
+                }
+            };
+            let by_hand_in_type = |element: usize| -> f64 {
+                // The sequential sum, rounded to the type after every addition.
+                let mut acc = value(0, element);
+                for rank in 1..n {
+                    acc = half(dtype, acc + value(rank, element)).to_f64_vec()[0];
+                }
+                acc
+            };
+            let want_in_type = [by_hand_in_type(0), by_hand_in_type(1)];
+            assert_eq!(want_in_type, [1.0, 1.0 + ulp], "{dtype}: the hand sums");
+            let f32_once = 1.0 + ulp; // 1 + (n − 1)·small rounds up either way.
+            let results = LocalCluster::new(n).unwrap().run(|comm| {
+                let mine =
+                    Tensor::from_vec(&[2], vec![value(comm.rank(), 0), value(comm.rank(), 1)])
+                        .unwrap()
+                        .to_dtype(dtype);
+                let mut in_type = mine.clone();
+                comm.all_reduce_in_element_type(&mut in_type, ReduceOp::Sum)
+                    .unwrap();
+                let mut once = mine.clone();
+                comm.all_reduce(&mut once, ReduceOp::Sum).unwrap();
+                // Reduce-scatter of 2 elements over n ranks: ranks 0 and 1 get one each.
+                let counts = comm::split_counts(2, n);
+                let mut part = Tensor::zeros(dtype, &[counts[comm.rank()]]);
+                comm.reduce_scatter_in_element_type_v(
+                    comm::Buf::from_tensor(&mine),
+                    comm::BufMut::from_tensor(&mut part),
+                    &counts,
+                    ReduceOp::Sum,
+                )
+                .unwrap();
+                (in_type.to_f64_vec(), once.to_f64_vec(), part.to_f64_vec())
+            });
+            for (rank, r) in results.into_iter().enumerate() {
+                let (in_type, once, part) = r.unwrap();
+                assert_eq!(in_type, want_in_type, "{dtype} on {n} ranks, rank {rank}");
+                assert_eq!(once, [f32_once, f32_once], "{dtype} on {n} ranks: f32 once");
+                assert_ne!(in_type, once, "{dtype} on {n} ranks: the two differ");
+                let want_part: Vec<f64> = want_in_type.get(rank).copied().into_iter().collect();
+                assert_eq!(
+                    part, want_part,
+                    "{dtype} on {n} ranks, rank {rank}: scattered"
+                );
+            }
+        }
+    }
+}

@@ -14,6 +14,7 @@ use tensor::region::{copy_region, Placement};
 use tensor::{DType, Tensor};
 
 use crate::error::ReshardError;
+use crate::half_sum::HalfSum;
 use crate::lower::{lower, Exchange, ExchangeKind};
 use crate::partial::{DistLayout, PendingOp, ReduceKind};
 use crate::plan::{plan_from, ReshardPlan, Transfer};
@@ -31,8 +32,8 @@ pub struct ReshardRunner {
     /// Network transfers as tagged point-to-point messages instead of a collective exchange
     /// ([`ReshardRunner::run_into_messages`]).
     messages: Option<Tag>,
-    /// Pending sums of half-precision (bf16, f16) values are added in f32.
-    reduce_in_f32: bool,
+    /// How pending sums of half-precision (bf16, f16) values are added.
+    half_sum: HalfSum,
 }
 
 impl ReshardRunner {
@@ -43,20 +44,19 @@ impl ReshardRunner {
             groups: HashMap::new(),
             deterministic: false,
             messages: None,
-            reduce_in_f32: false,
+            half_sum: HalfSum::default(),
         }
     }
 
-    /// Adds the pending sums of half-precision values in f32 (`true`): the halves are widened
-    /// before the reduction and rounded after it, so the sum rounds once instead of at every
-    /// addition (MindSpore's `enable_fp32_communication` and gradient fp32 sync).
-    pub fn set_reduce_in_f32(&mut self, on: bool) {
-        self.reduce_in_f32 = on;
+    /// How the pending sums of half-precision values are added from now on ([`HalfSum`]; the
+    /// default accumulates in f32 and rounds once).
+    pub fn set_half_sum(&mut self, half_sum: HalfSum) {
+        self.half_sum = half_sum;
     }
 
-    /// Whether pending sums of half-precision values are added in f32.
-    pub fn reduces_in_f32(&self) -> bool {
-        self.reduce_in_f32
+    /// How pending sums of half-precision values are added.
+    pub fn half_sum(&self) -> HalfSum {
+        self.half_sum
     }
 
     /// Like [`ReshardRunner::run_into`], with the transfers between ranks sent as point-to-point
@@ -204,7 +204,10 @@ impl ReshardRunner {
         let mut out = Vec::with_capacity(held.len());
         for (slot, tensor) in held {
             let dtype = tensor.dtype();
-            let widen = self.reduce_in_f32 && matches!(dtype, DType::BF16 | DType::F16);
+            let widen = self.half_sum.widens(dtype);
+            let in_type = self.half_sum.rounds_every_addition(dtype);
+            self.half_sum
+                .check_deterministic(dtype, self.deterministic && step.op == PendingOp::Sum)?;
             let mut tensor = match widen {
                 true => tensor.to_dtype(DType::F32),
                 false => tensor,
@@ -259,7 +262,10 @@ impl ReshardRunner {
             let group = self.group(&ranks)?;
             match kind {
                 ReduceKind::AllReduce => {
-                    group.all_reduce(&mut tensor, step.op.comm_op())?;
+                    match in_type {
+                        true => group.all_reduce_in_element_type(&mut tensor, step.op.comm_op())?,
+                        false => group.all_reduce(&mut tensor, step.op.comm_op())?,
+                    }
                     out.push((slot, narrow(tensor)));
                 }
                 ReduceKind::ReduceScatter { dim } => {
@@ -280,12 +286,16 @@ impl ReshardRunner {
                     let send = Tensor::concat(&parts, 0)?;
                     let mut mine = Tensor::zeros(tensor.dtype(), parts[0].shape());
                     let counts = vec![parts[0].n_elements(); n];
-                    group.reduce_scatter_v(
-                        Buf::from_tensor(&send),
-                        BufMut::from_tensor(&mut mine),
-                        &counts,
-                        step.op.comm_op(),
-                    )?;
+                    let (send, recv) = (Buf::from_tensor(&send), BufMut::from_tensor(&mut mine));
+                    match in_type {
+                        true => group.reduce_scatter_in_element_type_v(
+                            send,
+                            recv,
+                            &counts,
+                            step.op.comm_op(),
+                        )?,
+                        false => group.reduce_scatter_v(send, recv, &counts, step.op.comm_op())?,
+                    }
                     out.push((slot, narrow(mine)));
                 }
             }

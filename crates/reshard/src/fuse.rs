@@ -11,6 +11,7 @@ use tensor::{DType, Tensor};
 
 use crate::error::ReshardError;
 use crate::execute::{canonical_member_order, ReshardRunner};
+use crate::half_sum::HalfSum;
 use crate::partial::{PendingOp, ReduceKind};
 use crate::plan::ReshardPlan;
 
@@ -72,6 +73,9 @@ pub struct PackedReduction {
     op: PendingOp,
     /// Deterministic mode's canonical tree (an all-reduce, parts kept after).
     deterministic: bool,
+    /// Half-precision values added in the half type, every partial sum rounded
+    /// ([`HalfSum::InHalfType`]).
+    in_element_type: bool,
     /// Reduce-scatter counts per member (elements), when run as a reduce-scatter.
     counts: Option<Vec<usize>>,
     /// The concatenated sources; after [`ReshardRunner::reduce_packed`], the result.
@@ -113,12 +117,14 @@ impl PackedReduction {
     }
 
     /// Packs `plans` (each a fusable reduction with one [`fusion_key`]) for `rank`: `local[i]`
-    /// is its source slice of plan `i`. `None` when the rank is outside the plans' meshes.
+    /// is its source slice of plan `i`. `None` when the rank is outside the plans' meshes. The
+    /// sum runs in deterministic mode's canonical tree when `deterministic`, and adds half
+    /// values as `half_sum` says.
     pub fn pack(
         plans: &[&ReshardPlan],
         local: &[&Tensor],
         rank: usize,
-        (deterministic, reduce_in_f32): (bool, bool),
+        (deterministic, half_sum): (bool, HalfSum),
     ) -> Result<Option<PackedReduction>, ReshardError> {
         let Some(first) = plans.first() else {
             return Ok(None);
@@ -140,6 +146,7 @@ impl PackedReduction {
             });
         }
         let deterministic = deterministic && key.op == PendingOp::Sum;
+        half_sum.check_deterministic(key.dtype, deterministic)?;
         let members = &key.groups[g];
         let n = members.len();
         let j = members
@@ -176,7 +183,7 @@ impl PackedReduction {
             (all.collect::<Vec<u8>>(), None)
         };
         let mut data = Tensor::from_bytes(key.dtype, &[bytes.len() / width], &bytes)?;
-        if reduce_in_f32 && matches!(key.dtype, DType::BF16 | DType::F16) {
+        if half_sum.widens(key.dtype) {
             data = data.to_dtype(DType::F32);
         }
         let packed_bytes = data.as_bytes().len();
@@ -187,6 +194,7 @@ impl PackedReduction {
             },
             op: key.op,
             deterministic,
+            in_element_type: half_sum.rounds_every_addition(key.dtype),
             counts,
             data,
             parts,
@@ -250,15 +258,20 @@ impl ReshardRunner {
             Some(counts) => {
                 // The group communicator numbers its members in the group's order.
                 let mut mine = Tensor::zeros(packed.data.dtype(), &[counts[group.rank()]]);
-                group.reduce_scatter_v(
+                let (send, recv) = (
                     Buf::from_tensor(&packed.data),
                     BufMut::from_tensor(&mut mine),
-                    counts,
-                    op,
-                )?;
+                );
+                match packed.in_element_type {
+                    true => group.reduce_scatter_in_element_type_v(send, recv, counts, op)?,
+                    false => group.reduce_scatter_v(send, recv, counts, op)?,
+                }
                 packed.data = mine;
             }
             None if packed.deterministic => group.all_reduce_deterministic(&mut packed.data, op)?,
+            None if packed.in_element_type => {
+                group.all_reduce_in_element_type(&mut packed.data, op)?
+            }
             None => group.all_reduce(&mut packed.data, op)?,
         }
         Ok(())
@@ -267,13 +280,13 @@ impl ReshardRunner {
     /// Starts [`ReshardRunner::reduce_packed`] so that it can run while the caller computes:
     /// an all-reduce or a reduce-scatter starts on the group's communicator
     /// ([`comm::Communicator::start_all_reduce`], [`comm::Communicator::start_reduce_scatter_v`]);
-    /// a deterministic all-reduce (the canonical tree) runs now. Finish with
-    /// [`ReshardRunner::finish_packed`].
+    /// a deterministic all-reduce (the canonical tree) and a sum in the half type (the fold in
+    /// member order) run now. Finish with [`ReshardRunner::finish_packed`].
     pub fn start_packed(
         &mut self,
         mut packed: PackedReduction,
     ) -> Result<StartedReduction, ReshardError> {
-        if packed.deterministic {
+        if packed.deterministic || packed.in_element_type {
             self.reduce_packed(&mut packed)?;
             let data = packed.take_data();
             return Ok(StartedReduction {
@@ -314,7 +327,7 @@ impl ReshardRunner {
         local: &[&Tensor],
         out: &mut [&mut Tensor],
     ) -> Result<(), ReshardError> {
-        let modes = (self.is_deterministic(), self.reduces_in_f32());
+        let modes = (self.is_deterministic(), self.half_sum());
         if let Some(mut packed) = PackedReduction::pack(plans, local, self.rank(), modes)? {
             self.reduce_packed(&mut packed)?;
             packed.unpack(out)?;

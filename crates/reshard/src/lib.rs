@@ -50,6 +50,7 @@
 mod error;
 mod execute;
 mod fuse;
+mod half_sum;
 mod lower;
 mod partial;
 mod plan;
@@ -60,6 +61,7 @@ mod test_util;
 pub use crate::error::ReshardError;
 pub use crate::execute::{reshard, DistTensor, ReshardRunner};
 pub use crate::fuse::{fusion_key, FusionKey, PackedReduction, StartedReduction};
+pub use crate::half_sum::HalfSum;
 pub use crate::lower::{lower, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
 pub use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
 pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};

@@ -8,7 +8,7 @@ use graph::{eval_op, EvalCtx, InputBlock, Placement};
 use layout::{SliceBox, TensorLayout};
 use parallel::memory::{lifetimes, BufferLifetimes, MemoryCategory, MemoryMeter};
 use parallel::{Program, Step};
-use reshard::ReshardRunner;
+use reshard::{HalfSum, ReshardRunner};
 use tensor::Tensor;
 
 use crate::error::RuntimeError;
@@ -64,8 +64,8 @@ pub struct RankExecutor {
     loss_seed: Vec<bool>,
     /// The factor the loss seed is multiplied by (mixed precision's loss scale; 1 otherwise).
     loss_scale: f64,
-    /// By step: whether its pending sum (of half-precision values) is added in f32.
-    wide_sum: Vec<bool>,
+    /// By step: how its pending sum adds half-precision values.
+    half_sums: Vec<HalfSum>,
     /// Lazy parameters ([`RankExecutor::with_lazy_parameters`]): the buffers of parameters
     /// neither filled nor loaded yet, and the seed they are filled from when a run needs them.
     lazy: Option<LazyParameters>,
@@ -333,15 +333,12 @@ impl RankExecutor {
             .iter()
             .filter_map(|p| p.grad_buffer)
             .collect();
-        let wide_sum = program
+        let half_sums = program
             .steps
             .iter()
             .map(|s| match s {
-                Step::Reshard(r) if grads.contains(&r.to) => {
-                    config.gradient_fp32_sync || config.enable_fp32_communication
-                }
-                Step::Reshard(_) => config.enable_fp32_communication,
-                Step::Kernel(_) => false,
+                Step::Reshard(r) => crate::precision::half_sum(config, grads.contains(&r.to)),
+                Step::Kernel(_) => HalfSum::default(),
             })
             .collect();
         let loss_seed = program
@@ -398,7 +395,7 @@ impl RankExecutor {
             first_prefetch: gathers.first().copied(),
             loss_seed,
             loss_scale: 1.0,
-            wide_sum,
+            half_sums,
             lazy,
             initialised_bytes: 0,
         })
@@ -940,9 +937,8 @@ impl RankExecutor {
                 })
                 .collect();
             // A bucket holds gradients.
-            let config = &program.placed.config;
-            let wide = config.gradient_fp32_sync || config.enable_fp32_communication;
-            let modes = (self.runner.is_deterministic(), wide);
+            let half_sum = crate::precision::half_sum(&program.placed.config, true);
+            let modes = (self.runner.is_deterministic(), half_sum);
             reshard::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
         };
         if let Some(mut packed) = packed {
@@ -1108,7 +1104,7 @@ impl RankExecutor {
                 result?;
             }
             Step::Reshard(r) => {
-                self.runner.set_reduce_in_f32(self.wide_sum[i]);
+                self.runner.set_half_sum(self.half_sums[i]);
                 // A rank outside the source (destination) mesh gives (takes) no slice:
                 // between pipeline stages one side sends and the other receives.
                 let gives = self.holds(r.plan.src().layout());

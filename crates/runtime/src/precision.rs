@@ -9,9 +9,25 @@
 //! [`GROWTH_INTERVAL`] clean steps (PyTorch's `GradScaler` rule).
 
 use comm::{BufMut, Communicator, ReduceOp};
+use reshard::HalfSum;
 use tensor::{DType, Tensor};
 
 use crate::error::RuntimeError;
+
+/// How a sum over ranks adds half-precision values under `config`: a gradient's sum
+/// (`gradient`: data-parallel all-reduces and reduce-scatters, fused buckets, hsdp, shared
+/// parameters) widened to f32 under `parallel.gradient_fp32_sync` (the default) and in the half
+/// type, rounding after every addition in member order, without it; any sum widened under
+/// `parallel.enable_fp32_communication`, which takes precedence; the other sums accumulated in
+/// f32 and rounded once.
+pub(crate) fn half_sum(config: &parallel::ParallelConfig, gradient: bool) -> HalfSum {
+    match (config.enable_fp32_communication, gradient) {
+        (true, _) => HalfSum::WidenedToF32,
+        (false, true) if config.gradient_fp32_sync => HalfSum::WidenedToF32,
+        (false, true) => HalfSum::InHalfType,
+        (false, false) => HalfSum::AccumulateInF32,
+    }
+}
 
 /// Clean steps before a dynamic loss scale doubles.
 pub const GROWTH_INTERVAL: u64 = 2000;

@@ -100,7 +100,12 @@ impl SharedGradients {
                     got: "none".to_string(),
                 });
             };
-            group.all_reduce(grad, ReduceOp::Sum)?;
+            match crate::precision::half_sum(&program.placed.config, true)
+                .rounds_every_addition(grad.dtype())
+            {
+                true => group.all_reduce_in_element_type(grad, ReduceOp::Sum)?,
+                false => group.all_reduce(grad, ReduceOp::Sum)?,
+            }
         }
         Ok(())
     }

@@ -286,3 +286,232 @@ fn half_precision_deterministic_on_several_devices_is_refused() {
         }
     }
 }
+
+/// One rank's row of the input in [`half_type_gradient_sums`]: column 0 is 1 on rank 0 and
+/// `3/8` of the half type's ulp at 1 on the others (alone below half an ulp, so adding it to 1
+/// in the half type changes nothing, while two or three of them added in f32 round `1 + …` up),
+/// column 1 the same with the 1 on the last rank (`small ⊕ small ⊕ … ⊕ 1`: the small values
+/// first add up, so both sums round up), the other columns inexact values over four decades.
+fn half_sum_input_row(dtype: tensor::DType, rank: usize, n: usize, columns: usize) -> Vec<f64> {
+    let ulp = if dtype == tensor::DType::BF16 {
+        2f64.powi(-7)
+    } else {
+        2f64.powi(-10)
+    };
+    (0..columns)
+        .map(|c| match c {
+            0 | 1 if rank == c * (n - 1) => 1.0,
+            0 | 1 => 0.375 * ulp,
+            _ => {
+                let k = rank * 7 + c * 3;
+                let x = (1.0 + (k % 13) as f64) / 17.0 * 10f64.powi((k % 4) as i32 - 2);
+                if k.is_multiple_of(3) {
+                    -x
+                } else {
+                    x
+                }
+            }
+        })
+        .map(|x| half_round(dtype, x))
+        .collect()
+}
+
+/// `x` rounded to `dtype`.
+fn half_round(dtype: tensor::DType, x: f64) -> f64 {
+    tensor::Tensor::from_vec(&[1], vec![x])
+        .unwrap()
+        .to_dtype(dtype)
+        .to_f64_vec()[0]
+}
+
+/// `parallel.gradient_fp32_sync` on the gradients' sums over data-parallel ranks, computed by
+/// hand. The graph `loss = Σ (x·w1 + x·w2)` with one batch row of `x` per rank makes each
+/// rank's gradient of `w1` and `w2` (`[12, 2]`) its own row of `x` (the same row for every
+/// output column), so the summed gradient is the sum over ranks of their rows. On 3 and 4
+/// data-parallel ranks, in bf16 and f16, for the plain all-reduce, a fused bucket
+/// (`[parallel.comm_fusion]`) and hsdp level 2's reduce-scatter: with `gradient_fp32_sync =
+/// true` each element is the f32 sum rounded once to the half type; with `false` it is the sum
+/// in the half type in rank order, rounded after every addition; the two differ.
+#[test]
+fn half_type_gradient_sums() {
+    use std::sync::Arc;
+
+    use comm::{Communicator, LocalCluster};
+    use graph::{GraphBuilder, Initializer};
+    use parallel::{lower, place, HsdpConfig, LowerRequest, OptimizerLevel, ParallelConfig};
+    use runtime::RankExecutor;
+    use tensor::{DType, Tensor};
+
+    let (columns, outputs) = (12, 2);
+    for dtype in [DType::BF16, DType::F16] {
+        for n in [3usize, 4] {
+            let rows: Vec<Vec<f64>> = (0..n)
+                .map(|r| half_sum_input_row(dtype, r, n, columns))
+                .collect();
+            let by_hand = |fp32_sync: bool| -> Vec<f64> {
+                (0..columns)
+                    .map(|c| match fp32_sync {
+                        // Exact in f64 (a few values of 8 or 11 bits over four decades).
+                        true => half_round(dtype, rows.iter().map(|row| row[c]).sum()),
+                        false => rows[1..]
+                            .iter()
+                            .fold(rows[0][c], |acc, row| half_round(dtype, acc + row[c])),
+                    })
+                    // The gradient of w[c][j] is the sum of x[.][c], for each of the j columns.
+                    .flat_map(|g| std::iter::repeat_n(g, outputs))
+                    .collect()
+            };
+            let (f32_once, in_type) = (by_hand(true), by_hand(false));
+            assert_ne!(
+                f32_once, in_type,
+                "{dtype} on {n}: the values tell the two apart"
+            );
+            let mut b = GraphBuilder::with_float_dtype(dtype);
+            let x = b.input("x", &[n, columns], dtype).unwrap();
+            let init = Initializer::normal(1.0);
+            let w1 = b
+                .parameter("w1", &[columns, outputs], init.clone())
+                .unwrap();
+            let w2 = b.parameter("w2", &[columns, outputs], init).unwrap();
+            let y1 = b.matmul("m1", x, w1).unwrap();
+            let y2 = b.matmul("m2", x, w2).unwrap();
+            let y = b.add("y", y1, y2).unwrap();
+            let loss = b.reduce_sum("loss", y, &[], false).unwrap();
+            let graph = b.finish();
+            let training = graph::grad(&graph, loss, &[w1, w2]).unwrap();
+            let request = LowerRequest {
+                grads: vec![
+                    (w1, training.grad_of(w1).unwrap()),
+                    (w2, training.grad_of(w2).unwrap()),
+                ],
+                replicated_outputs: vec![loss],
+            };
+            let dp: &[&[usize]] = &[&[n, 1], &[1, 1]];
+            let base = ParallelConfig::new(parallel::ParallelMode::SemiAuto, n)
+                .shard("m1", dp)
+                .shard("m2", dp);
+            let variants: [(&str, ParallelConfig); 3] = [
+                ("all-reduce", base.clone()),
+                (
+                    "fused bucket",
+                    ParallelConfig {
+                        comm_fusion: Some(parallel::fusion::CommFusionConfig::default()),
+                        ..base.clone()
+                    },
+                ),
+                (
+                    "hsdp level 2 reduce-scatter",
+                    ParallelConfig {
+                        hsdp: Some(HsdpConfig {
+                            threshold_kb: 0,
+                            level: OptimizerLevel::Level2,
+                            ..HsdpConfig::default()
+                        }),
+                        ..base.clone()
+                    },
+                ),
+            ];
+            for (what, config) in variants {
+                for (fp32_sync, want) in [(true, &f32_once), (false, &in_type)] {
+                    let config = ParallelConfig {
+                        gradient_fp32_sync: fp32_sync,
+                        ..config.clone()
+                    };
+                    let placed = place(&training.graph, &config).unwrap();
+                    let program = Arc::new(lower(&placed, &request).unwrap());
+                    let label =
+                        format!("{dtype} on {n} ranks, {what}, gradient_fp32_sync = {fp32_sync}");
+                    if what == "fused bucket" {
+                        assert!(!program.buckets.is_empty(), "{label}: no bucket");
+                    }
+                    let results = LocalCluster::new(n).unwrap().run(|comm| {
+                        let rank = comm.rank();
+                        let world: Arc<dyn Communicator> = Arc::new(comm);
+                        let mut exec = RankExecutor::new(program.clone(), world).unwrap();
+                        exec.init_parameters(5).unwrap();
+                        let row = Tensor::from_vec(&[1, columns], rows[rank].clone())
+                            .unwrap()
+                            .to_dtype(dtype);
+                        exec.set_input(0, &row).unwrap();
+                        exec.run().unwrap();
+                        (0..program.params.len())
+                            .map(|i| {
+                                let piece = exec.optimizer_piece(i).param_offset;
+                                (piece, exec.grad(i).unwrap().to_f64_vec())
+                            })
+                            .collect::<Vec<_>>()
+                    });
+                    for (rank, grads) in results.into_iter().enumerate() {
+                        for (i, (offset, grad)) in grads.unwrap().into_iter().enumerate() {
+                            assert_eq!(
+                                grad,
+                                want[offset..offset + grad.len()],
+                                "{label}: rank {rank}, the gradient of w{}",
+                                i + 1
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `parallel.gradient_fp32_sync` in training: bf16 on 4 data-parallel devices, 4 steps. With
+/// `false` the gradients' sums add in bf16 (see [`half_type_gradient_sums`] for the sums
+/// themselves): the parameters differ from `true`'s, the losses stay within the documented
+/// tolerance of f32's, and every path a gradient sum can take — the plain all-reduce, a fused
+/// bucket, a fused bucket reduced while the backward pass goes on, hsdp level 2's
+/// reduce-scatter — gives the same bits, as they do with `true`.
+#[test]
+fn gradient_fp32_sync_false_sums_gradients_in_the_half_type_on_every_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 4;
+    let dp4 = "devices = 4\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
+    let (_, reference) =
+        run_util::train_steps(&adam_gpt(&tmp.path().join("f32"), SA, steps, &[]), steps);
+    let paths = [
+        ("all-reduce", String::new()),
+        ("fused", "[parallel.comm_fusion]\n".to_string()),
+        (
+            "fused, overlapped",
+            "[parallel.comm_fusion]\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true\n"
+                .to_string(),
+        ),
+        (
+            "hsdp level 2",
+            "[parallel.hsdp]\noptimizer_level = \"level2\"\nthreshold = 0\n".to_string(),
+        ),
+    ];
+    let mut by_switch = Vec::new();
+    for sync in ["true", "false"] {
+        let set = format!("parallel.gradient_fp32_sync={sync}");
+        let mut runs: Vec<(&str, run_util::Run)> = paths
+            .iter()
+            .map(|(what, keys)| {
+                let out = tmp
+                    .path()
+                    .join(format!("{sync}-{}", what.replace([' ', ','], "_")));
+                let overrides = ["train.precision=\"bf16\"", set.as_str()];
+                let cfg = adam_gpt(&out, &format!("{dp4}{keys}"), steps, &overrides);
+                (*what, train_report(&cfg).2)
+            })
+            .collect();
+        for (what, run) in &runs {
+            let what = format!("gradient_fp32_sync = {sync}, {what}");
+            run_util::assert_losses_within(&what, &run.0, &reference, TOLERANCE);
+            run_util::assert_bitwise_run(&what, run, &runs[0].1);
+        }
+        by_switch.push(runs.swap_remove(0).1);
+    }
+    let differ = by_switch[0]
+        .1
+        .iter()
+        .zip(&by_switch[1].1)
+        .filter(|((_, a), (_, b))| a != b)
+        .count();
+    assert!(
+        differ > 0,
+        "gradient_fp32_sync = false trained bitwise like true"
+    );
+}
