@@ -106,11 +106,14 @@ def validation_loss(model, val, seq, batch=64):
 
 
 def lr_at(step, args):
-    """Linear warm-up to `lr` over `warmup` steps, then cosine decay to `min_lr` at `steps`."""
+    """Tessera's `lr_schedule = "cosine"` (MindFormers' CosineWithWarmUpLR, warmup_lr_init 0,
+    one half cycle): `lr · i / W` for `i < W`, then cosine decay to `min_lr` at the last step."""
+    if step >= args.steps:
+        return args.min_lr
     if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
+        return args.lr * step / args.warmup
     progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+    return args.min_lr + (args.lr - args.min_lr) * max(0.0, 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def decayed(name):

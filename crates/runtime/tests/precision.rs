@@ -329,7 +329,7 @@ fn half_round(dtype: tensor::DType, x: f64) -> f64 {
 /// rank's gradient of `w1` and `w2` (`[12, 2]`) its own row of `x` (the same row for every
 /// output column), so the summed gradient is the sum over ranks of their rows. On 3 and 4
 /// data-parallel ranks, in bf16 and f16, for the plain all-reduce, a fused bucket
-/// (`[parallel.comm_fusion]`) and hsdp level 2's reduce-scatter: with `gradient_fp32_sync =
+/// (`[parallel.comm_fusion]`) and hsdp zero2's reduce-scatter: with `gradient_fp32_sync =
 /// true` each element is the f32 sum rounded once to the half type; with `false` it is the sum
 /// in the half type in rank order, rounded after every addition; the two differ.
 #[test]
@@ -400,11 +400,11 @@ fn half_type_gradient_sums() {
                     },
                 ),
                 (
-                    "hsdp level 2 reduce-scatter",
+                    "hsdp zero2 reduce-scatter (whole weights, gradient pieces)",
                     ParallelConfig {
                         hsdp: Some(HsdpConfig {
                             threshold_kb: 0,
-                            level: OptimizerLevel::Level2,
+                            level: OptimizerLevel::Zero2,
                             ..HsdpConfig::default()
                         }),
                         ..base.clone()
