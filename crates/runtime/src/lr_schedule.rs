@@ -313,21 +313,22 @@ impl LrSchedule {
     }
 
     /// Checks the schedule against a run of `run_steps` optimizer steps: `cosine`'s warm-up
-    /// must end before its decay does, and `piecewise_constant_lr`'s milestones must cover the
+    /// must end before an explicit `decay_steps` does, and `piecewise_constant_lr`'s milestones must cover the
     /// run (MindSpore has no rate past the last one).
     pub fn check_run_steps(&self, run_steps: u64) -> Result<(), RuntimeError> {
         match &self.decay {
-            LrDecay::CosineWithWarmUp { decay_steps, .. } => {
-                let d = decay_steps.unwrap_or(run_steps);
-                if self.warmup_steps > 0 && self.warmup_steps >= d {
-                    let what = match decay_steps {
-                        Some(_) => format!("train.decay_steps = {d}"),
-                        None => format!("the run's {d} steps (train.decay_steps unset)"),
-                    };
+            // An explicit `decay_steps` must leave room after the warm-up. Without one the decay
+            // ends with the run, and a run shorter than the warm-up (a smoke test of a few steps)
+            // is all warm-up.
+            LrDecay::CosineWithWarmUp {
+                decay_steps: Some(d),
+                ..
+            } => {
+                if self.warmup_steps > 0 && self.warmup_steps >= *d {
                     return Err(bad(
                         "warmup_steps",
                         format!(
-                            "{} is out of range: the warm-up must end before the decay does, at {what}",
+                            "{} is out of range: the warm-up must end before the decay does, at train.decay_steps = {d}",
                             self.warmup_steps
                         ),
                     ));

@@ -194,9 +194,19 @@ fn mindformers_cosine_with_warm_up() {
     s.learning_rate = 1.0;
     s.warmup_lr_init = 0.2;
     assert_rates("cosine warmup_lr_init", &s, 8, &[0.2, 0.4, 0.6, 0.8, 1.0]);
-    // A warm-up that does not end before the decay does is refused, naming the key.
-    let err = cosine(20, 0.0, None).check_run_steps(20).unwrap_err();
+    // A warm-up that does not end before an explicit decay_steps is refused, naming the key.
+    let err = cosine(20, 0.0, Some(20)).check_run_steps(40).unwrap_err();
     assert_eq!(config_key(err), "train.warmup_steps");
+    // Without decay_steps, a run shorter than the warm-up is all warm-up.
+    let mut s = cosine(10, 0.0, None);
+    s.learning_rate = 1.0;
+    s.check_run_steps(4).unwrap();
+    assert_rates(
+        "cosine, a run inside its warm-up",
+        &s,
+        4,
+        &[0.0, 0.1, 0.2, 0.3],
+    );
 }
 
 #[test]
