@@ -99,6 +99,23 @@ impl LossScaler {
         self.scale
     }
 
+    /// The scaler's state, saved with a checkpoint.
+    pub(crate) fn state(&self) -> crate::periodic_ckpt::LossScaleState {
+        crate::periodic_ckpt::LossScaleState {
+            scale: self.scale,
+            clean_steps: self.clean_steps,
+        }
+    }
+
+    /// Continues a dynamic scaler from a saved state (a static scale stays the configured
+    /// one).
+    pub(crate) fn restore(&mut self, saved: crate::periodic_ckpt::LossScaleState) {
+        if self.dynamic {
+            self.scale = saved.scale;
+            self.clean_steps = saved.clean_steps;
+        }
+    }
+
     /// Records a step's outcome (`overflow`: skipped) and adapts a dynamic scale.
     pub(crate) fn record(&mut self, overflow: bool) {
         if !self.dynamic {
