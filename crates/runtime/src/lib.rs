@@ -69,8 +69,8 @@ pub use crate::auto_pipeline::PipelinePlan;
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
 pub use crate::bubble::{calibrated_prediction, measured_bubble, step_bubble};
 pub use crate::callbacks::{
-    l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
-    StepInfo, TrainEndInfo,
+    l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog,
+    ShardView, StepInfo, TrainEndInfo,
 };
 pub use crate::config::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, PsKeys,

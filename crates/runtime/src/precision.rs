@@ -257,3 +257,29 @@ impl MasterWeights {
         &self.pieces[k]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dynamic scaler restored from another's state continues it exactly (scale and
+    /// clean-step count); a static scale stays the configured one.
+    #[test]
+    fn a_restored_scaler_continues_the_saved_one() {
+        let mut saved = LossScaler::new(Some(LossScale::Dynamic)).unwrap();
+        saved.record(true);
+        for _ in 0..GROWTH_INTERVAL - 1 {
+            saved.record(false);
+        }
+        let mut resumed = LossScaler::new(Some(LossScale::Dynamic)).unwrap();
+        resumed.restore(saved.state());
+        assert_eq!(resumed.state(), saved.state());
+        saved.record(false);
+        resumed.record(false);
+        assert_eq!(resumed.scale(), INITIAL_DYNAMIC_SCALE);
+        assert_eq!(resumed.state(), saved.state());
+        let mut fixed = LossScaler::new(Some(LossScale::Static(8.0))).unwrap();
+        fixed.restore(saved.state());
+        assert_eq!(fixed.scale(), 8.0);
+    }
+}

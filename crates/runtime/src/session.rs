@@ -15,7 +15,9 @@ use tensor::Tensor;
 
 use crate::accumulate::Accumulation;
 use crate::broadcast::parameter_broadcast;
+use crate::callbacks::EvalInfo;
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
+use crate::config::ResumeFrom;
 use crate::config::{ModelName, TrainConfig};
 use crate::data::{BatchPlan, IdxDataset};
 use crate::error::RuntimeError;
@@ -23,10 +25,8 @@ use crate::executor::RankExecutor;
 use crate::generate::MODEL_FILE;
 use crate::lm::{gpt_parallel_config, TextData};
 use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
-use crate::pipeline::{PipelineRunner, StepTrace};
-use crate::callbacks::EvalInfo;
-use crate::config::ResumeFrom;
 use crate::periodic_ckpt::{periodic_set_dir, LossScaleState, SaveSchedule, TrainState};
+use crate::pipeline::{PipelineRunner, StepTrace};
 use crate::precision::{LossScaler, MasterWeights, Precision};
 
 /// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
@@ -827,7 +827,8 @@ impl Session {
             scaler.restore(saved);
         }
         let out = self.config.output();
-        let mut schedule = SaveSchedule::new(out.save_checkpoint_steps, out.save_checkpoint_seconds);
+        let mut schedule =
+            SaveSchedule::new(out.save_checkpoint_steps, out.save_checkpoint_seconds);
         let cfg = self.config.train();
         let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
         let mut outcome = RankOutcome {
@@ -1375,9 +1376,7 @@ impl Session {
         let mut writer = None;
         if rank == 0 {
             let opened = match target {
-                SetTarget::Final => self
-                    .open_checkpoint_set()
-                    .map(|()| self.set_slot().take()),
+                SetTarget::Final => self.open_checkpoint_set().map(|()| self.set_slot().take()),
                 SetTarget::Periodic(dir) => ckpt::SetWriter::begin(dir, "train", true)
                     .map(Some)
                     .map_err(RuntimeError::from),

@@ -1041,7 +1041,9 @@ fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, RuntimeError
     Ok(OutputConfig {
         dir: s.require("dir", path_reader(base))?,
         save_checkpoint: s.or("save_checkpoint", true, read_bool)?,
-        save_checkpoint_steps: s.get("save_checkpoint_steps", read_positive)?.map(|n| n as u64),
+        save_checkpoint_steps: s
+            .get("save_checkpoint_steps", read_positive)?
+            .map(|n| n as u64),
         save_checkpoint_seconds: s
             .get("save_checkpoint_seconds", read_positive)?
             .map(|n| n as u64),
