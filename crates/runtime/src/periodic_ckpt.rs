@@ -286,7 +286,7 @@ impl SaveSchedule {
     /// Whether a set is due after `global_step` by the step count (the same on every rank).
     pub fn due_by_steps(&self, global_step: u64) -> bool {
         self.every_steps
-            .is_some_and(|n| n > 0 && global_step % n == 0)
+            .is_some_and(|n| global_step.is_multiple_of(n))
     }
 
     /// Whether a set is due by this rank's clock (ranks must agree before acting on it).

@@ -975,7 +975,10 @@ impl Session {
                     step_ms,
                     shards: &shards,
                 })?;
-                if cfg.eval_interval.is_some_and(|n| global_step % n == 0) {
+                if cfg
+                    .eval_interval
+                    .is_some_and(|n| global_step.is_multiple_of(n))
+                {
                     let (eval_accuracy, eval_loss) = self.evaluate_now(&mut exec, &mut eval)?;
                     let info = EvalInfo {
                         rank,
