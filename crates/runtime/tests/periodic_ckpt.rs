@@ -132,3 +132,28 @@ fn eval_interval_evaluates_every_n_steps() {
     assert_eq!(rank.step_evals[1].eval_loss, Some(rank.eval_losses[0]));
     assert_ne!(rank.step_evals[0].eval_loss, rank.step_evals[1].eval_loss);
 }
+
+/// In deterministic mode a periodic set of a data-parallel run (2 devices) resumed on one
+/// device continues bitwise the uninterrupted one-device run.
+#[test]
+fn a_deterministic_resume_continues_across_device_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let det = "train.deterministic=true";
+    let every2 = "output.save_checkpoint_steps=2";
+    let one = "devices = 1\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
+    let (_, _, reference) = train_report(&adam_gpt(&tmp.path().join("one"), one, 4, &[det]));
+    let two = tmp.path().join("two");
+    train_report(&adam_gpt(&two, DP2, 2, &[det, every2]));
+    let from = format!(
+        "output.resume_from=\"{}\"",
+        two.join("checkpoint_step_2").display()
+    );
+    let (_, _, resumed) = train_report(&adam_gpt(
+        &tmp.path().join("resumed"),
+        one,
+        4,
+        &[det, &from],
+    ));
+    assert_eq!(resumed.0[..], reference.0[2..], "losses of steps 3 and 4");
+    assert_eq!(resumed.1, reference.1, "parameters after step 4");
+}
