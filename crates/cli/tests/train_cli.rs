@@ -456,3 +456,122 @@ fn parameter_server_mode_starts_every_role_and_trains() {
     let stderr = String::from_utf8(refused.stderr).unwrap();
     assert!(stderr.contains("--devices does not apply"), "{stderr}");
 }
+
+/// `(epoch, step) → loss` of every step line of a metrics log.
+fn losses_by_step(log: &std::path::Path) -> std::collections::BTreeMap<(u64, u64), f64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            Some((
+                (v.get("epoch")?.as_u64()?, v.get("step")?.as_u64()?),
+                v.get("loss")?.as_f64()?,
+            ))
+        })
+        .collect()
+}
+
+/// Every tensor of every rank file of the checkpoint in `dir`, by rank file and name.
+fn checkpoint_tensors(dir: &std::path::Path, ranks: usize) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for r in 0..ranks {
+        let path = dir.join(format!("rank_{r}/checkpoint_{r}.safetensors"));
+        let file = ckpt::CheckpointFile::open(&path).unwrap();
+        for t in file.tensors() {
+            let values = file.read_tensor(&t.name).unwrap();
+            out.push((format!("{r}/{}", t.name), values.as_bytes().to_vec()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A GPT run (with dropout, on 2 devices) killed with SIGKILL at two points, each time resumed
+/// with `output.resume_from = "latest"`, ends with the uninterrupted run's losses at every step
+/// and its final parameters and optimizer state, bitwise.
+#[test]
+fn a_run_killed_at_several_points_resumes_bitwise_from_latest() {
+    let dir = Scratch::new("train-kill-resume");
+    let common = |out: &std::path::Path| -> Vec<String> {
+        [
+            "parallel.devices=2",
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=1",
+            "model.layers=2",
+            "model.dropout=0.1",
+            "data.steps_per_epoch=8",
+            "train.epochs=3",
+            "output.save_checkpoint_steps=3",
+            "output.keep_checkpoint_max=2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("output.dir=\"{}\"", s(out))])
+        .collect()
+    };
+    let args = |out: &std::path::Path, log: &std::path::Path, extra: &[&str]| -> Vec<String> {
+        let mut a = vec!["train".to_string(), "examples/gpt_kjv.toml".to_string()];
+        for set in common(out)
+            .iter()
+            .map(String::as_str)
+            .chain(extra.iter().copied())
+        {
+            a.push("--set".to_string());
+            a.push(set.to_string());
+        }
+        a.push("--log-json".to_string());
+        a.push(s(log).to_string());
+        a
+    };
+    let reference_dir = dir.0.join("reference");
+    let reference_log = dir.0.join("reference.jsonl");
+    let a = args(&reference_dir, &reference_log, &[]);
+    assert_ok(&tessera(&a.iter().map(String::as_str).collect::<Vec<_>>()));
+    let reference = losses_by_step(&reference_log);
+    assert_eq!(reference.len(), 24);
+
+    let run = dir.0.join("run");
+    let latest = "output.resume_from=\"latest\"";
+    // Killed after 5 logged steps, then (resumed) after 7 more; the last resume finishes.
+    for (segment, kill_after) in [(0, Some(5)), (1, Some(7)), (2, None)] {
+        let log = dir.0.join(format!("segment-{segment}.jsonl"));
+        let extra: &[&str] = if segment == 0 { &[] } else { &[latest] };
+        let a = args(&run, &log, extra);
+        let mut child = crate::util::tessera_command()
+            .args(&a)
+            .current_dir(crate::util::repo_root())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        match kill_after {
+            Some(n) => {
+                let start = std::time::Instant::now();
+                while losses_by_step(&log).len() < n {
+                    assert!(
+                        child.try_wait().unwrap().is_none(),
+                        "segment {segment} ended early"
+                    );
+                    assert!(start.elapsed().as_secs() < 600, "segment {segment} hangs");
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+            }
+            None => assert_ok(&child.wait_with_output().unwrap()),
+        }
+        for (step, loss) in losses_by_step(&log) {
+            assert_eq!(
+                loss.to_bits(),
+                reference[&step].to_bits(),
+                "segment {segment}, (epoch, step) {step:?}"
+            );
+        }
+    }
+    assert_eq!(
+        checkpoint_tensors(&run, 2),
+        checkpoint_tensors(&reference_dir, 2),
+        "the final checkpoints"
+    );
+}

@@ -73,6 +73,19 @@ pub struct EpochInfo {
     pub epoch_ms: f64,
 }
 
+/// What an evaluation every `train.eval_interval` steps reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalInfo {
+    /// The rank reporting.
+    pub rank: usize,
+    /// The global step evaluated after.
+    pub global_step: u64,
+    /// Accuracy on the evaluation split, in [0, 1] (a classifier).
+    pub eval_accuracy: Option<f64>,
+    /// Mean loss on the validation split (a language model).
+    pub eval_loss: Option<f64>,
+}
+
 /// What the end of training reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrainEndInfo<'a> {
@@ -99,6 +112,12 @@ pub trait Callback: Send {
 
     /// After an epoch (and its evaluation).
     fn on_epoch_end(&mut self, _epoch: &EpochInfo) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// After an evaluation every `train.eval_interval` steps (per-epoch evaluations are
+    /// reported by [`Callback::on_epoch_end`]).
+    fn on_eval(&mut self, _eval: &EvalInfo) -> Result<(), RuntimeError> {
         Ok(())
     }
 
@@ -147,6 +166,10 @@ impl Callback for CallbackList {
         self.callbacks
             .iter_mut()
             .try_for_each(|c| c.on_epoch_end(epoch))
+    }
+
+    fn on_eval(&mut self, eval: &EvalInfo) -> Result<(), RuntimeError> {
+        self.callbacks.iter_mut().try_for_each(|c| c.on_eval(eval))
     }
 
     fn on_train_end(&mut self, end: &TrainEndInfo<'_>) -> Result<(), RuntimeError> {
@@ -289,6 +312,16 @@ impl Callback for MetricsLog {
         let line = match epoch.eval_loss {
             Some(loss) => json!({"epoch": epoch.epoch, "eval_loss": loss}),
             None => json!({"epoch": epoch.epoch, "eval_accuracy": epoch.eval_accuracy}),
+        };
+        self.write_line(line)
+    }
+
+    /// `{"eval_loss": x, "global_step": n}` (or `eval_accuracy`): an evaluation every
+    /// `train.eval_interval` steps.
+    fn on_eval(&mut self, eval: &EvalInfo) -> Result<(), RuntimeError> {
+        let line = match eval.eval_loss {
+            Some(loss) => json!({"global_step": eval.global_step, "eval_loss": loss}),
+            None => json!({"global_step": eval.global_step, "eval_accuracy": eval.eval_accuracy}),
         };
         self.write_line(line)
     }

@@ -55,6 +55,7 @@ mod lm;
 mod lr_schedule;
 mod memory;
 mod optimizer;
+pub mod periodic_ckpt;
 mod pipeline;
 mod precision;
 mod preflight;
@@ -71,13 +72,13 @@ pub use crate::auto_pipeline::PipelinePlan;
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
 pub use crate::bubble::{calibrated_prediction, measured_bubble, step_bubble};
 pub use crate::callbacks::{
-    l2_norm, Callback, CallbackList, EpochInfo, LocalNorm, LossMonitor, MetricsLog, ShardView,
-    StepInfo, TrainEndInfo,
+    l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog,
+    ShardView, StepInfo, TrainEndInfo,
 };
 pub use crate::clip::MaxGradNorm;
 pub use crate::config::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, PsKeys,
-    SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,
+    ResumeFrom, SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,
 };
 pub use crate::data::{
     Batch, BatchPlan, IdxDataset, Normalize, Split, TokenCorpus, TokenDtype, TokenSplit, Tokenizer,

@@ -115,6 +115,23 @@ impl LossScaler {
         self.scale
     }
 
+    /// The scaler's state, saved with a checkpoint.
+    pub(crate) fn state(&self) -> crate::periodic_ckpt::LossScaleState {
+        crate::periodic_ckpt::LossScaleState {
+            scale: self.scale,
+            clean_steps: self.clean_steps,
+        }
+    }
+
+    /// Continues a dynamic scaler from a saved state (a static scale stays the configured
+    /// one).
+    pub(crate) fn restore(&mut self, saved: crate::periodic_ckpt::LossScaleState) {
+        if self.dynamic {
+            self.scale = saved.scale;
+            self.clean_steps = saved.clean_steps;
+        }
+    }
+
     /// Records a step's outcome (`overflow`: skipped) and adapts a dynamic scale.
     pub(crate) fn record(&mut self, overflow: bool) {
         if !self.dynamic {
@@ -254,5 +271,31 @@ impl MasterWeights {
     /// Piece `k`.
     pub(crate) fn piece(&self, k: usize) -> &Tensor {
         &self.pieces[k]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dynamic scaler restored from another's state continues it exactly (scale and
+    /// clean-step count); a static scale stays the configured one.
+    #[test]
+    fn a_restored_scaler_continues_the_saved_one() {
+        let mut saved = LossScaler::new(Some(LossScale::Dynamic)).unwrap();
+        saved.record(true);
+        for _ in 0..GROWTH_INTERVAL - 1 {
+            saved.record(false);
+        }
+        let mut resumed = LossScaler::new(Some(LossScale::Dynamic)).unwrap();
+        resumed.restore(saved.state());
+        assert_eq!(resumed.state(), saved.state());
+        saved.record(false);
+        resumed.record(false);
+        assert_eq!(resumed.scale(), INITIAL_DYNAMIC_SCALE);
+        assert_eq!(resumed.state(), saved.state());
+        let mut fixed = LossScaler::new(Some(LossScale::Static(8.0))).unwrap();
+        fixed.restore(saved.state());
+        assert_eq!(fixed.scale(), 8.0);
     }
 }

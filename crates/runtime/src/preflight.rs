@@ -118,9 +118,10 @@ fn check_group_info_files(session: &Session) -> Result<(), RuntimeError> {
 /// `output.resume_from`: a directory with rank 0's checkpoint file, and the strategy file.
 fn check_resume_from(session: &Session) -> Result<(), RuntimeError> {
     let output = session.config.output();
-    let Some(from) = &output.resume_from else {
+    let Some(from) = session.resume_dir()? else {
         return Ok(());
     };
+    let from = &from;
     let bad = |reason: String| RuntimeError::Config {
         key: "output.resume_from".to_string(),
         reason: format!("{}: {reason}", from.display()),

@@ -15,7 +15,9 @@ use tensor::Tensor;
 
 use crate::accumulate::Accumulation;
 use crate::broadcast::parameter_broadcast;
+use crate::callbacks::EvalInfo;
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
+use crate::config::ResumeFrom;
 use crate::config::{ModelName, TrainConfig};
 use crate::data::{BatchPlan, IdxDataset};
 use crate::error::RuntimeError;
@@ -23,6 +25,7 @@ use crate::executor::RankExecutor;
 use crate::generate::MODEL_FILE;
 use crate::lm::{gpt_parallel_config, TextData};
 use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
+use crate::periodic_ckpt::{periodic_set_dir, LossScaleState, SaveSchedule, TrainState};
 use crate::pipeline::{PipelineRunner, StepTrace};
 use crate::precision::{LossScaler, MasterWeights, Precision};
 
@@ -47,6 +50,8 @@ pub struct Session {
     /// The checkpoint set this process writes (rank 0's process only), opened by
     /// [`Session::open_checkpoint_set`] before the ranks start.
     checkpoint_set: std::sync::Mutex<Option<ckpt::SetWriter>>,
+    /// `output.resume_from = "latest"` resolved once, so every rank resumes from the same set.
+    latest: std::sync::OnceLock<Option<PathBuf>>,
     /// Deterministic mode's most canonical blocks per summed dim (`None`: off).
     deterministic: Option<usize>,
 }
@@ -117,6 +122,8 @@ pub struct RankOutcome {
     /// With `train.parameter_broadcast`: the parameters this rank took part in broadcasting
     /// from the first rank of their replica group, before its first step.
     pub broadcast: Vec<String>,
+    /// The evaluations every `train.eval_interval` steps, in order.
+    pub step_evals: Vec<crate::callbacks::EvalInfo>,
     /// Steps whose update was skipped because their gradients overflowed under the loss
     /// scale (`train.loss_scale`, mixed precision); they count in `losses`.
     pub skipped_steps: u64,
@@ -175,6 +182,21 @@ struct SavedState<'a> {
     master: Option<&'a MasterWeights>,
     trainable: &'a [usize],
     global_step: u64,
+    /// The loss scaler, continued by a resume.
+    scaler: Option<&'a LossScaler>,
+}
+
+/// What a resume restores besides the parameters and optimizer state: the global step, the
+/// mixed-precision master pieces and the loss scaler's state.
+type Resumed = (u64, Vec<Option<Tensor>>, Option<LossScaleState>);
+
+/// Which checkpoint set a save writes.
+#[derive(Debug, Clone, Copy)]
+enum SetTarget<'p> {
+    /// The run's set in `output.dir`, opened before the ranks start.
+    Final,
+    /// A periodic set at this directory (`output.save_checkpoint_steps` / `_seconds`).
+    Periodic(&'p Path),
 }
 
 /// The checkpoint name of mixed precision's f32 master weight of a parameter, laid out like its
@@ -385,6 +407,7 @@ impl Session {
             eval: Arc::new(eval),
             data,
             checkpoint_set: std::sync::Mutex::new(None),
+            latest: std::sync::OnceLock::new(),
             deterministic,
         })
     }
@@ -767,9 +790,10 @@ impl Session {
         let mut partners = self.interleave_partners(&world)?;
         let mut global_step = 0u64;
         let mut resumed_masters = Vec::new();
-        if let Some(from) = &self.config.output().resume_from {
-            (global_step, resumed_masters) =
-                self.resume(&mut exec, &mut optimizer, &trainable, from, rank)?;
+        let mut resumed_scale = None;
+        if let Some(from) = self.resume_dir()? {
+            (global_step, resumed_masters, resumed_scale) =
+                self.resume(&mut exec, &mut optimizer, &trainable, &from, rank)?;
         }
         let mut broadcast = Vec::new();
         if self.config.train().parameter_broadcast {
@@ -803,6 +827,12 @@ impl Session {
             exec.memory().hold(MemoryCategory::Optimizer, m.bytes());
         }
         let mut scaler = LossScaler::new(self.config.train().loss_scale);
+        if let (Some(scaler), Some(saved)) = (scaler.as_mut(), resumed_scale) {
+            scaler.restore(saved);
+        }
+        let out = self.config.output();
+        let mut save_schedule =
+            SaveSchedule::new(out.save_checkpoint_steps, out.save_checkpoint_seconds);
         let cfg = self.config.train();
         let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
         let mut outcome = RankOutcome {
@@ -965,11 +995,40 @@ impl Session {
                     grad_norm: update.grad_norm,
                     shards: &shards,
                 })?;
+                if cfg
+                    .eval_interval
+                    .is_some_and(|n| global_step.is_multiple_of(n))
+                {
+                    let (eval_accuracy, eval_loss) = self.evaluate_now(&mut exec, &mut eval)?;
+                    let info = EvalInfo {
+                        rank,
+                        global_step,
+                        eval_accuracy,
+                        eval_loss,
+                    };
+                    callbacks.on_eval(&info)?;
+                    outcome.step_evals.push(info);
+                }
+                if let Some(save_schedule) = save_schedule.as_mut() {
+                    if save_schedule.due(global_step, world.as_ref())? {
+                        exec.materialize_parameters()?;
+                        let saved = SavedState {
+                            exec: &exec,
+                            optimizer: &optimizer,
+                            master: master.as_ref(),
+                            trainable: &trainable,
+                            global_step,
+                            scaler: scaler.as_ref(),
+                        };
+                        let dir = periodic_set_dir(&out.dir, global_step);
+                        let target = SetTarget::Periodic(&dir);
+                        self.save_checkpoint_set(world.as_ref(), &saved, target)?;
+                        save_schedule.saved();
+                    }
+                }
             }
             let (eval_accuracy, eval_loss) = if cfg.eval {
-                exec.materialize_parameters()?;
-                copy_params(&exec, &mut eval)?;
-                self.evaluate(&mut eval)?
+                self.evaluate_now(&mut exec, &mut eval)?
             } else {
                 (None, None)
             };
@@ -1010,8 +1069,9 @@ impl Session {
                 master: master.as_ref(),
                 trainable: &trainable,
                 global_step,
+                scaler: scaler.as_ref(),
             };
-            self.save_checkpoint_set(world.as_ref(), &saved)?;
+            self.save_checkpoint_set(world.as_ref(), &saved, SetTarget::Final)?;
         }
         for (i, p) in self.train.params.iter().enumerate() {
             if !exec.holds_param(i) {
@@ -1332,19 +1392,24 @@ impl Session {
         &self,
         world: &dyn Communicator,
         saved: &SavedState<'_>,
+        target: SetTarget<'_>,
     ) -> Result<(), RuntimeError> {
         let rank = world.rank();
         let mut shared = Vec::new();
+        let mut writer = None;
         if rank == 0 {
-            let opened = self.open_checkpoint_set();
-            let slot = self.set_slot();
-            if let (Ok(()), Some(set)) = (&opened, slot.as_ref()) {
+            let opened = match target {
+                SetTarget::Final => self.open_checkpoint_set().map(|()| self.set_slot().take()),
+                SetTarget::Periodic(dir) => ckpt::SetWriter::begin(dir, "train", true)
+                    .map(Some)
+                    .map_err(RuntimeError::from),
+            };
+            if let Ok(Some(set)) = &opened {
                 shared = encode_staging(set.staging(), set.id());
             }
-            drop(slot);
             // An empty message tells the other ranks that rank 0 could not open the set.
             share_bytes(world, &mut shared)?;
-            opened?;
+            writer = opened?;
         } else {
             share_bytes(world, &mut shared)?;
         }
@@ -1360,15 +1425,17 @@ impl Session {
         written?;
         if failed.to_f64_vec().first().copied().unwrap_or(1.0) > 0.0 {
             // Dropping the writer removes the staging directory.
-            drop(self.set_slot().take());
+            drop(writer);
             return Err(RuntimeError::Rank {
                 rank,
                 message: "another rank failed to write its checkpoint; the set was not committed (the previous checkpoint is unchanged)".to_string(),
             });
         }
-        if rank == 0 {
-            if let Some(set) = self.set_slot().take() {
-                set.commit()?;
+        if let Some(set) = writer {
+            set.commit()?;
+            if let SetTarget::Periodic(dir) = target {
+                let out = self.config.output();
+                crate::periodic_ckpt::prune(&out.dir, out.keep_checkpoint_max, dir)?;
             }
         }
         Ok(())
@@ -1416,6 +1483,17 @@ impl Session {
         ckpt::save_rank_checkpoint_in_set(staging, set_id, rank, &pairs)?;
         if rank == 0 {
             self.save_strategy_files(staging)?;
+            let state = crate::periodic_ckpt::TrainState::new(
+                saved.global_step,
+                saved.optimizer.step_count(),
+                saved.scaler.map(LossScaler::state),
+                crate::periodic_ckpt::next_sequence(&self.config.output().dir),
+            );
+            ckpt::save_side_file(
+                &staging.join(crate::periodic_ckpt::TRAIN_STATE_FILE),
+                &state.to_json_bytes(),
+                true,
+            )?;
             if let TrainData::Text(text) = &self.data {
                 let saved = text.saved_model(&self.config)?;
                 let mut bytes = serde_json::to_vec_pretty(&saved.to_json()).map_err(|e| {
@@ -1435,7 +1513,9 @@ impl Session {
     /// Loads this rank's checkpointed parameters (non-trainable ones only with
     /// `strategy_file_only_for_trainable_params = false`; otherwise they keep their
     /// initialisation) and optimizer state from the checkpoint in `from`, saved under any
-    /// strategy (converted on load); returns the step it was saved at.
+    /// strategy (converted on load); returns the step it was saved at. The optimizer's step
+    /// count is the set's [`TrainState`]'s (the global step when it has none), and its loss
+    /// scaler state is returned for the run's scaler to continue.
     ///
     /// Under mixed precision it also returns, by trainable parameter, the f32 master piece to
     /// continue from: the saved `master_weight.<name>`, or the piece of a weight saved in f32.
@@ -1446,7 +1526,7 @@ impl Session {
         trainable: &[usize],
         from: &Path,
         rank: usize,
-    ) -> Result<(u64, Vec<Option<Tensor>>), RuntimeError> {
+    ) -> Result<Resumed, RuntimeError> {
         let strategy_file = self
             .config
             .output()
@@ -1530,8 +1610,47 @@ impl Session {
             .and_then(|f| f.read_tensor(GLOBAL_STEP))
             .map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) as u64)
             .unwrap_or(0);
-        optimizer.set_step_count(step);
-        Ok((step, masters))
+        let state = TrainState::read(from)?;
+        optimizer.set_step_count(state.as_ref().map_or(step, |s| s.optimizer_steps));
+        Ok((step, masters, state.and_then(|s| s.loss_scale)))
+    }
+
+    /// Evaluates the parameters `exec` holds now (copied into `eval`).
+    fn evaluate_now(
+        &self,
+        exec: &mut RankExecutor,
+        eval: &mut RankExecutor,
+    ) -> Result<(Option<f64>, Option<f64>), RuntimeError> {
+        exec.materialize_parameters()?;
+        copy_params(exec, eval)?;
+        self.evaluate(eval)
+    }
+
+    /// The checkpoint directory this run resumes from: `output.resume_from`'s, or for
+    /// `"latest"` the set of `output.dir` committed last
+    /// ([`crate::periodic_ckpt::latest_set`], resolved once per process); an error naming the
+    /// key when `"latest"` finds none.
+    pub fn resume_dir(&self) -> Result<Option<PathBuf>, RuntimeError> {
+        let out = self.config.output();
+        let dir = match &out.resume_from {
+            None => return Ok(None),
+            Some(ResumeFrom::Dir(dir)) => return Ok(Some(dir.clone())),
+            Some(ResumeFrom::Latest) => self
+                .latest
+                .get_or_init(|| crate::periodic_ckpt::latest_set(&out.dir)),
+        };
+        match dir {
+            Some(dir) => Ok(Some(dir.clone())),
+            None => Err(RuntimeError::Config {
+                key: "output.resume_from".to_string(),
+                reason: format!(
+                    "\"latest\": {} holds no committed checkpoint set of a training run (its final set or a `{}<N>/` set, each with {}); name a checkpoint directory, or train without output.resume_from first",
+                    out.dir.display(),
+                    crate::periodic_ckpt::PERIODIC_PREFIX,
+                    crate::periodic_ckpt::TRAIN_STATE_FILE
+                ),
+            }),
+        }
     }
 
     /// The evaluation after an epoch: the test accuracy (images) or the validation loss

@@ -68,6 +68,7 @@ impl Trainer {
                 seed: 1,
                 deterministic: false,
                 eval: true,
+                eval_interval: None,
                 per_print_times: 1,
                 print_local_norm: false,
                 dump_local_norm: None,
@@ -80,6 +81,9 @@ impl Trainer {
             output: OutputConfig {
                 dir: PathBuf::from("runs/custom"),
                 save_checkpoint: true,
+                save_checkpoint_steps: None,
+                save_checkpoint_seconds: None,
+                keep_checkpoint_max: 5,
                 resume_from: None,
                 resume_strategy: None,
                 group_info_file: None,

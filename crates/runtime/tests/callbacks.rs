@@ -128,6 +128,18 @@ fn metrics_log_writes_flushed_json_lines_and_truncates_on_create() {
         read_lines(&path)[4],
         serde_json::json!({"epoch": 1, "eval_loss": 2.5})
     );
+    // An evaluation every `train.eval_interval` steps names its global step.
+    log.on_eval(&runtime::EvalInfo {
+        rank: 0,
+        global_step: 6,
+        eval_accuracy: None,
+        eval_loss: Some(2.25),
+    })
+    .unwrap();
+    assert_eq!(
+        read_lines(&path)[5],
+        serde_json::json!({"global_step": 6, "eval_loss": 2.25})
+    );
     drop(log);
     let _again = MetricsLog::create(&path).unwrap();
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "");

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
-use runtime::{ModelName, OptimizerConfig, OptimizerKind, RuntimeError, TrainConfig};
+use runtime::{ModelName, OptimizerConfig, OptimizerKind, ResumeFrom, RuntimeError, TrainConfig};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -155,6 +155,22 @@ fn defaults_fill_every_optional_key() {
         (None, 1, true, 1)
     );
     assert_eq!(config.output().resume_from, None);
+    assert_eq!(
+        (
+            config.output().save_checkpoint_steps,
+            config.output().save_checkpoint_seconds,
+            config.output().keep_checkpoint_max,
+            train.eval_interval
+        ),
+        (None, None, 5, None)
+    );
+    let latest = parse_with(MINIMAL, &["output.resume_from=\"latest\""]).unwrap();
+    assert_eq!(latest.output().resume_from, Some(ResumeFrom::Latest));
+    let named = parse_with(MINIMAL, &["output.resume_from=\"./latest\""]).unwrap();
+    assert!(matches!(
+        named.output().resume_from,
+        Some(ResumeFrom::Dir(_))
+    ));
     // MindSpore's eps defaults: 1e-8 for Adam, 1e-6 for AdamWeightDecay.
     let adam = parse_with(MINIMAL, &["train.optimizer=adam"]).unwrap();
     assert_eq!(
@@ -434,6 +450,24 @@ fn out_of_range_values_are_rejected() {
         ("train.weight_decay=-0.1", "train.weight_decay"),
         ("data.pixel_max=0", "data.pixel_max"),
         ("output.resume_from=\"\"", "output.resume_from"),
+        (
+            "output.save_checkpoint_steps=0",
+            "output.save_checkpoint_steps",
+        ),
+        (
+            "output.save_checkpoint_seconds=0",
+            "output.save_checkpoint_seconds",
+        ),
+        (
+            "output.save_checkpoint_seconds=-5",
+            "output.save_checkpoint_seconds",
+        ),
+        ("output.keep_checkpoint_max=0", "output.keep_checkpoint_max"),
+        (
+            "output.save_checkpoint_steps=1.5",
+            "output.save_checkpoint_steps",
+        ),
+        ("train.eval_interval=0", "train.eval_interval"),
     ];
     for (set, key) in cases {
         assert_eq!(config_error(parse_with(MINIMAL, &[set])).0, key, "{set}");

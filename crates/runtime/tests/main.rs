@@ -22,6 +22,7 @@ mod memory;
 mod micro_batch_interleave;
 mod op_sharding;
 mod optimizer;
+mod periodic_ckpt;
 mod pipeline_output;
 mod pipeline_shared;
 mod precision;

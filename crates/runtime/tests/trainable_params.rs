@@ -8,7 +8,7 @@ use graph::models::Model;
 use graph::nn::{Activation, Dense};
 use graph::Initializer;
 use parallel::{ParallelConfig, ParallelMode};
-use runtime::{LaunchOptions, OutputConfig, Session, TrainConfig, TrainLoopConfig};
+use runtime::{LaunchOptions, OutputConfig, ResumeFrom, Session, TrainConfig, TrainLoopConfig};
 
 fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/digits")
@@ -63,7 +63,10 @@ fn config(out: &Path, seed: u64, steps: u64, only: bool, resume: Option<&Path>) 
     let output = OutputConfig {
         dir: out.to_path_buf(),
         save_checkpoint: true,
-        resume_from: resume.map(Path::to_path_buf),
+        save_checkpoint_steps: None,
+        save_checkpoint_seconds: None,
+        keep_checkpoint_max: 5,
+        resume_from: resume.map(|p| ResumeFrom::Dir(p.to_path_buf())),
         resume_strategy: None,
         group_info_file: None,
     };

@@ -208,6 +208,9 @@ pub struct TrainLoopConfig {
     pub deterministic: bool,
     /// Evaluate on the test split after each epoch.
     pub eval: bool,
+    /// `train.eval_interval`: also evaluate after every global step that is a multiple of
+    /// this (`None`: only per epoch, as `train.eval` says). Independent of `train.eval`.
+    pub eval_interval: Option<u64>,
     /// Print the loss every this many steps (0: never).
     pub per_print_times: u64,
     /// Print every rank's local norms each step.
@@ -229,6 +232,17 @@ pub struct TrainLoopConfig {
     pub max_grad_norm: Option<crate::clip::MaxGradNorm>,
 }
 
+/// `output.resume_from`: where a run continues from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// A checkpoint directory (resolved).
+    Dir(PathBuf),
+    /// `"latest"`: the newest committed checkpoint set Tessera wrote in `output.dir` (its
+    /// final set or a periodic one), resolved when the run starts
+    /// ([`crate::periodic_ckpt::latest_set`]).
+    Latest,
+}
+
 /// `[output]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputConfig {
@@ -236,8 +250,17 @@ pub struct OutputConfig {
     pub dir: PathBuf,
     /// Save a checkpoint at the end of training.
     pub save_checkpoint: bool,
-    /// A checkpoint directory to resume from (resolved).
-    pub resume_from: Option<PathBuf>,
+    /// `output.save_checkpoint_steps`: also save a checkpoint set every this many global steps
+    /// into `<dir>/checkpoint_step_<N>/` (MindSpore's `CheckpointConfig.save_checkpoint_steps`).
+    pub save_checkpoint_steps: Option<u64>,
+    /// `output.save_checkpoint_seconds`: also save one when this many seconds have passed
+    /// since the run started or last saved one.
+    pub save_checkpoint_seconds: Option<u64>,
+    /// `output.keep_checkpoint_max`: the periodic sets kept (the newest; ≥ 1, default 5).
+    pub keep_checkpoint_max: usize,
+    /// The checkpoint to resume from: a directory (resolved) or the newest set in
+    /// [`OutputConfig::dir`] (`"latest"`).
+    pub resume_from: Option<ResumeFrom>,
     /// The strategy file of the checkpoint resumed from, when it is not inside it (resolved).
     pub resume_strategy: Option<PathBuf>,
     /// `output.group_info_file`: every rank writes MindSpore's group-info file

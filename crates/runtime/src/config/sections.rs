@@ -18,7 +18,7 @@ use super::values::{
 };
 use super::{
     DataConfig, DataFormat, GptKeys, GptParallelKeys, ModelConfig, ModelName, OutputConfig,
-    TextDataKeys, TrainConfig, TrainLoopConfig,
+    ResumeFrom, TextDataKeys, TrainConfig, TrainLoopConfig,
 };
 use crate::data::{Normalize, TokenDtype};
 use crate::error::RuntimeError;
@@ -152,6 +152,7 @@ pub(super) const TRAIN_KEYS: &[&str] = &[
     "seed",
     "deterministic",
     "eval",
+    "eval_interval",
     "per_print_times",
     "print_local_norm",
     "dump_local_norm",
@@ -165,6 +166,9 @@ pub(super) const TRAIN_KEYS: &[&str] = &[
 pub(super) const OUTPUT_KEYS: &[&str] = &[
     "dir",
     "save_checkpoint",
+    "save_checkpoint_steps",
+    "save_checkpoint_seconds",
+    "keep_checkpoint_max",
     "resume_from",
     "resume_strategy",
     "group_info_file",
@@ -1015,6 +1019,7 @@ fn read_train_loop(
     let seed = s.or("seed", 1, read_count)?;
     let deterministic = s.or("deterministic", false, read_bool)?;
     let eval = s.or("eval", true, read_bool)?;
+    let eval_interval = s.get("eval_interval", read_positive)?.map(|n| n as u64);
     let parameter_broadcast = s.or("parameter_broadcast", false, read_bool)?;
     let lazy_init = s.or("lazy_init", false, read_bool)?;
     let max_grad_norm = s.get("max_grad_norm", read_max_grad_norm)?;
@@ -1060,6 +1065,7 @@ fn read_train_loop(
         seed,
         deterministic,
         eval,
+        eval_interval,
         per_print_times,
         print_local_norm,
         dump_local_norm,
@@ -1086,7 +1092,17 @@ fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, RuntimeError
     Ok(OutputConfig {
         dir: s.require("dir", path_reader(base))?,
         save_checkpoint: s.or("save_checkpoint", true, read_bool)?,
-        resume_from: s.get("resume_from", path_reader(base))?,
+        save_checkpoint_steps: s
+            .get("save_checkpoint_steps", read_positive)?
+            .map(|n| n as u64),
+        save_checkpoint_seconds: s
+            .get("save_checkpoint_seconds", read_positive)?
+            .map(|n| n as u64),
+        keep_checkpoint_max: s.or("keep_checkpoint_max", 5, read_positive)?,
+        resume_from: s.get("resume_from", |key, v| match v {
+            Value::String(text) if text == "latest" => Ok(ResumeFrom::Latest),
+            other => path_reader(base)(key, other).map(ResumeFrom::Dir),
+        })?,
         resume_strategy: s.get("resume_strategy", path_reader(base))?,
         group_info_file: s.get("group_info_file", |key, v| {
             let text = read_string(key, v)?;

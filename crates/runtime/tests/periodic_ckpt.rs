@@ -1,0 +1,159 @@
+//! Checkpoints while training (`output.save_checkpoint_steps`, `keep_checkpoint_max`),
+//! `output.resume_from = "latest"`, exact resume mid-run, and `train.eval_interval`.
+
+use runtime::{RuntimeError, Session};
+
+use crate::run_util::{adam_gpt, train_report, DP2};
+
+/// A run of f16 with a dynamic loss scale saves a set every 3 steps, holding the loss
+/// scaler's scale and clean-step count and Adam's own step count; a second run in the same
+/// directory, stopped after step 4 without a final set, is resumed from `"latest"` (step 3's
+/// set) and trains steps 4–6 bitwise as the run that never stopped.
+#[test]
+fn resuming_from_the_latest_periodic_set_continues_the_run_bitwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f16 = "train.precision=\"f16\"";
+    let every3 = "output.save_checkpoint_steps=3";
+    let whole = adam_gpt(&tmp.path().join("whole"), DP2, 6, &[f16, every3]);
+    let (_, report, reference) = train_report(&whole);
+    let skipped = report.ranks[0].skipped_steps;
+    let names = |dir: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("checkpoint_step_"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(&tmp.path().join("whole")),
+        vec!["checkpoint_step_3", "checkpoint_step_6"]
+    );
+    let state =
+        runtime::periodic_ckpt::TrainState::read(&tmp.path().join("whole/checkpoint_step_3"))
+            .unwrap()
+            .unwrap();
+    assert_eq!(state.global_step, 3);
+    assert_eq!(state.optimizer_steps, 3 - skipped.min(3), "{state:?}");
+    assert!(state.loss_scale.is_some(), "{state:?}");
+
+    let run = tmp.path().join("run");
+    // Stopped after step 4 (its last set is step 3's); the final set is off, as after a kill.
+    let first = adam_gpt(&run, DP2, 4, &[f16, every3, "output.save_checkpoint=false"]);
+    train_report_without_final(&first);
+    assert_eq!(
+        runtime::periodic_ckpt::latest_set(&run),
+        Some(run.join("checkpoint_step_3"))
+    );
+    let resumed = adam_gpt(
+        &run,
+        DP2,
+        6,
+        &[f16, every3, "output.resume_from=\"latest\""],
+    );
+    let (_, _, continued) = train_report(&resumed);
+    assert_eq!(continued.0[..], reference.0[3..], "losses of steps 4–6");
+    assert_eq!(continued.1, reference.1, "parameters after step 6");
+}
+
+/// Trains `config` (which saves no final set) to its end.
+fn train_report_without_final(config: &runtime::TrainConfig) {
+    let session = Session::new(config).unwrap();
+    let options = runtime::LaunchOptions {
+        print_loss: false,
+        ..runtime::LaunchOptions::default()
+    };
+    runtime::train_local(&session, &options).unwrap();
+}
+
+/// `keep_checkpoint_max = 2` over 5 sets leaves the newest two, whole.
+#[test]
+fn keep_checkpoint_max_keeps_the_newest_whole_sets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let cfg = adam_gpt(
+        &out,
+        DP2,
+        5,
+        &[
+            "output.save_checkpoint_steps=1",
+            "output.keep_checkpoint_max=2",
+        ],
+    );
+    train_report(&cfg);
+    let mut kept: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("checkpoint_step_"))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, vec!["checkpoint_step_4", "checkpoint_step_5"]);
+    for k in &kept {
+        assert!(ckpt::check_set(&out.join(k)).unwrap().is_some(), "{k}");
+    }
+}
+
+/// `"latest"` in a directory holding no set of a training run is refused naming the key.
+#[test]
+fn latest_without_a_set_is_refused_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = adam_gpt(tmp.path(), DP2, 2, &["output.resume_from=\"latest\""]);
+    let session = Session::new(&cfg).unwrap();
+    match session.resume_dir() {
+        Err(RuntimeError::Config { key, reason }) => {
+            assert_eq!(key, "output.resume_from");
+            assert!(reason.contains("latest"), "{reason}");
+        }
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+/// `train.eval_interval = 2` over a 4-step epoch evaluates after steps 2 and 4; the second
+/// is the epoch's own evaluation (the same parameters, the same validation windows).
+#[test]
+fn eval_interval_evaluates_every_n_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = adam_gpt(
+        tmp.path(),
+        DP2,
+        4,
+        &[
+            "data.steps_per_epoch=4",
+            "train.eval=true",
+            "train.eval_interval=2",
+        ],
+    );
+    let (_, report, _) = train_report(&cfg);
+    let rank = &report.ranks[0];
+    let steps: Vec<u64> = rank.step_evals.iter().map(|e| e.global_step).collect();
+    assert_eq!(steps, vec![2, 4]);
+    assert_eq!(rank.eval_losses.len(), 1);
+    assert_eq!(rank.step_evals[1].eval_loss, Some(rank.eval_losses[0]));
+    assert_ne!(rank.step_evals[0].eval_loss, rank.step_evals[1].eval_loss);
+}
+
+/// In deterministic mode a periodic set of a data-parallel run (2 devices) resumed on one
+/// device continues bitwise the uninterrupted one-device run.
+#[test]
+fn a_deterministic_resume_continues_across_device_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let det = "train.deterministic=true";
+    let every2 = "output.save_checkpoint_steps=2";
+    let one = "devices = 1\nmode = \"semi_auto\"\nmodel_parallel = 1\n";
+    let (_, _, reference) = train_report(&adam_gpt(&tmp.path().join("one"), one, 4, &[det]));
+    let two = tmp.path().join("two");
+    train_report(&adam_gpt(&two, DP2, 2, &[det, every2]));
+    let from = format!(
+        "output.resume_from=\"{}\"",
+        two.join("checkpoint_step_2").display()
+    );
+    let (_, _, resumed) = train_report(&adam_gpt(
+        &tmp.path().join("resumed"),
+        one,
+        4,
+        &[det, &from],
+    ));
+    assert_eq!(resumed.0[..], reference.0[2..], "losses of steps 3 and 4");
+    assert_eq!(resumed.1, reference.1, "parameters after step 4");
+}
