@@ -13,24 +13,28 @@ use crate::util::{s, tessera, Scratch};
 /// Well under the 120 s `--timeout` these runs set, and far above their real duration.
 const WELL_BEFORE_THE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `tessera train examples/seed_semi_auto.toml` (8 devices) with a 120 s timeout, its output
-/// under `out_dir`, and `extra` arguments; returns its output and how long it ran.
-fn train(out_dir: &Path, extra: &[&str]) -> (Output, Duration) {
+/// `tessera train CONFIG` with a 120 s timeout, each of `sets` as `--set`, its output under
+/// `out_dir`, and `extra` arguments; returns its output and how long it ran.
+fn train_config(config: &str, sets: &[&str], out_dir: &Path, extra: &[&str]) -> (Output, Duration) {
     let out_dir = format!("output.dir=\"{}\"", s(out_dir));
-    let mut args = vec![
-        "train",
-        "examples/seed_semi_auto.toml",
-        "--timeout",
-        "120",
-        "--set",
-        "train.max_steps=4",
-        "--set",
-        &out_dir,
-    ];
+    let mut args = vec!["train", config, "--timeout", "120"];
+    for set in sets.iter().chain([&out_dir.as_str()]) {
+        args.extend(["--set", set]);
+    }
     args.extend_from_slice(extra);
     let start = Instant::now();
     let out = tessera(&args);
     (out, start.elapsed())
+}
+
+/// `tessera train examples/seed_semi_auto.toml` (8 devices), 4 steps, see [`train_config`].
+fn train(out_dir: &Path, extra: &[&str]) -> (Output, Duration) {
+    train_config(
+        "examples/seed_semi_auto.toml",
+        &["train.max_steps=4"],
+        out_dir,
+        extra,
+    )
 }
 
 /// Asserts that the run failed with `needle` in its error, trained no step, and ended well
@@ -122,39 +126,19 @@ fn resuming_from_a_missing_checkpoint_fails_before_training() {
 /// A tiny GPT on the bundled text (1 device unless `extra` sets `parallel.devices`), its output in
 /// `out_dir`, plus `extra` arguments.
 fn train_gpt(out_dir: &Path, extra: &[&str]) -> (Output, Duration) {
-    let out_dir = format!("output.dir=\"{}\"", s(out_dir));
-    let mut args = vec![
-        "train",
-        "examples/gpt_kjv.toml",
-        "--timeout",
-        "120",
-        "--set",
+    let sets = [
         "parallel.devices=1",
-        "--set",
         "parallel.data_parallel=1",
-        "--set",
         "parallel.model_parallel=1",
-        "--set",
         "model.layers=1",
-        "--set",
         "model.hidden=16",
-        "--set",
         "model.heads=2",
-        "--set",
         "model.seq_len=8",
-        "--set",
         "data.batch_size=2",
-        "--set",
         "data.steps_per_epoch=2",
-        "--set",
         "train.epochs=1",
-        "--set",
-        &out_dir,
     ];
-    args.extend_from_slice(extra);
-    let start = Instant::now();
-    let out = tessera(&args);
-    (out, start.elapsed())
+    train_config("examples/gpt_kjv.toml", &sets, out_dir, extra)
 }
 
 /// Item 15 of issue 30: an unwritable `--trace` fails before training, like `--log-json`.
