@@ -36,14 +36,12 @@
 mod accumulate;
 pub mod allocator;
 mod auto;
-mod auto_pipeline;
 mod broadcast;
 mod bubble;
 mod callbacks;
 mod clip;
 mod config;
 mod data;
-pub mod device_profile;
 mod error;
 mod executor;
 mod generate;
@@ -67,8 +65,7 @@ mod shard_fn;
 mod shared;
 mod trainer;
 
-pub use crate::auto::{build_model, load_profile, plan, plan_model, LoadedLayouts, PlanReport};
-pub use crate::auto_pipeline::PipelinePlan;
+pub use crate::auto::{build_model, load_profile, operator_strategy_records, plan, plan_model};
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
 pub use crate::bubble::{calibrated_prediction, measured_bubble, step_bubble};
 pub use crate::callbacks::{
@@ -110,3 +107,5 @@ pub use crate::session::{
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
 pub use crate::shared::sync_pipeline_shared_parameters;
 pub use crate::trainer::Trainer;
+// The plan types of `plan` and `plan_model`, from the crate that makes plans.
+pub use search::{LoadedLayouts, PipelinePlan, PlanReport};

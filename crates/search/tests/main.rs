@@ -1,0 +1,3 @@
+//! Behaviour tests of the strategy searches.
+
+mod strategy_search;
