@@ -16,8 +16,8 @@
 //!
 //! The P with the least predicted step wins. Stages are costed on the model of one micro-batch:
 //! the model as built when `[parallel.pipeline]` already cut the batch, otherwise the model
-//! rebuilt with `data.batch_size / micro_batches` (a P whose micro-batches do not divide the
-//! batch is skipped). The gradient all-reduces are counted with every micro-batch (an
+//! the caller rebuilds with `batch / micro_batches` ([`crate::PlanModel::with_batch_size`]; a P
+//! whose micro-batches do not divide the batch is skipped). The gradient all-reduces are counted with every micro-batch (an
 //! overestimate; with `[parallel.pipeline]` P = 1 is costed the same way, as M accumulated
 //! micro-steps). Sending a
 //! micro-batch's activations to the next stage costs the latency and bandwidth of the link
