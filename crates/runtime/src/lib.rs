@@ -30,7 +30,8 @@
 //! ```
 //!
 //! # Architecture invariant
-//! The runtime executes what `parallel` planned; it makes no sharding decision of its own.
+//! The runtime executes what `parallel` planned; it makes no sharding decision of its own: a
+//! search mode's strategies come from `search::plan`, asked with the run's configuration.
 #![deny(missing_docs)]
 
 mod accumulate;
