@@ -94,9 +94,7 @@ fn configured_strategies_are_only_costed_under_the_configured_mode() {
     assert_eq!(report.mode, "data_parallel");
     assert_eq!(report.search_ms, 0.0);
     // A mode that does not search cannot be asked to.
-    let err = plan(&request(&model, &parallel, Strategies::Search))
-        .err()
-        .expect("no search");
+    let err = plan(&request(&model, &parallel, Strategies::Search)).expect_err("no search");
     assert!(
         matches!(&err, SearchError::Config { key, .. } if key == "parallel.mode"),
         "{err}"
@@ -119,9 +117,7 @@ fn a_loaded_strategy_for_an_op_the_model_lacks_names_the_file_and_the_op() {
             },
         }],
     };
-    let err = plan(&request(&model, &parallel, Strategies::Loaded(loaded)))
-        .err()
-        .expect("refused");
+    let err = plan(&request(&model, &parallel, Strategies::Loaded(loaded))).expect_err("refused");
     match &err {
         SearchError::Config { key, reason } => {
             assert_eq!(key, "parallel.load_operator_strategy_file");
