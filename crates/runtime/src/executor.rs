@@ -8,7 +8,8 @@ use graph::{eval_op, EvalCtx, InputBlock, Placement};
 use layout::{SliceBox, TensorLayout};
 use parallel::memory::{lifetimes, BufferLifetimes, MemoryCategory, MemoryMeter};
 use parallel::{Program, Step};
-use reshard::{HalfSum, ReshardRunner};
+use reshard::HalfSum;
+use reshard_exec::ReshardRunner;
 use tensor::Tensor;
 
 use crate::error::RuntimeError;
@@ -939,7 +940,7 @@ impl RankExecutor {
             // A bucket holds gradients.
             let half_sum = crate::precision::half_sum(&program.placed.config, true);
             let modes = (self.runner.is_deterministic(), half_sum);
-            reshard::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
+            reshard_exec::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
         };
         if let Some(mut packed) = packed {
             let overlapped = program
@@ -971,7 +972,7 @@ impl RankExecutor {
         &mut self,
         program: &Program,
         b: usize,
-        packed: &reshard::PackedReduction,
+        packed: &reshard_exec::PackedReduction,
     ) -> Result<(), RuntimeError> {
         let steps = self.bucket_steps(program, b);
         let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_for_writing(r.to)).collect();

@@ -4,7 +4,7 @@
 //! # Brief overview
 //! - [`RankExecutor`]: one rank's buffers (its block of every value of a [`parallel::Program`]);
 //!   [`RankExecutor::run`] evaluates the kernel steps with [`graph::eval_op`] and the reshard
-//!   steps with a [`reshard::ReshardRunner`] over the world [`comm::Communicator`].
+//!   steps with a [`reshard_exec::ReshardRunner`] over the world [`comm::Communicator`].
 //! - [`Optimizer`]: SGD, Momentum, Adam, AdamW with MindSpore's update rules and mint AdamW
 //!   (PyTorch's), on one rank's parameter shards, so its state is sharded like its parameter;
 //!   [`LrSchedule`]: MindSpore's and MindFormers' learning-rate schedules per global step.

@@ -17,9 +17,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use reshard::{
-    PackedReduction, ReshardError, ReshardPlan, ReshardRunner, StartedReduction, StartedReshard,
-};
+use reshard::ReshardPlan;
+use reshard_exec::{ExecError, PackedReduction, ReshardRunner, StartedReduction, StartedReshard};
 use tensor::Tensor;
 
 /// Work handed over.
@@ -42,7 +41,7 @@ pub(crate) enum Job {
 
 impl Job {
     /// Runs the job with `runner`.
-    fn run(self, runner: &mut ReshardRunner) -> Result<Job, ReshardError> {
+    fn run(self, runner: &mut ReshardRunner) -> Result<Job, ExecError> {
         match self {
             Job::Bucket(b, mut packed) => {
                 runner.reduce_packed(&mut packed)?;
@@ -76,7 +75,7 @@ enum Worker {
         /// Jobs to the thread (dropped to stop it).
         jobs: Option<mpsc::Sender<Job>>,
         /// Results back, in the order handed over.
-        done: mpsc::Receiver<Result<Job, ReshardError>>,
+        done: mpsc::Receiver<Result<Job, ExecError>>,
         /// The thread (detached on drop: a thread stuck in a collective whose peers failed
         /// ends with that collective's error).
         _thread: JoinHandle<()>,
@@ -161,7 +160,7 @@ impl Progress {
     }
 
     /// Hands `job` over.
-    pub(crate) fn submit(&mut self, job: Job) -> Result<(), ReshardError> {
+    pub(crate) fn submit(&mut self, job: Job) -> Result<(), ExecError> {
         match &mut self.worker {
             Worker::Thread {
                 jobs, in_flight, ..
@@ -198,7 +197,7 @@ impl Progress {
     }
 
     /// The next finished job from the worker.
-    fn receive(&mut self) -> Result<Job, ReshardError> {
+    fn receive(&mut self) -> Result<Job, ExecError> {
         match &mut self.worker {
             Worker::Thread {
                 done, in_flight, ..
@@ -215,7 +214,7 @@ impl Progress {
 
     /// Advances the buckets started on this thread (MPI progresses a nonblocking collective
     /// only inside its calls); nothing for a progress thread, which runs them itself.
-    pub(crate) fn poll(&mut self) -> Result<(), ReshardError> {
+    pub(crate) fn poll(&mut self) -> Result<(), ExecError> {
         if let Worker::Inline {
             started, gathers, ..
         } = &mut self.worker
@@ -231,7 +230,7 @@ impl Progress {
     }
 
     /// The gather of step `step`, once done (its destination slice and copied source).
-    pub(crate) fn take_gather(&mut self, step: usize) -> Result<(Tensor, Tensor), ReshardError> {
+    pub(crate) fn take_gather(&mut self, step: usize) -> Result<(Tensor, Tensor), ExecError> {
         if let Worker::Inline {
             runner, gathers, ..
         } = &mut self.worker
@@ -241,7 +240,7 @@ impl Progress {
                     plan, src, reshard, ..
                 } = gathers.remove(at);
                 let [dst] = <[Tensor; 1]>::try_from(runner.finish_into(&plan, reshard)?).map_err(
-                    |out| ReshardError::LocalMismatch {
+                    |out| ExecError::LocalMismatch {
                         reason: format!("a gather gave {} destination slices, not one", out.len()),
                     },
                 )?;
@@ -265,9 +264,7 @@ impl Progress {
     }
 
     /// Every bucket handed over, reduced, in order.
-    pub(crate) fn collect_buckets(
-        &mut self,
-    ) -> Result<Vec<(usize, PackedReduction)>, ReshardError> {
+    pub(crate) fn collect_buckets(&mut self) -> Result<Vec<(usize, PackedReduction)>, ExecError> {
         if let Worker::Inline {
             runner, started, ..
         } = &mut self.worker
@@ -294,8 +291,8 @@ impl Progress {
     }
 }
 
-fn ended() -> ReshardError {
-    ReshardError::Unsupported {
+fn ended() -> ExecError {
+    ExecError::Unsupported {
         what: "the communication progress thread ended".to_string(),
     }
 }
