@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ckpt::OpStrategyRecord;
+use exec::OptimizerKind;
 use graph::models::{seed_mlp, Model};
 use models::{GptConfig, GptParallel};
 use parallel::search::{
@@ -19,7 +20,6 @@ use crate::config::{ModelName, ProfileChoice, TrainConfig};
 use crate::data::IdxDataset;
 use crate::error::RuntimeError;
 use crate::lm::TextData;
-use crate::optimizer::OptimizerKind;
 
 /// What a plan predicts for one step, and how it was found.
 #[derive(Debug, Clone)]

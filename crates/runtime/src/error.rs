@@ -79,6 +79,10 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// Executing a program or updating parameters failed (`exec`'s error, its message
+    /// unchanged; boxed, so that it does not make every `RuntimeError` larger).
+    #[error(transparent)]
+    Exec(Box<exec::ExecError>),
     /// The parallel pass rejected the configuration.
     #[error(transparent)]
     Parallel(#[from] parallel::ParallelError),
@@ -100,6 +104,12 @@ pub enum RuntimeError {
     /// A layout or mesh was invalid (an axis name a mesh lacks, a shape a layout cannot split).
     #[error(transparent)]
     Layout(#[from] layout::LayoutError),
+}
+
+impl From<exec::ExecError> for RuntimeError {
+    fn from(e: exec::ExecError) -> RuntimeError {
+        RuntimeError::Exec(Box::new(e))
+    }
 }
 
 impl From<models::ModelsError> for RuntimeError {

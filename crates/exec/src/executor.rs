@@ -11,7 +11,7 @@ use parallel::{Program, Step};
 use reshard::{HalfSum, ReshardRunner};
 use tensor::Tensor;
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::profile::StepProfile;
 use crate::progress::{Job, Progress};
 
@@ -115,7 +115,7 @@ fn row_offset(outer: &SliceBox, inner: &SliceBox) -> usize {
 }
 
 /// The piece of every parameter of `program` that `rank`'s optimizer updates.
-fn optimizer_pieces(program: &Program, rank: usize) -> Result<Vec<OptimizerPiece>, RuntimeError> {
+fn optimizer_pieces(program: &Program, rank: usize) -> Result<Vec<OptimizerPiece>, ExecError> {
     program
         .params
         .iter()
@@ -160,7 +160,7 @@ fn progress_for(
     program: &Program,
     world: &Arc<dyn Communicator>,
     gathers: &[usize],
-) -> Result<Option<Progress>, RuntimeError> {
+) -> Result<Option<Progress>, ExecError> {
     let overlap = &program.placed.config.overlap;
     let buckets = overlap.grad_computation_allreduce_overlap && !program.buckets.is_empty();
     if !buckets && gathers.is_empty() {
@@ -198,11 +198,11 @@ fn progress_for(
 }
 
 /// The slot of `rank` in `layout`'s mesh.
-fn slot_of(layout: &TensorLayout, rank: usize) -> Result<usize, RuntimeError> {
+fn slot_of(layout: &TensorLayout, rank: usize) -> Result<usize, ExecError> {
     layout
         .mesh()
         .slot_of_rank(rank)
-        .ok_or_else(|| RuntimeError::Mismatch {
+        .ok_or_else(|| ExecError::Mismatch {
             what: format!("rank {rank}"),
             expected: format!("a rank of {}", layout.mesh()),
             got: format!("rank {rank}"),
@@ -214,7 +214,7 @@ impl RankExecutor {
     pub fn new(
         program: Arc<Program>,
         world: Arc<dyn Communicator>,
-    ) -> Result<RankExecutor, RuntimeError> {
+    ) -> Result<RankExecutor, ExecError> {
         RankExecutor::build(program, world, false)
     }
 
@@ -224,7 +224,7 @@ impl RankExecutor {
     pub fn with_lazy_parameters(
         program: Arc<Program>,
         world: Arc<dyn Communicator>,
-    ) -> Result<RankExecutor, RuntimeError> {
+    ) -> Result<RankExecutor, ExecError> {
         RankExecutor::build(program, world, true)
     }
 
@@ -232,10 +232,10 @@ impl RankExecutor {
         program: Arc<Program>,
         world: Arc<dyn Communicator>,
         lazy: bool,
-    ) -> Result<RankExecutor, RuntimeError> {
+    ) -> Result<RankExecutor, ExecError> {
         let rank = world.rank();
         if world.size() != program.devices() {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: "communicator".to_string(),
                 expected: format!("{} ranks (the program's devices)", program.devices()),
                 got: format!("{} ranks", world.size()),
@@ -301,7 +301,7 @@ impl RankExecutor {
                                 global_shape: layout.shape().to_vec(),
                             })
                         })
-                        .collect::<Result<Vec<_>, RuntimeError>>()?;
+                        .collect::<Result<Vec<_>, ExecError>>()?;
                     (Some(layout.slot_box(slot_of(layout, rank)?).offset), blocks)
                 }
                 Step::Reshard(_) => (Some(Vec::new()), Vec::new()),
@@ -495,7 +495,7 @@ impl RankExecutor {
     }
 
     /// The part of `layout`'s global tensor this rank holds.
-    pub fn box_of(&self, layout: &TensorLayout) -> Result<SliceBox, RuntimeError> {
+    pub fn box_of(&self, layout: &TensorLayout) -> Result<SliceBox, ExecError> {
         Ok(layout.slot_box(slot_of(layout, self.rank)?))
     }
 
@@ -504,7 +504,7 @@ impl RankExecutor {
     ///
     /// A lazy executor ([`RankExecutor::with_lazy_parameters`]) only keeps the seed: each
     /// parameter not loaded by then is filled when a run first needs it.
-    pub fn init_parameters(&mut self, seed: u64) -> Result<(), RuntimeError> {
+    pub fn init_parameters(&mut self, seed: u64) -> Result<(), ExecError> {
         if let Some(lazy) = self.lazy.as_mut() {
             lazy.seed = Some(seed);
             return Ok(());
@@ -520,11 +520,7 @@ impl RankExecutor {
     }
 
     /// This rank's shard of `p` filled by its initialiser from `seed`.
-    fn filled_param(
-        &mut self,
-        p: &parallel::ProgramParam,
-        seed: u64,
-    ) -> Result<Tensor, RuntimeError> {
+    fn filled_param(&mut self, p: &parallel::ProgramParam, seed: u64) -> Result<Tensor, ExecError> {
         let region = self.box_of(&p.layout)?;
         let dtype = self.program.buffers[p.buffer].dtype;
         // A shared parameter's copy starts from its owner's values.
@@ -543,7 +539,7 @@ impl RankExecutor {
 
     /// Fills every parameter a lazy executor has not allocated yet (nothing otherwise): what a
     /// run does first. An error if [`RankExecutor::init_parameters`] gave no seed.
-    pub fn materialize_parameters(&mut self) -> Result<(), RuntimeError> {
+    pub fn materialize_parameters(&mut self) -> Result<(), ExecError> {
         let Some(lazy) = self.lazy.as_mut() else {
             return Ok(());
         };
@@ -553,7 +549,7 @@ impl RankExecutor {
         let pending = std::mem::take(&mut lazy.pending);
         let Some(seed) = lazy.seed else {
             let name = &self.program.params[pending[0]].name;
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: format!("parameter {name} of a lazily initialised program"),
                 expected: "a seed (init_parameters) or loaded values (set_param) before a run"
                     .to_string(),
@@ -573,12 +569,12 @@ impl RankExecutor {
 
     /// Sets this rank's shard of parameter `index` to `values` (a loaded checkpoint), which
     /// must have the shard's shape and dtype; a lazy executor allocates nothing else for it.
-    pub fn set_param(&mut self, index: usize, values: Tensor) -> Result<(), RuntimeError> {
+    pub fn set_param(&mut self, index: usize, values: Tensor) -> Result<(), ExecError> {
         let p = &self.program.params[index];
         let spec = &self.program.buffers[p.buffer];
         let shape = spec.local_shape(self.rank);
         if values.shape() != shape.as_slice() || values.dtype() != spec.dtype {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: format!("values of parameter {}", p.name),
                 expected: format!("{shape:?} {}", spec.dtype),
                 got: format!("{:?} {}", values.shape(), values.dtype()),
@@ -614,12 +610,12 @@ impl RankExecutor {
     }
 
     /// Writes this rank's block of input `index` (its shape must be the input's local shape).
-    pub fn set_input(&mut self, index: usize, local: &Tensor) -> Result<(), RuntimeError> {
+    pub fn set_input(&mut self, index: usize, local: &Tensor) -> Result<(), ExecError> {
         let input = &self.program.inputs[index];
         let spec = &self.program.buffers[input.buffer];
         let shape = spec.local_shape(self.rank);
         if local.shape() != shape.as_slice() || local.dtype() != spec.dtype {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: format!("input {}", input.name),
                 expected: format!("{:?} {}", shape, spec.dtype),
                 got: format!("{:?} {}", local.shape(), local.dtype()),
@@ -681,7 +677,7 @@ impl RankExecutor {
     /// After the optimizer has updated this rank's piece of every parameter in place, brings
     /// the updated pieces together into the whole weights (the program's weight gathers,
     /// `hsdp` levels `zero1` and `zero2`; nothing otherwise).
-    pub fn gather_updated_weights(&mut self) -> Result<(), RuntimeError> {
+    pub fn gather_updated_weights(&mut self) -> Result<(), ExecError> {
         let program = self.program.clone();
         let fused = parallel::fusion::fused_gathers(&program);
         for bucket in &program.gather_buckets {
@@ -721,7 +717,7 @@ impl RankExecutor {
         &mut self,
         program: &Program,
         bucket: &parallel::fusion::GatherBucket,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         let Some(group) = bucket.groups.iter().find(|g| g.contains(&self.rank)) else {
             return Ok(());
         };
@@ -769,7 +765,7 @@ impl RankExecutor {
     /// Feeds input `index` from `rows`, this rank's rows of the global batch (every other dim
     /// whole): the rest of the rank's box is cut from them when the input's other dims are
     /// split too.
-    pub fn set_input_rows(&mut self, index: usize, rows: Tensor) -> Result<(), RuntimeError> {
+    pub fn set_input_rows(&mut self, index: usize, rows: Tensor) -> Result<(), ExecError> {
         let layout = self.program.inputs[index].layout.clone();
         let mut within = self.box_of(&layout)?;
         if let Some(o) = within.offset.first_mut() {
@@ -801,7 +797,7 @@ impl RankExecutor {
     }
 
     /// Runs every step of the program once, each buffer freed after its last use.
-    pub fn run(&mut self) -> Result<(), RuntimeError> {
+    pub fn run(&mut self) -> Result<(), ExecError> {
         self.materialize_parameters()?;
         let program = self.program.clone();
         if let Some(p) = self.profile.as_mut() {
@@ -837,12 +833,12 @@ impl RankExecutor {
     /// ([`ReshardRunner::run_into_messages`]), so that the other side may run it later. The
     /// pieces of a pipelined training step. Buffers written stay allocated (the pipeline keeps
     /// each micro-batch's).
-    pub fn run_steps(&mut self, steps: &[(usize, Option<Tag>)]) -> Result<(), RuntimeError> {
+    pub fn run_steps(&mut self, steps: &[(usize, Option<Tag>)]) -> Result<(), ExecError> {
         self.materialize_parameters()?;
         let program = self.program.clone();
         for &(i, tag) in steps {
             if i >= program.steps.len() {
-                return Err(RuntimeError::Mismatch {
+                return Err(ExecError::Mismatch {
                     what: "a step to run".to_string(),
                     expected: format!("below {}", program.steps.len()),
                     got: i.to_string(),
@@ -923,7 +919,7 @@ impl RankExecutor {
 
     /// Runs bucket `b` of `program`'s fused gradient reductions as one collective, or with
     /// overlap packs it and hands it to the progress thread.
-    fn run_bucket(&mut self, program: &Program, b: usize) -> Result<(), RuntimeError> {
+    fn run_bucket(&mut self, program: &Program, b: usize) -> Result<(), ExecError> {
         let started = self.profile.is_some().then(Instant::now);
         let steps = self.bucket_steps(program, b);
         let plans: Vec<&reshard::ReshardPlan> = steps.iter().map(|r| &*r.plan).collect();
@@ -972,7 +968,7 @@ impl RankExecutor {
         program: &Program,
         b: usize,
         packed: &reshard::PackedReduction,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         let steps = self.bucket_steps(program, b);
         let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_for_writing(r.to)).collect();
         let result = {
@@ -988,7 +984,7 @@ impl RankExecutor {
     /// Hands the gather of step `i` (an hsdp weight's, levels 1–3) to the progress thread: its
     /// destination is allocated now, and the copy of its source counts as communication until
     /// it is done.
-    fn start_gather(&mut self, program: &Program, i: usize) -> Result<(), RuntimeError> {
+    fn start_gather(&mut self, program: &Program, i: usize) -> Result<(), ExecError> {
         let Step::Reshard(r) = &program.steps[i] else {
             return Ok(());
         };
@@ -1015,7 +1011,7 @@ impl RankExecutor {
     }
 
     /// Takes the prefetched gather of step `i` into its buffer.
-    fn finish_gather(&mut self, program: &Program, i: usize) -> Result<(), RuntimeError> {
+    fn finish_gather(&mut self, program: &Program, i: usize) -> Result<(), ExecError> {
         let Step::Reshard(r) = &program.steps[i] else {
             return Ok(());
         };
@@ -1038,7 +1034,7 @@ impl RankExecutor {
     }
 
     /// Waits for the buckets handed to the progress thread and writes their gradients.
-    fn collect_buckets(&mut self, program: &Program) -> Result<(), RuntimeError> {
+    fn collect_buckets(&mut self, program: &Program) -> Result<(), ExecError> {
         let Some(reducer) = self.overlap.as_mut() else {
             return Ok(());
         };
@@ -1055,12 +1051,7 @@ impl RankExecutor {
     }
 
     /// Runs step `i` of `program` (this executor's program).
-    fn run_step(
-        &mut self,
-        program: &Program,
-        i: usize,
-        tag: Option<Tag>,
-    ) -> Result<(), RuntimeError> {
+    fn run_step(&mut self, program: &Program, i: usize, tag: Option<Tag>) -> Result<(), ExecError> {
         let step = &program.steps[i];
         let started = self.profile.is_some().then(Instant::now);
         match step {
