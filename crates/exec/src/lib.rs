@@ -80,7 +80,7 @@ pub use crate::pipeline::{
 };
 pub use crate::precision::{
     all_finite, any_rank_overflowed, check_some_update, f32_piece, write_piece, LossScale,
-    LossScaleState, LossScaler, MasterWeights, Precision,
+    LossScaleState, LossScaler, MasterWeights, Precision, GROWTH_INTERVAL,
 };
 pub use crate::profile::{StepProfile, Tally};
 pub use crate::shared::{sync_pipeline_shared_parameters, SharedGradients};
