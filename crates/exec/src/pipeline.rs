@@ -420,27 +420,15 @@ impl PipelineRunner {
                             .map_err(E::from)
                     })
                 }
-                ActionKind::Backward => self
-                    .timed(exec, steps(&self.backward), &label, origin, &mut trace)
-                    .map_err(E::from),
-                ActionKind::BackwardInput => self
-                    .timed(
-                        exec,
-                        steps(&self.backward_input),
-                        &label,
-                        origin,
-                        &mut trace,
-                    )
-                    .map_err(E::from),
-                ActionKind::BackwardWeight => self
-                    .timed(
-                        exec,
-                        steps(&self.backward_weight),
-                        &label,
-                        origin,
-                        &mut trace,
-                    )
-                    .map_err(E::from),
+                ActionKind::Backward | ActionKind::BackwardInput | ActionKind::BackwardWeight => {
+                    let lists = match kind {
+                        ActionKind::BackwardInput => &self.backward_input,
+                        ActionKind::BackwardWeight => &self.backward_weight,
+                        _ => &self.backward,
+                    };
+                    self.timed(exec, steps(lists), &label, origin, &mut trace)
+                        .map_err(E::from)
+                }
             }
             .and_then(|()| {
                 if last {
