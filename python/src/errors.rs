@@ -172,10 +172,6 @@ pub fn runtime_err(e: runtime::RuntimeError) -> PyErr {
             config(Some(&path), None, reason)
         }
         R::Parallel(p) => config(None, None, p.to_string()),
-        R::Exec(e) => match *e {
-            runtime::ExecError::Config { key, reason } => config(None, Some(&key), reason),
-            _ => pyo3::exceptions::PyRuntimeError::new_err(message),
-        },
         R::Io { path, source } => with_culprit(
             CheckpointIOError::new_err(message),
             Some(path.display().to_string()),

@@ -107,8 +107,14 @@ pub enum RuntimeError {
 }
 
 impl From<exec::ExecError> for RuntimeError {
+    /// A setting `exec` rejects (an optimizer hyperparameter, the loss scale) is a config error
+    /// naming its key, as the config's own are, so that a file's or a `--set`'s errors name
+    /// their source; everything else is wrapped as [`RuntimeError::Exec`].
     fn from(e: exec::ExecError) -> RuntimeError {
-        RuntimeError::Exec(Box::new(e))
+        match e {
+            exec::ExecError::Config { key, reason } => RuntimeError::Config { key, reason },
+            e => RuntimeError::Exec(Box::new(e)),
+        }
     }
 }
 
