@@ -1,7 +1,8 @@
 //! The one error type of the exec crate.
 
 /// Everything that can go wrong executing a program or updating parameters. `runtime` wraps it
-/// (`ExecError::Exec`) with the same messages.
+/// (`RuntimeError::Exec`) with the same messages; a `Config` error becomes runtime's own
+/// `Config`, naming the same key.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExecError {
