@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use comm::{Communicator, LocalCluster};
-use reshard::ReshardRunner;
+use reshard_exec::ReshardRunner;
 use tensor::DType;
 
 use crate::bench_cmd::human_bytes;

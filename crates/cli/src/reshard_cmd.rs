@@ -5,7 +5,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 use comm::{Communicator, LocalCluster};
-use reshard::{DistLayout, DistTensor, ExchangeKind, ReduceKind, ReshardPlan, ReshardRunner};
+use reshard::{DistLayout, ExchangeKind, ReduceKind, ReshardPlan};
+use reshard_exec::{DistTensor, ReshardRunner};
 use serde_json::{json, Value};
 use tensor::{DType, Tensor};
 

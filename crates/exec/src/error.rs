@@ -29,9 +29,9 @@ pub enum ExecError {
     /// A graph error (evaluating an op).
     #[error(transparent)]
     Graph(#[from] graph::GraphError),
-    /// A reshard failed.
+    /// A reshard failed (planning it, or running it over the communicator).
     #[error(transparent)]
-    Reshard(#[from] reshard::ReshardError),
+    Reshard(#[from] reshard_exec::ExecError),
     /// A communication failure.
     #[error(transparent)]
     Comm(#[from] comm::CommError),
@@ -48,7 +48,7 @@ impl ExecError {
     /// launcher tells a rank that failed from one that only saw a peer fail.
     pub fn comm_error(&self) -> Option<&comm::CommError> {
         match self {
-            ExecError::Comm(e) | ExecError::Reshard(reshard::ReshardError::Comm(e)) => Some(e),
+            ExecError::Comm(e) | ExecError::Reshard(reshard_exec::ExecError::Comm(e)) => Some(e),
             _ => None,
         }
     }

@@ -4,7 +4,7 @@
 //! # Brief overview
 //! - [`RankExecutor`]: one rank's buffers (its block of every value of a [`parallel::Program`]);
 //!   [`RankExecutor::run`] evaluates the kernel steps with [`graph::eval_op`] and the reshard
-//!   steps with a [`reshard::ReshardRunner`] over the world [`comm::Communicator`], optionally
+//!   steps with a [`reshard_exec::ReshardRunner`] over the world [`comm::Communicator`], optionally
 //!   timing them ([`StepProfile`]) and counting the bytes held ([`parallel::memory::MemoryMeter`]).
 //! - [`PipelineRunner`]: a pipelined training step, running the action list
 //!   `parallel::pipeline::Schedule` gives a rank's stage; [`StepTrace`] is its timeline

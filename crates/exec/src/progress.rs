@@ -17,8 +17,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use reshard::{
-    PackedReduction, ReshardError, ReshardPlan, ReshardRunner, StartedReduction, StartedReshard,
+use reshard::ReshardPlan;
+use reshard_exec::{
+    ExecError as ReshardExecError, PackedReduction, ReshardRunner, StartedReduction, StartedReshard,
 };
 use tensor::Tensor;
 
@@ -42,7 +43,7 @@ pub(crate) enum Job {
 
 impl Job {
     /// Runs the job with `runner`.
-    fn run(self, runner: &mut ReshardRunner) -> Result<Job, ReshardError> {
+    fn run(self, runner: &mut ReshardRunner) -> Result<Job, ReshardExecError> {
         match self {
             Job::Bucket(b, mut packed) => {
                 runner.reduce_packed(&mut packed)?;
@@ -76,7 +77,7 @@ enum Worker {
         /// Jobs to the thread (dropped to stop it).
         jobs: Option<mpsc::Sender<Job>>,
         /// Results back, in the order handed over.
-        done: mpsc::Receiver<Result<Job, ReshardError>>,
+        done: mpsc::Receiver<Result<Job, ReshardExecError>>,
         /// The thread (detached on drop: a thread stuck in a collective whose peers failed
         /// ends with that collective's error).
         _thread: JoinHandle<()>,
@@ -161,7 +162,7 @@ impl Progress {
     }
 
     /// Hands `job` over.
-    pub(crate) fn submit(&mut self, job: Job) -> Result<(), ReshardError> {
+    pub(crate) fn submit(&mut self, job: Job) -> Result<(), ReshardExecError> {
         match &mut self.worker {
             Worker::Thread {
                 jobs, in_flight, ..
@@ -198,7 +199,7 @@ impl Progress {
     }
 
     /// The next finished job from the worker.
-    fn receive(&mut self) -> Result<Job, ReshardError> {
+    fn receive(&mut self) -> Result<Job, ReshardExecError> {
         match &mut self.worker {
             Worker::Thread {
                 done, in_flight, ..
@@ -215,7 +216,7 @@ impl Progress {
 
     /// Advances the buckets started on this thread (MPI progresses a nonblocking collective
     /// only inside its calls); nothing for a progress thread, which runs them itself.
-    pub(crate) fn poll(&mut self) -> Result<(), ReshardError> {
+    pub(crate) fn poll(&mut self) -> Result<(), ReshardExecError> {
         if let Worker::Inline {
             started, gathers, ..
         } = &mut self.worker
@@ -231,7 +232,10 @@ impl Progress {
     }
 
     /// The gather of step `step`, once done (its destination slice and copied source).
-    pub(crate) fn take_gather(&mut self, step: usize) -> Result<(Tensor, Tensor), ReshardError> {
+    pub(crate) fn take_gather(
+        &mut self,
+        step: usize,
+    ) -> Result<(Tensor, Tensor), ReshardExecError> {
         if let Worker::Inline {
             runner, gathers, ..
         } = &mut self.worker
@@ -241,7 +245,7 @@ impl Progress {
                     plan, src, reshard, ..
                 } = gathers.remove(at);
                 let [dst] = <[Tensor; 1]>::try_from(runner.finish_into(&plan, reshard)?).map_err(
-                    |out| ReshardError::LocalMismatch {
+                    |out| ReshardExecError::LocalMismatch {
                         reason: format!("a gather gave {} destination slices, not one", out.len()),
                     },
                 )?;
@@ -267,7 +271,7 @@ impl Progress {
     /// Every bucket handed over, reduced, in order.
     pub(crate) fn collect_buckets(
         &mut self,
-    ) -> Result<Vec<(usize, PackedReduction)>, ReshardError> {
+    ) -> Result<Vec<(usize, PackedReduction)>, ReshardExecError> {
         if let Worker::Inline {
             runner, started, ..
         } = &mut self.worker
@@ -294,8 +298,8 @@ impl Progress {
     }
 }
 
-fn ended() -> ReshardError {
-    ReshardError::Unsupported {
+fn ended() -> ReshardExecError {
+    ReshardExecError::Unsupported {
         what: "the communication progress thread ended".to_string(),
     }
 }

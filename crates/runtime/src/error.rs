@@ -89,9 +89,9 @@ pub enum RuntimeError {
     /// A graph error (building the model, evaluating an op).
     #[error(transparent)]
     Graph(#[from] graph::GraphError),
-    /// A reshard failed.
+    /// A reshard failed (planning it, or running it over the communicator).
     #[error(transparent)]
-    Reshard(#[from] reshard::ReshardError),
+    Reshard(#[from] reshard_exec::ExecError),
     /// A communication failure.
     #[error(transparent)]
     Comm(#[from] comm::CommError),

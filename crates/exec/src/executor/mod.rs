@@ -8,7 +8,8 @@ use graph::InputBlock;
 use layout::{SliceBox, TensorLayout};
 use parallel::memory::{lifetimes, BufferLifetimes, MemoryCategory, MemoryMeter};
 use parallel::{Program, Step};
-use reshard::{HalfSum, ReshardRunner};
+use reshard::HalfSum;
+use reshard_exec::ReshardRunner;
 use tensor::Tensor;
 
 use crate::error::ExecError;

@@ -131,7 +131,7 @@ impl RankExecutor {
 
     /// Runs the steps `steps` (indices into the program's steps, in order); a reshard given a
     /// tag moves its data as point-to-point messages with that tag
-    /// ([`reshard::ReshardRunner::run_into_messages`]), so that the other side may run it
+    /// ([`reshard_exec::ReshardRunner::run_into_messages`]), so that the other side may run it
     /// later. The pieces of a pipelined training step. Buffers written stay allocated (the
     /// pipeline keeps each micro-batch's).
     pub fn run_steps(&mut self, steps: &[(usize, Option<Tag>)]) -> Result<(), ExecError> {
@@ -192,7 +192,7 @@ impl RankExecutor {
             // A bucket holds gradients.
             let half_sum = crate::precision::half_sum(&program.placed.config, true);
             let modes = (self.runner.is_deterministic(), half_sum);
-            reshard::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
+            reshard_exec::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
         };
         if let Some(mut packed) = packed {
             let overlapped = program
@@ -224,7 +224,7 @@ impl RankExecutor {
         &mut self,
         program: &Program,
         b: usize,
-        packed: &reshard::PackedReduction,
+        packed: &reshard_exec::PackedReduction,
     ) -> Result<(), ExecError> {
         let steps = self.bucket_steps(program, b);
         let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_for_writing(r.to)).collect();

@@ -115,6 +115,24 @@ impl MaxGradNorm {
         self.clip_in_place(exec, None, trainable, world)
     }
 
+    /// Clips a gradient held whole by one process, as slices (a parameter-server worker's
+    /// gradient: its dense tensors and its embedding rows), in place; returns the norm before
+    /// clipping. The squares are summed exactly, as across ranks.
+    pub fn clip_slices(self, parts: &mut [&mut [f32]]) -> f64 {
+        let mut sum = SquareSum::default();
+        for part in parts.iter() {
+            sum.add_f32(part);
+        }
+        let norm = sum.to_f64().sqrt();
+        if let Some(factor) = self.factor(norm) {
+            let f = factor as f32;
+            for part in parts.iter_mut() {
+                part.iter_mut().for_each(|x| *x *= f);
+            }
+        }
+        norm
+    }
+
     /// Clips `pieces` (by trainable parameter `trainable[k]`, its whole optimizer piece, as
     /// mixed precision's unscaled f32 gradients are) in place; returns the global norm before
     /// clipping. Every rank of `world` calls it at the same step.

@@ -5,12 +5,11 @@
 //! its local copies are done at once. Any other plan runs when started.
 
 use comm::PendingCollective;
+use reshard::{lower, Exchange, ExchangeKind, ReshardPlan};
 use tensor::Tensor;
 
-use crate::error::ReshardError;
+use crate::error::ExecError;
 use crate::execute::{check_inputs, copy_local, device_slots, pack, unpack, ReshardRunner};
-use crate::lower::{lower, Exchange, ExchangeKind};
-use crate::plan::ReshardPlan;
 
 /// A reshard started by [`ReshardRunner::start_into`], finished by
 /// [`ReshardRunner::finish_into`].
@@ -32,7 +31,7 @@ struct StartedGather {
 impl StartedReshard {
     /// Advances the communication (a backend that progresses only inside its calls needs this);
     /// whether it has completed.
-    pub fn test(&mut self) -> Result<bool, ReshardError> {
+    pub fn test(&mut self) -> Result<bool, ExecError> {
         match &mut self.gather {
             Some(g) => Ok(g.pending.test()?),
             None => Ok(true),
@@ -57,7 +56,7 @@ impl ReshardRunner {
         plan: &ReshardPlan,
         local: &[&Tensor],
         mut out: Vec<Tensor>,
-    ) -> Result<StartedReshard, ReshardError> {
+    ) -> Result<StartedReshard, ExecError> {
         let me = self.rank();
         let exchange = lower(plan).into_iter().find(|e| e.ranks.contains(&me));
         let exchange = match exchange {
@@ -117,7 +116,7 @@ impl ReshardRunner {
         &mut self,
         plan: &ReshardPlan,
         started: StartedReshard,
-    ) -> Result<Vec<Tensor>, ReshardError> {
+    ) -> Result<Vec<Tensor>, ExecError> {
         let StartedReshard { mut out, gather } = started;
         let Some(StartedGather { exchange, pending }) = gather else {
             return Ok(out);
@@ -127,7 +126,7 @@ impl ReshardRunner {
         let bytes = gathered.as_bytes();
         let n = exchange.ranks.len();
         if bytes.len() % n != 0 {
-            return Err(ReshardError::LocalMismatch {
+            return Err(ExecError::LocalMismatch {
                 reason: format!(
                     "an all-gather over {n} ranks returned {} bytes",
                     bytes.len()
@@ -146,7 +145,7 @@ impl ReshardRunner {
                     .map(|t| t.region.n_elements() * plan.dtype().size_in_bytes())
                     .sum();
                 if expected != chunk {
-                    return Err(ReshardError::LocalMismatch {
+                    return Err(ExecError::LocalMismatch {
                         reason: format!(
                             "rank {peer} gathered {chunk} bytes, the plan expects {expected}"
                         ),

@@ -6,7 +6,8 @@
 use comm::{Communicator, LocalCluster};
 use layout::{Layout, Mesh, MeshAxis, TensorLayout};
 use proptest::prelude::*;
-use reshard::{DistLayout, DistTensor, PendingOp, ReshardRunner};
+use reshard::{DistLayout, PendingOp};
+use reshard_exec::{DistTensor, ReshardRunner};
 use std::sync::Arc;
 use tensor::{DType, Tensor};
 

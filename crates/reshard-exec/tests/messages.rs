@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use comm::{Communicator, LocalCluster};
 use layout::{Layout, Mesh, MeshAxis, TensorLayout};
-use reshard::{DistTensor, ReshardRunner};
+use reshard_exec::{DistTensor, ReshardRunner};
 use tensor::{DType, Tensor};
 
 /// A 2 × 2 mesh (axes `a`, `b`) over `ranks`.

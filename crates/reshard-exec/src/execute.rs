@@ -2,7 +2,7 @@
 //!
 //! Every rank runs the same plan. A partial source is summed within its groups first
 //! (all-reduce or reduce-scatter); then each rank copies what it already holds, and the
-//! network transfers run as the collectives [`lower`] found: an all-gather, an all-to-all, or a
+//! network transfers run as the collectives [`reshard::lower`] found: an all-gather, an all-to-all, or a
 //! variable-sized exchange within each independent group of ranks.
 
 use std::collections::HashMap;
@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use comm::{Buf, BufMut, Communicator, Tag};
 use layout::{SliceBox, TensorLayout};
+use reshard::{
+    lower, plan_from, DistLayout, Exchange, ExchangeKind, HalfSum, PendingOp, ReduceKind,
+    ReshardPlan, Transfer,
+};
 use tensor::region::{copy_region, Placement};
 use tensor::{DType, Tensor};
 
-use crate::error::ReshardError;
-use crate::half_sum::HalfSum;
-use crate::lower::{lower, Exchange, ExchangeKind};
-use crate::partial::{DistLayout, PendingOp, ReduceKind};
-use crate::plan::{plan_from, ReshardPlan, Transfer};
+use crate::error::ExecError;
 
 /// Runs plans on one rank, keeping the sub-group communicators it creates so repeated reshards
 /// (every training step) do not create groups again.
@@ -72,7 +72,7 @@ impl ReshardRunner {
         local: &[&Tensor],
         out: &mut [Tensor],
         tag: Tag,
-    ) -> Result<(), ReshardError> {
+    ) -> Result<(), ExecError> {
         self.messages = Some(tag);
         let result = self.run_into(plan, local, out);
         self.messages = None;
@@ -110,7 +110,7 @@ impl ReshardRunner {
 
     /// The communicator of the group `ranks` (world ranks, in group order), created on first use.
     /// Every member must ask for the same groups in the same order.
-    pub fn group(&mut self, ranks: &[usize]) -> Result<&dyn Communicator, ReshardError> {
+    pub fn group(&mut self, ranks: &[usize]) -> Result<&dyn Communicator, ExecError> {
         if !self.groups.contains_key(ranks) {
             let group = self.world.group(ranks)?;
             self.groups.insert(ranks.to_vec(), group);
@@ -132,7 +132,7 @@ impl ReshardRunner {
         &mut self,
         plan: &ReshardPlan,
         local: Vec<Tensor>,
-    ) -> Result<Vec<Tensor>, ReshardError> {
+    ) -> Result<Vec<Tensor>, ExecError> {
         let dst = plan.dst();
         let mut out: Vec<Tensor> = device_slots(dst, self.rank())
             .iter()
@@ -152,7 +152,7 @@ impl ReshardRunner {
         plan: &ReshardPlan,
         local: &[&Tensor],
         out: &mut [Tensor],
-    ) -> Result<(), ReshardError> {
+    ) -> Result<(), ExecError> {
         let me = self.rank();
         let dtype = plan.dtype();
         let src_slots = device_slots(plan.src().layout(), me);
@@ -197,7 +197,7 @@ impl ReshardRunner {
         plan: &ReshardPlan,
         kind: ReduceKind,
         held: Vec<(usize, Tensor)>,
-    ) -> Result<Vec<(usize, Tensor)>, ReshardError> {
+    ) -> Result<Vec<(usize, Tensor)>, ExecError> {
         let src = plan.src();
         let mesh = src.layout().mesh();
         let step = plan.reduce().expect("called with a reduce step");
@@ -206,8 +206,11 @@ impl ReshardRunner {
             let dtype = tensor.dtype();
             let widen = self.half_sum.widens(dtype);
             let in_type = self.half_sum.rounds_every_addition(dtype);
-            self.half_sum
-                .check_deterministic(dtype, self.deterministic && step.op == PendingOp::Sum)?;
+            check_half_sum(
+                self.half_sum,
+                dtype,
+                self.deterministic && step.op == PendingOp::Sum,
+            )?;
             let mut tensor = match widen {
                 true => tensor.to_dtype(DType::F32),
                 false => tensor,
@@ -226,18 +229,18 @@ impl ReshardRunner {
             unique.sort_unstable();
             unique.dedup();
             if unique.len() != ranks.len() {
-                return Err(ReshardError::Unsupported {
+                return Err(ExecError::Unsupported {
                     what: format!(
                         "a pending sum over an interleaved axis ({src}): one device holds two of its parts"
                     ),
                 });
             }
             if self.deterministic && step.op == PendingOp::Sum {
-                let order = canonical_member_order(src, group_slots);
+                let order = src.canonical_member_order(group_slots);
                 let ordered: Vec<usize> = order.iter().map(|&s| mesh.device_of_slot(s)).collect();
                 let group = self.group(&ordered)?;
                 // Reduce-scatter plus all-gather, each chunk's owner adding in the tree.
-                group.all_reduce_deterministic(&mut tensor, step.op.comm_op())?;
+                group.all_reduce_deterministic(&mut tensor, comm_op(step.op))?;
                 let tensor = match kind {
                     ReduceKind::AllReduce => tensor,
                     ReduceKind::ReduceScatter { dim } => {
@@ -263,8 +266,8 @@ impl ReshardRunner {
             match kind {
                 ReduceKind::AllReduce => {
                     match in_type {
-                        true => group.all_reduce_in_element_type(&mut tensor, step.op.comm_op())?,
-                        false => group.all_reduce(&mut tensor, step.op.comm_op())?,
+                        true => group.all_reduce_in_element_type(&mut tensor, comm_op(step.op))?,
+                        false => group.all_reduce(&mut tensor, comm_op(step.op))?,
                     }
                     out.push((slot, narrow(tensor)));
                 }
@@ -292,9 +295,9 @@ impl ReshardRunner {
                             send,
                             recv,
                             &counts,
-                            step.op.comm_op(),
+                            comm_op(step.op),
                         )?,
-                        false => group.reduce_scatter_v(send, recv, &counts, step.op.comm_op())?,
+                        false => group.reduce_scatter_v(send, recv, &counts, comm_op(step.op))?,
                     }
                     out.push((slot, narrow(mine)));
                 }
@@ -310,7 +313,7 @@ impl ReshardRunner {
         exchange: &Exchange,
         held: &[(usize, &Tensor)],
         out: &mut [(usize, &mut Tensor)],
-    ) -> Result<(), ReshardError> {
+    ) -> Result<(), ExecError> {
         let me = self.rank();
         let elem = plan.dtype().size_in_bytes();
         let n = exchange.ranks.len();
@@ -337,7 +340,7 @@ impl ReshardRunner {
                 let expected: usize = receives.iter().map(|t| t.region.n_elements() * elem).sum();
                 let bytes = self.world.recv_bytes(peer, tag)?;
                 if bytes.len() != expected {
-                    return Err(ReshardError::LocalMismatch {
+                    return Err(ExecError::LocalMismatch {
                         reason: format!(
                             "rank {peer} sent {} bytes under tag {tag}, the plan expects {expected}",
                             bytes.len()
@@ -544,7 +547,7 @@ impl DistTensor {
         global: &Tensor,
         layout: &TensorLayout,
         rank: usize,
-    ) -> Result<DistTensor, ReshardError> {
+    ) -> Result<DistTensor, ExecError> {
         let local = device_slots(layout, rank)
             .into_iter()
             .map(|s| global.extract_box(&layout.slot_box(s)))
@@ -577,7 +580,7 @@ pub fn reshard(
     tensor: DistTensor,
     dst: &TensorLayout,
     runner: &mut ReshardRunner,
-) -> Result<DistTensor, ReshardError> {
+) -> Result<DistTensor, ExecError> {
     let dtype = tensor.local.first().map_or(DType::F32, |t| t.dtype());
     let plan = plan_from(&tensor.layout, dst, dtype)?;
     let local = runner.run(&plan, tensor.local)?;
@@ -601,9 +604,9 @@ pub(crate) fn check_inputs(
     slots: &[usize],
     local: &[&Tensor],
     dtype: DType,
-) -> Result<(), ReshardError> {
+) -> Result<(), ExecError> {
     if local.len() != slots.len() {
-        return Err(ReshardError::LocalMismatch {
+        return Err(ExecError::LocalMismatch {
             reason: format!(
                 "this rank holds {} slots of {layout} but {} slices were given",
                 slots.len(),
@@ -614,7 +617,7 @@ pub(crate) fn check_inputs(
     for (&slot, t) in slots.iter().zip(local) {
         let shape = layout.slot_shape(slot);
         if t.shape() != shape || t.dtype() != dtype {
-            return Err(ReshardError::LocalMismatch {
+            return Err(ExecError::LocalMismatch {
                 reason: format!(
                     "a slice of {layout} must be {:?} {dtype}, got {:?} {}",
                     shape,
@@ -627,18 +630,30 @@ pub(crate) fn check_inputs(
     Ok(())
 }
 
-/// `group_slots` ordered by their block along the summed dim: row-major over the pending axes
-/// in the order the layout lists them (the summed dim's axes, major first).
-pub(crate) fn canonical_member_order(src: &DistLayout, group_slots: &[usize]) -> Vec<usize> {
-    let mesh = src.layout().mesh();
-    let key = |slot: usize| {
-        src.partial_axes()
-            .iter()
-            .fold(0, |k, &a| k * mesh.axis_size(a) + mesh.coord_along(slot, a))
-    };
-    let mut order = group_slots.to_vec();
-    order.sort_by_key(|&s| key(s));
-    order
+/// The communicator's reduction for a pending `op`.
+pub(crate) fn comm_op(op: PendingOp) -> comm::ReduceOp {
+    match op {
+        PendingOp::Sum => comm::ReduceOp::Sum,
+        PendingOp::Max => comm::ReduceOp::Max,
+    }
+}
+
+/// Refuses half-type sums (`half_sum`) of `dtype` in deterministic mode, whose canonical tree
+/// adds in f32: the two orders cannot both hold.
+pub(crate) fn check_half_sum(
+    half_sum: HalfSum,
+    dtype: DType,
+    deterministic: bool,
+) -> Result<(), ExecError> {
+    if deterministic && half_sum.rounds_every_addition(dtype) {
+        return Err(ExecError::Unsupported {
+            what: format!(
+                "a {dtype} sum added in the half type (gradient fp32 sync off) in \
+                 deterministic mode, whose canonical tree adds in f32"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Copies `region` (global coordinates) from a slice at `src_box` to a slice at `dst_box`.
