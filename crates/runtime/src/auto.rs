@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ckpt::OpStrategyRecord;
+use exec::OptimizerKind;
 use graph::models::{seed_mlp, Model};
 use graph::Graph;
 use models::{GptConfig, GptParallel};
@@ -21,7 +22,6 @@ use crate::config::{ModelName, ProfileChoice, TrainConfig};
 use crate::data::IdxDataset;
 use crate::error::RuntimeError;
 use crate::lm::TextData;
-use crate::optimizer::OptimizerKind;
 
 /// The operator strategy records of `report` (what `parallel.save_operator_strategy_file`
 /// and `tessera plan` write): every op's strategy, its stage and its loaded layouts.

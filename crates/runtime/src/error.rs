@@ -79,6 +79,10 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// Executing a program or updating parameters failed (`exec`'s error, its message
+    /// unchanged; boxed, so that it does not make every `RuntimeError` larger).
+    #[error(transparent)]
+    Exec(Box<exec::ExecError>),
     /// The parallel pass rejected the configuration.
     #[error(transparent)]
     Parallel(#[from] parallel::ParallelError),
@@ -103,6 +107,18 @@ pub enum RuntimeError {
     /// A layout or mesh was invalid (an axis name a mesh lacks, a shape a layout cannot split).
     #[error(transparent)]
     Layout(#[from] layout::LayoutError),
+}
+
+impl From<exec::ExecError> for RuntimeError {
+    /// A setting `exec` rejects (an optimizer hyperparameter, the loss scale) is a config error
+    /// naming its key, as the config's own are, so that a file's or a `--set`'s errors name
+    /// their source; everything else is wrapped as [`RuntimeError::Exec`].
+    fn from(e: exec::ExecError) -> RuntimeError {
+        match e {
+            exec::ExecError::Config { key, reason } => RuntimeError::Config { key, reason },
+            e => RuntimeError::Exec(Box::new(e)),
+        }
+    }
 }
 
 impl From<models::ModelsError> for RuntimeError {

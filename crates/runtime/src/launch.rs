@@ -203,6 +203,7 @@ fn blame(err: &RuntimeError) -> Blame {
     let comm_err = match err {
         RuntimeError::Comm(e) => Some(e),
         RuntimeError::Reshard(reshard_exec::ExecError::Comm(e)) => Some(e),
+        RuntimeError::Exec(e) => e.comm_error(),
         _ => None,
     };
     match comm_err {

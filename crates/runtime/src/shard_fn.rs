@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm::LocalCluster;
+use exec::RankExecutor;
 use graph::{Graph, ValueId, ValueKind};
 use parallel::{
     compile_forward, DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode, Program,
@@ -23,7 +24,6 @@ use search::{
 use tensor::Tensor;
 
 use crate::error::RuntimeError;
-use crate::executor::RankExecutor;
 
 /// Where and how a sharded sub-network runs.
 #[derive(Debug, Clone)]

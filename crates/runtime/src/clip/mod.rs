@@ -24,12 +24,11 @@
 mod square_sum;
 
 use comm::Communicator;
+use exec::{Accumulation, RankExecutor};
 use parallel::Program;
 use tensor::{DType, Tensor};
 
-use crate::accumulate::Accumulation;
 use crate::error::RuntimeError;
-use crate::executor::RankExecutor;
 
 pub(crate) use square_sum::SquareSum;
 

@@ -1,6 +1,7 @@
 //! `[train]`'s learning-rate schedule keys (`lr_schedule` and each formula's own parameters)
 //! and the weight-decay filter (`no_weight_decay`).
 
+use exec::WeightDecayFilter;
 use toml::Value;
 
 use super::values::{
@@ -8,7 +9,6 @@ use super::values::{
 };
 use crate::error::RuntimeError;
 use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
-use crate::optimizer::WeightDecayFilter;
 
 /// The keys only some schedules read: `(key, the schedules that read it)`.
 const RULE_KEYS: &[(&str, &[&str])] = &[

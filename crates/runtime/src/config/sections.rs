@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::clip::MaxGradNorm;
-use crate::precision::{LossScale, Precision};
+use exec::{LossScale, OptimizerConfig, OptimizerKind, Precision};
 use layout::Layout;
 use parallel::{DatasetStrategy, HsdpConfig, OptimizerLevel, ParallelConfig, ParallelMode};
 use toml::{Table, Value};
@@ -22,7 +22,6 @@ use super::{
 };
 use crate::data::{Normalize, TokenDtype};
 use crate::error::RuntimeError;
-use crate::optimizer::{OptimizerConfig, OptimizerKind};
 
 /// The sections of a config file, in file order.
 pub(super) const SECTIONS: &[&str] = &["model", "data", "parallel", "train", "output", "ps"];

@@ -6,7 +6,7 @@ use comm::Communicator;
 use parallel::memory::{MemoryBytes, MemoryReport};
 use serde_json::json;
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// The six figures of a report, in wire order.
 fn figures(r: &MemoryReport) -> [usize; 6] {
@@ -22,10 +22,10 @@ fn figures(r: &MemoryReport) -> [usize; 6] {
 }
 
 /// Every rank's report, by rank (an all-gather of six numbers each).
-pub(crate) fn gather_reports(
+pub fn gather_reports(
     world: &dyn Communicator,
     mine: &MemoryReport,
-) -> Result<Vec<MemoryReport>, RuntimeError> {
+) -> Result<Vec<MemoryReport>, ExecError> {
     let send: Vec<u8> = figures(mine)
         .iter()
         .flat_map(|&x| (x as u64).to_le_bytes())

@@ -15,13 +15,14 @@ use parallel::pipeline::{
 use parallel::Program;
 use tensor::Tensor;
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::executor::RankExecutor;
 
 /// Called after each micro-batch's reductions in deterministic mode (see
-/// [`PipelineRunner::run_step`]): the executor and the micro-batch.
-pub(crate) type MicroBatchReduced<'a> =
-    dyn FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError> + 'a;
+/// [`PipelineRunner::run_step`]): the executor and the micro-batch. `E` is the caller's error
+/// type.
+pub type MicroBatchReduced<'a, E = ExecError> =
+    dyn FnMut(&mut RankExecutor, usize) -> Result<(), E> + 'a;
 
 /// One span of a rank's timeline in a pipelined step.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,7 +141,7 @@ type StepList = Vec<(usize, Option<Tag>)>;
 
 /// One rank's plan for a pipelined training step.
 #[derive(Debug)]
-pub(crate) struct PipelineRunner {
+pub struct PipelineRunner {
     /// This rank's stage's actions, in schedule order: kind, micro-batch, model chunk.
     actions: Vec<(ActionKind, usize, usize)>,
     /// Steps run once before the micro-batches, by every rank.
@@ -174,14 +175,14 @@ pub(crate) struct PipelineRunner {
 
 impl PipelineRunner {
     /// The plan of `rank` for `program` under `schedule`, with stages of `per_stage` ranks.
-    pub(crate) fn new(
+    pub fn new(
         program: &Program,
         schedule: &Schedule,
         rank: usize,
         per_stage: usize,
-    ) -> Result<PipelineRunner, RuntimeError> {
+    ) -> Result<PipelineRunner, ExecError> {
         if program.steps.len() > MAX_TAG as usize {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: "a pipelined program".to_string(),
                 expected: format!("at most {MAX_TAG} steps (one message tag per step)"),
                 got: format!("{} steps", program.steps.len()),
@@ -199,11 +200,11 @@ impl PipelineRunner {
         let mut forward: Vec<StepList> = vec![Vec::new(); chunks];
         let mut backward: Vec<StepList> = vec![Vec::new(); chunks];
         let mut pass =
-            |b: bool, chunk: usize, step: (usize, Option<Tag>)| -> Result<(), RuntimeError> {
+            |b: bool, chunk: usize, step: (usize, Option<Tag>)| -> Result<(), ExecError> {
                 let lists = if b { &mut backward } else { &mut forward };
                 lists
                     .get_mut(chunk)
-                    .ok_or_else(|| RuntimeError::Mismatch {
+                    .ok_or_else(|| ExecError::Mismatch {
                         what: "a model chunk of the program".to_string(),
                         expected: format!("below {chunks} (the schedule's chunks)"),
                         got: chunk.to_string(),
@@ -277,11 +278,11 @@ impl PipelineRunner {
     /// (`parallel.pipeline.output_broadcast`): after the micro-batches, the epilogue's move of
     /// the loss to every rank runs once per micro-batch on that micro-batch's loss, before it
     /// runs on their mean. An error when the program reports no loss made on one stage.
-    pub(crate) fn broadcast_outputs(
+    pub fn broadcast_outputs(
         mut self,
         program: &Program,
         per_stage: usize,
-    ) -> Result<PipelineRunner, RuntimeError> {
+    ) -> Result<PipelineRunner, ExecError> {
         let output = program.outputs.first().map(|o| o.buffer);
         let phases = parallel::pipeline::step_phases(program, per_stage);
         let found = program
@@ -298,7 +299,7 @@ impl PipelineRunner {
                 }
                 _ => None,
             });
-        self.output_broadcast = Some(found.ok_or_else(|| RuntimeError::Config {
+        self.output_broadcast = Some(found.ok_or_else(|| ExecError::Config {
             key: "parallel.pipeline.output_broadcast".to_string(),
             reason: "the program's loss does not come from one stage's micro-batches, so there is no last-stage output to broadcast".to_string(),
         })?);
@@ -321,13 +322,16 @@ impl PipelineRunner {
     /// order, so the caller's sum over the micro-batches adds what one device adds, bit for bit
     /// (the sum of the ranks' local sums over the micro-batches would add the same terms in
     /// another order).
-    pub(crate) fn run_step(
+    ///
+    /// `feed` and `each` fail with the caller's error type `E`; the runner's own errors are
+    /// converted into it.
+    pub fn run_step<E: From<ExecError>>(
         &self,
         exec: &mut RankExecutor,
-        mut feed: impl FnMut(&mut RankExecutor, usize) -> Result<(), RuntimeError>,
+        mut feed: impl FnMut(&mut RankExecutor, usize) -> Result<(), E>,
         step: impl Fn(usize) -> u64,
-        mut each: Option<&mut MicroBatchReduced<'_>>,
-    ) -> Result<StepTrace, RuntimeError> {
+        mut each: Option<&mut MicroBatchReduced<'_, E>>,
+    ) -> Result<StepTrace, E> {
         let apart = each.is_some();
         exec.run_steps(&self.prologue)?;
         let origin = epoch();
@@ -354,7 +358,7 @@ impl PipelineRunner {
         // With `each`: every micro-batch's summed buffers, kept apart until the reductions.
         let mut kept: Vec<Option<Vec<Tensor>>> = vec![None; self.micro_batches];
         for &(kind, mb, chunk) in &self.actions {
-            let entry = slots.get_mut(mb).ok_or_else(|| RuntimeError::Mismatch {
+            let entry = slots.get_mut(mb).ok_or_else(|| ExecError::Mismatch {
                 what: "a scheduled micro-batch".to_string(),
                 expected: format!("below {}", self.micro_batches),
                 got: mb.to_string(),
@@ -397,7 +401,7 @@ impl PipelineRunner {
                         tensor::kernels::accumulate_scaled(sum, 1.0, exec.buffer_at(b))?;
                     }
                 }
-                Ok::<(), RuntimeError>(())
+                Ok::<(), ExecError>(())
             };
             fn pick(lists: &[StepList], chunk: usize) -> &[(usize, Option<Tag>)] {
                 lists.get(chunk).map_or(&[], |l| l.as_slice())
@@ -413,25 +417,18 @@ impl PipelineRunner {
                         let name = format!("feed {label}");
                         self.record(&mut trace, &name, SpanKind::Runtime, span, origin);
                         self.timed(exec, steps(&self.forward), &label, origin, &mut trace)
+                            .map_err(E::from)
                     })
                 }
-                ActionKind::Backward => {
-                    self.timed(exec, steps(&self.backward), &label, origin, &mut trace)
+                ActionKind::Backward | ActionKind::BackwardInput | ActionKind::BackwardWeight => {
+                    let lists = match kind {
+                        ActionKind::BackwardInput => &self.backward_input,
+                        ActionKind::BackwardWeight => &self.backward_weight,
+                        _ => &self.backward,
+                    };
+                    self.timed(exec, steps(lists), &label, origin, &mut trace)
+                        .map_err(E::from)
                 }
-                ActionKind::BackwardInput => self.timed(
-                    exec,
-                    steps(&self.backward_input),
-                    &label,
-                    origin,
-                    &mut trace,
-                ),
-                ActionKind::BackwardWeight => self.timed(
-                    exec,
-                    steps(&self.backward_weight),
-                    &label,
-                    origin,
-                    &mut trace,
-                ),
             }
             .and_then(|()| {
                 if last {
@@ -459,7 +456,7 @@ impl PipelineRunner {
                         span,
                         origin,
                     );
-                    summed
+                    summed.map_err(E::from)
                 } else {
                     Ok(())
                 }
@@ -480,7 +477,7 @@ impl PipelineRunner {
         }
         if let Some((step, src, out)) = self.output_broadcast {
             for (mb, loss) in mb_outputs.into_iter().enumerate() {
-                let loss = loss.ok_or_else(|| RuntimeError::Mismatch {
+                let loss = loss.ok_or_else(|| ExecError::Mismatch {
                     what: format!("micro-batch {mb}'s loss"),
                     expected: "one per micro-batch of the step".to_string(),
                     got: "none: the schedule did not finish it".to_string(),
@@ -510,7 +507,8 @@ impl PipelineRunner {
                     let dst = exec.buffer_at_mut(b);
                     dst.as_bytes_mut().fill(0);
                     if dst.n_elements() > 0 {
-                        tensor::kernels::accumulate_scaled(dst, share, &sum)?;
+                        tensor::kernels::accumulate_scaled(dst, share, &sum)
+                            .map_err(ExecError::from)?;
                     }
                     exec.release_counted(b, sum);
                 }
@@ -531,14 +529,14 @@ impl PipelineRunner {
     /// The reductions of a step whose micro-batches' summed buffers were `kept` apart: for
     /// each micro-batch in order, its values into the summed buffers, the epilogue, then
     /// `each(exec, mb)`.
-    fn reduce_apart(
+    fn reduce_apart<E: From<ExecError>>(
         &self,
         exec: &mut RankExecutor,
         kept: Vec<Option<Vec<Tensor>>>,
-        each: &mut MicroBatchReduced<'_>,
-    ) -> Result<(), RuntimeError> {
+        each: &mut MicroBatchReduced<'_, E>,
+    ) -> Result<(), E> {
         for (mb, values) in kept.into_iter().enumerate() {
-            let values = values.ok_or_else(|| RuntimeError::Mismatch {
+            let values = values.ok_or_else(|| ExecError::Mismatch {
                 what: format!("micro-batch {mb}'s gradients"),
                 expected: "one set per micro-batch of the step".to_string(),
                 got: "none: the schedule did not finish it".to_string(),
@@ -566,7 +564,7 @@ impl PipelineRunner {
         label: &str,
         origin: Instant,
         trace: &mut StepTrace,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         let mut span_start = Instant::now();
         for &step in steps {
             if self.receives[step.0] {

@@ -10,12 +10,12 @@
 
 use tensor::Tensor;
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::executor::RankExecutor;
 
 /// One buffer per trainable parameter, in the optimizer's order.
 #[derive(Debug)]
-pub(crate) struct Accumulation {
+pub struct Accumulation {
     buffers: Vec<Tensor>,
     /// Offset, in elements, of each buffer's first element in the gradient's buffer.
     offsets: Vec<usize>,
@@ -24,7 +24,7 @@ pub(crate) struct Accumulation {
 impl Accumulation {
     /// Buffers for the trainable parameters `trainable` (indices into `exec`'s program's
     /// parameters), each the optimizer piece when `sharded`, else the gradient's shape.
-    pub(crate) fn new(exec: &RankExecutor, trainable: &[usize], sharded: bool) -> Accumulation {
+    pub fn new(exec: &RankExecutor, trainable: &[usize], sharded: bool) -> Accumulation {
         let mut buffers = Vec::with_capacity(trainable.len());
         let mut offsets = Vec::with_capacity(trainable.len());
         for &i in trainable {
@@ -45,40 +45,40 @@ impl Accumulation {
     }
 
     /// The bytes held.
-    pub(crate) fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.buffers.iter().map(|t| t.as_bytes().len()).sum()
     }
 
     /// Buffer `k` (parameter `trainable[k]`).
-    pub(crate) fn buffer(&self, k: usize) -> &Tensor {
+    pub fn buffer(&self, k: usize) -> &Tensor {
         &self.buffers[k]
     }
 
     /// Buffer `k`, writable (the sum of a shared parameter's copies' gradients).
-    pub(crate) fn buffer_mut(&mut self, k: usize) -> &mut Tensor {
+    pub fn buffer_mut(&mut self, k: usize) -> &mut Tensor {
         &mut self.buffers[k]
     }
 
     /// Where the optimizer finds parameter `trainable[k]`'s piece in buffer `k`, given where
     /// it lies in the gradient (`grad_offset`).
-    pub(crate) fn piece_offset(&self, k: usize, grad_offset: usize) -> usize {
+    pub fn piece_offset(&self, k: usize, grad_offset: usize) -> usize {
         grad_offset - self.offsets[k]
     }
 
     /// Zeroes every buffer (a step's start).
-    pub(crate) fn zero(&mut self) {
+    pub fn zero(&mut self) {
         for t in &mut self.buffers {
             t.as_bytes_mut().fill(0);
         }
     }
 
     /// Adds `share` times each gradient `exec` holds (its rows in each buffer).
-    pub(crate) fn add(
+    pub fn add(
         &mut self,
         exec: &RankExecutor,
         trainable: &[usize],
         share: f64,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         for (k, &i) in trainable.iter().enumerate() {
             let grad = gradient(exec, i)?;
             tensor::kernels::accumulate_scaled_from(
@@ -93,11 +93,7 @@ impl Accumulation {
 
     /// Sets each buffer to the gradient `exec` holds (its rows): a pipelined step's gradients
     /// are already summed over its micro-batches.
-    pub(crate) fn copy(
-        &mut self,
-        exec: &RankExecutor,
-        trainable: &[usize],
-    ) -> Result<(), RuntimeError> {
+    pub fn copy(&mut self, exec: &RankExecutor, trainable: &[usize]) -> Result<(), ExecError> {
         for (k, &i) in trainable.iter().enumerate() {
             let grad = gradient(exec, i)?;
             let width = grad.dtype().size_in_bytes();
@@ -110,8 +106,8 @@ impl Accumulation {
 }
 
 /// Parameter `i`'s gradient in `exec`.
-fn gradient(exec: &RankExecutor, i: usize) -> Result<&Tensor, RuntimeError> {
-    exec.grad(i).ok_or_else(|| RuntimeError::Mismatch {
+fn gradient(exec: &RankExecutor, i: usize) -> Result<&Tensor, ExecError> {
+    exec.grad(i).ok_or_else(|| ExecError::Mismatch {
         what: format!("the gradient of {}", exec.program().params[i].name),
         expected: "a gradient buffer (a trainable parameter)".to_string(),
         got: "none".to_string(),

@@ -9,7 +9,7 @@ use comm::Communicator;
 use layout::TensorLayout;
 use parallel::Program;
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::executor::RankExecutor;
 
 /// Broadcasts every parameter named in `layouts` (name → its layout, MindSpore's `layout`
@@ -24,7 +24,7 @@ pub fn parameter_broadcast(
     layouts: &BTreeMap<String, TensorLayout>,
     cur_rank: usize,
     initial_rank: usize,
-) -> Result<Vec<String>, RuntimeError> {
+) -> Result<Vec<String>, ExecError> {
     let rank = world.rank();
     if cur_rank != rank {
         return Err(mismatch(
@@ -96,8 +96,8 @@ pub fn stage_first_rank(program: &Program, rank: usize) -> usize {
         .unwrap_or(0)
 }
 
-fn mismatch(what: &str, expected: String, got: String) -> RuntimeError {
-    RuntimeError::Mismatch {
+fn mismatch(what: &str, expected: String, got: String) -> ExecError {
+    ExecError::Mismatch {
         what: format!("parameter_broadcast {what}"),
         expected,
         got,

@@ -12,7 +12,7 @@
 //! The rules are MindSpore's, with `p` the parameter, `g` its gradient, `lr` the learning rate,
 //! `wd` the weight decay and `t` the step count (1 on the first step, see
 //! [`Optimizer::begin_step`]). `lr` is the step's rate: `train.learning_rate`, or the
-//! schedule's rate for the step ([`Optimizer::set_learning_rate`], [`crate::LrSchedule`]).
+//! schedule's rate for the step ([`Optimizer::set_learning_rate`], `runtime::LrSchedule`).
 //! Weight decay follows MindSpore's default filter: it applies to parameters whose name contains
 //! neither `beta` nor `gamma` ([`applies_weight_decay`]); a [`WeightDecayFilter`] can exclude
 //! more (biases, embeddings: MindFormers' recipe). For the excluded parameters `wd` is 0.
@@ -48,7 +48,7 @@
 use tensor::kernels::Float;
 use tensor::{DType, Tensor};
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// The update rule and its own hyperparameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -142,14 +142,14 @@ pub struct OptimizerConfig {
 
 /// A `Config` error on key `train.<key>`: the optimizer's hyperparameters live in the config's
 /// `[train]` section, so errors name them as a user writes them.
-fn bad_hyperparameter(key: &str, value: f64, rule: &str) -> RuntimeError {
-    RuntimeError::Config {
+fn bad_hyperparameter(key: &str, value: f64, rule: &str) -> ExecError {
+    ExecError::Config {
         key: format!("train.{key}"),
         reason: format!("{value} is out of range: {rule}"),
     }
 }
 
-fn check(key: &str, value: f64, ok: bool, rule: &str) -> Result<(), RuntimeError> {
+fn check(key: &str, value: f64, ok: bool, rule: &str) -> Result<(), ExecError> {
     if value.is_finite() && ok {
         Ok(())
     } else {
@@ -160,7 +160,7 @@ fn check(key: &str, value: f64, ok: bool, rule: &str) -> Result<(), RuntimeError
 impl OptimizerConfig {
     /// Checks every hyperparameter against MindSpore's ranges (learning rate > 0, weight decay
     /// ≥ 0, momentum ≥ 0, β in (0, 1), ε > 0, all finite). Errors name the `train.*` key.
-    pub fn validate(&self) -> Result<(), RuntimeError> {
+    pub fn validate(&self) -> Result<(), ExecError> {
         check(
             "learning_rate",
             self.learning_rate,
@@ -225,8 +225,8 @@ pub fn state_checkpoint_name(state: &str, param: &str) -> String {
 }
 
 /// The error for parameter index `index` of an optimizer of `n_params` parameters.
-fn no_param(n_params: usize, index: usize) -> RuntimeError {
-    RuntimeError::Mismatch {
+fn no_param(n_params: usize, index: usize) -> ExecError {
+    ExecError::Mismatch {
         what: "optimizer parameter index".to_string(),
         expected: format!("an index below {n_params}"),
         got: index.to_string(),
@@ -277,13 +277,13 @@ struct Step<T> {
 impl Optimizer {
     /// An optimizer for `params` (this rank's shards, in the order [`Optimizer::update`] indexes
     /// them), with zeroed state and step count 0.
-    pub fn new(config: OptimizerConfig, params: &[ParamSpec]) -> Result<Optimizer, RuntimeError> {
+    pub fn new(config: OptimizerConfig, params: &[ParamSpec]) -> Result<Optimizer, ExecError> {
         config.validate()?;
         let n_states = config.kind.state_names().len();
         let mut slots = Vec::with_capacity(params.len());
         for spec in params {
             if !matches!(spec.dtype, DType::F32 | DType::F64) {
-                return Err(RuntimeError::Mismatch {
+                return Err(ExecError::Mismatch {
                     what: format!("optimizer parameter {}", spec.name),
                     expected: "dtype f32 or f64".to_string(),
                     got: format!("dtype {}", spec.dtype),
@@ -314,16 +314,16 @@ impl Optimizer {
     }
 
     /// Whether weight decay applies to parameter `index`.
-    pub fn decays(&self, index: usize) -> Result<bool, RuntimeError> {
+    pub fn decays(&self, index: usize) -> Result<bool, ExecError> {
         Ok(self.slot(index)?.decay)
     }
 
     /// Sets the learning rate of the coming updates: the schedule's rate for this step
-    /// ([`crate::LrSchedule::learning_rate`]). It must be finite and ≥ 0 (a warm-up starts
+    /// (`runtime::LrSchedule::learning_rate`). It must be finite and ≥ 0 (a warm-up starts
     /// at 0).
-    pub fn set_learning_rate(&mut self, learning_rate: f64) -> Result<(), RuntimeError> {
+    pub fn set_learning_rate(&mut self, learning_rate: f64) -> Result<(), ExecError> {
         if !(learning_rate.is_finite() && learning_rate >= 0.0) {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: "the step's learning rate".to_string(),
                 expected: "a finite number ≥ 0".to_string(),
                 got: learning_rate.to_string(),
@@ -354,7 +354,7 @@ impl Optimizer {
     }
 
     /// The spec of parameter `index`.
-    pub fn param(&self, index: usize) -> Result<&ParamSpec, RuntimeError> {
+    pub fn param(&self, index: usize) -> Result<&ParamSpec, ExecError> {
         Ok(&self.slot(index)?.spec)
     }
 
@@ -374,7 +374,7 @@ impl Optimizer {
         self.step = steps;
     }
 
-    fn slot(&self, index: usize) -> Result<&Slot, RuntimeError> {
+    fn slot(&self, index: usize) -> Result<&Slot, ExecError> {
         self.slots
             .get(index)
             .ok_or_else(|| no_param(self.slots.len(), index))
@@ -382,7 +382,7 @@ impl Optimizer {
 
     /// The named state tensors of parameter `index`, in [`OptimizerKind::state_names`] order
     /// (empty for SGD).
-    pub fn state(&self, index: usize) -> Result<Vec<(&'static str, &Tensor)>, RuntimeError> {
+    pub fn state(&self, index: usize) -> Result<Vec<(&'static str, &Tensor)>, ExecError> {
         let names = self.config.kind.state_names();
         Ok(names
             .iter()
@@ -395,7 +395,7 @@ impl Optimizer {
     pub fn state_mut(
         &mut self,
         index: usize,
-    ) -> Result<Vec<(&'static str, &mut Tensor)>, RuntimeError> {
+    ) -> Result<Vec<(&'static str, &mut Tensor)>, ExecError> {
         let names = self.config.kind.state_names();
         let n_params = self.slots.len();
         let slot = self
@@ -413,7 +413,7 @@ impl Optimizer {
         index: usize,
         name: &str,
         value: &Tensor,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         let names = self.config.kind.state_names();
         let kind = self.config.kind.name();
         let n_params = self.slots.len();
@@ -426,14 +426,14 @@ impl Optimizer {
             state_checkpoint_name(name, &slot.spec.name)
         );
         let Some(position) = names.iter().position(|n| *n == name) else {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what,
                 expected: format!("a state of {kind}: {names:?}"),
                 got: name.to_string(),
             });
         };
         if value.shape() != slot.spec.shape.as_slice() || !value.dtype().is_float() {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what,
                 expected: format!("a float tensor of shape {:?}", slot.spec.shape),
                 got: format!("{} {:?}", value.dtype(), value.shape()),
@@ -450,11 +450,11 @@ impl Optimizer {
         index: usize,
         param: &mut Tensor,
         grad: &Tensor,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         let slot = self.slot(index)?;
         for (role, tensor) in [("parameter", &*param), ("gradient", grad)] {
             if tensor.shape() != slot.spec.shape.as_slice() {
-                return Err(RuntimeError::Mismatch {
+                return Err(ExecError::Mismatch {
                     what: format!("optimizer update of {}: the {role}", slot.spec.name),
                     expected: format!("{} {:?}", slot.spec.dtype, slot.spec.shape),
                     got: format!("{} {:?}", tensor.dtype(), tensor.shape()),
@@ -475,9 +475,9 @@ impl Optimizer {
         param_offset: usize,
         grad: &Tensor,
         grad_offset: usize,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         if self.step == 0 {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: "optimizer step count".to_string(),
                 expected: "≥ 1 (call begin_step before update)".to_string(),
                 got: "0".to_string(),
@@ -502,7 +502,7 @@ impl Optimizer {
                 .checked_add(n)
                 .is_some_and(|end| end <= tensor.shape().iter().product());
             if !fits || tensor.dtype() != slot.spec.dtype {
-                return Err(RuntimeError::Mismatch {
+                return Err(ExecError::Mismatch {
                     what: format!("optimizer update of {}: the {role}", slot.spec.name),
                     expected: format!(
                         "{} with elements {offset}..{} ({:?})",
@@ -546,7 +546,7 @@ fn apply<T: Float + tensor::Element>(
     p: &mut [T],
     g: &[T],
     state: &mut [Tensor],
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let learning_rate = config.learning_rate;
     let hyper = |a: f64, b: f64, c: f64| Step {
         lr: T::from_f64(learning_rate),
@@ -605,7 +605,7 @@ fn apply<T: Float + tensor::Element>(
         }
         (kind, state) => {
             // The slots are built from `state_names`, so this is a bug, not bad input.
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: format!("{} optimizer state", kind.name()),
                 expected: format!("{} tensors", kind.state_names().len()),
                 got: format!("{} tensors", state.len()),

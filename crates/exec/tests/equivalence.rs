@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use comm::{Communicator, LocalCluster};
+use exec::RankExecutor;
 use graph::models::seed_mlp;
 use parallel::{compile_training, ParallelConfig, ParallelMode};
-use runtime::RankExecutor;
 use tensor::Tensor;
 
 /// One forward/backward pass under `config`: the loss and every parameter's global gradient.

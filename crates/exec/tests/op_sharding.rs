@@ -9,10 +9,10 @@
 use std::sync::Arc;
 
 use comm::{Communicator, LocalCluster};
+use exec::RankExecutor;
 use graph::{Graph, GraphBuilder, GraphError, Initializer, ValueId};
 use parallel::{lower, place, LowerRequest, ParallelConfig, ParallelMode};
 use proptest::prelude::*;
-use runtime::RankExecutor;
 use tensor::{DType, Tensor};
 
 /// A forward graph under test: `y`, and the scalar loss.

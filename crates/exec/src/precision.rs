@@ -12,7 +12,7 @@ use comm::{BufMut, Communicator, ReduceOp};
 use reshard::HalfSum;
 use tensor::{DType, Tensor};
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// How a sum over ranks adds half-precision values under `config`: a gradient's sum
 /// (`gradient`: data-parallel all-reduces and reduce-scatters, fused buckets, hsdp, shared
@@ -85,9 +85,18 @@ pub enum LossScale {
 /// A static scale is finite and ≥ 1 (checked when read), so equality is reflexive.
 impl Eq for LossScale {}
 
+/// The dynamic loss scaler's state, saved with a checkpoint set (`train_state.json`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LossScaleState {
+    /// The current scale.
+    pub scale: f64,
+    /// Clean steps since the scale last changed.
+    pub clean_steps: u64,
+}
+
 /// The loss scale of a run as it goes.
 #[derive(Debug, Clone)]
-pub(crate) struct LossScaler {
+pub struct LossScaler {
     scale: f64,
     dynamic: bool,
     clean_steps: u64,
@@ -95,7 +104,7 @@ pub(crate) struct LossScaler {
 
 impl LossScaler {
     /// The scaler of `config` (`None`: scale 1, never skips).
-    pub(crate) fn new(config: Option<LossScale>) -> Option<LossScaler> {
+    pub fn new(config: Option<LossScale>) -> Option<LossScaler> {
         config.map(|c| match c {
             LossScale::Static(scale) => LossScaler {
                 scale,
@@ -111,13 +120,13 @@ impl LossScaler {
     }
 
     /// The factor the loss's gradient seed is multiplied by.
-    pub(crate) fn scale(&self) -> f64 {
+    pub fn scale(&self) -> f64 {
         self.scale
     }
 
     /// The scaler's state, saved with a checkpoint.
-    pub(crate) fn state(&self) -> crate::periodic_ckpt::LossScaleState {
-        crate::periodic_ckpt::LossScaleState {
+    pub fn state(&self) -> LossScaleState {
+        LossScaleState {
             scale: self.scale,
             clean_steps: self.clean_steps,
         }
@@ -125,7 +134,7 @@ impl LossScaler {
 
     /// Continues a dynamic scaler from a saved state (a static scale stays the configured
     /// one).
-    pub(crate) fn restore(&mut self, saved: crate::periodic_ckpt::LossScaleState) {
+    pub fn restore(&mut self, saved: LossScaleState) {
         if self.dynamic {
             self.scale = saved.scale;
             self.clean_steps = saved.clean_steps;
@@ -133,7 +142,7 @@ impl LossScaler {
     }
 
     /// Records a step's outcome (`overflow`: skipped) and adapts a dynamic scale.
-    pub(crate) fn record(&mut self, overflow: bool) {
+    pub fn record(&mut self, overflow: bool) {
         if !self.dynamic {
             return;
         }
@@ -153,18 +162,18 @@ impl LossScaler {
 /// Fails a run whose every step was skipped for overflowing gradients: its parameters never
 /// changed, so its checkpoint would be the one it started from. The error names
 /// `train.loss_scale` and the scale the steps overflowed at.
-pub(crate) fn check_some_update(
-    outcome: &crate::RankOutcome,
+pub fn check_some_update(
+    steps: u64,
+    skipped_steps: u64,
     scaler: Option<&LossScaler>,
-) -> Result<(), RuntimeError> {
-    let steps = outcome.losses.len() as u64;
+) -> Result<(), ExecError> {
     match scaler {
-        Some(scaler) if steps > 0 && outcome.skipped_steps == steps => {
+        Some(scaler) if steps > 0 && skipped_steps == steps => {
             let how = match scaler.dynamic {
                 true => format!("down to the dynamic scale {}", scaler.scale),
                 false => format!("at the fixed scale {}", scaler.scale),
             };
-            Err(RuntimeError::Config {
+            Err(ExecError::Config {
                 key: "train.loss_scale".to_string(),
                 reason: format!(
                     "every one of the run's {steps} steps was skipped: its gradients overflowed {how}, so no parameter changed and no checkpoint is written (lower train.loss_scale, or set it to \"dynamic\")"
@@ -176,28 +185,25 @@ pub(crate) fn check_some_update(
 }
 
 /// Whether any rank of `world` saw a non-finite gradient (`mine` for this rank).
-pub(crate) fn any_rank_overflowed(
-    world: &dyn Communicator,
-    mine: bool,
-) -> Result<bool, RuntimeError> {
+pub fn any_rank_overflowed(world: &dyn Communicator, mine: bool) -> Result<bool, ExecError> {
     let mut flag = [if mine { 1.0f32 } else { 0.0 }];
     world.all_reduce_buf(BufMut::new(&mut flag), ReduceOp::Max)?;
     Ok(flag[0] > 0.0)
 }
 
 /// The elements of `t` from element `offset`, shaped `shape`, as f32 times `factor`.
-pub(crate) fn f32_piece(
+pub fn f32_piece(
     t: &Tensor,
     offset: usize,
     shape: &[usize],
     factor: f64,
-) -> Result<Tensor, RuntimeError> {
+) -> Result<Tensor, ExecError> {
     let width = t.dtype().size_in_bytes();
     let len: usize = shape.iter().product();
     let bytes = t
         .as_bytes()
         .get(offset * width..(offset + len) * width)
-        .ok_or_else(|| RuntimeError::Mismatch {
+        .ok_or_else(|| ExecError::Mismatch {
             what: "a gradient piece".to_string(),
             expected: format!("{} elements", offset + len),
             got: t.n_elements().to_string(),
@@ -214,7 +220,7 @@ pub(crate) fn f32_piece(
 }
 
 /// Whether every element of `t` is finite.
-pub(crate) fn all_finite(t: &Tensor) -> bool {
+pub fn all_finite(t: &Tensor) -> bool {
     match t.as_slice::<f32>() {
         Ok(xs) => xs.iter().all(|x| x.is_finite()),
         Err(_) => t.to_f64_vec().iter().all(|x| x.is_finite()),
@@ -222,11 +228,7 @@ pub(crate) fn all_finite(t: &Tensor) -> bool {
 }
 
 /// Writes `master` (f32) into `param` from element `offset`, rounded to `param`'s type.
-pub(crate) fn write_piece(
-    param: &mut Tensor,
-    offset: usize,
-    master: &Tensor,
-) -> Result<(), RuntimeError> {
+pub fn write_piece(param: &mut Tensor, offset: usize, master: &Tensor) -> Result<(), ExecError> {
     let rounded = master.to_dtype(param.dtype());
     let width = param.dtype().size_in_bytes();
     let bytes = rounded.as_bytes();
@@ -238,16 +240,16 @@ pub(crate) fn write_piece(
 /// The f32 master copy of every trainable parameter's optimizer piece (in the optimizer's
 /// order), under mixed precision.
 #[derive(Debug)]
-pub(crate) struct MasterWeights {
+pub struct MasterWeights {
     pieces: Vec<Tensor>,
 }
 
 impl MasterWeights {
     /// The pieces of `exec`'s weights for the trainable parameters `trainable`, widened.
-    pub(crate) fn new(
-        exec: &crate::executor::RankExecutor,
+    pub fn new(
+        exec: &crate::RankExecutor,
         trainable: &[usize],
-    ) -> Result<MasterWeights, RuntimeError> {
+    ) -> Result<MasterWeights, ExecError> {
         let pieces = trainable
             .iter()
             .map(|&i| {
@@ -259,17 +261,17 @@ impl MasterWeights {
     }
 
     /// The bytes held.
-    pub(crate) fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.pieces.iter().map(|t| t.as_bytes().len()).sum()
     }
 
     /// Piece `k`.
-    pub(crate) fn piece_mut(&mut self, k: usize) -> &mut Tensor {
+    pub fn piece_mut(&mut self, k: usize) -> &mut Tensor {
         &mut self.pieces[k]
     }
 
     /// Piece `k`.
-    pub(crate) fn piece(&self, k: usize) -> &Tensor {
+    pub fn piece(&self, k: usize) -> &Tensor {
         &self.pieces[k]
     }
 }

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use reshard::ReshardPlan;
-use reshard_exec::{ExecError, PackedReduction, ReshardRunner, StartedReduction, StartedReshard};
+use reshard_exec::{
+    ExecError as ReshardExecError, PackedReduction, ReshardRunner, StartedReduction, StartedReshard,
+};
 use tensor::Tensor;
 
 /// Work handed over.
@@ -41,7 +43,7 @@ pub(crate) enum Job {
 
 impl Job {
     /// Runs the job with `runner`.
-    fn run(self, runner: &mut ReshardRunner) -> Result<Job, ExecError> {
+    fn run(self, runner: &mut ReshardRunner) -> Result<Job, ReshardExecError> {
         match self {
             Job::Bucket(b, mut packed) => {
                 runner.reduce_packed(&mut packed)?;
@@ -75,7 +77,7 @@ enum Worker {
         /// Jobs to the thread (dropped to stop it).
         jobs: Option<mpsc::Sender<Job>>,
         /// Results back, in the order handed over.
-        done: mpsc::Receiver<Result<Job, ExecError>>,
+        done: mpsc::Receiver<Result<Job, ReshardExecError>>,
         /// The thread (detached on drop: a thread stuck in a collective whose peers failed
         /// ends with that collective's error).
         _thread: JoinHandle<()>,
@@ -160,7 +162,7 @@ impl Progress {
     }
 
     /// Hands `job` over.
-    pub(crate) fn submit(&mut self, job: Job) -> Result<(), ExecError> {
+    pub(crate) fn submit(&mut self, job: Job) -> Result<(), ReshardExecError> {
         match &mut self.worker {
             Worker::Thread {
                 jobs, in_flight, ..
@@ -197,7 +199,7 @@ impl Progress {
     }
 
     /// The next finished job from the worker.
-    fn receive(&mut self) -> Result<Job, ExecError> {
+    fn receive(&mut self) -> Result<Job, ReshardExecError> {
         match &mut self.worker {
             Worker::Thread {
                 done, in_flight, ..
@@ -214,7 +216,7 @@ impl Progress {
 
     /// Advances the buckets started on this thread (MPI progresses a nonblocking collective
     /// only inside its calls); nothing for a progress thread, which runs them itself.
-    pub(crate) fn poll(&mut self) -> Result<(), ExecError> {
+    pub(crate) fn poll(&mut self) -> Result<(), ReshardExecError> {
         if let Worker::Inline {
             started, gathers, ..
         } = &mut self.worker
@@ -230,7 +232,10 @@ impl Progress {
     }
 
     /// The gather of step `step`, once done (its destination slice and copied source).
-    pub(crate) fn take_gather(&mut self, step: usize) -> Result<(Tensor, Tensor), ExecError> {
+    pub(crate) fn take_gather(
+        &mut self,
+        step: usize,
+    ) -> Result<(Tensor, Tensor), ReshardExecError> {
         if let Worker::Inline {
             runner, gathers, ..
         } = &mut self.worker
@@ -240,7 +245,7 @@ impl Progress {
                     plan, src, reshard, ..
                 } = gathers.remove(at);
                 let [dst] = <[Tensor; 1]>::try_from(runner.finish_into(&plan, reshard)?).map_err(
-                    |out| ExecError::LocalMismatch {
+                    |out| ReshardExecError::LocalMismatch {
                         reason: format!("a gather gave {} destination slices, not one", out.len()),
                     },
                 )?;
@@ -264,7 +269,9 @@ impl Progress {
     }
 
     /// Every bucket handed over, reduced, in order.
-    pub(crate) fn collect_buckets(&mut self) -> Result<Vec<(usize, PackedReduction)>, ExecError> {
+    pub(crate) fn collect_buckets(
+        &mut self,
+    ) -> Result<Vec<(usize, PackedReduction)>, ReshardExecError> {
         if let Worker::Inline {
             runner, started, ..
         } = &mut self.worker
@@ -291,8 +298,8 @@ impl Progress {
     }
 }
 
-fn ended() -> ExecError {
-    ExecError::Unsupported {
+fn ended() -> ReshardExecError {
+    ReshardExecError::Unsupported {
         what: "the communication progress thread ended".to_string(),
     }
 }

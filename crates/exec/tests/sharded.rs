@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use comm::{Communicator, LocalCluster};
+use exec::RankExecutor;
 use graph::{Graph, ValueId};
 use parallel::{compile_training, ParallelConfig, Program};
-use runtime::RankExecutor;
 use tensor::Tensor;
 
 /// The loss and every trainable parameter's global gradient after one pass.

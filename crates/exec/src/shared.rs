@@ -17,7 +17,7 @@ use parallel::pipeline::SharedParameter;
 use parallel::Program;
 
 use crate::accumulate::Accumulation;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::executor::RankExecutor;
 
 /// The ranks holding slot `j` of each of `shared`'s parameters, owner first, where `j` is
@@ -26,7 +26,7 @@ fn slot_group(
     program: &Program,
     shared: &SharedParameter,
     rank: usize,
-) -> Result<Option<(usize, Vec<usize>)>, RuntimeError> {
+) -> Result<Option<(usize, Vec<usize>)>, ExecError> {
     let layouts: Vec<_> = shared
         .params
         .iter()
@@ -47,7 +47,7 @@ fn slot_group(
                 group.push(r)
             }
             _ => {
-                return Err(RuntimeError::Mismatch {
+                return Err(ExecError::Mismatch {
                     what: format!(
                         "the copies of the shared parameter {} (stages {:?})",
                         shared.name, shared.stages
@@ -64,7 +64,7 @@ fn slot_group(
 /// The sub-groups of one rank for summing and syncing shared parameters, created on first use
 /// (in the program's order of shared parameters on every rank, so creation never races).
 #[derive(Default)]
-pub(crate) struct SharedGradients {
+pub struct SharedGradients {
     groups: HashMap<Vec<usize>, Box<dyn Communicator>>,
 }
 
@@ -72,13 +72,13 @@ impl SharedGradients {
     /// Adds up, over the stages holding them, the gradients of every shared parameter's copies
     /// this rank holds: in `accumulated` (by position in `trainable`) when the step
     /// accumulated micro-batches, else in the executor's gradient buffers.
-    pub(crate) fn sum(
+    pub fn sum(
         &mut self,
         exec: &mut RankExecutor,
         mut accumulated: Option<&mut Accumulation>,
         trainable: &[usize],
         world: &dyn Communicator,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), ExecError> {
         let program = exec.program().clone();
         for shared in &program.shared {
             let Some((index, ranks)) = slot_group(&program, shared, world.rank())? else {
@@ -94,7 +94,7 @@ impl SharedGradients {
                 (_, None) => None,
             };
             let Some(grad) = grad else {
-                return Err(RuntimeError::Mismatch {
+                return Err(ExecError::Mismatch {
                     what: format!("the gradient of {}", program.params[index].name),
                     expected: "a gradient on every stage holding a copy".to_string(),
                     got: "none".to_string(),
@@ -114,7 +114,7 @@ impl SharedGradients {
         &mut self,
         world: &dyn Communicator,
         ranks: Vec<usize>,
-    ) -> Result<&dyn Communicator, RuntimeError> {
+    ) -> Result<&dyn Communicator, ExecError> {
         if !self.groups.contains_key(&ranks) {
             let group = world.group(&ranks)?;
             self.groups.insert(ranks.clone(), group);
@@ -131,7 +131,7 @@ impl SharedGradients {
 pub fn sync_pipeline_shared_parameters(
     exec: &mut RankExecutor,
     world: &dyn Communicator,
-) -> Result<Vec<String>, RuntimeError> {
+) -> Result<Vec<String>, ExecError> {
     exec.materialize_parameters()?;
     let program = exec.program().clone();
     let mut groups = SharedGradients::default();

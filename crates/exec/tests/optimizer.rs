@@ -1,7 +1,7 @@
 //! Optimizers follow MindSpore's update rules and are sharding-independent.
 
+use exec::{ExecError, Optimizer, OptimizerConfig, OptimizerKind, ParamSpec};
 use layout::SliceBox;
-use runtime::{Optimizer, OptimizerConfig, OptimizerKind, ParamSpec, RuntimeError};
 use tensor::{DType, Tensor};
 
 const MOMENTUM: OptimizerKind = OptimizerKind::Momentum {
@@ -223,8 +223,8 @@ fn weight_decay_skips_beta_and_gamma_parameters_as_mindspore_does() {
             1e-12,
         );
     }
-    assert!(runtime::applies_weight_decay("fc1_weight"));
-    assert!(!runtime::applies_weight_decay("layernorm.gamma"));
+    assert!(exec::applies_weight_decay("fc1_weight"));
+    assert!(!exec::applies_weight_decay("layernorm.gamma"));
 }
 
 /// Updating the shards of a tensor, each with its own optimizer state, gives exactly the
@@ -311,7 +311,7 @@ fn state_is_named_as_mindspore_names_it_and_resumes_exactly() {
     assert_eq!(names(ADAM), ["moment1", "moment2"]);
     assert_eq!(names(ADAMW), ["adam_m", "adam_v"]);
     assert_eq!(
-        runtime::state_checkpoint_name("moments", "fc1_weight"),
+        exec::state_checkpoint_name("moments", "fc1_weight"),
         "moments.fc1_weight"
     );
 
@@ -374,16 +374,16 @@ fn state_mut_writes_through() {
     assert!((p.as_slice::<f64>().unwrap()[0] + 0.09).abs() < 1e-15);
 }
 
-fn mismatch_what(err: RuntimeError) -> String {
+fn mismatch_what(err: ExecError) -> String {
     match err {
-        RuntimeError::Mismatch { what, .. } => what,
+        ExecError::Mismatch { what, .. } => what,
         other => panic!("expected a Mismatch, got {other}"),
     }
 }
 
-fn config_key(err: RuntimeError) -> String {
+fn config_key(err: ExecError) -> String {
     match err {
-        RuntimeError::Config { key, .. } => key,
+        ExecError::Config { key, .. } => key,
         other => panic!("expected a Config error, got {other}"),
     }
 }
@@ -558,11 +558,11 @@ fn the_weight_decay_filter_updates_excluded_parameters_without_decay() {
         "embedding.embedding_table",
         "layers.0.norm.gamma",
     ];
-    let filter = runtime::WeightDecayFilter {
+    let filter = exec::WeightDecayFilter {
         excluded: vec!["bias".to_string(), "embedding".to_string()],
     };
     for kind in [OptimizerKind::Sgd, ADAM, ADAMW, MINT_ADAMW] {
-        let run = |wd: f64, filter: Option<&runtime::WeightDecayFilter>| {
+        let run = |wd: f64, filter: Option<&exec::WeightDecayFilter>| {
             let specs: Vec<ParamSpec> = names.iter().map(|n| spec(n, &[3], DType::F32)).collect();
             let mut opt = Optimizer::new(config(kind, 0.05, wd), &specs).unwrap();
             if let Some(f) = filter {
