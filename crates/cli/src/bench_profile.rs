@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::Args;
 use comm::{Communicator, CommunicatorExt, LocalCluster, ReduceOp};
-use parallel::search::{DeviceProfile, Link, LocalLink, MatmulRate};
+use search::{DeviceProfile, Link, LocalLink, MatmulRate};
 use tensor::{DType, Tensor};
 
 /// Arguments of `tessera bench profile`.
@@ -186,7 +186,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     profile
         .validate()
         .map_err(|e| anyhow::anyhow!("the measured profile is not usable: {e}"))?;
-    std::fs::write(&args.out, runtime::device_profile::to_toml(&profile))
+    std::fs::write(&args.out, search::device_profile::to_toml(&profile))
         .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", args.out.display()))?;
     println!("profile written to {}", args.out.display());
     Ok(())

@@ -86,6 +86,9 @@ pub enum RuntimeError {
     /// The parallel pass rejected the configuration.
     #[error(transparent)]
     Parallel(#[from] parallel::ParallelError),
+    /// The search found no plan (no plan fits the memory, a bad device profile).
+    #[error(transparent)]
+    Search(search::SearchError),
     /// A graph error (building the model, evaluating an op).
     #[error(transparent)]
     Graph(#[from] graph::GraphError),
@@ -124,6 +127,29 @@ impl From<models::ModelsError> for RuntimeError {
         match e {
             models::ModelsError::Config { key, reason } => RuntimeError::Config { key, reason },
             models::ModelsError::Graph(g) => RuntimeError::Graph(g),
+        }
+    }
+}
+
+impl From<search::SearchError> for RuntimeError {
+    /// A search's setting error is a config error naming its key (a profile file's: the file
+    /// and the key), a rule of the parallel pass a parallel error, and the runtime's own error
+    /// (rebuilding the model) itself.
+    fn from(e: search::SearchError) -> RuntimeError {
+        use search::SearchError as S;
+        match e {
+            S::Parallel(p) => RuntimeError::Parallel(p),
+            S::Config { key, reason } => RuntimeError::Config { key, reason },
+            S::ProfileFile { path, key, reason } => RuntimeError::Config {
+                key: format!("{} ({key})", path.display()),
+                reason,
+            },
+            S::Io { path, source } => RuntimeError::Io { path, source },
+            S::Model(source) => match source.downcast::<RuntimeError>() {
+                Ok(own) => *own,
+                Err(source) => RuntimeError::Search(S::Model(source)),
+            },
+            other => RuntimeError::Search(other),
         }
     }
 }

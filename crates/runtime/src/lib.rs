@@ -28,17 +28,16 @@
 //! ```
 //!
 //! # Architecture invariant
-//! The runtime executes what `parallel` planned; it makes no sharding decision of its own, and
-//! it runs programs only through `exec`.
+//! The runtime executes what `parallel` planned; it makes no sharding decision of its own: a
+//! search mode's strategies come from `search::plan`, asked with the run's configuration. It
+//! runs programs only through `exec`.
 #![deny(missing_docs)]
 
 mod auto;
-mod auto_pipeline;
 mod callbacks;
 mod clip;
 mod config;
 mod data;
-pub mod device_profile;
 mod error;
 mod generate;
 mod group_info;
@@ -54,8 +53,7 @@ mod session;
 mod shard_fn;
 mod trainer;
 
-pub use crate::auto::{build_model, load_profile, plan, plan_model, LoadedLayouts, PlanReport};
-pub use crate::auto_pipeline::PipelinePlan;
+pub use crate::auto::{build_model, load_profile, operator_strategy_records, plan, plan_model};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog,
     ShardView, StepInfo, TrainEndInfo,
@@ -95,3 +93,6 @@ pub use exec::{
     OptimizerKind, OptimizerPiece, ParamSpec, PassTimes, Precision, RankExecutor, SpanKind,
     StepProfile, StepTrace, Tally, TraceSpan, WeightDecayFilter,
 };
+
+// The plan types of `plan` and `plan_model`, from the crate that makes plans.
+pub use search::{LoadedLayouts, PipelinePlan, PlanReport};

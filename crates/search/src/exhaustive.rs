@@ -1,7 +1,7 @@
 //! The exact optimum by enumerating every combination of candidates: the reference the other
 //! searches are tested against, usable on small problems only.
 
-use crate::search::problem::SearchProblem;
+use crate::problem::SearchProblem;
 
 /// The most combinations [`brute_force`] enumerates.
 pub const MAX_COMBINATIONS: u128 = 50_000_000;

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use crate::search::problem::SearchProblem;
+use crate::problem::SearchProblem;
 
 /// An edge of the working graph: costs `m[a · n_v + b]` for `u` taking `a` and `v` taking `b`.
 struct WorkEdge {

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use crate::search::problem::SearchProblem;
+use crate::problem::SearchProblem;
 
 /// Time of node `n` taking `c` plus its edges to the neighbours whose choice is known.
 pub(crate) fn local_time(

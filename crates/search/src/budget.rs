@@ -1,7 +1,7 @@
 //! The memory constraint: the least memory any plan needs, and the repair of a plan that
 //! exceeds the budget.
 
-use crate::search::problem::SearchProblem;
+use crate::problem::SearchProblem;
 
 /// The least memory per device of any plan: memory adds up over ops, so each op at its
 /// smallest.

@@ -4,7 +4,7 @@
 //! data-parallel strategy over `dp` devices, and that strategy with one more dim split `mp`
 //! ways: each dim of each operand in turn, alone or together with the same-sized dims of the
 //! other operands (a matmul's reduction dim in both inputs, attention's heads in both products).
-//! The op's rule ([`crate::rules::strategy::input_layouts`]) keeps the valid ones, so a GPT's
+//! The op's rule ([`parallel::rules::strategy::input_layouts`]) keeps the valid ones, so a GPT's
 //! vocabulary-parallel embedding (the table's rows), sequence-parallel stream (the sequence
 //! dim) and head splits appear as they are legal. Extra strategies (hints, a user's) are added
 //! when valid.
@@ -12,8 +12,7 @@
 use std::collections::BTreeSet;
 
 use graph::{Graph, Node, Op};
-
-use crate::rules::{strategy, OpContext};
+use parallel::rules::{strategy, OpContext};
 
 /// The shapes a strategy has one tuple for: the inputs', or a OneHot's output.
 fn operand_shapes<'a>(ctx: &OpContext<'a>) -> Vec<&'a [usize]> {

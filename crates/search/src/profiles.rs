@@ -15,7 +15,7 @@
 //!   56 GB/s links, i.e. 392 GB/s per NPU, one 200 Gb/s RoCE v2 port per NPU, 25 GB/s);
 //!   latencies from Huawei's HCCL performance guide (about 5 µs inside a node, 10 µs across).
 
-use crate::search::cost::{DeviceProfile, Link, MatmulRate};
+use crate::cost::{DeviceProfile, Link, MatmulRate};
 
 /// The names of the built-in profiles.
 pub const BUILT_IN: &[&str] = &["h100-nvlink-ib", "ascend910b-hccs-roce"];

@@ -9,11 +9,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use graph::{Graph, NodeId, NodeRole, ValueId, ValueKind};
+use parallel::ParallelError;
 
-use crate::error::ParallelError;
-use crate::search::candidates::candidates;
-use crate::search::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
-use crate::search::footprint::{plan_memory, MemoryEstimate};
+use crate::candidates::candidates;
+use crate::error::SearchError;
+use crate::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
+use crate::footprint::{plan_memory, MemoryEstimate};
 
 /// One op to choose a strategy for.
 #[derive(Debug, Clone)]
@@ -147,7 +148,7 @@ impl SearchProblem {
         settings: &EvalSettings<'_>,
         fixed: &BTreeMap<String, Vec<Vec<usize>>>,
         hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
-    ) -> Result<SearchProblem, ParallelError> {
+    ) -> Result<SearchProblem, SearchError> {
         SearchProblem::build_only(graph, settings, fixed, hints, None)
     }
 
@@ -159,7 +160,7 @@ impl SearchProblem {
         fixed: &BTreeMap<String, Vec<Vec<usize>>>,
         hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
         only: Option<&BTreeSet<String>>,
-    ) -> Result<SearchProblem, ParallelError> {
+    ) -> Result<SearchProblem, SearchError> {
         let devices = settings.devices;
         let mut classes: HashMap<String, (usize, Arc<Vec<Evaluated>>)> = HashMap::new();
         let mut nodes: Vec<SearchNode> = Vec::new();
@@ -199,11 +200,11 @@ impl SearchProblem {
                 (entry.1.clone(), entry.0, false)
             };
             if candidates.is_empty() {
-                return Err(ParallelError::Unsupported {
+                return Err(SearchError::from(ParallelError::Unsupported {
                     op: node.name.clone(),
                     kind: node.op.kind(),
                     reason: format!("no strategy of this op is valid on {devices} devices"),
-                });
+                }));
             }
             let unary = unary_costs(graph, node, &candidates, settings);
             index_of.insert(id, nodes.len());

@@ -32,11 +32,10 @@
 
 use std::path::Path;
 
-use parallel::search::cost::{MAX_COMPUTE_SLOTS, MAX_LOCAL_LINKS};
-use parallel::search::{DeviceProfile, Link, LocalLink, MatmulRate};
 use toml::{Table, Value};
 
-use crate::error::RuntimeError;
+use crate::cost::{DeviceProfile, Link, LocalLink, MatmulRate, MAX_COMPUTE_SLOTS, MAX_LOCAL_LINKS};
+use crate::error::SearchError;
 
 /// The largest profile file read.
 const MAX_PROFILE_BYTES: u64 = 1 << 20;
@@ -44,9 +43,10 @@ const MAX_PROFILE_BYTES: u64 = 1 << 20;
 /// The most shape classes a profile may list.
 const MAX_MATMUL_CLASSES: usize = 64;
 
-fn bad(path: &Path, key: &str, reason: impl Into<String>) -> RuntimeError {
-    RuntimeError::Config {
-        key: format!("{} ({key})", path.display()),
+fn bad(path: &Path, key: &str, reason: impl Into<String>) -> SearchError {
+    SearchError::ProfileFile {
+        path: path.to_path_buf(),
+        key: key.to_string(),
         reason: reason.into(),
     }
 }
@@ -66,7 +66,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 
 /// Refuses a key of `table` (named by `prefix`, empty at the top level) outside `valid`; a
 /// top-level key found inside a table is named as misplaced.
-fn only_keys(path: &Path, table: &Table, prefix: &str, valid: &[&str]) -> Result<(), RuntimeError> {
+fn only_keys(path: &Path, table: &Table, prefix: &str, valid: &[&str]) -> Result<(), SearchError> {
     let Some(unknown) = table.keys().find(|k| !valid.contains(&k.as_str())) else {
         return Ok(());
     };
@@ -81,7 +81,7 @@ fn only_keys(path: &Path, table: &Table, prefix: &str, valid: &[&str]) -> Result
     Err(bad(path, &format!("{prefix}{unknown}"), hint))
 }
 
-fn number(path: &Path, table: &Table, key: &str, prefix: &str) -> Result<f64, RuntimeError> {
+fn number(path: &Path, table: &Table, key: &str, prefix: &str) -> Result<f64, SearchError> {
     match table.get(key) {
         Some(Value::Float(f)) => Ok(*f),
         Some(Value::Integer(i)) => Ok(*i as f64),
@@ -101,7 +101,7 @@ fn whole(
     key: &str,
     prefix: &str,
     range: std::ops::RangeInclusive<usize>,
-) -> Result<usize, RuntimeError> {
+) -> Result<usize, SearchError> {
     let v = number(path, table, key, prefix)?;
     if v.fract() != 0.0 || v < *range.start() as f64 || v > *range.end() as f64 {
         return Err(bad(
@@ -118,7 +118,7 @@ fn whole(
 }
 
 /// The optional `[[local_link]]` measurements.
-fn local_links(path: &Path, root: &Table) -> Result<Vec<LocalLink>, RuntimeError> {
+fn local_links(path: &Path, root: &Table) -> Result<Vec<LocalLink>, SearchError> {
     let Some(value) = root.get("local_link") else {
         return Ok(Vec::new());
     };
@@ -159,7 +159,7 @@ fn local_links(path: &Path, root: &Table) -> Result<Vec<LocalLink>, RuntimeError
         .collect()
 }
 
-fn link(path: &Path, root: &Table, key: &str) -> Result<Link, RuntimeError> {
+fn link(path: &Path, root: &Table, key: &str) -> Result<Link, SearchError> {
     let table = root
         .get(key)
         .and_then(Value::as_table)
@@ -173,8 +173,8 @@ fn link(path: &Path, root: &Table, key: &str) -> Result<Link, RuntimeError> {
 }
 
 /// Reads and checks a profile file.
-pub fn read(path: &Path) -> Result<DeviceProfile, RuntimeError> {
-    let io = |source| RuntimeError::Io {
+pub fn read(path: &Path) -> Result<DeviceProfile, SearchError> {
+    let io = |source| SearchError::Io {
         path: path.to_path_buf(),
         source,
     };
@@ -313,7 +313,7 @@ mod tests {
     const TABLES: &str = "[[matmul]]\nmin_flops = 0.0\nflops_per_s = 1e10\n\
         [intra_node]\nalpha = 1e-5\nbandwidth = 1e9\n[inter_node]\nalpha = 1e-5\nbandwidth = 1e9\n";
 
-    fn read_text(text: &str) -> Result<DeviceProfile, RuntimeError> {
+    fn read_text(text: &str) -> Result<DeviceProfile, SearchError> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cpu.toml");
         std::fs::write(&path, text).unwrap();

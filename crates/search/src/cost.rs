@@ -361,8 +361,8 @@ mod tests {
 
     #[test]
     fn built_in_profiles_are_unaffected() {
-        for name in crate::search::profiles::BUILT_IN {
-            let p = crate::search::profiles::built_in(name).unwrap();
+        for name in crate::profiles::BUILT_IN {
+            let p = crate::profiles::built_in(name).unwrap();
             assert_eq!(p.for_ranks(8192), p);
         }
     }

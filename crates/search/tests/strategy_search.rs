@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use graph::models::seed_mlp;
 use graph::{Graph, GraphBuilder, Initializer};
-use parallel::search::{
+use proptest::prelude::*;
+use search::SearchError;
+use search::{
     brute_force, profiles, search, DeviceProfile, EvalSettings, SearchMode, SearchProblem,
     SearchRequest,
 };
-use parallel::ParallelError;
-use proptest::prelude::*;
 use tensor::DType;
 
 fn h100() -> DeviceProfile {
@@ -154,7 +154,7 @@ fn a_budget_below_the_smallest_plan_names_the_memory_needed() {
     for mode in SearchMode::ALL {
         let err = search(&graph, &request(mode, &profile, 4, Some(10))).unwrap_err();
         match &err {
-            ParallelError::MemoryExceeded {
+            SearchError::MemoryExceeded {
                 needed, available, ..
             } => {
                 assert_eq!(*available, 10);

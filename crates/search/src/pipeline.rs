@@ -16,26 +16,28 @@
 //!
 //! The P with the least predicted step wins. Stages are costed on the model of one micro-batch:
 //! the model as built when `[parallel.pipeline]` already cut the batch, otherwise the model
-//! rebuilt with `data.batch_size / micro_batches` (a P whose micro-batches do not divide the
-//! batch is skipped). The gradient all-reduces are counted with every micro-batch (an
+//! the caller rebuilds with `batch / micro_batches` ([`crate::PlanModel::with_batch_size`]; a P
+//! whose micro-batches do not divide the batch is skipped). The gradient all-reduces are counted with every micro-batch (an
 //! overestimate; with `[parallel.pipeline]` P = 1 is costed the same way, as M accumulated
 //! micro-steps). Sending a
 //! micro-batch's activations to the next stage costs the latency and bandwidth of the link
 //! between stages, for the largest boundary's bytes split over the stage's devices.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use graph::models::Model;
-use models::GptConfig;
+use graph::Graph;
 use parallel::pipeline::{
     layer_of, simulate, stage_ranks, Durations, PipelineConfig, Scheduler, MAX_STAGES,
 };
-use parallel::search::{DeviceProfile, MemoryEstimate, PlanCost, SearchMode, SearchResult};
-use parallel::ParallelConfig;
+use parallel::{ParallelConfig, SearchMode};
 
-use crate::auto::{run_search, SearchScope};
-use crate::config::TrainConfig;
-use crate::error::RuntimeError;
+use crate::cost::DeviceProfile;
+use crate::error::SearchError;
+use crate::footprint::MemoryEstimate;
+use crate::plan::{PlanModel, SearchScope};
+use crate::problem::PlanCost;
+use crate::solve::{search, SearchRequest, SearchResult};
 
 /// The memory budget of the search that only costs the layers: 1 PiB.
 const UNLIMITED: u64 = 1 << 50;
@@ -81,7 +83,7 @@ impl PipelinePlan {
 
 /// What a search with `auto_pipeline` found: the strategies of every op and the pipeline.
 #[derive(Debug, Clone)]
-pub struct PipelinedSearch {
+pub(crate) struct PipelinedSearch {
     /// Every forward op's strategy, in graph order.
     pub strategies: Vec<(String, Vec<Vec<usize>>)>,
     /// The chosen pipeline (`stages = 1` when no pipeline beats the plain search).
@@ -101,10 +103,10 @@ struct LayerCost {
     activations: f64,
 }
 
-/// The layers of `model` in order, with the forward ops (those searched) of each.
-fn model_layers(model: &Model) -> Vec<(String, Vec<String>)> {
+/// The layers of `graph` in order, with the forward ops (those searched) of each.
+fn model_layers(graph: &Graph) -> Vec<(String, Vec<String>)> {
     let mut layers: Vec<(String, Vec<String>)> = Vec::new();
-    for node in model.graph.nodes() {
+    for node in graph.nodes() {
         if node.role != graph::NodeRole::Forward || node.inputs.is_empty() {
             continue;
         }
@@ -197,12 +199,8 @@ fn scaled(cost: &PlanCost, factor: f64, memory: MemoryEstimate) -> PlanCost {
 /// What every search of one plan shares.
 #[derive(Clone, Copy)]
 pub(crate) struct Planner<'a> {
-    /// The run's configuration.
-    pub config: &'a TrainConfig,
-    /// The model.
-    pub model: &'a Model,
-    /// The GPT's shape, for its Megatron hints.
-    pub gpt: Option<&'a GptConfig>,
+    /// The model (the one micro-batch's, once rebuilt for the stages).
+    pub model: &'a dyn PlanModel,
     /// The parallel settings (its `strategies` stay fixed).
     pub parallel: &'a ParallelConfig,
     /// The search algorithm.
@@ -213,20 +211,33 @@ pub(crate) struct Planner<'a> {
     pub devices: usize,
     /// Memory per device, bytes.
     pub budget: u64,
+    /// Optimizer state per parameter element, in parameter copies.
+    pub optimizer_states: usize,
+    /// How long dynamic programming may search.
+    pub time_budget: Duration,
 }
 
 impl Planner<'_> {
-    /// The search over `scope`.
-    fn search(&self, scope: &SearchScope) -> Result<SearchResult, RuntimeError> {
-        run_search(
-            self.config,
-            self.model,
-            self.gpt,
-            self.parallel,
-            self.mode,
-            self.profile,
-            scope,
-        )
+    /// The search over `scope`; ops with a `[parallel.shard]` entry keep it.
+    pub(crate) fn search(&self, scope: &SearchScope) -> Result<SearchResult, SearchError> {
+        let graph = self.model.graph();
+        let fixed = parallel::resolve_op_patterns(graph, &self.parallel.strategies)?
+            .into_iter()
+            .filter(|(name, _)| scope.only.as_ref().is_none_or(|o| o.contains(name)))
+            .map(|(name, s)| (name, s.inputs))
+            .collect();
+        let request = SearchRequest {
+            mode: self.mode,
+            profile: self.profile,
+            devices: scope.devices,
+            memory_budget: Some(scope.budget),
+            optimizer_states: self.optimizer_states,
+            fixed,
+            hints: self.model.hints(scope.devices),
+            time_budget: Some(self.time_budget),
+            only: scope.only.clone(),
+        };
+        search(graph, &request)
     }
 }
 
@@ -237,7 +248,7 @@ struct Attempt {
 }
 
 /// The search with `parallel.auto_pipeline`: every stage count tried, the fastest kept.
-pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch, RuntimeError> {
+pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch, SearchError> {
     let (model, parallel, devices, budget) = (
         planner.model,
         planner.parallel,
@@ -245,14 +256,14 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
         planner.budget,
     );
     if parallel.pipeline.as_ref().is_some_and(|p| p.interleave) {
-        return Err(RuntimeError::Config {
+        return Err(SearchError::Config {
             key: "parallel.auto_pipeline".to_string(),
             reason: "the search chooses non-interleaved pipelines: set [parallel.pipeline] \
                      scheduler to gpipe, 1f1b or zero_bubble"
                 .to_string(),
         });
     }
-    let layers = model_layers(model);
+    let layers = model_layers(model.graph());
     let whole = SearchScope {
         devices,
         budget,
@@ -308,7 +319,7 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
     match (best, first_error) {
         (Some((_, found)), _) => Ok(found),
         (None, Some(e)) => Err(e),
-        (None, None) => Err(RuntimeError::Config {
+        (None, None) => Err(SearchError::Config {
             key: "parallel.auto_pipeline".to_string(),
             reason: "no pipeline of the devices fits the memory budget".to_string(),
         }),
@@ -325,7 +336,7 @@ struct StagePlanShape {
 }
 
 /// The schedule of `stages` stages, or `None` when the scheduler cannot make it.
-fn shape(parallel: &ParallelConfig, stages: usize) -> Result<Option<StagePlanShape>, RuntimeError> {
+fn shape(parallel: &ParallelConfig, stages: usize) -> Result<Option<StagePlanShape>, SearchError> {
     let (micro_batches, scheduler, batch_cut) = schedule_for(parallel, stages);
     let pipeline = PipelineConfig::new(stages, micro_batches, scheduler);
     let Ok(schedule) = parallel::pipeline::Schedule::generate(&pipeline) else {
@@ -351,7 +362,7 @@ fn try_stages(
     planner: &Planner<'_>,
     layers: &[(String, Vec<String>)],
     stages: usize,
-) -> Result<Option<Attempt>, RuntimeError> {
+) -> Result<Option<Attempt>, SearchError> {
     let Some(shape) = shape(planner.parallel, stages)? else {
         return Ok(None);
     };
@@ -360,20 +371,16 @@ fn try_stages(
     let micro = if shape.batch_cut {
         None
     } else {
-        let batch = planner.config.data().batch_size;
+        let batch = planner.model.batch_size();
         let m = shape.pipeline.micro_batches;
         if !batch.is_multiple_of(m) {
             return Ok(None);
         }
-        let config = planner.config.clone().with_batch_size(batch / m)?;
-        let (model, gpt) = crate::auto::build_model(&config)?;
-        Some((config, model, gpt))
+        Some(planner.model.with_batch_size(batch / m)?)
     };
     let planner = match &micro {
-        Some((config, model, gpt)) => &Planner {
-            config,
-            model,
-            gpt: gpt.as_ref(),
+        Some(model) => &Planner {
+            model: model.as_ref(),
             ..*planner
         },
         None => planner,
@@ -427,7 +434,7 @@ fn staged(
     layers: &[(String, Vec<String>)],
     stage_of_layer: &[usize],
     layer_activations: &[f64],
-) -> Result<Option<Attempt>, RuntimeError> {
+) -> Result<Option<Attempt>, SearchError> {
     let (model, budget) = (planner.model, planner.budget);
     let stages = shape.pipeline.stages;
     let sub = planner.devices / stages;
@@ -477,7 +484,7 @@ fn staged(
     // 4. The schedule with the stages' predicted times.
     let third: Vec<f64> = per_micro.iter().map(|t| t / 3.0).collect();
     let link = planner.profile.link(planner.devices);
-    let boundary = boundary_bytes(model, &stage_of_op) / sub as f64;
+    let boundary = boundary_bytes(model.graph(), &stage_of_op) / sub as f64;
     let durations = Durations::per_stage(third.clone(), third.clone(), third)
         .with_latency(link.alpha + boundary / link.bandwidth);
     let report = simulate(&shape.schedule, &durations).map_err(|e| config_error(e.to_string()))?;
@@ -489,7 +496,7 @@ fn staged(
         .map(|((l, _), &s)| (l.clone(), s))
         .collect();
     let ordered = model
-        .graph
+        .graph()
         .nodes()
         .iter()
         .filter_map(|n| strategies.get(&n.name).map(|s| (n.name.clone(), s.clone())))
@@ -519,11 +526,11 @@ pub(crate) fn plan_loaded_stages(
     planner: &Planner<'_>,
     stage_of_op: &BTreeMap<String, usize>,
     file: &std::path::Path,
-) -> Result<PipelinedSearch, RuntimeError> {
-    let layers = model_layers(planner.model);
+) -> Result<PipelinedSearch, SearchError> {
+    let layers = model_layers(planner.model.graph());
     let stages = stage_of_op.values().copied().max().unwrap_or(0) + 1;
     let key = "parallel.load_operator_strategy_file";
-    let bad = |reason: String| RuntimeError::Config {
+    let bad = |reason: String| SearchError::Config {
         key: key.to_string(),
         reason: format!("{}: {reason}", file.display()),
     };
@@ -573,8 +580,7 @@ pub(crate) fn plan_loaded_stages(
 
 /// Bytes of the graph's batch crossing the busiest stage boundary: every value an op of one
 /// stage produces and an op of a later stage reads, summed per boundary it crosses.
-fn boundary_bytes(model: &Model, stage_of_op: &BTreeMap<String, usize>) -> f64 {
-    let graph = &model.graph;
+fn boundary_bytes(graph: &Graph, stage_of_op: &BTreeMap<String, usize>) -> f64 {
     let stages = stage_of_op.values().copied().max().unwrap_or(0) + 1;
     let mut crossing = vec![0.0f64; stages];
     let mut counted = BTreeSet::new();
@@ -604,8 +610,8 @@ fn boundary_bytes(model: &Model, stage_of_op: &BTreeMap<String, usize>) -> f64 {
 }
 
 /// An error of `parallel.auto_pipeline`.
-fn config_error(reason: String) -> RuntimeError {
-    RuntimeError::Config {
+fn config_error(reason: String) -> SearchError {
+    SearchError::Config {
         key: "parallel.auto_pipeline".to_string(),
         reason,
     }

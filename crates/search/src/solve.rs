@@ -1,80 +1,20 @@
-//! Automatic parallel: strategy searches over a cost model (MindSpore's `AUTO_PARALLEL`).
-//!
-//! # Brief overview
-//! - [`cost`]: device profiles and the α–β times of collectives; [`profiles`]: the built-in
-//!   profiles from public figures.
-//! - The forward ops of a graph become a [`SearchProblem`]: per op its candidate strategies
-//!   (from its sharding rule), each costed ([`Evaluated`]: compute, communication inside the
-//!   op, memory), and per pair of connected ops the redistribution time of every pair of
-//!   choices. Forward and backward are both counted: an op's backward runs on its device
-//!   matrix, so its cost follows from the forward choice.
-//! - [`search`] solves it with one of three algorithms ([`SearchMode`]): sharding propagation,
-//!   recursive bisection (forking over the order of batch and model halvings), or dynamic programming by graph elimination (exact on
-//!   series-parallel graphs, otherwise approximate with a reported gap). All keep the memory
-//!   per device under the budget, or fail naming the least memory that would do.
-//!
-//! # Architecture invariant
-//! Pure: no files, no clocks but the search's own deadline, no devices. Plans are costed
-//! symbolically from split factors, so the work grows with the ops and their candidates, never
-//! with the devices squared.
-
-mod anchors;
-mod budget;
-mod candidates;
-pub mod cost;
-mod elimination;
-mod evaluate;
-mod exhaustive;
-mod footprint;
-mod greedy;
-mod problem;
-pub mod profiles;
-mod recursive;
+//! One strategy search over a graph's forward ops ([`search`]) and the costing of given
+//! strategies ([`evaluate_strategies`]): the problem built, the algorithm of the request's
+//! [`SearchMode`] run, the memory budget kept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use graph::Graph;
+use parallel::rules::{strategy, OpContext};
+use parallel::SearchMode;
 
-use crate::error::ParallelError;
-use crate::rules::{strategy, OpContext};
-
-pub use crate::search::anchors::{anchored_strategies, Anchor};
-pub use crate::search::candidates::{batch_splits, candidates};
-pub use crate::search::cost::{DeviceProfile, Link, LocalLink, MatmulRate, ProfileError};
-pub use crate::search::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
-pub use crate::search::exhaustive::{brute_force, MAX_COMBINATIONS};
-pub use crate::search::footprint::{plan_memory, MemoryEstimate};
-pub use crate::search::problem::{PlanCost, SearchEdge, SearchNode, SearchProblem};
-
-/// The search algorithms (`parallel.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchMode {
-    /// `sharding_propagation`.
-    ShardingPropagation,
-    /// `recursive_programming`.
-    RecursiveProgramming,
-    /// `dynamic_programming`.
-    DynamicProgramming,
-}
-
-impl SearchMode {
-    /// Every mode, in documentation order.
-    pub const ALL: [SearchMode; 3] = [
-        SearchMode::ShardingPropagation,
-        SearchMode::RecursiveProgramming,
-        SearchMode::DynamicProgramming,
-    ];
-
-    /// The config spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            SearchMode::ShardingPropagation => "sharding_propagation",
-            SearchMode::RecursiveProgramming => "recursive_programming",
-            SearchMode::DynamicProgramming => "dynamic_programming",
-        }
-    }
-}
+use crate::cost::DeviceProfile;
+use crate::error::SearchError;
+use crate::evaluate::EvalSettings;
+use crate::footprint::MemoryEstimate;
+use crate::problem::{PlanCost, SearchProblem};
+use crate::{budget, elimination, greedy, recursive};
 
 /// What a search is asked.
 #[derive(Debug, Clone)]
@@ -136,14 +76,14 @@ fn settings<'a>(request: &SearchRequest<'a>) -> EvalSettings<'a> {
 }
 
 /// Searches strategies for the forward ops of `graph`.
-pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult, ParallelError> {
+pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult, SearchError> {
     let start = Instant::now();
     request
         .profile
         .validate()
-        .map_err(|e| ParallelError::Setting {
-            setting: "device_profile",
-            reason: format!("profile {}: {e}", request.profile.name),
+        .map_err(|source| SearchError::InvalidProfile {
+            profile: request.profile.name.clone(),
+            source,
         })?;
     let settings = settings(request);
     let problem = SearchProblem::build_only(
@@ -158,7 +98,7 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
         .unwrap_or(request.profile.memory_bytes) as f64;
     let least = budget::min_memory(&problem);
     if least > budget {
-        return Err(ParallelError::MemoryExceeded {
+        return Err(SearchError::MemoryExceeded {
             needed: least.ceil() as u64,
             available: budget as u64,
             profile: request.profile.name.clone(),
@@ -218,7 +158,7 @@ pub fn evaluate_strategies(
     graph: &Graph,
     request: &SearchRequest<'_>,
     strategies: &BTreeMap<String, Vec<Vec<usize>>>,
-) -> Result<PlanCost, ParallelError> {
+) -> Result<PlanCost, SearchError> {
     let mut fixed = strategies.clone();
     for node in graph.nodes() {
         if node.role == graph::NodeRole::Forward

@@ -17,8 +17,8 @@
 //! caller then repairs). The shared prefix is computed once, so the work is `O(log₂ devices)`
 //! rounds of `ops × candidates × degree`.
 
-use crate::search::greedy::best_local;
-use crate::search::problem::SearchProblem;
+use crate::greedy::best_local;
+use crate::problem::SearchProblem;
 
 /// Settling sweeps per round at most (they stop earlier when nothing changes).
 const SETTLE_SWEEPS: usize = 3;

@@ -7,10 +7,11 @@
 use std::collections::BTreeMap;
 
 use graph::{Graph, NodeRole, ValueId};
+use parallel::ParallelError;
 
-use crate::error::ParallelError;
-use crate::search::candidates::candidates;
-use crate::search::evaluate::{evaluate, EvalSettings};
+use crate::candidates::candidates;
+use crate::error::SearchError;
+use crate::evaluate::{evaluate, EvalSettings};
 
 /// The split tuple a value must have wherever an op reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,12 +29,12 @@ pub fn anchored_strategies(
     graph: &Graph,
     anchors: &[Anchor],
     settings: &EvalSettings<'_>,
-) -> Result<BTreeMap<String, Vec<Vec<usize>>>, ParallelError> {
+) -> Result<BTreeMap<String, Vec<Vec<usize>>>, SearchError> {
     let mut wanted: BTreeMap<usize, Vec<(usize, &Anchor)>> = BTreeMap::new();
     for anchor in anchors {
         let value = &graph.values()[anchor.value.0];
         if anchor.split.len() != value.shape.len() {
-            return Err(ParallelError::Setting {
+            return Err(SearchError::from(ParallelError::Setting {
                 setting: "shard",
                 reason: format!(
                     "{} has {} dims but its strategy {:?} has {}",
@@ -42,7 +43,7 @@ pub fn anchored_strategies(
                     anchor.split,
                     anchor.split.len()
                 ),
-            });
+            }));
         }
         for u in graph.consumers(anchor.value) {
             wanted.entry(u.node.0).or_default().push((u.input, anchor));
@@ -71,7 +72,7 @@ pub fn anchored_strategies(
                     format!("input {input} ({name}) split {:?}", a.split)
                 })
                 .collect();
-            return Err(ParallelError::Unsupported {
+            return Err(SearchError::from(ParallelError::Unsupported {
                 op: node.name.clone(),
                 kind: node.op.kind(),
                 reason: format!(
@@ -79,7 +80,7 @@ pub fn anchored_strategies(
                     settings.devices,
                     asked.join(" and ")
                 ),
-            });
+            }));
         };
         out.insert(node.name.clone(), best.strategy);
     }

@@ -2,11 +2,11 @@
 //! category, and the split factors of its operands that redistribution costs are computed from.
 
 use graph::{Graph, Node, Op, ValueKind};
+use parallel::rules::{infer, strategy, OpContext};
 
-use crate::error::ParallelError;
-use crate::rules::{infer, strategy, OpContext};
-use crate::search::cost::DeviceProfile;
-use crate::search::footprint::MemoryEstimate;
+use crate::cost::DeviceProfile;
+use crate::error::SearchError;
+use crate::footprint::MemoryEstimate;
 
 /// How a tensor is split: a factor per dim, and the number of partial sums it is pending over.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -91,7 +91,7 @@ pub fn evaluate(
     node: &Node,
     strategy: &[Vec<usize>],
     settings: &EvalSettings<'_>,
-) -> Result<Evaluated, ParallelError> {
+) -> Result<Evaluated, SearchError> {
     let ctx = OpContext::of(graph, node);
     let devices = settings.devices;
     let placement = strategy::input_layouts(&ctx, strategy, devices)?;
