@@ -83,8 +83,6 @@ pub use crate::session::{
 };
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
 pub use crate::trainer::Trainer;
-// The plan types of `plan` and `plan_model`, from the crate that makes plans.
-pub use search::{LoadedLayouts, PipelinePlan, PlanReport};
 
 // The executor's types, re-exported under their old paths so that users of `runtime` (the CLI,
 // the parameter server, the Python package, examples) keep compiling; `exec` owns them.
@@ -95,3 +93,6 @@ pub use exec::{
     OptimizerKind, OptimizerPiece, ParamSpec, PassTimes, Precision, RankExecutor, SpanKind,
     StepProfile, StepTrace, Tally, TraceSpan, WeightDecayFilter,
 };
+
+// The plan types of `plan` and `plan_model`, from the crate that makes plans.
+pub use search::{LoadedLayouts, PipelinePlan, PlanReport};
