@@ -17,7 +17,7 @@ use tensor::{DType, Tensor};
 
 use crate::timing::ms;
 use crate::train_step::{lcg, rank_steps, slowest, StepBench, StepMillis};
-use crate::{BenchError, Progress};
+use crate::{BenchError, Pieces, Progress};
 
 /// Canonical blocks per summed dim in the deterministic runs (`parallel.deterministic_blocks`'s
 /// default).
@@ -89,6 +89,26 @@ pub struct GptRun {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ratios(pub Vec<f64>);
 
+impl Ratios {
+    /// `  {what}: 1.02x {of} (median of 3 rounds, 0.99-1.04)`, with `digits` decimals.
+    fn line(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        (what, of): (&str, &str),
+        digits: usize,
+    ) -> fmt::Result {
+        let r = &self.0;
+        writeln!(
+            f,
+            "  {what}: {:.digits$}x {of} (median of {} rounds, {:.digits$}-{:.digits$})",
+            r[r.len() / 2],
+            r.len(),
+            r[0],
+            r[r.len() - 1]
+        )
+    }
+}
+
 /// A piece of the report, in the order it is measured.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GptStepLine {
@@ -156,21 +176,15 @@ impl fmt::Display for GptStepLine {
             GptStepLine::Fusion { what, ratio } => {
                 writeln!(f, "  {what}: {ratio:.2}x the plain throughput")
             }
-            GptStepLine::Deterministic(Ratios(r)) => writeln!(
+            GptStepLine::Deterministic(ratios) => ratios.line(
                 f,
-                "  deterministic mode: {:.2}x the ordinary throughput (median of {} rounds, {:.2}-{:.2})",
-                r[r.len() / 2],
-                r.len(),
-                r[0],
-                r[r.len() - 1]
+                ("deterministic mode", "the ordinary throughput"),
+                2,
             ),
-            GptStepLine::Clipped(Ratios(r)) => writeln!(
+            GptStepLine::Clipped(ratios) => ratios.line(
                 f,
-                "  clipping by global norm: {:.3}x the unclipped throughput (median of {} rounds, {:.3}-{:.3})",
-                r[r.len() / 2],
-                r.len(),
-                r[0],
-                r[r.len() - 1]
+                ("clipping by global norm", "the unclipped throughput"),
+                3,
             ),
             GptStepLine::SpeedUp {
                 data_parallel,
@@ -184,17 +198,7 @@ impl fmt::Display for GptStepLine {
 }
 
 /// Every piece of the report, in order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GptStepReport {
-    /// The pieces.
-    pub lines: Vec<GptStepLine>,
-}
-
-impl fmt::Display for GptStepReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.lines.iter().try_for_each(|line| line.fmt(f))
-    }
-}
+pub type GptStepReport = Pieces<GptStepLine>;
 
 /// The benchmark's GPT: byte vocabulary, 4 heads, 128 tokens, batch 16.
 fn gpt_config(request: &GptStepRequest) -> GptConfig {
@@ -255,14 +259,13 @@ struct Bench<'a> {
     request: &'a GptStepRequest,
     gpt: GptConfig,
     progress: &'a mut dyn Progress,
-    lines: Vec<GptStepLine>,
+    report: GptStepReport,
 }
 
 impl Bench<'_> {
     /// Shows `line` and adds it to the report.
     fn push(&mut self, line: GptStepLine) {
-        self.progress.piece(&line);
-        self.lines.push(line);
+        self.report.show(self.progress, line);
     }
 
     /// Times one configuration and reports it; its tokens/s.
@@ -367,7 +370,7 @@ pub fn gpt_step(
         request,
         gpt: gpt_config(request),
         progress,
-        lines: Vec::new(),
+        report: Pieces::default(),
     };
     bench.push(GptStepLine::Header {
         layers: request.layers,
@@ -411,5 +414,5 @@ pub fn gpt_step(
         data_parallel: rates[1] / rates[0],
         model_parallel: rates[2] / rates[0],
     });
-    Ok(GptStepReport { lines: bench.lines })
+    Ok(bench.report)
 }

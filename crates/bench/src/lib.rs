@@ -62,3 +62,45 @@ impl Progress for Silent {
 
     fn note(&mut self, _: &dyn fmt::Display) {}
 }
+
+/// A report made of pieces in the order they were measured; its text is theirs, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pieces<T>(pub Vec<T>);
+
+impl<T> Default for Pieces<T> {
+    fn default() -> Pieces<T> {
+        Pieces(Vec::new())
+    }
+}
+
+impl<T: fmt::Display> Pieces<T> {
+    /// Shows `piece` and adds it to the report.
+    pub(crate) fn show(&mut self, progress: &mut dyn Progress, piece: T) {
+        progress.piece(&piece);
+        self.0.push(piece);
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Pieces<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|piece| piece.fmt(f))
+    }
+}
+
+/// What the unit tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::fmt;
+
+    /// A [`crate::Progress`] that keeps the text of every piece shown.
+    #[derive(Default)]
+    pub(crate) struct Record(pub String);
+
+    impl crate::Progress for Record {
+        fn piece(&mut self, piece: &dyn fmt::Display) {
+            self.0.push_str(&piece.to_string());
+        }
+
+        fn note(&mut self, _: &dyn fmt::Display) {}
+    }
+}

@@ -105,18 +105,7 @@ pub fn memcpy(request: &MemcpyRequest, progress: &mut dyn Progress) -> MemcpyRep
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Keeps every piece's text.
-    #[derive(Default)]
-    struct Record(String);
-
-    impl Progress for Record {
-        fn piece(&mut self, piece: &dyn fmt::Display) {
-            self.0.push_str(&piece.to_string());
-        }
-
-        fn note(&mut self, _: &dyn fmt::Display) {}
-    }
+    use crate::testing::Record;
 
     #[test]
     fn the_pieces_shown_are_the_report() {
@@ -134,8 +123,8 @@ mod tests {
             [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
         );
         assert_eq!(shown.0, report.to_string());
-        assert!(shown.0.starts_with(
-            "single-thread memcpy (GB/s: median [min-max] over 1 runs)\n     1 KiB  "
-        ));
+        assert!(shown
+            .0
+            .starts_with("single-thread memcpy (GB/s: median [min-max] over 1 runs)\n    1 KiB  "));
     }
 }

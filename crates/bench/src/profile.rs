@@ -10,7 +10,7 @@ use comm::{Communicator, CommunicatorExt, LocalCluster, ReduceOp};
 use parallel::search::{DeviceProfile, Link, LocalLink, MatmulRate};
 use tensor::{DType, Tensor};
 
-use crate::{BenchError, Progress};
+use crate::{BenchError, Pieces, Progress};
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,14 +160,14 @@ impl fmt::Display for ProfileLine {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileReport {
     /// Every measurement, in order.
-    pub lines: Vec<ProfileLine>,
+    pub lines: Pieces<ProfileLine>,
     /// The profile.
     pub profile: DeviceProfile,
 }
 
 impl fmt::Display for ProfileReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.lines.iter().try_for_each(|line| line.fmt(f))
+        self.lines.fmt(f)
     }
 }
 
@@ -176,11 +176,8 @@ pub fn profile(
     request: &ProfileRequest,
     progress: &mut dyn Progress,
 ) -> Result<ProfileReport, BenchError> {
-    let mut lines = Vec::new();
-    let mut push = |line: ProfileLine| {
-        progress.piece(&line);
-        lines.push(line);
-    };
+    let mut lines = Pieces::default();
+    let mut push = |line: ProfileLine| lines.show(progress, line);
     let mut matmul = Vec::new();
     for (i, n) in [32usize, 128, 512].into_iter().enumerate() {
         let (flops, rate) = matmul_rate(n, request.sustained)?;

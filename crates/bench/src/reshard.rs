@@ -183,3 +183,37 @@ pub fn reshard(
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Record;
+
+    #[test]
+    fn every_pair_is_reported_as_it_is_measured() {
+        let request = ReshardRequest {
+            shape: vec![8, 8],
+            reps: 1,
+        };
+        let mut shown = Record::default();
+        let report = reshard(&request, &mut shown).unwrap();
+        assert_eq!(report.rows.len(), PLACEMENTS.len() * PLACEMENTS.len());
+        assert_eq!(shown.0, report.to_string());
+        let pair = &report.rows[1];
+        assert_eq!((pair.from, pair.to), ("(S0,S0)", "(S1,S1)"));
+        assert_eq!(pair.bytes_total, 192);
+        assert!(shown.0.starts_with(
+            "reshard of a [8, 8] f32 tensor (256 B) on a 2x2 mesh, local backend, 1 runs per pair\n"
+        ));
+    }
+
+    #[test]
+    fn a_shape_the_layouts_do_not_divide_is_refused() {
+        let request = ReshardRequest {
+            shape: vec![3, 3],
+            reps: 1,
+        };
+        let err = reshard(&request, &mut crate::Silent).unwrap_err();
+        assert!(matches!(err, BenchError::LayoutForShape(_)), "{err}");
+    }
+}

@@ -119,3 +119,37 @@ pub fn run_and_check(plan: &ReshardPlan) -> Result<Vec<RankCheck>, BenchError> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use layout::{DimSpec, Layout};
+    use reshard::DistLayout;
+
+    use super::*;
+
+    #[test]
+    fn every_rank_of_a_partial_source_gets_its_box() {
+        let mesh = || Layout::new(&[2, 2], &["a", "b"], None).unwrap();
+        let src = mesh()
+            .apply(&[DimSpec::parse("a"), DimSpec::parse("None")])
+            .unwrap()
+            .bind(&[4, 8])
+            .unwrap();
+        let dst = mesh()
+            .apply(&[DimSpec::parse("None"), DimSpec::parse("a+b")])
+            .unwrap()
+            .bind(&[4, 8])
+            .unwrap();
+        // A pending sum over `b`: the shares of each pair add up to the global values.
+        let src = DistLayout::partial(src, &[1]).unwrap();
+        let plan = reshard::plan_from(&src, &dst, DType::F32).unwrap();
+        assert_eq!(world_size(&plan), 4);
+        assert!(run_bytes(&plan).is_some_and(|b| b > 0));
+        let outcomes = run_and_check(&plan).unwrap();
+        assert_eq!(outcomes.len(), 4);
+        assert!(
+            outcomes.iter().all(|o| matches!(o, RankCheck::Matches)),
+            "{outcomes:?}"
+        );
+    }
+}

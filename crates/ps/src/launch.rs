@@ -49,7 +49,7 @@ pub fn role_env(
     scheduler_addr: &str,
     secret: &JobSecret,
 ) -> Vec<(String, String)> {
-    let (role, id) = role_of(rank, servers);
+    let (role, id) = PsRole::of_rank(rank, servers);
     let vars = ProcessVars {
         role,
         id,
@@ -66,12 +66,6 @@ pub fn role_env(
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
-}
-
-/// The role and the id within it of process `rank` of a job with `servers` servers: rank 0 is
-/// the scheduler, then the servers, then the workers.
-pub fn role_of(rank: usize, servers: usize) -> (PsRole, usize) {
-    PsRole::of_rank(rank, servers)
 }
 
 /// Makes the process `command` starts receive SIGKILL when the thread that starts it ends
@@ -145,7 +139,7 @@ pub fn run_local_job(
     let mut children: Vec<RoleChild> = Vec::new();
     for rank in 0..1 + servers + workers {
         let env = role_env(rank, servers, workers, &addr, secret);
-        let (role, id) = role_of(rank, servers);
+        let (role, id) = PsRole::of_rank(rank, servers);
         let name = format!("{} {id} (rank {rank})", role.name());
         let mut command = Command::new(program);
         command.args(args).envs(env);

@@ -22,7 +22,9 @@
 //! | [`SERVER_JOIN`] | `1`: a server added to a running job | the user |
 //!
 //! [`MAX_RANKS`] is not part of the contract but a resource setting of the `tessera` binary;
-//! its name is here so that every `TESSERA_*` name is.
+//! its name is here so that every `TESSERA_*` name a Tessera crate reads is. (The pod
+//! entrypoint's own inputs, `TESSERA_POD_INDEX` and `TESSERA_STATE_DIR`, and the scripts'
+//! `TESSERA_*_VENV` never reach a Tessera process.)
 //!
 //! Every error names the variable and the rule it breaks ([`EnvError`]).
 

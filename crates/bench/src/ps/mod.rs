@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use runtime::{LaunchOptions, Session, TrainConfig};
 
-use crate::{BenchError, Progress};
+use crate::{BenchError, Pieces, Progress};
 
 mod recovery;
 
@@ -227,16 +227,16 @@ impl fmt::Display for PsLine {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PsReport {
     /// Steps/s of every run and the killed worker's job.
-    Rates(Vec<PsLine>),
+    Rates(Pieces<PsLine>),
     /// Recovery times.
-    Recovery(Vec<RecoveryLine>),
+    Recovery(Pieces<RecoveryLine>),
 }
 
 impl fmt::Display for PsReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PsReport::Rates(lines) => lines.iter().try_for_each(|l| l.fmt(f)),
-            PsReport::Recovery(lines) => lines.iter().try_for_each(|l| l.fmt(f)),
+            PsReport::Rates(lines) => lines.fmt(f),
+            PsReport::Recovery(lines) => lines.fmt(f),
         }
     }
 }
@@ -250,11 +250,8 @@ pub fn ps(request: &PsRequest, progress: &mut dyn Progress) -> Result<PsReport, 
         let _ = std::fs::remove_dir_all(&dir);
         return outcome.map(PsReport::Recovery);
     }
-    let mut lines = Vec::new();
-    let mut push = |line: PsLine| {
-        progress.piece(&line);
-        lines.push(line);
-    };
+    let mut lines = Pieces::default();
+    let mut push = |line: PsLine| lines.show(progress, line);
     push(PsLine::Header {
         model: match request.model {
             PsModel::Gpt => GPT_DESCRIPTION,

@@ -11,13 +11,18 @@ use std::time::{Duration, Instant};
 use runtime::launch_env;
 
 use super::{config_text, PsRequest};
-use crate::{BenchError, Progress};
+use crate::{BenchError, Pieces, Progress};
 
-/// A job of real processes of the `tessera` binary, every output line sent with its process's
-/// tag (the rank, or a tag given to a restarted process) and the time it arrived.
+/// A sync job of real processes of the `tessera` binary, every output line sent with its
+/// process's tag (the rank, or a tag given to a restarted process) and the time it arrived.
 struct ProcessJob {
     program: PathBuf,
     config: PathBuf,
+    /// Servers and workers.
+    shape: (usize, usize),
+    /// The scheduler's address.
+    addr: String,
+    secret: ps::auth::JobSecret,
     children: Vec<Child>,
     /// The processes this bench killed (expected to fail).
     killed: Vec<usize>,
@@ -26,16 +31,37 @@ struct ProcessJob {
 }
 
 impl ProcessJob {
-    fn new(program: &Path, config: PathBuf) -> ProcessJob {
+    /// Writes the config `name` of a `servers` × `workers` recovery job in `dir` and starts
+    /// every process of the job, tagged with its rank.
+    fn launch(
+        request: &PsRequest,
+        dir: &Path,
+        name: &str,
+        (servers, workers): (usize, usize),
+    ) -> Result<ProcessJob, BenchError> {
+        let config = recovery_config(request, dir, name, servers, workers)?;
         let (tx, rx) = mpsc::channel();
-        ProcessJob {
-            program: program.to_path_buf(),
+        let mut job = ProcessJob {
+            program: request.tessera.clone(),
             config,
+            shape: (servers, workers),
+            addr: format!("127.0.0.1:{}", ps::launch::free_local_port()?),
+            secret: ps::auth::JobSecret::generate()?,
             children: Vec::new(),
             killed: Vec::new(),
             tx: Some(tx),
             rx,
+        };
+        for rank in 0..1 + servers + workers {
+            job.start(rank, job.env_of(rank))?;
         }
+        Ok(job)
+    }
+
+    /// The environment of process `rank` of the job.
+    fn env_of(&self, rank: usize) -> Vec<(String, String)> {
+        let (servers, workers) = self.shape;
+        ps::launch::role_env(rank, servers, workers, &self.addr, &self.secret)
     }
 
     /// Starts `tessera train CONFIG` with `env`, its lines tagged `tag`; its index.
@@ -138,13 +164,7 @@ fn recovery_config(
 /// Kills worker 2 of a sync job of 3 workers (real processes) after step 20; returns the
 /// seconds until the scheduler declared it dead and until worker 0 finished its next step.
 pub(super) fn worker_recovery(request: &PsRequest, dir: &Path) -> Result<(f64, f64), BenchError> {
-    let config = recovery_config(request, dir, "rec", 1, 3)?;
-    let mut job = ProcessJob::new(&request.tessera, config);
-    let addr = format!("127.0.0.1:{}", ps::launch::free_local_port()?);
-    let secret = ps::auth::JobSecret::generate()?;
-    for rank in 0..5 {
-        job.start(rank, ps::launch::role_env(rank, 1, 3, &addr, &secret))?;
-    }
+    let mut job = ProcessJob::launch(request, dir, "rec", (1, 3))?;
     // Rank 2 is worker 0 (rank 1 the server); rank 4 is worker 2.
     job.next(&|rank, line| rank == 2 && line.contains("step: 20,"))?;
     let killed = Instant::now();
@@ -163,18 +183,12 @@ pub(super) fn worker_recovery(request: &PsRequest, dir: &Path) -> Result<(f64, f
 /// seconds from the kill until the restarted server serves again and until worker 0 finished
 /// its next step.
 fn server_recovery(request: &PsRequest, dir: &Path) -> Result<(f64, f64), BenchError> {
-    let config = recovery_config(request, dir, "srv", 2, 2)?;
-    let mut job = ProcessJob::new(&request.tessera, config);
-    let addr = format!("127.0.0.1:{}", ps::launch::free_local_port()?);
-    let secret = ps::auth::JobSecret::generate()?;
-    for rank in 0..5 {
-        job.start(rank, ps::launch::role_env(rank, 2, 2, &addr, &secret))?;
-    }
+    let mut job = ProcessJob::launch(request, dir, "srv", (2, 2))?;
     // Rank 3 is worker 0; rank 2 is server 1.
     job.next(&|rank, line| rank == 3 && line.contains("step: 20,"))?;
     let killed = Instant::now();
     job.kill(2)?;
-    let mut env = ps::launch::role_env(2, 2, 2, &addr, &secret);
+    let mut env = job.env_of(2);
     for (k, v) in env.iter_mut() {
         if k == launch_env::RESTART_COUNT {
             *v = "1".to_string();
@@ -296,44 +310,54 @@ impl fmt::Display for RecoveryLine {
     }
 }
 
+/// Runs `trial` for `0..trials` (at least one), showing each trial's line; every trial's two
+/// figures.
+fn repeat(
+    trials: usize,
+    push: &mut dyn FnMut(RecoveryLine),
+    mut trial: impl FnMut(usize) -> Result<((f64, f64), RecoveryLine), BenchError>,
+) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for n in 0..trials.max(1) {
+        let ((a, b), line) = trial(n)?;
+        push(line);
+        first.push(a);
+        second.push(b);
+    }
+    Ok((first, second))
+}
+
 /// `trials` killed workers and killed servers.
 pub(super) fn run_recovery(
     request: &PsRequest,
     trials: usize,
     dir: &Path,
     progress: &mut dyn Progress,
-) -> Result<Vec<RecoveryLine>, BenchError> {
-    let mut lines = Vec::new();
-    let mut push = |line: RecoveryLine| {
-        progress.piece(&line);
-        lines.push(line);
-    };
+) -> Result<Pieces<RecoveryLine>, BenchError> {
+    let mut lines = Pieces::default();
+    let mut push = |line: RecoveryLine| lines.show(progress, line);
     push(RecoveryLine::Header {
         dead_after_ms: request.dead_after_ms,
         trials,
     });
-    let (mut dead, mut worker_next) = (Vec::new(), Vec::new());
-    for trial in 0..trials.max(1) {
-        let (d, n) = worker_recovery(request, &dir.join(format!("w{trial}")))?;
-        push(RecoveryLine::WorkerTrial {
+    let (dead, worker_next) = repeat(trials, &mut push, |trial| {
+        let (dead, next) = worker_recovery(request, &dir.join(format!("w{trial}")))?;
+        let line = RecoveryLine::WorkerTrial {
             trial: trial + 1,
-            dead: d,
-            next: n,
-        });
-        dead.push(d);
-        worker_next.push(n);
-    }
-    let (mut serving, mut server_next) = (Vec::new(), Vec::new());
-    for trial in 0..trials.max(1) {
-        let (s, n) = server_recovery(request, &dir.join(format!("s{trial}")))?;
-        push(RecoveryLine::ServerTrial {
+            dead,
+            next,
+        };
+        Ok(((dead, next), line))
+    })?;
+    let (serving, server_next) = repeat(trials, &mut push, |trial| {
+        let (serving, next) = server_recovery(request, &dir.join(format!("s{trial}")))?;
+        let line = RecoveryLine::ServerTrial {
             trial: trial + 1,
-            serving: s,
-            next: n,
-        });
-        serving.push(s);
-        server_next.push(n);
-    }
+            serving,
+            next,
+        };
+        Ok(((serving, next), line))
+    })?;
     push(RecoveryLine::Summary {
         dead: Spread(dead),
         worker_next: Spread(worker_next),
