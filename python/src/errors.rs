@@ -172,6 +172,7 @@ pub fn runtime_err(e: runtime::RuntimeError) -> PyErr {
             config(Some(&path), None, reason)
         }
         R::Parallel(p) => config(None, None, p.to_string()),
+        R::Search(s) => config(None, None, s.to_string()),
         R::Io { path, source } => with_culprit(
             CheckpointIOError::new_err(message),
             Some(path.display().to_string()),

@@ -15,9 +15,12 @@ pub enum BenchError {
     /// A collective that failed, or a rank thread that panicked.
     #[error(transparent)]
     Comm(#[from] comm::CommError),
-    /// A reshard that cannot be planned or run.
+    /// A reshard that cannot be planned.
     #[error(transparent)]
     Reshard(#[from] reshard::ReshardError),
+    /// A reshard plan that failed to run.
+    #[error(transparent)]
+    ReshardExec(#[from] reshard_exec::ExecError),
     /// A graph that cannot be built.
     #[error(transparent)]
     Graph(#[from] graph::GraphError),
@@ -30,7 +33,10 @@ pub enum BenchError {
     /// A built-in model that cannot be built.
     #[error(transparent)]
     Models(#[from] models::ModelsError),
-    /// A training run, config or executor that failed.
+    /// A program that failed to run on a rank, or an optimizer that cannot be built.
+    #[error(transparent)]
+    Exec(#[from] exec::ExecError),
+    /// A training run or config that failed.
     #[error(transparent)]
     Runtime(#[from] runtime::RuntimeError),
     /// A parameter-server job that failed.
@@ -84,7 +90,7 @@ pub enum BenchError {
     NoMpi,
     /// The measured device profile breaks a rule of device profiles.
     #[error("the measured profile is not usable: {0}")]
-    ProfileUnusable(parallel::search::ProfileError),
+    ProfileUnusable(search::ProfileError),
     /// A parameter-server role that found no role in its environment.
     #[error("no role")]
     NoRole,

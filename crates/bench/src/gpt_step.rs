@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm::LocalCluster;
+use exec::{OptimizerConfig, OptimizerKind};
 use models::{GptConfig, GptParallel};
 use parallel::{compile_training, DatasetStrategy, ParallelConfig, ParallelMode};
-use runtime::{OptimizerConfig, OptimizerKind};
 use tensor::{DType, Tensor};
 
 use crate::timing::ms;
@@ -64,7 +64,7 @@ enum Reduction {
 /// Where rank 0's step goes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepBreakdown {
-    /// The per-op table of [`runtime::StepProfile::table`] for the mean step.
+    /// The per-op table of [`exec::StepProfile::table`] for the mean step.
     pub table: String,
     /// The optimizer's share of the mean step.
     pub optimizer: Duration,

@@ -1,13 +1,13 @@
 //! `tessera bench profile`: measures this machine as a device profile (matmul FLOP/s by shape
 //! class, memcpy bandwidth, all-reduce α and bandwidth on the local backend for each of
 //! the link rank counts, the core count as `compute_slots`) for `parallel.device_profile` /
-//! `tessera plan --profile` (the caller writes it, `runtime::device_profile::to_toml`).
+//! `tessera plan --profile` (the caller writes it, `search::device_profile::to_toml`).
 
 use std::fmt;
 use std::time::Instant;
 
 use comm::{Communicator, CommunicatorExt, LocalCluster, ReduceOp};
-use parallel::search::{DeviceProfile, Link, LocalLink, MatmulRate};
+use search::{DeviceProfile, Link, LocalLink, MatmulRate};
 use tensor::{DType, Tensor};
 
 use crate::{BenchError, Pieces, Progress};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use comm::{Communicator, LocalCluster};
 use layout::{DimSpec, Layout, TensorLayout};
-use reshard::ReshardRunner;
+use reshard_exec::ReshardRunner;
 use tensor::DType;
 
 use crate::reshard_check::{iota, source_slices};

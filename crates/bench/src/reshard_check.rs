@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use comm::{CommError, Communicator, LocalCluster};
-use reshard::{DistTensor, ReshardPlan, ReshardRunner};
+use reshard::ReshardPlan;
+use reshard_exec::{DistTensor, ReshardRunner};
 use tensor::{DType, Tensor};
 
 use crate::BenchError;

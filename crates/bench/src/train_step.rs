@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use comm::{Communicator, LocalCluster};
+use exec::{Optimizer, OptimizerConfig, OptimizerKind, ParamSpec, RankExecutor};
 use graph::models::seed_mlp;
 use parallel::{compile_training, ParallelConfig, ParallelMode, Program};
-use runtime::{Optimizer, OptimizerConfig, OptimizerKind, ParamSpec, RankExecutor};
 use tensor::Tensor;
 
 use crate::timing::ms;
@@ -61,7 +61,7 @@ pub(crate) struct RankTimes {
     /// The optimizer updates' share of the timed steps.
     pub optimizer: Duration,
     /// Kernel and reshard times of the timed steps, when profiled.
-    pub profile: Option<runtime::StepProfile>,
+    pub profile: Option<exec::StepProfile>,
 }
 
 /// Runs `bench.warmup` untimed and `bench.steps` timed training steps on this rank, feeding its blocks of

@@ -359,7 +359,7 @@ fn profile(args: &ProfileArgs, console: &mut Console) -> anyhow::Result<()> {
         memory_gib: args.memory_gib,
     };
     let report = bench::profile::profile(&request, console)?;
-    std::fs::write(&args.out, runtime::device_profile::to_toml(&report.profile))
+    std::fs::write(&args.out, search::device_profile::to_toml(&report.profile))
         .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", args.out.display()))?;
     println!("profile written to {}", args.out.display());
     Ok(())

@@ -55,7 +55,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("{}: cannot create the directory: {e}", dir.display()))?;
     }
-    ckpt::write_operator_strategy_file(&file, &report.records())?;
+    ckpt::write_operator_strategy_file(&file, &runtime::operator_strategy_records(&report))?;
     if args.json {
         println!(
             "{}",

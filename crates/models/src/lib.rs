@@ -9,6 +9,8 @@
 //!
 //! The seed MLP stays in `graph::models` (its home before this crate existed), re-exported here.
 
+#![deny(missing_docs)]
+
 pub mod embedding_bag;
 pub mod error;
 pub mod gpt;

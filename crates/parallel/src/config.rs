@@ -16,7 +16,37 @@ pub enum ParallelMode {
     /// Automatic parallel: ops without a user strategy get one found by a search over the cost
     /// model (`sharding_propagation`, `recursive_programming`, `dynamic_programming`). Once
     /// found, the strategies are placed as in `semi_auto`.
-    Auto(crate::search::SearchMode),
+    Auto(SearchMode),
+}
+
+/// The search algorithms of automatic parallel (`parallel.mode`); the searches themselves live
+/// in the `search` crate, this is only the setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchMode {
+    /// `sharding_propagation`.
+    ShardingPropagation,
+    /// `recursive_programming`.
+    RecursiveProgramming,
+    /// `dynamic_programming`.
+    DynamicProgramming,
+}
+
+impl SearchMode {
+    /// Every mode, in documentation order.
+    pub const ALL: [SearchMode; 3] = [
+        SearchMode::ShardingPropagation,
+        SearchMode::RecursiveProgramming,
+        SearchMode::DynamicProgramming,
+    ];
+
+    /// The config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchMode::ShardingPropagation => "sharding_propagation",
+            SearchMode::RecursiveProgramming => "recursive_programming",
+            SearchMode::DynamicProgramming => "dynamic_programming",
+        }
+    }
 }
 
 impl ParallelMode {
@@ -33,7 +63,6 @@ impl ParallelMode {
     /// Parses `stand_alone`, `data_parallel`, `semi_auto` or a search mode
     /// (`sharding_propagation`, `recursive_programming`, `dynamic_programming`).
     pub fn parse(text: &str) -> Option<ParallelMode> {
-        use crate::search::SearchMode;
         match text {
             "stand_alone" => Some(ParallelMode::StandAlone),
             "data_parallel" => Some(ParallelMode::DataParallel),

@@ -70,20 +70,6 @@ pub enum ParallelError {
     /// A graph error (rewriting the graph with local shapes).
     #[error(transparent)]
     Graph(Box<GraphError>),
-    /// No plan fits the device memory.
-    #[error(
-        "no strategy fits in {available} bytes of device memory ({profile}): the smallest plan \
-         needs {needed} bytes per device; raise parallel.max_device_memory (or pick a profile \
-         with more memory) to at least {needed} bytes, or use more devices"
-    )]
-    MemoryExceeded {
-        /// Bytes per device the smallest plan needs.
-        needed: u64,
-        /// Bytes per device available.
-        available: u64,
-        /// The device profile.
-        profile: String,
-    },
 }
 
 impl From<GraphError> for ParallelError {

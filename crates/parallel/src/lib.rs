@@ -50,7 +50,6 @@ pub mod pipeline;
 mod rank_view;
 mod recompute;
 pub mod rules;
-pub mod search;
 
 pub use crate::assign::{
     check_dataset_strategy, gradient_target, is_annotatable, place, NodePlacement, PlacedGraph,
@@ -59,7 +58,7 @@ pub use crate::assign::{
 pub use crate::compile::{compile_forward, compile_training};
 pub use crate::config::{
     DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
-    RecomputeConfig,
+    RecomputeConfig, SearchMode,
 };
 pub use crate::deterministic::check_deterministic;
 pub use crate::error::{format_strategy, ParallelError};

@@ -4,4 +4,3 @@ mod layouts;
 mod op_rules;
 mod pipeline_schedule;
 mod rules;
-mod search;

@@ -81,3 +81,11 @@ impl PsError {
         }
     }
 }
+
+impl From<runtime::ExecError> for PsError {
+    /// An executor or optimizer error is a runtime error, as it was before `exec` was split
+    /// out of `runtime`.
+    fn from(e: runtime::ExecError) -> PsError {
+        PsError::Runtime(e.into())
+    }
+}

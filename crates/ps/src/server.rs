@@ -59,6 +59,8 @@ struct Pushed {
     rows: u64,
     loss: f32,
     replay: bool,
+    /// The update's learning rate (the schedule's at the pushed step).
+    learning_rate: f64,
     grads: Vec<Tensor>,
     /// Row-sparse gradients, one per server-resident table (empty when none).
     sparse: Vec<Rows>,
@@ -104,16 +106,22 @@ struct State {
 }
 
 impl State {
-    /// Applies `grad` (one per parameter) and `sparse` (one per table) with the optimizer:
-    /// one step.
-    fn apply(&mut self, grads: &[Tensor], sparse: &[Rows]) -> Result<(), PsError> {
+    /// Applies `grad` (one per parameter) and `sparse` (one per table) with the optimizer at
+    /// `learning_rate`: one step.
+    fn apply(
+        &mut self,
+        grads: &[Tensor],
+        sparse: &[Rows],
+        learning_rate: f64,
+    ) -> Result<(), PsError> {
         self.optimizer.begin_step();
+        self.optimizer.set_learning_rate(learning_rate)?;
         for (k, g) in grads.iter().enumerate() {
             self.optimizer.update(k, &mut self.weights[k], g)?;
         }
         let step = self.optimizer.step_count();
         for (table, rows) in self.tables.iter_mut().zip(sparse) {
-            table.apply(step, rows)?;
+            table.apply(step, learning_rate, rows)?;
         }
         self.version += 1;
         if self.version.is_multiple_of(self.checkpoint_every) {
@@ -157,7 +165,8 @@ impl State {
             let (loss, grads) = mean_of(&pushed, &self.shapes)?;
             let sparse = sparse_mean_of(&pushed, &self.tables);
             let replay = pushed.values().any(|p| p.replay);
-            self.apply(&grads, &sparse)?;
+            let learning_rate = step_learning_rate(step, &pushed)?;
+            self.apply(&grads, &sparse, learning_rate)?;
             self.last_loss = loss;
             if let Some(r) = self.recovery.as_mut() {
                 if replay {
@@ -201,6 +210,21 @@ impl State {
 
 /// The weighted mean (by rows) of the pushes' gradients and losses; a plain mean when every
 /// push has the same rows, as data parallel's averaged all-reduce computes it.
+/// Sync: the learning rate of step `step`, which every worker's push gives (the schedule is a
+/// function of the step alone, so they agree).
+fn step_learning_rate(step: u64, pushed: &BTreeMap<u32, Pushed>) -> Result<f64, PsError> {
+    let mut rates = pushed.iter().map(|(&w, p)| (w, p.learning_rate));
+    let Some((first_worker, rate)) = rates.next() else {
+        return Err(PsError::Protocol(format!("step {step}: no pushes")));
+    };
+    match rates.find(|&(_, r)| r.to_bits() != rate.to_bits()) {
+        None => Ok(rate),
+        Some((worker, other)) => Err(PsError::Protocol(format!(
+            "step {step}: worker {first_worker} pushed at learning rate {rate}, worker {worker} at {other}: the workers' schedules disagree"
+        ))),
+    }
+}
+
 fn mean_of(
     pushed: &BTreeMap<u32, Pushed>,
     shapes: &[Vec<usize>],
@@ -308,6 +332,7 @@ impl ServerService {
             })
             .collect();
         let mut optimizer = Optimizer::new(config.optimizer_config(), &specs)?;
+        optimizer.set_weight_decay_filter(config.weight_decay_filter());
         let mut weights = initial;
         let snapshot_file = snapshot::snapshot_path(&settings.output_dir, server_id);
         let mut version = 0;
@@ -474,6 +499,15 @@ impl ParameterServer for ServerService {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(status)?;
             let sparse = sparse_grads(&s, &r.sparse).map_err(status)?;
+            let learning_rate = match r.learning_rate {
+                Some(lr) if lr.is_finite() && lr >= 0.0 => lr,
+                other => {
+                    return Err(Status::invalid_argument(format!(
+                        "push of step {} by worker {}: learning_rate {other:?}, expected a finite rate >= 0",
+                        r.step, r.worker_id
+                    )))
+                }
+            };
             if r.members.len() > runtime::MAX_PS_PROCESSES || !r.members.contains(&r.worker_id) {
                 return Err(Status::invalid_argument(format!(
                     "push of step {} by worker {}: {} members, which must include the worker and number at most {}",
@@ -501,6 +535,7 @@ impl ParameterServer for ServerService {
                             rows: r.rows,
                             loss: r.loss,
                             replay: r.replay,
+                            learning_rate,
                             grads,
                             sparse,
                         },
@@ -509,7 +544,7 @@ impl ParameterServer for ServerService {
                 // A push of a step already applied (a replay that crossed) is dropped.
                 s.complete_steps().map_err(status)?
             } else {
-                s.apply(&grads, &sparse).map_err(status)?;
+                s.apply(&grads, &sparse, learning_rate).map_err(status)?;
                 s.last_loss = r.loss;
                 s.report_recovery();
                 true

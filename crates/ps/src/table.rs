@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use runtime::{Optimizer, OptimizerConfig, ParamSpec};
+use runtime::{Optimizer, OptimizerConfig, ParamSpec, WeightDecayFilter};
 use tensor::{DType, Tensor};
 
 use crate::error::PsError;
@@ -27,12 +27,14 @@ pub struct ServerTable {
 }
 
 impl ServerTable {
-    /// The block `block` of `info`, starting from `initial` (`[block.len(), width]`).
+    /// The block `block` of `info`, starting from `initial` (`[block.len(), width]`), updated
+    /// by `config`'s rule with weight decay where `filter` applies it to the table's name.
     pub fn new(
         info: TableInfo,
         block: Range<usize>,
         initial: Tensor,
         config: OptimizerConfig,
+        filter: &WeightDecayFilter,
     ) -> Result<ServerTable, PsError> {
         let shape = [block.len(), info.width];
         if initial.shape() != shape || initial.dtype() != DType::F32 {
@@ -43,7 +45,7 @@ impl ServerTable {
                 initial.dtype()
             )));
         }
-        let rule = Optimizer::new(
+        let mut rule = Optimizer::new(
             config,
             &[ParamSpec {
                 name: info.name.clone(),
@@ -51,6 +53,7 @@ impl ServerTable {
                 dtype: DType::F32,
             }],
         )?;
+        rule.set_weight_decay_filter(filter);
         let state = config
             .kind
             .state_names()
@@ -111,9 +114,9 @@ impl ServerTable {
         Ok(id - self.block.start)
     }
 
-    /// Applies the gradient rows `grad` at optimizer step `step` (≥ 1): each row and its state
-    /// are updated by the runtime's rule; other rows are left alone.
-    pub fn apply(&mut self, step: u64, grad: &Rows) -> Result<(), PsError> {
+    /// Applies the gradient rows `grad` at optimizer step `step` (≥ 1) and `learning_rate`:
+    /// each row and its state are updated by the runtime's rule; other rows are left alone.
+    pub fn apply(&mut self, step: u64, learning_rate: f64, grad: &Rows) -> Result<(), PsError> {
         let w = self.info.width;
         if grad.values.len() != grad.ids.len() * w {
             return Err(PsError::Protocol(format!(
@@ -127,6 +130,7 @@ impl ServerTable {
             .map_err(|e| PsError::Protocol(e.to_string()))?;
         let names = self.rule.config().kind.state_names();
         self.rule.set_step_count(step);
+        self.rule.set_learning_rate(learning_rate)?;
         for (k, &id) in grad.ids.iter().enumerate() {
             let local = self.local(id)?;
             let span = local * w..(local + 1) * w;
@@ -185,7 +189,13 @@ pub fn server_tables(
                 .to_vec();
             let rows = Tensor::from_vec(&[block.len(), w], values)
                 .map_err(|e| PsError::Protocol(e.to_string()))?;
-            ServerTable::new(info.clone(), block, rows, config.optimizer_config())
+            ServerTable::new(
+                info.clone(),
+                block,
+                rows,
+                config.optimizer_config(),
+                config.weight_decay_filter(),
+            )
         })
         .collect()
 }

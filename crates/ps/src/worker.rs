@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::net::JobChannel as Channel;
-use runtime::{Callback, CallbackList, EpochInfo, LossMonitor, MetricsLog, StepInfo, TrainConfig};
+use runtime::{
+    Callback, CallbackList, EpochInfo, LossMonitor, LrSchedule, MaxGradNorm, MetricsLog, StepInfo,
+    TrainConfig,
+};
 use tensor::Tensor;
 
 use crate::auth::JobSecret;
@@ -23,7 +26,7 @@ use crate::proto::scheduler_client::SchedulerClient;
 use crate::proto::*;
 use crate::retry::{rpc_error, until_admitted, Attempt};
 use crate::server::partition_of;
-use crate::sparse::{split_rows, to_rows_msg, PulledRows};
+use crate::sparse::{split_rows, to_rows_msg, PulledRows, Rows};
 use crate::wire::{from_msg, to_msg};
 
 /// What a worker ends with.
@@ -436,12 +439,19 @@ impl Links {
 struct Reporter {
     callbacks: CallbackList,
     epoch_start: Instant,
-    /// The servers' rate: constant (the config refuses schedules in this mode).
-    learning_rate: f64,
+    /// The job's learning-rate schedule and its run length in steps: each step's rate.
+    schedule: LrSchedule,
+    run_steps: u64,
 }
 
 impl Reporter {
-    fn step(&mut self, compute: &Compute, step: u64, loss: f32, ms: f64) -> Result<(), PsError> {
+    fn step(
+        &mut self,
+        compute: &Compute,
+        (step, grad_norm): (u64, Option<f64>),
+        loss: f32,
+        ms: f64,
+    ) -> Result<(), PsError> {
         let (epoch, index) = compute.epoch_of(step);
         self.callbacks.on_step_end(&StepInfo {
             rank: 0,
@@ -450,8 +460,8 @@ impl Reporter {
             global_step: step + 1,
             loss,
             step_ms: ms,
-            lr: self.learning_rate,
-            grad_norm: None,
+            lr: self.schedule.learning_rate(step, self.run_steps),
+            grad_norm,
             shards: &[],
         })?;
         Ok(())
@@ -499,7 +509,8 @@ pub fn run(
             Some(Reporter {
                 callbacks,
                 epoch_start: Instant::now(),
-                learning_rate: config.optimizer_config().learning_rate,
+                schedule: config.lr_schedule().clone(),
+                run_steps: compute.total_steps(),
             })
         }
         _ => None,
@@ -630,6 +641,10 @@ async fn steps(
     step: &mut u64,
 ) -> Result<Ending, PsError> {
     let total = compute.total_steps();
+    // The schedule is a function of the global step alone: every worker gives the servers the
+    // same rate for a step, the rate a data-parallel run takes at it.
+    let schedule = config.lr_schedule();
+    schedule.check_run_steps(total)?;
     let limit = crate::embedding::worker_limit(config, compute)?;
     let mut largest_table_bytes = 0u64;
     let per_epoch = compute.steps_per_epoch();
@@ -694,14 +709,14 @@ async fn steps(
             .pull_all(min_version, &mut weights, compute, &mut pulled)
             .await?;
         if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
-            report_step(rep, compute, done, loss_before, ms, &mut losses)?;
+            report_step(rep, compute, (done, None), loss_before, ms, &mut losses)?;
             if evaluate && (done + 1) % per_epoch == 0 {
                 let acc = compute.accuracy(&weights)?;
                 accuracies.push(acc);
                 rep.epoch(compute.epoch_of(done).0, done + 1, Some(acc))?;
             }
         }
-        let (loss, grads, row_grads) = match &pulled.table {
+        let (loss, mut grads, mut table_rows) = match &pulled.table {
             Some(table) => {
                 let values = Tensor::from_vec(
                     &[pulled.ids.len(), table.width],
@@ -710,14 +725,27 @@ async fn steps(
                 .map_err(|e| PsError::Protocol(e.to_string()))?;
                 let (loss, grads, rows) =
                     compute.gradient_with_rows(&weights, &rows, &pulled.ids, &values)?;
-                let split = split_rows(table, links.servers.len(), &rows);
-                (loss, grads, Some((table.clone(), split)))
+                (loss, grads, Some((table.clone(), rows)))
             }
             None => {
                 let (loss, grads) = compute.gradient(&weights, &rows)?;
                 (loss, grads, None)
             }
         };
+        // Async: the update is this worker's whole gradient, clipped by its own norm (the
+        // config refuses clipping with sync updates).
+        let grad_norm = match config.train().max_grad_norm {
+            Some(clip) => Some(clip_worker_gradient(
+                clip,
+                &mut grads,
+                table_rows.as_mut().map(|(_, rows)| rows),
+            )?),
+            None => None,
+        };
+        let row_grads = table_rows.map(|(table, rows)| {
+            let split = split_rows(&table, links.servers.len(), &rows);
+            (table, split)
+        });
         for srv in 0..links.servers.len() {
             let held = links.servers[srv].held.clone();
             let request = PushRequest {
@@ -728,6 +756,7 @@ async fn steps(
                 loss,
                 replay: false,
                 seen_version: links.servers[srv].seen,
+                learning_rate: Some(schedule.learning_rate(s, total)),
                 tensors: held
                     .iter()
                     .map(|&i| to_msg(&compute.params()[i].name, &grads[i]))
@@ -750,7 +779,7 @@ async fn steps(
         if settings.sync {
             unreported = Some((s, ms));
         } else if let Some(rep) = reporter.as_mut() {
-            report_step(rep, compute, s, loss, ms, &mut losses)?;
+            report_step(rep, compute, (s, grad_norm), loss, ms, &mut losses)?;
             if evaluate && (s + 1).is_multiple_of(per_epoch) && s + 1 < total {
                 links
                     .pull_all(0, &mut weights, compute, &mut PulledRows::none())
@@ -769,7 +798,7 @@ async fn steps(
             .pull_all(total, &mut weights, compute, &mut PulledRows::none())
             .await?;
         if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
-            report_step(rep, compute, done, loss, ms, &mut losses)?;
+            report_step(rep, compute, (done, None), loss, ms, &mut losses)?;
         }
     }
     links
@@ -822,14 +851,34 @@ async fn steps(
     Ok(ending)
 }
 
+/// Clips this worker's gradient (`grads` and the table rows `rows`) by its global norm in
+/// place; returns the norm before clipping.
+fn clip_worker_gradient(
+    clip: MaxGradNorm,
+    grads: &mut [Tensor],
+    rows: Option<&mut Rows>,
+) -> Result<f64, PsError> {
+    let mut parts = Vec::with_capacity(grads.len() + 1);
+    for g in grads.iter_mut() {
+        parts.push(
+            g.as_f32_mut()
+                .map_err(|e| PsError::Protocol(e.to_string()))?,
+        );
+    }
+    if let Some(rows) = rows {
+        parts.push(rows.values.as_mut_slice());
+    }
+    Ok(clip.clip_slices(&mut parts))
+}
+
 fn report_step(
     rep: &mut Reporter,
     compute: &Compute,
-    step: u64,
+    (step, grad_norm): (u64, Option<f64>),
     loss: f32,
     ms: f64,
     losses: &mut Vec<f32>,
 ) -> Result<(), PsError> {
     losses.push(loss);
-    rep.step(compute, step, loss, ms)
+    rep.step(compute, (step, grad_norm), loss, ms)
 }

@@ -219,6 +219,7 @@ fn bad_rows_are_refused_naming_the_table_and_the_id() {
             .map(|(p, t)| ps::wire::to_msg(&p.name, t))
             .collect(),
         sparse,
+        learning_rate: Some(0.1),
     };
     let rt = ps::scheduler::runtime(1).unwrap();
     rt.block_on(async {

@@ -34,6 +34,7 @@ fn bad_pushes_are_refused_and_leave_the_weights_alone() {
         seen_version: 0,
         tensors,
         sparse: Vec::new(),
+        learning_rate: Some(0.1),
     };
     let mut wrong_shape = good.clone();
     wrong_shape[0].shape = vec![1];
@@ -44,6 +45,27 @@ fn bad_pushes_are_refused_and_leave_the_weights_alone() {
         (push(wrong_shape, vec![0, 1]), "shape"),
         (push(short.clone(), vec![0, 1]), "bytes"),
         (push(good.clone(), vec![1]), "members"),
+        (
+            PushRequest {
+                learning_rate: None,
+                ..push(good.clone(), vec![0, 1])
+            },
+            "learning_rate",
+        ),
+        (
+            PushRequest {
+                learning_rate: Some(f64::NAN),
+                ..push(good.clone(), vec![0, 1])
+            },
+            "learning_rate",
+        ),
+        (
+            PushRequest {
+                learning_rate: Some(-1.0),
+                ..push(good.clone(), vec![0, 1])
+            },
+            "learning_rate",
+        ),
     ];
     rt.block_on(async {
         for (request, rule) in cases {

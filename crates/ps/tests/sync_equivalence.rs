@@ -7,18 +7,19 @@ use runtime::{LaunchOptions, Session, TrainConfig};
 
 use crate::util::{digits, ps_config, run_in_process};
 
-/// The same run as data parallel on `devices` ranks (local backend).
-fn data_parallel_losses(out: &Path, devices: usize, steps: u64) -> Vec<f32> {
-    let text = crate::util::ps_text(
-        out,
-        "",
-        &format!("epochs = 1\nmax_steps = {steps}\neval = false"),
-    )
-    .replace(
-        "mode = \"parameter_server\"",
-        &format!("mode = \"data_parallel\"\ndevices = {devices}"),
-    )
-    .replace("[ps]\n", "");
+/// The `[train]` keys of a run of `steps` steps with no evaluation.
+fn steps_only(steps: u64) -> String {
+    format!("epochs = 1\nmax_steps = {steps}\neval = false")
+}
+
+/// The same run as data parallel on `devices` ranks (local backend), `train` its `[train]` keys.
+fn data_parallel_losses(out: &Path, devices: usize, train: &str) -> Vec<f32> {
+    let text = crate::util::ps_text(out, "", train)
+        .replace(
+            "mode = \"parameter_server\"",
+            &format!("mode = \"data_parallel\"\ndevices = {devices}"),
+        )
+        .replace("[ps]\n", "");
     let config = TrainConfig::parse(&text, None, &[], Path::new("/")).expect("a DP config");
     let session = Session::new(&config).expect("a session");
     let options = LaunchOptions {
@@ -47,7 +48,7 @@ fn sync_ps_matches_data_parallel_step_for_step() {
     assert!(digits().exists());
     let dir = tempfile::tempdir().unwrap();
     let steps = 12;
-    let dp = data_parallel_losses(&dir.path().join("dp"), 2, steps);
+    let dp = data_parallel_losses(&dir.path().join("dp"), 2, &steps_only(steps));
     // Two servers: the parameters are split between them.
     let config = ps_config(
         &dir.path().join("ps"),
@@ -64,7 +65,7 @@ fn sync_ps_matches_data_parallel_step_for_step() {
 fn sync_ps_with_four_workers_matches_four_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let steps = 6;
-    let dp = data_parallel_losses(&dir.path().join("dp"), 4, steps);
+    let dp = data_parallel_losses(&dir.path().join("dp"), 4, &steps_only(steps));
     let config = ps_config(
         &dir.path().join("ps"),
         "servers = 1\nworkers = 4",
@@ -74,4 +75,73 @@ fn sync_ps_with_four_workers_matches_four_ranks() {
     assert_close("4 workers, 1 server", &report.losses, &dp);
     // Every server wrote a snapshot at the end.
     assert!(ps::snapshot::snapshot_path(&dir.path().join("ps"), 0).exists());
+}
+
+/// The training recipe on the servers: a warm-up + cosine schedule (each push carries its
+/// step's rate) and a weight-decay filter give the data-parallel run's losses step for step.
+#[test]
+fn sync_ps_follows_the_learning_rate_schedule_and_decay_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 10;
+    let train = format!(
+        "{}\noptimizer = \"mint_adamw\"\nlearning_rate = 0.01\nweight_decay = 0.1\nno_weight_decay = [\"bias\"]\nlr_schedule = \"cosine\"\nwarmup_steps = 3\nmin_lr = 0.001\ndecay_steps = 10",
+        steps_only(steps)
+    );
+    let dp = data_parallel_losses(&dir.path().join("dp"), 2, &train);
+    let config = ps_config(&dir.path().join("ps"), "servers = 2\nworkers = 2", &train);
+    let report = run_in_process(&config, 2, 2);
+    assert_close("cosine schedule, 2 workers, 2 servers", &report.losses, &dp);
+    // A constant rate gives other losses: the schedule was applied, not ignored.
+    let constant = data_parallel_losses(
+        &dir.path().join("constant"),
+        2,
+        &format!(
+            "{}\noptimizer = \"mint_adamw\"\nlearning_rate = 0.01\nweight_decay = 0.1\nno_weight_decay = [\"bias\"]",
+            steps_only(steps)
+        ),
+    );
+    assert!(
+        dp.iter().zip(&constant).any(|(a, b)| (a - b).abs() > 1e-4),
+        "{dp:?} vs {constant:?}"
+    );
+    // The metrics log records each step's scheduled rate: warm-up from 0 rises.
+    let log = std::fs::read_to_string(dir.path().join("ps").join("metrics.jsonl")).unwrap();
+    let rates: Vec<f64> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("lr").and_then(serde_json::Value::as_f64))
+        .collect();
+    assert_eq!(rates.len(), steps as usize, "{log}");
+    assert!(rates[0] < rates[2] && rates[2] > rates[9], "{rates:?}");
+}
+
+/// Async updates with clipping: each update is one worker's whole gradient clipped by its own
+/// global norm, so one worker on one server is the one-device run with the same clipping, step
+/// for step, and worker 0 logs the norms.
+#[test]
+fn async_ps_clips_each_update_by_its_global_norm() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 8;
+    let train = format!("{}\nmax_grad_norm = 0.05", steps_only(steps));
+    let dp = data_parallel_losses(&dir.path().join("dp"), 1, &train);
+    let unclipped = data_parallel_losses(&dir.path().join("plain"), 1, &steps_only(steps));
+    assert!(
+        dp.iter().zip(&unclipped).any(|(a, b)| (a - b).abs() > 1e-4),
+        "the clip norm is tight enough to change the run: {dp:?} vs {unclipped:?}"
+    );
+    let config = ps_config(
+        &dir.path().join("ps"),
+        "servers = 1\nworkers = 1\nsync = false",
+        &train,
+    );
+    let report = run_in_process(&config, 1, 1);
+    assert_close("async, clipped, 1 worker", &report.losses, &dp);
+    let log = std::fs::read_to_string(dir.path().join("ps").join("metrics.jsonl")).unwrap();
+    let norms: Vec<f64> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("grad_norm").and_then(serde_json::Value::as_f64))
+        .collect();
+    assert_eq!(norms.len(), steps as usize, "{log}");
+    assert!(norms.iter().all(|&n| n > 0.05), "{norms:?}");
 }

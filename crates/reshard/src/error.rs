@@ -1,8 +1,9 @@
-//! The one error type of the reshard crate.
+//! The one error type of the reshard planner.
 
 use layout::LayoutError;
 
-/// Everything that can go wrong planning or executing a reshard.
+/// Everything that can go wrong planning a reshard (executing one fails with
+/// `reshard_exec::ExecError`, which wraps this).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReshardError {
@@ -24,13 +25,7 @@ pub enum ReshardError {
         /// The layout, formatted.
         layout: String,
     },
-    /// The slices given to a run do not match the plan's source layout on this rank.
-    #[error("reshard: {reason}")]
-    LocalMismatch {
-        /// What does not match.
-        reason: String,
-    },
-    /// A plan the executor cannot run.
+    /// A plan the planner cannot represent.
     #[error("reshard: not supported: {what}")]
     Unsupported {
         /// What.
@@ -39,10 +34,4 @@ pub enum ReshardError {
     /// An invalid layout.
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    /// A communication failure (a peer failed, a timeout, …).
-    #[error(transparent)]
-    Comm(#[from] comm::CommError),
-    /// A tensor operation failed.
-    #[error(transparent)]
-    Tensor(#[from] tensor::TensorError),
 }

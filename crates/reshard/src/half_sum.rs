@@ -1,16 +1,15 @@
 //! How a pending sum of half-precision values (bf16, f16) is added: MindSpore's
-//! `enable_fp32_communication` and gradient fp32 sync as a property of the reduction.
+//! `enable_fp32_communication` and gradient fp32 sync as a property of the reduction. A choice
+//! is data; `reshard_exec`'s runner carries it out over a communicator.
 
 use tensor::DType;
 
-use crate::error::ReshardError;
-
-/// How a [`ReshardRunner`](crate::ReshardRunner) adds the pending sums of bf16 and f16 values.
-/// Sums of other dtypes are added the same way under every choice.
+/// How a reshard runner (`reshard_exec::ReshardRunner`) adds the pending sums of bf16 and f16
+/// values. Sums of other dtypes are added the same way under every choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HalfSum {
     /// The communicator's ordinary reduction of the half values: accumulated in f32 and rounded
-    /// once to the half type ([`comm::Communicator::all_reduce_buf`]).
+    /// once to the half type (`comm::Communicator::all_reduce_buf`).
     #[default]
     AccumulateInF32,
     /// Widened to f32 before the collective and rounded back after it (MindSpore's
@@ -18,7 +17,7 @@ pub enum HalfSum {
     /// [`HalfSum::AccumulateInF32`], with twice the bytes on the wire.
     WidenedToF32,
     /// Added in the half type: the group's members in member order, every partial sum rounded
-    /// to the half type ([`comm::Communicator::all_reduce_in_element_type_buf`]), as a
+    /// to the half type (`comm::Communicator::all_reduce_in_element_type_buf`), as a
     /// half-precision all-reduce does (MindSpore with gradient fp32 sync off).
     InHalfType,
 }
@@ -32,24 +31,6 @@ impl HalfSum {
     /// Whether sums of `dtype` round after every addition (the collectives in the element type).
     pub fn rounds_every_addition(self, dtype: DType) -> bool {
         self == HalfSum::InHalfType && is_half(dtype)
-    }
-
-    /// Refuses half-type sums of `dtype` in deterministic mode, whose canonical tree adds in f32:
-    /// the two orders cannot both hold.
-    pub(crate) fn check_deterministic(
-        self,
-        dtype: DType,
-        deterministic: bool,
-    ) -> Result<(), ReshardError> {
-        if deterministic && self.rounds_every_addition(dtype) {
-            return Err(ReshardError::Unsupported {
-                what: format!(
-                    "a {dtype} sum added in the half type (gradient fp32 sync off) in \
-                     deterministic mode, whose canonical tree adds in f32"
-                ),
-            });
-        }
-        Ok(())
     }
 }
 

@@ -1,4 +1,5 @@
-//! Tessera's reshard engine: moving a tensor from one layout to another with the fewest bytes.
+//! Tessera's reshard planner: moving a tensor from one layout to another with the fewest bytes,
+//! planned as pure data. Executing a plan over a communicator is `reshard_exec`'s job.
 //!
 //! # Brief overview
 //! - [`plan()`] intersects boxes: every destination slot receives exactly the elements its device
@@ -7,6 +8,10 @@
 //!   [`ReshardPlan::explain`] prints every transfer with its reason.
 //! - [`source_pieces`] answers the question checkpoint conversion asks: which source slots hold
 //!   which part of a region.
+//! - [`lower`] groups a plan's transfers into the collectives they form (all-gather,
+//!   all-to-all, or a variable exchange); [`fusion_key`] says which reductions can run as one
+//!   collective; [`HalfSum`] says how a pending sum of half values is added. All of it is data
+//!   that `reshard_exec` carries out.
 //!
 //! # Example
 //! ```
@@ -30,8 +35,9 @@
 //!   destination slot's box, minus what its device already holds, intersected with the distinct
 //!   source boxes, gives pieces; each piece comes from the least-loaded holder. A pending sum is
 //!   first resolved by whichever of an all-reduce or a reduce-scatter (onto any dim its groups
-//!   divide) leads to the fewest total bytes. Execution then groups the transfers into the
-//!   collectives they form (all-gather, all-to-all) or a variable exchange.
+//!   divide) leads to the fewest total bytes. Lowering then groups the transfers into the
+//!   collectives they form (all-gather, all-to-all) or a variable exchange, which execution
+//!   (`reshard_exec`) runs.
 //! - **Pros.** Minimal bytes by construction (tested: equal to the lower bound on random layout
 //!   pairs); one planner for any pair of layouts, no special cases for multi-axis splits,
 //!   interleaving, optimizer sharding or different device counts; plans are data (`explain`,
@@ -44,25 +50,22 @@
 //!   MindSpore redistribution and checkpoint transform has a plan here, usually a smaller one.
 //!
 //! # Architecture invariant
-//! Planning is pure (layouts in, plan out); only execution talks to a communicator.
+//! Planning is pure (layouts in, plan out): this crate does not depend on `comm`, so its users
+//! (`ckpt`, `parallel`) never link a communicator. Execution lives in `reshard_exec`.
 #![deny(missing_docs)]
 
 mod error;
-mod execute;
 mod fuse;
 mod half_sum;
 mod lower;
 mod partial;
 mod plan;
-mod started;
 #[cfg(test)]
 mod test_util;
 
 pub use crate::error::ReshardError;
-pub use crate::execute::{reshard, DistTensor, ReshardRunner};
-pub use crate::fuse::{fusion_key, FusionKey, PackedReduction, StartedReduction};
+pub use crate::fuse::{fusion_key, FusionKey};
 pub use crate::half_sum::HalfSum;
 pub use crate::lower::{lower, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
 pub use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
 pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};
-pub use crate::started::StartedReshard;

@@ -30,14 +30,6 @@ impl PendingOp {
             PendingOp::Max => "max",
         }
     }
-
-    /// The communicator's reduction.
-    pub fn comm_op(self) -> comm::ReduceOp {
-        match self {
-            PendingOp::Sum => comm::ReduceOp::Sum,
-            PendingOp::Max => comm::ReduceOp::Max,
-        }
-    }
 }
 
 /// A run-time tensor layout: a [`TensorLayout`] plus the mesh axes over which its values are
@@ -136,6 +128,21 @@ impl DistLayout {
             groups.push(group);
         }
         groups
+    }
+
+    /// `group_slots` ordered by their block along the summed dim: row-major over the pending
+    /// axes in the order the layout lists them (the summed dim's axes, major first). Deterministic
+    /// mode adds a pending sum over the members in this order.
+    pub fn canonical_member_order(&self, group_slots: &[usize]) -> Vec<usize> {
+        let mesh = self.layout.mesh();
+        let key = |slot: usize| {
+            self.partial_axes
+                .iter()
+                .fold(0, |k, &a| k * mesh.axis_size(a) + mesh.coord_along(slot, a))
+        };
+        let mut order = group_slots.to_vec();
+        order.sort_by_key(|&s| key(s));
+        order
     }
 }
 

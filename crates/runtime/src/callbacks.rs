@@ -329,7 +329,7 @@ impl Callback for MetricsLog {
     /// One `{"memory": {"rank": r, …}}` line per rank: its peaks by category.
     fn on_train_end(&mut self, end: &TrainEndInfo<'_>) -> Result<(), RuntimeError> {
         for (rank, report) in end.memory.iter().enumerate() {
-            self.write_line(json!({ "memory": crate::memory::memory_json(rank, report) }))?;
+            self.write_line(json!({ "memory": exec::memory_json(rank, report) }))?;
         }
         Ok(())
     }

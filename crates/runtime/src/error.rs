@@ -79,15 +79,22 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// Executing a program or updating parameters failed (`exec`'s error, its message
+    /// unchanged; boxed, so that it does not make every `RuntimeError` larger).
+    #[error(transparent)]
+    Exec(Box<exec::ExecError>),
     /// The parallel pass rejected the configuration.
     #[error(transparent)]
     Parallel(#[from] parallel::ParallelError),
+    /// The search found no plan (no plan fits the memory, a bad device profile).
+    #[error(transparent)]
+    Search(search::SearchError),
     /// A graph error (building the model, evaluating an op).
     #[error(transparent)]
     Graph(#[from] graph::GraphError),
-    /// A reshard failed.
+    /// A reshard failed (planning it, or running it over the communicator).
     #[error(transparent)]
-    Reshard(#[from] reshard::ReshardError),
+    Reshard(#[from] reshard_exec::ExecError),
     /// A communication failure.
     #[error(transparent)]
     Comm(#[from] comm::CommError),
@@ -102,12 +109,47 @@ pub enum RuntimeError {
     Layout(#[from] layout::LayoutError),
 }
 
+impl From<exec::ExecError> for RuntimeError {
+    /// A setting `exec` rejects (an optimizer hyperparameter, the loss scale) is a config error
+    /// naming its key, as the config's own are, so that a file's or a `--set`'s errors name
+    /// their source; everything else is wrapped as [`RuntimeError::Exec`].
+    fn from(e: exec::ExecError) -> RuntimeError {
+        match e {
+            exec::ExecError::Config { key, reason } => RuntimeError::Config { key, reason },
+            e => RuntimeError::Exec(Box::new(e)),
+        }
+    }
+}
+
 impl From<models::ModelsError> for RuntimeError {
     /// A model's setting error is a config error naming its key.
     fn from(e: models::ModelsError) -> RuntimeError {
         match e {
             models::ModelsError::Config { key, reason } => RuntimeError::Config { key, reason },
             models::ModelsError::Graph(g) => RuntimeError::Graph(g),
+        }
+    }
+}
+
+impl From<search::SearchError> for RuntimeError {
+    /// A search's setting error is a config error naming its key (a profile file's: the file
+    /// and the key), a rule of the parallel pass a parallel error, and the runtime's own error
+    /// (rebuilding the model) itself.
+    fn from(e: search::SearchError) -> RuntimeError {
+        use search::SearchError as S;
+        match e {
+            S::Parallel(p) => RuntimeError::Parallel(p),
+            S::Config { key, reason } => RuntimeError::Config { key, reason },
+            S::ProfileFile { path, key, reason } => RuntimeError::Config {
+                key: format!("{} ({key})", path.display()),
+                reason,
+            },
+            S::Io { path, source } => RuntimeError::Io { path, source },
+            S::Model(source) => match source.downcast::<RuntimeError>() {
+                Ok(own) => *own,
+                Err(source) => RuntimeError::Search(S::Model(source)),
+            },
+            other => RuntimeError::Search(other),
         }
     }
 }

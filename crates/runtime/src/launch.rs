@@ -202,7 +202,8 @@ enum Blame {
 fn blame(err: &RuntimeError) -> Blame {
     let comm_err = match err {
         RuntimeError::Comm(e) => Some(e),
-        RuntimeError::Reshard(reshard::ReshardError::Comm(e)) => Some(e),
+        RuntimeError::Reshard(reshard_exec::ExecError::Comm(e)) => Some(e),
+        RuntimeError::Exec(e) => e.comm_error(),
         _ => None,
     };
     match comm_err {

@@ -1,13 +1,11 @@
-//! Tessera's runtime: running per-rank programs, optimizers, datasets, the training loop and
-//! its callbacks.
+//! Tessera's training application: the configuration, datasets, the training loop and its
+//! callbacks, over the executor of the `exec` crate.
 //!
 //! # Brief overview
-//! - [`RankExecutor`]: one rank's buffers (its block of every value of a [`parallel::Program`]);
-//!   [`RankExecutor::run`] evaluates the kernel steps with [`graph::eval_op`] and the reshard
-//!   steps with a [`reshard::ReshardRunner`] over the world [`comm::Communicator`].
-//! - [`Optimizer`]: SGD, Momentum, Adam, AdamW with MindSpore's update rules and mint AdamW
-//!   (PyTorch's), on one rank's parameter shards, so its state is sharded like its parameter;
-//!   [`LrSchedule`]: MindSpore's and MindFormers' learning-rate schedules per global step.
+//! - The executor, optimizers, mixed precision and pipeline execution live in `exec`;
+//!   [`RankExecutor`], [`Optimizer`] and their companions are re-exported here under their old
+//!   paths. [`LrSchedule`]: MindSpore's and MindFormers' learning-rate schedules per global
+//!   step, which set the optimizer's rate.
 //! - [`IdxDataset`] and [`BatchPlan`]: MNIST-format data, global batches that are the same on
 //!   every device count; each rank reads only its rows.
 //! - [`Callback`]s: [`LossMonitor`] (MindSpore's `epoch: 1 step: 10, loss is …`), [`MetricsLog`]
@@ -30,22 +28,17 @@
 //! ```
 //!
 //! # Architecture invariant
-//! The runtime executes what `parallel` planned; it makes no sharding decision of its own.
+//! The runtime executes what `parallel` planned; it makes no sharding decision of its own: a
+//! search mode's strategies come from `search::plan`, asked with the run's configuration. It
+//! runs programs only through `exec`.
 #![deny(missing_docs)]
 
-mod accumulate;
-pub mod allocator;
 mod auto;
-mod auto_pipeline;
-mod broadcast;
-mod bubble;
 mod callbacks;
 mod clip;
 mod config;
 mod data;
-pub mod device_profile;
 mod error;
-mod executor;
 mod generate;
 mod group_info;
 mod host_memory;
@@ -54,24 +47,14 @@ mod launch;
 pub mod launch_env;
 mod lm;
 mod lr_schedule;
-mod memory;
-mod optimizer;
 pub mod periodic_ckpt;
-mod pipeline;
-mod precision;
 mod preflight;
-mod profile;
-mod progress;
 mod resume_check;
 mod session;
 mod shard_fn;
-mod shared;
 mod trainer;
 
-pub use crate::auto::{build_model, load_profile, plan, plan_model, LoadedLayouts, PlanReport};
-pub use crate::auto_pipeline::PipelinePlan;
-pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
-pub use crate::bubble::{calibrated_prediction, measured_bubble, step_bubble};
+pub use crate::auto::{build_model, load_profile, operator_strategy_records, plan, plan_model};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog,
     ShardView, StepInfo, TrainEndInfo,
@@ -86,7 +69,6 @@ pub use crate::data::{
     MAX_TEXT_BYTES,
 };
 pub use crate::error::RuntimeError;
-pub use crate::executor::{OptimizerPiece, RankExecutor};
 pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
 pub use crate::group_info::{group_info_path, restore_ranks, write_group_info};
 pub use crate::host_memory::{host_memory, HostMemory};
@@ -96,18 +78,21 @@ pub use crate::launch::train_mpi;
 pub use crate::launch::{run_rank, train_local, LaunchOptions, TrainReport};
 pub use crate::lm::TextData;
 pub use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
-pub use crate::memory::{memory_json, memory_lines};
-pub use crate::optimizer::{
-    applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
-    ParamSpec, WeightDecayFilter,
-};
-pub use crate::pipeline::{chrome_trace, PassTimes, SpanKind, StepTrace, TraceSpan};
-pub use crate::precision::{LossScale, Precision};
 pub use crate::preflight::{check_before_start, check_output_file, RanksHere};
-pub use crate::profile::{StepProfile, Tally};
 pub use crate::session::{
     ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP, STAGE_STRATEGY_DIR,
 };
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
-pub use crate::shared::sync_pipeline_shared_parameters;
 pub use crate::trainer::Trainer;
+// The plan types of `plan` and `plan_model`, from the crate that makes plans.
+pub use search::{LoadedLayouts, PipelinePlan, PlanReport};
+
+// The executor's types, re-exported under their old paths so that users of `runtime` (the CLI,
+// the parameter server, the Python package, examples) keep compiling; `exec` owns them.
+pub use exec::{
+    allocator, applies_weight_decay, calibrated_prediction, chrome_trace, measured_bubble,
+    memory_json, memory_lines, parameter_broadcast, stage_first_rank, state_checkpoint_name,
+    step_bubble, sync_pipeline_shared_parameters, ExecError, LossScale, Optimizer, OptimizerConfig,
+    OptimizerKind, OptimizerPiece, ParamSpec, PassTimes, Precision, RankExecutor, SpanKind,
+    StepProfile, StepTrace, Tally, TraceSpan, WeightDecayFilter,
+};

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use exec::RankExecutor;
 use graph::models::Model;
 use models::{GptConfig, GptParallel};
 use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
@@ -11,7 +12,6 @@ use tensor::Tensor;
 use crate::config::{DataFormat, TextDataKeys, TrainConfig};
 use crate::data::{TokenCorpus, TokenSplit};
 use crate::error::RuntimeError;
-use crate::executor::RankExecutor;
 use crate::generate::{SavedModel, Vocabulary};
 
 /// A tokenised text and how a run reads it.

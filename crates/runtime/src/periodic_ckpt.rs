@@ -25,6 +25,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::RuntimeError;
 
+/// The loss scaler's state as a set records it (defined by `exec`, which runs the scaler).
+pub use exec::LossScaleState;
+
 /// The file of a checkpoint set that holds the training loop's state ([`TrainState`]).
 pub const TRAIN_STATE_FILE: &str = "train_state.json";
 
@@ -33,15 +36,6 @@ pub const PERIODIC_PREFIX: &str = "checkpoint_step_";
 
 /// The `format` value of a [`TrainState`].
 const FORMAT: &str = "tessera-train-state";
-
-/// The dynamic loss scaler's state.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct LossScaleState {
-    /// The current scale.
-    pub scale: f64,
-    /// Clean steps since the scale last changed.
-    pub clean_steps: u64,
-}
 
 /// What a checkpoint set records of the training loop, so a resumed run continues it exactly:
 /// the data position and every step-derived random draw follow from `global_step`.

@@ -12,11 +12,11 @@
 
 use std::path::Path;
 
+use exec::STATE_NAMES_OF_EVERY_RULE;
 use serde_json::Value;
 
 use crate::error::RuntimeError;
 use crate::generate::{SavedModel, MODEL_FILE};
-use crate::optimizer::STATE_NAMES_OF_EVERY_RULE;
 use crate::session::{Session, TrainData, GLOBAL_STEP, MASTER_WEIGHT};
 
 /// Checks the checkpoint in `from`, read with the strategy file `strategy_file`, against

@@ -7,27 +7,25 @@ use std::time::Instant;
 
 use ckpt::{OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
 use comm::Communicator;
+use exec::{
+    parameter_broadcast, state_checkpoint_name, Accumulation, LossScaler, MasterWeights, Optimizer,
+    ParamSpec, PipelineRunner, Precision, RankExecutor, StepTrace,
+};
 use graph::models::{seed_mlp, Model};
 use layout::{SliceBox, TensorLayout};
 use parallel::memory::{MemoryCategory, MemoryReport, TrainingState};
 use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
 use tensor::Tensor;
 
-use crate::accumulate::Accumulation;
-use crate::broadcast::parameter_broadcast;
 use crate::callbacks::EvalInfo;
 use crate::callbacks::{Callback, EpochInfo, ShardView, StepInfo, TrainEndInfo};
 use crate::config::ResumeFrom;
 use crate::config::{ModelName, TrainConfig};
 use crate::data::{BatchPlan, IdxDataset};
 use crate::error::RuntimeError;
-use crate::executor::RankExecutor;
 use crate::generate::MODEL_FILE;
 use crate::lm::{gpt_parallel_config, TextData};
-use crate::optimizer::{state_checkpoint_name, Optimizer, ParamSpec};
 use crate::periodic_ckpt::{periodic_set_dir, LossScaleState, SaveSchedule, TrainState};
-use crate::pipeline::{PipelineRunner, StepTrace};
-use crate::precision::{LossScaler, MasterWeights, Precision};
 
 /// The name of the step counter stored in every rank's checkpoint (outside the strategy, so
 /// conversions copy it as MindSpore copies its `global_step`).
@@ -804,7 +802,7 @@ impl Session {
                 .iter()
                 .map(|p| (p.name.clone(), p.layout.clone()))
                 .collect();
-            let first = crate::broadcast::stage_first_rank(&self.train, rank);
+            let first = exec::stage_first_rank(&self.train, rank);
             broadcast = parameter_broadcast(&mut exec, world.as_ref(), &layouts, rank, first)?;
         }
         // Mixed precision: f32 master pieces (after a resume, of the weights it loaded).
@@ -842,7 +840,7 @@ impl Session {
         let mut group_info_written = false;
         let mut epochs_run = 0;
         // Copies of parameters shared by pipeline stages: their gradients summed every step.
-        let mut shared_grads = crate::shared::SharedGradients::default();
+        let mut shared_grads = exec::SharedGradients::default();
         let batches_per_epoch = self.batches_per_epoch();
         // The schedule is a function of the global step alone: every rank, and a resumed run,
         // takes the same rate at the same step.
@@ -1050,10 +1048,14 @@ impl Session {
         if !group_info_written {
             self.write_group_info(&exec, rank)?;
         }
-        crate::precision::check_some_update(&outcome, scaler.as_ref())?;
+        exec::check_some_update(
+            outcome.losses.len() as u64,
+            outcome.skipped_steps,
+            scaler.as_ref(),
+        )?;
         // A run of no step still ends with every parameter (saved, reported).
         exec.materialize_parameters()?;
-        let memory = crate::memory::gather_reports(world.as_ref(), &exec.memory().report())?;
+        let memory = exec::gather_reports(world.as_ref(), &exec.memory().report())?;
         callbacks.on_train_end(&TrainEndInfo {
             rank,
             epochs: epochs_run,
@@ -1122,7 +1124,7 @@ impl Session {
         trainable: &[usize],
         at: (&EpochPlan, usize, u64),
         global_step: u64,
-        shared: (&mut crate::shared::SharedGradients, &dyn Communicator),
+        shared: (&mut exec::SharedGradients, &dyn Communicator),
     ) -> Result<(f32, StepTrace), RuntimeError> {
         let (plan, epoch, index) = at;
         let (shared_grads, world) = shared;
@@ -1145,7 +1147,7 @@ impl Session {
         let mut each = |exec: &mut RankExecutor, _mb: usize| {
             shared_grads.sum(exec, None, trainable, world)?;
             loss_sum += exec.output(0).to_f64_vec()[0];
-            accumulated.add(exec, trainable, share)
+            Ok(accumulated.add(exec, trainable, share)?)
         };
         let trace = runner.run_step(exec, feed, step, Some(&mut each))?;
         Ok(((loss_sum / micro_steps as f64) as f32, trace))
@@ -1333,14 +1335,13 @@ impl Session {
                 let mine = exec.run();
                 let theirs: Vec<Result<(), RuntimeError>> = handles
                     .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(RuntimeError::Mismatch {
-                                what: "an interleaved part of the batch".to_string(),
-                                expected: "its run to finish".to_string(),
-                                got: "its thread panicked".to_string(),
-                            })
-                        })
+                    .map(|h| match h.join() {
+                        Ok(run) => run.map_err(RuntimeError::from),
+                        Err(_) => Err(RuntimeError::Mismatch {
+                            what: "an interleaved part of the batch".to_string(),
+                            expected: "its run to finish".to_string(),
+                            got: "its thread panicked".to_string(),
+                        }),
                     })
                     .collect();
                 (mine, theirs)
@@ -1578,7 +1579,7 @@ impl Session {
                 if let Some(k) = trainable.iter().position(|&t| t == i) {
                     if masters_wanted && tensor.dtype() == tensor::DType::F32 {
                         let piece = exec.optimizer_piece(i);
-                        masters[k] = Some(crate::precision::f32_piece(
+                        masters[k] = Some(exec::f32_piece(
                             &tensor,
                             piece.param_offset,
                             &piece.shape,
@@ -1817,14 +1818,14 @@ fn update_parameters(
     for (k, &i) in ctx.trainable.iter().enumerate() {
         let shape = exec.optimizer_piece(i).shape.clone();
         let grad = match gradient_of(exec, ctx.accumulated.as_deref(), k, i) {
-            Some((g, offset)) => crate::precision::f32_piece(g, offset, &shape, unscale)?,
+            Some((g, offset)) => exec::f32_piece(g, offset, &shape, unscale)?,
             None => Tensor::zeros(tensor::DType::F32, &shape),
         };
         grads.push(grad);
     }
     if let Some(scaler) = ctx.scaler {
-        let mine = !grads.iter().all(crate::precision::all_finite);
-        let overflow = crate::precision::any_rank_overflowed(ctx.world, mine)?;
+        let mine = !grads.iter().all(exec::all_finite);
+        let overflow = exec::any_rank_overflowed(ctx.world, mine)?;
         scaler.record(overflow);
         if overflow {
             return Ok(StepUpdate {
@@ -1841,7 +1842,7 @@ fn update_parameters(
     for (k, &i) in ctx.trainable.iter().enumerate() {
         optimizer.update_piece(k, master.piece_mut(k), 0, &grads[k], 0)?;
         let offset = exec.optimizer_piece(i).param_offset;
-        crate::precision::write_piece(exec.param_mut(i), offset, master.piece(k))?;
+        exec::write_piece(exec.param_mut(i), offset, master.piece(k))?;
     }
     exec.gather_updated_weights()?;
     Ok(StepUpdate {

@@ -4,7 +4,7 @@
 //!
 //! The strategies given are those of the sub-network's inputs (`in_strategy`) and parameters
 //! (`parameter_plan`); the ops reading them take the cheapest strategy that splits them so
-//! ([`parallel::search::anchored_strategies`]), and sharding propagation places the rest, as
+//! ([`search::anchored_strategies`]), and sharding propagation places the rest, as
 //! MindSpore's `shard` requires its `sharding_propagation` search. `out_strategy` sets the
 //! layout the ops producing the outputs leave them in; the caller gets whole outputs back.
 
@@ -13,17 +13,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm::LocalCluster;
+use exec::RankExecutor;
 use graph::{Graph, ValueId, ValueKind};
-use parallel::search::{
-    anchored_strategies, search, Anchor, DeviceProfile, EvalSettings, SearchMode, SearchRequest,
-};
 use parallel::{
     compile_forward, DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode, Program,
+};
+use search::{
+    anchored_strategies, search, Anchor, DeviceProfile, EvalSettings, SearchMode, SearchRequest,
 };
 use tensor::Tensor;
 
 use crate::error::RuntimeError;
-use crate::executor::RankExecutor;
 
 /// Where and how a sharded sub-network runs.
 #[derive(Debug, Clone)]
@@ -42,8 +42,7 @@ impl ShardOptions {
     pub fn new(devices: usize) -> ShardOptions {
         ShardOptions {
             devices,
-            profile: parallel::search::profiles::built_in("h100-nvlink-ib")
-                .expect("a built-in profile"),
+            profile: search::profiles::built_in("h100-nvlink-ib").expect("a built-in profile"),
             timeout: Duration::from_secs(60),
         }
     }

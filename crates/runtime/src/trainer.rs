@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use exec::{OptimizerConfig, OptimizerKind};
 use graph::models::Model;
 use parallel::ParallelConfig;
 
@@ -11,7 +12,6 @@ use crate::config::{
 use crate::data::Normalize;
 use crate::error::RuntimeError;
 use crate::launch::{train_local, LaunchOptions, TrainReport};
-use crate::optimizer::{OptimizerConfig, OptimizerKind};
 use crate::session::Session;
 
 /// Trains a [`Model`] built with [`graph::GraphBuilder`] on an IDX data set, on the devices and
@@ -72,7 +72,7 @@ impl Trainer {
                 per_print_times: 1,
                 print_local_norm: false,
                 dump_local_norm: None,
-                precision: crate::precision::Precision::F32,
+                precision: exec::Precision::F32,
                 loss_scale: None,
                 parameter_broadcast: false,
                 lazy_init: false,

@@ -24,12 +24,11 @@
 mod square_sum;
 
 use comm::Communicator;
+use exec::{Accumulation, RankExecutor};
 use parallel::Program;
 use tensor::{DType, Tensor};
 
-use crate::accumulate::Accumulation;
 use crate::error::RuntimeError;
-use crate::executor::RankExecutor;
 
 pub(crate) use square_sum::SquareSum;
 
@@ -114,6 +113,24 @@ impl MaxGradNorm {
         world: &dyn Communicator,
     ) -> Result<f64, RuntimeError> {
         self.clip_in_place(exec, None, trainable, world)
+    }
+
+    /// Clips a gradient held whole by one process, as slices (a parameter-server worker's
+    /// gradient: its dense tensors and its embedding rows), in place; returns the norm before
+    /// clipping. The squares are summed exactly, as across ranks.
+    pub fn clip_slices(self, parts: &mut [&mut [f32]]) -> f64 {
+        let mut sum = SquareSum::default();
+        for part in parts.iter() {
+            sum.add_f32(part);
+        }
+        let norm = sum.to_f64().sqrt();
+        if let Some(factor) = self.factor(norm) {
+            let f = factor as f32;
+            for part in parts.iter_mut() {
+                part.iter_mut().for_each(|x| *x *= f);
+            }
+        }
+        norm
     }
 
     /// Clips `pieces` (by trainable parameter `trainable[k]`, its whole optimizer piece, as

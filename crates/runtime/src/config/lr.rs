@@ -1,6 +1,7 @@
 //! `[train]`'s learning-rate schedule keys (`lr_schedule` and each formula's own parameters)
 //! and the weight-decay filter (`no_weight_decay`).
 
+use exec::WeightDecayFilter;
 use toml::Value;
 
 use super::values::{
@@ -8,7 +9,6 @@ use super::values::{
 };
 use crate::error::RuntimeError;
 use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
-use crate::optimizer::WeightDecayFilter;
 
 /// The keys only some schedules read: `(key, the schedules that read it)`.
 const RULE_KEYS: &[(&str, &[&str])] = &[
@@ -164,30 +164,4 @@ pub(super) fn read_weight_decay_filter(s: &mut Section) -> Result<WeightDecayFil
         ));
     }
     Ok(WeightDecayFilter { excluded })
-}
-
-/// Parameter-server mode applies updates on the servers with a constant rate and MindSpore's
-/// default decay filter: a schedule or `no_weight_decay` there is refused, naming the key.
-pub(super) fn refuse_in_ps_mode(
-    schedule: &LrSchedule,
-    filter: &WeightDecayFilter,
-) -> Result<(), RuntimeError> {
-    let mode = super::ps::PARAMETER_SERVER_MODE;
-    if schedule.decay != LrDecay::Constant || schedule.warmup_steps > 0 {
-        let key = match schedule.decay {
-            LrDecay::Constant => "train.warmup_steps",
-            _ => "train.lr_schedule",
-        };
-        return Err(config_error(
-            key,
-            format!("is not supported in parallel.mode = \"{mode}\" yet: its servers update with the constant train.learning_rate"),
-        ));
-    }
-    if !filter.excluded.is_empty() {
-        return Err(config_error(
-            "train.no_weight_decay",
-            format!("is not supported in parallel.mode = \"{mode}\" yet: its servers use MindSpore's default weight-decay filter"),
-        ));
-    }
-    Ok(())
 }

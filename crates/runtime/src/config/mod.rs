@@ -34,12 +34,12 @@ mod values;
 
 use std::path::{Path, PathBuf};
 
+use exec::OptimizerConfig;
 use parallel::{HsdpConfig, ParallelConfig};
 use toml::Table;
 
 use crate::data::Normalize;
 use crate::error::RuntimeError;
-use crate::optimizer::OptimizerConfig;
 
 use self::overrides::{apply_override, concerns};
 pub use self::ps::{PsKeys, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE};
@@ -218,9 +218,9 @@ pub struct TrainLoopConfig {
     /// Dump every rank's local norms each step under this directory (resolved).
     pub dump_local_norm: Option<PathBuf>,
     /// What the model computes in (`train.precision`).
-    pub precision: crate::precision::Precision,
+    pub precision: exec::Precision,
     /// The loss scale (`train.loss_scale`; `None`: none).
-    pub loss_scale: Option<crate::precision::LossScale>,
+    pub loss_scale: Option<exec::LossScale>,
     /// `train.parameter_broadcast`: after initialisation or a resume, every parameter is
     /// broadcast from the first rank of its replica group (MindSpore's `parameter_broadcast`).
     pub parameter_broadcast: bool,
@@ -291,7 +291,7 @@ pub struct TrainConfig {
     search: SearchKeys,
     optimizer: OptimizerConfig,
     lr_schedule: crate::lr_schedule::LrSchedule,
-    weight_decay_filter: crate::optimizer::WeightDecayFilter,
+    weight_decay_filter: exec::WeightDecayFilter,
     train: TrainLoopConfig,
     output: OutputConfig,
     ps: Option<PsKeys>,
@@ -391,7 +391,7 @@ impl TrainConfig {
             gpt_parallel: GptParallelKeys::default(),
             search: SearchKeys::default(),
             lr_schedule: crate::lr_schedule::LrSchedule::constant(optimizer.learning_rate),
-            weight_decay_filter: crate::optimizer::WeightDecayFilter::default(),
+            weight_decay_filter: exec::WeightDecayFilter::default(),
             optimizer,
             train,
             output,
@@ -413,10 +413,7 @@ impl TrainConfig {
     }
 
     /// The same config with weight-decay filter `filter`.
-    pub fn with_weight_decay_filter(
-        mut self,
-        filter: crate::optimizer::WeightDecayFilter,
-    ) -> TrainConfig {
+    pub fn with_weight_decay_filter(mut self, filter: exec::WeightDecayFilter) -> TrainConfig {
         self.weight_decay_filter = filter;
         self
     }
@@ -553,7 +550,7 @@ impl TrainConfig {
     }
 
     /// The weight-decay filter (`train.no_weight_decay` beside MindSpore's default).
-    pub fn weight_decay_filter(&self) -> &crate::optimizer::WeightDecayFilter {
+    pub fn weight_decay_filter(&self) -> &exec::WeightDecayFilter {
         &self.weight_decay_filter
     }
 

@@ -43,7 +43,7 @@ pub enum ProfileChoice {
 impl ProfileChoice {
     /// A built-in name as itself, anything else as a path against `base`.
     pub fn parse(text: &str, base: &Path) -> ProfileChoice {
-        if parallel::search::profiles::BUILT_IN.contains(&text) {
+        if ::search::profiles::BUILT_IN.contains(&text) {
             ProfileChoice::BuiltIn(text.to_string())
         } else {
             ProfileChoice::File(base.join(text))

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::clip::MaxGradNorm;
-use crate::precision::{LossScale, Precision};
+use exec::{LossScale, OptimizerConfig, OptimizerKind, Precision};
 use layout::Layout;
 use parallel::{DatasetStrategy, HsdpConfig, OptimizerLevel, ParallelConfig, ParallelMode};
 use toml::{Table, Value};
@@ -22,7 +22,6 @@ use super::{
 };
 use crate::data::{Normalize, TokenDtype};
 use crate::error::RuntimeError;
-use crate::optimizer::{OptimizerConfig, OptimizerKind};
 
 /// The sections of a config file, in file order.
 pub(super) const SECTIONS: &[&str] = &["model", "data", "parallel", "train", "output", "ps"];
@@ -235,24 +234,12 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
     let lr_schedule =
         super::lr::read_lr_schedule(&mut train_section, optimizer.learning_rate, &mut warnings)?;
     let weight_decay_filter = super::lr::read_weight_decay_filter(&mut train_section)?;
-    if ps_mode {
-        super::lr::refuse_in_ps_mode(&lr_schedule, &weight_decay_filter)?;
-    }
     let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
     if ps_mode && train.deterministic {
         return Err(config_error(
             "train.deterministic",
             format!(
                 "has no bitwise guarantee in mode \"{}\": the servers apply the workers' gradients in the order they arrive; use a collective mode (data_parallel, semi_auto, …) for deterministic training",
-                super::ps::PARAMETER_SERVER_MODE
-            ),
-        ));
-    }
-    if ps_mode && train.max_grad_norm.is_some() {
-        return Err(config_error(
-            "train.max_grad_norm",
-            format!(
-                "is not applied in mode \"{}\": the servers apply each worker's gradient as it arrives, so no step has one global gradient to take the norm of; use a collective mode (data_parallel, semi_auto, …) to clip by global norm",
                 super::ps::PARAMETER_SERVER_MODE
             ),
         ));
@@ -273,6 +260,15 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         }
         (false, None) => None,
     };
+    if ps.as_ref().is_some_and(|ps| ps.sync) && train.max_grad_norm.is_some() {
+        return Err(config_error(
+            "train.max_grad_norm",
+            format!(
+                "is not applied in mode \"{}\" with ps.sync = true: the servers average the workers' gradients, each server holding only its parameters, so no process has the step's global gradient to take the norm of; use ps.sync = false (each update is one worker's whole gradient, clipped by its own norm) or a collective mode (data_parallel, semi_auto, …)",
+                super::ps::PARAMETER_SERVER_MODE
+            ),
+        ));
+    }
     // Pipeline micro-batches cut each step's batch: M micro-batches of batch / M, one update.
     if let Some(m) = parallel
         .pipeline

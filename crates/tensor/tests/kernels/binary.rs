@@ -1,3 +1,5 @@
+//! Elementwise binary kernels with broadcasting, their gradients, bias-add, sum-to-shape, against naive references.
+
 use proptest::prelude::*;
 use tensor::kernels::{self, BinaryOp};
 use tensor::{DType, Tensor, TensorError};

@@ -1,3 +1,5 @@
+//! The embedding gather kernel and its scatter-add gradient against naive references.
+
 use tensor::kernels;
 use tensor::{DType, Tensor, TensorError};
 

@@ -1,3 +1,5 @@
+//! Cross-entropy loss and its gradient against a naive reference and finite differences; large logits do not overflow.
+
 use tensor::kernels;
 use tensor::{DType, Tensor, TensorError};
 

@@ -1,3 +1,5 @@
+//! Matrix products on both GEMM backends, every transpose, batched and broadcast, against a naive reference; buffer and shape errors.
+
 use proptest::prelude::*;
 use tensor::kernels::{self, gemm_with, GemmBackend, GemmShape};
 use tensor::{DType, Tensor, TensorError};

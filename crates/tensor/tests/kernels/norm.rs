@@ -1,3 +1,5 @@
+//! Layer norm forward and backward against naive references and finite differences.
+
 use tensor::kernels::{self, LayerNormGradBuffers, LayerNormParams, LayerNormSaved};
 use tensor::{DType, Tensor, TensorError};
 

@@ -1,3 +1,5 @@
+//! Axis permutation (transpose) on every path against index arithmetic.
+
 use proptest::prelude::*;
 use tensor::kernels;
 use tensor::{DType, Tensor, TensorError};

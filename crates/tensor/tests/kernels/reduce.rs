@@ -1,3 +1,5 @@
+//! Reductions over axes and whole tensors, and their gradients, against naive references.
+
 use tensor::kernels::{self, Reduction};
 use tensor::{DType, Tensor, TensorError};
 

@@ -1,3 +1,5 @@
+//! Softmax forward and backward against references and finite differences; a stable log-sum-exp.
+
 use tensor::kernels;
 use tensor::{DType, Tensor, TensorError};
 

@@ -1,3 +1,5 @@
+//! Unary kernels (ReLU, GeLU forms, …) and their gradients against analytic references and finite differences; GeLU at MindSpore's documented values.
+
 use tensor::kernels::{self, GeluForm, GradInput, UnaryOp};
 use tensor::{DType, Tensor, TensorError};
 

@@ -1,3 +1,5 @@
+//! BLAS-1 updates and tensor-level scale and accumulate against naive loops.
+
 use tensor::kernels;
 use tensor::{DType, Tensor, TensorError};
 

@@ -1,0 +1,702 @@
+//! Optimizers whose state is sharded like its parameter: SGD, Momentum, Adam, AdamW
+//! (MindSpore's `AdamWeightDecay`) and mint AdamW (PyTorch's rule).
+//!
+//! # Sharding
+//! An [`Optimizer`] works on one rank's shard of each parameter and the gradient shard of the
+//! same shape. Every rule below is elementwise, so a rank holding any box of a parameter, with the
+//! state of that box, computes exactly what one device computes there: every sharding gives the
+//! same global result. The state tensors have the shard's shape and dtype, so they are sharded
+//! like their parameter and a checkpoint stores them with the parameter's layout.
+//!
+//! # Update rules
+//! The rules are MindSpore's, with `p` the parameter, `g` its gradient, `lr` the learning rate,
+//! `wd` the weight decay and `t` the step count (1 on the first step, see
+//! [`Optimizer::begin_step`]). `lr` is the step's rate: `train.learning_rate`, or the
+//! schedule's rate for the step ([`Optimizer::set_learning_rate`], `runtime::LrSchedule`).
+//! Weight decay follows MindSpore's default filter: it applies to parameters whose name contains
+//! neither `beta` nor `gamma` ([`applies_weight_decay`]); a [`WeightDecayFilter`] can exclude
+//! more (biases, embeddings: MindFormers' recipe). For the excluded parameters `wd` is 0.
+//!
+//! | kind | MindSpore | rule |
+//! |---|---|---|
+//! | [`OptimizerKind::Sgd`] | `nn.SGD` (momentum 0) | `g' = g + wd·p`; `p -= lr·g'` |
+//! | [`OptimizerKind::Momentum`] | `nn.Momentum` | `g' = g + wd·p`; `v = μ·v + g'`; `p -= lr·v`, or with Nesterov `p -= lr·(g' + μ·v)` |
+//! | [`OptimizerKind::Adam`] | `nn.Adam` | `g' = g + wd·p`; `m = β1·m + (1-β1)·g'`; `v = β2·v + (1-β2)·g'²`; `p -= lr·√(1-β2ᵗ)/(1-β1ᵗ) · m/(√v + ε)` |
+//! | [`OptimizerKind::AdamW`] | `nn.AdamWeightDecay` | `m = β1·m + (1-β1)·g`; `v = β2·v + (1-β2)·g²`; `p -= lr·(m/(√v + ε) + wd·p)` |
+//! | [`OptimizerKind::MintAdamW`] | `mint.optim.AdamW` (PyTorch's `torch.optim.AdamW`) | `p = p·(1 - lr·wd)`; `m = β1·m + (1-β1)·g`; `v = β2·v + (1-β2)·g²`; `p -= (lr/(1-β1ᵗ)) · m/(√v/√(1-β2ᵗ) + ε)` |
+//!
+//! Two details are MindSpore's and differ from PyTorch: Adam's ε is added to `√v` *outside* the
+//! bias correction (the correction scales the learning rate, as `ops.Adam` does), and AdamW is
+//! MindSpore's `AdamWeightDecay`, which has **no** bias correction (PyTorch's `AdamW` has one).
+//! `mint_adamw` is MindSpore's `mint.optim.AdamW`, whose documented algorithm is PyTorch's:
+//! bias-corrected moments with ε added to `√v̂` (`v̂ = v/(1-β2ᵗ)`), and weight decay decoupled
+//! and scaled by the learning rate, applied before the moments' step; the arithmetic above
+//! is the one `mindspore.experimental.optim.adamw` and PyTorch's `_single_tensor_adamw` run
+//! (`step_size = lr/bias_correction1`, `denom = √v/√bias_correction2 + ε`).
+//! Momentum accumulates the raw gradient (`v = μ·v + g`, no dampening), as `ops.ApplyMomentum`
+//! does.
+//!
+//! Arithmetic runs in the parameter's dtype (f32 or f64); hyperparameters are rounded to it.
+//!
+//! # State names
+//! State tensors are named as MindSpore's optimizers name theirs, so checkpoints look familiar:
+//! `moments` (Momentum), `moment1`/`moment2` (Adam), `adam_m`/`adam_v` (AdamWeightDecay),
+//! `exp_avg`/`exp_avg_sq` (mint AdamW, PyTorch's names). In a
+//! checkpoint the state of parameter `fc1_weight` is `moments.fc1_weight`
+//! ([`state_checkpoint_name`]), MindSpore's `Parameter.clone(prefix=…)` naming.
+
+use tensor::kernels::Float;
+use tensor::{DType, Tensor};
+
+use crate::error::ExecError;
+
+/// The update rule and its own hyperparameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimizerKind {
+    /// Plain stochastic gradient descent (MindSpore's `nn.SGD` with momentum 0). No state.
+    Sgd,
+    /// Momentum (MindSpore's `nn.Momentum`). State: `moments`.
+    Momentum {
+        /// μ, the decay of the accumulated gradient (≥ 0).
+        momentum: f64,
+        /// Nesterov's accelerated gradient.
+        use_nesterov: bool,
+    },
+    /// Adam with bias correction (MindSpore's `nn.Adam`). State: `moment1`, `moment2`.
+    Adam {
+        /// Decay of the first moment, in (0, 1).
+        beta1: f64,
+        /// Decay of the second moment, in (0, 1).
+        beta2: f64,
+        /// Added to `√v` (> 0).
+        eps: f64,
+    },
+    /// Adam with decoupled weight decay and no bias correction (MindSpore's
+    /// `nn.AdamWeightDecay`). State: `adam_m`, `adam_v`.
+    AdamW {
+        /// Decay of the first moment, in (0, 1).
+        beta1: f64,
+        /// Decay of the second moment, in (0, 1).
+        beta2: f64,
+        /// Added to `√v` (> 0).
+        eps: f64,
+    },
+    /// Adam with bias correction and decoupled weight decay scaled by the learning rate
+    /// (MindSpore's `mint.optim.AdamW`, PyTorch's `AdamW`). State: `exp_avg`, `exp_avg_sq`.
+    MintAdamW {
+        /// Decay of the first moment, in (0, 1).
+        beta1: f64,
+        /// Decay of the second moment, in (0, 1).
+        beta2: f64,
+        /// Added to the bias-corrected `√v̂` (> 0).
+        eps: f64,
+    },
+}
+
+impl OptimizerKind {
+    /// The config spelling: `sgd`, `momentum`, `adam`, `adamw` or `mint_adamw`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Momentum { .. } => "momentum",
+            OptimizerKind::Adam { .. } => "adam",
+            OptimizerKind::AdamW { .. } => "adamw",
+            OptimizerKind::MintAdamW { .. } => "mint_adamw",
+        }
+    }
+
+    /// The names of the state tensors kept per parameter, in [`Optimizer::state`] order.
+    pub fn state_names(&self) -> &'static [&'static str] {
+        match self {
+            OptimizerKind::Sgd => &[],
+            OptimizerKind::Momentum { .. } => &["moments"],
+            OptimizerKind::Adam { .. } => &["moment1", "moment2"],
+            OptimizerKind::AdamW { .. } => &["adam_m", "adam_v"],
+            OptimizerKind::MintAdamW { .. } => &["exp_avg", "exp_avg_sq"],
+        }
+    }
+}
+
+/// The state names of every rule ([`OptimizerKind::state_names`]): what a checkpoint may hold
+/// beside the parameters, whichever rule saved it.
+pub const STATE_NAMES_OF_EVERY_RULE: &[&str] = &[
+    "moments",
+    "moment1",
+    "moment2",
+    "adam_m",
+    "adam_v",
+    "exp_avg",
+    "exp_avg_sq",
+];
+
+/// An optimizer's rule and the hyperparameters shared by all rules.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimizerConfig {
+    /// The rule.
+    pub kind: OptimizerKind,
+    /// The learning rate (finite, > 0).
+    pub learning_rate: f64,
+    /// The weight decay (finite, ≥ 0); see the module docs for how each rule applies it.
+    pub weight_decay: f64,
+}
+
+/// A `Config` error on key `train.<key>`: the optimizer's hyperparameters live in the config's
+/// `[train]` section, so errors name them as a user writes them.
+fn bad_hyperparameter(key: &str, value: f64, rule: &str) -> ExecError {
+    ExecError::Config {
+        key: format!("train.{key}"),
+        reason: format!("{value} is out of range: {rule}"),
+    }
+}
+
+fn check(key: &str, value: f64, ok: bool, rule: &str) -> Result<(), ExecError> {
+    if value.is_finite() && ok {
+        Ok(())
+    } else {
+        Err(bad_hyperparameter(key, value, rule))
+    }
+}
+
+impl OptimizerConfig {
+    /// Checks every hyperparameter against MindSpore's ranges (learning rate > 0, weight decay
+    /// ≥ 0, momentum ≥ 0, β in (0, 1), ε > 0, all finite). Errors name the `train.*` key.
+    pub fn validate(&self) -> Result<(), ExecError> {
+        check(
+            "learning_rate",
+            self.learning_rate,
+            self.learning_rate > 0.0,
+            "it must be > 0",
+        )?;
+        check(
+            "weight_decay",
+            self.weight_decay,
+            self.weight_decay >= 0.0,
+            "it must be ≥ 0",
+        )?;
+        match self.kind {
+            OptimizerKind::Sgd => Ok(()),
+            OptimizerKind::Momentum { momentum, .. } => {
+                check("momentum", momentum, momentum >= 0.0, "it must be ≥ 0")
+            }
+            OptimizerKind::Adam { beta1, beta2, eps }
+            | OptimizerKind::AdamW { beta1, beta2, eps }
+            | OptimizerKind::MintAdamW { beta1, beta2, eps } => {
+                let in_unit = |b: f64| b > 0.0 && b < 1.0;
+                check("beta1", beta1, in_unit(beta1), "it must lie in (0, 1)")?;
+                check("beta2", beta2, in_unit(beta2), "it must lie in (0, 1)")?;
+                check("eps", eps, eps > 0.0, "it must be > 0")
+            }
+        }
+    }
+}
+
+/// MindSpore's default weight-decay filter: decay applies to parameters whose name contains
+/// neither `beta` nor `gamma` (the shifts and scales of normalisation layers).
+pub fn applies_weight_decay(param_name: &str) -> bool {
+    !param_name.contains("beta") && !param_name.contains("gamma")
+}
+
+/// Which parameters weight decay applies to: MindSpore's default filter (no `beta`, no
+/// `gamma` in the name) and, in addition, no name containing any of `excluded`
+/// (`train.no_weight_decay`, e.g. `["bias", "embedding"]` for MindFormers' recipe of no decay on
+/// biases, LayerNorm and embeddings). Names are matched as substrings, so the filter is the
+/// same on every rank and under every layout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightDecayFilter {
+    /// Name substrings whose parameters get no weight decay, beside `beta` and `gamma`.
+    pub excluded: Vec<String>,
+}
+
+impl WeightDecayFilter {
+    /// Whether weight decay applies to parameter `param_name`.
+    pub fn applies(&self, param_name: &str) -> bool {
+        applies_weight_decay(param_name)
+            && !self
+                .excluded
+                .iter()
+                .any(|word| param_name.contains(word.as_str()))
+    }
+}
+
+/// The checkpoint name of state `state` of parameter `param` (`moments.fc1_weight`), as
+/// MindSpore's `Parameter.clone(prefix=state)` names it.
+pub fn state_checkpoint_name(state: &str, param: &str) -> String {
+    format!("{state}.{param}")
+}
+
+/// The error for parameter index `index` of an optimizer of `n_params` parameters.
+fn no_param(n_params: usize, index: usize) -> ExecError {
+    ExecError::Mismatch {
+        what: "optimizer parameter index".to_string(),
+        expected: format!("an index below {n_params}"),
+        got: index.to_string(),
+    }
+}
+
+/// One parameter shard the optimizer updates: its name and this rank's shard shape and dtype.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// The parameter's name (`fc1_weight`), used in errors, the weight-decay filter and state
+    /// names.
+    pub name: String,
+    /// This rank's shard shape.
+    pub shape: Vec<usize>,
+    /// The parameter's dtype (f32 or f64).
+    pub dtype: DType,
+}
+
+/// The state of one parameter shard.
+#[derive(Debug, Clone, PartialEq)]
+struct Slot {
+    spec: ParamSpec,
+    decay: bool,
+    /// One tensor per name of [`OptimizerKind::state_names`].
+    state: Vec<Tensor>,
+}
+
+/// One rank's optimizer: the rule, the step count and the state of each parameter shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Optimizer {
+    config: OptimizerConfig,
+    slots: Vec<Slot>,
+    step: u64,
+    /// The rate of the coming updates (`config.learning_rate` until set).
+    learning_rate: f64,
+}
+
+/// The hyperparameters of one update, rounded to the compute type.
+#[derive(Debug, Clone, Copy)]
+struct Step<T> {
+    lr: T,
+    wd: T,
+    a: T,
+    b: T,
+    c: T,
+}
+
+impl Optimizer {
+    /// An optimizer for `params` (this rank's shards, in the order [`Optimizer::update`] indexes
+    /// them), with zeroed state and step count 0.
+    pub fn new(config: OptimizerConfig, params: &[ParamSpec]) -> Result<Optimizer, ExecError> {
+        config.validate()?;
+        let n_states = config.kind.state_names().len();
+        let mut slots = Vec::with_capacity(params.len());
+        for spec in params {
+            if !matches!(spec.dtype, DType::F32 | DType::F64) {
+                return Err(ExecError::Mismatch {
+                    what: format!("optimizer parameter {}", spec.name),
+                    expected: "dtype f32 or f64".to_string(),
+                    got: format!("dtype {}", spec.dtype),
+                });
+            }
+            slots.push(Slot {
+                decay: applies_weight_decay(&spec.name),
+                state: (0..n_states)
+                    .map(|_| Tensor::zeros(spec.dtype, &spec.shape))
+                    .collect(),
+                spec: spec.clone(),
+            });
+        }
+        Ok(Optimizer {
+            learning_rate: config.learning_rate,
+            config,
+            slots,
+            step: 0,
+        })
+    }
+
+    /// Applies weight decay only to the parameters `filter` accepts (the default filter is
+    /// MindSpore's, which [`Optimizer::new`] uses).
+    pub fn set_weight_decay_filter(&mut self, filter: &WeightDecayFilter) {
+        for slot in &mut self.slots {
+            slot.decay = filter.applies(&slot.spec.name);
+        }
+    }
+
+    /// Whether weight decay applies to parameter `index`.
+    pub fn decays(&self, index: usize) -> Result<bool, ExecError> {
+        Ok(self.slot(index)?.decay)
+    }
+
+    /// Sets the learning rate of the coming updates: the schedule's rate for this step
+    /// (`runtime::LrSchedule::learning_rate`). It must be finite and ≥ 0 (a warm-up starts
+    /// at 0).
+    pub fn set_learning_rate(&mut self, learning_rate: f64) -> Result<(), ExecError> {
+        if !(learning_rate.is_finite() && learning_rate >= 0.0) {
+            return Err(ExecError::Mismatch {
+                what: "the step's learning rate".to_string(),
+                expected: "a finite number ≥ 0".to_string(),
+                got: learning_rate.to_string(),
+            });
+        }
+        self.learning_rate = learning_rate;
+        Ok(())
+    }
+
+    /// The learning rate of the coming updates.
+    pub fn learning_rate(&self) -> f64 {
+        self.learning_rate
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OptimizerConfig {
+        &self.config
+    }
+
+    /// The number of parameter shards.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether the optimizer has no parameter.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The spec of parameter `index`.
+    pub fn param(&self, index: usize) -> Result<&ParamSpec, ExecError> {
+        Ok(&self.slot(index)?.spec)
+    }
+
+    /// Starts a step: increments the step count `t` (Adam's bias correction uses it). Call once
+    /// per training step, before the step's [`Optimizer::update`]s.
+    pub fn begin_step(&mut self) {
+        self.step += 1;
+    }
+
+    /// The number of steps begun.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Sets the step count (resuming from a checkpoint taken after `steps` steps).
+    pub fn set_step_count(&mut self, steps: u64) {
+        self.step = steps;
+    }
+
+    fn slot(&self, index: usize) -> Result<&Slot, ExecError> {
+        self.slots
+            .get(index)
+            .ok_or_else(|| no_param(self.slots.len(), index))
+    }
+
+    /// The named state tensors of parameter `index`, in [`OptimizerKind::state_names`] order
+    /// (empty for SGD).
+    pub fn state(&self, index: usize) -> Result<Vec<(&'static str, &Tensor)>, ExecError> {
+        let names = self.config.kind.state_names();
+        Ok(names
+            .iter()
+            .copied()
+            .zip(&self.slot(index)?.state)
+            .collect())
+    }
+
+    /// The named state tensors of parameter `index`, writable (for loading in place).
+    pub fn state_mut(
+        &mut self,
+        index: usize,
+    ) -> Result<Vec<(&'static str, &mut Tensor)>, ExecError> {
+        let names = self.config.kind.state_names();
+        let n_params = self.slots.len();
+        let slot = self
+            .slots
+            .get_mut(index)
+            .ok_or_else(|| no_param(n_params, index))?;
+        Ok(names.iter().copied().zip(slot.state.iter_mut()).collect())
+    }
+
+    /// Replaces state `name` of parameter `index` with `value` (resuming from a checkpoint).
+    /// `value` must have the shard's shape; a float dtype other than the parameter's is
+    /// converted.
+    pub fn load_state(
+        &mut self,
+        index: usize,
+        name: &str,
+        value: &Tensor,
+    ) -> Result<(), ExecError> {
+        let names = self.config.kind.state_names();
+        let kind = self.config.kind.name();
+        let n_params = self.slots.len();
+        let slot = self
+            .slots
+            .get_mut(index)
+            .ok_or_else(|| no_param(n_params, index))?;
+        let what = format!(
+            "optimizer state {}",
+            state_checkpoint_name(name, &slot.spec.name)
+        );
+        let Some(position) = names.iter().position(|n| *n == name) else {
+            return Err(ExecError::Mismatch {
+                what,
+                expected: format!("a state of {kind}: {names:?}"),
+                got: name.to_string(),
+            });
+        };
+        if value.shape() != slot.spec.shape.as_slice() || !value.dtype().is_float() {
+            return Err(ExecError::Mismatch {
+                what,
+                expected: format!("a float tensor of shape {:?}", slot.spec.shape),
+                got: format!("{} {:?}", value.dtype(), value.shape()),
+            });
+        }
+        slot.state[position] = value.to_dtype(slot.spec.dtype);
+        Ok(())
+    }
+
+    /// Updates parameter shard `index` in place with its gradient shard (same shape and dtype
+    /// as the spec), advancing its state. Call [`Optimizer::begin_step`] first.
+    pub fn update(
+        &mut self,
+        index: usize,
+        param: &mut Tensor,
+        grad: &Tensor,
+    ) -> Result<(), ExecError> {
+        let slot = self.slot(index)?;
+        for (role, tensor) in [("parameter", &*param), ("gradient", grad)] {
+            if tensor.shape() != slot.spec.shape.as_slice() {
+                return Err(ExecError::Mismatch {
+                    what: format!("optimizer update of {}: the {role}", slot.spec.name),
+                    expected: format!("{} {:?}", slot.spec.dtype, slot.spec.shape),
+                    got: format!("{} {:?}", tensor.dtype(), tensor.shape()),
+                });
+            }
+        }
+        self.update_piece(index, param, 0, grad, 0)
+    }
+
+    /// Updates the elements `param_offset..` of `param` (row-major) with the elements
+    /// `grad_offset..` of `grad`, as many as parameter `index`'s spec has, advancing its state:
+    /// the update of an optimizer shard (`hsdp`), a run of rows of a larger buffer. Call
+    /// [`Optimizer::begin_step`] first.
+    pub fn update_piece(
+        &mut self,
+        index: usize,
+        param: &mut Tensor,
+        param_offset: usize,
+        grad: &Tensor,
+        grad_offset: usize,
+    ) -> Result<(), ExecError> {
+        if self.step == 0 {
+            return Err(ExecError::Mismatch {
+                what: "optimizer step count".to_string(),
+                expected: "≥ 1 (call begin_step before update)".to_string(),
+                got: "0".to_string(),
+            });
+        }
+        let config = OptimizerConfig {
+            learning_rate: self.learning_rate,
+            ..self.config
+        };
+        let step = self.step;
+        let n_params = self.slots.len();
+        let slot = self
+            .slots
+            .get_mut(index)
+            .ok_or_else(|| no_param(n_params, index))?;
+        let n: usize = slot.spec.shape.iter().product();
+        for (role, tensor, offset) in [
+            ("parameter", &*param, param_offset),
+            ("gradient", grad, grad_offset),
+        ] {
+            let fits = offset
+                .checked_add(n)
+                .is_some_and(|end| end <= tensor.shape().iter().product());
+            if !fits || tensor.dtype() != slot.spec.dtype {
+                return Err(ExecError::Mismatch {
+                    what: format!("optimizer update of {}: the {role}", slot.spec.name),
+                    expected: format!(
+                        "{} with elements {offset}..{} ({:?})",
+                        slot.spec.dtype,
+                        offset.saturating_add(n),
+                        slot.spec.shape
+                    ),
+                    got: format!("{} {:?}", tensor.dtype(), tensor.shape()),
+                });
+            }
+        }
+        let weight_decay = if slot.decay { config.weight_decay } else { 0.0 };
+        let range = |offset: usize| offset..offset + n;
+        match slot.spec.dtype {
+            DType::F32 => apply::<f32>(
+                &config,
+                weight_decay,
+                step,
+                &mut param.as_slice_mut::<f32>()?[range(param_offset)],
+                &grad.as_slice::<f32>()?[range(grad_offset)],
+                &mut slot.state,
+            ),
+            _ => apply::<f64>(
+                &config,
+                weight_decay,
+                step,
+                &mut param.as_slice_mut::<f64>()?[range(param_offset)],
+                &grad.as_slice::<f64>()?[range(grad_offset)],
+                &mut slot.state,
+            ),
+        }
+    }
+}
+
+/// Runs one rule on typed slices. Shapes and dtypes were checked by the caller.
+/// `weight_decay` is the config's, or 0 for a parameter the decay filter skips.
+fn apply<T: Float + tensor::Element>(
+    config: &OptimizerConfig,
+    weight_decay: f64,
+    step: u64,
+    p: &mut [T],
+    g: &[T],
+    state: &mut [Tensor],
+) -> Result<(), ExecError> {
+    let learning_rate = config.learning_rate;
+    let hyper = |a: f64, b: f64, c: f64| Step {
+        lr: T::from_f64(learning_rate),
+        wd: T::from_f64(weight_decay),
+        a: T::from_f64(a),
+        b: T::from_f64(b),
+        c: T::from_f64(c),
+    };
+    match (config.kind, state) {
+        (OptimizerKind::Sgd, _) => sgd(hyper(0.0, 0.0, 0.0), p, g),
+        (
+            OptimizerKind::Momentum {
+                momentum,
+                use_nesterov,
+            },
+            [v],
+        ) => momentum_rule(
+            hyper(momentum, 0.0, 0.0),
+            use_nesterov,
+            p,
+            g,
+            v.as_slice_mut::<T>()?,
+        ),
+        (OptimizerKind::Adam { beta1, beta2, eps }, [m, v]) => {
+            // MindSpore's ops.Adam: the bias correction scales the learning rate.
+            let t = i32::try_from(step).unwrap_or(i32::MAX);
+            let lr_t = learning_rate * (1.0 - beta2.powi(t)).sqrt() / (1.0 - beta1.powi(t));
+            let mut h = hyper(beta1, beta2, eps);
+            h.lr = T::from_f64(lr_t);
+            adam(h, p, g, m.as_slice_mut::<T>()?, v.as_slice_mut::<T>()?)
+        }
+        (OptimizerKind::AdamW { beta1, beta2, eps }, [m, v]) => adam_weight_decay(
+            hyper(beta1, beta2, eps),
+            p,
+            g,
+            m.as_slice_mut::<T>()?,
+            v.as_slice_mut::<T>()?,
+        ),
+        (OptimizerKind::MintAdamW { beta1, beta2, eps }, [m, v]) => {
+            let t = i32::try_from(step).unwrap_or(i32::MAX);
+            let bias_correction1 = 1.0 - beta1.powi(t);
+            let bias_correction2 = 1.0 - beta2.powi(t);
+            let mut h = hyper(beta1, beta2, eps);
+            // PyTorch's factors: decay `1 - lr·wd`, step size `lr / (1-β1ᵗ)`, `√(1-β2ᵗ)`.
+            h.wd = T::from_f64(1.0 - learning_rate * weight_decay);
+            h.lr = T::from_f64(learning_rate / bias_correction1);
+            let sqrt_bc2 = T::from_f64(bias_correction2.sqrt());
+            mint_adamw(
+                h,
+                sqrt_bc2,
+                p,
+                g,
+                m.as_slice_mut::<T>()?,
+                v.as_slice_mut::<T>()?,
+            )
+        }
+        (kind, state) => {
+            // The slots are built from `state_names`, so this is a bug, not bad input.
+            return Err(ExecError::Mismatch {
+                what: format!("{} optimizer state", kind.name()),
+                expected: format!("{} tensors", kind.state_names().len()),
+                got: format!("{} tensors", state.len()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `p -= lr·(g + wd·p)`.
+fn sgd<T: Float>(h: Step<T>, p: &mut [T], g: &[T]) {
+    for (p, &g) in p.iter_mut().zip(g) {
+        *p -= h.lr * (g + h.wd * *p);
+    }
+}
+
+/// `v = μ·v + (g + wd·p)`; `p -= lr·v` (Nesterov: `p -= lr·(g' + μ·v)`), μ in `h.a`.
+fn momentum_rule<T: Float>(h: Step<T>, use_nesterov: bool, p: &mut [T], g: &[T], v: &mut [T]) {
+    for ((p, &g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
+        let g = g + h.wd * *p;
+        *v = h.a * *v + g;
+        let step = if use_nesterov { g + h.a * *v } else { *v };
+        *p -= h.lr * step;
+    }
+}
+
+/// MindSpore's Adam with `h.lr` already bias-corrected; β1, β2, ε in `h.a`, `h.b`, `h.c`.
+fn adam<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        let g = g + h.wd * *p;
+        *m = h.a * *m + (T::ONE - h.a) * g;
+        *v = h.b * *v + (T::ONE - h.b) * g * g;
+        *p -= h.lr * *m / (v.sqrt() + h.c);
+    }
+}
+
+/// MindSpore's AdamWeightDecay; β1, β2, ε in `h.a`, `h.b`, `h.c`.
+fn adam_weight_decay<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        *m = h.a * *m + (T::ONE - h.a) * g;
+        *v = h.b * *v + (T::ONE - h.b) * g * g;
+        let update = *m / (v.sqrt() + h.c) + h.wd * *p;
+        *p -= h.lr * update;
+    }
+}
+
+/// mint AdamW (PyTorch's AdamW): `h.wd` holds `1 - lr·wd`, `h.lr` the step size
+/// `lr/(1-β1ᵗ)`; β1, β2, ε in `h.a`, `h.b`, `h.c`; `sqrt_bc2` is `√(1-β2ᵗ)`.
+fn mint_adamw<T: Float>(h: Step<T>, sqrt_bc2: T, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        *p *= h.wd;
+        *m = h.a * *m + (T::ONE - h.a) * g;
+        *v = h.b * *v + (T::ONE - h.b) * g * g;
+        let denom = v.sqrt() / sqrt_bc2 + h.c;
+        *p -= h.lr * *m / denom;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resume recognises the state of whichever rule saved the checkpoint.
+    #[test]
+    fn every_rule_s_states_are_listed() {
+        let kinds = [
+            OptimizerKind::Sgd,
+            OptimizerKind::Momentum {
+                momentum: 0.9,
+                use_nesterov: false,
+            },
+            OptimizerKind::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            OptimizerKind::AdamW {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+            OptimizerKind::MintAdamW {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            },
+        ];
+        for kind in kinds {
+            for name in kind.state_names() {
+                assert!(STATE_NAMES_OF_EVERY_RULE.contains(name), "{name}");
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Behaviour tests of the executor and the optimizers: sharded programs against one device,
+//! ops under random strategies, the optimizers' update rules.
+
+mod equivalence;
+mod op_sharding;
+mod optimizer;
+mod sharded;
+mod sharded_cross_entropy;
+mod sharded_embedding;
+mod sharded_reshape;

@@ -1,0 +1,683 @@
+//! Executing a plan over a communicator.
+//!
+//! Every rank runs the same plan. A partial source is summed within its groups first
+//! (all-reduce or reduce-scatter); then each rank copies what it already holds, and the
+//! network transfers run as the collectives [`reshard::lower`] found: an all-gather, an all-to-all, or a
+//! variable-sized exchange within each independent group of ranks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use comm::{Buf, BufMut, Communicator, Tag};
+use layout::{SliceBox, TensorLayout};
+use reshard::{
+    lower, plan_from, DistLayout, Exchange, ExchangeKind, HalfSum, PendingOp, ReduceKind,
+    ReshardPlan, Transfer,
+};
+use tensor::region::{copy_region, Placement};
+use tensor::{DType, Tensor};
+
+use crate::error::ExecError;
+
+/// Runs plans on one rank, keeping the sub-group communicators it creates so repeated reshards
+/// (every training step) do not create groups again.
+///
+/// The communicator is the world: its rank numbers are the device ranks the layouts use.
+#[derive(Debug)]
+pub struct ReshardRunner {
+    world: Arc<dyn Communicator>,
+    groups: HashMap<Vec<usize>, Box<dyn Communicator>>,
+    /// Pending sums are added in the canonical tree over the group's members in block order.
+    deterministic: bool,
+    /// Network transfers as tagged point-to-point messages instead of a collective exchange
+    /// ([`ReshardRunner::run_into_messages`]).
+    messages: Option<Tag>,
+    /// How pending sums of half-precision (bf16, f16) values are added.
+    half_sum: HalfSum,
+}
+
+impl ReshardRunner {
+    /// A runner for this rank of `world`.
+    pub fn new(world: Arc<dyn Communicator>) -> ReshardRunner {
+        ReshardRunner {
+            world,
+            groups: HashMap::new(),
+            deterministic: false,
+            messages: None,
+            half_sum: HalfSum::default(),
+        }
+    }
+
+    /// How the pending sums of half-precision values are added from now on ([`HalfSum`]; the
+    /// default accumulates in f32 and rounds once).
+    pub fn set_half_sum(&mut self, half_sum: HalfSum) {
+        self.half_sum = half_sum;
+    }
+
+    /// How pending sums of half-precision values are added.
+    pub fn half_sum(&self) -> HalfSum {
+        self.half_sum
+    }
+
+    /// Like [`ReshardRunner::run_into`], with the transfers between ranks sent as point-to-point
+    /// messages tagged `tag` (sends first, which do not wait for the receiver, then receives)
+    /// instead of one collective exchange. A sender and its receiver then need not run the plan
+    /// at the same moment: between pipeline stages, a stage sends its activations and goes on
+    /// while the next stage receives them when its schedule reaches them. Messages between two
+    /// ranks with one tag arrive in the order they were sent. A pending sum of the source is
+    /// still added by a collective of the source's ranks.
+    pub fn run_into_messages(
+        &mut self,
+        plan: &ReshardPlan,
+        local: &[&Tensor],
+        out: &mut [Tensor],
+        tag: Tag,
+    ) -> Result<(), ExecError> {
+        self.messages = Some(tag);
+        let result = self.run_into(plan, local, out);
+        self.messages = None;
+        result
+    }
+
+    /// Deterministic mode: every pending sum is added in the canonical tree
+    /// (`tensor::kernels::tree`) over its group's members, ordered by the blocks of the summed
+    /// dim (row-major over the pending axes as the layout lists them), so that the result's bits
+    /// do not depend on the group's size or the arrival order.
+    pub fn set_deterministic(&mut self, on: bool) {
+        self.deterministic = on;
+    }
+
+    /// Whether network transfers run as tagged messages
+    /// ([`ReshardRunner::run_into_messages`] is running).
+    pub(crate) fn sends_messages(&self) -> bool {
+        self.messages.is_some()
+    }
+
+    /// Whether pending sums are added in the canonical order.
+    pub fn is_deterministic(&self) -> bool {
+        self.deterministic
+    }
+
+    /// This rank (a device rank of the layouts).
+    pub fn rank(&self) -> usize {
+        self.world.rank()
+    }
+
+    /// The world communicator.
+    pub fn world(&self) -> &Arc<dyn Communicator> {
+        &self.world
+    }
+
+    /// The communicator of the group `ranks` (world ranks, in group order), created on first use.
+    /// Every member must ask for the same groups in the same order.
+    pub fn group(&mut self, ranks: &[usize]) -> Result<&dyn Communicator, ExecError> {
+        if !self.groups.contains_key(ranks) {
+            let group = self.world.group(ranks)?;
+            self.groups.insert(ranks.to_vec(), group);
+        }
+        Ok(self.groups[ranks].as_ref())
+    }
+
+    /// The rank lists of every sub-group communicator this runner has created, ascending.
+    pub fn created_groups(&self) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = self.groups.keys().cloned().collect();
+        groups.sort();
+        groups
+    }
+
+    /// Runs this rank's part of `plan`. `local` holds this rank's source slices, one per source
+    /// slot on this device in slot order (none when the rank is outside the source mesh); the
+    /// result holds this rank's destination slices the same way.
+    pub fn run(
+        &mut self,
+        plan: &ReshardPlan,
+        local: Vec<Tensor>,
+    ) -> Result<Vec<Tensor>, ExecError> {
+        let dst = plan.dst();
+        let mut out: Vec<Tensor> = device_slots(dst, self.rank())
+            .iter()
+            .map(|&slot| Tensor::zeros(plan.dtype(), &dst.slot_shape(slot)))
+            .collect();
+        let refs: Vec<&Tensor> = local.iter().collect();
+        self.run_into(plan, &refs, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`ReshardRunner::run`], writing into `out` (this rank's destination slices, already
+    /// allocated with the destination slice shape and the plan's dtype) and reading `local`
+    /// without taking it. Every element of `out` is overwritten. A training step reshards into
+    /// the same buffers every time, so nothing is allocated but the messages.
+    pub fn run_into(
+        &mut self,
+        plan: &ReshardPlan,
+        local: &[&Tensor],
+        out: &mut [Tensor],
+    ) -> Result<(), ExecError> {
+        let me = self.rank();
+        let dtype = plan.dtype();
+        let src_slots = device_slots(plan.src().layout(), me);
+        check_inputs(plan.src().layout(), &src_slots, local, dtype)?;
+        let dst = plan.dst();
+        let dst_slots = device_slots(dst, me);
+        check_inputs(dst, &dst_slots, &out.iter().collect::<Vec<_>>(), dtype)?;
+        let reduced: Vec<Tensor>;
+        let held: Vec<(usize, &Tensor)> = match plan.reduce() {
+            Some(step) => {
+                let owned: Vec<(usize, Tensor)> = src_slots
+                    .iter()
+                    .zip(local)
+                    .map(|(&s, t)| (s, (*t).clone()))
+                    .collect();
+                reduced = self
+                    .reduce(plan, step.kind.clone(), owned)?
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .collect();
+                src_slots.iter().copied().zip(reduced.iter()).collect()
+            }
+            None => src_slots
+                .iter()
+                .copied()
+                .zip(local.iter().copied())
+                .collect(),
+        };
+        let mut out: Vec<(usize, &mut Tensor)> =
+            dst_slots.iter().copied().zip(out.iter_mut()).collect();
+        copy_local(plan, me, &held, &mut out);
+        // Network transfers, one exchange per independent group.
+        if let Some(exchange) = lower(plan).into_iter().find(|e| e.ranks.contains(&me)) {
+            self.exchange(plan, &exchange, &held, &mut out)?;
+        }
+        Ok(())
+    }
+
+    /// Sums the partial source within its groups; returns the slices of the reduction's result.
+    fn reduce(
+        &mut self,
+        plan: &ReshardPlan,
+        kind: ReduceKind,
+        held: Vec<(usize, Tensor)>,
+    ) -> Result<Vec<(usize, Tensor)>, ExecError> {
+        let src = plan.src();
+        let mesh = src.layout().mesh();
+        let step = plan.reduce().expect("called with a reduce step");
+        let mut out = Vec::with_capacity(held.len());
+        for (slot, tensor) in held {
+            let dtype = tensor.dtype();
+            let widen = self.half_sum.widens(dtype);
+            let in_type = self.half_sum.rounds_every_addition(dtype);
+            check_half_sum(
+                self.half_sum,
+                dtype,
+                self.deterministic && step.op == PendingOp::Sum,
+            )?;
+            let mut tensor = match widen {
+                true => tensor.to_dtype(DType::F32),
+                false => tensor,
+            };
+            let narrow = |t: Tensor| if widen { t.to_dtype(dtype) } else { t };
+            let group_slots = step
+                .slot_groups
+                .iter()
+                .find(|g| g.contains(&slot))
+                .expect("every slot is in one partial group");
+            let ranks: Vec<usize> = group_slots
+                .iter()
+                .map(|&s| mesh.device_of_slot(s))
+                .collect();
+            let mut unique = ranks.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            if unique.len() != ranks.len() {
+                return Err(ExecError::Unsupported {
+                    what: format!(
+                        "a pending sum over an interleaved axis ({src}): one device holds two of its parts"
+                    ),
+                });
+            }
+            if self.deterministic && step.op == PendingOp::Sum {
+                let order = src.canonical_member_order(group_slots);
+                let ordered: Vec<usize> = order.iter().map(|&s| mesh.device_of_slot(s)).collect();
+                let group = self.group(&ordered)?;
+                // Reduce-scatter plus all-gather, each chunk's owner adding in the tree.
+                group.all_reduce_deterministic(&mut tensor, comm_op(step.op))?;
+                let tensor = match kind {
+                    ReduceKind::AllReduce => tensor,
+                    ReduceKind::ReduceScatter { dim } => {
+                        // The part the ordinary path gives this member: its index in slot order.
+                        let j = group_slots
+                            .iter()
+                            .position(|&s| s == slot)
+                            .expect("the slot is in its group");
+                        let n = group_slots.len();
+                        let shape = tensor.shape().to_vec();
+                        let part_len = shape[dim] / n;
+                        let mut offset = vec![0; shape.len()];
+                        offset[dim] = j * part_len;
+                        let mut extent = shape;
+                        extent[dim] = part_len;
+                        tensor.extract_box(&SliceBox::new(offset, extent))?
+                    }
+                };
+                out.push((slot, narrow(tensor)));
+                continue;
+            }
+            let group = self.group(&ranks)?;
+            match kind {
+                ReduceKind::AllReduce => {
+                    match in_type {
+                        true => group.all_reduce_in_element_type(&mut tensor, comm_op(step.op))?,
+                        false => group.all_reduce(&mut tensor, comm_op(step.op))?,
+                    }
+                    out.push((slot, narrow(tensor)));
+                }
+                ReduceKind::ReduceScatter { dim } => {
+                    let n = ranks.len();
+                    let shape = tensor.shape().to_vec();
+                    let part_len = shape[dim] / n;
+                    // Pack the n parts along `dim` one after another, in member order.
+                    let parts: Vec<Tensor> = (0..n)
+                        .map(|j| {
+                            let mut offset = vec![0; shape.len()];
+                            offset[dim] = j * part_len;
+                            let mut extent = shape.clone();
+                            extent[dim] = part_len;
+                            tensor.extract_box(&SliceBox::new(offset, extent))
+                        })
+                        .collect::<Result<_, _>>()?;
+                    // Same-shaped parts concatenated along dim 0 lie one after another.
+                    let send = Tensor::concat(&parts, 0)?;
+                    let mut mine = Tensor::zeros(tensor.dtype(), parts[0].shape());
+                    let counts = vec![parts[0].n_elements(); n];
+                    let (send, recv) = (Buf::from_tensor(&send), BufMut::from_tensor(&mut mine));
+                    match in_type {
+                        true => group.reduce_scatter_in_element_type_v(
+                            send,
+                            recv,
+                            &counts,
+                            comm_op(step.op),
+                        )?,
+                        false => group.reduce_scatter_v(send, recv, &counts, comm_op(step.op))?,
+                    }
+                    out.push((slot, narrow(mine)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs one exchange this rank takes part in.
+    fn exchange(
+        &mut self,
+        plan: &ReshardPlan,
+        exchange: &Exchange,
+        held: &[(usize, &Tensor)],
+        out: &mut [(usize, &mut Tensor)],
+    ) -> Result<(), ExecError> {
+        let me = self.rank();
+        let elem = plan.dtype().size_in_bytes();
+        let n = exchange.ranks.len();
+        let sends_to = |peer: usize| exchange.sends(me, peer);
+        let receives_from = |peer: usize| exchange.sends(peer, me);
+        let pack = |transfers: &[&Transfer], buf: &mut Vec<u8>| pack(plan, transfers, held, buf);
+        let unpack = |transfers: &[&Transfer], bytes: &[u8], out: &mut [(usize, &mut Tensor)]| {
+            unpack(plan, transfers, bytes, out)
+        };
+        if let Some(tag) = self.messages {
+            for &peer in exchange.ranks.iter().filter(|&&p| p != me) {
+                let sends = sends_to(peer);
+                if !sends.is_empty() {
+                    let mut buf = Vec::new();
+                    pack(&sends, &mut buf);
+                    self.world.send_bytes(peer, tag, &buf)?;
+                }
+            }
+            for &peer in exchange.ranks.iter().filter(|&&p| p != me) {
+                let receives = receives_from(peer);
+                if receives.is_empty() {
+                    continue;
+                }
+                let expected: usize = receives.iter().map(|t| t.region.n_elements() * elem).sum();
+                let bytes = self.world.recv_bytes(peer, tag)?;
+                if bytes.len() != expected {
+                    return Err(ExecError::LocalMismatch {
+                        reason: format!(
+                            "rank {peer} sent {} bytes under tag {tag}, the plan expects {expected}",
+                            bytes.len()
+                        ),
+                    });
+                }
+                unpack(&receives, &bytes, out);
+            }
+            return Ok(());
+        }
+        let my_index = exchange
+            .ranks
+            .iter()
+            .position(|&r| r == me)
+            .expect("this rank is in the exchange");
+        let ranks = exchange.ranks.clone();
+        match exchange.kind {
+            ExchangeKind::AllGather => {
+                let mine = sends_to(ranks[(my_index + 1) % n]);
+                let mut send = Vec::new();
+                pack(&mine, &mut send);
+                let mut recv = vec![0u8; send.len() * n];
+                self.group(&ranks)?.all_gather_bytes(&send, &mut recv)?;
+                let chunk = send.len();
+                for (j, &peer) in ranks.iter().enumerate() {
+                    if peer != me {
+                        unpack(&receives_from(peer), &recv[j * chunk..(j + 1) * chunk], out);
+                    }
+                }
+            }
+            ExchangeKind::AllToAll => {
+                let chunk = exchange.transfers[0].region.n_elements() * elem;
+                let mut send = Vec::with_capacity(chunk * n);
+                for &peer in &ranks {
+                    if peer == me {
+                        send.resize(send.len() + chunk, 0);
+                    } else {
+                        pack(&sends_to(peer), &mut send);
+                    }
+                }
+                let mut recv = vec![0u8; chunk * n];
+                self.group(&ranks)?.all_to_all_bytes(&send, &mut recv)?;
+                for (j, &peer) in ranks.iter().enumerate() {
+                    if peer != me {
+                        unpack(&receives_from(peer), &recv[j * chunk..(j + 1) * chunk], out);
+                    }
+                }
+            }
+            ExchangeKind::PointToPoint => {
+                let mut send = Vec::new();
+                let mut send_counts = Vec::with_capacity(n);
+                let mut recv_counts = Vec::with_capacity(n);
+                for &peer in &ranks {
+                    let before = send.len();
+                    pack(&sends_to(peer), &mut send);
+                    send_counts.push(send.len() - before);
+                    recv_counts.push(
+                        receives_from(peer)
+                            .iter()
+                            .map(|t| t.region.n_elements() * elem)
+                            .sum(),
+                    );
+                }
+                let mut recv = vec![0u8; recv_counts.iter().sum()];
+                self.group(&ranks)?.all_to_all_v_bytes(
+                    &send,
+                    &send_counts,
+                    &mut recv,
+                    &recv_counts,
+                )?;
+                let mut pos = 0;
+                for (j, &peer) in ranks.iter().enumerate() {
+                    unpack(&receives_from(peer), &recv[pos..pos + recv_counts[j]], out);
+                    pos += recv_counts[j];
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies the pieces of `plan` that stay on device `me` from its source slices `held` into its
+/// destination slices `out` (both by slot).
+pub(crate) fn copy_local(
+    plan: &ReshardPlan,
+    me: usize,
+    held: &[(usize, &Tensor)],
+    out: &mut [(usize, &mut Tensor)],
+) {
+    let (from, dst) = (plan.moved_from(), plan.dst());
+    for t in plan
+        .transfers()
+        .filter(|t| t.is_local() && t.dst_rank == me)
+    {
+        let (_, src) = held
+            .iter()
+            .find(|(s, _)| *s == t.src_slot)
+            .expect("a local transfer reads a slot of this device");
+        let (_, dst_tensor) = out
+            .iter_mut()
+            .find(|(s, _)| *s == t.dst_slot)
+            .expect("a local transfer writes a slot of this device");
+        copy_piece(
+            src,
+            &from.slot_box(t.src_slot),
+            dst_tensor,
+            &dst.slot_box(t.dst_slot),
+            &t.region,
+        );
+    }
+}
+
+/// Appends the regions of `transfers` (sent by this rank) to `buf`, one after another, each
+/// packed dense, read from this rank's source slices `held` (by slot).
+pub(crate) fn pack(
+    plan: &ReshardPlan,
+    transfers: &[&Transfer],
+    held: &[(usize, &Tensor)],
+    buf: &mut Vec<u8>,
+) {
+    let from = plan.moved_from();
+    let elem = plan.dtype().size_in_bytes();
+    for t in transfers {
+        let (_, src) = held
+            .iter()
+            .find(|(s, _)| *s == t.src_slot)
+            .expect("a transfer reads a slot of its sender");
+        let start = buf.len();
+        buf.resize(start + t.region.n_elements() * elem, 0);
+        let zero = vec![0; t.region.ndim()];
+        let src_box = from.slot_box(t.src_slot);
+        copy_region(
+            src.as_bytes(),
+            Placement {
+                shape: src.shape(),
+                offset: &src_box.relative(&t.region).offset,
+            },
+            &mut buf[start..],
+            Placement {
+                shape: &t.region.shape,
+                offset: &zero,
+            },
+            &t.region.shape,
+            elem,
+        );
+    }
+}
+
+/// Writes the regions of `transfers` (received by this rank), packed one after another in
+/// `bytes` as [`pack`] packs them, into this rank's destination slices `out` (by slot).
+pub(crate) fn unpack(
+    plan: &ReshardPlan,
+    transfers: &[&Transfer],
+    bytes: &[u8],
+    out: &mut [(usize, &mut Tensor)],
+) {
+    let dst = plan.dst();
+    let elem = plan.dtype().size_in_bytes();
+    let mut pos = 0;
+    for t in transfers {
+        let len = t.region.n_elements() * elem;
+        let (_, dst_tensor) = out
+            .iter_mut()
+            .find(|(s, _)| *s == t.dst_slot)
+            .expect("a transfer writes a slot of its receiver");
+        let dst_box = dst.slot_box(t.dst_slot);
+        let zero = vec![0; t.region.ndim()];
+        let shape = dst_tensor.shape().to_vec();
+        copy_region(
+            &bytes[pos..pos + len],
+            Placement {
+                shape: &t.region.shape,
+                offset: &zero,
+            },
+            dst_tensor.as_bytes_mut(),
+            Placement {
+                shape: &shape,
+                offset: &dst_box.relative(&t.region).offset,
+            },
+            &t.region.shape,
+            elem,
+        );
+        pos += len;
+    }
+}
+
+/// A tensor spread over ranks: its run-time layout and this rank's slices of it.
+#[derive(Debug, Clone)]
+pub struct DistTensor {
+    layout: DistLayout,
+    local: Vec<Tensor>,
+}
+
+impl DistTensor {
+    /// This rank's slices (one per slot of this device, in slot order) of a tensor laid out as
+    /// `layout`.
+    pub fn new(layout: DistLayout, local: Vec<Tensor>) -> DistTensor {
+        DistTensor { layout, local }
+    }
+
+    /// This rank's slices of `global` under `layout` (every rank slices the same global tensor;
+    /// for tests and for loading data).
+    pub fn from_global(
+        global: &Tensor,
+        layout: &TensorLayout,
+        rank: usize,
+    ) -> Result<DistTensor, ExecError> {
+        let local = device_slots(layout, rank)
+            .into_iter()
+            .map(|s| global.extract_box(&layout.slot_box(s)))
+            .collect::<Result<_, _>>()?;
+        Ok(DistTensor {
+            layout: layout.clone().into(),
+            local,
+        })
+    }
+
+    /// The run-time layout.
+    pub fn layout(&self) -> &DistLayout {
+        &self.layout
+    }
+
+    /// This rank's slices.
+    pub fn local(&self) -> &[Tensor] {
+        &self.local
+    }
+
+    /// Takes this rank's slices.
+    pub fn into_local(self) -> Vec<Tensor> {
+        self.local
+    }
+}
+
+/// Moves `tensor` to `dst` (the user API): plans the move and runs this rank's part of it.
+/// Every rank of the source and destination meshes calls it with the same layouts.
+pub fn reshard(
+    tensor: DistTensor,
+    dst: &TensorLayout,
+    runner: &mut ReshardRunner,
+) -> Result<DistTensor, ExecError> {
+    let dtype = tensor.local.first().map_or(DType::F32, |t| t.dtype());
+    let plan = plan_from(&tensor.layout, dst, dtype)?;
+    let local = runner.run(&plan, tensor.local)?;
+    Ok(DistTensor {
+        layout: dst.clone().into(),
+        local,
+    })
+}
+
+/// The slots of `layout`'s mesh on device `rank`, in slot order.
+pub(crate) fn device_slots(layout: &TensorLayout, rank: usize) -> Vec<usize> {
+    let mesh = layout.mesh();
+    (0..mesh.n_slots())
+        .filter(|&s| mesh.device_of_slot(s) == rank)
+        .collect()
+}
+
+/// Checks that `local` holds one tensor per slot of `slots`, each of its slot's shape and `dtype`.
+pub(crate) fn check_inputs(
+    layout: &TensorLayout,
+    slots: &[usize],
+    local: &[&Tensor],
+    dtype: DType,
+) -> Result<(), ExecError> {
+    if local.len() != slots.len() {
+        return Err(ExecError::LocalMismatch {
+            reason: format!(
+                "this rank holds {} slots of {layout} but {} slices were given",
+                slots.len(),
+                local.len()
+            ),
+        });
+    }
+    for (&slot, t) in slots.iter().zip(local) {
+        let shape = layout.slot_shape(slot);
+        if t.shape() != shape || t.dtype() != dtype {
+            return Err(ExecError::LocalMismatch {
+                reason: format!(
+                    "a slice of {layout} must be {:?} {dtype}, got {:?} {}",
+                    shape,
+                    t.shape(),
+                    t.dtype()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The communicator's reduction for a pending `op`.
+pub(crate) fn comm_op(op: PendingOp) -> comm::ReduceOp {
+    match op {
+        PendingOp::Sum => comm::ReduceOp::Sum,
+        PendingOp::Max => comm::ReduceOp::Max,
+    }
+}
+
+/// Refuses half-type sums (`half_sum`) of `dtype` in deterministic mode, whose canonical tree
+/// adds in f32: the two orders cannot both hold.
+pub(crate) fn check_half_sum(
+    half_sum: HalfSum,
+    dtype: DType,
+    deterministic: bool,
+) -> Result<(), ExecError> {
+    if deterministic && half_sum.rounds_every_addition(dtype) {
+        return Err(ExecError::Unsupported {
+            what: format!(
+                "a {dtype} sum added in the half type (gradient fp32 sync off) in \
+                 deterministic mode, whose canonical tree adds in f32"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Copies `region` (global coordinates) from a slice at `src_box` to a slice at `dst_box`.
+fn copy_piece(
+    src: &Tensor,
+    src_box: &SliceBox,
+    dst: &mut Tensor,
+    dst_box: &SliceBox,
+    region: &SliceBox,
+) {
+    let elem = src.dtype().size_in_bytes();
+    let dst_shape = dst.shape().to_vec();
+    copy_region(
+        src.as_bytes(),
+        Placement {
+            shape: src.shape(),
+            offset: &src_box.relative(region).offset,
+        },
+        dst.as_bytes_mut(),
+        Placement {
+            shape: &dst_shape,
+            offset: &dst_box.relative(region).offset,
+        },
+        &region.shape,
+        elem,
+    );
+}

@@ -1,0 +1,4 @@
+//! Behaviour tests of the reshard executor: plans executed on the local backend.
+
+mod messages;
+mod properties;

@@ -1,4 +1,0 @@
-//! Behaviour tests of the reshard engine: plans executed on the local backend.
-
-mod messages;
-mod properties;

@@ -1,0 +1,76 @@
+//! The one error type of the search crate.
+
+use std::path::PathBuf;
+
+use parallel::ParallelError;
+
+use crate::cost::ProfileError;
+
+/// Everything that can stop a plan: a rule of the parallel pass, a memory budget no plan fits,
+/// a bad device profile, a bad plan setting, or the caller's model failing to rebuild.
+///
+/// Messages name the setting, file or op and the rule broken, as the configuration errors
+/// of the runtime do (the runtime converts this type into its own, keeping the message).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SearchError {
+    /// The parallel pass rejected a strategy, a setting or an op (while building the problem,
+    /// costing a candidate or checking the dataset strategy).
+    #[error(transparent)]
+    Parallel(#[from] ParallelError),
+    /// No plan fits the device memory.
+    #[error(
+        "no strategy fits in {available} bytes of device memory ({profile}): the smallest plan \
+         needs {needed} bytes per device; raise parallel.max_device_memory (or pick a profile \
+         with more memory) to at least {needed} bytes, or use more devices"
+    )]
+    MemoryExceeded {
+        /// Bytes per device the smallest plan needs.
+        needed: u64,
+        /// Bytes per device available.
+        available: u64,
+        /// The device profile.
+        profile: String,
+    },
+    /// A device profile whose figures are out of range (a search checks it first).
+    #[error("parallel setting device_profile: profile {profile}: {source}")]
+    InvalidProfile {
+        /// The profile's name.
+        profile: String,
+        /// The figure out of range.
+        #[source]
+        source: ProfileError,
+    },
+    /// A device profile file that is malformed: the file, the key and the rule broken.
+    #[error("{} ({key}): {reason}", path.display())]
+    ProfileFile {
+        /// The file.
+        path: PathBuf,
+        /// The key (`matmul[0].flops_per_s`, `(syntax)`, `(file)`).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A device profile file that cannot be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A plan setting that cannot be followed (`parallel.auto_pipeline`,
+    /// `parallel.load_operator_strategy_file`, `parallel.mode`): the key and the rule broken.
+    #[error("config {key}: {reason}")]
+    Config {
+        /// The key, `section.key`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The caller's model could not be rebuilt for one micro-batch
+    /// ([`crate::PlanModel::with_batch_size`]); the caller's own error is the source.
+    #[error("rebuilding the model for one micro-batch: {0}")]
+    Model(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+}

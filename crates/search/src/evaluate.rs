@@ -1,0 +1,263 @@
+//! One op under one strategy, costed: its compute and communication time, its memory by
+//! category, and the split factors of its operands that redistribution costs are computed from.
+
+use graph::{Graph, Node, Op, ValueKind};
+use parallel::rules::{infer, strategy, OpContext};
+
+use crate::cost::DeviceProfile;
+use crate::error::SearchError;
+use crate::footprint::MemoryEstimate;
+
+/// How a tensor is split: a factor per dim, and the number of partial sums it is pending over.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Split {
+    /// Split factor per dim.
+    pub factors: Vec<usize>,
+    /// Devices whose values are summed to give the tensor (1: none pending).
+    pub partial: usize,
+}
+
+/// An op under one strategy, with its costs.
+#[derive(Debug, Clone)]
+pub struct Evaluated {
+    /// The strategy tuples (one per input; MindSpore's `in_strategy`).
+    pub strategy: Vec<Vec<usize>>,
+    /// How each input must be split.
+    pub inputs: Vec<Split>,
+    /// How each output is produced.
+    pub outputs: Vec<Split>,
+    /// Seconds of compute, forward and backward.
+    pub compute: f64,
+    /// Seconds of communication inside the op: gradient all-reduces of parameters and the
+    /// pending sums of input gradients.
+    pub comm: f64,
+    /// Bytes each device receives for that communication.
+    pub comm_bytes: f64,
+    /// What the op holds on each device.
+    pub memory: MemoryEstimate,
+    /// Devices computing distinct parts (the product of its device matrix without repeats).
+    pub devices_used: usize,
+}
+
+impl Evaluated {
+    /// Compute plus communication.
+    pub fn time(&self) -> f64 {
+        self.compute + self.comm
+    }
+}
+
+/// What the evaluation needs besides the op.
+#[derive(Debug, Clone)]
+pub struct EvalSettings<'a> {
+    /// The device profile.
+    pub profile: &'a DeviceProfile,
+    /// Devices of the stage.
+    pub devices: usize,
+    /// Optimizer state per trainable parameter element, in parameter copies (Adam: 2).
+    pub optimizer_states: usize,
+}
+
+/// Whether `op` is a matrix product (compute-bound).
+fn is_matmul(op: &Op) -> bool {
+    matches!(op, Op::MatMul { .. } | Op::BatchMatMul { .. })
+}
+
+/// FLOPs of one forward product: 2 × output elements × the reduction length.
+fn matmul_flops(ctx: &OpContext<'_>) -> f64 {
+    let (a, transpose_a) = match ctx.op {
+        Op::MatMul { transpose_a, .. } | Op::BatchMatMul { transpose_a, .. } => {
+            (ctx.input_shapes[0], *transpose_a)
+        }
+        _ => return 0.0,
+    };
+    let r = a.len();
+    let k = if transpose_a { a[r - 2] } else { a[r - 1] };
+    let out: f64 = ctx.output_shapes[0].iter().map(|&d| d as f64).product();
+    2.0 * out * k as f64
+}
+
+/// Elements of `shape` split by `factors`.
+fn local_elements(shape: &[usize], factors: &[usize]) -> f64 {
+    shape
+        .iter()
+        .zip(factors.iter().chain(std::iter::repeat(&1)))
+        .map(|(&d, &f)| d as f64 / f.max(1) as f64)
+        .product()
+}
+
+/// `node` of `graph` under `strategy`, costed, or why the strategy is not valid.
+pub fn evaluate(
+    graph: &Graph,
+    node: &Node,
+    strategy: &[Vec<usize>],
+    settings: &EvalSettings<'_>,
+) -> Result<Evaluated, SearchError> {
+    let ctx = OpContext::of(graph, node);
+    let devices = settings.devices;
+    let placement = strategy::input_layouts(&ctx, strategy, devices)?;
+    let stage = strategy::device_mesh(devices);
+    let bound = placement
+        .inputs
+        .iter()
+        .zip(&ctx.input_shapes)
+        .map(|(l, shape)| l.bind(shape).map_err(|e| ctx.layout_error(e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let outs = infer::output_layouts(&ctx, &bound, &stage)?;
+    let inputs: Vec<Split> = bound
+        .iter()
+        .map(|l| Split {
+            factors: l.split_factors(),
+            partial: 1,
+        })
+        .collect();
+    let outputs: Vec<Split> = outs
+        .iter()
+        .map(|o| Split {
+            factors: o.layout().split_factors(),
+            partial: o.partial_count().max(1),
+        })
+        .collect();
+    let devices_used = outputs
+        .first()
+        .map_or(1, |o| o.factors.iter().product::<usize>() * o.partial)
+        .max(1);
+    let profile = settings.profile;
+    let elem = |v: graph::ValueId| graph.values()[v.0].dtype.size_in_bytes() as f64;
+    // Forward once, backward twice (the gradients of both operands).
+    let compute = if is_matmul(&node.op) {
+        3.0 * profile.matmul_time(matmul_flops(&ctx) / devices_used as f64)
+    } else {
+        let mut bytes = 0.0;
+        for (k, &v) in node.inputs.iter().enumerate() {
+            bytes += local_elements(ctx.input_shapes[k], &inputs[k].factors) * elem(v);
+        }
+        for (k, &v) in node.outputs.iter().enumerate() {
+            bytes += local_elements(ctx.output_shapes[k], &outputs[k].factors) * elem(v);
+        }
+        3.0 * profile.memory_time(bytes)
+    };
+    let mut comm = 0.0;
+    let mut comm_bytes = 0.0;
+    let mut memory = MemoryEstimate::default();
+    for (k, &v) in node.inputs.iter().enumerate() {
+        let value = &graph.values()[v.0];
+        let split: usize = inputs[k].factors.iter().product::<usize>().max(1);
+        let local = local_elements(&value.shape, &inputs[k].factors) * elem(v);
+        let group = match &value.kind {
+            ValueKind::Parameter { trainable, .. } => {
+                memory.parameters += local;
+                if !*trainable {
+                    continue;
+                }
+                memory.gradients += local;
+                memory.optimizer += local * settings.optimizer_states as f64;
+                // FIXME: the lowering sums a gradient only over the ranks that computed distinct
+                // parts of it (`devices_used / split`); ranks that repeat an op's work hold the
+                // same gradient. Costing that moves the searches' choices (auto-pipeline, the
+                // recursive search's 10 % bound, `shard`'s out_strategy) and is left for a
+                // change of its own; the cost here is MindSpore's mirror all-reduce.
+                devices / split
+            }
+            ValueKind::Input => continue,
+            ValueKind::Intermediate if !value.dtype.is_float() => continue,
+            ValueKind::Intermediate => devices_used / split,
+        };
+        if group > 1 {
+            comm += profile.all_reduce(local, group);
+            comm_bytes += 2.0 * local * (group - 1) as f64 / group as f64;
+        }
+    }
+    for (k, &v) in node.outputs.iter().enumerate() {
+        memory.activations += local_elements(ctx.output_shapes[k], &outputs[k].factors) * elem(v);
+    }
+    Ok(Evaluated {
+        strategy: strategy.to_vec(),
+        inputs,
+        outputs,
+        compute,
+        comm,
+        comm_bytes,
+        memory,
+        devices_used,
+    })
+}
+
+/// Seconds and bytes per device to bring a tensor of `shape` (`elem` bytes an element) from
+/// `from` to `to`, forward, plus its gradient back from `to` to `from` (without pending sums).
+pub fn redistribution(
+    profile: &DeviceProfile,
+    shape: &[usize],
+    elem: f64,
+    from: &Split,
+    to: &[usize],
+    with_gradient: bool,
+) -> (f64, f64) {
+    let (mut time, mut bytes) = move_cost(profile, shape, elem, from, to);
+    if with_gradient {
+        let back = Split {
+            factors: to.to_vec(),
+            partial: 1,
+        };
+        let (t, b) = move_cost(profile, shape, elem, &back, &from.factors);
+        time += t;
+        bytes += b;
+    }
+    (time, bytes)
+}
+
+/// One direction of [`redistribution`].
+fn move_cost(
+    profile: &DeviceProfile,
+    shape: &[usize],
+    elem: f64,
+    from: &Split,
+    to: &[usize],
+) -> (f64, f64) {
+    let full: f64 = shape.iter().map(|&d| d as f64).product::<f64>() * elem;
+    let mut time = 0.0;
+    let mut bytes = 0.0;
+    let mut src: Vec<usize> = from.factors.clone();
+    src.resize(shape.len(), 1);
+    let dst: Vec<usize> = (0..shape.len())
+        .map(|d| to.get(d).copied().unwrap_or(1).max(1))
+        .collect();
+    if from.partial > 1 {
+        let p = from.partial;
+        let local = full / src.iter().product::<usize>().max(1) as f64;
+        let scatter = (0..shape.len()).find(|&d| {
+            dst[d] >= src[d] * p
+                && dst[d].is_multiple_of(src[d] * p)
+                && shape[d].is_multiple_of(src[d] * p)
+        });
+        let fraction = (p - 1) as f64 / p as f64;
+        match scatter {
+            Some(d) => {
+                time += profile.all_gather(local, p);
+                bytes += local * fraction;
+                src[d] *= p;
+            }
+            None => {
+                time += profile.all_reduce(local, p);
+                bytes += 2.0 * local * fraction;
+            }
+        }
+    }
+    let dst_local = full / dst.iter().product::<usize>().max(1) as f64;
+    let held: f64 = src
+        .iter()
+        .zip(&dst)
+        .map(|(&s, &t)| t as f64 / s.max(t) as f64)
+        .product();
+    let missing = dst_local * (1.0 - held);
+    if missing > 0.5 {
+        let pieces: usize = src.iter().zip(&dst).map(|(&s, &t)| s.max(t) / t).product();
+        let gather_only = src.iter().zip(&dst).all(|(&s, &t)| s >= t);
+        time += if gather_only {
+            profile.all_gather(dst_local, pieces)
+        } else {
+            profile.all_to_all(missing, pieces)
+        };
+        bytes += missing;
+    }
+    (time, bytes)
+}

@@ -1,0 +1,649 @@
+//! `parallel.auto_pipeline`: the search also chooses the pipeline — the stage count, the layers
+//! of every stage and the strategies within each stage's devices.
+//!
+//! For every stage count P (the powers of two that divide the devices, up to the number of
+//! layers; P = 1 is the plain search):
+//! 1. the whole model is searched on `devices / P` devices (the memory of all P stages
+//!    together), which costs every layer: its ops' shares of the step time and their memory;
+//! 2. the layers are cut into P contiguous stages minimising the slowest stage's time, with
+//!    each stage's memory under the budget: its parameters, gradients and optimizer state, and
+//!    the activations of as many micro-batches as the schedule holds on it at once;
+//! 3. each stage's ops are searched again on their own on the stage's `devices / P` devices,
+//!    under what the budget leaves for them;
+//! 4. the schedule (`[parallel.pipeline]`'s scheduler and micro-batches, or 1F1B with 4·P) is
+//!    simulated with every stage's predicted forward and backward time per micro-batch; the
+//!    step is its makespan, the bubble what the busiest stage idles.
+//!
+//! The P with the least predicted step wins. Stages are costed on the model of one micro-batch:
+//! the model as built when `[parallel.pipeline]` already cut the batch, otherwise the model
+//! the caller rebuilds with `batch / micro_batches` ([`crate::PlanModel::with_batch_size`]; a P
+//! whose micro-batches do not divide the batch is skipped). The gradient all-reduces are counted with every micro-batch (an
+//! overestimate; with `[parallel.pipeline]` P = 1 is costed the same way, as M accumulated
+//! micro-steps). Sending a
+//! micro-batch's activations to the next stage costs the latency and bandwidth of the link
+//! between stages, for the largest boundary's bytes split over the stage's devices.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use graph::Graph;
+use parallel::pipeline::{
+    layer_of, simulate, stage_ranks, Durations, PipelineConfig, Scheduler, MAX_STAGES,
+};
+use parallel::{ParallelConfig, SearchMode};
+
+use crate::cost::DeviceProfile;
+use crate::error::SearchError;
+use crate::footprint::MemoryEstimate;
+use crate::plan::{PlanModel, SearchScope};
+use crate::problem::PlanCost;
+use crate::solve::{search, SearchRequest, SearchResult};
+
+/// The memory budget of the search that only costs the layers: 1 PiB.
+const UNLIMITED: u64 = 1 << 50;
+
+/// The pipeline a search chose.
+#[derive(Debug, Clone)]
+pub struct PipelinePlan {
+    /// The pipeline: stages, micro-batches, scheduler and a `stage_config` naming every layer.
+    pub config: PipelineConfig,
+    /// The layers in model order with their stage.
+    pub layers: Vec<(String, usize)>,
+    /// The stage of every searched op, by name.
+    pub stage_of_op: BTreeMap<String, usize>,
+    /// Per stage, its predicted cost per step (every micro-batch) and its memory per device
+    /// (with the activations of the micro-batches it holds at once).
+    pub stage_costs: Vec<PlanCost>,
+    /// Seconds per step: the schedule's makespan.
+    pub makespan: f64,
+    /// Seconds the busiest stage idles per step.
+    pub bubble: f64,
+    /// Whether `[parallel.pipeline]` already cut the batch into the micro-batches (the model is
+    /// one micro-batch), as training the plan needs.
+    pub batch_cut: bool,
+}
+
+impl PipelinePlan {
+    /// The ranks of stage `stage` among `devices`.
+    pub fn ranks(&self, stage: usize, devices: usize) -> std::ops::Range<usize> {
+        stage_ranks(stage, self.config.stages, devices).unwrap_or(0..0)
+    }
+
+    /// The stage whose cost per step is the largest (the schedule's bottleneck).
+    pub fn busiest(&self) -> usize {
+        (0..self.stage_costs.len())
+            .max_by(|&a, &b| {
+                self.stage_costs[a]
+                    .time()
+                    .total_cmp(&self.stage_costs[b].time())
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// What a search with `auto_pipeline` found: the strategies of every op and the pipeline.
+#[derive(Debug, Clone)]
+pub(crate) struct PipelinedSearch {
+    /// Every forward op's strategy, in graph order.
+    pub strategies: Vec<(String, Vec<Vec<usize>>)>,
+    /// The chosen pipeline (`stages = 1` when no pipeline beats the plain search).
+    pub plan: PipelinePlan,
+    /// The plain search's result when P = 1 won.
+    pub flat: Option<SearchResult>,
+}
+
+/// One layer's share of a whole-model plan.
+#[derive(Debug, Clone, Copy, Default)]
+struct LayerCost {
+    /// Seconds per graph batch.
+    time: f64,
+    /// Parameters, gradients and optimizer state, bytes per device.
+    fixed: f64,
+    /// Activations of one graph batch, bytes per device.
+    activations: f64,
+}
+
+/// The layers of `graph` in order, with the forward ops (those searched) of each.
+fn model_layers(graph: &Graph) -> Vec<(String, Vec<String>)> {
+    let mut layers: Vec<(String, Vec<String>)> = Vec::new();
+    for node in graph.nodes() {
+        if node.role != graph::NodeRole::Forward || node.inputs.is_empty() {
+            continue;
+        }
+        let layer = layer_of(&node.name);
+        match layers.last_mut() {
+            Some((name, ops)) if name == layer => ops.push(node.name.clone()),
+            _ => match layers.iter_mut().find(|(name, _)| name == layer) {
+                Some((_, ops)) => ops.push(node.name.clone()),
+                None => layers.push((layer.to_string(), vec![node.name.clone()])),
+            },
+        }
+    }
+    layers
+}
+
+/// The schedule settings: `[parallel.pipeline]`'s micro-batches and scheduler, else 1F1B with
+/// 4·P micro-batches; and whether the batch was cut already.
+fn schedule_for(parallel: &ParallelConfig, stages: usize) -> (usize, Scheduler, bool) {
+    match &parallel.pipeline {
+        Some(p) => (p.micro_batches, p.scheduler, true),
+        None => (4 * stages, Scheduler::OneFOneB, false),
+    }
+}
+
+/// Contiguous cut of `layers` into `stages` groups minimising the largest group time, each
+/// group's memory (`fixed + activations × held[stage]`) at most `budget`; `None` when no cut
+/// fits. Returns the first layer of every stage.
+fn cut(layers: &[LayerCost], held: &[f64], budget: f64) -> Option<Vec<usize>> {
+    let n = layers.len();
+    let stages = held.len();
+    let mut prefix = vec![LayerCost::default(); n + 1];
+    for (i, l) in layers.iter().enumerate() {
+        prefix[i + 1] = LayerCost {
+            time: prefix[i].time + l.time,
+            fixed: prefix[i].fixed + l.fixed,
+            activations: prefix[i].activations + l.activations,
+        };
+    }
+    let span = |i: usize, j: usize| LayerCost {
+        time: prefix[j].time - prefix[i].time,
+        fixed: prefix[j].fixed - prefix[i].fixed,
+        activations: prefix[j].activations - prefix[i].activations,
+    };
+    // best[s][j]: the least slowest-stage time of layers 0..j cut into s + 1 stages.
+    let mut best = vec![vec![f64::INFINITY; n + 1]; stages];
+    let mut from = vec![vec![0usize; n + 1]; stages];
+    for s in 0..stages {
+        for j in (s + 1)..=n {
+            let lo = if s == 0 { 0 } else { s };
+            let hi = if s == 0 { 0 } else { j - 1 };
+            for i in lo..=hi {
+                let before = if s == 0 { 0.0 } else { best[s - 1][i] };
+                if !before.is_finite() {
+                    continue;
+                }
+                let group = span(i, j);
+                if group.fixed + group.activations * held[s] > budget {
+                    continue;
+                }
+                let t = before.max(group.time);
+                if t < best[s][j] {
+                    best[s][j] = t;
+                    from[s][j] = i;
+                }
+            }
+        }
+    }
+    if !best[stages - 1][n].is_finite() {
+        return None;
+    }
+    let mut starts = vec![0; stages];
+    let mut j = n;
+    for s in (0..stages).rev() {
+        starts[s] = from[s][j];
+        j = starts[s];
+    }
+    Some(starts)
+}
+
+/// Scales a plan cost's time and traffic by `factor` (micro-batches per graph batch).
+fn scaled(cost: &PlanCost, factor: f64, memory: MemoryEstimate) -> PlanCost {
+    PlanCost {
+        compute: cost.compute * factor,
+        comm: cost.comm * factor,
+        comm_bytes: cost.comm_bytes * factor,
+        memory,
+    }
+}
+
+/// What every search of one plan shares.
+#[derive(Clone, Copy)]
+pub(crate) struct Planner<'a> {
+    /// The model (the one micro-batch's, once rebuilt for the stages).
+    pub model: &'a dyn PlanModel,
+    /// The parallel settings (its `strategies` stay fixed).
+    pub parallel: &'a ParallelConfig,
+    /// The search algorithm.
+    pub mode: SearchMode,
+    /// The device profile.
+    pub profile: &'a DeviceProfile,
+    /// All devices.
+    pub devices: usize,
+    /// Memory per device, bytes.
+    pub budget: u64,
+    /// Optimizer state per parameter element, in parameter copies.
+    pub optimizer_states: usize,
+    /// How long dynamic programming may search.
+    pub time_budget: Duration,
+}
+
+impl Planner<'_> {
+    /// The search over `scope`; ops with a `[parallel.shard]` entry keep it.
+    pub(crate) fn search(&self, scope: &SearchScope) -> Result<SearchResult, SearchError> {
+        let graph = self.model.graph();
+        let fixed = parallel::resolve_op_patterns(graph, &self.parallel.strategies)?
+            .into_iter()
+            .filter(|(name, _)| scope.only.as_ref().is_none_or(|o| o.contains(name)))
+            .map(|(name, s)| (name, s.inputs))
+            .collect();
+        let request = SearchRequest {
+            mode: self.mode,
+            profile: self.profile,
+            devices: scope.devices,
+            memory_budget: Some(scope.budget),
+            optimizer_states: self.optimizer_states,
+            fixed,
+            hints: self.model.hints(scope.devices),
+            time_budget: Some(self.time_budget),
+            only: scope.only.clone(),
+        };
+        search(graph, &request)
+    }
+}
+
+/// What is tried for one stage count.
+struct Attempt {
+    strategies: Vec<(String, Vec<Vec<usize>>)>,
+    plan: PipelinePlan,
+}
+
+/// The search with `parallel.auto_pipeline`: every stage count tried, the fastest kept.
+pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch, SearchError> {
+    let (model, parallel, devices, budget) = (
+        planner.model,
+        planner.parallel,
+        planner.devices,
+        planner.budget,
+    );
+    if parallel.pipeline.as_ref().is_some_and(|p| p.interleave) {
+        return Err(SearchError::Config {
+            key: "parallel.auto_pipeline".to_string(),
+            reason: "the search chooses non-interleaved pipelines: set [parallel.pipeline] \
+                     scheduler to gpipe, 1f1b or zero_bubble"
+                .to_string(),
+        });
+    }
+    let layers = model_layers(model.graph());
+    let whole = SearchScope {
+        devices,
+        budget,
+        only: None,
+    };
+    let flat = planner.search(&whole);
+    let mut best: Option<(f64, PipelinedSearch)> = None;
+    let mut first_error = None;
+    match flat {
+        Ok(result) => {
+            let (m, scheduler, batch_cut) = schedule_for(parallel, 1);
+            // Without [parallel.pipeline] one stage runs the whole batch at once.
+            let m = if batch_cut { m } else { 1 };
+            let factor = if batch_cut { m as f64 } else { 1.0 };
+            let step = result.cost.time() * factor;
+            let plan = PipelinePlan {
+                config: PipelineConfig::new(1, m, scheduler),
+                layers: layers.iter().map(|(l, _)| (l.clone(), 0)).collect(),
+                stage_of_op: BTreeMap::new(),
+                stage_costs: vec![scaled(&result.cost, factor, result.cost.memory)],
+                makespan: step,
+                bubble: 0.0,
+                batch_cut,
+            };
+            best = Some((
+                step,
+                PipelinedSearch {
+                    strategies: result.strategies.clone(),
+                    plan,
+                    flat: Some(result),
+                },
+            ));
+        }
+        Err(e) => first_error = Some(e),
+    }
+    let mut stages = 2;
+    while stages <= layers.len().min(MAX_STAGES) && devices % stages == 0 {
+        if let Some(attempt) = try_stages(planner, &layers, stages)? {
+            let step = attempt.plan.makespan;
+            if best.as_ref().is_none_or(|(t, _)| step < *t) {
+                best = Some((
+                    step,
+                    PipelinedSearch {
+                        strategies: attempt.strategies,
+                        plan: attempt.plan,
+                        flat: None,
+                    },
+                ));
+            }
+        }
+        stages *= 2;
+    }
+    match (best, first_error) {
+        (Some((_, found)), _) => Ok(found),
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(SearchError::Config {
+            key: "parallel.auto_pipeline".to_string(),
+            reason: "no pipeline of the devices fits the memory budget".to_string(),
+        }),
+    }
+}
+
+/// A stage count's schedule: the pipeline, its schedule and the micro-batches each stage
+/// holds at once.
+struct StagePlanShape {
+    pipeline: PipelineConfig,
+    schedule: parallel::pipeline::Schedule,
+    held: Vec<f64>,
+    batch_cut: bool,
+}
+
+/// The schedule of `stages` stages, or `None` when the scheduler cannot make it.
+fn shape(parallel: &ParallelConfig, stages: usize) -> Result<Option<StagePlanShape>, SearchError> {
+    let (micro_batches, scheduler, batch_cut) = schedule_for(parallel, stages);
+    let pipeline = PipelineConfig::new(stages, micro_batches, scheduler);
+    let Ok(schedule) = parallel::pipeline::Schedule::generate(&pipeline) else {
+        return Ok(None);
+    };
+    let order = simulate(&schedule, &Durations::uniform(1.0, 1.0, 1.0))
+        .map_err(|e| config_error(e.to_string()))?;
+    let held: Vec<f64> = order
+        .peak_activations
+        .iter()
+        .map(|&k| k.max(1) as f64)
+        .collect();
+    Ok(Some(StagePlanShape {
+        pipeline,
+        schedule,
+        held,
+        batch_cut,
+    }))
+}
+
+/// The best plan with `stages` stages, or `None` when none fits the memory.
+fn try_stages(
+    planner: &Planner<'_>,
+    layers: &[(String, Vec<String>)],
+    stages: usize,
+) -> Result<Option<Attempt>, SearchError> {
+    let Some(shape) = shape(planner.parallel, stages)? else {
+        return Ok(None);
+    };
+    // The stages run one micro-batch at a time: cost them on the model of one micro-batch
+    // (built here when `[parallel.pipeline]` did not cut the batch already).
+    let micro = if shape.batch_cut {
+        None
+    } else {
+        let batch = planner.model.batch_size();
+        let m = shape.pipeline.micro_batches;
+        if !batch.is_multiple_of(m) {
+            return Ok(None);
+        }
+        Some(planner.model.with_batch_size(batch / m)?)
+    };
+    let planner = match &micro {
+        Some(model) => &Planner {
+            model: model.as_ref(),
+            ..*planner
+        },
+        None => planner,
+    };
+    let (sub, budget) = (planner.devices / stages, planner.budget);
+    // 1. Cost every layer from the whole model searched on the stage's devices (its times
+    //    from the fastest plan, its memory the least any plan needs: the stage searches keep
+    //    to the budget).
+    let whole = SearchScope {
+        devices: sub,
+        budget: UNLIMITED,
+        only: None,
+    };
+    let Ok(pre) = planner.search(&whole) else {
+        return Ok(None);
+    };
+    let share: BTreeMap<&str, (f64, MemoryEstimate)> = pre
+        .strategies
+        .iter()
+        .zip(pre.op_shares.iter().zip(&pre.op_least_memory))
+        .map(|((name, _), ((t, _), m))| (name.as_str(), (*t, *m)))
+        .collect();
+    let costs: Vec<LayerCost> = layers
+        .iter()
+        .map(|(_, ops)| {
+            let mut c = LayerCost::default();
+            for (t, m) in ops.iter().filter_map(|o| share.get(o.as_str())) {
+                c.time += t;
+                c.fixed += m.parameters + m.gradients + m.optimizer;
+                c.activations += m.activations;
+            }
+            c
+        })
+        .collect();
+    // 2. Cut the layers into stages.
+    let Some(starts) = cut(&costs, &shape.held, budget as f64) else {
+        return Ok(None);
+    };
+    let stage_of_layer: Vec<usize> = (0..layers.len())
+        .map(|i| starts.iter().rposition(|&s| s <= i).unwrap_or(0))
+        .collect();
+    let activations: Vec<f64> = costs.iter().map(|c| c.activations).collect();
+    staged(planner, &shape, layers, &stage_of_layer, &activations)
+}
+
+/// Steps 3 and 4 of the module doc for a given cut (`stage_of_layer`, with the activations
+/// per layer the stage searches leave room for): `None` when a stage does not fit.
+fn staged(
+    planner: &Planner<'_>,
+    shape: &StagePlanShape,
+    layers: &[(String, Vec<String>)],
+    stage_of_layer: &[usize],
+    layer_activations: &[f64],
+) -> Result<Option<Attempt>, SearchError> {
+    let (model, budget) = (planner.model, planner.budget);
+    let stages = shape.pipeline.stages;
+    let sub = planner.devices / stages;
+    let held = &shape.held;
+    let micro_batches = shape.pipeline.micro_batches;
+    // 3. Search every stage on its own devices.
+    let mut strategies: BTreeMap<String, Vec<Vec<usize>>> = BTreeMap::new();
+    let mut stage_of_op = BTreeMap::new();
+    let mut stage_costs = Vec::with_capacity(stages);
+    let mut per_micro = Vec::with_capacity(stages);
+    for (stage, &held_here) in held.iter().enumerate() {
+        let only: BTreeSet<String> = layers
+            .iter()
+            .zip(stage_of_layer)
+            .filter(|(_, &s)| s == stage)
+            .flat_map(|((_, ops), _)| ops.iter().cloned())
+            .collect();
+        let estimated_activations: f64 = layer_activations
+            .iter()
+            .zip(stage_of_layer)
+            .filter(|(_, &s)| s == stage)
+            .map(|(a, _)| a)
+            .sum();
+        // The search counts the activations of one graph batch; the stage holds `held_here`
+        // of them (more with micro-batches in flight, less when the batch is cut after).
+        let extra = estimated_activations * (held_here - 1.0);
+        let scope = SearchScope {
+            devices: sub,
+            budget: (budget as f64 - extra).clamp(1.0, UNLIMITED as f64) as u64,
+            only: Some(only.clone()),
+        };
+        let Ok(found) = planner.search(&scope) else {
+            return Ok(None);
+        };
+        let mut memory = found.cost.memory;
+        memory.activations *= held_here;
+        if memory.total() > budget as f64 {
+            return Ok(None);
+        }
+        for (name, s) in found.strategies {
+            stage_of_op.insert(name.clone(), stage);
+            strategies.insert(name, s);
+        }
+        per_micro.push(found.cost.time());
+        stage_costs.push(scaled(&found.cost, micro_batches as f64, memory));
+    }
+    // 4. The schedule with the stages' predicted times.
+    let third: Vec<f64> = per_micro.iter().map(|t| t / 3.0).collect();
+    let link = planner.profile.link(planner.devices);
+    let boundary = boundary_bytes(model.graph(), &stage_of_op) / sub as f64;
+    let durations = Durations::per_stage(third.clone(), third.clone(), third)
+        .with_latency(link.alpha + boundary / link.bandwidth);
+    let report = simulate(&shape.schedule, &durations).map_err(|e| config_error(e.to_string()))?;
+    let busiest = report.busy.iter().copied().fold(0.0, f64::max);
+    let mut config_out = shape.pipeline.clone();
+    config_out.stage_config = layers
+        .iter()
+        .zip(stage_of_layer)
+        .map(|((l, _), &s)| (l.clone(), s))
+        .collect();
+    let ordered = model
+        .graph()
+        .nodes()
+        .iter()
+        .filter_map(|n| strategies.get(&n.name).map(|s| (n.name.clone(), s.clone())))
+        .collect();
+    Ok(Some(Attempt {
+        strategies: ordered,
+        plan: PipelinePlan {
+            config: config_out,
+            layers: layers
+                .iter()
+                .map(|(l, _)| l.clone())
+                .zip(stage_of_layer.iter().copied())
+                .collect(),
+            stage_of_op,
+            stage_costs,
+            makespan: report.makespan,
+            bubble: (report.makespan - busiest).max(0.0),
+            batch_cut: shape.batch_cut,
+        },
+    }))
+}
+
+/// The pipeline of strategies loaded from an operator strategy file whose entries name their
+/// stages (`planner.parallel.strategies` holds the loaded strategies): each layer runs on the
+/// stage of its ops, and the plan is costed as a searched one is.
+pub(crate) fn plan_loaded_stages(
+    planner: &Planner<'_>,
+    stage_of_op: &BTreeMap<String, usize>,
+    file: &std::path::Path,
+) -> Result<PipelinedSearch, SearchError> {
+    let layers = model_layers(planner.model.graph());
+    let stages = stage_of_op.values().copied().max().unwrap_or(0) + 1;
+    let key = "parallel.load_operator_strategy_file";
+    let bad = |reason: String| SearchError::Config {
+        key: key.to_string(),
+        reason: format!("{}: {reason}", file.display()),
+    };
+    if !planner.devices.is_multiple_of(stages) {
+        return Err(bad(format!(
+            "its {stages} stages do not divide the {} devices",
+            planner.devices
+        )));
+    }
+    let mut stage_of_layer = Vec::with_capacity(layers.len());
+    for (layer, ops) in &layers {
+        let found: BTreeSet<usize> = ops
+            .iter()
+            .filter_map(|o| stage_of_op.get(o))
+            .copied()
+            .collect();
+        match (found.first(), found.len()) {
+            (Some(&s), 1) => stage_of_layer.push(s),
+            (None, _) => return Err(bad(format!("no op of layer {layer:?} has a stage"))),
+            _ => {
+                return Err(bad(format!(
+                    "the ops of layer {layer:?} name several stages {found:?}"
+                )))
+            }
+        }
+    }
+    if stage_of_layer.windows(2).any(|w| w[1] < w[0]) {
+        return Err(bad(
+            "the stages must not decrease along the model".to_string()
+        ));
+    }
+    let shape = shape(planner.parallel, stages)?
+        .ok_or_else(|| bad(format!("the scheduler cannot run {stages} stages")))?;
+    let zeros = vec![0.0; layers.len()];
+    let attempt = staged(planner, &shape, &layers, &stage_of_layer, &zeros)?.ok_or_else(|| {
+        bad(format!(
+            "a stage exceeds {} bytes of memory per device",
+            planner.budget
+        ))
+    })?;
+    Ok(PipelinedSearch {
+        strategies: attempt.strategies,
+        plan: attempt.plan,
+        flat: None,
+    })
+}
+
+/// Bytes of the graph's batch crossing the busiest stage boundary: every value an op of one
+/// stage produces and an op of a later stage reads, summed per boundary it crosses.
+fn boundary_bytes(graph: &Graph, stage_of_op: &BTreeMap<String, usize>) -> f64 {
+    let stages = stage_of_op.values().copied().max().unwrap_or(0) + 1;
+    let mut crossing = vec![0.0f64; stages];
+    let mut counted = BTreeSet::new();
+    for node in graph.nodes() {
+        let Some(&to) = stage_of_op.get(&node.name) else {
+            continue;
+        };
+        for &v in &node.inputs {
+            let value = &graph.values()[v.0];
+            let Some((producer, _)) = value.producer else {
+                continue;
+            };
+            let from = stage_of_op.get(&graph.nodes()[producer.0].name).copied();
+            let Some(from) = from.filter(|&f| f < to) else {
+                continue;
+            };
+            if !counted.insert((v.0, to)) {
+                continue;
+            }
+            let bytes = value.n_elements() as f64 * value.dtype.size_in_bytes() as f64;
+            for slot in &mut crossing[from..to] {
+                *slot += bytes;
+            }
+        }
+    }
+    crossing.into_iter().fold(0.0, f64::max)
+}
+
+/// An error of `parallel.auto_pipeline`.
+fn config_error(reason: String) -> SearchError {
+    SearchError::Config {
+        key: "parallel.auto_pipeline".to_string(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(time: f64, fixed: f64, activations: f64) -> LayerCost {
+        LayerCost {
+            time,
+            fixed,
+            activations,
+        }
+    }
+
+    #[test]
+    fn the_cut_minimises_the_slowest_stage() {
+        let layers = [1.0, 1.0, 1.0, 3.0].map(|t| layer(t, 0.0, 0.0));
+        // [1, 1, 1 | 3]: the slowest stage takes 3, any other cut more.
+        assert_eq!(cut(&layers, &[1.0, 1.0], 100.0), Some(vec![0, 3]));
+        assert_eq!(cut(&layers, &[1.0; 4], 100.0), Some(vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn the_cut_keeps_every_stage_in_memory_or_fails() {
+        // Time alone would cut [1, 1 | 1, 1]; stage 0 holds 3 micro-batches of activations,
+        // so it can only take one layer under 40 bytes.
+        let layers = [layer(1.0, 10.0, 10.0); 4];
+        assert_eq!(cut(&layers, &[1.0, 1.0], 100.0), Some(vec![0, 2]));
+        assert_eq!(cut(&layers, &[3.0, 1.0], 40.0), None);
+        assert_eq!(cut(&layers, &[3.0, 1.0], 60.0), Some(vec![0, 1]));
+    }
+}

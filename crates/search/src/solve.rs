@@ -1,0 +1,256 @@
+//! One strategy search over a graph's forward ops ([`search`]) and the costing of given
+//! strategies ([`evaluate_strategies`]): the problem built, the algorithm of the request's
+//! [`SearchMode`] run, the memory budget kept.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use graph::Graph;
+use parallel::rules::{strategy, OpContext};
+use parallel::SearchMode;
+
+use crate::cost::DeviceProfile;
+use crate::error::SearchError;
+use crate::evaluate::EvalSettings;
+use crate::footprint::MemoryEstimate;
+use crate::problem::{PlanCost, SearchProblem};
+use crate::{budget, elimination, greedy, recursive};
+
+/// What a search is asked.
+#[derive(Debug, Clone)]
+pub struct SearchRequest<'a> {
+    /// The algorithm.
+    pub mode: SearchMode,
+    /// The device profile.
+    pub profile: &'a DeviceProfile,
+    /// Devices.
+    pub devices: usize,
+    /// Memory per device, bytes (the profile's when `None`).
+    pub memory_budget: Option<u64>,
+    /// Optimizer state per trainable parameter, in parameter copies (Adam: 2, momentum: 1).
+    pub optimizer_states: usize,
+    /// Ops whose strategy is fixed (the user's `[parallel.shard]`), by name.
+    pub fixed: BTreeMap<String, Vec<Vec<usize>>>,
+    /// Extra candidate strategies by op name (a model's own, e.g. the GPT's Megatron layouts).
+    pub hints: BTreeMap<String, Vec<Vec<Vec<usize>>>>,
+    /// How long dynamic programming may run before it fixes the remaining ops greedily.
+    pub time_budget: Option<Duration>,
+    /// Search only these forward ops (a pipeline stage's), by name; every one when `None`.
+    pub only: Option<BTreeSet<String>>,
+}
+
+/// What a search found.
+#[derive(Debug, Clone)]
+pub struct SearchResult {
+    /// The strategy of every forward op, in graph order.
+    pub strategies: Vec<(String, Vec<Vec<usize>>)>,
+    /// The predicted cost.
+    pub cost: PlanCost,
+    /// Wall time of the search (problem building included), milliseconds.
+    pub search_ms: f64,
+    /// A lower bound of the step time under the cost model (every op and edge at its cheapest).
+    pub lower_bound: f64,
+    /// Whether dynamic programming had to fix ops greedily (deadline or an irreducible graph):
+    /// then `gap` bounds how far from optimal the result may be.
+    pub approximate: bool,
+    /// `(time − lower_bound) / time` when the result is not proven optimal.
+    pub gap: Option<f64>,
+    /// Ops searched.
+    pub n_ops: usize,
+    /// Distinct op classes (ops with the same kind and shapes share their candidates).
+    pub n_classes: usize,
+    /// Per op of `strategies`, its share of the step time (its own time and half of each of
+    /// its redistributions, seconds) and its memory per device.
+    pub op_shares: Vec<(f64, MemoryEstimate)>,
+    /// Per op of `strategies`, the least memory per device any of its candidates needs.
+    pub op_least_memory: Vec<MemoryEstimate>,
+}
+
+/// The settings of `request` for costing ops.
+fn settings<'a>(request: &SearchRequest<'a>) -> EvalSettings<'a> {
+    EvalSettings {
+        profile: request.profile,
+        devices: request.devices,
+        optimizer_states: request.optimizer_states,
+    }
+}
+
+/// Searches strategies for the forward ops of `graph`.
+pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult, SearchError> {
+    let start = Instant::now();
+    request
+        .profile
+        .validate()
+        .map_err(|source| SearchError::InvalidProfile {
+            profile: request.profile.name.clone(),
+            source,
+        })?;
+    let settings = settings(request);
+    let problem = SearchProblem::build_only(
+        graph,
+        &settings,
+        &request.fixed,
+        &request.hints,
+        request.only.as_ref(),
+    )?;
+    let budget = request
+        .memory_budget
+        .unwrap_or(request.profile.memory_bytes) as f64;
+    let least = budget::min_memory(&problem);
+    if least > budget {
+        return Err(SearchError::MemoryExceeded {
+            needed: least.ceil() as u64,
+            available: budget as u64,
+            profile: request.profile.name.clone(),
+        });
+    }
+    let deadline = request.time_budget.map(|d| start + d);
+    let (mut choice, approximate) = match request.mode {
+        SearchMode::ShardingPropagation => {
+            (greedy::propagate(&problem, &seeds(graph, &problem)), false)
+        }
+        SearchMode::RecursiveProgramming => (recursive::recursive(&problem, budget), false),
+        SearchMode::DynamicProgramming => lagrangian(&problem, budget, deadline),
+    };
+    budget::repair(&problem, &mut choice, budget);
+    let cost = problem.cost(&choice);
+    let lower_bound = problem.lower_bound();
+    let proven = request.mode == SearchMode::DynamicProgramming && !approximate;
+    let gap = (!proven).then(|| {
+        let t = cost.time();
+        if t > 0.0 {
+            ((t - lower_bound) / t).max(0.0)
+        } else {
+            0.0
+        }
+    });
+    let strategies = problem
+        .nodes
+        .iter()
+        .zip(&choice)
+        .map(|(node, &c)| {
+            (
+                graph.nodes()[node.node.0].name.clone(),
+                node.candidates[c].strategy.clone(),
+            )
+        })
+        .collect();
+    let mut classes: Vec<usize> = problem.nodes.iter().map(|n| n.class).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    Ok(SearchResult {
+        strategies,
+        cost,
+        search_ms: start.elapsed().as_secs_f64() * 1e3,
+        lower_bound,
+        approximate,
+        gap,
+        n_ops: problem.nodes.len(),
+        n_classes: classes.len(),
+        op_shares: problem.node_shares(&choice),
+        op_least_memory: problem.least_memory(),
+    })
+}
+
+/// The predicted cost of given strategies for every forward op of `graph` (ops without one
+/// take the data-parallel default).
+pub fn evaluate_strategies(
+    graph: &Graph,
+    request: &SearchRequest<'_>,
+    strategies: &BTreeMap<String, Vec<Vec<usize>>>,
+) -> Result<PlanCost, SearchError> {
+    let mut fixed = strategies.clone();
+    for node in graph.nodes() {
+        if node.role == graph::NodeRole::Forward
+            && !node.inputs.is_empty()
+            && !fixed.contains_key(&node.name)
+        {
+            let ctx = OpContext::of(graph, node);
+            fixed.insert(
+                node.name.clone(),
+                strategy::default_strategy(&ctx, request.devices),
+            );
+        }
+    }
+    let problem = SearchProblem::build(graph, &settings(request), &fixed, &BTreeMap::new())?;
+    Ok(problem.cost(&vec![0; problem.nodes.len()]))
+}
+
+/// Where propagation starts: every fixed op; with none, the data-parallel strategy of the
+/// op with the most compute.
+fn seeds(graph: &Graph, problem: &SearchProblem) -> Vec<(usize, usize)> {
+    let fixed: Vec<(usize, usize)> = (0..problem.nodes.len())
+        .filter(|&n| problem.nodes[n].fixed)
+        .map(|n| (n, 0))
+        .collect();
+    if !fixed.is_empty() {
+        return fixed;
+    }
+    let largest = (0..problem.nodes.len()).max_by(|&a, &b| {
+        let work = |n: usize| {
+            problem.nodes[n]
+                .candidates
+                .iter()
+                .map(|c| c.compute * c.devices_used as f64)
+                .fold(0.0, f64::max)
+        };
+        work(a).total_cmp(&work(b))
+    });
+    let Some(n) = largest else {
+        return Vec::new();
+    };
+    let node = &graph.nodes()[problem.nodes[n].node.0];
+    let dp = strategy::default_strategy(&OpContext::of(graph, node), problem.devices);
+    let c = problem.nodes[n]
+        .candidates
+        .iter()
+        .position(|c| c.strategy == dp)
+        .unwrap_or(0);
+    vec![(n, c)]
+}
+
+/// Dynamic programming under the memory budget: elimination on time + λ·memory, with λ raised
+/// by bisection until the plan fits (λ = 0 when the fastest plan fits already).
+fn lagrangian(
+    problem: &SearchProblem,
+    budget: f64,
+    deadline: Option<Instant>,
+) -> (Vec<usize>, bool) {
+    let first = elimination::solve(problem, 0.0, deadline);
+    if problem.memory(&first.choice) <= budget {
+        return (first.choice, first.approximate);
+    }
+    // λ in seconds per byte: raise it until the plan fits, then bisect for the fastest that does.
+    let mut lo = 0.0;
+    let mut hi = 1e-15;
+    let mut best = None;
+    for _ in 0..60 {
+        let s = elimination::solve(problem, hi, deadline);
+        if problem.memory(&s.choice) <= budget {
+            best = Some(s);
+            break;
+        }
+        lo = hi;
+        hi *= 4.0;
+    }
+    let Some(mut best) = best else {
+        return (first.choice, true);
+    };
+    for _ in 0..12 {
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            break;
+        }
+        let mid = 0.5 * (lo + hi);
+        let s = elimination::solve(problem, mid, deadline);
+        if problem.memory(&s.choice) <= budget {
+            hi = mid;
+            if problem.time(&s.choice) <= problem.time(&best.choice) {
+                best = s;
+            }
+        } else {
+            lo = mid;
+        }
+    }
+    // A Lagrangian optimum is optimal only for the memory it lands on.
+    (best.choice, true)
+}

@@ -1,0 +1,4 @@
+//! Behaviour tests of the strategy searches and of the crate's entry, `plan`.
+
+mod plan;
+mod strategy_search;
