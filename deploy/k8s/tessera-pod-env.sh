@@ -1,6 +1,7 @@
 #!/bin/bash
-# Sets Tessera's process environment contract (docs/LAUNCH.md) inside a Kubernetes pod, then
-# runs the given command. The image's entrypoint; the manifests in manifests/ call it.
+# Sets Tessera's process environment contract (docs/LAUNCH.md; the names and their parsing are
+# crates/runtime/src/launch_env.rs) inside a Kubernetes pod, then runs the given command. The
+# image's entrypoint; the manifests in manifests/ call it.
 #
 # Inputs, set by the manifests:
 #   TESSERA_ROLE            scheduler | server | worker

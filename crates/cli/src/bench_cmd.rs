@@ -1,11 +1,13 @@
 //! `tessera bench …`: benchmarks that compare Tessera with its baselines in one run.
 //!
-//! Each benchmark reports the median and the spread (min–max) of repeated runs. Figures go in
-//! `docs/PERFORMANCE.md` with the command that produced them; no test asserts a time.
+//! Each subcommand's arguments become a request of the `bench` crate, checked here; one call
+//! measures, and every piece of its report is printed as soon as it is measured.
 
-use std::time::{Duration, Instant};
+use std::fmt;
+use std::path::PathBuf;
 
-use clap::{Args, Subcommand};
+use anyhow::bail;
+use clap::{Args, Subcommand, ValueEnum};
 
 /// Arguments of `tessera bench`.
 #[derive(Debug, Args)]
@@ -19,23 +21,23 @@ enum BenchCommand {
     /// Single-thread memcpy bandwidth, the ceiling every copy and collective is measured against.
     Memcpy(MemcpyArgs),
     /// Checkpoint conversion (1 GiB, 8 ranks to 4) next to `cp -r` + `sync` of the same source.
-    CkptConvert(crate::bench_ckpt::CkptConvertArgs),
+    CkptConvert(CkptConvertArgs),
     /// Bus bandwidth of all-reduce and all-gather over a `comm` backend, 1 KiB to 256 MiB.
-    Collectives(crate::bench_collectives::CollectivesArgs),
+    Collectives(CollectivesArgs),
     /// Time and bytes of resharding a tensor between every pair of six layouts on a 2x2 mesh.
-    Reshard(crate::bench_reshard::ReshardBenchArgs),
+    Reshard(ReshardBenchArgs),
     /// Training-step time of seed_mlp (784-512-512-10, batch 32) on one rank and on N ranks.
-    TrainStep(crate::bench_train::TrainStepArgs),
+    TrainStep(TrainStepArgs),
     /// Training tokens/s of the GPT (4 layers, width 256, 128 tokens, batch 16) on 1 and 2 ranks.
-    GptStep(crate::bench_gpt::GptStepArgs),
+    GptStep(GptStepArgs),
     /// Parameter-server steps/s (sync, async; 1-4 workers, 1-2 servers) next to all-reduce
     /// data parallel, and the recovery time from a killed worker.
-    Ps(crate::bench_ps::PsBenchArgs),
+    Ps(PsBenchArgs),
     /// Parameter-server embedding bag with its table on the workers (dense) and on the servers
     /// (`ps.embedding_on_server`, row-sparse): bytes per step and steps/s.
-    PsEmbedding(crate::bench_ps_embedding::PsEmbeddingBenchArgs),
+    PsEmbedding(PsEmbeddingBenchArgs),
     /// Measure this machine as a device profile for the searches (cpu-local.toml).
-    Profile(crate::bench_profile::ProfileArgs),
+    Profile(ProfileArgs),
 }
 
 /// Arguments of `tessera bench memcpy`.
@@ -49,94 +51,316 @@ struct MemcpyArgs {
     reps: usize,
 }
 
+/// Arguments of `tessera bench ckpt-convert`.
+#[derive(Debug, Args)]
+struct CkptConvertArgs {
+    /// Working directory to create (it must not exist; default: a fresh directory under the
+    /// system temp dir). Removed at the end unless `--keep`.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the generated source, copy and output.
+    #[arg(long)]
+    keep: bool,
+    /// Timed repetitions of each side.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Number of [8192, 4096] f32 tensors (8 = 1 GiB).
+    #[arg(long, default_value_t = 8)]
+    tensors: usize,
+}
+
+/// Which backend to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// Ranks are threads of this process.
+    Local,
+    /// Ranks are processes: run under `mpirun -np N` (needs the `mpi` build feature).
+    Mpi,
+}
+
+/// Arguments of `tessera bench collectives`.
+#[derive(Debug, Args)]
+struct CollectivesArgs {
+    /// The backend.
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    backend: Backend,
+    /// Number of ranks (local backend; MPI takes the `mpirun -np` count).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Largest buffer, in MiB (sizes go from 1 KiB up by ×4).
+    #[arg(long, default_value_t = 256)]
+    max_mib: usize,
+    /// Repetitions per size.
+    #[arg(long, default_value_t = 9)]
+    reps: usize,
+    /// MPI backend: blocking collectives guarded by a watchdog that ends the job on a timeout
+    /// (`OnTimeout::AbortJob`) instead of polled ones that return an error.
+    #[arg(long)]
+    mpi_watchdog: bool,
+}
+
+/// Arguments of `tessera bench reshard`.
+#[derive(Debug, Args)]
+struct ReshardBenchArgs {
+    /// The tensor shape (2-D).
+    #[arg(long, default_value = "4096,4096")]
+    shape: String,
+    /// Timed runs per pair.
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+}
+
+/// Arguments of `tessera bench train-step`.
+#[derive(Debug, Args)]
+struct TrainStepArgs {
+    /// Timed steps (after 20 warm-up steps).
+    #[arg(long, default_value_t = 300)]
+    steps: usize,
+    /// Also time the seed run's semi-auto strategies on this many ranks (0: skip).
+    #[arg(long, default_value_t = 8)]
+    devices: usize,
+}
+
+/// Arguments of `tessera bench gpt-step`.
+#[derive(Debug, Args)]
+struct GptStepArgs {
+    /// Timed steps (after 5 warm-up steps).
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Layers of the GPT.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Width of the residual stream.
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    /// Print where rank 0's step time goes.
+    #[arg(long)]
+    profile: bool,
+    /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
+    /// blocks), right after the ordinary run.
+    #[arg(long)]
+    deterministic: bool,
+    /// With `--deterministic`: time each configuration this many times in each mode, the modes
+    /// alternating, and report the median (min–max) of the rounds' throughput ratios.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
+    /// auto), then also reduced on a progress thread while the backward pass computes
+    /// (`[parallel.overlap]`), right after the plain run.
+    #[arg(long)]
+    fusion: bool,
+    /// Also time every configuration with its gradients clipped by global norm
+    /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), the runs
+    /// alternating with unclipped ones `--rounds` times; reports the median (min–max) of the
+    /// rounds' throughput ratios.
+    #[arg(long)]
+    clip: bool,
+}
+
+/// Arguments of `tessera bench ps`.
+#[derive(Debug, Args)]
+struct PsBenchArgs {
+    /// Steps per run.
+    #[arg(long, default_value_t = 200)]
+    steps: u64,
+    /// The digits directory.
+    #[arg(long, default_value = "data/digits")]
+    data: PathBuf,
+    /// `ps.dead_after_ms` of the recovery run.
+    #[arg(long, default_value_t = 1000)]
+    dead_after_ms: u64,
+    /// Only measure recovery: a killed worker and a killed, restarted server, `--trials` times.
+    #[arg(long)]
+    recovery: bool,
+    /// Fresh jobs per kind of failure with `--recovery`.
+    #[arg(long, default_value_t = 5)]
+    trials: usize,
+    /// The model of the steps/s table: `seed_mlp` or `gpt` (a small GPT on `--text`).
+    #[arg(long, default_value = "seed_mlp")]
+    model: String,
+    /// The text the GPT trains on.
+    #[arg(long, default_value = "data/kjv/kjv.txt.gz")]
+    text: PathBuf,
+}
+
+/// Arguments of `tessera bench ps-embedding`.
+#[derive(Debug, Args)]
+struct PsEmbeddingBenchArgs {
+    /// Steps per run.
+    #[arg(long, default_value_t = 100)]
+    steps: u64,
+    /// The digits directory.
+    #[arg(long, default_value = "data/digits")]
+    data: PathBuf,
+    /// Servers.
+    #[arg(long, default_value_t = 2)]
+    servers: usize,
+    /// Workers.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+}
+
+/// Arguments of `tessera bench profile`.
+#[derive(Debug, Args)]
+struct ProfileArgs {
+    /// Where to write the profile.
+    #[arg(long, default_value = "cpu-local.toml")]
+    out: PathBuf,
+    /// Ranks (threads) of the collective measurement of `intra_node` / `inter_node`; also the
+    /// profile's devices per node.
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Rank counts whose local-backend all-reduce is measured as `[[local_link]]` entries.
+    #[arg(long, value_delimiter = ',', default_value = "2,8")]
+    link_ranks: Vec<usize>,
+    /// Cores the ranks share (`compute_slots`; default: the cores this process may use).
+    #[arg(long)]
+    cores: Option<usize>,
+    /// Time each kernel as the mean of back-to-back calls over 0.2 s (the rate this process
+    /// sustains on the machine as loaded now, other work's share of the cores included)
+    /// instead of its best call (the rate of an idle core).
+    #[arg(long)]
+    sustained: bool,
+    /// Device memory to record, GiB (the plan's limit; default: this machine's 24 GiB).
+    #[arg(long, default_value_t = 24)]
+    memory_gib: u64,
+}
+
+/// Prints every piece of a report on stdout as it is measured, and notes on stderr.
+struct Console;
+
+impl bench::Progress for Console {
+    fn piece(&mut self, piece: &dyn fmt::Display) {
+        print!("{piece}");
+    }
+
+    fn note(&mut self, note: &dyn fmt::Display) {
+        eprintln!("{note}");
+    }
+}
+
 /// Runs `tessera bench …`.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let console = &mut Console;
     match &args.command {
-        BenchCommand::Memcpy(a) => memcpy(a),
-        BenchCommand::CkptConvert(a) => crate::bench_ckpt::run(a),
-        BenchCommand::Collectives(a) => crate::bench_collectives::run(a),
-        BenchCommand::Reshard(a) => crate::bench_reshard::run(a),
-        BenchCommand::TrainStep(a) => crate::bench_train::run(a),
-        BenchCommand::GptStep(a) => crate::bench_gpt::run(a),
-        BenchCommand::Profile(a) => crate::bench_profile::run(a),
-        BenchCommand::Ps(a) => crate::bench_ps::run(a),
-        BenchCommand::PsEmbedding(a) => crate::bench_ps_embedding::run(a),
+        BenchCommand::Memcpy(a) => {
+            let request = bench::memcpy::MemcpyRequest {
+                max_mib: a.max_mib,
+                reps: a.reps,
+            };
+            bench::memcpy::memcpy(&request, console);
+        }
+        BenchCommand::CkptConvert(a) => {
+            let request = bench::ckpt_convert::CkptConvertRequest {
+                dir: a.dir.clone(),
+                keep: a.keep,
+                reps: a.reps,
+                tensors: a.tensors,
+                tessera: std::env::current_exe()?,
+            };
+            bench::ckpt_convert::ckpt_convert(&request, console)?;
+        }
+        BenchCommand::Collectives(a) => {
+            let request = bench::collectives::CollectivesRequest {
+                backend: match a.backend {
+                    Backend::Local => bench::collectives::Backend::Local,
+                    Backend::Mpi => bench::collectives::Backend::Mpi,
+                },
+                ranks: a.ranks,
+                max_mib: a.max_mib,
+                reps: a.reps,
+                mpi_watchdog: a.mpi_watchdog,
+            };
+            bench::collectives::collectives(&request, console)?;
+        }
+        BenchCommand::Reshard(a) => {
+            let request = bench::reshard::ReshardRequest {
+                shape: crate::parse::parse_usizes(&a.shape, "--shape")?,
+                reps: a.reps,
+            };
+            bench::reshard::reshard(&request, console)?;
+        }
+        BenchCommand::TrainStep(a) => {
+            let request = bench::train_step::TrainStepRequest {
+                steps: a.steps,
+                devices: a.devices,
+            };
+            bench::train_step::train_step(&request, console)?;
+        }
+        BenchCommand::GptStep(a) => {
+            let request = bench::gpt_step::GptStepRequest {
+                steps: a.steps,
+                layers: a.layers,
+                hidden: a.hidden,
+                profile: a.profile,
+                deterministic: a.deterministic,
+                rounds: a.rounds,
+                fusion: a.fusion,
+                clip: a.clip,
+            };
+            bench::gpt_step::gpt_step(&request, console)?;
+        }
+        BenchCommand::Ps(a) => {
+            bench::ps::ps(&ps_request(a)?, console)?;
+        }
+        BenchCommand::PsEmbedding(a) => {
+            let request = bench::ps_embedding::PsEmbeddingRequest {
+                steps: a.steps,
+                data: a.data.clone(),
+                servers: a.servers,
+                workers: a.workers,
+            };
+            bench::ps_embedding::ps_embedding(&request, console)?;
+        }
+        BenchCommand::Profile(a) => profile(a, console)?,
     }
+    Ok(())
 }
 
-/// Median, minimum and maximum of a set of durations.
-#[derive(Debug, Clone, Copy)]
-pub struct Summary {
-    /// The median.
-    pub median: Duration,
-    /// The fastest run.
-    pub min: Duration,
-    /// The slowest run.
-    pub max: Duration,
+/// The request of `tessera bench ps`.
+fn ps_request(args: &PsBenchArgs) -> anyhow::Result<bench::ps::PsRequest> {
+    let model = match args.model.as_str() {
+        "gpt" => bench::ps::PsModel::Gpt,
+        "seed_mlp" => bench::ps::PsModel::SeedMlp,
+        // The recovery runs take any other name for the seed MLP, as they always did.
+        _ if args.recovery => bench::ps::PsModel::SeedMlp,
+        other => bail!("--model {other}: expected seed_mlp or gpt"),
+    };
+    Ok(bench::ps::PsRequest {
+        steps: args.steps,
+        data: args.data.clone(),
+        dead_after_ms: args.dead_after_ms,
+        recovery_trials: args.recovery.then_some(args.trials),
+        model,
+        text: args.text.clone(),
+        tessera: std::env::current_exe()?,
+    })
 }
 
-/// Times `f` `reps` times (after one warm-up call) and summarises.
-pub fn time_reps(reps: usize, mut f: impl FnMut()) -> Summary {
-    f();
-    let mut times: Vec<Duration> = (0..reps.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
-    times.sort_unstable();
-    Summary {
-        median: times[times.len() / 2],
-        min: times[0],
-        max: times[times.len() - 1],
+/// `tessera bench profile`: measures, then writes the profile to `--out`.
+fn profile(args: &ProfileArgs, console: &mut Console) -> anyhow::Result<()> {
+    if !(2..=64).contains(&args.ranks) {
+        bail!("--ranks {}: between 2 and 64 ranks", args.ranks);
     }
-}
-
-/// Bytes per second as GB/s (10^9).
-pub fn gb_per_s(bytes: usize, t: Duration) -> f64 {
-    bytes as f64 / t.as_secs_f64().max(1e-12) / 1e9
-}
-
-/// Human size: `64 KiB`, `16 MiB`.
-pub fn human_bytes(bytes: usize) -> String {
-    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
-        format!("{} GiB", bytes >> 30)
-    } else if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
-        format!("{} MiB", bytes >> 20)
-    } else if bytes >= 1 << 10 && bytes.is_multiple_of(1 << 10) {
-        format!("{} KiB", bytes >> 10)
-    } else {
-        format!("{bytes} B")
+    if !(1..=1 << 20).contains(&args.memory_gib) {
+        bail!("--memory-gib {}: between 1 and 1048576", args.memory_gib);
     }
-}
-
-fn memcpy(args: &MemcpyArgs) -> anyhow::Result<()> {
-    println!(
-        "single-thread memcpy (GB/s: median [min-max] over {} runs)",
-        args.reps
-    );
-    let mut size = 1024usize;
-    while size <= args.max_mib << 20 {
-        let src = vec![1u8; size];
-        let mut dst = vec![0u8; size];
-        // Small sizes repeat inside one timing so the clock resolution does not dominate.
-        let inner = ((1 << 24) / size).max(1);
-        let s = time_reps(args.reps, || {
-            for _ in 0..inner {
-                dst.copy_from_slice(std::hint::black_box(&src));
-                std::hint::black_box(&mut dst);
-            }
-        });
-        let bytes = size * inner;
-        println!(
-            "{:>9}  {:>6.2} [{:.2}-{:.2}]",
-            human_bytes(size),
-            gb_per_s(bytes, s.median),
-            gb_per_s(bytes, s.max),
-            gb_per_s(bytes, s.min)
-        );
-        size *= 4;
+    let mut link_ranks = args.link_ranks.clone();
+    link_ranks.sort_unstable();
+    link_ranks.dedup();
+    if let Some(&r) = link_ranks.iter().find(|&&r| !(2..=64).contains(&r)) {
+        bail!("--link-ranks {r}: between 2 and 64 ranks");
     }
+    let request = bench::profile::ProfileRequest {
+        ranks: args.ranks,
+        link_ranks,
+        cores: args.cores,
+        sustained: args.sustained,
+        memory_gib: args.memory_gib,
+    };
+    let report = bench::profile::profile(&request, console)?;
+    std::fs::write(&args.out, search::device_profile::to_toml(&report.profile))
+        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", args.out.display()))?;
+    println!("profile written to {}", args.out.display());
     Ok(())
 }

@@ -413,7 +413,7 @@ fn convert_report_text(report: &ckpt::ConvertReport) -> String {
             r.rank,
             r.path.display(),
             r.n_tensors,
-            crate::bench_cmd::human_bytes(r.data_bytes as usize),
+            bench::timing::human_bytes(r.data_bytes as usize),
             r.source_ranks,
             if r.exact { "minimal" } else { "greedy cover" }
         ));
@@ -506,7 +506,7 @@ fn merge(a: &MergeArgs) -> anyhow::Result<()> {
     }
     text.push_str(&format!(
         "{} of full tensors from source ranks {:?}\n",
-        crate::bench_cmd::human_bytes(r.total_size as usize),
+        bench::timing::human_bytes(r.total_size as usize),
         r.source_ranks
     ));
     for (name, why) in &r.skipped {
@@ -609,8 +609,8 @@ fn dedup(a: &DedupArgs) -> anyhow::Result<()> {
     }
     text.push_str(&format!(
         "{} written of {} in the source\n",
-        crate::bench_cmd::human_bytes(r.data_bytes as usize),
-        crate::bench_cmd::human_bytes(r.source_bytes as usize)
+        bench::timing::human_bytes(r.data_bytes as usize),
+        bench::timing::human_bytes(r.source_bytes as usize)
     ));
     print(
         a.write.json,

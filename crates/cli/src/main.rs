@@ -10,15 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use clap::{Parser, Subcommand};
 
-mod bench_ckpt;
 mod bench_cmd;
-mod bench_collectives;
-mod bench_gpt;
-mod bench_profile;
-mod bench_ps;
-mod bench_ps_embedding;
-mod bench_reshard;
-mod bench_train;
 mod ckpt_cmd;
 mod generate_cmd;
 mod grid;
@@ -69,13 +61,10 @@ enum Command {
     Launch(launch::LaunchArgs),
 }
 
-/// The environment variable that sets the ceiling on ranks per mesh
-/// ([`layout::limits::max_ranks`], default 1,048,576).
-const MAX_RANKS_VAR: &str = "TESSERA_MAX_RANKS";
-
-/// Applies the resource settings read from the environment before any input is read.
+/// Applies the resource settings read from the environment before any input is read: the
+/// ceiling on ranks per mesh ([`layout::limits::max_ranks`], default 1,048,576).
 fn apply_limits() -> anyhow::Result<()> {
-    if let Some(text) = std::env::var_os(MAX_RANKS_VAR) {
+    if let Some(text) = std::env::var_os(runtime::launch_env::MAX_RANKS) {
         let text = text.to_string_lossy();
         layout::limits::set_max_ranks_from_str(&text)?;
     }

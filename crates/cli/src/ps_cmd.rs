@@ -30,10 +30,7 @@ fn run_local_job(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Re
     runtime::MetricsLog::create(metrics_log.unwrap_or(&default_log))?;
     let servers = keys.servers.unwrap_or(1);
     let workers = keys.workers.unwrap_or(2);
-    let secret = match std::env::var(ps::env::JOB_SECRET_VAR) {
-        Ok(text) => ps::auth::JobSecret::from_env_value(Some(text))?,
-        Err(_) => ps::auth::JobSecret::generate()?,
-    };
+    let secret = crate::launch::job_secret()?;
     let program = std::env::current_exe()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     eprintln!(

@@ -1,14 +1,11 @@
 //! `tessera reshard`: plan (and optionally run) moving a tensor from one layout to another.
 
-use std::sync::Arc;
-
 use anyhow::{bail, Context};
+use bench::reshard_check::{self, world_size, RankCheck};
 use clap::Args;
-use comm::{Communicator, LocalCluster};
 use reshard::{DistLayout, ExchangeKind, ReduceKind, ReshardPlan};
-use reshard_exec::{DistTensor, ReshardRunner};
 use serde_json::{json, Value};
-use tensor::{DType, Tensor};
+use tensor::DType;
 
 use crate::grid::write_stdout;
 use crate::parse::{parse_layout, parse_usizes};
@@ -105,18 +102,6 @@ pub fn run(args: &ReshardArgs) -> anyhow::Result<()> {
         }
     }
     write_stdout(&out)
-}
-
-/// Number of ranks needed to run `plan`: one past the largest rank of either mesh.
-pub fn world_size(plan: &ReshardPlan) -> usize {
-    let ranks = plan
-        .src()
-        .layout()
-        .mesh()
-        .device_ranks()
-        .into_iter()
-        .chain(plan.dst().mesh().device_ranks());
-    ranks.max().map_or(1, |r| r.saturating_add(1))
 }
 
 fn region_json(b: &layout::SliceBox) -> Value {
@@ -222,43 +207,6 @@ fn plan_text(plan: &ReshardPlan) -> String {
     out
 }
 
-/// A global tensor with a distinct value per element (exact in f32 up to 2^24 elements; beyond
-/// that values repeat with period 2^24, which still catches misplaced blocks).
-pub fn iota(shape: &[usize], dtype: DType) -> Tensor {
-    let n: usize = shape.iter().product();
-    Tensor::from_vec(shape, (0..n).map(|i| (i % (1 << 24)) as f32).collect())
-        .expect("the shape matches the data")
-        .to_dtype(dtype)
-}
-
-/// This rank's source slices; for a partial source, member `j` of each partial group holds a
-/// share such that the shares add up to the global values.
-pub fn source_slices(
-    plan: &ReshardPlan,
-    global: &Tensor,
-    rank: usize,
-) -> anyhow::Result<Vec<Tensor>> {
-    let src = plan.src();
-    let mut local = DistTensor::from_global(global, src.layout(), rank)?.into_local();
-    if src.is_partial() {
-        let mesh = src.layout().mesh();
-        let groups = src.partial_slot_groups();
-        let slots: Vec<usize> = (0..mesh.n_slots())
-            .filter(|&s| mesh.device_of_slot(s) == rank)
-            .collect();
-        for (t, &slot) in local.iter_mut().zip(&slots) {
-            let j = groups
-                .iter()
-                .find_map(|g| g.iter().position(|&s| s == slot))
-                .expect("every slot is in a partial group");
-            if j > 0 {
-                *t = Tensor::zeros(t.dtype(), t.shape());
-            }
-        }
-    }
-    Ok(local)
-}
-
 /// The most ranks `--run` starts: one thread each, on one machine.
 const MAX_RUN_RANKS: usize = 4096;
 
@@ -272,17 +220,8 @@ fn check_run_fits(plan: &ReshardPlan) -> anyhow::Result<()> {
             "--run: the plan needs {world} local ranks (one thread each, up to its largest rank); --run starts at most {MAX_RUN_RANKS}"
         );
     }
-    let elem = plan.dtype().size_in_bytes();
-    let src = plan.src().layout();
     let dst = plan.dst();
-    let bytes = (|| {
-        // The global values are made in f32, then converted.
-        let global = src.n_elements().checked_mul(4 + elem)?;
-        let sources = src.mesh().n_slots().checked_mul(src.slice_elements())?;
-        let results = dst.mesh().n_slots().checked_mul(dst.slice_elements())?;
-        let elements = sources.checked_add(results.checked_mul(2)?)?;
-        global.checked_add(elements.checked_mul(elem)?)
-    })();
+    let bytes = reshard_check::run_bytes(plan);
     let available = memory_available();
     match (bytes, available) {
         (None, _) => bail!(
@@ -307,32 +246,16 @@ fn memory_available() -> Option<usize> {
 /// Runs `plan` on the local backend and counts ranks whose result differs from their box.
 fn run_and_check(plan: &ReshardPlan) -> anyhow::Result<usize> {
     check_run_fits(plan)?;
-    let world = world_size(plan);
-    let global = iota(plan.dst().shape(), plan.dtype());
-    let results = LocalCluster::new(world)?.run(|comm| -> anyhow::Result<bool> {
-        let rank = comm.rank();
-        let local = source_slices(plan, &global, rank)?;
-        let mut runner = ReshardRunner::new(Arc::new(comm));
-        let got = runner.run(plan, local)?;
-        let dst = plan.dst();
-        let mesh = dst.mesh();
-        let slots = (0..mesh.n_slots()).filter(|&s| mesh.device_of_slot(s) == rank);
-        let mut ok = true;
-        for (t, slot) in got.iter().zip(slots) {
-            ok &= *t == global.extract_box(&dst.slot_box(slot))?;
-        }
-        Ok(ok)
-    });
     let mut mismatches = 0;
-    for (rank, r) in results.into_iter().enumerate() {
-        match r {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
+    for (rank, outcome) in reshard_check::run_and_check(plan)?.into_iter().enumerate() {
+        match outcome {
+            RankCheck::Matches => {}
+            RankCheck::Differs => {
                 eprintln!("rank {rank}: result differs from its box of the global tensor");
                 mismatches += 1;
             }
-            Ok(Err(e)) => bail!("rank {rank}: {e:#}"),
-            Err(e) => bail!("rank {rank}: {e}"),
+            RankCheck::Failed(e) => bail!("rank {rank}: {:#}", anyhow::Error::from(e)),
+            RankCheck::Panicked(e) => bail!("rank {rank}: {e}"),
         }
     }
     Ok(mismatches)

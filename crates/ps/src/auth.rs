@@ -7,105 +7,20 @@
 //! ([`CheckSecret`]); a call without it, or with another, is refused `Unauthenticated` with a
 //! message naming the variable. The secret never appears in a message or a log line.
 
-use std::fmt;
 use std::io::Read as _;
 
+use runtime::launch_env::JOB_SECRET;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use crate::env::JOB_SECRET_VAR;
 use crate::error::PsError;
+
+/// The secret, its rule and its variable are the process contract's (`runtime::launch_env`).
+pub use runtime::launch_env::{JobSecret, MAX_SECRET_CHARS, MIN_SECRET_CHARS};
 
 /// The gRPC metadata key of the job's secret.
 pub const SECRET_HEADER: &str = "x-tessera-job-secret";
-
-/// The fewest characters of a secret (a generated one has 64).
-pub const MIN_SECRET_CHARS: usize = 16;
-
-/// The most characters of a secret (it travels in every call's metadata).
-pub const MAX_SECRET_CHARS: usize = 1024;
-
-/// A job's shared secret: visible ASCII, [`MIN_SECRET_CHARS`] to [`MAX_SECRET_CHARS`]
-/// characters. Compared in constant time; its `Debug` form does not show it.
-#[derive(Clone)]
-pub struct JobSecret(String);
-
-impl JobSecret {
-    /// A fresh secret: 32 bytes from the operating system's random source, as hex.
-    pub fn generate() -> Result<JobSecret, PsError> {
-        let bytes = random_bytes::<32>()?;
-        Ok(JobSecret(
-            bytes.iter().map(|b| format!("{b:02x}")).collect(),
-        ))
-    }
-
-    /// The secret `TESSERA_JOB_SECRET` holds (`None`: unset), checked.
-    pub fn from_env_value(value: Option<String>) -> Result<JobSecret, PsError> {
-        let refuse = |reason: String| PsError::Env {
-            var: JOB_SECRET_VAR.to_string(),
-            reason,
-        };
-        let text = value.ok_or_else(|| {
-            refuse(
-                "must be set: the job's secret, the same in every role (tessera train and tessera launch make one; see docs/PS.md)"
-                    .to_string(),
-            )
-        })?;
-        JobSecret::new(text).map_err(refuse)
-    }
-
-    /// `text` as a secret, or the rule it breaks (the text itself is never quoted).
-    pub fn new(text: String) -> Result<JobSecret, String> {
-        let chars = text.chars().count();
-        if !(MIN_SECRET_CHARS..=MAX_SECRET_CHARS).contains(&chars) {
-            return Err(format!(
-                "the secret has {chars} characters; it must have {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS}"
-            ));
-        }
-        if !text.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(
-                "the secret must be visible ASCII characters only (no spaces or control characters)"
-                    .to_string(),
-            );
-        }
-        Ok(JobSecret(text))
-    }
-
-    /// The secret's text, for handing it to a child process's environment only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// Whether `given` is this secret, in time independent of where they differ.
-    pub fn matches(&self, given: &[u8]) -> bool {
-        constant_time_eq(self.0.as_bytes(), given)
-    }
-}
-
-impl fmt::Debug for JobSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JobSecret(<redacted>)")
-    }
-}
-
-impl PartialEq for JobSecret {
-    fn eq(&self, other: &JobSecret) -> bool {
-        self.matches(other.0.as_bytes())
-    }
-}
-
-impl Eq for JobSecret {}
-
-/// Whether `a` and `b` are equal, looking at every byte whatever the first difference (the
-/// length is not hidden: a generated secret's length is public).
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
 
 /// `N` bytes from the operating system's random source (`/dev/urandom`).
 pub fn random_bytes<const N: usize>() -> Result<[u8; N], PsError> {
@@ -133,7 +48,7 @@ impl AttachSecret {
     /// Attaches `secret` (visible ASCII by construction, so always a valid metadata value).
     pub fn new(secret: &JobSecret) -> Result<AttachSecret, PsError> {
         let mut value = MetadataValue::try_from(secret.expose()).map_err(|_| PsError::Env {
-            var: JOB_SECRET_VAR.to_string(),
+            var: JOB_SECRET.to_string(),
             reason: "the secret is not a valid gRPC metadata value".to_string(),
         })?;
         value.set_sensitive(true);
@@ -173,11 +88,11 @@ impl Interceptor for CheckSecret {
         match request.metadata().get(SECRET_HEADER) {
             Some(given) if self.secret.matches(given.as_bytes()) => Ok(request),
             Some(_) => Err(Status::unauthenticated(format!(
-                "{} refuses the call: its {SECRET_HEADER} metadata is not this job's secret ({JOB_SECRET_VAR}); the caller belongs to another job",
+                "{} refuses the call: its {SECRET_HEADER} metadata is not this job's secret ({JOB_SECRET}); the caller belongs to another job",
                 self.who
             ))),
             None => Err(Status::unauthenticated(format!(
-                "{} refuses the call: it carries no {SECRET_HEADER} metadata; every call of a parameter-server job must carry the job's secret ({JOB_SECRET_VAR})",
+                "{} refuses the call: it carries no {SECRET_HEADER} metadata; every call of a parameter-server job must carry the job's secret ({JOB_SECRET})",
                 self.who
             ))),
         }
@@ -187,22 +102,6 @@ impl Interceptor for CheckSecret {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secrets_are_checked_and_never_shown() {
-        let secret = JobSecret::generate().unwrap();
-        assert_eq!(secret.expose().len(), 64);
-        assert_ne!(secret, JobSecret::generate().unwrap());
-        assert_eq!(format!("{secret:?}"), "JobSecret(<redacted>)");
-        for bad in ["short", "has a space in the middle!!", &"x".repeat(2000)] {
-            let err = JobSecret::from_env_value(Some(bad.to_string()))
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(JOB_SECRET_VAR) && !err.contains(bad), "{err}");
-        }
-        let missing = JobSecret::from_env_value(None).unwrap_err().to_string();
-        assert!(missing.contains("must be set"), "{missing}");
-    }
 
     #[test]
     fn the_check_refuses_a_missing_or_wrong_secret_by_name() {

@@ -63,6 +63,15 @@ pub enum PsError {
     Runtime(#[from] runtime::RuntimeError),
 }
 
+impl From<runtime::launch_env::EnvError> for PsError {
+    fn from(err: runtime::launch_env::EnvError) -> PsError {
+        PsError::Env {
+            var: err.var.to_string(),
+            reason: err.reason,
+        }
+    }
+}
+
 impl PsError {
     /// An [`PsError::Io`] for `what`.
     pub fn io(what: impl Into<String>, reason: impl std::fmt::Display) -> PsError {

@@ -16,8 +16,10 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
+use runtime::launch_env::ProcessVars;
+
 use crate::auth::JobSecret;
-use crate::env::{PsRole, JOB_SECRET_VAR};
+use crate::env::PsRole;
 use crate::error::PsError;
 
 /// How long children have after the forwarded signal (or SIGTERM) before SIGKILL.
@@ -39,7 +41,7 @@ pub fn free_local_port() -> Result<u16, PsError> {
 
 /// The environment of process `rank` of a local job with `servers` servers and `workers`
 /// workers: rank 0 is the scheduler, then the servers, then the workers; every one gets the
-/// job's `secret`.
+/// job's `secret` (`runtime::launch_env::ProcessVars`).
 pub fn role_env(
     rank: usize,
     servers: usize,
@@ -47,42 +49,23 @@ pub fn role_env(
     scheduler_addr: &str,
     secret: &JobSecret,
 ) -> Vec<(String, String)> {
-    let (role, id) = role_of(rank, servers);
-    let id_var = match role {
-        PsRole::Scheduler => None,
-        PsRole::Server => Some("TESSERA_SERVER_ID"),
-        PsRole::Worker => Some("TESSERA_WORKER_ID"),
+    let (role, id) = PsRole::of_rank(rank, servers);
+    let vars = ProcessVars {
+        role,
+        id,
+        rank,
+        world_size: 1 + servers + workers,
+        local_rank: None,
+        num_servers: servers,
+        num_workers: workers,
+        scheduler_addr: Some(scheduler_addr),
+        restart_count: 0,
+        secret: Some(secret),
     };
-    let mut env = vec![
-        ("TESSERA_ROLE".to_string(), role.name().to_string()),
-        ("TESSERA_RANK".to_string(), rank.to_string()),
-        (
-            "TESSERA_WORLD_SIZE".to_string(),
-            (1 + servers + workers).to_string(),
-        ),
-        ("TESSERA_NUM_SERVERS".to_string(), servers.to_string()),
-        ("TESSERA_NUM_WORKERS".to_string(), workers.to_string()),
-        (
-            "TESSERA_SCHEDULER_ADDR".to_string(),
-            scheduler_addr.to_string(),
-        ),
-        ("TESSERA_RESTART_COUNT".to_string(), "0".to_string()),
-        (JOB_SECRET_VAR.to_string(), secret.expose().to_string()),
-    ];
-    if let Some(var) = id_var {
-        env.push((var.to_string(), id.to_string()));
-    }
-    env
-}
-
-/// The role and the id within it of process `rank` of a job with `servers` servers: rank 0 is
-/// the scheduler, then the servers, then the workers.
-pub fn role_of(rank: usize, servers: usize) -> (PsRole, usize) {
-    match rank {
-        0 => (PsRole::Scheduler, 0),
-        r if r <= servers => (PsRole::Server, r - 1),
-        r => (PsRole::Worker, r - 1 - servers),
-    }
+    vars.vars()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// Makes the process `command` starts receive SIGKILL when the thread that starts it ends
@@ -156,7 +139,7 @@ pub fn run_local_job(
     let mut children: Vec<RoleChild> = Vec::new();
     for rank in 0..1 + servers + workers {
         let env = role_env(rank, servers, workers, &addr, secret);
-        let (role, id) = role_of(rank, servers);
+        let (role, id) = PsRole::of_rank(rank, servers);
         let name = format!("{} {id} (rank {rank})", role.name());
         let mut command = Command::new(program);
         command.args(args).envs(env);

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use runtime::launch_env;
 use runtime::{Optimizer, ParamSpec, TrainConfig};
 use tensor::{DType, Tensor};
 use tokio::sync::Notify;
@@ -641,7 +642,7 @@ fn advertised_addr(env: &RoleEnv, bound: std::net::SocketAddr) -> Result<String,
     match &env.advertise_host {
         Some(host) => Ok(format!("{host}:{}", bound.port())),
         None if bound.ip().is_unspecified() => Err(PsError::Env {
-            var: "TESSERA_ADVERTISE_HOST".to_string(),
+            var: launch_env::ADVERTISE_HOST.to_string(),
             reason: format!(
                 "server {} binds every interface ({bound}), so it needs the name workers reach it by",
                 env.server_id
@@ -661,10 +662,12 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
     let joining = env.server_id >= map.servers;
     if joining && !env.added_server {
         return Err(PsError::Env {
-            var: "TESSERA_SERVER_ID".to_string(),
+            var: launch_env::SERVER_ID.to_string(),
             reason: format!(
-                "{} is not below the job's {} servers (set TESSERA_SERVER_JOIN=1 to add a server)",
-                env.server_id, map.servers
+                "{} is not below the job's {} servers (set {}=1 to add a server)",
+                env.server_id,
+                map.servers,
+                launch_env::SERVER_JOIN
             ),
         });
     }

@@ -44,6 +44,7 @@ mod group_info;
 mod host_memory;
 mod hybrid;
 mod launch;
+pub mod launch_env;
 mod lm;
 mod lr_schedule;
 pub mod periodic_ckpt;

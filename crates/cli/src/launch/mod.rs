@@ -183,8 +183,8 @@ fn free_local_port() -> std::io::Result<u16> {
 
 /// The PS job's secret: `TESSERA_JOB_SECRET` when set (so processes of this launch and of
 /// launches on other hosts, given the same secret, form one job), else a fresh one.
-fn job_secret() -> anyhow::Result<ps::auth::JobSecret> {
-    Ok(match std::env::var(ps::env::JOB_SECRET_VAR) {
+pub(crate) fn job_secret() -> anyhow::Result<ps::auth::JobSecret> {
+    Ok(match std::env::var(runtime::launch_env::JOB_SECRET) {
         Ok(text) => ps::auth::JobSecret::from_env_value(Some(text))?,
         Err(_) => ps::auth::JobSecret::generate()?,
     })

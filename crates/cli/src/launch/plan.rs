@@ -8,6 +8,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use runtime::launch_env::{self, Role};
+
 /// Most workers (`--nproc`) one launch starts.
 pub const MAX_WORKERS: usize = 1024;
 /// Most parameter servers (`--ps-servers`) one launch starts.
@@ -16,28 +18,6 @@ pub const MAX_SERVERS: usize = 1024;
 pub const MAX_RESTARTS: u32 = 1000;
 /// Longest grace period (`--grace-period`, seconds) between SIGTERM and SIGKILL.
 pub const MAX_GRACE_SECS: u64 = 3600;
-
-/// The role a process plays, after ms-operator's replica types (Scheduler, PS, Worker).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The parameter-server job's scheduler (one per PS job).
-    Scheduler,
-    /// A parameter server.
-    Server,
-    /// A worker: the process that trains.
-    Worker,
-}
-
-impl Role {
-    /// The name in `TESSERA_ROLE`, log file names and console prefixes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Scheduler => "scheduler",
-            Role::Server => "server",
-            Role::Worker => "worker",
-        }
-    }
-}
 
 /// One process of the job: its role, its index within the role and its global rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +98,7 @@ impl fmt::Display for PlanError {
             PlanError::NoSecret => write!(
                 f,
                 "a parameter-server job needs its secret ({})",
-                ps::env::JOB_SECRET_VAR
+                launch_env::JOB_SECRET
             ),
         }
     }
@@ -170,22 +150,6 @@ pub struct JobPlan {
     /// The PS job's secret, given to every process; `None` in a job of workers only.
     pub secret: Option<ps::auth::JobSecret>,
 }
-
-/// The environment variables a launch sets; every one is set or removed for every process, so
-/// nothing leaks in from the launcher's own environment.
-pub const CONTRACT_VARS: [&str; 11] = [
-    "TESSERA_ROLE",
-    "TESSERA_RANK",
-    "TESSERA_WORLD_SIZE",
-    "TESSERA_LOCAL_RANK",
-    "TESSERA_SERVER_ID",
-    "TESSERA_WORKER_ID",
-    "TESSERA_NUM_SERVERS",
-    "TESSERA_NUM_WORKERS",
-    "TESSERA_SCHEDULER_ADDR",
-    "TESSERA_RESTART_COUNT",
-    ps::env::JOB_SECRET_VAR,
-];
 
 impl JobPlan {
     /// Validates a request. `free_port` is asked for the scheduler's port only in a PS job
@@ -270,34 +234,26 @@ impl JobPlan {
     }
 
     /// The contract variables for `spec` on its `restart_count`-th start, as (name, value)
-    /// pairs; the [`CONTRACT_VARS`] not listed are to be removed.
+    /// pairs; the [`launch_env::LAUNCHER_VARS`] not listed are to be removed.
     pub fn environment(
         &self,
         spec: &ProcessSpec,
         restart_count: u32,
     ) -> Vec<(&'static str, String)> {
-        let mut env = vec![
-            ("TESSERA_ROLE", spec.role.name().to_string()),
-            ("TESSERA_RANK", spec.rank.to_string()),
-            ("TESSERA_WORLD_SIZE", self.world_size().to_string()),
+        launch_env::ProcessVars {
+            role: spec.role,
+            id: spec.id,
+            rank: spec.rank,
+            world_size: self.world_size(),
             // One host: the rank on this host is the global rank.
-            ("TESSERA_LOCAL_RANK", spec.rank.to_string()),
-            ("TESSERA_NUM_SERVERS", self.num_servers.to_string()),
-            ("TESSERA_NUM_WORKERS", self.num_workers.to_string()),
-            ("TESSERA_RESTART_COUNT", restart_count.to_string()),
-        ];
-        match spec.role {
-            Role::Server => env.push(("TESSERA_SERVER_ID", spec.id.to_string())),
-            Role::Worker => env.push(("TESSERA_WORKER_ID", spec.id.to_string())),
-            Role::Scheduler => {}
+            local_rank: Some(spec.rank),
+            num_servers: self.num_servers,
+            num_workers: self.num_workers,
+            scheduler_addr: self.scheduler_addr.as_deref(),
+            restart_count,
+            secret: self.secret.as_ref(),
         }
-        if let Some(addr) = &self.scheduler_addr {
-            env.push(("TESSERA_SCHEDULER_ADDR", addr.clone()));
-        }
-        if let Some(secret) = &self.secret {
-            env.push((ps::env::JOB_SECRET_VAR, secret.expose().to_string()));
-        }
-        env
+        .vars()
     }
 }
 

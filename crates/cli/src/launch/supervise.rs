@@ -14,9 +14,11 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use runtime::launch_env::{Role, LAUNCHER_VARS};
+
 use super::child::{self, Event, Running, StartRequest};
 use super::output::LogFile;
-use super::plan::{JobPlan, ProcessSpec, Role, CONTRACT_VARS};
+use super::plan::{JobPlan, ProcessSpec};
 
 /// How long to wait for processes to be reaped after SIGKILL before giving up on them.
 const AFTER_KILL_WAIT: Duration = Duration::from_secs(5);
@@ -256,7 +258,7 @@ fn start(
 ) -> io::Result<()> {
     let slot = &mut slots[index];
     let set = plan.environment(&slot.spec, slot.restarts_used);
-    let remove: Vec<&'static str> = CONTRACT_VARS
+    let remove: Vec<&'static str> = LAUNCHER_VARS
         .iter()
         .copied()
         .filter(|name| !set.iter().any(|(k, _)| k == name))

@@ -5,16 +5,18 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use runtime::launch_env::ROLE;
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let Some(config) = args.next().map(PathBuf::from) else {
-        eprintln!("usage: tessera-ps-role CONFIG [SECTION.KEY=VALUE …] (with TESSERA_ROLE set)");
+        eprintln!("usage: tessera-ps-role CONFIG [SECTION.KEY=VALUE …] (with {ROLE} set)");
         return ExitCode::from(2);
     };
     let overrides: Vec<String> = args.collect();
     let run = || -> Result<(), Box<dyn std::error::Error>> {
         let config = runtime::TrainConfig::load(&config, &overrides)?;
-        let env = ps::RoleEnv::from_process()?.ok_or("TESSERA_ROLE is not set")?;
+        let env = ps::RoleEnv::from_process()?.ok_or(format!("{ROLE} is not set"))?;
         if let Some(report) = ps::run_role(&config, &env, None)? {
             print!("{}", ps::summary(&report, &config, &env));
         }

@@ -5,29 +5,31 @@
 //! reshards, and the optimizer update. Inputs are synthetic (eight pseudo-random batches,
 //! cycled), so no file IO is timed. `scripts/bench-train-step.sh` runs this next to PyTorch on one thread.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use comm::{Communicator, LocalCluster};
+use exec::{Optimizer, OptimizerConfig, OptimizerKind, ParamSpec, RankExecutor};
 use graph::models::seed_mlp;
 use parallel::{compile_training, ParallelConfig, ParallelMode, Program};
-use runtime::{Optimizer, OptimizerConfig, OptimizerKind, ParamSpec, RankExecutor};
 use tensor::Tensor;
 
-/// Arguments of `tessera bench train-step`.
-#[derive(Debug, Args)]
-pub struct TrainStepArgs {
+use crate::timing::ms;
+use crate::{BenchError, Progress};
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrainStepRequest {
     /// Timed steps (after 20 warm-up steps).
-    #[arg(long, default_value_t = 300)]
-    steps: usize,
-    /// Also time the seed run's semi-auto strategies on this many ranks (0: skip).
-    #[arg(long, default_value_t = 8)]
-    devices: usize,
+    pub steps: usize,
+    /// Also time the seed run's semi-auto strategies on this many ranks (0 or 1: skip; other
+    /// than 8, data parallel).
+    pub devices: usize,
 }
 
 /// The seed MLP's training program under `config`.
-fn program(config: &ParallelConfig) -> anyhow::Result<Arc<Program>> {
+fn program(config: &ParallelConfig) -> Result<Arc<Program>, BenchError> {
     let model = seed_mlp(32, &[28, 28], 512, 10)?;
     Ok(Arc::new(compile_training(
         &model.graph,
@@ -59,7 +61,7 @@ pub(crate) struct RankTimes {
     /// The optimizer updates' share of the timed steps.
     pub optimizer: Duration,
     /// Kernel and reshard times of the timed steps, when profiled.
-    pub profile: Option<runtime::StepProfile>,
+    pub profile: Option<exec::StepProfile>,
 }
 
 /// Runs `bench.warmup` untimed and `bench.steps` timed training steps on this rank, feeding its blocks of
@@ -69,7 +71,7 @@ pub(crate) fn rank_steps(
     world: Arc<dyn Communicator>,
     batches: &[Vec<Tensor>],
     bench: &StepBench,
-) -> anyhow::Result<RankTimes> {
+) -> Result<RankTimes, BenchError> {
     let mut exec = RankExecutor::new(program.clone(), world.clone())?;
     exec.set_deterministic(bench.deterministic);
     exec.init_parameters(1)?;
@@ -81,9 +83,9 @@ pub(crate) fn rank_steps(
                 .iter()
                 .zip(batch)
                 .map(|(input, global)| Ok(global.extract_box(&exec.box_of(&input.layout)?)?))
-                .collect::<anyhow::Result<Vec<Tensor>>>()
+                .collect::<Result<Vec<Tensor>, BenchError>>()
         })
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<Result<_, BenchError>>()?;
     let trainable: Vec<usize> = (0..program.params.len())
         .filter(|&i| program.params[i].grad_buffer.is_some())
         .collect();
@@ -143,7 +145,7 @@ pub(crate) fn lcg(seed: u64) -> impl FnMut() -> u32 {
 
 /// Eight different synthetic MLP batches: pseudo-random pixels in [0, 1) and labels, so
 /// gradients stay realistic (one batch repeated drives them to subnormal numbers).
-fn mlp_batches() -> anyhow::Result<Vec<Vec<Tensor>>> {
+fn mlp_batches() -> Result<Vec<Vec<Tensor>>, BenchError> {
     (0..8u64)
         .map(|b| {
             let mut next = lcg(b + 1);
@@ -170,22 +172,106 @@ pub(crate) fn slowest(per_rank: Vec<RankTimes>) -> Vec<Duration> {
     out
 }
 
-pub(crate) fn summary(mut times: Vec<Duration>) -> (f64, f64, f64) {
-    times.sort_unstable();
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    (
-        ms(times[times.len() / 2]),
-        ms(times[times.len() / 10]),
-        ms(times[times.len() * 9 / 10]),
-    )
+/// Step times in milliseconds: the median and the 10th and 90th percentiles.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepMillis {
+    /// The median.
+    pub median: f64,
+    /// The 10th percentile.
+    pub p10: f64,
+    /// The 90th percentile.
+    pub p90: f64,
 }
 
-/// Runs the benchmark.
-pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
-    println!(
-        "seed_mlp 784-512-512-10, batch 32, f32, Momentum; {} timed steps",
-        args.steps
-    );
+impl StepMillis {
+    /// The percentiles of `times` (at least one).
+    pub fn of(mut times: Vec<Duration>) -> StepMillis {
+        times.sort_unstable();
+        StepMillis {
+            median: ms(times[times.len() / 2]),
+            p10: ms(times[times.len() / 10]),
+            p90: ms(times[times.len() * 9 / 10]),
+        }
+    }
+}
+
+/// The report's first line.
+struct Header {
+    steps: usize,
+}
+
+impl fmt::Display for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed_mlp 784-512-512-10, batch 32, f32, Momentum; {} timed steps",
+            self.steps
+        )
+    }
+}
+
+/// One rank's step time.
+struct OneRank(StepMillis);
+
+impl fmt::Display for OneRank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let StepMillis { median, p10, p90 } = self.0;
+        writeln!(
+            f,
+            "tessera, 1 rank:  {median:.3} ms/step median [p10 {p10:.3} - p90 {p90:.3}]"
+        )
+    }
+}
+
+/// The step time on several ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ManyRanks {
+    /// Ranks.
+    pub devices: usize,
+    /// The slowest rank's step times.
+    pub times: StepMillis,
+}
+
+impl fmt::Display for ManyRanks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let StepMillis { median, p10, p90 } = self.times;
+        writeln!(
+            f,
+            "tessera, {} ranks ({}), local backend: {median:.3} ms/step median [p10 {p10:.3} - p90 {p90:.3}] = {:.0} steps/s",
+            self.devices,
+            if self.devices == 8 { "the seed run's semi-auto strategies" } else { "data parallel" },
+            1e3 / median
+        )
+    }
+}
+
+/// The step times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainStepReport {
+    /// Timed steps.
+    pub steps: usize,
+    /// On one rank.
+    pub one_rank: StepMillis,
+    /// On the requested ranks, when more than one.
+    pub many_ranks: Option<ManyRanks>,
+}
+
+impl fmt::Display for TrainStepReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Header { steps: self.steps }.fmt(f)?;
+        OneRank(self.one_rank).fmt(f)?;
+        self.many_ranks.iter().try_for_each(|m| m.fmt(f))
+    }
+}
+
+/// Runs `tessera bench train-step`.
+pub fn train_step(
+    request: &TrainStepRequest,
+    progress: &mut dyn Progress,
+) -> Result<TrainStepReport, BenchError> {
+    progress.piece(&Header {
+        steps: request.steps,
+    });
     let bench = StepBench {
         optimizer: OptimizerConfig {
             kind: OptimizerKind::Momentum {
@@ -196,7 +282,7 @@ pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
             weight_decay: 0.0,
         },
         warmup: 20,
-        steps: args.steps,
+        steps: request.steps,
         profile: false,
         deterministic: None,
         clip: None,
@@ -207,31 +293,35 @@ pub fn run(args: &TrainStepArgs) -> anyhow::Result<()> {
         .run(|comm| rank_steps(one.clone(), Arc::new(comm), &batches, &bench))
         .pop()
         .expect("one rank")??;
-    let (median, p10, p90) = summary(times.steps);
-    println!("tessera, 1 rank:  {median:.3} ms/step median [p10 {p10:.3} - p90 {p90:.3}]");
-    if args.devices > 1 {
-        let config = ParallelConfig::new(ParallelMode::SemiAuto, args.devices)
+    let one_rank = StepMillis::of(times.steps);
+    progress.piece(&OneRank(one_rank));
+    let mut many_ranks = None;
+    if request.devices > 1 {
+        let config = ParallelConfig::new(ParallelMode::SemiAuto, request.devices)
             .shard("matmul1", &[&[2, 4], &[4, 1]])
             .shard("relu1", &[&[4, 1]])
             .shard("matmul2", &[&[1, 8], &[8, 1]])
             .shard("relu2", &[&[8, 1]]);
-        let config = if args.devices == 8 {
+        let config = if request.devices == 8 {
             config
         } else {
-            ParallelConfig::new(ParallelMode::DataParallel, args.devices)
+            ParallelConfig::new(ParallelMode::DataParallel, request.devices)
         };
         let prog = program(&config)?;
-        let per_rank = LocalCluster::new(args.devices)?
+        let per_rank = LocalCluster::new(request.devices)?
             .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &batches, &bench))
             .into_iter()
-            .collect::<Result<anyhow::Result<Vec<_>>, _>>()??;
-        let (median, p10, p90) = summary(slowest(per_rank));
-        println!(
-            "tessera, {} ranks ({}), local backend: {median:.3} ms/step median [p10 {p10:.3} - p90 {p90:.3}] = {:.0} steps/s",
-            args.devices,
-            if args.devices == 8 { "the seed run's semi-auto strategies" } else { "data parallel" },
-            1e3 / median
-        );
+            .collect::<Result<Result<Vec<_>, BenchError>, _>>()??;
+        let many = ManyRanks {
+            devices: request.devices,
+            times: StepMillis::of(slowest(per_rank)),
+        };
+        progress.piece(&many);
+        many_ranks = Some(many);
     }
-    Ok(())
+    Ok(TrainStepReport {
+        steps: request.steps,
+        one_rank,
+        many_ranks,
+    })
 }

@@ -1,44 +1,38 @@
 //! `tessera bench profile`: measures this machine as a device profile (matmul FLOP/s by shape
 //! class, memcpy bandwidth, all-reduce α and bandwidth on the local backend for each of
-//! `--link-ranks`, the core count as `compute_slots`) and writes it as TOML for
-//! `parallel.device_profile` / `tessera plan --profile`.
+//! the link rank counts, the core count as `compute_slots`) for `parallel.device_profile` /
+//! `tessera plan --profile` (the caller writes it, `search::device_profile::to_toml`).
 
-use std::path::PathBuf;
+use std::fmt;
 use std::time::Instant;
 
-use clap::Args;
 use comm::{Communicator, CommunicatorExt, LocalCluster, ReduceOp};
 use search::{DeviceProfile, Link, LocalLink, MatmulRate};
 use tensor::{DType, Tensor};
 
-/// Arguments of `tessera bench profile`.
-#[derive(Debug, Args)]
-pub struct ProfileArgs {
-    /// Where to write the profile.
-    #[arg(long, default_value = "cpu-local.toml")]
-    out: PathBuf,
+use crate::{BenchError, Pieces, Progress};
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileRequest {
     /// Ranks (threads) of the collective measurement of `intra_node` / `inter_node`; also the
-    /// profile's devices per node.
-    #[arg(long, default_value_t = 2)]
-    ranks: usize,
-    /// Rank counts whose local-backend all-reduce is measured as `[[local_link]]` entries.
-    #[arg(long, value_delimiter = ',', default_value = "2,8")]
-    link_ranks: Vec<usize>,
-    /// Cores the ranks share (`compute_slots`; default: the cores this process may use).
-    #[arg(long)]
-    cores: Option<usize>,
+    /// profile's devices per node (2 to 64).
+    pub ranks: usize,
+    /// Rank counts whose local-backend all-reduce is measured as `[[local_link]]` entries
+    /// (ascending, distinct, each 2 to 64).
+    pub link_ranks: Vec<usize>,
+    /// Cores the ranks share (`compute_slots`; `None`: the cores this process may use).
+    pub cores: Option<usize>,
     /// Time each kernel as the mean of back-to-back calls over 0.2 s (the rate this process
     /// sustains on the machine as loaded now, other work's share of the cores included)
     /// instead of its best call (the rate of an idle core).
-    #[arg(long)]
-    sustained: bool,
-    /// Device memory to record, GiB (the plan's limit; default: this machine's 24 GiB).
-    #[arg(long, default_value_t = 24)]
-    memory_gib: u64,
+    pub sustained: bool,
+    /// Device memory to record, GiB (the plan's limit).
+    pub memory_gib: u64,
 }
 
 /// The best of `reps` timings of `f`, seconds.
-fn best_of(reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+fn best_of(reps: usize, mut f: impl FnMut() -> Result<(), BenchError>) -> Result<f64, BenchError> {
     let mut best = f64::INFINITY;
     for _ in 0..reps {
         let start = Instant::now();
@@ -53,8 +47,8 @@ fn best_of(reps: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Re
 fn time_call(
     sustained: bool,
     reps: usize,
-    mut f: impl FnMut() -> anyhow::Result<()>,
-) -> anyhow::Result<f64> {
+    mut f: impl FnMut() -> Result<(), BenchError>,
+) -> Result<f64, BenchError> {
     if !sustained {
         return best_of(reps, f);
     }
@@ -68,7 +62,7 @@ fn time_call(
 }
 
 /// FLOP/s of an `n × n × n` f32 product.
-fn matmul_rate(n: usize, sustained: bool) -> anyhow::Result<(f64, f64)> {
+fn matmul_rate(n: usize, sustained: bool) -> Result<(f64, f64), BenchError> {
     let a = Tensor::zeros(DType::F32, &[n, n]);
     let b = Tensor::zeros(DType::F32, &[n, n]);
     let flops = 2.0 * (n as f64).powi(3);
@@ -84,7 +78,7 @@ fn matmul_rate(n: usize, sustained: bool) -> anyhow::Result<(f64, f64)> {
 /// back to back after one barrier, the slowest rank's mean. Not the best of single timed
 /// calls after a barrier each: when rank threads outnumber the cores (or other work shares
 /// them), each collective also waits for descheduled peers.
-fn all_reduce_time(ranks: usize, elements: usize, reps: usize) -> anyhow::Result<f64> {
+fn all_reduce_time(ranks: usize, elements: usize, reps: usize) -> Result<f64, BenchError> {
     let cluster = LocalCluster::new(ranks)?;
     let times = cluster.run(|comm| {
         let mut buf = vec![1.0f32; elements];
@@ -104,7 +98,7 @@ fn all_reduce_time(ranks: usize, elements: usize, reps: usize) -> anyhow::Result
 
 /// α and bandwidth of an all-reduce over `ranks` local ranks: α from a 1-element all-reduce
 /// over the algorithm's steps, bandwidth from a 16 MiB one.
-fn measure_link(ranks: usize) -> anyhow::Result<Link> {
+fn measure_link(ranks: usize) -> Result<Link, BenchError> {
     let small = all_reduce_time(ranks, 1, 200)?;
     let large_elements = 4 << 20;
     let large = all_reduce_time(ranks, large_elements, 9)?;
@@ -113,26 +107,84 @@ fn measure_link(ranks: usize) -> anyhow::Result<Link> {
     let alpha = small / steps;
     let moved = 2.0 * (g - 1.0) / g * (large_elements * 4) as f64;
     let bandwidth = moved / (large - steps * alpha).max(1e-9);
-    println!(
-        "all-reduce on {ranks} local ranks: α {:.2} µs, bandwidth {:.2} GB/s",
-        alpha * 1e6,
-        bandwidth / 1e9
-    );
     Ok(Link { alpha, bandwidth })
 }
 
-/// Runs `tessera bench profile`.
-pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
-    if !(2..=64).contains(&args.ranks) {
-        anyhow::bail!("--ranks {}: between 2 and 64 ranks", args.ranks);
+/// One measurement, in the order they are made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ProfileLine {
+    /// An `n × n × n` product's rate.
+    Matmul {
+        /// The size.
+        n: usize,
+        /// FLOP/s.
+        flops_per_s: f64,
+    },
+    /// Copy bandwidth (bytes read and written per second).
+    Memcpy {
+        /// Bytes/s.
+        bandwidth: f64,
+    },
+    /// The cores recorded as `compute_slots`.
+    Cores(usize),
+    /// An all-reduce on local ranks.
+    Link {
+        /// Ranks.
+        ranks: usize,
+        /// The measured link.
+        link: Link,
+    },
+}
+
+impl fmt::Display for ProfileLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProfileLine::Matmul { n, flops_per_s } => {
+                writeln!(f, "matmul {n}×{n}×{n}: {:.2} GFLOP/s", flops_per_s / 1e9)
+            }
+            ProfileLine::Memcpy { bandwidth } => {
+                writeln!(f, "memcpy: {:.2} GB/s (read + write)", bandwidth / 1e9)
+            }
+            ProfileLine::Cores(cores) => writeln!(f, "cores (compute_slots): {cores}"),
+            ProfileLine::Link { ranks, link } => writeln!(
+                f,
+                "all-reduce on {ranks} local ranks: α {:.2} µs, bandwidth {:.2} GB/s",
+                link.alpha * 1e6,
+                link.bandwidth / 1e9
+            ),
+        }
     }
-    if !(1..=1 << 20).contains(&args.memory_gib) {
-        anyhow::bail!("--memory-gib {}: between 1 and 1048576", args.memory_gib);
+}
+
+/// The measurements and the profile made of them (checked usable).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileReport {
+    /// Every measurement, in order.
+    pub lines: Pieces<ProfileLine>,
+    /// The profile.
+    pub profile: DeviceProfile,
+}
+
+impl fmt::Display for ProfileReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.lines.fmt(f)
     }
+}
+
+/// Runs `tessera bench profile`: measures and returns the profile (not written anywhere).
+pub fn profile(
+    request: &ProfileRequest,
+    progress: &mut dyn Progress,
+) -> Result<ProfileReport, BenchError> {
+    let mut lines = Pieces::default();
+    let mut push = |line: ProfileLine| lines.show(progress, line);
     let mut matmul = Vec::new();
     for (i, n) in [32usize, 128, 512].into_iter().enumerate() {
-        let (flops, rate) = matmul_rate(n, args.sustained)?;
-        println!("matmul {n}×{n}×{n}: {:.2} GFLOP/s", rate / 1e9);
+        let (flops, rate) = matmul_rate(n, request.sustained)?;
+        push(ProfileLine::Matmul {
+            n,
+            flops_per_s: rate,
+        });
         // Class i applies from half this product's size up (the first from 0).
         let min_flops = if i == 0 { 0.0 } else { flops / 2.0 };
         matmul.push(MatmulRate {
@@ -143,32 +195,34 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let bytes = 64usize << 20;
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
-    let t = time_call(args.sustained, 5, || {
+    let t = time_call(request.sustained, 5, || {
         dst.copy_from_slice(&src);
         std::hint::black_box(&dst);
         Ok(())
     })?;
     // A copy reads and writes every byte.
     let memory_bandwidth = 2.0 * bytes as f64 / t;
-    println!("memcpy: {:.2} GB/s (read + write)", memory_bandwidth / 1e9);
-    let mut link_ranks = args.link_ranks.clone();
-    link_ranks.sort_unstable();
-    link_ranks.dedup();
-    if let Some(&r) = link_ranks.iter().find(|&&r| !(2..=64).contains(&r)) {
-        anyhow::bail!("--link-ranks {r}: between 2 and 64 ranks");
-    }
-    let cores = match args.cores {
+    push(ProfileLine::Memcpy {
+        bandwidth: memory_bandwidth,
+    });
+    let cores = match request.cores {
         Some(c) => c,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    println!("cores (compute_slots): {cores}");
-    let link = measure_link(args.ranks)?;
-    let mut local_links = Vec::with_capacity(link_ranks.len());
-    for ranks in link_ranks {
-        let link = if ranks == args.ranks {
+    push(ProfileLine::Cores(cores));
+    let link = measure_link(request.ranks)?;
+    push(ProfileLine::Link {
+        ranks: request.ranks,
+        link,
+    });
+    let mut local_links = Vec::with_capacity(request.link_ranks.len());
+    for &ranks in &request.link_ranks {
+        let link = if ranks == request.ranks {
             link
         } else {
-            measure_link(ranks)?
+            let link = measure_link(ranks)?;
+            push(ProfileLine::Link { ranks, link });
+            link
         };
         local_links.push(LocalLink { ranks, link });
     }
@@ -176,18 +230,13 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
         name: "cpu-local".to_string(),
         matmul,
         memory_bandwidth,
-        memory_bytes: args.memory_gib << 30,
-        devices_per_node: args.ranks,
+        memory_bytes: request.memory_gib << 30,
+        devices_per_node: request.ranks,
         intra_node: link,
         inter_node: link,
         compute_slots: Some(cores),
         local_links,
     };
-    profile
-        .validate()
-        .map_err(|e| anyhow::anyhow!("the measured profile is not usable: {e}"))?;
-    std::fs::write(&args.out, search::device_profile::to_toml(&profile))
-        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", args.out.display()))?;
-    println!("profile written to {}", args.out.display());
-    Ok(())
+    profile.validate().map_err(BenchError::ProfileUnusable)?;
+    Ok(ProfileReport { lines, profile })
 }

@@ -1,0 +1,418 @@
+//! `tessera bench gpt-step`: training tokens/s of the GPT (4 layers, 4 heads, width 256, 128
+//! tokens, batch 16, f32, AdamW) on one rank, and on 2 ranks of the local backend with data
+//! parallelism and with model parallelism 2, with a profile of where one rank's step goes.
+//!
+//! Batches are synthetic token ids (eight, cycled), so no file IO is timed.
+//! `scripts/bench-gpt.sh` runs this next to PyTorch (one thread, and DDP on 2 processes).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm::LocalCluster;
+use exec::{OptimizerConfig, OptimizerKind};
+use models::{GptConfig, GptParallel};
+use parallel::{compile_training, DatasetStrategy, ParallelConfig, ParallelMode};
+use tensor::{DType, Tensor};
+
+use crate::timing::ms;
+use crate::train_step::{lcg, rank_steps, slowest, StepBench, StepMillis};
+use crate::{BenchError, Pieces, Progress};
+
+/// Canonical blocks per summed dim in the deterministic runs (`parallel.deterministic_blocks`'s
+/// default).
+const DETERMINISTIC_BLOCKS: usize = 16;
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GptStepRequest {
+    /// Timed steps (after 5 warm-up steps).
+    pub steps: usize,
+    /// Layers of the GPT.
+    pub layers: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Report where rank 0's step time goes.
+    pub profile: bool,
+    /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
+    /// blocks), right after the ordinary run.
+    pub deterministic: bool,
+    /// With `deterministic` or `clip`: time each configuration this many times in each mode,
+    /// the modes alternating, and report the median (min–max) of the rounds' throughput ratios.
+    pub rounds: usize,
+    /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
+    /// auto), then also reduced on a progress thread while the backward pass computes
+    /// (`[parallel.overlap]`), right after the plain run.
+    pub fusion: bool,
+    /// Also time every configuration with its gradients clipped by global norm
+    /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), the runs
+    /// alternating with unclipped ones `rounds` times.
+    pub clip: bool,
+}
+
+/// How a configuration's gradients are reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    /// One reduction per gradient, at the end of the backward pass.
+    Plain,
+    /// `[parallel.comm_fusion]` auto buckets, each run when its last gradient is computed.
+    Fused,
+    /// `[parallel.comm_fusion]` auto buckets with `grad_computation_allreduce_overlap`.
+    FusedOverlapped,
+}
+
+/// Where rank 0's step goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepBreakdown {
+    /// The per-op table of [`exec::StepProfile::table`] for the mean step.
+    pub table: String,
+    /// The optimizer's share of the mean step.
+    pub optimizer: Duration,
+    /// What kernels, reshards and the optimizer leave of the mean step.
+    pub framework: Duration,
+}
+
+/// One timed configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptRun {
+    /// What ran (`2 ranks, data parallel, deterministic`).
+    pub label: String,
+    /// Tokens per second at the median step.
+    pub tokens_per_s: f64,
+    /// The slowest rank's step times.
+    pub times: StepMillis,
+    /// Rank 0's breakdown, when profiled.
+    pub breakdown: Option<StepBreakdown>,
+}
+
+/// Throughput ratios of rounds alternating two modes, sorted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ratios(pub Vec<f64>);
+
+impl Ratios {
+    /// `  {what}: 1.02x {of} (median of 3 rounds, 0.99-1.04)`, with `digits` decimals.
+    fn line(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        (what, of): (&str, &str),
+        digits: usize,
+    ) -> fmt::Result {
+        let r = &self.0;
+        writeln!(
+            f,
+            "  {what}: {:.digits$}x {of} (median of {} rounds, {:.digits$}-{:.digits$})",
+            r[r.len() / 2],
+            r.len(),
+            r[0],
+            r[r.len() - 1]
+        )
+    }
+}
+
+/// A piece of the report, in the order it is measured.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GptStepLine {
+    /// What is measured.
+    Header {
+        /// Layers.
+        layers: usize,
+        /// Width.
+        hidden: usize,
+        /// Timed steps.
+        steps: usize,
+    },
+    /// A timed configuration.
+    Run(GptRun),
+    /// Fused (and overlapped) gradients' throughput over the plain one's.
+    Fusion {
+        /// `fused`, `fused and overlapped`.
+        what: &'static str,
+        /// The ratio.
+        ratio: f64,
+    },
+    /// Deterministic mode's throughput over the ordinary one's, per round.
+    Deterministic(Ratios),
+    /// Clipped throughput over unclipped, per round.
+    Clipped(Ratios),
+    /// Throughput on 2 ranks over 1 rank's: data parallel, model parallel.
+    SpeedUp {
+        /// Data parallel 2.
+        data_parallel: f64,
+        /// Model parallel 2.
+        model_parallel: f64,
+    },
+}
+
+impl fmt::Display for GptStepLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GptStepLine::Header {
+                layers,
+                hidden,
+                steps,
+            } => writeln!(
+                f,
+                "GPT {layers} layers, 4 heads, width {hidden}, 128 tokens, batch 16, f32, AdamW; {steps} timed steps"
+            ),
+            GptStepLine::Run(run) => {
+                let StepMillis { median, p10, p90 } = run.times;
+                writeln!(
+                    f,
+                    "tessera, {}: {:.0} tokens/s ({median:.1} ms/step median [p10 {p10:.1} - p90 {p90:.1}])",
+                    run.label, run.tokens_per_s
+                )?;
+                if let Some(b) = &run.breakdown {
+                    f.write_str(&b.table)?;
+                    writeln!(f, "  {:<32} {:>8.3} ms", "optimizer (AdamW)", ms(b.optimizer))?;
+                    writeln!(
+                        f,
+                        "  {:<32} {:>8.3} ms",
+                        "framework (feeding, dispatch)",
+                        ms(b.framework)
+                    )?;
+                }
+                Ok(())
+            }
+            GptStepLine::Fusion { what, ratio } => {
+                writeln!(f, "  {what}: {ratio:.2}x the plain throughput")
+            }
+            GptStepLine::Deterministic(ratios) => ratios.line(
+                f,
+                ("deterministic mode", "the ordinary throughput"),
+                2,
+            ),
+            GptStepLine::Clipped(ratios) => ratios.line(
+                f,
+                ("clipping by global norm", "the unclipped throughput"),
+                3,
+            ),
+            GptStepLine::SpeedUp {
+                data_parallel,
+                model_parallel,
+            } => writeln!(
+                f,
+                "speed-up on 2 ranks: data parallel {data_parallel:.2}x, model parallel {model_parallel:.2}x"
+            ),
+        }
+    }
+}
+
+/// Every piece of the report, in order.
+pub type GptStepReport = Pieces<GptStepLine>;
+
+/// The benchmark's GPT: byte vocabulary, 4 heads, 128 tokens, batch 16.
+fn gpt_config(request: &GptStepRequest) -> GptConfig {
+    GptConfig::new(256, request.layers, 4, request.hidden, 128, 16)
+}
+
+/// The program under `(data_parallel, model_parallel)` (stand-alone for `(1, 1)`); in
+/// deterministic mode with the vocabulary-parallel loss, as training builds it.
+fn program(
+    gpt: &GptConfig,
+    (dp, mp): (usize, usize),
+    deterministic: bool,
+    reduction: Reduction,
+) -> Result<Arc<parallel::Program>, BenchError> {
+    let gpt = GptConfig {
+        vocab_parallel_loss: deterministic,
+        ..gpt.clone()
+    };
+    let model = models::gpt(&gpt, DType::F32)?;
+    let devices = dp * mp;
+    let config = if devices == 1 {
+        ParallelConfig::stand_alone()
+    } else {
+        let split = GptParallel::resolve(devices, Some(dp), mp, true, false)?;
+        let mut config = ParallelConfig::new(ParallelMode::SemiAuto, devices);
+        config.strategies = split.strategies(&model.graph)?;
+        config.dataset_strategy = DatasetStrategy::PerInput(split.dataset_strategy());
+        if reduction != Reduction::Plain {
+            config.comm_fusion = Some(parallel::fusion::CommFusionConfig::default());
+        }
+        config.overlap.grad_computation_allreduce_overlap = reduction == Reduction::FusedOverlapped;
+        config
+    };
+    Ok(Arc::new(compile_training(
+        &model.graph,
+        model.loss,
+        &config,
+    )?))
+}
+
+/// Eight batches of pseudo-random token ids: `input_ids` and `labels`, `[batch, seq_len]`.
+fn batches(gpt: &GptConfig) -> Result<Vec<Vec<Tensor>>, BenchError> {
+    let n = gpt.batch * gpt.seq_len;
+    (0..8u64)
+        .map(|b| {
+            let mut next = lcg(b + 1);
+            let mut ids = || -> Result<Tensor, BenchError> {
+                let v: Vec<i32> = (0..n).map(|_| (next() % 256) as i32).collect();
+                Ok(Tensor::from_vec(&[gpt.batch, gpt.seq_len], v)?)
+            };
+            Ok(vec![ids()?, ids()?])
+        })
+        .collect()
+}
+
+/// A running `gpt-step`: the request, the GPT and the report so far.
+struct Bench<'a> {
+    request: &'a GptStepRequest,
+    gpt: GptConfig,
+    progress: &'a mut dyn Progress,
+    report: GptStepReport,
+}
+
+impl Bench<'_> {
+    /// Shows `line` and adds it to the report.
+    fn push(&mut self, line: GptStepLine) {
+        self.report.show(self.progress, line);
+    }
+
+    /// Times one configuration and reports it; its tokens/s.
+    fn measure(
+        &mut self,
+        (dp, mp): (usize, usize),
+        label: &str,
+        (deterministic, reduction): (bool, Reduction),
+        clip: bool,
+    ) -> Result<f64, BenchError> {
+        let bench = StepBench {
+            optimizer: OptimizerConfig {
+                kind: OptimizerKind::AdamW {
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                },
+                learning_rate: 1e-3,
+                weight_decay: 0.01,
+            },
+            warmup: 5,
+            steps: self.request.steps,
+            profile: self.request.profile,
+            deterministic: deterministic.then_some(DETERMINISTIC_BLOCKS),
+            clip: clip.then(|| runtime::MaxGradNorm::new(1.0)).flatten(),
+        };
+        let data = batches(&self.gpt)?;
+        let prog = program(&self.gpt, (dp, mp), deterministic, reduction)?;
+        if deterministic {
+            parallel::check_deterministic(&prog, DETERMINISTIC_BLOCKS)?;
+        }
+        let per_rank = LocalCluster::new(dp * mp)?
+            .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
+            .into_iter()
+            .collect::<Result<Result<Vec<_>, BenchError>, _>>()??;
+        let rank0 = per_rank
+            .first()
+            .map(|r| (r.optimizer, r.profile.clone(), r.steps.clone()));
+        let times = StepMillis::of(slowest(per_rank));
+        let tokens = (self.gpt.batch * self.gpt.seq_len) as f64;
+        let rate = tokens / (times.median / 1e3);
+        let breakdown = match rank0 {
+            Some((optimizer, Some(profile), steps)) => {
+                let total: Duration = steps.iter().sum();
+                let per_step = total / steps.len().max(1) as u32;
+                let runs = profile.runs.max(1) as u32;
+                let optimizer = optimizer / runs;
+                let framework = per_step.saturating_sub(
+                    profile.kernel_time() / runs + profile.reshards.time / runs + optimizer,
+                );
+                Some(StepBreakdown {
+                    table: profile.table(per_step),
+                    optimizer,
+                    framework,
+                })
+            }
+            _ => None,
+        };
+        self.push(GptStepLine::Run(GptRun {
+            label: label.to_string(),
+            tokens_per_s: rate,
+            times,
+            breakdown,
+        }));
+        Ok(rate)
+    }
+
+    /// Times `label` against `variant` (deterministic, or clipped) `rounds` times, alternating,
+    /// the first ordinary run being the one already measured at `rate`; the sorted ratios.
+    fn rounds(
+        &mut self,
+        split: (usize, usize),
+        (label, rate): (&str, f64),
+        variant_label: &str,
+        (deterministic, clip): (bool, bool),
+    ) -> Result<Ratios, BenchError> {
+        let mut ratios = Vec::new();
+        for round in 0..self.request.rounds.max(1) {
+            let ordinary = match round {
+                0 => rate,
+                _ => self.measure(split, label, (false, Reduction::Plain), false)?,
+            };
+            let variant = self.measure(
+                split,
+                variant_label,
+                (deterministic, Reduction::Plain),
+                clip,
+            )?;
+            ratios.push(variant / ordinary);
+        }
+        ratios.sort_by(f64::total_cmp);
+        Ok(Ratios(ratios))
+    }
+}
+
+/// Runs `tessera bench gpt-step`.
+pub fn gpt_step(
+    request: &GptStepRequest,
+    progress: &mut dyn Progress,
+) -> Result<GptStepReport, BenchError> {
+    let mut bench = Bench {
+        request,
+        gpt: gpt_config(request),
+        progress,
+        report: Pieces::default(),
+    };
+    bench.push(GptStepLine::Header {
+        layers: request.layers,
+        hidden: request.hidden,
+        steps: request.steps,
+    });
+    let configurations = [
+        ((1, 1), "1 rank"),
+        ((2, 1), "2 ranks, data parallel"),
+        ((1, 2), "2 ranks, model parallel 2"),
+    ];
+    let mut rates = Vec::new();
+    for (split, label) in configurations {
+        let rate = bench.measure(split, label, (false, Reduction::Plain), false)?;
+        if request.fusion && split == (2, 1) {
+            for (what, reduction) in [
+                ("fused", Reduction::Fused),
+                ("fused and overlapped", Reduction::FusedOverlapped),
+            ] {
+                let label = format!("{label}, {what} gradients");
+                let fused = bench.measure(split, &label, (false, reduction), false)?;
+                bench.push(GptStepLine::Fusion {
+                    what,
+                    ratio: fused / rate,
+                });
+            }
+        }
+        if request.deterministic {
+            let det_label = format!("{label}, deterministic");
+            let ratios = bench.rounds(split, (label, rate), &det_label, (true, false))?;
+            bench.push(GptStepLine::Deterministic(ratios));
+        }
+        if request.clip {
+            let clip_label = format!("{label}, clipped by global norm");
+            let ratios = bench.rounds(split, (label, rate), &clip_label, (false, true))?;
+            bench.push(GptStepLine::Clipped(ratios));
+        }
+        rates.push(rate);
+    }
+    bench.push(GptStepLine::SpeedUp {
+        data_parallel: rates[1] / rates[0],
+        model_parallel: rates[2] / rates[0],
+    });
+    Ok(bench.report)
+}

@@ -1,0 +1,531 @@
+//! The `TESSERA_*` environment contract: every variable a launcher hands a process, its
+//! spelling and its parsing, in one place.
+//!
+//! Launchers write it: `tessera launch` (every process), a plain `tessera train` of a
+//! parameter-server config (`ps::launch`, one child per role) and the Kubernetes pod entrypoint
+//! (`deploy/k8s/tessera-pod-env.sh`, which cannot call Rust and spells the same names). Every
+//! parameter-server role reads it ([`RoleEnv`]). A process of `tessera launch` without
+//! parameter servers is a worker, whose rank the variables give to the program it runs.
+//!
+//! | variable | value | set by |
+//! |---|---|---|
+//! | [`ROLE`] | `scheduler`, `server`, `worker` ([`Role`]) | every launcher |
+//! | [`RANK`] | the process's global index, `0..world size` | every launcher |
+//! | [`WORLD_SIZE`] | processes in the job | every launcher |
+//! | [`LOCAL_RANK`] | the index on this host | `tessera launch` |
+//! | [`SERVER_ID`], [`WORKER_ID`] | the index within the role | every launcher |
+//! | [`NUM_SERVERS`], [`NUM_WORKERS`] | the job's counts | every launcher |
+//! | [`SCHEDULER_ADDR`] | the scheduler's `host:port` | every launcher of a PS job |
+//! | [`RESTART_COUNT`] | how many times this process was restarted | every launcher |
+//! | [`JOB_SECRET`] | the job's shared secret ([`JobSecret`]) | every launcher of a PS job |
+//! | [`HOST`], [`SERVER_PORT`], [`ADVERTISE_HOST`] | what a role binds and advertises | the pod entrypoint |
+//! | [`SERVER_JOIN`] | `1`: a server added to a running job | the user |
+//!
+//! [`MAX_RANKS`] is not part of the contract but a resource setting of the `tessera` binary;
+//! its name is here so that every `TESSERA_*` name a Tessera crate reads is. (The pod
+//! entrypoint's own inputs, `TESSERA_POD_INDEX` and `TESSERA_STATE_DIR`, and the scripts'
+//! `TESSERA_*_VENV` never reach a Tessera process.)
+//!
+//! Every error names the variable and the rule it breaks ([`EnvError`]).
+
+use std::fmt;
+use std::io::Read as _;
+
+/// The role a process plays (`scheduler`, `server`, `worker`).
+pub const ROLE: &str = "TESSERA_ROLE";
+/// The process's global rank (`0..world size`; scheduler, then servers, then workers).
+pub const RANK: &str = "TESSERA_RANK";
+/// The number of processes in the job.
+pub const WORLD_SIZE: &str = "TESSERA_WORLD_SIZE";
+/// The process's index on its host.
+pub const LOCAL_RANK: &str = "TESSERA_LOCAL_RANK";
+/// A server's index among the servers.
+pub const SERVER_ID: &str = "TESSERA_SERVER_ID";
+/// A worker's index among the workers.
+pub const WORKER_ID: &str = "TESSERA_WORKER_ID";
+/// The job's parameter servers.
+pub const NUM_SERVERS: &str = "TESSERA_NUM_SERVERS";
+/// The job's workers.
+pub const NUM_WORKERS: &str = "TESSERA_NUM_WORKERS";
+/// The scheduler's `host:port`.
+pub const SCHEDULER_ADDR: &str = "TESSERA_SCHEDULER_ADDR";
+/// How many times this process was restarted (0 on its first start).
+pub const RESTART_COUNT: &str = "TESSERA_RESTART_COUNT";
+/// The job's shared secret, which admits a process to the job ([`JobSecret`]).
+pub const JOB_SECRET: &str = "TESSERA_JOB_SECRET";
+/// The address the scheduler and the servers bind.
+pub const HOST: &str = "TESSERA_HOST";
+/// The port a server binds.
+pub const SERVER_PORT: &str = "TESSERA_SERVER_PORT";
+/// The name a server gives the scheduler for workers to reach it by.
+pub const ADVERTISE_HOST: &str = "TESSERA_ADVERTISE_HOST";
+/// `1`: this server joins a running job.
+pub const SERVER_JOIN: &str = "TESSERA_SERVER_JOIN";
+/// The ceiling on ranks per mesh (`layout::limits`), read by the `tessera` binary at start.
+pub const MAX_RANKS: &str = "TESSERA_MAX_RANKS";
+
+/// The variables a launcher sets or removes for every process it starts, so that nothing of
+/// its own environment leaks into a process's contract.
+pub const LAUNCHER_VARS: [&str; 11] = [
+    ROLE,
+    RANK,
+    WORLD_SIZE,
+    LOCAL_RANK,
+    SERVER_ID,
+    WORKER_ID,
+    NUM_SERVERS,
+    NUM_WORKERS,
+    SCHEDULER_ADDR,
+    RESTART_COUNT,
+    JOB_SECRET,
+];
+
+/// A variable of the contract with a value that breaks its rule, or missing where it is
+/// needed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("environment {var}: {reason}")]
+pub struct EnvError {
+    /// The variable (`TESSERA_ROLE`).
+    pub var: &'static str,
+    /// The rule broken.
+    pub reason: String,
+}
+
+impl EnvError {
+    fn new(var: &'static str, reason: impl Into<String>) -> EnvError {
+        EnvError {
+            var,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The three roles of a job, after ms-operator's replica types (Scheduler, PS, Worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Registers everyone, tracks liveness, fixes each step's members (one per PS job).
+    Scheduler,
+    /// A parameter server: holds a partition of the parameters and applies the optimizer.
+    Server,
+    /// Computes gradients: the process that trains.
+    Worker,
+}
+
+impl Role {
+    /// The spelling in [`ROLE`], log file names and console prefixes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Scheduler => "scheduler",
+            Role::Server => "server",
+            Role::Worker => "worker",
+        }
+    }
+
+    /// The role spelled `text`, if any.
+    pub fn parse(text: &str) -> Option<Role> {
+        [Role::Scheduler, Role::Server, Role::Worker]
+            .into_iter()
+            .find(|r| r.name() == text)
+    }
+
+    /// The role and the index within it of process `rank` of a parameter-server job with
+    /// `servers` servers: rank 0 is the scheduler, then the servers, then the workers.
+    pub fn of_rank(rank: usize, servers: usize) -> (Role, usize) {
+        match rank {
+            0 => (Role::Scheduler, 0),
+            r if r <= servers => (Role::Server, r - 1),
+            r => (Role::Worker, r - 1 - servers),
+        }
+    }
+
+    /// The variable that holds the index within this role ([`SERVER_ID`], [`WORKER_ID`]; the
+    /// scheduler has none).
+    pub fn id_var(self) -> Option<&'static str> {
+        match self {
+            Role::Scheduler => None,
+            Role::Server => Some(SERVER_ID),
+            Role::Worker => Some(WORKER_ID),
+        }
+    }
+}
+
+/// The fewest characters of a job secret (a generated one has 64).
+pub const MIN_SECRET_CHARS: usize = 16;
+
+/// The most characters of a job secret (it travels in every call's metadata).
+pub const MAX_SECRET_CHARS: usize = 1024;
+
+/// A job's shared secret ([`JOB_SECRET`]): visible ASCII, [`MIN_SECRET_CHARS`] to
+/// [`MAX_SECRET_CHARS`] characters. Compared in constant time; its `Debug` form does not show
+/// it. How it admits calls is `ps::auth`'s business.
+#[derive(Clone)]
+pub struct JobSecret(String);
+
+impl JobSecret {
+    /// A fresh secret: 32 bytes from the operating system's random source, as hex.
+    pub fn generate() -> std::io::Result<JobSecret> {
+        let mut bytes = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("reading random bytes from /dev/urandom: {e}"),
+                )
+            })?;
+        Ok(JobSecret(
+            bytes.iter().map(|b| format!("{b:02x}")).collect(),
+        ))
+    }
+
+    /// The secret [`JOB_SECRET`] holds (`None`: unset), checked.
+    pub fn from_env_value(value: Option<String>) -> Result<JobSecret, EnvError> {
+        let text = value.ok_or_else(|| {
+            EnvError::new(
+                JOB_SECRET,
+                "must be set: the job's secret, the same in every role (tessera train and tessera launch make one; see docs/PS.md)",
+            )
+        })?;
+        JobSecret::new(text).map_err(|reason| EnvError::new(JOB_SECRET, reason))
+    }
+
+    /// `text` as a secret, or the rule it breaks (the text itself is never quoted).
+    pub fn new(text: String) -> Result<JobSecret, String> {
+        let chars = text.chars().count();
+        if !(MIN_SECRET_CHARS..=MAX_SECRET_CHARS).contains(&chars) {
+            return Err(format!(
+                "the secret has {chars} characters; it must have {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS}"
+            ));
+        }
+        if !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(
+                "the secret must be visible ASCII characters only (no spaces or control characters)"
+                    .to_string(),
+            );
+        }
+        Ok(JobSecret(text))
+    }
+
+    /// The secret's text, for handing it to a child process's environment only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `given` is this secret, in time independent of where they differ (the length
+    /// is not hidden: a generated secret's length is public).
+    pub fn matches(&self, given: &[u8]) -> bool {
+        let secret = self.0.as_bytes();
+        if secret.len() != given.len() {
+            return false;
+        }
+        let diff = secret
+            .iter()
+            .zip(given)
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+        std::hint::black_box(diff) == 0
+    }
+}
+
+impl fmt::Debug for JobSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobSecret(<redacted>)")
+    }
+}
+
+impl PartialEq for JobSecret {
+    fn eq(&self, other: &JobSecret) -> bool {
+        self.matches(other.0.as_bytes())
+    }
+}
+
+impl Eq for JobSecret {}
+
+/// What a launcher sets for one process: the contract's variables as (name, value) pairs,
+/// [`ProcessVars::vars`]; those of [`LAUNCHER_VARS`] not listed are to be removed.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessVars<'a> {
+    /// [`ROLE`].
+    pub role: Role,
+    /// The index within the role ([`SERVER_ID`] or [`WORKER_ID`]; unset for the scheduler).
+    pub id: usize,
+    /// [`RANK`].
+    pub rank: usize,
+    /// [`WORLD_SIZE`].
+    pub world_size: usize,
+    /// [`LOCAL_RANK`], when the launcher knows the host's processes.
+    pub local_rank: Option<usize>,
+    /// [`NUM_SERVERS`].
+    pub num_servers: usize,
+    /// [`NUM_WORKERS`].
+    pub num_workers: usize,
+    /// [`SCHEDULER_ADDR`], in a parameter-server job.
+    pub scheduler_addr: Option<&'a str>,
+    /// [`RESTART_COUNT`].
+    pub restart_count: u32,
+    /// [`JOB_SECRET`], in a parameter-server job.
+    pub secret: Option<&'a JobSecret>,
+}
+
+impl ProcessVars<'_> {
+    /// The variables, as (name, value) pairs.
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            (ROLE, self.role.name().to_string()),
+            (RANK, self.rank.to_string()),
+            (WORLD_SIZE, self.world_size.to_string()),
+        ];
+        if let Some(local_rank) = self.local_rank {
+            env.push((LOCAL_RANK, local_rank.to_string()));
+        }
+        env.extend([
+            (NUM_SERVERS, self.num_servers.to_string()),
+            (NUM_WORKERS, self.num_workers.to_string()),
+            (RESTART_COUNT, self.restart_count.to_string()),
+        ]);
+        if let Some(var) = self.role.id_var() {
+            env.push((var, self.id.to_string()));
+        }
+        if let Some(addr) = self.scheduler_addr {
+            env.push((SCHEDULER_ADDR, addr.to_string()));
+        }
+        if let Some(secret) = self.secret {
+            env.push((JOB_SECRET, secret.expose().to_string()));
+        }
+        env
+    }
+}
+
+/// A parameter-server role's environment, as it reads the contract (see `docs/PS.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleEnv {
+    /// [`ROLE`].
+    pub role: Role,
+    /// [`RANK`] (0 when unset).
+    pub rank: usize,
+    /// [`WORLD_SIZE`] (0 when unset).
+    pub world_size: usize,
+    /// [`SERVER_ID`] (servers).
+    pub server_id: usize,
+    /// [`WORKER_ID`] (workers).
+    pub worker_id: usize,
+    /// [`NUM_SERVERS`], when set.
+    pub num_servers: Option<usize>,
+    /// [`NUM_WORKERS`], when set.
+    pub num_workers: Option<usize>,
+    /// [`SCHEDULER_ADDR`] (`host:port`).
+    pub scheduler_addr: String,
+    /// [`RESTART_COUNT`] (0 when unset).
+    pub restart_count: u32,
+    /// [`HOST`]: the address the scheduler and the servers bind. Unset, a server binds
+    /// 127.0.0.1 and the scheduler the address [`SCHEDULER_ADDR`] resolves to; in a pod,
+    /// `0.0.0.0`.
+    pub host: Option<String>,
+    /// [`SERVER_PORT`]: the port a server binds (0, the default: any free port).
+    pub server_port: u16,
+    /// [`ADVERTISE_HOST`]: the name a server gives the scheduler for workers to reach it
+    /// by (unset: the address it bound), e.g. its pod's DNS name.
+    pub advertise_host: Option<String>,
+    /// [`SERVER_JOIN`]`=1`: a server added to a running job (its id is the next one).
+    pub added_server: bool,
+    /// [`JOB_SECRET`]: the job's shared secret, sent with every call and checked on
+    /// every call received (never printed: its `Debug` form is redacted).
+    pub secret: JobSecret,
+}
+
+impl RoleEnv {
+    /// Reads the process's environment; `None` when [`ROLE`] is unset.
+    pub fn from_process() -> Result<Option<RoleEnv>, EnvError> {
+        RoleEnv::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the contract from `lookup` (a variable's value, if set); `None` when [`ROLE`] is
+    /// unset.
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<RoleEnv>, EnvError> {
+        let Some(role_text) = lookup(ROLE) else {
+            return Ok(None);
+        };
+        let role = Role::parse(role_text.trim()).ok_or_else(|| {
+            EnvError::new(
+                ROLE,
+                format!("\"{role_text}\" is not scheduler, server or worker"),
+            )
+        })?;
+        let number = |var: &'static str| -> Result<Option<usize>, EnvError> {
+            match lookup(var) {
+                None => Ok(None),
+                Some(text) => text.trim().parse::<usize>().map(Some).map_err(|_| {
+                    EnvError::new(var, format!("\"{text}\" is not a non-negative integer"))
+                }),
+            }
+        };
+        let needed = |var: &'static str| -> Result<usize, EnvError> {
+            number(var)?.ok_or_else(|| {
+                EnvError::new(var, format!("must be set for {ROLE}={}", role.name()))
+            })
+        };
+        let scheduler_addr = lookup(SCHEDULER_ADDR).ok_or_else(|| {
+            EnvError::new(SCHEDULER_ADDR, "must be set (host:port of the scheduler)")
+        })?;
+        if !scheduler_addr.contains(':') {
+            return Err(EnvError::new(
+                SCHEDULER_ADDR,
+                format!("\"{scheduler_addr}\" is not host:port"),
+            ));
+        }
+        let restart_count = number(RESTART_COUNT)?.unwrap_or(0);
+        let env = RoleEnv {
+            role,
+            rank: number(RANK)?.unwrap_or(0),
+            world_size: number(WORLD_SIZE)?.unwrap_or(0),
+            server_id: match role {
+                Role::Server => needed(SERVER_ID)?,
+                _ => 0,
+            },
+            worker_id: match role {
+                Role::Worker => needed(WORKER_ID)?,
+                _ => 0,
+            },
+            num_servers: number(NUM_SERVERS)?,
+            num_workers: number(NUM_WORKERS)?,
+            scheduler_addr,
+            restart_count: u32::try_from(restart_count).unwrap_or(u32::MAX),
+            host: lookup(HOST).filter(|h| !h.trim().is_empty()),
+            server_port: match number(SERVER_PORT)? {
+                None => 0,
+                Some(port) => u16::try_from(port).map_err(|_| {
+                    EnvError::new(SERVER_PORT, format!("{port} is not a port (at most 65535)"))
+                })?,
+            },
+            advertise_host: lookup(ADVERTISE_HOST).filter(|h| !h.trim().is_empty()),
+            added_server: match lookup(SERVER_JOIN).as_deref().map(str::trim) {
+                None | Some("" | "0" | "false") => false,
+                Some("1" | "true") => true,
+                Some(other) => {
+                    return Err(EnvError::new(
+                        SERVER_JOIN,
+                        format!("\"{other}\" is not 1 or 0"),
+                    ))
+                }
+            },
+            secret: JobSecret::from_env_value(lookup(JOB_SECRET))?,
+        };
+        Ok(Some(env))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> JobSecret {
+        JobSecret::new("s".repeat(32)).unwrap()
+    }
+
+    #[test]
+    fn secrets_are_checked_and_never_shown() {
+        let secret = JobSecret::generate().unwrap();
+        assert_eq!(secret.expose().len(), 64);
+        assert_ne!(secret, JobSecret::generate().unwrap());
+        assert_eq!(format!("{secret:?}"), "JobSecret(<redacted>)");
+        for bad in ["short", "has a space in the middle!!", &"x".repeat(2000)] {
+            let err = JobSecret::from_env_value(Some(bad.to_string()))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(JOB_SECRET) && !err.contains(bad), "{err}");
+        }
+        let missing = JobSecret::from_env_value(None).unwrap_err().to_string();
+        assert!(missing.contains("must be set"), "{missing}");
+    }
+
+    #[test]
+    fn ranks_are_the_scheduler_then_servers_then_workers() {
+        let roles: Vec<(Role, usize)> = (0..5).map(|r| Role::of_rank(r, 2)).collect();
+        assert_eq!(
+            roles,
+            [
+                (Role::Scheduler, 0),
+                (Role::Server, 0),
+                (Role::Server, 1),
+                (Role::Worker, 0),
+                (Role::Worker, 1)
+            ]
+        );
+        for role in [Role::Scheduler, Role::Server, Role::Worker] {
+            assert_eq!(Role::parse(role.name()), Some(role));
+        }
+    }
+
+    #[test]
+    fn what_a_launcher_writes_a_role_reads() {
+        let secret = secret();
+        let vars = ProcessVars {
+            role: Role::Server,
+            id: 1,
+            rank: 2,
+            world_size: 5,
+            local_rank: Some(2),
+            num_servers: 2,
+            num_workers: 2,
+            scheduler_addr: Some("127.0.0.1:4242"),
+            restart_count: 3,
+            secret: Some(&secret),
+        }
+        .vars();
+        assert!(vars.iter().all(|(k, _)| LAUNCHER_VARS.contains(k)));
+        let env = RoleEnv::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (env.role, env.rank, env.world_size, env.server_id),
+            (Role::Server, 2, 5, 1)
+        );
+        assert_eq!((env.num_servers, env.num_workers), (Some(2), Some(2)));
+        assert_eq!(
+            (env.scheduler_addr.as_str(), env.restart_count),
+            ("127.0.0.1:4242", 3)
+        );
+        assert_eq!(env.secret, secret);
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let read = |vars: &[(&str, &str)]| {
+            RoleEnv::from_lookup(|name| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        let addr = (SCHEDULER_ADDR, "h:1");
+        let secret = (JOB_SECRET, "a-job-secret-of-enough-length");
+        for (vars, var) in [
+            (vec![(ROLE, "boss"), addr, secret], ROLE),
+            (vec![(ROLE, "worker"), addr, secret], WORKER_ID),
+            (vec![(ROLE, "scheduler"), secret], SCHEDULER_ADDR),
+            (
+                vec![(ROLE, "scheduler"), (SCHEDULER_ADDR, "h"), secret],
+                SCHEDULER_ADDR,
+            ),
+            (vec![(ROLE, "scheduler"), addr, (RANK, "-1"), secret], RANK),
+            (
+                vec![(ROLE, "scheduler"), addr, (SERVER_PORT, "70000"), secret],
+                SERVER_PORT,
+            ),
+            (
+                vec![(ROLE, "scheduler"), addr, (SERVER_JOIN, "yes"), secret],
+                SERVER_JOIN,
+            ),
+            (vec![(ROLE, "scheduler"), addr], JOB_SECRET),
+        ] {
+            let err = read(&vars).unwrap_err();
+            assert_eq!(err.var, var, "{err}");
+            assert!(err.to_string().starts_with(&format!("environment {var}: ")));
+        }
+    }
+}
