@@ -90,7 +90,23 @@ fn culprit(e: &CkptError) -> Culprit<'_> {
         E::Protobuf { path, reason, .. } | E::MixedSet { path, reason, .. } => {
             (Some(path), None, rule(reason))
         }
-        E::InvalidRequest(r) => (None, None, rule(r)),
+        E::FileSuffix { path, .. }
+        | E::UnknownExtension { path, .. }
+        | E::NoFiles { path, .. }
+        | E::NotUnified { path }
+        | E::AlreadyEncrypted { path }
+        | E::UnknownFormat { path, .. }
+        | E::NotParsedAs { path, .. }
+        | E::NotInspectable { path, .. }
+        | E::OldSetKept { path, .. }
+        | E::WrittenPastEnd { path } => (Some(path), None, e.to_string()),
+        E::DuplicateTensor { path, tensor }
+        | E::TensorOverrun { path, tensor, .. }
+        | E::TensorIncomplete { path, tensor } => (Some(path), Some(tensor), e.to_string()),
+        E::DuplicateParam { tensor }
+        | E::InterleavedLayout { tensor }
+        | E::PlanMismatch { tensor, .. } => (None, Some(tensor), e.to_string()),
+        E::ChoiceFunc { param, .. } => (None, Some(param), e.to_string()),
         other => (error_path(other), None, other.to_string()),
     };
     Culprit { file, tensor, rule }
