@@ -90,16 +90,6 @@ fn culprit(e: &CkptError) -> Culprit<'_> {
         E::Protobuf { path, reason, .. } | E::MixedSet { path, reason, .. } => {
             (Some(path), None, rule(reason))
         }
-        E::FileSuffix { path, .. }
-        | E::UnknownExtension { path, .. }
-        | E::NoFiles { path, .. }
-        | E::NotUnified { path }
-        | E::AlreadyEncrypted { path }
-        | E::UnknownFormat { path, .. }
-        | E::NotParsedAs { path, .. }
-        | E::NotInspectable { path, .. }
-        | E::OldSetKept { path, .. }
-        | E::WrittenPastEnd { path } => (Some(path), None, e.to_string()),
         E::DuplicateTensor { path, tensor }
         | E::TensorOverrun { path, tensor, .. }
         | E::TensorIncomplete { path, tensor } => (Some(path), Some(tensor), e.to_string()),
@@ -125,7 +115,17 @@ fn error_path(e: &CkptError) -> Option<&Path> {
         | E::NoRankDirs { path }
         | E::MissingRank { path, .. }
         | E::RankCountMismatch { path, .. }
-        | E::MixedFormats { path, .. } => Some(path),
+        | E::MixedFormats { path, .. }
+        | E::FileSuffix { path, .. }
+        | E::UnknownExtension { path, .. }
+        | E::NoFiles { path, .. }
+        | E::NotUnified { path }
+        | E::AlreadyEncrypted { path }
+        | E::UnknownFormat { path, .. }
+        | E::NotParsedAs { path, .. }
+        | E::NotInspectable { path, .. }
+        | E::OldSetKept { path, .. }
+        | E::WrittenPastEnd { path } => Some(path),
         _ => None,
     }
 }

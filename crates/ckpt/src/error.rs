@@ -477,8 +477,8 @@ pub enum CkptError {
         path: PathBuf,
         /// Its size.
         n_bytes: u64,
-        /// The format it starts like.
-        format: crate::format::FileFormat,
+        /// The format it starts like (a [`crate::FileFormat`], named).
+        format: String,
         /// What it starts with.
         evidence: String,
         /// The reader's error.
@@ -489,8 +489,8 @@ pub enum CkptError {
     NotInspectable {
         /// The file.
         path: PathBuf,
-        /// Its format.
-        format: crate::format::FileFormat,
+        /// Its format (a [`crate::FileFormat`], named).
+        format: String,
         /// What it starts with.
         evidence: String,
     },

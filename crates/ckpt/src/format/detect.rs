@@ -23,6 +23,9 @@ pub const HEAD_BYTES: usize = 64 << 10;
 /// Largest JSON file the detection step reads whole.
 pub const MAX_JSON_BYTES: u64 = op_strategy::MAX_OP_STRATEGY_FILE_BYTES;
 
+/// A format module's recognizer: the evidence that bytes start like its format, or why not.
+type Sniff = fn(&[u8]) -> std::result::Result<String, String>;
+
 /// A detected format and the evidence for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detected {
@@ -93,7 +96,7 @@ pub fn detect_bytes(bytes: &[u8], len: u64) -> std::result::Result<Detected, Vec
     ruled_out.push("not JSON: it does not start with '{'".to_string());
     // A group-info file is checked field by field first: a `.ckpt` value or a strategy item
     // would pass a looser look at its first field.
-    let protobuf: [(FileFormat, fn(&[u8]) -> std::result::Result<String, String>); 3] = [
+    let protobuf: [(FileFormat, Sniff); 3] = [
         (FileFormat::GroupInfo, group_info::sniff),
         (FileFormat::MsStrategy, ms_strategy::sniff),
         (FileFormat::MsCkpt, ms_ckpt::sniff),
@@ -117,44 +120,44 @@ pub(crate) fn json_format(bytes: &[u8], len: u64) -> std::result::Result<Detecte
     }
     let text = std::str::from_utf8(bytes).map_err(|_| "a JSON file must be UTF-8".to_string())?;
     let keys = object_keys(text).map_err(|e| format!("not valid JSON ({e})"))?;
-    let found = |format: FileFormat, evidence: &str| {
-        Ok(Detected {
-            format,
-            evidence: evidence.to_string(),
-            n_bytes: len,
-        })
-    };
-    if keys.format.as_deref() == Some(tessera_strategy::FORMAT_NAME) {
-        return found(
+    // In this order: a MindSpore strategy also has "parallel_strategy_item".
+    let tessera = keys.format.as_deref() == Some(tessera_strategy::FORMAT_NAME);
+    let kinds = [
+        (
+            tessera,
             FileFormat::TesseraStrategy,
-            "a JSON object with \"format\": \"tessera-strategy\"",
-        );
-    }
-    if keys.has("parallel_layout_item") {
-        return found(
+            "\"format\": \"tessera-strategy\"",
+        ),
+        (
+            keys.has("parallel_layout_item"),
             FileFormat::MsStrategyJson,
-            "a JSON object with \"parallel_layout_item\"",
-        );
-    }
-    if keys.has("parallel_strategy_item") || keys.has("parallel_layout_value_item") {
-        return found(
+            "\"parallel_layout_item\"",
+        ),
+        (
+            keys.has("parallel_strategy_item") || keys.has("parallel_layout_value_item"),
             FileFormat::OperatorStrategy,
-            "a JSON object with \"parallel_strategy_item\" and no \"parallel_layout_item\"",
-        );
-    }
-    if keys.has("weight_map") {
-        return found(
+            "\"parallel_strategy_item\" and no \"parallel_layout_item\"",
+        ),
+        (
+            keys.has("weight_map"),
             FileFormat::UnifiedIndex,
-            "a JSON object with \"weight_map\"",
-        );
+            "\"weight_map\"",
+        ),
+    ];
+    match kinds.into_iter().find(|(matches, _, _)| *matches) {
+        Some((_, format, keys)) => Ok(Detected {
+            format,
+            evidence: format!("a JSON object with {keys}"),
+            n_bytes: len,
+        }),
+        None => Err("JSON that is neither a Tessera strategy (\"format\": \"tessera-strategy\") nor a MindSpore one (\"parallel_layout_item\"), nor an operator strategy file (\"parallel_strategy_item\") or a unified checkpoint index (\"weight_map\")".to_string()),
     }
-    Err("JSON that is neither a Tessera strategy (\"format\": \"tessera-strategy\") nor a MindSpore one (\"parallel_layout_item\"), nor an operator strategy file (\"parallel_strategy_item\") or a unified checkpoint index (\"weight_map\")".to_string())
 }
 
 /// The format a checkpoint loader reads `path` in, from its first bytes `head` (of a file of
-/// `len` bytes), and the cipher whose magic number the bytes start with, if any. The extension decides when it names a
-/// checkpoint format: the name is the caller's declaration, and a damaged file then gets its
-/// own format's precise error. A name that says nothing leaves it to the detection step
+/// `len` bytes), and the cipher whose magic number the bytes start with, if any. The extension
+/// decides when it names a checkpoint format: the name is the caller's declaration, and a
+/// damaged file then gets its own format's precise error. A name that says nothing leaves it to the detection step
 /// (`.ckpt` unless the bytes start like safetensors).
 pub(crate) fn checkpoint_format(
     path: &Path,

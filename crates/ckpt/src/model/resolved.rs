@@ -149,11 +149,11 @@ impl ResolvedStrategy {
 
     /// Number of pipeline stages (one past the largest stage).
     pub fn n_stages(&self) -> usize {
-        self.params
-            .iter()
-            .flat_map(|p| p.placements.iter().map(|pl| pl.stage + 1))
-            .max()
-            .unwrap_or(0)
+        stage_count(
+            self.params
+                .iter()
+                .flat_map(|p| p.placements.iter().map(|pl| pl.stage)),
+        )
     }
 
     /// This strategy's parameters whole on one rank (rank 0), same shapes and dtypes: the
@@ -191,6 +191,11 @@ impl ResolvedStrategy {
             .collect::<Result<Vec<_>>>()?;
         ResolvedStrategy::new(params)
     }
+}
+
+/// One past the largest of `stages` (0 for none): a strategy's number of pipeline stages.
+pub(crate) fn stage_count(stages: impl Iterator<Item = usize>) -> usize {
+    stages.map(|s| s + 1).max().unwrap_or(0)
 }
 
 #[cfg(test)]

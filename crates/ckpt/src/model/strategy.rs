@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use layout::{Layout, LayoutError, TensorLayout};
 use tensor::DType;
 
-use super::resolved::{ParamLayout, ResolvedParam, ResolvedStrategy};
+use super::resolved::{stage_count, ParamLayout, ResolvedParam, ResolvedStrategy};
 use crate::error::{CkptError, Result};
 
 /// Which file flavour a strategy came from.
@@ -134,11 +134,11 @@ impl Strategy {
 
     /// Number of pipeline stages (one past the largest stage).
     pub fn n_stages(&self) -> usize {
-        self.params
-            .iter()
-            .flat_map(|p| p.placements.iter().map(|pl| pl.stage + 1))
-            .max()
-            .unwrap_or(0)
+        stage_count(
+            self.params
+                .iter()
+                .flat_map(|p| p.placements.iter().map(|pl| pl.stage)),
+        )
     }
 
     /// Checks that the stages present are exactly `0..n`, as conversions need.

@@ -34,7 +34,7 @@ pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
     let failed = |source: CkptError| CkptError::NotParsedAs {
         path: path.to_path_buf(),
         n_bytes: detected.n_bytes,
-        format: detected.format,
+        format: detected.format.to_string(),
         evidence: detected.evidence.clone(),
         source: Box::new(source),
     };
@@ -77,7 +77,7 @@ pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
         }
         FileFormat::OperatorStrategy | FileFormat::UnifiedIndex => Err(CkptError::NotInspectable {
             path: path.to_path_buf(),
-            format: detected.format,
+            format: detected.format.to_string(),
             evidence: detected.evidence,
         }),
     }

@@ -1,5 +1,5 @@
 //! The contiguous runs of a box copied between two row-major arrays: what a positioned read
-//! ([`crate::ckpt_file::CheckpointFile::read_box`]) and a gathered write ([`crate::direct`])
+//! ([`crate::CheckpointFile::read_box`]) and a gathered write ([`crate::ops::engine::direct`])
 //! both walk.
 
 /// How many trailing dims of `extent` both sides hold whole (at least 1), and the number of

@@ -33,7 +33,7 @@ impl RankFiles {
     /// [`RankFiles::discover`], taking in each rank directory only the safetensors files whose
     /// names end in `<file_suffix>.safetensors` (MindSpore's `unified_safetensors(…,
     /// file_suffix=…)`): a rank directory without one is an error, and among several the one
-    /// MindSpore would pick (see [`pick_by_suffix`]).
+    /// MindSpore would pick (MindSpore 2.10's `_find_most_matching_file`).
     pub fn discover_with_suffix(root: &Path, file_suffix: Option<&str>) -> Result<RankFiles> {
         let entries = std::fs::read_dir(root).map_err(io_err(root, "list directory"))?;
         let mut files = BTreeMap::new();

@@ -2,7 +2,7 @@
 //! box). Safetensors output is written straight from mapped source pages with `pwritev`
 //! ([`super::direct`]: one copy, at most one chunk of source mappings at a time). `.ckpt` output
 //! (protobuf framing, an optional CRC) is assembled from positioned reads into two circulating
-//! chunk buffers ([`DEFAULT_CHUNK_BYTES`] each by default: one being assembled, one being written
+//! chunk buffers ([`super::options::DEFAULT_CHUNK_BYTES`] each by default: one being assembled, one being written
 //! by the writer thread) plus a small read scratch buffer. Either way memory stays bounded,
 //! whatever the checkpoint size.
 
