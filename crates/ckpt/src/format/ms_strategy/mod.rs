@@ -10,7 +10,6 @@ pub(crate) mod model;
 
 use std::path::Path;
 
-use super::codec::json::starts_object;
 use super::codec::wire::{
     as_int32, as_uint32, decode_dims, expect_bytes, expect_string, expect_varint, peek_field,
     Reader, WireError, Writer,
@@ -154,26 +153,17 @@ impl MsStrategyFile {
         w.buf
     }
 
-    /// Reads a MindSpore strategy file of either flavour: JSON when it starts with `{`,
-    /// protobuf otherwise (MindSpore's protobuf strategy files carry no magic number, so the
-    /// protobuf reader names the fault of any other bytes).
-    pub fn load(path: &Path) -> Result<MsStrategyFile> {
-        let bytes = std::fs::read(path).map_err(io_err(path, "read"))?;
-        if starts_object(&bytes) {
-            return MsStrategyFile::from_json_bytes(path, &bytes);
-        }
-        MsStrategyFile::decode(path, &bytes)
-    }
-
-    /// The MindSpore records of a strategy read from a MindSpore strategy file (read again from
-    /// `strategy.path`, as stored: names, tensor maps and optimizer fields as MindSpore wrote
-    /// them), for MindSpore's `build_searched_strategy`; `None` for a strategy of another
-    /// flavour.
+    /// The MindSpore records of a strategy read from a MindSpore strategy file, read again
+    /// from `strategy.path` in the flavour it was detected in, as stored (names, tensor maps and
+    /// optimizer fields as MindSpore wrote them): what MindSpore's `build_searched_strategy`
+    /// shows. `None` for a strategy of another flavour.
     pub fn of_strategy(strategy: &Strategy) -> Result<Option<MsStrategyFile>> {
-        use StrategyFlavour as F;
+        let path = strategy.path.as_path();
+        let read = || std::fs::read(path).map_err(io_err(path, "read"));
         match strategy.flavour {
-            F::MsProtobuf | F::MsJson => MsStrategyFile::load(&strategy.path).map(Some),
-            F::Tessera | F::MsLayoutDict => Ok(None),
+            StrategyFlavour::MsProtobuf => MsStrategyFile::decode(path, &read()?).map(Some),
+            StrategyFlavour::MsJson => MsStrategyFile::from_json_bytes(path, &read()?).map(Some),
+            StrategyFlavour::Tessera | StrategyFlavour::MsLayoutDict => Ok(None),
         }
     }
 }
