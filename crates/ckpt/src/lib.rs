@@ -11,6 +11,8 @@
 //! - [`CheckpointFile`] is one checkpoint file, indexed once (header only) and read by
 //!   positioned reads. [`SourceSet`] finds the files of a checkpoint directory (`rank_<N>/`) or
 //!   of a unified checkpoint.
+//! - [`detect()`] names the [`FileFormat`] of any file from its first bytes, or says why each
+//!   was ruled out; [`inspect`] reads the file with that format's reader.
 //! - Operations: [`convert_checkpoints`] / [`convert_checkpoint_by_rank`],
 //!   [`convert_checkpoint_files`] (a `{rank: file}` map in, one named file out),
 //!   [`minimal_rank_list`], [`unified_safetensors`], [`load_distributed_checkpoint`],
