@@ -253,10 +253,13 @@ fn py_choice<'a>(
             )))
         });
         result.map_err(|e| {
-            let message = format!("choice_func({name:?}) failed: {e}");
+            let message = e.to_string();
             let mut slot = raised.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert(e);
-            ckpt::CkptError::InvalidRequest(message)
+            ckpt::CkptError::ChoiceFunc {
+                param: name.to_string(),
+                source: message.into(),
+            }
         })
     }
 }
@@ -492,7 +495,7 @@ fn load_segmented_checkpoints<'py>(
 #[pyfunction]
 fn build_searched_strategy(file: PathBuf) -> PyResult<String> {
     let s = Strategy::load(&file).map_err(ckpt_err)?;
-    let ms = match s.ms {
+    let ms = match ckpt::MsStrategyFile::of_strategy(&s).map_err(ckpt_err)? {
         Some(ms) => ms,
         None => {
             let (resolved, _) = s.resolve(|_, _| Ok(None)).map_err(ckpt_err)?;

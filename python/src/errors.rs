@@ -90,7 +90,13 @@ fn culprit(e: &CkptError) -> Culprit<'_> {
         E::Protobuf { path, reason, .. } | E::MixedSet { path, reason, .. } => {
             (Some(path), None, rule(reason))
         }
-        E::InvalidRequest(r) => (None, None, rule(r)),
+        E::DuplicateTensor { path, tensor }
+        | E::TensorOverrun { path, tensor, .. }
+        | E::TensorIncomplete { path, tensor } => (Some(path), Some(tensor), e.to_string()),
+        E::DuplicateParam { tensor }
+        | E::InterleavedLayout { tensor }
+        | E::PlanMismatch { tensor, .. } => (None, Some(tensor), e.to_string()),
+        E::ChoiceFunc { param, .. } => (None, Some(param), e.to_string()),
         other => (error_path(other), None, other.to_string()),
     };
     Culprit { file, tensor, rule }
@@ -109,7 +115,17 @@ fn error_path(e: &CkptError) -> Option<&Path> {
         | E::NoRankDirs { path }
         | E::MissingRank { path, .. }
         | E::RankCountMismatch { path, .. }
-        | E::MixedFormats { path, .. } => Some(path),
+        | E::MixedFormats { path, .. }
+        | E::FileSuffix { path, .. }
+        | E::UnknownExtension { path, .. }
+        | E::NoFiles { path, .. }
+        | E::NotUnified { path }
+        | E::AlreadyEncrypted { path }
+        | E::UnknownFormat { path, .. }
+        | E::NotParsedAs { path, .. }
+        | E::NotInspectable { path, .. }
+        | E::OldSetKept { path, .. }
+        | E::WrittenPastEnd { path } => Some(path),
         _ => None,
     }
 }

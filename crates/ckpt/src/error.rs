@@ -2,7 +2,9 @@
 //!
 //! Every variant names its culprit in the payload: the file, the tensor and the rule that was
 //! broken, so the message can be shown to a user as is. Variants are grouped by category: I/O,
-//! safetensors, MindSpore `.ckpt`, protobuf and strategy files, and checkpoint operations.
+//! checkpoint sets, encryption, safetensors, MindSpore `.ckpt`, protobuf and strategy files,
+//! checkpoint directories and operations (requests that break a rule), recognising files, and
+//! internal faults (a bug, not bad input). An underlying error is kept as the `source`.
 
 use std::path::PathBuf;
 
@@ -338,9 +340,213 @@ pub enum CkptError {
         /// Why.
         reason: String,
     },
-    /// A request that makes no sense (a rank outside the destination, an empty prefix, …).
-    #[error("{0}")]
-    InvalidRequest(String),
+    /// A checkpoint file name whose extension names no checkpoint format.
+    #[error("{path}: {what} must end in .ckpt or .safetensors")]
+    UnknownExtension {
+        /// The file.
+        path: PathBuf,
+        /// Which name it is (`a checkpoint file name`, `the output name`).
+        what: &'static str,
+    },
+    /// A directory without any file of the kind an operation reads.
+    #[error("{path}: no {what}")]
+    NoFiles {
+        /// The directory.
+        path: PathBuf,
+        /// What was looked for (`.ckpt or .safetensors file`, …).
+        what: &'static str,
+    },
+    /// A conversion by file given no source file.
+    #[error("no source checkpoint file was given")]
+    NoSourceFiles,
+    /// A conversion without a source strategy (an unsharded source) given other files than
+    /// one, as rank 0.
+    #[error("without a source strategy the source is unsharded: give exactly one file, as rank 0 (got ranks {ranks:?})")]
+    UnshardedSource {
+        /// The ranks given.
+        ranks: Vec<usize>,
+    },
+    /// A directory read as a unified checkpoint that is not one.
+    #[error("{path}: not a unified checkpoint")]
+    NotUnified {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A rank asked for that the destination strategy does not have.
+    #[error(
+        "rank {rank} is not a destination rank (the destination strategy has ranks {ranks:?})"
+    )]
+    NotADestinationRank {
+        /// The rank asked for.
+        rank: usize,
+        /// The destination's ranks.
+        ranks: Vec<usize>,
+    },
+    /// One tensor given twice to be saved into one file.
+    #[error("{path}: tensor {tensor:?} given twice")]
+    DuplicateTensor {
+        /// The file being written.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+    },
+    /// One parameter listed twice in a strategy.
+    #[error("parameter {tensor:?} appears twice in a strategy")]
+    DuplicateParam {
+        /// The parameter.
+        tensor: String,
+    },
+    /// A parameter whose layout holds several slices per device, which a per-rank checkpoint
+    /// cannot store.
+    #[error("parameter {tensor:?}: interleaved_parallel layouts hold several slices per device and cannot be stored in a per-rank checkpoint")]
+    InterleavedLayout {
+        /// The parameter.
+        tensor: String,
+    },
+    /// An option given a value it does not accept.
+    #[error("{option}: {rule}")]
+    InvalidOption {
+        /// The option (MindSpore's argument name: `split_dst_file`, `dec_mode`, …).
+        option: &'static str,
+        /// The rule broken, with the value given.
+        rule: String,
+    },
+    /// A `file_suffix` that picks no single file in a rank directory.
+    #[error("{path}: file_suffix {suffix:?}: {reason}; set file_suffix to the longest common suffix of the files to merge")]
+    FileSuffix {
+        /// The rank directory.
+        path: PathBuf,
+        /// The suffix given.
+        suffix: String,
+        /// Why it picks no single file.
+        reason: String,
+    },
+    /// A `choice_func` that gives two parameters the same output name.
+    #[error("choice_func gives {first:?} and {second:?} the same name {name:?}")]
+    DuplicateOutputName {
+        /// The first parameter.
+        first: String,
+        /// The second parameter.
+        second: String,
+        /// The name both get.
+        name: String,
+    },
+    /// A `choice_func` that failed on a parameter.
+    #[error("choice_func({param:?}) failed: {source}")]
+    ChoiceFunc {
+        /// The parameter it was called with.
+        param: String,
+        /// Its failure.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A plain `.ckpt` file to be encrypted that is encrypted already.
+    #[error("{path}: the file is already encrypted")]
+    AlreadyEncrypted {
+        /// The file.
+        path: PathBuf,
+    },
+    /// An empty destination path.
+    #[error("the destination path is empty")]
+    EmptyDestination,
+    /// A committed set whose old directory keeps entries that could not be moved back.
+    #[error("the new set is committed in {path}, but {} could not be moved back into it from the old directory, which is kept at {kept}", entries.join(", "))]
+    OldSetKept {
+        /// The destination, holding the new set.
+        path: PathBuf,
+        /// The old directory, kept.
+        kept: PathBuf,
+        /// The entries left in it.
+        entries: Vec<String>,
+    },
+
+    // ---------------------------------------------------------------- recognising files
+    /// A file whose bytes match no format Tessera reads.
+    #[error("{path}: matches no format Tessera reads ({n_bytes} bytes): {}", ruled_out.join("; "))]
+    UnknownFormat {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        n_bytes: u64,
+        /// Each format family and why it was ruled out.
+        ruled_out: Vec<String>,
+    },
+    /// A file that starts like one format but does not parse as it.
+    #[error("{path}: matches no format Tessera reads ({n_bytes} bytes): it starts like a {format} ({evidence}), but reading it as one fails: {source}")]
+    NotParsedAs {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        n_bytes: u64,
+        /// The format it starts like (a [`crate::FileFormat`], named).
+        format: String,
+        /// What it starts with.
+        evidence: String,
+        /// The reader's error.
+        source: Box<CkptError>,
+    },
+    /// A file of a format `inspect` does not list.
+    #[error("{path}: a {format} ({evidence}); inspect lists checkpoints, strategy files and group-info files")]
+    NotInspectable {
+        /// The file.
+        path: PathBuf,
+        /// Its format (a [`crate::FileFormat`], named).
+        format: String,
+        /// What it starts with.
+        evidence: String,
+    },
+
+    // ---------------------------------------------------------------- internal faults (a bug, not bad input)
+    /// A worker thread that panicked.
+    #[error("{thread} panicked")]
+    ThreadPanicked {
+        /// Which thread (`the writing thread`, …).
+        thread: &'static str,
+    },
+    /// A worker thread that stopped before its work was handed over (its own error, if any,
+    /// is reported when it is joined).
+    #[error("{thread} stopped")]
+    ThreadStopped {
+        /// Which thread.
+        thread: &'static str,
+    },
+    /// A plan whose pieces do not tile what they should fill.
+    #[error("internal error: the pieces of {tensor:?} {rule}")]
+    PlanMismatch {
+        /// The tensor.
+        tensor: String,
+        /// What does not add up.
+        rule: String,
+    },
+    /// A file job of a parallel write that neither ran nor failed.
+    #[error("internal error: file job {job} neither ran nor failed")]
+    JobNotRun {
+        /// The job's index.
+        job: usize,
+    },
+    /// More bytes handed to a file writer than its tensors hold.
+    #[error("{path}: more data written than the tensors described")]
+    WrittenPastEnd {
+        /// The file.
+        path: PathBuf,
+    },
+    /// More bytes handed to a file writer for one tensor than it holds.
+    #[error("{path}: tensor {tensor:?} got more than its {n_bytes} bytes")]
+    TensorOverrun {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its size.
+        n_bytes: u64,
+    },
+    /// A file writer finished before a tensor was written whole.
+    #[error("{path}: tensor {tensor:?} was not written whole")]
+    TensorIncomplete {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+    },
 }
 
 /// Shorthand for results of this crate.

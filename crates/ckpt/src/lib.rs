@@ -11,6 +11,8 @@
 //! - [`CheckpointFile`] is one checkpoint file, indexed once (header only) and read by
 //!   positioned reads. [`SourceSet`] finds the files of a checkpoint directory (`rank_<N>/`) or
 //!   of a unified checkpoint.
+//! - [`detect()`] names the [`FileFormat`] of any file from its first bytes, or says why each
+//!   was ruled out; [`inspect`] reads the file with that format's reader.
 //! - Operations: [`convert_checkpoints`] / [`convert_checkpoint_by_rank`],
 //!   [`convert_checkpoint_files`] (a `{rank: file}` map in, one named file out),
 //!   [`minimal_rank_list`], [`unified_safetensors`], [`load_distributed_checkpoint`],
@@ -48,6 +50,21 @@
 //! and never executes a reshard: it plans with the layout algebra and [`reshard::source_pieces`]
 //! (the planner shared with runtime resharding) and moves bytes between files. It draws
 //! nothing: progress goes through the [`Progress`] trait, implemented by the command line.
+//!
+//! # Layers
+//! The folders are the layers, each using only those listed before it:
+//! - `io`: atomic writes, [`Durability`], mappings, the registry of unfinished writes. Knows
+//!   files, nothing of tensors or formats.
+//! - `model`: tensor records ([`StoredTensor`], [`TensorMeta`]) and strategies ([`Strategy`],
+//!   [`ResolvedStrategy`]). Plain data; no file is opened and no format's bytes are known.
+//! - `format`: one module per file format, each reading into and writing from the model and
+//!   never importing a sibling format (they share only the wire and JSON codecs), plus the one
+//!   detection step ([`detect()`]) that looks at a file once and picks exactly one reader.
+//!   MindSpore's records ([`MsStrategyFile`], [`GroupInfo`]) stay here, converted to and from
+//!   the model at this edge.
+//! - `set`: checkpoint sets that commit atomically ([`SetWriter`], [`check_set`]).
+//! - `source`: where tensors are read from ([`CheckpointFile`], [`RankFiles`], [`SourceSet`]).
+//! - `ops`: the operations, over the shared planning and writing machinery of `ops::engine`.
 //!
 //! # Key design decisions
 //!
@@ -195,95 +212,73 @@
 //! which MindSpore's files cannot hold.
 #![deny(missing_docs)]
 
-mod atomic_write;
-mod box_runs;
-mod by_files;
-mod ckpt_file;
-mod convert;
-pub mod crypto;
-mod dedup;
-mod diff;
-mod direct;
-mod durability;
 mod error;
-mod execute;
-mod fan_out;
-mod group_info;
-mod json;
-mod load;
-mod merge;
-mod merge_stages;
-mod mmap;
-mod ms_ckpt;
-mod ms_strategy;
-mod op_layout_value;
-mod op_strategy_file;
-mod plan;
+mod format;
+mod io;
+mod model;
+mod ops;
 mod progress;
-mod rank_dir;
-mod ranks;
-mod safetensors;
-mod save;
 mod set;
-mod sources;
-mod strategy;
-mod tessera_strategy;
-mod verify;
-mod wire;
+mod source;
 
-pub use crate::by_files::{
+pub use crate::error::{CkptError, Result};
+pub use crate::format::crypto;
+pub use crate::format::crypto::{CipherMode, Decryption};
+pub use crate::format::group_info::{group_name, restore_group_info_list, GroupInfo, GroupItem};
+pub use crate::format::ms_strategy::{
+    to_ms_strategy, LayoutList, MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem,
+};
+pub use crate::format::op_strategy::{
+    read_operator_strategy_file, write_operator_strategy_file, MAX_OP_STRATEGY_FILE_BYTES,
+};
+pub use crate::format::unified_index::{HYPER_PARAM_FILE, PARAM_NAME_MAP};
+pub use crate::format::{detect, detect_bytes, Detected, FileFormat, Format};
+pub use crate::io::durability::Durability;
+pub use crate::model::{
+    OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint, StagePlacement,
+    StoredTensor, StoredType, Strategy, StrategyFlavour, StrategyParam, TensorMeta,
+};
+pub use crate::ops::by_files::{
     convert_checkpoint_files, load_rank_from_files, load_rank_from_files_with,
     load_rank_from_unified, load_rank_from_unified_with,
 };
-pub use crate::ckpt_file::{CheckpointFile, Format, StoredTensor, StoredType, TensorMeta};
-pub use crate::convert::{
+pub use crate::ops::convert::{
     convert_checkpoint_by_rank, convert_checkpoints, convert_unsharded,
     load_distributed_checkpoint, load_distributed_checkpoint_with, ConvertOptions, ConvertReport,
     RankReport,
 };
-pub use crate::crypto::{CipherMode, Decryption};
-pub use crate::dedup::{
+pub use crate::ops::dedup::{
     dedup_checkpoints, parameter_redundancy, redundancy_of_file, remove_param_redundancy,
     DedupReport, RedundancyMap,
 };
-pub use crate::diff::{
+pub use crate::ops::diff::{
     compare_tensors, diff_checkpoints, DiffReport, DiffSide, DiffStats, TensorComparison,
     TensorDiff,
 };
-pub use crate::durability::Durability;
-pub use crate::error::{CkptError, Result};
-pub use crate::execute::DEFAULT_CHUNK_BYTES;
-pub use crate::group_info::{group_name, restore_group_info_list, GroupInfo, GroupItem};
-pub use crate::load::{
-    inspect, inspect_detected, load_rank_tensors, load_segmented_checkpoints,
-    load_segmented_checkpoints_with, write_segmented, InspectedFile, SegmentedEntry,
+pub use crate::ops::engine::cover::RankCover;
+pub use crate::ops::engine::options::DEFAULT_CHUNK_BYTES;
+pub use crate::ops::inspect::{inspect, inspect_detected, InspectedFile};
+pub use crate::ops::load::{
+    load_rank_tensors, load_segmented_checkpoints, load_segmented_checkpoints_with,
+    write_segmented, SegmentedEntry,
 };
-pub use crate::merge::{
+pub use crate::ops::merge::{
     split_range, unified_safetensors, ChoiceFn, MergeOptions, MergeReport, ParamChoice,
     DEFAULT_PART_BYTES,
 };
-pub use crate::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
-pub use crate::ms_strategy::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
-pub use crate::op_strategy_file::{
-    read_operator_strategy_file, write_operator_strategy_file, MAX_OP_STRATEGY_FILE_BYTES,
-};
-pub use crate::progress::{NoProgress, Progress};
-pub use crate::rank_dir::{rank_file_path, RankFiles};
-pub use crate::ranks::{minimal_rank_list, resolve_scale_free_pair, RankCover};
-pub use crate::save::{
+pub use crate::ops::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
+pub use crate::ops::ranks::{minimal_rank_list, resolve_scale_free_pair};
+pub use crate::ops::save::{
     save_param_strategy_file, save_rank_checkpoint, save_rank_checkpoint_in_set, save_safetensors,
-    save_side_file, to_ms_strategy,
+    save_side_file,
 };
+pub use crate::ops::verify::{verify_checkpoints, Fault, VerifyReport};
+pub use crate::progress::{NoProgress, Progress};
 pub use crate::set::{
     abandon_pending_sets, audit_set, check_set, DestLock, SetAudit, SetFile, SetMarker, SetWriter,
     SET_ID_KEY, SET_MARKER,
 };
-pub use crate::sources::{SourceSet, HYPER_PARAM_FILE, PARAM_NAME_MAP};
-pub use crate::strategy::{
-    LayoutList, OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint,
-    StagePlacement, Strategy, StrategyFlavour, StrategyParam,
-};
-pub use crate::verify::{verify_checkpoints, Fault, VerifyReport};
+pub use crate::source::{rank_file_path, CheckpointFile, RankFiles, SourceSet};
 
 /// Parsers exposed for fuzzing and tests: each takes untrusted bytes and must return an error,
 /// never panic or allocate without bound.
@@ -292,7 +287,7 @@ pub mod parse {
 
     /// Parses a safetensors header held in memory, as if the data buffer had `data_len` bytes.
     pub fn safetensors_header(header: &[u8], data_len: u64) -> crate::Result<usize> {
-        crate::safetensors::parse_header(Path::new("<memory>"), header, data_len, 0)
+        crate::format::safetensors::parse_header(Path::new("<memory>"), header, data_len, 0)
             .map(|h| h.tensors.len())
     }
 

@@ -343,9 +343,10 @@ fn build_searched_strategy() {
     each_case(|c| {
         for s in ["A", "B"] {
             let strategy = Strategy::load(&c.join(format!("strategy/{s}.ckpt"))).unwrap();
-            let ours: Value =
-                serde_json::from_str(&strategy.ms.as_ref().unwrap().searched_strategy_json())
-                    .unwrap();
+            let ms = ckpt::MsStrategyFile::of_strategy(&strategy)
+                .unwrap()
+                .expect("a MindSpore strategy file");
+            let ours: Value = serde_json::from_str(&ms.searched_strategy_json()).unwrap();
             assert_eq!(
                 ours,
                 json(&c.join(format!("expected/build_searched_strategy_{s}.json")))

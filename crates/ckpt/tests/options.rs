@@ -279,7 +279,10 @@ fn choice_func_drops_and_renames() {
     assert!(!got.contains_key(&drop));
     // An error from the filter stops the merge.
     let failing = |_: &str| -> ckpt::Result<ParamChoice> {
-        Err(ckpt::CkptError::InvalidRequest("no".to_string()))
+        Err(ckpt::CkptError::ChoiceFunc {
+            param: "w".to_string(),
+            source: "no".into(),
+        })
     };
     let opts = MergeOptions {
         choice: Some(&failing),

@@ -83,7 +83,7 @@ pub fn run(args: &StrategyArgs) -> anyhow::Result<()> {
 /// files and the layouts for Tessera files; otherwise one line per parameter and stage.
 pub fn show_strategy(s: &Strategy, json: bool) -> anyhow::Result<()> {
     if json {
-        let text = match (&s.ms, s.flavour) {
+        let text = match (ckpt::MsStrategyFile::of_strategy(s)?, s.flavour) {
             (Some(ms), _) => ms.searched_strategy_json(),
             (None, _) => {
                 let params: Vec<Value> = s

@@ -31,13 +31,13 @@
 
 mod lock;
 mod marker;
-pub(crate) mod pending;
 mod switch;
 pub(crate) mod writer;
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{io_err, CkptError, Result};
+pub(crate) use crate::io::pending;
 
 pub use lock::DestLock;
 pub use marker::{SetFile, SetMarker, SET_ID_KEY, SET_MARKER};
@@ -65,23 +65,24 @@ pub(crate) fn rank_of_entry(name: &str) -> Option<usize> {
 /// outermost first.
 pub(crate) fn resolve_destination(dest: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
     if dest.as_os_str().is_empty() {
-        return Err(CkptError::InvalidRequest(
-            "the destination path is empty".to_string(),
-        ));
+        return Err(CkptError::EmptyDestination);
     }
     if dest.exists() {
         let resolved = std::fs::canonicalize(dest).map_err(io_err(dest, "resolve path"))?;
         if resolved.parent().is_none() {
-            return Err(CkptError::InvalidRequest(format!(
-                "{}: a checkpoint cannot replace the root directory",
-                dest.display()
-            )));
+            return Err(CkptError::UnsafeDestination {
+                path: dest.to_path_buf(),
+                rule: "a checkpoint cannot replace the root directory".to_string(),
+            });
         }
         return Ok((resolved, Vec::new()));
     }
-    let name = dest.file_name().ok_or_else(|| {
-        CkptError::InvalidRequest(format!("{}: not a directory name", dest.display()))
-    })?;
+    let name = dest
+        .file_name()
+        .ok_or_else(|| CkptError::UnsafeDestination {
+            path: dest.to_path_buf(),
+            rule: "not a directory name".to_string(),
+        })?;
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

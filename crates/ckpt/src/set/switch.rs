@@ -8,8 +8,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::{rank_of_entry, SetMarker, SET_MARKER, STAGING_SENTINEL};
-use crate::durability::Durability;
 use crate::error::{io_err, CkptError, Result};
+use crate::io::durability::Durability;
 
 /// How [`rename2`] treats an existing target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,10 +214,9 @@ pub(crate) fn retire(
         std::fs::remove_dir(old).map_err(io_err(old, "remove the old set's directory"))?;
         return Ok(());
     }
-    Err(CkptError::InvalidRequest(format!(
-        "the new set is committed in {}, but {} could not be moved back into it from the old directory, which is kept at {}",
-        dest.display(),
-        kept.join(", "),
-        old.display()
-    )))
+    Err(CkptError::OldSetKept {
+        path: dest.to_path_buf(),
+        kept: old.to_path_buf(),
+        entries: kept,
+    })
 }

@@ -9,8 +9,9 @@ use super::{
     pending, remove_created, resolve_destination, sibling, DestLock, SetMarker, SET_ID_KEY,
     SET_MARKER, STAGING_SENTINEL,
 };
-use crate::durability::Durability;
 use crate::error::{io_err, CkptError, Result};
+use crate::io::atomic_write::write_file_with;
+use crate::io::durability::Durability;
 
 /// The infix of staging directory names: `.<name>.tessera-staging-<id>`.
 const STAGING_INFIX: &str = "tessera-staging-";
@@ -121,7 +122,7 @@ impl SetWriter {
             durability,
             lock: Some(lock),
         };
-        crate::atomic_write::write_file_with(
+        write_file_with(
             &writer.staging.join(STAGING_SENTINEL),
             b"",
             false,
@@ -171,7 +172,7 @@ impl SetWriter {
     pub fn commit(mut self) -> Result<SetMarker> {
         self.durability.sync_tree(&self.staging)?;
         let marker = SetMarker::describe(&self.staging, &self.id, &self.tool)?;
-        crate::atomic_write::write_file_with(
+        write_file_with(
             &self.staging.join(SET_MARKER),
             marker.to_json().as_bytes(),
             false,
@@ -278,10 +279,10 @@ fn check_destination(dest: &Path, force: bool) -> Result<()> {
         Err(_) => return Ok(()),
     };
     if !meta.is_dir() {
-        return Err(CkptError::InvalidRequest(format!(
-            "{}: the destination exists and is not a directory",
-            dest.display()
-        )));
+        return Err(CkptError::UnsafeDestination {
+            path: dest.to_path_buf(),
+            rule: "the destination exists and is not a directory".to_string(),
+        });
     }
     let empty = std::fs::read_dir(dest)
         .map_err(io_err(dest, "list directory"))?

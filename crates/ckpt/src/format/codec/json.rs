@@ -1,0 +1,285 @@
+//! Order-preserving JSON values for the file formats this crate reads and writes.
+//!
+//! MindSpore's JSON strategy files and `param_name_map.json` are objects whose key order
+//! carries meaning (parameter order, bucket order). `serde_json::Value` sorts keys unless a
+//! workspace-wide feature is switched on, so this small value type keeps them in file order
+//! instead, and prints them the way Python's `json.dump(indent=n)` does.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+
+/// A JSON value whose objects keep their key order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Json {
+    Null,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    /// Parses text.
+    pub(crate) fn parse(text: &str) -> Result<Json, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Parses the bytes of a JSON file, or says why they are not JSON (not UTF-8, not valid).
+    pub(crate) fn parse_bytes(bytes: &[u8]) -> Result<Json, String> {
+        let text =
+            std::str::from_utf8(bytes).map_err(|_| "a JSON file must be UTF-8".to_string())?;
+        Json::parse(text).map_err(|e| format!("not valid JSON ({e})"))
+    }
+
+    /// Python `json.dump(value, indent=indent)` layout, without a trailing newline.
+    pub(crate) fn to_pretty(&self, indent: usize) -> String {
+        let indent = vec![b' '; indent];
+        let mut out = Vec::new();
+        let mut ser = serde_json::Serializer::with_formatter(
+            &mut out,
+            serde_json::ser::PrettyFormatter::with_indent(&indent),
+        );
+        self.serialize(&mut ser).expect("writing JSON to memory");
+        String::from_utf8(out).expect("JSON is UTF-8")
+    }
+
+    /// The value as compact JSON text for a message, cut after 120 characters (`…`).
+    pub(crate) fn brief(&self) -> String {
+        const LONGEST: usize = 120;
+        let text = serde_json::to_string(self).expect("writing JSON to memory");
+        match text.char_indices().nth(LONGEST) {
+            Some((cut, _)) => format!("{}…", &text[..cut]),
+            None => text,
+        }
+    }
+
+    /// The entry `key` of an object.
+    pub(crate) fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Obj(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    /// The entries of an object.
+    pub(crate) fn as_obj(&self) -> Option<&[(String, Json)]> {
+        match self {
+            Json::Obj(entries) => Some(entries),
+            _ => None,
+        }
+    }
+
+    /// The items of an array.
+    pub(crate) fn as_arr(&self) -> Option<&[Json]> {
+        match self {
+            Json::Arr(items) => Some(items),
+            _ => None,
+        }
+    }
+
+    /// A string.
+    pub(crate) fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// An integer (a float with no fractional part counts).
+    pub(crate) fn as_i64(&self) -> Option<i64> {
+        match *self {
+            Json::Int(v) => Some(v),
+            Json::UInt(v) => i64::try_from(v).ok(),
+            Json::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Some(f as i64),
+            _ => None,
+        }
+    }
+
+    /// A non-negative integer.
+    pub(crate) fn as_u64(&self) -> Option<u64> {
+        self.as_i64().and_then(|v| u64::try_from(v).ok())
+    }
+
+    /// An object from key/value pairs.
+    pub(crate) fn obj<K: Into<String>>(entries: impl IntoIterator<Item = (K, Json)>) -> Json {
+        Json::Obj(entries.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+
+    /// An array of integers.
+    pub(crate) fn ints<T: Copy + Into<i64>>(items: &[T]) -> Json {
+        Json::Arr(items.iter().map(|&v| Json::Int(v.into())).collect())
+    }
+
+    /// An array of unsigned integers.
+    pub(crate) fn uints(items: impl IntoIterator<Item = u64>) -> Json {
+        Json::Arr(items.into_iter().map(Json::UInt).collect())
+    }
+}
+
+impl Serialize for Json {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Json::Null => s.serialize_unit(),
+            Json::Bool(b) => s.serialize_bool(*b),
+            Json::Int(v) => s.serialize_i64(*v),
+            Json::UInt(v) => s.serialize_u64(*v),
+            Json::Float(v) => s.serialize_f64(*v),
+            Json::Str(v) => s.serialize_str(v),
+            Json::Arr(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Json::Obj(entries) => {
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Json, D::Error> {
+        d.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Json, E> {
+        Ok(Json::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Json, E> {
+        Ok(Json::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Json, E> {
+        Ok(i64::try_from(v).map_or(Json::UInt(v), Json::Int))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Json, E> {
+        Ok(Json::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Json, E> {
+        Ok(Json::Str(v.to_string()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Json, E> {
+        Ok(Json::Str(v))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Json::Arr(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut entries: Vec<(String, Json)> = Vec::new();
+        while let Some((k, v)) = map.next_entry::<String, Json>()? {
+            if entries.iter().any(|(existing, _)| *existing == k) {
+                return Err(de::Error::custom(format!("duplicate key {k:?}")));
+            }
+            entries.push((k, v));
+        }
+        Ok(Json::Obj(entries))
+    }
+}
+
+/// Whether the first byte of `bytes` that is not white space is `{`: how a JSON file (every
+/// JSON format here is one object) is told from a binary one.
+pub(crate) fn starts_object(bytes: &[u8]) -> bool {
+    bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// The top-level keys of a JSON object, in file order, and the string under `"format"` if
+/// any: what the detection step needs, read without building the values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ObjectKeys {
+    /// The keys.
+    pub keys: Vec<String>,
+    /// The value of `"format"` when it is a string.
+    pub format: Option<String>,
+}
+
+impl ObjectKeys {
+    /// Whether the object has `key`.
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.keys.iter().any(|k| k == key)
+    }
+}
+
+/// Reads the top-level keys of `text`, which must be one JSON object.
+pub(crate) fn object_keys(text: &str) -> Result<ObjectKeys, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let keys = de.deserialize_map(KeysVisitor)?;
+    de.end()?;
+    Ok(keys)
+}
+
+struct KeysVisitor;
+
+impl<'de> Visitor<'de> for KeysVisitor {
+    type Value = ObjectKeys;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ObjectKeys, A::Error> {
+        let mut out = ObjectKeys::default();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "format" {
+                if let Json::Str(s) = map.next_value::<Json>()? {
+                    out.format = Some(s);
+                }
+            } else {
+                map.next_value::<de::IgnoredAny>()?;
+            }
+            out.keys.push(key);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_key_order_and_prints_like_python() {
+        let v = Json::parse(r#"{"b": 1, "a": [1, 2], "c": {}}"#).unwrap();
+        assert_eq!(v.as_obj().unwrap()[0].0, "b");
+        assert_eq!(
+            v.to_pretty(1),
+            "{\n \"b\": 1,\n \"a\": [\n  1,\n  2\n ],\n \"c\": {}\n}"
+        );
+        assert!(Json::parse(r#"{"a": 1, "a": 2}"#).is_err());
+    }
+
+    #[test]
+    fn object_keys_skip_the_values() {
+        let k = object_keys(r#"{"b": [1, {"x": 2}], "format": "f", "a": null}"#).unwrap();
+        assert_eq!(k.keys, ["b", "format", "a"]);
+        assert_eq!(k.format.as_deref(), Some("f"));
+        assert!(k.has("a") && !k.has("x"));
+        assert!(object_keys("[1]").is_err());
+        assert!(object_keys(r#"{"a": 1} x"#).is_err());
+    }
+}

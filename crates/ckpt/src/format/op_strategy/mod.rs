@@ -1,0 +1,288 @@
+//! MindSpore's operator strategy file: what `AutoParallel.save_operator_strategy_file` writes
+//! and `load_operator_strategy_file` reads (`StrategyJsonInfo` in MindSpore's
+//! `strategy_checkpoint_info.cc`).
+//!
+//! ```json
+//! {
+//!   "current_stage": 0,
+//!   "parallel_strategy_item": {
+//!     "blocks.0.mlp.fc1.matmul": {"stage": 0, "parallel_strategy": [[4, 1, 1], [2, 1]]}
+//!   },
+//!   "parallel_out_strategy_item": {
+//!     "head.matmul": {"stage": 0, "parallel_strategy": [[8, 1]]}
+//!   },
+//!   "parallel_layout_value_item": {
+//!     "matmul1": {"0": {"dev_matrix": [2, 2], "tensor_map": [[1], [-1]],
+//!                       "interleaved_parallel": false, "alias_name": ["dp", "mp"]},
+//!                 "1": {"dev_matrix": [2, 2], "tensor_map": [[-1], [0]],
+//!                       "interleaved_parallel": false, "alias_name": ["dp", "mp"]}}
+//!   }
+//! }
+//! ```
+//! Keys are op names; `parallel_strategy` is the op's `in_strategy` (one split tuple per input),
+//! and the optional `parallel_out_strategy_item` holds out_strategies. Ops sharded with layouts
+//! are in `parallel_layout_value_item` / `parallel_out_layout_value_item` (one layout per input
+//! or output, read and written by [`layout_value`]); their stage is 0 unless the op also has a
+//! `parallel_strategy_item` entry, which must then agree with the layouts' split factors.
+//! MindSpore's reshape variants (`parallel_newshape_layout_value_item`, …) are refused.
+
+use std::path::Path;
+
+use layout::Layout;
+
+use self::layout_value::{layouts_json, read_layouts};
+use super::codec::json::Json;
+use crate::error::{CkptError, Result};
+use crate::io::atomic_write::write_file;
+use crate::model::OpStrategyRecord;
+
+mod layout_value;
+
+/// The largest operator strategy file read (bounded before it is read whole).
+pub const MAX_OP_STRATEGY_FILE_BYTES: u64 = 256 << 20;
+
+/// The largest split factor or tuple count accepted.
+const MAX_ENTRY: u64 = 1 << 24;
+
+/// Reads an operator strategy file: one record per op, in file order.
+pub fn read_operator_strategy_file(path: &Path) -> Result<Vec<OpStrategyRecord>> {
+    let io = |op: &'static str| {
+        move |source: std::io::Error| CkptError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+    };
+    let size = std::fs::metadata(path).map_err(io("stat"))?.len();
+    let bad = |reason: String| CkptError::InvalidStrategy {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if size > MAX_OP_STRATEGY_FILE_BYTES {
+        return Err(bad(format!(
+            "{size} bytes is over the {MAX_OP_STRATEGY_FILE_BYTES}-byte limit of an operator strategy file"
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(io("read"))?;
+    let json = Json::parse(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    parse(&json).map_err(bad)
+}
+
+/// The top-level keys of an operator strategy file.
+const ROOT_KEYS: &[&str] = &[
+    "current_stage",
+    "parallel_strategy_item",
+    "parallel_out_strategy_item",
+    "parallel_layout_value_item",
+    "parallel_out_layout_value_item",
+];
+
+/// The object under `key`, empty when absent.
+fn section<'a>(json: &'a Json, key: &str) -> std::result::Result<&'a [(String, Json)], String> {
+    match json.get(key) {
+        None => Ok(&[]),
+        Some(v) => v
+            .as_obj()
+            .ok_or(format!("\"{key}\" must be an object of op name → strategy")),
+    }
+}
+
+/// The layouts of every op of a layout-form section, in file order.
+fn layout_section(
+    json: &Json,
+    key: &str,
+) -> std::result::Result<Vec<(String, Vec<Layout>)>, String> {
+    section(json, key)?
+        .iter()
+        .map(|(name, entry)| {
+            read_layouts(entry)
+                .map(|l| (name.clone(), l))
+                .map_err(|e| format!("\"{key}\": op {name:?}: {e}"))
+        })
+        .collect()
+}
+
+/// Checks that an op's split tuples and its layouts say the same thing.
+fn agree(
+    name: &str,
+    what: &str,
+    tuples: &[Vec<usize>],
+    layouts: &[Layout],
+) -> std::result::Result<(), String> {
+    let factors: Vec<Vec<usize>> = layouts.iter().map(Layout::split_factors).collect();
+    if factors != tuples {
+        return Err(format!(
+            "op {name:?}: its {what} tuples {tuples:?} disagree with its layouts' split factors {factors:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The records of an operator strategy file's JSON, or the rule broken.
+fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
+    let root = json
+        .as_obj()
+        .ok_or("the file must be a JSON object with \"parallel_strategy_item\"")?;
+    for (key, _) in root {
+        if key.contains("newshape_layout_value_item") {
+            return Err(format!(
+                "\"{key}\": layouts of reshaped inputs are not supported; give the op's layouts in \"parallel_layout_value_item\""
+            ));
+        }
+        if !ROOT_KEYS.contains(&key.as_str()) {
+            return Err(format!(
+                "unknown key \"{key}\" (expected {})",
+                ROOT_KEYS.join(", ")
+            ));
+        }
+    }
+    if json.get("parallel_strategy_item").is_none()
+        && json.get("parallel_layout_value_item").is_none()
+    {
+        return Err(
+            "missing \"parallel_strategy_item\" (and no \"parallel_layout_value_item\")".into(),
+        );
+    }
+    let items = section(json, "parallel_strategy_item")?;
+    let outs = section(json, "parallel_out_strategy_item")?;
+    let in_layouts = layout_section(json, "parallel_layout_value_item")?;
+    let out_layouts = layout_section(json, "parallel_out_layout_value_item")?;
+    let mut records = Vec::with_capacity(items.len() + in_layouts.len());
+    for (name, item) in items {
+        let (stage, inputs) = entry(name, item)?;
+        records.push(OpStrategyRecord {
+            name: name.clone(),
+            stage,
+            inputs,
+            outputs: None,
+            in_layouts: None,
+            out_layouts: None,
+        });
+    }
+    for (name, layouts) in in_layouts {
+        match records.iter_mut().find(|r| r.name == name) {
+            Some(r) => {
+                agree(&name, "in_strategy", &r.inputs, &layouts)?;
+                r.in_layouts = Some(layouts);
+            }
+            None => records.push(OpStrategyRecord {
+                inputs: layouts.iter().map(Layout::split_factors).collect(),
+                name,
+                stage: 0,
+                outputs: None,
+                in_layouts: Some(layouts),
+                out_layouts: None,
+            }),
+        }
+    }
+    let no_in = |name: &str| {
+        format!("op {name:?} has an out_strategy but no in_strategy in \"parallel_strategy_item\" or \"parallel_layout_value_item\"")
+    };
+    for (name, out) in outs {
+        let r = records
+            .iter_mut()
+            .find(|r| &r.name == name)
+            .ok_or_else(|| no_in(name))?;
+        r.outputs = Some(entry(name, out)?.1);
+    }
+    for (name, layouts) in out_layouts {
+        let r = records
+            .iter_mut()
+            .find(|r| r.name == name)
+            .ok_or_else(|| no_in(&name))?;
+        if let Some(tuples) = &r.outputs {
+            agree(&name, "out_strategy", tuples, &layouts)?;
+        }
+        r.outputs = Some(layouts.iter().map(Layout::split_factors).collect());
+        r.out_layouts = Some(layouts);
+    }
+    Ok(records)
+}
+
+/// One `{"stage": s, "parallel_strategy": [[…], …]}` entry.
+fn entry(name: &str, item: &Json) -> std::result::Result<(usize, Vec<Vec<usize>>), String> {
+    let stage = match item.get("stage") {
+        None => 0,
+        Some(v) => v.as_u64().filter(|&s| s < MAX_ENTRY).ok_or(format!(
+            "op {name:?}: \"stage\" must be a small non-negative integer"
+        ))? as usize,
+    };
+    let tuples = item
+        .get("parallel_strategy")
+        .and_then(Json::as_arr)
+        .ok_or(format!(
+            "op {name:?}: \"parallel_strategy\" must be a list of split tuples"
+        ))?;
+    let mut out = Vec::with_capacity(tuples.len());
+    for (i, t) in tuples.iter().enumerate() {
+        let dims = t.as_arr().ok_or(format!(
+            "op {name:?}: input {i} must be a list of split factors"
+        ))?;
+        let mut tuple = Vec::with_capacity(dims.len());
+        for d in dims {
+            let f = d
+                .as_u64()
+                .filter(|&f| (1..MAX_ENTRY).contains(&f))
+                .ok_or(format!(
+                    "op {name:?}: input {i}: split factor {} must be an integer between 1 and {MAX_ENTRY}",
+                    d.brief()
+                ))?;
+            tuple.push(f as usize);
+        }
+        out.push(tuple);
+    }
+    Ok((stage, out))
+}
+
+/// The JSON of `records` in MindSpore's format: tuple-valued strategies in
+/// `parallel_strategy_item` / `parallel_out_strategy_item`, layout-valued ones in
+/// `parallel_layout_value_item` / `parallel_out_layout_value_item`.
+fn to_json(records: &[OpStrategyRecord]) -> Json {
+    let item = |stage: usize, tuples: &[Vec<usize>]| {
+        Json::obj([
+            ("stage", Json::UInt(stage as u64)),
+            (
+                "parallel_strategy",
+                Json::Arr(
+                    tuples
+                        .iter()
+                        .map(|t| Json::Arr(t.iter().map(|&f| Json::UInt(f as u64)).collect()))
+                        .collect(),
+                ),
+            ),
+        ])
+    };
+    let mut sections: [(&str, Vec<(String, Json)>); 4] = [
+        ("parallel_strategy_item", Vec::new()),
+        ("parallel_out_strategy_item", Vec::new()),
+        ("parallel_layout_value_item", Vec::new()),
+        ("parallel_out_layout_value_item", Vec::new()),
+    ];
+    for r in records {
+        let name = r.name.clone();
+        match &r.in_layouts {
+            Some(layouts) => sections[2].1.push((name.clone(), layouts_json(layouts))),
+            None => sections[0].1.push((name.clone(), item(r.stage, &r.inputs))),
+        }
+        match (&r.out_layouts, &r.outputs) {
+            (Some(layouts), _) => sections[3].1.push((name, layouts_json(layouts))),
+            (None, Some(tuples)) => sections[1].1.push((name, item(r.stage, tuples))),
+            (None, None) => {}
+        }
+    }
+    let mut root = vec![("current_stage".to_string(), Json::UInt(0))];
+    for (i, (key, entries)) in sections.into_iter().enumerate() {
+        if i == 0 || !entries.is_empty() {
+            root.push((key.to_string(), Json::Obj(entries)));
+        }
+    }
+    Json::Obj(root)
+}
+
+/// Writes `records` as an operator strategy file, atomically (replacing an older file).
+pub fn write_operator_strategy_file(path: &Path, records: &[OpStrategyRecord]) -> Result<()> {
+    let mut text = to_json(records).to_pretty(2);
+    text.push('\n');
+    write_file(path, text.as_bytes(), true)?;
+    Ok(())
+}

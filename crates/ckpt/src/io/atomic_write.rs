@@ -1,0 +1,244 @@
+//! Atomic file creation: write `.<name>.<pid>-<n>.tmp` beside the destination (a name unique
+//! to this process and write, so concurrent writers never share one), fsync it, rename it into
+//! place, fsync the directory (both fsyncs only under [`Durability::Fsync`]). A reader never
+//! sees a half-written file, and a failure (or a panic, or an early return) removes the
+//! temporary file.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::durability::Durability;
+use super::pending;
+use crate::error::{io_err, CkptError, Result};
+
+/// A destination being written. Dropped without [`AtomicFile::commit`], it removes its
+/// temporary file and leaves the destination untouched.
+#[derive(Debug)]
+pub(crate) struct AtomicFile {
+    dest: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+    durability: Durability,
+}
+
+/// Fails with [`CkptError::DestinationExists`] when `path` exists and `force` is off.
+pub(crate) fn check_destination(path: &Path, force: bool) -> Result<()> {
+    if !force && path.exists() {
+        return Err(CkptError::DestinationExists {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Creates `dir` (and parents) if needed.
+pub(crate) fn create_dir_all(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(io_err(dir, "create directory"))
+}
+
+impl AtomicFile {
+    /// Starts writing `dest` through `<dest>.tmp`, to be committed with `durability`. Refuses
+    /// an existing `dest` unless `force`.
+    pub(crate) fn create(dest: &Path, force: bool, durability: Durability) -> Result<AtomicFile> {
+        check_destination(dest, force)?;
+        pending::creating(|| Self::create_unguarded(dest, durability))
+    }
+
+    fn create_unguarded(dest: &Path, durability: Durability) -> Result<AtomicFile> {
+        if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+            create_dir_all(parent)?;
+        }
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(dest.file_name().unwrap_or_default());
+        tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
+        let tmp = dest.with_file_name(tmp_name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp, "create"))?;
+        Ok(AtomicFile {
+            dest: dest.to_path_buf(),
+            tmp,
+            file: Some(file),
+            durability,
+        })
+    }
+
+    /// The final path.
+    pub(crate) fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    fn file(&mut self) -> &mut File {
+        self.file
+            .as_mut()
+            .expect("an uncommitted AtomicFile has its file")
+    }
+
+    /// The open temporary file, for positioned writes.
+    pub(crate) fn as_file(&self) -> &File {
+        self.file
+            .as_ref()
+            .expect("an uncommitted AtomicFile has its file")
+    }
+
+    /// Appends `data`.
+    pub(crate) fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        let tmp = self.tmp.clone();
+        self.file().write_all(data).map_err(io_err(tmp, "write"))?;
+        Ok(())
+    }
+
+    /// Flushes the data to disk, renames the file into place and flushes the directory entry
+    /// (the flushes only under [`Durability::Fsync`]).
+    pub(crate) fn commit(mut self) -> Result<PathBuf> {
+        let file = self.file.take().expect("commit runs once");
+        if let Err(e) = self.durability.sync_file(&file, &self.tmp) {
+            // Dropped below with its file gone: remove the temporary file here.
+            drop(file);
+            let _ = fs::remove_file(&self.tmp);
+            return Err(e);
+        }
+        drop(file);
+        pending::creating(|| fs::rename(&self.tmp, &self.dest))
+            .map_err(io_err(&self.dest, "rename into place"))?;
+        if let Some(parent) = self.dest.parent() {
+            let dir = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            // Persist the rename.
+            self.durability.sync_dir(dir);
+        }
+        Ok(std::mem::take(&mut self.dest))
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Commits finished files on a background thread, so the disk flushes one file while the next
+/// is being assembled (a conversion would otherwise alternate between CPU work and waiting for
+/// `fsync`). At most one finished file waits in the queue. Dropping the committer waits for the
+/// files already handed over; [`Committer::finish`] also reports the first failure.
+pub(crate) struct Committer {
+    tx: Option<std::sync::mpsc::SyncSender<AtomicFile>>,
+    handle: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl Committer {
+    /// Starts the committing thread.
+    pub(crate) fn new() -> Committer {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<AtomicFile>(1);
+        let handle = std::thread::spawn(move || {
+            let mut first_error = None;
+            for file in rx {
+                if first_error.is_some() {
+                    drop(file); // removes its temporary file
+                    continue;
+                }
+                if let Err(e) = file.commit() {
+                    first_error = Some(e);
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        });
+        Committer {
+            tx: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    /// Hands a finished file over to be flushed and renamed into place.
+    pub(crate) fn submit(&self, file: AtomicFile) -> Result<()> {
+        let dest = file.dest().to_path_buf();
+        self.tx
+            .as_ref()
+            .expect("a live committer")
+            .send(file)
+            .map_err(|_| CkptError::Io {
+                path: dest,
+                op: "commit",
+                source: std::io::Error::other("the committing thread stopped"),
+            })
+    }
+
+    /// Waits until every file handed over is committed; the first failure, if any.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<()> {
+        drop(self.tx.take());
+        match self.handle.take() {
+            Some(h) => h.join().unwrap_or(Err(CkptError::ThreadPanicked {
+                thread: "the committing thread",
+            })),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
+}
+
+/// Writes `data` to `dest` atomically and durably.
+pub(crate) fn write_file(dest: &Path, data: &[u8], force: bool) -> Result<PathBuf> {
+    write_file_with(dest, data, force, Durability::Fsync)
+}
+
+/// Writes `data` to `dest` atomically, with `durability`.
+pub(crate) fn write_file_with(
+    dest: &Path,
+    data: &[u8],
+    force: bool,
+    durability: Durability,
+) -> Result<PathBuf> {
+    let mut f = AtomicFile::create(dest, force, durability)?;
+    f.write_all(data)?;
+    f.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_file_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a.bin");
+        {
+            let mut f = AtomicFile::create(&dest, false, Durability::Fsync).unwrap();
+            f.write_all(b"half").unwrap();
+        }
+        assert!(!dest.exists());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn refuses_existing_unless_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a.bin");
+        write_file(&dest, b"one", false).unwrap();
+        assert!(matches!(
+            write_file(&dest, b"two", false),
+            Err(CkptError::DestinationExists { .. })
+        ));
+        assert_eq!(fs::read(&dest).unwrap(), b"one");
+        write_file(&dest, b"two", true).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"two");
+    }
+}

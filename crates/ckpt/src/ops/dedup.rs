@@ -1,0 +1,209 @@
+//! Redundancy: which ranks hold identical copies of each parameter, one owner per copy, and
+//! saving a checkpoint without the redundant copies.
+//!
+//! [`parameter_redundancy`] is MindSpore's `get_parameter_redundancy`, computed from the layout
+//! (MindSpore reads only the first `tensor_map` entry, so its answer is wrong for multi-axis
+//! layouts); [`remove_param_redundancy`] is MindSpore's owner assignment, which spreads the
+//! parameters of each replica group round-robin over its ranks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use super::engine::execute::write_items;
+use super::engine::options::{WriteOptions, DEFAULT_CHUNK_BYTES};
+use super::engine::plan::OutItem;
+use crate::error::{CkptError, Result};
+use crate::io::atomic_write::Committer;
+use crate::io::durability::Durability;
+use crate::model::{ParamLayout, ResolvedStrategy, Strategy};
+use crate::progress::Progress;
+use crate::set::{SetWriter, SET_ID_KEY};
+use crate::source::SourceSet;
+
+/// Parameter → its replica groups (ranks holding identical data), parameters sorted by name.
+pub type RedundancyMap = Vec<(String, Vec<Vec<usize>>)>;
+
+/// The replica groups of one placement, in MindSpore's order: model-parallel groups sorted by
+/// their block coordinates read from the last mesh axis to the first, each then strided into
+/// its optimizer-shard sub-groups (`ranks[i::k]`).
+fn placement_groups(pl: &ParamLayout) -> Vec<Vec<usize>> {
+    let mesh = pl.mp.mesh();
+    let used = pl.mp.layout().used_axes();
+    let mut groups = pl.mp.replica_slot_groups();
+    let key = |g: &Vec<usize>| -> Vec<usize> {
+        (0..mesh.n_axes())
+            .rev()
+            .map(|a| {
+                if used.contains(&a) {
+                    mesh.coord_along(g[0], a)
+                } else {
+                    0
+                }
+            })
+            .collect()
+    };
+    groups.sort_by_key(key);
+    let k = pl.opt_shard.max(1);
+    let mut out = Vec::new();
+    for g in groups {
+        let ranks: Vec<usize> = g.iter().map(|&s| mesh.device_of_slot(s)).collect();
+        for i in 0..k.min(ranks.len()) {
+            out.push(ranks.iter().skip(i).step_by(k).copied().collect());
+        }
+    }
+    out
+}
+
+/// MindSpore's `get_parameter_redundancy` for every stage: parameter → replica groups.
+pub fn parameter_redundancy(strategy: &ResolvedStrategy) -> RedundancyMap {
+    let mut map: RedundancyMap = strategy
+        .params()
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.placements.iter().flat_map(placement_groups).collect(),
+            )
+        })
+        .collect();
+    map.sort_by(|a, b| a.0.cmp(&b.0));
+    map
+}
+
+/// MindSpore's `remove_param_redundancy`: one owner per replica group. Parameters sharing the
+/// same group are dealt out round-robin over its ranks, in name order. Returns rank → owned
+/// parameters.
+pub fn remove_param_redundancy(map: &RedundancyMap) -> BTreeMap<usize, BTreeSet<String>> {
+    let mut by_group: Vec<(Vec<usize>, Vec<String>)> = Vec::new();
+    for (name, groups) in map {
+        for g in groups {
+            match by_group.iter_mut().find(|(k, _)| k == g) {
+                Some((_, names)) => names.push(name.clone()),
+                None => by_group.push((g.clone(), vec![name.clone()])),
+            }
+        }
+    }
+    let mut owners: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    for (group, names) in by_group {
+        for (i, name) in names.into_iter().enumerate() {
+            owners
+                .entry(group[i % group.len()])
+                .or_default()
+                .insert(name);
+        }
+    }
+    owners
+}
+
+/// What [`dedup_checkpoints`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DedupReport {
+    /// Each rank, its file, and the parameters it kept.
+    pub ranks: Vec<(usize, PathBuf, Vec<String>)>,
+    /// Bytes written.
+    pub data_bytes: u64,
+    /// Bytes the source held.
+    pub source_bytes: u64,
+    /// Strategy parameters no source file holds (nothing to keep).
+    pub skipped: Vec<String>,
+}
+
+/// Saves the checkpoint in `src_dir` without redundancy into `dst_dir` (same file names):
+/// each replica group's copy is kept by its owner only ([`remove_param_redundancy`]); tensors
+/// outside the strategy are kept everywhere. Safetensors output says
+/// `remove_redundancy: "True"`. Under [`crate::Durability::OsBuffered`] nothing is fsynced
+/// (still written atomically, see [`crate::Durability`]).
+pub fn dedup_checkpoints(
+    src_dir: &Path,
+    strategy: &Path,
+    dst_dir: &Path,
+    force: bool,
+    durability: Durability,
+    progress: &dyn Progress,
+) -> Result<DedupReport> {
+    let sources = SourceSet::rank_dirs(src_dir)?;
+    let strategy = Strategy::load(strategy)?;
+    let resolved = strategy.resolve_scale_free()?;
+    let owners = remove_param_redundancy(&parameter_redundancy(&resolved));
+    let rank_files = sources.rank_files().expect("rank directories").clone();
+    let mut stored: BTreeSet<String> = BTreeSet::new();
+    for path in rank_files.files.values() {
+        stored.extend(sources.open(path)?.tensors().iter().map(|t| t.name.clone()));
+    }
+    let mut plans = Vec::new();
+    let mut report = DedupReport::default();
+    for p in &strategy.params {
+        if !stored.contains(&p.name) {
+            report.skipped.push(p.name.clone());
+        }
+    }
+    for (&rank, path) in &rank_files.files {
+        let file = sources.open(path)?;
+        let owned = owners.get(&rank);
+        let mut items = Vec::new();
+        for t in file.tensors() {
+            report.source_bytes += t.n_bytes;
+            let in_strategy = strategy.param(&t.name).is_some();
+            if in_strategy && !owned.is_some_and(|o| o.contains(&t.name)) {
+                continue;
+            }
+            items.push(OutItem::whole(&file, t));
+        }
+        for name in owned.into_iter().flatten() {
+            if file.tensor(name).is_none() && stored.contains(name) {
+                return Err(CkptError::TensorMissing {
+                    path: path.clone(),
+                    tensor: name.clone(),
+                    rule: format!("rank {rank} owns it in the redundancy-free assignment"),
+                });
+            }
+        }
+        let rel = Path::new(&format!("rank_{rank}")).join(path.file_name().expect("a file"));
+        let mut metadata: Vec<(String, String)> = file
+            .metadata()
+            .iter()
+            .filter(|(k, _)| !["remove_redundancy", "crc_num", SET_ID_KEY].contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !metadata.iter().any(|(k, _)| k == "format") {
+            metadata.insert(0, ("format".to_string(), "ms".to_string()));
+        }
+        metadata.push(("remove_redundancy".to_string(), "True".to_string()));
+        plans.push((rank, rel, items, metadata));
+    }
+    let set = SetWriter::begin_apart(dst_dir, &[src_dir], "ckpt dedup", force, durability)?;
+    let total: u64 = plans
+        .iter()
+        .flat_map(|(_, _, items, _)| items.iter().map(|i| i.meta.n_bytes))
+        .sum();
+    progress.start("deduplicating", total);
+    let committer = Committer::new();
+    let write = WriteOptions {
+        format: rank_files.format,
+        force,
+        crc: false,
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
+        progress,
+        durability,
+        committer: Some(&committer),
+        rename: None,
+    };
+    for (rank, rel, items, mut metadata) in plans {
+        metadata.push(set.metadata_entry());
+        let names = items.iter().map(|i| i.meta.name.clone()).collect();
+        let stats = write_items(&sources, &set.staged(&rel), items, &metadata, &write)?;
+        report.data_bytes += stats.data_bytes;
+        report.ranks.push((rank, set.final_path(&rel), names));
+    }
+    committer.finish()?;
+    set.commit()?;
+    progress.finish();
+    Ok(report)
+}
+
+/// The redundancy map of a strategy file (no checkpoint needed).
+pub fn redundancy_of_file(strategy: &Path) -> Result<RedundancyMap> {
+    Ok(parameter_redundancy(
+        &Strategy::load(strategy)?.resolve_scale_free()?,
+    ))
+}

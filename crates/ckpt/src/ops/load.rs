@@ -1,0 +1,157 @@
+//! Loading: MindSpore's `load_segmented_checkpoints` and Tessera's convert-on-load for the
+//! training runtime.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use layout::TensorLayout;
+use tensor::Tensor;
+
+use super::engine::execute::write_items;
+use super::engine::gather::fill_chunk;
+use super::engine::options::{data_bytes, WriteOptions, DEFAULT_CHUNK_BYTES};
+use super::engine::plan::{plan_gathers, OutItem};
+use crate::error::{io_err, CkptError, Result};
+use crate::format::crypto::Decryption;
+use crate::format::Format;
+use crate::io::durability::Durability;
+use crate::model::{ResolvedParam, StoredTensor, Strategy};
+use crate::progress::Progress;
+use crate::source::{CheckpointFile, SourceSet};
+
+/// One tensor of a segmented checkpoint and the file it comes from.
+#[derive(Debug, Clone)]
+pub struct SegmentedEntry {
+    /// The file holding the winning copy.
+    pub file: Arc<CheckpointFile>,
+    /// The tensor.
+    pub tensor: StoredTensor,
+}
+
+/// MindSpore's `load_segmented_checkpoints`: the union of every `*.ckpt` (and `*.safetensors`)
+/// file in `dir`, files taken in name order, a later file's tensor replacing an earlier one's.
+/// Returns the entries in first-seen order.
+pub fn load_segmented_checkpoints(dir: &Path) -> Result<Vec<SegmentedEntry>> {
+    load_segmented_checkpoints_with(dir, None)
+}
+
+/// [`load_segmented_checkpoints`], reading encrypted `.ckpt` files with `dec` (MindSpore's
+/// `dec_key` / `dec_mode`; with a key every file must be an encrypted `.ckpt`).
+pub fn load_segmented_checkpoints_with(
+    dir: &Path,
+    dec: Option<&Decryption>,
+) -> Result<Vec<SegmentedEntry>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io_err(dir, "list directory"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && Format::from_path(p).is_some())
+        .collect();
+    paths.sort();
+    if paths.is_empty() {
+        return Err(CkptError::NoFiles {
+            path: dir.to_path_buf(),
+            what: ".ckpt or .safetensors file",
+        });
+    }
+    let mut entries: Vec<SegmentedEntry> = Vec::new();
+    for path in paths {
+        let file = Arc::new(CheckpointFile::open_with(&path, dec)?);
+        for t in file.tensors() {
+            let entry = SegmentedEntry {
+                file: file.clone(),
+                tensor: t.clone(),
+            };
+            match entries.iter_mut().find(|e| e.tensor.name == t.name) {
+                Some(existing) => *existing = entry,
+                None => entries.push(entry),
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// Writes the union of a segmented checkpoint into one file (format from `dest`'s extension),
+/// atomically, fsynced or not as `durability` says.
+pub fn write_segmented(
+    entries: &[SegmentedEntry],
+    dest: &Path,
+    force: bool,
+    durability: Durability,
+    progress: &dyn Progress,
+) -> Result<PathBuf> {
+    let format = Format::from_path(dest).ok_or_else(|| CkptError::UnknownExtension {
+        path: dest.to_path_buf(),
+        what: "the output name",
+    })?;
+    let items: Vec<OutItem<'_>> = entries
+        .iter()
+        .map(|e| OutItem::whole(&e.file, &e.tensor))
+        .collect();
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    let sources = SourceSet::empty(dir);
+    progress.start("merging segments", data_bytes(&items));
+    let write = WriteOptions {
+        format,
+        force,
+        crc: false,
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
+        progress,
+        durability,
+        committer: None,
+        rename: None,
+    };
+    let meta = [("format".to_string(), "ms".to_string())];
+    let stats = write_items(&sources, dest, items, &meta, &write)?;
+    progress.finish();
+    Ok(stats.path)
+}
+
+/// Convert-on-load for the training runtime: the tensors `rank` holds under `targets` (each a
+/// parameter name and the layout the rank will hold it in), read from the checkpoint in
+/// `ckpt_dir/rank_<r>/` saved under `src_strategy` (any flavour). Only the source files the
+/// rank needs are opened, and only the bytes it needs are read.
+pub fn load_rank_tensors(
+    ckpt_dir: &Path,
+    src_strategy: &Path,
+    rank: usize,
+    targets: &[(&str, &TensorLayout)],
+) -> Result<Vec<(String, Tensor)>> {
+    let sources = SourceSet::rank_dirs(ckpt_dir)?;
+    let strategy = Strategy::load(src_strategy)?;
+    let (src, _) = sources.resolve_source(&strategy)?;
+    let mut boxes: Vec<(&ResolvedParam, layout::SliceBox)> = Vec::with_capacity(targets.len());
+    for (name, target) in targets {
+        let p = src.param(name).ok_or_else(|| CkptError::TensorMissing {
+            path: ckpt_dir.to_path_buf(),
+            tensor: name.to_string(),
+            rule: "it was asked for but the source strategy does not list it".to_string(),
+        })?;
+        if target.shape() != p.shape.as_slice() {
+            return Err(CkptError::GlobalShape {
+                tensor: name.to_string(),
+                reason: format!(
+                    "the target layout is for shape {:?} but the checkpoint holds {:?}",
+                    target.shape(),
+                    p.shape
+                ),
+            });
+        }
+        let region = target.rank_box(rank).map_err(|source| CkptError::Layout {
+            path: ckpt_dir.to_path_buf(),
+            tensor: name.to_string(),
+            source,
+        })?;
+        boxes.push((p, region));
+    }
+    let plan = plan_gathers(&sources, boxes)?;
+    let mut out = Vec::with_capacity(plan.items.len());
+    let mut scratch = Vec::new();
+    for item in &plan.items {
+        let dtype = item.meta.dtype().expect("gathered items have a dtype");
+        let mut tensor = Tensor::zeros(dtype, &item.meta.shape);
+        let whole = layout::SliceBox::full(&item.meta.shape);
+        fill_chunk(&sources, item, &whole, tensor.as_bytes_mut(), &mut scratch)?;
+        out.push((item.meta.name.clone(), tensor));
+    }
+    Ok(out)
+}

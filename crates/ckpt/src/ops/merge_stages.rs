@@ -1,0 +1,117 @@
+//! MindSpore's `merge_pipeline_strategys`: one strategy file per pipeline stage merged into one
+//! file whose parameter names carry their stage (`"<stage>-<name>"`).
+//!
+//! Unlike MindSpore, which takes its inputs in unsorted `glob` order, files are merged in stage
+//! order (then by file name), so the output does not depend on the filesystem.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{io_err, CkptError, Result};
+use crate::format::ms_strategy::MsStrategyFile;
+use crate::io::atomic_write::write_file;
+
+/// What a stage merge did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MergeStagesReport {
+    /// The merged file.
+    pub path: PathBuf,
+    /// Each input used and its stage, in merge order.
+    pub merged: Vec<(PathBuf, u32)>,
+    /// Inputs skipped (a stage already merged, or bytes identical to a merged file), with why.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Merges the per-stage strategy files in `src_dir` (all `*.ckpt` protobuf, or all `*.json`)
+/// into `dst`, written as protobuf unless its name ends in `.json`.
+pub fn merge_pipeline_strategies(
+    src_dir: &Path,
+    dst: &Path,
+    force: bool,
+) -> Result<MergeStagesReport> {
+    let mut pb = Vec::new();
+    let mut js = Vec::new();
+    for entry in std::fs::read_dir(src_dir).map_err(io_err(src_dir, "list directory"))? {
+        let path = entry.map_err(io_err(src_dir, "list directory"))?.path();
+        if !path.is_file() {
+            continue;
+        }
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("ckpt") => pb.push(path),
+            Some("json") => js.push(path),
+            _ => {}
+        }
+    }
+    if !pb.is_empty() && !js.is_empty() {
+        return Err(CkptError::MixedFormats {
+            path: src_dir.to_path_buf(),
+            detail: format!("{} and {}", pb[0].display(), js[0].display()),
+        });
+    }
+    let (files, is_json) = if pb.is_empty() {
+        (js, true)
+    } else {
+        (pb, false)
+    };
+    if files.is_empty() {
+        return Err(CkptError::NoFiles {
+            path: src_dir.to_path_buf(),
+            what: "strategy file (*.ckpt or *.json)",
+        });
+    }
+    let mut parsed: Vec<(PathBuf, Vec<u8>, MsStrategyFile, u32)> = Vec::with_capacity(files.len());
+    for path in files {
+        let bytes = std::fs::read(&path).map_err(io_err(&path, "read"))?;
+        let file = if is_json {
+            MsStrategyFile::from_json_bytes(&path, &bytes)?
+        } else {
+            MsStrategyFile::decode(&path, &bytes)?
+        };
+        let (Some(first), false) = (file.strategy_items.first(), file.layout_items.is_empty())
+        else {
+            return Err(CkptError::InvalidStrategy {
+                path,
+                reason: "the strategy file is empty (it needs operator strategies, whose first one gives the pipeline stage, and parameter layouts)".to_string(),
+            });
+        };
+        let stage = first.stage;
+        parsed.push((path, bytes, file, stage));
+    }
+    parsed.sort_by(|a, b| (a.3, &a.0).cmp(&(b.3, &b.0)));
+    let mut out = MsStrategyFile {
+        current_stage: 1,
+        ..MsStrategyFile::default()
+    };
+    let mut report = MergeStagesReport::default();
+    let mut seen_bytes: Vec<Vec<u8>> = Vec::new();
+    for (path, bytes, file, stage) in parsed {
+        if seen_bytes.contains(&bytes) {
+            report
+                .skipped
+                .push((path, "identical to a file already merged".to_string()));
+            continue;
+        }
+        if report.merged.iter().any(|(_, s)| *s == stage) {
+            report
+                .skipped
+                .push((path, format!("stage {stage} was already merged")));
+            continue;
+        }
+        seen_bytes.push(bytes);
+        out.strategy_items.extend(file.strategy_items);
+        out.layout_items
+            .extend(file.layout_items.into_iter().map(|mut item| {
+                item.param_name = format!("{stage}-{}", item.param_name);
+                item
+            }));
+        report.merged.push((path, stage));
+    }
+    let bytes = if dst.extension().is_some_and(|e| e == "json") {
+        let mut text = out.to_json_text();
+        text.push('\n');
+        text.into_bytes()
+    } else {
+        out.encode()
+    };
+    report.path = write_file(dst, &bytes, force)?;
+    Ok(report)
+}

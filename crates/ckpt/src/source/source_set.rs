@@ -1,0 +1,303 @@
+//! Where source tensors come from: per-rank directories or a unified (merged) checkpoint.
+//!
+//! Files are opened and indexed on first use and kept, so a conversion reads each header once
+//! and never opens a rank it does not need. A set is shared by the threads writing several
+//! destination files at once (the cache is behind a mutex, the files behind `Arc`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::file::CheckpointFile;
+use super::rank_dir::RankFiles;
+use crate::error::{CkptError, Result};
+use crate::format::crypto::Decryption;
+use crate::format::unified_index::{self, HYPER_PARAM_FILE, PARAM_NAME_MAP};
+use crate::format::Format;
+use crate::model::{ResolvedStrategy, ShapeHint, Strategy};
+use crate::set::{check_file_id, check_set};
+
+#[derive(Debug)]
+enum Kind {
+    Ranks(RankFiles),
+    Unified {
+        dir: PathBuf,
+        /// Parameter → part file, in index order.
+        weight_map: Vec<(String, PathBuf)>,
+        hyper: Option<PathBuf>,
+    },
+}
+
+/// `mutex`'s contents; a panic elsewhere while holding it left them consistent (every update is
+/// one insert or one assignment).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A set of source checkpoint files.
+#[derive(Debug)]
+pub struct SourceSet {
+    kind: Kind,
+    cache: Mutex<HashMap<PathBuf, Arc<CheckpointFile>>>,
+    /// The id of the committed set the files belong to (from its marker).
+    set_id: Option<String>,
+    /// Without a marker: the first set id met in a file, and that file.
+    first_id: Mutex<Option<(String, PathBuf)>>,
+    /// The key and mode encrypted `.ckpt` files are read with.
+    decryption: Option<Decryption>,
+}
+
+impl SourceSet {
+    /// Sources in `dir/rank_<N>/`. An uncommitted or mixed set is refused ([`check_set`]).
+    pub fn rank_dirs(dir: &Path) -> Result<SourceSet> {
+        SourceSet::rank_dirs_with_suffix(dir, None)
+    }
+
+    /// [`SourceSet::rank_dirs`], each rank's file chosen among those ending in
+    /// `<file_suffix>.safetensors` (see [`RankFiles::discover_with_suffix`]).
+    pub fn rank_dirs_with_suffix(dir: &Path, file_suffix: Option<&str>) -> Result<SourceSet> {
+        let marker = check_set(dir)?;
+        let mut set = SourceSet::of_rank_files(RankFiles::discover_with_suffix(dir, file_suffix)?);
+        set.set_id = marker.map(|m| m.id);
+        Ok(set)
+    }
+
+    /// Sources from already discovered rank files, without checking their set.
+    pub(crate) fn of_rank_files(files: RankFiles) -> SourceSet {
+        SourceSet {
+            kind: Kind::Ranks(files),
+            cache: Mutex::default(),
+            set_id: None,
+            first_id: Mutex::default(),
+            decryption: None,
+        }
+    }
+
+    /// Reads encrypted `.ckpt` files with `dec` (MindSpore's `dec_key` / `dec_mode`).
+    pub fn with_decryption(mut self, dec: Option<Decryption>) -> SourceSet {
+        self.decryption = dec;
+        self
+    }
+
+    /// A unified checkpoint: `param_name_map.json`, its part files and an optional
+    /// `hyper_param.safetensors`.
+    pub fn unified(dir: &Path) -> Result<SourceSet> {
+        let marker = check_set(dir)?;
+        let weight_map = unified_index::read(&dir.join(PARAM_NAME_MAP))?
+            .into_iter()
+            .map(|(name, file)| (name, dir.join(file)))
+            .collect();
+        let hyper = Some(dir.join(HYPER_PARAM_FILE)).filter(|p| p.is_file());
+        Ok(SourceSet {
+            kind: Kind::Unified {
+                dir: dir.to_path_buf(),
+                weight_map,
+                hyper,
+            },
+            cache: Mutex::default(),
+            set_id: marker.map(|m| m.id),
+            first_id: Mutex::default(),
+            decryption: None,
+        })
+    }
+
+    /// A set with no files, for writes whose tensors all name their own file.
+    pub(crate) fn empty(dir: &Path) -> SourceSet {
+        SourceSet {
+            kind: Kind::Unified {
+                dir: dir.to_path_buf(),
+                weight_map: Vec::new(),
+                hyper: None,
+            },
+            cache: Mutex::default(),
+            set_id: None,
+            first_id: Mutex::default(),
+            decryption: None,
+        }
+    }
+
+    /// The directory the sources live in.
+    pub fn root(&self) -> &Path {
+        match &self.kind {
+            Kind::Ranks(r) => &r.root,
+            Kind::Unified { dir, .. } => dir,
+        }
+    }
+
+    /// The format of the source files.
+    pub fn format(&self) -> Format {
+        match &self.kind {
+            Kind::Ranks(r) => r.format,
+            Kind::Unified { .. } => Format::Safetensors,
+        }
+    }
+
+    /// The per-rank files, for rank-directory sources.
+    pub fn rank_files(&self) -> Option<&RankFiles> {
+        match &self.kind {
+            Kind::Ranks(r) => Some(r),
+            Kind::Unified { .. } => None,
+        }
+    }
+
+    /// Opens (once) and returns the file at `path`.
+    pub fn open(&self, path: &Path) -> Result<Arc<CheckpointFile>> {
+        if let Some(f) = lock(&self.cache).get(path) {
+            return Ok(f.clone());
+        }
+        let file = Arc::new(CheckpointFile::open_with(path, self.decryption.as_ref())?);
+        file.verify_metadata_crc()?;
+        self.check_set_id(&file)?;
+        lock(&self.cache).insert(path.to_path_buf(), file.clone());
+        Ok(file)
+    }
+
+    /// Refuses a file of another set than the directory's (or, without a marker, than the
+    /// first file's).
+    fn check_set_id(&self, file: &CheckpointFile) -> Result<()> {
+        let root = self.root();
+        if self.set_id.is_some() {
+            if file.format() == Format::Safetensors && file.set_id().is_none() {
+                return Err(CkptError::MixedSet {
+                    path: root.to_path_buf(),
+                    id: self.set_id.clone().unwrap_or_default(),
+                    reason: format!("{} carries no set id", file.path().display()),
+                });
+            }
+            return check_file_id(root, file.path(), self.set_id.as_deref(), file.set_id());
+        }
+        let Some(found) = file.set_id() else {
+            return Ok(());
+        };
+        let mut first = lock(&self.first_id);
+        match &*first {
+            None => *first = Some((found.to_string(), file.path().to_path_buf())),
+            Some((id, path)) if id != found => {
+                return Err(CkptError::MixedSet {
+                    path: root.to_path_buf(),
+                    id: id.clone(),
+                    reason: format!(
+                        "the directory has no set marker, and {} belongs to set {id} but {} to set {found}",
+                        path.display(),
+                        file.path().display()
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Number of files opened so far.
+    pub fn n_opened(&self) -> usize {
+        lock(&self.cache).len()
+    }
+
+    /// The file of source rank `rank`, or `None` if the rank has none.
+    pub fn rank_file(&self, rank: usize) -> Result<Option<Arc<CheckpointFile>>> {
+        match &self.kind {
+            Kind::Ranks(r) => match r.files.get(&rank) {
+                Some(p) => self.open(p).map(Some),
+                None => Ok(None),
+            },
+            Kind::Unified { .. } => Ok(None),
+        }
+    }
+
+    /// The file that holds `tensor` for source rank `rank` (it may still lack the tensor when
+    /// the checkpoint was saved without redundancy). `None` when the rank has no file.
+    pub fn file_for(&self, rank: usize, tensor: &str) -> Result<Option<Arc<CheckpointFile>>> {
+        match &self.kind {
+            Kind::Ranks(_) => self.rank_file(rank),
+            Kind::Unified { weight_map, .. } => {
+                if rank != 0 {
+                    return Ok(None);
+                }
+                match weight_map.iter().find(|(n, _)| n == tensor) {
+                    Some((_, p)) => self.open(p).map(Some),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The file whose tensors outside the strategy a destination rank copies: source rank
+    /// `home` (MindSpore copies from `rank % device_num`), or the lowest rank present when
+    /// `home` has no file; for a unified checkpoint, `hyper_param.safetensors`.
+    pub fn extras_file(&self, home: usize) -> Result<Option<Arc<CheckpointFile>>> {
+        match &self.kind {
+            Kind::Ranks(r) => {
+                let path = r.files.get(&home).or_else(|| r.files.values().next());
+                path.map(|p| self.open(p)).transpose()
+            }
+            Kind::Unified { hyper, .. } => hyper.as_deref().map(|p| self.open(p)).transpose(),
+        }
+    }
+
+    /// Binds `strategy` to global shapes taken from the stored slices (the first rank of each
+    /// placement whose file holds the tensor). Parameters no file holds are returned apart.
+    /// Rank folders beyond the strategy's ranks are an error: the strategy is for fewer
+    /// devices than the checkpoint was saved on.
+    pub fn resolve_source(&self, strategy: &Strategy) -> Result<(ResolvedStrategy, Vec<String>)> {
+        strategy.check_stages()?;
+        let resolved = self.resolve_unchecked(strategy)?;
+        if let Kind::Ranks(files) = &self.kind {
+            let n_ranks = resolved.0.n_ranks();
+            let extra: Vec<usize> = files.files.range(n_ranks..).map(|(&r, _)| r).collect();
+            if !extra.is_empty() && !resolved.0.params().is_empty() {
+                return Err(CkptError::RankCountMismatch {
+                    path: files.root.clone(),
+                    strategy: strategy.path.clone(),
+                    n_ranks,
+                    extra,
+                });
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// [`SourceSet::resolve_source`] without the rank-folder check.
+    pub(crate) fn resolve_unchecked(
+        &self,
+        strategy: &Strategy,
+    ) -> Result<(ResolvedStrategy, Vec<String>)> {
+        strategy.resolve(|param, placement| {
+            let mesh = placement.layout.mesh();
+            for slot in 0..mesh.n_slots() {
+                let rank = mesh.device_of_slot(slot);
+                let Some(file) = self.file_for(rank, &param.name)? else {
+                    continue;
+                };
+                if let Some(t) = file.tensor(&param.name) {
+                    return Ok(Some(ShapeHint {
+                        shape: t.shape.clone(),
+                        is_global: false,
+                        dtype: t.dtype(),
+                        source: format!("{} (rank {rank})", file.path().display()),
+                    }));
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    /// The strategy of a unified checkpoint: every indexed tensor whole on rank 0.
+    pub fn unified_strategy(&self) -> Result<ResolvedStrategy> {
+        let Kind::Unified { weight_map, .. } = &self.kind else {
+            return Err(CkptError::NotUnified {
+                path: self.root().to_path_buf(),
+            });
+        };
+        let mut params = Vec::with_capacity(weight_map.len());
+        for (name, path) in weight_map {
+            let file = self.open(path)?;
+            let t = file.tensor(name).ok_or_else(|| CkptError::TensorMissing {
+                path: path.clone(),
+                tensor: name.clone(),
+                rule: format!("{PARAM_NAME_MAP} says this file holds it"),
+            })?;
+            params.push((name.clone(), t.shape.clone(), t.dtype()));
+        }
+        ResolvedStrategy::single_rank(&params)
+    }
+}
