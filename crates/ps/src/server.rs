@@ -161,7 +161,7 @@ impl State {
             }
             let pushed = self.pending.remove(&step).unwrap_or_default();
             self.members.remove(&step);
-            let (loss, grads) = mean_of(&pushed, &self.shapes)?;
+            let (loss, grads) = mean_of(&pushed, (&self.names, &self.shapes))?;
             let sparse = sparse_mean_of(&pushed, &self.tables);
             let replay = pushed.values().any(|p| p.replay);
             let learning_rate = step_learning_rate(step, &pushed)?;
@@ -207,26 +207,28 @@ impl State {
     }
 }
 
-/// The weighted mean (by rows) of the pushes' gradients and losses; a plain mean when every
-/// push has the same rows, as data parallel's averaged all-reduce computes it.
 /// Sync: the learning rate of step `step`, which every worker's push gives (the schedule is a
 /// function of the step alone, so they agree).
 fn step_learning_rate(step: u64, pushed: &BTreeMap<u32, Pushed>) -> Result<f64, PsError> {
     let mut rates = pushed.iter().map(|(&w, p)| (w, p.learning_rate));
     let Some((first_worker, rate)) = rates.next() else {
-        return Err(PsError::Protocol(format!("step {step}: no pushes")));
+        return Err(PsError::invariant(format!("step {step}"), "no pushes"));
     };
     match rates.find(|&(_, r)| r.to_bits() != rate.to_bits()) {
         None => Ok(rate),
-        Some((worker, other)) => Err(PsError::Protocol(format!(
-            "step {step}: worker {first_worker} pushed at learning rate {rate}, worker {worker} at {other}: the workers' schedules disagree"
-        ))),
+        Some((worker, other)) => Err(PsError::message(
+            format!("pushes of step {step}"),
+            format!("worker {first_worker} pushed at learning rate {rate}, worker {worker} at {other}: the workers' schedules disagree"),
+        )),
     }
 }
 
+/// The weighted mean (by rows) of the pushes' gradients and losses; a plain mean when every
+/// push has the same rows, as data parallel's averaged all-reduce computes it. The gradients
+/// are those of the parameters `names` of shapes `shapes`.
 fn mean_of(
     pushed: &BTreeMap<u32, Pushed>,
-    shapes: &[Vec<usize>],
+    (names, shapes): (&[String], &[Vec<usize>]),
 ) -> Result<(f32, Vec<Tensor>), PsError> {
     let total_rows: u64 = pushed.values().map(|p| p.rows).sum();
     let equal = pushed
@@ -246,12 +248,12 @@ fn mean_of(
         .sum::<f64>()
         / denominator;
     let mut grads = Vec::with_capacity(shapes.len());
-    for (k, shape) in shapes.iter().enumerate() {
+    for (k, (name, shape)) in names.iter().zip(shapes).enumerate() {
         let mut sum = vec![0f32; shape.iter().product()];
-        for p in pushed.values() {
+        for (worker, p) in pushed {
             let g = p.grads[k]
                 .as_f32()
-                .map_err(|e| PsError::Protocol(e.to_string()))?;
+                .map_err(|e| PsError::tensor(format!("worker {worker}'s gradient of {name}"), e))?;
             let w = weight(p) as f32;
             if equal {
                 sum.iter_mut().zip(g).for_each(|(s, x)| *s += x);
@@ -261,7 +263,9 @@ fn mean_of(
         }
         let scale = 1.0 / denominator as f32;
         sum.iter_mut().for_each(|s| *s *= scale);
-        grads.push(Tensor::from_vec(shape, sum).map_err(|e| PsError::Protocol(e.to_string()))?);
+        let mean = Tensor::from_vec(shape, sum)
+            .map_err(|e| PsError::tensor(format!("the mean gradient of {name}"), e))?;
+        grads.push(mean);
     }
     Ok((loss as f32, grads))
 }
@@ -298,10 +302,12 @@ pub struct ServerService {
     changed: Arc<Notify>,
 }
 
+/// The answer to a call that failed with `e`: `InvalidArgument` when the caller sent something
+/// wrong ([`PsError::is_bad_request`]), `Internal` otherwise.
 fn status(e: PsError) -> Status {
-    match e {
-        PsError::Protocol(m) => Status::invalid_argument(m),
-        other => Status::internal(other.to_string()),
+    match e.is_bad_request() {
+        true => Status::invalid_argument(e.to_string()),
+        false => Status::internal(e.to_string()),
     }
 }
 
@@ -573,10 +579,13 @@ fn table_of<'a>(s: &'a State, name: &str) -> Result<&'a ServerTable, PsError> {
         .iter()
         .find(|t| t.info().name == name)
         .ok_or_else(|| {
-            PsError::Protocol(format!(
-                "server {} holds no server-resident table {name:?}",
-                s.server_id
-            ))
+            PsError::message(
+                "pull",
+                format!(
+                    "server {} holds no server-resident table {name:?}",
+                    s.server_id
+                ),
+            )
         })
 }
 
@@ -610,16 +619,19 @@ fn sparse_grads(s: &State, msgs: &[RowsMsg]) -> Result<Vec<Rows>, PsError> {
             .iter()
             .position(|t| t.info().name == msg.name)
             .ok_or_else(|| {
-                PsError::Protocol(format!(
-                    "push: server {} holds no server-resident table {:?}",
-                    s.server_id, msg.name
-                ))
+                PsError::message(
+                    "push",
+                    format!(
+                        "server {} holds no server-resident table {:?}",
+                        s.server_id, msg.name
+                    ),
+                )
             })?;
         if out[t].is_some() {
-            return Err(PsError::Protocol(format!(
-                "push: table {} sent twice",
-                msg.name
-            )));
+            return Err(PsError::message(
+                "push",
+                format!("table {} sent twice", msg.name),
+            ));
         }
         out[t] = Some(from_rows_msg(msg, s.tables[t].info(), s.tables[t].block())?);
     }
