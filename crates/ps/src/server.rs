@@ -22,12 +22,14 @@ use crate::proto::parameter_server_server::{ParameterServer, ParameterServerServ
 use crate::proto::*;
 use crate::retry::until_admitted;
 use crate::snapshot::{self, PartitionState};
-use crate::sparse::{check_ids, from_rows_msg, mean_rows, to_rows_msg, Rows};
+use crate::sparse::Rows;
 use crate::table::ServerTable;
 use crate::wire::{from_msg, to_msg};
 
 mod migrate;
+mod rows;
 pub use migrate::{current_map, handover_limit};
+use rows::{sparse_grads, sparse_mean_of, sparse_request_ok, sparse_rows};
 
 /// The longest a pull waits for the version it asks for before answering "not ready".
 const LONGEST_PULL: Duration = Duration::from_millis(500);
@@ -268,31 +270,6 @@ fn mean_of(
         grads.push(mean);
     }
     Ok((loss as f32, grads))
-}
-
-/// The row-sparse counterpart of [`mean_of`] for every table: the same weights, order of
-/// additions and scale, on the rows the pushes have.
-fn sparse_mean_of(pushed: &BTreeMap<u32, Pushed>, tables: &[ServerTable]) -> Vec<Rows> {
-    let total_rows: u64 = pushed.values().map(|p| p.rows).sum();
-    let equal = pushed
-        .values()
-        .all(|p| Some(p.rows) == pushed.values().next().map(|q| q.rows));
-    let denominator = if equal {
-        pushed.len() as f64
-    } else {
-        total_rows.max(1) as f64
-    };
-    let weights: Option<Vec<f32>> =
-        (!equal).then(|| pushed.values().map(|p| p.rows as f64 as f32).collect());
-    let scale = 1.0 / denominator as f32;
-    tables
-        .iter()
-        .enumerate()
-        .map(|(t, table)| {
-            let pushes: Vec<&Rows> = pushed.values().filter_map(|p| p.sparse.get(t)).collect();
-            mean_rows(&pushes, table.info().width, weights.as_deref(), scale)
-        })
-        .collect()
 }
 
 /// The server's gRPC service.
@@ -571,79 +548,6 @@ impl ParameterServer for ServerService {
     ) -> Result<Response<HandoverReply>, Status> {
         self.receive(request.into_inner())
     }
-}
-
-/// The table of `msg` among the server's tables.
-fn table_of<'a>(s: &'a State, name: &str) -> Result<&'a ServerTable, PsError> {
-    s.tables
-        .iter()
-        .find(|t| t.info().name == name)
-        .ok_or_else(|| {
-            PsError::message(
-                "pull",
-                format!(
-                    "server {} holds no server-resident table {name:?}",
-                    s.server_id
-                ),
-            )
-        })
-}
-
-/// Checks a pull's row requests: held tables, ids in the table and this server's block.
-fn sparse_request_ok(s: &State, wanted: &[RowsMsg]) -> Result<(), PsError> {
-    for msg in wanted {
-        let table = table_of(s, &msg.name)?;
-        check_ids(msg, table.info(), table.block())?;
-    }
-    Ok(())
-}
-
-/// The rows a pull asks for (checked by [`sparse_request_ok`]).
-fn sparse_rows(s: &State, wanted: &[RowsMsg]) -> Result<Vec<RowsMsg>, PsError> {
-    wanted
-        .iter()
-        .map(|msg| {
-            let table = table_of(s, &msg.name)?;
-            Ok(to_rows_msg(table.info(), &table.rows(&msg.ids)?))
-        })
-        .collect()
-}
-
-/// A push's row-sparse gradients, one per table in the server's order (empty rows for a table
-/// the push leaves out); each message checked against its table before it is decoded.
-fn sparse_grads(s: &State, msgs: &[RowsMsg]) -> Result<Vec<Rows>, PsError> {
-    let mut out: Vec<Option<Rows>> = vec![None; s.tables.len()];
-    for msg in msgs {
-        let t = s
-            .tables
-            .iter()
-            .position(|t| t.info().name == msg.name)
-            .ok_or_else(|| {
-                PsError::message(
-                    "push",
-                    format!(
-                        "server {} holds no server-resident table {:?}",
-                        s.server_id, msg.name
-                    ),
-                )
-            })?;
-        if out[t].is_some() {
-            return Err(PsError::message(
-                "push",
-                format!("table {} sent twice", msg.name),
-            ));
-        }
-        out[t] = Some(from_rows_msg(msg, s.tables[t].info(), s.tables[t].block())?);
-    }
-    Ok(out
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(Rows {
-                ids: Vec::new(),
-                values: Vec::new(),
-            })
-        })
-        .collect())
 }
 
 /// The address a server bound at `bound` gives the scheduler for workers to reach it:
