@@ -102,7 +102,7 @@ pub(crate) fn one_rank() -> Result<Arc<dyn Communicator>, PsError> {
     let comm = cluster
         .comms()
         .pop()
-        .ok_or_else(|| PsError::io("a one-rank communicator", "none was made"))?;
+        .ok_or_else(|| PsError::invariant("a one-rank cluster", "made no communicator"))?;
     Ok(Arc::new(comm))
 }
 
@@ -156,9 +156,7 @@ impl Compute {
                     .params
                     .iter()
                     .position(|q| q.name == p.name)
-                    .ok_or_else(|| {
-                        PsError::Protocol(format!("parameter {} is not evaluated", p.name))
-                    })
+                    .ok_or_else(|| PsError::missing_parameter(&p.name, "the evaluation program"))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Compute {
@@ -216,18 +214,22 @@ impl Compute {
         table_rows: &Tensor,
     ) -> Result<(f32, Vec<Tensor>, Rows), PsError> {
         let Net::Bag(bag) = &mut self.net else {
-            return Err(PsError::Protocol(
-                "the job has no server-resident table".to_string(),
+            return Err(PsError::invariant(
+                "a gradient with table rows",
+                "the job has no server-resident table",
             ));
         };
         let [head] = weights else {
-            return Err(PsError::Protocol(format!(
-                "a gradient needs 1 weight besides the table, got {}",
-                weights.len()
-            )));
+            return Err(PsError::invariant(
+                "a gradient with table rows",
+                format!("needs 1 weight besides the table, got {}", weights.len()),
+            ));
         };
         if rows.is_empty() {
-            return Err(PsError::Protocol("a gradient needs rows".to_string()));
+            return Err(PsError::invariant(
+                "a gradient with table rows",
+                "needs rows",
+            ));
         }
         let (loss, table_grad, head_grad) =
             bag.gradient(images(&self.data)?.0, rows, table_rows, Some(held), head)?;
@@ -257,7 +259,7 @@ impl Compute {
                 .params
                 .iter()
                 .position(|q| q.name == p.name)
-                .ok_or_else(|| PsError::Protocol(format!("no parameter {}", p.name)))?;
+                .ok_or_else(|| PsError::missing_parameter(&p.name, "the training program"))?;
             out.push(exec.param(i).clone());
         }
         Ok(out)
@@ -292,11 +294,14 @@ impl Compute {
             Data::Text(text) => {
                 let starts = text.train_starts(self.base.train().seed, epoch as u64, index, 0)?;
                 let mine = starts.get(offset..offset + count).ok_or_else(|| {
-                    PsError::Protocol(format!(
-                        "step {step}: rows {offset}..{} of a batch of {}",
-                        offset + count,
-                        starts.len()
-                    ))
+                    PsError::message(
+                        format!("BeginStep reply of step {step}"),
+                        format!(
+                            "rows {offset}..{} of a batch of {}",
+                            offset + count,
+                            starts.len()
+                        ),
+                    )
                 })?;
                 return Ok(mine.iter().map(|&s| s as usize).collect());
             }
@@ -310,9 +315,10 @@ impl Compute {
             epoch as u64,
         )?;
         let batch = plan.batch(index as usize).ok_or_else(|| {
-            PsError::Protocol(format!(
-                "step {step}: batch {index} of epoch {epoch} does not exist"
-            ))
+            PsError::invariant(
+                format!("step {step}"),
+                format!("batch {index} of epoch {epoch} does not exist"),
+            )
         })?;
         Ok(batch.rows(offset, count)?.to_vec())
     }
@@ -324,19 +330,23 @@ impl Compute {
         rows: &[usize],
     ) -> Result<(f32, Vec<Tensor>), PsError> {
         if rows.is_empty() || weights.len() != self.params.len() {
-            return Err(PsError::Protocol(format!(
-                "a gradient needs rows and {} weights, got {} rows and {} weights",
-                self.params.len(),
-                rows.len(),
-                weights.len()
-            )));
+            return Err(PsError::invariant(
+                "a gradient",
+                format!(
+                    "needs rows and {} weights, got {} rows and {} weights",
+                    self.params.len(),
+                    rows.len(),
+                    weights.len()
+                ),
+            ));
         }
         let mlp = match &mut self.net {
             Net::Mlp(mlp) => mlp,
             Net::Bag(bag) => {
                 let [table, head] = weights else {
-                    return Err(PsError::Protocol(
-                        "a gradient with a server-resident table needs its rows".to_string(),
+                    return Err(PsError::invariant(
+                        "a gradient",
+                        "with a server-resident table, it needs the table's rows",
                     ));
                 };
                 let (loss, t, h) = bag.gradient(images(&self.data)?.0, rows, table, None, head)?;
@@ -357,7 +367,10 @@ impl Compute {
                         .iter()
                         .position(|q| q.name == p.name)
                         .ok_or_else(|| {
-                            PsError::Protocol(format!("parameter {} is not trained", p.name))
+                            PsError::missing_parameter(
+                                &p.name,
+                                format!("the training program of batch {}", rows.len()),
+                            )
                         })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -367,10 +380,12 @@ impl Compute {
                 param_index,
             });
         }
-        let program = mlp
-            .programs
-            .get_mut(&rows.len())
-            .ok_or_else(|| PsError::Protocol("no program for the batch".to_string()))?;
+        let program = mlp.programs.get_mut(&rows.len()).ok_or_else(|| {
+            PsError::invariant(
+                format!("the training program of batch {}", rows.len()),
+                "was not compiled",
+            )
+        })?;
         for (k, w) in weights.iter().enumerate() {
             copy_into(
                 program.exec.param_mut(program.param_index[k]),
@@ -405,8 +420,8 @@ impl Compute {
         let loss = program.exec.output(0).to_f64_vec()[0] as f32;
         let mut grads = Vec::with_capacity(self.params.len());
         for (k, &i) in program.param_index.iter().enumerate() {
-            let g = program.exec.grad(i).ok_or_else(|| {
-                PsError::Protocol(format!("parameter {} has no gradient", self.params[k].name))
+            let g = program.exec.grad(i).ok_or_else(|| PsError::NoGradient {
+                name: self.params[k].name.clone(),
             })?;
             grads.push(g.clone());
         }
@@ -421,8 +436,9 @@ impl Compute {
             Net::Mlp(mlp) => mlp,
             Net::Bag(bag) => {
                 let [table, head] = weights else {
-                    return Err(PsError::Protocol(
-                        "the accuracy with a server-resident table is not computed".to_string(),
+                    return Err(PsError::invariant(
+                        "the test accuracy",
+                        "is not computed with a server-resident table",
                     ));
                 };
                 return bag.accuracy(&test, batch_size, table, head);
@@ -459,13 +475,16 @@ impl Compute {
 /// Copies `src`'s values into `dst` (same shape and dtype), naming the parameter on mismatch.
 fn copy_into(dst: &mut Tensor, src: &Tensor, name: &str) -> Result<(), PsError> {
     if dst.shape() != src.shape() || dst.dtype() != src.dtype() {
-        return Err(PsError::Protocol(format!(
-            "weights of {name}: {:?} {}, expected {:?} {}",
-            src.shape(),
-            src.dtype(),
-            dst.shape(),
-            dst.dtype()
-        )));
+        return Err(PsError::invariant(
+            format!("weights of {name}"),
+            format!(
+                "{:?} {}, expected {:?} {}",
+                src.shape(),
+                src.dtype(),
+                dst.shape(),
+                dst.dtype()
+            ),
+        ));
     }
     dst.as_bytes_mut().copy_from_slice(src.as_bytes());
     Ok(())

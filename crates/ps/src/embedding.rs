@@ -148,7 +148,7 @@ impl BagNet {
         let images = data.read_images(rows)?;
         let fractions: Vec<f32> = images
             .as_f32()
-            .map_err(|e| PsError::Protocol(e.to_string()))?
+            .map_err(|e| PsError::tensor("the batch's images", e))?
             .iter()
             .map(|&x| x * self.std + self.mean)
             .collect();
@@ -181,10 +181,12 @@ impl BagNet {
                 .map_err(RuntimeError::from)?;
             keep(&mut self.train, key, build(program, &model, true)?);
         }
-        let p = self
-            .train
-            .get_mut(&key)
-            .ok_or_else(|| PsError::Protocol("no embedding-bag program".to_string()))?;
+        let p = self.train.get_mut(&key).ok_or_else(|| {
+            PsError::invariant(
+                format!("the embedding-bag training program of {key:?}"),
+                "was not compiled",
+            )
+        })?;
         p.exec.set_param(p.table, table.clone())?;
         p.exec.set_param(p.head, head.clone())?;
         p.exec.set_input_rows(p.ids, ids)?;
@@ -194,10 +196,9 @@ impl BagNet {
         p.exec.run()?;
         let loss = p.exec.output(0).to_f64_vec()[0] as f32;
         let grad = |i: usize, name: &str| {
-            p.exec
-                .grad(i)
-                .cloned()
-                .ok_or_else(|| PsError::Protocol(format!("parameter {name} has no gradient")))
+            p.exec.grad(i).cloned().ok_or_else(|| PsError::NoGradient {
+                name: name.to_string(),
+            })
         };
         Ok((loss, grad(p.table, TABLE)?, grad(p.head, HEAD)?))
     }
@@ -220,23 +221,24 @@ impl BagNet {
                     held.binary_search(&u64::from(i))
                         .map(|k| k as i32)
                         .map_err(|_| {
-                            PsError::Protocol(format!(
-                                "table {TABLE}: row {i} of the batch was not pulled"
-                            ))
+                            PsError::rows(TABLE, format!("row {i} of the batch was not pulled"))
                         })
                 })
                 .collect::<Result<_, _>>()?,
         };
         let expected_rows = held.map_or(self.dims.vocab_size(), <[u64]>::len);
         if table.shape() != [expected_rows, self.dims.embedding_size] {
-            return Err(PsError::Protocol(format!(
-                "table {TABLE}: {:?} values, expected [{expected_rows}, {}]",
-                table.shape(),
-                self.dims.embedding_size
-            )));
+            return Err(PsError::rows(
+                TABLE,
+                format!(
+                    "{:?} values, expected [{expected_rows}, {}]",
+                    table.shape(),
+                    self.dims.embedding_size
+                ),
+            ));
         }
         Tensor::from_vec(&[rows.len(), self.dims.features()], local)
-            .map_err(|e| PsError::Protocol(e.to_string()))
+            .map_err(|e| PsError::tensor("the ids input of the embedding bag", e))
     }
 
     /// The test accuracy at the whole `table` and `head`: every test sample once, in batches of
@@ -259,10 +261,12 @@ impl BagNet {
         let mut correct = 0usize;
         for batch in plan.iter() {
             let ids = self.program_ids(test, batch.indices, table, None)?;
-            let p = self
-                .eval
-                .get_mut(&key)
-                .ok_or_else(|| PsError::Protocol("no embedding-bag program".to_string()))?;
+            let p = self.eval.get_mut(&key).ok_or_else(|| {
+                PsError::invariant(
+                    format!("the embedding-bag evaluation program of {key:?}"),
+                    "was not compiled",
+                )
+            })?;
             p.exec.set_param(p.table, table.clone())?;
             p.exec.set_param(p.head, head.clone())?;
             p.exec.set_input_rows(p.ids, ids)?;
@@ -296,12 +300,12 @@ fn build(
             .params
             .iter()
             .position(|q| q.name == name)
-            .ok_or_else(|| PsError::Protocol(format!("the embedding bag has no parameter {name}")))
+            .ok_or_else(|| PsError::missing_parameter(name, "the embedding-bag program"))
     };
     let input = |value: graph::ValueId| program.inputs.iter().position(|i| i.value == value);
     let (table, head) = (param(TABLE)?, param(HEAD)?);
     let ids = input(model.input)
-        .ok_or_else(|| PsError::Protocol("the embedding bag has no ids input".to_string()))?;
+        .ok_or_else(|| PsError::invariant("the embedding-bag program", "has no ids input"))?;
     let labels = if with_labels {
         input(model.labels)
     } else {
@@ -323,7 +327,7 @@ pub fn rows_of(held: &[u64], grad: &Tensor) -> Result<Rows, PsError> {
         ids: held.to_vec(),
         values: grad
             .as_f32()
-            .map_err(|e| PsError::Protocol(e.to_string()))?
+            .map_err(|e| PsError::tensor("the gradient of the table's rows", e))?
             .to_vec(),
     })
 }

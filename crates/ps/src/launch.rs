@@ -216,7 +216,7 @@ fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd
             .collect();
         if lost.len() == workers {
             stop_all(children, libc::SIGTERM);
-            return Err(PsError::io(
+            return Err(PsError::job(
                 "the parameter-server job",
                 format!(
                     "every worker was lost: {}; every process was stopped",
@@ -234,7 +234,7 @@ fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd
                 c.ending()
             );
             stop_all(children, libc::SIGTERM);
-            return Err(PsError::io("the parameter-server job", why));
+            return Err(PsError::job("the parameter-server job", why));
         }
         if children.iter().all(|c| c.status.is_some()) {
             return Ok(LocalJobEnd {

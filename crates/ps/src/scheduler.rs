@@ -197,13 +197,13 @@ impl SchedulerService {
         let migration = s.map.failed(&s.server_live.dead(), now, s.startup_grace);
         drop(s);
         if let Some(why) = migration {
-            return Err(PsError::io("the job", why));
+            return Err(PsError::job("the job", why));
         }
         if changed {
             self.changed.notify_waiters();
         }
         if all_dead {
-            return Err(PsError::io(
+            return Err(PsError::job(
                 "the job",
                 "every worker died before the job ended",
             ));
@@ -600,7 +600,10 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, PsError> {
     addr.to_socket_addrs()
         .map_err(|e| PsError::io(format!("resolving {addr}"), e))?
         .next()
-        .ok_or_else(|| PsError::io(format!("resolving {addr}"), "no address"))
+        .ok_or_else(|| {
+            let none = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+            PsError::io(format!("resolving {addr}"), none)
+        })
 }
 
 /// The address the scheduler binds: `TESSERA_HOST` with `TESSERA_SCHEDULER_ADDR`'s port (in a

@@ -23,12 +23,14 @@ use crate::proto::parameter_server_server::{ParameterServer, ParameterServerServ
 use crate::proto::*;
 use crate::retry::until_admitted;
 use crate::snapshot::{self, PartitionState};
-use crate::sparse::{check_ids, from_rows_msg, mean_rows, to_rows_msg, Rows};
+use crate::sparse::Rows;
 use crate::table::ServerTable;
 use crate::wire::{from_msg, to_msg};
 
 mod migrate;
+mod rows;
 pub use migrate::{current_map, handover_limit};
+use rows::{sparse_grads, sparse_mean_of, sparse_request_ok, sparse_rows};
 
 /// The longest a pull waits for the version it asks for before answering "not ready".
 const LONGEST_PULL: Duration = Duration::from_millis(500);
@@ -162,7 +164,7 @@ impl State {
             }
             let pushed = self.pending.remove(&step).unwrap_or_default();
             self.members.remove(&step);
-            let (loss, grads) = mean_of(&pushed, &self.shapes)?;
+            let (loss, grads) = mean_of(&pushed, (&self.names, &self.shapes))?;
             let sparse = sparse_mean_of(&pushed, &self.tables);
             let replay = pushed.values().any(|p| p.replay);
             let learning_rate = step_learning_rate(step, &pushed)?;
@@ -208,26 +210,28 @@ impl State {
     }
 }
 
-/// The weighted mean (by rows) of the pushes' gradients and losses; a plain mean when every
-/// push has the same rows, as data parallel's averaged all-reduce computes it.
 /// Sync: the learning rate of step `step`, which every worker's push gives (the schedule is a
 /// function of the step alone, so they agree).
 fn step_learning_rate(step: u64, pushed: &BTreeMap<u32, Pushed>) -> Result<f64, PsError> {
     let mut rates = pushed.iter().map(|(&w, p)| (w, p.learning_rate));
     let Some((first_worker, rate)) = rates.next() else {
-        return Err(PsError::Protocol(format!("step {step}: no pushes")));
+        return Err(PsError::invariant(format!("step {step}"), "no pushes"));
     };
     match rates.find(|&(_, r)| r.to_bits() != rate.to_bits()) {
         None => Ok(rate),
-        Some((worker, other)) => Err(PsError::Protocol(format!(
-            "step {step}: worker {first_worker} pushed at learning rate {rate}, worker {worker} at {other}: the workers' schedules disagree"
-        ))),
+        Some((worker, other)) => Err(PsError::message(
+            format!("pushes of step {step}"),
+            format!("worker {first_worker} pushed at learning rate {rate}, worker {worker} at {other}: the workers' schedules disagree"),
+        )),
     }
 }
 
+/// The weighted mean (by rows) of the pushes' gradients and losses; a plain mean when every
+/// push has the same rows, as data parallel's averaged all-reduce computes it. The gradients
+/// are those of the parameters `names` of shapes `shapes`.
 fn mean_of(
     pushed: &BTreeMap<u32, Pushed>,
-    shapes: &[Vec<usize>],
+    (names, shapes): (&[String], &[Vec<usize>]),
 ) -> Result<(f32, Vec<Tensor>), PsError> {
     let total_rows: u64 = pushed.values().map(|p| p.rows).sum();
     let equal = pushed
@@ -247,12 +251,12 @@ fn mean_of(
         .sum::<f64>()
         / denominator;
     let mut grads = Vec::with_capacity(shapes.len());
-    for (k, shape) in shapes.iter().enumerate() {
+    for (k, (name, shape)) in names.iter().zip(shapes).enumerate() {
         let mut sum = vec![0f32; shape.iter().product()];
-        for p in pushed.values() {
+        for (worker, p) in pushed {
             let g = p.grads[k]
                 .as_f32()
-                .map_err(|e| PsError::Protocol(e.to_string()))?;
+                .map_err(|e| PsError::tensor(format!("worker {worker}'s gradient of {name}"), e))?;
             let w = weight(p) as f32;
             if equal {
                 sum.iter_mut().zip(g).for_each(|(s, x)| *s += x);
@@ -262,34 +266,11 @@ fn mean_of(
         }
         let scale = 1.0 / denominator as f32;
         sum.iter_mut().for_each(|s| *s *= scale);
-        grads.push(Tensor::from_vec(shape, sum).map_err(|e| PsError::Protocol(e.to_string()))?);
+        let mean = Tensor::from_vec(shape, sum)
+            .map_err(|e| PsError::tensor(format!("the mean gradient of {name}"), e))?;
+        grads.push(mean);
     }
     Ok((loss as f32, grads))
-}
-
-/// The row-sparse counterpart of [`mean_of`] for every table: the same weights, order of
-/// additions and scale, on the rows the pushes have.
-fn sparse_mean_of(pushed: &BTreeMap<u32, Pushed>, tables: &[ServerTable]) -> Vec<Rows> {
-    let total_rows: u64 = pushed.values().map(|p| p.rows).sum();
-    let equal = pushed
-        .values()
-        .all(|p| Some(p.rows) == pushed.values().next().map(|q| q.rows));
-    let denominator = if equal {
-        pushed.len() as f64
-    } else {
-        total_rows.max(1) as f64
-    };
-    let weights: Option<Vec<f32>> =
-        (!equal).then(|| pushed.values().map(|p| p.rows as f64 as f32).collect());
-    let scale = 1.0 / denominator as f32;
-    tables
-        .iter()
-        .enumerate()
-        .map(|(t, table)| {
-            let pushes: Vec<&Rows> = pushed.values().filter_map(|p| p.sparse.get(t)).collect();
-            mean_rows(&pushes, table.info().width, weights.as_deref(), scale)
-        })
-        .collect()
 }
 
 /// The server's gRPC service.
@@ -299,10 +280,12 @@ pub struct ServerService {
     changed: Arc<Notify>,
 }
 
+/// The answer to a call that failed with `e`: `InvalidArgument` when the caller sent something
+/// wrong ([`PsError::is_bad_request`]), `Internal` otherwise.
 fn status(e: PsError) -> Status {
-    match e {
-        PsError::Protocol(m) => Status::invalid_argument(m),
-        other => Status::internal(other.to_string()),
+    match e.is_bad_request() {
+        true => Status::invalid_argument(e.to_string()),
+        false => Status::internal(e.to_string()),
     }
 }
 
@@ -566,73 +549,6 @@ impl ParameterServer for ServerService {
     ) -> Result<Response<HandoverReply>, Status> {
         self.receive(request.into_inner())
     }
-}
-
-/// The table of `msg` among the server's tables.
-fn table_of<'a>(s: &'a State, name: &str) -> Result<&'a ServerTable, PsError> {
-    s.tables
-        .iter()
-        .find(|t| t.info().name == name)
-        .ok_or_else(|| {
-            PsError::Protocol(format!(
-                "server {} holds no server-resident table {name:?}",
-                s.server_id
-            ))
-        })
-}
-
-/// Checks a pull's row requests: held tables, ids in the table and this server's block.
-fn sparse_request_ok(s: &State, wanted: &[RowsMsg]) -> Result<(), PsError> {
-    for msg in wanted {
-        let table = table_of(s, &msg.name)?;
-        check_ids(msg, table.info(), table.block())?;
-    }
-    Ok(())
-}
-
-/// The rows a pull asks for (checked by [`sparse_request_ok`]).
-fn sparse_rows(s: &State, wanted: &[RowsMsg]) -> Result<Vec<RowsMsg>, PsError> {
-    wanted
-        .iter()
-        .map(|msg| {
-            let table = table_of(s, &msg.name)?;
-            Ok(to_rows_msg(table.info(), &table.rows(&msg.ids)?))
-        })
-        .collect()
-}
-
-/// A push's row-sparse gradients, one per table in the server's order (empty rows for a table
-/// the push leaves out); each message checked against its table before it is decoded.
-fn sparse_grads(s: &State, msgs: &[RowsMsg]) -> Result<Vec<Rows>, PsError> {
-    let mut out: Vec<Option<Rows>> = vec![None; s.tables.len()];
-    for msg in msgs {
-        let t = s
-            .tables
-            .iter()
-            .position(|t| t.info().name == msg.name)
-            .ok_or_else(|| {
-                PsError::Protocol(format!(
-                    "push: server {} holds no server-resident table {:?}",
-                    s.server_id, msg.name
-                ))
-            })?;
-        if out[t].is_some() {
-            return Err(PsError::Protocol(format!(
-                "push: table {} sent twice",
-                msg.name
-            )));
-        }
-        out[t] = Some(from_rows_msg(msg, s.tables[t].info(), s.tables[t].block())?);
-    }
-    Ok(out
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(Rows {
-                ids: Vec::new(),
-                values: Vec::new(),
-            })
-        })
-        .collect())
 }
 
 /// The address a server bound at `bound` gives the scheduler for workers to reach it:

@@ -35,7 +35,7 @@ pub struct PartitionState<'a> {
 fn counter(n: u64) -> Result<Tensor, PsError> {
     // Two i32 halves: safetensors' readers here know i32; a u64 does not fit one.
     let halves = vec![(n & 0xffff_ffff) as u32 as i32, (n >> 32) as u32 as i32];
-    Tensor::from_vec(&[2], halves).map_err(|e| PsError::Protocol(e.to_string()))
+    Tensor::from_vec(&[2], halves).map_err(|e| PsError::tensor(format!("the counter {n}"), e))
 }
 
 fn read_counter(t: &Tensor, path: &Path, name: &str) -> Result<u64, PsError> {
@@ -44,7 +44,7 @@ fn read_counter(t: &Tensor, path: &Path, name: &str) -> Result<u64, PsError> {
         [lo, hi] => Ok((*lo as i64 as u32 as u64) | ((*hi as i64 as u32 as u64) << 32)),
         _ => Err(PsError::Snapshot {
             path: path.to_path_buf(),
-            reason: format!("{name} has {} values, expected 2", values.len()),
+            rule: format!("{name} has {} values, expected 2", values.len()),
         }),
     }
 }
@@ -52,9 +52,10 @@ fn read_counter(t: &Tensor, path: &Path, name: &str) -> Result<u64, PsError> {
 /// Writes `state` to `path` atomically.
 pub fn save(path: &Path, state: &PartitionState<'_>) -> Result<(), PsError> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| PsError::Snapshot {
+        std::fs::create_dir_all(dir).map_err(|e| PsError::SnapshotIo {
             path: path.to_path_buf(),
-            reason: format!("cannot create {}: {e}", dir.display()),
+            what: format!("cannot create {}", dir.display()),
+            source: Box::new(e),
         })?;
     }
     let version = counter(state.version)?;
@@ -74,9 +75,10 @@ pub fn save(path: &Path, state: &PartitionState<'_>) -> Result<(), PsError> {
     names.push(OPTIMIZER_STEP_TENSOR.to_string());
     tensors.push(&opt_step);
     let pairs: Vec<(&str, &Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
-    ckpt::save_safetensors(path, &pairs, true).map_err(|e| PsError::Snapshot {
+    ckpt::save_safetensors(path, &pairs, true).map_err(|e| PsError::SnapshotIo {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        what: "writing".to_string(),
+        source: Box::new(e),
     })?;
     Ok(())
 }
@@ -89,14 +91,20 @@ pub fn load(
     weights: &mut [Tensor],
     optimizer: &mut Optimizer,
 ) -> Result<u64, PsError> {
-    let bad = |reason: String| PsError::Snapshot {
+    let bad = |rule: String| PsError::Snapshot {
         path: path.to_path_buf(),
-        reason,
+        rule,
     };
-    let file = ckpt::CheckpointFile::open(path).map_err(|e| bad(e.to_string()))?;
+    let unreadable = |what: String, e: ckpt::CkptError| PsError::SnapshotIo {
+        path: path.to_path_buf(),
+        what,
+        source: Box::new(e),
+    };
+    let file =
+        ckpt::CheckpointFile::open(path).map_err(|e| unreadable("opening".to_string(), e))?;
     let read = |name: &str| {
         file.read_tensor(name)
-            .map_err(|e| bad(format!("{name}: {e}")))
+            .map_err(|e| unreadable(format!("reading {name}"), e))
     };
     for (k, name) in names.iter().enumerate() {
         let t = read(name)?;

@@ -83,38 +83,46 @@ pub fn request_msg(table: &TableInfo, ids: &[u64]) -> RowsMsg {
 /// rows, each inside the table and the block. Errors name the table and the id.
 pub fn check_ids(msg: &RowsMsg, table: &TableInfo, held: &Range<usize>) -> Result<(), PsError> {
     if msg.name != table.name {
-        return Err(PsError::Protocol(format!(
-            "rows of table {:?}, expected table {}",
-            msg.name, table.name
-        )));
+        return Err(PsError::rows(
+            &table.name,
+            format!("the message holds rows of table {:?} instead", msg.name),
+        ));
     }
     if msg.ids.len() > held.len() {
-        return Err(PsError::Protocol(format!(
-            "table {}: {} row ids, more than the {} rows this server holds",
-            table.name,
-            msg.ids.len(),
-            held.len()
-        )));
+        return Err(PsError::rows(
+            &table.name,
+            format!(
+                "{} row ids, more than the {} rows this server holds",
+                msg.ids.len(),
+                held.len()
+            ),
+        ));
     }
     let mut seen = std::collections::BTreeSet::new();
     for &id in &msg.ids {
         if id >= table.rows as u64 {
-            return Err(PsError::Protocol(format!(
-                "table {}: row id {id} is out of range (the table has {} rows)",
-                table.name, table.rows
-            )));
+            return Err(PsError::rows(
+                &table.name,
+                format!(
+                    "row id {id} is out of range (the table has {} rows)",
+                    table.rows
+                ),
+            ));
         }
         if !held.contains(&(id as usize)) {
-            return Err(PsError::Protocol(format!(
-                "table {}: row id {id} is not held here (this server holds rows {}..{})",
-                table.name, held.start, held.end
-            )));
+            return Err(PsError::rows(
+                &table.name,
+                format!(
+                    "row id {id} is not held here (this server holds rows {}..{})",
+                    held.start, held.end
+                ),
+            ));
         }
         if !seen.insert(id) {
-            return Err(PsError::Protocol(format!(
-                "table {}: row id {id} appears twice",
-                table.name
-            )));
+            return Err(PsError::rows(
+                &table.name,
+                format!("row id {id} appears twice"),
+            ));
         }
     }
     Ok(())
@@ -130,20 +138,22 @@ pub fn from_rows_msg(
 ) -> Result<Rows, PsError> {
     check_ids(msg, table, held)?;
     if msg.width != table.width as u64 {
-        return Err(PsError::Protocol(format!(
-            "table {}: rows of width {}, expected {}",
-            table.name, msg.width, table.width
-        )));
+        return Err(PsError::rows(
+            &table.name,
+            format!("rows of width {}, expected {}", msg.width, table.width),
+        ));
     }
     let want = msg.ids.len() * table.width * 4;
     if msg.data.len() != want {
-        return Err(PsError::Protocol(format!(
-            "table {}: {} bytes for {} rows, expected {want} ({} f32 per row)",
-            table.name,
-            msg.data.len(),
-            msg.ids.len(),
-            table.width
-        )));
+        return Err(PsError::rows(
+            &table.name,
+            format!(
+                "{} bytes for {} rows, expected {want} ({} f32 per row)",
+                msg.data.len(),
+                msg.ids.len(),
+                table.width
+            ),
+        ));
     }
     let values = msg
         .data
@@ -265,9 +275,10 @@ impl PulledRows {
         let Some(table) = &self.table else {
             return match reply.is_empty() {
                 true => Ok(()),
-                false => Err(PsError::Protocol(format!(
-                    "server {s} sent rows nobody asked for"
-                ))),
+                false => Err(PsError::message(
+                    format!("Pull reply of server {s}"),
+                    "rows nobody asked for (the job has no server-resident table)",
+                )),
             };
         };
         let asked_ids: &[u64] = asked.first().map_or(&[], |m| m.ids.as_slice());
@@ -277,18 +288,23 @@ impl PulledRows {
             .collect::<Result<_, _>>()?;
         let got_ids: Vec<u64> = got.iter().flat_map(|r| r.ids.iter().copied()).collect();
         if got_ids != asked_ids {
-            return Err(PsError::Protocol(format!(
-                "table {}: server {s} sent {} rows, {} were asked",
-                table.name,
-                got_ids.len(),
-                asked_ids.len()
-            )));
+            return Err(PsError::rows(
+                &table.name,
+                format!(
+                    "server {s} sent {} rows, {} were asked",
+                    got_ids.len(),
+                    asked_ids.len()
+                ),
+            ));
         }
         let w = table.width;
         for rows in &got {
             for (k, id) in rows.ids.iter().enumerate() {
                 let at = self.ids.binary_search(id).map_err(|_| {
-                    PsError::Protocol(format!("table {}: row {id} was not asked", table.name))
+                    PsError::rows(
+                        &table.name,
+                        format!("server {s} sent row {id}, which was not asked"),
+                    )
                 })?;
                 self.values[at * w..(at + 1) * w].copy_from_slice(&rows.values[k * w..(k + 1) * w]);
             }

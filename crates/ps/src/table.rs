@@ -38,12 +38,14 @@ impl ServerTable {
     ) -> Result<ServerTable, PsError> {
         let shape = [block.len(), info.width];
         if initial.shape() != shape || initial.dtype() != DType::F32 {
-            return Err(PsError::Protocol(format!(
-                "table {}: initial rows {:?} {}, expected f32 {shape:?}",
-                info.name,
-                initial.shape(),
-                initial.dtype()
-            )));
+            return Err(PsError::rows(
+                &info.name,
+                format!(
+                    "initial rows {:?} {}, expected f32 {shape:?}",
+                    initial.shape(),
+                    initial.dtype()
+                ),
+            ));
         }
         let mut rule = Optimizer::new(
             config,
@@ -91,7 +93,7 @@ impl ServerTable {
         let all = self
             .weights
             .as_f32()
-            .map_err(|e| PsError::Protocol(e.to_string()))?;
+            .map_err(|e| PsError::tensor(format!("the rows of table {}", self.info.name), e))?;
         let mut values = Vec::with_capacity(ids.len() * w);
         for &id in ids {
             let local = self.local(id)?;
@@ -106,10 +108,13 @@ impl ServerTable {
     fn local(&self, id: u64) -> Result<usize, PsError> {
         let id = id as usize;
         if !self.block.contains(&id) {
-            return Err(PsError::Protocol(format!(
-                "table {}: row id {id} is not held here (rows {}..{})",
-                self.info.name, self.block.start, self.block.end
-            )));
+            return Err(PsError::rows(
+                &self.info.name,
+                format!(
+                    "row id {id} is not held here (rows {}..{})",
+                    self.block.start, self.block.end
+                ),
+            ));
         }
         Ok(id - self.block.start)
     }
@@ -119,15 +124,18 @@ impl ServerTable {
     pub fn apply(&mut self, step: u64, learning_rate: f64, grad: &Rows) -> Result<(), PsError> {
         let w = self.info.width;
         if grad.values.len() != grad.ids.len() * w {
-            return Err(PsError::Protocol(format!(
-                "table {}: {} values for {} rows of width {w}",
-                self.info.name,
-                grad.values.len(),
-                grad.ids.len()
-            )));
+            return Err(PsError::rows(
+                &self.info.name,
+                format!(
+                    "{} values for {} rows of width {w}",
+                    grad.values.len(),
+                    grad.ids.len()
+                ),
+            ));
         }
+        let table = &self.info.name;
         let g = Tensor::from_vec(&[grad.ids.len(), w], grad.values.clone())
-            .map_err(|e| PsError::Protocol(e.to_string()))?;
+            .map_err(|e| PsError::tensor(format!("the gradient rows of table {table}"), e))?;
         let names = self.rule.config().kind.state_names();
         self.rule.set_step_count(step);
         self.rule.set_learning_rate(learning_rate)?;
@@ -135,20 +143,19 @@ impl ServerTable {
             let local = self.local(id)?;
             let span = local * w..(local + 1) * w;
             for (name, full) in names.iter().zip(&self.state) {
-                let all = full
-                    .as_f32()
-                    .map_err(|e| PsError::Protocol(e.to_string()))?;
+                let state = || format!("the optimizer state {name} of table {table}");
+                let all = full.as_f32().map_err(|e| PsError::tensor(state(), e))?;
                 let row = Tensor::from_vec(&[w], all[span.clone()].to_vec())
-                    .map_err(|e| PsError::Protocol(e.to_string()))?;
+                    .map_err(|e| PsError::tensor(format!("{}, row {id}", state()), e))?;
                 self.rule.load_state(0, name, &row)?;
             }
             self.rule
                 .update_piece(0, &mut self.weights, local * w, &g, k * w)?;
             for (full, (_, row)) in self.state.iter_mut().zip(self.rule.state(0)?) {
-                let row = row.as_f32().map_err(|e| PsError::Protocol(e.to_string()))?;
-                full.as_f32_mut()
-                    .map_err(|e| PsError::Protocol(e.to_string()))?[span.clone()]
-                .copy_from_slice(row);
+                let what = || format!("the optimizer state of table {table}, row {id}");
+                let row = row.as_f32().map_err(|e| PsError::tensor(what(), e))?;
+                full.as_f32_mut().map_err(|e| PsError::tensor(what(), e))?[span.clone()]
+                    .copy_from_slice(row);
             }
         }
         Ok(())
@@ -183,12 +190,17 @@ pub fn server_tables(
         .map(|(info, whole)| {
             let block = info.block(servers, env.server_id);
             let w = info.width;
-            let values = whole
-                .as_f32()
-                .map_err(|e| PsError::Protocol(e.to_string()))?[block.start * w..block.end * w]
+            let what = || {
+                format!(
+                    "the initial rows {}..{} of table {}",
+                    block.start, block.end, info.name
+                )
+            };
+            let values = whole.as_f32().map_err(|e| PsError::tensor(what(), e))?
+                [block.start * w..block.end * w]
                 .to_vec();
             let rows = Tensor::from_vec(&[block.len(), w], values)
-                .map_err(|e| PsError::Protocol(e.to_string()))?;
+                .map_err(|e| PsError::tensor(what(), e))?;
             ServerTable::new(
                 info.clone(),
                 block,

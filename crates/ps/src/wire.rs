@@ -19,28 +19,31 @@ pub fn to_msg(name: &str, t: &Tensor) -> TensorMsg {
 /// other name, shape or byte length is refused, naming the rule.
 pub fn from_msg(msg: &TensorMsg, name: &str, expected: &[usize]) -> Result<Tensor, PsError> {
     if msg.name != name {
-        return Err(PsError::Protocol(format!(
-            "expected tensor {name}, got {}",
-            msg.name
-        )));
+        return Err(PsError::message(
+            format!("tensor {}", msg.name),
+            format!("expected tensor {name}"),
+        ));
     }
     let shape_ok = msg.shape.len() == expected.len()
         && msg.shape.iter().zip(expected).all(|(&a, &b)| a == b as u64);
     if !shape_ok {
-        return Err(PsError::Protocol(format!(
-            "tensor {name}: shape {:?}, expected {expected:?}",
-            msg.shape
-        )));
+        return Err(PsError::message(
+            format!("tensor {name}"),
+            format!("shape {:?}, expected {expected:?}", msg.shape),
+        ));
     }
     let want = expected.iter().product::<usize>() * 4;
     if msg.data.len() != want {
-        return Err(PsError::Protocol(format!(
-            "tensor {name}: {} bytes, expected {want} (f32 {expected:?})",
-            msg.data.len()
-        )));
+        return Err(PsError::message(
+            format!("tensor {name}"),
+            format!(
+                "{} bytes, expected {want} (f32 {expected:?})",
+                msg.data.len()
+            ),
+        ));
     }
     Tensor::from_bytes(DType::F32, expected, &msg.data)
-        .map_err(|e| PsError::Protocol(format!("tensor {name}: {e}")))
+        .map_err(|e| PsError::tensor(format!("decoding tensor {name}"), e))
 }
 
 #[cfg(test)]

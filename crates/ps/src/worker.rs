@@ -171,7 +171,7 @@ impl Links {
                     .filter(|s| s.addr.is_empty())
                     .map(|s| s.id.to_string())
                     .collect();
-                return Err(PsError::io(
+                return Err(PsError::job(
                     "waiting for the servers",
                     format!(
                         "server(s) {} did not register within {} s",
@@ -208,10 +208,9 @@ impl Links {
                     &self.secret,
                 )?);
             }
-            let client = link
-                .client
-                .clone()
-                .ok_or_else(|| PsError::io("a client", "none"))?;
+            let client = link.client.clone().ok_or_else(|| {
+                PsError::invariant(format!("the client of server {s}"), "none was made")
+            })?;
             let peer = || format!("server {s} at {}", self.servers[s].addr);
             match policy.attempt(call(client)).await {
                 Attempt::Done(reply) => return Ok(reply.into_inner()),
@@ -286,11 +285,14 @@ impl Links {
         if reply.ready {
             let held = link.held.clone();
             if reply.tensors.len() != held.len() {
-                return Err(PsError::Protocol(format!(
-                    "server {s} sent {} tensors, it holds {}",
-                    reply.tensors.len(),
-                    held.len()
-                )));
+                return Err(PsError::message(
+                    format!("Pull reply of server {s}"),
+                    format!(
+                        "{} tensors, the server holds {}",
+                        reply.tensors.len(),
+                        held.len()
+                    ),
+                ));
             }
             for (msg, &i) in reply.tensors.iter().zip(&held) {
                 let p = &compute.params()[i];
@@ -383,7 +385,7 @@ impl Links {
             if versions != progress.0 {
                 progress = (versions, Instant::now());
             } else if progress.1.elapsed() > patience {
-                return Err(PsError::io(
+                return Err(PsError::job(
                     format!("waiting for server(s) {still:?}"),
                     format!(
                         "no progress towards version {min_version} for {} s",
@@ -684,10 +686,10 @@ async fn steps(
                 continue;
             }
             _ => {
-                return Err(PsError::Protocol(format!(
-                    "BeginStep: unknown status {}",
-                    begin.status
-                )))
+                return Err(PsError::message(
+                    format!("BeginStep reply of step {s}"),
+                    format!("unknown status {}", begin.status),
+                ))
             }
         }
         if begin.map_epoch != links.epoch {
@@ -722,7 +724,9 @@ async fn steps(
                     &[pulled.ids.len(), table.width],
                     std::mem::take(&mut pulled.values),
                 )
-                .map_err(|e| PsError::Protocol(e.to_string()))?;
+                .map_err(|e| {
+                    PsError::tensor(format!("the pulled rows of table {}", table.name), e)
+                })?;
                 let (loss, grads, rows) =
                     compute.gradient_with_rows(&weights, &rows, &pulled.ids, &values)?;
                 (loss, grads, Some((table.clone(), rows)))
@@ -862,7 +866,7 @@ fn clip_worker_gradient(
     for g in grads.iter_mut() {
         parts.push(
             g.as_f32_mut()
-                .map_err(|e| PsError::Protocol(e.to_string()))?,
+                .map_err(|e| PsError::tensor("clipping the worker's gradient", e))?,
         );
     }
     if let Some(rows) = rows {

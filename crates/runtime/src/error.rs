@@ -52,13 +52,26 @@ pub enum RuntimeError {
         /// What it got.
         got: String,
     },
-    /// A rank failed; the others stopped.
-    #[error("rank {rank}: {message}")]
+    /// A rank failed; the others stopped. The rank's own error is kept (a peer's "peer failed"
+    /// or a timeout only when no rank failed on its own): a match reaches it as `*source`, and
+    /// `std::error::Error::source()` gives it boxed (downcast to `Box<RuntimeError>`).
+    #[error("rank {rank}: {source}")]
     Rank {
         /// The rank.
         rank: usize,
         /// Its error.
-        message: String,
+        #[source]
+        source: Box<RuntimeError>,
+    },
+    /// A rank cannot take part in writing a checkpoint set: rank 0 could not open it, another
+    /// rank failed to write its part, or rank 0's shared staging path is implausible.
+    #[error("rank {rank}: {reason}")]
+    CheckpointSet {
+        /// The rank the failure is told of (rank 0 for a set it could not open), or the rank
+        /// reporting it.
+        rank: usize,
+        /// What went wrong, and what became of the set.
+        reason: String,
     },
     /// An IO error on a named file.
     #[error("{path}: {source}")]

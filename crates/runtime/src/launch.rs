@@ -170,19 +170,24 @@ pub(crate) fn root_cause<R>(
     results: Vec<Result<Result<R, RuntimeError>, comm::CommError>>,
 ) -> Result<Vec<R>, RuntimeError> {
     let mut ranks = Vec::with_capacity(results.len());
-    let mut errors: Vec<(usize, String, Blame)> = Vec::new();
+    let mut errors: Vec<(usize, RuntimeError, Blame)> = Vec::new();
     for (rank, result) in results.into_iter().enumerate() {
         match result {
             Ok(Ok(outcome)) => ranks.push(outcome),
-            Ok(Err(err)) => errors.push((rank, err.to_string(), blame(&err))),
-            Err(err) => errors.push((rank, err.to_string(), Blame::OwnFault)),
+            Ok(Err(err)) => {
+                let blame = blame(&err);
+                errors.push((rank, err, blame));
+            }
+            Err(err) => errors.push((rank, RuntimeError::Comm(err), Blame::OwnFault)),
         }
     }
-    let cause = errors.iter().min_by_key(|(rank, _, blame)| (*blame, *rank));
+    let cause = errors
+        .into_iter()
+        .min_by_key(|(rank, _, blame)| (*blame, *rank));
     match cause {
-        Some((rank, message, _)) => Err(RuntimeError::Rank {
-            rank: *rank,
-            message: message.clone(),
+        Some((rank, err, _)) => Err(RuntimeError::Rank {
+            rank,
+            source: Box::new(err),
         }),
         None => Ok(ranks),
     }
@@ -283,4 +288,67 @@ fn mpi_local_size() -> u64 {
         .find_map(|v| std::env::var(v).ok()?.parse().ok())
         .unwrap_or(1)
         .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn the_failing_rank_keeps_its_own_error_as_the_source() {
+        let own = RuntimeError::Config {
+            key: "train.epochs".to_string(),
+            reason: "must be at least 1".to_string(),
+        };
+        let panicked = comm::CommError::RankPanicked {
+            rank: 2,
+            message: "boom".to_string(),
+        };
+        let results: Vec<Result<Result<(), RuntimeError>, comm::CommError>> =
+            vec![Ok(Ok(())), Ok(Err(own)), Err(panicked)];
+        let err = root_cause(results).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rank 1: config train.epochs: must be at least 1"
+        );
+        let source = err.source().expect("the rank's error");
+        let cause = source
+            .downcast_ref::<Box<RuntimeError>>()
+            .expect("a RuntimeError");
+        assert!(
+            matches!(&**cause, RuntimeError::Config { key, .. } if key == "train.epochs"),
+            "{cause:?}"
+        );
+        let RuntimeError::Rank { rank: 1, source } = err else {
+            panic!("a Rank error: {err:?}");
+        };
+        assert!(matches!(*source, RuntimeError::Config { .. }), "{source:?}");
+    }
+
+    #[test]
+    fn a_rank_that_only_failed_to_communicate_keeps_its_comm_error() {
+        let panicked = comm::CommError::RankPanicked {
+            rank: 0,
+            message: "boom".to_string(),
+        };
+        let text = panicked.to_string();
+        let results: Vec<Result<Result<(), RuntimeError>, comm::CommError>> = vec![Err(panicked)];
+        let err = root_cause(results).unwrap_err();
+        assert_eq!(err.to_string(), format!("rank 0: {text}"));
+        let source = err
+            .source()
+            .and_then(|s| s.downcast_ref::<Box<RuntimeError>>());
+        assert!(
+            matches!(
+                source.map(|s| &**s),
+                Some(RuntimeError::Comm(comm::CommError::RankPanicked {
+                    rank: 0,
+                    ..
+                }))
+            ),
+            "{source:?}"
+        );
+    }
 }

@@ -227,9 +227,9 @@ fn share_bytes(world: &dyn Communicator, bytes: &mut Vec<u8>) -> Result<(), Runt
     world.broadcast_bytes(&mut len, 0)?;
     let len = u64::from_le_bytes(len);
     if len > 1 << 20 {
-        return Err(RuntimeError::Rank {
+        return Err(RuntimeError::CheckpointSet {
             rank: world.rank(),
-            message: format!("a {len}-byte staging path is not plausible"),
+            reason: format!("a {len}-byte staging path is not plausible"),
         });
     }
     bytes.resize(len as usize, 0);
@@ -1415,9 +1415,9 @@ impl Session {
             share_bytes(world, &mut shared)?;
         }
         let Some((staging, id)) = decode_staging(&shared) else {
-            return Err(RuntimeError::Rank {
+            return Err(RuntimeError::CheckpointSet {
                 rank: 0,
-                message: "could not open the checkpoint set".to_string(),
+                reason: "could not open the checkpoint set".to_string(),
             });
         };
         let written = self.save_rank(saved, &staging, &id, rank);
@@ -1427,9 +1427,9 @@ impl Session {
         if failed.to_f64_vec().first().copied().unwrap_or(1.0) > 0.0 {
             // Dropping the writer removes the staging directory.
             drop(writer);
-            return Err(RuntimeError::Rank {
+            return Err(RuntimeError::CheckpointSet {
                 rank,
-                message: "another rank failed to write its checkpoint; the set was not committed (the previous checkpoint is unchanged)".to_string(),
+                reason: "another rank failed to write its checkpoint; the set was not committed (the previous checkpoint is unchanged)".to_string(),
             });
         }
         if let Some(set) = writer {

@@ -178,7 +178,7 @@ impl ServerService {
                     .all
                     .iter()
                     .position(|p| &p.name == name)
-                    .ok_or_else(|| PsError::Protocol(format!("no parameter {name}")))?;
+                    .ok_or_else(|| PsError::missing_parameter(name, "the job's parameters"))?;
                 if owner[i] == s.server_id {
                     continue;
                 }
@@ -214,10 +214,10 @@ impl ServerService {
                 .find(|a| a.server_id as usize == to)
                 .map(|a| a.addr.clone())
                 .ok_or_else(|| {
-                    PsError::Protocol(format!(
-                        "the partition map of epoch {} gives parameters to server {to}, which has no address",
-                        reply.next_epoch
-                    ))
+                    PsError::message(
+                        format!("PartitionMap reply of epoch {}", reply.next_epoch),
+                        format!("it gives parameters to server {to}, which has no address"),
+                    )
                 })?;
             let client = server_client(&addr, policy.timeout, limit, secret)?;
             let client = client
@@ -281,7 +281,10 @@ impl ServerService {
                 }
             } else {
                 let r = s.migration.inbox.remove(&p.name).ok_or_else(|| {
-                    PsError::Protocol(format!("parameter {} was not handed over", p.name))
+                    PsError::missing_parameter(
+                        &p.name,
+                        format!("the parameters handed over to server {me}"),
+                    )
                 })?;
                 weights.push(r.weight);
                 for (st, t) in &r.states {
@@ -298,10 +301,13 @@ impl ServerService {
             let version = c.iter().map(|c| c.version).max();
             s.version = match (s.sync, version) {
                 (true, Some(v)) if v != reply.switch_step => {
-                    return Err(PsError::Protocol(format!(
-                        "handover of epoch {}: the old owners applied {v} steps, the switch step is {}",
-                        reply.next_epoch, reply.switch_step
-                    )))
+                    return Err(PsError::message(
+                        format!("handover of epoch {}", reply.next_epoch),
+                        format!(
+                            "the old owners applied {v} steps, the switch step is {}",
+                            reply.switch_step
+                        ),
+                    ))
                 }
                 (_, Some(v)) => v,
                 (_, None) => reply.switch_step,
@@ -372,10 +378,13 @@ pub(super) async fn tick(
         }
         if s.sync && s.epoch.is_some() {
             if s.version > reply.switch_step {
-                return Err(PsError::Protocol(format!(
-                    "server {me} applied step {} past the switch step {} of the partition map of epoch {}",
-                    s.version, reply.switch_step, reply.next_epoch
-                )));
+                return Err(PsError::message(
+                    format!("PartitionMap reply of epoch {}", reply.next_epoch),
+                    format!(
+                        "switch step {} is behind server {me}, which applied step {}",
+                        reply.switch_step, s.version
+                    ),
+                ));
             }
             if s.version < reply.switch_step || !s.pending.is_empty() {
                 return Ok(());
