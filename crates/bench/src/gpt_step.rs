@@ -83,6 +83,8 @@ pub struct GptRun {
     pub times: StepMillis,
     /// Rank 0's breakdown, when profiled.
     pub breakdown: Option<StepBreakdown>,
+    /// With clipping: rank 0's time in it per step, timed directly around the clip call.
+    pub clip_per_step: Option<Duration>,
 }
 
 /// Throughput ratios of rounds alternating two modes, sorted.
@@ -161,6 +163,14 @@ impl fmt::Display for GptStepLine {
                     "tessera, {}: {:.0} tokens/s ({median:.1} ms/step median [p10 {p10:.1} - p90 {p90:.1}])",
                     run.label, run.tokens_per_s
                 )?;
+                if let Some(clip) = run.clip_per_step {
+                    writeln!(
+                        f,
+                        "  clipping by global norm, timed inside the step: {:.3} ms/step, {:.2} % of the median step (rank 0)",
+                        ms(clip),
+                        100.0 * ms(clip) / median
+                    )?;
+                }
                 if let Some(b) = &run.breakdown {
                     f.write_str(&b.table)?;
                     writeln!(f, "  {:<32} {:>8.3} ms", "optimizer (AdamW)", ms(b.optimizer))?;
@@ -301,6 +311,10 @@ impl Bench<'_> {
             .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
             .into_iter()
             .collect::<Result<Result<Vec<_>, BenchError>, _>>()??;
+        let clip_per_step = match (clip, per_rank.first()) {
+            (true, Some(r)) => Some(r.clip / r.steps.len().max(1) as u32),
+            _ => None,
+        };
         let rank0 = per_rank
             .first()
             .map(|r| (r.optimizer, r.profile.clone(), r.steps.clone()));
@@ -329,12 +343,15 @@ impl Bench<'_> {
             tokens_per_s: rate,
             times,
             breakdown,
+            clip_per_step,
         }));
         Ok(rate)
     }
 
     /// Times `label` against `variant` (deterministic, or clipped) `rounds` times, alternating,
-    /// the first ordinary run being the one already measured at `rate`; the sorted ratios.
+    /// the first ordinary run being the one already measured at `rate`, and after it every odd
+    /// round timing the variant first (so that neither mode always runs second); the sorted
+    /// ratios.
     fn rounds(
         &mut self,
         split: (usize, usize),
@@ -344,16 +361,29 @@ impl Bench<'_> {
     ) -> Result<Ratios, BenchError> {
         let mut ratios = Vec::new();
         for round in 0..self.request.rounds.max(1) {
+            let variant_first = round % 2 == 1;
+            let mut variant = None;
+            if variant_first {
+                variant = Some(self.measure(
+                    split,
+                    variant_label,
+                    (deterministic, Reduction::Plain),
+                    clip,
+                )?);
+            }
             let ordinary = match round {
                 0 => rate,
                 _ => self.measure(split, label, (false, Reduction::Plain), false)?,
             };
-            let variant = self.measure(
-                split,
-                variant_label,
-                (deterministic, Reduction::Plain),
-                clip,
-            )?;
+            let variant = match variant {
+                Some(v) => v,
+                None => self.measure(
+                    split,
+                    variant_label,
+                    (deterministic, Reduction::Plain),
+                    clip,
+                )?,
+            };
             ratios.push(variant / ordinary);
         }
         ratios.sort_by(f64::total_cmp);

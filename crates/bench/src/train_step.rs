@@ -60,6 +60,8 @@ pub(crate) struct RankTimes {
     pub steps: Vec<Duration>,
     /// The optimizer updates' share of the timed steps.
     pub optimizer: Duration,
+    /// Clipping by global norm's share of the timed steps (zero without clipping).
+    pub clip: Duration,
     /// Kernel and reshard times of the timed steps, when profiled.
     pub profile: Option<exec::StepProfile>,
 }
@@ -101,6 +103,7 @@ pub(crate) fn rank_steps(
     let mut times = RankTimes {
         steps: Vec::with_capacity(bench.steps),
         optimizer: Duration::ZERO,
+        clip: Duration::ZERO,
         profile: None,
     };
     for step in 0..bench.steps + bench.warmup {
@@ -115,6 +118,9 @@ pub(crate) fn rank_steps(
         let update = Instant::now();
         if let Some(clip) = bench.clip {
             std::hint::black_box(clip.clip_gradients(&mut exec, &trainable, world.as_ref())?);
+            if step >= bench.warmup {
+                times.clip += update.elapsed();
+            }
         }
         optimizer.begin_step();
         for (k, &i) in trainable.iter().enumerate() {
