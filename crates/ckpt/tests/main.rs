@@ -2,6 +2,7 @@
 
 mod attacks;
 mod conformance;
+mod detect;
 mod differences;
 mod fuzz;
 mod op_strategy;
