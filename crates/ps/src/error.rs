@@ -234,6 +234,14 @@ impl PsError {
     }
 }
 
+impl From<runtime::ExecError> for PsError {
+    /// An executor or optimizer error is a runtime error, as it was before `exec` was split
+    /// out of `runtime`.
+    fn from(e: runtime::ExecError) -> PsError {
+        PsError::Runtime(e.into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;
@@ -291,13 +299,5 @@ mod tests {
         assert!(PsError::rows("t", "row id 9 appears twice").is_bad_request());
         assert!(!PsError::invariant("a gradient", "needs rows").is_bad_request());
         assert!(!PsError::io("x", std::io::Error::other("y")).is_bad_request());
-    }
-}
-
-impl From<runtime::ExecError> for PsError {
-    /// An executor or optimizer error is a runtime error, as it was before `exec` was split
-    /// out of `runtime`.
-    fn from(e: runtime::ExecError) -> PsError {
-        PsError::Runtime(e.into())
     }
 }
