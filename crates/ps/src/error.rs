@@ -6,14 +6,15 @@
 //!   ([`PsError::Config`]), a peer's message that breaks the protocol ([`PsError::Message`],
 //!   [`PsError::Rows`]), a peer that cannot be reached ([`PsError::Rpc`]) or a job whose
 //!   processes are lost ([`PsError::Job`]);
-//! - the machine: sockets, processes and files ([`PsError::Io`], [`PsError::SnapshotIo`]);
+//! - the machine: sockets, processes and files ([`PsError::Io`], [`PsError::SnapshotIo`],
+//!   and a snapshot whose content breaks a rule, [`PsError::Snapshot`]);
 //! - Tessera itself: a tensor operation that failed ([`PsError::Tensor`]), a parameter or a
 //!   gradient a program lacks ([`PsError::MissingParameter`], [`PsError::NoGradient`]) and
 //!   any other broken invariant ([`PsError::Invariant`]).
 //!
 //! Every variant names its culprit (the tensor, table, peer, file or call) and the rule broken.
-//! A variant that wraps an error keeps it as its `source()`, and its text quotes it, as
-//! `std::io::Error`'s users expect; `tessera` prints each cause once.
+//! A variant that wraps an error keeps it as its `source()` and quotes it in its text too, as
+//! the runtime's errors do (`RuntimeError::Io`); `tessera` prints a cause already quoted once.
 //!
 //! A server answers a call that fails with [`PsError::Message`] or [`PsError::Rows`] with
 //! `InvalidArgument` (the caller sent something wrong) and with `Internal` otherwise.
