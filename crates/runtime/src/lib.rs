@@ -59,7 +59,7 @@ pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog,
     ShardView, StepInfo, TrainEndInfo,
 };
-pub use crate::clip::MaxGradNorm;
+pub use crate::clip::{MaxGradNorm, SquareSum, SQUARE_SUM_BYTES};
 pub use crate::config::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, PsKeys,
     ResumeFrom, SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,

@@ -30,7 +30,7 @@ use tensor::{DType, Tensor};
 
 use crate::error::RuntimeError;
 
-pub(crate) use square_sum::SquareSum;
+pub use square_sum::{SquareSum, ENCODED_BYTES as SQUARE_SUM_BYTES};
 
 /// `train.max_grad_norm`: a finite norm > 0.
 #[derive(Debug, Clone, Copy, PartialEq)]

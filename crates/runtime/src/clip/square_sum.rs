@@ -26,11 +26,11 @@ const LIMBS: usize = 68;
 const F32_CHUNK: usize = 1 << 16;
 
 /// Bytes of [`SquareSum::to_bytes`].
-pub(crate) const ENCODED_BYTES: usize = (LIMBS + 1) * 8;
+pub const ENCODED_BYTES: usize = (LIMBS + 1) * 8;
 
 /// An exact sum of squares, with whether an infinity or a NaN was among the values.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SquareSum {
+pub struct SquareSum {
     limbs: [u64; LIMBS],
     /// Bit 0: an infinity was added; bit 1: a NaN was.
     non_finite: u64,
@@ -50,7 +50,7 @@ const NAN: u64 = 2;
 
 impl SquareSum {
     /// Adds the squares of `len` elements of `t` from element `offset`.
-    pub(crate) fn add_elements(
+    pub fn add_elements(
         &mut self,
         t: &Tensor,
         offset: usize,
@@ -89,7 +89,7 @@ impl SquareSum {
     /// exponent, 1 for subnormals), so its square is `m² · 2^(2e − 300)`: the `m²` are summed
     /// per exponent in 64-bit bins (four interleaved sets, so consecutive elements of one
     /// exponent do not wait on each other), which move into the integer every 2¹⁶ elements.
-    pub(crate) fn add_f32(&mut self, xs: &[f32]) {
+    pub fn add_f32(&mut self, xs: &[f32]) {
         for chunk in xs.chunks(F32_CHUNK) {
             let mut bins = [[0u64; 256]; 4];
             let mut quads = chunk.chunks_exact(4);
@@ -120,7 +120,7 @@ impl SquareSum {
 
     /// Adds the squares of `xs`: an f64 is `m · 2^(e − 1075)` with `m < 2⁵³`, its square
     /// `m² · 2^(2e − 2150)`, added into the integer directly.
-    pub(crate) fn add_f64(&mut self, xs: &[f64]) {
+    pub fn add_f64(&mut self, xs: &[f64]) {
         for &x in xs {
             let bits = x.to_bits();
             let e = ((bits >> 52) & 0x7ff) as i64;
@@ -183,14 +183,14 @@ impl SquareSum {
     }
 
     /// Adds another sum (another rank's).
-    pub(crate) fn merge(&mut self, other: &SquareSum) {
+    pub fn merge(&mut self, other: &SquareSum) {
         self.add_limbs(0, &other.limbs);
         self.non_finite |= other.non_finite;
     }
 
     /// The sum rounded to f64: NaN if a NaN was added, else infinity if an infinity was (or
     /// the sum exceeds f64's range).
-    pub(crate) fn to_f64(&self) -> f64 {
+    pub fn to_f64(&self) -> f64 {
         if self.non_finite & NAN != 0 {
             return f64::NAN;
         }
@@ -213,12 +213,20 @@ impl SquareSum {
     }
 
     /// The little-endian bytes of the integer and the flags ([`ENCODED_BYTES`] of them).
-    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+    pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(ENCODED_BYTES);
         for l in self.limbs.iter().chain(std::iter::once(&self.non_finite)) {
             out.extend_from_slice(&l.to_le_bytes());
         }
         out
+    }
+
+    /// The sum [`SquareSum::to_bytes`] wrote, or `None` when `bytes` is not such an encoding
+    /// (not [`ENCODED_BYTES`] long, or flags other than an infinity's and a NaN's): for sums
+    /// that arrive over the network.
+    pub fn decode(bytes: &[u8]) -> Option<SquareSum> {
+        let sum = (bytes.len() == ENCODED_BYTES).then(|| SquareSum::from_bytes(bytes))?;
+        (sum.non_finite & !(INFINITE | NAN) == 0).then_some(sum)
     }
 
     /// The sum [`SquareSum::to_bytes`] wrote (`bytes` holds exactly [`ENCODED_BYTES`]).

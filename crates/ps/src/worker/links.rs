@@ -1,0 +1,411 @@
+//! A worker's links: the scheduler client and one link per server of the partition map it
+//! follows, with the calls over them (push, pull with replays, registration).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tensor::Tensor;
+
+use crate::auth::JobSecret;
+use crate::compute::Compute;
+use crate::env::JobSettings;
+use crate::error::PsError;
+use crate::migrate::{tagged, STALE_ROUTE};
+use crate::net::server_client;
+use crate::net::JobChannel as Channel;
+use crate::proto::parameter_server_client::ParameterServerClient;
+use crate::proto::scheduler_client::SchedulerClient;
+use crate::proto::*;
+use crate::retry::{rpc_error, until_admitted, Attempt};
+use crate::server::partition_of;
+use crate::sparse::PulledRows;
+use crate::wire::from_msg;
+
+/// One server as a worker sees it.
+pub(super) struct ServerLink {
+    pub(super) id: usize,
+    pub(super) addr: String,
+    pub(super) client: Option<ParameterServerClient<Channel>>,
+    /// The parameters it holds: indices into the job's parameters.
+    pub(super) held: Vec<usize>,
+    /// Their bytes (the most a pull reply carries).
+    pub(super) bytes: usize,
+    /// The highest version seen.
+    pub(super) seen: u64,
+    /// Sync: this worker's pushes since the server's last snapshot, by step.
+    pub(super) history: BTreeMap<u64, PushRequest>,
+}
+
+/// The worker's connections and settings.
+pub(super) struct Links {
+    pub(super) settings: JobSettings,
+    pub(super) worker_id: u32,
+    /// The job's secret (every server client carries it).
+    pub(super) secret: JobSecret,
+    /// This process's incarnation (see `RegisterWorkerRequest`).
+    pub(super) incarnation: u64,
+    pub(super) scheduler: SchedulerClient<Channel>,
+    pub(super) scheduler_peer: String,
+    pub(super) servers: Vec<ServerLink>,
+    /// The epoch of the partition map `servers` follow (every pull and push is tagged with it).
+    pub(super) epoch: u64,
+    /// Payload bytes pulled and pushed.
+    pub(super) pull_bytes: u64,
+    pub(super) push_bytes: u64,
+}
+
+impl Links {
+    /// Fetches the committed partition map from the scheduler and, when its epoch is not the
+    /// one followed, routes by it from now: one link per server of the map, holding its
+    /// partition, every address known (waiting, bounded, for all to register).
+    pub(super) async fn follow_map(
+        &mut self,
+        compute: &Compute,
+        first: bool,
+    ) -> Result<(), PsError> {
+        let reply = self.get_servers().await?;
+        if !first && reply.map_epoch == self.epoch {
+            return Ok(());
+        }
+        let servers = (reply.map_servers as usize).max(1);
+        self.servers = (0..servers)
+            .map(|id| {
+                let held = partition_of(compute.params(), servers, id);
+                let bytes: usize = held.iter().map(|&i| compute.params()[i].bytes()).sum();
+                // A pull reply carries at most this server's rows of every table too.
+                let rows: usize = compute
+                    .tables()
+                    .iter()
+                    .map(|t| t.block(servers, id).len() * t.width * 4)
+                    .sum();
+                let bytes = bytes.saturating_add(rows);
+                ServerLink {
+                    id,
+                    addr: String::new(),
+                    client: None,
+                    held,
+                    bytes,
+                    seen: 0,
+                    history: BTreeMap::new(),
+                }
+            })
+            .collect();
+        if !first {
+            eprintln!(
+                "[ps worker {}] routes by the partition map of epoch {} ({servers} servers) from now",
+                self.worker_id, reply.map_epoch
+            );
+        }
+        self.epoch = reply.map_epoch;
+        self.resolve_servers(true).await
+    }
+
+    /// The scheduler's servers and committed partition map.
+    pub(super) async fn get_servers(&self) -> Result<GetServersReply, PsError> {
+        let c = self.scheduler.clone();
+        Ok(self
+            .settings
+            .retry
+            .run("GetServers", &self.scheduler_peer, |_| {
+                let mut c = c.clone();
+                async move { c.get_servers(GetServersRequest {}).await }
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// Fills in every server's address from the scheduler, waiting (bounded) for all to
+    /// register.
+    pub(super) async fn resolve_servers(&mut self, wait_for_all: bool) -> Result<(), PsError> {
+        let limit = self.settings.retry.timeout * (self.settings.retry.retries + 1);
+        let start = Instant::now();
+        loop {
+            let reply = self.get_servers().await?;
+            for s in reply.servers {
+                if let Some(link) = self.servers.get_mut(s.server_id as usize) {
+                    if link.addr != s.addr {
+                        link.addr = s.addr;
+                        link.client = None;
+                    }
+                }
+            }
+            if !wait_for_all || self.servers.iter().all(|s| !s.addr.is_empty()) {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                let missing: Vec<String> = self
+                    .servers
+                    .iter()
+                    .filter(|s| s.addr.is_empty())
+                    .map(|s| s.id.to_string())
+                    .collect();
+                return Err(PsError::job(
+                    "waiting for the servers",
+                    format!(
+                        "server(s) {} did not register within {} s",
+                        missing.join(", "),
+                        limit.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Calls server `s` with `call` (retried with backoff; the address is asked again from the
+    /// scheduler before each retry, so a restarted server is found).
+    pub(super) async fn call_server<T, F, Fut>(
+        &mut self,
+        s: usize,
+        name: &str,
+        call: F,
+    ) -> Result<T, PsError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let policy = self.settings.retry;
+        let mut last = String::new();
+        for attempt in 0..=policy.retries {
+            if attempt > 0 {
+                tokio::time::sleep(policy.backoff(attempt)).await;
+                // A server that died may be registered again elsewhere.
+                let _ = self.resolve_servers(false).await;
+            }
+            let link = &mut self.servers[s];
+            if link.client.is_none() {
+                link.client = Some(server_client(
+                    &link.addr,
+                    policy.timeout,
+                    link.bytes,
+                    &self.secret,
+                )?);
+            }
+            let client = link.client.clone().ok_or_else(|| {
+                PsError::invariant(format!("the client of server {s}"), "none was made")
+            })?;
+            let peer = || format!("server {s} at {}", self.servers[s].addr);
+            match policy.attempt(call(client)).await {
+                Attempt::Done(reply) => return Ok(reply.into_inner()),
+                Attempt::Fatal(why) => return Err(rpc_error(name, &peer(), attempt + 1, why)),
+                Attempt::Retry(why) => last = why,
+            }
+        }
+        let peer = format!("server {s} at {}", self.servers[s].addr);
+        Err(rpc_error(name, &peer, policy.retries + 1, last))
+    }
+
+    /// Pushes `request` to server `s` and notes its versions.
+    pub(super) async fn push(&mut self, s: usize, request: PushRequest) -> Result<(), PsError> {
+        let epoch = self.epoch;
+        self.push_bytes += request
+            .tensors
+            .iter()
+            .map(|t| t.data.len())
+            .chain(request.sparse.iter().map(|r| r.data.len()))
+            .sum::<usize>() as u64;
+        let reply = self
+            .call_server(s, "Push", |mut c| {
+                let r = tagged(request.clone(), epoch);
+                async move { c.push(r).await }
+            })
+            .await?;
+        let link = &mut self.servers[s];
+        link.history = link.history.split_off(&reply.snapshot_version);
+        Ok(())
+    }
+
+    /// Asks server `s` once (the server holds the call up to its long-poll) for its weights at
+    /// a version ≥ `min_version`; when they are there, writes them into `weights` and returns
+    /// the server's mean loss of the step before its version. In sync mode, replays this
+    /// worker's kept gradients when the server (restarted) waits for them. Returns the
+    /// server's version too, for progress.
+    pub(super) async fn pull_once(
+        &mut self,
+        s: usize,
+        min_version: u64,
+        weights: &mut [Tensor],
+        compute: &Compute,
+        pulled: &mut PulledRows,
+    ) -> Result<(Option<f32>, u64), PsError> {
+        let (worker_id, epoch) = (self.worker_id, self.epoch);
+        let sparse = pulled.request_for(self.servers.len(), s);
+        let reply = self
+            .call_server(s, "Pull", |mut c| {
+                let sparse = sparse.clone();
+                async move {
+                    c.pull(tagged(
+                        PullRequest {
+                            worker_id,
+                            min_version,
+                            sparse,
+                        },
+                        epoch,
+                    ))
+                    .await
+                }
+            })
+            .await?;
+        let link = &mut self.servers[s];
+        if reply.version < link.seen {
+            eprintln!(
+                "[ps worker {worker_id}] server {s} is at version {} after a restart (had reached {})",
+                reply.version, link.seen
+            );
+        }
+        link.seen = reply.version;
+        link.history = link.history.split_off(&reply.snapshot_version);
+        if reply.ready {
+            let held = link.held.clone();
+            if reply.tensors.len() != held.len() {
+                return Err(PsError::message(
+                    format!("Pull reply of server {s}"),
+                    format!(
+                        "{} tensors, the server holds {}",
+                        reply.tensors.len(),
+                        held.len()
+                    ),
+                ));
+            }
+            for (msg, &i) in reply.tensors.iter().zip(&held) {
+                let p = &compute.params()[i];
+                weights[i] = from_msg(msg, &p.name, &p.shape)?;
+            }
+            let servers = self.servers.len();
+            pulled.fill(servers, s, &reply.sparse)?;
+            self.pull_bytes += reply
+                .tensors
+                .iter()
+                .map(|t| t.data.len())
+                .chain(reply.sparse.iter().map(|r| r.data.len()))
+                .sum::<usize>() as u64;
+            return Ok((Some(reply.last_loss), reply.version));
+        }
+        if reply.waiting_for_you && self.settings.sync {
+            let replays: Vec<PushRequest> = link
+                .history
+                .range(reply.version..)
+                .map(|(_, r)| PushRequest {
+                    replay: true,
+                    ..r.clone()
+                })
+                .collect();
+            if !replays.is_empty() {
+                eprintln!(
+                    "[ps worker {worker_id}] replaying {} kept gradient(s) (steps {}..) to server {s}",
+                    replays.len(),
+                    reply.version
+                );
+            }
+            for r in replays {
+                self.push(s, r).await?;
+            }
+        }
+        Ok((None, reply.version))
+    }
+
+    /// Pulls every server's weights (at a version ≥ `min_version`); returns server 0's loss.
+    /// A server refusing the route as stale (a server was added) makes the worker follow the
+    /// new map and pull again.
+    pub(super) async fn pull_all(
+        &mut self,
+        min_version: u64,
+        weights: &mut [Tensor],
+        compute: &Compute,
+        pulled: &mut PulledRows,
+    ) -> Result<f32, PsError> {
+        let mut tries = 0;
+        loop {
+            match self.pull_each(min_version, weights, compute, pulled).await {
+                Err(PsError::Rpc { last, .. }) if last.contains(STALE_ROUTE) && tries < 3 => {
+                    tries += 1;
+                    eprintln!("[ps worker {}] {last}", self.worker_id);
+                    self.follow_map(compute, false).await?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Links::pull_all`] under the map followed. The servers not yet there are asked in
+    /// turn, so a restarted server waiting for this worker's replays is served while another
+    /// server waits for a peer.
+    pub(super) async fn pull_each(
+        &mut self,
+        min_version: u64,
+        weights: &mut [Tensor],
+        compute: &Compute,
+        pulled: &mut PulledRows,
+    ) -> Result<f32, PsError> {
+        let mut loss = f32::NAN;
+        let mut waiting: Vec<usize> = (0..self.servers.len()).collect();
+        let patience = self.settings.retry.timeout * 10;
+        let mut progress = (Vec::new(), Instant::now());
+        while !waiting.is_empty() {
+            let mut versions = Vec::with_capacity(waiting.len());
+            let mut still = Vec::with_capacity(waiting.len());
+            for &s in &waiting {
+                let (got, version) = self
+                    .pull_once(s, min_version, weights, compute, pulled)
+                    .await?;
+                match got {
+                    Some(l) if s == 0 => loss = l,
+                    Some(_) => {}
+                    None => still.push(s),
+                }
+                versions.push(version);
+            }
+            if versions != progress.0 {
+                progress = (versions, Instant::now());
+            } else if progress.1.elapsed() > patience {
+                return Err(PsError::job(
+                    format!("waiting for server(s) {still:?}"),
+                    format!(
+                        "no progress towards version {min_version} for {} s",
+                        patience.as_secs()
+                    ),
+                ));
+            }
+            waiting = still;
+        }
+        Ok(loss)
+    }
+
+    pub(super) async fn scheduler_call<T, F, Fut>(&self, name: &str, call: F) -> Result<T, PsError>
+    where
+        F: Fn(SchedulerClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let reply = self
+            .settings
+            .retry
+            .run(name, &self.scheduler_peer, |_| call(self.scheduler.clone()))
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Registers with the scheduler (waiting while a predecessor holds the id); the first step
+    /// this worker takes part in.
+    pub(super) async fn register(&self, restart_count: u32) -> Result<u64, PsError> {
+        let (worker_id, incarnation) = (self.worker_id, self.incarnation);
+        let settings = &self.settings;
+        let reply = until_admitted(
+            &settings.retry,
+            ("RegisterWorker", &self.scheduler_peer),
+            (settings.heartbeat, settings.registration_patience()),
+            || {
+                let mut c = self.scheduler.clone();
+                async move {
+                    c.register_worker(RegisterWorkerRequest {
+                        worker_id,
+                        restart_count,
+                        incarnation,
+                    })
+                    .await
+                }
+            },
+        )
+        .await?;
+        Ok(reply.into_inner().start_step)
+    }
+}
