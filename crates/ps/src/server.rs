@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use runtime::launch_env;
-use runtime::{Optimizer, ParamSpec, TrainConfig};
+use runtime::{MaxGradNorm, Optimizer, ParamSpec, TrainConfig};
 use tensor::{DType, Tensor};
 use tokio::sync::Notify;
 use tonic::service::interceptor::InterceptedService;
@@ -27,8 +27,10 @@ use crate::sparse::Rows;
 use crate::table::ServerTable;
 use crate::wire::{from_msg, to_msg};
 
+mod clip;
 mod migrate;
 mod rows;
+use clip::{AwaitingNorm, StepMean};
 pub use migrate::{current_map, handover_limit};
 use rows::{sparse_grads, sparse_mean_of, sparse_request_ok, sparse_rows};
 
@@ -105,6 +107,12 @@ struct State {
     migration: migrate::Migration,
     /// This server's blocks of the server-resident tables.
     tables: Vec<ServerTable>,
+    /// Sync: `train.max_grad_norm` (see [`clip`]).
+    clip: Option<MaxGradNorm>,
+    /// Sync with clipping: the step whose mean waits for the global norm.
+    awaiting: Option<AwaitingNorm>,
+    /// Sync with clipping: the global square sums of the last steps applied, by step.
+    applied_norms: BTreeMap<u64, Vec<u8>>,
 }
 
 impl State {
@@ -149,7 +157,7 @@ impl State {
     /// Sync: completes every step whose live members have all pushed.
     fn complete_steps(&mut self) -> Result<bool, PsError> {
         let mut any = false;
-        loop {
+        while self.awaiting.is_none() {
             let step = self.version;
             let (Some(pushed), Some(members)) = (self.pending.get(&step), self.members.get(&step))
             else {
@@ -165,20 +173,42 @@ impl State {
             let pushed = self.pending.remove(&step).unwrap_or_default();
             self.members.remove(&step);
             let (loss, grads) = mean_of(&pushed, (&self.names, &self.shapes))?;
-            let sparse = sparse_mean_of(&pushed, &self.tables);
-            let replay = pushed.values().any(|p| p.replay);
-            let learning_rate = step_learning_rate(step, &pushed)?;
-            self.apply(&grads, &sparse, learning_rate)?;
-            self.last_loss = loss;
-            if let Some(r) = self.recovery.as_mut() {
-                if replay {
-                    r.replayed += 1;
-                }
-            }
+            let mean = StepMean {
+                step,
+                loss,
+                replay: pushed.values().any(|p| p.replay),
+                learning_rate: step_learning_rate(step, &pushed)?,
+                grads,
+                sparse: sparse_mean_of(&pushed, &self.tables),
+            };
             any = true;
+            if self.clip.is_some() {
+                // Applied once a worker brings the global norm (`commit_norm`).
+                self.awaiting = Some(AwaitingNorm::new(mean)?);
+                break;
+            }
+            self.finish_step(mean)?;
         }
         self.report_recovery();
         Ok(any)
+    }
+
+    /// Applies one sync step's mean and notes its loss (and, recovering, a replayed step).
+    fn finish_step(&mut self, mean: StepMean) -> Result<(), PsError> {
+        self.apply(&mean.grads, &mean.sparse, mean.learning_rate)?;
+        self.last_loss = mean.loss;
+        if let Some(r) = self.recovery.as_mut() {
+            if mean.replay {
+                r.replayed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sync: the first step this server still takes pushes of (a step waiting for its norm
+    /// has all of them).
+    fn open_step(&self) -> u64 {
+        self.version + u64::from(self.awaiting.is_some())
     }
 
     /// Logs, once, how a restarted server caught up: steps replayed and lost.
@@ -273,6 +303,59 @@ fn mean_of(
     Ok((loss as f32, grads))
 }
 
+/// The answer to pull `r` from a server in state `s`: the weights and rows asked for when
+/// `ready` (and not `r.no_weights`); else whether the server waits for this worker's push, or
+/// (clipping) for the global norm of the step it holds.
+fn pull_reply(s: &State, r: &PullRequest, ready: bool) -> Result<PullReply, Status> {
+    let awaiting = if ready { None } else { s.awaiting_norm() };
+    let waiting_for_you = !ready
+        && s.sync
+        && awaiting.is_none()
+        && !s
+            .pending
+            .get(&s.version)
+            .is_some_and(|p| p.contains_key(&r.worker_id));
+    let send = ready && !r.no_weights;
+    let tensors = match send {
+        true => s
+            .names
+            .iter()
+            .zip(&s.weights)
+            .map(|(n, w)| to_msg(n, w))
+            .collect(),
+        false => Vec::new(),
+    };
+    let sparse = match send {
+        true => sparse_rows(s, &r.sparse).map_err(status)?,
+        false => Vec::new(),
+    };
+    let applied_square_sum = match ready {
+        true => s
+            .version
+            .checked_sub(1)
+            .and_then(|step| s.applied_norms.get(&step))
+            .cloned()
+            .unwrap_or_default(),
+        false => Vec::new(),
+    };
+    let (norm_step, norm_part) = match awaiting {
+        Some((step, part)) => (Some(step), part),
+        None => (None, Vec::new()),
+    };
+    Ok(PullReply {
+        ready,
+        version: s.version,
+        snapshot_version: s.snapshot_version,
+        waiting_for_you,
+        last_loss: s.last_loss,
+        tensors,
+        sparse,
+        norm_step,
+        norm_part,
+        applied_square_sum,
+    })
+}
+
 /// The server's gRPC service.
 #[derive(Clone)]
 pub struct ServerService {
@@ -359,6 +442,9 @@ impl ServerService {
                 epoch: Some(0),
                 migration: migrate::Migration::default(),
                 tables: Vec::new(),
+                clip: config.train().max_grad_norm.filter(|_| settings.sync),
+                awaiting: None,
+                applied_norms: BTreeMap::new(),
             })),
             changed: Arc::new(Notify::new()),
         })
@@ -410,10 +496,20 @@ impl ParameterServer for ServerService {
     async fn pull(&self, request: Request<PullRequest>) -> Result<Response<PullReply>, Status> {
         let routed = crate::migrate::epoch_of(&request);
         let r = request.into_inner();
-        {
+        let committed = {
             // Rows asked for are checked before waiting: a bad id is refused at once.
-            let s = self.lock();
+            let mut s = self.lock();
             sparse_request_ok(&s, &r.sparse).map_err(status)?;
+            match &r.norm {
+                Some(norm) => {
+                    crate::migrate::stale_route("Pull", s.server_id, s.epoch, routed)?;
+                    s.commit_norm(norm).map_err(status)?
+                }
+                None => false,
+            }
+        };
+        if committed {
+            self.changed.notify_waiters();
         }
         let deadline = Instant::now() + LONGEST_PULL;
         loop {
@@ -422,35 +518,9 @@ impl ParameterServer for ServerService {
                 let s = self.lock();
                 crate::migrate::stale_route("Pull", s.server_id, s.epoch, routed)?;
                 let ready = s.version >= r.min_version;
-                if ready || Instant::now() >= deadline {
-                    let waiting_for_you = !ready
-                        && s.sync
-                        && !s
-                            .pending
-                            .get(&s.version)
-                            .is_some_and(|p| p.contains_key(&r.worker_id));
-                    let tensors = match ready {
-                        true => s
-                            .names
-                            .iter()
-                            .zip(&s.weights)
-                            .map(|(n, w)| to_msg(n, w))
-                            .collect(),
-                        false => Vec::new(),
-                    };
-                    let sparse = match ready {
-                        true => sparse_rows(&s, &r.sparse).map_err(status)?,
-                        false => Vec::new(),
-                    };
-                    return Ok(Response::new(PullReply {
-                        ready,
-                        version: s.version,
-                        snapshot_version: s.snapshot_version,
-                        waiting_for_you,
-                        last_loss: s.last_loss,
-                        tensors,
-                        sparse,
-                    }));
+                // A step waiting for its norm is answered at once: the worker brings it.
+                if ready || s.awaiting.is_some() || Instant::now() >= deadline {
+                    return pull_reply(&s, &r, ready).map(Response::new);
                 }
             }
             let _ =
@@ -504,7 +574,7 @@ impl ParameterServer for ServerService {
                 rec.seen = rec.seen.max(r.seen_version);
             }
             if s.sync {
-                if r.step >= s.version {
+                if r.step >= s.open_step() {
                     if r.step > s.version + MAX_STEPS_AHEAD {
                         return Err(Status::failed_precondition(format!(
                             "push of step {} is more than {MAX_STEPS_AHEAD} steps ahead of server {}'s step {}",
@@ -524,7 +594,8 @@ impl ParameterServer for ServerService {
                         },
                     );
                 }
-                // A push of a step already applied (a replay that crossed) is dropped.
+                // A push of a step already applied, or whose mean waits for its norm (a replay
+                // that crossed), is dropped.
                 s.complete_steps().map_err(status)?
             } else {
                 s.apply(&grads, &sparse, learning_rate).map_err(status)?;

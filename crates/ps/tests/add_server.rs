@@ -202,7 +202,7 @@ fn stale_routes_and_misrouted_handovers_are_refused() {
     let pull = || PullRequest {
         worker_id: 0,
         min_version: 0,
-        sparse: Vec::new(),
+        ..Default::default()
     };
     rt.block_on(async {
         for request in [ps::migrate::tagged(pull(), 0), tonic::Request::new(pull())] {

@@ -133,7 +133,7 @@ fn only_the_jobs_own_processes_are_admitted() {
                     .pull(PullRequest {
                         worker_id: 0,
                         min_version: 0,
-                        sparse: Vec::new(),
+                        ..Default::default()
                     })
                     .await,
                 Code::Unauthenticated,

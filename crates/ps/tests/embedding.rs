@@ -204,6 +204,7 @@ fn bad_rows_are_refused_naming_the_table_and_the_id() {
         worker_id: 0,
         min_version: 0,
         sparse,
+        ..Default::default()
     };
     let push = |sparse: Vec<RowsMsg>| PushRequest {
         worker_id: 0,
@@ -293,4 +294,44 @@ fn the_example_config_parses_with_the_table_on_the_servers() {
     let keys = config.ps().unwrap();
     assert_eq!(keys.embedding_on_server, vec![TABLE.to_string()]);
     assert_eq!(keys.worker_max_param_bytes, Some(LIMIT));
+}
+
+/// Sync clipping counts the server-resident table's rows in the global norm: clipped, the
+/// run with the table on the servers is the run with the dense table, step for step.
+#[test]
+fn clipping_counts_the_server_resident_rows_in_the_global_norm() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = "max_steps = 6\nmax_grad_norm = 0.02";
+    let ps = "servers = 2\nworkers = 2";
+    let dense = run_in_process(&bag_config(&dir.path().join("dense"), ps, train), 2, 2);
+    let plain = run_in_process(
+        &bag_config(&dir.path().join("plain"), ps, "max_steps = 6"),
+        2,
+        2,
+    );
+    assert!(
+        dense
+            .losses
+            .iter()
+            .zip(&plain.losses)
+            .any(|(a, b)| (a - b).abs() > 1e-4),
+        "the clip changes the run: {:?} vs {:?}",
+        dense.losses,
+        plain.losses
+    );
+    let sparse_ps =
+        format!("{ps}\nembedding_on_server = [\"{TABLE}\"]\nworker_max_param_bytes = {LIMIT}");
+    let sparse = run_in_process(
+        &bag_config(&dir.path().join("sparse"), &sparse_ps, train),
+        2,
+        2,
+    );
+    assert_eq!(sparse.losses.len(), dense.losses.len());
+    for (i, (s, d)) in sparse.losses.iter().zip(&dense.losses).enumerate() {
+        assert!(
+            (s - d).abs() <= 1e-5,
+            "step {}: sparse loss {s} vs dense {d}",
+            i + 1
+        );
+    }
 }

@@ -80,12 +80,25 @@ fn a_killed_worker_leaves_the_job_to_the_others() {
 
 #[test]
 fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
+    restarted_server_replays("");
+}
+
+/// With sync clipping, a restarted server replays steps whose global norm it no longer
+/// knows: the workers hand it the norms they kept, and the run is still the uninterrupted one.
+#[test]
+fn a_restarted_server_replays_clipped_steps_with_the_kept_norms() {
+    restarted_server_replays("max_grad_norm = 0.05");
+}
+
+/// Kills server 1 of a 2-server, 2-worker sync job (`train` its extra `[train]` keys) at step
+/// 12, restarts it, and checks that it recovers from its snapshot by replay, losing nothing.
+fn restarted_server_replays(train: &str) {
     let dir = tempfile::tempdir().unwrap();
     let steps = 40;
     let config = write_config(
         dir.path(),
         "servers = 2\nworkers = 2\ncheckpoint_every = 5\nheartbeat_ms = 100\ndead_after_ms = 1500",
-        &format!("epochs = 1\nmax_steps = {steps}\neval = false"),
+        &format!("epochs = 1\nmax_steps = {steps}\neval = false\n{train}"),
     );
     let (mut job, addr) = start_job(&config, 2, 2);
     // Rank 0 scheduler, 1..2 servers 0..1, 3..4 workers 0..1.
@@ -138,7 +151,7 @@ fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
         &crate::util::ps_config(
             &dir.path().join("reference"),
             "servers = 2\nworkers = 2",
-            &format!("epochs = 1\nmax_steps = {steps}\neval = false\nper_print_times = 0"),
+            &format!("epochs = 1\nmax_steps = {steps}\neval = false\nper_print_times = 0\n{train}"),
         ),
         2,
         2,

@@ -3,7 +3,7 @@
 use ps::compute::Compute;
 use ps::env::JobSettings;
 use ps::proto::parameter_server_server::ParameterServer;
-use ps::proto::{PullRequest, PushRequest, TensorMsg};
+use ps::proto::{PullRequest, PushRequest, StepSquareSum, TensorMsg};
 use ps::server::ServerService;
 use tonic::Request;
 
@@ -77,7 +77,7 @@ fn bad_pushes_are_refused_and_leave_the_weights_alone() {
             .pull(Request::new(PullRequest {
                 worker_id: 0,
                 min_version: 0,
-                sparse: Vec::new(),
+                ..Default::default()
             }))
             .await
             .unwrap()
@@ -86,5 +86,111 @@ fn bad_pushes_are_refused_and_leave_the_weights_alone() {
         for (msg, t) in pulled.tensors.iter().zip(&initial) {
             assert_eq!(msg.data, t.as_bytes(), "{}", msg.name);
         }
+    });
+}
+
+/// Sync clipping over the wire: with both pushes of a step in, the server holds the step and
+/// answers a pull with its part of the square sum; a global sum that is not an encoded square
+/// sum, or smaller than the server's own part, is refused naming `PullRequest.norm` and leaves
+/// the step waiting; the right sum applies it, and the ready reply tells the sum applied.
+#[test]
+fn a_clipping_server_waits_for_the_global_norm_and_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ps_config(
+        dir.path(),
+        "servers = 1\nworkers = 2",
+        "max_steps = 4\nmax_grad_norm = 0.01",
+    );
+    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 2, &config);
+    let compute = Compute::new(&config).unwrap();
+    let held = compute.params().to_vec();
+    let initial = compute.initial_params().unwrap();
+    let service = ServerService::new(&settings, &config, 0, &held, initial.clone(), false).unwrap();
+    let rt = ps::scheduler::runtime(1).unwrap();
+    // The initial weights as a "gradient": its norm is far above 0.01.
+    let grads: Vec<TensorMsg> = held
+        .iter()
+        .zip(&initial)
+        .map(|(p, t)| ps::wire::to_msg(&p.name, t))
+        .collect();
+    let push = |worker_id: u32| PushRequest {
+        worker_id,
+        step: 0,
+        members: vec![0, 1],
+        rows: 16,
+        loss: 1.0,
+        replay: false,
+        seen_version: 0,
+        tensors: grads.clone(),
+        sparse: Vec::new(),
+        learning_rate: Some(0.1),
+    };
+    let pull = |norm: Option<StepSquareSum>| PullRequest {
+        worker_id: 0,
+        min_version: 1,
+        norm,
+        no_weights: true,
+        ..Default::default()
+    };
+    rt.block_on(async {
+        for w in [0, 1] {
+            service.push(Request::new(push(w))).await.unwrap();
+        }
+        let waiting = service
+            .pull(Request::new(pull(None)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!waiting.ready);
+        assert_eq!(waiting.version, 0, "the step waits for its norm");
+        assert_eq!(waiting.norm_step, Some(0));
+        let part = runtime::SquareSum::decode(&waiting.norm_part).expect("an encoded square sum");
+        let mut expected = runtime::SquareSum::default();
+        for t in &initial {
+            expected.add_f32(t.as_f32().unwrap());
+        }
+        assert_eq!(part, expected, "the part is the mean gradient's square sum");
+        let too_small = runtime::SquareSum::default().to_bytes();
+        for (bad, rule) in [(vec![1u8, 2, 3], "bytes"), (too_small, "own part")] {
+            let norm = StepSquareSum {
+                step: 0,
+                square_sum: bad,
+            };
+            let err = service
+                .pull(Request::new(pull(Some(norm))))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(
+                err.message().contains("PullRequest.norm") && err.message().contains(rule),
+                "{rule}: {}",
+                err.message()
+            );
+        }
+        let norm = StepSquareSum {
+            step: 0,
+            square_sum: waiting.norm_part.clone(),
+        };
+        let applied = service
+            .pull(Request::new(pull(Some(norm))))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(applied.ready);
+        assert_eq!(applied.version, 1);
+        assert!(applied.tensors.is_empty(), "no_weights: no tensors");
+        assert_eq!(applied.applied_square_sum, waiting.norm_part);
+        // A different sum for the applied step is a disagreement, refused.
+        let mut other = expected.clone();
+        other.add_f32(&[1.0]);
+        let norm = StepSquareSum {
+            step: 0,
+            square_sum: other.to_bytes(),
+        };
+        let err = service
+            .pull(Request::new(pull(Some(norm))))
+            .await
+            .unwrap_err();
+        assert!(err.message().contains("disagree"), "{}", err.message());
     });
 }

@@ -24,6 +24,7 @@ fn data_parallel_losses(out: &Path, devices: usize, train: &str) -> Vec<f32> {
     let session = Session::new(&config).expect("a session");
     let options = LaunchOptions {
         print_loss: false,
+        metrics_log: Some(out.join("metrics.jsonl")),
         ..LaunchOptions::default()
     };
     runtime::train_local(&session, &options)
@@ -144,4 +145,46 @@ fn async_ps_clips_each_update_by_its_global_norm() {
         .collect();
     assert_eq!(norms.len(), steps as usize, "{log}");
     assert!(norms.iter().all(|&n| n > 0.05), "{norms:?}");
+}
+
+/// The `"grad_norm"` values of the metrics log in `dir`.
+fn logged_norms(dir: &Path) -> Vec<f64> {
+    let log = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("grad_norm").and_then(serde_json::Value::as_f64))
+        .collect()
+}
+
+/// Sync updates with clipping: the servers each hold a part of the step's mean gradient; the
+/// workers gather the parts' exact square sums and hand back the global norm, so the servers
+/// clip by the norm of the whole mean gradient — the data-parallel run's, step for step, with
+/// the same norms logged.
+#[test]
+fn sync_ps_clips_the_mean_gradient_by_its_global_norm_across_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let steps = 8;
+    let train = format!("{}\nmax_grad_norm = 0.05", steps_only(steps));
+    let dp = data_parallel_losses(&dir.path().join("dp"), 2, &train);
+    let unclipped = data_parallel_losses(&dir.path().join("plain"), 2, &steps_only(steps));
+    assert!(
+        dp.iter().zip(&unclipped).any(|(a, b)| (a - b).abs() > 1e-4),
+        "the clip norm is tight enough to change the run: {dp:?} vs {unclipped:?}"
+    );
+    // Two servers: no process holds the whole gradient.
+    let config = ps_config(&dir.path().join("ps"), "servers = 2\nworkers = 2", &train);
+    let report = run_in_process(&config, 2, 2);
+    assert_close("sync, clipped, 2 workers, 2 servers", &report.losses, &dp);
+    let dp_norms = logged_norms(&dir.path().join("dp"));
+    let ps_norms = logged_norms(&dir.path().join("ps"));
+    assert_eq!(dp_norms.len(), steps as usize);
+    assert_eq!(ps_norms.len(), dp_norms.len(), "one norm per step");
+    for (i, (p, d)) in ps_norms.iter().zip(&dp_norms).enumerate() {
+        assert!(
+            (p - d).abs() <= 1e-5 * d.max(1.0),
+            "step {}: PS norm {p} vs DP {d}",
+            i + 1
+        );
+        assert!(*d > 0.05, "step {} is clipped: {d}", i + 1);
+    }
 }

@@ -157,3 +157,50 @@ fn a_deterministic_resume_continues_across_device_counts() {
     assert_eq!(resumed.0[..], reference.0[2..], "losses of steps 3 and 4");
     assert_eq!(resumed.1, reference.1, "parameters after step 4");
 }
+
+/// `output.save_checkpoint_seconds = 1` (no step interval) saves a whole set whenever a second
+/// has passed on any rank: a run of a few seconds leaves timed sets, each committed whole, its
+/// training state at the step its name says.
+#[test]
+fn save_checkpoint_seconds_saves_whole_sets_by_the_clock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut steps = 20;
+    // Long enough for at least two seconds of training on this machine, whatever its speed.
+    let (out, seconds) = loop {
+        let out = tmp.path().join(format!("run_{steps}"));
+        let cfg = adam_gpt(
+            &out,
+            DP2,
+            steps,
+            &["output.save_checkpoint_seconds=1", "train.epochs=100000"],
+        );
+        let start = std::time::Instant::now();
+        train_report(&cfg);
+        let seconds = start.elapsed().as_secs_f64();
+        if seconds >= 2.5 || steps >= 20 * 64 {
+            break (out, seconds);
+        }
+        steps *= 4;
+    };
+    assert!(seconds >= 2.5, "{steps} steps took only {seconds} s");
+    let mut sets: Vec<u64> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix("checkpoint_step_")?.parse().ok()
+        })
+        .collect();
+    sets.sort_unstable();
+    assert!(
+        sets.len() >= 2 && sets.iter().all(|&s| s <= steps as u64),
+        "{seconds:.1} s of training left a timed set per second or so: {sets:?}"
+    );
+    for &step in &sets {
+        let dir = out.join(format!("checkpoint_step_{step}"));
+        assert!(ckpt::check_set(&dir).unwrap().is_some(), "{step}: whole");
+        let state = runtime::periodic_ckpt::TrainState::read(&dir)
+            .unwrap()
+            .unwrap();
+        assert_eq!(state.global_step, step);
+    }
+}

@@ -386,7 +386,7 @@ pub(super) async fn tick(
                     ),
                 ));
             }
-            if s.version < reply.switch_step || !s.pending.is_empty() {
+            if s.version < reply.switch_step || !s.pending.is_empty() || s.awaiting.is_some() {
                 return Ok(());
             }
         }

@@ -21,6 +21,8 @@ use crate::server::partition_of;
 use crate::sparse::PulledRows;
 use crate::wire::from_msg;
 
+use super::norms::StepNorms;
+
 /// One server as a worker sees it.
 pub(super) struct ServerLink {
     pub(super) id: usize,
@@ -34,6 +36,8 @@ pub(super) struct ServerLink {
     pub(super) seen: u64,
     /// Sync: this worker's pushes since the server's last snapshot, by step.
     pub(super) history: BTreeMap<u64, PushRequest>,
+    /// Sync with clipping: the step whose global norm the server said it waits for.
+    pub(super) awaiting: Option<u64>,
 }
 
 /// The worker's connections and settings.
@@ -52,6 +56,17 @@ pub(super) struct Links {
     /// Payload bytes pulled and pushed.
     pub(super) pull_bytes: u64,
     pub(super) push_bytes: u64,
+    /// Sync with clipping: the steps' global square sums.
+    pub(super) norms: StepNorms,
+}
+
+/// What a pull asks for besides the version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Want {
+    /// The weights and the rows asked for.
+    Weights,
+    /// Nothing: the version (and, clipping, the norm exchange) only.
+    VersionOnly,
 }
 
 impl Links {
@@ -67,6 +82,7 @@ impl Links {
         if !first && reply.map_epoch == self.epoch {
             return Ok(());
         }
+        self.norms.forget_parts();
         let servers = (reply.map_servers as usize).max(1);
         self.servers = (0..servers)
             .map(|id| {
@@ -87,6 +103,7 @@ impl Links {
                     bytes,
                     seen: 0,
                     history: BTreeMap::new(),
+                    awaiting: None,
                 }
             })
             .collect();
@@ -222,30 +239,36 @@ impl Links {
     /// server's version too, for progress.
     pub(super) async fn pull_once(
         &mut self,
-        s: usize,
-        min_version: u64,
+        (s, min_version, want): (usize, u64, Want),
         weights: &mut [Tensor],
         compute: &Compute,
         pulled: &mut PulledRows,
     ) -> Result<(Option<f32>, u64), PsError> {
         let (worker_id, epoch) = (self.worker_id, self.epoch);
-        let sparse = pulled.request_for(self.servers.len(), s);
+        let sparse = match want {
+            Want::Weights => pulled.request_for(self.servers.len(), s),
+            Want::VersionOnly => Vec::new(),
+        };
+        // Clipping: the global norm of the step the server waits for, once this worker knows it.
+        let norm = self.servers[s].awaiting.and_then(|step| {
+            self.norms.sum_of(step).map(|sum| StepSquareSum {
+                step,
+                square_sum: sum.clone(),
+            })
+        });
         let reply = self
             .call_server(s, "Pull", |mut c| {
-                let sparse = sparse.clone();
-                async move {
-                    c.pull(tagged(
-                        PullRequest {
-                            worker_id,
-                            min_version,
-                            sparse,
-                        },
-                        epoch,
-                    ))
-                    .await
-                }
+                let request = PullRequest {
+                    worker_id,
+                    min_version,
+                    sparse: sparse.clone(),
+                    norm: norm.clone(),
+                    no_weights: want == Want::VersionOnly,
+                };
+                async move { c.pull(tagged(request, epoch)).await }
             })
             .await?;
+        self.note_norms(s, &reply)?;
         let link = &mut self.servers[s];
         if reply.version < link.seen {
             eprintln!(
@@ -255,6 +278,9 @@ impl Links {
         }
         link.seen = reply.version;
         link.history = link.history.split_off(&reply.snapshot_version);
+        if reply.ready && want == Want::VersionOnly {
+            return Ok((Some(reply.last_loss), reply.version));
+        }
         if reply.ready {
             let held = link.held.clone();
             if reply.tensors.len() != held.len() {
@@ -304,19 +330,47 @@ impl Links {
         Ok((None, reply.version))
     }
 
+    /// Notes what server `s`'s pull reply says of the global norms: the step it waits for
+    /// with its part of the square sum, or the sum it applied its last step with.
+    fn note_norms(&mut self, s: usize, reply: &PullReply) -> Result<(), PsError> {
+        let servers = self.servers.len();
+        self.servers[s].awaiting = reply.norm_step;
+        if let Some(step) = reply.norm_step {
+            self.norms.add_part(step, (s, servers), &reply.norm_part)?;
+        }
+        if let (true, Some(step)) = (
+            !reply.applied_square_sum.is_empty(),
+            reply.version.checked_sub(1),
+        ) {
+            self.norms.applied(step, reply.applied_square_sum.clone());
+        }
+        let oldest_kept = self
+            .servers
+            .iter()
+            .filter_map(|l| l.history.keys().next().copied())
+            .min();
+        if let Some(oldest) = oldest_kept {
+            self.norms.forget_before(oldest);
+        }
+        Ok(())
+    }
+
     /// Pulls every server's weights (at a version ≥ `min_version`); returns server 0's loss.
     /// A server refusing the route as stale (a server was added) makes the worker follow the
     /// new map and pull again.
     pub(super) async fn pull_all(
         &mut self,
-        min_version: u64,
+        (min_version, want): (u64, Want),
         weights: &mut [Tensor],
         compute: &Compute,
         pulled: &mut PulledRows,
     ) -> Result<f32, PsError> {
         let mut tries = 0;
         loop {
-            match self.pull_each(min_version, weights, compute, pulled).await {
+            match self
+                .pull_each((min_version, want), weights, compute, pulled)
+                .await
+            {
                 Err(PsError::Rpc { last, .. }) if last.contains(STALE_ROUTE) && tries < 3 => {
                     tries += 1;
                     eprintln!("[ps worker {}] {last}", self.worker_id);
@@ -332,7 +386,7 @@ impl Links {
     /// server waits for a peer.
     pub(super) async fn pull_each(
         &mut self,
-        min_version: u64,
+        (min_version, want): (u64, Want),
         weights: &mut [Tensor],
         compute: &Compute,
         pulled: &mut PulledRows,
@@ -346,7 +400,7 @@ impl Links {
             let mut still = Vec::with_capacity(waiting.len());
             for &s in &waiting {
                 let (got, version) = self
-                    .pull_once(s, min_version, weights, compute, pulled)
+                    .pull_once((s, min_version, want), weights, compute, pulled)
                     .await?;
                 match got {
                     Some(l) if s == 0 => loss = l,
@@ -354,6 +408,16 @@ impl Links {
                     None => still.push(s),
                 }
                 versions.push(version);
+            }
+            // Clipping: servers waiting for a norm answer at once; while a part is missing
+            // (another server still waits for pushes, or restarted), ask again shortly.
+            let norm_unknown = |s: &usize| {
+                self.servers[*s]
+                    .awaiting
+                    .is_some_and(|step| self.norms.sum_of(step).is_none())
+            };
+            if !still.is_empty() && still.iter().all(norm_unknown) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             if versions != progress.0 {
                 progress = (versions, Instant::now());

@@ -24,7 +24,8 @@ use crate::sparse::{split_rows, to_rows_msg, PulledRows, Rows};
 use crate::wire::to_msg;
 
 mod links;
-use links::Links;
+mod norms;
+use links::{Links, Want};
 
 /// What a worker ends with.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -166,6 +167,7 @@ async fn work(
         epoch: 0,
         pull_bytes: 0,
         push_bytes: 0,
+        norms: Default::default(),
     };
     let mut step = links.register(env.restart_count).await?;
     let beat = Arc::new(Beat {
@@ -325,10 +327,22 @@ async fn steps(
             None => PulledRows::none(),
         };
         let loss_before = links
-            .pull_all(min_version, &mut weights, compute, &mut pulled)
+            .pull_all(
+                (min_version, Want::Weights),
+                &mut weights,
+                compute,
+                &mut pulled,
+            )
             .await?;
         if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
-            report_step(rep, compute, (done, None), loss_before, ms, &mut losses)?;
+            report_step(
+                rep,
+                compute,
+                (done, links.norms.norm(done)),
+                loss_before,
+                ms,
+                &mut losses,
+            )?;
             if evaluate && (done + 1) % per_epoch == 0 {
                 let acc = compute.accuracy(&weights)?;
                 accuracies.push(acc);
@@ -353,9 +367,9 @@ async fn steps(
                 (loss, grads, None)
             }
         };
-        // Async: the update is this worker's whole gradient, clipped by its own norm (the
-        // config refuses clipping with sync updates).
-        let grad_norm = match config.train().max_grad_norm {
+        // Async: the update is this worker's whole gradient, clipped by its own norm. Sync:
+        // the servers clip the step's mean by its global norm, which the workers gather.
+        let grad_norm = match config.train().max_grad_norm.filter(|_| !settings.sync) {
             Some(clip) => Some(clip_worker_gradient(
                 clip,
                 &mut grads,
@@ -394,6 +408,18 @@ async fn steps(
             }
             links.push(srv, request).await?;
         }
+        if settings.sync && config.train().max_grad_norm.is_some() {
+            // Clipping: the step is applied once a worker hands the servers its global norm,
+            // gathered here (before the next step, so that no server is left holding it).
+            links
+                .pull_all(
+                    (s + 1, Want::VersionOnly),
+                    &mut weights,
+                    compute,
+                    &mut pulled,
+                )
+                .await?;
+        }
         beat.computed.fetch_add(1, Ordering::Relaxed);
         let ms = step_start.elapsed().as_secs_f64() * 1e3;
         step_start = Instant::now();
@@ -403,7 +429,12 @@ async fn steps(
             report_step(rep, compute, (s, grad_norm), loss, ms, &mut losses)?;
             if evaluate && (s + 1).is_multiple_of(per_epoch) && s + 1 < total {
                 links
-                    .pull_all(0, &mut weights, compute, &mut PulledRows::none())
+                    .pull_all(
+                        (0, Want::Weights),
+                        &mut weights,
+                        compute,
+                        &mut PulledRows::none(),
+                    )
                     .await?;
                 let acc = compute.accuracy(&weights)?;
                 accuracies.push(acc);
@@ -416,10 +447,22 @@ async fn steps(
     // restarted meanwhile); worker 0 reports it.
     if settings.sync {
         let loss = links
-            .pull_all(total, &mut weights, compute, &mut PulledRows::none())
+            .pull_all(
+                (total, Want::Weights),
+                &mut weights,
+                compute,
+                &mut PulledRows::none(),
+            )
             .await?;
         if let (Some(rep), Some((done, ms))) = (reporter.as_mut(), unreported.take()) {
-            report_step(rep, compute, (done, None), loss, ms, &mut losses)?;
+            report_step(
+                rep,
+                compute,
+                (done, links.norms.norm(done)),
+                loss,
+                ms,
+                &mut losses,
+            )?;
         }
     }
     links
@@ -451,7 +494,12 @@ async fn steps(
         ending.lost_workers = status.lost.iter().map(|l| (l.worker_id, l.step)).collect();
         if !settings.sync {
             links
-                .pull_all(0, &mut weights, compute, &mut PulledRows::none())
+                .pull_all(
+                    (0, Want::Weights),
+                    &mut weights,
+                    compute,
+                    &mut PulledRows::none(),
+                )
                 .await?;
         }
         let last = total.saturating_sub(1);

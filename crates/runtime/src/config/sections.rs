@@ -260,15 +260,6 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         }
         (false, None) => None,
     };
-    if ps.as_ref().is_some_and(|ps| ps.sync) && train.max_grad_norm.is_some() {
-        return Err(config_error(
-            "train.max_grad_norm",
-            format!(
-                "is not applied in mode \"{}\" with ps.sync = true: the servers average the workers' gradients, each server holding only its parameters, so no process has the step's global gradient to take the norm of; use ps.sync = false (each update is one worker's whole gradient, clipped by its own norm) or a collective mode (data_parallel, semi_auto, …)",
-                super::ps::PARAMETER_SERVER_MODE
-            ),
-        ));
-    }
     // Pipeline micro-batches cut each step's batch: M micro-batches of batch / M, one update.
     if let Some(m) = parallel
         .pipeline
