@@ -51,14 +51,7 @@ fn a_server_resident_table_trains_as_the_dense_table_step_for_step() {
     let config = bag_config(&dir.path().join("sparse"), &sparse_ps, &train);
     let sparse = run_in_process(&config, 2, 2);
     assert_eq!(dense.losses.len(), steps as usize);
-    assert_eq!(sparse.losses.len(), dense.losses.len());
-    for (i, (s, d)) in sparse.losses.iter().zip(&dense.losses).enumerate() {
-        assert!(
-            (s - d).abs() <= 1e-5,
-            "step {}: sparse loss {s} vs dense {d}",
-            i + 1
-        );
-    }
+    assert_same_losses(&sparse, &dense);
     // The losses move: a run that did not train would not match by accident.
     assert!(
         dense.losses[0] - dense.losses[steps as usize - 1] > 0.1,
@@ -326,6 +319,11 @@ fn clipping_counts_the_server_resident_rows_in_the_global_norm() {
         2,
         2,
     );
+    assert_same_losses(&sparse, &dense);
+}
+
+/// The run with the table on the servers has the dense run's losses, step for step (1e-5).
+fn assert_same_losses(sparse: &ps::WorkerReport, dense: &ps::WorkerReport) {
     assert_eq!(sparse.losses.len(), dense.losses.len());
     for (i, (s, d)) in sparse.losses.iter().zip(&dense.losses).enumerate() {
         assert!(

@@ -5,25 +5,33 @@ use ps::env::JobSettings;
 use ps::proto::parameter_server_server::ParameterServer;
 use ps::proto::{PullRequest, PushRequest, StepSquareSum, TensorMsg};
 use ps::server::ServerService;
+use tensor::Tensor;
 use tonic::Request;
 
 use crate::util::ps_config;
 
-#[test]
-fn bad_pushes_are_refused_and_leave_the_weights_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = ps_config(dir.path(), "servers = 1\nworkers = 2", "max_steps = 4");
+/// The one server of a 1-server, 2-worker job with `[train]` keys `train` writing to `dir`,
+/// its initial weights, and those weights as wire messages (a push's tensors).
+fn one_server(dir: &std::path::Path, train: &str) -> (ServerService, Vec<Tensor>, Vec<TensorMsg>) {
+    let config = ps_config(dir, "servers = 1\nworkers = 2", train);
     let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 2, &config);
     let compute = Compute::new(&config).unwrap();
     let held = compute.params().to_vec();
     let initial = compute.initial_params().unwrap();
     let service = ServerService::new(&settings, &config, 0, &held, initial.clone(), false).unwrap();
-    let rt = ps::scheduler::runtime(1).unwrap();
-    let good: Vec<TensorMsg> = held
+    let messages = held
         .iter()
         .zip(&initial)
         .map(|(p, t)| ps::wire::to_msg(&p.name, t))
         .collect();
+    (service, initial, messages)
+}
+
+#[test]
+fn bad_pushes_are_refused_and_leave_the_weights_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (service, initial, good) = one_server(dir.path(), "max_steps = 4");
+    let rt = ps::scheduler::runtime(1).unwrap();
     let push = |tensors: Vec<TensorMsg>, members: Vec<u32>| PushRequest {
         worker_id: 0,
         step: 0,
@@ -96,23 +104,9 @@ fn bad_pushes_are_refused_and_leave_the_weights_alone() {
 #[test]
 fn a_clipping_server_waits_for_the_global_norm_and_checks_it() {
     let dir = tempfile::tempdir().unwrap();
-    let config = ps_config(
-        dir.path(),
-        "servers = 1\nworkers = 2",
-        "max_steps = 4\nmax_grad_norm = 0.01",
-    );
-    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 2, &config);
-    let compute = Compute::new(&config).unwrap();
-    let held = compute.params().to_vec();
-    let initial = compute.initial_params().unwrap();
-    let service = ServerService::new(&settings, &config, 0, &held, initial.clone(), false).unwrap();
-    let rt = ps::scheduler::runtime(1).unwrap();
     // The initial weights as a "gradient": its norm is far above 0.01.
-    let grads: Vec<TensorMsg> = held
-        .iter()
-        .zip(&initial)
-        .map(|(p, t)| ps::wire::to_msg(&p.name, t))
-        .collect();
+    let (service, initial, grads) = one_server(dir.path(), "max_steps = 4\nmax_grad_norm = 0.01");
+    let rt = ps::scheduler::runtime(1).unwrap();
     let push = |worker_id: u32| PushRequest {
         worker_id,
         step: 0,
