@@ -231,7 +231,17 @@ struct Console;
 
 impl bench::Progress for Console {
     fn piece(&mut self, piece: &dyn fmt::Display) {
-        print!("{piece}");
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = write!(out, "{piece}").and_then(|()| out.flush()) {
+            // The reader is gone (`tessera bench … | head`): stop as `main` does on a broken
+            // pipe, quietly; anything else is worth a word.
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                eprintln!("tessera bench: cannot write to stdout: {e}");
+                std::process::exit(1);
+            }
+            std::process::exit(0);
+        }
     }
 
     fn note(&mut self, note: &dyn fmt::Display) {

@@ -412,3 +412,26 @@ fn absurd_shapes_in_strategy_files_are_refused() {
     );
     assert_eq!(listing(&scratch.0), vec!["huge.json".to_string()]);
 }
+
+/// A reader that goes away (`tessera bench … | head -1`) ends the benchmark quietly: no panic
+/// on the broken pipe, exit status 0 as `main` gives a broken pipe.
+#[test]
+fn a_closed_stdout_ends_a_benchmark_quietly() {
+    use std::io::BufRead as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["bench", "memcpy", "--max-mib", "64", "--reps", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(!first.is_empty(), "the benchmark printed a line first");
+    // The read end is dropped here: every later line meets a broken pipe.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+}
