@@ -1,0 +1,445 @@
+//! Building a session: the model (a built-in one, or a network built in code), the parallel
+//! configuration and search, the training and evaluation programs, and the strategy files that
+//! describe how they place every checkpointed tensor.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ckpt::{OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, StrategyFlavour};
+use exec::{state_checkpoint_name, Precision};
+use graph::models::{seed_mlp, Model};
+use layout::TensorLayout;
+use parallel::memory::{MemoryReport, TrainingState};
+use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
+
+use super::{Session, TrainData, MASTER_WEIGHT, STAGE_STRATEGY_DIR};
+use crate::config::{ModelName, TrainConfig};
+use crate::data::IdxDataset;
+use crate::error::RuntimeError;
+use crate::lm::gpt_parallel_config;
+
+/// A global batch larger than the training set is refused before anything batch-sized is
+/// built or allocated.
+fn check_batch_fits(config: &TrainConfig, train_data: &IdxDataset) -> Result<(), RuntimeError> {
+    let batch_size = config.data().batch_size;
+    if batch_size > train_data.len() {
+        return Err(RuntimeError::Config {
+            key: "data.batch_size".to_string(),
+            reason: format!(
+                "{batch_size} is larger than the training set ({} samples in {}); the global batch must fit in the data",
+                train_data.len(),
+                train_data.images_path().display()
+            ),
+        });
+    }
+    let micro_steps = config.train().grad_accumulation_steps;
+    if batch_size.saturating_mul(micro_steps) > train_data.len() {
+        return Err(RuntimeError::Config {
+            key: "train.grad_accumulation_steps".to_string(),
+            reason: format!(
+                "{micro_steps} micro-batches of data.batch_size = {batch_size} take more samples per step than the training set holds ({} in {}); an optimizer step's samples must fit in the data",
+                train_data.len(),
+                train_data.images_path().display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl Session {
+    /// Builds the configured built-in model and its programs for `config`, reading the data's
+    /// headers (for text, the whole text; token files are indexed).
+    pub fn new(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        if config.model().name == ModelName::Gpt {
+            return Session::new_gpt(config);
+        }
+        if config.model().name == ModelName::EmbeddingBag {
+            return Err(RuntimeError::Config {
+                key: "model.name".to_string(),
+                reason: "\"embedding_bag\" trains in parallel.mode = \"parameter_server\" only \
+                         (the ps crate builds its programs)"
+                    .to_string(),
+            });
+        }
+        if config.train().precision != Precision::F32 {
+            return Err(RuntimeError::Config {
+                key: "train.precision".to_string(),
+                reason: "mixed precision is built for the GPT (model.name = \"gpt\"); the seed \
+                         MLP trains in f32"
+                    .to_string(),
+            });
+        }
+        let data = config.data();
+        let (train_data, test_data) =
+            IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+        check_batch_fits(config, &train_data)?;
+        let model = seed_mlp(
+            data.batch_size,
+            &train_data.image_shape(),
+            config.model().hidden,
+            config.model().classes,
+        )?;
+        Session::build(config, model, train_data, test_data)
+    }
+
+    /// A session training `model` (a network built with [`graph::GraphBuilder`], its data and
+    /// labels inputs, logits and loss) under `config`; the model's data input must take the
+    /// data set's images (`[batch, rows, cols]`) and its batch must be `data.batch_size`.
+    pub fn with_model(config: &TrainConfig, model: Model) -> Result<Session, RuntimeError> {
+        let data = config.data();
+        let (train_data, test_data) =
+            IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+        check_batch_fits(config, &train_data)?;
+        let input = &model.graph.values()[model.input.0];
+        let mut expected = vec![data.batch_size];
+        expected.extend(train_data.image_shape());
+        if input.shape != expected {
+            return Err(RuntimeError::Mismatch {
+                what: format!("the model's data input {}", input.name),
+                expected: format!("shape {expected:?} (data.batch_size and the images)"),
+                got: format!("shape {:?}", input.shape),
+            });
+        }
+        Session::build(config, model, train_data, test_data)
+    }
+
+    fn build(
+        config: &TrainConfig,
+        model: Model,
+        train_data: IdxDataset,
+        test_data: IdxDataset,
+    ) -> Result<Session, RuntimeError> {
+        let classes = config.model().classes;
+        train_data.validate_labels(classes)?;
+        test_data.validate_labels(classes)?;
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, None, &mut parallel)?;
+        let train = compile_training(&model.graph, model.loss, &parallel)?;
+        let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
+        let data = TrainData::Images {
+            train: Arc::new(train_data),
+            test: Arc::new(test_data),
+        };
+        Session::assemble(config, &parallel, model, train, eval, data)
+    }
+
+    /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
+    fn new_gpt(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        let (text, gpt, model) = crate::auto::open_gpt(config)?;
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
+        let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
+        let train = compile_training(&model.graph, model.loss, &parallel)?;
+        let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;
+        let data = TrainData::Text(Arc::new(text));
+        Session::assemble(config, &parallel, model, train, eval, data)
+    }
+
+    fn assemble(
+        config: &TrainConfig,
+        parallel: &ParallelConfig,
+        model: Model,
+        train: Program,
+        eval: Program,
+        data: TrainData,
+    ) -> Result<Session, RuntimeError> {
+        let deterministic = config
+            .train()
+            .deterministic
+            .then_some(parallel.deterministic_blocks);
+        if deterministic.is_some()
+            && config.train().precision.has_master_weights()
+            && train.devices() > 1
+        {
+            // Half-precision partial sums are rounded to the half type where a rank's part
+            // ends, which one device never does: only one device's runs are bitwise.
+            return Err(RuntimeError::Config {
+                key: "train.precision".to_string(),
+                reason: format!(
+                    "train.deterministic = true with a half precision is bitwise on one device only (each rank's partial sums round to the half type); this run has {} devices: use train.precision = \"f32\" or one device",
+                    train.devices()
+                ),
+            });
+        }
+        if let Some(blocks) = deterministic {
+            // Refused before any rank starts: a sum whose split the canonical blocks can't serve.
+            check_deterministic(&train, blocks)?;
+            check_deterministic(&eval, blocks)?;
+        }
+        Ok(Session {
+            config: config.clone(),
+            model,
+            train: Arc::new(train),
+            eval: Arc::new(eval),
+            data,
+            checkpoint_set: std::sync::Mutex::new(None),
+            latest: std::sync::OnceLock::new(),
+            deterministic,
+        })
+    }
+
+    /// The strategy of everything a checkpoint holds: the checkpointed parameters (every
+    /// trainable one; the others only with `strategy_file_only_for_trainable_params = false`)
+    /// and every optimizer state (laid out like its parameter), with global shapes and dtypes.
+    pub fn strategy(&self) -> Result<ResolvedStrategy, RuntimeError> {
+        let states = self.config.optimizer_config().kind.state_names();
+        let mut params = Vec::new();
+        for p in self.train.params.iter().filter(|p| self.checkpointed(p)) {
+            let dtype = self.train.buffers[p.buffer].dtype;
+            // A pipeline stage's parameters live on its ranks, `stage · n ..`.
+            let stage = parallel::pipeline::stage_of_ranks(p.layout.mesh());
+            let bind = |mp: &TensorLayout, opt_shard: usize| {
+                ParamLayout::new(stage, mp.clone(), opt_shard).map_err(|e| RuntimeError::Mismatch {
+                    what: format!("layout of {}", p.name),
+                    expected: "a valid layout".to_string(),
+                    got: e.to_string(),
+                })
+            };
+            // hsdp: the optimizer state is held in optimizer-shard pieces at every level, the
+            // weights at MindSpore's levels (zero1 and zero2 keep them whole on every rank).
+            let (weights, state) = match p.optimizer_shard() {
+                Some(shard) => {
+                    let sharded = bind(&shard.strategy_layout, shard.size)?;
+                    let weights = if shard.level.shards_weights() {
+                        sharded.clone()
+                    } else {
+                        bind(&p.layout, 1)?
+                    };
+                    (weights, sharded)
+                }
+                None => {
+                    let whole = bind(&p.layout, 1)?;
+                    (whole.clone(), whole)
+                }
+            };
+            // Under mixed precision the optimizer state is f32 (beside f32 master weights).
+            let state_dtype = match self.config.train().precision.has_master_weights() {
+                true => tensor::DType::F32,
+                false => dtype,
+            };
+            let mut entries = vec![(p.name.clone(), weights, dtype)];
+            if p.trainable {
+                let master = self.config.train().precision.has_master_weights();
+                let names = states.iter().chain(master.then_some(&MASTER_WEIGHT));
+                entries.extend(names.map(|s| {
+                    (
+                        state_checkpoint_name(s, &p.name),
+                        state.clone(),
+                        state_dtype,
+                    )
+                }));
+            }
+            for (name, placement, dtype) in entries {
+                params.push(ResolvedParam {
+                    name,
+                    shape: p.layout.shape().to_vec(),
+                    dtype: Some(dtype),
+                    placements: vec![placement],
+                });
+            }
+        }
+        Ok(ResolvedStrategy::new(params)?)
+    }
+
+    /// Writes the strategy as Tessera JSON (`strategy.json`: every tensor's global shape, dtype
+    /// and layout) and MindSpore protobuf (`strategy.ckpt`: the parameter layouts) into `dir`,
+    /// each with every forward op's strategy, as MindSpore's `save_param_strategy_file` does
+    /// (only the JSON has room for output strategies).
+    pub fn save_strategy_files(&self, dir: &Path) -> Result<(PathBuf, PathBuf), RuntimeError> {
+        let strategy = self.strategy()?;
+        let ops = self.op_strategies();
+        let save = |name: &str, flavour| {
+            ckpt::save_param_strategy_file(&dir.join(name), &strategy, &ops, flavour, true)
+        };
+        let json = save("strategy.json", StrategyFlavour::Tessera)?;
+        let ms = save("strategy.ckpt", StrategyFlavour::MsProtobuf)?;
+        if strategy.n_stages() > 1 {
+            self.save_stage_strategy_files(&dir.join(STAGE_STRATEGY_DIR), &strategy, &ops)?;
+        }
+        Ok((json, ms))
+    }
+
+    /// With pipeline stages, also one MindSpore strategy file per stage, as each stage's ranks
+    /// save it in MindSpore (`<dir>/stage_<s>.ckpt`, plain names): `tessera strategy
+    /// merge-stages` (MindSpore's `merge_pipeline_strategys`) turns them into the merged file.
+    fn save_stage_strategy_files(
+        &self,
+        dir: &Path,
+        strategy: &ResolvedStrategy,
+        ops: &[OpStrategyRecord],
+    ) -> Result<(), RuntimeError> {
+        std::fs::create_dir_all(dir).map_err(|e| RuntimeError::Mismatch {
+            what: format!("the directory {}", dir.display()),
+            expected: "a directory for the per-stage strategy files".to_string(),
+            got: e.to_string(),
+        })?;
+        for stage in 0..strategy.n_stages() {
+            let params: Vec<ResolvedParam> = strategy
+                .params()
+                .iter()
+                .filter(|p| p.placements.iter().any(|pl| pl.stage == stage))
+                .cloned()
+                .collect();
+            let stage_ops: Vec<OpStrategyRecord> =
+                ops.iter().filter(|o| o.stage == stage).cloned().collect();
+            ckpt::save_param_strategy_file(
+                &dir.join(format!("stage_{stage}.ckpt")),
+                &ResolvedStrategy::new(params)?,
+                &stage_ops,
+                StrategyFlavour::MsProtobuf,
+                true,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Every forward op's strategy, in graph order: its input tuples and, when its outputs
+    /// are brought to a set layout (an `out_strategy`), their split factors.
+    pub fn op_strategies(&self) -> Vec<OpStrategyRecord> {
+        let placed = &self.train.placed;
+        placed
+            .graph
+            .nodes()
+            .iter()
+            .zip(&placed.nodes)
+            .filter_map(|(node, place)| match (&node.role, &place.strategy) {
+                (graph::NodeRole::Forward, Some(inputs)) => Some(OpStrategyRecord {
+                    name: node.name.clone(),
+                    stage: place
+                        .inputs
+                        .first()
+                        .map_or(0, |l| parallel::pipeline::stage_of_ranks(l.mesh())),
+                    inputs: inputs.clone(),
+                    outputs: place
+                        .out_layouts
+                        .as_ref()
+                        .map(|outs| outs.iter().map(|l| l.split_factors()).collect()),
+                    in_layouts: None,
+                    out_layouts: None,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The memory `rank` will hold training this session (see [`parallel::memory`]); for
+    /// pipelined steps, with as many micro-batches in flight as its stage's schedule holds.
+    /// `None` only when the pipeline's schedule cannot be built (the run would fail first).
+    pub fn predict_memory(&self, rank: usize) -> Option<MemoryReport> {
+        let accumulation_sharded = self.accumulation_sharded();
+        let state = TrainingState {
+            optimizer_tensors: self.config.optimizer_config().kind.state_names().len(),
+            accumulation_sharded: (self.micro_steps() > 1).then_some(accumulation_sharded),
+            master_weights: self.config.train().precision.has_master_weights(),
+        };
+        match self.pipeline_schedule().ok()? {
+            None => Some(parallel::memory::predict(&self.train, rank, state)),
+            Some((schedule, per_stage)) => {
+                let stage = rank / per_stage.max(1);
+                let held = schedule
+                    .per_stage()
+                    .get(stage)
+                    .map_or(0, |actions| parallel::pipeline::micro_batches_held(actions));
+                let buffers = parallel::pipeline::micro_batch_buffers(&self.train, per_stage);
+                Some(parallel::memory::predict_pipelined(
+                    &self.train,
+                    rank,
+                    state,
+                    &buffers,
+                    held,
+                ))
+            }
+        }
+    }
+
+    /// Whether gradient accumulation keeps only each rank's optimizer piece (`hsdp` level 2
+    /// and 3, zero2, or zero1 with `parallel.hsdp.gradient_accumulation_shard`).
+    pub(super) fn accumulation_sharded(&self) -> bool {
+        self.config
+            .parallel_config()
+            .hsdp
+            .is_some_and(|h| h.accumulation_sharded())
+    }
+
+    /// Whether the steps are pipelined: more than one stage and more than one micro-batch.
+    pub fn is_pipelined(&self) -> bool {
+        self.micro_steps() > 1
+            && self
+                .config
+                .parallel_config()
+                .pipeline
+                .is_some_and(|p| p.stages > 1)
+    }
+
+    /// The schedule of a pipelined session and the ranks per stage (`None` when steps are not
+    /// pipelined).
+    pub(super) fn pipeline_schedule(
+        &self,
+    ) -> Result<Option<(parallel::pipeline::Schedule, usize)>, RuntimeError> {
+        let parallel = self.config.parallel_config();
+        let Some(p) = parallel.pipeline.filter(|p| p.stages > 1) else {
+            return Ok(None);
+        };
+        if self.micro_steps() < 2 {
+            return Ok(None);
+        }
+        let config = parallel::pipeline::PipelineConfig {
+            micro_batches: self.micro_steps(),
+            ..p.clone()
+        };
+        let schedule =
+            parallel::pipeline::Schedule::generate(&config).map_err(|e| RuntimeError::Config {
+                key: "parallel.pipeline".to_string(),
+                reason: e.to_string(),
+            })?;
+        Ok(Some((schedule, self.devices() / p.stages)))
+    }
+
+    /// `parallel.pipeline.output_broadcast`: every micro-batch's loss goes from the last stage
+    /// to every rank.
+    pub(super) fn output_broadcast(&self) -> bool {
+        self.config
+            .parallel_config()
+            .pipeline
+            .is_some_and(|p| p.stages > 1 && p.output_broadcast)
+    }
+}
+
+/// The parallel settings of `config`, with the op strategies of `parallel.strategy_file` (if
+/// any) for the ops `[parallel.shard]` leaves unset.
+fn parallel_config(
+    config: &TrainConfig,
+    model: &Model,
+) -> Result<parallel::ParallelConfig, RuntimeError> {
+    let mut parallel = config.parallel_config();
+    let Some(path) = config.strategy_file() else {
+        return Ok(parallel);
+    };
+    let loaded = ckpt::Strategy::load(path)?;
+    if loaded.ops.is_empty() {
+        return Err(RuntimeError::Config {
+            key: "parallel.strategy_file".to_string(),
+            reason: format!(
+                "{} holds no op strategies (Tessera JSON \"ops\", MindSpore parallel_strategy_item); save one with a training run's strategy.json or strategy.ckpt",
+                path.display()
+            ),
+        });
+    }
+    for op in loaded.ops {
+        if model.graph.node_by_name(&op.name).is_none() {
+            return Err(RuntimeError::Config {
+                key: "parallel.strategy_file".to_string(),
+                reason: format!(
+                    "{} has a strategy for op {:?}, which the model does not have",
+                    path.display(),
+                    op.name
+                ),
+            });
+        }
+        parallel
+            .strategies
+            .entry(op.name)
+            .or_insert_with(|| parallel::OpStrategy::from_tuples(op.inputs, op.outputs));
+    }
+    Ok(parallel)
+}
