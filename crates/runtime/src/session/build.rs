@@ -12,35 +12,69 @@ use layout::TensorLayout;
 use parallel::memory::{MemoryReport, TrainingState};
 use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
 
-use super::{Session, TrainData, MASTER_WEIGHT, STAGE_STRATEGY_DIR};
+use super::{Session, SessionData, TrainData, TrainSession, MASTER_WEIGHT, STAGE_STRATEGY_DIR};
 use crate::config::{ModelName, TrainConfig};
-use crate::data::IdxDataset;
+use crate::data::{Dataset, IdxDataset, SampleSpec};
 use crate::error::RuntimeError;
 use crate::lm::gpt_parallel_config;
 
-/// A global batch larger than the training set is refused before anything batch-sized is
-/// built or allocated.
-fn check_batch_fits(config: &TrainConfig, train_data: &IdxDataset) -> Result<(), RuntimeError> {
+/// A global batch larger than the training set (of `n_samples`, `what`: where they are) is
+/// refused before anything batch-sized is built or allocated.
+fn check_batch_fits(
+    config: &TrainConfig,
+    n_samples: usize,
+    what: &dyn std::fmt::Display,
+) -> Result<(), RuntimeError> {
     let batch_size = config.data().batch_size;
-    if batch_size > train_data.len() {
+    if batch_size > n_samples {
         return Err(RuntimeError::Config {
             key: "data.batch_size".to_string(),
             reason: format!(
-                "{batch_size} is larger than the training set ({} samples in {}); the global batch must fit in the data",
-                train_data.len(),
-                train_data.images_path().display()
+                "{batch_size} is larger than the training set ({n_samples} samples in {what}); the global batch must fit in the data",
             ),
         });
     }
     let micro_steps = config.train().grad_accumulation_steps;
-    if batch_size.saturating_mul(micro_steps) > train_data.len() {
+    if batch_size.saturating_mul(micro_steps) > n_samples {
         return Err(RuntimeError::Config {
             key: "train.grad_accumulation_steps".to_string(),
             reason: format!(
-                "{micro_steps} micro-batches of data.batch_size = {batch_size} take more samples per step than the training set holds ({} in {}); an optimizer step's samples must fit in the data",
-                train_data.len(),
-                train_data.images_path().display()
+                "{micro_steps} micro-batches of data.batch_size = {batch_size} take more samples per step than the training set holds ({n_samples} in {what}); an optimizer step's samples must fit in the data",
             ),
+        });
+    }
+    Ok(())
+}
+
+/// The IDX training and test splits of `[data]`, the batch checked against the training split.
+fn open_idx(config: &TrainConfig) -> Result<(IdxDataset, IdxDataset), RuntimeError> {
+    let data = config.data();
+    let (train_data, test_data) =
+        IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+    check_batch_fits(
+        config,
+        train_data.len(),
+        &train_data.images_path().display(),
+    )?;
+    Ok((train_data, test_data))
+}
+
+/// Checks that `model`'s data input takes `data.batch_size` samples of `input` (`what`: what
+/// the samples are, for the message).
+fn check_model_input(
+    config: &TrainConfig,
+    model: &Model,
+    input: &SampleSpec,
+    what: &str,
+) -> Result<(), RuntimeError> {
+    let value = &model.graph.values()[model.input.0];
+    let mut expected = vec![config.data().batch_size];
+    expected.extend(&input.shape);
+    if value.shape != expected {
+        return Err(RuntimeError::Mismatch {
+            what: format!("the model's data input {}", value.name),
+            expected: format!("shape {expected:?} (data.batch_size and {what})"),
+            got: format!("shape {:?}", value.shape),
         });
     }
     Ok(())
@@ -69,10 +103,8 @@ impl Session {
                     .to_string(),
             });
         }
+        let (train_data, test_data) = open_idx(config)?;
         let data = config.data();
-        let (train_data, test_data) =
-            IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
-        check_batch_fits(config, &train_data)?;
         let model = seed_mlp(
             data.batch_size,
             &train_data.image_shape(),
@@ -86,20 +118,8 @@ impl Session {
     /// labels inputs, logits and loss) under `config`; the model's data input must take the
     /// data set's images (`[batch, rows, cols]`) and its batch must be `data.batch_size`.
     pub fn with_model(config: &TrainConfig, model: Model) -> Result<Session, RuntimeError> {
-        let data = config.data();
-        let (train_data, test_data) =
-            IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
-        check_batch_fits(config, &train_data)?;
-        let input = &model.graph.values()[model.input.0];
-        let mut expected = vec![data.batch_size];
-        expected.extend(train_data.image_shape());
-        if input.shape != expected {
-            return Err(RuntimeError::Mismatch {
-                what: format!("the model's data input {}", input.name),
-                expected: format!("shape {expected:?} (data.batch_size and the images)"),
-                got: format!("shape {:?}", input.shape),
-            });
-        }
+        let (train_data, test_data) = open_idx(config)?;
+        check_model_input(config, &model, &train_data.input_spec(), "the images")?;
         Session::build(config, model, train_data, test_data)
     }
 
@@ -112,15 +132,18 @@ impl Session {
         let classes = config.model().classes;
         train_data.validate_labels(classes)?;
         test_data.validate_labels(classes)?;
-        let mut parallel = parallel_config(config, &model)?;
-        crate::auto::apply_search(config, &model, None, &mut parallel)?;
-        let train = compile_training(&model.graph, model.loss, &parallel)?;
-        let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
-        let data = TrainData::Images {
-            train: Arc::new(train_data),
-            test: Arc::new(test_data),
+        let (train_data, test_data) = (Arc::new(train_data), Arc::new(test_data));
+        let samples = SessionData::Samples {
+            train: train_data.clone(),
+            test: Some(test_data.clone()),
         };
-        Session::assemble(config, &parallel, model, train, eval, data)
+        Ok(Session {
+            session: TrainSession::compile_samples(config, model, samples)?,
+            data: TrainData::Images {
+                train: train_data,
+                test: test_data,
+            },
+        })
     }
 
     /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
@@ -131,8 +154,66 @@ impl Session {
         let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
         let train = compile_training(&model.graph, model.loss, &parallel)?;
         let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;
-        let data = TrainData::Text(Arc::new(text));
-        Session::assemble(config, &parallel, model, train, eval, data)
+        let text = Arc::new(text);
+        let data = SessionData::Text(text.clone());
+        Ok(Session {
+            session: TrainSession::assemble(config, &parallel, model, train, eval, data)?,
+            data: TrainData::Text(text),
+        })
+    }
+}
+
+impl TrainSession {
+    /// A session training `model` (a network built with [`graph::GraphBuilder`], or any other
+    /// [`Model`]: its data and labels inputs, logits and loss) on `train` under `config`,
+    /// evaluating the accuracy on `test` after every epoch when given (and `train.eval`).
+    /// The model's data input must take `data.batch_size` samples of `train`'s input shape;
+    /// `config`'s `[data]` section is read for the batch size and the shuffle only.
+    pub fn with_dataset(
+        config: &TrainConfig,
+        model: Model,
+        train: Arc<dyn Dataset>,
+        test: Option<Arc<dyn Dataset>>,
+    ) -> Result<TrainSession, RuntimeError> {
+        check_batch_fits(config, train.len(), &"the training data set")?;
+        check_model_input(
+            config,
+            &model,
+            &train.input_spec(),
+            "the data set's samples",
+        )?;
+        if let Some(test) = &test {
+            if test.input_spec() != train.input_spec() || test.label_spec() != train.label_spec() {
+                return Err(RuntimeError::Mismatch {
+                    what: "the test data set's samples".to_string(),
+                    expected: format!(
+                        "the training set's: inputs {:?}, labels {:?}",
+                        train.input_spec(),
+                        train.label_spec()
+                    ),
+                    got: format!(
+                        "inputs {:?}, labels {:?}",
+                        test.input_spec(),
+                        test.label_spec()
+                    ),
+                });
+            }
+        }
+        TrainSession::compile_samples(config, model, SessionData::Samples { train, test })
+    }
+
+    /// The programs of a classifier trained on samples: the training program of its loss,
+    /// the evaluation program of its logits.
+    fn compile_samples(
+        config: &TrainConfig,
+        model: Model,
+        data: SessionData,
+    ) -> Result<TrainSession, RuntimeError> {
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, None, &mut parallel)?;
+        let train = compile_training(&model.graph, model.loss, &parallel)?;
+        let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
+        TrainSession::assemble(config, &parallel, model, train, eval, data)
     }
 
     fn assemble(
@@ -141,8 +222,8 @@ impl Session {
         model: Model,
         train: Program,
         eval: Program,
-        data: TrainData,
-    ) -> Result<Session, RuntimeError> {
+        data: SessionData,
+    ) -> Result<TrainSession, RuntimeError> {
         let deterministic = config
             .train()
             .deterministic
@@ -166,7 +247,7 @@ impl Session {
             check_deterministic(&train, blocks)?;
             check_deterministic(&eval, blocks)?;
         }
-        Ok(Session {
+        Ok(TrainSession {
             config: config.clone(),
             model,
             train: Arc::new(train),

@@ -9,7 +9,7 @@ use layout::TensorLayout;
 use tensor::Tensor;
 
 use super::run::RankRun;
-use super::{Session, TrainData, GLOBAL_STEP, MASTER_WEIGHT};
+use super::{SessionData, TrainSession, GLOBAL_STEP, MASTER_WEIGHT};
 use crate::config::ResumeFrom;
 use crate::error::RuntimeError;
 use crate::generate::MODEL_FILE;
@@ -87,11 +87,11 @@ impl RankRun {
     }
 }
 
-impl Session {
+impl TrainSession {
     /// Opens the checkpoint set of the run, when it saves one: takes the output directory's
     /// lock (a second run into the same directory fails here, naming this one) and creates the
     /// staging directory beside it, so an unwritable output fails before any rank starts. The
-    /// process that runs rank 0 calls this; [`Session::run_rank`] opens it late otherwise.
+    /// process that runs rank 0 calls this; [`TrainSession::run_rank`] opens it late otherwise.
     pub fn open_checkpoint_set(&self) -> Result<(), RuntimeError> {
         let Some(dir) = self.checkpoint_dir() else {
             return Ok(());
@@ -264,7 +264,7 @@ impl Session {
                 &state.to_json_bytes(),
                 true,
             )?;
-            if let TrainData::Text(text) = &self.data {
+            if let SessionData::Text(text) = &self.data {
                 let saved = text.saved_model(&self.config)?;
                 let mut bytes = serde_json::to_vec_pretty(&saved.to_json()).map_err(|e| {
                     RuntimeError::Mismatch {

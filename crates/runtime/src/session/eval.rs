@@ -1,13 +1,14 @@
-//! Evaluating a session: the test accuracy (images) or the validation loss (text), on the
+//! Evaluating a session: the test accuracy (a data set of samples) or the validation loss
+//! (text), on the
 //! evaluation program with the training program's current parameters.
 
 use exec::RankExecutor;
 
-use super::{Session, TrainData};
-use crate::data::{BatchPlan, IdxDataset};
+use super::{SessionData, TrainSession};
+use crate::data::{feed_rows, BatchPlan, Dataset};
 use crate::error::RuntimeError;
 
-impl Session {
+impl TrainSession {
     /// Evaluates the parameters `exec` holds now (copied into `eval`).
     pub(super) fn evaluate_now(
         &self,
@@ -19,15 +20,18 @@ impl Session {
         self.evaluate(eval)
     }
 
-    /// The evaluation after an epoch: the test accuracy (images) or the validation loss
-    /// (text).
+    /// The evaluation after an epoch: the test accuracy (samples; none without a test set) or
+    /// the validation loss (text).
     fn evaluate(
         &self,
         eval: &mut RankExecutor,
     ) -> Result<(Option<f64>, Option<f64>), RuntimeError> {
         match &self.data {
-            TrainData::Images { test, .. } => Ok((Some(self.accuracy(eval, test)?), None)),
-            TrainData::Text(text) => {
+            SessionData::Samples { test, .. } => match test {
+                Some(test) => Ok((Some(self.accuracy(eval, test.as_ref())?), None)),
+                None => Ok((None, None)),
+            },
+            SessionData::Text(text) => {
                 let seed = self.config.train().seed;
                 Ok((None, text.validation_loss(eval, &self.model, seed)?))
             }
@@ -35,13 +39,14 @@ impl Session {
     }
 
     /// Test accuracy: every test sample once, the last batch padded and its padding ignored.
-    fn accuracy(&self, eval: &mut RankExecutor, test: &IdxDataset) -> Result<f64, RuntimeError> {
+    fn accuracy(&self, eval: &mut RankExecutor, test: &dyn Dataset) -> Result<f64, RuntimeError> {
         let plan = BatchPlan::eval(test.len(), self.config.data().batch_size)?;
         let mut correct = 0usize;
         for batch in plan.iter() {
-            self.feed(eval, test, &batch)?;
+            feed_rows(eval, self.model.labels, test, batch.indices)?;
             eval.run()?;
-            correct += batch.correct_predictions(&eval.output(0).to_f64_vec(), test.labels());
+            let labels = test.read_labels(batch.indices)?.to_f64_vec();
+            correct += batch.correct_rows(&eval.output(0).to_f64_vec(), &labels);
         }
         Ok(correct as f64 / plan.n_real().max(1) as f64)
     }

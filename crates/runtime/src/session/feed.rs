@@ -1,17 +1,18 @@
 //! Feeding a session: the batches of an epoch, one per optimizer step, and each micro-batch of
-//! a step fed into an executor's inputs (this rank's rows only).
+//! a step fed into an executor's inputs (this rank's rows only), read through
+//! [`crate::data::Dataset`].
 
 use exec::RankExecutor;
 
-use super::{Session, TrainData};
-use crate::data::{BatchPlan, IdxDataset};
+use super::{SessionData, TrainSession};
+use crate::data::{feed_rows, BatchPlan};
 use crate::error::RuntimeError;
 
 /// The batches of one epoch, one per optimizer step (each of `train.grad_accumulation_steps`
 /// micro-batches).
 pub(super) enum EpochPlan {
-    /// A shuffled pass over the images, in batches of every micro-batch of a step.
-    Images(BatchPlan),
+    /// A shuffled pass over the samples, in batches of every micro-batch of a step.
+    Samples(BatchPlan),
     /// `steps` batches of random windows.
     Text {
         /// Steps in the epoch.
@@ -22,7 +23,7 @@ pub(super) enum EpochPlan {
 impl EpochPlan {
     pub(super) fn len(&self) -> u64 {
         match self {
-            EpochPlan::Images(plan) => plan.len() as u64,
+            EpochPlan::Samples(plan) => plan.len() as u64,
             EpochPlan::Text { steps } => *steps,
         }
     }
@@ -40,7 +41,7 @@ pub(super) struct StepAt<'p> {
     pub(super) index: u64,
 }
 
-impl Session {
+impl TrainSession {
     /// Micro-batches per optimizer step (`train.grad_accumulation_steps`).
     pub(super) fn micro_steps(&self) -> usize {
         self.config.train().grad_accumulation_steps.max(1)
@@ -68,24 +69,26 @@ impl Session {
 
     pub(super) fn batches_per_epoch(&self) -> u64 {
         match &self.data {
-            TrainData::Images { train, .. } => (train.len() / self.step_batch_size()).max(1) as u64,
-            TrainData::Text(text) => text.steps_per_epoch,
+            SessionData::Samples { train, .. } => {
+                (train.len() / self.step_batch_size()).max(1) as u64
+            }
+            SessionData::Text(text) => text.steps_per_epoch,
         }
     }
 
-    /// The batches of `epoch`, one per optimizer step: the images in batches of
+    /// The batches of `epoch`, one per optimizer step: the samples in batches of
     /// `micro_steps · batch_size`, the order a run with that batch size would have, so
     /// micro-batch `j` of a step is rows `j · batch_size ..` of that run's batch.
     pub(super) fn epoch_plan(&self, epoch: usize) -> Result<EpochPlan, RuntimeError> {
         Ok(match &self.data {
-            TrainData::Images { train, .. } => EpochPlan::Images(BatchPlan::train(
+            SessionData::Samples { train, .. } => EpochPlan::Samples(BatchPlan::train(
                 train.len(),
                 self.step_batch_size(),
                 self.config.data().shuffle,
                 self.config.train().seed,
                 epoch as u64,
             )?),
-            TrainData::Text(text) => EpochPlan::Text {
+            SessionData::Text(text) => EpochPlan::Text {
                 steps: text.steps_per_epoch,
             },
         })
@@ -101,7 +104,7 @@ impl Session {
     ) -> Result<(), RuntimeError> {
         let StepAt { plan, epoch, index } = at;
         match (&self.data, plan) {
-            (TrainData::Images { train, .. }, EpochPlan::Images(plan)) => {
+            (SessionData::Samples { train, .. }, EpochPlan::Samples(plan)) => {
                 let batch = plan
                     .batch(index as usize)
                     .ok_or_else(|| RuntimeError::Mismatch {
@@ -111,51 +114,18 @@ impl Session {
                     })?;
                 let batch_size = self.config.data().batch_size;
                 let rows = batch.rows(micro * batch_size, batch_size)?;
-                let micro_batch = crate::data::Batch {
-                    index: batch.index,
-                    indices: rows,
-                    n_real: rows.len(),
-                };
-                self.feed(exec, train, &micro_batch)
+                feed_rows(exec, self.model.labels, train.as_ref(), rows)
             }
-            (TrainData::Text(text), _) => {
+            (SessionData::Text(text), _) => {
                 let seed = self.config.train().seed;
                 let starts = text.train_starts(seed, epoch as u64, index, micro)?;
                 text.feed(exec, &self.model, &text.corpus.train, &starts)
             }
-            (TrainData::Images { .. }, EpochPlan::Text { .. }) => Err(RuntimeError::Mismatch {
+            (SessionData::Samples { .. }, EpochPlan::Text { .. }) => Err(RuntimeError::Mismatch {
                 what: "the epoch's batches".to_string(),
-                expected: "image batches".to_string(),
+                expected: "batches of samples".to_string(),
                 got: "text steps".to_string(),
             }),
         }
-    }
-
-    /// Feeds this rank's block of `batch` of `data` into `exec`'s inputs.
-    pub(super) fn feed(
-        &self,
-        exec: &mut RankExecutor,
-        data: &IdxDataset,
-        batch: &crate::data::Batch<'_>,
-    ) -> Result<(), RuntimeError> {
-        let program = exec.program().clone();
-        for (i, input) in program.inputs.iter().enumerate() {
-            if !exec.holds(&input.layout) {
-                continue;
-            }
-            let region = exec.box_of(&input.layout)?;
-            let (start, len) = match (region.offset.first(), region.shape.first()) {
-                (Some(&s), Some(&l)) => (s, l),
-                _ => (0, batch.indices.len()),
-            };
-            let rows = batch.rows(start, len)?;
-            let block = if input.value == self.model.labels {
-                data.read_labels(rows)?
-            } else {
-                data.read_images(rows)?
-            };
-            exec.set_input_rows(i, block)?;
-        }
-        Ok(())
     }
 }

@@ -1,11 +1,11 @@
-//! A training session: the model, its training and evaluation programs, the data, and the loop
-//! every rank runs.
+//! A training session: the model, its training and evaluation programs, the data (read through
+//! [`Dataset`]), and the loop every rank runs.
 //!
 //! The session is split by phase of a run:
 //! - `build`: the session from a configuration or a network ([`Session::new`],
-//!   [`Session::with_model`]), its programs, and the strategy files describing them;
+//!   [`Session::with_model`], [`TrainSession::with_dataset`]), its programs, and the strategy files describing them;
 //! - `feed`: an epoch's batches and feeding a micro-batch into an executor;
-//! - `run`: [`Session::run_rank`], one rank's run from its start through every epoch to its end;
+//! - `run`: [`TrainSession::run_rank`], one rank's run from its start through every epoch to its end;
 //! - `step`: the body of one optimizer step: the one micro-step loop (plain or interleaved
 //!   gradient accumulation), pipelined steps, and the parameter update;
 //! - `checkpoint`: saving checkpoint sets, and resuming from one;
@@ -29,7 +29,7 @@ use parallel::Program;
 use tensor::Tensor;
 
 use crate::config::TrainConfig;
-use crate::data::IdxDataset;
+use crate::data::{Dataset, IdxDataset};
 use crate::error::RuntimeError;
 use crate::lm::TextData;
 
@@ -37,9 +37,12 @@ use crate::lm::TextData;
 /// conversions copy it as MindSpore copies its `global_step`).
 pub const GLOBAL_STEP: &str = "global_step";
 
-/// Everything a rank needs to train: built once, shared by every rank of a local run.
+/// Everything a rank needs to train any network on any [`Dataset`]: the model, its training
+/// and evaluation programs, and the data its batches are read from. Built once, shared by every
+/// rank of a local run. [`TrainSession::with_dataset`] builds one for a network and data set of
+/// the caller's; [`Session`] is one opened from a configuration's built-in data.
 #[derive(Debug)]
-pub struct Session {
+pub struct TrainSession {
     /// The configuration.
     pub config: TrainConfig,
     /// The model.
@@ -49,15 +52,57 @@ pub struct Session {
     pub train: Arc<Program>,
     /// The evaluation program (forward, the logits replicated).
     pub eval: Arc<Program>,
-    /// What it trains and evaluates on.
-    pub data: TrainData,
+    /// What the feed and evaluation phases read.
+    data: SessionData,
     /// The checkpoint set this process writes (rank 0's process only), opened by
-    /// [`Session::open_checkpoint_set`] before the ranks start.
+    /// [`TrainSession::open_checkpoint_set`] before the ranks start.
     checkpoint_set: std::sync::Mutex<Option<ckpt::SetWriter>>,
     /// `output.resume_from = "latest"` resolved once, so every rank resumes from the same set.
     latest: std::sync::OnceLock<Option<PathBuf>>,
     /// Deterministic mode's most canonical blocks per summed dim (`None`: off).
     deterministic: Option<usize>,
+}
+
+/// What a session reads its batches from.
+#[derive(Debug, Clone)]
+enum SessionData {
+    /// Samples by index through [`Dataset`] (the IDX images, or a caller's data set): the
+    /// training set, and the test set whose accuracy is evaluated (if any).
+    Samples {
+        /// The training set.
+        train: Arc<dyn Dataset>,
+        /// The test set.
+        test: Option<Arc<dyn Dataset>>,
+    },
+    /// Text (the GPT): random windows of the training split, the validation loss.
+    Text(Arc<TextData>),
+}
+
+/// A [`TrainSession`] opened from a configuration's built-in model and data
+/// ([`Session::new`]), or a network of the caller's on the configured IDX data
+/// ([`Session::with_model`]); it also keeps the data sets it opened. Everything else is the
+/// [`TrainSession`]'s, reached through `Deref`.
+#[derive(Debug)]
+pub struct Session {
+    /// The session.
+    session: TrainSession,
+    /// What it trains and evaluates on.
+    pub data: TrainData,
+}
+
+impl std::ops::Deref for Session {
+    type Target = TrainSession;
+
+    fn deref(&self) -> &TrainSession {
+        &self.session
+    }
+}
+
+impl Session {
+    /// The session, without the built-in data sets' handles.
+    pub fn into_train_session(self) -> TrainSession {
+        self.session
+    }
 }
 
 /// What a session trains on.
@@ -177,7 +222,15 @@ pub struct ParamShard {
     pub values: Tensor,
 }
 
-impl Session {
+impl TrainSession {
+    /// The text the session trains on, when it trains the GPT.
+    pub(crate) fn text(&self) -> Option<&TextData> {
+        match &self.data {
+            SessionData::Text(text) => Some(text),
+            SessionData::Samples { .. } => None,
+        }
+    }
+
     /// Deterministic mode's most canonical blocks per summed dim, when `train.deterministic`.
     pub fn deterministic_blocks(&self) -> Option<usize> {
         self.deterministic

@@ -13,14 +13,14 @@ use parallel::memory::MemoryCategory;
 
 use super::feed::StepAt;
 use super::step::StepUpdate;
-use super::{ParamMemory, ParamShard, RankOutcome, Session};
+use super::{ParamMemory, ParamShard, RankOutcome, TrainSession};
 use crate::callbacks::{Callback, EpochInfo, EvalInfo, ShardView, StepInfo, TrainEndInfo};
 use crate::error::RuntimeError;
 use crate::lr_schedule::LrSchedule;
 use crate::periodic_ckpt::SaveSchedule;
 
-/// One rank's state through a run: set up by [`Session::start_rank`], advanced by every step,
-/// ended by [`Session::finish_rank`].
+/// One rank's state through a run: set up by [`TrainSession::start_rank`], advanced by every step,
+/// ended by [`TrainSession::finish_rank`].
 pub(super) struct RankRun {
     /// Every rank.
     pub(super) world: Arc<dyn Communicator>,
@@ -84,7 +84,7 @@ struct StepDone {
     update: StepUpdate,
 }
 
-impl Session {
+impl TrainSession {
     /// Runs the whole schedule on this rank of `world`. `callbacks` see every step, epoch and the
     /// end; `want_shards` makes the loop hand them the parameter and gradient shards.
     pub fn run_rank(

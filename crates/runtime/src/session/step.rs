@@ -12,10 +12,10 @@ use tensor::Tensor;
 
 use super::feed::StepAt;
 use super::run::RankRun;
-use super::Session;
+use super::TrainSession;
 use crate::error::RuntimeError;
 
-impl Session {
+impl TrainSession {
     /// Trains one optimizer step of `run` on the batch `at` at learning rate `lr`: the forward
     /// and backward passes (of one batch, or of every micro-batch of the step), the gradients
     /// of parameters shared by pipeline stages summed over their copies, and the update.
@@ -115,7 +115,7 @@ impl Session {
     ///
     /// What differs between plain and interleaved accumulation is `partners`. Without any,
     /// every micro-batch runs on `exec` in turn. With `parallel.micro_batch_interleave`'s
-    /// partners (see [`Session::interleave_partners`]) the micro-steps run in groups of
+    /// partners (see [`TrainSession::interleave_partners`]) the micro-steps run in groups of
     /// `1 + partners.len()` parts, the parts of a group at once (part 0 on `exec`, part `j` on
     /// `partners[j − 1]`, each on its own thread and communicators, from the parameters `exec`
     /// holds), so while one part waits in a collective another computes. Either way losses and
@@ -174,14 +174,14 @@ impl Session {
     /// The forward and backward passes of one pipelined optimizer step: `runner` runs the
     /// step's micro-batches (`at`: the step's batch) through the stages, and `accumulated[k]`
     /// ends with the mean of trainable parameter `trainable[k]`'s gradients over them, as
-    /// [`Session::micro_step_loop`] leaves it. Returns the mean of the micro-batches' losses
+    /// [`TrainSession::micro_step_loop`] leaves it. Returns the mean of the micro-batches' losses
     /// and this rank's timeline of the step.
     ///
     /// The gradients of parameters shared by several stages are summed over their copies
     /// (`shared`: the sums and the world) before the update. In deterministic mode every
     /// micro-batch's gradients are reduced, summed over the copies and added into
     /// `accumulated` one micro-batch at a time, in the order and with the arithmetic of
-    /// [`Session::micro_step_loop`], so a pipelined step is bitwise one device's step with
+    /// [`TrainSession::micro_step_loop`], so a pipelined step is bitwise one device's step with
     /// `train.grad_accumulation_steps` = `micro_batches` (what the pipeline's micro-batches
     /// are); otherwise the rank sums its micro-batches first and reduces once.
     #[allow(clippy::too_many_arguments)]
