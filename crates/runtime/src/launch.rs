@@ -260,6 +260,17 @@ pub fn train_mpi(
     session: &TrainSession,
     options: &LaunchOptions,
 ) -> Result<TrainReport, RuntimeError> {
+    train_mpi_with(session, options, CallbackList::new())
+}
+
+/// [`train_mpi`] with the caller's `callbacks` too: they run in this process, on its rank,
+/// after the run's own.
+#[cfg(feature = "mpi")]
+pub fn train_mpi_with(
+    session: &TrainSession,
+    options: &LaunchOptions,
+    callbacks: CallbackList,
+) -> Result<TrainReport, RuntimeError> {
     let on_timeout = if options.mpi_watchdog {
         comm::mpi::OnTimeout::AbortJob
     } else {
@@ -295,7 +306,7 @@ pub fn train_mpi(
                 Ok(())
             }
         })
-        .and_then(|()| run_rank(session, options, world.clone()));
+        .and_then(|()| run_rank_with(session, options, world.clone(), Some(callbacks)));
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(err) => {

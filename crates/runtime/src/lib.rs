@@ -77,9 +77,9 @@ pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MOD
 pub use crate::group_info::{group_info_path, restore_ranks, write_group_info};
 pub use crate::host_memory::{host_memory, HostMemory};
 pub use crate::hybrid::{run_hybrid, HybridRank};
-#[cfg(feature = "mpi")]
-pub use crate::launch::train_mpi;
 pub use crate::launch::{run_rank, train_local, train_local_with, LaunchOptions, TrainReport};
+#[cfg(feature = "mpi")]
+pub use crate::launch::{train_mpi, train_mpi_with};
 pub use crate::lm::TextData;
 pub use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
 pub use crate::preflight::{check_before_start, check_output_file, RanksHere};
@@ -88,7 +88,7 @@ pub use crate::session::{
     STAGE_STRATEGY_DIR,
 };
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
-pub use crate::trainer::Trainer;
+pub use crate::trainer::{Trainer, Training};
 
 // The executor's types, re-exported under their old paths so that users of `runtime` (the CLI,
 // the parameter server, the Python package, examples) keep compiling; `exec` owns them.

@@ -260,8 +260,9 @@ impl Trainer {
         )
     }
 
-    /// Trains on the local backend (one thread per device) and reports every step.
-    pub fn train(self) -> Result<TrainReport, RuntimeError> {
+    /// The run these settings describe, ready to train: its session built (the network
+    /// compiled for the devices, the data opened) and its launch options.
+    pub fn build(self) -> Result<Training, RuntimeError> {
         // `train_local` creates the output directory (`check_before_start`).
         let config = self.config()?;
         let session = match self.data {
@@ -275,6 +276,79 @@ impl Trainer {
             metrics_log: Some(config.output().metrics_file()),
             ..LaunchOptions::default()
         };
-        train_local_with(&session, &options, self.callbacks)
+        Ok(Training {
+            session,
+            options,
+            callbacks: self.callbacks,
+        })
+    }
+
+    /// Trains on the local backend (one thread per device) and reports every step.
+    pub fn train(self) -> Result<TrainReport, RuntimeError> {
+        self.build()?.train_local()
+    }
+}
+
+/// A run ready to train: a [`TrainSession`], how the run reports ([`LaunchOptions`]) and the
+/// caller's callbacks. [`Trainer::build`] makes one for a network built in code,
+/// [`Training::from_config`] for a configuration's built-in model and data (what `tessera
+/// train` runs): both train through [`Training::train_local`] (or `train_mpi`).
+pub struct Training {
+    session: TrainSession,
+    options: LaunchOptions,
+    callbacks: CallbackList,
+}
+
+impl std::fmt::Debug for Training {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Training")
+            .field("session", &self.session)
+            .field("options", &self.options)
+            .field("callbacks", &self.callbacks.len())
+            .finish()
+    }
+}
+
+impl Training {
+    /// The run of `config`'s built-in model on its data ([`Session::new`]), with the default
+    /// launch options and its metrics log in `output.dir`.
+    pub fn from_config(config: &TrainConfig) -> Result<Training, RuntimeError> {
+        Ok(Training {
+            session: Session::new(config)?.into_train_session(),
+            options: LaunchOptions {
+                metrics_log: Some(config.output().metrics_file()),
+                ..LaunchOptions::default()
+            },
+            callbacks: CallbackList::new(),
+        })
+    }
+
+    /// The session it trains (its programs, for explaining the run before training it).
+    pub fn session(&self) -> &TrainSession {
+        &self.session
+    }
+
+    /// How the run reports and how long a collective may wait.
+    pub fn options(mut self, options: LaunchOptions) -> Training {
+        self.options = options;
+        self
+    }
+
+    /// Adds `callback` (see [`Trainer::callback`]).
+    pub fn callback(mut self, callback: impl Callback + 'static) -> Training {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Trains with one thread per device (the `local` backend); the callbacks run on rank 0.
+    pub fn train_local(self) -> Result<TrainReport, RuntimeError> {
+        train_local_with(&self.session, &self.options, self.callbacks)
+    }
+
+    /// Trains this process's rank of an `mpirun` job (the `mpi` backend); the callbacks run on
+    /// this process's rank.
+    #[cfg(feature = "mpi")]
+    pub fn train_mpi(self) -> Result<TrainReport, RuntimeError> {
+        crate::launch::train_mpi_with(&self.session, &self.options, self.callbacks)
     }
 }
