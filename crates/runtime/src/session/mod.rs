@@ -3,9 +3,12 @@
 //!
 //! The session is split by phase of a run:
 //! - `build`: the session from a configuration or a network ([`Session::new`],
-//!   [`Session::with_model`], [`TrainSession::with_dataset`]), its programs, and the strategy files describing them;
+//!   [`Session::with_model`], [`TrainSession::with_dataset`]) and its programs;
+//! - `strategy`: the strategy files describing how the programs place every checkpointed
+//!   tensor;
 //! - `feed`: an epoch's batches and feeding a micro-batch into an executor;
-//! - `run`: [`TrainSession::run_rank`], one rank's run from its start through every epoch to its end;
+//! - `run`: [`TrainSession::run_rank`], one rank's run from its start through every epoch to
+//!   its end;
 //! - `step`: the body of one optimizer step: the one micro-step loop (plain or interleaved
 //!   gradient accumulation), pipelined steps, and the parameter update;
 //! - `checkpoint`: saving checkpoint sets, and resuming from one;
@@ -17,6 +20,7 @@ mod eval;
 mod feed;
 mod run;
 mod step;
+mod strategy;
 
 use std::path::PathBuf;
 use std::sync::Arc;
