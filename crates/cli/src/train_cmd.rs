@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use runtime::{LaunchOptions, Session, TrainConfig};
+use runtime::{LaunchOptions, TrainConfig, TrainSession, Training};
 
 /// Which communicator backend runs the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -92,7 +92,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         }
         return crate::ps_cmd::run(&config, args.log_json.as_deref());
     }
-    let session = Session::new(&config)?;
+    // The same library entry as `runtime::Trainer`: a `Training`, here of the configuration's
+    // built-in model and data.
+    let training = Training::from_config(&config)?;
+    let session = training.session();
     if let Some(path) = &args.timeline {
         let pipeline = config
             .parallel_config()
@@ -115,7 +118,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
         for rank in 0..session.devices() {
-            writeln!(out, "{}", explain_json(&session, rank))?;
+            writeln!(out, "{}", explain_json(session, rank))?;
         }
         return Ok(());
     }
@@ -125,7 +128,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             "{}",
             session.train.explain_with(session.deterministic_blocks())
         )?;
-        write!(out, "{}", explain_memory(&session))?;
+        write!(out, "{}", explain_memory(session))?;
         if let Some(rank) = args.explain_rank {
             if rank >= session.devices() {
                 anyhow::bail!(
@@ -162,16 +165,18 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         timeout: std::time::Duration::from_secs(args.timeout),
         mpi_watchdog: args.mpi_watchdog,
     };
+    let devices = session.devices();
+    let training = training.options(options);
     let start = Instant::now();
     let report = match args.backend {
-        Backend::Local => runtime::train_local(&session, &options)?,
-        Backend::Mpi => train_mpi(&session, &options)?,
+        Backend::Local => training.train_local()?,
+        Backend::Mpi => train_mpi(training)?,
     };
     let elapsed = start.elapsed().as_secs_f64();
     if let Some(path) = &args.trace {
         write_trace(path, &report)?;
     }
-    let is_rank0 = report.ranks.len() == session.devices() || mpi_rank_is_zero();
+    let is_rank0 = report.ranks.len() == devices || mpi_rank_is_zero();
     if is_rank0 {
         let steps = report.losses().len();
         println!(
@@ -243,7 +248,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
 
 /// The predicted memory section of `--explain`: every rank's figures (the distinct ones when
 /// there are many ranks).
-fn explain_memory(session: &Session) -> String {
+fn explain_memory(session: &TrainSession) -> String {
     let ranks: Vec<_> = (0..session.devices())
         .map_while(|r| session.predict_memory(r))
         .collect();
@@ -270,7 +275,7 @@ fn explain_memory(session: &Session) -> String {
 }
 
 /// `--explain --json`'s object for `rank`.
-fn explain_json(session: &Session, rank: usize) -> serde_json::Value {
+fn explain_json(session: &TrainSession, rank: usize) -> serde_json::Value {
     let program = &session.train;
     let reshards = program
         .steps
@@ -304,12 +309,12 @@ fn explain_json(session: &Session, rank: usize) -> serde_json::Value {
 }
 
 #[cfg(feature = "mpi")]
-fn train_mpi(session: &Session, options: &LaunchOptions) -> anyhow::Result<runtime::TrainReport> {
-    Ok(runtime::train_mpi(session, options)?)
+fn train_mpi(training: Training) -> anyhow::Result<runtime::TrainReport> {
+    Ok(training.train_mpi()?)
 }
 
 #[cfg(not(feature = "mpi"))]
-fn train_mpi(_: &Session, _: &LaunchOptions) -> anyhow::Result<runtime::TrainReport> {
+fn train_mpi(_: Training) -> anyhow::Result<runtime::TrainReport> {
     anyhow::bail!("--backend mpi needs a tessera built with `cargo build --features mpi`")
 }
 

@@ -10,7 +10,7 @@ use comm::{Communicator, LocalCluster};
 use crate::callbacks::{Callback, CallbackList, LocalNorm, LossMonitor, MetricsLog};
 use crate::error::RuntimeError;
 use crate::preflight::{check_before_start, RanksHere};
-use crate::session::{RankOutcome, Session};
+use crate::session::{RankOutcome, TrainSession};
 
 /// How a run reports as it goes.
 #[derive(Debug, Clone)]
@@ -87,7 +87,7 @@ impl TrainReport {
 /// The callbacks of `rank`: the loss monitor and the metrics log on rank 0, local norms on
 /// every rank when asked for. Returns them and whether they need the parameter shards.
 fn callbacks_for(
-    session: &Session,
+    session: &TrainSession,
     options: &LaunchOptions,
     rank: usize,
 ) -> Result<(CallbackList, bool), RuntimeError> {
@@ -115,12 +115,25 @@ fn callbacks_for(
 
 /// Runs one rank of `session` over `world` with its callbacks.
 pub fn run_rank(
-    session: &Session,
+    session: &TrainSession,
     options: &LaunchOptions,
     world: Arc<dyn Communicator>,
 ) -> Result<RankOutcome, RuntimeError> {
+    run_rank_with(session, options, world, None)
+}
+
+/// Runs one rank of `session` over `world` with its callbacks, then `user`'s (if any).
+fn run_rank_with(
+    session: &TrainSession,
+    options: &LaunchOptions,
+    world: Arc<dyn Communicator>,
+    user: Option<CallbackList>,
+) -> Result<RankOutcome, RuntimeError> {
     let rank = world.rank();
     let (mut callbacks, want_shards) = callbacks_for(session, options, rank)?;
+    if let Some(user) = user {
+        callbacks.push(Box::new(user));
+    }
     session.run_rank(world, &mut callbacks as &mut dyn Callback, want_shards)
 }
 
@@ -130,8 +143,19 @@ pub fn run_rank(
 /// stops the others at once (they fail waiting for it, not at `options.timeout`), and the
 /// error returned is that rank's own, not its peers' "peer failed".
 pub fn train_local(
-    session: &Session,
+    session: &TrainSession,
     options: &LaunchOptions,
+) -> Result<TrainReport, RuntimeError> {
+    train_local_with(session, options, CallbackList::new())
+}
+
+/// [`train_local`] with the caller's `callbacks` too: they run on rank 0, after the
+/// run's own (the loss monitor, the metrics log), and see every step, evaluation and epoch of
+/// the run and its end — MindSpore's `Model.train(…, callbacks=[…])`.
+pub fn train_local_with(
+    session: &TrainSession,
+    options: &LaunchOptions,
+    callbacks: CallbackList,
 ) -> Result<TrainReport, RuntimeError> {
     refuse_parameter_server(session)?;
     check_before_start(
@@ -142,7 +166,15 @@ pub fn train_local(
     let devices = session.devices();
     session.open_checkpoint_set()?;
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
-    let results = cluster.run(|comm| run_rank(session, options, Arc::new(comm)));
+    // Rank 0 takes the caller's callbacks (the list is not shared between threads).
+    let user = std::sync::Mutex::new(Some(callbacks));
+    let results = cluster.run(|comm| {
+        let mine = match comm.rank() {
+            0 => user.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            _ => None,
+        };
+        run_rank_with(session, options, Arc::new(comm), mine)
+    });
     let ranks = root_cause(results)?;
     Ok(TrainReport { devices, ranks })
 }
@@ -150,7 +182,7 @@ pub fn train_local(
 /// The collective launchers train collective modes only: a parameter-server config is trained
 /// by its scheduler, servers and workers (`tessera train` starts them; `ps::launch`), never
 /// silently as one stand-alone device.
-fn refuse_parameter_server(session: &Session) -> Result<(), RuntimeError> {
+fn refuse_parameter_server(session: &TrainSession) -> Result<(), RuntimeError> {
     match session.config.ps() {
         Some(_) => Err(RuntimeError::Config {
             key: "parallel.mode".to_string(),
@@ -224,7 +256,21 @@ fn blame(err: &RuntimeError) -> Blame {
 /// as many processes as the configuration has devices. The rank runs on the calling thread; if
 /// MPI is not initialised yet, it is initialised for that thread alone (`MPI_THREAD_SINGLE`).
 #[cfg(feature = "mpi")]
-pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainReport, RuntimeError> {
+pub fn train_mpi(
+    session: &TrainSession,
+    options: &LaunchOptions,
+) -> Result<TrainReport, RuntimeError> {
+    train_mpi_with(session, options, CallbackList::new())
+}
+
+/// [`train_mpi`] with the caller's `callbacks` too: they run in this process, on its rank,
+/// after the run's own.
+#[cfg(feature = "mpi")]
+pub fn train_mpi_with(
+    session: &TrainSession,
+    options: &LaunchOptions,
+    callbacks: CallbackList,
+) -> Result<TrainReport, RuntimeError> {
     let on_timeout = if options.mpi_watchdog {
         comm::mpi::OnTimeout::AbortJob
     } else {
@@ -260,7 +306,7 @@ pub fn train_mpi(session: &Session, options: &LaunchOptions) -> Result<TrainRepo
                 Ok(())
             }
         })
-        .and_then(|()| run_rank(session, options, world.clone()));
+        .and_then(|()| run_rank_with(session, options, world.clone(), Some(callbacks)));
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(err) => {

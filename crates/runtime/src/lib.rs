@@ -6,16 +6,20 @@
 //!   [`RankExecutor`], [`Optimizer`] and their companions are re-exported here under their old
 //!   paths. [`LrSchedule`]: MindSpore's and MindFormers' learning-rate schedules per global
 //!   step, which set the optimizer's rate.
-//! - [`IdxDataset`] and [`BatchPlan`]: MNIST-format data, global batches that are the same on
-//!   every device count; each rank reads only its rows.
+//! - [`Dataset`]: what batches are read through — samples by index, each an input and a
+//!   label. [`IdxDataset`] (MNIST-format data) and [`TokenWindows`] (a token split's windows)
+//!   implement it, and so can any data set of the caller's. [`BatchPlan`]: global batches that
+//!   are the same on every device count; each rank reads only its rows.
 //! - [`Callback`]s: [`LossMonitor`] (MindSpore's `epoch: 1 step: 10, loss is …`), [`MetricsLog`]
 //!   (JSON lines), [`LocalNorm`] (`print_local_norm` / `dump_local_norm`).
 //! - [`TrainConfig`]: the TOML configuration of `tessera train` (see `docs/CONFIG.md`).
-//! - [`Session`]: a model, its training and evaluation programs and its data; its rank loop
-//!   trains, evaluates, saves per-rank checkpoints and strategy files, and resumes from a
-//!   checkpoint saved under any strategy. [`train_local`] runs the ranks as threads,
-//!   `train_mpi` (feature `mpi`) as the processes of an `mpirun` job; [`Trainer`] is the
-//!   one-call Rust API for a network built with [`graph::GraphBuilder`].
+//! - [`TrainSession`]: a model, its training and evaluation programs and its data; its rank
+//!   loop trains, evaluates, saves per-rank checkpoints and strategy files, and resumes from a
+//!   checkpoint saved under any strategy. [`Session`] is one opened from a configuration's
+//!   built-in model and data. [`train_local`] runs the ranks as threads ([`train_local_with`]
+//!   adds the caller's callbacks), `train_mpi` (feature `mpi`) as the processes of an `mpirun`
+//!   job; [`Trainer`] is the one-call Rust API for a network built with
+//!   [`graph::GraphBuilder`] on any [`Dataset`], with the caller's callbacks.
 //!
 //! # Example
 //! ```no_run
@@ -65,25 +69,26 @@ pub use crate::config::{
     ResumeFrom, SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,
 };
 pub use crate::data::{
-    Batch, BatchPlan, IdxDataset, Normalize, Split, TokenCorpus, TokenDtype, TokenSplit, Tokenizer,
-    MAX_TEXT_BYTES,
+    feed_rows, Batch, BatchPlan, Dataset, IdxDataset, Normalize, SampleSpec, Split, TokenCorpus,
+    TokenDtype, TokenSplit, TokenWindows, Tokenizer, MAX_TEXT_BYTES,
 };
 pub use crate::error::RuntimeError;
 pub use crate::generate::{generate, GenerateOptions, SavedModel, Vocabulary, MODEL_FILE};
 pub use crate::group_info::{group_info_path, restore_ranks, write_group_info};
 pub use crate::host_memory::{host_memory, HostMemory};
 pub use crate::hybrid::{run_hybrid, HybridRank};
+pub use crate::launch::{run_rank, train_local, train_local_with, LaunchOptions, TrainReport};
 #[cfg(feature = "mpi")]
-pub use crate::launch::train_mpi;
-pub use crate::launch::{run_rank, train_local, LaunchOptions, TrainReport};
+pub use crate::launch::{train_mpi, train_mpi_with};
 pub use crate::lm::TextData;
 pub use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
 pub use crate::preflight::{check_before_start, check_output_file, RanksHere};
 pub use crate::session::{
-    ParamMemory, ParamShard, RankOutcome, Session, TrainData, GLOBAL_STEP, STAGE_STRATEGY_DIR,
+    ParamMemory, ParamShard, RankOutcome, Session, TrainData, TrainSession, GLOBAL_STEP,
+    STAGE_STRATEGY_DIR,
 };
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
-pub use crate::trainer::Trainer;
+pub use crate::trainer::{Trainer, Training};
 
 // The executor's types, re-exported under their old paths so that users of `runtime` (the CLI,
 // the parameter server, the Python package, examples) keep compiling; `exec` owns them.

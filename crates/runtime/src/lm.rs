@@ -7,10 +7,9 @@ use exec::RankExecutor;
 use graph::models::Model;
 use models::{GptConfig, GptParallel};
 use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
-use tensor::Tensor;
 
 use crate::config::{DataFormat, TextDataKeys, TrainConfig};
-use crate::data::{TokenCorpus, TokenSplit};
+use crate::data::{feed_rows, TokenCorpus, TokenSplit, TokenWindows};
 use crate::error::RuntimeError;
 use crate::generate::{SavedModel, Vocabulary};
 
@@ -107,7 +106,8 @@ impl TextData {
     }
 
     /// Feeds this rank's rows of the global batch whose windows start at `starts` (of `split`)
-    /// into `exec`: `input_ids` the windows' first `seq_len` tokens, `labels` their last.
+    /// into `exec`: `input_ids` the windows' first `seq_len` tokens, `labels` their last (the
+    /// samples of [`TokenWindows`]).
     pub fn feed(
         &self,
         exec: &mut RankExecutor,
@@ -115,33 +115,9 @@ impl TextData {
         split: &TokenSplit,
         starts: &[u64],
     ) -> Result<(), RuntimeError> {
-        let program = exec.program().clone();
-        for (i, input) in program.inputs.iter().enumerate() {
-            if !exec.holds(&input.layout) {
-                continue;
-            }
-            let region = exec.box_of(&input.layout)?;
-            let (first, rows) = match (region.offset.first(), region.shape.first()) {
-                (Some(&s), Some(&l)) => (s, l),
-                _ => (0, starts.len()),
-            };
-            let mine = starts
-                .get(first..first + rows)
-                .ok_or_else(|| RuntimeError::Mismatch {
-                    what: format!("rows of input {}", input.name),
-                    expected: format!("rows within the batch of {}", starts.len()),
-                    got: format!("rows {first}..{}", first + rows),
-                })?;
-            let (inputs, targets) = split.read_rows(mine, self.seq_len)?;
-            let ids = if input.value == model.labels {
-                targets
-            } else {
-                inputs
-            };
-            let ids: Vec<i32> = ids.into_iter().map(|t| t as i32).collect();
-            exec.set_input_rows(i, Tensor::from_vec(&[rows, self.seq_len], ids)?)?;
-        }
-        Ok(())
+        let starts: Vec<usize> = starts.iter().map(|&s| s as usize).collect();
+        let windows = TokenWindows::new(split, self.seq_len);
+        feed_rows(exec, model.labels, &windows, &starts)
     }
 
     /// The window starts of micro-batch `micro` (from 0) of training step `step` (from 0) of

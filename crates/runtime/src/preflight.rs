@@ -23,12 +23,12 @@ use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
 use crate::error::RuntimeError;
-use crate::session::Session;
+use crate::session::TrainSession;
 
 /// Runs every check of this module for `session`, writing the metrics log at `metrics_log`
 /// (when given). Creates `output.dir` when it is missing, and leaves nothing behind on failure.
 pub fn check_before_start(
-    session: &Session,
+    session: &TrainSession,
     metrics_log: Option<&Path>,
     here: &RanksHere,
 ) -> Result<(), RuntimeError> {
@@ -56,7 +56,7 @@ pub struct RanksHere {
 
 impl RanksHere {
     /// Every rank of `session` in this process, alone on the machine (the local backend).
-    pub fn every_rank(session: &Session) -> RanksHere {
+    pub fn every_rank(session: &TrainSession) -> RanksHere {
         RanksHere {
             ranks: (0..session.devices()).collect(),
             processes_on_machine: 1,
@@ -67,7 +67,7 @@ impl RanksHere {
 /// The predicted peak of the ranks this process runs fits the memory available to it: its
 /// share (`1 / processes_on_machine`) of `MemAvailable`, lowered to a cgroup limit where one is
 /// set. The error names both figures; `--explain` is not affected.
-fn check_memory(session: &Session, here: &RanksHere) -> Result<(), RuntimeError> {
+fn check_memory(session: &TrainSession, here: &RanksHere) -> Result<(), RuntimeError> {
     let Some(memory) = crate::host_memory::host_memory() else {
         return Ok(());
     };
@@ -103,7 +103,7 @@ fn check_memory(session: &Session, here: &RanksHere) -> Result<(), RuntimeError>
 
 /// `output.group_info_file`: no rank's path holds a file other than a group-info file, which
 /// the run would refuse to replace after its first step.
-fn check_group_info_files(session: &Session) -> Result<(), RuntimeError> {
+fn check_group_info_files(session: &TrainSession) -> Result<(), RuntimeError> {
     let output = session.config.output();
     let Some(template) = &output.group_info_file else {
         return Ok(());
@@ -116,7 +116,7 @@ fn check_group_info_files(session: &Session) -> Result<(), RuntimeError> {
 }
 
 /// `output.resume_from`: a directory with rank 0's checkpoint file, and the strategy file.
-fn check_resume_from(session: &Session) -> Result<(), RuntimeError> {
+fn check_resume_from(session: &TrainSession) -> Result<(), RuntimeError> {
     let output = session.config.output();
     let Some(from) = session.resume_dir()? else {
         return Ok(());

@@ -17,12 +17,12 @@ use serde_json::Value;
 
 use crate::error::RuntimeError;
 use crate::generate::{SavedModel, MODEL_FILE};
-use crate::session::{Session, TrainData, GLOBAL_STEP, MASTER_WEIGHT};
+use crate::session::{TrainSession, GLOBAL_STEP, MASTER_WEIGHT};
 
 /// Checks the checkpoint in `from`, read with the strategy file `strategy_file`, against
 /// `session`.
 pub(crate) fn check_resumable(
-    session: &Session,
+    session: &TrainSession,
     from: &Path,
     strategy_file: &Path,
 ) -> Result<(), RuntimeError> {
@@ -40,7 +40,7 @@ fn resume_error(from: &Path, reason: String) -> RuntimeError {
 
 /// Every tensor of the strategy file is the model's.
 fn check_tensor_names(
-    session: &Session,
+    session: &TrainSession,
     from: &Path,
     strategy_file: &Path,
 ) -> Result<(), RuntimeError> {
@@ -84,8 +84,8 @@ fn check_tensor_names(
 }
 
 /// A GPT checkpoint's `model.json` (when it has one) describes this run's model.
-fn check_model_description(session: &Session, from: &Path) -> Result<(), RuntimeError> {
-    let TrainData::Text(text) = &session.data else {
+fn check_model_description(session: &TrainSession, from: &Path) -> Result<(), RuntimeError> {
+    let Some(text) = session.text() else {
         return Ok(());
     };
     if !from.join(MODEL_FILE).is_file() {
@@ -125,7 +125,7 @@ fn brief(value: &Value) -> String {
 }
 
 /// The checkpoint's step leaves steps to train.
-fn check_steps_left(session: &Session, from: &Path) -> Result<(), RuntimeError> {
+fn check_steps_left(session: &TrainSession, from: &Path) -> Result<(), RuntimeError> {
     let step_file = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
     let saved_step = ckpt::CheckpointFile::open(&step_file)
         .and_then(|f| f.read_tensor(GLOBAL_STEP))

@@ -1,22 +1,26 @@
-//! [`Trainer`]: training a network built in code, MindSpore's `Model(net, loss, opt).train(…)`.
+//! [`Trainer`]: training a network built in code on any [`Dataset`], MindSpore's
+//! `Model(net, loss, opt).train(…, callbacks=[…])`.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use exec::{OptimizerConfig, OptimizerKind};
 use graph::models::Model;
 use parallel::ParallelConfig;
 
+use crate::callbacks::{Callback, CallbackList};
 use crate::config::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, TrainConfig, TrainLoopConfig,
 };
-use crate::data::Normalize;
+use crate::data::{Dataset, Normalize};
 use crate::error::RuntimeError;
-use crate::launch::{train_local, LaunchOptions, TrainReport};
-use crate::session::Session;
+use crate::launch::{train_local_with, LaunchOptions, TrainReport};
+use crate::session::{Session, TrainSession};
 
-/// Trains a [`Model`] built with [`graph::GraphBuilder`] on an IDX data set, on the devices and
-/// with the strategies of a [`ParallelConfig`]: the settings a config file would hold, with
-/// defaults (Momentum 0.9, learning rate 0.05, one epoch, seed 1, checkpoints saved).
+/// Trains a [`Model`] built with [`graph::GraphBuilder`] on any [`Dataset`] (or an IDX data set
+/// by its directory), on the devices and with the strategies of a [`ParallelConfig`]: the
+/// settings a config file would hold, with defaults (Momentum 0.9, learning rate 0.05, one
+/// epoch, seed 1, checkpoints saved). The caller's [`Callback`]s see every step on rank 0.
 ///
 /// ```no_run
 /// # use runtime::{OptimizerConfig, Trainer};
@@ -27,22 +31,77 @@ use crate::session::Session;
 /// println!("accuracy {:?}", report.accuracies().last());
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
 pub struct Trainer {
     model: Model,
     parallel: ParallelConfig,
-    data_dir: PathBuf,
+    data: TrainerData,
     classes: usize,
     optimizer: OptimizerConfig,
     train: TrainLoopConfig,
     output: OutputConfig,
     shuffle: bool,
     print_loss: bool,
+    callbacks: CallbackList,
+}
+
+/// What a [`Trainer`] trains on.
+#[derive(Debug, Clone)]
+enum TrainerData {
+    /// The IDX training and test splits in this directory.
+    Idx(PathBuf),
+    /// A caller's data sets.
+    Samples {
+        /// The training set.
+        train: Arc<dyn Dataset>,
+        /// The test set, evaluated after every epoch.
+        test: Option<Arc<dyn Dataset>>,
+    },
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("model", &self.model)
+            .field("parallel", &self.parallel)
+            .field("data", &self.data)
+            .field("classes", &self.classes)
+            .field("optimizer", &self.optimizer)
+            .field("train", &self.train)
+            .field("output", &self.output)
+            .field("shuffle", &self.shuffle)
+            .field("print_loss", &self.print_loss)
+            .field("callbacks", &self.callbacks.len())
+            .finish()
+    }
 }
 
 impl Trainer {
-    /// A trainer of `model` under `parallel` on the IDX data set in `data_dir`.
+    /// A trainer of `model` under `parallel` on the IDX data set in `data_dir` (its training
+    /// split, and its test split for the accuracy after every epoch).
     pub fn new(model: Model, parallel: ParallelConfig, data_dir: impl AsRef<Path>) -> Trainer {
+        Trainer::on(
+            model,
+            parallel,
+            TrainerData::Idx(data_dir.as_ref().to_path_buf()),
+        )
+    }
+
+    /// A trainer of `model` under `parallel` on `train`, any [`Dataset`] whose samples the
+    /// model's data input takes (its batch: the input's first dim). Without a
+    /// [`Trainer::test_dataset`] nothing is evaluated.
+    pub fn with_dataset(
+        model: Model,
+        parallel: ParallelConfig,
+        train: impl Dataset + 'static,
+    ) -> Trainer {
+        let data = TrainerData::Samples {
+            train: Arc::new(train),
+            test: None,
+        };
+        Trainer::on(model, parallel, data)
+    }
+
+    fn on(model: Model, parallel: ParallelConfig, data: TrainerData) -> Trainer {
         let classes = model.graph.values()[model.logits.0]
             .shape
             .last()
@@ -51,7 +110,7 @@ impl Trainer {
         Trainer {
             model,
             parallel,
-            data_dir: data_dir.as_ref().to_path_buf(),
+            data,
             classes,
             optimizer: OptimizerConfig {
                 kind: OptimizerKind::Momentum {
@@ -90,7 +149,31 @@ impl Trainer {
             },
             shuffle: true,
             print_loss: true,
+            callbacks: CallbackList::new(),
         }
+    }
+
+    /// The test set whose accuracy is evaluated after every epoch (of a trainer
+    /// [`Trainer::with_dataset`]; an IDX trainer evaluates on its test split).
+    pub fn test_dataset(mut self, test: impl Dataset + 'static) -> Trainer {
+        if let TrainerData::Samples { test: slot, .. } = &mut self.data {
+            *slot = Some(Arc::new(test));
+        }
+        self
+    }
+
+    /// Adds `callback`, which sees every step, evaluation and epoch of the run and its end
+    /// (on rank 0, after the loss lines), as MindSpore's `Model.train(…, callbacks=[…])`.
+    pub fn callback(mut self, callback: impl Callback + 'static) -> Trainer {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Whether each epoch visits the training samples in a seeded shuffled order (default
+    /// yes) or in order.
+    pub fn shuffle(mut self, shuffle: bool) -> Trainer {
+        self.shuffle = shuffle;
+        self
     }
 
     /// The optimizer (default: Momentum 0.9 at learning rate 0.05).
@@ -124,6 +207,13 @@ impl Trainer {
         self
     }
 
+    /// Deterministic mode (`train.deterministic`, default off): every sum in a canonical
+    /// order, so a run on any number of devices is bitwise one device's.
+    pub fn deterministic(mut self, deterministic: bool) -> Trainer {
+        self.train.deterministic = deterministic;
+        self
+    }
+
     /// Where checkpoints, strategy files and the metrics log go (default `runs/custom`).
     pub fn output_dir(mut self, dir: impl AsRef<Path>) -> Trainer {
         self.output.dir = dir.as_ref().to_path_buf();
@@ -136,7 +226,8 @@ impl Trainer {
         self
     }
 
-    /// The equivalent configuration.
+    /// The equivalent configuration (of a trainer on a caller's data set, `[data]` names no
+    /// directory).
     pub fn config(&self) -> Result<TrainConfig, RuntimeError> {
         let batch_size = self.model.graph.values()[self.model.input.0]
             .shape
@@ -152,7 +243,10 @@ impl Trainer {
             },
             DataConfig {
                 format: DataFormat::Idx,
-                dir: self.data_dir.clone(),
+                dir: match &self.data {
+                    TrainerData::Idx(dir) => dir.clone(),
+                    TrainerData::Samples { .. } => PathBuf::new(),
+                },
                 batch_size,
                 shuffle: self.shuffle,
                 pixel_max: None,
@@ -166,16 +260,95 @@ impl Trainer {
         )
     }
 
-    /// Trains on the local backend (one thread per device) and reports every step.
-    pub fn train(self) -> Result<TrainReport, RuntimeError> {
+    /// The run these settings describe, ready to train: its session built (the network
+    /// compiled for the devices, the data opened) and its launch options.
+    pub fn build(self) -> Result<Training, RuntimeError> {
         // `train_local` creates the output directory (`check_before_start`).
         let config = self.config()?;
-        let session = Session::with_model(&config, self.model)?;
+        let session = match self.data {
+            TrainerData::Idx(_) => Session::with_model(&config, self.model)?.into_train_session(),
+            TrainerData::Samples { train, test } => {
+                TrainSession::with_dataset(&config, self.model, train, test)?
+            }
+        };
         let options = LaunchOptions {
             print_loss: self.print_loss,
             metrics_log: Some(config.output().metrics_file()),
             ..LaunchOptions::default()
         };
-        train_local(&session, &options)
+        Ok(Training {
+            session,
+            options,
+            callbacks: self.callbacks,
+        })
+    }
+
+    /// Trains on the local backend (one thread per device) and reports every step.
+    pub fn train(self) -> Result<TrainReport, RuntimeError> {
+        self.build()?.train_local()
+    }
+}
+
+/// A run ready to train: a [`TrainSession`], how the run reports ([`LaunchOptions`]) and the
+/// caller's callbacks. [`Trainer::build`] makes one for a network built in code,
+/// [`Training::from_config`] for a configuration's built-in model and data (what `tessera
+/// train` runs): both train through [`Training::train_local`] (or `train_mpi`).
+pub struct Training {
+    session: TrainSession,
+    options: LaunchOptions,
+    callbacks: CallbackList,
+}
+
+impl std::fmt::Debug for Training {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Training")
+            .field("session", &self.session)
+            .field("options", &self.options)
+            .field("callbacks", &self.callbacks.len())
+            .finish()
+    }
+}
+
+impl Training {
+    /// The run of `config`'s built-in model on its data ([`Session::new`]), with the default
+    /// launch options and its metrics log in `output.dir`.
+    pub fn from_config(config: &TrainConfig) -> Result<Training, RuntimeError> {
+        Ok(Training {
+            session: Session::new(config)?.into_train_session(),
+            options: LaunchOptions {
+                metrics_log: Some(config.output().metrics_file()),
+                ..LaunchOptions::default()
+            },
+            callbacks: CallbackList::new(),
+        })
+    }
+
+    /// The session it trains (its programs, for explaining the run before training it).
+    pub fn session(&self) -> &TrainSession {
+        &self.session
+    }
+
+    /// How the run reports and how long a collective may wait.
+    pub fn options(mut self, options: LaunchOptions) -> Training {
+        self.options = options;
+        self
+    }
+
+    /// Adds `callback` (see [`Trainer::callback`]).
+    pub fn callback(mut self, callback: impl Callback + 'static) -> Training {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Trains with one thread per device (the `local` backend); the callbacks run on rank 0.
+    pub fn train_local(self) -> Result<TrainReport, RuntimeError> {
+        train_local_with(&self.session, &self.options, self.callbacks)
+    }
+
+    /// Trains this process's rank of an `mpirun` job (the `mpi` backend); the callbacks run on
+    /// this process's rank.
+    #[cfg(feature = "mpi")]
+    pub fn train_mpi(self) -> Result<TrainReport, RuntimeError> {
+        crate::launch::train_mpi_with(&self.session, &self.options, self.callbacks)
     }
 }

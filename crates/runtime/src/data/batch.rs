@@ -59,6 +59,25 @@ impl Batch<'_> {
     /// How many real rows a classifier got right: row `r`'s highest score in `logits`
     /// (row-major, one row of scores per batch row) is the label of its sample in `labels`.
     pub fn correct_predictions(&self, logits: &[f64], labels: &[u8]) -> usize {
+        self.count_correct(logits, |row| {
+            labels
+                .get(self.indices[row])
+                .map(|&label| usize::from(label))
+        })
+    }
+
+    /// How many real rows a classifier got right, given each row's label: row `r`'s highest
+    /// score in `logits` (row-major, one row of scores per batch row) is `row_labels[r]`.
+    pub fn correct_rows(&self, logits: &[f64], row_labels: &[f64]) -> usize {
+        self.count_correct(logits, |row| {
+            row_labels
+                .get(row)
+                .filter(|&&label| label >= 0.0)
+                .map(|&label| label as usize)
+        })
+    }
+
+    fn count_correct(&self, logits: &[f64], label_of: impl Fn(usize) -> Option<usize>) -> usize {
         let classes = logits.len() / self.indices.len().max(1);
         (0..self.indices.len())
             .filter(|&row| self.is_real(row))
@@ -69,9 +88,7 @@ impl Batch<'_> {
                     .enumerate()
                     .max_by(|a, b| a.1.total_cmp(b.1))
                     .map_or(0, |(c, _)| c);
-                labels
-                    .get(self.indices[row])
-                    .is_some_and(|&label| best == usize::from(label))
+                label_of(row).is_some_and(|label| best == label)
             })
             .count()
     }

@@ -1,5 +1,9 @@
 //! Datasets and the order they are read in.
 //!
+//! - [`Dataset`]: what a session reads batches through — samples by index, each an input and a
+//!   label — and [`feed_rows`], which feeds a rank's rows of a batch of any data set. The IDX
+//!   images and the token windows ([`TokenWindows`]) implement it; so can a caller's data set.
+//!
 //! - [`IdxDataset`]: an image/label split in MNIST's IDX format. Each rank reads only its share
 //!   of a batch, with positioned reads of just those samples; one open dataset can be shared by
 //!   every rank thread of a process (reads never move a shared file cursor).
@@ -17,9 +21,11 @@
 //! of its input layout box) → [`IdxDataset::read_images`] / [`IdxDataset::read_labels`].
 
 mod batch;
+mod dataset;
 mod idx;
 mod text;
 
 pub use self::batch::{Batch, BatchPlan};
+pub use self::dataset::{feed_rows, Dataset, SampleSpec, TokenWindows};
 pub use self::idx::{IdxDataset, Normalize, Split};
 pub use self::text::{TokenCorpus, TokenDtype, TokenSplit, Tokenizer, MAX_TEXT_BYTES};

@@ -1,0 +1,378 @@
+//! Building a session: the model (a built-in one, or a network built in code) and its data,
+//! the parallel configuration and search, and the training and evaluation programs.
+
+use std::sync::Arc;
+
+use exec::Precision;
+use graph::models::{seed_mlp, Model};
+use parallel::memory::{MemoryReport, TrainingState};
+use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
+
+use super::{Session, SessionData, TrainData, TrainSession};
+use crate::config::{ModelName, TrainConfig};
+use crate::data::{Dataset, IdxDataset, SampleSpec};
+use crate::error::RuntimeError;
+use crate::lm::gpt_parallel_config;
+
+/// A global batch larger than the training set (of `n_samples`, `what`: where they are) is
+/// refused before anything batch-sized is built or allocated.
+fn check_batch_fits(
+    config: &TrainConfig,
+    n_samples: usize,
+    what: &dyn std::fmt::Display,
+) -> Result<(), RuntimeError> {
+    let batch_size = config.data().batch_size;
+    if batch_size > n_samples {
+        return Err(RuntimeError::Config {
+            key: "data.batch_size".to_string(),
+            reason: format!(
+                "{batch_size} is larger than the training set ({n_samples} samples in {what}); the global batch must fit in the data",
+            ),
+        });
+    }
+    let micro_steps = config.train().grad_accumulation_steps;
+    if batch_size.saturating_mul(micro_steps) > n_samples {
+        return Err(RuntimeError::Config {
+            key: "train.grad_accumulation_steps".to_string(),
+            reason: format!(
+                "{micro_steps} micro-batches of data.batch_size = {batch_size} take more samples per step than the training set holds ({n_samples} in {what}); an optimizer step's samples must fit in the data",
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The IDX training and test splits of `[data]`, the batch checked against the training split.
+fn open_idx(config: &TrainConfig) -> Result<(IdxDataset, IdxDataset), RuntimeError> {
+    let data = config.data();
+    let (train_data, test_data) =
+        IdxDataset::open_train_and_test(&data.dir, data.pixel_max, data.normalize)?;
+    check_batch_fits(
+        config,
+        train_data.len(),
+        &train_data.images_path().display(),
+    )?;
+    Ok((train_data, test_data))
+}
+
+/// Checks that `model`'s data input takes `data.batch_size` samples of `input` (`what`: what
+/// the samples are, for the message).
+fn check_model_input(
+    config: &TrainConfig,
+    model: &Model,
+    input: &SampleSpec,
+    what: &str,
+) -> Result<(), RuntimeError> {
+    let value = &model.graph.values()[model.input.0];
+    let mut expected = vec![config.data().batch_size];
+    expected.extend(&input.shape);
+    if value.shape != expected {
+        return Err(RuntimeError::Mismatch {
+            what: format!("the model's data input {}", value.name),
+            expected: format!("shape {expected:?} (data.batch_size and {what})"),
+            got: format!("shape {:?}", value.shape),
+        });
+    }
+    Ok(())
+}
+
+impl Session {
+    /// Builds the configured built-in model and its programs for `config`, reading the data's
+    /// headers (for text, the whole text; token files are indexed).
+    pub fn new(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        if config.model().name == ModelName::Gpt {
+            return Session::new_gpt(config);
+        }
+        if config.model().name == ModelName::EmbeddingBag {
+            return Err(RuntimeError::Config {
+                key: "model.name".to_string(),
+                reason: "\"embedding_bag\" trains in parallel.mode = \"parameter_server\" only \
+                         (the ps crate builds its programs)"
+                    .to_string(),
+            });
+        }
+        if config.train().precision != Precision::F32 {
+            return Err(RuntimeError::Config {
+                key: "train.precision".to_string(),
+                reason: "mixed precision is built for the GPT (model.name = \"gpt\"); the seed \
+                         MLP trains in f32"
+                    .to_string(),
+            });
+        }
+        let (train_data, test_data) = open_idx(config)?;
+        let data = config.data();
+        let model = seed_mlp(
+            data.batch_size,
+            &train_data.image_shape(),
+            config.model().hidden,
+            config.model().classes,
+        )?;
+        Session::build(config, model, train_data, test_data)
+    }
+
+    /// A session training `model` (a network built with [`graph::GraphBuilder`], its data and
+    /// labels inputs, logits and loss) under `config`; the model's data input must take the
+    /// data set's images (`[batch, rows, cols]`) and its batch must be `data.batch_size`.
+    pub fn with_model(config: &TrainConfig, model: Model) -> Result<Session, RuntimeError> {
+        let (train_data, test_data) = open_idx(config)?;
+        check_model_input(config, &model, &train_data.input_spec(), "the images")?;
+        Session::build(config, model, train_data, test_data)
+    }
+
+    fn build(
+        config: &TrainConfig,
+        model: Model,
+        train_data: IdxDataset,
+        test_data: IdxDataset,
+    ) -> Result<Session, RuntimeError> {
+        let classes = config.model().classes;
+        train_data.validate_labels(classes)?;
+        test_data.validate_labels(classes)?;
+        let (train_data, test_data) = (Arc::new(train_data), Arc::new(test_data));
+        let samples = SessionData::Samples {
+            train: train_data.clone(),
+            test: Some(test_data.clone()),
+        };
+        Ok(Session {
+            session: TrainSession::compile_samples(config, model, samples)?,
+            data: TrainData::Images {
+                train: train_data,
+                test: test_data,
+            },
+        })
+    }
+
+    /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
+    fn new_gpt(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        let (text, gpt, model) = crate::auto::open_gpt(config)?;
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
+        let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
+        let train = compile_training(&model.graph, model.loss, &parallel)?;
+        let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;
+        let text = Arc::new(text);
+        let data = SessionData::Text(text.clone());
+        Ok(Session {
+            session: TrainSession::assemble(config, &parallel, model, train, eval, data)?,
+            data: TrainData::Text(text),
+        })
+    }
+}
+
+impl TrainSession {
+    /// A session training `model` (a network built with [`graph::GraphBuilder`], or any other
+    /// [`Model`]: its data and labels inputs, logits and loss) on `train` under `config`,
+    /// evaluating the accuracy on `test` after every epoch when given (and `train.eval`).
+    /// The model's data input must take `data.batch_size` samples of `train`'s input shape;
+    /// `config`'s `[data]` section is read for the batch size and the shuffle only.
+    pub fn with_dataset(
+        config: &TrainConfig,
+        model: Model,
+        train: Arc<dyn Dataset>,
+        test: Option<Arc<dyn Dataset>>,
+    ) -> Result<TrainSession, RuntimeError> {
+        check_batch_fits(config, train.len(), &"the training data set")?;
+        check_model_input(
+            config,
+            &model,
+            &train.input_spec(),
+            "the data set's samples",
+        )?;
+        if let Some(test) = &test {
+            if test.input_spec() != train.input_spec() || test.label_spec() != train.label_spec() {
+                return Err(RuntimeError::Mismatch {
+                    what: "the test data set's samples".to_string(),
+                    expected: format!(
+                        "the training set's: inputs {:?}, labels {:?}",
+                        train.input_spec(),
+                        train.label_spec()
+                    ),
+                    got: format!(
+                        "inputs {:?}, labels {:?}",
+                        test.input_spec(),
+                        test.label_spec()
+                    ),
+                });
+            }
+        }
+        TrainSession::compile_samples(config, model, SessionData::Samples { train, test })
+    }
+
+    /// The programs of a classifier trained on samples: the training program of its loss,
+    /// the evaluation program of its logits.
+    fn compile_samples(
+        config: &TrainConfig,
+        model: Model,
+        data: SessionData,
+    ) -> Result<TrainSession, RuntimeError> {
+        let mut parallel = parallel_config(config, &model)?;
+        crate::auto::apply_search(config, &model, None, &mut parallel)?;
+        let train = compile_training(&model.graph, model.loss, &parallel)?;
+        let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
+        TrainSession::assemble(config, &parallel, model, train, eval, data)
+    }
+
+    fn assemble(
+        config: &TrainConfig,
+        parallel: &ParallelConfig,
+        model: Model,
+        train: Program,
+        eval: Program,
+        data: SessionData,
+    ) -> Result<TrainSession, RuntimeError> {
+        let deterministic = config
+            .train()
+            .deterministic
+            .then_some(parallel.deterministic_blocks);
+        if deterministic.is_some()
+            && config.train().precision.has_master_weights()
+            && train.devices() > 1
+        {
+            // Half-precision partial sums are rounded to the half type where a rank's part
+            // ends, which one device never does: only one device's runs are bitwise.
+            return Err(RuntimeError::Config {
+                key: "train.precision".to_string(),
+                reason: format!(
+                    "train.deterministic = true with a half precision is bitwise on one device only (each rank's partial sums round to the half type); this run has {} devices: use train.precision = \"f32\" or one device",
+                    train.devices()
+                ),
+            });
+        }
+        if let Some(blocks) = deterministic {
+            // Refused before any rank starts: a sum whose split the canonical blocks can't serve.
+            check_deterministic(&train, blocks)?;
+            check_deterministic(&eval, blocks)?;
+        }
+        Ok(TrainSession {
+            config: config.clone(),
+            model,
+            train: Arc::new(train),
+            eval: Arc::new(eval),
+            data,
+            checkpoint_set: std::sync::Mutex::new(None),
+            latest: std::sync::OnceLock::new(),
+            deterministic,
+        })
+    }
+
+    /// The memory `rank` will hold training this session (see [`parallel::memory`]); for
+    /// pipelined steps, with as many micro-batches in flight as its stage's schedule holds.
+    /// `None` only when the pipeline's schedule cannot be built (the run would fail first).
+    pub fn predict_memory(&self, rank: usize) -> Option<MemoryReport> {
+        let accumulation_sharded = self.accumulation_sharded();
+        let state = TrainingState {
+            optimizer_tensors: self.config.optimizer_config().kind.state_names().len(),
+            accumulation_sharded: (self.micro_steps() > 1).then_some(accumulation_sharded),
+            master_weights: self.config.train().precision.has_master_weights(),
+        };
+        match self.pipeline_schedule().ok()? {
+            None => Some(parallel::memory::predict(&self.train, rank, state)),
+            Some((schedule, per_stage)) => {
+                let stage = rank / per_stage.max(1);
+                let held = schedule
+                    .per_stage()
+                    .get(stage)
+                    .map_or(0, |actions| parallel::pipeline::micro_batches_held(actions));
+                let buffers = parallel::pipeline::micro_batch_buffers(&self.train, per_stage);
+                Some(parallel::memory::predict_pipelined(
+                    &self.train,
+                    rank,
+                    state,
+                    &buffers,
+                    held,
+                ))
+            }
+        }
+    }
+
+    /// Whether gradient accumulation keeps only each rank's optimizer piece (`hsdp` level 2
+    /// and 3, zero2, or zero1 with `parallel.hsdp.gradient_accumulation_shard`).
+    pub(super) fn accumulation_sharded(&self) -> bool {
+        self.config
+            .parallel_config()
+            .hsdp
+            .is_some_and(|h| h.accumulation_sharded())
+    }
+
+    /// Whether the steps are pipelined: more than one stage and more than one micro-batch.
+    pub fn is_pipelined(&self) -> bool {
+        self.micro_steps() > 1
+            && self
+                .config
+                .parallel_config()
+                .pipeline
+                .is_some_and(|p| p.stages > 1)
+    }
+
+    /// The schedule of a pipelined session and the ranks per stage (`None` when steps are not
+    /// pipelined).
+    pub(super) fn pipeline_schedule(
+        &self,
+    ) -> Result<Option<(parallel::pipeline::Schedule, usize)>, RuntimeError> {
+        let parallel = self.config.parallel_config();
+        let Some(p) = parallel.pipeline.filter(|p| p.stages > 1) else {
+            return Ok(None);
+        };
+        if self.micro_steps() < 2 {
+            return Ok(None);
+        }
+        let config = parallel::pipeline::PipelineConfig {
+            micro_batches: self.micro_steps(),
+            ..p.clone()
+        };
+        let schedule =
+            parallel::pipeline::Schedule::generate(&config).map_err(|e| RuntimeError::Config {
+                key: "parallel.pipeline".to_string(),
+                reason: e.to_string(),
+            })?;
+        Ok(Some((schedule, self.devices() / p.stages)))
+    }
+
+    /// `parallel.pipeline.output_broadcast`: every micro-batch's loss goes from the last stage
+    /// to every rank.
+    pub(super) fn output_broadcast(&self) -> bool {
+        self.config
+            .parallel_config()
+            .pipeline
+            .is_some_and(|p| p.stages > 1 && p.output_broadcast)
+    }
+}
+
+/// The parallel settings of `config`, with the op strategies of `parallel.strategy_file` (if
+/// any) for the ops `[parallel.shard]` leaves unset.
+fn parallel_config(
+    config: &TrainConfig,
+    model: &Model,
+) -> Result<parallel::ParallelConfig, RuntimeError> {
+    let mut parallel = config.parallel_config();
+    let Some(path) = config.strategy_file() else {
+        return Ok(parallel);
+    };
+    let loaded = ckpt::Strategy::load(path)?;
+    if loaded.ops.is_empty() {
+        return Err(RuntimeError::Config {
+            key: "parallel.strategy_file".to_string(),
+            reason: format!(
+                "{} holds no op strategies (Tessera JSON \"ops\", MindSpore parallel_strategy_item); save one with a training run's strategy.json or strategy.ckpt",
+                path.display()
+            ),
+        });
+    }
+    for op in loaded.ops {
+        if model.graph.node_by_name(&op.name).is_none() {
+            return Err(RuntimeError::Config {
+                key: "parallel.strategy_file".to_string(),
+                reason: format!(
+                    "{} has a strategy for op {:?}, which the model does not have",
+                    path.display(),
+                    op.name
+                ),
+            });
+        }
+        parallel
+            .strategies
+            .entry(op.name)
+            .or_insert_with(|| parallel::OpStrategy::from_tuples(op.inputs, op.outputs));
+    }
+    Ok(parallel)
+}
