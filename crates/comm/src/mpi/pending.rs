@@ -9,7 +9,7 @@ use std::time::Duration;
 use tensor::Tensor;
 
 use super::raw::{Request, WaitError};
-use super::Runtime;
+use super::runtime::Runtime;
 use crate::error::{CommError, Site};
 use crate::pending::InFlight;
 
@@ -60,7 +60,7 @@ unsafe impl Send for MpiInFlight {}
 
 impl MpiInFlight {
     fn error(&self, err: WaitError) -> CommError {
-        let err = super::wait_error(err, self.site.clone(), self.timeout, Vec::new());
+        let err = super::runtime::wait_error(err, self.site.clone(), self.timeout, Vec::new());
         self.runtime.fail(err)
     }
 }

@@ -1,0 +1,238 @@
+//! The sections of a config file, each read into its struct, and the keys each may hold: one
+//! module per section; this module takes the sections out of the file in order and applies
+//! the checks that span sections.
+//!
+//! `[ps]` is read by `config::ps`; the shared value readers are `config::values`.
+
+mod data;
+mod hsdp;
+mod model;
+mod output;
+mod parallel;
+mod train;
+
+use std::path::Path;
+
+use ::parallel::ParallelConfig;
+use toml::{Table, Value};
+
+use self::data::read_data;
+use self::model::{check_model_data, read_model};
+use self::output::read_output;
+use self::parallel::{read_gpt_parallel, read_micro_batch_interleave, read_parallel};
+use self::train::{read_optimizer, read_train_loop};
+use super::values::{config_error, one_of, read_bool, Section, MAX_GRAD_ACCUMULATION_STEPS};
+use super::{DataConfig, TrainConfig, TrainLoopConfig};
+use crate::error::RuntimeError;
+
+pub(super) use self::data::DATA_KEYS;
+#[cfg(test)]
+pub(super) use self::hsdp::HSDP_KEYS;
+pub(super) use self::model::MODEL_KEYS;
+pub(super) use self::output::OUTPUT_KEYS;
+pub(super) use self::parallel::PARALLEL_KEYS;
+pub(super) use self::train::TRAIN_KEYS;
+
+/// The sections of a config file, in file order.
+pub(super) const SECTIONS: &[&str] = &["model", "data", "parallel", "train", "output", "ps"];
+
+/// Takes section `name` out of `root` (an empty table when absent and not `required`).
+fn take_section(
+    root: &mut Table,
+    name: &str,
+    valid: &[&str],
+    required: bool,
+) -> Result<Section, RuntimeError> {
+    match root.remove(name) {
+        Some(value) => Section::new(name, value, valid),
+        None if required => Err(config_error(
+            name,
+            format!("missing required section [{name}]"),
+        )),
+        None => Section::new(name, Value::Table(Table::new()), valid),
+    }
+}
+
+/// Reads a parsed config file (paths resolved against `base`) into its config, section by
+/// section.
+pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, RuntimeError> {
+    if let Some(unknown) = root.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
+        return Err(config_error(
+            unknown,
+            format!("unknown section (valid sections: {})", one_of(SECTIONS)),
+        ));
+    }
+    let mut warnings = Vec::new();
+    let model = read_model(
+        take_section(&mut root, "model", MODEL_KEYS, true)?,
+        &mut warnings,
+    )?;
+    let mut data = read_data(
+        take_section(&mut root, "data", DATA_KEYS, true)?,
+        base,
+        &mut warnings,
+    )?;
+    check_model_data(&model, &data)?;
+    let ps_mode = super::ps::take_ps_mode(&mut root);
+    let ps_devices_given = ps_mode && super::ps::parallel_sets_devices(&root);
+    let ps_section = root.remove("ps");
+    let mut parallel_section = take_section(&mut root, "parallel", PARALLEL_KEYS, false)?;
+    let gpt_parallel = read_gpt_parallel(&mut parallel_section, model.name, &mut warnings)?;
+    let strategy_file_only_for_trainable_params =
+        parallel_section.or("strategy_file_only_for_trainable_params", true, read_bool)?;
+    let search = super::search::read_search_keys(&mut parallel_section, base)?;
+    let micro_batch_interleave =
+        parallel_section.or("micro_batch_interleave", 1, read_micro_batch_interleave)?;
+    let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
+    if search.auto_pipeline && !matches!(parallel.mode, ::parallel::ParallelMode::Auto(_)) {
+        return Err(config_error(
+            "parallel.auto_pipeline",
+            format!(
+                "applies only with a search mode (sharding_propagation, recursive_programming or dynamic_programming), not parallel.mode = \"{}\"",
+                parallel.mode.name()
+            ),
+        ));
+    }
+    let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
+    let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
+    let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
+    let lr_schedule =
+        super::lr::read_lr_schedule(&mut train_section, optimizer.learning_rate, &mut warnings)?;
+    let weight_decay_filter = super::lr::read_weight_decay_filter(&mut train_section)?;
+    let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    if ps_mode && train.deterministic {
+        return Err(config_error(
+            "train.deterministic",
+            format!(
+                "has no bitwise guarantee in mode \"{}\": the servers apply the workers' gradients in the order they arrive; use a collective mode (data_parallel, semi_auto, …) for deterministic training",
+                super::ps::PARAMETER_SERVER_MODE
+            ),
+        ));
+    }
+    let ps = match (ps_mode, ps_section) {
+        (true, section) => Some(super::ps::read_ps(
+            section,
+            model.name,
+            ps_devices_given,
+            train.grad_accumulation_steps,
+            &mut warnings,
+        )?),
+        (false, Some(_)) => {
+            return Err(config_error(
+                "ps",
+                "[ps] applies only with parallel.mode = \"parameter_server\"",
+            ))
+        }
+        (false, None) => None,
+    };
+    // Pipeline micro-batches cut each step's batch: M micro-batches of batch / M, one update.
+    if let Some(m) = parallel
+        .pipeline
+        .as_ref()
+        .map(|p| p.micro_batches)
+        .filter(|&m| m > 1)
+    {
+        if data.batch_size % m != 0 {
+            return Err(config_error(
+                "parallel.pipeline.micro_batches",
+                format!(
+                    "{m} micro-batches do not divide data.batch_size = {} (each micro-batch is an equal share of the step's batch)",
+                    data.batch_size
+                ),
+            ));
+        }
+        data.batch_size /= m;
+        train.grad_accumulation_steps = train
+            .grad_accumulation_steps
+            .checked_mul(m)
+            .filter(|&k| k <= MAX_GRAD_ACCUMULATION_STEPS)
+            .ok_or_else(|| {
+                config_error(
+                    "parallel.pipeline.micro_batches",
+                    format!(
+                        "{m} micro-batches × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
+                        train.grad_accumulation_steps
+                    ),
+                )
+            })?;
+    }
+    if micro_batch_interleave > 1 {
+        interleave_micro_batches(micro_batch_interleave, &parallel, &mut data, &mut train)?;
+    }
+    Ok(TrainConfig {
+        micro_batch_interleave,
+        source: None,
+        model,
+        data,
+        parallel,
+        strategy_file,
+        strategy_file_only_for_trainable_params,
+        gpt_parallel,
+        search,
+        optimizer,
+        lr_schedule,
+        weight_decay_filter,
+        train,
+        output,
+        ps,
+        warnings,
+    })
+}
+
+/// Records a warning for every key of `keys` present in `s`, which has no effect because
+/// `why`; the keys are removed.
+fn discard_unused(
+    s: &mut Section,
+    section: &str,
+    keys: &[&str],
+    why: &str,
+    warnings: &mut Vec<String>,
+) {
+    for key in keys {
+        if s.discard(key) {
+            warnings.push(format!("{section}.{key} has no effect {why}"));
+        }
+    }
+}
+
+/// `parallel.micro_batch_interleave = n > 1` (MindSpore's `MicroBatchInterleaved`): each
+/// batch is cut into `n` equal parts, run as `n` micro-steps of one update (the runtime runs
+/// a step's parts at once, so one part's communication overlaps another's computation).
+fn interleave_micro_batches(
+    n: usize,
+    parallel: &ParallelConfig,
+    data: &mut DataConfig,
+    train: &mut TrainLoopConfig,
+) -> Result<(), RuntimeError> {
+    let key = "parallel.micro_batch_interleave";
+    if parallel.pipeline.as_ref().is_some_and(|p| p.stages > 1) {
+        return Err(config_error(
+            key,
+            format!("{n} applies without pipeline stages: [parallel.pipeline] already cuts each batch into micro-batches (use its micro_batches)"),
+        ));
+    }
+    if !data.batch_size.is_multiple_of(n) {
+        return Err(config_error(
+            key,
+            format!(
+                "{n} parts do not divide data.batch_size = {} (each part is an equal share of the batch)",
+                data.batch_size
+            ),
+        ));
+    }
+    data.batch_size /= n;
+    train.grad_accumulation_steps = train
+        .grad_accumulation_steps
+        .checked_mul(n)
+        .filter(|&k| k <= MAX_GRAD_ACCUMULATION_STEPS)
+        .ok_or_else(|| {
+            config_error(
+                key,
+                format!(
+                    "{n} parts × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
+                    train.grad_accumulation_steps
+                ),
+            )
+        })?;
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! `[model]`: which built-in network, its widths, and the GPT's keys.
+
+use super::discard_unused;
+use crate::config::values::{
+    config_error, read_bool, read_enum, read_float, read_positive, Section,
+};
+use crate::config::{DataConfig, GptKeys, ModelConfig, ModelName};
+use crate::error::RuntimeError;
+
+/// `[model]`'s keys.
+pub(in crate::config) const MODEL_KEYS: &[&str] = &[
+    "name",
+    "hidden",
+    "classes",
+    "layers",
+    "heads",
+    "seq_len",
+    "ffn_hidden",
+    "dropout",
+    "tie_embeddings",
+];
+
+/// The keys only the GPT reads.
+const GPT_MODEL_KEYS: &[&str] = &[
+    "layers",
+    "heads",
+    "seq_len",
+    "ffn_hidden",
+    "dropout",
+    "tie_embeddings",
+];
+
+/// Reads `[model]`; the keys of the other models are reported in `warnings` and dropped.
+pub(super) fn read_model(
+    mut s: Section,
+    warnings: &mut Vec<String>,
+) -> Result<ModelConfig, RuntimeError> {
+    let name = s.or("name", ModelName::SeedMlp, |key, v| {
+        read_enum(key, v, &["seed_mlp", "gpt", "embedding_bag"], |t| match t {
+            "seed_mlp" => Some(ModelName::SeedMlp),
+            "gpt" => Some(ModelName::Gpt),
+            "embedding_bag" => Some(ModelName::EmbeddingBag),
+            _ => None,
+        })
+    })?;
+    let hidden = s.require("hidden", read_positive)?;
+    if name != ModelName::Gpt {
+        discard_unused(
+            &mut s,
+            "model",
+            GPT_MODEL_KEYS,
+            "unless model.name = \"gpt\"",
+            warnings,
+        );
+        return Ok(ModelConfig {
+            name,
+            hidden,
+            classes: s.require("classes", read_positive)?,
+            gpt: None,
+        });
+    }
+    discard_unused(
+        &mut s,
+        "model",
+        &["classes"],
+        "for the GPT (its classes are the vocabulary, from the data)",
+        warnings,
+    );
+    let dropout = s.or("dropout", 0.0, read_float)?;
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(config_error(
+            "model.dropout",
+            format!("{dropout} is out of range: it must be at least 0 and below 1"),
+        ));
+    }
+    let gpt = GptKeys {
+        layers: s.require("layers", read_positive)?,
+        heads: s.require("heads", read_positive)?,
+        seq_len: s.require("seq_len", read_positive)?,
+        ffn_hidden: s.or("ffn_hidden", 4 * hidden, read_positive)?,
+        dropout,
+        tie_embeddings: s.or("tie_embeddings", true, read_bool)?,
+    };
+    if hidden % gpt.heads != 0 {
+        return Err(config_error(
+            "model.heads",
+            format!("{} heads do not divide model.hidden = {hidden}", gpt.heads),
+        ));
+    }
+    Ok(ModelConfig {
+        name,
+        hidden,
+        classes: 0,
+        gpt: Some(gpt),
+    })
+}
+
+/// The GPT trains on the text formats, the MLP on images.
+pub(super) fn check_model_data(model: &ModelConfig, data: &DataConfig) -> Result<(), RuntimeError> {
+    let text = data.text.is_some();
+    match (model.name, text) {
+        (ModelName::Gpt, false) => Err(config_error(
+            "data.format",
+            format!(
+                "the GPT trains on text: set data.format = \"text\" or \"tokens\" (got \"{}\")",
+                data.format.name()
+            ),
+        )),
+        (ModelName::SeedMlp | ModelName::EmbeddingBag, true) => Err(config_error(
+            "data.format",
+            format!(
+                "\"{}\" data needs model.name = \"gpt\" (the seed MLP and the embedding bag classify images)",
+                data.format.name()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}

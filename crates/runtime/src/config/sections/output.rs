@@ -1,0 +1,50 @@
+//! `[output]`: where checkpoints go, how often, and what to resume from.
+
+use std::path::Path;
+
+use toml::Value;
+
+use crate::config::values::{
+    config_error, path_reader, read_bool, read_positive, read_string, Section,
+};
+use crate::config::{OutputConfig, ResumeFrom};
+use crate::error::RuntimeError;
+
+/// `[output]`'s keys.
+pub(in crate::config) const OUTPUT_KEYS: &[&str] = &[
+    "dir",
+    "save_checkpoint",
+    "save_checkpoint_steps",
+    "save_checkpoint_seconds",
+    "keep_checkpoint_max",
+    "resume_from",
+    "resume_strategy",
+    "group_info_file",
+];
+
+/// Reads `[output]`, resolving its paths against `base`.
+pub(super) fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, RuntimeError> {
+    Ok(OutputConfig {
+        dir: s.require("dir", path_reader(base))?,
+        save_checkpoint: s.or("save_checkpoint", true, read_bool)?,
+        save_checkpoint_steps: s
+            .get("save_checkpoint_steps", read_positive)?
+            .map(|n| n as u64),
+        save_checkpoint_seconds: s
+            .get("save_checkpoint_seconds", read_positive)?
+            .map(|n| n as u64),
+        keep_checkpoint_max: s.or("keep_checkpoint_max", 5, read_positive)?,
+        resume_from: s.get("resume_from", |key, v| match v {
+            Value::String(text) if text == "latest" => Ok(ResumeFrom::Latest),
+            other => path_reader(base)(key, other).map(ResumeFrom::Dir),
+        })?,
+        resume_strategy: s.get("resume_strategy", path_reader(base))?,
+        group_info_file: s.get("group_info_file", |key, v| {
+            let text = read_string(key, v)?;
+            match text.is_empty() {
+                true => Err(config_error(key, "a file name, not the empty string")),
+                false => Ok(text),
+            }
+        })?,
+    })
+}

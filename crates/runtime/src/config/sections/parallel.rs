@@ -1,0 +1,341 @@
+//! `[parallel]`: the parallel mode, devices, op strategies, dataset strategy, manual
+//! embedding splits, and the GPT's MindFormers keys; its sub-tables are read by
+//! `sections::hsdp`, `config::pipeline`, `config::memory` and `config::search`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use layout::Layout;
+use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
+use toml::Value;
+
+use super::discard_unused;
+use super::hsdp::read_hsdp;
+use crate::config::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
+use crate::config::values::{
+    config_error, path_reader, read_bool, read_device_count, read_enum, read_positive, wrong_type,
+    Section, MAX_GRAD_ACCUMULATION_STEPS,
+};
+use crate::config::{GptParallelKeys, ModelName};
+use crate::error::RuntimeError;
+
+/// `[parallel]`'s keys.
+pub(in crate::config) const PARALLEL_KEYS: &[&str] = &[
+    "devices",
+    "mode",
+    "dataset_strategy",
+    "gradients_mean",
+    "loss_repeated_mean",
+    "shard",
+    "out_shard",
+    "mesh",
+    "strategy_file",
+    "strategy_file_only_for_trainable_params",
+    "manual_split",
+    "deterministic_blocks",
+    "hsdp",
+    "pipeline",
+    "recompute",
+    "comm_fusion",
+    "comm_reuse",
+    "overlap",
+    "enable_fp32_communication",
+    "gradient_fp32_sync",
+    "micro_batch_interleave",
+    "data_parallel",
+    "model_parallel",
+    "vocab_emb_dp",
+    "use_seq_parallel",
+    "device_profile",
+    "max_device_memory",
+    "search_time_budget",
+    "save_operator_strategy_file",
+    "load_operator_strategy_file",
+    "auto_pipeline",
+];
+
+/// `[parallel]`'s MindFormers keys, read only for the GPT.
+const GPT_PARALLEL_KEYS: &[&str] = &[
+    "data_parallel",
+    "model_parallel",
+    "vocab_emb_dp",
+    "use_seq_parallel",
+];
+
+/// `[parallel]`'s MindFormers keys; they set the GPT's strategies and mean nothing to other
+/// models.
+pub(super) fn read_gpt_parallel(
+    s: &mut Section,
+    model: ModelName,
+    warnings: &mut Vec<String>,
+) -> Result<GptParallelKeys, RuntimeError> {
+    if model != ModelName::Gpt {
+        discard_unused(
+            s,
+            "parallel",
+            GPT_PARALLEL_KEYS,
+            "unless model.name = \"gpt\"",
+            warnings,
+        );
+        return Ok(GptParallelKeys::default());
+    }
+    Ok(GptParallelKeys {
+        data_parallel: s.get("data_parallel", read_positive)?,
+        model_parallel: s.or("model_parallel", 1, read_positive)?,
+        vocab_emb_dp: s.or("vocab_emb_dp", true, read_bool)?,
+        use_seq_parallel: s.or("use_seq_parallel", false, read_bool)?,
+    })
+}
+
+/// `parallel.micro_batch_interleave`: an integer ≥ 1.
+pub(super) fn read_micro_batch_interleave(key: &str, value: Value) -> Result<usize, RuntimeError> {
+    match value {
+        Value::Integer(n) if n >= 1 => usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= MAX_GRAD_ACCUMULATION_STEPS)
+            .ok_or_else(|| {
+                config_error(
+                    key,
+                    format!("{n} parts are too many (at most {MAX_GRAD_ACCUMULATION_STEPS})"),
+                )
+            }),
+        Value::Integer(n) => Err(config_error(
+            key,
+            format!("{n} is out of range: it must be an integer ≥ 1 (1: no interleaving)"),
+        )),
+        other => Err(wrong_type(key, "an integer ≥ 1", &other)),
+    }
+}
+
+/// Reads the rest of `[parallel]` (after [`read_gpt_parallel`] and the search keys) into the
+/// parallel config and the strategy file to load, if any.
+pub(super) fn read_parallel(
+    mut s: Section,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<(ParallelConfig, Option<PathBuf>), RuntimeError> {
+    let modes = ParallelMode::NAMES;
+    let mode = s.or("mode", ParallelMode::StandAlone, |key, v| {
+        read_enum(key, v, &modes, ParallelMode::parse)
+    })?;
+    let devices_given = s.has("devices");
+    let devices = s.or("devices", 1, read_device_count)?;
+    let mesh = s.get("mesh", read_mesh)?;
+    let dataset_strategy = s.or("dataset_strategy", DatasetStrategy::DataParallel, |k, v| {
+        read_dataset_strategy(k, v, mesh.as_ref())
+    })?;
+    let gradients_mean = s.or("gradients_mean", true, read_bool)?;
+    let loss_repeated_mean = s.or("loss_repeated_mean", true, read_bool)?;
+    let strategy_table = |k: &str, v| read_strategy_table(k, v, mesh.as_ref());
+    let shard = s.or("shard", BTreeMap::new(), strategy_table)?;
+    let mut out_shard = s.or("out_shard", BTreeMap::new(), strategy_table)?;
+    let strategy_file = s.get("strategy_file", path_reader(base))?;
+    let manual_split = s.or("manual_split", BTreeMap::new(), read_manual_split)?;
+    let pipeline = s.get("pipeline", crate::config::pipeline::read_pipeline)?;
+    let deterministic_blocks = s.or("deterministic_blocks", 16, |key, v| {
+        let n = read_positive(key, v)?;
+        if !n.is_power_of_two() || n > 1 << 20 {
+            return Err(config_error(
+                key,
+                format!("{n} is not a power of two between 1 and 1048576"),
+            ));
+        }
+        Ok(n)
+    })?;
+    let hsdp = s.get("hsdp", |key, v| read_hsdp(key, v, devices))?;
+    let recompute = s.get("recompute", crate::config::memory::read_recompute)?;
+    let comm_fusion = s.get("comm_fusion", crate::config::memory::read_comm_fusion)?;
+    let comm_reuse = s.or("comm_reuse", None, crate::config::memory::read_comm_reuse)?;
+    let enable_fp32_communication = s.or("enable_fp32_communication", false, read_bool)?;
+    let gradient_fp32_sync = s.or("gradient_fp32_sync", true, read_bool)?;
+    let overlap = s.or(
+        "overlap",
+        parallel::fusion::OverlapConfig::default(),
+        crate::config::memory::read_overlap,
+    )?;
+    if overlap.grad_computation_allreduce_overlap && comm_fusion.is_none() {
+        warnings.push(
+            "parallel.overlap.grad_computation_allreduce_overlap has no effect without \
+             [parallel.comm_fusion]: it overlaps the fused gradient buckets"
+                .to_string(),
+        );
+    }
+    if mode == ParallelMode::StandAlone && hsdp.is_some() {
+        warnings.push(
+            "[parallel.hsdp] has no effect in mode \"stand_alone\" (one device holds every \
+             parameter whole)"
+                .to_string(),
+        );
+    }
+    if mode == ParallelMode::StandAlone && !manual_split.is_empty() {
+        warnings.push(
+            "[parallel.manual_split] has no effect in mode \"stand_alone\" (one device holds \
+             every row)"
+                .to_string(),
+        );
+    }
+    if let Some(op) = out_shard.keys().find(|op| !shard.contains_key(*op)) {
+        return Err(config_error(
+            &format!("parallel.out_shard.{op}"),
+            format!("an out_strategy needs an in_strategy: add parallel.shard.{op} (MindSpore's shard() takes out_strategy only with in_strategy)"),
+        ));
+    }
+    if !mode.uses_strategies() && !shard.is_empty() {
+        warnings.push(format!(
+            "[parallel.shard] has no effect in mode \"{}\" (only semi_auto and the search modes use op strategies)",
+            mode.name()
+        ));
+    }
+    if mode == ParallelMode::StandAlone && devices_given && devices != 1 {
+        warnings.push(format!(
+            "parallel.devices = {devices} has no effect in mode \"stand_alone\" (it runs on 1 device)"
+        ));
+    }
+    let is_layouts = |e: &StrategyEntry| matches!(e, StrategyEntry::Layouts(_));
+    let uses_layouts = matches!(dataset_strategy, DatasetStrategy::Layouts(_))
+        || shard.values().chain(out_shard.values()).any(is_layouts);
+    if mesh.is_some() && !uses_layouts {
+        warnings.push(
+            "[parallel.mesh] has no effect: no entry of parallel.shard, parallel.out_shard or \
+             parallel.dataset_strategy is a layout"
+                .to_string(),
+        );
+    }
+    let strategies = shard
+        .into_iter()
+        .map(|(op, inputs)| {
+            let outputs = out_shard.remove(&op);
+            (op, inputs.into_op_strategy(outputs))
+        })
+        .collect();
+    let parallel = ParallelConfig {
+        mode,
+        devices,
+        strategies,
+        dataset_strategy,
+        gradients_mean,
+        loss_repeated_mean,
+        manual_split,
+        deterministic_blocks,
+        deterministic: false,
+        hsdp,
+        pipeline,
+        recompute,
+        comm_fusion,
+        overlap,
+        enable_fp32_communication,
+        gradient_fp32_sync,
+        comm_reuse,
+    };
+    Ok((parallel, strategy_file))
+}
+
+/// `parallel.dataset_strategy`: `"data_parallel"`, `"full_batch"`, or per-input tuples or
+/// layouts on `mesh`.
+fn read_dataset_strategy(
+    key: &str,
+    value: Value,
+    mesh: Option<&Layout>,
+) -> Result<DatasetStrategy, RuntimeError> {
+    match value {
+        Value::String(text) => match text.as_str() {
+            "data_parallel" => Ok(DatasetStrategy::DataParallel),
+            "full_batch" => Ok(DatasetStrategy::FullBatch),
+            _ => Err(config_error(
+                key,
+                format!("unknown value \"{text}\" (valid: data_parallel, full_batch, or a list of per-input tuples like [[8, 1, 1], [8]] or layouts like [[\"dp\", \"None\", \"None\"], [\"dp\"]])"),
+            )),
+        },
+        other => read_strategy_entry(key, other, mesh).map(StrategyEntry::into_dataset_strategy),
+    }
+}
+
+/// `[parallel.shard]` or `[parallel.out_shard]`: op name → strategy (split tuples or layouts on
+/// `mesh`).
+fn read_strategy_table(
+    key: &str,
+    value: Value,
+    mesh: Option<&Layout>,
+) -> Result<BTreeMap<String, StrategyEntry>, RuntimeError> {
+    let Value::Table(table) = value else {
+        return Err(wrong_type(key, "a table of op name = strategy", &value));
+    };
+    table
+        .into_iter()
+        .map(|(op, strategy)| {
+            read_strategy_entry(&format!("{key}.{op}"), strategy, mesh).map(|s| (op, s))
+        })
+        .collect()
+}
+
+/// `[parallel.manual_split]`: Embedding op or cell → rows per block of its table, as a list
+/// (`[120, 56, 40, 40]`) or MindSpore's `(rows, offset)` pairs (`[[120, 0], [56, 120], …]`,
+/// each offset the sum of the rows before it).
+fn read_manual_split(
+    key: &str,
+    value: Value,
+) -> Result<BTreeMap<String, Vec<usize>>, RuntimeError> {
+    let Value::Table(table) = value else {
+        return Err(wrong_type(
+            key,
+            "a table of embedding name = rows per block",
+            &value,
+        ));
+    };
+    let max_blocks = layout::limits::max_ranks();
+    table
+        .into_iter()
+        .map(|(name, entry)| {
+            let key = format!("{key}.{name}");
+            let expected = "a list of rows per block, like [120, 56, 40, 40]";
+            let Value::Array(items) = entry else {
+                return Err(wrong_type(&key, expected, &entry));
+            };
+            if items.is_empty() || items.len() > max_blocks {
+                return Err(config_error(
+                    &key,
+                    format!(
+                        "{} block(s): a split needs 1 to {max_blocks} blocks (one per rank of the table's split)",
+                        items.len()
+                    ),
+                ));
+            }
+            let mut rows = Vec::with_capacity(items.len());
+            let mut next_offset = 0usize;
+            for (i, item) in items.into_iter().enumerate() {
+                let item_key = format!("{key}[{i}]");
+                let n = match item {
+                    Value::Array(pair) => {
+                        let [size, offset]: [Value; 2] = pair.try_into().map_err(|p: Vec<Value>| {
+                            config_error(
+                                &item_key,
+                                format!("a (rows, offset) pair has 2 entries, got {}", p.len()),
+                            )
+                        })?;
+                        let size = read_positive(&item_key, size)?;
+                        let offset = match offset {
+                            Value::Integer(o) => usize::try_from(o).ok(),
+                            _ => None,
+                        };
+                        if offset != Some(next_offset) {
+                            return Err(config_error(
+                                &item_key,
+                                format!(
+                                    "offset {} is not where the block must start: {next_offset}, the rows before it (blocks are contiguous and in order)",
+                                    offset.map_or_else(|| "(not a non-negative integer)".to_string(), |o| o.to_string())
+                                ),
+                            ));
+                        }
+                        size
+                    }
+                    other => read_positive(&item_key, other)?,
+                };
+                next_offset = next_offset.checked_add(n).ok_or_else(|| {
+                    config_error(&key, "the rows add up to more than usize::MAX".to_string())
+                })?;
+                rows.push(n);
+            }
+            Ok((name, rows))
+        })
+        .collect()
+}
