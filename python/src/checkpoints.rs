@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use ckpt::{ConvertOptions, ConvertReport, Format, MergeOptions, ShapeHint, Strategy};
+use ckpt::{ConvertOptions, ConvertReport, Format, MergeOptions, Strategy};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -571,32 +571,9 @@ fn box_dict<'py>(py: Python<'py>, b: &layout::SliceBox) -> PyResult<Bound<'py, P
     Ok(d)
 }
 
-/// Both strategies bound to the shapes of the checkpoint in `dir` (saved under `src`).
-fn resolve_with_checkpoint(
-    src: &Strategy,
-    dst: Option<&Strategy>,
-    dir: &Path,
-) -> ckpt::Result<(ckpt::ResolvedStrategy, ckpt::ResolvedStrategy)> {
-    let src_res = ckpt::SourceSet::rank_dirs(dir)?.resolve_source(src)?.0;
-    let dst_res = match dst {
-        Some(d) => {
-            d.resolve(|p, _| {
-                Ok(src_res.param(&p.name).map(|s| ShapeHint {
-                    shape: s.shape.clone(),
-                    is_global: true,
-                    dtype: s.dtype,
-                    source: "the source checkpoint".to_string(),
-                }))
-            })?
-            .0
-        }
-        None => src_res.merged()?,
-    };
-    Ok((src_res, dst_res))
-}
-
 /// The plan of a conversion, per destination rank: the minimal source ranks, and for each
-/// parameter the rank's box and the pieces it needs, each with the source ranks holding it.
+/// parameter the rank's box and the pieces it needs, each with the source ranks holding it
+/// ([`ckpt::conversion_plan`]; shapes from `src_dir` when given, else from the strategies).
 #[pyfunction]
 #[pyo3(signature = (src_strategy, dst_strategy=None, src_dir=None, ranks=None))]
 fn reshard_plan<'py>(
@@ -612,53 +589,32 @@ fn reshard_plan<'py>(
         .map(Strategy::load)
         .transpose()
         .map_err(ckpt_err)?;
-    let (src_res, dst_res) = match src_dir.as_deref() {
-        None => ckpt::resolve_scale_free_pair(&src, dst.as_ref()),
-        Some(dir) => resolve_with_checkpoint(&src, dst.as_ref(), dir),
-    }
-    .map_err(ckpt_err)?;
-    let src_ranks = src_res.ranks();
+    let shapes = match src_dir.as_deref() {
+        None => ckpt::PlanShapes::ScaleFree,
+        Some(dir) => ckpt::PlanShapes::Checkpoint(dir),
+    };
+    let plan = py
+        .detach(|| ckpt::conversion_plan(&src, dst.as_ref(), shapes, ranks.as_deref()))
+        .map_err(ckpt_err)?;
     let out = PyList::empty(py);
-    for rank in ranks.unwrap_or_else(|| dst_res.ranks()) {
-        let cover = ckpt::minimal_rank_list(&src, dst.as_ref(), rank).map_err(ckpt_err)?;
+    for rank in &plan {
         let params = PyDict::new(py);
-        for p in dst_res.params() {
-            let Some((pl, slot)) = p.placement_of_rank(rank) else {
-                continue;
-            };
-            let Some(sp) = src_res.param(&p.name) else {
-                continue;
-            };
-            let dst_box = pl.held.slot_box(slot);
-            // Distinct source boxes meeting the destination box, each with its holders.
-            let mut pieces: Vec<(layout::SliceBox, Vec<usize>)> = Vec::new();
-            for &r in &src_ranks {
-                let Some((spl, sslot)) = sp.placement_of_rank(r) else {
-                    continue;
-                };
-                let Some(piece) = spl.held.slot_box(sslot).intersect(&dst_box) else {
-                    continue;
-                };
-                match pieces.iter_mut().find(|(b, _)| *b == piece) {
-                    Some((_, holders)) => holders.push(r),
-                    None => pieces.push((piece, vec![r])),
-                }
-            }
+        for p in &rank.params {
             let list = PyList::empty(py);
-            for (piece, holders) in &pieces {
-                let d = box_dict(py, piece)?;
-                d.set_item("holders", holders)?;
+            for piece in &p.pieces {
+                let d = box_dict(py, &piece.region)?;
+                d.set_item("holders", &piece.holders)?;
                 list.append(d)?;
             }
-            let entry = box_dict(py, &dst_box)?;
-            entry.set_item("global_shape", &p.shape)?;
+            let entry = box_dict(py, &p.region)?;
+            entry.set_item("global_shape", &p.global_shape)?;
             entry.set_item("pieces", list)?;
             params.set_item(&p.name, entry)?;
         }
         let d = PyDict::new(py);
-        d.set_item("rank", rank)?;
-        d.set_item("source_ranks", &cover.ranks)?;
-        d.set_item("minimal", if cover.exact { "exact" } else { "greedy" })?;
+        d.set_item("rank", rank.rank)?;
+        d.set_item("source_ranks", &rank.cover.ranks)?;
+        d.set_item("minimal", if rank.cover.exact { "exact" } else { "greedy" })?;
         d.set_item("params", params)?;
         out.append(d)?;
     }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use parallel::Step;
+use parallel::StepSummary;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use runtime::{LaunchOptions, Session, TrainConfig};
@@ -111,55 +111,54 @@ fn plan<'py>(
     let config =
         load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
     let session = py.detach(|| Session::new(&config)).map_err(runtime_err)?;
-    let program = &session.train;
+    let summary = session.train.summary();
     let params = PyList::empty(py);
-    for p in &program.params {
-        let layout = p
-            .optimizer_shard()
-            .map_or(&p.layout, |shard| &shard.strategy_layout);
+    for p in &summary.params {
         let d = PyDict::new(py);
         d.set_item("name", &p.name)?;
-        d.set_item("shape", layout.shape())?;
-        d.set_item("layout", layout.layout().describe_map())?;
-        d.set_item("mesh", layout.mesh().to_string())?;
-        d.set_item("slice_shape", layout.slice_shape())?;
-        d.set_item("replicas", layout.replica_count())?;
+        d.set_item("shape", &p.shape)?;
+        d.set_item("layout", &p.layout)?;
+        d.set_item("mesh", &p.mesh)?;
+        d.set_item("slice_shape", &p.slice_shape)?;
+        d.set_item("replicas", p.replicas)?;
         d.set_item("trainable", p.trainable)?;
-        d.set_item("optimizer_sharded", p.optimizer_shard().is_some())?;
+        d.set_item("optimizer_sharded", p.optimizer_sharded)?;
         params.append(d)?;
     }
-    let graph = &program.placed.graph;
     let steps = PyList::empty(py);
-    let mut n_reshards = 0usize;
-    for step in &program.steps {
+    for step in &summary.steps {
         let d = PyDict::new(py);
         match step {
-            Step::Kernel(k) => {
+            StepSummary::Kernel { name } => {
                 d.set_item("kind", "kernel")?;
-                d.set_item("name", &k.name)?;
+                d.set_item("name", name)?;
             }
-            Step::Reshard(r) => {
-                n_reshards += 1;
+            StepSummary::Reshard {
+                value,
+                communication,
+                bytes,
+                reason,
+            } => {
                 d.set_item("kind", "reshard")?;
-                d.set_item("value", &graph.values()[r.value.0].name)?;
-                d.set_item("communication", parallel::describe_plan(&r.plan))?;
-                d.set_item("bytes", r.plan.bytes_total())?;
-                d.set_item("reason", &r.reason)?;
+                d.set_item("value", value)?;
+                d.set_item("communication", communication)?;
+                d.set_item("bytes", bytes)?;
+                d.set_item("reason", reason)?;
             }
         }
         steps.append(d)?;
     }
     let d = PyDict::new(py);
-    d.set_item("mode", program.placed.config.mode.name())?;
-    d.set_item("devices", program.devices())?;
-    d.set_item("bytes_per_step", program.bytes_per_step())?;
-    d.set_item("reshards", n_reshards)?;
+    d.set_item("mode", summary.mode)?;
+    d.set_item("devices", summary.devices)?;
+    d.set_item("bytes_per_step", summary.bytes_per_step)?;
+    d.set_item("reshards", summary.reshards)?;
     d.set_item("params", params)?;
     d.set_item("steps", steps)?;
     d.set_item("pipelined", session.is_pipelined())?;
     d.set_item(
         "explain",
-        program.explain_with(session.deterministic_blocks()),
+        session.train.explain_with(session.deterministic_blocks()),
     )?;
     Ok(d)
 }

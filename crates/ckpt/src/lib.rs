@@ -15,7 +15,8 @@
 //!   was ruled out; [`inspect`] reads the file with that format's reader.
 //! - Operations: [`convert_checkpoints`] / [`convert_checkpoint_by_rank`],
 //!   [`convert_checkpoint_files`] (a `{rank: file}` map in, one named file out),
-//!   [`minimal_rank_list`], [`unified_safetensors`], [`load_distributed_checkpoint`],
+//!   [`minimal_rank_list`] and [`conversion_plan`] (which source ranks hold each piece a
+//!   destination rank needs), [`unified_safetensors`], [`load_distributed_checkpoint`],
 //!   [`load_segmented_checkpoints`], [`dedup_checkpoints`] with [`parameter_redundancy`] and
 //!   [`remove_param_redundancy`], [`verify_checkpoints`], [`merge_pipeline_strategies`],
 //!   [`restore_group_info_list`], and [`diff_checkpoints`] (two checkpoints of any strategies,
@@ -255,7 +256,7 @@ pub use crate::ops::diff::{
     compare_tensors, diff_checkpoints, DiffReport, DiffSide, DiffStats, TensorComparison,
     TensorDiff,
 };
-pub use crate::ops::engine::cover::RankCover;
+pub use crate::ops::engine::cover::{HeldPiece, RankCover};
 pub use crate::ops::engine::options::DEFAULT_CHUNK_BYTES;
 pub use crate::ops::inspect::{inspect, inspect_detected, InspectedFile};
 pub use crate::ops::load::{
@@ -267,7 +268,10 @@ pub use crate::ops::merge::{
     DEFAULT_PART_BYTES,
 };
 pub use crate::ops::merge_stages::{merge_pipeline_strategies, MergeStagesReport};
-pub use crate::ops::ranks::{minimal_rank_list, resolve_scale_free_pair};
+pub use crate::ops::ranks::{
+    conversion_plan, minimal_rank_list, resolve_scale_free_pair, ParamPieces, PlanShapes,
+    RankConversionPlan,
+};
 pub use crate::ops::save::{
     save_param_strategy_file, save_rank_checkpoint, save_rank_checkpoint_in_set, save_safetensors,
     save_side_file,

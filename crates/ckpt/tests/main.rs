@@ -8,6 +8,7 @@ mod fuzz;
 mod op_strategy;
 mod options;
 mod pipeline;
+mod plan;
 mod roundtrip;
 mod sets;
 mod util;

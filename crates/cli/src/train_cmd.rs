@@ -117,8 +117,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // Written, not printed: a closed pipe (`… | head`) ends the command quietly.
     let mut out = std::io::stdout().lock();
     if args.json {
+        let summary = session.train.summary();
         for rank in 0..session.devices() {
-            writeln!(out, "{}", explain_json(session, rank))?;
+            writeln!(out, "{}", explain_json(session, &summary, rank))?;
         }
         return Ok(());
     }
@@ -274,21 +275,20 @@ fn explain_memory(session: &TrainSession) -> String {
     text
 }
 
-/// `--explain --json`'s object for `rank`.
-fn explain_json(session: &TrainSession, rank: usize) -> serde_json::Value {
+/// `--explain --json`'s object for `rank`; `summary` is the training program's.
+fn explain_json(
+    session: &TrainSession,
+    summary: &parallel::ProgramSummary,
+    rank: usize,
+) -> serde_json::Value {
     let program = &session.train;
-    let reshards = program
-        .steps
-        .iter()
-        .filter(|s| matches!(s, parallel::Step::Reshard(_)))
-        .count();
     serde_json::json!({
         "rank": rank,
         "devices": session.devices(),
-        "mode": program.placed.config.mode.name(),
-        "steps": program.steps.len(),
-        "reshards": reshards,
-        "bytes_per_step": program.bytes_per_step(),
+        "mode": summary.mode,
+        "steps": summary.steps.len(),
+        "reshards": summary.reshards,
+        "bytes_per_step": summary.bytes_per_step,
         "memory": session.predict_memory(rank).map(|m| runtime::memory_json(rank, &m)),
         "comm_plans": {
             "distinct": program.plan_reuse.distinct,

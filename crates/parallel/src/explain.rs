@@ -96,10 +96,7 @@ impl Program {
             self.placed.config.mode.name(),
             self.devices(),
             self.steps.len(),
-            self.steps
-                .iter()
-                .filter(|s| matches!(s, Step::Reshard(_)))
-                .count(),
+            self.reshard_count(),
             self.bytes_per_step()
         );
         if let Some(p) = self
@@ -114,9 +111,7 @@ impl Program {
         let _ = writeln!(out, "\nparameters:");
         for p in &self.params {
             // The layout the parameter's consumers need (under hsdp levels 1–3 its buffer holds less).
-            let layout = p
-                .optimizer_shard()
-                .map_or(&p.layout, |shard| &shard.strategy_layout);
+            let layout = p.strategy_layout();
             let slice = match layout.row_split() {
                 Some(rows) => format!("rows {rows:?} × {:?}", &layout.slice_shape()[1..]),
                 None => format!("{:?}", layout.slice_shape()),

@@ -11,8 +11,9 @@
 //!   the device matrix of the forward node they differentiate.
 //! - [`lower`]: one [`Program`] every rank runs — kernel steps on local shapes and reshard steps
 //!   (with their reasons and bytes) where a layout changes or a pending sum is consumed;
-//!   [`Program::explain`] prints it. [`compile_training`] and [`compile_forward`] do all of it
-//!   from a forward graph.
+//!   [`Program::explain`] prints it and [`Program::summary`] gives it as data
+//!   ([`ProgramSummary`], for `--explain --json` and Python). [`compile_training`] and
+//!   [`compile_forward`] do all of it from a forward graph.
 //! - [`hsdp`]: optimizer parallelism (`[parallel.hsdp]`, MindSpore's levels 1–3 and ZeRO-1/2):
 //!   which parameters are cut along dim 0 over their replica group; the lowering then gathers,
 //!   reduce-scatters and lists the post-update weight gathers ([`WeightGather`]).
@@ -50,6 +51,7 @@ pub mod pipeline;
 mod rank_view;
 mod recompute;
 pub mod rules;
+mod summary;
 
 pub use crate::assign::{
     check_dataset_strategy, gradient_target, is_annotatable, place, NodePlacement, PlacedGraph,
@@ -70,3 +72,4 @@ pub use crate::lower::{
 };
 pub use crate::patterns::{glob_matches, resolve_op_patterns};
 pub use crate::rank_view::{RankProgram, RankStep};
+pub use crate::summary::{ParamSummary, ProgramSummary, StepSummary};

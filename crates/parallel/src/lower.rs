@@ -135,6 +135,13 @@ impl ProgramParam {
     pub fn optimizer_shard(&self) -> Option<&OptimizerShard> {
         self.hsdp.as_ref().and_then(ShardDecision::shard)
     }
+
+    /// The layout its consumers need: its strategy layout, which under `hsdp` levels 1–3 is
+    /// more than its buffer holds ([`OptimizerShard::strategy_layout`]).
+    pub fn strategy_layout(&self) -> &TensorLayout {
+        self.optimizer_shard()
+            .map_or(&self.layout, |shard| &shard.strategy_layout)
+    }
 }
 
 /// After the optimizer has updated this rank's piece of a parameter in place (in the

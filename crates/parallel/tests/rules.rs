@@ -304,3 +304,57 @@ fn reduce_max_leaves_a_pending_max_and_one_hot_splits_its_classes() {
         "{err}"
     );
 }
+
+#[test]
+fn summary_is_the_explain_output_as_data() {
+    let model = seed_mlp(32, &[8, 8], 512, 10).unwrap();
+    let program = parallel::compile_training(&model.graph, model.loss, &seed_config()).unwrap();
+    let summary = program.summary();
+    let explain = program.explain();
+    assert!(explain.starts_with(&format!(
+        "mode {} on {} device(s); {} steps, {} reshards, {} bytes moved per training step",
+        summary.mode,
+        summary.devices,
+        summary.steps.len(),
+        summary.reshards,
+        summary.bytes_per_step
+    )));
+    assert_eq!(summary.mode, "semi_auto");
+    assert_eq!(summary.devices, 8);
+    assert_eq!(summary.steps.len(), program.steps.len());
+    assert!(summary.reshards > 0);
+    let reshards = summary
+        .steps
+        .iter()
+        .filter(|s| matches!(s, parallel::StepSummary::Reshard { .. }))
+        .count();
+    assert_eq!(reshards, summary.reshards);
+    assert_eq!(summary.params.len(), program.params.len());
+    for p in &summary.params {
+        // Every parameter's line of the explain text carries the same name, shape, map and mesh.
+        let line = format!(
+            "{:<20} {:?} as {} over {}",
+            p.name, p.shape, p.layout, p.mesh
+        );
+        assert!(explain.contains(&line), "{line}");
+        // Its distinct slices, each held `replicas` times, fill the devices.
+        let (whole, slice) = (
+            p.shape.iter().product::<usize>(),
+            p.slice_shape.iter().product::<usize>(),
+        );
+        assert_eq!(whole % slice, 0, "{}", p.name);
+        assert_eq!(whole / slice * p.replicas, summary.devices, "{}", p.name);
+    }
+    for s in &summary.steps {
+        if let parallel::StepSummary::Reshard {
+            value,
+            communication,
+            bytes,
+            reason,
+        } = s
+        {
+            let line = format!("-> reshard {value}: {communication} ({bytes} B/step): {reason}");
+            assert!(explain.contains(&line), "{line}");
+        }
+    }
+}

@@ -25,18 +25,20 @@ pub struct RankCover {
 /// Branch-and-bound nodes explored before settling for the best cover found.
 const NODE_BUDGET: usize = 200_000;
 
-/// A piece of a parameter's box and the source ranks holding it.
+/// A piece of a parameter's box and the source ranks holding all of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Piece {
+pub struct HeldPiece {
+    /// The piece, in global coordinates.
     pub region: SliceBox,
+    /// The source ranks (physical devices) holding it, ascending.
     pub holders: Vec<usize>,
 }
 
 /// The pieces `region` of `param` splits into over every source placement, each with the
 /// source ranks (physical devices) holding all of it. Uses the shared planner
 /// ([`reshard::source_pieces`]) per placement and refines across placements.
-pub(crate) fn pieces_for(param: &ResolvedParam, region: &SliceBox) -> Vec<Piece> {
-    let mut pieces = vec![Piece {
+pub(crate) fn pieces_for(param: &ResolvedParam, region: &SliceBox) -> Vec<HeldPiece> {
+    let mut pieces = vec![HeldPiece {
         region: region.clone(),
         holders: Vec::new(),
     }];
@@ -47,7 +49,7 @@ pub(crate) fn pieces_for(param: &ResolvedParam, region: &SliceBox) -> Vec<Piece>
             for sp in reshard::source_pieces(&pl.held, &piece.region) {
                 let mut holders: BTreeSet<usize> = piece.holders.iter().copied().collect();
                 holders.extend(sp.holders.iter().map(|&s| mesh.device_of_slot(s)));
-                next.push(Piece {
+                next.push(HeldPiece {
                     region: sp.region,
                     holders: holders.into_iter().collect(),
                 });
@@ -243,14 +245,23 @@ pub(crate) fn needed_boxes<'a>(
     dst: &ResolvedStrategy,
     rank: usize,
 ) -> Vec<(&'a ResolvedParam, SliceBox)> {
-    dst.params()
-        .iter()
-        .filter_map(|p| {
-            let (pl, slot) = p.placement_of_rank(rank)?;
-            let src_param = src.param(&p.name)?;
-            Some((src_param, pl.held.slot_box(slot)))
-        })
+    needed_params(src, dst, rank)
+        .map(|(_, src_param, region)| (src_param, region))
         .collect()
+}
+
+/// [`needed_boxes`] with the destination parameter of each box: `(destination parameter,
+/// source parameter, box)`, in the destination strategy's order.
+pub(crate) fn needed_params<'a, 'd>(
+    src: &'a ResolvedStrategy,
+    dst: &'d ResolvedStrategy,
+    rank: usize,
+) -> impl Iterator<Item = (&'d ResolvedParam, &'a ResolvedParam, SliceBox)> {
+    dst.params().iter().filter_map(move |p| {
+        let (pl, slot) = p.placement_of_rank(rank)?;
+        let src_param = src.param(&p.name)?;
+        Some((p, src_param, pl.held.slot_box(slot)))
+    })
 }
 
 #[cfg(test)]
