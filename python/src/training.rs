@@ -1,5 +1,5 @@
 //! Training and planning from Python over the `runtime` crate, as `tessera train` and
-//! `tessera train --explain` drive a `Session`, returning data instead of printing.
+//! `tessera train --explain` drive a `runtime::Training`, returning data instead of printing.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use parallel::StepSummary;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use runtime::{LaunchOptions, Session, TrainConfig};
+use runtime::{LaunchOptions, TrainConfig, Training};
 
 use crate::errors::runtime_err;
 
@@ -70,14 +70,13 @@ fn train<'py>(
     let report = py
         .detach(|| {
             runtime::allocator::keep_freed_memory();
-            let session = Session::new(&config)?;
             let options = LaunchOptions {
                 print_loss,
                 metrics_log: Some(metrics_log.clone()),
                 timeout: Duration::from_secs_f64(timeout),
                 mpi_watchdog: false,
             };
-            runtime::train_local(&session, &options)
+            Training::from_config(&config)?.options(options).train_local()
         })
         .map_err(runtime_err)?;
     let d = PyDict::new(py);
@@ -110,7 +109,10 @@ fn plan<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let config =
         load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
-    let session = py.detach(|| Session::new(&config)).map_err(runtime_err)?;
+    let training = py
+        .detach(|| Training::from_config(&config))
+        .map_err(runtime_err)?;
+    let session = training.session();
     let summary = session.train.summary();
     let params = PyList::empty(py);
     for p in &summary.params {
