@@ -76,7 +76,9 @@ fn train<'py>(
                 timeout: Duration::from_secs_f64(timeout),
                 mpi_watchdog: false,
             };
-            Training::from_config(&config)?.options(options).train_local()
+            Training::from_config(&config)?
+                .options(options)
+                .train_local()
         })
         .map_err(runtime_err)?;
     let d = PyDict::new(py);
