@@ -381,6 +381,21 @@ impl Links {
         }
     }
 
+    /// Async: pulls every server's current weights into `weights` (no rows).
+    pub(super) async fn pull_latest(
+        &mut self,
+        weights: &mut [Tensor],
+        compute: &Compute,
+    ) -> Result<f32, PsError> {
+        self.pull_all(
+            (0, Want::Weights),
+            weights,
+            compute,
+            &mut PulledRows::none(),
+        )
+        .await
+    }
+
     /// [`Links::pull_all`] under the map followed. The servers not yet there are asked in
     /// turn, so a restarted server waiting for this worker's replays is served while another
     /// server waits for a peer.

@@ -428,14 +428,7 @@ async fn steps(
         } else if let Some(rep) = reporter.as_mut() {
             report_step(rep, compute, (s, grad_norm), loss, ms, &mut losses)?;
             if evaluate && (s + 1).is_multiple_of(per_epoch) && s + 1 < total {
-                links
-                    .pull_all(
-                        (0, Want::Weights),
-                        &mut weights,
-                        compute,
-                        &mut PulledRows::none(),
-                    )
-                    .await?;
+                links.pull_latest(&mut weights, compute).await?;
                 let acc = compute.accuracy(&weights)?;
                 accuracies.push(acc);
                 rep.epoch(compute.epoch_of(s).0, s + 1, Some(acc))?;
@@ -493,14 +486,7 @@ async fn steps(
         ending.finished_workers = status.done_workers.len();
         ending.lost_workers = status.lost.iter().map(|l| (l.worker_id, l.step)).collect();
         if !settings.sync {
-            links
-                .pull_all(
-                    (0, Want::Weights),
-                    &mut weights,
-                    compute,
-                    &mut PulledRows::none(),
-                )
-                .await?;
+            links.pull_latest(&mut weights, compute).await?;
         }
         let last = total.saturating_sub(1);
         if evaluate && total > 0 {
