@@ -71,6 +71,15 @@ mkdir "$STATE/s" "$STATE/v" "$STATE/w"
 expect "$(contract scheduler 0 "$STATE/s")" "scheduler rank=0 world=6 local=0 sid=- wid=- restart=0"
 expect "$(contract server 1 "$STATE/v")" "server rank=2 world=6 local=0 sid=1 wid=- restart=0"
 expect "$(contract worker 2 "$STATE/w")" "worker rank=5 world=6 local=0 sid=- wid=2 restart=0"
+# MindSpore's names: a worker's rank, count, device and the scheduler's host and port; a server's role.
+ms() { # role index state-dir: prints MindSpore's variables the command sees
+    env -i PATH="$PATH" TESSERA_ROLE="$1" TESSERA_POD_INDEX="$2" TESSERA_STATE_DIR="$3" \
+        TESSERA_NUM_SERVERS=2 TESSERA_NUM_WORKERS=3 TESSERA_SCHEDULER_ADDR=sched-0.sched:50051 \
+        bash "$ENTRYPOINT" sh -c 'echo "$MS_ROLE rank=${RANK_ID--} size=${RANK_SIZE--} node=${MS_NODE_ID--} device=${DEVICE_ID--} workers=$MS_WORKER_NUM servers=$MS_SERVER_NUM sched=$MS_SCHED_HOST:$MS_SCHED_PORT"'
+}
+mkdir "$STATE/ms" "$STATE/mv"
+expect "$(ms worker 2 "$STATE/ms")" "MS_WORKER rank=2 size=3 node=2 device=0 workers=3 servers=2 sched=sched-0.sched:50051"
+expect "$(ms server 1 "$STATE/mv")" "MS_PSERVER rank=- size=- node=- device=- workers=3 servers=2 sched=sched-0.sched:50051"
 # A container restarted in the same pod (same state directory) counts the restart.
 expect "$(contract worker 2 "$STATE/w")" "worker rank=5 world=6 local=0 sid=- wid=2 restart=1"
 # Without a role (`docker run IMAGE tessera …` outside a pod) the command runs unchanged.

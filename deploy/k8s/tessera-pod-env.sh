@@ -85,4 +85,18 @@ export TESSERA_RANK="$rank"
 export TESSERA_WORLD_SIZE=$((1 + servers + workers))
 export TESSERA_LOCAL_RANK=0
 export TESSERA_RESTART_COUNT="$count"
+
+# MindSpore's names for the same facts, for scripts written for msrun and MindSpore's PS roles
+# (runtime::launch_env; docs/LAUNCH.md). Each pod is its own host: a worker's device is 0.
+unset RANK_ID RANK_SIZE MS_NODE_ID DEVICE_ID MS_SERVER_NUM
+case "$role" in
+scheduler) export MS_ROLE=MS_SCHED ;;
+server) export MS_ROLE=MS_PSERVER ;;
+worker)
+    export MS_ROLE=MS_WORKER RANK_ID="$index" RANK_SIZE="$workers" MS_NODE_ID="$index" DEVICE_ID=0
+    ;;
+esac
+export MS_WORKER_NUM="$workers"
+[ "$servers" = 0 ] || export MS_SERVER_NUM="$servers"
+export MS_SCHED_HOST="${TESSERA_SCHEDULER_ADDR%:*}" MS_SCHED_PORT="${TESSERA_SCHEDULER_ADDR##*:}"
 exec "$@"

@@ -134,6 +134,36 @@ fn workers_see_their_rank_and_world_size() {
     }
 }
 
+/// msrun's flags `--worker_num` and `--log_dir` are aliases, and each worker finds MindSpore's
+/// variables (`RANK_ID`, `RANK_SIZE`, `DEVICE_ID`, `MS_ROLE`, …) beside the contract; the
+/// launcher's own `RANK_ID` does not leak into them.
+#[test]
+fn msrun_flags_and_mindspore_variables() {
+    let dir = Scratch::new("launch-msrun");
+    let logs = dir.0.join("ms_logs");
+    let script = "echo \"$MS_ROLE rank=$RANK_ID size=$RANK_SIZE node=$MS_NODE_ID device=$DEVICE_ID workers=$MS_WORKER_NUM servers=${MS_SERVER_NUM--} sched=${MS_SCHED_HOST--}\"";
+    let args = [
+        "--worker_num",
+        "2",
+        "--log_dir",
+        s(&logs),
+        "--",
+        "sh",
+        "-c",
+        script,
+    ];
+    let mut command = launch_command(&dir.0, &args);
+    command.env("RANK_ID", "77").env("MS_SERVER_NUM", "9");
+    let out = finish(command.spawn().unwrap());
+    assert_ok(&out);
+    for id in 0..2 {
+        let line =
+            format!("MS_WORKER rank={id} size=2 node={id} device={id} workers=2 servers=- sched=-");
+        let log = read(&logs.join(format!("worker_{id}.log")));
+        assert!(log.contains(&format!("{line}\n")), "{log}");
+    }
+}
+
 #[test]
 fn a_ps_job_has_a_scheduler_servers_and_workers_with_one_scheduler_address() {
     let dir = Scratch::new("launch-env-ps");

@@ -56,6 +56,8 @@ pub fn role_env(
         rank,
         world_size: 1 + servers + workers,
         local_rank: None,
+        // Every role of this job runs on this host: a worker's device is its index.
+        device_id: Some(id),
         num_servers: servers,
         num_workers: workers,
         scheduler_addr: Some(scheduler_addr),

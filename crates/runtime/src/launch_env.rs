@@ -21,6 +21,11 @@
 //! | [`HOST`], [`SERVER_PORT`], [`ADVERTISE_HOST`] | what a role binds and advertises | the pod entrypoint |
 //! | [`SERVER_JOIN`] | `1`: a server added to a running job | the user |
 //!
+//! Beside them every launcher sets MindSpore's names for the same facts ([`MS_ROLE`],
+//! [`MS_WORKER_NUM`], [`MS_SERVER_NUM`], [`MS_SCHED_HOST`], [`MS_SCHED_PORT`], and for workers
+//! [`RANK_ID`], [`RANK_SIZE`], [`MS_NODE_ID`], [`DEVICE_ID`]) for scripts written for `msrun`;
+//! Tessera reads none of them.
+//!
 //! [`MAX_RANKS`] is not part of the contract but a resource setting of the `tessera` binary;
 //! its name is here so that every `TESSERA_*` name a Tessera crate reads is. (The pod
 //! entrypoint's own inputs, `TESSERA_POD_INDEX` and `TESSERA_STATE_DIR`, and the scripts'
@@ -64,9 +69,31 @@ pub const SERVER_JOIN: &str = "TESSERA_SERVER_JOIN";
 /// The ceiling on ranks per mesh (`layout::limits`), read by the `tessera` binary at start.
 pub const MAX_RANKS: &str = "TESSERA_MAX_RANKS";
 
+/// MindSpore's names, which a launcher sets beside the `TESSERA_*` contract for scripts written
+/// for `msrun` (and MindSpore's parameter-server roles): the process's role, `MS_SCHED`,
+/// `MS_PSERVER` or `MS_WORKER`.
+pub const MS_ROLE: &str = "MS_ROLE";
+/// MindSpore's worker count (every role).
+pub const MS_WORKER_NUM: &str = "MS_WORKER_NUM";
+/// MindSpore's server count (every role of a parameter-server job).
+pub const MS_SERVER_NUM: &str = "MS_SERVER_NUM";
+/// MindSpore's scheduler host (the host of [`SCHEDULER_ADDR`]).
+pub const MS_SCHED_HOST: &str = "MS_SCHED_HOST";
+/// MindSpore's scheduler port (the port of [`SCHEDULER_ADDR`]).
+pub const MS_SCHED_PORT: &str = "MS_SCHED_PORT";
+/// MindSpore's node id: a worker's index (workers only).
+pub const MS_NODE_ID: &str = "MS_NODE_ID";
+/// MindSpore's rank: a worker's index (workers only; what `get_rank()` answers).
+pub const RANK_ID: &str = "RANK_ID";
+/// MindSpore's rank count: the workers (workers only; what `get_group_size()` answers).
+pub const RANK_SIZE: &str = "RANK_SIZE";
+/// MindSpore's device index on the host: a worker's index among its host's workers (workers
+/// only, when the launcher knows the host's workers).
+pub const DEVICE_ID: &str = "DEVICE_ID";
+
 /// The variables a launcher sets or removes for every process it starts, so that nothing of
 /// its own environment leaks into a process's contract.
-pub const LAUNCHER_VARS: [&str; 11] = [
+pub const LAUNCHER_VARS: [&str; 20] = [
     ROLE,
     RANK,
     WORLD_SIZE,
@@ -78,6 +105,15 @@ pub const LAUNCHER_VARS: [&str; 11] = [
     SCHEDULER_ADDR,
     RESTART_COUNT,
     JOB_SECRET,
+    MS_ROLE,
+    MS_WORKER_NUM,
+    MS_SERVER_NUM,
+    MS_SCHED_HOST,
+    MS_SCHED_PORT,
+    MS_NODE_ID,
+    RANK_ID,
+    RANK_SIZE,
+    DEVICE_ID,
 ];
 
 /// A variable of the contract with a value that breaks its rule, or missing where it is
@@ -254,6 +290,9 @@ pub struct ProcessVars<'a> {
     pub world_size: usize,
     /// [`LOCAL_RANK`], when the launcher knows the host's processes.
     pub local_rank: Option<usize>,
+    /// A worker's [`DEVICE_ID`]: its index among its host's workers, when the launcher knows
+    /// them (ignored for the other roles).
+    pub device_id: Option<usize>,
     /// [`NUM_SERVERS`].
     pub num_servers: usize,
     /// [`NUM_WORKERS`].
@@ -290,6 +329,38 @@ impl ProcessVars<'_> {
         }
         if let Some(secret) = self.secret {
             env.push((JOB_SECRET, secret.expose().to_string()));
+        }
+        env.extend(self.mindspore_vars());
+        env
+    }
+
+    /// MindSpore's names for the same facts ([`MS_ROLE`] … [`DEVICE_ID`]).
+    fn mindspore_vars(&self) -> Vec<(&'static str, String)> {
+        let role = match self.role {
+            Role::Scheduler => "MS_SCHED",
+            Role::Server => "MS_PSERVER",
+            Role::Worker => "MS_WORKER",
+        };
+        let mut env = vec![
+            (MS_ROLE, role.to_string()),
+            (MS_WORKER_NUM, self.num_workers.to_string()),
+        ];
+        if self.num_servers > 0 {
+            env.push((MS_SERVER_NUM, self.num_servers.to_string()));
+        }
+        if let Some((host, port)) = self.scheduler_addr.and_then(|a| a.rsplit_once(':')) {
+            env.push((MS_SCHED_HOST, host.to_string()));
+            env.push((MS_SCHED_PORT, port.to_string()));
+        }
+        if self.role == Role::Worker {
+            env.extend([
+                (RANK_ID, self.id.to_string()),
+                (RANK_SIZE, self.num_workers.to_string()),
+                (MS_NODE_ID, self.id.to_string()),
+            ]);
+            if let Some(device) = self.device_id {
+                env.push((DEVICE_ID, device.to_string()));
+            }
         }
         env
     }
@@ -466,6 +537,7 @@ mod tests {
             rank: 2,
             world_size: 5,
             local_rank: Some(2),
+            device_id: None,
             num_servers: 2,
             num_workers: 2,
             scheduler_addr: Some("127.0.0.1:4242"),
@@ -491,6 +563,56 @@ mod tests {
             ("127.0.0.1:4242", 3)
         );
         assert_eq!(env.secret, secret);
+    }
+
+    /// MindSpore's names: every role's `MS_ROLE`, the counts and the scheduler's host and port;
+    /// a worker's rank and device; none of a worker's for the scheduler or a server.
+    #[test]
+    fn mindspore_scripts_find_their_variables() {
+        let of = |role: Role, id: usize| {
+            ProcessVars {
+                role,
+                id,
+                rank: 3 + id,
+                world_size: 5,
+                local_rank: Some(3 + id),
+                device_id: Some(id),
+                num_servers: 2,
+                num_workers: 2,
+                scheduler_addr: Some("10.0.0.1:4242"),
+                restart_count: 0,
+                secret: None,
+            }
+            .vars()
+        };
+        let get = |vars: &[(&str, String)], name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let worker = of(Role::Worker, 1);
+        for (name, value) in [
+            (MS_ROLE, "MS_WORKER"),
+            (MS_WORKER_NUM, "2"),
+            (MS_SERVER_NUM, "2"),
+            (MS_SCHED_HOST, "10.0.0.1"),
+            (MS_SCHED_PORT, "4242"),
+            (RANK_ID, "1"),
+            (RANK_SIZE, "2"),
+            (MS_NODE_ID, "1"),
+            (DEVICE_ID, "1"),
+        ] {
+            assert_eq!(get(&worker, name).as_deref(), Some(value), "{name}");
+        }
+        for (role, name) in [(Role::Scheduler, "MS_SCHED"), (Role::Server, "MS_PSERVER")] {
+            let vars = of(role, 0);
+            assert_eq!(get(&vars, MS_ROLE).as_deref(), Some(name));
+            for absent in [RANK_ID, RANK_SIZE, MS_NODE_ID, DEVICE_ID] {
+                assert_eq!(get(&vars, absent), None, "{name}: {absent}");
+            }
+            assert!(vars.iter().all(|(k, _)| LAUNCHER_VARS.contains(k)));
+        }
+        assert!(worker.iter().all(|(k, _)| LAUNCHER_VARS.contains(k)));
     }
 
     #[test]

@@ -34,8 +34,8 @@ const TAIL_LINES: usize = 20;
 /// Arguments of `tessera launch`.
 #[derive(Debug, Args)]
 pub struct LaunchArgs {
-    /// Number of workers to start (1 to 1024).
-    #[arg(long, value_name = "N")]
+    /// Number of workers to start (1 to 1024); msrun's `--worker_num` is accepted as an alias.
+    #[arg(long, value_name = "N", visible_alias = "worker_num")]
     nproc: usize,
     /// Run a parameter-server job: one scheduler, S servers (1 to 1024) and the N workers.
     #[arg(long, value_name = "S")]
@@ -44,8 +44,13 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "K", default_value_t = 0)]
     restarts: u32,
     /// Directory of the per-process logs `<role>_<id>.log` (created if missing; existing logs
-    /// are appended to, never truncated or removed).
-    #[arg(long, value_name = "DIR", default_value = "tessera_logs")]
+    /// are appended to, never truncated or removed); msrun's `--log_dir` is an alias.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "tessera_logs",
+        visible_alias = "log_dir"
+    )]
     log_dir: PathBuf,
     /// The scheduler's address given to every process (default: a free port on 127.0.0.1);
     /// only with --ps-servers.

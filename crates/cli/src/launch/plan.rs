@@ -245,8 +245,10 @@ impl JobPlan {
             id: spec.id,
             rank: spec.rank,
             world_size: self.world_size(),
-            // One host: the rank on this host is the global rank.
+            // One host: the rank on this host is the global rank, and a worker's device its
+            // index among the workers.
             local_rank: Some(spec.rank),
+            device_id: Some(spec.id),
             num_servers: self.num_servers,
             num_workers: self.num_workers,
             scheduler_addr: self.scheduler_addr.as_deref(),
