@@ -51,8 +51,10 @@
 //!
 //! # Architecture invariant
 //! Plans only, from split factors: the searches never see meshes or ranks, so the work grows
-//! with the ops and their candidates, never with the devices. No clock but dynamic
-//! programming's own deadline; the only file read is a device profile named by path. It knows
+//! with the ops and their candidates, never with the devices. The clock is read only for
+//! dynamic programming's deadline and to report the search's own time (`search_ms`); nothing
+//! it decides depends on it but the deadline. The only file read is a device profile named by
+//! path. It knows
 //! neither the training configuration, the built-in networks nor the checkpoint formats: the
 //! caller builds the model ([`PlanModel`]) and reads operator strategy files
 //! ([`LoadedStrategies`]).
