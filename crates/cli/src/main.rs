@@ -19,6 +19,7 @@ mod layout_cmd;
 mod parse;
 mod plan_cmd;
 mod ps_cmd;
+mod rank_env_cmd;
 mod reshard_cmd;
 mod strategy_cmd;
 mod timeline;
@@ -57,8 +58,13 @@ enum Command {
     /// servers and workers) with their rank and role in the environment, supervised as
     /// MindSpore's `msrun` does: per-process logs, a merged console view, signal forwarding,
     /// restarts. It does not start one collective job: workers of a plain `tessera train` are
-    /// independent runs (use mpirun with `--backend mpi`).
+    /// independent runs (for one job, `mpirun -np N tessera rank-env -- tessera train CONFIG`
+    /// with a build that has the `mpi` feature).
     Launch(launch::LaunchArgs),
+    /// Run one rank of an `mpirun` job with Tessera's environment contract set from the MPI
+    /// launcher's rank (`mpirun -np N tessera rank-env -- tessera train CONFIG`: one collective
+    /// job, `tessera train` on the MPI backend).
+    RankEnv(rank_env_cmd::RankEnvArgs),
 }
 
 /// Applies the resource settings read from the environment before any input is read: the
@@ -83,6 +89,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ckpt(args) => ckpt_cmd::run(&args),
         Command::Strategy(args) => strategy_cmd::run(&args),
         Command::Launch(args) => launch::run(&args),
+        Command::RankEnv(args) => rank_env_cmd::run(&args),
     }
 }
 

@@ -53,8 +53,9 @@ pub struct TrainArgs {
     /// exit).
     #[arg(long, value_name = "FILE.svg")]
     timeline: Option<PathBuf>,
-    /// Where the ranks run.
-    #[arg(long, value_enum, default_value = "local")]
+    /// Where the ranks run (default: `TESSERA_BACKEND` when set, as `tessera rank-env` sets it
+    /// for the ranks of an `mpirun` job; else `local`).
+    #[arg(long, value_enum, default_value = "local", env = "TESSERA_BACKEND")]
     backend: Backend,
     /// Longest wait for a peer in any collective, in seconds.
     #[arg(long, default_value_t = 300)]

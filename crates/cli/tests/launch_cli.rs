@@ -771,3 +771,71 @@ fn a_stray_background_process_holding_the_output_does_not_hold_the_launcher() {
     assert_ok(&out);
     assert!(stdout(&out).contains("[worker 0] started\n"));
 }
+
+/// `tessera rank-env` turns an MPI launcher's rank variables (OpenMPI's, given here by hand)
+/// into the contract plus MindSpore's names and `TESSERA_BACKEND=mpi`, removes contract
+/// variables that do not apply, and runs the command in its place; outside an MPI launcher,
+/// or with a command that cannot start, it says so.
+#[test]
+fn rank_env_maps_an_mpi_launchers_rank_to_the_contract() {
+    let script = "echo \"rank=$TESSERA_RANK world=$TESSERA_WORLD_SIZE local=$TESSERA_LOCAL_RANK wid=$TESSERA_WORKER_ID id=$RANK_ID size=$RANK_SIZE device=$DEVICE_ID backend=$TESSERA_BACKEND addr=${TESSERA_SCHEDULER_ADDR--}\"; exit 7";
+    let out = tessera_command()
+        .args(["rank-env", "--", "sh", "-c", script])
+        .env("OMPI_COMM_WORLD_RANK", "2")
+        .env("OMPI_COMM_WORLD_SIZE", "4")
+        .env("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+        .env("TESSERA_SCHEDULER_ADDR", "leaked:1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&out),
+        "rank=2 world=4 local=0 wid=2 id=2 size=4 device=0 backend=mpi addr=-\n"
+    );
+    // The command ran in rank-env's place: its exit status is the job's.
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+
+    let out = tessera_command()
+        .args(["rank-env", "--", "true"])
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .env_remove("PMI_RANK")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("OMPI_COMM_WORLD_RANK"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = tessera_command()
+        .args(["rank-env", "--", "/nonexistent/tessera-command"])
+        .env("PMI_RANK", "0")
+        .env("PMI_SIZE", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cannot run /nonexistent/tessera-command for rank 0"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `tessera train` takes `TESSERA_BACKEND` as its `--backend` when none is given: a build
+/// without MPI then says how to get one.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn train_takes_its_backend_from_the_environment() {
+    let out = tessera_command()
+        .args(["train", "examples/seed_stand_alone.toml"])
+        .env("TESSERA_BACKEND", "mpi")
+        .current_dir(crate::util::repo_root())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--backend mpi needs a tessera built with"),
+        "{}",
+        stderr(&out)
+    );
+}

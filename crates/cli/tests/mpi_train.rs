@@ -456,3 +456,57 @@ fn train_command(
     ]);
     a
 }
+
+/// `mpirun -np 4 tessera rank-env -- tessera train CONFIG` (no `--backend`) is one collective
+/// job on the MPI backend: rank-env sets the contract and `TESSERA_BACKEND=mpi` from mpirun's
+/// rank variables, and the losses are the local backend's (1e-6).
+#[test]
+fn rank_env_under_mpirun_runs_one_collective_job() {
+    let dir = Scratch::new("mpi-rank-env");
+    let train = |name: &str| -> Vec<String> {
+        [
+            "train",
+            "examples/seed_semi_auto.toml",
+            "--devices",
+            "4",
+            "--set",
+            "parallel.shard={ matmul1 = [[2, 2], [2, 1]], matmul2 = [[1, 4], [4, 1]] }",
+            "--set",
+            "train.max_steps=10",
+            "--set",
+            "train.eval=false",
+            "--set",
+            &format!("output.dir=\"{}\"", s(&dir.0.join(name))),
+            "--log-json",
+            s(&dir.0.join(format!("{name}.jsonl"))),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let exe = env!("CARGO_BIN_EXE_tessera");
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4", exe])
+        .args(["rank-env", "--", exe])
+        .args(train("job"))
+        .env_remove("TESSERA_BACKEND")
+        .current_dir(repo_root())
+        .output()
+        .expect("running mpirun");
+    assert_ok(&out);
+    run(&args(&train("local")), false);
+    let job = step_losses(&dir.0.join("job.jsonl"));
+    let local = step_losses(&dir.0.join("local.jsonl"));
+    assert_eq!(job.len(), 10);
+    for (i, (j, l)) in job.iter().zip(&local).enumerate() {
+        assert!(
+            (j - l).abs() <= 1e-6 * l.abs(),
+            "step {}: rank-env job {j} vs local {l}",
+            i + 1
+        );
+    }
+    // One job saved one set of the four ranks.
+    let marker = ckpt::SetMarker::read(&dir.0.join("job"))
+        .unwrap()
+        .expect("a committed set");
+    assert_eq!(marker.ranks, vec![0, 1, 2, 3]);
+}

@@ -1,8 +1,10 @@
 //! The `TESSERA_*` environment contract: every variable a launcher hands a process, its
 //! spelling and its parsing, in one place.
 //!
-//! Launchers write it: `tessera launch` (every process), a plain `tessera train` of a
-//! parameter-server config (`ps::launch`, one child per role) and the Kubernetes pod entrypoint
+//! Launchers write it: `tessera launch` (every process), `tessera rank-env` (each rank of an
+//! `mpirun` job, from the MPI launcher's rank: [`mpi_launcher_rank`], [`mpi_rank_vars`]), a
+//! plain `tessera train` of a parameter-server config (`ps::launch`, one child per role) and
+//! the Kubernetes pod entrypoint
 //! (`deploy/k8s/tessera-pod-env.sh`, which cannot call Rust and spells the same names). Every
 //! parameter-server role reads it ([`RoleEnv`]). A process of `tessera launch` without
 //! parameter servers is a worker, whose rank the variables give to the program it runs.
@@ -12,7 +14,7 @@
 //! | [`ROLE`] | `scheduler`, `server`, `worker` ([`Role`]) | every launcher |
 //! | [`RANK`] | the process's global index, `0..world size` | every launcher |
 //! | [`WORLD_SIZE`] | processes in the job | every launcher |
-//! | [`LOCAL_RANK`] | the index on this host | `tessera launch` |
+//! | [`LOCAL_RANK`] | the index on this host | `tessera launch`, `tessera rank-env` |
 //! | [`SERVER_ID`], [`WORKER_ID`] | the index within the role | every launcher |
 //! | [`NUM_SERVERS`], [`NUM_WORKERS`] | the job's counts | every launcher |
 //! | [`SCHEDULER_ADDR`] | the scheduler's `host:port` | every launcher of a PS job |
@@ -20,6 +22,7 @@
 //! | [`JOB_SECRET`] | the job's shared secret ([`JobSecret`]) | every launcher of a PS job |
 //! | [`HOST`], [`SERVER_PORT`], [`ADVERTISE_HOST`] | what a role binds and advertises | the pod entrypoint |
 //! | [`SERVER_JOIN`] | `1`: a server added to a running job | the user |
+//! | [`BACKEND`] | `mpi` for the ranks of an `mpirun` job (`tessera train`'s `--backend` default) | `tessera rank-env` |
 //!
 //! Beside them every launcher sets MindSpore's names for the same facts ([`MS_ROLE`],
 //! [`MS_WORKER_NUM`], [`MS_SERVER_NUM`], [`MS_SCHED_HOST`], [`MS_SCHED_PORT`], and for workers
@@ -66,6 +69,9 @@ pub const SERVER_PORT: &str = "TESSERA_SERVER_PORT";
 pub const ADVERTISE_HOST: &str = "TESSERA_ADVERTISE_HOST";
 /// `1`: this server joins a running job.
 pub const SERVER_JOIN: &str = "TESSERA_SERVER_JOIN";
+/// The communicator backend `tessera train` uses when its `--backend` is not given: `local` or
+/// `mpi` (set by `tessera rank-env` for the ranks of an `mpirun` job).
+pub const BACKEND: &str = "TESSERA_BACKEND";
 /// The ceiling on ranks per mesh (`layout::limits`), read by the `tessera` binary at start.
 pub const MAX_RANKS: &str = "TESSERA_MAX_RANKS";
 
@@ -93,7 +99,7 @@ pub const DEVICE_ID: &str = "DEVICE_ID";
 
 /// The variables a launcher sets or removes for every process it starts, so that nothing of
 /// its own environment leaks into a process's contract.
-pub const LAUNCHER_VARS: [&str; 20] = [
+pub const LAUNCHER_VARS: [&str; 21] = [
     ROLE,
     RANK,
     WORLD_SIZE,
@@ -105,6 +111,7 @@ pub const LAUNCHER_VARS: [&str; 20] = [
     SCHEDULER_ADDR,
     RESTART_COUNT,
     JOB_SECRET,
+    BACKEND,
     MS_ROLE,
     MS_WORKER_NUM,
     MS_SERVER_NUM,
@@ -366,6 +373,75 @@ impl ProcessVars<'_> {
     }
 }
 
+/// The rank, world size and rank on its host that an MPI launcher gave this process: OpenMPI's
+/// `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`, or the PMI
+/// names MPICH's Hydra sets (`PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`). `None` outside an MPI
+/// launcher (no rank variable set).
+pub fn mpi_launcher_rank(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<(usize, usize, usize)>, EnvError> {
+    let names = [
+        (
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ];
+    let Some((rank_var, size_var, local_var)) = names
+        .into_iter()
+        .find(|(rank, _, _)| lookup(rank).is_some())
+    else {
+        return Ok(None);
+    };
+    let count = |var: &'static str, value: Option<String>| -> Result<usize, EnvError> {
+        let value = value.ok_or(EnvError {
+            var,
+            reason: "is not set, though the MPI launcher's rank is".to_string(),
+        })?;
+        value.trim().parse().map_err(|_| EnvError {
+            var,
+            reason: format!("expected a count, got '{value}'"),
+        })
+    };
+    let rank = count(rank_var, lookup(rank_var))?;
+    let size = count(size_var, lookup(size_var))?;
+    // Without a local rank the launcher put one rank per host.
+    let local = match lookup(local_var) {
+        Some(v) => count(local_var, Some(v))?,
+        None => 0,
+    };
+    if rank >= size || local > rank {
+        return Err(EnvError {
+            var: rank_var,
+            reason: format!("rank {rank} (local {local}) is not below the world size {size}"),
+        });
+    }
+    Ok(Some((rank, size, local)))
+}
+
+/// The contract of worker `rank` of a collective job of `size` ranks, `local` on its host, run
+/// by an MPI launcher: what `tessera rank-env` sets before it runs the rank's command (with
+/// [`BACKEND`] `mpi`).
+pub fn mpi_rank_vars(rank: usize, size: usize, local: usize) -> Vec<(&'static str, String)> {
+    let mut vars = ProcessVars {
+        role: Role::Worker,
+        id: rank,
+        rank,
+        world_size: size,
+        local_rank: Some(local),
+        device_id: Some(local),
+        num_servers: 0,
+        num_workers: size,
+        scheduler_addr: None,
+        restart_count: 0,
+        secret: None,
+    }
+    .vars();
+    vars.push((BACKEND, "mpi".to_string()));
+    vars
+}
+
 /// A parameter-server role's environment, as it reads the contract (see `docs/PS.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoleEnv {
@@ -613,6 +689,69 @@ mod tests {
             assert!(vars.iter().all(|(k, _)| LAUNCHER_VARS.contains(k)));
         }
         assert!(worker.iter().all(|(k, _)| LAUNCHER_VARS.contains(k)));
+    }
+
+    /// OpenMPI's and Hydra's rank variables become the contract of a collective worker.
+    #[test]
+    fn an_mpi_launchers_rank_becomes_the_contract() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let ompi = env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ]);
+        assert_eq!(mpi_launcher_rank(ompi).unwrap(), Some((3, 4, 1)));
+        let hydra = env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2")]);
+        assert_eq!(mpi_launcher_rank(hydra).unwrap(), Some((0, 2, 0)));
+        assert_eq!(mpi_launcher_rank(env(&[])).unwrap(), None);
+        for (bad, var) in [
+            (&[("OMPI_COMM_WORLD_RANK", "1")][..], "OMPI_COMM_WORLD_SIZE"),
+            (
+                &[("OMPI_COMM_WORLD_RANK", "x"), ("OMPI_COMM_WORLD_SIZE", "2")][..],
+                "OMPI_COMM_WORLD_RANK",
+            ),
+            (
+                &[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "2")][..],
+                "OMPI_COMM_WORLD_RANK",
+            ),
+        ] {
+            let pairs: Vec<(String, String)> = bad
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let err = mpi_launcher_rank(|name| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            })
+            .unwrap_err();
+            assert_eq!(err.var, var, "{err}");
+        }
+        let vars = mpi_rank_vars(3, 4, 1);
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get(ROLE), Some("worker"));
+        assert_eq!(
+            (get(RANK), get(WORLD_SIZE), get(LOCAL_RANK)),
+            (Some("3"), Some("4"), Some("1"))
+        );
+        assert_eq!(
+            (get(RANK_ID), get(RANK_SIZE), get(DEVICE_ID)),
+            (Some("3"), Some("4"), Some("1"))
+        );
+        assert_eq!(get(BACKEND), Some("mpi"));
+        assert_eq!(get(SCHEDULER_ADDR), None);
     }
 
     #[test]
