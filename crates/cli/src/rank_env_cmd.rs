@@ -5,7 +5,9 @@
 //! each process gets `TESSERA_RANK`, `TESSERA_WORLD_SIZE`, `TESSERA_LOCAL_RANK`, the worker
 //! variables, `RANK_ID`, `RANK_SIZE`, `DEVICE_ID`, … and `TESSERA_BACKEND=mpi`, which
 //! `tessera train` takes as its `--backend` when none is given. The command replaces this
-//! process (`exec`), so signals and the exit status are the command's own.
+//! process (`exec`), so signals and the exit status are the command's own; it is killed when
+//! the MPI launcher's process that started it ends (`PR_SET_PDEATHSIG`), so no rank outlives a
+//! killed `mpirun`.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
@@ -45,9 +47,28 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         }
     }
     command.envs(vars.iter().map(|(k, v)| (k, v)));
+    die_with_launcher()?;
     let error = command.exec();
     Err(anyhow::anyhow!(
         "cannot run {} for rank {rank}: {error}",
         program.to_string_lossy()
     ))
+}
+
+/// Asks the kernel for SIGKILL when this process's parent (the MPI launcher's process that
+/// started the rank) ends; the request survives `exec`. Refuses to go on when the parent has
+/// already ended (its signal would never come).
+fn die_with_launcher() -> anyhow::Result<()> {
+    // SAFETY: getppid(2) and prctl(2) take plain integers and touch no memory of ours.
+    unsafe {
+        let parent = libc::getppid();
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error())
+                .context("cannot ask to end with the MPI launcher (prctl PR_SET_PDEATHSIG)");
+        }
+        if libc::getppid() != parent {
+            anyhow::bail!("the MPI launcher's process that started this rank has already ended");
+        }
+    }
+    Ok(())
 }

@@ -510,3 +510,49 @@ fn rank_env_under_mpirun_runs_one_collective_job() {
         .expect("a committed set");
     assert_eq!(marker.ranks, vec![0, 1, 2, 3]);
 }
+
+/// A SIGKILLed `mpirun` takes its ranks with it: `tessera rank-env` asked the kernel to end
+/// each rank with the launcher's process that started it, so none is left behind.
+#[test]
+fn ranks_started_by_rank_env_die_with_a_killed_mpirun() {
+    let exe = env!("CARGO_BIN_EXE_tessera");
+    let mut mpirun = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", exe])
+        .args(["rank-env", "--", "sleep", "600"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("running mpirun");
+    let launcher = mpirun.id() as libc::pid_t;
+    let is_sleep = |pid: &libc::pid_t| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let ranks = loop {
+        let ranks: Vec<libc::pid_t> = crate::util::children_of(launcher)
+            .into_iter()
+            .filter(is_sleep)
+            .collect();
+        if ranks.len() == 2 {
+            break ranks;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mpirun never ran both ranks: {ranks:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    mpirun.kill().unwrap();
+    let _ = mpirun.wait();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ranks.iter().any(|&pid| crate::util::alive(pid)) {
+        if std::time::Instant::now() >= deadline {
+            for &pid in &ranks {
+                // SAFETY: kill(2) on the test's own orphaned ranks.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("ranks {ranks:?} outlived the killed mpirun");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
