@@ -132,27 +132,20 @@ fn covers(total: &SquareSum, part: &SquareSum) -> bool {
     t.is_nan() || t >= p
 }
 
-/// Multiplies `mean`'s gradients and rows by the clipping factor of the global norm
-/// `sqrt(total)`, rounded once to f32 as data parallel's clipping does; a norm at or below the
-/// limit (or not finite) leaves them as they are.
+/// Clips `mean`'s gradients and rows by the global norm `sqrt(total)`, as data parallel's
+/// clipping does (one factor, rounded once to f32); a norm at or below the limit (or not
+/// finite) leaves them as they are.
 fn clip_mean(clip: MaxGradNorm, total: &SquareSum, mean: &mut StepMean) -> Result<(), PsError> {
-    let Some(factor) = clip.factor(total.to_f64().sqrt()) else {
-        return Ok(());
-    };
-    let f = factor as f32;
+    let step = mean.step;
+    let mut parts = Vec::with_capacity(mean.grads.len() + mean.sparse.len());
     for g in &mut mean.grads {
-        g.as_f32_mut()
-            .map_err(|e| {
-                PsError::tensor(
-                    format!("clipping the mean gradient of step {}", mean.step),
-                    e,
-                )
-            })?
-            .iter_mut()
-            .for_each(|x| *x *= f);
+        parts.push(g.as_f32_mut().map_err(|e| {
+            PsError::tensor(format!("clipping the mean gradient of step {step}"), e)
+        })?);
     }
     for rows in &mut mean.sparse {
-        rows.values.iter_mut().for_each(|x| *x *= f);
+        parts.push(rows.values.as_mut_slice());
     }
+    clip.clip_slices_by(total, &mut parts);
     Ok(())
 }

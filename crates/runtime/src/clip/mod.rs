@@ -123,11 +123,16 @@ impl MaxGradNorm {
         for part in parts.iter() {
             sum.add_f32(part);
         }
-        let norm = sum.to_f64().sqrt();
+        self.clip_slices_by(&sum, parts)
+    }
+
+    /// Clips `parts` in place by the global norm whose exact square sum, `total`, was summed
+    /// elsewhere (a sync parameter-server step: every server's part of it); returns the norm.
+    pub fn clip_slices_by(self, total: &SquareSum, parts: &mut [&mut [f32]]) -> f64 {
+        let norm = total.to_f64().sqrt();
         if let Some(factor) = self.factor(norm) {
-            let f = factor as f32;
             for part in parts.iter_mut() {
-                part.iter_mut().for_each(|x| *x *= f);
+                scale_f32(part, factor);
             }
         }
         norm
@@ -193,10 +198,7 @@ pub(crate) fn global_norm(
 /// Multiplies every element of `t` by `factor` (rounded once to `t`'s type).
 fn scale(t: &mut Tensor, factor: f64) -> Result<(), RuntimeError> {
     match t.dtype() {
-        DType::F32 => {
-            let f = factor as f32;
-            t.as_slice_mut::<f32>()?.iter_mut().for_each(|x| *x *= f);
-        }
+        DType::F32 => scale_f32(t.as_slice_mut::<f32>()?, factor),
         DType::F64 => t
             .as_slice_mut::<f64>()?
             .iter_mut()
@@ -210,6 +212,12 @@ fn scale(t: &mut Tensor, factor: f64) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
+}
+
+/// Multiplies every element of `xs` by `factor` rounded once to f32.
+fn scale_f32(xs: &mut [f32], factor: f64) {
+    let f = factor as f32;
+    xs.iter_mut().for_each(|x| *x *= f);
 }
 
 #[cfg(test)]

@@ -132,29 +132,15 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         .map(|p| p.micro_batches)
         .filter(|&m| m > 1)
     {
-        if data.batch_size % m != 0 {
-            return Err(config_error(
-                "parallel.pipeline.micro_batches",
-                format!(
-                    "{m} micro-batches do not divide data.batch_size = {} (each micro-batch is an equal share of the step's batch)",
-                    data.batch_size
-                ),
-            ));
-        }
-        data.batch_size /= m;
-        train.grad_accumulation_steps = train
-            .grad_accumulation_steps
-            .checked_mul(m)
-            .filter(|&k| k <= MAX_GRAD_ACCUMULATION_STEPS)
-            .ok_or_else(|| {
-                config_error(
-                    "parallel.pipeline.micro_batches",
-                    format!(
-                        "{m} micro-batches × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
-                        train.grad_accumulation_steps
-                    ),
-                )
-            })?;
+        cut_batch(
+            m,
+            "parallel.pipeline.micro_batches",
+            (
+                "micro-batches",
+                "each micro-batch is an equal share of the step's batch",
+            ),
+            (&mut data, &mut train),
+        )?;
     }
     if micro_batch_interleave > 1 {
         interleave_micro_batches(micro_batch_interleave, &parallel, &mut data, &mut train)?;
@@ -211,11 +197,28 @@ fn interleave_micro_batches(
             format!("{n} applies without pipeline stages: [parallel.pipeline] already cuts each batch into micro-batches (use its micro_batches)"),
         ));
     }
+    cut_batch(
+        n,
+        key,
+        ("parts", "each part is an equal share of the batch"),
+        (data, train),
+    )
+}
+
+/// Cuts each batch into `n` equal micro-steps of one update (`key` the setting that asks):
+/// `data.batch_size` becomes the micro-step's, `train.grad_accumulation_steps` is multiplied
+/// by `n`. `(parts, each)` name the micro-steps in the errors.
+fn cut_batch(
+    n: usize,
+    key: &str,
+    (parts, each): (&str, &str),
+    (data, train): (&mut DataConfig, &mut TrainLoopConfig),
+) -> Result<(), RuntimeError> {
     if !data.batch_size.is_multiple_of(n) {
         return Err(config_error(
             key,
             format!(
-                "{n} parts do not divide data.batch_size = {} (each part is an equal share of the batch)",
+                "{n} {parts} do not divide data.batch_size = {} ({each})",
                 data.batch_size
             ),
         ));
@@ -229,7 +232,7 @@ fn interleave_micro_batches(
             config_error(
                 key,
                 format!(
-                    "{n} parts × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
+                    "{n} {parts} × train.grad_accumulation_steps = {} exceed {MAX_GRAD_ACCUMULATION_STEPS} micro-steps per update",
                     train.grad_accumulation_steps
                 ),
             )
