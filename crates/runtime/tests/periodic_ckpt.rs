@@ -177,10 +177,12 @@ fn save_checkpoint_seconds_saves_whole_sets_by_the_clock() {
         let start = std::time::Instant::now();
         train_report(&cfg);
         let seconds = start.elapsed().as_secs_f64();
-        if seconds >= 2.5 || steps >= 20 * 64 {
+        if seconds >= 2.5 || steps >= 20 * 4usize.pow(8) {
             break (out, seconds);
         }
-        steps *= 4;
+        // Aim at three seconds from the speed just seen (at least four times more steps).
+        let wanted = (3.0 / seconds.max(1e-3) * steps as f64).ceil() as usize;
+        steps = wanted.max(steps * 4);
     };
     assert!(seconds >= 2.5, "{steps} steps took only {seconds} s");
     let mut sets: Vec<u64> = std::fs::read_dir(&out)
