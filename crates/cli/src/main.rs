@@ -65,6 +65,9 @@ enum Command {
     /// launcher's rank (`mpirun -np N tessera rank-env -- tessera train CONFIG`: one collective
     /// job, `tessera train` on the MPI backend).
     RankEnv(rank_env_cmd::RankEnvArgs),
+    /// The remote shell `tessera launch` gives `mpirun` across nodes (not for users).
+    #[command(hide = true)]
+    LaunchAgent(launch::collective::agent::AgentArgs),
 }
 
 /// Applies the resource settings read from the environment before any input is read: the
@@ -90,6 +93,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Strategy(args) => strategy_cmd::run(&args),
         Command::Launch(args) => launch::run(&args),
         Command::RankEnv(args) => rank_env_cmd::run(&args),
+        Command::LaunchAgent(args) => {
+            let code = launch::collective::agent::run(&args)?;
+            std::process::exit(code);
+        }
     }
 }
 

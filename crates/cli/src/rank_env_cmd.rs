@@ -34,7 +34,17 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
                 "tessera rank-env runs each rank of an MPI launcher's job (`mpirun -np N tessera rank-env -- COMMAND`): none of OMPI_COMM_WORLD_RANK or PMI_RANK is set"
             )
         })?;
-    let vars = launch_env::mpi_rank_vars(rank, size, local);
+    // `tessera launch` counts the whole job's restarts; a bare `mpirun` job starts at 0.
+    let restarts = match std::env::var(launch_env::RESTART_COUNT) {
+        Ok(text) => text.parse::<u32>().map_err(|_| {
+            anyhow::anyhow!(
+                "{} must be a whole number, got {text:?}",
+                launch_env::RESTART_COUNT
+            )
+        })?,
+        Err(_) => 0,
+    };
+    let vars = launch_env::mpi_rank_vars(rank, size, local, restarts);
     let (program, rest) = args
         .command
         .split_first()

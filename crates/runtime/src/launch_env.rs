@@ -421,9 +421,14 @@ pub fn mpi_launcher_rank(
 }
 
 /// The contract of worker `rank` of a collective job of `size` ranks, `local` on its host, run
-/// by an MPI launcher: what `tessera rank-env` sets before it runs the rank's command (with
-/// [`BACKEND`] `mpi`).
-pub fn mpi_rank_vars(rank: usize, size: usize, local: usize) -> Vec<(&'static str, String)> {
+/// by an MPI launcher, on the job's `restart_count`-th start: what `tessera rank-env` sets
+/// before it runs the rank's command (with [`BACKEND`] `mpi`).
+pub fn mpi_rank_vars(
+    rank: usize,
+    size: usize,
+    local: usize,
+    restart_count: u32,
+) -> Vec<(&'static str, String)> {
     let mut vars = ProcessVars {
         role: Role::Worker,
         id: rank,
@@ -434,7 +439,7 @@ pub fn mpi_rank_vars(rank: usize, size: usize, local: usize) -> Vec<(&'static st
         num_servers: 0,
         num_workers: size,
         scheduler_addr: None,
-        restart_count: 0,
+        restart_count,
         secret: None,
     }
     .vars();
@@ -735,7 +740,7 @@ mod tests {
             .unwrap_err();
             assert_eq!(err.var, var, "{err}");
         }
-        let vars = mpi_rank_vars(3, 4, 1);
+        let vars = mpi_rank_vars(3, 4, 1, 2);
         let get = |name: &str| {
             vars.iter()
                 .find(|(k, _)| *k == name)
@@ -751,6 +756,7 @@ mod tests {
             (Some("3"), Some("4"), Some("1"))
         );
         assert_eq!(get(BACKEND), Some("mpi"));
+        assert_eq!(get(RESTART_COUNT), Some("2"));
         assert_eq!(get(SCHEDULER_ADDR), None);
     }
 

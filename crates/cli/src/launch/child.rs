@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::output::{self, LogFile};
+use super::output::{self, Router};
 
 /// Longest wait, after a process ended, for its output threads to reach the end of its pipes.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
@@ -51,10 +51,10 @@ pub struct StartRequest<'a> {
     pub set: &'a [(&'static str, String)],
     /// Variables to remove (those of the contract this process does not get).
     pub remove: &'a [&'static str],
-    /// Console prefix of its lines, e.g. `[worker 1] `.
-    pub prefix: Arc<str>,
-    /// Its log file.
-    pub log: Arc<LogFile>,
+    /// Where its output lines go (its log file and console prefix, or per-rank files).
+    pub output: Arc<dyn Router>,
+    /// Its name in thread names (`worker 1`, `mpirun`).
+    pub name: String,
     /// Its index in the job plan, reported back in [`Event::Exited`].
     pub slot: usize,
 }
@@ -113,14 +113,10 @@ fn watch(
 ) -> io::Result<()> {
     let mut pumps = Vec::with_capacity(2);
     if let Some(stdout) = child.stdout.take() {
-        pumps.push(output::pump(
-            stdout,
-            request.prefix.clone(),
-            request.log.clone(),
-        )?);
+        pumps.push(output::pump(stdout, &request.name, request.output.clone())?);
     }
     if let Some(stderr) = child.stderr.take() {
-        pumps.push(output::pump(stderr, request.prefix, request.log)?);
+        pumps.push(output::pump(stderr, &request.name, request.output)?);
     }
     let events = events.clone();
     let slot = request.slot;

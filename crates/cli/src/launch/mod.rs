@@ -12,6 +12,7 @@
 //! [`supervise`] (the policy: restarts and ending the job). This file is the glue.
 
 mod child;
+pub mod collective;
 mod output;
 mod plan;
 mod supervise;
@@ -34,9 +35,53 @@ const TAIL_LINES: usize = 20;
 /// Arguments of `tessera launch`.
 #[derive(Debug, Args)]
 pub struct LaunchArgs {
-    /// Number of workers to start (1 to 1024); msrun's `--worker_num` is accepted as an alias.
+    /// Ranks of the job (1 to 1024), on all nodes together; msrun's `--worker_num` is an alias.
     #[arg(long, value_name = "N", visible_alias = "worker_num")]
     nproc: usize,
+    /// Start N independent processes (each its own run, restarted on its own), not one
+    /// collective job.
+    #[arg(long)]
+    independent: bool,
+    /// Ranks on this node when the job spans nodes (msrun's model: the same command on every
+    /// node); default: all of them.
+    #[arg(long, value_name = "L", visible_alias = "local_worker_num")]
+    local_worker_num: Option<usize>,
+    /// Node 0's address, where the other nodes' launchers join (msrun's `--master_addr`).
+    #[arg(
+        long,
+        value_name = "HOST",
+        default_value = "127.0.0.1",
+        visible_alias = "master_addr"
+    )]
+    master_addr: String,
+    /// Node 0's port for the other nodes' launchers (msrun's `--master_port`).
+    #[arg(
+        long,
+        value_name = "PORT",
+        default_value_t = 8118,
+        visible_alias = "master_port"
+    )]
+    master_port: u16,
+    /// This node's rank (msrun's `--node_rank`); default: node 0 is the one that can listen on
+    /// the master address, the others are numbered as they join.
+    #[arg(long, value_name = "R", visible_alias = "node_rank")]
+    node_rank: Option<usize>,
+    /// msrun's `--join`: the launcher always waits for the job to end (`--join false` is
+    /// refused).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    join: Option<bool>,
+    /// Seconds node 0 waits for the other nodes, and a node for node 0 (msrun's
+    /// `--cluster_time_out`).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 600,
+        visible_alias = "cluster_time_out"
+    )]
+    cluster_time_out: u64,
+    /// An MPI host file for one `mpirun` across hosts (reached by ssh).
+    #[arg(long, value_name = "FILE")]
+    hostfile: Option<PathBuf>,
     /// Run a parameter-server job: one scheduler, S servers (1 to 1024) and the N workers.
     #[arg(long, value_name = "S")]
     ps_servers: Option<usize>,
@@ -83,6 +128,30 @@ impl std::error::Error for Interrupted {}
 
 /// Runs `tessera launch`: Ok when every worker exited 0.
 pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
+    if args.join == Some(false) {
+        anyhow::bail!("--join false is not supported: tessera launch always waits for its job (run it in the background from your shell)");
+    }
+    if args.ps_servers.is_none() && !args.independent {
+        if args.scheduler_addr.is_some() {
+            return Err(plan::PlanError::AddressWithoutServers.into());
+        }
+        return collective::run(&collective::CollectiveRequest {
+            worker_num: args.nproc,
+            local_worker_num: args.local_worker_num,
+            master_addr: args.master_addr.clone(),
+            master_port: args.master_port,
+            node_rank: args.node_rank,
+            hostfile: args.hostfile.clone(),
+            cluster_secs: args.cluster_time_out,
+            restarts: args.restarts,
+            grace_secs: args.grace_period,
+            log_dir: args.log_dir.clone(),
+            command: args.command.clone(),
+        });
+    }
+    if args.local_worker_num.is_some() || args.node_rank.is_some() || args.hostfile.is_some() {
+        anyhow::bail!("--local_worker_num, --node_rank and --hostfile belong to one collective job; they cannot be combined with --ps-servers or --independent");
+    }
     let request = LaunchRequest {
         workers: args.nproc,
         servers: args.ps_servers,

@@ -5,6 +5,7 @@
 //! Each of a process's two pipes is read by its own thread, a line at a time; a line is written
 //! whole, under one lock, to the log file and to the console, so lines never interleave.
 
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -62,24 +63,48 @@ impl LogFile {
     }
 }
 
-/// Starts a thread copying `pipe` line by line into `log` and onto the console with `prefix`.
-/// The thread ends when the pipe is closed (the process and everything holding the pipe ended).
+/// Where each line of a process's output goes: its log file and its console prefix.
+pub trait Router: Send + Sync {
+    /// The log file and console prefix of `line`, and the part of it to write (a router may
+    /// strip a tag that named the line's origin).
+    fn route<'l>(&self, line: &'l [u8]) -> (&LogFile, &str, Cow<'l, [u8]>);
+}
+
+/// Every line to one log file, with one console prefix (`[worker 1] `).
+#[derive(Debug)]
+pub struct Prefixed {
+    /// The console prefix.
+    pub prefix: Arc<str>,
+    /// The log file.
+    pub log: Arc<LogFile>,
+}
+
+impl Router for Prefixed {
+    fn route<'l>(&self, line: &'l [u8]) -> (&LogFile, &str, Cow<'l, [u8]>) {
+        (&self.log, &self.prefix, Cow::Borrowed(line))
+    }
+}
+
+/// Starts a thread copying `pipe` line by line into the log and onto the console that `router`
+/// gives each line (`name` names the thread). The thread ends when the pipe is closed (the
+/// process and everything holding the pipe ended).
 pub fn pump(
     pipe: impl Read + Send + 'static,
-    prefix: Arc<str>,
-    log: Arc<LogFile>,
+    name: &str,
+    router: Arc<dyn Router>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("launch-output {prefix}"))
+        .name(format!("launch-output {name}"))
         .spawn(move || {
             let mut reader = BufReader::new(pipe);
             let mut line = Vec::new();
             let mut console_line = Vec::new();
             while next_line(&mut reader, &mut line) {
-                log.write_line(&line);
+                let (log, prefix, body) = router.route(&line);
+                log.write_line(&body);
                 console_line.clear();
                 console_line.extend_from_slice(prefix.as_bytes());
-                console_line.extend_from_slice(&line);
+                console_line.extend_from_slice(&body);
                 // A closed console (`tessera launch … | head`) must not stop the logging.
                 let _ = io::stdout().lock().write_all(&console_line);
             }

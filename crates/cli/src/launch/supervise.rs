@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use runtime::launch_env::{Role, LAUNCHER_VARS};
 
 use super::child::{self, Event, Running, StartRequest};
-use super::output::LogFile;
+use super::output::{LogFile, Prefixed};
 use super::plan::{JobPlan, ProcessSpec};
 
 /// How long to wait for processes to be reaped after SIGKILL before giving up on them.
@@ -274,8 +274,11 @@ fn start(
         command: &plan.command,
         set: &set,
         remove: &remove,
-        prefix: slot.prefix.clone(),
-        log: slot.log.clone(),
+        output: Arc::new(Prefixed {
+            prefix: slot.prefix.clone(),
+            log: slot.log.clone(),
+        }),
+        name: slot.spec.to_string(),
         slot: index,
     };
     slot.running = Some(child::start(request, sender)?);

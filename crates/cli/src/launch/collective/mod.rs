@@ -1,0 +1,409 @@
+//! One collective job of N ranks, one process each, on the MPI backend: `tessera launch --nproc
+//! N -- COMMAND` runs `mpirun` over `tessera rank-env -- COMMAND` (OpenMPI does the wiring).
+//!
+//! On one node the launcher runs `mpirun` on this host (or on the hosts of `--hostfile`). Across
+//! nodes in msrun's model (`--worker_num`, `--local_worker_num`, `--master_addr`,
+//! `--master_port`, `--node_rank`) the same command runs on every node: node 0's launcher
+//! listens on the master address, waits for the other nodes ([`master`]), and runs `mpirun`
+//! with a host file of the joined nodes and `tessera launch-agent` ([`agent`]) as its remote
+//! shell, which has each node's launcher ([`node`]) start OpenMPI's daemon there.
+//!
+//! The ranks' output reaches node 0's `mpirun` tagged by rank and goes to
+//! `worker_<rank>.log` and the console ([`tagged`]). A failed rank ends the job (`mpirun`
+//! stops the others); `--restarts K` starts the whole job again up to K times, with
+//! `TESSERA_RESTART_COUNT` counting.
+
+pub mod agent;
+mod master;
+mod mpirun;
+mod node;
+mod tagged;
+mod wire;
+
+use std::ffi::OsString;
+use std::net::{IpAddr, TcpListener, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use runtime::launch_env::{LAUNCHER_VARS, RESTART_COUNT};
+
+use super::child::{self, Event, StartRequest};
+use super::output::{self, LogFile};
+use super::plan::{MAX_GRACE_SECS, MAX_RESTARTS, MAX_WORKERS};
+use super::{supervise, Interrupted, TAIL_LINES};
+use master::{Cluster, Shape};
+use mpirun::{Hosts, MpirunJob};
+use tagged::{RankOutput, TaggedRouter};
+
+/// Longest `--cluster_time_out` (a day).
+pub const MAX_CLUSTER_SECS: u64 = 86_400;
+
+/// How long to wait for `mpirun` to be reaped after SIGKILL.
+const AFTER_KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// A collective launch as given.
+#[derive(Debug, Clone)]
+pub struct CollectiveRequest {
+    /// `--nproc` / `--worker_num`: ranks in the whole job.
+    pub worker_num: usize,
+    /// `--local_worker_num`: ranks on this node (default: all of them).
+    pub local_worker_num: Option<usize>,
+    /// `--master_addr`.
+    pub master_addr: String,
+    /// `--master_port`.
+    pub master_port: u16,
+    /// `--node_rank` (default: 0 on a single node; across nodes, the node that can listen on
+    /// the master address is node 0 and the others are numbered as they join).
+    pub node_rank: Option<usize>,
+    /// `--hostfile`.
+    pub hostfile: Option<PathBuf>,
+    /// `--cluster_time_out`, seconds.
+    pub cluster_secs: u64,
+    /// `--restarts`: whole-job restarts.
+    pub restarts: u32,
+    /// `--grace-period`, seconds.
+    pub grace_secs: u64,
+    /// `--log-dir`.
+    pub log_dir: PathBuf,
+    /// Every rank's command.
+    pub command: Vec<OsString>,
+}
+
+impl CollectiveRequest {
+    /// Nodes in the job, after checking the flags' rules.
+    fn nodes(&self) -> anyhow::Result<(usize, usize)> {
+        let n = self.worker_num;
+        anyhow::ensure!(
+            (1..=MAX_WORKERS).contains(&n),
+            "--nproc (--worker_num) must be between 1 and {MAX_WORKERS}, got {n}"
+        );
+        let local = self.local_worker_num.unwrap_or(n);
+        anyhow::ensure!(
+            (1..=n).contains(&local) && n.is_multiple_of(local),
+            "--local_worker_num must divide --worker_num {n} (every node runs as many ranks), got {local}"
+        );
+        let nodes = n / local;
+        if let Some(rank) = self.node_rank {
+            anyhow::ensure!(
+                rank < nodes,
+                "--node_rank {rank} must be below the job's {nodes} node(s) (--worker_num {n} / --local_worker_num {local})"
+            );
+        }
+        anyhow::ensure!(
+            self.hostfile.is_none() || nodes == 1,
+            "--hostfile names the hosts of one mpirun; it cannot be combined with --local_worker_num below --worker_num (msrun's model)"
+        );
+        anyhow::ensure!(
+            self.restarts <= MAX_RESTARTS,
+            "--restarts must be at most {MAX_RESTARTS}, got {}",
+            self.restarts
+        );
+        anyhow::ensure!(
+            self.grace_secs <= MAX_GRACE_SECS,
+            "--grace-period must be at most {MAX_GRACE_SECS} seconds, got {}",
+            self.grace_secs
+        );
+        anyhow::ensure!(
+            (1..=MAX_CLUSTER_SECS).contains(&self.cluster_secs),
+            "--cluster_time_out must be between 1 and {MAX_CLUSTER_SECS} seconds, got {}",
+            self.cluster_secs
+        );
+        anyhow::ensure!(
+            !self.command.is_empty(),
+            "no command to launch: give it after `--`"
+        );
+        Ok((nodes, local))
+    }
+
+    fn master(&self) -> String {
+        if self.master_addr.contains(':') {
+            format!("[{}]:{}", self.master_addr, self.master_port)
+        } else {
+            format!("{}:{}", self.master_addr, self.master_port)
+        }
+    }
+}
+
+/// Runs the collective job (this node's part of it).
+pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
+    let (nodes, local) = request.nodes()?;
+    require_mpi_build()?;
+    let deadline = Instant::now() + Duration::from_secs(request.cluster_secs);
+    let listener = match (nodes, request.node_rank) {
+        (1, _) | (_, Some(0)) => None,
+        (_, Some(_)) => {
+            return join_as_node(request, local, deadline);
+        }
+        (_, None) => match TcpListener::bind(request.master()) {
+            Ok(listener) => Some(listener),
+            // Someone else is node 0 (or the master address is not this host's).
+            Err(_) => return join_as_node(request, local, deadline),
+        },
+    };
+    let mpirun = mpirun::on_path("mpirun").context(
+        "OpenMPI's `mpirun` is not on PATH; a collective job needs it: install it (`apt-get install openmpi-bin libopenmpi-dev`)",
+    )?;
+    let listener = match listener {
+        Some(l) => Some(l),
+        None if nodes > 1 => Some(TcpListener::bind(request.master()).with_context(|| {
+            format!(
+                "node 0 cannot listen on {} (--master_addr, --master_port)",
+                request.master()
+            )
+        })?),
+        None => None,
+    };
+    std::fs::create_dir_all(&request.log_dir).with_context(|| {
+        format!(
+            "cannot create the log directory {}",
+            request.log_dir.display()
+        )
+    })?;
+    let router = Arc::new(open_logs(&request.log_dir, request.worker_num)?);
+    let cluster = match listener {
+        Some(listener) => {
+            eprintln!(
+                "[launch] node 0 of {nodes}: waiting at {} for the other nodes (--cluster_time_out {} s)",
+                request.master(),
+                request.cluster_secs
+            );
+            Some(Cluster::gather(
+                listener,
+                Shape {
+                    worker_num: request.worker_num,
+                    local_worker_num: local,
+                    nodes,
+                },
+                deadline,
+            )?)
+        }
+        None => None,
+    };
+    let hosts = match &cluster {
+        None => request.hostfile.clone().map_or(Hosts::Local, Hosts::File),
+        Some(cluster) => {
+            let path = cluster.dir().join("hostfile");
+            std::fs::write(&path, mpirun::joined_hostfile(nodes, local))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Hosts::Joined {
+                hostfile: path,
+                nodes,
+                loopback: is_loopback(&request.master()),
+            }
+        }
+    };
+    let tessera = std::env::current_exe().context("cannot find this tessera's path")?;
+    let job = MpirunJob {
+        mpirun: &mpirun,
+        tessera: &tessera,
+        ranks: request.worker_num,
+        hosts: &hosts,
+        // SAFETY: geteuid(2) reads a process attribute and cannot fail.
+        as_root: unsafe { libc::geteuid() } == 0,
+        command: &request.command,
+    };
+    let events = supervise::channel();
+    let signals = super::forward_signals(events.0.clone())?;
+    eprintln!(
+        "[launch] starting one job of {} ranks on {nodes} node(s) under {}, logs in {}",
+        request.worker_num,
+        mpirun.display(),
+        request.log_dir.display()
+    );
+    let result = supervise_job(&job, request, &router, cluster.as_ref(), events);
+    signals.close();
+    if let Some(cluster) = &cluster {
+        let message = match &result {
+            Ok(()) => "every rank finished".to_string(),
+            Err(err) => err.to_string(),
+        };
+        cluster.finish(result.is_ok(), &message);
+    }
+    result
+}
+
+/// This node's part when it is not node 0.
+fn join_as_node(
+    request: &CollectiveRequest,
+    local: usize,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        mpirun::on_path("orted").is_some(),
+        "OpenMPI's daemon `orted` is not on PATH; every node of a collective job needs it (`apt-get install openmpi-bin`)"
+    );
+    node::run(
+        &node::Joining {
+            master: request.master(),
+            node_rank: request.node_rank,
+            local_worker_num: local,
+            worker_num: request.worker_num,
+        },
+        deadline,
+    )
+}
+
+/// Refuses a build without the MPI backend, saying how to get one.
+fn require_mpi_build() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        cfg!(feature = "mpi"),
+        "this tessera was built without the MPI backend, which one collective job across processes needs: build it with `cargo build --release -p tessera-cli --features mpi` (after `apt-get install libopenmpi-dev openmpi-bin libclang-dev`), or start N independent processes with --independent"
+    );
+    Ok(())
+}
+
+/// Whether `HOST:PORT` resolves to loopback addresses only.
+fn is_loopback(master: &str) -> bool {
+    master
+        .to_socket_addrs()
+        .map(|addrs| {
+            let ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
+            !ips.is_empty() && ips.iter().all(IpAddr::is_loopback)
+        })
+        .unwrap_or(false)
+}
+
+/// Opens `worker_<rank>.log` for every rank and `mpirun.log` (appended to, as every launch
+/// log).
+fn open_logs(dir: &Path, ranks: usize) -> anyhow::Result<TaggedRouter> {
+    let open = |name: String, prefix: String| -> anyhow::Result<RankOutput> {
+        let path = dir.join(name);
+        let log = LogFile::open(path.clone())
+            .with_context(|| format!("cannot open the log file {}", path.display()))?;
+        Ok(RankOutput {
+            log: Arc::new(log),
+            prefix,
+        })
+    };
+    let mut outputs = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        outputs.push(open(
+            format!("worker_{rank}.log"),
+            format!("[worker {rank}] "),
+        )?);
+    }
+    let own = open("mpirun.log".into(), "[mpirun] ".into())?;
+    Ok(TaggedRouter::new(outputs, own))
+}
+
+/// Runs `mpirun` until the job succeeds, fails with no restarts left, or a signal stops it.
+fn supervise_job(
+    job: &MpirunJob<'_>,
+    request: &CollectiveRequest,
+    router: &Arc<TaggedRouter>,
+    cluster: Option<&Cluster>,
+    (sender, receiver): (Sender<Event>, Receiver<Event>),
+) -> anyhow::Result<()> {
+    let argv = job.argv();
+    let grace = Duration::from_secs(request.grace_secs);
+    for attempt in 0..=request.restarts {
+        router.reset();
+        for (rank, log) in router.rank_logs().enumerate() {
+            log.write_line(
+                format!("--- tessera launch: worker {rank} (rank {rank}), restart count {attempt} ---\n")
+                    .as_bytes(),
+            );
+        }
+        let mut set = vec![(RESTART_COUNT, attempt.to_string())];
+        if let Some(cluster) = cluster {
+            set.push((
+                agent::SOCKET_VAR,
+                cluster.socket().to_string_lossy().into_owned(),
+            ));
+        }
+        let remove: Vec<&'static str> = LAUNCHER_VARS
+            .into_iter()
+            .filter(|name| *name != RESTART_COUNT)
+            .collect();
+        let start = StartRequest {
+            command: &argv,
+            set: &set,
+            remove: &remove,
+            output: router.clone(),
+            name: "mpirun".into(),
+            slot: 0,
+        };
+        let running = child::start(start, &sender)
+            .with_context(|| format!("cannot start {}", job.mpirun.display()))?;
+        let status = wait(running.pid, &receiver, grace)?;
+        if status.success() {
+            return Ok(());
+        }
+        let failed = describe_failure(router, &status);
+        if attempt < request.restarts {
+            eprintln!(
+                "[launch] {failed}; starting the job again ({} of {} restarts)",
+                attempt + 1,
+                request.restarts
+            );
+            continue;
+        }
+        return Err(anyhow::anyhow!("{failed}; the job was stopped"));
+    }
+    Err(anyhow::anyhow!(
+        "internal error in tessera launch: no attempt ran"
+    ))
+}
+
+/// Waits for `mpirun` (process group `pid`) to end; a signal to the launcher is passed to it,
+/// with SIGKILL after `grace`.
+fn wait(pid: libc::pid_t, events: &Receiver<Event>, grace: Duration) -> anyhow::Result<ExitStatus> {
+    let mut stopping: Option<(i32, Instant, bool)> = None;
+    loop {
+        let event = match &mut stopping {
+            None => events
+                .recv()
+                .map_err(|_| anyhow::anyhow!("internal error: the event channel closed"))?,
+            Some((_, deadline, killed)) => {
+                match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(event) => event,
+                    Err(RecvTimeoutError::Timeout) if !*killed => {
+                        eprintln!("[launch] mpirun still running {} s after it was told to stop; sending SIGKILL", grace.as_secs());
+                        child::signal_group(pid, libc::SIGKILL);
+                        *deadline = Instant::now() + AFTER_KILL_WAIT;
+                        *killed = true;
+                        continue;
+                    }
+                    Err(_) => anyhow::bail!("mpirun (process {pid}) could not be stopped"),
+                }
+            }
+        };
+        match event {
+            Event::Signal(signal) => {
+                if stopping.is_none() {
+                    eprintln!("[launch] got signal {signal}; stopping the job");
+                    child::signal_group(pid, libc::SIGTERM);
+                    stopping = Some((signal, Instant::now() + grace, false));
+                }
+            }
+            Event::Exited { status, .. } => {
+                if let Some((signal, _, _)) = stopping {
+                    return Err(Interrupted(signal).into());
+                }
+                return status.context("cannot wait for mpirun");
+            }
+        }
+    }
+}
+
+/// `worker 2 (rank 2) failed (exit code 1)`, with its log's last lines printed, when `mpirun`
+/// named the rank; otherwise what `mpirun` returned.
+fn describe_failure(router: &TaggedRouter, status: &ExitStatus) -> String {
+    let shown = supervise::describe(&Ok(*status));
+    let Some(rank) = router.failed_rank() else {
+        return format!("the job failed (mpirun: {shown}); see mpirun.log and the workers' logs");
+    };
+    if let Some(log) = router.rank_logs().nth(rank) {
+        if let Ok(lines) = output::tail(log.path(), TAIL_LINES) {
+            eprintln!("[launch] last lines of {}:", log.path().display());
+            for line in lines {
+                eprintln!("[worker {rank}] {line}");
+            }
+        }
+    }
+    format!("worker {rank} (rank {rank}) failed (mpirun: {shown})")
+}

@@ -1,0 +1,179 @@
+//! The `mpirun` command line of one collective job (pure), and finding `mpirun` itself.
+//!
+//! Every rank is `tessera rank-env -- COMMAND` (the contract from OpenMPI's rank variables, the
+//! MPI backend), started with `--tag-output` so the launcher can split the output by rank, with
+//! `--oversubscribe --bind-to none` so a job of more ranks than cores runs (as threads do), and
+//! across nodes with the host file and remote-shell agent the launcher provides.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Where the ranks run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hosts {
+    /// On this host.
+    Local,
+    /// On the hosts of the user's host file (`--hostfile`; `mpirun` reaches them by ssh).
+    File(PathBuf),
+    /// On the nodes that joined this launcher (msrun's model): the host file the launcher
+    /// wrote, its agent, and how many nodes.
+    Joined {
+        /// The host file naming `localhost` and `tessera-node-<k>`.
+        hostfile: PathBuf,
+        /// Nodes in the job.
+        nodes: usize,
+        /// Every node is on this machine (the master address is a loopback one): MPI's traffic
+        /// then goes over TCP on the loopback interface, which OpenMPI leaves out by default.
+        loopback: bool,
+    },
+}
+
+/// One collective job.
+#[derive(Debug, Clone)]
+pub struct MpirunJob<'a> {
+    /// The `mpirun` to run.
+    pub mpirun: &'a Path,
+    /// This `tessera` (for `rank-env` and `launch-agent`).
+    pub tessera: &'a Path,
+    /// Ranks in the job.
+    pub ranks: usize,
+    /// Where they run.
+    pub hosts: &'a Hosts,
+    /// The launcher runs as root (OpenMPI refuses that without `--allow-run-as-root`).
+    pub as_root: bool,
+    /// Every rank's command.
+    pub command: &'a [OsString],
+}
+
+impl MpirunJob<'_> {
+    /// The whole command line, `mpirun` first.
+    pub fn argv(&self) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec![self.mpirun.into()];
+        let mut push = |words: &[&str]| argv.extend(words.iter().map(OsString::from));
+        push(&["-np", &self.ranks.to_string()]);
+        push(&["--oversubscribe", "--bind-to", "none", "--tag-output"]);
+        if self.as_root {
+            push(&["--allow-run-as-root"]);
+        }
+        // The restart count reaches ranks on other hosts too.
+        push(&["-x", runtime::launch_env::RESTART_COUNT]);
+        match self.hosts {
+            Hosts::Local => {}
+            Hosts::File(path) => {
+                argv.push("--hostfile".into());
+                argv.push(path.into());
+            }
+            Hosts::Joined {
+                hostfile,
+                nodes,
+                loopback,
+            } => {
+                argv.push("--hostfile".into());
+                argv.push(hostfile.into());
+                // Fill each node's slots in host-file order: node k's ranks follow node k-1's.
+                argv.extend(["--map-by", "slot"].map(OsString::from));
+                let mut agent = OsString::from(self.tessera);
+                agent.push(" launch-agent");
+                argv.extend(["--mca", "plm_rsh_agent"].map(OsString::from));
+                argv.push(agent);
+                // Every daemon a child of mpirun's, so only node 0 runs the agent.
+                argv.extend(["--mca", "routed_radix"].map(OsString::from));
+                argv.push((nodes + 1).to_string().into());
+                if *loopback {
+                    for key in ["btl_tcp_if_include", "oob_tcp_if_include"] {
+                        argv.extend(["--mca", key, "lo"].map(OsString::from));
+                    }
+                    // Nodes sharing one machine would name their shared-memory segments
+                    // alike (host name and local rank): ranks talk over TCP instead.
+                    argv.extend(["--mca", "btl", "self,tcp"].map(OsString::from));
+                }
+            }
+        }
+        argv.push(self.tessera.into());
+        argv.extend(["rank-env", "--"].map(OsString::from));
+        argv.extend(self.command.iter().cloned());
+        argv
+    }
+}
+
+/// The host file of a joined job: node 0 is this host, node k is `tessera-node-<k>`.
+pub fn joined_hostfile(nodes: usize, slots: usize) -> String {
+    let mut text = format!("localhost slots={slots}\n");
+    for k in 1..nodes {
+        text.push_str(&format!("{} slots={slots}\n", super::master::node_host(k)));
+    }
+    text
+}
+
+/// `name` on `PATH`, if there.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(argv: &[OsString]) -> Vec<String> {
+        argv.iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_local_job_runs_rank_env_on_every_rank() {
+        let command = [OsString::from("tessera"), OsString::from("train")];
+        let job = MpirunJob {
+            mpirun: Path::new("/usr/bin/mpirun"),
+            tessera: Path::new("/opt/tessera"),
+            ranks: 4,
+            hosts: &Hosts::Local,
+            as_root: false,
+            command: &command,
+        };
+        let argv = words(&job.argv());
+        assert_eq!(argv[..3], ["/usr/bin/mpirun", "-np", "4"]);
+        assert!(argv.contains(&"--tag-output".to_string()));
+        assert!(!argv.contains(&"--allow-run-as-root".to_string()));
+        assert_eq!(
+            argv[argv.len() - 5..],
+            ["/opt/tessera", "rank-env", "--", "tessera", "train"]
+        );
+    }
+
+    #[test]
+    fn a_joined_job_uses_the_launchers_hostfile_and_agent() {
+        let hosts = Hosts::Joined {
+            hostfile: PathBuf::from("/tmp/x/hosts"),
+            nodes: 2,
+            loopback: true,
+        };
+        let command = [OsString::from("true")];
+        let job = MpirunJob {
+            mpirun: Path::new("mpirun"),
+            tessera: Path::new("/bin/tessera"),
+            ranks: 4,
+            hosts: &hosts,
+            as_root: true,
+            command: &command,
+        };
+        let argv = words(&job.argv()).join(" ");
+        assert!(argv.contains("--allow-run-as-root"));
+        assert!(argv.contains("--hostfile /tmp/x/hosts --map-by slot"));
+        assert!(argv.contains("--mca plm_rsh_agent /bin/tessera launch-agent"));
+        assert!(argv.contains("--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"));
+        assert_eq!(
+            joined_hostfile(3, 2),
+            "localhost slots=2\ntessera-node-1 slots=2\ntessera-node-2 slots=2\n"
+        );
+    }
+}
