@@ -7,6 +7,8 @@ mod hostile_cli;
 mod launch_cli;
 mod layout_cli;
 #[cfg(feature = "mpi")]
+mod mpi_launch;
+#[cfg(feature = "mpi")]
 mod mpi_train;
 mod plan_cli;
 mod profile_cli;

@@ -16,11 +16,16 @@ use crate::util::{
 /// Longest a launch may take before the test calls it hung; the sleepers below sleep 600 s.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-/// `tessera launch` with `args`, run from `cwd`, output captured.
+/// `tessera launch` with `args`, run from `cwd`, output captured. These tests are about the
+/// supervisor of independent processes: without `--ps-servers` the launch gets `--independent`
+/// (one collective job under `mpirun` is tested in `mpi_launch.rs`).
 fn launch_command(cwd: &Path, args: &[&str]) -> Command {
     let mut command = tessera_command();
+    command.arg("launch");
+    if !args.contains(&"--ps-servers") {
+        command.arg("--independent");
+    }
     command
-        .arg("launch")
         .args(args)
         .current_dir(cwd)
         .stdin(Stdio::null())

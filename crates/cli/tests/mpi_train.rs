@@ -135,7 +135,7 @@ fn mpi_gradient_accumulation_matches_the_larger_batch() {
     assert_mpi_losses(&dir.0, 10, 1e-6);
 }
 
-fn args(v: &[String]) -> Vec<&str> {
+pub(crate) fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
@@ -439,7 +439,7 @@ fn assert_mpi_losses(dir: &std::path::Path, steps: usize, local_tolerance: f64) 
 
 /// `tessera train EXAMPLE` with `--set` for each of `sets`, its output in `dir/name` and its
 /// metrics log in `dir/name.jsonl`.
-fn train_command(
+pub(crate) fn train_command(
     example: &str,
     dir: &std::path::Path,
     name: &str,

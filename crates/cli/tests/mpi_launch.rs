@@ -1,0 +1,444 @@
+//! `tessera launch` starting one collective job under `mpirun` (built only with `--features
+//! mpi`): on this host, and across two "nodes" that are two launcher invocations joined over
+//! loopback (msrun's model), with the losses of `tessera train --devices N` on threads; a failed
+//! rank named with its log; whole-job restarts; the contract in each rank; and the launch
+//! errors (a port in use, a master that never answers or never comes, no `mpirun`) said within
+//! the timeout, with no process left behind.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::mpi_train::{args, train_command};
+use crate::util::{assert_ok, repo_root, s, step_losses, tessera_command, wait_or_kill, Scratch};
+
+/// Longest a launch may take before the test calls it hung (not a timing check).
+const HANG_GUARD: Duration = Duration::from_secs(300);
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_tessera")
+}
+
+/// `tessera launch LAUNCH… -- COMMAND…`, from the repository root, output captured.
+fn launch(launch: &[&str], command: &[&str]) -> Command {
+    let mut c = tessera_command();
+    c.arg("launch")
+        .args(launch)
+        .arg("--")
+        .args(command)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn finish(child: Child) -> Output {
+    wait_or_kill(child, HANG_GUARD).expect("tessera launch hung")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A port on 127.0.0.1 free right now.
+fn free_port() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port().to_string()
+}
+
+/// Processes whose command line mentions `marker` (a test's scratch path).
+fn processes_mentioning(marker: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?.to_string();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (pid != me && text.contains(marker) && crate::util::alive(pid.parse().ok()?))
+                .then(|| format!("{pid}: {text}"))
+        })
+        .collect()
+}
+
+/// The small GPT (dp 2 × mp 2, sequence parallel) of the MPI training tests, as `name`.
+fn gpt(dir: &Path, name: &str, extra: &[&str]) -> Vec<String> {
+    let mut sets: Vec<String> = [
+        "parallel.devices=4",
+        "parallel.mode=\"semi_auto\"",
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        "parallel.vocab_emb_dp=false",
+        "model.layers=2",
+        "model.hidden=64",
+        "model.seq_len=32",
+        "data.batch_size=8",
+        "train.max_steps=6",
+        "train.eval=false",
+    ]
+    .map(String::from)
+    .to_vec();
+    sets.extend(extra.iter().map(|x| x.to_string()));
+    train_command("examples/gpt_kjv.toml", dir, name, sets)
+}
+
+/// `tessera launch --nproc 4 -- tessera train` is one 4-rank job: its losses are `tessera train
+/// --devices 4` on threads (1e-6), and bit for bit in deterministic mode; every rank's lines are
+/// in its own log, and the ranks saw the contract.
+#[test]
+fn launch_nproc_4_is_one_job_with_the_threads_losses() {
+    let dir = Scratch::new("mpi-launch-one");
+    for (name, extra) in [
+        ("plain", &[][..]),
+        ("det", &["train.deterministic=true"][..]),
+    ] {
+        let mut mpi = vec![exe().to_string()];
+        mpi.extend(gpt(&dir.0, &format!("{name}-mpi"), extra));
+        let logs = dir.0.join(format!("{name}-logs"));
+        let out = finish(
+            launch(&["--nproc", "4", "--log-dir", s(&logs)], &args(&mpi))
+                .spawn()
+                .unwrap(),
+        );
+        assert_ok(&out);
+        let threads = gpt(&dir.0, &format!("{name}-threads"), extra);
+        assert_ok(
+            &tessera_command()
+                .args(args(&threads))
+                .current_dir(repo_root())
+                .output()
+                .unwrap(),
+        );
+        let m = step_losses(&dir.0.join(format!("{name}-mpi.jsonl")));
+        let t = step_losses(&dir.0.join(format!("{name}-threads.jsonl")));
+        assert_eq!(m.len(), 6, "{name}");
+        for (step, (a, b)) in m.iter().zip(&t).enumerate() {
+            if name == "det" {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{name} step {}: {a} vs {b}",
+                    step + 1
+                );
+            } else {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs(),
+                    "{name} step {}: {a} vs {b}",
+                    step + 1
+                );
+            }
+        }
+        // Rank 0 logs the steps; each rank's log holds its own lines, without MPI's tags.
+        let log0 = std::fs::read_to_string(logs.join("worker_0.log")).unwrap();
+        assert!(log0.contains("step: 6, loss is"), "{log0}");
+        assert!(!log0.contains("<stdout>:"), "{log0}");
+        for rank in 0..4 {
+            let log = std::fs::read_to_string(logs.join(format!("worker_{rank}.log"))).unwrap();
+            assert!(
+                log.starts_with(&format!(
+                    "--- tessera launch: worker {rank} (rank {rank}), restart count 0 ---"
+                )),
+                "{log}"
+            );
+        }
+        let console = String::from_utf8_lossy(&out.stdout);
+        assert!(console.contains("[worker 0] epoch: 1 step: 6"), "{console}");
+    }
+}
+
+/// Each rank runs with the contract (its rank, the world, MindSpore's names, the MPI
+/// backend); a rank that fails ends the job, named with its log's last lines; `--restarts 1`
+/// starts the whole job again with `TESSERA_RESTART_COUNT=1`.
+#[test]
+fn ranks_get_the_contract_and_a_failed_rank_is_named_or_restarted() {
+    let dir = Scratch::new("mpi-launch-env");
+    let logs = dir.0.join("logs");
+    let script = "echo \"rank=$TESSERA_RANK world=$TESSERA_WORLD_SIZE id=$RANK_ID size=$RANK_SIZE device=$DEVICE_ID ms=$MS_WORKER_NUM backend=$TESSERA_BACKEND restart=$TESSERA_RESTART_COUNT\"";
+    let out = finish(
+        launch(
+            &["--nproc", "3", "--log-dir", s(&logs)],
+            &["sh", "-c", script],
+        )
+        .spawn()
+        .unwrap(),
+    );
+    assert_ok(&out);
+    for rank in 0..3 {
+        let log = std::fs::read_to_string(logs.join(format!("worker_{rank}.log"))).unwrap();
+        assert!(
+            log.contains(&format!(
+                "rank={rank} world=3 id={rank} size=3 device={rank} ms=3 backend=mpi restart=0"
+            )),
+            "{log}"
+        );
+    }
+
+    let fail = "if [ \"$TESSERA_RANK\" = 1 ] && [ \"$TESSERA_RESTART_COUNT\" = 0 ]; then echo 'rank one gives up' >&2; exit 3; fi; echo \"done $TESSERA_RANK\"";
+    let failing = dir.0.join("fail-logs");
+    let start = Instant::now();
+    let out = finish(
+        launch(
+            &["--nproc", "3", "--log-dir", s(&failing)],
+            &["sh", "-c", &format!("{fail}; sleep 600")],
+        )
+        .spawn()
+        .unwrap(),
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("worker 1 (rank 1) failed"), "{err}");
+    assert!(
+        err.contains("[worker 1] rank one gives up"),
+        "the log's tail is shown: {err}"
+    );
+    // mpirun stopped the sleeping ranks (a bound against a hang, not a benchmark).
+    assert!(
+        start.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(processes_mentioning(s(&failing)).is_empty());
+
+    let restarted = dir.0.join("restart-logs");
+    let out = finish(
+        launch(
+            &[
+                "--nproc",
+                "3",
+                "--restarts",
+                "1",
+                "--log-dir",
+                s(&restarted),
+            ],
+            &["sh", "-c", fail],
+        )
+        .spawn()
+        .unwrap(),
+    );
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("starting the job again (1 of 1 restarts)"),
+        "{}",
+        stderr(&out)
+    );
+    let log = std::fs::read_to_string(restarted.join("worker_1.log")).unwrap();
+    assert!(log.contains("restart count 1 ---\ndone 1"), "{log}");
+}
+
+/// Two launcher invocations on this machine are the two nodes of one 4-rank job (msrun's
+/// model, node ranks 0 and 1, the master on loopback): the losses of one 4-rank job, every
+/// rank's log on node 0, and node 1 ends with the job.
+#[test]
+fn two_node_ranks_on_loopback_form_one_job() {
+    let dir = Scratch::new("mpi-launch-nodes");
+    let port = free_port();
+    let mut train = vec![exe().to_string()];
+    train.extend(gpt(&dir.0, "nodes", &[]));
+    let node = |rank: &str| {
+        let logs = dir.0.join(format!("logs{rank}"));
+        launch(
+            &[
+                "--worker_num",
+                "4",
+                "--local_worker_num",
+                "2",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                &port,
+                "--node_rank",
+                rank,
+                "--cluster_time_out",
+                "120",
+                "--log_dir",
+                s(&logs),
+            ],
+            &args(&train),
+        )
+        .spawn()
+        .unwrap()
+    };
+    // Node 1 first: it waits for node 0 to listen.
+    let one = node("1");
+    let zero = node("0");
+    let (zero, one) = (finish(zero), finish(one));
+    assert_ok(&zero);
+    assert_ok(&one);
+    assert!(stderr(&one).contains("as node 1 of 2"), "{}", stderr(&one));
+    let threads = gpt(&dir.0, "threads", &[]);
+    assert_ok(
+        &tessera_command()
+            .args(args(&threads))
+            .current_dir(repo_root())
+            .output()
+            .unwrap(),
+    );
+    let m = step_losses(&dir.0.join("nodes.jsonl"));
+    let t = step_losses(&dir.0.join("threads.jsonl"));
+    assert_eq!(m.len(), 6);
+    for (a, b) in m.iter().zip(&t) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
+    }
+    for rank in 0..4 {
+        assert!(dir.0.join(format!("logs0/worker_{rank}.log")).exists());
+    }
+    let saved = dir.0.join("nodes");
+    assert!(ckpt::check_set(&saved).unwrap().is_some(), "one whole set");
+}
+
+/// A node rank not below the nodes, a master port in use, a master that never answers, a
+/// node that never comes and no `mpirun` on PATH: each a clear error naming the flag or the
+/// program, within the time allowed, with nothing left running.
+#[test]
+fn launch_errors_name_the_flag_and_leave_nothing_behind() {
+    let dir = Scratch::new("mpi-launch-errors");
+    let logs = dir.0.join("logs");
+    let sleeper = ["sh", "-c", "sleep 600"];
+    let base = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "--worker_num",
+            "4",
+            "--local_worker_num",
+            "2",
+            "--log_dir",
+            s(&logs),
+        ]
+        .map(String::from)
+        .to_vec();
+        v.extend(extra.iter().map(|x| x.to_string()));
+        v
+    };
+    let run = |extra: &[&str]| -> (Output, Duration) {
+        let start = Instant::now();
+        let out = finish(launch(&args(&base(extra)), &sleeper).spawn().unwrap());
+        (out, start.elapsed())
+    };
+
+    let (out, _) = run(&["--node_rank", "2"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--node_rank 2 must be below the job's 2 node(s)"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Node 0 cannot listen where another program does.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let (out, _) = run(&["--node_rank", "0", "--master_port", &port]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "node 0 cannot listen on 127.0.0.1:{port} (--master_addr, --master_port)"
+        )),
+        "{}",
+        stderr(&out)
+    );
+
+    // A master that accepts but never answers: node 1 gives up at --cluster_time_out.
+    let (out, took) = run(&[
+        "--node_rank",
+        "1",
+        "--master_port",
+        &port,
+        "--cluster_time_out",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("did not answer within --cluster_time_out"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    drop(taken);
+
+    // Nobody at the master address.
+    let port = free_port();
+    let (out, _) = run(&[
+        "--node_rank",
+        "1",
+        "--master_port",
+        &port,
+        "--cluster_time_out",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "could not reach node 0's launcher at 127.0.0.1:{port} within --cluster_time_out"
+        )),
+        "{}",
+        stderr(&out)
+    );
+
+    // Node 0 whose other node never comes.
+    let (out, took) = run(&[
+        "--node_rank",
+        "0",
+        "--master_port",
+        &port,
+        "--cluster_time_out",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("node rank(s) 1 of 2 did not join within --cluster_time_out"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(took < Duration::from_secs(60), "{took:?}");
+
+    // No mpirun on PATH.
+    let out = launch(&["--nproc", "2", "--log-dir", s(&logs)], &sleeper)
+        .env("PATH", s(&dir.0))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("`mpirun` is not on PATH"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        processes_mentioning(s(&dir.0)).is_empty(),
+        "{:?}",
+        processes_mentioning(s(&dir.0))
+    );
+}
+
+/// SIGTERM to the launcher stops the job: every rank ends, and the launcher exits 128 + 15.
+#[test]
+fn a_signal_to_the_launcher_stops_every_rank() {
+    let dir = Scratch::new("mpi-launch-signal");
+    let logs = dir.0.join("logs");
+    let marker = dir.0.join("started");
+    let script = format!("touch {}-$TESSERA_RANK; exec sleep 600", s(&marker));
+    let child = launch(
+        &["--nproc", "3", "--log-dir", s(&logs), "--grace-period", "5"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let start = Instant::now();
+    while (0..3).any(|r| !dir.0.join(format!("started-{r}")).exists()) {
+        assert!(start.elapsed() < HANG_GUARD, "the ranks never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(128 + 15), "{}", stderr(&out));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !processes_mentioning(s(&marker)).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            processes_mentioning(s(&marker))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
