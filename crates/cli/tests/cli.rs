@@ -5,6 +5,7 @@ mod diff_cli;
 mod fail_fast_cli;
 mod hostile_cli;
 mod launch_cli;
+mod launch_flags_cli;
 mod layout_cli;
 #[cfg(feature = "mpi")]
 mod mpi_launch;
