@@ -54,12 +54,10 @@ enum Command {
     Ckpt(ckpt_cmd::CkptArgs),
     /// Strategy files: show, merge pipeline stages, restore ranks from group info.
     Strategy(strategy_cmd::StrategyArgs),
-    /// Start a job's processes on this host (workers, or a parameter-server job of scheduler,
-    /// servers and workers) with their rank and role in the environment, supervised as
-    /// MindSpore's `msrun` does: per-process logs, a merged console view, signal forwarding,
-    /// restarts. It does not start one collective job: workers of a plain `tessera train` are
-    /// independent runs (for one job, `mpirun -np N tessera rank-env -- tessera train CONFIG`
-    /// with a build that has the `mpi` feature).
+    /// Start a job, after MindSpore's `msrun`: one collective job of N ranks on the MPI backend
+    /// (`mpirun` over `tessera rank-env`, on this host or across nodes with msrun's flags), a
+    /// parameter-server job (`--ps-servers`) or N independent processes (`--independent`);
+    /// per-rank logs, a merged console view, signal forwarding, restarts.
     Launch(launch::LaunchArgs),
     /// Run one rank of an `mpirun` job with Tessera's environment contract set from the MPI
     /// launcher's rank (`mpirun -np N tessera rank-env -- tessera train CONFIG`: one collective

@@ -1,15 +1,18 @@
-//! `tessera launch`: start a job's processes on this host, after MindSpore's `msrun`.
+//! `tessera launch`: start a job's processes, after MindSpore's `msrun`.
 //!
-//! `--nproc N` workers, or with `--ps-servers S` a parameter-server job of one scheduler, S
-//! servers and N workers, each started with its role, rank and world size in the environment
-//! (the contract is in `docs/LAUNCH.md` and [`plan::JobPlan::environment`]). Each process's
-//! output goes to its own log file and, prefixed, to the merged console view; signals to the
-//! launcher are forwarded; a failed process is restarted while `--restarts` allows, and
-//! otherwise stops the job.
+//! By default one collective job of `--nproc N` ranks on the MPI backend ([`collective`]:
+//! `mpirun` over `tessera rank-env`, on this host or across nodes). With `--ps-servers S` a
+//! parameter-server job of one scheduler, S servers and N workers, and with `--independent` N
+//! independent workers, each started and supervised here with its role, rank and world size in
+//! the environment (the contract is in `docs/LAUNCH.md` and [`plan::JobPlan::environment`]).
+//! Each process's output goes to its own log file and, prefixed, to the merged console view;
+//! signals to the launcher are forwarded; a failed process is restarted while `--restarts`
+//! allows, and otherwise stops the job.
 //!
 //! The modules: [`plan`] (arguments → the processes and their environment, pure), [`output`]
-//! (log files and the console view), [`child`] (starting and signalling one process) and
-//! [`supervise`] (the policy: restarts and ending the job). This file is the glue.
+//! (log files and the console view), [`child`] (starting and signalling one process),
+//! [`supervise`] (the policy: restarts and ending the job) and [`collective`] (one MPI job).
+//! This file is the glue.
 
 mod child;
 pub mod collective;
