@@ -11,7 +11,8 @@
 # and UTS namespace (nothing on the host's network changes), two network namespaces on a bridge
 # stand in for worker pods, with host names tessera-mpi-worker-<i> and their full names in
 # /etc/hosts only; each runs sshd as uid 10001 as the Worker does; uid 10001 in the "launcher"
-# namespace runs `mpirun -np 2 --hostfile /etc/mpi/hostfile`. Passes when rank i runs on
+# namespace runs `mpirun -np 2 --hostfile /etc/mpi/hostfile` with the OMPI_MCA_* variables the
+# operator sets. Passes when rank i runs on
 # worker i with OpenMPI's rank variables set. Needs root, debootstrap, unshare and ip.
 #
 #   deploy/k8s/test-mpijob-ssh.sh ROOT       (ROOT: a directory for the trixie root, kept for
@@ -48,9 +49,11 @@ if [ "${TESSERA_SSH_TEST_INSIDE-}" != 1 ]; then
     TESSERA_SSH_TEST_INSIDE=1 exec unshare --mount --net --uts --fork "$0" "$root"
 fi
 
-# Inside the private namespaces.
+# Inside the private namespaces (unshare makes the mounts private: they end with it).
 mkdir -p /run/netns
 mount -t tmpfs none /run/netns
+mount -t proc proc "$root/proc"
+mount --rbind /sys "$root/sys"
 hostname tessera-mpi-launcher
 ip link set lo up
 ip link add tsbr type bridge
@@ -79,11 +82,15 @@ for _ in $(seq 50); do
     [ "$listening" = 2 ] && break
     sleep 0.2
 done
-out="$(chroot --userspec=10001:10001 "$root" env HOME=/opt/tessera \
+# With the environment the operator gives the launcher's container (OpenMPI 4's names).
+out="$(chroot --userspec=10001:10001 "$root" env HOME=/opt/tessera K_MPI_JOB_ROLE=launcher \
+    OMPI_MCA_orte_keep_fqdn_hostnames=true OMPI_MCA_orte_default_hostfile=/etc/mpi/hostfile \
+    OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10" \
     timeout 60 mpirun -np 2 --hostfile /etc/mpi/hostfile \
     sh -c 'echo "rank=$OMPI_COMM_WORLD_RANK size=$OMPI_COMM_WORLD_SIZE local=$OMPI_COMM_WORLD_LOCAL_RANK host=$(hostname)"' \
-    2>&1 | grep '^rank=' | sort)" || true
+    2>&1)" || true
 echo "$out"
+out="$(echo "$out" | grep '^rank=' | sort)" || true
 expected="rank=0 size=2 local=0 host=tessera-mpi-worker-0
 rank=1 size=2 local=0 host=tessera-mpi-worker-1"
 if [ "$out" != "$expected" ]; then
