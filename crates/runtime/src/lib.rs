@@ -42,6 +42,7 @@ mod callbacks;
 mod clip;
 mod config;
 mod data;
+pub mod elastic;
 mod error;
 mod generate;
 mod group_info;

@@ -136,6 +136,7 @@ impl Trainer {
                 parameter_broadcast: false,
                 lazy_init: false,
                 max_grad_norm: None,
+                elastic: None,
             },
             output: OutputConfig {
                 dir: PathBuf::from("runs/custom"),

@@ -16,7 +16,7 @@ use crate::generate::MODEL_FILE;
 use crate::periodic_ckpt::{periodic_set_dir, LossScaleState, SaveSchedule, TrainState};
 
 /// What a rank saves at the end of a run.
-struct SavedState<'a> {
+pub(super) struct SavedState<'a> {
     exec: &'a RankExecutor,
     optimizer: &'a Optimizer,
     /// Mixed precision's f32 master pieces, saved beside the half-precision weights.
@@ -75,7 +75,7 @@ fn share_bytes(world: &dyn Communicator, bytes: &mut Vec<u8>) -> Result<(), Runt
 
 impl RankRun {
     /// What this rank saves now.
-    fn saved_state(&self) -> SavedState<'_> {
+    pub(super) fn saved_state(&self) -> SavedState<'_> {
         SavedState {
             exec: &self.exec,
             optimizer: &self.optimizer,
@@ -189,7 +189,7 @@ impl TrainSession {
                 reason: "could not open the checkpoint set".to_string(),
             });
         };
-        let written = self.save_rank(saved, &staging, &id, rank);
+        let written = self.save_rank(saved, &staging, &id, rank, rank == 0);
         let mut failed = Tensor::from_vec(&[1], vec![f32::from(u8::from(written.is_err()))])?;
         world.all_reduce(&mut failed, comm::ReduceOp::Max)?;
         written?;
@@ -213,13 +213,15 @@ impl TrainSession {
 
     /// Writes this rank's checkpoint `rank_<r>/checkpoint_<r>.safetensors` into the staging
     /// directory: its shards of the checkpointed parameters, its optimizer state shards and the
-    /// step counter; rank 0 also writes the strategy files.
-    fn save_rank(
+    /// step counter; with `side_files` (rank 0 of a set) also the strategy files, the training
+    /// state and the model description.
+    pub(super) fn save_rank(
         &self,
         saved: &SavedState<'_>,
         staging: &Path,
         set_id: &str,
         rank: usize,
+        side_files: bool,
     ) -> Result<(), RuntimeError> {
         let step = Tensor::from_vec(&[1], vec![saved.global_step as i32])?;
         let mut names: Vec<String> = Vec::new();
@@ -251,7 +253,7 @@ impl TrainSession {
         tensors.push(&step);
         let pairs: Vec<(&str, &Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
         ckpt::save_rank_checkpoint_in_set(staging, set_id, rank, &pairs)?;
-        if rank == 0 {
+        if side_files {
             self.save_strategy_files(staging)?;
             let state = crate::periodic_ckpt::TrainState::new(
                 saved.global_step,

@@ -12,10 +12,12 @@
 //! - `step`: the body of one optimizer step: the one micro-step loop (plain or interleaved
 //!   gradient accumulation), pipelined steps, and the parameter update;
 //! - `checkpoint`: saving checkpoint sets, and resuming from one;
+//! - `elastic`: `train.elastic`'s in-memory snapshots and the recovery from them;
 //! - `eval`: evaluation after an epoch or every `train.eval_interval` steps.
 
 mod build;
 mod checkpoint;
+mod elastic;
 mod eval;
 mod feed;
 mod run;

@@ -53,6 +53,8 @@ pub(super) struct RankRun {
     pub(super) outcome: RankOutcome,
     /// Whether this rank's group-info file is written (after the first step).
     group_info_written: bool,
+    /// `train.elastic`: this rank's store, buddy and snapshot interval.
+    pub(super) elastic: Option<super::elastic::ElasticRun>,
 }
 
 /// The steps of a run, fixed before its first.
@@ -163,7 +165,18 @@ impl TrainSession {
         let mut global_step = 0u64;
         let mut resumed_masters = Vec::new();
         let mut resumed_scale = None;
-        if let Some(from) = self.resume_dir()? {
+        let (elastic, elastic_from) = match self.config.train().elastic {
+            Some(interval) => {
+                let (elastic, from) = self.elastic_start(world.as_ref(), interval)?;
+                (Some(elastic), from)
+            }
+            None => (None, None),
+        };
+        let from = match elastic_from {
+            Some(dir) => Some(dir),
+            None => self.resume_dir()?,
+        };
+        if let Some(from) = from {
             (global_step, resumed_masters, resumed_scale) =
                 self.resume(&mut exec, &mut optimizer, &trainable, &from, rank)?;
         }
@@ -215,6 +228,7 @@ impl TrainSession {
             master,
             scaler,
             shared_grads: exec::SharedGradients::default(),
+            elastic,
             global_step,
             outcome: RankOutcome {
                 broadcast,
@@ -311,6 +325,9 @@ impl TrainSession {
             self.end_step(run, done, callbacks, want_shards)?;
             if let Some(save_schedule) = save_schedule.as_deref_mut() {
                 self.save_if_due(run, save_schedule)?;
+            }
+            if run.elastic.as_ref().is_some_and(|e| e.due(run.global_step)) {
+                self.elastic_snapshot(run)?;
             }
         }
         let (eval_accuracy, eval_loss) = if self.config.train().eval {

@@ -13,6 +13,7 @@ use tensor::Tensor;
 use super::feed::StepAt;
 use super::run::RankRun;
 use super::TrainSession;
+use crate::elastic::fault::{strike, FaultPoint};
 use crate::error::RuntimeError;
 
 impl TrainSession {
@@ -26,6 +27,8 @@ impl TrainSession {
         at: StepAt<'_>,
         lr: f64,
     ) -> Result<(f32, StepUpdate), RuntimeError> {
+        let step = run.global_step + 1;
+        strike(run.rank, step, FaultPoint::Forward)?;
         run.optimizer.set_learning_rate(lr)?;
         run.exec
             .set_loss_scale(run.scaler.as_ref().map_or(1.0, LossScaler::scale));
@@ -40,6 +43,7 @@ impl TrainSession {
             run.exec.run()?;
             run.shared_grads
                 .sum(&mut run.exec, None, &run.trainable, world)?;
+            strike(run.rank, step, FaultPoint::Update)?;
             let update = update_parameters(
                 &mut run.exec,
                 &mut run.optimizer,
@@ -86,6 +90,7 @@ impl TrainSession {
             run.shared_grads
                 .sum(&mut run.exec, Some(accumulated), &run.trainable, world)?;
         }
+        strike(run.rank, step, FaultPoint::Update)?;
         let update = update_parameters(
             &mut run.exec,
             &mut run.optimizer,

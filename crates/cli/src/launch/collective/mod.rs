@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use runtime::elastic::STORE_VAR;
 use runtime::launch_env::{LAUNCHER_VARS, RESTART_COUNT};
 
 use super::child::{self, Event, StartRequest};
@@ -164,6 +165,7 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
         )
     })?;
     let router = Arc::new(open_logs(&request.log_dir, request.worker_num)?);
+    let store = elastic_store()?;
     let cluster = match listener {
         Some(listener) => {
             eprintln!(
@@ -214,7 +216,14 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
         mpirun.display(),
         request.log_dir.display()
     );
-    let result = supervise_job(&job, request, &router, cluster.as_ref(), events);
+    let result = supervise_job(
+        &job,
+        request,
+        &router,
+        cluster.as_ref(),
+        store.path(),
+        events,
+    );
     signals.close();
     if let Some(cluster) = &cluster {
         let message = match &result {
@@ -245,6 +254,23 @@ fn join_as_node(
         },
         deadline,
     )
+}
+
+/// This node's in-memory store for `train.elastic`'s snapshots: a private directory on the
+/// memory file system (`/dev/shm`; the temporary directory where there is none), removed with
+/// everything in it when the launcher ends. It outlives the job's attempts, so a restarted job
+/// finds the snapshots of the one that failed.
+fn elastic_store() -> anyhow::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    tempfile::Builder::new()
+        .prefix("tessera-elastic-")
+        .tempdir_in(&base)
+        .with_context(|| format!("cannot create the elastic store in {}", base.display()))
 }
 
 /// Refuses a build without the MPI backend, saying how to get one.
@@ -296,6 +322,7 @@ fn supervise_job(
     request: &CollectiveRequest,
     router: &Arc<TaggedRouter>,
     cluster: Option<&Cluster>,
+    store: &Path,
     (sender, receiver): (Sender<Event>, Receiver<Event>),
 ) -> anyhow::Result<()> {
     let argv = job.argv();
@@ -308,17 +335,17 @@ fn supervise_job(
                     .as_bytes(),
             );
         }
-        let mut set = vec![(RESTART_COUNT, attempt.to_string())];
+        let mut set = vec![
+            (RESTART_COUNT, attempt.to_string()),
+            (STORE_VAR, store.to_string_lossy().into_owned()),
+        ];
         if let Some(cluster) = cluster {
             set.push((
                 agent::SOCKET_VAR,
                 cluster.socket().to_string_lossy().into_owned(),
             ));
         }
-        let remove: Vec<&'static str> = LAUNCHER_VARS
-            .into_iter()
-            .filter(|name| *name != RESTART_COUNT)
-            .collect();
+        let remove: Vec<&'static str> = LAUNCHER_VARS.to_vec();
         let start = StartRequest {
             command: &argv,
             set: &set,

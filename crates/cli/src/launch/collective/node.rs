@@ -120,13 +120,15 @@ type Daemon = Arc<Mutex<Option<libc::pid_t>>>;
 /// Runs node 0's commands until it says the job is over.
 fn serve(stream: TcpStream, rank: usize) -> anyhow::Result<()> {
     let daemon: Daemon = Arc::new(Mutex::new(None));
+    // This node's in-memory store of elastic snapshots, kept over the job's attempts.
+    let store = super::elastic_store()?;
     let signals = stop_on_signals(daemon.clone())?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let writer = Arc::new(Mutex::new(stream));
     let outcome = loop {
         match wire::receive(&mut reader) {
             Ok(Some(Message::Run { command })) => {
-                if let Err(err) = start_daemon(&command, &daemon, &writer) {
+                if let Err(err) = start_daemon(&command, store.path(), &daemon, &writer) {
                     eprintln!("[launch] node {rank}: cannot start OpenMPI's daemon: {err}");
                     let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
                     let _ = wire::send(&mut *w, &Message::Exited { code: 127 });
@@ -155,8 +157,14 @@ fn serve(stream: TcpStream, rank: usize) -> anyhow::Result<()> {
     outcome
 }
 
-/// Starts `command` (OpenMPI's daemon) under `sh -c`, and a thread reporting its exit.
-fn start_daemon(command: &str, daemon: &Daemon, writer: &Arc<Mutex<TcpStream>>) -> io::Result<()> {
+/// Starts `command` (OpenMPI's daemon) under `sh -c`, with this node's elastic store in its
+/// environment (its ranks inherit it), and a thread reporting its exit.
+fn start_daemon(
+    command: &str,
+    store: &std::path::Path,
+    daemon: &Daemon,
+    writer: &Arc<Mutex<TcpStream>>,
+) -> io::Result<()> {
     if !command.split_whitespace().any(|w| w.ends_with("orted")) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -167,6 +175,7 @@ fn start_daemon(command: &str, daemon: &Daemon, writer: &Arc<Mutex<TcpStream>>) 
     child
         .arg("-c")
         .arg(command)
+        .env(runtime::elastic::STORE_VAR, store)
         .stdin(Stdio::null())
         .process_group(0);
     ps::launch::die_with_parent(&mut child);

@@ -56,6 +56,8 @@ pub(in crate::config) const TRAIN_KEYS: &[&str] = &[
     "parameter_broadcast",
     "lazy_init",
     "max_grad_norm",
+    "elastic",
+    "elastic_interval",
 ];
 
 /// The optimizer keys of `[train]`; keys of other optimizers are left in `s` and reported as
@@ -130,6 +132,18 @@ pub(super) fn read_train_loop(
     let parameter_broadcast = s.or("parameter_broadcast", false, read_bool)?;
     let lazy_init = s.or("lazy_init", false, read_bool)?;
     let max_grad_norm = s.get("max_grad_norm", read_max_grad_norm)?;
+    let elastic = s.or("elastic", false, read_bool)?;
+    let elastic_interval = s.get("elastic_interval", read_positive)?;
+    let elastic = match (elastic, elastic_interval) {
+        (true, interval) => Some(interval.map_or(DEFAULT_ELASTIC_INTERVAL, |n| n as u64)),
+        (false, Some(_)) => {
+            warnings.push(
+                "train.elastic_interval has no effect unless train.elastic = true".to_string(),
+            );
+            None
+        }
+        (false, None) => None,
+    };
     let per_print_times = s.or("per_print_times", 1, read_count)?;
     let print_local_norm = s.or("print_local_norm", false, read_bool)?;
     let dump = s.or("dump_local_norm", false, read_bool)?;
@@ -181,8 +195,13 @@ pub(super) fn read_train_loop(
         parameter_broadcast,
         lazy_init,
         max_grad_norm,
+        elastic,
     })
 }
+
+/// Steps between in-memory snapshots of an elastic run when `train.elastic_interval` is not
+/// given.
+pub const DEFAULT_ELASTIC_INTERVAL: u64 = 10;
 
 /// `train.max_grad_norm`: a finite number > 0.
 fn read_max_grad_norm(key: &str, value: Value) -> Result<MaxGradNorm, RuntimeError> {
