@@ -21,8 +21,9 @@ const MAX_VIEW_BYTES: u64 = 1 << 20;
 /// Longest side file (strategy, training state, model description) moved at a recovery.
 const MAX_SIDE_FILE_BYTES: u64 = 1 << 30;
 
-/// The tag of the files moved at a recovery.
-const RECOVERY_TAG: Tag = 0x454c_4153;
+/// The tag of the files moved at a recovery (and the next one, of their side files); within
+/// the 32,767 every MPI library accepts.
+const RECOVERY_TAG: Tag = 30_500;
 
 /// One rank's part of an elastic run.
 #[derive(Debug)]

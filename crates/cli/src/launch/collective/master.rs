@@ -5,13 +5,16 @@
 //! `tessera launch-agent` ([`super::agent`]): each agent asks this relay, over a Unix socket in
 //! a private directory, to run `mpirun`'s daemon command on node `tessera-node-<k>`; the relay
 //! hands the command to node k's launcher and the daemon's exit code back to the agent. When the
-//! agent goes away first (`mpirun` stopped it), the node is told to kill the daemon.
+//! agent goes away first (`mpirun` stopped it), the node is told to kill the daemon. A node
+//! whose launcher went away can be replaced before the job starts again: the same command
+//! started anew on it (or on another machine) joins in its place.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::{self, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,13 +49,33 @@ struct NodeLink {
     writer: Mutex<TcpStream>,
     /// The agent waiting for this node's daemon to end.
     agent: Mutex<Option<UnixStream>>,
+    /// False once the node's launcher went away.
+    alive: AtomicBool,
+}
+
+impl NodeLink {
+    fn new(stream: TcpStream) -> Arc<NodeLink> {
+        Arc::new(NodeLink {
+            writer: Mutex::new(stream),
+            agent: Mutex::new(None),
+            alive: AtomicBool::new(true),
+        })
+    }
+}
+
+/// Node k's link under key k.
+type Links = Arc<Mutex<BTreeMap<usize, Arc<NodeLink>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The joined nodes, and the relay's socket for the agents.
 #[derive(Debug)]
 pub struct Cluster {
-    /// Node k's link at index k - 1.
-    links: Vec<Arc<NodeLink>>,
+    links: Links,
+    listener: TcpListener,
+    shape: Shape,
     dir: tempfile::TempDir,
     socket: PathBuf,
 }
@@ -67,55 +90,7 @@ impl Cluster {
         deadline: Instant,
     ) -> anyhow::Result<Cluster> {
         listener.set_nonblocking(true)?;
-        let mut joined: Vec<Option<TcpStream>> = (1..shape.nodes).map(|_| None).collect();
-        while joined.iter().any(Option::is_none) {
-            let now = Instant::now();
-            if now >= deadline {
-                let missing: Vec<String> = joined
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| s.is_none())
-                    .map(|(i, _)| (i + 1).to_string())
-                    .collect();
-                let message = format!(
-                    "node rank(s) {} of {} did not join within --cluster_time_out",
-                    missing.join(", "),
-                    shape.nodes
-                );
-                for stream in joined.iter_mut().flatten() {
-                    let done = Message::Done {
-                        ok: false,
-                        message: message.clone(),
-                    };
-                    let _ = wire::send(stream, &done);
-                }
-                anyhow::bail!("{message}; the job was not started");
-            }
-            match listener.accept() {
-                Ok((stream, peer)) => {
-                    if let Err(err) = admit(stream, shape, &mut joined, deadline) {
-                        eprintln!("[launch] refused a node launcher from {peer}: {err}");
-                    }
-                }
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(err) => return Err(err).context("cannot accept a node launcher"),
-            }
-        }
-        let links: Vec<Arc<NodeLink>> = joined
-            .into_iter()
-            .flatten()
-            .map(|stream| {
-                Arc::new(NodeLink {
-                    writer: Mutex::new(stream),
-                    agent: Mutex::new(None),
-                })
-            })
-            .collect();
-        for (index, link) in links.iter().enumerate() {
-            watch_node(index + 1, link.clone())?;
-        }
+        let links: Links = Arc::new(Mutex::new(BTreeMap::new()));
         let dir = tempfile::Builder::new()
             .prefix("tessera-launch-")
             .tempdir()
@@ -123,18 +98,85 @@ impl Cluster {
         let socket = dir.path().join("agent.sock");
         let agents = UnixListener::bind(&socket)
             .with_context(|| format!("cannot listen on {}", socket.display()))?;
-        let relay_links = links.clone();
+        let cluster = Cluster {
+            links: links.clone(),
+            listener,
+            shape,
+            dir,
+            socket,
+        };
+        cluster.admit((1..shape.nodes).collect(), deadline)?;
         std::thread::Builder::new()
             .name("launch-agents".into())
             .spawn(move || {
                 for stream in agents.incoming().flatten() {
-                    let links = relay_links.clone();
+                    let links = links.clone();
                     let _ = std::thread::Builder::new()
                         .name("launch-agent".into())
                         .spawn(move || relay(stream, &links));
                 }
             })?;
-        Ok(Cluster { links, dir, socket })
+        Ok(cluster)
+    }
+
+    /// The node ranks whose launcher went away.
+    pub fn lost(&self) -> Vec<usize> {
+        lock(&self.links)
+            .iter()
+            .filter(|(_, l)| !l.alive.load(Ordering::SeqCst))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Waits (until `deadline`) for launchers to join in place of the lost nodes (the same
+    /// command started again on those nodes, or on replacements).
+    pub fn replace_lost(&self, deadline: Instant) -> anyhow::Result<()> {
+        let lost = self.lost();
+        if lost.is_empty() {
+            return Ok(());
+        }
+        eprintln!(
+            "[launch] waiting for node(s) {} to join again (--cluster_time_out)",
+            names(&lost)
+        );
+        self.admit(lost, deadline)
+    }
+
+    /// Admits a launcher for each of the node ranks `open` until all joined or `deadline`.
+    fn admit(&self, open: Vec<usize>, deadline: Instant) -> anyhow::Result<()> {
+        let mut waiting = open;
+        while !waiting.is_empty() {
+            if Instant::now() >= deadline {
+                let message = format!(
+                    "node rank(s) {} of {} did not join within --cluster_time_out",
+                    names(&waiting),
+                    self.shape.nodes
+                );
+                self.finish(false, &message);
+                anyhow::bail!("{message}; the job was not started");
+            }
+            match self.listener.accept() {
+                Ok((stream, peer)) => match admit_one(stream, self.shape, &waiting, deadline) {
+                    Ok((rank, stream)) => {
+                        waiting.retain(|&k| k != rank);
+                        let link = NodeLink::new(stream);
+                        watch_node(rank, link.clone())?;
+                        lock(&self.links).insert(rank, link);
+                        eprintln!(
+                            "[launch] node {rank} joined ({} of {} nodes)",
+                            self.shape.nodes - waiting.len(),
+                            self.shape.nodes
+                        );
+                    }
+                    Err(err) => eprintln!("[launch] refused a node launcher from {peer}: {err}"),
+                },
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(err) => return Err(err).context("cannot accept a node launcher"),
+            }
+        }
+        Ok(())
     }
 
     /// The Unix socket the agents connect to (`TESSERA_LAUNCH_AGENT_SOCKET`).
@@ -147,33 +189,39 @@ impl Cluster {
         self.dir.path()
     }
 
-    /// Tells every node the job is over.
+    /// Tells every joined node the job is over.
     pub fn finish(&self, ok: bool, message: &str) {
-        for link in &self.links {
-            let mut writer = link.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = wire::send(
-                &mut *writer,
-                &Message::Done {
-                    ok,
-                    message: message.to_string(),
-                },
-            );
+        for link in lock(&self.links).values() {
+            let done = Message::Done {
+                ok,
+                message: message.to_string(),
+            };
+            let _ = wire::send(&mut *lock(&link.writer), &done);
         }
     }
 }
 
-/// Reads one node's hello and welcomes or refuses it.
-fn admit(
+/// `1, 3`.
+fn names(ranks: &[usize]) -> String {
+    ranks
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Reads one node's hello and welcomes it as one of the `open` node ranks, or refuses it.
+fn admit_one(
     mut stream: TcpStream,
     shape: Shape,
-    joined: &mut [Option<TcpStream>],
+    open: &[usize],
     deadline: Instant,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(usize, TcpStream)> {
     stream.set_nonblocking(false)?;
     let wait = deadline
         .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(100));
-    stream.set_read_timeout(Some(wait.min(Duration::from_secs(10))))?;
+        .clamp(Duration::from_millis(100), Duration::from_secs(10));
+    stream.set_read_timeout(Some(wait))?;
     let hello = wire::receive(&mut BufReader::new(&stream))?;
     let verdict = match hello {
         Some(Message::Hello {
@@ -183,7 +231,7 @@ fn admit(
             worker_num,
         }) => check_hello(
             shape,
-            joined,
+            open,
             protocol,
             node_rank,
             local_worker_num,
@@ -194,38 +242,28 @@ fn admit(
     };
     match verdict {
         Ok(rank) => {
-            wire::send(
-                &mut stream,
-                &Message::Welcome {
-                    node_rank: rank,
-                    nodes: shape.nodes,
-                },
-            )?;
+            let welcome = Message::Welcome {
+                node_rank: rank,
+                nodes: shape.nodes,
+            };
+            wire::send(&mut stream, &welcome)?;
             stream.set_read_timeout(None)?;
-            eprintln!(
-                "[launch] node {rank} joined ({} of {} nodes)",
-                joined.iter().filter(|s| s.is_some()).count() + 2,
-                shape.nodes
-            );
-            joined[rank - 1] = Some(stream);
-            Ok(())
+            Ok((rank, stream))
         }
         Err(reason) => {
-            let _ = wire::send(
-                &mut stream,
-                &Message::Refused {
-                    reason: reason.clone(),
-                },
-            );
+            let refused = Message::Refused {
+                reason: reason.clone(),
+            };
+            let _ = wire::send(&mut stream, &refused);
             anyhow::bail!("{reason}")
         }
     }
 }
 
-/// The node rank a hello gets, or why it is refused.
+/// The node rank a hello gets (one of `open`), or why it is refused.
 fn check_hello(
     shape: Shape,
-    joined: &[Option<TcpStream>],
+    open: &[usize],
     protocol: u32,
     node_rank: Option<usize>,
     local_worker_num: usize,
@@ -248,14 +286,8 @@ fn check_hello(
             shape.local_worker_num
         ));
     }
-    let free: BTreeSet<usize> = joined
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.is_none())
-        .map(|(i, _)| i + 1)
-        .collect();
     match node_rank {
-        None => free
+        None => open
             .first()
             .copied()
             .ok_or_else(|| "every node rank is taken".to_string()),
@@ -264,18 +296,15 @@ fn check_hello(
             "--node_rank {r} is not below the {} nodes of the job",
             shape.nodes
         )),
-        Some(r) if !free.contains(&r) => Err(format!("node rank {r} has already joined")),
+        Some(r) if !open.contains(&r) => Err(format!("node rank {r} has already joined")),
         Some(r) => Ok(r),
     }
 }
 
-/// Passes node `rank`'s daemon exits to the waiting agent; a lost node fails its agent.
+/// Passes node `rank`'s daemon exits to the waiting agent; a lost node fails its agent and is
+/// marked lost.
 fn watch_node(rank: usize, link: Arc<NodeLink>) -> io::Result<()> {
-    let stream = link
-        .writer
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .try_clone()?;
+    let stream = lock(&link.writer).try_clone()?;
     std::thread::Builder::new()
         .name(format!("launch-node {rank}"))
         .spawn(move || {
@@ -286,8 +315,10 @@ fn watch_node(rank: usize, link: Arc<NodeLink>) -> io::Result<()> {
                     Ok(Some(_)) => continue,
                     Ok(None) | Err(_) => (255, true),
                 };
-                let agent = link.agent.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(mut agent) = agent {
+                if lost {
+                    link.alive.store(false, Ordering::SeqCst);
+                }
+                if let Some(mut agent) = lock(&link.agent).take() {
                     if lost {
                         eprintln!("[launch] lost node {rank}'s launcher while its ranks ran");
                     }
@@ -303,7 +334,7 @@ fn watch_node(rank: usize, link: Arc<NodeLink>) -> io::Result<()> {
 
 /// Serves one agent: hands its daemon command to the node it names and, if the agent goes away
 /// before the daemon ended, tells the node to kill it.
-fn relay(agent: UnixStream, links: &[Arc<NodeLink>]) {
+fn relay(agent: UnixStream, links: &Links) {
     let Ok(read_half) = agent.try_clone() else {
         return;
     };
@@ -311,31 +342,23 @@ fn relay(agent: UnixStream, links: &[Arc<NodeLink>]) {
     let Ok(Some(Message::Launch { host, command })) = wire::receive(&mut reader) else {
         return;
     };
-    let link = match host_rank(&host).and_then(|r| links.get(r.checked_sub(1)?)) {
-        Some(link) => link,
-        None => {
-            let mut agent = agent;
-            eprintln!("[launch] mpirun asked for an unknown node {host:?}");
-            let _ = wire::send(&mut agent, &Message::Exited { code: 255 });
-            return;
-        }
+    let link = host_rank(&host).and_then(|r| lock(links).get(&r).cloned());
+    let Some(link) = link.filter(|l| l.alive.load(Ordering::SeqCst)) else {
+        let mut agent = agent;
+        eprintln!("[launch] mpirun asked for node {host:?}, which has no launcher");
+        let _ = wire::send(&mut agent, &Message::Exited { code: 255 });
+        return;
     };
-    *link.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(agent);
-    {
-        let mut writer = link.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if wire::send(&mut *writer, &Message::Run { command }).is_err() {
-            drop(writer);
-            if let Some(mut agent) = link.agent.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let _ = wire::send(&mut agent, &Message::Exited { code: 255 });
-            }
-            return;
+    *lock(&link.agent) = Some(agent);
+    if wire::send(&mut *lock(&link.writer), &Message::Run { command }).is_err() {
+        if let Some(mut agent) = lock(&link.agent).take() {
+            let _ = wire::send(&mut agent, &Message::Exited { code: 255 });
         }
+        return;
     }
     // The agent says nothing more; its end (mpirun stopped it) closes the stream.
     let _ = wire::receive(&mut reader);
-    let still_waiting = link.agent.lock().unwrap_or_else(|p| p.into_inner()).take();
-    if still_waiting.is_some() {
-        let mut writer = link.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = wire::send(&mut *writer, &Message::Kill);
+    if lock(&link.agent).take().is_some() {
+        let _ = wire::send(&mut *lock(&link.writer), &Message::Kill);
     }
 }

@@ -367,6 +367,10 @@ fn supervise_job(
                 attempt + 1,
                 request.restarts
             );
+            if let Some(cluster) = cluster {
+                // A node whose launcher went away must be replaced first.
+                cluster.replace_lost(Instant::now() + Duration::from_secs(request.cluster_secs))?;
+            }
             continue;
         }
         return Err(anyhow::anyhow!("{failed}; the job was stopped"));
