@@ -8,6 +8,8 @@ mod launch_cli;
 mod launch_flags_cli;
 mod layout_cli;
 #[cfg(feature = "mpi")]
+mod mpi_elastic;
+#[cfg(feature = "mpi")]
 mod mpi_launch;
 #[cfg(feature = "mpi")]
 mod mpi_train;

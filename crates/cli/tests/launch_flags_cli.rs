@@ -102,3 +102,49 @@ fn a_build_without_mpi_says_how_to_get_it() {
         "this tessera was built without the MPI backend, which one collective job across processes needs: build it with `cargo build --release -p tessera-cli --features mpi`",
     );
 }
+
+/// `train.elastic` keeps its snapshots in the store `tessera launch` gives each node: a run
+/// without one is refused naming the key and the variable; a malformed `TESSERA_FAULT` is
+/// refused naming it.
+#[test]
+fn elastic_training_needs_the_launchers_store() {
+    let dir = Scratch::new("elastic-no-store");
+    let train = |env: &[(&str, &str)]| {
+        let mut c = tessera_command();
+        c.args([
+            "train",
+            "examples/seed_stand_alone.toml",
+            "--set",
+            "train.elastic=true",
+        ])
+        .args([
+            "--set",
+            &format!("output.dir=\"{}\"", crate::util::s(&dir.0)),
+        ])
+        .current_dir(crate::util::repo_root())
+        .env_remove("TESSERA_ELASTIC_DIR");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let out = train(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("train.elastic") && err.contains("TESSERA_ELASTIC_DIR is not set"),
+        "{err}"
+    );
+    let store = dir.0.join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let out = train(&[
+        ("TESSERA_ELASTIC_DIR", crate::util::s(&store)),
+        ("TESSERA_FAULT", "rank=0,step=1,at=sometime"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("TESSERA_FAULT") && err.contains("unknown point"),
+        "{err}"
+    );
+}

@@ -16,12 +16,12 @@ use crate::util::{assert_ok, repo_root, s, step_losses, tessera_command, wait_or
 /// Longest a launch may take before the test calls it hung (not a timing check).
 const HANG_GUARD: Duration = Duration::from_secs(300);
 
-fn exe() -> &'static str {
+pub(crate) fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_tessera")
 }
 
 /// `tessera launch LAUNCH… -- COMMAND…`, from the repository root, output captured.
-fn launch(launch: &[&str], command: &[&str]) -> Command {
+pub(crate) fn launch(launch: &[&str], command: &[&str]) -> Command {
     let mut c = tessera_command();
     c.arg("launch")
         .args(launch)
@@ -34,22 +34,22 @@ fn launch(launch: &[&str], command: &[&str]) -> Command {
     c
 }
 
-fn finish(child: Child) -> Output {
+pub(crate) fn finish(child: Child) -> Output {
     wait_or_kill(child, HANG_GUARD).expect("tessera launch hung")
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A port on 127.0.0.1 free right now.
-fn free_port() -> String {
+pub(crate) fn free_port() -> String {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port().to_string()
 }
 
 /// Processes whose command line mentions `marker` (a test's scratch path).
-fn processes_mentioning(marker: &str) -> Vec<String> {
+pub(crate) fn processes_mentioning(marker: &str) -> Vec<String> {
     let me = std::process::id().to_string();
     std::fs::read_dir("/proc")
         .unwrap()

@@ -17,6 +17,7 @@ pub mod agent;
 mod master;
 mod mpirun;
 mod node;
+mod store;
 mod tagged;
 mod wire;
 
@@ -165,7 +166,7 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
         )
     })?;
     let router = Arc::new(open_logs(&request.log_dir, request.worker_num)?);
-    let store = elastic_store()?;
+    let store = store::create()?;
     let cluster = match listener {
         Some(listener) => {
             eprintln!(
@@ -254,23 +255,6 @@ fn join_as_node(
         },
         deadline,
     )
-}
-
-/// This node's in-memory store for `train.elastic`'s snapshots: a private directory on the
-/// memory file system (`/dev/shm`; the temporary directory where there is none), removed with
-/// everything in it when the launcher ends. It outlives the job's attempts, so a restarted job
-/// finds the snapshots of the one that failed.
-fn elastic_store() -> anyhow::Result<tempfile::TempDir> {
-    let shm = Path::new("/dev/shm");
-    let base = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    tempfile::Builder::new()
-        .prefix("tessera-elastic-")
-        .tempdir_in(&base)
-        .with_context(|| format!("cannot create the elastic store in {}", base.display()))
 }
 
 /// Refuses a build without the MPI backend, saying how to get one.

@@ -121,7 +121,7 @@ type Daemon = Arc<Mutex<Option<libc::pid_t>>>;
 fn serve(stream: TcpStream, rank: usize) -> anyhow::Result<()> {
     let daemon: Daemon = Arc::new(Mutex::new(None));
     // This node's in-memory store of elastic snapshots, kept over the job's attempts.
-    let store = super::elastic_store()?;
+    let store = super::store::create()?;
     let signals = stop_on_signals(daemon.clone())?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let writer = Arc::new(Mutex::new(stream));
