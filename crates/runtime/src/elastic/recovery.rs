@@ -84,7 +84,7 @@ pub fn plan(views: &[RankView]) -> Option<Recovery> {
         .iter()
         .flat_map(|(_, held)| held.iter().map(|h| h.step))
         .collect();
-    steps.sort_unstable_by(|a, b| b.cmp(a));
+    steps.sort_unstable_by_key(|&s| std::cmp::Reverse(s));
     steps.dedup();
     for step in steps {
         let at: Vec<(usize, Option<&Held>)> = stores

@@ -132,7 +132,7 @@ impl NodeStore {
                 })
             })
             .collect();
-        held.sort_by(|a, b| b.step.cmp(&a.step));
+        held.sort_by_key(|h| std::cmp::Reverse(h.step));
         held
     }
 
