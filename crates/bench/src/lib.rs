@@ -18,6 +18,8 @@
 //!   reshard plan on local ranks and checks every rank's result (`tessera reshard --run`).
 //! - [`train_step`] and [`gpt_step`]: training-step time of the seed MLP and of the GPT.
 //! - [`ps`] and [`ps_embedding`]: parameter-server steps/s, recovery times and embedding bytes.
+//! - [`elastic`]: recovery time and snapshot cost of elastic collective training (real
+//!   processes under `tessera launch`).
 //! - [`profile`]: this machine measured as a device profile for the searches.
 //!
 //! # Architecture invariant
@@ -29,6 +31,7 @@ use std::fmt;
 
 pub mod ckpt_convert;
 pub mod collectives;
+pub mod elastic;
 mod error;
 pub mod gpt_step;
 pub mod memcpy;

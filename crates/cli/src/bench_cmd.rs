@@ -38,6 +38,26 @@ enum BenchCommand {
     PsEmbedding(PsEmbeddingBenchArgs),
     /// Measure this machine as a device profile for the searches (cpu-local.toml).
     Profile(ProfileArgs),
+    /// Elastic collective training on real processes (two loopback nodes under `tessera
+    /// launch`, needs the `mpi` feature): kill → next completed step, and the snapshots' cost.
+    Elastic(ElasticBenchArgs),
+}
+
+/// Arguments of `tessera bench elastic`.
+#[derive(Debug, Args)]
+struct ElasticBenchArgs {
+    /// Trials of each measurement.
+    #[arg(long, default_value_t = 5)]
+    trials: usize,
+    /// Steps of each run.
+    #[arg(long, default_value_t = 60)]
+    steps: u64,
+    /// The step at whose start rank 1 is killed.
+    #[arg(long, default_value_t = 25)]
+    kill_step: u64,
+    /// The GPT configuration.
+    #[arg(long, default_value = "examples/gpt_kjv.toml")]
+    config: std::path::PathBuf,
 }
 
 /// Arguments of `tessera bench memcpy`.
@@ -323,6 +343,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             bench::ps_embedding::ps_embedding(&request, console)?;
         }
         BenchCommand::Profile(a) => profile(a, console)?,
+        BenchCommand::Elastic(a) => {
+            anyhow::ensure!(
+                (1..=100).contains(&a.trials) && a.kill_step >= 1 && a.kill_step < a.steps,
+                "--trials must be 1 to 100 and --kill-step below --steps"
+            );
+            let request = bench::elastic::ElasticRequest {
+                tessera: std::env::current_exe()?,
+                config: a.config.clone(),
+                trials: a.trials,
+                steps: a.steps,
+                kill_step: a.kill_step,
+            };
+            bench::elastic::elastic(&request, console)?;
+        }
     }
     Ok(())
 }

@@ -16,6 +16,9 @@ pub mod fault;
 pub mod recovery;
 pub mod store;
 
+/// Steps between snapshots when `train.elastic_interval` is not given.
+pub const DEFAULT_INTERVAL: u64 = 10;
+
 /// The variable naming this node's store (set by `tessera launch` for every rank).
 pub const STORE_VAR: &str = "TESSERA_ELASTIC_DIR";
 

@@ -135,7 +135,7 @@ pub(super) fn read_train_loop(
     let elastic = s.or("elastic", false, read_bool)?;
     let elastic_interval = s.get("elastic_interval", read_positive)?;
     let elastic = match (elastic, elastic_interval) {
-        (true, interval) => Some(interval.map_or(DEFAULT_ELASTIC_INTERVAL, |n| n as u64)),
+        (true, interval) => Some(interval.map_or(crate::elastic::DEFAULT_INTERVAL, |n| n as u64)),
         (false, Some(_)) => {
             warnings.push(
                 "train.elastic_interval has no effect unless train.elastic = true".to_string(),
@@ -198,10 +198,6 @@ pub(super) fn read_train_loop(
         elastic,
     })
 }
-
-/// Steps between in-memory snapshots of an elastic run when `train.elastic_interval` is not
-/// given.
-pub const DEFAULT_ELASTIC_INTERVAL: u64 = 10;
 
 /// `train.max_grad_norm`: a finite number > 0.
 fn read_max_grad_norm(key: &str, value: Value) -> Result<MaxGradNorm, RuntimeError> {
