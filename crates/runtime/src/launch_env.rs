@@ -74,6 +74,13 @@ pub const SERVER_JOIN: &str = "TESSERA_SERVER_JOIN";
 pub const BACKEND: &str = "TESSERA_BACKEND";
 /// The ceiling on ranks per mesh (`layout::limits`), read by the `tessera` binary at start.
 pub const MAX_RANKS: &str = "TESSERA_MAX_RANKS";
+/// This node's in-memory store of `train.elastic`'s snapshots (set by `tessera launch` for the
+/// ranks of a collective job; `crate::elastic`).
+pub const ELASTIC_DIR: &str = "TESSERA_ELASTIC_DIR";
+/// A fault to inject, for tests: `rank=R,step=S,at=POINT` (`crate::elastic::fault`).
+pub const FAULT: &str = "TESSERA_FAULT";
+/// Node 0's relay socket, in `mpirun`'s environment, for `tessera launch-agent`.
+pub const LAUNCH_AGENT_SOCKET: &str = "TESSERA_LAUNCH_AGENT_SOCKET";
 
 /// MindSpore's names, which a launcher sets beside the `TESSERA_*` contract for scripts written
 /// for `msrun` (and MindSpore's parameter-server roles): the process's role, `MS_SCHED`,

@@ -558,6 +558,7 @@ fn keys_without_effect_are_warned_about() {
             "parallel.devices=8",
             "parallel.shard.matmul1=[[8,1],[1,1]]",
             "train.dump_local_norm_path=norms",
+            "train.elastic_interval=5",
         ],
     )
     .unwrap();
@@ -567,6 +568,7 @@ fn keys_without_effect_are_warned_about() {
         "train.beta1",
         "[parallel.shard]",
         "dump_local_norm_path",
+        "train.elastic_interval has no effect unless train.elastic = true",
     ] {
         assert!(
             warnings.contains(expected),
@@ -574,6 +576,13 @@ fn keys_without_effect_are_warned_about() {
         );
     }
     assert_eq!(config.train().dump_local_norm, None);
+    assert_eq!(config.train().elastic, None);
+    let elastic = parse_with(MINIMAL, &["train.elastic=true"]).unwrap();
+    assert_eq!(elastic.train().elastic, Some(runtime::elastic::DEFAULT_INTERVAL));
+    let every_3 = parse_with(MINIMAL, &["train.elastic=true", "train.elastic_interval=3"]).unwrap();
+    assert_eq!(every_3.train().elastic, Some(3));
+    let (key, _) = config_error(parse_with(MINIMAL, &["train.elastic_interval=0"]));
+    assert_eq!(key, "train.elastic_interval");
     let config = parse_with(MINIMAL, &["parallel.devices=8"]).unwrap();
     assert!(
         config.warnings()[0].contains("stand_alone"),

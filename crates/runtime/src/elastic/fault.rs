@@ -14,7 +14,7 @@ use crate::error::RuntimeError;
 use crate::launch_env::RESTART_COUNT;
 
 /// The variable naming the fault.
-pub const FAULT_VAR: &str = "TESSERA_FAULT";
+pub const FAULT_VAR: &str = crate::launch_env::FAULT;
 
 /// Where in a step a fault strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

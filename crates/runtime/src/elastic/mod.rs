@@ -20,7 +20,7 @@ pub mod store;
 pub const DEFAULT_INTERVAL: u64 = 10;
 
 /// The variable naming this node's store (set by `tessera launch` for every rank).
-pub const STORE_VAR: &str = "TESSERA_ELASTIC_DIR";
+pub const STORE_VAR: &str = crate::launch_env::ELASTIC_DIR;
 
 /// This process's node store from [`STORE_VAR`]; an error naming `train.elastic` without one.
 pub fn node_store() -> Result<store::NodeStore, crate::error::RuntimeError> {

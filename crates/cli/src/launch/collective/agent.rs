@@ -13,7 +13,7 @@ use clap::Args;
 use super::wire::{self, Message};
 
 /// The variable naming node 0's relay socket, set in `mpirun`'s environment by the launcher.
-pub const SOCKET_VAR: &str = "TESSERA_LAUNCH_AGENT_SOCKET";
+pub const SOCKET_VAR: &str = runtime::launch_env::LAUNCH_AGENT_SOCKET;
 
 /// Arguments of `tessera launch-agent` (given by `mpirun`, not by users).
 #[derive(Debug, Args)]
