@@ -31,6 +31,8 @@ pub struct ElasticRequest {
     pub steps: u64,
     /// The step whose start rank 1 dies at.
     pub kill_step: u64,
+    /// `train.elastic_interval` (`None`: its default).
+    pub interval: Option<u64>,
 }
 
 /// The times of one recovery.
@@ -56,6 +58,8 @@ pub struct ElasticReport {
     pub plain: Vec<f64>,
     /// Steps/s with it, by trial.
     pub elastic: Vec<f64>,
+    /// The snapshot interval of the runs.
+    pub interval: u64,
 }
 
 /// Lines of a node-0 launcher, each with the time it arrived.
@@ -117,6 +121,9 @@ impl Job {
             ];
             if elastic {
                 sets.push("train.elastic=true".to_string());
+                if let Some(n) = request.interval {
+                    sets.push(format!("train.elastic_interval={n}"));
+                }
             }
             for set in sets {
                 c.args(["--set", &set]);
@@ -236,6 +243,9 @@ pub fn elastic(
         total: of(|r| r.detect + r.rebuild + r.first_step),
         plain,
         elastic,
+        interval: request
+            .interval
+            .unwrap_or(runtime::elastic::DEFAULT_INTERVAL),
     };
     progress.piece(&report);
     Ok(report)
@@ -288,7 +298,7 @@ impl fmt::Display for ElasticReport {
             .map(|(e, p)| e / p)
             .collect();
         let (r, r0, r1) = spread(&ratios);
-        writeln!(f, "copy cost at train.elastic_interval = {} (steps/s over the whole loop, pairs alternated):", runtime::elastic::DEFAULT_INTERVAL)?;
+        writeln!(f, "copy cost at train.elastic_interval = {} (steps/s over the whole loop, pairs alternated):", self.interval)?;
         writeln!(
             f,
             "  without elastic  {p:.2} steps/s (min {p0:.2}, max {p1:.2})"

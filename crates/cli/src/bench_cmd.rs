@@ -58,6 +58,9 @@ struct ElasticBenchArgs {
     /// The GPT configuration.
     #[arg(long, default_value = "examples/gpt_kjv.toml")]
     config: std::path::PathBuf,
+    /// `train.elastic_interval` of the runs (default: its default).
+    #[arg(long)]
+    interval: Option<u64>,
 }
 
 /// Arguments of `tessera bench memcpy`.
@@ -354,6 +357,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 trials: a.trials,
                 steps: a.steps,
                 kill_step: a.kill_step,
+                interval: a.interval,
             };
             bench::elastic::elastic(&request, console)?;
         }

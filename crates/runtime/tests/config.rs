@@ -578,7 +578,10 @@ fn keys_without_effect_are_warned_about() {
     assert_eq!(config.train().dump_local_norm, None);
     assert_eq!(config.train().elastic, None);
     let elastic = parse_with(MINIMAL, &["train.elastic=true"]).unwrap();
-    assert_eq!(elastic.train().elastic, Some(runtime::elastic::DEFAULT_INTERVAL));
+    assert_eq!(
+        elastic.train().elastic,
+        Some(runtime::elastic::DEFAULT_INTERVAL)
+    );
     let every_3 = parse_with(MINIMAL, &["train.elastic=true", "train.elastic_interval=3"]).unwrap();
     assert_eq!(every_3.train().elastic, Some(3));
     let (key, _) = config_error(parse_with(MINIMAL, &["train.elastic_interval=0"]));

@@ -5,7 +5,6 @@
 //! Each of a process's two pipes is read by its own thread, a line at a time; a line is written
 //! whole, under one lock, to the log file and to the console, so lines never interleave.
 
-use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -65,9 +64,10 @@ impl LogFile {
 
 /// Where each line of a process's output goes: its log file and its console prefix.
 pub trait Router: Send + Sync {
-    /// The log file and console prefix of `line`, and the part of it to write (a router may
-    /// strip a tag that named the line's origin).
-    fn route<'l>(&self, line: &'l [u8]) -> (&LogFile, &str, Cow<'l, [u8]>);
+    /// Hands `emit` each whole line `line` completes, with its log file and console prefix: a
+    /// plain process's line as it is; a router that demultiplexes several sources may strip
+    /// their tags, keep a piece until its line ends, or emit several lines.
+    fn route(&self, line: &[u8], emit: &mut dyn FnMut(&LogFile, &str, &[u8]));
 }
 
 /// Every line to one log file, with one console prefix (`[worker 1] `).
@@ -80,8 +80,8 @@ pub struct Prefixed {
 }
 
 impl Router for Prefixed {
-    fn route<'l>(&self, line: &'l [u8]) -> (&LogFile, &str, Cow<'l, [u8]>) {
-        (&self.log, &self.prefix, Cow::Borrowed(line))
+    fn route(&self, line: &[u8], emit: &mut dyn FnMut(&LogFile, &str, &[u8])) {
+        emit(&self.log, &self.prefix, line);
     }
 }
 
@@ -100,13 +100,14 @@ pub fn pump(
             let mut line = Vec::new();
             let mut console_line = Vec::new();
             while next_line(&mut reader, &mut line) {
-                let (log, prefix, body) = router.route(&line);
-                log.write_line(&body);
-                console_line.clear();
-                console_line.extend_from_slice(prefix.as_bytes());
-                console_line.extend_from_slice(&body);
-                // A closed console (`tessera launch … | head`) must not stop the logging.
-                let _ = io::stdout().lock().write_all(&console_line);
+                router.route(&line, &mut |log, prefix, body| {
+                    log.write_line(body);
+                    console_line.clear();
+                    console_line.extend_from_slice(prefix.as_bytes());
+                    console_line.extend_from_slice(body);
+                    // A closed console (`tessera launch … | head`) must not stop the logging.
+                    let _ = io::stdout().lock().write_all(&console_line);
+                });
             }
         })
 }

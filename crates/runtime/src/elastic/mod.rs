@@ -16,8 +16,10 @@ pub mod fault;
 pub mod recovery;
 pub mod store;
 
-/// Steps between snapshots when `train.elastic_interval` is not given.
-pub const DEFAULT_INTERVAL: u64 = 10;
+/// Steps between snapshots when `train.elastic_interval` is not given: at most this many steps
+/// are taken again after a failure, and the snapshots cost under 3 % of the GPT example's
+/// steps/s (`docs/PERFORMANCE.md`, "Elastic training").
+pub const DEFAULT_INTERVAL: u64 = 50;
 
 /// The variable naming this node's store (set by `tessera launch` for every rank).
 pub const STORE_VAR: &str = crate::launch_env::ELASTIC_DIR;

@@ -1,15 +1,18 @@
 //! The output of one `mpirun --tag-output` job, split back into the ranks' log files.
 //!
-//! OpenMPI prefixes every line a rank writes with `[JOB,RANK]<stdout>:` or `<stderr>:`. A
-//! tagged line goes, without its tag, to `worker_<RANK>.log` and to the console prefixed
-//! `[worker RANK] `, as `tessera launch` shows every process's lines; `mpirun`'s own lines
-//! (untagged: its error reports) go to `mpirun.log` and to the console prefixed `[mpirun] `.
-//! From those the router also remembers which rank `mpirun` reported as failed.
+//! OpenMPI prefixes what a rank writes with `[JOB,RANK]<stdout>:` or `<stderr>:` — each piece
+//! it forwards, not each line: a line a rank wrote in several writes (Rust's unbuffered stderr
+//! does) arrives as several tagged pieces, and pieces of different ranks may share one line of
+//! `mpirun`'s output. The router keeps each rank's (and stream's) pieces until a newline ends
+//! its line, then writes the line, without tags, to `worker_<RANK>.log` and to the console
+//! prefixed `[worker RANK] `. `mpirun`'s own lines (untagged: its error reports) go to
+//! `mpirun.log` and the console prefixed `[mpirun] `; from those the router also remembers which
+//! rank `mpirun` reported as failed.
 
-use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::launch::output::{LogFile, Router};
+use crate::launch::output::{LogFile, Router, MAX_LINE_BYTES};
 
 /// One rank's log file and console prefix.
 #[derive(Debug)]
@@ -25,8 +28,18 @@ pub struct RankOutput {
 pub struct TaggedRouter {
     ranks: Vec<RankOutput>,
     own: RankOutput,
+    /// Pieces of a line not yet ended, by (rank, from stderr).
+    pending: Mutex<HashMap<(usize, bool), Vec<u8>>>,
     /// The first rank `mpirun` reported as failed in this job's run.
     failed_rank: Mutex<Option<usize>>,
+}
+
+/// One tagged piece of a line: its rank, its stream and its text.
+#[derive(Debug, PartialEq, Eq)]
+struct Piece<'l> {
+    rank: usize,
+    stderr: bool,
+    text: &'l [u8],
 }
 
 impl TaggedRouter {
@@ -35,6 +48,7 @@ impl TaggedRouter {
         TaggedRouter {
             ranks,
             own,
+            pending: Mutex::new(HashMap::new()),
             failed_rank: Mutex::new(None),
         }
     }
@@ -44,9 +58,13 @@ impl TaggedRouter {
         *self.failed_rank.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Forgets the failed rank (before the job is started again).
+    /// Forgets the failed rank and any unfinished line (before the job is started again).
     pub fn reset(&self) {
         *self.failed_rank.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Every rank's log file, in rank order.
@@ -56,103 +74,139 @@ impl TaggedRouter {
 }
 
 impl Router for TaggedRouter {
-    fn route<'l>(&self, line: &'l [u8]) -> (&LogFile, &str, Cow<'l, [u8]>) {
-        if let Some((rank, body)) = split_tag(line) {
-            if let Some(out) = self.ranks.get(rank) {
-                let tag = &line[..line.len() - body.len()];
-                return (&out.log, &out.prefix, strip_inner_tags(body, tag));
+    fn route(&self, line: &[u8], emit: &mut dyn FnMut(&LogFile, &str, &[u8])) {
+        let pieces = split_pieces(line, self.ranks.len());
+        if pieces.is_empty() {
+            if let Some(rank) = reported_failure(line) {
+                let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
+                failed.get_or_insert(rank);
+            }
+            emit(&self.own.log, &self.own.prefix, line);
+            return;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        for piece in pieces {
+            let out = &self.ranks[piece.rank];
+            let buffer = pending.entry((piece.rank, piece.stderr)).or_default();
+            buffer.extend_from_slice(piece.text);
+            // A line ends at its newline; an endless one is cut as the log contract says.
+            if buffer.last() == Some(&b'\n') || buffer.len() >= MAX_LINE_BYTES {
+                if buffer.last() != Some(&b'\n') {
+                    buffer.push(b'\n');
+                }
+                emit(&out.log, &out.prefix, buffer);
+                buffer.clear();
             }
         }
-        if let Some(rank) = reported_failure(line) {
-            let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
-            failed.get_or_insert(rank);
-        }
-        (&self.own.log, &self.own.prefix, Cow::Borrowed(line))
     }
 }
 
-/// `body` without the further copies of `tag` OpenMPI puts where a rank's line was written in
-/// several pieces (`error: [1,3]<stderr>:message`).
-fn strip_inner_tags<'l>(body: &'l [u8], tag: &[u8]) -> Cow<'l, [u8]> {
-    let found = |from: usize| {
-        body[from..]
-            .windows(tag.len())
-            .position(|w| w == tag)
-            .map(|p| p + from)
-    };
-    let Some(mut at) = found(0) else {
-        return Cow::Borrowed(body);
-    };
-    let mut out = Vec::with_capacity(body.len());
-    let mut from = 0;
-    loop {
-        out.extend_from_slice(&body[from..at]);
-        from = at + tag.len();
-        match found(from) {
-            Some(next) => at = next,
-            None => break,
-        }
-    }
-    out.extend_from_slice(&body[from..]);
-    Cow::Owned(out)
-}
-
-/// `[JOB,RANK]<stdout>:BODY` (or `<stderr>:`) → (RANK, BODY).
-pub fn split_tag(line: &[u8]) -> Option<(usize, &[u8])> {
-    let rest = line.strip_prefix(b"[")?;
-    let close = rest.iter().position(|&b| b == b']')?;
-    let (ids, after) = (&rest[..close], &rest[close + 1..]);
+/// The tag at the start of `text`: (rank, stderr, the tag's length).
+fn tag_at(text: &[u8]) -> Option<(usize, bool, usize)> {
+    let rest = text.strip_prefix(b"[")?;
+    let close = rest.iter().take(48).position(|&b| b == b']')?;
+    let ids = &rest[..close];
     let comma = ids.iter().position(|&b| b == b',')?;
-    if !ids[..comma].iter().all(u8::is_ascii_digit) || comma == 0 {
+    let digits = |d: &[u8]| !d.is_empty() && d.iter().all(u8::is_ascii_digit);
+    if !digits(&ids[..comma]) || !digits(&ids[comma + 1..]) {
         return None;
     }
-    let rank = parse_number(&ids[comma + 1..])?;
-    let body = after
-        .strip_prefix(b"<stdout>:")
-        .or_else(|| after.strip_prefix(b"<stderr>:"))?;
-    Some((rank, body))
+    let rank = std::str::from_utf8(&ids[comma + 1..]).ok()?.parse().ok()?;
+    let after = &rest[close + 1..];
+    let (stderr, name) = if after.starts_with(b"<stdout>:") {
+        (false, 9)
+    } else if after.starts_with(b"<stderr>:") {
+        (true, 9)
+    } else {
+        return None;
+    };
+    Some((rank, stderr, 1 + close + 1 + name))
+}
+
+/// A tagged line's pieces (empty when it does not start with a tag of one of `ranks` ranks:
+/// then it is `mpirun`'s own).
+fn split_pieces(line: &[u8], ranks: usize) -> Vec<Piece<'_>> {
+    let Some((rank, stderr, len)) = tag_at(line).filter(|(r, _, _)| *r < ranks) else {
+        return Vec::new();
+    };
+    let mut pieces = Vec::new();
+    let mut current = (rank, stderr, len);
+    let mut at = len;
+    let mut start = len;
+    while at < line.len() {
+        if line[at] == b'[' {
+            if let Some(next) = tag_at(&line[at..]).filter(|(r, _, _)| *r < ranks) {
+                pieces.push(Piece {
+                    rank: current.0,
+                    stderr: current.1,
+                    text: &line[start..at],
+                });
+                current = next;
+                at += next.2;
+                start = at;
+                continue;
+            }
+        }
+        at += 1;
+    }
+    pieces.push(Piece {
+        rank: current.0,
+        stderr: current.1,
+        text: &line[start..],
+    });
+    pieces
 }
 
 /// The rank named by one of `mpirun`'s failure reports: `… process rank 3 with PID …` or
 /// `Process name: [[41230,1],3]`.
 pub fn reported_failure(line: &[u8]) -> Option<usize> {
     let text = std::str::from_utf8(line).ok()?;
+    let number = |s: &str| -> Option<usize> {
+        let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
     if let Some(at) = text.find("process rank ") {
-        let digits: String = text[at + 13..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        return digits.parse().ok();
+        return number(&text[at + 13..]);
     }
     let at = text.find("Process name: [[")?;
     let inner = &text[at + 16..];
     let close = inner.find(']')?;
-    let after = inner[close + 1..].strip_prefix(',')?;
-    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
-}
-
-fn parse_number(digits: &[u8]) -> Option<usize> {
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
+    number(inner[close + 1..].strip_prefix(',')?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn routed(router: &TaggedRouter, line: &[u8]) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        router.route(line, &mut |log, _, body| {
+            let name = log
+                .path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            out.push((name, String::from_utf8_lossy(body).into_owned()));
+        });
+        out
+    }
+
+    fn router(dir: &std::path::Path) -> TaggedRouter {
+        let open = |name: &str, prefix: &str| RankOutput {
+            log: Arc::new(LogFile::open(dir.join(name)).unwrap()),
+            prefix: prefix.to_string(),
+        };
+        TaggedRouter::new(
+            vec![open("w0", "[worker 0] "), open("w1", "[worker 1] ")],
+            open("m", "[mpirun] "),
+        )
+    }
+
     #[test]
-    fn tags_name_the_rank_and_are_removed() {
-        assert_eq!(
-            split_tag(b"[1,3]<stdout>:loss 2.5\n"),
-            Some((3, &b"loss 2.5\n"[..]))
-        );
-        assert_eq!(
-            split_tag(b"[41230,12]<stderr>:error: x\n"),
-            Some((12, &b"error: x\n"[..]))
-        );
+    fn tags_name_the_rank_and_stream() {
+        assert_eq!(tag_at(b"[1,3]<stdout>:x"), Some((3, false, 14)));
+        assert_eq!(tag_at(b"[41230,12]<stderr>:x"), Some((12, true, 19)));
         for untagged in [
             &b"mpirun noticed that ...\n"[..],
             b"[1,x]<stdout>:a\n",
@@ -160,8 +214,49 @@ mod tests {
             b"[1,2]<stdin>:a\n",
             b"[1,2]",
         ] {
-            assert_eq!(split_tag(untagged), None);
+            assert_eq!(tag_at(untagged), None);
         }
+    }
+
+    #[test]
+    fn pieces_of_several_ranks_are_joined_into_each_ranks_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        assert_eq!(
+            routed(&router, b"[1,1]<stdout>:hello\n"),
+            [("w1".to_string(), "hello\n".to_string())]
+        );
+        // One rank's line written in pieces.
+        assert_eq!(
+            routed(
+                &router,
+                b"[1,0]<stderr>:error: [1,0]<stderr>:bad[1,0]<stderr>:\n"
+            ),
+            [("w0".to_string(), "error: bad\n".to_string())]
+        );
+        // Two ranks' pieces in one line of mpirun's: rank 0's line waits for its end.
+        assert_eq!(
+            routed(&router, b"[1,0]<stderr>:TIMING rank [1,1]<stderr>:done 1\n"),
+            [("w1".to_string(), "done 1\n".to_string())]
+        );
+        assert_eq!(
+            routed(&router, b"[1,0]<stderr>:0 ok\n"),
+            [("w0".to_string(), "TIMING rank 0 ok\n".to_string())]
+        );
+        // stdout and stderr pieces of one rank are lines of their own.
+        assert_eq!(
+            routed(&router, b"[1,1]<stdout>:a[1,1]<stderr>:b\n").len(),
+            1
+        );
+        assert_eq!(
+            routed(&router, b"[1,1]<stdout>:c\n"),
+            [("w1".to_string(), "ac\n".to_string())]
+        );
+        // A rank beyond the job's is mpirun's line, kept whole.
+        assert_eq!(
+            routed(&router, b"[1,7]<stdout>:x\n"),
+            [("m".to_string(), "[1,7]<stdout>:x\n".to_string())]
+        );
     }
 
     #[test]
@@ -177,36 +272,10 @@ mod tests {
             Some(3)
         );
         assert_eq!(reported_failure(b"Exit code:    1\n"), None);
-    }
-
-    #[test]
-    fn lines_go_to_their_ranks_log_and_the_rest_to_mpiruns() {
         let dir = tempfile::tempdir().unwrap();
-        let open = |name: &str, prefix: &str| RankOutput {
-            log: Arc::new(LogFile::open(dir.path().join(name)).unwrap()),
-            prefix: prefix.to_string(),
-        };
-        let router = TaggedRouter::new(
-            vec![open("w0", "[worker 0] "), open("w1", "[worker 1] ")],
-            open("m", "[mpirun] "),
-        );
-        let (log, prefix, body) = router.route(b"[1,1]<stdout>:hello\n");
-        assert_eq!(
-            (log.path(), prefix, &*body),
-            (&*dir.path().join("w1"), "[worker 1] ", &b"hello\n"[..])
-        );
-        // A line written in pieces carries the tag again inside; it is removed.
-        let (_, _, body) = router.route(b"[1,0]<stderr>:error: [1,0]<stderr>:bad[1,0]<stderr>:\n");
-        assert_eq!(&*body, b"error: bad\n");
-        // A rank beyond the job's is mpirun's line, kept whole.
-        let (log, _, body) = router.route(b"[1,7]<stdout>:x\n");
-        assert_eq!(
-            (log.path(), &*body),
-            (&*dir.path().join("m"), &b"[1,7]<stdout>:x\n"[..])
-        );
-        assert_eq!(router.failed_rank(), None);
-        router.route(b"  Process name: [[5,1],1]\n");
-        router.route(b"mpirun noticed that process rank 0 with PID 1\n");
+        let router = router(dir.path());
+        routed(&router, b"  Process name: [[5,1],1]\n");
+        routed(&router, b"mpirun noticed that process rank 0 with PID 1\n");
         assert_eq!(router.failed_rank(), Some(1), "the first report wins");
         router.reset();
         assert_eq!(router.failed_rank(), None);
