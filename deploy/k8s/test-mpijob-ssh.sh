@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Tests the ssh side of collective/mpijob.yaml without Kubernetes or the image: the workers'
 # sshd (ssh/sshd_config) run as the image's user, the launcher's ssh client (ssh/ssh_config)
-# and mpirun over ssh with the MPI Operator's hostfile and key conventions, on Debian trixie's
-# OpenSSH and OpenMPI (the runtime stage's packages).
+# and mpirun over ssh with the MPI Operator's hostfile and key conventions, on Debian bookworm's
+# OpenSSH and OpenMPI 4.1 (the runtime stage's packages).
 #
-# In a trixie root (made with debootstrap when ROOT has none) it installs the two ssh files where
+# In a bookworm root (made with debootstrap when ROOT has none) it installs the two ssh files where
 # the Dockerfile puts them, the image's user (uid 10001, home /opt/tessera), an operator-style
 # key (ECDSA P-521 in PEM as id_rsa, id_rsa.pub and authorized_keys, root-owned, mode 0644, in
 # /opt/tessera/.ssh) and a hostfile in the operator's format. Then, in a private mount, network
 # and UTS namespace (nothing on the host's network changes), two network namespaces on a bridge
 # stand in for worker pods, with host names tessera-mpi-worker-<i> and their full names in
 # /etc/hosts only; each runs sshd as uid 10001 as the Worker does; uid 10001 in the "launcher"
-# namespace runs `mpirun -np 2 --hostfile /etc/mpi/hostfile` with the OMPI_MCA_* variables the
-# operator sets. Passes when rank i runs on
-# worker i with OpenMPI's rank variables set. Needs root, debootstrap, unshare and ip.
+# namespace, with the OMPI_MCA_* variables the operator sets, runs `mpirun -np 2` twice: with
+# the options `tessera launch --hostfile /etc/mpi/hostfile` gives it, and with no host file
+# but the operator's variable. Passes when, both times, mpirun prints nothing but one tagged
+# line per rank, rank i on worker i with OpenMPI's rank variables and the forwarded restart
+# count set. Needs root, debootstrap, unshare and ip.
 #
-#   deploy/k8s/test-mpijob-ssh.sh ROOT       (ROOT: a directory for the trixie root, kept for
+#   deploy/k8s/test-mpijob-ssh.sh ROOT       (ROOT: a directory for the bookworm root, kept for
 #                                             reuse; MIRROR: the Debian mirror for debootstrap)
 set -euo pipefail
 root="${1:?usage: test-mpijob-ssh.sh ROOT}"
@@ -25,7 +27,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 if [ "${TESSERA_SSH_TEST_INSIDE-}" != 1 ]; then
     if [ ! -x "$root/usr/sbin/sshd" ] || [ ! -x "$root/usr/bin/mpirun" ]; then
         debootstrap --variant=minbase --include=openmpi-bin,openssh-server,openssh-client \
-            trixie "$root" "$mirror" >"$root.debootstrap.log" 2>&1
+            bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1
     fi
     chroot "$root" sh -c 'rm -f /etc/ssh/ssh_host_*
         id tessera >/dev/null 2>&1 ||
@@ -82,20 +84,34 @@ for _ in $(seq 50); do
     [ "$listening" = 2 ] && break
     sleep 0.2
 done
-# With the environment the operator gives the launcher's container (OpenMPI 4's names).
-out="$(chroot --userspec=10001:10001 "$root" env HOME=/opt/tessera K_MPI_JOB_ROLE=launcher \
-    OMPI_MCA_orte_keep_fqdn_hostnames=true OMPI_MCA_orte_default_hostfile=/etc/mpi/hostfile \
-    OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10" \
-    timeout 60 mpirun -np 2 --hostfile /etc/mpi/hostfile \
-    sh -c 'echo "rank=$OMPI_COMM_WORLD_RANK size=$OMPI_COMM_WORLD_SIZE local=$OMPI_COMM_WORLD_LOCAL_RANK host=$(hostname)"' \
-    2>&1)" || true
-echo "$out"
-out="$(echo "$out" | grep '^rank=' | sort)" || true
-expected="rank=0 size=2 local=0 host=tessera-mpi-worker-0
-rank=1 size=2 local=0 host=tessera-mpi-worker-1"
-if [ "$out" != "$expected" ]; then
-    echo "test-mpijob-ssh: expected one rank on each worker; sshd's logs:" >&2
-    cat "$root"/sshd-*.log >&2
-    exit 1
-fi
+# Each rank prints OpenMPI's rank variables, the restart count `-x` forwards, and its host.
+rank_cmd='echo "rank=$OMPI_COMM_WORLD_RANK size=$OMPI_COMM_WORLD_SIZE"'\
+' "local=$OMPI_COMM_WORLD_LOCAL_RANK restart=$TESSERA_RESTART_COUNT host=$(hostname)"'
+expected="[1,0]<stdout>:rank=0 size=2 local=0 restart=3 host=tessera-mpi-worker-0
+[1,1]<stdout>:rank=1 size=2 local=0 restart=3 host=tessera-mpi-worker-1"
+# run NAME MPIRUN_ARGS…: mpirun as uid 10001 with the environment the operator gives the
+# launcher's container (OpenMPI 4's names); passes when its whole output (mpirun's own
+# messages included, so a warning fails) is one tagged line per rank, rank i on worker i.
+run() {
+    local name="$1" out
+    shift
+    out="$(chroot --userspec=10001:10001 "$root" env HOME=/opt/tessera K_MPI_JOB_ROLE=launcher \
+        OMPI_MCA_orte_keep_fqdn_hostnames=true OMPI_MCA_orte_default_hostfile=/etc/mpi/hostfile \
+        OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10" TESSERA_RESTART_COUNT=3 \
+        timeout 60 mpirun -np 2 "$@" sh -c "$rank_cmd" 2>&1)" || true
+    echo "$name:"
+    echo "$out"
+    if [ "$(echo "$out" | sort)" != "$expected" ]; then
+        echo "test-mpijob-ssh: $name: expected exactly one tagged line from each worker;" \
+            "sshd's logs:" >&2
+        cat "$root"/sshd-*.log >&2
+        exit 1
+    fi
+}
+# As `tessera launch --nproc 2 --hostfile /etc/mpi/hostfile` runs it (crates/cli/src/launch/
+# collective/mpirun.rs, a host file's job; the launcher runs as uid 10001, not as root).
+run "tessera launch's mpirun" --oversubscribe --bind-to none --tag-output \
+    -x TESSERA_RESTART_COUNT --hostfile /etc/mpi/hostfile
+# With no --hostfile: the operator's OMPI_MCA_orte_default_hostfile alone names the workers.
+run "the operator's hostfile variable" --tag-output -x TESSERA_RESTART_COUNT
 echo "test-mpijob-ssh: mpirun reached both workers' sshd as uid 10001 and ran rank i on worker i"
