@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes stand-ins for the Dockerfile's two base images where Docker Hub cannot be reached (an
-# air-gapped build host with a Debian mirror): debian:trixie-slim from `debootstrap --variant=
-# minbase trixie`, and rust:1.95-slim-trixie from the same with gcc, libc6-dev and
+# air-gapped build host with a Debian mirror): debian:bookworm-slim from `debootstrap --variant=
+# minbase bookworm`, and rust:1.95-slim-bookworm from the same with gcc, libc6-dev and
 # ca-certificates plus this machine's Rust 1.95 toolchain at the official image's paths
 # (RUSTUP_HOME=/usr/local/rustup, CARGO_HOME=/usr/local/cargo). Extra CA certificates in
 # /usr/local/share/ca-certificates (a TLS-inspecting proxy's) are trusted inside, so cargo can
@@ -22,12 +22,12 @@ toolchain="${TOOLCHAIN:-$(rustc +1.95.0 --print sysroot)}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-debootstrap --variant=minbase trixie "$work/slim" "$mirror" >"$work/slim.log"
+debootstrap --variant=minbase bookworm "$work/slim" "$mirror" >"$work/slim.log"
 tar -C "$work/slim" -c . | "$docker" import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    - debian:trixie-slim
+    - debian:bookworm-slim
 
-debootstrap --variant=minbase --include=gcc,libc6-dev,ca-certificates trixie "$work/rust" \
+debootstrap --variant=minbase --include=gcc,libc6-dev,ca-certificates bookworm "$work/rust" \
     "$mirror" >"$work/rust.log"
 dest="$work/rust/usr/local/rustup/toolchains/1.95.0-x86_64-unknown-linux-gnu"
 mkdir -p "$dest" "$work/rust/usr/local/cargo/bin"
@@ -45,5 +45,5 @@ fi
 tar -C "$work/rust" -c . | "$docker" import \
     --change 'ENV RUSTUP_HOME=/usr/local/rustup' --change 'ENV CARGO_HOME=/usr/local/cargo' \
     --change 'ENV PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    - rust:1.95-slim-trixie
-echo "offline-base-images: debian:trixie-slim and rust:1.95-slim-trixie are ready"
+    - rust:1.95-slim-bookworm
+echo "offline-base-images: debian:bookworm-slim and rust:1.95-slim-bookworm are ready"
