@@ -311,3 +311,36 @@ fn losing_a_shard_and_its_copy_falls_back_to_disk() {
     );
     assert_bitwise(&dir.0, "killed");
 }
+
+/// A rank that hangs (alive, making no progress) at the start of step 7: the others' collectives
+/// time out (`--timeout 5`), the job ends, and the restarted job resumes from the snapshot of
+/// step 4, bitwise equal to the run that never failed.
+#[test]
+fn a_hung_rank_is_timed_out_and_recovered() {
+    let dir = Scratch::new("mpi-elastic-hang");
+    reference(&dir.0, DP_MP, 12);
+    let mut cmd = vec![exe().to_string()];
+    cmd.extend(gpt(&dir.0, "killed", DP_MP, 12, true));
+    cmd.extend(["--timeout".to_string(), "5".to_string()]);
+    let logs = dir.0.join("logs");
+    let out = finish(
+        launch(
+            &["--nproc", "4", "--restarts", "1", "--log-dir", s(&logs)],
+            &args(&cmd),
+        )
+        .env("TESSERA_FAULT", "rank=1,step=7,at=hang")
+        .spawn()
+        .unwrap(),
+    );
+    assert_ok(&out);
+    let console = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        console.contains("rank 1 hangs at the start of step 7"),
+        "{console}"
+    );
+    assert!(
+        console.contains("elastic: resuming from the in-memory snapshot of step 4"),
+        "{console}"
+    );
+    assert_bitwise(&dir.0, "killed");
+}

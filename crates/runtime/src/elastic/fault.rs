@@ -6,7 +6,9 @@
 //! The points: `forward` (the step's start: the other ranks then wait in the step's first
 //! collective), `update` (after the forward and backward passes, before the update: they wait
 //! in the global-norm all-reduce of clipping or the next step's first collective), `snapshot`
-//! (an elastic snapshot with this rank's file written, before the copies are exchanged).
+//! (an elastic snapshot with this rank's file written, before the copies are exchanged), and
+//! `hang`: at the step's start the rank stops making progress without dying, as a deadlocked
+//! or stalled process would, until something kills it.
 
 use std::sync::OnceLock;
 
@@ -25,6 +27,8 @@ pub enum FaultPoint {
     Update,
     /// Inside an elastic snapshot.
     Snapshot,
+    /// The step's start, hanging instead of dying.
+    Hang,
 }
 
 /// A parsed fault.
@@ -54,9 +58,10 @@ impl Fault {
                         "forward" => Some(FaultPoint::Forward),
                         "update" => Some(FaultPoint::Update),
                         "snapshot" => Some(FaultPoint::Snapshot),
+                        "hang" => Some(FaultPoint::Hang),
                         other => {
                             return Err(format!(
-                                "unknown point {other:?} (forward, update, snapshot)"
+                                "unknown point {other:?} (forward, update, snapshot, hang)"
                             ))
                         }
                     }
@@ -87,9 +92,20 @@ fn armed() -> Result<Option<Fault>, RuntimeError> {
     })
 }
 
-/// Kills this process (SIGKILL) when the armed fault is `rank` at `point` of `step`.
+/// Kills this process (SIGKILL) when the armed fault is `rank` at `point` of `step`; at the
+/// step's start (`Forward`) a `hang` fault stops this thread for good instead.
 pub fn strike(rank: usize, step: u64, point: FaultPoint) -> Result<(), RuntimeError> {
     if let Some(f) = armed()? {
+        if f.rank == rank
+            && f.step == step
+            && f.at == FaultPoint::Hang
+            && point == FaultPoint::Forward
+        {
+            eprintln!("{FAULT_VAR}: rank {rank} hangs at the start of step {step}");
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
         if f.rank == rank && f.step == step && f.at == point {
             eprintln!("{FAULT_VAR}: rank {rank} kills itself at {point:?} of step {step}");
             // SAFETY: raise(3) sends a signal to this process; SIGKILL cannot be caught.
