@@ -289,7 +289,7 @@ fn raise_open_file_limit(processes: usize) {
 }
 
 /// Delivers SIGINT and SIGTERM to the supervisor as events, from a plain thread.
-fn forward_signals(
+pub(crate) fn forward_signals(
     sender: std::sync::mpsc::Sender<child::Event>,
 ) -> anyhow::Result<signal_hook::iterator::Handle> {
     use signal_hook::consts::{SIGINT, SIGTERM};

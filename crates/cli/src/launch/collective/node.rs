@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 
 use super::wire::{self, Message, PROTOCOL};
-use crate::launch::child::signal_group;
+use crate::launch::child::{signal_group, Event};
 use crate::launch::Interrupted;
 
 /// How long between attempts to reach node 0.
@@ -229,14 +229,12 @@ fn kill_daemon(daemon: &Daemon) {
 
 /// On SIGINT or SIGTERM: stops the daemon and exits with 128 + the signal.
 fn stop_on_signals(daemon: Daemon) -> anyhow::Result<signal_hook::iterator::Handle> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .context("cannot install the signal handlers")?;
-    let handle = signals.handle();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let handle = crate::launch::forward_signals(sender)?;
     std::thread::Builder::new()
-        .name("launch-signals".into())
+        .name("launch-stop".into())
         .spawn(move || {
-            if let Some(signal) = signals.forever().next() {
+            if let Ok(Event::Signal(signal)) = receiver.recv() {
                 kill_daemon(&daemon);
                 eprintln!("error: {}", Interrupted(signal));
                 std::process::exit(128 + signal);
