@@ -166,6 +166,28 @@ fn ranks_get_the_contract_and_a_failed_rank_is_named_or_restarted() {
         .unwrap(),
     );
     assert_ok(&out);
+    // `--hostfile` goes to mpirun: a host file naming this host with 3 slots.
+    let hostfile = dir.0.join("hosts");
+    std::fs::write(&hostfile, "localhost slots=3\n").unwrap();
+    let hosted = dir.0.join("hosted-logs");
+    let out = finish(
+        launch(
+            &[
+                "--nproc",
+                "3",
+                "--hostfile",
+                s(&hostfile),
+                "--log-dir",
+                s(&hosted),
+            ],
+            &["sh", "-c", script],
+        )
+        .spawn()
+        .unwrap(),
+    );
+    assert_ok(&out);
+    let log = std::fs::read_to_string(hosted.join("worker_2.log")).unwrap();
+    assert!(log.contains("rank=2 world=3"), "{log}");
     for rank in 0..3 {
         let log = std::fs::read_to_string(logs.join(format!("worker_{rank}.log"))).unwrap();
         assert!(
