@@ -65,9 +65,12 @@ const DP_MP: &[&str] = &[
     "parallel.model_parallel=2",
     "parallel.vocab_emb_dp=false",
 ];
+/// With clipping, so the ranks' update starts with the global-norm all-reduce: a rank killed
+/// before its update leaves the others inside that all-reduce.
 const PIPELINE: &[&str] = &[
     "parallel.model_parallel=1",
     "parallel.pipeline={ stages = 2, micro_batches = 4 }",
+    "train.max_grad_norm=1.0",
 ];
 const HSDP: &[&str] = &[
     "parallel.data_parallel=4",
@@ -75,8 +78,9 @@ const HSDP: &[&str] = &[
     "parallel.hsdp={ optimizer_level = \"level2\", threshold = 0 }",
 ];
 
-/// A rank that kills itself (`TESSERA_FAULT`) at the start of step 7, before the update of step
-/// 6, or inside the snapshot of step 8: the launcher starts the job again, it resumes from the
+/// A rank that kills itself (`TESSERA_FAULT`) at the start of step 7 (the others inside the
+/// step's forward collectives), before the update of step 6 (the others inside clipping's
+/// all-reduce), or inside the snapshot of step 8 (the others exchanging the copies): the launcher starts the job again, it resumes from the
 /// in-memory snapshot of step 4, and finishes bitwise equal to the run that never failed.
 #[test]
 fn a_killed_rank_resumes_from_memory_to_the_bits_of_an_unbroken_run() {
