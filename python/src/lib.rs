@@ -8,6 +8,8 @@
 //! - [`checkpoints`]: `mindspore.parallel`'s checkpoint tools over the `ckpt` crate.
 //! - [`layouts`]: `Layout` checks, `to_dict` and per-rank slices over the `layout` crate.
 //! - [`training`]: `train` and `plan` over the `runtime` crate.
+//! - [`network`]: networks written in Python (`tessera.nn`): the tracing backend over
+//!   `graph::GraphBuilder` and their training over `runtime::Trainer`.
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
 //!
@@ -19,6 +21,7 @@ mod arrays;
 mod checkpoints;
 mod errors;
 mod layouts;
+mod network;
 mod progress;
 mod training;
 
@@ -29,5 +32,6 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     checkpoints::register(m)?;
     layouts::register(m)?;
     training::register(m)?;
+    network::register(m)?;
     Ok(())
 }
