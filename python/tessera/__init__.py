@@ -5,16 +5,31 @@
   plus ``reshard_plan``, ``layout_slices`` and ``verify_checkpoint``.
 - ``tessera.train(config, devices=...)`` trains as ``tessera train`` does and returns the
   metrics; ``tessera.plan(config, devices=...)`` returns the parallel plan as a dict.
+- Your own network with MindSpore's API (first slice of issue 34): ``tessera.nn`` (``Cell``
+  with ``construct``, ``Dense``, ``ReLU``, ``Flatten``, ``SequentialCell``, ``WithLossCell``,
+  ``SoftmaxCrossEntropyWithLogits``, optimizers ``SGD``, ``Momentum``, ``Adam``,
+  ``AdamWeightDecay``), ``tessera.ops`` (primitives with ``.shard``), ``tessera.dataset``
+  (``NumpySlicesDataset``), ``tessera.train`` (``Model``, ``Callback``, ``LossMonitor``; the
+  module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
+  ``tessera.common.initializer``, ``set_context``, ``set_auto_parallel_context`` (the device
+  count) and ``set_seed``. ``construct`` is traced once into Tessera's graph; the Rust engine
+  runs every step. See docs/PYTHON.md, "Your own network (first slice)".
 
 Errors name their culprit: ``CheckpointError`` (a ``ValueError``), ``CheckpointIOError`` (an
-``OSError``) and ``ConfigError`` (a ``ValueError``) carry ``file``, ``tensor`` and ``rule``.
+``OSError``) and ``ConfigError`` (a ``ValueError``) carry ``file``, ``tensor`` and ``rule``;
+``tessera.ops.UnsupportedOpError`` names the Cell, the op and the rule.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from . import parallel
+from ._context import (GRAPH_MODE, PYNATIVE_MODE, get_seed, reset_auto_parallel_context,
+                       set_auto_parallel_context, set_context, set_seed)
 from ._tessera import CheckpointError, CheckpointIOError, ConfigError
-from ._training import plan, train
+from ._training import plan
+from . import common, dataset, nn, ops
+from . import train  # the module tessera.train, callable as tessera.train(config, ...)
+from .common import Parameter
 
 try:
     __version__ = version("tessera-parallel")
@@ -25,7 +40,19 @@ __all__ = [
     "CheckpointError",
     "CheckpointIOError",
     "ConfigError",
+    "GRAPH_MODE",
+    "PYNATIVE_MODE",
+    "Parameter",
+    "common",
+    "dataset",
+    "get_seed",
+    "nn",
+    "ops",
     "parallel",
     "plan",
+    "reset_auto_parallel_context",
+    "set_auto_parallel_context",
+    "set_context",
+    "set_seed",
     "train",
 ]

@@ -1,0 +1,91 @@
+"""``tessera.common.initializer``: MindSpore's initializers, as specifications the engine draws
+from (seeded by ``tessera.set_seed``). This slice: ``Normal``, ``Uniform``, ``HeUniform``,
+``Zero``, ``One`` and ``initializer(init, shape, dtype)``; the values are drawn by the engine when
+training starts, not in Python."""
+
+
+class Initializer:
+    """Base of the initializers: ``kind`` (the engine's name) and ``scale``."""
+
+    kind = None
+
+    def __init__(self, scale=0.0):
+        self.scale = float(scale)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.scale})"
+
+
+class Normal(Initializer):
+    """``N(mean, sigma)``; this slice supports ``mean=0.0`` only."""
+
+    kind = "normal"
+
+    def __init__(self, sigma=0.01, mean=0.0):
+        if mean != 0.0:
+            raise ValueError("Normal: mean other than 0.0 is not supported yet")
+        super().__init__(sigma)
+
+
+class Uniform(Initializer):
+    """``U(-scale, scale)``."""
+
+    kind = "uniform"
+
+    def __init__(self, scale=0.07):
+        super().__init__(scale)
+
+
+class HeUniform(Initializer):
+    """MindSpore's ``HeUniform(negative_slope=0, mode='fan_in', nonlinearity='leaky_relu')``;
+    this slice supports the defaults and ``negative_slope=math.sqrt(5)`` (``nn.Dense``'s)."""
+
+    kind = "he_uniform"
+
+    def __init__(self, negative_slope=0, mode="fan_in", nonlinearity="leaky_relu"):
+        super().__init__(0.0)
+        if mode != "fan_in" or nonlinearity != "leaky_relu":
+            raise ValueError("HeUniform: only mode='fan_in', nonlinearity='leaky_relu' are supported yet")
+        if abs(negative_slope - 5 ** 0.5) < 1e-12:
+            self.kind = "dense_weight"
+        elif negative_slope != 0:
+            raise ValueError("HeUniform: negative_slope must be 0 or sqrt(5) in this slice")
+
+
+class Zero(Initializer):
+    """All zeros."""
+
+    kind = "zeros"
+
+
+class One(Initializer):
+    """All ones."""
+
+    kind = "ones"
+
+
+_BY_NAME = {"normal": Normal, "uniform": Uniform, "he_uniform": HeUniform, "zeros": Zero,
+            "ones": One}
+
+
+class InitSpec:
+    """What ``initializer(init, shape, dtype)`` returns: an initializer with its shape."""
+
+    def __init__(self, init, shape, dtype):
+        self.init, self.shape, self.dtype = init, tuple(shape), dtype
+
+
+def initializer(init, shape=None, dtype=None):
+    """MindSpore's ``initializer(init, shape, dtype)``: ``init`` an Initializer or its name
+    (``"normal"``, ``"uniform"``, ``"he_uniform"``, ``"zeros"``, ``"ones"``)."""
+    if isinstance(init, str):
+        if init.lower() not in _BY_NAME:
+            raise ValueError(f"initializer {init!r} is not supported (supported: {sorted(_BY_NAME)})")
+        init = _BY_NAME[init.lower()]()
+    if not isinstance(init, Initializer):
+        raise TypeError(f"initializer: init must be an Initializer or its name, got {type(init).__name__}")
+    if shape is None:
+        raise ValueError("initializer: shape is required")
+    if isinstance(shape, int):
+        shape = (shape,)
+    return InitSpec(init, shape, dtype)
