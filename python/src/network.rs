@@ -19,8 +19,7 @@ use parallel::{ParallelConfig, ParallelMode};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use runtime::{
-    Callback, Dataset, OptimizerConfig, OptimizerKind, RuntimeError, SampleSpec, StepInfo,
-    Trainer,
+    Callback, Dataset, OptimizerConfig, OptimizerKind, RuntimeError, SampleSpec, StepInfo, Trainer,
 };
 use tensor::{DType, Tensor};
 
@@ -83,7 +82,12 @@ impl NetworkBuilder {
     }
 
     /// A value fed at every step: `dtype` is `"float32"` or `"int32"`.
-    fn input(&mut self, name: &str, shape: Vec<usize>, dtype: &str) -> PyResult<(usize, Vec<usize>)> {
+    fn input(
+        &mut self,
+        name: &str,
+        shape: Vec<usize>,
+        dtype: &str,
+    ) -> PyResult<(usize, Vec<usize>)> {
         let dtype = match dtype {
             "float32" => DType::F32,
             "int32" => DType::I32,
@@ -150,7 +154,12 @@ impl NetworkBuilder {
         approximate: bool,
     ) -> PyResult<(usize, Vec<usize>)> {
         let arity = match kind {
-            "matmul" | "add" | "sub" | "mul" | "div" | "bias_add"
+            "matmul"
+            | "add"
+            | "sub"
+            | "mul"
+            | "div"
+            | "bias_add"
             | "sparse_softmax_cross_entropy" => 2,
             _ => 1,
         };
@@ -179,11 +188,19 @@ impl NetworkBuilder {
             "flatten" => b.flatten(name, v[0]),
             "reshape" => match shape {
                 Some(shape) => b.reshape(name, v[0], &shape),
-                None => return Err(PyValueError::new_err(format!("{name}: reshape needs a shape"))),
+                None => {
+                    return Err(PyValueError::new_err(format!(
+                        "{name}: reshape needs a shape"
+                    )))
+                }
             },
             "transpose" => match perm {
                 Some(perm) => b.transpose(name, v[0], &perm),
-                None => return Err(PyValueError::new_err(format!("{name}: transpose needs a perm"))),
+                None => {
+                    return Err(PyValueError::new_err(format!(
+                        "{name}: transpose needs a perm"
+                    )))
+                }
             },
             other => {
                 return Err(PyValueError::new_err(format!(
