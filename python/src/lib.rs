@@ -3,7 +3,8 @@
 //! It turns Python arguments into calls of Tessera's library crates and their results into
 //! plain Python data (dicts, lists, numpy arrays); it holds no checkpoint, layout or training
 //! logic of its own. The MindSpore-compatible names, signatures and argument checks live in the
-//! Python layer (`tessera/parallel/`), which calls these functions.
+//! Python layer (`tessera/parallel/`, and `tessera/nn.py`, `ops.py`, `train.py` for networks
+//! written in Python), which calls these functions.
 //!
 //! - [`checkpoints`]: `mindspore.parallel`'s checkpoint tools over the `ckpt` crate.
 //! - [`layouts`]: `Layout` checks, `to_dict` and per-rank slices over the `layout` crate.
