@@ -156,6 +156,10 @@ class Model:
         batch = train_dataset.batch_size
         builder, x, y, logits, loss, strategies = self._trace(batch, data.shape[1:])
         state = _context._STATE
+        if state["parallel_mode"] == "stand_alone" and state["device_num"] > 1:
+            raise ValueError(f"Model.train: device_num={state['device_num']} needs "
+                             "set_auto_parallel_context(parallel_mode='data_parallel' or "
+                             "'semi_auto_parallel'); 'stand_alone' is one device")
         if state["parallel_mode"] != "semi_auto_parallel":
             strategies = {}
         callbacks = [] if callbacks is None else (

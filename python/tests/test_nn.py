@@ -149,6 +149,10 @@ def test_a_bad_strategy_names_the_op_and_the_rule():
     with pytest.raises(ValueError, match=r"fc1\.matmul: in_strategy has 1 tuple\(s\) but MatMul "
                                          r"takes 2 input\(s\)"):
         _train(net, devices=8, epochs=1)
+    tessera.set_auto_parallel_context(parallel_mode="stand_alone")
+    with pytest.raises(ValueError, match="'stand_alone' is one device"):
+        Model(MLP(64), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")).train(
+            1, ds.NumpySlicesDataset(_digits(64)).batch(32))
     with pytest.raises(TypeError, match="positive ints"):
         ops.MatMul().shard(((2, 0), (1, 1)))
 
