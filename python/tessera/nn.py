@@ -20,7 +20,7 @@ from .common.initializer import HeUniform, Uniform, initializer
 from .common.parameter import Parameter
 
 __all__ = [
-    "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
+    "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
     "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "WithLossCell",
 ]
 
@@ -343,3 +343,29 @@ class AdamWeightDecay(Adam):
                  weight_decay=0.0):
         super().__init__(params, learning_rate, beta1, beta2, eps, weight_decay=weight_decay)
 
+
+
+class Metric:
+    """Base of the metrics ``Model(..., metrics={name: metric})`` evaluates in ``Model.eval``
+    (computed there from the network's outputs; ``update``/``eval`` are not supported yet)."""
+
+    _kind = None
+
+
+class Accuracy(Metric):
+    """MindSpore's ``nn.Accuracy(eval_type='classification')``: the fraction of samples whose
+    highest class score is the label's."""
+
+    _kind = "accuracy"
+
+    def __init__(self, eval_type="classification"):
+        if eval_type != "classification":
+            raise ValueError("Accuracy: only eval_type='classification' is supported yet")
+        self.eval_type = eval_type
+
+
+class Loss(Metric):
+    """MindSpore's ``nn.Loss()``: here the mean softmax cross entropy of the outputs and the
+    labels (the loss of ``SoftmaxCrossEntropyWithLogits(sparse=True, reduction='mean')``)."""
+
+    _kind = "loss"

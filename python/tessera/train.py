@@ -14,17 +14,20 @@ as ``tessera train`` does (see ``tessera._training.train``).
 """
 
 import inspect
+import os
 import shutil
 import sys
 import tempfile
+import time
 import types
+import weakref
 
 import numpy as np
 
 from . import _context, _trace, _training, nn
-from ._tessera import NetworkBuilder, train_network
+from ._tessera import NetworkBuilder, forward_network, read_parameters, train_network
 
-__all__ = ["Callback", "LossMonitor", "Model", "RunContext"]
+__all__ = ["Callback", "LossMonitor", "Model", "RunContext", "TimeMonitor"]
 
 
 class RunContext:
@@ -105,18 +108,51 @@ class _StopRequested(Exception):
     pass
 
 
+_METRIC_NAMES = {"accuracy": "accuracy", "acc": "accuracy", "loss": "loss"}
+
+
+def _metrics(metrics):
+    """``{key: kind}`` of ``Model``'s ``metrics``: a set of names or a dict of metric objects."""
+    if metrics is None:
+        return {}
+    if isinstance(metrics, (set, list, tuple)):
+        out = {}
+        for name in metrics:
+            kind = _METRIC_NAMES.get(str(name).lower())
+            if kind is None:
+                raise ValueError(f"Model: metric {name!r} is not supported (supported: "
+                                 f"{sorted(_METRIC_NAMES)})")
+            out[name] = kind
+        return out
+    if isinstance(metrics, dict):
+        out = {}
+        for key, metric in metrics.items():
+            if not isinstance(metric, nn.Metric):
+                raise TypeError(f"Model: metric {key!r} is a {type(metric).__name__}, not a "
+                                "tessera.nn metric (nn.Accuracy, nn.Loss)")
+            out[key] = metric._kind
+        return out
+    raise TypeError("Model: metrics is a set of names or a dict of name: nn.Metric")
+
+
 class Model:
     """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``. The
     network must end in a loss: ``loss_fn`` is given (the network is wrapped in
-    ``nn.WithLossCell``) or the network is a ``WithLossCell``. ``metrics`` and ``eval`` are not
-    supported yet."""
+    ``nn.WithLossCell``) or the network is a ``WithLossCell``. ``metrics``: a set of names
+    (``"Accuracy"``/``"accuracy"``/``"acc"``, ``"loss"``) or a dict ``{name: nn.Accuracy()}``,
+    evaluated by ``eval``.
+
+    Each ``train`` saves its final weights into a checkpoint set (a directory of this Model's,
+    removed with it); the Parameters then hold the trained values, and the next ``train``
+    resumes from that set (weights, optimizer state and step count)."""
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
                  eval_indexes=None, amp_level="O0", boost_level="O0", **kwargs):
-        if metrics is not None or eval_network is not None or eval_indexes is not None:
-            raise ValueError("Model: metrics and evaluation are not supported yet")
+        if eval_network is not None or eval_indexes is not None:
+            raise ValueError("Model: eval_network and eval_indexes are not supported yet")
         if amp_level != "O0" or boost_level != "O0" or kwargs:
             raise ValueError("Model: amp_level, boost_level and other options are not supported yet")
+        self._metrics = _metrics(metrics)
         if loss_fn is not None:
             network = nn.WithLossCell(network, loss_fn)
         if not isinstance(network, nn.WithLossCell):
@@ -128,6 +164,10 @@ class Model:
         if not isinstance(self.optimizer, nn.Optimizer):
             raise TypeError("Model: optimizer must be a tessera.nn optimizer")
         self.losses = []
+        self._runs = None          # this Model's directory of run outputs
+        self._checkpoint = None    # the checkpoint set of the last completed train
+        self._steps_done = 0       # global steps trained so far (the engine's step counter)
+        self._runs_count = 0
 
     def _trace(self, batch, sample_shape):
         builder = NetworkBuilder()
@@ -143,18 +183,27 @@ class Model:
         for what, t in (("the backbone's output", logits), ("the loss", loss)):
             if not isinstance(t, _trace.Tensor):
                 raise TypeError(f"{what} is a {type(t).__name__}, not a traced tensor")
-        return builder, x, y, logits, loss, trace.strategies
+        params = [(p, trace.params[id(p)]) for p in net.get_parameters() if id(p) in trace.params]
+        return builder, x, y, logits, loss, trace.strategies, params
+
+    def _run_dir(self):
+        if self._runs is None:
+            self._runs = tempfile.mkdtemp(prefix="tessera-model-")
+            weakref.finalize(self, shutil.rmtree, self._runs, True)
+        self._runs_count += 1
+        return os.path.join(self._runs, f"run_{self._runs_count}")
 
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1,
               initial_epoch=0):
-        """Trains ``epoch`` passes over ``train_dataset`` (a batched ``NumpySlicesDataset``)."""
+        """Trains ``epoch`` passes over ``train_dataset`` (a batched dataset), from the weights
+        of the previous ``train`` of this Model if any."""
         if sink_size != -1 or initial_epoch != 0:
             raise ValueError("Model.train: sink_size and initial_epoch are not supported yet")
         if train_dataset.batch_size is None:
             raise ValueError("Model.train: batch the dataset first (dataset.batch(n))")
         data, labels = train_dataset._arrays()
         batch = train_dataset.batch_size
-        builder, x, y, logits, loss, strategies = self._trace(batch, data.shape[1:])
+        builder, x, y, logits, loss, strategies, traced = self._trace(batch, data.shape[1:])
         state = _context._STATE
         if state["parallel_mode"] == "stand_alone" and state["device_num"] > 1:
             raise ValueError(f"Model.train: device_num={state['device_num']} needs "
@@ -165,6 +214,10 @@ class Model:
         callbacks = [] if callbacks is None else (
             list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
         batch_num = len(data) // batch
+        # A continued run counts its steps on from the checkpoint's: the engine trains up to
+        # `epochs` in all, so the epochs already done (a partial one counted whole) are added.
+        done_epochs = -(-self._steps_done // batch_num) if self._checkpoint else 0
+        step_offset = self._steps_done if self._checkpoint else 0
         params = types.SimpleNamespace(
             cur_epoch_num=0, cur_step_num=0, batch_num=batch_num, epoch_num=epoch,
             net_outputs=None, train_network=self.network, optimizer=self.optimizer,
@@ -178,7 +231,8 @@ class Model:
 
         def on_step(ep, step_in_epoch, global_step, step_loss):
             seen.append(step_loss)
-            params.cur_epoch_num, params.cur_step_num = ep, global_step
+            params.cur_epoch_num = ep - done_epochs
+            params.cur_step_num = global_step - step_offset
             params.net_outputs = np.float32(step_loss)
             for cb in callbacks:
                 cb.on_train_step_end(context)
@@ -188,22 +242,84 @@ class Model:
             if context._stop:
                 raise _StopRequested
 
-        out = tempfile.mkdtemp(prefix="tessera-model-")
-        losses = []
+        out = self._run_dir()
         try:
-            losses = train_network(
+            losses, saved = train_network(
                 builder, x.id, y.id, logits.id, loss.id, data, labels,
                 devices=state["device_num"], strategies=list(strategies.items()),
-                epochs=epoch, seed=state["seed"], deterministic=state["deterministic"],
-                shuffle=train_dataset.shuffle, callback=on_step if callbacks else None,
-                output_dir=out, **self.optimizer._engine_args())
+                epochs=done_epochs + epoch, seed=state["seed"],
+                deterministic=state["deterministic"], shuffle=train_dataset.shuffle,
+                callback=on_step if callbacks else None, output_dir=out,
+                resume_from=self._checkpoint, **self.optimizer._engine_args())
         except _StopRequested:
-            losses = seen
-        finally:
+            # The engine stops without saving: the Parameters keep their earlier values.
+            self.losses = list(seen)
             shutil.rmtree(out, ignore_errors=True)
-        self.losses = list(losses)
+        else:
+            self.losses = list(losses)
+            if saved is not None:
+                values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in traced])
+                for (p, _), value in zip(traced, values):
+                    p._value = value
+                old, self._checkpoint_run = getattr(self, "_checkpoint_run", None), out
+                self._checkpoint = saved
+                self._steps_done = step_offset + len(losses)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
         for cb in callbacks:
             cb.on_train_end(context)
+
+    def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
+        """The ``metrics`` of the trained network on ``valid_dataset`` (batched), as
+        ``{name: value}``: the engine runs the network forward only (one device, the trained
+        Parameters' values), batch by batch."""
+        if not self._metrics:
+            raise ValueError("Model.eval: the Model has no metrics (Model(..., metrics={'accuracy'}))")
+        if valid_dataset.batch_size is None:
+            raise ValueError("Model.eval: batch the dataset first (dataset.batch(n))")
+        data, labels = valid_dataset._arrays()
+        if valid_dataset.drop_remainder:
+            n = len(data) // valid_dataset.batch_size * valid_dataset.batch_size
+            data, labels = data[:n], labels[:n]
+        builder, x, _, logits, _, _, traced = self._trace(valid_dataset.batch_size, data.shape[1:])
+        missing = [p.name for p, _ in traced if p._value is None]
+        if missing:
+            raise ValueError(f"Model.eval: parameters {missing} have no values; train first")
+        out = forward_network(builder, x.id, logits.id,
+                              [(t.id, p._value) for p, t in traced], data)
+        if out.ndim != 2:
+            raise ValueError(f"Model.eval: the network's output has shape {out.shape[1:]} per "
+                             "sample; class scores [classes] are needed")
+        result = {}
+        for key, kind in self._metrics.items():
+            if kind == "accuracy":
+                result[key] = float(np.mean(np.argmax(out, axis=1) == labels))
+            else:
+                shifted = out - out.max(axis=1, keepdims=True)
+                logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+                result[key] = float(-np.mean(logp[np.arange(len(labels)), labels]))
+        return result
+
+
+class TimeMonitor(Callback):
+    """MindSpore's ``TimeMonitor(data_size=None)``: prints ``Train epoch time: 123.456 ms, per
+    step time: 1.234 ms`` after every epoch (the wall time since the previous epoch ended or
+    training began; per step: divided by ``data_size``, default the steps per epoch)."""
+
+    def __init__(self, data_size=None, data_time=False):
+        if data_size is not None and (not isinstance(data_size, int) or data_size <= 0):
+            raise ValueError("TimeMonitor: data_size must be a positive int")
+        self.data_size = data_size
+
+    def on_train_begin(self, run_context):
+        self._start = time.time()
+
+    def on_train_epoch_end(self, run_context):
+        now = time.time()
+        ms = (now - getattr(self, "_start", now)) * 1000
+        steps = self.data_size or run_context.original_args().batch_num
+        print(f"Train epoch time: {ms:5.3f} ms, per step time: {ms / steps:5.3f} ms", flush=True)
+        self._start = now
 
 
 class _CallableModule(types.ModuleType):

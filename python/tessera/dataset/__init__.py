@@ -1,0 +1,189 @@
+"""``tessera.dataset``: MindSpore's ``mindspore.dataset`` (issue 34):
+``NumpySlicesDataset(data, column_names=None, ..., shuffle=None)`` and
+``MnistDataset(dataset_dir, usage=None, num_samples=None, shuffle=None)``, with
+``.map(operations, input_columns)`` (``vision.Rescale``, ``vision.Normalize``,
+``vision.HWC2CHW``, ``transforms.TypeCast``; applied in numpy to the whole column when ``map``
+is called, once, never per training step) and ``.batch(batch_size, drop_remainder)``. The first column is the network's input (cast to float32), the second its
+label (cast to int32, one per sample). The engine reads the batches (each rank its rows), in a
+seeded shuffled order when ``shuffle`` (the default)."""
+
+import os
+
+import numpy as np
+
+from . import transforms, vision
+from .transforms import TensorOperation
+
+__all__ = ["MnistDataset", "NumpySlicesDataset", "transforms", "vision"]
+
+
+class NumpySlicesDataset:
+    """Samples sliced from numpy arrays along their first dim. ``data``: a dict of columns, a
+    tuple or list of arrays, or one array."""
+
+    def __init__(self, data, column_names=None, num_samples=None, num_parallel_workers=1,
+                 shuffle=None, sampler=None, num_shards=None, shard_id=None):
+        if sampler is not None or num_shards is not None or shard_id is not None:
+            raise ValueError("NumpySlicesDataset: sampler, num_shards and shard_id are not "
+                             "supported yet (the engine gives each rank its rows)")
+        if isinstance(data, dict):
+            names, columns = list(data.keys()), list(data.values())
+        elif isinstance(data, tuple):
+            names, columns = None, list(data)
+        else:
+            names, columns = None, [data]
+        columns = [np.asarray(c) for c in columns]
+        if column_names is not None:
+            names = [column_names] if isinstance(column_names, str) else list(column_names)
+        if names is None:
+            names = [f"column_{i}" for i in range(len(columns))]
+        if len(names) != len(columns):
+            raise ValueError(f"NumpySlicesDataset: {len(names)} column name(s) for "
+                             f"{len(columns)} column(s)")
+        n = {len(c) for c in columns}
+        if len(n) != 1:
+            raise ValueError(f"NumpySlicesDataset: columns have different numbers of samples "
+                             f"{[len(c) for c in columns]}")
+        if num_samples is not None:
+            columns = [c[:num_samples] for c in columns]
+        self.column_names = names
+        self._columns = columns
+        self.shuffle = True if shuffle is None else bool(shuffle)
+        self.batch_size = None
+        self.drop_remainder = False
+
+    def batch(self, batch_size, drop_remainder=False, num_parallel_workers=None, **kwargs):
+        """Batches of ``batch_size`` samples. The engine's batches have one size: with
+        ``drop_remainder=False`` the sample count must be a multiple of ``batch_size``."""
+        if kwargs:
+            raise ValueError(f"batch: {sorted(kwargs)} not supported yet")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch: batch_size must be a positive int, got {batch_size!r}")
+        n = len(self._columns[0])
+        if not drop_remainder and n % batch_size:
+            raise ValueError(f"batch: {n} samples do not split into batches of {batch_size}; "
+                             "use drop_remainder=True (the engine's batches have one size)")
+        out = NumpySlicesDataset.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out.batch_size, out.drop_remainder = batch_size, bool(drop_remainder)
+        return out
+
+    def map(self, operations, input_columns=None, output_columns=None, column_order=None,
+            num_parallel_workers=None, **kwargs):
+        """Applies ``operations`` (one or a list, in order) to every sample of
+        ``input_columns`` (one column name; default the first column), in numpy, now."""
+        if output_columns is not None or column_order is not None or kwargs:
+            raise ValueError("map: output_columns, column_order and other options are not "
+                             "supported yet")
+        ops = list(operations) if isinstance(operations, (list, tuple)) else [operations]
+        for op in ops:
+            if not isinstance(op, TensorOperation) and not callable(op):
+                raise TypeError(f"map: operation {op!r} is not a tessera.dataset operation")
+        if input_columns is None:
+            input_columns = self.column_names[0]
+        if isinstance(input_columns, (list, tuple)):
+            if len(input_columns) != 1:
+                raise ValueError("map: operations on several columns are not supported yet")
+            input_columns = input_columns[0]
+        if input_columns not in self.column_names:
+            raise ValueError(f"map: input_columns {input_columns!r} is not a column "
+                             f"(columns: {self.column_names})")
+        i = self.column_names.index(input_columns)
+        column = self._columns[i]
+        for op in ops:
+            if isinstance(op, TensorOperation):
+                column = op._apply_column(column)
+            else:
+                column = np.stack([np.asarray(op(sample)) for sample in column])
+        out = NumpySlicesDataset.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out._columns = list(self._columns)
+        out._columns[i] = column
+        return out
+
+    def get_dataset_size(self):
+        """The number of batches (samples when unbatched)."""
+        n = len(self._columns[0])
+        return n // self.batch_size if self.batch_size else n
+
+    def get_col_names(self):
+        """The column names."""
+        return list(self.column_names)
+
+    def _arrays(self):
+        """(inputs float32, labels int32) for the engine."""
+        if len(self._columns) != 2:
+            raise ValueError(f"Model.train needs two columns (data, label); this dataset has "
+                             f"{self.column_names}")
+        data, label = self._columns
+        label = np.asarray(label)
+        if label.ndim == 2 and label.shape[1] == 1:
+            label = label[:, 0]
+        if label.ndim != 1:
+            raise ValueError(f"the label column {self.column_names[1]} has shape {label.shape}; "
+                             "one class index per sample is needed")
+        return (np.ascontiguousarray(data, dtype=np.float32),
+                np.ascontiguousarray(label, dtype=np.int32))
+
+
+_MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def _read_idx(path, ndim):
+    """The array of IDX file ``path`` (unsigned bytes, ``ndim`` dims)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 + 4 * ndim or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or raw[3] != ndim:
+        raise ValueError(f"MnistDataset: {path} is not an IDX file of unsigned bytes with {ndim} "
+                         "dim(s)")
+    dims = [int.from_bytes(raw[4 + 4 * k:8 + 4 * k], "big") for k in range(ndim)]
+    body = raw[4 + 4 * ndim:]
+    if len(body) != int(np.prod(dims)):
+        raise ValueError(f"MnistDataset: {path} holds {len(body)} bytes of data; its header "
+                         f"says {dims}")
+    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
+
+
+class MnistDataset(NumpySlicesDataset):
+    """MindSpore's ``MnistDataset(dataset_dir, usage=None, num_samples=None, shuffle=None)``:
+    the IDX files of ``dataset_dir`` (``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+    ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``). Columns ``image`` (uint8,
+    ``<H, W, 1>``) and ``label`` (uint32). ``usage``: ``"train"``, ``"test"`` or ``"all"``
+    (``None``: all, the training files then the test files). ``num_samples``: the first that
+    many samples (in file order). ``shuffle``: the engine shuffles the samples every epoch
+    (default yes)."""
+
+    def __init__(self, dataset_dir, usage=None, num_samples=None, num_parallel_workers=None,
+                 shuffle=None, sampler=None, num_shards=None, shard_id=None, cache=None):
+        if sampler is not None or num_shards is not None or shard_id is not None or \
+                cache is not None:
+            raise ValueError("MnistDataset: sampler, num_shards, shard_id and cache are not "
+                             "supported yet (the engine gives each rank its rows)")
+        if usage not in (None, "train", "test", "all"):
+            raise ValueError(f"MnistDataset: usage must be 'train', 'test', 'all' or None, got "
+                             f"{usage!r}")
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 0):
+            raise ValueError(f"MnistDataset: num_samples must be a non-negative int, got "
+                             f"{num_samples!r}")
+        dataset_dir = os.fspath(dataset_dir)
+        if not os.path.isdir(dataset_dir):
+            raise ValueError(f"MnistDataset: dataset_dir {dataset_dir} does not exist or is not "
+                             "a directory")
+        splits = ["train", "test"] if usage in (None, "all") else [usage]
+        images, labels = [], []
+        for split in splits:
+            image_file, label_file = (os.path.join(dataset_dir, f) for f in _MNIST_FILES[split])
+            for f in (image_file, label_file):
+                if not os.path.isfile(f):
+                    raise ValueError(f"MnistDataset: {f} does not exist (usage={usage!r} reads "
+                                     f"{', '.join(_MNIST_FILES[split])})")
+            im, lb = _read_idx(image_file, 3), _read_idx(label_file, 1)
+            if len(im) != len(lb):
+                raise ValueError(f"MnistDataset: {image_file} holds {len(im)} images but "
+                                 f"{label_file} {len(lb)} labels")
+            images.append(im[..., None])
+            labels.append(lb.astype(np.uint32))
+        super().__init__((np.concatenate(images), np.concatenate(labels)),
+                         column_names=["image", "label"], num_samples=num_samples or None,
+                         shuffle=shuffle)
