@@ -433,11 +433,15 @@ fn train_network(
         parallel = parallel.shard(op, &rows);
     }
     let error = Arc::new(Mutex::new(None));
-    let mut trainer = Trainer::with_dataset(model.clone(), parallel.clone(), NumpyDataset {
-        inputs: Vec::new(),
-        sample_shape: Vec::new(),
-        labels: Vec::new(),
-    })
+    let mut trainer = Trainer::with_dataset(
+        model.clone(),
+        parallel.clone(),
+        NumpyDataset {
+            inputs: Vec::new(),
+            sample_shape: Vec::new(),
+            labels: Vec::new(),
+        },
+    )
     .optimizer(optimizer)
     .epochs(epochs)
     .seed(seed)
@@ -498,8 +502,8 @@ fn read_parameters<'py>(
     ckpt_dir: PathBuf,
     names: Vec<(String, Vec<usize>)>,
 ) -> PyResult<Vec<Bound<'py, PyArrayDyn<f32>>>> {
-    let mesh = layout::Mesh::new(&[1], &["d"], None)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let mesh =
+        layout::Mesh::new(&[1], &["d"], None).map_err(|e| PyValueError::new_err(e.to_string()))?;
     let layouts: Vec<layout::TensorLayout> = names
         .iter()
         .map(|(_, shape)| layout::TensorLayout::replicated(mesh.clone(), shape))
@@ -544,7 +548,11 @@ fn forward_network<'py>(
     inputs: PyReadonlyArrayDyn<'py, f32>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let graph = builder.builder.clone().finish();
-    let in_shape = builder.builder.shape(ValueId(input)).map_err(graph_err)?.to_vec();
+    let in_shape = builder
+        .builder
+        .shape(ValueId(input))
+        .map_err(graph_err)?
+        .to_vec();
     let out_shape = builder
         .builder
         .shape(ValueId(output))
@@ -569,7 +577,8 @@ fn forward_network<'py>(
         values.push((ValueId(*id), t));
     }
     let result = py.detach(|| -> Result<Vec<f32>, String> {
-        let mut exec = Executor::with_outputs(&graph, &[ValueId(output)]).map_err(|e| e.to_string())?;
+        let mut exec =
+            Executor::with_outputs(&graph, &[ValueId(output)]).map_err(|e| e.to_string())?;
         for (id, t) in &values {
             let slot = exec.value_mut(*id).map_err(|e| e.to_string())?;
             if slot.shape() != t.shape() {
@@ -589,7 +598,8 @@ fn forward_network<'py>(
             let mut chunk = vec![0f32; batch * row];
             chunk[..n * row].copy_from_slice(&data[start * row..(start + n) * row]);
             let t = Tensor::from_vec(&in_shape, chunk).map_err(|e| e.to_string())?;
-            exec.set_input(ValueId(input), &t).map_err(|e| e.to_string())?;
+            exec.set_input(ValueId(input), &t)
+                .map_err(|e| e.to_string())?;
             exec.run().map_err(|e| e.to_string())?;
             let y = exec.value(ValueId(output)).map_err(|e| e.to_string())?;
             let y = y.as_f32().map_err(|e| e.to_string())?;
