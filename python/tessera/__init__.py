@@ -5,15 +5,17 @@
   plus ``reshard_plan``, ``layout_slices`` and ``verify_checkpoint``.
 - ``tessera.train(config, devices=...)`` trains as ``tessera train`` does and returns the
   metrics; ``tessera.plan(config, devices=...)`` returns the parallel plan as a dict.
-- Your own network with MindSpore's API (first slice of issue 34): ``tessera.nn`` (``Cell``
+- Your own network with MindSpore's API (first and second slices of issue 34): ``tessera.nn`` (``Cell``
   with ``construct``, ``Dense``, ``ReLU``, ``Flatten``, ``SequentialCell``, ``WithLossCell``,
   ``SoftmaxCrossEntropyWithLogits``, optimizers ``SGD``, ``Momentum``, ``Adam``,
-  ``AdamWeightDecay``), ``tessera.ops`` (primitives with ``.shard``), ``tessera.dataset``
-  (``NumpySlicesDataset``), ``tessera.train`` (``Model``, ``Callback``, ``LossMonitor``; the
+  ``AdamWeightDecay``, metrics ``Accuracy``, ``Loss``), ``tessera.ops`` (primitives with
+  ``.shard``), ``tessera.dataset`` (``NumpySlicesDataset``, ``MnistDataset``, ``map`` with
+  ``vision`` and ``transforms`` operations), ``tessera.train`` (``Model`` with ``train`` and
+  ``eval``, ``Callback``, ``LossMonitor``, ``TimeMonitor``; the
   module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
   ``tessera.common.initializer``, ``set_context``, ``set_auto_parallel_context`` (the device
   count) and ``set_seed``. ``construct`` is traced once into Tessera's graph; the Rust engine
-  runs every step. See docs/PYTHON.md, "Your own network (first slice)".
+  runs every step. See docs/PYTHON.md, "Your own network (first and second slices)".
 
 Errors name their culprit: ``CheckpointError`` (a ``ValueError``), ``CheckpointIOError`` (an
 ``OSError``) and ``ConfigError`` (a ``ValueError``) carry ``file``, ``tensor`` and ``rule``;

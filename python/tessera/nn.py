@@ -1,4 +1,4 @@
-"""``tessera.nn``: MindSpore's ``mindspore.nn`` Cells and optimizers, first slice (issue 34).
+"""``tessera.nn``: MindSpore's ``mindspore.nn`` Cells, optimizers and metrics (issue 34).
 
 A network is a ``Cell`` subclass whose ``construct`` applies ``tessera.ops`` primitives and
 other Cells. ``construct`` is not run per step: ``tessera.train.Model.train`` traces it once
@@ -10,7 +10,8 @@ Cells: ``Cell``, ``Dense(in_channels, out_channels, weight_init=None, bias_init=
 has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU``, ``Flatten``,
 ``SequentialCell``, ``WithLossCell``, ``SoftmaxCrossEntropyWithLogits(sparse=True,
 reduction="mean")``. Optimizers (hyperparameters for the engine's own, applied to every
-parameter): ``SGD``, ``Momentum``, ``Adam``, ``AdamWeightDecay``.
+parameter): ``SGD``, ``Momentum``, ``Adam``, ``AdamWeightDecay``. Metrics for
+``Model(metrics=...)``: ``Accuracy``, ``Loss``.
 """
 
 import math

@@ -1,7 +1,8 @@
-"""``tessera.train``: MindSpore's ``mindspore.train``, first slice (issue 34): ``Model(network,
-loss_fn=None, optimizer=None)`` with ``train(epoch, train_dataset, callbacks=None)``,
-``Callback`` (``on_train_step_end(run_context)`` and friends), ``RunContext`` and
-``LossMonitor(per_print_times)``.
+"""``tessera.train``: MindSpore's ``mindspore.train`` (issue 34): ``Model(network,
+loss_fn=None, optimizer=None, metrics=None)`` with ``train(epoch, train_dataset,
+callbacks=None)`` and ``eval(valid_dataset)``, ``Callback`` (``on_train_step_end(run_context)``
+and friends), ``RunContext``, ``LossMonitor(per_print_times)`` and ``TimeMonitor(data_size)``.
+After ``train`` the Parameters hold the trained values; the next ``train`` continues from them.
 
 ``Model.train`` traces ``construct`` once into Tessera's graph and trains it with the Rust
 engine (``runtime::Trainer``) on ``set_auto_parallel_context(device_num=N)`` ranks, threads of
@@ -273,6 +274,8 @@ class Model:
         """The ``metrics`` of the trained network on ``valid_dataset`` (batched), as
         ``{name: value}``: the engine runs the network forward only (one device, the trained
         Parameters' values), batch by batch."""
+        if callbacks is not None:
+            raise ValueError("Model.eval: callbacks are not supported yet")
         if not self._metrics:
             raise ValueError("Model.eval: the Model has no metrics (Model(..., metrics={'accuracy'}))")
         if valid_dataset.batch_size is None:

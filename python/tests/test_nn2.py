@@ -154,6 +154,8 @@ def test_eval_errors():
         _model(net).eval(_digits("test", 33))
     with pytest.raises(ValueError, match="train first"):
         _model(net, metrics={"accuracy"}).eval(_digits("test", 33))
+    with pytest.raises(ValueError, match="callbacks are not supported"):
+        _model(net, metrics={"accuracy"}).eval(_digits("test", 33), callbacks=[TimeMonitor()])
     with pytest.raises(ValueError, match="metric 'f1' is not supported"):
         _model(net, metrics={"f1"})
     with pytest.raises(TypeError, match="not a tessera.nn metric"):
@@ -230,3 +232,22 @@ def test_mnist_and_map_errors(tmp_path):
 def test_numpy_initial_values_are_refused():
     with pytest.raises(TypeError, match="numpy and tensor initial values are not supported"):
         tessera.Parameter(np.zeros((2, 2), np.float32), name="w")
+
+
+def test_stopped_train_keeps_the_weights():
+    net = MLP()
+    model = _model(net)
+    model.train(1, _digits("train", 50))
+    before = _values(net)
+
+    class Stop(tessera.train.Callback):
+        def on_train_step_end(self, run_context):
+            run_context.request_stop()
+
+    model.train(1, _digits("train", 50), callbacks=[Stop()])
+    assert len(model.losses) == 1
+    after = _values(net)
+    for name in before:
+        assert np.array_equal(before[name], after[name]), name
+    model.train(1, _digits("train", 50))
+    assert model.losses[0] < 0.5
