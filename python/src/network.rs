@@ -7,7 +7,11 @@
 //! - [`train_network`] trains the traced network with [`runtime::Trainer`] on numpy arrays (an
 //!   in-memory [`runtime::Dataset`], [`NumpyDataset`]), ranks as threads with the GIL released,
 //!   calling a Python function at every step end (with the GIL re-acquired). An exception in
-//!   that function stops training and is re-raised to the caller.
+//!   that function stops training and is re-raised to the caller. A run may resume from an
+//!   earlier run's checkpoint set (`output.resume_from`); it returns the set it saved.
+//! - [`read_parameters`] reads whole parameters back from such a set (`ckpt::load_rank_tensors`
+//!   with unsplit target layouts), [`forward_network`] runs the traced network forward only on
+//!   one device ([`graph::Executor`]) with given parameter values (`Model.eval`).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
