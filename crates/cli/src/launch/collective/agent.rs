@@ -47,7 +47,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     )?;
     let mut reader = BufReader::new(stream);
     match wire::receive(&mut reader)? {
-        Some(Message::Exited { code }) => Ok(code),
+        Some(Message::Exited { code, .. }) => Ok(code),
         _ => anyhow::bail!(
             "the launcher went away before node {}'s daemon ended",
             args.host

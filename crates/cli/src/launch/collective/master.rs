@@ -14,7 +14,7 @@ use std::io::{self, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,8 +47,8 @@ pub struct Shape {
 #[derive(Debug)]
 struct NodeLink {
     writer: Mutex<TcpStream>,
-    /// The agent waiting for this node's daemon to end.
-    agent: Mutex<Option<UnixStream>>,
+    /// The agent waiting for this node's daemon to end, with its launch's id.
+    agent: Mutex<Option<(u64, UnixStream)>>,
     /// False once the node's launcher went away.
     alive: AtomicBool,
 }
@@ -62,6 +62,9 @@ impl NodeLink {
         })
     }
 }
+
+/// The id of the next daemon launch.
+static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
 
 /// Node k's link under key k.
 type Links = Arc<Mutex<BTreeMap<usize, Arc<NodeLink>>>>;
@@ -189,6 +192,15 @@ impl Cluster {
         self.dir.path()
     }
 
+    /// Tells every joined node to stop its daemon (before the job starts again: a daemon of
+    /// the attempt that failed must not outlive it).
+    pub fn kill_daemons(&self) {
+        for link in lock(&self.links).values() {
+            lock(&link.agent).take();
+            let _ = wire::send(&mut *lock(&link.writer), &Message::Kill);
+        }
+    }
+
     /// Tells every joined node the job is over.
     pub fn finish(&self, ok: bool, message: &str) {
         for link in lock(&self.links).values() {
@@ -310,19 +322,27 @@ fn watch_node(rank: usize, link: Arc<NodeLink>) -> io::Result<()> {
         .spawn(move || {
             let mut reader = BufReader::new(stream);
             loop {
-                let (code, lost) = match wire::receive(&mut reader) {
-                    Ok(Some(Message::Exited { code })) => (code, false),
+                let (id, code, lost) = match wire::receive(&mut reader) {
+                    Ok(Some(Message::Exited { id, code })) => (Some(id), code, false),
                     Ok(Some(_)) => continue,
-                    Ok(None) | Err(_) => (255, true),
+                    Ok(None) | Err(_) => (None, 255, true),
                 };
                 if lost {
                     link.alive.store(false, Ordering::SeqCst);
                 }
-                if let Some(mut agent) = lock(&link.agent).take() {
+                let mut waiting = lock(&link.agent);
+                // The exit of an earlier launch (a daemon of an attempt that ended) is not the
+                // waiting agent's.
+                if waiting
+                    .as_ref()
+                    .is_some_and(|(want, _)| id.is_none_or(|id| id == *want))
+                {
+                    let (_, mut agent) = waiting.take().expect("checked above");
+                    drop(waiting);
                     if lost {
                         eprintln!("[launch] lost node {rank}'s launcher while its ranks ran");
                     }
-                    let _ = wire::send(&mut agent, &Message::Exited { code });
+                    let _ = wire::send(&mut agent, &Message::Exited { id: 0, code });
                 }
                 if lost {
                     return;
@@ -346,19 +366,23 @@ fn relay(agent: UnixStream, links: &Links) {
     let Some(link) = link.filter(|l| l.alive.load(Ordering::SeqCst)) else {
         let mut agent = agent;
         eprintln!("[launch] mpirun asked for node {host:?}, which has no launcher");
-        let _ = wire::send(&mut agent, &Message::Exited { code: 255 });
+        let _ = wire::send(&mut agent, &Message::Exited { id: 0, code: 255 });
         return;
     };
-    *lock(&link.agent) = Some(agent);
-    if wire::send(&mut *lock(&link.writer), &Message::Run { command }).is_err() {
-        if let Some(mut agent) = lock(&link.agent).take() {
-            let _ = wire::send(&mut agent, &Message::Exited { code: 255 });
+    let id = NEXT_LAUNCH.fetch_add(1, Ordering::SeqCst);
+    *lock(&link.agent) = Some((id, agent));
+    if wire::send(&mut *lock(&link.writer), &Message::Run { id, command }).is_err() {
+        if let Some((_, mut agent)) = lock(&link.agent).take() {
+            let _ = wire::send(&mut agent, &Message::Exited { id: 0, code: 255 });
         }
         return;
     }
     // The agent says nothing more; its end (mpirun stopped it) closes the stream.
     let _ = wire::receive(&mut reader);
-    if lock(&link.agent).take().is_some() {
+    let mut waiting = lock(&link.agent);
+    if waiting.as_ref().is_some_and(|(want, _)| *want == id) {
+        waiting.take();
+        drop(waiting);
         let _ = wire::send(&mut *lock(&link.writer), &Message::Kill);
     }
 }

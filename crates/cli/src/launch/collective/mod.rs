@@ -352,7 +352,9 @@ fn supervise_job(
                 request.restarts
             );
             if let Some(cluster) = cluster {
-                // A node whose launcher went away must be replaced first.
+                // No daemon of the failed attempt may outlive it, and a node whose launcher
+                // went away must be replaced first.
+                cluster.kill_daemons();
                 cluster.replace_lost(Instant::now() + Duration::from_secs(request.cluster_secs))?;
             }
             continue;

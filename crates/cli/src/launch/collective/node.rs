@@ -127,11 +127,13 @@ fn serve(stream: TcpStream, rank: usize) -> anyhow::Result<()> {
     let writer = Arc::new(Mutex::new(stream));
     let outcome = loop {
         match wire::receive(&mut reader) {
-            Ok(Some(Message::Run { command })) => {
-                if let Err(err) = start_daemon(&command, store.path(), &daemon, &writer) {
+            Ok(Some(Message::Run { id, command })) => {
+                // A daemon of an earlier launch still running is stopped first.
+                kill_daemon(&daemon);
+                if let Err(err) = start_daemon(id, &command, store.path(), &daemon, &writer) {
                     eprintln!("[launch] node {rank}: cannot start OpenMPI's daemon: {err}");
                     let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-                    let _ = wire::send(&mut *w, &Message::Exited { code: 127 });
+                    let _ = wire::send(&mut *w, &Message::Exited { id, code: 127 });
                 }
             }
             Ok(Some(Message::Kill)) => kill_daemon(&daemon),
@@ -160,6 +162,7 @@ fn serve(stream: TcpStream, rank: usize) -> anyhow::Result<()> {
 /// Starts `command` (OpenMPI's daemon) under `sh -c`, with this node's elastic store in its
 /// environment (its ranks inherit it), and a thread reporting its exit.
 fn start_daemon(
+    id: u64,
     command: &str,
     store: &std::path::Path,
     daemon: &Daemon,
@@ -197,7 +200,7 @@ fn start_daemon(
             }
             drop(slot);
             let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = wire::send(&mut *w, &Message::Exited { code });
+            let _ = wire::send(&mut *w, &Message::Exited { id, code });
         })?;
     Ok(())
 }

@@ -49,17 +49,22 @@ pub enum Message {
         /// The shell command `mpirun` asked for.
         command: String,
     },
-    /// Master → node: run OpenMPI's daemon command line `command`.
+    /// Master → node: run OpenMPI's daemon command line `command`, known as launch `id`.
     Run {
+        /// The launch's id (unique within the master), which its exit report carries.
+        id: u64,
         /// The shell command.
         command: String,
     },
-    /// Node → master, and master → agent: the daemon ended with this exit code.
+    /// Node → master, and master → agent: the daemon of launch `id` ended with this exit code.
     Exited {
+        /// The launch's id (0 in the master's answer to an agent).
+        id: u64,
         /// Its exit code (128 + the signal when killed).
         code: i32,
     },
-    /// Master → node: stop the daemon (its `mpirun` gave up on it).
+    /// Master → node: stop the node's daemon (its `mpirun` gave up on it, or the job is
+    /// starting again).
     Kill,
     /// Master → node: the job is over.
     Done {
@@ -118,8 +123,10 @@ mod tests {
                 worker_num: 4,
             },
             Message::Run {
+                id: 7,
                 command: "orted -mca ess \"env\"".into(),
             },
+            Message::Exited { id: 7, code: 137 },
             Message::Kill,
             Message::Done {
                 ok: false,
@@ -130,7 +137,7 @@ mod tests {
         for m in &messages {
             send(&mut bytes, m).unwrap();
         }
-        assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 4);
+        assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 5);
         let mut reader = io::BufReader::new(&bytes[..]);
         for m in &messages {
             assert_eq!(receive(&mut reader).unwrap().as_ref(), Some(m));
