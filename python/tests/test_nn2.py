@@ -12,31 +12,12 @@ from tessera.dataset import MnistDataset, NumpySlicesDataset, transforms, vision
 from tessera.train import LossMonitor, Model, TimeMonitor
 
 from conftest import REPO
+from nets import MLP, fresh_context  # noqa: F401 (the fixture is used by name)
 
 DIGITS = REPO / "data" / "digits"
 
 
-@pytest.fixture(autouse=True)
-def _context():
-    yield
-    tessera.reset_auto_parallel_context()
-    tessera.set_context(deterministic="OFF")
-    tessera.set_seed(1)
-
-
-class MLP(nn.Cell):
-    def __init__(self, shard=False):
-        super().__init__()
-        self.flatten = nn.Flatten()
-        self.fc1 = nn.Dense(64, 32, activation="relu")
-        self.fc2 = nn.Dense(32, 10)
-        if shard:
-            self.fc1.matmul.shard(((2, 1), (4, 1)))
-            self.fc1.bias_add.shard(((2, 4), (4,)))
-            self.fc1.activation.relu.shard(((2, 4),))
-
-    def construct(self, x):
-        return self.fc2(self.fc1(self.flatten(x)))
+pytestmark = pytest.mark.usefixtures("fresh_context")
 
 
 def _digits(usage, batch, num_samples=None):

@@ -7,30 +7,21 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::mpi_launch::{exe, finish, free_port, launch, processes_mentioning, stderr};
-use crate::mpi_train::{args, train_command};
+use crate::mpi_launch::{
+    exe, finish, free_port, launch, launched, processes_mentioning, small_gpt, stderr,
+};
+use crate::mpi_train::args;
 use crate::util::{assert_ok, repo_root, s, tessera_command, Scratch};
 
 /// The small GPT on 4 ranks in deterministic mode, `steps` steps, with `layout`'s sets.
 fn gpt(dir: &Path, name: &str, layout: &[&str], steps: u64, elastic: bool) -> Vec<String> {
-    let mut sets: Vec<String> = [
-        "parallel.devices=4",
-        "parallel.mode=\"semi_auto\"",
-        "model.layers=2",
-        "model.hidden=64",
-        "model.seq_len=32",
-        "data.batch_size=8",
-        "train.eval=false",
-        "train.deterministic=true",
-    ]
-    .map(String::from)
-    .to_vec();
-    sets.push(format!("train.max_steps={steps}"));
-    sets.extend(layout.iter().map(|x| x.to_string()));
+    let steps = format!("train.max_steps={steps}");
+    let mut sets = vec!["train.deterministic=true", steps.as_str()];
+    sets.extend(layout);
     if elastic {
-        sets.extend(["train.elastic=true", "train.elastic_interval=4"].map(String::from));
+        sets.extend(["train.elastic=true", "train.elastic_interval=4"]);
     }
-    train_command("examples/gpt_kjv.toml", dir, name, sets)
+    small_gpt(dir, name, &sets)
 }
 
 /// The same run on threads, never interrupted: the reference.
@@ -95,14 +86,12 @@ fn a_killed_rank_resumes_from_memory_to_the_bits_of_an_unbroken_run() {
         let mut cmd = vec![exe().to_string()];
         cmd.extend(gpt(&dir.0, "killed", layout, 12, true));
         let logs = dir.0.join("logs");
-        let out = finish(
+        let out = launched(
             launch(
                 &["--nproc", "4", "--restarts", "1", "--log-dir", s(&logs)],
                 &args(&cmd),
             )
-            .env("TESSERA_FAULT", fault)
-            .spawn()
-            .unwrap(),
+            .env("TESSERA_FAULT", fault),
         );
         assert_ok(&out);
         let console = String::from_utf8_lossy(&out.stdout);
@@ -327,14 +316,12 @@ fn a_hung_rank_is_timed_out_and_recovered() {
     cmd.extend(gpt(&dir.0, "killed", DP_MP, 12, true));
     cmd.extend(["--timeout".to_string(), "5".to_string()]);
     let logs = dir.0.join("logs");
-    let out = finish(
+    let out = launched(
         launch(
             &["--nproc", "4", "--restarts", "1", "--log-dir", s(&logs)],
             &args(&cmd),
         )
-        .env("TESSERA_FAULT", "rank=1,step=7,at=hang")
-        .spawn()
-        .unwrap(),
+        .env("TESSERA_FAULT", "rank=1,step=7,at=hang"),
     );
     assert_ok(&out);
     let console = String::from_utf8_lossy(&out.stdout);

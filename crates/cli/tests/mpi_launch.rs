@@ -34,6 +34,11 @@ pub(crate) fn launch(launch: &[&str], command: &[&str]) -> Command {
     c
 }
 
+/// Runs a launch to its end (see [`finish`]).
+pub(crate) fn launched(command: &mut Command) -> Output {
+    finish(command.spawn().expect("starting tessera launch"))
+}
+
 pub(crate) fn finish(child: Child) -> Output {
     wait_or_kill(child, HANG_GUARD).expect("tessera launch hung")
 }
@@ -64,25 +69,32 @@ pub(crate) fn processes_mentioning(marker: &str) -> Vec<String> {
         .collect()
 }
 
-/// The small GPT (dp 2 × mp 2, sequence parallel) of the MPI training tests, as `name`.
-fn gpt(dir: &Path, name: &str, extra: &[&str]) -> Vec<String> {
-    let mut sets: Vec<String> = [
+/// The small GPT of the MPI launch tests on 4 devices (2 layers, width 64, 32 tokens, batch
+/// 8), with `sets` (its layout, steps, modes) added, as `name`.
+pub(crate) fn small_gpt(dir: &Path, name: &str, sets: &[&str]) -> Vec<String> {
+    let base = [
         "parallel.devices=4",
         "parallel.mode=\"semi_auto\"",
-        "parallel.data_parallel=2",
-        "parallel.model_parallel=2",
-        "parallel.vocab_emb_dp=false",
         "model.layers=2",
         "model.hidden=64",
         "model.seq_len=32",
         "data.batch_size=8",
-        "train.max_steps=6",
         "train.eval=false",
-    ]
-    .map(String::from)
-    .to_vec();
-    sets.extend(extra.iter().map(|x| x.to_string()));
-    train_command("examples/gpt_kjv.toml", dir, name, sets)
+    ];
+    let all = base.iter().chain(sets).map(|x| x.to_string()).collect();
+    train_command("examples/gpt_kjv.toml", dir, name, all)
+}
+
+/// The small GPT in data × model parallel 2 × 2, 6 steps, with `extra`, as `name`.
+fn gpt(dir: &Path, name: &str, extra: &[&str]) -> Vec<String> {
+    let mut sets = vec![
+        "parallel.data_parallel=2",
+        "parallel.model_parallel=2",
+        "parallel.vocab_emb_dp=false",
+        "train.max_steps=6",
+    ];
+    sets.extend(extra);
+    small_gpt(dir, name, &sets)
 }
 
 /// `tessera launch --nproc 4 -- tessera train` is one 4-rank job: its losses are `tessera train
@@ -98,11 +110,10 @@ fn launch_nproc_4_is_one_job_with_the_threads_losses() {
         let mut mpi = vec![exe().to_string()];
         mpi.extend(gpt(&dir.0, &format!("{name}-mpi"), extra));
         let logs = dir.0.join(format!("{name}-logs"));
-        let out = finish(
-            launch(&["--nproc", "4", "--log-dir", s(&logs)], &args(&mpi))
-                .spawn()
-                .unwrap(),
-        );
+        let out = launched(&mut launch(
+            &["--nproc", "4", "--log-dir", s(&logs)],
+            &args(&mpi),
+        ));
         assert_ok(&out);
         let threads = gpt(&dir.0, &format!("{name}-threads"), extra);
         assert_ok(
@@ -157,34 +168,26 @@ fn ranks_get_the_contract_and_a_failed_rank_is_named_or_restarted() {
     let dir = Scratch::new("mpi-launch-env");
     let logs = dir.0.join("logs");
     let script = "echo \"rank=$TESSERA_RANK world=$TESSERA_WORLD_SIZE id=$RANK_ID size=$RANK_SIZE device=$DEVICE_ID ms=$MS_WORKER_NUM backend=$TESSERA_BACKEND restart=$TESSERA_RESTART_COUNT\"";
-    let out = finish(
-        launch(
-            &["--nproc", "3", "--log-dir", s(&logs)],
-            &["sh", "-c", script],
-        )
-        .spawn()
-        .unwrap(),
-    );
+    let out = launched(&mut launch(
+        &["--nproc", "3", "--log-dir", s(&logs)],
+        &["sh", "-c", script],
+    ));
     assert_ok(&out);
     // `--hostfile` goes to mpirun: a host file naming this host with 3 slots.
     let hostfile = dir.0.join("hosts");
     std::fs::write(&hostfile, "localhost slots=3\n").unwrap();
     let hosted = dir.0.join("hosted-logs");
-    let out = finish(
-        launch(
-            &[
-                "--nproc",
-                "3",
-                "--hostfile",
-                s(&hostfile),
-                "--log-dir",
-                s(&hosted),
-            ],
-            &["sh", "-c", script],
-        )
-        .spawn()
-        .unwrap(),
-    );
+    let out = launched(&mut launch(
+        &[
+            "--nproc",
+            "3",
+            "--hostfile",
+            s(&hostfile),
+            "--log-dir",
+            s(&hosted),
+        ],
+        &["sh", "-c", script],
+    ));
     assert_ok(&out);
     let log = std::fs::read_to_string(hosted.join("worker_2.log")).unwrap();
     assert!(log.contains("rank=2 world=3"), "{log}");
@@ -201,14 +204,10 @@ fn ranks_get_the_contract_and_a_failed_rank_is_named_or_restarted() {
     let fail = "if [ \"$TESSERA_RANK\" = 1 ] && [ \"$TESSERA_RESTART_COUNT\" = 0 ]; then echo 'rank one gives up' >&2; exit 3; fi; echo \"done $TESSERA_RANK\"";
     let failing = dir.0.join("fail-logs");
     let start = Instant::now();
-    let out = finish(
-        launch(
-            &["--nproc", "3", "--log-dir", s(&failing)],
-            &["sh", "-c", &format!("{fail}; sleep 600")],
-        )
-        .spawn()
-        .unwrap(),
-    );
+    let out = launched(&mut launch(
+        &["--nproc", "3", "--log-dir", s(&failing)],
+        &["sh", "-c", &format!("{fail}; sleep 600")],
+    ));
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("worker 1 (rank 1) failed"), "{err}");
@@ -225,21 +224,17 @@ fn ranks_get_the_contract_and_a_failed_rank_is_named_or_restarted() {
     assert!(processes_mentioning(s(&failing)).is_empty());
 
     let restarted = dir.0.join("restart-logs");
-    let out = finish(
-        launch(
-            &[
-                "--nproc",
-                "3",
-                "--restarts",
-                "1",
-                "--log-dir",
-                s(&restarted),
-            ],
-            &["sh", "-c", fail],
-        )
-        .spawn()
-        .unwrap(),
-    );
+    let out = launched(&mut launch(
+        &[
+            "--nproc",
+            "3",
+            "--restarts",
+            "1",
+            "--log-dir",
+            s(&restarted),
+        ],
+        &["sh", "-c", fail],
+    ));
     assert_ok(&out);
     assert!(
         stderr(&out).contains("starting the job again (1 of 1 restarts)"),
@@ -337,7 +332,7 @@ fn launch_errors_name_the_flag_and_leave_nothing_behind() {
     // against a hang, not a benchmark).
     let refused = |extra: &[&str], message: &str| {
         let start = Instant::now();
-        let out = finish(launch(&args(&base(extra)), &sleeper).spawn().unwrap());
+        let out = launched(&mut launch(&args(&base(extra)), &sleeper));
         assert!(!out.status.success(), "{extra:?} was accepted");
         assert!(
             stderr(&out).contains(message),

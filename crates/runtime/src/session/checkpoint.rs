@@ -57,6 +57,13 @@ fn decode_staging(bytes: &[u8]) -> Option<(PathBuf, String)> {
     Some((PathBuf::from(path), id.to_string()))
 }
 
+/// Whether any rank of `world` says `flag` (an all-reduce of it, so every rank decides alike).
+pub(super) fn any_rank(world: &dyn Communicator, flag: bool) -> Result<bool, RuntimeError> {
+    let mut flag = Tensor::from_vec(&[1], vec![f32::from(u8::from(flag))])?;
+    world.all_reduce(&mut flag, comm::ReduceOp::Max)?;
+    Ok(flag.to_f64_vec().first().copied().unwrap_or(1.0) > 0.0)
+}
+
 /// Broadcasts `bytes` from rank 0 to every rank (its length first).
 fn share_bytes(world: &dyn Communicator, bytes: &mut Vec<u8>) -> Result<(), RuntimeError> {
     let mut len = (bytes.len() as u64).to_le_bytes();
@@ -190,10 +197,9 @@ impl TrainSession {
             });
         };
         let written = self.save_rank(saved, &staging, &id, rank, rank == 0);
-        let mut failed = Tensor::from_vec(&[1], vec![f32::from(u8::from(written.is_err()))])?;
-        world.all_reduce(&mut failed, comm::ReduceOp::Max)?;
+        let failed = any_rank(world, written.is_err())?;
         written?;
-        if failed.to_f64_vec().first().copied().unwrap_or(1.0) > 0.0 {
+        if failed {
             // Dropping the writer removes the staging directory.
             drop(writer);
             return Err(RuntimeError::CheckpointSet {

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use comm::{Communicator, Tag};
-use tensor::Tensor;
 
+use super::checkpoint::any_rank;
 use super::run::RankRun;
 use super::TrainSession;
 use crate::elastic::fault::{self, FaultPoint};
@@ -17,6 +17,9 @@ use crate::error::RuntimeError;
 
 /// Longest inventory one rank reports at a recovery.
 const MAX_VIEW_BYTES: u64 = 1 << 20;
+
+/// Largest rank file a snapshot exchanges (checked before the receive buffer is made).
+const MAX_SNAPSHOT_BYTES: u64 = 1 << 40;
 
 /// Longest side file (strategy, training state, model description) moved at a recovery.
 const MAX_SIDE_FILE_BYTES: u64 = 1 << 30;
@@ -47,16 +50,15 @@ impl ElasticRun {
     }
 }
 
-/// Every rank's bytes, gathered (each at most `max` bytes).
-fn gather_bytes(
+/// Every rank's byte count `mine`, gathered; a count above `max` is an error.
+fn gather_lengths(
     world: &dyn Communicator,
-    mine: &[u8],
+    mine: usize,
     max: u64,
-) -> Result<Vec<Vec<u8>>, RuntimeError> {
-    let n = world.size();
-    let mut lengths = vec![0u8; 8 * n];
-    world.all_gather_bytes(&(mine.len() as u64).to_le_bytes(), &mut lengths)?;
-    let counts: Vec<usize> = lengths
+) -> Result<Vec<usize>, RuntimeError> {
+    let mut lengths = vec![0u8; 8 * world.size()];
+    world.all_gather_bytes(&(mine as u64).to_le_bytes(), &mut lengths)?;
+    lengths
         .chunks(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
         .map(|len| {
@@ -69,23 +71,25 @@ fn gather_bytes(
                     ),
                 })
         })
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+/// Every rank's bytes, gathered (each at most `max` bytes).
+fn gather_bytes(
+    world: &dyn Communicator,
+    mine: &[u8],
+    max: u64,
+) -> Result<Vec<Vec<u8>>, RuntimeError> {
+    let counts = gather_lengths(world, mine.len(), max)?;
     let mut all = vec![0u8; counts.iter().sum()];
     world.all_gather_v_bytes(mine, &mut all, &counts)?;
-    let mut out = Vec::with_capacity(n);
+    let mut out = Vec::with_capacity(counts.len());
     let mut at = 0;
     for c in counts {
         out.push(all[at..at + c].to_vec());
         at += c;
     }
     Ok(out)
-}
-
-/// Whether any rank says `failed` (an all-reduce of the flag).
-fn any_failed(world: &dyn Communicator, failed: bool) -> Result<bool, RuntimeError> {
-    let mut flag = Tensor::from_vec(&[1], vec![f32::from(u8::from(failed))])?;
-    world.all_reduce(&mut flag, comm::ReduceOp::Max)?;
-    Ok(flag.to_f64_vec().first().copied().unwrap_or(1.0) > 0.0)
 }
 
 /// The side files of a snapshot (everything but the rank directories and the marker), as
@@ -293,7 +297,7 @@ impl TrainSession {
             Ok::<(), RuntimeError>(())
         })();
         // The leader clears a leftover of this step before anyone writes.
-        let cleared = any_failed(world, written.is_err())?;
+        let cleared = any_rank(world, written.is_err())?;
         written?;
         if cleared {
             return Err(RuntimeError::CheckpointSet {
@@ -321,7 +325,7 @@ impl TrainSession {
         fault::strike(rank, step, FaultPoint::Snapshot)?;
         let bytes = own.as_deref().unwrap_or(&[]);
         let copied = self.exchange_copies(world, elastic, step, bytes);
-        let failed = any_failed(world, own.is_err() || copied.is_err())?;
+        let failed = any_rank(world, own.is_err() || copied.is_err())?;
         own?;
         copied?;
         if failed {
@@ -351,11 +355,8 @@ impl TrainSession {
         };
         let n = world.size();
         let rank = world.rank();
-        let mut lengths = vec![0u8; 8 * n];
-        world.all_gather_bytes(&(mine.len() as u64).to_le_bytes(), &mut lengths)?;
-        let size_of = |r: usize| {
-            u64::from_le_bytes(lengths[8 * r..8 * r + 8].try_into().unwrap_or([0; 8])) as usize
-        };
+        let sizes = gather_lengths(world, mine.len(), MAX_SNAPSHOT_BYTES)?;
+        let size_of = |r: usize| sizes[r];
         let send_counts: Vec<usize> = (0..n)
             .map(|j| if j == buddy { mine.len() } else { 0 })
             .collect();

@@ -35,7 +35,7 @@ use runtime::launch_env::{LAUNCHER_VARS, RESTART_COUNT};
 
 use super::child::{self, Event, StartRequest};
 use super::output::{self, LogFile};
-use super::plan::{MAX_GRACE_SECS, MAX_RESTARTS, MAX_WORKERS};
+use super::plan::{PlanError, MAX_GRACE_SECS, MAX_RESTARTS, MAX_WORKERS};
 use super::{supervise, Interrupted, TAIL_LINES};
 use master::{Cluster, Shape};
 use mpirun::{Hosts, MpirunJob};
@@ -99,25 +99,20 @@ impl CollectiveRequest {
             self.hostfile.is_none() || nodes == 1,
             "--hostfile names the hosts of one mpirun; it cannot be combined with --local_worker_num below --worker_num (msrun's model)"
         );
-        anyhow::ensure!(
-            self.restarts <= MAX_RESTARTS,
-            "--restarts must be at most {MAX_RESTARTS}, got {}",
-            self.restarts
-        );
-        anyhow::ensure!(
-            self.grace_secs <= MAX_GRACE_SECS,
-            "--grace-period must be at most {MAX_GRACE_SECS} seconds, got {}",
-            self.grace_secs
-        );
+        if self.restarts > MAX_RESTARTS {
+            return Err(PlanError::Restarts(self.restarts).into());
+        }
+        if self.grace_secs > MAX_GRACE_SECS {
+            return Err(PlanError::Grace(self.grace_secs).into());
+        }
         anyhow::ensure!(
             (1..=MAX_CLUSTER_SECS).contains(&self.cluster_secs),
             "--cluster_time_out must be between 1 and {MAX_CLUSTER_SECS} seconds, got {}",
             self.cluster_secs
         );
-        anyhow::ensure!(
-            !self.command.is_empty(),
-            "no command to launch: give it after `--`"
-        );
+        if self.command.is_empty() {
+            return Err(PlanError::NoCommand.into());
+        }
         Ok((nodes, local))
     }
 
