@@ -3,14 +3,15 @@
 //! It turns Python arguments into calls of Tessera's library crates and their results into
 //! plain Python data (dicts, lists, numpy arrays); it holds no checkpoint, layout or training
 //! logic of its own. The MindSpore-compatible names, signatures and argument checks live in the
-//! Python layer (`tessera/parallel/`, and `tessera/nn.py`, `ops.py`, `train.py` for networks
+//! Python layer (`tessera/parallel/`, and `tessera/nn/`, `ops.py`, `train.py` for networks
 //! written in Python), which calls these functions.
 //!
 //! - [`checkpoints`]: `mindspore.parallel`'s checkpoint tools over the `ckpt` crate.
 //! - [`layouts`]: `Layout` checks, `to_dict` and per-rank slices over the `layout` crate.
 //! - [`training`]: `train` and `plan` over the `runtime` crate.
-//! - [`network`]: networks written in Python (`tessera.nn`): the tracing backend over
-//!   `graph::GraphBuilder` and their training over `runtime::Trainer`.
+//! - [`builder`]: the tracing backend of networks written in Python (`tessera.nn`) over
+//!   `graph::GraphBuilder`; [`network`]: their training over `runtime::Trainer` and their
+//!   forward runs; [`optim`]: their optimizers by MindSpore's class names.
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
 //!
@@ -19,10 +20,12 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod builder;
 mod checkpoints;
 mod errors;
 mod layouts;
 mod network;
+mod optim;
 mod progress;
 mod training;
 
