@@ -11,7 +11,8 @@
 //! - [`training`]: `train` and `plan` over the `runtime` crate.
 //! - [`builder`]: the tracing backend of networks written in Python (`tessera.nn`) over
 //!   `graph::GraphBuilder`; [`network`]: their training over `runtime::Trainer` and their
-//!   forward runs; [`optim`]: their optimizers by MindSpore's class names.
+//!   forward runs.
+//! - [`distributed`]: one process per rank under `tessera launch` (the `mpi` feature).
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
 //!
@@ -22,10 +23,10 @@ use pyo3::prelude::*;
 mod arrays;
 mod builder;
 mod checkpoints;
+mod distributed;
 mod errors;
 mod layouts;
 mod network;
-mod optim;
 mod progress;
 mod training;
 
@@ -37,5 +38,6 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layouts::register(m)?;
     training::register(m)?;
     network::register(m)?;
+    distributed::register(m)?;
     Ok(())
 }

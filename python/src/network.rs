@@ -1,11 +1,14 @@
 //! Training and running networks written in Python (`tessera.nn.Cell`s), traced into a
 //! [`NetworkBuilder`].
 //!
-//! - [`train_network`] trains the traced network with [`runtime::Trainer`] on numpy arrays (an
-//!   in-memory [`runtime::Dataset`], [`NumpyDataset`]), ranks as threads with the GIL released,
-//!   calling a Python function at every step end (with the GIL re-acquired). An exception in
-//!   that function stops training and is re-raised to the caller. A run may resume from an
-//!   earlier run's checkpoint set (`output.resume_from`); it returns the set it saved.
+//! - [`train_network`] trains the traced network on numpy arrays (an in-memory
+//!   [`runtime::Dataset`], [`NumpyDataset`]) with a configuration of the sections a config
+//!   file holds (`[parallel]`, `[train]`, `[output]`, as JSON), ranks as threads with the GIL
+//!   released or, under `tessera launch`, this process as one MPI rank
+//!   ([`crate::distributed`]). It calls a Python function at every step end (with the GIL
+//!   re-acquired); an exception in that function stops training and is re-raised to the
+//!   caller. A run may resume from an earlier run's checkpoint set (`output.resume_from`); it
+//!   returns the set it saved last.
 //! - [`read_parameters`] reads whole parameters back from such a set (`ckpt::load_rank_tensors`
 //!   with unsplit target layouts), [`forward_network`] runs the traced network forward only on
 //!   one device ([`graph::Executor`]) with given parameter values (`Model.eval`).
@@ -16,18 +19,16 @@ use std::sync::{Arc, Mutex};
 use graph::models::Model;
 use graph::{Executor, ValueId};
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use parallel::{ParallelConfig, ParallelMode};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use runtime::{
-    Callback, CallbackList, Dataset, LaunchOptions, ResumeFrom, RuntimeError, SampleSpec, StepInfo,
-    TrainConfig, TrainSession, Trainer,
+    Callback, CallbackList, DataConfig, DataFormat, Dataset, LaunchOptions, ModelConfig,
+    ModelName, Normalize, RuntimeError, SampleSpec, StepInfo, TrainConfig, TrainSession,
 };
 use tensor::{DType, Tensor};
 
 use crate::builder::{graph_err, NetworkBuilder};
 use crate::errors::runtime_err;
-use crate::optim::optimizer_config;
 
 /// Adds the class and functions of this module and of [`crate::builder`].
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -126,16 +127,18 @@ impl Callback for PyStepCallback {
     }
 }
 /// Trains the network traced into `builder` (its values `input`, `labels`, `logits`, `loss`)
-/// on `inputs` (f32, `[samples, ..sample shape]`) and `labels` (i32, `[samples]`), on
-/// `devices` ranks (threads) under semi-auto parallel with `strategies` (`[(op name, [[..],
-/// ..])]`, as `ParallelConfig::shard` takes them). Calls `callback(epoch, step_in_epoch,
-/// global_step, loss)` after every step; returns every step's loss.
+/// on `inputs` (f32, `[samples, ..sample shape]`) and `labels` (i32, `[samples]`), in batches
+/// of the input's first dim, with `config`: a JSON document of the `[parallel]`, `[train]` and
+/// `[output]` sections a config file holds (docs/CONFIG.md; `Model.train` and `AutoParallel`
+/// write it), read and checked as a file's are ([`TrainConfig::for_network`]). `backend` is
+/// `"local"` (`parallel.devices` ranks as threads of this process) or `"mpi"` (this process is
+/// one rank of the `mpirun` job `tessera.communication.init()` joined). Calls
+/// `callback(epoch, step_in_epoch, global_step, loss)` after every step; returns every step's
+/// loss and the checkpoint set saved last, if any.
 #[pyfunction]
 #[pyo3(signature = (
-    builder, input, labels, logits, loss, inputs, label_data, *,
-    devices=1, strategies=Vec::new(), epochs=1, max_steps=None, optimizer="Momentum",
-    learning_rate=0.05, momentum=0.9, use_nesterov=false, beta1=0.9, beta2=0.999, eps=1e-8,
-    weight_decay=0.0, seed=1, deterministic=false, shuffle=true, callback=None, output_dir=None, resume_from=None,
+    builder, input, labels, logits, loss, inputs, label_data, config, *,
+    shuffle=true, backend="local", callback=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn train_network(
@@ -147,24 +150,10 @@ fn train_network(
     loss: usize,
     inputs: PyReadonlyArrayDyn<'_, f32>,
     label_data: PyReadonlyArrayDyn<'_, i32>,
-    devices: usize,
-    strategies: Vec<(String, Vec<Vec<usize>>)>,
-    epochs: usize,
-    max_steps: Option<u64>,
-    optimizer: &str,
-    learning_rate: f64,
-    momentum: f64,
-    use_nesterov: bool,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    weight_decay: f64,
-    seed: u64,
-    deterministic: bool,
+    config: &str,
     shuffle: bool,
+    backend: &str,
     callback: Option<Py<PyAny>>,
-    output_dir: Option<PathBuf>,
-    resume_from: Option<PathBuf>,
 ) -> PyResult<(Vec<f32>, Option<PathBuf>)> {
     let shape = inputs.shape().to_vec();
     let (samples, sample_shape) = match shape.split_first() {
@@ -182,14 +171,6 @@ fn train_network(
         sample_shape,
         labels: label_data.as_array().iter().copied().collect(),
     };
-    let optimizer = optimizer_config(
-        optimizer,
-        learning_rate,
-        momentum,
-        use_nesterov,
-        (beta1, beta2, eps),
-        weight_decay,
-    )?;
     let model = Model {
         graph: builder.builder.clone().finish(),
         input: ValueId(input),
@@ -197,52 +178,8 @@ fn train_network(
         logits: ValueId(logits),
         loss: ValueId(loss),
     };
-    let mode = match devices {
-        1 => ParallelMode::StandAlone,
-        _ => ParallelMode::SemiAuto,
-    };
-    let mut parallel = ParallelConfig::new(mode, devices);
-    for (op, strategy) in &strategies {
-        let rows: Vec<&[usize]> = strategy.iter().map(Vec::as_slice).collect();
-        parallel = parallel.shard(op, &rows);
-    }
+    let config = network_config(&model, config, shuffle)?;
     let error = Arc::new(Mutex::new(None));
-    let mut trainer = Trainer::with_dataset(
-        model.clone(),
-        parallel.clone(),
-        NumpyDataset {
-            inputs: Vec::new(),
-            sample_shape: Vec::new(),
-            labels: Vec::new(),
-        },
-    )
-    .optimizer(optimizer)
-    .epochs(epochs)
-    .seed(seed)
-    .deterministic(deterministic)
-    .shuffle(shuffle)
-    .print_loss(false);
-    if let Some(steps) = max_steps {
-        trainer = trainer.max_steps(steps);
-    }
-    let out_dir = output_dir.clone();
-    if let Some(dir) = output_dir {
-        trainer = trainer.output_dir(dir);
-    }
-    // The Trainer's settings as a configuration, with `output.resume_from` set when the run
-    // continues from an earlier one's checkpoint set (the Trainer has no setter for it).
-    let base = trainer.config().map_err(runtime_err)?;
-    let mut output = base.output().clone();
-    output.resume_from = resume_from.map(ResumeFrom::Dir);
-    let config = TrainConfig::from_parts(
-        base.model().clone(),
-        base.data().clone(),
-        parallel,
-        optimizer,
-        base.train().clone(),
-        output,
-    )
-    .map_err(runtime_err)?;
     let mut callbacks = CallbackList::new();
     if let Some(function) = callback {
         callbacks.push(Box::new(PyStepCallback {
@@ -255,17 +192,60 @@ fn train_network(
         metrics_log: Some(config.output().metrics_file()),
         ..LaunchOptions::default()
     };
+    let mpi = match backend {
+        "local" => false,
+        "mpi" => true,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "backend {other:?} is not one of \"local\", \"mpi\""
+            )))
+        }
+    };
     let report = py.detach(|| {
         runtime::allocator::keep_freed_memory();
         let session = TrainSession::with_dataset(&config, model, Arc::new(dataset), None)?;
-        runtime::train_local_with(&session, &options, callbacks)
+        if mpi {
+            crate::distributed::train_rank(&session, &options, callbacks)
+        } else {
+            runtime::train_local_with(&session, &options, callbacks)
+        }
     });
     if let Some(err) = error.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(err);
     }
     let losses = report.map_err(runtime_err)?.losses().to_vec();
-    let saved = out_dir.and_then(|d| runtime::periodic_ckpt::latest_set(&d));
+    let saved = runtime::periodic_ckpt::latest_set(&config.output().dir);
     Ok((losses, saved))
+}
+
+/// The training configuration of `model` from `json` (the `[parallel]`, `[train]` and
+/// `[output]` sections), its batch the input's first dim, its classes the logits' last dim.
+fn network_config(model: &Model, json: &str, shuffle: bool) -> PyResult<TrainConfig> {
+    let root: toml::Table = serde_json::from_str(json)
+        .map_err(|e| PyValueError::new_err(format!("the training configuration: {e}")))?;
+    let dim = |v: ValueId, first: bool| {
+        let shape = &model.graph.values()[v.0].shape;
+        (if first { shape.first() } else { shape.last() })
+            .copied()
+            .unwrap_or(1)
+    };
+    let model_config = ModelConfig {
+        name: ModelName::Custom,
+        hidden: 0,
+        classes: dim(model.logits, false),
+        gpt: None,
+    };
+    let data = DataConfig {
+        format: DataFormat::Idx,
+        dir: PathBuf::new(),
+        batch_size: dim(model.input, true),
+        shuffle,
+        pixel_max: None,
+        normalize: Normalize::Standardize,
+        text: None,
+    };
+    let base = std::env::current_dir().unwrap_or_default();
+    TrainConfig::for_network(root, &base, model_config, data).map_err(runtime_err)
 }
 
 /// The whole tensors `names` (f32) of the checkpoint set in `ckpt_dir` (saved by a run of
