@@ -29,7 +29,7 @@ from ._context import (GRAPH_MODE, PYNATIVE_MODE, get_seed, reset_auto_parallel_
                        set_auto_parallel_context, set_context, set_seed)
 from ._tessera import CheckpointError, CheckpointIOError, ConfigError
 from ._training import plan
-from . import common, dataset, nn, ops
+from . import common, communication, dataset, nn, ops
 from . import train  # the module tessera.train, callable as tessera.train(config, ...)
 from .common import Parameter
 
@@ -46,6 +46,7 @@ __all__ = [
     "PYNATIVE_MODE",
     "Parameter",
     "common",
+    "communication",
     "dataset",
     "get_seed",
     "nn",

@@ -3,8 +3,9 @@
 A primitive applied in ``construct`` adds one node to the traced graph. Its node name is the
 primitive's attribute path in the Cell tree (``self.matmul`` of the Cell ``fc1`` is
 ``fc1.matmul``); a primitive that is no attribute is named ``<cell path>.<op>`` (``_1``, ``_2``
-… when repeated). ``.shard(in_strategy)`` stores a strategy (a tuple of tuples, one per input)
-that the engine applies to that node under semi-auto parallel.
+… when repeated). ``.shard(in_strategy, out_strategy)`` stores a strategy (per operand a tuple
+of split factors or a ``Layout``) that the engine applies to that node under semi-auto
+parallel.
 
 Supported: ``MatMul(transpose_a, transpose_b)``, ``BiasAdd``, ``Add``, ``Sub``, ``Mul``,
 ``RealDiv``, ``ReLU``, ``Tanh``, ``GeLU``, ``Softmax`` / ``LogSoftmax`` (last axis), ``Exp``,
@@ -24,15 +25,36 @@ __all__ = [
 ]
 
 
-def _check_strategy(name, strategy):
+def _check_strategy(name, strategy, which="in_strategy"):
+    """A strategy as given to ``shard``: per operand a tuple of positive split factors or a
+    ``Layout`` with its tensor map (``layout("dp", "None")``)."""
+    from .parallel._layout import Layout
     if strategy is None:
         return None
-    if not isinstance(strategy, (tuple, list)) or not all(
-            isinstance(s, (tuple, list)) and all(isinstance(d, int) and d >= 1 for d in s)
-            for s in strategy):
-        raise TypeError(f"{name}.shard: a strategy is a tuple of tuples of positive ints, "
-                        f"one per input, got {strategy!r}")
-    return tuple(tuple(s) for s in strategy)
+    if not isinstance(strategy, (tuple, list)) or not strategy:
+        raise TypeError(f"{name}.shard: {which} is a tuple with one entry per operand (a tuple "
+                        f"of positive ints or a Layout), got {strategy!r}")
+    kinds = set()
+    for s in strategy:
+        if isinstance(s, Layout):
+            if s._tensor_map is None:
+                raise ValueError(f"{name}.shard: {which} holds a Layout without a tensor map; "
+                                 "call it with one entry per dim (layout('dp', 'None'))")
+            kinds.add("layout")
+        elif isinstance(s, (tuple, list)) and all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in s):
+            kinds.add("tuple")
+        else:
+            raise TypeError(f"{name}.shard: every entry of {which} is a tuple of positive ints "
+                            f"or a Layout, got {s!r}")
+    if len(kinds) > 1:
+        raise TypeError(f"{name}.shard: {which} mixes tuples and Layouts; give all of one kind")
+    return tuple(s if isinstance(s, Layout) else tuple(s) for s in strategy)
+
+
+def _dims(s):
+    """The number of tensor dims a strategy entry describes."""
+    return len(s._tensor_map) if hasattr(s, "_tensor_map") else len(s)
 
 
 class Primitive:
@@ -46,13 +68,17 @@ class Primitive:
     def __init__(self):
         self._name = None  # the attribute path, set when the owning Cell is traced
         self.in_strategy = None
+        self.out_strategy = None
 
     def shard(self, in_strategy=None, out_strategy=None):
-        """MindSpore's ``Primitive.shard``: the strategy of each input, as tuples. Returns the
-        primitive. ``out_strategy`` is not supported yet."""
-        if out_strategy is not None:
-            raise ValueError(f"{type(self).__name__}.shard: out_strategy is not supported yet")
-        self.in_strategy = _check_strategy(type(self).__name__, in_strategy)
+        """MindSpore's ``Primitive.shard``: the strategy of each input (``in_strategy``) and,
+        optionally, of the output (``out_strategy``), each a tuple with one entry per operand:
+        split factors or a ``Layout``. Returns the primitive."""
+        cls = type(self).__name__
+        if out_strategy is not None and in_strategy is None:
+            raise ValueError(f"{cls}.shard: out_strategy needs an in_strategy")
+        self.in_strategy = _check_strategy(cls, in_strategy)
+        self.out_strategy = _check_strategy(cls, out_strategy, "out_strategy")
         return self
 
     def _attrs(self, inputs):
@@ -72,14 +98,15 @@ class Primitive:
         if self.in_strategy is not None:
             if len(self.in_strategy) != len(tensors):
                 raise ValueError(
-                    f"{name}: in_strategy has {len(self.in_strategy)} tuple(s) but "
+                    f"{name}: in_strategy has {len(self.in_strategy)} "
+                    f"entr{'y' if len(self.in_strategy) == 1 else 'ies'} but "
                     f"{type(self).__name__} takes {len(tensors)} input(s)")
             for t, s in zip(tensors, self.in_strategy):
-                if len(s) != len(t.shape):
+                if _dims(s) != len(t.shape):
                     raise ValueError(
-                        f"{name}: strategy {s} has {len(s)} dim(s) but its input has shape "
+                        f"{name}: strategy {s} has {_dims(s)} dim(s) but its input has shape "
                         f"{t.shape} (one split per dim)")
-            trace.strategies[name] = [list(s) for s in self.in_strategy]
+            trace.strategies[name] = (self.in_strategy, self.out_strategy)
         vid, shape = trace.builder.op(self.kind, name, [t.id for t in tensors], **attrs)
         return Tensor(vid, shape)
 

@@ -124,7 +124,7 @@ def test_a_bad_strategy_names_the_op_and_the_rule():
     assert "3 does not divide" in err.value.rule
     net = MLP(64)
     net.fc1.matmul.shard(((2, 1),))
-    with pytest.raises(ValueError, match=r"fc1\.matmul: in_strategy has 1 tuple\(s\) but MatMul "
+    with pytest.raises(ValueError, match=r"fc1\.matmul: in_strategy has 1 entry but MatMul "
                                          r"takes 2 input\(s\)"):
         _train(net, devices=8, epochs=1)
     tessera.set_auto_parallel_context(parallel_mode="stand_alone")

@@ -29,6 +29,8 @@ class Parameter:
         self.name = name
         self.requires_grad = requires_grad
         self._value = None
+        from ..nn.utils import deferring
+        self._deferred = deferring()  # created inside nn.utils.no_init_parameters
 
     @property
     def dtype(self):

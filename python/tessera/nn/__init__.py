@@ -20,9 +20,12 @@ from .loss import SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
 from .wrap import WithLossCell
+from . import utils
+from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, PipelineGradReducer
 
 
 __all__ = [
     "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
     "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "WithLossCell",
+    "GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer", "utils",
 ]

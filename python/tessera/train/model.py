@@ -1,5 +1,6 @@
 """``Model``: traces a network once and trains or evaluates it with the engine."""
 
+import json
 import os
 import shutil
 import tempfile
@@ -9,7 +10,9 @@ import weakref
 import numpy as np
 
 from .. import _context, _trace, nn
-from .._tessera import NetworkBuilder, forward_network, read_parameters, train_network
+from .._tessera import (NetworkBuilder, forward_network, mpi_barrier, mpi_broadcast_str,
+                        read_parameters, train_network)
+from . import engine_config
 from .callback import RunContext, _StopRequested
 
 
@@ -43,9 +46,10 @@ def _metrics(metrics):
 class Model:
     """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``. The
     network must end in a loss: ``loss_fn`` is given (the network is wrapped in
-    ``nn.WithLossCell``) or the network is a ``WithLossCell``. ``metrics``: a set of names
-    (``"Accuracy"``/``"accuracy"``/``"acc"``, ``"loss"``) or a dict ``{name: nn.Accuracy()}``,
-    evaluated by ``eval``.
+    ``nn.WithLossCell``) or the network is a ``WithLossCell``, possibly inside
+    ``parallel.nn.Pipeline`` (or ``GradAccumulation``, ``MicroBatchInterleaved``) inside
+    ``AutoParallel``. ``metrics``: a set of names (``"Accuracy"``/``"accuracy"``/``"acc"``,
+    ``"loss"``) or a dict ``{name: nn.Accuracy()}``, evaluated by ``eval``.
 
     Each ``train`` saves its final weights into a checkpoint set (a directory of this Model's,
     removed with it); the Parameters then hold the trained values, and the next ``train``
@@ -60,9 +64,7 @@ class Model:
         self._metrics = _metrics(metrics)
         if loss_fn is not None:
             network = nn.WithLossCell(network, loss_fn)
-        if not isinstance(network, nn.WithLossCell):
-            raise TypeError("Model: give loss_fn, or a network wrapped in nn.WithLossCell (the "
-                            "engine needs the logits and the loss)")
+        self._parts = engine_config.unwrap(network)
         self.network = network
         self.optimizer = optimizer if optimizer is not None else nn.Momentum(
             network.trainable_params(), 0.05, 0.9)
@@ -76,8 +78,8 @@ class Model:
 
     def _trace(self, batch, sample_shape):
         builder = NetworkBuilder()
-        net = self.network
-        net._name_tree("")
+        top, net = self._parts.top, self._parts.with_loss
+        top._name_tree("")
         with _trace.tracing(builder) as trace:
             x = _trace.Tensor(*builder.input("data", [batch, *sample_shape], "float32"))
             y = _trace.Tensor(*builder.input("label", [batch], "int32"), dtype="int32")
@@ -92,16 +94,37 @@ class Model:
         return builder, x, y, logits, loss, trace.strategies, params
 
     def _run_dir(self):
+        """A fresh directory for the next run's outputs; under ``tessera launch`` rank 0 makes
+        it and every rank uses its path (the ranks of one run write one checkpoint set)."""
+        state = _context._STATE
+        mpi = state["backend"] == "mpi"
         if self._runs is None:
-            self._runs = tempfile.mkdtemp(prefix="tessera-model-")
-            weakref.finalize(self, shutil.rmtree, self._runs, True)
+            made = tempfile.mkdtemp(prefix="tessera-model-") if state["rank"] == 0 else ""
+            self._runs = mpi_broadcast_str(made) if mpi else made
+            if state["rank"] == 0:
+                weakref.finalize(self, shutil.rmtree, self._runs, True)
         self._runs_count += 1
         return os.path.join(self._runs, f"run_{self._runs_count}")
+
+    def _devices(self):
+        state = _context._STATE
+        if state["backend"] == "mpi":
+            if state["device_num"] not in (1, state["group_size"]):
+                raise ValueError(f"Model.train: device_num={state['device_num']} but the job "
+                                 f"has {state['group_size']} ranks (tessera launch --nproc)")
+            return state["group_size"]
+        if state["parallel_mode"] == "stand_alone" and state["device_num"] > 1 \
+                and self._parts.auto_parallel is None:
+            raise ValueError(f"Model.train: device_num={state['device_num']} needs "
+                             "set_auto_parallel_context(parallel_mode='data_parallel' or "
+                             "'semi_auto_parallel'); 'stand_alone' is one device")
+        return state["device_num"]
 
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1,
               initial_epoch=0):
         """Trains ``epoch`` passes over ``train_dataset`` (a batched dataset), from the weights
-        of the previous ``train`` of this Model if any."""
+        of the previous ``train`` of this Model if any. Under ``tessera launch`` this process
+        trains its rank; callbacks run on every rank."""
         if sink_size != -1 or initial_epoch != 0:
             raise ValueError("Model.train: sink_size and initial_epoch are not supported yet")
         if train_dataset.batch_size is None:
@@ -110,12 +133,7 @@ class Model:
         batch = train_dataset.batch_size
         builder, x, y, logits, loss, strategies, traced = self._trace(batch, data.shape[1:])
         state = _context._STATE
-        if state["parallel_mode"] == "stand_alone" and state["device_num"] > 1:
-            raise ValueError(f"Model.train: device_num={state['device_num']} needs "
-                             "set_auto_parallel_context(parallel_mode='data_parallel' or "
-                             "'semi_auto_parallel'); 'stand_alone' is one device")
-        if state["parallel_mode"] != "semi_auto_parallel":
-            strategies = {}
+        devices = self._devices()
         callbacks = [] if callbacks is None else (
             list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
         batch_num = len(data) // batch
@@ -123,11 +141,16 @@ class Model:
         # `epochs` in all, so the epochs already done (a partial one counted whole) are added.
         done_epochs = -(-self._steps_done // batch_num) if self._checkpoint else 0
         step_offset = self._steps_done if self._checkpoint else 0
+        out = self._run_dir()
+        config = engine_config.engine_config(
+            self._parts, self.optimizer, strategies, epochs=done_epochs + epoch,
+            output_dir=out, resume_from=self._checkpoint, devices=devices,
+            deferred_init=any(getattr(p, "_deferred", False) for p, _ in traced))
         params = types.SimpleNamespace(
             cur_epoch_num=0, cur_step_num=0, batch_num=batch_num, epoch_num=epoch,
             net_outputs=None, train_network=self.network, optimizer=self.optimizer,
             train_dataset=train_dataset, parallel_mode=state["parallel_mode"],
-            device_number=state["device_num"])
+            device_number=devices)
         context = RunContext(params)
         for cb in callbacks:
             cb.on_train_begin(context)
@@ -147,32 +170,42 @@ class Model:
             if context._stop:
                 raise _StopRequested
 
-        out = self._run_dir()
+        mpi = state["backend"] == "mpi"
         try:
             losses, saved = train_network(
-                builder, x.id, y.id, logits.id, loss.id, data, labels,
-                devices=state["device_num"], strategies=list(strategies.items()),
-                epochs=done_epochs + epoch, seed=state["seed"],
-                deterministic=state["deterministic"], shuffle=train_dataset.shuffle,
-                callback=on_step if callbacks else None, output_dir=out,
-                resume_from=self._checkpoint, **self.optimizer._engine_args())
+                builder, x.id, y.id, logits.id, loss.id, data, labels, json.dumps(config),
+                shuffle=train_dataset.shuffle, backend="mpi" if mpi else "local",
+                callback=on_step if callbacks else None)
         except _StopRequested:
             # The engine stops without saving: the Parameters keep their earlier values.
             self.losses = list(seen)
-            shutil.rmtree(out, ignore_errors=True)
+            if state["rank"] == 0:
+                shutil.rmtree(out, ignore_errors=True)
         else:
             self.losses = list(losses)
             if saved is not None:
-                values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in traced])
-                for (p, _), value in zip(traced, values):
-                    p._value = value
+                self._take_values(saved, traced)
                 old, self._checkpoint_run = getattr(self, "_checkpoint_run", None), out
                 self._checkpoint = saved
                 self._steps_done = step_offset + len(losses)
-                if old is not None:
+                if mpi:
+                    mpi_barrier()  # every rank has read the set before rank 0 removes the old
+                if old is not None and state["rank"] == 0:
                     shutil.rmtree(old, ignore_errors=True)
         for cb in callbacks:
             cb.on_train_end(context)
+
+    def _take_values(self, saved, traced):
+        """The trained values into the Parameters, and the strategy file where
+        ``AutoParallel.save_param_strategy_file`` asked for it."""
+        values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in traced])
+        for (p, _), value in zip(traced, values):
+            p._value = value
+        auto = self._parts.auto_parallel
+        target = getattr(auto, "_param_strategy_file", None) if auto is not None else None
+        if target is not None:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            shutil.copyfile(os.path.join(saved, "strategy.ckpt"), target)
 
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
         """The ``metrics`` of the trained network on ``valid_dataset`` (batched), as
