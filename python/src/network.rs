@@ -128,7 +128,8 @@ impl Callback for PyStepCallback {
 }
 /// Trains the network traced into `builder` (its values `input`, `labels`, `logits`, `loss`)
 /// on `inputs` (f32, `[samples, ..sample shape]`) and `labels` (i32, `[samples]`), in batches
-/// of the input's first dim, with `config`: a JSON document of the `[parallel]`, `[train]` and
+/// of `batch_size` samples (default: the input's first dim; the graph's input is one
+/// micro-batch of it), with `config`: a JSON document of the `[parallel]`, `[train]` and
 /// `[output]` sections a config file holds (docs/CONFIG.md; `Model.train` and `AutoParallel`
 /// write it), read and checked as a file's are ([`TrainConfig::for_network`]). `backend` is
 /// `"local"` (`parallel.devices` ranks as threads of this process) or `"mpi"` (this process is
@@ -138,7 +139,7 @@ impl Callback for PyStepCallback {
 #[pyfunction]
 #[pyo3(signature = (
     builder, input, labels, logits, loss, inputs, label_data, config, *,
-    shuffle=true, backend="local", callback=None,
+    batch_size=None, shuffle=true, backend="local", callback=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn train_network(
@@ -151,6 +152,7 @@ fn train_network(
     inputs: PyReadonlyArrayDyn<'_, f32>,
     label_data: PyReadonlyArrayDyn<'_, i32>,
     config: &str,
+    batch_size: Option<usize>,
     shuffle: bool,
     backend: &str,
     callback: Option<Py<PyAny>>,
@@ -178,7 +180,7 @@ fn train_network(
         logits: ValueId(logits),
         loss: ValueId(loss),
     };
-    let config = network_config(&model, config, shuffle)?;
+    let config = network_config(&model, config, batch_size, shuffle)?;
     let error = Arc::new(Mutex::new(None));
     let mut callbacks = CallbackList::new();
     if let Some(function) = callback {
@@ -219,8 +221,15 @@ fn train_network(
 }
 
 /// The training configuration of `model` from `json` (the `[parallel]`, `[train]` and
-/// `[output]` sections), its batch the input's first dim, its classes the logits' last dim.
-fn network_config(model: &Model, json: &str, shuffle: bool) -> PyResult<TrainConfig> {
+/// `[output]` sections), its classes the logits' last dim, its `data.batch_size` `batch_size`
+/// (default: the input's first dim), which the configuration's pipeline micro-batches and
+/// interleaved parts then cut, as they cut a file's.
+fn network_config(
+    model: &Model,
+    json: &str,
+    batch_size: Option<usize>,
+    shuffle: bool,
+) -> PyResult<TrainConfig> {
     let root: toml::Table = serde_json::from_str(json)
         .map_err(|e| PyValueError::new_err(format!("the training configuration: {e}")))?;
     let dim = |v: ValueId, first: bool| {
@@ -238,7 +247,7 @@ fn network_config(model: &Model, json: &str, shuffle: bool) -> PyResult<TrainCon
     let data = DataConfig {
         format: DataFormat::Idx,
         dir: PathBuf::new(),
-        batch_size: dim(model.input, true),
+        batch_size: batch_size.unwrap_or_else(|| dim(model.input, true)),
         shuffle,
         pixel_max: None,
         normalize: Normalize::Standardize,

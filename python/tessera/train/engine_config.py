@@ -57,6 +57,32 @@ def unwrap(network):
     return parts
 
 
+def batch_sizes(parts, batch, devices):
+    """``(step batch, micro-batch)`` of a dataset batch of ``batch`` samples: the step batch is
+    one update's share of it when ``GradAccumulation`` cuts it into micro-steps (the engine's
+    ``data.batch_size``, which the pipeline's micro-batches and the interleaved parts cut in
+    turn, on several devices); the micro-batch is what the traced graph takes. Every cut must
+    divide."""
+    step, micro = batch, batch
+    cuts = []
+    if parts.grad_accumulation is not None:
+        cuts.append(("GradAccumulation micro_size", parts.grad_accumulation.micro_size, True))
+    if parts.pipeline is not None and devices > 1:
+        cuts.append(("Pipeline micro_size", parts.pipeline.micro_size, False))
+    if parts.interleaved is not None and devices > 1:
+        cuts.append(("MicroBatchInterleaved interleave_num", parts.interleaved.interleave_num,
+                     False))
+    for what, n, cuts_step in cuts:
+        if micro % n:
+            raise ValueError(f"Model.train: {what} = {n} does not divide the batch of {micro} "
+                             f"samples (dataset batch {batch}); every micro-batch is an equal "
+                             "share")
+        micro //= n
+        if cuts_step:
+            step //= n
+    return step, micro
+
+
 def _strip_none(value):
     """``value`` without ``None`` entries (TOML has no null)."""
     if isinstance(value, dict):

@@ -131,9 +131,10 @@ class Model:
             raise ValueError("Model.train: batch the dataset first (dataset.batch(n))")
         data, labels = train_dataset._arrays()
         batch = train_dataset.batch_size
-        builder, x, y, logits, loss, strategies, traced = self._trace(batch, data.shape[1:])
         state = _context._STATE
         devices = self._devices()
+        step_batch, micro_batch = engine_config.batch_sizes(self._parts, batch, devices)
+        builder, x, y, logits, loss, strategies, traced = self._trace(micro_batch, data.shape[1:])
         callbacks = [] if callbacks is None else (
             list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
         batch_num = len(data) // batch
@@ -174,7 +175,7 @@ class Model:
         try:
             losses, saved = train_network(
                 builder, x.id, y.id, logits.id, loss.id, data, labels, json.dumps(config),
-                shuffle=train_dataset.shuffle, backend="mpi" if mpi else "local",
+                batch_size=step_batch, shuffle=train_dataset.shuffle, backend="mpi" if mpi else "local",
                 callback=on_step if callbacks else None)
         except _StopRequested:
             # The engine stops without saving: the Parameters keep their earlier values.
@@ -183,6 +184,9 @@ class Model:
                 shutil.rmtree(out, ignore_errors=True)
         else:
             self.losses = list(losses)
+            if mpi:
+                # Rank 0 committed the set (the others may return before it did).
+                saved = mpi_broadcast_str(str(saved) if saved is not None else "") or None
             if saved is not None:
                 self._take_values(saved, traced)
                 old, self._checkpoint_run = getattr(self, "_checkpoint_run", None), out
