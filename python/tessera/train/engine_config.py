@@ -59,16 +59,17 @@ def unwrap(network):
 
 def batch_sizes(parts, batch, devices):
     """``(step batch, micro-batch)`` of a dataset batch of ``batch`` samples: the step batch is
-    one update's share of it when ``GradAccumulation`` cuts it into micro-steps (the engine's
-    ``data.batch_size``, which the pipeline's micro-batches and the interleaved parts cut in
-    turn, on several devices); the micro-batch is what the traced graph takes. Every cut must
-    divide."""
+    one micro-step's share of it when ``GradAccumulation`` (or, on one device, ``Pipeline``)
+    cuts it into accumulated micro-steps (the engine's ``data.batch_size``, which the pipeline's
+    micro-batches and the interleaved parts cut in turn on several devices); the micro-batch is
+    what the traced graph takes. Every cut must divide."""
     step, micro = batch, batch
     cuts = []
     if parts.grad_accumulation is not None:
         cuts.append(("GradAccumulation micro_size", parts.grad_accumulation.micro_size, True))
-    if parts.pipeline is not None and devices > 1:
-        cuts.append(("Pipeline micro_size", parts.pipeline.micro_size, False))
+    if parts.pipeline is not None:
+        # On one device the micro-batches are accumulated as the stages would (one update).
+        cuts.append(("Pipeline micro_size", parts.pipeline.micro_size, devices == 1))
     if parts.interleaved is not None and devices > 1:
         cuts.append(("MicroBatchInterleaved interleave_num", parts.interleaved.interleave_num,
                      False))
@@ -176,8 +177,11 @@ def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_fr
             and not train.get("dump_local_norm"):
         raise ValueError("AutoParallel.enable_device_local_norm: the device norms are written "
                          "into the dump_local_norm files; call dump_local_norm(path) too")
-    if parts.grad_accumulation is not None:
-        train["grad_accumulation_steps"] = parts.grad_accumulation.micro_size
+    accumulate = parts.grad_accumulation.micro_size if parts.grad_accumulation else 1
+    if devices == 1 and parts.pipeline is not None:
+        accumulate *= parts.pipeline.micro_size
+    if accumulate > 1:
+        train["grad_accumulation_steps"] = accumulate
     train.update(_optimizer_keys(optimizer))
     train.update(epochs=epochs, seed=state["seed"], deterministic=state["deterministic"])
     if deferred_init:

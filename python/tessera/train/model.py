@@ -206,10 +206,25 @@ class Model:
         for (p, _), value in zip(traced, values):
             p._value = value
         auto = self._parts.auto_parallel
+        self._place_group_info(auto)
         target = getattr(auto, "_param_strategy_file", None) if auto is not None else None
         if target is not None:
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
             shutil.copyfile(os.path.join(saved, "strategy.ckpt"), target)
+
+    @staticmethod
+    def _place_group_info(auto):
+        """Under ``tessera launch`` the path given to ``set_group_ckpt_save_file`` is this
+        process's own (MindSpore's rule): the engine's per-rank file (``<stem>_<rank><ext>``,
+        its name for a path without ``{rank}``) is moved there."""
+        state = _context._STATE
+        path = auto._keys["output"].get("group_info_file") if auto is not None else None
+        if path is None or state["backend"] != "mpi" or "{rank}" in path:
+            return
+        stem, ext = os.path.splitext(path)
+        written = f"{stem}_{state['rank']}{ext}"
+        if os.path.exists(written):
+            os.replace(written, path)
 
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
         """The ``metrics`` of the trained network on ``valid_dataset`` (batched), as
