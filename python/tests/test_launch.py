@@ -56,6 +56,7 @@ SCRIPT = textwrap.dedent('''
     p.pipeline(stages=2)
     p.enable_gradients_mean()
     p.save_param_strategy_file(os.path.abspath(f"param_{get_rank()}.ckpt"))
+    p.set_group_ckpt_save_file(os.path.abspath(f"group_{get_rank()}.ckpt"))
     model = Model(network=p, optimizer=opt)
     model.train(epoch=2, train_dataset=data, callbacks=[Boom()])
     print("RESULT " + json.dumps({"rank": get_rank(), "size": get_group_size(),
@@ -91,9 +92,11 @@ def test_four_ranks_give_one_devices_losses(script, tmp_path, deterministic):
         else:
             assert r["losses"] == pytest.approx(one["losses"], abs=1e-5), rank
             assert r["w"] == pytest.approx(one["w"], abs=1e-4)
-    # Each rank wrote the strategy file it was asked for (MindSpore's protobuf).
+    # Each rank wrote the strategy and group-info files it was asked for, at exactly that path.
     for rank in range(4):
         assert (tmp_path / f"param_{rank}.ckpt").stat().st_size > 0
+        assert (tmp_path / f"group_{rank}.ckpt").stat().st_size > 0
+    assert not list(tmp_path.glob("group_*_*.ckpt"))
 
 
 def test_an_exception_on_one_rank_stops_every_rank_with_its_traceback(script, tmp_path):
