@@ -451,19 +451,18 @@ impl LocalNorm {
                         })
                     })
                     .collect();
-                // The norm of everything the rank holds (MindSpore's `dump_device_local_norm`).
-                let device = |f: &dyn Fn(&(f64, Option<f64>)) -> Option<f64>| {
-                    norms
-                        .iter()
-                        .map(f)
-                        .try_fold(0.0, |sum, n| n.map(|n| sum + n * n))
-                        .map(f64::sqrt)
-                };
+                // The norms of everything the rank holds (MindSpore's `dump_device_local_norm`).
+                let device_norm = norms.iter().map(|(n, _)| n * n).sum::<f64>().sqrt();
+                let device_grad_norm = norms
+                    .iter()
+                    .map(|(_, g)| g.map(|g| g * g))
+                    .sum::<Option<f64>>()
+                    .map(f64::sqrt);
                 let body = json!({
                     "rank": rank,
                     "step": step,
-                    "device_local_norm": device(&|(n, _)| Some(*n)),
-                    "device_local_grad_norm": device(&|(_, g)| *g),
+                    "device_local_norm": device_norm,
+                    "device_local_grad_norm": device_grad_norm,
                     "params": params,
                 });
                 write_atomically(
