@@ -31,14 +31,18 @@ class _Wrapper(Cell):
 
 
 class Pipeline(_Wrapper):
-    """MindSpore's ``Pipeline(network, micro_size=1, stage_config=None)``: each step's batch is
+    """MindSpore's ``Pipeline(network, micro_size, stage_config=None, segment_config=None)``:
+    each step's batch is
     cut into ``micro_size`` micro-batches (``parallel.pipeline.micro_batches``), and
     ``stage_config`` maps cell names, as ``network.cells_and_names()`` gives them
     (``"_backbone.layer1"``), to their stage; a cell it does not name runs on the stage of the
     cell before it. The stage count is ``AutoParallel.pipeline(stages=...)``."""
 
-    def __init__(self, network, micro_size=1, stage_config=None):
+    def __init__(self, network, micro_size, stage_config=None, segment_config=None):
         super().__init__(network)
+        if segment_config is not None:
+            raise ValueError("Pipeline: segment_config (MindSpore's virtual-pipeline segments) is "
+                             "not supported; use AutoParallel.pipeline(interleave=True)")
         self.micro_size = _positive_int("Pipeline", "micro_size", micro_size)
         if stage_config is not None and not isinstance(stage_config, dict):
             raise TypeError("Pipeline: stage_config must be a dict of cell name -> stage, but "
