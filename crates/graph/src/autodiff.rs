@@ -164,8 +164,8 @@ fn depends_on(graph: &Graph, params: &[ValueId]) -> Vec<bool> {
         depends[p.0] = true;
     }
     for node in graph.nodes() {
-        // StopGradient's output is a constant to autodiff.
-        if node.op == Op::StopGradient {
+        // StopGradient's (and Print's) output is a constant to autodiff.
+        if matches!(node.op, Op::StopGradient | Op::Print { .. }) {
             continue;
         }
         if node.inputs.iter().any(|v| depends[v.0]) {
@@ -551,7 +551,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         }
         Op::Exp => out.push((0, ctx.grad(0, Op::Mul, &[dy, ctx.output(0)])?)),
         Op::Log => out.push((0, ctx.grad(0, Op::Div, &[dy, ctx.input(0)])?)),
-        Op::StopGradient => {}
+        Op::StopGradient | Op::Print { .. } => {}
         Op::ReduceMax { .. } => {
             let node = &ctx.forward.nodes()[ctx.node.0];
             return Err(GraphError::NotDifferentiable {

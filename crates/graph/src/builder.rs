@@ -396,6 +396,15 @@ impl GraphBuilder {
         stop_gradient => Op::StopGradient;
     }
 
+    /// MindSpore's `ops.Print`: `x`, printed with `label` each time the node runs
+    /// ([`Op::Print`]).
+    pub fn print(&mut self, name: &str, label: &str, x: ValueId) -> Result<ValueId, GraphError> {
+        let op = Op::Print {
+            label: label.to_string(),
+        };
+        self.node(name, op, &[x]).map(|out| out[0])
+    }
+
     /// GeLU, the tanh approximation if `approximate`.
     pub fn gelu(
         &mut self,

@@ -133,6 +133,13 @@ pub enum Op {
     Log,
     /// The identity, through which no gradient flows: autodiff treats its output as a constant.
     StopGradient,
+    /// MindSpore's `ops.Print`: the identity that also prints, each time it runs, `label` and the
+    /// value it holds (on each rank its local shard) to standard output, as
+    /// `Tensor(shape=[..], dtype=Float32, value=\n[..])`. No gradient flows through it.
+    Print {
+        /// The text printed before the value (the strings given before the tensor).
+        label: String,
+    },
     /// One-hot rows of integer `labels [...]` (i32 or i64) → `[..., depth]` of `dtype` (a float
     /// type): 1 in the label's column, 0 elsewhere; a label outside `0..depth` is an error. Given
     /// a block of the columns (the output placement's offset in the last dim), a rank writes its
@@ -309,6 +316,7 @@ impl Op {
             Op::Exp => "Exp",
             Op::Log => "Log",
             Op::StopGradient => "StopGradient",
+            Op::Print { .. } => "Print",
             Op::OneHot { .. } => "OneHot",
             Op::Embedding => "Embedding",
             Op::Dropout { .. } => "Dropout",
@@ -357,6 +365,7 @@ impl Op {
             | Op::Exp
             | Op::Log
             | Op::StopGradient
+            | Op::Print { .. }
             | Op::OneHot { .. }
             | Op::Dropout { .. }
             | Op::Split { .. }

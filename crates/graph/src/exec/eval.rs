@@ -498,6 +498,10 @@ fn eval_typed<T: Float + Element>(
         Op::Flatten { .. } | Op::Reshape { .. } | Op::StopGradient => {
             reshape_into(inputs[0], &mut outputs[0], ctx)
         }
+        Op::Print { label } => {
+            crate::print::print_value(label, inputs[0]);
+            reshape_into(inputs[0], &mut outputs[0], ctx)
+        }
         Op::Transpose { perm } => {
             let x = inputs[0];
             kernels::permute_into(

@@ -258,6 +258,7 @@ pub fn input_layouts(
         | Op::Exp
         | Op::Log
         | Op::StopGradient
+        | Op::Print { .. }
         | Op::Dropout { .. }
         | Op::Cast { .. } => elementwise(ctx, s, devices),
         Op::Transpose { .. } | Op::ReduceSum { .. } | Op::ReduceMax { .. } => {
