@@ -131,6 +131,8 @@ pub enum Op {
     Exp,
     /// The natural logarithm `ln x`.
     Log,
+    /// The square root `√x` (NaN below 0). Its gradient is `dy / (y + y)` with `y = √x`.
+    Sqrt,
     /// The identity, through which no gradient flows: autodiff treats its output as a constant.
     StopGradient,
     /// One-hot rows of integer `labels [...]` (i32 or i64) → `[..., depth]` of `dtype` (a float
@@ -308,6 +310,7 @@ impl Op {
             Op::ReduceMax { .. } => "ReduceMax",
             Op::Exp => "Exp",
             Op::Log => "Log",
+            Op::Sqrt => "Sqrt",
             Op::StopGradient => "StopGradient",
             Op::OneHot { .. } => "OneHot",
             Op::Embedding => "Embedding",
@@ -356,6 +359,7 @@ impl Op {
             | Op::ReduceMax { .. }
             | Op::Exp
             | Op::Log
+            | Op::Sqrt
             | Op::StopGradient
             | Op::OneHot { .. }
             | Op::Dropout { .. }
