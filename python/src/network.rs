@@ -38,24 +38,83 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Samples held in memory: one row of `inputs` (f32) and one label (i32) per sample.
+/// One column of samples held in memory: f32 (images, features, regression targets) or i32
+/// (token ids, class labels), `shape` per sample.
+#[derive(Debug)]
+pub enum Column {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// i32 elements.
+    I32(Vec<i32>),
+}
+
+impl Column {
+    /// A numpy array of float32 or int32 as a column; `what` names it in the error.
+    fn from_array(array: &Bound<'_, PyAny>, what: &str) -> PyResult<(Column, Vec<usize>)> {
+        if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, f32>>() {
+            return Ok((Column::F32(a.as_array().iter().copied().collect()), a.shape().to_vec()));
+        }
+        if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, i32>>() {
+            return Ok((Column::I32(a.as_array().iter().copied().collect()), a.shape().to_vec()));
+        }
+        Err(PyValueError::new_err(format!(
+            "{what} must be a numpy array of float32 or int32"
+        )))
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            Column::F32(_) => DType::F32,
+            Column::I32(_) => DType::I32,
+        }
+    }
+
+    /// The samples `indices` (each `n` elements) as a tensor of `[indices.len(), ..shape]`.
+    fn rows(&self, indices: &[usize], shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        fn gather<T: Copy>(data: &[T], indices: &[usize], n: usize) -> Vec<T> {
+            let mut out = Vec::with_capacity(indices.len() * n);
+            for &i in indices {
+                out.extend_from_slice(&data[i * n..(i + 1) * n]);
+            }
+            out
+        }
+        let n: usize = shape.iter().product();
+        let mut full = vec![indices.len()];
+        full.extend_from_slice(shape);
+        Ok(match self {
+            Column::F32(data) => Tensor::from_vec(&full, gather(data, indices, n))?,
+            Column::I32(data) => Tensor::from_vec(&full, gather(data, indices, n))?,
+        })
+    }
+}
+
+/// Samples held in memory: one row of `inputs` and one of `labels` per sample, each of its
+/// column's dtype and per-sample shape.
 #[derive(Debug)]
 pub struct NumpyDataset {
-    inputs: Vec<f32>,
+    inputs: Column,
     sample_shape: Vec<usize>,
-    labels: Vec<i32>,
+    labels: Column,
+    label_shape: Vec<usize>,
+    samples: usize,
 }
 
 impl NumpyDataset {
-    fn sample_len(&self) -> usize {
-        self.sample_shape.iter().product()
+    fn empty() -> NumpyDataset {
+        NumpyDataset {
+            inputs: Column::F32(Vec::new()),
+            sample_shape: Vec::new(),
+            labels: Column::I32(Vec::new()),
+            label_shape: Vec::new(),
+            samples: 0,
+        }
     }
 
     fn check(&self, indices: &[usize]) -> Result<(), RuntimeError> {
-        match indices.iter().find(|&&i| i >= self.labels.len()) {
+        match indices.iter().find(|&&i| i >= self.samples) {
             Some(i) => Err(RuntimeError::Config {
                 key: "dataset".to_string(),
-                reason: format!("sample {i} is past the end ({} samples)", self.labels.len()),
+                reason: format!("sample {i} is past the end ({} samples)", self.samples),
             }),
             None => Ok(()),
         }
@@ -64,39 +123,31 @@ impl NumpyDataset {
 
 impl Dataset for NumpyDataset {
     fn len(&self) -> usize {
-        self.labels.len()
+        self.samples
     }
 
     fn input_spec(&self) -> SampleSpec {
         SampleSpec {
             shape: self.sample_shape.clone(),
-            dtype: DType::F32,
+            dtype: self.inputs.dtype(),
         }
     }
 
     fn label_spec(&self) -> SampleSpec {
         SampleSpec {
-            shape: Vec::new(),
-            dtype: DType::I32,
+            shape: self.label_shape.clone(),
+            dtype: self.labels.dtype(),
         }
     }
 
     fn read_inputs(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
         self.check(indices)?;
-        let n = self.sample_len();
-        let mut data = Vec::with_capacity(indices.len() * n);
-        for &i in indices {
-            data.extend_from_slice(&self.inputs[i * n..(i + 1) * n]);
-        }
-        let mut shape = vec![indices.len()];
-        shape.extend_from_slice(&self.sample_shape);
-        Ok(Tensor::from_vec(&shape, data)?)
+        self.inputs.rows(indices, &self.sample_shape)
     }
 
     fn read_labels(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
         self.check(indices)?;
-        let data = indices.iter().map(|&i| self.labels[i]).collect();
-        Ok(Tensor::from_vec(&[indices.len()], data)?)
+        self.labels.rows(indices, &self.label_shape)
     }
 }
 
@@ -126,7 +177,8 @@ impl Callback for PyStepCallback {
     }
 }
 /// Trains the network traced into `builder` (its values `input`, `labels`, `logits`, `loss`)
-/// on `inputs` (f32, `[samples, ..sample shape]`) and `labels` (i32, `[samples]`), on
+/// on `inputs` (f32 or i32, `[samples, ..sample shape]`) and `labels` (i32 or f32, `[samples,
+/// ..label shape]`), on
 /// `devices` ranks (threads) under semi-auto parallel with `strategies` (`[(op name, [[..],
 /// ..])]`, as `ParallelConfig::shard` takes them). Calls `callback(epoch, step_in_epoch,
 /// global_step, loss)` after every step; returns every step's loss.
@@ -145,8 +197,8 @@ fn train_network(
     labels: usize,
     logits: usize,
     loss: usize,
-    inputs: PyReadonlyArrayDyn<'_, f32>,
-    label_data: PyReadonlyArrayDyn<'_, i32>,
+    inputs: &Bound<'_, PyAny>,
+    label_data: &Bound<'_, PyAny>,
     devices: usize,
     strategies: Vec<(String, Vec<Vec<usize>>)>,
     epochs: usize,
@@ -166,21 +218,23 @@ fn train_network(
     output_dir: Option<PathBuf>,
     resume_from: Option<PathBuf>,
 ) -> PyResult<(Vec<f32>, Option<PathBuf>)> {
-    let shape = inputs.shape().to_vec();
+    let (inputs, shape) = Column::from_array(inputs, "inputs")?;
+    let (labels_column, label_full) = Column::from_array(label_data, "labels")?;
     let (samples, sample_shape) = match shape.split_first() {
         Some((&n, rest)) => (n, rest.to_vec()),
         None => return Err(PyValueError::new_err("inputs must have a sample dim")),
     };
-    if label_data.shape() != [samples] {
+    if label_full.first() != Some(&samples) {
         return Err(PyValueError::new_err(format!(
-            "labels have shape {:?}; expected [{samples}], one per input sample",
-            label_data.shape()
+            "labels have shape {label_full:?}; expected [{samples}, ...], one per input sample"
         )));
     }
     let dataset = NumpyDataset {
-        inputs: inputs.as_array().iter().copied().collect(),
+        inputs,
         sample_shape,
-        labels: label_data.as_array().iter().copied().collect(),
+        labels: labels_column,
+        label_shape: label_full[1..].to_vec(),
+        samples,
     };
     let optimizer = optimizer_config(
         optimizer,
@@ -210,11 +264,7 @@ fn train_network(
     let mut trainer = Trainer::with_dataset(
         model.clone(),
         parallel.clone(),
-        NumpyDataset {
-            inputs: Vec::new(),
-            sample_shape: Vec::new(),
-            labels: Vec::new(),
-        },
+        NumpyDataset::empty(),
     )
     .optimizer(optimizer)
     .epochs(epochs)

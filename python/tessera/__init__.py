@@ -32,6 +32,7 @@ from ._training import plan
 from . import common, dataset, nn, ops
 from . import train  # the module tessera.train, callable as tessera.train(config, ...)
 from .common import Parameter
+from .common.dtype import bfloat16, float16, float32, float64, int32, int64
 
 try:
     __version__ = version("tessera-parallel")
@@ -45,9 +46,15 @@ __all__ = [
     "GRAPH_MODE",
     "PYNATIVE_MODE",
     "Parameter",
+    "bfloat16",
     "common",
     "dataset",
+    "float16",
+    "float32",
+    "float64",
     "get_seed",
+    "int32",
+    "int64",
     "nn",
     "ops",
     "parallel",
