@@ -359,9 +359,10 @@ fn read_parameters<'py>(
 }
 
 /// The value `output` of the network traced into `builder` for every sample of `inputs`
-/// (f32, `[samples, ..sample shape]`), run forward only on one device by the engine's
+/// (f32 or i32, `[samples, ..sample shape]`), run forward only on one device by the engine's
 /// executor with the parameters set to `params` (`[(value id, array)]`), batch by batch (the
-/// input's first dim; the last batch is padded with zeros and the padding dropped).
+/// input's first dim; the last batch is padded with copies of its first sample and the padding
+/// dropped).
 #[pyfunction]
 fn forward_network<'py>(
     py: Python<'py>,
@@ -369,7 +370,7 @@ fn forward_network<'py>(
     input: usize,
     output: usize,
     params: Vec<(usize, PyReadonlyArrayDyn<'py, f32>)>,
-    inputs: PyReadonlyArrayDyn<'py, f32>,
+    inputs: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let graph = builder.builder.clone().finish();
     let in_shape = builder
@@ -383,9 +384,14 @@ fn forward_network<'py>(
         .map_err(graph_err)?
         .to_vec();
     let batch = in_shape.first().copied().unwrap_or(1);
-    let row: usize = in_shape[1..].iter().product();
+    if out_shape.first() != Some(&batch) {
+        return Err(PyValueError::new_err(format!(
+            "the output has shape {out_shape:?}; its first dim must be the batch ({batch}), one \
+             row per input sample"
+        )));
+    }
     let out_row: usize = out_shape[1..].iter().product();
-    let shape = inputs.shape().to_vec();
+    let (data, shape) = Column::from_array(inputs, "inputs")?;
     if shape.len() != in_shape.len() || shape[1..] != in_shape[1..] {
         return Err(PyValueError::new_err(format!(
             "inputs have shape {shape:?}; the network takes samples of shape {:?}",
@@ -393,7 +399,6 @@ fn forward_network<'py>(
         )));
     }
     let samples = shape[0];
-    let data: Vec<f32> = inputs.as_array().iter().copied().collect();
     let mut values = Vec::with_capacity(params.len());
     for (id, array) in &params {
         let t = Tensor::from_vec(array.shape(), array.as_array().iter().copied().collect())
@@ -419,9 +424,12 @@ fn forward_network<'py>(
         let mut start = 0;
         while start < samples {
             let n = batch.min(samples - start);
-            let mut chunk = vec![0f32; batch * row];
-            chunk[..n * row].copy_from_slice(&data[start * row..(start + n) * row]);
-            let t = Tensor::from_vec(&in_shape, chunk).map_err(|e| e.to_string())?;
+            let rows: Vec<usize> = (start..start + n)
+                .chain(std::iter::repeat_n(start, batch - n))
+                .collect();
+            let t = data
+                .rows(&rows, &in_shape[1..])
+                .map_err(|e| e.to_string())?;
             exec.set_input(ValueId(input), &t)
                 .map_err(|e| e.to_string())?;
             exec.run().map_err(|e| e.to_string())?;

@@ -99,7 +99,8 @@ def tracing(builder):
 def _binary(kind, prim, swap=False):
     def method(self, other):
         from . import ops
-        if not isinstance(other, (Tensor, numbers.Real)) or isinstance(other, bool):
+        from .common.parameter import Parameter
+        if not isinstance(other, (Tensor, Parameter, numbers.Real)) or isinstance(other, bool):
             return NotImplemented
         a, b = (other, self) if swap else (self, other)
         return getattr(ops, prim)()(a, b)
@@ -155,9 +156,10 @@ class Tensor:
     def __matmul__(self, other):
         """``MatMul`` of 2-D operands, else ``BatchMatMul``."""
         from . import ops
-        if not isinstance(other, Tensor):
+        from .common.parameter import Parameter
+        if not isinstance(other, (Tensor, Parameter)):
             return NotImplemented
-        return (ops.MatMul() if self.ndim == 2 and other.ndim == 2 else ops.BatchMatMul())(
+        return (ops.MatMul() if self.ndim == 2 and len(other.shape) == 2 else ops.BatchMatMul())(
             self, other)
 
     def __neg__(self):
