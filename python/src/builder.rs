@@ -128,7 +128,10 @@ impl<'py> Attrs<'_, 'py> {
     /// Attribute `key`, which the op needs.
     fn need<T: for<'b> FromPyObject<'b, 'py>>(&self, key: &str) -> PyResult<T> {
         self.get(key)?.ok_or_else(|| {
-            PyValueError::new_err(format!("{}: {} needs the attribute {key}", self.node, self.kind))
+            PyValueError::new_err(format!(
+                "{}: {} needs the attribute {key}",
+                self.node, self.kind
+            ))
         })
     }
 
@@ -145,8 +148,16 @@ impl<'py> Attrs<'_, 'py> {
 fn arity(kind: &str) -> Option<usize> {
     Some(match kind {
         "fill" | "triu" => 0,
-        "matmul" | "batch_matmul" | "add" | "sub" | "mul" | "div" | "bias_add" | "embedding"
-        | "masked_fill" | "sparse_softmax_cross_entropy" => 2,
+        "matmul"
+        | "batch_matmul"
+        | "add"
+        | "sub"
+        | "mul"
+        | "div"
+        | "bias_add"
+        | "embedding"
+        | "masked_fill"
+        | "sparse_softmax_cross_entropy" => 2,
         "layer_norm" => 3,
         "concat" => return None,
         _ => 1,
@@ -171,7 +182,10 @@ impl NetworkBuilder {
         let float = b.float_dtype();
         let one = |r: Result<ValueId, GraphError>| r.map(|id| vec![id]);
         let flags = || -> PyResult<(bool, bool)> {
-            Ok((attrs.or("transpose_a", false)?, attrs.or("transpose_b", false)?))
+            Ok((
+                attrs.or("transpose_a", false)?,
+                attrs.or("transpose_b", false)?,
+            ))
         };
         let reduce = || -> PyResult<(Vec<usize>, bool)> {
             Ok((attrs.or("axes", Vec::new())?, attrs.or("keep_dims", false)?))
@@ -230,12 +244,7 @@ impl NetworkBuilder {
                 };
                 b.node(name, op, v)
             }
-            "dropout" => one(b.dropout(
-                name,
-                v[0],
-                attrs.need("keep_prob")?,
-                attrs.need("seed")?,
-            )),
+            "dropout" => one(b.dropout(name, v[0], attrs.need("keep_prob")?, attrs.need("seed")?)),
             "concat" => one(b.concat(name, v, attrs.need("axis")?)),
             "split" => b.split(
                 name,
@@ -361,7 +370,11 @@ impl NetworkBuilder {
             .into_iter()
             .map(|id| {
                 let value = self.builder.value(id).map_err(graph_err)?;
-                Ok((id.0, value.shape.clone(), dtype_name(value.dtype).to_string()))
+                Ok((
+                    id.0,
+                    value.shape.clone(),
+                    dtype_name(value.dtype).to_string(),
+                ))
             })
             .collect()
     }

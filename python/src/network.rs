@@ -52,10 +52,16 @@ impl Column {
     /// A numpy array of float32 or int32 as a column; `what` names it in the error.
     fn from_array(array: &Bound<'_, PyAny>, what: &str) -> PyResult<(Column, Vec<usize>)> {
         if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, f32>>() {
-            return Ok((Column::F32(a.as_array().iter().copied().collect()), a.shape().to_vec()));
+            return Ok((
+                Column::F32(a.as_array().iter().copied().collect()),
+                a.shape().to_vec(),
+            ));
         }
         if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, i32>>() {
-            return Ok((Column::I32(a.as_array().iter().copied().collect()), a.shape().to_vec()));
+            return Ok((
+                Column::I32(a.as_array().iter().copied().collect()),
+                a.shape().to_vec(),
+            ));
         }
         Err(PyValueError::new_err(format!(
             "{what} must be a numpy array of float32 or int32"
@@ -261,17 +267,13 @@ fn train_network(
         parallel = parallel.shard(op, &rows);
     }
     let error = Arc::new(Mutex::new(None));
-    let mut trainer = Trainer::with_dataset(
-        model.clone(),
-        parallel.clone(),
-        NumpyDataset::empty(),
-    )
-    .optimizer(optimizer)
-    .epochs(epochs)
-    .seed(seed)
-    .deterministic(deterministic)
-    .shuffle(shuffle)
-    .print_loss(false);
+    let mut trainer = Trainer::with_dataset(model.clone(), parallel.clone(), NumpyDataset::empty())
+        .optimizer(optimizer)
+        .epochs(epochs)
+        .seed(seed)
+        .deterministic(deterministic)
+        .shuffle(shuffle)
+        .print_loss(false);
     if let Some(steps) = max_steps {
         trainer = trainer.max_steps(steps);
     }

@@ -13,7 +13,8 @@
   ``vision`` and ``transforms`` operations), ``tessera.train`` (``Model`` with ``train`` and
   ``eval``, ``Callback``, ``LossMonitor``, ``TimeMonitor``; the
   module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
-  ``tessera.common.initializer``, ``set_context``, ``set_auto_parallel_context`` (the device
+  ``tessera.common.initializer``, the dtypes ``tessera.float32``, ``float16``, ``bfloat16``,
+  ``float64``, ``int32``, ``int64``, ``set_context``, ``set_auto_parallel_context`` (the device
   count) and ``set_seed``. ``construct`` is traced once into Tessera's graph; the Rust engine
   runs every step. See docs/PYTHON.md, "Your own network (first and second slices)".
 

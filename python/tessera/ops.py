@@ -360,6 +360,11 @@ class OneHot(Primitive):
                        f"{off!r})", UnsupportedOpError)
         return {"depth": args[0], "dtype": "float32"}
 
+    def _record_strategy(self, trace, name, tensors):
+        if self.in_strategy is not None:
+            self._fail("a strategy is not supported yet (the engine's OneHot is split by its "
+                       "output's dims): shard its consumer instead", UnsupportedOpError)
+
 
 class Concat(Primitive):
     """``Concat(axis=0)((x, y, ...))``: 2 to 8 tensors joined along ``axis``."""

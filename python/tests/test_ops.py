@@ -312,6 +312,7 @@ class Mixer(nn.Cell):
             self.neg.shard(((2, 1, 2),))
             self.dropout.dropout.shard(((2, 2, 1),))
             self.head.matmul.shard(((2, 1), (2, 1)))
+            self.concat.shard(((2, 1), (2, 1)))
 
     def construct(self, x):
         h = self.ln(self.fc(x))                                   # [n, 8, 16]
@@ -345,6 +346,49 @@ def test_sharded_ops_give_one_devices_losses():
     assert len(one) == 3 and np.isfinite(one).all()
     np.testing.assert_allclose(four, one, rtol=0, atol=1e-5)
     assert len(set(one.tolist())) == 3, "the network trains (losses change)"
+
+
+class Tokens(nn.Cell):
+    """Token ids ``[n, 6]`` through a looked-up and a one-hot embedding (their tables' rows
+    split when sharded: vocabulary parallel), a half-precision round trip, a sum over the
+    sequence and a dense head."""
+
+    def __init__(self, shard=False):
+        super().__init__()
+        self.lookup = nn.Embedding(16, 8, embedding_table=Normal(0.1))
+        self.onehot = nn.Embedding(16, 8, use_one_hot=True, embedding_table=Normal(0.1))
+        self.add = ops.Add()
+        self.to_half, self.to_float = ops.Cast(), ops.Cast()
+        self.total = ops.ReduceSum()
+        self.head = nn.Dense(8, 10, weight_init=Normal(0.1))
+        if shard:
+            self.lookup.gather.shard(((2, 1), (2, 1)))
+            self.onehot.matmul.shard(((2, 1, 2), (2, 1)))
+            self.add.shard(((2, 2, 1), (2, 2, 1)))
+            self.to_half.shard(((2, 2, 1),))
+            self.total.shard(((2, 2, 1),))
+
+    def construct(self, ids):
+        h = self.add(self.lookup(ids), self.onehot(ids))
+        h = self.to_float(self.to_half(h, tessera.float16), tessera.float32)
+        return self.head(self.total(h, 1))
+
+
+def _train_tokens(shard, devices):
+    tessera.set_auto_parallel_context(device_num=devices, parallel_mode="semi_auto_parallel")
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 16, (64, 6)).astype(np.int32)
+    y = (ids.sum(1) % 10).astype(np.int32)
+    net = Tokens(shard)
+    model = Model(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    model.train(1, ds.NumpySlicesDataset((ids, y), shuffle=False).batch(16))
+    return np.array(model.losses[:3])
+
+
+def test_sharded_token_ops_give_one_devices_losses():
+    one, four = _train_tokens(False, 1), _train_tokens(True, 4)
+    assert len(one) == 3 and len(set(one.tolist())) == 3
+    np.testing.assert_allclose(four, one, rtol=0, atol=1e-5)
 
 
 # Errors name the Cell, the op and the rule.
