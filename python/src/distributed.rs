@@ -168,7 +168,6 @@ pub fn train_rank(
 ) -> Result<runtime::TrainReport, runtime::RuntimeError> {
     Err(runtime::RuntimeError::Config {
         key: "backend".to_string(),
-        reason: "this tessera package was built without MPI (the cargo feature `mpi`)"
-            .to_string(),
+        reason: "this tessera package was built without MPI (the cargo feature `mpi`)".to_string(),
     })
 }

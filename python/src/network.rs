@@ -22,8 +22,8 @@ use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use runtime::{
-    Callback, CallbackList, DataConfig, DataFormat, Dataset, LaunchOptions, ModelConfig,
-    ModelName, Normalize, RuntimeError, SampleSpec, StepInfo, TrainConfig, TrainSession,
+    Callback, CallbackList, DataConfig, DataFormat, Dataset, LaunchOptions, ModelConfig, ModelName,
+    Normalize, RuntimeError, SampleSpec, StepInfo, TrainConfig, TrainSession,
 };
 use tensor::{DType, Tensor};
 
@@ -39,24 +39,79 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Samples held in memory: one row of `inputs` (f32) and one label (i32) per sample.
+/// One column of samples held in memory: f32 (images, features, regression targets) or i32
+/// (token ids, class labels), `shape` per sample.
+#[derive(Debug)]
+pub enum Column {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// i32 elements.
+    I32(Vec<i32>),
+}
+
+impl Column {
+    /// A numpy array of float32 or int32 as a column; `what` names it in the error.
+    fn from_array(array: &Bound<'_, PyAny>, what: &str) -> PyResult<(Column, Vec<usize>)> {
+        if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, f32>>() {
+            return Ok((
+                Column::F32(a.as_array().iter().copied().collect()),
+                a.shape().to_vec(),
+            ));
+        }
+        if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, i32>>() {
+            return Ok((
+                Column::I32(a.as_array().iter().copied().collect()),
+                a.shape().to_vec(),
+            ));
+        }
+        Err(PyValueError::new_err(format!(
+            "{what} must be a numpy array of float32 or int32"
+        )))
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            Column::F32(_) => DType::F32,
+            Column::I32(_) => DType::I32,
+        }
+    }
+
+    /// The samples `indices` (each `n` elements) as a tensor of `[indices.len(), ..shape]`.
+    fn rows(&self, indices: &[usize], shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        fn gather<T: Copy>(data: &[T], indices: &[usize], n: usize) -> Vec<T> {
+            let mut out = Vec::with_capacity(indices.len() * n);
+            for &i in indices {
+                out.extend_from_slice(&data[i * n..(i + 1) * n]);
+            }
+            out
+        }
+        let n: usize = shape.iter().product();
+        let mut full = vec![indices.len()];
+        full.extend_from_slice(shape);
+        Ok(match self {
+            Column::F32(data) => Tensor::from_vec(&full, gather(data, indices, n))?,
+            Column::I32(data) => Tensor::from_vec(&full, gather(data, indices, n))?,
+        })
+    }
+}
+
+/// Samples held in memory: one row of `inputs` and one of `labels` per sample, each of its
+/// column's dtype and per-sample shape.
 #[derive(Debug)]
 pub struct NumpyDataset {
-    inputs: Vec<f32>,
+    inputs: Column,
     sample_shape: Vec<usize>,
-    labels: Vec<i32>,
+    labels: Column,
+    label_shape: Vec<usize>,
+    samples: usize,
 }
 
 impl NumpyDataset {
-    fn sample_len(&self) -> usize {
-        self.sample_shape.iter().product()
-    }
-
     fn check(&self, indices: &[usize]) -> Result<(), RuntimeError> {
-        match indices.iter().find(|&&i| i >= self.labels.len()) {
+        match indices.iter().find(|&&i| i >= self.samples) {
             Some(i) => Err(RuntimeError::Config {
                 key: "dataset".to_string(),
-                reason: format!("sample {i} is past the end ({} samples)", self.labels.len()),
+                reason: format!("sample {i} is past the end ({} samples)", self.samples),
             }),
             None => Ok(()),
         }
@@ -65,39 +120,31 @@ impl NumpyDataset {
 
 impl Dataset for NumpyDataset {
     fn len(&self) -> usize {
-        self.labels.len()
+        self.samples
     }
 
     fn input_spec(&self) -> SampleSpec {
         SampleSpec {
             shape: self.sample_shape.clone(),
-            dtype: DType::F32,
+            dtype: self.inputs.dtype(),
         }
     }
 
     fn label_spec(&self) -> SampleSpec {
         SampleSpec {
-            shape: Vec::new(),
-            dtype: DType::I32,
+            shape: self.label_shape.clone(),
+            dtype: self.labels.dtype(),
         }
     }
 
     fn read_inputs(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
         self.check(indices)?;
-        let n = self.sample_len();
-        let mut data = Vec::with_capacity(indices.len() * n);
-        for &i in indices {
-            data.extend_from_slice(&self.inputs[i * n..(i + 1) * n]);
-        }
-        let mut shape = vec![indices.len()];
-        shape.extend_from_slice(&self.sample_shape);
-        Ok(Tensor::from_vec(&shape, data)?)
+        self.inputs.rows(indices, &self.sample_shape)
     }
 
     fn read_labels(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
         self.check(indices)?;
-        let data = indices.iter().map(|&i| self.labels[i]).collect();
-        Ok(Tensor::from_vec(&[indices.len()], data)?)
+        self.labels.rows(indices, &self.label_shape)
     }
 }
 
@@ -127,7 +174,8 @@ impl Callback for PyStepCallback {
     }
 }
 /// Trains the network traced into `builder` (its values `input`, `labels`, `logits`, `loss`)
-/// on `inputs` (f32, `[samples, ..sample shape]`) and `labels` (i32, `[samples]`), in batches
+/// on `inputs` (f32 or i32, `[samples, ..sample shape]`) and `labels` (i32 or f32, `[samples,
+/// ..label shape]`), in batches
 /// of `batch_size` samples (default: the input's first dim; the graph's input is one
 /// micro-batch of it), with `config`: a JSON document of the `[parallel]`, `[train]` and
 /// `[output]` sections a config file holds (docs/CONFIG.md; `Model.train` and `AutoParallel`
@@ -149,29 +197,31 @@ fn train_network(
     labels: usize,
     logits: usize,
     loss: usize,
-    inputs: PyReadonlyArrayDyn<'_, f32>,
-    label_data: PyReadonlyArrayDyn<'_, i32>,
+    inputs: &Bound<'_, PyAny>,
+    label_data: &Bound<'_, PyAny>,
     config: &str,
     batch_size: Option<usize>,
     shuffle: bool,
     backend: &str,
     callback: Option<Py<PyAny>>,
 ) -> PyResult<(Vec<f32>, Option<PathBuf>)> {
-    let shape = inputs.shape().to_vec();
+    let (inputs, shape) = Column::from_array(inputs, "inputs")?;
+    let (labels_column, label_full) = Column::from_array(label_data, "labels")?;
     let (samples, sample_shape) = match shape.split_first() {
         Some((&n, rest)) => (n, rest.to_vec()),
         None => return Err(PyValueError::new_err("inputs must have a sample dim")),
     };
-    if label_data.shape() != [samples] {
+    if label_full.first() != Some(&samples) {
         return Err(PyValueError::new_err(format!(
-            "labels have shape {:?}; expected [{samples}], one per input sample",
-            label_data.shape()
+            "labels have shape {label_full:?}; expected [{samples}, ...], one per input sample"
         )));
     }
     let dataset = NumpyDataset {
-        inputs: inputs.as_array().iter().copied().collect(),
+        inputs,
         sample_shape,
-        labels: label_data.as_array().iter().copied().collect(),
+        labels: labels_column,
+        label_shape: label_full[1..].to_vec(),
+        samples,
     };
     let model = Model {
         graph: builder.builder.clone().finish(),
@@ -298,9 +348,10 @@ fn read_parameters<'py>(
 }
 
 /// The value `output` of the network traced into `builder` for every sample of `inputs`
-/// (f32, `[samples, ..sample shape]`), run forward only on one device by the engine's
+/// (f32 or i32, `[samples, ..sample shape]`), run forward only on one device by the engine's
 /// executor with the parameters set to `params` (`[(value id, array)]`), batch by batch (the
-/// input's first dim; the last batch is padded with zeros and the padding dropped).
+/// input's first dim; the last batch is padded with copies of its first sample and the padding
+/// dropped).
 #[pyfunction]
 fn forward_network<'py>(
     py: Python<'py>,
@@ -308,7 +359,7 @@ fn forward_network<'py>(
     input: usize,
     output: usize,
     params: Vec<(usize, PyReadonlyArrayDyn<'py, f32>)>,
-    inputs: PyReadonlyArrayDyn<'py, f32>,
+    inputs: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let graph = builder.builder.clone().finish();
     let in_shape = builder
@@ -322,9 +373,14 @@ fn forward_network<'py>(
         .map_err(graph_err)?
         .to_vec();
     let batch = in_shape.first().copied().unwrap_or(1);
-    let row: usize = in_shape[1..].iter().product();
+    if out_shape.first() != Some(&batch) {
+        return Err(PyValueError::new_err(format!(
+            "the output has shape {out_shape:?}; its first dim must be the batch ({batch}), one \
+             row per input sample"
+        )));
+    }
     let out_row: usize = out_shape[1..].iter().product();
-    let shape = inputs.shape().to_vec();
+    let (data, shape) = Column::from_array(inputs, "inputs")?;
     if shape.len() != in_shape.len() || shape[1..] != in_shape[1..] {
         return Err(PyValueError::new_err(format!(
             "inputs have shape {shape:?}; the network takes samples of shape {:?}",
@@ -332,7 +388,6 @@ fn forward_network<'py>(
         )));
     }
     let samples = shape[0];
-    let data: Vec<f32> = inputs.as_array().iter().copied().collect();
     let mut values = Vec::with_capacity(params.len());
     for (id, array) in &params {
         let t = Tensor::from_vec(array.shape(), array.as_array().iter().copied().collect())
@@ -358,9 +413,12 @@ fn forward_network<'py>(
         let mut start = 0;
         while start < samples {
             let n = batch.min(samples - start);
-            let mut chunk = vec![0f32; batch * row];
-            chunk[..n * row].copy_from_slice(&data[start * row..(start + n) * row]);
-            let t = Tensor::from_vec(&in_shape, chunk).map_err(|e| e.to_string())?;
+            let rows: Vec<usize> = (start..start + n)
+                .chain(std::iter::repeat_n(start, batch - n))
+                .collect();
+            let t = data
+                .rows(&rows, &in_shape[1..])
+                .map_err(|e| e.to_string())?;
             exec.set_input(ValueId(input), &t)
                 .map_err(|e| e.to_string())?;
             exec.run().map_err(|e| e.to_string())?;

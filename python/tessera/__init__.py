@@ -13,7 +13,8 @@
   ``vision`` and ``transforms`` operations), ``tessera.train`` (``Model`` with ``train`` and
   ``eval``, ``Callback``, ``LossMonitor``, ``TimeMonitor``; the
   module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
-  ``tessera.common.initializer``, ``set_context``, ``set_auto_parallel_context`` (the device
+  ``tessera.common.initializer``, the dtypes ``tessera.float32``, ``float16``, ``bfloat16``,
+  ``float64``, ``int32``, ``int64``, ``set_context``, ``set_auto_parallel_context`` (the device
   count) and ``set_seed``. ``construct`` is traced once into Tessera's graph; the Rust engine
   runs every step. See docs/PYTHON.md, "Your own network (first and second slices)".
 
@@ -32,6 +33,7 @@ from ._training import plan
 from . import common, communication, dataset, nn, ops
 from . import train  # the module tessera.train, callable as tessera.train(config, ...)
 from .common import Parameter
+from .common.dtype import bfloat16, float16, float32, float64, int32, int64
 
 try:
     __version__ = version("tessera-parallel")
@@ -45,10 +47,16 @@ __all__ = [
     "GRAPH_MODE",
     "PYNATIVE_MODE",
     "Parameter",
+    "bfloat16",
     "common",
     "communication",
     "dataset",
+    "float16",
+    "float32",
+    "float64",
     "get_seed",
+    "int32",
+    "int64",
     "nn",
     "ops",
     "parallel",

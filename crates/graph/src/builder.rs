@@ -392,6 +392,8 @@ impl GraphBuilder {
         exp => Op::Exp;
         /// `ln x`.
         log => Op::Log;
+        /// `√x`.
+        sqrt => Op::Sqrt;
         /// `x`, through which no gradient flows.
         stop_gradient => Op::StopGradient;
     }

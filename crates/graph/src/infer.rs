@@ -75,6 +75,7 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
         | Op::Tanh
         | Op::Exp
         | Op::Log
+        | Op::Sqrt
         | Op::StopGradient
         | Op::Print { .. } => {
             vec![c.same_as(0)?]

@@ -131,6 +131,8 @@ pub enum Op {
     Exp,
     /// The natural logarithm `ln x`.
     Log,
+    /// The square root `√x` (NaN below 0). Its gradient is `dy / (y + y)` with `y = √x`.
+    Sqrt,
     /// The identity, through which no gradient flows: autodiff treats its output as a constant.
     StopGradient,
     /// MindSpore's `ops.Print`: the identity that also prints, each time it runs, `label` and the
@@ -315,6 +317,7 @@ impl Op {
             Op::ReduceMax { .. } => "ReduceMax",
             Op::Exp => "Exp",
             Op::Log => "Log",
+            Op::Sqrt => "Sqrt",
             Op::StopGradient => "StopGradient",
             Op::Print { .. } => "Print",
             Op::OneHot { .. } => "OneHot",
@@ -364,6 +367,7 @@ impl Op {
             | Op::ReduceMax { .. }
             | Op::Exp
             | Op::Log
+            | Op::Sqrt
             | Op::StopGradient
             | Op::Print { .. }
             | Op::OneHot { .. }

@@ -1,6 +1,7 @@
-"""``tessera.common``: ``Parameter`` and ``initializer`` (MindSpore's ``mindspore.common``)."""
+"""``tessera.common``: ``Parameter``, ``initializer`` and ``dtype`` (MindSpore's
+``mindspore.common``)."""
 
-from . import initializer
+from . import dtype, initializer
 from .parameter import Parameter
 
-__all__ = ["Parameter", "initializer"]
+__all__ = ["Parameter", "dtype", "initializer"]

@@ -7,16 +7,21 @@ Parameters and ops are named after their attribute path (``fc1.weight``, ``fc1.m
 strategies set with ``.shard`` attach to the right node.
 
 Cells: ``Cell``, ``Dense(in_channels, out_channels, weight_init=None, bias_init=None,
-has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU``, ``Flatten``,
-``SequentialCell``, ``WithLossCell``, ``SoftmaxCrossEntropyWithLogits(sparse=True,
-reduction="mean")``. Optimizers (hyperparameters for the engine's own, applied to every
+has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU(approximate=True)``,
+``Softmax(axis=-1)``, ``Flatten``, ``Dropout(keep_prob=None, p=None)``,
+``LayerNorm(normalized_shape, begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-7)``,
+``Embedding(vocab_size, embedding_size, use_one_hot=False, embedding_table='normal')``,
+``SequentialCell``, ``CellList``, ``WithLossCell``. Losses:
+``SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")``,
+``CrossEntropyLoss(reduction="mean")`` (int class labels), ``MSELoss(reduction="mean")``. Optimizers (hyperparameters for the engine's own, applied to every
 parameter): ``SGD``, ``Momentum``, ``Adam``, ``AdamWeightDecay``. Metrics for
 ``Model(metrics=...)``: ``Accuracy``, ``Loss``.
 """
 
 from .cell import Cell
-from .layers import GELU, Dense, Flatten, ReLU, SequentialCell, Tanh
-from .loss import SoftmaxCrossEntropyWithLogits
+from .layers import (GELU, CellList, Dense, Dropout, Embedding, Flatten, LayerNorm, ReLU,
+                     SequentialCell, Softmax, Tanh)
+from .loss import CrossEntropyLoss, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
 from .wrap import WithLossCell
@@ -27,5 +32,6 @@ from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, Pip
 __all__ = [
     "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
     "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "WithLossCell",
+    "CellList", "CrossEntropyLoss", "Dropout", "Embedding", "LayerNorm", "MSELoss", "Softmax",
     "GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer", "utils",
 ]

@@ -43,6 +43,23 @@ def _metrics(metrics):
     raise TypeError("Model: metrics is a set of names or a dict of name: nn.Metric")
 
 
+def _engine_arrays(dataset):
+    """(inputs, labels) of a batched dataset for the engine: inputs int32 when the column holds
+    signed integers (token ids), else float32; labels float32 when the column holds floats
+    (regression targets), else int32 (class indices), any shape per sample (``[n, 1]`` is one
+    per sample)."""
+    columns = dataset._columns
+    if len(columns) != 2:
+        raise ValueError(f"Model.train needs two columns (data, label); this dataset has "
+                         f"{dataset.column_names}")
+    data, label = np.asarray(columns[0]), np.asarray(columns[1])
+    if label.ndim == 2 and label.shape[1] == 1:
+        label = label[:, 0]
+    data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
+    label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
+    return data, label
+
+
 class Model:
     """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``. The
     network must end in a loss: ``loss_fn`` is given (the network is wrapped in
@@ -76,13 +93,16 @@ class Model:
         self._steps_done = 0       # global steps trained so far (the engine's step counter)
         self._runs_count = 0
 
-    def _trace(self, batch, sample_shape):
+    def _trace(self, batch, data, labels, training=True):
         builder = NetworkBuilder()
         top, net = self._parts.top, self._parts.with_loss
         top._name_tree("")
         with _trace.tracing(builder) as trace:
-            x = _trace.Tensor(*builder.input("data", [batch, *sample_shape], "float32"))
-            y = _trace.Tensor(*builder.input("label", [batch], "int32"), dtype="int32")
+            trace.training = training
+            x = _trace.Tensor(*builder.input("data", [batch, *data.shape[1:]], data.dtype.name),
+                              dtype=data.dtype.name)
+            y = _trace.Tensor(*builder.input("label", [batch, *labels.shape[1:]],
+                                             labels.dtype.name), dtype=labels.dtype.name)
             trace.cells.append(("", type(net).__name__))
             logits = net._backbone(x)
             loss = net._loss_fn(logits, y)
@@ -129,12 +149,12 @@ class Model:
             raise ValueError("Model.train: sink_size and initial_epoch are not supported yet")
         if train_dataset.batch_size is None:
             raise ValueError("Model.train: batch the dataset first (dataset.batch(n))")
-        data, labels = train_dataset._arrays()
+        data, labels = _engine_arrays(train_dataset)
         batch = train_dataset.batch_size
         state = _context._STATE
         devices = self._devices()
         step_batch, micro_batch = engine_config.batch_sizes(self._parts, batch, devices)
-        builder, x, y, logits, loss, strategies, traced = self._trace(micro_batch, data.shape[1:])
+        builder, x, y, logits, loss, strategies, traced = self._trace(micro_batch, data, labels)
         callbacks = [] if callbacks is None else (
             list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
         batch_num = len(data) // batch
@@ -240,7 +260,8 @@ class Model:
         if valid_dataset.drop_remainder:
             n = len(data) // valid_dataset.batch_size * valid_dataset.batch_size
             data, labels = data[:n], labels[:n]
-        builder, x, _, logits, _, _, traced = self._trace(valid_dataset.batch_size, data.shape[1:])
+        builder, x, _, logits, _, _, traced = self._trace(valid_dataset.batch_size, data,
+                                                          labels, training=False)
         missing = [p.name for p, _ in traced if p._value is None]
         if missing:
             raise ValueError(f"Model.eval: parameters {missing} have no values; train first")

@@ -289,6 +289,7 @@ fn unary_kernel(op: &Op) -> Option<UnaryOp> {
         Op::Neg => UnaryOp::Neg,
         Op::Exp => UnaryOp::Exp,
         Op::Log => UnaryOp::Log,
+        Op::Sqrt => UnaryOp::Sqrt,
         Op::Relu | Op::ReluGrad => UnaryOp::Relu,
         Op::Tanh | Op::TanhGrad => UnaryOp::Tanh,
         Op::Gelu { approximate } | Op::GeluGrad { approximate } => {
@@ -689,6 +690,7 @@ fn eval_typed<T: Float + Element>(
         | Op::Neg
         | Op::Exp
         | Op::Log
+        | Op::Sqrt
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh

@@ -242,6 +242,7 @@ fn even_output_layouts(
         | Op::Tanh
         | Op::Exp
         | Op::Log
+        | Op::Sqrt
         | Op::StopGradient
         | Op::Print { .. }
         | Op::Dropout { .. }

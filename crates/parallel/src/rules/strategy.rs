@@ -257,6 +257,7 @@ pub fn input_layouts(
         | Op::Neg
         | Op::Exp
         | Op::Log
+        | Op::Sqrt
         | Op::StopGradient
         | Op::Print { .. }
         | Op::Dropout { .. }
