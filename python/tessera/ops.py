@@ -33,8 +33,8 @@ Functional forms: ``matmul``, ``bmm``, ``add``, ``sub``, ``mul``, ``div``, ``neg
 ``amax``, ``gather``, ``one_hot``, ``concat``/``cat``, ``split``, ``cast``, ``dropout``,
 ``masked_fill``, ``triu``, ``ones``, ``zeros``, ``reshape``, ``transpose``, ``stop_gradient``.
 
-Not supported (an ``UnsupportedOpError`` naming the Cell, the op and the rule): ``Print`` (the
-engine computes the values inside a step, with no way yet to hand them to Python).
+``Print()(*args)`` prints its strings and tensors each time the step runs (one ``Print`` node per
+tensor; see the class).
 """
 
 import math
@@ -608,15 +608,39 @@ class SparseSoftmaxCrossEntropyWithLogits(Primitive):
 
 
 class Print(Primitive):
-    """MindSpore's ``Print()(*args)``: not supported. In GRAPH_MODE it prints at every step; the
-    engine computes the values inside the step and cannot hand them to Python yet, so tracing it
-    is an ``UnsupportedOpError`` rather than a silent no-op."""
+    """MindSpore's ``Print()(*args)``: strings and tensors, printed each time the step runs (on
+    each rank its shard of each tensor), as GRAPH_MODE prints them: the strings before a tensor,
+    then ``Tensor(shape=[..], dtype=Float32, value=`` and the values in numpy's layout
+    (summarised beyond 1000 elements). Each tensor is one ``Print`` node of the graph (the
+    identity, no gradient), named after the primitive (``layer1.print``, ``layer1.print_1``, …);
+    the strings after the last tensor are printed with it. It returns nothing, as MindSpore's
+    does. At least one tensor is needed (a Print of strings alone has no step to run in)."""
 
-    arity = 0
+    kind, default_name, arity = "print", "print", 0
 
-    def __call__(self, *inputs):
-        self._fail("the engine computes tensor values inside a training step and has no way yet "
-                   "to print them; use a Callback (the loss) or Model.eval", UnsupportedOpError)
+    def __call__(self, *args):
+        from .common.parameter import Parameter
+        trace = _trace.require(type(self).__name__)
+        texts, groups = [], []
+        for arg in args:
+            if isinstance(arg, str):
+                texts.append(arg)
+            elif isinstance(arg, (Tensor, Parameter)):
+                groups.append((" ".join(texts), arg))
+                texts = []
+            else:
+                self._fail(f"prints strings and tensors, got a {type(arg).__name__}", TypeError)
+        if not groups:
+            self._fail("prints at least one tensor (strings alone have no step to run in)",
+                       UnsupportedOpError)
+        if texts:
+            label, last = groups[-1]
+            groups[-1] = (label + "\n" + " ".join(texts) if label else " ".join(texts), last)
+        for label, value in groups:
+            name = trace.node_name(self._name, self.default_name)
+            tensor = _trace.operand(value, None, None)
+            trace.add(self.kind, name, [tensor], label=label)
+
 
 
 # Functional forms (MindSpore 2.x's mindspore.ops functions); each applies a new primitive.

@@ -272,10 +272,15 @@ impl Graph {
         }
     }
 
-    /// The nodes needed to compute `targets`, in topological order.
+    /// The nodes needed to compute `targets`, and every node with a side effect (a
+    /// [`crate::Op::Print`], whose output nobody reads) with what it needs, in topological
+    /// order.
     pub fn nodes_needed_for(&self, targets: &[ValueId]) -> Vec<NodeId> {
         let mut needed = vec![false; self.nodes.len()];
         let mut stack: Vec<ValueId> = targets.to_vec();
+        for node in self.nodes.iter().filter(|n| n.op.has_side_effect()) {
+            stack.extend(&node.outputs);
+        }
         let mut seen = vec![false; self.values.len()];
         while let Some(v) = stack.pop() {
             if v.0 >= seen.len() || seen[v.0] {

@@ -347,6 +347,12 @@ impl Op {
         }
     }
 
+    /// Whether running the op does something besides computing its outputs ([`Op::Print`]), so
+    /// that it runs even when nothing reads them.
+    pub fn has_side_effect(&self) -> bool {
+        matches!(self, Op::Print { .. })
+    }
+
     /// Number of inputs.
     pub fn n_inputs(&self) -> usize {
         match self {

@@ -595,7 +595,8 @@ fn share_plans(program: &mut Program, cap: Option<usize>) {
 /// MindSpore's gradient scaling when `gradients_mean` or `loss_repeated_mean` is off: Tessera's
 /// gradients are those of the global mean loss; MindSpore without `gradients_mean` sums the
 /// replicas' mean-loss gradients (one per batch shard), and without `loss_repeated_mean` skips
-/// dividing by the devices the loss is repeated on. Both follow from the loss the gradients
+/// dividing by the devices the loss is repeated on (its stage's devices over its batch
+/// shards: with pipeline stages, only the last stage computes the loss). Both follow from the loss the gradients
 /// are seeded from, whatever op computes it ([`loss_batch_shards`]).
 fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
     if request.grads.is_empty() || placed.config.mode == ParallelMode::StandAlone {
@@ -605,7 +606,9 @@ fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
         return 1.0;
     };
     let shards = shards as f64;
-    let repeated = (placed.stage.n_devices() as f64) / shards;
+    // The loss lives on one stage: it is repeated over that stage's devices, not the job's.
+    let stages = placed.config.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
+    let repeated = ((placed.stage.n_devices() / stages) as f64) / shards;
     let mut scale = 1.0;
     if !placed.config.gradients_mean {
         scale *= shards;

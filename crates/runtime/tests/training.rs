@@ -173,6 +173,23 @@ fn pipeline_stages_match_one_device() {
     }
 }
 
+/// Under pipeline stages the loss lives on the last stage, so `loss_repeated_mean = false` scales
+/// the gradients by that stage's devices over the loss's batch shards (MindSpore's `VirtualDiv`
+/// is per stage): 2 stages × data parallel 2 repeat it on no device, so the run is the
+/// default's bit for bit (counting the job's 4 devices would double the gradients).
+#[test]
+fn loss_repeated_mean_counts_the_loss_stages_devices() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pipe = "[parallel.pipeline]\nstages = 2";
+    let run = |name: &str, parallel: String, extra: &[&str]| {
+        train(&config(&tmp.path().join(name), "momentum", &parallel, extra))
+    };
+    let repeat_off = ["parallel.loss_repeated_mean=false"];
+    let reference = run("dp", semi(4, pipe), &[]);
+    let off = run("dp-off", semi(4, pipe), &repeat_off);
+    run_util::assert_bitwise_run("2 stages × dp 2", &off, &reference);
+}
+
 /// Strategies the canonical blocks can't serve are refused before training, naming the op, the
 /// dim and the rule.
 #[test]

@@ -13,6 +13,8 @@ _DTYPES = {"bool": np.bool_, "int8": np.int8, "int16": np.int16, "int32": np.int
 
 
 def _dtype(data_type):
+    if hasattr(data_type, "to_numpy"):  # tessera.int32 and the other dtype objects
+        return np.dtype(data_type.to_numpy())
     if isinstance(data_type, str):
         if data_type not in _DTYPES:
             raise ValueError(f"TypeCast: data_type {data_type!r} is not supported "
@@ -21,7 +23,8 @@ def _dtype(data_type):
     try:
         return np.dtype(data_type)
     except TypeError:
-        raise TypeError(f"TypeCast: data_type must be a numpy dtype or its name, got "
+        raise TypeError(f"TypeCast: data_type must be a tessera dtype (tessera.int32), a numpy "
+                        f"dtype or its name, got "
                         f"{data_type!r}") from None
 
 
