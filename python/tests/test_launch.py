@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from launched import RESULT, require_launch, results, run
+from launched import REPO, RESULT, require_launch, results, run
 
 # A network with AutoParallel's switches: 2 pipeline stages × 2 data-parallel ranks, hsdp, 4
 # micro-batches, the gradient mean. It prints one RESULT line per rank.
@@ -106,3 +106,62 @@ def test_an_exception_on_one_rank_stops_every_rank_with_its_traceback(script, tm
     assert "ValueError: boom on rank 2 at step 2" in text
     assert "Traceback" in text
     assert RESULT not in text  # no rank finished
+
+
+FLAGSHIP = REPO / "python" / "examples" / "autoparallel_flagship.py"
+MINDSPORE_FLAGSHIP_IMPORTS = (
+    "import mindspore as ms", "import mindspore.dataset as ds", "from mindspore import",
+    "from mindspore.communication", "from mindspore.common.initializer",
+    "from mindspore.parallel", "from mindspore.train", "from mindspore.nn.utils")
+
+
+def _loss_lines(text):
+    """``(epoch, step, loss)`` of every LossMonitor line of rank 0 (or of the lone process)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("[worker "):
+            if not line.startswith("[worker 0] "):
+                continue
+            line = line[len("[worker 0] "):]
+        if line.startswith("epoch: ") and ", loss is " in line:
+            head, loss = line.split(", loss is ")
+            epoch, step = head[len("epoch: "):].split(" step: ")
+            out.append((int(epoch), int(step), float(loss)))
+    return out
+
+
+def test_the_flagship_example_differs_from_mindsporess_only_in_its_imports():
+    ours = FLAGSHIP.read_text().splitlines()
+    theirs = [line.replace("tessera", "mindspore") for line in ours]
+    changed = [a for a, b in zip(ours, theirs) if a != b]
+    assert changed and all(line.startswith(MINDSPORE_FLAGSHIP_IMPORTS) for line in
+                           (c.replace("tessera", "mindspore") for c in changed)), changed
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_flagship_example_on_eight_ranks_gives_one_devices_losses(tmp_path, deterministic):
+    require_launch()
+    script = tmp_path / "flagship.py"
+    text = FLAGSHIP.read_text()
+    if deterministic:  # one added line, after the context MindSpore's script sets
+        text = text.replace("ms.set_context(mode=ms.GRAPH_MODE)",
+                            "ms.set_context(mode=ms.GRAPH_MODE)\nms.set_context("
+                            "deterministic=\"ON\")", 1)
+    script.write_text(text)
+    env = {"DATA_PATH": str(REPO / "data" / "digits28")}
+    alone = run(script, None, tmp_path, env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    job = run(script, 8, tmp_path, env)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+    one, eight = _loss_lines(alone.stdout), _loss_lines(job.stdout)
+    # 1,760 samples in batches of 32, 2 epochs.
+    assert len(one) == 110 and [s[:2] for s in eight] == [s[:2] for s in one]
+    if deterministic:
+        assert [s[2] for s in eight] == [s[2] for s in one]
+    else:
+        assert [s[2] for s in eight] == pytest.approx([s[2] for s in one], abs=1e-5)
+    assert one[-1][2] < one[0][2] / 2  # it learns
+    # ops.Print printed at every micro-batch of every step: on one device 4 accumulated
+    # micro-batches per step; on 8 ranks each of stage 0's 4 ranks prints its share of each.
+    assert alone.stdout.count("out is:") == 110 * 4
+    assert job.stdout.count("out is:") == 110 * 4 * 4
