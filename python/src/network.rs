@@ -19,6 +19,7 @@ use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use parallel::{ParallelConfig, ParallelMode};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use runtime::{
     Callback, CallbackList, Dataset, LaunchOptions, ResumeFrom, RuntimeError, SampleSpec, StepInfo,
     TrainConfig, TrainSession, Trainer,
@@ -27,7 +28,7 @@ use tensor::{DType, Tensor};
 
 use crate::builder::{graph_err, NetworkBuilder};
 use crate::errors::runtime_err;
-use crate::optim::optimizer_config;
+use crate::optim::{optimizer_config, Recipe};
 
 /// Adds the class and functions of this module and of [`crate::builder`].
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -100,7 +101,7 @@ impl Dataset for NumpyDataset {
     }
 }
 
-/// Calls a Python function `(epoch, step_in_epoch, global_step, loss)` at every step end (on
+/// Calls a Python function `(epoch, step_in_epoch, global_step, loss, lr)` at every step end (on
 /// rank 0), holding the GIL only for the call. Its first exception is kept for the caller and
 /// stops training.
 struct PyStepCallback {
@@ -110,7 +111,13 @@ struct PyStepCallback {
 
 impl Callback for PyStepCallback {
     fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
-        let args = (step.epoch, step.step_in_epoch, step.global_step, step.loss);
+        let args = (
+            step.epoch,
+            step.step_in_epoch,
+            step.global_step,
+            step.loss,
+            step.lr,
+        );
         let result = Python::attach(|py| self.function.call1(py, args).map(drop));
         match result {
             Ok(()) => Ok(()),
@@ -129,13 +136,16 @@ impl Callback for PyStepCallback {
 /// on `inputs` (f32, `[samples, ..sample shape]`) and `labels` (i32, `[samples]`), on
 /// `devices` ranks (threads) under semi-auto parallel with `strategies` (`[(op name, [[..],
 /// ..])]`, as `ParallelConfig::shard` takes them). Calls `callback(epoch, step_in_epoch,
-/// global_step, loss)` after every step; returns every step's loss.
+/// global_step, loss, lr)` after every step; returns every step's loss. `recipe` holds the
+/// rest of the training recipe built in Python ([`Recipe`]: learning-rate schedule,
+/// weight-decay filter, gradient clipping, periodic checkpoints).
 #[pyfunction]
 #[pyo3(signature = (
     builder, input, labels, logits, loss, inputs, label_data, *,
     devices=1, strategies=Vec::new(), epochs=1, max_steps=None, optimizer="Momentum",
     learning_rate=0.05, momentum=0.9, use_nesterov=false, beta1=0.9, beta2=0.999, eps=1e-8,
     weight_decay=0.0, seed=1, deterministic=false, shuffle=true, callback=None, output_dir=None, resume_from=None,
+    recipe=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn train_network(
@@ -165,7 +175,9 @@ fn train_network(
     callback: Option<Py<PyAny>>,
     output_dir: Option<PathBuf>,
     resume_from: Option<PathBuf>,
+    recipe: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(Vec<f32>, Option<PathBuf>)> {
+    let recipe = Recipe::read(recipe)?;
     let shape = inputs.shape().to_vec();
     let (samples, sample_shape) = match shape.split_first() {
         Some((&n, rest)) => (n, rest.to_vec()),
@@ -234,15 +246,19 @@ fn train_network(
     let base = trainer.config().map_err(runtime_err)?;
     let mut output = base.output().clone();
     output.resume_from = resume_from.map(ResumeFrom::Dir);
-    let config = TrainConfig::from_parts(
-        base.model().clone(),
-        base.data().clone(),
-        parallel,
-        optimizer,
-        base.train().clone(),
-        output,
-    )
-    .map_err(runtime_err)?;
+    let mut train = base.train().clone();
+    recipe.apply_to_sections(&mut train, &mut output);
+    let config = recipe.apply(
+        TrainConfig::from_parts(
+            base.model().clone(),
+            base.data().clone(),
+            parallel,
+            optimizer,
+            train,
+            output,
+        )
+        .map_err(runtime_err)?,
+    )?;
     let mut callbacks = CallbackList::new();
     if let Some(function) = callback {
         callbacks.push(Box::new(PyStepCallback {

@@ -11,6 +11,7 @@ import numpy as np
 from .. import _context, _trace, nn
 from .._tessera import NetworkBuilder, forward_network, read_parameters, train_network
 from .callback import RunContext, _StopRequested
+from .checkpoint import _run_recipe
 
 
 _METRIC_NAMES = {"accuracy": "accuracy", "acc": "accuracy", "loss": "loss"}
@@ -134,11 +135,12 @@ class Model:
 
         seen = []
 
-        def on_step(ep, step_in_epoch, global_step, step_loss):
+        def on_step(ep, step_in_epoch, global_step, step_loss, lr):
             seen.append(step_loss)
             params.cur_epoch_num = ep - done_epochs
             params.cur_step_num = global_step - step_offset
             params.net_outputs = np.float32(step_loss)
+            params.cur_lr, params._global_step = lr, global_step
             for cb in callbacks:
                 cb.on_train_step_end(context)
             if step_in_epoch == batch_num:
@@ -148,6 +150,9 @@ class Model:
                 raise _StopRequested
 
         out = self._run_dir()
+        params._output_dir = out
+        recipe = _run_recipe(self.optimizer, callbacks, {id(p): p.name for p, _ in traced},
+                             (done_epochs + epoch) * batch_num)
         try:
             losses, saved = train_network(
                 builder, x.id, y.id, logits.id, loss.id, data, labels,
@@ -155,7 +160,7 @@ class Model:
                 epochs=done_epochs + epoch, seed=state["seed"],
                 deterministic=state["deterministic"], shuffle=train_dataset.shuffle,
                 callback=on_step if callbacks else None, output_dir=out,
-                resume_from=self._checkpoint, **self.optimizer._engine_args())
+                resume_from=self._checkpoint, recipe=recipe, **self.optimizer._engine_args())
         except _StopRequested:
             # The engine stops without saving: the Parameters keep their earlier values.
             self.losses = list(seen)
@@ -167,7 +172,7 @@ class Model:
                 for (p, _), value in zip(traced, values):
                     p._value = value
                 old, self._checkpoint_run = getattr(self, "_checkpoint_run", None), out
-                self._checkpoint = saved
+                self._checkpoint = params._final_set = saved
                 self._steps_done = step_offset + len(losses)
                 if old is not None:
                     shutil.rmtree(old, ignore_errors=True)
