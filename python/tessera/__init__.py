@@ -30,8 +30,10 @@ from ._context import (GRAPH_MODE, PYNATIVE_MODE, get_seed, reset_auto_parallel_
 from ._tessera import CheckpointError, CheckpointIOError, ConfigError
 from ._training import plan
 from . import common, dataset, nn, ops
+from . import mint
 from . import train  # the module tessera.train, callable as tessera.train(config, ...)
-from .common import Parameter
+from .common import Parameter, Tensor
+from .train.checkpoint import load_checkpoint
 
 try:
     __version__ = version("tessera-parallel")
@@ -45,9 +47,12 @@ __all__ = [
     "GRAPH_MODE",
     "PYNATIVE_MODE",
     "Parameter",
+    "Tensor",
     "common",
     "dataset",
     "get_seed",
+    "load_checkpoint",
+    "mint",
     "nn",
     "ops",
     "parallel",

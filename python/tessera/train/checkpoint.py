@@ -128,7 +128,8 @@ class ModelCheckpoint(Callback):
             prefix = f"{base}_{n}"
         self._prefix, self._directory, self._config = prefix, directory, config
         self._published = []  # set directories written, oldest first
-        self._names = {}      # engine global step -> (epoch, step in epoch)
+        self._names = {}      # engine global step -> (epoch, step in epoch), this train
+        self._this_run = set()  # sets written by this train
 
     @property
     def latest_ckpt_file_name(self):
@@ -137,6 +138,9 @@ class ModelCheckpoint(Callback):
 
     def _recipe(self):
         return self._config._recipe()
+
+    def on_train_begin(self, run_context):
+        self._names, self._this_run = {}, set()
 
     def on_train_step_end(self, run_context):
         p = run_context.original_args()
@@ -150,14 +154,23 @@ class ModelCheckpoint(Callback):
         if final is not None and self._names:
             last = max(self._names)
             target = self._target(last)
-            if not os.path.exists(target):
-                shutil.copytree(final, target)
+            if target not in self._this_run:
+                shutil.copytree(final, self._replace(target))
                 self._published.append(target)
                 self._prune()
 
     def _target(self, global_step):
         epoch, step = self._names.get(global_step, (0, global_step))
         return os.path.join(self._directory, f"{self._prefix}-{epoch}_{step}")
+
+    def _replace(self, target):
+        """``target``, emptied: a set of the same name (an earlier ``train``'s) is replaced,
+        as MindSpore replaces a checkpoint file of the same name."""
+        if target in self._published:
+            self._published.remove(target)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        return target
 
     def _publish_periodic(self, output_dir):
         """Moves the engine's committed periodic sets from the run's directory into
@@ -168,11 +181,10 @@ class ModelCheckpoint(Callback):
         found = sorted((int(m.group(1)), e) for e in os.listdir(output_dir)
                        if (m := _PERIODIC.match(e)) and _is_set(os.path.join(output_dir, e)))
         for step, entry in found:
-            target = self._target(step)
-            if os.path.exists(target):
-                shutil.rmtree(target)
+            target = self._replace(self._target(step))
             shutil.move(os.path.join(output_dir, entry), target)
             self._published.append(target)
+            self._this_run.add(target)
         if found:
             self._prune()
 
@@ -246,5 +258,5 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
             continue
         if choice_func is not None and not choice_func(name):
             continue
-        out[name] = Parameter(np.asarray(array), name=name)
+        out[name] = Parameter._holding(np.asarray(array), name)
     return out
