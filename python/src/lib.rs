@@ -11,7 +11,8 @@
 //! - [`training`]: `train` and `plan` over the `runtime` crate.
 //! - [`builder`]: the tracing backend of networks written in Python (`tessera.nn`) over
 //!   `graph::GraphBuilder`; [`network`]: their training over `runtime::Trainer` and their
-//!   forward runs; [`optim`]: their optimizers by MindSpore's class names.
+//!   forward runs; [`optim`]: their optimizers by MindSpore's class names and the rest of the
+//!   training recipe; [`values`]: their parameters with given values.
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
 //!
@@ -28,6 +29,7 @@ mod network;
 mod optim;
 mod progress;
 mod training;
+mod values;
 
 /// The module `tessera._tessera`.
 #[pymodule]
@@ -37,5 +39,6 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layouts::register(m)?;
     training::register(m)?;
     network::register(m)?;
+    values::register(m)?;
     Ok(())
 }

@@ -121,7 +121,7 @@ def operand(x):
                 raise ValueError(f"Cell {trace.cell()}: a Parameter that is not a Cell attribute "
                                  "has no name; give it one (Parameter(..., name=...))")
             init = x.init
-            vid, shape = trace.builder.parameter(x.name, list(x.shape), init.kind, init.scale)
+            vid, shape = init._add_to(trace.builder, x.name, list(x.shape))
             trace.params[id(x)] = Tensor(vid, shape)
         return trace.params[id(x)]
     raise UnsupportedOpError(trace.cell(), f"an input of type {type(x).__name__}",
