@@ -163,7 +163,7 @@ def test_mnist_dataset_columns_and_usage():
     assert few.get_dataset_size() == 100
     assert np.array_equal(few._columns[0], image[:100])
     assert few.batch(20).get_dataset_size() == 5
-    assert MnistDataset(DIGITS, shuffle=False).shuffle is False
+    assert MnistDataset(DIGITS, shuffle=False)._shuffle is False
 
 
 def test_map_operations_exact_values():

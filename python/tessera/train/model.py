@@ -158,7 +158,7 @@ class Model:
                 builder, x.id, y.id, logits.id, loss.id, data, labels,
                 devices=state["device_num"], strategies=list(strategies.items()),
                 epochs=done_epochs + epoch, seed=state["seed"],
-                deterministic=state["deterministic"], shuffle=train_dataset.shuffle,
+                deterministic=state["deterministic"], shuffle=train_dataset._shuffle,
                 callback=on_step if callbacks else None, output_dir=out,
                 resume_from=self._checkpoint, recipe=recipe, **self.optimizer._engine_args())
         except _StopRequested:
