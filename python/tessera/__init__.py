@@ -14,7 +14,9 @@
   ``eval``, ``Callback``, ``LossMonitor``, ``TimeMonitor``; the
   module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
   ``tessera.common.initializer``, ``set_context``, ``set_auto_parallel_context`` (the device
-  count) and ``set_seed``. ``construct`` is traced once into Tessera's graph; the Rust engine
+  count) and ``set_seed``; learning-rate schedules, parameter groups, ``tessera.mint.optim.AdamW``,
+  ``GeneratorDataset``, ``ModelCheckpoint``, ``tessera.load_checkpoint`` and ``tessera.Tensor``
+  (values for ``Parameter``). ``construct`` is traced once into Tessera's graph; the Rust engine
   runs every step. See docs/PYTHON.md, "Your own network (first and second slices)".
 
 Errors name their culprit: ``CheckpointError`` (a ``ValueError``), ``CheckpointIOError`` (an

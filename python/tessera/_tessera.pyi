@@ -102,9 +102,13 @@ def train_network(builder: NetworkBuilder, input: int, labels: int, logits: int,
                   learning_rate: float = 0.05, momentum: float = 0.9, use_nesterov: bool = False,
                   beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                   weight_decay: float = 0.0, seed: int = 1, deterministic: bool = False,
-                  shuffle: bool = True, callback: Optional[Callable[[int, int, int, float], None]] = None,
+                  shuffle: bool = True,
+                  callback: Optional[Callable[[int, int, int, float, float], None]] = None,
                   output_dir: Optional[_Path] = None, resume_from: Optional[_Path] = None,
+                  recipe: Optional[Dict[str, Any]] = None,
                   ) -> Tuple[List[float], Optional[str]]: ...
+def parameter_values(builder: NetworkBuilder, name: str,
+                     values: np.ndarray) -> Tuple[int, List[int]]: ...
 def read_parameters(ckpt_dir: _Path, names: List[Tuple[str, List[int]]]) -> List[np.ndarray]: ...
 def forward_network(builder: NetworkBuilder, input: int, output: int,
                     params: List[Tuple[int, np.ndarray]], inputs: np.ndarray) -> np.ndarray: ...
