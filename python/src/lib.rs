@@ -12,7 +12,8 @@
 //! - [`builder`]: the tracing backend of networks written in Python (`tessera.nn`) over
 //!   `graph::GraphBuilder`; [`network`]: their training over `runtime::Trainer` and their
 //!   forward runs; [`optim`]: their optimizers by MindSpore's class names and the rest of the
-//!   training recipe; [`values`]: their parameters with given values.
+//!   training recipe; [`values`]: their parameters with given values; [`save`]:
+//!   `save_checkpoint` of named arrays.
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
 //!
@@ -28,6 +29,7 @@ mod layouts;
 mod network;
 mod optim;
 mod progress;
+mod save;
 mod training;
 mod values;
 
@@ -40,5 +42,6 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     training::register(m)?;
     network::register(m)?;
     values::register(m)?;
+    save::register(m)?;
     Ok(())
 }

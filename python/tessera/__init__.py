@@ -15,7 +15,8 @@
   module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
   ``tessera.common.initializer``, ``set_context``, ``set_auto_parallel_context`` (the device
   count) and ``set_seed``; learning-rate schedules, parameter groups, ``tessera.mint.optim.AdamW``,
-  ``GeneratorDataset``, ``ModelCheckpoint``, ``tessera.load_checkpoint`` and ``tessera.Tensor``
+  ``GeneratorDataset``, ``ModelCheckpoint``, ``load_checkpoint``, ``load_param_into_net``,
+  ``save_checkpoint`` and ``tessera.Tensor``
   (values for ``Parameter``). ``construct`` is traced once into Tessera's graph; the Rust engine
   runs every step. See docs/PYTHON.md, "Your own network (first and second slices)".
 
@@ -35,7 +36,7 @@ from . import common, dataset, nn, ops
 from . import mint
 from . import train  # the module tessera.train, callable as tessera.train(config, ...)
 from .common import Parameter, Tensor
-from .train.checkpoint import load_checkpoint
+from .train.checkpoint import load_checkpoint, load_param_into_net, save_checkpoint
 
 try:
     __version__ = version("tessera-parallel")
@@ -54,12 +55,14 @@ __all__ = [
     "dataset",
     "get_seed",
     "load_checkpoint",
+    "load_param_into_net",
     "mint",
     "nn",
     "ops",
     "parallel",
     "plan",
     "reset_auto_parallel_context",
+    "save_checkpoint",
     "set_auto_parallel_context",
     "set_context",
     "set_seed",

@@ -141,3 +141,51 @@ def test_checkpoint_config_rules(tmp_path):
                                            ModelCheckpoint("y", str(tmp_path))])
     with pytest.raises(ValueError, match="not a Tessera checkpoint set"):
         load_checkpoint(str(tmp_path))
+
+
+def test_save_checkpoint_writes_mindspores_formats(tmp_path):
+    from conftest import read_ckpt, read_safetensors
+
+    net = MLP()
+    _model(net).train(1, _data())
+    trained = {name: p.asnumpy() for name, p in net.parameters_and_names()}
+    tessera.save_checkpoint(net, str(tmp_path / "net"), append_dict={"epoch_num": np.int32(1)})
+    rows = read_ckpt(tmp_path / "net.ckpt")  # an independent reader of MindSpore's format
+    assert [r[0] for r in rows] == [*trained, "epoch_num"]
+    for name, dtype, dims, raw in rows[:-1]:
+        assert dtype == "Float32" and dims == list(trained[name].shape)
+        assert np.array_equal(np.frombuffer(raw, np.float32).reshape(dims), trained[name]), name
+    assert rows[-1][1:3] == ("Int32", [1])
+    tessera.save_checkpoint({"w": tessera.Tensor(np.eye(2)), "b": trained["fc2.bias"]},
+                            str(tmp_path / "d.safetensors"), format="safetensors")
+    tensors, _ = read_safetensors(tmp_path / "d.safetensors")
+    assert sorted((t[0], t[1], t[2]) for t in tensors) == [("b", "Float32", [10]),
+                                                          ("w", "Float64", [2, 2])]
+    back = load_checkpoint(str(tmp_path / "net.ckpt"))
+    for name, value in trained.items():
+        assert np.array_equal(back[name].asnumpy(), value), name
+    with pytest.raises(ValueError, match="tensor s: only float32, float64, int32 and int64"):
+        tessera.save_checkpoint({"s": np.array(["x"])}, str(tmp_path / "bad"))
+
+
+def test_a_loaded_set_starts_a_new_networks_training(tmp_path):
+    first = MLP()
+    _model(first).train(1, _data(), callbacks=[ModelCheckpoint("m", str(tmp_path),
+                                                               CheckpointConfig(4))])
+    second = MLP()
+    param_not_load, ckpt_not_load = tessera.load_param_into_net(
+        second, load_checkpoint(str(tmp_path / "m-1_4")))
+    assert param_not_load == []
+    assert sorted(ckpt_not_load) == ["global_step", "moments.fc1.bias", "moments.fc1.weight",
+                                     "moments.fc2.bias", "moments.fc2.weight"]
+    frozen = Model(second, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                   nn.SGD(second.trainable_params(), 0.0))
+    frozen.train(1, _data())
+    for (name, a), (_, b) in zip(first.parameters_and_names(), second.parameters_and_names()):
+        assert np.array_equal(a.asnumpy(), b.asnumpy()), name
+    third = MLP()
+    load_checkpoint(str(tmp_path / "m-1_4"), net=third, specify_prefix="fc1")
+    assert np.array_equal(third.fc1.weight.asnumpy(), first.fc1.weight.asnumpy())
+    with pytest.raises(ValueError, match="fc2.bias"):
+        load_checkpoint(str(tmp_path / "m-1_4"), net=MLP(), specify_prefix="fc1",
+                        strict_load=True)

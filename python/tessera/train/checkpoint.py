@@ -1,7 +1,8 @@
 """Checkpoints while training: MindSpore's ``CheckpointConfig`` and ``ModelCheckpoint`` over the
 engine's periodic checkpoint sets (``output.save_checkpoint_steps``,
 ``output.save_checkpoint_seconds``, ``output.keep_checkpoint_max``), and
-``load_checkpoint`` of such sets.
+``load_checkpoint`` of such sets (and of single files), ``load_param_into_net`` and
+``save_checkpoint``.
 
 A Tessera checkpoint is a *set*: a directory with every rank's piece
 (``rank_<r>/checkpoint_<r>.safetensors``), the strategy (``strategy.json``), the loop's state
@@ -20,7 +21,8 @@ import numpy as np
 from .. import _checks
 from .callback import Callback
 
-__all__ = ["CheckpointConfig", "ModelCheckpoint", "load_checkpoint"]
+__all__ = ["CheckpointConfig", "ModelCheckpoint", "load_checkpoint", "load_param_into_net",
+           "save_checkpoint"]
 
 _SET_MARKER = "tessera_set.json"
 _PERIODIC = re.compile(r"^checkpoint_step_(\d+)$")
@@ -223,15 +225,13 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
     as ``{name: Parameter}`` (each holding its value: ``asnumpy()``), optimizer state
     (``moments.fc1.weight``) and ``global_step`` included. A single ``.ckpt`` or
     ``.safetensors`` file is read as it is. ``filter_prefix`` drops names with those prefixes,
-    ``specify_prefix`` keeps only those, ``choice_func(name)`` keeps a name when true.
-    ``net`` must be None (loading into a network is not supported yet)."""
+    ``specify_prefix`` keeps only those, ``choice_func(name)`` keeps a name when true. With
+    ``net``, the values are also loaded into it (``load_param_into_net(net, ...,
+    strict_load)``)."""
     from .. import parallel
     from ..common.parameter import Parameter
 
     path = _checks.path(ckpt_file_name, "ckpt_file_name")
-    if net is not None:
-        raise ValueError("load_checkpoint: net must be None (loading into a network is not "
-                         "supported yet); the values are returned")
     if dec_key is not None or crc_check or remove_redundancy:
         raise ValueError("load_checkpoint: dec_key, crc_check and remove_redundancy are not "
                          "supported for Tessera checkpoint sets")
@@ -259,4 +259,84 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
         if choice_func is not None and not choice_func(name):
             continue
         out[name] = Parameter._holding(np.asarray(array), name)
+    if net is not None:
+        load_param_into_net(net, out, strict_load)
     return out
+
+
+def load_param_into_net(net, parameter_dict, strict_load=False, remove_redundancy=False):
+    """MindSpore's ``load_param_into_net``: every Parameter of ``net`` whose name is in
+    ``parameter_dict`` (``{name: Parameter or array}``, e.g. ``load_checkpoint``'s) takes that
+    value, and training starts from it (as ``Parameter(value)``: a ``Model`` that has not
+    trained yet, or a new one; a Model that already trained continues from its own last
+    checkpoint). Returns ``(param_not_load, ckpt_not_load)``: the network's names not in the
+    dict and the dict's names not in the network. ``strict_load=True`` makes a missing name a
+    ``ValueError``; a shape that differs always is one."""
+    from ..common.initializer import Values
+
+    if remove_redundancy:
+        raise ValueError("load_param_into_net: remove_redundancy is not supported")
+    if not isinstance(parameter_dict, dict):
+        raise TypeError(f"For 'parameter_dict', the type must be dict, but got "
+                        f"{type(parameter_dict).__name__}.")
+    param_not_load, used = [], set()
+    for name, p in net.parameters_and_names():
+        if name not in parameter_dict:
+            param_not_load.append(name)
+            continue
+        value = parameter_dict[name]
+        value = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(f"load_param_into_net: {name} has shape {tuple(value.shape)} in "
+                             f"the dict and {tuple(p.shape)} in the network")
+        p.init = Values(value)
+        p._value = p.init.values.copy()
+        used.add(name)
+    if strict_load and param_not_load:
+        raise ValueError(f"load_param_into_net: strict_load and the dict lacks "
+                         f"{sorted(param_not_load)}")
+    return param_not_load, [n for n in parameter_dict if n not in used]
+
+
+def save_checkpoint(save_obj, ckpt_file_name, integrated_save=True, async_save=False,
+                    append_dict=None, enc_key=None, enc_mode="AES-GCM", choice_func=None,
+                    crc_check=False, format="ckpt", **kwargs):
+    """MindSpore's ``save_checkpoint``: ``save_obj`` — a Cell (its Parameters' values: trained,
+    or given), a dict ``{name: Parameter, Tensor or array}`` or a list of ``{"name": ...,
+    "data": ...}`` — written as one unsharded file, MindSpore's ``.ckpt`` or ``.safetensors``
+    as ``format`` says (the suffix is added when missing). ``choice_func(name)`` keeps a name
+    when true; ``append_dict`` adds ``{name: number or array}``. ``load_checkpoint`` reads it
+    back. ``async_save``, ``enc_key``, ``crc_check`` and other options are not supported."""
+    from .. import _tessera
+    from ..nn.cell import Cell
+
+    if async_save or enc_key is not None or crc_check or kwargs or integrated_save is not True:
+        raise ValueError(f"save_checkpoint: async_save, enc_key, crc_check, "
+                         f"integrated_save=False and {sorted(kwargs) or 'other options'} are "
+                         "not supported")
+    if format not in ("ckpt", "safetensors"):
+        raise ValueError(f"For 'format', the value must be 'ckpt' or 'safetensors', but got "
+                         f"{format!r}.")
+    path = _checks.path(ckpt_file_name, "ckpt_file_name")
+    if not path.endswith("." + format):
+        path += "." + format
+    if isinstance(save_obj, Cell):
+        items = list(save_obj.parameters_and_names())
+    elif isinstance(save_obj, dict):
+        items = list(save_obj.items())
+    elif isinstance(save_obj, list):
+        items = [(d["name"], d["data"]) for d in save_obj]
+    else:
+        raise TypeError(f"For 'save_obj', the type must be Cell, dict or list, but got "
+                        f"{type(save_obj).__name__}.")
+    if append_dict is not None:
+        items += list(append_dict.items())
+    tensors = []
+    for name, value in items:
+        if choice_func is not None and not choice_func(name):
+            continue
+        array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        if array.ndim == 0:
+            array = array.reshape(1)  # MindSpore stores a scalar as shape [1]
+        tensors.append((name, np.ascontiguousarray(array)))
+    _tessera.save_tensors(path, tensors)
