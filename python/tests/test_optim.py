@@ -153,6 +153,16 @@ def test_a_list_of_rates_is_used_step_by_step_and_changes_training():
     assert r.lrs == [0.05] * 5 + [0.2] * 3
 
 
+def test_a_tensor_learning_rate_is_a_number_or_per_step_rates():
+    lrs = np.array(nn.exponential_decay_lr(0.1, 0.5, 4, 1, 1), np.float32)
+    _, _, rates = _train(lambda net: nn.SGD(net.trainable_params(), tessera.Tensor(lrs)))
+    assert rates.lrs == [float(v) for v in lrs]
+    _, _, rates = _train(lambda net: nn.SGD(net.trainable_params(), tessera.Tensor(0.25)))
+    assert rates.lrs == [0.25] * 4
+    with pytest.raises(ValueError, match=r"Tensor of shape \(2, 2\)"):
+        nn.SGD(MLP().trainable_params(), tessera.Tensor(np.ones((2, 2))))
+
+
 def test_a_second_train_continues_the_schedule():
     lrs = nn.warmup_lr(0.1, 8, 1, 8)
     model, _, rates = _train(lambda net: nn.SGD(net.trainable_params(), learning_rate=lrs))

@@ -4,7 +4,6 @@ MindSpore 2.10's; ``i`` is the step, ``current_epoch = floor(i / step_per_epoch)
 
 import math
 
-
 __all__ = ["cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr",
            "polynomial_decay_lr", "warmup_lr"]
 

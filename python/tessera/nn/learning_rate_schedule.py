@@ -8,25 +8,10 @@ import math
 import numpy as np
 
 from .cell import Cell
+from .dynamic_lr import _float, _positive_int
 
 __all__ = ["CosineDecayLR", "ExponentialDecayLR", "LearningRateSchedule", "PolynomialDecayLR",
            "WarmUpLR"]
-
-
-def _positive_float(value, name, owner, allow_zero=False):
-    if not isinstance(value, float):
-        raise TypeError(f"For '{owner}', the type of '{name}' must be float, but got "
-                        f"{type(value).__name__}.")
-    if not (value >= 0 if allow_zero else value > 0):
-        rule = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"For '{owner}', '{name}' must be a {rule} float, but got {value}.")
-    return value
-
-
-def _positive_int(value, name, owner):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"For '{owner}', '{name}' must be a positive int, but got {value!r}.")
-    return value
 
 
 class LearningRateSchedule(Cell):
@@ -60,8 +45,8 @@ class WarmUpLR(LearningRateSchedule):
 
     def __init__(self, learning_rate, warmup_steps):
         super().__init__()
-        self.learning_rate = _positive_float(learning_rate, "learning_rate", "WarmUpLR")
-        self.warmup_steps = _positive_int(warmup_steps, "warmup_steps", "WarmUpLR")
+        self.learning_rate = _float(learning_rate, "learning_rate")
+        self.warmup_steps = _positive_int(warmup_steps, "warmup_steps")
 
     def _value(self, step):
         return self.learning_rate * min(step, self.warmup_steps) / self.warmup_steps
@@ -77,9 +62,9 @@ class CosineDecayLR(LearningRateSchedule):
 
     def __init__(self, min_lr, max_lr, decay_steps):
         super().__init__()
-        self.min_lr = _positive_float(min_lr, "min_lr", "CosineDecayLR", allow_zero=True)
-        self.max_lr = _positive_float(max_lr, "max_lr", "CosineDecayLR")
-        self.decay_steps = _positive_int(decay_steps, "decay_steps", "CosineDecayLR")
+        self.min_lr = _float(min_lr, "min_lr", positive=False)
+        self.max_lr = _float(max_lr, "max_lr")
+        self.decay_steps = _positive_int(decay_steps, "decay_steps")
         if min_lr >= max_lr:
             raise ValueError("For 'CosineDecayLR', the 'max_lr' must be greater than the "
                              f"'min_lr', but got 'max_lr' value: {max_lr} and 'min_lr' value: "
@@ -105,11 +90,10 @@ class PolynomialDecayLR(LearningRateSchedule):
                  update_decay_steps=False):
         super().__init__()
         owner = "PolynomialDecayLR"
-        self.learning_rate = _positive_float(learning_rate, "learning_rate", owner)
-        self.end_learning_rate = _positive_float(end_learning_rate, "end_learning_rate", owner,
-                                                 allow_zero=True)
-        self.decay_steps = _positive_int(decay_steps, "decay_steps", owner)
-        self.power = _positive_float(power, "power", owner)
+        self.learning_rate = _float(learning_rate, "learning_rate")
+        self.end_learning_rate = _float(end_learning_rate, "end_learning_rate", positive=False)
+        self.decay_steps = _positive_int(decay_steps, "decay_steps")
+        self.power = _float(power, "power")
         if not isinstance(update_decay_steps, bool):
             raise TypeError(f"For '{owner}', 'update_decay_steps' must be a bool.")
         self.update_decay_steps = update_decay_steps
@@ -140,9 +124,9 @@ class ExponentialDecayLR(LearningRateSchedule):
     def __init__(self, learning_rate, decay_rate, decay_steps, is_stair=False):
         super().__init__()
         owner = "ExponentialDecayLR"
-        self.learning_rate = _positive_float(learning_rate, "learning_rate", owner)
-        self.decay_rate = _positive_float(decay_rate, "decay_rate", owner)
-        self.decay_steps = _positive_int(decay_steps, "decay_steps", owner)
+        self.learning_rate = _float(learning_rate, "learning_rate")
+        self.decay_rate = _float(decay_rate, "decay_rate")
+        self.decay_steps = _positive_int(decay_steps, "decay_steps")
         if not isinstance(is_stair, bool):
             raise TypeError(f"For '{owner}', 'is_stair' must be a bool.")
         self.is_stair = is_stair

@@ -35,9 +35,12 @@ def _learning_rate(owner, learning_rate):
                 raise ValueError(f"{owner}: learning_rate[{i}] = {v} is out of range: it must "
                                  "be finite and ≥ 0")
         return values
-    if hasattr(learning_rate, "asnumpy") and not callable(learning_rate):
-        raise TypeError(f"{owner}: learning_rate must be a float, a list or a "
-                        "LearningRateSchedule")
+    if hasattr(learning_rate, "asnumpy"):  # a Tensor: 0-d a number, 1-d per-step rates
+        array = learning_rate.asnumpy()
+        if array.ndim > 1:
+            raise ValueError(f"{owner}: learning_rate is a Tensor of shape {array.shape}; it "
+                             "must be 0-d (one rate) or 1-d (a rate per step)")
+        return _learning_rate(owner, array.tolist())
     value = _number(owner, "learning_rate", learning_rate)
     if not 0.0 <= value < float("inf"):
         raise ValueError(f"{owner}: learning_rate = {value} is out of range: it must be finite "
@@ -59,7 +62,7 @@ class Optimizer:
 
     ``learning_rate``: a float, a list of floats (the rate of each global step, MindSpore's
     dynamic learning rate, e.g. ``nn.cosine_decay_lr(...)``; training past its end is an
-    error) or a ``LearningRateSchedule`` (``nn.CosineDecayLR`` and friends: the engine's own
+    error), a ``tessera.Tensor`` (0-d: a float, 1-d: a list) or a ``LearningRateSchedule`` (``nn.CosineDecayLR`` and friends: the engine's own
     schedule, or the schedule's per-step values).
 
     ``parameters``: Parameters, or MindSpore's parameter groups ``[{'params': [...],
@@ -171,7 +174,8 @@ class Optimizer:
         """The engine's weight-decay filter (names that get none) for the traced parameters
         ``names`` (``{id(param): name}``), checked to give exactly the optimizer's decay."""
         owner = type(self).__name__
-        missing = [name for i, name in names.items() if i not in {id(p) for p in self.parameters}]
+        mine = {id(p) for p in self.parameters}
+        missing = [name for i, name in names.items() if i not in mine]
         if missing:
             raise ValueError(f"{owner}: the network's Parameters {sorted(missing)} are not in the "
                              "optimizer's params; the engine trains every trainable Parameter")
