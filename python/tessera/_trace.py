@@ -120,8 +120,7 @@ def operand(x):
             if x.name is None:
                 raise ValueError(f"Cell {trace.cell()}: a Parameter that is not a Cell attribute "
                                  "has no name; give it one (Parameter(..., name=...))")
-            init = x.init
-            vid, shape = init._add_to(trace.builder, x.name, list(x.shape))
+            vid, shape = x._add_to(trace.builder)
             trace.params[id(x)] = Tensor(vid, shape)
         return trace.params[id(x)]
     raise UnsupportedOpError(trace.cell(), f"an input of type {type(x).__name__}",

@@ -1,7 +1,7 @@
 """Parameters from values (issue 34): ``Parameter(array)``, ``Parameter(Tensor(array))``,
 ``Parameter(initializer(array))`` start training from exactly those values, on one device
-and sharded (every rank takes its slice: the engine's ``Initializer::Values``);
-``tessera.Tensor`` holds values."""
+and sharded (every rank takes its slice: the engine's ``Initializer::Values``); frozen
+Parameters (``requires_grad=False``) keep them; ``tessera.Tensor`` holds values."""
 
 import numpy as np
 import pytest
@@ -113,3 +113,48 @@ def test_tensor_holds_values_and_is_not_the_traced_tensor():
     assert np.array_equal(np.asarray(tessera.Tensor(a)), a)
     assert np.array_equal(tessera.Parameter(tessera.Tensor(a, "float32")).asnumpy(),
                           a.astype(np.float32))
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_frozen_parameters_keep_their_values(devices):
+    if devices > 1:
+        tessera.set_auto_parallel_context(device_num=devices, parallel_mode="semi_auto_parallel")
+    net = _net(shard=devices > 1)
+    net.fc1.weight.requires_grad = False
+    net.fc1.bias = tessera.Parameter(GIVEN["fc1.bias"], requires_grad=False)
+    assert [p.name for p in net.trainable_params()] == ["fc2.weight", "fc2.bias"]
+    model = _train(net, lr=0.5, epochs=2)
+    assert np.array_equal(net.fc1.weight.asnumpy(), GIVEN["fc1.weight"])
+    assert np.array_equal(net.fc1.bias.asnumpy(), GIVEN["fc1.bias"])
+    assert not np.array_equal(net.fc2.weight.asnumpy(), GIVEN["fc2.weight"])
+    assert model.losses[-1] < model.losses[0]
+    # a second train continues (the frozen ones are not in the checkpoint: they keep their values)
+    model.train(1, NumpySlicesDataset((X, Y), shuffle=False).batch(16))
+    assert np.array_equal(net.fc1.weight.asnumpy(), GIVEN["fc1.weight"])
+
+
+def test_freezing_after_training_keeps_the_trained_value():
+    net = MLP()
+    model = _train(net, lr=0.5)
+    trained = net.fc1.weight.asnumpy()
+    net.fc1.weight.requires_grad = False
+    model.optimizer = nn.SGD(net.trainable_params(), 0.5)
+    model.train(1, NumpySlicesDataset((X, Y), shuffle=False).batch(16))
+    assert np.array_equal(net.fc1.weight.asnumpy(), trained)
+
+
+def test_a_frozen_parameter_without_a_value_is_an_error():
+    net = MLP()
+    net.fc1.weight.requires_grad = False
+    with pytest.raises(ValueError, match="fc1.weight: requires_grad=False needs a value to keep"):
+        _train(net, lr=0.1)
+
+
+def test_a_frozen_parameter_in_the_optimizer_is_an_error():
+    net = _net()
+    params = net.trainable_params()
+    net.fc2.bias.requires_grad = False
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.SGD(params, learning_rate=0.1))
+    with pytest.raises(ValueError, match=r"Parameters \['fc2.bias'\] are frozen"):
+        model.train(1, NumpySlicesDataset((X, Y)).batch(16))

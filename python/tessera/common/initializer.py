@@ -20,8 +20,8 @@ class Initializer:
         return f"{type(self).__name__}({self.scale})"
 
     def _add_to(self, builder, name, shape):
-        """Adds parameter ``name`` of ``shape`` initialised by this to the traced graph
-        ``builder``; returns ``(id, shape)``."""
+        """Adds trainable parameter ``name`` of ``shape`` initialised by this to the traced
+        graph ``builder``; returns ``(id, shape)``."""
         return builder.parameter(name, shape, self.kind, self.scale)
 
 
@@ -51,12 +51,13 @@ class Values(Initializer):
     def __repr__(self):
         return f"Values(shape={list(self.values.shape)})"
 
-    def _add_to(self, builder, name, shape):
+    def _add_to(self, builder, name, shape, trainable=True):
+        """As ``Initializer._add_to``; ``trainable=False`` adds a frozen parameter."""
         from .. import _tessera
         if tuple(shape) != self.values.shape:
             raise ValueError(f"Parameter {name}: shape {tuple(shape)}, but its values have shape "
                              f"{self.values.shape}")
-        return _tessera.parameter_values(builder, name, self.values)
+        return _tessera.parameter_values(builder, name, self.values, trainable)
 
 
 class Normal(Initializer):

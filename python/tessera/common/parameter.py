@@ -21,7 +21,10 @@ class Parameter:
     A Parameter that is a Cell attribute is named after its path (``fc1.weight``). After
     ``Model.train`` it holds its trained value (``asnumpy()``, ``data``), read back from the
     checkpoint the run saved, and a later ``Model.train`` of the same Model continues from it.
-    ``requires_grad=False`` (a frozen parameter) is not supported yet."""
+    ``requires_grad=False`` (set here or later) freezes it: the engine never updates it, it is
+    left out of ``trainable_params()`` and of the run's checkpoints, and keeps its current value
+    (given, loaded or trained); a Parameter without a value yet (drawn from an initializer,
+    never trained) cannot be frozen: a ``ValueError`` when training starts."""
 
     def __init__(self, default_input, name=None, requires_grad=True, layerwise_parallel=False,
                  parallel_optimizer=True):
@@ -38,11 +41,21 @@ class Parameter:
         else:
             raise TypeError(f"Parameter: default_input must be initializer(...), a numpy array, "
                             f"a tessera.Tensor or a number, got {type(default_input).__name__}")
-        if not requires_grad:
-            raise ValueError(f"Parameter {name}: requires_grad=False is not supported yet")
         self.name = name
         self.requires_grad = requires_grad
         self._value = self.init.values.copy() if isinstance(self.init, Values) else None
+
+    def _add_to(self, builder):
+        """Adds this Parameter to the traced graph ``builder``; returns ``(id, shape)``. A
+        frozen one starts from its current value (given, loaded or trained)."""
+        if self.requires_grad:
+            return self.init._add_to(builder, self.name, list(self.shape))
+        if self._value is None:
+            raise ValueError(f"Parameter {self.name}: requires_grad=False needs a value to keep "
+                             "(Parameter(array, requires_grad=False), load_param_into_net, or a "
+                             f"Model.train before freezing it); {self.init} draws it only when "
+                             "training starts, as a trainable parameter")
+        return Values(self._value)._add_to(builder, self.name, list(self.shape), trainable=False)
 
     @classmethod
     def _holding(cls, value, name):

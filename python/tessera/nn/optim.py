@@ -179,6 +179,11 @@ class Optimizer:
         if missing:
             raise ValueError(f"{owner}: the network's Parameters {sorted(missing)} are not in the "
                              "optimizer's params; the engine trains every trainable Parameter")
+        frozen = sorted(str(p.name) for p in self.parameters if not p.requires_grad)
+        if frozen:
+            raise ValueError(f"{owner}: Parameters {frozen} are frozen (requires_grad=False) but "
+                             "in the optimizer's params; the engine never updates them (pass "
+                             "net.trainable_params())")
         if self._groups is None or self.weight_decay == 0:
             if not self._defaults_filter and self.weight_decay > 0:
                 decayed = [n for n in names.values() if "beta" in n or "gamma" in n]

@@ -151,7 +151,8 @@ class Model:
 
         out = self._run_dir()
         params._output_dir = out
-        recipe = _run_recipe(self.optimizer, callbacks, {id(p): p.name for p, _ in traced},
+        recipe = _run_recipe(self.optimizer, callbacks,
+                             {id(p): p.name for p, _ in traced if p.requires_grad},
                              (done_epochs + epoch) * batch_num)
         try:
             losses, saved = train_network(
@@ -168,8 +169,9 @@ class Model:
         else:
             self.losses = list(losses)
             if saved is not None:
-                values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in traced])
-                for (p, _), value in zip(traced, values):
+                trained = [(p, t) for p, t in traced if p.requires_grad]  # frozen: unsaved
+                values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in trained])
+                for (p, _), value in zip(trained, values):
                     p._value = value
                 old, self._checkpoint_run = getattr(self, "_checkpoint_run", None), out
                 self._checkpoint = params._final_set = saved
