@@ -82,6 +82,21 @@ def test_the_final_weights_are_saved_when_the_last_step_was_not(tmp_path):
         assert np.array_equal(final[name], p.asnumpy())
 
 
+def test_save_checkpoint_seconds_saves_when_the_time_has_passed(tmp_path):
+    import time
+
+    class SlowStep(Callback):
+        def on_train_step_end(self, run_context):
+            if run_context.original_args().cur_step_num == 2:
+                time.sleep(1.2)
+
+    config = CheckpointConfig(save_checkpoint_steps=None, save_checkpoint_seconds=1)
+    _model(MLP()).train(1, _data(), callbacks=[SlowStep(), ModelCheckpoint("t", str(tmp_path),
+                                                                           config)])
+    # the steps take milliseconds: only the one after the pause is saved, then the final weights
+    assert sorted(os.listdir(tmp_path)) == ["t-1_2", "t-1_4"]
+
+
 def test_a_second_callback_with_the_same_prefix_takes_prefix_1(tmp_path):
     cfg = CheckpointConfig(save_checkpoint_steps=4, keep_checkpoint_max=1)
     _model(MLP()).train(1, _data(), callbacks=[ModelCheckpoint("a", str(tmp_path), cfg)])
