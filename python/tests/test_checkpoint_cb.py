@@ -73,8 +73,8 @@ def test_sets_are_written_while_training_and_only_the_newest_are_kept(tmp_path):
 def test_the_final_weights_are_saved_when_the_last_step_was_not(tmp_path):
     net = MLP()
     model = _model(net)
-    model.train(2, _data(), callbacks=[ModelCheckpoint(directory=str(tmp_path),
-                                                       config=CheckpointConfig(3, keep_checkpoint_max=10))])
+    config = CheckpointConfig(3, keep_checkpoint_max=10)
+    model.train(2, _data(), callbacks=[ModelCheckpoint(directory=str(tmp_path), config=config)])
     # steps 3 and 6 (1_3, 2_2), then the final weights at step 8 (2_4)
     assert sorted(os.listdir(tmp_path)) == ["CKP-1_3", "CKP-2_2", "CKP-2_4"]
     final = _weights(load_checkpoint(str(tmp_path / "CKP-2_4")))

@@ -72,7 +72,8 @@ def test_dynamic_lr_functions_follow_the_formulas(per_epoch, decay):
     total = 17
     e = _epochs(total, per_epoch)
     np.testing.assert_allclose(nn.cosine_decay_lr(0.002, 0.3, total, per_epoch, decay),
-                               0.002 + 0.5 * 0.298 * (1 + np.cos(np.pi * np.minimum(e, decay) / decay)),
+                               0.002 + 0.5 * 0.298 * (1 + np.cos(np.pi * np.minimum(e, decay)
+                                                                  / decay)),
                                rtol=1e-14)
     np.testing.assert_allclose(nn.exponential_decay_lr(0.3, 0.7, total, per_epoch, decay),
                                0.3 * 0.7 ** (e / decay), rtol=1e-14)
@@ -107,7 +108,8 @@ def test_schedule_classes_follow_the_formulas():
         (nn.CosineDecayLR(0.01, 0.2, 7),
          0.01 + 0.5 * 0.19 * (1 + np.cos(np.pi * np.minimum(steps, 7) / 7))),
         (nn.WarmUpLR(0.2, 6), 0.2 * np.minimum(steps, 6) / 6),
-        (nn.PolynomialDecayLR(0.2, 0.01, 9, 0.5), 0.19 * (1 - np.minimum(steps, 9) / 9) ** 0.5 + 0.01),
+        (nn.PolynomialDecayLR(0.2, 0.01, 9, 0.5),
+         0.19 * (1 - np.minimum(steps, 9) / 9) ** 0.5 + 0.01),
         (nn.PolynomialDecayLR(0.2, 0.01, 4, 1.5, update_decay_steps=True),
          0.19 * (1 - steps / (4 * np.maximum(np.ceil(steps / 4), 1))) ** 1.5 + 0.01),
         (nn.ExponentialDecayLR(0.2, 0.5, 3), 0.2 * 0.5 ** (steps / 3)),

@@ -62,8 +62,9 @@ class Optimizer:
 
     ``learning_rate``: a float, a list of floats (the rate of each global step, MindSpore's
     dynamic learning rate, e.g. ``nn.cosine_decay_lr(...)``; training past its end is an
-    error), a ``tessera.Tensor`` (0-d: a float, 1-d: a list) or a ``LearningRateSchedule`` (``nn.CosineDecayLR`` and friends: the engine's own
-    schedule, or the schedule's per-step values).
+    error), a ``tessera.Tensor`` (0-d: a float, 1-d: a list) or a ``LearningRateSchedule``
+    (``nn.CosineDecayLR`` and friends: the engine's own schedule, or the schedule's per-step
+    values).
 
     ``parameters``: Parameters, or MindSpore's parameter groups ``[{'params': [...],
     'weight_decay': w}, ..., {'order_params': [...]}]``. The engine has one learning rate and

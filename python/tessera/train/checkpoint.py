@@ -43,12 +43,12 @@ class CheckpointConfig:
                  saved_network=None, append_info=None, enc_key=None, enc_mode="AES-GCM",
                  exception_save=False, crc_check=False, remove_redundancy=False, format="ckpt",
                  **kwargs):
-        unsupported = {"keep_checkpoint_per_n_minutes": keep_checkpoint_per_n_minutes not in (0, None),
-                       "integrated_save": integrated_save is not True, "async_save": bool(async_save),
-                       "saved_network": saved_network is not None,
-                       "append_info": append_info is not None, "enc_key": enc_key is not None,
-                       "exception_save": bool(exception_save), "crc_check": bool(crc_check),
-                       "remove_redundancy": bool(remove_redundancy)}
+        unsupported = {
+            "keep_checkpoint_per_n_minutes": keep_checkpoint_per_n_minutes not in (0, None),
+            "integrated_save": integrated_save is not True, "async_save": bool(async_save),
+            "saved_network": saved_network is not None, "append_info": append_info is not None,
+            "enc_key": enc_key is not None, "exception_save": bool(exception_save),
+            "crc_check": bool(crc_check), "remove_redundancy": bool(remove_redundancy)}
         unsupported.update({k: True for k in kwargs})
         named = sorted(k for k, bad in unsupported.items() if bad)
         if named:
@@ -142,14 +142,18 @@ class ModelCheckpoint(Callback):
         return self._config._recipe()
 
     def on_train_begin(self, run_context):
+        """Starts the record of this train's steps and sets."""
         self._names, self._this_run = {}, set()
 
     def on_train_step_end(self, run_context):
+        """Records the step's epoch and step in epoch; publishes the sets saved so far."""
         p = run_context.original_args()
         self._names[p._global_step] = (p.cur_epoch_num, (p.cur_step_num - 1) % p.batch_num + 1)
         self._publish_periodic(p._output_dir)
 
     def on_train_end(self, run_context):
+        """Publishes the last sets and, unless the last step's set holds them, the final
+        weights."""
         p = run_context.original_args()
         self._publish_periodic(p._output_dir)
         final = getattr(p, "_final_set", None)
