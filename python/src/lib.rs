@@ -11,9 +11,9 @@
 //! - [`training`]: `train` and `plan` over the `runtime` crate.
 //! - [`builder`]: the tracing backend of networks written in Python (`tessera.nn`) over
 //!   `graph::GraphBuilder`; [`network`]: their training over `runtime::Trainer` and their
-//!   forward runs; [`optim`]: their optimizers by MindSpore's class names and the rest of the
-//!   training recipe; [`values`]: their parameters with given values; [`save`]:
+//!   forward runs; [`values`]: their parameters with given values; [`save`]:
 //!   `save_checkpoint` of named arrays.
+//! - [`distributed`]: one process per rank under `tessera launch` (the `mpi` feature).
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
 //!
@@ -24,10 +24,10 @@ use pyo3::prelude::*;
 mod arrays;
 mod builder;
 mod checkpoints;
+mod distributed;
 mod errors;
 mod layouts;
 mod network;
-mod optim;
 mod progress;
 mod save;
 mod training;
@@ -41,6 +41,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layouts::register(m)?;
     training::register(m)?;
     network::register(m)?;
+    distributed::register(m)?;
     values::register(m)?;
     save::register(m)?;
     Ok(())

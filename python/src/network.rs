@@ -1,11 +1,14 @@
 //! Training and running networks written in Python (`tessera.nn.Cell`s), traced into a
 //! [`NetworkBuilder`].
 //!
-//! - [`train_network`] trains the traced network with [`runtime::Trainer`] on numpy arrays (an
-//!   in-memory [`runtime::Dataset`], [`NumpyDataset`]), ranks as threads with the GIL released,
-//!   calling a Python function at every step end (with the GIL re-acquired). An exception in
-//!   that function stops training and is re-raised to the caller. A run may resume from an
-//!   earlier run's checkpoint set (`output.resume_from`); it returns the set it saved.
+//! - [`train_network`] trains the traced network on numpy arrays (an in-memory
+//!   [`runtime::Dataset`], [`NumpyDataset`]) with a configuration of the sections a config
+//!   file holds (`[parallel]`, `[train]`, `[output]`, as JSON), ranks as threads with the GIL
+//!   released or, under `tessera launch`, this process as one MPI rank
+//!   ([`crate::distributed`]). It calls a Python function at every step end (with the GIL
+//!   re-acquired); an exception in that function stops training and is re-raised to the
+//!   caller. A run may resume from an earlier run's checkpoint set (`output.resume_from`); it
+//!   returns the set it saved last.
 //! - [`read_parameters`] reads whole parameters back from such a set (`ckpt::load_rank_tensors`
 //!   with unsplit target layouts), [`forward_network`] runs the traced network forward only on
 //!   one device ([`graph::Executor`]) with given parameter values (`Model.eval`).
@@ -16,19 +19,16 @@ use std::sync::{Arc, Mutex};
 use graph::models::Model;
 use graph::{Executor, ValueId};
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use parallel::{ParallelConfig, ParallelMode};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use runtime::{
-    Callback, CallbackList, Dataset, LaunchOptions, ResumeFrom, RuntimeError, SampleSpec, StepInfo,
-    TrainConfig, TrainSession, Trainer,
+    Callback, CallbackList, DataConfig, DataFormat, Dataset, LaunchOptions, ModelConfig, ModelName,
+    Normalize, RuntimeError, SampleSpec, StepInfo, TrainConfig, TrainSession,
 };
 use tensor::{DType, Tensor};
 
 use crate::builder::{graph_err, NetworkBuilder};
 use crate::errors::runtime_err;
-use crate::optim::{optimizer_config, Recipe};
 
 /// Adds the class and functions of this module and of [`crate::builder`].
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -39,24 +39,79 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Samples held in memory: one row of `inputs` (f32) and one label (i32) per sample.
+/// One column of samples held in memory: f32 (images, features, regression targets) or i32
+/// (token ids, class labels), `shape` per sample.
+#[derive(Debug)]
+pub enum Column {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// i32 elements.
+    I32(Vec<i32>),
+}
+
+impl Column {
+    /// A numpy array of float32 or int32 as a column; `what` names it in the error.
+    fn from_array(array: &Bound<'_, PyAny>, what: &str) -> PyResult<(Column, Vec<usize>)> {
+        if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, f32>>() {
+            return Ok((
+                Column::F32(a.as_array().iter().copied().collect()),
+                a.shape().to_vec(),
+            ));
+        }
+        if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, i32>>() {
+            return Ok((
+                Column::I32(a.as_array().iter().copied().collect()),
+                a.shape().to_vec(),
+            ));
+        }
+        Err(PyValueError::new_err(format!(
+            "{what} must be a numpy array of float32 or int32"
+        )))
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            Column::F32(_) => DType::F32,
+            Column::I32(_) => DType::I32,
+        }
+    }
+
+    /// The samples `indices` (each `n` elements) as a tensor of `[indices.len(), ..shape]`.
+    fn rows(&self, indices: &[usize], shape: &[usize]) -> Result<Tensor, RuntimeError> {
+        fn gather<T: Copy>(data: &[T], indices: &[usize], n: usize) -> Vec<T> {
+            let mut out = Vec::with_capacity(indices.len() * n);
+            for &i in indices {
+                out.extend_from_slice(&data[i * n..(i + 1) * n]);
+            }
+            out
+        }
+        let n: usize = shape.iter().product();
+        let mut full = vec![indices.len()];
+        full.extend_from_slice(shape);
+        Ok(match self {
+            Column::F32(data) => Tensor::from_vec(&full, gather(data, indices, n))?,
+            Column::I32(data) => Tensor::from_vec(&full, gather(data, indices, n))?,
+        })
+    }
+}
+
+/// Samples held in memory: one row of `inputs` and one of `labels` per sample, each of its
+/// column's dtype and per-sample shape.
 #[derive(Debug)]
 pub struct NumpyDataset {
-    inputs: Vec<f32>,
+    inputs: Column,
     sample_shape: Vec<usize>,
-    labels: Vec<i32>,
+    labels: Column,
+    label_shape: Vec<usize>,
+    samples: usize,
 }
 
 impl NumpyDataset {
-    fn sample_len(&self) -> usize {
-        self.sample_shape.iter().product()
-    }
-
     fn check(&self, indices: &[usize]) -> Result<(), RuntimeError> {
-        match indices.iter().find(|&&i| i >= self.labels.len()) {
+        match indices.iter().find(|&&i| i >= self.samples) {
             Some(i) => Err(RuntimeError::Config {
                 key: "dataset".to_string(),
-                reason: format!("sample {i} is past the end ({} samples)", self.labels.len()),
+                reason: format!("sample {i} is past the end ({} samples)", self.samples),
             }),
             None => Ok(()),
         }
@@ -65,39 +120,31 @@ impl NumpyDataset {
 
 impl Dataset for NumpyDataset {
     fn len(&self) -> usize {
-        self.labels.len()
+        self.samples
     }
 
     fn input_spec(&self) -> SampleSpec {
         SampleSpec {
             shape: self.sample_shape.clone(),
-            dtype: DType::F32,
+            dtype: self.inputs.dtype(),
         }
     }
 
     fn label_spec(&self) -> SampleSpec {
         SampleSpec {
-            shape: Vec::new(),
-            dtype: DType::I32,
+            shape: self.label_shape.clone(),
+            dtype: self.labels.dtype(),
         }
     }
 
     fn read_inputs(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
         self.check(indices)?;
-        let n = self.sample_len();
-        let mut data = Vec::with_capacity(indices.len() * n);
-        for &i in indices {
-            data.extend_from_slice(&self.inputs[i * n..(i + 1) * n]);
-        }
-        let mut shape = vec![indices.len()];
-        shape.extend_from_slice(&self.sample_shape);
-        Ok(Tensor::from_vec(&shape, data)?)
+        self.inputs.rows(indices, &self.sample_shape)
     }
 
     fn read_labels(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
         self.check(indices)?;
-        let data = indices.iter().map(|&i| self.labels[i]).collect();
-        Ok(Tensor::from_vec(&[indices.len()], data)?)
+        self.labels.rows(indices, &self.label_shape)
     }
 }
 
@@ -133,19 +180,20 @@ impl Callback for PyStepCallback {
     }
 }
 /// Trains the network traced into `builder` (its values `input`, `labels`, `logits`, `loss`)
-/// on `inputs` (f32, `[samples, ..sample shape]`) and `labels` (i32, `[samples]`), on
-/// `devices` ranks (threads) under semi-auto parallel with `strategies` (`[(op name, [[..],
-/// ..])]`, as `ParallelConfig::shard` takes them). Calls `callback(epoch, step_in_epoch,
-/// global_step, loss, lr)` after every step; returns every step's loss. `recipe` holds the
-/// rest of the training recipe built in Python ([`Recipe`]: learning-rate schedule,
-/// weight-decay filter, gradient clipping, periodic checkpoints).
+/// on `inputs` (f32 or i32, `[samples, ..sample shape]`) and `labels` (i32 or f32, `[samples,
+/// ..label shape]`), in batches
+/// of `batch_size` samples (default: the input's first dim; the graph's input is one
+/// micro-batch of it), with `config`: a JSON document of the `[parallel]`, `[train]` and
+/// `[output]` sections a config file holds (docs/CONFIG.md; `Model.train` and `AutoParallel`
+/// write it), read and checked as a file's are ([`TrainConfig::for_network`]). `backend` is
+/// `"local"` (`parallel.devices` ranks as threads of this process) or `"mpi"` (this process is
+/// one rank of the `mpirun` job `tessera.communication.init()` joined). Calls
+/// `callback(epoch, step_in_epoch, global_step, loss, lr)` after every step; returns every step's
+/// loss and the checkpoint set saved last, if any.
 #[pyfunction]
 #[pyo3(signature = (
-    builder, input, labels, logits, loss, inputs, label_data, *,
-    devices=1, strategies=Vec::new(), epochs=1, max_steps=None, optimizer="Momentum",
-    learning_rate=0.05, momentum=0.9, use_nesterov=false, beta1=0.9, beta2=0.999, eps=1e-8,
-    weight_decay=0.0, seed=1, deterministic=false, shuffle=true, callback=None, output_dir=None, resume_from=None,
-    recipe=None,
+    builder, input, labels, logits, loss, inputs, label_data, config, *,
+    batch_size=None, shuffle=true, backend="local", callback=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn train_network(
@@ -155,53 +203,32 @@ fn train_network(
     labels: usize,
     logits: usize,
     loss: usize,
-    inputs: PyReadonlyArrayDyn<'_, f32>,
-    label_data: PyReadonlyArrayDyn<'_, i32>,
-    devices: usize,
-    strategies: Vec<(String, Vec<Vec<usize>>)>,
-    epochs: usize,
-    max_steps: Option<u64>,
-    optimizer: &str,
-    learning_rate: f64,
-    momentum: f64,
-    use_nesterov: bool,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    weight_decay: f64,
-    seed: u64,
-    deterministic: bool,
+    inputs: &Bound<'_, PyAny>,
+    label_data: &Bound<'_, PyAny>,
+    config: &str,
+    batch_size: Option<usize>,
     shuffle: bool,
+    backend: &str,
     callback: Option<Py<PyAny>>,
-    output_dir: Option<PathBuf>,
-    resume_from: Option<PathBuf>,
-    recipe: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(Vec<f32>, Option<PathBuf>)> {
-    let recipe = Recipe::read(recipe)?;
-    let shape = inputs.shape().to_vec();
+    let (inputs, shape) = Column::from_array(inputs, "inputs")?;
+    let (labels_column, label_full) = Column::from_array(label_data, "labels")?;
     let (samples, sample_shape) = match shape.split_first() {
         Some((&n, rest)) => (n, rest.to_vec()),
         None => return Err(PyValueError::new_err("inputs must have a sample dim")),
     };
-    if label_data.shape() != [samples] {
+    if label_full.first() != Some(&samples) {
         return Err(PyValueError::new_err(format!(
-            "labels have shape {:?}; expected [{samples}], one per input sample",
-            label_data.shape()
+            "labels have shape {label_full:?}; expected [{samples}, ...], one per input sample"
         )));
     }
     let dataset = NumpyDataset {
-        inputs: inputs.as_array().iter().copied().collect(),
+        inputs,
         sample_shape,
-        labels: label_data.as_array().iter().copied().collect(),
+        labels: labels_column,
+        label_shape: label_full[1..].to_vec(),
+        samples,
     };
-    let optimizer = optimizer_config(
-        optimizer,
-        learning_rate,
-        momentum,
-        use_nesterov,
-        (beta1, beta2, eps),
-        weight_decay,
-    )?;
     let model = Model {
         graph: builder.builder.clone().finish(),
         input: ValueId(input),
@@ -209,56 +236,8 @@ fn train_network(
         logits: ValueId(logits),
         loss: ValueId(loss),
     };
-    let mode = match devices {
-        1 => ParallelMode::StandAlone,
-        _ => ParallelMode::SemiAuto,
-    };
-    let mut parallel = ParallelConfig::new(mode, devices);
-    for (op, strategy) in &strategies {
-        let rows: Vec<&[usize]> = strategy.iter().map(Vec::as_slice).collect();
-        parallel = parallel.shard(op, &rows);
-    }
+    let config = network_config(&model, config, batch_size, shuffle)?;
     let error = Arc::new(Mutex::new(None));
-    let mut trainer = Trainer::with_dataset(
-        model.clone(),
-        parallel.clone(),
-        NumpyDataset {
-            inputs: Vec::new(),
-            sample_shape: Vec::new(),
-            labels: Vec::new(),
-        },
-    )
-    .optimizer(optimizer)
-    .epochs(epochs)
-    .seed(seed)
-    .deterministic(deterministic)
-    .shuffle(shuffle)
-    .print_loss(false);
-    if let Some(steps) = max_steps {
-        trainer = trainer.max_steps(steps);
-    }
-    let out_dir = output_dir.clone();
-    if let Some(dir) = output_dir {
-        trainer = trainer.output_dir(dir);
-    }
-    // The Trainer's settings as a configuration, with `output.resume_from` set when the run
-    // continues from an earlier one's checkpoint set (the Trainer has no setter for it).
-    let base = trainer.config().map_err(runtime_err)?;
-    let mut output = base.output().clone();
-    output.resume_from = resume_from.map(ResumeFrom::Dir);
-    let mut train = base.train().clone();
-    recipe.apply_to_sections(&mut train, &mut output);
-    let config = recipe.apply(
-        TrainConfig::from_parts(
-            base.model().clone(),
-            base.data().clone(),
-            parallel,
-            optimizer,
-            train,
-            output,
-        )
-        .map_err(runtime_err)?,
-    )?;
     let mut callbacks = CallbackList::new();
     if let Some(function) = callback {
         callbacks.push(Box::new(PyStepCallback {
@@ -271,17 +250,67 @@ fn train_network(
         metrics_log: Some(config.output().metrics_file()),
         ..LaunchOptions::default()
     };
+    let mpi = match backend {
+        "local" => false,
+        "mpi" => true,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "backend {other:?} is not one of \"local\", \"mpi\""
+            )))
+        }
+    };
     let report = py.detach(|| {
         runtime::allocator::keep_freed_memory();
         let session = TrainSession::with_dataset(&config, model, Arc::new(dataset), None)?;
-        runtime::train_local_with(&session, &options, callbacks)
+        if mpi {
+            crate::distributed::train_rank(&session, &options, callbacks)
+        } else {
+            runtime::train_local_with(&session, &options, callbacks)
+        }
     });
     if let Some(err) = error.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(err);
     }
     let losses = report.map_err(runtime_err)?.losses().to_vec();
-    let saved = out_dir.and_then(|d| runtime::periodic_ckpt::latest_set(&d));
+    let saved = runtime::periodic_ckpt::latest_set(&config.output().dir);
     Ok((losses, saved))
+}
+
+/// The training configuration of `model` from `json` (the `[parallel]`, `[train]` and
+/// `[output]` sections), its classes the logits' last dim, its `data.batch_size` `batch_size`
+/// (default: the input's first dim), which the configuration's pipeline micro-batches and
+/// interleaved parts then cut, as they cut a file's.
+fn network_config(
+    model: &Model,
+    json: &str,
+    batch_size: Option<usize>,
+    shuffle: bool,
+) -> PyResult<TrainConfig> {
+    let root: toml::Table = serde_json::from_str(json)
+        .map_err(|e| PyValueError::new_err(format!("the training configuration: {e}")))?;
+    let dim = |v: ValueId, first: bool| {
+        let shape = &model.graph.values()[v.0].shape;
+        (if first { shape.first() } else { shape.last() })
+            .copied()
+            .unwrap_or(1)
+    };
+    let model_config = ModelConfig {
+        name: ModelName::Custom,
+        hidden: 0,
+        classes: dim(model.logits, false),
+        gpt: None,
+    };
+    let data = DataConfig {
+        format: DataFormat::Idx,
+        dir: PathBuf::new(),
+        batch_size: batch_size.unwrap_or_else(|| dim(model.input, true)),
+        shuffle,
+        pixel_max: None,
+        normalize: Normalize::Standardize,
+        text: None,
+    };
+    let base = std::env::current_dir().unwrap_or_default();
+    TrainConfig::for_network(root, &base, model_config, data).map_err(runtime_err)
 }
 
 /// The whole tensors `names` (f32) of the checkpoint set in `ckpt_dir` (saved by a run of
@@ -325,9 +354,10 @@ fn read_parameters<'py>(
 }
 
 /// The value `output` of the network traced into `builder` for every sample of `inputs`
-/// (f32, `[samples, ..sample shape]`), run forward only on one device by the engine's
+/// (f32 or i32, `[samples, ..sample shape]`), run forward only on one device by the engine's
 /// executor with the parameters set to `params` (`[(value id, array)]`), batch by batch (the
-/// input's first dim; the last batch is padded with zeros and the padding dropped).
+/// input's first dim; the last batch is padded with copies of its first sample and the padding
+/// dropped).
 #[pyfunction]
 fn forward_network<'py>(
     py: Python<'py>,
@@ -335,7 +365,7 @@ fn forward_network<'py>(
     input: usize,
     output: usize,
     params: Vec<(usize, PyReadonlyArrayDyn<'py, f32>)>,
-    inputs: PyReadonlyArrayDyn<'py, f32>,
+    inputs: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let graph = builder.builder.clone().finish();
     let in_shape = builder
@@ -349,9 +379,14 @@ fn forward_network<'py>(
         .map_err(graph_err)?
         .to_vec();
     let batch = in_shape.first().copied().unwrap_or(1);
-    let row: usize = in_shape[1..].iter().product();
+    if out_shape.first() != Some(&batch) {
+        return Err(PyValueError::new_err(format!(
+            "the output has shape {out_shape:?}; its first dim must be the batch ({batch}), one \
+             row per input sample"
+        )));
+    }
     let out_row: usize = out_shape[1..].iter().product();
-    let shape = inputs.shape().to_vec();
+    let (data, shape) = Column::from_array(inputs, "inputs")?;
     if shape.len() != in_shape.len() || shape[1..] != in_shape[1..] {
         return Err(PyValueError::new_err(format!(
             "inputs have shape {shape:?}; the network takes samples of shape {:?}",
@@ -359,7 +394,6 @@ fn forward_network<'py>(
         )));
     }
     let samples = shape[0];
-    let data: Vec<f32> = inputs.as_array().iter().copied().collect();
     let mut values = Vec::with_capacity(params.len());
     for (id, array) in &params {
         let t = Tensor::from_vec(array.shape(), array.as_array().iter().copied().collect())
@@ -385,9 +419,12 @@ fn forward_network<'py>(
         let mut start = 0;
         while start < samples {
             let n = batch.min(samples - start);
-            let mut chunk = vec![0f32; batch * row];
-            chunk[..n * row].copy_from_slice(&data[start * row..(start + n) * row]);
-            let t = Tensor::from_vec(&in_shape, chunk).map_err(|e| e.to_string())?;
+            let rows: Vec<usize> = (start..start + n)
+                .chain(std::iter::repeat_n(start, batch - n))
+                .collect();
+            let t = data
+                .rows(&rows, &in_shape[1..])
+                .map_err(|e| e.to_string())?;
             exec.set_input(ValueId(input), &t)
                 .map_err(|e| e.to_string())?;
             exec.run().map_err(|e| e.to_string())?;

@@ -4,7 +4,10 @@
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
 
-_STATE = {"device_num": 1, "parallel_mode": "stand_alone", "deterministic": False, "seed": 1}
+_STATE = {"device_num": 1, "parallel_mode": "stand_alone", "deterministic": False, "seed": 1,
+          # set by tessera.communication.init(): "local" (one process) or "mpi" (one rank of a
+          # launched job), the rank and the job's size
+          "backend": None, "rank": 0, "group_size": 1}
 _PARALLEL_MODES = ("stand_alone", "data_parallel", "semi_auto_parallel")
 
 

@@ -1,8 +1,20 @@
 """Tracing: ``construct`` runs once on symbolic tensors that record ops into the native graph
 builder (``tessera._tessera.NetworkBuilder``). Internal; the public names are in ``tessera.ops``,
-``tessera.nn`` and ``tessera.common.initializer``."""
+``tessera.nn`` and ``tessera.common.initializer``.
+
+Two kinds of traced tensors are *deferred*: their node is added only when an op uses them, so
+that the op may fold them in instead (as MindSpore's graph compiler fuses them):
+
+- ``x * c`` with ``c`` a positive Python scalar: ``Softmax`` of it is one ``ScaledSoftmax`` node
+  (``softmax(c·x)``), any other use adds the ``Mul`` (and its constant);
+- ``ops.ones(shape)``: ``Triu`` of it is one constant ``Triu`` node, any other use adds a
+  ``Fill``.
+"""
 
 import contextlib
+import numbers
+
+from .common import dtype as mstype
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -21,6 +33,8 @@ class _Trace:
         self.used = set()        # node names taken
         self.params = {}         # id(Parameter) -> Tensor
         self.strategies = {}     # node name -> in_strategy
+        self.dropouts = 0        # Dropout sites traced so far (the default seed of the next)
+        self.training = True     # False when Model.eval traces: nn.Dropout is the identity
 
     def cell(self):
         if not self.cells:
@@ -39,11 +53,36 @@ class _Trace:
         self.used.add(name)
         return name
 
+    def node_name(self, given, default):
+        """``given`` (a primitive's attribute path) or ``<cell path>.<default>``, made unique."""
+        scope = self.scope()
+        return self.unique(given or (f"{scope}.{default}" if scope else default))
+
+    def add(self, kind, name, inputs, **attrs):
+        """Adds node ``name``; returns its outputs as Tensors."""
+        outs = self.builder.op(kind, name, [t.id for t in inputs], **attrs)
+        return [Tensor(vid, shape, dtype) for vid, shape, dtype in outs]
+
+    def constant(self, name, value, like=None):
+        """A scalar constant node (``Fill``, shape ``()``) of the network's float type."""
+        if like is not None and not mstype.of(like.dtype, name).is_float:
+            raise UnsupportedOpError(self.cell(), name, f"a Python scalar ({value!r}) combines "
+                                     f"with float tensors only; this one is {like.dtype}")
+        return self.add("fill", name, [], shape=[], value=float(value))[0]
+
 
 _CURRENT = None
 
 
 def current():
+    return _CURRENT
+
+
+def require(what):
+    """The current trace, or the error that ``what`` runs only inside ``construct``."""
+    if _CURRENT is None:
+        raise RuntimeError(f"{what}: tessera.ops run inside construct, traced by Model.train "
+                           "(there is no eager mode yet)")
     return _CURRENT
 
 
@@ -57,60 +96,119 @@ def tracing(builder):
         _CURRENT = outer
 
 
+def _binary(kind, prim, swap=False):
+    def method(self, other):
+        from . import ops
+        from .common.parameter import Parameter
+        if not isinstance(other, (Tensor, Parameter, numbers.Real)) or isinstance(other, bool):
+            return NotImplemented
+        a, b = (other, self) if swap else (self, other)
+        return getattr(ops, prim)()(a, b)
+    method.__name__ = f"__{'r' if swap else ''}{kind}__"
+    method.__doc__ = f"``ops.{prim}`` of the operands (a Python scalar is a constant)."
+    return method
+
+
 class Tensor:
     """A symbolic tensor while ``construct`` is traced: a value of the graph (``id``) with its
-    ``shape`` and ``dtype``. Only ``tessera.ops`` primitives and Cells apply to it."""
+    ``shape`` and ``dtype`` (``tessera.float32`` …). ``tessera.ops`` primitives, Cells and the
+    operators ``+ - * / @`` and unary ``-`` apply to it; a Python scalar operand is a constant
+    (``x * 0.5``)."""
 
-    __slots__ = ("id", "shape", "dtype")
+    __slots__ = ("_id", "shape", "dtype", "_make", "scaled", "ones")
 
     def __init__(self, id, shape, dtype="float32"):
-        self.id, self.shape, self.dtype = id, tuple(shape), dtype
+        self._id, self.shape = id, tuple(shape)
+        self.dtype = mstype.of(dtype, "Tensor")
+        self._make = None    # adds the deferred node, returning its id
+        self.scaled = None   # (x, c) when this is the deferred x * c
+        self.ones = False    # whether this is the deferred ops.ones(shape)
+
+    @classmethod
+    def deferred(cls, shape, dtype, make):
+        """A tensor whose node ``make()`` adds when first used (see the module doc)."""
+        t = cls(None, shape, dtype)
+        t._make = make
+        return t
+
+    @property
+    def id(self):
+        """The graph value's id (adding a deferred tensor's node now)."""
+        if self._id is None:
+            make, self._make = self._make, None
+            self._id = make()
+        return self._id
 
     @property
     def ndim(self):
+        """The number of dims."""
         return len(self.shape)
 
     def __repr__(self):
-        return f"Tensor(shape={self.shape}, dtype={self.dtype}, traced)"
+        return f"Tensor(shape={self.shape}, dtype={self.dtype!r}, traced)"
 
-    def _unsupported(self, op):
-        trace = current()
-        cell = trace.cell() if trace else "<not tracing>"
-        raise UnsupportedOpError(
-            cell, op, "this first slice of tessera.ops supports MatMul, BiasAdd, Add, Sub, Mul, "
-            "RealDiv, ReLU, Tanh, GeLU, Softmax, LogSoftmax, Exp, Reshape, Flatten, Transpose "
-            "and SparseSoftmaxCrossEntropyWithLogits on traced tensors (issue 34)")
-
-    def __add__(self, other):
-        from . import ops
-        if isinstance(other, Tensor):
-            return ops.Add()(self, other)
-        self._unsupported("Add with a Python scalar")
-
-    def __mul__(self, other):
-        self._unsupported("Mul (the * operator)")
+    __add__, __radd__ = _binary("add", "Add"), _binary("add", "Add", swap=True)
+    __sub__, __rsub__ = _binary("sub", "Sub"), _binary("sub", "Sub", swap=True)
+    __mul__, __rmul__ = _binary("mul", "Mul"), _binary("mul", "Mul", swap=True)
+    __truediv__ = _binary("truediv", "RealDiv")
+    __rtruediv__ = _binary("truediv", "RealDiv", swap=True)
 
     def __matmul__(self, other):
-        self._unsupported("MatMul (the @ operator; use ops.MatMul)")
+        """``MatMul`` of 2-D operands, else ``BatchMatMul``."""
+        from . import ops
+        from .common.parameter import Parameter
+        if not isinstance(other, (Tensor, Parameter)):
+            return NotImplemented
+        return (ops.MatMul() if self.ndim == 2 and len(other.shape) == 2 else ops.BatchMatMul())(
+            self, other)
 
-    def __sub__(self, other):
-        self._unsupported("Sub (the - operator; use ops.Sub)")
+    def __neg__(self):
+        """``ops.Neg``."""
+        from . import ops
+        return ops.Neg()(self)
 
-    def __truediv__(self, other):
-        self._unsupported("RealDiv (the / operator; use ops.RealDiv)")
+    def _unsupported(self, op, rule):
+        trace = current()
+        cell = trace.cell() if trace else "<not tracing>"
+        raise UnsupportedOpError(cell, op, rule)
 
     def __array__(self, *args, **kwargs):
-        self._unsupported("a numpy conversion (a traced tensor has no value)")
+        self._unsupported("a numpy conversion", "a traced tensor has no value")
 
     def __bool__(self):
-        self._unsupported("control flow on a tensor (bool of a traced tensor)")
-
-    __radd__ = __add__
-    __rmul__ = __mul__
+        self._unsupported("control flow on a tensor (bool of a traced tensor)",
+                          "construct is traced once; a traced tensor has no value")
 
 
-def operand(x):
-    """``x`` as a traced tensor: a Tensor, or a Parameter (added to the graph at first use)."""
+class Unavailable:
+    """An output MindSpore's primitive has but the engine's op does not compute (``LayerNorm``'s
+    mean and variance, ``Dropout``'s mask): any use is an ``UnsupportedOpError`` naming the Cell,
+    the op and the rule."""
+
+    def __init__(self, cell, op, rule):
+        self.cell, self.op, self.rule = cell, op, rule
+
+    def error(self):
+        """The error a use raises."""
+        return UnsupportedOpError(self.cell, self.op, self.rule)
+
+    def _raise(self, *args, **kwargs):
+        raise self.error()
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = _raise
+    __matmul__ = __neg__ = __array__ = __bool__ = _raise
+
+    @property
+    def shape(self):
+        """Raises: there is no such value."""
+        raise self.error()
+
+    dtype = ndim = shape
+
+
+def operand(x, name=None, like=None):
+    """``x`` as a traced tensor: a Tensor, a Parameter (added to the graph at first use) or a
+    Python scalar (a constant node ``<name>.value``, when ``name`` is given)."""
     from .common.parameter import Parameter
     trace = current()
     if isinstance(x, Tensor):
@@ -123,6 +221,10 @@ def operand(x):
             vid, shape = x._add_to(trace.builder)
             trace.params[id(x)] = Tensor(vid, shape)
         return trace.params[id(x)]
+    if isinstance(x, Unavailable):
+        raise x.error()
+    if name is not None and isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return trace.constant(trace.unique(f"{name}.value"), x, like)
     raise UnsupportedOpError(trace.cell(), f"an input of type {type(x).__name__}",
-                             "ops take traced tensors or Parameters; constants are not "
-                             "supported in this slice")
+                             "ops take traced tensors, Parameters or (binary arithmetic) "
+                             "Python scalars")

@@ -102,23 +102,14 @@ def test_generator_dataset_errors_name_the_column_sample_and_rule():
 
 def test_training_data_rules_name_the_column():
     two_labels = GeneratorDataset([(x, np.array([1, 2])) for x in X[:16]], ["image", "label"])
-    with pytest.raises(ValueError, match=r"label column label has shape \(16, 2\); one class "
-                                         "index per sample"):
-        _train(two_labels, 1)
-    fractional = NumpySlicesDataset({"image": X[:16], "y": np.full(16, 0.5)})
-    with pytest.raises(ValueError, match="label column y has dtype float64 with values that are "
-                                         "not whole numbers"):
-        _train(fractional, 1)
-    negative = NumpySlicesDataset({"image": X[:16], "y": -np.ones(16, np.int32)})
-    with pytest.raises(ValueError, match="label column y holds -1..-1; class indices are ≥ 0"):
-        _train(negative, 1)
+    with pytest.raises(ValueError, match=r"label.*\[16, 2\].*1-D labels"):
+        _train(two_labels, 1)  # the sparse loss takes one class index per sample
     words = NumpySlicesDataset({"text": np.array(["a"] * 16), "y": np.zeros(16, np.int32)})
-    with pytest.raises(ValueError, match="data column text has dtype <U1"):
+    with pytest.raises(ValueError, match="column text has dtype <U1; the network's input and "
+                                         "label must be numbers"):
         _train(words, 1)
-    with pytest.raises(ValueError, match="different numbers of samples"):
+    with pytest.raises(ValueError, match=r"column 'y' has 47 samples, column 'image' 48"):
         NumpySlicesDataset({"image": X, "y": Y[:-1]})
-    # whole-number float labels are class indices
-    _train(NumpySlicesDataset({"image": X[:16], "y": Y[:16].astype(np.float32)}), 1)
 
 
 def test_shuffle_is_the_engines_seeded_shuffle():

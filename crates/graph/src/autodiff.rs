@@ -164,8 +164,8 @@ fn depends_on(graph: &Graph, params: &[ValueId]) -> Vec<bool> {
         depends[p.0] = true;
     }
     for node in graph.nodes() {
-        // StopGradient's output is a constant to autodiff.
-        if node.op == Op::StopGradient {
+        // StopGradient's (and Print's) output is a constant to autodiff.
+        if matches!(node.op, Op::StopGradient | Op::Print { .. }) {
             continue;
         }
         if node.inputs.iter().any(|v| depends[v.0]) {
@@ -333,7 +333,7 @@ impl RuleCtx<'_> {
 /// | `ReduceSum` | `Reshape` to the kept-dims shape (if dropped), then `BroadcastTo` |
 /// | `Embedding` | `EmbeddingGrad(table, ids, dy)` (scatter-add) for the table |
 /// | `Dropout` | `Dropout(dy)` with the same seed (the same mask) |
-/// | `Exp`, `Log` | `Mul(dy, y)`, `Div(dy, x)` |
+/// | `Exp`, `Log`, `Sqrt` | `Mul(dy, y)`, `Div(dy, x)`, `Div(dy, Add(y, y))` |
 /// | `StopGradient` | none (its output does not depend on anything) |
 /// | `ReduceMax`, `OneHot` | none: an error if a gradient reaches them (see [`Op::ReduceMax`]) |
 /// | `SparseSoftmaxCrossEntropy` | `SparseSoftmaxCrossEntropyGrad(logits, labels, dloss)` |
@@ -551,7 +551,13 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         }
         Op::Exp => out.push((0, ctx.grad(0, Op::Mul, &[dy, ctx.output(0)])?)),
         Op::Log => out.push((0, ctx.grad(0, Op::Div, &[dy, ctx.input(0)])?)),
-        Op::StopGradient => {}
+        Op::Sqrt => {
+            // d√x/dx = 1 / (2√x); `y + y` is `2y` exactly.
+            let y = ctx.output(0);
+            let twice = ctx.step(0, "twice", Op::Add, &[y, y])?;
+            out.push((0, ctx.grad(0, Op::Div, &[dy, twice])?));
+        }
+        Op::StopGradient | Op::Print { .. } => {}
         Op::ReduceMax { .. } => {
             let node = &ctx.forward.nodes()[ctx.node.0];
             return Err(GraphError::NotDifferentiable {

@@ -392,8 +392,19 @@ impl GraphBuilder {
         exp => Op::Exp;
         /// `ln x`.
         log => Op::Log;
+        /// `√x`.
+        sqrt => Op::Sqrt;
         /// `x`, through which no gradient flows.
         stop_gradient => Op::StopGradient;
+    }
+
+    /// MindSpore's `ops.Print`: `x`, printed with `label` each time the node runs
+    /// ([`Op::Print`]).
+    pub fn print(&mut self, name: &str, label: &str, x: ValueId) -> Result<ValueId, GraphError> {
+        let op = Op::Print {
+            label: label.to_string(),
+        };
+        self.node(name, op, &[x]).map(|out| out[0])
     }
 
     /// GeLU, the tanh approximation if `approximate`.

@@ -69,7 +69,15 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
                 broadcast_shape("", &a.shape, &b.shape).map_err(|_| c.not_broadcastable())?;
             vec![(shape, a.dtype)]
         }
-        Op::Neg | Op::Relu | Op::Gelu { .. } | Op::Tanh | Op::Exp | Op::Log | Op::StopGradient => {
+        Op::Neg
+        | Op::Relu
+        | Op::Gelu { .. }
+        | Op::Tanh
+        | Op::Exp
+        | Op::Log
+        | Op::Sqrt
+        | Op::StopGradient
+        | Op::Print { .. } => {
             vec![c.same_as(0)?]
         }
         Op::OneHot { depth, dtype } => {

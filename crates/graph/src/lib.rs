@@ -79,6 +79,7 @@ mod ir;
 pub mod models;
 pub mod nn;
 mod op;
+pub mod print;
 pub mod rng;
 
 pub use crate::autodiff::{grad, TrainingGraph};

@@ -131,8 +131,17 @@ pub enum Op {
     Exp,
     /// The natural logarithm `ln x`.
     Log,
+    /// The square root `√x` (NaN below 0). Its gradient is `dy / (y + y)` with `y = √x`.
+    Sqrt,
     /// The identity, through which no gradient flows: autodiff treats its output as a constant.
     StopGradient,
+    /// MindSpore's `ops.Print`: the identity that also prints, each time it runs, `label` and the
+    /// value it holds (on each rank its local shard) to standard output, as
+    /// `Tensor(shape=[..], dtype=Float32, value=\n[..])`. No gradient flows through it.
+    Print {
+        /// The text printed before the value (the strings given before the tensor).
+        label: String,
+    },
     /// One-hot rows of integer `labels [...]` (i32 or i64) → `[..., depth]` of `dtype` (a float
     /// type): 1 in the label's column, 0 elsewhere; a label outside `0..depth` is an error. Given
     /// a block of the columns (the output placement's offset in the last dim), a rank writes its
@@ -308,7 +317,9 @@ impl Op {
             Op::ReduceMax { .. } => "ReduceMax",
             Op::Exp => "Exp",
             Op::Log => "Log",
+            Op::Sqrt => "Sqrt",
             Op::StopGradient => "StopGradient",
+            Op::Print { .. } => "Print",
             Op::OneHot { .. } => "OneHot",
             Op::Embedding => "Embedding",
             Op::Dropout { .. } => "Dropout",
@@ -356,7 +367,9 @@ impl Op {
             | Op::ReduceMax { .. }
             | Op::Exp
             | Op::Log
+            | Op::Sqrt
             | Op::StopGradient
+            | Op::Print { .. }
             | Op::OneHot { .. }
             | Op::Dropout { .. }
             | Op::Split { .. }

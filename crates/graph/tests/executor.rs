@@ -141,3 +141,25 @@ fn feeding_errors_name_the_value() -> Result<(), GraphError> {
     );
     Ok(())
 }
+
+/// `Sqrt` forward on squares and a negative input (NaN), and its gradient `dy / (2√x)`.
+#[test]
+fn sqrt_forward_and_gradient() -> Result<(), GraphError> {
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let x = b.parameter("x", &[5], Initializer::Zeros)?;
+    let y = b.sqrt("sqrt", x)?;
+    let loss = b.reduce_sum("sum", y, &[], false)?;
+    let training = grad(&b.finish(), loss, &[x])?;
+    let dx = training.grad_of(x).unwrap();
+    let mut exec = Executor::with_outputs(&training.graph, &[y, dx])?;
+    let values = vec![0.0, 1.0, 4.0, 2.25, -1.0];
+    exec.set_input(x, &Tensor::from_vec(&[5], values).unwrap())?;
+    exec.run()?;
+    let got = exec.value(y)?.to_f64_vec();
+    assert_eq!(got[..4], [0.0, 1.0, 2.0, 1.5]);
+    assert!(got[4].is_nan(), "sqrt(-1) = {}", got[4]);
+    let grads = exec.value(dx)?.to_f64_vec();
+    assert_eq!(grads[1..4], [0.5, 0.25, 1.0 / 3.0]);
+    assert!(grads[0].is_infinite(), "d sqrt(x)/dx at 0 = {}", grads[0]);
+    Ok(())
+}

@@ -353,6 +353,19 @@ fn exp_and_log() {
 }
 
 #[test]
+fn sqrt_of_a_positive_argument() {
+    check_gradients("sqrt", |b| {
+        // √(x² + 1): a positive argument for any x.
+        let x = param(b, "x", &[3, 4])?;
+        let square = b.mul("square", x, x)?;
+        let one = b.fill("one", &[], 1.0)?;
+        let positive = b.add("positive", square, one)?;
+        Ok((b.sqrt("sqrt", positive)?, Vec::new()))
+    })
+    .unwrap();
+}
+
+#[test]
 fn cast_gradients_cast_back() {
     // f64 to f64: the rule's graph against finite differences.
     check_op("cast f64", Op::Cast { dtype: DType::F64 }, &[&[2, 3]]);

@@ -369,9 +369,11 @@ enum LocalNormSink {
 /// - **print**: one line per norm, `rank 3 step 10 local_norm fc1_weight 1.2345` (the parameter)
 ///   and `rank 3 step 10 local_grad_norm fc1_weight 0.0123` (its gradient).
 /// - **dump**: one JSON file per rank and step, `<dir>/rank_<r>/local_norm_step_<s>.json`,
-///   `{"rank": 3, "step": 10, "params": [{"name": "fc1_weight", "shape": [16, 128],
-///   "local_norm": 1.2345, "local_grad_norm": 0.0123}]}` (`null` without a gradient), written
-///   to a temporary file and renamed, so a reader never sees a partial file.
+///   `{"rank": 3, "step": 10, "device_local_norm": 4.5, "device_local_grad_norm": 0.06,
+///   "params": [{"name": "fc1_weight", "shape": [16, 128], "local_norm": 1.2345,
+///   "local_grad_norm": 0.0123}]}` (`null` without a gradient), written to a temporary file and
+///   renamed, so a reader never sees a partial file. The device norms are those of everything
+///   the rank holds, `√Σ local_norm²` over its shards (MindSpore's `dump_device_local_norm`).
 ///
 /// # Differences from MindSpore
 /// MindSpore inserts the norm into the compiled graph (`Print("dump local norm: ", name, …)`,
@@ -449,7 +451,20 @@ impl LocalNorm {
                         })
                     })
                     .collect();
-                let body = json!({ "rank": rank, "step": step, "params": params });
+                // The norms of everything the rank holds (MindSpore's `dump_device_local_norm`).
+                let device_norm = norms.iter().map(|(n, _)| n * n).sum::<f64>().sqrt();
+                let device_grad_norm = norms
+                    .iter()
+                    .map(|(_, g)| g.map(|g| g * g))
+                    .sum::<Option<f64>>()
+                    .map(f64::sqrt);
+                let body = json!({
+                    "rank": rank,
+                    "step": step,
+                    "device_local_norm": device_norm,
+                    "device_local_grad_norm": device_grad_norm,
+                    "params": params,
+                });
                 write_atomically(
                     &LocalNorm::dump_file(dir, rank, step),
                     body.to_string().as_bytes(),

@@ -190,11 +190,20 @@ fn local_norm_dumps_one_json_file_per_rank_and_step() {
     let dir = tempfile::tempdir().unwrap();
     let param = Tensor::from_vec(&[2, 2], vec![1f32, 1., 1., 1.]).unwrap();
     let grad = Tensor::from_vec(&[2, 2], vec![0f32, 0., 0., 3.]).unwrap();
-    let shards = [ShardView {
-        name: "fc2_weight",
-        param: &param,
-        grad: Some(&grad),
-    }];
+    let bias = Tensor::from_vec(&[2], vec![2f32, 2.]).unwrap();
+    let bias_grad = Tensor::from_vec(&[2], vec![4f32, 0.]).unwrap();
+    let shards = [
+        ShardView {
+            name: "fc2_weight",
+            param: &param,
+            grad: Some(&grad),
+        },
+        ShardView {
+            name: "fc2_bias",
+            param: &bias,
+            grad: Some(&bias_grad),
+        },
+    ];
     let mut norms = LocalNorm::dumping(dir.path());
     for rank in [0, 1] {
         norms.record(rank, 7, &shards).unwrap();
@@ -209,8 +218,12 @@ fn local_norm_dumps_one_json_file_per_rank_and_step() {
         let body: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         assert_eq!(
             body,
-            serde_json::json!({"rank": rank, "step": 7, "params": [
-                {"name": "fc2_weight", "shape": [2, 2], "local_norm": 2.0, "local_grad_norm": 3.0}
+            serde_json::json!({"rank": rank, "step": 7,
+                // √(2² + √8²) and √(3² + 4²): everything the rank holds
+                "device_local_norm": (4.0 + 8f64.sqrt().powi(2)).sqrt(), "device_local_grad_norm": 5.0,
+                "params": [
+                {"name": "fc2_weight", "shape": [2, 2], "local_norm": 2.0, "local_grad_norm": 3.0},
+                {"name": "fc2_bias", "shape": [2], "local_norm": 8f64.sqrt(), "local_grad_norm": 4.0}
             ]})
         );
         // Written through a temporary file that was renamed away.

@@ -661,3 +661,38 @@ fn mint_adamw_schedule_and_decay_filter_keys_parse() {
     );
     assert_eq!(config.lr_schedule().warmup_steps, 10);
 }
+
+/// A front end's configuration for a network built in code: the file's sections and rules, the
+/// model and data from the caller, `[model]` and `[data]` refused.
+#[test]
+fn a_network_built_in_code_takes_the_files_sections_and_rules() {
+    let (_, text) = example("seed_semi_auto.toml");
+    let mut root: toml::Table = text.parse().unwrap();
+    let file = TrainConfig::parse(&text, None, &[], Path::new("/w")).unwrap();
+    let model = file.model().clone();
+    let data = file.data().clone();
+    // With [model] and [data] left in: refused, naming the section.
+    let err = TrainConfig::for_network(root.clone(), Path::new("/w"), model.clone(), data.clone())
+        .unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::Config { key, .. } if key == "model"),
+        "{err}"
+    );
+    root.remove("model");
+    root.remove("data");
+    let config =
+        TrainConfig::for_network(root.clone(), Path::new("/w"), model.clone(), data.clone())
+            .unwrap();
+    assert_eq!(config.parallel_config(), file.parallel_config());
+    assert_eq!(config.optimizer_config(), file.optimizer_config());
+    assert_eq!(config.output().dir, file.output().dir);
+    // A key's rule is the file's: a bad pipeline is an error naming the key.
+    let mut bad = root.clone();
+    let parallel = bad["parallel"].as_table_mut().unwrap();
+    parallel.insert(
+        "pipeline".to_string(),
+        toml::Value::Table(toml::toml! { stages = 0 }),
+    );
+    let err = TrainConfig::for_network(bad, Path::new("/w"), model, data).unwrap_err();
+    assert!(err.to_string().contains("parallel.pipeline"), "{err}");
+}

@@ -1,8 +1,9 @@
-"""``tessera.common``: ``Parameter``, ``Tensor`` (values) and ``initializer`` (MindSpore's
+"""``tessera.common``: ``Parameter``, ``Tensor`` (values), ``initializer`` and ``dtype``
+(MindSpore's
 ``mindspore.common``)."""
 
-from . import initializer
+from . import dtype, initializer
 from .parameter import Parameter
 from .tensor import Tensor
 
-__all__ = ["Parameter", "Tensor", "initializer"]
+__all__ = ["Parameter", "Tensor", "dtype", "initializer"]

@@ -7,6 +7,8 @@ slice of them)."""
 
 import numpy as np
 
+from .dtype import float32
+
 
 class Initializer:
     """Base of the initializers: ``kind`` (the engine's name) and ``scale``."""
@@ -119,7 +121,7 @@ class InitSpec:
         self.init, self.shape, self.dtype = init, tuple(shape), dtype
 
 
-def initializer(init, shape=None, dtype=None):
+def initializer(init, shape=None, dtype=float32):
     """MindSpore's ``initializer(init, shape, dtype)``: ``init`` an Initializer or its name
     (``"normal"``, ``"uniform"``, ``"he_uniform"``, ``"zeros"``, ``"ones"``), or the values
     themselves (a numpy array or ``tessera.Tensor``; ``shape``, if given, must be theirs)."""

@@ -9,7 +9,8 @@ from .initializer import InitSpec, Values
 
 class Parameter:
     """MindSpore's ``Parameter(default_input, name=None, requires_grad=True,
-    layerwise_parallel=False, parallel_optimizer=True)``. ``default_input`` is
+    layerwise_parallel=False, parallel_optimizer=True, storage_format='', device=None)``.
+    ``default_input`` is
 
     - ``initializer(...)``'s result: the engine draws the initial values when training starts
       (seeded by ``tessera.set_seed``); before training the Parameter has no value
@@ -27,7 +28,10 @@ class Parameter:
     never trained) cannot be frozen: a ``ValueError`` when training starts."""
 
     def __init__(self, default_input, name=None, requires_grad=True, layerwise_parallel=False,
-                 parallel_optimizer=True):
+                 parallel_optimizer=True, storage_format="", device=None):
+        if storage_format != "" or device is not None:
+            raise ValueError(f"Parameter {name}: storage_format and device are not supported "
+                             "(the engine places every parameter)")
         if isinstance(default_input, Parameter):
             default_input = default_input.asnumpy()
         if isinstance(default_input, InitSpec):
@@ -44,6 +48,8 @@ class Parameter:
         self.name = name
         self.requires_grad = requires_grad
         self._value = self.init.values.copy() if isinstance(self.init, Values) else None
+        from ..nn.utils import deferring
+        self._deferred = deferring()  # created inside nn.utils.no_init_parameters
 
     def _add_to(self, builder):
         """Adds this Parameter to the traced graph ``builder``; returns ``(id, shape)``. A

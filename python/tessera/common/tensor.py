@@ -9,8 +9,10 @@ __all__ = ["Tensor"]
 
 
 def _np_dtype(dtype):
-    """``dtype`` as a numpy dtype: a numpy dtype or its name, or any object whose ``str`` is a
-    dtype name in any case (MindSpore's ``mstype.float32`` prints ``Float32``)."""
+    """``dtype`` as a numpy dtype: ``tessera.float32`` and friends, a numpy dtype or its name,
+    or any object whose ``str`` is a dtype name in any case (``Float32``)."""
+    if hasattr(dtype, "to_numpy"):
+        return np.dtype(dtype.to_numpy())
     try:
         return np.dtype(dtype)
     except TypeError:
@@ -23,7 +25,8 @@ def _np_dtype(dtype):
 
 class Tensor:
     """MindSpore's ``Tensor(input_data=None, dtype=None)``: ``input_data`` a numpy array, a
-    Python number or (nested) list, or another Tensor; ``dtype`` casts it (default: numpy's
+    Python number or (nested) list, or another Tensor; ``dtype`` (``tessera.float32``, …, or a
+    numpy dtype) casts it (default: numpy's
     dtype of the data, with Python floats as float32 as MindSpore does). ``asnumpy()`` returns
     a copy; ``shape`` and ``dtype`` (a numpy dtype) describe it."""
 

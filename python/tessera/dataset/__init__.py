@@ -49,10 +49,11 @@ class NumpySlicesDataset:
         if len(names) != len(columns):
             raise ValueError(f"NumpySlicesDataset: {len(names)} column name(s) for "
                              f"{len(columns)} column(s)")
-        n = {len(c) for c in columns}
-        if len(n) != 1:
-            raise ValueError(f"NumpySlicesDataset: columns have different numbers of samples "
-                             f"{[len(c) for c in columns]}")
+        for name, column in zip(names[1:], columns[1:]):
+            if len(column) != len(columns[0]):
+                raise ValueError(f"NumpySlicesDataset: column {name!r} has {len(column)} "
+                                 f"samples, column {names[0]!r} {len(columns[0])}; every column "
+                                 "needs one entry per sample")
         if num_samples is not None:
             columns = [c[:num_samples] for c in columns]
         self.column_names = names
@@ -186,7 +187,8 @@ def _sample_columns(item, n_columns, index, names):
 class GeneratorDataset(NumpySlicesDataset):
     """MindSpore's ``GeneratorDataset(source, column_names=None, column_types=None,
     schema=None, num_samples=None, num_parallel_workers=1, shuffle=None, sampler=None,
-    num_shards=None, shard_id=None, python_multiprocessing=True, max_rowsize=None)``.
+    num_shards=None, shard_id=None, python_multiprocessing=True, max_rowsize=None,
+    batch_sampler=None, collate_fn=None)``.
 
     ``source``: a random-accessible object (``__getitem__`` and ``__len__``: samples ``0 ..
     len-1``), an iterable, or a callable returning an iterator (a generator function). Each
@@ -198,7 +200,10 @@ class GeneratorDataset(NumpySlicesDataset):
     def __init__(self, source, column_names=None, column_types=None, schema=None,
                  num_samples=None, num_parallel_workers=1, shuffle=None, sampler=None,
                  num_shards=None, shard_id=None, python_multiprocessing=True,
-                 max_rowsize=None):
+                 max_rowsize=None, batch_sampler=None, collate_fn=None):
+        if batch_sampler is not None or collate_fn is not None:
+            raise ValueError("GeneratorDataset: batch_sampler and collate_fn are not supported "
+                             "(batch the dataset with .batch)")
         if column_types is not None or schema is not None:
             raise ValueError("GeneratorDataset: column_types and schema are not supported yet "
                              "(the columns take the samples' dtypes; use map(TypeCast))")

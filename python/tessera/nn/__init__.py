@@ -7,20 +7,25 @@ Parameters and ops are named after their attribute path (``fc1.weight``, ``fc1.m
 strategies set with ``.shard`` attach to the right node.
 
 Cells: ``Cell``, ``Dense(in_channels, out_channels, weight_init=None, bias_init=None,
-has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU``, ``Flatten``,
-``SequentialCell``, ``WithLossCell``, ``SoftmaxCrossEntropyWithLogits(sparse=True,
-reduction="mean")``. Optimizers (hyperparameters for the engine's own, applied to every
-parameter, or parameter groups differing in weight decay only): ``SGD``, ``Momentum``, ``Adam``,
-``AdamWeightDecay``; learning rates: a number, a list of per-step rates (``warmup_lr``,
-``cosine_decay_lr``, ``polynomial_decay_lr``, ``exponential_decay_lr``,
-``piecewise_constant_lr``) or a schedule (``WarmUpLR``, ``CosineDecayLR``,
-``PolynomialDecayLR``, ``ExponentialDecayLR``). Metrics for
+has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU(approximate=True)``,
+``Softmax(axis=-1)``, ``Flatten``, ``Dropout(keep_prob=None, p=None)``,
+``LayerNorm(normalized_shape, begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-7)``,
+``Embedding(vocab_size, embedding_size, use_one_hot=False, embedding_table='normal')``,
+``SequentialCell``, ``CellList``, ``WithLossCell``. Losses:
+``SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")``,
+``CrossEntropyLoss(reduction="mean")`` (int class labels), ``MSELoss(reduction="mean")``.
+Optimizers (hyperparameters for the engine's own, applied to every parameter, or parameter
+groups differing in weight decay only): ``SGD``, ``Momentum``, ``Adam``, ``AdamWeightDecay``;
+learning rates: a number, a list of per-step rates (``warmup_lr``, ``cosine_decay_lr``,
+``polynomial_decay_lr``, ``exponential_decay_lr``, ``piecewise_constant_lr``) or a schedule
+(``WarmUpLR``, ``CosineDecayLR``, ``PolynomialDecayLR``, ``ExponentialDecayLR``). Metrics for
 ``Model(metrics=...)``: ``Accuracy``, ``Loss``.
 """
 
 from .cell import Cell
-from .layers import GELU, Dense, Flatten, ReLU, SequentialCell, Tanh
-from .loss import SoftmaxCrossEntropyWithLogits
+from .layers import (GELU, CellList, Dense, Dropout, Embedding, Flatten, LayerNorm, ReLU,
+                     SequentialCell, Softmax, Tanh)
+from .loss import CrossEntropyLoss, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
 from .dynamic_lr import (cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr,
@@ -28,12 +33,15 @@ from .dynamic_lr import (cosine_decay_lr, exponential_decay_lr, piecewise_consta
 from .learning_rate_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule,
                                      PolynomialDecayLR, WarmUpLR)
 from .wrap import WithLossCell
+from . import utils
+from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, PipelineGradReducer
 
 
 __all__ = [
     "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
     "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "WithLossCell",
-    # learning rates (optim.py's owner)
+    "CellList", "CrossEntropyLoss", "Dropout", "Embedding", "LayerNorm", "MSELoss", "Softmax",
+    "GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer", "utils",
     "CosineDecayLR", "ExponentialDecayLR", "LearningRateSchedule", "PolynomialDecayLR", "WarmUpLR",
     "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "polynomial_decay_lr",
     "warmup_lr",

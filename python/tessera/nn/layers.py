@@ -1,9 +1,10 @@
-"""Layers: activations, ``Flatten``, ``Dense``, ``SequentialCell``."""
+"""Layers: activations, ``Softmax``, ``Flatten``, ``Dense``, ``Dropout``, ``LayerNorm``,
+``Embedding``, and the containers ``SequentialCell`` and ``CellList``."""
 
 import math
 
-from .. import ops
-from ..common.initializer import HeUniform, Uniform, initializer
+from .. import _trace, ops
+from ..common.initializer import HeUniform, Normal, Uniform, initializer
 from ..common.parameter import Parameter
 from .cell import Cell
 
@@ -35,18 +36,30 @@ class Tanh(Cell):
 
 
 class GELU(Cell):
-    """GeLU, the tanh approximation (``approximate=True``, MindSpore's default)."""
+    """GeLU: the tanh approximation (``approximate=True``, MindSpore's default) or the exact erf
+    form (``approximate=False``); its node is named after the Cell."""
 
     _single_op = "gelu"
 
     def __init__(self, approximate=True):
         super().__init__()
-        if not approximate:
-            raise ValueError("GELU: approximate=False is not supported yet")
-        self.gelu = ops.GeLU()
+        self.gelu = ops.GeLU(approximate)
 
     def construct(self, x):
         return self.gelu(x)
+
+
+class Softmax(Cell):
+    """MindSpore's ``nn.Softmax(axis=-1)`` (the last axis); its node is named after the Cell."""
+
+    _single_op = "softmax"
+
+    def __init__(self, axis=-1):
+        super().__init__()
+        self.softmax = ops.Softmax(axis)
+
+    def construct(self, x):
+        return self.softmax(x)
 
 
 class Flatten(Cell):
@@ -126,3 +139,127 @@ class SequentialCell(Cell):
         for cell in self._cells.values():
             x = cell(x)
         return x
+
+
+class CellList(Cell):
+    """MindSpore's ``nn.CellList(args=None)``: a list of Cells named ``0``, ``1``, … (applied by
+    the owner's ``construct``, which iterates over it)."""
+
+    def __init__(self, args=None, **kwargs):
+        super().__init__()
+        for cell in args or ():
+            self.append(cell)
+
+    def append(self, cell):
+        """Adds ``cell`` at the end."""
+        if not isinstance(cell, Cell):
+            raise TypeError(f"CellList: item {len(self)} is a {type(cell).__name__}, not a Cell")
+        setattr(self, str(len(self)), cell)
+
+    def extend(self, cells):
+        """Adds every Cell of ``cells`` at the end."""
+        for cell in cells:
+            self.append(cell)
+        return self
+
+    def __len__(self):
+        return len(self._cells)
+
+    def __getitem__(self, i):
+        return list(self._cells.values())[i]
+
+    def __iter__(self):
+        return iter(list(self._cells.values()))
+
+    def construct(self, *inputs):
+        """A CellList is not called: its owner applies its Cells."""
+        raise TypeError("CellList: a CellList has no construct; iterate over it in the owner's "
+                        "construct")
+
+
+class Dropout(Cell):
+    """MindSpore's ``nn.Dropout(keep_prob=None, p=None)``: drops with probability ``p`` (default
+    0.5; or ``1 - keep_prob``) and scales the kept elements by ``1/(1 - p)``. With ``p = 0``, and
+    in ``Model.eval``, it is the identity (no node). Its node is named after the Cell; its seed is
+    its site's number in tracing order (see ``ops.Dropout``)."""
+
+    _single_op = "dropout"
+
+    def __init__(self, keep_prob=None, p=None, dtype=None):
+        super().__init__()
+        if p is None:
+            p = 0.5 if keep_prob is None else 1 - keep_prob
+        if not 0 <= p < 1:
+            raise ValueError(f"Dropout: p={p} is out of range [0, 1)")
+        self.p = float(p)
+        self.dropout = ops.Dropout(1 - self.p) if self.p > 0 else None
+
+    def construct(self, x):
+        trace = _trace.require("Dropout")
+        if self.dropout is None or not trace.training:
+            ops._next_dropout_seed()
+            return x
+        return self.dropout(x)[0]
+
+
+def _last_axis(cell, what, axis, ndim):
+    """Checks that ``axis`` names the last of ``ndim`` dims (an error naming the Cell)."""
+    if not isinstance(axis, int) or not -ndim <= axis < ndim or axis % ndim != ndim - 1:
+        raise _trace.UnsupportedOpError(_trace.require(cell).cell(), cell,
+                                        f"{what}={axis} is not the last axis of the {ndim}-D "
+                                        "input: only the last axis is normalised")
+
+
+class LayerNorm(Cell):
+    """MindSpore's ``nn.LayerNorm(normalized_shape, begin_norm_axis=-1, begin_params_axis=-1,
+    gamma_init='ones', beta_init='zeros', epsilon=1e-7)`` over the last axis (``normalized_shape``
+    one dim). Parameters ``gamma`` and ``beta``, node ``layer_norm``."""
+
+    def __init__(self, normalized_shape, begin_norm_axis=-1, begin_params_axis=-1,
+                 gamma_init="ones", beta_init="zeros", epsilon=1e-7, dtype=None):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
+            normalized_shape)
+        if len(shape) != 1:
+            raise ValueError(f"LayerNorm: normalized_shape {normalized_shape} must be one dim "
+                             "(only the last axis is normalised)")
+        self.normalized_shape = shape
+        self.begin_norm_axis, self.begin_params_axis = begin_norm_axis, begin_params_axis
+        self.gamma = Parameter(initializer(gamma_init, shape))
+        self.beta = Parameter(initializer(beta_init, shape))
+        self.layer_norm = ops.LayerNorm(-1, -1, epsilon)
+
+    def construct(self, x):
+        for what in ("begin_norm_axis", "begin_params_axis"):
+            _last_axis("LayerNorm", what, getattr(self, what), x.ndim)
+        return self.layer_norm(x, self.gamma, self.beta)[0]
+
+
+class Embedding(Cell):
+    """MindSpore's ``nn.Embedding(vocab_size, embedding_size, use_one_hot=False,
+    embedding_table='normal', dtype=int32, padding_idx=None)``: rows of ``embedding_table
+    [vocab_size, embedding_size]`` (``'normal'``: ``Normal(0.01)``) at integer ids. Node
+    ``gather`` (a lookup), or with ``use_one_hot`` ``one_hot`` and ``matmul``."""
+
+    def __init__(self, vocab_size, embedding_size, use_one_hot=False, embedding_table="normal",
+                 dtype=None, padding_idx=None):
+        super().__init__()
+        if padding_idx is not None:
+            raise ValueError("Embedding: padding_idx is not supported yet")
+        if isinstance(embedding_table, str) and embedding_table.lower() == "normal":
+            embedding_table = Normal(0.01)
+        self.vocab_size, self.embedding_size = int(vocab_size), int(embedding_size)
+        self.use_one_hot = bool(use_one_hot)
+        self.embedding_table = Parameter(initializer(embedding_table,
+                                                     (self.vocab_size, self.embedding_size)))
+        if self.use_one_hot:
+            self.one_hot = ops.OneHot()
+            self.matmul = ops.MatMul()
+        else:
+            self.gather = ops.Gather()
+
+    def construct(self, ids):
+        if self.use_one_hot:
+            return self.matmul(self.one_hot(ids, self.vocab_size, 1.0, 0.0),
+                               self.embedding_table)
+        return self.gather(self.embedding_table, ids, 0)

@@ -35,8 +35,9 @@ class LearningRateSchedule(Cell):
         return self.learning_rate
 
     def _engine_schedule(self):
-        """The engine's schedule (``lr_schedule`` recipe dict) when it is exactly this one,
-        else None (the optimizer then passes per-step values)."""
+        """The engine's ``[train]`` schedule keys (``lr_schedule`` and its own) when the
+        engine's schedule is exactly this one, else None (the optimizer then passes per-step
+        values)."""
         return None
 
 
@@ -52,7 +53,7 @@ class WarmUpLR(LearningRateSchedule):
         return self.learning_rate * min(step, self.warmup_steps) / self.warmup_steps
 
     def _engine_schedule(self):
-        return {"name": "warmup_lr", "learning_rate": self.learning_rate,
+        return {"lr_schedule": "warmup_lr", "learning_rate": self.learning_rate,
                 "warmup_epoch": self.warmup_steps}
 
 
@@ -77,7 +78,7 @@ class CosineDecayLR(LearningRateSchedule):
             1 + math.cos(math.pi * t / self.decay_steps))
 
     def _engine_schedule(self):
-        return {"name": "cosine_decay_lr", "learning_rate": self.max_lr, "min_lr": self.min_lr,
+        return {"lr_schedule": "cosine_decay_lr", "learning_rate": self.max_lr, "min_lr": self.min_lr,
                 "decay_epoch": self.decay_steps}
 
 
@@ -112,7 +113,7 @@ class PolynomialDecayLR(LearningRateSchedule):
     def _engine_schedule(self):
         if self.end_learning_rate > self.learning_rate:
             return None  # a rising "decay": the engine's rule requires the end ≤ the peak
-        return {"name": "polynomial_decay_lr", "learning_rate": self.learning_rate,
+        return {"lr_schedule": "polynomial_decay_lr", "learning_rate": self.learning_rate,
                 "min_lr": self.end_learning_rate, "decay_epoch": self.decay_steps,
                 "power": self.power, "update_decay_epoch": self.update_decay_steps}
 
@@ -139,6 +140,6 @@ class ExponentialDecayLR(LearningRateSchedule):
         return self.learning_rate * max(1.0, self.decay_rate)
 
     def _engine_schedule(self):
-        return {"name": "exponential_decay_lr", "learning_rate": self.learning_rate,
+        return {"lr_schedule": "exponential_decay_lr", "learning_rate": self.learning_rate,
                 "decay_rate": self.decay_rate, "decay_epoch": self.decay_steps,
                 "is_stair": self.is_stair}

@@ -1,6 +1,6 @@
-"""Loss Cells."""
+"""Loss Cells: ``SoftmaxCrossEntropyWithLogits``, ``CrossEntropyLoss``, ``MSELoss``."""
 
-from .. import ops
+from .. import _trace, ops
 from .cell import Cell
 
 
@@ -17,3 +17,48 @@ class SoftmaxCrossEntropyWithLogits(Cell):
 
     def construct(self, logits, labels):
         return self.sparse_softmax_cross_entropy(logits, labels)
+
+
+class CrossEntropyLoss(Cell):
+    """MindSpore's ``nn.CrossEntropyLoss(weight=None, ignore_index=-100, reduction='mean',
+    label_smoothing=0.0)`` of ``logits [N, C]`` and int class labels ``[N]`` (the graph's sparse
+    softmax cross entropy, the batch mean): one node named after the Cell. Class weights,
+    ``ignore_index``, label smoothing, probability labels and other reductions are not supported."""
+
+    _single_op = "sparse_softmax_cross_entropy"
+
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        super().__init__()
+        if weight is not None or label_smoothing != 0.0 or reduction != "mean":
+            raise ValueError("CrossEntropyLoss: only weight=None, reduction='mean' and "
+                             "label_smoothing=0.0 are supported yet")
+        self.sparse_softmax_cross_entropy = ops.SparseSoftmaxCrossEntropyWithLogits()
+
+    def construct(self, logits, labels):
+        if labels.dtype.is_float:
+            raise _trace.UnsupportedOpError(
+                _trace.require("CrossEntropyLoss").cell(), "CrossEntropyLoss",
+                f"labels must be int class indices, got {labels.dtype.name} (probabilities are "
+                "not supported)")
+        return self.sparse_softmax_cross_entropy(logits, labels)
+
+
+class MSELoss(Cell):
+    """MindSpore's ``nn.MSELoss(reduction='mean')``: ``(logits - labels)²`` reduced by ``'mean'``
+    or ``'sum'`` over every element, or kept (``'none'``). Nodes ``sub``, ``square`` and
+    ``reduce``."""
+
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"MSELoss: reduction must be 'mean', 'sum' or 'none', got "
+                             f"{reduction!r}")
+        self.reduction = reduction
+        self.sub = ops.Sub()
+        self.square = ops.Mul()
+        self.reduce = ops.ReduceMean() if reduction == "mean" else ops.ReduceSum()
+
+    def construct(self, logits, labels):
+        diff = self.sub(logits, labels)
+        squared = self.square(diff, diff)
+        return squared if self.reduction == "none" else self.reduce(squared)

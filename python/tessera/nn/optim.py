@@ -218,31 +218,37 @@ class Optimizer:
                 "learning_rate": peak if peak > 0 else 1.0,
                 "weight_decay": self.weight_decay}
 
-    def _recipe(self, names, end_step):
-        """The engine settings beyond the rule (``train_network(recipe=...)``) for a run that
+    def _train_keys(self, names, end_step):
+        """The engine's ``[train]`` keys beyond the rule's (docs/CONFIG.md) for a run that
         trains the parameters ``names`` (``{id(param): name}``) up to global step
-        ``end_step``: the schedule, the weight-decay filter and the clipping norm."""
+        ``end_step``: the learning-rate schedule (``lr_schedule`` and its keys), the
+        weight-decay filter (``no_weight_decay``) and the clipping norm (``max_grad_norm``)."""
         owner = type(self).__name__
-        recipe = {"no_weight_decay": self._no_weight_decay(names)}
+        keys = {}
+        excluded = self._no_weight_decay(names)
+        if excluded:
+            keys["no_weight_decay"] = excluded
         if self.max_grad_norm is not None:
-            recipe["max_grad_norm"] = self.max_grad_norm
+            keys["max_grad_norm"] = self.max_grad_norm
         lr = self.learning_rate
+        schedule = None
         if isinstance(lr, float):
             if lr == 0:
-                recipe["lr_schedule"] = _per_step(owner, [0.0], end_step, hold=True)
+                schedule = _per_step(owner, [0.0], end_step, hold=True)
         elif isinstance(lr, list):
-            recipe["lr_schedule"] = _per_step(owner, lr, end_step)
+            schedule = _per_step(owner, lr, end_step)
         else:
             schedule = lr._engine_schedule()
             if schedule is None:
                 schedule = _per_step(owner, [lr._value(s) for s in range(end_step)], end_step)
-            recipe["lr_schedule"] = schedule
-        return recipe
+        if schedule is not None:
+            keys.update(schedule)
+        return keys
 
 
 def _per_step(owner, values, end_step, hold=False):
-    """Per-step rates as the engine's ``piecewise_constant_lr`` (a milestone where the value
-    changes); ``hold``: the last value holds for every step up to ``end_step``."""
+    """Per-step rates as the engine's ``piecewise_constant_lr`` keys (a milestone where the
+    value changes); ``hold``: the last value holds for every step up to ``end_step``."""
     if hold:
         values = list(values) + [values[-1]] * max(0, end_step - len(values))
     if len(values) < end_step:
@@ -257,7 +263,7 @@ def _per_step(owner, values, end_step, hold=False):
             milestone.append(i + 1)
             rates.append(v)
     peak = max(values)
-    return {"name": "piecewise_constant_lr", "learning_rate": peak if peak > 0 else 1.0,
+    return {"lr_schedule": "piecewise_constant_lr", "learning_rate": peak if peak > 0 else 1.0,
             "milestone": milestone, "learning_rates": rates}
 
 

@@ -18,7 +18,7 @@ import shutil
 
 import numpy as np
 
-from .. import _checks
+from .. import _checks, _context
 from .callback import Callback
 
 __all__ = ["CheckpointConfig", "ModelCheckpoint", "load_checkpoint", "load_param_into_net",
@@ -82,17 +82,17 @@ class CheckpointConfig:
 
 
 def _run_recipe(optimizer, callbacks, names, end_step):
-    """The engine settings of a ``Model.train`` (``train_network(recipe=...)``): the
-    optimizer's (schedule, weight-decay filter, clipping) and the checkpoint callback's,
-    for the traced parameters ``names`` (``{id(param): name}``) and a run to global step
-    ``end_step``."""
-    recipe = optimizer._recipe(names, end_step)
+    """The engine keys of a ``Model.train`` beyond ``engine_config``'s, as ``{"train": {...},
+    "output": {...}}``: the optimizer's (schedule, weight-decay filter, clipping) and the
+    checkpoint callback's, for the traced trainable parameters ``names`` (``{id(param):
+    name}``) and a run to global step ``end_step``."""
+    recipe = {"train": optimizer._train_keys(names, end_step), "output": {}}
     savers = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
     if len(savers) > 1:
         raise ValueError(f"Model.train: {len(savers)} ModelCheckpoint callbacks; the engine saves "
                          "on one schedule, so give one")
     for cb in savers:
-        recipe.update(cb._recipe())
+        recipe["output"].update(cb._recipe())
     return recipe
 
 
@@ -110,7 +110,8 @@ class ModelCheckpoint(Callback):
     (unless the last step's set already holds them), as MindSpore's does. Only the newest
     ``keep_checkpoint_max`` sets of this callback's prefix are kept. When ``directory`` already
     holds sets of ``prefix``, the prefix becomes ``<prefix>_1`` (``_2``, …), as in MindSpore.
-    One ModelCheckpoint per ``train``."""
+    One ModelCheckpoint per ``train``. Under ``tessera launch`` rank 0 moves and removes the
+    sets (every rank's pieces are in each)."""
 
     def __init__(self, prefix="CKP", directory=None, config=None):
         if not isinstance(prefix, str) or not prefix or "/" in prefix or os.sep in prefix:
@@ -157,7 +158,7 @@ class ModelCheckpoint(Callback):
         p = run_context.original_args()
         self._publish_periodic(p._output_dir)
         final = getattr(p, "_final_set", None)
-        if final is not None and self._names:
+        if final is not None and self._names and _context._STATE["rank"] == 0:
             last = max(self._names)
             target = self._target(last)
             if target not in self._this_run:
@@ -182,7 +183,7 @@ class ModelCheckpoint(Callback):
         """Moves the engine's committed periodic sets from the run's directory into
         ``directory`` under their MindSpore names, then keeps the newest
         ``keep_checkpoint_max``."""
-        if output_dir is None or not os.path.isdir(output_dir):
+        if output_dir is None or not os.path.isdir(output_dir) or _context._STATE["rank"] != 0:
             return
         found = sorted((int(m.group(1)), e) for e in os.listdir(output_dir)
                        if (m := _PERIODIC.match(e)) and _is_set(os.path.join(output_dir, e)))

@@ -1,5 +1,6 @@
 """``Model``: traces a network once and trains or evaluates it with the engine."""
 
+import json
 import os
 import shutil
 import tempfile
@@ -9,7 +10,9 @@ import weakref
 import numpy as np
 
 from .. import _context, _trace, nn
-from .._tessera import NetworkBuilder, forward_network, read_parameters, train_network
+from .._tessera import (NetworkBuilder, forward_network, mpi_barrier, mpi_broadcast_str,
+                        read_parameters, train_network)
+from . import engine_config
 from .callback import RunContext, _StopRequested
 from .checkpoint import _run_recipe
 
@@ -41,12 +44,34 @@ def _metrics(metrics):
     raise TypeError("Model: metrics is a set of names or a dict of name: nn.Metric")
 
 
+def _engine_arrays(dataset):
+    """(inputs, labels) of a batched dataset for the engine: inputs int32 when the column holds
+    signed integers (token ids), else float32; labels float32 when the column holds floats
+    (regression targets), else int32 (class indices), any shape per sample (``[n, 1]`` is one
+    per sample)."""
+    columns = dataset._columns
+    if len(columns) != 2:
+        raise ValueError(f"Model.train needs two columns (data, label); this dataset has "
+                         f"{dataset.column_names}")
+    data, label = np.asarray(columns[0]), np.asarray(columns[1])
+    if label.ndim == 2 and label.shape[1] == 1:
+        label = label[:, 0]
+    for name, column in zip(dataset.column_names, (data, label)):
+        if column.dtype.kind not in "biuf":
+            raise ValueError(f"column {name} has dtype {column.dtype}; the network's input and "
+                             "label must be numbers")
+    data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
+    label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
+    return data, label
+
+
 class Model:
     """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``. The
     network must end in a loss: ``loss_fn`` is given (the network is wrapped in
-    ``nn.WithLossCell``) or the network is a ``WithLossCell``. ``metrics``: a set of names
-    (``"Accuracy"``/``"accuracy"``/``"acc"``, ``"loss"``) or a dict ``{name: nn.Accuracy()}``,
-    evaluated by ``eval``.
+    ``nn.WithLossCell``) or the network is a ``WithLossCell``, possibly inside
+    ``parallel.nn.Pipeline`` (or ``GradAccumulation``, ``MicroBatchInterleaved``) inside
+    ``AutoParallel``. ``metrics``: a set of names (``"Accuracy"``/``"accuracy"``/``"acc"``,
+    ``"loss"``) or a dict ``{name: nn.Accuracy()}``, evaluated by ``eval``.
 
     Each ``train`` saves its final weights into a checkpoint set (a directory of this Model's,
     removed with it); the Parameters then hold the trained values, and the next ``train``
@@ -61,9 +86,7 @@ class Model:
         self._metrics = _metrics(metrics)
         if loss_fn is not None:
             network = nn.WithLossCell(network, loss_fn)
-        if not isinstance(network, nn.WithLossCell):
-            raise TypeError("Model: give loss_fn, or a network wrapped in nn.WithLossCell (the "
-                            "engine needs the logits and the loss)")
+        self._parts = engine_config.unwrap(network)
         self.network = network
         self.optimizer = optimizer if optimizer is not None else nn.Momentum(
             network.trainable_params(), 0.05, 0.9)
@@ -75,13 +98,16 @@ class Model:
         self._steps_done = 0       # global steps trained so far (the engine's step counter)
         self._runs_count = 0
 
-    def _trace(self, batch, sample_shape):
+    def _trace(self, batch, data, labels, training=True):
         builder = NetworkBuilder()
-        net = self.network
-        net._name_tree("")
+        top, net = self._parts.top, self._parts.with_loss
+        top._name_tree("")
         with _trace.tracing(builder) as trace:
-            x = _trace.Tensor(*builder.input("data", [batch, *sample_shape], "float32"))
-            y = _trace.Tensor(*builder.input("label", [batch], "int32"), dtype="int32")
+            trace.training = training
+            x = _trace.Tensor(*builder.input("data", [batch, *data.shape[1:]], data.dtype.name),
+                              dtype=data.dtype.name)
+            y = _trace.Tensor(*builder.input("label", [batch, *labels.shape[1:]],
+                                             labels.dtype.name), dtype=labels.dtype.name)
             trace.cells.append(("", type(net).__name__))
             logits = net._backbone(x)
             loss = net._loss_fn(logits, y)
@@ -93,30 +119,47 @@ class Model:
         return builder, x, y, logits, loss, trace.strategies, params
 
     def _run_dir(self):
+        """A fresh directory for the next run's outputs; under ``tessera launch`` rank 0 makes
+        it and every rank uses its path (the ranks of one run write one checkpoint set)."""
+        state = _context._STATE
+        mpi = state["backend"] == "mpi"
         if self._runs is None:
-            self._runs = tempfile.mkdtemp(prefix="tessera-model-")
-            weakref.finalize(self, shutil.rmtree, self._runs, True)
+            made = tempfile.mkdtemp(prefix="tessera-model-") if state["rank"] == 0 else ""
+            self._runs = mpi_broadcast_str(made) if mpi else made
+            if state["rank"] == 0:
+                weakref.finalize(self, shutil.rmtree, self._runs, True)
         self._runs_count += 1
         return os.path.join(self._runs, f"run_{self._runs_count}")
+
+    def _devices(self):
+        state = _context._STATE
+        if state["backend"] == "mpi":
+            if state["device_num"] not in (1, state["group_size"]):
+                raise ValueError(f"Model.train: device_num={state['device_num']} but the job "
+                                 f"has {state['group_size']} ranks (tessera launch --nproc)")
+            return state["group_size"]
+        if state["parallel_mode"] == "stand_alone" and state["device_num"] > 1 \
+                and self._parts.auto_parallel is None:
+            raise ValueError(f"Model.train: device_num={state['device_num']} needs "
+                             "set_auto_parallel_context(parallel_mode='data_parallel' or "
+                             "'semi_auto_parallel'); 'stand_alone' is one device")
+        return state["device_num"]
 
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1,
               initial_epoch=0):
         """Trains ``epoch`` passes over ``train_dataset`` (a batched dataset), from the weights
-        of the previous ``train`` of this Model if any."""
+        of the previous ``train`` of this Model if any. Under ``tessera launch`` this process
+        trains its rank; callbacks run on every rank."""
         if sink_size != -1 or initial_epoch != 0:
             raise ValueError("Model.train: sink_size and initial_epoch are not supported yet")
         if train_dataset.batch_size is None:
             raise ValueError("Model.train: batch the dataset first (dataset.batch(n))")
-        data, labels = train_dataset._arrays()
+        data, labels = _engine_arrays(train_dataset)
         batch = train_dataset.batch_size
-        builder, x, y, logits, loss, strategies, traced = self._trace(batch, data.shape[1:])
         state = _context._STATE
-        if state["parallel_mode"] == "stand_alone" and state["device_num"] > 1:
-            raise ValueError(f"Model.train: device_num={state['device_num']} needs "
-                             "set_auto_parallel_context(parallel_mode='data_parallel' or "
-                             "'semi_auto_parallel'); 'stand_alone' is one device")
-        if state["parallel_mode"] != "semi_auto_parallel":
-            strategies = {}
+        devices = self._devices()
+        step_batch, micro_batch = engine_config.batch_sizes(self._parts, batch, devices)
+        builder, x, y, logits, loss, strategies, traced = self._trace(micro_batch, data, labels)
         callbacks = [] if callbacks is None else (
             list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
         batch_num = len(data) // batch
@@ -124,11 +167,21 @@ class Model:
         # `epochs` in all, so the epochs already done (a partial one counted whole) are added.
         done_epochs = -(-self._steps_done // batch_num) if self._checkpoint else 0
         step_offset = self._steps_done if self._checkpoint else 0
+        out = self._run_dir()
+        config = engine_config.engine_config(
+            self._parts, self.optimizer, strategies, epochs=done_epochs + epoch,
+            output_dir=out, resume_from=self._checkpoint, devices=devices,
+            deferred_init=any(getattr(p, "_deferred", False) for p, _ in traced))
+        recipe = _run_recipe(self.optimizer, callbacks,
+                             {id(p): p.name for p, _ in traced if p.requires_grad},
+                             (done_epochs + epoch) * batch_num)
+        for section, keys in recipe.items():
+            config.setdefault(section, {}).update(keys)
         params = types.SimpleNamespace(
             cur_epoch_num=0, cur_step_num=0, batch_num=batch_num, epoch_num=epoch,
             net_outputs=None, train_network=self.network, optimizer=self.optimizer,
             train_dataset=train_dataset, parallel_mode=state["parallel_mode"],
-            device_number=state["device_num"])
+            device_number=devices, _output_dir=out)
         context = RunContext(params)
         for cb in callbacks:
             cb.on_train_begin(context)
@@ -149,37 +202,61 @@ class Model:
             if context._stop:
                 raise _StopRequested
 
-        out = self._run_dir()
-        params._output_dir = out
-        recipe = _run_recipe(self.optimizer, callbacks,
-                             {id(p): p.name for p, _ in traced if p.requires_grad},
-                             (done_epochs + epoch) * batch_num)
+        mpi = state["backend"] == "mpi"
         try:
             losses, saved = train_network(
-                builder, x.id, y.id, logits.id, loss.id, data, labels,
-                devices=state["device_num"], strategies=list(strategies.items()),
-                epochs=done_epochs + epoch, seed=state["seed"],
-                deterministic=state["deterministic"], shuffle=train_dataset._shuffle,
-                callback=on_step if callbacks else None, output_dir=out,
-                resume_from=self._checkpoint, recipe=recipe, **self.optimizer._engine_args())
+                builder, x.id, y.id, logits.id, loss.id, data, labels, json.dumps(config),
+                batch_size=step_batch, shuffle=train_dataset._shuffle, backend="mpi" if mpi else "local",
+                callback=on_step if callbacks else None)
         except _StopRequested:
             # The engine stops without saving: the Parameters keep their earlier values.
             self.losses = list(seen)
-            shutil.rmtree(out, ignore_errors=True)
+            if state["rank"] == 0:
+                shutil.rmtree(out, ignore_errors=True)
         else:
             self.losses = list(losses)
+            if mpi:
+                # Rank 0 committed the set (the others may return before it did).
+                saved = mpi_broadcast_str(str(saved) if saved is not None else "") or None
             if saved is not None:
-                trained = [(p, t) for p, t in traced if p.requires_grad]  # frozen: unsaved
-                values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in trained])
-                for (p, _), value in zip(trained, values):
-                    p._value = value
+                self._take_values(saved, traced)
                 old, self._checkpoint_run = getattr(self, "_checkpoint_run", None), out
                 self._checkpoint = params._final_set = saved
                 self._steps_done = step_offset + len(losses)
-                if old is not None:
+                if mpi:
+                    mpi_barrier()  # every rank has read the set before rank 0 removes the old
+                if old is not None and state["rank"] == 0:
                     shutil.rmtree(old, ignore_errors=True)
         for cb in callbacks:
             cb.on_train_end(context)
+
+    def _take_values(self, saved, traced):
+        """The trained values into the Parameters, and the strategy file where
+        ``AutoParallel.save_param_strategy_file`` asked for it."""
+        trained = [(p, t) for p, t in traced if p.requires_grad]  # frozen: not in the set
+        values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in trained])
+        for (p, _), value in zip(trained, values):
+            p._value = value
+        auto = self._parts.auto_parallel
+        self._place_group_info(auto)
+        target = getattr(auto, "_param_strategy_file", None) if auto is not None else None
+        if target is not None:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            shutil.copyfile(os.path.join(saved, "strategy.ckpt"), target)
+
+    @staticmethod
+    def _place_group_info(auto):
+        """Under ``tessera launch`` the path given to ``set_group_ckpt_save_file`` is this
+        process's own (MindSpore's rule): the engine's per-rank file (``<stem>_<rank><ext>``,
+        its name for a path without ``{rank}``) is moved there."""
+        state = _context._STATE
+        path = auto._keys["output"].get("group_info_file") if auto is not None else None
+        if path is None or state["backend"] != "mpi" or "{rank}" in path:
+            return
+        stem, ext = os.path.splitext(path)
+        written = f"{stem}_{state['rank']}{ext}"
+        if os.path.exists(written):
+            os.replace(written, path)
 
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
         """The ``metrics`` of the trained network on ``valid_dataset`` (batched), as
@@ -195,7 +272,8 @@ class Model:
         if valid_dataset.drop_remainder:
             n = len(data) // valid_dataset.batch_size * valid_dataset.batch_size
             data, labels = data[:n], labels[:n]
-        builder, x, _, logits, _, _, traced = self._trace(valid_dataset.batch_size, data.shape[1:])
+        builder, x, _, logits, _, _, traced = self._trace(valid_dataset.batch_size, data,
+                                                          labels, training=False)
         missing = [p.name for p, _ in traced if p._value is None]
         if missing:
             raise ValueError(f"Model.eval: parameters {missing} have no values; train first")

@@ -289,6 +289,7 @@ fn unary_kernel(op: &Op) -> Option<UnaryOp> {
         Op::Neg => UnaryOp::Neg,
         Op::Exp => UnaryOp::Exp,
         Op::Log => UnaryOp::Log,
+        Op::Sqrt => UnaryOp::Sqrt,
         Op::Relu | Op::ReluGrad => UnaryOp::Relu,
         Op::Tanh | Op::TanhGrad => UnaryOp::Tanh,
         Op::Gelu { approximate } | Op::GeluGrad { approximate } => {
@@ -498,6 +499,10 @@ fn eval_typed<T: Float + Element>(
         Op::Flatten { .. } | Op::Reshape { .. } | Op::StopGradient => {
             reshape_into(inputs[0], &mut outputs[0], ctx)
         }
+        Op::Print { label } => {
+            crate::print::print_value(label, inputs[0]);
+            reshape_into(inputs[0], &mut outputs[0], ctx)
+        }
         Op::Transpose { perm } => {
             let x = inputs[0];
             kernels::permute_into(
@@ -685,6 +690,7 @@ fn eval_typed<T: Float + Element>(
         | Op::Neg
         | Op::Exp
         | Op::Log
+        | Op::Sqrt
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh

@@ -257,7 +257,9 @@ pub fn input_layouts(
         | Op::Neg
         | Op::Exp
         | Op::Log
+        | Op::Sqrt
         | Op::StopGradient
+        | Op::Print { .. }
         | Op::Dropout { .. }
         | Op::Cast { .. } => elementwise(ctx, s, devices),
         Op::Transpose { .. } | Op::ReduceSum { .. } | Op::ReduceMax { .. } => {

@@ -363,6 +363,20 @@ impl TrainConfig {
         Ok(config)
     }
 
+    /// Reads `root` (a parsed TOML document, or any `toml::Table` deserialised from JSON and
+    /// the like) holding `[parallel]`, `[train]` and `[output]` for a network and data set built
+    /// in code (`model`, `data`): every key a config file may hold, read and checked as a
+    /// file's are (relative paths against `base`). A front end's one entry into the configuration (the Python
+    /// package's `Model.train` and `AutoParallel` write these keys).
+    pub fn for_network(
+        root: Table,
+        base: &Path,
+        model: ModelConfig,
+        data: DataConfig,
+    ) -> Result<TrainConfig, RuntimeError> {
+        sections::for_network(root, base, model, data)
+    }
+
     /// A config from its sections, for programs that build one in code (see
     /// [`crate::Trainer`]); the optimizer's hyperparameters are checked as a file's would be.
     pub fn from_parts(

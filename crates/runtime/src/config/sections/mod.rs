@@ -67,12 +67,49 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         take_section(&mut root, "model", MODEL_KEYS, true)?,
         &mut warnings,
     )?;
-    let mut data = read_data(
+    let data = read_data(
         take_section(&mut root, "data", DATA_KEYS, true)?,
         base,
         &mut warnings,
     )?;
     check_model_data(&model, &data)?;
+    from_sections(root, base, model, data, warnings)
+}
+
+/// Reads a parsed config holding `[parallel]`, `[train]`, `[output]` (and `[ps]`) for a network
+/// and data set built in code (`model`, `data`): a front end's network (the Python package's
+/// `Model.train`) trained with every key a file may hold. `[model]` and `[data]` are refused.
+pub(super) fn for_network(
+    mut root: Table,
+    base: &Path,
+    model: super::ModelConfig,
+    data: DataConfig,
+) -> Result<TrainConfig, RuntimeError> {
+    if let Some(unknown) = root.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
+        return Err(config_error(
+            unknown,
+            format!("unknown section (valid sections: {})", one_of(SECTIONS)),
+        ));
+    }
+    for given in ["model", "data"] {
+        if root.remove(given).is_some() {
+            return Err(config_error(
+                given,
+                format!("[{given}] comes from the network and data set built in code, not from the configuration"),
+            ));
+        }
+    }
+    from_sections(root, base, model, data, Vec::new())
+}
+
+/// The sections after `[model]` and `[data]`, and the checks that span sections.
+fn from_sections(
+    mut root: Table,
+    base: &Path,
+    model: super::ModelConfig,
+    mut data: DataConfig,
+    mut warnings: Vec<String>,
+) -> Result<TrainConfig, RuntimeError> {
     let ps_mode = super::ps::take_ps_mode(&mut root);
     let ps_devices_given = ps_mode && super::ps::parallel_sets_devices(&root);
     let ps_section = root.remove("ps");

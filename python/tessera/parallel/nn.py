@@ -1,0 +1,112 @@
+"""``mindspore.parallel.nn``: the wrappers that say how a network is cut into micro-batches and
+pipeline stages — ``Pipeline``, ``PipelineGradReducer``, ``GradAccumulation``,
+``MicroBatchInterleaved``. Each wraps a Cell ending in its loss; ``tessera.train.Model`` reads
+them when it builds the engine's configuration."""
+
+from ..nn.cell import Cell
+
+__all__ = ["GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer"]
+
+
+def _positive_int(cls, name, value):
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{cls}: {name} must be an int, but got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{cls}: {name} must be > 0, but got {value}")
+    return value
+
+
+class _Wrapper(Cell):
+    """A Cell around ``network`` that adds no name prefix and computes what it computes."""
+
+    def __init__(self, network):
+        super().__init__(auto_prefix=False)
+        if not isinstance(network, Cell):
+            raise TypeError(f"{type(self).__name__}: network must be a Cell, but got "
+                            f"{type(network).__name__}")
+        self.network = network
+
+    def construct(self, *inputs):
+        return self.network(*inputs)
+
+
+class Pipeline(_Wrapper):
+    """MindSpore's ``Pipeline(network, micro_size, stage_config=None, segment_config=None)``:
+    each step's batch is
+    cut into ``micro_size`` micro-batches (``parallel.pipeline.micro_batches``), and
+    ``stage_config`` maps cell names, as ``network.cells_and_names()`` gives them
+    (``"_backbone.layer1"``), to their stage; a cell it does not name runs on the stage of the
+    cell before it. The stage count is ``AutoParallel.pipeline(stages=...)``."""
+
+    def __init__(self, network, micro_size, stage_config=None, segment_config=None):
+        super().__init__(network)
+        if segment_config is not None:
+            raise ValueError("Pipeline: segment_config (MindSpore's virtual-pipeline segments) is "
+                             "not supported; use AutoParallel.pipeline(interleave=True)")
+        self.micro_size = _positive_int("Pipeline", "micro_size", micro_size)
+        if stage_config is not None and not isinstance(stage_config, dict):
+            raise TypeError("Pipeline: stage_config must be a dict of cell name -> stage, but "
+                            f"got {type(stage_config).__name__}")
+        for name, stage in (stage_config or {}).items():
+            if not isinstance(name, str):
+                raise TypeError(f"Pipeline: stage_config key {name!r} is not a str")
+            if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:
+                raise ValueError(f"Pipeline: stage_config[{name!r}] = {stage!r}: a stage is an "
+                                 "int >= 0")
+        self.stage_config = dict(stage_config or {})
+
+    def _engine_stage_config(self):
+        """``stage_config`` with each cell name turned into the prefix of its ops' node names
+        (the wrappers' own names, such as ``_backbone``, add none)."""
+        self.network._name_tree("")
+        paths = {name: cell._path for name, cell in self.network.cells_and_names() if name}
+        out = {}
+        for name, stage in self.stage_config.items():
+            if name not in paths:
+                known = ", ".join(sorted(paths)) or "(none)"
+                raise ValueError(f"Pipeline: stage_config names the cell {name!r}, which the "
+                                 f"network does not have (its cells: {known})")
+            if not paths[name]:
+                raise ValueError(f"Pipeline: stage_config names {name!r}, a wrapper that holds "
+                                 "every op; name the cells inside it")
+            out[paths[name]] = stage
+        return out
+
+
+class PipelineGradReducer(Cell):
+    """MindSpore's ``PipelineGradReducer(parameters, scale_sense=1.0, opt_shard=None)``: in a
+    hand-written training step it sums the micro-batches' gradients across stages. Under
+    ``Model.train`` the engine does this itself, so the object is accepted and its parameters
+    are checked; calling it is an error (Tessera has no hand-written training step)."""
+
+    def __init__(self, parameters, scale_sense=1.0, opt_shard=None):
+        super().__init__()
+        object.__setattr__(self, "parameters", list(parameters))
+        object.__setattr__(self, "scale_sense", scale_sense)
+        object.__setattr__(self, "opt_shard", opt_shard)
+
+    def construct(self, grads):
+        raise NotImplementedError(
+            "PipelineGradReducer: Tessera has no hand-written training step; Model.train reduces "
+            "the pipeline's gradients itself")
+
+
+class GradAccumulation(_Wrapper):
+    """MindSpore's ``GradAccumulation(network, micro_size)``: each step's batch is cut into
+    ``micro_size`` micro-batches whose gradients are summed before one update
+    (``train.grad_accumulation_steps``)."""
+
+    def __init__(self, network, micro_size):
+        super().__init__(network)
+        self.micro_size = _positive_int("GradAccumulation", "micro_size", micro_size)
+
+
+class MicroBatchInterleaved(_Wrapper):
+    """MindSpore's ``MicroBatchInterleaved(network, interleave_num=2)``: each batch is cut into
+    ``interleave_num`` parts run side by side, so one part's communication overlaps another's
+    computation (``parallel.micro_batch_interleave``)."""
+
+    def __init__(self, network, interleave_num=2):
+        super().__init__(network)
+        self.interleave_num = _positive_int("MicroBatchInterleaved", "interleave_num",
+                                            interleave_num)

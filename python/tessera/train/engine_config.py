@@ -1,0 +1,221 @@
+"""The engine's configuration of one ``Model.train``: the ``[parallel]``, ``[train]`` and
+``[output]`` keys of docs/CONFIG.md, gathered from the wrappers around the network
+(``AutoParallel``, ``parallel.nn.Pipeline``, ``GradAccumulation``, ``MicroBatchInterleaved``),
+the strategies ``shard`` set, the optimizer, the context and the run's directories. The engine
+reads it as it reads a config file (``TrainConfig::for_network``), so every value is checked by
+the same rules and errors name the same keys."""
+
+import dataclasses
+
+from .. import _context, nn
+
+# The engine's optimizer names by MindSpore's class names (`_engine_args()["optimizer"]`).
+_OPTIMIZERS = {"SGD": "sgd", "Momentum": "momentum", "Adam": "adam", "AdamWeightDecay": "adamw",
+               "mint.optim.AdamW": "mint_adamw"}
+# The context's parallel modes as the engine names them.
+_CONTEXT_MODES = {"stand_alone": "stand_alone", "data_parallel": "data_parallel",
+                  "semi_auto_parallel": "semi_auto"}
+
+
+@dataclasses.dataclass
+class Parts:
+    """A network taken apart: its wrappers (each ``None`` when absent) and the
+    ``nn.WithLossCell`` inside them."""
+
+    top: object
+    with_loss: object
+    auto_parallel: object = None
+    pipeline: object = None
+    grad_accumulation: object = None
+    interleaved: object = None
+
+
+def unwrap(network):
+    """The wrappers around ``network`` and the ``WithLossCell`` they hold; a ``TypeError`` naming
+    what was found instead of the loss cell."""
+    from ..parallel.auto_parallel import AutoParallel
+    from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline
+
+    parts = Parts(top=network, with_loss=None)
+    net = network
+    if isinstance(net, AutoParallel):
+        parts.auto_parallel, net = net, net.network
+    slots = ((Pipeline, "pipeline"), (GradAccumulation, "grad_accumulation"),
+             (MicroBatchInterleaved, "interleaved"))
+    while True:
+        slot = next((name for cls, name in slots if isinstance(net, cls)), None)
+        if slot is None:
+            break
+        if getattr(parts, slot) is not None:
+            raise TypeError(f"Model: the network is wrapped in {type(net).__name__} twice")
+        setattr(parts, slot, net)
+        net = net.network
+    if not isinstance(net, nn.WithLossCell):
+        raise TypeError(f"Model: the network must end in its loss: give loss_fn, or wrap it in "
+                        f"nn.WithLossCell (inside AutoParallel and Pipeline); found a "
+                        f"{type(net).__name__}")
+    parts.with_loss = net
+    return parts
+
+
+def batch_sizes(parts, batch, devices):
+    """``(step batch, micro-batch)`` of a dataset batch of ``batch`` samples: the step batch is
+    one micro-step's share of it when ``GradAccumulation`` (or, on one device, ``Pipeline``)
+    cuts it into accumulated micro-steps (the engine's ``data.batch_size``, which the pipeline's
+    micro-batches and the interleaved parts cut in turn on several devices); the micro-batch is
+    what the traced graph takes. Every cut must divide."""
+    step, micro = batch, batch
+    cuts = []
+    if parts.grad_accumulation is not None:
+        cuts.append(("GradAccumulation micro_size", parts.grad_accumulation.micro_size, True))
+    if parts.pipeline is not None:
+        # On one device the micro-batches are accumulated as the stages would (one update).
+        cuts.append(("Pipeline micro_size", parts.pipeline.micro_size, devices == 1))
+    if parts.interleaved is not None and devices > 1:
+        cuts.append(("MicroBatchInterleaved interleave_num", parts.interleaved.interleave_num,
+                     False))
+    for what, n, cuts_step in cuts:
+        if micro % n:
+            raise ValueError(f"Model.train: {what} = {n} does not divide the batch of {micro} "
+                             f"samples (dataset batch {batch}); every micro-batch is an equal "
+                             "share")
+        micro //= n
+        if cuts_step:
+            step //= n
+    return step, micro
+
+
+def _strip_none(value):
+    """``value`` without ``None`` entries (TOML has no null)."""
+    if isinstance(value, dict):
+        return {k: _strip_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_strip_none(v) for v in value]
+    return value
+
+
+def _layout_value(layout):
+    """A ``Layout`` with its tensor map as the engine's layout item list, and its mesh."""
+    entries = layout._tensor_map
+    if entries is None:
+        raise ValueError(f"{layout!r} has no tensor map: call it with one entry per dim "
+                         "(layout('dp', 'None'))")
+    mesh = {"device_matrix": list(layout._device_shape), "alias_name": list(layout._alias_name)}
+    return entries, mesh
+
+
+class _Mesh:
+    """The one device matrix every ``Layout`` of a run shares (``parallel.mesh``)."""
+
+    def __init__(self):
+        self.mesh = None
+
+    def take(self, what, layout):
+        entries, mesh = _layout_value(layout)
+        if layout._rank_list is not None:
+            raise ValueError(f"{what}: a Layout with rank_list is not supported in strategies")
+        if self.mesh is None:
+            self.mesh = mesh
+        elif self.mesh != mesh:
+            raise ValueError(f"{what}: its Layout's device matrix {mesh} differs from another "
+                             f"Layout's {self.mesh}; every Layout of a network shares one")
+        return entries
+
+
+def _strategy(what, strategy, mesh):
+    """One op's strategy (tuples or Layouts, one per operand) as the engine's value."""
+    from ..parallel._layout import Layout
+    out = []
+    for item in strategy:
+        if isinstance(item, Layout):
+            out.append(mesh.take(what, item))
+        else:
+            out.append(list(item))
+    return out
+
+
+def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_from, devices,
+                  deferred_init):
+    """The ``{"parallel", "train", "output"}`` document of one run (see the module)."""
+    state = _context._STATE
+    auto = parts.auto_parallel
+    mesh = _Mesh()
+    parallel = {"devices": devices}
+    train = {}
+    output = {"dir": str(output_dir)}
+    if auto is not None:
+        for section, table in (("parallel", parallel), ("train", train), ("output", output)):
+            for key, value in auto._keys[section].items():
+                table[key] = value
+        parallel["mode"] = auto._parallel_mode
+    else:
+        parallel["mode"] = _CONTEXT_MODES[state["parallel_mode"]]
+    if devices == 1:
+        # One device: what needs several (stages, sharded optimizer, strategies) has nothing
+        # to act on; the numbers are one device's, as MindSpore's stand-alone run ignores them.
+        parallel = {"mode": "stand_alone", "devices": 1}
+    else:
+        if strategies and parallel["mode"] != "data_parallel":
+            shard, out_shard = {}, {}
+            for name, (ins, outs) in strategies.items():
+                shard[name] = _strategy(f"{name} in_strategy", ins, mesh)
+                if outs is not None:
+                    out_shard[name] = _strategy(f"{name} out_strategy", outs, mesh)
+            parallel["shard"] = shard
+            if out_shard:
+                parallel["out_shard"] = out_shard
+        ds = parallel.get("dataset_strategy")
+        if isinstance(ds, list) and ds and not isinstance(ds[0], list):
+            parallel["dataset_strategy"] = [mesh.take("dataset_strategy", item) for item in ds]
+        pipeline = _pipeline_table(parts)
+        if pipeline is not None:
+            parallel["pipeline"] = pipeline
+        if parts.interleaved is not None:
+            parallel["micro_batch_interleave"] = parts.interleaved.interleave_num
+        if mesh.mesh is not None:
+            parallel["mesh"] = mesh.mesh
+    if auto is not None and getattr(auto, "_device_local_norm", False) \
+            and not train.get("dump_local_norm"):
+        raise ValueError("AutoParallel.enable_device_local_norm: the device norms are written "
+                         "into the dump_local_norm files; call dump_local_norm(path) too")
+    accumulate = parts.grad_accumulation.micro_size if parts.grad_accumulation else 1
+    if devices == 1 and parts.pipeline is not None:
+        accumulate *= parts.pipeline.micro_size
+    if accumulate > 1:
+        train["grad_accumulation_steps"] = accumulate
+    train.update(_optimizer_keys(optimizer))
+    train.update(epochs=epochs, seed=state["seed"], deterministic=state["deterministic"])
+    if deferred_init:
+        train["lazy_init"] = True
+    if resume_from is not None:
+        output["resume_from"] = str(resume_from)
+    return _strip_none({"parallel": parallel, "train": train, "output": output})
+
+
+def _pipeline_table(parts):
+    """``[parallel.pipeline]`` from ``AutoParallel.pipeline`` and the ``Pipeline`` wrapper."""
+    auto = parts.auto_parallel
+    switch = auto._pipeline if auto is not None else None
+    if parts.pipeline is None and switch is None:
+        return None
+    table = dict(switch or {"stages": 1})
+    if parts.pipeline is not None:
+        table["micro_batches"] = parts.pipeline.micro_size
+        stage_config = parts.pipeline._engine_stage_config()
+        if stage_config:
+            table["stage_config"] = stage_config
+    if table.get("interleave") is False:
+        del table["interleave"]
+    return table
+
+
+def _optimizer_keys(optimizer):
+    """The optimizer's ``[train]`` keys."""
+    args = dict(optimizer._engine_args())
+    name = args.pop("optimizer")
+    if name not in _OPTIMIZERS:
+        raise ValueError(f"Model: optimizer {name} is not supported (supported: "
+                         f"{', '.join(_OPTIMIZERS)})")
+    keys = {"optimizer": _OPTIMIZERS[name]}
+    keys.update(args)
+    return keys

@@ -1,0 +1,245 @@
+"""``parallel.auto_parallel.AutoParallel`` and ``parallel.nn``: every switch MindSpore 2.10's class
+has, each checked as MindSpore checks it and each changing what the engine does; ``shard`` with
+``Layout``s and ``out_strategy``; the ``Pipeline`` wrapper's stage names. Ranks run as threads
+of this process (``set_auto_parallel_context(device_num=N)``)."""
+
+import inspect
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera import dataset as ds
+from tessera import nn
+from tessera.parallel import Layout
+from tessera.parallel.auto_parallel import AutoParallel
+from tessera.parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline
+from tessera.train import Model
+
+from nets import MLP, fresh_context  # noqa: F401 (the fixture is used by name)
+
+pytestmark = pytest.mark.usefixtures("fresh_context")
+
+
+def _data(n=128, batch=32):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 64)).astype(np.float32)
+    y = rng.integers(0, 10, n).astype(np.int32)
+    return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(batch)
+
+
+def _loss():
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def _train(devices, net=None, setup=None, wrap=None, epochs=1):
+    """Losses of ``net`` (an MLP by default) wrapped in AutoParallel, on ``devices`` ranks;
+    ``setup(parallel_net)`` calls switches, ``wrap(with_loss)`` adds wrappers."""
+    tessera.set_seed(5)
+    tessera.set_auto_parallel_context(device_num=devices)
+    net = net or MLP(64)
+    inner = nn.WithLossCell(net, _loss())
+    if wrap is not None:
+        inner = wrap(inner)
+    parallel_net = AutoParallel(inner, parallel_mode="semi_auto")
+    if setup is not None:
+        setup(parallel_net)
+    model = Model(parallel_net, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    model.train(epochs, _data())
+    return model.losses
+
+
+SWITCHES = {
+    "comm_fusion": ["config"],
+    "dataset_strategy": ["config"],
+    "disable_gradient_fp32_sync": [],
+    "disable_loss_repeated_mean": [],
+    "disable_strategy_file_only_for_trainable_params": [],
+    "dump_local_norm": ["file_path"],
+    "enable_device_local_norm": [],
+    "enable_fp32_communication": [],
+    "enable_gradients_mean": [],
+    "hsdp": ["shard_size", "threshold", "optimizer_level"],
+    "load_operator_strategy_file": ["file_path"],
+    "load_param_strategy_file": ["file_path"],
+    "no_init_parameters_in_compile": [],
+    "pipeline": ["stages", "output_broadcast", "interleave", "scheduler"],
+    "print_local_norm": [],
+    "save_operator_strategy_file": ["file_path"],
+    "save_param_strategy_file": ["file_path"],
+    "set_group_ckpt_save_file": ["file_path"],
+    "transformer_opt": ["file_path"],
+}
+
+
+def test_every_switch_has_mindsporess_parameters():
+    assert list(inspect.signature(AutoParallel).parameters) == ["network", "parallel_mode"]
+    assert inspect.signature(AutoParallel).parameters["parallel_mode"].default == "semi_auto"
+    for name, params in SWITCHES.items():
+        assert list(inspect.signature(getattr(AutoParallel, name)).parameters)[1:] == params, name
+    hsdp = inspect.signature(AutoParallel.hsdp).parameters
+    assert (hsdp["shard_size"].default, hsdp["threshold"].default,
+            hsdp["optimizer_level"].default) == (-1, 64, "level1")
+    pipe = inspect.signature(AutoParallel.pipeline).parameters
+    assert (pipe["stages"].default, pipe["scheduler"].default) == (1, "1f1b")
+
+
+def test_switches_check_types_and_values_as_mindspore_does():
+    p = AutoParallel(nn.WithLossCell(MLP(64), _loss()))
+    with pytest.raises(ValueError, match="parallel_mode"):
+        AutoParallel(p.network, parallel_mode="auto")
+    with pytest.raises(TypeError, match="network must be a Cell"):
+        AutoParallel(lambda x: x)
+    with pytest.raises(ValueError, match="shard_size must be a positive integer or -1, but got 0"):
+        p.hsdp(shard_size=0)
+    with pytest.raises(ValueError, match="threshold must be a positive integer or 0"):
+        p.hsdp(threshold=-1)
+    with pytest.raises(ValueError, match="Optimizer level"):
+        p.hsdp(optimizer_level="level4")
+    with pytest.raises(TypeError, match="shard_size must be an int"):
+        p.hsdp(shard_size="8")
+    with pytest.raises(ValueError, match="stages must be > 0"):
+        p.pipeline(stages=0)
+    with pytest.raises(ValueError, match="scheduler"):
+        p.pipeline(stages=2, scheduler="fifo")
+    with pytest.raises(ValueError, match="dataset_strategy"):
+        p.dataset_strategy("model_parallel")
+    with pytest.raises(TypeError, match="file_path must be a str"):
+        p.save_param_strategy_file(3)
+    with pytest.raises(KeyError, match="allgatherv"):
+        p.comm_fusion({"allgatherv": {"mode": "auto", "config": None}})
+
+
+def test_gradients_are_summed_over_replicas_unless_gradients_mean_is_on():
+    one = _train(1)
+    mean = _train(4, setup=lambda p: p.enable_gradients_mean())
+    summed = _train(4)  # MindSpore's default: the sum over the 4 data-parallel replicas
+    assert mean == pytest.approx(one, abs=1e-5)
+    assert summed[0] == pytest.approx(one[0], abs=1e-5)  # the first step's loss precedes updates
+    assert abs(summed[1] - one[1]) > 1e-3
+
+
+def test_hsdp_pipeline_and_fusion_keep_one_devices_losses():
+    one = _train(1)
+
+    def setup(p):
+        p.enable_gradients_mean()
+        p.hsdp(threshold=0, optimizer_level="level2")
+        p.comm_fusion({"openstate": True, "allreduce": {"mode": "size", "config": 1}})
+
+    assert _train(4, setup=setup) == pytest.approx(one, abs=1e-5)
+
+    def staged(p):
+        p.enable_gradients_mean()
+        p.pipeline(stages=2, scheduler="gpipe")
+
+    def wrap(w):
+        return Pipeline(w, 2, stage_config={"_backbone.fc1": 0, "_backbone.fc2": 1})
+
+    assert _train(4, setup=staged, wrap=wrap) == pytest.approx(one, abs=1e-5)
+    assert _train(4, setup=lambda p: p.enable_gradients_mean(),
+                  wrap=lambda w: GradAccumulation(w, 2)) == pytest.approx(one, abs=1e-5)
+    assert _train(2, setup=lambda p: p.enable_gradients_mean(),
+                  wrap=lambda w: MicroBatchInterleaved(w, 2)) == pytest.approx(one, abs=1e-5)
+
+
+def test_a_stage_config_naming_a_missing_cell_is_an_error():
+    def wrap(w):
+        return Pipeline(w, 2, stage_config={"_backbone.fc9": 0})
+
+    with pytest.raises(ValueError, match=r"'_backbone\.fc9'.*_backbone\.fc1"):
+        _train(4, setup=lambda p: p.pipeline(stages=2), wrap=wrap)
+
+
+def test_layout_strategies_and_out_strategy_equal_tuple_strategies():
+    def tuples():
+        net = MLP(64)
+        net.fc1.matmul.shard(((2, 1), (4, 1)))
+        return net
+
+    def layouts():
+        net = MLP(64)
+        layout = Layout((2, 4), ("dp", "mp"))
+        net.fc1.matmul.shard((layout("dp", "None"), layout("mp", "None")),
+                             out_strategy=(layout("dp", "mp"),))
+        return net
+
+    setup = lambda p: p.enable_gradients_mean()  # noqa: E731
+    one = _train(1)
+    assert _train(8, net=tuples(), setup=setup) == pytest.approx(one, abs=1e-5)
+    assert _train(8, net=layouts(), setup=setup) == pytest.approx(one, abs=1e-5)
+    # The Layouts reach the engine: a device matrix of 4 on 8 devices is its error.
+    wrong = MLP(64)
+    small = Layout((2, 2), ("dp", "mp"))
+    wrong.fc1.matmul.shard((small("dp", "None"), small("mp", "None")))
+    with pytest.raises(tessera.ConfigError) as err:
+        _train(8, net=wrong, setup=setup)
+    assert "8" in str(err.value) and "4" in str(err.value)
+    net = MLP(64)
+    with pytest.raises(TypeError, match="mixes tuples and Layouts"):
+        net.fc1.matmul.shard(((2, 1), Layout((2, 4), ("dp", "mp"))("mp", "None")))
+    with pytest.raises(ValueError, match="out_strategy needs an in_strategy"):
+        net.fc1.matmul.shard(out_strategy=((2, 1),))
+
+
+def test_norms_group_info_and_strategy_files_are_written(tmp_path):
+    norms = tmp_path / "norms"
+    groups = tmp_path / "groups" / "comm_group.ckpt"
+    strategy = tmp_path / "param.ckpt"
+
+    def setup(p):
+        p.enable_gradients_mean()
+        p.dump_local_norm(str(norms))
+        p.enable_device_local_norm()
+        p.set_group_ckpt_save_file(str(groups))
+        p.save_param_strategy_file(str(strategy))
+
+    _train(2, setup=setup)
+    dump = json.loads((norms / "rank_1" / "local_norm_step_1.json").read_text())
+    local = [p["local_norm"] for p in dump["params"]]
+    assert dump["device_local_norm"] == pytest.approx(float(np.sqrt(np.sum(np.square(local)))))
+    assert sorted(os.listdir(groups.parent)) == ["comm_group_0.ckpt", "comm_group_1.ckpt"]
+    assert strategy.read_bytes()[:1]  # MindSpore's protobuf, non-empty
+    summary = tessera.parallel.build_searched_strategy(str(strategy))
+    assert "fc1.weight" in summary
+
+
+def test_device_local_norm_needs_dump_local_norm():
+    def setup(p):
+        p.enable_device_local_norm()
+
+    with pytest.raises(ValueError, match="dump_local_norm"):
+        _train(2, setup=setup)
+
+
+def test_transformer_opt_sets_the_overlaps_the_engine_has_and_refuses_the_rest(tmp_path):
+    p = AutoParallel(nn.WithLossCell(MLP(64), _loss()))
+    good = tmp_path / "speed_up.json"
+    good.write_text(json.dumps({"grad_computation_allreduce_overlap": True,
+                                "enable_concat_eliminate_opt": False}))
+    p.transformer_opt(str(good))
+    assert p._keys["parallel"]["overlap"] == {"grad_computation_allreduce_overlap": True}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"interleaved_matmul_comm": True}))
+    with pytest.raises(ValueError, match="interleaved_matmul_comm.*not supported"):
+        p.transformer_opt(str(bad))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"make_it_fast": True}))
+    with pytest.raises(ValueError, match="unknown key 'make_it_fast'"):
+        p.transformer_opt(str(unknown))
+
+
+def test_an_engine_refusal_names_the_key():
+    # hsdp's shard_size must divide the devices: the engine's rule, with its key.
+    with pytest.raises(tessera.ConfigError, match="shard_size"):
+        _train(4, setup=lambda p: p.hsdp(shard_size=3, threshold=0))
+
+
+def test_no_init_parameters_trains_the_same():
+    one = _train(1)
+    with nn.utils.no_init_parameters():
+        net = MLP(64)
+    assert all(p._deferred for p in net.trainable_params())
+    assert _train(1, net=net) == one
