@@ -11,7 +11,8 @@
 //! - [`training`]: `train` and `plan` over the `runtime` crate.
 //! - [`builder`]: the tracing backend of networks written in Python (`tessera.nn`) over
 //!   `graph::GraphBuilder`; [`network`]: their training over `runtime::Trainer` and their
-//!   forward runs.
+//!   forward runs; [`values`]: their parameters with given values; [`save`]:
+//!   `save_checkpoint` of named arrays.
 //! - [`distributed`]: one process per rank under `tessera launch` (the `mpi` feature).
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
@@ -28,7 +29,9 @@ mod errors;
 mod layouts;
 mod network;
 mod progress;
+mod save;
 mod training;
+mod values;
 
 /// The module `tessera._tessera`.
 #[pymodule]
@@ -39,5 +42,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     training::register(m)?;
     network::register(m)?;
     distributed::register(m)?;
+    values::register(m)?;
+    save::register(m)?;
     Ok(())
 }

@@ -148,7 +148,7 @@ impl Dataset for NumpyDataset {
     }
 }
 
-/// Calls a Python function `(epoch, step_in_epoch, global_step, loss)` at every step end (on
+/// Calls a Python function `(epoch, step_in_epoch, global_step, loss, lr)` at every step end (on
 /// rank 0), holding the GIL only for the call. Its first exception is kept for the caller and
 /// stops training.
 struct PyStepCallback {
@@ -158,7 +158,13 @@ struct PyStepCallback {
 
 impl Callback for PyStepCallback {
     fn on_step_end(&mut self, step: &StepInfo<'_>) -> Result<(), RuntimeError> {
-        let args = (step.epoch, step.step_in_epoch, step.global_step, step.loss);
+        let args = (
+            step.epoch,
+            step.step_in_epoch,
+            step.global_step,
+            step.loss,
+            step.lr,
+        );
         let result = Python::attach(|py| self.function.call1(py, args).map(drop));
         match result {
             Ok(()) => Ok(()),
@@ -182,7 +188,7 @@ impl Callback for PyStepCallback {
 /// write it), read and checked as a file's are ([`TrainConfig::for_network`]). `backend` is
 /// `"local"` (`parallel.devices` ranks as threads of this process) or `"mpi"` (this process is
 /// one rank of the `mpirun` job `tessera.communication.init()` joined). Calls
-/// `callback(epoch, step_in_epoch, global_step, loss)` after every step; returns every step's
+/// `callback(epoch, step_in_epoch, global_step, loss, lr)` after every step; returns every step's
 /// loss and the checkpoint set saved last, if any.
 #[pyfunction]
 #[pyo3(signature = (

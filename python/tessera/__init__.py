@@ -15,7 +15,10 @@
   module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
   ``tessera.common.initializer``, the dtypes ``tessera.float32``, ``float16``, ``bfloat16``,
   ``float64``, ``int32``, ``int64``, ``set_context``, ``set_auto_parallel_context`` (the device
-  count) and ``set_seed``. ``construct`` is traced once into Tessera's graph; the Rust engine
+  count) and ``set_seed``; learning-rate schedules, parameter groups, ``tessera.mint.optim.AdamW``,
+  ``GeneratorDataset``, ``ModelCheckpoint``, ``load_checkpoint``, ``load_param_into_net``,
+  ``save_checkpoint`` and ``tessera.Tensor`` (values for ``Parameter``). ``construct`` is traced
+  once into Tessera's graph; the Rust engine
   runs every step. See docs/PYTHON.md, "Your own network (first and second slices)".
 
 Errors name their culprit: ``CheckpointError`` (a ``ValueError``), ``CheckpointIOError`` (an
@@ -31,9 +34,11 @@ from ._context import (GRAPH_MODE, PYNATIVE_MODE, get_seed, reset_auto_parallel_
 from ._tessera import CheckpointError, CheckpointIOError, ConfigError
 from ._training import plan
 from . import common, communication, dataset, nn, ops
+from . import mint
 from . import train  # the module tessera.train, callable as tessera.train(config, ...)
-from .common import Parameter
+from .common import Parameter, Tensor
 from .common.dtype import bfloat16, float16, float32, float64, int32, int64
+from .train.checkpoint import load_checkpoint, load_param_into_net, save_checkpoint
 
 try:
     __version__ = version("tessera-parallel")
@@ -47,6 +52,7 @@ __all__ = [
     "GRAPH_MODE",
     "PYNATIVE_MODE",
     "Parameter",
+    "Tensor",
     "bfloat16",
     "common",
     "communication",
@@ -57,11 +63,15 @@ __all__ = [
     "get_seed",
     "int32",
     "int64",
+    "load_checkpoint",
+    "load_param_into_net",
+    "mint",
     "nn",
     "ops",
     "parallel",
     "plan",
     "reset_auto_parallel_context",
+    "save_checkpoint",
     "set_auto_parallel_context",
     "set_context",
     "set_seed",

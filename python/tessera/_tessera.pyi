@@ -95,15 +95,13 @@ class NetworkBuilder:
     def node_names(self) -> List[str]: ...
 
 def train_network(builder: NetworkBuilder, input: int, labels: int, logits: int, loss: int,
-                  inputs: np.ndarray, label_data: np.ndarray, *, devices: int = 1,
-                  strategies: List[Tuple[str, List[List[int]]]] = ..., epochs: int = 1,
-                  max_steps: Optional[int] = None, optimizer: str = "Momentum",
-                  learning_rate: float = 0.05, momentum: float = 0.9, use_nesterov: bool = False,
-                  beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                  weight_decay: float = 0.0, seed: int = 1, deterministic: bool = False,
-                  shuffle: bool = True, callback: Optional[Callable[[int, int, int, float], None]] = None,
-                  output_dir: Optional[_Path] = None, resume_from: Optional[_Path] = None,
+                  inputs: np.ndarray, label_data: np.ndarray, config: str, *,
+                  batch_size: Optional[int] = None, shuffle: bool = True, backend: str = "local",
+                  callback: Optional[Callable[[int, int, int, float, float], None]] = None,
                   ) -> Tuple[List[float], Optional[str]]: ...
+def parameter_values(builder: NetworkBuilder, name: str, values: np.ndarray,
+                     trainable: bool = True) -> Tuple[int, List[int]]: ...
+def save_tensors(path: _Path, tensors: List[Tuple[str, np.ndarray]]) -> str: ...
 def read_parameters(ckpt_dir: _Path, names: List[Tuple[str, List[int]]]) -> List[np.ndarray]: ...
 def forward_network(builder: NetworkBuilder, input: int, output: int,
                     params: List[Tuple[int, np.ndarray]], inputs: np.ndarray) -> np.ndarray: ...

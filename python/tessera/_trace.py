@@ -218,8 +218,7 @@ def operand(x, name=None, like=None):
             if x.name is None:
                 raise ValueError(f"Cell {trace.cell()}: a Parameter that is not a Cell attribute "
                                  "has no name; give it one (Parameter(..., name=...))")
-            init = x.init
-            vid, shape = trace.builder.parameter(x.name, list(x.shape), init.kind, init.scale)
+            vid, shape = x._add_to(trace.builder)
             trace.params[id(x)] = Tensor(vid, shape)
         return trace.params[id(x)]
     if isinstance(x, Unavailable):

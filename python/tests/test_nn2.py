@@ -163,7 +163,7 @@ def test_mnist_dataset_columns_and_usage():
     assert few.get_dataset_size() == 100
     assert np.array_equal(few._columns[0], image[:100])
     assert few.batch(20).get_dataset_size() == 5
-    assert MnistDataset(DIGITS, shuffle=False).shuffle is False
+    assert MnistDataset(DIGITS, shuffle=False)._shuffle is False
 
 
 def test_map_operations_exact_values():
@@ -210,9 +210,10 @@ def test_mnist_and_map_errors(tmp_path):
         MnistDataset(DIGITS, usage="test").map(vision.Normalize([0, 0, 0], [1, 1, 1]))
 
 
-def test_numpy_initial_values_are_refused():
-    with pytest.raises(TypeError, match="numpy and tensor initial values are not supported"):
-        tessera.Parameter(np.zeros((2, 2), np.float32), name="w")
+def test_initial_values_of_other_types_are_refused():
+    # numpy and tensor values are supported (test_params.py); other objects are not
+    with pytest.raises(TypeError, match="default_input must be initializer"):
+        tessera.Parameter("zeros", name="w")
 
 
 def test_stopped_train_keeps_the_weights():

@@ -14,9 +14,14 @@
 //! - `Uniform(scale)`: `U(-scale, scale)`.
 //! - `Normal(sigma, mean)`: `N(mean, sigma²)`, by Box–Muller from two numbers of the stream.
 //! - `Zeros`, `Ones`, `Constant(value)`.
+//! - `Values(values)`: given values (MindSpore's `Parameter(Tensor(array))`), the global
+//!   tensor's elements in row-major order; a box takes its elements of them, so every rank
+//!   starts from its slice of the same array.
 //!
 //! The random *streams* are Tessera's own (MindSpore draws from a process-global generator), so
 //! values are not bit-identical to MindSpore's, only identically distributed.
+
+use std::sync::Arc;
 
 use layout::SliceBox;
 use tensor::{DType, Tensor};
@@ -68,6 +73,8 @@ pub enum Initializer {
     Ones,
     /// Every element `value`.
     Constant(f64),
+    /// Given values: the global tensor's elements in row-major order (as many as it has).
+    Values(Arc<[f64]>),
 }
 
 impl Initializer {
@@ -94,6 +101,7 @@ impl Initializer {
             Initializer::Zeros => "Zeros",
             Initializer::Ones => "Ones",
             Initializer::Constant(_) => "Constant",
+            Initializer::Values(_) => "Values",
         }
     }
 
@@ -130,8 +138,17 @@ impl Initializer {
             &region.offset,
             &region.shape,
             |local, global, len| {
-                for (k, v) in values[local..local + len].iter_mut().enumerate() {
-                    *v = distribution.sample(key, (global + k) as u64);
+                let out = &mut values[local..local + len];
+                match (self, distribution) {
+                    (Initializer::Values(given), _) => {
+                        out.copy_from_slice(&given[global..global + len]);
+                    }
+                    (_, Some(distribution)) => {
+                        for (k, v) in out.iter_mut().enumerate() {
+                            *v = distribution.sample(key, (global + k) as u64);
+                        }
+                    }
+                    (_, None) => unreachable!("only Values has no distribution"),
                 }
             },
         );
@@ -145,13 +162,14 @@ impl Initializer {
         Ok(tensor.expect("one value per element of the region"))
     }
 
-    /// The distribution this initializer draws from for a parameter of `shape`.
+    /// The distribution this initializer draws from for a parameter of `shape` (`None` for
+    /// `Values`, checked to hold one value per element).
     fn distribution(
         &self,
         param: &str,
         shape: &[usize],
         dtype: DType,
-    ) -> Result<Distribution, GraphError> {
+    ) -> Result<Option<Distribution>, GraphError> {
         let init = self.name();
         let error = |reason: String| GraphError::Init {
             param: param.to_string(),
@@ -160,12 +178,28 @@ impl Initializer {
         };
         let random = !matches!(
             self,
-            Initializer::Zeros | Initializer::Ones | Initializer::Constant(_)
+            Initializer::Zeros
+                | Initializer::Ones
+                | Initializer::Constant(_)
+                | Initializer::Values(_)
         );
         if random && !dtype.is_float() {
             return Err(error(format!("needs a floating-point dtype, got {dtype}")));
         }
         let distribution = match *self {
+            Initializer::Values(ref given) => {
+                let n: usize = shape.iter().product();
+                if given.len() != n {
+                    return Err(error(format!(
+                        "holds {} values for shape {shape:?} ({n} elements)",
+                        given.len()
+                    )));
+                }
+                if let Some(bad) = given.iter().find(|v| !v.is_finite()) {
+                    return Err(error(format!("holds a value that is not finite ({bad})")));
+                }
+                return Ok(None);
+            }
             Initializer::HeUniform {
                 negative_slope,
                 mode,
@@ -213,7 +247,7 @@ impl Initializer {
                 Distribution::Constant(value)
             }
         };
-        Ok(distribution)
+        Ok(Some(distribution))
     }
 }
 
@@ -297,6 +331,32 @@ mod tests {
         // Standard errors: mean 0.005, variance ≈ 0.25·√(2/n) ≈ 0.0035.
         assert!(mean.abs() < 0.02, "mean {mean}");
         assert!((var - 0.25).abs() < 0.015, "variance {var}");
+    }
+
+    #[test]
+    fn values_fill_every_box_with_its_slice_of_the_array() {
+        let given: Vec<f64> = (0..24).map(|i| i as f64 * 0.5 - 3.0).collect();
+        let init = Initializer::Values(given.clone().into());
+        let shape = [4, 6];
+        assert_eq!(full(&init, &shape), given);
+        // a 2×3 grid of boxes: each holds exactly its elements of the array
+        for (r, c) in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)] {
+            let b = SliceBox::new(vec![2 * r, 2 * c], vec![2, 2]);
+            let got = init.fill(&shape, &b, DType::F32, 9, "w").unwrap();
+            let want: Vec<f32> = (0..2)
+                .flat_map(|i| (0..2).map(move |j| (2 * r + i) * 6 + 2 * c + j))
+                .map(|k| given[k] as f32)
+                .collect();
+            assert_eq!(got.as_f32().unwrap(), want.as_slice(), "box {r},{c}");
+        }
+        let err = init.validate("fc.weight", &[5, 5], DType::F32).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "parameter `fc.weight`: initializer Values holds 24 values for shape [5, 5] (25 \
+             elements)"
+        );
+        let nan = Initializer::Values(vec![f64::NAN].into());
+        assert!(nan.validate("b", &[1], DType::F32).is_err());
     }
 
     #[test]

@@ -1,7 +1,9 @@
-"""``tessera.common``: ``Parameter``, ``initializer`` and ``dtype`` (MindSpore's
+"""``tessera.common``: ``Parameter``, ``Tensor`` (values), ``initializer`` and ``dtype``
+(MindSpore's
 ``mindspore.common``)."""
 
 from . import dtype, initializer
 from .parameter import Parameter
+from .tensor import Tensor
 
-__all__ = ["Parameter", "dtype", "initializer"]
+__all__ = ["Parameter", "Tensor", "dtype", "initializer"]

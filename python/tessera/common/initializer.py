@@ -1,7 +1,13 @@
 """``tessera.common.initializer``: MindSpore's initializers, as specifications the engine draws
 from (seeded by ``tessera.set_seed``). This slice: ``Normal``, ``Uniform``, ``HeUniform``,
 ``Zero``, ``One`` and ``initializer(init, shape, dtype)``; the values are drawn by the engine when
-training starts, not in Python."""
+training starts, not in Python. ``initializer(array)`` (a numpy array or ``tessera.Tensor``)
+gives the values themselves (the engine's ``Initializer::Values``: every rank starts from its
+slice of them)."""
+
+import numpy as np
+
+from .dtype import float32
 
 
 class Initializer:
@@ -14,6 +20,46 @@ class Initializer:
 
     def __repr__(self):
         return f"{type(self).__name__}({self.scale})"
+
+    def _add_to(self, builder, name, shape):
+        """Adds trainable parameter ``name`` of ``shape`` initialised by this to the traced
+        graph ``builder``; returns ``(id, shape)``."""
+        return builder.parameter(name, shape, self.kind, self.scale)
+
+
+def _float32_values(owner, data):
+    """``data`` (a numpy array, a ``tessera.Tensor`` or numbers) as a float32 array; a
+    non-float dtype or non-finite value is a ``ValueError`` naming ``owner``."""
+    array = np.asarray(data.asnumpy() if hasattr(data, "asnumpy") else data)
+    if array.dtype.kind != "f":
+        raise ValueError(f"{owner}: values of dtype {array.dtype} are not supported (parameters "
+                         "are float32 in this slice; cast them first)")
+    array = np.array(array, dtype=np.float32)
+    if not np.isfinite(array).all():
+        raise ValueError(f"{owner}: the values hold NaN or infinity")
+    return array
+
+
+class Values(Initializer):
+    """Given values (``initializer(array)``, ``Parameter(array)``): the parameter starts from
+    exactly them (float32)."""
+
+    kind = "values"
+
+    def __init__(self, values):
+        super().__init__(0.0)
+        self.values = _float32_values("initializer", values)
+
+    def __repr__(self):
+        return f"Values(shape={list(self.values.shape)})"
+
+    def _add_to(self, builder, name, shape, trainable=True):
+        """As ``Initializer._add_to``; ``trainable=False`` adds a frozen parameter."""
+        from .. import _tessera
+        if tuple(shape) != self.values.shape:
+            raise ValueError(f"Parameter {name}: shape {tuple(shape)}, but its values have shape "
+                             f"{self.values.shape}")
+        return _tessera.parameter_values(builder, name, self.values, trainable)
 
 
 class Normal(Initializer):
@@ -75,9 +121,17 @@ class InitSpec:
         self.init, self.shape, self.dtype = init, tuple(shape), dtype
 
 
-def initializer(init, shape=None, dtype=None):
+def initializer(init, shape=None, dtype=float32):
     """MindSpore's ``initializer(init, shape, dtype)``: ``init`` an Initializer or its name
-    (``"normal"``, ``"uniform"``, ``"he_uniform"``, ``"zeros"``, ``"ones"``)."""
+    (``"normal"``, ``"uniform"``, ``"he_uniform"``, ``"zeros"``, ``"ones"``), or the values
+    themselves (a numpy array or ``tessera.Tensor``; ``shape``, if given, must be theirs)."""
+    if isinstance(init, np.ndarray) or hasattr(init, "asnumpy"):
+        values = Values(init)
+        if shape is not None and tuple([shape] if isinstance(shape, int) else shape) != \
+                values.values.shape:
+            raise ValueError(f"initializer: shape {shape} differs from the values' shape "
+                             f"{values.values.shape}")
+        return InitSpec(values, values.values.shape, dtype)
     if isinstance(init, str):
         if init.lower() not in _BY_NAME:
             raise ValueError(f"initializer {init!r} is not supported (supported: {sorted(_BY_NAME)})")

@@ -1,41 +1,82 @@
 """``tessera.Parameter``: a trainable weight of a Cell, named after its attribute path."""
 
+import numbers
+
 import numpy as np
 
-from .initializer import InitSpec
+from .initializer import InitSpec, Values
 
 
 class Parameter:
-    """MindSpore's ``Parameter(default_input, name=None, requires_grad=True, layerwise_parallel=False,
-    parallel_optimizer=True)``. ``default_input`` is ``initializer(...)``'s result: the engine
-    draws the initial values when training starts (numpy or tensor initial values are not
-    supported: the engine's graph takes initializers only). A Parameter that is a Cell attribute
-    is named after its path (``fc1.weight``).
+    """MindSpore's ``Parameter(default_input, name=None, requires_grad=True,
+    layerwise_parallel=False, parallel_optimizer=True, storage_format='', device=None)``.
+    ``default_input`` is
 
-    After ``Model.train`` it holds its trained value (``asnumpy()``, ``data``), read back from
-    the checkpoint the run saved, and a later ``Model.train`` of the same Model continues from
-    it. Before training it has no value (``asnumpy()`` raises)."""
+    - ``initializer(...)``'s result: the engine draws the initial values when training starts
+      (seeded by ``tessera.set_seed``); before training the Parameter has no value
+      (``asnumpy()`` raises);
+    - or the values themselves: a numpy array, a ``tessera.Tensor``, ``initializer(array)`` or
+      a Python number (float32; the engine's ``Initializer::Values``: on N devices every rank
+      starts from its slice of them). ``asnumpy()`` returns them before training.
+
+    A Parameter that is a Cell attribute is named after its path (``fc1.weight``). After
+    ``Model.train`` it holds its trained value (``asnumpy()``, ``data``), read back from the
+    checkpoint the run saved, and a later ``Model.train`` of the same Model continues from it.
+    ``requires_grad=False`` (set here or later) freezes it: the engine never updates it, it is
+    left out of ``trainable_params()`` and of the run's checkpoints, and keeps its current value
+    (given, loaded or trained); a Parameter without a value yet (drawn from an initializer,
+    never trained) cannot be frozen: a ``ValueError`` when training starts."""
 
     def __init__(self, default_input, name=None, requires_grad=True, layerwise_parallel=False,
-                 parallel_optimizer=True):
-        if not isinstance(default_input, InitSpec):
-            raise TypeError("Parameter: default_input must be initializer(init, shape, dtype) "
-                            "(numpy and tensor initial values are not supported: the engine's "
-                            "graph takes initializers only)")
-        if not requires_grad:
-            raise ValueError("Parameter: requires_grad=False is not supported yet")
-        self.init = default_input.init
-        self.shape = default_input.shape
+                 parallel_optimizer=True, storage_format="", device=None):
+        if storage_format != "" or device is not None:
+            raise ValueError(f"Parameter {name}: storage_format and device are not supported "
+                             "(the engine places every parameter)")
+        if isinstance(default_input, Parameter):
+            default_input = default_input.asnumpy()
+        if isinstance(default_input, InitSpec):
+            self.init, self.shape = default_input.init, default_input.shape
+        elif isinstance(default_input, (np.ndarray, numbers.Real)) or \
+                hasattr(default_input, "asnumpy"):
+            if isinstance(default_input, numbers.Real):
+                default_input = np.float32(default_input)
+            self.init = Values(default_input)
+            self.shape = self.init.values.shape
+        else:
+            raise TypeError(f"Parameter: default_input must be initializer(...), a numpy array, "
+                            f"a tessera.Tensor or a number, got {type(default_input).__name__}")
         self.name = name
         self.requires_grad = requires_grad
-        self._value = None
+        self._value = self.init.values.copy() if isinstance(self.init, Values) else None
         from ..nn.utils import deferring
         self._deferred = deferring()  # created inside nn.utils.no_init_parameters
 
+    def _add_to(self, builder):
+        """Adds this Parameter to the traced graph ``builder``; returns ``(id, shape)``. A
+        frozen one starts from its current value (given, loaded or trained)."""
+        if self.requires_grad:
+            return self.init._add_to(builder, self.name, list(self.shape))
+        if self._value is None:
+            raise ValueError(f"Parameter {self.name}: requires_grad=False needs a value to keep "
+                             "(Parameter(array, requires_grad=False), load_param_into_net, or a "
+                             f"Model.train before freezing it); {self.init} draws it only when "
+                             "training starts, as a trainable parameter")
+        return Values(self._value)._add_to(builder, self.name, list(self.shape), trainable=False)
+
+    @classmethod
+    def _holding(cls, value, name):
+        """A Parameter holding ``value`` (any dtype; read from a checkpoint): a float one can
+        start a network from it, as ``Parameter(value)``."""
+        p = cls.__new__(cls)
+        p.name, p.requires_grad, p.shape = name, True, tuple(value.shape)
+        p.init = Values(value) if value.dtype.kind == "f" else None
+        p._value = np.array(value)
+        return p
+
     @property
     def dtype(self):
-        """float32 (every parameter of this slice)."""
-        return np.float32
+        """The element type: float32, but for a non-float value read from a checkpoint."""
+        return np.float32 if self._value is None else self._value.dtype.type
 
     @property
     def data(self):
@@ -43,7 +84,7 @@ class Parameter:
         return self.asnumpy()
 
     def asnumpy(self):
-        """The trained value (a copy), once ``Model.train`` ran."""
+        """The value (a copy): the trained one once ``Model.train`` ran, else the given one."""
         if self._value is None:
             raise ValueError(f"Parameter {self.name}: no value yet; the engine draws it from "
                              f"{self.init} when Model.train starts")

@@ -1,11 +1,20 @@
 """``tessera.dataset``: MindSpore's ``mindspore.dataset`` (issue 34):
-``NumpySlicesDataset(data, column_names=None, ..., shuffle=None)`` and
+``NumpySlicesDataset(data, column_names=None, ..., shuffle=None)``,
+``GeneratorDataset(source, column_names, ..., shuffle=None, num_samples=None)`` and
 ``MnistDataset(dataset_dir, usage=None, num_samples=None, shuffle=None)``, with
 ``.map(operations, input_columns)`` (``vision.Rescale``, ``vision.Normalize``,
 ``vision.HWC2CHW``, ``transforms.TypeCast``; applied in numpy to the whole column when ``map``
-is called, once, never per training step) and ``.batch(batch_size, drop_remainder)``. The first column is the network's input (cast to float32), the second its
-label (cast to int32, one per sample). The engine reads the batches (each rank its rows), in a
-seeded shuffled order when ``shuffle`` (the default)."""
+is called, once, never per training step), ``.shuffle(buffer_size)`` and
+``.batch(batch_size, drop_remainder)``. Every dataset is held in memory as numpy columns. The
+first column is the network's input (numbers, cast to float32), the second its label (integer
+class indices, one per sample, cast to int32).
+
+**Shuffling.** The engine reads the batches (each rank its rows) in an order it draws afresh
+every epoch from ``tessera.set_seed``'s seed, when the dataset shuffles: ``shuffle=None``/``True``
+(MindSpore's default) or ``.shuffle(buffer_size)``. The engine's shuffle is global (every
+sample can land anywhere): MindSpore's ``.shuffle(buffer_size)`` with ``buffer_size`` at least
+the dataset's size. A smaller ``buffer_size`` shuffles less in MindSpore; in Tessera the order
+is still global. ``shuffle=False`` reads the samples in order every epoch."""
 
 import os
 
@@ -14,7 +23,7 @@ import numpy as np
 from . import transforms, vision
 from .transforms import TensorOperation
 
-__all__ = ["MnistDataset", "NumpySlicesDataset", "transforms", "vision"]
+__all__ = ["GeneratorDataset", "MnistDataset", "NumpySlicesDataset", "transforms", "vision"]
 
 
 class NumpySlicesDataset:
@@ -40,15 +49,16 @@ class NumpySlicesDataset:
         if len(names) != len(columns):
             raise ValueError(f"NumpySlicesDataset: {len(names)} column name(s) for "
                              f"{len(columns)} column(s)")
-        n = {len(c) for c in columns}
-        if len(n) != 1:
-            raise ValueError(f"NumpySlicesDataset: columns have different numbers of samples "
-                             f"{[len(c) for c in columns]}")
+        for name, column in zip(names[1:], columns[1:]):
+            if len(column) != len(columns[0]):
+                raise ValueError(f"NumpySlicesDataset: column {name!r} has {len(column)} "
+                                 f"samples, column {names[0]!r} {len(columns[0])}; every column "
+                                 "needs one entry per sample")
         if num_samples is not None:
             columns = [c[:num_samples] for c in columns]
         self.column_names = names
         self._columns = columns
-        self.shuffle = True if shuffle is None else bool(shuffle)
+        self._shuffle = True if shuffle is None else bool(shuffle)
         self.batch_size = None
         self.drop_remainder = False
 
@@ -66,6 +76,21 @@ class NumpySlicesDataset:
         out = NumpySlicesDataset.__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.batch_size, out.drop_remainder = batch_size, bool(drop_remainder)
+        return out
+
+    def shuffle(self, buffer_size):
+        """MindSpore's ``shuffle(buffer_size)``: the engine shuffles the samples every epoch,
+        seeded by ``tessera.set_seed`` (a global shuffle, whatever ``buffer_size``; see the
+        module docs). ``buffer_size`` is an int > 1. Call it before ``batch`` (the engine
+        shuffles samples, then batches them)."""
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 2:
+            raise ValueError(f"shuffle: buffer_size must be an int > 1, got {buffer_size!r}")
+        if self.batch_size is not None:
+            raise ValueError("shuffle: call it before batch (the engine shuffles the samples, "
+                             "then batches them; it cannot shuffle whole batches)")
+        out = NumpySlicesDataset.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out._shuffle = True
         return out
 
     def map(self, operations, input_columns=None, output_columns=None, column_order=None,
@@ -116,14 +141,124 @@ class NumpySlicesDataset:
             raise ValueError(f"Model.train needs two columns (data, label); this dataset has "
                              f"{self.column_names}")
         data, label = self._columns
+        names = self.column_names
         label = np.asarray(label)
         if label.ndim == 2 and label.shape[1] == 1:
             label = label[:, 0]
         if label.ndim != 1:
-            raise ValueError(f"the label column {self.column_names[1]} has shape {label.shape}; "
+            raise ValueError(f"the label column {names[1]} has shape {label.shape}; "
                              "one class index per sample is needed")
+        if data.dtype.kind not in "biuf":
+            raise ValueError(f"the data column {names[0]} has dtype {data.dtype}; the network's "
+                             "input must be numbers (it is cast to float32)")
+        if label.dtype.kind not in "iu" and not (
+                label.dtype.kind == "f" and np.array_equal(label, np.round(label))):
+            raise ValueError(f"the label column {names[1]} has dtype {label.dtype} with values "
+                             "that are not whole numbers; class indices are needed")
+        if label.size and (label.min() < 0 or label.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"the label column {names[1]} holds {label.min()}..{label.max()}; "
+                             "class indices are ≥ 0")
         return (np.ascontiguousarray(data, dtype=np.float32),
                 np.ascontiguousarray(label, dtype=np.int32))
+
+
+def _sample_columns(item, n_columns, index, names):
+    """Sample ``index`` of a ``GeneratorDataset`` source as one array per column."""
+    if isinstance(item, (tuple, list)):
+        values = list(item)
+    elif n_columns == 1:
+        values = [item]
+    else:
+        raise ValueError(f"GeneratorDataset: sample {index} is a {type(item).__name__}, not a "
+                         f"tuple of {n_columns} columns ({names})")
+    if len(values) != n_columns:
+        raise ValueError(f"GeneratorDataset: sample {index} has {len(values)} column(s), but "
+                         f"column_names has {n_columns} ({names})")
+    out = []
+    for k, v in enumerate(values):
+        try:
+            out.append(np.asarray(v))
+        except ValueError as e:
+            raise ValueError(f"GeneratorDataset: column {names[k]!r}: sample {index} is ragged "
+                             f"({e}); every sample must be a rectangular array") from None
+    return out
+
+
+class GeneratorDataset(NumpySlicesDataset):
+    """MindSpore's ``GeneratorDataset(source, column_names=None, column_types=None,
+    schema=None, num_samples=None, num_parallel_workers=1, shuffle=None, sampler=None,
+    num_shards=None, shard_id=None, python_multiprocessing=True, max_rowsize=None,
+    batch_sampler=None, collate_fn=None)``.
+
+    ``source``: a random-accessible object (``__getitem__`` and ``__len__``: samples ``0 ..
+    len-1``), an iterable, or a callable returning an iterator (a generator function). Each
+    sample is a tuple with one value per column (one value alone for one column). The samples
+    are read once, when the dataset is made (``num_samples``: only the first that many), into
+    one numpy array per column: every sample of a column must have the same shape and dtype
+    kind, else a ``ValueError`` names the column, the sample and the rule."""
+
+    def __init__(self, source, column_names=None, column_types=None, schema=None,
+                 num_samples=None, num_parallel_workers=1, shuffle=None, sampler=None,
+                 num_shards=None, shard_id=None, python_multiprocessing=True,
+                 max_rowsize=None, batch_sampler=None, collate_fn=None):
+        if batch_sampler is not None or collate_fn is not None:
+            raise ValueError("GeneratorDataset: batch_sampler and collate_fn are not supported "
+                             "(batch the dataset with .batch)")
+        if column_types is not None or schema is not None:
+            raise ValueError("GeneratorDataset: column_types and schema are not supported yet "
+                             "(the columns take the samples' dtypes; use map(TypeCast))")
+        if sampler is not None or num_shards is not None or shard_id is not None:
+            raise ValueError("GeneratorDataset: sampler, num_shards and shard_id are not "
+                             "supported yet (the engine gives each rank its rows)")
+        if column_names is None:
+            raise ValueError("GeneratorDataset: column_names is required (schema is not "
+                             "supported)")
+        names = [column_names] if isinstance(column_names, str) else list(column_names)
+        if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"GeneratorDataset: column_names must be distinct strs, got "
+                             f"{column_names!r}")
+        if num_samples is not None and (isinstance(num_samples, bool) or
+                                        not isinstance(num_samples, int) or num_samples < 1):
+            raise ValueError(f"GeneratorDataset: num_samples must be a positive int, got "
+                             f"{num_samples!r}")
+        columns = [[] for _ in names]
+        for index, item in enumerate(self._samples(source, num_samples)):
+            for k, value in enumerate(_sample_columns(item, len(names), index, names)):
+                if columns[k]:
+                    first = columns[k][0]
+                    if value.shape != first.shape:
+                        raise ValueError(f"GeneratorDataset: column {names[k]!r}: sample {index} "
+                                         f"has shape {value.shape}, sample 0 {first.shape}; "
+                                         "every sample of a column needs the same shape")
+                    if value.dtype.kind != first.dtype.kind:
+                        raise ValueError(f"GeneratorDataset: column {names[k]!r}: sample {index} "
+                                         f"has dtype {value.dtype}, sample 0 {first.dtype}; "
+                                         "every sample of a column needs the same kind of dtype")
+                columns[k].append(value)
+        if not columns[0]:
+            raise ValueError("GeneratorDataset: the source gave no samples")
+        super().__init__(tuple(np.stack(c) for c in columns), column_names=names,
+                         shuffle=shuffle)
+
+    @staticmethod
+    def _samples(source, num_samples):
+        """The source's samples, at most ``num_samples``."""
+        if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+            n = len(source)
+            it = (source[i] for i in range(n if num_samples is None else min(n, num_samples)))
+        else:
+            if callable(source) and not hasattr(source, "__iter__"):
+                source = source()
+            try:
+                it = iter(source)
+            except TypeError as e:
+                raise TypeError(f"GeneratorDataset: source must be random-accessible "
+                                f"(__getitem__, __len__), iterable or a callable returning an "
+                                f"iterator, got {type(source).__name__}") from e
+        for index, item in enumerate(it):
+            if num_samples is not None and index >= num_samples:
+                break
+            yield item
 
 
 _MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

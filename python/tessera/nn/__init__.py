@@ -13,8 +13,12 @@ has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU(approximate=True)`
 ``Embedding(vocab_size, embedding_size, use_one_hot=False, embedding_table='normal')``,
 ``SequentialCell``, ``CellList``, ``WithLossCell``. Losses:
 ``SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")``,
-``CrossEntropyLoss(reduction="mean")`` (int class labels), ``MSELoss(reduction="mean")``. Optimizers (hyperparameters for the engine's own, applied to every
-parameter): ``SGD``, ``Momentum``, ``Adam``, ``AdamWeightDecay``. Metrics for
+``CrossEntropyLoss(reduction="mean")`` (int class labels), ``MSELoss(reduction="mean")``.
+Optimizers (hyperparameters for the engine's own, applied to every parameter, or parameter
+groups differing in weight decay only): ``SGD``, ``Momentum``, ``Adam``, ``AdamWeightDecay``;
+learning rates: a number, a list of per-step rates (``warmup_lr``, ``cosine_decay_lr``,
+``polynomial_decay_lr``, ``exponential_decay_lr``, ``piecewise_constant_lr``) or a schedule
+(``WarmUpLR``, ``CosineDecayLR``, ``PolynomialDecayLR``, ``ExponentialDecayLR``). Metrics for
 ``Model(metrics=...)``: ``Accuracy``, ``Loss``.
 """
 
@@ -24,6 +28,10 @@ from .layers import (GELU, CellList, Dense, Dropout, Embedding, Flatten, LayerNo
 from .loss import CrossEntropyLoss, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
+from .dynamic_lr import (cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr,
+                         polynomial_decay_lr, warmup_lr)
+from .learning_rate_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule,
+                                     PolynomialDecayLR, WarmUpLR)
 from .wrap import WithLossCell
 from . import utils
 from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, PipelineGradReducer
@@ -34,4 +42,7 @@ __all__ = [
     "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "WithLossCell",
     "CellList", "CrossEntropyLoss", "Dropout", "Embedding", "LayerNorm", "MSELoss", "Softmax",
     "GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer", "utils",
+    "CosineDecayLR", "ExponentialDecayLR", "LearningRateSchedule", "PolynomialDecayLR", "WarmUpLR",
+    "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "polynomial_decay_lr",
+    "warmup_lr",
 ]

@@ -1,7 +1,10 @@
 """``tessera.train``: MindSpore's ``mindspore.train`` (issue 34): ``Model(network,
 loss_fn=None, optimizer=None, metrics=None)`` with ``train(epoch, train_dataset,
 callbacks=None)`` and ``eval(valid_dataset)``, ``Callback`` (``on_train_step_end(run_context)``
-and friends), ``RunContext``, ``LossMonitor(per_print_times)`` and ``TimeMonitor(data_size)``.
+and friends), ``RunContext``, ``LossMonitor(per_print_times)``, ``TimeMonitor(data_size)``,
+``ModelCheckpoint(prefix, directory, config)`` with ``CheckpointConfig`` (checkpoint sets
+while training), ``load_checkpoint(path)``, ``load_param_into_net`` and ``save_checkpoint``
+(see ``tessera.train.checkpoint``).
 After ``train`` the Parameters hold the trained values; the next ``train`` continues from them.
 
 ``Model.train`` traces ``construct`` once into Tessera's graph and trains it with the Rust
@@ -20,9 +23,13 @@ import types
 
 from .. import _training
 from .callback import Callback, LossMonitor, RunContext, TimeMonitor
+from .checkpoint import (CheckpointConfig, ModelCheckpoint, load_checkpoint,
+                         load_param_into_net, save_checkpoint)
 from .model import Model
 
-__all__ = ["Callback", "LossMonitor", "Model", "RunContext", "TimeMonitor"]
+__all__ = ["Callback", "LossMonitor", "Model", "RunContext", "TimeMonitor",
+           "CheckpointConfig", "ModelCheckpoint", "load_checkpoint", "load_param_into_net",
+           "save_checkpoint"]
 
 
 class _CallableModule(types.ModuleType):

@@ -10,7 +10,8 @@ import dataclasses
 from .. import _context, nn
 
 # The engine's optimizer names by MindSpore's class names (`_engine_args()["optimizer"]`).
-_OPTIMIZERS = {"SGD": "sgd", "Momentum": "momentum", "Adam": "adam", "AdamWeightDecay": "adamw"}
+_OPTIMIZERS = {"SGD": "sgd", "Momentum": "momentum", "Adam": "adam", "AdamWeightDecay": "adamw",
+               "mint.optim.AdamW": "mint_adamw"}
 # The context's parallel modes as the engine names them.
 _CONTEXT_MODES = {"stand_alone": "stand_alone", "data_parallel": "data_parallel",
                   "semi_auto_parallel": "semi_auto"}

@@ -14,6 +14,7 @@ from .._tessera import (NetworkBuilder, forward_network, mpi_barrier, mpi_broadc
                         read_parameters, train_network)
 from . import engine_config
 from .callback import RunContext, _StopRequested
+from .checkpoint import _run_recipe
 
 
 _METRIC_NAMES = {"accuracy": "accuracy", "acc": "accuracy", "loss": "loss"}
@@ -55,6 +56,10 @@ def _engine_arrays(dataset):
     data, label = np.asarray(columns[0]), np.asarray(columns[1])
     if label.ndim == 2 and label.shape[1] == 1:
         label = label[:, 0]
+    for name, column in zip(dataset.column_names, (data, label)):
+        if column.dtype.kind not in "biuf":
+            raise ValueError(f"column {name} has dtype {column.dtype}; the network's input and "
+                             "label must be numbers")
     data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
     label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
     return data, label
@@ -167,22 +172,28 @@ class Model:
             self._parts, self.optimizer, strategies, epochs=done_epochs + epoch,
             output_dir=out, resume_from=self._checkpoint, devices=devices,
             deferred_init=any(getattr(p, "_deferred", False) for p, _ in traced))
+        recipe = _run_recipe(self.optimizer, callbacks,
+                             {id(p): p.name for p, _ in traced if p.requires_grad},
+                             (done_epochs + epoch) * batch_num)
+        for section, keys in recipe.items():
+            config.setdefault(section, {}).update(keys)
         params = types.SimpleNamespace(
             cur_epoch_num=0, cur_step_num=0, batch_num=batch_num, epoch_num=epoch,
             net_outputs=None, train_network=self.network, optimizer=self.optimizer,
             train_dataset=train_dataset, parallel_mode=state["parallel_mode"],
-            device_number=devices)
+            device_number=devices, _output_dir=out)
         context = RunContext(params)
         for cb in callbacks:
             cb.on_train_begin(context)
 
         seen = []
 
-        def on_step(ep, step_in_epoch, global_step, step_loss):
+        def on_step(ep, step_in_epoch, global_step, step_loss, lr):
             seen.append(step_loss)
             params.cur_epoch_num = ep - done_epochs
             params.cur_step_num = global_step - step_offset
             params.net_outputs = np.float32(step_loss)
+            params.cur_lr, params._global_step = lr, global_step
             for cb in callbacks:
                 cb.on_train_step_end(context)
             if step_in_epoch == batch_num:
@@ -195,7 +206,7 @@ class Model:
         try:
             losses, saved = train_network(
                 builder, x.id, y.id, logits.id, loss.id, data, labels, json.dumps(config),
-                batch_size=step_batch, shuffle=train_dataset.shuffle, backend="mpi" if mpi else "local",
+                batch_size=step_batch, shuffle=train_dataset._shuffle, backend="mpi" if mpi else "local",
                 callback=on_step if callbacks else None)
         except _StopRequested:
             # The engine stops without saving: the Parameters keep their earlier values.
@@ -210,7 +221,7 @@ class Model:
             if saved is not None:
                 self._take_values(saved, traced)
                 old, self._checkpoint_run = getattr(self, "_checkpoint_run", None), out
-                self._checkpoint = saved
+                self._checkpoint = params._final_set = saved
                 self._steps_done = step_offset + len(losses)
                 if mpi:
                     mpi_barrier()  # every rank has read the set before rank 0 removes the old
@@ -222,8 +233,9 @@ class Model:
     def _take_values(self, saved, traced):
         """The trained values into the Parameters, and the strategy file where
         ``AutoParallel.save_param_strategy_file`` asked for it."""
-        values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in traced])
-        for (p, _), value in zip(traced, values):
+        trained = [(p, t) for p, t in traced if p.requires_grad]  # frozen: not in the set
+        values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in trained])
+        for (p, _), value in zip(trained, values):
             p._value = value
         auto = self._parts.auto_parallel
         self._place_group_info(auto)
