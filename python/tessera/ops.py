@@ -178,7 +178,6 @@ Add = _primitive("Add", "add", 2, "``x + y`` (broadcasting; a Python scalar is a
 Sub = _primitive("Sub", "sub", 2, "``x - y`` (broadcasting; a Python scalar is a constant).", True)
 RealDiv = _primitive("RealDiv", "div", 2, "``x / y`` elementwise (broadcasting; a Python scalar "
                      "is a constant).", True)
-BiasAdd = _primitive("BiasAdd", "bias_add", 2, "``x + bias`` over the last dim.")
 ReLU = _primitive("ReLU", "relu", 1, "``max(x, 0)``.")
 Tanh = _primitive("Tanh", "tanh", 1, "``tanh(x)``.")
 Exp = _primitive("Exp", "exp", 1, "``e^x``.")
@@ -214,13 +213,36 @@ class Mul(Primitive):
         return super().__call__(x, y)
 
 
+class BiasAdd(Primitive):
+    """MindSpore's ``BiasAdd(data_format="NCHW")``: ``x + bias`` over the channel dim — dim 1
+    (``"NCHW"``, ``"NCDHW"``) or the last (``"NHWC"``); the same dim for a 2-D input. The engine
+    adds over the last dim, so a channel-first input of more than 2 dims is an error."""
+
+    kind, default_name, arity = "bias_add", "bias_add", 2
+
+    def __init__(self, data_format="NCHW"):
+        super().__init__()
+        if data_format not in ("NCHW", "NHWC", "NCDHW"):
+            raise ValueError(f"BiasAdd: data_format must be 'NCHW', 'NHWC' or 'NCDHW', got "
+                             f"{data_format!r}")
+        self.data_format = data_format
+
+    def _attrs(self, tensors, args):
+        super()._attrs(tensors, args)
+        if tensors[0].ndim > 2 and self.data_format != "NHWC":
+            self._fail(f"data_format {self.data_format!r} adds the bias over dim 1 of a "
+                       f"{tensors[0].ndim}-D input; the engine adds it over the last dim "
+                       "(use data_format='NHWC' with the channels last)", UnsupportedOpError)
+        return {}
+
+
 class GeLU(Primitive):
     """GeLU, the tanh approximation (MindSpore's ``ops.GeLU``); ``approximate=False`` is the
     exact erf form (``nn.GELU(approximate=False)``)."""
 
     kind, default_name = "gelu", "gelu"
 
-    def __init__(self, approximate=True):
+    def __init__(self, *, approximate=True):
         super().__init__()
         self.approximate = bool(approximate)
 
@@ -316,9 +338,19 @@ class _Reduce(Primitive):
 
 
 class ReduceSum(_Reduce):
-    """MindSpore's ``ReduceSum(keep_dims=False)(x, axis=())``."""
+    """MindSpore's ``ReduceSum(keep_dims=False, skip_mode=False)(x, axis=())``; with
+    ``skip_mode`` an empty ``axis`` reduces nothing (``x`` itself) rather than every dim."""
 
     kind = default_name = "reduce_sum"
+
+    def __init__(self, keep_dims=False, skip_mode=False):
+        super().__init__(keep_dims)
+        self.skip_mode = bool(skip_mode)
+
+    def _emit(self, trace, name, tensors, attrs):
+        if self.skip_mode and not attrs["axes"]:
+            return [tensors[0]]
+        return super()._emit(trace, name, tensors, attrs)
 
 
 class ReduceMax(_Reduce):
@@ -694,7 +726,7 @@ def gelu(input, approximate="none"):
     """GeLU: ``approximate="none"`` the erf form, ``"tanh"`` the tanh approximation."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return GeLU(approximate == "tanh")(input)
+    return GeLU(approximate=approximate == "tanh")(input)
 
 
 def exp(input):

@@ -1,6 +1,7 @@
 """``tessera.common.initializer``: MindSpore's initializers, as specifications the engine draws
 from (seeded by ``tessera.set_seed``). This slice: ``Normal``, ``Uniform``, ``HeUniform``,
-``Zero``, ``One`` and ``initializer(init, shape, dtype)``; the values are drawn by the engine when
+``Zero``, ``One``, ``TruncatedNormal``, ``XavierUniform`` and ``initializer(init, shape, dtype)``
+(the last two drawn in numpy when ``initializer`` is called, see ``_Drawn``); the values are drawn by the engine when
 training starts, not in Python. ``initializer(array)`` (a numpy array or ``tessera.Tensor``)
 gives the values themselves (the engine's ``Initializer::Values``: every rank starts from its
 slice of them)."""
@@ -99,19 +100,81 @@ class HeUniform(Initializer):
 
 
 class Zero(Initializer):
-    """All zeros."""
+    """All zeros (MindSpore's ``Zero(**kwargs)``; no keyword is used)."""
 
     kind = "zeros"
 
+    def __init__(self, **kwargs):
+        super().__init__(0.0)
+
 
 class One(Initializer):
-    """All ones."""
+    """All ones (MindSpore's ``One(**kwargs)``; no keyword is used)."""
 
     kind = "ones"
 
+    def __init__(self, **kwargs):
+        super().__init__(0.0)
+
+
+class _Drawn(Initializer):
+    """An initializer the engine has no rule for: ``initializer(init, shape)`` draws its values
+    in numpy, seeded by ``tessera.set_seed`` and the number of values drawn so far in this
+    process (so a script draws the same values on every rank), and the parameter starts from
+    exactly them (``Values``)."""
+
+    def draw(self, shape, rng):
+        """The values for ``shape``."""
+        raise NotImplementedError
+
+
+_DRAWN = [0]
+
+
+def _fans(shape):
+    """MindSpore's fan-in and fan-out: ``shape[1]``, ``shape[0]`` times the receptive field."""
+    if len(shape) < 2:
+        raise ValueError(f"initializer: fan in and fan out need a shape of 2 dims or more, got "
+                         f"{list(shape)}")
+    receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    return shape[1] * receptive, shape[0] * receptive
+
+
+class TruncatedNormal(_Drawn):
+    """MindSpore's ``TruncatedNormal(sigma=0.01, mean=0.0, a=-2.0, b=2.0)``: ``N(mean, sigma)``
+    restricted to ``[a, b]`` (redrawn until inside)."""
+
+    def __init__(self, sigma=0.01, mean=0.0, a=-2.0, b=2.0):
+        super().__init__(sigma)
+        if not a < b:
+            raise ValueError(f"TruncatedNormal: a ({a}) must be below b ({b})")
+        self.sigma, self.mean, self.a, self.b = float(sigma), float(mean), float(a), float(b)
+
+    def draw(self, shape, rng):
+        out = rng.normal(self.mean, self.sigma, size=shape)
+        bad = (out < self.a) | (out > self.b)
+        while bad.any():
+            out[bad] = rng.normal(self.mean, self.sigma, size=int(bad.sum()))
+            bad = (out < self.a) | (out > self.b)
+        return out
+
+
+class XavierUniform(_Drawn):
+    """MindSpore's ``XavierUniform(gain=1)``: ``U(-bound, bound)``, ``bound = gain·√(6 /
+    (fan_in + fan_out))``."""
+
+    def __init__(self, gain=1):
+        super().__init__(0.0)
+        self.gain = float(gain)
+
+    def draw(self, shape, rng):
+        fan_in, fan_out = _fans(shape)
+        bound = self.gain * np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-bound, bound, size=shape)
+
 
 _BY_NAME = {"normal": Normal, "uniform": Uniform, "he_uniform": HeUniform, "zeros": Zero,
-            "ones": One}
+            "ones": One, "truncatednormal": TruncatedNormal, "xavier_uniform": XavierUniform}
 
 
 class InitSpec:
@@ -142,4 +205,10 @@ def initializer(init, shape=None, dtype=float32):
         raise ValueError("initializer: shape is required")
     if isinstance(shape, int):
         shape = (shape,)
+    if isinstance(init, _Drawn):
+        from .._context import get_seed
+        rng = np.random.default_rng([get_seed(), _DRAWN[0]])
+        _DRAWN[0] += 1
+        values = Values(init.draw(tuple(shape), rng).astype(np.float32))
+        return InitSpec(values, values.values.shape, dtype)
     return InitSpec(init, shape, dtype)

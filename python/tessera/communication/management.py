@@ -76,28 +76,28 @@ def _inited(fn):
         raise RuntimeError(f"{fn}: call tessera.communication.init() first")
 
 
-def get_rank(group=None):
+def get_rank(group=HCCL_WORLD_COMM_GROUP):
     """This process's rank in the world group (0 alone)."""
     _check_group(group, "get_rank")
     _inited("get_rank")
     return _context._STATE["rank"]
 
 
-def get_group_size(group=None):
+def get_group_size(group=HCCL_WORLD_COMM_GROUP):
     """The processes of the world group (1 alone)."""
     _check_group(group, "get_group_size")
     _inited("get_group_size")
     return _context._STATE["group_size"]
 
 
-def get_local_rank(group=None):
+def get_local_rank(group=HCCL_WORLD_COMM_GROUP):
     """This process's index on its machine (``TESSERA_LOCAL_RANK``; 0 alone)."""
     _check_group(group, "get_local_rank")
     _inited("get_local_rank")
     return int(os.environ.get("TESSERA_LOCAL_RANK", "0")) if _launched() else 0
 
 
-def get_local_rank_size(group=None):
+def get_local_rank_size(group=HCCL_WORLD_COMM_GROUP):
     """The processes of this job on this machine (as the MPI launcher says; 1 alone)."""
     _check_group(group, "get_local_rank_size")
     _inited("get_local_rank_size")

@@ -93,13 +93,12 @@ class NumpySlicesDataset:
         out._shuffle = True
         return out
 
-    def map(self, operations, input_columns=None, output_columns=None, column_order=None,
-            num_parallel_workers=None, **kwargs):
+    def map(self, operations, input_columns=None, output_columns=None, num_parallel_workers=None,
+            **kwargs):
         """Applies ``operations`` (one or a list, in order) to every sample of
         ``input_columns`` (one column name; default the first column), in numpy, now."""
-        if output_columns is not None or column_order is not None or kwargs:
-            raise ValueError("map: output_columns, column_order and other options are not "
-                             "supported yet")
+        if output_columns is not None or kwargs:
+            raise ValueError("map: output_columns and other options are not supported yet")
         ops = list(operations) if isinstance(operations, (list, tuple)) else [operations]
         for op in ops:
             if not isinstance(op, TensorOperation) and not callable(op):

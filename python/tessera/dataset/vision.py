@@ -58,6 +58,9 @@ class Normalize(TensorOperation):
 class HWC2CHW(TensorOperation):
     """``<H, W, C>`` → ``<C, H, W>`` (the dtype kept)."""
 
+    def __init__(self):
+        pass
+
     def _apply_column(self, column):
         column = np.asarray(column)
         if column.ndim != 4:

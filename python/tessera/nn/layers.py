@@ -4,9 +4,16 @@
 import math
 
 from .. import _trace, ops
+from ..common import dtype as mstype
 from ..common.initializer import HeUniform, Normal, Uniform, initializer
 from ..common.parameter import Parameter
 from .cell import Cell
+
+
+def _float32_only(cell, dtype):
+    """Parameters are float32 in this slice: another ``dtype`` is an error naming the Cell."""
+    if dtype != mstype.float32:
+        raise ValueError(f"{cell}: dtype {dtype!r} is not supported (parameters are float32)")
 
 
 class ReLU(Cell):
@@ -43,7 +50,7 @@ class GELU(Cell):
 
     def __init__(self, approximate=True):
         super().__init__()
-        self.gelu = ops.GeLU(approximate)
+        self.gelu = ops.GeLU(approximate=approximate)
 
     def construct(self, x):
         return self.gelu(x)
@@ -87,8 +94,9 @@ class Dense(Cell):
     Defaults: weight ``HeUniform(negative_slope=√5)``, bias ``Uniform(1/√in)``."""
 
     def __init__(self, in_channels, out_channels, weight_init=None, bias_init=None,
-                 has_bias=True, activation=None, dtype=None):
+                 has_bias=True, activation=None, dtype=mstype.float32):
         super().__init__()
+        _float32_only("Dense", dtype)
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.has_bias = bool(has_bias)
         if weight_init is None:
@@ -99,7 +107,7 @@ class Dense(Cell):
             if bias_init is None:
                 bias_init = Uniform(1 / math.sqrt(max(in_channels, 1)))
             self.bias = Parameter(initializer(bias_init, (out_channels,)))
-            self.bias_add = ops.BiasAdd()
+            self.bias_add = ops.BiasAdd(data_format="NHWC")  # the last dim, as Dense's 2-D bias
         if isinstance(activation, str):
             if activation.lower() not in _ACTIVATIONS:
                 raise ValueError(f"Dense: activation {activation!r} is not supported "
@@ -185,10 +193,11 @@ class Dropout(Cell):
 
     _single_op = "dropout"
 
-    def __init__(self, keep_prob=None, p=None, dtype=None):
+    def __init__(self, keep_prob=0.5, p=None, dtype=mstype.float32):
         super().__init__()
+        _float32_only("Dropout", dtype)
         if p is None:
-            p = 0.5 if keep_prob is None else 1 - keep_prob
+            p = 1 - keep_prob
         if not 0 <= p < 1:
             raise ValueError(f"Dropout: p={p} is out of range [0, 1)")
         self.p = float(p)
@@ -216,8 +225,9 @@ class LayerNorm(Cell):
     one dim). Parameters ``gamma`` and ``beta``, node ``layer_norm``."""
 
     def __init__(self, normalized_shape, begin_norm_axis=-1, begin_params_axis=-1,
-                 gamma_init="ones", beta_init="zeros", epsilon=1e-7, dtype=None):
+                 gamma_init="ones", beta_init="zeros", epsilon=1e-7, dtype=mstype.float32):
         super().__init__()
+        _float32_only("LayerNorm", dtype)
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
             normalized_shape)
         if len(shape) != 1:
@@ -242,8 +252,9 @@ class Embedding(Cell):
     ``gather`` (a lookup), or with ``use_one_hot`` ``one_hot`` and ``matmul``."""
 
     def __init__(self, vocab_size, embedding_size, use_one_hot=False, embedding_table="normal",
-                 dtype=None, padding_idx=None):
+                 dtype=mstype.float32, padding_idx=None):
         super().__init__()
+        _float32_only("Embedding", dtype)
         if padding_idx is not None:
             raise ValueError("Embedding: padding_idx is not supported yet")
         if isinstance(embedding_table, str) and embedding_table.lower() == "normal":

@@ -25,3 +25,6 @@ class Loss(Metric):
     labels (the loss of ``SoftmaxCrossEntropyWithLogits(sparse=True, reduction='mean')``)."""
 
     _kind = "loss"
+
+    def __init__(self):
+        pass

@@ -7,8 +7,8 @@ class RunContext:
     """What a callback gets: ``original_args()`` (the run's parameters, ``cb_params``) and
     ``request_stop()``."""
 
-    def __init__(self, cb_params):
-        self._cb_params = cb_params
+    def __init__(self, original_args):
+        self._cb_params = original_args
         self._stop = False
 
     def original_args(self):
