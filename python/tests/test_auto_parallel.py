@@ -243,3 +243,23 @@ def test_no_init_parameters_trains_the_same():
         net = MLP(64)
     assert all(p._deferred for p in net.trainable_params())
     assert _train(1, net=net) == one
+
+
+@pytest.mark.parametrize("mode", ["sharding_propagation", "recursive_programming"])
+def test_the_search_modes_train_as_one_device_and_save_their_strategies(mode, tmp_path):
+    one = _train(1)
+    saved = tmp_path / "ops.json"
+    net = MLP(64)
+    if mode == "sharding_propagation":
+        net.fc1.matmul.shard(((2, 1), (2, 1)))  # the anchor propagation starts from
+
+    tessera.set_seed(5)
+    tessera.set_auto_parallel_context(device_num=4)
+    parallel_net = AutoParallel(nn.WithLossCell(net, _loss()), parallel_mode=mode)
+    parallel_net.enable_gradients_mean()
+    parallel_net.save_operator_strategy_file(str(saved))
+    model = Model(parallel_net, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    model.train(1, _data())
+    assert model.losses == pytest.approx(one, abs=1e-5)
+    found = json.loads(saved.read_text())
+    assert "fc1.matmul" in json.dumps(found)
