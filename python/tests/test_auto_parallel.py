@@ -263,3 +263,28 @@ def test_the_search_modes_train_as_one_device_and_save_their_strategies(mode, tm
     assert model.losses == pytest.approx(one, abs=1e-5)
     found = json.loads(saved.read_text())
     assert "fc1.matmul" in json.dumps(found)
+
+
+def test_parameter_broadcast_and_shared_parameter_sync():
+    from tessera.parallel import parameter_broadcast, sync_pipeline_shared_parameters
+    from tessera.train import engine_config
+
+    net = MLP(64)
+    parallel_net = AutoParallel(nn.WithLossCell(net, _loss()))
+    parameter_broadcast(parallel_net, {})
+    parts = engine_config.unwrap(parallel_net)
+    config = engine_config.engine_config(
+        parts, nn.Momentum(net.trainable_params(), 0.05, 0.9), {}, epochs=1, output_dir="out",
+        resume_from=None, devices=4, deferred_init=False)
+    assert config["train"]["parameter_broadcast"] is True
+    # A run with it trains as one device (the broadcast of equal values changes nothing).
+    one = _train(1)
+    assert _train(4, setup=lambda p: (p.enable_gradients_mean(),
+                                      parameter_broadcast(p, None))) == pytest.approx(one, abs=1e-5)
+    with pytest.raises(ValueError, match="initial_rank=2"):
+        parameter_broadcast(parallel_net, None, initial_rank=2)
+    with pytest.raises(TypeError, match="layout must be a dict"):
+        parameter_broadcast(parallel_net, [1])
+    sync_pipeline_shared_parameters(parallel_net)
+    with pytest.raises(TypeError, match="must be a Cell"):
+        sync_pipeline_shared_parameters("net")

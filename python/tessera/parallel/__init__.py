@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from .. import _checks, _progress, _tessera
 from .._tessera import CheckpointError, CheckpointIOError
 from ._layout import Layout
+from ._network_functions import parameter_broadcast, sync_pipeline_shared_parameters
 
 if TYPE_CHECKING:
     # Only for the annotations: numpy (and the BLAS threads it starts) is loaded when a call
@@ -38,9 +39,11 @@ __all__ = [
     "load_distributed_checkpoint",
     "load_segmented_checkpoints",
     "merge_pipeline_strategys",
+    "parameter_broadcast",
     "rank_list_for_convert",
     "reshard_plan",
     "restore_group_info_list",
+    "sync_pipeline_shared_parameters",
     "unified_safetensors",
     "verify_checkpoint",
 ]

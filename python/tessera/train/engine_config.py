@@ -187,6 +187,10 @@ def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_fr
     train.update(epochs=epochs, seed=state["seed"], deterministic=state["deterministic"])
     if deferred_init:
         train["lazy_init"] = True
+    cells = (parts.top, parts.auto_parallel, parts.pipeline, parts.with_loss,
+             parts.with_loss._backbone)
+    if any(getattr(cell, "_parameter_broadcast", False) for cell in cells if cell is not None):
+        train["parameter_broadcast"] = True
     if resume_from is not None:
         output["resume_from"] = str(resume_from)
     return _strip_none({"parallel": parallel, "train": train, "output": output})
