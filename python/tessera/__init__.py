@@ -5,7 +5,7 @@
   plus ``reshard_plan``, ``layout_slices`` and ``verify_checkpoint``.
 - ``tessera.train(config, devices=...)`` trains as ``tessera train`` does and returns the
   metrics; ``tessera.plan(config, devices=...)`` returns the parallel plan as a dict.
-- Your own network with MindSpore's API (first and second slices of issue 34): ``tessera.nn`` (``Cell``
+- Your own network with MindSpore's API (issue 34): ``tessera.nn`` (``Cell``
   with ``construct``, ``Dense``, ``ReLU``, ``Flatten``, ``SequentialCell``, ``WithLossCell``,
   ``SoftmaxCrossEntropyWithLogits``, optimizers ``SGD``, ``Momentum``, ``Adam``,
   ``AdamWeightDecay``, metrics ``Accuracy``, ``Loss``), ``tessera.ops`` (primitives with
@@ -17,9 +17,14 @@
   ``float64``, ``int32``, ``int64``, ``set_context``, ``set_auto_parallel_context`` (the device
   count) and ``set_seed``; learning-rate schedules, parameter groups, ``tessera.mint.optim.AdamW``,
   ``GeneratorDataset``, ``ModelCheckpoint``, ``load_checkpoint``, ``load_param_into_net``,
-  ``save_checkpoint`` and ``tessera.Tensor`` (values for ``Parameter``). ``construct`` is traced
-  once into Tessera's graph; the Rust engine
-  runs every step. See docs/PYTHON.md, "Your own network (first and second slices)".
+  ``save_checkpoint`` and ``tessera.Tensor`` (values for ``Parameter``);
+  ``tessera.communication`` (``init``, ``get_rank``, ``get_group_size``: one process per rank
+  under ``tessera launch --nproc N -- python3 script.py``),
+  ``tessera.parallel.auto_parallel.AutoParallel`` with its switches, ``tessera.parallel.nn``
+  (``Pipeline``, ``PipelineGradReducer``, ``GradAccumulation``, ``MicroBatchInterleaved``),
+  ``shard`` with ``Layout``s and ``out_strategy``, ``ops.Print``. ``construct`` is traced once
+  into Tessera's graph; the Rust engine runs every step. See docs/PYTHON.md, "Your own
+  network" and "One process per rank".
 
 Errors name their culprit: ``CheckpointError`` (a ``ValueError``), ``CheckpointIOError`` (an
 ``OSError``) and ``ConfigError`` (a ``ValueError``) carry ``file``, ``tensor`` and ``rule``;
