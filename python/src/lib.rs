@@ -13,6 +13,7 @@
 //!   `graph::GraphBuilder`; [`network`]: their training over `runtime::Trainer` and their
 //!   forward runs; [`values`]: their parameters with given values; [`save`]:
 //!   `save_checkpoint` of named arrays.
+//! - [`anchors`]: the strategies `Cell.shard` fixes (anchored sharding).
 //! - [`distributed`]: one process per rank under `tessera launch` (the `mpi` feature).
 //! - [`errors`]: every library error becomes `CheckpointError` (a `ValueError`) or
 //!   `CheckpointIOError` (an `OSError`) with `file`, `tensor` and `rule` attributes.
@@ -21,6 +22,7 @@
 
 use pyo3::prelude::*;
 
+mod anchors;
 mod arrays;
 mod builder;
 mod checkpoints;
@@ -42,6 +44,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     training::register(m)?;
     network::register(m)?;
     distributed::register(m)?;
+    anchors::register(m)?;
     values::register(m)?;
     save::register(m)?;
     Ok(())

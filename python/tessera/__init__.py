@@ -42,6 +42,7 @@ from . import common, communication, dataset, nn, ops
 from . import mint
 from . import train  # the module tessera.train, callable as tessera.train(config, ...)
 from .common import Parameter, Tensor
+from .parallel import shard
 from .common.dtype import bfloat16, float16, float32, float64, int32, int64
 from .train.checkpoint import load_checkpoint, load_param_into_net, save_checkpoint
 
@@ -80,5 +81,6 @@ __all__ = [
     "set_auto_parallel_context",
     "set_context",
     "set_seed",
+    "shard",
     "train",
 ]

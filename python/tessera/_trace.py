@@ -32,7 +32,9 @@ class _Trace:
         self.cells = []          # (path, class name) of the Cells being traced, innermost last
         self.used = set()        # node names taken
         self.params = {}         # id(Parameter) -> Tensor
-        self.strategies = {}     # node name -> in_strategy
+        self.strategies = {}     # node name -> (in_strategy, out_strategy)
+        self.anchors = []        # (value id, split per dim, what) fixed by shard
+        self.param_anchors = []  # (Parameter, strategy, what) from shard's parameter_plan
         self.dropouts = 0        # Dropout sites traced so far (the default seed of the next)
         self.training = True     # False when Model.eval traces: nn.Dropout is the identity
 

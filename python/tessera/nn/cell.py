@@ -86,7 +86,22 @@ class Cell:
             raise RuntimeError(f"{type(self).__name__}: Cells run inside Model.train, which traces "
                                "construct once (there is no eager mode yet)")
         trace.cells.append((self._path, type(self).__name__))
+        spec = self.__dict__.get("_shard_spec")
         try:
+            if spec is not None:
+                spec.anchor_inputs(inputs)
+                spec.anchor_parameters(self)
             return self.construct(*inputs)
         finally:
             trace.cells.pop()
+
+    def shard(self, in_strategy, out_strategy=None, parameter_plan=None, device="Ascend",
+              level=0):
+        """MindSpore's ``Cell.shard``: fixes the splits of this Cell's inputs (one entry per
+        input: a tuple of split factors, a ``Layout`` or None) and of the parameters
+        ``parameter_plan`` names; the ops reading them get the engine's cheapest strategy that
+        splits them so (see ``tessera.parallel._shard``). Returns the Cell."""
+        from ..parallel._shard import ShardSpec
+        object.__setattr__(self, "_shard_spec", ShardSpec(
+            self._path or type(self).__name__, in_strategy, out_strategy, parameter_plan))
+        return self

@@ -22,6 +22,7 @@ from .. import _checks, _progress, _tessera
 from .._tessera import CheckpointError, CheckpointIOError
 from ._layout import Layout
 from ._network_functions import parameter_broadcast, sync_pipeline_shared_parameters
+from ._shard import shard
 
 if TYPE_CHECKING:
     # Only for the annotations: numpy (and the BLAS threads it starts) is loaded when a call
@@ -43,6 +44,7 @@ __all__ = [
     "rank_list_for_convert",
     "reshard_plan",
     "restore_group_info_list",
+    "shard",
     "sync_pipeline_shared_parameters",
     "unified_safetensors",
     "verify_checkpoint",

@@ -85,6 +85,13 @@ def batch_sizes(parts, batch, devices):
     return step, micro
 
 
+def devices_per_stage(parts, devices):
+    """The devices of one pipeline stage (all of them without stages)."""
+    auto = parts.auto_parallel
+    stages = (auto._pipeline or {}).get("stages", 1) if auto is not None else 1
+    return max(devices // stages, 1)
+
+
 def _strip_none(value):
     """``value`` without ``None`` entries (TOML has no null)."""
     if isinstance(value, dict):

@@ -10,8 +10,8 @@ import weakref
 import numpy as np
 
 from .. import _context, _trace, nn
-from .._tessera import (NetworkBuilder, forward_network, mpi_barrier, mpi_broadcast_str,
-                        read_parameters, train_network)
+from .._tessera import (NetworkBuilder, anchored_strategies, forward_network, mpi_barrier,
+                        mpi_broadcast_str, read_parameters, train_network)
 from . import engine_config
 from .callback import RunContext, _StopRequested
 from .checkpoint import _run_recipe
@@ -65,6 +65,30 @@ def _engine_arrays(dataset):
     return data, label
 
 
+def _anchors(trace):
+    """``[(value id, split)]`` fixed by ``shard`` while tracing: Cells' inputs and the
+    parameters of their ``parameter_plan``."""
+    from ..parallel._shard import _split
+    anchors = [(vid, split) for vid, split, _ in trace.anchors]
+    for p, strategy, what in trace.param_anchors:
+        tensor = trace.params.get(id(p))
+        if tensor is None:
+            raise ValueError(f"{what}: the parameter is not used by the network")
+        anchors.append((tensor.id, _split(what, strategy, tensor.ndim)))
+    return anchors
+
+
+def _with_anchored(builder, anchors, strategies, devices, per_stage):
+    """``strategies`` with the engine's strategy for every op reading an anchored value that
+    ``Primitive.shard`` left unset (on one device there is nothing to split)."""
+    if not anchors or devices == 1:
+        return strategies
+    found = anchored_strategies(builder, anchors, per_stage)
+    merged = {op: (tuple(tuple(s) for s in ins), None) for op, ins in found.items()}
+    merged.update(strategies)
+    return merged
+
+
 class Model:
     """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``. The
     network must end in a loss: ``loss_fn`` is given (the network is wrapped in
@@ -116,6 +140,7 @@ class Model:
             if not isinstance(t, _trace.Tensor):
                 raise TypeError(f"{what} is a {type(t).__name__}, not a traced tensor")
         params = [(p, trace.params[id(p)]) for p in net.get_parameters() if id(p) in trace.params]
+        self._anchors = _anchors(trace)
         return builder, x, y, logits, loss, trace.strategies, params
 
     def _run_dir(self):
@@ -160,6 +185,8 @@ class Model:
         devices = self._devices()
         step_batch, micro_batch = engine_config.batch_sizes(self._parts, batch, devices)
         builder, x, y, logits, loss, strategies, traced = self._trace(micro_batch, data, labels)
+        strategies = _with_anchored(builder, self._anchors, strategies, devices,
+                                    engine_config.devices_per_stage(self._parts, devices))
         callbacks = [] if callbacks is None else (
             list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
         batch_num = len(data) // batch
