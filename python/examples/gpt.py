@@ -3,7 +3,7 @@ the same graph as the built-in ``model.name = "gpt"`` (crates/models/src/gpt.rs)
 parameter names, shapes and initializers, the same ops in the same order, the same dropout
 seeds. Trained through ``tessera.train.Model`` on the same token windows, it gives the built-in
 GPT's per-step losses bit for bit (python/tests/test_gpt.py), on one device and with the
-Megatron-style model-parallel strategies ``GPT.shard`` sets (those of
+Megatron-style model-parallel strategies ``GPT.set_parallel`` sets (those of
 crates/models/src/gpt_parallel.rs with ``vocab_emb_dp = true``).
 
     python examples/gpt.py            # trains a small GPT on the bundled King James Bible
@@ -147,7 +147,7 @@ class GPT(nn.Cell):
         logits = self.lm_head(self.ln_f(x), table)
         return self.logits(logits, (self.tokens, self.vocab_size))
 
-    def shard(self, data_parallel, model_parallel):
+    def set_parallel(self, data_parallel, model_parallel):
         """Sets the strategies of the built-in GPT's ``[parallel]`` keys ``data_parallel``,
         ``model_parallel`` (heads and MLP features, Megatron's layout), ``vocab_emb_dp = true``
         and ``use_seq_parallel = false`` (crates/models/src/gpt_parallel.rs). Returns the GPT."""
@@ -207,7 +207,7 @@ class GPTLoss(nn.Cell):
     def construct(self, logits, labels):
         return self.loss(logits, self.labels_flat(labels, (self.tokens,)))
 
-    def shard(self, data_parallel):
+    def set_parallel(self, data_parallel):
         """The built-in GPT's strategies of its loss nodes. Returns the loss."""
         self.labels_flat.shard(((data_parallel, 1),))
         self.loss.shard(((data_parallel, 1), (data_parallel,)))

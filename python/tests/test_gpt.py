@@ -57,8 +57,8 @@ def _python(tokens, devices, dropout, mp):
     net = gpt.GPT(VOCAB, LAYERS, HEADS, HIDDEN, SEQ, BATCH, dropout=dropout)
     loss = gpt.GPTLoss(BATCH * SEQ)
     if devices > 1:
-        net.shard(devices // mp, mp)
-        loss.shard(devices // mp)
+        net.set_parallel(devices // mp, mp)
+        loss.set_parallel(devices // mp)
     model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.05, 0.9))
     model.train(1, ds.NumpySlicesDataset((inputs, labels), shuffle=False).batch(BATCH))
     return np.array(model.losses, np.float32), net

@@ -285,6 +285,7 @@ class Mixer(nn.Cell):
         self.softmax = ops.Softmax()
         self.context = ops.BatchMatMul()
         self.square = ops.Mul()
+        self.shift = ops.Add()
         self.sqrt = ops.Sqrt()
         self.log = ops.Log()
         self.exp = ops.Exp()
@@ -303,6 +304,7 @@ class Mixer(nn.Cell):
             self.softmax.shard(((2, 2, 1),))
             self.context.shard(((2, 2, 1), (2, 1, 1)))
             self.square.shard(((2, 2, 1), (2, 2, 1)))
+            self.shift.shard(((2, 2, 1), ()))                     # () for the scalar
             self.sqrt.shard(((2, 2, 1),))
             self.log.shard(((2, 2, 1),))
             self.exp.shard(((2, 1, 2),))
@@ -318,7 +320,7 @@ class Mixer(nn.Cell):
         h = self.ln(self.fc(x))                                   # [n, 8, 16]
         probs = self.softmax(self.scores(h, h) * 0.25)            # [n, 8, 8] (ScaledSoftmax)
         h = self.context(probs, h)                                # [n, 8, 16]
-        h = self.log(self.sqrt(self.square(h, h) + 1.0) + 1.0)    # [n, 8, 16]
+        h = self.log(self.sqrt(self.shift(self.square(h, h), 1.0)) + 1.0)  # [n, 8, 16]
         h = self.dropout(h - self.mean(h, 2))
         a, b = self.split(h)                                      # [n, 8, 8] each
         pooled = self.total(self.neg(self.exp(b * 0.1)), 2)       # [n, 8]
