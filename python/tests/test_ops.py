@@ -410,6 +410,9 @@ def test_bad_axes_name_the_cell_the_op_and_the_rule():
     assert "op Split: output_num=2 does not divide dim 1 (3)" in str(e)
     e = _error(lambda s, x: ops.Concat(4)((x, x)))
     assert "op Concat: axis 4 is out of range" in str(e)
+    ids = np.zeros((4, 3), np.int32)
+    e = _error(lambda s, x: ops.OneHot().shard(((2, 1),))(x, 4, 1.0, 0.0), ids)
+    assert "one_hot: OneHot's strategy is one tuple of its output's 3 dims" in str(e)
 
 
 def test_unsupported_attributes_name_the_cell_the_op_and_the_rule():
