@@ -147,16 +147,19 @@ class GPT(nn.Cell):
         logits = self.lm_head(self.ln_f(x), table)
         return self.logits(logits, (self.tokens, self.vocab_size))
 
-    def set_parallel(self, data_parallel, model_parallel, vocab_emb_dp=True):
+    def set_parallel(self, data_parallel, model_parallel, vocab_emb_dp=True,
+                     use_seq_parallel=False):
         """Sets the strategies of the built-in GPT's ``[parallel]`` keys ``data_parallel``,
         ``model_parallel`` (heads and MLP features, Megatron's layout), ``vocab_emb_dp`` (false:
         the embedding table's rows and the logits' vocabulary split ``model_parallel`` ways) and
-        ``use_seq_parallel = false`` (crates/models/src/gpt_parallel.rs). Returns the GPT."""
+        ``use_seq_parallel`` (the residual stream's sequence dim split ``model_parallel`` ways),
+        as crates/models/src/gpt_parallel.rs sets them. Returns the GPT."""
         dp, mp = data_parallel, model_parallel
         v = 1 if vocab_emb_dp else mp
-        stream, heads4 = (dp, 1, 1), (dp, mp, 1, 1)
+        s = mp if use_seq_parallel else 1
+        stream, heads4 = (dp, s, 1), (dp, mp, 1, 1)
         self.embedding.gather.shard(((v, 1), (dp, 1)))
-        self.embed.add.shard((stream, (1, 1)))
+        self.embed.add.shard((stream, (s, 1)))
         _shard_dropout(self.embed.dropout, stream)
         for block in list(self.blocks) + [None]:
             lns = (block.ln1, block.ln2) if block else (self.ln_f,)

@@ -33,11 +33,13 @@ def _tokens(tmp_path):
     return path, tokens
 
 
-def _builtin(tmp_path, path, devices, dropout, mp, vocab_emb_dp=True, deterministic=False):
+def _builtin(tmp_path, path, devices, dropout, mp, vocab_emb_dp=True, deterministic=False,
+             seq_parallel=False):
     mode = "stand_alone" if devices == 1 else "semi_auto"
     parallel = {"devices": devices, "mode": mode}
     if devices > 1:
-        parallel.update(data_parallel=devices // mp, model_parallel=mp, vocab_emb_dp=vocab_emb_dp)
+        parallel.update(data_parallel=devices // mp, model_parallel=mp, vocab_emb_dp=vocab_emb_dp,
+                        use_seq_parallel=seq_parallel)
     config = {
         "model": {"name": "gpt", "layers": LAYERS, "heads": HEADS, "hidden": HIDDEN,
                   "seq_len": SEQ, "dropout": dropout, "tie_embeddings": True},
@@ -51,7 +53,8 @@ def _builtin(tmp_path, path, devices, dropout, mp, vocab_emb_dp=True, determinis
     return np.array(tessera.train(config, devices=devices)["losses"], np.float32)
 
 
-def _python(tokens, devices, dropout, mp, vocab_emb_dp=True, deterministic=False):
+def _python(tokens, devices, dropout, mp, vocab_emb_dp=True, deterministic=False,
+            seq_parallel=False):
     tessera.set_auto_parallel_context(device_num=devices, parallel_mode="semi_auto_parallel")
     tessera.set_context(deterministic="ON" if deterministic else "OFF")
     inputs, labels = gpt.token_windows(tokens, 1, STEPS, BATCH, SEQ)
@@ -61,7 +64,7 @@ def _python(tokens, devices, dropout, mp, vocab_emb_dp=True, deterministic=False
     vocab_parallel = deterministic or (devices > 1 and not vocab_emb_dp and mp > 1)
     loss = gpt.GPTLoss(BATCH * SEQ, VOCAB, vocab_parallel=vocab_parallel)
     if devices > 1:
-        net.set_parallel(devices // mp, mp, vocab_emb_dp)
+        net.set_parallel(devices // mp, mp, vocab_emb_dp, seq_parallel)
         loss.set_parallel(devices // mp, 1 if vocab_emb_dp else mp)
     model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.05, 0.9))
     model.train(1, ds.NumpySlicesDataset((inputs, labels), shuffle=False).batch(BATCH))
@@ -127,3 +130,11 @@ def test_vocabulary_parallel_and_deterministic_losses_are_the_builtin_gpts_bit_f
     if deterministic:
         one, _ = _python(tokens, 1, 0.1, 1, True, True)
         assert python.tobytes() == one.tobytes(), "deterministic mode is one device's bits"
+
+
+def test_sequence_parallel_losses_are_the_builtin_gpts_bit_for_bit(tmp_path):
+    path, tokens = _tokens(tmp_path)
+    builtin = _builtin(tmp_path, path, 4, 0.1, 2, seq_parallel=True)
+    python, _ = _python(tokens, 4, 0.1, 2, seq_parallel=True)
+    assert len(builtin) == STEPS and np.isfinite(builtin).all()
+    assert python.tobytes() == builtin.tobytes(), f"{python} vs {builtin}"
