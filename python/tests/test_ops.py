@@ -464,3 +464,21 @@ def test_shape_mismatches_name_the_node():
         cell._name_tree("")
         with _trace.tracing(builder):
             cell(_trace.Tensor(*builder.input("data", [4, 3, 5], "float32")))
+
+
+def test_dropout_is_the_identity_in_model_eval():
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Dense(4, 3, weight_init=Normal(0.1))
+            self.drop = nn.Dropout(p=0.5)
+
+        def construct(self, x):
+            return self.drop(self.fc(x))
+
+    model = Model(Net(), nn.CrossEntropyLoss())
+    x = np.zeros((8, 4), np.float32)
+    y = np.zeros(8, np.int32)
+    for training, expected in ((True, True), (False, False)):
+        builder = model._trace(4, x, y, training=training)[0]
+        assert ("drop" in builder.node_names()) is expected
