@@ -426,10 +426,10 @@ class OneHot(Primitive):
         if s is None:
             return
         ndim = tensors[0].ndim + 1
-        if not (len(s) in (1, 3) and len(s[0]) == ndim and all(len(t) == 0 for t in s[1:])):
+        if not (len(s) in (1, 3) and _dims(s[0]) == ndim and all(_dims(t) == 0 for t in s[1:])):
             raise ValueError(f"{name}: OneHot's strategy is one tuple of its output's {ndim} dims "
                              f"(the indices' and the depth's), then optionally (), (); got {s}")
-        trace.strategies[name] = [list(s[0])]
+        trace.strategies[name] = ((s[0],), self.out_strategy)
 
 
 class Concat(Primitive):
