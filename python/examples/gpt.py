@@ -3,7 +3,7 @@ the same graph as the built-in ``model.name = "gpt"`` (crates/models/src/gpt.rs)
 parameter names, shapes and initializers, the same ops in the same order, the same dropout
 seeds. Trained through ``tessera.train.Model`` on the same token windows, it gives the built-in
 GPT's per-step losses bit for bit (python/tests/test_gpt.py), on one device and with the
-Megatron-style model-parallel strategies ``GPT.shard`` sets (those of
+Megatron-style model-parallel strategies ``GPT.set_parallel`` sets (those of
 crates/models/src/gpt_parallel.rs with ``vocab_emb_dp = true``).
 
     python examples/gpt.py            # trains a small GPT on the bundled King James Bible
@@ -147,14 +147,19 @@ class GPT(nn.Cell):
         logits = self.lm_head(self.ln_f(x), table)
         return self.logits(logits, (self.tokens, self.vocab_size))
 
-    def shard(self, data_parallel, model_parallel):
+    def set_parallel(self, data_parallel, model_parallel, vocab_emb_dp=True,
+                     use_seq_parallel=False):
         """Sets the strategies of the built-in GPT's ``[parallel]`` keys ``data_parallel``,
-        ``model_parallel`` (heads and MLP features, Megatron's layout), ``vocab_emb_dp = true``
-        and ``use_seq_parallel = false`` (crates/models/src/gpt_parallel.rs). Returns the GPT."""
+        ``model_parallel`` (heads and MLP features, Megatron's layout), ``vocab_emb_dp`` (false:
+        the embedding table's rows and the logits' vocabulary split ``model_parallel`` ways) and
+        ``use_seq_parallel`` (the residual stream's sequence dim split ``model_parallel`` ways),
+        as crates/models/src/gpt_parallel.rs sets them. Returns the GPT."""
         dp, mp = data_parallel, model_parallel
-        stream, heads4 = (dp, 1, 1), (dp, mp, 1, 1)
-        self.embedding.gather.shard(((1, 1), (dp, 1)))
-        self.embed.add.shard((stream, (1, 1)))
+        v = 1 if vocab_emb_dp else mp
+        s = mp if use_seq_parallel else 1
+        stream, heads4 = (dp, s, 1), (dp, mp, 1, 1)
+        self.embedding.gather.shard(((v, 1), (dp, 1)))
+        self.embed.add.shard((stream, (s, 1)))
         _shard_dropout(self.embed.dropout, stream)
         for block in list(self.blocks) + [None]:
             lns = (block.ln1, block.ln2) if block else (self.ln_f,)
@@ -183,8 +188,8 @@ class GPT(nn.Cell):
             _shard_dropout(m.dropout, stream)
             block.residual1.shard((stream, stream))
             block.residual2.shard((stream, stream))
-        self.lm_head.matmul.shard(((dp, 1, 1), (1, 1)))
-        self.logits.shard(((dp, 1, 1),))
+        self.lm_head.matmul.shard(((dp, 1, 1), (v, 1)))
+        self.logits.shard(((dp, 1, v),))
         return self
 
 
@@ -194,23 +199,78 @@ def _shard_dropout(cell, strategy):
         cell.dropout.shard((strategy,))
 
 
+class VocabParallelCrossEntropy(nn.Cell):
+    """Softmax cross entropy of ``logits [n, c]`` against int ``labels [n]`` from ops that keep
+    the logits split on the classes (MindFormers' vocabulary-parallel cross entropy), as the
+    engine's ``GraphBuilder::vocab_parallel_cross_entropy`` builds it (scope ``loss``):
+    ``Σ_rows (log Σ exp(x − m) − Σ onehot·(x − m)) / n`` with ``m`` the row maximum."""
+
+    def __init__(self, classes, rows):
+        super().__init__()
+        self.classes, self.rows = classes, rows
+        self.max = ops.ReduceMax(keep_dims=True)
+        self.shift = ops.StopGradient()
+        self.shifted = ops.Sub()
+        self.exp = ops.Exp()
+        self.sum_exp = ops.ReduceSum(keep_dims=True)
+        self.log_sum_exp = ops.Log()
+        self.one_hot = ops.OneHot()
+        self.pick = ops.Mul()
+        self.target = ops.ReduceSum(keep_dims=True)
+        self.row_loss = ops.Sub()
+        self.total = ops.ReduceSum()
+        self.loss = ops.RealDiv()
+
+    def construct(self, logits, labels):
+        shifted = self.shifted(logits, self.shift(self.max(logits, 1)))
+        lse = self.log_sum_exp(self.sum_exp(self.exp(shifted), 1))
+        picked = self.pick(self.one_hot(labels, self.classes, 1.0, 0.0), shifted)
+        row_loss = self.row_loss(lse, self.target(picked, 1))
+        return self.loss(self.total(row_loss), float(self.rows))
+
+    def set_parallel(self, data_parallel, vocab_split):
+        """Rows split ``data_parallel`` ways, classes ``vocab_split`` ways (the engine's
+        ``vocab_parallel_cross_entropy_strategies``). Returns the Cell."""
+        logits, rows = (data_parallel, vocab_split), (data_parallel, 1)
+        for prim in (self.max, self.exp, self.sum_exp, self.target):
+            prim.shard((logits,))
+        for prim in (self.shift, self.log_sum_exp, self.total):
+            prim.shard((rows,))
+        self.shifted.shard((logits, rows))
+        self.one_hot.shard((logits,))
+        self.pick.shard((logits, logits))
+        self.row_loss.shard((rows, rows))
+        self.loss.shard(((), ()))
+        return self
+
+
 class GPTLoss(nn.Cell):
     """The mean cross entropy of the logits ``[batch·seq_len, vocab]`` against the next tokens
-    ``[batch, seq_len]`` (nodes ``labels_flat`` and ``loss``, as the built-in GPT's)."""
+    ``[batch, seq_len]``: nodes ``labels_flat`` and ``loss`` (the fused sparse softmax cross
+    entropy) or, with ``vocab_parallel``, the scope ``loss`` of ``VocabParallelCrossEntropy`` —
+    as the built-in GPT builds them (it uses the latter in deterministic mode, and with
+    ``vocab_emb_dp = false`` under model parallelism)."""
 
-    def __init__(self, tokens):
+    def __init__(self, tokens, vocab_size=None, vocab_parallel=False):
         super().__init__()
         self.tokens = tokens
         self.labels_flat = ops.Reshape()
-        self.loss = ops.SparseSoftmaxCrossEntropyWithLogits()
+        if vocab_parallel:
+            self.loss = VocabParallelCrossEntropy(vocab_size, tokens)
+        else:
+            self.loss = ops.SparseSoftmaxCrossEntropyWithLogits()
 
     def construct(self, logits, labels):
         return self.loss(logits, self.labels_flat(labels, (self.tokens,)))
 
-    def shard(self, data_parallel):
-        """The built-in GPT's strategies of its loss nodes. Returns the loss."""
+    def set_parallel(self, data_parallel, vocab_split=1):
+        """The built-in GPT's strategies of its loss nodes (``vocab_split``: the classes' split
+        of a vocabulary-parallel loss). Returns the loss."""
         self.labels_flat.shard(((data_parallel, 1),))
-        self.loss.shard(((data_parallel, 1), (data_parallel,)))
+        if isinstance(self.loss, VocabParallelCrossEntropy):
+            self.loss.set_parallel(data_parallel, vocab_split)
+        else:
+            self.loss.shard(((data_parallel, 1), (data_parallel,)))
         return self
 
 

@@ -292,12 +292,13 @@ impl NetworkBuilder {
         shape: Vec<usize>,
         dtype: &str,
     ) -> PyResult<(usize, Vec<usize>)> {
-        let dtype = match dtype {
-            "float32" => DType::F32,
-            "int32" => DType::I32,
+        let context = format!("input {name}");
+        let dtype = match parse_dtype(&context, dtype)? {
+            d @ (DType::F32 | DType::I32) => d,
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "input {name}: dtype {other} is not supported (float32 or int32)"
+                    "{context}: dtype {} is not supported (float32 or int32)",
+                    dtype_name(other)
                 )))
             }
         };

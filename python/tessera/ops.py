@@ -420,9 +420,16 @@ class OneHot(Primitive):
         return {"depth": args[0], "dtype": "float32"}
 
     def _record_strategy(self, trace, name, tensors):
-        if self.in_strategy is not None:
-            self._fail("a strategy is not supported yet (the engine's OneHot is split by its "
-                       "output's dims): shard its consumer instead", UnsupportedOpError)
+        """MindSpore's OneHot strategy: one tuple of the OUTPUT's dims (the indices' and the
+        depth's), optionally followed by ``()`` for ``on_value`` and ``off_value``."""
+        s = self.in_strategy
+        if s is None:
+            return
+        ndim = tensors[0].ndim + 1
+        if not (len(s) in (1, 3) and _dims(s[0]) == ndim and all(_dims(t) == 0 for t in s[1:])):
+            raise ValueError(f"{name}: OneHot's strategy is one tuple of its output's {ndim} dims "
+                             f"(the indices' and the depth's), then optionally (), (); got {s}")
+        trace.strategies[name] = ((s[0],), self.out_strategy)
 
 
 class Concat(Primitive):

@@ -33,11 +33,13 @@ def _tokens(tmp_path):
     return path, tokens
 
 
-def _builtin(tmp_path, path, devices, dropout, mp):
+def _builtin(tmp_path, path, devices, dropout, mp, vocab_emb_dp=True, deterministic=False,
+             seq_parallel=False):
     mode = "stand_alone" if devices == 1 else "semi_auto"
     parallel = {"devices": devices, "mode": mode}
     if devices > 1:
-        parallel.update(data_parallel=devices // mp, model_parallel=mp, vocab_emb_dp=True)
+        parallel.update(data_parallel=devices // mp, model_parallel=mp, vocab_emb_dp=vocab_emb_dp,
+                        use_seq_parallel=seq_parallel)
     config = {
         "model": {"name": "gpt", "layers": LAYERS, "heads": HEADS, "hidden": HIDDEN,
                   "seq_len": SEQ, "dropout": dropout, "tie_embeddings": True},
@@ -45,20 +47,25 @@ def _builtin(tmp_path, path, devices, dropout, mp):
                  "val_fraction": 0.0, "batch_size": BATCH, "steps_per_epoch": STEPS},
         "parallel": parallel,
         "train": {"epochs": 1, "optimizer": "momentum", "learning_rate": 0.05,
-                  "momentum": 0.9, "seed": 1},
+                  "momentum": 0.9, "seed": 1, "deterministic": deterministic},
         "output": {"dir": str(tmp_path / f"builtin{devices}")},
     }
     return np.array(tessera.train(config, devices=devices)["losses"], np.float32)
 
 
-def _python(tokens, devices, dropout, mp):
+def _python(tokens, devices, dropout, mp, vocab_emb_dp=True, deterministic=False,
+            seq_parallel=False):
     tessera.set_auto_parallel_context(device_num=devices, parallel_mode="semi_auto_parallel")
+    tessera.set_context(deterministic="ON" if deterministic else "OFF")
     inputs, labels = gpt.token_windows(tokens, 1, STEPS, BATCH, SEQ)
     net = gpt.GPT(VOCAB, LAYERS, HEADS, HIDDEN, SEQ, BATCH, dropout=dropout)
-    loss = gpt.GPTLoss(BATCH * SEQ)
+    # The built-in GPT's loss is the vocabulary-parallel composite in deterministic mode and
+    # when the vocabulary is split (vocab_emb_dp = false under model parallelism).
+    vocab_parallel = deterministic or (devices > 1 and not vocab_emb_dp and mp > 1)
+    loss = gpt.GPTLoss(BATCH * SEQ, VOCAB, vocab_parallel=vocab_parallel)
     if devices > 1:
-        net.shard(devices // mp, mp)
-        loss.shard(devices // mp)
+        net.set_parallel(devices // mp, mp, vocab_emb_dp, seq_parallel)
+        loss.set_parallel(devices // mp, 1 if vocab_emb_dp else mp)
     model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.05, 0.9))
     model.train(1, ds.NumpySlicesDataset((inputs, labels), shuffle=False).batch(BATCH))
     return np.array(model.losses, np.float32), net
@@ -105,5 +112,29 @@ def test_model_parallel_losses_are_the_builtin_gpts_bit_for_bit(tmp_path, mp):
     path, tokens = _tokens(tmp_path)
     builtin = _builtin(tmp_path, path, 4, 0.1, mp)
     python, _ = _python(tokens, 4, 0.1, mp)
+    assert len(builtin) == STEPS and np.isfinite(builtin).all()
+    assert python.tobytes() == builtin.tobytes(), f"{python} vs {builtin}"
+
+
+@pytest.mark.parametrize("devices,mp,vocab_emb_dp,deterministic", [
+    (1, 1, True, True), (4, 2, False, False), (4, 2, True, True), (4, 2, False, True)],
+    ids=["1-deterministic", "mp2-vocab-parallel", "mp2-deterministic",
+         "mp2-vocab-parallel-deterministic"])
+def test_vocabulary_parallel_and_deterministic_losses_are_the_builtin_gpts_bit_for_bit(
+        tmp_path, devices, mp, vocab_emb_dp, deterministic):
+    path, tokens = _tokens(tmp_path)
+    builtin = _builtin(tmp_path, path, devices, 0.1, mp, vocab_emb_dp, deterministic)
+    python, _ = _python(tokens, devices, 0.1, mp, vocab_emb_dp, deterministic)
+    assert len(builtin) == STEPS and np.isfinite(builtin).all()
+    assert python.tobytes() == builtin.tobytes(), f"{python} vs {builtin}"
+    if deterministic:
+        one, _ = _python(tokens, 1, 0.1, 1, True, True)
+        assert python.tobytes() == one.tobytes(), "deterministic mode is one device's bits"
+
+
+def test_sequence_parallel_losses_are_the_builtin_gpts_bit_for_bit(tmp_path):
+    path, tokens = _tokens(tmp_path)
+    builtin = _builtin(tmp_path, path, 4, 0.1, 2, seq_parallel=True)
+    python, _ = _python(tokens, 4, 0.1, 2, seq_parallel=True)
     assert len(builtin) == STEPS and np.isfinite(builtin).all()
     assert python.tobytes() == builtin.tobytes(), f"{python} vs {builtin}"

@@ -285,6 +285,7 @@ class Mixer(nn.Cell):
         self.softmax = ops.Softmax()
         self.context = ops.BatchMatMul()
         self.square = ops.Mul()
+        self.shift = ops.Add()
         self.sqrt = ops.Sqrt()
         self.log = ops.Log()
         self.exp = ops.Exp()
@@ -303,6 +304,7 @@ class Mixer(nn.Cell):
             self.softmax.shard(((2, 2, 1),))
             self.context.shard(((2, 2, 1), (2, 1, 1)))
             self.square.shard(((2, 2, 1), (2, 2, 1)))
+            self.shift.shard(((2, 2, 1), ()))                     # () for the scalar
             self.sqrt.shard(((2, 2, 1),))
             self.log.shard(((2, 2, 1),))
             self.exp.shard(((2, 1, 2),))
@@ -318,7 +320,7 @@ class Mixer(nn.Cell):
         h = self.ln(self.fc(x))                                   # [n, 8, 16]
         probs = self.softmax(self.scores(h, h) * 0.25)            # [n, 8, 8] (ScaledSoftmax)
         h = self.context(probs, h)                                # [n, 8, 16]
-        h = self.log(self.sqrt(self.square(h, h) + 1.0) + 1.0)    # [n, 8, 16]
+        h = self.log(self.sqrt(self.shift(self.square(h, h), 1.0)) + 1.0)  # [n, 8, 16]
         h = self.dropout(h - self.mean(h, 2))
         a, b = self.split(h)                                      # [n, 8, 8] each
         pooled = self.total(self.neg(self.exp(b * 0.1)), 2)       # [n, 8]
@@ -408,6 +410,9 @@ def test_bad_axes_name_the_cell_the_op_and_the_rule():
     assert "op Split: output_num=2 does not divide dim 1 (3)" in str(e)
     e = _error(lambda s, x: ops.Concat(4)((x, x)))
     assert "op Concat: axis 4 is out of range" in str(e)
+    ids = np.zeros((4, 3), np.int32)
+    e = _error(lambda s, x: ops.OneHot().shard(((2, 1),))(x, 4, 1.0, 0.0), ids)
+    assert "one_hot: OneHot's strategy is one tuple of its output's 3 dims" in str(e)
 
 
 def test_unsupported_attributes_name_the_cell_the_op_and_the_rule():
@@ -444,10 +449,36 @@ def test_unsupported_attributes_name_the_cell_the_op_and_the_rule():
 
 def test_shape_mismatches_name_the_node():
     e = _error(lambda s, x: ops.BatchMatMul()(x, x))
-    assert "batch_matmul" in str(e)
+    assert str(e).startswith("batch_matmul: inner dims 5 and 3 differ")
     e = _error(lambda s, x: ops.Concat(2)((x, ops.transpose(x, (0, 2, 1)))))
-    assert "concat" in str(e)
+    assert str(e).startswith("concat: input `transpose` has shape [4, 5, 3], but Concat needs")
     e = _error(lambda s, x: ops.MaskedFill()(x, ops.ones((4, 4)), 0.0))
-    assert "masked_fill" in str(e)
+    assert str(e).startswith("masked_fill: input `ones` has shape [4, 4], but MaskedFill needs")
     e = _error(lambda s, x: x + s.w, w=np.zeros(4))
-    assert "add" in str(e)
+    assert str(e).startswith("add: `data` [4, 3, 5] and `w` [4] cannot be broadcast")
+    # inside a Cell, the node is named after the Cell's path
+    cell = Fn(lambda s, x: s.inner(x))
+    cell.inner = nn.Dense(4, 2)
+    with pytest.raises(ValueError, match=r"^inner\.matmul: "):
+        builder = NetworkBuilder()
+        cell._name_tree("")
+        with _trace.tracing(builder):
+            cell(_trace.Tensor(*builder.input("data", [4, 3, 5], "float32")))
+
+
+def test_dropout_is_the_identity_in_model_eval():
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Dense(4, 3, weight_init=Normal(0.1))
+            self.drop = nn.Dropout(p=0.5)
+
+        def construct(self, x):
+            return self.drop(self.fc(x))
+
+    model = Model(Net(), nn.CrossEntropyLoss())
+    x = np.zeros((8, 4), np.float32)
+    y = np.zeros(8, np.int32)
+    for training, expected in ((True, True), (False, False)):
+        builder = model._trace(4, x, y, training=training)[0]
+        assert ("drop" in builder.node_names()) is expected
