@@ -607,7 +607,11 @@ fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
     };
     let shards = shards as f64;
     // The loss lives on one stage: it is repeated over that stage's devices, not the job's.
-    let stages = placed.config.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
+    let stages = placed
+        .config
+        .pipeline
+        .as_ref()
+        .map_or(1, |p| p.stages.max(1));
     let repeated = ((placed.stage.n_devices() / stages) as f64) / shards;
     let mut scale = 1.0;
     if !placed.config.gradients_mean {

@@ -182,7 +182,12 @@ fn loss_repeated_mean_counts_the_loss_stages_devices() {
     let tmp = tempfile::tempdir().unwrap();
     let pipe = "[parallel.pipeline]\nstages = 2";
     let run = |name: &str, parallel: String, extra: &[&str]| {
-        train(&config(&tmp.path().join(name), "momentum", &parallel, extra))
+        train(&config(
+            &tmp.path().join(name),
+            "momentum",
+            &parallel,
+            extra,
+        ))
     };
     let repeat_off = ["parallel.loss_repeated_mean=false"];
     let reference = run("dp", semi(4, pipe), &[]);
