@@ -102,3 +102,39 @@ def test_bad_shard_arguments_name_the_rule():
     other.fc1.shard(((4, 1),), parameter_plan={"gamma": (2, 1)})
     with pytest.raises(ValueError, match="parameter_plan names 'gamma'"):
         _train(other, 4)
+
+
+def test_reshard_inside_construct_moves_the_value_to_its_layout(tmp_path):
+    from tessera.parallel.function import reshard
+
+    class Net(nn.Cell):
+        def __init__(self, layout=None):
+            super().__init__()
+            self.fc1 = nn.Dense(64, 32, activation="relu")
+            self.fc2 = nn.Dense(32, 10)
+            self.layout = layout
+
+        def construct(self, x):
+            h = self.fc1(x)
+            if self.layout is not None:
+                h = reshard(h, self.layout)
+            return self.fc2(h)
+
+    one = _train(Net(), 1, mode="semi_auto")
+    layout = Layout((2, 2), ("dp", "mp"))
+    tessera.set_seed(2)
+    tessera.set_auto_parallel_context(device_num=4)
+    net = Net(layout("dp", "mp"))
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    parallel_net = AutoParallel(nn.WithLossCell(net, loss))
+    parallel_net.enable_gradients_mean()
+    model = Model(parallel_net, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    model.train(1, _data())
+    assert model.losses == pytest.approx(one, abs=1e-5)
+    # The node is in the run's strategies with the layout's splits, (2, 2) in and out.
+    ops_saved = json.loads((model._checkpoint / "strategy.json").read_text())["ops"]
+    entry = next(op for op in ops_saved if op["name"] == "reshard")
+    assert json.dumps(entry).count("[2, 2]") >= 2, entry
+    # A layout of the wrong rank names the rule.
+    with pytest.raises(ValueError, match=r"reshard: layout .* has 3 dim\(s\)"):
+        _train(Net(layout("dp", "mp", "None")), 4, mode="semi_auto")
