@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+import tessera
+
 from launched import REPO, RESULT, require_launch, results, run
 
 # A network with AutoParallel's switches: 2 pipeline stages × 2 data-parallel ranks, hsdp, 4
@@ -20,7 +22,7 @@ SCRIPT = textwrap.dedent('''
     from tessera.communication import init, get_rank, get_group_size
     from tessera.parallel.auto_parallel import AutoParallel
     from tessera.parallel.nn import Pipeline
-    from tessera.train import Callback, Model
+    from tessera.train import Callback, CheckpointConfig, Model, ModelCheckpoint
 
     if os.environ.get("DETERMINISTIC") == "1":
         ms.set_context(deterministic="ON")
@@ -58,7 +60,11 @@ SCRIPT = textwrap.dedent('''
     p.save_param_strategy_file(os.path.abspath(f"param_{get_rank()}.ckpt"))
     p.set_group_ckpt_save_file(os.path.abspath(f"group_{get_rank()}.ckpt"))
     model = Model(network=p, optimizer=opt)
-    model.train(epoch=2, train_dataset=data, callbacks=[Boom()])
+    callbacks = [Boom()]
+    if os.environ.get("CKPT") == "1":
+        config = CheckpointConfig(save_checkpoint_steps=4, keep_checkpoint_max=2)
+        callbacks.append(ModelCheckpoint("net", os.path.abspath("ckpts"), config))
+    model.train(epoch=2, train_dataset=data, callbacks=callbacks)
     print("RESULT " + json.dumps({"rank": get_rank(), "size": get_group_size(),
                                   "losses": model.losses,
                                   "w": float(net.layer2.weight.asnumpy().sum())}), flush=True)
@@ -97,6 +103,16 @@ def test_four_ranks_give_one_devices_losses(script, tmp_path, deterministic):
         assert (tmp_path / f"param_{rank}.ckpt").stat().st_size > 0
         assert (tmp_path / f"group_{rank}.ckpt").stat().st_size > 0
     assert not list(tmp_path.glob("group_*_*.ckpt"))
+
+
+def test_model_checkpoint_under_the_launcher_keeps_the_newest_sets(script, tmp_path):
+    job = run(script, 4, tmp_path, {"CKPT": "1"})
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+    # 16 steps (2 epochs of 8), a set every 4: the newest two are steps 12 and 16.
+    assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["net-2_4", "net-2_8"]
+    weights = tessera.load_checkpoint(str(tmp_path / "ckpts" / "net-2_8"))
+    final = results(job)[0]["w"]
+    assert float(weights["layer2.weight"].asnumpy().sum()) == pytest.approx(final, abs=1e-6)
 
 
 def test_an_exception_on_one_rank_stops_every_rank_with_its_traceback(script, tmp_path):
