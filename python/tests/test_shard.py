@@ -91,8 +91,8 @@ def test_a_sharded_function_anchors_its_inputs():
 
 def test_bad_shard_arguments_name_the_rule():
     net = MLP(64)
-    with pytest.raises(ValueError, match="out_strategy is not supported"):
-        net.fc1.shard(((4, 1),), out_strategy=((4, 1),))
+    with pytest.raises(TypeError, match="out_strategy must be a tuple"):
+        net.fc1.shard(((4, 1),), out_strategy=[(4, 1)])
     with pytest.raises(TypeError, match="in_strategy must be a tuple"):
         net.fc1.shard([(4, 1)])
     net.fc1.shard(((4, 1, 1),))
@@ -138,3 +138,24 @@ def test_reshard_inside_construct_moves_the_value_to_its_layout(tmp_path):
     # A layout of the wrong rank names the rule.
     with pytest.raises(ValueError, match=r"reshard: layout .* has 3 dim\(s\)"):
         _train(Net(layout("dp", "mp", "None")), 4, mode="semi_auto")
+
+
+def test_out_strategy_lays_a_cells_output_out():
+    one = _train(MLP(64), 1)
+    net = MLP(64)
+    net.fc1.shard(((2, 1),), out_strategy=((2, 2),))
+    tessera.set_seed(2)
+    tessera.set_auto_parallel_context(device_num=4)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    parallel_net = AutoParallel(nn.WithLossCell(net, loss), parallel_mode="sharding_propagation")
+    parallel_net.enable_gradients_mean()
+    model = Model(parallel_net, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    model.train(1, _data())
+    assert model.losses == pytest.approx(one, abs=1e-5)
+    ops_saved = json.loads((model._checkpoint / "strategy.json").read_text())["ops"]
+    entry = next(op for op in ops_saved if op["name"] == "fc1.reshard")
+    assert entry["in_strategy"] == [[2, 2]], entry
+    wrong = MLP(64)
+    wrong.fc1.shard(((2, 1),), out_strategy=((2, 2), (2, 2)))
+    with pytest.raises(ValueError, match="out_strategy has 2 entries but it returns 1"):
+        _train(wrong, 4)

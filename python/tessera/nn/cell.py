@@ -88,10 +88,11 @@ class Cell:
         trace.cells.append((self._path, type(self).__name__))
         spec = self.__dict__.get("_shard_spec")
         try:
-            if spec is not None:
-                spec.anchor_inputs(inputs)
-                spec.anchor_parameters(self)
-            return self.construct(*inputs)
+            if spec is None:
+                return self.construct(*inputs)
+            spec.anchor_inputs(inputs)
+            spec.anchor_parameters(self)
+            return spec.lay_out(self.construct(*inputs))
         finally:
             trace.cells.pop()
 

@@ -8,7 +8,7 @@ named in ``parameter_plan``; while ``construct`` is traced they become anchors, 
 ops run with them (an explicit ``Primitive.shard`` wins); the rest of the network follows the
 run's mode — propagated from them under ``AutoParallel(net, "sharding_propagation")``, as
 MindSpore requires, or data parallel under ``semi_auto``. A ``Layout`` stands for its split per
-dim. ``out_strategy`` is not supported yet (an error)."""
+dim. ``out_strategy`` brings each output to its entry (``parallel.function.reshard``)."""
 
 from .. import _trace
 
@@ -46,9 +46,9 @@ class ShardSpec:
     """What ``shard`` recorded: the inputs' strategies and the parameter plan."""
 
     def __init__(self, owner, in_strategy, out_strategy, parameter_plan):
-        if out_strategy is not None:
-            raise ValueError(f"{owner}.shard: out_strategy is not supported yet (the engine's "
-                             "anchors fix inputs and parameters)")
+        if out_strategy is not None and not isinstance(out_strategy, tuple):
+            raise TypeError(f"{owner}.shard: out_strategy must be a tuple (one entry per "
+                            f"output), got {type(out_strategy).__name__}")
         if not isinstance(in_strategy, tuple):
             raise TypeError(f"{owner}.shard: in_strategy must be a tuple (one entry per input), "
                             f"got {type(in_strategy).__name__}")
@@ -57,6 +57,7 @@ class ShardSpec:
                             f"strategy, got {type(parameter_plan).__name__}")
         self.owner = owner
         self.in_strategy = in_strategy
+        self.out_strategy = out_strategy
         self.parameter_plan = dict(parameter_plan or {})
 
     def anchor_inputs(self, inputs):
@@ -73,6 +74,20 @@ class ShardSpec:
                                 "tensor, but in_strategy gives it a strategy")
             split = _split(f"{self.owner}.shard input {i}", strategy, x.ndim)
             trace.anchors.append((x.id, split, f"{self.owner} input {i}"))
+
+    def lay_out(self, result):
+        """``result`` (one traced tensor or a tuple of them) with each output brought to its
+        ``out_strategy`` entry by ``reshard`` (None leaves it)."""
+        if self.out_strategy is None:
+            return result
+        from .function import reshard
+        outputs = result if isinstance(result, tuple) else (result,)
+        if len(outputs) != len(self.out_strategy):
+            raise ValueError(f"{self.owner}.shard: out_strategy has {len(self.out_strategy)} "
+                             f"entries but it returns {len(outputs)} output(s)")
+        laid = tuple(x if s is None else reshard(x, s)
+                     for x, s in zip(outputs, self.out_strategy))
+        return laid if isinstance(result, tuple) else laid[0]
 
     def anchor_parameters(self, cell):
         """Records the anchors of the parameters ``parameter_plan`` names (by their full name or
@@ -106,7 +121,7 @@ def shard(fn, in_strategy, out_strategy=None, parameter_plan=None, device="Ascen
 
     def sharded(*inputs):
         spec.anchor_inputs(inputs)
-        return fn(*inputs)
+        return spec.lay_out(fn(*inputs))
 
     sharded.__name__ = getattr(fn, "__name__", "sharded")
     sharded.__doc__ = fn.__doc__
