@@ -26,7 +26,8 @@ def _data():
     return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(16)
 
 
-def _train(net, devices, tmp_path=None, mode="sharding_propagation"):
+def _model(net, devices, tmp_path=None, mode="sharding_propagation"):
+    """``net`` trained one epoch in ``AutoParallel(mode)`` on ``devices`` ranks: the Model."""
     tessera.set_seed(2)
     tessera.set_auto_parallel_context(device_num=devices)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -36,7 +37,17 @@ def _train(net, devices, tmp_path=None, mode="sharding_propagation"):
         parallel_net.save_operator_strategy_file(str(tmp_path / "ops.json"))
     model = Model(parallel_net, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9))
     model.train(1, _data())
-    return model.losses
+    return model
+
+
+def _train(net, devices, tmp_path=None, mode="sharding_propagation"):
+    return _model(net, devices, tmp_path, mode).losses
+
+
+def _saved_op(model, name):
+    """Op ``name``'s entry in the strategies of the set ``model`` trained last."""
+    ops_saved = json.loads((model._checkpoint / "strategy.json").read_text())["ops"]
+    return next(op for op in ops_saved if op["name"] == name)
 
 
 def _strategy_of(tmp_path, op):
@@ -122,18 +133,10 @@ def test_reshard_inside_construct_moves_the_value_to_its_layout(tmp_path):
 
     one = _train(Net(), 1, mode="semi_auto")
     layout = Layout((2, 2), ("dp", "mp"))
-    tessera.set_seed(2)
-    tessera.set_auto_parallel_context(device_num=4)
-    net = Net(layout("dp", "mp"))
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    parallel_net = AutoParallel(nn.WithLossCell(net, loss))
-    parallel_net.enable_gradients_mean()
-    model = Model(parallel_net, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9))
-    model.train(1, _data())
+    model = _model(Net(layout("dp", "mp")), 4, mode="semi_auto")
     assert model.losses == pytest.approx(one, abs=1e-5)
     # The node is in the run's strategies with the layout's splits, (2, 2) in and out.
-    ops_saved = json.loads((model._checkpoint / "strategy.json").read_text())["ops"]
-    entry = next(op for op in ops_saved if op["name"] == "reshard")
+    entry = _saved_op(model, "reshard")
     assert json.dumps(entry).count("[2, 2]") >= 2, entry
     # A layout of the wrong rank names the rule.
     with pytest.raises(ValueError, match=r"reshard: layout .* has 3 dim\(s\)"):
@@ -144,17 +147,9 @@ def test_out_strategy_lays_a_cells_output_out():
     one = _train(MLP(64), 1)
     net = MLP(64)
     net.fc1.shard(((2, 1),), out_strategy=((2, 2),))
-    tessera.set_seed(2)
-    tessera.set_auto_parallel_context(device_num=4)
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    parallel_net = AutoParallel(nn.WithLossCell(net, loss), parallel_mode="sharding_propagation")
-    parallel_net.enable_gradients_mean()
-    model = Model(parallel_net, optimizer=nn.Momentum(net.trainable_params(), 0.05, 0.9))
-    model.train(1, _data())
+    model = _model(net, 4)
     assert model.losses == pytest.approx(one, abs=1e-5)
-    ops_saved = json.loads((model._checkpoint / "strategy.json").read_text())["ops"]
-    entry = next(op for op in ops_saved if op["name"] == "fc1.reshard")
-    assert entry["in_strategy"] == [[2, 2]], entry
+    assert _saved_op(model, "fc1.reshard")["in_strategy"] == [[2, 2]]
     wrong = MLP(64)
     wrong.fc1.shard(((2, 1),), out_strategy=((2, 2), (2, 2)))
     with pytest.raises(ValueError, match="out_strategy has 2 entries but it returns 1"):
