@@ -135,6 +135,7 @@ impl Trainer {
                 loss_scale: None,
                 parameter_broadcast: false,
                 lazy_init: false,
+                threads_per_rank: 1,
                 max_grad_norm: None,
                 elastic: None,
             },

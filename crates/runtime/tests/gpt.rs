@@ -924,3 +924,34 @@ fn data_parallel_mode_matches_one_device() {
     ));
     assert_same_run("data_parallel mode on 4 devices", &run, &reference);
 }
+
+/// `train.threads_per_rank` lets a rank's large products use more threads, splitting their
+/// output only: a GPT wide enough for its products to be split trains bit for bit as on one
+/// thread, alone and on 2 ranks.
+#[test]
+fn threads_inside_a_rank_change_no_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wide = ["model.hidden=256", "model.ffn_hidden=1024"].map(String::from);
+    for (devices, parallel) in [
+        (1, "devices = 1".to_string()),
+        (2, semi(2, "model_parallel = 1")),
+    ] {
+        let run = |threads: usize| {
+            let mut overrides = wide.to_vec();
+            overrides.push(format!("train.threads_per_rank={threads}"));
+            let out = tmp.path().join(format!("{devices}-{threads}"));
+            train(&config_with(&out, "adam", "", &parallel, &overrides))
+        };
+        let one = run(1);
+        run_util::assert_bitwise_run(&format!("{devices} rank(s), 2 threads"), &run(2), &one);
+    }
+    let text = run_util::small_gpt_text(&tmp.path().join("bad"), "adam", "", "devices = 1");
+    for (value, rule) in [("0", "out of range"), ("300", "above 256")] {
+        let set = [format!("train.threads_per_rank={value}")];
+        let err = TrainConfig::parse(&text, None, &set, Path::new("/")).unwrap_err();
+        assert!(
+            err.to_string().contains("train.threads_per_rank") && err.to_string().contains(rule),
+            "{err}"
+        );
+    }
+}

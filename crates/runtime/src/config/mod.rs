@@ -227,6 +227,10 @@ pub struct TrainLoopConfig {
     /// `train.lazy_init` (MindSpore's `no_init_parameters`): a parameter is allocated and
     /// filled only when first used or loaded, so a resumed run never initialises it first.
     pub lazy_init: bool,
+    /// `train.threads_per_rank`: the threads a rank's large matrix products may use (1: a rank
+    /// owns one core). Process-wide (`tensor::kernels::threads`); the results are bitwise the
+    /// same on any count.
+    pub threads_per_rank: usize,
     /// `train.max_grad_norm` (MindSpore's `clip_by_global_norm`): every step's gradient is
     /// clipped to this global L2 norm before the update (`None`: not clipped).
     pub max_grad_norm: Option<crate::clip::MaxGradNorm>,

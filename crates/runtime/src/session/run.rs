@@ -244,6 +244,8 @@ impl TrainSession {
         &self,
         world: &Arc<dyn Communicator>,
     ) -> Result<(RankExecutor, RankExecutor), RuntimeError> {
+        // `train.threads_per_rank`: large products may use more threads (the same bits).
+        tensor::kernels::threads::set_threads(self.config.train().threads_per_rank);
         let mut exec = match self.config.train().lazy_init {
             true => RankExecutor::with_lazy_parameters(self.train.clone(), world.clone())?,
             false => RankExecutor::new(self.train.clone(), world.clone())?,

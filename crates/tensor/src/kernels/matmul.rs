@@ -1,8 +1,9 @@
 //! Matrix products: the slice-level [`gemm`](fn@gemm) (C ← α·op(A)·op(B) + β·C), the 2-D
 //! [`matmul`](fn@matmul) and the broadcasting [`batch_matmul`].
 //!
-//! Two libraries do the arithmetic, both single-threaded (a rank owns one core; parallelism comes
-//! from ranks): the `gemm` crate, built with its AVX-512 (`x86-v4`) kernels, and `matrixmultiply`;
+//! Two libraries do the arithmetic, single-threaded by default (a rank owns one core; parallelism
+//! comes from ranks, unless `train.threads_per_rank` lets a large product use more threads:
+//! [`super::threads`]): the `gemm` crate, built with its AVX-512 (`x86-v4`) kernels, and `matrixmultiply`;
 //! the `gemm` crate is also used through a column-major output buffer for skinny transposed-B
 //! products.
 //! [`GemmBackend::for_shape`] routes each shape class to the faster one, with the measurements
@@ -217,8 +218,9 @@ pub fn gemm_with<T: Float>(
     Ok(())
 }
 
-/// The `gemm` crate, single-threaded, on checked buffers: `c` (m×n, at `c_strides` = (row
-/// stride, column stride)) ← α·op(A)·op(B) + β·c, reading `c` only when β ≠ 0.
+/// The `gemm` crate on checked buffers: `c` (m×n, at `c_strides` = (row stride, column
+/// stride)) ← α·op(A)·op(B) + β·c, reading `c` only when β ≠ 0; on the threads
+/// [`super::threads`] allows for the product's size.
 fn gemm_crate<T: Float>(
     shape: GemmShape,
     alpha: T,
@@ -255,7 +257,10 @@ fn gemm_crate<T: Float>(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            match super::threads::threads_for(shape.flops()) {
+                1 => gemm::Parallelism::None,
+                n => gemm::Parallelism::Rayon(n),
+            },
         )
     }
 }

@@ -27,8 +27,8 @@
 //! - Gradients are named `<op>_grad` and return the gradient of the op's input(s) given the
 //!   upstream gradient `dy`; each documents whether it reads the forward input or output.
 //! - Binary ops broadcast like NumPy; [`sum_to_shape`] brings a broadcast gradient back.
-//! - Matmul routes each shape to the faster of two single-threaded backends
-//!   ([`GemmBackend::for_shape`]).
+//! - Matmul routes each shape to the faster of two backends ([`GemmBackend::for_shape`]),
+//!   single-threaded unless [`threads::set_threads`] allows more (bitwise the same results).
 //!
 //! # Modules
 //! One family per module: [`matmul`](mod@matmul), [`binary`](mod@binary),
@@ -48,6 +48,7 @@ pub mod norm;
 pub mod permute;
 pub mod reduce;
 pub mod softmax;
+pub mod threads;
 pub mod tree;
 pub mod unary;
 pub mod vector;

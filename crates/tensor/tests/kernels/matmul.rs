@@ -253,3 +253,49 @@ proptest! {
         }
     }
 }
+
+/// Threads inside a rank (`kernels::threads`) split a large product's output, never its
+/// contraction: every backend gives the single thread's bits on 2 and 4 threads, for the GPT's
+/// shapes, a contraction longer than the crate's depth block, and every transpose. (Other tests
+/// may run meanwhile under the changed setting; their results are the same bits too.)
+#[test]
+fn a_product_is_bitwise_the_same_on_any_thread_count() {
+    let mut rng = Rng::new(9);
+    let shapes = [
+        (2048, 512, 128),
+        (2048, 128, 512),
+        (128, 512, 2048),
+        (300, 700, 1500),
+    ];
+    for (m, n, k) in shapes {
+        assert!(2 * (m * n * k) as u64 >= kernels::threads::MIN_PARALLEL_FLOPS);
+        for (trans_a, trans_b) in [(false, false), (true, false), (false, true)] {
+            let shape = GemmShape {
+                m,
+                n,
+                k,
+                trans_a,
+                trans_b,
+            };
+            let a = r::to_f32(&rng.vec(m * k, -1.0, 1.0));
+            let b = r::to_f32(&rng.vec(k * n, -1.0, 1.0));
+            let c0 = r::to_f32(&rng.vec(m * n, -1.0, 1.0));
+            for backend in GemmBackend::ALL {
+                let run = |threads: usize| {
+                    kernels::threads::set_threads(threads);
+                    let mut c = c0.clone();
+                    gemm_with(backend, shape, 1.5, &a, &b, 1.0, &mut c).unwrap();
+                    kernels::threads::set_threads(1);
+                    c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let one = run(1);
+                for threads in [2, 4] {
+                    assert!(
+                        run(threads) == one,
+                        "{backend:?} {shape:?} on {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+}

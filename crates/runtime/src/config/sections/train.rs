@@ -55,6 +55,7 @@ pub(in crate::config) const TRAIN_KEYS: &[&str] = &[
     "loss_scale",
     "parameter_broadcast",
     "lazy_init",
+    "threads_per_rank",
     "max_grad_norm",
     "elastic",
     "elastic_interval",
@@ -131,6 +132,14 @@ pub(super) fn read_train_loop(
     let eval_interval = s.get("eval_interval", read_positive)?.map(|n| n as u64);
     let parameter_broadcast = s.or("parameter_broadcast", false, read_bool)?;
     let lazy_init = s.or("lazy_init", false, read_bool)?;
+    let threads_per_rank = s.or("threads_per_rank", 1, |key, v| {
+        let n = read_positive(key, v)?;
+        let max = tensor::kernels::threads::MAX_THREADS;
+        if n > max {
+            return Err(config_error(key, format!("{n} is above {max}")));
+        }
+        Ok(n)
+    })?;
     let max_grad_norm = s.get("max_grad_norm", read_max_grad_norm)?;
     let elastic = s.or("elastic", false, read_bool)?;
     let elastic_interval = s.get("elastic_interval", read_positive)?;
@@ -194,6 +203,7 @@ pub(super) fn read_train_loop(
         loss_scale,
         parameter_broadcast,
         lazy_init,
+        threads_per_rank,
         max_grad_norm,
         elastic,
     })
