@@ -48,6 +48,20 @@ pub struct GptStepRequest {
     /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), the runs
     /// alternating with unclipped ones `rounds` times.
     pub clip: bool,
+    /// Above 1: also time 1 rank with its large products on this many threads
+    /// (`train.threads_per_rank`), alternating with the 1-thread run `rounds` times.
+    pub threads: usize,
+}
+
+/// A variant of a configuration timed against it in [`Bench::rounds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Variant {
+    /// Deterministic mode.
+    deterministic: bool,
+    /// Clipped by global norm.
+    clip: bool,
+    /// Threads per rank.
+    threads: usize,
 }
 
 /// How a configuration's gradients are reduced.
@@ -136,6 +150,13 @@ pub enum GptStepLine {
     Deterministic(Ratios),
     /// Clipped throughput over unclipped, per round.
     Clipped(Ratios),
+    /// 1 rank on `threads` threads over 1 thread, per round.
+    Threaded {
+        /// Threads per rank.
+        threads: usize,
+        /// The ratios.
+        ratios: Ratios,
+    },
     /// Throughput on 2 ranks over 1 rank's: data parallel, model parallel.
     SpeedUp {
         /// Data parallel 2.
@@ -195,6 +216,11 @@ impl fmt::Display for GptStepLine {
                 f,
                 ("clipping by global norm", "the unclipped throughput"),
                 3,
+            ),
+            GptStepLine::Threaded { threads, ratios } => ratios.line(
+                f,
+                (&format!("1 rank on {threads} threads"), "1 thread"),
+                2,
             ),
             GptStepLine::SpeedUp {
                 data_parallel,
@@ -284,7 +310,7 @@ impl Bench<'_> {
         (dp, mp): (usize, usize),
         label: &str,
         (deterministic, reduction): (bool, Reduction),
-        clip: bool,
+        (clip, threads): (bool, usize),
     ) -> Result<f64, BenchError> {
         let bench = StepBench {
             optimizer: OptimizerConfig {
@@ -307,10 +333,13 @@ impl Bench<'_> {
         if deterministic {
             parallel::check_deterministic(&prog, DETERMINISTIC_BLOCKS)?;
         }
+        tensor::kernels::threads::set_threads(threads);
         let per_rank = LocalCluster::new(dp * mp)?
             .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
             .into_iter()
-            .collect::<Result<Result<Vec<_>, BenchError>, _>>()??;
+            .collect::<Result<Result<Vec<_>, BenchError>, _>>();
+        tensor::kernels::threads::set_threads(1);
+        let per_rank = per_rank??;
         let clip_per_step = match (clip, per_rank.first()) {
             (true, Some(r)) => Some(r.clip / r.steps.len().max(1) as u32),
             _ => None,
@@ -348,43 +377,41 @@ impl Bench<'_> {
         Ok(rate)
     }
 
-    /// Times `label` against `variant` (deterministic, or clipped) `rounds` times, alternating,
-    /// the first ordinary run being the one already measured at `rate`, and after it every odd
-    /// round timing the variant first (so that neither mode always runs second); the sorted
-    /// ratios.
+    /// Times `label` against `variant` (deterministic, clipped or threaded) `rounds` times,
+    /// alternating, the first ordinary run being the one already measured at `rate`, and after
+    /// it every odd round timing the variant first (so that neither mode always runs second);
+    /// the sorted ratios.
     fn rounds(
         &mut self,
         split: (usize, usize),
         (label, rate): (&str, f64),
         variant_label: &str,
-        (deterministic, clip): (bool, bool),
+        variant: Variant,
     ) -> Result<Ratios, BenchError> {
+        let time_variant = |bench: &mut Self| {
+            bench.measure(
+                split,
+                variant_label,
+                (variant.deterministic, Reduction::Plain),
+                (variant.clip, variant.threads),
+            )
+        };
         let mut ratios = Vec::new();
         for round in 0..self.request.rounds.max(1) {
             let variant_first = round % 2 == 1;
-            let mut variant = None;
+            let mut variant_rate = None;
             if variant_first {
-                variant = Some(self.measure(
-                    split,
-                    variant_label,
-                    (deterministic, Reduction::Plain),
-                    clip,
-                )?);
+                variant_rate = Some(time_variant(self)?);
             }
             let ordinary = match round {
                 0 => rate,
-                _ => self.measure(split, label, (false, Reduction::Plain), false)?,
+                _ => self.measure(split, label, (false, Reduction::Plain), (false, 1))?,
             };
-            let variant = match variant {
+            let variant_rate = match variant_rate {
                 Some(v) => v,
-                None => self.measure(
-                    split,
-                    variant_label,
-                    (deterministic, Reduction::Plain),
-                    clip,
-                )?,
+                None => time_variant(self)?,
             };
-            ratios.push(variant / ordinary);
+            ratios.push(variant_rate / ordinary);
         }
         ratios.sort_by(f64::total_cmp);
         Ok(Ratios(ratios))
@@ -414,14 +441,14 @@ pub fn gpt_step(
     ];
     let mut rates = Vec::new();
     for (split, label) in configurations {
-        let rate = bench.measure(split, label, (false, Reduction::Plain), false)?;
+        let rate = bench.measure(split, label, (false, Reduction::Plain), (false, 1))?;
         if request.fusion && split == (2, 1) {
             for (what, reduction) in [
                 ("fused", Reduction::Fused),
                 ("fused and overlapped", Reduction::FusedOverlapped),
             ] {
                 let label = format!("{label}, {what} gradients");
-                let fused = bench.measure(split, &label, (false, reduction), false)?;
+                let fused = bench.measure(split, &label, (false, reduction), (false, 1))?;
                 bench.push(GptStepLine::Fusion {
                     what,
                     ratio: fused / rate,
@@ -430,13 +457,34 @@ pub fn gpt_step(
         }
         if request.deterministic {
             let det_label = format!("{label}, deterministic");
-            let ratios = bench.rounds(split, (label, rate), &det_label, (true, false))?;
+            let det = Variant {
+                deterministic: true,
+                clip: false,
+                threads: 1,
+            };
+            let ratios = bench.rounds(split, (label, rate), &det_label, det)?;
             bench.push(GptStepLine::Deterministic(ratios));
         }
         if request.clip {
             let clip_label = format!("{label}, clipped by global norm");
-            let ratios = bench.rounds(split, (label, rate), &clip_label, (false, true))?;
+            let clip = Variant {
+                deterministic: false,
+                clip: true,
+                threads: 1,
+            };
+            let ratios = bench.rounds(split, (label, rate), &clip_label, clip)?;
             bench.push(GptStepLine::Clipped(ratios));
+        }
+        if request.threads > 1 && split == (1, 1) {
+            let threads = request.threads;
+            let threaded = Variant {
+                deterministic: false,
+                clip: false,
+                threads,
+            };
+            let thread_label = format!("{label} on {threads} threads");
+            let ratios = bench.rounds(split, (label, rate), &thread_label, threaded)?;
+            bench.push(GptStepLine::Threaded { threads, ratios });
         }
         rates.push(rate);
     }

@@ -178,6 +178,11 @@ struct GptStepArgs {
     /// rounds' throughput ratios.
     #[arg(long)]
     clip: bool,
+    /// Also time 1 rank with its large products on this many threads
+    /// (`train.threads_per_rank`), alternating with the 1-thread run `--rounds` times; reports
+    /// the median (min–max) of the rounds' throughput ratios. 1: not timed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: u16,
 }
 
 /// Arguments of `tessera bench ps`.
@@ -330,6 +335,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 rounds: a.rounds,
                 fusion: a.fusion,
                 clip: a.clip,
+                threads: usize::from(a.threads),
             };
             bench::gpt_step::gpt_step(&request, console)?;
         }
