@@ -246,3 +246,20 @@ def test_the_readmes_example_runs_as_written():
     scope = {}
     exec(compile(block, "README.md", "exec"), scope)
     assert scope["result"]["Accuracy"] > 0.8, scope["result"]
+
+
+def test_a_sub_cells_parameters_keep_the_networks_names(fresh_context):
+    """Asking a sub-Cell for its parameters (an optimizer over one layer's) before or after
+    training renames nothing: the network's names stay ``fc1.weight``, ``fc1.bias``."""
+    net = MLP(64)
+    first = net.fc1.trainable_params()
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((64, 64)).astype(np.float32)
+    labels = rng.integers(0, 10, 64).astype(np.int32)
+    model.train(1, NumpySlicesDataset({"image": images, "label": labels},
+                                      shuffle=False).batch(32))
+    assert [p.name for p in net.fc1.trainable_params()] == ["fc1.weight", "fc1.bias"]
+    assert [p.name for p in first] == ["fc1.weight", "fc1.bias"]
+    assert net.fc1.weight.asnumpy().shape == (32, 64)

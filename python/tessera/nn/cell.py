@@ -62,9 +62,21 @@ class Cell:
         """The direct sub-Cells by attribute name."""
         return dict(self._cells)
 
+    def _name_params(self, prefix):
+        """Names the Parameters below this Cell that have no name yet after their attribute
+        path from here; named ones keep theirs (the network's own naming, at trace time, is
+        ``_name_tree`` from the top)."""
+        for attr, p in self._params.items():
+            if p.name is None:
+                p.name = _join(prefix, attr)
+                p._auto_named = True
+        for attr, cell in self._cells.items():
+            cell._name_params(_join(prefix, attr) if self._auto_prefix else prefix)
+
     def parameters_and_names(self, name_prefix="", expand=True):
-        """Every Parameter below this Cell with its name."""
-        self._name_tree(name_prefix)
+        """Every Parameter below this Cell with its name (a sub-Cell's keep the names the
+        whole network gives them)."""
+        self._name_params(name_prefix)
         seen = set()
         for _, cell in self.cells_and_names():
             for p in cell._params.values():
