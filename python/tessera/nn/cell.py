@@ -63,13 +63,16 @@ class Cell:
         return dict(self._cells)
 
     def _name_params(self, prefix):
-        """Names the Parameters below this Cell that have no name yet after their attribute
-        path from here; named ones keep theirs (the network's own naming, at trace time, is
+        """Names the Parameters (and primitives) below this Cell that have no name yet after
+        their attribute path from here; named ones keep theirs (the network's own naming, at trace time, is
         ``_name_tree`` from the top)."""
         for attr, p in self._params.items():
             if p.name is None:
                 p.name = _join(prefix, attr)
                 p._auto_named = True
+        for attr, prim in self._prims.items():
+            if prim._name is None:
+                prim._name = prefix if (attr == self._single_op and prefix) else _join(prefix, attr)
         for attr, cell in self._cells.items():
             cell._name_params(_join(prefix, attr) if self._auto_prefix else prefix)
 
