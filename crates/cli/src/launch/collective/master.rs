@@ -54,6 +54,33 @@ struct NodeLink {
 }
 
 impl NodeLink {
+    /// Whether the node's end of the connection is closed (end of stream or an error), looked
+    /// at without reading anything (the watcher reads) and without changing the socket's mode.
+    fn closed(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let writer = lock(&self.writer);
+        let mut byte = 0u8;
+        // SAFETY: `recv` on the socket's own descriptor, which `writer` keeps open while the
+        // lock is held, into one valid byte; MSG_PEEK leaves the data for the watcher and
+        // MSG_DONTWAIT makes this one call non-blocking without touching the descriptor's flags.
+        let got = unsafe {
+            libc::recv(
+                writer.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match got {
+            0 => true,
+            n if n > 0 => false,
+            _ => !matches!(
+                io::Error::last_os_error().kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ),
+        }
+    }
+
     fn new(stream: TcpStream) -> Arc<NodeLink> {
         Arc::new(NodeLink {
             writer: Mutex::new(stream),
@@ -122,11 +149,18 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// The node ranks whose launcher went away.
+    /// The node ranks whose launcher went away: marked so by their watcher, or found closed
+    /// now (a launcher killed with its ranks has closed its connection before `mpirun` reports
+    /// the job's failure, but its watcher thread may not have run yet).
     pub fn lost(&self) -> Vec<usize> {
         lock(&self.links)
             .iter()
-            .filter(|(_, l)| !l.alive.load(Ordering::SeqCst))
+            .filter(|(_, l)| {
+                if l.alive.load(Ordering::SeqCst) && l.closed() {
+                    l.alive.store(false, Ordering::SeqCst);
+                }
+                !l.alive.load(Ordering::SeqCst)
+            })
             .map(|(k, _)| *k)
             .collect()
     }
