@@ -461,19 +461,13 @@ fn batched_gemm<T: Float>(
     let c_size = shape.m * shape.n;
     let a_strides = broadcast_strides(a_batch, batch);
     let b_strides = broadcast_strides(b_batch, batch);
+    // The (a, b) matrix of every batch element, last dim fastest.
+    let mut operands = Vec::with_capacity(n_batch);
     let mut index = vec![0usize; batch.len()];
-    for c in out.chunks_exact_mut(c_size.max(1)).take(n_batch) {
+    for _ in 0..n_batch {
         let a_at: usize = index.iter().zip(&a_strides).map(|(i, s)| i * s).sum();
         let b_at: usize = index.iter().zip(&b_strides).map(|(i, s)| i * s).sum();
-        gemm(
-            shape,
-            T::ONE,
-            &a[a_at * a_size..(a_at + 1) * a_size],
-            &b[b_at * b_size..(b_at + 1) * b_size],
-            T::ZERO,
-            c,
-        )?;
-        // Next batch index, last dim fastest.
+        operands.push((a_at, b_at));
         for d in (0..batch.len()).rev() {
             index[d] += 1;
             if index[d] < batch[d] {
@@ -481,6 +475,35 @@ fn batched_gemm<T: Float>(
             }
             index[d] = 0;
         }
+    }
+    let product = |(a_at, b_at): (usize, usize), c: &mut [T]| {
+        gemm(
+            shape,
+            T::ONE,
+            &a[a_at * a_size..(a_at + 1) * a_size],
+            &b[b_at * b_size..(b_at + 1) * b_size],
+            T::ZERO,
+            c,
+        )
+    };
+    let outputs = out.chunks_exact_mut(c_size.max(1)).take(n_batch);
+    // Products too small to split themselves (attention's per-head ones) are shared out whole
+    // among the rank's threads instead: each is still one thread's, so the bits are the same.
+    let threads = super::threads::threads_for(shape.flops() * n_batch as u64);
+    if threads > 1 && super::threads::threads_for(shape.flops()) == 1 {
+        use rayon::prelude::*;
+        let per_task = n_batch.div_ceil(threads).max(1);
+        return out[..n_batch * c_size]
+            .par_chunks_mut((c_size * per_task).max(1))
+            .zip(operands.par_chunks(per_task))
+            .try_for_each(|(cs, ops)| {
+                cs.chunks_exact_mut(c_size.max(1))
+                    .zip(ops)
+                    .try_for_each(|(c, &at)| product(at, c))
+            });
+    }
+    for (c, at) in outputs.zip(operands) {
+        product(at, c)?;
     }
     Ok(())
 }

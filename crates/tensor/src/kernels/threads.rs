@@ -1,11 +1,13 @@
 //! Threads inside a rank: how many threads a large matrix product may use (`train.threads_per_rank`;
 //! 1 by default, the one-core-per-rank model).
 //!
-//! Only [`gemm`](fn@super::gemm)'s `gemm`-crate backends use them, splitting the output into
-//! tiles (the `gemm` crate's rayon parallelism): every element is still summed over the
-//! contracted dim in the same order, so a product is bitwise the same on any thread count
-//! (tested in `tests/kernels/matmul.rs`). Products below [`MIN_PARALLEL_FLOPS`] stay on the
-//! calling thread, where spreading them would cost more than it saves.
+//! [`gemm`](fn@super::gemm)'s `gemm`-crate backends split the output into tiles (the `gemm`
+//! crate's rayon parallelism): every element is still summed over the contracted dim in the
+//! same order, so a product is bitwise the same on any thread count (tested in
+//! `tests/kernels/matmul.rs`); a batch of products each too small to split is shared out whole
+//! among the threads; the unary kernels and their gradients (GeLU, …) split their elements
+//! ([`for_each_chunk`]). Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
+//! the calling thread, where spreading it would cost more than it saves.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -27,6 +29,31 @@ pub fn set_threads(threads: usize) {
 /// The threads a product may use (1 unless [`set_threads`] raised it).
 pub fn threads() -> usize {
     THREADS.load(Ordering::Relaxed)
+}
+
+/// The fewest elements an elementwise kernel needs to be split over threads.
+pub const MIN_PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// Runs `f(start, chunk)` over consecutive chunks of `out` that together cover it — on the
+/// allowed threads when `out` has at least [`MIN_PARALLEL_ELEMENTS`], else once on the whole of
+/// it. For elementwise kernels: each element is computed as on one thread, so the bits are the
+/// same; `f` reads its inputs at `start..start + chunk.len()`.
+pub(crate) fn for_each_chunk<T, F>(out: &mut [T], f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let n = threads();
+    if n < 2 || out.len() < MIN_PARALLEL_ELEMENTS {
+        f(0, out);
+        return;
+    }
+    use rayon::prelude::*;
+    // Whole cache lines per chunk.
+    let chunk = out.len().div_ceil(n).next_multiple_of(64);
+    out.par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(i, part)| f(i * chunk, part));
 }
 
 /// The threads a product of `flops` operations uses.

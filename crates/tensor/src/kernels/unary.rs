@@ -209,19 +209,26 @@ macro_rules! with_function {
     };
 }
 
-/// `out = f(x)`.
+/// `out = f(x)`, on the threads [`super::threads`] allows for large inputs.
 pub fn unary_into<T: Float>(op: UnaryOp, x: &[T], out: &mut [T]) -> Result<(), TensorError> {
     check::buffer_len(op.name(), "out", x.len(), out.len())?;
+    super::threads::for_each_chunk(out, |start, part| {
+        forward_chunk(op, &x[start..start + part.len()], part)
+    });
+    Ok(())
+}
+
+/// One thread's share of [`unary_into`].
+fn forward_chunk<T: Float>(op: UnaryOp, x: &[T], out: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2.
             unsafe { wide::forward(op, x, out) };
-            return Ok(());
+            return;
         }
     }
     forward_loop(op, x, out);
-    Ok(())
 }
 
 /// `x = f(x)` in place.
@@ -233,7 +240,8 @@ pub fn unary_inplace<T: Float>(op: UnaryOp, x: &mut [T]) {
     });
 }
 
-/// `dx = f'(·)·dy`, where `saved` is the forward input or output as [`UnaryOp::grad_input`] says.
+/// `dx = f'(·)·dy`, where `saved` is the forward input or output as [`UnaryOp::grad_input`]
+/// says; on the threads [`super::threads`] allows for large inputs.
 pub fn unary_grad_into<T: Float>(
     op: UnaryOp,
     saved: &[T],
@@ -242,16 +250,24 @@ pub fn unary_grad_into<T: Float>(
 ) -> Result<(), TensorError> {
     check::buffer_len(op.name(), "dy", saved.len(), dy.len())?;
     check::buffer_len(op.name(), "dx", saved.len(), dx.len())?;
+    super::threads::for_each_chunk(dx, |start, part| {
+        let end = start + part.len();
+        backward_chunk(op, &saved[start..end], &dy[start..end], part)
+    });
+    Ok(())
+}
+
+/// One thread's share of [`unary_grad_into`].
+fn backward_chunk<T: Float>(op: UnaryOp, saved: &[T], dy: &[T], dx: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2.
             unsafe { wide::backward(op, saved, dy, dx) };
-            return Ok(());
+            return;
         }
     }
     backward_loop(op, saved, dy, dx);
-    Ok(())
 }
 
 /// The forward loop (lengths checked by the caller).

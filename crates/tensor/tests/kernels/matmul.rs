@@ -299,3 +299,45 @@ fn a_product_is_bitwise_the_same_on_any_thread_count() {
         }
     }
 }
+
+/// Batched products too small to split themselves (attention's per-head `[128, 64]·[64, 128]`)
+/// are shared out among the threads whole: the bits are the single thread's, with a broadcast
+/// batch and either operand transposed.
+#[test]
+fn a_batch_of_small_products_is_bitwise_the_same_on_any_thread_count() {
+    let mut rng = Rng::new(11);
+    let cases: [(&[usize], &[usize], bool, bool); 3] = [
+        (&[16, 4, 128, 64], &[16, 4, 64, 128], false, false),
+        (&[16, 4, 128, 64], &[16, 4, 128, 64], false, true),
+        (&[16, 4, 64, 128], &[1, 4, 64, 128], true, false),
+    ];
+    for (a_shape, b_shape, trans_a, trans_b) in cases {
+        let a = Tensor::from_vec(
+            a_shape,
+            r::to_f32(&rng.vec(a_shape.iter().product(), -1.0, 1.0)),
+        )
+        .unwrap();
+        let b = Tensor::from_vec(
+            b_shape,
+            r::to_f32(&rng.vec(b_shape.iter().product(), -1.0, 1.0)),
+        )
+        .unwrap();
+        let run = |threads: usize| {
+            kernels::threads::set_threads(threads);
+            let out = kernels::batch_matmul(&a, &b, trans_a, trans_b).unwrap();
+            kernels::threads::set_threads(1);
+            out.as_f32()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            assert!(
+                run(threads) == one,
+                "{a_shape:?}·{b_shape:?} on {threads} threads"
+            );
+        }
+    }
+}

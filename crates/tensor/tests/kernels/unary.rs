@@ -195,3 +195,32 @@ fn named_wrappers_and_dtypes() {
         Err(TensorError::ShapeMismatch { op: "tanh", .. })
     ));
 }
+
+/// The unary kernels and their gradients split their elements over threads: GeLU (both forms)
+/// and its gradient on a GPT-sized activation are bitwise the one thread's.
+#[test]
+fn unary_kernels_are_bitwise_the_same_on_any_thread_count() {
+    use tensor::kernels::{self, GeluForm, UnaryOp};
+    let mut rng = super::reference::Rng::new(12);
+    let len = 2048 * 1024 + 37; // not a multiple of any chunk
+    let x = super::reference::to_f32(&rng.vec(len, -4.0, 4.0));
+    let dy = super::reference::to_f32(&rng.vec(len, -1.0, 1.0));
+    for op in [
+        UnaryOp::Gelu(GeluForm::Tanh),
+        UnaryOp::Gelu(GeluForm::Erf),
+        UnaryOp::Relu,
+    ] {
+        let run = |threads: usize| {
+            kernels::threads::set_threads(threads);
+            let mut y = vec![0f32; len];
+            let mut dx = vec![0f32; len];
+            kernels::unary_into(op, &x, &mut y).unwrap();
+            kernels::unary_grad_into(op, &x, &dy, &mut dx).unwrap();
+            kernels::threads::set_threads(1);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            (bits(&y), bits(&dx))
+        };
+        let one = run(1);
+        assert!(run(2) == one && run(3) == one, "{op:?}");
+    }
+}
