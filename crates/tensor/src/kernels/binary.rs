@@ -244,14 +244,17 @@ pub fn bias_add_into<T: Float>(x: &[T], bias: &[T], out: &mut [T]) -> Result<(),
         return check::buffer_len(OP, "x", 0, x.len());
     }
     check::buffer_len(OP, "x", x.len() - x.len() % bias.len(), x.len())?;
-    for (out_row, x_row) in out
-        .chunks_exact_mut(bias.len())
-        .zip(x.chunks_exact(bias.len()))
-    {
-        for ((o, &v), &b) in out_row.iter_mut().zip(x_row).zip(bias) {
-            *o = v + b;
+    super::threads::for_each_rows(out, bias.len(), |start, part| {
+        let x = &x[start..start + part.len()];
+        for (out_row, x_row) in part
+            .chunks_exact_mut(bias.len())
+            .zip(x.chunks_exact(bias.len()))
+        {
+            for ((o, &v), &b) in out_row.iter_mut().zip(x_row).zip(bias) {
+                *o = v + b;
+            }
         }
-    }
+    });
     Ok(())
 }
 

@@ -77,17 +77,24 @@ pub fn scaled_softmax_into<T: Float>(
     check_rows("softmax", x.len(), cols, out.len())?;
     check_scale("softmax", scale)?;
     if cols > 0 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2.
-                unsafe { scaled_softmax_rows_avx2(x, scale, cols, out) };
-                return Ok(());
-            }
-        }
-        scaled_softmax_rows(x, scale, cols, out);
+        super::threads::for_each_rows(out, cols, |start, part| {
+            scaled_softmax_share(&x[start..start + part.len()], scale, cols, part)
+        });
     }
     Ok(())
+}
+
+/// One thread's rows of [`scaled_softmax_into`].
+fn scaled_softmax_share<T: Float>(x: &[T], scale: T, cols: usize, out: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            unsafe { scaled_softmax_rows_avx2(x, scale, cols, out) };
+            return;
+        }
+    }
+    scaled_softmax_rows(x, scale, cols, out);
 }
 
 /// [`scaled_softmax_row`] over every row of `cols` (> 0) elements.
@@ -156,16 +163,19 @@ pub fn scaled_softmax_grad_into<T: Float>(
     check::buffer_len(OP, "dy", y.len(), dy.len())?;
     check_scale(OP, scale)?;
     if cols > 0 {
-        for ((d, yr), gr) in dx
-            .chunks_exact_mut(cols)
-            .zip(y.chunks_exact(cols))
-            .zip(dy.chunks_exact(cols))
-        {
-            let inner = dot_slice(yr, gr);
-            for ((o, &p), &g) in d.iter_mut().zip(yr).zip(gr) {
-                *o = scale * p * (g - inner);
+        super::threads::for_each_rows(dx, cols, |start, part| {
+            let end = start + part.len();
+            for ((d, yr), gr) in part
+                .chunks_exact_mut(cols)
+                .zip(y[start..end].chunks_exact(cols))
+                .zip(dy[start..end].chunks_exact(cols))
+            {
+                let inner = dot_slice(yr, gr);
+                for ((o, &p), &g) in d.iter_mut().zip(yr).zip(gr) {
+                    *o = scale * p * (g - inner);
+                }
             }
-        }
+        });
     }
     Ok(())
 }

@@ -6,7 +6,8 @@
 //! same order, so a product is bitwise the same on any thread count (tested in
 //! `tests/kernels/matmul.rs`); a batch of products each too small to split is shared out whole
 //! among the threads; the unary kernels and their gradients (GeLU, …) split their elements
-//! ([`for_each_chunk`]). Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
+//! ([`for_each_chunk`]), the softmax (and its gradient) and the bias add their rows
+//! ([`for_each_rows`]). Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
 //! the calling thread, where spreading it would cost more than it saves.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,6 +55,25 @@ where
     out.par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(i, part)| f(i * chunk, part));
+}
+
+/// [`for_each_chunk`] for row-wise kernels: every chunk holds whole rows of `cols` elements
+/// (each row is computed as on one thread).
+pub(crate) fn for_each_rows<T, F>(out: &mut [T], cols: usize, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let n = threads();
+    if n < 2 || cols == 0 || out.len() < MIN_PARALLEL_ELEMENTS {
+        f(0, out);
+        return;
+    }
+    use rayon::prelude::*;
+    let chunk = (out.len() / cols).div_ceil(n) * cols;
+    out.par_chunks_mut(chunk.max(cols))
+        .enumerate()
+        .for_each(|(i, part)| f(i * chunk.max(cols), part));
 }
 
 /// The threads a product of `flops` operations uses.

@@ -125,3 +125,28 @@ fn errors() {
         Err(TensorError::BufferLength { buffer: "x", .. })
     ));
 }
+
+/// Row-wise kernels split their rows over threads: the scaled softmax, its gradient and the
+/// bias add on attention- and MLP-sized inputs are bitwise the one thread's.
+#[test]
+fn row_kernels_are_bitwise_the_same_on_any_thread_count() {
+    use tensor::kernels;
+    let mut rng = super::reference::Rng::new(13);
+    let (rows, cols) = (16 * 4 * 128 + 3, 128);
+    let x = super::reference::to_f32(&rng.vec(rows * cols, -3.0, 3.0));
+    let dy = super::reference::to_f32(&rng.vec(rows * cols, -1.0, 1.0));
+    let bias = super::reference::to_f32(&rng.vec(cols, -1.0, 1.0));
+    let run = |threads: usize| {
+        kernels::threads::set_threads(threads);
+        let mut y = vec![0f32; rows * cols];
+        let mut dx = vec![0f32; rows * cols];
+        let mut biased = vec![0f32; rows * cols];
+        kernels::scaled_softmax_into(&x, 0.125, cols, &mut y).unwrap();
+        kernels::scaled_softmax_grad_into(&y, &dy, 0.125, cols, &mut dx).unwrap();
+        kernels::bias_add_into(&x, &bias, &mut biased).unwrap();
+        kernels::threads::set_threads(1);
+        [y, dx, biased].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+    };
+    let one = run(1);
+    assert!(run(2) == one && run(3) == one);
+}
