@@ -44,17 +44,8 @@ where
     T: Send,
     F: Fn(usize, &mut [T]) + Sync,
 {
-    let n = threads();
-    if n < 2 || out.len() < MIN_PARALLEL_ELEMENTS {
-        f(0, out);
-        return;
-    }
-    use rayon::prelude::*;
     // Whole cache lines per chunk.
-    let chunk = out.len().div_ceil(n).next_multiple_of(64);
-    out.par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(i, part)| f(i * chunk, part));
+    split(out, 64, f)
 }
 
 /// [`for_each_chunk`] for row-wise kernels: every chunk holds whole rows of `cols` elements
@@ -64,16 +55,27 @@ where
     T: Send,
     F: Fn(usize, &mut [T]) + Sync,
 {
+    split(out, cols, f)
+}
+
+/// `out` cut into one chunk per allowed thread, each a multiple of `granule` elements (the last
+/// one the rest), `f` run on each on the rayon pool; or `f` once on all of `out` when the work
+/// is too small or one thread is allowed.
+fn split<T, F>(out: &mut [T], granule: usize, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
     let n = threads();
-    if n < 2 || cols == 0 || out.len() < MIN_PARALLEL_ELEMENTS {
+    if n < 2 || granule == 0 || out.len() < MIN_PARALLEL_ELEMENTS {
         f(0, out);
         return;
     }
     use rayon::prelude::*;
-    let chunk = (out.len() / cols).div_ceil(n) * cols;
-    out.par_chunks_mut(chunk.max(cols))
+    let chunk = out.len().div_ceil(n).next_multiple_of(granule);
+    out.par_chunks_mut(chunk)
         .enumerate()
-        .for_each(|(i, part)| f(i * chunk.max(cols), part));
+        .for_each(|(i, part)| f(i * chunk, part));
 }
 
 /// The threads a product of `flops` operations uses.
