@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 use super::output::{self, Router};
 
 /// Longest wait, after a process ended, for its output threads to reach the end of its pipes.
-const DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// Generous: on a loaded machine the threads may need seconds to copy the last lines (the
+/// failure report `mpirun` prints as it exits, which names the failed rank); only a stray
+/// grandchild holding a pipe open makes the whole wait happen.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
 /// What the supervisor is told.
 #[derive(Debug)]
