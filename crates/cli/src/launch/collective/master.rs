@@ -54,31 +54,21 @@ struct NodeLink {
 }
 
 impl NodeLink {
-    /// Whether the node's end of the connection is closed (end of stream or an error), looked
-    /// at without reading anything (the watcher reads) and without changing the socket's mode.
+    /// Whether the node's end of the connection is closed: the node shut it down (a FIN,
+    /// reported even while its last messages still wait unread for the watcher) or it failed.
+    /// Asked of the kernel without reading and without changing the socket's mode.
     fn closed(&self) -> bool {
         use std::os::fd::AsRawFd;
         let writer = lock(&self.writer);
-        let mut byte = 0u8;
-        // SAFETY: `recv` on the socket's own descriptor, which `writer` keeps open while the
-        // lock is held, into one valid byte; MSG_PEEK leaves the data for the watcher and
-        // MSG_DONTWAIT makes this one call non-blocking without touching the descriptor's flags.
-        let got = unsafe {
-            libc::recv(
-                writer.as_raw_fd(),
-                (&mut byte as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
+        let mut poll = libc::pollfd {
+            fd: writer.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
         };
-        match got {
-            0 => true,
-            n if n > 0 => false,
-            _ => !matches!(
-                io::Error::last_os_error().kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ),
-        }
+        // SAFETY: poll(2) on one valid pollfd for the socket `writer` keeps open while the lock
+        // is held; a timeout of 0 returns at once.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     fn new(stream: TcpStream) -> Arc<NodeLink> {
