@@ -22,7 +22,7 @@ class AdamW(_AdamFamily):
 
     ``max_grad_norm`` (keyword-only, a Tessera addition): as for ``tessera.nn`` optimizers."""
 
-    _engine_name = "mint.optim.AdamW"
+    _engine_name = "mint_adamw"
     _defaults_filter = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,

@@ -83,7 +83,7 @@ class Optimizer:
     users write ``ops.clip_by_global_norm`` in a custom ``TrainOneStepCell``, which Tessera
     does not trace)."""
 
-    _engine_name = None  # the engine's name of the rule (MindSpore's class name by default)
+    _engine_name = None  # the engine's name of the rule (`train.optimizer`), set by each class
     _defaults_filter = True  # weight decay skips `beta`/`gamma` names without groups
 
     def __init__(self, learning_rate, parameters, weight_decay=0.0, loss_scale=1.0, *,
@@ -210,11 +210,11 @@ class Optimizer:
         return excluded
 
     def _engine_args(self):
-        """The optimizer's rule and hyperparameters as ``train_network`` takes them."""
+        """The optimizer's rule and hyperparameters as the engine's ``[train]`` keys."""
         lr = self.learning_rate
         peak = lr if isinstance(lr, float) else (
             max(lr) if isinstance(lr, list) else lr._peak())
-        return {"optimizer": self._engine_name or type(self).__name__,
+        return {"optimizer": self._engine_name,
                 "learning_rate": peak if peak > 0 else 1.0,
                 "weight_decay": self.weight_decay}
 
@@ -271,6 +271,8 @@ class SGD(Optimizer):
     """MindSpore's ``nn.SGD``; with ``momentum > 0`` it is the engine's Momentum rule
     (``dampening=0`` only)."""
 
+    _engine_name = "sgd"
+
     def __init__(self, params, learning_rate=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, loss_scale=1.0, *, max_grad_norm=None):
         super().__init__(learning_rate, params, weight_decay, loss_scale,
@@ -282,12 +284,14 @@ class SGD(Optimizer):
     def _engine_args(self):
         args = super()._engine_args()
         if self.momentum > 0 or self.nesterov:
-            args.update(optimizer="Momentum", momentum=self.momentum, use_nesterov=self.nesterov)
+            args.update(optimizer="momentum", momentum=self.momentum, use_nesterov=self.nesterov)
         return args
 
 
 class Momentum(Optimizer):
     """MindSpore's ``nn.Momentum``."""
+
+    _engine_name = "momentum"
 
     def __init__(self, params, learning_rate, momentum, weight_decay=0.0, loss_scale=1.0,
                  use_nesterov=False, *, max_grad_norm=None):
@@ -316,6 +320,8 @@ class _AdamFamily(Optimizer):
 class Adam(_AdamFamily):
     """MindSpore's ``nn.Adam`` (bias-corrected)."""
 
+    _engine_name = "adam"
+
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                  use_locking=False, use_nesterov=False, weight_decay=0.0, loss_scale=1.0,
                  use_amsgrad=False, *, max_grad_norm=None, **kwargs):
@@ -331,6 +337,8 @@ class Adam(_AdamFamily):
 
 class AdamWeightDecay(_AdamFamily):
     """MindSpore's ``nn.AdamWeightDecay`` (decoupled weight decay, no bias correction)."""
+
+    _engine_name = "adamw"
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-6,
                  weight_decay=0.0, *, max_grad_norm=None):

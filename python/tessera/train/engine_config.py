@@ -9,9 +9,6 @@ import dataclasses
 
 from .. import _context, nn
 
-# The engine's optimizer names by MindSpore's class names (`_engine_args()["optimizer"]`).
-_OPTIMIZERS = {"SGD": "sgd", "Momentum": "momentum", "Adam": "adam", "AdamWeightDecay": "adamw",
-               "mint.optim.AdamW": "mint_adamw"}
 # The context's parallel modes as the engine names them.
 _CONTEXT_MODES = {"stand_alone": "stand_alone", "data_parallel": "data_parallel",
                   "semi_auto_parallel": "semi_auto"}
@@ -221,12 +218,5 @@ def _pipeline_table(parts):
 
 
 def _optimizer_keys(optimizer):
-    """The optimizer's ``[train]`` keys."""
-    args = dict(optimizer._engine_args())
-    name = args.pop("optimizer")
-    if name not in _OPTIMIZERS:
-        raise ValueError(f"Model: optimizer {name} is not supported (supported: "
-                         f"{', '.join(_OPTIMIZERS)})")
-    keys = {"optimizer": _OPTIMIZERS[name]}
-    keys.update(args)
-    return keys
+    """The optimizer's ``[train]`` keys (its rule by the engine's name, and hyperparameters)."""
+    return dict(optimizer._engine_args())
