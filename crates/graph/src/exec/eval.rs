@@ -6,6 +6,7 @@ use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, RowBlock, Unar
 use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
+use crate::exec::attention::{flash_attention_eval, flash_attention_grad_eval};
 use crate::exec::dropout::dropout_into;
 use crate::exec::one_hot::{one_hot_into, Columns};
 use crate::exec::pieces::{
@@ -459,6 +460,12 @@ fn eval_typed<T: Float + Element>(
                 _ => kernels::log_softmax_grad_into(ys, dy, cols, dx),
             }
             .map_err(kernel())
+        }
+        Op::FlashAttention { causal, scale } => {
+            flash_attention_eval::<T>((*causal, *scale), inputs, outputs, ctx)
+        }
+        Op::FlashAttentionGrad { causal, scale } => {
+            flash_attention_grad_eval::<T>((*causal, *scale), inputs, outputs, ctx)
         }
         Op::LayerNorm { epsilon } => {
             let [y, mean, rstd] = outputs else {
