@@ -297,6 +297,34 @@ pub fn input_layouts(
             }
             elementwise(ctx, s, devices)
         }
+        Op::FlashAttention { .. } => {
+            // q, k and v split alike on their leading (batch, heads) dims; the sequence and
+            // head dims whole (a context-parallel ring lowering would split the sequence).
+            if let Some(i) = s.iter().position(|si| si != &s[0]) {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "input {i} must be split like q (q, k and v alike, on batch and heads)"
+                    ),
+                ));
+            }
+            let r = s[0].len();
+            if s[0][r - 2] != 1 {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "the sequence dim (dim {}) cannot be split: context parallelism (ring \
+                         attention) is not supported yet; split batch and heads (dims 0 and 1)",
+                        r - 2
+                    ),
+                ));
+            }
+            if s[0][r - 1] != 1 {
+                return Err(ctx.invalid(s, format!("the head dim (dim {}) cannot be split", r - 1)));
+            }
+            let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+            place(ctx, s, &s[0], &names("d", r), devices, vec![dims; 3])
+        }
         Op::LayerNorm { .. } => {
             let r = s[0].len();
             if s[0][r - 1] != 1 {
