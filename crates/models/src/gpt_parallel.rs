@@ -185,6 +185,7 @@ impl GptParallel {
             ("attn", "qkv_split" | "q_t" | "k_t" | "v_t" | "merge_heads") => {
                 vec![vec![dp, 1, mp, 1]]
             }
+            ("attn", "flash") => vec![heads4.clone(), heads4.clone(), heads4],
             ("attn", "scores" | "context") => vec![heads4.clone(), heads4],
             ("attn", "masked") => vec![heads4, vec![1, 1]],
             ("attn", "softmax" | "attn_dropout" | "context_t") => vec![heads4],

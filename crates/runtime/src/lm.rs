@@ -79,6 +79,7 @@ impl TextData {
             ffn_hidden: keys.ffn_hidden,
             dropout: keys.dropout,
             tie_embeddings: keys.tie_embeddings,
+            fused_attention: keys.fused_attention,
             batch: self.batch,
             // Logits split on the vocabulary are reduced where they lie, never gathered. In
             // deterministic mode every run builds that loss, one device's included, so that

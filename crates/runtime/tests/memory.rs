@@ -102,7 +102,7 @@ fn measured_memory_equals_the_prediction() {
         ),
         (
             "dp 2 × mp 2, recompute by op",
-            format!("{DP2_MP2}[parallel.recompute]\nops = [\"ScaledSoftmax\", \"blocks.*.mlp.fc1.gelu\"]"),
+            format!("{DP2_MP2}[parallel.recompute]\nops = [\"FlashAttention\", \"blocks.*.mlp.fc1.gelu\"]"),
             &[],
         ),
     ];

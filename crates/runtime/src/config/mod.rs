@@ -103,6 +103,8 @@ pub struct GptKeys {
     pub dropout: f64,
     /// The LM head shares the embedding table.
     pub tie_embeddings: bool,
+    /// Attention as the fused op (default: when there is no dropout).
+    pub fused_attention: bool,
 }
 
 /// `[parallel]`'s MindFormers keys, which set the GPT's op strategies.

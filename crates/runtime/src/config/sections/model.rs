@@ -18,6 +18,7 @@ pub(in crate::config) const MODEL_KEYS: &[&str] = &[
     "ffn_hidden",
     "dropout",
     "tie_embeddings",
+    "fused_attention",
 ];
 
 /// The keys only the GPT reads.
@@ -28,6 +29,7 @@ const GPT_MODEL_KEYS: &[&str] = &[
     "ffn_hidden",
     "dropout",
     "tie_embeddings",
+    "fused_attention",
 ];
 
 /// Reads `[model]`; the keys of the other models are reported in `warnings` and dropped.
@@ -73,6 +75,18 @@ pub(super) fn read_model(
             format!("{dropout} is out of range: it must be at least 0 and below 1"),
         ));
     }
+    // The fused attention has no dropout on the attention weights: with dropout the unfused
+    // ops are the default, and asking for the fused one is an error rather than ignored.
+    let fused_attention = s.or("fused_attention", dropout == 0.0, read_bool)?;
+    if fused_attention && dropout > 0.0 {
+        return Err(config_error(
+            "model.fused_attention",
+            format!(
+                "the fused attention has no dropout on the attention weights, but model.dropout \
+                 = {dropout}: set model.fused_attention = false or model.dropout = 0"
+            ),
+        ));
+    }
     let gpt = GptKeys {
         layers: s.require("layers", read_positive)?,
         heads: s.require("heads", read_positive)?,
@@ -80,6 +94,7 @@ pub(super) fn read_model(
         ffn_hidden: s.or("ffn_hidden", 4 * hidden, read_positive)?,
         dropout,
         tie_embeddings: s.or("tie_embeddings", true, read_bool)?,
+        fused_attention,
     };
     if hidden % gpt.heads != 0 {
         return Err(config_error(
