@@ -982,9 +982,8 @@ fn fused_attention_gives_the_loss_and_gradients_of_the_unfused_ops() {
         assert_eq!(kinds.contains(&"ScaledSoftmax"), !fused);
         model
     };
-    let ids = Tensor::from_vec(&[3, 20], (0..60).map(|i| (i * 7 % 40) as i32).collect()).unwrap();
-    let labels =
-        Tensor::from_vec(&[3, 20], (0..60).map(|i| (i * 11 % 40) as i32).collect()).unwrap();
+    let ids = Tensor::from_vec(&[3, 20], (0..60i32).map(|i| i * 7 % 40).collect()).unwrap();
+    let labels = Tensor::from_vec(&[3, 20], (0..60i32).map(|i| i * 11 % 40).collect()).unwrap();
     // Runs `model` from the parameter values `start` (by name; drawn when `None`): the loss,
     // the gradients by parameter name, and the parameter values used.
     type Named = Vec<(String, Tensor)>;
