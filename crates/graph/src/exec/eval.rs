@@ -95,8 +95,9 @@ impl EvalCtx<'_> {
 /// The kernels compute in f32 or f64 (the dtype of the first output). Shapes are read from the
 /// tensors, so the same call serves whole tensors and per-rank shards; the only global facts an
 /// op uses are its attributes (`batch_divisor`, `vocab_size`) and `ctx.placement` (dropout).
-/// Nothing is allocated except by `BatchMatMul` (no slice-level batched kernel yet) and
-/// `ReduceSum` over some but not all axes without `keep_dims` (a small shape vector).
+/// Nothing is allocated except by `BatchMatMul` (no slice-level batched kernel yet),
+/// `ReduceSum` over some but not all axes without `keep_dims` (a small shape vector), and
+/// `FlashAttention` and its gradient (a tile of scores per thread and a vector per row).
 pub fn eval_op(
     op: &Op,
     inputs: &[&Tensor],
