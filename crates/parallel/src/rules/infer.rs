@@ -285,8 +285,8 @@ fn even_output_layouts(
             )?])
         }
         Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. } => {
-            // q, k, v (and the gradient's out and dout) laid out alike on batch and heads; the
-            // sequence and head dims whole; lse like q's rows.
+            // q, k, v (and the gradient's out and dout) laid out alike on batch, heads and
+            // sequence; the head dim whole; lse like q's rows.
             let alike: &[usize] = match ctx.op {
                 Op::FlashAttention { .. } => &[1, 2],
                 _ => &[1, 2, 3, 5],
@@ -296,12 +296,7 @@ fn even_output_layouts(
             }
             let q = dims(0);
             let r = q.len();
-            dim_unsplit(
-                0,
-                r - 2,
-                "the sequence dim of attention (context parallelism, a ring lowering, is not \
-                 supported yet)",
-            )?;
+            // A split sequence dim runs as ring attention (`crate::ring`).
             last_unsplit(0, "the head dim of attention")?;
             let rows = q[..r - 1].to_vec();
             if let Op::FlashAttention { .. } = ctx.op {
