@@ -11,7 +11,7 @@ use ckpt::OpStrategyRecord;
 use exec::OptimizerKind;
 use graph::models::{seed_mlp, Model};
 use graph::Graph;
-use models::{GptConfig, GptParallel};
+use models::{GptConfig, GptParallel, GptParallelKeys};
 use parallel::{ParallelConfig, ParallelMode};
 use search::{
     batch_splits, profiles, DeviceProfile, Hints, LoadedLayouts, LoadedOp, LoadedStrategies,
@@ -120,7 +120,13 @@ fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
     for mp in batch_splits(devices) {
         for vocab_emb_dp in [true, false] {
             for seq in [false, true] {
-                let Ok(split) = GptParallel::resolve(devices, None, mp, vocab_emb_dp, seq) else {
+                let keys = GptParallelKeys {
+                    model_parallel: mp,
+                    vocab_emb_dp,
+                    use_seq_parallel: seq,
+                    ..GptParallelKeys::default()
+                };
+                let Ok(split) = GptParallel::resolve(devices, &keys) else {
                     continue;
                 };
                 if split.check(gpt).is_err() {
