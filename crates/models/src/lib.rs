@@ -4,7 +4,8 @@
 //!   parameter-server training ([`embedding_bag::embedding_bag`]);
 //! - [`gpt`]: a decoder-only transformer, [`gpt::gpt`], with hierarchical op and parameter names;
 //! - [`gpt_parallel`]: the op strategies its cells set from a MindFormers-style parallel config
-//!   (`data_parallel`, `model_parallel`, `vocab_emb_dp`, `use_seq_parallel`), as MindFormers'
+//!   (`data_parallel`, `model_parallel`, `context_parallel`, `vocab_emb_dp`,
+//!   `use_seq_parallel`), as MindFormers'
 //!   GPT cells set theirs from `parallel_config`.
 //!
 //! The seed MLP stays in `graph::models` (its home before this crate existed), re-exported here.
@@ -18,5 +19,5 @@ pub mod gpt_parallel;
 
 pub use crate::error::ModelsError;
 pub use crate::gpt::{gpt, GptConfig};
-pub use crate::gpt_parallel::GptParallel;
+pub use crate::gpt_parallel::{ContextParallelAlgo, GptParallel, GptParallelKeys};
 pub use graph::models::{seed_mlp, Model};
