@@ -231,3 +231,23 @@ fn flash_attention_splits_batch_and_heads_and_refuses_the_sequence_and_head_dims
         "{err}"
     );
 }
+
+#[test]
+fn flash_attention_by_default_splits_the_batch_and_never_a_lone_sequence() {
+    for (shape, map_q) in [
+        (&[4, 2, 6, 8][..], vec![0, -1, -1, -1]),
+        (&[6, 8][..], vec![-1, -1]),
+    ] {
+        let mut b = GraphBuilder::new();
+        let qkv: Vec<ValueId> = ["q", "k", "v"]
+            .iter()
+            .map(|n| b.parameter(n, shape, Initializer::normal(1.0)).unwrap())
+            .collect();
+        b.flash_attention("flash", (qkv[0], qkv[1], qkv[2]), false, 0.5)
+            .unwrap();
+        let g = b.finish();
+        let p = place(&g, &ParallelConfig::new(ParallelMode::DataParallel, 2)).unwrap();
+        let flash = &p.nodes[g.node_by_name("flash").unwrap().0];
+        assert_eq!(map(&flash.inputs[0]), map_q, "{shape:?}");
+    }
+}

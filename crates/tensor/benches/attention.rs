@@ -2,7 +2,8 @@
 //! unfused kernels it replaces in the GPT (per head: the `[S, S]` scores by `gemm`, the causal
 //! mask, `scaled_softmax_into`, the context by `gemm`; backward through the materialised
 //! probabilities), forward and backward of one step, f32, one thread, on the attention of the
-//! GPT benchmark model (`tessera bench gpt-step`: batch 16, 4 heads, 128 tokens, head dim 64).
+//! GPT benchmark model (`tessera bench gpt-step`: batch 16, 4 heads, 128 tokens, head dim 64) and
+//! on a longer context (batch 4, 4 heads, 512 tokens) with the same element count per step.
 //!
 //! The two run in interleaved rounds so both see the same machine load, each timed by the
 //! thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`). Prints the median milliseconds of each and the
@@ -16,12 +17,20 @@ use tensor::kernels::{
 };
 
 /// Batch × heads, tokens, head dim.
-const DIMS: AttentionDims = AttentionDims {
-    slices: 16 * 4,
-    q_len: 128,
-    kv_len: 128,
-    head_dim: 64,
-};
+const SHAPES: [AttentionDims; 2] = [
+    AttentionDims {
+        slices: 16 * 4,
+        q_len: 128,
+        kv_len: 128,
+        head_dim: 64,
+    },
+    AttentionDims {
+        slices: 4 * 4,
+        q_len: 512,
+        kv_len: 512,
+        head_dim: 64,
+    },
+];
 
 /// Seconds of CPU time this thread has used.
 fn thread_cpu_seconds() -> f64 {
@@ -51,11 +60,11 @@ struct Step {
 }
 
 /// The fused forward and backward; returns a checksum.
-fn fused(s: &Step, scale: f32) -> f32 {
+fn fused(s: &Step, dims: AttentionDims, scale: f32) -> f32 {
     let params = AttentionParams::new(true, scale);
     let mut out = vec![0f32; s.q.len()];
-    let mut lse = vec![0f32; DIMS.slices * DIMS.q_len];
-    kernels::flash_attention_into((&s.q, &s.k, &s.v), DIMS, params, &mut out, &mut lse).unwrap();
+    let mut lse = vec![0f32; dims.slices * dims.q_len];
+    kernels::flash_attention_into((&s.q, &s.k, &s.v), dims, params, &mut out, &mut lse).unwrap();
     let (mut dq, mut dk, mut dv) = (
         vec![0f32; s.q.len()],
         vec![0f32; s.k.len()],
@@ -74,13 +83,13 @@ fn fused(s: &Step, scale: f32) -> f32 {
         dk: &mut dk,
         dv: &mut dv,
     };
-    kernels::flash_attention_grad_into(input, DIMS, params, grads).unwrap();
+    kernels::flash_attention_grad_into(input, dims, params, grads).unwrap();
     out[7] + dq[7] + dk[7] + dv[7]
 }
 
 /// The unfused kernels per head, as the GPT's unfused ops run them; returns a checksum.
-fn unfused(s: &Step, scale: f32) -> f32 {
-    let (n, d) = (DIMS.q_len, DIMS.head_dim);
+fn unfused(s: &Step, dims: AttentionDims, scale: f32) -> f32 {
+    let (n, d) = (dims.q_len, dims.head_dim);
     let (mut scores, mut probs, mut dp, mut ds) = (
         vec![0f32; n * n],
         vec![0f32; n * n],
@@ -101,7 +110,7 @@ fn unfused(s: &Step, scale: f32) -> f32 {
         trans_a: true,
         ..GemmShape::new(n, d, n)
     };
-    for h in 0..DIMS.slices {
+    for h in 0..dims.slices {
         let r = h * n * d..(h + 1) * n * d;
         let (q, k, v, dout) = (
             &s.q[r.clone()],
@@ -150,33 +159,40 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(10);
-    let n = DIMS.slices * DIMS.q_len * DIMS.head_dim;
-    let step = Step {
-        q: values(n, 7),
-        k: values(n, 11),
-        v: values(n, 13),
-        dout: values(n, 17),
-    };
-    let scale = 1.0 / (DIMS.head_dim as f32).sqrt();
-    let (mut fused_s, mut unfused_s, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let mut sink = 0f32;
-    for _ in 0..rounds {
-        let t0 = thread_cpu_seconds();
-        sink += fused(&step, scale);
-        let t1 = thread_cpu_seconds();
-        sink += unfused(&step, scale);
-        let t2 = thread_cpu_seconds();
-        fused_s.push(t1 - t0);
-        unfused_s.push(t2 - t1);
-        ratios.push((t1 - t0) / (t2 - t1));
-    }
-    println!("| attention fwd+bwd, 64 heads × 128 tokens × 64, causal, f32, 1 thread | ms |");
-    println!("|---|---|");
-    println!("| fused | {:.1} |", 1e3 * median(fused_s));
-    println!("| unfused | {:.1} |", 1e3 * median(unfused_s));
     println!(
-        "| fused ÷ unfused (median of rounds) | {:.2} |",
-        median(ratios)
+        "| attention fwd+bwd, causal, f32, 1 thread | fused ms | unfused ms | fused ÷ unfused |"
     );
-    std::hint::black_box(sink);
+    println!("|---|---|---|---|");
+    for dims in SHAPES {
+        let n = dims.slices * dims.q_len * dims.head_dim;
+        let step = Step {
+            q: values(n, 7),
+            k: values(n, 11),
+            v: values(n, 13),
+            dout: values(n, 17),
+        };
+        let scale = 1.0 / (dims.head_dim as f32).sqrt();
+        let (mut fused_s, mut unfused_s, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sink = 0f32;
+        for _ in 0..rounds {
+            let t0 = thread_cpu_seconds();
+            sink += fused(&step, dims, scale);
+            let t1 = thread_cpu_seconds();
+            sink += unfused(&step, dims, scale);
+            let t2 = thread_cpu_seconds();
+            fused_s.push(t1 - t0);
+            unfused_s.push(t2 - t1);
+            ratios.push((t1 - t0) / (t2 - t1));
+        }
+        println!(
+            "| {} slices × {} tokens × {} | {:.1} | {:.1} | {:.2} |",
+            dims.slices,
+            dims.q_len,
+            dims.head_dim,
+            1e3 * median(fused_s),
+            1e3 * median(unfused_s),
+            median(ratios)
+        );
+        std::hint::black_box(sink);
+    }
 }

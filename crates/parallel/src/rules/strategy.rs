@@ -565,6 +565,13 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
                 ctx.input_shapes[0].len() > 1,
             )]
         }
+        // q, k and v alike; dim 0 is the batch only above 2 dims (`[S, d]` is one sequence,
+        // whose split the rule refuses).
+        Op::FlashAttention { .. } => ctx
+            .input_shapes
+            .iter()
+            .map(|shape| batch_split(shape, shape.len() > 2))
+            .collect(),
         _ => {
             let single_input = ctx.input_shapes.len() == 1;
             let r = ctx.output_shapes.first().map_or(0, |s| s.len());

@@ -83,26 +83,28 @@ where
 /// slice `i` owns `a[i·a_len..]`, `b[i·b_len..]` and `c[i·c_len..]` (each buffer holds exactly
 /// `n_slices` slices) — on the allowed threads when the slices together cost at least
 /// [`MIN_PARALLEL_FLOPS`] (`flops_per_slice` each) and there are two or more, else once on all
-/// of them. Each slice is computed whole by one call, so the bits do not depend on the split.
-pub(crate) fn for_each_slices<A, B, C, F>(
+/// of them; returns the first error a part returns. Each slice is computed whole by one call, so
+/// the bits do not depend on the split.
+pub(crate) fn for_each_slices<A, B, C, E, F>(
     n_slices: usize,
     flops_per_slice: u64,
     (a, a_len): (&mut [A], usize),
     (b, b_len): (&mut [B], usize),
     (c, c_len): (&mut [C], usize),
     f: F,
-) where
+) -> Result<(), E>
+where
     A: Send,
     B: Send,
     C: Send,
-    F: Fn(usize, usize, &mut [A], &mut [B], &mut [C]) + Sync,
+    E: Send,
+    F: Fn(usize, usize, &mut [A], &mut [B], &mut [C]) -> Result<(), E> + Sync,
 {
     let total = flops_per_slice.saturating_mul(n_slices as u64);
     let n = threads_for(total).min(n_slices);
     // A zero-length slice cannot be cut into chunks; it has nothing to compute in parallel.
     if n < 2 || a_len == 0 || b_len == 0 || c_len == 0 {
-        f(0, n_slices, a, b, c);
-        return;
+        return f(0, n_slices, a, b, c);
     }
     use rayon::prelude::*;
     let per = n_slices.div_ceil(n);
@@ -110,7 +112,7 @@ pub(crate) fn for_each_slices<A, B, C, F>(
         .zip(b.par_chunks_mut(per * b_len))
         .zip(c.par_chunks_mut(per * c_len))
         .enumerate()
-        .for_each(|(i, ((a, b), c))| f(i * per, a.len() / a_len, a, b, c));
+        .try_for_each(|(i, ((a, b), c))| f(i * per, a.len() / a_len, a, b, c))
 }
 
 /// The threads a product of `flops` operations uses.

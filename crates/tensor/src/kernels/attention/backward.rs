@@ -198,7 +198,6 @@ pub fn attention_backward_block<T: Float>(
         dims.kv_len * dims.head_dim,
         dims.q_len,
     );
-    let result = std::sync::Mutex::new(Ok(()));
     for_each_slices(
         dims.slices,
         slice_flops(dims, 5),
@@ -230,15 +229,11 @@ pub fn attention_backward_block<T: Float>(
                     dk: &mut dk[i * kv_step..(i + 1) * kv_step],
                     dv: &mut dv[i * kv_step..(i + 1) * kv_step],
                 };
-                let done = backward_slice(slice_input, dims, &params, slice_grads, &mut scratch);
-                if let Err(e) = done {
-                    *result.lock().unwrap_or_else(|p| p.into_inner()) = Err(e);
-                    return;
-                }
+                backward_slice(slice_input, dims, &params, slice_grads, &mut scratch)?;
             }
+            Ok(())
         },
-    );
-    result.into_inner().unwrap_or_else(|p| p.into_inner())
+    )
 }
 
 /// The backward pass of [`super::flash_attention_into`] over all keys: writes `dq`, `dk` and

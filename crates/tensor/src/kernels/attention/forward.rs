@@ -120,7 +120,6 @@ fn accumulate_all<T: Float>(
 ) -> Result<(), TensorError> {
     let (q_len, d) = (dims.q_len, dims.head_dim);
     let (q_step, kv_step) = (q_len * d, dims.kv_len * d);
-    let result = std::sync::Mutex::new(Ok(()));
     for_each_slices(
         dims.slices,
         slice_flops(dims, 2),
@@ -136,28 +135,20 @@ fn accumulate_all<T: Float>(
                     k: &input.k[slice * kv_step..(slice + 1) * kv_step],
                     v: &input.v[slice * kv_step..(slice + 1) * kv_step],
                 };
-                let rows = i * q_len..(i + 1) * q_len;
+                let (outs, rows) = (i * q_step..(i + 1) * q_step, i * q_len..(i + 1) * q_len);
                 let state = Running {
-                    acc: &mut acc[i * q_step..(i + 1) * q_step],
+                    acc: &mut acc[outs.clone()],
                     max: &mut max[rows.clone()],
                     sum: &mut sum[rows.clone()],
                 };
-                if let Err(e) = accumulate_slice(slice_input, dims, params, state, &mut scores) {
-                    *result.lock().unwrap_or_else(|p| p.into_inner()) = Err(e);
-                    return;
-                }
+                accumulate_slice(slice_input, dims, params, state, &mut scores)?;
                 if finish {
-                    normalize(
-                        &mut acc[i * q_step..(i + 1) * q_step],
-                        &mut max[rows.clone()],
-                        &sum[rows],
-                        d,
-                    );
+                    normalize(&mut acc[outs], &mut max[rows.clone()], &sum[rows], d);
                 }
             }
+            Ok(())
         },
-    );
-    result.into_inner().unwrap_or_else(|p| p.into_inner())
+    )
 }
 
 /// Attention of `q` over all of `k` and `v` (see the [module docs](super)): writes `out`
