@@ -155,8 +155,7 @@ impl Call {
 
     /// Whether any of this rank's queries sees a key of member `j`'s block.
     fn sees(&self, ring: &Ring, j: usize) -> bool {
-        !self.causal
-            || ring.offsets[j] < ring.offsets[ring.position] + ring.lengths[ring.position]
+        !self.causal || ring.offsets[j] < ring.offsets[ring.position] + ring.lengths[ring.position]
     }
 }
 
@@ -226,13 +225,19 @@ fn forward_typed<T: Element + Float>(
 ) -> Result<(), ExecError> {
     let call = Call::of(q, causal, scale)?;
     let q_rows = q.as_slice::<T>()?;
-    let mut state = AttentionState::<T>::new(call.slices, ring.lengths[ring.position], call.head_dim)?;
+    let mut state =
+        AttentionState::<T>::new(call.slices, ring.lengths[ring.position], call.head_dim)?;
     let mut held: (Vec<T>, Vec<T>) = (k.as_slice::<T>()?.to_vec(), v.as_slice::<T>()?.to_vec());
     let n = ring.n();
     for t in 0..n {
         let j = ring.held_after(t);
         if t + 1 < n {
-            send_all(comm, ring.next(), tag, &[as_bytes(&held.0), as_bytes(&held.1)])?;
+            send_all(
+                comm,
+                ring.next(),
+                tag,
+                &[as_bytes(&held.0), as_bytes(&held.1)],
+            )?;
         }
         if call.sees(ring, j) {
             let kv = (q_rows, held.0.as_slice(), held.1.as_slice());
@@ -277,7 +282,11 @@ fn backward_typed<T: Element + Float>(
     [dq, dk, dv]: [&mut Tensor; 3],
 ) -> Result<(), ExecError> {
     let call = Call::of(q, causal, scale)?;
-    let (q_rows, lse_rows, dout_rows) = (q.as_slice::<T>()?, lse.as_slice::<T>()?, dout.as_slice::<T>()?);
+    let (q_rows, lse_rows, dout_rows) = (
+        q.as_slice::<T>()?,
+        lse.as_slice::<T>()?,
+        dout.as_slice::<T>()?,
+    );
     let mut delta = vec![T::ZERO; lse_rows.len()];
     attention_delta_into(out.as_slice::<T>()?, dout_rows, call.head_dim, &mut delta)?;
     let dq = dq.as_slice_mut::<T>()?;
@@ -295,7 +304,12 @@ fn backward_typed<T: Element + Float>(
         let j = ring.held_after(t);
         if t + 1 < n {
             // The keys and values go on at once; their gradients after this member's part.
-            send_all(comm, ring.next(), tag, &[as_bytes(&held.0), as_bytes(&held.1)])?;
+            send_all(
+                comm,
+                ring.next(),
+                tag,
+                &[as_bytes(&held.0), as_bytes(&held.1)],
+            )?;
         }
         if call.sees(ring, j) {
             let len = held.0.len();
@@ -317,7 +331,12 @@ fn backward_typed<T: Element + Float>(
             add_into(&mut held.2, &dk_part);
             add_into(&mut held.3, &dv_part);
         }
-        send_all(comm, ring.next(), tag, &[as_bytes(&held.2), as_bytes(&held.3)])?;
+        send_all(
+            comm,
+            ring.next(),
+            tag,
+            &[as_bytes(&held.2), as_bytes(&held.3)],
+        )?;
         let next = ring.held_after(t + 1);
         let count = call.slices * ring.lengths[next] * call.head_dim;
         if t + 1 < n {

@@ -90,6 +90,13 @@ const CASES: &[(&str, usize, &str, &str, &str)] = &[
     ),
     ("adam, mp 2", 2, "adam", "", "model_parallel = 2"),
     (
+        "fused attention, dp 2 × mp 4",
+        8,
+        "momentum",
+        "fused_attention = true",
+        "data_parallel = 2\nmodel_parallel = 4",
+    ),
+    (
         "vocabulary parallel, mp 2",
         2,
         "momentum",
@@ -963,7 +970,7 @@ fn threads_inside_a_rank_change_no_bit() {
     }
 }
 
-/// The fused attention (`model.fused_attention`, the default without dropout) against the
+/// The fused attention (`model.fused_attention`) against the
 /// unfused ops it replaces, in f64 on one whole GPT: the same loss and every parameter's
 /// gradient, from the same parameter values.
 #[test]
