@@ -363,7 +363,7 @@ fn backward_typed<T: Element + Float>(
 
 fn add_into<T: Float>(acc: &mut [T], part: &[T]) {
     for (a, &p) in acc.iter_mut().zip(part) {
-        *a = *a + p;
+        *a += p;
     }
 }
 

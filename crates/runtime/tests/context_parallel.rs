@@ -259,3 +259,42 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         assert!(err.contains("parallel.context_parallel_algo"), "{err}");
     }
 }
+
+/// Activation memory falls as 1/N: a sequence 4× longer on 4 context-parallel ranks (ring or
+/// Ulysses, fused attention) holds no more activations per rank than one device needs for the
+/// short sequence today (unfused attention), and every rank's measured peaks equal the
+/// prediction.
+#[test]
+fn four_cp_ranks_fit_a_four_times_longer_sequence_in_one_ranks_activations() {
+    let tmp = tempfile::tempdir().unwrap();
+    let activations = |name: &str, model_extra: &str, parallel: &str, seq: usize| {
+        let overrides = [
+            format!("model.seq_len={seq}"),
+            "train.max_steps=2".to_string(),
+        ];
+        let out = tmp.path().join(name);
+        let config = run_util::small_gpt(&out, "adam", model_extra, parallel, &overrides);
+        let (session, report, _) = run_util::train_report(&config);
+        let measured = &report.ranks[0].memory_by_rank;
+        assert_eq!(measured.len(), session.devices(), "{name}");
+        for (rank, m) in measured.iter().enumerate() {
+            let predicted = session.predict_memory(rank).expect("a schedule");
+            assert_eq!(*m, predicted, "{name}: rank {rank}'s memory as predicted");
+        }
+        measured.iter().map(|m| m.peaks.activations).max().unwrap()
+    };
+    let today = activations("short", "", "mode = \"stand_alone\"", 16);
+    let long_alone = activations("long", "", "mode = \"stand_alone\"", 64);
+    for algo in ["ring", "ulysses"] {
+        let keys = format!("context_parallel = 4\ncontext_parallel_algo = \"{algo}\"");
+        let long_cp4 = activations(algo, "fused_attention = true", &semi(4, &keys), 64);
+        assert!(
+            long_cp4 <= today,
+            "{algo}: {long_cp4} B of activations per rank at 64 tokens over cp 4, {today} B on one device at 16 tokens"
+        );
+        assert!(
+            long_alone > 3 * long_cp4,
+            "{algo}: {long_alone} vs {long_cp4}"
+        );
+    }
+}
