@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use comm::LocalCluster;
 use exec::{OptimizerConfig, OptimizerKind};
-use models::{GptConfig, GptParallel, GptParallelKeys};
+use models::{ContextParallelAlgo, GptConfig, GptParallel, GptParallelKeys};
 use parallel::{compile_training, DatasetStrategy, ParallelConfig, ParallelMode};
 use tensor::{DType, Tensor};
 
@@ -51,6 +51,35 @@ pub struct GptStepRequest {
     /// Above 1: also time 1 rank with its large products on this many threads
     /// (`train.threads_per_rank`), alternating with the 1-thread run `rounds` times.
     pub threads: usize,
+    /// Also time context parallel 2 (ring and Ulysses, fused attention) against 1 rank (fused
+    /// attention) on this many tokens per sequence, the batch cut to keep 2,048 tokens per step
+    /// (`None`: skip).
+    pub context_parallel_seq: Option<usize>,
+}
+
+/// How a timed configuration splits the GPT: data, model and context parallel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Split {
+    dp: usize,
+    mp: usize,
+    cp: usize,
+    algo: ContextParallelAlgo,
+}
+
+impl Split {
+    /// Data × model parallel, no context parallel.
+    const fn dp_mp(dp: usize, mp: usize) -> Split {
+        Split {
+            dp,
+            mp,
+            cp: 1,
+            algo: ContextParallelAlgo::Ulysses,
+        }
+    }
+
+    fn devices(self) -> usize {
+        self.dp * self.mp * self.cp
+    }
 }
 
 /// A variant of a configuration timed against it in [`Bench::rounds`].
@@ -157,6 +186,15 @@ pub enum GptStepLine {
         /// The ratios.
         ratios: Ratios,
     },
+    /// Context parallel 2's throughput over 1 rank's at `seq` tokens: ring, Ulysses.
+    ContextParallel {
+        /// Tokens per sequence.
+        seq: usize,
+        /// Ring attention.
+        ring: f64,
+        /// Ulysses.
+        ulysses: f64,
+    },
     /// Throughput on 2 ranks over 1 rank's: data parallel, model parallel.
     SpeedUp {
         /// Data parallel 2.
@@ -222,6 +260,10 @@ impl fmt::Display for GptStepLine {
                 (&format!("1 rank on {threads} threads"), "1 thread"),
                 2,
             ),
+            GptStepLine::ContextParallel { seq, ring, ulysses } => writeln!(
+                f,
+                "speed-up of context parallel 2 at {seq} tokens: ring {ring:.2}x, Ulysses {ulysses:.2}x"
+            ),
             GptStepLine::SpeedUp {
                 data_parallel,
                 model_parallel,
@@ -241,11 +283,11 @@ fn gpt_config(request: &GptStepRequest) -> GptConfig {
     GptConfig::new(256, request.layers, 4, request.hidden, 128, 16)
 }
 
-/// The program under `(data_parallel, model_parallel)` (stand-alone for `(1, 1)`); in
-/// deterministic mode with the vocabulary-parallel loss, as training builds it.
+/// The program under `split` (stand-alone on one device); in deterministic mode with the
+/// vocabulary-parallel loss, as training builds it.
 fn program(
     gpt: &GptConfig,
-    (dp, mp): (usize, usize),
+    split: Split,
     deterministic: bool,
     reduction: Reduction,
 ) -> Result<Arc<parallel::Program>, BenchError> {
@@ -254,16 +296,19 @@ fn program(
         ..gpt.clone()
     };
     let model = models::gpt(&gpt, DType::F32)?;
-    let devices = dp * mp;
+    let devices = split.devices();
     let config = if devices == 1 {
         ParallelConfig::stand_alone()
     } else {
         let keys = GptParallelKeys {
-            data_parallel: Some(dp),
-            model_parallel: mp,
+            data_parallel: Some(split.dp),
+            model_parallel: split.mp,
+            context_parallel: split.cp,
+            context_parallel_algo: split.algo,
             ..GptParallelKeys::default()
         };
         let split = GptParallel::resolve(devices, &keys)?;
+        split.check(&gpt)?;
         let mut config = ParallelConfig::new(ParallelMode::SemiAuto, devices);
         config.strategies = split.strategies(&model.graph)?;
         config.dataset_strategy = DatasetStrategy::PerInput(split.dataset_strategy());
@@ -312,7 +357,7 @@ impl Bench<'_> {
     /// Times one configuration and reports it; its tokens/s.
     fn measure(
         &mut self,
-        (dp, mp): (usize, usize),
+        split: Split,
         label: &str,
         (deterministic, reduction): (bool, Reduction),
         (clip, threads): (bool, usize),
@@ -334,12 +379,12 @@ impl Bench<'_> {
             clip: clip.then(|| runtime::MaxGradNorm::new(1.0)).flatten(),
         };
         let data = batches(&self.gpt)?;
-        let prog = program(&self.gpt, (dp, mp), deterministic, reduction)?;
+        let prog = program(&self.gpt, split, deterministic, reduction)?;
         if deterministic {
             parallel::check_deterministic(&prog, DETERMINISTIC_BLOCKS)?;
         }
         tensor::kernels::threads::set_threads(threads);
-        let per_rank = LocalCluster::new(dp * mp)?
+        let per_rank = LocalCluster::new(split.devices())?
             .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
             .into_iter()
             .collect::<Result<Result<Vec<_>, BenchError>, _>>();
@@ -388,7 +433,7 @@ impl Bench<'_> {
     /// the sorted ratios.
     fn rounds(
         &mut self,
-        split: (usize, usize),
+        split: Split,
         (label, rate): (&str, f64),
         variant_label: &str,
         variant: Variant,
@@ -440,14 +485,14 @@ pub fn gpt_step(
         steps: request.steps,
     });
     let configurations = [
-        ((1, 1), "1 rank"),
-        ((2, 1), "2 ranks, data parallel"),
-        ((1, 2), "2 ranks, model parallel 2"),
+        (Split::dp_mp(1, 1), "1 rank"),
+        (Split::dp_mp(2, 1), "2 ranks, data parallel"),
+        (Split::dp_mp(1, 2), "2 ranks, model parallel 2"),
     ];
     let mut rates = Vec::new();
     for (split, label) in configurations {
         let rate = bench.measure(split, label, (false, Reduction::Plain), (false, 1))?;
-        if request.fusion && split == (2, 1) {
+        if request.fusion && split == Split::dp_mp(2, 1) {
             for (what, reduction) in [
                 ("fused", Reduction::Fused),
                 ("fused and overlapped", Reduction::FusedOverlapped),
@@ -480,7 +525,7 @@ pub fn gpt_step(
             let ratios = bench.rounds(split, (label, rate), &clip_label, clip)?;
             bench.push(GptStepLine::Clipped(ratios));
         }
-        if request.threads > 1 && split == (1, 1) {
+        if request.threads > 1 && split == Split::dp_mp(1, 1) {
             let threads = request.threads;
             let threaded = Variant {
                 deterministic: false,
@@ -497,5 +542,52 @@ pub fn gpt_step(
         data_parallel: rates[1] / rates[0],
         model_parallel: rates[2] / rates[0],
     });
+    if let Some(seq) = request.context_parallel_seq {
+        context_parallel(&mut bench, seq)?;
+    }
     Ok(bench.report)
+}
+
+/// Times 1 rank, then context parallel 2 by ring and by Ulysses, on `seq`-token sequences
+/// (fused attention; the batch keeps 2,048 tokens per step).
+fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError> {
+    let batch = (2048 / seq).max(1);
+    bench.gpt = GptConfig {
+        fused_attention: true,
+        ..GptConfig::new(
+            256,
+            bench.request.layers,
+            4,
+            bench.request.hidden,
+            seq,
+            batch,
+        )
+    };
+    let plain = (false, Reduction::Plain);
+    let one = bench.measure(
+        Split::dp_mp(1, 1),
+        &format!("1 rank, {seq} tokens × batch {batch}, fused attention"),
+        plain,
+        (false, 1),
+    )?;
+    let mut speed_ups = Vec::new();
+    for (algo, name) in [
+        (ContextParallelAlgo::Ring, "ring"),
+        (ContextParallelAlgo::Ulysses, "Ulysses"),
+    ] {
+        let split = Split {
+            dp: 1,
+            mp: 1,
+            cp: 2,
+            algo,
+        };
+        let label = format!("2 ranks, context parallel 2 ({name}), {seq} tokens");
+        speed_ups.push(bench.measure(split, &label, plain, (false, 1))? / one);
+    }
+    bench.push(GptStepLine::ContextParallel {
+        seq,
+        ring: speed_ups[0],
+        ulysses: speed_ups[1],
+    });
+    Ok(())
 }

@@ -183,6 +183,25 @@ struct GptStepArgs {
     /// the median (min–max) of the rounds' throughput ratios. 1: not timed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
+    /// Also time context parallel 2 (ring and Ulysses, fused attention) against 1 rank on
+    /// sequences of this many tokens (a power of two from 64 to 2048: the batch keeps 2,048
+    /// tokens per step).
+    #[arg(long, value_parser = context_parallel_seq)]
+    context_parallel_seq: Option<usize>,
+}
+
+/// `--context-parallel-seq`: a power of two from 64 to 2048.
+fn context_parallel_seq(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of tokens"))?;
+    if n.is_power_of_two() && (64..=2048).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "{n} tokens: must be a power of two from 64 to 2048"
+        ))
+    }
 }
 
 /// Arguments of `tessera bench ps`.
@@ -336,6 +355,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 fusion: a.fusion,
                 clip: a.clip,
                 threads: usize::from(a.threads),
+                context_parallel_seq: a.context_parallel_seq,
             };
             bench::gpt_step::gpt_step(&request, console)?;
         }
