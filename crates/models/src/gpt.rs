@@ -15,6 +15,7 @@ use graph::{GraphBuilder, GraphError, Initializer, ValueId};
 use tensor::DType;
 
 use crate::error::ModelsError;
+use crate::moe::{self, MoeConfig, MoeShape};
 
 /// The shape of a GPT: `[model]`'s keys plus the vocabulary (from the data) and the global
 /// batch.
@@ -43,6 +44,8 @@ pub struct GptConfig {
     /// `GraphBuilder::vocab_parallel_cross_entropy`), which keeps logits split on the vocabulary
     /// (no all-gather); the same value as the fused op otherwise used.
     pub vocab_parallel_loss: bool,
+    /// `[model.moe]`: MoE blocks in place of the MLPs ([`crate::moe`]); `None`: dense MLPs.
+    pub moe: Option<MoeConfig>,
 }
 
 impl GptConfig {
@@ -68,6 +71,7 @@ impl GptConfig {
             tie_embeddings: true,
             batch,
             vocab_parallel_loss: false,
+            moe: None,
         }
     }
 
@@ -104,6 +108,9 @@ impl GptConfig {
                     self.heads, self.hidden
                 ),
             });
+        }
+        if let Some(moe) = &self.moe {
+            moe.validate()?;
         }
         let params = self.parameter_count();
         if params > MAX_ELEMENTS {
@@ -150,9 +157,16 @@ impl GptConfig {
             self.ffn_hidden as u128,
             self.layers as u128,
         );
-        let block = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h;
+        let block = 4 * (h * h + h) + 4 * h;
+        let mlp = (h * f + f) + (f * h + h);
+        let mlps: u128 = (0..self.layers)
+            .map(|layer| match &self.moe {
+                Some(moe) if moe.applies_to(layer) => moe.parameter_count(self.hidden, self.ffn_hidden),
+                _ => mlp,
+            })
+            .sum();
         let head = if self.tie_embeddings { 0 } else { v * h };
-        v * h + s * h + l * block + 2 * h + head
+        v * h + s * h + l * block + mlps + 2 * h + head
     }
 
     /// Elements of the largest activation: `batch × seq_len` times the widest of `ffn_hidden`,
@@ -162,7 +176,11 @@ impl GptConfig {
             .max(self.vocab_size as u128)
             .max(self.heads as u128 * self.seq_len as u128)
             .max(self.hidden as u128);
-        self.batch as u128 * self.seq_len as u128 * widest
+        // A MoE block's dispatch mask holds experts × capacity per token.
+        let slots = self.moe.as_ref().map_or(0, |moe| {
+            moe.experts as u128 * moe.capacity(self.seq_len) as u128
+        });
+        self.batch as u128 * self.seq_len as u128 * widest.max(slots)
     }
 }
 
@@ -172,7 +190,7 @@ fn weight_init() -> Initializer {
 }
 
 /// A dense layer `[in → out]` with a zero bias and GPT-2's weight init.
-fn dense(in_features: usize, out_features: usize, std: f64) -> Dense {
+pub(crate) fn dense(in_features: usize, out_features: usize, std: f64) -> Dense {
     Dense {
         weight_init: Initializer::normal(std),
         bias_init: Initializer::Zeros,
@@ -224,12 +242,26 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
     )?;
     let mut x = b.add("embed.add", tokens, positions)?;
     x = dropout(&mut b, "embed.dropout", x)?;
+    let mut aux_losses = Vec::new();
     for layer in 0..c.layers {
         x = b.scope(&format!("blocks.{layer}"), |b| {
             let h = b.call("ln1", &layer_norm(hidden), x)?;
             let h = attention(b, c, h, &mut dropout)?;
             let x = b.add("residual1", x, h)?;
             let h = b.call("ln2", &layer_norm(hidden), x)?;
+            if let Some(moe) = c.moe.as_ref().filter(|m| m.applies_to(layer)) {
+                let shape = MoeShape {
+                    groups: batch,
+                    tokens: seq,
+                    hidden,
+                    ffn_hidden: c.ffn_hidden,
+                    out_std: 0.02 / (2.0 * c.layers as f64).sqrt(),
+                };
+                let (h, aux) = moe::moe_mlp(b, moe, shape, h)?;
+                aux_losses.push(aux);
+                let h = dropout(b, "moe.dropout", h)?;
+                return b.add("residual2", x, h);
+            }
             let h = b.scope("mlp", |b| {
                 let fc1 = Dense {
                     activation: Some(Activation::Gelu { approximate: true }),
@@ -261,6 +293,7 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
     } else {
         b.sparse_softmax_cross_entropy("loss", logits, flat_labels)?
     };
+    let loss = moe::add_aux_losses(&mut b, loss, &aux_losses)?;
     b.output(loss)?;
     b.output(logits)?;
     Ok(Model {

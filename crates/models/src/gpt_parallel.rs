@@ -12,6 +12,9 @@
 //!   residual adds, biases of row-parallel layers) over `model_parallel`, so the row-parallel
 //!   sums become reduce-scatters and the column-parallel inputs all-gathers.
 //!
+//! The MoE blocks' strategies (experts split over `expert_parallel`) are
+//! [`crate::moe_parallel`]'s.
+//!
 //! Strategies are keyed by op name; [`GptParallel::strategies`] gives one for every forward op of
 //! a built GPT graph, found by the name's last components, so optional ops (dropout) need no
 //! special case.
@@ -36,6 +39,9 @@ pub struct GptParallel {
     /// Split the residual stream's sequence dim over `model_parallel`
     /// (`parallel.use_seq_parallel`).
     pub use_seq_parallel: bool,
+    /// Expert-parallel shards of the MoE blocks' experts (`parallel.expert_parallel`, 1 unless
+    /// set by [`GptParallel::with_expert_parallel`]).
+    pub expert_parallel: usize,
 }
 
 fn config_error(key: &str, reason: String) -> ModelsError {
@@ -82,6 +88,7 @@ impl GptParallel {
             model_parallel,
             vocab_emb_dp,
             use_seq_parallel,
+            expert_parallel: 1,
         })
     }
 
@@ -109,6 +116,7 @@ impl GptParallel {
                 "model_parallel (use_seq_parallel)",
             ));
         }
+        crate::moe_parallel::check(self, c)?;
         for (key, size, split, by) in rules {
             if size % split != 0 {
                 return Err(config_error(
@@ -146,7 +154,8 @@ impl GptParallel {
             let strategy = loss_ops
                 .get(&node.name)
                 .cloned()
-                .or_else(|| self.strategy_of(&node.name));
+                .or_else(|| self.strategy_of(&node.name))
+                .or_else(|| self.moe_strategy_of(&node.name));
             let strategy = strategy.ok_or_else(|| {
                 config_error(
                     "model.name",

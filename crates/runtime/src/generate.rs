@@ -114,6 +114,8 @@ impl SavedModel {
             tie_embeddings: json["tie_embeddings"].as_bool().unwrap_or(true),
             batch: 1,
             vocab_parallel_loss: false,
+            // FIXME: model.json does not record `[model.moe]` yet; a MoE GPT cannot be sampled.
+            moe: None,
         };
         gpt.validate().map_err(|e| bad(e.to_string()))?;
         Ok(SavedModel { gpt, vocabulary })

@@ -87,6 +87,7 @@ impl TextData {
                 || (config.parallel_config().mode == ParallelMode::SemiAuto
                     && !config.gpt_parallel().vocab_emb_dp
                     && config.gpt_parallel().model_parallel > 1),
+            moe: keys.moe.clone(),
         };
         gpt.validate()?;
         Ok(gpt)
@@ -212,7 +213,8 @@ pub fn gpt_parallel_config(
         keys.model_parallel,
         keys.vocab_emb_dp,
         keys.use_seq_parallel,
-    )?;
+    )?
+    .with_expert_parallel(keys.expert_parallel)?;
     split.check(gpt)?;
     let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
     let mut strategies: BTreeMap<String, OpStrategy> = split.strategies(&model.graph)?;

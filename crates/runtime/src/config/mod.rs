@@ -103,6 +103,8 @@ pub struct GptKeys {
     pub dropout: f64,
     /// The LM head shares the embedding table.
     pub tie_embeddings: bool,
+    /// `[model.moe]`: MoE blocks in place of the MLPs (`None`: dense MLPs).
+    pub moe: Option<models::MoeConfig>,
 }
 
 /// `[parallel]`'s MindFormers keys, which set the GPT's op strategies.
@@ -116,6 +118,9 @@ pub struct GptParallelKeys {
     pub vocab_emb_dp: bool,
     /// `parallel.use_seq_parallel` (default false).
     pub use_seq_parallel: bool,
+    /// `parallel.expert_parallel` (default 1): shards of the MoE experts, taken from the
+    /// data-parallel ranks.
+    pub expert_parallel: usize,
 }
 
 impl Default for GptParallelKeys {
@@ -125,6 +130,7 @@ impl Default for GptParallelKeys {
             model_parallel: 1,
             vocab_emb_dp: true,
             use_seq_parallel: false,
+            expert_parallel: 1,
         }
     }
 }

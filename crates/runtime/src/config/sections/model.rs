@@ -1,6 +1,7 @@
 //! `[model]`: which built-in network, its widths, and the GPT's keys.
 
 use super::discard_unused;
+use super::moe::read_moe;
 use crate::config::values::{
     config_error, read_bool, read_enum, read_float, read_positive, Section,
 };
@@ -18,6 +19,7 @@ pub(in crate::config) const MODEL_KEYS: &[&str] = &[
     "ffn_hidden",
     "dropout",
     "tie_embeddings",
+    "moe",
 ];
 
 /// The keys only the GPT reads.
@@ -28,6 +30,7 @@ const GPT_MODEL_KEYS: &[&str] = &[
     "ffn_hidden",
     "dropout",
     "tie_embeddings",
+    "moe",
 ];
 
 /// Reads `[model]`; the keys of the other models are reported in `warnings` and dropped.
@@ -80,6 +83,7 @@ pub(super) fn read_model(
         ffn_hidden: s.or("ffn_hidden", 4 * hidden, read_positive)?,
         dropout,
         tie_embeddings: s.or("tie_embeddings", true, read_bool)?,
+        moe: s.get("moe", read_moe)?,
     };
     if hidden % gpt.heads != 0 {
         return Err(config_error(
