@@ -276,7 +276,216 @@ pub(crate) fn add_aux_losses(
 
 #[cfg(test)]
 mod tests {
+    use graph::{grad, Executor, Graph};
+    use tensor::{DType, Tensor};
+
     use super::*;
+
+    /// A MoE block on an input `x [G, T, d]` in f64: the graph, `x`, and its loss
+    /// `Σ y ⊙ probe + aux` (with `y` and `aux` as outputs 1 and 2).
+    struct Block {
+        graph: Graph,
+        x: ValueId,
+        loss: ValueId,
+        y: ValueId,
+        aux: ValueId,
+    }
+
+    const SHAPE: MoeShape = MoeShape {
+        groups: 2,
+        tokens: 6,
+        hidden: 4,
+        ffn_hidden: 5,
+        out_std: 0.5,
+    };
+
+    fn block(moe: &MoeConfig) -> Block {
+        let mut b = GraphBuilder::with_float_dtype(DType::F64);
+        let (g, t, d) = (SHAPE.groups, SHAPE.tokens, SHAPE.hidden);
+        let x = b.input("x", &[g, t, d], DType::F64).unwrap();
+        let (y, aux) = moe_mlp(&mut b, moe, SHAPE, x).unwrap();
+        let probe = b
+            .parameter_with("probe", &[g, t, d], DType::F64, Initializer::normal(1.0), false)
+            .unwrap();
+        let weighted = b.mul("probe_mul", y, probe).unwrap();
+        let sum = b.reduce_sum("probe_sum", weighted, &[], false).unwrap();
+        let loss = b.add("total", sum, aux).unwrap();
+        for v in [loss, y, aux] {
+            b.output(v).unwrap();
+        }
+        Block {
+            graph: b.finish(),
+            x,
+            loss,
+            y,
+            aux,
+        }
+    }
+
+    /// Inputs spread enough that no two router probabilities tie by accident.
+    fn input() -> Tensor {
+        let n = SHAPE.groups * SHAPE.tokens * SHAPE.hidden;
+        let values = (0..n).map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0).collect();
+        Tensor::from_vec(&[SHAPE.groups, SHAPE.tokens, SHAPE.hidden], values).unwrap()
+    }
+
+    /// Large weights so that the router is far from uniform and the experts differ.
+    fn init(exec: &mut Executor, graph: &Graph) {
+        exec.init_parameters(3).unwrap();
+        for name in ["moe.router.weight", "moe.experts.b1", "moe.experts.b2"] {
+            let id = graph.value_by_name(name).unwrap();
+            let t = exec.value_mut(id).unwrap();
+            let values: Vec<f64> = (0..t.len()).map(|i| ((i * 7 % 11) as f64 - 5.0) / 3.0).collect();
+            *t = Tensor::from_vec(t.shape(), values).unwrap();
+        }
+    }
+
+    fn param(exec: &Executor, graph: &Graph, name: &str) -> Vec<f64> {
+        exec.value(graph.value_by_name(name).unwrap()).unwrap().to_f64_vec()
+    }
+
+    fn gelu(x: f64) -> f64 {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+    }
+
+    /// The block computed token by token with loops: `(y, aux, dropped token-choices)`.
+    fn naive(moe: &MoeConfig, exec: &Executor, graph: &Graph, x: &[f64]) -> (Vec<f64>, f64, usize) {
+        let MoeShape { groups, tokens, hidden: d, ffn_hidden: f, .. } = SHAPE;
+        let (e_n, cap) = (moe.experts, moe.capacity(tokens));
+        let wr = param(exec, graph, "moe.router.weight");
+        let (w1, b1) = (param(exec, graph, "moe.experts.w1"), param(exec, graph, "moe.experts.b1"));
+        let (w2, b2) = (param(exec, graph, "moe.experts.w2"), param(exec, graph, "moe.experts.b2"));
+        let mut y = vec![0.0; groups * tokens * d];
+        let (mut counts, mut mass) = (vec![0.0; e_n], vec![0.0; e_n]);
+        let mut dropped = 0;
+        for g in 0..groups {
+            let mut probs = Vec::new();
+            let mut picks = Vec::new();
+            for t in 0..tokens {
+                let xt = &x[(g * tokens + t) * d..][..d];
+                let logits: Vec<f64> = (0..e_n)
+                    .map(|e| (0..d).map(|i| xt[i] * wr[i * e_n + e]).sum())
+                    .collect();
+                let max = logits.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                let p: Vec<f64> = logits.iter().map(|l| (l - max).exp() / z).collect();
+                let mut order: Vec<usize> = (0..e_n).collect();
+                order.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap().then(a.cmp(&b)));
+                order.truncate(moe.top_k);
+                counts[order[0]] += 1.0;
+                for e in 0..e_n {
+                    mass[e] += p[e];
+                }
+                probs.push(p);
+                picks.push(order);
+            }
+            let mut used = vec![0; e_n];
+            for j in 0..moe.top_k {
+                for t in 0..tokens {
+                    let e = picks[t][j];
+                    used[e] += 1;
+                    if used[e] > cap {
+                        dropped += 1;
+                        continue;
+                    }
+                    let chosen: f64 = picks[t].iter().map(|&c| probs[t][c]).sum();
+                    let gate = probs[t][e] / if moe.top_k > 1 { chosen } else { 1.0 };
+                    let xt = &x[(g * tokens + t) * d..][..d];
+                    let h: Vec<f64> = (0..f)
+                        .map(|k| {
+                            let s: f64 = (0..d).map(|i| xt[i] * w1[(e * d + i) * f + k]).sum();
+                            gelu(s + b1[e * f + k])
+                        })
+                        .collect();
+                    for o in 0..d {
+                        let s: f64 = (0..f).map(|k| h[k] * w2[(e * f + k) * d + o]).sum();
+                        y[(g * tokens + t) * d + o] += gate * (s + b2[e * d + o]);
+                    }
+                }
+            }
+        }
+        let n = (groups * tokens) as f64;
+        let balance: f64 = (0..e_n).map(|e| counts[e] / n * mass[e] / n).sum();
+        (y, moe.aux_loss_coeff * e_n as f64 * balance, dropped)
+    }
+
+    #[test]
+    fn the_block_is_the_token_by_token_mixture() {
+        for top_k in [1, 2] {
+            let moe = MoeConfig {
+                capacity_factor: 1.0,
+                aux_loss_coeff: 0.5,
+                ..MoeConfig::new(3, top_k)
+            };
+            let blk = block(&moe);
+            let mut exec = Executor::new(&blk.graph).unwrap();
+            init(&mut exec, &blk.graph);
+            let x = input();
+            exec.set_input(blk.x, &x).unwrap();
+            exec.run().unwrap();
+            let (y, aux, dropped) = naive(&moe, &exec, &blk.graph, &x.to_f64_vec());
+            assert!(dropped > 0, "top-{top_k}: the case drops tokens");
+            let got = exec.value(blk.y).unwrap().to_f64_vec();
+            for (i, (a, b)) in got.iter().zip(&y).enumerate() {
+                assert!((a - b).abs() < 1e-12, "top-{top_k}: y[{i}] = {a} vs {b}");
+            }
+            let got_aux = exec.value(blk.aux).unwrap().to_f64_vec()[0];
+            assert!((got_aux - aux).abs() < 1e-12, "top-{top_k}: aux {got_aux} vs {aux}");
+        }
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        for (top_k, shared) in [(1, false), (2, true)] {
+            let moe = MoeConfig {
+                shared_expert: shared,
+                aux_loss_coeff: 0.5,
+                ..MoeConfig::new(3, top_k)
+            };
+            let blk = block(&moe);
+            let params = blk.graph.trainable_parameters();
+            let training = grad(&blk.graph, blk.loss, &params).unwrap();
+            let mut exec = Executor::new(&training.graph).unwrap();
+            init(&mut exec, &training.graph);
+            exec.set_input(blk.x, &input()).unwrap();
+            exec.run().unwrap();
+            let analytic: Vec<Vec<f64>> = training
+                .grads
+                .iter()
+                .map(|&(_, g)| exec.value(g).unwrap().to_f64_vec())
+                .collect();
+            let loss_at = |exec: &mut Executor| {
+                exec.run().unwrap();
+                exec.value(training.loss).unwrap().to_f64_vec()[0]
+            };
+            for (&(p, _), analytic) in training.grads.iter().zip(&analytic) {
+                let name = training.graph.value(p).unwrap().name.clone();
+                for i in (0..analytic.len()).step_by(analytic.len().div_ceil(8)) {
+                    let h = 1e-6;
+                    let original = exec.value(p).unwrap().to_f64_vec();
+                    let mut shifted = |delta: f64| {
+                        let mut values = original.clone();
+                        values[i] += delta;
+                        let shape = exec.value(p).unwrap().shape().to_vec();
+                        *exec.value_mut(p).unwrap() = Tensor::from_vec(&shape, values).unwrap();
+                        loss_at(&mut exec)
+                    };
+                    let numeric = (shifted(h) - shifted(-h)) / (2.0 * h);
+                    shifted(0.0);
+                    let err = (numeric - analytic[i]).abs() / (1.0 + analytic[i].abs());
+                    assert!(
+                        err < 1e-6,
+                        "top-{top_k}: d loss / d {name}[{i}]: {} vs numeric {numeric}",
+                        analytic[i]
+                    );
+                }
+            }
+            let router = training.graph.value_by_name("moe.router.weight").unwrap();
+            let g = &analytic[training.grads.iter().position(|&(p, _)| p == router).unwrap()];
+            assert!(g.iter().any(|v| v.abs() > 1e-6), "the router learns through the gates");
+        }
+    }
 
     #[test]
     fn capacity_is_the_rounded_up_share_clamped_to_the_tokens() {

@@ -58,3 +58,70 @@ fn expert_parallel_trains_like_one_device() {
         }
     }
 }
+
+/// The reshards into and out of the experts' layout are all-to-alls among the expert-parallel
+/// ranks: the dispatch into `expert_in`, the combine out of `expert_out` (forward), and their
+/// mirrors in the backward pass.
+#[test]
+fn dispatch_and_combine_are_all_to_alls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moe = moe_keys(2, "");
+    let config = config(tmp.path(), &moe, &semi(4, "expert_parallel = 4"), &[]);
+    let session = Session::new(&config).unwrap();
+    let summary = session.train.summary();
+    let moves: Vec<(String, String)> = summary
+        .steps
+        .iter()
+        .filter_map(|step| match step {
+            parallel::StepSummary::Reshard {
+                value,
+                communication,
+                ..
+            } => Some((value.clone(), communication.clone())),
+            parallel::StepSummary::Kernel { .. } => None,
+        })
+        .collect();
+    let crossings = ["to_experts", "expert_out", "to_tokens.grad0", "expert_in.grad0"];
+    for block in 0..2 {
+        for value in crossings {
+            let name = format!("blocks.{block}.moe.{value}");
+            let found: Vec<&str> = moves
+                .iter()
+                .filter(|(v, _)| *v == name)
+                .map(|(_, c)| c.as_str())
+                .collect();
+            assert_eq!(found, ["all-to-all over 4 ranks"], "{name}: {moves:?}");
+        }
+    }
+    // Nothing gathers the experts' inputs or outputs whole.
+    let gathers: Vec<_> = moves
+        .iter()
+        .filter(|(v, c)| v.contains(".moe.") && c.contains("gather"))
+        .collect();
+    assert!(gathers.is_empty(), "{gathers:?}");
+}
+
+/// `train.deterministic = true`: expert parallel, alone and with data and model parallel, and
+/// a shared expert, is bitwise one device's run.
+#[test]
+fn deterministic_expert_parallel_is_bitwise_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let det = ["train.deterministic=true".to_string()];
+    let moe = moe_keys(2, "shared_expert = true");
+    let out = tmp.path().join("sa");
+    let reference = train(&config(&out, &moe, "mode = \"stand_alone\"", &det));
+    let cases: &[(&str, usize, &str)] = &[
+        ("ep 2", 2, "expert_parallel = 2"),
+        ("ep 4", 4, "expert_parallel = 4"),
+        (
+            "dp 4 × mp 2, ep 2",
+            8,
+            "data_parallel = 4\nmodel_parallel = 2\nexpert_parallel = 2",
+        ),
+    ];
+    for (i, (name, devices, keys)) in cases.iter().enumerate() {
+        let out = tmp.path().join(format!("det-{i}"));
+        let run = train(&config(&out, &moe, &semi(*devices, keys), &det));
+        run_util::assert_bitwise_run(name, &run, &reference);
+    }
+}
