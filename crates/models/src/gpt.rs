@@ -161,7 +161,9 @@ impl GptConfig {
         let mlp = (h * f + f) + (f * h + h);
         let mlps: u128 = (0..self.layers)
             .map(|layer| match &self.moe {
-                Some(moe) if moe.applies_to(layer) => moe.parameter_count(self.hidden, self.ffn_hidden),
+                Some(moe) if moe.applies_to(layer) => {
+                    moe.parameter_count(self.hidden, self.ffn_hidden)
+                }
                 _ => mlp,
             })
             .sum();

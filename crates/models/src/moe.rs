@@ -165,7 +165,11 @@ pub(crate) fn moe_mlp(
     } = shape;
     let (experts, capacity) = (moe.experts, moe.capacity(tokens));
     b.scope("moe", |b| {
-        let router = b.parameter("router.weight", &[hidden, experts], Initializer::normal(0.02))?;
+        let router = b.parameter(
+            "router.weight",
+            &[hidden, experts],
+            Initializer::normal(0.02),
+        )?;
         let logits = b.batch_matmul("router.matmul", x, router, false, false)?;
         let probs = b.softmax("router.softmax", logits)?;
         let [dispatch, chosen, first] = b.moe_route("route", probs, moe.top_k, capacity)?;
@@ -305,7 +309,13 @@ mod tests {
         let x = b.input("x", &[g, t, d], DType::F64).unwrap();
         let (y, aux) = moe_mlp(&mut b, moe, SHAPE, x).unwrap();
         let probe = b
-            .parameter_with("probe", &[g, t, d], DType::F64, Initializer::normal(1.0), false)
+            .parameter_with(
+                "probe",
+                &[g, t, d],
+                DType::F64,
+                Initializer::normal(1.0),
+                false,
+            )
             .unwrap();
         let weighted = b.mul("probe_mul", y, probe).unwrap();
         let sum = b.reduce_sum("probe_sum", weighted, &[], false).unwrap();
@@ -325,7 +335,9 @@ mod tests {
     /// Inputs spread enough that no two router probabilities tie by accident.
     fn input() -> Tensor {
         let n = SHAPE.groups * SHAPE.tokens * SHAPE.hidden;
-        let values = (0..n).map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0).collect();
+        let values = (0..n)
+            .map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0)
+            .collect();
         Tensor::from_vec(&[SHAPE.groups, SHAPE.tokens, SHAPE.hidden], values).unwrap()
     }
 
@@ -335,13 +347,17 @@ mod tests {
         for name in ["moe.router.weight", "moe.experts.b1", "moe.experts.b2"] {
             let id = graph.value_by_name(name).unwrap();
             let t = exec.value_mut(id).unwrap();
-            let values: Vec<f64> = (0..t.len()).map(|i| ((i * 7 % 11) as f64 - 5.0) / 3.0).collect();
+            let values: Vec<f64> = (0..t.n_elements())
+                .map(|i| ((i * 7 % 11) as f64 - 5.0) / 3.0)
+                .collect();
             *t = Tensor::from_vec(t.shape(), values).unwrap();
         }
     }
 
     fn param(exec: &Executor, graph: &Graph, name: &str) -> Vec<f64> {
-        exec.value(graph.value_by_name(name).unwrap()).unwrap().to_f64_vec()
+        exec.value(graph.value_by_name(name).unwrap())
+            .unwrap()
+            .to_f64_vec()
     }
 
     fn gelu(x: f64) -> f64 {
@@ -351,11 +367,23 @@ mod tests {
 
     /// The block computed token by token with loops: `(y, aux, dropped token-choices)`.
     fn naive(moe: &MoeConfig, exec: &Executor, graph: &Graph, x: &[f64]) -> (Vec<f64>, f64, usize) {
-        let MoeShape { groups, tokens, hidden: d, ffn_hidden: f, .. } = SHAPE;
+        let MoeShape {
+            groups,
+            tokens,
+            hidden: d,
+            ffn_hidden: f,
+            ..
+        } = SHAPE;
         let (e_n, cap) = (moe.experts, moe.capacity(tokens));
         let wr = param(exec, graph, "moe.router.weight");
-        let (w1, b1) = (param(exec, graph, "moe.experts.w1"), param(exec, graph, "moe.experts.b1"));
-        let (w2, b2) = (param(exec, graph, "moe.experts.w2"), param(exec, graph, "moe.experts.b2"));
+        let (w1, b1) = (
+            param(exec, graph, "moe.experts.w1"),
+            param(exec, graph, "moe.experts.b1"),
+        );
+        let (w2, b2) = (
+            param(exec, graph, "moe.experts.w2"),
+            param(exec, graph, "moe.experts.b2"),
+        );
         let mut y = vec![0.0; groups * tokens * d];
         let (mut counts, mut mass) = (vec![0.0; e_n], vec![0.0; e_n]);
         let mut dropped = 0;
@@ -414,7 +442,7 @@ mod tests {
     fn the_block_is_the_token_by_token_mixture() {
         for top_k in [1, 2] {
             let moe = MoeConfig {
-                capacity_factor: 1.0,
+                capacity_factor: 0.5,
                 aux_loss_coeff: 0.5,
                 ..MoeConfig::new(3, top_k)
             };
@@ -431,7 +459,10 @@ mod tests {
                 assert!((a - b).abs() < 1e-12, "top-{top_k}: y[{i}] = {a} vs {b}");
             }
             let got_aux = exec.value(blk.aux).unwrap().to_f64_vec()[0];
-            assert!((got_aux - aux).abs() < 1e-12, "top-{top_k}: aux {got_aux} vs {aux}");
+            assert!(
+                (got_aux - aux).abs() < 1e-12,
+                "top-{top_k}: aux {got_aux} vs {aux}"
+            );
         }
     }
 
@@ -482,8 +513,15 @@ mod tests {
                 }
             }
             let router = training.graph.value_by_name("moe.router.weight").unwrap();
-            let g = &analytic[training.grads.iter().position(|&(p, _)| p == router).unwrap()];
-            assert!(g.iter().any(|v| v.abs() > 1e-6), "the router learns through the gates");
+            let g = &analytic[training
+                .grads
+                .iter()
+                .position(|&(p, _)| p == router)
+                .unwrap()];
+            assert!(
+                g.iter().any(|v| v.abs() > 1e-6),
+                "the router learns through the gates"
+            );
         }
     }
 
@@ -538,6 +576,36 @@ mod tests {
             assert!(err.starts_with(key), "{err}");
         }
         assert!(MoeConfig::new(4, 4).validate().is_ok());
+    }
+
+    #[test]
+    fn the_gpt_counts_its_moe_parameters() {
+        for (every, shared) in [(1, false), (2, true)] {
+            let config = crate::GptConfig {
+                moe: Some(MoeConfig {
+                    every,
+                    shared_expert: shared,
+                    ..MoeConfig::new(4, 2)
+                }),
+                ..crate::GptConfig::new(50, 3, 4, 16, 8, 2)
+            };
+            let model = crate::gpt(&config, DType::F32).unwrap();
+            let built: usize = model
+                .graph
+                .values()
+                .iter()
+                .filter(|v| matches!(v.kind, graph::ValueKind::Parameter { .. }))
+                .map(|v| v.n_elements())
+                .sum();
+            assert_eq!(config.parameter_count(), built as u128, "every {every}");
+            let routes = model
+                .graph
+                .nodes()
+                .iter()
+                .filter(|n| matches!(n.op, graph::Op::MoeRoute { .. }))
+                .count();
+            assert_eq!(routes, 3 / every, "every {every}");
+        }
     }
 
     #[test]

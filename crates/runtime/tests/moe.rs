@@ -81,7 +81,12 @@ fn dispatch_and_combine_are_all_to_alls() {
             parallel::StepSummary::Kernel { .. } => None,
         })
         .collect();
-    let crossings = ["to_experts", "expert_out", "to_tokens.grad0", "expert_in.grad0"];
+    let crossings = [
+        "to_experts",
+        "expert_out",
+        "to_tokens.grad0",
+        "expert_in.grad0",
+    ];
     for block in 0..2 {
         for value in crossings {
             let name = format!("blocks.{block}.moe.{value}");

@@ -97,7 +97,11 @@ pub(crate) fn route_into<T: Float>(
         let group = g * tokens;
         for t in 0..tokens {
             let row = group + t;
-            top_k_of(&probs[row * experts..(row + 1) * experts], top_k, &mut picks);
+            top_k_of(
+                &probs[row * experts..(row + 1) * experts],
+                top_k,
+                &mut picks,
+            );
             choices[t * top_k..(t + 1) * top_k].copy_from_slice(&picks);
             out.first[row * experts + picks[0]] = T::ONE;
             for &e in &picks {
@@ -187,9 +191,17 @@ mod tests {
         let probs = [0.9, 0.1, 0.2, 0.8, 0.6, 0.4, 0.7, 0.3];
         let (dispatch, chosen, first) = route(&probs, 4, 2, 2, 3);
         assert_eq!(slots(&dispatch, 0, 2, 3), [(0, 0), (1, 1)]);
-        assert_eq!(slots(&dispatch, 1, 2, 3), [(1, 0)], "t1's second choice is dropped");
+        assert_eq!(
+            slots(&dispatch, 1, 2, 3),
+            [(1, 0)],
+            "t1's second choice is dropped"
+        );
         assert_eq!(slots(&dispatch, 2, 2, 3), [(0, 1), (1, 2)]);
-        assert_eq!(slots(&dispatch, 3, 2, 3), [(0, 2)], "t3's second choice is dropped");
+        assert_eq!(
+            slots(&dispatch, 3, 2, 3),
+            [(0, 2)],
+            "t3's second choice is dropped"
+        );
         let kept: f64 = dispatch.iter().sum();
         let routed: f64 = chosen.iter().sum();
         assert_eq!((routed - kept) as usize, 2, "dropped token-choices");
