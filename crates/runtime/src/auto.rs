@@ -114,25 +114,32 @@ pub(crate) fn open_gpt(config: &TrainConfig) -> Result<(TextData, GptConfig, Mod
 }
 
 /// The GPT's Megatron strategies for every split of the devices, every vocabulary and
-/// sequence choice: candidates the search adds to those of the op rules.
+/// sequence choice, and (with MoE blocks) every expert-parallel split of the data-parallel
+/// ranks: candidates the search adds to those of the op rules.
 fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
     let mut hints = Hints::new();
+    let experts = gpt.moe.as_ref().map_or(1, |moe| moe.experts);
     for mp in batch_splits(devices) {
         for vocab_emb_dp in [true, false] {
             for seq in [false, true] {
                 let Ok(split) = GptParallel::resolve(devices, None, mp, vocab_emb_dp, seq) else {
                     continue;
                 };
-                if split.check(gpt).is_err() {
-                    continue;
-                }
-                let Ok(strategies) = split.strategies(&model.graph) else {
-                    continue;
-                };
-                for (name, s) in strategies {
-                    let list = hints.entry(name).or_default();
-                    if !list.contains(&s.inputs) {
-                        list.push(s.inputs);
+                for ep in batch_splits(split.data_parallel.min(experts)) {
+                    let Ok(split) = split.with_expert_parallel(ep) else {
+                        continue;
+                    };
+                    if split.check(gpt).is_err() {
+                        continue;
+                    }
+                    let Ok(strategies) = split.strategies(&model.graph) else {
+                        continue;
+                    };
+                    for (name, s) in strategies {
+                        let list = hints.entry(name).or_default();
+                        if !list.contains(&s.inputs) {
+                            list.push(s.inputs);
+                        }
                     }
                 }
             }

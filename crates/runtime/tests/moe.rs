@@ -34,7 +34,8 @@ fn assert_same_run(what: &str, run: &Run, reference: &Run) {
     run_util::assert_same_run(what, run, reference, 1e-4);
 }
 
-/// Expert parallel (over every device, or with data and model parallel) × top-1 and top-2.
+/// Expert parallel (over every device; with data and model parallel; in pipeline stages;
+/// with hsdp) × top-1 and top-2.
 #[test]
 fn expert_parallel_trains_like_one_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -45,6 +46,18 @@ fn expert_parallel_trains_like_one_device() {
             "dp 4 × mp 2, ep 2",
             8,
             "data_parallel = 4\nmodel_parallel = 2\nexpert_parallel = 2",
+        ),
+        (
+            // One micro-batch: the balancing loss is a product of batch means, so a run of
+            // micro-batches balances each micro-batch (as gradient accumulation does).
+            "2 stages × ep 2",
+            4,
+            "expert_parallel = 2\n[parallel.pipeline]\nstages = 2",
+        ),
+        (
+            "ep 2 of dp 4, hsdp level3",
+            4,
+            "expert_parallel = 2\n[parallel.hsdp]\noptimizer_level = \"level3\"\nthreshold = 0",
         ),
     ];
     for top_k in [1, 2] {
@@ -128,5 +141,37 @@ fn deterministic_expert_parallel_is_bitwise_one_device() {
         let out = tmp.path().join(format!("det-{i}"));
         let run = train(&config(&out, &moe, &semi(*devices, keys), &det));
         run_util::assert_bitwise_run(name, &run, &reference);
+    }
+}
+
+/// `tessera plan` for a 64-expert MoE GPT (12 blocks, top-2) on 1,024 devices: every search
+/// mode finds a plan whose experts are split (the expert-parallel hints reach the search).
+/// The search time is printed (`--nocapture`); the test profile is optimised, not the release.
+#[test]
+fn a_64_expert_moe_plans_on_1024_devices() {
+    let tmp = tempfile::tempdir().unwrap();
+    for mode in ["dynamic_programming", "recursive_programming"] {
+        let config = run_util::small_gpt(
+            &tmp.path().join(mode),
+            "adamw",
+            "[model.moe]\nexperts = 64\ntop_k = 2",
+            &format!("devices = 1024\nmode = \"{mode}\""),
+            &[
+                "data.batch_size=1024".to_string(),
+                "model.layers=12".to_string(),
+                "model.hidden=256".to_string(),
+                "model.heads=16".to_string(),
+                "model.seq_len=64".to_string(),
+                "model.ffn_hidden=1024".to_string(),
+            ],
+        );
+        let report = runtime::plan(&config).expect("a plan");
+        eprintln!(
+            "{mode}: search {:.0} ms, predicted step {:.2} ms",
+            report.search_ms,
+            report.step_ms()
+        );
+        let experts = &report.strategies["blocks.0.moe.experts.fc1"];
+        assert!(experts[1][0] > 1, "{mode}: the experts are split: {experts:?}");
     }
 }
