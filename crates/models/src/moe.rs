@@ -27,6 +27,7 @@
 
 use graph::nn::Dense;
 use graph::{GraphBuilder, GraphError, Initializer, ValueId};
+use tensor::DType;
 
 use crate::error::ModelsError;
 use crate::gpt::dense;
@@ -170,7 +171,12 @@ pub(crate) fn moe_mlp(
             &[hidden, experts],
             Initializer::normal(0.02),
         )?;
-        let logits = b.batch_matmul("router.matmul", x, router, false, false)?;
+        let mut logits = b.batch_matmul("router.matmul", x, router, false, false)?;
+        // Mixed precision: the router's softmax, choices and gates in f32 (as the loss).
+        let half = !matches!(b.float_dtype(), DType::F32 | DType::F64);
+        if half {
+            logits = b.cast("router.cast", logits, DType::F32)?;
+        }
         let probs = b.softmax("router.softmax", logits)?;
         let [dispatch, chosen, first] = b.moe_route("route", probs, moe.top_k, capacity)?;
         let mut gates = b.mul("gates", probs, chosen)?;
@@ -179,7 +185,13 @@ pub(crate) fn moe_mlp(
             gates = b.div("gates_norm", gates, total)?;
         }
         let gates = b.reshape("gates_4d", gates, &[groups, tokens, experts, 1])?;
-        let combine = b.mul("combine", dispatch, gates)?;
+        let mut combine = b.mul("combine", dispatch, gates)?;
+        let mut dispatch = dispatch;
+        if half {
+            // 0/1 masks and gates back to the activations' dtype (the masks exactly).
+            dispatch = b.cast("dispatch_half", dispatch, b.float_dtype())?;
+            combine = b.cast("combine_half", combine, b.float_dtype())?;
+        }
         let slots = experts * capacity;
         let dispatch = b.reshape("dispatch_flat", dispatch, &[groups, tokens, slots])?;
         let combine = b.reshape("combine_flat", combine, &[groups, tokens, slots])?;
@@ -256,7 +268,14 @@ fn aux_loss(
         let total = b.reduce_sum("total", product, &[], false)?;
         let n = n_tokens as f64;
         let scale = moe.aux_loss_coeff * moe.experts as f64 / (n * n);
-        let scale = b.fill("scale", &[], scale)?;
+        // In the router's dtype (f32 under mixed precision), as the loss it is added to.
+        let dtype = b.value(probs)?.dtype;
+        let fill = graph::Op::Fill {
+            shape: Vec::new(),
+            dtype,
+            value: scale,
+        };
+        let scale = b.node("scale", fill, &[])?[0];
         b.mul("loss", total, scale)
     })
 }
@@ -281,7 +300,7 @@ pub(crate) fn add_aux_losses(
 #[cfg(test)]
 mod tests {
     use graph::{grad, Executor, Graph};
-    use tensor::{DType, Tensor};
+    use tensor::Tensor;
 
     use super::*;
 

@@ -60,13 +60,14 @@ impl GptParallel {
         let tokens4 = vec![dp, 1, 1, 1];
         let strategy = match op {
             "router.matmul" => vec![tokens3, vec![1, 1]],
-            "router.softmax" | "route" | "gates_sum" | "gates_4d" | "slots_4d" | "aux.counts"
-            | "aux.mass" => vec![tokens3],
+            "router.cast" | "router.softmax" | "route" | "gates_sum" | "gates_4d" | "slots_4d"
+            | "aux.counts" | "aux.mass" => vec![tokens3],
             "gates" | "gates_norm" | "dispatch" | "combine_matmul" | "add_shared" => {
                 vec![tokens3.clone(), tokens3]
             }
             "combine" => vec![tokens4.clone(), tokens4],
-            "dispatch_flat" | "combine_flat" | "to_experts" | "slots_flat" => vec![tokens4],
+            "dispatch_half" | "combine_half" | "dispatch_flat" | "combine_flat" | "to_experts"
+            | "slots_flat" => vec![tokens4],
             // [E, G, C, d]: the dispatch's all-to-all lands here, the combine's leaves from here.
             "expert_in" => vec![vec![ep, rest, 1, 1]],
             "to_tokens" => vec![vec![1, dp, 1, 1]],

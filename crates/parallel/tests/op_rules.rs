@@ -173,3 +173,24 @@ fn cast_keeps_the_layout_of_its_input() {
     assert_eq!(map(&cast.inputs[0]), vec![1, -1, 0]);
     assert_eq!(map(cast.outputs[0].layout()), vec![1, -1, 0]);
 }
+
+#[test]
+fn moe_route_splits_only_its_groups() {
+    let g = graph_with(|b, x| {
+        b.moe_route("route", x, 2, 3).unwrap();
+    });
+    // The groups split 4 ways: every output keeps the split on dim 0, the rest whole.
+    let p = placed(&g, "route", &[&[4, 1, 1]], 4);
+    let route = &p.nodes[g.node_by_name("route").unwrap().0];
+    assert_eq!(route.outputs[0].layout().shape(), [4, 4, 8, 3]);
+    assert_eq!(map(route.outputs[0].layout()), vec![0, -1, -1, -1]);
+    assert_eq!(map(route.outputs[1].layout()), vec![0, -1, -1]);
+    assert_eq!(map(route.outputs[2].layout()), vec![0, -1, -1]);
+    for strategy in [[1, 2, 1], [1, 1, 2]] {
+        let err = error(&g, "route", &[&strategy], 2);
+        assert!(
+            err.contains("route (MoeRoute)") && err.contains("only dim 0 (the groups)"),
+            "{err}"
+        );
+    }
+}

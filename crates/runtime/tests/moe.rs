@@ -182,3 +182,27 @@ fn a_64_expert_moe_plans_on_1024_devices() {
         );
     }
 }
+
+/// Under mixed precision the router runs in f32 (its softmax, choices, gates and balancing
+/// loss), the experts in bf16: one device and expert parallel 2 train to within bf16's
+/// rounding of each other, and the loss falls.
+#[test]
+fn bf16_moe_trains_with_expert_parallel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = ["train.precision=\"bf16\"".to_string()];
+    let moe = moe_keys(2, "");
+    let one = train(&config(
+        &tmp.path().join("sa"),
+        &moe,
+        "mode = \"stand_alone\"",
+        &bf16,
+    ));
+    let ep = train(&config(
+        &tmp.path().join("ep"),
+        &moe,
+        &semi(2, "expert_parallel = 2"),
+        &bf16,
+    ));
+    run_util::assert_losses_within("bf16, ep 2", &ep.0, &one.0, 2e-2);
+    assert!(one.0[19] < one.0[0], "the loss falls: {:?}", one.0);
+}

@@ -35,6 +35,11 @@ pub(crate) struct RouteOutputs<'a, T> {
     pub first: &'a mut [T],
 }
 
+/// Whether probability `p` ranks above `q`: larger, or a number against a NaN.
+fn beats<T: Float>(p: T, q: T) -> bool {
+    p > q || (q.to_f64().is_nan() && !p.to_f64().is_nan())
+}
+
 /// The `top_k` expert indices of `row`, largest first; ties go to the lower index.
 fn top_k_of<T: Float>(row: &[T], top_k: usize, picks: &mut Vec<usize>) {
     picks.clear();
@@ -45,7 +50,7 @@ fn top_k_of<T: Float>(row: &[T], top_k: usize, picks: &mut Vec<usize>) {
                 continue;
             }
             // Strictly larger only: an equal probability keeps the lower index.
-            if best.is_none_or(|b| p > row[b]) {
+            if best.is_none_or(|b| beats(p, row[b])) {
                 best = Some(e);
             }
         }
