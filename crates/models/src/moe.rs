@@ -466,13 +466,21 @@ mod tests {
                 ..MoeConfig::new(3, top_k)
             };
             let blk = block(&moe);
-            let mut exec = Executor::new(&blk.graph).unwrap();
+            let route = blk.graph.node_by_name("moe.route").unwrap();
+            let masks = blk.graph.node(route).unwrap().outputs.clone();
+            let mut kept = blk.graph.outputs().to_vec();
+            kept.extend(&masks);
+            let mut exec = Executor::with_outputs(&blk.graph, &kept).unwrap();
             init(&mut exec, &blk.graph);
             let x = input();
             exec.set_input(blk.x, &x).unwrap();
             exec.run().unwrap();
             let (y, aux, dropped) = naive(&moe, &exec, &blk.graph, &x.to_f64_vec());
             assert!(dropped > 0, "top-{top_k}: the case drops tokens");
+            // The dropped token-choices are the chosen ones without a slot.
+            let total = |v: ValueId| exec.value(v).unwrap().to_f64_vec().iter().sum::<f64>();
+            let routed_out = total(masks[1]) - total(masks[0]);
+            assert_eq!(routed_out as usize, dropped, "top-{top_k}: dropped");
             let got = exec.value(blk.y).unwrap().to_f64_vec();
             for (i, (a, b)) in got.iter().zip(&y).enumerate() {
                 assert!((a - b).abs() < 1e-12, "top-{top_k}: y[{i}] = {a} vs {b}");
