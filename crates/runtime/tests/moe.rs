@@ -206,3 +206,30 @@ fn bf16_moe_trains_with_expert_parallel() {
     run_util::assert_losses_within("bf16, ep 2", &ep.0, &one.0, 2e-2);
     assert!(one.0[19] < one.0[0], "the loss falls: {:?}", one.0);
 }
+
+/// `model.json` records `[model.moe]`: `tessera generate` rebuilds the MoE GPT a run trained
+/// (with expert parallel: its checkpoint merged on load) and continues a prompt with it.
+#[test]
+fn generate_samples_a_moe_gpt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moe = moe_keys(1, "shared_expert = true");
+    let alone = tmp.path().join("alone");
+    let sharded = tmp.path().join("ep2");
+    train(&config(&alone, &moe, "mode = \"stand_alone\"", &[]));
+    train(&config(
+        &sharded,
+        &moe,
+        &semi(2, "expert_parallel = 2"),
+        &[],
+    ));
+    let options = runtime::GenerateOptions {
+        prompt: "And God said".to_string(),
+        tokens: 12,
+        temperature: 0.0,
+        seed: 1,
+    };
+    let text = runtime::generate(&alone, &options).unwrap();
+    assert!(text.starts_with("And God said"), "{text}");
+    assert_eq!(text.chars().count(), "And God said".len() + 12, "{text:?}");
+    assert_eq!(runtime::generate(&sharded, &options).unwrap(), text);
+}
