@@ -28,10 +28,11 @@ fn semi(devices: usize, keys: &str) -> String {
     format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
 }
 
-/// Asserts every loss within a relative 1e-5 of one device's, and the parameters.
+/// Asserts every loss within a relative 1e-5 of one device's, and every parameter element
+/// within `1e-5 · (1 + |x|)`.
 fn assert_same_run(what: &str, run: &Run, reference: &Run) {
     run_util::assert_losses_within(what, &run.0, &reference.0, 1e-5);
-    run_util::assert_same_run(what, run, reference, 1e-4);
+    run_util::assert_same_run(what, run, reference, 1e-5);
 }
 
 /// Expert parallel (over every device; with data and model parallel; in pipeline stages;
@@ -232,4 +233,60 @@ fn generate_samples_a_moe_gpt() {
     assert!(text.starts_with("And God said"), "{text}");
     assert_eq!(text.chars().count(), "And God said".len() + 12, "{text:?}");
     assert_eq!(runtime::generate(&sharded, &options).unwrap(), text);
+}
+
+/// Bad `[model.moe]` values and expert splits are refused with the key and the rule.
+#[test]
+fn bad_moe_keys_name_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, &str)] = &[
+        ("experts = 1", "", "model.moe.experts"),
+        ("experts = 4\ntop_k = 5", "", "model.moe.top_k"),
+        (
+            "experts = 4\ncapacity_factor = 0.0",
+            "",
+            "model.moe.capacity_factor",
+        ),
+        (
+            "experts = 4\naux_loss_coeff = -0.5",
+            "",
+            "model.moe.aux_loss_coeff",
+        ),
+        (
+            "experts = 4\nexperts_per_token = 2",
+            "",
+            "experts_per_token",
+        ),
+        (
+            "experts = 4",
+            "expert_parallel = 3",
+            "parallel.expert_parallel",
+        ),
+        ("experts = 6", "expert_parallel = 4", "model.moe.experts"),
+    ];
+    for (i, (moe, parallel, key)) in cases.iter().enumerate() {
+        let text = run_util::small_gpt_text(
+            &tmp.path().join(format!("bad-{i}")),
+            "momentum",
+            &format!("[model.moe]\n{moe}"),
+            &semi(4, parallel),
+        );
+        let err = TrainConfig::parse(&text, None, &[], Path::new("/"))
+            .and_then(|config| Session::new(&config).map(|_| ()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{moe} / {parallel}: {err}");
+    }
+    // Expert parallel without MoE blocks.
+    let dense = config(
+        &tmp.path().join("dense"),
+        "",
+        &semi(4, "expert_parallel = 2"),
+        &[],
+    );
+    let err = Session::new(&dense).err().expect("refused").to_string();
+    assert!(
+        err.contains("parallel.expert_parallel") && err.contains("[model.moe]"),
+        "{err}"
+    );
 }
