@@ -49,6 +49,11 @@ fn expert_parallel_trains_like_one_device() {
             "data_parallel = 4\nmodel_parallel = 2\nexpert_parallel = 2",
         ),
         (
+            "dp 2 × mp 2, sequence and vocabulary parallel, ep 2",
+            4,
+            "data_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true\nvocab_emb_dp = false\nexpert_parallel = 2",
+        ),
+        (
             // One micro-batch: the balancing loss is a product of batch means, so a run of
             // micro-batches balances each micro-batch (as gradient accumulation does).
             "2 stages × ep 2",
@@ -284,7 +289,7 @@ fn bad_moe_keys_name_the_key() {
         &semi(4, "expert_parallel = 2"),
         &[],
     );
-    let err = Session::new(&dense).err().expect("refused").to_string();
+    let err = Session::new(&dense).map(|_| ()).unwrap_err().to_string();
     assert!(
         err.contains("parallel.expert_parallel") && err.contains("[model.moe]"),
         "{err}"
