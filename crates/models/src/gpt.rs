@@ -192,12 +192,29 @@ fn weight_init() -> Initializer {
 }
 
 /// A dense layer `[in → out]` with a zero bias and GPT-2's weight init.
-pub(crate) fn dense(in_features: usize, out_features: usize, std: f64) -> Dense {
+fn dense(in_features: usize, out_features: usize, std: f64) -> Dense {
     Dense {
         weight_init: Initializer::normal(std),
         bias_init: Initializer::Zeros,
         ..Dense::new(in_features, out_features)
     }
+}
+
+/// GPT-2's MLP on `x [..., hidden]` in the current scope: `fc1` (`hidden → ffn_hidden`, tanh
+/// GeLU), then `fc2` (`ffn_hidden → hidden`, its weight drawn with `out_std`).
+pub(crate) fn mlp(
+    b: &mut GraphBuilder,
+    hidden: usize,
+    ffn_hidden: usize,
+    out_std: f64,
+    x: ValueId,
+) -> Result<ValueId, GraphError> {
+    let fc1 = Dense {
+        activation: Some(Activation::Gelu { approximate: true }),
+        ..dense(hidden, ffn_hidden, 0.02)
+    };
+    let h = b.call("fc1", &fc1, x)?;
+    b.call("fc2", &dense(ffn_hidden, hidden, out_std), h)
 }
 
 /// GPT's LayerNorm (epsilon 1e-5, as GPT-2).
@@ -265,13 +282,8 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
                 return b.add("residual2", x, h);
             }
             let h = b.scope("mlp", |b| {
-                let fc1 = Dense {
-                    activation: Some(Activation::Gelu { approximate: true }),
-                    ..dense(hidden, c.ffn_hidden, 0.02)
-                };
-                let h = b.call("fc1", &fc1, h)?;
                 let out_std = 0.02 / (2.0 * c.layers as f64).sqrt();
-                let h = b.call("fc2", &dense(c.ffn_hidden, hidden, out_std), h)?;
+                let h = mlp(b, hidden, c.ffn_hidden, out_std, h)?;
                 dropout(b, "dropout", h)
             })?;
             b.add("residual2", x, h)

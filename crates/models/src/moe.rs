@@ -25,12 +25,11 @@
 //! its experts over `parallel.expert_parallel` ([`crate::moe_parallel`]), so that the move
 //! between the two is a reshard the parallel pass plans (an all-to-all).
 
-use graph::nn::Dense;
 use graph::{GraphBuilder, GraphError, Initializer, ValueId};
 use tensor::DType;
 
 use crate::error::ModelsError;
-use crate::gpt::dense;
+use crate::gpt::mlp;
 
 /// `[model.moe]`: the experts of the GPT's MoE blocks.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,35 +165,13 @@ pub(crate) fn moe_mlp(
     } = shape;
     let (experts, capacity) = (moe.experts, moe.capacity(tokens));
     b.scope("moe", |b| {
-        let router = b.parameter(
-            "router.weight",
-            &[hidden, experts],
-            Initializer::normal(0.02),
-        )?;
-        let mut logits = b.batch_matmul("router.matmul", x, router, false, false)?;
-        // Mixed precision: the router's softmax, choices and gates in f32 (as the loss).
-        let half = !matches!(b.float_dtype(), DType::F32 | DType::F64);
-        if half {
-            logits = b.cast("router.cast", logits, DType::F32)?;
-        }
-        let probs = b.softmax("router.softmax", logits)?;
-        let [dispatch, chosen, first] = b.moe_route("route", probs, moe.top_k, capacity)?;
-        let mut gates = b.mul("gates", probs, chosen)?;
-        if moe.top_k > 1 {
-            let total = b.reduce_sum("gates_sum", gates, &[2], true)?;
-            gates = b.div("gates_norm", gates, total)?;
-        }
-        let gates = b.reshape("gates_4d", gates, &[groups, tokens, experts, 1])?;
-        let mut combine = b.mul("combine", dispatch, gates)?;
-        let mut dispatch = dispatch;
-        if half {
-            // 0/1 masks and gates back to the activations' dtype (the masks exactly).
-            dispatch = b.cast("dispatch_half", dispatch, b.float_dtype())?;
-            combine = b.cast("combine_half", combine, b.float_dtype())?;
-        }
+        let Routing {
+            dispatch,
+            combine,
+            probs,
+            first,
+        } = route(b, moe, shape, x)?;
         let slots = experts * capacity;
-        let dispatch = b.reshape("dispatch_flat", dispatch, &[groups, tokens, slots])?;
-        let combine = b.reshape("combine_flat", combine, &[groups, tokens, slots])?;
         // Tokens into their slots: [G, E·C, d] = dispatchᵀ · x per group.
         let xe = b.batch_matmul("dispatch", dispatch, x, true, false)?;
         let xe = b.reshape("slots_4d", xe, &[groups, experts, capacity, hidden])?;
@@ -207,18 +184,72 @@ pub(crate) fn moe_mlp(
         // Slots back to their tokens, weighted: [G, T, d] = combine · h per group.
         let mut y = b.batch_matmul("combine_matmul", combine, h, false, false)?;
         if moe.shared_expert {
-            let shared = b.scope("shared", |b| {
-                let fc1 = Dense {
-                    activation: Some(graph::nn::Activation::Gelu { approximate: true }),
-                    ..dense(hidden, ffn_hidden, 0.02)
-                };
-                let h = b.call("fc1", &fc1, x)?;
-                b.call("fc2", &dense(ffn_hidden, hidden, out_std), h)
-            })?;
+            let shared = b.scope("shared", |b| mlp(b, hidden, ffn_hidden, out_std, x))?;
             y = b.add("add_shared", y, shared)?;
         }
         let aux = aux_loss(b, moe, groups * tokens, probs, first)?;
         Ok((y, aux))
+    })
+}
+
+/// What the router gives a MoE block.
+struct Routing {
+    /// `[G, T, E·C]` 0/1: token `t` holds slot `c` of expert `e` (the activations' dtype).
+    dispatch: ValueId,
+    /// `[G, T, E·C]`: the dispatch weighted by the gates (the activations' dtype).
+    combine: ValueId,
+    /// `[G, T, E]`: the router's probabilities (f32 under mixed precision).
+    probs: ValueId,
+    /// `[G, T, E]` 0/1: every token's first choice.
+    first: ValueId,
+}
+
+/// The router on `x [G, T, d]`: probabilities, choices, slots and gates (see the module docs).
+fn route(
+    b: &mut GraphBuilder,
+    moe: &MoeConfig,
+    shape: MoeShape,
+    x: ValueId,
+) -> Result<Routing, GraphError> {
+    let MoeShape {
+        groups,
+        tokens,
+        hidden,
+        ..
+    } = shape;
+    let (experts, capacity) = (moe.experts, moe.capacity(tokens));
+    let router = b.parameter(
+        "router.weight",
+        &[hidden, experts],
+        Initializer::normal(0.02),
+    )?;
+    let mut logits = b.batch_matmul("router.matmul", x, router, false, false)?;
+    // Mixed precision: the router's softmax, choices and gates in f32 (as the loss).
+    let half = !matches!(b.float_dtype(), DType::F32 | DType::F64);
+    if half {
+        logits = b.cast("router.cast", logits, DType::F32)?;
+    }
+    let probs = b.softmax("router.softmax", logits)?;
+    let [dispatch, chosen, first] = b.moe_route("route", probs, moe.top_k, capacity)?;
+    let mut gates = b.mul("gates", probs, chosen)?;
+    if moe.top_k > 1 {
+        let total = b.reduce_sum("gates_sum", gates, &[2], true)?;
+        gates = b.div("gates_norm", gates, total)?;
+    }
+    let gates = b.reshape("gates_4d", gates, &[groups, tokens, experts, 1])?;
+    let mut combine = b.mul("combine", dispatch, gates)?;
+    let mut dispatch = dispatch;
+    if half {
+        // 0/1 masks and gates back to the activations' dtype (the masks exactly).
+        dispatch = b.cast("dispatch_half", dispatch, b.float_dtype())?;
+        combine = b.cast("combine_half", combine, b.float_dtype())?;
+    }
+    let slots = experts * capacity;
+    Ok(Routing {
+        dispatch: b.reshape("dispatch_flat", dispatch, &[groups, tokens, slots])?,
+        combine: b.reshape("combine_flat", combine, &[groups, tokens, slots])?,
+        probs,
+        first,
     })
 }
 
