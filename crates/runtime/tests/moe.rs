@@ -125,15 +125,12 @@ fn dispatch_and_combine_are_all_to_alls() {
     assert!(gathers.is_empty(), "{gathers:?}");
 }
 
-/// `train.deterministic = true`: expert parallel, alone and with data and model parallel, and
-/// a shared expert, is bitwise one device's run.
+/// `train.deterministic = true`: expert parallel 2 and 4, and with data and model parallel,
+/// top-1 and top-2 (with a shared expert), is bitwise one device's run.
 #[test]
 fn deterministic_expert_parallel_is_bitwise_one_device() {
     let tmp = tempfile::tempdir().unwrap();
     let det = ["train.deterministic=true".to_string()];
-    let moe = moe_keys(2, "shared_expert = true");
-    let out = tmp.path().join("sa");
-    let reference = train(&config(&out, &moe, "mode = \"stand_alone\"", &det));
     let cases: &[(&str, usize, &str)] = &[
         ("ep 2", 2, "expert_parallel = 2"),
         ("ep 4", 4, "expert_parallel = 4"),
@@ -143,10 +140,15 @@ fn deterministic_expert_parallel_is_bitwise_one_device() {
             "data_parallel = 4\nmodel_parallel = 2\nexpert_parallel = 2",
         ),
     ];
-    for (i, (name, devices, keys)) in cases.iter().enumerate() {
-        let out = tmp.path().join(format!("det-{i}"));
-        let run = train(&config(&out, &moe, &semi(*devices, keys), &det));
-        run_util::assert_bitwise_run(name, &run, &reference);
+    for top_k in [1, 2] {
+        let moe = moe_keys(top_k, "shared_expert = true");
+        let out = tmp.path().join(format!("sa-{top_k}"));
+        let reference = train(&config(&out, &moe, "mode = \"stand_alone\"", &det));
+        for (i, (name, devices, keys)) in cases.iter().enumerate() {
+            let out = tmp.path().join(format!("det-{top_k}-{i}"));
+            let run = train(&config(&out, &moe, &semi(*devices, keys), &det));
+            run_util::assert_bitwise_run(&format!("{name}, top-{top_k}"), &run, &reference);
+        }
     }
 }
 
