@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use comm::LocalCluster;
 use exec::{OptimizerConfig, OptimizerKind};
-use models::{GptConfig, GptParallel};
+use models::{GptConfig, GptParallel, GptParallelKeys};
 use parallel::{compile_training, DatasetStrategy, ParallelConfig, ParallelMode};
 use tensor::{DType, Tensor};
 
@@ -258,7 +258,12 @@ fn program(
     let config = if devices == 1 {
         ParallelConfig::stand_alone()
     } else {
-        let split = GptParallel::resolve(devices, Some(dp), mp, true, false)?;
+        let keys = GptParallelKeys {
+            data_parallel: Some(dp),
+            model_parallel: mp,
+            ..GptParallelKeys::default()
+        };
+        let split = GptParallel::resolve(devices, &keys)?;
         let mut config = ParallelConfig::new(ParallelMode::SemiAuto, devices);
         config.strategies = split.strategies(&model.graph)?;
         config.dataset_strategy = DatasetStrategy::PerInput(split.dataset_strategy());

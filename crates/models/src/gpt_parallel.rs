@@ -10,7 +10,13 @@
 //!   `model_parallel` (vocabulary parallel); `true` keeps them whole (data parallel);
 //! - `use_seq_parallel` splits the sequence dim of the residual stream (LayerNorms, dropouts,
 //!   residual adds, biases of row-parallel layers) over `model_parallel`, so the row-parallel
-//!   sums become reduce-scatters and the column-parallel inputs all-gathers.
+//!   sums become reduce-scatters and the column-parallel inputs all-gathers;
+//! - `context_parallel = N` (a `cp` mesh axis between `dp` and `mp`) splits the sequence of
+//!   everything outside the attention core over N ranks: embeddings, LayerNorms, projections,
+//!   MLP, LM head and loss. With `context_parallel_algo = "ulysses"` (DeepSpeed-Ulysses) the
+//!   attention core runs on the whole sequence with its heads split over `mp × cp`: q, k and v
+//!   move from sequence-split to head-split by one all-to-all inside each `cp` group, and the
+//!   context back by another (the reshard planner derives both from the layouts).
 //!
 //! The MoE blocks' strategies (experts split over `expert_parallel`) are
 //! [`crate::moe_parallel`]'s.
@@ -22,25 +28,87 @@
 use std::collections::BTreeMap;
 
 use graph::{Graph, NodeRole};
+use layout::{DimSpec, Layout};
 use parallel::OpStrategy;
 
 use crate::error::ModelsError;
 use crate::gpt::GptConfig;
 
-/// `[parallel]`'s MindFormers keys.
+/// How attention runs when the sequence is split over `context_parallel` ranks
+/// (`parallel.context_parallel_algo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextParallelAlgo {
+    /// DeepSpeed-Ulysses: an all-to-all from sequence-split to head-split q, k, v (and back for
+    /// the context); needs `heads` divisible by `model_parallel × context_parallel`.
+    #[default]
+    Ulysses,
+}
+
+impl ContextParallelAlgo {
+    /// The config spellings, in declaration order.
+    pub const NAMES: [&'static str; 1] = ["ulysses"];
+
+    /// Parses a config spelling.
+    pub fn parse(text: &str) -> Option<ContextParallelAlgo> {
+        match text {
+            "ulysses" => Some(ContextParallelAlgo::Ulysses),
+            _ => None,
+        }
+    }
+}
+
+/// `[parallel]`'s MindFormers keys as written, before they are resolved against the device
+/// count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GptParallelKeys {
+    /// `parallel.data_parallel` (default: the devices over `model_parallel × context_parallel`).
+    pub data_parallel: Option<usize>,
+    /// `parallel.model_parallel` (default 1).
+    pub model_parallel: usize,
+    /// `parallel.context_parallel` (default 1).
+    pub context_parallel: usize,
+    /// `parallel.context_parallel_algo` (default Ulysses).
+    pub context_parallel_algo: ContextParallelAlgo,
+    /// `parallel.vocab_emb_dp` (default true).
+    pub vocab_emb_dp: bool,
+    /// `parallel.use_seq_parallel` (default false).
+    pub use_seq_parallel: bool,
+    /// `parallel.expert_parallel` (default 1): shards of the MoE experts, taken from the
+    /// data-parallel ranks ([`crate::moe_parallel`]).
+    pub expert_parallel: usize,
+}
+
+impl Default for GptParallelKeys {
+    fn default() -> Self {
+        GptParallelKeys {
+            data_parallel: None,
+            model_parallel: 1,
+            context_parallel: 1,
+            context_parallel_algo: ContextParallelAlgo::Ulysses,
+            vocab_emb_dp: true,
+            use_seq_parallel: false,
+            expert_parallel: 1,
+        }
+    }
+}
+
+/// `[parallel]`'s MindFormers keys, resolved against the device count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GptParallel {
     /// Batch shards (`parallel.data_parallel`).
     pub data_parallel: usize,
     /// Tensor-parallel shards of heads and features (`parallel.model_parallel`).
     pub model_parallel: usize,
+    /// Sequence shards of the whole network (`parallel.context_parallel`).
+    pub context_parallel: usize,
+    /// How attention runs over the sequence shards (`parallel.context_parallel_algo`).
+    pub context_parallel_algo: ContextParallelAlgo,
     /// Keep the embedding table and LM head whole (`parallel.vocab_emb_dp`).
     pub vocab_emb_dp: bool,
     /// Split the residual stream's sequence dim over `model_parallel`
     /// (`parallel.use_seq_parallel`).
     pub use_seq_parallel: bool,
-    /// Expert-parallel shards of the MoE blocks' experts (`parallel.expert_parallel`, 1 unless
-    /// set by [`GptParallel::with_expert_parallel`]).
+    /// Expert-parallel shards of the MoE blocks' experts (`parallel.expert_parallel`).
     pub expert_parallel: usize,
 }
 
@@ -53,67 +121,105 @@ fn config_error(key: &str, reason: String) -> ModelsError {
 
 impl GptParallel {
     /// The parallel config on `devices` devices: `data_parallel` defaults to
-    /// `devices / model_parallel`; when given, `data_parallel × model_parallel` must equal
-    /// `devices`, unless `model_parallel` is 1: then every device is a data-parallel shard.
-    pub fn resolve(
-        devices: usize,
-        data_parallel: Option<usize>,
-        model_parallel: usize,
-        vocab_emb_dp: bool,
-        use_seq_parallel: bool,
-    ) -> Result<GptParallel, ModelsError> {
-        if model_parallel == 0 || !devices.is_multiple_of(model_parallel) {
+    /// `devices / (model_parallel × context_parallel)`; when given, `data_parallel ×
+    /// context_parallel × model_parallel` must equal `devices`, unless `model_parallel` and
+    /// `context_parallel` are 1: then every device is a data-parallel shard.
+    pub fn resolve(devices: usize, keys: &GptParallelKeys) -> Result<GptParallel, ModelsError> {
+        let (mp, cp) = (keys.model_parallel, keys.context_parallel);
+        if mp == 0 || !devices.is_multiple_of(mp) {
             return Err(config_error(
                 "parallel.model_parallel",
-                format!("{model_parallel} does not divide the {devices} devices"),
+                format!("{mp} does not divide the {devices} devices"),
             ));
         }
-        // With no model parallelism every device is a data-parallel shard, whatever
+        if cp == 0 || !devices.is_multiple_of(mp * cp) {
+            return Err(config_error(
+                "parallel.context_parallel",
+                format!("{cp} × model_parallel {mp} does not divide the {devices} devices"),
+            ));
+        }
+        // With no model or context parallelism every device is a data-parallel shard, whatever
         // `data_parallel` says (the rest is data parallel).
-        let data_parallel = match data_parallel {
-            _ if model_parallel == 1 => devices,
+        let data_parallel = match keys.data_parallel {
+            _ if mp == 1 && cp == 1 => devices,
             Some(dp) => dp,
-            None => devices / model_parallel,
+            None => devices / (mp * cp),
         };
-        if data_parallel * model_parallel != devices {
+        if data_parallel * cp * mp != devices {
             return Err(config_error(
                 "parallel.data_parallel",
                 format!(
-                    "data_parallel × model_parallel = {data_parallel} × {model_parallel} must equal the {devices} devices"
+                    "data_parallel × context_parallel × model_parallel = {data_parallel} × {cp} × {mp} must equal the {devices} devices"
                 ),
             ));
         }
-        Ok(GptParallel {
+        GptParallel {
             data_parallel,
-            model_parallel,
-            vocab_emb_dp,
-            use_seq_parallel,
+            model_parallel: mp,
+            context_parallel: cp,
+            context_parallel_algo: keys.context_parallel_algo,
+            vocab_emb_dp: keys.vocab_emb_dp,
+            use_seq_parallel: keys.use_seq_parallel,
             expert_parallel: 1,
-        })
+        }
+        .with_expert_parallel(keys.expert_parallel)
     }
 
     /// Checks that the splits divide the model's sizes; errors name the key and the size.
     pub fn check(&self, c: &GptConfig) -> Result<(), ModelsError> {
-        let (dp, mp) = (self.data_parallel, self.model_parallel);
+        let (dp, mp, cp) = (
+            self.data_parallel,
+            self.model_parallel,
+            self.context_parallel,
+        );
         let mut rules = vec![
-            ("data.batch_size", c.batch, dp, "data_parallel"),
-            ("model.heads", c.heads, mp, "model_parallel"),
-            ("model.ffn_hidden", c.ffn_hidden, mp, "model_parallel"),
+            ("data.batch_size", c.batch, dp, "data_parallel".to_string()),
+            ("model.heads", c.heads, mp, "model_parallel".to_string()),
+            (
+                "model.ffn_hidden",
+                c.ffn_hidden,
+                mp,
+                "model_parallel".to_string(),
+            ),
         ];
         if !self.vocab_emb_dp {
             rules.push((
                 "the vocabulary size",
                 c.vocab_size,
                 mp,
-                "model_parallel (vocab_emb_dp = false)",
+                "model_parallel (vocab_emb_dp = false)".to_string(),
+            ));
+        }
+        if cp > 1 {
+            rules.push((
+                "model.seq_len",
+                c.seq_len,
+                cp,
+                "context_parallel".to_string(),
+            ));
+            rules.push((
+                "data.batch_size",
+                c.batch,
+                dp * cp,
+                format!(
+                    "data_parallel × context_parallel = {dp} × {cp} (the LM head and the loss split the batch over both)"
+                ),
+            ));
+            rules.push((
+                "model.heads",
+                c.heads,
+                mp * cp,
+                format!(
+                    "model_parallel × context_parallel = {mp} × {cp} (context_parallel_algo = \"ulysses\" splits the heads over both)"
+                ),
             ));
         }
         if self.use_seq_parallel {
             rules.push((
                 "model.seq_len",
                 c.seq_len,
-                mp,
-                "model_parallel (use_seq_parallel)",
+                mp * cp,
+                "model_parallel × context_parallel (use_seq_parallel)".to_string(),
             ));
         }
         crate::moe_parallel::check(self, c)?;
@@ -128,34 +234,41 @@ impl GptParallel {
         Ok(())
     }
 
-    /// The dataset strategy: `input_ids` and `labels` split over `data_parallel` by rows.
+    /// The dataset strategy: `input_ids` and `labels` split over `data_parallel` by rows and
+    /// over `context_parallel` by positions.
     pub fn dataset_strategy(&self) -> Vec<Vec<usize>> {
-        vec![vec![self.data_parallel, 1], vec![self.data_parallel, 1]]
+        let split = vec![self.data_parallel, self.context_parallel];
+        vec![split.clone(), split]
     }
 
     /// A strategy for every forward op of `graph` (a GPT built by [`crate::gpt()`]) with
     /// inputs, by op name.
     pub fn strategies(&self, graph: &Graph) -> Result<BTreeMap<String, OpStrategy>, ModelsError> {
         let mut out = BTreeMap::new();
-        // The vocabulary-parallel loss's ops, when the graph has them (scope `loss`).
+        // The vocabulary-parallel loss's ops, when the graph has them (scope `loss`); its rows
+        // (batch × positions) are split over data and context parallel.
         let v = if self.vocab_emb_dp {
             1
         } else {
             self.model_parallel
         };
+        let rows = self.data_parallel * self.context_parallel;
         let loss_ops: BTreeMap<String, Vec<Vec<usize>>> =
-            graph::vocab_parallel_cross_entropy_strategies("loss", self.data_parallel, v)
+            graph::vocab_parallel_cross_entropy_strategies("loss", rows, v)
                 .into_iter()
                 .collect();
+        let heads = self.head_split()?;
         for node in graph.nodes() {
             if node.role != NodeRole::Forward || node.inputs.is_empty() {
                 continue;
             }
-            let strategy = loss_ops
-                .get(&node.name)
-                .cloned()
-                .or_else(|| self.strategy_of(&node.name))
-                .or_else(|| self.moe_strategy_of(&node.name));
+            let strategy = match loss_ops.get(&node.name) {
+                Some(tuples) => Some(OpStrategy::from_tuples(tuples.clone(), None)),
+                None => self.strategy_of(&node.name, &heads).or_else(|| {
+                    self.moe_strategy_of(&node.name)
+                        .map(|tuples| OpStrategy::from_tuples(tuples, None))
+                }),
+            };
             let strategy = strategy.ok_or_else(|| {
                 config_error(
                     "model.name",
@@ -165,47 +278,122 @@ impl GptParallel {
                     ),
                 )
             })?;
-            out.insert(node.name.clone(), OpStrategy::from_tuples(strategy, None));
+            out.insert(node.name.clone(), strategy);
         }
         Ok(out)
     }
 
+    /// How the attention core's `[B, heads, S, head_dim]` tensors are split: by tuple
+    /// `[dp, mp, 1, 1]` without context parallelism; with it, by a layout over the mesh
+    /// `(dp, cp, mp)` splitting the heads over `mp` then `cp` (so that each rank's heads lie
+    /// inside its `mp` block and the move from the sequence split is an all-to-all within
+    /// its `cp` group).
+    fn head_split(&self) -> Result<HeadSplit, ModelsError> {
+        let (dp, mp, cp) = (
+            self.data_parallel,
+            self.model_parallel,
+            self.context_parallel,
+        );
+        if cp == 1 {
+            return Ok(HeadSplit::Tuple(vec![dp, mp, 1, 1]));
+        }
+        let layout_error =
+            |e: layout::LayoutError| config_error("parallel.context_parallel", e.to_string());
+        let mesh = Layout::new(&[dp, cp, mp], &["dp", "cp", "mp"], None).map_err(layout_error)?;
+        let heads = mesh
+            .apply(&[
+                "dp".into(),
+                ["mp", "cp"].into(),
+                DimSpec::Replicated,
+                DimSpec::Replicated,
+            ])
+            .map_err(layout_error)?;
+        let mask = mesh
+            .apply(&[DimSpec::Replicated, DimSpec::Replicated])
+            .map_err(layout_error)?;
+        Ok(HeadSplit::Layout { heads, mask })
+    }
+
     /// The strategy of the GPT op named `name`.
-    fn strategy_of(&self, name: &str) -> Option<Vec<Vec<usize>>> {
-        let (dp, mp) = (self.data_parallel, self.model_parallel);
+    fn strategy_of(&self, name: &str, heads: &HeadSplit) -> Option<OpStrategy> {
+        let (dp, mp, cp) = (
+            self.data_parallel,
+            self.model_parallel,
+            self.context_parallel,
+        );
         // The residual stream's sequence split, and the vocabulary split.
-        let s = if self.use_seq_parallel { mp } else { 1 };
+        let s = if self.use_seq_parallel { cp * mp } else { cp };
         let v = if self.vocab_emb_dp { 1 } else { mp };
         let stream = vec![dp, s, 1];
-        let heads4 = vec![dp, mp, 1, 1];
         let tail: Vec<&str> = name.rsplitn(3, '.').collect();
         let last = tail.first().copied()?;
         let parent = tail.get(1).copied().unwrap_or("");
-        let strategy = match (parent, last) {
-            ("embedding", "gather") => vec![vec![v, 1], vec![dp, 1]],
+        let tuples = match (parent, last) {
+            ("attn", "scores" | "context") => return Some(heads.strategy(&[true, true])),
+            ("attn", "masked") => return Some(heads.strategy(&[true, false])),
+            ("attn", "softmax" | "attn_dropout" | "context_t") => {
+                return Some(heads.strategy(&[true]))
+            }
+            ("embedding", "gather") => vec![vec![v, 1], vec![dp, cp]],
             ("embed", "add") => vec![stream.clone(), vec![s, 1]],
             (_, "layer_norm") => vec![stream.clone(), vec![1], vec![1]],
-            ("qkv" | "fc1", "matmul") => vec![vec![dp, 1, 1], vec![mp, 1]],
-            ("qkv" | "fc1", "bias_add") => vec![vec![dp, 1, mp], vec![mp]],
-            ("fc1", "gelu") => vec![vec![dp, 1, mp]],
-            ("proj" | "fc2", "matmul") => vec![vec![dp, 1, mp], vec![1, mp]],
+            ("qkv" | "fc1", "matmul") => vec![vec![dp, cp, 1], vec![mp, 1]],
+            ("qkv" | "fc1", "bias_add") => vec![vec![dp, cp, mp], vec![mp]],
+            ("fc1", "gelu") => vec![vec![dp, cp, mp]],
+            ("proj" | "fc2", "matmul") => vec![vec![dp, cp, mp], vec![1, mp]],
             ("proj" | "fc2", "bias_add") => vec![stream.clone(), vec![1]],
-            ("attn", "split_heads") => vec![vec![dp, 1, mp]],
+            ("attn", "split_heads") => vec![vec![dp, cp, mp]],
             ("attn", "qkv_split" | "q_t" | "k_t" | "v_t" | "merge_heads") => {
-                vec![vec![dp, 1, mp, 1]]
+                vec![vec![dp, cp, mp, 1]]
             }
-            ("attn", "scores" | "context") => vec![heads4.clone(), heads4],
-            ("attn", "masked") => vec![heads4, vec![1, 1]],
-            ("attn", "softmax" | "attn_dropout" | "context_t") => vec![heads4],
             (_, "resid_dropout" | "dropout") => vec![stream],
             (_, "residual1" | "residual2") => vec![stream.clone(), stream],
-            ("lm_head", "matmul") => vec![vec![dp, 1, 1], vec![v, 1]],
-            (_, "logits") => vec![vec![dp, 1, v]],
-            (_, "logits_f32") => vec![vec![dp, v]],
-            (_, "labels_flat") => vec![vec![dp, 1]],
-            ("", "loss") => vec![vec![dp, 1], vec![dp]],
+            // The LM head and the loss split the batch over `dp × cp` (the final hidden states
+            // move from the sequence split by one all-to-all in each `cp` group), so that the
+            // flattened `[batch·seq, vocab]` rows stay contiguous blocks.
+            ("lm_head", "matmul") => vec![vec![dp * cp, 1, 1], vec![v, 1]],
+            (_, "logits") => vec![vec![dp * cp, 1, v]],
+            (_, "logits_f32") => vec![vec![dp * cp, v]],
+            (_, "labels_flat") => vec![vec![dp * cp, 1]],
+            ("", "loss") => vec![vec![dp * cp, 1], vec![dp * cp]],
             _ => return None,
         };
-        Some(strategy)
+        Some(OpStrategy::from_tuples(tuples, None))
+    }
+}
+
+/// The split of the attention core's `[B, heads, S, head_dim]` operands (see
+/// [`GptParallel::head_split`]), and of the `[S, S]` causal mask beside them.
+enum HeadSplit {
+    /// Split tuples: the head-split tensors' tuple (the mask is whole).
+    Tuple(Vec<usize>),
+    /// Layouts over the `(dp, cp, mp)` mesh.
+    Layout {
+        /// A head-split tensor's layout.
+        heads: Layout,
+        /// The mask's layout (replicated).
+        mask: Layout,
+    },
+}
+
+impl HeadSplit {
+    /// An op's strategy whose inputs are head-split (`true`) or the mask (`false`).
+    fn strategy(&self, head_split_inputs: &[bool]) -> OpStrategy {
+        match self {
+            HeadSplit::Tuple(tuple) => OpStrategy::from_tuples(
+                head_split_inputs
+                    .iter()
+                    .map(|&h| if h { tuple.clone() } else { vec![1, 1] })
+                    .collect(),
+                None,
+            ),
+            HeadSplit::Layout { heads, mask } => OpStrategy::from_layouts(
+                head_split_inputs
+                    .iter()
+                    .map(|&h| if h { heads.clone() } else { mask.clone() })
+                    .collect(),
+                None,
+            ),
+        }
     }
 }

@@ -4,7 +4,8 @@
 //!   parameter-server training ([`embedding_bag::embedding_bag`]);
 //! - [`gpt`]: a decoder-only transformer, [`gpt::gpt`], with hierarchical op and parameter names;
 //! - [`gpt_parallel`]: the op strategies its cells set from a MindFormers-style parallel config
-//!   (`data_parallel`, `model_parallel`, `vocab_emb_dp`, `use_seq_parallel`), as MindFormers'
+//!   (`data_parallel`, `model_parallel`, `context_parallel`, `vocab_emb_dp`,
+//!   `use_seq_parallel`), as MindFormers'
 //!   GPT cells set theirs from `parallel_config`.
 //! - [`moe`]: the GPT's mixture-of-experts blocks (`[model.moe]`), and [`moe_parallel`] their
 //!   strategies, with the experts split over `parallel.expert_parallel`.
@@ -22,6 +23,6 @@ pub mod moe_parallel;
 
 pub use crate::error::ModelsError;
 pub use crate::gpt::{gpt, GptConfig};
-pub use crate::gpt_parallel::GptParallel;
+pub use crate::gpt_parallel::{ContextParallelAlgo, GptParallel, GptParallelKeys};
 pub use crate::moe::MoeConfig;
 pub use graph::models::{seed_mlp, Model};

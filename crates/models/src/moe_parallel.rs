@@ -109,6 +109,7 @@ pub(crate) fn check(split: &GptParallel, c: &GptConfig) -> Result<(), ModelsErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpt_parallel::GptParallelKeys;
     use crate::moe::MoeConfig;
 
     fn moe_gpt(experts: usize) -> GptConfig {
@@ -126,9 +127,12 @@ mod tests {
                 moe.shared_expert = shared;
             }
             let model = crate::gpt(&config, tensor::DType::F32).unwrap();
-            let split = GptParallel::resolve(8, None, 2, true, false)
-                .and_then(|s| s.with_expert_parallel(2))
-                .unwrap();
+            let keys = GptParallelKeys {
+                model_parallel: 2,
+                expert_parallel: 2,
+                ..GptParallelKeys::default()
+            };
+            let split = GptParallel::resolve(8, &keys).unwrap();
             split.check(&config).unwrap();
             let strategies = split.strategies(&model.graph).unwrap();
             assert_eq!(
@@ -140,7 +144,7 @@ mod tests {
 
     #[test]
     fn bad_expert_splits_name_their_key() {
-        let split = GptParallel::resolve(4, None, 1, true, false).unwrap();
+        let split = GptParallel::resolve(4, &GptParallelKeys::default()).unwrap();
         let err = split.with_expert_parallel(3).unwrap_err().to_string();
         assert!(err.starts_with("parallel.expert_parallel"), "{err}");
         let ep4 = split.with_expert_parallel(4).unwrap();

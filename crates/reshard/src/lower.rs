@@ -1,8 +1,8 @@
 //! Lowering a plan's transfers to collectives.
 //!
 //! The network transfers of a plan fall into independent groups of ranks (connected components
-//! of "who sends to whom"). A group where every member sends one box, the same box, to every
-//! other member is an all-gather; one where every member sends one equally sized box to each
+//! of "who sends to whom"). A group where every member sends its whole slice, the same box, to
+//! every other member is an all-gather; one where every member sends one equally sized box to each
 //! other member is an all-to-all; anything else is a variable-sized exchange (all-to-all-v)
 //! within the group. Collectives let a backend use its tuned algorithms; the bytes are the same.
 
@@ -141,6 +141,8 @@ struct GroupStats {
     /// The size of the first transfer, and whether every other has it too.
     size: Option<usize>,
     sizes_equal: bool,
+    /// Whether every transfer sends its sender's whole slice.
+    sends_whole: bool,
     /// Whether some ordered pair of ranks appears twice.
     repeated_pair: bool,
     /// Per sending rank, the first region sent and whether it sent only that region.
@@ -161,10 +163,12 @@ fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, RankGroups) {
     let mut slot_sources: BTreeSet<usize> = BTreeSet::new();
     let mut current_slot = None;
     let mut stats: BTreeMap<usize, GroupStats> = BTreeMap::new();
+    let moved_from = plan.moved_from();
     for t in plan.raw_transfers().filter(|t| t.src_rank != t.dst_rank) {
         let root = groups.find(t.src_rank);
         let g = stats.entry(root).or_insert_with(|| GroupStats {
             sizes_equal: true,
+            sends_whole: true,
             ..GroupStats::default()
         });
         g.n_transfers += 1;
@@ -183,6 +187,9 @@ fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, RankGroups) {
             !all_pairs.insert((t.src_rank, t.dst_rank))
         };
         g.repeated_pair |= repeated;
+        // An all-gather sends the sender's whole slice; a part of it (two ranks swapping
+        // halves, as Ulysses' sequence-to-heads move does) is an all-to-all.
+        g.sends_whole &= *plan.region(t.region) == moved_from.slot_box(t.src_slot);
         // Interned regions: equal boxes have equal indices.
         match g.first_sent.get_mut(&t.src_rank) {
             None => {
@@ -205,7 +212,7 @@ fn classify_groups(plan: &ReshardPlan) -> (Vec<ExchangeKindOf>, RankGroups) {
             let n = ranks.len();
             let kind = if g.n_transfers != n * (n - 1) || g.repeated_pair || !g.sizes_equal {
                 ExchangeKind::PointToPoint
-            } else if g.first_sent.values().all(|(_, same)| *same) {
+            } else if g.sends_whole && g.first_sent.values().all(|(_, same)| *same) {
                 ExchangeKind::AllGather
             } else {
                 ExchangeKind::AllToAll
@@ -242,5 +249,15 @@ mod tests {
         assert_eq!(ex.len(), 1);
         assert_eq!(ex[0].kind, ExchangeKind::AllToAll);
         assert_eq!(ex[0].transfers.len(), 12);
+        // 2 ranks, (S0) -> (S1): each sends the other half of its slice, not all of it: an
+        // all-to-all, though with two members every box also goes to "every other member".
+        let pair = |map: &[&str]| crate::test_util::tl(&[2], &["x"], map, &[8, 8]);
+        let p = plan(&pair(&["x", "None"]), &pair(&["None", "x"]), DType::F32).unwrap();
+        let ex = lower(&p);
+        assert_eq!(ex.len(), 1);
+        assert_eq!(ex[0].kind, ExchangeKind::AllToAll);
+        // ...and (S0) -> replicated on 2 ranks sends whole slices: an all-gather.
+        let p = plan(&pair(&["x", "None"]), &pair(&["None", "None"]), DType::F32).unwrap();
+        assert_eq!(lower(&p)[0].kind, ExchangeKind::AllGather);
     }
 }

@@ -61,6 +61,7 @@ struct TransferTable {
 /// A stored transfer with its ranks, its region by index (see [`ReshardPlan::raw_transfers`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RawTransfer {
+    pub(crate) src_slot: usize,
     pub(crate) src_rank: usize,
     pub(crate) dst_slot: usize,
     pub(crate) dst_rank: usize,
@@ -310,6 +311,7 @@ impl ReshardPlan {
         self.transfers
             .iter()
             .map(move |(dst_slot, src_slot, region)| RawTransfer {
+                src_slot,
                 src_rank: src_mesh.device_of_slot(src_slot),
                 dst_slot,
                 dst_rank: dst_mesh.device_of_slot(dst_slot),

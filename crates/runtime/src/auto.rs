@@ -11,7 +11,7 @@ use ckpt::OpStrategyRecord;
 use exec::OptimizerKind;
 use graph::models::{seed_mlp, Model};
 use graph::Graph;
-use models::{GptConfig, GptParallel};
+use models::{GptConfig, GptParallel, GptParallelKeys};
 use parallel::{ParallelConfig, ParallelMode};
 use search::{
     batch_splits, profiles, DeviceProfile, Hints, LoadedLayouts, LoadedOp, LoadedStrategies,
@@ -113,39 +113,67 @@ pub(crate) fn open_gpt(config: &TrainConfig) -> Result<(TextData, GptConfig, Mod
     Ok((text, gpt, model))
 }
 
-/// The GPT's Megatron strategies for every split of the devices, every vocabulary and
-/// sequence choice, and (with MoE blocks) every expert-parallel split of the data-parallel
-/// ranks: candidates the search adds to those of the op rules.
+/// The GPT's Megatron strategies for every split of the devices over model and context
+/// parallel, every vocabulary and sequence choice, and (with MoE blocks) every expert-parallel
+/// split of the data-parallel ranks: candidates the search adds to those of the op rules.
+/// (Context parallel's attention core enters as its split tuples.)
 fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
     let mut hints = Hints::new();
-    let experts = gpt.moe.as_ref().map_or(1, |moe| moe.experts);
     for mp in batch_splits(devices) {
-        for vocab_emb_dp in [true, false] {
-            for seq in [false, true] {
-                let Ok(split) = GptParallel::resolve(devices, None, mp, vocab_emb_dp, seq) else {
-                    continue;
-                };
-                for ep in batch_splits(split.data_parallel.min(experts)) {
-                    let Ok(split) = split.with_expert_parallel(ep) else {
-                        continue;
+        for cp in batch_splits(devices / mp) {
+            for vocab_emb_dp in [true, false] {
+                for seq in [false, true] {
+                    let keys = GptParallelKeys {
+                        model_parallel: mp,
+                        context_parallel: cp,
+                        vocab_emb_dp,
+                        use_seq_parallel: seq,
+                        ..GptParallelKeys::default()
                     };
-                    if split.check(gpt).is_err() {
-                        continue;
-                    }
-                    let Ok(strategies) = split.strategies(&model.graph) else {
-                        continue;
-                    };
-                    for (name, s) in strategies {
-                        let list = hints.entry(name).or_default();
-                        if !list.contains(&s.inputs) {
-                            list.push(s.inputs);
-                        }
-                    }
+                    add_gpt_hints(&mut hints, gpt, model, devices, &keys);
                 }
             }
         }
+        // Expert splits change only the MoE blocks' ops: one pass per split suffices.
+        let experts = gpt.moe.as_ref().map_or(1, |moe| moe.experts);
+        for ep in batch_splits((devices / mp).min(experts))
+            .into_iter()
+            .skip(1)
+        {
+            let keys = GptParallelKeys {
+                model_parallel: mp,
+                expert_parallel: ep,
+                ..GptParallelKeys::default()
+            };
+            add_gpt_hints(&mut hints, gpt, model, devices, &keys);
+        }
     }
     hints
+}
+
+/// Adds the strategies of one resolved GPT split to `hints`, if the split fits the model.
+fn add_gpt_hints(
+    hints: &mut Hints,
+    gpt: &GptConfig,
+    model: &Model,
+    devices: usize,
+    keys: &GptParallelKeys,
+) {
+    let Ok(split) = GptParallel::resolve(devices, keys) else {
+        return;
+    };
+    if split.check(gpt).is_err() {
+        return;
+    }
+    let Ok(strategies) = split.strategies(&model.graph) else {
+        return;
+    };
+    for (name, s) in strategies {
+        let list = hints.entry(name).or_default();
+        if !list.contains(&s.inputs) {
+            list.push(s.inputs);
+        }
+    }
 }
 
 /// A run's model as the search sees it: the graph, the GPT's Megatron hints, and the config

@@ -207,14 +207,7 @@ pub fn gpt_parallel_config(
     if parallel.mode != ParallelMode::SemiAuto {
         return Ok(parallel);
     }
-    let split = GptParallel::resolve(
-        devices,
-        keys.data_parallel,
-        keys.model_parallel,
-        keys.vocab_emb_dp,
-        keys.use_seq_parallel,
-    )?
-    .with_expert_parallel(keys.expert_parallel)?;
+    let split = GptParallel::resolve(devices, &keys)?;
     split.check(gpt)?;
     let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
     let mut strategies: BTreeMap<String, OpStrategy> = split.strategies(&model.graph)?;

@@ -7,6 +7,7 @@ mod clip;
 mod cluster;
 mod comm_fusion;
 mod config;
+mod context_parallel;
 mod custom_dataset;
 mod gpt;
 mod grad_accumulation;

@@ -29,13 +29,18 @@ fn train_predicted(what: &str, config: &TrainConfig) -> (Session, Run, Vec<Memor
     (session, run, measured)
 }
 
-/// The prediction holds under data, model and sequence parallelism, every hsdp level,
+/// The prediction holds under data, model, sequence and context parallelism, every hsdp level,
 /// gradient accumulation (sharded or not), recompute, and overlapped gradient buckets.
 #[test]
 fn measured_memory_equals_the_prediction() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, &[&str]); 14] = [
+    let cases: [(&str, String, &[&str]); 15] = [
         ("stand-alone", "mode = \"stand_alone\"".to_string(), &[]),
+        (
+            "cp 2 × mp 2 (Ulysses)",
+            "devices = 4\nmode = \"semi_auto\"\ncontext_parallel = 2\nmodel_parallel = 2\n".to_string(),
+            &[],
+        ),
         ("dp 2", DP2.to_string(), &[]),
         (
             "dp 2 × mp 2, sequence parallel",

@@ -35,6 +35,7 @@ mod values;
 use std::path::{Path, PathBuf};
 
 use exec::OptimizerConfig;
+pub use models::GptParallelKeys;
 use parallel::{HsdpConfig, ParallelConfig};
 use toml::Table;
 
@@ -105,34 +106,6 @@ pub struct GptKeys {
     pub tie_embeddings: bool,
     /// `[model.moe]`: MoE blocks in place of the MLPs (`None`: dense MLPs).
     pub moe: Option<models::MoeConfig>,
-}
-
-/// `[parallel]`'s MindFormers keys, which set the GPT's op strategies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GptParallelKeys {
-    /// `parallel.data_parallel` (default: the devices over `model_parallel`).
-    pub data_parallel: Option<usize>,
-    /// `parallel.model_parallel` (default 1).
-    pub model_parallel: usize,
-    /// `parallel.vocab_emb_dp` (default true).
-    pub vocab_emb_dp: bool,
-    /// `parallel.use_seq_parallel` (default false).
-    pub use_seq_parallel: bool,
-    /// `parallel.expert_parallel` (default 1): shards of the MoE experts, taken from the
-    /// data-parallel ranks.
-    pub expert_parallel: usize,
-}
-
-impl Default for GptParallelKeys {
-    fn default() -> Self {
-        GptParallelKeys {
-            data_parallel: None,
-            model_parallel: 1,
-            vocab_emb_dp: true,
-            use_seq_parallel: false,
-            expert_parallel: 1,
-        }
-    }
 }
 
 /// The data formats.

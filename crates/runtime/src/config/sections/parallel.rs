@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use layout::Layout;
+use models::ContextParallelAlgo;
 use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
 use toml::Value;
 
@@ -44,6 +45,8 @@ pub(in crate::config) const PARALLEL_KEYS: &[&str] = &[
     "micro_batch_interleave",
     "data_parallel",
     "model_parallel",
+    "context_parallel",
+    "context_parallel_algo",
     "vocab_emb_dp",
     "use_seq_parallel",
     "expert_parallel",
@@ -59,6 +62,8 @@ pub(in crate::config) const PARALLEL_KEYS: &[&str] = &[
 const GPT_PARALLEL_KEYS: &[&str] = &[
     "data_parallel",
     "model_parallel",
+    "context_parallel",
+    "context_parallel_algo",
     "vocab_emb_dp",
     "use_seq_parallel",
     "expert_parallel",
@@ -84,6 +89,19 @@ pub(super) fn read_gpt_parallel(
     Ok(GptParallelKeys {
         data_parallel: s.get("data_parallel", read_positive)?,
         model_parallel: s.or("model_parallel", 1, read_positive)?,
+        context_parallel: s.or("context_parallel", 1, read_positive)?,
+        context_parallel_algo: s.or(
+            "context_parallel_algo",
+            ContextParallelAlgo::Ulysses,
+            |k, v| {
+                read_enum(
+                    k,
+                    v,
+                    &ContextParallelAlgo::NAMES,
+                    ContextParallelAlgo::parse,
+                )
+            },
+        )?,
         vocab_emb_dp: s.or("vocab_emb_dp", true, read_bool)?,
         use_seq_parallel: s.or("use_seq_parallel", false, read_bool)?,
         expert_parallel: s.or("expert_parallel", 1, read_positive)?,
