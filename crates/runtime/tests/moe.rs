@@ -35,8 +35,8 @@ fn assert_same_run(what: &str, run: &Run, reference: &Run) {
     run_util::assert_same_run(what, run, reference, 1e-5);
 }
 
-/// Expert parallel (over every device; with data and model parallel; in pipeline stages;
-/// with hsdp) × top-1 and top-2.
+/// Expert parallel (over every device; with data, model, sequence, vocabulary and context
+/// parallel; in pipeline stages; with hsdp) × top-1 and top-2.
 #[test]
 fn expert_parallel_trains_like_one_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -52,6 +52,11 @@ fn expert_parallel_trains_like_one_device() {
             "dp 2 × mp 2, sequence and vocabulary parallel, ep 2",
             4,
             "data_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true\nvocab_emb_dp = false\nexpert_parallel = 2",
+        ),
+        (
+            "dp 2 × context parallel 2, ep 2",
+            4,
+            "data_parallel = 2\ncontext_parallel = 2\nexpert_parallel = 2",
         ),
         (
             // One micro-batch: the balancing loss is a product of batch means, so a run of
