@@ -12,6 +12,10 @@
 //! split on `E` and `G` (by `ep` × `data_parallel / ep`) and back: the reshards the parallel pass
 //! plans for them are the all-to-all dispatch and combine, and the slots come back to their
 //! tokens in their order (the layouts place every element).
+//!
+//! The MoE ops are split tuples, so they place on any GPT mesh: with `context_parallel` (or
+//! `use_seq_parallel`) the block's input, split on the sequence, is gathered within its group
+//! first (routing and capacity are per whole sequence), and its output split again.
 
 use crate::error::ModelsError;
 use crate::gpt::GptConfig;
