@@ -42,7 +42,9 @@ def _builtin(tmp_path, path, devices, dropout, mp, vocab_emb_dp=True, determinis
                         use_seq_parallel=seq_parallel)
     config = {
         "model": {"name": "gpt", "layers": LAYERS, "heads": HEADS, "hidden": HIDDEN,
-                  "seq_len": SEQ, "dropout": dropout, "tie_embeddings": True},
+                  "seq_len": SEQ, "dropout": dropout, "tie_embeddings": True,
+                  # The Python GPT traces the unfused attention ops; compare like with like.
+                  "fused_attention": False},
         "data": {"format": "tokens", "path": str(path), "dtype": "u16", "vocab_size": VOCAB,
                  "val_fraction": 0.0, "batch_size": BATCH, "steps_per_epoch": STEPS},
         "parallel": parallel,

@@ -228,6 +228,40 @@ fn mpi_train_gpt_matches_local_and_one_device() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("In the beginning"));
 }
 
+/// Context parallel under `mpirun -np 4` (dp 2 × cp 2): ring attention's key/value passes and
+/// Ulysses' all-to-alls between processes give the losses of the local backend and of one
+/// device.
+#[test]
+fn mpi_context_parallel_matches_local_and_one_device() {
+    for algo in ["ring", "ulysses"] {
+        let dir = Scratch::new(&format!("mpi-cp-{algo}"));
+        let common = |name: &str, devices: &str, mode: &str| -> Vec<String> {
+            let sets = vec![
+                format!("parallel.devices={devices}"),
+                format!("parallel.mode=\"{mode}\""),
+                "parallel.data_parallel=2".to_string(),
+                "parallel.context_parallel=2".to_string(),
+                "parallel.model_parallel=1".to_string(),
+                format!("parallel.context_parallel_algo=\"{algo}\""),
+                "model.fused_attention=true".to_string(),
+                "model.layers=2".to_string(),
+                "model.hidden=64".to_string(),
+                "model.seq_len=32".to_string(),
+                "data.batch_size=8".to_string(),
+                "train.max_steps=6".to_string(),
+                "train.eval=false".to_string(),
+            ];
+            train_command("examples/gpt_kjv.toml", &dir.0, name, sets)
+        };
+        let mut mpi = common("mpi", "4", "semi_auto");
+        mpi.extend(["--backend".to_string(), "mpi".to_string()]);
+        run(&args(&mpi), true);
+        run(&args(&common("local", "4", "semi_auto")), false);
+        run(&args(&common("one", "1", "stand_alone")), false);
+        assert_mpi_losses(&dir.0, 6, 1e-6);
+    }
+}
+
 /// Fused gradient buckets reduced while the backward pass computes
 /// (`grad_computation_allreduce_overlap`) under `mpirun -np 4`: each bucket starts as MPI's
 /// nonblocking all-reduce (or, with hsdp level 2, nonblocking reduce-scatter) when its last

@@ -63,6 +63,7 @@ mod pipeline;
 mod precision;
 mod profile;
 mod progress;
+pub mod ring;
 mod shared;
 
 pub use crate::accumulate::Accumulation;

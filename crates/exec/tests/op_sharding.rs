@@ -297,6 +297,24 @@ proptest! {
         check(&c, "softmax", &[fit(&[4, 4, 8], &e, devices, &[2])], devices);
     }
 
+    /// The fused attention with the batch and head dims of q, k and v split alike (its output
+    /// and its gradients, causal or not).
+    #[test]
+    fn flash_attention_with_split_batch_and_head_dims(
+        devices in devices(),
+        e in exponents(4),
+        causal in any::<bool>(),
+    ) {
+        let c = case(|b| {
+            let q = param(b, "q", &[2, 4, 6, 4])?;
+            let k = param(b, "k", &[2, 4, 6, 4])?;
+            let v = param(b, "v", &[2, 4, 6, 4])?;
+            Ok(b.flash_attention("flash", (q, k, v), causal, 0.5)?.0)
+        });
+        let s = fit(&[2, 4, 6, 4], &e, devices, &[2, 3]);
+        check(&c, "flash", &[s.clone(), s.clone(), s], devices);
+    }
+
     /// LayerNorm with its batch and sequence dims split (sequence parallelism), gamma and beta
     /// whole.
     #[test]

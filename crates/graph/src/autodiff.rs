@@ -324,6 +324,7 @@ impl RuleCtx<'_> {
 /// | `ReLU`, `Tanh`, `GeLU` | `ReluGrad(y, dy)`, `TanhGrad(y, dy)`, `GeluGrad(x, dy)` |
 /// | `Softmax`, `LogSoftmax` | `SoftmaxGrad(y, dy)`, `LogSoftmaxGrad(y, dy)` |
 /// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
+/// | `FlashAttention(q, k, v)` | `FlashAttentionGrad(q, k, v, out, lse, dout)` → `dq, dk, dv` (none for `lse`) |
 /// | `Concat(x…)` | `Split(dy)` into the inputs' sizes |
 /// | `Split(x)` | `Concat` of the outputs' gradients (zeros for an output without one) |
 /// | `StridedSlice(x)` | `StridedSliceGrad(dy)`: `dy` scattered into zeros of `x`'s shape |
@@ -464,6 +465,13 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let op = Op::ScaledSoftmaxGrad { scale };
             out.push((0, ctx.grad(0, op, &[ctx.output(0), dy])?));
         }
+        Op::FlashAttention { causal, scale } => {
+            let (q, k, v) = (ctx.input(0), ctx.input(1), ctx.input(2));
+            let inputs = [q, k, v, ctx.output(0), ctx.output(1), dy];
+            let op = Op::FlashAttentionGrad { causal, scale };
+            let grads = ctx.emit("grad", op, &inputs, vec![Some(0), Some(1), Some(2)])?;
+            out.extend((0..3).filter(|&i| wants[i]).map(|i| (i, grads[i])));
+        }
         Op::Where if wants[1] || wants[2] => {
             // dy where cond is 0 goes to y; the rest, dy - that (exact: dy - 0 or dy - dy),
             // to x. The condition gets no gradient.
@@ -583,6 +591,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         Op::Fill { .. }
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }
+        | Op::FlashAttentionGrad { .. }
         | Op::StridedSliceGrad { .. }
         | Op::BatchMatMulSum { .. }
         | Op::OneHot { .. }

@@ -669,6 +669,20 @@ impl GraphBuilder {
     ) -> Result<ValueId, GraphError> {
         self.op1(name, Op::ScaledSoftmax { scale }, &[x])
     }
+
+    /// Fused attention `softmax(scale · q·kᵀ + mask)·v` of `q [..., Sq, d]` over `k`, `v`
+    /// `[..., Sk, d]` (see [`Op::FlashAttention`]); returns `(out, lse)`, the node's outputs
+    /// `name` and `name:1`.
+    pub fn flash_attention(
+        &mut self,
+        name: &str,
+        (q, k, v): (ValueId, ValueId, ValueId),
+        causal: bool,
+        scale: f64,
+    ) -> Result<(ValueId, ValueId), GraphError> {
+        let outputs = self.node(name, Op::FlashAttention { causal, scale }, &[q, k, v])?;
+        Ok((outputs[0], outputs[1]))
+    }
 }
 
 #[cfg(test)]

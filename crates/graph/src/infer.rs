@@ -406,6 +406,25 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             }
             vec![(shape.clone(), *dtype)]
         }
+        Op::FlashAttention { scale, .. } => {
+            c.softmax_scale(*scale)?;
+            let q = c.attention_operands()?;
+            let rows = q.shape[..q.shape.len() - 1].to_vec();
+            vec![c.same_as(0)?, (rows, q.dtype)]
+        }
+        Op::FlashAttentionGrad { scale, .. } => {
+            c.softmax_scale(*scale)?;
+            let q = c.attention_operands()?;
+            for i in [3, 5] {
+                c.same_dtype(i, 0)?;
+                c.same_shape(i, 0)?;
+            }
+            c.same_dtype(4, 0)?;
+            if c.inputs[4].shape != q.shape[..q.shape.len() - 1] {
+                return Err(c.rank_error(4, "the row shape of q (q's shape without its last dim)"));
+            }
+            vec![c.same_as(0)?, c.same_as(1)?, c.same_as(2)?]
+        }
         Op::ScaledSoftmaxGrad { scale } => {
             c.softmax_scale(*scale)?;
             c.same_dtype(1, 0)?;
@@ -703,6 +722,24 @@ impl<'a> Check<'a> {
                 Ok((end[d] - begin[d]).div_ceil(strides[d]))
             })
             .collect()
+    }
+
+    /// Checks attention's inputs 0, 1 and 2: `q [..., Sq, d]`, `k` and `v [..., Sk, d]` of one
+    /// floating-point dtype, `k` and `v` of one shape, the leading dims and `d` equal; returns q.
+    fn attention_operands(&self) -> Result<&'a Value, GraphError> {
+        let q = self.float(0)?;
+        self.min_rank(0, 2, "at least 2 dims ([..., rows, head_dim])")?;
+        let k = self.same_dtype(1, 0)?;
+        self.same_dtype(2, 0)?;
+        if self.inputs[2].shape != k.shape {
+            return Err(self.rank_error(2, "the shape of k"));
+        }
+        let r = q.shape.len();
+        if k.shape.len() != r || k.shape[..r - 2] != q.shape[..r - 2] {
+            return Err(self.rank_error(1, "q's rank and leading (batch, heads) dims"));
+        }
+        self.dims_equal("head dim", (0, last(&q.shape)), (1, last(&k.shape)))?;
+        Ok(q)
     }
 
     /// `Ok` when a softmax scale is finite and positive.

@@ -7,7 +7,9 @@
 //! - [`Op::Reshape`], [`Op::Flatten`], [`Op::BroadcastTo`], [`Op::SumToShape`], [`Op::Fill`],
 //!   [`Op::Triu`] and [`Op::StridedSliceGrad`] carry their target shape, which a parallel pass
 //!   rewrites to the local shape;
-//! - [`Op::Triu`]'s values are functions of global positions, like dropout's mask;
+//! - [`Op::Triu`]'s values are functions of global positions, like dropout's mask, and so is
+//!   [`Op::FlashAttention`]'s causal mask (the global positions of a block's first query and key
+//!   come from its placement);
 //! - [`Op::Dropout`]'s mask is a pure function of `(seed, step, global element index)` (see
 //!   [`crate::exec::dropout_mask_keeps`]): a rank computes its part given its box's offset in the
 //!   global tensor ([`crate::exec::EvalCtx::placement`]);
@@ -274,6 +276,27 @@ pub enum Op {
         /// The forward's scale.
         scale: f64,
     },
+    /// Fused scaled dot-product attention (FlashAttention's tiling: the scores are never
+    /// materialised): inputs `q [..., Sq, d]`, `k` and `v [..., Sk, d]` (one dtype, equal leading
+    /// dims, e.g. `[B, H, S, d]`) → `out = softmax(scale · q·kᵀ + mask)·v` (`q`'s shape) and
+    /// the per-row log-sum-exp `lse [..., Sq]` of the scaled, masked scores, saved for the
+    /// backward pass (it has no gradient of its own). The causal mask hides key `j` from query
+    /// `i` when `j > i` in *global* positions. No dropout on the probabilities: a network that
+    /// wants it keeps the unfused ops.
+    FlashAttention {
+        /// Hide the keys after each query's position.
+        causal: bool,
+        /// The factor of the scores (`1/√d`), finite and positive.
+        scale: f64,
+    },
+    /// *Backward* of [`Op::FlashAttention`]: inputs `q`, `k`, `v`, `out`, `lse` and `dout` →
+    /// `dq`, `dk`, `dv` (the probabilities recomputed per tile from `lse`).
+    FlashAttentionGrad {
+        /// The forward's mask.
+        causal: bool,
+        /// The forward's scale.
+        scale: f64,
+    },
     /// *Backward* of [`Op::Relu`]: inputs `y` (the forward output) and `dy` → `dx`.
     ReluGrad,
     /// *Backward* of [`Op::Gelu`]: inputs `x` (the forward input) and `dy` → `dx`.
@@ -352,6 +375,8 @@ impl Op {
             Op::StridedSliceGrad { .. } => "StridedSliceGrad",
             Op::ScaledSoftmax { .. } => "ScaledSoftmax",
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
+            Op::FlashAttention { .. } => "FlashAttention",
+            Op::FlashAttentionGrad { .. } => "FlashAttentionGrad",
             Op::ReluGrad => "ReluGrad",
             Op::GeluGrad { .. } => "GeluGrad",
             Op::TanhGrad => "TanhGrad",
@@ -421,8 +446,10 @@ impl Op {
             Op::LayerNorm { .. }
             | Op::EmbeddingGrad
             | Op::SparseSoftmaxCrossEntropyGrad { .. }
+            | Op::FlashAttention { .. }
             | Op::Where => 3,
             Op::LayerNormGrad => 5,
+            Op::FlashAttentionGrad { .. } => 6,
             Op::Concat { n, .. } => *n,
         }
     }
@@ -430,7 +457,11 @@ impl Op {
     /// Number of outputs.
     pub fn n_outputs(&self) -> usize {
         match self {
-            Op::LayerNorm { .. } | Op::LayerNormGrad | Op::MoeRoute { .. } => 3,
+            Op::LayerNorm { .. }
+            | Op::LayerNormGrad
+            | Op::FlashAttentionGrad { .. }
+            | Op::MoeRoute { .. } => 3,
+            Op::FlashAttention { .. } => 2,
             Op::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }
@@ -447,6 +478,7 @@ impl Op {
                 | Op::SoftmaxGrad
                 | Op::LogSoftmaxGrad
                 | Op::ScaledSoftmaxGrad { .. }
+                | Op::FlashAttentionGrad { .. }
                 | Op::StridedSliceGrad { .. }
                 | Op::LayerNormGrad
                 | Op::EmbeddingGrad
@@ -456,6 +488,6 @@ impl Op {
     }
 }
 
-/// The most inputs any op takes ([`Op::Concat`]; [`Op::LayerNormGrad`] takes 5), and the most
+/// The most inputs any op takes ([`Op::Concat`]; [`Op::FlashAttentionGrad`] takes 6), and the most
 /// outputs of an [`Op::Split`] (its gradient is a `Concat` of them).
 pub const MAX_INPUTS: usize = 8;

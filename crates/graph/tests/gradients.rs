@@ -261,6 +261,63 @@ fn scaled_softmax_alone_and_after_a_causal_mask() {
 }
 
 #[test]
+fn flash_attention_causal_and_not_with_more_keys_than_queries() {
+    for (causal, kv_len) in [(true, 5), (false, 5), (false, 7), (true, 7)] {
+        check_gradients(
+            &format!("flash_attention causal {causal} kv {kv_len}"),
+            |b| {
+                let q = param(b, "q", &[2, 2, 5, 3])?;
+                let k = param(b, "k", &[2, 2, kv_len, 3])?;
+                let v = param(b, "v", &[2, 2, kv_len, 3])?;
+                let (out, _) = b.flash_attention("attn", (q, k, v), causal, 0.6)?;
+                Ok((out, Vec::new()))
+            },
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn flash_attention_equals_the_unfused_ops_and_its_lse_has_no_gradient() {
+    use graph::{grad, Executor};
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let q = param(&mut b, "q", &[2, 3, 6, 4]).unwrap();
+    let k = param(&mut b, "k", &[2, 3, 6, 4]).unwrap();
+    let v = param(&mut b, "v", &[2, 3, 6, 4]).unwrap();
+    let (fused, lse) = b.flash_attention("flash", (q, k, v), true, 0.5).unwrap();
+    let scores = b.batch_matmul("scores", q, k, false, true).unwrap();
+    let mask = b.triu("mask", &[6, 6], 1).unwrap();
+    let masked = b.masked_fill("masked", scores, mask, -1e9).unwrap();
+    let probs = b.scaled_softmax("softmax", masked, 0.5).unwrap();
+    let unfused = b.batch_matmul("context", probs, v, false, false).unwrap();
+    b.output(fused).unwrap();
+    b.output(unfused).unwrap();
+    b.output(lse).unwrap();
+    let lse_sum = b.reduce_sum("lse_sum", lse, &[], false).unwrap();
+    let g = b.finish();
+    let mut exec = Executor::new(&g).unwrap();
+    exec.init_parameters(3).unwrap();
+    exec.run().unwrap();
+    let (f, u) = (
+        exec.value(fused).unwrap().to_f64_vec(),
+        exec.value(unfused).unwrap().to_f64_vec(),
+    );
+    for (i, (a, b)) in f.iter().zip(&u).enumerate() {
+        assert!(
+            (a - b).abs() < 1e-12,
+            "element {i}: fused {a} vs unfused {b}"
+        );
+    }
+    let err = grad(&g, lse_sum, &g.trainable_parameters())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("flash:1") && err.contains("no gradient rule"),
+        "{err}"
+    );
+}
+
+#[test]
 fn where_routes_the_gradient_by_the_condition() {
     check_gradients("where", |b| {
         let x = param(b, "x", &[2, 3, 4])?;

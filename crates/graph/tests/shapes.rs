@@ -228,6 +228,10 @@ fn transformer_ops_name_the_broken_rule() {
         shape(|b, [x, _, _]| b.strided_slice("s", x, &[1, 0], &[32, 512], &[2, 3])),
         vec![16, 171]
     );
+    assert_eq!(
+        shape(|b, [x, _, _]| Ok(b.flash_attention("flash", (x, x, x), true, 0.5)?.1)),
+        vec![32]
+    );
     // Errors.
     let cases: Vec<(String, &str)> = vec![
         (
@@ -237,6 +241,10 @@ fn transformer_ops_name_the_broken_rule() {
         (
             error(|b, [x, w, _]| b.masked_fill("fill", x, w, 0.0)),
             "fill: input `w` has shape [256, 10], but MaskedFill needs a mask shape that broadcasts to x's shape",
+        ),
+        (
+            error(|b, [x, w, _]| Ok(b.flash_attention("flash", (x, w, w), true, 0.5)?.0)),
+            "flash: head dim 512 and 10 differ (`x` [32, 512], `w` [256, 10])",
         ),
         (
             error(|b, [x, _, _]| b.scaled_softmax("attn", x, 0.0)),

@@ -330,6 +330,86 @@ fn triu_blocks_hold_the_values_of_the_whole() {
 }
 
 #[test]
+fn flash_attention_masks_a_block_by_its_global_positions() {
+    use graph::InputBlock;
+    use tensor::kernels::{self, AttentionDims, AttentionParams};
+    let op = Op::FlashAttention {
+        causal: true,
+        scale: 0.5,
+    };
+    let values = |n: usize, shift: f64| {
+        (0..n)
+            .map(|i| ((i as f64) * 0.37 + shift).sin())
+            .collect::<Vec<f64>>()
+    };
+    let shape = [1, 2, 6, 3];
+    let (q, k, v) = (values(36, 0.0), values(36, 1.0), values(36, 2.0));
+    let t = |s: &[usize], x: &[f64]| Tensor::from_vec(s, x.to_vec()).unwrap();
+    let (qt, kt, vt) = (t(&shape, &q), t(&shape, &k), t(&shape, &v));
+    let mut whole = [
+        Tensor::zeros(DType::F64, &shape),
+        Tensor::zeros(DType::F64, &[1, 2, 6]),
+    ];
+    eval_op(&op, &[&qt, &kt, &vt], &mut whole, &ctx(None)).unwrap();
+    // Query rows 2..5 of the sequence (both heads) against every key.
+    let rows = SliceBox::new(vec![0, 0, 2, 0], vec![1, 2, 3, 3]);
+    let q_block = qt.extract_box(&rows).unwrap();
+    let mut block = [
+        Tensor::zeros(DType::F64, &rows.shape),
+        Tensor::zeros(DType::F64, &[1, 2, 3]),
+    ];
+    let placement = Placement {
+        offset: &rows.offset,
+        global_shape: &shape,
+    };
+    eval_op(
+        &op,
+        &[&q_block, &kt, &vt],
+        &mut block,
+        &ctx(Some(placement)),
+    )
+    .unwrap();
+    assert_eq!(block[0], whole[0].extract_box(&rows).unwrap());
+    // Keys 3..6 only, given as input 1's block: the kernel's partial result at offset 3.
+    let keys = SliceBox::new(vec![0, 0, 3, 0], vec![1, 2, 3, 3]);
+    let (k_block, v_block) = (
+        kt.extract_box(&keys).unwrap(),
+        vt.extract_box(&keys).unwrap(),
+    );
+    let block_of = |b: &SliceBox| InputBlock {
+        offset: b.offset.clone(),
+        global_shape: shape.to_vec(),
+    };
+    let blocks = [InputBlock::default(), block_of(&keys), block_of(&keys)];
+    let block_ctx = EvalCtx {
+        input_blocks: &blocks,
+        ..ctx(None)
+    };
+    let mut partial = [
+        Tensor::zeros(DType::F64, &shape),
+        Tensor::zeros(DType::F64, &[1, 2, 6]),
+    ];
+    eval_op(&op, &[&qt, &k_block, &v_block], &mut partial, &block_ctx).unwrap();
+    let dims = AttentionDims {
+        slices: 2,
+        q_len: 6,
+        kv_len: 3,
+        head_dim: 3,
+    };
+    let params = AttentionParams {
+        k_offset: 3,
+        ..AttentionParams::new(true, 0.5)
+    };
+    let (mut out, mut lse) = (vec![0.0; 36], vec![0.0; 12]);
+    let (kb, vb) = (k_block.to_f64_vec(), v_block.to_f64_vec());
+    kernels::flash_attention_into((&q, &kb, &vb), dims, params, &mut out, &mut lse).unwrap();
+    assert_eq!(partial[0].to_f64_vec(), out);
+    // Rows 0..3 see none of keys 3..6.
+    let lse_got = partial[1].to_f64_vec();
+    assert!(lse_got[..3].iter().all(|&x| x == f64::NEG_INFINITY) && lse_got[3].is_finite());
+}
+
+#[test]
 fn embedding_blocks_of_rows_sum_to_the_lookup_and_scatter_into_their_rows() {
     use graph::InputBlock;
     let table = Tensor::from_vec(&[6, 2], (0..12).map(|i| i as f64).collect()).unwrap();

@@ -38,6 +38,11 @@ pub struct GptConfig {
     pub dropout: f64,
     /// The LM head multiplies by the token embedding table instead of its own weight.
     pub tie_embeddings: bool,
+    /// Attention as one fused `FlashAttention` op (`attn.flash`: the `[S, S]` scores are never
+    /// materialised) instead of `scores`, `causal_mask`, `masked`, `softmax` and `context`.
+    /// Only without dropout: the fused op has none on the attention weights, so with
+    /// `dropout > 0` the unfused ops are built whatever this says.
+    pub fused_attention: bool,
     /// Sequences per global batch.
     pub batch: usize,
     /// Compute the loss as the vocabulary-parallel cross entropy (scope `loss`, see
@@ -51,7 +56,7 @@ pub struct GptConfig {
 impl GptConfig {
     /// A GPT of `layers` blocks, `heads` heads and width `hidden` over `seq_len` tokens of a
     /// `vocab_size` vocabulary, with GPT-2's defaults: `ffn_hidden = 4·hidden`, no dropout, tied
-    /// embeddings.
+    /// embeddings; the fused attention.
     pub fn new(
         vocab_size: usize,
         layers: usize,
@@ -69,6 +74,7 @@ impl GptConfig {
             ffn_hidden: 4 * hidden,
             dropout: 0.0,
             tie_embeddings: true,
+            fused_attention: true,
             batch,
             vocab_parallel_loss: false,
             moe: None,
@@ -337,12 +343,18 @@ fn attention(
         let q = b.transpose("q_t", parts[0], &[0, 2, 1, 3])?;
         let k = b.transpose("k_t", parts[1], &[0, 2, 1, 3])?;
         let v = b.transpose("v_t", parts[2], &[0, 2, 1, 3])?;
-        let scores = b.batch_matmul("scores", q, k, false, true)?;
-        let mask = b.triu("causal_mask", &[seq, seq], 1)?;
-        let scores = b.masked_fill("masked", scores, mask, -1e9)?;
-        let probs = b.scaled_softmax("softmax", scores, 1.0 / (hd as f64).sqrt())?;
-        let probs = dropout(b, "attn_dropout", probs)?;
-        let context = b.batch_matmul("context", probs, v, false, false)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let context = if c.fused_attention && c.dropout == 0.0 {
+            // One op, the scores never materialised; it has no dropout on the weights.
+            b.flash_attention("flash", (q, k, v), true, scale)?.0
+        } else {
+            let scores = b.batch_matmul("scores", q, k, false, true)?;
+            let mask = b.triu("causal_mask", &[seq, seq], 1)?;
+            let scores = b.masked_fill("masked", scores, mask, -1e9)?;
+            let probs = b.scaled_softmax("softmax", scores, scale)?;
+            let probs = dropout(b, "attn_dropout", probs)?;
+            b.batch_matmul("context", probs, v, false, false)?
+        };
         let context = b.transpose("context_t", context, &[0, 2, 1, 3])?;
         let context = b.reshape("merge_heads", context, &[batch, seq, hidden])?;
         let out_std = 0.02 / (2.0 * c.layers as f64).sqrt();

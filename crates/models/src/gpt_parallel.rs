@@ -16,7 +16,9 @@
 //!   MLP, LM head and loss. With `context_parallel_algo = "ulysses"` (DeepSpeed-Ulysses) the
 //!   attention core runs on the whole sequence with its heads split over `mp × cp`: q, k and v
 //!   move from sequence-split to head-split by one all-to-all inside each `cp` group, and the
-//!   context back by another (the reshard planner derives both from the layouts).
+//!   context back by another (the reshard planner derives both from the layouts). With
+//!   `"ring"` the fused attention keeps the sequence split and passes key/value blocks around
+//!   each `cp` ring (`exec::ring`).
 //!
 //! The MoE blocks' strategies (experts split over `expert_parallel`) are
 //! [`crate::moe_parallel`]'s.
@@ -42,16 +44,21 @@ pub enum ContextParallelAlgo {
     /// the context); needs `heads` divisible by `model_parallel × context_parallel`.
     #[default]
     Ulysses,
+    /// Ring attention: q, k and v stay split on the sequence; the fused attention passes the
+    /// key/value blocks around the `cp` ring (`exec::ring`); any `context_parallel` dividing
+    /// the sequence, whatever the heads. Needs `model.fused_attention`.
+    Ring,
 }
 
 impl ContextParallelAlgo {
     /// The config spellings, in declaration order.
-    pub const NAMES: [&'static str; 1] = ["ulysses"];
+    pub const NAMES: [&'static str; 2] = ["ulysses", "ring"];
 
     /// Parses a config spelling.
     pub fn parse(text: &str) -> Option<ContextParallelAlgo> {
         match text {
             "ulysses" => Some(ContextParallelAlgo::Ulysses),
+            "ring" => Some(ContextParallelAlgo::Ring),
             _ => None,
         }
     }
@@ -205,14 +212,23 @@ impl GptParallel {
                     "data_parallel × context_parallel = {dp} × {cp} (the LM head and the loss split the batch over both)"
                 ),
             ));
-            rules.push((
-                "model.heads",
-                c.heads,
-                mp * cp,
-                format!(
-                    "model_parallel × context_parallel = {mp} × {cp} (context_parallel_algo = \"ulysses\" splits the heads over both)"
-                ),
-            ));
+            match self.context_parallel_algo {
+                ContextParallelAlgo::Ulysses => rules.push((
+                    "model.heads",
+                    c.heads,
+                    mp * cp,
+                    format!(
+                        "model_parallel × context_parallel = {mp} × {cp} (context_parallel_algo = \"ulysses\" splits the heads over both)"
+                    ),
+                )),
+                ContextParallelAlgo::Ring if !c.fused_attention || c.dropout > 0.0 => {
+                    return Err(config_error(
+                        "parallel.context_parallel_algo",
+                        "\"ring\" passes key/value blocks through the fused attention: it needs model.fused_attention = true and model.dropout = 0".to_string(),
+                    ));
+                }
+                ContextParallelAlgo::Ring => {}
+            }
         }
         if self.use_seq_parallel {
             rules.push((
@@ -285,9 +301,9 @@ impl GptParallel {
 
     /// How the attention core's `[B, heads, S, head_dim]` tensors are split: by tuple
     /// `[dp, mp, 1, 1]` without context parallelism; with it, by a layout over the mesh
-    /// `(dp, cp, mp)` splitting the heads over `mp` then `cp` (so that each rank's heads lie
-    /// inside its `mp` block and the move from the sequence split is an all-to-all within
-    /// its `cp` group).
+    /// `(dp, cp, mp)`: Ulysses splits the heads over `mp` then `cp` (so that each rank's heads
+    /// lie inside its `mp` block and the move from the sequence split is an all-to-all within
+    /// its `cp` group); the ring keeps the sequence split over `cp`.
     fn head_split(&self) -> Result<HeadSplit, ModelsError> {
         let (dp, mp, cp) = (
             self.data_parallel,
@@ -300,13 +316,14 @@ impl GptParallel {
         let layout_error =
             |e: layout::LayoutError| config_error("parallel.context_parallel", e.to_string());
         let mesh = Layout::new(&[dp, cp, mp], &["dp", "cp", "mp"], None).map_err(layout_error)?;
+        // Ulysses: heads over mp then cp, the sequence whole; ring: heads over mp, the
+        // sequence over cp (as the stream holds it: no move before attention).
+        let (head_dim, seq_dim): (DimSpec, DimSpec) = match self.context_parallel_algo {
+            ContextParallelAlgo::Ulysses => (["mp", "cp"].into(), DimSpec::Replicated),
+            ContextParallelAlgo::Ring => ("mp".into(), "cp".into()),
+        };
         let heads = mesh
-            .apply(&[
-                "dp".into(),
-                ["mp", "cp"].into(),
-                DimSpec::Replicated,
-                DimSpec::Replicated,
-            ])
+            .apply(&["dp".into(), head_dim, seq_dim, DimSpec::Replicated])
             .map_err(layout_error)?;
         let mask = mesh
             .apply(&[DimSpec::Replicated, DimSpec::Replicated])
@@ -329,6 +346,7 @@ impl GptParallel {
         let last = tail.first().copied()?;
         let parent = tail.get(1).copied().unwrap_or("");
         let tuples = match (parent, last) {
+            ("attn", "flash") => return Some(heads.strategy(&[true, true, true])),
             ("attn", "scores" | "context") => return Some(heads.strategy(&[true, true])),
             ("attn", "masked") => return Some(heads.strategy(&[true, false])),
             ("attn", "softmax" | "attn_dropout" | "context_t") => {

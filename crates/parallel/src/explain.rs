@@ -158,6 +158,22 @@ impl Program {
                         "  {}{again}",
                         describe_node(node.name.as_str(), &node.op, place)
                     );
+                    if let Some(t) = crate::ring::ring_traffic(self, k) {
+                        let _ = writeln!(
+                            out,
+                            "    -> ring attention over {} ranks ({} rings): {} passes of key/value blocks{} ({} B/step, {} B per rank)",
+                            t.members,
+                            t.rings,
+                            t.passes,
+                            if matches!(k.op, graph::Op::FlashAttentionGrad { .. }) {
+                                " and their gradients"
+                            } else {
+                                ""
+                            },
+                            t.bytes_total(),
+                            t.bytes_per_rank
+                        );
+                    }
                 }
                 Step::Reshard(r) => {
                     let plan = &r.plan;

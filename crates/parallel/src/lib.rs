@@ -50,6 +50,7 @@ mod patterns;
 pub mod pipeline;
 mod rank_view;
 mod recompute;
+pub mod ring;
 pub mod rules;
 mod summary;
 

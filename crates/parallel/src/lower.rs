@@ -662,14 +662,17 @@ impl Program {
         self.placed.stage.n_devices()
     }
 
-    /// Bytes every step moves over the network, summed over reshards.
+    /// Bytes every step moves over the network, summed over reshards and ring attention's
+    /// passes ([`crate::ring`]).
     pub fn bytes_per_step(&self) -> usize {
         let steps: usize = self
             .steps
             .iter()
             .map(|s| match s {
                 Step::Reshard(r) => r.plan.bytes_total(),
-                Step::Kernel(_) => 0,
+                Step::Kernel(k) => {
+                    crate::ring::ring_traffic(self, k).map_or(0, |t| t.bytes_total())
+                }
             })
             .sum();
         steps

@@ -194,3 +194,81 @@ fn moe_route_splits_only_its_groups() {
         );
     }
 }
+
+#[test]
+fn flash_attention_splits_batch_and_heads_and_refuses_the_sequence_and_head_dims() {
+    let mut b = GraphBuilder::new();
+    let qkv: Vec<ValueId> = ["q", "k", "v"]
+        .iter()
+        .map(|n| {
+            b.parameter(n, &[2, 4, 6, 8], Initializer::normal(1.0))
+                .unwrap()
+        })
+        .collect();
+    b.flash_attention("flash", (qkv[0], qkv[1], qkv[2]), true, 0.5)
+        .unwrap();
+    let g = b.finish();
+    let heads: &[usize] = &[2, 2, 1, 1];
+    let p = placed(&g, "flash", &[heads, heads, heads], 4);
+    let flash = &p.nodes[g.node_by_name("flash").unwrap().0];
+    for layout in &flash.inputs {
+        assert_eq!(map(layout), vec![1, 0, -1, -1]);
+    }
+    assert_eq!(map(flash.outputs[0].layout()), vec![1, 0, -1, -1]);
+    assert_eq!(map(flash.outputs[1].layout()), vec![1, 0, -1]);
+    let seq: &[usize] = &[1, 1, 2, 1];
+    let err = error(&g, "flash", &[seq, seq, seq], 2);
+    assert!(
+        err.contains("flash (FlashAttention)")
+            && err.contains("the sequence dim (dim 2) cannot be split")
+            && err.contains("ring attention"),
+        "{err}"
+    );
+    let width: &[usize] = &[1, 1, 1, 2];
+    let err = error(&g, "flash", &[width, width, width], 2);
+    assert!(
+        err.contains("the head dim (dim 3) cannot be split"),
+        "{err}"
+    );
+    let err = error(&g, "flash", &[heads, &[1, 1, 1, 1], heads], 4);
+    assert!(err.contains("input 1 must be split like q"), "{err}");
+    // The output rule refuses a split sequence, whoever asks.
+    let node = &g.nodes()[g.node_by_name("flash").unwrap().0];
+    let ctx = OpContext::of(&g, node);
+    let mesh = layout::Mesh::line("cp", 2).unwrap();
+    let split_seq = layout::Layout::from_mesh(mesh.clone(), vec![vec![], vec![], vec![0], vec![]])
+        .unwrap()
+        .bind(&[2, 4, 6, 8])
+        .unwrap();
+    let err = infer::output_layouts(
+        &ctx,
+        &[split_seq.clone(), split_seq.clone(), split_seq],
+        &mesh,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("dim 2 of input 0 is the sequence dim of attention"),
+        "{err}"
+    );
+}
+
+#[test]
+fn flash_attention_by_default_splits_the_batch_and_never_a_lone_sequence() {
+    for (shape, map_q) in [
+        (&[4, 2, 6, 8][..], vec![0, -1, -1, -1]),
+        (&[6, 8][..], vec![-1, -1]),
+    ] {
+        let mut b = GraphBuilder::new();
+        let qkv: Vec<ValueId> = ["q", "k", "v"]
+            .iter()
+            .map(|n| b.parameter(n, shape, Initializer::normal(1.0)).unwrap())
+            .collect();
+        b.flash_attention("flash", (qkv[0], qkv[1], qkv[2]), false, 0.5)
+            .unwrap();
+        let g = b.finish();
+        let p = place(&g, &ParallelConfig::new(ParallelMode::DataParallel, 2)).unwrap();
+        let flash = &p.nodes[g.node_by_name("flash").unwrap().0];
+        assert_eq!(map(&flash.inputs[0]), map_q, "{shape:?}");
+    }
+}

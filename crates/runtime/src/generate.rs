@@ -113,6 +113,7 @@ impl SavedModel {
             ffn_hidden: size("ffn_hidden")?,
             dropout: 0.0,
             tie_embeddings: json["tie_embeddings"].as_bool().unwrap_or(true),
+            fused_attention: true,
             batch: 1,
             vocab_parallel_loss: false,
             moe: moe_from_json(&json["moe"]).map_err(bad)?,

@@ -34,7 +34,12 @@ fn train(config: &TrainConfig) -> Run {
 /// Context-parallel configurations as (name, devices, `[model]` extra, `[parallel]` keys).
 const CASES: &[(&str, usize, &str, &str)] = &[
     ("ulysses cp 2", 2, "", "context_parallel = 2"),
-    ("ulysses cp 4", 4, "", "context_parallel = 4"),
+    (
+        "ulysses cp 4, fused attention",
+        4,
+        "fused_attention = true",
+        "context_parallel = 4",
+    ),
     (
         "dp 2 × cp 2 × mp 2",
         8,
@@ -52,6 +57,30 @@ const CASES: &[(&str, usize, &str, &str)] = &[
         8,
         "dropout = 0.1",
         "data_parallel = 2\ncontext_parallel = 4",
+    ),
+    (
+        "ring cp 2",
+        2,
+        "fused_attention = true",
+        "context_parallel = 2\ncontext_parallel_algo = \"ring\"",
+    ),
+    (
+        "ring cp 4",
+        4,
+        "fused_attention = true",
+        "context_parallel = 4\ncontext_parallel_algo = \"ring\"",
+    ),
+    (
+        "ring dp 2 × cp 2 × mp 2, sequence parallel",
+        8,
+        "fused_attention = true",
+        "data_parallel = 2\ncontext_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true\ncontext_parallel_algo = \"ring\"",
+    ),
+    (
+        "ring cp 8 × mp 2: 16 ranks over 8 heads",
+        16,
+        "fused_attention = true",
+        "context_parallel = 8\nmodel_parallel = 2\ncontext_parallel_algo = \"ring\"",
     ),
 ];
 
@@ -179,5 +208,93 @@ fn bad_context_parallel_settings_name_the_key() {
             Ok(config) => Session::new(&config).unwrap_err().to_string(),
         };
         assert!(err.contains(needle), "{keys}: {err}");
+    }
+}
+
+/// The ring passes key/value blocks (and in the backward their gradients) around each `cp`
+/// ring: `--explain` lists each ring step with its bytes, counted in the step's total; q, k
+/// and v are not moved before attention.
+#[test]
+fn ring_attention_passes_blocks_around_cp_rings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = "data_parallel = 2\ncontext_parallel = 2\nmodel_parallel = 2\ncontext_parallel_algo = \"ring\"";
+    let session = Session::new(&config(
+        tmp.path(),
+        "adam",
+        "fused_attention = true",
+        &semi(8, keys),
+        false,
+    ))
+    .unwrap();
+    let plan = session.train.explain();
+    // Local blocks of k and v: [B/dp = 4, heads/mp = 4, S/cp = 8, head_dim 4] f32 = 2 KiB each.
+    let block = 4 * 4 * 8 * 4 * 4;
+    let forward = format!(
+        "-> ring attention over 2 ranks (4 rings): 1 passes of key/value blocks ({} B/step, {} B per rank)",
+        8 * 2 * block,
+        2 * block
+    );
+    assert!(plan.contains(&forward), "no {forward:?} in\n{plan}");
+    let backward = format!(
+        "-> ring attention over 2 ranks (4 rings): 2 passes of key/value blocks and their gradients ({} B/step, {} B per rank)",
+        8 * 6 * block,
+        6 * block
+    );
+    assert!(plan.contains(&backward), "no {backward:?} in\n{plan}");
+    for value in ["q_t", "k_t", "v_t"] {
+        let moved = format!("reshard blocks.0.attn.{value}:");
+        assert!(!plan.contains(&moved), "{moved} in\n{plan}");
+    }
+    // The ring algo without the fused attention, or in deterministic mode, is refused.
+    for (model_extra, det) in [("", false), ("fused_attention = true", true)] {
+        let err = Session::new(&config(
+            tmp.path(),
+            "adam",
+            model_extra,
+            &semi(8, keys),
+            det,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("parallel.context_parallel_algo"), "{err}");
+    }
+}
+
+/// Activation memory falls as 1/N: a sequence 4× longer on 4 context-parallel ranks (ring or
+/// Ulysses, fused attention) holds no more activations per rank than one device needs for the
+/// short sequence today (unfused attention), and every rank's measured peaks equal the
+/// prediction.
+#[test]
+fn four_cp_ranks_fit_a_four_times_longer_sequence_in_one_ranks_activations() {
+    let tmp = tempfile::tempdir().unwrap();
+    let activations = |name: &str, model_extra: &str, parallel: &str, seq: usize| {
+        let overrides = [
+            format!("model.seq_len={seq}"),
+            "train.max_steps=2".to_string(),
+        ];
+        let out = tmp.path().join(name);
+        let config = run_util::small_gpt(&out, "adam", model_extra, parallel, &overrides);
+        let (session, report, _) = run_util::train_report(&config);
+        let measured = &report.ranks[0].memory_by_rank;
+        assert_eq!(measured.len(), session.devices(), "{name}");
+        for (rank, m) in measured.iter().enumerate() {
+            let predicted = session.predict_memory(rank).expect("a schedule");
+            assert_eq!(*m, predicted, "{name}: rank {rank}'s memory as predicted");
+        }
+        measured.iter().map(|m| m.peaks.activations).max().unwrap()
+    };
+    let today = activations("short", "", "mode = \"stand_alone\"", 16);
+    let long_alone = activations("long", "", "mode = \"stand_alone\"", 64);
+    for algo in ["ring", "ulysses"] {
+        let keys = format!("context_parallel = 4\ncontext_parallel_algo = \"{algo}\"");
+        let long_cp4 = activations(algo, "fused_attention = true", &semi(4, &keys), 64);
+        assert!(
+            long_cp4 <= today,
+            "{algo}: {long_cp4} B of activations per rank at 64 tokens over cp 4, {today} B on one device at 16 tokens"
+        );
+        assert!(
+            long_alone > 3 * long_cp4,
+            "{algo}: {long_alone} vs {long_cp4}"
+        );
     }
 }

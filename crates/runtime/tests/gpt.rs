@@ -90,6 +90,13 @@ const CASES: &[(&str, usize, &str, &str, &str)] = &[
     ),
     ("adam, mp 2", 2, "adam", "", "model_parallel = 2"),
     (
+        "fused attention, dp 2 × mp 4",
+        8,
+        "momentum",
+        "fused_attention = true",
+        "data_parallel = 2\nmodel_parallel = 4",
+    ),
+    (
         "vocabulary parallel, mp 2",
         2,
         "momentum",
@@ -755,6 +762,13 @@ fn bad_gpt_and_text_settings_name_the_key_or_file() {
         ),
         (vec!["data.tokenizer=\"word\"".into()], "data.tokenizer"),
         (vec!["model.dropout=1.5".into()], "model.dropout"),
+        (
+            vec![
+                "model.dropout=0.1".into(),
+                "model.fused_attention=true".into(),
+            ],
+            "model.fused_attention",
+        ),
         (vec!["model.heads=3".into()], "model.heads"),
         (vec!["data.val_fraction=1.0".into()], "data.val_fraction"),
         (
@@ -953,5 +967,77 @@ fn threads_inside_a_rank_change_no_bit() {
             err.to_string().contains("train.threads_per_rank") && err.to_string().contains(rule),
             "{err}"
         );
+    }
+}
+
+/// The fused attention (`model.fused_attention`) against the
+/// unfused ops it replaces, in f64 on one whole GPT: the same loss and every parameter's
+/// gradient, from the same parameter values.
+#[test]
+fn fused_attention_gives_the_loss_and_gradients_of_the_unfused_ops() {
+    use graph::{grad, Executor};
+    use tensor::{DType, Tensor};
+    let gpt = |fused: bool| {
+        let config = models::GptConfig {
+            fused_attention: fused,
+            // 20 tokens: more than one tile would need 64, so also the odd-size tile edge.
+            ..models::GptConfig::new(40, 2, 4, 16, 20, 3)
+        };
+        let model = models::gpt(&config, DType::F64).unwrap();
+        let kinds: Vec<&str> = model.graph.nodes().iter().map(|n| n.op.kind()).collect();
+        assert_eq!(kinds.contains(&"FlashAttention"), fused);
+        assert_eq!(kinds.contains(&"ScaledSoftmax"), !fused);
+        model
+    };
+    let ids = Tensor::from_vec(&[3, 20], (0..60i32).map(|i| i * 7 % 40).collect()).unwrap();
+    let labels = Tensor::from_vec(&[3, 20], (0..60i32).map(|i| i * 11 % 40).collect()).unwrap();
+    // Runs `model` from the parameter values `start` (by name; drawn when `None`): the loss,
+    // the gradients by parameter name, and the parameter values used.
+    type Named = Vec<(String, Tensor)>;
+    let run = |model: &graph::models::Model, start: Option<&Named>| -> (f64, Named, Named) {
+        let params = model.graph.trainable_parameters();
+        let training = grad(&model.graph, model.loss, &params).unwrap();
+        let mut exec = Executor::new(&training.graph).unwrap();
+        exec.init_parameters(5).unwrap();
+        let name = |v| model.graph.value(v).unwrap().name.clone();
+        if let Some(start) = start {
+            for &p in &params {
+                let (_, value) = start.iter().find(|(n, _)| *n == name(p)).unwrap();
+                *exec.value_mut(p).unwrap() = value.clone();
+            }
+        }
+        exec.set_input(model.input, &ids).unwrap();
+        exec.set_input(model.labels, &labels).unwrap();
+        exec.run().unwrap();
+        let loss = exec.value(model.loss).unwrap().to_f64_vec()[0];
+        let grads = training
+            .grads
+            .iter()
+            .map(|&(p, g)| (name(p), exec.value(g).unwrap().clone()))
+            .collect();
+        let values = params
+            .iter()
+            .map(|&p| (name(p), exec.value(p).unwrap().clone()))
+            .collect();
+        (loss, grads, values)
+    };
+    let (fused_loss, fused_grads, values) = run(&gpt(true), None);
+    let (loss, grads, _) = run(&gpt(false), Some(&values));
+    assert!(
+        (fused_loss - loss).abs() <= 1e-12 * loss.abs(),
+        "{fused_loss} vs {loss}"
+    );
+    assert_eq!(fused_grads.len(), grads.len());
+    for ((name, fused), (other, unfused)) in fused_grads.iter().zip(&grads) {
+        assert_eq!(name, other);
+        let (f, u) = (fused.to_f64_vec(), unfused.to_f64_vec());
+        let scale = u.iter().fold(0f64, |m, x| m.max(x.abs()));
+        assert!(scale > 0.0, "{name}: no gradient");
+        for (i, (a, b)) in f.iter().zip(&u).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-10 * scale,
+                "{name}[{i}]: fused {a} vs unfused {b}"
+            );
+        }
     }
 }

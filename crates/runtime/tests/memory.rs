@@ -34,7 +34,7 @@ fn train_predicted(what: &str, config: &TrainConfig) -> (Session, Run, Vec<Memor
 #[test]
 fn measured_memory_equals_the_prediction() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, &[&str]); 15] = [
+    let cases: [(&str, String, &[&str]); 16] = [
         ("stand-alone", "mode = \"stand_alone\"".to_string(), &[]),
         (
             "cp 2 × mp 2 (Ulysses)",
@@ -109,6 +109,11 @@ fn measured_memory_equals_the_prediction() {
             "dp 2 × mp 2, recompute by op",
             format!("{DP2_MP2}[parallel.recompute]\nops = [\"ScaledSoftmax\", \"blocks.*.mlp.fc1.gelu\"]"),
             &[],
+        ),
+        (
+            "dp 2 × mp 2, fused attention, recompute by op",
+            format!("{DP2_MP2}[parallel.recompute]\nops = [\"FlashAttention\", \"blocks.*.mlp.fc1.gelu\"]"),
+            &["model.fused_attention=true"],
         ),
     ];
     for (i, (what, parallel, overrides)) in cases.iter().enumerate() {

@@ -57,13 +57,23 @@ pub struct EvalSettings<'a> {
     pub optimizer_states: usize,
 }
 
-/// Whether `op` is a matrix product (compute-bound).
+/// Whether `op` is a matrix product or made of them (compute-bound): the fused attention is.
 fn is_matmul(op: &Op) -> bool {
-    matches!(op, Op::MatMul { .. } | Op::BatchMatMul { .. })
+    matches!(
+        op,
+        Op::MatMul { .. } | Op::BatchMatMul { .. } | Op::FlashAttention { .. }
+    )
 }
 
-/// FLOPs of one forward product: 2 × output elements × the reduction length.
+/// FLOPs of one forward product: 2 × output elements × the reduction length; for the fused
+/// attention its two products (`q·kᵀ`, `p·v`), half of them under a causal mask.
 fn matmul_flops(ctx: &OpContext<'_>) -> f64 {
+    if let Op::FlashAttention { causal, .. } = ctx.op {
+        let (q, k) = (ctx.input_shapes[0], ctx.input_shapes[1]);
+        let q_elements: f64 = q.iter().map(|&d| d as f64).product();
+        let products = 4.0 * q_elements * k[k.len() - 2] as f64;
+        return if *causal { products / 2.0 } else { products };
+    }
     let (a, transpose_a) = match ctx.op {
         Op::MatMul { transpose_a, .. } | Op::BatchMatMul { transpose_a, .. } => {
             (ctx.input_shapes[0], *transpose_a)

@@ -6,6 +6,7 @@
 mod kernels {
     pub mod reference;
 
+    mod attention;
     mod binary;
     mod embedding;
     mod errors;

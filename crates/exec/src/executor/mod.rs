@@ -74,6 +74,9 @@ pub struct RankExecutor {
     lazy: Option<LazyParameters>,
     /// Bytes of parameter values filled by their initialisers so far.
     initialised_bytes: usize,
+    /// By step: the ring of a `FlashAttention` (or its gradient) whose sequence is split
+    /// (context parallel's ring attention, [`crate::ring`]).
+    rings: Vec<Option<crate::ring::Ring>>,
 }
 
 /// The parameters a lazy executor has not allocated yet.
@@ -312,6 +315,21 @@ impl RankExecutor {
             offsets.push(offset);
             input_blocks.push(blocks);
         }
+        let rings = program
+            .steps
+            .iter()
+            .map(|step| match step {
+                Step::Kernel(k)
+                    if matches!(
+                        k.op,
+                        graph::Op::FlashAttention { .. } | graph::Op::FlashAttentionGrad { .. }
+                    ) =>
+                {
+                    crate::ring::Ring::of(program.buffers[k.inputs[0]].layout.layout(), rank)
+                }
+                _ => None,
+            })
+            .collect();
         let mut fused = vec![false; program.steps.len()];
         let mut buckets_after = vec![Vec::new(); program.steps.len()];
         for (b, bucket) in program.buckets.iter().enumerate() {
@@ -385,6 +403,7 @@ impl RankExecutor {
             runner: ReshardRunner::new(world),
             offsets,
             input_blocks,
+            rings,
             step: 0,
             deterministic: None,
             profile: None,

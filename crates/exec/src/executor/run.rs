@@ -307,6 +307,34 @@ impl RankExecutor {
         Ok(())
     }
 
+    /// Runs the ring attention of step `i` (a `FlashAttention` or its gradient whose sequence
+    /// is split, [`crate::ring`]) over this rank's ring.
+    fn ring_step(
+        &self,
+        i: usize,
+        attention: (bool, f64),
+        ins: &[&Tensor],
+        outs: &mut [Tensor],
+    ) -> Result<(), ExecError> {
+        let ring = self.rings[i].as_ref().expect("a ring step has its ring");
+        let tag = crate::ring::ring_tag(i)?;
+        let comm = self.runner.world().as_ref();
+        match (ins, outs) {
+            ([q, k, v], [out, lse]) => {
+                crate::ring::forward(comm, ring, tag, attention, (q, k, v), (out, lse))
+            }
+            ([q, k, v, out, lse, dout], [dq, dk, dv]) => crate::ring::backward(
+                comm,
+                ring,
+                tag,
+                attention,
+                [q, k, v, out, lse, dout],
+                [dq, dk, dv],
+            ),
+            _ => unreachable!("FlashAttention has 3 inputs and 2 outputs, its gradient 6 and 3"),
+        }
+    }
+
     /// Runs step `i` of `program` (this executor's program).
     fn run_step(&mut self, program: &Program, i: usize, tag: Option<Tag>) -> Result<(), ExecError> {
         let step = &program.steps[i];
@@ -333,6 +361,14 @@ impl RankExecutor {
                         deterministic: self.deterministic,
                     };
                     match &k.op {
+                        graph::Op::FlashAttention { causal, scale } if self.rings[i].is_some() => {
+                            self.ring_step(i, (*causal, *scale), &ins, &mut outs)
+                        }
+                        graph::Op::FlashAttentionGrad { causal, scale }
+                            if self.rings[i].is_some() =>
+                        {
+                            self.ring_step(i, (*causal, *scale), &ins, &mut outs)
+                        }
                         graph::Op::Fill { shape, dtype, .. }
                             if self.loss_seed[i] && self.loss_scale != 1.0 =>
                         {
@@ -341,9 +377,9 @@ impl RankExecutor {
                                 dtype: *dtype,
                                 value: self.loss_scale,
                             };
-                            eval_op(&scaled, &ins, &mut outs, &ctx)
+                            eval_op(&scaled, &ins, &mut outs, &ctx).map_err(ExecError::from)
                         }
-                        op => eval_op(op, &ins, &mut outs, &ctx),
+                        op => eval_op(op, &ins, &mut outs, &ctx).map_err(ExecError::from),
                     }
                 };
                 for (&b, t) in k.outputs.iter().zip(outs) {

@@ -6,6 +6,7 @@ use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, RowBlock, Unar
 use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
+use crate::exec::attention::{flash_attention_eval, flash_attention_grad_eval};
 use crate::exec::dropout::dropout_into;
 use crate::exec::moe_route::{route_into, RouteOutputs, RouteShape};
 use crate::exec::one_hot::{one_hot_into, Columns};
@@ -95,8 +96,9 @@ impl EvalCtx<'_> {
 /// The kernels compute in f32 or f64 (the dtype of the first output). Shapes are read from the
 /// tensors, so the same call serves whole tensors and per-rank shards; the only global facts an
 /// op uses are its attributes (`batch_divisor`, `vocab_size`) and `ctx.placement` (dropout).
-/// Nothing is allocated except by `BatchMatMul` (no slice-level batched kernel yet) and
-/// `ReduceSum` over some but not all axes without `keep_dims` (a small shape vector).
+/// Nothing is allocated except by `BatchMatMul` (no slice-level batched kernel yet),
+/// `ReduceSum` over some but not all axes without `keep_dims` (a small shape vector), and
+/// `FlashAttention` and its gradient (a tile of scores per thread and a vector per row).
 pub fn eval_op(
     op: &Op,
     inputs: &[&Tensor],
@@ -460,6 +462,12 @@ fn eval_typed<T: Float + Element>(
                 _ => kernels::log_softmax_grad_into(ys, dy, cols, dx),
             }
             .map_err(kernel())
+        }
+        Op::FlashAttention { causal, scale } => {
+            flash_attention_eval::<T>((*causal, *scale), inputs, outputs, ctx)
+        }
+        Op::FlashAttentionGrad { causal, scale } => {
+            flash_attention_grad_eval::<T>((*causal, *scale), inputs, outputs, ctx)
         }
         Op::LayerNorm { epsilon } => {
             let [y, mean, rstd] = outputs else {

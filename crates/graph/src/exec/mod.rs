@@ -28,6 +28,7 @@ macro_rules! with_ids {
     };
 }
 
+mod attention;
 mod deterministic;
 mod dropout;
 mod eval;

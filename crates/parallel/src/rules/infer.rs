@@ -284,6 +284,38 @@ fn even_output_layouts(
                 out_shape(0),
             )?])
         }
+        Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. } => {
+            // q, k, v (and the gradient's out and dout) laid out alike on batch, heads and
+            // sequence; the head dim whole; lse like q's rows.
+            let alike: &[usize] = match ctx.op {
+                Op::FlashAttention { .. } => &[1, 2],
+                _ => &[1, 2, 3, 5],
+            };
+            for &i in alike {
+                require_equal(0, i)?;
+            }
+            let q = dims(0);
+            let r = q.len();
+            // A split sequence dim runs as ring attention (`crate::ring`).
+            last_unsplit(0, "the head dim of attention")?;
+            let rows = q[..r - 1].to_vec();
+            if let Op::FlashAttention { .. } = ctx.op {
+                return Ok(vec![
+                    output(ctx, &mesh, q, Vec::new(), out_shape(0))?,
+                    output(ctx, &mesh, rows, Vec::new(), out_shape(1))?,
+                ]);
+            }
+            if dims(4) != rows {
+                return Err(ctx.unsupported(format!(
+                    "lse must be laid out like q's rows, got {} for q {}",
+                    inputs[4].layout().describe_map(),
+                    inputs[0].layout().describe_map()
+                )));
+            }
+            (0..3)
+                .map(|j| output(ctx, &mesh, q.clone(), Vec::new(), out_shape(j)))
+                .collect()
+        }
         Op::LayerNorm { .. } => {
             last_unsplit(0, "the normalised dim")?;
             let x = dims(0);

@@ -308,6 +308,25 @@ pub fn input_layouts(
             }
             elementwise(ctx, s, devices)
         }
+        Op::FlashAttention { .. } => {
+            // q, k and v split alike on their leading (batch, heads) dims and the sequence
+            // dim (context parallel: a ring passes the key/value blocks, see
+            // `crate::ring`); the head dim whole.
+            if let Some(i) = s.iter().position(|si| si != &s[0]) {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "input {i} must be split like q (q, k and v alike, on batch, heads and sequence)"
+                    ),
+                ));
+            }
+            let r = s[0].len();
+            if s[0][r - 1] != 1 {
+                return Err(ctx.invalid(s, format!("the head dim (dim {}) cannot be split", r - 1)));
+            }
+            let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+            place(ctx, s, &s[0], &names("d", r), devices, vec![dims; 3])
+        }
         Op::LayerNorm { .. } => {
             let r = s[0].len();
             if s[0][r - 1] != 1 {
@@ -557,6 +576,13 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
                 ctx.input_shapes[0].len() > 1,
             )]
         }
+        // q, k and v alike; dim 0 is the batch only above 2 dims (`[S, d]` is one sequence,
+        // whose split the rule refuses).
+        Op::FlashAttention { .. } => ctx
+            .input_shapes
+            .iter()
+            .map(|shape| batch_split(shape, shape.len() > 2))
+            .collect(),
         _ => {
             let single_input = ctx.input_shapes.len() == 1;
             let r = ctx.output_shapes.first().map_or(0, |s| s.len());

@@ -31,11 +31,13 @@
 //!   single-threaded unless [`threads::set_threads`] allows more (bitwise the same results).
 //!
 //! # Modules
-//! One family per module: [`matmul`](mod@matmul), [`binary`](mod@binary),
+//! One family per module: [`matmul`](mod@matmul), [`attention`](mod@attention) (fused,
+//! tiled attention), [`binary`](mod@binary),
 //! [`unary`](mod@unary), [`broadcast`], [`reduce`], [`softmax`](mod@softmax), [`norm`],
 //! [`embedding`](mod@embedding), [`permute`](mod@permute), [`loss`], [`vector`]. Everything
 //! public is re-exported here, so callers write `tensor::kernels::softmax`.
 
+pub mod attention;
 pub mod binary;
 pub mod broadcast;
 pub(crate) mod check;
@@ -53,6 +55,12 @@ pub mod tree;
 pub mod unary;
 pub mod vector;
 
+pub use self::attention::{
+    attention_backward_block, attention_delta_into, flash_attention, flash_attention_grad,
+    flash_attention_grad_into, flash_attention_into, merge_attention_into, AttentionDims,
+    AttentionGradBuffers, AttentionGradInputs, AttentionGrads, AttentionParams, AttentionState,
+    BlockGradInputs,
+};
 pub use self::binary::{
     add, bias_add, bias_add_grad, bias_add_into, binary, binary_grad, binary_into, div, mul, sub,
     BinaryOp,

@@ -117,7 +117,7 @@ unsafe fn scaled_softmax_rows_avx2<T: Float>(x: &[T], scale: T, cols: usize, out
 }
 
 /// `Ok` when a softmax scale is finite and positive.
-fn check_scale<T: Float>(op: &'static str, scale: T) -> Result<(), TensorError> {
+pub(crate) fn check_scale<T: Float>(op: &'static str, scale: T) -> Result<(), TensorError> {
     if scale.to_f64().is_finite() && scale > T::ZERO {
         Ok(())
     } else {

@@ -7,7 +7,8 @@
 //! `tests/kernels/matmul.rs`); a batch of products each too small to split is shared out whole
 //! among the threads; the unary kernels and their gradients (GeLU, …) split their elements
 //! ([`for_each_chunk`]), the softmax (and its gradient) and the bias add their rows
-//! ([`for_each_rows`]). Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
+//! ([`for_each_rows`]), the fused attention its independent (batch, head) slices
+//! ([`for_each_slices`]). Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
 //! the calling thread, where spreading it would cost more than it saves.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,6 +77,42 @@ where
     out.par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(i, part)| f(i * chunk, part));
+}
+
+/// Runs `f(first, count, a, b, c)` over consecutive parts of `n_slices` independent slices, where
+/// slice `i` owns `a[i·a_len..]`, `b[i·b_len..]` and `c[i·c_len..]` (each buffer holds exactly
+/// `n_slices` slices) — on the allowed threads when the slices together cost at least
+/// [`MIN_PARALLEL_FLOPS`] (`flops_per_slice` each) and there are two or more, else once on all
+/// of them; returns the first error a part returns. Each slice is computed whole by one call, so
+/// the bits do not depend on the split.
+pub(crate) fn for_each_slices<A, B, C, E, F>(
+    n_slices: usize,
+    flops_per_slice: u64,
+    (a, a_len): (&mut [A], usize),
+    (b, b_len): (&mut [B], usize),
+    (c, c_len): (&mut [C], usize),
+    f: F,
+) -> Result<(), E>
+where
+    A: Send,
+    B: Send,
+    C: Send,
+    E: Send,
+    F: Fn(usize, usize, &mut [A], &mut [B], &mut [C]) -> Result<(), E> + Sync,
+{
+    let total = flops_per_slice.saturating_mul(n_slices as u64);
+    let n = threads_for(total).min(n_slices);
+    // A zero-length slice cannot be cut into chunks; it has nothing to compute in parallel.
+    if n < 2 || a_len == 0 || b_len == 0 || c_len == 0 {
+        return f(0, n_slices, a, b, c);
+    }
+    use rayon::prelude::*;
+    let per = n_slices.div_ceil(n);
+    a.par_chunks_mut(per * a_len)
+        .zip(b.par_chunks_mut(per * b_len))
+        .zip(c.par_chunks_mut(per * c_len))
+        .enumerate()
+        .try_for_each(|(i, ((a, b), c))| f(i * per, a.len() / a_len, a, b, c))
 }
 
 /// The threads a product of `flops` operations uses.

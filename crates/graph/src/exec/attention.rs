@@ -1,0 +1,98 @@
+//! [`crate::Op::FlashAttention`] and its gradient on (local) tensors: the sizes from the shapes,
+//! and the causal mask's global positions from where the blocks lie.
+
+use tensor::kernels::{self, AttentionDims, AttentionParams, Float};
+use tensor::{Element, Tensor};
+
+use crate::error::GraphError;
+use crate::exec::eval::{checked_placement, min_rank, read, write, EvalCtx};
+
+/// The sizes of attention of `q [..., Sq, d]` over `k [..., Sk, d]` (shapes checked by
+/// inference; the ranks checked here so that indexing is safe).
+fn dims(q: &Tensor, k: &Tensor, ctx: &EvalCtx<'_>) -> Result<AttentionDims, GraphError> {
+    min_rank(q, 2, "q", ctx)?;
+    min_rank(k, 2, "k", ctx)?;
+    let (qs, ks) = (q.shape(), k.shape());
+    let r = qs.len();
+    Ok(AttentionDims {
+        slices: qs[..r - 2].iter().product(),
+        q_len: qs[r - 2],
+        kv_len: ks[ks.len() - 2],
+        head_dim: qs[r - 1],
+    })
+}
+
+/// The mask and scale, with the global positions of the first query row (the output's block,
+/// which has `q`'s shape) and of the first key row (input 1's block); 0 for whole tensors.
+fn params<T: Float>(
+    causal: bool,
+    scale: f64,
+    q_shape: &[usize],
+    ctx: &EvalCtx<'_>,
+) -> Result<AttentionParams<T>, GraphError> {
+    let seq_dim = q_shape.len() - 2;
+    let q_offset = checked_placement(ctx, q_shape)?.map_or(0, |p| p.offset[seq_dim]);
+    let k_offset = ctx
+        .input_blocks
+        .get(1)
+        .and_then(|b| b.offset.get(seq_dim).copied())
+        .unwrap_or(0);
+    Ok(AttentionParams {
+        causal,
+        scale: T::from_f64(scale),
+        q_offset,
+        k_offset,
+    })
+}
+
+/// `FlashAttention(q, k, v)` → `out`, `lse`.
+pub(crate) fn flash_attention_eval<T: Float + Element>(
+    (causal, scale): (bool, f64),
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let [q, k, v] = inputs else {
+        unreachable!("eval_op checked the input count")
+    };
+    let [out, lse] = outputs else {
+        unreachable!("eval_op checked the output count")
+    };
+    let dims = dims(q, k, ctx)?;
+    let params = params::<T>(causal, scale, q.shape(), ctx)?;
+    let qkv = (read::<T>(q, ctx)?, read::<T>(k, ctx)?, read::<T>(v, ctx)?);
+    kernels::flash_attention_into(qkv, dims, params, write(out, ctx)?, write(lse, ctx)?)
+        .map_err(GraphError::kernel(ctx.node))
+}
+
+/// `FlashAttentionGrad(q, k, v, out, lse, dout)` → `dq`, `dk`, `dv`.
+pub(crate) fn flash_attention_grad_eval<T: Float + Element>(
+    (causal, scale): (bool, f64),
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let [q, k, v, out, lse, dout] = inputs else {
+        unreachable!("eval_op checked the input count")
+    };
+    let [dq, dk, dv] = outputs else {
+        unreachable!("eval_op checked the output count")
+    };
+    let dims = dims(q, k, ctx)?;
+    let params = params::<T>(causal, scale, q.shape(), ctx)?;
+    let input = kernels::AttentionGradInputs {
+        q: read::<T>(q, ctx)?,
+        k: read::<T>(k, ctx)?,
+        v: read::<T>(v, ctx)?,
+        out: read::<T>(out, ctx)?,
+        lse: read::<T>(lse, ctx)?,
+        dout: read::<T>(dout, ctx)?,
+    };
+    let grads = kernels::AttentionGradBuffers {
+        dq: write(dq, ctx)?,
+        dk: write(dk, ctx)?,
+        dv: write(dv, ctx)?,
+    };
+    kernels::flash_attention_grad_into(input, dims, params, grads)
+        .map_err(GraphError::kernel(ctx.node))
+}

@@ -1,0 +1,269 @@
+//! The backward pass (FlashAttention-2): per key tile, over the query tiles that see it, the
+//! probabilities recomputed from the saved log-sum-exp, and the tile's contributions to `dq`,
+//! `dk` and `dv`.
+
+use super::{
+    check_lengths, sizes, slice_flops, tile_scores, tiles, AttentionDims, AttentionParams,
+};
+use super::{TILE_K, TILE_Q};
+use crate::error::TensorError;
+use crate::kernels::float::Float;
+use crate::kernels::matmul::{gemm, GemmShape};
+use crate::kernels::reduce::dot_slice;
+use crate::kernels::threads::for_each_slices;
+
+/// What the backward pass over one key/value block reads.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockGradInputs<'a, T> {
+    /// The queries, `slices · q_len · head_dim`.
+    pub q: &'a [T],
+    /// The block's keys, `slices · kv_len · head_dim`.
+    pub k: &'a [T],
+    /// The block's values, `slices · kv_len · head_dim`.
+    pub v: &'a [T],
+    /// The gradient of the output, `slices · q_len · head_dim`.
+    pub dout: &'a [T],
+    /// The forward's log-sum-exp over ALL keys (not the block's), `slices · q_len`.
+    pub lse: &'a [T],
+    /// `rowsum(dout ∘ out)` ([`attention_delta_into`]), `slices · q_len`.
+    pub delta: &'a [T],
+}
+
+/// What the one-call backward pass reads.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionGradInputs<'a, T> {
+    /// The queries, `slices · q_len · head_dim`.
+    pub q: &'a [T],
+    /// The keys, `slices · kv_len · head_dim`.
+    pub k: &'a [T],
+    /// The values, `slices · kv_len · head_dim`.
+    pub v: &'a [T],
+    /// The forward's output, `slices · q_len · head_dim`.
+    pub out: &'a [T],
+    /// The forward's log-sum-exp, `slices · q_len`.
+    pub lse: &'a [T],
+    /// The gradient of the output, `slices · q_len · head_dim`.
+    pub dout: &'a [T],
+}
+
+/// The gradients a backward pass writes.
+#[derive(Debug)]
+pub struct AttentionGradBuffers<'a, T> {
+    /// The queries' gradient, `slices · q_len · head_dim`.
+    pub dq: &'a mut [T],
+    /// The keys' gradient, `slices · kv_len · head_dim`.
+    pub dk: &'a mut [T],
+    /// The values' gradient, `slices · kv_len · head_dim`.
+    pub dv: &'a mut [T],
+}
+
+/// `delta[r] = Σ_c dout[r, c] · out[r, c]` for every row of `head_dim` elements (`D` of
+/// FlashAttention-2, computed once per query block before the per-block backward passes).
+pub fn attention_delta_into<T: Float>(
+    out: &[T],
+    dout: &[T],
+    head_dim: usize,
+    delta: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "attention_delta";
+    let rows = delta.len();
+    let elements = rows
+        .checked_mul(head_dim)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op: OP,
+            reason: format!("{rows} rows of {head_dim} overflow the address space"),
+        })?;
+    check_lengths(
+        OP,
+        &[("out", elements, out.len()), ("dout", elements, dout.len())],
+    )?;
+    for (r, d) in delta.iter_mut().enumerate() {
+        let range = r * head_dim..(r + 1) * head_dim;
+        *d = dot_slice(&out[range.clone()], &dout[range]);
+    }
+    Ok(())
+}
+
+/// Scratch tiles of one thread: the probabilities and the score gradients.
+struct Scratch<T> {
+    p: Vec<T>,
+    ds: Vec<T>,
+}
+
+/// One slice's backward over its key block: `dq += …`, `dk`, `dv` written.
+fn backward_slice<T: Float>(
+    input: BlockGradInputs<'_, T>,
+    dims: AttentionDims,
+    params: &AttentionParams<T>,
+    grads: AttentionGradBuffers<'_, T>,
+    scratch: &mut Scratch<T>,
+) -> Result<(), TensorError> {
+    let d = dims.head_dim;
+    grads.dk.fill(T::ZERO);
+    grads.dv.fill(T::ZERO);
+    for (k0, bk) in tiles(dims.kv_len, TILE_K) {
+        let rows_k = k0 * d..(k0 + bk) * d;
+        let (k_tile, v_tile) = (&input.k[rows_k.clone()], &input.v[rows_k.clone()]);
+        let dk_tile = &mut grads.dk[rows_k.clone()];
+        let dv_tile = &mut grads.dv[rows_k];
+        for (q0, bq) in tiles(dims.q_len, TILE_Q) {
+            if params.visible_keys(q0 + bq - 1, dims.kv_len) <= k0 {
+                continue; // no row of this query tile sees this key tile
+            }
+            let rows_q = q0 * d..(q0 + bq) * d;
+            let (q_tile, dout_tile) = (&input.q[rows_q.clone()], &input.dout[rows_q.clone()]);
+            let p = &mut scratch.p[..bq * bk];
+            tile_scores(q_tile, k_tile, (bq, bk), d, params.scale, p)?;
+            for r in 0..bq {
+                let row = &mut p[r * bk..(r + 1) * bk];
+                let seen = params
+                    .visible_keys(q0 + r, dims.kv_len)
+                    .saturating_sub(k0)
+                    .min(bk);
+                let lse = input.lse[q0 + r];
+                // A row that saw no key at all (lse = -inf) has no probabilities.
+                let seen = if lse == T::NEG_INFINITY { 0 } else { seen };
+                let (visible, hidden) = row.split_at_mut(seen);
+                visible
+                    .iter_mut()
+                    .for_each(|x| *x = (*x - lse).exp_vectorizable());
+                hidden.fill(T::ZERO);
+            }
+            let p = &scratch.p[..bq * bk];
+            // dV += Pᵀ·dO.
+            let pt_shape = GemmShape {
+                m: bk,
+                n: d,
+                k: bq,
+                trans_a: true,
+                trans_b: false,
+            };
+            gemm(pt_shape, T::ONE, p, dout_tile, T::ONE, dv_tile)?;
+            // dP = dO·Vᵀ, then dS = P ∘ (dP − D).
+            let ds = &mut scratch.ds[..bq * bk];
+            tile_scores(dout_tile, v_tile, (bq, bk), d, T::ONE, ds)?;
+            for r in 0..bq {
+                let delta = input.delta[q0 + r];
+                let range = r * bk..(r + 1) * bk;
+                for (g, &prob) in ds[range.clone()].iter_mut().zip(&p[range]) {
+                    *g = prob * (*g - delta);
+                }
+            }
+            let ds = &scratch.ds[..bq * bk];
+            // dQ += scale·dS·K, dK += scale·dSᵀ·Q.
+            let dq_tile = &mut grads.dq[rows_q];
+            gemm(
+                GemmShape::new(bq, d, bk),
+                params.scale,
+                ds,
+                k_tile,
+                T::ONE,
+                dq_tile,
+            )?;
+            gemm(pt_shape, params.scale, ds, q_tile, T::ONE, dk_tile)?;
+        }
+    }
+    Ok(())
+}
+
+/// The backward pass over one key/value block (ring attention): adds the block's contribution
+/// to `grads.dq` (accumulated: zero it before the first block) and writes the block's `dk` and
+/// `dv` (overwritten). `input.lse` is the forward's log-sum-exp over all keys and `input.delta`
+/// comes from [`attention_delta_into`]; `params` carries the global positions of the first query
+/// and first key row. Summing the blocks' contributions gives the one-call gradients.
+pub fn attention_backward_block<T: Float>(
+    input: BlockGradInputs<'_, T>,
+    dims: AttentionDims,
+    params: AttentionParams<T>,
+    grads: AttentionGradBuffers<'_, T>,
+) -> Result<(), TensorError> {
+    const OP: &str = "attention_backward_block";
+    let n = sizes(OP, dims, &params)?;
+    check_lengths(
+        OP,
+        &[
+            ("q", n.q, input.q.len()),
+            ("k", n.kv, input.k.len()),
+            ("v", n.kv, input.v.len()),
+            ("dout", n.q, input.dout.len()),
+            ("lse", n.rows, input.lse.len()),
+            ("delta", n.rows, input.delta.len()),
+            ("dq", n.q, grads.dq.len()),
+            ("dk", n.kv, grads.dk.len()),
+            ("dv", n.kv, grads.dv.len()),
+        ],
+    )?;
+    let (q_step, kv_step, q_len) = (
+        dims.q_len * dims.head_dim,
+        dims.kv_len * dims.head_dim,
+        dims.q_len,
+    );
+    for_each_slices(
+        dims.slices,
+        slice_flops(dims, 5),
+        (grads.dq, q_step),
+        (grads.dk, kv_step),
+        (grads.dv, kv_step),
+        |first, count, dq, dk, dv| {
+            let mut scratch = Scratch {
+                p: vec![T::ZERO; TILE_Q * TILE_K],
+                ds: vec![T::ZERO; TILE_Q * TILE_K],
+            };
+            for i in 0..count {
+                let s = first + i;
+                let (qs, kvs, rows) = (
+                    s * q_step..(s + 1) * q_step,
+                    s * kv_step..(s + 1) * kv_step,
+                    s * q_len..(s + 1) * q_len,
+                );
+                let slice_input = BlockGradInputs {
+                    q: &input.q[qs.clone()],
+                    k: &input.k[kvs.clone()],
+                    v: &input.v[kvs],
+                    dout: &input.dout[qs],
+                    lse: &input.lse[rows.clone()],
+                    delta: &input.delta[rows],
+                };
+                let slice_grads = AttentionGradBuffers {
+                    dq: &mut dq[i * q_step..(i + 1) * q_step],
+                    dk: &mut dk[i * kv_step..(i + 1) * kv_step],
+                    dv: &mut dv[i * kv_step..(i + 1) * kv_step],
+                };
+                backward_slice(slice_input, dims, &params, slice_grads, &mut scratch)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The backward pass of [`super::flash_attention_into`] over all keys: writes `dq`, `dk` and
+/// `dv` from the forward's inputs, output and log-sum-exp and the output's gradient.
+pub fn flash_attention_grad_into<T: Float>(
+    input: AttentionGradInputs<'_, T>,
+    dims: AttentionDims,
+    params: AttentionParams<T>,
+    grads: AttentionGradBuffers<'_, T>,
+) -> Result<(), TensorError> {
+    const OP: &str = "flash_attention_grad";
+    let n = sizes(OP, dims, &params)?;
+    check_lengths(
+        OP,
+        &[
+            ("out", n.q, input.out.len()),
+            ("lse", n.rows, input.lse.len()),
+        ],
+    )?;
+    let mut delta = vec![T::ZERO; n.rows];
+    attention_delta_into(input.out, input.dout, dims.head_dim, &mut delta)?;
+    check_lengths(OP, &[("dq", n.q, grads.dq.len())])?;
+    grads.dq.fill(T::ZERO);
+    let block = BlockGradInputs {
+        q: input.q,
+        k: input.k,
+        v: input.v,
+        dout: input.dout,
+        lse: input.lse,
+        delta: &delta,
+    };
+    attention_backward_block(block, dims, params, grads)
+}

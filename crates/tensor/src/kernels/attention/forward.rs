@@ -1,0 +1,287 @@
+//! The forward pass: the online softmax over key tiles into a running state (unnormalised
+//! output, row maximum, row sum), its normalisation into `(out, lse)`, and [`AttentionState`],
+//! the state kept across key/value blocks.
+
+use super::{
+    check_lengths, sizes, slice_flops, tile_scores, tiles, AttentionDims, AttentionParams,
+};
+use super::{TILE_K, TILE_Q};
+use crate::error::TensorError;
+use crate::kernels::float::Float;
+use crate::kernels::matmul::{gemm, GemmShape};
+use crate::kernels::reduce::{max_slice, sum_slice};
+use crate::kernels::threads::for_each_slices;
+
+/// One slice's running state: the unnormalised output `[q_len, head_dim]`, and per row the
+/// maximum scaled score seen (`-inf` before any) and the sum of `exp(score − maximum)`.
+struct Running<'a, T> {
+    acc: &'a mut [T],
+    max: &'a mut [T],
+    sum: &'a mut [T],
+}
+
+/// One slice's query, key and value rows.
+#[derive(Clone, Copy)]
+struct SliceInputs<'a, T> {
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+}
+
+/// Adds one slice's keys and values to its running state, tile by tile; `scores` holds a tile.
+fn accumulate_slice<T: Float>(
+    input: SliceInputs<'_, T>,
+    dims: AttentionDims,
+    params: &AttentionParams<T>,
+    state: Running<'_, T>,
+    scores: &mut [T],
+) -> Result<(), TensorError> {
+    let d = dims.head_dim;
+    for (q0, bq) in tiles(dims.q_len, TILE_Q) {
+        let q_tile = &input.q[q0 * d..(q0 + bq) * d];
+        // Rows see prefixes that grow with the row: the last row sees the most.
+        let seen_by_last = params.visible_keys(q0 + bq - 1, dims.kv_len);
+        for (k0, bk) in tiles(dims.kv_len, TILE_K) {
+            if k0 >= seen_by_last {
+                break; // this tile and the later ones lie above the causal diagonal
+            }
+            let s = &mut scores[..bq * bk];
+            let k_tile = &input.k[k0 * d..(k0 + bk) * d];
+            tile_scores(q_tile, k_tile, (bq, bk), d, params.scale, s)?;
+            let acc_tile = &mut state.acc[q0 * d..(q0 + bq) * d];
+            for r in 0..bq {
+                let row = &mut s[r * bk..(r + 1) * bk];
+                let seen = params
+                    .visible_keys(q0 + r, dims.kv_len)
+                    .saturating_sub(k0)
+                    .min(bk);
+                let (visible, hidden) = row.split_at_mut(seen);
+                hidden.fill(T::ZERO);
+                if seen == 0 {
+                    continue; // the row sees no key of this tile: its state is untouched
+                }
+                let old_max = state.max[q0 + r];
+                let new_max = old_max.max(max_slice(visible));
+                for x in visible.iter_mut() {
+                    *x = (*x - new_max).exp_vectorizable();
+                }
+                let rescale = if old_max == T::NEG_INFINITY {
+                    T::ZERO
+                } else {
+                    (old_max - new_max).exp()
+                };
+                state.sum[q0 + r] = rescale * state.sum[q0 + r] + sum_slice(visible);
+                state.max[q0 + r] = new_max;
+                if rescale != T::ONE {
+                    acc_tile[r * d..(r + 1) * d]
+                        .iter_mut()
+                        .for_each(|a| *a *= rescale);
+                }
+            }
+            let v_tile = &input.v[k0 * d..(k0 + bk) * d];
+            gemm(
+                GemmShape::new(bq, d, bk),
+                T::ONE,
+                s,
+                v_tile,
+                T::ONE,
+                acc_tile,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Normalises running states in place: each row of `acc` divided by its sum, and `max_to_lse`
+/// (the row maxima) turned into the log-sum-exp `max + ln sum`; a row that saw no key becomes
+/// `0` with `lse = -inf`.
+fn normalize<T: Float>(acc: &mut [T], max_to_lse: &mut [T], sum: &[T], head_dim: usize) {
+    for (r, (lse, &total)) in max_to_lse.iter_mut().zip(sum).enumerate() {
+        let row = &mut acc[r * head_dim..(r + 1) * head_dim];
+        if total > T::ZERO {
+            let inv = T::ONE / total;
+            row.iter_mut().for_each(|a| *a *= inv);
+            *lse += total.ln();
+        } else {
+            row.fill(T::ZERO);
+            *lse = T::NEG_INFINITY;
+        }
+    }
+}
+
+/// Adds keys and values to the running states of every slice, slices shared out among the
+/// threads. `acc`, `max` and `sum` hold every slice's state; the inputs are checked.
+fn accumulate_all<T: Float>(
+    input: SliceInputs<'_, T>,
+    dims: AttentionDims,
+    params: &AttentionParams<T>,
+    (acc, max, sum): (&mut [T], &mut [T], &mut [T]),
+    finish: bool,
+) -> Result<(), TensorError> {
+    let (q_len, d) = (dims.q_len, dims.head_dim);
+    let (q_step, kv_step) = (q_len * d, dims.kv_len * d);
+    for_each_slices(
+        dims.slices,
+        slice_flops(dims, 2),
+        (acc, q_step),
+        (max, q_len),
+        (sum, q_len),
+        |first, count, acc, max, sum| {
+            let mut scores = vec![T::ZERO; TILE_Q * TILE_K];
+            for i in 0..count {
+                let slice = first + i;
+                let slice_input = SliceInputs {
+                    q: &input.q[slice * q_step..(slice + 1) * q_step],
+                    k: &input.k[slice * kv_step..(slice + 1) * kv_step],
+                    v: &input.v[slice * kv_step..(slice + 1) * kv_step],
+                };
+                let (outs, rows) = (i * q_step..(i + 1) * q_step, i * q_len..(i + 1) * q_len);
+                let state = Running {
+                    acc: &mut acc[outs.clone()],
+                    max: &mut max[rows.clone()],
+                    sum: &mut sum[rows.clone()],
+                };
+                accumulate_slice(slice_input, dims, params, state, &mut scores)?;
+                if finish {
+                    normalize(&mut acc[outs], &mut max[rows.clone()], &sum[rows], d);
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Attention of `q` over all of `k` and `v` (see the [module docs](super)): writes `out`
+/// (`q`'s size) and `lse` (`slices · q_len`). With offsets, `k` and `v` may be one block of the
+/// keys: `(out, lse)` is then that block's partial result, which [`super::merge_attention_into`]
+/// combines with the other blocks'.
+pub fn flash_attention_into<T: Float>(
+    (q, k, v): (&[T], &[T], &[T]),
+    dims: AttentionDims,
+    params: AttentionParams<T>,
+    out: &mut [T],
+    lse: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "flash_attention";
+    let n = sizes(OP, dims, &params)?;
+    check_lengths(
+        OP,
+        &[
+            ("q", n.q, q.len()),
+            ("k", n.kv, k.len()),
+            ("v", n.kv, v.len()),
+            ("out", n.q, out.len()),
+            ("lse", n.rows, lse.len()),
+        ],
+    )?;
+    out.fill(T::ZERO);
+    lse.fill(T::NEG_INFINITY);
+    let mut sum = vec![T::ZERO; n.rows];
+    let input = SliceInputs { q, k, v };
+    accumulate_all(input, dims, &params, (out, lse, &mut sum), true)
+}
+
+/// The running state of attention for a block of queries while key/value blocks arrive one at
+/// a time (ring attention): the unnormalised output and each row's maximum score and sum.
+/// Blocks may come in any order; the result agrees with one call over all keys to rounding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionState<T> {
+    slices: usize,
+    q_len: usize,
+    head_dim: usize,
+    acc: Vec<T>,
+    max: Vec<T>,
+    sum: Vec<T>,
+}
+
+impl<T: Float> AttentionState<T> {
+    /// The state before any key: `slices` slices of `q_len` query rows of `head_dim`.
+    pub fn new(
+        slices: usize,
+        q_len: usize,
+        head_dim: usize,
+    ) -> Result<AttentionState<T>, TensorError> {
+        let dims = AttentionDims {
+            slices,
+            q_len,
+            kv_len: 0,
+            head_dim,
+        };
+        let n = sizes(
+            "attention_state",
+            dims,
+            &AttentionParams::new(false, T::ONE),
+        )?;
+        Ok(AttentionState {
+            slices,
+            q_len,
+            head_dim,
+            acc: vec![T::ZERO; n.q],
+            max: vec![T::NEG_INFINITY; n.rows],
+            sum: vec![T::ZERO; n.rows],
+        })
+    }
+
+    /// Adds one key/value block (`k`, `v`: `slices · kv_len · head_dim` each) seen by the
+    /// queries `q` (`slices · q_len · head_dim`, the same at every call). `params` carries the
+    /// global positions of the first query and first key row: keys a row does not see
+    /// (causal) change nothing in that row.
+    pub fn accumulate(
+        &mut self,
+        (q, k, v): (&[T], &[T], &[T]),
+        kv_len: usize,
+        params: AttentionParams<T>,
+    ) -> Result<(), TensorError> {
+        const OP: &str = "attention_accumulate";
+        let dims = AttentionDims {
+            slices: self.slices,
+            q_len: self.q_len,
+            kv_len,
+            head_dim: self.head_dim,
+        };
+        let n = sizes(OP, dims, &params)?;
+        check_lengths(
+            OP,
+            &[
+                ("q", n.q, q.len()),
+                ("k", n.kv, k.len()),
+                ("v", n.kv, v.len()),
+            ],
+        )?;
+        let input = SliceInputs { q, k, v };
+        let state = (&mut self.acc[..], &mut self.max[..], &mut self.sum[..]);
+        accumulate_all(input, dims, &params, state, false)
+    }
+
+    /// The unnormalised output (`Σ exp(score − max) · v` per row).
+    pub fn unnormalized(&self) -> &[T] {
+        &self.acc
+    }
+
+    /// Each row's largest scaled score so far (`-inf` before any visible key).
+    pub fn row_max(&self) -> &[T] {
+        &self.max
+    }
+
+    /// Each row's `Σ exp(score − row_max)` so far.
+    pub fn row_sum(&self) -> &[T] {
+        &self.sum
+    }
+
+    /// Writes the attention over every block added: `out` (`slices · q_len · head_dim`) and
+    /// `lse` (`slices · q_len`); a row that saw no key gets `0` and `-inf`.
+    pub fn finish_into(&self, out: &mut [T], lse: &mut [T]) -> Result<(), TensorError> {
+        const OP: &str = "attention_finish";
+        check_lengths(
+            OP,
+            &[
+                ("out", self.acc.len(), out.len()),
+                ("lse", self.max.len(), lse.len()),
+            ],
+        )?;
+        out.copy_from_slice(&self.acc);
+        lse.copy_from_slice(&self.max);
+        normalize(out, lse, &self.sum, self.head_dim);
+        Ok(())
+    }
+}

@@ -1,0 +1,195 @@
+//! Fused scaled dot-product attention, FlashAttention's blocking on the CPU:
+//! `out = softmax(scale · q·kᵀ + mask) · v` computed tile by tile, the `[q_len, kv_len]` scores
+//! never materialised, and its backward pass.
+//!
+//! # Layout
+//! `q` is `[slices, q_len, head_dim]`, `k` and `v` are `[slices, kv_len, head_dim]`, row-major
+//! and contiguous; the slices are the flattened leading dims (batch × heads) and independent of
+//! each other. The forward writes `out [slices, q_len, head_dim]` and the log-sum-exp of every
+//! row's scaled, masked scores, `lse [slices, q_len]`, from which the backward pass recomputes
+//! the probabilities (`p = exp(scale · q·kᵀ − lse)`).
+//!
+//! # Masks are functions of global positions
+//! With [`AttentionParams::causal`], query row `i` sees key row `j` iff
+//! `k_offset + j ≤ q_offset + i`, where the offsets are the global positions of the call's first
+//! query and first key row. A rank holding query block `i` and given key/value block `j` of
+//! another rank (ring attention) therefore masks exactly as one call over the whole sequence.
+//!
+//! A row that sees no key of a call contributes nothing to it (its running state is untouched,
+//! never NaN). A row that sees no key at all gets `out = 0` and `lse = -inf`; the backward pass
+//! gives it zero gradients. Causal self-attention (equal offsets) never has such a row: every
+//! query sees at least its own position.
+//!
+//! # Entry points
+//! - one call over all keys: [`flash_attention_into`] and [`flash_attention_grad_into`] (tensor
+//!   level: [`flash_attention`], [`flash_attention_grad`]);
+//! - key/value blocks one at a time (ring attention), forward: an [`AttentionState`] that
+//!   [`AttentionState::accumulate`]s each block (any order) and is
+//!   [`AttentionState::finish_into`]ed once, or per block a [`flash_attention_into`] whose partial
+//!   `(out, lse)` results are combined by [`merge_attention_into`]; backward:
+//!   [`attention_delta_into`] once, then [`attention_backward_block`] per block, which accumulates
+//!   `dq` and returns the block's `dk` and `dv`.
+//!
+//! # Algorithm
+//! Tiles of [`TILE_Q`] query rows × [`TILE_K`] key rows. Forward: per tile the scores by
+//! [`gemm`](fn@crate::kernels::gemm), then the online softmax: a running row maximum `m`, a
+//! running sum `l` of `exp(s − m)` and an unnormalised output, rescaled by `exp(m_old − m_new)`
+//! when the maximum grows; at the end `out = acc / l`, `lse = m + ln l`. Tiles wholly above the
+//! causal diagonal are skipped. Backward (FlashAttention-2): per key tile, over the query tiles
+//! that see it, `P` recomputed from `lse`, `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`,
+//! `dQ += scale·dS·K`, `dK += scale·dSᵀ·Q`, with `D = rowsum(dO ∘ O)`.
+//!
+//! # Threads
+//! Slices are shared out whole among the allowed threads ([`super::threads`]); a slice's
+//! arithmetic runs in one fixed order whatever the number of slices or threads, so the bits are
+//! the same on one thread, on several, and on any split of the slices over ranks.
+
+mod backward;
+mod forward;
+mod merge;
+mod tensor_level;
+
+use crate::error::TensorError;
+use crate::kernels::check;
+use crate::kernels::float::Float;
+use crate::kernels::matmul::{gemm, GemmShape};
+
+pub use self::backward::{
+    attention_backward_block, attention_delta_into, flash_attention_grad_into,
+    AttentionGradBuffers, AttentionGradInputs, BlockGradInputs,
+};
+pub use self::forward::{flash_attention_into, AttentionState};
+pub use self::merge::merge_attention_into;
+pub use self::tensor_level::{flash_attention, flash_attention_grad, AttentionGrads};
+
+/// Query rows per tile.
+pub const TILE_Q: usize = 64;
+/// Key rows per tile.
+pub const TILE_K: usize = 64;
+
+/// The sizes of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Independent slices (batch × heads).
+    pub slices: usize,
+    /// Query rows per slice.
+    pub q_len: usize,
+    /// Key (and value) rows per slice.
+    pub kv_len: usize,
+    /// Width of every query, key and value row.
+    pub head_dim: usize,
+}
+
+/// What a call computes: the mask, the scale, and where its rows lie in the global sequence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams<T> {
+    /// Hide the keys after each query's position (by global positions).
+    pub causal: bool,
+    /// The factor of the scores, finite and positive (`1/√head_dim` for attention).
+    pub scale: T,
+    /// Global position of the first query row (0 for a whole sequence).
+    pub q_offset: usize,
+    /// Global position of the first key row (0 for a whole sequence).
+    pub k_offset: usize,
+}
+
+impl<T: Float> AttentionParams<T> {
+    /// Attention over whole sequences (both offsets 0).
+    pub fn new(causal: bool, scale: T) -> AttentionParams<T> {
+        AttentionParams {
+            causal,
+            scale,
+            q_offset: 0,
+            k_offset: 0,
+        }
+    }
+
+    /// How many of the `kv_len` keys query row `row` (local) sees: always a prefix of them.
+    pub fn visible_keys(&self, row: usize, kv_len: usize) -> usize {
+        if !self.causal {
+            return kv_len;
+        }
+        self.q_offset
+            .saturating_add(row)
+            .saturating_add(1)
+            .saturating_sub(self.k_offset)
+            .min(kv_len)
+    }
+}
+
+/// Element counts of the buffers of a call.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    /// `q`, `out`, `dout`, `dq`: `slices · q_len · head_dim`.
+    q: usize,
+    /// `k`, `v`, `dk`, `dv`: `slices · kv_len · head_dim`.
+    kv: usize,
+    /// `lse`, `delta`: `slices · q_len`.
+    rows: usize,
+}
+
+/// The buffer sizes of `dims`, checked for overflow, and the scale checked.
+fn sizes<T: Float>(
+    op: &'static str,
+    dims: AttentionDims,
+    params: &AttentionParams<T>,
+) -> Result<Sizes, TensorError> {
+    crate::kernels::softmax::check_scale(op, params.scale)?;
+    let product = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
+    match (
+        product(dims.slices, dims.q_len, dims.head_dim),
+        product(dims.slices, dims.kv_len, dims.head_dim),
+        product(dims.slices, dims.q_len, 1),
+    ) {
+        (Some(q), Some(kv), Some(rows)) => Ok(Sizes { q, kv, rows }),
+        _ => Err(TensorError::InvalidArgument {
+            op,
+            reason: format!("the sizes {dims:?} overflow the address space"),
+        }),
+    }
+}
+
+/// `Ok` when every `(name, expected, got)` buffer length matches.
+fn check_lengths(
+    op: &'static str,
+    buffers: &[(&'static str, usize, usize)],
+) -> Result<(), TensorError> {
+    buffers
+        .iter()
+        .try_for_each(|&(name, expected, got)| check::buffer_len(op, name, expected, got))
+}
+
+/// Floating-point operations of one slice's forward (two products of `q_len·kv_len·head_dim`).
+fn slice_flops(dims: AttentionDims, products: u64) -> u64 {
+    products
+        .saturating_mul(2)
+        .saturating_mul(dims.q_len as u64)
+        .saturating_mul(dims.kv_len as u64)
+        .saturating_mul(dims.head_dim.max(1) as u64)
+}
+
+/// The tiles of `len` rows, `tile` at a time: `(first row, rows)`.
+fn tiles(len: usize, tile: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len)
+        .step_by(tile)
+        .map(move |first| (first, tile.min(len - first)))
+}
+
+/// `s = scale · q_tile · k_tileᵀ` for `rows` query rows and `cols` key rows of `head_dim`.
+fn tile_scores<T: Float>(
+    q_tile: &[T],
+    k_tile: &[T],
+    (rows, cols): (usize, usize),
+    head_dim: usize,
+    scale: T,
+    s: &mut [T],
+) -> Result<(), TensorError> {
+    let shape = GemmShape {
+        m: rows,
+        n: cols,
+        k: head_dim,
+        trans_a: false,
+        trans_b: true,
+    };
+    gemm(shape, scale, q_tile, k_tile, T::ZERO, s)
+}
