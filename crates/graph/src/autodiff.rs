@@ -164,8 +164,12 @@ fn depends_on(graph: &Graph, params: &[ValueId]) -> Vec<bool> {
         depends[p.0] = true;
     }
     for node in graph.nodes() {
-        // StopGradient's (and Print's) output is a constant to autodiff.
-        if matches!(node.op, Op::StopGradient | Op::Print { .. }) {
+        // StopGradient's (and Print's, and a MoE router's masks) output is a constant to
+        // autodiff.
+        if matches!(
+            node.op,
+            Op::StopGradient | Op::Print { .. } | Op::MoeRoute { .. }
+        ) {
             continue;
         }
         if node.inputs.iter().any(|v| depends[v.0]) {
@@ -336,6 +340,7 @@ impl RuleCtx<'_> {
 /// | `Dropout` | `Dropout(dy)` with the same seed (the same mask) |
 /// | `Exp`, `Log`, `Sqrt` | `Mul(dy, y)`, `Div(dy, x)`, `Div(dy, Add(y, y))` |
 /// | `StopGradient` | none (its output does not depend on anything) |
+/// | `MoeRoute` | none (its masks are piecewise constant: constants to autodiff) |
 /// | `ReduceMax`, `OneHot` | none: an error if a gradient reaches them (see [`Op::ReduceMax`]) |
 /// | `SparseSoftmaxCrossEntropy` | `SparseSoftmaxCrossEntropyGrad(logits, labels, dloss)` |
 fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
@@ -565,7 +570,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let twice = ctx.step(0, "twice", Op::Add, &[y, y])?;
             out.push((0, ctx.grad(0, Op::Div, &[dy, twice])?));
         }
-        Op::StopGradient | Op::Print { .. } => {}
+        Op::StopGradient | Op::Print { .. } | Op::MoeRoute { .. } => {}
         Op::ReduceMax { .. } => {
             let node = &ctx.forward.nodes()[ctx.node.0];
             return Err(GraphError::NotDifferentiable {

@@ -525,6 +525,19 @@ impl GraphBuilder {
         self.op1(name, op, &[labels])
     }
 
+    /// A mixture of experts' router masks for `probs [G, T, E]` ([`Op::MoeRoute`]):
+    /// `[dispatch [G, T, E, capacity], chosen [G, T, E], first [G, T, E]]`.
+    pub fn moe_route(
+        &mut self,
+        name: &str,
+        probs: ValueId,
+        top_k: usize,
+        capacity: usize,
+    ) -> Result<[ValueId; 3], GraphError> {
+        let outputs = self.node(name, Op::MoeRoute { top_k, capacity }, &[probs])?;
+        Ok([outputs[0], outputs[1], outputs[2]])
+    }
+
     /// Inverted dropout keeping elements with probability `keep_prob`.
     pub fn dropout(
         &mut self,

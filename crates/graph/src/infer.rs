@@ -80,6 +80,24 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
         | Op::Print { .. } => {
             vec![c.same_as(0)?]
         }
+        Op::MoeRoute { top_k, capacity } => {
+            let probs = c.float(0)?;
+            c.rank(0, 3, "3 dims [groups, tokens, experts]")?;
+            let experts = probs.shape[2];
+            if *top_k == 0 || *top_k > experts {
+                return Err(c.attribute(
+                    "top_k",
+                    format!("{top_k} is out of range: it must be in 1..={experts} (the experts)"),
+                ));
+            }
+            if *capacity == 0 {
+                return Err(c.attribute("capacity", "must be at least 1".to_string()));
+            }
+            let mut dispatch = probs.shape.clone();
+            dispatch.push(*capacity);
+            let mask = (probs.shape.clone(), probs.dtype);
+            vec![(dispatch, probs.dtype), mask.clone(), mask]
+        }
         Op::OneHot { depth, dtype } => {
             let labels = c.index(0)?;
             if *depth == 0 {

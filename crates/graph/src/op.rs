@@ -154,6 +154,22 @@ pub enum Op {
         /// The output dtype.
         dtype: DType,
     },
+    /// The router of a mixture of experts: input `probs [G, T, E]` (a float type; G groups of T
+    /// tokens over E experts) → `dispatch [G, T, E, capacity]`, `chosen [G, T, E]` and `first
+    /// [G, T, E]`, 0/1 masks of `probs`' dtype. Every token chooses its `top_k` most probable
+    /// experts, ties broken by the lower expert index (`chosen`; `first` its first choice).
+    /// Within a group, slots are given in token order, every first choice before any second
+    /// choice (Switch Transformer, GShard); the `c`-th token routed to an expert takes slot `c`
+    /// if `c < capacity` (`dispatch[g, t, e, c] = 1`) and is dropped for that expert otherwise
+    /// (`chosen` is 1 and `dispatch` has no 1 in the row). Groups are independent, so dim 0
+    /// splits freely; the token and expert dims cannot be split. Its outputs are piecewise
+    /// constant: autodiff treats them as constants (as a [`Op::StopGradient`]'s).
+    MoeRoute {
+        /// Experts chosen per token, `1..=E`.
+        top_k: usize,
+        /// Slots per expert and group, at least 1.
+        capacity: usize,
+    },
     /// Embedding lookup (MindSpore's `Gather` on axis 0): inputs `table [vocab, dim]` and integer
     /// `ids [...]` (i32 or i64) → `[..., dim]`. Given a block of the table's rows, ids outside
     /// the block give zero rows (the blocks' results sum to the lookup).
@@ -344,6 +360,7 @@ impl Op {
             Op::StopGradient => "StopGradient",
             Op::Print { .. } => "Print",
             Op::OneHot { .. } => "OneHot",
+            Op::MoeRoute { .. } => "MoeRoute",
             Op::Embedding => "Embedding",
             Op::Dropout { .. } => "Dropout",
             Op::SparseSoftmaxCrossEntropy { .. } => "SparseSoftmaxCrossEntropy",
@@ -402,6 +419,7 @@ impl Op {
             | Op::StopGradient
             | Op::Print { .. }
             | Op::OneHot { .. }
+            | Op::MoeRoute { .. }
             | Op::Dropout { .. }
             | Op::Split { .. }
             | Op::StridedSlice { .. }
@@ -439,7 +457,10 @@ impl Op {
     /// Number of outputs.
     pub fn n_outputs(&self) -> usize {
         match self {
-            Op::LayerNorm { .. } | Op::LayerNormGrad | Op::FlashAttentionGrad { .. } => 3,
+            Op::LayerNorm { .. }
+            | Op::LayerNormGrad
+            | Op::FlashAttentionGrad { .. }
+            | Op::MoeRoute { .. } => 3,
             Op::FlashAttention { .. } => 2,
             Op::Split { sizes, .. } => sizes.len(),
             _ => 1,

@@ -286,3 +286,33 @@ fn transformer_ops_name_the_broken_rule() {
         );
     }
 }
+
+#[test]
+fn moe_route_shapes_and_rules() {
+    let routed = |top_k: usize, capacity: usize| {
+        build(|b, [x, _, _]| {
+            let probs = b.reshape("probs", x, &[4, 8, 512])?;
+            Ok(b.moe_route("route", probs, top_k, capacity)?[0])
+        })
+    };
+    assert_eq!(routed(2, 3).unwrap(), vec![4, 8, 512, 3]);
+    let err = routed(513, 3).unwrap_err().to_string();
+    assert!(
+        err.contains("route") && err.contains("top_k") && err.contains("1..=512"),
+        "{err}"
+    );
+    let err = routed(0, 3).unwrap_err().to_string();
+    assert!(err.contains("top_k"), "{err}");
+    let err = routed(1, 0).unwrap_err().to_string();
+    assert!(
+        err.contains("capacity") && err.contains("at least 1"),
+        "{err}"
+    );
+    let err = error(|b, [x, _, _]| Ok(b.moe_route("route", x, 1, 1)?[0]));
+    assert!(err.contains("route") && err.contains("3 dims"), "{err}");
+    let err = error(|b, [_, _, ids]| {
+        let ids = b.reshape("ids3", ids, &[4, 6, 1])?;
+        Ok(b.moe_route("route", ids, 1, 1)?[0])
+    });
+    assert!(err.contains("route"), "{err}");
+}

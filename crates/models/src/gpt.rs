@@ -15,6 +15,7 @@ use graph::{GraphBuilder, GraphError, Initializer, ValueId};
 use tensor::DType;
 
 use crate::error::ModelsError;
+use crate::moe::{self, MoeConfig, MoeShape};
 
 /// The shape of a GPT: `[model]`'s keys plus the vocabulary (from the data) and the global
 /// batch.
@@ -48,6 +49,8 @@ pub struct GptConfig {
     /// `GraphBuilder::vocab_parallel_cross_entropy`), which keeps logits split on the vocabulary
     /// (no all-gather); the same value as the fused op otherwise used.
     pub vocab_parallel_loss: bool,
+    /// `[model.moe]`: MoE blocks in place of the MLPs ([`crate::moe`]); `None`: dense MLPs.
+    pub moe: Option<MoeConfig>,
 }
 
 impl GptConfig {
@@ -74,6 +77,7 @@ impl GptConfig {
             fused_attention: true,
             batch,
             vocab_parallel_loss: false,
+            moe: None,
         }
     }
 
@@ -110,6 +114,9 @@ impl GptConfig {
                     self.heads, self.hidden
                 ),
             });
+        }
+        if let Some(moe) = &self.moe {
+            moe.validate()?;
         }
         let params = self.parameter_count();
         if params > MAX_ELEMENTS {
@@ -156,9 +163,18 @@ impl GptConfig {
             self.ffn_hidden as u128,
             self.layers as u128,
         );
-        let block = 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h;
+        let block = 4 * (h * h + h) + 4 * h;
+        let mlp = (h * f + f) + (f * h + h);
+        let mlps: u128 = (0..self.layers)
+            .map(|layer| match &self.moe {
+                Some(moe) if moe.applies_to(layer) => {
+                    moe.parameter_count(self.hidden, self.ffn_hidden)
+                }
+                _ => mlp,
+            })
+            .sum();
         let head = if self.tie_embeddings { 0 } else { v * h };
-        v * h + s * h + l * block + 2 * h + head
+        v * h + s * h + l * block + mlps + 2 * h + head
     }
 
     /// Elements of the largest activation: `batch × seq_len` times the widest of `ffn_hidden`,
@@ -168,7 +184,11 @@ impl GptConfig {
             .max(self.vocab_size as u128)
             .max(self.heads as u128 * self.seq_len as u128)
             .max(self.hidden as u128);
-        self.batch as u128 * self.seq_len as u128 * widest
+        // A MoE block's dispatch mask holds experts × capacity per token.
+        let slots = self.moe.as_ref().map_or(0, |moe| {
+            moe.experts as u128 * moe.capacity(self.seq_len) as u128
+        });
+        self.batch as u128 * self.seq_len as u128 * widest.max(slots)
     }
 }
 
@@ -184,6 +204,23 @@ fn dense(in_features: usize, out_features: usize, std: f64) -> Dense {
         bias_init: Initializer::Zeros,
         ..Dense::new(in_features, out_features)
     }
+}
+
+/// GPT-2's MLP on `x [..., hidden]` in the current scope: `fc1` (`hidden → ffn_hidden`, tanh
+/// GeLU), then `fc2` (`ffn_hidden → hidden`, its weight drawn with `out_std`).
+pub(crate) fn mlp(
+    b: &mut GraphBuilder,
+    hidden: usize,
+    ffn_hidden: usize,
+    out_std: f64,
+    x: ValueId,
+) -> Result<ValueId, GraphError> {
+    let fc1 = Dense {
+        activation: Some(Activation::Gelu { approximate: true }),
+        ..dense(hidden, ffn_hidden, 0.02)
+    };
+    let h = b.call("fc1", &fc1, x)?;
+    b.call("fc2", &dense(ffn_hidden, hidden, out_std), h)
 }
 
 /// GPT's LayerNorm (epsilon 1e-5, as GPT-2).
@@ -230,20 +267,29 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
     )?;
     let mut x = b.add("embed.add", tokens, positions)?;
     x = dropout(&mut b, "embed.dropout", x)?;
+    let mut aux_losses = Vec::new();
     for layer in 0..c.layers {
         x = b.scope(&format!("blocks.{layer}"), |b| {
             let h = b.call("ln1", &layer_norm(hidden), x)?;
             let h = attention(b, c, h, &mut dropout)?;
             let x = b.add("residual1", x, h)?;
             let h = b.call("ln2", &layer_norm(hidden), x)?;
-            let h = b.scope("mlp", |b| {
-                let fc1 = Dense {
-                    activation: Some(Activation::Gelu { approximate: true }),
-                    ..dense(hidden, c.ffn_hidden, 0.02)
+            if let Some(moe) = c.moe.as_ref().filter(|m| m.applies_to(layer)) {
+                let shape = MoeShape {
+                    groups: batch,
+                    tokens: seq,
+                    hidden,
+                    ffn_hidden: c.ffn_hidden,
+                    out_std: 0.02 / (2.0 * c.layers as f64).sqrt(),
                 };
-                let h = b.call("fc1", &fc1, h)?;
+                let (h, aux) = moe::moe_mlp(b, moe, shape, h)?;
+                aux_losses.push(aux);
+                let h = dropout(b, "moe.dropout", h)?;
+                return b.add("residual2", x, h);
+            }
+            let h = b.scope("mlp", |b| {
                 let out_std = 0.02 / (2.0 * c.layers as f64).sqrt();
-                let h = b.call("fc2", &dense(c.ffn_hidden, hidden, out_std), h)?;
+                let h = mlp(b, hidden, c.ffn_hidden, out_std, h)?;
                 dropout(b, "dropout", h)
             })?;
             b.add("residual2", x, h)
@@ -267,6 +313,7 @@ fn build(c: &GptConfig, dtype: DType) -> Result<Model, GraphError> {
     } else {
         b.sparse_softmax_cross_entropy("loss", logits, flat_labels)?
     };
+    let loss = moe::add_aux_losses(&mut b, loss, &aux_losses)?;
     b.output(loss)?;
     b.output(logits)?;
     Ok(Model {

@@ -20,6 +20,9 @@
 //!   `"ring"` the fused attention keeps the sequence split and passes key/value blocks around
 //!   each `cp` ring (`exec::ring`).
 //!
+//! The MoE blocks' strategies (experts split over `expert_parallel`) are
+//! [`crate::moe_parallel`]'s.
+//!
 //! Strategies are keyed by op name; [`GptParallel::strategies`] gives one for every forward op of
 //! a built GPT graph, found by the name's last components, so optional ops (dropout) need no
 //! special case.
@@ -77,6 +80,9 @@ pub struct GptParallelKeys {
     pub vocab_emb_dp: bool,
     /// `parallel.use_seq_parallel` (default false).
     pub use_seq_parallel: bool,
+    /// `parallel.expert_parallel` (default 1): shards of the MoE experts, taken from the
+    /// data-parallel ranks ([`crate::moe_parallel`]).
+    pub expert_parallel: usize,
 }
 
 impl Default for GptParallelKeys {
@@ -88,6 +94,7 @@ impl Default for GptParallelKeys {
             context_parallel_algo: ContextParallelAlgo::Ulysses,
             vocab_emb_dp: true,
             use_seq_parallel: false,
+            expert_parallel: 1,
         }
     }
 }
@@ -108,6 +115,8 @@ pub struct GptParallel {
     /// Split the residual stream's sequence dim over `model_parallel`
     /// (`parallel.use_seq_parallel`).
     pub use_seq_parallel: bool,
+    /// Expert-parallel shards of the MoE blocks' experts (`parallel.expert_parallel`).
+    pub expert_parallel: usize,
 }
 
 fn config_error(key: &str, reason: String) -> ModelsError {
@@ -151,14 +160,16 @@ impl GptParallel {
                 ),
             ));
         }
-        Ok(GptParallel {
+        GptParallel {
             data_parallel,
             model_parallel: mp,
             context_parallel: cp,
             context_parallel_algo: keys.context_parallel_algo,
             vocab_emb_dp: keys.vocab_emb_dp,
             use_seq_parallel: keys.use_seq_parallel,
-        })
+            expert_parallel: 1,
+        }
+        .with_expert_parallel(keys.expert_parallel)
     }
 
     /// Checks that the splits divide the model's sizes; errors name the key and the size.
@@ -227,6 +238,7 @@ impl GptParallel {
                 "model_parallel × context_parallel (use_seq_parallel)".to_string(),
             ));
         }
+        crate::moe_parallel::check(self, c)?;
         for (key, size, split, by) in rules {
             if size % split != 0 {
                 return Err(config_error(
@@ -268,7 +280,10 @@ impl GptParallel {
             }
             let strategy = match loss_ops.get(&node.name) {
                 Some(tuples) => Some(OpStrategy::from_tuples(tuples.clone(), None)),
-                None => self.strategy_of(&node.name, &heads),
+                None => self.strategy_of(&node.name, &heads).or_else(|| {
+                    self.moe_strategy_of(&node.name)
+                        .map(|tuples| OpStrategy::from_tuples(tuples, None))
+                }),
             };
             let strategy = strategy.ok_or_else(|| {
                 config_error(

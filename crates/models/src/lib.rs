@@ -7,6 +7,8 @@
 //!   (`data_parallel`, `model_parallel`, `context_parallel`, `vocab_emb_dp`,
 //!   `use_seq_parallel`), as MindFormers'
 //!   GPT cells set theirs from `parallel_config`.
+//! - [`moe`]: the GPT's mixture-of-experts blocks (`[model.moe]`), and [`moe_parallel`] their
+//!   strategies, with the experts split over `parallel.expert_parallel`.
 //!
 //! The seed MLP stays in `graph::models` (its home before this crate existed), re-exported here.
 
@@ -16,8 +18,11 @@ pub mod embedding_bag;
 pub mod error;
 pub mod gpt;
 pub mod gpt_parallel;
+pub mod moe;
+pub mod moe_parallel;
 
 pub use crate::error::ModelsError;
 pub use crate::gpt::{gpt, GptConfig};
 pub use crate::gpt_parallel::{ContextParallelAlgo, GptParallel, GptParallelKeys};
+pub use crate::moe::MoeConfig;
 pub use graph::models::{seed_mlp, Model};

@@ -175,6 +175,27 @@ fn cast_keeps_the_layout_of_its_input() {
 }
 
 #[test]
+fn moe_route_splits_only_its_groups() {
+    let g = graph_with(|b, x| {
+        b.moe_route("route", x, 2, 3).unwrap();
+    });
+    // The groups split 4 ways: every output keeps the split on dim 0, the rest whole.
+    let p = placed(&g, "route", &[&[4, 1, 1]], 4);
+    let route = &p.nodes[g.node_by_name("route").unwrap().0];
+    assert_eq!(route.outputs[0].layout().shape(), [4, 4, 8, 3]);
+    assert_eq!(map(route.outputs[0].layout()), vec![0, -1, -1, -1]);
+    assert_eq!(map(route.outputs[1].layout()), vec![0, -1, -1]);
+    assert_eq!(map(route.outputs[2].layout()), vec![0, -1, -1]);
+    for strategy in [[1, 2, 1], [1, 1, 2]] {
+        let err = error(&g, "route", &[&strategy], 2);
+        assert!(
+            err.contains("route (MoeRoute)") && err.contains("only dim 0 (the groups)"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn flash_attention_splits_batch_heads_and_sequence_and_refuses_the_head_dim() {
     let mut b = GraphBuilder::new();
     let qkv: Vec<ValueId> = ["q", "k", "v"]

@@ -114,8 +114,9 @@ pub(crate) fn open_gpt(config: &TrainConfig) -> Result<(TextData, GptConfig, Mod
 }
 
 /// The GPT's Megatron strategies for every split of the devices over model and context
-/// parallel, every vocabulary and sequence choice: candidates the search adds to those of the
-/// op rules. (Context parallel's attention core enters as its split tuples.)
+/// parallel, every vocabulary and sequence choice, and (with MoE blocks) every expert-parallel
+/// split of the data-parallel ranks: candidates the search adds to those of the op rules.
+/// (Context parallel's attention core enters as its split tuples.)
 fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
     let mut hints = Hints::new();
     for mp in batch_splits(devices) {
@@ -132,6 +133,19 @@ fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
                     add_gpt_hints(&mut hints, gpt, model, devices, &keys);
                 }
             }
+        }
+        // Expert splits change only the MoE blocks' ops: one pass per split suffices.
+        let experts = gpt.moe.as_ref().map_or(1, |moe| moe.experts);
+        for ep in batch_splits((devices / mp).min(experts))
+            .into_iter()
+            .skip(1)
+        {
+            let keys = GptParallelKeys {
+                model_parallel: mp,
+                expert_parallel: ep,
+                ..GptParallelKeys::default()
+            };
+            add_gpt_hints(&mut hints, gpt, model, devices, &keys);
         }
     }
     hints

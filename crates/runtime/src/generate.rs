@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use graph::exec::Executor;
 use graph::rng::{bits_at, stream_key};
 use layout::{Mesh, TensorLayout};
-use models::GptConfig;
+use models::{GptConfig, MoeConfig};
 use serde_json::{json, Value};
 use tensor::{DType, Tensor};
 
@@ -59,6 +59,7 @@ impl SavedModel {
             "seq_len": g.seq_len,
             "ffn_hidden": g.ffn_hidden,
             "tie_embeddings": g.tie_embeddings,
+            "moe": g.moe.as_ref().map(moe_to_json),
             "tokenizer": tokenizer,
             "alphabet": alphabet,
         })
@@ -115,10 +116,52 @@ impl SavedModel {
             fused_attention: true,
             batch: 1,
             vocab_parallel_loss: false,
+            moe: moe_from_json(&json["moe"]).map_err(bad)?,
         };
         gpt.validate().map_err(|e| bad(e.to_string()))?;
         Ok(SavedModel { gpt, vocabulary })
     }
+}
+
+/// `[model.moe]` as `model.json` records it.
+fn moe_to_json(moe: &MoeConfig) -> Value {
+    json!({
+        "experts": moe.experts,
+        "top_k": moe.top_k,
+        "capacity_factor": moe.capacity_factor,
+        "aux_loss_coeff": moe.aux_loss_coeff,
+        "shared_expert": moe.shared_expert,
+        "every": moe.every,
+    })
+}
+
+/// `model.json`'s `"moe"` (`null` or absent: dense MLPs); a missing or mistyped key is an error
+/// naming it (the ranges are checked by `GptConfig::validate`).
+fn moe_from_json(value: &Value) -> Result<Option<MoeConfig>, String> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    let count = |key: &str| {
+        value[key]
+            .as_u64()
+            .map(|n| n.min(1 << 24) as usize)
+            .ok_or_else(|| format!("\"moe.{key}\" must be a non-negative integer"))
+    };
+    let number = |key: &str| {
+        value[key]
+            .as_f64()
+            .ok_or_else(|| format!("\"moe.{key}\" must be a number"))
+    };
+    Ok(Some(MoeConfig {
+        experts: count("experts")?,
+        top_k: count("top_k")?,
+        capacity_factor: number("capacity_factor")?,
+        aux_loss_coeff: number("aux_loss_coeff")?,
+        shared_expert: value["shared_expert"]
+            .as_bool()
+            .ok_or_else(|| "\"moe.shared_expert\" must be a boolean".to_string())?,
+        every: count("every")?,
+    }))
 }
 
 /// What to sample.
@@ -279,4 +322,38 @@ fn load_whole_parameters(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_json_keeps_the_moe_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        for moe in [
+            None,
+            Some(MoeConfig {
+                shared_expert: true,
+                every: 2,
+                ..MoeConfig::new(4, 2)
+            }),
+        ] {
+            let gpt = GptConfig {
+                moe,
+                ..GptConfig::new(256, 2, 4, 16, 8, 1)
+            };
+            let saved = SavedModel {
+                gpt: gpt.clone(),
+                vocabulary: Vocabulary::Text(Tokenizer::Byte),
+            };
+            std::fs::write(dir.path().join(MODEL_FILE), saved.to_json().to_string()).unwrap();
+            assert_eq!(SavedModel::read(dir.path()).unwrap().gpt, gpt);
+        }
+        let text = r#"{"model": "gpt", "vocab_size": 256, "layers": 2, "heads": 4, "hidden": 16,
+            "seq_len": 8, "ffn_hidden": 64, "tokenizer": "byte", "moe": {"experts": 4}}"#;
+        std::fs::write(dir.path().join(MODEL_FILE), text).unwrap();
+        let err = SavedModel::read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("moe.top_k"), "{err}");
+    }
 }

@@ -88,6 +88,7 @@ impl TextData {
                 || (config.parallel_config().mode == ParallelMode::SemiAuto
                     && !config.gpt_parallel().vocab_emb_dp
                     && config.gpt_parallel().model_parallel > 1),
+            moe: keys.moe.clone(),
         };
         gpt.validate()?;
         Ok(gpt)

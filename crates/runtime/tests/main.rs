@@ -21,6 +21,7 @@ mod layout_config;
 mod lr_schedule;
 mod memory;
 mod micro_batch_interleave;
+mod moe;
 mod periodic_ckpt;
 mod pipeline_output;
 mod pipeline_shared;

@@ -8,6 +8,7 @@ use tensor::{DType, Element, Storage, Tensor};
 use crate::error::GraphError;
 use crate::exec::attention::{flash_attention_eval, flash_attention_grad_eval};
 use crate::exec::dropout::dropout_into;
+use crate::exec::moe_route::{route_into, RouteOutputs, RouteShape};
 use crate::exec::one_hot::{one_hot_into, Columns};
 use crate::exec::pieces::{
     concat_into, split_into, strided_slice_grad_into, strided_slice_into, AxisPieces, Strided,
@@ -545,6 +546,28 @@ fn eval_typed<T: Float + Element>(
             let xs = read::<T>(x, ctx)?;
             let out = write::<T>(&mut outputs[0], ctx)?;
             reduce_max_into(xs, x.shape(), axes, out).map_err(kernel())
+        }
+        Op::MoeRoute { top_k, capacity } => {
+            let probs = inputs[0];
+            min_rank(probs, 3, "probs", ctx)?;
+            let dims = probs.shape();
+            let shape = RouteShape {
+                groups: dims[0],
+                tokens: dims[1],
+                experts: dims[2],
+                top_k: *top_k,
+                capacity: *capacity,
+            };
+            let probs = read::<T>(probs, ctx)?;
+            let [dispatch, chosen, first] = outputs else {
+                unreachable!("eval_op checked the output count")
+            };
+            let out = RouteOutputs {
+                dispatch: write::<T>(dispatch, ctx)?,
+                chosen: write::<T>(chosen, ctx)?,
+                first: write::<T>(first, ctx)?,
+            };
+            route_into(probs, shape, out).map_err(kernel())
         }
         Op::OneHot { depth, .. } => {
             let columns = Columns {

@@ -33,6 +33,7 @@ mod deterministic;
 mod dropout;
 mod eval;
 mod executor;
+mod moe_route;
 mod one_hot;
 mod pieces;
 mod reduce_max;

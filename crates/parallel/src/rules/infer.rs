@@ -454,6 +454,20 @@ fn even_output_layouts(
                 _ => out,
             }])
         }
+        Op::MoeRoute { .. } => {
+            // Groups route independently: every output keeps the groups' split.
+            for d in [1, 2] {
+                dim_unsplit(0, d, "routed whole (the tokens and the experts of a group)")?;
+            }
+            let masks = dims(0);
+            let mut dispatch = masks.clone();
+            dispatch.push(Vec::new());
+            Ok(vec![
+                output(ctx, &mesh, dispatch, Vec::new(), out_shape(0))?,
+                output(ctx, &mesh, masks.clone(), Vec::new(), out_shape(1))?,
+                output(ctx, &mesh, masks, Vec::new(), out_shape(2))?,
+            ])
+        }
         Op::OneHot { .. } => {
             // The class dim is split over the mesh axes the labels are replicated on (the
             // strategy's class factor), but for the repeated-calculation axis: each rank writes

@@ -244,6 +244,17 @@ pub fn input_layouts(
                 vec![dims, vec![vec![r - 1]]],
             )
         }
+        Op::MoeRoute { .. } => {
+            // Routing is per group: the tokens of a group and its experts stay whole.
+            if s[0][1] != 1 || s[0][2] != 1 {
+                return Err(ctx.invalid(
+                    s,
+                    "only dim 0 (the groups) can be split: a group's tokens share the experts' \
+                     capacity, and a token is routed over every expert",
+                ));
+            }
+            elementwise(ctx, s, devices)
+        }
         Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
             let r = s[0].len();
             if r > 0 && s[0][r - 1] != 1 {

@@ -106,6 +106,8 @@ pub struct GptKeys {
     pub tie_embeddings: bool,
     /// Attention as the fused op (default: when there is no dropout).
     pub fused_attention: bool,
+    /// `[model.moe]`: MoE blocks in place of the MLPs (`None`: dense MLPs).
+    pub moe: Option<models::MoeConfig>,
 }
 
 /// The data formats.

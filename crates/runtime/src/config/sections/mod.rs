@@ -7,6 +7,7 @@
 mod data;
 mod hsdp;
 mod model;
+mod moe;
 mod output;
 mod parallel;
 mod train;

@@ -1,6 +1,7 @@
 //! `[model]`: which built-in network, its widths, and the GPT's keys.
 
 use super::discard_unused;
+use super::moe::read_moe;
 use crate::config::values::{
     config_error, read_bool, read_enum, read_float, read_positive, Section,
 };
@@ -19,6 +20,7 @@ pub(in crate::config) const MODEL_KEYS: &[&str] = &[
     "dropout",
     "tie_embeddings",
     "fused_attention",
+    "moe",
 ];
 
 /// The keys only the GPT reads.
@@ -30,6 +32,7 @@ const GPT_MODEL_KEYS: &[&str] = &[
     "dropout",
     "tie_embeddings",
     "fused_attention",
+    "moe",
 ];
 
 /// Reads `[model]`; the keys of the other models are reported in `warnings` and dropped.
@@ -97,6 +100,7 @@ pub(super) fn read_model(
         dropout,
         tie_embeddings: s.or("tie_embeddings", true, read_bool)?,
         fused_attention,
+        moe: s.get("moe", read_moe)?,
     };
     if hidden % gpt.heads != 0 {
         return Err(config_error(

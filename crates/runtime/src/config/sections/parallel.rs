@@ -49,6 +49,7 @@ pub(in crate::config) const PARALLEL_KEYS: &[&str] = &[
     "context_parallel_algo",
     "vocab_emb_dp",
     "use_seq_parallel",
+    "expert_parallel",
     "device_profile",
     "max_device_memory",
     "search_time_budget",
@@ -65,6 +66,7 @@ const GPT_PARALLEL_KEYS: &[&str] = &[
     "context_parallel_algo",
     "vocab_emb_dp",
     "use_seq_parallel",
+    "expert_parallel",
 ];
 
 /// `[parallel]`'s MindFormers keys; they set the GPT's strategies and mean nothing to other
@@ -102,6 +104,7 @@ pub(super) fn read_gpt_parallel(
         )?,
         vocab_emb_dp: s.or("vocab_emb_dp", true, read_bool)?,
         use_seq_parallel: s.or("use_seq_parallel", false, read_bool)?,
+        expert_parallel: s.or("expert_parallel", 1, read_positive)?,
     })
 }
 
