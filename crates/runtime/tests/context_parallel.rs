@@ -298,3 +298,47 @@ fn four_cp_ranks_fit_a_four_times_longer_sequence_in_one_ranks_activations() {
         );
     }
 }
+
+/// A checkpoint saved under ring context parallel 2 (dp 2, 4 devices) resumes under Ulysses
+/// cp 4, under cp 1 (data parallel 2) and on one device: each continues one device's
+/// uninterrupted run, so checkpoints convert between context-parallel degrees and algorithms.
+#[test]
+fn checkpoints_resume_under_other_context_parallel_degrees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fused = "fused_attention = true";
+    let whole = train(&config(
+        &tmp.path().join("whole"),
+        "adam",
+        fused,
+        "mode = \"stand_alone\"",
+        false,
+    ));
+    let first = tmp.path().join("first");
+    let ring = "data_parallel = 2\ncontext_parallel = 2\ncontext_parallel_algo = \"ring\"";
+    let half = ["train.max_steps=10".to_string()];
+    let first_config = run_util::small_gpt(&first, "adam", fused, &semi(4, ring), &half);
+    let first_losses = run_util::train_steps(&first_config, 10).1;
+    let resume = [format!("output.resume_from=\"{}\"", first.display())];
+    let seconds = [
+        ("ulysses cp 4", semi(4, "context_parallel = 4")),
+        ("dp 2", semi(2, "model_parallel = 1")),
+        ("one device", "mode = \"stand_alone\"".to_string()),
+    ];
+    for (i, (what, parallel)) in seconds.iter().enumerate() {
+        let out = tmp.path().join(format!("second-{i}"));
+        let second = run_util::small_gpt(&out, "adam", fused, parallel, &resume);
+        let (losses, params) = train_resumed(&second);
+        let mut all = first_losses.clone();
+        all.extend(losses);
+        assert_eq!(all.len(), 20, "{what}: 10 steps, then the remaining 10");
+        run_util::assert_same_run(what, &(all, params), &whole, 2e-4);
+    }
+}
+
+/// Trains a resumed config to its end: the losses of the steps it ran, and its parameters.
+fn train_resumed(config: &TrainConfig) -> Run {
+    let (session, report, run) = run_util::train_report(config);
+    drop(session);
+    assert_eq!(report.ranks[0].global_step, 20);
+    run
+}

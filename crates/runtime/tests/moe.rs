@@ -302,3 +302,36 @@ fn bad_moe_keys_name_the_key() {
         "{err}"
     );
 }
+
+/// A checkpoint saved under expert parallel 2 resumes under expert parallel 4 and on one
+/// device: each continues one device's uninterrupted run (checkpoints convert between expert
+/// parallel degrees).
+#[test]
+fn checkpoints_resume_under_other_expert_parallel_degrees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moe = moe_keys(2, "");
+    let whole = train(&config(
+        &tmp.path().join("whole"),
+        &moe,
+        "mode = \"stand_alone\"",
+        &[],
+    ));
+    let first = tmp.path().join("first");
+    let half = ["train.max_steps=10".to_string()];
+    let first_config = config(&first, &moe, &semi(2, "expert_parallel = 2"), &half);
+    let first_losses = run_util::train_steps(&first_config, 10).1;
+    let resume = [format!("output.resume_from=\"{}\"", first.display())];
+    for (what, parallel) in [
+        ("ep 4", semi(4, "expert_parallel = 4")),
+        ("one device", "mode = \"stand_alone\"".to_string()),
+    ] {
+        let out = tmp.path().join(what.replace(' ', "-"));
+        let (_, report, (losses, params)) =
+            run_util::train_report(&config(&out, &moe, &parallel, &resume));
+        assert_eq!(report.ranks[0].global_step, 20, "{what}");
+        let mut all = first_losses.clone();
+        all.extend(losses);
+        assert_eq!(all.len(), 20, "{what}: 10 steps, then the remaining 10");
+        assert_same_run(what, &(all, params), &whole);
+    }
+}
