@@ -167,36 +167,46 @@ fn unsupported(dtype: DType) -> ExecError {
     }
 }
 
-/// Sends `tensors` to `to` (posted, not waited for) as one message each.
-fn send_all(
-    comm: &dyn Communicator,
-    to: usize,
+/// This rank's two neighbours on the ring, and the step's message tag.
+struct Link<'a> {
+    comm: &'a dyn Communicator,
+    next: usize,
+    prev: usize,
     tag: Tag,
-    tensors: &[&[u8]],
-) -> Result<(), ExecError> {
-    for bytes in tensors {
-        comm.send_bytes(to, tag, bytes)?;
-    }
-    Ok(())
 }
 
-/// Receives one message from `from` as `count` elements of `T`.
-fn recv_vec<T: Element + Float>(
-    comm: &dyn Communicator,
-    from: usize,
-    tag: Tag,
-    count: usize,
-) -> Result<Vec<T>, ExecError> {
-    let bytes = comm.recv_bytes(from, tag)?;
-    let expected = count * std::mem::size_of::<T>();
-    if bytes.len() != expected {
-        return Err(ExecError::Mismatch {
-            what: format!("a ring attention message from rank {from}"),
-            expected: format!("{expected} bytes"),
-            got: format!("{} bytes", bytes.len()),
-        });
+impl<'a> Link<'a> {
+    fn of(comm: &'a dyn Communicator, ring: &Ring, tag: Tag) -> Link<'a> {
+        Link {
+            comm,
+            next: ring.next(),
+            prev: ring.prev(),
+            tag,
+        }
     }
-    Ok(bytemuck::pod_collect_to_vec(&bytes))
+
+    /// Sends each of `blocks` to the next member (posted, not waited for), one message each.
+    fn pass_on<T: Element>(&self, blocks: &[&[T]]) -> Result<(), ExecError> {
+        for block in blocks {
+            self.comm
+                .send_bytes(self.next, self.tag, bytemuck::cast_slice(block))?;
+        }
+        Ok(())
+    }
+
+    /// Receives the next message from the previous member: `count` elements of `T`.
+    fn receive<T: Element>(&self, count: usize) -> Result<Vec<T>, ExecError> {
+        let bytes = self.comm.recv_bytes(self.prev, self.tag)?;
+        let expected = count * std::mem::size_of::<T>();
+        if bytes.len() != expected {
+            return Err(ExecError::Mismatch {
+                what: format!("a ring attention message from rank {}", self.prev),
+                expected: format!("{expected} bytes"),
+                got: format!("{} bytes", bytes.len()),
+            });
+        }
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
 }
 
 /// Ring attention's forward: `out` and `lse` of this rank's queries over every member's keys.
@@ -228,16 +238,12 @@ fn forward_typed<T: Element + Float>(
     let mut state =
         AttentionState::<T>::new(call.slices, ring.lengths[ring.position], call.head_dim)?;
     let mut held: (Vec<T>, Vec<T>) = (k.as_slice::<T>()?.to_vec(), v.as_slice::<T>()?.to_vec());
+    let link = Link::of(comm, ring, tag);
     let n = ring.n();
     for t in 0..n {
         let j = ring.held_after(t);
         if t + 1 < n {
-            send_all(
-                comm,
-                ring.next(),
-                tag,
-                &[as_bytes(&held.0), as_bytes(&held.1)],
-            )?;
+            link.pass_on(&[&held.0, &held.1])?;
         }
         if call.sees(ring, j) {
             let kv = (q_rows, held.0.as_slice(), held.1.as_slice());
@@ -246,10 +252,7 @@ fn forward_typed<T: Element + Float>(
         if t + 1 < n {
             let next = ring.held_after(t + 1);
             let count = call.slices * ring.lengths[next] * call.head_dim;
-            held = (
-                recv_vec::<T>(comm, ring.prev(), tag, count)?,
-                recv_vec::<T>(comm, ring.prev(), tag, count)?,
-            );
+            held = (link.receive::<T>(count)?, link.receive::<T>(count)?);
         }
     }
     state.finish_into(out.as_slice_mut::<T>()?, lse.as_slice_mut::<T>()?)?;
@@ -299,17 +302,13 @@ fn backward_typed<T: Element + Float>(
         vec![T::ZERO; own],
         vec![T::ZERO; own],
     );
+    let link = Link::of(comm, ring, tag);
     let n = ring.n();
     for t in 0..n {
         let j = ring.held_after(t);
         if t + 1 < n {
             // The keys and values go on at once; their gradients after this member's part.
-            send_all(
-                comm,
-                ring.next(),
-                tag,
-                &[as_bytes(&held.0), as_bytes(&held.1)],
-            )?;
+            link.pass_on(&[&held.0, &held.1])?;
         }
         if call.sees(ring, j) {
             let len = held.0.len();
@@ -331,31 +330,23 @@ fn backward_typed<T: Element + Float>(
             add_into(&mut held.2, &dk_part);
             add_into(&mut held.3, &dv_part);
         }
-        send_all(
-            comm,
-            ring.next(),
-            tag,
-            &[as_bytes(&held.2), as_bytes(&held.3)],
-        )?;
+        link.pass_on(&[&held.2, &held.3])?;
         let next = ring.held_after(t + 1);
         let count = call.slices * ring.lengths[next] * call.head_dim;
         if t + 1 < n {
-            let (k_next, v_next) = (
-                recv_vec::<T>(comm, ring.prev(), tag, count)?,
-                recv_vec::<T>(comm, ring.prev(), tag, count)?,
-            );
+            let (k_next, v_next) = (link.receive::<T>(count)?, link.receive::<T>(count)?);
             held = (
                 k_next,
                 v_next,
-                recv_vec::<T>(comm, ring.prev(), tag, count)?,
-                recv_vec::<T>(comm, ring.prev(), tag, count)?,
+                link.receive::<T>(count)?,
+                link.receive::<T>(count)?,
             );
         } else {
             // After n passes the accumulators of this rank's own block are back.
             dk.as_slice_mut::<T>()?
-                .copy_from_slice(&recv_vec::<T>(comm, ring.prev(), tag, count)?);
+                .copy_from_slice(&link.receive::<T>(count)?);
             dv.as_slice_mut::<T>()?
-                .copy_from_slice(&recv_vec::<T>(comm, ring.prev(), tag, count)?);
+                .copy_from_slice(&link.receive::<T>(count)?);
         }
     }
     Ok(())
@@ -365,10 +356,6 @@ fn add_into<T: Float>(acc: &mut [T], part: &[T]) {
     for (a, &p) in acc.iter_mut().zip(part) {
         *a += p;
     }
-}
-
-fn as_bytes<T: Element>(xs: &[T]) -> &[u8] {
-    bytemuck::cast_slice(xs)
 }
 
 #[cfg(test)]
