@@ -16,6 +16,9 @@
 //! ordered by their sequence block ([`Ring::of`]). Blocks are attended in arrival order
 //! (own block first), so the result equals one device's to rounding, not bitwise.
 
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
 use comm::{Communicator, Tag, MAX_TAG};
 use layout::TensorLayout;
 use tensor::kernels::{
@@ -167,12 +170,14 @@ fn unsupported(dtype: DType) -> ExecError {
     }
 }
 
-/// This rank's two neighbours on the ring, and the step's message tag.
+/// This rank's two neighbours on the ring, the step's message tag, and the time spent waiting
+/// for blocks.
 struct Link<'a> {
     comm: &'a dyn Communicator,
     next: usize,
     prev: usize,
     tag: Tag,
+    waited: Cell<Duration>,
 }
 
 impl<'a> Link<'a> {
@@ -182,6 +187,7 @@ impl<'a> Link<'a> {
             next: ring.next(),
             prev: ring.prev(),
             tag,
+            waited: Cell::new(Duration::ZERO),
         }
     }
 
@@ -196,7 +202,9 @@ impl<'a> Link<'a> {
 
     /// Receives the next message from the previous member: `count` elements of `T`.
     fn receive<T: Element>(&self, count: usize) -> Result<Vec<T>, ExecError> {
+        let started = Instant::now();
         let bytes = self.comm.recv_bytes(self.prev, self.tag)?;
+        self.waited.set(self.waited.get() + started.elapsed());
         let expected = count * std::mem::size_of::<T>();
         if bytes.len() != expected {
             return Err(ExecError::Mismatch {
@@ -209,7 +217,8 @@ impl<'a> Link<'a> {
     }
 }
 
-/// Ring attention's forward: `out` and `lse` of this rank's queries over every member's keys.
+/// Ring attention's forward: `out` and `lse` of this rank's queries over every member's keys;
+/// the time spent waiting for blocks.
 pub(crate) fn forward(
     comm: &dyn Communicator,
     ring: &Ring,
@@ -217,7 +226,7 @@ pub(crate) fn forward(
     (causal, scale): (bool, f64),
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (out, lse): (&mut Tensor, &mut Tensor),
-) -> Result<(), ExecError> {
+) -> Result<Duration, ExecError> {
     match q.dtype() {
         DType::F32 => forward_typed::<f32>(comm, ring, tag, (causal, scale), (q, k, v), (out, lse)),
         DType::F64 => forward_typed::<f64>(comm, ring, tag, (causal, scale), (q, k, v), (out, lse)),
@@ -232,7 +241,7 @@ fn forward_typed<T: Element + Float>(
     (causal, scale): (bool, f64),
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (out, lse): (&mut Tensor, &mut Tensor),
-) -> Result<(), ExecError> {
+) -> Result<Duration, ExecError> {
     let call = Call::of(q, causal, scale)?;
     let q_rows = q.as_slice::<T>()?;
     let mut state =
@@ -256,11 +265,11 @@ fn forward_typed<T: Element + Float>(
         }
     }
     state.finish_into(out.as_slice_mut::<T>()?, lse.as_slice_mut::<T>()?)?;
-    Ok(())
+    Ok(link.waited.get())
 }
 
 /// Ring attention's backward: `dq`, `dk`, `dv` of this rank's blocks from the forward's
-/// `out`, `lse` and the output's gradient `dout`.
+/// `out`, `lse` and the output's gradient `dout`; the time spent waiting for blocks.
 pub(crate) fn backward(
     comm: &dyn Communicator,
     ring: &Ring,
@@ -268,7 +277,7 @@ pub(crate) fn backward(
     (causal, scale): (bool, f64),
     inputs: [&Tensor; 6],
     grads: [&mut Tensor; 3],
-) -> Result<(), ExecError> {
+) -> Result<Duration, ExecError> {
     match inputs[0].dtype() {
         DType::F32 => backward_typed::<f32>(comm, ring, tag, (causal, scale), inputs, grads),
         DType::F64 => backward_typed::<f64>(comm, ring, tag, (causal, scale), inputs, grads),
@@ -283,7 +292,7 @@ fn backward_typed<T: Element + Float>(
     (causal, scale): (bool, f64),
     [q, k, v, out, lse, dout]: [&Tensor; 6],
     [dq, dk, dv]: [&mut Tensor; 3],
-) -> Result<(), ExecError> {
+) -> Result<Duration, ExecError> {
     let call = Call::of(q, causal, scale)?;
     let (q_rows, lse_rows, dout_rows) = (
         q.as_slice::<T>()?,
@@ -349,7 +358,7 @@ fn backward_typed<T: Element + Float>(
                 .copy_from_slice(&link.receive::<T>(count)?);
         }
     }
-    Ok(())
+    Ok(link.waited.get())
 }
 
 fn add_into<T: Float>(acc: &mut [T], part: &[T]) {

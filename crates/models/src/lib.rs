@@ -2,7 +2,7 @@
 //!
 //! - [`embedding_bag`]: a bag of embedded pixel features, the large-table model of
 //!   parameter-server training ([`embedding_bag::embedding_bag`]);
-//! - [`gpt`]: a decoder-only transformer, [`gpt::gpt`], with hierarchical op and parameter names;
+//! - [`gpt`](mod@gpt): a decoder-only transformer, [`gpt::gpt`], with hierarchical op and parameter names;
 //! - [`gpt_parallel`]: the op strategies its cells set from a MindFormers-style parallel config
 //!   (`data_parallel`, `model_parallel`, `context_parallel`, `vocab_emb_dp`,
 //!   `use_seq_parallel`), as MindFormers'

@@ -161,10 +161,11 @@ impl Program {
                     if let Some(t) = crate::ring::ring_traffic(self, k) {
                         let _ = writeln!(
                             out,
-                            "    -> ring attention over {} ranks ({} rings): {} passes of key/value blocks{} ({} B/step, {} B per rank)",
+                            "    -> ring attention over {} ranks ({} rings): {} pass{} of key/value blocks{} ({} B/step, {} B per rank)",
                             t.members,
                             t.rings,
                             t.passes,
+                            if t.passes == 1 { "" } else { "es" },
                             if matches!(k.op, graph::Op::FlashAttentionGrad { .. }) {
                                 " and their gradients"
                             } else {

@@ -230,7 +230,7 @@ fn ring_attention_passes_blocks_around_cp_rings() {
     // Local blocks of k and v: [B/dp = 4, heads/mp = 4, S/cp = 8, head_dim 4] f32 = 2 KiB each.
     let block = 4 * 4 * 8 * 4 * 4;
     let forward = format!(
-        "-> ring attention over 2 ranks (4 rings): 1 passes of key/value blocks ({} B/step, {} B per rank)",
+        "-> ring attention over 2 ranks (4 rings): 1 pass of key/value blocks ({} B/step, {} B per rank)",
         8 * 2 * block,
         2 * block
     );

@@ -1,7 +1,7 @@
 //! Running the program's steps: whole runs, the step lists of a pipelined step, the gradient
 //! buckets and prefetched gathers that overlap them, and the weight gathers after an update.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use comm::Tag;
 use graph::{eval_op, EvalCtx, Placement};
@@ -308,14 +308,14 @@ impl RankExecutor {
     }
 
     /// Runs the ring attention of step `i` (a `FlashAttention` or its gradient whose sequence
-    /// is split, [`crate::ring`]) over this rank's ring.
+    /// is split, [`crate::ring`]) over this rank's ring; the time it waited for blocks.
     fn ring_step(
         &self,
         i: usize,
         attention: (bool, f64),
         ins: &[&Tensor],
         outs: &mut [Tensor],
-    ) -> Result<(), ExecError> {
+    ) -> Result<Duration, ExecError> {
         let ring = self.rings[i].as_ref().expect("a ring step has its ring");
         let tag = crate::ring::ring_tag(i)?;
         let comm = self.runner.world().as_ref();
@@ -339,6 +339,8 @@ impl RankExecutor {
     fn run_step(&mut self, program: &Program, i: usize, tag: Option<Tag>) -> Result<(), ExecError> {
         let step = &program.steps[i];
         let started = self.profile.is_some().then(Instant::now);
+        // Ring attention's time blocked waiting for blocks (communication, not compute).
+        let mut ring_wait = Duration::ZERO;
         match step {
             Step::Kernel(_) if self.offsets[i].is_none() => return Ok(()),
             Step::Kernel(k) => {
@@ -361,13 +363,12 @@ impl RankExecutor {
                         deterministic: self.deterministic,
                     };
                     match &k.op {
-                        graph::Op::FlashAttention { causal, scale } if self.rings[i].is_some() => {
-                            self.ring_step(i, (*causal, *scale), &ins, &mut outs)
-                        }
-                        graph::Op::FlashAttentionGrad { causal, scale }
+                        graph::Op::FlashAttention { causal, scale }
+                        | graph::Op::FlashAttentionGrad { causal, scale }
                             if self.rings[i].is_some() =>
                         {
                             self.ring_step(i, (*causal, *scale), &ins, &mut outs)
+                                .map(|waited| ring_wait = waited)
                         }
                         graph::Op::Fill { shape, dtype, .. }
                             if self.loss_seed[i] && self.loss_scale != 1.0 =>
@@ -419,7 +420,12 @@ impl RankExecutor {
         }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
             match step {
-                Step::Kernel(k) => p.kernel(k.op.kind(), t.elapsed()),
+                Step::Kernel(k) => {
+                    p.kernel(k.op.kind(), t.elapsed().saturating_sub(ring_wait));
+                    if !ring_wait.is_zero() {
+                        p.reshard(ring_wait);
+                    }
+                }
                 Step::Reshard(_) => p.reshard(t.elapsed()),
             }
         }
