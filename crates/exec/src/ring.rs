@@ -156,6 +156,11 @@ impl Call {
         }
     }
 
+    /// Elements of member `j`'s key (or value) block.
+    fn block_len(&self, ring: &Ring, j: usize) -> usize {
+        self.slices * ring.lengths[j] * self.head_dim
+    }
+
     /// Whether any of this rank's queries sees a key of member `j`'s block.
     fn sees(&self, ring: &Ring, j: usize) -> bool {
         !self.causal || ring.offsets[j] < ring.offsets[ring.position] + ring.lengths[ring.position]
@@ -259,8 +264,7 @@ fn forward_typed<T: Element + Float>(
             state.accumulate(kv, ring.lengths[j], call.params::<T>(ring, j))?;
         }
         if t + 1 < n {
-            let next = ring.held_after(t + 1);
-            let count = call.slices * ring.lengths[next] * call.head_dim;
+            let count = call.block_len(ring, ring.held_after(t + 1));
             held = (link.receive::<T>(count)?, link.receive::<T>(count)?);
         }
     }
@@ -340,8 +344,7 @@ fn backward_typed<T: Element + Float>(
             add_into(&mut held.3, &dv_part);
         }
         link.pass_on(&[&held.2, &held.3])?;
-        let next = ring.held_after(t + 1);
-        let count = call.slices * ring.lengths[next] * call.head_dim;
+        let count = call.block_len(ring, ring.held_after(t + 1));
         if t + 1 < n {
             let (k_next, v_next) = (link.receive::<T>(count)?, link.receive::<T>(count)?);
             held = (

@@ -364,8 +364,18 @@ fn attention(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Elements of every parameter of `graph`.
+    pub(crate) fn parameter_elements(graph: &graph::Graph) -> usize {
+        graph
+            .values()
+            .iter()
+            .filter(|v| matches!(v.kind, graph::ValueKind::Parameter { .. }))
+            .map(|v| v.n_elements())
+            .sum()
+    }
 
     #[test]
     fn parameter_count_matches_the_built_graph() {
@@ -375,13 +385,7 @@ mod tests {
                 ..GptConfig::new(50, 2, 4, 16, 8, 2)
             };
             let model = gpt(&config, DType::F32).unwrap();
-            let built: usize = model
-                .graph
-                .values()
-                .iter()
-                .filter(|v| matches!(v.kind, graph::ValueKind::Parameter { .. }))
-                .map(|v| v.n_elements())
-                .sum();
+            let built = parameter_elements(&model.graph);
             assert_eq!(config.parameter_count(), built as u128, "tie {tie}");
         }
     }

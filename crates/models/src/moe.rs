@@ -648,13 +648,7 @@ mod tests {
                 ..crate::GptConfig::new(50, 3, 4, 16, 8, 2)
             };
             let model = crate::gpt(&config, DType::F32).unwrap();
-            let built: usize = model
-                .graph
-                .values()
-                .iter()
-                .filter(|v| matches!(v.kind, graph::ValueKind::Parameter { .. }))
-                .map(|v| v.n_elements())
-                .sum();
+            let built = crate::gpt::tests::parameter_elements(&model.graph);
             assert_eq!(config.parameter_count(), built as u128, "every {every}");
             let routes = model
                 .graph

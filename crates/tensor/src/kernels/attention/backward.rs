@@ -3,7 +3,8 @@
 //! `dk` and `dv`.
 
 use super::{
-    check_lengths, sizes, slice_flops, tile_scores, tiles, AttentionDims, AttentionParams,
+    check_lengths, row_elements, sizes, slice_flops, tile_scores, tiles, AttentionDims,
+    AttentionParams,
 };
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
@@ -67,12 +68,7 @@ pub fn attention_delta_into<T: Float>(
 ) -> Result<(), TensorError> {
     const OP: &str = "attention_delta";
     let rows = delta.len();
-    let elements = rows
-        .checked_mul(head_dim)
-        .ok_or_else(|| TensorError::InvalidArgument {
-            op: OP,
-            reason: format!("{rows} rows of {head_dim} overflow the address space"),
-        })?;
+    let elements = row_elements(OP, rows, head_dim)?;
     check_lengths(
         OP,
         &[("out", elements, out.len()), ("dout", elements, dout.len())],

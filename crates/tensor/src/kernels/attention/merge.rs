@@ -1,7 +1,7 @@
 //! Combining partial attention results: two `(out, lse)` pairs over disjoint sets of keys give
 //! the pair over their union.
 
-use super::check_lengths;
+use super::{check_lengths, row_elements};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
 
@@ -20,12 +20,7 @@ pub fn merge_attention_into<T: Float>(
 ) -> Result<(), TensorError> {
     const OP: &str = "merge_attention";
     let rows = lse.len();
-    let elements = rows
-        .checked_mul(head_dim)
-        .ok_or_else(|| TensorError::InvalidArgument {
-            op: OP,
-            reason: format!("{rows} rows of {head_dim} overflow the address space"),
-        })?;
+    let elements = row_elements(OP, rows, head_dim)?;
     check_lengths(
         OP,
         &[

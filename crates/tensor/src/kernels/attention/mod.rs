@@ -149,6 +149,15 @@ fn sizes<T: Float>(
     }
 }
 
+/// Elements of `rows` rows of `head_dim`, or an error naming `op` when that overflows.
+fn row_elements(op: &'static str, rows: usize, head_dim: usize) -> Result<usize, TensorError> {
+    rows.checked_mul(head_dim)
+        .ok_or_else(|| TensorError::InvalidArgument {
+            op,
+            reason: format!("{rows} rows of {head_dim} overflow the address space"),
+        })
+}
+
 /// `Ok` when every `(name, expected, got)` buffer length matches.
 fn check_lengths(
     op: &'static str,
