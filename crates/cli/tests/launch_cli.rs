@@ -779,8 +779,8 @@ fn a_stray_background_process_holding_the_output_does_not_hold_the_launcher() {
 
 /// `tessera rank-env` turns an MPI launcher's rank variables (OpenMPI's, given here by hand)
 /// into the contract plus MindSpore's names and `TESSERA_BACKEND=mpi`, removes contract
-/// variables that do not apply, and runs the command in its place; outside an MPI launcher,
-/// or with a command that cannot start, it says so.
+/// variables that do not apply, and runs the command, ending as it ended; outside an MPI
+/// launcher, or with a command that cannot start, it says so.
 #[test]
 fn rank_env_maps_an_mpi_launchers_rank_to_the_contract() {
     let script = "echo \"rank=$TESSERA_RANK world=$TESSERA_WORLD_SIZE local=$TESSERA_LOCAL_RANK wid=$TESSERA_WORKER_ID id=$RANK_ID size=$RANK_SIZE device=$DEVICE_ID backend=$TESSERA_BACKEND addr=${TESSERA_SCHEDULER_ADDR--}\"; exit 7";
@@ -796,8 +796,30 @@ fn rank_env_maps_an_mpi_launchers_rank_to_the_contract() {
         stdout(&out),
         "rank=2 world=4 local=0 wid=2 id=2 size=4 device=0 backend=mpi addr=-\n"
     );
-    // The command ran in rank-env's place: its exit status is the job's.
+    // The command's exit status is rank-env's, and its failure is reported on stderr.
     assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("tessera rank-env: the command failed (exit code 7)"),
+        "{}",
+        stderr(&out)
+    );
+    // A command ended by a signal ends rank-env by the same signal.
+    let out = tessera_command()
+        .args(["rank-env", "--", "sh", "-c", "kill -TERM $$"])
+        .env("PMI_RANK", "0")
+        .env("PMI_SIZE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGTERM),
+        "{out:?}"
+    );
+    assert!(
+        stderr(&out).contains("the command failed (signal 15)"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = tessera_command()
         .args(["rank-env", "--", "true"])

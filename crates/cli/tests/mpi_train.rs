@@ -546,7 +546,8 @@ fn rank_env_under_mpirun_runs_one_collective_job() {
 }
 
 /// A SIGKILLed `mpirun` takes its ranks with it: `tessera rank-env` asked the kernel to end
-/// each rank with the launcher's process that started it, so none is left behind.
+/// itself with the launcher's process that started it, and its command with itself, so none
+/// is left behind.
 #[test]
 fn ranks_started_by_rank_env_die_with_a_killed_mpirun() {
     let exe = env!("CARGO_BIN_EXE_tessera");
@@ -563,8 +564,10 @@ fn ranks_started_by_rank_env_die_with_a_killed_mpirun() {
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let ranks = loop {
+        // mpirun → rank-env → the rank's command.
         let ranks: Vec<libc::pid_t> = crate::util::children_of(launcher)
             .into_iter()
+            .flat_map(crate::util::children_of)
             .filter(is_sleep)
             .collect();
         if ranks.len() == 2 {

@@ -104,6 +104,11 @@ pub const RANK_SIZE: &str = "RANK_SIZE";
 /// only, when the launcher knows the host's workers).
 pub const DEVICE_ID: &str = "DEVICE_ID";
 
+/// How `tessera rank-env` starts the line it writes to its stderr when the rank's command
+/// failed: `tessera rank-env: the command failed (exit code 3)`. `tessera launch` names the
+/// first rank whose output carries it, which `mpirun`'s own report does not always do.
+pub const RANK_FAILED_LINE: &str = "tessera rank-env: the command failed";
+
 /// The variables a launcher sets or removes for every process it starts, so that nothing of
 /// its own environment leaks into a process's contract.
 pub const LAUNCHER_VARS: [&str; 21] = [

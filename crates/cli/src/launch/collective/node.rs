@@ -114,6 +114,11 @@ fn join(joining: &Joining, deadline: Instant) -> anyhow::Result<(TcpStream, usiz
     }
 }
 
+/// The store's subdirectory under which this node's OpenMPI daemons keep their session files.
+const SESSION_DIR: &str = "ompi-session";
+/// OpenMPI's parameter naming the base of the session directories.
+const SESSION_BASE_VAR: &str = "OMPI_MCA_orte_tmpdir_base";
+
 /// The daemon this node runs, if any (its process id, which leads its process group).
 type Daemon = Arc<Mutex<Option<libc::pid_t>>>;
 
@@ -174,11 +179,17 @@ fn start_daemon(
             "node 0 asked for a command that is not OpenMPI's daemon (orted)",
         ));
     }
+    // OpenMPI's session directory (`<base>/ompi.<host>.<uid>/jf.<job family>`) is per host,
+    // and daemons of several nodes on one machine race to create it ("File exists"): each node
+    // keeps its own under its store, which a later launcher removes if this one is killed.
+    let session = store.join(SESSION_DIR);
+    std::fs::create_dir_all(&session)?;
     let mut child = Command::new("/bin/sh");
     child
         .arg("-c")
         .arg(command)
         .env(runtime::elastic::STORE_VAR, store)
+        .env(SESSION_BASE_VAR, &session)
         .stdin(Stdio::null())
         .process_group(0);
     ps::launch::die_with_parent(&mut child);

@@ -6,11 +6,14 @@
 //! `mpirun`'s output. The router keeps each rank's (and stream's) pieces until a newline ends
 //! its line, then writes the line, without tags, to `worker_<RANK>.log` and to the console
 //! prefixed `[worker RANK] `. `mpirun`'s own lines (untagged: its error reports) go to
-//! `mpirun.log` and the console prefixed `[mpirun] `; from those the router also remembers which
-//! rank `mpirun` reported as failed.
+//! `mpirun.log` and the console prefixed `[mpirun] `. The router remembers the first rank
+//! reported as failed: by `tessera rank-env`'s line on that rank's stderr
+//! ([`RANK_FAILED_LINE`]), or by `mpirun`'s report (which it sometimes leaves out).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use runtime::launch_env::RANK_FAILED_LINE;
 
 use crate::launch::output::{LogFile, Router, MAX_LINE_BYTES};
 
@@ -30,7 +33,7 @@ pub struct TaggedRouter {
     own: RankOutput,
     /// Pieces of a line not yet ended, by (rank, from stderr).
     pending: Mutex<HashMap<(usize, bool), Vec<u8>>>,
-    /// The first rank `mpirun` reported as failed in this job's run.
+    /// The first rank reported as failed in this job's run (by its rank-env or by `mpirun`).
     failed_rank: Mutex<Option<usize>>,
 }
 
@@ -53,7 +56,7 @@ impl TaggedRouter {
         }
     }
 
-    /// The rank `mpirun` named as the first to fail, if its report said so.
+    /// The first rank reported as failed, by its rank-env's line or by `mpirun`'s report.
     pub fn failed_rank(&self) -> Option<usize> {
         *self.failed_rank.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -93,6 +96,10 @@ impl Router for TaggedRouter {
             if buffer.last() == Some(&b'\n') || buffer.len() >= MAX_LINE_BYTES {
                 if buffer.last() != Some(&b'\n') {
                     buffer.push(b'\n');
+                }
+                if piece.stderr && buffer.starts_with(RANK_FAILED_LINE.as_bytes()) {
+                    let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
+                    failed.get_or_insert(piece.rank);
                 }
                 emit(&out.log, &out.prefix, buffer);
                 buffer.clear();
@@ -279,5 +286,34 @@ mod tests {
         assert_eq!(router.failed_rank(), Some(1), "the first report wins");
         router.reset();
         assert_eq!(router.failed_rank(), None);
+    }
+
+    #[test]
+    fn rank_envs_failure_line_names_the_rank_before_mpiruns_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        // On stdout it is the command's own text, not rank-env's report.
+        routed(
+            &router,
+            format!("[1,0]<stdout>:{RANK_FAILED_LINE} (exit code 1)\n").as_bytes(),
+        );
+        assert_eq!(router.failed_rank(), None);
+        // Split over two pieces, as mpirun may forward it.
+        routed(&router, b"[1,1]<stderr>:tessera rank-env: ");
+        assert_eq!(router.failed_rank(), None);
+        let rest = &RANK_FAILED_LINE["tessera rank-env: ".len()..];
+        let out = routed(
+            &router,
+            format!("[1,1]<stderr>:{rest} (exit code 3)\n").as_bytes(),
+        );
+        assert_eq!(
+            out,
+            [(
+                "w1".to_string(),
+                format!("{RANK_FAILED_LINE} (exit code 3)\n")
+            )]
+        );
+        routed(&router, b"  Process name: [[5,1],0]\n");
+        assert_eq!(router.failed_rank(), Some(1), "the first report wins");
     }
 }
