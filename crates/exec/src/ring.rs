@@ -2,25 +2,32 @@
 //! `FlashAttention` (or its gradient) whose sequence dim is split over a ring of ranks.
 //!
 //! Every member holds one block of the queries and one block of the keys and values (the same
-//! positions). Forward: the key/value blocks travel around the ring — each member sends the
-//! block it holds to the next member, attends its queries to that block (an
-//! [`tensor::kernels::AttentionState`] accumulates the blocks with the online softmax, the
-//! causal mask given by global positions), and receives the next block from the previous
-//! member; after `n − 1` passes every query block has seen every key block, and no member
-//! ever holds more than two blocks. The send is posted before the computation, so the pass
-//! overlaps it. Backward: the blocks travel the same way with their `dk`/`dv` accumulators;
-//! each member adds its queries' contribution to the block it holds, and `dq` stays home.
-//! After `n` passes every accumulator is back with its block's owner.
+//! positions). Under the causal mask the ring attends in the zigzag placement
+//! ([`parallel::ring::Zigzag`]) when the blocks have one even length: the sequence is cut into
+//! `2n` chunks and member `i` attends with chunks `i` and `2n − 1 − i` (moved there from their
+//! owners before the passes, and the results moved back after), so every member does the same
+//! work at every pass; otherwise each member attends with its own block.
+//!
+//! Forward: the key/value chunks travel around the ring — each member sends the chunks it holds
+//! to the next member, attends its query chunks to them (an [`tensor::kernels::AttentionState`]
+//! per query chunk accumulates them with the online softmax, the causal mask given by global
+//! positions, and pairs the mask hides wholly are skipped), and receives the next member's
+//! chunks from the previous one; after `n − 1` passes every query has seen every key, and no
+//! member ever holds more than two sets of chunks. The sends are posted before the computation,
+//! so the pass overlaps it. Backward: the chunks travel the same way with their `dk`/`dv`
+//! accumulators; each member adds its queries' contribution to the chunks it holds, and `dq`
+//! stays home. After `n` passes every accumulator is back with the member holding its chunk.
 //!
 //! The members of a ring are the ranks holding the same batch/heads block in the same replica,
-//! ordered by their sequence block ([`Ring::of`]). Blocks are attended in arrival order
-//! (own block first), so the result equals one device's to rounding, not bitwise.
+//! ordered by their sequence block ([`Ring::of`]). Chunks are attended in arrival order (own
+//! first), so the result equals one device's to rounding, not bitwise.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use comm::{Communicator, Tag, MAX_TAG};
 use layout::TensorLayout;
+use parallel::ring::Zigzag;
 use tensor::kernels::{
     attention_backward_block, attention_delta_into, AttentionDims, AttentionGradBuffers,
     AttentionParams, AttentionState, BlockGradInputs, Float,
@@ -85,14 +92,6 @@ impl Ring {
         self.members.len()
     }
 
-    fn next(&self) -> usize {
-        self.members[(self.position + 1) % self.n()]
-    }
-
-    fn prev(&self) -> usize {
-        self.members[(self.position + self.n() - 1) % self.n()]
-    }
-
     /// The member whose block this rank holds after `t` passes.
     fn held_after(&self, t: usize) -> usize {
         (self.position + self.n() - t % self.n()) % self.n()
@@ -111,7 +110,50 @@ pub(crate) fn ring_tag(step: usize) -> Result<Tag, ExecError> {
         })
 }
 
-/// The attention call's sizes and mask for this rank's queries against member `j`'s block.
+/// A run of consecutive sequence positions attended as one: its global position and rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Chunk {
+    offset: usize,
+    len: usize,
+}
+
+/// Where the ring's attention happens: each member's own contiguous block, or the zigzag
+/// placement ([`parallel::ring::Zigzag`]) that balances the causal mask's work.
+struct Placement {
+    zigzag: Option<Zigzag>,
+    /// Rows of a zigzag chunk (half a block).
+    chunk_rows: usize,
+}
+
+impl Placement {
+    fn of(ring: &Ring, causal: bool) -> Placement {
+        let zigzag = Zigzag::of(causal, &ring.lengths);
+        Placement {
+            zigzag,
+            chunk_rows: ring.lengths[0] / 2,
+        }
+    }
+
+    /// The chunks member `j` attends (queries) and holds (keys and values), in sequence order.
+    fn chunks(&self, ring: &Ring, j: usize) -> Vec<Chunk> {
+        match self.zigzag {
+            Some(z) => z
+                .held(j)
+                .iter()
+                .map(|&x| Chunk {
+                    offset: ring.offsets[0] + x * self.chunk_rows,
+                    len: self.chunk_rows,
+                })
+                .collect(),
+            None => vec![Chunk {
+                offset: ring.offsets[j],
+                len: ring.lengths[j],
+            }],
+        }
+    }
+}
+
+/// The attention call's sizes and mask.
 struct Call {
     slices: usize,
     head_dim: usize,
@@ -138,32 +180,32 @@ impl Call {
         })
     }
 
-    fn dims(&self, ring: &Ring, j: usize) -> AttentionDims {
+    fn dims(&self, q: Chunk, kv: Chunk) -> AttentionDims {
         AttentionDims {
             slices: self.slices,
-            q_len: ring.lengths[ring.position],
-            kv_len: ring.lengths[j],
+            q_len: q.len,
+            kv_len: kv.len,
             head_dim: self.head_dim,
         }
     }
 
-    fn params<T: Float>(&self, ring: &Ring, j: usize) -> AttentionParams<T> {
+    fn params<T: Float>(&self, q: Chunk, kv: Chunk) -> AttentionParams<T> {
         AttentionParams {
             causal: self.causal,
             scale: T::from_f64(self.scale),
-            q_offset: ring.offsets[ring.position],
-            k_offset: ring.offsets[j],
+            q_offset: q.offset,
+            k_offset: kv.offset,
         }
     }
 
-    /// Elements of member `j`'s key (or value) block.
-    fn block_len(&self, ring: &Ring, j: usize) -> usize {
-        self.slices * ring.lengths[j] * self.head_dim
+    /// Elements of a chunk's keys (or values, or queries).
+    fn rows_len(&self, chunk: Chunk) -> usize {
+        self.slices * chunk.len * self.head_dim
     }
 
-    /// Whether any of this rank's queries sees a key of member `j`'s block.
-    fn sees(&self, ring: &Ring, j: usize) -> bool {
-        !self.causal || ring.offsets[j] < ring.offsets[ring.position] + ring.lengths[ring.position]
+    /// Whether any query of chunk `q` sees a key of chunk `kv`.
+    fn sees(&self, q: Chunk, kv: Chunk) -> bool {
+        !self.causal || kv.offset < q.offset + q.len
     }
 }
 
@@ -175,51 +217,157 @@ fn unsupported(dtype: DType) -> ExecError {
     }
 }
 
-/// This rank's two neighbours on the ring, the step's message tag, and the time spent waiting
+/// This rank's ring, its two neighbours, the step's message tag, and the time spent waiting
 /// for blocks.
 struct Link<'a> {
     comm: &'a dyn Communicator,
-    next: usize,
-    prev: usize,
+    ring: &'a Ring,
     tag: Tag,
     waited: Cell<Duration>,
 }
 
 impl<'a> Link<'a> {
-    fn of(comm: &'a dyn Communicator, ring: &Ring, tag: Tag) -> Link<'a> {
+    fn of(comm: &'a dyn Communicator, ring: &'a Ring, tag: Tag) -> Link<'a> {
         Link {
             comm,
-            next: ring.next(),
-            prev: ring.prev(),
+            ring,
             tag,
             waited: Cell::new(Duration::ZERO),
         }
     }
 
-    /// Sends each of `blocks` to the next member (posted, not waited for), one message each.
-    fn pass_on<T: Element>(&self, blocks: &[&[T]]) -> Result<(), ExecError> {
-        for block in blocks {
-            self.comm
-                .send_bytes(self.next, self.tag, bytemuck::cast_slice(block))?;
-        }
+    /// Sends `block` to member `member` (posted, not waited for).
+    fn send_to<T: Element>(&self, member: usize, block: &[T]) -> Result<(), ExecError> {
+        self.comm.send_bytes(
+            self.ring.members[member],
+            self.tag,
+            bytemuck::cast_slice(block),
+        )?;
         Ok(())
     }
 
-    /// Receives the next message from the previous member: `count` elements of `T`.
-    fn receive<T: Element>(&self, count: usize) -> Result<Vec<T>, ExecError> {
+    /// Receives the next message from member `member`: `count` elements of `T`.
+    fn receive_from<T: Element>(&self, member: usize, count: usize) -> Result<Vec<T>, ExecError> {
+        let from = self.ring.members[member];
         let started = Instant::now();
-        let bytes = self.comm.recv_bytes(self.prev, self.tag)?;
+        let bytes = self.comm.recv_bytes(from, self.tag)?;
         self.waited.set(self.waited.get() + started.elapsed());
         let expected = count * std::mem::size_of::<T>();
         if bytes.len() != expected {
             return Err(ExecError::Mismatch {
-                what: format!("a ring attention message from rank {}", self.prev),
+                what: format!("a ring attention message from rank {from}"),
                 expected: format!("{expected} bytes"),
                 got: format!("{} bytes", bytes.len()),
             });
         }
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
+
+    /// Sends each of `blocks` to the next member, one message each.
+    fn pass_on<T: Element>(&self, blocks: &[Vec<T>]) -> Result<(), ExecError> {
+        let next = (self.ring.position + 1) % self.ring.n();
+        blocks.iter().try_for_each(|b| self.send_to(next, b))
+    }
+
+    /// Receives one message of `count` elements from the previous member per entry of `counts`.
+    fn receive<T: Element>(&self, counts: &[usize]) -> Result<Vec<Vec<T>>, ExecError> {
+        let prev = (self.ring.position + self.ring.n() - 1) % self.ring.n();
+        counts
+            .iter()
+            .map(|&count| self.receive_from(prev, count))
+            .collect()
+    }
+}
+
+/// Operands of `slices` slices of `rows` rows of `width` elements (`[..., rows, width]`).
+#[derive(Clone, Copy)]
+struct Rows {
+    slices: usize,
+    width: usize,
+}
+
+impl Rows {
+    /// Rows `from .. from + len` of every slice of `data` (whose slices have `rows` rows).
+    fn take<T: Copy>(self, data: &[T], rows: usize, from: usize, len: usize) -> Vec<T> {
+        let mut part = Vec::with_capacity(self.slices * len * self.width);
+        for s in 0..self.slices {
+            let at = (s * rows + from) * self.width;
+            part.extend_from_slice(&data[at..at + len * self.width]);
+        }
+        part
+    }
+
+    /// Writes `part` into rows `from ..` of every slice of `data`.
+    fn put<T: Copy>(self, data: &mut [T], rows: usize, from: usize, part: &[T]) {
+        let len = part.len() / (self.slices * self.width).max(1);
+        for s in 0..self.slices {
+            let at = (s * rows + from) * self.width;
+            let src = s * len * self.width;
+            data[at..at + len * self.width].copy_from_slice(&part[src..src + len * self.width]);
+        }
+    }
+}
+
+/// This rank's operand `data` (its contiguous block) as the chunks it attends with: moved to
+/// the zigzag placement, or the block itself.
+fn to_placement<T: Element>(
+    link: &Link<'_>,
+    placement: &Placement,
+    rows: Rows,
+    data: &[T],
+) -> Result<Vec<Vec<T>>, ExecError> {
+    let Some(z) = placement.zigzag else {
+        return Ok(vec![data.to_vec()]);
+    };
+    let (me, c) = (link.ring.position, placement.chunk_rows);
+    let mut kept = Vec::new();
+    for half in 0..2 {
+        let x = 2 * me + half;
+        let part = rows.take(data, 2 * c, half * c, c);
+        match z.holder(x) {
+            h if h == me => kept.push((x, part)),
+            h => link.send_to(h, &part)?,
+        }
+    }
+    z.held(me)
+        .iter()
+        .map(|&x| match kept.iter().position(|(y, _)| *y == x) {
+            Some(i) => Ok(kept.swap_remove(i).1),
+            None => link.receive_from(Zigzag::owner(x), rows.slices * c * rows.width),
+        })
+        .collect()
+}
+
+/// The inverse of [`to_placement`]: the chunks this rank attended with go back to their
+/// owners, and `out` (this rank's contiguous block) receives its own.
+fn from_placement<T: Element>(
+    link: &Link<'_>,
+    placement: &Placement,
+    rows: Rows,
+    chunks: Vec<Vec<T>>,
+    out: &mut [T],
+) -> Result<(), ExecError> {
+    let Some(z) = placement.zigzag else {
+        let whole = chunks.into_iter().next().unwrap_or_default();
+        out.copy_from_slice(&whole);
+        return Ok(());
+    };
+    let (me, c) = (link.ring.position, placement.chunk_rows);
+    for (x, part) in z.held(me).into_iter().zip(chunks) {
+        match Zigzag::owner(x) {
+            o if o == me => rows.put(out, 2 * c, (x % 2) * c, &part),
+            o => link.send_to(o, &part)?,
+        }
+    }
+    for half in 0..2 {
+        let x = 2 * me + half;
+        let h = z.holder(x);
+        if h != me {
+            let part = link.receive_from(h, rows.slices * c * rows.width)?;
+            rows.put(out, 2 * c, half * c, &part);
+        }
+    }
+    Ok(())
 }
 
 /// Ring attention's forward: `out` and `lse` of this rank's queries over every member's keys;
@@ -248,27 +396,53 @@ fn forward_typed<T: Element + Float>(
     (out, lse): (&mut Tensor, &mut Tensor),
 ) -> Result<Duration, ExecError> {
     let call = Call::of(q, causal, scale)?;
-    let q_rows = q.as_slice::<T>()?;
-    let mut state =
-        AttentionState::<T>::new(call.slices, ring.lengths[ring.position], call.head_dim)?;
-    let mut held: (Vec<T>, Vec<T>) = (k.as_slice::<T>()?.to_vec(), v.as_slice::<T>()?.to_vec());
     let link = Link::of(comm, ring, tag);
+    let placement = Placement::of(ring, causal);
+    let wide = Rows {
+        slices: call.slices,
+        width: call.head_dim,
+    };
+    let place = |t: &Tensor| to_placement(&link, &placement, wide, t.as_slice::<T>()?);
+    let (qs, ks, vs) = (place(q)?, place(k)?, place(v)?);
+    let mine = placement.chunks(ring, ring.position);
+    let mut states = mine
+        .iter()
+        .map(|c| AttentionState::<T>::new(call.slices, c.len, call.head_dim))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut held = (ks, vs);
     let n = ring.n();
     for t in 0..n {
-        let j = ring.held_after(t);
+        let theirs = placement.chunks(ring, ring.held_after(t));
         if t + 1 < n {
-            link.pass_on(&[&held.0, &held.1])?;
+            link.pass_on(&held.0)?;
+            link.pass_on(&held.1)?;
         }
-        if call.sees(ring, j) {
-            let kv = (q_rows, held.0.as_slice(), held.1.as_slice());
-            state.accumulate(kv, ring.lengths[j], call.params::<T>(ring, j))?;
+        for (a, &qc) in mine.iter().enumerate() {
+            for (b, &kc) in theirs.iter().enumerate() {
+                if call.sees(qc, kc) {
+                    let kv = (qs[a].as_slice(), held.0[b].as_slice(), held.1[b].as_slice());
+                    states[a].accumulate(kv, kc.len, call.params::<T>(qc, kc))?;
+                }
+            }
         }
         if t + 1 < n {
-            let count = call.block_len(ring, ring.held_after(t + 1));
-            held = (link.receive::<T>(count)?, link.receive::<T>(count)?);
+            let next = placement.chunks(ring, ring.held_after(t + 1));
+            let counts: Vec<usize> = next.iter().map(|&c| call.rows_len(c)).collect();
+            held = (link.receive(&counts)?, link.receive(&counts)?);
         }
     }
-    state.finish_into(out.as_slice_mut::<T>()?, lse.as_slice_mut::<T>()?)?;
+    let mut outs = Vec::with_capacity(mine.len());
+    let mut lses = Vec::with_capacity(mine.len());
+    for (state, c) in states.iter().zip(&mine) {
+        let mut o = vec![T::ZERO; call.rows_len(*c)];
+        let mut l = vec![T::ZERO; call.slices * c.len];
+        state.finish_into(&mut o, &mut l)?;
+        outs.push(o);
+        lses.push(l);
+    }
+    let narrow = Rows { width: 1, ..wide };
+    from_placement(&link, &placement, wide, outs, out.as_slice_mut::<T>()?)?;
+    from_placement(&link, &placement, narrow, lses, lse.as_slice_mut::<T>()?)?;
     Ok(link.waited.get())
 }
 
@@ -298,69 +472,89 @@ fn backward_typed<T: Element + Float>(
     [dq, dk, dv]: [&mut Tensor; 3],
 ) -> Result<Duration, ExecError> {
     let call = Call::of(q, causal, scale)?;
-    let (q_rows, lse_rows, dout_rows) = (
-        q.as_slice::<T>()?,
-        lse.as_slice::<T>()?,
-        dout.as_slice::<T>()?,
-    );
-    let mut delta = vec![T::ZERO; lse_rows.len()];
-    attention_delta_into(out.as_slice::<T>()?, dout_rows, call.head_dim, &mut delta)?;
-    let dq = dq.as_slice_mut::<T>()?;
-    dq.fill(T::ZERO);
-    // The block held, its keys and values, and its accumulated key and value gradients.
-    let own = k.n_elements();
-    let mut held = (
-        k.as_slice::<T>()?.to_vec(),
-        v.as_slice::<T>()?.to_vec(),
-        vec![T::ZERO; own],
-        vec![T::ZERO; own],
-    );
     let link = Link::of(comm, ring, tag);
+    let placement = Placement::of(ring, causal);
+    let wide = Rows {
+        slices: call.slices,
+        width: call.head_dim,
+    };
+    let narrow = Rows { width: 1, ..wide };
+    let dout_rows = dout.as_slice::<T>()?;
+    let mut delta = vec![T::ZERO; lse.n_elements()];
+    attention_delta_into(out.as_slice::<T>()?, dout_rows, call.head_dim, &mut delta)?;
+    let place = |rows: Rows, data: &[T]| to_placement(&link, &placement, rows, data);
+    let (qs, douts) = (place(wide, q.as_slice::<T>()?)?, place(wide, dout_rows)?);
+    let (lses, deltas) = (place(narrow, lse.as_slice::<T>()?)?, place(narrow, &delta)?);
+    let (ks, vs) = (
+        place(wide, k.as_slice::<T>()?)?,
+        place(wide, v.as_slice::<T>()?)?,
+    );
+    let mine = placement.chunks(ring, ring.position);
+    let mut dqs: Vec<Vec<T>> = qs.iter().map(|c| vec![T::ZERO; c.len()]).collect();
+    // The blocks held: their keys and values, and their accumulated key and value gradients.
+    let zeros = |chunks: &[Vec<T>]| -> Vec<Vec<T>> {
+        chunks.iter().map(|c| vec![T::ZERO; c.len()]).collect()
+    };
+    let mut held = (zeros(&ks), zeros(&vs), ks, vs);
     let n = ring.n();
     for t in 0..n {
-        let j = ring.held_after(t);
+        let theirs = placement.chunks(ring, ring.held_after(t));
         if t + 1 < n {
             // The keys and values go on at once; their gradients after this member's part.
-            link.pass_on(&[&held.0, &held.1])?;
+            link.pass_on(&held.2)?;
+            link.pass_on(&held.3)?;
         }
-        if call.sees(ring, j) {
-            let len = held.0.len();
-            let (mut dk_part, mut dv_part) = (vec![T::ZERO; len], vec![T::ZERO; len]);
-            let input = BlockGradInputs {
-                q: q_rows,
-                k: &held.0,
-                v: &held.1,
-                dout: dout_rows,
-                lse: lse_rows,
-                delta: &delta,
-            };
-            let grads = AttentionGradBuffers {
-                dq: &mut dq[..],
-                dk: &mut dk_part,
-                dv: &mut dv_part,
-            };
-            attention_backward_block(input, call.dims(ring, j), call.params::<T>(ring, j), grads)?;
-            add_into(&mut held.2, &dk_part);
-            add_into(&mut held.3, &dv_part);
+        for (a, &qc) in mine.iter().enumerate() {
+            for (b, &kc) in theirs.iter().enumerate() {
+                if !call.sees(qc, kc) {
+                    continue;
+                }
+                let len = held.2[b].len();
+                let (mut dk_part, mut dv_part) = (vec![T::ZERO; len], vec![T::ZERO; len]);
+                let input = BlockGradInputs {
+                    q: &qs[a],
+                    k: &held.2[b],
+                    v: &held.3[b],
+                    dout: &douts[a],
+                    lse: &lses[a],
+                    delta: &deltas[a],
+                };
+                let grads = AttentionGradBuffers {
+                    dq: &mut dqs[a],
+                    dk: &mut dk_part,
+                    dv: &mut dv_part,
+                };
+                attention_backward_block(
+                    input,
+                    call.dims(qc, kc),
+                    call.params::<T>(qc, kc),
+                    grads,
+                )?;
+                add_into(&mut held.0[b], &dk_part);
+                add_into(&mut held.1[b], &dv_part);
+            }
         }
-        link.pass_on(&[&held.2, &held.3])?;
-        let count = call.block_len(ring, ring.held_after(t + 1));
+        link.pass_on(&held.0)?;
+        link.pass_on(&held.1)?;
+        let next = placement.chunks(ring, ring.held_after(t + 1));
+        let counts: Vec<usize> = next.iter().map(|&c| call.rows_len(c)).collect();
         if t + 1 < n {
-            let (k_next, v_next) = (link.receive::<T>(count)?, link.receive::<T>(count)?);
+            let (k_next, v_next) = (link.receive(&counts)?, link.receive(&counts)?);
             held = (
+                link.receive(&counts)?,
+                link.receive(&counts)?,
                 k_next,
                 v_next,
-                link.receive::<T>(count)?,
-                link.receive::<T>(count)?,
             );
         } else {
-            // After n passes the accumulators of this rank's own block are back.
-            dk.as_slice_mut::<T>()?
-                .copy_from_slice(&link.receive::<T>(count)?);
-            dv.as_slice_mut::<T>()?
-                .copy_from_slice(&link.receive::<T>(count)?);
+            // After n passes the accumulators of this rank's own chunks are back.
+            held.0 = link.receive(&counts)?;
+            held.1 = link.receive(&counts)?;
         }
     }
+    from_placement(&link, &placement, wide, dqs, dq.as_slice_mut::<T>()?)?;
+    from_placement(&link, &placement, wide, held.0, dk.as_slice_mut::<T>()?)?;
+    from_placement(&link, &placement, wide, held.1, dv.as_slice_mut::<T>()?)?;
     Ok(link.waited.get())
 }
 

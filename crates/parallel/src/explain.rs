@@ -159,11 +159,23 @@ impl Program {
                         describe_node(node.name.as_str(), &node.op, place)
                     );
                     if let Some(t) = crate::ring::ring_traffic(self, k) {
+                        let (balance, moved) = if t.zigzag_bytes_per_ring > 0 {
+                            (
+                                ", zigzag-balanced",
+                                format!(
+                                    ", {} B per ring to the zigzag placement and back",
+                                    t.zigzag_bytes_per_ring
+                                ),
+                            )
+                        } else {
+                            ("", String::new())
+                        };
                         let _ = writeln!(
                             out,
-                            "    -> ring attention over {} ranks ({} rings): {} pass{} of key/value blocks{} ({} B/step, {} B per rank)",
+                            "    -> ring attention over {} ranks ({} ring{}{balance}): {} pass{} of key/value blocks{} ({} B/step, {} B per rank in the passes{moved})",
                             t.members,
                             t.rings,
+                            if t.rings == 1 { "" } else { "s" },
                             t.passes,
                             if t.passes == 1 { "" } else { "es" },
                             if matches!(k.op, graph::Op::FlashAttentionGrad { .. }) {

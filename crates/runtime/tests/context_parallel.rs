@@ -211,9 +211,52 @@ fn bad_context_parallel_settings_name_the_key() {
     }
 }
 
+/// At 12 tokens (batch 12): a ring of 3 (blocks of 4 rows, the zigzag placement of 6 chunks, where the
+/// middle member holds two chunks of one owner) and a ring of 4 (blocks of 3 rows, too short to
+/// halve: the contiguous placement) each train as one device does.
+#[test]
+fn ring_attention_balances_odd_rings_and_keeps_odd_blocks_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let short = |out: &Path, parallel: &str| {
+        run_util::small_gpt(
+            out,
+            "adam",
+            "fused_attention = true",
+            parallel,
+            &[
+                "model.seq_len=12".to_string(),
+                "data.batch_size=12".to_string(),
+            ],
+        )
+    };
+    let reference = train(&short(&tmp.path().join("sa"), "mode = \"stand_alone\""));
+    for (cp, placement) in [(3, "zigzag-balanced"), (4, "")] {
+        let keys = format!("context_parallel = {cp}\ncontext_parallel_algo = \"ring\"");
+        let config = short(&tmp.path().join(format!("cp{cp}")), &semi(cp, &keys));
+        let plan = Session::new(&config).unwrap().train.explain();
+        let line = format!(
+            "ring attention over {cp} ranks (1 ring{}",
+            if placement.is_empty() {
+                "):".to_string()
+            } else {
+                format!(", {placement}):")
+            }
+        );
+        assert!(plan.contains(&line), "no {line:?} in\n{plan}");
+        let run = train(&config);
+        run_util::assert_same_run(
+            &format!("ring cp {cp} at 12 tokens"),
+            &run,
+            &reference,
+            2e-4,
+        );
+    }
+}
+
 /// The ring passes key/value blocks (and in the backward their gradients) around each `cp`
-/// ring: `--explain` lists each ring step with its bytes, counted in the step's total; q, k
-/// and v are not moved before attention.
+/// ring, in the zigzag placement under the causal mask: `--explain` lists each ring step with
+/// its bytes (the passes and the moves to the placement), counted in the step's total; q, k
+/// and v are not resharded before attention.
 #[test]
 fn ring_attention_passes_blocks_around_cp_rings() {
     let tmp = tempfile::tempdir().unwrap();
@@ -229,15 +272,21 @@ fn ring_attention_passes_blocks_around_cp_rings() {
     let plan = session.train.explain();
     // Local blocks of k and v: [B/dp = 4, heads/mp = 4, S/cp = 8, head_dim 4] f32 = 2 KiB each.
     let block = 4 * 4 * 8 * 4 * 4;
+    // Causal, with blocks of 8 rows: the zigzag placement, chunks of 4 rows. Chunks 1 and 3
+    // trade places (and come back): forward q, k, v, out (a half block each) and lse (a
+    // quarter-row-width chunk: 4 × 4 slices × 4 rows × 4 B); backward q, k, v, dout, dq, dk,
+    // dv and lse, delta.
+    let (wide, narrow) = (block / 2, 4 * 4 * 4 * 4);
+    let (zig_forward, zig_backward) = (2 * (4 * wide + narrow), 2 * (7 * wide + 2 * narrow));
     let forward = format!(
-        "-> ring attention over 2 ranks (4 rings): 1 pass of key/value blocks ({} B/step, {} B per rank)",
-        8 * 2 * block,
+        "-> ring attention over 2 ranks (4 rings, zigzag-balanced): 1 pass of key/value blocks ({} B/step, {} B per rank in the passes, {zig_forward} B per ring to the zigzag placement and back)",
+        8 * 2 * block + 4 * zig_forward,
         2 * block
     );
     assert!(plan.contains(&forward), "no {forward:?} in\n{plan}");
     let backward = format!(
-        "-> ring attention over 2 ranks (4 rings): 2 passes of key/value blocks and their gradients ({} B/step, {} B per rank)",
-        8 * 6 * block,
+        "-> ring attention over 2 ranks (4 rings, zigzag-balanced): 2 passes of key/value blocks and their gradients ({} B/step, {} B per rank in the passes, {zig_backward} B per ring to the zigzag placement and back)",
+        8 * 6 * block + 4 * zig_backward,
         6 * block
     );
     assert!(plan.contains(&backward), "no {backward:?} in\n{plan}");
