@@ -75,6 +75,7 @@ fn train<'py>(
                 metrics_log: Some(metrics_log.clone()),
                 timeout: Duration::from_secs_f64(timeout),
                 mpi_watchdog: false,
+                trace: false,
             };
             Training::from_config(&config)?
                 .options(options)

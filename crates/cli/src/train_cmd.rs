@@ -43,9 +43,10 @@ pub struct TrainArgs {
     /// every reshard and the bytes exchanged with each).
     #[arg(long, value_name = "RANK")]
     explain_rank: Option<usize>,
-    /// Write every rank's timeline of the pipelined steps (compute and waiting spans) to FILE
-    /// in Chrome trace-event format (Perfetto, chrome://tracing). Under MPI each process writes
-    /// its rank's, `FILE` with `.rank<r>` before the extension.
+    /// Write every rank's timeline of the pipelined steps, or of ring attention's passes
+    /// (compute and waiting spans), to FILE in Chrome trace-event format (Perfetto,
+    /// chrome://tracing). Under MPI each process writes its rank's, `FILE` with `.rank<r>`
+    /// before the extension.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Draw the pipeline schedule (stages × time; forward, backward and weight-gradient blocks
@@ -145,11 +146,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // The rank threads print the loss: release stdout.
     drop(out);
     if let Some(path) = &args.trace {
-        if !session.is_pipelined() {
-            anyhow::bail!(
-                "--trace {}: the run has no pipelined steps to trace (set [parallel.pipeline] stages > 1 and micro_batches > 1)",
-                path.display()
-            );
+        if !session.is_pipelined() && !session.runs_ring_attention() {
+            anyhow::bail!("{}", nothing_to_trace(path));
         }
         // Under MPI each process writes `<stem>.rank<r><ext>` beside `path`: the same directory.
         runtime::check_output_file("trace", &trace_target(path, mpi_rank()))?;
@@ -166,6 +164,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         ),
         timeout: std::time::Duration::from_secs(args.timeout),
         mpi_watchdog: args.mpi_watchdog,
+        trace: args.trace.is_some(),
     };
     let devices = session.devices();
     let training = training.options(options);
@@ -367,7 +366,15 @@ fn calibrated_bubble(
     )?)
 }
 
-/// Writes the ranks' pipeline timelines as Chrome trace events: every rank into `path` when
+/// Why `--trace path` has nothing to write.
+fn nothing_to_trace(path: &std::path::Path) -> String {
+    format!(
+        "--trace {}: the run has no pipelined steps or ring attention to trace (set [parallel.pipeline] stages > 1 and micro_batches > 1, or parallel.context_parallel > 1 with context_parallel_algo = \"ring\")",
+        path.display()
+    )
+}
+
+/// Writes the ranks' timelines (pipelined steps, ring attention passes) as Chrome trace events: every rank into `path` when
 /// this process ran them all, else this process's rank into `path` with `.rank<r>` inserted.
 fn write_trace(path: &std::path::Path, report: &runtime::TrainReport) -> anyhow::Result<()> {
     let every_rank = report.ranks.len() == report.devices;
@@ -390,10 +397,7 @@ fn write_trace(path: &std::path::Path, report: &runtime::TrainReport) -> anyhow:
         })
         .collect();
     if traces.iter().all(|(_, t)| t.is_empty()) {
-        anyhow::bail!(
-            "--trace {}: the run has no pipelined steps to trace (set [parallel.pipeline] stages > 1 and micro_batches > 1)",
-            path.display()
-        );
+        anyhow::bail!("{}", nothing_to_trace(path));
     }
     let target = trace_target(
         path,

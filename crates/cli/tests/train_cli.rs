@@ -206,7 +206,8 @@ fn a_saved_strategy_file_drives_the_next_run() {
 
 /// `--trace`: every rank's timeline of the pipelined steps in Chrome trace-event format, with
 /// computing and waiting spans; the summary prints the measured bubble. A run without pipelined
-/// micro-batches has nothing to trace and says so.
+/// micro-batches or ring attention has nothing to trace and says so; ring attention's passes
+/// are traced too.
 #[test]
 fn train_trace_records_every_ranks_pipeline_timeline() {
     let dir = Scratch::new("train-trace");
@@ -279,7 +280,63 @@ fn train_trace_records_every_ranks_pipeline_timeline() {
         .any(|e| e["cat"] == "runtime" && e["name"].as_str().unwrap().starts_with("sum ")));
     let plain = tessera(&base("plain").iter().map(String::as_str).collect::<Vec<_>>());
     assert!(!plain.status.success());
-    assert!(String::from_utf8_lossy(&plain.stderr).contains("no pipelined steps to trace"));
+    assert!(String::from_utf8_lossy(&plain.stderr)
+        .contains("no pipelined steps or ring attention to trace"));
+
+    // Ring attention (context parallel 2): every ring step's passes, attending and waiting.
+    let mut ring = base("ring");
+    ring.extend(
+        [
+            "--set",
+            "parallel.data_parallel=1",
+            "--set",
+            "parallel.context_parallel=2",
+            "--set",
+            "parallel.context_parallel_algo=\"ring\"",
+            "--set",
+            "model.fused_attention=true",
+        ]
+        .map(String::from),
+    );
+    assert_ok(&tessera(
+        &ring.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let spans: Vec<&serde_json::Value> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    for rank in 0..2 {
+        let mine: Vec<&&serde_json::Value> = spans.iter().filter(|e| e["tid"] == rank).collect();
+        // Three steps × two layers × forward and backward × two passes.
+        for pass in 0..2 {
+            let attending = mine
+                .iter()
+                .filter(|e| e["cat"] == "compute")
+                .filter(|e| {
+                    e["name"]
+                        .as_str()
+                        .unwrap()
+                        .ends_with(&format!(" pass {pass}"))
+                })
+                .count();
+            assert_eq!(attending, 12, "rank {rank}, pass {pass}");
+        }
+        // Pass 1 needs the other rank's keys: its receive is a wait span.
+        assert!(
+            mine.iter()
+                .any(|e| e["cat"] == "wait" && e["name"].as_str().unwrap().starts_with("wait ")),
+            "rank {rank}"
+        );
+        // One rank's spans follow one another.
+        for pair in mine.windows(2) {
+            let end = pair[0]["ts"].as_f64().unwrap() + pair[0]["dur"].as_f64().unwrap();
+            assert!(pair[1]["ts"].as_f64().unwrap() >= end - 1e-3, "{pair:?}");
+        }
+    }
 }
 
 /// `--timeline FILE.svg`: the schedule as an SVG chart, one labelled block per forward,

@@ -131,7 +131,7 @@ impl StepTrace {
 }
 
 /// The process's clock origin for traces.
-fn epoch() -> Instant {
+pub(crate) fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(Instant::now)
 }

@@ -22,7 +22,7 @@
 //! ordered by their sequence block ([`Ring::of`]). Chunks are attended in arrival order (own
 //! first), so the result equals one device's to rounding, not bitwise.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use comm::{Communicator, Tag, MAX_TAG};
@@ -217,13 +217,38 @@ fn unsupported(dtype: DType) -> ExecError {
     }
 }
 
-/// This rank's ring, its two neighbours, the step's message tag, and the time spent waiting
+/// One span of a ring step on this rank: attending (`wait == false`) or waiting for a
+/// message, during pass `pass` (0 = the rank's own keys; the moves to and from the zigzag
+/// placement count as the first and last pass's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSpan {
+    /// The pass.
+    pub pass: usize,
+    /// Waiting for a message rather than attending.
+    pub wait: bool,
+    /// When it started.
+    pub from: Instant,
+    /// When it ended.
+    pub to: Instant,
+}
+
+/// What a ring step reports: the time it waited for messages and its spans.
+#[derive(Debug, Clone, Default)]
+pub struct RingTiming {
+    /// Time blocked in receives.
+    pub waited: Duration,
+    /// Attending and waiting, in order.
+    pub spans: Vec<RingSpan>,
+}
+
+/// This rank's ring, the step's message tag, the pass under way, and the time spent waiting
 /// for blocks.
 struct Link<'a> {
     comm: &'a dyn Communicator,
     ring: &'a Ring,
     tag: Tag,
-    waited: Cell<Duration>,
+    pass: Cell<usize>,
+    timing: RefCell<RingTiming>,
 }
 
 impl<'a> Link<'a> {
@@ -232,8 +257,37 @@ impl<'a> Link<'a> {
             comm,
             ring,
             tag,
-            waited: Cell::new(Duration::ZERO),
+            pass: Cell::new(0),
+            timing: RefCell::new(RingTiming::default()),
         }
+    }
+
+    /// Records a span of the pass under way.
+    fn record(&self, wait: bool, from: Instant) {
+        let to = Instant::now();
+        let mut timing = self.timing.borrow_mut();
+        if wait {
+            timing.waited += to - from;
+        }
+        timing.spans.push(RingSpan {
+            pass: self.pass.get(),
+            wait,
+            from,
+            to,
+        });
+    }
+
+    /// Runs `attend` as the pass under way's attention.
+    fn attend<R>(&self, attend: impl FnOnce() -> R) -> R {
+        let from = Instant::now();
+        let result = attend();
+        self.record(false, from);
+        result
+    }
+
+    /// What the step reports.
+    fn into_timing(self) -> RingTiming {
+        self.timing.into_inner()
     }
 
     /// Sends `block` to member `member` (posted, not waited for).
@@ -251,7 +305,7 @@ impl<'a> Link<'a> {
         let from = self.ring.members[member];
         let started = Instant::now();
         let bytes = self.comm.recv_bytes(from, self.tag)?;
-        self.waited.set(self.waited.get() + started.elapsed());
+        self.record(true, started);
         let expected = count * std::mem::size_of::<T>();
         if bytes.len() != expected {
             return Err(ExecError::Mismatch {
@@ -379,7 +433,7 @@ pub(crate) fn forward(
     (causal, scale): (bool, f64),
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (out, lse): (&mut Tensor, &mut Tensor),
-) -> Result<Duration, ExecError> {
+) -> Result<RingTiming, ExecError> {
     match q.dtype() {
         DType::F32 => forward_typed::<f32>(comm, ring, tag, (causal, scale), (q, k, v), (out, lse)),
         DType::F64 => forward_typed::<f64>(comm, ring, tag, (causal, scale), (q, k, v), (out, lse)),
@@ -394,7 +448,7 @@ fn forward_typed<T: Element + Float>(
     (causal, scale): (bool, f64),
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (out, lse): (&mut Tensor, &mut Tensor),
-) -> Result<Duration, ExecError> {
+) -> Result<RingTiming, ExecError> {
     let call = Call::of(q, causal, scale)?;
     let link = Link::of(comm, ring, tag);
     let placement = Placement::of(ring, causal);
@@ -412,19 +466,23 @@ fn forward_typed<T: Element + Float>(
     let mut held = (ks, vs);
     let n = ring.n();
     for t in 0..n {
+        link.pass.set(t);
         let theirs = placement.chunks(ring, ring.held_after(t));
         if t + 1 < n {
             link.pass_on(&held.0)?;
             link.pass_on(&held.1)?;
         }
-        for (a, &qc) in mine.iter().enumerate() {
-            for (b, &kc) in theirs.iter().enumerate() {
-                if call.sees(qc, kc) {
-                    let kv = (qs[a].as_slice(), held.0[b].as_slice(), held.1[b].as_slice());
-                    states[a].accumulate(kv, kc.len, call.params::<T>(qc, kc))?;
+        link.attend(|| -> Result<(), ExecError> {
+            for (a, &qc) in mine.iter().enumerate() {
+                for (b, &kc) in theirs.iter().enumerate() {
+                    if call.sees(qc, kc) {
+                        let kv = (qs[a].as_slice(), held.0[b].as_slice(), held.1[b].as_slice());
+                        states[a].accumulate(kv, kc.len, call.params::<T>(qc, kc))?;
+                    }
                 }
             }
-        }
+            Ok(())
+        })?;
         if t + 1 < n {
             let next = placement.chunks(ring, ring.held_after(t + 1));
             let counts: Vec<usize> = next.iter().map(|&c| call.rows_len(c)).collect();
@@ -443,7 +501,7 @@ fn forward_typed<T: Element + Float>(
     let narrow = Rows { width: 1, ..wide };
     from_placement(&link, &placement, wide, outs, out.as_slice_mut::<T>()?)?;
     from_placement(&link, &placement, narrow, lses, lse.as_slice_mut::<T>()?)?;
-    Ok(link.waited.get())
+    Ok(link.into_timing())
 }
 
 /// Ring attention's backward: `dq`, `dk`, `dv` of this rank's blocks from the forward's
@@ -455,7 +513,7 @@ pub(crate) fn backward(
     (causal, scale): (bool, f64),
     inputs: [&Tensor; 6],
     grads: [&mut Tensor; 3],
-) -> Result<Duration, ExecError> {
+) -> Result<RingTiming, ExecError> {
     match inputs[0].dtype() {
         DType::F32 => backward_typed::<f32>(comm, ring, tag, (causal, scale), inputs, grads),
         DType::F64 => backward_typed::<f64>(comm, ring, tag, (causal, scale), inputs, grads),
@@ -470,7 +528,7 @@ fn backward_typed<T: Element + Float>(
     (causal, scale): (bool, f64),
     [q, k, v, out, lse, dout]: [&Tensor; 6],
     [dq, dk, dv]: [&mut Tensor; 3],
-) -> Result<Duration, ExecError> {
+) -> Result<RingTiming, ExecError> {
     let call = Call::of(q, causal, scale)?;
     let link = Link::of(comm, ring, tag);
     let placement = Placement::of(ring, causal);
@@ -498,42 +556,46 @@ fn backward_typed<T: Element + Float>(
     let mut held = (zeros(&ks), zeros(&vs), ks, vs);
     let n = ring.n();
     for t in 0..n {
+        link.pass.set(t);
         let theirs = placement.chunks(ring, ring.held_after(t));
         if t + 1 < n {
             // The keys and values go on at once; their gradients after this member's part.
             link.pass_on(&held.2)?;
             link.pass_on(&held.3)?;
         }
-        for (a, &qc) in mine.iter().enumerate() {
-            for (b, &kc) in theirs.iter().enumerate() {
-                if !call.sees(qc, kc) {
-                    continue;
+        link.attend(|| -> Result<(), ExecError> {
+            for (a, &qc) in mine.iter().enumerate() {
+                for (b, &kc) in theirs.iter().enumerate() {
+                    if !call.sees(qc, kc) {
+                        continue;
+                    }
+                    let len = held.2[b].len();
+                    let (mut dk_part, mut dv_part) = (vec![T::ZERO; len], vec![T::ZERO; len]);
+                    let input = BlockGradInputs {
+                        q: &qs[a],
+                        k: &held.2[b],
+                        v: &held.3[b],
+                        dout: &douts[a],
+                        lse: &lses[a],
+                        delta: &deltas[a],
+                    };
+                    let grads = AttentionGradBuffers {
+                        dq: &mut dqs[a],
+                        dk: &mut dk_part,
+                        dv: &mut dv_part,
+                    };
+                    attention_backward_block(
+                        input,
+                        call.dims(qc, kc),
+                        call.params::<T>(qc, kc),
+                        grads,
+                    )?;
+                    add_into(&mut held.0[b], &dk_part);
+                    add_into(&mut held.1[b], &dv_part);
                 }
-                let len = held.2[b].len();
-                let (mut dk_part, mut dv_part) = (vec![T::ZERO; len], vec![T::ZERO; len]);
-                let input = BlockGradInputs {
-                    q: &qs[a],
-                    k: &held.2[b],
-                    v: &held.3[b],
-                    dout: &douts[a],
-                    lse: &lses[a],
-                    delta: &deltas[a],
-                };
-                let grads = AttentionGradBuffers {
-                    dq: &mut dqs[a],
-                    dk: &mut dk_part,
-                    dv: &mut dv_part,
-                };
-                attention_backward_block(
-                    input,
-                    call.dims(qc, kc),
-                    call.params::<T>(qc, kc),
-                    grads,
-                )?;
-                add_into(&mut held.0[b], &dk_part);
-                add_into(&mut held.1[b], &dv_part);
             }
-        }
+            Ok(())
+        })?;
         link.pass_on(&held.0)?;
         link.pass_on(&held.1)?;
         let next = placement.chunks(ring, ring.held_after(t + 1));
@@ -555,7 +617,7 @@ fn backward_typed<T: Element + Float>(
     from_placement(&link, &placement, wide, dqs, dq.as_slice_mut::<T>()?)?;
     from_placement(&link, &placement, wide, held.0, dk.as_slice_mut::<T>()?)?;
     from_placement(&link, &placement, wide, held.1, dv.as_slice_mut::<T>()?)?;
-    Ok(link.waited.get())
+    Ok(link.into_timing())
 }
 
 fn add_into<T: Float>(acc: &mut [T], part: &[T]) {

@@ -25,6 +25,9 @@ pub struct LaunchOptions {
     /// ends the whole job when one overruns `timeout` (`comm::mpi::OnTimeout::AbortJob`),
     /// instead of polled ones that return an error on every rank (the default).
     pub mpi_watchdog: bool,
+    /// Record every step's ring attention passes in the ranks' timelines
+    /// ([`crate::RankOutcome::pipeline`]) for `tessera train --trace`.
+    pub trace: bool,
 }
 
 impl Default for LaunchOptions {
@@ -34,6 +37,7 @@ impl Default for LaunchOptions {
             metrics_log: None,
             timeout: Duration::from_secs(300),
             mpi_watchdog: false,
+            trace: false,
         }
     }
 }
@@ -134,7 +138,12 @@ fn run_rank_with(
     if let Some(user) = user {
         callbacks.push(Box::new(user));
     }
-    session.run_rank(world, &mut callbacks as &mut dyn Callback, want_shards)
+    session.run_rank_traced(
+        world,
+        &mut callbacks as &mut dyn Callback,
+        want_shards,
+        options.trace,
+    )
 }
 
 /// Trains `session` with one thread per device (the `local` backend).

@@ -13,6 +13,7 @@ use reshard_exec::ReshardRunner;
 use tensor::Tensor;
 
 use crate::error::ExecError;
+use crate::pipeline::TraceSpan;
 use crate::profile::StepProfile;
 use crate::progress::Progress;
 
@@ -77,6 +78,9 @@ pub struct RankExecutor {
     /// By step: the ring of a `FlashAttention` (or its gradient) whose sequence is split
     /// (context parallel's ring attention, [`crate::ring`]).
     rings: Vec<Option<crate::ring::Ring>>,
+    /// With [`RankExecutor::set_ring_tracing`]: the ring attention steps' spans since the last
+    /// [`RankExecutor::take_ring_trace`].
+    ring_trace: Option<Vec<TraceSpan>>,
 }
 
 /// The parameters a lazy executor has not allocated yet.
@@ -404,6 +408,7 @@ impl RankExecutor {
             offsets,
             input_blocks,
             rings,
+            ring_trace: None,
             step: 0,
             deterministic: None,
             profile: None,
@@ -733,6 +738,27 @@ impl RankExecutor {
     /// The time per kind of step since profiling was turned on.
     pub fn profile(&self) -> Option<&StepProfile> {
         self.profile.as_ref()
+    }
+
+    /// Turns the recording of ring attention's timeline on or off: each ring step's passes, as
+    /// attending (`compute`) and waiting-for-a-block (`wait`) spans named after the step's node
+    /// and pass (`blocks.0.attn.flash pass 1`, `wait blocks.0.attn.flash pass 1`).
+    pub fn set_ring_tracing(&mut self, on: bool) {
+        self.ring_trace = on.then(Vec::new);
+    }
+
+    /// The ring spans recorded since the last call (empty when tracing is off or no step ran a
+    /// ring).
+    pub fn take_ring_trace(&mut self) -> Vec<TraceSpan> {
+        self.ring_trace
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Whether the program runs ring attention (a `FlashAttention` whose sequence is split).
+    pub fn runs_ring_attention(&self) -> bool {
+        self.rings.iter().any(Option::is_some)
     }
 
     /// Swaps the buffers `indices` with `store` (one tensor per index): a pipelined step keeps

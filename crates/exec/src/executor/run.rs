@@ -11,6 +11,7 @@ use tensor::Tensor;
 
 use super::RankExecutor;
 use crate::error::ExecError;
+use crate::pipeline::{SpanKind, TraceSpan};
 use crate::progress::Job;
 
 impl RankExecutor {
@@ -308,14 +309,15 @@ impl RankExecutor {
     }
 
     /// Runs the ring attention of step `i` (a `FlashAttention` or its gradient whose sequence
-    /// is split, [`crate::ring`]) over this rank's ring; the time it waited for blocks.
+    /// is split, [`crate::ring`]) over this rank's ring; the time it waited for blocks and
+    /// its spans.
     fn ring_step(
         &self,
         i: usize,
         attention: (bool, f64),
         ins: &[&Tensor],
         outs: &mut [Tensor],
-    ) -> Result<Duration, ExecError> {
+    ) -> Result<crate::ring::RingTiming, ExecError> {
         let ring = self.rings[i].as_ref().expect("a ring step has its ring");
         let tag = crate::ring::ring_tag(i)?;
         let comm = self.runner.world().as_ref();
@@ -341,6 +343,7 @@ impl RankExecutor {
         let started = self.profile.is_some().then(Instant::now);
         // Ring attention's time blocked waiting for blocks (communication, not compute).
         let mut ring_wait = Duration::ZERO;
+        let mut ring_spans = Vec::new();
         match step {
             Step::Kernel(_) if self.offsets[i].is_none() => return Ok(()),
             Step::Kernel(k) => {
@@ -368,7 +371,10 @@ impl RankExecutor {
                             if self.rings[i].is_some() =>
                         {
                             self.ring_step(i, (*causal, *scale), &ins, &mut outs)
-                                .map(|waited| ring_wait = waited)
+                                .map(|timing| {
+                                    ring_wait = timing.waited;
+                                    ring_spans = timing.spans;
+                                })
                         }
                         graph::Op::Fill { shape, dtype, .. }
                             if self.loss_seed[i] && self.loss_scale != 1.0 =>
@@ -417,6 +423,23 @@ impl RankExecutor {
                 }
                 result?;
             }
+        }
+        if let (Some(trace), Step::Kernel(k)) = (self.ring_trace.as_mut(), step) {
+            let origin = crate::pipeline::epoch();
+            let us = |t: Instant| t.saturating_duration_since(origin).as_secs_f64() * 1e6;
+            trace.extend(ring_spans.iter().map(|s| TraceSpan {
+                rank: self.rank,
+                name: match s.wait {
+                    true => format!("wait {} pass {}", k.name, s.pass),
+                    false => format!("{} pass {}", k.name, s.pass),
+                },
+                start_us: us(s.from),
+                dur_us: (s.to - s.from).as_secs_f64() * 1e6,
+                kind: match s.wait {
+                    true => SpanKind::Wait,
+                    false => SpanKind::Compute,
+                },
+            }));
         }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
             match step {

@@ -294,6 +294,15 @@ impl TrainSession {
             .is_some_and(|h| h.accumulation_sharded())
     }
 
+    /// Whether the training program runs ring attention (a `FlashAttention` whose sequence
+    /// dim is split: `parallel.context_parallel_algo = "ring"`).
+    pub fn runs_ring_attention(&self) -> bool {
+        self.train.steps.iter().any(|step| match step {
+            parallel::Step::Kernel(k) => parallel::ring::ring_traffic(&self.train, k).is_some(),
+            parallel::Step::Reshard(_) => false,
+        })
+    }
+
     /// Whether the steps are pipelined: more than one stage and more than one micro-batch.
     pub fn is_pipelined(&self) -> bool {
         self.micro_steps() > 1

@@ -95,7 +95,21 @@ impl TrainSession {
         callbacks: &mut dyn Callback,
         want_shards: bool,
     ) -> Result<RankOutcome, RuntimeError> {
+        self.run_rank_traced(world, callbacks, want_shards, false)
+    }
+
+    /// [`TrainSession::run_rank`]; with `trace_ring`, each step's ring attention passes are
+    /// recorded in [`RankOutcome::pipeline`] (one [`exec::StepTrace`] per step of a run without
+    /// pipeline stages; the pipelined steps' timelines are recorded either way).
+    pub fn run_rank_traced(
+        &self,
+        world: Arc<dyn Communicator>,
+        callbacks: &mut dyn Callback,
+        want_shards: bool,
+        trace_ring: bool,
+    ) -> Result<RankOutcome, RuntimeError> {
         let mut run = self.start_rank(world)?;
+        run.exec.set_ring_tracing(trace_ring);
         let out = self.config.output();
         let mut save_schedule =
             SaveSchedule::new(out.save_checkpoint_steps, out.save_checkpoint_seconds);
@@ -316,6 +330,13 @@ impl TrainSession {
             };
             let (loss, update) = self.train_step(run, at, lr)?;
             let step_ms = start.elapsed().as_secs_f64() * 1e3;
+            let spans = run.exec.take_ring_trace();
+            if !spans.is_empty() {
+                run.outcome.pipeline.push(exec::StepTrace {
+                    spans,
+                    ..exec::StepTrace::default()
+                });
+            }
             let done = StepDone {
                 epoch,
                 index,
