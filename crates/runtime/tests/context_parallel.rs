@@ -294,6 +294,23 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         let moved = format!("reshard blocks.0.attn.{value}:");
         assert!(!plan.contains(&moved), "{moved} in\n{plan}");
     }
+    // A `[parallel.shard]` strategy that splits the fused attention's sequence runs it as a
+    // ring too, which deterministic mode refuses by the op's name.
+    let shard =
+        "[parallel.shard]\n\"blocks.*.attn.flash\" = [[1, 1, 2, 1], [1, 1, 2, 1], [1, 1, 2, 1]]";
+    let err = Session::new(&config(
+        tmp.path(),
+        "adam",
+        "fused_attention = true",
+        &semi(2, shard),
+        true,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("blocks.0.attn.flash") && err.contains("ring attention"),
+        "{err}"
+    );
     // The ring algo without the fused attention, or in deterministic mode, is refused.
     for (model_extra, det) in [("", false), ("fused_attention = true", true)] {
         let err = Session::new(&config(
