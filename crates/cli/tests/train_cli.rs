@@ -1,5 +1,7 @@
 //! `tessera train`: the main job end to end, its outputs, and its errors before training.
 
+use std::path::Path;
+
 use crate::util::{assert_ok, s, step_losses, tessera, Scratch};
 
 #[test]
@@ -204,6 +206,19 @@ fn a_saved_strategy_file_drives_the_next_run() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("holds no op strategies"));
 }
 
+/// The complete events (`"ph": "X"`: spans) of the Chrome trace at `path`.
+fn trace_spans(path: &Path) -> Vec<serde_json::Value> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .cloned()
+        .collect()
+}
+
 /// `--trace`: every rank's timeline of the pipelined steps in Chrome trace-event format, with
 /// computing and waiting spans; the summary prints the measured bubble. A run without pipelined
 /// micro-batches or ring attention has nothing to trace and says so; ring attention's passes
@@ -255,14 +270,7 @@ fn train_trace_records_every_ranks_pipeline_timeline() {
         stdout.contains("pipeline bubble (predicted from this run's pass times per stage)"),
         "{stdout}"
     );
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
-    let spans: Vec<&serde_json::Value> = json["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X")
-        .collect();
+    let spans = trace_spans(&trace);
     for rank in 0..2 {
         // Three steps × four micro-batches × forward and backward, each at least one span.
         let computing = spans
@@ -301,16 +309,9 @@ fn train_trace_records_every_ranks_pipeline_timeline() {
     assert_ok(&tessera(
         &ring.iter().map(String::as_str).collect::<Vec<_>>(),
     ));
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
-    let spans: Vec<&serde_json::Value> = json["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X")
-        .collect();
+    let spans = trace_spans(&trace);
     for rank in 0..2 {
-        let mine: Vec<&&serde_json::Value> = spans.iter().filter(|e| e["tid"] == rank).collect();
+        let mine: Vec<&serde_json::Value> = spans.iter().filter(|e| e["tid"] == rank).collect();
         // Three steps × two layers × forward and backward × two passes.
         for pass in 0..2 {
             let attending = mine
