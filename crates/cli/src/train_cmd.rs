@@ -378,22 +378,23 @@ fn nothing_to_trace(path: &std::path::Path) -> String {
 /// this process ran them all, else this process's rank into `path` with `.rank<r>` inserted.
 fn write_trace(path: &std::path::Path, report: &runtime::TrainReport) -> anyhow::Result<()> {
     let every_rank = report.ranks.len() == report.devices;
-    let traces: Vec<(usize, &[runtime::StepTrace])> = report
+    let traces: Vec<(usize, Vec<runtime::StepTrace>)> = report
         .ranks
         .iter()
         .enumerate()
         .map(|(i, r)| {
+            let steps: Vec<runtime::StepTrace> =
+                r.pipeline.iter().chain(&r.ring_trace).cloned().collect();
             let rank = match every_rank {
                 true => i,
-                false => r
-                    .pipeline
+                false => steps
                     .iter()
                     .flat_map(|s| s.spans.first())
                     .map(|s| s.rank)
                     .next()
                     .unwrap_or(0),
             };
-            (rank, r.pipeline.as_slice())
+            (rank, steps)
         })
         .collect();
     if traces.iter().all(|(_, t)| t.is_empty()) {
@@ -403,7 +404,9 @@ fn write_trace(path: &std::path::Path, report: &runtime::TrainReport) -> anyhow:
         path,
         (!every_rank).then(|| traces.first().map_or(0, |(r, _)| *r)),
     );
-    let text = serde_json::to_string(&runtime::chrome_trace(&traces))?;
+    let borrowed: Vec<(usize, &[runtime::StepTrace])> =
+        traces.iter().map(|(r, t)| (*r, t.as_slice())).collect();
+    let text = serde_json::to_string(&runtime::chrome_trace(&borrowed))?;
     std::fs::write(&target, text)
         .map_err(|e| anyhow::anyhow!("--trace: cannot write {}: {e}", target.display()))?;
     Ok(())

@@ -306,9 +306,10 @@ fn train_trace_records_every_ranks_pipeline_timeline() {
         ]
         .map(String::from),
     );
-    assert_ok(&tessera(
-        &ring.iter().map(String::as_str).collect::<Vec<_>>(),
-    ));
+    let out = tessera(&ring.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_ok(&out);
+    // Not a pipeline: no bubble is reported.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("pipeline bubble"));
     let spans = trace_spans(&trace);
     for rank in 0..2 {
         let mine: Vec<&serde_json::Value> = spans.iter().filter(|e| e["tid"] == rank).collect();

@@ -25,8 +25,8 @@ pub struct LaunchOptions {
     /// ends the whole job when one overruns `timeout` (`comm::mpi::OnTimeout::AbortJob`),
     /// instead of polled ones that return an error on every rank (the default).
     pub mpi_watchdog: bool,
-    /// Record every step's ring attention passes in the ranks' timelines
-    /// ([`crate::RankOutcome::pipeline`]) for `tessera train --trace`.
+    /// Record every step's ring attention passes ([`crate::RankOutcome::ring_trace`]) for
+    /// `tessera train --trace`.
     pub trace: bool,
 }
 

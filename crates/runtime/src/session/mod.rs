@@ -140,9 +140,11 @@ pub struct RankOutcome {
     pub params: Vec<ParamShard>,
     /// The global step reached.
     pub global_step: u64,
-    /// With pipeline micro-batches (or ring attention, when traced: see
-    /// [`TrainSession::run_rank_traced`]): this rank's timeline of every step.
+    /// With pipeline micro-batches: this rank's timeline of every step.
     pub pipeline: Vec<StepTrace>,
+    /// With ring attention, when traced ([`TrainSession::run_rank_traced`]): this rank's ring
+    /// passes of every step.
+    pub ring_trace: Vec<StepTrace>,
     /// The bytes this rank holds for its trainable parameters at the end.
     pub memory: ParamMemory,
     /// Every rank's peak bytes over the run, by category and by rank (see

@@ -99,8 +99,8 @@ impl TrainSession {
     }
 
     /// [`TrainSession::run_rank`]; with `trace_ring`, each step's ring attention passes are
-    /// recorded in [`RankOutcome::pipeline`] (one [`exec::StepTrace`] per step of a run without
-    /// pipeline stages; the pipelined steps' timelines are recorded either way).
+    /// recorded in [`RankOutcome::ring_trace`] (one [`exec::StepTrace`] per step of a run
+    /// without pipeline stages; the pipelined steps' timelines are recorded either way).
     pub fn run_rank_traced(
         &self,
         world: Arc<dyn Communicator>,
@@ -332,7 +332,7 @@ impl TrainSession {
             let step_ms = start.elapsed().as_secs_f64() * 1e3;
             let spans = run.exec.take_ring_trace();
             if !spans.is_empty() {
-                run.outcome.pipeline.push(exec::StepTrace {
+                run.outcome.ring_trace.push(exec::StepTrace {
                     spans,
                     ..exec::StepTrace::default()
                 });
