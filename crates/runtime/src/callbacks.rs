@@ -52,6 +52,9 @@ pub struct StepInfo<'a> {
     pub lr: f64,
     /// The global gradient norm of the step, when the loop computed one (gradient clipping).
     pub grad_norm: Option<f64>,
+    /// With mixture-of-experts routing: the token choices the step dropped (chosen by the
+    /// router, given no slot within an expert's capacity), over the whole batch.
+    pub moe_dropped: Option<f64>,
     /// This rank's parameter shards (empty when no callback needs them).
     pub shards: &'a [ShardView<'a>],
 }
@@ -242,7 +245,9 @@ impl Callback for LossMonitor {
 /// JSON lines of training metrics, one object per line, flushed as each is written:
 /// per step `{"epoch":1,"loss":2.2871413,"lr":0.001,"ms":1.9,"step":3}` (`step` counts within
 /// the epoch, from 1; `lr` is the learning rate the step's update used; a `"grad_norm"` key
-/// comes before `"loss"` when the loop computed the global gradient norm) and per epoch `{"epoch":1,"eval_accuracy":0.93}` (`null` when the loop
+/// comes before `"loss"` when the loop computed the global gradient norm, and a
+/// `"moe_dropped"` key (the token choices the mixture-of-experts routing dropped) before
+/// `"ms"` with MoE layers) and per epoch `{"epoch":1,"eval_accuracy":0.93}` (`null` when the loop
 /// did not evaluate), or for a language model `{"epoch":1,"eval_loss":2.31}`.
 ///
 /// **Exact numbers** (issue 17): the f32 step loss is written as the shortest decimal that
@@ -297,8 +302,11 @@ impl Callback for MetricsLog {
         let grad_norm = step
             .grad_norm
             .map_or(String::new(), |n| format!("\"grad_norm\":{},", json!(n)));
+        let moe_dropped = step
+            .moe_dropped
+            .map_or(String::new(), |n| format!("\"moe_dropped\":{},", json!(n)));
         let line = format!(
-            "{{\"epoch\":{},{grad_norm}\"loss\":{},\"lr\":{},\"ms\":{},\"step\":{}}}\n",
+            "{{\"epoch\":{},{grad_norm}\"loss\":{},\"lr\":{},{moe_dropped}\"ms\":{},\"step\":{}}}\n",
             step.epoch,
             f32_json(step.loss),
             json!(step.lr),
@@ -527,6 +535,7 @@ mod tests {
                 step_ms: 1.25,
                 lr: 0.001,
                 grad_norm: None,
+                moe_dropped: None,
                 shards: &[],
             };
             log.on_step_end(&step).unwrap();
@@ -588,14 +597,15 @@ mod tests {
     }
 
     /// The step line carries the step's learning rate as its shortest f64 decimal, and a
-    /// `grad_norm` only when the loop computed one; keys stay in sorted order.
+    /// `grad_norm` only when the loop computed one, `moe_dropped` only with MoE routing; keys
+    /// stay in sorted order.
     #[test]
     fn metrics_log_writes_lr_and_grad_norm_when_known() {
         let dir = std::env::temp_dir().join(format!("tessera-metrics-lr-{}", std::process::id()));
         let path = dir.join("metrics.jsonl");
         let mut log = MetricsLog::create(&path).unwrap();
         let lr = 0.1 + 0.2; // 0.30000000000000004: every digit kept
-        for grad_norm in [None, Some(1.5)] {
+        for (grad_norm, moe_dropped) in [(None, None), (Some(1.5), None), (None, Some(12.0))] {
             log.on_step_end(&StepInfo {
                 rank: 0,
                 epoch: 2,
@@ -605,6 +615,7 @@ mod tests {
                 step_ms: 2.0,
                 lr,
                 grad_norm,
+                moe_dropped,
                 shards: &[],
             })
             .unwrap();
@@ -617,6 +628,7 @@ mod tests {
             [
                 r#"{"epoch":2,"loss":1.5,"lr":0.30000000000000004,"ms":2.0,"step":3}"#,
                 r#"{"epoch":2,"grad_norm":1.5,"loss":1.5,"lr":0.30000000000000004,"ms":2.0,"step":3}"#,
+                r#"{"epoch":2,"loss":1.5,"lr":0.30000000000000004,"moe_dropped":12.0,"ms":2.0,"step":3}"#,
             ]
         );
         for line in lines {

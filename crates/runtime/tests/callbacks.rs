@@ -42,6 +42,7 @@ fn step(global_step: u64, loss: f32) -> StepInfo<'static> {
         step_ms: 1.5,
         lr: 0.01,
         grad_norm: None,
+        moe_dropped: None,
         shards: &[],
     }
 }

@@ -335,3 +335,56 @@ fn checkpoints_resume_under_other_expert_parallel_degrees() {
         assert_same_run(what, &(all, params), &whole);
     }
 }
+
+/// The token choices the routing drops are counted per step (`moe_dropped` in the metrics
+/// log): every rank reports the whole batch's count, and in deterministic mode it equals one
+/// device's count at every step under expert, data and model parallel and pipeline stages (each
+/// block of the routing counted once, not once per replica). With room for every token, none.
+#[test]
+fn dropped_choices_are_counted_once_per_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let det = ["train.deterministic=true".to_string()];
+    let counts = |out: &str, moe: &str, parallel: &str| -> Vec<f64> {
+        let config = config(&tmp.path().join(out), moe, parallel, &det);
+        let (_, report, _) = run_util::train_report(&config);
+        let first = report.ranks[0].moe_dropped.clone();
+        for (rank, r) in report.ranks.iter().enumerate() {
+            assert_eq!(r.moe_dropped, first, "{out}: rank {rank}");
+        }
+        assert_eq!(first.len(), 20, "{out}: one count per step");
+        first
+    };
+    let tight = moe_keys(2, "capacity_factor = 0.5");
+    let reference = counts("sa", &tight, "mode = \"stand_alone\"");
+    assert!(reference.iter().any(|&n| n > 0.0), "{reference:?}");
+    // 2 MoE blocks × batch 8 × 16 tokens × top-2 choices, of which some are dropped.
+    assert!(
+        reference.iter().all(|&n| n < 512.0 && n.fract() == 0.0),
+        "{reference:?}"
+    );
+    for (name, devices, keys) in [
+        ("ep 2", 2, "expert_parallel = 2"),
+        (
+            "dp 4 × mp 2, ep 2",
+            8,
+            "data_parallel = 4\nmodel_parallel = 2\nexpert_parallel = 2",
+        ),
+        (
+            "2 stages × ep 2",
+            4,
+            "expert_parallel = 2\n[parallel.pipeline]\nstages = 2",
+        ),
+    ] {
+        assert_eq!(
+            counts(name, &tight, &semi(devices, keys)),
+            reference,
+            "{name}"
+        );
+    }
+    let roomy = counts(
+        "roomy",
+        &moe_keys(2, "capacity_factor = 4.0"),
+        &semi(2, "expert_parallel = 2"),
+    );
+    assert!(roomy.iter().all(|&n| n == 0.0), "{roomy:?}");
+}

@@ -81,6 +81,9 @@ pub struct RankExecutor {
     /// With [`RankExecutor::set_ring_tracing`]: the ring attention steps' spans since the last
     /// [`RankExecutor::take_ring_trace`].
     ring_trace: Option<Vec<TraceSpan>>,
+    /// Token choices this rank's `MoeRoute` steps dropped since the last
+    /// [`RankExecutor::take_moe_dropped`].
+    moe_dropped: f64,
 }
 
 /// The parameters a lazy executor has not allocated yet.
@@ -409,6 +412,7 @@ impl RankExecutor {
             input_blocks,
             rings,
             ring_trace: None,
+            moe_dropped: 0.0,
             step: 0,
             deterministic: None,
             profile: None,
@@ -754,6 +758,14 @@ impl RankExecutor {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// The token choices this rank's mixture-of-experts routing dropped (chosen, given no
+    /// capacity slot) since the last call, counted on the first replica of each block of the
+    /// routing's outputs (recomputed routing not counted again): summed over the ranks, the
+    /// batch's dropped choices.
+    pub fn take_moe_dropped(&mut self) -> f64 {
+        std::mem::take(&mut self.moe_dropped)
     }
 
     /// Whether the program runs ring attention (a `FlashAttention` whose sequence is split).

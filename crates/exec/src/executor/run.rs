@@ -337,6 +337,26 @@ impl RankExecutor {
         }
     }
 
+    /// Adds the token choices a `MoeRoute` step dropped (chosen, given no capacity slot) in
+    /// this rank's block of its outputs to [`RankExecutor::take_moe_dropped`]'s count; only the
+    /// first replica of the block counts, so the ranks' counts add up to the whole batch's.
+    fn count_dropped_choices(
+        &mut self,
+        program: &Program,
+        k: &parallel::KernelStep,
+        outs: &[Tensor],
+    ) {
+        let layout = program.buffers[k.outputs[0]].layout.layout();
+        let first_replica = layout
+            .mesh()
+            .slot_of_rank(self.rank)
+            .is_some_and(|slot| layout.replica_index(slot) == 0);
+        if let ([dispatch, chosen, ..], true) = (outs, first_replica) {
+            let sum = |t: &Tensor| t.to_f64_vec().iter().sum::<f64>();
+            self.moe_dropped += sum(chosen) - sum(dispatch);
+        }
+    }
+
     /// Runs step `i` of `program` (this executor's program).
     fn run_step(&mut self, program: &Program, i: usize, tag: Option<Tag>) -> Result<(), ExecError> {
         let step = &program.steps[i];
@@ -389,6 +409,9 @@ impl RankExecutor {
                         op => eval_op(op, &ins, &mut outs, &ctx).map_err(ExecError::from),
                     }
                 };
+                if result.is_ok() && matches!(k.op, graph::Op::MoeRoute { .. }) && !k.recompute {
+                    self.count_dropped_choices(program, k, &outs);
+                }
                 for (&b, t) in k.outputs.iter().zip(outs) {
                     self.buffers[b] = Some(t);
                 }

@@ -82,6 +82,7 @@ impl Reporter {
             step_ms: ms,
             lr: self.schedule.learning_rate(step, self.run_steps),
             grad_norm,
+            moe_dropped: None,
             shards: &[],
         })?;
         Ok(())

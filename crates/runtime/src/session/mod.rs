@@ -171,6 +171,9 @@ pub struct RankOutcome {
     /// With `train.max_grad_norm`: every step's global gradient norm before clipping, in
     /// order (`None` for a step skipped for overflowing under the loss scale); empty without.
     pub grad_norms: Vec<Option<f64>>,
+    /// With mixture-of-experts routing: the token choices every step dropped (chosen, given no
+    /// capacity slot), over every rank, MoE layer and micro-batch.
+    pub moe_dropped: Vec<f64>,
 }
 
 /// The bytes one rank holds for its trainable parameters, by category: what ZeRO's formulas

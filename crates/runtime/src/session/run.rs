@@ -84,6 +84,9 @@ struct StepDone {
     lr: f64,
     /// What its update did.
     update: StepUpdate,
+    /// With mixture-of-experts routing: the token choices the step dropped (every rank, every
+    /// MoE layer and micro-batch).
+    moe_dropped: Option<f64>,
 }
 
 impl TrainSession {
@@ -139,6 +142,25 @@ impl TrainSession {
             }
         }
         self.finish_rank(run, callbacks, epochs_run)
+    }
+
+    /// The token choices the step just trained dropped, over every rank (`None` without
+    /// mixture-of-experts routing): each rank's count (its own and its interleaved partners'),
+    /// summed by an all-reduce every rank takes part in.
+    fn moe_dropped(&self, run: &mut RankRun) -> Result<Option<f64>, RuntimeError> {
+        let routes = self.train.steps.iter().any(|step| {
+            matches!(step, parallel::Step::Kernel(k) if matches!(k.op, graph::Op::MoeRoute { .. }))
+        });
+        if !routes {
+            return Ok(None);
+        }
+        let mut local = run.exec.take_moe_dropped();
+        for partner in &mut run.partners {
+            local += partner.take_moe_dropped();
+        }
+        let mut total = tensor::Tensor::from_vec(&[1], vec![local])?;
+        run.world.all_reduce(&mut total, comm::ReduceOp::Sum)?;
+        Ok(total.to_f64_vec().first().copied())
     }
 
     /// Sets up this rank of `world` for a run: its executors with their parameters
@@ -330,6 +352,7 @@ impl TrainSession {
             };
             let (loss, update) = self.train_step(run, at, lr)?;
             let step_ms = start.elapsed().as_secs_f64() * 1e3;
+            let moe_dropped = self.moe_dropped(run)?;
             let spans = run.exec.take_ring_trace();
             if !spans.is_empty() {
                 run.outcome.ring_trace.push(exec::StepTrace {
@@ -344,6 +367,7 @@ impl TrainSession {
                 step_ms,
                 lr,
                 update,
+                moe_dropped,
             };
             self.end_step(run, done, callbacks, want_shards)?;
             if let Some(save_schedule) = save_schedule.as_deref_mut() {
@@ -387,6 +411,7 @@ impl TrainSession {
             step_ms,
             lr,
             update,
+            moe_dropped,
         } = done;
         if self.output_broadcast() && run.pipelined.is_none() {
             // One batch per step: the loss every rank holds is the last stage's.
@@ -406,6 +431,9 @@ impl TrainSession {
         }
         run.outcome.losses.push(loss);
         run.outcome.step_ms.push(step_ms);
+        if let Some(dropped) = moe_dropped {
+            run.outcome.moe_dropped.push(dropped);
+        }
         let shards = match want_shards {
             true => self.shard_views(run),
             false => Vec::new(),
@@ -419,6 +447,7 @@ impl TrainSession {
             step_ms,
             lr,
             grad_norm: update.grad_norm,
+            moe_dropped,
             shards: &shards,
         })?;
         if cfg
