@@ -29,8 +29,8 @@ use comm::{Communicator, Tag, MAX_TAG};
 use layout::TensorLayout;
 use parallel::ring::Zigzag;
 use tensor::kernels::{
-    attention_backward_block, attention_delta_into, AttentionDims, AttentionGradBuffers,
-    AttentionParams, AttentionState, BlockGradInputs, Float,
+    attention_backward_block, attention_delta_into, flash_attention_into, AttentionDims,
+    AttentionGradBuffers, AttentionParams, AttentionState, BlockGradInputs, Float,
 };
 use tensor::{DType, Element, Tensor};
 
@@ -424,39 +424,53 @@ fn from_placement<T: Element>(
     Ok(())
 }
 
+/// How a ring step attends: its mask and scale, and whether in deterministic mode's canonical
+/// order (the operands gathered whole and attended as one device does).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingAttention {
+    /// The causal mask.
+    pub causal: bool,
+    /// The scores' factor.
+    pub scale: f64,
+    /// Deterministic mode: one device's order.
+    pub canonical: bool,
+}
+
 /// Ring attention's forward: `out` and `lse` of this rank's queries over every member's keys;
 /// the time spent waiting for blocks.
 pub(crate) fn forward(
     comm: &dyn Communicator,
     ring: &Ring,
     tag: Tag,
-    (causal, scale): (bool, f64),
+    how: RingAttention,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (out, lse): (&mut Tensor, &mut Tensor),
 ) -> Result<RingTiming, ExecError> {
-    match q.dtype() {
-        DType::F32 => forward_typed::<f32>(comm, ring, tag, (causal, scale), (q, k, v), (out, lse)),
-        DType::F64 => forward_typed::<f64>(comm, ring, tag, (causal, scale), (q, k, v), (out, lse)),
-        other => Err(unsupported(other)),
+    let call = Call::of(q, how.causal, how.scale)?;
+    let link = Link::of(comm, ring, tag);
+    match (q.dtype(), how.canonical) {
+        (DType::F32, true) => forward_canonical::<f32>(&link, &call, (q, k, v), (out, lse))?,
+        (DType::F64, true) => forward_canonical::<f64>(&link, &call, (q, k, v), (out, lse))?,
+        (DType::F32, false) => forward_typed::<f32>(&link, &call, (q, k, v), (out, lse))?,
+        (DType::F64, false) => forward_typed::<f64>(&link, &call, (q, k, v), (out, lse))?,
+        (other, _) => return Err(unsupported(other)),
     }
+    Ok(link.into_timing())
 }
 
 fn forward_typed<T: Element + Float>(
-    comm: &dyn Communicator,
-    ring: &Ring,
-    tag: Tag,
-    (causal, scale): (bool, f64),
+    link: &Link<'_>,
+    call: &Call,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (out, lse): (&mut Tensor, &mut Tensor),
-) -> Result<RingTiming, ExecError> {
-    let call = Call::of(q, causal, scale)?;
-    let link = Link::of(comm, ring, tag);
-    let placement = Placement::of(ring, causal);
+) -> Result<(), ExecError> {
+    let ring = link.ring;
+    let placement = Placement::of(ring, call.causal);
     let wide = Rows {
         slices: call.slices,
         width: call.head_dim,
     };
-    let place = |t: &Tensor| to_placement(&link, &placement, wide, t.as_slice::<T>()?);
+    let place = |t: &Tensor| to_placement(link, &placement, wide, t.as_slice::<T>()?);
     let (qs, ks, vs) = (place(q)?, place(k)?, place(v)?);
     let mine = placement.chunks(ring, ring.position);
     let mut states = mine
@@ -499,9 +513,9 @@ fn forward_typed<T: Element + Float>(
         lses.push(l);
     }
     let narrow = Rows { width: 1, ..wide };
-    from_placement(&link, &placement, wide, outs, out.as_slice_mut::<T>()?)?;
-    from_placement(&link, &placement, narrow, lses, lse.as_slice_mut::<T>()?)?;
-    Ok(link.into_timing())
+    from_placement(link, &placement, wide, outs, out.as_slice_mut::<T>()?)?;
+    from_placement(link, &placement, narrow, lses, lse.as_slice_mut::<T>()?)?;
+    Ok(())
 }
 
 /// Ring attention's backward: `dq`, `dk`, `dv` of this rank's blocks from the forward's
@@ -510,28 +524,30 @@ pub(crate) fn backward(
     comm: &dyn Communicator,
     ring: &Ring,
     tag: Tag,
-    (causal, scale): (bool, f64),
+    how: RingAttention,
     inputs: [&Tensor; 6],
     grads: [&mut Tensor; 3],
 ) -> Result<RingTiming, ExecError> {
-    match inputs[0].dtype() {
-        DType::F32 => backward_typed::<f32>(comm, ring, tag, (causal, scale), inputs, grads),
-        DType::F64 => backward_typed::<f64>(comm, ring, tag, (causal, scale), inputs, grads),
-        other => Err(unsupported(other)),
+    let call = Call::of(inputs[0], how.causal, how.scale)?;
+    let link = Link::of(comm, ring, tag);
+    match (inputs[0].dtype(), how.canonical) {
+        (DType::F32, true) => backward_canonical::<f32>(&link, &call, inputs, grads)?,
+        (DType::F64, true) => backward_canonical::<f64>(&link, &call, inputs, grads)?,
+        (DType::F32, false) => backward_typed::<f32>(&link, &call, inputs, grads)?,
+        (DType::F64, false) => backward_typed::<f64>(&link, &call, inputs, grads)?,
+        (other, _) => return Err(unsupported(other)),
     }
+    Ok(link.into_timing())
 }
 
 fn backward_typed<T: Element + Float>(
-    comm: &dyn Communicator,
-    ring: &Ring,
-    tag: Tag,
-    (causal, scale): (bool, f64),
+    link: &Link<'_>,
+    call: &Call,
     [q, k, v, out, lse, dout]: [&Tensor; 6],
     [dq, dk, dv]: [&mut Tensor; 3],
-) -> Result<RingTiming, ExecError> {
-    let call = Call::of(q, causal, scale)?;
-    let link = Link::of(comm, ring, tag);
-    let placement = Placement::of(ring, causal);
+) -> Result<(), ExecError> {
+    let ring = link.ring;
+    let placement = Placement::of(ring, call.causal);
     let wide = Rows {
         slices: call.slices,
         width: call.head_dim,
@@ -540,7 +556,7 @@ fn backward_typed<T: Element + Float>(
     let dout_rows = dout.as_slice::<T>()?;
     let mut delta = vec![T::ZERO; lse.n_elements()];
     attention_delta_into(out.as_slice::<T>()?, dout_rows, call.head_dim, &mut delta)?;
-    let place = |rows: Rows, data: &[T]| to_placement(&link, &placement, rows, data);
+    let place = |rows: Rows, data: &[T]| to_placement(link, &placement, rows, data);
     let (qs, douts) = (place(wide, q.as_slice::<T>()?)?, place(wide, dout_rows)?);
     let (lses, deltas) = (place(narrow, lse.as_slice::<T>()?)?, place(narrow, &delta)?);
     let (ks, vs) = (
@@ -614,10 +630,157 @@ fn backward_typed<T: Element + Float>(
             held.1 = link.receive(&counts)?;
         }
     }
-    from_placement(&link, &placement, wide, dqs, dq.as_slice_mut::<T>()?)?;
-    from_placement(&link, &placement, wide, held.0, dk.as_slice_mut::<T>()?)?;
-    from_placement(&link, &placement, wide, held.1, dv.as_slice_mut::<T>()?)?;
-    Ok(link.into_timing())
+    from_placement(link, &placement, wide, dqs, dq.as_slice_mut::<T>()?)?;
+    from_placement(link, &placement, wide, held.0, dk.as_slice_mut::<T>()?)?;
+    from_placement(link, &placement, wide, held.1, dv.as_slice_mut::<T>()?)?;
+    Ok(())
+}
+
+/// Deterministic mode: every member's block of an operand (`rows`-shaped), passed around the
+/// ring `n − 1` times and assembled in sequence order: `[slices, Σ lengths, width]`.
+fn gather_blocks<T: Element>(link: &Link<'_>, rows: Rows, own: &[T]) -> Result<Vec<T>, ExecError> {
+    let ring = link.ring;
+    let (n, total) = (ring.n(), ring.lengths.iter().sum::<usize>());
+    let mut whole = vec![T::zeroed(); rows.slices * total * rows.width];
+    let mut held = own.to_vec();
+    for t in 0..n {
+        link.pass.set(t);
+        let j = ring.held_after(t);
+        if t + 1 < n {
+            link.pass_on(std::slice::from_ref(&held))?;
+        }
+        rows.put(&mut whole, total, ring.offsets[j] - ring.offsets[0], &held);
+        if t + 1 < n {
+            let next = ring.held_after(t + 1);
+            let count = rows.slices * ring.lengths[next] * rows.width;
+            held = link.receive(&[count])?.pop().unwrap_or_default();
+        }
+    }
+    Ok(whole)
+}
+
+/// The attention dims and mask of this rank's queries against the whole sequence's keys
+/// (`keys_whole`), or the whole sequence's queries against this rank's keys.
+fn canonical_call<T: Float>(
+    call: &Call,
+    ring: &Ring,
+    keys_whole: bool,
+) -> (AttentionDims, AttentionParams<T>) {
+    let total = ring.lengths.iter().sum::<usize>();
+    let (own, base) = (
+        Chunk {
+            offset: ring.offsets[ring.position],
+            len: ring.lengths[ring.position],
+        },
+        Chunk {
+            offset: ring.offsets[0],
+            len: total,
+        },
+    );
+    let (q, kv) = if keys_whole { (own, base) } else { (base, own) };
+    (call.dims(q, kv), call.params(q, kv))
+}
+
+/// Deterministic mode's forward: the keys and values gathered whole, then this rank's queries
+/// attended over them in one call of one device's kernel, so every row adds the same tiles in
+/// the same order as on one device.
+fn forward_canonical<T: Element + Float>(
+    link: &Link<'_>,
+    call: &Call,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    (out, lse): (&mut Tensor, &mut Tensor),
+) -> Result<(), ExecError> {
+    let wide = Rows {
+        slices: call.slices,
+        width: call.head_dim,
+    };
+    let keys = gather_blocks(link, wide, k.as_slice::<T>()?)?;
+    let values = gather_blocks(link, wide, v.as_slice::<T>()?)?;
+    let (dims, params) = canonical_call::<T>(call, link.ring, true);
+    link.attend(|| {
+        flash_attention_into(
+            (q.as_slice::<T>()?, &keys, &values),
+            dims,
+            params,
+            out.as_slice_mut::<T>()?,
+            lse.as_slice_mut::<T>()?,
+        )
+        .map_err(ExecError::from)
+    })
+}
+
+/// Deterministic mode's backward: every operand gathered whole; `dq` from this rank's queries
+/// against every key, and `dk`, `dv` from every query against this rank's keys, each in one call
+/// of one device's kernel (so each sum runs over the same tiles in the same order as on one
+/// device; the other gradients of each call are not needed).
+fn backward_canonical<T: Element + Float>(
+    link: &Link<'_>,
+    call: &Call,
+    [q, k, v, out, lse, dout]: [&Tensor; 6],
+    [dq, dk, dv]: [&mut Tensor; 3],
+) -> Result<(), ExecError> {
+    let wide = Rows {
+        slices: call.slices,
+        width: call.head_dim,
+    };
+    let narrow = Rows { width: 1, ..wide };
+    let (q_own, dout_own, lse_own) = (
+        q.as_slice::<T>()?,
+        dout.as_slice::<T>()?,
+        lse.as_slice::<T>()?,
+    );
+    let (k_own, v_own) = (k.as_slice::<T>()?, v.as_slice::<T>()?);
+    let mut delta = vec![T::ZERO; lse.n_elements()];
+    attention_delta_into(out.as_slice::<T>()?, dout_own, call.head_dim, &mut delta)?;
+    let (keys, values) = (
+        gather_blocks(link, wide, k_own)?,
+        gather_blocks(link, wide, v_own)?,
+    );
+    let (queries, douts) = (
+        gather_blocks(link, wide, q_own)?,
+        gather_blocks(link, wide, dout_own)?,
+    );
+    let (lses, deltas) = (
+        gather_blocks(link, narrow, lse_own)?,
+        gather_blocks(link, narrow, &delta)?,
+    );
+    link.attend(|| -> Result<(), ExecError> {
+        let (dims, params) = canonical_call::<T>(call, link.ring, true);
+        let dq = dq.as_slice_mut::<T>()?;
+        dq.fill(T::ZERO);
+        let (mut dk_unused, mut dv_unused) = (vec![T::ZERO; keys.len()], vec![T::ZERO; keys.len()]);
+        let input = BlockGradInputs {
+            q: q_own,
+            k: &keys,
+            v: &values,
+            dout: dout_own,
+            lse: lse_own,
+            delta: &delta,
+        };
+        let grads = AttentionGradBuffers {
+            dq,
+            dk: &mut dk_unused,
+            dv: &mut dv_unused,
+        };
+        attention_backward_block(input, dims, params, grads)?;
+        let (dims, params) = canonical_call::<T>(call, link.ring, false);
+        let mut dq_unused = vec![T::ZERO; queries.len()];
+        let input = BlockGradInputs {
+            q: &queries,
+            k: k_own,
+            v: v_own,
+            dout: &douts,
+            lse: &lses,
+            delta: &deltas,
+        };
+        let grads = AttentionGradBuffers {
+            dq: &mut dq_unused,
+            dk: dk.as_slice_mut::<T>()?,
+            dv: dv.as_slice_mut::<T>()?,
+        };
+        attention_backward_block(input, dims, params, grads)?;
+        Ok(())
+    })
 }
 
 fn add_into<T: Float>(acc: &mut [T], part: &[T]) {

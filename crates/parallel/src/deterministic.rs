@@ -53,18 +53,6 @@ pub fn check_deterministic(program: &Program, max_blocks: usize) -> Result<(), P
                     ));
                 }
             }
-            Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. }
-                if crate::ring::ring_traffic(program, k).is_some() =>
-            {
-                return Err(refuse(
-                    name,
-                    k.op.kind(),
-                    "splits the sequence of its keys, so it runs as ring attention, which \
-                     attends the key blocks in arrival order, not one device's; deterministic \
-                     mode needs the keys' sequence whole (context_parallel_algo = \"ulysses\")"
-                        .to_string(),
-                ));
-            }
             Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
                 let x = input(0);
                 let last = x.shape().len() - 1;

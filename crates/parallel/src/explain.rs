@@ -159,7 +159,9 @@ impl Program {
                         describe_node(node.name.as_str(), &node.op, place)
                     );
                     if let Some(t) = crate::ring::ring_traffic(self, k) {
-                        let (balance, moved) = if t.zigzag_bytes_per_ring > 0 {
+                        let (balance, moved) = if t.gathered {
+                            (", deterministic: operands gathered whole", String::new())
+                        } else if t.zigzag_bytes_per_ring > 0 {
                             (
                                 ", zigzag-balanced",
                                 format!(
@@ -172,16 +174,16 @@ impl Program {
                         };
                         let _ = writeln!(
                             out,
-                            "    -> ring attention over {} ranks ({} ring{}{balance}): {} pass{} of key/value blocks{} ({} B/step, {} B per rank in the passes{moved})",
+                            "    -> ring attention over {} ranks ({} ring{}{balance}): {} pass{} of {} ({} B/step, {} B per rank in the passes{moved})",
                             t.members,
                             t.rings,
                             if t.rings == 1 { "" } else { "s" },
                             t.passes,
                             if t.passes == 1 { "" } else { "es" },
-                            if matches!(k.op, graph::Op::FlashAttentionGrad { .. }) {
-                                " and their gradients"
-                            } else {
-                                ""
+                            match (matches!(k.op, graph::Op::FlashAttentionGrad { .. }), t.gathered) {
+                                (false, _) => "key/value blocks",
+                                (true, false) => "key/value blocks and their gradients",
+                                (true, true) => "query, key, value and output-gradient blocks",
                             },
                             t.bytes_total(),
                             t.bytes_per_rank

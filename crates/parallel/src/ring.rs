@@ -12,6 +12,12 @@
 //! and member `i` attends with chunks `i` and `2n − 1 − i`, which gives every member the same
 //! work at every pass. The operands move to that placement before the passes and the results
 //! come back after, so everything outside the attention keeps its contiguous split.
+//!
+//! In deterministic mode the passes gather the operands whole instead (keys and values
+//! forward; queries, keys, values, the output's gradient, lse and delta backward), and each
+//! rank attends as one device does: bitwise one device's, at the price of the whole sequence's
+//! operands held during the step and, backward, each rank computing its queries' gradient and
+//! its keys' gradients in two calls.
 
 use graph::Op;
 
@@ -81,6 +87,9 @@ pub struct RingTraffic {
     pub bytes_per_rank: usize,
     /// Bytes each ring moves to the zigzag placement and back (0 when it attends contiguously).
     pub zigzag_bytes_per_ring: usize,
+    /// Deterministic mode: the passes gather the operands whole, which are then attended in
+    /// one device's order (no zigzag placement).
+    pub gathered: bool,
 }
 
 impl RingTraffic {
@@ -106,6 +115,26 @@ pub fn ring_traffic(program: &Program, k: &KernelStep) -> Option<RingTraffic> {
     }
     let elem = key.dtype.size_in_bytes();
     let block_bytes = layout.slice_elements() * elem;
+    let rings = layout.mesh().n_slots() / members;
+    if program.placed.config.deterministic {
+        // One device's order: the operands gathered whole, each block passed n − 1 times —
+        // keys and values forward; queries, keys, values and the output's gradient (wide) and
+        // lse and delta (one per row) backward.
+        let narrow_bytes = block_bytes / layout.shape()[seq + 1];
+        let per_pass = if forward {
+            2 * block_bytes
+        } else {
+            4 * block_bytes + 2 * narrow_bytes
+        };
+        return Some(RingTraffic {
+            members,
+            rings,
+            passes: members - 1,
+            bytes_per_rank: per_pass * (members - 1),
+            zigzag_bytes_per_ring: 0,
+            gathered: true,
+        });
+    }
     // Keys and values n − 1 times; backward also their gradients n times.
     let (passes, bytes_per_rank) = if forward {
         (members - 1, 2 * block_bytes * (members - 1))
@@ -130,10 +159,11 @@ pub fn ring_traffic(program: &Program, k: &KernelStep) -> Option<RingTraffic> {
     };
     Some(RingTraffic {
         members,
-        rings: layout.mesh().n_slots() / members,
+        rings,
         passes,
         bytes_per_rank,
         zigzag_bytes_per_ring,
+        gathered: false,
     })
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use exec::RankExecutor;
 use graph::models::Model;
-use models::{ContextParallelAlgo, GptConfig, GptParallel};
+use models::{GptConfig, GptParallel};
 use parallel::{DatasetStrategy, OpStrategy, ParallelConfig, ParallelMode};
 
 use crate::config::{DataFormat, TextDataKeys, TrainConfig};
@@ -209,19 +209,6 @@ pub fn gpt_parallel_config(
         return Ok(parallel);
     }
     let split = GptParallel::resolve(devices, &keys)?;
-    if config.train().deterministic
-        && split.context_parallel > 1
-        && split.context_parallel_algo == ContextParallelAlgo::Ring
-    {
-        // The ring attends key blocks in arrival order (its own first), not the one-device
-        // order, so its sums round differently.
-        return Err(RuntimeError::Config {
-            key: "parallel.context_parallel_algo".to_string(),
-            reason: "\"ring\" is not bitwise one device's in deterministic mode \
-                     (train.deterministic = true): use \"ulysses\""
-                .to_string(),
-        });
-    }
     split.check(gpt)?;
     let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
     let mut strategies: BTreeMap<String, OpStrategy> = split.strategies(&model.graph)?;

@@ -135,6 +135,31 @@ fn deterministic_context_parallel_is_bitwise_one_device() {
         let run = train(&config(&out, "adam", "", &semi(*devices, parallel), true));
         run_util::assert_bitwise_run(name, &run, &reference);
     }
+    // The ring in deterministic mode attends in one device's order (its operands gathered
+    // whole): bitwise the fused attention's one-device run.
+    let fused = "fused_attention = true";
+    let reference = train(&config(
+        &tmp.path().join("sa-fused"),
+        "adam",
+        fused,
+        "mode = \"stand_alone\"",
+        true,
+    ));
+    let ring = [
+        ("ring cp 2", 2, "context_parallel = 2"),
+        ("ring cp 4", 4, "context_parallel = 4"),
+        (
+            "ring dp 2 × cp 2 × mp 2, sequence parallel",
+            8,
+            "data_parallel = 2\ncontext_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true",
+        ),
+    ];
+    for (i, (name, devices, parallel)) in ring.iter().enumerate() {
+        let keys = format!("{parallel}\ncontext_parallel_algo = \"ring\"");
+        let out = tmp.path().join(format!("det-ring-{i}"));
+        let run = train(&config(&out, "adam", fused, &semi(*devices, &keys), true));
+        run_util::assert_bitwise_run(name, &run, &reference);
+    }
 }
 
 /// Ulysses moves q, k and v from the sequence split to the head split, and the context back,
@@ -256,7 +281,8 @@ fn ring_attention_balances_odd_rings_and_keeps_odd_blocks_whole() {
 /// The ring passes key/value blocks (and in the backward their gradients) around each `cp`
 /// ring, in the zigzag placement under the causal mask: `--explain` lists each ring step with
 /// its bytes (the passes and the moves to the placement), counted in the step's total; q, k
-/// and v are not resharded before attention.
+/// and v are not resharded before attention. In deterministic mode the passes gather the
+/// operands whole, and explain says so with their bytes.
 #[test]
 fn ring_attention_passes_blocks_around_cp_rings() {
     let tmp = tempfile::tempdir().unwrap();
@@ -294,36 +320,37 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         let moved = format!("reshard blocks.0.attn.{value}:");
         assert!(!plan.contains(&moved), "{moved} in\n{plan}");
     }
-    // A `[parallel.shard]` strategy that splits the fused attention's sequence runs it as a
-    // ring too, which deterministic mode refuses by the op's name.
-    let shard =
-        "[parallel.shard]\n\"blocks.*.attn.flash\" = [[1, 1, 2, 1], [1, 1, 2, 1], [1, 1, 2, 1]]";
-    let err = Session::new(&config(
+    // In deterministic mode the passes gather q, k, v (and backward dout, lse, delta) whole,
+    // with no zigzag moves.
+    let det = Session::new(&config(
         tmp.path(),
         "adam",
         "fused_attention = true",
-        &semi(2, shard),
+        &semi(8, keys),
         true,
     ))
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("blocks.0.attn.flash") && err.contains("ring attention"),
-        "{err}"
-    );
-    // The ring algo without the fused attention, or in deterministic mode, is refused.
-    for (model_extra, det) in [("", false), ("fused_attention = true", true)] {
-        let err = Session::new(&config(
-            tmp.path(),
-            "adam",
-            model_extra,
-            &semi(8, keys),
-            det,
-        ))
+    .unwrap()
+    .train
+    .explain();
+    let narrow = block / 4;
+    for (what, per_rank) in [
+        ("1 pass of key/value blocks", 2 * block),
+        (
+            "1 pass of query, key, value and output-gradient blocks",
+            4 * block + 2 * narrow,
+        ),
+    ] {
+        let line = format!(
+            "-> ring attention over 2 ranks (4 rings, deterministic: operands gathered whole): {what} ({} B/step, {per_rank} B per rank in the passes)",
+            8 * per_rank
+        );
+        assert!(det.contains(&line), "no {line:?} in\n{det}");
+    }
+    // The ring algo without the fused attention is refused.
+    let err = Session::new(&config(tmp.path(), "adam", "", &semi(8, keys), false))
         .unwrap_err()
         .to_string();
-        assert!(err.contains("parallel.context_parallel_algo"), "{err}");
-    }
+    assert!(err.contains("parallel.context_parallel_algo"), "{err}");
 }
 
 /// Activation memory falls as 1/N: a sequence 4× longer on 4 context-parallel ranks (ring or

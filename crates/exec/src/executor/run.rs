@@ -321,15 +321,20 @@ impl RankExecutor {
         let ring = self.rings[i].as_ref().expect("a ring step has its ring");
         let tag = crate::ring::ring_tag(i)?;
         let comm = self.runner.world().as_ref();
+        let how = crate::ring::RingAttention {
+            causal: attention.0,
+            scale: attention.1,
+            canonical: self.deterministic.is_some(),
+        };
         match (ins, outs) {
             ([q, k, v], [out, lse]) => {
-                crate::ring::forward(comm, ring, tag, attention, (q, k, v), (out, lse))
+                crate::ring::forward(comm, ring, tag, how, (q, k, v), (out, lse))
             }
             ([q, k, v, out, lse, dout], [dq, dk, dv]) => crate::ring::backward(
                 comm,
                 ring,
                 tag,
-                attention,
+                how,
                 [q, k, v, out, lse, dout],
                 [dq, dk, dv],
             ),
