@@ -198,6 +198,24 @@ impl Call {
         }
     }
 
+    /// The operands' row shapes: `head_dim`-wide (q, k, v, out and their gradients) and
+    /// one-wide (lse, delta).
+    fn rows(&self) -> (Rows, Rows) {
+        let wide = Rows {
+            slices: self.slices,
+            width: self.head_dim,
+        };
+        (wide, Rows { width: 1, ..wide })
+    }
+
+    /// FlashAttention-2's `delta` of every query row (see [`attention_delta_into`]).
+    fn delta<T: Element + Float>(&self, out: &Tensor, dout: &Tensor) -> Result<Vec<T>, ExecError> {
+        let dout = dout.as_slice::<T>()?;
+        let mut delta = vec![T::ZERO; dout.len() / self.head_dim.max(1)];
+        attention_delta_into(out.as_slice::<T>()?, dout, self.head_dim, &mut delta)?;
+        Ok(delta)
+    }
+
     /// Elements of a chunk's keys (or values, or queries).
     fn rows_len(&self, chunk: Chunk) -> usize {
         self.slices * chunk.len * self.head_dim
@@ -466,10 +484,7 @@ fn forward_typed<T: Element + Float>(
 ) -> Result<(), ExecError> {
     let ring = link.ring;
     let placement = Placement::of(ring, call.causal);
-    let wide = Rows {
-        slices: call.slices,
-        width: call.head_dim,
-    };
+    let (wide, narrow) = call.rows();
     let place = |t: &Tensor| to_placement(link, &placement, wide, t.as_slice::<T>()?);
     let (qs, ks, vs) = (place(q)?, place(k)?, place(v)?);
     let mine = placement.chunks(ring, ring.position);
@@ -512,7 +527,6 @@ fn forward_typed<T: Element + Float>(
         outs.push(o);
         lses.push(l);
     }
-    let narrow = Rows { width: 1, ..wide };
     from_placement(link, &placement, wide, outs, out.as_slice_mut::<T>()?)?;
     from_placement(link, &placement, narrow, lses, lse.as_slice_mut::<T>()?)?;
     Ok(())
@@ -548,14 +562,9 @@ fn backward_typed<T: Element + Float>(
 ) -> Result<(), ExecError> {
     let ring = link.ring;
     let placement = Placement::of(ring, call.causal);
-    let wide = Rows {
-        slices: call.slices,
-        width: call.head_dim,
-    };
-    let narrow = Rows { width: 1, ..wide };
+    let (wide, narrow) = call.rows();
     let dout_rows = dout.as_slice::<T>()?;
-    let mut delta = vec![T::ZERO; lse.n_elements()];
-    attention_delta_into(out.as_slice::<T>()?, dout_rows, call.head_dim, &mut delta)?;
+    let delta = call.delta::<T>(out, dout)?;
     let place = |rows: Rows, data: &[T]| to_placement(link, &placement, rows, data);
     let (qs, douts) = (place(wide, q.as_slice::<T>()?)?, place(wide, dout_rows)?);
     let (lses, deltas) = (place(narrow, lse.as_slice::<T>()?)?, place(narrow, &delta)?);
@@ -690,10 +699,7 @@ fn forward_canonical<T: Element + Float>(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     (out, lse): (&mut Tensor, &mut Tensor),
 ) -> Result<(), ExecError> {
-    let wide = Rows {
-        slices: call.slices,
-        width: call.head_dim,
-    };
+    let (wide, _) = call.rows();
     let keys = gather_blocks(link, wide, k.as_slice::<T>()?)?;
     let values = gather_blocks(link, wide, v.as_slice::<T>()?)?;
     let (dims, params) = canonical_call::<T>(call, link.ring, true);
@@ -719,19 +725,14 @@ fn backward_canonical<T: Element + Float>(
     [q, k, v, out, lse, dout]: [&Tensor; 6],
     [dq, dk, dv]: [&mut Tensor; 3],
 ) -> Result<(), ExecError> {
-    let wide = Rows {
-        slices: call.slices,
-        width: call.head_dim,
-    };
-    let narrow = Rows { width: 1, ..wide };
+    let (wide, narrow) = call.rows();
     let (q_own, dout_own, lse_own) = (
         q.as_slice::<T>()?,
         dout.as_slice::<T>()?,
         lse.as_slice::<T>()?,
     );
     let (k_own, v_own) = (k.as_slice::<T>()?, v.as_slice::<T>()?);
-    let mut delta = vec![T::ZERO; lse.n_elements()];
-    attention_delta_into(out.as_slice::<T>()?, dout_own, call.head_dim, &mut delta)?;
+    let delta = call.delta::<T>(out, dout)?;
     let (keys, values) = (
         gather_blocks(link, wide, k_own)?,
         gather_blocks(link, wide, v_own)?,
