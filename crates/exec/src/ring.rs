@@ -579,6 +579,7 @@ fn backward_typed<T: Element + Float>(
         chunks.iter().map(|c| vec![T::ZERO; c.len()]).collect()
     };
     let mut held = (zeros(&ks), zeros(&vs), ks, vs);
+    let mut parts: (Vec<T>, Vec<T>) = (Vec::new(), Vec::new());
     let n = ring.n();
     for t in 0..n {
         link.pass.set(t);
@@ -594,8 +595,11 @@ fn backward_typed<T: Element + Float>(
                     if !call.sees(qc, kc) {
                         continue;
                     }
+                    // The kernel overwrites the parts; one pair of buffers serves every pair.
                     let len = held.2[b].len();
-                    let (mut dk_part, mut dv_part) = (vec![T::ZERO; len], vec![T::ZERO; len]);
+                    parts.0.resize(len, T::ZERO);
+                    parts.1.resize(len, T::ZERO);
+                    let (dk_part, dv_part) = (&mut parts.0[..len], &mut parts.1[..len]);
                     let input = BlockGradInputs {
                         q: &qs[a],
                         k: &held.2[b],
@@ -606,8 +610,8 @@ fn backward_typed<T: Element + Float>(
                     };
                     let grads = AttentionGradBuffers {
                         dq: &mut dqs[a],
-                        dk: &mut dk_part,
-                        dv: &mut dv_part,
+                        dk: dk_part,
+                        dv: dv_part,
                     };
                     attention_backward_block(
                         input,
@@ -615,8 +619,8 @@ fn backward_typed<T: Element + Float>(
                         call.params::<T>(qc, kc),
                         grads,
                     )?;
-                    add_into(&mut held.0[b], &dk_part);
-                    add_into(&mut held.1[b], &dv_part);
+                    add_into(&mut held.0[b], &parts.0[..len]);
+                    add_into(&mut held.1[b], &parts.1[..len]);
                 }
             }
             Ok(())
