@@ -21,7 +21,7 @@
 //! The members of a ring are the ranks holding the same batch/heads block in the same replica,
 //! ordered by their sequence block ([`Ring::of`]). Chunks are attended in arrival order (own
 //! first), so the result equals one device's to rounding, not bitwise. In deterministic mode
-//! ([`RingAttention::canonical`]) the passes gather the operands whole instead and each rank
+//! (`RingAttention::canonical`) the passes gather the operands whole instead and each rank
 //! calls one device's kernel (its queries against all keys; backward also all queries against
 //! its keys), which is bitwise one device's.
 
