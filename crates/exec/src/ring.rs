@@ -35,6 +35,7 @@ use tensor::kernels::{
     attention_backward_block, attention_delta_into, flash_attention_into, AttentionDims,
     AttentionGradBuffers, AttentionParams, AttentionState, BlockGradInputs, Float,
 };
+use tensor::region::{copy_region, Placement as RegionAt};
 use tensor::{DType, Element, Tensor};
 
 use crate::error::ExecError;
@@ -363,23 +364,43 @@ struct Rows {
 
 impl Rows {
     /// Rows `from .. from + len` of every slice of `data` (whose slices have `rows` rows).
-    fn take<T: Copy>(self, data: &[T], rows: usize, from: usize, len: usize) -> Vec<T> {
-        let mut part = Vec::with_capacity(self.slices * len * self.width);
-        for s in 0..self.slices {
-            let at = (s * rows + from) * self.width;
-            part.extend_from_slice(&data[at..at + len * self.width]);
-        }
+    fn take<T: Element>(self, data: &[T], rows: usize, from: usize, len: usize) -> Vec<T> {
+        let mut part = vec![T::zeroed(); self.slices * len * self.width];
+        self.copy(data, (rows, from), &mut part, (len, 0), len);
         part
     }
 
     /// Writes `part` into rows `from ..` of every slice of `data`.
-    fn put<T: Copy>(self, data: &mut [T], rows: usize, from: usize, part: &[T]) {
+    fn put<T: Element>(self, data: &mut [T], rows: usize, from: usize, part: &[T]) {
         let len = part.len() / (self.slices * self.width).max(1);
-        for s in 0..self.slices {
-            let at = (s * rows + from) * self.width;
-            let src = s * len * self.width;
-            data[at..at + len * self.width].copy_from_slice(&part[src..src + len * self.width]);
-        }
+        self.copy(part, (len, 0), data, (rows, from), len);
+    }
+
+    /// Copies `len` rows of every slice from `src` (slices of `src_rows` rows, from row
+    /// `src_from`) to `dst` (slices of `dst_rows` rows, from row `dst_from`), by the box copy
+    /// every slicing goes through.
+    fn copy<T: Element>(
+        self,
+        src: &[T],
+        (src_rows, src_from): (usize, usize),
+        dst: &mut [T],
+        (dst_rows, dst_from): (usize, usize),
+        len: usize,
+    ) {
+        copy_region(
+            bytemuck::cast_slice(src),
+            RegionAt {
+                shape: &[self.slices, src_rows, self.width],
+                offset: &[0, src_from, 0],
+            },
+            bytemuck::cast_slice_mut(dst),
+            RegionAt {
+                shape: &[self.slices, dst_rows, self.width],
+                offset: &[0, dst_from, 0],
+            },
+            &[self.slices, len, self.width],
+            std::mem::size_of::<T>(),
+        );
     }
 }
 

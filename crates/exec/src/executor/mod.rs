@@ -768,11 +768,6 @@ impl RankExecutor {
         std::mem::take(&mut self.moe_dropped)
     }
 
-    /// Whether the program runs ring attention (a `FlashAttention` whose sequence is split).
-    pub fn runs_ring_attention(&self) -> bool {
-        self.rings.iter().any(Option::is_some)
-    }
-
     /// Swaps the buffers `indices` with `store` (one tensor per index): a pipelined step keeps
     /// one set of a micro-batch's buffers per micro-batch in flight.
     pub fn swap_buffers(&mut self, indices: &[usize], store: &mut [Option<Tensor>]) {

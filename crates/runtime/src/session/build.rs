@@ -297,8 +297,18 @@ impl TrainSession {
     /// Whether the training program runs ring attention (a `FlashAttention` whose sequence
     /// dim is split: `parallel.context_parallel_algo = "ring"`).
     pub fn runs_ring_attention(&self) -> bool {
+        self.has_kernel(|k| parallel::ring::ring_traffic(&self.train, k).is_some())
+    }
+
+    /// Whether the training program routes tokens to experts (a `MoeRoute` step).
+    pub(super) fn routes_experts(&self) -> bool {
+        self.has_kernel(|k| matches!(k.op, graph::Op::MoeRoute { .. }))
+    }
+
+    /// Whether some kernel step of the training program satisfies `wanted`.
+    fn has_kernel(&self, wanted: impl Fn(&parallel::KernelStep) -> bool) -> bool {
         self.train.steps.iter().any(|step| match step {
-            parallel::Step::Kernel(k) => parallel::ring::ring_traffic(&self.train, k).is_some(),
+            parallel::Step::Kernel(k) => wanted(k),
             parallel::Step::Reshard(_) => false,
         })
     }

@@ -148,10 +148,7 @@ impl TrainSession {
     /// mixture-of-experts routing): each rank's count (its own and its interleaved partners'),
     /// summed by an all-reduce every rank takes part in.
     fn moe_dropped(&self, run: &mut RankRun) -> Result<Option<f64>, RuntimeError> {
-        let routes = self.train.steps.iter().any(|step| {
-            matches!(step, parallel::Step::Kernel(k) if matches!(k.op, graph::Op::MoeRoute { .. }))
-        });
-        if !routes {
+        if !self.routes_experts() {
             return Ok(None);
         }
         let mut local = run.exec.take_moe_dropped();
