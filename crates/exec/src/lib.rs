@@ -55,6 +55,7 @@ mod accumulate;
 pub mod allocator;
 mod broadcast;
 mod bubble;
+pub mod clip;
 mod error;
 mod executor;
 mod memory;
@@ -65,6 +66,7 @@ mod profile;
 mod progress;
 pub mod ring;
 mod shared;
+mod update;
 
 pub use crate::accumulate::Accumulation;
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
@@ -85,3 +87,4 @@ pub use crate::precision::{
 };
 pub use crate::profile::{StepProfile, Tally};
 pub use crate::shared::{sync_pipeline_shared_parameters, SharedGradients};
+pub use crate::update::{update_parameters, StepUpdate, UpdateContext};

@@ -39,7 +39,6 @@
 
 mod auto;
 mod callbacks;
-mod clip;
 mod config;
 mod data;
 pub mod elastic;
@@ -64,7 +63,6 @@ pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog,
     ShardView, StepInfo, TrainEndInfo,
 };
-pub use crate::clip::{MaxGradNorm, SquareSum, SQUARE_SUM_BYTES};
 pub use crate::config::{
     DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, PsKeys,
     ResumeFrom, SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,
@@ -90,6 +88,7 @@ pub use crate::session::{
 };
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
 pub use crate::trainer::{Trainer, Training};
+pub use exec::clip::{MaxGradNorm, SquareSum, SQUARE_SUM_BYTES};
 
 // The executor's types, re-exported under their old paths so that users of `runtime` (the CLI,
 // the parameter server, the Python package, examples) keep compiling; `exec` owns them.

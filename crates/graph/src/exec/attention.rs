@@ -5,7 +5,8 @@ use tensor::kernels::{self, AttentionDims, AttentionParams, Float};
 use tensor::{Element, Tensor};
 
 use crate::error::GraphError;
-use crate::exec::eval::{checked_placement, min_rank, read, write, EvalCtx};
+use crate::exec::eval::EvalCtx;
+use crate::exec::operands::{checked_placement, min_rank, read, write};
 
 /// The sizes of attention of `q [..., Sq, d]` over `k [..., Sk, d]` (shapes checked by
 /// inference; the ranks checked here so that indexing is safe).

@@ -5,7 +5,8 @@
 use tensor::kernels::{self, det, Float, GemmShape};
 use tensor::{Element, Storage, Tensor};
 
-use super::eval::{min_rank, mismatch, read, write, write_scalar, EvalCtx};
+use super::eval::EvalCtx;
+use super::operands::{min_rank, mismatch, read, write, write_scalar};
 use crate::error::GraphError;
 use crate::infer::matrix_dims;
 use crate::op::Op;

@@ -9,7 +9,8 @@ use tensor::kernels::Float;
 use tensor::TensorError;
 
 use crate::error::GraphError;
-use crate::exec::eval::{checked_placement, EvalCtx};
+use crate::exec::eval::EvalCtx;
+use crate::exec::operands::checked_placement;
 use crate::rng::{bits_at, for_each_global_run, mix64};
 
 /// Distinguishes dropout streams from initializer streams keyed by the same numbers.

@@ -35,6 +35,7 @@ mod eval;
 mod executor;
 mod moe_route;
 mod one_hot;
+mod operands;
 mod pieces;
 mod reduce_max;
 mod select;

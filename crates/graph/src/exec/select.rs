@@ -6,7 +6,8 @@ use tensor::kernels::Float;
 use tensor::{Storage, Tensor, TensorError};
 
 use crate::error::GraphError;
-use crate::exec::eval::{checked_placement, EvalCtx};
+use crate::exec::eval::EvalCtx;
+use crate::exec::operands::checked_placement;
 use crate::exec::pieces::walk_strided;
 
 /// `out[.., i, j] = 1` where `j - i >= diagonal`, else 0, for the block of `shape` at

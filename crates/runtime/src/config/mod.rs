@@ -214,7 +214,7 @@ pub struct TrainLoopConfig {
     pub threads_per_rank: usize,
     /// `train.max_grad_norm` (MindSpore's `clip_by_global_norm`): every step's gradient is
     /// clipped to this global L2 norm before the update (`None`: not clipped).
-    pub max_grad_norm: Option<crate::clip::MaxGradNorm>,
+    pub max_grad_norm: Option<exec::clip::MaxGradNorm>,
     /// `train.elastic` with its `train.elastic_interval`: every this many steps each rank
     /// keeps its training state in its node's in-memory store and a copy in another node's,
     /// and a restarted job continues from the newest snapshot (`None`: off).

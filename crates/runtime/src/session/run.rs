@@ -12,12 +12,12 @@ use exec::{
 use parallel::memory::MemoryCategory;
 
 use super::feed::StepAt;
-use super::step::StepUpdate;
 use super::{ParamMemory, ParamShard, RankOutcome, TrainSession};
 use crate::callbacks::{Callback, EpochInfo, EvalInfo, ShardView, StepInfo, TrainEndInfo};
 use crate::error::RuntimeError;
 use crate::lr_schedule::LrSchedule;
 use crate::periodic_ckpt::SaveSchedule;
+use exec::StepUpdate;
 
 /// One rank's state through a run: set up by [`TrainSession::start_rank`], advanced by every step,
 /// ended by [`TrainSession::finish_rank`].

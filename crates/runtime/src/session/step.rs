@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use comm::Communicator;
 use exec::{
-    Accumulation, LossScaler, MasterWeights, Optimizer, PipelineRunner, RankExecutor, StepTrace,
+    update_parameters, Accumulation, LossScaler, PipelineRunner, RankExecutor, StepTrace,
+    StepUpdate, UpdateContext,
 };
-use tensor::Tensor;
 
 use super::feed::StepAt;
 use super::run::RankRun;
@@ -297,134 +297,4 @@ fn run_parts(exec: &mut RankExecutor, others: &mut [RankExecutor]) -> Result<(),
     mine?;
     theirs.into_iter().collect::<Result<Vec<()>, _>>()?;
     Ok(())
-}
-
-/// What an optimizer step needs besides the executor and the optimizer.
-struct UpdateContext<'a> {
-    /// The trainable parameters (indices into the program's), in the optimizer's order.
-    trainable: &'a [usize],
-    /// With gradient accumulation, the step's mean gradients (else the program's).
-    accumulated: Option<&'a mut Accumulation>,
-    /// Under mixed precision, the f32 master pieces the optimizer updates.
-    master: Option<&'a mut MasterWeights>,
-    /// The loss scale, when the gradients carry one.
-    scaler: Option<&'a mut LossScaler>,
-    /// Every rank (to agree on skipping a step whose gradients overflowed, and to add up the
-    /// global gradient norm).
-    world: &'a dyn Communicator,
-    /// `train.max_grad_norm`: the global norm the gradients are clipped to.
-    clip: Option<crate::clip::MaxGradNorm>,
-}
-
-/// What an optimizer step did.
-pub(super) struct StepUpdate {
-    /// Whether the parameters were updated (`false`: skipped for overflowing gradients).
-    pub(super) applied: bool,
-    /// With `train.max_grad_norm`, the global gradient norm before clipping (`None` when
-    /// the step was skipped, or without clipping).
-    pub(super) grad_norm: Option<f64>,
-}
-
-/// Parameter `i`'s (`trainable[k]`) gradient — accumulated, or the program's — and where its
-/// optimizer piece starts in it.
-fn gradient_of<'e>(
-    exec: &'e RankExecutor,
-    accumulated: Option<&'e Accumulation>,
-    k: usize,
-    i: usize,
-) -> Option<(&'e Tensor, usize)> {
-    let piece = exec.optimizer_piece(i);
-    match accumulated {
-        Some(acc) => Some((acc.buffer(k), acc.piece_offset(k, piece.grad_offset))),
-        None => exec.grad(i).map(|g| (g, piece.grad_offset)),
-    }
-}
-
-/// The optimizer step: every trainable parameter's piece (its shard, or with `hsdp` the rows
-/// of its optimizer shard) updated with its gradient — the program's gradient buffer, or with
-/// gradient accumulation the accumulated mean — then the updated pieces gathered into whole
-/// weights where `hsdp` keeps weights whole (`zero1` and `zero2`). Under mixed precision the update
-/// applies to the f32 master piece, with the gradient widened and unscaled, and the result is
-/// rounded into the weights; a step whose gradients overflowed on any rank is skipped.
-/// With `train.max_grad_norm` the gradients (unscaled, under mixed precision) are first
-/// clipped by their global norm ([`crate::clip`]).
-fn update_parameters(
-    exec: &mut RankExecutor,
-    optimizer: &mut Optimizer,
-    mut ctx: UpdateContext<'_>,
-) -> Result<StepUpdate, RuntimeError> {
-    let Some(master) = ctx.master else {
-        let grad_norm = match ctx.clip {
-            Some(clip) => {
-                let accumulated = ctx.accumulated.as_deref_mut();
-                Some(clip.clip_in_place(exec, accumulated, ctx.trainable, ctx.world)?)
-            }
-            None => None,
-        };
-        optimizer.begin_step();
-        for (k, &i) in ctx.trainable.iter().enumerate() {
-            let piece = exec.optimizer_piece(i).clone();
-            match ctx.accumulated.as_deref() {
-                Some(accumulated) => optimizer.update_piece(
-                    k,
-                    exec.param_mut(i),
-                    piece.param_offset,
-                    accumulated.buffer(k),
-                    accumulated.piece_offset(k, piece.grad_offset),
-                )?,
-                None => {
-                    if let Some((param, grad)) = exec.param_and_grad(i) {
-                        optimizer.update_piece(
-                            k,
-                            param,
-                            piece.param_offset,
-                            grad,
-                            piece.grad_offset,
-                        )?;
-                    }
-                }
-            }
-        }
-        exec.gather_updated_weights()?;
-        return Ok(StepUpdate {
-            applied: true,
-            grad_norm,
-        });
-    };
-    let unscale = ctx.scaler.as_ref().map_or(1.0, |s| 1.0 / s.scale());
-    let mut grads = Vec::with_capacity(ctx.trainable.len());
-    for (k, &i) in ctx.trainable.iter().enumerate() {
-        let shape = exec.optimizer_piece(i).shape.clone();
-        let grad = match gradient_of(exec, ctx.accumulated.as_deref(), k, i) {
-            Some((g, offset)) => exec::f32_piece(g, offset, &shape, unscale)?,
-            None => Tensor::zeros(tensor::DType::F32, &shape),
-        };
-        grads.push(grad);
-    }
-    if let Some(scaler) = ctx.scaler {
-        let mine = !grads.iter().all(exec::all_finite);
-        let overflow = exec::any_rank_overflowed(ctx.world, mine)?;
-        scaler.record(overflow);
-        if overflow {
-            return Ok(StepUpdate {
-                applied: false,
-                grad_norm: None,
-            });
-        }
-    }
-    let grad_norm = match ctx.clip {
-        Some(clip) => Some(clip.clip_pieces(exec, &mut grads, ctx.trainable, ctx.world)?),
-        None => None,
-    };
-    optimizer.begin_step();
-    for (k, &i) in ctx.trainable.iter().enumerate() {
-        optimizer.update_piece(k, master.piece_mut(k), 0, &grads[k], 0)?;
-        let offset = exec.optimizer_piece(i).param_offset;
-        exec::write_piece(exec.param_mut(i), offset, master.piece(k))?;
-    }
-    exec.gather_updated_weights()?;
-    Ok(StepUpdate {
-        applied: true,
-        grad_norm,
-    })
 }

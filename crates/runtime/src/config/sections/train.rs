@@ -6,13 +6,13 @@ use std::path::Path;
 use exec::{LossScale, OptimizerConfig, OptimizerKind, Precision};
 use toml::Value;
 
-use crate::clip::MaxGradNorm;
 use crate::config::values::{
     check_grad_accumulation_steps, config_error, path_reader, read_bool, read_count, read_enum,
     read_float, read_positive, wrong_type, Section,
 };
 use crate::config::{OutputConfig, TrainLoopConfig};
 use crate::error::RuntimeError;
+use exec::clip::MaxGradNorm;
 
 /// `[train]`'s keys.
 pub(in crate::config) const TRAIN_KEYS: &[&str] = &[

@@ -23,12 +23,12 @@
 
 mod square_sum;
 
+use crate::{Accumulation, RankExecutor};
 use comm::Communicator;
-use exec::{Accumulation, RankExecutor};
 use parallel::Program;
 use tensor::{DType, Tensor};
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 pub use square_sum::{SquareSum, ENCODED_BYTES as SQUARE_SUM_BYTES};
 
@@ -67,7 +67,7 @@ impl MaxGradNorm {
         mut accumulated: Option<&mut Accumulation>,
         trainable: &[usize],
         world: &dyn Communicator,
-    ) -> Result<f64, RuntimeError> {
+    ) -> Result<f64, ExecError> {
         let mut local = SquareSum::default();
         for (k, &i) in trainable.iter().enumerate() {
             if !counts_piece(exec.program(), i, exec.rank()) {
@@ -111,7 +111,7 @@ impl MaxGradNorm {
         exec: &mut RankExecutor,
         trainable: &[usize],
         world: &dyn Communicator,
-    ) -> Result<f64, RuntimeError> {
+    ) -> Result<f64, ExecError> {
         self.clip_in_place(exec, None, trainable, world)
     }
 
@@ -147,7 +147,7 @@ impl MaxGradNorm {
         pieces: &mut [Tensor],
         trainable: &[usize],
         world: &dyn Communicator,
-    ) -> Result<f64, RuntimeError> {
+    ) -> Result<f64, ExecError> {
         let mut local = SquareSum::default();
         for (piece, &i) in pieces.iter().zip(trainable) {
             if counts_piece(exec.program(), i, exec.rank()) {
@@ -181,10 +181,7 @@ fn counts_piece(program: &Program, i: usize, rank: usize) -> bool {
 
 /// The L2 norm of the gradient whose squares each rank of `world` summed into `local`: the
 /// ranks' exact sums gathered and added (as integers, so in any order), rounded once.
-pub(crate) fn global_norm(
-    world: &dyn Communicator,
-    local: &SquareSum,
-) -> Result<f64, RuntimeError> {
+pub(crate) fn global_norm(world: &dyn Communicator, local: &SquareSum) -> Result<f64, ExecError> {
     let mine = local.to_bytes();
     let mut all = vec![0u8; mine.len() * world.size()];
     world.all_gather_bytes(&mine, &mut all)?;
@@ -196,7 +193,7 @@ pub(crate) fn global_norm(
 }
 
 /// Multiplies every element of `t` by `factor` (rounded once to `t`'s type).
-fn scale(t: &mut Tensor, factor: f64) -> Result<(), RuntimeError> {
+fn scale(t: &mut Tensor, factor: f64) -> Result<(), ExecError> {
     match t.dtype() {
         DType::F32 => scale_f32(t.as_slice_mut::<f32>()?, factor),
         DType::F64 => t
@@ -204,7 +201,7 @@ fn scale(t: &mut Tensor, factor: f64) -> Result<(), RuntimeError> {
             .iter_mut()
             .for_each(|x| *x *= factor),
         other => {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: "a gradient to clip (train.max_grad_norm)".to_string(),
                 expected: "f32 or f64 (half-precision gradients are clipped as f32)".to_string(),
                 got: other.to_string(),

@@ -11,7 +11,7 @@
 
 use tensor::{DType, Tensor};
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// Bit position of 2⁰ in the integer: the smallest f64 square, the subnormal 2⁻¹⁰⁷⁴ squared,
 /// is 2⁻²¹⁴⁸.
@@ -50,15 +50,10 @@ const NAN: u64 = 2;
 
 impl SquareSum {
     /// Adds the squares of `len` elements of `t` from element `offset`.
-    pub fn add_elements(
-        &mut self,
-        t: &Tensor,
-        offset: usize,
-        len: usize,
-    ) -> Result<(), RuntimeError> {
+    pub fn add_elements(&mut self, t: &Tensor, offset: usize, len: usize) -> Result<(), ExecError> {
         let range = offset..offset.saturating_add(len);
         if range.end > t.n_elements() {
-            return Err(RuntimeError::Mismatch {
+            return Err(ExecError::Mismatch {
                 what: "a gradient piece for the global norm".to_string(),
                 expected: format!("elements {}..{}", range.start, range.end),
                 got: format!("{} elements", t.n_elements()),
@@ -75,7 +70,7 @@ impl SquareSum {
                 self.add_f32(wide.as_slice::<f32>()?);
             }
             other => {
-                return Err(RuntimeError::Mismatch {
+                return Err(ExecError::Mismatch {
                     what: "a gradient for the global norm".to_string(),
                     expected: "a floating-point type (f32, f64, f16, bf16)".to_string(),
                     got: other.to_string(),
