@@ -113,58 +113,89 @@ pub fn ring_traffic(program: &Program, k: &KernelStep) -> Option<RingTraffic> {
     if members <= 1 {
         return None;
     }
-    let elem = key.dtype.size_in_bytes();
-    let block_bytes = layout.slice_elements() * elem;
+    let block = RingBlock {
+        members,
+        rows: layout.shape()[seq] / members,
+        head_dim: layout.shape()[seq + 1],
+        bytes: layout.slice_elements() * key.dtype.size_in_bytes(),
+    };
     let rings = layout.mesh().n_slots() / members;
-    if program.placed.config.deterministic {
-        // One device's order: the operands gathered whole, each block passed n − 1 times —
-        // keys and values forward; queries, keys, values and the output's gradient (wide) and
-        // lse and delta (one per row) backward.
-        let narrow_bytes = block_bytes / layout.shape()[seq + 1];
-        let per_pass = if forward {
-            2 * block_bytes
+    Some(block.traffic(rings, causal, forward, program.placed.config.deterministic))
+}
+
+/// One member's key (or value) block of a ring: what its traffic is computed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingBlock {
+    /// Members of the ring (the sequence's split factor).
+    pub members: usize,
+    /// Sequence rows of each member's block.
+    pub rows: usize,
+    /// Elements of a row (the head dim).
+    pub head_dim: usize,
+    /// Bytes of the block (every slice of its batch and heads).
+    pub bytes: usize,
+}
+
+impl RingBlock {
+    /// The traffic of one ring step over blocks like this one, in `rings` rings: the forward
+    /// pass or the backward pass, in the ordinary order or deterministic mode's (the operands
+    /// gathered whole).
+    pub fn traffic(
+        &self,
+        rings: usize,
+        causal: bool,
+        forward: bool,
+        deterministic: bool,
+    ) -> RingTraffic {
+        let (members, block_bytes) = (self.members, self.bytes);
+        if deterministic {
+            // One device's order: the operands gathered whole, each block passed n − 1 times —
+            // keys and values forward; queries, keys, values and the output's gradient (wide)
+            // and lse and delta (one per row) backward.
+            let narrow_bytes = block_bytes / self.head_dim.max(1);
+            let per_pass = if forward {
+                2 * block_bytes
+            } else {
+                4 * block_bytes + 2 * narrow_bytes
+            };
+            return RingTraffic {
+                members,
+                rings,
+                passes: members - 1,
+                bytes_per_rank: per_pass * (members - 1),
+                zigzag_bytes_per_ring: 0,
+                gathered: true,
+            };
+        }
+        // Keys and values n − 1 times; backward also their gradients n times.
+        let (passes, bytes_per_rank) = if forward {
+            (members - 1, 2 * block_bytes * (members - 1))
         } else {
-            4 * block_bytes + 2 * narrow_bytes
+            (members, 2 * block_bytes * (2 * members - 1))
         };
-        return Some(RingTraffic {
+        let zigzag_bytes_per_ring = match Zigzag::of(causal, &vec![self.rows; members]) {
+            Some(zigzag) => {
+                // A chunk is half a block: `head_dim`-wide rows of q, k, v, out (forward) or q,
+                // k, v, dout, dq, dk, dv (backward), and one-wide rows of lse (and delta).
+                let row_bytes = block_bytes / self.rows.max(1) / self.head_dim.max(1);
+                let widths = if forward {
+                    4 * self.head_dim + 1
+                } else {
+                    7 * self.head_dim + 2
+                };
+                zigzag.moved_chunks() * (self.rows / 2) * widths * row_bytes
+            }
+            None => 0,
+        };
+        RingTraffic {
             members,
             rings,
-            passes: members - 1,
-            bytes_per_rank: per_pass * (members - 1),
-            zigzag_bytes_per_ring: 0,
-            gathered: true,
-        });
-    }
-    // Keys and values n − 1 times; backward also their gradients n times.
-    let (passes, bytes_per_rank) = if forward {
-        (members - 1, 2 * block_bytes * (members - 1))
-    } else {
-        (members, 2 * block_bytes * (2 * members - 1))
-    };
-    let block_rows = layout.shape()[seq] / members;
-    let zigzag_bytes_per_ring = match Zigzag::of(causal, &vec![block_rows; members]) {
-        Some(zigzag) => {
-            // A chunk is half a block: `head_dim`-wide rows of q, k, v, out (forward) or q, k,
-            // v, dout, dq, dk, dv (backward), and one-wide rows of lse (and delta).
-            let head_dim = layout.shape()[seq + 1];
-            let rows = layout.slice_elements() / head_dim / 2;
-            let widths = if forward {
-                4 * head_dim + 1
-            } else {
-                7 * head_dim + 2
-            };
-            zigzag.moved_chunks() * rows * widths * elem
+            passes,
+            bytes_per_rank,
+            zigzag_bytes_per_ring,
+            gathered: false,
         }
-        None => 0,
-    };
-    Some(RingTraffic {
-        members,
-        rings,
-        passes,
-        bytes_per_rank,
-        zigzag_bytes_per_ring,
-        gathered: false,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -435,3 +435,67 @@ fn train_resumed(config: &TrainConfig) -> Run {
     assert_eq!(report.ranks[0].global_step, 20);
     run
 }
+
+/// A device profile whose products are slow and links fast, so attention's compute over a
+/// long sequence outweighs moving its blocks.
+const SLOW_COMPUTE_PROFILE: &str = "name = \"slow-compute\"\nmemory_bandwidth = 1e10\n\
+    memory_bytes = 1073741824\ndevices_per_node = 2\n[[matmul]]\nmin_flops = 0.0\n\
+    flops_per_s = 1e10\n[intra_node]\nalpha = 1e-5\nbandwidth = 1e10\n\
+    [inter_node]\nalpha = 1e-5\nbandwidth = 1e10\n";
+
+/// The searched GPT of `heads` heads (width 16 per head) over 2 devices: one sequence of 128
+/// tokens per step (`full_batch`, so the batch cannot split), fused attention.
+fn searched_gpt(dir: &Path, heads: usize, mode: &str) -> TrainConfig {
+    let profile = dir.join("slow.toml");
+    std::fs::write(&profile, SLOW_COMPUTE_PROFILE).unwrap();
+    let parallel = format!(
+        "devices = 2\nmode = \"{mode}\"\ndataset_strategy = \"full_batch\"\n\
+         device_profile = \"{}\"",
+        profile.display()
+    );
+    let text = run_util::small_gpt_text(
+        &dir.join(format!("out-{heads}-{mode}")),
+        "adam",
+        "fused_attention = true",
+        &parallel,
+    )
+    .replace("heads = 8", &format!("heads = {heads}"))
+    .replace("hidden = 32", &format!("hidden = {}", 16 * heads))
+    .replace("seq_len = 16", "seq_len = 128")
+    .replace("batch_size = 8", "batch_size = 1");
+    TrainConfig::parse(&text, None, &[], Path::new("/")).expect("a valid test config")
+}
+
+/// The fused attention's strategy in a plan of the 2-block GPT.
+fn attention_strategy(config: &TrainConfig) -> Vec<Vec<usize>> {
+    let report = runtime::plan(config).expect("the search plans");
+    let (_, strategy) = report
+        .strategies
+        .iter()
+        .find(|(name, _)| name == "blocks.0.attn.flash")
+        .expect("the plan has the fused attention")
+        .clone();
+    strategy
+}
+
+/// Ring attention is in the search's space, costed by the blocks it passes: where the heads
+/// cannot split over the devices (3 heads on 2) and the sequence's compute dominates, the
+/// search splits the fused attention's sequence (ring attention); where they can (4 heads), it
+/// splits the heads, which moves fewer bytes. The searched ring plan trains as one device.
+#[test]
+fn the_search_chooses_ring_attention_where_heads_cannot_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ring = searched_gpt(tmp.path(), 3, "dynamic_programming");
+    let sequence_split = vec![vec![1, 1, 2, 1]; 3];
+    assert_eq!(attention_strategy(&ring), sequence_split);
+    let heads = searched_gpt(tmp.path(), 4, "dynamic_programming");
+    assert_eq!(attention_strategy(&heads), vec![vec![1, 2, 1, 1]; 3]);
+
+    let (session, searched) = run_util::train_run(&ring, 20);
+    assert!(
+        session.runs_ring_attention(),
+        "the searched plan runs ring attention"
+    );
+    let reference = run_util::train_run(&searched_gpt(tmp.path(), 3, "stand_alone"), 20).1;
+    run_util::assert_same_run("searched ring attention", &searched, &reference, 2e-4);
+}

@@ -2,6 +2,7 @@
 //! category, and the split factors of its operands that redistribution costs are computed from.
 
 use graph::{Graph, Node, Op, ValueKind};
+use parallel::ring::RingBlock;
 use parallel::rules::{infer, strategy, OpContext};
 
 use crate::cost::DeviceProfile;
@@ -177,6 +178,10 @@ pub fn evaluate(
             comm_bytes += 2.0 * local * (group - 1) as f64 / group as f64;
         }
     }
+    if let Some((time, bytes)) = ring_cost(profile, &ctx, &inputs, |k| elem(node.inputs[k])) {
+        comm += time;
+        comm_bytes += bytes;
+    }
     for (k, &v) in node.outputs.iter().enumerate() {
         memory.activations += local_elements(ctx.output_shapes[k], &outputs[k].factors) * elem(v);
     }
@@ -190,6 +195,51 @@ pub fn evaluate(
         memory,
         devices_used,
     })
+}
+
+/// Seconds and bytes per device of ring attention's passes, forward and backward, when `ctx`
+/// is a `FlashAttention` whose keys (`inputs[1]`, `elem(1)` bytes an element) have their sequence
+/// dim split: the blocks `exec::ring` passes from member to member ([`RingBlock::traffic`]),
+/// each pass one message to the next member, and the zigzag placement's moves. Counted whole:
+/// the passes overlap the attention's computation when the compute takes longer, which this
+/// cost does not credit.
+fn ring_cost(
+    profile: &DeviceProfile,
+    ctx: &OpContext<'_>,
+    inputs: &[Split],
+    elem: impl Fn(usize) -> f64,
+) -> Option<(f64, f64)> {
+    let Op::FlashAttention { causal, .. } = ctx.op else {
+        return None;
+    };
+    let elem = elem(1);
+    let (shape, factors) = (ctx.input_shapes.get(1)?, &inputs.get(1)?.factors);
+    let seq = shape.len().checked_sub(2)?;
+    let members = factors.get(seq).copied().unwrap_or(1);
+    if members <= 1 {
+        return None;
+    }
+    let block = RingBlock {
+        members,
+        rows: shape[seq] / members,
+        head_dim: shape[seq + 1],
+        bytes: (local_elements(shape, factors) * elem) as usize,
+    };
+    let link = profile.link(members);
+    let (mut time, mut bytes) = (0.0, 0.0);
+    for forward in [true, false] {
+        let t = block.traffic(1, *causal, forward, false);
+        let moved = t.bytes_per_rank as f64 + t.zigzag_bytes_per_ring as f64 / members as f64;
+        let messages = t.passes as f64
+            + if t.zigzag_bytes_per_ring > 0 {
+                2.0
+            } else {
+                0.0
+            };
+        time += messages * link.alpha + moved / link.bandwidth;
+        bytes += moved;
+    }
+    Some((time, bytes))
 }
 
 /// Seconds and bytes per device to bring a tensor of `shape` (`elem` bytes an element) from
@@ -270,4 +320,53 @@ fn move_cost(
         bytes += missing;
     }
     (time, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use graph::GraphBuilder;
+    use tensor::DType;
+
+    use super::*;
+
+    /// A causal fused attention over q, k, v `[2, 4, 64, 8]` (batch, heads, sequence, head dim).
+    fn attention() -> graph::Graph {
+        let mut b = GraphBuilder::new();
+        let shape = [2, 4, 64, 8];
+        let q = b.input("q", &shape, DType::F32).unwrap();
+        let k = b.input("k", &shape, DType::F32).unwrap();
+        let v = b.input("v", &shape, DType::F32).unwrap();
+        b.flash_attention("flash", (q, k, v), true, 0.35).unwrap();
+        b.finish()
+    }
+
+    #[test]
+    fn a_split_sequence_costs_the_ring_s_passes_and_a_split_head_nothing() {
+        let graph = attention();
+        let node = &graph.nodes()[0];
+        let profile = crate::profiles::built_in("h100-nvlink-ib").unwrap();
+        let settings = EvalSettings {
+            profile: &profile,
+            devices: 4,
+            optimizer_states: 2,
+        };
+        let cost = |s: [usize; 4]| evaluate(&graph, node, &vec![s.to_vec(); 3], &settings).unwrap();
+        // Heads over 4 ranks: every rank attends its heads whole; nothing moves.
+        assert_eq!(cost([1, 4, 1, 1]).comm_bytes, 0.0);
+        // The sequence over a ring of 4: a key block is 2·4·16·8 f32 = 4096 B. Forward: keys
+        // and values passed 3 times (24 KiB); backward: 3 times, and their gradients 4 times
+        // (56 KiB); the zigzag placement moves 6 of the 8 half-block chunks (all but chunks 0
+        // and 5, which their owners hold), each of 8 slices × 8 rows: forward q, k, v, out
+        // (8 wide) and lse (1 wide), backward q, k, v, dout, dq, dk, dv and lse, delta — per
+        // ring, shared by its 4 ranks.
+        let block = 4096.0;
+        let passes = 2.0 * block * 3.0 + 2.0 * block * 7.0;
+        let chunk_rows = 8.0 * 8.0;
+        let zigzag = 6.0 * chunk_rows * ((4.0 * 8.0 + 1.0) + (7.0 * 8.0 + 2.0)) * 4.0 / 4.0;
+        let ring = cost([1, 1, 4, 1]);
+        assert_eq!(ring.comm_bytes, passes + zigzag);
+        assert!(ring.comm > 0.0);
+        // The same compute either way.
+        assert_eq!(ring.compute, cost([1, 4, 1, 1]).compute);
+    }
 }
