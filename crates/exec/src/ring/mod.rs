@@ -32,7 +32,7 @@ mod placement;
 use comm::{Communicator, Tag, MAX_TAG};
 use layout::TensorLayout;
 use tensor::kernels::{
-    attention_backward_block, attention_delta_into, AttentionDims, AttentionGradBuffers,
+    attention_backward_block_accumulate, attention_delta_into, AttentionDims, AttentionGradBuffers,
     AttentionParams, AttentionState, BlockGradInputs, Float,
 };
 use tensor::{DType, Element, Tensor};
@@ -336,7 +336,6 @@ fn backward_typed<T: Element + Float>(
         chunks.iter().map(|c| vec![T::ZERO; c.len()]).collect()
     };
     let mut held = (zeros(&ks), zeros(&vs), ks, vs);
-    let mut parts: (Vec<T>, Vec<T>) = (Vec::new(), Vec::new());
     let n = ring.n();
     for t in 0..n {
         link.pass.set(t);
@@ -352,11 +351,6 @@ fn backward_typed<T: Element + Float>(
                     if !call.sees(qc, kc) {
                         continue;
                     }
-                    // The kernel overwrites the parts; one pair of buffers serves every pair.
-                    let len = held.2[b].len();
-                    parts.0.resize(len, T::ZERO);
-                    parts.1.resize(len, T::ZERO);
-                    let (dk_part, dv_part) = (&mut parts.0[..len], &mut parts.1[..len]);
                     let input = BlockGradInputs {
                         q: &qs[a],
                         k: &held.2[b],
@@ -365,19 +359,18 @@ fn backward_typed<T: Element + Float>(
                         lse: &lses[a],
                         delta: &deltas[a],
                     };
+                    // The held chunk's accumulators take this member's part in place.
                     let grads = AttentionGradBuffers {
                         dq: &mut dqs[a],
-                        dk: dk_part,
-                        dv: dv_part,
+                        dk: &mut held.0[b],
+                        dv: &mut held.1[b],
                     };
-                    attention_backward_block(
+                    attention_backward_block_accumulate(
                         input,
                         call.dims(qc, kc),
                         call.params::<T>(qc, kc),
                         grads,
                     )?;
-                    add_into(&mut held.0[b], &parts.0[..len]);
-                    add_into(&mut held.1[b], &parts.1[..len]);
                 }
             }
             Ok(())
@@ -404,12 +397,6 @@ fn backward_typed<T: Element + Float>(
     from_placement(link, &placement, wide, held.0, dk.as_slice_mut::<T>()?)?;
     from_placement(link, &placement, wide, held.1, dv.as_slice_mut::<T>()?)?;
     Ok(())
-}
-
-fn add_into<T: Float>(acc: &mut [T], part: &[T]) {
-    for (a, &p) in acc.iter_mut().zip(part) {
-        *a += p;
-    }
 }
 
 #[cfg(test)]

@@ -56,10 +56,10 @@ pub mod unary;
 pub mod vector;
 
 pub use self::attention::{
-    attention_backward_block, attention_delta_into, flash_attention, flash_attention_grad,
-    flash_attention_grad_into, flash_attention_into, merge_attention_into, AttentionDims,
-    AttentionGradBuffers, AttentionGradInputs, AttentionGrads, AttentionParams, AttentionState,
-    BlockGradInputs,
+    attention_backward_block, attention_backward_block_accumulate, attention_delta_into,
+    flash_attention, flash_attention_grad, flash_attention_grad_into, flash_attention_into,
+    merge_attention_into, AttentionDims, AttentionGradBuffers, AttentionGradInputs, AttentionGrads,
+    AttentionParams, AttentionState, BlockGradInputs,
 };
 pub use self::binary::{
     add, bias_add, bias_add_grad, bias_add_into, binary, binary_grad, binary_into, div, mul, sub,

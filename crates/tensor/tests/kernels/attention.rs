@@ -381,6 +381,91 @@ fn key_value_blocks_in_any_order_give_the_one_call_result() {
     }
 }
 
+/// The accumulating backward adds a key block's gradients into accumulators that already hold
+/// something: split into two query blocks, each adding its part, it gives the initial values
+/// plus the gradients one call over all the queries writes.
+#[test]
+fn the_accumulating_block_backward_adds_each_query_block_s_part() {
+    let c = case(31, 3, 50, 150, 9);
+    let (slices, sq, sk, d) = (3, 50, 150, 9);
+    let params = |q_offset: usize, k_offset: usize| AttentionParams {
+        q_offset,
+        k_offset,
+        ..AttentionParams::new(true, 1.0 / 3.0)
+    };
+    let whole = params(Q_OFFSET, 0);
+    let want = fused(&c, whole);
+    let mut delta = vec![0.0; slices * sq];
+    kernels::attention_delta_into(&want.out, &c.dout, d, &mut delta).unwrap();
+    let b = 1;
+    let (kb, vb) = (
+        rows_of(&c.k, slices, sk, d, BLOCKS[b].clone()),
+        rows_of(&c.v, slices, sk, d, BLOCKS[b].clone()),
+    );
+    let len = BLOCKS[b].len();
+    // The overwriting call over every query.
+    let (mut dq_all, mut dk_want, mut dv_want) = (
+        vec![0.0; c.q.len()],
+        vec![f64::NAN; kb.len()],
+        vec![f64::NAN; vb.len()],
+    );
+    let input = kernels::BlockGradInputs {
+        q: &c.q,
+        k: &kb,
+        v: &vb,
+        dout: &c.dout,
+        lse: &want.lse,
+        delta: &delta,
+    };
+    let dims = AttentionDims {
+        kv_len: len,
+        ..c.dims
+    };
+    let grads = kernels::AttentionGradBuffers {
+        dq: &mut dq_all,
+        dk: &mut dk_want,
+        dv: &mut dv_want,
+    };
+    kernels::attention_backward_block(input, dims, params(Q_OFFSET, BLOCKS[b].start), grads)
+        .unwrap();
+    // Two query blocks adding into accumulators that start at 1.
+    let (mut dk, mut dv) = (vec![1.0; kb.len()], vec![1.0; vb.len()]);
+    for half in [0..20, 20..50] {
+        let rows = |x: &[f64], w: usize| rows_of(x, slices, sq, w, half.clone());
+        let (q, dout, lse, dl) = (
+            rows(&c.q, d),
+            rows(&c.dout, d),
+            rows(&want.lse, 1),
+            rows(&delta, 1),
+        );
+        let mut dq = vec![0.0; q.len()];
+        let input = kernels::BlockGradInputs {
+            q: &q,
+            k: &kb,
+            v: &vb,
+            dout: &dout,
+            lse: &lse,
+            delta: &dl,
+        };
+        let dims = AttentionDims {
+            q_len: half.len(),
+            kv_len: len,
+            ..c.dims
+        };
+        let grads = kernels::AttentionGradBuffers {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        let p = params(Q_OFFSET + half.start, BLOCKS[b].start);
+        kernels::attention_backward_block_accumulate(input, dims, p, grads).unwrap();
+        assert_close(&dq, &rows(&dq_all, d), 1e-12, 1e-14, "dq of a query block");
+    }
+    let added = |acc: &[f64]| acc.iter().map(|x| x - 1.0).collect::<Vec<_>>();
+    assert_close(&added(&dk), &dk_want, 1e-12, 1e-12, "dk added");
+    assert_close(&added(&dv), &dv_want, 1e-12, 1e-12, "dv added");
+}
+
 #[test]
 fn rows_that_see_no_key_give_zero_and_minus_infinity_never_nan() {
     // Keys at global positions 10..30, queries at 0..20: rows 0..10 see nothing.

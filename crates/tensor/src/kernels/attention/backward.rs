@@ -86,17 +86,20 @@ struct Scratch<T> {
     ds: Vec<T>,
 }
 
-/// One slice's backward over its key block: `dq += …`, `dk`, `dv` written.
+/// One slice's backward over its key block: `dq += …`; `dk`, `dv` written, or with `add_keys`
+/// added to.
 fn backward_slice<T: Float>(
     input: BlockGradInputs<'_, T>,
     dims: AttentionDims,
     params: &AttentionParams<T>,
     grads: AttentionGradBuffers<'_, T>,
-    scratch: &mut Scratch<T>,
+    (scratch, add_keys): (&mut Scratch<T>, bool),
 ) -> Result<(), TensorError> {
     let d = dims.head_dim;
-    grads.dk.fill(T::ZERO);
-    grads.dv.fill(T::ZERO);
+    if !add_keys {
+        grads.dk.fill(T::ZERO);
+        grads.dv.fill(T::ZERO);
+    }
     for (k0, bk) in tiles(dims.kv_len, TILE_K) {
         let rows_k = k0 * d..(k0 + bk) * d;
         let (k_tile, v_tile) = (&input.k[rows_k.clone()], &input.v[rows_k.clone()]);
@@ -173,6 +176,31 @@ pub fn attention_backward_block<T: Float>(
     params: AttentionParams<T>,
     grads: AttentionGradBuffers<'_, T>,
 ) -> Result<(), TensorError> {
+    backward_block(input, dims, params, grads, false)
+}
+
+/// [`attention_backward_block`] adding the block's `dk` and `dv` into `grads.dk` and
+/// `grads.dv` (accumulators of the block's gradients over several query blocks, as ring
+/// attention keeps them) instead of overwriting them; `grads.dq` is added to as there. The
+/// result is that of adding the overwritten gradients, up to rounding (the tiles' products
+/// are added into the accumulators one by one).
+pub fn attention_backward_block_accumulate<T: Float>(
+    input: BlockGradInputs<'_, T>,
+    dims: AttentionDims,
+    params: AttentionParams<T>,
+    grads: AttentionGradBuffers<'_, T>,
+) -> Result<(), TensorError> {
+    backward_block(input, dims, params, grads, true)
+}
+
+/// The backward pass over one key/value block, its key gradients overwritten or added to.
+fn backward_block<T: Float>(
+    input: BlockGradInputs<'_, T>,
+    dims: AttentionDims,
+    params: AttentionParams<T>,
+    grads: AttentionGradBuffers<'_, T>,
+    add_keys: bool,
+) -> Result<(), TensorError> {
     const OP: &str = "attention_backward_block";
     let n = sizes(OP, dims, &params)?;
     check_lengths(
@@ -225,7 +253,13 @@ pub fn attention_backward_block<T: Float>(
                     dk: &mut dk[i * kv_step..(i + 1) * kv_step],
                     dv: &mut dv[i * kv_step..(i + 1) * kv_step],
                 };
-                backward_slice(slice_input, dims, &params, slice_grads, &mut scratch)?;
+                backward_slice(
+                    slice_input,
+                    dims,
+                    &params,
+                    slice_grads,
+                    (&mut scratch, add_keys),
+                )?;
             }
             Ok(())
         },

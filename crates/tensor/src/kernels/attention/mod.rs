@@ -55,8 +55,8 @@ use crate::kernels::float::Float;
 use crate::kernels::matmul::{gemm, GemmShape};
 
 pub use self::backward::{
-    attention_backward_block, attention_delta_into, flash_attention_grad_into,
-    AttentionGradBuffers, AttentionGradInputs, BlockGradInputs,
+    attention_backward_block, attention_backward_block_accumulate, attention_delta_into,
+    flash_attention_grad_into, AttentionGradBuffers, AttentionGradInputs, BlockGradInputs,
 };
 pub use self::forward::{flash_attention_into, AttentionState};
 pub use self::merge::merge_attention_into;
