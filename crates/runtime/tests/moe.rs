@@ -388,3 +388,44 @@ fn dropped_choices_are_counted_once_per_step() {
     );
     assert!(roomy.iter().all(|&n| n == 0.0), "{roomy:?}");
 }
+
+/// Context × expert × data × model parallel on 8 ranks (dp 2 × cp 2 × mp 2, the experts split
+/// over the 2 data-parallel ranks), with Ulysses and with ring attention, top-1 and top-2:
+/// equal to one device's run (1e-5), and bitwise in deterministic mode.
+#[test]
+fn context_expert_data_and_model_parallel_on_8_ranks_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let grid = "data_parallel = 2\ncontext_parallel = 2\nmodel_parallel = 2\nexpert_parallel = 2";
+    let algos = [
+        ("Ulysses", "", String::new()),
+        (
+            "ring",
+            "fused_attention = true\n",
+            "\ncontext_parallel_algo = \"ring\"".to_string(),
+        ),
+    ];
+    let det = ["train.deterministic=true".to_string()];
+    for top_k in [1, 2] {
+        for (algo, model, keys) in &algos {
+            let moe = format!("{model}{}", moe_keys(top_k, ""));
+            let parallel = semi(8, &format!("{grid}{keys}"));
+            for deterministic in [false, true] {
+                let overrides: &[String] = if deterministic { &det } else { &[] };
+                let name = format!("{algo}, top-{top_k}, deterministic {deterministic}");
+                let dir = tmp.path().join(name.replace([' ', ','], "-"));
+                let reference = train(&config(
+                    &dir.join("sa"),
+                    &moe,
+                    "mode = \"stand_alone\"",
+                    overrides,
+                ));
+                let run = train(&config(&dir.join("run"), &moe, &parallel, overrides));
+                if deterministic {
+                    run_util::assert_bitwise_run(&name, &run, &reference);
+                } else {
+                    assert_same_run(&name, &run, &reference);
+                }
+            }
+        }
+    }
+}
