@@ -115,10 +115,32 @@ def ddp_worker(rank, world, queue):
     dist.destroy_process_group()
 
 
+def product_rates():
+    """torch.mm on one thread on the GPT's forward product shapes (those `tessera bench
+    gpt-step` times for its utilisation line): GFLOP/s at the median of 15 products."""
+    t = BATCH * SEQ
+    shapes = [(t, HIDDEN, 3 * HIDDEN), (t, HIDDEN, HIDDEN), (t, HIDDEN, 4 * HIDDEN),
+              (t, 4 * HIDDEN, HIDDEN), (t, HIDDEN, 256)]
+    rates = []
+    for m, k, n in shapes:
+        a, b = torch.rand(m, k), torch.rand(k, n)
+        for _ in range(3):
+            torch.mm(a, b)
+        times = []
+        for _ in range(15):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - start)
+        rates.append(f"{m}x{k}x{n} {2 * m * k * n / statistics.median(times) / 1e9:.1f}")
+    print(f"pytorch {torch.__version__}, torch.mm 1 thread (m x k x n GFLOP/s): "
+          + ", ".join(rates), flush=True)
+
+
 def main():
     torch.set_num_threads(1)
     torch.manual_seed(1)
     report("1 thread", time_steps(Gpt(), batches(BATCH)))
+    product_rates()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=ddp_worker, args=(r, 2, queue)) for r in range(2)]

@@ -195,6 +195,16 @@ pub enum GptStepLine {
         /// Ulysses.
         ulysses: f64,
     },
+    /// One rank's model FLOP utilisation: the model's FLOPs at its median step over the best
+    /// single-thread product rate on the GPT's product shapes, measured right after it.
+    Utilisation {
+        /// Model GFLOP per step ([`crate::mfu::model_flops_per_step`]).
+        model_gflop: f64,
+        /// Model GFLOP/s achieved at the median step.
+        achieved: f64,
+        /// The product rate on each shape, GFLOP/s.
+        shapes: Vec<crate::mfu::ShapeRate>,
+    },
     /// Throughput on 2 ranks over 1 rank's: data parallel, model parallel.
     SpeedUp {
         /// Data parallel 2.
@@ -264,6 +274,23 @@ impl fmt::Display for GptStepLine {
                 f,
                 "speed-up of context parallel 2 at {seq} tokens: ring {ring:.2}x, Ulysses {ulysses:.2}x"
             ),
+            GptStepLine::Utilisation {
+                model_gflop,
+                achieved,
+                shapes,
+            } => {
+                let peak = shapes.iter().map(|r| r.gflops).fold(0.0, f64::max);
+                let each: Vec<String> = shapes
+                    .iter()
+                    .map(|r| format!("{}x{}x{} {:.1}", r.mkn.0, r.mkn.1, r.mkn.2, r.gflops))
+                    .collect();
+                writeln!(
+                    f,
+                    "model FLOP utilisation, 1 rank: {achieved:.1} GFLOP/s ({model_gflop:.2} GFLOP/step) = {:.1} % of the single-thread product peak {peak:.1} GFLOP/s (m x k x n GFLOP/s: {})",
+                    100.0 * achieved / peak.max(f64::MIN_POSITIVE),
+                    each.join(", ")
+                )
+            }
             GptStepLine::SpeedUp {
                 data_parallel,
                 model_parallel,
@@ -468,6 +495,24 @@ impl Bench<'_> {
     }
 }
 
+impl Bench<'_> {
+    /// Pushes one rank's model FLOP utilisation at `rate` tokens/s, the product peak measured
+    /// now.
+    fn utilisation(&mut self, rate: f64) -> Result<(), BenchError> {
+        let model = models::gpt(&self.gpt, DType::F32)?;
+        let parameters = crate::mfu::trainable_parameters(&model.graph);
+        let flops = crate::mfu::model_flops_per_step(&self.gpt, parameters);
+        let tokens = (self.gpt.batch * self.gpt.seq_len) as f64;
+        let shapes = crate::mfu::product_rates(&crate::mfu::gpt_product_shapes(&self.gpt))?;
+        self.push(GptStepLine::Utilisation {
+            model_gflop: flops / 1e9,
+            achieved: flops / 1e9 * rate / tokens,
+            shapes,
+        });
+        Ok(())
+    }
+}
+
 /// Runs `tessera bench gpt-step`.
 pub fn gpt_step(
     request: &GptStepRequest,
@@ -535,6 +580,9 @@ pub fn gpt_step(
             let thread_label = format!("{label} on {threads} threads");
             let ratios = bench.rounds(split, (label, rate), &thread_label, threaded)?;
             bench.push(GptStepLine::Threaded { threads, ratios });
+        }
+        if split == Split::dp_mp(1, 1) {
+            bench.utilisation(rate)?;
         }
         rates.push(rate);
     }

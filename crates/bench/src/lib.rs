@@ -35,6 +35,7 @@ pub mod elastic;
 mod error;
 pub mod gpt_step;
 pub mod memcpy;
+pub mod mfu;
 pub mod profile;
 pub mod ps;
 pub mod ps_embedding;
