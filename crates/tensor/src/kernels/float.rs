@@ -144,14 +144,20 @@ fn fast_exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     const ROUND: f32 = 12_582_912.0; // 1.5·2^23
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
+    // The coefficients are products, not quotients, so the loop has no division.
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // `n` as an integer from `t`'s bits (`t` lies in [2^23, 2^24), where the unit in the last
+    // place is 1), not by a float-to-integer conversion, which does not vectorise well.
+    let k = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let scale = f32::from_bits(((k + 127) as u32) << 23);
     p * scale
 }
 
@@ -176,7 +182,7 @@ pub fn fast_exp_checked_f32(x: f32) -> f32 {
 pub fn fast_tanh_f32(x: f32) -> f32 {
     let a = x.abs();
     let big = 1.0 - 2.0 / (fast_exp_f32(2.0 * a) + 1.0);
-    let small = a - a * a * a / 3.0;
+    let small = a - a * a * a * (1.0 / 3.0);
     let t = if a < 0.007_812_5 { small } else { big };
     t.copysign(x)
 }

@@ -54,6 +54,7 @@ pub mod threads;
 pub mod tree;
 pub mod unary;
 pub mod vector;
+mod wide;
 
 pub use self::attention::{
     attention_backward_block, attention_backward_block_accumulate, attention_delta_into,

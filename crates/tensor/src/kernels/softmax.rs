@@ -8,6 +8,7 @@ use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::float::{with_float, Float};
 use crate::kernels::reduce::{dot_slice, max_slice, sum_map_slice, sum_slice};
+use crate::kernels::wide::widest;
 use crate::tensor::Tensor;
 
 /// Checks a row-wise kernel's buffers: `x` and `out` hold whole rows of `cols` elements.
@@ -84,17 +85,11 @@ pub fn scaled_softmax_into<T: Float>(
     Ok(())
 }
 
-/// One thread's rows of [`scaled_softmax_into`].
-fn scaled_softmax_share<T: Float>(x: &[T], scale: T, cols: usize, out: &mut [T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            unsafe { scaled_softmax_rows_avx2(x, scale, cols, out) };
-            return;
-        }
-    }
-    scaled_softmax_rows(x, scale, cols, out);
+widest! {
+    /// One thread's rows of [`scaled_softmax_into`], on the widest vector unit the CPU has: the
+    /// exponentials vectorise; the sums stay sequential (a float sum is never reordered), so
+    /// the bits are the portable loop's.
+    fn scaled_softmax_share<T>(x: &[T], scale: T, cols: usize, out: &mut [T]) => scaled_softmax_rows
 }
 
 /// [`scaled_softmax_row`] over every row of `cols` (> 0) elements.
@@ -103,17 +98,6 @@ fn scaled_softmax_rows<T: Float>(x: &[T], scale: T, cols: usize, out: &mut [T]) 
     for (o, row) in out.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
         scaled_softmax_row(row, scale, o);
     }
-}
-
-/// [`scaled_softmax_rows`] compiled for AVX2: the exponentials vectorise eight lanes wide; the
-/// sums stay sequential (a float sum is never reordered), so the bits are the same.
-///
-/// # Safety
-/// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn scaled_softmax_rows_avx2<T: Float>(x: &[T], scale: T, cols: usize, out: &mut [T]) {
-    scaled_softmax_rows(x, scale, cols, out)
 }
 
 /// `Ok` when a softmax scale is finite and positive.
@@ -267,7 +251,7 @@ pub fn log_softmax_grad(y: &Tensor, dy: &Tensor) -> Result<Tensor, TensorError> 
 mod tests {
     use super::*;
 
-    /// The dispatched softmax (AVX2 where the CPU has it) gives the portable rows' bits,
+    /// The dispatched softmax (AVX-512 or AVX2 where the CPU has it) gives the portable rows' bits,
     /// masked (-inf, -1e9) entries included, and masked entries come out exactly 0.
     #[test]
     fn dispatched_softmax_gives_the_portable_bits() {

@@ -10,6 +10,7 @@
 use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::float::{with_float, Float};
+use crate::kernels::wide::widest;
 use crate::tensor::Tensor;
 
 /// Which GeLU formula.
@@ -218,17 +219,9 @@ pub fn unary_into<T: Float>(op: UnaryOp, x: &[T], out: &mut [T]) -> Result<(), T
     Ok(())
 }
 
-/// One thread's share of [`unary_into`].
-fn forward_chunk<T: Float>(op: UnaryOp, x: &[T], out: &mut [T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            unsafe { wide::forward(op, x, out) };
-            return;
-        }
-    }
-    forward_loop(op, x, out);
+widest! {
+    /// One thread's share of [`unary_into`], on the widest vector unit the CPU has.
+    fn forward_chunk<T>(op: UnaryOp, x: &[T], out: &mut [T]) => forward_loop
 }
 
 /// `x = f(x)` in place.
@@ -257,17 +250,9 @@ pub fn unary_grad_into<T: Float>(
     Ok(())
 }
 
-/// One thread's share of [`unary_grad_into`].
-fn backward_chunk<T: Float>(op: UnaryOp, saved: &[T], dy: &[T], dx: &mut [T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            unsafe { wide::backward(op, saved, dy, dx) };
-            return;
-        }
-    }
-    backward_loop(op, saved, dy, dx);
+widest! {
+    /// One thread's share of [`unary_grad_into`], on the widest vector unit the CPU has.
+    fn backward_chunk<T>(op: UnaryOp, saved: &[T], dy: &[T], dx: &mut [T]) => backward_loop
 }
 
 /// The forward loop (lengths checked by the caller).
@@ -288,32 +273,6 @@ fn backward_loop<T: Float>(op: UnaryOp, saved: &[T], dy: &[T], dx: &mut [T]) {
             *d = F::backward(s, g);
         }
     });
-}
-
-/// The same loops compiled for AVX2, so they vectorise eight f32 lanes wide. Only the width
-/// changes: every lane does the IEEE operations the portable loop does (Rust never fuses a
-/// multiply and an add on its own), so the bits are the same.
-#[cfg(target_arch = "x86_64")]
-mod wide {
-    use super::{backward_loop, forward_loop, Float, UnaryOp};
-
-    /// [`forward_loop`] with AVX2.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn forward<T: Float>(op: UnaryOp, x: &[T], out: &mut [T]) {
-        forward_loop(op, x, out)
-    }
-
-    /// [`backward_loop`] with AVX2.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn backward<T: Float>(op: UnaryOp, saved: &[T], dy: &[T], dx: &mut [T]) {
-        backward_loop(op, saved, dy, dx)
-    }
 }
 
 /// `f(x)` as a new tensor of `x`'s dtype and shape.
@@ -386,7 +345,7 @@ pub fn neg(x: &Tensor) -> Result<Tensor, TensorError> {
 mod tests {
     use super::*;
 
-    /// The dispatched loops (AVX2 where the CPU has it) give the portable loops' bits, for every
+    /// The dispatched loops (AVX-512 or AVX2 where the CPU has it) give the portable loops' bits, for every
     /// op, on ordinary values and the awkward ones.
     #[test]
     fn wide_loops_give_the_portable_bits() {

@@ -12,6 +12,7 @@ use crate::kernels::float::Float;
 use crate::kernels::matmul::{gemm, GemmShape};
 use crate::kernels::reduce::dot_slice;
 use crate::kernels::threads::for_each_slices;
+use crate::kernels::wide::widest;
 
 /// What the backward pass over one key/value block reads.
 #[derive(Debug, Clone, Copy)]
@@ -86,9 +87,21 @@ struct Scratch<T> {
     ds: Vec<T>,
 }
 
-/// One slice's backward over its key block: `dq += …`; `dk`, `dv` written, or with `add_keys`
-/// added to.
-fn backward_slice<T: Float>(
+widest! {
+    /// One slice's backward over its key block: `dq += …`; `dk`, `dv` written, or with
+    /// `add_keys` added to; on the widest vector unit the CPU has.
+    fn backward_slice<T>(
+        input: BlockGradInputs<'_, T>,
+        dims: AttentionDims,
+        params: &AttentionParams<T>,
+        grads: AttentionGradBuffers<'_, T>,
+        scratch: (&mut Scratch<T>, bool),
+    ) -> Result<(), TensorError> => backward_slice_loop
+}
+
+/// [`backward_slice`]'s loop.
+#[inline(always)]
+fn backward_slice_loop<T: Float>(
     input: BlockGradInputs<'_, T>,
     dims: AttentionDims,
     params: &AttentionParams<T>,
@@ -296,4 +309,76 @@ pub fn flash_attention_grad_into<T: Float>(
         delta: &delta,
     };
     attention_backward_block(block, dims, params, grads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched slice (AVX-512 or AVX2 where the CPU has it) gives the portable loop's
+    /// bits, its key gradients overwritten and added to.
+    #[test]
+    fn the_wide_slice_gives_the_portable_bits() {
+        let (q_len, kv_len, d) = (37, 45, 9);
+        let value = |n: usize, m: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * m) % 101) as f32 / 13.0 - 3.5)
+                .collect()
+        };
+        let (q, k, v, dout) = (
+            value(q_len * d, 7),
+            value(kv_len * d, 11),
+            value(kv_len * d, 17),
+            value(q_len * d, 19),
+        );
+        let (lse, delta) = (value(q_len, 23), value(q_len, 29));
+        let dims = AttentionDims {
+            slices: 1,
+            q_len,
+            kv_len,
+            head_dim: d,
+        };
+        let params = AttentionParams {
+            q_offset: 40,
+            ..AttentionParams::new(true, 0.3)
+        };
+        let run = |wide: bool, add_keys: bool| {
+            let (mut dq, mut dk, mut dv) = (
+                vec![0.5f32; q_len * d],
+                vec![0.25f32; kv_len * d],
+                vec![0.125f32; kv_len * d],
+            );
+            let mut scratch = Scratch {
+                p: vec![0f32; TILE_Q * TILE_K],
+                ds: vec![0f32; TILE_Q * TILE_K],
+            };
+            let input = BlockGradInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                dout: &dout,
+                lse: &lse,
+                delta: &delta,
+            };
+            let grads = AttentionGradBuffers {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            };
+            let scratch = (&mut scratch, add_keys);
+            if wide {
+                backward_slice(input, dims, &params, grads, scratch).unwrap();
+            } else {
+                backward_slice_loop(input, dims, &params, grads, scratch).unwrap();
+            }
+            [dq, dk, dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        for add_keys in [false, true] {
+            assert_eq!(
+                run(true, add_keys),
+                run(false, add_keys),
+                "add_keys {add_keys}"
+            );
+        }
+    }
 }

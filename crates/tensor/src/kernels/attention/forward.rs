@@ -11,6 +11,7 @@ use crate::kernels::float::Float;
 use crate::kernels::matmul::{gemm, GemmShape};
 use crate::kernels::reduce::{max_slice, sum_slice};
 use crate::kernels::threads::for_each_slices;
+use crate::kernels::wide::widest;
 
 /// One slice's running state: the unnormalised output `[q_len, head_dim]`, and per row the
 /// maximum scaled score seen (`-inf` before any) and the sum of `exp(score − maximum)`.
@@ -28,8 +29,21 @@ struct SliceInputs<'a, T> {
     v: &'a [T],
 }
 
-/// Adds one slice's keys and values to its running state, tile by tile; `scores` holds a tile.
-fn accumulate_slice<T: Float>(
+widest! {
+    /// Adds one slice's keys and values to its running state, tile by tile (`scores` holds a
+    /// tile), on the widest vector unit the CPU has.
+    fn accumulate_slice<T>(
+        input: SliceInputs<'_, T>,
+        dims: AttentionDims,
+        params: &AttentionParams<T>,
+        state: Running<'_, T>,
+        scores: &mut [T],
+    ) -> Result<(), TensorError> => accumulate_slice_loop
+}
+
+/// [`accumulate_slice`]'s loop.
+#[inline(always)]
+fn accumulate_slice_loop<T: Float>(
     input: SliceInputs<'_, T>,
     dims: AttentionDims,
     params: &AttentionParams<T>,
@@ -283,5 +297,59 @@ impl<T: Float> AttentionState<T> {
         lse.copy_from_slice(&self.max);
         normalize(out, lse, &self.sum, self.head_dim);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched slice (AVX-512 or AVX2 where the CPU has it) gives the portable loop's
+    /// bits: the same running state after two key blocks, causal, with offsets.
+    #[test]
+    fn the_wide_slice_gives_the_portable_bits() {
+        let (q_len, kv_len, d) = (37, 45, 9);
+        let value = |i: usize, m: usize| ((i * m) % 101) as f32 / 13.0 - 3.5;
+        let q: Vec<f32> = (0..q_len * d).map(|i| value(i, 7)).collect();
+        let k: Vec<f32> = (0..kv_len * d).map(|i| value(i, 11)).collect();
+        let v: Vec<f32> = (0..kv_len * d).map(|i| value(i, 17)).collect();
+        let dims = AttentionDims {
+            slices: 1,
+            q_len,
+            kv_len,
+            head_dim: d,
+        };
+        let run = |wide: bool| {
+            let (mut acc, mut max, mut sum) = (
+                vec![0f32; q_len * d],
+                vec![f32::NEG_INFINITY; q_len],
+                vec![0f32; q_len],
+            );
+            let mut scores = vec![0f32; TILE_Q * TILE_K];
+            for k_offset in [0, kv_len] {
+                let params = AttentionParams {
+                    q_offset: 50,
+                    k_offset,
+                    ..AttentionParams::new(true, 0.3)
+                };
+                let input = SliceInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                };
+                let state = Running {
+                    acc: &mut acc,
+                    max: &mut max,
+                    sum: &mut sum,
+                };
+                if wide {
+                    accumulate_slice(input, dims, &params, state, &mut scores).unwrap();
+                } else {
+                    accumulate_slice_loop(input, dims, &params, state, &mut scores).unwrap();
+                }
+            }
+            [acc, max, sum].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        assert_eq!(run(true), run(false));
     }
 }

@@ -1,0 +1,52 @@
+//! Elementwise loops compiled for the widest vector unit the CPU has.
+//!
+//! [`widest!`] defines a function that runs an `#[inline(always)]` loop compiled three times —
+//! for AVX-512F (sixteen f32 lanes), for AVX2 (eight) and for the build's baseline — and picks
+//! at run time the widest the CPU has. Only the width changes: every lane does the IEEE
+//! operations the portable loop does (Rust never fuses a multiply and an add, nor reorders a
+//! float sum, on its own), so all three give the same bits; each kernel's tests hold the
+//! dispatched loop to the portable one.
+
+/// Defines `fn $name<T: Float>(args…) [-> R]`, which calls `$body(args…)` compiled for AVX-512F when
+/// the CPU has it, else for AVX2 when it has that, else as built. `$body` must be
+/// `#[inline(always)]` so that it is compiled inside each variant.
+macro_rules! widest {
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $name:ident<$T:ident>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:path
+    ) => {
+        $(#[$meta])*
+        $vis fn $name<$T: $crate::kernels::float::Float>($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                /// `$body` for AVX-512F.
+                ///
+                /// # Safety
+                /// The CPU must have AVX-512F.
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512<$T: $crate::kernels::float::Float>($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                /// `$body` for AVX2.
+                ///
+                /// # Safety
+                /// The CPU must have AVX2.
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2<$T: $crate::kernels::float::Float>($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+pub(crate) use widest;
