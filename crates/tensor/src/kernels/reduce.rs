@@ -96,7 +96,7 @@ pub fn dot_slice<T: Float>(x: &[T], y: &[T]) -> T {
 
 /// Pairwise fold of the accumulator lanes.
 #[inline(always)]
-fn fold_lanes<T: Float>(mut acc: [T; LANES], f: impl Fn(T, T) -> T) -> T {
+pub(crate) fn fold_lanes<T: Float>(mut acc: [T; LANES], f: impl Fn(T, T) -> T) -> T {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
