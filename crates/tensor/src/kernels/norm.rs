@@ -166,26 +166,37 @@ fn layer_norm_grad_rows_loop<T: Float>(
         .chunks_exact(cols)
         .zip(dy[span.clone()].chunks_exact(cols))
         .zip(dx[span].chunks_exact_mut(cols));
+    let (gamma, dgamma, dbeta) = (
+        &saved.gamma[..cols],
+        &mut dgamma[..cols],
+        &mut dbeta[..cols],
+    );
     for (r, ((x_row, dy_row), dx_row)) in rows.zip(rows_iter) {
         let (mu, inv_std) = (saved.mean[r], saved.rstd[r]);
-        // First pass: the two row means, and the parameter gradients.
+        // First pass: the two row means, and the parameter gradients (iterators over equal
+        // chunks, so no index is checked in the loop and it vectorises).
         let (mut acc_g, mut acc_g_xhat) = ([T::ZERO; LANES], [T::ZERO; LANES]);
-        for c0 in (0..whole).step_by(LANES) {
+        let lanes = x_row[..whole]
+            .chunks_exact(LANES)
+            .zip(dy_row[..whole].chunks_exact(LANES))
+            .zip(gamma[..whole].chunks_exact(LANES))
+            .zip(dgamma[..whole].chunks_exact_mut(LANES))
+            .zip(dbeta[..whole].chunks_exact_mut(LANES));
+        for ((((x, d), g), dg), db) in lanes {
             for l in 0..LANES {
-                let c = c0 + l;
-                let xhat = (x_row[c] - mu) * inv_std;
-                let g = dy_row[c] * saved.gamma[c];
-                acc_g[l] += g;
-                acc_g_xhat[l] += g * xhat;
-                dgamma[c] += dy_row[c] * xhat;
-                dbeta[c] += dy_row[c];
+                let xhat = (x[l] - mu) * inv_std;
+                let gl = d[l] * g[l];
+                acc_g[l] += gl;
+                acc_g_xhat[l] += gl * xhat;
+                dg[l] += d[l] * xhat;
+                db[l] += d[l];
             }
         }
         let mut sum_g = fold_lanes(acc_g, |a, b| a + b);
         let mut sum_g_xhat = fold_lanes(acc_g_xhat, |a, b| a + b);
         for c in whole..cols {
             let xhat = (x_row[c] - mu) * inv_std;
-            let g = dy_row[c] * saved.gamma[c];
+            let g = dy_row[c] * gamma[c];
             sum_g += g;
             sum_g_xhat += g * xhat;
             dgamma[c] += dy_row[c] * xhat;
@@ -193,10 +204,10 @@ fn layer_norm_grad_rows_loop<T: Float>(
         }
         let mean_g = sum_g * inv_cols;
         let mean_g_xhat = sum_g_xhat * inv_cols;
-        for c in 0..cols {
-            let xhat = (x_row[c] - mu) * inv_std;
-            let g = dy_row[c] * saved.gamma[c];
-            dx_row[c] = inv_std * (g - mean_g - xhat * mean_g_xhat);
+        let row = x_row.iter().zip(dy_row).zip(gamma).zip(dx_row.iter_mut());
+        for (((&x, &d), &g), out) in row {
+            let xhat = (x - mu) * inv_std;
+            *out = inv_std * (d * g - mean_g - xhat * mean_g_xhat);
         }
     }
 }
