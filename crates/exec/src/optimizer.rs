@@ -615,15 +615,29 @@ fn apply<T: Float + tensor::Element>(
     Ok(())
 }
 
-/// `p -= lr·(g + wd·p)`.
-fn sgd<T: Float>(h: Step<T>, p: &mut [T], g: &[T]) {
+tensor::widest! {
+    /// `p -= lr·(g + wd·p)`.
+    /// One pass over the elements, on the widest vector unit the CPU has.
+    fn sgd<T>(h: Step<T>, p: &mut [T], g: &[T]) => sgd_loop
+}
+
+/// [`sgd`]'s loop.
+#[inline(always)]
+fn sgd_loop<T: Float>(h: Step<T>, p: &mut [T], g: &[T]) {
     for (p, &g) in p.iter_mut().zip(g) {
         *p -= h.lr * (g + h.wd * *p);
     }
 }
 
-/// `v = μ·v + (g + wd·p)`; `p -= lr·v` (Nesterov: `p -= lr·(g' + μ·v)`), μ in `h.a`.
-fn momentum_rule<T: Float>(h: Step<T>, use_nesterov: bool, p: &mut [T], g: &[T], v: &mut [T]) {
+tensor::widest! {
+    /// `v = μ·v + (g + wd·p)`; `p -= lr·v` (Nesterov: `p -= lr·(g' + μ·v)`), μ in `h.a`.
+    /// One pass over the elements, on the widest vector unit the CPU has.
+    fn momentum_rule<T>(h: Step<T>, use_nesterov: bool, p: &mut [T], g: &[T], v: &mut [T]) => momentum_rule_loop
+}
+
+/// [`momentum_rule`]'s loop.
+#[inline(always)]
+fn momentum_rule_loop<T: Float>(h: Step<T>, use_nesterov: bool, p: &mut [T], g: &[T], v: &mut [T]) {
     for ((p, &g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
         let g = g + h.wd * *p;
         *v = h.a * *v + g;
@@ -632,8 +646,15 @@ fn momentum_rule<T: Float>(h: Step<T>, use_nesterov: bool, p: &mut [T], g: &[T],
     }
 }
 
-/// MindSpore's Adam with `h.lr` already bias-corrected; β1, β2, ε in `h.a`, `h.b`, `h.c`.
-fn adam<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
+tensor::widest! {
+    /// MindSpore's Adam with `h.lr` already bias-corrected; β1, β2, ε in `h.a`, `h.b`, `h.c`.
+    /// One pass over the elements, on the widest vector unit the CPU has.
+    fn adam<T>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) => adam_loop
+}
+
+/// [`adam`]'s loop.
+#[inline(always)]
+fn adam_loop<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
         let g = g + h.wd * *p;
         *m = h.a * *m + (T::ONE - h.a) * g;
@@ -642,8 +663,15 @@ fn adam<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
     }
 }
 
-/// MindSpore's AdamWeightDecay; β1, β2, ε in `h.a`, `h.b`, `h.c`.
-fn adam_weight_decay<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
+tensor::widest! {
+    /// MindSpore's AdamWeightDecay; β1, β2, ε in `h.a`, `h.b`, `h.c`.
+    /// One pass over the elements, on the widest vector unit the CPU has.
+    fn adam_weight_decay<T>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) => adam_weight_decay_loop
+}
+
+/// [`adam_weight_decay`]'s loop.
+#[inline(always)]
+fn adam_weight_decay_loop<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
         *m = h.a * *m + (T::ONE - h.a) * g;
         *v = h.b * *v + (T::ONE - h.b) * g * g;
@@ -652,9 +680,23 @@ fn adam_weight_decay<T: Float>(h: Step<T>, p: &mut [T], g: &[T], m: &mut [T], v:
     }
 }
 
-/// mint AdamW (PyTorch's AdamW): `h.wd` holds `1 - lr·wd`, `h.lr` the step size
-/// `lr/(1-β1ᵗ)`; β1, β2, ε in `h.a`, `h.b`, `h.c`; `sqrt_bc2` is `√(1-β2ᵗ)`.
-fn mint_adamw<T: Float>(h: Step<T>, sqrt_bc2: T, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
+tensor::widest! {
+    /// mint AdamW (PyTorch's AdamW): `h.wd` holds `1 - lr·wd`, `h.lr` the step size
+    /// `lr/(1-β1ᵗ)`; β1, β2, ε in `h.a`, `h.b`, `h.c`; `sqrt_bc2` is `√(1-β2ᵗ)`.
+    /// One pass over the elements, on the widest vector unit the CPU has.
+    fn mint_adamw<T>(h: Step<T>, sqrt_bc2: T, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) => mint_adamw_loop
+}
+
+/// [`mint_adamw`]'s loop.
+#[inline(always)]
+fn mint_adamw_loop<T: Float>(
+    h: Step<T>,
+    sqrt_bc2: T,
+    p: &mut [T],
+    g: &[T],
+    m: &mut [T],
+    v: &mut [T],
+) {
     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
         *p *= h.wd;
         *m = h.a * *m + (T::ONE - h.a) * g;
@@ -667,6 +709,60 @@ fn mint_adamw<T: Float>(h: Step<T>, sqrt_bc2: T, p: &mut [T], g: &[T], m: &mut [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every rule's dispatched pass (AVX-512 or AVX2 where the CPU has it) gives its portable
+    /// loop's bits, in f32 and f64.
+    #[test]
+    fn the_wide_rules_give_the_portable_bits() {
+        fn check<T: Float + std::fmt::Debug>(bits: impl Fn(&[T]) -> Vec<u64>) {
+            let n = 103;
+            let value = |m: usize, shift: f64| -> Vec<T> {
+                (0..n)
+                    .map(|i| T::from_f64(((i * m) % 37) as f64 / 9.0 - shift))
+                    .collect()
+            };
+            let h = Step {
+                lr: T::from_f64(0.01),
+                wd: T::from_f64(0.1),
+                a: T::from_f64(0.9),
+                b: T::from_f64(0.95),
+                c: T::from_f64(1e-8),
+            };
+            let g = value(7, 2.0);
+            type Rule<T> = fn(Step<T>, &mut [T], &[T], &mut [T], &mut [T]);
+            let rules: [(&str, Rule<T>, Rule<T>); 5] = [
+                (
+                    "sgd",
+                    |h, p, g, _, _| sgd(h, p, g),
+                    |h, p, g, _, _| sgd_loop(h, p, g),
+                ),
+                (
+                    "momentum",
+                    |h, p, g, m, _| momentum_rule(h, true, p, g, m),
+                    |h, p, g, m, _| momentum_rule_loop(h, true, p, g, m),
+                ),
+                ("adam", adam, adam_loop),
+                ("adamw", adam_weight_decay, adam_weight_decay_loop),
+                (
+                    "mint_adamw",
+                    |h, p, g, m, v| mint_adamw(h, T::from_f64(0.3), p, g, m, v),
+                    |h, p, g, m, v| mint_adamw_loop(h, T::from_f64(0.3), p, g, m, v),
+                ),
+            ];
+            for (name, wide, portable) in rules {
+                let run = |rule: Rule<T>| {
+                    let (mut p, mut m, mut v) = (value(3, 1.0), value(5, 0.5), value(11, -0.1));
+                    for _ in 0..3 {
+                        rule(h, &mut p, &g, &mut m, &mut v);
+                    }
+                    [bits(&p), bits(&m), bits(&v)]
+                };
+                assert_eq!(run(wide), run(portable), "{name}");
+            }
+        }
+        check::<f32>(|x| x.iter().map(|v| u64::from(v.to_bits())).collect());
+        check::<f64>(|x| x.iter().map(|v| v.to_bits()).collect());
+    }
 
     /// A resume recognises the state of whichever rule saved the checkpoint.
     #[test]

@@ -9,14 +9,16 @@
 
 /// Defines `fn $name<T: Float>(args…) [-> R]`, which calls `$body(args…)` compiled for AVX-512F when
 /// the CPU has it, else for AVX2 when it has that, else as built. `$body` must be
-/// `#[inline(always)]` so that it is compiled inside each variant.
+/// `#[inline(always)]` so that it is compiled inside each variant. Exported (as
+/// `tensor::widest!`) for the loops of other crates, such as the optimizers' rules.
+#[macro_export]
 macro_rules! widest {
     (
         $(#[$meta:meta])*
         $vis:vis fn $name:ident<$T:ident>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:path
     ) => {
         $(#[$meta])*
-        $vis fn $name<$T: $crate::kernels::float::Float>($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name<$T: $crate::kernels::Float>($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 /// `$body` for AVX-512F.
@@ -24,7 +26,7 @@ macro_rules! widest {
                 /// # Safety
                 /// The CPU must have AVX-512F.
                 #[target_feature(enable = "avx512f")]
-                unsafe fn avx512<$T: $crate::kernels::float::Float>($($arg: $ty),*) $(-> $ret)? {
+                unsafe fn avx512<$T: $crate::kernels::Float>($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
                 /// `$body` for AVX2.
@@ -32,7 +34,7 @@ macro_rules! widest {
                 /// # Safety
                 /// The CPU must have AVX2.
                 #[target_feature(enable = "avx2")]
-                unsafe fn avx2<$T: $crate::kernels::float::Float>($($arg: $ty),*) $(-> $ret)? {
+                unsafe fn avx2<$T: $crate::kernels::Float>($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
                 if std::is_x86_feature_detected!("avx512f") {
@@ -49,4 +51,4 @@ macro_rules! widest {
     };
 }
 
-pub(crate) use widest;
+pub(crate) use crate::widest;
