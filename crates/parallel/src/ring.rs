@@ -108,18 +108,12 @@ pub fn ring_traffic(program: &Program, k: &KernelStep) -> Option<RingTraffic> {
     };
     let key = &program.buffers[*k.inputs.get(1)?];
     let layout = key.layout.layout();
-    let seq = layout.shape().len().checked_sub(2)?;
-    let members = layout.split_factors()[seq];
-    if members <= 1 {
-        return None;
-    }
-    let block = RingBlock {
-        members,
-        rows: layout.shape()[seq] / members,
-        head_dim: layout.shape()[seq + 1],
-        bytes: layout.slice_elements() * key.dtype.size_in_bytes(),
-    };
-    let rings = layout.mesh().n_slots() / members;
+    let block = RingBlock::of(
+        layout.shape(),
+        &layout.split_factors(),
+        key.dtype.size_in_bytes(),
+    )?;
+    let rings = layout.mesh().n_slots() / block.members;
     Some(block.traffic(rings, causal, forward, program.placed.config.deterministic))
 }
 
@@ -137,6 +131,27 @@ pub struct RingBlock {
 }
 
 impl RingBlock {
+    /// The block of keys of `shape` (`[..., seq, head_dim]`, `elem_bytes` bytes an element)
+    /// split by `factors`, when the sequence dim is split (a ring of more than one member).
+    pub fn of(shape: &[usize], factors: &[usize], elem_bytes: usize) -> Option<RingBlock> {
+        let seq = shape.len().checked_sub(2)?;
+        let members = factors.get(seq).copied().unwrap_or(1);
+        if members <= 1 {
+            return None;
+        }
+        let elements: usize = shape
+            .iter()
+            .zip(factors.iter().chain(std::iter::repeat(&1)))
+            .map(|(&d, &f)| d / f.max(1))
+            .product();
+        Some(RingBlock {
+            members,
+            rows: shape[seq] / members,
+            head_dim: shape[seq + 1],
+            bytes: elements * elem_bytes,
+        })
+    }
+
     /// The traffic of one ring step over blocks like this one, in `rings` rings: the forward
     /// pass or the backward pass, in the ordinary order or deterministic mode's (the operands
     /// gathered whole).

@@ -178,7 +178,7 @@ pub fn evaluate(
             comm_bytes += 2.0 * local * (group - 1) as f64 / group as f64;
         }
     }
-    if let Some((time, bytes)) = ring_cost(profile, &ctx, &inputs, |k| elem(node.inputs[k])) {
+    if let Some((time, bytes)) = ring_cost(profile, &ctx, &inputs, || elem(node.inputs[1])) {
         comm += time;
         comm_bytes += bytes;
     }
@@ -198,7 +198,7 @@ pub fn evaluate(
 }
 
 /// Seconds and bytes per device of ring attention's passes, forward and backward, when `ctx`
-/// is a `FlashAttention` whose keys (`inputs[1]`, `elem(1)` bytes an element) have their sequence
+/// is a `FlashAttention` whose keys (`inputs[1]`, `key_elem_bytes()` bytes an element) have their sequence
 /// dim split: the blocks `exec::ring` passes from member to member ([`RingBlock::traffic`]),
 /// each pass one message to the next member, and the zigzag placement's moves. Counted whole:
 /// the passes overlap the attention's computation when the compute takes longer, which this
@@ -207,24 +207,14 @@ fn ring_cost(
     profile: &DeviceProfile,
     ctx: &OpContext<'_>,
     inputs: &[Split],
-    elem: impl Fn(usize) -> f64,
+    key_elem_bytes: impl FnOnce() -> f64,
 ) -> Option<(f64, f64)> {
     let Op::FlashAttention { causal, .. } = ctx.op else {
         return None;
     };
-    let elem = elem(1);
     let (shape, factors) = (ctx.input_shapes.get(1)?, &inputs.get(1)?.factors);
-    let seq = shape.len().checked_sub(2)?;
-    let members = factors.get(seq).copied().unwrap_or(1);
-    if members <= 1 {
-        return None;
-    }
-    let block = RingBlock {
-        members,
-        rows: shape[seq] / members,
-        head_dim: shape[seq + 1],
-        bytes: (local_elements(shape, factors) * elem) as usize,
-    };
+    let block = RingBlock::of(shape, factors, key_elem_bytes() as usize)?;
+    let members = block.members;
     let link = profile.link(members);
     let (mut time, mut bytes) = (0.0, 0.0);
     for forward in [true, false] {
