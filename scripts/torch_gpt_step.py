@@ -1,7 +1,7 @@
 """PyTorch baseline for `tessera bench gpt-step`: the same GPT (4 layers, 4 heads, width 256,
 128 tokens, byte vocabulary, learned positions, pre-LayerNorm, tanh GeLU, biases, tied
-embeddings, batch 16, f32) trained with AdamW, on one thread, and with DDP on 2 processes (gloo,
-one thread each, batch 8 per process). Prints tokens/s from the median step time.
+embeddings, batch 16, f32) trained with AdamW, on one thread, on two threads, and with DDP on 2
+processes (gloo, one thread each, batch 8 per process). Prints tokens/s from the median step time.
 
     python scripts/torch_gpt_step.py [steps] [layers] [hidden]
 """
@@ -141,6 +141,10 @@ def main():
     torch.manual_seed(1)
     report("1 thread", time_steps(Gpt(), batches(BATCH)))
     product_rates()
+    torch.set_num_threads(2)
+    torch.manual_seed(1)
+    report("2 threads", time_steps(Gpt(), batches(BATCH)))
+    torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=ddp_worker, args=(r, 2, queue)) for r in range(2)]

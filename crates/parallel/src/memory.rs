@@ -10,8 +10,9 @@
 //! - **activations**: every value a kernel writes (forward activations, the backward pass's
 //!   values, gradients before their sum) and the fed inputs;
 //! - **communication**: the destinations of reshards (a gathered weight, an all-reduced
-//!   activation), the pieces `hsdp` gathers after the update (`zero1`, `zero2`), and with
-//!   overlap the gradient buckets in flight. The messages of a reshard in flight are not counted.
+//!   activation), the pieces `hsdp` gathers after the update (`zero1`, `zero2`), with
+//!   overlap the gradient buckets in flight, and ring attention's working blocks while its step
+//!   runs ([`crate::ring::RingCall`]). The messages of a reshard in flight are not counted.
 //!
 //! [`predict`] walks the program as the runtime runs it, before anything runs, so
 //! `tessera train --explain` can say what a run will need.
@@ -277,6 +278,16 @@ pub fn predict_pipelined(
             hold(&mut meter, b);
         }
     }
+    // A ring step runs while the micro-batches in flight are held.
+    if let Some(ring) = program
+        .steps
+        .iter()
+        .filter_map(|step| ring_workspace(program, step, rank))
+        .max()
+    {
+        meter.hold(MemoryCategory::Communication, ring);
+        meter.release(MemoryCategory::Communication, ring);
+    }
     for &b in buffers
         .summed
         .iter()
@@ -419,6 +430,7 @@ fn walk_steps(
                 meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
             }
         }
+        hold_ring_workspace(meter, program, step, rank);
         meter.hold(MemoryCategory::Communication, in_flight_after[i]);
         for &b in &lifetimes.release_after[i] {
             if allocated[b] {
@@ -426,5 +438,23 @@ fn walk_steps(
                 meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
             }
         }
+    }
+}
+
+/// The working buffers `rank` holds while it runs `step`, when it is ring attention
+/// ([`crate::ring::ring_workspace_bytes`]).
+fn ring_workspace(program: &Program, step: &Step, rank: usize) -> Option<usize> {
+    match step {
+        Step::Kernel(k) => crate::ring::ring_workspace_bytes(program, k, rank),
+        Step::Reshard(_) => None,
+    }
+}
+
+/// Holds a ring step's working buffers for its duration (counted as communication memory,
+/// like a reshard's destination).
+fn hold_ring_workspace(meter: &mut MemoryMeter, program: &Program, step: &Step, rank: usize) {
+    if let Some(bytes) = ring_workspace(program, step, rank) {
+        meter.hold(MemoryCategory::Communication, bytes);
+        meter.release(MemoryCategory::Communication, bytes);
     }
 }

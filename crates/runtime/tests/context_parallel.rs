@@ -356,7 +356,7 @@ fn ring_attention_passes_blocks_around_cp_rings() {
 /// Activation memory falls as 1/N: a sequence 4× longer on 4 context-parallel ranks (ring or
 /// Ulysses, fused attention) holds no more activations per rank than one device needs for the
 /// short sequence today (unfused attention), and every rank's measured peaks equal the
-/// prediction.
+/// prediction (the ring's working blocks counted on both sides, as communication).
 #[test]
 fn four_cp_ranks_fit_a_four_times_longer_sequence_in_one_ranks_activations() {
     let tmp = tempfile::tempdir().unwrap();

@@ -369,6 +369,8 @@ impl RankExecutor {
         // Ring attention's time blocked waiting for blocks (communication, not compute).
         let mut ring_wait = Duration::ZERO;
         let mut ring_spans = Vec::new();
+        // Ring attention's working buffers, held while it ran (counted as communication).
+        let mut ring_workspace = 0;
         match step {
             Step::Kernel(_) if self.offsets[i].is_none() => return Ok(()),
             Step::Kernel(k) => {
@@ -399,6 +401,7 @@ impl RankExecutor {
                                 .map(|timing| {
                                     ring_wait = timing.waited;
                                     ring_spans = timing.spans;
+                                    ring_workspace = timing.workspace_bytes;
                                 })
                         }
                         graph::Op::Fill { shape, dtype, .. }
@@ -414,6 +417,10 @@ impl RankExecutor {
                         op => eval_op(op, &ins, &mut outs, &ctx).map_err(ExecError::from),
                     }
                 };
+                self.meter
+                    .hold(MemoryCategory::Communication, ring_workspace);
+                self.meter
+                    .release(MemoryCategory::Communication, ring_workspace);
                 if result.is_ok() && matches!(k.op, graph::Op::MoeRoute { .. }) && !k.recompute {
                     self.count_dropped_choices(program, k, &outs);
                 }

@@ -2,8 +2,8 @@
 //! device's kernel called on them, so every sum runs in one device's order.
 
 use tensor::kernels::{
-    attention_backward_block, flash_attention_into, AttentionDims, AttentionGradBuffers,
-    AttentionParams, BlockGradInputs, Float,
+    attention_backward_block, attention_delta_into, flash_attention_into, AttentionDims,
+    AttentionGradBuffers, AttentionParams, BlockGradInputs, Float,
 };
 use tensor::{Element, Tensor};
 
@@ -13,26 +13,44 @@ use super::{Call, Ring};
 use crate::error::ExecError;
 
 /// Deterministic mode: every member's block of an operand (`rows`-shaped), passed around the
-/// ring `n − 1` times and assembled in sequence order: `[slices, Σ lengths, width]`.
-fn gather_blocks<T: Element>(link: &Link<'_>, rows: Rows, own: &[T]) -> Result<Vec<T>, ExecError> {
+/// ring `n − 1` times through `staging` (room for the largest block) and assembled in sequence
+/// order: `[slices, Σ lengths, width]`.
+fn gather_blocks<T: Element>(
+    link: &Link<'_>,
+    rows: Rows,
+    own: &[T],
+    staging: &mut [T],
+) -> Result<Vec<T>, ExecError> {
     let ring = link.ring;
     let (n, total) = (ring.n(), ring.lengths.iter().sum::<usize>());
-    let mut whole = vec![T::zeroed(); rows.slices * total * rows.width];
-    let mut held = own.to_vec();
+    let block = |j: usize| 0..rows.slices * ring.lengths[j] * rows.width;
+    let mut whole = link.alloc::<T>(rows.slices * total * rows.width);
+    staging[..own.len()].copy_from_slice(own);
     for t in 0..n {
         link.pass.set(t);
-        let j = ring.held_after(t);
+        let held = block(ring.held_after(t));
         if t + 1 < n {
-            link.pass_on(std::slice::from_ref(&held))?;
+            link.pass_on(staging, std::slice::from_ref(&held))?;
         }
-        rows.put(&mut whole, total, ring.offsets[j] - ring.offsets[0], &held);
+        let j = ring.held_after(t);
+        rows.put(
+            &mut whole,
+            total,
+            ring.offsets[j] - ring.offsets[0],
+            &staging[held],
+        );
         if t + 1 < n {
-            let next = ring.held_after(t + 1);
-            let count = rows.slices * ring.lengths[next] * rows.width;
-            held = link.receive(&[count])?.pop().unwrap_or_default();
+            let next = block(ring.held_after(t + 1));
+            link.receive(staging, std::slice::from_ref(&next))?;
         }
     }
     Ok(whole)
+}
+
+/// The staging block the gathers pass every member's block through: room for the largest.
+fn staging_block<T: Element>(link: &Link<'_>, call: &Call) -> Vec<T> {
+    let rows = link.ring.lengths.iter().copied().max().unwrap_or(0);
+    link.alloc(call.slices * rows * call.head_dim)
 }
 
 /// The attention dims and mask of this rank's queries against the whole sequence's keys
@@ -67,8 +85,9 @@ pub(super) fn forward_canonical<T: Element + Float>(
     (out, lse): (&mut Tensor, &mut Tensor),
 ) -> Result<(), ExecError> {
     let (wide, _) = call.rows();
-    let keys = gather_blocks(link, wide, k.as_slice::<T>()?)?;
-    let values = gather_blocks(link, wide, v.as_slice::<T>()?)?;
+    let mut staging = staging_block::<T>(link, call);
+    let keys = gather_blocks(link, wide, k.as_slice::<T>()?, &mut staging)?;
+    let values = gather_blocks(link, wide, v.as_slice::<T>()?, &mut staging)?;
     let (dims, params) = canonical_call::<T>(call, link.ring, true);
     link.attend(|| {
         flash_attention_into(
@@ -99,24 +118,19 @@ pub(super) fn backward_canonical<T: Element + Float>(
         lse.as_slice::<T>()?,
     );
     let (k_own, v_own) = (k.as_slice::<T>()?, v.as_slice::<T>()?);
-    let delta = call.delta::<T>(out, dout)?;
-    let (keys, values) = (
-        gather_blocks(link, wide, k_own)?,
-        gather_blocks(link, wide, v_own)?,
-    );
-    let (queries, douts) = (
-        gather_blocks(link, wide, q_own)?,
-        gather_blocks(link, wide, dout_own)?,
-    );
-    let (lses, deltas) = (
-        gather_blocks(link, narrow, lse_own)?,
-        gather_blocks(link, narrow, &delta)?,
-    );
+    let mut delta = link.alloc::<T>(lse_own.len());
+    attention_delta_into(out.as_slice::<T>()?, dout_own, call.head_dim, &mut delta)?;
+    let mut staging = staging_block::<T>(link, call);
+    let mut gather = |rows: Rows, own: &[T]| gather_blocks(link, rows, own, &mut staging);
+    let (keys, values) = (gather(wide, k_own)?, gather(wide, v_own)?);
+    let (queries, douts) = (gather(wide, q_own)?, gather(wide, dout_own)?);
+    let (lses, deltas) = (gather(narrow, lse_own)?, gather(narrow, &delta)?);
     link.attend(|| -> Result<(), ExecError> {
         let (dims, params) = canonical_call::<T>(call, link.ring, true);
         let dq = dq.as_slice_mut::<T>()?;
         dq.fill(T::ZERO);
-        let (mut dk_unused, mut dv_unused) = (vec![T::ZERO; keys.len()], vec![T::ZERO; keys.len()]);
+        let (mut dk_unused, mut dv_unused) =
+            (link.alloc::<T>(keys.len()), link.alloc::<T>(keys.len()));
         let input = BlockGradInputs {
             q: q_own,
             k: &keys,
@@ -132,7 +146,7 @@ pub(super) fn backward_canonical<T: Element + Float>(
         };
         attention_backward_block(input, dims, params, grads)?;
         let (dims, params) = canonical_call::<T>(call, link.ring, false);
-        let mut dq_unused = vec![T::ZERO; queries.len()];
+        let mut dq_unused = link.alloc::<T>(queries.len());
         let input = BlockGradInputs {
             q: &queries,
             k: k_own,

@@ -2,13 +2,14 @@
 //! spans (attending, waiting) the step reports.
 
 use std::cell::{Cell, RefCell};
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use comm::{Communicator, Tag};
 use tensor::Element;
 
-use super::Ring;
 use crate::error::ExecError;
+use parallel::ring::Ring;
 
 /// One span of a ring step on this rank: attending (`wait == false`) or waiting for a
 /// message, during pass `pass` (0 = the rank's own keys; the moves to and from the zigzag
@@ -25,17 +26,21 @@ pub struct RingSpan {
     pub to: Instant,
 }
 
-/// What a ring step reports: the time it waited for messages and its spans.
+/// What a ring step reports: the time it waited for messages, its spans, and the working
+/// memory it held.
 #[derive(Debug, Clone, Default)]
 pub struct RingTiming {
     /// Time blocked in receives.
     pub waited: Duration,
     /// Attending and waiting, in order.
     pub spans: Vec<RingSpan>,
+    /// Bytes of the working buffers the step allocated (all held until it ended; messages in
+    /// flight are not counted): [`parallel::ring::RingCall::workspace_elements`] predicts it.
+    pub workspace_bytes: usize,
 }
 
-/// This rank's ring, the step's message tag, the pass under way, and the time spent waiting
-/// for blocks.
+/// This rank's ring, the step's message tag, the pass under way, the time spent waiting
+/// for blocks and the working memory allocated.
 pub(super) struct Link<'a> {
     pub(super) comm: &'a dyn Communicator,
     pub(super) ring: &'a Ring,
@@ -83,6 +88,17 @@ impl<'a> Link<'a> {
         self.timing.into_inner()
     }
 
+    /// A zeroed working buffer of `len` elements, counted in the step's working memory.
+    pub(super) fn alloc<T: Element>(&self, len: usize) -> Vec<T> {
+        self.count::<T>(len);
+        vec![T::zeroed(); len]
+    }
+
+    /// Counts `len` elements of `T` allocated elsewhere for the step (an attention state).
+    pub(super) fn count<T>(&self, len: usize) {
+        self.timing.borrow_mut().workspace_bytes += len * std::mem::size_of::<T>();
+    }
+
     /// Sends `block` to member `member` (posted, not waited for).
     pub(super) fn send_to<T: Element>(&self, member: usize, block: &[T]) -> Result<(), ExecError> {
         self.comm.send_bytes(
@@ -93,39 +109,58 @@ impl<'a> Link<'a> {
         Ok(())
     }
 
-    /// Receives the next message from member `member`: `count` elements of `T`.
-    pub(super) fn receive_from<T: Element>(
+    /// Receives the next message from member `member` into `dst`, which it must fill exactly.
+    pub(super) fn receive_into<T: Element>(
         &self,
         member: usize,
-        count: usize,
-    ) -> Result<Vec<T>, ExecError> {
+        dst: &mut [T],
+    ) -> Result<(), ExecError> {
         let from = self.ring.members[member];
         let started = Instant::now();
         let bytes = self.comm.recv_bytes(from, self.tag)?;
         self.record(true, started);
-        let expected = count * std::mem::size_of::<T>();
-        if bytes.len() != expected {
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        if bytes.len() != dst.len() {
             return Err(ExecError::Mismatch {
                 what: format!("a ring attention message from rank {from}"),
-                expected: format!("{expected} bytes"),
+                expected: format!("{} bytes", dst.len()),
                 got: format!("{} bytes", bytes.len()),
             });
         }
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        dst.copy_from_slice(&bytes);
+        Ok(())
     }
 
-    /// Sends each of `blocks` to the next member, one message each.
-    pub(super) fn pass_on<T: Element>(&self, blocks: &[Vec<T>]) -> Result<(), ExecError> {
-        let next = (self.ring.position + 1) % self.ring.n();
-        blocks.iter().try_for_each(|b| self.send_to(next, b))
+    /// The previous and the next member.
+    fn neighbours(&self) -> (usize, usize) {
+        let n = self.ring.n();
+        (
+            (self.ring.position + n - 1) % n,
+            (self.ring.position + 1) % n,
+        )
     }
 
-    /// Receives one message of `count` elements from the previous member per entry of `counts`.
-    pub(super) fn receive<T: Element>(&self, counts: &[usize]) -> Result<Vec<Vec<T>>, ExecError> {
-        let prev = (self.ring.position + self.ring.n() - 1) % self.ring.n();
-        counts
+    /// Sends each of `parts` of `data` to the next member, one message each.
+    pub(super) fn pass_on<T: Element>(
+        &self,
+        data: &[T],
+        parts: &[Range<usize>],
+    ) -> Result<(), ExecError> {
+        let next = self.neighbours().1;
+        parts
             .iter()
-            .map(|&count| self.receive_from(prev, count))
-            .collect()
+            .try_for_each(|p| self.send_to(next, &data[p.clone()]))
+    }
+
+    /// Receives one message from the previous member into each of `parts` of `data`.
+    pub(super) fn receive<T: Element>(
+        &self,
+        data: &mut [T],
+        parts: &[Range<usize>],
+    ) -> Result<(), ExecError> {
+        let prev = self.neighbours().0;
+        parts
+            .iter()
+            .try_for_each(|p| self.receive_into(prev, &mut data[p.clone()]))
     }
 }

@@ -30,7 +30,7 @@ mod link;
 mod placement;
 
 use comm::{Communicator, Tag, MAX_TAG};
-use layout::TensorLayout;
+pub use parallel::ring::Ring;
 use tensor::kernels::{
     attention_backward_block_accumulate, attention_delta_into, AttentionDims, AttentionGradBuffers,
     AttentionParams, AttentionState, BlockGradInputs, Float,
@@ -41,69 +41,7 @@ use crate::error::ExecError;
 use canonical::{backward_canonical, forward_canonical};
 use link::Link;
 pub use link::{RingSpan, RingTiming};
-use placement::{from_placement, to_placement, Chunk, Placement, Rows};
-
-/// One rank's ring: the members in sequence order, where their blocks start and how long
-/// they are, and this rank's place.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ring {
-    /// Device ranks, by sequence block.
-    pub members: Vec<usize>,
-    /// Global position of each member's first row.
-    pub offsets: Vec<usize>,
-    /// Rows of each member's block.
-    pub lengths: Vec<usize>,
-    /// This rank's index in `members`.
-    pub position: usize,
-}
-
-impl Ring {
-    /// The ring of `rank` for attention operands laid out as `layout` (`[..., seq, head_dim]`),
-    /// or `None` when the sequence dim is not split (or `rank` holds no block).
-    pub fn of(layout: &TensorLayout, rank: usize) -> Option<Ring> {
-        let ndim = layout.shape().len();
-        let seq = ndim.checked_sub(2)?;
-        if layout.split_factors()[seq] <= 1 {
-            return None;
-        }
-        let mesh = layout.mesh();
-        let mine = mesh.slot_of_rank(rank)?;
-        let (block, replica) = (layout.block_index(mine), layout.replica_index(mine));
-        let mut members: Vec<(usize, usize, usize, usize)> = (0..mesh.n_slots())
-            .filter(|&s| layout.replica_index(s) == replica)
-            .filter_map(|s| {
-                let b = layout.block_index(s);
-                let same_rest = (0..ndim).all(|d| d == seq || b[d] == block[d]);
-                let slot_box = layout.slot_box(s);
-                same_rest.then(|| {
-                    (
-                        b[seq],
-                        mesh.device_of_slot(s),
-                        slot_box.offset[seq],
-                        slot_box.shape[seq],
-                    )
-                })
-            })
-            .collect();
-        members.sort();
-        let position = members.iter().position(|m| m.0 == block[seq])?;
-        Some(Ring {
-            members: members.iter().map(|m| m.1).collect(),
-            offsets: members.iter().map(|m| m.2).collect(),
-            lengths: members.iter().map(|m| m.3).collect(),
-            position,
-        })
-    }
-
-    fn n(&self) -> usize {
-        self.members.len()
-    }
-
-    /// The member whose block this rank holds after `t` passes.
-    fn held_after(&self, t: usize) -> usize {
-        (self.position + self.n() - t % self.n()) % self.n()
-    }
-}
+use placement::{chunk_ranges, from_placement, to_placement, Chunk, Placement, Rows};
 
 /// The message tag of the ring run by step `step`.
 pub(crate) fn ring_tag(step: usize) -> Result<Tag, ExecError> {
@@ -172,19 +110,6 @@ impl Call {
         (wide, Rows { width: 1, ..wide })
     }
 
-    /// FlashAttention-2's `delta` of every query row (see [`attention_delta_into`]).
-    fn delta<T: Element + Float>(&self, out: &Tensor, dout: &Tensor) -> Result<Vec<T>, ExecError> {
-        let dout = dout.as_slice::<T>()?;
-        let mut delta = vec![T::ZERO; dout.len() / self.head_dim.max(1)];
-        attention_delta_into(out.as_slice::<T>()?, dout, self.head_dim, &mut delta)?;
-        Ok(delta)
-    }
-
-    /// Elements of a chunk's keys (or values, or queries).
-    fn rows_len(&self, chunk: Chunk) -> usize {
-        self.slices * chunk.len * self.head_dim
-    }
-
     /// Whether any query of chunk `q` sees a key of chunk `kv`.
     fn sees(&self, q: Chunk, kv: Chunk) -> bool {
         !self.causal || kv.offset < q.offset + q.len
@@ -233,6 +158,13 @@ pub(crate) fn forward(
     Ok(link.into_timing())
 }
 
+/// The buffers one ring call holds a block of keys (or values, or their gradients) in: room
+/// for the largest block of any member.
+fn held_block<T: Element>(link: &Link<'_>, call: &Call) -> Vec<T> {
+    let rows = link.ring.lengths.iter().copied().max().unwrap_or(0);
+    link.alloc(call.slices * rows * call.head_dim)
+}
+
 fn forward_typed<T: Element + Float>(
     link: &Link<'_>,
     call: &Call,
@@ -242,27 +174,37 @@ fn forward_typed<T: Element + Float>(
     let ring = link.ring;
     let placement = Placement::of(ring, call.causal);
     let (wide, narrow) = call.rows();
-    let place = |t: &Tensor| to_placement(link, &placement, wide, t.as_slice::<T>()?);
-    let (qs, ks, vs) = (place(q)?, place(k)?, place(v)?);
     let mine = placement.chunks(ring, ring.position);
+    let (q_parts, lse_parts) = (chunk_ranges(wide, &mine), chunk_ranges(narrow, &mine));
+    // The placed queries' slot stages the output once the passes are done.
+    let mut qs = link.alloc::<T>(q.n_elements());
+    to_placement(link, &placement, wide, q.as_slice::<T>()?, &mut qs)?;
+    let (mut ks, mut vs) = (held_block::<T>(link, call), held_block::<T>(link, call));
+    to_placement(link, &placement, wide, k.as_slice::<T>()?, &mut ks)?;
+    to_placement(link, &placement, wide, v.as_slice::<T>()?, &mut vs)?;
     let mut states = mine
         .iter()
         .map(|c| AttentionState::<T>::new(call.slices, c.len, call.head_dim))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut held = (ks, vs);
+    states
+        .iter()
+        .for_each(|s| link.count::<T>(s.held_elements()));
+    let mut lses = link.alloc::<T>(lse.n_elements());
     let n = ring.n();
     for t in 0..n {
         link.pass.set(t);
         let theirs = placement.chunks(ring, ring.held_after(t));
+        let k_parts = chunk_ranges(wide, &theirs);
         if t + 1 < n {
-            link.pass_on(&held.0)?;
-            link.pass_on(&held.1)?;
+            link.pass_on(&ks, &k_parts)?;
+            link.pass_on(&vs, &k_parts)?;
         }
         link.attend(|| -> Result<(), ExecError> {
             for (a, &qc) in mine.iter().enumerate() {
                 for (b, &kc) in theirs.iter().enumerate() {
                     if call.sees(qc, kc) {
-                        let kv = (qs[a].as_slice(), held.0[b].as_slice(), held.1[b].as_slice());
+                        let (qa, kb) = (q_parts[a].clone(), k_parts[b].clone());
+                        let kv = (&qs[qa], &ks[kb.clone()], &vs[kb]);
                         states[a].accumulate(kv, kc.len, call.params::<T>(qc, kc))?;
                     }
                 }
@@ -270,22 +212,22 @@ fn forward_typed<T: Element + Float>(
             Ok(())
         })?;
         if t + 1 < n {
-            let next = placement.chunks(ring, ring.held_after(t + 1));
-            let counts: Vec<usize> = next.iter().map(|&c| call.rows_len(c)).collect();
-            held = (link.receive(&counts)?, link.receive(&counts)?);
+            let next = chunk_ranges(wide, &placement.chunks(ring, ring.held_after(t + 1)));
+            link.receive(&mut ks, &next)?;
+            link.receive(&mut vs, &next)?;
         }
     }
-    let mut outs = Vec::with_capacity(mine.len());
-    let mut lses = Vec::with_capacity(mine.len());
-    for (state, c) in states.iter().zip(&mine) {
-        let mut o = vec![T::ZERO; call.rows_len(*c)];
-        let mut l = vec![T::ZERO; call.slices * c.len];
-        state.finish_into(&mut o, &mut l)?;
-        outs.push(o);
-        lses.push(l);
+    for ((state, qa), la) in states.iter().zip(&q_parts).zip(&lse_parts) {
+        state.finish_into(&mut qs[qa.clone()], &mut lses[la.clone()])?;
     }
-    from_placement(link, &placement, wide, outs, out.as_slice_mut::<T>()?)?;
-    from_placement(link, &placement, narrow, lses, lse.as_slice_mut::<T>()?)?;
+    from_placement(link, &placement, wide, &mut qs, out.as_slice_mut::<T>()?)?;
+    from_placement(
+        link,
+        &placement,
+        narrow,
+        &mut lses,
+        lse.as_slice_mut::<T>()?,
+    )?;
     Ok(())
 }
 
@@ -320,30 +262,40 @@ fn backward_typed<T: Element + Float>(
     let ring = link.ring;
     let placement = Placement::of(ring, call.causal);
     let (wide, narrow) = call.rows();
-    let dout_rows = dout.as_slice::<T>()?;
-    let delta = call.delta::<T>(out, dout)?;
-    let place = |rows: Rows, data: &[T]| to_placement(link, &placement, rows, data);
-    let (qs, douts) = (place(wide, q.as_slice::<T>()?)?, place(wide, dout_rows)?);
-    let (lses, deltas) = (place(narrow, lse.as_slice::<T>()?)?, place(narrow, &delta)?);
-    let (ks, vs) = (
-        place(wide, k.as_slice::<T>()?)?,
-        place(wide, v.as_slice::<T>()?)?,
-    );
+    let mut delta = link.alloc::<T>(lse.n_elements());
+    attention_delta_into(
+        out.as_slice::<T>()?,
+        dout.as_slice::<T>()?,
+        call.head_dim,
+        &mut delta,
+    )?;
     let mine = placement.chunks(ring, ring.position);
-    let mut dqs: Vec<Vec<T>> = qs.iter().map(|c| vec![T::ZERO; c.len()]).collect();
-    // The blocks held: their keys and values, and their accumulated key and value gradients.
-    let zeros = |chunks: &[Vec<T>]| -> Vec<Vec<T>> {
-        chunks.iter().map(|c| vec![T::ZERO; c.len()]).collect()
+    let (q_parts, row_parts) = (chunk_ranges(wide, &mine), chunk_ranges(narrow, &mine));
+    let place = |rows: Rows, data: &[T]| -> Result<Vec<T>, ExecError> {
+        let mut slot = link.alloc::<T>(data.len());
+        to_placement(link, &placement, rows, data, &mut slot)?;
+        Ok(slot)
     };
-    let mut held = (zeros(&ks), zeros(&vs), ks, vs);
+    let (qs, douts) = (
+        place(wide, q.as_slice::<T>()?)?,
+        place(wide, dout.as_slice::<T>()?)?,
+    );
+    let (lses, deltas) = (place(narrow, lse.as_slice::<T>()?)?, place(narrow, &delta)?);
+    // The blocks held: their keys and values, and their accumulated key and value gradients.
+    let (mut ks, mut vs) = (held_block::<T>(link, call), held_block::<T>(link, call));
+    to_placement(link, &placement, wide, k.as_slice::<T>()?, &mut ks)?;
+    to_placement(link, &placement, wide, v.as_slice::<T>()?, &mut vs)?;
+    let (mut dks, mut dvs) = (held_block::<T>(link, call), held_block::<T>(link, call));
+    let mut dqs = link.alloc::<T>(q.n_elements());
     let n = ring.n();
     for t in 0..n {
         link.pass.set(t);
         let theirs = placement.chunks(ring, ring.held_after(t));
+        let k_parts = chunk_ranges(wide, &theirs);
         if t + 1 < n {
             // The keys and values go on at once; their gradients after this member's part.
-            link.pass_on(&held.2)?;
-            link.pass_on(&held.3)?;
+            link.pass_on(&ks, &k_parts)?;
+            link.pass_on(&vs, &k_parts)?;
         }
         link.attend(|| -> Result<(), ExecError> {
             for (a, &qc) in mine.iter().enumerate() {
@@ -351,19 +303,21 @@ fn backward_typed<T: Element + Float>(
                     if !call.sees(qc, kc) {
                         continue;
                     }
+                    let (qa, kb, ra) =
+                        (q_parts[a].clone(), k_parts[b].clone(), row_parts[a].clone());
                     let input = BlockGradInputs {
-                        q: &qs[a],
-                        k: &held.2[b],
-                        v: &held.3[b],
-                        dout: &douts[a],
-                        lse: &lses[a],
-                        delta: &deltas[a],
+                        q: &qs[qa.clone()],
+                        k: &ks[kb.clone()],
+                        v: &vs[kb.clone()],
+                        dout: &douts[qa.clone()],
+                        lse: &lses[ra.clone()],
+                        delta: &deltas[ra],
                     };
                     // The held chunk's accumulators take this member's part in place.
                     let grads = AttentionGradBuffers {
-                        dq: &mut dqs[a],
-                        dk: &mut held.0[b],
-                        dv: &mut held.1[b],
+                        dq: &mut dqs[qa],
+                        dk: &mut dks[kb.clone()],
+                        dv: &mut dvs[kb],
                     };
                     attention_backward_block_accumulate(
                         input,
@@ -375,57 +329,22 @@ fn backward_typed<T: Element + Float>(
             }
             Ok(())
         })?;
-        link.pass_on(&held.0)?;
-        link.pass_on(&held.1)?;
-        let next = placement.chunks(ring, ring.held_after(t + 1));
-        let counts: Vec<usize> = next.iter().map(|&c| call.rows_len(c)).collect();
+        link.pass_on(&dks, &k_parts)?;
+        link.pass_on(&dvs, &k_parts)?;
+        // After n passes the accumulators of this rank's own chunks are back.
+        let next = chunk_ranges(wide, &placement.chunks(ring, ring.held_after(t + 1)));
         if t + 1 < n {
-            let (k_next, v_next) = (link.receive(&counts)?, link.receive(&counts)?);
-            held = (
-                link.receive(&counts)?,
-                link.receive(&counts)?,
-                k_next,
-                v_next,
-            );
-        } else {
-            // After n passes the accumulators of this rank's own chunks are back.
-            held.0 = link.receive(&counts)?;
-            held.1 = link.receive(&counts)?;
+            link.receive(&mut ks, &next)?;
+            link.receive(&mut vs, &next)?;
         }
+        link.receive(&mut dks, &next)?;
+        link.receive(&mut dvs, &next)?;
     }
-    from_placement(link, &placement, wide, dqs, dq.as_slice_mut::<T>()?)?;
-    from_placement(link, &placement, wide, held.0, dk.as_slice_mut::<T>()?)?;
-    from_placement(link, &placement, wide, held.1, dv.as_slice_mut::<T>()?)?;
+    from_placement(link, &placement, wide, &mut dqs, dq.as_slice_mut::<T>()?)?;
+    from_placement(link, &placement, wide, &mut dks, dk.as_slice_mut::<T>()?)?;
+    from_placement(link, &placement, wide, &mut dvs, dv.as_slice_mut::<T>()?)?;
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use layout::Layout;
-
-    #[test]
-    fn a_ring_holds_the_ranks_of_one_batch_and_heads_block_in_sequence_order() {
-        // [B, H, S, d] over (dp 2, cp 2, mp 2): heads over mp, sequence over cp.
-        let base = Layout::new(&[2, 2, 2], &["dp", "cp", "mp"], None).unwrap();
-        let layout = base
-            .apply(&["dp".into(), "mp".into(), "cp".into(), "None".into()])
-            .unwrap()
-            .bind(&[4, 8, 16, 4])
-            .unwrap();
-        // Rank 5 = (dp 1, cp 0, mp 1): its ring partner is rank 7 = (dp 1, cp 1, mp 1).
-        let ring = Ring::of(&layout, 5).unwrap();
-        assert_eq!(ring.members, vec![5, 7]);
-        assert_eq!(ring.offsets, vec![0, 8]);
-        assert_eq!(ring.lengths, vec![8, 8]);
-        assert_eq!(ring.position, 0);
-        assert_eq!(Ring::of(&layout, 7).unwrap().position, 1);
-        // Not split on the sequence: no ring.
-        let whole = base
-            .apply(&["dp".into(), "mp".into(), "None".into(), "None".into()])
-            .unwrap()
-            .bind(&[4, 8, 16, 4])
-            .unwrap();
-        assert_eq!(Ring::of(&whole, 5), None);
-    }
-}
+mod tests;

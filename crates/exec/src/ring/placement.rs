@@ -1,12 +1,13 @@
 //! Where a ring step attends: each member's own block or the zigzag placement, and the row
 //! copies that move operands there and back.
 
-use parallel::ring::Zigzag;
+use std::ops::Range;
+
+use parallel::ring::{Ring, Zigzag};
 use tensor::region::{copy_region, Placement as RegionAt};
 use tensor::Element;
 
 use super::link::Link;
-use super::Ring;
 use crate::error::ExecError;
 
 /// A run of consecutive sequence positions attended as one: its global position and rows.
@@ -107,63 +108,93 @@ impl Rows {
     }
 }
 
-/// This rank's operand `data` (its contiguous block) as the chunks it attends with: moved to
-/// the zigzag placement, or the block itself.
+/// Where each of `chunks` lies in a buffer holding them one after another, each
+/// `[slices, len, width]` (`rows`-shaped).
+pub(super) fn chunk_ranges(rows: Rows, chunks: &[Chunk]) -> Vec<Range<usize>> {
+    let mut at = 0;
+    chunks
+        .iter()
+        .map(|c| {
+            let len = rows.slices * c.len * rows.width;
+            at += len;
+            at - len..at
+        })
+        .collect()
+}
+
+/// Writes this rank's operand `data` (its contiguous block) into `slot` as the chunks it
+/// attends with, one after another: moved to the zigzag placement, or the block itself.
 pub(super) fn to_placement<T: Element>(
     link: &Link<'_>,
     placement: &Placement,
     rows: Rows,
     data: &[T],
-) -> Result<Vec<Vec<T>>, ExecError> {
+    slot: &mut [T],
+) -> Result<(), ExecError> {
     let Some(z) = placement.zigzag else {
-        return Ok(vec![data.to_vec()]);
+        slot[..data.len()].copy_from_slice(data);
+        return Ok(());
     };
     let (me, c) = (link.ring.position, placement.chunk_rows);
-    let mut kept = Vec::new();
+    let held = z.held(me);
+    let mine = placement.chunks(link.ring, me);
+    let parts = chunk_ranges(rows, &mine);
     for half in 0..2 {
         let x = 2 * me + half;
-        let part = rows.take(data, 2 * c, half * c, c);
-        match z.holder(x) {
-            h if h == me => kept.push((x, part)),
-            h => link.send_to(h, &part)?,
+        match held.iter().position(|&y| y == x) {
+            Some(i) => rows.copy(
+                data,
+                (2 * c, half * c),
+                &mut slot[parts[i].clone()],
+                (c, 0),
+                c,
+            ),
+            None => link.send_to(z.holder(x), &rows.take(data, 2 * c, half * c, c))?,
         }
     }
-    z.held(me)
-        .iter()
-        .map(|&x| match kept.iter().position(|(y, _)| *y == x) {
-            Some(i) => Ok(kept.swap_remove(i).1),
-            None => link.receive_from(Zigzag::owner(x), rows.slices * c * rows.width),
-        })
-        .collect()
+    for (i, &x) in held.iter().enumerate() {
+        let owner = Zigzag::owner(x);
+        if owner != me {
+            link.receive_into(owner, &mut slot[parts[i].clone()])?;
+        }
+    }
+    Ok(())
 }
 
-/// The inverse of [`to_placement`]: the chunks this rank attended with go back to their
-/// owners, and `out` (this rank's contiguous block) receives its own.
+/// The inverse of [`to_placement`]: the chunks this rank attended with (one after another in
+/// `slot`) go back to their owners, and `out` (this rank's contiguous block) receives its own.
+/// The chunks coming back land in the slot's parts just sent away (as many as leave).
 pub(super) fn from_placement<T: Element>(
     link: &Link<'_>,
     placement: &Placement,
     rows: Rows,
-    chunks: Vec<Vec<T>>,
+    slot: &mut [T],
     out: &mut [T],
 ) -> Result<(), ExecError> {
     let Some(z) = placement.zigzag else {
-        let whole = chunks.into_iter().next().unwrap_or_default();
-        out.copy_from_slice(&whole);
+        out.copy_from_slice(&slot[..out.len()]);
         return Ok(());
     };
     let (me, c) = (link.ring.position, placement.chunk_rows);
-    for (x, part) in z.held(me).into_iter().zip(chunks) {
+    let parts = chunk_ranges(rows, &placement.chunks(link.ring, me));
+    let mut sent = Vec::new();
+    for (x, part) in z.held(me).into_iter().zip(parts) {
         match Zigzag::owner(x) {
-            o if o == me => rows.put(out, 2 * c, (x % 2) * c, &part),
-            o => link.send_to(o, &part)?,
+            o if o == me => rows.put(out, 2 * c, (x % 2) * c, &slot[part]),
+            o => {
+                link.send_to(o, &slot[part.clone()])?;
+                sent.push(part);
+            }
         }
     }
+    let mut free = sent.into_iter();
     for half in 0..2 {
         let x = 2 * me + half;
         let h = z.holder(x);
         if h != me {
-            let part = link.receive_from(h, rows.slices * c * rows.width)?;
-            rows.put(out, 2 * c, half * c, &part);
+            let part = free.next().expect("as many chunks come back as left");
+            link.receive_into(h, &mut slot[part.clone()])?;
+            rows.put(out, 2 * c, half * c, &slot[part]);
         }
     }
     Ok(())

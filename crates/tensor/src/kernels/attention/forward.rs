@@ -267,6 +267,12 @@ impl<T: Float> AttentionState<T> {
         accumulate_all(input, dims, &params, state, false)
     }
 
+    /// Elements the state holds (its output rows, and each row's maximum and sum): what a
+    /// caller accounting its memory counts.
+    pub fn held_elements(&self) -> usize {
+        self.acc.len() + self.max.len() + self.sum.len()
+    }
+
     /// The unnormalised output (`Σ exp(score − max) · v` per row).
     pub fn unnormalized(&self) -> &[T] {
         &self.acc

@@ -19,9 +19,14 @@
 //! operands held during the step and, backward, each rank computing its queries' gradient and
 //! its keys' gradients in two calls.
 
+mod members;
+mod workspace;
+
 use graph::Op;
 
 use crate::lower::{KernelStep, Program};
+pub use members::Ring;
+pub use workspace::{ring_workspace_bytes, RingCall};
 
 /// The zigzag placement of a ring of `members` (see the module's doc): chunk `x` of the
 /// sequence (of `2 · members` equal chunks) is *owned* by member `x / 2` (the contiguous split)

@@ -1,0 +1,75 @@
+//! The working memory of one rank's ring attention call: the blocks it holds while the ring
+//! runs, beside the step's own operands and results.
+//!
+//! `exec::ring` allocates exactly these buffers once per call (and reports what it allocated);
+//! the memory prediction ([`crate::memory::predict`]) counts them as communication memory for
+//! the step's duration. Messages in flight are not counted, as for reshards. In elements of the
+//! operands' type, with `W` a block of queries (`slices · rows · head_dim`), `K` the largest
+//! block of keys any member holds, `N` a block of one-wide rows (`slices · rows`) and `S` the
+//! whole sequence:
+//! - forward: the placed queries (whose slot then stages the output), the held keys and
+//!   values, the online-softmax state per query chunk (`W + 2N`) and the staged `lse`:
+//!   `2W + 2K + 3N`;
+//! - backward: the placed queries, output gradients and query gradients, the held keys,
+//!   values and their gradient accumulators, `lse`, `delta` and the placed `delta`:
+//!   `3W + 4K + 3N`;
+//! - deterministic mode (the operands gathered whole, one staging block `K`): forward the whole
+//!   keys and values, `2·S + K`; backward the whole queries, keys, values, output gradients
+//!   and the three gradients one device's kernel writes for them (`7·S`), the whole `lse` and
+//!   `delta` (`2·S / head_dim`), this rank's `delta` and the staging block: `7S + 2S/d + N + K`.
+
+use crate::lower::{KernelStep, Program};
+use crate::ring::Ring;
+use graph::Op;
+
+/// How one ring attention call runs, for its working memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingCall {
+    /// Batch × heads slices of every operand.
+    pub slices: usize,
+    /// Elements of a row.
+    pub head_dim: usize,
+    /// The forward pass (else the backward).
+    pub forward: bool,
+    /// Deterministic mode: the operands gathered whole.
+    pub canonical: bool,
+}
+
+impl RingCall {
+    /// Elements of the buffers this rank's call holds (see the module's doc).
+    pub fn workspace_elements(&self, ring: &Ring) -> usize {
+        let (s, d) = (self.slices, self.head_dim);
+        let rows = ring.lengths[ring.position];
+        let (w, n) = (s * rows * d, s * rows);
+        let k = s * ring.lengths.iter().copied().max().unwrap_or(0) * d;
+        let whole = s * ring.lengths.iter().sum::<usize>();
+        match (self.forward, self.canonical) {
+            (true, false) => 2 * w + 2 * k + 3 * n,
+            (false, false) => 3 * w + 4 * k + 3 * n,
+            (true, true) => 2 * whole * d + k,
+            (false, true) => 7 * whole * d + 2 * whole + n + k,
+        }
+    }
+}
+
+/// Bytes of the working buffers `rank` holds while it runs kernel step `k` of `program`, when
+/// the step is ring attention and `rank` takes part.
+pub fn ring_workspace_bytes(program: &Program, k: &KernelStep, rank: usize) -> Option<usize> {
+    let forward = match k.op {
+        Op::FlashAttention { .. } => true,
+        Op::FlashAttentionGrad { .. } => false,
+        _ => return None,
+    };
+    let q = &program.buffers[*k.inputs.first()?];
+    let ring = Ring::of(q.layout.layout(), rank)?;
+    let shape = q.local_shape(rank);
+    let (&head_dim, rest) = shape.split_last()?;
+    let slices = rest.split_last().map_or(1, |(_, b)| b.iter().product());
+    let call = RingCall {
+        slices,
+        head_dim,
+        forward,
+        canonical: program.placed.config.deterministic,
+    };
+    Some(call.workspace_elements(&ring) * q.dtype.size_in_bytes())
+}
