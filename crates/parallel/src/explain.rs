@@ -188,6 +188,12 @@ impl Program {
                             t.bytes_total(),
                             t.bytes_per_rank
                         );
+                        if let Some(bytes) = crate::ring::ring_workspace_bytes_max(self, k) {
+                            let _ = writeln!(
+                                out,
+                                "       working blocks: up to {bytes} B per rank while it runs"
+                            );
+                        }
                     }
                 }
                 Step::Reshard(r) => {

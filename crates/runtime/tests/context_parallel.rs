@@ -316,6 +316,17 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         6 * block
     );
     assert!(plan.contains(&backward), "no {backward:?} in\n{plan}");
+    // Working blocks (elements of a block W = K = 512, of one-wide rows N = 128): forward the
+    // placed queries and output, keys, values, the state and lse (2W + 2K + 3N); backward
+    // q, dout, dq, the keys, values and their gradients, lse, delta twice (3W + 4K + 3N).
+    let (w, n) = (block / 4, 4 * 4 * 8);
+    for (pass, elements) in [(&forward, 4 * w + 3 * n), (&backward, 7 * w + 3 * n)] {
+        let line = format!(
+            "{pass}\n       working blocks: up to {} B per rank while it runs",
+            4 * elements
+        );
+        assert!(plan.contains(&line), "no {line:?} in\n{plan}");
+    }
     for value in ["q_t", "k_t", "v_t"] {
         let moved = format!("reshard blocks.0.attn.{value}:");
         assert!(!plan.contains(&moved), "{moved} in\n{plan}");
@@ -343,6 +354,17 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         let line = format!(
             "-> ring attention over 2 ranks (4 rings, deterministic: operands gathered whole): {what} ({} B/step, {per_rank} B per rank in the passes)",
             8 * per_rank
+        );
+        assert!(det.contains(&line), "no {line:?} in\n{det}");
+    }
+    // Deterministic working blocks (the whole sequence S = 4 × 4 × 16 rows): forward the whole
+    // keys and values and a staging block (2·S·4 + K); backward seven whole wide operands,
+    // lse and delta whole, this rank's delta and the staging block.
+    let (w, n, s) = (block / 4, 4 * 4 * 8, 4 * 4 * 16);
+    for elements in [2 * s * 4 + w, 7 * s * 4 + 2 * s + n + w] {
+        let line = format!(
+            "working blocks: up to {} B per rank while it runs",
+            4 * elements
         );
         assert!(det.contains(&line), "no {line:?} in\n{det}");
     }

@@ -26,7 +26,7 @@ use graph::Op;
 
 use crate::lower::{KernelStep, Program};
 pub use members::Ring;
-pub use workspace::{ring_workspace_bytes, RingCall};
+pub use workspace::{ring_workspace_bytes, ring_workspace_bytes_max, RingCall};
 
 /// The zigzag placement of a ring of `members` (see the module's doc): chunk `x` of the
 /// sequence (of `2 · members` equal chunks) is *owned* by member `x / 2` (the contiguous split)

@@ -73,3 +73,12 @@ pub fn ring_workspace_bytes(program: &Program, k: &KernelStep, rank: usize) -> O
     };
     Some(call.workspace_elements(&ring) * q.dtype.size_in_bytes())
 }
+
+/// The most bytes of working buffers any rank holds while it runs kernel step `k` of
+/// `program`, when the step is ring attention (what `--explain` prints).
+pub fn ring_workspace_bytes_max(program: &Program, k: &KernelStep) -> Option<usize> {
+    let mesh = program.buffers[*k.inputs.first()?].layout.layout().mesh();
+    (0..mesh.n_slots())
+        .filter_map(|s| ring_workspace_bytes(program, k, mesh.device_of_slot(s)))
+        .max()
+}
