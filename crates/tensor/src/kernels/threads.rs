@@ -1,10 +1,10 @@
 //! Threads inside a rank: how many threads a large matrix product may use (`train.threads_per_rank`;
 //! 1 by default, the one-core-per-rank model).
 //!
-//! [`gemm`](fn@super::gemm)'s `gemm`-crate backends split the output into tiles (the `gemm`
-//! crate's rayon parallelism): every element is still summed over the contracted dim in the
-//! same order, so a product is bitwise the same on any thread count (tested in
-//! `tests/kernels/matmul.rs`); a batch of products each too small to split is shared out whole
+//! [`gemm`](fn@super::gemm)'s `gemm`-crate backends cut the output into one band of rows (or
+//! columns) per thread, each band one single-threaded product: every element is still summed
+//! over the contracted dim in the same order, so a product is bitwise the same on any thread
+//! count (tested in `tests/kernels/matmul.rs`); a batch of products each too small to split is shared out whole
 //! among the threads; the unary kernels and their gradients (GeLU, …) split their elements
 //! ([`for_each_chunk`]), the softmax (and its gradient) and the bias add their rows
 //! ([`for_each_rows`]), the fused attention its independent (batch, head) slices
