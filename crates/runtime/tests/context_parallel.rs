@@ -169,7 +169,15 @@ fn deterministic_context_parallel_is_bitwise_one_device() {
 fn ulysses_moves_activations_by_all_to_all_in_cp_groups() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\ncontext_parallel = 2\nmodel_parallel = 2";
-    let session = Session::new(&config(tmp.path(), "adam", "", &semi(8, keys), false)).unwrap();
+    // The unfused attention: its scores op records the attention core's mesh.
+    let session = Session::new(&config(
+        tmp.path(),
+        "adam",
+        "fused_attention = false",
+        &semi(8, keys),
+        false,
+    ))
+    .unwrap();
     let plan = session.train.explain();
     for value in ["q_t", "k_t", "v_t", "context_t"] {
         let line = format!("reshard blocks.0.attn.{value}: all-to-all over 2 ranks");
@@ -369,9 +377,15 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         assert!(det.contains(&line), "no {line:?} in\n{det}");
     }
     // The ring algo without the fused attention is refused.
-    let err = Session::new(&config(tmp.path(), "adam", "", &semi(8, keys), false))
-        .unwrap_err()
-        .to_string();
+    let err = Session::new(&config(
+        tmp.path(),
+        "adam",
+        "fused_attention = false",
+        &semi(8, keys),
+        false,
+    ))
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("parallel.context_parallel_algo"), "{err}");
 }
 

@@ -90,10 +90,11 @@ const CASES: &[(&str, usize, &str, &str, &str)] = &[
     ),
     ("adam, mp 2", 2, "adam", "", "model_parallel = 2"),
     (
-        "fused attention, dp 2 × mp 4",
+        // The default is the fused attention (without dropout); the unfused ops too.
+        "unfused attention, dp 2 × mp 4",
         8,
         "momentum",
-        "fused_attention = true",
+        "fused_attention = false",
         "data_parallel = 2\nmodel_parallel = 4",
     ),
     (
@@ -1040,4 +1041,25 @@ fn fused_attention_gives_the_loss_and_gradients_of_the_unfused_ops() {
             );
         }
     }
+}
+
+/// `model.fused_attention` defaults to the fused op without dropout and to the unfused ops
+/// with it (the fused op has no attention dropout); either may be asked for by name.
+#[test]
+fn the_fused_attention_is_the_default_without_dropout() {
+    let fused = |overrides: &[&str]| {
+        let text = format!(
+            "[model]\nname = \"gpt\"\nlayers = 1\nheads = 2\nhidden = 8\nseq_len = 8\n\
+             [data]\nformat = \"text\"\npath = \"{}\"\nbatch_size = 2\n\
+             [train]\nepochs = 1\noptimizer = \"sgd\"\nlearning_rate = 0.1\n[output]\ndir = \"/tmp\"\n",
+            kjv().display()
+        );
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        let config = TrainConfig::parse(&text, None, &overrides, Path::new("/")).unwrap();
+        config.model().gpt.as_ref().expect("a GPT").fused_attention
+    };
+    assert!(fused(&[]));
+    assert!(!fused(&["model.dropout=0.1"]));
+    assert!(!fused(&["model.fused_attention=false"]));
+    assert!(fused(&["model.fused_attention=true"]));
 }

@@ -106,9 +106,9 @@ fn measured_memory_equals_the_prediction() {
             &[],
         ),
         (
-            "dp 2 × mp 2, recompute by op",
+            "dp 2 × mp 2, unfused attention, recompute by op",
             format!("{DP2_MP2}[parallel.recompute]\nops = [\"ScaledSoftmax\", \"blocks.*.mlp.fc1.gelu\"]"),
-            &[],
+            &["model.fused_attention=false"],
         ),
         (
             "dp 2 × mp 2, fused attention, recompute by op",
