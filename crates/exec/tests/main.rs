@@ -2,6 +2,7 @@
 //! ops under random strategies, the optimizers' update rules.
 
 mod equivalence;
+mod moved_reshape;
 mod op_sharding;
 mod optimizer;
 mod sharded;

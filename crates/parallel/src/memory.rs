@@ -180,6 +180,41 @@ pub fn lifetimes(program: &Program) -> BufferLifetimes {
     }
 }
 
+/// By step: the (input, output) buffers of a step whose output takes over its input's memory
+/// instead of a fresh buffer — a `Reshape`, `Flatten` or `StopGradient` (a plain copy of the
+/// bytes) whose input is neither persistent nor read after it, and whose output is not
+/// persistent. The runtime moves the input's tensor to the output (no copy, no allocation) in a
+/// non-pipelined step, and [`predict`] frees the input before holding the output.
+pub fn moved_buffers(
+    program: &Program,
+    lifetimes: &BufferLifetimes,
+) -> Vec<Option<(usize, usize)>> {
+    program
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let Step::Kernel(k) = step else {
+                return None;
+            };
+            let copies = matches!(
+                k.op,
+                graph::Op::Reshape { .. } | graph::Op::Flatten { .. } | graph::Op::StopGradient
+            );
+            let (&[from], &[to]) = (k.inputs.as_slice(), k.outputs.as_slice()) else {
+                return None;
+            };
+            let moves = copies
+                && !k.recompute
+                && !lifetimes.persistent[from]
+                && !lifetimes.persistent[to]
+                && lifetimes.release_after[i].contains(&from)
+                && program.buffers[from].dtype == program.buffers[to].dtype;
+            moves.then_some((from, to))
+        })
+        .collect()
+}
+
 /// What a training run keeps besides the program's buffers, per trainable parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrainingState {
@@ -392,6 +427,7 @@ fn walk_steps(
         }
     }
     let mut allocated = lifetimes.persistent.clone();
+    let moved = moved_buffers(program, lifetimes);
     // Prefetched weight gathers (hsdp levels 1–3): each started (its destination allocated, its source copied)
     // when the gather before it runs, the first when the step starts.
     let gathers = crate::fusion::prefetched_gathers(program);
@@ -418,6 +454,12 @@ fn walk_steps(
             }
             if let Some(&next) = gathers.get(k + 1) {
                 start(next, meter, &mut allocated);
+            }
+        }
+        if let Some((from, _)) = moved[i] {
+            if allocated[from] {
+                allocated[from] = false;
+                meter.release(lifetimes.category[from], buffer_bytes(program, from, rank));
             }
         }
         let written: &[usize] = match step {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use comm::Communicator;
 use graph::InputBlock;
 use layout::{SliceBox, TensorLayout};
-use parallel::memory::{lifetimes, BufferLifetimes, MemoryCategory, MemoryMeter};
+use parallel::memory::{lifetimes, moved_buffers, BufferLifetimes, MemoryCategory, MemoryMeter};
 use parallel::{Program, Step};
 use reshard::HalfSum;
 use reshard_exec::ReshardRunner;
@@ -54,6 +54,9 @@ pub struct RankExecutor {
     lifetimes: BufferLifetimes,
     /// The bytes held, by category.
     meter: MemoryMeter,
+    /// By step: the (input, output) buffers of a copy whose output takes over its dying
+    /// input's tensor in a non-pipelined run ([`parallel::memory::moved_buffers`]).
+    moved: Vec<Option<(usize, usize)>>,
     /// By step: whether it runs fused in a bucket rather than alone.
     fused: Vec<bool>,
     /// By step: the buckets that run after it.
@@ -178,6 +181,7 @@ impl RankExecutor {
         // Buffers that live across steps now; a step's own when a step first writes them. A
         // buffer of another pipeline stage's ranks holds nothing here.
         let lifetimes = lifetimes(&program);
+        let moved = moved_buffers(&program, &lifetimes);
         let mut meter = MemoryMeter::default();
         let lazy = lazy.then(|| LazyParameters {
             pending: (0..program.params.len())
@@ -337,6 +341,7 @@ impl RankExecutor {
             step: 0,
             deterministic: None,
             profile: None,
+            moved,
             lifetimes,
             meter,
             fused,
@@ -393,6 +398,30 @@ impl RankExecutor {
                 t
             }
         }
+    }
+
+    /// Step `i` of a non-pipelined run as a move: buffer `from` (read last here) becomes
+    /// buffer `to`, reshaped, with no copy; the memory meter moves its bytes between their
+    /// categories.
+    fn move_buffer(&mut self, i: usize, (from, to): (usize, usize)) -> Result<(), ExecError> {
+        let Some(t) = self.buffers[from].take() else {
+            return Err(ExecError::Mismatch {
+                what: format!("the input of step {i}"),
+                expected: "a computed buffer".to_string(),
+                got: "none".to_string(),
+            });
+        };
+        if let Some(old) = self.buffers[to].take() {
+            self.meter
+                .release(self.lifetimes.category[to], old.as_bytes().len());
+        }
+        let bytes = t.as_bytes().len();
+        let shape = self.fresh_shape(to);
+        let t = t.reshape(&shape)?;
+        self.meter.release(self.lifetimes.category[from], bytes);
+        self.meter.hold(self.lifetimes.category[to], bytes);
+        self.buffers[to] = Some(t);
+        Ok(())
     }
 
     /// Frees the buffers whose last use is step `i`.
@@ -699,13 +728,17 @@ impl RankExecutor {
 
     /// A zeroed tensor shaped like buffer `b` on this rank (empty when another stage holds it).
     pub fn fresh_buffer(&self, b: usize) -> Tensor {
+        Tensor::zeros(self.program.buffers[b].dtype, &self.fresh_shape(b))
+    }
+
+    /// Buffer `b`'s shape on this rank (`[0]` when another stage holds it).
+    fn fresh_shape(&self, b: usize) -> Vec<usize> {
         let spec = &self.program.buffers[b];
-        let shape = if self.holds(spec.layout.layout()) {
+        if self.holds(spec.layout.layout()) {
             spec.local_shape(self.rank)
         } else {
             vec![0]
-        };
-        Tensor::zeros(spec.dtype, &shape)
+        }
     }
 
     /// [`RankExecutor::fresh_buffer`], its bytes counted in `b`'s memory category until

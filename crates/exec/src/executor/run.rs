@@ -111,6 +111,8 @@ impl RankExecutor {
         for i in 0..program.steps.len() {
             if self.prefetched[i] {
                 self.finish_gather(&program, i)?;
+            } else if let Some(moved) = self.moved[i].filter(|_| self.offsets[i].is_some()) {
+                self.move_buffer(i, moved)?;
             } else if !self.fused[i] {
                 self.run_step(&program, i, None)?;
             }
