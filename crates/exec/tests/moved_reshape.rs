@@ -61,6 +61,6 @@ fn a_reshape_of_a_dying_value_moves_it_and_the_peak_drops_as_predicted() {
         "{activations} B of activations: {measured:?}"
     );
     // And the pass is one device's: the loss is Σ x·w, w's gradient x.
-    let pass = run((*program).clone(), &[input.clone()], 3);
+    let pass = run((*program).clone(), std::slice::from_ref(&input), 3);
     assert_eq!(pass.grads[0], input.to_f64_vec());
 }
