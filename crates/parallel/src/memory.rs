@@ -1,7 +1,9 @@
 //! Memory of a program on one rank: when each buffer lives, and the bytes held by category.
 //!
 //! The runtime allocates a step's buffers as the steps write them and frees each after its
-//! last reader ([`BufferLifetimes`]), so what a rank holds rises and falls over a step. The
+//! last reader ([`BufferLifetimes`]), so what a rank holds rises and falls over a step; a copy
+//! (`Reshape`, `Flatten`, `StopGradient`) of a value read last there takes that value's buffer
+//! over instead ([`moved_buffers`]). The
 //! categories are those of ZeRO's accounting plus the step's working memory:
 //! - **parameters**: the parameters' own buffers (under `hsdp` levels 1–3, the pieces);
 //! - **gradients**: the gradients the optimizer reads, after their data-parallel sum, and the
