@@ -9,7 +9,7 @@ use tensor::{Element, Tensor};
 
 use super::link::Link;
 use super::placement::{Chunk, Rows};
-use super::{Call, Ring};
+use super::{held_block, Call, Ring};
 use crate::error::ExecError;
 
 /// Deterministic mode: every member's block of an operand (`rows`-shaped), passed around the
@@ -47,12 +47,6 @@ fn gather_blocks<T: Element>(
     Ok(whole)
 }
 
-/// The staging block the gathers pass every member's block through: room for the largest.
-fn staging_block<T: Element>(link: &Link<'_>, call: &Call) -> Vec<T> {
-    let rows = link.ring.lengths.iter().copied().max().unwrap_or(0);
-    link.alloc(call.slices * rows * call.head_dim)
-}
-
 /// The attention dims and mask of this rank's queries against the whole sequence's keys
 /// (`keys_whole`), or the whole sequence's queries against this rank's keys.
 fn canonical_call<T: Float>(
@@ -85,7 +79,7 @@ pub(super) fn forward_canonical<T: Element + Float>(
     (out, lse): (&mut Tensor, &mut Tensor),
 ) -> Result<(), ExecError> {
     let (wide, _) = call.rows();
-    let mut staging = staging_block::<T>(link, call);
+    let mut staging = held_block::<T>(link, call);
     let keys = gather_blocks(link, wide, k.as_slice::<T>()?, &mut staging)?;
     let values = gather_blocks(link, wide, v.as_slice::<T>()?, &mut staging)?;
     let (dims, params) = canonical_call::<T>(call, link.ring, true);
@@ -120,7 +114,7 @@ pub(super) fn backward_canonical<T: Element + Float>(
     let (k_own, v_own) = (k.as_slice::<T>()?, v.as_slice::<T>()?);
     let mut delta = link.alloc::<T>(lse_own.len());
     attention_delta_into(out.as_slice::<T>()?, dout_own, call.head_dim, &mut delta)?;
-    let mut staging = staging_block::<T>(link, call);
+    let mut staging = held_block::<T>(link, call);
     let mut gather = |rows: Rows, own: &[T]| gather_blocks(link, rows, own, &mut staging);
     let (keys, values) = (gather(wide, k_own)?, gather(wide, v_own)?);
     let (queries, douts) = (gather(wide, q_own)?, gather(wide, dout_own)?);

@@ -12,11 +12,13 @@
 //! to the next member, attends its query chunks to them (an [`tensor::kernels::AttentionState`]
 //! per query chunk accumulates them with the online softmax, the causal mask given by global
 //! positions, and pairs the mask hides wholly are skipped), and receives the next member's
-//! chunks from the previous one; after `n − 1` passes every query has seen every key, and no
-//! member ever holds more than two sets of chunks. The sends are posted before the computation,
-//! so the pass overlaps it. Backward: the chunks travel the same way with their `dk`/`dv`
-//! accumulators; each member adds its queries' contribution to the chunks it holds, and `dq`
-//! stays home. After `n` passes every accumulator is back with the member holding its chunk.
+//! chunks from the previous one into the same buffers (a chunk is copied into its message when
+//! sent); after `n − 1` passes every query has seen every key. The sends are posted before the
+//! computation, so the pass overlaps it. Backward: the chunks travel the same way with their
+//! `dk`/`dv` accumulators; each member adds its queries' contribution to the chunks it holds,
+//! and `dq` stays home. After `n` passes every accumulator is back with the member holding its
+//! chunk. A call allocates its working buffers once, counted by its link
+//! ([`RingTiming::workspace_bytes`], predicted by [`parallel::ring::RingCall`]).
 //!
 //! The members of a ring are the ranks holding the same batch/heads block in the same replica,
 //! ordered by their sequence block ([`Ring::of`]). Chunks are attended in arrival order (own
@@ -158,8 +160,8 @@ pub(crate) fn forward(
     Ok(link.into_timing())
 }
 
-/// The buffers one ring call holds a block of keys (or values, or their gradients) in: room
-/// for the largest block of any member.
+/// A buffer one ring call holds a block of keys (or values, or their gradients) in, or stages
+/// every member's block through: room for the largest block of any member.
 fn held_block<T: Element>(link: &Link<'_>, call: &Call) -> Vec<T> {
     let rows = link.ring.lengths.iter().copied().max().unwrap_or(0);
     link.alloc(call.slices * rows * call.head_dim)
