@@ -251,15 +251,8 @@ impl RankExecutor {
             .steps
             .iter()
             .map(|step| match step {
-                Step::Kernel(k)
-                    if matches!(
-                        k.op,
-                        graph::Op::FlashAttention { .. } | graph::Op::FlashAttentionGrad { .. }
-                    ) =>
-                {
-                    crate::ring::Ring::of(program.buffers[k.inputs[0]].layout.layout(), rank)
-                }
-                _ => None,
+                Step::Kernel(k) => parallel::ring::ring_of_step(&program, k, rank),
+                Step::Reshard(_) => None,
             })
             .collect();
         let mut fused = vec![false; program.steps.len()];

@@ -28,11 +28,11 @@ fn gather_blocks<T: Element>(
     staging[..own.len()].copy_from_slice(own);
     for t in 0..n {
         link.pass.set(t);
-        let held = block(ring.held_after(t));
+        let j = ring.held_after(t);
+        let held = block(j);
         if t + 1 < n {
             link.pass_on(staging, std::slice::from_ref(&held))?;
         }
-        let j = ring.held_after(t);
         rows.put(
             &mut whole,
             total,

@@ -1,7 +1,10 @@
 //! [`Ring`]: the members of one rank's ring, where their sequence blocks start and how long
 //! they are.
 
+use graph::Op;
 use layout::TensorLayout;
+
+use crate::lower::{KernelStep, Program};
 
 /// One rank's ring: the members in sequence order, where their blocks start and how long
 /// they are, and this rank's place.
@@ -67,6 +70,19 @@ impl Ring {
     pub fn held_after(&self, t: usize) -> usize {
         (self.position + self.n() - t % self.n()) % self.n()
     }
+}
+
+/// The ring `rank` runs kernel step `k` of `program` over, when the step is ring attention: a
+/// `FlashAttention` (or its gradient) whose queries' sequence dim is split. The one test the
+/// executor, the memory prediction and `--explain` share.
+pub fn ring_of_step(program: &Program, k: &KernelStep, rank: usize) -> Option<Ring> {
+    if !matches!(
+        k.op,
+        Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. }
+    ) {
+        return None;
+    }
+    Ring::of(program.buffers[*k.inputs.first()?].layout.layout(), rank)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //!   `delta` (`2·S / head_dim`), this rank's `delta` and the staging block: `7S + 2S/d + N + K`.
 
 use crate::lower::{KernelStep, Program};
-use crate::ring::Ring;
+use crate::ring::{ring_of_step, Ring};
 use graph::Op;
 
 /// How one ring attention call runs, for its working memory.
@@ -55,30 +55,45 @@ impl RingCall {
 /// Bytes of the working buffers `rank` holds while it runs kernel step `k` of `program`, when
 /// the step is ring attention and `rank` takes part.
 pub fn ring_workspace_bytes(program: &Program, k: &KernelStep, rank: usize) -> Option<usize> {
-    let forward = match k.op {
-        Op::FlashAttention { .. } => true,
-        Op::FlashAttentionGrad { .. } => false,
-        _ => return None,
-    };
-    let q = &program.buffers[*k.inputs.first()?];
-    let ring = Ring::of(q.layout.layout(), rank)?;
-    let shape = q.local_shape(rank);
-    let (&head_dim, rest) = shape.split_last()?;
-    let slices = rest.split_last().map_or(1, |(_, b)| b.iter().product());
-    let call = RingCall {
-        slices,
-        head_dim,
-        forward,
-        canonical: program.placed.config.deterministic,
-    };
-    Some(call.workspace_elements(&ring) * q.dtype.size_in_bytes())
+    let ring = ring_of_step(program, k, rank)?;
+    let q = &program.buffers[k.inputs[0]];
+    Some(
+        ring_call(program, k, &q.local_shape(rank))?.workspace_elements(&ring)
+            * q.dtype.size_in_bytes(),
+    )
 }
 
 /// The most bytes of working buffers any rank holds while it runs kernel step `k` of
-/// `program`, when the step is ring attention (what `--explain` prints).
+/// `program`, when the step is ring attention (what `--explain` prints). Every ring has the
+/// same members' lengths (the sequence's split), so one ring's lengths and each rank's own
+/// block give every rank's bytes without building every rank's ring.
 pub fn ring_workspace_bytes_max(program: &Program, k: &KernelStep) -> Option<usize> {
-    let mesh = program.buffers[*k.inputs.first()?].layout.layout().mesh();
+    let q = &program.buffers[*k.inputs.first()?];
+    let layout = q.layout.layout();
+    let mesh = layout.mesh();
+    let ring = ring_of_step(program, k, mesh.device_of_slot(0))?;
+    let seq = layout.shape().len().checked_sub(2)?;
     (0..mesh.n_slots())
-        .filter_map(|s| ring_workspace_bytes(program, k, mesh.device_of_slot(s)))
+        .filter_map(|slot| {
+            let rank = mesh.device_of_slot(slot);
+            let call = ring_call(program, k, &q.local_shape(rank))?;
+            let at = Ring {
+                position: layout.block_index(slot)[seq],
+                ..ring.clone()
+            };
+            Some(call.workspace_elements(&at) * q.dtype.size_in_bytes())
+        })
         .max()
+}
+
+/// The call of ring step `k` on a rank whose queries' block is `q_shape`
+/// (`[..., seq, head_dim]`).
+fn ring_call(program: &Program, k: &KernelStep, q_shape: &[usize]) -> Option<RingCall> {
+    let (&head_dim, rest) = q_shape.split_last()?;
+    Some(RingCall {
+        slices: rest.split_last().map_or(1, |(_, b)| b.iter().product()),
+        head_dim,
+        forward: matches!(k.op, Op::FlashAttention { .. }),
+        canonical: program.placed.config.deterministic,
+    })
 }
