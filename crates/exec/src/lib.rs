@@ -64,6 +64,7 @@ mod pipeline;
 mod precision;
 mod profile;
 mod progress;
+mod recycle;
 pub mod ring;
 mod shared;
 mod update;

@@ -486,6 +486,47 @@ impl Op {
                 | Op::SparseSoftmaxCrossEntropyGrad { .. }
         )
     }
+
+    /// Whether [`crate::eval_op`] (ordinary and deterministic) writes every element of every
+    /// output without reading it first, so a caller may hand it buffers holding stale values
+    /// instead of zeroed ones. Listed op by op from their kernels; an op not listed gets zeroed
+    /// outputs. The executor's debug builds fill such buffers with NaN, so the test suite
+    /// shows an element an op left unwritten.
+    pub fn writes_every_output_element(&self) -> bool {
+        matches!(
+            self,
+            Op::MatMul { .. }
+                | Op::BatchMatMul { .. }
+                | Op::BatchMatMulSum { .. }
+                | Op::Add
+                | Op::Sub
+                | Op::Mul
+                | Op::Div
+                | Op::BiasAdd
+                | Op::Relu
+                | Op::Gelu { .. }
+                | Op::Tanh
+                | Op::ReluGrad
+                | Op::GeluGrad { .. }
+                | Op::TanhGrad
+                | Op::Softmax
+                | Op::LogSoftmax
+                | Op::ScaledSoftmax { .. }
+                | Op::SoftmaxGrad
+                | Op::LogSoftmaxGrad
+                | Op::ScaledSoftmaxGrad { .. }
+                | Op::FlashAttention { .. }
+                | Op::FlashAttentionGrad { .. }
+                | Op::LayerNorm { .. }
+                | Op::LayerNormGrad
+                | Op::Transpose { .. }
+                | Op::Concat { .. }
+                | Op::Split { .. }
+                | Op::MaskedFill { .. }
+                | Op::BiasAddGrad
+                | Op::SumToShape { .. }
+        )
+    }
 }
 
 /// The most inputs any op takes ([`Op::Concat`]; [`Op::FlashAttentionGrad`] takes 6), and the most

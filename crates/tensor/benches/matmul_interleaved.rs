@@ -5,7 +5,8 @@
 //! machine load, so the comparison stays fair on a shared machine where criterion's sequential
 //! runs drift. Prints a Markdown table of GFLOP/s: median, 10th percentile and best round.
 //!
-//! Run: `cargo bench -p tessera-tensor --bench matmul_interleaved [-- ROUNDS]` (default 100).
+//! Run: `cargo bench -p tessera-tensor --bench matmul_interleaved [-- ROUNDS [gpt]]` (default 100
+//! rounds; `gpt` times the bench GPT's shapes instead).
 
 use std::time::Instant;
 
@@ -22,6 +23,20 @@ const MLP_SHAPES: [(&str, GemmShape); 9] = [
     ("mlp_fc1_dw", shape(784, 512, 32, true, false)),
     ("mlp_fc2_dw", shape(512, 512, 32, true, false)),
     ("mlp_fc3_dw", shape(512, 10, 32, true, false)),
+];
+
+/// The bench GPT's products (width 256, MLP 1024, 2,048 tokens a step; weights `[out, in]`):
+/// forward `X·Wᵀ`, `dX = dY·W`, `dW = dYᵀ·X` (the batch folded into the reduction).
+const GPT_SHAPES: [(&str, GemmShape); 9] = [
+    ("gpt_qkv_fwd", shape(2048, 768, 256, false, true)),
+    ("gpt_fc1_fwd", shape(2048, 1024, 256, false, true)),
+    ("gpt_fc2_fwd", shape(2048, 256, 1024, false, true)),
+    ("gpt_qkv_dx", shape(2048, 256, 768, false, false)),
+    ("gpt_fc1_dx", shape(2048, 256, 1024, false, false)),
+    ("gpt_fc2_dx", shape(2048, 1024, 256, false, false)),
+    ("gpt_qkv_dw", shape(768, 256, 2048, true, false)),
+    ("gpt_fc1_dw", shape(1024, 256, 2048, true, false)),
+    ("gpt_fc2_dw", shape(256, 1024, 2048, true, false)),
 ];
 
 const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
@@ -47,13 +62,18 @@ fn main() {
         .skip(1)
         .find_map(|arg| arg.parse().ok())
         .unwrap_or(100);
+    // `gpt` after the round count picks the GPT's shapes.
+    let shapes = match std::env::args().any(|arg| arg == "gpt") {
+        true => &GPT_SHAPES[..],
+        false => &MLP_SHAPES[..],
+    };
     let mut header = String::from("| shape | m×n×k |");
     for backend in GemmBackend::ALL {
         header += &format!(" {} |", backend.name());
     }
     println!("{header} routed |");
     println!("|---|---|{}---|", "---|".repeat(GemmBackend::ALL.len()));
-    for (name, s) in MLP_SHAPES {
+    for &(name, s) in shapes {
         let a = values(s.m * s.k, 7919);
         let b = values(s.k * s.n, 104_729);
         let mut c = vec![0f32; s.m * s.n];

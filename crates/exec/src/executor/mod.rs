@@ -16,6 +16,7 @@ use crate::error::ExecError;
 use crate::pipeline::TraceSpan;
 use crate::profile::StepProfile;
 use crate::progress::Progress;
+use crate::recycle::Recycler;
 
 mod pieces;
 mod run;
@@ -91,6 +92,8 @@ pub struct RankExecutor {
     /// Token choices this rank's `MoeRoute` steps dropped since the last
     /// [`RankExecutor::take_moe_dropped`].
     moe_dropped: f64,
+    /// Freed buffers kept for outputs that are written whole ([`crate::recycle`]).
+    recycler: Recycler,
 }
 
 /// The parameters a lazy executor has not allocated yet.
@@ -331,6 +334,7 @@ impl RankExecutor {
             rings,
             ring_trace: None,
             moe_dropped: 0.0,
+            recycler: Recycler::default(),
             step: 0,
             deterministic: None,
             profile: None,
@@ -382,15 +386,33 @@ impl RankExecutor {
 
     /// Buffer `b` to be written: the one held, or a fresh one, counted.
     fn take_for_writing(&mut self, b: usize) -> Tensor {
-        match self.buffers[b].take() {
-            Some(t) => t,
-            None => {
-                let t = self.fresh_buffer(b);
-                self.meter
-                    .hold(self.lifetimes.category[b], t.as_bytes().len());
-                t
-            }
+        self.take_output(b, false)
+    }
+
+    /// Buffer `b` for a step to write: the one already there, else a recycled one when the
+    /// step writes every element (`whole`), else a fresh zeroed one; a new one is counted.
+    pub(crate) fn take_output(&mut self, b: usize, whole: bool) -> Tensor {
+        if let Some(t) = self.buffers[b].take() {
+            return t;
         }
+        let recycled = whole
+            .then(|| {
+                self.recycler
+                    .take(self.program.buffers[b].dtype, &self.fresh_shape(b))
+            })
+            .flatten();
+        let t = recycled.unwrap_or_else(|| self.fresh_buffer(b));
+        self.meter
+            .hold(self.lifetimes.category[b], t.as_bytes().len());
+        self.recycler.shrink_to(self.recycler_room());
+        t
+    }
+
+    /// The bytes the recycler may keep: the meter's peak less what is live, so live and
+    /// recycled buffers together never exceed the reported peak.
+    fn recycler_room(&self) -> usize {
+        let live = self.meter.current().total();
+        self.meter.report().peak.saturating_sub(live)
     }
 
     /// Step `i` of a non-pipelined run as a move: buffer `from` (read last here) becomes
@@ -423,6 +445,8 @@ impl RankExecutor {
             if let Some(t) = self.buffers[b].take() {
                 self.meter
                     .release(self.lifetimes.category[b], t.as_bytes().len());
+                let room = self.recycler_room();
+                self.recycler.keep(t, room);
             }
         }
     }

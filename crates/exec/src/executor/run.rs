@@ -376,10 +376,11 @@ impl RankExecutor {
         match step {
             Step::Kernel(_) if self.offsets[i].is_none() => return Ok(()),
             Step::Kernel(k) => {
+                let whole = k.op.writes_every_output_element();
                 let mut outs: Vec<Tensor> = k
                     .outputs
                     .iter()
-                    .map(|&b| self.take_for_writing(b))
+                    .map(|&b| self.take_output(b, whole))
                     .collect();
                 let result = {
                     let ins: Vec<&Tensor> = k.inputs.iter().map(|&b| self.buffer(b)).collect();
