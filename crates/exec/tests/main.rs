@@ -2,7 +2,7 @@
 //! ops under random strategies, the optimizers' update rules.
 
 mod equivalence;
-mod moved_reshape;
+mod moved_buffers;
 mod op_sharding;
 mod optimizer;
 mod sharded;

@@ -487,6 +487,17 @@ impl Op {
         )
     }
 
+    /// Whether [`crate::eval_in_place`] computes this op over its input `i`, that input's
+    /// buffer becoming the output: the bias add over `x` (input 0), and the elementwise
+    /// arithmetic over either operand (the caller checks that operand has the output's shape).
+    pub fn computes_in_place_over(&self, i: usize) -> bool {
+        match self {
+            Op::BiasAdd => i == 0,
+            Op::Add | Op::Sub | Op::Mul | Op::Div => i < 2,
+            _ => false,
+        }
+    }
+
     /// Whether [`crate::eval_op`] (ordinary and deterministic) writes every element of every
     /// output without reading it first, so a caller may hand it buffers holding stale values
     /// instead of zeroed ones. Listed op by op from their kernels; an op not listed gets zeroed

@@ -183,9 +183,17 @@ pub fn lifetimes(program: &Program) -> BufferLifetimes {
 }
 
 /// By step: the (input, output) buffers of a step whose output takes over its input's memory
-/// instead of a fresh buffer — a `Reshape`, `Flatten` or `StopGradient` (a plain copy of the
-/// bytes) whose input is neither persistent nor read after it, and whose output is not
-/// persistent. The runtime moves the input's tensor to the output (no copy, no allocation) in a
+/// instead of a fresh buffer. Two kinds:
+/// - a `Reshape`, `Flatten` or `StopGradient` (a plain copy of the bytes): the input's tensor
+///   becomes the output, reshaped;
+/// - an op computed in place over that input ([`graph::Op::computes_in_place_over`]: the bias
+///   add over `x`, elementwise arithmetic over either operand, neither broadcast) when the
+///   input has the output's layout and is `f32` or `f64`: [`graph::eval_in_place`] writes
+///   the result over it.
+///
+/// In both the input must be neither persistent nor read after the step (its first such
+/// input, for arithmetic), the output not persistent, the step not a recompute, the dtypes
+/// equal. The runtime moves the input's tensor to the output (no allocation) in a
 /// non-pipelined step, and [`predict`] frees the input before holding the output.
 pub fn moved_buffers(
     program: &Program,
@@ -199,22 +207,48 @@ pub fn moved_buffers(
             let Step::Kernel(k) = step else {
                 return None;
             };
+            let &[to] = k.outputs.as_slice() else {
+                return None;
+            };
+            let movable = |from: usize| {
+                !k.recompute
+                    && !lifetimes.persistent[from]
+                    && !lifetimes.persistent[to]
+                    && lifetimes.release_after[i].contains(&from)
+                    && program.buffers[from].dtype == program.buffers[to].dtype
+            };
             let copies = matches!(
                 k.op,
                 graph::Op::Reshape { .. } | graph::Op::Flatten { .. } | graph::Op::StopGradient
             );
-            let (&[from], &[to]) = (k.inputs.as_slice(), k.outputs.as_slice()) else {
-                return None;
-            };
-            let moves = copies
-                && !k.recompute
-                && !lifetimes.persistent[from]
-                && !lifetimes.persistent[to]
-                && lifetimes.release_after[i].contains(&from)
-                && program.buffers[from].dtype == program.buffers[to].dtype;
-            moves.then_some((from, to))
+            if copies {
+                let &[from] = k.inputs.as_slice() else {
+                    return None;
+                };
+                return movable(from).then_some((from, to));
+            }
+            let (out, wide) = (&program.buffers[to], [DType::F32, DType::F64]);
+            let from = k.inputs.iter().enumerate().find_map(|(input, &from)| {
+                let over = k.op.computes_in_place_over(input)
+                    && wide.contains(&out.dtype)
+                    && same_blocks(&program.buffers[from].layout, &out.layout)
+                    && program.buffers[from].shape == out.shape
+                    // Arithmetic in place does not broadcast: both operands whole.
+                    && (matches!(k.op, graph::Op::BiasAdd)
+                        || k.inputs.iter().all(|&b| program.buffers[b].shape == out.shape))
+                    // Once only: `x + x` reads the dying buffer twice.
+                    && k.inputs.iter().filter(|&&b| b == from).count() == 1;
+                (over && movable(from)).then_some(from)
+            })?;
+            Some((from, to))
         })
         .collect()
+}
+
+/// Whether every rank holds the same block of both: equal layouts, or final values placed
+/// alike however the layouts are spelled.
+fn same_blocks(a: &reshard::DistLayout, b: &reshard::DistLayout) -> bool {
+    a == b || (!a.is_partial() && !b.is_partial() && a.layout().same_placement(b.layout()))
 }
 
 /// What a training run keeps besides the program's buffers, per trainable parameter.

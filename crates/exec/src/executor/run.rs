@@ -112,7 +112,7 @@ impl RankExecutor {
             if self.prefetched[i] {
                 self.finish_gather(&program, i)?;
             } else if let Some(moved) = self.moved[i].filter(|_| self.offsets[i].is_some()) {
-                self.move_buffer(i, moved)?;
+                self.run_moved(&program, i, moved)?;
             } else if !self.fused[i] {
                 self.run_step(&program, i, None)?;
             }
@@ -362,6 +362,48 @@ impl RankExecutor {
             let sum = |t: &Tensor| t.to_f64_vec().iter().sum::<f64>();
             self.moe_dropped += sum(chosen) - sum(dispatch);
         }
+    }
+
+    /// Step `i` as a move of its dying input `from` to its output `to`
+    /// ([`parallel::memory::moved_buffers`]); an op computed in place then writes its result
+    /// over the moved tensor ([`graph::eval_in_place`]), timed as its kind when profiling.
+    fn run_moved(
+        &mut self,
+        program: &Program,
+        i: usize,
+        (from, to): (usize, usize),
+    ) -> Result<(), ExecError> {
+        let started = self.profile.is_some().then(Instant::now);
+        self.move_buffer(i, (from, to))?;
+        let Step::Kernel(k) = &program.steps[i] else {
+            return Ok(());
+        };
+        let Some(input) = k
+            .inputs
+            .iter()
+            .position(|&b| b == from)
+            .filter(|&input| k.op.computes_in_place_over(input))
+        else {
+            return Ok(());
+        };
+        let mut acc = self.buffers[to].take().expect("the move just put it there");
+        let result = {
+            let ctx = EvalCtx {
+                node: &k.name,
+                step: self.step,
+                placement: None,
+                input_blocks: &[],
+                deterministic: self.deterministic,
+            };
+            let other = self.buffer(k.inputs[1 - input]);
+            graph::eval_in_place(&k.op, input, &mut acc, other, &ctx)
+        };
+        self.buffers[to] = Some(acc);
+        result?;
+        if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+            p.kernel(k.op.kind(), t.elapsed());
+        }
+        Ok(())
     }
 
     /// Runs step `i` of `program` (this executor's program).

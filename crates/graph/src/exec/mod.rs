@@ -2,6 +2,7 @@
 //!
 //! - [`eval_op`]: the single dispatch from an [`crate::Op`] to `tensor::kernels`, on whatever
 //!   (local) shapes its tensors have. A per-rank executor reuses it unchanged.
+//! - [`eval_in_place`]: the ops computed over a dying input's buffer.
 //! - [`Executor`]: a graph's schedule with preallocated, liveness-shared buffers.
 //! - [`dropout_mask_keeps`]: the counter-based dropout mask, for anyone who must reproduce it.
 
@@ -33,6 +34,7 @@ mod deterministic;
 mod dropout;
 mod eval;
 mod executor;
+mod in_place;
 mod moe_route;
 mod one_hot;
 mod operands;
@@ -43,3 +45,4 @@ mod select;
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
 pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};
 pub use self::executor::Executor;
+pub use self::in_place::eval_in_place;

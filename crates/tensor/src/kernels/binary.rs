@@ -258,6 +258,57 @@ pub fn bias_add_into<T: Float>(x: &[T], bias: &[T], out: &mut [T]) -> Result<(),
     Ok(())
 }
 
+/// `acc ← acc ∘ other` (with `acc_is_lhs`) or `acc ← other ∘ acc`, elementwise over two
+/// operands of one shape: [`binary_into`]'s bits, written over an operand no one reads after.
+pub fn binary_in_place<T: Float>(
+    op: BinaryOp,
+    acc: &mut [T],
+    other: &[T],
+    acc_is_lhs: bool,
+) -> Result<(), TensorError> {
+    check::buffer_len(op.name(), "other", acc.len(), other.len())?;
+    match op {
+        BinaryOp::Add => apply_in_place::<T, AddOp>(acc, other, acc_is_lhs),
+        BinaryOp::Sub => apply_in_place::<T, SubOp>(acc, other, acc_is_lhs),
+        BinaryOp::Mul => apply_in_place::<T, MulOp>(acc, other, acc_is_lhs),
+        BinaryOp::Div => apply_in_place::<T, DivOp>(acc, other, acc_is_lhs),
+    }
+    Ok(())
+}
+
+fn apply_in_place<T: Float, Op: Arith>(acc: &mut [T], other: &[T], acc_is_lhs: bool) {
+    super::threads::for_each_chunk(acc, |start, part| {
+        let other = &other[start..start + part.len()];
+        if acc_is_lhs {
+            part.iter_mut()
+                .zip(other)
+                .for_each(|(a, &b)| *a = Op::apply(*a, b));
+        } else {
+            part.iter_mut()
+                .zip(other)
+                .for_each(|(a, &b)| *a = Op::apply(b, *a));
+        }
+    });
+}
+
+/// `x[r, c] += bias[c]` for `x` viewed as rows of `bias.len()` elements: [`bias_add_into`]'s
+/// bits, written over `x`.
+pub fn bias_add_in_place<T: Float>(x: &mut [T], bias: &[T]) -> Result<(), TensorError> {
+    const OP: &str = "bias_add";
+    if bias.is_empty() {
+        return check::buffer_len(OP, "x", 0, x.len());
+    }
+    check::buffer_len(OP, "x", x.len() - x.len() % bias.len(), x.len())?;
+    super::threads::for_each_rows(x, bias.len(), |_, part| {
+        for row in part.chunks_exact_mut(bias.len()) {
+            for (v, &b) in row.iter_mut().zip(bias) {
+                *v = *v + b;
+            }
+        }
+    });
+    Ok(())
+}
+
 /// `x + bias` where `bias` is 1-D and matches `x`'s last dim (MindSpore's `BiasAdd` with the
 /// channel last). Its gradient is `dy` for `x` and [`bias_add_grad`] for `bias`.
 pub fn bias_add(x: &Tensor, bias: &Tensor) -> Result<Tensor, TensorError> {

@@ -63,8 +63,8 @@ pub use self::attention::{
     AttentionParams, AttentionState, BlockGradInputs,
 };
 pub use self::binary::{
-    add, bias_add, bias_add_grad, bias_add_into, binary, binary_grad, binary_into, div, mul, sub,
-    BinaryOp,
+    add, bias_add, bias_add_grad, bias_add_in_place, bias_add_into, binary, binary_grad,
+    binary_in_place, binary_into, div, mul, sub, BinaryOp,
 };
 pub use self::broadcast::{
     broadcast_shape, broadcast_to, broadcast_to_into, sum_to_shape, sum_to_shape_into,

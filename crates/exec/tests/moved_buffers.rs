@@ -1,0 +1,140 @@
+//! A step whose input dies there takes the input's tensor over (no second buffer): a reshape
+//! (no copy), and a bias add or elementwise sum computed over it. The measured peak drops by
+//! the moved bytes and equals the prediction, and the pass is one device's.
+
+use std::sync::Arc;
+
+use comm::{Communicator, LocalCluster};
+use exec::RankExecutor;
+use graph::{GraphBuilder, Initializer};
+use parallel::memory::{lifetimes, moved_buffers, predict, TrainingState};
+use parallel::ParallelConfig;
+use tensor::{DType, Tensor};
+
+use crate::sharded::{compile, run, values};
+
+#[test]
+fn a_reshape_of_a_dying_value_moves_it_and_the_peak_drops_as_predicted() {
+    // x·w is the step's largest value; its reshape is read by the loss only.
+    let (rows, cols) = (64, 256);
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let x = b.input("x", &[rows, cols], DType::F64).unwrap();
+    let w = b
+        .parameter("w", &[rows, cols], Initializer::normal(0.5))
+        .unwrap();
+    let y = b.mul("mul", x, w).unwrap();
+    let r = b.reshape("op", y, &[rows * cols]).unwrap();
+    let loss = b.reduce_sum("loss", r, &[], false).unwrap();
+    let graph = b.finish();
+    let program = compile(&graph, loss, &ParallelConfig::stand_alone());
+    let moved = moved_buffers(&program, &lifetimes(&program));
+    let reshape = program
+        .steps
+        .iter()
+        .position(|s| matches!(s, parallel::Step::Kernel(k) if k.name == "op"))
+        .expect("the reshape's step");
+    assert!(moved[reshape].is_some(), "the reshape moves: {moved:?}");
+    let state = TrainingState {
+        optimizer_tensors: 0,
+        accumulation_sharded: None,
+        master_weights: false,
+    };
+    let predicted = predict(&program, 0, state);
+    let program = Arc::new(program);
+    let input = values(&[rows, cols], 1);
+    let measured = LocalCluster::new(1).unwrap().run(|comm| {
+        let world: Arc<dyn Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(program.clone(), world).unwrap();
+        exec.init_parameters(3).unwrap();
+        exec.set_input(0, &input).unwrap();
+        exec.run().unwrap();
+        exec.memory().report()
+    });
+    let measured = measured.into_iter().next().unwrap().unwrap();
+    assert_eq!(measured, predicted);
+    // Activations at their peak: the fed x and one [rows, cols] value (x·w, become its
+    // reshape) and scalars — not x·w and its copy beside it.
+    let value = rows * cols * 8;
+    let activations = measured.peaks.activations;
+    assert!(
+        (2 * value..3 * value).contains(&activations),
+        "{activations} B of activations: {measured:?}"
+    );
+    // And the pass is one device's: the loss is Σ x·w, w's gradient x.
+    let pass = run((*program).clone(), std::slice::from_ref(&input), 3);
+    assert_eq!(pass.grads[0], input.to_f64_vec());
+}
+
+#[test]
+fn a_bias_add_and_a_sum_over_dying_values_compute_in_place_and_the_peak_drops_as_predicted() {
+    // y = x·w dies at the bias add, h = y + b at the sum with z: both compute in place.
+    let (rows, cols) = (64, 256);
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let x = b.input("x", &[rows, cols], DType::F64).unwrap();
+    let w = b.input("w", &[rows, cols], DType::F64).unwrap();
+    let bias = b.input("bias", &[cols], DType::F64).unwrap();
+    let z = b.input("z", &[rows, cols], DType::F64).unwrap();
+    let y = b.mul("mul", x, w).unwrap();
+    let h = b.bias_add("bias_add", y, bias).unwrap();
+    let g = b.add("add", z, h).unwrap();
+    let loss = b.reduce_sum("loss", g, &[], false).unwrap();
+    let graph = b.finish();
+    let program = compile(&graph, loss, &ParallelConfig::stand_alone());
+    let moved = moved_buffers(&program, &lifetimes(&program));
+    let step = |name: &str| {
+        program
+            .steps
+            .iter()
+            .position(|s| matches!(s, parallel::Step::Kernel(k) if k.name == name))
+            .unwrap_or_else(|| panic!("no step {name}"))
+    };
+    for name in ["bias_add", "add"] {
+        assert!(moved[step(name)].is_some(), "{name} moves: {moved:?}");
+    }
+    assert!(
+        moved[step("mul")].is_none(),
+        "x and w live on: nothing to take over"
+    );
+    let state = TrainingState {
+        optimizer_tensors: 0,
+        accumulation_sharded: None,
+        master_weights: false,
+    };
+    let predicted = predict(&program, 0, state);
+    let program = Arc::new(program);
+    let inputs = [
+        values(&[rows, cols], 1),
+        values(&[rows, cols], 2),
+        values(&[cols], 3),
+        values(&[rows, cols], 4),
+    ];
+    let ran = LocalCluster::new(1).unwrap().run(|comm| {
+        let world: Arc<dyn Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(program.clone(), world).unwrap();
+        for (i, input) in inputs.iter().enumerate() {
+            exec.set_input(i, input).unwrap();
+        }
+        exec.run().unwrap();
+        (exec.memory().report(), exec.output(0).to_f64_vec()[0])
+    });
+    let (measured, loss) = ran.into_iter().next().unwrap().unwrap();
+    assert_eq!(measured, predicted);
+    // Activations at their peak: the fed x, w and z, the bias and one [rows, cols] value
+    // (x·w, become h, then g) — not two of them side by side.
+    let value = rows * cols * 8;
+    let activations = measured.peaks.activations;
+    assert!(
+        (4 * value..5 * value).contains(&activations),
+        "{activations} B of activations: {measured:?}"
+    );
+    // The loss is Σ x·w + b + z, computed here apart.
+    let f = |t: &Tensor| t.to_f64_vec();
+    let (xs, ws, bs, zs) = (f(&inputs[0]), f(&inputs[1]), f(&inputs[2]), f(&inputs[3]));
+    let want: f64 = (0..rows * cols)
+        .map(|i| zs[i] + (xs[i] * ws[i] + bs[i % cols]))
+        .sum();
+    assert!(
+        (loss - want).abs() <= 1e-9 * want.abs().max(1.0),
+        "{loss} vs {want}"
+    );
+}
