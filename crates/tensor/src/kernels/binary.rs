@@ -302,7 +302,7 @@ pub fn bias_add_in_place<T: Float>(x: &mut [T], bias: &[T]) -> Result<(), Tensor
     super::threads::for_each_rows(x, bias.len(), |_, part| {
         for row in part.chunks_exact_mut(bias.len()) {
             for (v, &b) in row.iter_mut().zip(bias) {
-                *v = *v + b;
+                *v += b;
             }
         }
     });
