@@ -111,6 +111,76 @@ fn context_parallel_trains_like_one_device() {
     }
 }
 
+/// Optimizer parallelism composes with context parallel: a weight's replicas on the `cp` ranks
+/// (and the `dp` ones) are one replica group, so `[parallel.hsdp]` shards its optimizer state —
+/// and at MindSpore's levels the weight itself — over all of them. Each rank keeps Adam's
+/// moments for 1/(dp·cp) of every parameter, and the runs train one device's numbers.
+#[test]
+fn hsdp_shards_the_optimizer_over_the_context_parallel_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fused = "fused_attention = true";
+    let (_, _, reference) = run_util::train_report(&config(
+        &tmp.path().join("sa"),
+        "adam",
+        fused,
+        "mode = \"stand_alone\"",
+        false,
+    ));
+    let cases = [
+        ("ulysses cp 2, zero1", 2, 2, "context_parallel = 2", "zero1"),
+        (
+            "ring cp 2, level1",
+            2,
+            2,
+            "context_parallel = 2\ncontext_parallel_algo = \"ring\"",
+            "level1",
+        ),
+        (
+            "ring dp 2 × cp 2, level2",
+            4,
+            4,
+            "data_parallel = 2\ncontext_parallel = 2\ncontext_parallel_algo = \"ring\"",
+            "level2",
+        ),
+    ];
+    for (i, (name, devices, replicas, keys, level)) in cases.into_iter().enumerate() {
+        let keys = format!("{keys}\n[parallel.hsdp]\noptimizer_level = \"{level}\"\nthreshold = 0");
+        let out = tmp.path().join(format!("hsdp-{i}"));
+        let cfg = config(&out, "adam", fused, &semi(devices, &keys), false);
+        let (session, report, run) = run_util::train_report(&cfg);
+        // Every replicated parameter is sharded over its replicas; the blocks' weights are
+        // replicated over every dp and cp rank (the position table is split on cp instead).
+        let mut optimizer_bytes = 0;
+        for p in &session.train.params {
+            // The layout its strategy gives it (at MindSpore's levels its buffer is the piece).
+            let strategy = p.strategy_layout();
+            let group = strategy.replica_count();
+            let size = p.optimizer_shard().map(|s| s.size);
+            assert_eq!(
+                size,
+                (group > 1).then_some(group),
+                "{name}: {} is sharded over its {group} replicas",
+                p.name
+            );
+            if p.name.starts_with("blocks.") {
+                assert_eq!(
+                    group, replicas,
+                    "{name}: {} on every dp and cp rank",
+                    p.name
+                );
+            }
+            optimizer_bytes += 2 * 4 * strategy.slice_elements() / size.unwrap_or(1);
+        }
+        for (rank, r) in report.ranks.iter().enumerate() {
+            assert_eq!(
+                r.memory.optimizer, optimizer_bytes,
+                "{name}, rank {rank}: Adam's two moments for its piece of every parameter"
+            );
+        }
+        run_util::assert_same_run(name, &run, &reference, 2e-4);
+    }
+}
+
 /// Deterministic mode: context-parallel runs are bitwise one device's.
 #[test]
 fn deterministic_context_parallel_is_bitwise_one_device() {
