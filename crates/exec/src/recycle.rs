@@ -57,6 +57,9 @@ impl Recycler {
 
     /// Drops kept tensors until at most `room` bytes are kept.
     pub(crate) fn shrink_to(&mut self, room: usize) {
+        if self.bytes <= room {
+            return;
+        }
         let mut keys: Vec<(DType, usize)> = self.free.keys().copied().collect();
         // Largest first: the fewest tensors dropped.
         keys.sort_by_key(|&(dtype, numel)| std::cmp::Reverse(numel * dtype.size_in_bytes()));
