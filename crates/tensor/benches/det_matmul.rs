@@ -12,18 +12,29 @@
 
 use tensor::kernels::{det, gemm, GemmShape};
 
-/// Weights `[in, out]`: forward `X·W`, `dX = dY·Wᵀ`, `dW = Xᵀ·dY`; attention per head.
-const GPT_SHAPES: [(&str, GemmShape); 10] = [
-    ("qkv forward", shape(2048, 768, 256, false, false)),
-    ("fc1 forward", shape(2048, 1024, 256, false, false)),
-    ("fc2 forward", shape(2048, 256, 1024, false, false)),
-    ("fc1 dX", shape(2048, 256, 1024, false, true)),
-    ("fc2 dX", shape(2048, 1024, 256, false, true)),
-    ("qkv dW", shape(256, 768, 2048, true, false)),
-    ("fc1 dW", shape(256, 1024, 2048, true, false)),
-    ("scores (one head)", shape(128, 128, 64, false, true)),
-    ("context (one head)", shape(128, 64, 128, false, false)),
-    ("dV (one head)", shape(128, 64, 128, true, false)),
+/// Weights `[in, out]`: forward `X·W`, `dX = dY·Wᵀ`, `dW = Xᵀ·dY`; attention per head. Then
+/// the GPT's own orientation (`Dense` keeps `[out, in]`: forward `X·Wᵀ`, `dX = dY·W`,
+/// `dW = dYᵀ·X`) on one rank and, model parallel 2, each rank's half, whose canonical blocks
+/// are those of the whole reduction (the third number: the global `k`).
+const GPT_SHAPES: [(&str, GemmShape, usize); 18] = [
+    ("qkv forward", shape(2048, 768, 256, false, false), 256),
+    ("fc1 forward", shape(2048, 1024, 256, false, false), 256),
+    ("fc2 forward", shape(2048, 256, 1024, false, false), 1024),
+    ("fc1 dX", shape(2048, 256, 1024, false, true), 1024),
+    ("fc2 dX", shape(2048, 1024, 256, false, true), 256),
+    ("qkv dW", shape(256, 768, 2048, true, false), 2048),
+    ("fc1 dW", shape(256, 1024, 2048, true, false), 2048),
+    ("scores (one head)", shape(128, 128, 64, false, true), 64),
+    ("context (one head)", shape(128, 64, 128, false, false), 128),
+    ("dV (one head)", shape(128, 64, 128, true, false), 128),
+    ("out-in qkv forward", shape(2048, 768, 256, false, true), 256),
+    ("out-in qkv dX", shape(2048, 256, 768, false, false), 768),
+    ("out-in fc1 dW", shape(1024, 256, 2048, true, false), 2048),
+    ("mp2 qkv forward", shape(2048, 384, 256, false, true), 256),
+    ("mp2 fc2 forward", shape(2048, 256, 512, false, true), 1024),
+    ("mp2 qkv dX", shape(2048, 256, 384, false, false), 768),
+    ("mp2 fc1 dX", shape(2048, 256, 512, false, false), 1024),
+    ("mp2 fc2 dX", shape(2048, 512, 256, false, false), 256),
 ];
 
 /// `parallel.deterministic_blocks`' default.
@@ -83,14 +94,14 @@ fn main() {
     println!("| shape | m×n×k | block | gemm GFLOP/s | det GFLOP/s | det ÷ gemm |");
     println!("|---|---|---|---|---|---|");
     let (mut total_gemm, mut total_det) = (0.0, 0.0);
-    for (name, s) in GPT_SHAPES {
+    for (name, s, global_k) in GPT_SHAPES {
         if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
             continue;
         }
         let a = values(s.m * s.k, 7919);
         let b = values(s.k * s.n, 104_729);
         let mut c = vec![0f32; s.m * s.n];
-        let block_len = s.k / det::canonical_blocks(s.k, MAX_BLOCKS);
+        let block_len = global_k / det::canonical_blocks(global_k, MAX_BLOCKS);
         let flops = s.flops() as f64;
         // About 50 MFLOP per timed batch, so short products are not lost in timer resolution.
         let reps = ((5e7 / flops) as usize).max(1);
