@@ -7,11 +7,45 @@ use std::sync::Arc;
 use comm::{Communicator, LocalCluster};
 use exec::RankExecutor;
 use graph::{GraphBuilder, Initializer};
-use parallel::memory::{lifetimes, moved_buffers, predict, TrainingState};
-use parallel::ParallelConfig;
+use parallel::memory::{lifetimes, moved_buffers, predict, MemoryReport, TrainingState};
+use parallel::{ParallelConfig, Program};
 use tensor::{DType, Tensor};
 
 use crate::sharded::{compile, run, values};
+
+/// The index of the kernel step `name` of `program`.
+fn step_of(program: &Program, name: &str) -> usize {
+    program
+        .steps
+        .iter()
+        .position(|s| matches!(s, parallel::Step::Kernel(k) if k.name == name))
+        .unwrap_or_else(|| panic!("no step {name}"))
+}
+
+/// One pass of `program` on one rank, parameters from seed 3: the predicted and the measured
+/// memory (asserted equal), and the loss.
+fn run_measured(program: Program, inputs: &[Tensor]) -> (MemoryReport, f64) {
+    let state = TrainingState {
+        optimizer_tensors: 0,
+        accumulation_sharded: None,
+        master_weights: false,
+    };
+    let predicted = predict(&program, 0, state);
+    let program = Arc::new(program);
+    let ran = LocalCluster::new(1).unwrap().run(|comm| {
+        let world: Arc<dyn Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(program.clone(), world).unwrap();
+        exec.init_parameters(3).unwrap();
+        for (i, input) in inputs.iter().enumerate() {
+            exec.set_input(i, input).unwrap();
+        }
+        exec.run().unwrap();
+        (exec.memory().report(), exec.output(0).to_f64_vec()[0])
+    });
+    let (measured, loss) = ran.into_iter().next().unwrap().unwrap();
+    assert_eq!(measured, predicted);
+    (measured, loss)
+}
 
 #[test]
 fn a_reshape_of_a_dying_value_moves_it_and_the_peak_drops_as_predicted() {
@@ -28,30 +62,12 @@ fn a_reshape_of_a_dying_value_moves_it_and_the_peak_drops_as_predicted() {
     let graph = b.finish();
     let program = compile(&graph, loss, &ParallelConfig::stand_alone());
     let moved = moved_buffers(&program, &lifetimes(&program));
-    let reshape = program
-        .steps
-        .iter()
-        .position(|s| matches!(s, parallel::Step::Kernel(k) if k.name == "op"))
-        .expect("the reshape's step");
-    assert!(moved[reshape].is_some(), "the reshape moves: {moved:?}");
-    let state = TrainingState {
-        optimizer_tensors: 0,
-        accumulation_sharded: None,
-        master_weights: false,
-    };
-    let predicted = predict(&program, 0, state);
-    let program = Arc::new(program);
+    assert!(
+        moved[step_of(&program, "op")].is_some(),
+        "the reshape moves: {moved:?}"
+    );
     let input = values(&[rows, cols], 1);
-    let measured = LocalCluster::new(1).unwrap().run(|comm| {
-        let world: Arc<dyn Communicator> = Arc::new(comm);
-        let mut exec = RankExecutor::new(program.clone(), world).unwrap();
-        exec.init_parameters(3).unwrap();
-        exec.set_input(0, &input).unwrap();
-        exec.run().unwrap();
-        exec.memory().report()
-    });
-    let measured = measured.into_iter().next().unwrap().unwrap();
-    assert_eq!(measured, predicted);
+    let (measured, _) = run_measured(program.clone(), std::slice::from_ref(&input));
     // Activations at their peak: the fed x and one [rows, cols] value (x·w, become its
     // reshape) and scalars — not x·w and its copy beside it.
     let value = rows * cols * 8;
@@ -61,7 +77,7 @@ fn a_reshape_of_a_dying_value_moves_it_and_the_peak_drops_as_predicted() {
         "{activations} B of activations: {measured:?}"
     );
     // And the pass is one device's: the loss is Σ x·w, w's gradient x.
-    let pass = run((*program).clone(), std::slice::from_ref(&input), 3);
+    let pass = run(program, std::slice::from_ref(&input), 3);
     assert_eq!(pass.grads[0], input.to_f64_vec());
 }
 
@@ -81,44 +97,23 @@ fn a_bias_add_and_a_sum_over_dying_values_compute_in_place_and_the_peak_drops_as
     let graph = b.finish();
     let program = compile(&graph, loss, &ParallelConfig::stand_alone());
     let moved = moved_buffers(&program, &lifetimes(&program));
-    let step = |name: &str| {
-        program
-            .steps
-            .iter()
-            .position(|s| matches!(s, parallel::Step::Kernel(k) if k.name == name))
-            .unwrap_or_else(|| panic!("no step {name}"))
-    };
     for name in ["bias_add", "add"] {
-        assert!(moved[step(name)].is_some(), "{name} moves: {moved:?}");
+        assert!(
+            moved[step_of(&program, name)].is_some(),
+            "{name} moves: {moved:?}"
+        );
     }
     assert!(
-        moved[step("mul")].is_none(),
+        moved[step_of(&program, "mul")].is_none(),
         "x and w live on: nothing to take over"
     );
-    let state = TrainingState {
-        optimizer_tensors: 0,
-        accumulation_sharded: None,
-        master_weights: false,
-    };
-    let predicted = predict(&program, 0, state);
-    let program = Arc::new(program);
     let inputs = [
         values(&[rows, cols], 1),
         values(&[rows, cols], 2),
         values(&[cols], 3),
         values(&[rows, cols], 4),
     ];
-    let ran = LocalCluster::new(1).unwrap().run(|comm| {
-        let world: Arc<dyn Communicator> = Arc::new(comm);
-        let mut exec = RankExecutor::new(program.clone(), world).unwrap();
-        for (i, input) in inputs.iter().enumerate() {
-            exec.set_input(i, input).unwrap();
-        }
-        exec.run().unwrap();
-        (exec.memory().report(), exec.output(0).to_f64_vec()[0])
-    });
-    let (measured, loss) = ran.into_iter().next().unwrap().unwrap();
-    assert_eq!(measured, predicted);
+    let (measured, loss) = run_measured(program, &inputs);
     // Activations at their peak: the fed x, w and z, the bias and one [rows, cols] value
     // (x·w, become h, then g) — not two of them side by side.
     let value = rows * cols * 8;

@@ -27,7 +27,11 @@ const GPT_SHAPES: [(&str, GemmShape, usize); 18] = [
     ("scores (one head)", shape(128, 128, 64, false, true), 64),
     ("context (one head)", shape(128, 64, 128, false, false), 128),
     ("dV (one head)", shape(128, 64, 128, true, false), 128),
-    ("out-in qkv forward", shape(2048, 768, 256, false, true), 256),
+    (
+        "out-in qkv forward",
+        shape(2048, 768, 256, false, true),
+        256,
+    ),
     ("out-in qkv dX", shape(2048, 256, 768, false, false), 768),
     ("out-in fc1 dW", shape(1024, 256, 2048, true, false), 2048),
     ("mp2 qkv forward", shape(2048, 384, 256, false, true), 256),
