@@ -188,8 +188,8 @@ pub fn lifetimes(program: &Program) -> BufferLifetimes {
 ///   becomes the output, reshaped;
 /// - an op computed in place over that input ([`graph::Op::computes_in_place_over`]: the bias
 ///   add over `x`, elementwise arithmetic over either operand, neither broadcast) when the
-///   input has the output's layout and is `f32` or `f64`: [`graph::eval_in_place`] writes
-///   the result over it.
+///   input's block has the output's shape and is `f32` or `f64`: [`graph::eval_in_place`]
+///   writes the result over it, element by element as `eval_op` pairs the local blocks.
 ///
 /// In both the input must be neither persistent nor read after the step (its first such
 /// input, for arithmetic), the output not persistent, the step not a recompute, the dtypes
@@ -231,7 +231,8 @@ pub fn moved_buffers(
             let from = k.inputs.iter().enumerate().find_map(|(input, &from)| {
                 let over = k.op.computes_in_place_over(input)
                     && wide.contains(&out.dtype)
-                    && same_blocks(&program.buffers[from].layout, &out.layout)
+                    // The kernel pairs the local blocks element by element, so a block of
+                    // the output's size can hold the result.
                     && program.buffers[from].shape == out.shape
                     // Arithmetic in place does not broadcast: both operands whole.
                     && (matches!(k.op, graph::Op::BiasAdd)
@@ -243,12 +244,6 @@ pub fn moved_buffers(
             Some((from, to))
         })
         .collect()
-}
-
-/// Whether every rank holds the same block of both: equal layouts, or final values placed
-/// alike however the layouts are spelled.
-fn same_blocks(a: &reshard::DistLayout, b: &reshard::DistLayout) -> bool {
-    a == b || (!a.is_partial() && !b.is_partial() && a.layout().same_placement(b.layout()))
 }
 
 /// What a training run keeps besides the program's buffers, per trainable parameter.
