@@ -47,10 +47,10 @@ enum BenchCommand {
 #[derive(Debug, Args)]
 struct ElasticBenchArgs {
     /// Trials of each measurement.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::parse::count(1..=100))]
     trials: usize,
     /// Steps of each run.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = crate::parse::count_u64(2..=1_000_000))]
     steps: u64,
     /// The step at whose start rank 1 is killed.
     #[arg(long, default_value_t = 25)]
@@ -67,10 +67,10 @@ struct ElasticBenchArgs {
 #[derive(Debug, Args)]
 struct MemcpyArgs {
     /// Largest buffer, in MiB.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::parse::count(1..=16_384))]
     max_mib: usize,
     /// Repetitions per size.
-    #[arg(long, default_value_t = 9)]
+    #[arg(long, default_value_t = 9, value_parser = crate::parse::count(1..=1000))]
     reps: usize,
 }
 
@@ -85,10 +85,10 @@ struct CkptConvertArgs {
     #[arg(long)]
     keep: bool,
     /// Timed repetitions of each side.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::parse::count(1..=100))]
     reps: usize,
     /// Number of [8192, 4096] f32 tensors (8 = 1 GiB).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::parse::count(1..=64))]
     tensors: usize,
 }
 
@@ -108,13 +108,13 @@ struct CollectivesArgs {
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     backend: Backend,
     /// Number of ranks (local backend; MPI takes the `mpirun -np` count).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = crate::parse::count(1..=256))]
     ranks: usize,
     /// Largest buffer, in MiB (sizes go from 1 KiB up by ×4).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::parse::count(1..=16_384))]
     max_mib: usize,
     /// Repetitions per size.
-    #[arg(long, default_value_t = 9)]
+    #[arg(long, default_value_t = 9, value_parser = crate::parse::count(1..=1000))]
     reps: usize,
     /// MPI backend: blocking collectives guarded by a watchdog that ends the job on a timeout
     /// (`OnTimeout::AbortJob`) instead of polled ones that return an error.
@@ -129,7 +129,7 @@ struct ReshardBenchArgs {
     #[arg(long, default_value = "4096,4096")]
     shape: String,
     /// Timed runs per pair.
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 7, value_parser = crate::parse::count(1..=1000))]
     reps: usize,
 }
 
@@ -137,10 +137,10 @@ struct ReshardBenchArgs {
 #[derive(Debug, Args)]
 struct TrainStepArgs {
     /// Timed steps (after 20 warm-up steps).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, value_parser = crate::parse::count(1..=1_000_000))]
     steps: usize,
     /// Also time the seed run's semi-auto strategies on this many ranks (0: skip).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::parse::count(0..=64))]
     devices: usize,
 }
 
@@ -148,7 +148,7 @@ struct TrainStepArgs {
 #[derive(Debug, Args)]
 struct GptStepArgs {
     /// Timed steps (after 5 warm-up steps).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = crate::parse::count(1..=100_000))]
     steps: usize,
     /// Layers of the GPT.
     #[arg(long, default_value_t = 4)]
@@ -165,7 +165,7 @@ struct GptStepArgs {
     deterministic: bool,
     /// With `--deterministic`: time each configuration this many times in each mode, the modes
     /// alternating, and report the median (min–max) of the rounds' throughput ratios.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::parse::count(1..=1000))]
     rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
     /// auto), then also reduced on a progress thread while the backward pass computes
@@ -208,19 +208,19 @@ fn context_parallel_seq(text: &str) -> Result<usize, String> {
 #[derive(Debug, Args)]
 struct PsBenchArgs {
     /// Steps per run.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = crate::parse::count_u64(1..=1_000_000))]
     steps: u64,
     /// The digits directory.
     #[arg(long, default_value = "data/digits")]
     data: PathBuf,
     /// `ps.dead_after_ms` of the recovery run.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = crate::parse::count_u64(1..=3_600_000))]
     dead_after_ms: u64,
     /// Only measure recovery: a killed worker and a killed, restarted server, `--trials` times.
     #[arg(long)]
     recovery: bool,
     /// Fresh jobs per kind of failure with `--recovery`.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::parse::count(1..=100))]
     trials: usize,
     /// The model of the steps/s table: `seed_mlp` or `gpt` (a small GPT on `--text`).
     #[arg(long, default_value = "seed_mlp")]
@@ -234,7 +234,7 @@ struct PsBenchArgs {
 #[derive(Debug, Args)]
 struct PsEmbeddingBenchArgs {
     /// Steps per run.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = crate::parse::count_u64(1..=1_000_000))]
     steps: u64,
     /// The digits directory.
     #[arg(long, default_value = "data/digits")]
@@ -272,6 +272,9 @@ struct ProfileArgs {
     #[arg(long, default_value_t = 24)]
     memory_gib: u64,
 }
+
+/// The most elements `tessera bench reshard --shape` may ask for.
+const MAX_RESHARD_ELEMENTS: usize = 1 << 30;
 
 /// Prints every piece of a report on stdout as it is measured, and notes on stderr.
 struct Console;
@@ -331,8 +334,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             bench::collectives::collectives(&request, console)?;
         }
         BenchCommand::Reshard(a) => {
+            let shape = crate::parse::parse_usizes(&a.shape, "--shape")?;
+            // The global tensor and its slices are allocated: bounded before anything is.
+            let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+            anyhow::ensure!(
+                elements.is_some_and(|n| (1..=MAX_RESHARD_ELEMENTS).contains(&n)),
+                "--shape {}: the tensor must hold between 1 and {MAX_RESHARD_ELEMENTS} elements (4 GiB of f32)",
+                a.shape
+            );
             let request = bench::reshard::ReshardRequest {
-                shape: crate::parse::parse_usizes(&a.shape, "--shape")?,
+                shape,
                 reps: a.reps,
             };
             bench::reshard::reshard(&request, console)?;

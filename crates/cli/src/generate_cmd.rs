@@ -16,7 +16,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub prompt: String,
     /// How many tokens to sample.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = crate::parse::count(0..=1_000_000))]
     pub tokens: usize,
     /// Softmax temperature (0: always the most likely token).
     #[arg(long, default_value_t = 0.8)]

@@ -66,3 +66,19 @@ pub fn parse_layout(
         .context("invalid layout")?;
     layout.bind(shape).context("invalid layout for this shape")
 }
+
+/// The value parser of a count flag of type `usize`: a value outside `range` is refused as a
+/// usage error naming the flag and the range, before anything runs (a zero count that would
+/// time nothing, a huge one that would allocate, loop or spawn past the machine).
+pub(crate) fn count(
+    range: std::ops::RangeInclusive<u64>,
+) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(range)
+}
+
+/// The value parser of a count flag of type `u64` within `range`.
+pub(crate) fn count_u64(
+    range: std::ops::RangeInclusive<u64>,
+) -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::<u64>::new().range(range)
+}

@@ -435,3 +435,63 @@ fn a_closed_stdout_ends_a_benchmark_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
 }
+
+/// Every benchmark's counts and sizes, and `generate --tokens`, are bounded before anything
+/// runs: a zero that would time nothing (or panic on an empty list of times, or leave a
+/// parameter-server job waiting forever) and a size that would allocate, loop or spawn past
+/// the machine are refused as usage errors naming the flag and its range; an absurd
+/// `reshard --shape` is refused naming it.
+#[test]
+fn benchmark_counts_and_sizes_out_of_range_are_refused() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["gpt-step", "--steps", "0"], "--steps"),
+        (&["gpt-step", "--rounds", "0"], "--rounds"),
+        (&["train-step", "--steps", "0"], "--steps"),
+        (&["train-step", "--devices", "100000"], "--devices"),
+        (&["memcpy", "--max-mib", "100000000"], "--max-mib"),
+        (&["memcpy", "--reps", "0"], "--reps"),
+        (&["collectives", "--ranks", "100000"], "--ranks"),
+        (&["collectives", "--reps", "0"], "--reps"),
+        (&["reshard", "--reps", "0"], "--reps"),
+        (&["ckpt-convert", "--tensors", "100000"], "--tensors"),
+        (&["ckpt-convert", "--reps", "0"], "--reps"),
+        (&["ps", "--steps", "0"], "--steps"),
+        (&["ps", "--recovery", "--trials", "0"], "--trials"),
+        (&["ps-embedding", "--steps", "0"], "--steps"),
+        (&["elastic", "--steps", "1"], "--steps"),
+    ];
+    for (args, flag) in cases {
+        let out = tessera_env(&[&["bench"], *args].concat(), &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: a usage error\n{stderr}"
+        );
+        assert!(
+            stderr.contains(flag) && stderr.contains("is not in"),
+            "{args:?}: names {flag} and its range\n{stderr}"
+        );
+    }
+    let out = tessera_env(
+        &[
+            "generate",
+            "runs/none",
+            "--prompt",
+            "x",
+            "--tokens",
+            "1000000000000",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--tokens") && stderr.contains("is not in"),
+        "{stderr}"
+    );
+    for shape in ["100000000,100000000", "0,4"] {
+        let out = tessera_env(&["bench", "reshard", "--shape", shape], &[]);
+        assert_refused(&out, &["--shape", shape, "between 1 and"]);
+    }
+}
