@@ -59,7 +59,7 @@ struct ElasticBenchArgs {
     #[arg(long, default_value = "examples/gpt_kjv.toml")]
     config: std::path::PathBuf,
     /// `train.elastic_interval` of the runs (default: its default).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse::count_u64(1..=1_000_000))]
     interval: Option<u64>,
 }
 
@@ -139,8 +139,9 @@ struct TrainStepArgs {
     /// Timed steps (after 20 warm-up steps).
     #[arg(long, default_value_t = 300, value_parser = crate::parse::count(1..=1_000_000))]
     steps: usize,
-    /// Also time the seed run's semi-auto strategies on this many ranks (0: skip).
-    #[arg(long, default_value_t = 8, value_parser = crate::parse::count(0..=64))]
+    /// Also time the seed run's semi-auto strategies on this many ranks (0: skip; at most the
+    /// seed batch of 32, which they split).
+    #[arg(long, default_value_t = 8, value_parser = crate::parse::count(0..=32))]
     devices: usize,
 }
 
@@ -261,7 +262,7 @@ struct ProfileArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,8")]
     link_ranks: Vec<usize>,
     /// Cores the ranks share (`compute_slots`; default: the cores this process may use).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse::count(1..=65_536))]
     cores: Option<usize>,
     /// Time each kernel as the mean of back-to-back calls over 0.2 s (the rate this process
     /// sustains on the machine as loaded now, other work's share of the cores included)
