@@ -58,8 +58,9 @@ pub struct TrainArgs {
     /// for the ranks of an `mpirun` job; else `local`).
     #[arg(long, value_enum, default_value = "local", env = "TESSERA_BACKEND")]
     backend: Backend,
-    /// Longest wait for a peer in any collective, in seconds.
-    #[arg(long, default_value_t = 300)]
+    /// Longest wait for a peer in any collective, in seconds (1 to 604800, a week: 0 would
+    /// time out every collective at once).
+    #[arg(long, default_value_t = 300, value_parser = crate::parse::count_u64(1..=604_800))]
     timeout: u64,
     /// With --backend mpi: OpenMPI's blocking collectives under a watchdog that ends the job
     /// when one overruns --timeout, instead of polled ones that return an error on every rank.

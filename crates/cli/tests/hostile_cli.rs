@@ -436,7 +436,7 @@ fn a_closed_stdout_ends_a_benchmark_quietly() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
 }
 
-/// Every benchmark's counts and sizes, and `generate --tokens`, are bounded before anything
+/// Every benchmark's counts and sizes, `generate --tokens` and `train --timeout` are bounded before anything
 /// runs: a zero that would time nothing (or panic on an empty list of times, or leave a
 /// parameter-server job waiting forever) and a size that would allocate, loop or spawn past
 /// the machine are refused as usage errors naming the flag and its range; an absurd
@@ -490,6 +490,21 @@ fn benchmark_counts_and_sizes_out_of_range_are_refused() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("--tokens") && stderr.contains("is not in"),
+        "{stderr}"
+    );
+    let out = tessera_env(
+        &[
+            "train",
+            "examples/seed_data_parallel.toml",
+            "--timeout",
+            "0",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--timeout") && stderr.contains("is not in"),
         "{stderr}"
     );
     for shape in ["100000000,100000000", "0,4"] {
