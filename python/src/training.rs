@@ -56,9 +56,11 @@ fn train<'py>(
     print_loss: bool,
     timeout: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
-    if !(timeout.is_finite() && timeout > 0.0) {
+    // At most a week, as `tessera train --timeout`: a larger one would overflow the wait's
+    // `Duration` (a panic, not an error).
+    if !(timeout.is_finite() && timeout > 0.0 && timeout <= 604_800.0) {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "timeout {timeout} must be a positive number of seconds"
+            "timeout {timeout} must be a positive number of seconds, at most 604800 (a week)"
         )));
     }
     let config =

@@ -86,3 +86,11 @@ def test_train_rejects_a_bad_config(tmp_path):
     config["train"]["optimiser"] = "sgd"
     with pytest.raises(tessera.ConfigError, match="optimiser"):
         tessera.train(config)
+
+
+def test_train_refuses_a_timeout_it_cannot_wait(tmp_path):
+    # Zero, negative, not finite, or beyond a week (which would overflow the wait): a
+    # ValueError naming the timeout, before any rank starts.
+    for timeout in [0.0, -1.0, float("nan"), float("inf"), 1e300]:
+        with pytest.raises(ValueError, match="timeout"):
+            tessera.train(_config(tmp_path, 2), timeout=timeout)
