@@ -127,6 +127,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.explain || args.explain_rank.is_some() {
+        // A rank the run does not have is refused before the plan is printed.
+        if let Some(rank) = args.explain_rank.filter(|&r| r >= session.devices()) {
+            anyhow::bail!(
+                "--explain-rank {rank}: the run has {} ranks",
+                session.devices()
+            );
+        }
         write!(
             out,
             "{}",
@@ -134,12 +141,6 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         )?;
         write!(out, "{}", explain_memory(session))?;
         if let Some(rank) = args.explain_rank {
-            if rank >= session.devices() {
-                anyhow::bail!(
-                    "--explain-rank {rank}: the run has {} ranks",
-                    session.devices()
-                );
-            }
             write!(out, "\n{}", session.train.for_rank(rank))?;
         }
         return Ok(());

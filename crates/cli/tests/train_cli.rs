@@ -90,6 +90,19 @@ fn explain_rank_alone_prints_the_rank_program_without_training() {
     assert!(text.contains("rank 3"), "{text}");
     assert!(text.contains("blocks.0.attn.qkv.matmul"), "{text}");
     assert!(!text.contains("trained"), "{text}");
+    // A rank the run does not have is refused, naming the flag, before any plan is printed.
+    let out = tessera(&["train", "examples/gpt_kjv.toml", "--explain-rank", "100000"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--explain-rank 100000: the run has 8 ranks"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 fn expect_error(args: &[&str], needle: &str) {
