@@ -285,9 +285,8 @@ fn gemm_crate<T: Float>(
         .step_by(per.max(1))
         .map(|start| start..(start + per).min(len))
         .collect();
-    use rayon::prelude::*;
     let band = SendBand(&band);
-    bands.into_par_iter().for_each(|part| {
+    super::threads::for_each_part(bands, |_, part| {
         let band = &band;
         if by_rows {
             (band.0)(part, 0..n)
@@ -531,16 +530,18 @@ fn batched_gemm<T: Float>(
     // among the rank's threads instead: each is still one thread's, so the bits are the same.
     let threads = super::threads::threads_for(shape.flops() * n_batch as u64);
     if threads > 1 && super::threads::threads_for(shape.flops()) == 1 {
-        use rayon::prelude::*;
         let per_task = n_batch.div_ceil(threads).max(1);
-        return out[..n_batch * c_size]
-            .par_chunks_mut((c_size * per_task).max(1))
-            .zip(operands.par_chunks(per_task))
-            .try_for_each(|(cs, ops)| {
-                cs.chunks_exact_mut(c_size.max(1))
-                    .zip(ops)
-                    .try_for_each(|(c, &at)| product(at, c))
-            });
+        let tasks: Vec<_> = out[..n_batch * c_size]
+            .chunks_mut((c_size * per_task).max(1))
+            .zip(operands.chunks(per_task))
+            .collect();
+        return super::threads::for_each_part(tasks, |_, (cs, ops)| {
+            cs.chunks_exact_mut(c_size.max(1))
+                .zip(ops)
+                .try_for_each(|(c, &at)| product(at, c))
+        })
+        .into_iter()
+        .collect();
     }
     for (c, at) in outputs.zip(operands) {
         product(at, c)?;

@@ -9,9 +9,13 @@
 //! ([`for_each_chunk`]), the softmax (and its gradient) and the bias add their rows
 //! ([`for_each_rows`]), the fused attention its independent (batch, head) slices
 //! ([`for_each_slices`]). Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
-//! the calling thread, where spreading it would cost more than it saves.
+//! the calling thread, where spreading it would cost more than it saves. Every split runs on
+//! [`pool`], part `k` always on its thread `k`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+mod pool;
 
 /// The threads a product may use; process-wide (every rank of the process shares the setting).
 static THREADS: AtomicUsize = AtomicUsize::new(1);
@@ -60,7 +64,7 @@ where
 }
 
 /// `out` cut into one chunk per allowed thread, each a multiple of `granule` elements (the last
-/// one the rest), `f` run on each on the rayon pool; or `f` once on all of `out` when the work
+/// one the rest), `f` run on each by [`for_each_part`]; or `f` once on all of `out` when the work
 /// is too small or one thread is allowed.
 fn split<T, F>(out: &mut [T], granule: usize, f: F)
 where
@@ -72,11 +76,9 @@ where
         f(0, out);
         return;
     }
-    use rayon::prelude::*;
     let chunk = out.len().div_ceil(n).next_multiple_of(granule);
-    out.par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(i, part)| f(i * chunk, part));
+    let parts: Vec<&mut [T]> = out.chunks_mut(chunk).collect();
+    for_each_part(parts, |i, part| f(i * chunk, part));
 }
 
 /// Runs `f(first, count, a, b, c)` over consecutive parts of `n_slices` independent slices, where
@@ -106,13 +108,15 @@ where
     if n < 2 || a_len == 0 || b_len == 0 || c_len == 0 {
         return f(0, n_slices, a, b, c);
     }
-    use rayon::prelude::*;
     let per = n_slices.div_ceil(n);
-    a.par_chunks_mut(per * a_len)
-        .zip(b.par_chunks_mut(per * b_len))
-        .zip(c.par_chunks_mut(per * c_len))
-        .enumerate()
-        .try_for_each(|(i, ((a, b), c))| f(i * per, a.len() / a_len, a, b, c))
+    let parts: Vec<_> = a
+        .chunks_mut(per * a_len)
+        .zip(b.chunks_mut(per * b_len))
+        .zip(c.chunks_mut(per * c_len))
+        .collect();
+    for_each_part(parts, |i, ((a, b), c)| f(i * per, a.len() / a_len, a, b, c))
+        .into_iter()
+        .collect()
 }
 
 /// The threads a product of `flops` operations uses.
@@ -120,5 +124,146 @@ pub(crate) fn threads_for(flops: u64) -> usize {
     match threads() {
         n if n > 1 && flops >= MIN_PARALLEL_FLOPS => n,
         _ => 1,
+    }
+}
+
+/// Runs `f(i, part)` on every part, part `i` on thread `i mod n` of the [`pool`] of `n` =
+/// [`threads`] threads (thread 0 the caller); their results in order.
+///
+/// The same part of every split kernel thus runs on the same core from one op to the next: a
+/// band of rows one op writes is still in that core's cache when the next op reads it. With one
+/// thread allowed, or the pool busy with another rank's kernel, the parts run in order on the
+/// caller.
+pub(crate) fn for_each_part<P, R, F>(parts: Vec<P>, f: F) -> Vec<R>
+where
+    P: Send,
+    R: Send,
+    F: Fn(usize, P) -> R + Sync,
+{
+    for_each_part_on(threads(), parts, f)
+}
+
+/// [`for_each_part`] on `n` threads.
+fn for_each_part_on<P, R, F>(n: usize, parts: Vec<P>, f: F) -> Vec<R>
+where
+    P: Send,
+    R: Send,
+    F: Fn(usize, P) -> R + Sync,
+{
+    if n > 1 && parts.len() > 1 {
+        if let Some(pool) = pool::Pool::get(n) {
+            // Each slot is taken by exactly one thread (`i mod n`): its lock is never
+            // contended.
+            let slots: Vec<Mutex<Slot<P, R>>> = parts
+                .into_iter()
+                .map(|p| Mutex::new(Slot::Part(p)))
+                .collect();
+            let run_slot = |i: usize| {
+                let mut slot = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+                if let Slot::Part(part) = std::mem::replace(&mut *slot, Slot::Taken) {
+                    *slot = Slot::Done(f(i, part));
+                }
+            };
+            if !pool.run(&|k| (k..slots.len()).step_by(n).for_each(run_slot)) {
+                (0..slots.len()).for_each(run_slot);
+            }
+            return slots
+                .into_iter()
+                .map(
+                    |slot| match slot.into_inner().unwrap_or_else(PoisonError::into_inner) {
+                        Slot::Done(r) => r,
+                        // `run` returns only when every share has run (re-raising a panic).
+                        Slot::Part(_) | Slot::Taken => unreachable!("every part has run"),
+                    },
+                )
+                .collect();
+        }
+    }
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| f(i, p))
+        .collect()
+}
+
+/// One part of [`for_each_part`]: waiting, being computed, or its result.
+enum Slot<P, R> {
+    Part(P),
+    Taken,
+    Done(R),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread::ThreadId;
+
+    /// The thread that computed each part, and the parts' results.
+    fn run(n: usize, parts: usize) -> (Vec<ThreadId>, Vec<usize>) {
+        let out = for_each_part_on(n, (0..parts).collect(), |i, p: usize| {
+            assert_eq!(i, p, "part {i} was handed part {p}");
+            (std::thread::current().id(), p * 10)
+        });
+        out.into_iter().unzip()
+    }
+
+    #[test]
+    fn every_part_runs_once_and_always_on_the_same_thread() {
+        // Thread counts no other test uses: a busy pool would run every part on the caller.
+        for n in [4, 5] {
+            let (first, results) = run(n, 7);
+            assert_eq!(results, (0..7).map(|p| p * 10).collect::<Vec<_>>());
+            let (second, _) = run(n, 7);
+            assert_eq!(first, second, "{n} threads: a part moved to another thread");
+            for i in 0..7 {
+                // Part i and part i + n share a thread; parts of other residues do not.
+                for j in 0..7 {
+                    let same = first[i] == first[j];
+                    assert_eq!(same, i % n == j % n, "{n} threads: parts {i} and {j}");
+                }
+            }
+            assert_eq!(
+                first[0],
+                std::thread::current().id(),
+                "part 0 runs on the caller"
+            );
+        }
+    }
+
+    #[test]
+    fn a_panic_in_a_helper_s_part_reaches_the_caller_and_the_pool_still_works() {
+        let caught = std::panic::catch_unwind(|| {
+            for_each_part_on(2, vec![0, 1], |_, p: usize| {
+                assert!(p != 1, "part 1 fails");
+                p
+            })
+        });
+        assert!(caught.is_err(), "the helper's panic was lost");
+        let caught = std::panic::catch_unwind(|| {
+            for_each_part_on(2, vec![0, 1], |_, p: usize| {
+                assert!(p != 0, "part 0 fails");
+                p
+            })
+        });
+        assert!(caught.is_err(), "the caller's panic was lost");
+        assert_eq!(run(2, 4).1, vec![0, 10, 20, 30]);
+    }
+
+    #[test]
+    fn callers_on_several_threads_at_once_all_get_every_part() {
+        std::thread::scope(|scope| {
+            let callers: Vec<_> = (0..4)
+                .map(|c| {
+                    scope.spawn(move || {
+                        (0..200)
+                            .map(|_| for_each_part_on(2, (0..5).collect(), |_, p: usize| p + c))
+                            .all(|r| r == (0..5).map(|p| p + c).collect::<Vec<_>>())
+                    })
+                })
+                .collect();
+            for caller in callers {
+                assert!(caller.join().expect("a caller panicked"));
+            }
+        });
     }
 }
