@@ -40,9 +40,23 @@ pub fn sparse_softmax_cross_entropy_slice<T: Float, I: IndexElement>(
     labels: &[I],
 ) -> Result<T, TensorError> {
     let n = batch_size(LOSS_OP, logits, classes, labels)?;
+    // Each row's term on the rank's threads, then summed in row order on this one: the bits
+    // do not depend on the thread count.
+    let per = super::threads::rows_per_part(n, classes);
+    let parts: Vec<_> = logits
+        .chunks(per * classes)
+        .zip(labels.chunks(per))
+        .collect();
+    let terms = super::threads::for_each_part(parts, |_, (logits, labels)| {
+        logits
+            .chunks_exact(classes)
+            .zip(labels)
+            .map(|(row, &label)| log_sum_exp(row) - row[label.to_i64() as usize])
+            .collect::<Vec<T>>()
+    });
     let mut total = T::ZERO;
-    for (row, &label) in logits.chunks_exact(classes).zip(labels) {
-        total += log_sum_exp(row) - row[label.to_i64() as usize];
+    for term in terms.into_iter().flatten() {
+        total += term;
     }
     Ok(total / T::from_usize(n))
 }
@@ -58,17 +72,20 @@ pub fn sparse_softmax_cross_entropy_grad_into<T: Float, I: IndexElement>(
     let n = batch_size(GRAD_OP, logits, classes, labels)?;
     check::buffer_len(GRAD_OP, "dlogits", logits.len(), dlogits.len())?;
     let scale = dloss / T::from_usize(n);
-    for ((out, row), &label) in dlogits
-        .chunks_exact_mut(classes)
-        .zip(logits.chunks_exact(classes))
-        .zip(labels)
-    {
-        softmax_row(row, out);
-        out[label.to_i64() as usize] -= T::ONE;
-        for v in out.iter_mut() {
-            *v *= scale;
+    super::threads::for_each_rows(dlogits, classes, |start, part| {
+        let rows = start / classes..(start + part.len()) / classes;
+        for ((out, row), &label) in part
+            .chunks_exact_mut(classes)
+            .zip(logits[start..].chunks_exact(classes))
+            .zip(&labels[rows])
+        {
+            softmax_row(row, out);
+            out[label.to_i64() as usize] -= T::ONE;
+            for v in out.iter_mut() {
+                *v *= scale;
+            }
         }
-    }
+    });
     Ok(())
 }
 

@@ -75,6 +75,31 @@ pub fn layer_norm_into<T: Float>(
     check::buffer_len(OP, "y", x.len(), y.len())?;
     check::buffer_len(OP, "mean", rows, mean.len())?;
     check::buffer_len(OP, "rstd", rows, rstd.len())?;
+    if rows == 0 {
+        return Ok(());
+    }
+    // Rows are independent: one part of them per thread of the rank.
+    let per = super::threads::rows_per_part(rows, cols);
+    let parts: Vec<_> = x
+        .chunks(per * cols)
+        .zip(y.chunks_mut(per * cols))
+        .zip(mean.chunks_mut(per).zip(rstd.chunks_mut(per)))
+        .collect();
+    super::threads::for_each_part(parts, |_, ((x, y), (mean, rstd))| {
+        layer_norm_rows(x, &params, y, mean, rstd)
+    });
+    Ok(())
+}
+
+/// [`layer_norm_into`] on whole rows, lengths checked.
+fn layer_norm_rows<T: Float>(
+    x: &[T],
+    params: &LayerNormParams<'_, T>,
+    y: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+) {
+    let cols = params.gamma.len();
     let inv_cols = T::ONE / T::from_usize(cols);
     for (r, (x_row, y_row)) in x
         .chunks_exact(cols)
@@ -99,7 +124,6 @@ pub fn layer_norm_into<T: Float>(
         mean[r] = mu;
         rstd[r] = inv_std;
     }
-    Ok(())
 }
 
 /// Backward of [`layer_norm_into`]: with `x̂ = (x - mean)·rstd` and `g = dy·gamma`,

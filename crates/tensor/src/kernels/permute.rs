@@ -67,7 +67,7 @@ pub fn permuted_shape(shape: &[usize], axes: &[usize]) -> Vec<usize> {
 }
 
 /// Writes `x` (of `shape`) with its dims reordered by `axes` into `out`.
-pub fn permute_into<T: Copy>(
+pub fn permute_into<T: Copy + Send + Sync>(
     x: &[T],
     shape: &[usize],
     axes: &[usize],
@@ -126,30 +126,40 @@ pub fn permute_into<T: Copy>(
 
 /// Fills `out` block by block: the output is the outer `dims` (size, input stride) around an
 /// inner block of `out.len() / prod(sizes)` contiguous output elements, and `block(src, dst)`
-/// fills one block from the input starting at the block's input offset.
-fn gather<T: Copy>(
+/// fills one block from the input starting at the block's input offset. Large outputs are cut
+/// into runs of whole blocks, one per thread of the rank.
+fn gather<T: Copy + Send + Sync>(
     x: &[T],
     dims: &[(usize, usize)],
     out: &mut [T],
-    mut block: impl FnMut(&[T], &mut [T]),
+    block: impl Fn(&[T], &mut [T]) + Sync,
 ) {
     let n_blocks: usize = dims.iter().map(|d| d.0).product();
     let block_len = out.len() / n_blocks;
-    let mut counter = vec![0usize; dims.len()];
-    let mut offset = 0usize;
-    for dst in out.chunks_exact_mut(block_len) {
-        block(&x[offset..], dst);
-        for d in (0..dims.len()).rev() {
-            let (size, stride) = dims[d];
-            counter[d] += 1;
-            offset += stride;
-            if counter[d] < size {
-                break;
-            }
-            counter[d] = 0;
-            offset -= stride * size;
+    super::threads::for_each_rows(out, block_len, |start, part| {
+        // The input offset of this part's first block, from its index's digits.
+        let mut counter = vec![0usize; dims.len()];
+        let mut index = start / block_len;
+        let mut offset = 0usize;
+        for (d, &(size, stride)) in dims.iter().enumerate().rev() {
+            counter[d] = index % size;
+            offset += counter[d] * stride;
+            index /= size;
         }
-    }
+        for dst in part.chunks_exact_mut(block_len) {
+            block(&x[offset..], dst);
+            for d in (0..dims.len()).rev() {
+                let (size, stride) = dims[d];
+                counter[d] += 1;
+                offset += stride;
+                if counter[d] < size {
+                    break;
+                }
+                counter[d] = 0;
+                offset -= stride * size;
+            }
+        }
+    });
 }
 
 /// `x` with its dims reordered: `y.shape[d] = x.shape[axes[d]]`. Works for every dtype.

@@ -81,6 +81,17 @@ where
     for_each_part(parts, |i, part| f(i * chunk, part));
 }
 
+/// Rows per part when `rows` rows of `cols` elements are cut into one part per allowed thread:
+/// all of them (one part) when they hold fewer than [`MIN_PARALLEL_ELEMENTS`] elements or one
+/// thread is allowed; at least 1.
+pub(crate) fn rows_per_part(rows: usize, cols: usize) -> usize {
+    let n = threads();
+    if n < 2 || rows.saturating_mul(cols) < MIN_PARALLEL_ELEMENTS {
+        return rows.max(1);
+    }
+    rows.div_ceil(n).max(1)
+}
+
 /// Runs `f(first, count, a, b, c)` over consecutive parts of `n_slices` independent slices, where
 /// slice `i` owns `a[i·a_len..]`, `b[i·b_len..]` and `c[i·c_len..]` (each buffer holds exactly
 /// `n_slices` slices) — on the allowed threads when the slices together cost at least

@@ -94,3 +94,29 @@ fn errors() {
     let no_labels = Tensor::zeros(DType::I64, &[0]);
     assert!(kernels::sparse_softmax_cross_entropy(&empty, &no_labels).is_err());
 }
+
+/// The loss and its gradient split their rows over the rank's threads (the loss sums the rows'
+/// terms in row order afterwards): bitwise the one thread's on the GPT's logits.
+#[test]
+fn loss_and_gradient_are_bitwise_the_same_on_any_thread_count() {
+    let mut rng = Rng::new(31);
+    let (rows, classes) = (16 * 128 + 3, 96);
+    let logits = r::to_f32(&rng.vec(rows * classes, -4.0, 4.0));
+    let labels: Vec<i64> = (0..rows)
+        .map(|i| ((i * 37 + 11) % classes) as i64)
+        .collect();
+    let run = |threads: usize| {
+        kernels::threads::set_threads(threads);
+        let loss = kernels::sparse_softmax_cross_entropy_slice(&logits, classes, &labels).unwrap();
+        let mut d = vec![0f32; rows * classes];
+        kernels::sparse_softmax_cross_entropy_grad_into(&logits, classes, &labels, 0.5, &mut d)
+            .unwrap();
+        kernels::threads::set_threads(1);
+        (
+            loss.to_bits(),
+            d.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        )
+    };
+    let one = run(1);
+    assert!(run(2) == one && run(3) == one);
+}

@@ -268,3 +268,30 @@ fn errors() {
         })
     ));
 }
+
+/// The forward pass splits its rows over the rank's threads: bitwise the one thread's on the
+/// GPT's shape (2,048 rows of 256, and a ragged row count).
+#[test]
+fn forward_is_bitwise_the_same_on_any_thread_count() {
+    let mut rng = Rng::new(29);
+    for (rows, cols) in [(2048, 256), (16 * 128 + 5, 256)] {
+        let x = r::to_f32(&rng.vec(rows * cols, -3.0, 3.0));
+        let gamma = r::to_f32(&rng.vec(cols, 0.5, 1.5));
+        let beta = r::to_f32(&rng.vec(cols, -0.5, 0.5));
+        let run = |threads: usize| {
+            kernels::threads::set_threads(threads);
+            let (mut y, mut mean, mut rstd) =
+                (vec![0f32; rows * cols], vec![0f32; rows], vec![0f32; rows]);
+            let params = LayerNormParams {
+                gamma: &gamma,
+                beta: &beta,
+                epsilon: 1e-5,
+            };
+            kernels::layer_norm_into(&x, params, &mut y, &mut mean, &mut rstd).unwrap();
+            kernels::threads::set_threads(1);
+            [y, mean, rstd].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        let one = run(1);
+        assert!(run(2) == one && run(3) == one, "{rows} rows of {cols}");
+    }
+}

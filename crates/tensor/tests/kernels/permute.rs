@@ -94,3 +94,30 @@ proptest! {
         prop_assert_eq!(back, x);
     }
 }
+
+/// Large permutes cut their output into runs of whole blocks, one per thread of the rank: the
+/// heads' transposes of the GPT, a batched 2-D transpose and a strided gather are bitwise the
+/// one thread's.
+#[test]
+fn permutes_are_the_same_on_any_thread_count() {
+    let mut rng = Rng::new(37);
+    let cases: [(&[usize], &[usize]); 4] = [
+        (&[16, 128, 4, 64], &[0, 2, 1, 3]),
+        (&[16, 4, 128, 64], &[0, 2, 1, 3]),
+        (&[7, 129, 67], &[0, 2, 1]),
+        (&[33, 5, 301], &[2, 1, 0]),
+    ];
+    for (shape, axes) in cases {
+        let n: usize = shape.iter().product();
+        let x = r::to_f32(&rng.vec(n, -1.0, 1.0));
+        let run = |threads: usize| {
+            kernels::threads::set_threads(threads);
+            let mut out = vec![0f32; n];
+            kernels::permute_into(&x, shape, axes, &mut out).unwrap();
+            kernels::threads::set_threads(1);
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let one = run(1);
+        assert!(run(2) == one && run(3) == one, "{shape:?} by {axes:?}");
+    }
+}
