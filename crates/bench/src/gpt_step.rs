@@ -37,8 +37,9 @@ pub struct GptStepRequest {
     /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
     /// blocks), right after the ordinary run.
     pub deterministic: bool,
-    /// With `deterministic` or `clip`: time each configuration this many times in each mode,
-    /// the modes alternating, and report the median (min–max) of the rounds' throughput ratios.
+    /// With `deterministic`, `clip`, `threads` or `context_parallel_seq`: time each
+    /// configuration this many times in each mode, the modes alternating, and report the median
+    /// (min–max) of the rounds' throughput ratios.
     pub rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
     /// auto), then also reduced on a progress thread while the backward pass computes
@@ -186,14 +187,14 @@ pub enum GptStepLine {
         /// The ratios.
         ratios: Ratios,
     },
-    /// Context parallel 2's throughput over 1 rank's at `seq` tokens: ring, Ulysses.
+    /// Context parallel 2's throughput over 1 rank's at `seq` tokens, per round: ring, Ulysses.
     ContextParallel {
         /// Tokens per sequence.
         seq: usize,
         /// Ring attention.
-        ring: f64,
+        ring: Ratios,
         /// Ulysses.
-        ulysses: f64,
+        ulysses: Ratios,
     },
     /// One rank's model FLOP utilisation: the model's FLOPs at its median step over the best
     /// single-thread product rate on the GPT's product shapes, measured right after it.
@@ -270,10 +271,18 @@ impl fmt::Display for GptStepLine {
                 (&format!("1 rank on {threads} threads"), "1 thread"),
                 2,
             ),
-            GptStepLine::ContextParallel { seq, ring, ulysses } => writeln!(
-                f,
-                "speed-up of context parallel 2 at {seq} tokens: ring {ring:.2}x, Ulysses {ulysses:.2}x"
-            ),
+            GptStepLine::ContextParallel { seq, ring, ulysses } => {
+                ring.line(
+                    f,
+                    (&format!("context parallel 2 (ring) at {seq} tokens"), "1 rank"),
+                    2,
+                )?;
+                ulysses.line(
+                    f,
+                    (&format!("context parallel 2 (Ulysses) at {seq} tokens"), "1 rank"),
+                    2,
+                )
+            }
             GptStepLine::Utilisation {
                 model_gflop,
                 achieved,
@@ -612,30 +621,43 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
         )
     };
     let plain = (false, Reduction::Plain);
-    let one = bench.measure(
-        Split::dp_mp(1, 1),
-        &format!("1 rank, {seq} tokens × batch {batch}, fused attention"),
-        plain,
-        (false, 1),
-    )?;
-    let mut speed_ups = Vec::new();
-    for (algo, name) in [
+    let one_label = format!("1 rank, {seq} tokens × batch {batch}, fused attention");
+    let forms = [
         (ContextParallelAlgo::Ring, "ring"),
         (ContextParallelAlgo::Ulysses, "Ulysses"),
-    ] {
-        let split = Split {
-            dp: 1,
-            mp: 1,
-            cp: 2,
-            algo,
+    ];
+    // Rounds of one rank and both forms, the one rank timed last in every odd round, so that a
+    // drift of the machine's speed does not favour either side.
+    let (mut ring, mut ulysses) = (Vec::new(), Vec::new());
+    for round in 0..bench.request.rounds.max(1) {
+        let mut one = None;
+        if round % 2 == 0 {
+            one = Some(bench.measure(Split::dp_mp(1, 1), &one_label, plain, (false, 1))?);
+        }
+        let mut rates = Vec::new();
+        for (algo, name) in forms {
+            let split = Split {
+                dp: 1,
+                mp: 1,
+                cp: 2,
+                algo,
+            };
+            let label = format!("2 ranks, context parallel 2 ({name}), {seq} tokens");
+            rates.push(bench.measure(split, &label, plain, (false, 1))?);
+        }
+        let one = match one {
+            Some(one) => one,
+            None => bench.measure(Split::dp_mp(1, 1), &one_label, plain, (false, 1))?,
         };
-        let label = format!("2 ranks, context parallel 2 ({name}), {seq} tokens");
-        speed_ups.push(bench.measure(split, &label, plain, (false, 1))? / one);
+        ring.push(rates[0] / one);
+        ulysses.push(rates[1] / one);
     }
+    ring.sort_by(f64::total_cmp);
+    ulysses.sort_by(f64::total_cmp);
     bench.push(GptStepLine::ContextParallel {
         seq,
-        ring: speed_ups[0],
-        ulysses: speed_ups[1],
+        ring: Ratios(ring),
+        ulysses: Ratios(ulysses),
     });
     Ok(())
 }

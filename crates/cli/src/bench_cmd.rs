@@ -164,8 +164,9 @@ struct GptStepArgs {
     /// blocks), right after the ordinary run.
     #[arg(long)]
     deterministic: bool,
-    /// With `--deterministic`: time each configuration this many times in each mode, the modes
-    /// alternating, and report the median (min–max) of the rounds' throughput ratios.
+    /// With `--deterministic`, `--clip`, `--threads` or `--context-parallel-seq`: time each
+    /// configuration this many times in each mode, the modes alternating, and report the median
+    /// (min–max) of the rounds' throughput ratios.
     #[arg(long, default_value_t = 1, value_parser = crate::parse::count(1..=1000))]
     rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
@@ -186,7 +187,8 @@ struct GptStepArgs {
     threads: u16,
     /// Also time context parallel 2 (ring and Ulysses, fused attention) against 1 rank on
     /// sequences of this many tokens (a power of two from 64 to 2048: the batch keeps 2,048
-    /// tokens per step).
+    /// tokens per step), the three alternating `--rounds` times; reports the median (min–max)
+    /// of the rounds' speed-ups.
     #[arg(long, value_parser = context_parallel_seq)]
     context_parallel_seq: Option<usize>,
 }
