@@ -7,8 +7,10 @@
 //! descheduled on a shared machine is not counted. Prints a Markdown table of GFLOP/s, median
 //! (10th percentile – best round), and the median of the per-round ratio det ÷ gemm.
 //!
-//! Run: `cargo bench -p tessera-tensor --bench det_matmul [-- ROUNDS] [NAME…]` (default 30
-//! rounds; names keep only the shapes whose names contain one of them).
+//! Run: `cargo bench -p tessera-tensor --bench det_matmul [-- ROUNDS] [cold] [NAME…]` (default
+//! 30 rounds; names keep only the shapes whose names contain one of them). With `cold`, every
+//! product starts with its operands out of the caches (64 MiB written between calls, untimed),
+//! as in a training step, where a product's input was written by ops long before.
 
 use tensor::kernels::{det, gemm, GemmShape};
 
@@ -91,10 +93,26 @@ fn main() {
         .unwrap_or(30)
         .max(1);
     // Any other argument (not a flag) keeps only the shapes whose names contain it.
+    let cold = std::env::args().any(|arg| arg == "cold");
     let only: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|arg| !arg.starts_with('-') && arg.parse::<usize>().is_err())
+        .filter(|arg| !arg.starts_with('-') && arg.parse::<usize>().is_err() && arg != "cold")
         .collect();
+    let mut flush = vec![0u8; if cold { 64 << 20 } else { 0 }];
+    // Seconds of `product` over `reps` calls, each after the caches were flushed when `cold`.
+    let mut timed = |reps: usize, product: &mut dyn FnMut()| -> f64 {
+        let mut total = 0.0;
+        for rep in 0..reps {
+            if cold {
+                flush.iter_mut().for_each(|b| *b = b.wrapping_add(rep as u8 | 1));
+                std::hint::black_box(&flush);
+            }
+            let start = thread_cpu_seconds();
+            product();
+            total += thread_cpu_seconds() - start;
+        }
+        total
+    };
     println!("| shape | m×n×k | block | gemm GFLOP/s | det GFLOP/s | det ÷ gemm |");
     println!("|---|---|---|---|---|---|");
     let (mut total_gemm, mut total_det) = (0.0, 0.0);
@@ -111,16 +129,12 @@ fn main() {
         let reps = ((5e7 / flops) as usize).max(1);
         let (mut g, mut d, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
-            let start = thread_cpu_seconds();
-            for _ in 0..reps {
+            let tg = timed(reps, &mut || {
                 gemm(s, 1.0, &a, &b, 0.0, &mut c).expect("valid shape");
-            }
-            let tg = thread_cpu_seconds() - start;
-            let start = thread_cpu_seconds();
-            for _ in 0..reps {
+            });
+            let td = timed(reps, &mut || {
                 det::det_gemm(s, &a, &b, &mut c, block_len).expect("valid shape");
-            }
-            let td = thread_cpu_seconds() - start;
+            });
             g.push(flops * reps as f64 / tg / 1e9);
             d.push(flops * reps as f64 / td / 1e9);
             ratio.push(tg / td);
