@@ -37,9 +37,9 @@ pub struct GptStepRequest {
     /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
     /// blocks), right after the ordinary run.
     pub deterministic: bool,
-    /// With `deterministic`, `clip`, `threads` or `context_parallel_seq`: time each
-    /// configuration this many times in each mode, the modes alternating, and report the median
-    /// (min–max) of the rounds' throughput ratios.
+    /// Time each configuration this many times (the 2-rank speed-ups, and with `deterministic`,
+    /// `clip`, `threads` or `context_parallel_seq` each mode), alternating, and report the
+    /// median (min–max) of the rounds' throughput ratios.
     pub rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
     /// auto), then also reduced on a progress thread while the backward pass computes
@@ -206,12 +206,12 @@ pub enum GptStepLine {
         /// The product rate on each shape, GFLOP/s.
         shapes: Vec<crate::mfu::ShapeRate>,
     },
-    /// Throughput on 2 ranks over 1 rank's: data parallel, model parallel.
+    /// Throughput on 2 ranks over 1 rank's, per round: data parallel, model parallel.
     SpeedUp {
         /// Data parallel 2.
-        data_parallel: f64,
+        data_parallel: Ratios,
         /// Model parallel 2.
-        model_parallel: f64,
+        model_parallel: Ratios,
     },
 }
 
@@ -303,10 +303,20 @@ impl fmt::Display for GptStepLine {
             GptStepLine::SpeedUp {
                 data_parallel,
                 model_parallel,
-            } => writeln!(
-                f,
-                "speed-up on 2 ranks: data parallel {data_parallel:.2}x, model parallel {model_parallel:.2}x"
-            ),
+            } => {
+                let (dp, mp) = (&data_parallel.0, &model_parallel.0);
+                writeln!(
+                    f,
+                    "speed-up on 2 ranks: data parallel {:.2}x, model parallel {:.2}x",
+                    dp[dp.len() / 2],
+                    mp[mp.len() / 2]
+                )?;
+                if dp.len() > 1 {
+                    data_parallel.line(f, ("data parallel 2", "1 rank"), 2)?;
+                    model_parallel.line(f, ("model parallel 2", "1 rank"), 2)?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -595,9 +605,28 @@ pub fn gpt_step(
         }
         rates.push(rate);
     }
+    // Further rounds of the three, in reverse order every other round, so that a drift of
+    // the machine's speed does not favour either side of a speed-up.
+    let (mut dp, mut mp) = (vec![rates[1] / rates[0]], vec![rates[2] / rates[0]]);
+    for round in 1..request.rounds.max(1) {
+        let mut order: Vec<usize> = (0..configurations.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut round_rates = [0.0; 3];
+        for i in order {
+            let (split, label) = configurations[i];
+            let plain = (false, Reduction::Plain);
+            round_rates[i] = bench.measure(split, label, plain, (false, 1))?;
+        }
+        dp.push(round_rates[1] / round_rates[0]);
+        mp.push(round_rates[2] / round_rates[0]);
+    }
+    dp.sort_by(f64::total_cmp);
+    mp.sort_by(f64::total_cmp);
     bench.push(GptStepLine::SpeedUp {
-        data_parallel: rates[1] / rates[0],
-        model_parallel: rates[2] / rates[0],
+        data_parallel: Ratios(dp),
+        model_parallel: Ratios(mp),
     });
     if let Some(seq) = request.context_parallel_seq {
         context_parallel(&mut bench, seq)?;

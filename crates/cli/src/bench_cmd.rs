@@ -164,9 +164,9 @@ struct GptStepArgs {
     /// blocks), right after the ordinary run.
     #[arg(long)]
     deterministic: bool,
-    /// With `--deterministic`, `--clip`, `--threads` or `--context-parallel-seq`: time each
-    /// configuration this many times in each mode, the modes alternating, and report the median
-    /// (min–max) of the rounds' throughput ratios.
+    /// Time each configuration this many times (the 2-rank speed-ups, and with
+    /// `--deterministic`, `--clip`, `--threads` or `--context-parallel-seq` each mode),
+    /// alternating, and report the median (min–max) of the rounds' throughput ratios.
     #[arg(long, default_value_t = 1, value_parser = crate::parse::count(1..=1000))]
     rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
