@@ -104,7 +104,9 @@ fn main() {
         let mut total = 0.0;
         for rep in 0..reps {
             if cold {
-                flush.iter_mut().for_each(|b| *b = b.wrapping_add(rep as u8 | 1));
+                flush
+                    .iter_mut()
+                    .for_each(|b| *b = b.wrapping_add(rep as u8 | 1));
                 std::hint::black_box(&flush);
             }
             let start = thread_cpu_seconds();
