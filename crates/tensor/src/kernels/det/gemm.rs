@@ -165,33 +165,13 @@ struct Passes<'a, T> {
 }
 
 impl<T: Float> Passes<'_, T> {
-    /// Pass `p`: `out` (`[m, n]`) ← the subtree of blocks `p·per_pass ..` for every element.
-    fn run(&self, p: usize, out: &mut [T]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::gemm_avx2::available() {
-                // SAFETY: the CPU supports the features the function is compiled for.
-                unsafe { self.run_fma(p, out) };
-                return;
-            }
-        }
-        self.run_portable(p, out);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_fma(&self, p: usize, out: &mut [T]) {
-        self.run_portable(p, out)
-    }
-
-    #[inline(always)]
-    fn run_portable(&self, p: usize, out: &mut [T]) {
-        let GemmShape { m, n, k, .. } = self.shape;
+    /// The shape of pass `p`'s work: its reduction range, the row chunks and the packed
+    /// space.
+    fn cut(&self, p: usize) -> PassCut {
         let kc = self.per_pass * self.block_len;
-        let k0 = p * kc;
         let chunk_m = self.blocking.chunk_m::<T>(kc);
         let panel_len = packed_stride(kc * TILE_N);
-        let n_panels = n.div_ceil(TILE_N);
+        let n_panels = self.shape.n.div_ceil(TILE_N);
         // A transposed `A` is packed: in place a tile's step would read a fresh cache line.
         let a_stride = packed_stride(kc * TILE_M);
         let a_len = if self.shape.trans_a {
@@ -199,56 +179,120 @@ impl<T: Float> Passes<'_, T> {
         } else {
             0
         };
-        with_scratch::<T, _>(n_panels * panel_len + a_len, |space| {
-            let (panels, packed_a) = space.split_at_mut(n_panels * panel_len);
-            pack_b(self.b, (k, n), self.shape.trans_b, (k0, kc), panels);
-            let panels = &*panels;
-            let panel = |p: usize| &panels[p * panel_len..p * panel_len + kc * TILE_N];
-            let mut i0 = 0;
-            while i0 < m {
-                let rows = chunk_m.min(m - i0);
-                if self.shape.trans_a {
-                    pack_a_columns(self.a, m, (i0, rows), (k0, kc), packed_a);
+        PassCut {
+            kc,
+            k0: p * kc,
+            chunk_m,
+            panel_len,
+            n_panels,
+            a_stride,
+            space: n_panels * panel_len + a_len,
+        }
+    }
+
+    /// Pass `p`: `out` (`[m, n]`) ← the subtree of blocks `p·per_pass ..` for every element.
+    fn run(&self, p: usize, out: &mut [T]) {
+        let cut = self.cut(p);
+        with_scratch::<T, _>(cut.space, |space| {
+            // The tile loop is compiled for the vector unit here, not in this closure: a
+            // closure does not take its function's target features, and the loop's legacy
+            // SSE code between the AVX-512 tiles measured a fifth of the product's time.
+            #[cfg(target_arch = "x86_64")]
+            {
+                if super::gemm_avx2::available() {
+                    // SAFETY: the CPU supports the features the function is compiled for.
+                    unsafe { self.fill_fma(&cut, out, space) };
+                    return;
                 }
-                let mut pi = 0;
-                while pi < n_panels {
-                    let width = if pi + 1 < n_panels { PAIR } else { 1 };
-                    for t in 0..rows.div_ceil(TILE_M) {
-                        let first = i0 + t * TILE_M;
-                        let here = TILE_M.min(rows - t * TILE_M);
-                        let tile_a = if self.shape.trans_a {
-                            RowTile::packed(&packed_a[t * a_stride..t * a_stride + kc * TILE_M])
-                        } else {
-                            RowTile::in_place(self.a, k, (first, here), k0)
-                        };
-                        // A pair of whole panels: summed straight into `out` where the CPU
-                        // has the paired kernel (a short last row tile too: its missing rows
-                        // are computed and not stored); edge panels one by one.
-                        if width == PAIR && (pi + PAIR) * TILE_N <= n {
-                            let at = first * n + pi * TILE_N;
-                            let end = at + (here - 1) * n + PAIR * TILE_N;
-                            let panels = (panel(pi), panel(pi + 1));
-                            let (q, bl) = (self.per_pass, self.block_len);
-                            if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n, here)) {
-                                continue;
-                            }
-                        }
-                        for p in pi..pi + width {
-                            let tile = tile(&tile_a, panel(p), self.per_pass, self.block_len);
-                            let cols = TILE_N.min(n - p * TILE_N);
-                            for r in 0..here {
-                                let at = (first + r) * n + p * TILE_N;
-                                out[at..at + cols]
-                                    .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
-                            }
+            }
+            self.fill(&cut, out, space)
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fill_fma(&self, cut: &PassCut, out: &mut [T], space: &mut [T]) {
+        self.fill(cut, out, space)
+    }
+
+    /// Pass `cut` into `out`, its operands packed into `space`.
+    #[inline(always)]
+    fn fill(&self, cut: &PassCut, out: &mut [T], space: &mut [T]) {
+        let GemmShape { m, n, k, .. } = self.shape;
+        let PassCut {
+            kc,
+            k0,
+            chunk_m,
+            panel_len,
+            n_panels,
+            a_stride,
+            ..
+        } = *cut;
+        let (panels, packed_a) = space.split_at_mut(n_panels * panel_len);
+        pack_b(self.b, (k, n), self.shape.trans_b, (k0, kc), panels);
+        let panels = &*panels;
+        let panel = |p: usize| &panels[p * panel_len..p * panel_len + kc * TILE_N];
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = chunk_m.min(m - i0);
+            if self.shape.trans_a {
+                pack_a_columns(self.a, m, (i0, rows), (k0, kc), packed_a);
+            }
+            let mut pi = 0;
+            while pi < n_panels {
+                let width = if pi + 1 < n_panels { PAIR } else { 1 };
+                for t in 0..rows.div_ceil(TILE_M) {
+                    let first = i0 + t * TILE_M;
+                    let here = TILE_M.min(rows - t * TILE_M);
+                    let tile_a = if self.shape.trans_a {
+                        RowTile::packed(&packed_a[t * a_stride..t * a_stride + kc * TILE_M])
+                    } else {
+                        RowTile::in_place(self.a, k, (first, here), k0)
+                    };
+                    // A pair of whole panels: summed straight into `out` where the CPU
+                    // has the paired kernel (a short last row tile too: its missing rows
+                    // are computed and not stored); edge panels one by one.
+                    if width == PAIR && (pi + PAIR) * TILE_N <= n {
+                        let at = first * n + pi * TILE_N;
+                        let end = at + (here - 1) * n + PAIR * TILE_N;
+                        let panels = (panel(pi), panel(pi + 1));
+                        let (q, bl) = (self.per_pass, self.block_len);
+                        if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n, here)) {
+                            continue;
                         }
                     }
-                    pi += width;
+                    for p in pi..pi + width {
+                        let tile = tile(&tile_a, panel(p), self.per_pass, self.block_len);
+                        let cols = TILE_N.min(n - p * TILE_N);
+                        for r in 0..here {
+                            let at = (first + r) * n + p * TILE_N;
+                            out[at..at + cols]
+                                .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
+                        }
+                    }
                 }
-                i0 += rows;
+                pi += width;
             }
-        });
+            i0 += rows;
+        }
     }
+}
+
+/// How one pass is cut: see [`Passes::cut`].
+#[derive(Debug, Clone, Copy)]
+struct PassCut {
+    /// Reduction elements of the pass, and the first of them.
+    kc: usize,
+    k0: usize,
+    /// Rows of `A` per chunk.
+    chunk_m: usize,
+    /// Elements of a packed panel of `B`, and how many panels.
+    panel_len: usize,
+    n_panels: usize,
+    /// Elements of a packed row tile of `A`.
+    a_stride: usize,
+    /// Elements of packing space the pass needs.
+    space: usize,
 }
 
 /// The `TILE_M` rows of `op(A)` a register tile reads, in place or packed: element `(r, s)`
