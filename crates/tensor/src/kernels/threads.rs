@@ -243,21 +243,23 @@ mod tests {
 
     #[test]
     fn a_panic_in_a_helper_s_part_reaches_the_caller_and_the_pool_still_works() {
-        let caught = std::panic::catch_unwind(|| {
-            for_each_part_on(2, vec![0, 1], |_, p: usize| {
-                assert!(p != 1, "part 1 fails");
-                p
-            })
-        });
-        assert!(caught.is_err(), "the helper's panic was lost");
-        let caught = std::panic::catch_unwind(|| {
-            for_each_part_on(2, vec![0, 1], |_, p: usize| {
-                assert!(p != 0, "part 0 fails");
-                p
-            })
-        });
-        assert!(caught.is_err(), "the caller's panic was lost");
-        assert_eq!(run(2, 4).1, vec![0, 10, 20, 30]);
+        // A thread count no other test uses, so that the helper is this test's alone.
+        let n = 6;
+        for failing in [1, 0] {
+            let caught = std::panic::catch_unwind(|| {
+                for_each_part_on(n, (0..n).collect(), |_, p: usize| {
+                    assert!(p != failing, "part {failing} fails");
+                    p
+                })
+            });
+            assert!(caught.is_err(), "part {failing}'s panic was lost");
+        }
+        let (threads, results) = run(n, n);
+        assert_eq!(results, (0..n).map(|p| p * 10).collect::<Vec<_>>());
+        assert_ne!(
+            threads[1], threads[0],
+            "after a panic the parts all ran on the caller"
+        );
     }
 
     #[test]

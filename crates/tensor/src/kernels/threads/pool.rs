@@ -10,7 +10,7 @@
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 /// How long a helper spins for the next job before it sleeps: longer than the unsplit ops
@@ -99,8 +99,11 @@ impl Pool {
     /// all have finished, re-raising the first panic. `false` (nothing run) when another caller's
     /// job holds the pool: the caller then computes every share itself.
     pub(super) fn run(&self, share: &Share<'_>) -> bool {
-        let Ok(_busy) = self.busy.try_lock() else {
-            return false;
+        // A panic re-raised below poisons the lock; the pool itself is whole again by then.
+        let _busy = match self.busy.try_lock() {
+            Ok(busy) => busy,
+            Err(TryLockError::Poisoned(busy)) => busy.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
         };
         let shared = &*self.shared;
         // SAFETY: the erased borrow is stored only until every helper has decremented
