@@ -40,23 +40,26 @@ pub fn sparse_softmax_cross_entropy_slice<T: Float, I: IndexElement>(
     labels: &[I],
 ) -> Result<T, TensorError> {
     let n = batch_size(LOSS_OP, logits, classes, labels)?;
-    // Each row's term on the rank's threads, then summed in row order on this one: the bits
-    // do not depend on the thread count.
-    let per = super::threads::rows_per_part(n, classes);
-    let parts: Vec<_> = logits
-        .chunks(per * classes)
-        .zip(labels.chunks(per))
-        .collect();
-    let terms = super::threads::for_each_part(parts, |_, (logits, labels)| {
-        logits
-            .chunks_exact(classes)
-            .zip(labels)
-            .map(|(row, &label)| log_sum_exp(row) - row[label.to_i64() as usize])
-            .collect::<Vec<T>>()
-    });
+    let term = |row: &[T], label: &I| log_sum_exp(row) - row[label.to_i64() as usize];
     let mut total = T::ZERO;
-    for term in terms.into_iter().flatten() {
-        total += term;
+    let per = super::threads::rows_per_part(n, classes);
+    if per >= n {
+        // One thread: no buffer for the terms (a training step allocates nothing here).
+        let rows = logits.chunks_exact(classes).zip(labels);
+        rows.for_each(|(row, label)| total += term(row, label));
+    } else {
+        // Each row's term on the rank's threads, then summed in row order on this one: the
+        // bits are the one thread's.
+        let parts: Vec<_> = logits
+            .chunks(per * classes)
+            .zip(labels.chunks(per))
+            .collect();
+        let terms = super::threads::for_each_part(parts, |_, (logits, labels)| {
+            let part = logits.chunks_exact(classes).zip(labels);
+            part.map(|(row, label)| term(row, label))
+                .collect::<Vec<T>>()
+        });
+        terms.into_iter().flatten().for_each(|t| total += t);
     }
     Ok(total / T::from_usize(n))
 }

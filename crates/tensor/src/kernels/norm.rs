@@ -80,6 +80,11 @@ pub fn layer_norm_into<T: Float>(
     }
     // Rows are independent: one part of them per thread of the rank.
     let per = super::threads::rows_per_part(rows, cols);
+    if per >= rows {
+        // One part: no list of parts (a training step allocates nothing here).
+        layer_norm_rows(x, &params, y, mean, rstd);
+        return Ok(());
+    }
     let parts: Vec<_> = x
         .chunks(per * cols)
         .zip(y.chunks_mut(per * cols))
