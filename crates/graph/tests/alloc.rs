@@ -50,6 +50,7 @@ fn allocations_in(f: impl FnOnce()) -> usize {
 
 #[test]
 fn a_training_step_allocates_only_inside_gemm() -> Result<(), GraphError> {
+    let _one_thread = crate::util::kernel_threads_lock();
     let model = seed_mlp(32, &[28, 28], 512, 10)?;
     let training = grad(
         &model.graph,

@@ -6,6 +6,7 @@ mod composite;
 mod executor;
 mod gradients;
 mod models;
+mod pieces;
 mod shapes;
 mod sharding;
 mod util;

@@ -95,3 +95,12 @@ pub fn check_gradients(
     }
     Ok(())
 }
+
+/// Held by the tests that change the process's kernel thread count
+/// (`tensor::kernels::threads::set_threads`) and by those a second thread would disturb (a
+/// split kernel allocates its list of parts, which the allocation count would see).
+pub fn kernel_threads_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

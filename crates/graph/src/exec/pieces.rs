@@ -6,6 +6,7 @@
 //! rows of `inner = Π shape[axis + 1..]` elements; piece `p` holds `sizes[p]` rows of every
 //! block, so joining and cutting are the same walk over contiguous runs in opposite directions.
 
+use tensor::kernels::threads;
 use tensor::TensorError;
 
 use crate::error::GraphError;
@@ -32,14 +33,12 @@ impl<'a> AxisPieces<'a> {
         }
     }
 
-    /// Checks the lengths of the whole and of every piece; then calls
-    /// `f(piece, piece_offset, whole_offset, len)` for every contiguous run, in the whole's order.
-    fn walk(
+    /// Checks the lengths of the whole and of every piece.
+    fn check(
         &self,
         whole_len: usize,
         piece_lens: impl Iterator<Item = usize>,
         ctx: &EvalCtx<'_>,
-        mut f: impl FnMut(usize, usize, usize, usize),
     ) -> Result<(), GraphError> {
         let rows: usize = self.sizes.iter().sum();
         check_len(
@@ -54,47 +53,92 @@ impl<'a> AxisPieces<'a> {
             check_len(ctx, "a piece", expected, len)?;
             n_pieces += 1;
         }
-        check_len(ctx, "the piece count", self.sizes.len(), n_pieces)?;
-        let mut whole = 0;
-        for o in 0..self.outer {
+        check_len(ctx, "the piece count", self.sizes.len(), n_pieces)
+    }
+
+    /// Calls `f(piece, piece_offset, whole_offset, len)` for every contiguous run of the outer
+    /// blocks `blocks`, in the whole's order (lengths checked by [`AxisPieces::check`]).
+    fn runs(&self, blocks: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, usize, usize)) {
+        let rows: usize = self.sizes.iter().sum();
+        let mut whole = blocks.start * rows * self.inner;
+        for o in blocks {
             for (p, &size) in self.sizes.iter().enumerate() {
                 let len = size * self.inner;
                 f(p, o * len, whole, len);
                 whole += len;
             }
         }
-        Ok(())
     }
 }
 
-/// `out` = the pieces joined along the axis.
-pub(crate) fn concat_into<T: Copy>(
+/// `out` = the pieces joined along the axis; large joins cut `out` into runs of whole outer
+/// blocks, one per thread of the rank (each element is copied once either way).
+pub(crate) fn concat_into<T: Copy + Send + Sync>(
     pieces: &[&[T]],
     axis: AxisPieces<'_>,
     out: &mut [T],
     ctx: &EvalCtx<'_>,
 ) -> Result<(), GraphError> {
-    axis.walk(
-        out.len(),
-        pieces.iter().map(|p| p.len()),
-        ctx,
-        |p, at, whole, len| {
+    axis.check(out.len(), pieces.iter().map(|p| p.len()), ctx)?;
+    let block = out.len() / axis.outer.max(1);
+    let per = threads::rows_per_part(axis.outer, block);
+    if per >= axis.outer || block == 0 {
+        axis.runs(0..axis.outer, |p, at, whole, len| {
             out[whole..whole + len].copy_from_slice(&pieces[p][at..at + len]);
-        },
-    )
+        });
+        return Ok(());
+    }
+    let parts: Vec<&mut [T]> = out.chunks_mut(per * block).collect();
+    threads::for_each_part(parts, |i, part| {
+        let first = i * per;
+        let blocks = first..first + part.len() / block;
+        axis.runs(blocks, |p, at, whole, len| {
+            let whole = whole - first * block;
+            part[whole..whole + len].copy_from_slice(&pieces[p][at..at + len]);
+        });
+    });
+    Ok(())
 }
 
 /// `outs` = `x` cut along the axis.
-pub(crate) fn split_into<T: Copy>(
+pub(crate) fn split_into<T: Copy + Send + Sync>(
     x: &[T],
     axis: AxisPieces<'_>,
     outs: &mut [&mut [T]],
     ctx: &EvalCtx<'_>,
 ) -> Result<(), GraphError> {
-    let lens: Vec<usize> = outs.iter().map(|o| o.len()).collect();
-    axis.walk(x.len(), lens.into_iter(), ctx, |p, at, whole, len| {
-        outs[p][at..at + len].copy_from_slice(&x[whole..whole + len]);
-    })
+    axis.check(x.len(), outs.iter().map(|o| o.len()), ctx)?;
+    let block = x.len() / axis.outer.max(1);
+    let per = threads::rows_per_part(axis.outer, block);
+    if per >= axis.outer || block == 0 {
+        axis.runs(0..axis.outer, |p, at, whole, len| {
+            outs[p][at..at + len].copy_from_slice(&x[whole..whole + len]);
+        });
+        return Ok(());
+    }
+    // Part `i` takes outer blocks `i·per ..` of every piece.
+    let mut chunks: Vec<_> = outs
+        .iter_mut()
+        .zip(axis.sizes)
+        .map(|(o, &size)| o.chunks_mut((per * size * axis.inner).max(1)))
+        .collect();
+    let parts: Vec<Vec<&mut [T]>> = (0..axis.outer.div_ceil(per))
+        .map(|_| {
+            chunks
+                .iter_mut()
+                .map(|c| c.next().unwrap_or_default())
+                .collect()
+        })
+        .collect();
+    threads::for_each_part(parts, |i, mut part| {
+        let first = i * per;
+        let blocks = first..(first + per).min(axis.outer);
+        axis.runs(blocks, |p, at, whole, len| {
+            let at = at - first * axis.sizes[p] * axis.inner;
+            part[p][at..at + len].copy_from_slice(&x[whole..whole + len]);
+        });
+    });
+    Ok(())
 }
 
 /// `out` = the strided slice of `x` (of `x_shape`) starting at `begin` with `strides`; the

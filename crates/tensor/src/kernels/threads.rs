@@ -84,7 +84,7 @@ where
 /// Rows per part when `rows` rows of `cols` elements are cut into one part per allowed thread:
 /// all of them (one part) when they hold fewer than [`MIN_PARALLEL_ELEMENTS`] elements or one
 /// thread is allowed; at least 1.
-pub(crate) fn rows_per_part(rows: usize, cols: usize) -> usize {
+pub fn rows_per_part(rows: usize, cols: usize) -> usize {
     let n = threads();
     if n < 2 || rows.saturating_mul(cols) < MIN_PARALLEL_ELEMENTS {
         return rows.max(1);
@@ -145,7 +145,7 @@ pub(crate) fn threads_for(flops: u64) -> usize {
 /// band of rows one op writes is still in that core's cache when the next op reads it. With one
 /// thread allowed, or the pool busy with another rank's kernel, the parts run in order on the
 /// caller.
-pub(crate) fn for_each_part<P, R, F>(parts: Vec<P>, f: F) -> Vec<R>
+pub fn for_each_part<P, R, F>(parts: Vec<P>, f: F) -> Vec<R>
 where
     P: Send,
     R: Send,
