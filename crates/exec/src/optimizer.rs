@@ -556,35 +556,36 @@ fn apply<T: Float + tensor::Element>(
         c: T::from_f64(c),
     };
     match (config.kind, state) {
-        (OptimizerKind::Sgd, _) => sgd(hyper(0.0, 0.0, 0.0), p, g),
+        (OptimizerKind::Sgd, _) => {
+            let h = hyper(0.0, 0.0, 0.0);
+            on_threads(p, g, [], |p, g, []| sgd(h, p, g))
+        }
         (
             OptimizerKind::Momentum {
                 momentum,
                 use_nesterov,
             },
             [v],
-        ) => momentum_rule(
-            hyper(momentum, 0.0, 0.0),
-            use_nesterov,
-            p,
-            g,
-            v.as_slice_mut::<T>()?,
-        ),
+        ) => {
+            let h = hyper(momentum, 0.0, 0.0);
+            on_threads(p, g, [v.as_slice_mut::<T>()?], |p, g, [v]| {
+                momentum_rule(h, use_nesterov, p, g, v)
+            })
+        }
         (OptimizerKind::Adam { beta1, beta2, eps }, [m, v]) => {
             // MindSpore's ops.Adam: the bias correction scales the learning rate.
             let t = i32::try_from(step).unwrap_or(i32::MAX);
             let lr_t = learning_rate * (1.0 - beta2.powi(t)).sqrt() / (1.0 - beta1.powi(t));
             let mut h = hyper(beta1, beta2, eps);
             h.lr = T::from_f64(lr_t);
-            adam(h, p, g, m.as_slice_mut::<T>()?, v.as_slice_mut::<T>()?)
+            let state = [m.as_slice_mut::<T>()?, v.as_slice_mut::<T>()?];
+            on_threads(p, g, state, |p, g, [m, v]| adam(h, p, g, m, v))
         }
-        (OptimizerKind::AdamW { beta1, beta2, eps }, [m, v]) => adam_weight_decay(
-            hyper(beta1, beta2, eps),
-            p,
-            g,
-            m.as_slice_mut::<T>()?,
-            v.as_slice_mut::<T>()?,
-        ),
+        (OptimizerKind::AdamW { beta1, beta2, eps }, [m, v]) => {
+            let h = hyper(beta1, beta2, eps);
+            let state = [m.as_slice_mut::<T>()?, v.as_slice_mut::<T>()?];
+            on_threads(p, g, state, |p, g, [m, v]| adam_weight_decay(h, p, g, m, v))
+        }
         (OptimizerKind::MintAdamW { beta1, beta2, eps }, [m, v]) => {
             let t = i32::try_from(step).unwrap_or(i32::MAX);
             let bias_correction1 = 1.0 - beta1.powi(t);
@@ -594,14 +595,10 @@ fn apply<T: Float + tensor::Element>(
             h.wd = T::from_f64(1.0 - learning_rate * weight_decay);
             h.lr = T::from_f64(learning_rate / bias_correction1);
             let sqrt_bc2 = T::from_f64(bias_correction2.sqrt());
-            mint_adamw(
-                h,
-                sqrt_bc2,
-                p,
-                g,
-                m.as_slice_mut::<T>()?,
-                v.as_slice_mut::<T>()?,
-            )
+            let state = [m.as_slice_mut::<T>()?, v.as_slice_mut::<T>()?];
+            on_threads(p, g, state, |p, g, [m, v]| {
+                mint_adamw(h, sqrt_bc2, p, g, m, v)
+            })
         }
         (kind, state) => {
             // The slots are built from `state_names`, so this is a bug, not bad input.
@@ -613,6 +610,34 @@ fn apply<T: Float + tensor::Element>(
         }
     }
     Ok(())
+}
+
+/// Runs an elementwise `rule` over `p`, `g` and the state slices (each as long as `p`), cut into
+/// one part per thread of the rank when they are large (`train.threads_per_rank`); each element
+/// is updated as on one thread, so the bits do not depend on the thread count.
+fn on_threads<T: Float, const N: usize>(
+    p: &mut [T],
+    g: &[T],
+    mut state: [&mut [T]; N],
+    rule: impl Fn(&mut [T], &[T], &mut [&mut [T]; N]) + Sync,
+) {
+    let per = tensor::kernels::threads::rows_per_part(p.len(), 1);
+    if per >= p.len() {
+        return rule(p, g, &mut state);
+    }
+    // Whole cache lines per part.
+    let per = per.next_multiple_of(16);
+    let mut states = state.map(|s| s.chunks_mut(per));
+    let parts: Vec<_> = p
+        .chunks_mut(per)
+        .zip(g.chunks(per))
+        .map(|(p, g)| {
+            let state: [&mut [T]; N] =
+                std::array::from_fn(|j| states[j].next().unwrap_or_default());
+            (p, g, state)
+        })
+        .collect();
+    tensor::kernels::threads::for_each_part(parts, |_, (p, g, mut state)| rule(p, g, &mut state));
 }
 
 tensor::widest! {
