@@ -141,51 +141,7 @@ pub fn layer_norm_grad_into<T: Float>(
     let rows = check_grad_buffers("layer_norm_grad", &saved, dy, &grads)?;
     grads.dgamma.fill(T::ZERO);
     grads.dbeta.fill(T::ZERO);
-    let cols = saved.gamma.len();
-    let per = super::threads::rows_per_part(rows, cols);
-    if per >= rows {
-        layer_norm_grad_rows(&saved, dy, grads.dx, 0..rows, (grads.dgamma, grads.dbeta));
-        return Ok(());
-    }
-    // On the rank's threads: `dx` by parts of rows (their partial parameter sums dropped),
-    // then the parameter gradients by parts of columns, each column summed over every row in
-    // row order as the one-thread loop does, so the bits are its.
-    let parts: Vec<_> = grads.dx.chunks_mut(per * cols).collect();
-    super::threads::for_each_part(parts, |i, dx| {
-        let (first, n) = (i * per, dx.len() / cols);
-        let part = LayerNormSaved {
-            x: &saved.x[first * cols..(first + n) * cols],
-            mean: &saved.mean[first..first + n],
-            rstd: &saved.rstd[first..first + n],
-            gamma: saved.gamma,
-        };
-        let dy = &dy[first * cols..(first + n) * cols];
-        let (mut dropped_g, mut dropped_b) = (vec![T::ZERO; cols], vec![T::ZERO; cols]);
-        layer_norm_grad_rows(&part, dy, dx, 0..n, (&mut dropped_g, &mut dropped_b));
-    });
-    let per_cols = super::threads::rows_per_part(cols, rows).next_multiple_of(16);
-    let parts: Vec<_> = grads
-        .dgamma
-        .chunks_mut(per_cols)
-        .zip(grads.dbeta.chunks_mut(per_cols))
-        .collect();
-    super::threads::for_each_part(parts, |i, (dgamma, dbeta)| {
-        let columns = i * per_cols..i * per_cols + dgamma.len();
-        let rows = saved.x.chunks_exact(cols).zip(dy.chunks_exact(cols));
-        for (r, (x_row, dy_row)) in rows.enumerate() {
-            let (mu, inv_std) = (saved.mean[r], saved.rstd[r]);
-            let (x_row, dy_row) = (&x_row[columns.clone()], &dy_row[columns.clone()]);
-            let each = dgamma
-                .iter_mut()
-                .zip(dbeta.iter_mut())
-                .zip(x_row.iter().zip(dy_row));
-            for ((dg, db), (&x, &d)) in each {
-                let xhat = (x - mu) * inv_std;
-                *dg += d * xhat;
-                *db += d;
-            }
-        }
-    });
+    layer_norm_grad_rows(&saved, dy, grads.dx, 0..rows, (grads.dgamma, grads.dbeta));
     Ok(())
 }
 
