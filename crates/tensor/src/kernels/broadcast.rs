@@ -173,24 +173,6 @@ pub fn sum_to_shape_into<T: Float>(
     check::buffer_len(OP, "out", out_shape.iter().product(), out.len())?;
     check_broadcasts_to(OP, out_shape, grad_shape)?;
     out.fill(T::ZERO);
-    if let Some(cols) = trailing_whole(grad_shape, out_shape) {
-        let per = super::threads::rows_per_part(cols, grad.len() / cols.max(1));
-        if per < cols {
-            // A bias gradient on the rank's threads: each sums its columns over every row, in
-            // row order, as the walk below does, so the bits are the one thread's.
-            let per = per.next_multiple_of(16);
-            let parts: Vec<&mut [T]> = out.chunks_mut(per).collect();
-            super::threads::for_each_part(parts, |i, part| {
-                let columns = i * per..i * per + part.len();
-                for row in grad.chunks_exact(cols) {
-                    for (acc, &v) in part.iter_mut().zip(&row[columns.clone()]) {
-                        *acc += v;
-                    }
-                }
-            });
-            return Ok(());
-        }
-    }
     let out_strides = broadcast_strides(out_shape, grad_shape);
     let grad_strides = contiguous_strides(grad_shape);
     for_each_row(
@@ -208,14 +190,6 @@ pub fn sum_to_shape_into<T: Float>(
         },
     );
     Ok(())
-}
-
-/// The element count of `out_shape` when it is `grad_shape`'s trailing dims exactly (leading 1s
-/// aside), so that summing to it adds whole rows: a bias gradient.
-fn trailing_whole(grad_shape: &[usize], out_shape: &[usize]) -> Option<usize> {
-    let kept = &out_shape[out_shape.iter().take_while(|&&d| d == 1).count()..];
-    let lead = grad_shape.len().checked_sub(kept.len())?;
-    (grad_shape[lead..] == *kept).then(|| kept.iter().product())
 }
 
 /// `Ok` when `shape` broadcasts to exactly `target` (no dim of `target` stretches).

@@ -265,29 +265,3 @@ proptest! {
         }
     }
 }
-
-/// A sum to the trailing dims (a bias gradient) splits its columns over the rank's threads: on
-/// the GPT's shapes, a ragged width and a kept `[S, C]`, bitwise the one thread's.
-#[test]
-fn bias_gradients_are_bitwise_the_same_on_any_thread_count() {
-    let mut rng = Rng::new(41);
-    let cases: [(&[usize], &[usize]); 4] = [
-        (&[16, 128, 1024], &[1024]),
-        (&[16, 128, 256], &[1, 256]),
-        (&[2048, 301], &[301]),
-        (&[16, 128, 64], &[128, 64]),
-    ];
-    for (big, small) in cases {
-        let n: usize = big.iter().product();
-        let g = r::f32_tensor(big, &rng.vec(n, -1.0, 1.0));
-        let run = |threads: usize| {
-            kernels::threads::set_threads(threads);
-            let out = kernels::sum_to_shape(&g, small).unwrap();
-            kernels::threads::set_threads(1);
-            let values = out.as_slice::<f32>().unwrap();
-            values.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        };
-        let one = run(1);
-        assert!(run(2) == one && run(3) == one, "{big:?} to {small:?}");
-    }
-}
