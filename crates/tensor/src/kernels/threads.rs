@@ -8,9 +8,8 @@
 //! among the threads; the unary kernels and their gradients (GeLU, …) split their elements
 //! ([`for_each_chunk`]), the softmax (and its gradient) and the bias add their rows
 //! ([`for_each_rows`]), the fused attention its independent (batch, head) slices
-//! ([`for_each_slices`]); LayerNorm, the cross entropy, the bias and LayerNorm parameter
-//! gradients, permutes, and (from other crates, through [`for_each_part`]) `Concat`, `Split`
-//! and the optimizer's rules cut their own parts. Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
+//! ([`for_each_slices`]); LayerNorm, the cross entropy, permutes, and (from other crates,
+//! through [`for_each_part`]) `Concat`, `Split` and the optimizer's rules cut their own parts. Work below [`MIN_PARALLEL_FLOPS`] / [`MIN_PARALLEL_ELEMENTS`] stays on
 //! the calling thread, where spreading it would cost more than it saves. Every split runs on
 //! [`pool`], part `k` always on its thread `k`.
 
