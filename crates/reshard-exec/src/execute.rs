@@ -273,23 +273,20 @@ impl ReshardRunner {
                 }
                 ReduceKind::ReduceScatter { dim } => {
                     let n = ranks.len();
-                    let shape = tensor.shape().to_vec();
-                    let part_len = shape[dim] / n;
-                    // Pack the n parts along `dim` one after another, in member order.
-                    let parts: Vec<Tensor> = (0..n)
-                        .map(|j| {
-                            let mut offset = vec![0; shape.len()];
-                            offset[dim] = j * part_len;
-                            let mut extent = shape.clone();
-                            extent[dim] = part_len;
-                            tensor.extract_box(&SliceBox::new(offset, extent))
-                        })
-                        .collect::<Result<_, _>>()?;
-                    // Same-shaped parts concatenated along dim 0 lie one after another.
-                    let send = Tensor::concat(&parts, 0)?;
-                    let mut mine = Tensor::zeros(tensor.dtype(), parts[0].shape());
-                    let counts = vec![parts[0].n_elements(); n];
-                    let (send, recv) = (Buf::from_tensor(&send), BufMut::from_tensor(&mut mine));
+                    let mut part_shape = tensor.shape().to_vec();
+                    part_shape[dim] /= n;
+                    // The n parts along `dim` one after another, in member order: the tensor
+                    // itself when no dim before `dim` is longer than 1.
+                    let packed;
+                    let send = if tensor.shape()[..dim].iter().all(|&d| d == 1) {
+                        &tensor
+                    } else {
+                        packed = parts_one_after_another(&tensor, dim, n);
+                        &packed
+                    };
+                    let mut mine = Tensor::zeros(tensor.dtype(), &part_shape);
+                    let counts = vec![mine.n_elements(); n];
+                    let (send, recv) = (Buf::from_tensor(send), BufMut::from_tensor(&mut mine));
                     match in_type {
                         true => group.reduce_scatter_in_element_type_v(
                             send,
@@ -680,4 +677,71 @@ fn copy_piece(
         &region.shape,
         elem,
     );
+}
+
+/// `tensor` cut into `n` equal parts along `dim`, the parts laid one after another (part 0's
+/// elements in row-major order, then part 1's, …), as a 1-D tensor; one pass over the bytes.
+fn parts_one_after_another(tensor: &Tensor, dim: usize, n: usize) -> Tensor {
+    let shape = tensor.shape();
+    let outer: usize = shape[..dim].iter().product();
+    let row = tensor.as_bytes().len() / outer.max(1);
+    let part = row / n.max(1);
+    let mut out = Tensor::zeros(tensor.dtype(), &[tensor.n_elements()]);
+    let src = tensor.as_bytes();
+    let mut dst = out.as_bytes_mut().chunks_exact_mut(part.max(1));
+    for j in 0..n {
+        for o in 0..outer {
+            if let Some(run) = dst.next() {
+                let at = o * row + j * part;
+                run.copy_from_slice(&src[at..at + part]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts as `extract_box` cuts them, concatenated: what the one pass must equal.
+    fn by_boxes(tensor: &Tensor, dim: usize, n: usize) -> Tensor {
+        let shape = tensor.shape().to_vec();
+        let part_len = shape[dim] / n;
+        let parts: Vec<Tensor> = (0..n)
+            .map(|j| {
+                let mut offset = vec![0; shape.len()];
+                offset[dim] = j * part_len;
+                let mut extent = shape.clone();
+                extent[dim] = part_len;
+                tensor.extract_box(&SliceBox::new(offset, extent)).unwrap()
+            })
+            .collect();
+        Tensor::concat(&parts, 0).unwrap()
+    }
+
+    #[test]
+    fn parts_one_after_another_are_the_boxes_in_member_order() {
+        let cases: [(&[usize], usize, usize); 5] = [
+            (&[4, 6, 8], 1, 2),
+            (&[4, 6, 8], 2, 4),
+            (&[3, 5, 6, 2], 2, 3),
+            (&[2, 9], 1, 3),
+            (&[7, 1, 4], 2, 2),
+        ];
+        for (shape, dim, n) in cases {
+            let len: usize = shape.iter().product();
+            for dtype in [DType::F32, DType::F64, DType::BF16] {
+                let values: Vec<f64> = (0..len).map(|i| i as f64).collect();
+                let tensor = Tensor::from_vec(shape, values).unwrap().to_dtype(dtype);
+                let packed = parts_one_after_another(&tensor, dim, n);
+                let want = by_boxes(&tensor, dim, n);
+                assert_eq!(
+                    packed.as_bytes(),
+                    want.as_bytes(),
+                    "{shape:?} dim {dim} / {n}, {dtype:?}"
+                );
+            }
+        }
+    }
 }
