@@ -56,6 +56,9 @@ pub struct GptStepRequest {
     /// attention) on this many tokens per sequence, the batch cut to keep 2,048 tokens per step
     /// (`None`: skip).
     pub context_parallel_seq: Option<usize>,
+    /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right
+    /// after the plain run.
+    pub sequence_parallel: bool,
 }
 
 /// How a timed configuration splits the GPT: data, model and context parallel.
@@ -65,6 +68,8 @@ struct Split {
     mp: usize,
     cp: usize,
     algo: ContextParallelAlgo,
+    /// `parallel.use_seq_parallel`.
+    seq_parallel: bool,
 }
 
 impl Split {
@@ -75,6 +80,7 @@ impl Split {
             mp,
             cp: 1,
             algo: ContextParallelAlgo::Ulysses,
+            seq_parallel: false,
         }
     }
 
@@ -351,6 +357,7 @@ fn program(
             model_parallel: split.mp,
             context_parallel: split.cp,
             context_parallel_algo: split.algo,
+            use_seq_parallel: split.seq_parallel,
             ..GptParallelKeys::default()
         };
         let split = GptParallel::resolve(devices, &keys)?;
@@ -603,6 +610,14 @@ pub fn gpt_step(
         if split == Split::dp_mp(1, 1) {
             bench.utilisation(rate)?;
         }
+        if request.sequence_parallel && split == Split::dp_mp(1, 2) {
+            let sp = Split {
+                seq_parallel: true,
+                ..split
+            };
+            let label = format!("{label}, sequence parallel");
+            bench.measure(sp, &label, (false, Reduction::Plain), (false, 1))?;
+        }
         rates.push(rate);
     }
     // Further rounds of the three, in reverse order every other round, so that a drift of
@@ -670,6 +685,7 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
                 mp: 1,
                 cp: 2,
                 algo,
+                seq_parallel: false,
             };
             let label = format!("2 ranks, context parallel 2 ({name}), {seq} tokens");
             rates.push(bench.measure(split, &label, plain, (false, 1))?);

@@ -191,6 +191,10 @@ struct GptStepArgs {
     /// of the rounds' speed-ups.
     #[arg(long, value_parser = context_parallel_seq)]
     context_parallel_seq: Option<usize>,
+    /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right
+    /// after the plain run.
+    #[arg(long)]
+    sequence_parallel: bool,
 }
 
 /// `--context-parallel-seq`: a power of two from 64 to 2048.
@@ -370,6 +374,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 clip: a.clip,
                 threads: usize::from(a.threads),
                 context_parallel_seq: a.context_parallel_seq,
+                sequence_parallel: a.sequence_parallel,
             };
             bench::gpt_step::gpt_step(&request, console)?;
         }
