@@ -23,6 +23,16 @@ const ADAMW: OptimizerKind = OptimizerKind::AdamW {
     eps: 1e-6,
 };
 
+/// One of each rule (momentum twice: plain and Nesterov).
+const EVERY_RULE: [OptimizerKind; 6] = [
+    OptimizerKind::Sgd,
+    MOMENTUM,
+    NESTEROV,
+    ADAM,
+    ADAMW,
+    MINT_ADAMW,
+];
+
 fn config(kind: OptimizerKind, learning_rate: f64, weight_decay: f64) -> OptimizerConfig {
     OptimizerConfig {
         kind,
@@ -178,14 +188,7 @@ fn run(
 fn every_rule_follows_the_reference_over_several_steps_in_f64_and_f32() {
     let p0 = values(37, 1);
     let grads: Vec<Vec<f64>> = (0..6).map(|s| values(37, s + 2)).collect();
-    for kind in [
-        OptimizerKind::Sgd,
-        MOMENTUM,
-        NESTEROV,
-        ADAM,
-        ADAMW,
-        MINT_ADAMW,
-    ] {
+    for kind in EVERY_RULE {
         let want = reference(kind, 0.05, 0.02, &p0, &grads);
         assert_close(
             &run(kind, DType::F64, "fc1_weight", &p0, &grads, 0.02),
@@ -252,14 +255,7 @@ fn updating_shards_separately_equals_updating_the_whole() {
             SliceBox::new(vec![0, 3], vec![4, 3]),
         ],
     ];
-    for kind in [
-        OptimizerKind::Sgd,
-        MOMENTUM,
-        NESTEROV,
-        ADAM,
-        ADAMW,
-        MINT_ADAMW,
-    ] {
+    for kind in EVERY_RULE {
         let cfg = config(kind, 0.01, 0.05);
         let mut whole = p0.clone();
         let mut opt = Optimizer::new(cfg, &[spec("w", &shape, DType::F32)]).unwrap();
@@ -609,14 +605,7 @@ fn every_rule_is_bitwise_the_same_on_any_thread_count() {
     let start: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
-    for kind in [
-        OptimizerKind::Sgd,
-        MOMENTUM,
-        NESTEROV,
-        ADAM,
-        ADAMW,
-        MINT_ADAMW,
-    ] {
+    for kind in EVERY_RULE {
         let run = |threads: usize| {
             let mut opt =
                 Optimizer::new(config(kind, 0.01, 0.1), &[spec("w", &[n], DType::F32)]).unwrap();
