@@ -560,8 +560,8 @@ pub fn gpt_step(
         (Split::dp_mp(2, 1), "2 ranks, data parallel"),
         (Split::dp_mp(1, 2), "2 ranks, model parallel 2"),
     ];
-    let mut rates = Vec::new();
-    for (split, label) in configurations {
+    let mut rates = [0.0; 3];
+    for (i, (split, label)) in configurations.into_iter().enumerate() {
         let rate = bench.measure(split, label, (false, Reduction::Plain), (false, 1))?;
         if request.fusion && split == Split::dp_mp(2, 1) {
             for (what, reduction) in [
@@ -618,30 +618,14 @@ pub fn gpt_step(
             let label = format!("{label}, sequence parallel");
             bench.measure(sp, &label, (false, Reduction::Plain), (false, 1))?;
         }
-        rates.push(rate);
+        rates[i] = rate;
     }
-    // Further rounds of the three, in reverse order every other round, so that a drift of
-    // the machine's speed does not favour either side of a speed-up.
-    let (mut dp, mut mp) = (vec![rates[1] / rates[0]], vec![rates[2] / rates[0]]);
-    for round in 1..request.rounds.max(1) {
-        let mut order: Vec<usize> = (0..configurations.len()).collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        let mut round_rates = [0.0; 3];
-        for i in order {
-            let (split, label) = configurations[i];
-            let plain = (false, Reduction::Plain);
-            round_rates[i] = bench.measure(split, label, plain, (false, 1))?;
-        }
-        dp.push(round_rates[1] / round_rates[0]);
-        mp.push(round_rates[2] / round_rates[0]);
-    }
-    dp.sort_by(f64::total_cmp);
-    mp.sort_by(f64::total_cmp);
+    let plain_configurations = configurations.map(|(split, label)| (split, label.to_string()));
+    let [data_parallel, model_parallel] =
+        alternating_rounds(&mut bench, &plain_configurations, Some(rates))?;
     bench.push(GptStepLine::SpeedUp {
-        data_parallel: Ratios(dp),
-        model_parallel: Ratios(mp),
+        data_parallel,
+        model_parallel,
     });
     if let Some(seq) = request.context_parallel_seq {
         context_parallel(&mut bench, seq)?;
@@ -664,45 +648,68 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
             batch,
         )
     };
-    let plain = (false, Reduction::Plain);
-    let one_label = format!("1 rank, {seq} tokens × batch {batch}, fused attention");
+    let one = (
+        Split::dp_mp(1, 1),
+        format!("1 rank, {seq} tokens × batch {batch}, fused attention"),
+    );
     let forms = [
         (ContextParallelAlgo::Ring, "ring"),
         (ContextParallelAlgo::Ulysses, "Ulysses"),
-    ];
-    // Rounds of one rank and both forms, the one rank timed last in every odd round, so that a
-    // drift of the machine's speed does not favour either side.
-    let (mut ring, mut ulysses) = (Vec::new(), Vec::new());
-    for round in 0..bench.request.rounds.max(1) {
-        let mut one = None;
-        if round % 2 == 0 {
-            one = Some(bench.measure(Split::dp_mp(1, 1), &one_label, plain, (false, 1))?);
-        }
-        let mut rates = Vec::new();
-        for (algo, name) in forms {
-            let split = Split {
-                dp: 1,
-                mp: 1,
-                cp: 2,
-                algo,
-                seq_parallel: false,
-            };
-            let label = format!("2 ranks, context parallel 2 ({name}), {seq} tokens");
-            rates.push(bench.measure(split, &label, plain, (false, 1))?);
-        }
-        let one = match one {
-            Some(one) => one,
-            None => bench.measure(Split::dp_mp(1, 1), &one_label, plain, (false, 1))?,
+    ]
+    .map(|(algo, name)| {
+        let split = Split {
+            dp: 1,
+            mp: 1,
+            cp: 2,
+            algo,
+            seq_parallel: false,
         };
-        ring.push(rates[0] / one);
-        ulysses.push(rates[1] / one);
-    }
-    ring.sort_by(f64::total_cmp);
-    ulysses.sort_by(f64::total_cmp);
-    bench.push(GptStepLine::ContextParallel {
-        seq,
-        ring: Ratios(ring),
-        ulysses: Ratios(ulysses),
+        (
+            split,
+            format!("2 ranks, context parallel 2 ({name}), {seq} tokens"),
+        )
     });
+    let [ring_form, ulysses_form] = forms;
+    let [ring, ulysses] = alternating_rounds(bench, &[one, ring_form, ulysses_form], None)?;
+    bench.push(GptStepLine::ContextParallel { seq, ring, ulysses });
     Ok(())
+}
+
+/// Each configuration's throughput over the first one's, per round, sorted, for the second
+/// configuration on: `--rounds` rounds of all of them (unprofiled, plain gradients), in order
+/// and in reverse order every other round, so that a drift of the machine's speed favours
+/// neither side; `first`, when given, holds round 0's rates, already measured.
+fn alternating_rounds<const N: usize, const M: usize>(
+    bench: &mut Bench<'_>,
+    configurations: &[(Split, String); N],
+    first: Option<[f64; N]>,
+) -> Result<[Ratios; M], BenchError> {
+    const { assert!(M + 1 == N, "one ratio per configuration after the first") };
+    let mut ratios: [Vec<f64>; M] = std::array::from_fn(|_| Vec::new());
+    let mut record = |rates: &[f64; N]| {
+        for (r, &rate) in ratios.iter_mut().zip(&rates[1..]) {
+            r.push(rate / rates[0]);
+        }
+    };
+    let mut from = 0;
+    if let Some(rates) = first {
+        record(&rates);
+        from = 1;
+    }
+    for round in from..bench.request.rounds.max(1) {
+        let mut order: Vec<usize> = (0..N).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut rates = [0.0; N];
+        for i in order {
+            let (split, label) = &configurations[i];
+            rates[i] = bench.measure(*split, label, (false, Reduction::Plain), (false, 1))?;
+        }
+        record(&rates);
+    }
+    Ok(ratios.map(|mut r| {
+        r.sort_by(f64::total_cmp);
+        Ratios(r)
+    }))
 }
