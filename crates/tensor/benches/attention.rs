@@ -11,6 +11,9 @@
 //!
 //! Run: `cargo bench -p tessera-tensor --bench attention [-- ROUNDS]` (default 10 rounds).
 
+mod common;
+
+use common::thread_cpu_seconds;
 use tensor::kernels::{
     self, gemm, AttentionDims, AttentionGradBuffers, AttentionGradInputs, AttentionParams,
     GemmShape,
@@ -31,18 +34,6 @@ const SHAPES: [AttentionDims; 2] = [
         head_dim: 64,
     },
 ];
-
-/// Seconds of CPU time this thread has used.
-fn thread_cpu_seconds() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec to write.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-}
 
 /// Deterministic values in [-0.5, 0.5).
 fn values(n: usize, step: usize) -> Vec<f32> {

@@ -12,6 +12,9 @@
 //! product starts with its operands out of the caches (64 MiB written between calls, untimed),
 //! as in a training step, where a product's input was written by ops long before.
 
+mod common;
+
+use common::thread_cpu_seconds;
 use tensor::kernels::{det, gemm, GemmShape};
 
 /// Weights `[in, out]`: forward `X·W`, `dX = dY·Wᵀ`, `dW = Xᵀ·dY`; attention per head. Then
@@ -54,18 +57,6 @@ const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> Ge
         trans_a,
         trans_b,
     }
-}
-
-/// Seconds of CPU time this thread has used.
-fn thread_cpu_seconds() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec to write.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 /// Deterministic values in [-0.5, 0.5).

@@ -1,6 +1,7 @@
 //! What the benchmarks share.
 
 /// Deterministic values in [-1, 1).
+#[allow(dead_code)] // not every benchmark that includes this module draws its values here
 pub fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
@@ -11,4 +12,17 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
             (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
         })
         .collect()
+}
+
+/// Seconds of CPU time this thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+#[allow(dead_code)] // not every benchmark that includes this module times by CPU clock
+pub fn thread_cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }

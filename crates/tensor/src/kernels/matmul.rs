@@ -227,6 +227,8 @@ pub fn gemm_with<T: Float>(
 /// `A` (columns of `B`): every element still sums the whole contraction in the crate's order, so
 /// the bits are the single thread's, and no band waits on another (the crate's own parallel
 /// mode packs `B` on one thread between barriers, which measured 1.35–1.45× on two threads).
+/// A band (the whole output on one thread) taller than [`SOLO_BAND`] rows is cut further into
+/// calls of that many rows, with the same bits for the same reason.
 fn gemm_crate<T: Float>(
     shape: GemmShape,
     alpha: T,
@@ -273,6 +275,12 @@ fn gemm_crate<T: Float>(
         }
     };
     let (m, n) = (shape.m, shape.n);
+    // A band taller than `SOLO_BAND` rows as calls of at most that many, one after another.
+    let band = |rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
+        for start in rows.clone().step_by(SOLO_BAND) {
+            band(start..(start + SOLO_BAND).min(rows.end), cols.clone());
+        }
+    };
     if threads < 2 {
         band(0..m, 0..n);
         return;
@@ -295,6 +303,15 @@ fn gemm_crate<T: Float>(
         }
     });
 }
+
+/// Rows of `C` one `gemm` crate call computes at most; a taller band is cut into calls of this
+/// many rows, one after another (the same bits: every element still sums the whole contraction
+/// in the crate's order). On a Zen 3 EPYC (AVX2, 512 KiB L2), one thread, cold caches, the
+/// GPT's 2,048-row products with a wide output (`n` = 768 or 1,024) ran 1.13–1.15× faster in
+/// calls of 512 rows than in one call, those with `n` = 256 the same (0.98–1.02×); bands of
+/// 64–128 rows were 8–15 % slower (`B` is packed again for every call). See
+/// `docs/PERFORMANCE.md`, "Products in bands of 512 rows".
+const SOLO_BAND: usize = 512;
 
 /// A band closure shared by the threads: it only reads its captured pointers, and the bands
 /// write disjoint parts of the output.

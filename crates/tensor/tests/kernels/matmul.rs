@@ -300,6 +300,52 @@ fn a_product_is_bitwise_the_same_on_any_thread_count() {
     }
 }
 
+/// A tall product is computed in bands of at most 512 rows, one call each: its bits are those
+/// of calls over 100 rows at a time (each too short to be cut), with `β·C` read, on both `gemm`
+/// crate backends and every transpose, the last band shorter than the others.
+#[test]
+fn a_tall_product_in_bands_equals_calls_over_short_bands() {
+    let mut rng = Rng::new(12);
+    let (m, n, k, short) = (1100, 96, 300, 100);
+    for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = r::to_f32(&rng.vec(m * k, -1.0, 1.0));
+        let b = r::to_f32(&rng.vec(k * n, -1.0, 1.0));
+        let c0 = r::to_f32(&rng.vec(m * n, -1.0, 1.0));
+        for backend in [GemmBackend::Gemm, GemmBackend::GemmColumnMajor] {
+            let shape = GemmShape {
+                m,
+                n,
+                k,
+                trans_a,
+                trans_b,
+            };
+            let mut whole = c0.clone();
+            gemm_with(backend, shape, 1.5, &a, &b, 1.0, &mut whole).unwrap();
+            for first in (0..m).step_by(short) {
+                // Rows `first..first + short` of op(A), as their own operand.
+                let band_a: Vec<f32> = if trans_a {
+                    (0..k)
+                        .flat_map(|kk| a[kk * m + first..kk * m + first + short].to_vec())
+                        .collect()
+                } else {
+                    a[first * k..(first + short) * k].to_vec()
+                };
+                let mut band = c0[first * n..(first + short) * n].to_vec();
+                let band_shape = GemmShape { m: short, ..shape };
+                gemm_with(backend, band_shape, 1.5, &band_a, &b, 1.0, &mut band).unwrap();
+                let got = &whole[first * n..(first + short) * n];
+                assert!(
+                    got.iter()
+                        .zip(&band)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{backend:?} {shape:?}: rows {first}..{} differ from one call over them",
+                    first + short
+                );
+            }
+        }
+    }
+}
+
 /// Batched products too small to split themselves (attention's per-head `[128, 64]·[64, 128]`)
 /// are shared out among the threads whole: the bits are the single thread's, with a broadcast
 /// batch and either operand transposed.
