@@ -308,9 +308,9 @@ fn gemm_crate<T: Float>(
 /// many rows, one after another (the same bits: every element still sums the whole contraction
 /// in the crate's order). On a Zen 3 EPYC (AVX2, 512 KiB L2), one thread, cold caches, the
 /// GPT's 2,048-row products with a wide output (`n` = 768 or 1,024) ran 1.13–1.15× faster in
-/// calls of 512 rows than in one call, those with `n` = 256 the same (0.98–1.02×); bands of
-/// 64–128 rows were 8–15 % slower (`B` is packed again for every call). See
-/// `docs/PERFORMANCE.md`, "Products in bands of 512 rows".
+/// calls of 512 rows than in one call, those with `n` = 256 about the same (0.95–1.05×);
+/// bands of 64–128 rows were 8–15 % slower (`B` is packed again for every call). `cargo bench
+/// -p tessera-tensor --bench bands`; see `docs/PERFORMANCE.md`, "Products in bands of 512 rows".
 const SOLO_BAND: usize = 512;
 
 /// A band closure shared by the threads: it only reads its captured pointers, and the bands
