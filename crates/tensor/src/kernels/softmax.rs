@@ -27,7 +27,7 @@ fn check_rows(
 }
 
 /// Writes the softmax of one row: `out = exp(x - max) / Σ exp(x - max)`.
-#[inline]
+#[inline(always)]
 pub(crate) fn softmax_row<T: Float>(x: &[T], out: &mut [T]) {
     scaled_softmax_row(x, T::ONE, out);
 }
