@@ -146,10 +146,7 @@ fn median(mut x: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(10);
+    let rounds = common::rounds_arg(10);
     println!(
         "| attention fwd+bwd, causal, f32, 1 thread | fused ms | unfused ms | fused ÷ unfused |"
     );

@@ -142,11 +142,7 @@ fn speeds(times: &[Vec<f64>]) -> String {
 }
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(30)
-        .max(1);
+    let rounds = common::rounds_arg(30);
     let mut flush = vec![0u8; 64 << 20];
     println!(
         "| product, f32, 1 thread | m×n×k | one call GFLOP/s | 1,024 rows | 512 rows | 256 rows |"

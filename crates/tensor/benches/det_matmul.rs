@@ -77,12 +77,7 @@ fn summary(samples: &mut [f64]) -> (f64, f64, f64) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; the first numeric argument is the round count.
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(30)
-        .max(1);
+    let rounds = common::rounds_arg(30);
     // Any other argument (not a flag) keeps only the shapes whose names contain it.
     let cold = std::env::args().any(|arg| arg == "cold");
     let only: Vec<String> = std::env::args()

@@ -8,6 +8,8 @@
 //! Run: `cargo bench -p tessera-tensor --bench matmul_interleaved [-- ROUNDS [gpt]]` (default 100
 //! rounds; `gpt` times the bench GPT's shapes instead).
 
+mod common;
+
 use std::time::Instant;
 
 use tensor::kernels::{gemm, gemm_with, GemmBackend, GemmShape};
@@ -57,11 +59,7 @@ fn values(n: usize, step: usize) -> Vec<f32> {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; the first numeric argument is the round count.
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(100);
+    let rounds = common::rounds_arg(100);
     // `gpt` after the round count picks the GPT's shapes.
     let shapes = match std::env::args().any(|arg| arg == "gpt") {
         true => &GPT_SHAPES[..],

@@ -26,3 +26,14 @@ pub fn thread_cpu_seconds() -> f64 {
     assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
+
+/// The round count: the first numeric command-line argument (`cargo bench` passes `--bench`
+/// and any names too), at least 1, else `default`.
+#[allow(dead_code)] // not every benchmark that includes this module takes a round count
+pub fn rounds_arg(default: usize) -> usize {
+    std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}

@@ -166,7 +166,9 @@ mod tests {
         let logits: Vec<f32> = (0..rows * classes)
             .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
             .collect();
-        let labels: Vec<i64> = (0..rows as i64).map(|r| (r * 11) % classes as i64).collect();
+        let labels: Vec<i64> = (0..rows as i64)
+            .map(|r| (r * 11) % classes as i64)
+            .collect();
         let mut got = vec![0f32; logits.len()];
         sparse_softmax_cross_entropy_grad_into(&logits, classes, &labels, 0.5, &mut got).unwrap();
         let scale = 0.5 / rows as f32;
