@@ -3,7 +3,10 @@
 embeddings, batch 16, f32) trained with AdamW, on one thread, on two threads, and with DDP on 2
 processes (gloo, one thread each, batch 8 per process). Prints tokens/s from the median step time.
 
-    python scripts/torch_gpt_step.py [steps] [layers] [hidden]
+    python scripts/torch_gpt_step.py [steps] [layers] [hidden] [--one-thread]
+
+`--one-thread` times the single thread only (no products, no 2 threads, no DDP), for runs
+paired with `tessera bench gpt-step --one-rank` (`scripts/bench-gpt-pairs.sh`).
 """
 import math
 import os
@@ -16,9 +19,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-LAYERS = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-HIDDEN = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+ONE_THREAD = "--one-thread" in sys.argv[1:]
+ARGS = [a for a in sys.argv[1:] if a != "--one-thread"]
+STEPS = int(ARGS[0]) if len(ARGS) > 0 else 20
+LAYERS = int(ARGS[1]) if len(ARGS) > 1 else 4
+HIDDEN = int(ARGS[2]) if len(ARGS) > 2 else 256
 HEADS, SEQ, BATCH, VOCAB = 4, 128, 16, 256
 
 
@@ -140,6 +145,8 @@ def main():
     torch.set_num_threads(1)
     torch.manual_seed(1)
     report("1 thread", time_steps(Gpt(), batches(BATCH)))
+    if ONE_THREAD:
+        return
     product_rates()
     torch.set_num_threads(2)
     torch.manual_seed(1)

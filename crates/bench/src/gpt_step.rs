@@ -59,6 +59,9 @@ pub struct GptStepRequest {
     /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right
     /// after the plain run.
     pub sequence_parallel: bool,
+    /// Time 1 rank only (with its variants and the utilisation line): no 2-rank configuration
+    /// and no speed-up rounds, for runs paired against another engine's single thread.
+    pub one_rank: bool,
 }
 
 /// How a timed configuration splits the GPT: data, model and context parallel.
@@ -560,8 +563,13 @@ pub fn gpt_step(
         (Split::dp_mp(2, 1), "2 ranks, data parallel"),
         (Split::dp_mp(1, 2), "2 ranks, model parallel 2"),
     ];
+    let timed = if request.one_rank {
+        1
+    } else {
+        configurations.len()
+    };
     let mut rates = [0.0; 3];
-    for (i, (split, label)) in configurations.into_iter().enumerate() {
+    for (i, &(split, label)) in configurations[..timed].iter().enumerate() {
         let rate = bench.measure(split, label, (false, Reduction::Plain), (false, 1))?;
         if request.fusion && split == Split::dp_mp(2, 1) {
             for (what, reduction) in [
@@ -620,13 +628,15 @@ pub fn gpt_step(
         }
         rates[i] = rate;
     }
-    let plain_configurations = configurations.map(|(split, label)| (split, label.to_string()));
-    let [data_parallel, model_parallel] =
-        alternating_rounds(&mut bench, &plain_configurations, Some(rates))?;
-    bench.push(GptStepLine::SpeedUp {
-        data_parallel,
-        model_parallel,
-    });
+    if !request.one_rank {
+        let plain_configurations = configurations.map(|(split, label)| (split, label.to_string()));
+        let [data_parallel, model_parallel] =
+            alternating_rounds(&mut bench, &plain_configurations, Some(rates))?;
+        bench.push(GptStepLine::SpeedUp {
+            data_parallel,
+            model_parallel,
+        });
+    }
     if let Some(seq) = request.context_parallel_seq {
         context_parallel(&mut bench, seq)?;
     }

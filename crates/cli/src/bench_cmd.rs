@@ -195,6 +195,11 @@ struct GptStepArgs {
     /// after the plain run.
     #[arg(long)]
     sequence_parallel: bool,
+    /// Time 1 rank only (with `--deterministic`, `--clip` or `--threads` its variants, and the
+    /// utilisation line): no 2-rank configuration and no speed-up rounds
+    /// (`scripts/bench-gpt-pairs.sh` pairs it with PyTorch's single thread).
+    #[arg(long, conflicts_with_all = ["fusion", "sequence_parallel"])]
+    one_rank: bool,
 }
 
 /// `--context-parallel-seq`: a power of two from 64 to 2048.
@@ -375,6 +380,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 threads: usize::from(a.threads),
                 context_parallel_seq: a.context_parallel_seq,
                 sequence_parallel: a.sequence_parallel,
+                one_rank: a.one_rank,
             };
             bench::gpt_step::gpt_step(&request, console)?;
         }

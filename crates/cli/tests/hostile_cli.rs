@@ -503,3 +503,42 @@ fn benchmark_counts_and_sizes_out_of_range_are_refused() {
         assert_refused(&out, &["--shape", shape, "between 1 and"]);
     }
 }
+
+/// `bench gpt-step --one-rank` times one rank and nothing on two ranks (no speed-up rounds), and
+/// refuses the flags that only mean something on two ranks, naming them.
+#[test]
+fn gpt_step_one_rank_times_one_rank_only() {
+    let out = tessera_env(
+        &[
+            "bench",
+            "gpt-step",
+            "--one-rank",
+            "--steps",
+            "1",
+            "--layers",
+            "1",
+            "--hidden",
+            "32",
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("tessera, 1 rank: "), "{stdout}");
+    assert!(stdout.contains("model FLOP utilisation"), "{stdout}");
+    assert!(!stdout.contains("2 ranks"), "{stdout}");
+    for flag in ["--fusion", "--sequence-parallel"] {
+        let out = tessera_env(&["bench", "gpt-step", "--one-rank", flag], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{flag}: a usage error\n{stderr}"
+        );
+        assert!(
+            stderr.contains("--one-rank") && stderr.contains(flag),
+            "{flag}: names both flags\n{stderr}"
+        );
+    }
+}
