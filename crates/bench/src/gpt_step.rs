@@ -15,6 +15,7 @@ use models::{ContextParallelAlgo, GptConfig, GptParallel, GptParallelKeys};
 use parallel::{compile_training, DatasetStrategy, ParallelConfig, ParallelMode};
 use tensor::{DType, Tensor};
 
+use crate::mfu::ShapeRate;
 use crate::timing::ms;
 use crate::train_step::{lcg, rank_steps, slowest, StepBench, StepMillis};
 use crate::{BenchError, Pieces, Progress};
@@ -527,12 +528,13 @@ impl Bench<'_> {
 impl Bench<'_> {
     /// Pushes one rank's model FLOP utilisation at `rate` tokens/s, the product peak measured
     /// now.
-    fn utilisation(&mut self, rate: f64) -> Result<(), BenchError> {
+    fn utilisation(&mut self, rate: f64, before: Vec<ShapeRate>) -> Result<(), BenchError> {
         let model = models::gpt(&self.gpt, DType::F32)?;
         let parameters = crate::mfu::trainable_parameters(&model.graph);
         let flops = crate::mfu::model_flops_per_step(&self.gpt, parameters);
         let tokens = (self.gpt.batch * self.gpt.seq_len) as f64;
-        let shapes = crate::mfu::product_rates(&crate::mfu::gpt_product_shapes(&self.gpt))?;
+        let after = crate::mfu::product_rates(&crate::mfu::gpt_product_shapes(&self.gpt))?;
+        let shapes = crate::mfu::faster_of(before, after);
         self.push(GptStepLine::Utilisation {
             model_gflop: flops / 1e9,
             achieved: flops / 1e9 * rate / tokens,
@@ -568,6 +570,10 @@ pub fn gpt_step(
     } else {
         configurations.len()
     };
+    // The product peak, timed before the 1-rank step as well as after it (`Bench::utilisation`).
+    let mut peak_before = Some(crate::mfu::product_rates(&crate::mfu::gpt_product_shapes(
+        &bench.gpt,
+    ))?);
     let mut rates = [0.0; 3];
     for (i, &(split, label)) in configurations[..timed].iter().enumerate() {
         let rate = bench.measure(split, label, (false, Reduction::Plain), (false, 1))?;
@@ -615,8 +621,8 @@ pub fn gpt_step(
             let ratios = bench.rounds(split, (label, rate), &thread_label, threaded)?;
             bench.push(GptStepLine::Threaded { threads, ratios });
         }
-        if split == Split::dp_mp(1, 1) {
-            bench.utilisation(rate)?;
+        if let (true, Some(before)) = (split == Split::dp_mp(1, 1), peak_before.take()) {
+            bench.utilisation(rate, before)?;
         }
         if request.sequence_parallel && split == Split::dp_mp(1, 2) {
             let sp = Split {

@@ -1,7 +1,8 @@
 //! Model FLOP utilisation of the GPT benchmark: the model's FLOPs per step (PaLM's count,
 //! `6 · parameters · tokens + 12 · layers · width · sequence · tokens`) at the measured step
 //! time, over the single-thread matrix-product peak measured in the same run on the GPT's own
-//! product shapes (the engine's GEMM, `tensor::kernels::gemm`).
+//! product shapes (the engine's GEMM, `tensor::kernels::gemm`), the faster of a timing before
+//! the step's measurement and one after it.
 
 use std::time::Instant;
 
@@ -63,6 +64,24 @@ pub fn product_rates(shapes: &[(usize, usize, usize)]) -> Result<Vec<ShapeRate>,
         .collect()
 }
 
+/// Per shape, the faster of two timings of the same shapes (`earlier` and `later`, in the same
+/// order): on a machine whose speed drifts, one timing can land in a slow stretch and make the
+/// utilisation read above 100 %.
+pub fn faster_of(earlier: Vec<ShapeRate>, later: Vec<ShapeRate>) -> Vec<ShapeRate> {
+    earlier
+        .into_iter()
+        .zip(later)
+        .map(|(a, b)| {
+            debug_assert_eq!(a.mkn, b.mkn, "the same shapes in the same order");
+            if b.gflops > a.gflops {
+                b
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
 /// Trainable parameters of `graph` (elements).
 pub fn trainable_parameters(graph: &Graph) -> usize {
     graph
@@ -94,6 +113,15 @@ pub fn model_flops_per_step(gpt: &GptConfig, parameters: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peak_takes_the_faster_timing_of_each_shape() {
+        let rate = |mkn, gflops| ShapeRate { mkn, gflops };
+        let earlier = vec![rate((8, 4, 2), 50.0), rate((8, 2, 4), 90.0)];
+        let later = vec![rate((8, 4, 2), 70.0), rate((8, 2, 4), 60.0)];
+        let best = faster_of(earlier, later);
+        assert_eq!(best, vec![rate((8, 4, 2), 70.0), rate((8, 2, 4), 90.0)]);
+    }
 
     #[test]
     fn the_bench_gpt_s_flops_follow_palm_s_count() {
