@@ -77,8 +77,11 @@ fn mpi_training_matches_local_and_one_device() {
     assert_eq!(mpi.len(), 20);
     assert_eq!(watched.len(), 20);
     for (i, (((m, l), o), w)) in mpi.iter().zip(&local).zip(&one).zip(&watched).enumerate() {
+        // The watchdog's collectives are OpenMPI's own, which sum in another order than
+        // Tessera's algorithms (the polled run's and the local backend's): the two agree to
+        // rounding, which compounds over the steps (1.2e-6 relative at step 19 seen).
         assert!(
-            (m - w).abs() <= 1e-6 * m.abs(),
+            (m - w).abs() <= 1e-5 * m.abs(),
             "step {}: polled mpi {m} vs watchdog mpi {w}",
             i + 1
         );
