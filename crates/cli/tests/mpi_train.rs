@@ -1,7 +1,7 @@
 //! The seed run under the MPI backend (`mpirun -np 4`, one process per rank), in both
 //! collective modes (polled, and blocking under a watchdog), gives the losses of the local
-//! backend (to 1e-5: the all-reduces sum in other orders) and of one device, and the four processes save one committed checkpoint set. Built
-//! only with `--features mpi`.
+//! backend (to 1e-5: the all-reduces sum in other orders) and of one device, and the four
+//! processes save one committed checkpoint set. Built only with `--features mpi`.
 
 use std::process::Command;
 
