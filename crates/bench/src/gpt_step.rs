@@ -526,8 +526,8 @@ impl Bench<'_> {
 }
 
 impl Bench<'_> {
-    /// Pushes one rank's model FLOP utilisation at `rate` tokens/s, the product peak measured
-    /// now.
+    /// Pushes one rank's model FLOP utilisation at `rate` tokens/s over the product peak: per
+    /// shape the faster of `before` (timed before the step) and a timing now.
     fn utilisation(&mut self, rate: f64, before: Vec<ShapeRate>) -> Result<(), BenchError> {
         let model = models::gpt(&self.gpt, DType::F32)?;
         let parameters = crate::mfu::trainable_parameters(&model.graph);
@@ -571,9 +571,7 @@ pub fn gpt_step(
         configurations.len()
     };
     // The product peak, timed before the 1-rank step as well as after it (`Bench::utilisation`).
-    let mut peak_before = Some(crate::mfu::product_rates(&crate::mfu::gpt_product_shapes(
-        &bench.gpt,
-    ))?);
+    let mut peak_before = crate::mfu::product_rates(&crate::mfu::gpt_product_shapes(&bench.gpt))?;
     let mut rates = [0.0; 3];
     for (i, &(split, label)) in configurations[..timed].iter().enumerate() {
         let rate = bench.measure(split, label, (false, Reduction::Plain), (false, 1))?;
@@ -621,8 +619,8 @@ pub fn gpt_step(
             let ratios = bench.rounds(split, (label, rate), &thread_label, threaded)?;
             bench.push(GptStepLine::Threaded { threads, ratios });
         }
-        if let (true, Some(before)) = (split == Split::dp_mp(1, 1), peak_before.take()) {
-            bench.utilisation(rate, before)?;
+        if split == Split::dp_mp(1, 1) {
+            bench.utilisation(rate, std::mem::take(&mut peak_before))?;
         }
         if request.sequence_parallel && split == Split::dp_mp(1, 2) {
             let sp = Split {

@@ -486,17 +486,7 @@ fn benchmark_counts_and_sizes_out_of_range_are_refused() {
         ),
     ];
     for (args, flag) in cases {
-        let out = tessera_env(args, &[]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{args:?}: a usage error\n{stderr}"
-        );
-        assert!(
-            stderr.contains(flag) && stderr.contains("is not in"),
-            "{args:?}: names {flag} and its range\n{stderr}"
-        );
+        assert_usage_error(args, &[flag, "is not in"]);
     }
     for shape in ["100000000,100000000", "0,4"] {
         let out = tessera_env(&["bench", "reshard", "--shape", shape], &[]);
@@ -529,16 +519,26 @@ fn gpt_step_one_rank_times_one_rank_only() {
     assert!(stdout.contains("model FLOP utilisation"), "{stdout}");
     assert!(!stdout.contains("2 ranks"), "{stdout}");
     for flag in ["--fusion", "--sequence-parallel"] {
-        let out = tessera_env(&["bench", "gpt-step", "--one-rank", flag], &[]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{flag}: a usage error\n{stderr}"
+        assert_usage_error(
+            &["bench", "gpt-step", "--one-rank", flag],
+            &["--one-rank", flag],
         );
+    }
+}
+
+/// `args` end in a usage error (exit status 2) whose message holds every one of `needles`.
+fn assert_usage_error(args: &[&str], needles: &[&str]) {
+    let out = tessera_env(args, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: a usage error\n{stderr}"
+    );
+    for needle in needles {
         assert!(
-            stderr.contains("--one-rank") && stderr.contains(flag),
-            "{flag}: names both flags\n{stderr}"
+            stderr.contains(needle),
+            "{args:?}: names {needle}\n{stderr}"
         );
     }
 }
