@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm::LocalCluster;
+use comm::{Communicator, LocalCluster};
 use exec::{OptimizerConfig, OptimizerKind};
 use models::{ContextParallelAlgo, GptConfig, GptParallel, GptParallelKeys};
 use parallel::{compile_training, DatasetStrategy, ParallelConfig, ParallelMode};
@@ -17,7 +17,7 @@ use tensor::{DType, Tensor};
 
 use crate::mfu::ShapeRate;
 use crate::timing::ms;
-use crate::train_step::{lcg, rank_steps, slowest, StepBench, StepMillis};
+use crate::train_step::{lcg, rank_steps, slowest, RankStepper, RankTimes, StepBench, StepMillis};
 use crate::{BenchError, Pieces, Progress};
 
 /// Canonical blocks per summed dim in the deterministic runs (`parallel.deterministic_blocks`'s
@@ -39,8 +39,9 @@ pub struct GptStepRequest {
     /// blocks), right after the ordinary run.
     pub deterministic: bool,
     /// Time each configuration this many times (the 2-rank speed-ups, and with `deterministic`,
-    /// `clip`, `threads` or `context_parallel_seq` each mode), alternating, and report the
-    /// median (min–max) of the rounds' throughput ratios.
+    /// `clip` or `threads` each mode), alternating, and report the median (min–max) of the
+    /// rounds' throughput ratios; with `context_parallel_seq`, the number of interleaved
+    /// sessions, whose every step's ratio is reported.
     pub rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
     /// auto), then also reduced on a progress thread while the backward pass computes
@@ -54,8 +55,8 @@ pub struct GptStepRequest {
     /// (`train.threads_per_rank`), alternating with the 1-thread run `rounds` times.
     pub threads: usize,
     /// Also time context parallel 2 (ring and Ulysses, fused attention) against 1 rank (fused
-    /// attention) on this many tokens per sequence, the batch cut to keep 2,048 tokens per step
-    /// (`None`: skip).
+    /// attention) on this many tokens per sequence, the batch cut to keep 2,048 tokens per step,
+    /// the three interleaved step by step in `rounds` sessions (`None`: skip).
     pub context_parallel_seq: Option<usize>,
     /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right
     /// after the plain run.
@@ -153,10 +154,21 @@ impl Ratios {
         (what, of): (&str, &str),
         digits: usize,
     ) -> fmt::Result {
+        self.line_of(f, (what, of), digits, "rounds")
+    }
+
+    /// [`Ratios::line`] with the ratios' unit named (`rounds`, `interleaved steps`).
+    fn line_of(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        (what, of): (&str, &str),
+        digits: usize,
+        unit: &str,
+    ) -> fmt::Result {
         let r = &self.0;
         writeln!(
             f,
-            "  {what}: {:.digits$}x {of} (median of {} rounds, {:.digits$}-{:.digits$})",
+            "  {what}: {:.digits$}x {of} (median of {} {unit}, {:.digits$}-{:.digits$})",
             r[r.len() / 2],
             r.len(),
             r[0],
@@ -197,7 +209,8 @@ pub enum GptStepLine {
         /// The ratios.
         ratios: Ratios,
     },
-    /// Context parallel 2's throughput over 1 rank's at `seq` tokens, per round: ring, Ulysses.
+    /// Context parallel 2's throughput over 1 rank's at `seq` tokens, per interleaved step
+    /// ([`interleaved_steps`]): ring, Ulysses.
     ContextParallel {
         /// Tokens per sequence.
         seq: usize,
@@ -282,15 +295,18 @@ impl fmt::Display for GptStepLine {
                 2,
             ),
             GptStepLine::ContextParallel { seq, ring, ulysses } => {
-                ring.line(
+                let unit = "interleaved steps";
+                ring.line_of(
                     f,
                     (&format!("context parallel 2 (ring) at {seq} tokens"), "1 rank"),
                     2,
+                    unit,
                 )?;
-                ulysses.line(
+                ulysses.line_of(
                     f,
                     (&format!("context parallel 2 (Ulysses) at {seq} tokens"), "1 rank"),
                     2,
+                    unit,
                 )
             }
             GptStepLine::Utilisation {
@@ -382,6 +398,19 @@ fn program(
     )?))
 }
 
+/// The benchmark's optimizer: AdamW, learning rate 1e-3, weight decay 0.01.
+fn adamw() -> OptimizerConfig {
+    OptimizerConfig {
+        kind: OptimizerKind::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        },
+        learning_rate: 1e-3,
+        weight_decay: 0.01,
+    }
+}
+
 /// Eight batches of pseudo-random token ids: `input_ids` and `labels`, `[batch, seq_len]`.
 fn batches(gpt: &GptConfig) -> Result<Vec<Vec<Tensor>>, BenchError> {
     let n = gpt.batch * gpt.seq_len;
@@ -411,6 +440,18 @@ impl Bench<'_> {
         self.report.show(self.progress, line);
     }
 
+    /// How every rank times its steps: AdamW, 5 warm-up steps, `--steps` timed ones.
+    fn step_bench(&self, deterministic: bool, clip: bool) -> StepBench {
+        StepBench {
+            optimizer: adamw(),
+            warmup: 5,
+            steps: self.request.steps,
+            profile: self.request.profile,
+            deterministic: deterministic.then_some(DETERMINISTIC_BLOCKS),
+            clip: clip.then(|| runtime::MaxGradNorm::new(1.0)).flatten(),
+        }
+    }
+
     /// Times one configuration and reports it; its tokens/s.
     fn measure(
         &mut self,
@@ -419,22 +460,7 @@ impl Bench<'_> {
         (deterministic, reduction): (bool, Reduction),
         (clip, threads): (bool, usize),
     ) -> Result<f64, BenchError> {
-        let bench = StepBench {
-            optimizer: OptimizerConfig {
-                kind: OptimizerKind::AdamW {
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                },
-                learning_rate: 1e-3,
-                weight_decay: 0.01,
-            },
-            warmup: 5,
-            steps: self.request.steps,
-            profile: self.request.profile,
-            deterministic: deterministic.then_some(DETERMINISTIC_BLOCKS),
-            clip: clip.then(|| runtime::MaxGradNorm::new(1.0)).flatten(),
-        };
+        let bench = self.step_bench(deterministic, clip);
         let data = batches(&self.gpt)?;
         let prog = program(&self.gpt, split, deterministic, reduction)?;
         if deterministic {
@@ -684,9 +710,115 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
         )
     });
     let [ring_form, ulysses_form] = forms;
-    let [ring, ulysses] = alternating_rounds(bench, &[one, ring_form, ulysses_form], None)?;
+    let configurations = [one, ring_form, ulysses_form];
+    let data = batches(&bench.gpt)?;
+    let programs = configurations
+        .iter()
+        .map(|(split, _)| program(&bench.gpt, *split, false, Reduction::Plain))
+        .collect::<Result<Vec<_>, _>>()?;
+    let step_bench = StepBench {
+        profile: false,
+        ..bench.step_bench(false, false)
+    };
+    let tokens = (bench.gpt.batch * bench.gpt.seq_len) as f64;
+    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..bench.request.rounds.max(1) {
+        let sessions = configurations
+            .iter()
+            .zip(&programs)
+            .map(|((split, _), program)| (split.devices(), program.clone()))
+            .collect::<Vec<_>>();
+        let times = interleaved_steps(&sessions, &data, &step_bench)?;
+        for ((_, label), steps) in configurations.iter().zip(&times) {
+            let times = StepMillis::of(steps.clone());
+            bench.push(GptStepLine::Run(GptRun {
+                label: format!("{label}, steps interleaved"),
+                tokens_per_s: tokens / (times.median / 1e3),
+                times,
+                breakdown: None,
+                clip_per_step: None,
+            }));
+        }
+        for (r, steps) in ratios.iter_mut().zip(&times[1..]) {
+            // Equal tokens per step: the throughput ratio is the inverse of the times'.
+            r.extend(
+                times[0]
+                    .iter()
+                    .zip(steps)
+                    .map(|(one, cp)| one.as_secs_f64() / cp.as_secs_f64()),
+            );
+        }
+    }
+    let [ring, ulysses] = ratios.map(|mut r| {
+        r.sort_by(f64::total_cmp);
+        Ratios(r)
+    });
     bench.push(GptStepLine::ContextParallel { seq, ring, ulysses });
     Ok(())
+}
+
+/// Times several programs step by step in one session of the local backend: at every step each
+/// takes one training step, in order, and in reverse order every other step, the ranks meeting
+/// at a barrier before each. A program on one rank runs on rank 0 (its own communicator) while
+/// the others sleep in the barrier; any other runs on every rank. A drift of the machine's
+/// speed, which on a shared VM moves a configuration timed alone for a few seconds by up to
+/// 1.5×, thus reaches every program alike, to within a step. `sessions` are (ranks, program);
+/// returns each program's slowest-rank time of every timed step.
+fn interleaved_steps(
+    sessions: &[(usize, Arc<parallel::Program>)],
+    data: &[Vec<Tensor>],
+    bench: &StepBench,
+) -> Result<Vec<Vec<Duration>>, BenchError> {
+    let devices = sessions.iter().map(|(n, _)| *n).max().unwrap_or(1);
+    assert!(
+        sessions.iter().all(|(n, _)| *n == 1 || *n == devices),
+        "an interleaved program runs on one rank or on all of them"
+    );
+    let per_rank = LocalCluster::new(devices)?
+        .run(|comm| -> Result<Vec<Option<RankTimes>>, BenchError> {
+            let rank = comm.rank();
+            let world: Arc<dyn Communicator> = Arc::new(comm);
+            let mut steppers = Vec::with_capacity(sessions.len());
+            for (n, program) in sessions {
+                let member: Option<Arc<dyn Communicator>> = match (*n == devices, rank) {
+                    (true, _) => Some(world.clone()),
+                    (false, 0) => Some(Arc::new(LocalCluster::new(1)?.comms().remove(0))),
+                    (false, _) => None,
+                };
+                steppers.push(
+                    member
+                        .map(|w| RankStepper::new(program.clone(), w, data, bench))
+                        .transpose()?,
+                );
+            }
+            for step in 0..bench.warmup + bench.steps {
+                let mut order: Vec<usize> = (0..steppers.len()).collect();
+                if step % 2 == 1 {
+                    order.reverse();
+                }
+                for i in order {
+                    world.barrier()?;
+                    if let Some(stepper) = steppers[i].as_mut() {
+                        stepper.step(step)?;
+                    }
+                }
+            }
+            Ok(steppers
+                .into_iter()
+                .map(|s| s.map(RankStepper::finish))
+                .collect())
+        })
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| r.map_err(|source| BenchError::Rank { rank, source })?)
+        .collect::<Result<Vec<_>, BenchError>>()?;
+    let mut per_session: Vec<Vec<RankTimes>> = sessions.iter().map(|_| Vec::new()).collect();
+    for rank_times in per_rank {
+        for (session, times) in per_session.iter_mut().zip(rank_times) {
+            session.extend(times);
+        }
+    }
+    Ok(per_session.into_iter().map(slowest).collect())
 }
 
 /// Each configuration's throughput over the first one's, per round, sorted, for the second
@@ -726,4 +858,46 @@ fn alternating_rounds<const N: usize, const M: usize>(
         r.sort_by(f64::total_cmp);
         Ratios(r)
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 1-rank and a 2-rank program interleaved: each takes every step, the 1-rank one on rank
+    /// 0 alone, and each reports one time per timed step.
+    #[test]
+    fn interleaved_programs_each_take_every_step() {
+        let gpt = GptConfig {
+            fused_attention: true,
+            ..GptConfig::new(256, 1, 4, 32, 64, 2)
+        };
+        let cp = Split {
+            dp: 1,
+            mp: 1,
+            cp: 2,
+            algo: ContextParallelAlgo::Ring,
+            seq_parallel: false,
+        };
+        let sessions = [Split::dp_mp(1, 1), cp, Split::dp_mp(2, 1)]
+            .map(|split| {
+                let program = program(&gpt, split, false, Reduction::Plain).unwrap();
+                (split.devices(), program)
+            })
+            .to_vec();
+        let bench = StepBench {
+            optimizer: adamw(),
+            warmup: 1,
+            steps: 3,
+            profile: false,
+            deterministic: None,
+            clip: None,
+        };
+        let times = interleaved_steps(&sessions, &batches(&gpt).unwrap(), &bench).unwrap();
+        assert_eq!(times.len(), 3);
+        for steps in &times {
+            assert_eq!(steps.len(), 3);
+            assert!(steps.iter().all(|t| !t.is_zero()));
+        }
+    }
 }

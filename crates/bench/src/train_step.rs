@@ -74,68 +74,120 @@ pub(crate) fn rank_steps(
     batches: &[Vec<Tensor>],
     bench: &StepBench,
 ) -> Result<RankTimes, BenchError> {
-    let mut exec = RankExecutor::new(program.clone(), world.clone())?;
-    exec.set_deterministic(bench.deterministic);
-    exec.init_parameters(1)?;
-    let blocks: Vec<Vec<Tensor>> = batches
-        .iter()
-        .map(|batch| {
-            program
-                .inputs
-                .iter()
-                .zip(batch)
-                .map(|(input, global)| Ok(global.extract_box(&exec.box_of(&input.layout)?)?))
-                .collect::<Result<Vec<Tensor>, BenchError>>()
-        })
-        .collect::<Result<_, BenchError>>()?;
-    let trainable: Vec<usize> = (0..program.params.len())
-        .filter(|&i| program.params[i].grad_buffer.is_some())
-        .collect();
-    let specs: Vec<ParamSpec> = trainable
-        .iter()
-        .map(|&i| ParamSpec {
-            name: program.params[i].name.clone(),
-            shape: exec.param(i).shape().to_vec(),
-            dtype: exec.param(i).dtype(),
-        })
-        .collect();
-    let mut optimizer = Optimizer::new(bench.optimizer, &specs)?;
-    let mut times = RankTimes {
-        steps: Vec::with_capacity(bench.steps),
-        optimizer: Duration::ZERO,
-        clip: Duration::ZERO,
-        profile: None,
-    };
+    let mut stepper = RankStepper::new(program, world, batches, bench)?;
     for step in 0..bench.steps + bench.warmup {
+        stepper.step(step)?;
+    }
+    Ok(stepper.finish())
+}
+
+/// One rank's training steps, taken one at a time: its executor, its blocks of the batches, its
+/// optimizer, and what the timed steps measured so far.
+pub(crate) struct RankStepper<'a> {
+    exec: RankExecutor,
+    world: Arc<dyn Communicator>,
+    blocks: Vec<Vec<Tensor>>,
+    trainable: Vec<usize>,
+    optimizer: Optimizer,
+    bench: &'a StepBench,
+    times: RankTimes,
+}
+
+impl<'a> RankStepper<'a> {
+    /// The executor of `program` on this rank, its parameters initialised, and its blocks of the
+    /// global `batches` (one tensor per program input).
+    pub(crate) fn new(
+        program: Arc<Program>,
+        world: Arc<dyn Communicator>,
+        batches: &[Vec<Tensor>],
+        bench: &'a StepBench,
+    ) -> Result<RankStepper<'a>, BenchError> {
+        let mut exec = RankExecutor::new(program.clone(), world.clone())?;
+        exec.set_deterministic(bench.deterministic);
+        exec.init_parameters(1)?;
+        let blocks: Vec<Vec<Tensor>> = batches
+            .iter()
+            .map(|batch| {
+                program
+                    .inputs
+                    .iter()
+                    .zip(batch)
+                    .map(|(input, global)| Ok(global.extract_box(&exec.box_of(&input.layout)?)?))
+                    .collect::<Result<Vec<Tensor>, BenchError>>()
+            })
+            .collect::<Result<_, BenchError>>()?;
+        let trainable: Vec<usize> = (0..program.params.len())
+            .filter(|&i| program.params[i].grad_buffer.is_some())
+            .collect();
+        let specs: Vec<ParamSpec> = trainable
+            .iter()
+            .map(|&i| ParamSpec {
+                name: program.params[i].name.clone(),
+                shape: exec.param(i).shape().to_vec(),
+                dtype: exec.param(i).dtype(),
+            })
+            .collect();
+        let optimizer = Optimizer::new(bench.optimizer, &specs)?;
+        Ok(RankStepper {
+            exec,
+            world,
+            blocks,
+            trainable,
+            optimizer,
+            bench,
+            times: RankTimes {
+                steps: Vec::with_capacity(bench.steps),
+                optimizer: Duration::ZERO,
+                clip: Duration::ZERO,
+                profile: None,
+            },
+        })
+    }
+
+    /// Training step `step` (the first `bench.warmup` untimed, profiling from the first timed
+    /// one when asked): feed, forward, backward, clip when asked, update. Its wall time.
+    pub(crate) fn step(&mut self, step: usize) -> Result<Duration, BenchError> {
+        let (bench, exec) = (self.bench, &mut self.exec);
+        let timed = step >= bench.warmup;
         if step == bench.warmup {
             exec.set_profiling(bench.profile);
         }
         let start = Instant::now();
-        for (i, block) in blocks[step % blocks.len()].iter().enumerate() {
+        for (i, block) in self.blocks[step % self.blocks.len()].iter().enumerate() {
             exec.set_input(i, block)?;
         }
         exec.run()?;
         let update = Instant::now();
         if let Some(clip) = bench.clip {
-            std::hint::black_box(clip.clip_gradients(&mut exec, &trainable, world.as_ref())?);
-            if step >= bench.warmup {
-                times.clip += update.elapsed();
+            std::hint::black_box(clip.clip_gradients(
+                exec,
+                &self.trainable,
+                self.world.as_ref(),
+            )?);
+            if timed {
+                self.times.clip += update.elapsed();
             }
         }
-        optimizer.begin_step();
-        for (k, &i) in trainable.iter().enumerate() {
+        self.optimizer.begin_step();
+        for (k, &i) in self.trainable.iter().enumerate() {
             if let Some((param, grad)) = exec.param_and_grad(i) {
-                optimizer.update(k, param, grad)?;
+                self.optimizer.update(k, param, grad)?;
             }
         }
         std::hint::black_box(exec.output(0));
-        if step >= bench.warmup {
-            times.optimizer += update.elapsed();
-            times.steps.push(start.elapsed());
+        let took = start.elapsed();
+        if timed {
+            self.times.optimizer += update.elapsed();
+            self.times.steps.push(took);
         }
+        Ok(took)
     }
-    times.profile = exec.profile().cloned();
-    Ok(times)
+
+    /// What the timed steps measured, with the profile when one was asked for.
+    pub(crate) fn finish(mut self) -> RankTimes {
+        self.times.profile = self.exec.profile().cloned();
+        self.times
+    }
 }
 
 /// A pseudo-random stream (a 64-bit LCG's high bits), for synthetic batches.

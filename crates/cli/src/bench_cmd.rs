@@ -165,8 +165,9 @@ struct GptStepArgs {
     #[arg(long)]
     deterministic: bool,
     /// Time each configuration this many times (the 2-rank speed-ups, and with
-    /// `--deterministic`, `--clip`, `--threads` or `--context-parallel-seq` each mode),
-    /// alternating, and report the median (min–max) of the rounds' throughput ratios.
+    /// `--deterministic`, `--clip` or `--threads` each mode), alternating, and report the
+    /// median (min–max) of the rounds' throughput ratios; with `--context-parallel-seq`, the
+    /// number of interleaved sessions.
     #[arg(long, default_value_t = 1, value_parser = crate::parse::count(1..=1000))]
     rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
@@ -187,8 +188,9 @@ struct GptStepArgs {
     threads: u16,
     /// Also time context parallel 2 (ring and Ulysses, fused attention) against 1 rank on
     /// sequences of this many tokens (a power of two from 64 to 2048: the batch keeps 2,048
-    /// tokens per step), the three alternating `--rounds` times; reports the median (min–max)
-    /// of the rounds' speed-ups.
+    /// tokens per step), the three interleaved step by step (each takes one step in turn, so a
+    /// drift of the machine's speed reaches all three alike) in `--rounds` sessions; reports
+    /// the median (min–max) of every step's speed-up.
     #[arg(long, value_parser = context_parallel_seq)]
     context_parallel_seq: Option<usize>,
     /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right

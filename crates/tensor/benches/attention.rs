@@ -13,11 +13,8 @@
 
 mod common;
 
-use common::thread_cpu_seconds;
-use tensor::kernels::{
-    self, gemm, AttentionDims, AttentionGradBuffers, AttentionGradInputs, AttentionParams,
-    GemmShape,
-};
+use common::{fused_attention_step, thread_cpu_seconds, AttentionStep};
+use tensor::kernels::{self, gemm, AttentionDims, GemmShape};
 
 /// Batch × heads, tokens, head dim.
 const SHAPES: [AttentionDims; 2] = [
@@ -42,44 +39,8 @@ fn values(n: usize, step: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The step's tensors.
-struct Step {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    dout: Vec<f32>,
-}
-
-/// The fused forward and backward; returns a checksum.
-fn fused(s: &Step, dims: AttentionDims, scale: f32) -> f32 {
-    let params = AttentionParams::new(true, scale);
-    let mut out = vec![0f32; s.q.len()];
-    let mut lse = vec![0f32; dims.slices * dims.q_len];
-    kernels::flash_attention_into((&s.q, &s.k, &s.v), dims, params, &mut out, &mut lse).unwrap();
-    let (mut dq, mut dk, mut dv) = (
-        vec![0f32; s.q.len()],
-        vec![0f32; s.k.len()],
-        vec![0f32; s.v.len()],
-    );
-    let input = AttentionGradInputs {
-        q: &s.q,
-        k: &s.k,
-        v: &s.v,
-        out: &out,
-        lse: &lse,
-        dout: &s.dout,
-    };
-    let grads = AttentionGradBuffers {
-        dq: &mut dq,
-        dk: &mut dk,
-        dv: &mut dv,
-    };
-    kernels::flash_attention_grad_into(input, dims, params, grads).unwrap();
-    out[7] + dq[7] + dk[7] + dv[7]
-}
-
 /// The unfused kernels per head, as the GPT's unfused ops run them; returns a checksum.
-fn unfused(s: &Step, dims: AttentionDims, scale: f32) -> f32 {
+fn unfused(s: &AttentionStep, dims: AttentionDims, scale: f32) -> f32 {
     let (n, d) = (dims.q_len, dims.head_dim);
     let (mut scores, mut probs, mut dp, mut ds) = (
         vec![0f32; n * n],
@@ -153,7 +114,7 @@ fn main() {
     println!("|---|---|---|---|");
     for dims in SHAPES {
         let n = dims.slices * dims.q_len * dims.head_dim;
-        let step = Step {
+        let step = AttentionStep {
             q: values(n, 7),
             k: values(n, 11),
             v: values(n, 13),
@@ -164,7 +125,7 @@ fn main() {
         let mut sink = 0f32;
         for _ in 0..rounds {
             let t0 = thread_cpu_seconds();
-            sink += fused(&step, dims, scale);
+            sink += fused_attention_step(&step, dims, scale);
             let t1 = thread_cpu_seconds();
             sink += unfused(&step, dims, scale);
             let t2 = thread_cpu_seconds();

@@ -37,3 +37,50 @@ pub fn rounds_arg(default: usize) -> usize {
         .unwrap_or(default)
         .max(1)
 }
+
+/// One attention step's operands, `slices · q_len · head_dim` each.
+#[allow(dead_code)] // only the attention benchmarks take attention steps
+pub struct AttentionStep {
+    /// Queries.
+    pub q: Vec<f32>,
+    /// Keys.
+    pub k: Vec<f32>,
+    /// Values.
+    pub v: Vec<f32>,
+    /// The output's gradient.
+    pub dout: Vec<f32>,
+}
+
+/// The fused causal attention's forward and backward over all of `s`; returns a checksum.
+#[allow(dead_code)] // only the attention benchmarks take attention steps
+pub fn fused_attention_step(
+    s: &AttentionStep,
+    dims: tensor::kernels::AttentionDims,
+    scale: f32,
+) -> f32 {
+    use tensor::kernels::{self, AttentionGradBuffers, AttentionGradInputs, AttentionParams};
+    let params = AttentionParams::new(true, scale);
+    let mut out = vec![0f32; s.q.len()];
+    let mut lse = vec![0f32; dims.slices * dims.q_len];
+    kernels::flash_attention_into((&s.q, &s.k, &s.v), dims, params, &mut out, &mut lse).unwrap();
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; s.q.len()],
+        vec![0f32; s.k.len()],
+        vec![0f32; s.v.len()],
+    );
+    let input = AttentionGradInputs {
+        q: &s.q,
+        k: &s.k,
+        v: &s.v,
+        out: &out,
+        lse: &lse,
+        dout: &s.dout,
+    };
+    let grads = AttentionGradBuffers {
+        dq: &mut dq,
+        dk: &mut dk,
+        dv: &mut dv,
+    };
+    kernels::flash_attention_grad_into(input, dims, params, grads).unwrap();
+    out[7] + dq[7] + dk[7] + dv[7]
+}
