@@ -36,23 +36,23 @@ pub struct GptStepRequest {
     /// Report where rank 0's step time goes.
     pub profile: bool,
     /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
-    /// blocks), right after the ordinary run.
+    /// blocks), its steps interleaved with ordinary ones.
     pub deterministic: bool,
-    /// Time each configuration this many times (the 2-rank speed-ups, and with `deterministic`,
-    /// `clip` or `threads` each mode), alternating, and report the median (min–max) of the
-    /// rounds' throughput ratios; with `context_parallel_seq`, the number of interleaved
-    /// sessions, whose every step's ratio is reported.
+    /// Sessions of every comparison (the 2-rank speed-ups, and with `deterministic`, `clip`,
+    /// `threads` or `context_parallel_seq` each mode against its baseline): the configurations
+    /// compared take their steps interleaved, one step each in turn, and the median (min–max)
+    /// of every timed step's throughput ratio is reported.
     pub rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
     /// auto), then also reduced on a progress thread while the backward pass computes
     /// (`[parallel.overlap]`), right after the plain run.
     pub fusion: bool,
     /// Also time every configuration with its gradients clipped by global norm
-    /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), the runs
-    /// alternating with unclipped ones `rounds` times.
+    /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), against
+    /// unclipped steps interleaved with them.
     pub clip: bool,
     /// Above 1: also time 1 rank with its large products on this many threads
-    /// (`train.threads_per_rank`), alternating with the 1-thread run `rounds` times.
+    /// (`train.threads_per_rank`), against 1-thread steps interleaved with them.
     pub threads: usize,
     /// Also time context parallel 2 (ring and Ulysses, fused attention) against 1 rank (fused
     /// attention) on this many tokens per sequence, the batch cut to keep 2,048 tokens per step,
@@ -94,7 +94,8 @@ impl Split {
     }
 }
 
-/// A variant of a configuration timed against it in [`Bench::rounds`].
+/// How a configuration is timed: plain, or a variant timed against the plain run in
+/// [`Bench::variant_ratios`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Variant {
     /// Deterministic mode.
@@ -103,6 +104,15 @@ struct Variant {
     clip: bool,
     /// Threads per rank.
     threads: usize,
+}
+
+impl Variant {
+    /// Ordinary mode, unclipped, one thread.
+    const PLAIN: Variant = Variant {
+        deterministic: false,
+        clip: false,
+        threads: 1,
+    };
 }
 
 /// How a configuration's gradients are reduced.
@@ -142,33 +152,23 @@ pub struct GptRun {
     pub clip_per_step: Option<Duration>,
 }
 
-/// Throughput ratios of rounds alternating two modes, sorted.
+/// Throughput ratios of configurations interleaved step by step, one per timed step, sorted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ratios(pub Vec<f64>);
 
 impl Ratios {
-    /// `  {what}: 1.02x {of} (median of 3 rounds, 0.99-1.04)`, with `digits` decimals.
+    /// `  {what}: 1.02x {of} (median of 40 interleaved steps, 0.99-1.04)`, with `digits`
+    /// decimals.
     fn line(
         &self,
         f: &mut fmt::Formatter<'_>,
         (what, of): (&str, &str),
         digits: usize,
     ) -> fmt::Result {
-        self.line_of(f, (what, of), digits, "rounds")
-    }
-
-    /// [`Ratios::line`] with the ratios' unit named (`rounds`, `interleaved steps`).
-    fn line_of(
-        &self,
-        f: &mut fmt::Formatter<'_>,
-        (what, of): (&str, &str),
-        digits: usize,
-        unit: &str,
-    ) -> fmt::Result {
         let r = &self.0;
         writeln!(
             f,
-            "  {what}: {:.digits$}x {of} (median of {} {unit}, {:.digits$}-{:.digits$})",
+            "  {what}: {:.digits$}x {of} (median of {} interleaved steps, {:.digits$}-{:.digits$})",
             r[r.len() / 2],
             r.len(),
             r[0],
@@ -198,11 +198,11 @@ pub enum GptStepLine {
         /// The ratio.
         ratio: f64,
     },
-    /// Deterministic mode's throughput over the ordinary one's, per round.
+    /// Deterministic mode's throughput over the ordinary one's, per interleaved step.
     Deterministic(Ratios),
-    /// Clipped throughput over unclipped, per round.
+    /// Clipped throughput over unclipped, per interleaved step.
     Clipped(Ratios),
-    /// 1 rank on `threads` threads over 1 thread, per round.
+    /// 1 rank on `threads` threads over 1 thread, per interleaved step.
     Threaded {
         /// Threads per rank.
         threads: usize,
@@ -229,7 +229,7 @@ pub enum GptStepLine {
         /// The product rate on each shape, GFLOP/s.
         shapes: Vec<crate::mfu::ShapeRate>,
     },
-    /// Throughput on 2 ranks over 1 rank's, per round: data parallel, model parallel.
+    /// Throughput on 2 ranks over 1 rank's, per interleaved step: data parallel, model parallel.
     SpeedUp {
         /// Data parallel 2.
         data_parallel: Ratios,
@@ -295,18 +295,15 @@ impl fmt::Display for GptStepLine {
                 2,
             ),
             GptStepLine::ContextParallel { seq, ring, ulysses } => {
-                let unit = "interleaved steps";
-                ring.line_of(
+                ring.line(
                     f,
                     (&format!("context parallel 2 (ring) at {seq} tokens"), "1 rank"),
                     2,
-                    unit,
                 )?;
-                ulysses.line_of(
+                ulysses.line(
                     f,
                     (&format!("context parallel 2 (Ulysses) at {seq} tokens"), "1 rank"),
                     2,
-                    unit,
                 )
             }
             GptStepLine::Utilisation {
@@ -510,44 +507,76 @@ impl Bench<'_> {
         Ok(rate)
     }
 
-    /// Times `label` against `variant` (deterministic, clipped or threaded) `rounds` times,
-    /// alternating, the first ordinary run being the one already measured at `rate`, and after
-    /// it every odd round timing the variant first (so that neither mode always runs second);
-    /// the sorted ratios.
-    fn rounds(
+    /// Times `split` plain against `split` as `variant` (deterministic, clipped or threaded),
+    /// interleaved step by step ([`Bench::interleaved`]); the variant's throughput over the
+    /// plain one's at every step, sorted.
+    fn variant_ratios(
         &mut self,
         split: Split,
-        (label, rate): (&str, f64),
-        variant_label: &str,
+        (label, variant_label): (&str, &str),
         variant: Variant,
     ) -> Result<Ratios, BenchError> {
-        let time_variant = |bench: &mut Self| {
-            bench.measure(
-                split,
-                variant_label,
-                (variant.deterministic, Reduction::Plain),
-                (variant.clip, variant.threads),
-            )
-        };
-        let mut ratios = Vec::new();
-        for round in 0..self.request.rounds.max(1) {
-            let variant_first = round % 2 == 1;
-            let mut variant_rate = None;
-            if variant_first {
-                variant_rate = Some(time_variant(self)?);
+        let [ratios] = self.interleaved(&[
+            (split, Variant::PLAIN, label.to_string()),
+            (split, variant, variant_label.to_string()),
+        ])?;
+        Ok(ratios)
+    }
+
+    /// Times `configurations` (split, variant, label) interleaved step by step
+    /// ([`interleaved_steps`]) in `--rounds` sessions of `--steps` timed steps each, and reports
+    /// each session's step times per configuration; for every configuration after the first,
+    /// its throughput over the first's at every step, sorted.
+    fn interleaved<const N: usize, const M: usize>(
+        &mut self,
+        configurations: &[(Split, Variant, String); N],
+    ) -> Result<[Ratios; M], BenchError> {
+        const { assert!(M + 1 == N, "one ratio per configuration after the first") };
+        let data = batches(&self.gpt)?;
+        let mut sessions = Vec::with_capacity(N);
+        for &(split, variant, _) in configurations {
+            let program = program(&self.gpt, split, variant.deterministic, Reduction::Plain)?;
+            if variant.deterministic {
+                parallel::check_deterministic(&program, DETERMINISTIC_BLOCKS)?;
             }
-            let ordinary = match round {
-                0 => rate,
-                _ => self.measure(split, label, (false, Reduction::Plain), (false, 1))?,
-            };
-            let variant_rate = match variant_rate {
-                Some(v) => v,
-                None => time_variant(self)?,
-            };
-            ratios.push(variant_rate / ordinary);
+            sessions.push(Session {
+                devices: split.devices(),
+                program,
+                bench: StepBench {
+                    profile: false,
+                    ..self.step_bench(variant.deterministic, variant.clip)
+                },
+                threads: variant.threads,
+            });
         }
-        ratios.sort_by(f64::total_cmp);
-        Ok(Ratios(ratios))
+        let tokens = (self.gpt.batch * self.gpt.seq_len) as f64;
+        let mut ratios: [Vec<f64>; M] = std::array::from_fn(|_| Vec::new());
+        for _ in 0..self.request.rounds.max(1) {
+            let times = interleaved_steps(&sessions, &data)?;
+            for ((_, _, label), steps) in configurations.iter().zip(&times) {
+                let times = StepMillis::of(steps.clone());
+                self.push(GptStepLine::Run(GptRun {
+                    label: format!("{label}, steps interleaved"),
+                    tokens_per_s: tokens / (times.median / 1e3),
+                    times,
+                    breakdown: None,
+                    clip_per_step: None,
+                }));
+            }
+            for (r, steps) in ratios.iter_mut().zip(&times[1..]) {
+                // Equal tokens per step: the throughput ratio is the inverse of the times'.
+                r.extend(
+                    times[0]
+                        .iter()
+                        .zip(steps)
+                        .map(|(first, other)| first.as_secs_f64() / other.as_secs_f64()),
+                );
+            }
+        }
+        Ok(ratios.map(|mut r| {
+            r.sort_by(f64::total_cmp);
+            Ratios(r)
+        }))
     }
 }
 
@@ -598,8 +627,7 @@ pub fn gpt_step(
     };
     // The product peak, timed before the 1-rank step as well as after it (`Bench::utilisation`).
     let mut peak_before = crate::mfu::product_rates(&crate::mfu::gpt_product_shapes(&bench.gpt))?;
-    let mut rates = [0.0; 3];
-    for (i, &(split, label)) in configurations[..timed].iter().enumerate() {
+    for &(split, label) in &configurations[..timed] {
         let rate = bench.measure(split, label, (false, Reduction::Plain), (false, 1))?;
         if request.fusion && split == Split::dp_mp(2, 1) {
             for (what, reduction) in [
@@ -621,7 +649,7 @@ pub fn gpt_step(
                 clip: false,
                 threads: 1,
             };
-            let ratios = bench.rounds(split, (label, rate), &det_label, det)?;
+            let ratios = bench.variant_ratios(split, (label, &det_label), det)?;
             bench.push(GptStepLine::Deterministic(ratios));
         }
         if request.clip {
@@ -631,7 +659,7 @@ pub fn gpt_step(
                 clip: true,
                 threads: 1,
             };
-            let ratios = bench.rounds(split, (label, rate), &clip_label, clip)?;
+            let ratios = bench.variant_ratios(split, (label, &clip_label), clip)?;
             bench.push(GptStepLine::Clipped(ratios));
         }
         if request.threads > 1 && split == Split::dp_mp(1, 1) {
@@ -642,7 +670,7 @@ pub fn gpt_step(
                 threads,
             };
             let thread_label = format!("{label} on {threads} threads");
-            let ratios = bench.rounds(split, (label, rate), &thread_label, threaded)?;
+            let ratios = bench.variant_ratios(split, (label, &thread_label), threaded)?;
             bench.push(GptStepLine::Threaded { threads, ratios });
         }
         if split == Split::dp_mp(1, 1) {
@@ -656,12 +684,10 @@ pub fn gpt_step(
             let label = format!("{label}, sequence parallel");
             bench.measure(sp, &label, (false, Reduction::Plain), (false, 1))?;
         }
-        rates[i] = rate;
     }
     if !request.one_rank {
-        let plain_configurations = configurations.map(|(split, label)| (split, label.to_string()));
-        let [data_parallel, model_parallel] =
-            alternating_rounds(&mut bench, &plain_configurations, Some(rates))?;
+        let plain = configurations.map(|(split, label)| (split, Variant::PLAIN, label.to_string()));
+        let [data_parallel, model_parallel] = bench.interleaved(&plain)?;
         bench.push(GptStepLine::SpeedUp {
             data_parallel,
             model_parallel,
@@ -710,51 +736,20 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
         )
     });
     let [ring_form, ulysses_form] = forms;
-    let configurations = [one, ring_form, ulysses_form];
-    let data = batches(&bench.gpt)?;
-    let programs = configurations
-        .iter()
-        .map(|(split, _)| program(&bench.gpt, *split, false, Reduction::Plain))
-        .collect::<Result<Vec<_>, _>>()?;
-    let step_bench = StepBench {
-        profile: false,
-        ..bench.step_bench(false, false)
-    };
-    let tokens = (bench.gpt.batch * bench.gpt.seq_len) as f64;
-    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..bench.request.rounds.max(1) {
-        let sessions = configurations
-            .iter()
-            .zip(&programs)
-            .map(|((split, _), program)| (split.devices(), program.clone()))
-            .collect::<Vec<_>>();
-        let times = interleaved_steps(&sessions, &data, &step_bench)?;
-        for ((_, label), steps) in configurations.iter().zip(&times) {
-            let times = StepMillis::of(steps.clone());
-            bench.push(GptStepLine::Run(GptRun {
-                label: format!("{label}, steps interleaved"),
-                tokens_per_s: tokens / (times.median / 1e3),
-                times,
-                breakdown: None,
-                clip_per_step: None,
-            }));
-        }
-        for (r, steps) in ratios.iter_mut().zip(&times[1..]) {
-            // Equal tokens per step: the throughput ratio is the inverse of the times'.
-            r.extend(
-                times[0]
-                    .iter()
-                    .zip(steps)
-                    .map(|(one, cp)| one.as_secs_f64() / cp.as_secs_f64()),
-            );
-        }
-    }
-    let [ring, ulysses] = ratios.map(|mut r| {
-        r.sort_by(f64::total_cmp);
-        Ratios(r)
-    });
+    let [ring, ulysses] = bench.interleaved(
+        &[one, ring_form, ulysses_form].map(|(split, label)| (split, Variant::PLAIN, label)),
+    )?;
     bench.push(GptStepLine::ContextParallel { seq, ring, ulysses });
     Ok(())
+}
+
+/// A program timed in an interleaved session: on how many ranks, how its steps are timed
+/// (deterministic mode, clipping), and on how many threads per rank.
+struct Session {
+    devices: usize,
+    program: Arc<parallel::Program>,
+    bench: StepBench,
+    threads: usize,
 }
 
 /// Times several programs step by step in one session of the local backend: at every step each
@@ -762,36 +757,41 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
 /// at a barrier before each. A program on one rank runs on rank 0 (its own communicator) while
 /// the others sleep in the barrier; any other runs on every rank. A drift of the machine's
 /// speed, which on a shared VM moves a configuration timed alone for a few seconds by up to
-/// 1.5×, thus reaches every program alike, to within a step. `sessions` are (ranks, program);
-/// returns each program's slowest-rank time of every timed step.
+/// 1.5×, thus reaches every program alike, to within a step. The sessions share their warm-up
+/// and timed step counts (the first's); returns each program's slowest-rank time of every timed
+/// step.
 fn interleaved_steps(
-    sessions: &[(usize, Arc<parallel::Program>)],
+    sessions: &[Session],
     data: &[Vec<Tensor>],
-    bench: &StepBench,
 ) -> Result<Vec<Vec<Duration>>, BenchError> {
-    let devices = sessions.iter().map(|(n, _)| *n).max().unwrap_or(1);
+    let devices = sessions.iter().map(|s| s.devices).max().unwrap_or(1);
     assert!(
-        sessions.iter().all(|(n, _)| *n == 1 || *n == devices),
+        sessions
+            .iter()
+            .all(|s| s.devices == 1 || s.devices == devices),
         "an interleaved program runs on one rank or on all of them"
     );
+    let (warmup, steps) = sessions
+        .first()
+        .map_or((0, 0), |s| (s.bench.warmup, s.bench.steps));
     let per_rank = LocalCluster::new(devices)?
         .run(|comm| -> Result<Vec<Option<RankTimes>>, BenchError> {
             let rank = comm.rank();
             let world: Arc<dyn Communicator> = Arc::new(comm);
             let mut steppers = Vec::with_capacity(sessions.len());
-            for (n, program) in sessions {
-                let member: Option<Arc<dyn Communicator>> = match (*n == devices, rank) {
+            for session in sessions {
+                let member: Option<Arc<dyn Communicator>> = match (session.devices == devices, rank)
+                {
                     (true, _) => Some(world.clone()),
                     (false, 0) => Some(Arc::new(LocalCluster::new(1)?.comms().remove(0))),
                     (false, _) => None,
                 };
-                steppers.push(
-                    member
-                        .map(|w| RankStepper::new(program.clone(), w, data, bench))
-                        .transpose()?,
-                );
+                let stepper = member
+                    .map(|w| RankStepper::new(session.program.clone(), w, data, &session.bench))
+                    .transpose()?;
+                steppers.push(stepper);
             }
-            for step in 0..bench.warmup + bench.steps {
+            for step in 0..warmup + steps {
                 let mut order: Vec<usize> = (0..steppers.len()).collect();
                 if step % 2 == 1 {
                     order.reverse();
@@ -799,7 +799,12 @@ fn interleaved_steps(
                 for i in order {
                     world.barrier()?;
                     if let Some(stepper) = steppers[i].as_mut() {
-                        stepper.step(step)?;
+                        // Only the ranks that step set the threads, all to the same count, and
+                        // the others wait in the next barrier until they are done.
+                        tensor::kernels::threads::set_threads(sessions[i].threads);
+                        let step = stepper.step(step);
+                        tensor::kernels::threads::set_threads(1);
+                        step?;
                     }
                 }
             }
@@ -821,45 +826,6 @@ fn interleaved_steps(
     Ok(per_session.into_iter().map(slowest).collect())
 }
 
-/// Each configuration's throughput over the first one's, per round, sorted, for the second
-/// configuration on: `--rounds` rounds of all of them (unprofiled, plain gradients), in order
-/// and in reverse order every other round, so that a drift of the machine's speed favours
-/// neither side; `first`, when given, holds round 0's rates, already measured.
-fn alternating_rounds<const N: usize, const M: usize>(
-    bench: &mut Bench<'_>,
-    configurations: &[(Split, String); N],
-    first: Option<[f64; N]>,
-) -> Result<[Ratios; M], BenchError> {
-    const { assert!(M + 1 == N, "one ratio per configuration after the first") };
-    let mut ratios: [Vec<f64>; M] = std::array::from_fn(|_| Vec::new());
-    let mut record = |rates: &[f64; N]| {
-        for (r, &rate) in ratios.iter_mut().zip(&rates[1..]) {
-            r.push(rate / rates[0]);
-        }
-    };
-    let mut from = 0;
-    if let Some(rates) = first {
-        record(&rates);
-        from = 1;
-    }
-    for round in from..bench.request.rounds.max(1) {
-        let mut order: Vec<usize> = (0..N).collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        let mut rates = [0.0; N];
-        for i in order {
-            let (split, label) = &configurations[i];
-            rates[i] = bench.measure(*split, label, (false, Reduction::Plain), (false, 1))?;
-        }
-        record(&rates);
-    }
-    Ok(ratios.map(|mut r| {
-        r.sort_by(f64::total_cmp);
-        Ratios(r)
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -879,25 +845,32 @@ mod tests {
             algo: ContextParallelAlgo::Ring,
             seq_parallel: false,
         };
-        let sessions = [Split::dp_mp(1, 1), cp, Split::dp_mp(2, 1)]
-            .map(|split| {
-                let program = program(&gpt, split, false, Reduction::Plain).unwrap();
-                (split.devices(), program)
-            })
-            .to_vec();
-        let bench = StepBench {
+        let bench = |deterministic: bool| StepBench {
             optimizer: adamw(),
             warmup: 1,
             steps: 3,
             profile: false,
-            deterministic: None,
+            deterministic: deterministic.then_some(DETERMINISTIC_BLOCKS),
             clip: None,
         };
-        let times = interleaved_steps(&sessions, &batches(&gpt).unwrap(), &bench).unwrap();
+        let sessions = [
+            (Split::dp_mp(1, 1), false, 2),
+            (cp, false, 1),
+            (Split::dp_mp(2, 1), true, 1),
+        ]
+        .map(|(split, deterministic, threads)| Session {
+            devices: split.devices(),
+            program: program(&gpt, split, deterministic, Reduction::Plain).unwrap(),
+            bench: bench(deterministic),
+            threads,
+        });
+        let times = interleaved_steps(&sessions, &batches(&gpt).unwrap()).unwrap();
         assert_eq!(times.len(), 3);
         for steps in &times {
             assert_eq!(steps.len(), 3);
             assert!(steps.iter().all(|t| !t.is_zero()));
         }
+        // The session's thread count does not outlive its steps.
+        assert_eq!(tensor::kernels::threads::threads(), 1);
     }
 }

@@ -161,13 +161,14 @@ struct GptStepArgs {
     #[arg(long)]
     profile: bool,
     /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
-    /// blocks), right after the ordinary run.
+    /// blocks), its steps interleaved with ordinary ones.
     #[arg(long)]
     deterministic: bool,
-    /// Time each configuration this many times (the 2-rank speed-ups, and with
-    /// `--deterministic`, `--clip` or `--threads` each mode), alternating, and report the
-    /// median (min–max) of the rounds' throughput ratios; with `--context-parallel-seq`, the
-    /// number of interleaved sessions.
+    /// Sessions of every comparison (the 2-rank speed-ups, and with `--deterministic`,
+    /// `--clip`, `--threads` or `--context-parallel-seq` each mode against its baseline): the
+    /// configurations compared take their steps interleaved, one step each in turn (so a drift
+    /// of the machine's speed reaches them alike), and the median (min–max) of every timed
+    /// step's throughput ratio is reported.
     #[arg(long, default_value_t = 1, value_parser = crate::parse::count(1..=1000))]
     rounds: usize,
     /// Also time data parallel 2 with the gradients fused into buckets (`[parallel.comm_fusion]`
@@ -176,21 +177,17 @@ struct GptStepArgs {
     #[arg(long)]
     fusion: bool,
     /// Also time every configuration with its gradients clipped by global norm
-    /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), the runs
-    /// alternating with unclipped ones `--rounds` times; reports the median (min–max) of the
-    /// rounds' throughput ratios.
+    /// (`train.max_grad_norm` = 1.0, which binds at every step of the benchmark), its steps
+    /// interleaved with unclipped ones.
     #[arg(long)]
     clip: bool,
     /// Also time 1 rank with its large products on this many threads
-    /// (`train.threads_per_rank`), alternating with the 1-thread run `--rounds` times; reports
-    /// the median (min–max) of the rounds' throughput ratios. 1: not timed.
+    /// (`train.threads_per_rank`), its steps interleaved with 1-thread ones. 1: not timed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
     /// Also time context parallel 2 (ring and Ulysses, fused attention) against 1 rank on
     /// sequences of this many tokens (a power of two from 64 to 2048: the batch keeps 2,048
-    /// tokens per step), the three interleaved step by step (each takes one step in turn, so a
-    /// drift of the machine's speed reaches all three alike) in `--rounds` sessions; reports
-    /// the median (min–max) of every step's speed-up.
+    /// tokens per step), the three interleaved step by step.
     #[arg(long, value_parser = context_parallel_seq)]
     context_parallel_seq: Option<usize>,
     /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right

@@ -494,7 +494,8 @@ fn benchmark_counts_and_sizes_out_of_range_are_refused() {
     }
 }
 
-/// `bench gpt-step --one-rank` times one rank and nothing on two ranks (no speed-up rounds), and
+/// `bench gpt-step --one-rank` times one rank and nothing on two ranks (no speed-up rounds), its
+/// variant (2 threads) in sessions interleaved step by step with the plain rank, and
 /// refuses the flags that only mean something on two ranks, naming them.
 #[test]
 fn gpt_step_one_rank_times_one_rank_only() {
@@ -509,6 +510,10 @@ fn gpt_step_one_rank_times_one_rank_only() {
             "1",
             "--hidden",
             "32",
+            "--threads",
+            "2",
+            "--rounds",
+            "2",
         ],
         &[],
     );
@@ -518,6 +523,17 @@ fn gpt_step_one_rank_times_one_rank_only() {
     assert!(stdout.contains("tessera, 1 rank: "), "{stdout}");
     assert!(stdout.contains("model FLOP utilisation"), "{stdout}");
     assert!(!stdout.contains("2 ranks"), "{stdout}");
+    // The threaded variant against 1 thread: two sessions of one step each, interleaved.
+    for session in stdout.lines().filter(|l| l.contains("steps interleaved")) {
+        assert!(session.contains("1 rank"), "{session}");
+    }
+    let sessions = stdout.matches(", steps interleaved: ").count();
+    assert_eq!(sessions, 4, "two sessions of two configurations\n{stdout}");
+    assert!(
+        stdout.contains("1 rank on 2 threads: ")
+            && stdout.contains("(median of 2 interleaved steps"),
+        "{stdout}"
+    );
     for flag in ["--fusion", "--sequence-parallel"] {
         assert_usage_error(
             &["bench", "gpt-step", "--one-rank", flag],
