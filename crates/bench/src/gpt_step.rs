@@ -353,7 +353,7 @@ fn gpt_config(request: &GptStepRequest) -> GptConfig {
 }
 
 /// The program under `split` (stand-alone on one device); in deterministic mode with the
-/// vocabulary-parallel loss, as training builds it.
+/// vocabulary-parallel loss, as training builds it, and checked for the canonical blocks.
 fn program(
     gpt: &GptConfig,
     split: Split,
@@ -388,11 +388,11 @@ fn program(
         config.overlap.grad_computation_allreduce_overlap = reduction == Reduction::FusedOverlapped;
         config
     };
-    Ok(Arc::new(compile_training(
-        &model.graph,
-        model.loss,
-        &config,
-    )?))
+    let program = compile_training(&model.graph, model.loss, &config)?;
+    if deterministic {
+        parallel::check_deterministic(&program, DETERMINISTIC_BLOCKS)?;
+    }
+    Ok(Arc::new(program))
 }
 
 /// The benchmark's optimizer: AdamW, learning rate 1e-3, weight decay 0.01.
@@ -460,16 +460,13 @@ impl Bench<'_> {
         let bench = self.step_bench(deterministic, clip);
         let data = batches(&self.gpt)?;
         let prog = program(&self.gpt, split, deterministic, reduction)?;
-        if deterministic {
-            parallel::check_deterministic(&prog, DETERMINISTIC_BLOCKS)?;
-        }
-        tensor::kernels::threads::set_threads(threads);
-        let per_rank = LocalCluster::new(split.devices())?
-            .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
-            .into_iter()
-            .collect::<Result<Result<Vec<_>, BenchError>, _>>();
-        tensor::kernels::threads::set_threads(1);
-        let per_rank = per_rank??;
+        let per_rank = with_threads(threads, || {
+            LocalCluster::new(split.devices())?
+                .run(|comm| rank_steps(prog.clone(), Arc::new(comm), &data, &bench))
+                .into_iter()
+                .collect::<Result<Result<Vec<_>, BenchError>, _>>()
+                .map_err(BenchError::from)
+        })??;
         let clip_per_step = match (clip, per_rank.first()) {
             (true, Some(r)) => Some(r.clip / r.steps.len().max(1) as u32),
             _ => None,
@@ -536,9 +533,6 @@ impl Bench<'_> {
         let mut sessions = Vec::with_capacity(N);
         for &(split, variant, _) in configurations {
             let program = program(&self.gpt, split, variant.deterministic, Reduction::Plain)?;
-            if variant.deterministic {
-                parallel::check_deterministic(&program, DETERMINISTIC_BLOCKS)?;
-            }
             sessions.push(Session {
                 devices: split.devices(),
                 program,
@@ -646,8 +640,7 @@ pub fn gpt_step(
             let det_label = format!("{label}, deterministic");
             let det = Variant {
                 deterministic: true,
-                clip: false,
-                threads: 1,
+                ..Variant::PLAIN
             };
             let ratios = bench.variant_ratios(split, (label, &det_label), det)?;
             bench.push(GptStepLine::Deterministic(ratios));
@@ -655,9 +648,8 @@ pub fn gpt_step(
         if request.clip {
             let clip_label = format!("{label}, clipped by global norm");
             let clip = Variant {
-                deterministic: false,
                 clip: true,
-                threads: 1,
+                ..Variant::PLAIN
             };
             let ratios = bench.variant_ratios(split, (label, &clip_label), clip)?;
             bench.push(GptStepLine::Clipped(ratios));
@@ -665,9 +657,8 @@ pub fn gpt_step(
         if request.threads > 1 && split == Split::dp_mp(1, 1) {
             let threads = request.threads;
             let threaded = Variant {
-                deterministic: false,
-                clip: false,
                 threads,
+                ..Variant::PLAIN
             };
             let thread_label = format!("{label} on {threads} threads");
             let ratios = bench.variant_ratios(split, (label, &thread_label), threaded)?;
@@ -743,6 +734,14 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
     Ok(())
 }
 
+/// Runs `f` with every product of this process allowed `threads` threads, then back to 1.
+fn with_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    tensor::kernels::threads::set_threads(threads);
+    let result = f();
+    tensor::kernels::threads::set_threads(1);
+    result
+}
+
 /// A program timed in an interleaved session: on how many ranks, how its steps are timed
 /// (deterministic mode, clipping), and on how many threads per rank.
 struct Session {
@@ -801,10 +800,7 @@ fn interleaved_steps(
                     if let Some(stepper) = steppers[i].as_mut() {
                         // Only the ranks that step set the threads, all to the same count, and
                         // the others wait in the next barrier until they are done.
-                        tensor::kernels::threads::set_threads(sessions[i].threads);
-                        let step = stepper.step(step);
-                        tensor::kernels::threads::set_threads(1);
-                        step?;
+                        with_threads(sessions[i].threads, || stepper.step(step))?;
                     }
                 }
             }
