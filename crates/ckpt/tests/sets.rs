@@ -121,6 +121,52 @@ fn a_strategy_parameter_no_file_holds_needs_allow_missing() {
     assert_eq!(report.skipped.len(), 1);
 }
 
+/// A destination strategy listing a parameter the source checkpoint lacks (another model's
+/// strategy) is refused, naming the parameter and the strategy, and nothing is written; with
+/// `allow_missing` the parameter is reported as skipped.
+#[test]
+fn a_destination_parameter_the_source_lacks_needs_allow_missing() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let strategy = ckpt::Strategy::load(&s)
+        .unwrap()
+        .resolve_scale_free()
+        .unwrap();
+    let mut params = strategy.params().to_vec();
+    let mut ghost = params[0].clone();
+    ghost.name = "ghost".into();
+    params.push(ghost);
+    let dst = dir.path().join("dst.json");
+    ckpt::save_param_strategy_file(
+        &dst,
+        &ckpt::ResolvedStrategy::new(params).unwrap(),
+        &[],
+        ckpt::StrategyFlavour::Tessera,
+        true,
+    )
+    .unwrap();
+    let (src, out) = (dir.path().join("src"), dir.path().join("out"));
+    let err = convert(&src, &s, &out, Some(&dst), false).unwrap_err();
+    match &err {
+        CkptError::TensorMissing { tensor, rule, .. } => {
+            assert_eq!(tensor, "ghost");
+            assert!(
+                rule.contains("dst.json") && rule.contains("--allow-missing"),
+                "{rule}"
+            );
+        }
+        other => panic!("expected TensorMissing, got {other}"),
+    }
+    assert!(!out.exists());
+    let opts = ConvertOptions {
+        allow_missing: true,
+        ..ConvertOptions::default()
+    };
+    let report = ckpt::convert_checkpoints(&src, &s, &out, Some(&dst), &opts).unwrap();
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert_eq!(report.skipped[0].0, "ghost");
+}
+
 #[test]
 fn a_conversion_never_overwrites_its_source_or_leaves_its_destination() {
     let dir = tmp();

@@ -117,14 +117,33 @@ impl GptConfig {
         }
         if let Some(moe) = &self.moe {
             moe.validate()?;
+            if moe.every > self.layers {
+                return Err(ModelsError::Config {
+                    key: "model.moe.every".to_string(),
+                    reason: format!(
+                        "{} makes no block a MoE block: the first is block {} (from 0) and model.layers = {}",
+                        moe.every,
+                        moe.every - 1,
+                        self.layers
+                    ),
+                });
+            }
         }
         let params = self.parameter_count();
         if params > MAX_ELEMENTS {
             return Err(ModelsError::Config {
                 key: "model".to_string(),
                 reason: format!(
-                    "{params} parameters (layers {}, hidden {}, ffn_hidden {}, vocabulary {}, seq_len {}) exceed the {MAX_ELEMENTS}-element bound",
-                    self.layers, self.hidden, self.ffn_hidden, self.vocab_size, self.seq_len
+                    "{params} parameters (layers {}, hidden {}, ffn_hidden {}, vocabulary {}, seq_len {}{}) exceed the {MAX_ELEMENTS}-element bound",
+                    self.layers,
+                    self.hidden,
+                    self.ffn_hidden,
+                    self.vocab_size,
+                    self.seq_len,
+                    self.moe.as_ref().map_or(String::new(), |moe| format!(
+                        ", model.moe.experts {}",
+                        moe.experts
+                    )),
                 ),
             });
         }

@@ -103,6 +103,18 @@ impl MoeConfig {
                 ),
             ));
         }
+        // The balancing loss is at most `aux_loss_coeff · experts` (Σ_e f_e·P_e ≤ 1); it is
+        // added to an f32 loss, so that bound must be a finite f32.
+        let max_coeff = f64::from(f32::MAX) / self.experts as f64;
+        if self.aux_loss_coeff > max_coeff {
+            return Err(error(
+                "aux_loss_coeff",
+                format!(
+                    "{} is out of range: the load-balancing loss (up to aux_loss_coeff × {} experts) must stay a finite f32, so it must be at most {max_coeff:e}",
+                    self.aux_loss_coeff, self.experts
+                ),
+            ));
+        }
         if self.every == 0 {
             return Err(error(
                 "every",
@@ -623,6 +635,13 @@ mod tests {
             ),
             (
                 MoeConfig {
+                    aux_loss_coeff: 1e38,
+                    ..MoeConfig::new(4, 1)
+                },
+                "model.moe.aux_loss_coeff",
+            ),
+            (
+                MoeConfig {
                     every: 0,
                     ..MoeConfig::new(4, 1)
                 },
@@ -634,6 +653,11 @@ mod tests {
             assert!(err.starts_with(key), "{err}");
         }
         assert!(MoeConfig::new(4, 4).validate().is_ok());
+        let largest = MoeConfig {
+            aux_loss_coeff: f64::from(f32::MAX) / 4.0,
+            ..MoeConfig::new(4, 1)
+        };
+        assert!(largest.validate().is_ok(), "the bound itself is allowed");
     }
 
     #[test]
@@ -668,5 +692,22 @@ mod tests {
         };
         let blocks: Vec<usize> = (0..6).filter(|&l| moe.applies_to(l)).collect();
         assert_eq!(blocks, [1, 3, 5]);
+    }
+
+    /// `every` above the layer count would leave `[model.moe]` without a MoE block: refused,
+    /// naming the key; `every` equal to it makes the last block one.
+    #[test]
+    fn every_beyond_the_layers_is_refused() {
+        let config = |every| crate::GptConfig {
+            moe: Some(MoeConfig {
+                every,
+                ..MoeConfig::new(4, 1)
+            }),
+            ..crate::GptConfig::new(50, 2, 4, 16, 8, 2)
+        };
+        let err = crate::gpt(&config(3), DType::F32).unwrap_err().to_string();
+        assert!(err.starts_with("model.moe.every"), "{err}");
+        assert!(err.contains("model.layers = 2"), "{err}");
+        assert!(crate::gpt(&config(2), DType::F32).is_ok());
     }
 }

@@ -242,6 +242,16 @@ impl Callback for LossMonitor {
     }
 }
 
+/// A count carried as f64 (summed over ranks by an all-reduce) as JSON: an integer when it is
+/// one (every count is), else the number.
+fn count_json(n: f64) -> serde_json::Value {
+    const EXACT: f64 = (1u64 << f64::MANTISSA_DIGITS) as f64;
+    match n.fract() == 0.0 && (0.0..=EXACT).contains(&n) {
+        true => json!(n as u64),
+        false => json!(n),
+    }
+}
+
 /// JSON lines of training metrics, one object per line, flushed as each is written:
 /// per step `{"epoch":1,"loss":2.2871413,"lr":0.001,"ms":1.9,"step":3}` (`step` counts within
 /// the epoch, from 1; `lr` is the learning rate the step's update used; a `"grad_norm"` key
@@ -302,9 +312,9 @@ impl Callback for MetricsLog {
         let grad_norm = step
             .grad_norm
             .map_or(String::new(), |n| format!("\"grad_norm\":{},", json!(n)));
-        let moe_dropped = step
-            .moe_dropped
-            .map_or(String::new(), |n| format!("\"moe_dropped\":{},", json!(n)));
+        let moe_dropped = step.moe_dropped.map_or(String::new(), |n| {
+            format!("\"moe_dropped\":{},", count_json(n))
+        });
         let line = format!(
             "{{\"epoch\":{},{grad_norm}\"loss\":{},\"lr\":{},{moe_dropped}\"ms\":{},\"step\":{}}}\n",
             step.epoch,
@@ -628,7 +638,7 @@ mod tests {
             [
                 r#"{"epoch":2,"loss":1.5,"lr":0.30000000000000004,"ms":2.0,"step":3}"#,
                 r#"{"epoch":2,"grad_norm":1.5,"loss":1.5,"lr":0.30000000000000004,"ms":2.0,"step":3}"#,
-                r#"{"epoch":2,"loss":1.5,"lr":0.30000000000000004,"moe_dropped":12.0,"ms":2.0,"step":3}"#,
+                r#"{"epoch":2,"loss":1.5,"lr":0.30000000000000004,"moe_dropped":12,"ms":2.0,"step":3}"#,
             ]
         );
         for line in lines {

@@ -93,26 +93,53 @@ fn check_model_description(session: &TrainSession, from: &Path) -> Result<(), Ru
     }
     let saved = SavedModel::read(from)?.to_json();
     let ours = text.saved_model(&session.config)?.to_json();
-    let differing: Vec<String> = ours
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter(|(key, value)| saved.get(key.as_str()) != Some(*value))
-        .map(|(key, value)| {
-            let theirs = saved.get(key.as_str()).unwrap_or(&Value::Null);
-            format!("{key}: saved {}, this run {}", brief(theirs), brief(value))
-        })
-        .collect();
+    let mut differing = Vec::new();
+    differences("", &saved, &ours, &mut differing);
     if differing.is_empty() {
         return Ok(());
     }
+    let vocabulary = differing.iter().any(|d| {
+        ["vocab_size:", "tokenizer:", "alphabet:"]
+            .iter()
+            .any(|k| d.starts_with(k))
+    });
+    let advice = match vocabulary {
+        true => "a token id means the same character only under the same alphabet, so resume on the text and [model] the checkpoint was trained with",
+        false => "resume with the [model] the checkpoint was trained with",
+    };
     Err(resume_error(
         from,
         format!(
-            "its {MODEL_FILE} describes another model or vocabulary ({}); a token id means the same character only under the same alphabet, so resume on the text and [model] the checkpoint was trained with",
+            "its {MODEL_FILE} describes another model or vocabulary ({}); {advice}",
             differing.join("; ")
         ),
     ))
+}
+
+/// Appends `key: saved …, this run …` for every leaf where `ours` differs from `saved`, keys of
+/// nested tables joined by dots (`moe.capacity_factor`), so the message names the key that
+/// differs rather than two cut-off tables.
+fn differences(prefix: &str, saved: &Value, ours: &Value, out: &mut Vec<String>) {
+    if let (Value::Object(saved), Value::Object(ours)) = (saved, ours) {
+        let keys: std::collections::BTreeSet<&String> = saved.keys().chain(ours.keys()).collect();
+        for key in keys {
+            let name = format!("{prefix}{key}");
+            let (theirs, mine) = (
+                saved.get(key.as_str()).unwrap_or(&Value::Null),
+                ours.get(key.as_str()).unwrap_or(&Value::Null),
+            );
+            differences(&format!("{name}."), theirs, mine, out);
+        }
+        return;
+    }
+    if saved != ours {
+        let key = prefix.trim_end_matches('.');
+        out.push(format!(
+            "{key}: saved {}, this run {}",
+            brief(saved),
+            brief(ours)
+        ));
+    }
 }
 
 /// A JSON value for a message, long strings (an alphabet) cut to 40 characters.
@@ -147,4 +174,28 @@ fn check_steps_left(session: &TrainSession, from: &Path) -> Result<(), RuntimeEr
                 .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A nested table's differing leaf is named by its dotted key with both values, and equal
+    /// leaves are not listed.
+    #[test]
+    fn differences_name_the_nested_key_that_differs() {
+        let saved =
+            json!({"layers": 2, "moe": {"experts": 4, "capacity_factor": 1.25}, "moe2": null});
+        let ours = json!({"layers": 2, "moe": {"experts": 4, "capacity_factor": 2.0}, "moe2": {"top_k": 1}});
+        let mut out = Vec::new();
+        differences("", &saved, &ours, &mut out);
+        assert_eq!(
+            out,
+            [
+                "moe.capacity_factor: saved 1.25, this run 2.0",
+                "moe2: saved null, this run {\"top_k\":1}",
+            ]
+        );
+    }
 }

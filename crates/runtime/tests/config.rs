@@ -696,3 +696,87 @@ fn a_network_built_in_code_takes_the_files_sections_and_rules() {
     let err = TrainConfig::for_network(bad, Path::new("/w"), model, data).unwrap_err();
     assert!(err.to_string().contains("parallel.pipeline"), "{err}");
 }
+
+/// A GPT config (parsing only: the text file need not exist).
+const GPT_MINIMAL: &str = r#"
+[model]
+name = "gpt"
+layers = 2
+heads = 4
+hidden = 32
+seq_len = 16
+[data]
+format = "text"
+path = "t.txt"
+batch_size = 8
+[train]
+epochs = 1
+optimizer = "adam"
+learning_rate = 0.01
+[output]
+dir = "out"
+"#;
+
+/// The MindFormers keys split the GPT in `semi_auto` only: in any other mode each one set is
+/// reported as having no effect (none is when it is left at its default), and
+/// `expert_parallel` without `[model.moe]` is refused in every mode.
+#[test]
+fn gpt_parallel_keys_outside_semi_auto_are_warned_about() {
+    let keys = [
+        "parallel.model_parallel=2",
+        "parallel.context_parallel=2",
+        "parallel.context_parallel_algo=\"ring\"",
+        "parallel.use_seq_parallel=true",
+    ];
+    for (mode, why) in [
+        ("stand_alone", "only semi_auto"),
+        ("data_parallel", "only semi_auto"),
+        ("sharding_propagation", "the search chooses"),
+    ] {
+        let mode_key = format!("parallel.mode=\"{mode}\"");
+        let mut overrides = vec![mode_key.as_str(), "parallel.devices=4"];
+        overrides.extend(keys);
+        let config = parse_with(GPT_MINIMAL, &overrides).unwrap();
+        let warnings = config.warnings().join("\n");
+        for key in keys {
+            let name = key.split('=').next().unwrap();
+            let line = format!("{name} has no effect in mode \"{mode}\"");
+            assert!(warnings.contains(&line), "{line} missing from:\n{warnings}");
+        }
+        assert!(warnings.contains(why), "{warnings}");
+        let plain = parse_with(GPT_MINIMAL, &[mode_key.as_str(), "parallel.devices=4"]).unwrap();
+        assert!(
+            !plain
+                .warnings()
+                .iter()
+                .any(|w| w.contains("parallel.model_parallel")),
+            "{:?}",
+            plain.warnings()
+        );
+        let (key, reason) = config_error(parse_with(
+            GPT_MINIMAL,
+            &[mode_key.as_str(), "parallel.expert_parallel=2"],
+        ));
+        assert_eq!(key, "parallel.expert_parallel", "{mode}");
+        assert!(reason.contains("set [model.moe]"), "{reason}");
+    }
+    let semi = parse_with(
+        GPT_MINIMAL,
+        &["parallel.mode=\"semi_auto\"", "parallel.devices=4", keys[0]],
+    )
+    .unwrap();
+    assert!(semi.warnings().is_empty(), "{:?}", semi.warnings());
+}
+
+/// Mixture-of-experts blocks are refused in parameter-server mode (each worker would balance
+/// the experts over its own batch), naming `model.moe`.
+#[test]
+fn moe_is_refused_in_parameter_server_mode() {
+    let (key, reason) = config_error(parse_with(
+        GPT_MINIMAL,
+        &["parallel.mode=\"parameter_server\"", "model.moe.experts=4"],
+    ));
+    assert_eq!(key, "model.moe");
+    assert!(reason.contains("parameter_server"), "{reason}");
+    assert!(parse_with(GPT_MINIMAL, &["parallel.mode=\"parameter_server\""]).is_ok());
+}

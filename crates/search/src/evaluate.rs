@@ -156,12 +156,22 @@ pub fn evaluate(
         let local = local_elements(&value.shape, &inputs[k].factors) * elem(v);
         let group = match &value.kind {
             ValueKind::Parameter { trainable, .. } => {
-                memory.parameters += local;
+                // A parameter read by several ops (a tied embedding table) is held once: its
+                // memory is counted at its first use only.
+                let first_use = graph
+                    .consumers(v)
+                    .first()
+                    .is_none_or(|u| u.input == k && graph.nodes()[u.node.0].name == node.name);
+                if first_use {
+                    memory.parameters += local;
+                }
                 if !*trainable {
                     continue;
                 }
-                memory.gradients += local;
-                memory.optimizer += local * settings.optimizer_states as f64;
+                if first_use {
+                    memory.gradients += local;
+                    memory.optimizer += local * settings.optimizer_states as f64;
+                }
                 // FIXME: the lowering sums a gradient only over the ranks that computed distinct
                 // parts of it (`devices_used / split`); ranks that repeat an op's work hold the
                 // same gradient. Costing that moves the searches' choices (auto-pipeline, the
@@ -328,6 +338,40 @@ mod tests {
         let v = b.input("v", &shape, DType::F32).unwrap();
         b.flash_attention("flash", (q, k, v), true, 0.35).unwrap();
         b.finish()
+    }
+
+    /// A parameter read by two products (a tied table) is held once: its parameter, gradient
+    /// and optimizer bytes are counted at its first use and not at the second.
+    #[test]
+    fn a_parameter_read_twice_is_counted_once() {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", &[8, 16], DType::F32).unwrap();
+        let w = b
+            .parameter("w", &[16, 16], graph::Initializer::Zeros)
+            .unwrap();
+        let h = b.matmul("first", x, w).unwrap();
+        b.matmul("second", h, w).unwrap();
+        let graph = b.finish();
+        let profile = crate::profiles::built_in("h100-nvlink-ib").unwrap();
+        let settings = EvalSettings {
+            profile: &profile,
+            devices: 1,
+            optimizer_states: 2,
+        };
+        let memory = |i: usize| {
+            let node = &graph.nodes()[i];
+            evaluate(&graph, node, &[vec![1, 1], vec![1, 1]], &settings)
+                .unwrap()
+                .memory
+        };
+        let bytes = 16.0 * 16.0 * 4.0;
+        let (first, second) = (memory(0), memory(1));
+        assert_eq!((first.parameters, first.gradients), (bytes, bytes));
+        assert_eq!(first.optimizer, 2.0 * bytes);
+        assert_eq!(
+            (second.parameters, second.gradients, second.optimizer),
+            (0.0, 0.0, 0.0)
+        );
     }
 
     #[test]

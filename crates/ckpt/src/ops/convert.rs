@@ -37,8 +37,9 @@ pub struct ConvertOptions<'a> {
     pub force: bool,
     /// Append MindSpore's `crc_num` trailer to `.ckpt` output.
     pub crc: bool,
-    /// Convert even when the source strategy lists parameters that no source file holds
-    /// (they are reported as skipped); otherwise that is an error, as `verify` calls it a fault.
+    /// Convert even when the source or destination strategy lists parameters that no source
+    /// file holds (they are reported as skipped); otherwise that is an error, as `verify` calls
+    /// it a fault.
     pub allow_missing: bool,
     /// Largest chunk of one tensor held in memory by one writing thread (without fsync,
     /// safetensors output is written by two threads, a file each).
@@ -201,8 +202,8 @@ pub(crate) struct ResolvedConversion {
 /// Resolves both strategies of a conversion reading `sources` (found under `src_dir`): the
 /// source against the files (`None`: an unsharded source, source rank 0's file holding every
 /// tensor whole), the destination against the source (`None`: everything merged into rank 0).
-/// Returns them with the parameters left out and why. A source strategy listing parameters no
-/// file holds is an error unless `allow_missing`.
+/// Returns them with the parameters left out and why. A source or destination strategy listing
+/// parameters no source file holds is an error unless `allow_missing`.
 pub(crate) fn resolve_conversion(
     sources: &SourceSet,
     src_dir: &Path,
@@ -222,7 +223,30 @@ pub(crate) fn resolve_conversion(
                 sources,
                 "in the destination strategy but not in the source checkpoint",
             )?;
-            skipped.extend(unknown);
+            // Parameters with a shape of their own bind without any source: they are absent
+            // all the same when neither the source strategy nor the source files hold them.
+            let extras = sources.extras_file(0)?;
+            let why = "in the destination strategy but not in the source checkpoint";
+            let unsourced = res.params().iter().filter(|p| {
+                src_res.param(&p.name).is_none()
+                    && extras.as_ref().and_then(|f| f.tensor(&p.name)).is_none()
+            });
+            let absent: Vec<(String, String)> = unknown
+                .into_iter()
+                .chain(unsourced.map(|p| (p.name.clone(), why.to_string())))
+                .collect();
+            if let (false, Some((name, _))) = (allow_missing, absent.first()) {
+                return Err(CkptError::TensorMissing {
+                    path: src_dir.to_path_buf(),
+                    tensor: name.clone(),
+                    rule: format!(
+                        "the destination strategy {} lists it (and {} more parameters the source checkpoint does not hold), so the output would not load under that strategy; is it the strategy of another model? (pass --allow-missing to convert without them)",
+                        dst.path.display(),
+                        absent.len() - 1
+                    ),
+                });
+            }
+            skipped.extend(absent);
             res
         }
         None => src_res.merged()?,
@@ -398,13 +422,18 @@ pub(crate) fn resolve_target(
     sources: &SourceSet,
 ) -> Result<(ResolvedStrategy, Vec<String>)> {
     let extras = sources.extras_file(0)?;
+    // Named by a file of it, so that a shape the destination disagrees with points somewhere.
+    let source = match &extras {
+        Some(f) => format!("the source checkpoint ({})", f.path().display()),
+        None => "the source checkpoint".to_string(),
+    };
     dst.resolve(|p, _| {
         if let Some(s) = src.param(&p.name) {
             return Ok(Some(ShapeHint {
                 shape: s.shape.clone(),
                 is_global: true,
                 dtype: s.dtype,
-                source: "the source checkpoint".to_string(),
+                source: source.clone(),
             }));
         }
         Ok(extras
@@ -414,7 +443,7 @@ pub(crate) fn resolve_target(
                 shape: t.shape.clone(),
                 is_global: true,
                 dtype: t.dtype(),
-                source: "the source checkpoint".to_string(),
+                source: source.clone(),
             }))
     })
 }

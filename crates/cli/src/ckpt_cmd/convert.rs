@@ -39,8 +39,8 @@ pub(super) struct ConvertArgs {
     /// Append MindSpore's crc_num trailer to .ckpt output.
     #[arg(long)]
     crc: bool,
-    /// Convert even if the source strategy lists parameters no source file holds (reported
-    /// as skipped); without it that is an error.
+    /// Convert even if the source or destination strategy lists parameters no source file
+    /// holds (reported as skipped); without it that is an error.
     #[arg(long)]
     allow_missing: bool,
     #[command(flatten)]

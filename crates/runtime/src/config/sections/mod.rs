@@ -20,7 +20,9 @@ use toml::{Table, Value};
 use self::data::read_data;
 use self::model::{check_model_data, read_model};
 use self::output::read_output;
-use self::parallel::{read_gpt_parallel, read_micro_batch_interleave, read_parallel};
+use self::parallel::{
+    check_gpt_parallel_keys, read_gpt_parallel, read_micro_batch_interleave, read_parallel,
+};
 use self::train::{read_optimizer, read_train_loop};
 use super::values::{config_error, one_of, read_bool, Section, MAX_GRAD_ACCUMULATION_STEPS};
 use super::{DataConfig, TrainConfig, TrainLoopConfig};
@@ -122,6 +124,20 @@ fn from_sections(
     let micro_batch_interleave =
         parallel_section.or("micro_batch_interleave", 1, read_micro_batch_interleave)?;
     let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
+    let mode_name = match ps_mode {
+        true => super::ps::PARAMETER_SERVER_MODE,
+        false => parallel.mode.name(),
+    };
+    let has_moe = model.gpt.as_ref().is_some_and(|g| g.moe.is_some());
+    check_gpt_parallel_keys(&gpt_parallel, mode_name, has_moe, &mut warnings)?;
+    if ps_mode && has_moe {
+        return Err(config_error(
+            "model.moe",
+            format!(
+                "mixture-of-experts blocks do not run in mode \"{mode_name}\": each worker would balance the experts over its own batch (the load-balancing loss is not separable over the batch, so the numbers would not be data parallel's) and no worker sees the job's dropped-token count; use mode \"data_parallel\" or \"semi_auto\" (with parallel.expert_parallel)"
+            ),
+        ));
+    }
     if search.auto_pipeline && !matches!(parallel.mode, ::parallel::ParallelMode::Auto(_)) {
         return Err(config_error(
             "parallel.auto_pipeline",

@@ -3,7 +3,7 @@
 use models::MoeConfig;
 use toml::Value;
 
-use crate::config::values::{read_bool, read_float, read_positive, Section};
+use crate::config::values::{config_error, read_bool, read_float, read_positive, Section};
 use crate::error::RuntimeError;
 
 /// `[model.moe]`'s keys.
@@ -20,7 +20,14 @@ pub(in crate::config) const MOE_KEYS: &[&str] = &[
 /// [`MoeConfig::new`]'s values (`top_k` 1). Every range is checked; errors name the key.
 pub(super) fn read_moe(key: &str, value: Value) -> Result<MoeConfig, RuntimeError> {
     let mut s = Section::new(key, value, MOE_KEYS)?;
-    let experts = s.require("experts", read_positive)?;
+    // One rule for every value below 2 (0 and negatives included): `MoeConfig::validate`'s.
+    let experts = s.require("experts", |key, value| match value {
+        Value::Integer(n) if n < 2 => Err(config_error(
+            key,
+            format!("{n} is out of range: it must be ≥ 2"),
+        )),
+        value => read_positive(key, value),
+    })?;
     let defaults = MoeConfig::new(experts, 1);
     let moe = MoeConfig {
         experts,

@@ -108,6 +108,67 @@ pub(super) fn read_gpt_parallel(
     })
 }
 
+/// The MindFormers keys set the GPT's strategies in `semi_auto` only. `expert_parallel` above 1
+/// without MoE blocks is refused in every mode (`mode` is the mode's config name); in any mode
+/// but `semi_auto` each key set away from its default is reported in `warnings` as having no
+/// effect.
+pub(super) fn check_gpt_parallel_keys(
+    keys: &GptParallelKeys,
+    mode: &str,
+    has_moe: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(), RuntimeError> {
+    if keys.expert_parallel > 1 && !has_moe {
+        return Err(config_error(
+            "parallel.expert_parallel",
+            format!(
+                "{} expert-parallel shards need MoE blocks: set [model.moe]",
+                keys.expert_parallel
+            ),
+        ));
+    }
+    if mode == ParallelMode::SemiAuto.name() {
+        return Ok(());
+    }
+    let default = GptParallelKeys::default();
+    let set = [
+        ("data_parallel", keys.data_parallel != default.data_parallel),
+        (
+            "model_parallel",
+            keys.model_parallel != default.model_parallel,
+        ),
+        (
+            "context_parallel",
+            keys.context_parallel != default.context_parallel,
+        ),
+        (
+            "context_parallel_algo",
+            keys.context_parallel_algo != default.context_parallel_algo,
+        ),
+        ("vocab_emb_dp", keys.vocab_emb_dp != default.vocab_emb_dp),
+        (
+            "use_seq_parallel",
+            keys.use_seq_parallel != default.use_seq_parallel,
+        ),
+        (
+            "expert_parallel",
+            keys.expert_parallel != default.expert_parallel,
+        ),
+    ];
+    let why = match mode {
+        "sharding_propagation" | "recursive_programming" | "dynamic_programming" => {
+            "(the search chooses every op's split itself)"
+        }
+        _ => "(only semi_auto splits the GPT by these keys)",
+    };
+    for (key, _) in set.iter().filter(|(_, differs)| *differs) {
+        warnings.push(format!(
+            "parallel.{key} has no effect in mode \"{mode}\" {why}"
+        ));
+    }
+    Ok(())
+}
+
 /// `parallel.micro_batch_interleave`: an integer ≥ 1.
 pub(super) fn read_micro_batch_interleave(key: &str, value: Value) -> Result<usize, RuntimeError> {
     match value {
