@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::{rank_of_entry, SetMarker, SET_MARKER, STAGING_SENTINEL};
+use super::{SetMarker, SET_MARKER, STAGING_SENTINEL};
 use crate::error::{io_err, CkptError, Result};
 use crate::io::durability::Durability;
 
@@ -123,13 +123,12 @@ fn fallback_switch(staging: &Path, dest: &Path, exists: bool) -> Result<()> {
     std::fs::rename(&aside, staging).map_err(io_err(&aside, "rename"))
 }
 
-/// The names of `dir`'s entries that belong to a set: the set marker and sentinel, every
-/// `rank_<N>`, the old marker's entries (when `dir` has a marker) and `new_entries`.
+/// The names of `dir`'s entries that belong to a set: the set marker and sentinel, the old
+/// marker's entries (when `dir` has a marker) and `new_entries`. A `rank_<N>` folder no marker
+/// lists and the new set does not write is not the tool's to remove, whatever its name: it is
+/// kept (and a reader then reports it as a stale or foreign rank of the set).
 fn is_set_entry(name: &str, owned: &BTreeSet<String>) -> bool {
-    owned.contains(name)
-        || name == SET_MARKER
-        || name == STAGING_SENTINEL
-        || rank_of_entry(name).is_some()
+    owned.contains(name) || name == SET_MARKER || name == STAGING_SENTINEL
 }
 
 fn owned_names(dir: &Path, new_entries: &[String]) -> BTreeSet<String> {

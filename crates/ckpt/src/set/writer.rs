@@ -434,10 +434,13 @@ mod tests {
         let staging = sibling(&dest, "tessera-staging-dead1");
         std::fs::create_dir_all(staging.join("rank_0")).unwrap();
         std::fs::write(staging.join(STAGING_SENTINEL), b"").unwrap();
-        // A writer died after the switch: the old directory, holding a foreign file.
+        // A writer died after the switch: the old directory (an old set of rank 5), holding
+        // a foreign file and a rank folder no marker lists (the user's).
         let retired = sibling(&dest, "tessera-staging-dead2");
-        std::fs::create_dir_all(retired.join("rank_5")).unwrap();
+        write_set(&retired, &[5], false);
         std::fs::write(retired.join("metrics.jsonl"), b"log").unwrap();
+        std::fs::create_dir_all(retired.join("rank_6")).unwrap();
+        std::fs::write(retired.join("rank_6/keep.txt"), b"mine").unwrap();
         // A reader refuses the staging directory.
         assert!(matches!(
             check_set(&staging),
@@ -447,6 +450,37 @@ mod tests {
         assert_eq!(names(tmp.path()), vec!["out"]);
         assert_eq!(std::fs::read(dest.join("metrics.jsonl")).unwrap(), b"log");
         assert!(!dest.join("rank_5").exists());
+        assert_eq!(
+            std::fs::read(dest.join("rank_6/keep.txt")).unwrap(),
+            b"mine"
+        );
+    }
+
+    /// A `rank_<N>` folder the destination holds outside any set (no marker lists it, the new
+    /// set does not write it) is the user's: a new set keeps it (and a reader then reports it
+    /// as a stale or foreign rank); the old set's own rank folders are removed.
+    #[test]
+    fn a_rank_folder_of_no_set_is_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        write_set(&dest, &[0, 1, 2], false);
+        std::fs::create_dir_all(dest.join("rank_5")).unwrap();
+        std::fs::write(dest.join("rank_5/keep.txt"), b"mine").unwrap();
+        write_set(&dest, &[0], true);
+        assert!(!dest.join("rank_1").exists() && !dest.join("rank_2").exists());
+        assert_eq!(
+            std::fs::read(dest.join("rank_5/keep.txt")).unwrap(),
+            b"mine"
+        );
+        let audit = audit_set(&dest).unwrap();
+        assert!(
+            audit
+                .faults
+                .iter()
+                .any(|f| f.to_string().contains("rank_5/")),
+            "{:?}",
+            audit.faults
+        );
     }
 
     #[test]
