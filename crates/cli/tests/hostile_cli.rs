@@ -558,3 +558,39 @@ fn assert_usage_error(args: &[&str], needles: &[&str]) {
         );
     }
 }
+
+/// Files that are read whole (a config, a device profile, a strategy, a key) are read only up
+/// to their kind's bound: an endless device given as one is refused, naming it and the bound,
+/// and never exhausts memory.
+#[test]
+fn endless_files_are_refused_at_their_bound() {
+    let out = tessera_env(&["train", "/dev/zero"], &[]);
+    assert_refused(&out, &["/dev/zero", "more than"]);
+    let out = tessera_env(&["strategy", "show", "/dev/zero"], &[]);
+    assert_refused(&out, &["/dev/zero", "more than"]);
+    let out = tessera_env(
+        &[
+            "plan",
+            "examples/seed_semi_auto.toml",
+            "--profile",
+            "/dev/zero",
+        ],
+        &[],
+    );
+    assert_refused(&out, &["/dev/zero", "more than"]);
+    let scratch = Scratch::new("endless_key");
+    let out = tessera_env(
+        &[
+            "ckpt",
+            "convert",
+            "--src",
+            &s(&scratch.0.join("src")),
+            "--dst",
+            &s(&scratch.0.join("dst")),
+            "--dec-key-file",
+            "/dev/zero",
+        ],
+        &[],
+    );
+    assert_refused(&out, &["--dec-key-file /dev/zero", "more than"]);
+}

@@ -77,6 +77,40 @@ pub fn checked_rank_count(device_matrix: &[usize]) -> Result<usize, LayoutError>
     Ok(n_ranks)
 }
 
+/// The largest text file a reader takes whole: a config, a device profile, a set marker, a
+/// checkpoint index or a `model.json` (64 MiB).
+pub const MAX_TEXT_FILE_BYTES: u64 = 64 << 20;
+
+/// The largest strategy or group-info file a reader takes whole (1 GiB: a strategy records a
+/// few hundred bytes per parameter).
+pub const MAX_STRATEGY_FILE_BYTES: u64 = 1 << 30;
+
+/// Reads the whole of `path`, refusing (with [`std::io::ErrorKind::InvalidData`]) a file of
+/// more than `max_bytes` before holding more than `max_bytes + 1` of it, so a wrong path (a
+/// device such as `/dev/zero`, a multi-gigabyte file) is an error and never an allocation
+/// failure.
+pub fn read_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let hint = file.metadata().map_or(0, |m| m.len()).min(max_bytes);
+    let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it holds more than {max_bytes} bytes, more than any file of this kind may (a device or a wrong path?)"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// [`read_bounded`] as UTF-8 text (invalid UTF-8 is [`std::io::ErrorKind::InvalidData`]).
+pub fn read_text_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::Result<String> {
+    String::from_utf8(read_bounded(path, max_bytes)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// The product of `sizes`, or `None` when it overflows `usize`.
 pub fn checked_product(sizes: &[usize]) -> Option<usize> {
     sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
@@ -85,6 +119,24 @@ pub fn checked_product(sizes: &[usize]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file within the bound is read whole; one beyond it, or an endless device, is refused
+    /// naming the bound.
+    #[test]
+    fn reads_stop_at_the_bound() {
+        let dir = std::env::temp_dir().join(format!("tessera-limits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, b"12345").unwrap();
+        assert_eq!(read_bounded(&path, 5).unwrap(), b"12345");
+        assert_eq!(read_text_bounded(&path, 8).unwrap(), "12345");
+        let err = read_bounded(&path, 4).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("more than 4 bytes"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = read_bounded(std::path::Path::new("/dev/zero"), 1 << 10).unwrap_err();
+        assert!(err.to_string().contains("more than 1024 bytes"), "{err}");
+    }
 
     #[test]
     fn products_that_overflow_are_none() {

@@ -68,13 +68,14 @@ impl SavedModel {
     /// Reads `dir/model.json`.
     pub fn read(dir: &Path) -> Result<SavedModel, RuntimeError> {
         let path = dir.join(MODEL_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| RuntimeError::Data {
-            path: path.clone(),
-            reason: format!(
+        let text = layout::limits::read_text_bounded(&path, layout::limits::MAX_TEXT_FILE_BYTES)
+            .map_err(|e| RuntimeError::Data {
+                path: path.clone(),
+                reason: format!(
                 "cannot read the model description ({e}); is {} the output directory of a GPT run?",
                 dir.display()
             ),
-        })?;
+            })?;
         let bad = |reason: String| RuntimeError::Data {
             path: path.clone(),
             reason,

@@ -88,7 +88,9 @@ pub fn check_replaceable(path: &Path) -> Result<(), RuntimeError> {
 
 /// Whether `path` is a file holding a group-info message (an earlier run's).
 fn is_group_info_file(path: &Path) -> bool {
-    path.is_file() && std::fs::read(path).is_ok_and(|bytes| ckpt::GroupInfo::is_group_info(&bytes))
+    path.is_file()
+        && layout::limits::read_bounded(path, layout::limits::MAX_STRATEGY_FILE_BYTES)
+            .is_ok_and(|bytes| ckpt::GroupInfo::is_group_info(&bytes))
 }
 
 #[cfg(test)]

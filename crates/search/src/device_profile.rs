@@ -186,7 +186,7 @@ pub fn read(path: &Path) -> Result<DeviceProfile, SearchError> {
             format!("{size} bytes is over the {MAX_PROFILE_BYTES}-byte limit of a profile"),
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(io)?;
+    let text = layout::limits::read_text_bounded(path, MAX_PROFILE_BYTES).map_err(io)?;
     let root: Table = text
         .parse()
         .map_err(|e: toml::de::Error| bad(path, "(syntax)", e.message().trim().to_string()))?;

@@ -40,7 +40,8 @@ impl GroupInfo {
 
     /// Reads a group-info file.
     pub fn read(path: &Path) -> Result<GroupInfo> {
-        let bytes = std::fs::read(path).map_err(io_err(path, "read"))?;
+        let bytes = layout::limits::read_bounded(path, layout::limits::MAX_STRATEGY_FILE_BYTES)
+            .map_err(io_err(path, "read"))?;
         GroupInfo::decode(path, &bytes)
     }
 

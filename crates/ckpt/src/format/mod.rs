@@ -37,7 +37,8 @@ use crate::model::{Strategy, StrategyFlavour};
 impl Strategy {
     /// Reads a strategy file of any flavour, detected by content (see [`Strategy::from_bytes`]).
     pub fn load(path: &Path) -> Result<Strategy> {
-        let bytes = std::fs::read(path).map_err(io_err(path, "read"))?;
+        let bytes = layout::limits::read_bounded(path, layout::limits::MAX_STRATEGY_FILE_BYTES)
+            .map_err(io_err(path, "read"))?;
         Strategy::from_bytes(path, &bytes)
     }
 

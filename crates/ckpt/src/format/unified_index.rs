@@ -22,7 +22,8 @@ pub const HYPER_PARAM_FILE: &str = "hyper_param.safetensors";
 /// Reads the index at `path`: every `(parameter, part file name)` in index order. A file name
 /// that is not a plain name in the directory is refused.
 pub(crate) fn read(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(path).map_err(io_err(path, "read"))?;
+    let text = layout::limits::read_text_bounded(path, layout::limits::MAX_TEXT_FILE_BYTES)
+        .map_err(io_err(path, "read"))?;
     let bad = |reason: String| CkptError::InvalidStrategy {
         path: path.to_path_buf(),
         reason,

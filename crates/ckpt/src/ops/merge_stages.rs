@@ -60,7 +60,8 @@ pub fn merge_pipeline_strategies(
     }
     let mut parsed: Vec<(PathBuf, Vec<u8>, MsStrategyFile, u32)> = Vec::with_capacity(files.len());
     for path in files {
-        let bytes = std::fs::read(&path).map_err(io_err(&path, "read"))?;
+        let bytes = layout::limits::read_bounded(&path, layout::limits::MAX_STRATEGY_FILE_BYTES)
+            .map_err(io_err(&path, "read"))?;
         let file = if is_json {
             MsStrategyFile::from_json_bytes(&path, &bytes)?
         } else {

@@ -121,7 +121,8 @@ impl SetMarker {
                 meta.len()
             )));
         }
-        let text = std::fs::read_to_string(&path).map_err(io_err(&path, "read"))?;
+        let text = layout::limits::read_text_bounded(&path, MAX_MARKER_BYTES)
+            .map_err(io_err(&path, "read"))?;
         let marker: SetMarker = serde_json::from_str(&text)
             .map_err(|e| bad(format!("not a valid set marker ({e})")))?;
         if marker.format != FORMAT || marker.version != 1 {

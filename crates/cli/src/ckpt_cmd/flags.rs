@@ -48,14 +48,19 @@ pub(super) struct DecryptFlags {
     pub(super) dec_mode: Option<String>,
 }
 
+/// The largest key file read (a key is 16 or 32 bytes; the bound keeps a wrong path, such as a
+/// device, from being read without end).
+const MAX_KEY_FILE_BYTES: u64 = 64 << 10;
+
 impl DecryptFlags {
     /// The decryption asked for, if any; the key is checked against the mode.
     pub(super) fn decryption(&self) -> anyhow::Result<Option<ckpt::Decryption>> {
         let key = match (&self.dec_key, &self.dec_key_file) {
             (Some(hex), _) => parse_hex_key(hex)?,
-            (None, Some(path)) => std::fs::read(path).with_context(|| {
-                format!("--dec-key-file {}: cannot read the key", path.display())
-            })?,
+            (None, Some(path)) => layout::limits::read_bounded(path, MAX_KEY_FILE_BYTES)
+                .with_context(|| {
+                    format!("--dec-key-file {}: cannot read the key", path.display())
+                })?,
             (None, None) if self.dec_mode.is_some() => {
                 bail!("--dec-mode needs a key: give --dec-key or --dec-key-file")
             }

@@ -291,10 +291,11 @@ impl TrainConfig {
     /// Reads the TOML file `path`, applies `overrides` (`section.key=value` each) and checks
     /// the result. Relative paths are resolved against the current directory.
     pub fn load(path: &Path, overrides: &[String]) -> Result<TrainConfig, RuntimeError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RuntimeError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = layout::limits::read_text_bounded(path, layout::limits::MAX_TEXT_FILE_BYTES)
+            .map_err(|source| RuntimeError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let base = std::env::current_dir().map_err(|source| RuntimeError::Io {
             path: PathBuf::from("."),
             source,

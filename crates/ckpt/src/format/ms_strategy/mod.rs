@@ -159,7 +159,10 @@ impl MsStrategyFile {
     /// shows. `None` for a strategy of another flavour.
     pub fn of_strategy(strategy: &Strategy) -> Result<Option<MsStrategyFile>> {
         let path = strategy.path.as_path();
-        let read = || std::fs::read(path).map_err(io_err(path, "read"));
+        let read = || {
+            layout::limits::read_bounded(path, layout::limits::MAX_STRATEGY_FILE_BYTES)
+                .map_err(io_err(path, "read"))
+        };
         match strategy.flavour {
             StrategyFlavour::MsProtobuf => MsStrategyFile::decode(path, &read()?).map(Some),
             StrategyFlavour::MsJson => MsStrategyFile::from_json_bytes(path, &read()?).map(Some),

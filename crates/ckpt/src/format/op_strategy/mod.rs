@@ -63,7 +63,8 @@ pub fn read_operator_strategy_file(path: &Path) -> Result<Vec<OpStrategyRecord>>
             "{size} bytes is over the {MAX_OP_STRATEGY_FILE_BYTES}-byte limit of an operator strategy file"
         )));
     }
-    let text = std::fs::read_to_string(path).map_err(io("read"))?;
+    let text =
+        layout::limits::read_text_bounded(path, MAX_OP_STRATEGY_FILE_BYTES).map_err(io("read"))?;
     let json = Json::parse(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
     parse(&json).map_err(bad)
 }
