@@ -579,14 +579,15 @@ fn endless_files_are_refused_at_their_bound() {
     );
     assert_refused(&out, &["/dev/zero", "more than"]);
     let scratch = Scratch::new("endless_key");
+    let (src, dst) = (scratch.0.join("src"), scratch.0.join("dst"));
     let out = tessera_env(
         &[
             "ckpt",
             "convert",
             "--src",
-            &s(&scratch.0.join("src")),
+            s(&src),
             "--dst",
-            &s(&scratch.0.join("dst")),
+            s(&dst),
             "--dec-key-file",
             "/dev/zero",
         ],
