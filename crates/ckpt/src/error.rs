@@ -361,7 +361,7 @@ pub enum CkptError {
     NoSourceFiles,
     /// A conversion without a source strategy (an unsharded source) given other files than
     /// one, as rank 0.
-    #[error("without a source strategy the source is unsharded: give exactly one file, as rank 0 (got ranks {ranks:?})")]
+    #[error("without a source strategy the source is unsharded: it must hold rank 0 alone (one file, or one rank_0/ folder), but it holds ranks {ranks:?}; give the strategy a sharded checkpoint was saved with (--src-strategy)")]
     UnshardedSource {
         /// The ranks given.
         ranks: Vec<usize>,

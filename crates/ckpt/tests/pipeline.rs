@@ -99,6 +99,14 @@ fn merge_stages_in_stage_order() {
     std::fs::write(&lone, stage_file(1).encode()).unwrap();
     let err = Strategy::load(&lone).unwrap().check_stages().unwrap_err();
     assert!(err.to_string().contains("merge-stages"), "{err}");
+    // Nor can a merge of stage 1 alone: refused, naming the missing stage, nothing written.
+    let only_one = dir.path().join("only_one");
+    std::fs::create_dir_all(&only_one).unwrap();
+    std::fs::write(only_one.join("s1.ckpt"), stage_file(1).encode()).unwrap();
+    let merged = dir.path().join("m3.ckpt");
+    let err = ckpt::merge_pipeline_strategies(&only_one, &merged, false).unwrap_err();
+    assert!(err.to_string().contains("stage 0 is missing"), "{err}");
+    assert!(!merged.exists());
 }
 
 #[test]

@@ -167,6 +167,50 @@ fn a_destination_parameter_the_source_lacks_needs_allow_missing() {
     assert_eq!(report.skipped[0].0, "ghost");
 }
 
+/// `dedup` binds its strategy to the files as a conversion does: a strategy for fewer ranks
+/// than the checkpoint's folders is refused (the extra ranks' shards would be lost), and
+/// nothing is written.
+#[test]
+fn dedup_refuses_a_strategy_for_fewer_ranks() {
+    let dir = tmp();
+    checkpoint(dir.path(), "src", 4, 0.0);
+    let small = checkpoint(dir.path(), "small", 2, 0.0);
+    let out = dir.path().join("out");
+    let err = ckpt::dedup_checkpoints(
+        &dir.path().join("src"),
+        &small,
+        &out,
+        false,
+        ckpt::Durability::OsBuffered,
+        &ckpt::NoProgress,
+    )
+    .unwrap_err();
+    assert!(matches!(err, CkptError::RankCountMismatch { .. }), "{err}");
+    assert!(!out.exists());
+}
+
+/// Without a source strategy the source is unsharded: a checkpoint with several rank folders
+/// is refused (rank 0's shard is not the whole tensor), and nothing is written.
+#[test]
+fn a_sharded_source_without_its_strategy_is_refused() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let out = dir.path().join("out");
+    let err = ckpt::convert_unsharded(
+        &dir.path().join("src"),
+        &out,
+        &s,
+        &ConvertOptions::default(),
+    )
+    .unwrap_err();
+    match &err {
+        CkptError::UnshardedSource { ranks } => assert_eq!(ranks, &[0, 1]),
+        other => panic!("expected UnshardedSource, got {other}"),
+    }
+    assert!(err.to_string().contains("--src-strategy"), "{err}");
+    assert!(!out.exists());
+}
+
 #[test]
 fn a_conversion_never_overwrites_its_source_or_leaves_its_destination() {
     let dir = tmp();

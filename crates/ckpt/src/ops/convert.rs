@@ -291,8 +291,16 @@ fn resolve_source(
     Ok((src_res, skipped))
 }
 
-/// An unsharded source: source rank 0's file holds every tensor whole, on one rank.
+/// An unsharded source: source rank 0's file holds every tensor whole, on one rank. Folders of
+/// other ranks mean a sharded checkpoint, which is refused: rank 0's shards are not the tensors.
 fn unsharded_source(sources: &SourceSet, src_dir: &Path) -> Result<ResolvedStrategy> {
+    if let Some(ranks) = sources.rank_files() {
+        if ranks.files.keys().any(|&r| r != 0) {
+            return Err(CkptError::UnshardedSource {
+                ranks: ranks.files.keys().copied().collect(),
+            });
+        }
+    }
     let file = sources.rank_file(0)?.ok_or(CkptError::MissingRank {
         path: src_dir.to_path_buf(),
         rank: 0,

@@ -123,7 +123,9 @@ pub fn dedup_checkpoints(
 ) -> Result<DedupReport> {
     let sources = SourceSet::rank_dirs(src_dir)?;
     let strategy = Strategy::load(strategy)?;
-    let resolved = strategy.resolve_scale_free()?;
+    // Bound to the files, as a conversion's source is: a strategy of another device count or
+    // other slice shapes is refused here, before anything is dropped as redundant.
+    let (resolved, _) = sources.resolve_source(&strategy)?;
     let owners = remove_param_redundancy(&parameter_redundancy(&resolved));
     let rank_files = sources.rank_files().expect("rank directories").clone();
     let mut stored: BTreeSet<String> = BTreeSet::new();

@@ -106,6 +106,17 @@ pub fn merge_pipeline_strategies(
             }));
         report.merged.push((path, stage));
     }
+    // MindSpore's readers need stages 0..n: a merge missing one would be refused by every tool.
+    if let Some(gap) = (0..).zip(&report.merged).find(|(want, (_, s))| s != want) {
+        let present: Vec<u32> = report.merged.iter().map(|(_, s)| *s).collect();
+        return Err(CkptError::InvalidStrategy {
+            path: gap.1 .0.clone(),
+            reason: format!(
+                "the files hold pipeline stages {present:?}, but stage {} is missing: a merged strategy needs every stage 0..n (give each stage's file)",
+                gap.0
+            ),
+        });
+    }
     let bytes = if dst.extension().is_some_and(|e| e == "json") {
         let mut text = out.to_json_text();
         text.push('\n');
