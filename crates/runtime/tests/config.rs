@@ -780,3 +780,20 @@ fn moe_is_refused_in_parameter_server_mode() {
     assert!(reason.contains("parameter_server"), "{reason}");
     assert!(parse_with(GPT_MINIMAL, &["parallel.mode=\"parameter_server\""]).is_ok());
 }
+
+/// `output.group_info_file` inside a checkpoint set's folder (which every checkpoint replaces)
+/// is refused naming the key; beside them, or at an absolute path, it is taken as given.
+#[test]
+fn a_group_info_file_inside_a_checkpoint_folder_is_refused() {
+    for inside in ["rank_{rank}/g.pb", "rank_0/g.pb", "checkpoint_step_5/g.pb"] {
+        let set = format!("output.group_info_file=\"{inside}\"");
+        let (key, reason) = config_error(parse_with(MINIMAL, &[set.as_str()]));
+        assert_eq!(key, "output.group_info_file");
+        assert!(reason.contains("replaces"), "{reason}");
+    }
+    for fine in ["group_info.pb", "groups/g_{rank}.pb", "/tmp/g.pb"] {
+        let set = format!("output.group_info_file=\"{fine}\"");
+        let config = parse_with(MINIMAL, &[set.as_str()]).unwrap();
+        assert_eq!(config.output().group_info_file.as_deref(), Some(fine));
+    }
+}

@@ -41,10 +41,21 @@ pub(super) fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, R
         resume_strategy: s.get("resume_strategy", path_reader(base))?,
         group_info_file: s.get("group_info_file", |key, v| {
             let text = read_string(key, v)?;
-            match text.is_empty() {
-                true => Err(config_error(key, "a file name, not the empty string")),
-                false => Ok(text),
+            if text.is_empty() {
+                return Err(config_error(key, "a file name, not the empty string"));
             }
+            // The run's checkpoint commits replace these entries of `output.dir` whole: a file
+            // written inside one would be removed at the next checkpoint.
+            let first = Path::new(&text).components().next();
+            let inside_a_set = matches!(first, Some(std::path::Component::Normal(name))
+                if ["rank_", "checkpoint_step_"].iter().any(|p| name.to_string_lossy().starts_with(p)));
+            if inside_a_set {
+                return Err(config_error(
+                    key,
+                    format!("{text:?} lies inside a checkpoint set's folder (rank_<N>/ or checkpoint_step_<N>/ of output.dir), which every checkpoint replaces; write it beside them"),
+                ));
+            }
+            Ok(text)
         })?,
     })
 }
