@@ -11,7 +11,7 @@ use std::sync::Arc;
 use comm::{Buf, BufMut, Communicator, Tag};
 use layout::{SliceBox, TensorLayout};
 use reshard::{
-    lower, plan_from, DistLayout, Exchange, ExchangeKind, HalfSum, PendingOp, ReduceKind,
+    lower_for, plan_from, DistLayout, Exchange, ExchangeKind, HalfSum, PendingOp, ReduceKind,
     ReshardPlan, Transfer,
 };
 use tensor::region::{copy_region, Placement};
@@ -185,7 +185,7 @@ impl ReshardRunner {
             dst_slots.iter().copied().zip(out.iter_mut()).collect();
         copy_local(plan, me, &held, &mut out);
         // Network transfers, one exchange per independent group.
-        if let Some(exchange) = lower(plan).into_iter().find(|e| e.ranks.contains(&me)) {
+        if let Some(exchange) = lower_for(plan, me) {
             self.exchange(plan, &exchange, &held, &mut out)?;
         }
         Ok(())

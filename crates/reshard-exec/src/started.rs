@@ -5,7 +5,7 @@
 //! its local copies are done at once. Any other plan runs when started.
 
 use comm::PendingCollective;
-use reshard::{lower, Exchange, ExchangeKind, ReshardPlan};
+use reshard::{lower_for, Exchange, ExchangeKind, ReshardPlan};
 use tensor::Tensor;
 
 use crate::error::ExecError;
@@ -58,7 +58,7 @@ impl ReshardRunner {
         mut out: Vec<Tensor>,
     ) -> Result<StartedReshard, ExecError> {
         let me = self.rank();
-        let exchange = lower(plan).into_iter().find(|e| e.ranks.contains(&me));
+        let exchange = lower_for(plan, me);
         let exchange = match exchange {
             Some(e)
                 if e.kind == ExchangeKind::AllGather

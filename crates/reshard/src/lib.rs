@@ -66,6 +66,6 @@ mod test_util;
 pub use crate::error::ReshardError;
 pub use crate::fuse::{fusion_key, FusionKey};
 pub use crate::half_sum::HalfSum;
-pub use crate::lower::{lower, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
+pub use crate::lower::{lower, lower_for, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
 pub use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
 pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};

@@ -80,6 +80,58 @@ pub fn lower(plan: &ReshardPlan) -> Vec<Exchange> {
         .collect()
 }
 
+/// The exchange of [`lower`] that device `rank` takes part in, holding only the transfers it
+/// sends or receives (all a member needs to run it): memory linear in the group where
+/// [`lower`] holds every transfer of every group, so that each of `n` ranks lowering a plan
+/// costs `O(n)` memory rather than `O(n²)`. `None` when `rank` sends and receives nothing.
+pub fn lower_for(plan: &ReshardPlan, rank: usize) -> Option<Exchange> {
+    let lowering = plan.lowering();
+    let kind = &lowering.kinds[(*lowering.exchange_of.get(rank)?)?];
+    let transfers = plan
+        .raw_transfers()
+        .filter(|t| t.src_rank != t.dst_rank && (t.src_rank == rank || t.dst_rank == rank))
+        .map(|t| Transfer {
+            src_slot: t.src_slot,
+            src_rank: t.src_rank,
+            dst_slot: t.dst_slot,
+            dst_rank: t.dst_rank,
+            region: plan.region(t.region).clone(),
+        })
+        .collect();
+    Some(Exchange {
+        kind: kind.kind,
+        ranks: kind.ranks.clone(),
+        transfers,
+    })
+}
+
+/// A plan's exchanges without their transfers, and the exchange each device rank takes part
+/// in: what [`lower_for`] needs, found once per plan (memory linear in the ranks).
+#[derive(Debug)]
+pub(crate) struct Lowering {
+    kinds: Vec<ExchangeKindOf>,
+    /// Per device rank, the index in `kinds` of its exchange (`None`: it takes part in none).
+    exchange_of: Vec<Option<usize>>,
+}
+
+impl Lowering {
+    pub(crate) fn of(plan: &ReshardPlan) -> Lowering {
+        let (kinds, mut groups) = classify_groups(plan);
+        let by_root: BTreeMap<usize, usize> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.ranks[0], i))
+            .collect();
+        let exchange_of = (0..groups.touched.len())
+            .map(|r| match groups.touched[r] {
+                true => by_root.get(&groups.find(r)).copied(),
+                false => None,
+            })
+            .collect();
+        Lowering { kinds, exchange_of }
+    }
+}
+
 /// The exchanges of [`lower`] without their transfers, in the same order: memory linear in the
 /// ranks, whatever the number of transfers (what `--explain` prints).
 pub fn lower_kinds(plan: &ReshardPlan) -> Vec<ExchangeKindOf> {
@@ -259,5 +311,39 @@ mod tests {
         // ...and (S0) -> replicated on 2 ranks sends whole slices: an all-gather.
         let p = plan(&pair(&["x", "None"]), &pair(&["None", "None"]), DType::F32).unwrap();
         assert_eq!(lower(&p)[0].kind, ExchangeKind::AllGather);
+    }
+
+    /// `lower_for(plan, r)` is `lower`'s exchange holding `r`, with exactly the transfers `r`
+    /// sends or receives; `None` for a rank outside every exchange.
+    #[test]
+    fn a_rank_s_exchange_holds_its_own_transfers() {
+        let line = |map: &[&str]| crate::test_util::tl(&[4], &["x"], map, &[8, 8]);
+        let plans = [
+            plan(&tl(&["a", "None"]), &tl(&["None", "None"]), DType::F32).unwrap(),
+            plan(&line(&["x", "None"]), &line(&["None", "x"]), DType::F32).unwrap(),
+            plan(&line(&["x", "None"]), &line(&["x", "None"]), DType::F32).unwrap(),
+        ];
+        for p in &plans {
+            let whole = lower(p);
+            for rank in 0..4 {
+                let mine = lower_for(p, rank);
+                let Some(e) = whole.iter().find(|e| e.ranks.contains(&rank)) else {
+                    assert!(mine.is_none(), "rank {rank}");
+                    continue;
+                };
+                let mine = mine.expect("the rank's exchange");
+                assert_eq!((mine.kind, &mine.ranks), (e.kind, &e.ranks));
+                let own: Vec<&Transfer> = e
+                    .transfers
+                    .iter()
+                    .filter(|t| t.src_rank == rank || t.dst_rank == rank)
+                    .collect();
+                assert_eq!(
+                    mine.transfers.iter().collect::<Vec<_>>(),
+                    own,
+                    "rank {rank}"
+                );
+            }
+        }
     }
 }

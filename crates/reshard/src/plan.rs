@@ -259,6 +259,9 @@ pub struct ReshardPlan {
     dst: TensorLayout,
     dtype: DType,
     transfers: TransferTable,
+    /// The exchanges' kinds and every rank's exchange, found once for all the ranks (and
+    /// steps) that run the plan ([`crate::lower_for`]).
+    lowering: std::sync::OnceLock<std::sync::Arc<crate::lower::Lowering>>,
 }
 
 impl ReshardPlan {
@@ -317,6 +320,12 @@ impl ReshardPlan {
                 dst_rank: dst_mesh.device_of_slot(dst_slot),
                 region,
             })
+    }
+
+    /// The plan's lowering, found at the first call and shared by every later one.
+    pub(crate) fn lowering(&self) -> &crate::lower::Lowering {
+        self.lowering
+            .get_or_init(|| std::sync::Arc::new(crate::lower::Lowering::of(self)))
     }
 
     /// Region number `id` of [`ReshardPlan::raw_transfers`].
@@ -531,6 +540,7 @@ pub fn plan_from(
         dst: dst.clone(),
         dtype,
         transfers,
+        lowering: std::sync::OnceLock::new(),
     })
 }
 
