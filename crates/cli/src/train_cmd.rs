@@ -59,7 +59,9 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "local", env = "TESSERA_BACKEND")]
     backend: Backend,
     /// Longest wait for a peer in any collective, in seconds (1 to 604800, a week: 0 would
-    /// time out every collective at once).
+    /// time out every collective at once). On the local backend, ranks still running this long
+    /// after another rank failed are hung (a thread cannot be stopped): the first failure is
+    /// printed and the process exits 1.
     #[arg(long, default_value_t = 300, value_parser = crate::parse::count_u64(1..=604_800))]
     timeout: u64,
     /// With --backend mpi: OpenMPI's blocking collectives under a watchdog that ends the job
@@ -167,6 +169,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         timeout: std::time::Duration::from_secs(args.timeout),
         mpi_watchdog: args.mpi_watchdog,
         trace: args.trace.is_some(),
+        exit_on_hung_rank: true,
     };
     let devices = session.devices();
     let training = training.options(options);

@@ -595,3 +595,32 @@ fn endless_files_are_refused_at_their_bound() {
     );
     assert_refused(&out, &["--dec-key-file /dev/zero", "more than"]);
 }
+
+/// On the local backend a hung rank cannot be stopped: once its peers' collectives time out,
+/// `tessera train` prints the first failure and the hung rank and exits 1, rather than waiting
+/// for the hung thread forever.
+#[test]
+fn a_hung_rank_ends_a_local_run_after_the_timeout() {
+    let scratch = Scratch::new("hung_rank");
+    let out_set = format!("output.dir={:?}", s(&scratch.0));
+    let started = std::time::Instant::now();
+    let out = tessera_env(
+        &[
+            "train",
+            "examples/seed_semi_auto.toml",
+            "--set",
+            &out_set,
+            "--set",
+            "train.max_steps=4",
+            "--timeout",
+            "2",
+        ],
+        &[("TESSERA_FAULT", "rank=1,step=2,at=hang")],
+    );
+    assert_refused(&out, &["timed out after 2s", "rank(s) {1} did not end"]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "the run ended only after {:?}",
+        started.elapsed()
+    );
+}

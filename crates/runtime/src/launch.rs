@@ -28,6 +28,11 @@ pub struct LaunchOptions {
     /// Record every step's ring attention passes ([`crate::RankOutcome::ring_trace`]) for
     /// `tessera train --trace`.
     pub trace: bool,
+    /// The local backend only (for the command line): once a rank has failed, ranks still
+    /// running `timeout` later are hung — their threads cannot be stopped — so the first
+    /// failure is printed and the process exits with status 1 instead of waiting for them
+    /// forever ([`crate::hang_watch`]). Off by default: a library caller keeps its process.
+    pub exit_on_hung_rank: bool,
 }
 
 impl Default for LaunchOptions {
@@ -38,6 +43,7 @@ impl Default for LaunchOptions {
             timeout: Duration::from_secs(300),
             mpi_watchdog: false,
             trace: false,
+            exit_on_hung_rank: false,
         }
     }
 }
@@ -177,13 +183,21 @@ pub fn train_local_with(
     let cluster = LocalCluster::new(devices)?.with_timeout(options.timeout);
     // Rank 0 takes the caller's callbacks (the list is not shared between threads).
     let user = std::sync::Mutex::new(Some(callbacks));
+    let watch = crate::hang_watch::HangWatch::new(devices);
+    if options.exit_on_hung_rank {
+        watch.exit_when_hung(options.timeout);
+    }
     let results = cluster.run(|comm| {
-        let mine = match comm.rank() {
+        let rank = comm.rank();
+        let mine = match rank {
             0 => user.lock().unwrap_or_else(|p| p.into_inner()).take(),
             _ => None,
         };
-        run_rank_with(session, options, Arc::new(comm), mine)
+        let result = run_rank_with(session, options, Arc::new(comm), mine);
+        watch.ended(rank, result.as_ref().err().map(|e| format!("{e:#}")));
+        result
     });
+    watch.finish();
     let ranks = root_cause(results)?;
     Ok(TrainReport { devices, ranks })
 }

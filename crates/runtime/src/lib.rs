@@ -45,6 +45,7 @@ pub mod elastic;
 mod error;
 mod generate;
 mod group_info;
+mod hang_watch;
 mod host_memory;
 mod hybrid;
 mod launch;
