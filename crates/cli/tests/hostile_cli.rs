@@ -623,4 +623,13 @@ fn a_hung_rank_ends_a_local_run_after_the_timeout() {
         "the run ended only after {:?}",
         started.elapsed()
     );
+    // A fault for a rank the job does not have would never fire: refused before any rank.
+    let out = tessera_env(
+        &["train", "examples/seed_semi_auto.toml", "--set", &out_set],
+        &[("TESSERA_FAULT", "rank=99,step=2,at=hang")],
+    );
+    assert_refused(
+        &out,
+        &["TESSERA_FAULT", "rank 99 is not a rank of this job"],
+    );
 }

@@ -201,7 +201,7 @@ impl LrSchedule {
         if !(lr.is_finite() && lr > 0.0) {
             return Err(bad(
                 "learning_rate",
-                format!("{lr} is out of range: it must be > 0"),
+                format!("{lr} is out of range: it must be finite and > 0"),
             ));
         }
         finite_at_least_zero("warmup_lr_init", self.warmup_lr_init)?;
@@ -244,7 +244,7 @@ impl LrSchedule {
                 if !(power.is_finite() && *power > 0.0) {
                     return Err(bad(
                         "power",
-                        format!("{power} is out of range: it must be > 0"),
+                        format!("{power} is out of range: it must be finite and > 0"),
                     ));
                 }
                 Ok(())
@@ -257,7 +257,7 @@ impl LrSchedule {
                 if !(decay_rate.is_finite() && *decay_rate > 0.0) {
                     return Err(bad(
                         "decay_rate",
-                        format!("{decay_rate} is out of range: it must be > 0"),
+                        format!("{decay_rate} is out of range: it must be finite and > 0"),
                     ));
                 }
                 at_least_one("decay_epoch", *decay_epoch)
@@ -304,7 +304,7 @@ impl LrSchedule {
                 if !(num_cycles.is_finite() && *num_cycles > 0.0) {
                     return Err(bad(
                         "num_cycles",
-                        format!("{num_cycles} is out of range: it must be > 0"),
+                        format!("{num_cycles} is out of range: it must be finite and > 0"),
                     ));
                 }
                 Ok(())

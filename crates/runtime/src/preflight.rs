@@ -32,6 +32,7 @@ pub fn check_before_start(
     metrics_log: Option<&Path>,
     here: &RanksHere,
 ) -> Result<(), RuntimeError> {
+    crate::elastic::fault::check_fault_rank(session.devices())?;
     check_memory(session, here)?;
     check_resume_from(session)?;
     check_group_info_files(session)?;
@@ -90,11 +91,15 @@ fn check_memory(session: &TrainSession, here: &RanksHere) -> Result<(), RuntimeE
             gib(memory.available)
         ),
     };
+    // A prediction summed past 64 bits saturates: say so rather than print the saturated sum.
+    let needs = match predicted {
+        u64::MAX => "more than 2^64 bytes (a sum past 64 bits".to_string(),
+        _ => format!("{:.2} GiB ({predicted} bytes", gib(predicted)),
+    };
     Err(RuntimeError::Config {
         key: "parallel.devices".to_string(),
         reason: format!(
-            "the run needs {:.2} GiB ({predicted} bytes, the predicted peak of {whose}; see --explain) but {:.2} GiB ({share} bytes) is available ({}): use more devices, a smaller model or batch, hsdp or recompute",
-            gib(predicted),
+            "the run needs {needs}, the predicted peak of {whose}; see --explain) but {:.2} GiB ({share} bytes) is available ({}): use more devices, a smaller model or batch, hsdp or recompute",
             gib(share),
             memory.source
         ),

@@ -797,3 +797,15 @@ fn a_group_info_file_inside_a_checkpoint_folder_is_refused() {
         assert_eq!(config.output().group_info_file.as_deref(), Some(fine));
     }
 }
+
+/// The seed MLP's weights are bounded before any graph is built: an absurd `model.hidden` or
+/// `model.classes` is refused naming the key that makes the largest weight.
+#[test]
+fn absurd_mlp_sizes_name_their_key() {
+    let (key, reason) = config_error(parse_with(MINIMAL, &["model.hidden=1000000000000"]));
+    assert_eq!(key, "model.hidden");
+    assert!(reason.contains("element bound"), "{reason}");
+    let (key, _) = config_error(parse_with(MINIMAL, &["model.classes=100000000000"]));
+    assert_eq!(key, "model.classes");
+    assert!(parse_with(MINIMAL, &["model.hidden=4096"]).is_ok());
+}

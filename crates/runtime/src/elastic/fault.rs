@@ -92,6 +92,21 @@ fn armed() -> Result<Option<Fault>, RuntimeError> {
     })
 }
 
+/// Refuses an armed fault for a rank the job does not have (`devices` ranks): it would never
+/// fire, and the test it was meant for would pass without its fault.
+pub fn check_fault_rank(devices: usize) -> Result<(), RuntimeError> {
+    match armed()? {
+        Some(f) if f.rank >= devices => Err(RuntimeError::Config {
+            key: FAULT_VAR.to_string(),
+            reason: format!(
+                "rank {} is not a rank of this job (ranks 0..{devices}), so the fault would never fire",
+                f.rank
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Kills this process (SIGKILL) when the armed fault is `rank` at `point` of `step`; at the
 /// step's start (`Forward`) a `hang` fault stops this thread for good instead.
 pub fn strike(rank: usize, step: u64, point: FaultPoint) -> Result<(), RuntimeError> {

@@ -57,10 +57,28 @@ pub(super) fn read_model(
             "unless model.name = \"gpt\"",
             warnings,
         );
+        let classes = s.require("classes", read_positive)?;
+        // Checked before any graph is built: the hidden layer's weights are hidden × hidden
+        // and hidden × classes elements.
+        let largest = (hidden as u128) * (hidden.max(classes) as u128);
+        if largest > models::gpt::MAX_ELEMENTS {
+            let key = match hidden >= classes {
+                true => "model.hidden",
+                false => "model.classes",
+            };
+            return Err(config_error(
+                key,
+                format!(
+                    "a weight of {hidden} × {} = {largest} elements (model.hidden {hidden}, model.classes {classes}) exceeds the {}-element bound",
+                    hidden.max(classes),
+                    models::gpt::MAX_ELEMENTS
+                ),
+            ));
+        }
         return Ok(ModelConfig {
             name,
             hidden,
-            classes: s.require("classes", read_positive)?,
+            classes,
             gpt: None,
         });
     }
@@ -97,7 +115,7 @@ pub(super) fn read_model(
         layers: s.require("layers", read_positive)?,
         heads: s.require("heads", read_positive)?,
         seq_len: s.require("seq_len", read_positive)?,
-        ffn_hidden: s.or("ffn_hidden", 4 * hidden, read_positive)?,
+        ffn_hidden: s.or("ffn_hidden", hidden.saturating_mul(4), read_positive)?,
         dropout,
         tie_embeddings: s.or("tie_embeddings", true, read_bool)?,
         fused_attention,
