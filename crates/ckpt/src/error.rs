@@ -278,7 +278,7 @@ pub enum CkptError {
     },
     /// `.ckpt` and `.safetensors` files mixed in one checkpoint.
     #[error(
-        "{path}: mixes .ckpt and .safetensors files ({detail}); a checkpoint must use one format"
+        "{path}: mixes files of two formats ({detail}); they must all use one (.ckpt or .safetensors checkpoints; protobuf or JSON strategy files)"
     )]
     MixedFormats {
         /// The directory.
@@ -373,9 +373,7 @@ pub enum CkptError {
         path: PathBuf,
     },
     /// A rank asked for that the destination strategy does not have.
-    #[error(
-        "rank {rank} is not a destination rank (the destination strategy has ranks {ranks:?})"
-    )]
+    #[error("rank {rank} is not a destination rank ({})", destination_ranks(ranks))]
     NotADestinationRank {
         /// The rank asked for.
         rank: usize,
@@ -553,6 +551,16 @@ pub enum CkptError {
 pub type Result<T, E = CkptError> = std::result::Result<T, E>;
 
 /// Wraps an `io::Error` with the path and operation.
+/// The destination ranks of [`CkptError::NotADestinationRank`], in words.
+fn destination_ranks(ranks: &[usize]) -> String {
+    match ranks {
+        [] => {
+            "the destination strategy places no parameter the source holds on any rank".to_string()
+        }
+        _ => format!("the destination strategy has ranks {ranks:?}"),
+    }
+}
+
 pub(crate) fn io_err(
     path: impl Into<PathBuf>,
     op: &'static str,

@@ -289,14 +289,17 @@ fn bad_moe_keys_name_the_key() {
             .to_string();
         assert!(err.contains(key), "{moe} / {parallel}: {err}");
     }
-    // Expert parallel without MoE blocks.
-    let dense = config(
+    // Expert parallel without MoE blocks: refused as the config is read, in every mode.
+    let dense = run_util::small_gpt_text(
         &tmp.path().join("dense"),
+        "momentum",
         "",
         &semi(4, "expert_parallel = 2"),
-        &[],
     );
-    let err = Session::new(&dense).map(|_| ()).unwrap_err().to_string();
+    let err = TrainConfig::parse(&dense, None, &[], Path::new("/"))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("parallel.expert_parallel") && err.contains("[model.moe]"),
         "{err}"
