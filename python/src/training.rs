@@ -78,6 +78,8 @@ fn train<'py>(
                 timeout: Duration::from_secs_f64(timeout),
                 mpi_watchdog: false,
                 trace: false,
+                // A Python caller keeps its interpreter: a hung rank is not ended by exiting.
+                exit_on_hung_rank: false,
             };
             Training::from_config(&config)?
                 .options(options)
