@@ -81,30 +81,29 @@ fn a_strategy_for_fewer_ranks_than_the_folders_is_refused() {
     assert_eq!(extra.len(), 2, "{:?}", r.faults);
 }
 
+/// Writes at `path`, in `flavour`, the strategy of the file `strategy` with a second parameter
+/// `ghost` (laid out as the first) that no checkpoint file holds.
+fn with_ghost(strategy: &Path, path: &Path, flavour: ckpt::StrategyFlavour) {
+    let resolved = ckpt::Strategy::load(strategy)
+        .unwrap()
+        .resolve_scale_free()
+        .unwrap();
+    let mut params = resolved.params().to_vec();
+    let mut ghost = params[0].clone();
+    ghost.name = "ghost".into();
+    params.push(ghost);
+    let with_shapes = flavour == ckpt::StrategyFlavour::Tessera;
+    let strategy = ckpt::ResolvedStrategy::new(params).unwrap();
+    ckpt::save_param_strategy_file(path, &strategy, &[], flavour, with_shapes).unwrap();
+}
+
 #[test]
 fn a_strategy_parameter_no_file_holds_needs_allow_missing() {
     let dir = tmp();
     let s = checkpoint(dir.path(), "src", 2, 0.0);
-    // The same strategy with a second parameter the files lack.
-    let mut strategy = ckpt::Strategy::load(&s)
-        .unwrap()
-        .resolve_scale_free()
-        .unwrap();
-    let mut params = strategy.params().to_vec();
-    let mut ghost = params[0].clone();
-    ghost.name = "ghost".into();
-    params.push(ghost);
-    strategy = ckpt::ResolvedStrategy::new(params).unwrap();
     // MindSpore's protobuf has no shapes: the ghost's shape comes from no file.
     let s2 = dir.path().join("s2.ckpt");
-    ckpt::save_param_strategy_file(
-        &s2,
-        &strategy,
-        &[],
-        ckpt::StrategyFlavour::MsProtobuf,
-        false,
-    )
-    .unwrap();
+    with_ghost(&s, &s2, ckpt::StrategyFlavour::MsProtobuf);
     let out = dir.path().join("out");
     let err = convert(&dir.path().join("src"), &s2, &out, None, false).unwrap_err();
     assert!(
@@ -128,23 +127,8 @@ fn a_strategy_parameter_no_file_holds_needs_allow_missing() {
 fn a_destination_parameter_the_source_lacks_needs_allow_missing() {
     let dir = tmp();
     let s = checkpoint(dir.path(), "src", 2, 0.0);
-    let strategy = ckpt::Strategy::load(&s)
-        .unwrap()
-        .resolve_scale_free()
-        .unwrap();
-    let mut params = strategy.params().to_vec();
-    let mut ghost = params[0].clone();
-    ghost.name = "ghost".into();
-    params.push(ghost);
     let dst = dir.path().join("dst.json");
-    ckpt::save_param_strategy_file(
-        &dst,
-        &ckpt::ResolvedStrategy::new(params).unwrap(),
-        &[],
-        ckpt::StrategyFlavour::Tessera,
-        true,
-    )
-    .unwrap();
+    with_ghost(&s, &dst, ckpt::StrategyFlavour::Tessera);
     let (src, out) = (dir.path().join("src"), dir.path().join("out"));
     let err = convert(&src, &s, &out, Some(&dst), false).unwrap_err();
     match &err {

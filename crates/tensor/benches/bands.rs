@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{thread_cpu_seconds, values};
+use common::{spread, values};
 use tensor::kernels::{bias_add_in_place, unary_into, GeluForm, UnaryOp};
 
 /// Rows per call; the first is the whole product in one call.
@@ -107,27 +107,13 @@ fn rows_of(p: Product, (a, b, c): (&[f32], &[f32], &mut [f32]), first: usize, ro
 }
 
 /// `(p10, median, p90)` of `samples`.
-fn spread(mut samples: Vec<f64>) -> (f64, f64, f64) {
-    samples.sort_by(f64::total_cmp);
-    let at = |q: usize| samples[(samples.len() - 1) * q / 10];
-    (at(1), at(5), at(9))
-}
-
 /// Seconds of each of [`BANDS`]' forms over `rounds` rotated rounds, the caches flushed first.
 fn timed(rounds: usize, flush: &mut [u8], mut run: impl FnMut(usize)) -> Vec<Vec<f64>> {
-    let mut times = vec![Vec::with_capacity(rounds); BANDS.len()];
-    for round in 0..rounds {
-        for i in (0..BANDS.len()).map(|i| (i + round) % BANDS.len()) {
-            flush
-                .iter_mut()
-                .for_each(|b| *b = b.wrapping_add(round as u8 | 1));
-            std::hint::black_box(&*flush);
-            let start = thread_cpu_seconds();
-            run(BANDS[i]);
-            times[i].push(thread_cpu_seconds() - start);
+    common::rotated_rounds(rounds, &BANDS, flush, |band| {
+        if let Some(band) = band {
+            run(band)
         }
-    }
-    times
+    })
 }
 
 /// The table cells of every band size's speed against the one call.

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{thread_cpu_seconds, values};
+use common::{spread, values};
 use tensor::kernels::{
     bias_add_in_place, binary_in_place, layer_norm_into, unary_grad_into, unary_into, BinaryOp,
     GeluForm, LayerNormParams, UnaryOp,
@@ -25,29 +25,9 @@ use tensor::kernels::{
 /// Rows per band; the first is the whole output at once.
 const BANDS: [usize; 4] = [usize::MAX, 64, 32, 16];
 
-fn spread(mut samples: Vec<f64>) -> (f64, f64, f64) {
-    samples.sort_by(f64::total_cmp);
-    let at = |q: usize| samples[(samples.len() - 1) * q / 10];
-    (at(1), at(5), at(9))
-}
-
-/// Seconds of each of [`BANDS`]' forms over `rounds` rotated rounds: caches flushed, then
-/// `run(None)` (untimed: writes the product's output), then `run(Some(rows per band))`.
-fn timed(rounds: usize, flush: &mut [u8], mut run: impl FnMut(Option<usize>)) -> Vec<Vec<f64>> {
-    let mut times = vec![Vec::with_capacity(rounds); BANDS.len()];
-    for round in 0..rounds {
-        for i in (0..BANDS.len()).map(|i| (i + round) % BANDS.len()) {
-            flush
-                .iter_mut()
-                .for_each(|b| *b = b.wrapping_add(round as u8 | 1));
-            std::hint::black_box(&*flush);
-            run(None);
-            let start = thread_cpu_seconds();
-            run(Some(BANDS[i]));
-            times[i].push(thread_cpu_seconds() - start);
-        }
-    }
-    times
+/// Seconds of each of [`BANDS`]' forms (see [`common::rotated_rounds`]).
+fn timed(rounds: usize, flush: &mut [u8], run: impl FnMut(Option<usize>)) -> Vec<Vec<f64>> {
+    common::rotated_rounds(rounds, &BANDS, flush, run)
 }
 
 fn row(name: &str, times: &[Vec<f64>]) {

@@ -27,6 +27,41 @@ pub fn thread_cpu_seconds() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
+/// The 10th, 50th and 90th percentiles of `samples`.
+#[allow(dead_code)] // not every benchmark that includes this module reports a spread
+pub fn spread(mut samples: Vec<f64>) -> (f64, f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: usize| samples[(samples.len() - 1) * q / 10];
+    (at(1), at(5), at(9))
+}
+
+/// Thread CPU seconds of each of `forms` over `rounds` rounds, the forms rotated within each
+/// round so that all see the same machine load; before each: the caches flushed (through
+/// `flush`), then `run(None)` untimed (to set up what the form starts from), then
+/// `run(Some(form))` timed.
+#[allow(dead_code)] // not every benchmark that includes this module rotates forms
+pub fn rotated_rounds(
+    rounds: usize,
+    forms: &[usize],
+    flush: &mut [u8],
+    mut run: impl FnMut(Option<usize>),
+) -> Vec<Vec<f64>> {
+    let mut times = vec![Vec::with_capacity(rounds); forms.len()];
+    for round in 0..rounds {
+        for i in (0..forms.len()).map(|i| (i + round) % forms.len()) {
+            flush
+                .iter_mut()
+                .for_each(|b| *b = b.wrapping_add(round as u8 | 1));
+            std::hint::black_box(&*flush);
+            run(None);
+            let start = thread_cpu_seconds();
+            run(Some(forms[i]));
+            times[i].push(thread_cpu_seconds() - start);
+        }
+    }
+    times
+}
+
 /// The round count: the first numeric command-line argument (`cargo bench` passes `--bench`
 /// and any names too), at least 1, else `default`.
 #[allow(dead_code)] // not every benchmark that includes this module takes a round count
