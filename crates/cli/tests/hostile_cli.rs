@@ -568,6 +568,9 @@ fn endless_files_are_refused_at_their_bound() {
     assert_refused(&out, &["/dev/zero", "more than"]);
     let out = tessera_env(&["strategy", "show", "/dev/zero"], &[]);
     assert_refused(&out, &["/dev/zero", "more than"]);
+    // Inspecting one is not mistaken for an empty file.
+    let out = tessera_env(&["ckpt", "inspect", "/dev/zero"], &[]);
+    assert_refused(&out, &["/dev/zero", "not a regular file"]);
     let out = tessera_env(
         &[
             "plan",

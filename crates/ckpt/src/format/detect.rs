@@ -41,7 +41,18 @@ pub struct Detected {
 /// [`CkptError::UnknownFormat`], which says why each was ruled out.
 pub fn detect(path: &Path) -> Result<Detected> {
     let file = File::open(path).map_err(io_err(path, "open"))?;
-    let len = file.metadata().map_err(io_err(path, "stat"))?.len();
+    let meta = file.metadata().map_err(io_err(path, "stat"))?;
+    let len = meta.len();
+    // A device or a FIFO reports 0 bytes whatever it holds: not "an empty file".
+    if !meta.is_file() {
+        return Err(CkptError::UnknownFormat {
+            path: path.to_path_buf(),
+            n_bytes: len,
+            ruled_out: vec![
+                "it is not a regular file (a device, a FIFO or a directory)".to_string()
+            ],
+        });
+    }
     let mut bytes = read_head(path, &file, len, HEAD_BYTES)?;
     if starts_object(&bytes) && (bytes.len() as u64) < len && len <= MAX_JSON_BYTES {
         bytes = read_head(path, &file, len, len as usize)?;
