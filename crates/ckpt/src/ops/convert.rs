@@ -217,16 +217,11 @@ pub(crate) fn resolve_conversion(
     };
     let dst_res = match dst_strategy {
         Some(dst) => {
-            let (res, unknown) = bind_target(
-                dst,
-                &src_res,
-                sources,
-                "in the destination strategy but not in the source checkpoint",
-            )?;
+            let why = "in the destination strategy but not in the source checkpoint";
+            let (res, unknown) = bind_target(dst, &src_res, sources, why)?;
             // Parameters with a shape of their own bind without any source: they are absent
             // all the same when neither the source strategy nor the source files hold them.
             let extras = sources.extras_file(0)?;
-            let why = "in the destination strategy but not in the source checkpoint";
             let unsourced = res.params().iter().filter(|p| {
                 src_res.param(&p.name).is_none()
                     && extras.as_ref().and_then(|f| f.tensor(&p.name)).is_none()

@@ -129,7 +129,12 @@ fn from_sections(
         false => parallel.mode.name(),
     };
     let has_moe = model.gpt.as_ref().is_some_and(|g| g.moe.is_some());
-    check_gpt_parallel_keys(&gpt_parallel, mode_name, has_moe, &mut warnings)?;
+    check_gpt_parallel_keys(
+        &gpt_parallel,
+        (parallel.mode, mode_name),
+        has_moe,
+        &mut warnings,
+    )?;
     if ps_mode && has_moe {
         return Err(config_error(
             "model.moe",

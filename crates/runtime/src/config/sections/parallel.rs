@@ -109,12 +109,12 @@ pub(super) fn read_gpt_parallel(
 }
 
 /// The MindFormers keys set the GPT's strategies in `semi_auto` only. `expert_parallel` above 1
-/// without MoE blocks is refused in every mode (`mode` is the mode's config name); in any mode
-/// but `semi_auto` each key set away from its default is reported in `warnings` as having no
-/// effect.
+/// without MoE blocks is refused in every mode; in any mode but `semi_auto` each key set away
+/// from its default is reported in `warnings` as having no effect (`mode` is the run's mode,
+/// `mode_name` its config name: `parameter_server` runs its workers as `mode`).
 pub(super) fn check_gpt_parallel_keys(
     keys: &GptParallelKeys,
-    mode: &str,
+    (mode, mode_name): (ParallelMode, &str),
     has_moe: bool,
     warnings: &mut Vec<String>,
 ) -> Result<(), RuntimeError> {
@@ -127,7 +127,7 @@ pub(super) fn check_gpt_parallel_keys(
             ),
         ));
     }
-    if mode == ParallelMode::SemiAuto.name() {
+    if mode == ParallelMode::SemiAuto && mode_name == mode.name() {
         return Ok(());
     }
     let default = GptParallelKeys::default();
@@ -156,14 +156,12 @@ pub(super) fn check_gpt_parallel_keys(
         ),
     ];
     let why = match mode {
-        "sharding_propagation" | "recursive_programming" | "dynamic_programming" => {
-            "(the search chooses every op's split itself)"
-        }
+        ParallelMode::Auto(_) => "(the search chooses every op's split itself)",
         _ => "(only semi_auto splits the GPT by these keys)",
     };
     for (key, _) in set.iter().filter(|(_, differs)| *differs) {
         warnings.push(format!(
-            "parallel.{key} has no effect in mode \"{mode}\" {why}"
+            "parallel.{key} has no effect in mode \"{mode_name}\" {why}"
         ));
     }
     Ok(())
