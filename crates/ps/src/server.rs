@@ -68,6 +68,8 @@ struct Recovery {
     replayed: u64,
     /// The highest version workers had seen before the restart.
     seen: u64,
+    /// Sync: a step of live (not replayed) gradients has been applied, so the replay is over.
+    live: bool,
     reported: bool,
 }
 
@@ -188,8 +190,9 @@ impl State {
         self.apply(&mean.grads, &mean.sparse, mean.learning_rate)?;
         self.last_loss = mean.loss;
         if let Some(r) = self.recovery.as_mut() {
-            if mean.replay {
-                r.replayed += 1;
+            match mean.replay {
+                true => r.replayed += 1,
+                false => r.live = true,
             }
         }
         Ok(())
@@ -207,7 +210,13 @@ impl State {
         let Some(r) = self.recovery.as_mut() else {
             return;
         };
-        if r.reported || r.seen <= r.from || version < r.seen {
+        // Sync workers replay every kept gradient before any live one, so the first live step
+        // ends the replay; the versions workers report seeing may lag what they replay.
+        let caught_up = match sync {
+            true => r.live,
+            false => version >= r.seen,
+        };
+        if r.reported || r.seen <= r.from || !caught_up {
             return;
         }
         r.reported = true;
@@ -346,6 +355,7 @@ impl ServerService {
                 from: version,
                 replayed: 0,
                 seen: 0,
+                live: false,
                 reported: false,
             });
         }
