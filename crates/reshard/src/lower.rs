@@ -90,13 +90,7 @@ pub fn lower_for(plan: &ReshardPlan, rank: usize) -> Option<Exchange> {
     let transfers = plan
         .raw_transfers()
         .filter(|t| t.src_rank != t.dst_rank && (t.src_rank == rank || t.dst_rank == rank))
-        .map(|t| Transfer {
-            src_slot: t.src_slot,
-            src_rank: t.src_rank,
-            dst_slot: t.dst_slot,
-            dst_rank: t.dst_rank,
-            region: plan.region(t.region).clone(),
-        })
+        .map(|t| plan.transfer(t))
         .collect();
     Some(Exchange {
         kind: kind.kind,
@@ -135,7 +129,7 @@ impl Lowering {
 /// The exchanges of [`lower`] without their transfers, in the same order: memory linear in the
 /// ranks, whatever the number of transfers (what `--explain` prints).
 pub fn lower_kinds(plan: &ReshardPlan) -> Vec<ExchangeKindOf> {
-    classify_groups(plan).0
+    plan.lowering().kinds.clone()
 }
 
 /// Union-find over device ranks (dense: ranks are below the rank ceiling). The representative

@@ -294,17 +294,18 @@ impl ReshardPlan {
 
     /// Every transfer, grouped by destination slot in slot order; local copies first per slot.
     pub fn transfers(&self) -> impl Iterator<Item = Transfer> + '_ {
-        let src_mesh = self.moved_from().mesh();
-        let dst_mesh = self.dst.mesh();
-        self.transfers
-            .iter()
-            .map(move |(dst_slot, src_slot, region)| Transfer {
-                src_slot,
-                src_rank: src_mesh.device_of_slot(src_slot),
-                dst_slot,
-                dst_rank: dst_mesh.device_of_slot(dst_slot),
-                region: self.transfers.regions[region as usize].clone(),
-            })
+        self.raw_transfers().map(|t| self.transfer(t))
+    }
+
+    /// The [`Transfer`] of a raw one (its region copied out of the plan).
+    pub(crate) fn transfer(&self, t: RawTransfer) -> Transfer {
+        Transfer {
+            src_slot: t.src_slot,
+            src_rank: t.src_rank,
+            dst_slot: t.dst_slot,
+            dst_rank: t.dst_rank,
+            region: self.region(t.region).clone(),
+        }
     }
 
     /// The transfers without copying their regions (see [`ReshardPlan::region`]).
