@@ -155,10 +155,13 @@ pub(crate) fn sniff(head: &[u8]) -> std::result::Result<String, String> {
             (2, 2) => {
                 let Some(tag) = tag else { break };
                 return match tensor_type(f.payload) {
-                    Some(ty) => Ok(format!(
+                    Ok(ty) => Ok(format!(
                         "protobuf Checkpoint value {tag:?} holding a {ty} tensor"
                     )),
-                    None => not("its first value's tensor has no tensor_type"),
+                    Err(dims) if dims > MAX_DIMS => Err(format!(
+                        "not a MindSpore .ckpt: its first value's tensor lists more than {MAX_DIMS} dims (at least {dims} before its tensor_type), more than a checkpoint tensor may have"
+                    )),
+                    Err(_) => not("its first value's tensor has no tensor_type"),
                 };
             }
             (3, 2) if tag.is_some() => {
@@ -178,20 +181,24 @@ pub(crate) fn sniff(head: &[u8]) -> std::result::Result<String, String> {
 }
 
 /// The `tensor_type` of the first bytes of a `TensorProto`: after its dims, a printable name.
-fn tensor_type(mut tensor: &[u8]) -> Option<&str> {
+/// Without one, the number of dims read before giving up.
+fn tensor_type(mut tensor: &[u8]) -> std::result::Result<&str, usize> {
+    let mut dims = 0;
     while let Some(f) = peek_field(tensor) {
         match (f.field, f.wire_type) {
-            (1, 0) | (1, 2) => {}
+            (1, 0) => dims += 1,
+            (1, 2) => dims += f.payload.iter().filter(|&&b| b < 0x80).count(),
             (2, 2) if f.complete && !f.payload.is_empty() => {
                 return std::str::from_utf8(f.payload)
                     .ok()
-                    .filter(|t| t.bytes().all(|b| b.is_ascii_graphic()));
+                    .filter(|t| t.bytes().all(|b| b.is_ascii_graphic()))
+                    .ok_or(dims);
             }
-            _ => return None,
+            _ => return Err(dims),
         }
-        tensor = tensor.get(f.len as usize..)?;
+        tensor = tensor.get(f.len as usize..).ok_or(dims)?;
     }
-    None
+    Err(dims)
 }
 
 /// Indexes the `.ckpt` file `file` of `len` bytes. Verifies the CRC trailer if present.
@@ -489,7 +496,12 @@ fn crc_of_range(path: &Path, file: &File, n: u64) -> Result<u32> {
 
 /// The bytes that precede `content_len` bytes of content in one serialized
 /// `Checkpoint { value { tag, tensor { dims, tensor_type, tensor_content } } }`.
-fn value_header(tag: &str, dims: &[u64], tensor_type: &str, content_len: u64) -> Vec<u8> {
+pub(crate) fn value_header(
+    tag: &str,
+    dims: &[u64],
+    tensor_type: &str,
+    content_len: u64,
+) -> Vec<u8> {
     // TensorProto: dims (field 1, unpacked), tensor_type (2), tensor_content (3).
     let mut tensor_head = Vec::new();
     for &d in dims {
@@ -650,5 +662,19 @@ mod tests {
         expected.extend_from_slice(b"Float32");
         expected.extend_from_slice(&[0x1a, 0x80, 0x08]);
         assert_eq!(head, expected);
+    }
+
+    #[test]
+    fn a_tensor_with_too_many_dims_is_named_so_by_the_sniffer() {
+        let dims = vec![1u64; 5000];
+        let mut file = value_header("w", &dims, "Float32", 4);
+        file.extend_from_slice(&[0; 4]);
+        // The sniffer sees only the file's first bytes: the dims run past them.
+        let why = sniff(&file[..4096]).unwrap_err();
+        assert!(why.contains(&format!("more than {MAX_DIMS} dims")), "{why}");
+        // A few dims are still read up to the type.
+        let mut file = value_header("w", &[2, 3], "Float32", 24);
+        file.extend_from_slice(&[0; 24]);
+        assert!(sniff(&file).unwrap().contains("Float32"));
     }
 }

@@ -9,6 +9,26 @@ use crate::format::{detect, FileFormat};
 use crate::model::Strategy;
 use crate::source::CheckpointFile;
 
+/// ", N of them of types Tessera moves only whole (…)" when `file` holds tensors whose
+/// `tensor_type` Tessera cannot slice or convert, naming the types; empty otherwise.
+fn opaque_note(file: &CheckpointFile) -> String {
+    let opaque: Vec<&str> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.ty.dtype().is_none())
+        .map(|t| t.ty.mindspore_name())
+        .collect();
+    if opaque.is_empty() {
+        return String::new();
+    }
+    let types: std::collections::BTreeSet<&str> = opaque.iter().copied().collect();
+    format!(
+        " ({} of a type Tessera moves only whole between .ckpt files and cannot slice or convert: {})",
+        opaque.len(),
+        types.into_iter().collect::<Vec<_>>().join(", ")
+    )
+}
+
 /// What a file turned out to be.
 #[derive(Debug)]
 pub enum InspectedFile {
@@ -49,8 +69,9 @@ pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
                 )
             } else {
                 format!(
-                    "MindSpore .ckpt: protobuf Checkpoint messages holding {} well-formed tensors{}",
+                    "MindSpore .ckpt: protobuf Checkpoint messages holding {} well-formed tensors{}{}",
                     f.tensors().len(),
+                    opaque_note(&f),
                     if f.crc().is_some() { " and a matching crc_num trailer" } else { "" }
                 )
             };
@@ -80,5 +101,29 @@ pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
             format: detected.format.to_string(),
             evidence: detected.evidence,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::ms_ckpt::value_header;
+
+    #[test]
+    fn a_tensor_of_a_type_tessera_cannot_convert_is_named_in_the_evidence() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("odd.ckpt");
+        let mut bytes = value_header("w", &[2], "Float32", 8);
+        bytes.extend_from_slice(&[0; 8]);
+        bytes.extend_from_slice(&value_header("odd", &[2], "Float99", 8));
+        bytes.extend_from_slice(&[0; 8]);
+        std::fs::write(&path, bytes).unwrap();
+        let (file, why) = inspect_detected(&path).unwrap();
+        assert!(matches!(file, InspectedFile::Checkpoint(_)));
+        assert!(
+            why.contains("2 well-formed tensors (1 of a type Tessera moves only whole")
+                && why.contains("Float99"),
+            "{why}"
+        );
     }
 }
