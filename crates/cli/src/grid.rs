@@ -73,18 +73,11 @@ pub fn render(t: &TensorLayout) -> String {
     let mesh = t.mesh();
     let shape = t.shape();
     let slice = t.slice_shape();
+    // Keyed by block index (not by offset: the blocks of a zero-size dim all start at 0).
     let blocks: BTreeMap<Vec<usize>, String> = t
         .distinct_boxes()
         .into_iter()
-        .map(|(b, slots)| {
-            let idx = b
-                .offset
-                .iter()
-                .zip(slice)
-                .map(|(o, l)| if *l == 0 { 0 } else { o / l })
-                .collect();
-            (idx, block_label(mesh, &slots))
-        })
+        .map(|(_, slots)| (t.block_index(slots[0]), block_label(mesh, &slots)))
         .collect();
     let ndim = shape.len();
     if ndim == 0 {
@@ -224,6 +217,17 @@ mod tests {
         assert!(g.contains("plane dim 0 = 1:2"));
         let one_d = render(&tl(&[4], &["x"], &["x"], &[8]));
         assert!(one_d.contains("6:8") && one_d.contains(" 3 "));
+    }
+
+    #[test]
+    fn blocks_of_a_zero_size_dim_are_drawn_where_they_are() {
+        let g = render(&tl(&[2, 2], &["dp", "mp"], &["dp", "mp"], &[0, 4]));
+        let rows: Vec<&str> = g.lines().filter(|l| l.starts_with("0:0")).collect();
+        assert_eq!(rows.len(), 2, "{g}");
+        assert!(rows[0].contains(" 0 ") && rows[0].contains(" 1 "), "{g}");
+        assert!(rows[1].contains(" 2 ") && rows[1].contains(" 3 "), "{g}");
+        let one_d = render(&tl(&[2], &["dp"], &["dp"], &[0]));
+        assert!(one_d.contains("│  0  │  1  │"), "{one_d}");
     }
 
     #[test]
