@@ -316,6 +316,11 @@ fn wrong_types_name_the_key_and_the_expected_type() {
             "expected a positive integer, got string",
         ),
         (
+            "model.hidden=18446744073709551615",
+            "model.hidden",
+            "got 18446744073709551615, an integer outside the range TOML integers have",
+        ),
+        (
             "model.classes=2.5",
             "model.classes",
             "expected a positive integer, got float",

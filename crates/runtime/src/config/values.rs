@@ -101,6 +101,21 @@ impl Section {
 }
 
 pub(super) fn wrong_type(key: &str, expected: &str, value: &Value) -> RuntimeError {
+    // `--set` keeps a value TOML cannot read as a string: an integer past 64 bits among them.
+    if let Value::String(text) = value {
+        let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+        let integer = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+        if integer && text.parse::<i64>().is_err() {
+            return config_error(
+                key,
+                format!(
+                    "expected {expected}, got {text}, an integer outside the range TOML integers have ({} to {})",
+                    i64::MIN,
+                    i64::MAX
+                ),
+            );
+        }
+    }
     config_error(key, format!("expected {expected}, got {}", describe(value)))
 }
 
