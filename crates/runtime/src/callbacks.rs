@@ -269,18 +269,28 @@ fn count_json(n: f64) -> serde_json::Value {
 pub struct MetricsLog {
     path: PathBuf,
     file: File,
+    /// Whether this run has written a line: the file is emptied just before its first one.
+    started: bool,
 }
 
 impl MetricsLog {
-    /// Creates (or truncates) `path`, creating its parent directories.
+    /// Opens (or creates) `path` for writing, creating its parent directories. An existing
+    /// file is emptied only when the first line is written, so a run that fails before its
+    /// first step leaves the previous run's log beside the previous run's checkpoints.
     pub fn create(path: &Path) -> Result<MetricsLog, RuntimeError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| sink_error(parent, e))?;
         }
-        let file = File::create(path).map_err(|e| sink_error(path, e))?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| sink_error(path, e))?;
         Ok(MetricsLog {
             path: path.to_path_buf(),
             file,
+            started: false,
         })
     }
 
@@ -297,6 +307,12 @@ impl MetricsLog {
 
     /// Writes one complete line (with its newline).
     fn write_str(&mut self, line: String) -> Result<(), RuntimeError> {
+        if !self.started {
+            self.file
+                .set_len(0)
+                .map_err(|e| sink_error(&self.path, e))?;
+            self.started = true;
+        }
         // One write per line: a reader tailing the file never sees half a line of ours.
         self.file
             .write_all(line.as_bytes())
@@ -553,6 +569,38 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         text.lines().map(str::to_string).collect()
+    }
+
+    /// A run that fails before its first step leaves the previous run's log whole; the first
+    /// line replaces it.
+    #[test]
+    fn metrics_log_keeps_the_old_log_until_its_first_line() {
+        let dir = std::env::temp_dir().join(format!("tessera-metrics-old-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let old = "{\"epoch\":1,\"loss\":9.0}\n".repeat(3);
+        std::fs::write(&path, &old).unwrap();
+        let mut log = MetricsLog::create(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), old);
+        log.on_step_end(&StepInfo {
+            rank: 0,
+            epoch: 1,
+            step_in_epoch: 1,
+            global_step: 1,
+            loss: 1.0,
+            step_ms: 2.0,
+            lr: 0.5,
+            grad_norm: None,
+            moe_dropped: None,
+            shards: &[],
+        })
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            text,
+            "{\"epoch\":1,\"loss\":1,\"lr\":0.5,\"ms\":2.0,\"step\":1}\n"
+        );
     }
 
     /// Issue 17: the log holds each f32 loss as its shortest round-trip decimal (the f32
