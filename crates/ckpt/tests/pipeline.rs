@@ -212,3 +212,35 @@ fn pipeline_to_flat_and_back() {
         assert_eq!(x, y, "rank {rank}");
     }
 }
+
+/// A rank runs one pipeline stage: a strategy placing parameters of two stages on one rank is
+/// refused by the stage check (`ckpt verify`, conversions), naming the rank and both stages.
+#[test]
+fn stages_may_not_share_a_rank() {
+    let dir = tmp();
+    let placement = |stage: usize, ranks: &str| {
+        format!(
+            r#"{{"stage": {stage}, "mesh": {{"axes": [["dp", 2]], "rank_list": {ranks}}}, "dims": [["dp"], []]}}"#
+        )
+    };
+    let strategy = |b_ranks: &str| {
+        format!(
+            r#"{{"format": "tessera-strategy", "version": 1, "tensors": [
+                {{"name": "a", "shape": [4, 2], "dtype": "f32", "placements": [{}]}},
+                {{"name": "b", "shape": [4, 2], "dtype": "f32", "placements": [{}]}}]}}"#,
+            placement(0, "[0, 1]"),
+            placement(1, b_ranks)
+        )
+    };
+    let path = dir.path().join("overlap.json");
+    std::fs::write(&path, strategy("[1, 2]")).unwrap();
+    let err = Strategy::load(&path).unwrap().check_stages().unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 1") && text.contains("stage 0") && text.contains("stage 1"),
+        "{text}"
+    );
+    // Disjoint rank lists are two stages, as a pipeline writes them.
+    std::fs::write(&path, strategy("[2, 3]")).unwrap();
+    Strategy::load(&path).unwrap().check_stages().unwrap();
+}

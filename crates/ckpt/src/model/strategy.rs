@@ -11,7 +11,7 @@
 //! Files are read into this model by the format modules ([`Strategy::load`] picks the reader),
 //! and nothing here knows a file's bytes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use layout::{Layout, LayoutError, TensorLayout};
@@ -141,8 +141,10 @@ impl Strategy {
         )
     }
 
-    /// Checks that the stages present are exactly `0..n`, as conversions need.
+    /// Checks that the stages present are exactly `0..n`, as conversions need, and that no
+    /// rank holds parameters of two stages (a rank runs one pipeline stage).
     pub fn check_stages(&self) -> Result<()> {
+        self.check_stage_ranks()?;
         let present: BTreeSet<usize> = self
             .params
             .iter()
@@ -155,6 +157,41 @@ impl Strategy {
                     "pipeline stage {missing} has no parameters (stages present: {present:?}); per-stage MindSpore files must be merged first (tessera strategy merge-stages)"
                 ),
             });
+        }
+        Ok(())
+    }
+
+    /// Checks that every rank holds parameters of one stage only, naming a parameter of each
+    /// stage that claims a shared rank.
+    fn check_stage_ranks(&self) -> Result<()> {
+        // Each distinct rank list once per stage: parameters mostly share their stage's list.
+        let mut lists: BTreeMap<usize, BTreeMap<&[usize], &str>> = BTreeMap::new();
+        for p in &self.params {
+            for pl in &p.placements {
+                lists
+                    .entry(pl.stage)
+                    .or_default()
+                    .entry(pl.layout.mesh().rank_list())
+                    .or_insert(&p.name);
+            }
+        }
+        let mut owner: BTreeMap<usize, (usize, &str)> = BTreeMap::new();
+        for (&stage, by_list) in &lists {
+            for (ranks, &name) in by_list {
+                for &rank in ranks.iter() {
+                    match owner.insert(rank, (stage, name)) {
+                        Some((other, other_name)) if other != stage => {
+                            return Err(CkptError::InvalidStrategy {
+                                path: self.path.clone(),
+                                reason: format!(
+                                    "rank {rank} holds {other_name:?} of pipeline stage {other} and {name:?} of stage {stage}; a rank runs one stage, so the stages' rank lists must not overlap"
+                                ),
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+            }
         }
         Ok(())
     }
