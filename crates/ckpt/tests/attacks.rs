@@ -550,3 +550,24 @@ fn malformed_op_strategies_name_the_file_and_the_op() {
         );
     }
 }
+
+/// An optimizer shard must split a slice among the ranks holding it: 3 over a slice held by 2
+/// ranks is refused as that rule, not later as a shape mismatch.
+#[test]
+fn strategy_optimizer_shard_not_dividing_the_replicas() {
+    let dir = tmp();
+    let path = dir.path().join("opt3.json");
+    let strategy = |k: usize| {
+        format!(
+            r#"{{"format": "tessera-strategy", "version": 1, "tensors": [{{"name": "w", "shape": [6, 4], "dtype": "f32", "placements": [{{"stage": 0, "mesh": {{"axes": [["dp", 2]]}}, "dims": [[], []], "optimizer_shard": {k}}}]}}]}}"#
+        )
+    };
+    std::fs::write(&path, strategy(3)).unwrap();
+    let err = Strategy::load(&path).unwrap_err();
+    assert!(
+        matches!(&err, CkptError::StrategyParam { tensor, rule, .. } if tensor == "w" && rule.contains("\"optimizer_shard\" 3 does not divide the 2 rank(s)")),
+        "{err}"
+    );
+    std::fs::write(&path, strategy(2)).unwrap();
+    Strategy::load(&path).unwrap();
+}

@@ -282,6 +282,12 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
             )));
         }
     }
+    let replicas = layout.replica_count();
+    if replicas % opt_shard != 0 {
+        return Err(rule(format!(
+            "\"optimizer_shard\" {opt_shard} does not divide the {replicas} rank(s) holding each slice: the optimizer shard splits a slice among ranks that hold it"
+        )));
+    }
     let placement = StagePlacement {
         stage,
         layout,
