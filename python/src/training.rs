@@ -65,7 +65,7 @@ fn train<'py>(
     }
     let config =
         load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
-    let warnings = config.warnings().to_vec();
+    let warnings = config.warnings();
     let out_dir = config.output().dir.clone();
     let saved = config.output().save_checkpoint;
     let metrics_log = log_json.unwrap_or_else(|| config.output().metrics_file());

@@ -773,6 +773,37 @@ fn gpt_parallel_keys_outside_semi_auto_are_warned_about() {
     assert!(semi.warnings().is_empty(), "{:?}", semi.warnings());
 }
 
+/// In semi_auto with model and context parallel 1, every device is a data-parallel shard: a
+/// `data_parallel` that says otherwise is reported as unused, against the device count in
+/// force (after `--devices`).
+#[test]
+fn a_data_parallel_semi_auto_does_not_use_is_warned_about() {
+    let unused = |warnings: Vec<String>| {
+        warnings
+            .into_iter()
+            .find(|w| w.contains("parallel.data_parallel = 2 is not used"))
+    };
+    let semi = ["parallel.mode=\"semi_auto\"", "parallel.devices=4"];
+    let config = parse_with(GPT_MINIMAL, &[semi[0], semi[1], "parallel.data_parallel=2"]).unwrap();
+    let warning = unused(config.warnings()).expect("warned");
+    assert!(warning.contains("every one of the 4 devices"), "{warning}");
+    // On 2 devices the key is what happens anyway.
+    let config = config.with_devices(2).unwrap();
+    assert_eq!(unused(config.warnings()), None);
+    // With model parallel the key is used.
+    let config = parse_with(
+        GPT_MINIMAL,
+        &[
+            semi[0],
+            semi[1],
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=2",
+        ],
+    )
+    .unwrap();
+    assert_eq!(unused(config.warnings()), None);
+}
+
 /// Mixture-of-experts blocks are refused in parameter-server mode (each worker would balance
 /// the experts over its own batch), naming `model.moe`.
 #[test]

@@ -559,9 +559,36 @@ impl TrainConfig {
     }
 
     /// Keys that are valid but have no effect in this config (e.g. `train.momentum` with
-    /// `optimizer = "adam"`), one sentence each, for the command line to print.
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
+    /// `optimizer = "adam"`), one sentence each, for the command line to print. Includes the
+    /// ones that depend on the device count, which `--devices` may have changed.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = self.warnings.clone();
+        out.extend(self.unused_data_parallel());
+        out
+    }
+
+    /// `parallel.data_parallel` when semi_auto does not use it: with model and context
+    /// parallel 1, every device of a stage is a data-parallel shard, whatever the key says.
+    fn unused_data_parallel(&self) -> Option<String> {
+        let keys = self.gpt_parallel;
+        let given = keys.data_parallel?;
+        let stages = self
+            .parallel
+            .pipeline
+            .as_ref()
+            .map_or(1, |p| p.stages.max(1));
+        let devices = self.parallel.effective_devices() / stages;
+        let applies = self.model.name == ModelName::Gpt
+            && self.parallel.mode == ::parallel::ParallelMode::SemiAuto
+            && keys.model_parallel == 1
+            && keys.context_parallel == 1
+            && given != devices;
+        applies.then(|| {
+            format!(
+                "parallel.data_parallel = {given} is not used: with model_parallel and context_parallel 1 every one of the {devices} devices{} is a data-parallel shard",
+                if stages > 1 { " of a pipeline stage" } else { "" }
+            )
+        })
     }
 }
 
