@@ -88,8 +88,9 @@ pub fn lower_for(plan: &ReshardPlan, rank: usize) -> Option<Exchange> {
     let lowering = plan.lowering();
     let kind = &lowering.kinds[(*lowering.exchange_of.get(rank)?)?];
     let transfers = plan
-        .raw_transfers()
-        .filter(|t| t.src_rank != t.dst_rank && (t.src_rank == rank || t.dst_rank == rank))
+        .raw_transfers_of(rank)
+        .into_iter()
+        .filter(|t| t.src_rank != t.dst_rank)
         .map(|t| plan.transfer(t))
         .collect();
     Some(Exchange {
@@ -316,6 +317,9 @@ mod tests {
             plan(&tl(&["a", "None"]), &tl(&["None", "None"]), DType::F32).unwrap(),
             plan(&line(&["x", "None"]), &line(&["None", "x"]), DType::F32).unwrap(),
             plan(&line(&["x", "None"]), &line(&["x", "None"]), DType::F32).unwrap(),
+            // An all-gather: every destination's pieces are one run over every source.
+            plan(&line(&["x", "None"]), &line(&["None", "None"]), DType::F32).unwrap(),
+            plan(&line(&["None", "x"]), &line(&["x", "None"]), DType::F32).unwrap(),
         ];
         for p in &plans {
             let whole = lower(p);

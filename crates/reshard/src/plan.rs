@@ -323,6 +323,46 @@ impl ReshardPlan {
             })
     }
 
+    /// The transfers device rank `rank` sends or receives (local copies included), in the
+    /// order of [`ReshardPlan::raw_transfers`]. Other ranks' runs are not expanded, so this
+    /// takes time in the plan's runs, not in its transfers (an all-gather over `n` ranks is
+    /// `n` runs of `n`).
+    pub(crate) fn raw_transfers_of(&self, rank: usize) -> Vec<RawTransfer> {
+        let src_mesh = self.moved_from().mesh();
+        let dst_mesh = self.dst.mesh();
+        // The rank's source slots, ascending (one, or one per copy on an interleaved mesh).
+        let own_src: Vec<u32> = (0..src_mesh.n_slots())
+            .filter(|&s| src_mesh.device_of_slot(s) == rank)
+            .map(|s| s as u32)
+            .collect();
+        let raw = |dst_slot: usize, src_slot: u32, region: u32| RawTransfer {
+            src_slot: src_slot as usize,
+            src_rank: src_mesh.device_of_slot(src_slot as usize),
+            dst_slot,
+            dst_rank: dst_mesh.device_of_slot(dst_slot),
+            region,
+        };
+        let table = &self.transfers;
+        let mut out = Vec::new();
+        let mut start = 0;
+        for (dst_slot, &end) in table.slot_ends.iter().enumerate() {
+            let receives = dst_mesh.device_of_slot(dst_slot) == rank;
+            for &[first, region, len] in &table.runs[start..end] {
+                if receives {
+                    out.extend((0..len).map(|i| raw(dst_slot, first + i, region + i)));
+                    continue;
+                }
+                for &s in &own_src {
+                    if let Some(i) = s.checked_sub(first).filter(|&i| i < len) {
+                        out.push(raw(dst_slot, s, region + i));
+                    }
+                }
+            }
+            start = end;
+        }
+        out
+    }
+
     /// The plan's lowering, found at the first call and shared by every later one.
     pub(crate) fn lowering(&self) -> &crate::lower::Lowering {
         self.lowering
