@@ -428,10 +428,7 @@ pub(crate) fn copy_local(
     out: &mut [(usize, &mut Tensor)],
 ) {
     let (from, dst) = (plan.moved_from(), plan.dst());
-    for t in plan
-        .transfers()
-        .filter(|t| t.is_local() && t.dst_rank == me)
-    {
+    for t in plan.transfers_of(me).into_iter().filter(|t| t.is_local()) {
         let (_, src) = held
             .iter()
             .find(|(s, _)| *s == t.src_slot)

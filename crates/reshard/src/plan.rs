@@ -323,6 +323,15 @@ impl ReshardPlan {
             })
     }
 
+    /// The transfers device rank `rank` sends or receives (its local copies included), in
+    /// plan order. Takes time in the plan's runs, not in every rank's transfers.
+    pub fn transfers_of(&self, rank: usize) -> Vec<Transfer> {
+        self.raw_transfers_of(rank)
+            .into_iter()
+            .map(|t| self.transfer(t))
+            .collect()
+    }
+
     /// The transfers device rank `rank` sends or receives (local copies included), in the
     /// order of [`ReshardPlan::raw_transfers`]. Other ranks' runs are not expanded, so this
     /// takes time in the plan's runs, not in its transfers (an all-gather over `n` ranks is
@@ -672,6 +681,37 @@ mod tests {
     use super::*;
     use crate::test_util::tl;
     use layout::Layout;
+
+    /// `transfers_of(r)` is exactly the plan's transfers `r` sends or receives, local copies
+    /// included, in plan order.
+    #[test]
+    fn a_rank_s_transfers_are_read_from_the_runs() {
+        let cases = [
+            (
+                tl(&[2, 3], &["a", "b"], &["a", "b"], &[6, 6]),
+                tl(&[2, 3], &["a", "b"], &["b", "None"], &[6, 6]),
+            ),
+            (
+                tl(&[6], &["x"], &["x", "None"], &[6, 6]),
+                tl(&[6], &["x"], &["None", "None"], &[6, 6]),
+            ),
+            (
+                tl(&[2, 3], &["a", "b"], &["None", "b"], &[6, 6]),
+                tl(&[2, 3], &["a", "b"], &["a", "None"], &[6, 6]),
+            ),
+        ];
+        for (src, dst) in &cases {
+            let p = plan(src, dst, DType::F32).unwrap();
+            for rank in 0..6 {
+                let expected: Vec<Transfer> = p
+                    .transfers()
+                    .filter(|t| t.src_rank == rank || t.dst_rank == rank)
+                    .collect();
+                assert!(!expected.is_empty());
+                assert_eq!(p.transfers_of(rank), expected, "rank {rank}");
+            }
+        }
+    }
 
     #[test]
     fn row_to_column_split_moves_only_what_is_missing() {
