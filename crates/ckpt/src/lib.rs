@@ -206,7 +206,8 @@
 //! ```
 //! `dims` lists, per tensor dim, the mesh axes splitting it, outer first (`[]` = not split).
 //! `optimizer_shard` is the group size `k` of the parallel optimizer (1 = none): dim 0 is further
-//! split over the innermost `k` ranks of the replica group. A parameter in several pipeline stages
+//! split over the innermost `k` ranks of the replica group, so `k` must divide the number of ranks
+//! holding each slice. A parameter in several pipeline stages
 //! has one placement per stage. Tensors are a list, so file order is kept. `ops` (optional;
 //! absent in files from before it existed) records each operator's `shard` strategy:
 //! `in_strategy` as MindSpore's `parallel_strategy_item` does, and `out_strategy` (or `null`),
