@@ -87,7 +87,7 @@ fn read_lines(path: &std::path::Path) -> Vec<Value> {
 }
 
 #[test]
-fn metrics_log_writes_flushed_json_lines_and_truncates_on_create() {
+fn metrics_log_writes_flushed_json_lines_and_replaces_an_old_log() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run/metrics.jsonl");
     let mut log = MetricsLog::create(&path).unwrap();
@@ -142,8 +142,20 @@ fn metrics_log_writes_flushed_json_lines_and_truncates_on_create() {
         serde_json::json!({"global_step": 6, "eval_loss": 2.25})
     );
     drop(log);
-    let _again = MetricsLog::create(&path).unwrap();
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+    // A new log keeps the old one until its first line replaces it.
+    let old = std::fs::read_to_string(&path).unwrap();
+    let mut again = MetricsLog::create(&path).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), old);
+    again
+        .on_epoch_end(&EpochInfo {
+            eval_loss: Some(1.5),
+            ..epoch(None)
+        })
+        .unwrap();
+    assert_eq!(
+        read_lines(&path),
+        [serde_json::json!({"epoch": 1, "eval_loss": 1.5})]
+    );
 }
 
 #[test]
