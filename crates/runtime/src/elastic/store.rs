@@ -119,12 +119,23 @@ impl NodeStore {
             .filter_map(|(step, dir)| {
                 let marker: Marker =
                     serde_json::from_slice(&std::fs::read(dir.join(COMPLETE_FILE)).ok()?).ok()?;
-                if marker.step != step {
+                // A marker for no rank, or for more ranks than any job may have, is damaged.
+                if marker.step != step
+                    || marker.world == 0
+                    || marker.world > layout::limits::max_ranks()
+                {
                     return None;
                 }
-                let ranks = (0..marker.world)
-                    .filter(|&r| self.rank_file(step, r).is_file())
+                // The rank folders present, not every rank number the marker allows.
+                let mut ranks: Vec<usize> = std::fs::read_dir(&dir)
+                    .ok()?
+                    .filter_map(|entry| {
+                        let name = entry.ok()?.file_name();
+                        name.to_str()?.strip_prefix("rank_")?.parse::<usize>().ok()
+                    })
+                    .filter(|&r| r < marker.world && self.rank_file(step, r).is_file())
                     .collect();
+                ranks.sort_unstable();
                 Some(Held {
                     step,
                     world: marker.world,
@@ -215,6 +226,34 @@ mod tests {
         assert!(!store.step_dir(10).exists());
         assert!(store.step_dir(20).exists() && store.step_dir(40).exists());
         assert_eq!(std::fs::read(store.rank_file(30, 2)).unwrap(), b"b");
+    }
+
+    /// A marker claiming no rank, or more ranks than any job may have, marks nothing complete;
+    /// a huge world costs nothing (the rank folders present are listed, not every number).
+    #[test]
+    fn a_marker_with_an_impossible_world_is_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = NodeStore::open(tmp.path().to_path_buf()).unwrap();
+        for step in [4, 6, 8] {
+            store.write_rank_file(step, 0, b"a").unwrap();
+            store.write_rank_file(step, 1, b"b").unwrap();
+            store.mark_complete(step, 2).unwrap();
+        }
+        let marker = |step: u64, world: &str| {
+            std::fs::write(
+                store.step_dir(step).join(COMPLETE_FILE),
+                format!("{{\"step\":{step},\"world\":{world}}}"),
+            )
+            .unwrap()
+        };
+        marker(8, "18446744073709551615");
+        marker(6, "0");
+        let held = store.inventory();
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!((held[0].step, &held[0].ranks[..]), (4, &[0, 1][..]));
+        // A world of 1 counts only rank 0's file.
+        marker(8, "1");
+        assert_eq!(store.inventory()[0].ranks, [0]);
     }
 
     #[test]
