@@ -70,6 +70,10 @@ impl Fault {
             }
         }
         match (rank, step, at) {
+            (_, Some(0), _) => Err(
+                "step=0 never comes: steps are counted from 1, so the fault would never fire"
+                    .to_string(),
+            ),
             (Some(rank), Some(step), Some(at)) => Ok(Fault { rank, step, at }),
             _ => Err("it needs rank=R, step=S (numbers) and at=POINT".to_string()),
         }
@@ -146,6 +150,9 @@ mod tests {
                 at: FaultPoint::Update
             }
         );
+        assert!(Fault::parse("rank=1,step=0,at=forward")
+            .unwrap_err()
+            .contains("counted from 1"));
         assert!(Fault::parse("rank=2,step=7")
             .unwrap_err()
             .contains("at=POINT"));
