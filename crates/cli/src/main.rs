@@ -144,9 +144,10 @@ fn message(err: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     runtime::allocator::keep_freed_memory();
-    // `launch` writes no checkpoint sets and handles its signals itself: it forwards them to
-    // its processes and exits only once they are gone.
-    if !matches!(cli.command, Command::Launch(_)) {
+    // `launch` and `rank-env` write no checkpoint sets and handle their signals themselves:
+    // they pass them on to their processes and exit only as those end (exiting at once here
+    // would have the kernel SIGKILL a rank-env command before it could act on the signal).
+    if !matches!(cli.command, Command::Launch(_) | Command::RankEnv(_)) {
         clean_up_on_signals();
     }
     match run(cli) {

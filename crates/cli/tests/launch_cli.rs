@@ -821,6 +821,34 @@ fn rank_env_maps_an_mpi_launchers_rank_to_the_contract() {
         stderr(&out)
     );
 
+    // A signal to rank-env reaches the command, which may handle it: rank-env then ends as
+    // the command does (here with 0, after the command's own clean-up).
+    let mut child = tessera_command()
+        .args([
+            "rank-env",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got TERM; exit 0' TERM; echo ready; while :; do sleep 0.05; done",
+        ])
+        .env("PMI_RANK", "0")
+        .env("PMI_SIZE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut stdout_pipe = child.stdout.take().unwrap();
+    let mut ready = [0u8; 6];
+    std::io::Read::read_exact(&mut stdout_pipe, &mut ready).unwrap();
+    assert_eq!(&ready, b"ready\n");
+    // SAFETY: kill(2) with the pid of a child this test started and has not reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    child.stdout = Some(stdout_pipe);
+    let out = wait_or_kill(child, HANG_GUARD).expect("rank-env ends as its command does");
+    assert_eq!(stdout(&out), "got TERM\n", "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
     let out = tessera_command()
         .args(["rank-env", "--", "true"])
         .env_remove("OMPI_COMM_WORLD_RANK")
