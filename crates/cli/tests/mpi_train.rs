@@ -190,6 +190,40 @@ fn mpi_a_failing_rank_stops_the_job_with_its_error() {
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
 }
 
+/// Ranks that disagree on the device count: the rank whose count is not the job's size tells
+/// its peers, so the job ends with its error instead of the others waiting forever in their
+/// first collective (group creation, which no timeout covers).
+#[test]
+fn mpi_a_rank_with_another_device_count_stops_the_job() {
+    let dir = Scratch::new("mpi-devices");
+    let script = "D=2; [ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && D=4; exec \"$0\" train examples/seed_data_parallel.toml --devices $D --backend mpi --timeout 20 --set train.max_steps=2 --set \"output.dir=\\\"$1\\\"\"";
+    let child = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            "sh",
+            "-c",
+            script,
+        ])
+        .arg(env!("CARGO_BIN_EXE_tessera"))
+        .arg(dir.0.join("run"))
+        .current_dir(repo_root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running mpirun");
+    let out = crate::util::wait_or_kill(child, std::time::Duration::from_secs(120))
+        .expect("the job ends instead of hanging");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("asks for 4 devices but mpirun started 2 processes"),
+        "rank 1's own error: {stderr}"
+    );
+}
+
 /// The GPT (dp 2 × mp 2, sequence parallel) under `mpirun -np 4` gives the losses of the local
 /// backend and of one device, and its checkpoint generates text.
 #[test]

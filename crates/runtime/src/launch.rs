@@ -304,23 +304,17 @@ pub fn train_mpi_with(
     comm::mpi::prefer_thread_level(comm::mpi::ThreadLevel::Single);
     let world = Arc::new(comm::mpi::MpiComm::world_with(options.timeout, on_timeout)?);
     let devices = session.devices();
-    if world.size() != devices {
-        return Err(RuntimeError::Config {
-            key: "parallel.devices".to_string(),
-            reason: format!(
-                "the configuration asks for {devices} devices but mpirun started {} processes",
-                world.size()
-            ),
-        });
-    }
     // Only rank 0 writes the metrics log.
     let metrics_log = options.metrics_log.as_deref().filter(|_| world.rank() == 0);
-    refuse_parameter_server(session)?;
     let here = RanksHere {
         ranks: vec![world.rank()],
         processes_on_machine: mpi_local_size(),
     };
-    let result = check_before_start(session, metrics_log, &here)
+    // Every failure from here on is announced to the peers (below): a rank returning early
+    // would leave them waiting in their first collective, which no timeout covers.
+    let result = check_world_size(devices, world.size())
+        .and_then(|()| refuse_parameter_server(session))
+        .and_then(|()| check_before_start(session, metrics_log, &here))
         .and_then(|()| {
             // Rank 0's process holds the checkpoint set's lock and staging directory.
             if world.rank() == 0 {
@@ -345,6 +339,20 @@ pub fn train_mpi_with(
     Ok(TrainReport {
         devices,
         ranks: vec![outcome],
+    })
+}
+
+/// The MPI job's size must be the configuration's device count.
+#[cfg(feature = "mpi")]
+fn check_world_size(devices: usize, world_size: usize) -> Result<(), RuntimeError> {
+    if world_size == devices {
+        return Ok(());
+    }
+    Err(RuntimeError::Config {
+        key: "parallel.devices".to_string(),
+        reason: format!(
+            "the configuration asks for {devices} devices but mpirun started {world_size} processes"
+        ),
     })
 }
 
