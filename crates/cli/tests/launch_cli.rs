@@ -690,7 +690,7 @@ fn launch_runs_tessera_train() {
 fn bad_arguments_are_refused_before_anything_starts() {
     let dir = Scratch::new("launch-args");
     let logs = dir.0.join("logs");
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--nproc", "0", "--", "true"],
             "--nproc must be between 1 and 1024, got 0",
@@ -725,6 +725,10 @@ fn bad_arguments_are_refused_before_anything_starts() {
         (
             &["--nproc", "1", "--restarts", "5000", "--", "true"],
             "--restarts must be at most 1000",
+        ),
+        (
+            &["--nproc", "1", "--master_port", "0", "--", "true"],
+            "0 is not in 1..=65535",
         ),
     ];
     for (args, needle) in cases {

@@ -54,6 +54,16 @@ impl fmt::Display for PeerFailure {
     }
 }
 
+/// Who a timed-out call waited for: the ranks, when the backend knows them (MPI does not say
+/// which peer is missing).
+fn waited_on(ranks: &[usize]) -> String {
+    if ranks.is_empty() {
+        "waiting for a peer (the backend does not say which)".to_string()
+    } else {
+        format!("waiting for rank(s) {ranks:?}")
+    }
+}
+
 /// Everything that can go wrong in a communicator call.
 ///
 /// After any error except [`CommError::InvalidArgument`] (which is detected before any
@@ -63,7 +73,7 @@ impl fmt::Display for PeerFailure {
 #[non_exhaustive]
 pub enum CommError {
     /// The call waited longer than the communicator's timeout.
-    #[error("{site}: timed out after {timeout:?} waiting for rank(s) {waiting_for:?}")]
+    #[error("{site}: timed out after {timeout:?} {}", waited_on(.waiting_for))]
     Timeout {
         /// The call.
         site: Site,
@@ -177,5 +187,36 @@ impl CommError {
             self,
             CommError::InvalidArgument { .. } | CommError::UnsupportedReduction { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timeout names the ranks it waited for, or says the backend does not know them (MPI),
+    /// rather than printing an empty list that reads as "waiting for nobody".
+    #[test]
+    fn a_timeout_says_whom_it_waited_for() {
+        let timeout = |waiting_for: Vec<usize>| {
+            CommError::Timeout {
+                site: Site {
+                    backend: "mpi",
+                    group: "world".to_string(),
+                    rank: 0,
+                    size: 2,
+                    op: "all_reduce",
+                },
+                timeout: Duration::from_secs(5),
+                waiting_for,
+            }
+            .to_string()
+        };
+        assert!(timeout(vec![1]).ends_with("waiting for rank(s) [1]"));
+        let unknown = timeout(Vec::new());
+        assert!(
+            unknown.ends_with("waiting for a peer (the backend does not say which)"),
+            "{unknown}"
+        );
     }
 }

@@ -62,7 +62,8 @@ pub struct LaunchArgs {
         long,
         value_name = "PORT",
         default_value_t = 8118,
-        visible_alias = "master_port"
+        visible_alias = "master_port",
+        value_parser = clap::value_parser!(u16).range(1..)
     )]
     master_port: u16,
     /// This node's rank (msrun's `--node_rank`); default: node 0 is the one that can listen on

@@ -423,10 +423,26 @@ pub fn mpi_launcher_rank(
         Some(v) => count(local_var, Some(v))?,
         None => 0,
     };
-    if rank >= size || local > rank {
+    if rank >= size {
         return Err(EnvError {
             var: rank_var,
-            reason: format!("rank {rank} (local {local}) is not below the world size {size}"),
+            reason: format!("rank {rank} is not below the world size {size}"),
+        });
+    }
+    let max = layout::limits::max_ranks();
+    if size > max {
+        return Err(EnvError {
+            var: size_var,
+            reason: format!(
+                "a world of {size} ranks is above the limit of {max} ranks (set TESSERA_MAX_RANKS to change it)"
+            ),
+        });
+    }
+    // A host's ranks are numbered from 0, so a rank's local number cannot exceed its rank.
+    if local > rank {
+        return Err(EnvError {
+            var: local_var,
+            reason: format!("local rank {local} is above the rank {rank} (local ranks count a host's ranks from 0)"),
         });
     }
     Ok(Some((rank, size, local)))

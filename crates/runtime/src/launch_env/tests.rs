@@ -157,6 +157,21 @@ fn an_mpi_launchers_rank_becomes_the_contract() {
             &[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "2")][..],
             "OMPI_COMM_WORLD_RANK",
         ),
+        (
+            &[
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", "4"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "3"),
+            ][..],
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ),
+        (
+            &[
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", "18446744073709551615"),
+            ][..],
+            "OMPI_COMM_WORLD_SIZE",
+        ),
     ] {
         let pairs: Vec<(String, String)> = bad
             .iter()
