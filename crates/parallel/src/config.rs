@@ -490,4 +490,11 @@ impl ParallelConfig {
             _ => self.devices,
         }
     }
+
+    /// The devices of one pipeline stage ([`ParallelConfig::effective_devices`] without a
+    /// pipeline).
+    pub fn devices_per_stage(&self) -> usize {
+        let stages = self.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
+        self.effective_devices() / stages
+    }
 }

@@ -203,8 +203,7 @@ pub fn gpt_parallel_config(
 ) -> Result<ParallelConfig, RuntimeError> {
     let keys = config.gpt_parallel();
     // With pipeline stages, `data_parallel × model_parallel` is each stage's devices.
-    let stages = parallel.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
-    let devices = parallel.effective_devices() / stages;
+    let devices = parallel.devices_per_stage();
     if parallel.mode != ParallelMode::SemiAuto {
         return Ok(parallel);
     }

@@ -572,12 +572,12 @@ impl TrainConfig {
     fn unused_data_parallel(&self) -> Option<String> {
         let keys = self.gpt_parallel;
         let given = keys.data_parallel?;
-        let stages = self
+        let devices = self.parallel.devices_per_stage();
+        let staged = self
             .parallel
             .pipeline
             .as_ref()
-            .map_or(1, |p| p.stages.max(1));
-        let devices = self.parallel.effective_devices() / stages;
+            .is_some_and(|p| p.stages > 1);
         let applies = self.model.name == ModelName::Gpt
             && self.parallel.mode == ::parallel::ParallelMode::SemiAuto
             && keys.model_parallel == 1
@@ -586,7 +586,7 @@ impl TrainConfig {
         applies.then(|| {
             format!(
                 "parallel.data_parallel = {given} is not used: with model_parallel and context_parallel 1 every one of the {devices} devices{} is a data-parallel shard",
-                if stages > 1 { " of a pipeline stage" } else { "" }
+                if staged { " of a pipeline stage" } else { "" }
             )
         })
     }
