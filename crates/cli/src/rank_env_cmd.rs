@@ -8,8 +8,10 @@
 //!
 //! The command runs as rank-env's child and ends as rank-env ends: its exit code is rank-env's,
 //! a signal that ends it ends rank-env the same way, the signals rank-env gets are passed on,
-//! and both are killed when the MPI launcher's process that started rank-env ends
-//! (`PR_SET_PDEATHSIG`), so no rank outlives a killed `mpirun`. When the command fails,
+//! and the rank is killed when the MPI launcher's process that started rank-env ends
+//! (`PR_SET_PDEATHSIG`), so no rank outlives a killed `mpirun`. Nothing the command started
+//! outlives the rank either: rank-env adopts the command's orphaned processes
+//! (`PR_SET_CHILD_SUBREAPER`) and kills what is left when the command ends or the launcher goes. When the command fails,
 //! rank-env writes [`launch_env::RANK_FAILED_LINE`] to its stderr before it ends: `mpirun`
 //! forwards a rank's output before it acts on the rank's end, so `tessera launch` learns which
 //! rank failed first even when `mpirun`'s own report of it is missing (it sometimes is).
@@ -59,6 +61,8 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         Err(_) => 0,
     };
     let vars = launch_env::mpi_rank_vars(rank, size, local, restarts);
+    // Read before the command's environment drops it (it is among the launcher's variables).
+    let token = std::env::var(launch_env::FAILURE_TOKEN).ok();
     let (program, rest) = args
         .command
         .split_first()
@@ -71,10 +75,12 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         }
     }
     command.envs(vars.iter().map(|(k, v)| (k, v)));
-    die_with_launcher()?;
-    // The signals are caught before the command starts, so none is lost in between.
+    // The signals are caught before the command starts, so none is lost in between, and before
+    // the launcher's end is asked for, so that its signal is caught too.
     let mut signals = signal_hook::iterator::Signals::new(PASSED_SIGNALS)
         .context("cannot install the signal handlers")?;
+    let launcher = die_with_launcher()?;
+    adopt_orphans()?;
     ps::launch::die_with_parent(&mut command);
     let mut child = command.spawn().map_err(|error| {
         anyhow::anyhow!(
@@ -88,6 +94,9 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         .name("rank-env-signals".into())
         .spawn(move || {
             for signal in signals.forever() {
+                if launcher_ended(launcher) {
+                    kill_the_rank(pid);
+                }
                 // SAFETY: kill(2) on our own child, which is not reaped before this thread ends
                 // (see `wait_unreaped`).
                 unsafe {
@@ -105,7 +114,8 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
     let status = child
         .wait()
         .with_context(|| format!("cannot wait for rank {rank}'s command"))?;
-    end_as(status)
+    end_descendants();
+    end_as(status, token.as_deref())
 }
 
 /// Waits for the child `pid` to end, leaving it to be reaped (`waitid` with `WNOWAIT`).
@@ -132,18 +142,19 @@ fn wait_unreaped(pid: libc::pid_t) -> std::io::Result<()> {
 }
 
 /// Ends this process as the command ended: with its exit code, or by its signal (after the
-/// failure line on stderr when it failed).
-fn end_as(status: ExitStatus) -> anyhow::Result<()> {
+/// failure line on stderr when it failed, ending with the launcher's `token` if it gave one).
+fn end_as(status: ExitStatus, token: Option<&str>) -> anyhow::Result<()> {
     if status.success() {
         std::process::exit(0);
     }
+    let token = token.map(|t| format!(" [{t}]")).unwrap_or_default();
     match (status.code(), status.signal()) {
         (Some(code), _) => {
-            eprintln!("{} (exit code {code})", launch_env::RANK_FAILED_LINE);
+            eprintln!("{} (exit code {code}){token}", launch_env::RANK_FAILED_LINE);
             std::process::exit(code);
         }
         (None, Some(signal)) => {
-            eprintln!("{} (signal {signal})", launch_env::RANK_FAILED_LINE);
+            eprintln!("{} (signal {signal}){token}", launch_env::RANK_FAILED_LINE);
             // SAFETY: signal(2) and raise(3) with plain integers: the default action of the
             // signal that ended the command now ends this process.
             unsafe {
@@ -157,20 +168,101 @@ fn end_as(status: ExitStatus) -> anyhow::Result<()> {
     }
 }
 
-/// Asks the kernel for SIGKILL when this process's parent (the MPI launcher's process that
-/// started the rank) ends. Refuses to go on when the parent has already ended (its signal would
-/// never come).
-fn die_with_launcher() -> anyhow::Result<()> {
+/// The signal the kernel sends this process when its parent (the MPI launcher's process that
+/// started the rank) ends: one rank-env catches, so that it can end the whole rank.
+const LAUNCHER_ENDED_SIGNAL: i32 = libc::SIGTERM;
+
+/// Asks the kernel for [`LAUNCHER_ENDED_SIGNAL`] when this process's parent (the MPI
+/// launcher's process that started the rank) ends, and returns that parent. Refuses to go on
+/// when the parent has already ended (its signal would never come).
+fn die_with_launcher() -> anyhow::Result<libc::pid_t> {
     // SAFETY: getppid(2) and prctl(2) take plain integers and touch no memory of ours.
     unsafe {
         let parent = libc::getppid();
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, LAUNCHER_ENDED_SIGNAL, 0, 0, 0) != 0 {
             return Err(std::io::Error::last_os_error())
                 .context("cannot ask to end with the MPI launcher (prctl PR_SET_PDEATHSIG)");
         }
         if libc::getppid() != parent {
             anyhow::bail!("the MPI launcher's process that started this rank has already ended");
         }
+        Ok(parent)
+    }
+}
+
+/// Whether the MPI launcher's process that started this rank (`launcher`) has ended.
+fn launcher_ended(launcher: libc::pid_t) -> bool {
+    // SAFETY: getppid(2) takes nothing and cannot fail.
+    unsafe { libc::getppid() != launcher }
+}
+
+/// Ends the rank at once, when its launcher is gone: nothing is left to wait for its clean-up,
+/// and its processes must not outlive the job. The command and every process it started (they
+/// are this process's descendants, adopted when orphaned: [`adopt_orphans`]) are killed, even
+/// those that ignore SIGTERM.
+fn kill_the_rank(command: libc::pid_t) -> ! {
+    // SAFETY: kill(2) on our own child, not reaped yet (see `wait_unreaped`).
+    unsafe {
+        libc::kill(command, libc::SIGKILL);
+    }
+    end_descendants();
+    std::process::exit(128 + libc::SIGKILL)
+}
+
+/// Makes this process the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`): a
+/// process the command started and left behind becomes this process's child, so that
+/// [`end_descendants`] finds it, wherever it was started from.
+fn adopt_orphans() -> anyhow::Result<()> {
+    // SAFETY: prctl(2) with plain integers.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error()).context(
+            "cannot adopt the command's orphaned processes (prctl PR_SET_CHILD_SUBREAPER)",
+        );
     }
     Ok(())
+}
+
+/// How long [`end_descendants`] keeps killing the descendants that appear.
+const END_DESCENDANTS_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Kills (SIGKILL) and reaps every child of this process, and the children they leave as they
+/// die (adopted: [`adopt_orphans`]), until none is left: what the rank's command left running
+/// does not outlive the rank. Call it once the command itself has been reaped.
+fn end_descendants() {
+    let until = std::time::Instant::now() + END_DESCENDANTS_FOR;
+    // SAFETY: getpid(2) takes nothing.
+    let me = unsafe { libc::getpid() };
+    loop {
+        let children = children_of(me);
+        if children.is_empty() || std::time::Instant::now() > until {
+            return;
+        }
+        for child in children {
+            // SAFETY: kill(2) on our own child; waitpid(2) with WNOHANG reaps only our children.
+            unsafe {
+                libc::kill(child, libc::SIGKILL);
+            }
+        }
+        // SAFETY: as above; a null status pointer is allowed.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The processes whose parent is `parent` (from `/proc/<pid>/stat`).
+fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: libc::pid_t = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid …`: the name may hold spaces and parentheses.
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            let ppid: libc::pid_t = after_name.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }

@@ -442,3 +442,43 @@ fn a_signal_to_the_launcher_stops_every_rank() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// With `--grace-period 0` the launcher kills `mpirun` before OpenMPI's own kill of the ranks:
+/// each rank-env then kills its rank's whole process group, so a process the command started
+/// that ignores SIGTERM does not outlive the job (it used to run on, an orphan).
+#[test]
+fn a_zero_grace_leaves_no_process_that_ignores_sigterm() {
+    let dir = Scratch::new("mpi-launch-grace0");
+    let logs = dir.0.join("logs");
+    let started = dir.0.join("started");
+    let stubborn = dir.0.join("stubborn");
+    let script = format!(
+        "sh -c 'trap \"\" TERM; touch {}-$TESSERA_RANK; while :; do sleep 1; done' {} & wait",
+        s(&started),
+        s(&stubborn)
+    );
+    let child = launch(
+        &["--nproc", "2", "--log-dir", s(&logs), "--grace-period", "0"],
+        &["sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let start = Instant::now();
+    while (0..2).any(|r| !dir.0.join(format!("started-{r}")).exists()) {
+        assert!(start.elapsed() < HANG_GUARD, "the ranks never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(128 + 15), "{}", stderr(&out));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !processes_mentioning(s(&stubborn)).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            processes_mentioning(s(&stubborn))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -224,6 +224,45 @@ fn mpi_a_rank_with_another_device_count_stops_the_job() {
     );
 }
 
+/// Ranks that run different configurations (here rank 1 another learning rate, as a per-node
+/// `--set` would give) are refused before training, naming the setting: they used to train
+/// different models and commit a set whose replicas disagree.
+#[test]
+fn mpi_ranks_with_different_configurations_are_refused() {
+    let dir = Scratch::new("mpi-config");
+    let script = "LR=0.05; [ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && LR=0.5; exec \"$0\" train examples/seed_data_parallel.toml --devices 2 --backend mpi --timeout 20 --set train.max_steps=2 --set train.learning_rate=$LR --set \"output.dir=\\\"$1\\\"\"";
+    let child = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            "sh",
+            "-c",
+            script,
+        ])
+        .arg(env!("CARGO_BIN_EXE_tessera"))
+        .arg(dir.0.join("run"))
+        .current_dir(repo_root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running mpirun");
+    let out = crate::util::wait_or_kill(child, std::time::Duration::from_secs(120))
+        .expect("the job ends instead of hanging");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("train.learning_rate")
+            && stderr.contains("rank 1 runs 0.5 but rank 0 runs 0.05"),
+        "rank 1 names the setting: {stderr}"
+    );
+    assert!(
+        !dir.0.join("run").join("rank_0").exists(),
+        "nothing was trained or saved"
+    );
+}
+
 /// The GPT (dp 2 × mp 2, sequence parallel) under `mpirun -np 4` gives the losses of the local
 /// backend and of one device, and its checkpoint generates text.
 #[test]

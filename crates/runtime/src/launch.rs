@@ -314,6 +314,7 @@ pub fn train_mpi_with(
     // would leave them waiting in their first collective, which no timeout covers.
     let result = check_world_size(devices, world.size())
         .and_then(|()| refuse_parameter_server(session))
+        .and_then(|()| crate::config::check_same_config(&session.config, world.as_ref()))
         .and_then(|()| check_before_start(session, metrics_log, &here))
         .and_then(|()| {
             // Rank 0's process holds the checkpoint set's lock and staging directory.

@@ -65,8 +65,9 @@ pub use crate::callbacks::{
     ShardView, StepInfo, TrainEndInfo,
 };
 pub use crate::config::{
-    DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice, PsKeys,
-    ResumeFrom, SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE,
+    check_same_config, DataConfig, DataFormat, ModelConfig, ModelName, OutputConfig, ProfileChoice,
+    PsKeys, ResumeFrom, SearchKeys, TrainConfig, TrainLoopConfig, MAX_PS_PROCESSES,
+    PARAMETER_SERVER_MODE,
 };
 pub use crate::data::{
     feed_rows, Batch, BatchPlan, Dataset, IdxDataset, Normalize, SampleSpec, Split, TokenCorpus,

@@ -101,15 +101,21 @@ pub fn pump(
             let mut console_line = Vec::new();
             while next_line(&mut reader, &mut line) {
                 router.route(&line, &mut |log, prefix, body| {
-                    log.write_line(body);
-                    console_line.clear();
-                    console_line.extend_from_slice(prefix.as_bytes());
-                    console_line.extend_from_slice(body);
-                    // A closed console (`tessera launch … | head`) must not stop the logging.
-                    let _ = io::stdout().lock().write_all(&console_line);
+                    write_out(log, prefix, body, &mut console_line);
                 });
             }
         })
+}
+
+/// Writes one whole line `body` to `log` and, after `prefix`, to the console (`console_line` is
+/// scratch space).
+pub fn write_out(log: &LogFile, prefix: &str, body: &[u8], console_line: &mut Vec<u8>) {
+    log.write_line(body);
+    console_line.clear();
+    console_line.extend_from_slice(prefix.as_bytes());
+    console_line.extend_from_slice(body);
+    // A closed console (`tessera launch … | head`) must not stop the logging.
+    let _ = io::stdout().lock().write_all(console_line);
 }
 
 /// Reads the next line into `line` (cleared first), ending it with a newline if the stream ended

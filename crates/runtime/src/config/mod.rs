@@ -22,6 +22,7 @@
 //! [`values`] reads typed values out of TOML tables; [`sections`] reads each section into its
 //! config struct; [`layouts`] reads `[parallel.mesh]` and layout-valued strategy entries.
 
+mod agreement;
 mod layouts;
 mod lr;
 mod memory;
@@ -42,6 +43,7 @@ use toml::Table;
 use crate::data::Normalize;
 use crate::error::RuntimeError;
 
+pub use self::agreement::check_same_config;
 use self::overrides::{apply_override, concerns};
 pub use self::ps::{PsKeys, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE};
 pub use self::search::{ProfileChoice, SearchKeys};

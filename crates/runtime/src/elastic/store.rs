@@ -111,7 +111,9 @@ impl NodeStore {
         Ok(())
     }
 
-    /// The complete snapshots, newest first, with the ranks whose files each holds.
+    /// The complete snapshots, newest first, with the ranks whose files each holds: a
+    /// snapshot counts when its marker is sound and its training state readable, and a rank's
+    /// file when its header is sound and its data all there.
     pub fn inventory(&self) -> Vec<Held> {
         let mut held: Vec<Held> = self
             .snapshot_dirs()
@@ -126,14 +128,22 @@ impl NodeStore {
                 {
                     return None;
                 }
-                // The rank folders present, not every rank number the marker allows.
+                // A snapshot whose training state is damaged cannot be resumed from.
+                if !matches!(crate::periodic_ckpt::TrainState::read(&dir), Ok(Some(_))) {
+                    return None;
+                }
+                // The rank folders present, not every rank number the marker allows; a rank
+                // file that is damaged (cut short, say) is not held.
                 let mut ranks: Vec<usize> = std::fs::read_dir(&dir)
                     .ok()?
                     .filter_map(|entry| {
                         let name = entry.ok()?.file_name();
                         name.to_str()?.strip_prefix("rank_")?.parse::<usize>().ok()
                     })
-                    .filter(|&r| r < marker.world && self.rank_file(step, r).is_file())
+                    .filter(|&r| {
+                        r < marker.world
+                            && ckpt::CheckpointFile::open(&self.rank_file(step, r)).is_ok()
+                    })
                     .collect();
                 ranks.sort_unstable();
                 Some(Held {
@@ -158,23 +168,59 @@ impl NodeStore {
         }
         for (step, dir) in self.snapshot_dirs() {
             if step < oldest_kept {
-                std::fs::remove_dir_all(&dir).map_err(|e| RuntimeError::CheckpointSet {
-                    rank: 0,
-                    reason: format!("cannot remove the old snapshot {}: {e}", dir.display()),
-                })?;
+                self.remove_snapshot(&dir)?;
             }
         }
         Ok(())
+    }
+
+    /// Removes the snapshot directory `dir` if it holds only what a snapshot holds; a directory
+    /// with anything else (a store named by hand may hold other files) is left, said on
+    /// stderr: the store never deletes what it did not write.
+    fn remove_snapshot(&self, dir: &Path) -> Result<(), RuntimeError> {
+        if let Some(foreign) = foreign_entry(dir) {
+            eprintln!(
+                "elastic: left {} in place: it holds {}, which no snapshot writes",
+                dir.display(),
+                foreign.display()
+            );
+            return Ok(());
+        }
+        std::fs::remove_dir_all(dir).map_err(|e| RuntimeError::CheckpointSet {
+            rank: 0,
+            reason: format!("cannot remove the snapshot {}: {e}", dir.display()),
+        })
+    }
+
+    /// Clears a leftover snapshot directory of step `step` before it is written again; one
+    /// that holds what no snapshot writes is refused, naming that entry.
+    pub fn clear_step(&self, step: u64) -> Result<(), RuntimeError> {
+        let dir = self.step_dir(step);
+        if !dir.exists() {
+            return Ok(());
+        }
+        if let Some(foreign) = foreign_entry(&dir) {
+            return Err(RuntimeError::CheckpointSet {
+                rank: 0,
+                reason: format!(
+                    "{} holds {}, which no elastic snapshot writes: it is not removed; move it, or name another store in {}",
+                    dir.display(),
+                    foreign.display(),
+                    super::STORE_VAR
+                ),
+            });
+        }
+        std::fs::remove_dir_all(&dir).map_err(|e| RuntimeError::CheckpointSet {
+            rank: 0,
+            reason: format!("cannot clear {}: {e}", dir.display()),
+        })
     }
 
     /// Removes the snapshots newer than `step` (a resumed job retakes them).
     pub fn drop_newer_than(&self, step: u64) -> Result<(), RuntimeError> {
         for (newer, dir) in self.snapshot_dirs() {
             if newer > step {
-                std::fs::remove_dir_all(&dir).map_err(|e| RuntimeError::CheckpointSet {
-                    rank: 0,
-                    reason: format!("cannot remove the snapshot {}: {e}", dir.display()),
-                })?;
+                self.remove_snapshot(&dir)?;
             }
         }
         Ok(())
@@ -200,21 +246,84 @@ impl NodeStore {
     }
 }
 
+/// The first entry of snapshot directory `dir` that no snapshot writes, if any. A snapshot
+/// holds the marker, JSON side files (strategies, the training state), `rank_<r>/` folders
+/// holding `checkpoint_<r>.safetensors`, and the temporary `.partial-*` files of writes cut
+/// short.
+fn foreign_entry(dir: &Path) -> Option<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return None;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let ours = match name
+            .strip_prefix("rank_")
+            .and_then(|r| r.parse::<usize>().ok())
+        {
+            Some(rank) if is_dir => match std::fs::read_dir(&path) {
+                Ok(files) => {
+                    let file = format!("checkpoint_{rank}.safetensors");
+                    let mut inner = files.flatten();
+                    match inner.find(|f| {
+                        let n = f.file_name().to_string_lossy().into_owned();
+                        n != file && !n.starts_with(".partial-")
+                    }) {
+                        Some(f) => return Some(f.path()),
+                        None => true,
+                    }
+                }
+                Err(_) => false,
+            },
+            _ => !is_dir && (name.ends_with(".json") || name.starts_with(".partial-")),
+        };
+        if !ours {
+            return Some(path);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A well-formed safetensors file with no tensors, told apart by its metadata `tag`.
+    fn rank_bytes(tag: &str) -> Vec<u8> {
+        let header = format!("{{\"__metadata__\":{{\"tag\":\"{tag}\"}}}}");
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes
+    }
+
+    /// Writes a snapshot of `step` holding `ranks`' files, marked complete for `world` ranks.
+    fn snapshot(store: &NodeStore, step: u64, ranks: &[usize], world: usize) {
+        for &r in ranks {
+            store
+                .write_rank_file(step, r, &rank_bytes(&format!("{step}-{r}")))
+                .unwrap();
+        }
+        let state = crate::periodic_ckpt::TrainState::new(step, step, None, 0);
+        std::fs::write(
+            store
+                .step_dir(step)
+                .join(crate::periodic_ckpt::TRAIN_STATE_FILE),
+            state.to_json_bytes(),
+        )
+        .unwrap();
+        store.mark_complete(step, world).unwrap();
+    }
 
     #[test]
     fn only_marked_snapshots_count_and_the_newest_two_stay() {
         let tmp = tempfile::tempdir().unwrap();
         let store = NodeStore::open(tmp.path().to_path_buf()).unwrap();
         for step in [10, 20, 30] {
-            store.write_rank_file(step, 0, b"a").unwrap();
-            store.write_rank_file(step, 2, b"b").unwrap();
-            store.mark_complete(step, 4).unwrap();
+            snapshot(&store, step, &[0, 2], 4);
         }
         // A snapshot the ranks never finished.
-        store.write_rank_file(40, 0, b"c").unwrap();
+        store.write_rank_file(40, 0, &rank_bytes("c")).unwrap();
         let held = store.inventory();
         assert_eq!(
             held.iter().map(|h| h.step).collect::<Vec<_>>(),
@@ -225,7 +334,70 @@ mod tests {
         store.prune().unwrap();
         assert!(!store.step_dir(10).exists());
         assert!(store.step_dir(20).exists() && store.step_dir(40).exists());
-        assert_eq!(std::fs::read(store.rank_file(30, 2)).unwrap(), b"b");
+        assert_eq!(
+            std::fs::read(store.rank_file(30, 2)).unwrap(),
+            rank_bytes("30-2")
+        );
+    }
+
+    /// A damaged rank file is not held, and a snapshot whose training state is damaged is not
+    /// one: recovery then falls back to an older snapshot that is whole.
+    #[test]
+    fn damaged_files_are_not_held() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = NodeStore::open(tmp.path().to_path_buf()).unwrap();
+        for step in [4, 6, 8] {
+            snapshot(&store, step, &[0, 1], 2);
+        }
+        let cut = |path: PathBuf, len: u64| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_len(len)
+                .unwrap()
+        };
+        cut(store.rank_file(8, 1), 12);
+        cut(
+            store
+                .step_dir(6)
+                .join(crate::periodic_ckpt::TRAIN_STATE_FILE),
+            10,
+        );
+        let held = store.inventory();
+        assert_eq!(
+            held.iter()
+                .map(|h| (h.step, h.ranks.clone()))
+                .collect::<Vec<_>>(),
+            [(8, vec![0]), (4, vec![0, 1])]
+        );
+    }
+
+    /// The store removes only what snapshots hold: a directory named like a snapshot but
+    /// holding anything else stays, pruned or not, and is not cleared for a new snapshot.
+    #[test]
+    fn a_directory_with_foreign_files_is_never_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = NodeStore::open(tmp.path().to_path_buf()).unwrap();
+        for step in [1, 2, 3] {
+            snapshot(&store, step, &[0], 1);
+        }
+        std::fs::write(store.step_dir(1).join("precious.txt"), "mine").unwrap();
+        std::fs::create_dir_all(store.step_dir(99).join("rank_0")).unwrap();
+        std::fs::write(store.step_dir(99).join("rank_0").join("notes"), "mine").unwrap();
+        store.prune().unwrap();
+        assert!(store.step_dir(1).join("precious.txt").exists());
+        store.drop_newer_than(3).unwrap();
+        assert!(store.step_dir(99).join("rank_0").join("notes").exists());
+        let err = store.clear_step(99).unwrap_err().to_string();
+        assert!(
+            err.contains("notes") && err.contains("not removed"),
+            "{err}"
+        );
+        // A snapshot's own leftovers are cleared.
+        store.write_rank_file(7, 0, &rank_bytes("x")).unwrap();
+        store.clear_step(7).unwrap();
+        assert!(!store.step_dir(7).exists());
     }
 
     /// A marker claiming no rank, or more ranks than any job may have, marks nothing complete;
@@ -235,9 +407,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = NodeStore::open(tmp.path().to_path_buf()).unwrap();
         for step in [4, 6, 8] {
-            store.write_rank_file(step, 0, b"a").unwrap();
-            store.write_rank_file(step, 1, b"b").unwrap();
-            store.mark_complete(step, 2).unwrap();
+            snapshot(&store, step, &[0, 1], 2);
         }
         let marker = |step: u64, world: &str| {
             std::fs::write(

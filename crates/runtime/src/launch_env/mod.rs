@@ -109,9 +109,14 @@ pub const DEVICE_ID: &str = "DEVICE_ID";
 /// first rank whose output carries it, which `mpirun`'s own report does not always do.
 pub const RANK_FAILED_LINE: &str = "tessera rank-env: the command failed";
 
+/// A token `tessera launch` gives the ranks of its `mpirun` job (never their commands):
+/// `tessera rank-env` ends its [`RANK_FAILED_LINE`] with ` [TOKEN]`, so that the launcher takes
+/// only rank-env's own line, never a program's output that looks like it, as a rank's failure.
+pub const FAILURE_TOKEN: &str = "TESSERA_FAILURE_TOKEN";
+
 /// The variables a launcher sets or removes for every process it starts, so that nothing of
 /// its own environment leaks into a process's contract.
-pub const LAUNCHER_VARS: [&str; 21] = [
+pub const LAUNCHER_VARS: [&str; 22] = [
     ROLE,
     RANK,
     WORLD_SIZE,
@@ -123,6 +128,7 @@ pub const LAUNCHER_VARS: [&str; 21] = [
     SCHEDULER_ADDR,
     RESTART_COUNT,
     JOB_SECRET,
+    FAILURE_TOKEN,
     BACKEND,
     MS_ROLE,
     MS_WORKER_NUM,

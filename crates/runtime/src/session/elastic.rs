@@ -287,15 +287,11 @@ impl TrainSession {
         let world = run.world.as_ref();
         let store = &elastic.store;
         let dir = store.step_dir(step);
-        let written = (|| {
-            if elastic.leader && dir.exists() {
-                std::fs::remove_dir_all(&dir).map_err(|e| RuntimeError::CheckpointSet {
-                    rank,
-                    reason: format!("cannot clear {}: {e}", dir.display()),
-                })?;
-            }
-            Ok::<(), RuntimeError>(())
-        })();
+        let written = if elastic.leader {
+            store.clear_step(step)
+        } else {
+            Ok(())
+        };
         // The leader clears a leftover of this step before anyone writes.
         let cleared = any_rank(world, written.is_err())?;
         written?;

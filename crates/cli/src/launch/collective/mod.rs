@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use runtime::elastic::STORE_VAR;
-use runtime::launch_env::{LAUNCHER_VARS, RESTART_COUNT};
+use runtime::launch_env::{FAILURE_TOKEN, LAUNCHER_VARS, RESTART_COUNT};
 
 use super::child::{self, Event, StartRequest};
 use super::output::{self, LogFile};
@@ -160,7 +160,13 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
             request.log_dir.display()
         )
     })?;
-    let router = Arc::new(open_logs(&request.log_dir, request.worker_num)?);
+    let token = runtime::launch_env::JobSecret::generate()
+        .context("cannot make the job's failure token")?;
+    let router = Arc::new(open_logs(
+        &request.log_dir,
+        request.worker_num,
+        token.expose(),
+    )?);
     let store = store::create()?;
     let cluster = match listener {
         Some(listener) => {
@@ -273,8 +279,8 @@ fn is_loopback(master: &str) -> bool {
 }
 
 /// Opens `worker_<rank>.log` for every rank and `mpirun.log` (appended to, as every launch
-/// log).
-fn open_logs(dir: &Path, ranks: usize) -> anyhow::Result<TaggedRouter> {
+/// log); the ranks' rank-env get `token` as their failure token.
+fn open_logs(dir: &Path, ranks: usize, token: &str) -> anyhow::Result<TaggedRouter> {
     let open = |name: String, prefix: String| -> anyhow::Result<RankOutput> {
         let path = dir.join(name);
         let log = LogFile::open(path.clone())
@@ -292,7 +298,7 @@ fn open_logs(dir: &Path, ranks: usize) -> anyhow::Result<TaggedRouter> {
         )?);
     }
     let own = open("mpirun.log".into(), "[mpirun] ".into())?;
-    Ok(TaggedRouter::new(outputs, own))
+    Ok(TaggedRouter::new(outputs, own, token))
 }
 
 /// Runs `mpirun` until the job succeeds, fails with no restarts left, or a signal stops it.
@@ -317,6 +323,7 @@ fn supervise_job(
         let mut set = vec![
             (RESTART_COUNT, attempt.to_string()),
             (STORE_VAR, store.to_string_lossy().into_owned()),
+            (FAILURE_TOKEN, router.failure_token().to_string()),
         ];
         if let Some(cluster) = cluster {
             set.push((
@@ -335,7 +342,9 @@ fn supervise_job(
         };
         let running = child::start(start, &sender)
             .with_context(|| format!("cannot start {}", job.mpirun.display()))?;
-        let status = wait(running.pid, &receiver, grace)?;
+        let status = wait(running.pid, &receiver, grace);
+        router.flush();
+        let status = status?;
         if status.success() {
             return Ok(());
         }

@@ -55,8 +55,9 @@ impl MpirunJob<'_> {
         if self.as_root {
             push(&["--allow-run-as-root"]);
         }
-        // The restart count reaches ranks on other hosts too.
+        // The restart count and the failure token reach ranks on other hosts too.
         push(&["-x", runtime::launch_env::RESTART_COUNT]);
+        push(&["-x", runtime::launch_env::FAILURE_TOKEN]);
         match self.hosts {
             Hosts::Local => {}
             Hosts::File(path) => {

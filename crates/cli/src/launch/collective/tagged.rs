@@ -8,14 +8,20 @@
 //! prefixed `[worker RANK] `. `mpirun`'s own lines (untagged: its error reports) go to
 //! `mpirun.log` and the console prefixed `[mpirun] `. The router remembers the first rank
 //! reported as failed: by `tessera rank-env`'s line on that rank's stderr
-//! ([`RANK_FAILED_LINE`]), or by `mpirun`'s report (which it sometimes leaves out).
+//! ([`RANK_FAILED_LINE`], believed only when it ends with this job's [`FAILURE_TOKEN`](runtime::launch_env::FAILURE_TOKEN), which
+//! the ranks' commands never see), or by `mpirun`'s report (which it sometimes leaves out).
+//! When `mpirun` has ended, [`TaggedRouter::flush`] writes the pieces no newline ended.
+//!
+//! A rank's output is the rank's to write, so one thing stays open: a rank may print text that
+//! looks like another rank's tag in the middle of a line, and it is taken as one (`mpirun`
+//! itself starts a piece of another rank there when a line was left unended).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use runtime::launch_env::RANK_FAILED_LINE;
 
-use crate::launch::output::{LogFile, Router, MAX_LINE_BYTES};
+use crate::launch::output::{write_out, LogFile, Router, MAX_LINE_BYTES};
 
 /// One rank's log file and console prefix.
 #[derive(Debug)]
@@ -35,6 +41,8 @@ pub struct TaggedRouter {
     pending: Mutex<HashMap<(usize, bool), Vec<u8>>>,
     /// The first rank reported as failed in this job's run (by its rank-env or by `mpirun`).
     failed_rank: Mutex<Option<usize>>,
+    /// This job's [`FAILURE_TOKEN`](runtime::launch_env::FAILURE_TOKEN): rank-env's failure line ends with ` [<token>]`.
+    token: String,
 }
 
 /// One tagged piece of a line: its rank, its stream and its text.
@@ -46,14 +54,55 @@ struct Piece<'l> {
 }
 
 impl TaggedRouter {
-    /// A router for `ranks` (indexed by rank) and `mpirun`'s own lines.
-    pub fn new(ranks: Vec<RankOutput>, own: RankOutput) -> TaggedRouter {
+    /// A router for `ranks` (indexed by rank) and `mpirun`'s own lines, whose ranks' rank-env
+    /// get `token` as their [`FAILURE_TOKEN`](runtime::launch_env::FAILURE_TOKEN).
+    pub fn new(ranks: Vec<RankOutput>, own: RankOutput, token: &str) -> TaggedRouter {
         TaggedRouter {
             ranks,
             own,
             pending: Mutex::new(HashMap::new()),
             failed_rank: Mutex::new(None),
+            token: token.to_string(),
         }
+    }
+
+    /// The [`FAILURE_TOKEN`](runtime::launch_env::FAILURE_TOKEN) the ranks' rank-env get.
+    pub fn failure_token(&self) -> &str {
+        &self.token
+    }
+
+    /// Writes every piece still waiting for its newline, as a whole line, in rank order: the
+    /// last words of ranks that ended without a newline (`mpirun` has ended, so nothing more
+    /// of those lines will come).
+    pub fn flush(&self) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut left: Vec<((usize, bool), Vec<u8>)> = pending
+            .drain()
+            .filter(|(_, text)| !text.is_empty())
+            .collect();
+        left.sort_by_key(|(key, _)| *key);
+        let mut console_line = Vec::new();
+        for ((rank, _), mut text) in left {
+            text.push(b'\n');
+            let out = &self.ranks[rank];
+            write_out(&out.log, &out.prefix, &text, &mut console_line);
+        }
+    }
+
+    /// Whether `line` (a whole line of a rank's stderr) is its rank-env's failure line; if so,
+    /// the line without the token.
+    fn failure_line(&self, line: &[u8]) -> Option<Vec<u8>> {
+        let body = line.strip_suffix(b"\n").unwrap_or(line);
+        let shown = body
+            .strip_suffix(b"]")?
+            .strip_suffix(self.token.as_bytes())?
+            .strip_suffix(b" [")?;
+        if !shown.starts_with(RANK_FAILED_LINE.as_bytes()) {
+            return None;
+        }
+        let mut shown = shown.to_vec();
+        shown.push(b'\n');
+        Some(shown)
     }
 
     /// The first rank reported as failed, by its rank-env's line or by `mpirun`'s report.
@@ -97,11 +146,14 @@ impl Router for TaggedRouter {
                 if buffer.last() != Some(&b'\n') {
                     buffer.push(b'\n');
                 }
-                if piece.stderr && buffer.starts_with(RANK_FAILED_LINE.as_bytes()) {
-                    let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
-                    failed.get_or_insert(piece.rank);
+                match self.failure_line(buffer).filter(|_| piece.stderr) {
+                    Some(shown) => {
+                        let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
+                        failed.get_or_insert(piece.rank);
+                        emit(&out.log, &out.prefix, &shown);
+                    }
+                    None => emit(&out.log, &out.prefix, buffer),
                 }
-                emit(&out.log, &out.prefix, buffer);
                 buffer.clear();
             }
         }
@@ -207,6 +259,7 @@ mod tests {
         TaggedRouter::new(
             vec![open("w0", "[worker 0] "), open("w1", "[worker 1] ")],
             open("m", "[mpirun] "),
+            "T0KEN",
         )
     }
 
@@ -298,13 +351,23 @@ mod tests {
             format!("[1,0]<stdout>:{RANK_FAILED_LINE} (exit code 1)\n").as_bytes(),
         );
         assert_eq!(router.failed_rank(), None);
-        // Split over two pieces, as mpirun may forward it.
+        // Without the job's token it is the command's own text too, even on stderr.
+        routed(
+            &router,
+            format!("[1,0]<stderr>:{RANK_FAILED_LINE} (exit code 9)\n").as_bytes(),
+        );
+        routed(
+            &router,
+            format!("[1,0]<stderr>:{RANK_FAILED_LINE} (exit code 9) [OTHER]\n").as_bytes(),
+        );
+        assert_eq!(router.failed_rank(), None);
+        // Split over two pieces, as mpirun may forward it; shown without the token.
         routed(&router, b"[1,1]<stderr>:tessera rank-env: ");
         assert_eq!(router.failed_rank(), None);
         let rest = &RANK_FAILED_LINE["tessera rank-env: ".len()..];
         let out = routed(
             &router,
-            format!("[1,1]<stderr>:{rest} (exit code 3)\n").as_bytes(),
+            format!("[1,1]<stderr>:{rest} (exit code 3) [T0KEN]\n").as_bytes(),
         );
         assert_eq!(
             out,
@@ -315,5 +378,23 @@ mod tests {
         );
         routed(&router, b"  Process name: [[5,1],0]\n");
         assert_eq!(router.failed_rank(), Some(1), "the first report wins");
+    }
+
+    #[test]
+    fn unended_last_lines_of_every_rank_are_written_at_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        // mpirun joins the two ranks' unended pieces into one line of its own.
+        assert!(
+            routed(&router, b"[1,0]<stdout>:last of 0[1,1]<stdout>:last of 1\n")
+                .iter()
+                .all(|(log, _)| log == "w1"),
+        );
+        router.flush();
+        let w0 = std::fs::read_to_string(dir.path().join("w0")).unwrap();
+        assert!(w0.ends_with("last of 0\n"), "{w0:?}");
+        router.flush();
+        let again = std::fs::read_to_string(dir.path().join("w0")).unwrap();
+        assert_eq!(w0, again, "a flushed piece is written once");
     }
 }
