@@ -81,6 +81,15 @@ fn collective_flags_are_checked_before_anything_starts() {
     for (args, message) in cases {
         refused_with(&dir, args, message);
     }
+    // A host file mpirun could not read is refused before mpirun starts, naming its line.
+    let hosts = dir.0.join("hosts");
+    std::fs::write(&hosts, "node-1 slots=2\nnode-2 slots two\n").unwrap();
+    let hosts = crate::util::s(&hosts);
+    refused_with(
+        &dir,
+        &["--nproc", "2", "--hostfile", hosts],
+        "line 2: \"slots\" after host node-2 is not a KEY=NUMBER setting",
+    );
     // msrun's `--join` (true) is accepted: it is what the launcher always does.
     let out = launch(&dir, &["--nproc", "1", "--join", "--independent"]);
     assert!(

@@ -247,42 +247,57 @@ impl NodeStore {
 }
 
 /// The first entry of snapshot directory `dir` that no snapshot writes, if any. A snapshot
-/// holds the marker, JSON side files (strategies, the training state), `rank_<r>/` folders
-/// holding `checkpoint_<r>.safetensors`, and the temporary `.partial-*` files of writes cut
-/// short.
+/// holds the marker and side files (JSON, MindSpore strategy `.ckpt` files), `rank_<r>/`
+/// holding `checkpoint_<r>.safetensors`, [`STAGE_STRATEGY_DIR`](crate::STAGE_STRATEGY_DIR)
+/// holding `stage_<s>.ckpt`, and the temporary files of writes cut short (`.partial-*`,
+/// `.*.tmp`).
 fn foreign_entry(dir: &Path) -> Option<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return None;
-    };
+    let entries = std::fs::read_dir(dir).ok()?;
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        let ours = match name
+        let rank = name
             .strip_prefix("rank_")
-            .and_then(|r| r.parse::<usize>().ok())
-        {
-            Some(rank) if is_dir => match std::fs::read_dir(&path) {
-                Ok(files) => {
-                    let file = format!("checkpoint_{rank}.safetensors");
-                    let mut inner = files.flatten();
-                    match inner.find(|f| {
-                        let n = f.file_name().to_string_lossy().into_owned();
-                        n != file && !n.starts_with(".partial-")
-                    }) {
-                        Some(f) => return Some(f.path()),
-                        None => true,
-                    }
-                }
-                Err(_) => false,
-            },
-            _ => !is_dir && (name.ends_with(".json") || name.starts_with(".partial-")),
+            .and_then(|r| r.parse::<usize>().ok());
+        let inner = match (is_dir, rank) {
+            (true, Some(rank)) => {
+                let file = format!("checkpoint_{rank}.safetensors");
+                foreign_file(&path, |n| n == file)
+            }
+            (true, None) if name == crate::STAGE_STRATEGY_DIR => foreign_file(&path, |n| {
+                n.strip_prefix("stage_")
+                    .and_then(|n| n.strip_suffix(".ckpt"))
+                    .is_some_and(|s| s.parse::<usize>().is_ok())
+            }),
+            (true, None) => Some(path),
+            (false, _) if is_temp(&name) || name.ends_with(".json") || name.ends_with(".ckpt") => {
+                None
+            }
+            (false, _) => Some(path),
         };
-        if !ours {
-            return Some(path);
+        if inner.is_some() {
+            return inner;
         }
     }
     None
+}
+
+/// The first entry of directory `dir` that is not a plain file named as `ours` says (or a
+/// temporary file).
+fn foreign_file(dir: &Path, ours: impl Fn(&str) -> bool) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    entries.flatten().find_map(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let file = entry.file_type().is_ok_and(|t| t.is_file());
+        (!file || !(ours(&name) || is_temp(&name))).then(|| entry.path())
+    })
+}
+
+/// A temporary file of a write cut short: `.partial-*` (a rank file) or `.<name>.<id>.tmp`
+/// (the checkpoint writer's).
+fn is_temp(name: &str) -> bool {
+    name.starts_with(".partial-") || (name.starts_with('.') && name.ends_with(".tmp"))
 }
 
 #[cfg(test)]
@@ -394,8 +409,20 @@ mod tests {
             err.contains("notes") && err.contains("not removed"),
             "{err}"
         );
-        // A snapshot's own leftovers are cleared.
+        // A snapshot's own leftovers are cleared: every kind of file a snapshot writes.
         store.write_rank_file(7, 0, &rank_bytes("x")).unwrap();
+        let seven = store.step_dir(7);
+        std::fs::create_dir_all(seven.join(crate::STAGE_STRATEGY_DIR)).unwrap();
+        for name in [
+            "strategy.ckpt",
+            "strategy.json",
+            ".model.json.12-0.tmp",
+            "pipeline_stages/stage_1.ckpt",
+            "rank_0/.partial-12",
+        ] {
+            std::fs::write(seven.join(name), "x").unwrap();
+        }
+        assert_eq!(foreign_entry(&seven), None);
         store.clear_step(7).unwrap();
         assert!(!store.step_dir(7).exists());
     }

@@ -99,6 +99,9 @@ impl CollectiveRequest {
             self.hostfile.is_none() || nodes == 1,
             "--hostfile names the hosts of one mpirun; it cannot be combined with --local_worker_num below --worker_num (msrun's model)"
         );
+        if let Some(path) = &self.hostfile {
+            mpirun::check_hostfile(path)?;
+        }
         if self.restarts > MAX_RESTARTS {
             return Err(PlanError::Restarts(self.restarts).into());
         }

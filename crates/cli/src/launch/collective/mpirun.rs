@@ -120,6 +120,51 @@ fn is_executable(path: &Path) -> bool {
         .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// The most bytes of a `--hostfile` read.
+const MAX_HOSTFILE_BYTES: u64 = 1 << 20;
+
+/// Checks a `--hostfile` before `mpirun` is started with it (so that a bad one is said once,
+/// naming the file and line, rather than by `mpirun` at every restart): readable, at least one
+/// host, and every line `HOST [KEY=NUMBER]…` (OpenMPI's `slots=4 max_slots=8`), with `#`
+/// starting a comment.
+pub fn check_hostfile(path: &Path) -> anyhow::Result<()> {
+    let text = layout::limits::read_text_bounded(path, MAX_HOSTFILE_BYTES)
+        .map_err(|e| anyhow::anyhow!("--hostfile {}: {e}", path.display()))?;
+    let mut hosts = 0;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default();
+        let mut words = line.split_whitespace();
+        let Some(host) = words.next() else {
+            continue;
+        };
+        let at = || format!("--hostfile {} line {}", path.display(), i + 1);
+        anyhow::ensure!(
+            host.chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-_:@[]".contains(c)),
+            "{}: {host:?} is not a host name (letters, digits and . - _ : @ [ ] only)",
+            at()
+        );
+        for word in words {
+            let number = word
+                .split_once('=')
+                .filter(|(key, _)| !key.is_empty())
+                .and_then(|(_, value)| value.parse::<u64>().ok());
+            anyhow::ensure!(
+                number.is_some(),
+                "{}: {word:?} after host {host} is not a KEY=NUMBER setting (slots=4)",
+                at()
+            );
+        }
+        hosts += 1;
+    }
+    anyhow::ensure!(
+        hosts > 0,
+        "--hostfile {} names no host (one per line: HOST [slots=N])",
+        path.display()
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +220,35 @@ mod tests {
         assert_eq!(
             joined_hostfile(3, 2),
             "localhost slots=2\ntessera-node-1 slots=2\ntessera-node-2 slots=2\n"
+        );
+    }
+
+    #[test]
+    fn a_hostfile_is_checked_line_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |text: &str| {
+            let path = dir.path().join("hosts");
+            std::fs::write(&path, text).unwrap();
+            check_hostfile(&path).map_err(|e| e.to_string())
+        };
+        file("# the cluster\nnode-1 slots=4 max_slots=8\n\n10.0.0.2 slots=2 # second\n").unwrap();
+        let err = file("node-1 slots=4\nnode 2 slots=4\n").unwrap_err();
+        assert!(err.contains("line 2") && err.contains("\"2\""), "{err}");
+        let err = file("node-1 slots=four\n").unwrap_err();
+        assert!(
+            err.contains("line 1") && err.contains("slots=four"),
+            "{err}"
+        );
+        let err = file("n$1\n").unwrap_err();
+        assert!(err.contains("not a host name"), "{err}");
+        let err = file("# nothing\n\n").unwrap_err();
+        assert!(err.contains("names no host"), "{err}");
+        let err = check_hostfile(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--hostfile") && err.contains("missing"),
+            "{err}"
         );
     }
 }
