@@ -50,6 +50,12 @@ pub struct NodePlacement {
     pub outputs: Vec<DistLayout>,
     /// Layouts the outputs must be brought to right after the op (a user `out_strategy`).
     pub out_layouts: Option<Vec<TensorLayout>>,
+    /// The node reads its inputs as they are produced, pending sums included ([`inputs`] is
+    /// then what they resolve to): an accumulation of gradient contributions that all await
+    /// the same sum adds them first and leaves one sum for after it, not one per contribution.
+    ///
+    /// [`inputs`]: NodePlacement::inputs
+    pub pending_inputs: bool,
 }
 
 impl NodePlacement {
@@ -298,6 +304,7 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                     inputs,
                     outputs,
                     out_layouts: None,
+                    pending_inputs: false,
                 }
             }
             NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
@@ -313,11 +320,18 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                     None => value_layout(&placed, *value),
                 };
                 let inputs = vec![home.clone(); node.inputs.len()];
-                let outputs = if inputs.is_empty() {
+                // Contributions that all await the same sum are added first; the sum waits
+                // for the accumulated gradient's reader (deterministic mode sums each
+                // contribution in its canonical order, as one device does, before adding).
+                let pending = match config.deterministic {
+                    true => None,
+                    false => common_pending_sum(&placed, &node.inputs),
+                };
+                let outputs = match &pending {
+                    Some(delivered) => vec![delivered.clone()],
                     // A seed: the constant in the layout of the value it is the gradient of.
-                    vec![home.into()]
-                } else {
-                    infer::output_layouts(&ctx, &inputs, &stage)?
+                    None if inputs.is_empty() => vec![home.into()],
+                    None => infer::output_layouts(&ctx, &inputs, &stage)?,
                 };
                 NodePlacement {
                     strategy: None,
@@ -325,6 +339,7 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
                     inputs,
                     outputs,
                     out_layouts: None,
+                    pending_inputs: pending.is_some(),
                 }
             }
         };
@@ -575,6 +590,7 @@ fn place_forward(
             inputs: Vec::new(),
             outputs,
             out_layouts: None,
+            pending_inputs: false,
         });
     }
     let user = match config.mode {
@@ -625,7 +641,41 @@ fn place_forward(
         inputs,
         outputs,
         out_layouts,
+        pending_inputs: false,
     })
+}
+
+/// The layout `values` are all produced in when each awaits a sum, the same sum over the same
+/// groups of ranks, every rank holding the same box of each: adding them as they are and
+/// summing the total once (into whatever layout its reader needs) gives the sum of their sums.
+/// `None` otherwise.
+fn common_pending_sum(placed: &PlacedGraph, values: &[ValueId]) -> Option<DistLayout> {
+    let first = placed.produced(*values.first()?);
+    let groups = rank_groups(&first);
+    let all = values.iter().all(|&v| {
+        let d = placed.produced(v);
+        d.is_partial()
+            && d.pending_op() == reshard::PendingOp::Sum
+            && d.layout().same_placement(first.layout())
+            && rank_groups(&d) == groups
+    });
+    all.then_some(first)
+}
+
+/// The groups of ranks whose values a pending sum adds up, each sorted, in sorted order.
+fn rank_groups(d: &DistLayout) -> Vec<Vec<usize>> {
+    let mesh = d.layout().mesh();
+    let mut groups: Vec<Vec<usize>> = d
+        .partial_slot_groups()
+        .into_iter()
+        .map(|slots| {
+            let mut ranks: Vec<usize> = slots.into_iter().map(|s| mesh.rank_of_slot(s)).collect();
+            ranks.sort_unstable();
+            ranks
+        })
+        .collect();
+    groups.sort();
+    groups
 }
 
 /// An Embedding's input layouts with its table (input 0) cut into blocks of `rows` rows.

@@ -289,6 +289,16 @@ impl Lowering<'_> {
         Ok(to)
     }
 
+    /// The buffer `value` was produced in, pending sums included (for a node that reads its
+    /// inputs as produced: [`crate::NodePlacement::pending_inputs`]).
+    fn as_produced(&self, value: ValueId) -> usize {
+        *self
+            .versions
+            .get(&value)
+            .and_then(|v| v.first())
+            .expect("a value is produced before it is used")
+    }
+
     /// Appends a reshard of `value` from buffer `from` into a new buffer laid out as `need`
     /// (named with `suffix` after the layout), and returns that buffer; consumers find it by
     /// its layout only once the caller registers it.
@@ -431,7 +441,9 @@ pub fn lower(placed: &PlacedGraph, request: &LowerRequest) -> Result<Program, Pa
                     need.layout().describe_map()
                 )
             };
-            let b = if backward && lw.backward.rematerialised(v) {
+            let b = if place.pending_inputs {
+                lw.as_produced(v)
+            } else if backward && lw.backward.rematerialised(v) {
                 lw.need_backward(v, need, false, reason)?
             } else {
                 lw.need(v, need, reason)?

@@ -698,6 +698,48 @@ fn generate_continues_a_prompt_from_a_checkpoint_of_any_strategy() {
     assert!(err.to_string().contains("--prompt"), "{err}");
 }
 
+/// The tied table's two gradient contributions (the embedding's and the LM head's) await the
+/// same sum over the data-parallel ranks: they are added first and summed once, one all-reduce
+/// of the table a step instead of two (the training equivalence tests check the numbers).
+/// Deterministic mode sums each in its canonical order first, as one device adds them.
+#[test]
+fn a_tied_tables_gradient_is_summed_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = "data_parallel = 2\nmodel_parallel = 2";
+    let table_sums = |overrides: &[String]| -> Vec<String> {
+        let config = config_with(tmp.path(), "momentum", "", &semi(4, keys), overrides);
+        let session = Session::new(&config).unwrap();
+        session
+            .train
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                parallel::Step::Reshard(r)
+                    if r.reason.contains("embedding.embedding_table")
+                        && !r.reason.contains("position_embedding") =>
+                {
+                    Some(r.reason.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let ordinary = table_sums(&[]);
+    assert_eq!(ordinary.len(), 1, "{ordinary:#?}");
+    assert!(
+        ordinary[0].contains("the gradient of embedding.embedding_table must be laid out like"),
+        "{ordinary:#?}"
+    );
+    let deterministic = table_sums(&["train.deterministic=true".to_string()]);
+    assert_eq!(deterministic.len(), 2, "{deterministic:#?}");
+    assert!(
+        deterministic
+            .iter()
+            .all(|r| r.contains("embedding.embedding_table.grad_sum1 needs input")),
+        "{deterministic:#?}"
+    );
+}
+
 #[test]
 fn vocabulary_parallel_never_moves_the_logits() {
     let tmp = tempfile::tempdir().unwrap();

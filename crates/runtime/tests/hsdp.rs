@@ -443,7 +443,8 @@ fn hsdp_explain_shows_shards_and_collectives() {
     );
     gathered_before_use(&level1, "level1");
     // Level 2: a gradient is reduce-scattered into its shard; the tied table's two
-    // contributions (embedding and LM head) each are, and are summed as pieces.
+    // contributions (embedding and LM head), both pending the same sum, are added first and
+    // reduce-scattered once.
     let level2 = explain("level2", 0);
     let to_shard = level2
         .lines()
@@ -452,14 +453,24 @@ fn hsdp_explain_shows_shards_and_collectives() {
         })
         .unwrap_or_else(|| panic!("a gradient to its shard:\n{level2}"));
     assert!(to_shard.contains("reduce-scatter"), "{to_shard}");
-    let table_pieces = level2
+    assert!(
+        !level2.contains("embedding.embedding_table.grad_sum1 needs input"),
+        "{level2}"
+    );
+    assert!(
+        level2.contains(
+            "embedding.embedding_table.grad_sum1 (Add) [gradient] on d0=4: -> (None, None) pending sum over"
+        ),
+        "{level2}"
+    );
+    let table = level2
         .lines()
         .filter(|l| {
-            l.contains("embedding.embedding_table.grad_sum1 needs input")
-                && l.contains("reduce-scatter")
+            l.contains("the gradient of embedding.embedding_table goes to its optimizer shard")
         })
-        .count();
-    assert_eq!(table_pieces, 2, "{level2}");
+        .collect::<Vec<_>>();
+    assert_eq!(table.len(), 1, "{level2}");
+    assert!(table[0].contains("reduce-scatter"), "{}", table[0]);
     let all_reduces: Vec<&str> = level2
         .lines()
         .filter(|l| l.contains("all-reduce") && !l.contains("-> reshard loss:"))

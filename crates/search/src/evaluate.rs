@@ -168,10 +168,14 @@ pub fn evaluate(
                 if !*trainable {
                     continue;
                 }
-                if first_use {
-                    memory.gradients += local;
-                    memory.optimizer += local * settings.optimizer_states as f64;
+                if !first_use {
+                    // The contributions of every use await the same sum when the uses split the
+                    // parameter alike: they are added, then summed once (`parallel::assign`),
+                    // costed here at the first use as its memory is.
+                    continue;
                 }
+                memory.gradients += local;
+                memory.optimizer += local * settings.optimizer_states as f64;
                 // FIXME: the lowering sums a gradient only over the ranks that computed distinct
                 // parts of it (`devices_used / split`); ranks that repeat an op's work hold the
                 // same gradient. Costing that moves the searches' choices (auto-pipeline, the
