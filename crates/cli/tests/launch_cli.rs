@@ -807,6 +807,30 @@ fn rank_env_maps_an_mpi_launchers_rank_to_the_contract() {
         "{}",
         stderr(&out)
     );
+    // What the command left running (here a process ignoring SIGTERM) ends with the rank.
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("left");
+    let script = format!(
+        "sh -c 'trap \"\" TERM; echo $$ > {}; exec sleep 100' >/dev/null 2>&1 & while [ ! -s {} ]; do sleep 0.05; done; exit 0",
+        pid_file.display(),
+        pid_file.display()
+    );
+    let out = tessera_command()
+        .args(["rank-env", "--", "sh", "-c", &script])
+        .env("PMI_RANK", "0")
+        .env("PMI_SIZE", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let left: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{left}")).exists(),
+        "process {left}, left by the command, outlived rank-env"
+    );
     // A command ended by a signal ends rank-env by the same signal.
     let out = tessera_command()
         .args(["rank-env", "--", "sh", "-c", "kill -TERM $$"])

@@ -182,6 +182,15 @@ fn mirror(from: &Path, to: &Path) {
     }
 }
 
+/// `entries` with the set marker last: a retire cut short (the process killed) keeps the marker
+/// while any entry of the old set is left, so the writer that recovers it still knows them as
+/// the set's (without it, a leftover `rank_<N>` would count as foreign and be moved into the new
+/// set's directory).
+fn marker_last(mut entries: Vec<std::fs::DirEntry>) -> Vec<std::fs::DirEntry> {
+    entries.sort_by_key(|e| e.file_name() == SET_MARKER);
+    entries
+}
+
 /// Retires the old directory `old` that `dest` replaced: the old set's entries are removed;
 /// entries that belong to no set were linked into `dest` before the switch, and what was not
 /// (or appeared since) is moved there now; then `old` is removed. If a foreign entry can be
@@ -194,7 +203,7 @@ pub(crate) fn retire(
 ) -> Result<()> {
     let owned = owned_names(old, new_entries);
     let mut kept = Vec::new();
-    for entry in list(old)? {
+    for entry in marker_last(list(old)?) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
         if is_set_entry(&name, &owned) {
@@ -218,4 +227,30 @@ pub(crate) fn retire(
         kept: old.to_path_buf(),
         entries: kept,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_old_sets_marker_is_retired_last() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["rank_0", "rank_5", "zz"] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        for name in [SET_MARKER, "a.json", STAGING_SENTINEL] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        let names: Vec<String> = marker_last(list(dir.path()).unwrap())
+            .iter()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 6);
+        assert_eq!(
+            names.last().map(String::as_str),
+            Some(SET_MARKER),
+            "{names:?}"
+        );
+    }
 }
