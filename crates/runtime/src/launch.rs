@@ -94,8 +94,8 @@ impl TrainReport {
     }
 }
 
-/// The callbacks of `rank`: the loss monitor and the metrics log on rank 0, local norms on
-/// every rank when asked for. Returns them and whether they need the parameter shards.
+/// The callbacks of `rank`: the loss monitor (printing or not) and the metrics log on rank 0,
+/// local norms on every rank when asked for. Returns them and whether they need the parameter shards.
 fn callbacks_for(
     session: &TrainSession,
     options: &LaunchOptions,
@@ -105,9 +105,13 @@ fn callbacks_for(
     let mut list = CallbackList::new();
     let mut want_shards = false;
     if rank == 0 {
-        if options.print_loss {
-            list.push(Box::new(LossMonitor::stdout(cfg.per_print_times)));
-        }
+        // Printed or not, a NaN or infinite loss stops the run (MindSpore's `LossMonitor`
+        // rule), in every front end: a run that diverged never ends as a success.
+        let monitor = match options.print_loss {
+            true => LossMonitor::stdout(cfg.per_print_times),
+            false => LossMonitor::new(Box::new(std::io::sink()), 0),
+        };
+        list.push(Box::new(monitor));
         if let Some(path) = &options.metrics_log {
             list.push(Box::new(MetricsLog::create(path)?));
         }

@@ -272,6 +272,39 @@ fn resuming_under_another_strategy_continues_the_run() {
     assert_same_run("resumed run", &(losses, second_params), &whole);
 }
 
+/// A run that diverges (a huge learning rate makes the loss NaN) stops with the invalid loss,
+/// printed or not: without the printing monitor it used to end as a success.
+#[test]
+fn a_diverging_run_stops_on_its_invalid_loss_printed_or_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    for print_loss in [false, true] {
+        let cfg = config(
+            &tmp.path().join(format!("diverge-{print_loss}")),
+            "momentum",
+            "devices = 2\nmode = \"data_parallel\"",
+            &["train.learning_rate=1e30", "train.max_steps=20"],
+        );
+        let session = Session::new(&cfg).unwrap();
+        let options = LaunchOptions {
+            print_loss,
+            ..LaunchOptions::default()
+        };
+        let err = runtime::train_local(&session, &options).unwrap_err();
+        assert!(
+            matches!(root(&err), runtime::RuntimeError::InvalidLoss { .. }),
+            "print_loss = {print_loss}: {err}"
+        );
+    }
+}
+
+/// The error under a rank's wrapper.
+fn root(err: &runtime::RuntimeError) -> &runtime::RuntimeError {
+    match err {
+        runtime::RuntimeError::Rank { source, .. } => root(source),
+        other => other,
+    }
+}
+
 /// A checkpoint of a 2-stage pipeline run (each rank saved only its stage's parameters)
 /// resumes without a pipeline, and a data-parallel checkpoint resumes under 2 stages: the
 /// losses continue one device's run.

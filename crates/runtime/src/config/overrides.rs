@@ -28,7 +28,7 @@ pub(super) fn apply_override(root: &mut Table, text: &str) -> Result<Vec<String>
             one_of(SECTIONS)
         )));
     }
-    let value = parse_value(raw.trim());
+    let value = parse_value(raw.trim()).map_err(bad)?;
     let (leaf, parents) = path.split_last().unwrap_or((&path[0], &[]));
     let mut table = root;
     for (depth, part) in parents.iter().enumerate() {
@@ -84,13 +84,20 @@ pub(super) fn display_key(path: &[String]) -> String {
         .join(".")
 }
 
-/// The value text as TOML (`7`, `false`, `[[2, 4]]`, `"x"`), or else the text as a string.
-fn parse_value(raw: &str) -> Value {
+/// The value text as TOML (`7`, `false`, `[[2, 4]]`, `"x"`), or else the text as a string. Text
+/// that starts as a TOML string, array or table does (`"…`, `'…`, `[…`, `{…`) must be one: taken
+/// as a plain string, its quotes and brackets would become part of the value (a quoted path
+/// with a bad escape would name a directory whose name holds the quotes).
+fn parse_value(raw: &str) -> Result<Value, String> {
     match format!("v = {raw}").parse::<Table>() {
-        Ok(mut parsed) if parsed.len() == 1 => parsed
-            .remove("v")
-            .unwrap_or_else(|| Value::String(raw.to_string())),
-        _ => Value::String(raw.to_string()),
+        Ok(mut parsed) if parsed.len() == 1 => {
+            Ok(parsed.remove("v").unwrap_or_else(|| Value::String(raw.to_string())))
+        }
+        Err(e) if raw.starts_with(['"', '\'', '[', '{']) => Err(format!(
+            "`{raw}` starts as a TOML value but is not one ({}); write a valid TOML value, or a plain string without quotes",
+            e.message().trim()
+        )),
+        _ => Ok(Value::String(raw.to_string())),
     }
 }
 
@@ -158,6 +165,31 @@ mod tests {
         assert_eq!(root["output"]["dir"], Value::String("quoted dir".into()));
         let strategy = read_strategy("k", root["parallel"]["shard"]["matmul1"].clone()).unwrap();
         assert_eq!(strategy, vec![vec![2, 4], vec![4, 1]]);
+    }
+
+    /// A value that starts as a TOML string, array or table but is not one is refused, naming
+    /// the override: it used to be taken with its quotes as a plain string (a quoted path with a
+    /// bad escape became a relative directory named with the quotes).
+    #[test]
+    fn a_broken_toml_value_is_refused_not_taken_as_text() {
+        for text in [
+            r#"output.dir="/tmp/a\q""#,
+            r#"output.dir="unclosed"#,
+            "output.dir='x",
+            "parallel.shard.matmul1=[[2,4],[4,1]",
+            "parallel.shard={ a = 1",
+        ] {
+            let err = apply_override(&mut Table::new(), text)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(text) && err.contains("starts as a TOML value but is not one"),
+                "{text}: {err}"
+            );
+        }
+        let mut root = Table::new();
+        apply_override(&mut root, r#"output.dir=/tmp/a\q"#).unwrap();
+        assert_eq!(root["output"]["dir"], Value::String(r"/tmp/a\q".into()));
     }
 
     fn parts(key: &str) -> Vec<String> {

@@ -551,13 +551,29 @@ impl RoleEnv {
                 EnvError::new(var, format!("must be set for {ROLE}={}", role.name()))
             })
         };
+        // A process's id: below the most processes a job may have (a larger one used to be
+        // cut to 32 bits, taking another process's id).
+        let id = |var: &'static str| -> Result<usize, EnvError> {
+            let id = needed(var)?;
+            match id < crate::config::MAX_PS_PROCESSES {
+                true => Ok(id),
+                false => Err(EnvError::new(
+                    var,
+                    format!(
+                        "{id} is not an id of a parameter-server job (at most {} processes of a role)",
+                        crate::config::MAX_PS_PROCESSES
+                    ),
+                )),
+            }
+        };
         let scheduler_addr = lookup(SCHEDULER_ADDR).ok_or_else(|| {
             EnvError::new(SCHEDULER_ADDR, "must be set (host:port of the scheduler)")
         })?;
-        if !scheduler_addr.contains(':') {
+        let port = scheduler_addr.rsplit_once(':').map(|(_, port)| port);
+        if port.is_none_or(|p| p.trim().parse::<u16>().is_err()) {
             return Err(EnvError::new(
                 SCHEDULER_ADDR,
-                format!("\"{scheduler_addr}\" is not host:port"),
+                format!("\"{scheduler_addr}\" is not host:port (a port is at most 65535)"),
             ));
         }
         let restart_count = number(RESTART_COUNT)?.unwrap_or(0);
@@ -566,11 +582,11 @@ impl RoleEnv {
             rank: number(RANK)?.unwrap_or(0),
             world_size: number(WORLD_SIZE)?.unwrap_or(0),
             server_id: match role {
-                Role::Server => needed(SERVER_ID)?,
+                Role::Server => id(SERVER_ID)?,
                 _ => 0,
             },
             worker_id: match role {
-                Role::Worker => needed(WORKER_ID)?,
+                Role::Worker => id(WORKER_ID)?,
                 _ => 0,
             },
             num_servers: number(NUM_SERVERS)?,

@@ -235,6 +235,19 @@ fn errors_name_the_variable() {
             SERVER_JOIN,
         ),
         (vec![(ROLE, "scheduler"), addr], JOB_SECRET),
+        // A port above 65535, and ids no job can have (2^32 used to be cut to worker 0).
+        (
+            vec![(ROLE, "scheduler"), (SCHEDULER_ADDR, "h:99999"), secret],
+            SCHEDULER_ADDR,
+        ),
+        (
+            vec![(ROLE, "worker"), addr, (WORKER_ID, "4294967296"), secret],
+            WORKER_ID,
+        ),
+        (
+            vec![(ROLE, "server"), addr, (SERVER_ID, "4294967298"), secret],
+            SERVER_ID,
+        ),
     ] {
         let err = read(&vars).unwrap_err();
         assert_eq!(err.var, var, "{err}");
