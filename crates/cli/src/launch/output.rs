@@ -16,6 +16,16 @@ use std::thread::JoinHandle;
 /// this length, so one process cannot make the launcher hold unbounded memory.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// How every attempt of a process starts its log's part: `--- tessera launch: worker 1 (rank
+/// 1), restart count 0 ---` ([`attempt_header`]).
+pub const ATTEMPT_HEADER: &str = "--- tessera launch: ";
+
+/// The line starting an attempt's part of a log: `--- tessera launch: {who} (rank {rank}),
+/// restart count {restarts} ---`.
+pub fn attempt_header(who: &str, rank: usize, restarts: u32) -> String {
+    format!("{ATTEMPT_HEADER}{who} (rank {rank}), restart count {restarts} ---\n")
+}
+
 /// How much of the end of a log file [`tail`] reads.
 const TAIL_BYTES: u64 = 64 * 1024;
 
@@ -152,7 +162,9 @@ fn next_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> bool {
     }
 }
 
-/// The last `lines` lines of the file at `path` (from its last 64 KiB), lossily decoded.
+/// The last `lines` lines of the file at `path` (from its last 64 KiB), lossily decoded, none
+/// before the last [`ATTEMPT_HEADER`] line: the log is appended to, and what an earlier job or
+/// attempt wrote is not this one's.
 pub fn tail(path: &Path, lines: usize) -> io::Result<Vec<String>> {
     let mut file = File::open(path)?;
     let len = file.metadata()?.len();
@@ -165,6 +177,9 @@ pub fn tail(path: &Path, lines: usize) -> io::Result<Vec<String>> {
     if start > 0 && !all.is_empty() {
         // The first line read is probably cut.
         all.remove(0);
+    }
+    if let Some(header) = all.iter().rposition(|l| l.starts_with(ATTEMPT_HEADER)) {
+        all.drain(..header);
     }
     let from = all.len().saturating_sub(lines);
     Ok(all[from..].iter().map(|l| l.to_string()).collect())
@@ -200,5 +215,29 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[0].len(), MAX_LINE_BYTES + 1);
         assert_eq!(lines[2], b"xxx\n");
+    }
+
+    /// The log is appended to: the tail shows this attempt's lines only, from its header, never
+    /// an earlier job's error as this one's.
+    #[test]
+    fn the_tail_starts_at_the_last_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker_0.log");
+        let text = format!(
+            "{}error: an earlier job's\n{}step 1\nerror: this one's\n",
+            attempt_header("worker 0", 0, 0),
+            attempt_header("worker 0", 0, 0)
+        );
+        std::fs::write(&path, text).unwrap();
+        let lines = tail(&path, 20).unwrap();
+        assert_eq!(
+            lines,
+            [
+                "--- tessera launch: worker 0 (rank 0), restart count 0 ---",
+                "step 1",
+                "error: this one's"
+            ]
+        );
+        assert_eq!(tail(&path, 1).unwrap(), ["error: this one's"]);
     }
 }

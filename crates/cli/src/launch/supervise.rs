@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use runtime::launch_env::{Role, LAUNCHER_VARS};
 
 use super::child::{self, Event, Running, StartRequest};
-use super::output::{LogFile, Prefixed};
+use super::output::{self, LogFile, Prefixed};
 use super::plan::{JobPlan, ProcessSpec};
 
 /// How long to wait for processes to be reaped after SIGKILL before giving up on them.
@@ -264,11 +264,8 @@ fn start(
         .filter(|name| !set.iter().any(|(k, _)| k == name))
         .collect();
     slot.log.write_line(
-        format!(
-            "--- tessera launch: {} (rank {}), restart count {} ---\n",
-            slot.spec, slot.spec.rank, slot.restarts_used
-        )
-        .as_bytes(),
+        output::attempt_header(&slot.spec.to_string(), slot.spec.rank, slot.restarts_used)
+            .as_bytes(),
     );
     let request = StartRequest {
         command: &plan.command,

@@ -319,8 +319,7 @@ fn supervise_job(
         router.reset();
         for (rank, log) in router.rank_logs().enumerate() {
             log.write_line(
-                format!("--- tessera launch: worker {rank} (rank {rank}), restart count {attempt} ---\n")
-                    .as_bytes(),
+                output::attempt_header(&format!("worker {rank}"), rank, attempt).as_bytes(),
             );
         }
         let mut set = vec![
