@@ -89,6 +89,31 @@ fn merge_stages_in_stage_order() {
     let emb = s.param("shared.emb").unwrap();
     assert_eq!(emb.placements.len(), 2);
     assert_eq!(emb.placements[1].layout.mesh().rank_list(), &[4, 5, 6, 7]);
+    // Another rank's copy of a stage (other bytes, the same strategies) is skipped; a file
+    // claiming a merged stage with other layouts is refused, naming both files.
+    let mut copy = stage_file(0);
+    copy.current_stage = 7;
+    copy.layout_items.reverse();
+    std::fs::write(stages.join("e_rank1_stage0.ckpt"), copy.encode()).unwrap();
+    let report =
+        ckpt::merge_pipeline_strategies(&stages, &dir.path().join("m1.ckpt"), false).unwrap();
+    assert_eq!(report.merged.len(), 2);
+    assert_eq!(report.skipped.len(), 2, "{:?}", report.skipped);
+    let mut other = stage_file(0);
+    other.layout_items[0].layout = layout(&[2, 2], &[-1, -1]);
+    std::fs::write(stages.join("f_other_stage0.ckpt"), other.encode()).unwrap();
+    let conflicted = dir.path().join("m_conflict.ckpt");
+    let err = ckpt::merge_pipeline_strategies(&stages, &conflicted, false).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("f_other_stage0.ckpt")
+            && text.contains("b_stage0.ckpt")
+            && text.contains("pipeline stage 0"),
+        "{text}"
+    );
+    assert!(!conflicted.exists());
+    std::fs::remove_file(stages.join("e_rank1_stage0.ckpt")).unwrap();
+    std::fs::remove_file(stages.join("f_other_stage0.ckpt")).unwrap();
     // Mixing protobuf and JSON inputs is refused.
     std::fs::write(stages.join("d.json"), b"{}").unwrap();
     let err =

@@ -17,7 +17,8 @@ pub struct MergeStagesReport {
     pub path: PathBuf,
     /// Each input used and its stage, in merge order.
     pub merged: Vec<(PathBuf, u32)>,
-    /// Inputs skipped (a stage already merged, or bytes identical to a merged file), with why.
+    /// Inputs skipped (another copy of a stage already merged: the same bytes, or the same
+    /// strategies), with why. A file contradicting a merged stage is an error.
     pub skipped: Vec<(PathBuf, String)>,
 }
 
@@ -84,6 +85,9 @@ pub fn merge_pipeline_strategies(
     };
     let mut report = MergeStagesReport::default();
     let mut seen_bytes: Vec<Vec<u8>> = Vec::new();
+    // Each merged stage's file and its strategies, to tell another rank's copy of a stage
+    // (the same strategies, kept once) from a file that contradicts it.
+    let mut merged_stages: Vec<(u32, PathBuf, MsStrategyFile)> = Vec::new();
     for (path, bytes, file, stage) in parsed {
         if seen_bytes.contains(&bytes) {
             report
@@ -91,13 +95,26 @@ pub fn merge_pipeline_strategies(
                 .push((path, "identical to a file already merged".to_string()));
             continue;
         }
-        if report.merged.iter().any(|(_, s)| *s == stage) {
-            report
-                .skipped
-                .push((path, format!("stage {stage} was already merged")));
+        if let Some((_, first, kept)) = merged_stages.iter().find(|(s, _, _)| *s == stage) {
+            if !same_items(&kept.strategy_items, &file.strategy_items)
+                || !same_items(&kept.layout_items, &file.layout_items)
+            {
+                return Err(CkptError::InvalidStrategy {
+                    path,
+                    reason: format!(
+                        "it holds pipeline stage {stage}, as {} does, with other strategies or layouts: a stage has one strategy (give one file per stage, or copies of the same)",
+                        first.display()
+                    ),
+                });
+            }
+            report.skipped.push((
+                path,
+                format!("stage {stage} was already merged, with the same strategies"),
+            ));
             continue;
         }
         seen_bytes.push(bytes);
+        merged_stages.push((stage, path.clone(), file.clone()));
         out.strategy_items.extend(file.strategy_items);
         out.layout_items
             .extend(file.layout_items.into_iter().map(|mut item| {
@@ -126,4 +143,9 @@ pub fn merge_pipeline_strategies(
     };
     report.path = write_file(dst, &bytes, force)?;
     Ok(report)
+}
+
+/// Whether `a` and `b` hold the same items, in any order.
+fn same_items<T: PartialEq>(a: &[T], b: &[T]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
 }
