@@ -60,6 +60,17 @@ impl JobSettings {
             env.num_workers,
             2,
         )?;
+        // Each step splits the global batch's rows among the live workers: a worker beyond the
+        // rows would never get one (it used to run 0 steps, counted as a worker of the job).
+        let batch = config.data().batch_size;
+        if workers > batch {
+            return Err(PsError::Config {
+                key: "ps.workers".to_string(),
+                reason: format!(
+                    "{workers} workers for a global batch of {batch} rows (data.batch_size): a step gives each worker its own rows, so workers {batch}.. would never train; use at most {batch} workers or a larger batch"
+                ),
+            });
+        }
         let role_id = match env.role {
             Role::Server => Some((launch_env::SERVER_ID, env.server_id, servers)),
             _ => None,

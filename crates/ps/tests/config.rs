@@ -169,6 +169,20 @@ fn counts_of_config_and_environment_must_agree() {
         err.contains("ps.workers") && err.contains("TESSERA_NUM_WORKERS=3"),
         "{err}"
     );
+    // More workers than the global batch has rows: some would never train.
+    let small = parse(
+        &ps_text(Path::new("/tmp/out"), "", "max_steps = 4")
+            .replace("batch_size = 32", "batch_size = 2"),
+    )
+    .unwrap();
+    let err = JobSettings::new(&small, &role("3"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ps.workers") && err.contains("3 workers for a global batch of 2 rows"),
+        "{err}"
+    );
+    assert!(JobSettings::new(&small, &role("2")).is_ok());
     let server = env(&[
         ("TESSERA_ROLE", "server"),
         ("TESSERA_SERVER_ID", "1"),

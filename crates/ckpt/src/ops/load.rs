@@ -121,10 +121,13 @@ pub fn load_rank_tensors(
     let (src, _) = sources.resolve_source(&strategy)?;
     let mut boxes: Vec<(&ResolvedParam, layout::SliceBox)> = Vec::with_capacity(targets.len());
     for (name, target) in targets {
-        let p = src.param(name).ok_or_else(|| CkptError::TensorMissing {
-            path: ckpt_dir.to_path_buf(),
+        let p = src.param(name).ok_or_else(|| CkptError::StrategyParam {
+            path: src_strategy.to_path_buf(),
             tensor: name.to_string(),
-            rule: "it was asked for but the source strategy does not list it".to_string(),
+            rule: format!(
+                "asked for, but the strategy of the checkpoint in {} lists no such parameter (it holds another model)",
+                ckpt_dir.display()
+            ),
         })?;
         if target.shape() != p.shape.as_slice() {
             return Err(CkptError::GlobalShape {
