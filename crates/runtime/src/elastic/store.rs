@@ -157,6 +157,16 @@ impl NodeStore {
         held
     }
 
+    /// [`NodeStore::inventory`]'s snapshots taken by a job of `world` ranks: a restarted job
+    /// has its predecessor's ranks, so a snapshot of another size is another job's (or a
+    /// damaged marker's) and cannot be resumed from.
+    pub fn inventory_for(&self, world: usize) -> Vec<Held> {
+        self.inventory()
+            .into_iter()
+            .filter(|h| h.world == world)
+            .collect()
+    }
+
     /// Removes the snapshots older than the newest [`KEEP`] complete ones (complete or not).
     pub fn prune(&self) -> Result<(), RuntimeError> {
         let complete = self.inventory();
@@ -451,6 +461,12 @@ mod tests {
         // A world of 1 counts only rank 0's file.
         marker(8, "1");
         assert_eq!(store.inventory()[0].ranks, [0]);
+        // A 2-rank job passes over the 1-rank snapshot, and a 3-rank job over every one.
+        let steps =
+            |world| -> Vec<u64> { store.inventory_for(world).iter().map(|h| h.step).collect() };
+        assert_eq!(steps(2), [4]);
+        assert_eq!(steps(1), [8]);
+        assert!(steps(3).is_empty());
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl TrainSession {
         let rank = world.rank();
         let view = RankView {
             node: store.id(),
-            held: store.inventory(),
+            held: store.inventory_for(world.size()),
         };
         let mine = serde_json::to_vec(&view).unwrap_or_default();
         let views: Vec<RankView> = gather_bytes(world, &mine, MAX_VIEW_BYTES)?
