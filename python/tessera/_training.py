@@ -3,7 +3,6 @@ functions returning data."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -12,13 +11,41 @@ from . import _checks, _tessera
 Config = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 
 
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+                 "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(text: str, key: str) -> str:
+    """``text`` as a TOML basic string: quotes, backslashes and control characters escaped,
+    every other character as it is (TOML text is UTF-8, so emoji and other characters beyond
+    U+FFFF are written whole; a lone surrogate, which UTF-8 cannot hold, is a ``ValueError``
+    naming ``key``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"config key {key!r}: the string holds a lone surrogate "
+                         f"({text[e.start]!r} at index {e.start}), which TOML (UTF-8) "
+                         "cannot hold") from None
+    out = []
+    for c in text:
+        if c in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[c])
+        elif c < " " or c == "\x7f":
+            out.append(f"\\u{ord(c):04X}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(value: Any, key: str) -> str:
+    """``value`` (a bool, number, string or list of them) as a TOML value; ``key`` names it
+    in errors."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return _toml_string(value, key)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v, key) for v in value) + "]"
     raise TypeError(f"config key {key!r}: a {type(value).__name__} cannot be written as TOML")
@@ -28,18 +55,21 @@ def _toml(config: Mapping[str, Any]) -> str:
     """A config dict (sections of keys; nested dicts are sub-tables) as TOML text."""
     lines: List[str] = []
 
-    def table(prefix: str, items: Mapping[str, Any]) -> None:
+    def table(header: str, dotted: str, items: Mapping[str, Any]) -> None:
+        """The keys of ``items`` under table ``header`` (TOML, quoted) named ``dotted``."""
         scalars = [(k, v) for k, v in items.items() if not isinstance(v, Mapping)]
         tables = [(k, v) for k, v in items.items() if isinstance(v, Mapping)]
-        if prefix and scalars:
-            lines.append(f"[{prefix}]")
+        if header and scalars:
+            lines.append(f"[{header}]")
         for k, v in scalars:
-            lines.append(f"{json.dumps(str(k))} = {_toml_value(v, f'{prefix}.{k}' if prefix else k)}")
+            key = f"{dotted}.{k}" if dotted else str(k)
+            lines.append(f"{_toml_string(str(k), key)} = {_toml_value(v, key)}")
         for k, v in tables:
-            name = json.dumps(str(k))
-            table(f"{prefix}.{name}" if prefix else name, v)
+            key = f"{dotted}.{k}" if dotted else str(k)
+            name = _toml_string(str(k), key)
+            table(f"{header}.{name}" if header else name, key, v)
 
-    table("", config)
+    table("", "", config)
     return "\n".join(lines) + "\n"
 
 

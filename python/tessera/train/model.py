@@ -62,7 +62,21 @@ def _engine_arrays(dataset):
                              "label must be numbers")
     data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
     label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
+    for name, column in zip(dataset.column_names, (data, label)):
+        _check_finite(name, column)
     return data, label
+
+
+def _check_finite(name, column):
+    """A float column (as the engine takes it, float32) holding NaN or infinity is a
+    ``ValueError`` naming the column and the first such sample: one would make the weights NaN
+    while the losses can look finite."""
+    if column.dtype.kind != "f" or column.size == 0 or np.isfinite(column).all():
+        return
+    bad = ~np.isfinite(column.reshape(len(column), -1)).all(axis=1)
+    sample = int(np.argmax(bad))
+    raise ValueError(f"column {name}: sample {sample} holds NaN or infinity (as float32); the "
+                     "network's input and label must be finite")
 
 
 def _anchors(trace):

@@ -10,7 +10,8 @@
 //! `section.key=value` sets one key before the file is checked; `section.sub.key` reaches a
 //! nested table (`parallel.shard.matmul1=[[2,4],[4,1]]`), creating it when absent. The value is
 //! parsed as a TOML value; when it is not valid TOML it is taken as a plain string
-//! (`data.dir=data/digits`). The first component must be a known section.
+//! (`data.dir=data/digits`), unless it starts as a TOML string, array or table (then it is an
+//! error). The first component must be a known section.
 //!
 //! # Paths
 //! Relative paths in the file (`data.dir`, `output.dir`, …) are relative to the directory the
