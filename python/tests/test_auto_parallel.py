@@ -288,3 +288,41 @@ def test_parameter_broadcast_and_shared_parameter_sync():
     sync_pipeline_shared_parameters(parallel_net)
     with pytest.raises(TypeError, match="must be a Cell"):
         sync_pipeline_shared_parameters("net")
+
+
+def test_the_param_strategy_file_target_is_checked_before_training(tmp_path):
+    parallel_net = AutoParallel(nn.WithLossCell(MLP(64), _loss()))
+    with pytest.raises(ValueError, match="save_param_strategy_file: .* is a directory"):
+        parallel_net.save_param_strategy_file(str(tmp_path))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="save_param_strategy_file: .* is not a directory"):
+        parallel_net.save_param_strategy_file(str(tmp_path / "file" / "sub" / "s.ckpt"))
+    target = tmp_path / "later" / "strategy.ckpt"
+
+    def setup(p):
+        p.save_param_strategy_file(str(target))  # its directory can be made
+        target.mkdir(parents=True)  # but then the path becomes a directory
+
+    with pytest.raises(ValueError, match="save_param_strategy_file: .* is a directory"):
+        _train(2, setup=setup)
+
+
+def test_a_strategy_file_that_cannot_be_written_changes_no_parameter(tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    def no_space(source, destination, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", destination)
+
+    target = tmp_path / "s.ckpt"
+    net = MLP(64)
+    monkeypatch.setattr(shutil, "copyfile", no_space)
+    with pytest.raises(tessera.CheckpointIOError, match="save_param_strategy_file") as err:
+        _train(2, net=net, setup=lambda p: p.save_param_strategy_file(str(target)))
+    assert err.value.file == str(target) and "No space left" in err.value.rule
+    assert os.listdir(tmp_path) == []  # no temporary file left
+    with pytest.raises(ValueError, match="no value yet"):
+        net.fc1.weight.asnumpy()  # the Parameters were not updated
+    monkeypatch.undo()
+    _train(2, net=net, setup=lambda p: p.save_param_strategy_file(str(target)))
+    assert target.read_bytes() and net.fc1.weight.asnumpy().shape == (32, 64)

@@ -2,6 +2,7 @@
 load_checkpoint of a set (issue 34)."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -204,3 +205,38 @@ def test_a_loaded_set_starts_a_new_networks_training(tmp_path):
     with pytest.raises(ValueError, match="fc2.bias"):
         load_checkpoint(str(tmp_path / "m-1_4"), net=MLP(), specify_prefix="fc1",
                         strict_load=True)
+
+
+def test_a_set_that_cannot_be_published_leaves_nothing_behind(tmp_path, monkeypatch):
+    from tessera.train import checkpoint
+
+    real_copy = checkpoint._copy_set
+
+    def out_of_space(source, staging, move):
+        # another filesystem, nearly full: the commit marker is copied, then the data fails
+        os.makedirs(staging)
+        shutil.copyfile(os.path.join(source, "tessera_set.json"),
+                        os.path.join(staging, "tessera_set.json"))
+        raise shutil.Error([(os.path.join(source, "strategy.json"),
+                             os.path.join(staging, "strategy.json"),
+                             "[Errno 28] No space left on device")])
+
+    monkeypatch.setattr(checkpoint, "_copy_set", out_of_space)
+    net = MLP()
+    with pytest.raises(tessera.CheckpointIOError, match="net-1_2") as err:
+        _model(net).train(1, _data(), callbacks=[ModelCheckpoint("net", str(tmp_path),
+                                                                 CheckpointConfig(2))])
+    assert err.value.file == str(tmp_path / "net-1_2")
+    assert "No space left on device" in err.value.rule
+    assert os.listdir(tmp_path) == []  # no half-copied set, no staging directory
+    with pytest.raises(ValueError, match="no value yet"):
+        net.fc1.weight.asnumpy()  # the failed train changed nothing
+    # copied (as across filesystems) rather than renamed, the sets are whole
+    monkeypatch.setattr(checkpoint, "_copy_set",
+                        lambda source, staging, move: real_copy(source, staging, False))
+    _model(net).train(1, _data(), callbacks=[ModelCheckpoint("net", str(tmp_path),
+                                                             CheckpointConfig(2))])
+    assert sorted(os.listdir(tmp_path)) == ["net-1_2", "net-1_4"]
+    final = _weights(load_checkpoint(str(tmp_path / "net-1_4")))
+    for name, p in net.parameters_and_names():
+        assert np.array_equal(final[name], p.asnumpy()), name

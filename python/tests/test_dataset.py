@@ -129,3 +129,15 @@ def test_shuffle_is_the_engines_seeded_shuffle():
         NumpySlicesDataset((X, Y)).batch(16).shuffle(10)
     with pytest.raises(ValueError, match="buffer_size must be an int > 1"):
         NumpySlicesDataset((X, Y)).shuffle(1)
+
+
+def test_non_finite_training_data_names_the_column_and_sample():
+    # NaN would make the weights NaN while the losses stay finite: refused before training
+    x = X.copy()
+    x[5, 3, 2] = np.nan
+    with pytest.raises(ValueError, match="column image: sample 5 holds NaN or infinity"):
+        _train(NumpySlicesDataset({"image": x, "label": Y}, shuffle=False), 1)
+    targets = np.zeros((48, 10), np.float64)
+    targets[7, 1] = 1e300  # finite in float64, infinite as the engine's float32
+    with pytest.raises(ValueError, match="column y: sample 7 holds NaN or infinity"):
+        _train(NumpySlicesDataset({"image": X, "y": targets}, shuffle=False), 1)

@@ -158,3 +158,33 @@ def test_a_frozen_parameter_in_the_optimizer_is_an_error():
                   nn.SGD(params, learning_rate=0.1))
     with pytest.raises(ValueError, match=r"Parameters \['fc2.bias'\] are frozen"):
         model.train(1, NumpySlicesDataset((X, Y)).batch(16))
+
+
+def test_value_errors_name_the_parameter():
+    with pytest.raises(ValueError, match="Parameter p: the values hold NaN or infinity"):
+        tessera.Parameter(np.array([1.0, np.nan], np.float32), name="p")
+    with pytest.raises(ValueError, match="Parameter p: values of dtype int64"):
+        tessera.Parameter(np.zeros(2, np.int64), name="p")
+    net = MLP()
+    with pytest.raises(ValueError, match="fc1.bias: the values hold NaN or infinity"):
+        tessera.load_param_into_net(net, {"fc1.bias": np.full(32, np.nan, np.float32)})
+    with pytest.raises(ValueError, match="fc1.bias: values of dtype int64"):
+        tessera.load_param_into_net(net, {"fc1.bias": np.zeros(32, np.int64)})
+
+
+def test_a_refused_dict_loads_nothing():
+    net = _net()
+    good = {"fc1.weight": np.full((32, 64), 7, np.float32)}
+    refused = [
+        ({**good, "fc2.weight": np.zeros((3, 3), np.float32)}, False, "fc2.weight has shape"),
+        ({**good, "fc2.bias": np.full(10, np.inf, np.float32)}, False, "fc2.bias"),
+        ({**good, "fc2.bias": np.zeros(10, np.int32)}, False, "fc2.bias"),
+        (good, True, "strict_load"),
+    ]
+    for parameters, strict, message in refused:
+        with pytest.raises(ValueError, match=message):
+            tessera.load_param_into_net(net, parameters, strict_load=strict)
+        for name, p in net.parameters_and_names():
+            assert np.array_equal(p.asnumpy(), GIVEN[name]), (message, name)
+    tessera.load_param_into_net(net, good)
+    assert np.array_equal(net.fc1.weight.asnumpy(), good["fc1.weight"])

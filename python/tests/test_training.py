@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 
@@ -94,3 +95,22 @@ def test_train_refuses_a_timeout_it_cannot_wait(tmp_path):
     for timeout in [0.0, -1.0, float("nan"), float("inf"), 1e300]:
         with pytest.raises(ValueError, match="timeout"):
             tessera.train(_config(tmp_path, 2), timeout=timeout)
+
+
+def test_strings_beyond_the_bmp_and_escapes_reach_the_config_as_written(tmp_path):
+    # An emoji (beyond U+FFFF), a quote and a backslash, in a config dict and as an override:
+    # the outputs land in exactly that directory.
+    odd = str(tmp_path / 'x_\U0001F600 "q" \\q')
+    config = _config(tmp_path, 1)
+    config["output"]["dir"] = odd
+    assert tessera.train(config)["output_dir"] == odd
+    assert os.listdir(odd)
+    other = odd + "_override"
+    assert tessera.train(_config(tmp_path, 1), overrides={"output.dir": other})["output_dir"] == other
+    assert os.listdir(other)
+    # A lone surrogate cannot be written as TOML (UTF-8): refused, naming the key.
+    config["output"]["dir"] = "/tmp/\udc80"
+    with pytest.raises(ValueError, match="output.dir.*lone surrogate"):
+        tessera.train(config)
+    with pytest.raises(ValueError, match="output.dir.*lone surrogate"):
+        tessera.train(_config(tmp_path, 1), overrides={"output.dir": "/tmp/\ud83d"})

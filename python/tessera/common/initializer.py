@@ -43,13 +43,13 @@ def _float32_values(owner, data):
 
 class Values(Initializer):
     """Given values (``initializer(array)``, ``Parameter(array)``): the parameter starts from
-    exactly them (float32)."""
+    exactly them (float32). ``owner`` names them in errors (``Parameter fc1.bias``)."""
 
     kind = "values"
 
-    def __init__(self, values):
+    def __init__(self, values, owner="initializer"):
         super().__init__(0.0)
-        self.values = _float32_values("initializer", values)
+        self.values = _float32_values(owner, values)
 
     def __repr__(self):
         return f"Values(shape={list(self.values.shape)})"

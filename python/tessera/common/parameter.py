@@ -40,7 +40,8 @@ class Parameter:
                 hasattr(default_input, "asnumpy"):
             if isinstance(default_input, numbers.Real):
                 default_input = np.float32(default_input)
-            self.init = Values(default_input)
+            self.init = Values(default_input,
+                               "Parameter" if name is None else f"Parameter {name}")
             self.shape = self.init.values.shape
         else:
             raise TypeError(f"Parameter: default_input must be initializer(...), a numpy array, "
@@ -61,7 +62,8 @@ class Parameter:
                              "(Parameter(array, requires_grad=False), load_param_into_net, or a "
                              f"Model.train before freezing it); {self.init} draws it only when "
                              "training starts, as a trainable parameter")
-        return Values(self._value)._add_to(builder, self.name, list(self.shape), trainable=False)
+        return Values(self._value, f"Parameter {self.name}")._add_to(
+            builder, self.name, list(self.shape), trainable=False)
 
     @classmethod
     def _holding(cls, value, name):
@@ -69,7 +71,7 @@ class Parameter:
         start a network from it, as ``Parameter(value)``."""
         p = cls.__new__(cls)
         p.name, p.requires_grad, p.shape = name, True, tuple(value.shape)
-        p.init = Values(value) if value.dtype.kind == "f" else None
+        p.init = Values(value, f"Parameter {name}") if value.dtype.kind == "f" else None
         p._value = np.array(value)
         return p
 

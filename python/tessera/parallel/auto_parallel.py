@@ -51,6 +51,25 @@ def _check_path(method, file_path):
     return os.path.abspath(file_path)
 
 
+def _check_file_target(method, path):
+    """``path`` (absolute) can be written as a file: it is no directory, and the nearest of its
+    ancestors that exists is a writable directory (the missing ones can be made); a
+    ``ValueError`` naming ``AutoParallel.method`` otherwise."""
+    if os.path.isdir(path):
+        raise ValueError(f"AutoParallel.{method}: {path} is a directory; file_path must name "
+                         "a file")
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"AutoParallel.{method}: the directory of {path} cannot be made: "
+                         f"{parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"AutoParallel.{method}: {parent} is not writable, so {path} cannot "
+                         "be written")
+    return path
+
+
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -237,9 +256,18 @@ class AutoParallel(Cell):
 
     def save_param_strategy_file(self, file_path):
         """The parameters' layouts in MindSpore's strategy file format (``strategy.ckpt``),
-        written to ``file_path`` when ``Model.train`` has placed the network."""
+        written to ``file_path`` when ``Model.train`` has trained the network. ``file_path``
+        must name a file whose directory exists or can be made (checked here and again
+        before ``Model.train`` trains)."""
+        path = _check_path("save_param_strategy_file", file_path)
         object.__setattr__(self, "_param_strategy_file",
-                           _check_path("save_param_strategy_file", file_path))
+                           _check_file_target("save_param_strategy_file", path))
+
+    def _check_outputs(self):
+        """Before training: the files the switches name can still be written."""
+        path = getattr(self, "_param_strategy_file", None)
+        if path is not None:
+            _check_file_target("save_param_strategy_file", path)
 
     def set_group_ckpt_save_file(self, file_path):
         """This rank's communication groups and restore ranks (MindSpore's group-info file),

@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 
 from .. import _checks, _context
+from .._tessera import CheckpointIOError
 from .callback import Callback
 
 __all__ = ["CheckpointConfig", "ModelCheckpoint", "load_checkpoint", "load_param_into_net",
@@ -100,6 +101,35 @@ def _is_set(path):
     return os.path.isfile(os.path.join(path, _SET_MARKER))
 
 
+def _io_error(path, what, error):
+    """A ``CheckpointIOError`` for the OS error ``error`` (an ``OSError``, ``shutil.Error``
+    included) met while ``what`` ``path``, with the ``file``, ``tensor`` and ``rule``
+    attributes the library's errors carry."""
+    failures = error.args[0] if isinstance(error, shutil.Error) and error.args else None
+    if isinstance(failures, list) and failures:
+        _, dst, why = failures[0]  # copytree's (source, destination, reason) per file
+        rule = f"{dst}: {why}"
+    else:
+        rule = str(error)
+    err = CheckpointIOError(f"{what} {path}: {rule}")
+    err.file, err.tensor, err.rule = path, None, rule
+    if getattr(error, "errno", None) is not None:
+        err.errno = error.errno
+    return err
+
+
+def _copy_set(source, staging, move):
+    """Set ``source`` as the new directory ``staging``: renamed when ``move`` and on the same
+    filesystem, else copied (``source`` stays; the caller removes it)."""
+    if move:
+        try:
+            os.rename(source, staging)
+            return
+        except OSError:
+            pass  # another filesystem: copied below
+    shutil.copytree(source, staging)
+
+
 class ModelCheckpoint(Callback):
     """MindSpore's ``ModelCheckpoint(prefix='CKP', directory=None, config=None)``: in
     ``Model.train``'s ``callbacks``, the engine saves checkpoint sets while training as
@@ -162,8 +192,7 @@ class ModelCheckpoint(Callback):
             last = max(self._names)
             target = self._target(last)
             if target not in self._this_run:
-                shutil.copytree(final, self._replace(target))
-                self._published.append(target)
+                self._publish(final, target, move=False)
                 self._prune()
 
     def _target(self, global_step):
@@ -179,6 +208,23 @@ class ModelCheckpoint(Callback):
             shutil.rmtree(target)
         return target
 
+    def _publish(self, source, target, move):
+        """Set ``source`` published as ``target`` (in ``directory``) at once: copied (or, when
+        ``move`` and on the same filesystem, renamed) into a hidden staging directory beside
+        it, then renamed into place, so ``target`` never holds part of a set. A failure removes
+        the staging directory and is a ``CheckpointIOError`` naming the set."""
+        staging = os.path.join(self._directory, f".{os.path.basename(target)}.staging")
+        try:
+            shutil.rmtree(staging, ignore_errors=True)  # a killed run's
+            _copy_set(source, staging, move)
+            os.rename(staging, self._replace(target))
+        except OSError as e:  # shutil.Error included
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _io_error(target, "ModelCheckpoint: publishing the checkpoint set", e) from e
+        if move:
+            shutil.rmtree(source, ignore_errors=True)
+        self._published.append(target)
+
     def _publish_periodic(self, output_dir):
         """Moves the engine's committed periodic sets from the run's directory into
         ``directory`` under their MindSpore names, then keeps the newest
@@ -188,9 +234,8 @@ class ModelCheckpoint(Callback):
         found = sorted((int(m.group(1)), e) for e in os.listdir(output_dir)
                        if (m := _PERIODIC.match(e)) and _is_set(os.path.join(output_dir, e)))
         for step, entry in found:
-            target = self._replace(self._target(step))
-            shutil.move(os.path.join(output_dir, entry), target)
-            self._published.append(target)
+            target = self._target(step)
+            self._publish(os.path.join(output_dir, entry), target, move=True)
             self._this_run.add(target)
         if found:
             self._prune()
@@ -284,7 +329,7 @@ def load_param_into_net(net, parameter_dict, strict_load=False, remove_redundanc
     if not isinstance(parameter_dict, dict):
         raise TypeError(f"For 'parameter_dict', the type must be dict, but got "
                         f"{type(parameter_dict).__name__}.")
-    param_not_load, used = [], set()
+    param_not_load, taken = [], []
     for name, p in net.parameters_and_names():
         if name not in parameter_dict:
             param_not_load.append(name)
@@ -294,12 +339,15 @@ def load_param_into_net(net, parameter_dict, strict_load=False, remove_redundanc
         if tuple(value.shape) != tuple(p.shape):
             raise ValueError(f"load_param_into_net: {name} has shape {tuple(value.shape)} in "
                              f"the dict and {tuple(p.shape)} in the network")
-        p.init = Values(value)
-        p._value = p.init.values.copy()
-        used.add(name)
+        taken.append((name, p, Values(value, f"load_param_into_net: {name}")))
     if strict_load and param_not_load:
         raise ValueError(f"load_param_into_net: strict_load and the dict lacks "
                          f"{sorted(param_not_load)}")
+    # every entry checked: only now does any Parameter change (a refused dict changes none)
+    for _, p, values in taken:
+        p.init = values
+        p._value = values.values.copy()
+    used = {name for name, _, _ in taken}
     return param_not_load, [n for n in parameter_dict if n not in used]
 
 

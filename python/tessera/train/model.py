@@ -1,5 +1,6 @@
 """``Model``: traces a network once and trains or evaluates it with the engine."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from .._tessera import (NetworkBuilder, anchored_strategies, forward_network, mp
                         mpi_broadcast_str, read_parameters, train_network)
 from . import engine_config
 from .callback import RunContext, _StopRequested
-from .checkpoint import _run_recipe
+from .checkpoint import _io_error, _run_recipe
 
 
 _METRIC_NAMES = {"accuracy": "accuracy", "acc": "accuracy", "loss": "loss"}
@@ -60,8 +61,9 @@ def _engine_arrays(dataset):
         if column.dtype.kind not in "biuf":
             raise ValueError(f"column {name} has dtype {column.dtype}; the network's input and "
                              "label must be numbers")
-    data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
-    label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
+    with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, refused below
+        data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
+        label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
     for name, column in zip(dataset.column_names, (data, label)):
         _check_finite(name, column)
     return data, label
@@ -77,6 +79,22 @@ def _check_finite(name, column):
     sample = int(np.argmax(bad))
     raise ValueError(f"column {name}: sample {sample} holds NaN or infinity (as float32); the "
                      "network's input and label must be finite")
+
+
+def _copy_strategy_file(source, target):
+    """The run's ``strategy.ckpt`` copied to ``target`` (``save_param_strategy_file``): into a
+    hidden file beside it, then renamed into place. An OS error removes the hidden file and is
+    a ``CheckpointIOError`` naming the setting."""
+    staging = os.path.join(os.path.dirname(target),
+                           f".{os.path.basename(target)}.{os.getpid()}.tmp")
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, staging)
+        os.replace(staging, target)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(staging)
+        raise _io_error(target, "AutoParallel.save_param_strategy_file: writing", e) from e
 
 
 def _anchors(trace):
@@ -194,6 +212,8 @@ class Model:
         if train_dataset.batch_size is None:
             raise ValueError("Model.train: batch the dataset first (dataset.batch(n))")
         data, labels = _engine_arrays(train_dataset)
+        if self._parts.auto_parallel is not None:
+            self._parts.auto_parallel._check_outputs()
         batch = train_dataset.batch_size
         state = _context._STATE
         devices = self._devices()
@@ -273,17 +293,17 @@ class Model:
 
     def _take_values(self, saved, traced):
         """The trained values into the Parameters, and the strategy file where
-        ``AutoParallel.save_param_strategy_file`` asked for it."""
+        ``AutoParallel.save_param_strategy_file`` asked for it. The values are read and the
+        files placed before any Parameter changes, so a failure leaves them as they were."""
         trained = [(p, t) for p, t in traced if p.requires_grad]  # frozen: not in the set
         values = read_parameters(saved, [(p.name, list(t.shape)) for p, t in trained])
-        for (p, _), value in zip(trained, values):
-            p._value = value
         auto = self._parts.auto_parallel
-        self._place_group_info(auto)
         target = getattr(auto, "_param_strategy_file", None) if auto is not None else None
         if target is not None:
-            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-            shutil.copyfile(os.path.join(saved, "strategy.ckpt"), target)
+            _copy_strategy_file(os.path.join(saved, "strategy.ckpt"), target)
+        self._place_group_info(auto)
+        for (p, _), value in zip(trained, values):
+            p._value = value
 
     @staticmethod
     def _place_group_info(auto):
