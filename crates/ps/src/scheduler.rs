@@ -267,6 +267,14 @@ impl Scheduler for SchedulerService {
                 &mut s.server_incarnation,
                 &mut s.refused,
             )?;
+            // A server joining a job that is over would open a partition map no step will use.
+            let joining = r.server_id as usize >= s.map.current.servers;
+            if s.finished && joining {
+                return Err(Status::failed_precondition(format!(
+                    "server {} cannot be added: the job is over",
+                    r.server_id
+                )));
+            }
             let next_step = s.assignments.keys().next_back().map_or(0, |&last| last + 1);
             let opened = s
                 .map

@@ -319,3 +319,41 @@ fn a_server_added_to_an_async_run_takes_over_parameters() {
     // this run ends at 87.9–92 %, an untrained model at ~10 %.
     assert!(accuracy >= 85.0, "accuracy {accuracy} %\n{worker0}");
 }
+
+/// A server cannot join a job that is over: the join would open a partition map no step uses
+/// (it used to be accepted, and the new server then waited on heartbeats until it failed). One
+/// of the job's own servers may still register.
+#[test]
+fn a_server_cannot_join_a_job_that_is_over() {
+    use ps::proto::scheduler_server::Scheduler;
+    use ps::proto::{FinishRequest, RegisterServerRequest};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = ps_config(dir.path(), "servers = 1\nworkers = 2", "max_steps = 4");
+    let settings = ps::env::JobSettings::from_keys(config.ps().unwrap(), 1, 2, &config);
+    let service = ps::scheduler::SchedulerService::new(&settings, 32);
+    let register = |server_id, incarnation| {
+        tonic::Request::new(RegisterServerRequest {
+            server_id,
+            addr: "127.0.0.1:1".to_string(),
+            restart_count: 0,
+            incarnation,
+        })
+    };
+    let rt = ps::scheduler::runtime(1).unwrap();
+    rt.block_on(async {
+        service
+            .finish(tonic::Request::new(FinishRequest {}))
+            .await
+            .unwrap();
+        let err = service.register_server(register(1, 3)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            err.message()
+                .contains("server 1 cannot be added: the job is over"),
+            "{}",
+            err.message()
+        );
+        service.register_server(register(0, 4)).await.unwrap();
+    });
+}
