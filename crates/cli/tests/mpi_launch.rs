@@ -410,6 +410,30 @@ fn launch_errors_name_the_flag_and_leave_nothing_behind() {
     );
 }
 
+/// Waits for the `ranks` ranks of the launch `child` to touch `<dir>/started-<rank>`, sends the
+/// launcher SIGTERM, checks that it exits 128 + 15, and waits (30 s at most) until no process
+/// mentions `gone` (a path in the ranks' command lines).
+fn terminate_once_started(child: Child, dir: &Path, ranks: usize, gone: &Path) {
+    let start = Instant::now();
+    while (0..ranks).any(|r| !dir.join(format!("started-{r}")).exists()) {
+        assert!(start.elapsed() < HANG_GUARD, "the ranks never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(128 + 15), "{}", stderr(&out));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !processes_mentioning(s(gone)).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            processes_mentioning(s(gone))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// SIGTERM to the launcher stops the job: every rank ends, and the launcher exits 128 + 15.
 #[test]
 fn a_signal_to_the_launcher_stops_every_rank() {
@@ -423,29 +447,12 @@ fn a_signal_to_the_launcher_stops_every_rank() {
     )
     .spawn()
     .unwrap();
-    let start = Instant::now();
-    while (0..3).any(|r| !dir.0.join(format!("started-{r}")).exists()) {
-        assert!(start.elapsed() < HANG_GUARD, "the ranks never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SAFETY: kill(2) on the launcher this test started.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let out = finish(child);
-    assert_eq!(out.status.code(), Some(128 + 15), "{}", stderr(&out));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !processes_mentioning(s(&marker)).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{:?}",
-            processes_mentioning(s(&marker))
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    terminate_once_started(child, &dir.0, 3, &marker);
 }
 
 /// With `--grace-period 0` the launcher kills `mpirun` before OpenMPI's own kill of the ranks:
-/// each rank-env then kills its rank's whole process group, so a process the command started
-/// that ignores SIGTERM does not outlive the job (it used to run on, an orphan).
+/// each rank-env then kills its command and every process the command started, so one that
+/// ignores SIGTERM does not outlive the job (it used to run on, an orphan).
 #[test]
 fn a_zero_grace_leaves_no_process_that_ignores_sigterm() {
     let dir = Scratch::new("mpi-launch-grace0");
@@ -463,22 +470,5 @@ fn a_zero_grace_leaves_no_process_that_ignores_sigterm() {
     )
     .spawn()
     .unwrap();
-    let start = Instant::now();
-    while (0..2).any(|r| !dir.0.join(format!("started-{r}")).exists()) {
-        assert!(start.elapsed() < HANG_GUARD, "the ranks never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SAFETY: kill(2) on the launcher this test started.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let out = finish(child);
-    assert_eq!(out.status.code(), Some(128 + 15), "{}", stderr(&out));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !processes_mentioning(s(&stubborn)).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{:?}",
-            processes_mentioning(s(&stubborn))
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    terminate_once_started(child, &dir.0, 2, &stubborn);
 }

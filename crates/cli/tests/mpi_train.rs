@@ -190,13 +190,10 @@ fn mpi_a_failing_rank_stops_the_job_with_its_error() {
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
 }
 
-/// Ranks that disagree on the device count: the rank whose count is not the job's size tells
-/// its peers, so the job ends with its error instead of the others waiting forever in their
-/// first collective (group creation, which no timeout covers).
-#[test]
-fn mpi_a_rank_with_another_device_count_stops_the_job() {
-    let dir = Scratch::new("mpi-devices");
-    let script = "D=2; [ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && D=4; exec \"$0\" train examples/seed_data_parallel.toml --devices $D --backend mpi --timeout 20 --set train.max_steps=2 --set \"output.dir=\\\"$1\\\"\"";
+/// Runs `sh -c script` as the 2 ranks of an `mpirun` job (`$0` the tessera binary, `$1` the
+/// run's output directory `out`), from the repository root, to its end (or killed after 120 s:
+/// a hang fails the test).
+fn two_ranks_of(script: &str, out: &std::path::Path) -> std::process::Output {
     let child = Command::new("mpirun")
         .args([
             "--allow-run-as-root",
@@ -208,14 +205,24 @@ fn mpi_a_rank_with_another_device_count_stops_the_job() {
             script,
         ])
         .arg(env!("CARGO_BIN_EXE_tessera"))
-        .arg(dir.0.join("run"))
+        .arg(out)
         .current_dir(repo_root())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("running mpirun");
-    let out = crate::util::wait_or_kill(child, std::time::Duration::from_secs(120))
-        .expect("the job ends instead of hanging");
+    crate::util::wait_or_kill(child, std::time::Duration::from_secs(120))
+        .expect("the job ends instead of hanging")
+}
+
+/// Ranks that disagree on the device count: the rank whose count is not the job's size tells
+/// its peers, so the job ends with its error instead of the others waiting forever in their
+/// first collective (group creation, which no timeout covers).
+#[test]
+fn mpi_a_rank_with_another_device_count_stops_the_job() {
+    let dir = Scratch::new("mpi-devices");
+    let script = "D=2; [ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && D=4; exec \"$0\" train examples/seed_data_parallel.toml --devices $D --backend mpi --timeout 20 --set train.max_steps=2 --set \"output.dir=\\\"$1\\\"\"";
+    let out = two_ranks_of(script, &dir.0.join("run"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
@@ -231,25 +238,7 @@ fn mpi_a_rank_with_another_device_count_stops_the_job() {
 fn mpi_ranks_with_different_configurations_are_refused() {
     let dir = Scratch::new("mpi-config");
     let script = "LR=0.05; [ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && LR=0.5; exec \"$0\" train examples/seed_data_parallel.toml --devices 2 --backend mpi --timeout 20 --set train.max_steps=2 --set train.learning_rate=$LR --set \"output.dir=\\\"$1\\\"\"";
-    let child = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "2",
-            "sh",
-            "-c",
-            script,
-        ])
-        .arg(env!("CARGO_BIN_EXE_tessera"))
-        .arg(dir.0.join("run"))
-        .current_dir(repo_root())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("running mpirun");
-    let out = crate::util::wait_or_kill(child, std::time::Duration::from_secs(120))
-        .expect("the job ends instead of hanging");
+    let out = two_ranks_of(script, &dir.0.join("run"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
