@@ -92,7 +92,7 @@ fn converted<'py>(
     convert: impl FnOnce(&dyn ckpt::Progress) -> ckpt::Result<ConvertReport> + Send,
 ) -> PyResult<Bound<'py, PyDict>> {
     let sink = PyProgress::new(progress);
-    let report = py.detach(|| convert(&sink)).map_err(ckpt_err)?;
+    let report = sink.run(py, |sink| convert(sink))?.map_err(ckpt_err)?;
     convert_report(py, &report)
 }
 
@@ -188,11 +188,11 @@ fn convert_checkpoint_files<'py>(
     fsync: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let sink = PyProgress::new(progress);
-    let report = py
-        .detach(|| {
+    let report = sink
+        .run(py, |sink| {
             let opts = ConvertOptions {
                 force,
-                progress: &sink,
+                progress: sink,
                 fsync,
                 ..Default::default()
             };
@@ -204,7 +204,7 @@ fn convert_checkpoint_files<'py>(
                 dst_strategy.as_deref(),
                 &opts,
             )
-        })
+        })?
         .map_err(ckpt_err)?;
     rank_report(py, &report)
 }
@@ -292,12 +292,12 @@ fn unified_safetensors<'py>(
     let sink = PyProgress::new(progress);
     let raised = Mutex::new(None);
     let choice_fn = choice.as_ref().map(|f| py_choice(f, &raised));
-    let r = py.detach(|| {
+    let r = sink.run(py, |sink| {
         let opts = MergeOptions {
             max_part_bytes,
             dedup,
             force,
-            progress: &sink,
+            progress: sink,
             file_suffix: file_suffix.as_deref(),
             choice: choice_fn.as_ref().map(|f| f as ckpt::ChoiceFn<'_>),
             split,
@@ -305,7 +305,7 @@ fn unified_safetensors<'py>(
             ..Default::default()
         };
         ckpt::unified_safetensors(&src_dir, &strategy, &dst_dir, &opts)
-    });
+    })?;
     drop(choice_fn);
     if let Some(e) = raised.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);

@@ -132,8 +132,14 @@ fn error_path(e: &CkptError) -> Option<&Path> {
 
 /// A checkpoint error as `CheckpointIOError` (I/O) or `CheckpointError` (everything else).
 pub fn ckpt_err(e: CkptError) -> PyErr {
-    let message = e.to_string();
-    let c = culprit(&e);
+    let mut message = e.to_string();
+    let mut c = culprit(&e);
+    if matches!(e, CkptError::DestinationExists { .. }) {
+        // The library words it for the command line; in Python the switch is `force=True`.
+        for text in [&mut message, &mut c.rule] {
+            *text = text.replace("pass --force", "pass force=True");
+        }
+    }
     let err = match e {
         CkptError::Io { .. } => CheckpointIOError::new_err(message),
         _ => CheckpointError::new_err(message),

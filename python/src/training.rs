@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use runtime::{LaunchOptions, TrainConfig, Training};
 
-use crate::errors::runtime_err;
+use crate::errors::{runtime_err, with_culprit, ConfigError};
 
 /// Adds the functions of this module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -25,20 +25,55 @@ fn load_config(
     text: Option<&str>,
     overrides: &[String],
     devices: Option<usize>,
-) -> Result<TrainConfig, runtime::RuntimeError> {
+) -> PyResult<TrainConfig> {
     let config = match (path, text) {
-        (Some(path), _) => TrainConfig::load(path, overrides)?,
+        (Some(path), _) => TrainConfig::load(path, overrides).map_err(|e| match e {
+            // Reading the config file itself: an OS error on the config, not a checkpoint's.
+            runtime::RuntimeError::Io { path: p, source } if p == path => {
+                config_file_err(&p, &source)
+            }
+            other => runtime_err(other),
+        })?,
         (None, text) => {
-            let base = std::env::current_dir().map_err(|source| runtime::RuntimeError::Io {
-                path: PathBuf::from("."),
-                source,
+            let base = std::env::current_dir().map_err(|source| {
+                runtime_err(runtime::RuntimeError::Io {
+                    path: PathBuf::from("."),
+                    source,
+                })
             })?;
-            TrainConfig::parse(text.unwrap_or(""), None, overrides, &base)?
+            TrainConfig::parse(text.unwrap_or(""), None, overrides, &base).map_err(runtime_err)?
         }
     };
     match devices {
-        Some(n) => config.with_devices(n),
+        Some(n) => config.with_devices(n).map_err(runtime_err),
         None => Ok(config),
+    }
+}
+
+/// The config file `path` could not be read: the `OSError` subclass of the OS error
+/// (`FileNotFoundError`, `IsADirectoryError`, `PermissionError`, …) with `filename` set, or a
+/// `ConfigError` naming the file (an error without an OS error number, e.g. not UTF-8 text).
+fn config_file_err(path: &Path, source: &std::io::Error) -> PyErr {
+    let file = path.display().to_string();
+    match source.raw_os_error() {
+        Some(errno) => {
+            // `OSError(errno, strerror, filename)` is created as the subclass of `errno`.
+            let text = source.to_string();
+            let strerror = text
+                .strip_suffix(&format!(" (os error {errno})"))
+                .unwrap_or(&text);
+            pyo3::exceptions::PyOSError::new_err((
+                errno,
+                format!("reading the training config: {strerror}"),
+                file,
+            ))
+        }
+        None => with_culprit(
+            ConfigError::new_err(format!("config file {file}: {source}")),
+            Some(file),
+            None,
+            source.to_string(),
+        ),
     }
 }
 
@@ -63,8 +98,7 @@ fn train<'py>(
             "timeout {timeout} must be a positive number of seconds, at most 604800 (a week)"
         )));
     }
-    let config =
-        load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
+    let config = load_config(path.as_deref(), text.as_deref(), &overrides, devices)?;
     let warnings = config.warnings();
     let out_dir = config.output().dir.clone();
     let saved = config.output().save_checkpoint;
@@ -114,8 +148,7 @@ fn plan<'py>(
     devices: Option<usize>,
     overrides: Vec<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let config =
-        load_config(path.as_deref(), text.as_deref(), &overrides, devices).map_err(runtime_err)?;
+    let config = load_config(path.as_deref(), text.as_deref(), &overrides, devices)?;
     let training = py
         .detach(|| Training::from_config(&config))
         .map_err(runtime_err)?;

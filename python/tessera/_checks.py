@@ -3,8 +3,11 @@ for a wrong value."""
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Any, Optional
+
+import numpy as np
 
 
 def path(value: Any, name: str) -> str:
@@ -19,12 +22,18 @@ def optional_path(value: Any, name: str) -> Optional[str]:
     return None if value is None else path(value, name)
 
 
+#: The largest int the library takes (a rank, count or size: ``usize`` / ``i64`` in Rust).
+MAX_INT = 2**63 - 1
+
+
 def non_negative_int(value: Any, name: str) -> int:
-    """A rank or count: an int (not bool) that is >= 0."""
+    """A rank or count: an int (not bool) that is >= 0 and at most ``MAX_INT``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"For '{name}', the type must be int, but got {type(value).__name__}.")
     if value < 0:
         raise ValueError(f"For '{name}', the value must be a non-negative int, but got {value}.")
+    if value > MAX_INT:
+        raise ValueError(f"For '{name}', the value must be at most 2**63 - 1, but got {value}.")
     return int(value)
 
 
@@ -32,6 +41,19 @@ def positive_int(value: Any, name: str) -> int:
     """An int (not bool) that is >= 1."""
     if non_negative_int(value, name) < 1:
         raise ValueError(f"For '{name}', the value must be a positive int, but got {value}.")
+    return int(value)
+
+
+def positive_int_arg(value: Any, func: str, name: str) -> int:
+    """Argument ``name`` of ``func`` (a Cell or method) as MindSpore's ``Validator`` checks a
+    positive int: an int (not bool, not float; numpy ints included) that is >= 1."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"For '{func}', the type of '{name}' must be int, but got "
+                        f"{type(value).__name__}.")
+    if value < 1:
+        raise ValueError(f"For '{func}', the '{name}' must be a positive int, but got {value}.")
+    if value > MAX_INT:
+        raise ValueError(f"For '{func}', the '{name}' must be at most 2**63 - 1, but got {value}.")
     return int(value)
 
 

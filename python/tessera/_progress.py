@@ -46,7 +46,10 @@ def resolve(progress: Progress) -> Optional[ProgressCallback]:
 
     ``None`` (the default): a tqdm bar when tqdm is installed and stderr is a terminal, else
     nothing. ``True``: a tqdm bar (tqdm must be installed). ``False``: nothing. A callable:
-    called with each event.
+    called with each event. The first exception it raises (``KeyboardInterrupt`` included)
+    stops the operation and is raised to the caller as it is; raised before the output is
+    committed (any event but ``"finish"``, and but the ``"file"`` of a single-file conversion,
+    which come after), it leaves nothing written.
     """
     if progress is False:
         return None

@@ -37,6 +37,8 @@ class _Trace:
         self.param_anchors = []  # (Parameter, strategy, what) from shard's parameter_plan
         self.dropouts = 0        # Dropout sites traced so far (the default seed of the next)
         self.training = True     # False when Model.eval traces: nn.Dropout is the identity
+        self.label_ids = set()   # value ids of the label column, as given or reshaped
+        self.class_uses = []     # (node, classes): nodes taking those as class indices
 
     def cell(self):
         if not self.cells:
@@ -62,7 +64,14 @@ class _Trace:
 
     def add(self, kind, name, inputs, **attrs):
         """Adds node ``name``; returns its outputs as Tensors."""
-        outs = self.builder.op(kind, name, [t.id for t in inputs], **attrs)
+        ids = [t.id for t in inputs]
+        outs = self.builder.op(kind, name, ids, **attrs)
+        if ids and self.label_ids:
+            if kind == "sparse_softmax_cross_entropy" and len(ids) == 2 \
+                    and ids[1] in self.label_ids and inputs[0].shape:
+                self.class_uses.append((name, inputs[0].shape[-1]))
+            elif kind == "reshape" and ids[0] in self.label_ids:
+                self.label_ids.update(vid for vid, _, _ in outs)
         return [Tensor(vid, shape, dtype) for vid, shape, dtype in outs]
 
     def constant(self, name, value, like=None):

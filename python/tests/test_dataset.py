@@ -141,3 +141,28 @@ def test_non_finite_training_data_names_the_column_and_sample():
     targets[7, 1] = 1e300  # finite in float64, infinite as the engine's float32
     with pytest.raises(ValueError, match="column y: sample 7 holds NaN or infinity"):
         _train(NumpySlicesDataset({"image": X, "y": targets}, shuffle=False), 1)
+
+
+def test_labels_beyond_the_classes_are_refused_before_training():
+    # The engine found such a label only at the batch holding it (maybe epochs in), with a
+    # RuntimeError naming its position in a shuffled batch: now a ValueError naming the
+    # column, the sample and the loss node, and nothing is trained.
+    net = MLP()
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    for bad, value in [(3, 10), (17, -1), (40, 12)]:
+        y = Y.copy()
+        y[bad] = value
+        with pytest.raises(ValueError, match=rf"Model.train: column label: sample {bad} has label "
+                                             rf"{value}, but the network's output has 10 classes "
+                                             r"\(class indices 0..9, taken by "
+                                             r"\S*sparse_softmax_cross_entropy\)"):
+            model.train(1, NumpySlicesDataset({"image": X, "label": y}).batch(16))
+    assert model.losses == [] and model._runs is None, "nothing ran"
+    # An int64 label beyond int32 would wrap in the engine's int32 (2**32 + 3 -> 3).
+    y = Y.astype(np.int64)
+    y[9] = 2**32 + 3
+    with pytest.raises(ValueError, match=r"column label: sample 9 holds 4294967299, beyond int32"):
+        model.train(1, NumpySlicesDataset({"image": X, "label": y}).batch(16))
+    model.train(1, NumpySlicesDataset({"image": X, "label": Y}).batch(16))
+    assert len(model.losses) == 3

@@ -87,6 +87,9 @@ def test_existing_output_is_kept_unless_forced(tmp_path):
     with pytest.raises(tessera.CheckpointError) as err:
         P.convert_checkpoint_by_rank(0, files, str(out), A, B)
     assert err.value.file == str(out) and "force" in str(err.value)
+    # Python's switch is force=True (the library's wording is the command line's --force).
+    assert "pass force=True" in str(err.value) and "--force" not in str(err.value)
+    assert "force=True" in err.value.rule
     assert out.read_bytes() == b"a file the user owns"
     P.convert_checkpoint_by_rank(0, files, str(out), A, B, force=True)
     assert out.stat().st_size > 100
@@ -105,3 +108,25 @@ def test_layout_messages_are_mindsporess():
         P.Layout((2, 4), ("dp", "mp"))("xx")
     with pytest.raises(ValueError, match="The tensor_map of layout is None"):
         P.Layout((2, 4), ("dp", "mp")).to_dict()
+
+
+@pytest.mark.parametrize("rank", [2**63, 2**64, 10**30])
+def test_huge_rank_is_refused_naming_the_argument(rank):
+    # It was an OverflowError from the binding ("int too big to convert"), naming nothing.
+    with pytest.raises(ValueError, match=r"For 'rank_id', the value must be at most 2\*\*63 - 1"):
+        P.rank_list_for_convert(rank, A, B)
+    with pytest.raises(ValueError, match="'rank_id'"):
+        P.convert_checkpoint_by_rank(rank, {0: A}, "/tmp/never-written.ckpt", A, B)
+
+
+@pytest.mark.parametrize("name", ["empty.ckpt", "empty.safetensors"])
+def test_empty_checkpoint_file_is_named(tmp_path, name):
+    # A 0-byte .ckpt read as a checkpoint with no tensor: the error was about rank 0 and the
+    # destination strategy, naming neither the file nor that it is empty.
+    empty = tmp_path / name
+    empty.write_bytes(b"")
+    with pytest.raises(tessera.CheckpointError) as err:
+        tessera.load_checkpoint(str(empty))
+    assert err.value.file == str(empty) and "empty (0 bytes)" in str(err.value)
+    with pytest.raises(tessera.CheckpointError, match="empty"):
+        P.load_distributed_checkpoint(None, [str(empty)])

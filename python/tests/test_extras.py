@@ -83,3 +83,58 @@ def test_progress_true_draws_a_tqdm_bar(tmp_path, capsys):
 def test_progress_must_be_callable(tmp_path):
     with pytest.raises(TypeError):
         P.convert_checkpoints(str(CASE / "src_ckpt"), str(tmp_path / "out"), "c_", A, B, progress=3)
+
+
+class _Boom:
+    """A progress callable raising ``error`` at the ``nth`` event named ``event``."""
+
+    def __init__(self, event, error, nth=1):
+        self.event, self.error, self.nth = event, error, nth
+        self.events = []
+
+    def __call__(self, event, label, value):
+        self.events.append(event)
+        if event == self.event and self.events.count(event) == self.nth:
+            raise self.error
+
+
+@pytest.mark.parametrize("event", ["start", "advance", "file"])
+@pytest.mark.parametrize("error", [KeyboardInterrupt("stop"), ZeroDivisionError("bug")])
+@pytest.mark.parametrize("fmt,fsync", [("ckpt", True), ("safetensors", False)])
+def test_progress_exception_stops_the_conversion_and_is_raised(tmp_path, event, error, fmt,
+                                                               fsync):
+    # The first exception of the callable stops the conversion (no further event), reaches
+    # the caller as itself (KeyboardInterrupt included), and nothing is written.
+    # Safetensors without fsync writes two files at once (worker threads).
+    boom = _Boom(event, error, nth=2 if event == "file" else 1)
+    with pytest.raises(type(error)) as raised:
+        P.convert_checkpoints(str(CASE / "src_ckpt"), str(tmp_path / "out"), "c_", A, B,
+                              output_format=fmt, progress=boom, fsync=fsync)
+    assert raised.value is error
+    assert boom.events.count(event) == boom.nth and boom.events[-1] == event
+    assert list(tmp_path.iterdir()) == [], "nothing written, no staging left"
+
+
+def test_progress_exception_keeps_the_replaced_output(tmp_path):
+    # With force=True the old output is replaced only at the commit: stopped before it, the
+    # old output stays as it was.
+    out = tmp_path / "out"
+    P.convert_checkpoints(str(CASE / "src_ckpt"), str(out), "c_", A, None, progress=False)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(KeyboardInterrupt):
+        P.convert_checkpoints(str(CASE / "src_ckpt"), str(out), "c_", A, B, force=True,
+                              progress=_Boom("advance", KeyboardInterrupt()))
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_progress_exception_stops_the_other_writers(tmp_path):
+    files = {s: str(CASE / f"src_ckpt/rank_{s}/checkpoint_{s}.ckpt") for s in range(8)}
+    with pytest.raises(ZeroDivisionError):
+        P.convert_checkpoint_by_rank(0, files, str(tmp_path / "r0.ckpt"), A, B,
+                                     progress=_Boom("advance", ZeroDivisionError()))
+    with pytest.raises(KeyboardInterrupt):
+        P.unified_safetensors(str(CASE / "src_ckpt"), A, str(tmp_path / "unified"),
+                              progress=_Boom("advance", KeyboardInterrupt()))
+    assert list(tmp_path.iterdir()) == []

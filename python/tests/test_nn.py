@@ -237,3 +237,45 @@ def test_tessera_train_is_the_module_and_the_config_function():
 def test_cells_and_ops_are_traced_not_run_eagerly():
     with pytest.raises(RuntimeError, match="no eager mode"):
         MLP(64)(np.zeros((1, 8, 8), np.float32))
+
+
+def test_train_arguments_are_checked_naming_them():
+    # "2" was a TypeError about int + str, True trained one epoch, and a str callback was an
+    # AttributeError: each now names the argument, before anything runs.
+    net = MLP(64)
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    images, labels = _digits(64)
+    data = ds.NumpySlicesDataset({"image": images, "label": labels}).batch(32)
+    for epoch, kind in [("2", TypeError), (True, TypeError), (2.5, TypeError), (None, TypeError),
+                        (0, ValueError), (-1, ValueError)]:
+        with pytest.raises(kind, match="For 'Model.train', .*'epoch'"):
+            model.train(epoch, data)
+    with pytest.raises(TypeError, match=r"'callbacks\[1\]' must be a Callback .*but got str"):
+        model.train(1, data, callbacks=[LossMonitor(), "x"])
+    with pytest.raises(TypeError, match="'callbacks' must be a Callback .*but got int"):
+        model.train(1, data, callbacks=5)
+    assert model.losses == [] and model._runs is None, "nothing ran"
+    model.train(np.int64(1), data, callbacks=(Callback(),))
+    assert len(model.losses) == 2
+
+
+def test_layer_sizes_are_checked_naming_the_argument():
+    # Dense(64, -1) was accepted and failed in the tracer with an OverflowError naming
+    # nothing; Dense(64, 2.5) was a TypeError from the initializer; Dense(True, 10) was 1.
+    with pytest.raises(ValueError, match=r"For 'Dense', the 'out_channels' must be a positive "
+                                         r"int, but got -1\."):
+        nn.Dense(64, -1)
+    with pytest.raises(ValueError, match="'in_channels' must be a positive int, but got 0"):
+        nn.Dense(0, 10)
+    with pytest.raises(TypeError, match=r"For 'Dense', the type of 'out_channels' must be int, "
+                                        r"but got float\."):
+        nn.Dense(64, 2.5)
+    with pytest.raises(TypeError, match="the type of 'in_channels' must be int, but got bool"):
+        nn.Dense(True, 10)
+    with pytest.raises(ValueError, match="For 'Embedding', the 'vocab_size' must be a positive"):
+        nn.Embedding(-3, 4)
+    with pytest.raises(TypeError, match="the type of 'embedding_size' must be int"):
+        nn.Embedding(8, "4")
+    dense = nn.Dense(np.int64(6), 3)
+    assert (dense.in_channels, dense.out_channels) == (6, 3)
+    assert type(dense.in_channels) is int and dense.weight.shape == (3, 6)

@@ -143,6 +143,26 @@ def test_eval_errors():
         _model(net, metrics={"acc": "Accuracy"})
 
 
+def test_eval_refuses_an_empty_dataset_and_labels_beyond_the_classes():
+    x = np.random.default_rng(1).normal(size=(40, 8, 8)).astype(np.float32)
+    y = (np.arange(40) % 10).astype(np.int32)
+    model = _model(MLP(), metrics={"Accuracy", "loss"})
+    model.train(1, NumpySlicesDataset((x, y)).batch(10))
+    # 8 samples, batches of 16 without the remainder: the metrics were NaN (mean of nothing)
+    few = NumpySlicesDataset((x[:8], y[:8])).batch(16, drop_remainder=True)
+    with pytest.raises(ValueError, match="Model.eval: the dataset has 8 sample.*no batch of "
+                                         "batch_size 16"):
+        model.eval(few)
+    # Labels beyond the classes: 'loss' raised numpy's IndexError, 'Accuracy' counted them wrong
+    bad = y.copy()
+    bad[13] = 12
+    with pytest.raises(ValueError, match=r"Model.eval: column \S+: sample 13 has label 12, but "
+                                         r"the network's output has 10 classes \(class indices "
+                                         r"0..9\)"):
+        model.eval(NumpySlicesDataset((x, bad)).batch(10))
+    assert set(model.eval(NumpySlicesDataset((x, y)).batch(10))) == {"Accuracy", "loss"}
+
+
 def test_time_monitor_prints_every_epoch(capsys):
     _model(MLP()).train(2, _digits("train", 50), callbacks=[TimeMonitor()])
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("Train epoch time:")]

@@ -89,6 +89,24 @@ def test_train_rejects_a_bad_config(tmp_path):
         tessera.train(config)
 
 
+def test_an_unreadable_config_file_is_an_os_error_about_the_config(tmp_path):
+    # It was a CheckpointIOError, though the file is a config, not a checkpoint.
+    missing = tmp_path / "nonexistent.toml"
+    for call in (tessera.train, tessera.plan):
+        with pytest.raises(FileNotFoundError) as err:
+            call(str(missing))
+        assert not isinstance(err.value, tessera.CheckpointIOError)
+        assert err.value.filename == str(missing) and "training config" in str(err.value)
+    with pytest.raises(IsADirectoryError) as err:
+        tessera.train(str(tmp_path))
+    assert err.value.filename == str(tmp_path)
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe not text")
+    with pytest.raises(tessera.ConfigError) as err:
+        tessera.train(str(binary))
+    assert err.value.file == str(binary)
+
+
 def test_train_refuses_a_timeout_it_cannot_wait(tmp_path):
     # Zero, negative, not finite, or beyond a week (which would overflow the wait): a
     # ValueError naming the timeout, before any rank starts.

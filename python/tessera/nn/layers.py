@@ -3,7 +3,7 @@
 
 import math
 
-from .. import _trace, ops
+from .. import _checks, _trace, ops
 from ..common import dtype as mstype
 from ..common.initializer import HeUniform, Normal, Uniform, initializer
 from ..common.parameter import Parameter
@@ -97,7 +97,9 @@ class Dense(Cell):
                  has_bias=True, activation=None, dtype=mstype.float32):
         super().__init__()
         _float32_only("Dense", dtype)
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        in_channels = _checks.positive_int_arg(in_channels, "Dense", "in_channels")
+        out_channels = _checks.positive_int_arg(out_channels, "Dense", "out_channels")
+        self.in_channels, self.out_channels = in_channels, out_channels
         self.has_bias = bool(has_bias)
         if weight_init is None:
             weight_init = HeUniform(negative_slope=math.sqrt(5))
@@ -259,7 +261,9 @@ class Embedding(Cell):
             raise ValueError("Embedding: padding_idx is not supported yet")
         if isinstance(embedding_table, str) and embedding_table.lower() == "normal":
             embedding_table = Normal(0.01)
-        self.vocab_size, self.embedding_size = int(vocab_size), int(embedding_size)
+        self.vocab_size = _checks.positive_int_arg(vocab_size, "Embedding", "vocab_size")
+        self.embedding_size = _checks.positive_int_arg(embedding_size, "Embedding",
+                                                       "embedding_size")
         self.use_one_hot = bool(use_one_hot)
         self.embedding_table = Parameter(initializer(embedding_table,
                                                      (self.vocab_size, self.embedding_size)))

@@ -16,6 +16,7 @@ the GIL.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from .. import _checks, _progress, _tessera
@@ -336,10 +337,27 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
         raise TypeError("For 'checkpoint_filenames', the type must be list, but got "
                         f"{type(checkpoint_filenames).__name__}.")
     files = {r: _checks.path(f, "checkpoint_filenames") for r, f in enumerate(checkpoint_filenames)}
+    for f in files.values():
+        _not_empty(f)
     train = _checks.optional_path(train_strategy_filename, "train_strategy_filename")
     tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0, layouts=layouts,
                                             dec_key=key, dec_mode=dec_mode)
     return _rename(tensors, names)
+
+
+def _not_empty(path: str) -> None:
+    """A checkpoint file of 0 bytes is a ``CheckpointError`` naming it, as MindSpore refuses
+    one ("may be empty"); read on, it would hold no tensor and the error would be about the
+    strategy, naming neither the file nor the cause."""
+    try:
+        empty = os.path.isfile(path) and os.path.getsize(path) == 0
+    except OSError:
+        return  # the reader reports it, naming the file
+    if empty:
+        rule = "the file is empty (0 bytes), not a checkpoint"
+        err = CheckpointError(f"{path}: {rule}")
+        err.file, err.tensor, err.rule = path, None, rule
+        raise err
 
 
 def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filter_prefix=None,

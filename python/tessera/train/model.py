@@ -10,11 +10,11 @@ import weakref
 
 import numpy as np
 
-from .. import _context, _trace, nn
+from .. import _checks, _context, _trace, nn
 from .._tessera import (NetworkBuilder, anchored_strategies, forward_network, mpi_barrier,
                         mpi_broadcast_str, read_parameters, train_network)
 from . import engine_config
-from .callback import RunContext, _StopRequested
+from .callback import Callback, RunContext, _StopRequested
 from .checkpoint import _io_error, _run_recipe
 
 
@@ -61,6 +61,10 @@ def _engine_arrays(dataset):
         if column.dtype.kind not in "biuf":
             raise ValueError(f"column {name} has dtype {column.dtype}; the network's input and "
                              "label must be numbers")
+    for name, column, to_int in ((dataset.column_names[0], data, data.dtype.kind == "i"),
+                                 (dataset.column_names[1], label, label.dtype.kind in "iu")):
+        if to_int:
+            _check_int32(name, column)
     with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, refused below
         data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
         label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
@@ -81,6 +85,45 @@ def _check_finite(name, column):
                      "network's input and label must be finite")
 
 
+def _first_bad_sample(column, bad):
+    """``(sample, value)`` of the first sample of ``column`` where the elementwise mask ``bad``
+    holds."""
+    rows = bad.reshape(len(column), -1)
+    sample = int(np.argmax(rows.any(axis=1)))
+    value = column.reshape(len(column), -1)[sample][rows[sample]][0]
+    return sample, value.item()
+
+
+def _check_int32(name, column):
+    """An integer column the engine takes as int32 (token ids, class labels): a value beyond
+    int32 is a ``ValueError`` naming the column and sample (the cast would wrap it)."""
+    if column.size == 0:
+        return
+    info = np.iinfo(np.int32)
+    if column.min() >= info.min and column.max() <= info.max:
+        return
+    sample, value = _first_bad_sample(column, (column < info.min) | (column > info.max))
+    raise ValueError(f"column {name}: sample {sample} holds {value}, beyond int32 (the engine's "
+                     "integer type)")
+
+
+def _check_labels(what, name, labels, class_uses):
+    """Integer labels that ``class_uses`` (``[(node or None, classes)]``) take as class
+    indices lie in ``0..classes - 1``: the first one outside is a ``ValueError`` naming the
+    label column, the sample and the node, found before any step runs (the engine would stop
+    only at the batch holding it, naming its position in a shuffled batch)."""
+    if labels.dtype.kind not in "iu" or labels.size == 0:
+        return
+    for node, classes in class_uses:
+        bad = (labels < 0) | (labels >= classes)
+        if bad.any():
+            sample, value = _first_bad_sample(labels, bad)
+            taker = f", taken by {node}" if node else ""
+            raise ValueError(f"{what}: column {name}: sample {sample} has label {value}, but the "
+                             f"network's output has {classes} classes (class indices "
+                             f"0..{classes - 1}{taker})")
+
+
 def _copy_strategy_file(source, target):
     """The run's ``strategy.ckpt`` copied to ``target`` (``save_param_strategy_file``): into a
     hidden file beside it, then renamed into place. An OS error removes the hidden file and is
@@ -95,6 +138,20 @@ def _copy_strategy_file(source, target):
         with contextlib.suppress(OSError):
             os.remove(staging)
         raise _io_error(target, "AutoParallel.save_param_strategy_file: writing", e) from e
+
+
+def _callback_list(callbacks):
+    """``Model.train``'s ``callbacks`` (None, a ``Callback`` or a list or tuple of them) as a
+    list; anything else is a ``TypeError`` naming the argument and the item."""
+    if callbacks is None:
+        return []
+    items = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    for i, cb in enumerate(items):
+        if not isinstance(cb, Callback):
+            where = f"callbacks[{i}]" if isinstance(callbacks, (list, tuple)) else "callbacks"
+            raise TypeError(f"For 'Model.train', '{where}' must be a Callback "
+                            f"(tessera.train.Callback), but got {type(cb).__name__}.")
+    return items
 
 
 def _anchors(trace):
@@ -164,6 +221,7 @@ class Model:
                               dtype=data.dtype.name)
             y = _trace.Tensor(*builder.input("label", [batch, *labels.shape[1:]],
                                              labels.dtype.name), dtype=labels.dtype.name)
+            trace.label_ids.add(y.id)
             trace.cells.append(("", type(net).__name__))
             logits = net._backbone(x)
             loss = net._loss_fn(logits, y)
@@ -173,6 +231,7 @@ class Model:
                 raise TypeError(f"{what} is a {type(t).__name__}, not a traced tensor")
         params = [(p, trace.params[id(p)]) for p in net.get_parameters() if id(p) in trace.params]
         self._anchors = _anchors(trace)
+        self._class_uses = list(trace.class_uses)
         return builder, x, y, logits, loss, trace.strategies, params
 
     def _run_dir(self):
@@ -209,6 +268,8 @@ class Model:
         trains its rank; callbacks run on every rank."""
         if sink_size != -1 or initial_epoch != 0:
             raise ValueError("Model.train: sink_size and initial_epoch are not supported yet")
+        epoch = _checks.positive_int_arg(epoch, "Model.train", "epoch")
+        callbacks = _callback_list(callbacks)
         if train_dataset.batch_size is None:
             raise ValueError("Model.train: batch the dataset first (dataset.batch(n))")
         data, labels = _engine_arrays(train_dataset)
@@ -219,10 +280,9 @@ class Model:
         devices = self._devices()
         step_batch, micro_batch = engine_config.batch_sizes(self._parts, batch, devices)
         builder, x, y, logits, loss, strategies, traced = self._trace(micro_batch, data, labels)
+        _check_labels("Model.train", train_dataset.column_names[1], labels, self._class_uses)
         strategies = _with_anchored(builder, self._anchors, strategies, devices,
                                     engine_config.devices_per_stage(self._parts, devices))
-        callbacks = [] if callbacks is None else (
-            list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks])
         batch_num = len(data) // batch
         # A continued run counts its steps on from the checkpoint's: the engine trains up to
         # `epochs` in all, so the epochs already done (a partial one counted whole) are added.
@@ -330,19 +390,25 @@ class Model:
         if valid_dataset.batch_size is None:
             raise ValueError("Model.eval: batch the dataset first (dataset.batch(n))")
         data, labels = valid_dataset._arrays()
+        batch = valid_dataset.batch_size
         if valid_dataset.drop_remainder:
-            n = len(data) // valid_dataset.batch_size * valid_dataset.batch_size
+            n = len(data) // batch * batch
             data, labels = data[:n], labels[:n]
-        builder, x, _, logits, _, _, traced = self._trace(valid_dataset.batch_size, data,
-                                                          labels, training=False)
+        if len(data) == 0:
+            raise ValueError(f"Model.eval: the dataset has {len(valid_dataset._columns[0])} "
+                             f"sample(s), no batch of batch_size {batch}; the metrics need at "
+                             "least one")
+        builder, x, _, logits, _, _, traced = self._trace(batch, data, labels, training=False)
+        if len(logits.shape) != 2:
+            raise ValueError(f"Model.eval: the network's output has shape {logits.shape[1:]} "
+                             "per sample; class scores [classes] are needed")
+        _check_labels("Model.eval", valid_dataset.column_names[1], labels,
+                      [(None, logits.shape[1])])
         missing = [p.name for p, _ in traced if p._value is None]
         if missing:
             raise ValueError(f"Model.eval: parameters {missing} have no values; train first")
         out = forward_network(builder, x.id, logits.id,
                               [(t.id, p._value) for p, t in traced], data)
-        if out.ndim != 2:
-            raise ValueError(f"Model.eval: the network's output has shape {out.shape[1:]} per "
-                             "sample; class scores [classes] are needed")
         result = {}
         for key, kind in self._metrics.items():
             if kind == "accuracy":
