@@ -7,10 +7,12 @@
 //! before anything runs and refuses a difference, naming the setting and both values.
 //!
 //! The comparison covers every field of [`TrainConfig`] (read through its `Debug` form, so a
-//! field added later is compared too), except what may rightly differ between machines and
-//! does not change the numbers: the config file's own path, the data's location
-//! (`data.dir`, `data.path`: a copy per machine is common), `train.threads_per_rank` (results
-//! are bitwise the same on any count) and the warnings.
+//! field added later is compared too), except what may rightly differ between ranks and does
+//! not change the numbers: the config file's own path, the data's location (`data.dir`,
+//! `data.path`: a copy per machine is common), the files each rank writes for itself
+//! (`output.group_info_file`, `train.dump_local_norm_path`: a MindSpore script names them per
+//! rank),
+//! `train.threads_per_rank` (results are bitwise the same on any count) and the warnings.
 
 use std::path::PathBuf;
 
@@ -40,7 +42,7 @@ pub fn check_same_config(
         return Err(RuntimeError::Config {
             key: d.key,
             reason: format!(
-                "rank {} runs {} but rank 0 runs {}: every rank of a job must run the same configuration (only the data's location and train.threads_per_rank may differ)",
+                "rank {} runs {} but rank 0 runs {}: every rank of a job must run the same configuration (only the data's location, each rank's own output files and train.threads_per_rank may differ)",
                 comm.rank(),
                 d.ours,
                 d.theirs
@@ -92,6 +94,8 @@ fn settings_text(config: &TrainConfig) -> String {
         text.path = PathBuf::new();
     }
     c.train.threads_per_rank = 0;
+    c.train.dump_local_norm = None;
+    c.output.group_info_file = None;
     format!("{c:#?}")
 }
 
@@ -272,9 +276,20 @@ mod tests {
     }
 
     #[test]
-    fn the_data_location_and_threads_may_differ() {
-        let a = settings_text(&config(&["data.dir=\"/a\"", "train.threads_per_rank=2"]));
-        let b = settings_text(&config(&["data.dir=\"/b\""]));
+    fn the_data_location_each_ranks_own_files_and_threads_may_differ() {
+        let a = settings_text(&config(&[
+            "data.dir=\"/a\"",
+            "train.threads_per_rank=2",
+            "output.group_info_file=\"/tmp/group_1.ckpt\"",
+            "train.dump_local_norm=true",
+            "train.dump_local_norm_path=\"/tmp/norms_1\"",
+        ]));
+        let b = settings_text(&config(&[
+            "data.dir=\"/b\"",
+            "output.group_info_file=\"/tmp/group_0.ckpt\"",
+            "train.dump_local_norm=true",
+            "train.dump_local_norm_path=\"/tmp/norms_0\"",
+        ]));
         assert_eq!(first_difference(&a, &b), None);
         let a = settings_text(&config(&["output.dir=\"/a\""]));
         let b = settings_text(&config(&["output.dir=\"/b\""]));
