@@ -11,10 +11,11 @@
 //! and the rank is killed when the MPI launcher's process that started rank-env ends
 //! (`PR_SET_PDEATHSIG`), so no rank outlives a killed `mpirun`. Nothing the command started
 //! outlives the rank either: rank-env adopts the command's orphaned processes
-//! (`PR_SET_CHILD_SUBREAPER`) and kills what is left when the command ends or the launcher goes. When the command fails,
-//! rank-env writes [`launch_env::RANK_FAILED_LINE`] to its stderr before it ends: `mpirun`
-//! forwards a rank's output before it acts on the rank's end, so `tessera launch` learns which
-//! rank failed first even when `mpirun`'s own report of it is missing (it sometimes is).
+//! (`PR_SET_CHILD_SUBREAPER`), reaps them as they end, and kills what is left when the command
+//! ends or the launcher goes. When the command fails, rank-env writes
+//! [`launch_env::RANK_FAILED_LINE`] to its stderr before it ends: `mpirun` forwards a rank's
+//! output before it acts on the rank's end, so `tessera launch` learns which rank failed first
+//! even when `mpirun`'s own report of it is missing (it sometimes is).
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
@@ -79,6 +80,10 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
     // the launcher's end is asked for, so that its signal is caught too.
     let mut signals = signal_hook::iterator::Signals::new(PASSED_SIGNALS)
         .context("cannot install the signal handlers")?;
+    // An adopted orphan's end (SIGCHLD) is reaped at once, not left a zombie until the rank ends.
+    signals
+        .add_signal(libc::SIGCHLD)
+        .context("cannot install the signal handlers")?;
     let launcher = die_with_launcher()?;
     adopt_orphans()?;
     ps::launch::die_with_parent(&mut command);
@@ -94,6 +99,10 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         .name("rank-env-signals".into())
         .spawn(move || {
             for signal in signals.forever() {
+                if signal == libc::SIGCHLD {
+                    reap_adopted(pid);
+                    continue;
+                }
                 if launcher_ended(launcher) {
                     kill_the_rank(pid);
                 }
@@ -220,6 +229,38 @@ fn adopt_orphans() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Reaps every ended child of this process but the command (which the main thread reaps):
+/// the orphans [`adopt_orphans`] made this process's children, as they end, so that none stays
+/// a zombie while the rank runs.
+fn reap_adopted(command: libc::pid_t) {
+    loop {
+        // SAFETY: waitid(2) writes only into `info`, a zeroed siginfo_t owned here; WNOWAIT
+        // leaves the child to be reaped below (or, the command, by the main thread).
+        let ended = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let found = libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            );
+            if found != 0 {
+                return;
+            }
+            info.si_pid()
+        };
+        if ended == 0 || ended == command {
+            // Nothing ended, or the command did: the main thread reaps it, and the others
+            // that ended are reaped when the rank ends.
+            return;
+        }
+        // SAFETY: waitpid(2) on a child that has ended, with no status pointer.
+        unsafe {
+            libc::waitpid(ended, std::ptr::null_mut(), libc::WNOHANG);
+        }
+    }
 }
 
 /// How long [`end_descendants`] keeps killing the descendants that appear.

@@ -831,6 +831,17 @@ fn rank_env_maps_an_mpi_launchers_rank_to_the_contract() {
         !std::path::Path::new(&format!("/proc/{left}")).exists(),
         "process {left}, left by the command, outlived rank-env"
     );
+    // Orphans that end while the command runs are reaped then, not left zombies until the end:
+    // the command checks its parent (rank-env) has no zombie child after 20 orphans ended.
+    let script = "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do (true &); done; sleep 1; zombies=0; for s in /proc/[0-9]*/stat; do set -- $(cat $s 2>/dev/null); [ \"$4\" = \"$PPID\" ] && [ \"$3\" = Z ] && zombies=$((zombies+1)); done; echo zombies=$zombies";
+    let out = tessera_command()
+        .args(["rank-env", "--", "sh", "-c", script])
+        .env("PMI_RANK", "0")
+        .env("PMI_SIZE", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "zombies=0\n", "{}", stderr(&out));
     // A command ended by a signal ends rank-env by the same signal.
     let out = tessera_command()
         .args(["rank-env", "--", "sh", "-c", "kill -TERM $$"])
