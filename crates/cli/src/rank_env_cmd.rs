@@ -156,7 +156,9 @@ fn end_as(status: ExitStatus, token: Option<&str>) -> anyhow::Result<()> {
     if status.success() {
         std::process::exit(0);
     }
-    let token = token.map(|t| format!(" [{t}]")).unwrap_or_default();
+    let token = token
+        .map(launch_env::failure_token_suffix)
+        .unwrap_or_default();
     match (status.code(), status.signal()) {
         (Some(code), _) => {
             eprintln!("{} (exit code {code}){token}", launch_env::RANK_FAILED_LINE);

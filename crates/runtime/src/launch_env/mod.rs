@@ -114,6 +114,12 @@ pub const RANK_FAILED_LINE: &str = "tessera rank-env: the command failed";
 /// only rank-env's own line, never a program's output that looks like it, as a rank's failure.
 pub const FAILURE_TOKEN: &str = "TESSERA_FAILURE_TOKEN";
 
+/// What ends rank-env's [`RANK_FAILED_LINE`] under a launcher that gave `token`: ` [<token>]`
+/// (the one spelling rank-env writes and `tessera launch` looks for).
+pub fn failure_token_suffix(token: &str) -> String {
+    format!(" [{token}]")
+}
+
 /// The variables a launcher sets or removes for every process it starts, so that nothing of
 /// its own environment leaks into a process's contract.
 pub const LAUNCHER_VARS: [&str; 22] = [

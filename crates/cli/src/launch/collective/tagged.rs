@@ -93,10 +93,8 @@ impl TaggedRouter {
     /// the line without the token.
     fn failure_line(&self, line: &[u8]) -> Option<Vec<u8>> {
         let body = line.strip_suffix(b"\n").unwrap_or(line);
-        let shown = body
-            .strip_suffix(b"]")?
-            .strip_suffix(self.token.as_bytes())?
-            .strip_suffix(b" [")?;
+        let suffix = runtime::launch_env::failure_token_suffix(&self.token);
+        let shown = body.strip_suffix(suffix.as_bytes())?;
         if !shown.starts_with(RANK_FAILED_LINE.as_bytes()) {
             return None;
         }
