@@ -169,7 +169,7 @@ fn describe(r: &PlanReport, file: &std::path::Path) -> String {
         r.bubble_seconds() * 1e3
     ));
     out.push_str(&format!(
-        "memory per device: parameters {}, gradients {}, optimizer {}, activations {} (every forward output counted as held; `tessera train --explain` predicts the step's peak, each buffer freed after its last use); total {}\n",
+        "memory per device: parameters {}, gradients {}, optimizer {}, activations {} (the forward outputs the backward reads, and each gradient written whole before its sum, all counted as held at once; `tessera train --explain` predicts the step's peak, each buffer freed after its last use); total {}\n",
         bytes(m.parameters),
         bytes(m.gradients),
         bytes(m.optimizer),

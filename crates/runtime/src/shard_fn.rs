@@ -106,6 +106,7 @@ pub fn shard(
         profile: &options.profile,
         devices,
         optimizer_states: 0,
+        held: None,
     };
     let fixed = anchored_strategies(sub_network, &anchors, &settings)?;
     let request = SearchRequest {

@@ -425,3 +425,53 @@ fn config_error(parallel: &str, out: &Path) -> String {
         .expect_err("the config is refused")
         .to_string()
 }
+
+/// `tessera plan`'s activation estimate (`runtime::plan`, the figure the searches keep under
+/// the memory budget) covers the activation peak `--explain` predicts, and is not far above
+/// it: the forward outputs the backward reads plus the gradients written before their sum.
+/// Counting every forward output, as the searches did, put it at 1.7–2× the peak on the GPT
+/// and counting no gradient before its sum put the data-parallel MLP at 1/60 of it.
+#[test]
+fn the_plans_activation_estimate_brackets_the_predicted_peak() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = |what: &str| tmp.path().join(what);
+    let cases: [(&str, TrainConfig); 5] = [
+        (
+            "gpt, one device",
+            adam_gpt(&out("a"), "mode = \"stand_alone\"", 1, &[]),
+        ),
+        ("gpt, dp 2", adam_gpt(&out("b"), DP2, 1, &[])),
+        ("gpt, dp 2 × mp 2", adam_gpt(&out("c"), DP2_MP2, 1, &[])),
+        (
+            "mlp, dp 4",
+            run_util::seed_mlp(
+                &out("d"),
+                "momentum",
+                "devices = 4\nmode = \"data_parallel\"",
+                &[],
+            ),
+        ),
+        (
+            "mlp, one device",
+            run_util::seed_mlp(&out("e"), "momentum", "mode = \"stand_alone\"", &[]),
+        ),
+    ];
+    for (what, config) in cases {
+        let planned = runtime::plan(&config)
+            .expect("a plan")
+            .cost
+            .memory
+            .activations;
+        let session = Session::new(&config).expect("the session builds");
+        let peak = session
+            .predict_memory(0)
+            .expect("a schedule")
+            .peaks
+            .activations as f64;
+        let ratio = planned / peak;
+        assert!(
+            (0.6..=1.6).contains(&ratio),
+            "{what}: planned activations {planned} B against a predicted peak of {peak} B ({ratio:.2}×)"
+        );
+    }
+}

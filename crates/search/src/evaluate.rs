@@ -8,6 +8,7 @@ use parallel::rules::{infer, strategy, OpContext};
 use crate::cost::DeviceProfile;
 use crate::error::SearchError;
 use crate::footprint::MemoryEstimate;
+use crate::held::HeldValues;
 
 /// How a tensor is split: a factor per dim, and the number of partial sums it is pending over.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -56,6 +57,9 @@ pub struct EvalSettings<'a> {
     pub devices: usize,
     /// Optimizer state per trainable parameter element, in parameter copies (Adam: 2).
     pub optimizer_states: usize,
+    /// The values a step holds until its backward reads them: an op's activations count only
+    /// those of its outputs. `None` counts every output as held.
+    pub held: Option<&'a HeldValues>,
 }
 
 /// Whether `op` is a matrix product or made of them (compute-bound): the fused attention is.
@@ -154,14 +158,14 @@ pub fn evaluate(
         let value = &graph.values()[v.0];
         let split: usize = inputs[k].factors.iter().product::<usize>().max(1);
         let local = local_elements(&value.shape, &inputs[k].factors) * elem(v);
+        // A parameter or input read by several ops (a tied embedding table) is held once: its
+        // memory is counted at its first use only.
+        let first_use = graph
+            .consumers(v)
+            .first()
+            .is_none_or(|u| u.input == k && graph.nodes()[u.node.0].name == node.name);
         let group = match &value.kind {
             ValueKind::Parameter { trainable, .. } => {
-                // A parameter read by several ops (a tied embedding table) is held once: its
-                // memory is counted at its first use only.
-                let first_use = graph
-                    .consumers(v)
-                    .first()
-                    .is_none_or(|u| u.input == k && graph.nodes()[u.node.0].name == node.name);
                 if first_use {
                     memory.parameters += local;
                 }
@@ -183,13 +187,28 @@ pub fn evaluate(
                 // change of its own; the cost here is MindSpore's mirror all-reduce.
                 devices / split
             }
-            ValueKind::Input => continue,
+            ValueKind::Input => {
+                // Fed data is held for the whole step.
+                if first_use && settings.held.is_some() {
+                    memory.activations += local;
+                }
+                continue;
+            }
             ValueKind::Intermediate if !value.dtype.is_float() => continue,
-            ValueKind::Intermediate => devices_used / split,
+            ValueKind::Intermediate => {
+                if settings.held.is_some_and(|h| h.gradient_written_at_peak(v)) {
+                    memory.activations += local;
+                }
+                devices_used / split
+            }
         };
         if group > 1 {
             comm += profile.all_reduce(local, group);
             comm_bytes += 2.0 * local * (group - 1) as f64 / group as f64;
+            if matches!(value.kind, ValueKind::Parameter { .. }) {
+                // The backward writes the gradient whole before its sum: a buffer of its own.
+                memory.activations += local;
+            }
         }
     }
     if let Some((time, bytes)) = ring_cost(profile, &ctx, &inputs, || elem(node.inputs[1])) {
@@ -197,7 +216,10 @@ pub fn evaluate(
         comm_bytes += bytes;
     }
     for (k, &v) in node.outputs.iter().enumerate() {
-        memory.activations += local_elements(ctx.output_shapes[k], &outputs[k].factors) * elem(v);
+        if settings.held.is_none_or(|h| h.is_held(v)) {
+            memory.activations +=
+                local_elements(ctx.output_shapes[k], &outputs[k].factors) * elem(v);
+        }
     }
     Ok(Evaluated {
         strategy: strategy.to_vec(),
@@ -361,6 +383,7 @@ mod tests {
             profile: &profile,
             devices: 1,
             optimizer_states: 2,
+            held: None,
         };
         let memory = |i: usize| {
             let node = &graph.nodes()[i];
@@ -387,6 +410,7 @@ mod tests {
             profile: &profile,
             devices: 4,
             optimizer_states: 2,
+            held: None,
         };
         let cost = |s: [usize; 4]| evaluate(&graph, node, &vec![s.to_vec(); 3], &settings).unwrap();
         // Heads over 4 ranks: every rank attends its heads whole; nothing moves.

@@ -13,7 +13,10 @@ pub struct MemoryEstimate {
     pub gradients: f64,
     /// Optimizer state.
     pub optimizer: f64,
-    /// Forward outputs kept for the backward pass.
+    /// Forward outputs kept for the backward pass (those it reads: [`crate::HeldValues`]),
+    /// and each parameter gradient the backward writes whole before its sum over devices.
+    /// All are counted as held at once: where the sums run during the backward the step's
+    /// peak is lower (`tessera train --explain` walks the step's buffers).
     pub activations: f64,
 }
 

@@ -71,6 +71,7 @@ mod evaluate;
 mod exhaustive;
 mod footprint;
 mod greedy;
+mod held;
 mod pipeline;
 mod plan;
 mod problem;
@@ -87,6 +88,7 @@ pub use crate::error::SearchError;
 pub use crate::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
 pub use crate::exhaustive::{brute_force, MAX_COMBINATIONS};
 pub use crate::footprint::{plan_memory, MemoryEstimate};
+pub use crate::held::HeldValues;
 pub use crate::pipeline::PipelinePlan;
 pub use crate::plan::{
     plan, Hints, LoadedLayouts, LoadedOp, LoadedStrategies, PlanModel, PlanReport, PlanRequest,

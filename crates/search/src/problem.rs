@@ -15,6 +15,7 @@ use crate::candidates::candidates;
 use crate::error::SearchError;
 use crate::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
 use crate::footprint::{plan_memory, MemoryEstimate};
+use crate::held::HeldValues;
 
 /// One op to choose a strategy for.
 #[derive(Debug, Clone)]
@@ -99,8 +100,9 @@ impl PlanCost {
     }
 }
 
-/// Key of a class: the op and its operands' shapes and kinds.
-fn class_key(graph: &Graph, node: &graph::Node) -> String {
+/// Key of a class: the op, its operands' shapes and kinds, and what its activations count:
+/// which outputs are held for the backward, which inputs' gradients are written at the peak.
+fn class_key(graph: &Graph, node: &graph::Node, held: Option<&HeldValues>) -> String {
     let kinds: Vec<String> = node
         .inputs
         .iter()
@@ -117,13 +119,22 @@ fn class_key(graph: &Graph, node: &graph::Node) -> String {
                 ValueKind::Input => "I",
                 ValueKind::Intermediate => "T",
             };
-            format!("{kind}{:?}{:?}", value.shape, value.dtype)
+            let first = held.is_some_and(|h| h.gradient_written_at_peak(v));
+            let mark = if first { "!" } else { "" };
+            format!("{mark}{kind}{:?}{:?}", value.shape, value.dtype)
         })
         .collect();
     let outs: Vec<String> = node
         .outputs
         .iter()
-        .map(|&v| format!("{:?}", graph.values()[v.0].shape))
+        .map(|&v| {
+            let mark = if held.is_none_or(|h| h.is_held(v)) {
+                ""
+            } else {
+                "~"
+            };
+            format!("{mark}{:?}", graph.values()[v.0].shape)
+        })
         .collect();
     format!("{:?}|{}|{}", node.op, kinds.join(","), outs.join(","))
 }
@@ -177,7 +188,7 @@ impl SearchProblem {
                 let class = usize::MAX - nodes.len();
                 (Arc::new(vec![one]), class, true)
             } else {
-                let key = class_key(graph, node);
+                let key = class_key(graph, node, settings.held);
                 let hint = hints.get(&node.name);
                 let key = match hint {
                     Some(h) => format!("{key}|{h:?}"),

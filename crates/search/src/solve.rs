@@ -13,6 +13,7 @@ use crate::cost::DeviceProfile;
 use crate::error::SearchError;
 use crate::evaluate::EvalSettings;
 use crate::footprint::MemoryEstimate;
+use crate::held::HeldValues;
 use crate::problem::{PlanCost, SearchProblem};
 use crate::{budget, elimination, greedy, recursive};
 
@@ -66,12 +67,13 @@ pub struct SearchResult {
     pub op_least_memory: Vec<MemoryEstimate>,
 }
 
-/// The settings of `request` for costing ops.
-fn settings<'a>(request: &SearchRequest<'a>) -> EvalSettings<'a> {
+/// The settings of `request` for costing ops, activations counted for the `held` values.
+fn settings<'a>(request: &SearchRequest<'a>, held: &'a HeldValues) -> EvalSettings<'a> {
     EvalSettings {
         profile: request.profile,
         devices: request.devices,
         optimizer_states: request.optimizer_states,
+        held: Some(held),
     }
 }
 
@@ -85,7 +87,8 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
             profile: request.profile.name.clone(),
             source,
         })?;
-    let settings = settings(request);
+    let held = HeldValues::of(graph);
+    let settings = settings(request, &held);
     let problem = SearchProblem::build_only(
         graph,
         &settings,
@@ -172,7 +175,8 @@ pub fn evaluate_strategies(
             );
         }
     }
-    let problem = SearchProblem::build(graph, &settings(request), &fixed, &BTreeMap::new())?;
+    let held = HeldValues::of(graph);
+    let problem = SearchProblem::build(graph, &settings(request, &held), &fixed, &BTreeMap::new())?;
     Ok(problem.cost(&vec![0; problem.nodes.len()]))
 }
 

@@ -77,6 +77,7 @@ fn problem(graph: &Graph, profile: &DeviceProfile, devices: usize) -> SearchProb
         profile,
         devices,
         optimizer_states: 2,
+        held: None,
     };
     SearchProblem::build(graph, &settings, &BTreeMap::new(), &BTreeMap::new()).unwrap()
 }
