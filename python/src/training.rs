@@ -26,14 +26,14 @@ fn load_config(
     overrides: &[String],
     devices: Option<usize>,
 ) -> PyResult<TrainConfig> {
-    let config = match (path, text) {
-        (Some(path), _) => TrainConfig::load(path, overrides).map_err(|e| match e {
+    match (path, text) {
+        (Some(path), _) => TrainConfig::load_on(path, overrides, devices).map_err(|e| match e {
             // Reading the config file itself: an OS error on the config, not a checkpoint's.
             runtime::RuntimeError::Io { path: p, source } if p == path => {
                 config_file_err(&p, &source)
             }
             other => runtime_err(other),
-        })?,
+        }),
         (None, text) => {
             let base = std::env::current_dir().map_err(|source| {
                 runtime_err(runtime::RuntimeError::Io {
@@ -41,12 +41,9 @@ fn load_config(
                     source,
                 })
             })?;
-            TrainConfig::parse(text.unwrap_or(""), None, overrides, &base).map_err(runtime_err)?
+            TrainConfig::parse_on(text.unwrap_or(""), None, overrides, devices, &base)
+                .map_err(runtime_err)
         }
-    };
-    match devices {
-        Some(n) => config.with_devices(n).map_err(runtime_err),
-        None => Ok(config),
     }
 }
 

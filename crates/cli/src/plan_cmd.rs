@@ -32,10 +32,7 @@ pub struct PlanArgs {
 
 /// Runs `tessera plan`.
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
-    let mut config = TrainConfig::load(&args.config, &args.sets)?;
-    if let Some(n) = args.devices {
-        config = config.with_devices(n)?;
-    }
+    let mut config = TrainConfig::load_on(&args.config, &args.sets, args.devices)?;
     if let Some(p) = &args.profile {
         let base = std::env::current_dir()?;
         let mut search = config.search().clone();

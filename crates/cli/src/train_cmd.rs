@@ -72,10 +72,7 @@ pub struct TrainArgs {
 
 /// Runs `tessera train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
-    let mut config = TrainConfig::load(&args.config, &args.sets)?;
-    if let Some(n) = args.devices {
-        config = config.with_devices(n)?;
-    }
+    let config = TrainConfig::load_on(&args.config, &args.sets, args.devices)?;
     for warning in config.warnings() {
         eprintln!("warning: {warning}");
     }
@@ -83,8 +80,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         anyhow::bail!("--mpi-watchdog applies to --backend mpi only");
     }
     if config.ps().is_some() {
+        // `--devices` is refused by the configuration itself (`parallel.devices` has no
+        // meaning in this mode), naming the flag.
         let refused = [
-            ("--devices", args.devices.is_some()),
             ("--explain", args.explain || args.explain_rank.is_some()),
             ("--trace", args.trace.is_some()),
             ("--timeline", args.timeline.is_some()),

@@ -265,6 +265,30 @@ fn a_resume_into_another_model_or_alphabet_or_past_the_end_is_refused() {
         &["--set", &resume, "--set", "model.layers=2"],
     );
     assert_fails_before_training(&run, "nothing is left to train");
+    // The same model under another optimizer: its state would be dropped (sgd keeps none) or
+    // missing (adam's moments are not mint_adamw's).
+    for (optimizer, keeps) in [("sgd", "none"), ("adam", "moment1, moment2")] {
+        let set = format!("train.optimizer=\"{optimizer}\"");
+        let run = train_gpt(
+            &dir.0.join(optimizer),
+            &[
+                "--set",
+                &resume,
+                "--set",
+                "model.layers=2",
+                "--set",
+                "train.epochs=2",
+                "--set",
+                &set,
+            ],
+        );
+        assert_fails_before_training(&run, "train.optimizer");
+        assert_fails_before_training(
+            &run,
+            &format!("keeps the optimizer state {keeps}, but the checkpoint"),
+        );
+        assert_fails_before_training(&run, "holds exp_avg, exp_avg_sq");
+    }
     // Resuming with steps left works.
     let (out, _) = train_gpt(
         &dir.0.join("more"),

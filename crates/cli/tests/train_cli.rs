@@ -526,7 +526,11 @@ fn parameter_server_mode_starts_every_role_and_trains() {
     ]);
     assert!(!refused.status.success());
     let stderr = String::from_utf8(refused.stderr).unwrap();
-    assert!(stderr.contains("--devices does not apply"), "{stderr}");
+    assert!(
+        stderr.contains("parallel.devices: has no meaning in mode \"parameter_server\"")
+            && stderr.contains("the value comes from --devices 4"),
+        "{stderr}"
+    );
 }
 
 /// `(epoch, step) → loss` of every step line of a metrics log.

@@ -270,8 +270,8 @@ fn load_strategies(path: &Path) -> Result<LoadedStrategies, RuntimeError> {
 /// Plans `config`'s run without starting ranks: with a search mode, searches (or loads
 /// `parallel.load_operator_strategy_file`); otherwise costs the configured strategies.
 pub fn plan(config: &TrainConfig) -> Result<PlanReport, RuntimeError> {
-    let (model, gpt) = build_model(config)?;
-    plan_model(config, &model, gpt.as_ref())
+    let (model, gpt) = build_model(config).map_err(|e| config.data().explain_batch_error(e))?;
+    plan_model(config, &model, gpt.as_ref()).map_err(|e| config.data().explain_batch_error(e))
 }
 
 /// [`plan`] for a model already built.

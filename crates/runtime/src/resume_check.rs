@@ -10,6 +10,7 @@
 //! - the step it was saved at leaves something to train under `train.epochs` and
 //!   `train.max_steps`.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use exec::STATE_NAMES_OF_EVERY_RULE;
@@ -26,7 +27,9 @@ pub(crate) fn check_resumable(
     from: &Path,
     strategy_file: &Path,
 ) -> Result<(), RuntimeError> {
-    check_tensor_names(session, from, strategy_file)?;
+    let strategy = ckpt::Strategy::load(strategy_file)?;
+    check_tensor_names(session, from, &strategy)?;
+    check_optimizer_state(session, from, &strategy)?;
     check_model_description(session, from)?;
     check_steps_left(session, from)
 }
@@ -42,9 +45,8 @@ fn resume_error(from: &Path, reason: String) -> RuntimeError {
 fn check_tensor_names(
     session: &TrainSession,
     from: &Path,
-    strategy_file: &Path,
+    strategy: &ckpt::Strategy,
 ) -> Result<(), RuntimeError> {
-    let strategy = ckpt::Strategy::load(strategy_file)?;
     let model: std::collections::BTreeSet<&str> = session
         .train
         .params
@@ -81,6 +83,43 @@ fn check_tensor_names(
             foreign[..foreign.len().min(SHOWN)].join(", ")
         ),
     ))
+}
+
+/// The checkpoint holds the optimizer state this run's rule keeps, no more, no less: another
+/// rule's state would be dropped (or its moments read as another rule's), and a rule whose
+/// state is missing could not continue the run.
+fn check_optimizer_state(
+    session: &TrainSession,
+    from: &Path,
+    strategy: &ckpt::Strategy,
+) -> Result<(), RuntimeError> {
+    let optimizer = session.config.optimizer_config().kind;
+    let ours: BTreeSet<&str> = optimizer.state_names().iter().copied().collect();
+    let saved: BTreeSet<&str> = strategy
+        .params
+        .iter()
+        .filter_map(|p| p.name.split_once('.'))
+        .map(|(state, _)| state)
+        .filter(|state| STATE_NAMES_OF_EVERY_RULE.contains(state))
+        .collect();
+    if saved == ours {
+        return Ok(());
+    }
+    let list = |names: &BTreeSet<&str>| match names.is_empty() {
+        true => "none".to_string(),
+        false => names.iter().copied().collect::<Vec<_>>().join(", "),
+    };
+    Err(RuntimeError::Config {
+        key: "train.optimizer".to_string(),
+        reason: format!(
+            "\"{}\" keeps the optimizer state {}, but the checkpoint in {} (output.resume_from) \
+             holds {}: it was saved by another optimizer; resume with the one that saved it",
+            optimizer.name(),
+            list(&ours),
+            from.display(),
+            list(&saved)
+        ),
+    })
 }
 
 /// A GPT checkpoint's `model.json` (when it has one) describes this run's model.

@@ -254,6 +254,7 @@ impl Trainer {
                 pixel_max: None,
                 normalize: Normalize::Standardize,
                 text: None,
+                batch_cuts: Vec::new(),
             },
             self.parallel.clone(),
             self.optimizer,

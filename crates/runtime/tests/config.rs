@@ -845,3 +845,148 @@ fn absurd_mlp_sizes_name_their_key() {
     assert_eq!(key, "model.classes");
     assert!(parse_with(MINIMAL, &["model.hidden=4096"]).is_ok());
 }
+
+/// `--devices` replaces `parallel.devices` before the keys that depend on the count are
+/// checked: `parallel.hsdp.shard_size` is checked against the count the run uses, not the
+/// file's.
+#[test]
+fn the_devices_flag_is_the_count_every_key_is_checked_against() {
+    let on = |overrides: &[&str], devices: usize| {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        TrainConfig::parse_on(
+            MINIMAL,
+            Some(Path::new("conf.toml")),
+            &overrides,
+            Some(devices),
+            Path::new("/base"),
+        )
+    };
+    let semi = "parallel.mode=\"data_parallel\"";
+    // Valid on 4 devices, though the file says 1.
+    let config = on(&[semi, "parallel.hsdp.shard_size=2"], 4).unwrap();
+    assert_eq!(config.parallel_config().devices, 4);
+    assert_eq!(
+        config.parallel_config().hsdp.map(|h| h.shard_size),
+        Some(Some(2))
+    );
+    // Invalid on 4 devices, though the file's 8 would allow it.
+    let err = on(
+        &[semi, "parallel.devices=8", "parallel.hsdp.shard_size=8"],
+        4,
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("parallel.hsdp.shard_size")
+            && text.contains("8 must be -1 or a positive divisor of the 4 devices"),
+        "{text}"
+    );
+    // A bad count is named as the flag.
+    assert!(matches!(
+        on(&[], 0),
+        Err(RuntimeError::Config { key, .. }) if key == "--devices"
+    ));
+    // `with_devices` on a parsed config checks the same key.
+    let config = parse_with(
+        MINIMAL,
+        &[semi, "parallel.devices=8", "parallel.hsdp.shard_size=8"],
+    )
+    .unwrap();
+    let err = config.with_devices(4).unwrap_err().to_string();
+    assert!(
+        err.contains("parallel.hsdp.shard_size") && err.contains("--devices"),
+        "{err}"
+    );
+}
+
+/// An error about a batch that micro-batches cut says so: the batch it quotes is one
+/// micro-batch, cut from the file's `data.batch_size` by the named setting.
+#[test]
+fn a_batch_error_after_a_micro_batch_cut_names_the_cut() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parallel = "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\n\
+                    [parallel.pipeline]\nstages = 2\nmicro_batches = 8";
+    let config = crate::run_util::small_gpt(tmp.path(), "sgd", "", parallel, &[]);
+    let err = match runtime::Session::new(&config) {
+        Ok(_) => panic!("a micro-batch of 1 row cannot be split over 2 ranks"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("data.batch_size")
+            && err.contains("one micro-batch of 1 rows")
+            && err.contains("data.batch_size = 8 cut by parallel.pipeline.micro_batches = 8"),
+        "{err}"
+    );
+    let err = runtime::plan(&config).unwrap_err().to_string();
+    assert!(
+        err.contains("cut by parallel.pipeline.micro_batches = 8"),
+        "{err}"
+    );
+}
+
+/// `virtual_stages` without interleaving is reported as having no effect; a bad stage number's
+/// key quotes a cell prefix holding a dot, as the key is written.
+#[test]
+fn pipeline_keys_without_effect_are_warned_and_stage_keys_quoted() {
+    let pipeline = [
+        "parallel.pipeline.stages=2",
+        "parallel.pipeline.virtual_stages=3",
+    ];
+    let config = parse_with(MINIMAL, &pipeline).unwrap();
+    assert!(
+        config
+            .warnings()
+            .iter()
+            .any(|w| w.contains("virtual_stages = 3 has no effect")),
+        "{:?}",
+        config.warnings()
+    );
+    let config = parse_with(
+        MINIMAL,
+        &[
+            pipeline[0],
+            pipeline[1],
+            "parallel.pipeline.scheduler=\"interleaved_1f1b\"",
+            "parallel.pipeline.micro_batches=2",
+        ],
+    )
+    .unwrap();
+    assert!(!config
+        .warnings()
+        .iter()
+        .any(|w| w.contains("virtual_stages")));
+    let err = parse_with(
+        MINIMAL,
+        &[
+            pipeline[0],
+            "parallel.pipeline.stage_config.\"blocks.1\"=-1",
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("parallel.pipeline.stage_config.\"blocks.1\""),
+        "{err}"
+    );
+}
+
+/// A text run without a validation split that asks for evaluation is warned: nothing is
+/// evaluated.
+#[test]
+fn evaluation_without_a_validation_split_is_warned() {
+    let warned = |overrides: &[&str]| {
+        parse_with(GPT_MINIMAL, overrides)
+            .unwrap()
+            .warnings()
+            .iter()
+            .any(|w| w.contains("data.val_fraction = 0"))
+    };
+    assert!(warned(&["data.val_fraction=0.0", "train.eval=true"]));
+    assert!(warned(&[
+        "data.val_fraction=0.0",
+        "train.eval=false",
+        "train.eval_interval=2"
+    ]));
+    assert!(!warned(&["data.val_fraction=0.0", "train.eval=false"]));
+    assert!(!warned(&["data.val_fraction=0.1", "train.eval=true"]));
+}

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use runtime::{BatchPlan, IdxDataset, RuntimeError, Split};
+use runtime::{BatchPlan, IdxDataset, Normalize, RuntimeError, Split};
 use tensor::Tensor;
 
 fn digits_dir() -> PathBuf {
@@ -303,4 +303,43 @@ fn out_of_range_indices_and_labels_are_errors() {
         }
         other => panic!("expected a Data error, got {other}"),
     }
+}
+
+/// The test split must have the training split's image shape: the model is built for the
+/// training images, and a larger test image would be cropped to them, a reshaped one fail at the
+/// first evaluation, after training.
+#[test]
+fn a_test_split_of_another_image_shape_is_refused_naming_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    write_split(dir.path(), 4);
+    let labels: Vec<u8> = vec![0, 1, 2];
+    write_idx(
+        &dir.path().join("t10k-labels-idx1-ubyte"),
+        0x801,
+        &[3],
+        &labels,
+    );
+    let test_images = dir.path().join("t10k-images-idx3-ubyte");
+    // The same 6 pixels an image, as 3×2; then larger, 3×3.
+    for (dims, what) in [([3u32, 3, 2], "3×2"), ([3, 3, 3], "3×3")] {
+        let n = (dims[0] * dims[1] * dims[2]) as usize;
+        write_idx(&test_images, 0x803, &dims, &vec![1; n]);
+        let err =
+            IdxDataset::open_train_and_test(dir.path(), None, Normalize::default()).unwrap_err();
+        match err {
+            RuntimeError::Data { path, reason } => {
+                assert_eq!(path, test_images, "{reason}");
+                assert!(
+                    reason.contains(&format!("holds {what} images"))
+                        && reason.contains("train-images-idx3-ubyte")
+                        && reason.contains("2×3"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected a Data error, got {other}"),
+        }
+    }
+    // The training shape itself opens.
+    write_idx(&test_images, 0x803, &[3, 2, 3], &[1; 18]);
+    IdxDataset::open_train_and_test(dir.path(), None, Normalize::default()).unwrap();
 }

@@ -410,3 +410,35 @@ fn a_run_logs_the_schedule_s_rate_per_step_and_a_resume_continues_it() {
     assert_eq!(resumed, full[5..], "the resumed run continues the schedule");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A schedule that does not fit the run is refused when the session is built (what
+/// `--explain` and every front end do before any rank starts), naming the key.
+#[test]
+fn a_schedule_that_does_not_fit_the_run_is_refused_before_any_rank_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |overrides: &[&str], key: &str| {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        let config = crate::run_util::small_gpt(tmp.path(), "sgd", "", "", &overrides);
+        match runtime::Session::new(&config) {
+            Ok(_) => panic!("{overrides:?}: the session builds"),
+            Err(e) => assert!(e.to_string().contains(key), "{overrides:?}: {e}"),
+        }
+    };
+    refused(
+        &[
+            "train.lr_schedule=\"cosine\"",
+            "train.warmup_steps=10",
+            "train.decay_steps=5",
+        ],
+        "train.warmup_steps",
+    );
+    // 20 steps, rates for 3.
+    refused(
+        &[
+            "train.lr_schedule=\"piecewise_constant_lr\"",
+            "train.milestone=[2, 3]",
+            "train.learning_rates=[0.1, 0.01]",
+        ],
+        "train.milestone",
+    );
+}

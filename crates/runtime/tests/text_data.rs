@@ -156,6 +156,23 @@ fn token_files_are_read_by_window_and_checked() {
     assert_eq!(scanned.train.vocab_size(), 50);
 }
 
+/// A device (endless, `/dev/zero`) or a directory is refused at once, naming the path, with or
+/// without a vocabulary size: the vocabulary scan used to read `/dev/zero` forever.
+#[test]
+fn a_token_file_that_is_not_a_regular_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in [Path::new("/dev/zero"), dir.path()] {
+        for vocab in [None, Some(100)] {
+            let err = TokenCorpus::open_tokens(path, TokenDtype::U16, vocab, 0.1).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains(&path.display().to_string()) && text.contains("not a regular file"),
+                "{text}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_bundled_kjv_text_reads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz");

@@ -161,7 +161,8 @@ pub struct DataConfig {
     pub format: DataFormat,
     /// The data set's directory (resolved).
     pub dir: PathBuf,
-    /// The **global** batch size (over all devices).
+    /// The **global** batch size (over all devices) of one micro-batch: the file's
+    /// `data.batch_size`, divided by the settings of `batch_cuts`.
     pub batch_size: usize,
     /// Shuffle the training split each epoch.
     pub shuffle: bool,
@@ -171,6 +172,47 @@ pub struct DataConfig {
     pub normalize: Normalize,
     /// The text formats' keys (`format = "text"` or `"tokens"`).
     pub text: Option<TextDataKeys>,
+    /// The settings that cut each step's batch into micro-batches, in order, each with its
+    /// count (`parallel.pipeline.micro_batches`, `parallel.micro_batch_interleave`).
+    pub batch_cuts: Vec<(&'static str, usize)>,
+}
+
+impl DataConfig {
+    /// `err`, explained when it quotes a cut batch: an error about `data.batch_size` or the
+    /// dataset strategy then says that the batch it names is one micro-batch, and how the
+    /// file's `data.batch_size` was cut into it.
+    pub fn explain_batch_error(&self, err: RuntimeError) -> RuntimeError {
+        if self.batch_cuts.is_empty() {
+            return err;
+        }
+        let whole = self.batch_cuts.iter().map(|&(_, n)| n).product::<usize>() * self.batch_size;
+        let cuts: Vec<String> = self
+            .batch_cuts
+            .iter()
+            .map(|(key, n)| format!("{key} = {n}"))
+            .collect();
+        let note = format!(
+            " (the batch here is one micro-batch of {} rows: data.batch_size = {whole} cut by {})",
+            self.batch_size,
+            cuts.join(" and ")
+        );
+        match err {
+            RuntimeError::Config { key, reason } if key == "data.batch_size" => {
+                RuntimeError::Config {
+                    key,
+                    reason: reason + &note,
+                }
+            }
+            RuntimeError::Parallel(parallel::ParallelError::Setting {
+                setting: setting @ "dataset_strategy",
+                reason,
+            }) => RuntimeError::Parallel(parallel::ParallelError::Setting {
+                setting,
+                reason: reason + &note,
+            }),
+            other => other,
+        }
+    }
 }
 
 /// `[train]`, except the optimizer ([`TrainConfig::optimizer_config`]).
@@ -294,6 +336,17 @@ impl TrainConfig {
     /// Reads the TOML file `path`, applies `overrides` (`section.key=value` each) and checks
     /// the result. Relative paths are resolved against the current directory.
     pub fn load(path: &Path, overrides: &[String]) -> Result<TrainConfig, RuntimeError> {
+        TrainConfig::load_on(path, overrides, None)
+    }
+
+    /// [`TrainConfig::load`] on `devices` devices when given (the command line's `--devices`,
+    /// which replaces `parallel.devices` before any key is checked: see
+    /// [`TrainConfig::parse_on`]).
+    pub fn load_on(
+        path: &Path,
+        overrides: &[String],
+        devices: Option<usize>,
+    ) -> Result<TrainConfig, RuntimeError> {
         let text = layout::limits::read_text_bounded(path, layout::limits::MAX_TEXT_FILE_BYTES)
             .map_err(|source| RuntimeError::Io {
                 path: path.to_path_buf(),
@@ -303,7 +356,7 @@ impl TrainConfig {
             path: PathBuf::from("."),
             source,
         })?;
-        TrainConfig::parse(&text, Some(path), overrides, &base)
+        TrainConfig::parse_on(&text, Some(path), overrides, devices, &base)
     }
 
     /// Parses config `text` (read from `source`, if from a file, for error messages), applies
@@ -312,6 +365,20 @@ impl TrainConfig {
         text: &str,
         source: Option<&Path>,
         overrides: &[String],
+        base: &Path,
+    ) -> Result<TrainConfig, RuntimeError> {
+        TrainConfig::parse_on(text, source, overrides, None, base)
+    }
+
+    /// [`TrainConfig::parse`] on `devices` devices when given: the count replaces
+    /// `parallel.devices` after the overrides and before any key is read, so every key whose
+    /// valid values depend on the device count (`parallel.hsdp.shard_size`) is checked against
+    /// the count the run uses, and an error about it says the value comes from `--devices`.
+    pub fn parse_on(
+        text: &str,
+        source: Option<&Path>,
+        overrides: &[String],
+        devices: Option<usize>,
         base: &Path,
     ) -> Result<TrainConfig, RuntimeError> {
         let mut root: Table = text.parse().map_err(|e: toml::de::Error| {
@@ -328,9 +395,23 @@ impl TrainConfig {
                 format!("not valid TOML{at}: {}", e.message().trim()),
             )
         })?;
+        // Each overridden key, and where its value comes from.
         let mut overridden = Vec::new();
         for text in overrides {
-            overridden.push((apply_override(&mut root, text)?, text));
+            overridden.push((apply_override(&mut root, text)?, format!("--set {text}")));
+        }
+        if let Some(n) = devices {
+            check_devices_flag(n)?;
+            let parallel = root
+                .entry("parallel")
+                .or_insert_with(|| toml::Value::Table(Table::new()));
+            if let toml::Value::Table(parallel) = parallel {
+                parallel.insert("devices".to_string(), toml::Value::Integer(n as i64));
+            }
+            overridden.push((
+                vec!["parallel".to_string(), "devices".to_string()],
+                format!("--devices {n}"),
+            ));
         }
         let mut config = from_root(root, base).map_err(|e| match e {
             RuntimeError::Config { key, reason } => {
@@ -339,8 +420,8 @@ impl TrainConfig {
                     .rev()
                     .find(|(path, _)| concerns(&key, path))
                 {
-                    Some((_, text)) => RuntimeError::Config {
-                        reason: format!("{reason} (the value comes from --set {text})"),
+                    Some((_, origin)) => RuntimeError::Config {
+                        reason: format!("{reason} (the value comes from {origin})"),
                         key,
                     },
                     None => in_source(source, &key, reason),
@@ -426,14 +507,14 @@ impl TrainConfig {
     }
 
     /// The same config on `devices` devices (the command line's `--devices`).
+    ///
+    /// Prefer [`TrainConfig::load_on`] or [`TrainConfig::parse_on`], which check every key
+    /// against the count; this checks the keys that depend on it again.
     pub fn with_devices(mut self, devices: usize) -> Result<TrainConfig, RuntimeError> {
-        if devices == 0 {
-            return Err(RuntimeError::Config {
-                key: "--devices".to_string(),
-                reason: "0 is out of range: it must be ≥ 1".to_string(),
-            });
+        check_devices_flag(devices)?;
+        if let Some(hsdp) = &self.parallel.hsdp {
+            sections::check_shard_size(hsdp.shard_size, devices, "--devices")?;
         }
-        values::check_device_count("--devices", devices)?;
         self.parallel.devices = devices;
         Ok(self)
     }
@@ -596,6 +677,17 @@ impl TrainConfig {
 }
 
 /// A `Config` error, or a `ConfigFile` error when it comes from a file.
+/// Checks the command line's `--devices` count.
+fn check_devices_flag(devices: usize) -> Result<(), RuntimeError> {
+    if devices == 0 {
+        return Err(RuntimeError::Config {
+            key: "--devices".to_string(),
+            reason: "0 is out of range: it must be ≥ 1".to_string(),
+        });
+    }
+    values::check_device_count("--devices", devices)
+}
+
 fn in_source(source: Option<&Path>, key: &str, reason: String) -> RuntimeError {
     match source {
         Some(path) => RuntimeError::ConfigFile {

@@ -3,6 +3,7 @@
 use parallel::pipeline::{PipelineConfig, Scheduler};
 use toml::Value;
 
+use super::overrides::display_key;
 use super::values::{config_error, read_bool, read_positive, read_string, wrong_type, Section};
 use crate::error::RuntimeError;
 
@@ -17,8 +18,13 @@ const PIPELINE_KEYS: &[&str] = &[
     "stage_config",
 ];
 
-/// Reads `[parallel.pipeline]` (checked against the device count later, by the parallel pass).
-pub(super) fn read_pipeline(key: &str, value: Value) -> Result<PipelineConfig, RuntimeError> {
+/// Reads `[parallel.pipeline]` (checked against the device count later, by the parallel pass),
+/// with a warning for each key given that has no effect.
+pub(super) fn read_pipeline(
+    key: &str,
+    value: Value,
+) -> Result<(PipelineConfig, Vec<String>), RuntimeError> {
+    let mut warnings = Vec::new();
     let mut s = Section::new(key, value, PIPELINE_KEYS)?;
     let stages = s.require("stages", read_positive)?;
     let micro_batches = s.or("micro_batches", 1, read_positive)?;
@@ -32,6 +38,12 @@ pub(super) fn read_pipeline(key: &str, value: Value) -> Result<PipelineConfig, R
     }
     if let Some(v) = s.get("virtual_stages", read_positive)? {
         config.virtual_stages = v;
+        if !config.interleave {
+            warnings.push(format!(
+                "{key}.virtual_stages = {v} has no effect without {key}.interleave = true or \
+                 scheduler = \"interleaved_1f1b\" (each stage runs one chunk of layers)"
+            ));
+        }
     }
     config.output_broadcast = s.or("output_broadcast", false, read_bool)?;
     let stage_config = s.or("stage_config", Vec::new(), |k, v| {
@@ -41,7 +53,7 @@ pub(super) fn read_pipeline(key: &str, value: Value) -> Result<PipelineConfig, R
         table
             .into_iter()
             .map(|(prefix, stage)| {
-                let stage_key = format!("{k}.{prefix}");
+                let stage_key = format!("{k}.{}", display_key(std::slice::from_ref(&prefix)));
                 let stage = match stage {
                     Value::Integer(n) if n >= 0 => usize::try_from(n)
                         .map_err(|_| config_error(&stage_key, format!("{n} is too large")))?,
@@ -57,5 +69,5 @@ pub(super) fn read_pipeline(key: &str, value: Value) -> Result<PipelineConfig, R
     config
         .validate_shape()
         .map_err(|e| config_error(key, e.to_string()))?;
-    Ok(config)
+    Ok((config, warnings))
 }

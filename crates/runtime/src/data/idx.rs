@@ -295,6 +295,19 @@ impl IdxDataset {
     ) -> Result<(IdxDataset, IdxDataset), RuntimeError> {
         let mut train = IdxDataset::open(dir, Split::Train, pixel_max)?;
         let mut test = IdxDataset::open(dir, Split::Test, Some(train.pixel_max))?;
+        if test.image_shape() != train.image_shape() {
+            let [rows, cols] = train.image_shape();
+            return Err(data_error(
+                &test.images_path,
+                format!(
+                    "holds {}×{} images, but the training split {} holds {rows}×{cols}: the \
+                     model is built for the training images, so every split must have their shape",
+                    test.rows,
+                    test.cols,
+                    train.images_path.display()
+                ),
+            ));
+        }
         if normalize == Normalize::Standardize {
             let (mean, std) = train.scaled_moments()?;
             for split in [&mut train, &mut test] {

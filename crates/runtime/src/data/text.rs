@@ -218,13 +218,19 @@ impl TokenCorpus {
             path: path.to_path_buf(),
             source: e,
         })?;
-        let bytes = file
-            .metadata()
-            .map_err(|e| RuntimeError::Io {
-                path: path.to_path_buf(),
-                source: e,
-            })?
-            .len();
+        let metadata = file.metadata().map_err(|e| RuntimeError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        if !metadata.is_file() {
+            return Err(data_error(
+                path,
+                "is not a regular file (a device, pipe or directory): a token file is read in \
+                 place, window by window, so its length must be known"
+                    .to_string(),
+            ));
+        }
+        let bytes = metadata.len();
         if bytes % dtype.size() as u64 != 0 {
             return Err(data_error(
                 path,
@@ -236,7 +242,7 @@ impl TokenCorpus {
         }
         let vocab_size = match vocab_size {
             Some(v) => v,
-            None => largest_id(&file, path, dtype)? as usize + 1,
+            None => largest_id(&file, path, dtype, bytes)? as usize + 1,
         };
         if vocab_size == 0 || (dtype == TokenDtype::U16 && vocab_size > 1 << 16) {
             return Err(data_error(
@@ -266,15 +272,22 @@ impl TokenCorpus {
     }
 }
 
-/// The largest id of the token file `file` (0 when empty), read in 1 MiB chunks.
-fn largest_id(file: &File, path: &Path, dtype: TokenDtype) -> Result<u32, RuntimeError> {
+/// The largest id of the first `bytes` of the token file `file` (0 when empty), read in 1 MiB
+/// chunks.
+fn largest_id(
+    file: &File,
+    path: &Path,
+    dtype: TokenDtype,
+    bytes: u64,
+) -> Result<u32, RuntimeError> {
     let size = dtype.size();
     let mut chunk = vec![0u8; (1 << 20) / size * size];
     let mut offset = 0u64;
     let mut largest = 0u32;
     loop {
+        let want = (bytes - offset).min(chunk.len() as u64) as usize;
         let n = file
-            .read_at(&mut chunk, offset)
+            .read_at(&mut chunk[..want], offset)
             .map_err(|e| RuntimeError::Io {
                 path: path.to_path_buf(),
                 source: e,

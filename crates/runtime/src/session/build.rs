@@ -80,6 +80,18 @@ impl Session {
     /// Builds the configured built-in model and its programs for `config`, reading the data's
     /// headers (for text, the whole text; token files are indexed).
     pub fn new(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        let session =
+            Session::new_built_in(config).map_err(|e| config.data().explain_batch_error(e))?;
+        // The schedule against the run's length, known now that the data is open: before any
+        // rank starts (and in `--explain`), not from rank 0 once the run has begun.
+        config
+            .lr_schedule()
+            .check_run_steps(session.planned_steps())?;
+        Ok(session)
+    }
+
+    /// [`Session::new`], its errors as they come.
+    fn new_built_in(config: &TrainConfig) -> Result<Session, RuntimeError> {
         if config.model().name == ModelName::Gpt {
             return Session::new_gpt(config);
         }

@@ -68,6 +68,7 @@ pub(super) fn read_data(
             pixel_max: None,
             normalize: Normalize::Standardize,
             text: Some(text),
+            batch_cuts: Vec::new(),
         });
     }
     discard_unused(
@@ -102,6 +103,7 @@ pub(super) fn read_data(
         pixel_max,
         normalize,
         text: None,
+        batch_cuts: Vec::new(),
     })
 }
 

@@ -15,6 +15,24 @@ pub(in crate::config) const HSDP_KEYS: &[&str] = &[
     "gradient_accumulation_shard",
 ];
 
+/// Checks `parallel.hsdp.shard_size` against the run's `devices` (given by `devices_key`).
+pub(in crate::config) fn check_shard_size(
+    shard_size: Option<usize>,
+    devices: usize,
+    devices_key: &str,
+) -> Result<(), RuntimeError> {
+    match shard_size {
+        Some(n) if n > devices || !devices.is_multiple_of(n) => Err(config_error(
+            "parallel.hsdp.shard_size",
+            format!(
+                "{n} must be -1 or a positive divisor of the {devices} devices ({devices_key}): \
+                 the shard group is a chunk of a parameter's data-parallel group"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `[parallel.hsdp]` on `devices` devices. The errors of a bad value are MindSpore's
 /// (`AutoParallel.hsdp`), prefixed by the key.
 pub(super) fn read_hsdp(
@@ -28,16 +46,7 @@ pub(super) fn read_hsdp(
         Value::Integer(-1) => Ok(None),
         Value::Integer(n) if n >= 1 => {
             let n = usize::try_from(n).unwrap_or(usize::MAX);
-            if n > devices || !devices.is_multiple_of(n) {
-                return Err(config_error(
-                    key,
-                    format!(
-                        "{n} must be -1 or a positive divisor of the {devices} devices \
-                         (parallel.devices): the shard group is a chunk of a parameter's \
-                         data-parallel group"
-                    ),
-                ));
-            }
+            check_shard_size(Some(n), devices, "parallel.devices")?;
             Ok(Some(n))
         }
         other => Err(config_error(

@@ -29,6 +29,7 @@ use super::{DataConfig, TrainConfig, TrainLoopConfig};
 use crate::error::RuntimeError;
 
 pub(super) use self::data::DATA_KEYS;
+pub(super) use self::hsdp::check_shard_size;
 #[cfg(test)]
 pub(super) use self::hsdp::HSDP_KEYS;
 pub(super) use self::model::MODEL_KEYS;
@@ -159,6 +160,15 @@ fn from_sections(
         super::lr::read_lr_schedule(&mut train_section, optimizer.learning_rate, &mut warnings)?;
     let weight_decay_filter = super::lr::read_weight_decay_filter(&mut train_section)?;
     let mut train = read_train_loop(train_section, &output, base, &mut warnings)?;
+    if data.text.as_ref().is_some_and(|t| t.val_fraction == 0.0)
+        && (train.eval || train.eval_interval.is_some())
+    {
+        warnings.push(
+            "train.eval and train.eval_interval have no effect with data.val_fraction = 0: \
+             there is no validation split to evaluate on (no eval_loss is reported)"
+                .to_string(),
+        );
+    }
     if ps_mode && train.deterministic {
         return Err(config_error(
             "train.deterministic",
@@ -269,7 +279,7 @@ fn interleave_micro_batches(
 /// by `n`. `(parts, each)` name the micro-steps in the errors.
 fn cut_batch(
     n: usize,
-    key: &str,
+    key: &'static str,
     (parts, each): (&str, &str),
     (data, train): (&mut DataConfig, &mut TrainLoopConfig),
 ) -> Result<(), RuntimeError> {
@@ -283,6 +293,7 @@ fn cut_batch(
         ));
     }
     data.batch_size /= n;
+    data.batch_cuts.push((key, n));
     train.grad_accumulation_steps = train
         .grad_accumulation_steps
         .checked_mul(n)

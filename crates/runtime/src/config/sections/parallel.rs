@@ -211,7 +211,12 @@ pub(super) fn read_parallel(
     let mut out_shard = s.or("out_shard", BTreeMap::new(), strategy_table)?;
     let strategy_file = s.get("strategy_file", path_reader(base))?;
     let manual_split = s.or("manual_split", BTreeMap::new(), read_manual_split)?;
-    let pipeline = s.get("pipeline", crate::config::pipeline::read_pipeline)?;
+    let pipeline = s
+        .get("pipeline", crate::config::pipeline::read_pipeline)?
+        .map(|(pipeline, unused)| {
+            warnings.extend(unused);
+            pipeline
+        });
     let deterministic_blocks = s.or("deterministic_blocks", 16, |key, v| {
         let n = read_positive(key, v)?;
         if !n.is_power_of_two() || n > 1 << 20 {
