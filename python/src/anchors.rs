@@ -51,6 +51,7 @@ fn anchored_strategies(
             profile: &profile,
             devices,
             optimizer_states: 1,
+            held: None,
         };
         search_anchored(&graph, &anchors, &settings)
     })

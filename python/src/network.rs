@@ -308,6 +308,7 @@ fn network_config(
         pixel_max: None,
         normalize: Normalize::Standardize,
         text: None,
+        batch_cuts: Vec::new(),
     };
     let base = std::env::current_dir().unwrap_or_default();
     TrainConfig::for_network(root, &base, model_config, data).map_err(runtime_err)
