@@ -265,6 +265,55 @@ fn a_resume_into_another_model_or_alphabet_or_past_the_end_is_refused() {
         &["--set", &resume, "--set", "model.layers=2"],
     );
     assert_fails_before_training(&run, "nothing is left to train");
+    // A tensor damaged in place (a NaN written over one value; the file keeps its size, which
+    // is all the set marker records) is named before any step runs.
+    let damaged = dir.0.join("damaged");
+    let copy = std::process::Command::new("cp")
+        .args(["-r", &s(&first), &s(&damaged)])
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    let file = damaged.join("rank_0/checkpoint_0.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let (name, at) = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .find_map(|(name, t)| {
+            let f32s = t.get("dtype")? == "F32" && name.starts_with("blocks.0.");
+            f32s.then(|| {
+                (
+                    name.clone(),
+                    t["data_offsets"][0].as_u64().unwrap() as usize,
+                )
+            })
+        })
+        .expect("an f32 tensor of the first block");
+    let at = 8 + header_len + at;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    let resume_damaged = format!("output.resume_from=\"{}\"", s(&damaged));
+    let run = train_gpt(
+        &dir.0.join("from-damaged"),
+        &[
+            "--set",
+            &resume_damaged,
+            "--set",
+            "model.layers=2",
+            "--set",
+            "train.epochs=2",
+        ],
+    );
+    assert!(!run.0.status.success());
+    let stderr = String::from_utf8_lossy(&run.0.stderr);
+    assert!(
+        stderr.contains(&format!("tensor {name:?}"))
+            && stderr.contains("holds a NaN or infinite value"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&run.0.stdout).contains("loss is"));
     // The same model under another optimizer: its state would be dropped (sgd keeps none) or
     // missing (adam's moments are not mint_adamw's).
     for (optimizer, keeps) in [("sgd", "none"), ("adam", "moment1, moment2")] {

@@ -347,6 +347,17 @@ impl TrainSession {
             targets.iter().map(|(n, l)| (n.as_str(), l)).collect();
         let loaded = ckpt::load_rank_tensors(from, &strategy_file, rank, &asked)?;
         for (name, tensor) in loaded {
+            // Training stops at a non-finite loss, so a saved tensor holds none: one here is
+            // damage (a file changed in place keeps the size the set marker checks).
+            if !exec::all_finite(&tensor) {
+                return Err(RuntimeError::Data {
+                    path: from.to_path_buf(),
+                    reason: format!(
+                        "tensor {name:?} (the piece rank {rank} resumes) holds a NaN or infinite \
+                         value: the checkpoint is damaged"
+                    ),
+                });
+            }
             let held = |(i, p): &(usize, &parallel::ProgramParam)| {
                 checkpoint_name(p) == name && exec.holds_param(*i)
             };
