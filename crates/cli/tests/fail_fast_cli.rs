@@ -269,7 +269,7 @@ fn a_resume_into_another_model_or_alphabet_or_past_the_end_is_refused() {
     // is all the set marker records) is named before any step runs.
     let damaged = dir.0.join("damaged");
     let copy = std::process::Command::new("cp")
-        .args(["-r", &s(&first), &s(&damaged)])
+        .args(["-r", s(&first), s(&damaged)])
         .status()
         .unwrap();
     assert!(copy.success());
