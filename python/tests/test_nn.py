@@ -279,3 +279,31 @@ def test_layer_sizes_are_checked_naming_the_argument():
     dense = nn.Dense(np.int64(6), 3)
     assert (dense.in_channels, dense.out_channels) == (6, 3)
     assert type(dense.in_channels) is int and dense.weight.shape == (3, 6)
+
+
+def test_a_named_run_dir_holds_the_runs_and_is_kept(tmp_path):
+    # The default directory is temporary (removed with the Model; a process killed by a signal
+    # cannot remove it): a named one is the user's and kept. Each train writes run_<n>/ in it
+    # (the Model's earlier run, which the next one resumed from, is removed once the next
+    # commits), and runs already there, another Model's, are not written over.
+    images, labels = _digits(64)
+    data = ds.NumpySlicesDataset({"image": images, "label": labels}).batch(32)
+    runs = tmp_path / "runs"
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = Model(MLP(64), loss, run_dir=runs)
+    model.train(1, data)
+    assert sorted(p.name for p in runs.iterdir()) == ["run_1"]
+    model.train(1, data)
+    assert sorted(p.name for p in runs.iterdir()) == ["run_2"]
+    marker = (runs / "run_2" / "tessera_set.json").read_bytes()
+    del model
+    import gc
+    gc.collect()
+    assert runs.is_dir(), "a named directory is never removed"
+    other = Model(MLP(64), loss, run_dir=str(runs))
+    other.train(1, data)
+    other.train(1, data)
+    assert sorted(p.name for p in runs.iterdir()) == ["run_2", "run_3"]
+    assert (runs / "run_2" / "tessera_set.json").read_bytes() == marker, "the earlier run kept"
+    with pytest.raises(TypeError, match="run_dir must be a path"):
+        Model(MLP(64), loss, run_dir=5)

@@ -188,10 +188,16 @@ class Model:
 
     Each ``train`` saves its final weights into a checkpoint set (a directory of this Model's,
     removed with it); the Parameters then hold the trained values, and the next ``train``
-    resumes from that set (weights, optimizer state and step count)."""
+    resumes from that set (weights, optimizer state and step count).
+
+    ``run_dir`` (a Tessera addition): the directory the runs' outputs go into, made if missing
+    and never removed. Each ``train`` writes a new ``run_<n>/`` in it (never one already
+    there), and removes this Model's previous run once the new one is committed. By default a
+    temporary directory is made and removed with the Model, which a process killed by a signal
+    cannot do: name one to keep long runs' outputs where you choose."""
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
-                 eval_indexes=None, amp_level="O0", boost_level="O0", **kwargs):
+                 eval_indexes=None, amp_level="O0", boost_level="O0", run_dir=None, **kwargs):
         if eval_network is not None or eval_indexes is not None:
             raise ValueError("Model: eval_network and eval_indexes are not supported yet")
         if amp_level != "O0" or boost_level != "O0" or kwargs:
@@ -206,6 +212,9 @@ class Model:
         if not isinstance(self.optimizer, nn.Optimizer):
             raise TypeError("Model: optimizer must be a tessera.nn optimizer")
         self.losses = []
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+            raise TypeError(f"Model: run_dir must be a path, got {type(run_dir).__name__}")
+        self._run_dir_given = None if run_dir is None else os.fspath(run_dir)
         self._runs = None          # this Model's directory of run outputs
         self._checkpoint = None    # the checkpoint set of the last completed train
         self._steps_done = 0       # global steps trained so far (the engine's step counter)
@@ -239,12 +248,24 @@ class Model:
         it and every rank uses its path (the ranks of one run write one checkpoint set)."""
         state = _context._STATE
         mpi = state["backend"] == "mpi"
-        if self._runs is None:
+        if self._runs is None and self._run_dir_given is not None:
+            given = os.path.abspath(self._run_dir_given)
+            if state["rank"] == 0:
+                os.makedirs(given, exist_ok=True)
+            self._runs = given
+        elif self._runs is None:
             made = tempfile.mkdtemp(prefix="tessera-model-") if state["rank"] == 0 else ""
             self._runs = mpi_broadcast_str(made) if mpi else made
             if state["rank"] == 0:
                 weakref.finalize(self, shutil.rmtree, self._runs, True)
         self._runs_count += 1
+        if self._run_dir_given is not None and state["rank"] == 0:
+            # A directory the user named may hold an earlier Model's runs: never write into
+            # them (rank 0 decides, every rank takes its choice).
+            while os.path.exists(os.path.join(self._runs, f"run_{self._runs_count}")):
+                self._runs_count += 1
+        if self._run_dir_given is not None and mpi:
+            self._runs_count = int(mpi_broadcast_str(str(self._runs_count)))
         return os.path.join(self._runs, f"run_{self._runs_count}")
 
     def _devices(self):
