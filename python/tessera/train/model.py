@@ -197,7 +197,9 @@ class Model:
     cannot do: name one to keep long runs' outputs where you choose."""
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
-                 eval_indexes=None, amp_level="O0", boost_level="O0", run_dir=None, **kwargs):
+                 eval_indexes=None, amp_level="O0", boost_level="O0", **kwargs):
+        # MindSpore's signature; `run_dir` comes as a keyword of its **kwargs.
+        run_dir = kwargs.pop("run_dir", None)
         if eval_network is not None or eval_indexes is not None:
             raise ValueError("Model: eval_network and eval_indexes are not supported yet")
         if amp_level != "O0" or boost_level != "O0" or kwargs:
