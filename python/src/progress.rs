@@ -1,6 +1,6 @@
 //! Progress of long operations, reported to a Python callable.
 
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use ckpt::Progress;
@@ -10,21 +10,21 @@ use pyo3::prelude::*;
 /// total_bytes)`, `("advance", label, bytes)`, `("file", path, 0)` and `("finish", label, 0)`.
 ///
 /// The first exception raised by the callback (`KeyboardInterrupt` included) stops the
-/// operation and is raised to the caller as it is: [`PyProgress::run`] runs the operation. The
-/// `ckpt::Progress` trait gives a sink no way to stop the work, so the sink keeps the exception
-/// and unwinds out of the library with a private payload (no panic message: `resume_unwind`
-/// skips the panic hook); the library's writers stage their output and remove it when dropped
-/// uncommitted, so an exception before the commit leaves nothing behind. The events are only
-/// ever reported on the thread that called the operation (the library forwards its worker
-/// threads' progress there), where `run` catches the unwind.
+/// operation and is raised to the caller as it is: the sink keeps it, calls the callback no
+/// more, and from then on asks the library to stop ([`Progress::stop_requested`]). The library
+/// polls that after every chunk and before its commit, and then returns
+/// [`ckpt::CkptError::Stopped`] having removed what it staged, so an exception before the
+/// commit leaves nothing behind; [`PyProgress::run`] runs the operation and raises the kept
+/// exception in place of what it returned. The events are only ever reported on the thread
+/// that called the operation (the library forwards its worker threads' progress there).
 pub struct PyProgress {
     callback: Option<Py<PyAny>>,
     label: Mutex<String>,
+    /// The callback's first exception.
     raised: Mutex<Option<PyErr>>,
+    /// Whether `raised` was ever set: the library's stop, read once per chunk.
+    stop: AtomicBool,
 }
-
-/// The unwind payload of a callback's exception (the exception itself is in `raised`).
-struct Stopped;
 
 impl PyProgress {
     /// A sink calling `callback`, or reporting nothing for `None`.
@@ -33,41 +33,30 @@ impl PyProgress {
             callback,
             label: Mutex::new(String::new()),
             raised: Mutex::new(None),
+            stop: AtomicBool::new(false),
         }
     }
 
     /// Runs `operation` (which reports to this sink) with the GIL released: the callback's
-    /// first exception, if any, whatever the operation returned; else what it returned.
+    /// first exception, if any, whatever the operation returned (normally
+    /// [`ckpt::CkptError::Stopped`]); else what it returned.
     pub fn run<T: Send>(
         &self,
         py: Python<'_>,
         operation: impl FnOnce(&PyProgress) -> T + Send,
     ) -> PyResult<T> {
-        let outcome = py.detach(|| catch_unwind(AssertUnwindSafe(|| operation(self))));
-        if let Some(e) = self.take_raised() {
-            return Err(e);
+        let outcome = py.detach(|| operation(self));
+        match self.raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(outcome),
         }
-        match outcome {
-            Ok(result) => Ok(result),
-            // A panic of the library itself, not a callback's exception.
-            Err(payload) => resume_unwind(payload),
-        }
-    }
-
-    fn take_raised(&self) -> Option<PyErr> {
-        self.raised.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     fn call(&self, event: &str, label: Option<&str>, value: u64) {
         let Some(callback) = &self.callback else {
             return;
         };
-        if self
-            .raised
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
-        {
+        if self.stop.load(Ordering::Relaxed) {
             return;
         }
         let label = match label {
@@ -76,8 +65,11 @@ impl PyProgress {
         };
         let failed = Python::attach(|py| callback.call1(py, (event, label, value)).err());
         if let Some(e) = failed {
-            *self.raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-            resume_unwind(Box::new(Stopped));
+            self.raised
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+            self.stop.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -97,5 +89,8 @@ impl Progress for PyProgress {
     }
     fn finish(&self) {
         self.call("finish", None, 0);
+    }
+    fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 }

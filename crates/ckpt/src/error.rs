@@ -3,8 +3,8 @@
 //! Every variant names its culprit in the payload: the file, the tensor and the rule that was
 //! broken, so the message can be shown to a user as is. Variants are grouped by category: I/O,
 //! checkpoint sets, encryption, safetensors, MindSpore `.ckpt`, protobuf and strategy files,
-//! checkpoint directories and operations (requests that break a rule), recognising files, and
-//! internal faults (a bug, not bad input). An underlying error is kept as the `source`.
+//! checkpoint directories and operations (requests that break a rule), recognising files, a
+//! stop the caller asked for, and internal faults (a bug, not bad input). An underlying error is kept as the `source`.
 
 use std::path::PathBuf;
 
@@ -492,6 +492,13 @@ pub enum CkptError {
         /// What it starts with.
         evidence: String,
     },
+
+    // ---------------------------------------------------------------- a stop the caller asked for
+    /// An operation that stopped because its progress sink asked it to
+    /// ([`crate::Progress::stop_requested`]): before its commit, having removed everything it
+    /// created (a split merge keeps the part files it committed before, as after any failure).
+    #[error("stopped at the progress sink's request, before the output was committed (the files staged for it were removed)")]
+    Stopped,
 
     // ---------------------------------------------------------------- internal faults (a bug, not bad input)
     /// A worker thread that panicked.

@@ -50,7 +50,9 @@
 //! Only `ckpt` knows on-disk checkpoint and strategy formats. It never talks to a communicator
 //! and never executes a reshard: it plans with the layout algebra and [`reshard::source_pieces`]
 //! (the planner shared with runtime resharding) and moves bytes between files. It draws
-//! nothing: progress goes through the [`Progress`] trait, implemented by the command line.
+//! nothing: progress goes through the [`Progress`] trait, implemented by the command line (and
+//! by the Python package, whose sink can also ask an operation to stop before its commit:
+//! [`Progress::stop_requested`]).
 //!
 //! # Layers
 //! The folders are the layers, each using only those listed before it:

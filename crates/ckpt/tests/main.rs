@@ -11,4 +11,5 @@ mod pipeline;
 mod plan;
 mod roundtrip;
 mod sets;
+mod stop;
 mod util;

@@ -20,7 +20,7 @@ use crate::format::Format;
 use crate::io::atomic_write::Committer;
 use crate::io::durability::Durability;
 use crate::model::{ResolvedStrategy, ShapeHint, Strategy};
-use crate::progress::{NoProgress, Progress};
+use crate::progress::{stop_point, NoProgress, Progress};
 use crate::set::SetWriter;
 use crate::source::{rank_file_path, CheckpointFile, SourceSet};
 
@@ -44,7 +44,8 @@ pub struct ConvertOptions<'a> {
     /// Largest chunk of one tensor held in memory by one writing thread (without fsync,
     /// safetensors output is written by two threads, a file each).
     pub chunk_bytes: usize,
-    /// Progress sink.
+    /// Progress sink; it can stop the conversion before its commit
+    /// ([`Progress::stop_requested`], [`CkptError::Stopped`]).
     pub progress: &'a dyn Progress,
     /// Output names of renamed tensors (name in the source → name written): MindSpore's
     /// `name_map` of `load_distributed_checkpoint`. Strategies and sources use the source names.
@@ -595,6 +596,8 @@ fn run(
         });
     }
     committer.finish()?;
+    // The last poll: a stop asked for by now drops the staged set.
+    stop_point(opts.progress)?;
     set.commit()?;
     opts.progress.finish();
     Ok(report)

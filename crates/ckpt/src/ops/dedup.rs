@@ -16,7 +16,7 @@ use crate::error::{CkptError, Result};
 use crate::io::atomic_write::Committer;
 use crate::io::durability::Durability;
 use crate::model::{ParamLayout, ResolvedStrategy, Strategy};
-use crate::progress::Progress;
+use crate::progress::{stop_point, Progress};
 use crate::set::{SetWriter, SET_ID_KEY};
 use crate::source::SourceSet;
 
@@ -112,7 +112,8 @@ pub struct DedupReport {
 /// each replica group's copy is kept by its owner only ([`remove_param_redundancy`]); tensors
 /// outside the strategy are kept everywhere. Safetensors output says
 /// `remove_redundancy: "True"`. Under [`crate::Durability::OsBuffered`] nothing is fsynced
-/// (still written atomically, see [`crate::Durability`]).
+/// (still written atomically, see [`crate::Durability`]). `progress` can stop it before the
+/// commit ([`Progress::stop_requested`]).
 pub fn dedup_checkpoints(
     src_dir: &Path,
     strategy: &Path,
@@ -198,6 +199,8 @@ pub fn dedup_checkpoints(
         report.ranks.push((rank, set.final_path(&rel), names));
     }
     committer.finish()?;
+    // The last poll: a stop asked for by now drops the staged set.
+    stop_point(progress)?;
     set.commit()?;
     progress.finish();
     Ok(report)

@@ -71,7 +71,8 @@ pub fn load_segmented_checkpoints_with(
 }
 
 /// Writes the union of a segmented checkpoint into one file (format from `dest`'s extension),
-/// atomically, fsynced or not as `durability` says.
+/// atomically, fsynced or not as `durability` says. `progress` can stop it before the file is
+/// renamed into place ([`Progress::stop_requested`]).
 pub fn write_segmented(
     entries: &[SegmentedEntry],
     dest: &Path,

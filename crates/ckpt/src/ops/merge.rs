@@ -17,7 +17,7 @@ use crate::format::Format;
 use crate::io::atomic_write::{write_file_with, Committer};
 use crate::io::durability::Durability;
 use crate::model::{ResolvedParam, Strategy};
-use crate::progress::{NoProgress, Progress};
+use crate::progress::{stop_point, NoProgress, Progress};
 use crate::set::{writer::check_apart, SetWriter, SET_MARKER};
 use crate::source::SourceSet;
 
@@ -51,7 +51,8 @@ pub struct MergeOptions<'a> {
     pub force: bool,
     /// Largest chunk of one tensor held in memory.
     pub chunk_bytes: usize,
-    /// Progress sink.
+    /// Progress sink; it can stop the merge before its commit
+    /// ([`Progress::stop_requested`], [`CkptError::Stopped`]).
     pub progress: &'a dyn Progress,
     /// Only the safetensors files whose names end in `<file_suffix>.safetensors` are sources
     /// (MindSpore's `file_suffix`; see [`crate::RankFiles::discover_with_suffix`]).
@@ -327,6 +328,9 @@ pub fn unified_safetensors(
     }
     // The index goes last, once every part is on disk.
     committer.finish()?;
+    // The last poll: a stop asked for by now drops the staged set (or, for a split run, writes
+    // no index).
+    stop_point(opts.progress)?;
     if first_run {
         let index = unified_index::to_text(report.total_size, &weight_map);
         let rel = Path::new(PARAM_NAME_MAP);

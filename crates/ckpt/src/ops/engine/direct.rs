@@ -18,6 +18,7 @@ use super::gather::{fill_chunk, missing, Chunks};
 use super::options::WriteOptions;
 use super::plan::{ItemSource, OutItem};
 use crate::error::{io_err, CkptError, Result};
+use crate::progress::stop_point;
 use crate::source::box_runs::for_each_run;
 use crate::source::{CheckpointFile, SourceSet};
 
@@ -41,7 +42,8 @@ struct Run {
 unsafe impl Send for Run {}
 unsafe impl Sync for Run {}
 
-/// Writes the data of `items` (in order) into `file` from byte `start`.
+/// Writes the data of `items` (in order) into `file` from byte `start`, polling the progress
+/// sink's stop after every chunk ([`CkptError::Stopped`]: the caller drops the file).
 pub(crate) fn write_data(
     sources: &SourceSet,
     file: &File,
@@ -85,6 +87,7 @@ pub(crate) fn write_data(
                     pos += n as u64;
                     at += n as u64;
                     opts.progress.advance(n as u64);
+                    stop_point(opts.progress)?;
                 }
             }
             ItemSource::Stored {
@@ -107,6 +110,7 @@ pub(crate) fn write_data(
                     }
                     pos += n as u64;
                     opts.progress.advance(n as u64);
+                    stop_point(opts.progress)?;
                 }
             }
             ItemSource::Gather {
@@ -144,6 +148,7 @@ pub(crate) fn write_data(
                     }
                     pos += n as u64;
                     opts.progress.advance(n as u64);
+                    stop_point(opts.progress)?;
                 }
             }
         }

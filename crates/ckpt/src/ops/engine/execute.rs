@@ -18,10 +18,13 @@ use crate::format::safetensors::{self, canonical_order};
 use crate::format::Format;
 use crate::io::atomic_write::AtomicFile;
 use crate::model::TensorMeta;
+use crate::progress::stop_point;
 use crate::source::SourceSet;
 
 /// Writes `items` to `dest`. Safetensors output is reordered as the reference writer orders
-/// tensors; `.ckpt` output keeps the given order.
+/// tensors; `.ckpt` output keeps the given order. The progress sink's stop is polled before the
+/// file is created, after every chunk and before the commit; a stop returns
+/// [`CkptError::Stopped`] and removes the temporary file.
 pub(crate) fn write_items(
     sources: &SourceSet,
     dest: &Path,
@@ -29,6 +32,7 @@ pub(crate) fn write_items(
     metadata: &[(String, String)],
     opts: &WriteOptions<'_>,
 ) -> Result<FileStats> {
+    stop_point(opts.progress)?;
     let out_meta = |i: &OutItem<'_>| {
         let mut m = i.meta.clone();
         if let Some(new) = opts.rename.and_then(|r| r.get(&m.name)) {
@@ -110,8 +114,10 @@ pub(crate) fn write_items(
     commit_file(file, stats, opts)
 }
 
-/// Hands a finished file to the committer (or commits it now) and reports it done.
+/// Hands a finished file to the committer (or commits it now) and reports it done; a stop asked
+/// for first drops it instead (removing its temporary file).
 fn commit_file(file: AtomicFile, stats: FileStats, opts: &WriteOptions<'_>) -> Result<FileStats> {
+    stop_point(opts.progress)?;
     match opts.committer {
         Some(c) => c.submit(file)?,
         None => {
@@ -174,7 +180,7 @@ impl Pipe {
         Ok(buf)
     }
 
-    /// Queues a filled buffer for writing.
+    /// Queues a filled buffer for writing, then polls the progress sink's stop.
     fn send(&mut self, buf: Vec<u8>, opts: &WriteOptions<'_>) -> Result<()> {
         let n = buf.len() as u64;
         self.full
@@ -183,7 +189,7 @@ impl Pipe {
             .send(buf)
             .map_err(|_| self.writer_gone())?;
         opts.progress.advance(n);
-        Ok(())
+        stop_point(opts.progress)
     }
 
     fn writer_gone(&self) -> CkptError {

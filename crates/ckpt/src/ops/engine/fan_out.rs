@@ -1,6 +1,7 @@
 //! Writing several destination files at once: jobs (one file each) are taken in order by a few
 //! threads, and their progress is forwarded to the caller's sink on the calling thread (a
-//! [`Progress`] need not be `Sync`).
+//! [`Progress`] need not be `Sync`). The calling thread also polls the sink's stop after every
+//! event it forwards and passes it on to the workers, whose own polls then end their jobs.
 //!
 //! Why files and not the pieces of one file: on ext4 a buffered write holds the inode's lock
 //! exclusively, so two threads writing one file take turns (profiled on the 1 GiB 8→4
@@ -13,7 +14,7 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 
 use crate::error::{CkptError, Result};
-use crate::progress::Progress;
+use crate::progress::{stop_point, Progress};
 
 /// Files written at once where that is allowed: the machines Tessera is measured on have two
 /// cores, and a third writer only adds contention for them.
@@ -30,17 +31,25 @@ enum Event {
     FileDone(PathBuf),
 }
 
-/// The progress sink of a worker thread: sends every event to the calling thread.
-struct Forward(mpsc::Sender<Event>);
+/// The progress sink of a worker thread: sends every event to the calling thread, and asks to
+/// stop once the calling thread has seen the caller's sink ask.
+struct Forward<'a> {
+    events: mpsc::Sender<Event>,
+    stop: &'a AtomicBool,
+}
 
-impl Progress for Forward {
+impl Progress for Forward<'_> {
     fn advance(&self, bytes: u64) {
         // The caller stops listening only once every worker is done.
-        let _ = self.0.send(Event::Advance(bytes));
+        let _ = self.events.send(Event::Advance(bytes));
     }
 
     fn file_done(&self, path: &Path) {
-        let _ = self.0.send(Event::FileDone(path.to_path_buf()));
+        let _ = self.events.send(Event::FileDone(path.to_path_buf()));
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 }
 
@@ -48,12 +57,19 @@ impl Progress for Forward {
 /// in order, reporting to `progress` directly) and returns the results in job order. After a
 /// failure no thread starts another job, and the error of the earliest failed job is returned.
 /// Each thread's memory is what one job needs, so the total is `n_threads` times that.
+///
+/// `progress`'s stop is polled before any job starts and, with several threads, after every
+/// event forwarded to it; once it asks, no thread starts another job, the jobs under way see
+/// the stop at their next poll (their sink asks too), and [`CkptError::Stopped`] is returned
+/// once every thread is done, whatever the jobs returned. A job must poll its sink itself
+/// (the writers do, after every chunk) and leave nothing behind when it stops.
 pub(crate) fn run_jobs<J: Send, T: Send>(
     jobs: Vec<J>,
     n_threads: usize,
     progress: &dyn Progress,
     job: impl Fn(&dyn Progress, J) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
+    stop_point(progress)?;
     let n_threads = n_threads.clamp(1, jobs.len().max(1));
     if n_threads == 1 {
         return jobs.into_iter().map(|j| job(progress, j)).collect();
@@ -62,13 +78,17 @@ pub(crate) fn run_jobs<J: Send, T: Send>(
     let queue = Mutex::new(jobs.into_iter().enumerate());
     let results: Mutex<Vec<Option<Result<T>>>> = Mutex::new((0..n_jobs).map(|_| None).collect());
     let failed = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel::<Event>();
     std::thread::scope(|scope| {
         for _ in 0..n_threads {
-            let sink = Forward(tx.clone());
+            let sink = Forward {
+                events: tx.clone(),
+                stop: &stop,
+            };
             let (queue, results, failed, job) = (&queue, &results, &failed, &job);
             scope.spawn(move || loop {
-                if failed.load(Ordering::Relaxed) {
+                if failed.load(Ordering::Relaxed) || sink.stop_requested() {
                     break;
                 }
                 let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
@@ -82,12 +102,22 @@ pub(crate) fn run_jobs<J: Send, T: Send>(
         }
         drop(tx);
         for event in rx {
+            // Once stopped, the events of the jobs winding down are dropped.
+            if stop.load(Ordering::Relaxed) {
+                continue;
+            }
             match event {
                 Event::Advance(n) => progress.advance(n),
                 Event::FileDone(path) => progress.file_done(&path),
             }
+            if progress.stop_requested() {
+                stop.store(true, Ordering::Relaxed);
+            }
         }
     });
+    if stop.into_inner() {
+        return Err(CkptError::Stopped);
+    }
     // Jobs are taken in order, so one that never started comes after every failure.
     let mut out = Vec::with_capacity(n_jobs);
     for result in results
@@ -137,6 +167,58 @@ mod tests {
             events.sort();
             assert_eq!(events.len(), 14);
             assert!(events.contains(&"+6".to_string()) && events.contains(&"f6".to_string()));
+        }
+    }
+
+    /// Asks to stop once it has heard `after` advances.
+    struct StopAfter {
+        after: usize,
+        heard: std::cell::Cell<usize>,
+    }
+
+    impl Progress for StopAfter {
+        fn advance(&self, _: u64) {
+            self.heard.set(self.heard.get() + 1);
+        }
+        fn stop_requested(&self) -> bool {
+            self.heard.get() >= self.after
+        }
+    }
+
+    #[test]
+    fn a_stop_of_the_callers_sink_ends_the_jobs_under_way_and_starts_no_other() {
+        for (n_threads, after) in [(1, 0), (1, 5), (2, 0), (2, 5), (3, 5)] {
+            let started = Mutex::new(Vec::new());
+            let completed = Mutex::new(Vec::new());
+            let sink = StopAfter {
+                after,
+                heard: std::cell::Cell::new(0),
+            };
+            // Each job advances until its sink asks to stop, polling as the writers do (for at
+            // most a minute, so that a stop that never arrives fails instead of hanging).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let err = run_jobs((0..50usize).collect(), n_threads, &sink, |p, j| {
+                started.lock().unwrap().push(j);
+                while std::time::Instant::now() < deadline {
+                    stop_point(p)?;
+                    p.advance(1);
+                    std::thread::yield_now();
+                }
+                completed.lock().unwrap().push(j);
+                Ok(j)
+            })
+            .unwrap_err();
+            let case = format!("{n_threads} threads, stop after {after}");
+            assert!(matches!(err, CkptError::Stopped), "{case}: {err}");
+            assert_eq!(sink.heard.get(), after, "{case}: events after the stop");
+            // Every job under way ended at the stop, and no thread took another one (none at
+            // all for a stop asked before the first job).
+            assert_eq!(completed.into_inner().unwrap(), [0; 0], "{case}");
+            let started = started.into_inner().unwrap().len();
+            assert!(
+                started <= if after == 0 { 0 } else { n_threads },
+                "{case}: {started}"
+            );
         }
     }
 

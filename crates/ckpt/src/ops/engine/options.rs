@@ -25,7 +25,8 @@ pub struct WriteOptions<'a> {
     pub crc: bool,
     /// Largest chunk of one tensor assembled in memory.
     pub chunk_bytes: usize,
-    /// Where progress goes.
+    /// Where progress goes, and whether to stop ([`Progress::stop_requested`], polled after
+    /// every chunk and before the commit).
     pub progress: &'a dyn Progress,
     /// Whether finished files are fsynced before they are renamed into place.
     pub(crate) durability: Durability,
