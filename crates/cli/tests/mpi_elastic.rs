@@ -162,6 +162,20 @@ fn node(
     cmd: &[String],
     extra_env: &[(&str, &str)],
 ) -> std::process::Child {
+    node_command(dir, port, nodes, rank, cmd, extra_env)
+        .spawn()
+        .unwrap()
+}
+
+/// The command [`node`] spawns.
+fn node_command(
+    dir: &Path,
+    port: &str,
+    nodes: usize,
+    rank: usize,
+    cmd: &[String],
+    extra_env: &[(&str, &str)],
+) -> std::process::Command {
     let local = (4 / nodes).to_string();
     let rank_text = rank.to_string();
     let logs = dir.join(format!("logs{rank}"));
@@ -189,7 +203,7 @@ fn node(
     for (k, v) in extra_env {
         c.env(k, v);
     }
-    c.spawn().unwrap()
+    c
 }
 
 /// Waits until node 0's rank 0 has logged `step`.
@@ -259,6 +273,46 @@ fn a_lost_node_is_replaced_and_its_shards_come_from_the_copies() {
     assert!(
         !orphan[0].exists(),
         "the killed launcher's store was removed"
+    );
+}
+
+/// SIGTERM to node 0's launcher while it waits for a lost node to join again ends the wait at
+/// once: the launcher says so and exits 128 + 15, not when `--cluster_time_out` runs out.
+#[test]
+fn a_signal_ends_the_wait_for_a_lost_node() {
+    let dir = Scratch::new("mpi-elastic-wait-signal");
+    let mut cmd = vec![exe().to_string()];
+    cmd.extend(gpt(&dir.0, "killed", DP_MP, 30, true));
+    let port = free_port();
+    let one = node(&dir.0, &port, 2, 1, &cmd, &[]);
+    let err_path = dir.0.join("zero.err");
+    let mut zero = node_command(&dir.0, &port, 2, 0, &cmd, &[]);
+    zero.stderr(std::fs::File::create(&err_path).unwrap());
+    let zero = zero.spawn().unwrap();
+    wait_for_step(&dir.0, 4);
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(one.id() as i32, libc::SIGKILL) };
+    let _ = finish(one);
+    let start = Instant::now();
+    let waiting = "waiting for node(s) 1 to join again";
+    while !std::fs::read_to_string(&err_path).is_ok_and(|t| t.contains(waiting)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(110),
+            "node 0 never waited"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let signalled = Instant::now();
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(zero.id() as i32, libc::SIGTERM) };
+    let out = finish(zero);
+    let took = signalled.elapsed();
+    let err = std::fs::read_to_string(&err_path).unwrap();
+    assert!(took < Duration::from_secs(30), "took {took:?}: {err}");
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("got signal 15; no longer waiting for the nodes"),
+        "{err}"
     );
 }
 

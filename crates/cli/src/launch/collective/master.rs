@@ -125,7 +125,7 @@ impl Cluster {
             dir,
             socket,
         };
-        cluster.admit((1..shape.nodes).collect(), deadline)?;
+        cluster.admit((1..shape.nodes).collect(), deadline, &|| None)?;
         std::thread::Builder::new()
             .name("launch-agents".into())
             .spawn(move || {
@@ -157,7 +157,14 @@ impl Cluster {
 
     /// Waits (until `deadline`) for launchers to join in place of the lost nodes (the same
     /// command started again on those nodes, or on replacements).
-    pub fn replace_lost(&self, deadline: Instant) -> anyhow::Result<()> {
+    ///
+    /// `interrupted` is polled while it waits: a signal it returns ends the wait at once with
+    /// [`Interrupted`](crate::launch::Interrupted) (the launcher then exits 128 + the signal).
+    pub fn replace_lost(
+        &self,
+        deadline: Instant,
+        interrupted: &dyn Fn() -> Option<i32>,
+    ) -> anyhow::Result<()> {
         let lost = self.lost();
         if lost.is_empty() {
             return Ok(());
@@ -166,13 +173,23 @@ impl Cluster {
             "[launch] waiting for node(s) {} to join again (--cluster_time_out)",
             names(&lost)
         );
-        self.admit(lost, deadline)
+        self.admit(lost, deadline, interrupted)
     }
 
-    /// Admits a launcher for each of the node ranks `open` until all joined or `deadline`.
-    fn admit(&self, open: Vec<usize>, deadline: Instant) -> anyhow::Result<()> {
+    /// Admits a launcher for each of the node ranks `open` until all joined, `deadline`, or a
+    /// signal from `interrupted`.
+    fn admit(
+        &self,
+        open: Vec<usize>,
+        deadline: Instant,
+        interrupted: &dyn Fn() -> Option<i32>,
+    ) -> anyhow::Result<()> {
         let mut waiting = open;
         while !waiting.is_empty() {
+            if let Some(signal) = interrupted() {
+                eprintln!("[launch] got signal {signal}; no longer waiting for the nodes");
+                return Err(crate::launch::Interrupted(signal).into());
+            }
             if Instant::now() >= deadline {
                 let message = format!(
                     "node rank(s) {} of {} did not join within --cluster_time_out",

@@ -361,7 +361,12 @@ fn supervise_job(
                 // No daemon of the failed attempt may outlive it, and a node whose launcher
                 // went away must be replaced first.
                 cluster.kill_daemons();
-                cluster.replace_lost(Instant::now() + Duration::from_secs(request.cluster_secs))?;
+                let deadline = Instant::now() + Duration::from_secs(request.cluster_secs);
+                let interrupted = || match receiver.try_recv() {
+                    Ok(Event::Signal(signal)) => Some(signal),
+                    _ => None,
+                };
+                cluster.replace_lost(deadline, &interrupted)?;
             }
             continue;
         }
