@@ -269,19 +269,48 @@ fn count_json(n: f64) -> serde_json::Value {
 pub struct MetricsLog {
     path: PathBuf,
     file: File,
-    /// Whether this run has written a line: the file is emptied just before its first one.
+    /// Whether this run has written a line: the file is cut just before its first one.
     started: bool,
+}
+
+/// Where a line of the log stands in a run: the step (epoch, step in the epoch) it follows,
+/// or the global step of an evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct LogPosition {
+    epoch: u64,
+    step_in_epoch: u64,
+}
+
+impl LogPosition {
+    /// The position of `line`, a line this log wrote: a step's, the end of an epoch (after its
+    /// every step), or `None` for anything else.
+    fn of(line: &str) -> Option<LogPosition> {
+        let value: serde_json::Value = serde_json::from_str(line).ok()?;
+        let epoch = value.get("epoch")?.as_u64()?;
+        let step_in_epoch = match value.get("step") {
+            Some(step) => step.as_u64()?,
+            None => u64::MAX,
+        };
+        Some(LogPosition {
+            epoch,
+            step_in_epoch,
+        })
+    }
 }
 
 impl MetricsLog {
     /// Opens (or creates) `path` for writing, creating its parent directories. An existing
-    /// file is emptied only when the first line is written, so a run that fails before its
-    /// first step leaves the previous run's log beside the previous run's checkpoints.
+    /// file is cut only when the first line is written, so a run that fails before its first
+    /// step leaves the previous run's log beside the previous run's checkpoints. A run that
+    /// resumes (from a snapshot after an elastic restart, or from `output.resume_from`) keeps
+    /// the existing log's lines of the steps before its first one, and the evaluations
+    /// before it: the log holds the whole run's history, each step once.
     pub fn create(path: &Path) -> Result<MetricsLog, RuntimeError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| sink_error(parent, e))?;
         }
         let file = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .create(true)
             .truncate(false)
@@ -305,13 +334,61 @@ impl MetricsLog {
         self.write_str(line)
     }
 
+    /// The length of the existing log's lines that come before `first` (the step this run
+    /// starts at, `global_step` its global number): a run's history up to it. Reading stops
+    /// at the first line that is not this log's or not before it.
+    fn kept_before(&mut self, first: LogPosition, global_step: u64) -> u64 {
+        use std::io::{BufRead, BufReader, Seek};
+        if first.epoch == 1 && first.step_in_epoch == 1 {
+            return 0;
+        }
+        if self.file.rewind().is_err() {
+            return 0;
+        }
+        let mut kept = 0u64;
+        let mut line = String::new();
+        let mut reader = BufReader::new(&self.file);
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.ends_with('\n') {
+            let before = match LogPosition::of(line.trim_end()) {
+                Some(at) => at < first,
+                // An evaluation every `eval_interval` steps names its global step.
+                None => serde_json::from_str::<serde_json::Value>(line.trim_end())
+                    .ok()
+                    .and_then(|v| v.get("global_step")?.as_u64())
+                    .is_some_and(|g| g < global_step),
+            };
+            if !before {
+                break;
+            }
+            kept += line.len() as u64;
+            line.clear();
+        }
+        kept
+    }
+
+    /// Writes one complete line (with its newline); the first cuts the existing log to the
+    /// lines before `first` (see [`MetricsLog::create`]).
+    fn write_first_or_next(
+        &mut self,
+        line: String,
+        first: Option<(LogPosition, u64)>,
+    ) -> Result<(), RuntimeError> {
+        if !self.started {
+            use std::io::{Seek, SeekFrom};
+            let kept = first.map_or(0, |(at, global)| self.kept_before(at, global));
+            self.file
+                .set_len(kept)
+                .and_then(|()| self.file.seek(SeekFrom::Start(kept)).map(drop))
+                .map_err(|e| sink_error(&self.path, e))?;
+            self.started = true;
+        }
+        self.write_str(line)
+    }
+
     /// Writes one complete line (with its newline).
     fn write_str(&mut self, line: String) -> Result<(), RuntimeError> {
         if !self.started {
-            self.file
-                .set_len(0)
-                .map_err(|e| sink_error(&self.path, e))?;
-            self.started = true;
+            return self.write_first_or_next(line, None);
         }
         // One write per line: a reader tailing the file never sees half a line of ours.
         self.file
@@ -339,7 +416,11 @@ impl Callback for MetricsLog {
             json!(step.step_ms),
             step.step_in_epoch
         );
-        self.write_str(line)
+        let at = LogPosition {
+            epoch: step.epoch as u64,
+            step_in_epoch: step.step_in_epoch as u64,
+        };
+        self.write_first_or_next(line, Some((at, step.global_step)))
     }
 
     fn on_epoch_end(&mut self, epoch: &EpochInfo) -> Result<(), RuntimeError> {
@@ -569,6 +650,72 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         text.lines().map(str::to_string).collect()
+    }
+
+    /// A resumed run keeps the log's lines before its first step (steps, epoch ends and
+    /// evaluations) and replaces the rest, which the run trains again: after an elastic
+    /// restart the log holds every step once. A run from the first step replaces the log.
+    #[test]
+    fn metrics_log_of_a_resumed_run_keeps_the_history_before_it() {
+        let dir =
+            std::env::temp_dir().join(format!("tessera-metrics-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let step = |epoch: usize, step_in_epoch: usize, global_step: u64| StepInfo {
+            rank: 0,
+            epoch,
+            step_in_epoch,
+            global_step,
+            loss: global_step as f32,
+            step_ms: 1.0,
+            lr: 0.5,
+            grad_norm: None,
+            moe_dropped: None,
+            shards: &[],
+        };
+        // The first attempt: 3 steps an epoch, an evaluation every 2 steps; it got to step 5.
+        let mut log = MetricsLog::create(&path).unwrap();
+        for g in 1..=5u64 {
+            let (epoch, in_epoch) = ((g as usize - 1) / 3 + 1, (g as usize - 1) % 3 + 1);
+            log.on_step_end(&step(epoch, in_epoch, g)).unwrap();
+            if g % 2 == 0 {
+                log.on_eval(&EvalInfo {
+                    rank: 0,
+                    global_step: g,
+                    eval_accuracy: None,
+                    eval_loss: Some(1.0),
+                })
+                .unwrap();
+            }
+            if in_epoch == 3 {
+                log.on_epoch_end(&EpochInfo {
+                    rank: 0,
+                    epoch,
+                    global_step: g,
+                    eval_accuracy: None,
+                    eval_loss: Some(2.0),
+                    epoch_ms: 1.0,
+                })
+                .unwrap();
+            }
+        }
+        let first = std::fs::read_to_string(&path).unwrap();
+        // Restarted from the snapshot of step 3: steps 4 and 5 again.
+        let mut log = MetricsLog::create(&path).unwrap();
+        log.on_step_end(&step(2, 1, 4)).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let old: Vec<&str> = first.lines().collect();
+        // Steps 1–3, the evaluation at 2 and epoch 1's end are kept; step 4's line is new.
+        assert_eq!(lines[..5], old[..5], "{text}");
+        assert!(old[4].contains("\"epoch\":1,\"eval_loss\""), "{first}");
+        assert_eq!(lines.len(), 6, "{text}");
+        assert!(lines[5].contains("\"loss\":4,") && lines[5].contains("\"step\":1}"));
+        // A run from the first step replaces the log.
+        let mut log = MetricsLog::create(&path).unwrap();
+        log.on_step_end(&step(1, 1, 1)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A run that fails before its first step leaves the previous run's log whole; the first
