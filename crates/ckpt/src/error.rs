@@ -263,9 +263,9 @@ pub enum CkptError {
         /// The rank.
         rank: usize,
     },
-    /// Rank folders the strategy has no rank for (a strategy for fewer devices than the
-    /// checkpoint was saved on).
-    #[error("{path}: holds rank folders {extra:?}, but {strategy} describes only {n_ranks} ranks (0..{n_ranks}); a strategy must match the checkpoint's device count")]
+    /// Rank folders the strategy has no rank for, holding data it does not account for (a
+    /// strategy for fewer devices than the checkpoint was saved on).
+    #[error("{path}: holds rank folders {extra:?}, but {strategy} describes only {n_ranks} ranks (0..{n_ranks}) and {reason}; a strategy must match the checkpoint's device count")]
     RankCountMismatch {
         /// The checkpoint directory.
         path: PathBuf,
@@ -273,8 +273,10 @@ pub enum CkptError {
         strategy: PathBuf,
         /// The strategy's rank count.
         n_ranks: usize,
-        /// Rank folders beyond it.
+        /// Rank folders beyond it holding data the strategy does not account for.
         extra: Vec<usize>,
+        /// What the first of them holds.
+        reason: String,
     },
     /// `.ckpt` and `.safetensors` files mixed in one checkpoint.
     #[error(

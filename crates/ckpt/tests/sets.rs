@@ -64,8 +64,14 @@ fn a_strategy_for_fewer_ranks_than_the_folders_is_refused() {
     let out = dir.path().join("out");
     let err = convert(&dir.path().join("src"), &small, &out, None, false).unwrap_err();
     match &err {
-        CkptError::RankCountMismatch { extra, n_ranks, .. } => {
+        CkptError::RankCountMismatch {
+            extra,
+            n_ranks,
+            reason,
+            ..
+        } => {
             assert_eq!((extra.as_slice(), *n_ranks), (&[2, 3][..], 2));
+            assert!(reason.contains("rank_2/ holds \"w\""), "{reason}");
         }
         other => panic!("expected RankCountMismatch, got {other}"),
     }
@@ -77,6 +83,79 @@ fn a_strategy_for_fewer_ranks_than_the_folders_is_refused() {
         .faults
         .iter()
         .filter(|f| f.rule.contains("an extra rank folder"))
+        .collect();
+    assert_eq!(extra.len(), 2, "{:?}", r.faults);
+}
+
+/// A checkpoint of 2 ranks holding `w` (and `global_step`, outside the strategy) with two more
+/// rank folders holding `trailing` each: what a pipeline whose last stage saves no parameter
+/// writes when `trailing` is the step counter. Returns the source and its strategy.
+fn with_trailing_ranks(dir: &Path, trailing: &[(&str, Tensor)]) -> (PathBuf, PathBuf) {
+    let strategy = checkpoint(dir, "src", 2, 0.0);
+    let src = dir.join("src");
+    let step = Tensor::from_vec(&[1], vec![10i32]).unwrap();
+    for r in 0..2 {
+        let file = ckpt::rank_file_path(&src, r, "checkpoint_", ckpt::Format::Safetensors);
+        let w = ckpt::CheckpointFile::open(&file)
+            .unwrap()
+            .read_tensor("w")
+            .unwrap();
+        ckpt::save_rank_checkpoint(&src, r, &[("w", &w), ("global_step", &step)], true).unwrap();
+    }
+    for r in 2..4 {
+        let pairs: Vec<(&str, &Tensor)> = trailing.iter().map(|(n, t)| (*n, t)).collect();
+        ckpt::save_rank_checkpoint(&src, r, &pairs, false).unwrap();
+    }
+    (src, strategy)
+}
+
+/// Probe E2: rank folders past the strategy's ranks that hold only what their home rank holds
+/// outside the strategy (the step counter of pipeline stages saving no parameter) are read
+/// past by every reader; one holding a tensor its home rank lacks is refused, naming it.
+#[test]
+fn rank_folders_past_the_strategy_holding_only_its_extras_are_read() {
+    let dir = tmp();
+    let step = Tensor::from_vec(&[1], vec![10i32]).unwrap();
+    let (src, strategy) = with_trailing_ranks(dir.path(), &[("global_step", step.clone())]);
+    let out = dir.path().join("out");
+    convert(&src, &strategy, &out, None, false).unwrap();
+    let merged = ckpt::rank_file_path(&out, 0, "checkpoint_", ckpt::Format::Safetensors);
+    let merged = ckpt::CheckpointFile::open(&merged).unwrap();
+    assert_eq!(
+        merged.read_tensor("w").unwrap().as_f32().unwrap(),
+        (0..16).map(|x| x as f32).collect::<Vec<_>>()
+    );
+    let r = ckpt::verify_checkpoints(&src, &strategy, true).unwrap();
+    assert!(r.faults.is_empty(), "{:?}", r.faults);
+    let side = ckpt::DiffSide {
+        dir: &src,
+        strategy: &strategy,
+    };
+    assert!(ckpt::diff_checkpoints(&side, &side, &mut |_| {})
+        .unwrap()
+        .bitwise_equal());
+
+    // A tensor outside the strategy that the home rank does not hold would be lost: refused.
+    let dir = tmp();
+    let (src, strategy) = with_trailing_ranks(
+        dir.path(),
+        &[("global_step", step.clone()), ("lost", step.clone())],
+    );
+    let out = dir.path().join("out");
+    let err = convert(&src, &strategy, &out, None, false).unwrap_err();
+    match &err {
+        CkptError::RankCountMismatch { extra, reason, .. } => {
+            assert_eq!(extra, &[2, 3]);
+            assert!(reason.contains("rank_2/ holds \"lost\""), "{reason}");
+        }
+        other => panic!("expected RankCountMismatch, got {other}"),
+    }
+    assert!(!out.exists());
+    let r = ckpt::verify_checkpoints(&src, &strategy, false).unwrap();
+    let extra: Vec<_> = r
+        .faults
+        .iter()
+        .filter(|f| f.rule.contains("an extra rank folder") && f.rule.contains("\"lost\""))
         .collect();
     assert_eq!(extra.len(), 2, "{:?}", r.faults);
 }

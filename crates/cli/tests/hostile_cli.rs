@@ -152,6 +152,47 @@ fn a_batch_larger_than_the_data_is_refused() {
     );
 }
 
+/// Probe E8: more pipeline stages than devices (each stage would get no rank) is one clear
+/// error for every model, naming `parallel.pipeline.stages` and `parallel.devices`, in `train`,
+/// `train --explain` and `plan`, before anything is built; the GPT used to divide by zero.
+#[test]
+fn more_pipeline_stages_than_devices_are_refused_for_every_model() {
+    let scratch = Scratch::new("hostile-stages");
+    let out_dir = scratch.0.join("run");
+    let out_set = format!("output.dir={:?}", s(&out_dir));
+    // The GPT with model parallel 1 divided by zero; with its example's 2 it blamed
+    // `parallel.data_parallel` for "the 0 devices".
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "examples/gpt_kjv.toml",
+            &["--set", "parallel.model_parallel=1"],
+        ),
+        ("examples/gpt_kjv.toml", &[]),
+        ("examples/seed_semi_auto.toml", &[]),
+    ];
+    for (config, extra) in cases {
+        for command in [&["train"][..], &["train", "--explain"], &["plan"]] {
+            let mut args = command.to_vec();
+            args.extend([config, "--devices", "2", "--set", &out_set]);
+            args.extend(["--set", "parallel.pipeline.stages=3"]);
+            args.extend_from_slice(extra);
+            let out = tessera_env(&args, &[]);
+            assert_refused(
+                &out,
+                &[
+                    "parallel.pipeline.stages = 3: must divide the device count 2",
+                    "parallel.devices",
+                ],
+            );
+        }
+    }
+    assert!(
+        !out_dir.exists(),
+        "a refused run left {}",
+        out_dir.display()
+    );
+}
+
 #[test]
 fn absurd_layouts_are_refused() {
     let axes: Vec<String> = (0..12_000).map(|i| format!("a{i}=1")).collect();

@@ -131,7 +131,18 @@ impl GptParallel {
     /// `devices / (model_parallel × context_parallel)`; when given, `data_parallel ×
     /// context_parallel × model_parallel` must equal `devices`, unless `model_parallel` and
     /// `context_parallel` are 1: then every device is a data-parallel shard.
+    ///
+    /// `devices` is one pipeline stage's devices: none (more stages than devices, which
+    /// `ParallelConfig::validate_pipeline` refuses first) is an error naming
+    /// `parallel.pipeline.stages` and `parallel.devices`.
     pub fn resolve(devices: usize, keys: &GptParallelKeys) -> Result<GptParallel, ModelsError> {
+        if devices == 0 {
+            return Err(config_error(
+                "parallel.pipeline.stages",
+                "leaves a pipeline stage without devices: the stages must divide parallel.devices"
+                    .to_string(),
+            ));
+        }
         let (mp, cp) = (keys.model_parallel, keys.context_parallel);
         if mp == 0 || !devices.is_multiple_of(mp) {
             return Err(config_error(
@@ -240,7 +251,8 @@ impl GptParallel {
         }
         crate::moe_parallel::check(self, c)?;
         for (key, size, split, by) in rules {
-            if size % split != 0 {
+            // A split of 0 (a `GptParallel` built by hand) divides nothing.
+            if size.checked_rem(split) != Some(0) {
                 return Err(config_error(
                     key,
                     format!("{size} is not divisible by parallel.{by} = {split}"),
@@ -413,5 +425,32 @@ impl HeadSplit {
                 None,
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Probe E8: a pipeline stage without devices (more stages than devices) is an error
+    /// naming the keys, and a split of 0 built by hand is refused by `check`, never a division
+    /// by zero.
+    #[test]
+    fn no_devices_and_zero_splits_are_errors_not_divisions_by_zero() {
+        let err = GptParallel::resolve(0, &GptParallelKeys::default()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("parallel.pipeline.stages") && text.contains("parallel.devices"),
+            "{text}"
+        );
+        let gpt = GptConfig::new(64, 2, 4, 16, 8, 8);
+        let split = GptParallel::resolve(2, &GptParallelKeys::default()).unwrap();
+        assert!(split.check(&gpt).is_ok());
+        let zero = GptParallel {
+            data_parallel: 0,
+            ..split
+        };
+        let text = zero.check(&gpt).unwrap_err().to_string();
+        assert!(text.contains("parallel.data_parallel = 0"), "{text}");
     }
 }

@@ -448,11 +448,11 @@ fn pipeline_stages(
     let Some(p) = config.pipeline.as_ref().filter(|p| p.stages > 1) else {
         return Ok(None);
     };
+    config.validate_pipeline()?;
     let setting = |e: crate::pipeline::PipelineError| ParallelError::Setting {
         setting: "pipeline",
         reason: e.to_string(),
     };
-    p.validate(devices).map_err(setting)?;
     let stages = node_stages(graph, p).map_err(setting)?;
     Ok(Some((stages, devices / p.stages)))
 }

@@ -270,6 +270,8 @@ fn load_strategies(path: &Path) -> Result<LoadedStrategies, RuntimeError> {
 /// Plans `config`'s run without starting ranks: with a search mode, searches (or loads
 /// `parallel.load_operator_strategy_file`); otherwise costs the configured strategies.
 pub fn plan(config: &TrainConfig) -> Result<PlanReport, RuntimeError> {
+    // Before the model is built, as a training session checks it.
+    config.parallel_config().validate_pipeline()?;
     let (model, gpt) = build_model(config).map_err(|e| config.data().explain_batch_error(e))?;
     plan_model(config, &model, gpt.as_ref()).map_err(|e| config.data().explain_batch_error(e))
 }

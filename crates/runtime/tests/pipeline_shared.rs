@@ -220,3 +220,110 @@ fn sync_pipeline_shared_parameters_makes_differing_copies_equal() {
     }
     assert_eq!(changed, 2, "the two ranks of the last stage hold copies");
 }
+
+/// Probe E2: a pipeline whose last stage saves no parameter (a `stage_config` giving the
+/// logits and the loss their own stage: the tied table's copy there is not saved) commits a
+/// set whose strategy places nothing on that stage's ranks, beside their `rank_<r>/` folders
+/// (the step counter only). Every reader takes it: the run resumes on the same pipeline (the
+/// losses and parameters of the run that never stopped, bitwise) and on one device, generates,
+/// and `ckpt diff`, `verify`, `convert` and `merge` read it.
+#[test]
+fn a_last_stage_saving_no_parameter_leaves_a_readable_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pp = semi(
+        2,
+        "[parallel.pipeline]\nstages = 2\n[parallel.pipeline.stage_config]\nlogits = 1",
+    );
+    let alone = "mode = \"stand_alone\"";
+    let gpt = |dir: &str, parallel: &str, overrides: &[String]| {
+        small_gpt(&tmp.path().join(dir), "adam", "", parallel, overrides)
+    };
+    // Uninterrupted 20-step runs under the pipeline and on one device.
+    let (session, whole_losses) = run_util::train_steps(&gpt("whole", &pp, &[]), 20);
+    let (_, alone_losses) = run_util::train_steps(&gpt("alone", alone, &[]), 20);
+    let whole = tmp.path().join("whole");
+    let strategy = whole.join("strategy.json");
+    let resolved = ckpt::Strategy::load(&strategy)
+        .unwrap()
+        .resolve_scale_free()
+        .unwrap();
+    assert_eq!(
+        resolved.ranks(),
+        vec![0],
+        "the last stage saves no parameter"
+    );
+    assert!(whole.join("rank_1").is_dir(), "but it has its rank folder");
+
+    // 10 steps under the pipeline, then the other 10 resumed on the same pipeline and on one
+    // device.
+    let first_cfg = gpt("first", &pp, &["train.max_steps=10".to_string()]);
+    let (_, first_losses) = run_util::train_steps(&first_cfg, 10);
+    let resume = format!(
+        "output.resume_from=\"{}\"",
+        first_cfg.output().dir.display()
+    );
+    let (_, same) = run_util::train_steps(&gpt("same", &pp, std::slice::from_ref(&resume)), 10);
+    let bits = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let continued = [first_losses.clone(), same].concat();
+    assert_eq!(
+        bits(&continued),
+        bits(&whole_losses),
+        "resumed on the same pipeline: {continued:?} vs {whole_losses:?}"
+    );
+    let (_, one) = run_util::train_steps(&gpt("one", alone, &[resume]), 10);
+    let continued = [first_losses, one].concat();
+    run_util::assert_losses_within("resumed on one device", &continued, &alone_losses, 1e-4);
+
+    // `ckpt diff`: the resumed pipeline's set holds the uninterrupted run's bits; one device's
+    // run holds the same parameters within a tolerance.
+    let side = |dir: &std::path::Path| (dir.to_path_buf(), dir.join("strategy.json"));
+    let diff = |a: &str, b: &str| {
+        let (a, sa) = side(&tmp.path().join(a));
+        let (b, sb) = side(&tmp.path().join(b));
+        ckpt::diff_checkpoints(
+            &ckpt::DiffSide {
+                dir: &a,
+                strategy: &sa,
+            },
+            &ckpt::DiffSide {
+                dir: &b,
+                strategy: &sb,
+            },
+            &mut |_| {},
+        )
+        .unwrap()
+    };
+    let report = diff("whole", "same");
+    assert!(report.bitwise_equal(), "{report:?}");
+    assert!(diff("whole", "alone").within(1e-3));
+
+    // `verify`, `convert` (onto one device's strategy) and `merge` read the set.
+    let verified = ckpt::verify_checkpoints(&whole, &strategy, true).unwrap();
+    assert!(verified.faults.is_empty(), "{:?}", verified.faults);
+    let converted = tmp.path().join("converted");
+    ckpt::convert_checkpoints(
+        &whole,
+        &strategy,
+        &converted,
+        Some(&tmp.path().join("alone").join("strategy.json")),
+        &ckpt::ConvertOptions::default(),
+    )
+    .unwrap();
+    assert!(converted.join("rank_0").is_dir());
+    let names = run_util::param_names(&session);
+    assert_eq!(run_util::merged_params(&whole, &names).len(), names.len());
+
+    // `tessera generate` loads it: the same text as the resumed run's identical parameters.
+    let options = runtime::GenerateOptions {
+        prompt: "And God said".to_string(),
+        tokens: 12,
+        temperature: 0.0,
+        seed: 1,
+    };
+    let text = runtime::generate(&whole, &options).unwrap();
+    assert!(text.starts_with("And God said"), "{text}");
+    assert_eq!(
+        runtime::generate(&tmp.path().join("same"), &options).unwrap(),
+        text
+    );
+}

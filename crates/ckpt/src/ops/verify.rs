@@ -170,7 +170,8 @@ pub fn verify_checkpoints(
             .collect(),
         ..rank_files.clone()
     };
-    let resolved = match SourceSet::of_rank_files(readable).resolve_unchecked(&strategy) {
+    let sources = SourceSet::of_rank_files(readable);
+    let resolved = match sources.resolve_unchecked(&strategy) {
         Ok((resolved, unknown)) => {
             for name in unknown {
                 faults.push(
@@ -187,16 +188,22 @@ pub fn verify_checkpoints(
             return Ok(report);
         }
     };
+    // Folders past the strategy's ranks by the readers' rule (`SourceSet::stray_ranks`).
     let n_ranks = resolved.n_ranks();
-    for &rank in rank_files.files.keys().filter(|&&r| r >= n_ranks) {
-        faults.push(
-            &src_dir.join(format!("rank_{rank}")),
-            None,
-            format!(
-                "an extra rank folder: {} describes only {n_ranks} ranks",
-                strategy.path.display()
-            ),
-        );
+    match sources.stray_ranks(&strategy, n_ranks) {
+        Ok(stray) => {
+            for (rank, reason) in stray {
+                faults.push(
+                    &src_dir.join(format!("rank_{rank}")),
+                    None,
+                    format!(
+                        "an extra rank folder: {} describes only {n_ranks} ranks, and {reason}",
+                        strategy.path.display()
+                    ),
+                );
+            }
+        }
+        Err(e) => faults.push(src_dir, None, e.to_string()),
     }
     let dedup = files.values().any(|f| f.removes_redundancy());
     for rank in resolved.ranks() {

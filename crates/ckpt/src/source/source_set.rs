@@ -4,7 +4,7 @@
 //! and never opens a rank it does not need. A set is shared by the threads writing several
 //! destination files at once (the cache is behind a mutex, the files behind `Arc`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -236,24 +236,81 @@ impl SourceSet {
 
     /// Binds `strategy` to global shapes taken from the stored slices (the first rank of each
     /// placement whose file holds the tensor). Parameters no file holds are returned apart.
-    /// Rank folders beyond the strategy's ranks are an error: the strategy is for fewer
-    /// devices than the checkpoint was saved on.
+    ///
+    /// Rank folders beyond the strategy's ranks are an error when they hold data the strategy
+    /// does not account for ([`SourceSet::stray_ranks`]): the strategy is for fewer devices
+    /// than the checkpoint was saved on. A folder past them holding only what its home rank
+    /// holds outside the strategy (a step counter) is read past: a pipeline whose last stages
+    /// save no parameter (a GPT's loss stage, holding only the tied table's unsaved copy)
+    /// writes such folders, one per rank of the run.
+    ///
+    /// Why the reader accepts them rather than the strategy naming the device count: the
+    /// strategy files are MindSpore's formats too (`strategy.ckpt`'s `ParallelStrategyMap`
+    /// and its JSON have no device-count field), a strategy's ranks are those its layouts
+    /// place (MindSpore derives the device count from them), and sets written before this
+    /// rule, whose strategies cannot change, stay readable.
     pub fn resolve_source(&self, strategy: &Strategy) -> Result<(ResolvedStrategy, Vec<String>)> {
         strategy.check_stages()?;
         let resolved = self.resolve_unchecked(strategy)?;
         if let Kind::Ranks(files) = &self.kind {
             let n_ranks = resolved.0.n_ranks();
-            let extra: Vec<usize> = files.files.range(n_ranks..).map(|(&r, _)| r).collect();
-            if !extra.is_empty() && !resolved.0.params().is_empty() {
+            let stray = self.stray_ranks(strategy, n_ranks)?;
+            if let Some((_, reason)) = stray.first() {
                 return Err(CkptError::RankCountMismatch {
                     path: files.root.clone(),
                     strategy: strategy.path.clone(),
                     n_ranks,
-                    extra,
+                    extra: stray.iter().map(|(r, _)| *r).collect(),
+                    reason: reason.clone(),
                 });
             }
         }
         Ok(resolved)
+    }
+
+    /// The rank folders at or past `n_ranks` (the ranks `strategy` places data on) that hold
+    /// data a reader bound to `strategy` would lose, each with why: a tensor the strategy
+    /// lists (a shard of a strategy for more devices), or a tensor outside the strategy that
+    /// the folder's home rank (`rank % n_ranks`, or the lowest rank present, where readers
+    /// copy such tensors from, as MindSpore does) does not hold. A folder holding only what
+    /// its home rank holds outside the strategy (the step counter of a pipeline stage that
+    /// saves no parameter) is not listed. None without parameters or rank folders.
+    pub fn stray_ranks(&self, strategy: &Strategy, n_ranks: usize) -> Result<Vec<(usize, String)>> {
+        let Kind::Ranks(files) = &self.kind else {
+            return Ok(Vec::new());
+        };
+        if n_ranks == 0 {
+            return Ok(Vec::new());
+        }
+        let listed: HashSet<&str> = strategy.params.iter().map(|p| p.name.as_str()).collect();
+        let mut stray = Vec::new();
+        for &rank in files.files.range(n_ranks..).map(|(r, _)| r) {
+            let Some(file) = self.rank_file(rank)? else {
+                continue;
+            };
+            let home = self.extras_file(rank % n_ranks)?;
+            let reason = file.tensors().iter().find_map(|t| {
+                if listed.contains(t.name.as_str()) {
+                    return Some(format!(
+                        "rank_{rank}/ holds {:?}, a parameter it places on those ranks only",
+                        t.name
+                    ));
+                }
+                match &home {
+                    Some(h) if h.tensor(&t.name).is_some() => None,
+                    Some(h) => Some(format!(
+                        "rank_{rank}/ holds {:?}, outside the strategy, which {} (where tensors outside the strategy are read from) does not hold",
+                        t.name,
+                        h.path().display()
+                    )),
+                    None => Some(format!("rank_{rank}/ holds {:?}", t.name)),
+                }
+            });
+            if let Some(reason) = reason {
+                stray.push((rank, reason));
+            }
+        }
+        Ok(stray)
     }
 
     /// [`SourceSet::resolve_source`] without the rank-folder check.

@@ -26,7 +26,7 @@ pub enum PipelineError {
     /// The stage count does not divide the device count.
     #[error(
         "parallel.pipeline.stages = {stages}: must divide the device count {devices} \
-         (each stage gets devices / stages ranks, at least one)"
+         (parallel.devices, or --devices): each stage gets devices / stages ranks, at least one"
     )]
     StagesDoNotDivideDevices {
         /// The value given.

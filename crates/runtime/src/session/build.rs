@@ -92,6 +92,8 @@ impl Session {
 
     /// [`Session::new`], its errors as they come.
     fn new_built_in(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        // Before any model is built: a GPT's strategies divide each stage's devices.
+        config.parallel_config().validate_pipeline()?;
         if config.model().name == ModelName::Gpt {
             return Session::new_gpt(config);
         }
