@@ -7,6 +7,12 @@
 //! piece alone: the rank accumulates, and its optimizer reads, only its rows. Level 1 keeps the
 //! whole gradient. It is zeroed at every step's start and spent by the step's update,
 //! so nothing in it outlives a step and checkpoints (taken between steps) need none of it.
+//!
+//! Under mixed precision the gradients are bf16 or f16 and each buffer is in
+//! [`parallel::ParallelConfig::gradient_accumulation_dtype`]: f32 (each micro-batch's half
+//! gradient widened and added in f32, as the gradients' sums over ranks are under
+//! `parallel.gradient_fp32_sync`), or with `gradient_fp32_sync = false` the half type, rounded
+//! after every addition. The optimizer widens whatever it reads, so either feeds the update.
 
 use tensor::Tensor;
 
@@ -29,7 +35,11 @@ impl Accumulation {
         let mut offsets = Vec::with_capacity(trainable.len());
         for &i in trainable {
             let piece = exec.optimizer_piece(i);
-            let dtype = exec.param_dtype(i);
+            let dtype = exec
+                .program()
+                .placed
+                .config
+                .gradient_accumulation_dtype(exec.param_dtype(i));
             match exec.grad(i) {
                 Some(grad) if !sharded => {
                     buffers.push(Tensor::zeros(dtype, grad.shape()));
@@ -72,7 +82,8 @@ impl Accumulation {
         }
     }
 
-    /// Adds `share` times each gradient `exec` holds (its rows in each buffer).
+    /// Adds `share` times each gradient `exec` holds (its rows in each buffer), computed in f32
+    /// and stored in the buffer's type.
     pub fn add(
         &mut self,
         exec: &RankExecutor,
@@ -81,7 +92,7 @@ impl Accumulation {
     ) -> Result<(), ExecError> {
         for (k, &i) in trainable.iter().enumerate() {
             let grad = gradient(exec, i)?;
-            tensor::kernels::accumulate_scaled_from(
+            tensor::kernels::accumulate_scaled_mixed_from(
                 &mut self.buffers[k],
                 share,
                 grad,
@@ -91,15 +102,31 @@ impl Accumulation {
         Ok(())
     }
 
-    /// Sets each buffer to the gradient `exec` holds (its rows): a pipelined step's gradients
-    /// are already summed over its micro-batches.
+    /// Sets each buffer to the gradient `exec` holds (its rows), widened exactly when the
+    /// buffer is f32 and the gradient half precision: a pipelined step's gradients are already
+    /// summed over its micro-batches.
     pub fn copy(&mut self, exec: &RankExecutor, trainable: &[usize]) -> Result<(), ExecError> {
         for (k, &i) in trainable.iter().enumerate() {
             let grad = gradient(exec, i)?;
             let width = grad.dtype().size_in_bytes();
-            let dst = self.buffers[k].as_bytes_mut();
+            let dst = &mut self.buffers[k];
             let start = self.offsets[k] * width;
-            dst.copy_from_slice(&grad.as_bytes()[start..start + dst.len()]);
+            let len = dst.n_elements() * width;
+            let rows =
+                grad.as_bytes()
+                    .get(start..start + len)
+                    .ok_or_else(|| ExecError::Mismatch {
+                        what: format!("the gradient of {}", exec.program().params[i].name),
+                        expected: format!("{} elements", self.offsets[k] + dst.n_elements()),
+                        got: grad.n_elements().to_string(),
+                    })?;
+            if dst.dtype() == grad.dtype() {
+                dst.as_bytes_mut().copy_from_slice(rows);
+            } else {
+                let widened = Tensor::from_bytes(grad.dtype(), dst.shape(), rows)?;
+                let widened = widened.to_dtype(dst.dtype());
+                dst.as_bytes_mut().copy_from_slice(widened.as_bytes());
+            }
         }
         Ok(())
     }

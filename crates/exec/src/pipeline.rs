@@ -312,7 +312,10 @@ impl PipelineRunner {
     ///
     /// Without `each`, the gradients and the loss are summed over the micro-batches on the
     /// rank, their mean is taken and the epilogue (their reductions) runs once: the executor
-    /// then holds the step's gradients and loss as an ordinary run leaves them.
+    /// then holds the step's gradients and loss as an ordinary run leaves them. Half-precision
+    /// gradients are summed in f32 (or in the half type under `gradient_fp32_sync = false`,
+    /// see [`parallel::ParallelConfig::gradient_accumulation_dtype`]) and their mean rounded
+    /// once into the gradient buffer.
     ///
     /// With `each` (deterministic mode), every micro-batch's gradients and loss are kept apart
     /// and, after the schedule, reduced one micro-batch at a time in micro-batch order: the
@@ -352,7 +355,7 @@ impl PipelineRunner {
             false => self
                 .summed
                 .iter()
-                .map(|&b| Some(exec.fresh_counted(b)))
+                .map(|&b| Some(exec.fresh_sum_counted(b)))
                 .collect(),
         };
         // With `each`: every micro-batch's summed buffers, kept apart until the reductions.
@@ -398,7 +401,7 @@ impl PipelineRunner {
                 for (&b, sum) in self.summed.iter().zip(sums.iter_mut()) {
                     let sum = sum.as_mut().expect("sums stay in place");
                     if sum.n_elements() > 0 {
-                        tensor::kernels::accumulate_scaled(sum, 1.0, exec.buffer_at(b))?;
+                        tensor::kernels::accumulate_scaled_mixed(sum, 1.0, exec.buffer_at(b))?;
                     }
                 }
                 Ok::<(), ExecError>(())
@@ -507,7 +510,7 @@ impl PipelineRunner {
                     let dst = exec.buffer_at_mut(b);
                     dst.as_bytes_mut().fill(0);
                     if dst.n_elements() > 0 {
-                        tensor::kernels::accumulate_scaled(dst, share, &sum)
+                        tensor::kernels::accumulate_scaled_mixed(dst, share, &sum)
                             .map_err(ExecError::from)?;
                     }
                     exec.release_counted(b, sum);

@@ -1,6 +1,7 @@
 //! Behaviour tests of the executor and the optimizers: sharded programs against one device,
 //! ops under random strategies, the optimizers' update rules.
 
+mod accumulation;
 mod equivalence;
 mod moved_buffers;
 mod op_sharding;

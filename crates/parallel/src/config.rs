@@ -416,6 +416,26 @@ impl ParallelConfig {
         }
     }
 
+    /// The dtype a step's gradients of `dtype` are summed over its micro-batches in (gradient
+    /// accumulation, `parallel.micro_batch_interleave`, a pipeline's micro-batches): a half
+    /// type (bf16, f16) is widened to f32 — each micro-batch's gradient added into an f32
+    /// buffer — unless the gradients' sums over ranks are added in the half type
+    /// (`gradient_fp32_sync = false` without `enable_fp32_communication`), when the sum stays
+    /// in it, rounded after every addition. f32 and f64 stay themselves. The accumulation
+    /// buffers and a pipeline's micro-batch sums are allocated in this type, and the memory
+    /// prediction counts them in it.
+    pub fn gradient_accumulation_dtype(&self, dtype: tensor::DType) -> tensor::DType {
+        use tensor::DType;
+        match dtype {
+            DType::BF16 | DType::F16
+                if self.gradient_fp32_sync || self.enable_fp32_communication =>
+            {
+                DType::F32
+            }
+            other => other,
+        }
+    }
+
     /// `devices` devices in `mode`, with no user strategy yet.
     pub fn new(mode: ParallelMode, devices: usize) -> ParallelConfig {
         ParallelConfig {
@@ -491,8 +511,28 @@ impl ParallelConfig {
         }
     }
 
+    /// Checks `[parallel.pipeline]` against the device count ([`PipelineConfig::validate`]
+    /// with [`ParallelConfig::effective_devices`]): every stage needs at least one rank, so the
+    /// stages must divide the devices. The one check of the rule, for every model: the parallel
+    /// pass runs it before placing a graph, and the runtime before it builds a model, whose
+    /// strategies divide each stage's devices ([`ParallelConfig::devices_per_stage`]).
+    ///
+    /// [`PipelineConfig::validate`]: crate::pipeline::PipelineConfig::validate
+    pub fn validate_pipeline(&self) -> Result<(), crate::error::ParallelError> {
+        match self.pipeline.as_ref().filter(|p| p.stages > 1) {
+            None => Ok(()),
+            Some(p) => p.validate(self.effective_devices()).map_err(|e| {
+                crate::error::ParallelError::Setting {
+                    setting: "pipeline",
+                    reason: e.to_string(),
+                }
+            }),
+        }
+    }
+
     /// The devices of one pipeline stage ([`ParallelConfig::effective_devices`] without a
-    /// pipeline).
+    /// pipeline); 0 when there are more stages than devices, which
+    /// [`ParallelConfig::validate_pipeline`] refuses.
     pub fn devices_per_stage(&self) -> usize {
         let stages = self.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
         self.effective_devices() / stages

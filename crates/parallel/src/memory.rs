@@ -7,7 +7,8 @@
 //! categories are those of ZeRO's accounting plus the step's working memory:
 //! - **parameters**: the parameters' own buffers (under `hsdp` levels 1–3, the pieces);
 //! - **gradients**: the gradients the optimizer reads, after their data-parallel sum, and the
-//!   accumulation buffers of gradient accumulation;
+//!   accumulation buffers of gradient accumulation (in f32 for half-precision gradients, see
+//!   [`crate::ParallelConfig::gradient_accumulation_dtype`]);
 //! - **optimizer**: the optimizer's state;
 //! - **activations**: every value a kernel writes (forward activations, the backward pass's
 //!   values, gradients before their sum) and the fed inputs;
@@ -275,6 +276,25 @@ pub fn buffer_bytes(program: &Program, b: usize, rank: usize) -> usize {
     bytes_of(program, b, &spec.local_shape(rank))
 }
 
+/// The bytes of a sum of buffer `b` over a step's micro-batches on `rank` (a pipelined step's
+/// micro-batch sum): `b`'s elements in the dtype gradients of `b`'s type accumulate in
+/// ([`crate::ParallelConfig::gradient_accumulation_dtype`]: f32 for a half type, unless
+/// gradient sums are in the half type).
+fn summed_bytes(program: &Program, b: usize, rank: usize) -> usize {
+    let spec = &program.buffers[b];
+    let width = accumulation_width(program, spec.dtype);
+    buffer_bytes(program, b, rank) / spec.dtype.size_in_bytes() * width
+}
+
+/// The bytes per element of an accumulation of gradients of `dtype`.
+fn accumulation_width(program: &Program, dtype: DType) -> usize {
+    program
+        .placed
+        .config
+        .gradient_accumulation_dtype(dtype)
+        .size_in_bytes()
+}
+
 /// Elements of the piece of parameter `p` that `rank`'s optimizer updates: its box of the
 /// `hsdp` shard layout, or its whole slice.
 fn piece_elements(program: &Program, p: usize, rank: usize) -> usize {
@@ -337,7 +357,8 @@ pub fn predict_pipelined(
     }
     hold_training_state(&mut meter, program, rank, state);
     for &b in &buffers.summed {
-        hold(&mut meter, b);
+        let category = lifetimes.category[b];
+        meter.hold(category, summed_bytes(program, b, rank));
     }
     for _ in 0..held {
         for &b in &buffers.local {
@@ -354,11 +375,10 @@ pub fn predict_pipelined(
         meter.hold(MemoryCategory::Communication, ring);
         meter.release(MemoryCategory::Communication, ring);
     }
-    for &b in buffers
-        .summed
-        .iter()
-        .chain((0..held).flat_map(|_| &buffers.local))
-    {
+    for &b in &buffers.summed {
+        meter.release(lifetimes.category[b], summed_bytes(program, b, rank));
+    }
+    for &b in (0..held).flat_map(|_| &buffers.local) {
         meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
     }
     hold_fused_gathers(&mut meter, program, rank);
@@ -378,9 +398,13 @@ fn hold_training_state(
         let Some(grad) = p.grad_buffer.filter(|_| p.trainable && held) else {
             continue;
         };
-        let width = program.buffers[p.buffer].dtype.size_in_bytes();
+        let dtype = program.buffers[p.buffer].dtype;
+        let width = dtype.size_in_bytes();
         let elements = piece_elements(program, i, rank);
         let piece = elements * width;
+        // Accumulation buffers hold the parameter's type, or f32 for a half type
+        // (`ParallelConfig::gradient_accumulation_dtype`), as `exec::Accumulation` allocates.
+        let accumulated = accumulation_width(program, dtype);
         match state.master_weights {
             true => meter.hold(
                 MemoryCategory::Optimizer,
@@ -389,8 +413,12 @@ fn hold_training_state(
             false => meter.hold(MemoryCategory::Optimizer, state.optimizer_tensors * piece),
         }
         match state.accumulation_sharded {
-            Some(true) => meter.hold(MemoryCategory::Gradients, piece),
-            Some(false) => meter.hold(MemoryCategory::Gradients, buffer_bytes(program, grad, rank)),
+            Some(true) => meter.hold(MemoryCategory::Gradients, elements * accumulated),
+            Some(false) => {
+                let grad_elements =
+                    buffer_bytes(program, grad, rank) / program.buffers[grad].dtype.size_in_bytes();
+                meter.hold(MemoryCategory::Gradients, grad_elements * accumulated)
+            }
             None => {}
         }
     }

@@ -30,11 +30,17 @@ fn train_predicted(what: &str, config: &TrainConfig) -> (Session, Run, Vec<Memor
 }
 
 /// The prediction holds under data, model, sequence and context parallelism, every hsdp level,
-/// gradient accumulation (sharded or not), recompute, and overlapped gradient buckets.
+/// gradient accumulation (sharded or not, and under mixed precision, whose accumulation
+/// buffers are f32 — or the half type with `gradient_fp32_sync = false`), recompute, and
+/// overlapped gradient buckets.
 #[test]
 fn measured_memory_equals_the_prediction() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, &[&str]); 16] = [
+    let bf16_k2: &[&str] = &[
+        "train.precision=\"bf16\"",
+        "train.grad_accumulation_steps=2",
+    ];
+    let cases: [(&str, String, &[&str]); 20] = [
         ("stand-alone", "mode = \"stand_alone\"".to_string(), &[]),
         (
             "cp 2 × mp 2 (Ulysses)",
@@ -115,7 +121,28 @@ fn measured_memory_equals_the_prediction() {
             format!("{DP2_MP2}[parallel.recompute]\nops = [\"FlashAttention\", \"blocks.*.mlp.fc1.gelu\"]"),
             &["model.fused_attention=true"],
         ),
+        ("bf16, dp 2, accumulation", DP2.to_string(), bf16_k2),
+        (
+            "bf16, dp 2, accumulation in the half type",
+            DP2.to_string(),
+            &[
+                "train.precision=\"bf16\"",
+                "train.grad_accumulation_steps=2",
+                "parallel.gradient_fp32_sync=false",
+            ],
+        ),
+        (
+            "f16, dp 2 × mp 2, hsdp level 2, accumulation",
+            format!("{DP2_MP2}[parallel.hsdp]\noptimizer_level = \"level2\"\nthreshold = 0"),
+            &["train.precision=\"f16\"", "train.grad_accumulation_steps=2"],
+        ),
+        (
+            "bf16, one device, micro_batch_interleave 2",
+            "mode = \"stand_alone\"\nmicro_batch_interleave = 2".to_string(),
+            &["train.precision=\"bf16\""],
+        ),
     ];
+    let mut gradients = std::collections::BTreeMap::new();
     for (i, (what, parallel, overrides)) in cases.iter().enumerate() {
         let cfg = adam_gpt(
             &tmp.path().join(format!("case-{i}")),
@@ -123,8 +150,16 @@ fn measured_memory_equals_the_prediction() {
             2,
             overrides,
         );
-        train_predicted(what, &cfg);
+        let (_, _, measured) = train_predicted(what, &cfg);
+        gradients.insert(*what, measured[0].peaks.gradients);
     }
+    // bf16 gradients take 2 bytes an element, their f32 accumulation 4 and a half-type one 2:
+    // the f32 accumulation holds as many more bytes as the half-type one holds in all.
+    let (f32_sums, half_sums) = (
+        gradients["bf16, dp 2, accumulation"],
+        gradients["bf16, dp 2, accumulation in the half type"],
+    );
+    assert_eq!(f32_sums * 2, half_sums * 3, "{gradients:?}");
 }
 
 /// Pipelined steps: every rank's measured peaks equal the prediction from its stage's
@@ -141,11 +176,22 @@ fn pipelined_memory_equals_the_prediction() {
         )
     };
     let mut activations = std::collections::BTreeMap::new();
-    for (scheduler, mp) in [("gpipe", 1), ("1f1b", 1), ("zero_bubble", 1), ("1f1b", 2)] {
-        let what = format!("2 stages, {scheduler}, mp {mp}");
+    for (scheduler, mp, precision) in [
+        ("gpipe", 1, "f32"),
+        ("1f1b", 1, "f32"),
+        ("zero_bubble", 1, "f32"),
+        ("1f1b", 2, "f32"),
+        // Half precision: the micro-batch sums of the bf16 gradients are f32.
+        ("1f1b", 2, "bf16"),
+    ] {
+        let what = format!("2 stages, {scheduler}, mp {mp}, {precision}");
         let out = tmp.path().join(what.replace([' ', ','], "_"));
+        let set = format!("train.precision=\"{precision}\"");
         let (_, _, measured) =
-            train_predicted(&what, &adam_gpt(&out, &pipeline(scheduler, mp), 2, &[]));
+            train_predicted(&what, &adam_gpt(&out, &pipeline(scheduler, mp), 2, &[&set]));
+        if precision != "f32" {
+            continue;
+        }
         if mp == 1 {
             activations.insert(scheduler, measured[0].peaks.activations);
         }

@@ -767,7 +767,24 @@ impl RankExecutor {
         t
     }
 
-    /// Stops counting `t`, a [`RankExecutor::fresh_counted`] buffer of `b`, as it is dropped.
+    /// A zeroed sum of buffer `b` over a pipelined step's micro-batches, in the dtype its
+    /// gradients accumulate in ([`parallel::ParallelConfig::gradient_accumulation_dtype`]:
+    /// f32 for a half-precision buffer unless gradient sums are in the half type), its bytes
+    /// counted in `b`'s memory category until [`RankExecutor::release_counted`].
+    pub fn fresh_sum_counted(&mut self, b: usize) -> Tensor {
+        let dtype = self
+            .program
+            .placed
+            .config
+            .gradient_accumulation_dtype(self.program.buffers[b].dtype);
+        let t = Tensor::zeros(dtype, &self.fresh_shape(b));
+        self.meter
+            .hold(self.lifetimes.category[b], t.as_bytes().len());
+        t
+    }
+
+    /// Stops counting `t`, a [`RankExecutor::fresh_counted`] (or
+    /// [`RankExecutor::fresh_sum_counted`]) buffer of `b`, as it is dropped.
     pub fn release_counted(&mut self, b: usize, t: Tensor) {
         self.meter
             .release(self.lifetimes.category[b], t.as_bytes().len());

@@ -17,7 +17,9 @@
 //! only moves elements ([`permute`](fn@permute), [`transpose`], the table of
 //! [`embedding`](fn@embedding): every dtype) or reads indices (i32 or i64). Operands of one op
 //! must share a dtype; nothing is promoted implicitly. In-place tensor updates
-//! ([`accumulate_scaled`]) take f32 or f64 only.
+//! ([`accumulate_scaled`]) take f32 or f64 only; mixed precision's gradient accumulation
+//! ([`accumulate_scaled_mixed`]) adds an f32, bf16 or f16 source into an f32, bf16 or f16
+//! accumulator, computing in f32.
 //!
 //! # Conventions
 //! - Row-major, contiguous. Axes are `usize` (no negative axes).
@@ -105,6 +107,7 @@ pub use self::unary::{
     unary_into, GeluForm, GradInput, UnaryOp,
 };
 pub use self::vector::{
-    accumulate_scaled, accumulate_scaled_from, axpby, axpy, div_sqrt_axpy, fill, scale,
-    scale_inplace, square_axpby,
+    accumulate_scaled, accumulate_scaled_from, accumulate_scaled_mixed,
+    accumulate_scaled_mixed_from, axpby, axpy, div_sqrt_axpy, fill, scale, scale_inplace,
+    square_axpby,
 };

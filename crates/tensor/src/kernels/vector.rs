@@ -9,9 +9,14 @@
 //! div_sqrt_axpy(-lr·√c2/c1, m, v, ε·√c2, p)    // p -= lr·m̂ / (√v̂ + ε)
 //! ```
 //!
-//! Tensor-level in-place updates work on f32 and f64 tensors only: gradients and optimizer state
-//! are kept in a compute type, never in f16/bf16 storage.
+//! Tensor-level in-place updates work on f32 and f64 tensors only: optimizer state is kept in a
+//! compute type, never in f16/bf16 storage. The one exception is mixed precision's gradient
+//! accumulation, [`accumulate_scaled_mixed_from`]: half-precision gradients added into an f32
+//! (or, when asked, a half-precision) accumulator, every addition computed in f32.
 
+use half::{bf16, f16};
+
+use crate::dtype::DType;
 use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::float::{with_float, Float};
@@ -124,4 +129,90 @@ pub fn accumulate_scaled_from(
             })?;
         axpy(T::from_f64(alpha), &xs[offset..offset + len], ys)
     })
+}
+
+/// [`accumulate_scaled_mixed_from`] over the whole of `x`, which has `acc`'s shape.
+pub fn accumulate_scaled_mixed(
+    acc: &mut Tensor,
+    alpha: f64,
+    x: &Tensor,
+) -> Result<(), TensorError> {
+    check::same_shape("accumulate_scaled_mixed", acc, x)?;
+    accumulate_scaled_mixed_from(acc, alpha, x, 0)
+}
+
+/// `acc += alpha·x[offset .. offset + acc.len()]` in place, over the row-major elements, with
+/// `acc` and `x` each f32, bf16 or f16 (mixed precision's gradient accumulation): every element
+/// is `acc + alpha·x` computed in f32 — a half value widened exactly, `alpha` rounded to f32
+/// once — and stored in `acc`'s dtype, rounded to nearest (ties to even) after every addition
+/// when `acc` is half precision. With one dtype, f32 or f64, this is
+/// [`accumulate_scaled_from`] (the same bits: an f32 `acc` and f32 `x` take the same loop
+/// either way). The run must lie inside `x`.
+pub fn accumulate_scaled_mixed_from(
+    acc: &mut Tensor,
+    alpha: f64,
+    x: &Tensor,
+    offset: usize,
+) -> Result<(), TensorError> {
+    const OP: &str = "accumulate_scaled_mixed";
+    if acc.dtype() == x.dtype() && matches!(acc.dtype(), DType::F32 | DType::F64) {
+        return accumulate_scaled_from(acc, alpha, x, offset);
+    }
+    for t in [&*acc, x] {
+        if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+            return Err(TensorError::UnsupportedDType {
+                op: OP,
+                got: t.dtype(),
+            });
+        }
+    }
+    let len = acc.n_elements();
+    let end = offset
+        .checked_add(len)
+        .filter(|&end| end <= x.n_elements())
+        .ok_or_else(|| TensorError::ElementCount {
+            op: OP,
+            shape: x.shape().to_vec(),
+            expected: offset.saturating_add(len),
+            got: x.n_elements(),
+        })?;
+    let alpha = alpha as f32;
+    match x.dtype() {
+        DType::BF16 => add_widened(OP, acc, alpha, &x.as_slice::<bf16>()?[offset..end], |v| {
+            v.to_f32()
+        }),
+        DType::F16 => add_widened(OP, acc, alpha, &x.as_slice::<f16>()?[offset..end], |v| {
+            v.to_f32()
+        }),
+        _ => add_widened(OP, acc, alpha, &x.as_slice::<f32>()?[offset..end], |v| v),
+    }
+}
+
+/// `acc[i] = acc[i] + alpha·widen(xs[i])` in f32, stored in `acc`'s dtype (f32, bf16 or f16).
+fn add_widened<S: Copy>(
+    op: &'static str,
+    acc: &mut Tensor,
+    alpha: f32,
+    xs: &[S],
+    widen: impl Fn(S) -> f32,
+) -> Result<(), TensorError> {
+    match acc.dtype() {
+        DType::F32 => {
+            for (d, &v) in acc.as_slice_mut::<f32>()?.iter_mut().zip(xs) {
+                *d += alpha * widen(v);
+            }
+        }
+        DType::BF16 => {
+            for (d, &v) in acc.as_slice_mut::<bf16>()?.iter_mut().zip(xs) {
+                *d = bf16::from_f32(d.to_f32() + alpha * widen(v));
+            }
+        }
+        DType::F16 => {
+            for (d, &v) in acc.as_slice_mut::<f16>()?.iter_mut().zip(xs) {
+                *d = f16::from_f32(d.to_f32() + alpha * widen(v));
+            }
+        }
+        got => return Err(TensorError::UnsupportedDType { op, got }),
+    }
+    Ok(())
 }

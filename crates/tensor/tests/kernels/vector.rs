@@ -76,3 +76,80 @@ fn tensor_level_scale_and_accumulate() {
         Err(TensorError::ShapeMismatch { .. })
     ));
 }
+
+/// Mixed precision's accumulation: a bf16 or f16 source added into an f32 accumulator in f32
+/// (widened exactly, scaled, never rounded to the half type), into a half accumulator rounded
+/// after every addition, an f32 sum rounded once into a half accumulator, and f32 into f32
+/// bitwise [`kernels::accumulate_scaled_from`]; an offset picks the source's run of rows.
+#[test]
+fn mixed_precision_accumulation() {
+    for dtype in [DType::BF16, DType::F16] {
+        let ulp = if dtype == DType::BF16 {
+            2f32.powi(-7)
+        } else {
+            2f32.powi(-10)
+        };
+        // 1 + 3/8 ulp, twice: in f32 the sum keeps both small parts, in the half type each
+        // is lost (below half an ulp of 1).
+        let one = Tensor::from_vec(&[2], vec![1f32, -3.0])
+            .unwrap()
+            .to_dtype(dtype);
+        let small = Tensor::from_vec(&[2], vec![0.375 * ulp, 0.5])
+            .unwrap()
+            .to_dtype(dtype);
+        let mut wide = Tensor::zeros(DType::F32, &[2]);
+        let mut narrow = Tensor::zeros(dtype, &[2]);
+        for (x, alpha) in [(&one, 1.0), (&small, 1.0), (&small, 1.0)] {
+            kernels::accumulate_scaled_mixed(&mut wide, alpha, x).unwrap();
+            kernels::accumulate_scaled_mixed(&mut narrow, alpha, x).unwrap();
+        }
+        assert_eq!(wide.as_f32().unwrap(), &[1.0 + 0.75 * ulp, -2.0]);
+        assert_eq!(narrow.dtype(), dtype);
+        assert_eq!(narrow.to_f64_vec(), vec![1.0, -2.0]);
+        // An f32 sum into a zeroed half accumulator: rounded once.
+        let mut mean = Tensor::zeros(dtype, &[2]);
+        kernels::accumulate_scaled_mixed(&mut mean, 0.5, &wide).unwrap();
+        let once = Tensor::from_vec(&[2], vec![0.5 + 0.375 * ulp, -1.0])
+            .unwrap()
+            .to_dtype(dtype);
+        assert_eq!(mean, once);
+        // The run of x from element 1, scaled.
+        let mut acc = Tensor::from_vec(&[1], vec![1f32]).unwrap();
+        kernels::accumulate_scaled_mixed_from(&mut acc, 0.25, &one, 1).unwrap();
+        assert_eq!(acc.as_f32().unwrap(), &[0.25]);
+        assert!(matches!(
+            kernels::accumulate_scaled_mixed_from(&mut acc, 1.0, &one, 2),
+            Err(TensorError::ElementCount { .. })
+        ));
+    }
+    // f32 into f32 is accumulate_scaled_from, bit for bit.
+    let x = Tensor::from_vec(&[5], vec![0.1f32, -1.7, 3.3, 1e-8, 7.0]).unwrap();
+    let (mut a, mut b) = (
+        Tensor::from_vec(&[3], vec![0.3f32, 1.1, -2.9]).unwrap(),
+        Tensor::from_vec(&[3], vec![0.3f32, 1.1, -2.9]).unwrap(),
+    );
+    kernels::accumulate_scaled_from(&mut a, 0.37, &x, 2).unwrap();
+    kernels::accumulate_scaled_mixed_from(&mut b, 0.37, &x, 2).unwrap();
+    assert_eq!(a, b);
+    // f64 only with f64; integers never.
+    let mut f64_acc = Tensor::zeros(DType::F64, &[2]);
+    assert!(
+        kernels::accumulate_scaled_mixed(&mut f64_acc, 1.0, &Tensor::zeros(DType::F64, &[2]))
+            .is_ok()
+    );
+    assert!(matches!(
+        kernels::accumulate_scaled_mixed(&mut f64_acc, 1.0, &Tensor::zeros(DType::F32, &[2])),
+        Err(TensorError::UnsupportedDType {
+            got: DType::F64,
+            ..
+        })
+    ));
+    let mut ints = Tensor::zeros(DType::I32, &[2]);
+    assert!(matches!(
+        kernels::accumulate_scaled_mixed(&mut ints, 1.0, &Tensor::zeros(DType::F32, &[2])),
+        Err(TensorError::UnsupportedDType {
+            got: DType::I32,
+            ..
+        })
+    ));
+}
