@@ -9,7 +9,7 @@ use std::path::Path;
 
 use runtime::{Session, TrainConfig};
 
-use crate::run_util::{self, adam_gpt, train_report, DP2, DP2_MP2};
+use crate::run_util::{self, adam_gpt, train_report, Run, DP2, DP2_MP2};
 
 const SA: &str = "mode = \"stand_alone\"";
 
@@ -546,12 +546,8 @@ fn half_precision_accumulates_micro_batches_like_the_unsplit_batch() {
     let steps = 8;
     let det = "train.deterministic=true";
     for precision in ["bf16", "f16"] {
-        let p = format!("train.precision=\"{precision}\"");
         let run = |name: &str, parallel: &str, extra: &[&str]| {
-            let mut overrides = vec![p.as_str()];
-            overrides.extend_from_slice(extra);
-            let out = tmp.path().join(format!("{precision}-{name}"));
-            train_report(&adam_gpt(&out, parallel, steps, &overrides)).2
+            half_precision_run(tmp.path(), precision, steps, (name, parallel, extra))
         };
         let reference = run("unsplit", SA, &[]);
         let accumulate = ["data.batch_size=4", "train.grad_accumulation_steps=2"];
@@ -590,6 +586,21 @@ fn half_precision_accumulates_micro_batches_like_the_unsplit_batch() {
     }
 }
 
+/// The small GPT with Adam trained `steps` steps in `precision` into `dir/<precision>-<name>`,
+/// under `[parallel]` body `parallel`, with `extra` overrides.
+fn half_precision_run(
+    dir: &Path,
+    precision: &str,
+    steps: usize,
+    (name, parallel, extra): (&str, &str, &[&str]),
+) -> Run {
+    let p = format!("train.precision=\"{precision}\"");
+    let mut overrides = vec![p.as_str()];
+    overrides.extend_from_slice(extra);
+    let out = dir.join(format!("{precision}-{name}"));
+    train_report(&adam_gpt(&out, parallel, steps, &overrides)).2
+}
+
 /// bf16 and f16 pipelines of 2 stages × 4 micro-batches (1F1B), with data parallel 2 and with
 /// model parallel 2 inside the stages: each trains 8 steps within [`MICRO_BATCH_TOLERANCE`] of
 /// the same precision on one device with the unsplit batch, and of one device accumulating
@@ -601,12 +612,8 @@ fn half_precision_pipelines_with_micro_batches() {
     let tmp = tempfile::tempdir().unwrap();
     let steps = 8;
     for precision in ["bf16", "f16"] {
-        let p = format!("train.precision=\"{precision}\"");
         let run = |name: &str, parallel: &str, extra: &[&str]| {
-            let mut overrides = vec![p.as_str()];
-            overrides.extend_from_slice(extra);
-            let out = tmp.path().join(format!("{precision}-{name}"));
-            train_report(&adam_gpt(&out, parallel, steps, &overrides)).2
+            half_precision_run(tmp.path(), precision, steps, (name, parallel, extra))
         };
         let unsplit = run("unsplit", SA, &[]);
         let accumulated = run(

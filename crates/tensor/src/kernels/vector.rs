@@ -107,17 +107,7 @@ pub fn accumulate_scaled_from(
     const OP: &str = "accumulate_scaled";
     check::same_dtype(OP, acc, x)?;
     let len = acc.n_elements();
-    if offset
-        .checked_add(len)
-        .is_none_or(|end| end > x.n_elements())
-    {
-        return Err(TensorError::ElementCount {
-            op: OP,
-            shape: x.shape().to_vec(),
-            expected: offset.saturating_add(len),
-            got: x.n_elements(),
-        });
-    }
+    run_end(OP, x, offset, len)?;
     with_float!(OP, x.dtype(), |T| {
         let xs = T::read(OP, x)?;
         let ys = acc
@@ -166,16 +156,7 @@ pub fn accumulate_scaled_mixed_from(
             });
         }
     }
-    let len = acc.n_elements();
-    let end = offset
-        .checked_add(len)
-        .filter(|&end| end <= x.n_elements())
-        .ok_or_else(|| TensorError::ElementCount {
-            op: OP,
-            shape: x.shape().to_vec(),
-            expected: offset.saturating_add(len),
-            got: x.n_elements(),
-        })?;
+    let end = run_end(OP, x, offset, acc.n_elements())?;
     let alpha = alpha as f32;
     match x.dtype() {
         DType::BF16 => add_widened(OP, acc, alpha, &x.as_slice::<bf16>()?[offset..end], |v| {
@@ -186,6 +167,19 @@ pub fn accumulate_scaled_mixed_from(
         }),
         _ => add_widened(OP, acc, alpha, &x.as_slice::<f32>()?[offset..end], |v| v),
     }
+}
+
+/// The end of the run of `len` elements of `x` from `offset`, checked to lie inside `x`.
+fn run_end(op: &'static str, x: &Tensor, offset: usize, len: usize) -> Result<usize, TensorError> {
+    offset
+        .checked_add(len)
+        .filter(|&end| end <= x.n_elements())
+        .ok_or_else(|| TensorError::ElementCount {
+            op,
+            shape: x.shape().to_vec(),
+            expected: offset.saturating_add(len),
+            got: x.n_elements(),
+        })
 }
 
 /// `acc[i] = acc[i] + alpha·widen(xs[i])` in f32, stored in `acc`'s dtype (f32, bf16 or f16).
