@@ -227,8 +227,8 @@ pub fn gemm_with<T: Float>(
 /// `A` (columns of `B`): every element still sums the whole contraction in the crate's order, so
 /// the bits are the single thread's, and no band waits on another (the crate's own parallel
 /// mode packs `B` on one thread between barriers, which measured 1.35–1.45× on two threads).
-/// A band (the whole output on one thread) taller than [`SOLO_BAND`] rows is cut further into
-/// calls of that many rows, with the same bits for the same reason.
+/// A band (the whole output on one thread) taller than [`solo_band_rows`] rows is cut further
+/// into calls of that many rows, with the same bits for the same reason.
 fn gemm_crate<T: Float>(
     shape: GemmShape,
     alpha: T,
@@ -275,10 +275,12 @@ fn gemm_crate<T: Float>(
         }
     };
     let (m, n) = (shape.m, shape.n);
-    // A band taller than `SOLO_BAND` rows as calls of at most that many, one after another.
+    // A band taller than `solo_band_rows()` rows as calls of at most that many, one after
+    // another.
+    let solo = solo_band_rows();
     let band = |rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
-        for start in rows.clone().step_by(SOLO_BAND) {
-            band(start..(start + SOLO_BAND).min(rows.end), cols.clone());
+        for start in rows.clone().step_by(solo) {
+            band(start..(start + solo).min(rows.end), cols.clone());
         }
     };
     if threads < 2 {
@@ -304,14 +306,30 @@ fn gemm_crate<T: Float>(
     });
 }
 
-/// Rows of `C` one `gemm` crate call computes at most; a taller band is cut into calls of this
-/// many rows, one after another (the same bits: every element still sums the whole contraction
-/// in the crate's order). On a Zen 3 EPYC (AVX2, 512 KiB L2), one thread, cold caches, the
-/// GPT's 2,048-row products with a wide output (`n` = 768 or 1,024) ran 1.13–1.15× faster in
-/// calls of 512 rows than in one call, those with `n` = 256 about the same (0.95–1.05×);
-/// bands of 64–128 rows were 8–15 % slower (`B` is packed again for every call). `cargo bench
-/// -p tessera-tensor --bench bands`; see `docs/PERFORMANCE.md`, "Products in bands of 512 rows".
-const SOLO_BAND: usize = 512;
+/// Rows of `C` one `gemm` crate call computes at most: one row per KiB of the L2 cache the
+/// crate itself reads off the CPU (and blocks its products by), in whole 64-row register tiles,
+/// at least 256. A taller band is cut into calls of this many rows, one after another (the same
+/// bits: every element still sums the whole contraction in the crate's order).
+///
+/// Measured with `cargo bench -p tessera-tensor --bench bands` (one thread, cold caches, the
+/// GPT's 2,048-row products; see `docs/PERFORMANCE.md`, "Products in bands of 512 rows" and
+/// "Bands from the L2 cache"):
+/// - a Zen 3 EPYC with 512 KiB of L2 per core: calls of 512 rows ran the products with a wide
+///   output (`n` = 768 or 1,024) 1.13–1.15× faster than one call, the others about the same;
+///   bands of 64–128 rows were 8–15 % slower (`B` is packed again for every call);
+/// - an Intel Xeon with 2 MiB of L2 per core: one call was the fastest, calls of 512 rows
+///   0.90–0.93× on the forward products and of 1,024 rows 0.97×.
+///
+/// Machines between the two (1 MiB of L2) get 1,024 rows by the same rule, not yet measured.
+pub fn solo_band_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| band_rows_for_l2(gemm_common::cache::CACHE_INFO[1].cache_bytes))
+}
+
+/// [`solo_band_rows`]' rule for an L2 cache of `l2_bytes`.
+fn band_rows_for_l2(l2_bytes: usize) -> usize {
+    (l2_bytes / 1024).next_multiple_of(64).max(256)
+}
 
 /// A band closure shared by the threads: it only reads its captured pointers, and the bands
 /// write disjoint parts of the output.
@@ -569,6 +587,19 @@ fn batched_gemm<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_band_rows_follow_the_l2_cache() {
+        // The two measured machines: 512 KiB (Zen 3) and 2 MiB (an Intel Xeon) of L2 per core.
+        assert_eq!(band_rows_for_l2(512 * 1024), 512);
+        assert_eq!(band_rows_for_l2(2048 * 1024), 2048);
+        // Whole 64-row tiles, and never the short bands that measured slower.
+        assert_eq!(band_rows_for_l2(1280 * 1024), 1280);
+        assert_eq!(band_rows_for_l2(1000 * 1024), 1024);
+        assert_eq!(band_rows_for_l2(64 * 1024), 256);
+        assert_eq!(band_rows_for_l2(0), 256);
+        assert_eq!(solo_band_rows() % 64, 0);
+    }
 
     fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
         GemmShape {

@@ -82,7 +82,7 @@ pub use self::loss::{
 };
 pub use self::matmul::{
     batch_gemm_sum, batch_matmul, batch_matmul_into, batch_matmul_shape, gemm, gemm_with, matmul,
-    GemmBackend, GemmShape,
+    solo_band_rows, GemmBackend, GemmShape,
 };
 pub use self::norm::{
     layer_norm, layer_norm_grad, layer_norm_grad_into, layer_norm_into, LayerNormGradBuffers,

@@ -1,7 +1,7 @@
 //! Matrix products on both GEMM backends, every transpose, batched and broadcast, against a naive reference; buffer and shape errors.
 
 use proptest::prelude::*;
-use tensor::kernels::{self, gemm_with, GemmBackend, GemmShape};
+use tensor::kernels::{self, gemm_with, solo_band_rows, GemmBackend, GemmShape};
 use tensor::{DType, Tensor, TensorError};
 
 use super::reference::{self as r, assert_close, assert_close_f32, Rng};
@@ -300,13 +300,19 @@ fn a_product_is_bitwise_the_same_on_any_thread_count() {
     }
 }
 
-/// A tall product is computed in bands of at most 512 rows, one call each: its bits are those
-/// of calls over 100 rows at a time (each too short to be cut), with `β·C` read, on both `gemm`
-/// crate backends and every transpose, the last band shorter than the others.
+/// A tall product is computed in bands of at most `solo_band_rows()` rows, one call each: its
+/// bits are those of calls over 100 rows at a time (each too short to be cut), with `β·C` read,
+/// on both `gemm` crate backends and every transpose, the last band shorter than the others.
 #[test]
 fn a_tall_product_in_bands_equals_calls_over_short_bands() {
     let mut rng = Rng::new(12);
-    let (m, n, k, short) = (1100, 96, 300, 100);
+    let short = 100;
+    // Past two whole bands, and a whole number of short calls.
+    let (m, n, k) = (
+        (2 * solo_band_rows()).next_multiple_of(short) + short,
+        96,
+        300,
+    );
     for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
         let a = r::to_f32(&rng.vec(m * k, -1.0, 1.0));
         let b = r::to_f32(&rng.vec(k * n, -1.0, 1.0));
