@@ -472,3 +472,51 @@ fn a_zero_grace_leaves_no_process_that_ignores_sigterm() {
     .unwrap();
     terminate_once_started(child, &dir.0, 2, &stubborn);
 }
+
+/// OpenMPI's session directory and shared-memory segments go to the launcher's own directory,
+/// removed when it ends: a job whose `mpirun` the launcher had to kill (`--grace-period 0`)
+/// leaves nothing of OpenMPI's in the temporary directory, and no scratch directory of this
+/// launcher stays in `/dev/shm`.
+#[test]
+fn a_killed_mpirun_leaves_no_openmpi_files_behind() {
+    let dir = Scratch::new("mpi-launch-scratch");
+    let logs = dir.0.join("logs");
+    let tmp = dir.0.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let started = dir.0.join("started");
+    let stubborn = dir.0.join("stubborn");
+    let script = format!(
+        "sh -c 'trap \"\" TERM; touch {}-$TESSERA_RANK; while :; do sleep 1; done' {} & wait",
+        s(&started),
+        s(&stubborn)
+    );
+    let child = launch(
+        &["--nproc", "2", "--log-dir", s(&logs), "--grace-period", "0"],
+        &["sh", "-c", &script],
+    )
+    .env("TMPDIR", &tmp)
+    .spawn()
+    .unwrap();
+    let launcher = child.id();
+    terminate_once_started(child, &dir.0, 2, &stubborn);
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+    let owned_by_launcher = |entry: &std::fs::DirEntry| {
+        std::fs::read_to_string(entry.path().join(".tessera-launch-owner"))
+            .is_ok_and(|owner| owner.split_whitespace().next() == Some(&launcher.to_string()))
+    };
+    let scratch: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("tessera-"))
+        .filter(owned_by_launcher)
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        scratch.is_empty(),
+        "the launcher's directories stayed: {scratch:?}"
+    );
+}

@@ -204,6 +204,14 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
         }
     };
     let tessera = std::env::current_exe().context("cannot find this tessera's path")?;
+    // OpenMPI's scratch in a directory of this launcher's, where every process of the job can
+    // reach it: on this host only.
+    let on_this_host = match &hosts {
+        Hosts::Local => true,
+        Hosts::File(_) => false,
+        Hosts::Joined { loopback, .. } => *loopback,
+    };
+    let scratch = on_this_host.then(store::create_mpi_scratch).transpose()?;
     let job = MpirunJob {
         mpirun: &mpirun,
         tessera: &tessera,
@@ -212,6 +220,7 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
         // SAFETY: geteuid(2) reads a process attribute and cannot fail.
         as_root: unsafe { libc::geteuid() } == 0,
         command: &request.command,
+        scratch: scratch.as_ref().map(|dir| dir.path()),
     };
     let events = supervise::channel();
     let signals = super::forward_signals(events.0.clone())?;

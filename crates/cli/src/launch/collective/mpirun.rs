@@ -43,6 +43,11 @@ pub struct MpirunJob<'a> {
     pub as_root: bool,
     /// Every rank's command.
     pub command: &'a [OsString],
+    /// The launcher's private directory for OpenMPI's session directory and shared-memory
+    /// segments (OpenMPI 4's `orte_tmpdir_base` and `btl_vader_backing_directory`), so that
+    /// what a killed `mpirun` leaves there goes with the launcher; `None` leaves OpenMPI's
+    /// defaults (`/tmp`, `/dev/shm`), as for ranks on other hosts, where the path does not exist.
+    pub scratch: Option<&'a Path>,
 }
 
 impl MpirunJob<'_> {
@@ -58,6 +63,12 @@ impl MpirunJob<'_> {
         // The restart count and the failure token reach ranks on other hosts too.
         push(&["-x", runtime::launch_env::RESTART_COUNT]);
         push(&["-x", runtime::launch_env::FAILURE_TOKEN]);
+        if let Some(dir) = self.scratch {
+            for key in ["orte_tmpdir_base", "btl_vader_backing_directory"] {
+                argv.extend(["--mca", key].map(OsString::from));
+                argv.push(dir.into());
+            }
+        }
         match self.hosts {
             Hosts::Local => {}
             Hosts::File(path) => {
@@ -185,11 +196,18 @@ mod tests {
             hosts: &Hosts::Local,
             as_root: false,
             command: &command,
+            scratch: Some(Path::new("/dev/shm/tessera-mpi-x")),
         };
         let argv = words(&job.argv());
         assert_eq!(argv[..3], ["/usr/bin/mpirun", "-np", "4"]);
         assert!(argv.contains(&"--tag-output".to_string()));
         assert!(!argv.contains(&"--allow-run-as-root".to_string()));
+        let line = argv.join(" ");
+        assert!(
+            line.contains("--mca orte_tmpdir_base /dev/shm/tessera-mpi-x")
+                && line.contains("--mca btl_vader_backing_directory /dev/shm/tessera-mpi-x"),
+            "{line}"
+        );
         assert_eq!(
             argv[argv.len() - 5..],
             ["/opt/tessera", "rank-env", "--", "tessera", "train"]
@@ -211,12 +229,14 @@ mod tests {
             hosts: &hosts,
             as_root: true,
             command: &command,
+            scratch: None,
         };
         let argv = words(&job.argv()).join(" ");
         assert!(argv.contains("--allow-run-as-root"));
         assert!(argv.contains("--hostfile /tmp/x/hosts --map-by slot"));
         assert!(argv.contains("--mca plm_rsh_agent /bin/tessera launch-agent"));
         assert!(argv.contains("--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo"));
+        assert!(!argv.contains("tmpdir_base"), "{argv}");
         assert_eq!(
             joined_hostfile(3, 2),
             "localhost slots=2\ntessera-node-1 slots=2\ntessera-node-2 slots=2\n"

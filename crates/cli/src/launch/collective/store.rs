@@ -1,33 +1,52 @@
-//! This node's in-memory store for `train.elastic`'s snapshots: a private directory on the
-//! memory file system (`/dev/shm`; the temporary directory where there is none), named in every
-//! rank's `TESSERA_ELASTIC_DIR`. It outlives the job's attempts, so a restarted job finds the
-//! snapshots of the one that failed, and it is removed with everything in it when the launcher
-//! ends. A launcher that was killed (SIGKILL) cannot remove its store: each store holds its
-//! launcher's process id and start time, and the next launcher on the node removes the stores
-//! whose launcher is gone.
+//! This node's launcher-owned directories on the memory file system (`/dev/shm`; the temporary
+//! directory where there is none), each private to its launcher and removed with everything in
+//! it when the launcher ends:
+//! - the in-memory **store** for `train.elastic`'s snapshots, named in every rank's
+//!   `TESSERA_ELASTIC_DIR`. It outlives the job's attempts, so a restarted job finds the
+//!   snapshots of the one that failed;
+//! - OpenMPI's **scratch**: its session directory and its shared-memory segments, which `mpirun`
+//!   leaves behind when the launcher has to kill it (SIGKILL after `--grace-period`).
+//!
+//! A launcher that was killed (SIGKILL) cannot remove its directories: each holds its launcher's
+//! process id and start time, and the next launcher on the node removes the ones whose launcher
+//! is gone.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-/// The name prefix of every store.
+/// The name prefix of every elastic store.
 const PREFIX: &str = "tessera-elastic-";
-/// The file naming a store's launcher: `<pid> <start time in clock ticks>`.
+/// The name prefix of every OpenMPI scratch directory.
+const SCRATCH_PREFIX: &str = "tessera-mpi-";
+/// The file naming a directory's launcher: `<pid> <start time in clock ticks>`.
 const OWNER_FILE: &str = ".tessera-launch-owner";
 
 /// Creates this launcher's store, after removing the stores of launchers that are gone.
 pub fn create() -> anyhow::Result<tempfile::TempDir> {
+    create_owned(PREFIX, "the elastic store")
+}
+
+/// Creates this launcher's scratch directory for OpenMPI (`mpirun --mca orte_tmpdir_base` and
+/// `btl_vader_backing_directory`), after removing those of launchers that are gone.
+pub fn create_mpi_scratch() -> anyhow::Result<tempfile::TempDir> {
+    create_owned(SCRATCH_PREFIX, "OpenMPI's scratch directory")
+}
+
+/// A new directory `<prefix>XXXX` on the memory file system holding its owner file, after the
+/// ones of gone launchers with the same prefix were removed.
+fn create_owned(prefix: &str, what: &str) -> anyhow::Result<tempfile::TempDir> {
     let shm = Path::new("/dev/shm");
     let base = if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
     };
-    remove_orphans(&base);
+    remove_orphans(&base, prefix);
     let dir = tempfile::Builder::new()
-        .prefix(PREFIX)
+        .prefix(prefix)
         .tempdir_in(&base)
-        .with_context(|| format!("cannot create the elastic store in {}", base.display()))?;
+        .with_context(|| format!("cannot create {what} in {}", base.display()))?;
     let me = std::process::id();
     let owner = format!("{me} {}", start_time(me).unwrap_or(0));
     std::fs::write(dir.path().join(OWNER_FILE), owner)
@@ -35,12 +54,12 @@ pub fn create() -> anyhow::Result<tempfile::TempDir> {
     Ok(dir)
 }
 
-/// Removes the stores in `base` whose launcher (named in its owner file) no longer runs.
-/// Directories without an owner file are not Tessera's and stay.
-fn remove_orphans(base: &Path) {
+/// Removes the directories named `<prefix>…` in `base` whose launcher (named in the owner file)
+/// no longer runs. Directories without an owner file are not Tessera's and stay.
+fn remove_orphans(base: &Path, prefix: &str) {
     for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
         let name = entry.file_name();
-        if !name.to_string_lossy().starts_with(PREFIX) {
+        if !name.to_string_lossy().starts_with(prefix) {
             continue;
         }
         let dir: PathBuf = entry.path();
@@ -95,7 +114,14 @@ mod tests {
         .unwrap();
         // A start time that cannot be this process's: its launcher is gone.
         std::fs::write(gone.join(OWNER_FILE), format!("{me} 1")).unwrap();
-        remove_orphans(base.path());
+        // A gone launcher's OpenMPI scratch is another kind: removed with its own prefix only.
+        let scratch = base.path().join(format!("{SCRATCH_PREFIX}gone"));
+        std::fs::create_dir(&scratch).unwrap();
+        std::fs::write(scratch.join(OWNER_FILE), format!("{me} 1")).unwrap();
+        remove_orphans(base.path(), PREFIX);
+        assert!(scratch.exists(), "another kind of directory stays");
+        remove_orphans(base.path(), SCRATCH_PREFIX);
+        assert!(!scratch.exists(), "a gone launcher's scratch is removed");
         assert!(mine.exists(), "a running launcher's store stays");
         assert!(!gone.exists(), "a gone launcher's store is removed");
         assert!(
