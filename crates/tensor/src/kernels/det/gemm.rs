@@ -11,7 +11,8 @@
 //!   transposed one packed as row tiles of [`TILE_M`];
 //! - **column panels** of `op(B)` of [`TILE_N`], packed into per-thread space.
 //!
-//! A register tile is summed by [`super::gemm_avx512`] (two neighbouring whole tiles at once)
+//! A register tile is summed by [`super::gemm_avx512`] (four, or two, neighbouring whole tiles at
+//! once)
 //! or [`super::gemm_avx2`] for `f32` on x86-64 CPUs that have them, and by the portable
 //! [`tile_sum`] otherwise; all give the same bits (one rounding per multiply-add, the same
 //! joins).
@@ -44,8 +45,8 @@ struct Blocking {
 }
 
 impl Blocking {
-    /// With the AVX-512 tiles, whose CPUs have L2 caches of 1 MiB or more: a pair of panels of
-    /// `1024 × TILE_N` f32 is 128 KiB, and longer passes mean fewer partial products written
+    /// With the AVX-512 tiles, whose CPUs have L2 caches of 1 MiB or more: four panels of
+    /// `1024 × TILE_N` f32 are 256 KiB, and longer passes mean fewer partial products written
     /// out and joined; chunks of half the L2, so the weight gradients' few rows re-read `B`
     /// fewer times.
     const WIDE: Blocking = Blocking {
@@ -240,7 +241,13 @@ impl<T: Float> Passes<'_, T> {
             }
             let mut pi = 0;
             while pi < n_panels {
-                let width = if pi + 1 < n_panels { PAIR } else { 1 };
+                let width = if (pi + WIDE) * TILE_N <= n {
+                    WIDE
+                } else if pi + 1 < n_panels {
+                    PAIR
+                } else {
+                    1
+                };
                 for t in 0..rows.div_ceil(TILE_M) {
                     let first = i0 + t * TILE_M;
                     let here = TILE_M.min(rows - t * TILE_M);
@@ -249,15 +256,27 @@ impl<T: Float> Passes<'_, T> {
                     } else {
                         RowTile::in_place(self.a, k, (first, here), k0)
                     };
-                    // A pair of whole panels: summed straight into `out` where the CPU
-                    // has the paired kernel (a short last row tile too: its missing rows
-                    // are computed and not stored); edge panels one by one.
-                    if width == PAIR && (pi + PAIR) * TILE_N <= n {
+                    // Whole neighbouring panels: summed straight into `out` where the CPU
+                    // has the wide kernel (a short last row tile too: its missing rows are
+                    // computed and not stored); edge panels one by one.
+                    if width > 1 && (pi + width) * TILE_N <= n {
                         let at = first * n + pi * TILE_N;
-                        let end = at + (here - 1) * n + PAIR * TILE_N;
-                        let panels = (panel(pi), panel(pi + 1));
+                        let end = at + (here - 1) * n + width * TILE_N;
                         let (q, bl) = (self.per_pass, self.block_len);
-                        if tile_pair(&tile_a, panels, (q, bl), (&mut out[at..end], n, here)) {
+                        let out = (&mut out[at..end], n, here);
+                        let done = match width {
+                            WIDE => {
+                                let panels = std::array::from_fn(|p| panel(pi + p));
+                                tiles_wide::<T, WIDE>(&tile_a, panels, (q, bl), out)
+                            }
+                            _ => tiles_wide::<T, PAIR>(
+                                &tile_a,
+                                [panel(pi), panel(pi + 1)],
+                                (q, bl),
+                                out,
+                            ),
+                        };
+                        if done {
                             continue;
                         }
                     }
@@ -346,33 +365,35 @@ impl<'a, T> RowTile<'a, T> {
     }
 }
 
-/// Column panels a step of the widest tile covers: two where [`tile_pair`] runs.
+/// Column panels a step of the widest tile covers where [`tiles_wide`] runs: 24 accumulators,
+/// 4 loads of `B` and 6 broadcasts of `A` per 24 multiply-adds. On an Intel Xeon (AVX-512)
+/// it took deterministic mode's GPT step from 0.74× to 0.81–0.82× of the ordinary one against
+/// two panels (12 accumulators, 8 loads per 12); see `docs/PERFORMANCE.md`.
+const WIDE: usize = 4;
+/// Column panels of the narrower wide tile, for the last panels short of [`WIDE`].
 const PAIR: usize = 2;
 
-/// The tiles of two neighbouring panels in one pass of the AVX-512 kernel, for `f32` on a CPU
+/// The tiles of `P` neighbouring panels in one pass of the AVX-512 kernel, for `f32` on a CPU
 /// that has it, written to `out` (the first `rows` of the tile's `TILE_M` rows, each
-/// `PAIR · TILE_N` wide, `ldc` apart); `false` otherwise (the caller sums the tiles one by one).
+/// `P · TILE_N` wide, `ldc` apart); `false` otherwise (the caller sums the tiles one by one).
 #[inline(always)]
-fn tile_pair<T: Float>(
+fn tiles_wide<T: Float, const P: usize>(
     tile_a: &RowTile<'_, T>,
-    (panel0, panel1): (&[T], &[T]),
+    panels: [&[T]; P],
     (q, block_len): (usize, usize),
     (out, ldc, rows): (&mut [T], usize, usize),
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        if let (Some(a), Some(b0), Some(b1)) = (
-            same::<T, f32>(tile_a.data),
-            same::<T, f32>(panel0),
-            same::<T, f32>(panel1),
-        ) {
+        if let Some(a) = same::<T, f32>(tile_a.data) {
             if super::gemm_avx512::available() {
+                let panels = panels.map(|panel| same::<T, f32>(panel).expect("T is f32"));
                 let out = same_mut::<T, f32>(out).expect("T is f32");
                 // SAFETY: the CPU supports the features the function is compiled for.
                 unsafe {
                     super::gemm_avx512::tiles_f32(
                         &tile_a.over(a),
-                        (b0, b1),
+                        panels,
                         (q, block_len),
                         (out, ldc, rows),
                     )
@@ -381,7 +402,7 @@ fn tile_pair<T: Float>(
             }
         }
     }
-    let _ = (tile_a, panel0, panel1, q, block_len, out, ldc, rows);
+    let _ = (tile_a, panels, q, block_len, out, ldc, rows);
     false
 }
 
@@ -645,41 +666,55 @@ mod tests {
                 routed.map(f32::to_bits),
                 "{q} blocks of {block_len}"
             );
-            // The second panel of a pair: another B, so a swapped pair would show.
-            let b1 = values(steps * TILE_N, 17 + block_len as u64);
-            // Written with a wider row stride than the pair: the gap must stay untouched. A
-            // short tile stores only its rows: nothing after them is written.
-            let ldc = PAIR * TILE_N + 3;
-            for rows in [TILE_M, 2] {
-                let mut out = vec![f32::NAN; TILE_M * ldc];
-                let stored = (rows - 1) * ldc + PAIR * TILE_N;
-                if !tile_pair(
-                    &a,
-                    (&b, &b1),
-                    (q, block_len),
-                    (&mut out[..stored], ldc, rows),
-                ) {
-                    continue;
-                }
-                let portable1 = tile_sum(&a, &b1, q, block_len);
-                for r in 0..rows {
-                    for (p, want) in [&portable, &portable1].into_iter().enumerate() {
-                        let got = &out[r * ldc + p * TILE_N..r * ldc + (p + 1) * TILE_N];
-                        assert_eq!(
-                            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                            want[r * TILE_N..(r + 1) * TILE_N]
-                                .iter()
-                                .map(|x| x.to_bits())
-                                .collect::<Vec<_>>(),
-                            "pair of {rows} rows, panel {p}, row {r}"
-                        );
-                    }
-                    assert!(out[r * ldc + PAIR * TILE_N..(r + 1) * ldc]
-                        .iter()
-                        .all(|x| x.is_nan()));
-                }
-                assert!(out[rows * ldc..].iter().all(|x| x.is_nan()), "{rows} rows");
+            // Other panels, each its own B, so swapped panels would show.
+            let others: Vec<Vec<f32>> = (1..WIDE as u64)
+                .map(|p| values(steps * TILE_N, 17 * p + block_len as u64))
+                .collect();
+            let mut wants = vec![portable];
+            wants.extend(others.iter().map(|b| tile_sum(&a, b, q, block_len)));
+            let pair = [&b[..], &others[0][..]];
+            let wide: [&[f32]; WIDE] = std::array::from_fn(|p| match p {
+                0 => &b[..],
+                _ => &others[p - 1][..],
+            });
+            check_wide(&a, pair, &wants, (q, block_len));
+            check_wide(&a, wide, &wants, (q, block_len));
+        }
+    }
+
+    /// [`tiles_wide`] over `panels` against the portable tiles `wants` of each, with a wider
+    /// row stride than the tiles (the gap must stay untouched) and a full and a short row tile
+    /// (which stores only its rows: nothing after them is written).
+    fn check_wide<const P: usize>(
+        a: &RowTile<'_, f32>,
+        panels: [&[f32]; P],
+        wants: &[Tile<f32>],
+        (q, block_len): (usize, usize),
+    ) {
+        let ldc = P * TILE_N + 3;
+        for rows in [TILE_M, 2] {
+            let mut out = vec![f32::NAN; TILE_M * ldc];
+            let stored = (rows - 1) * ldc + P * TILE_N;
+            if !tiles_wide(a, panels, (q, block_len), (&mut out[..stored], ldc, rows)) {
+                return;
             }
+            for r in 0..rows {
+                for (p, want) in wants.iter().take(P).enumerate() {
+                    let got = &out[r * ldc + p * TILE_N..r * ldc + (p + 1) * TILE_N];
+                    assert_eq!(
+                        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        want[r * TILE_N..(r + 1) * TILE_N]
+                            .iter()
+                            .map(|x| x.to_bits())
+                            .collect::<Vec<_>>(),
+                        "{P} panels, {rows} rows, {q} blocks of {block_len}: panel {p}, row {r}"
+                    );
+                }
+                assert!(out[r * ldc + P * TILE_N..(r + 1) * ldc]
+                    .iter()
+                    .all(|x| x.is_nan()));
+            }
+            assert!(out[rows * ldc..].iter().all(|x| x.is_nan()), "{rows} rows");
         }
     }
 
@@ -697,8 +732,7 @@ mod tests {
     }
 
     /// `det_gemm` against a plain per-element reference in the canonical order, for every
-    /// transposition, with partial row tiles and an odd panel count (so both paired and single
-    /// panels run).
+    /// transposition, with partial row tiles and panel counts that run every width of tile.
     fn check_against_reference<T: Float + From<f32>>(m: usize, n: usize, k: usize, nb: usize) {
         let bl = k / nb;
         for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -754,6 +788,10 @@ mod tests {
         check_against_reference::<f32>(13, 40, 4096, 32);
         // A pass that is not whole squares of TILE_N steps (transposed `B`'s packing).
         check_against_reference::<f32>(9, 33, 24, 8);
+        // Four panels at once, then a pair, then a short edge panel (103 = 4·16 + 2·16 + 7);
+        // two sets of four.
+        check_against_reference::<f32>(13, 103, 64, 16);
+        check_against_reference::<f32>(7, 135, 256, 16);
     }
 
     /// `f64` (the portable tile) against the reference over several passes.
