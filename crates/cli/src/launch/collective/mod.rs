@@ -204,14 +204,13 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
         }
     };
     let tessera = std::env::current_exe().context("cannot find this tessera's path")?;
-    // OpenMPI's scratch in a directory of this launcher's, where every process of the job can
-    // reach it: on this host only.
-    let on_this_host = match &hosts {
-        Hosts::Local => true,
-        Hosts::File(_) => false,
-        Hosts::Joined { loopback, .. } => *loopback,
-    };
-    let scratch = on_this_host.then(store::create_mpi_scratch).transpose()?;
+    // OpenMPI's scratch in a directory of this launcher's, for a job on this host only: ranks
+    // on other hosts cannot reach it, and the daemons of joined nodes keep their session
+    // directories in their own nodes' stores (`node.rs`), which a command-line setting here
+    // would override.
+    let scratch = matches!(hosts, Hosts::Local)
+        .then(store::create_mpi_scratch)
+        .transpose()?;
     let job = MpirunJob {
         mpirun: &mpirun,
         tessera: &tessera,
@@ -427,8 +426,9 @@ fn wait(pid: libc::pid_t, events: &Receiver<Event>, grace: Duration) -> anyhow::
     }
 }
 
-/// `worker 2 (rank 2) failed (exit code 1)`, with its log's last lines printed, when `mpirun`
-/// named the rank; otherwise what `mpirun` returned.
+/// `worker 2 (rank 2) failed (signal 9; mpirun: exit code 1)`, with its log's last lines
+/// printed, when the rank's rank-env or `mpirun` named the rank (how the rank's command ended
+/// when its rank-env said so); otherwise what `mpirun` returned.
 fn describe_failure(router: &TaggedRouter, status: &ExitStatus) -> String {
     let shown = supervise::describe(&Ok(*status));
     let Some(rank) = router.failed_rank() else {
@@ -442,5 +442,8 @@ fn describe_failure(router: &TaggedRouter, status: &ExitStatus) -> String {
             }
         }
     }
-    format!("worker {rank} (rank {rank}) failed (mpirun: {shown})")
+    match router.failed_status() {
+        Some(status) => format!("worker {rank} (rank {rank}) failed ({status}; mpirun: {shown})"),
+        None => format!("worker {rank} (rank {rank}) failed (mpirun: {shown})"),
+    }
 }

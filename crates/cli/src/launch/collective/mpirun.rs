@@ -45,8 +45,8 @@ pub struct MpirunJob<'a> {
     pub command: &'a [OsString],
     /// The launcher's private directory for OpenMPI's session directory and shared-memory
     /// segments (OpenMPI 4's `orte_tmpdir_base` and `btl_vader_backing_directory`), so that
-    /// what a killed `mpirun` leaves there goes with the launcher; `None` leaves OpenMPI's
-    /// defaults (`/tmp`, `/dev/shm`), as for ranks on other hosts, where the path does not exist.
+    /// what a killed `mpirun` leaves there goes with the launcher; `None` leaves them where
+    /// OpenMPI or the node's launcher puts them (ranks on other hosts, joined nodes).
     pub scratch: Option<&'a Path>,
 }
 
