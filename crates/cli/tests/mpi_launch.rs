@@ -210,7 +210,11 @@ fn ranks_get_the_contract_and_a_failed_rank_is_named_or_restarted() {
     ));
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("worker 1 (rank 1) failed"), "{err}");
+    // How the rank's own command ended, from its rank-env, beside mpirun's view.
+    assert!(
+        err.contains("worker 1 (rank 1) failed (exit code 3; mpirun:"),
+        "{err}"
+    );
     assert!(
         err.contains("[worker 1] rank one gives up"),
         "the log's tail is shown: {err}"

@@ -39,8 +39,9 @@ pub struct TaggedRouter {
     own: RankOutput,
     /// Pieces of a line not yet ended, by (rank, from stderr).
     pending: Mutex<HashMap<(usize, bool), Vec<u8>>>,
-    /// The first rank reported as failed in this job's run (by its rank-env or by `mpirun`).
-    failed_rank: Mutex<Option<usize>>,
+    /// The first rank reported as failed in this job's run (by its rank-env or by `mpirun`),
+    /// with how its command ended when its rank-env said so (`exit code 3`, `signal 9`).
+    failed_rank: Mutex<Option<(usize, Option<String>)>>,
     /// This job's [`FAILURE_TOKEN`](runtime::launch_env::FAILURE_TOKEN): rank-env's failure line ends with ` [<token>]`.
     token: String,
 }
@@ -105,7 +106,20 @@ impl TaggedRouter {
 
     /// The first rank reported as failed, by its rank-env's line or by `mpirun`'s report.
     pub fn failed_rank(&self) -> Option<usize> {
-        *self.failed_rank.lock().unwrap_or_else(|p| p.into_inner())
+        self.failed().map(|(rank, _)| rank)
+    }
+
+    /// How the first failed rank's command ended (`exit code 3`, `signal 9`), when its rank-env
+    /// said so (`mpirun`'s own report gives only mpirun's view).
+    pub fn failed_status(&self) -> Option<String> {
+        self.failed().and_then(|(_, status)| status)
+    }
+
+    fn failed(&self) -> Option<(usize, Option<String>)> {
+        self.failed_rank
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Forgets the failed rank and any unfinished line (before the job is started again).
@@ -129,7 +143,7 @@ impl Router for TaggedRouter {
         if pieces.is_empty() {
             if let Some(rank) = reported_failure(line) {
                 let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
-                failed.get_or_insert(rank);
+                failed.get_or_insert((rank, None));
             }
             emit(&self.own.log, &self.own.prefix, line);
             return;
@@ -147,7 +161,7 @@ impl Router for TaggedRouter {
                 match self.failure_line(buffer).filter(|_| piece.stderr) {
                     Some(shown) => {
                         let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
-                        failed.get_or_insert(piece.rank);
+                        failed.get_or_insert((piece.rank, failure_status(&shown)));
                         emit(&out.log, &out.prefix, &shown);
                     }
                     None => emit(&out.log, &out.prefix, buffer),
@@ -212,6 +226,15 @@ fn split_pieces(line: &[u8], ranks: usize) -> Vec<Piece<'_>> {
         text: &line[start..],
     });
     pieces
+}
+
+/// What a rank-env failure line (without its token) says of the command's end: `exit code 3`
+/// from `… failed (exit code 3)`.
+fn failure_status(shown: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(shown).ok()?;
+    let rest = text.strip_prefix(RANK_FAILED_LINE)?.trim();
+    let status = rest.strip_prefix('(')?.strip_suffix(')')?;
+    (!status.is_empty()).then(|| status.to_string())
 }
 
 /// The rank named by one of `mpirun`'s failure reports: `… process rank 3 with PID …` or
@@ -335,6 +358,11 @@ mod tests {
         routed(&router, b"  Process name: [[5,1],1]\n");
         routed(&router, b"mpirun noticed that process rank 0 with PID 1\n");
         assert_eq!(router.failed_rank(), Some(1), "the first report wins");
+        assert_eq!(
+            router.failed_status(),
+            None,
+            "mpirun does not say how the rank ended"
+        );
         router.reset();
         assert_eq!(router.failed_rank(), None);
     }
@@ -376,6 +404,16 @@ mod tests {
         );
         routed(&router, b"  Process name: [[5,1],0]\n");
         assert_eq!(router.failed_rank(), Some(1), "the first report wins");
+        assert_eq!(
+            router.failed_status().as_deref(),
+            Some("exit code 3"),
+            "the rank's own end, not mpirun's"
+        );
+        assert_eq!(
+            failure_status(format!("{RANK_FAILED_LINE} (signal 9)\n").as_bytes()).as_deref(),
+            Some("signal 9")
+        );
+        assert_eq!(failure_status(b"something else (exit code 1)\n"), None);
     }
 
     #[test]
