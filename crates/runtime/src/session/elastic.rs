@@ -10,6 +10,7 @@ use comm::{Communicator, Tag};
 use super::checkpoint::any_rank;
 use super::run::RankRun;
 use super::TrainSession;
+use crate::config::ResumeFrom;
 use crate::elastic::fault::{self, FaultPoint};
 use crate::elastic::recovery::{self, RankView};
 use crate::elastic::store::NodeStore;
@@ -261,16 +262,10 @@ impl TrainSession {
         let out = self.config.output();
         let disk = crate::periodic_ckpt::latest_set(&out.dir);
         if rank == 0 {
-            match &disk {
-                Some(dir) => eprintln!(
-                    "elastic: no in-memory snapshot survived whole (a shard and its copy were both lost); resuming from the last periodic checkpoint on disk, {}",
-                    dir.display()
-                ),
-                None => eprintln!(
-                    "elastic: no in-memory snapshot survived whole and {} holds no periodic checkpoint; starting again from step 0",
-                    out.dir.display()
-                ),
-            }
+            eprintln!(
+                "{}",
+                fallback_message(&out.dir, disk.as_deref(), out.resume_from.as_ref())
+            );
         }
         disk
     }
@@ -380,6 +375,35 @@ impl TrainSession {
     }
 }
 
+/// What rank 0 says when no in-memory snapshot survived a restart: the periodic set on disk the
+/// run resumes from, else what `output.resume_from` names (the run then starts from it), else
+/// step 0.
+fn fallback_message(
+    out_dir: &std::path::Path,
+    disk: Option<&std::path::Path>,
+    resume_from: Option<&ResumeFrom>,
+) -> String {
+    if let Some(dir) = disk {
+        return format!(
+            "elastic: no in-memory snapshot survived whole (a shard and its copy were both lost); resuming from the last periodic checkpoint on disk, {}",
+            dir.display()
+        );
+    }
+    let then = match resume_from {
+        Some(ResumeFrom::Dir(dir)) => {
+            format!("starting again from output.resume_from, {}", dir.display())
+        }
+        Some(ResumeFrom::Latest) => {
+            "and output.resume_from = \"latest\" finds no set there either".to_string()
+        }
+        None => "starting again from step 0".to_string(),
+    };
+    format!(
+        "elastic: no in-memory snapshot survived whole and {} holds no periodic checkpoint; {then}",
+        out_dir.display()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,5 +419,24 @@ mod tests {
         assert_eq!(decode_files(&evil), None);
         let cut = encode_files(&files);
         assert_eq!(decode_files(&cut[..cut.len() - 1]), None);
+    }
+
+    #[test]
+    fn the_fallback_names_where_the_restarted_run_starts() {
+        use std::path::Path;
+        let out = Path::new("runs/a");
+        let disk = fallback_message(out, Some(Path::new("runs/a/step_40")), None);
+        assert!(disk.contains("resuming from the last periodic checkpoint on disk, runs/a/step_40"));
+        let named = ResumeFrom::Dir("ckpt/base".into());
+        let from = fallback_message(out, None, Some(&named));
+        assert!(
+            from.contains("starting again from output.resume_from, ckpt/base")
+                && !from.contains("step 0"),
+            "{from}"
+        );
+        let latest = fallback_message(out, None, Some(&ResumeFrom::Latest));
+        assert!(latest.contains("\"latest\" finds no set"), "{latest}");
+        let fresh = fallback_message(out, None, None);
+        assert!(fresh.ends_with("starting again from step 0"), "{fresh}");
     }
 }
