@@ -460,21 +460,26 @@ fn a_signal_to_the_launcher_stops_every_rank() {
 #[test]
 fn a_zero_grace_leaves_no_process_that_ignores_sigterm() {
     let dir = Scratch::new("mpi-launch-grace0");
-    let logs = dir.0.join("logs");
-    let started = dir.0.join("started");
-    let stubborn = dir.0.join("stubborn");
+    let (mut job, stubborn) = stubborn_job(&dir.0);
+    terminate_once_started(job.spawn().unwrap(), &dir.0, 2, &stubborn);
+}
+
+/// A launch of 2 ranks with `--grace-period 0` whose ranks each start a process that ignores
+/// SIGTERM (its command line mentions the returned path) and touch `<dir>/started-<rank>`.
+fn stubborn_job(dir: &Path) -> (Command, std::path::PathBuf) {
+    let logs = dir.join("logs");
+    let started = dir.join("started");
+    let stubborn = dir.join("stubborn");
     let script = format!(
         "sh -c 'trap \"\" TERM; touch {}-$TESSERA_RANK; while :; do sleep 1; done' {} & wait",
         s(&started),
         s(&stubborn)
     );
-    let child = launch(
+    let job = launch(
         &["--nproc", "2", "--log-dir", s(&logs), "--grace-period", "0"],
         &["sh", "-c", &script],
-    )
-    .spawn()
-    .unwrap();
-    terminate_once_started(child, &dir.0, 2, &stubborn);
+    );
+    (job, stubborn)
 }
 
 /// OpenMPI's session directory and shared-memory segments go to the launcher's own directory,
@@ -484,23 +489,10 @@ fn a_zero_grace_leaves_no_process_that_ignores_sigterm() {
 #[test]
 fn a_killed_mpirun_leaves_no_openmpi_files_behind() {
     let dir = Scratch::new("mpi-launch-scratch");
-    let logs = dir.0.join("logs");
     let tmp = dir.0.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
-    let started = dir.0.join("started");
-    let stubborn = dir.0.join("stubborn");
-    let script = format!(
-        "sh -c 'trap \"\" TERM; touch {}-$TESSERA_RANK; while :; do sleep 1; done' {} & wait",
-        s(&started),
-        s(&stubborn)
-    );
-    let child = launch(
-        &["--nproc", "2", "--log-dir", s(&logs), "--grace-period", "0"],
-        &["sh", "-c", &script],
-    )
-    .env("TMPDIR", &tmp)
-    .spawn()
-    .unwrap();
+    let (mut job, stubborn) = stubborn_job(&dir.0);
+    let child = job.env("TMPDIR", &tmp).spawn().unwrap();
     let launcher = child.id();
     terminate_once_started(child, &dir.0, 2, &stubborn);
     let left: Vec<_> = std::fs::read_dir(&tmp)

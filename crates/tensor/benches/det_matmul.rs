@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::thread_cpu_seconds;
+use common::{shape, thread_cpu_seconds};
 use tensor::kernels::{det, gemm, GemmShape};
 
 /// Weights `[in, out]`: forward `X·W`, `dX = dY·Wᵀ`, `dW = Xᵀ·dY`; attention per head. Then
@@ -48,16 +48,6 @@ const GPT_SHAPES: [(&str, GemmShape, usize); 18] = [
 
 /// `parallel.deterministic_blocks`' default.
 const MAX_BLOCKS: usize = 16;
-
-const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
-    GemmShape {
-        m,
-        n,
-        k,
-        trans_a,
-        trans_b,
-    }
-}
 
 /// Deterministic values in [-0.5, 0.5).
 fn values(n: usize, step: usize) -> Vec<f32> {

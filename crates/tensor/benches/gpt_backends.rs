@@ -11,18 +11,8 @@
 
 mod common;
 
-use common::{spread, values};
+use common::{shape, spread, values};
 use tensor::kernels::{gemm_with, GemmBackend, GemmShape};
-
-const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
-    GemmShape {
-        m,
-        n,
-        k,
-        trans_a,
-        trans_b,
-    }
-}
 
 /// The products, named.
 const PRODUCTS: [(&str, GemmShape); 12] = [

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::values;
+use common::{shape, values};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tensor::kernels::{gemm, gemm_with, GemmBackend, GemmShape};
 
@@ -27,16 +27,6 @@ const MLP_SHAPES: [(&str, GemmShape); 9] = [
     ("mlp_fc2_dw", shape(512, 512, 32, true, false)),
     ("mlp_fc3_dw", shape(512, 10, 32, true, false)),
 ];
-
-const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
-    GemmShape {
-        m,
-        n,
-        k,
-        trans_a,
-        trans_b,
-    }
-}
 
 fn matmul_shapes(c: &mut Criterion) {
     for (name, shape) in MLP_SHAPES {

@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::shape;
+
 use std::time::Instant;
 
 use tensor::kernels::{gemm, gemm_with, GemmBackend, GemmShape};
@@ -40,16 +42,6 @@ const GPT_SHAPES: [(&str, GemmShape); 9] = [
     ("gpt_fc1_dw", shape(1024, 256, 2048, true, false)),
     ("gpt_fc2_dw", shape(256, 1024, 2048, true, false)),
 ];
-
-const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
-    GemmShape {
-        m,
-        n,
-        k,
-        trans_a,
-        trans_b,
-    }
-}
 
 /// Deterministic values in [-0.5, 0.5).
 fn values(n: usize, step: usize) -> Vec<f32> {

@@ -1,5 +1,19 @@
 //! What the benchmarks share.
 
+use tensor::kernels::GemmShape;
+
+/// The product `[m×k]·[k×n]` with its transposes, in a `const` table.
+#[allow(dead_code)] // not every benchmark that includes this module times products
+pub const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -> GemmShape {
+    GemmShape {
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+    }
+}
+
 /// Deterministic values in [-1, 1).
 #[allow(dead_code)] // not every benchmark that includes this module draws its values here
 pub fn values(n: usize, seed: u64) -> Vec<f32> {
