@@ -802,6 +802,23 @@ fn a_data_parallel_semi_auto_does_not_use_is_warned_about() {
     )
     .unwrap();
     assert_eq!(unused(config.warnings()), None);
+    // More pipeline stages than devices: no stage has a device, which the pipeline check
+    // refuses; no warning about "every one of the 0 devices" comes before it.
+    let staged = parse_with(
+        GPT_MINIMAL,
+        &[
+            semi[0],
+            semi[1],
+            "parallel.data_parallel=2",
+            "parallel.pipeline.stages=8",
+        ],
+    )
+    .unwrap();
+    let warnings = staged.warnings();
+    assert!(
+        warnings.iter().all(|w| !w.contains("0 devices")),
+        "{warnings:?}"
+    );
 }
 
 /// Mixture-of-experts blocks are refused in parameter-server mode (each worker would balance

@@ -666,6 +666,8 @@ impl TrainConfig {
             && self.parallel.mode == ::parallel::ParallelMode::SemiAuto
             && keys.model_parallel == 1
             && keys.context_parallel == 1
+            // More stages than devices leave none per stage: the pipeline check refuses that.
+            && devices > 0
             && given != devices;
         applies.then(|| {
             format!(
