@@ -16,6 +16,11 @@
 //! [`launch_env::RANK_FAILED_LINE`] to its stderr before it ends: `mpirun` forwards a rank's
 //! output before it acts on the rank's end, so `tessera launch` learns which rank failed first
 //! even when `mpirun`'s own report of it is missing (it sometimes is).
+//!
+//! Under `tessera launch` (which gives a failure token) rank-env also says when the command is
+//! starting MPI (the MPI backend's notice through a pipe, `comm::start_notice`) and when it
+//! ended with exit code 0 without doing so: a rank that started MPI would wait in `MPI_Init`
+//! for that one forever, and the launcher stops the job instead (it used to hang).
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
@@ -87,12 +92,17 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
     let launcher = die_with_launcher()?;
     adopt_orphans()?;
     ps::launch::die_with_parent(&mut command);
+    let notice = match &token {
+        Some(token) => Some(StartNotice::give(&mut command, token)?),
+        None => None,
+    };
     let mut child = command.spawn().map_err(|error| {
         anyhow::anyhow!(
             "cannot run {} for rank {rank}: {error}",
             program.to_string_lossy()
         )
     })?;
+    let notice = notice.map(StartNotice::watch).transpose()?;
     let pid = child.id() as libc::pid_t;
     let handle = signals.handle();
     let passer = std::thread::Builder::new()
@@ -124,7 +134,105 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         .wait()
         .with_context(|| format!("cannot wait for rank {rank}'s command"))?;
     end_descendants();
+    if status.success() && notice.is_some_and(|watch| !watch.started()) {
+        if let Some(token) = &token {
+            eprintln!(
+                "{} (exit code 0){}",
+                launch_env::RANK_ENDED_BEFORE_MPI_LINE,
+                launch_env::failure_token_suffix(token)
+            );
+        }
+    }
     end_as(status, token.as_deref())
+}
+
+/// The pipe through which the command's MPI backend says it is starting MPI
+/// (`comm::start_notice`), before the command is started.
+struct StartNotice {
+    read: std::io::PipeReader,
+    write: std::io::PipeWriter,
+    token: String,
+}
+
+/// A thread reading the notice while the command runs: it writes
+/// [`launch_env::RANK_MPI_STARTING_LINE`] when the notice comes, and reports whether it came.
+struct NoticeWatch(std::sync::mpsc::Receiver<bool>);
+
+impl StartNotice {
+    /// A pipe whose write end the command inherits, named in its [`launch_env::MPI_START_FD`].
+    fn give(command: &mut Command, token: &str) -> anyhow::Result<StartNotice> {
+        use std::os::fd::AsRawFd as _;
+        use std::os::unix::process::CommandExt as _;
+        let (read, write) = std::io::pipe().context("cannot make the MPI start notice's pipe")?;
+        let fd = write.as_raw_fd();
+        command.env(launch_env::MPI_START_FD, fd.to_string());
+        // SAFETY: the closure runs in the child between fork and exec and calls only the
+        // async-signal-safe fcntl(2): the write end (close-on-exec here) stays open across the
+        // command's exec.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(StartNotice {
+            read,
+            write,
+            token: token.to_string(),
+        })
+    }
+
+    /// Closes rank-env's write end (the command holds its own) and starts the reading thread.
+    fn watch(self) -> anyhow::Result<NoticeWatch> {
+        let StartNotice {
+            mut read,
+            write,
+            token,
+        } = self;
+        drop(write);
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("rank-env-mpi-notice".into())
+            .spawn(move || {
+                let started = read_notice(&mut read);
+                if started {
+                    eprintln!(
+                        "{}{}",
+                        launch_env::RANK_MPI_STARTING_LINE,
+                        launch_env::failure_token_suffix(&token)
+                    );
+                }
+                let _ = sender.send(started);
+            })
+            .context("cannot start the MPI notice thread")?;
+        Ok(NoticeWatch(receiver))
+    }
+}
+
+/// Whether a byte comes through `read` before its end (every write end closed).
+fn read_notice(read: &mut std::io::PipeReader) -> bool {
+    let mut byte = [0u8; 1];
+    loop {
+        match std::io::Read::read(read, &mut byte) {
+            Ok(n) => return n == 1,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Longest wait, once the command and its descendants have ended (so every write end of the
+/// pipe is closed), for the notice thread's answer; without one the rank is taken as having
+/// started MPI (nothing is said).
+const NOTICE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl NoticeWatch {
+    /// Whether the command said it was starting MPI.
+    fn started(self) -> bool {
+        self.0.recv_timeout(NOTICE_WAIT).unwrap_or(true)
+    }
 }
 
 /// Waits for the child `pid` to end, leaving it to be reaped (`waitid` with `WNOWAIT`).

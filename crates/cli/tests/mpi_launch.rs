@@ -516,3 +516,42 @@ fn a_killed_mpirun_leaves_no_openmpi_files_behind() {
         "the launcher's directories stayed: {scratch:?}"
     );
 }
+
+/// A rank whose command ends with exit code 0 without starting MPI, while another rank starts
+/// MPI (and would wait for it in `MPI_Init` forever: OpenMPI takes the clean exit for a finished
+/// rank), ends the job at once with both named, instead of hanging.
+#[test]
+fn a_rank_ending_before_mpi_stops_the_job_instead_of_hanging() {
+    let dir = Scratch::new("mpi-launch-early-exit");
+    let logs = dir.0.join("logs");
+    let out_dir = dir.0.join("out");
+    let train = format!(
+        "exec {} train examples/seed_semi_auto.toml --devices 2 --set 'parallel.mode=\"data_parallel\"' --set train.max_steps=2 --set 'output.dir=\"{}\"'",
+        exe(),
+        s(&out_dir)
+    );
+    let script = format!("if [ \"$TESSERA_RANK\" = 1 ]; then exit 0; fi; {train}");
+    let start = Instant::now();
+    let out = launched(&mut launch(
+        &["--nproc", "2", "--log-dir", s(&logs), "--grace-period", "5"],
+        &["sh", "-c", &script],
+    ));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("rank 1 ended (exit code 0) without starting MPI, while rank 0 started MPI"),
+        "{err}"
+    );
+    // A bound against the hang this replaces, not a benchmark.
+    assert!(
+        start.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        start.elapsed()
+    );
+    let log = std::fs::read_to_string(logs.join("worker_1.log")).unwrap();
+    assert!(
+        log.contains("the command ended before starting MPI (exit code 0)"),
+        "{log}"
+    );
+    assert!(processes_mentioning(s(&out_dir)).is_empty());
+}

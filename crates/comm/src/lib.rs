@@ -97,6 +97,7 @@ pub mod mpi;
 mod op;
 mod pending;
 mod schedule;
+pub mod start_notice;
 
 pub use crate::buf::{Buf, BufMut};
 pub use crate::communicator::{split_counts, Communicator, CommunicatorExt, Tag, MAX_TAG};

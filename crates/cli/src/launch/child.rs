@@ -37,6 +37,8 @@ pub enum Event {
     },
     /// The launcher received this signal.
     Signal(i32),
+    /// The job cannot complete, for this reason (a collective job's ranks showed it): stop it.
+    Stop(String),
 }
 
 /// A started process that has not been reported as ended yet.

@@ -155,6 +155,8 @@ pub fn supervise(
             }
         };
         match event {
+            // Only a collective job's output router sends it; these jobs have none.
+            Event::Stop(_) => {}
             Event::Signal(signal) => {
                 signal_running(&slots, signal);
                 if ending.is_none() {

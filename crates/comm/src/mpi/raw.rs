@@ -207,6 +207,7 @@ impl Raw {
             ffi::MPI_Initialized(&mut flag);
             let owns_init = flag == 0;
             if owns_init {
+                crate::start_notice::announce_mpi_start();
                 let mut provided: c_int = 0;
                 let requested = if serialized {
                     ffi::RSMPI_THREAD_SERIALIZED

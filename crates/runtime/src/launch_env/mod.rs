@@ -109,6 +109,22 @@ pub const DEVICE_ID: &str = "DEVICE_ID";
 /// first rank whose output carries it, which `mpirun`'s own report does not always do.
 pub const RANK_FAILED_LINE: &str = "tessera rank-env: the command failed";
 
+/// The variable naming the pipe through which the MPI backend tells `tessera rank-env` that the
+/// rank's command is starting MPI (`comm::start_notice`).
+pub use comm::start_notice::MPI_START_FD_VAR as MPI_START_FD;
+
+/// The line `tessera rank-env` writes to its stderr (ending with the job's token, as
+/// [`RANK_FAILED_LINE`]) when the rank's command is starting MPI (the MPI backend's notice,
+/// `comm::start_notice`).
+pub const RANK_MPI_STARTING_LINE: &str = "tessera rank-env: the command is starting MPI";
+
+/// How `tessera rank-env` starts the line it writes when the rank's command ended with exit
+/// code 0 without starting MPI: `tessera rank-env: the command ended before starting MPI (exit
+/// code 0)`. Under `tessera launch`, a rank that did start MPI then waits for this one forever,
+/// so the launcher stops the job, naming both.
+pub const RANK_ENDED_BEFORE_MPI_LINE: &str =
+    "tessera rank-env: the command ended before starting MPI";
+
 /// A token `tessera launch` gives the ranks of its `mpirun` job (never their commands):
 /// `tessera rank-env` ends its [`RANK_FAILED_LINE`] with ` [TOKEN]`, so that the launcher takes
 /// only rank-env's own line, never a program's output that looks like it, as a rank's failure.

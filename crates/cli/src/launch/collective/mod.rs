@@ -15,6 +15,7 @@
 
 pub mod agent;
 mod master;
+mod mpi_start;
 mod mpirun;
 mod node;
 mod store;
@@ -323,6 +324,7 @@ fn supervise_job(
 ) -> anyhow::Result<()> {
     let argv = job.argv();
     let grace = Duration::from_secs(request.grace_secs);
+    router.stop_through(sender.clone());
     for attempt in 0..=request.restarts {
         router.reset();
         for (rank, log) in router.rank_logs().enumerate() {
@@ -386,9 +388,11 @@ fn supervise_job(
 }
 
 /// Waits for `mpirun` (process group `pid`) to end; a signal to the launcher is passed to it,
-/// with SIGKILL after `grace`.
+/// with SIGKILL after `grace`. A job its ranks showed cannot complete ([`Event::Stop`]) is
+/// stopped the same way, and its status returned.
 fn wait(pid: libc::pid_t, events: &Receiver<Event>, grace: Duration) -> anyhow::Result<ExitStatus> {
-    let mut stopping: Option<(i32, Instant, bool)> = None;
+    // (the signal that stops it, if one does; the deadline; whether SIGKILL was sent)
+    let mut stopping: Option<(Option<i32>, Instant, bool)> = None;
     loop {
         let event = match &mut stopping {
             None => events
@@ -409,15 +413,26 @@ fn wait(pid: libc::pid_t, events: &Receiver<Event>, grace: Duration) -> anyhow::
             }
         };
         match event {
-            Event::Signal(signal) => {
-                if stopping.is_none() {
+            Event::Signal(signal) => match &mut stopping {
+                None => {
                     eprintln!("[launch] got signal {signal}; stopping the job");
                     child::signal_group(pid, libc::SIGTERM);
-                    stopping = Some((signal, Instant::now() + grace, false));
+                    stopping = Some((Some(signal), Instant::now() + grace, false));
+                }
+                // Already stopping: the signal is what the launcher ends with.
+                Some((by, _, _)) => {
+                    by.get_or_insert(signal);
+                }
+            },
+            Event::Stop(reason) => {
+                if stopping.is_none() {
+                    eprintln!("[launch] {reason}; stopping the job");
+                    child::signal_group(pid, libc::SIGTERM);
+                    stopping = Some((None, Instant::now() + grace, false));
                 }
             }
             Event::Exited { status, .. } => {
-                if let Some((signal, _, _)) = stopping {
+                if let Some((Some(signal), _, _)) = stopping {
                     return Err(Interrupted(signal).into());
                 }
                 return status.context("cannot wait for mpirun");
@@ -428,9 +443,13 @@ fn wait(pid: libc::pid_t, events: &Receiver<Event>, grace: Duration) -> anyhow::
 
 /// `worker 2 (rank 2) failed (signal 9; mpirun: exit code 1)`, with its log's last lines
 /// printed, when the rank's rank-env or `mpirun` named the rank (how the rank's command ended
-/// when its rank-env said so); otherwise what `mpirun` returned.
+/// when its rank-env said so); why the job could not complete, when its ranks showed it
+/// ([`TaggedRouter::cannot_complete`]); otherwise what `mpirun` returned.
 fn describe_failure(router: &TaggedRouter, status: &ExitStatus) -> String {
     let shown = supervise::describe(&Ok(*status));
+    if let Some(verdict) = router.cannot_complete() {
+        return format!("{verdict} (mpirun: {shown})");
+    }
     let Some(rank) = router.failed_rank() else {
         return format!("the job failed (mpirun: {shown}); see mpirun.log and the workers' logs");
     };

@@ -17,9 +17,13 @@
 //! itself starts a piece of another rank there when a line was left unended).
 
 use std::collections::HashMap;
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
-use runtime::launch_env::RANK_FAILED_LINE;
+use runtime::launch_env::{RANK_ENDED_BEFORE_MPI_LINE, RANK_FAILED_LINE, RANK_MPI_STARTING_LINE};
+
+use super::mpi_start::MpiStarts;
+use crate::launch::child::Event;
 
 use crate::launch::output::{write_out, LogFile, Router, MAX_LINE_BYTES};
 
@@ -44,6 +48,20 @@ pub struct TaggedRouter {
     failed_rank: Mutex<Option<(usize, Option<String>)>>,
     /// This job's [`FAILURE_TOKEN`](runtime::launch_env::FAILURE_TOKEN): rank-env's failure line ends with ` [<token>]`.
     token: String,
+    /// Which ranks said they started MPI, and which ended without.
+    mpi_starts: Mutex<MpiStarts>,
+    /// Where to say that the job cannot complete ([`Event::Stop`]).
+    stop: Mutex<Option<Sender<Event>>>,
+}
+
+/// What one of rank-env's token-ended lines reports.
+enum RankReport {
+    /// The command failed: the line as shown.
+    Failed(Vec<u8>),
+    /// The command is starting MPI.
+    MpiStarting,
+    /// The command ended with exit code 0 without starting MPI: the line as shown.
+    EndedBeforeMpi(Vec<u8>),
 }
 
 /// One tagged piece of a line: its rank, its stream and its text.
@@ -64,6 +82,38 @@ impl TaggedRouter {
             pending: Mutex::new(HashMap::new()),
             failed_rank: Mutex::new(None),
             token: token.to_string(),
+            mpi_starts: Mutex::new(MpiStarts::default()),
+            stop: Mutex::new(None),
+        }
+    }
+
+    /// Sends [`Event::Stop`] to `sender` when the job's ranks show that it cannot complete.
+    pub fn stop_through(&self, sender: Sender<Event>) {
+        *self.stop.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+    }
+
+    /// Why this attempt cannot complete, once the ranks' reports showed it.
+    pub fn cannot_complete(&self) -> Option<String> {
+        self.mpi_starts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .verdict()
+            .map(str::to_string)
+    }
+
+    /// Records one rank's MPI report; a new verdict is sent on as [`Event::Stop`].
+    fn note_mpi(&self, rank: usize, started: bool) {
+        let verdict = {
+            let mut starts = self.mpi_starts.lock().unwrap_or_else(|p| p.into_inner());
+            match started {
+                true => starts.started(rank),
+                false => starts.ended_without(rank),
+            }
+        };
+        if let Some(verdict) = verdict {
+            if let Some(stop) = &*self.stop.lock().unwrap_or_else(|p| p.into_inner()) {
+                let _ = stop.send(Event::Stop(verdict));
+            }
         }
     }
 
@@ -90,18 +140,27 @@ impl TaggedRouter {
         }
     }
 
-    /// Whether `line` (a whole line of a rank's stderr) is its rank-env's failure line; if so,
-    /// the line without the token.
-    fn failure_line(&self, line: &[u8]) -> Option<Vec<u8>> {
+    /// What `line` (a whole line of a rank's stderr) reports, when it is one of its rank-env's
+    /// own lines (ended with this job's token): the failure line or the end-before-MPI line
+    /// without the token, or the MPI-start notice.
+    fn rank_report(&self, line: &[u8]) -> Option<RankReport> {
         let body = line.strip_suffix(b"\n").unwrap_or(line);
         let suffix = runtime::launch_env::failure_token_suffix(&self.token);
         let shown = body.strip_suffix(suffix.as_bytes())?;
-        if !shown.starts_with(RANK_FAILED_LINE.as_bytes()) {
-            return None;
+        let with_newline = || {
+            let mut shown = shown.to_vec();
+            shown.push(b'\n');
+            shown
+        };
+        if shown.starts_with(RANK_FAILED_LINE.as_bytes()) {
+            Some(RankReport::Failed(with_newline()))
+        } else if shown == RANK_MPI_STARTING_LINE.as_bytes() {
+            Some(RankReport::MpiStarting)
+        } else if shown.starts_with(RANK_ENDED_BEFORE_MPI_LINE.as_bytes()) {
+            Some(RankReport::EndedBeforeMpi(with_newline()))
+        } else {
+            None
         }
-        let mut shown = shown.to_vec();
-        shown.push(b'\n');
-        Some(shown)
     }
 
     /// The first rank reported as failed, by its rank-env's line or by `mpirun`'s report.
@@ -122,9 +181,11 @@ impl TaggedRouter {
             .clone()
     }
 
-    /// Forgets the failed rank and any unfinished line (before the job is started again).
+    /// Forgets the failed rank, the ranks' MPI reports and any unfinished line (before the job
+    /// is started again).
     pub fn reset(&self) {
         *self.failed_rank.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.mpi_starts.lock().unwrap_or_else(|p| p.into_inner()) = MpiStarts::default();
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -158,10 +219,16 @@ impl Router for TaggedRouter {
                 if buffer.last() != Some(&b'\n') {
                     buffer.push(b'\n');
                 }
-                match self.failure_line(buffer).filter(|_| piece.stderr) {
-                    Some(shown) => {
+                match self.rank_report(buffer).filter(|_| piece.stderr) {
+                    Some(RankReport::Failed(shown)) => {
                         let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
                         failed.get_or_insert((piece.rank, failure_status(&shown)));
+                        emit(&out.log, &out.prefix, &shown);
+                    }
+                    // Not the rank's output: recorded, not shown.
+                    Some(RankReport::MpiStarting) => self.note_mpi(piece.rank, true),
+                    Some(RankReport::EndedBeforeMpi(shown)) => {
+                        self.note_mpi(piece.rank, false);
                         emit(&out.log, &out.prefix, &shown);
                     }
                     None => emit(&out.log, &out.prefix, buffer),
@@ -282,6 +349,38 @@ mod tests {
             open("m", "[mpirun] "),
             "T0KEN",
         )
+    }
+
+    #[test]
+    fn a_rank_ending_before_mpi_while_another_started_it_stops_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        let (sender, receiver) = std::sync::mpsc::channel();
+        router.stop_through(sender);
+        // The start notice is recorded, not shown; without the token it is the rank's text.
+        let start = format!("[1,0]<stderr>:{RANK_MPI_STARTING_LINE} [T0KEN]\n");
+        assert!(routed(&router, start.as_bytes()).is_empty());
+        let forged = format!("[1,1]<stderr>:{RANK_ENDED_BEFORE_MPI_LINE} (exit code 0)\n");
+        assert_eq!(routed(&router, forged.as_bytes()).len(), 1);
+        assert!(receiver.try_recv().is_err(), "not rank-env's line");
+        let ended = format!("[1,1]<stderr>:{RANK_ENDED_BEFORE_MPI_LINE} (exit code 0) [T0KEN]\n");
+        assert_eq!(
+            routed(&router, ended.as_bytes()),
+            [(
+                "w1".to_string(),
+                format!("{RANK_ENDED_BEFORE_MPI_LINE} (exit code 0)\n")
+            )]
+        );
+        match receiver.try_recv() {
+            Ok(Event::Stop(reason)) => assert!(
+                reason.contains("rank 1 ended (exit code 0) without starting MPI, while rank 0"),
+                "{reason}"
+            ),
+            other => panic!("expected a stop, got {other:?}"),
+        }
+        assert!(router.cannot_complete().is_some());
+        router.reset();
+        assert_eq!(router.cannot_complete(), None, "a new attempt starts clean");
     }
 
     #[test]
