@@ -52,6 +52,9 @@ pub struct TaggedRouter {
     mpi_starts: Mutex<MpiStarts>,
     /// Where to say that the job cannot complete ([`Event::Stop`]).
     stop: Mutex<Option<Sender<Event>>>,
+    /// The rank and stream whose piece ended the last line the reader cut at
+    /// [`MAX_LINE_BYTES`]: the next line goes on with it until a tag says otherwise.
+    continued: Mutex<Option<(usize, bool)>>,
 }
 
 /// What one of rank-env's token-ended lines reports.
@@ -84,6 +87,7 @@ impl TaggedRouter {
             token: token.to_string(),
             mpi_starts: Mutex::new(MpiStarts::default()),
             stop: Mutex::new(None),
+            continued: Mutex::new(None),
         }
     }
 
@@ -186,6 +190,7 @@ impl TaggedRouter {
     pub fn reset(&self) {
         *self.failed_rank.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.mpi_starts.lock().unwrap_or_else(|p| p.into_inner()) = MpiStarts::default();
+        *self.continued.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -200,7 +205,19 @@ impl TaggedRouter {
 
 impl Router for TaggedRouter {
     fn route(&self, line: &[u8], emit: &mut dyn FnMut(&LogFile, &str, &[u8])) {
-        let pieces = split_pieces(line, self.ranks.len());
+        // A line of `mpirun`'s longer than the reader takes at once comes in parts, each ended
+        // by a newline the reader added: the next part goes on with the last piece's rank.
+        let cut = line.len() == MAX_LINE_BYTES + 1 && line.ends_with(b"\n");
+        let continued = self
+            .continued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let pieces = split_pieces(line, self.ranks.len(), continued);
+        if cut {
+            let last = pieces.last().map(|piece| (piece.rank, piece.stderr));
+            *self.continued.lock().unwrap_or_else(|p| p.into_inner()) = last;
+        }
         if pieces.is_empty() {
             if let Some(rank) = reported_failure(line) {
                 let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
@@ -210,10 +227,16 @@ impl Router for TaggedRouter {
             return;
         }
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        for piece in pieces {
+        let n_pieces = pieces.len();
+        for (i, piece) in pieces.into_iter().enumerate() {
             let out = &self.ranks[piece.rank];
             let buffer = pending.entry((piece.rank, piece.stderr)).or_default();
-            buffer.extend_from_slice(piece.text);
+            // The reader's newline after a cut is not the rank's.
+            let text = match cut && i + 1 == n_pieces {
+                true => piece.text.strip_suffix(b"\n").unwrap_or(piece.text),
+                false => piece.text,
+            };
+            buffer.extend_from_slice(text);
             // A line ends at its newline; an endless one is cut as the log contract says.
             if buffer.last() == Some(&b'\n') || buffer.len() >= MAX_LINE_BYTES {
                 if buffer.last() != Some(&b'\n') {
@@ -261,10 +284,12 @@ fn tag_at(text: &[u8]) -> Option<(usize, bool, usize)> {
     Some((rank, stderr, 1 + close + 1 + name))
 }
 
-/// A tagged line's pieces (empty when it does not start with a tag of one of `ranks` ranks:
-/// then it is `mpirun`'s own).
-fn split_pieces(line: &[u8], ranks: usize) -> Vec<Piece<'_>> {
-    let Some((rank, stderr, len)) = tag_at(line).filter(|(r, _, _)| *r < ranks) else {
+/// A tagged line's pieces (empty when it does not start with a tag of one of `ranks` ranks and
+/// does not continue a cut line: then it is `mpirun`'s own). `continued` is the rank and stream
+/// of the piece that ended the cut line before it, whose text goes on up to the first tag.
+fn split_pieces(line: &[u8], ranks: usize, continued: Option<(usize, bool)>) -> Vec<Piece<'_>> {
+    let tagged = tag_at(line).filter(|(r, _, _)| *r < ranks);
+    let Some((rank, stderr, len)) = tagged.or(continued.map(|(r, e)| (r, e, 0))) else {
         return Vec::new();
     };
     let mut pieces = Vec::new();
@@ -381,6 +406,41 @@ mod tests {
         assert!(router.cannot_complete().is_some());
         router.reset();
         assert_eq!(router.cannot_complete(), None, "a new attempt starts clean");
+    }
+
+    /// A rank's line longer than the reader takes at once (it cuts at `MAX_LINE_BYTES` and adds
+    /// a newline) stays the rank's: its untagged continuation goes to the rank's log, not to
+    /// mpirun's.
+    #[test]
+    fn a_long_line_cut_by_the_reader_stays_with_its_rank() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        let text = vec![b'x'; MAX_LINE_BYTES + 5000];
+        let mut physical = b"[1,1]<stderr>:".to_vec();
+        physical.extend_from_slice(&text);
+        physical.push(b'\n');
+        // As the reader hands it over.
+        let mut first = physical[..MAX_LINE_BYTES].to_vec();
+        first.push(b'\n');
+        let rest = &physical[MAX_LINE_BYTES..];
+        let mut out = routed(&router, &first);
+        out.extend(routed(&router, rest));
+        assert!(
+            out.iter().all(|(log, _)| log == "w1"),
+            "{:?}",
+            out.iter().map(|(l, t)| (l, t.len())).collect::<Vec<_>>()
+        );
+        let written: usize = out
+            .iter()
+            .map(|(_, t)| t.trim_end_matches('\n').len())
+            .sum();
+        assert_eq!(
+            written,
+            text.len(),
+            "every byte, once, and no newline of the reader's"
+        );
+        // The next line starts fresh: untagged, it is mpirun's.
+        assert_eq!(routed(&router, b"mpirun: a line\n")[0].0, "m");
     }
 
     #[test]
