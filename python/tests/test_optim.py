@@ -240,12 +240,17 @@ def test_group_settings_the_engine_cannot_honour_are_errors():
 
 def test_mint_adamw_is_pytorchs_rule():
     # Without decay PyTorch's AdamW is Adam with ε inside the bias correction: with ε tiny the
-    # losses are nn.Adam's to rounding, and not bitwise.
+    # losses are nn.Adam's to rounding (bitwise or not: ε is below f32's resolution against
+    # √v̂ for all but the tiniest gradients, so that depends on the data and the machine)...
     adam, _, _ = _train(lambda n: nn.Adam(n.trainable_params(), 1e-3, eps=1e-12), epochs=2)
     mint, _, _ = _train(lambda n: AdamW(n.trainable_params(), lr=1e-3, eps=1e-12,
                                         weight_decay=0.0), epochs=2)
     np.testing.assert_allclose(mint.losses, adam.losses, rtol=1e-4)
-    assert mint.losses != adam.losses
+    # ... and with an ε that counts against √v̂, where ε sits shows: another run.
+    adam, _, _ = _train(lambda n: nn.Adam(n.trainable_params(), 1e-3, eps=1e-2), epochs=2)
+    mint, _, _ = _train(lambda n: AdamW(n.trainable_params(), lr=1e-3, eps=1e-2,
+                                        weight_decay=0.0), epochs=2)
+    assert max(abs(a - b) for a, b in zip(mint.losses, adam.losses)) > 1e-6
     # MindSpore's AdamWeightDecay has no bias correction: a different run
     adamw, _, _ = _train(lambda n: nn.AdamWeightDecay(n.trainable_params(), 1e-3, eps=1e-12),
                          epochs=2)
