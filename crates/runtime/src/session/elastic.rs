@@ -13,7 +13,7 @@ use super::TrainSession;
 use crate::config::ResumeFrom;
 use crate::elastic::fault::{self, FaultPoint};
 use crate::elastic::recovery::{self, RankView};
-use crate::elastic::store::NodeStore;
+use crate::elastic::store::{Held, NodeStore};
 use crate::error::RuntimeError;
 
 /// Longest inventory one rank reports at a recovery.
@@ -162,9 +162,14 @@ impl TrainSession {
     ) -> Result<(ElasticRun, Option<PathBuf>), RuntimeError> {
         let store = crate::elastic::node_store()?;
         let rank = world.rank();
+        // A snapshot is resumed only by a job of its own size; others are said, not used.
+        let (held, other_sizes): (Vec<Held>, Vec<Held>) = store
+            .inventory()
+            .into_iter()
+            .partition(|h| h.world == world.size());
         let view = RankView {
             node: store.id(),
-            held: store.inventory_for(world.size()),
+            held,
         };
         let mine = serde_json::to_vec(&view).unwrap_or_default();
         let views: Vec<RankView> = gather_bytes(world, &mine, MAX_VIEW_BYTES)?
@@ -180,6 +185,11 @@ impl TrainSession {
             .iter()
             .any(|ranks| ranks[0] == rank);
         let buddies = recovery::buddies(&node_ids);
+        if leader {
+            if let Some(message) = other_sizes_message(store.dir(), &other_sizes, world.size()) {
+                eprintln!("{message}");
+            }
+        }
         let elastic = ElasticRun {
             buddy: buddies[rank],
             buddies,
@@ -375,6 +385,24 @@ impl TrainSession {
     }
 }
 
+/// What a node's first rank says when its store holds complete snapshots of a job of another
+/// size than this one's `world` (a snapshot is resumed only by a job of its own size): which,
+/// and that this job's snapshots replace them.
+fn other_sizes_message(store: &std::path::Path, other: &[Held], world: usize) -> Option<String> {
+    if other.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = other
+        .iter()
+        .map(|h| format!("step {} of {} ranks", h.step, h.world))
+        .collect();
+    Some(format!(
+        "elastic: this node's store {} holds snapshots of a job of another size ({}), not of this job's {world} ranks: they are not resumed from, and this job's own snapshots replace them",
+        store.display(),
+        list.join(", ")
+    ))
+}
+
 /// What rank 0 says when no in-memory snapshot survived a restart: the periodic set on disk the
 /// run resumes from, else what `output.resume_from` names (the run then starts from it), else
 /// step 0.
@@ -438,5 +466,29 @@ mod tests {
         assert!(latest.contains("\"latest\" finds no set"), "{latest}");
         let fresh = fallback_message(out, None, None);
         assert!(fresh.ends_with("starting again from step 0"), "{fresh}");
+    }
+
+    #[test]
+    fn snapshots_of_another_job_size_are_named_not_passed_over() {
+        let store = std::path::Path::new("/dev/shm/tessera-elastic-x");
+        assert_eq!(other_sizes_message(store, &[], 2), None);
+        let other = [
+            Held {
+                step: 40,
+                world: 4,
+                ranks: vec![0, 1],
+            },
+            Held {
+                step: 30,
+                world: 4,
+                ranks: vec![0, 1],
+            },
+        ];
+        let message = other_sizes_message(store, &other, 2).unwrap();
+        assert!(
+            message.contains("(step 40 of 4 ranks, step 30 of 4 ranks), not of this job's 2 ranks")
+                && message.contains("/dev/shm/tessera-elastic-x"),
+            "{message}"
+        );
     }
 }
