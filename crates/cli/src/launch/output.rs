@@ -128,8 +128,16 @@ pub fn write_out(log: &LogFile, prefix: &str, body: &[u8], console_line: &mut Ve
     let _ = io::stdout().lock().write_all(console_line);
 }
 
+/// Whether `line`, as [`pump`] hands it to a router, is the first [`MAX_LINE_BYTES`] of a longer
+/// line, ended by a newline the reader added (the rest comes as the next line): the only lines
+/// of that length, since a line that fits ends within it.
+pub fn cut_by_reader(line: &[u8]) -> bool {
+    line.len() == MAX_LINE_BYTES + 1 && line.ends_with(b"\n")
+}
+
 /// Reads the next line into `line` (cleared first), ending it with a newline if the stream ended
-/// without one; false at the end of the stream. A read error ends the stream.
+/// without one; false at the end of the stream. A read error ends the stream. A line longer than
+/// [`MAX_LINE_BYTES`] comes in parts ([`cut_by_reader`]).
 fn next_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> bool {
     line.clear();
     loop {

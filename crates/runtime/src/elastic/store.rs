@@ -157,14 +157,11 @@ impl NodeStore {
         held
     }
 
-    /// [`NodeStore::inventory`]'s snapshots taken by a job of `world` ranks: a restarted job
-    /// has its predecessor's ranks, so a snapshot of another size is another job's (or a
-    /// damaged marker's) and cannot be resumed from.
-    pub fn inventory_for(&self, world: usize) -> Vec<Held> {
-        self.inventory()
-            .into_iter()
-            .filter(|h| h.world == world)
-            .collect()
+    /// [`NodeStore::inventory`]'s snapshots split into those taken by a job of `world` ranks
+    /// and the others: a restarted job has its predecessor's ranks, so a snapshot of another
+    /// size is another job's (or a damaged marker's) and cannot be resumed from.
+    pub fn inventory_by_size(&self, world: usize) -> (Vec<Held>, Vec<Held>) {
+        self.inventory().into_iter().partition(|h| h.world == world)
     }
 
     /// Removes the snapshots older than the newest [`KEEP`] complete ones (complete or not).
@@ -462,11 +459,13 @@ mod tests {
         marker(8, "1");
         assert_eq!(store.inventory()[0].ranks, [0]);
         // A 2-rank job passes over the 1-rank snapshot, and a 3-rank job over every one.
-        let steps =
-            |world| -> Vec<u64> { store.inventory_for(world).iter().map(|h| h.step).collect() };
-        assert_eq!(steps(2), [4]);
-        assert_eq!(steps(1), [8]);
-        assert!(steps(3).is_empty());
+        let steps = |held: &[Held]| -> Vec<u64> { held.iter().map(|h| h.step).collect() };
+        let (two, others) = store.inventory_by_size(2);
+        assert_eq!((steps(&two), steps(&others)), (vec![4], vec![8]));
+        assert_eq!(steps(&store.inventory_by_size(1).0), [8]);
+        let (three, others) = store.inventory_by_size(3);
+        assert!(three.is_empty());
+        assert_eq!(steps(&others), [8, 4]);
     }
 
     #[test]

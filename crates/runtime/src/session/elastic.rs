@@ -163,10 +163,7 @@ impl TrainSession {
         let store = crate::elastic::node_store()?;
         let rank = world.rank();
         // A snapshot is resumed only by a job of its own size; others are said, not used.
-        let (held, other_sizes): (Vec<Held>, Vec<Held>) = store
-            .inventory()
-            .into_iter()
-            .partition(|h| h.world == world.size());
+        let (held, other_sizes) = store.inventory_by_size(world.size());
         let view = RankView {
             node: store.id(),
             held,

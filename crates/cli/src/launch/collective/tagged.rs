@@ -25,7 +25,7 @@ use runtime::launch_env::{RANK_ENDED_BEFORE_MPI_LINE, RANK_FAILED_LINE, RANK_MPI
 use super::mpi_start::MpiStarts;
 use crate::launch::child::Event;
 
-use crate::launch::output::{write_out, LogFile, Router, MAX_LINE_BYTES};
+use crate::launch::output::{cut_by_reader, write_out, LogFile, Router, MAX_LINE_BYTES};
 
 /// One rank's log file and console prefix.
 #[derive(Debug)]
@@ -207,7 +207,7 @@ impl Router for TaggedRouter {
     fn route(&self, line: &[u8], emit: &mut dyn FnMut(&LogFile, &str, &[u8])) {
         // A line of `mpirun`'s longer than the reader takes at once comes in parts, each ended
         // by a newline the reader added: the next part goes on with the last piece's rank.
-        let cut = line.len() == MAX_LINE_BYTES + 1 && line.ends_with(b"\n");
+        let cut = cut_by_reader(line);
         let continued = self
             .continued
             .lock()
