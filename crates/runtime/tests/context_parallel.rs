@@ -498,6 +498,39 @@ fn four_cp_ranks_fit_a_four_times_longer_sequence_in_one_ranks_activations() {
     }
 }
 
+/// Ring attention under mixed precision (`bf16`, `f16`): the half operands are attended in
+/// `f32` as one device's kernel attends them, so cp 2 and 4 train to within half precision's
+/// rounding of one device (whose losses they match closely), and every rank's measured peaks
+/// equal the prediction, which counts the ring's `f32` blocks and copies. It used to fail at
+/// the first step ("ring attention's operands: expected f32 or f64").
+#[test]
+fn half_precision_ring_attention_trains_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fused = "fused_attention = true";
+    for precision in ["bf16", "f16"] {
+        let run = |name: &str, parallel: &str| {
+            let overrides = [
+                format!("train.precision=\"{precision}\""),
+                "train.max_steps=6".to_string(),
+            ];
+            let out = tmp.path().join(format!("{precision}-{name}"));
+            let config = run_util::small_gpt(&out, "adam", fused, parallel, &overrides);
+            let (session, report, (losses, _)) = run_util::train_report(&config);
+            for (rank, m) in report.ranks[0].memory_by_rank.iter().enumerate() {
+                let predicted = session.predict_memory(rank).expect("a schedule");
+                assert_eq!(*m, predicted, "{precision} {name}: rank {rank}'s memory");
+            }
+            losses
+        };
+        let one = run("one device", "mode = \"stand_alone\"");
+        for cp in [2, 4] {
+            let keys = format!("context_parallel = {cp}\ncontext_parallel_algo = \"ring\"");
+            let ring = run(&format!("ring cp {cp}"), &semi(cp, &keys));
+            run_util::assert_losses_within(&format!("{precision} ring cp {cp}"), &ring, &one, 1e-3);
+        }
+    }
+}
+
 /// A checkpoint saved under ring context parallel 2 (dp 2, 4 devices) resumes under Ulysses
 /// cp 4, under cp 1 (data parallel 2) and on one device: each continues one device's
 /// uninterrupted run, so checkpoints convert between context-parallel degrees and algorithms.

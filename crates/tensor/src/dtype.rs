@@ -67,6 +67,12 @@ impl DType {
         }
     }
 
+    /// Whether the dtype is a half-precision float (`bf16` or `f16`), which kernels compute in
+    /// `f32`.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
     /// Whether the dtype is a floating-point kind.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)

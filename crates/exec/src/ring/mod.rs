@@ -28,6 +28,7 @@
 //! its keys), which is bitwise one device's.
 
 mod canonical;
+mod half;
 mod link;
 mod placement;
 
@@ -121,7 +122,7 @@ impl Call {
 fn unsupported(dtype: DType) -> ExecError {
     ExecError::Mismatch {
         what: "ring attention's operands".to_string(),
-        expected: "f32 or f64 (mixed precision computes attention in f32)".to_string(),
+        expected: "a float type".to_string(),
         got: format!("{dtype:?}"),
     }
 }
@@ -150,12 +151,18 @@ pub(crate) fn forward(
 ) -> Result<RingTiming, ExecError> {
     let call = Call::of(q, how.causal, how.scale)?;
     let link = Link::of(comm, ring, tag);
-    match (q.dtype(), how.canonical) {
-        (DType::F32, true) => forward_canonical::<f32>(&link, &call, (q, k, v), (out, lse))?,
-        (DType::F64, true) => forward_canonical::<f64>(&link, &call, (q, k, v), (out, lse))?,
-        (DType::F32, false) => forward_typed::<f32>(&link, &call, (q, k, v), (out, lse))?,
-        (DType::F64, false) => forward_typed::<f64>(&link, &call, (q, k, v), (out, lse))?,
-        (other, _) => return Err(unsupported(other)),
+    let attend =
+        |[q, k, v]: [&Tensor; 3], [out, lse]: [&mut Tensor; 2]| match (q.dtype(), how.canonical) {
+            (DType::F32, true) => forward_canonical::<f32>(&link, &call, (q, k, v), (out, lse)),
+            (DType::F64, true) => forward_canonical::<f64>(&link, &call, (q, k, v), (out, lse)),
+            (DType::F32, false) => forward_typed::<f32>(&link, &call, (q, k, v), (out, lse)),
+            (DType::F64, false) => forward_typed::<f64>(&link, &call, (q, k, v), (out, lse)),
+            (other, _) => Err(unsupported(other)),
+        };
+    if q.dtype().is_half() {
+        half::in_f32(&link, [q, k, v], [out, lse], attend)?;
+    } else {
+        attend([q, k, v], [out, lse])?;
     }
     Ok(link.into_timing())
 }
@@ -245,12 +252,18 @@ pub(crate) fn backward(
 ) -> Result<RingTiming, ExecError> {
     let call = Call::of(inputs[0], how.causal, how.scale)?;
     let link = Link::of(comm, ring, tag);
-    match (inputs[0].dtype(), how.canonical) {
-        (DType::F32, true) => backward_canonical::<f32>(&link, &call, inputs, grads)?,
-        (DType::F64, true) => backward_canonical::<f64>(&link, &call, inputs, grads)?,
-        (DType::F32, false) => backward_typed::<f32>(&link, &call, inputs, grads)?,
-        (DType::F64, false) => backward_typed::<f64>(&link, &call, inputs, grads)?,
-        (other, _) => return Err(unsupported(other)),
+    let attend =
+        |inputs: [&Tensor; 6], grads: [&mut Tensor; 3]| match (inputs[0].dtype(), how.canonical) {
+            (DType::F32, true) => backward_canonical::<f32>(&link, &call, inputs, grads),
+            (DType::F64, true) => backward_canonical::<f64>(&link, &call, inputs, grads),
+            (DType::F32, false) => backward_typed::<f32>(&link, &call, inputs, grads),
+            (DType::F64, false) => backward_typed::<f64>(&link, &call, inputs, grads),
+            (other, _) => Err(unsupported(other)),
+        };
+    if inputs[0].dtype().is_half() {
+        half::in_f32(&link, inputs, grads, attend)?;
+    } else {
+        attend(inputs, grads)?;
     }
     Ok(link.into_timing())
 }

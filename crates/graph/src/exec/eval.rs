@@ -153,7 +153,7 @@ fn eval_half(
     outputs: &mut [Tensor],
     ctx: &EvalCtx<'_>,
 ) -> Result<(), GraphError> {
-    let is_half = |d: DType| matches!(d, DType::BF16 | DType::F16);
+    let is_half = DType::is_half;
     let widened: Vec<std::borrow::Cow<'_, Tensor>> = inputs
         .iter()
         .map(|t| match is_half(t.dtype()) {

@@ -26,7 +26,7 @@ use graph::Op;
 
 use crate::lower::{KernelStep, Program};
 pub use members::{ring_of_step, Ring};
-pub use workspace::{ring_workspace_bytes, ring_workspace_bytes_max, RingCall};
+pub use workspace::{ring_element_bytes, ring_workspace_bytes, ring_workspace_bytes_max, RingCall};
 
 /// The zigzag placement of a ring of `members` (see the module's doc): chunk `x` of the
 /// sequence (of `2 · members` equal chunks) is *owned* by member `x / 2` (the contiguous split)
@@ -116,7 +116,7 @@ pub fn ring_traffic(program: &Program, k: &KernelStep) -> Option<RingTraffic> {
     let block = RingBlock::of(
         layout.shape(),
         &layout.split_factors(),
-        key.dtype.size_in_bytes(),
+        ring_element_bytes(key.dtype),
     )?;
     let rings = layout.mesh().n_slots() / block.members;
     Some(block.traffic(rings, causal, forward, program.placed.config.deterministic))

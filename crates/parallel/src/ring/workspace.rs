@@ -17,10 +17,15 @@
 //!   keys and values, `2·S + K`; backward the whole queries, keys, values, output gradients
 //!   and the three gradients one device's kernel writes for them (`7·S`), the whole `lse` and
 //!   `delta` (`2·S / head_dim`), this rank's `delta` and the staging block: `7S + 2S/d + N + K`.
+//!
+//! Half-precision (`bf16`, `f16`) operands are attended in `f32`, as one device's kernel
+//! attends them: the blocks above are `f32` ([`ring_element_bytes`]), and the call also holds
+//! an `f32` copy of every half operand and result of the step (`exec::ring`'s `half` module).
 
 use crate::lower::{KernelStep, Program};
 use crate::ring::{ring_of_step, Ring};
 use graph::Op;
+use tensor::DType;
 
 /// How one ring attention call runs, for its working memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +57,28 @@ impl RingCall {
     }
 }
 
+/// Bytes an element of a ring's blocks takes for operands of `dtype`: half-precision operands
+/// travel and are attended in `f32`.
+pub fn ring_element_bytes(dtype: DType) -> usize {
+    if dtype.is_half() {
+        DType::F32.size_in_bytes()
+    } else {
+        dtype.size_in_bytes()
+    }
+}
+
+/// Bytes of the `f32` copies `rank`'s call of ring step `k` makes of the step's half-precision
+/// operands and results.
+fn widened_bytes(program: &Program, k: &KernelStep, rank: usize) -> usize {
+    k.inputs
+        .iter()
+        .chain(&k.outputs)
+        .map(|&b| &program.buffers[b])
+        .filter(|b| b.dtype.is_half())
+        .map(|b| b.local_shape(rank).iter().product::<usize>() * DType::F32.size_in_bytes())
+        .sum()
+}
+
 /// Bytes of the working buffers `rank` holds while it runs kernel step `k` of `program`, when
 /// the step is ring attention and `rank` takes part.
 pub fn ring_workspace_bytes(program: &Program, k: &KernelStep, rank: usize) -> Option<usize> {
@@ -59,7 +86,8 @@ pub fn ring_workspace_bytes(program: &Program, k: &KernelStep, rank: usize) -> O
     let q = &program.buffers[k.inputs[0]];
     Some(
         ring_call(program, k, &q.local_shape(rank))?.workspace_elements(&ring)
-            * q.dtype.size_in_bytes(),
+            * ring_element_bytes(q.dtype)
+            + widened_bytes(program, k, rank),
     )
 }
 
@@ -81,7 +109,10 @@ pub fn ring_workspace_bytes_max(program: &Program, k: &KernelStep) -> Option<usi
                 position: layout.block_index(slot)[seq],
                 ..ring.clone()
             };
-            Some(call.workspace_elements(&at) * q.dtype.size_in_bytes())
+            Some(
+                call.workspace_elements(&at) * ring_element_bytes(q.dtype)
+                    + widened_bytes(program, k, rank),
+            )
         })
         .max()
 }
