@@ -20,8 +20,10 @@ pub struct TextData {
     pub corpus: TokenCorpus,
     /// Tokens per sequence.
     pub seq_len: usize,
-    /// Sequences per global batch.
+    /// Sequences per global batch (of one micro-batch when the step's batch is cut).
     pub batch: usize,
+    /// Micro-batches each step's batch is cut into (`data.batch_size` is `batch` times this).
+    pub micro_batches: usize,
     /// Steps per epoch.
     pub steps_per_epoch: u64,
     /// Validation batches per evaluation.
@@ -58,6 +60,7 @@ impl TextData {
             corpus,
             seq_len,
             batch: data.batch_size,
+            micro_batches: data.micro_batches(),
             steps_per_epoch: keys.steps_per_epoch,
             eval_batches: keys.eval_batches,
         })
@@ -153,7 +156,9 @@ impl TextData {
 
     /// The mean loss over the validation batches (the same windows at every evaluation), run
     /// with `eval`, a program whose output 0 is the loss. `None` when the validation split is
-    /// shorter than a window.
+    /// shorter than a window. A validation batch is the file's `data.batch_size` windows, as in
+    /// a run whose batch is not cut into micro-batches: when it is, each validation batch runs
+    /// as its micro-batches (equal shares, so the mean of their mean losses is the batch's).
     pub fn validation_loss(
         &self,
         eval: &mut RankExecutor,
@@ -164,15 +169,20 @@ impl TextData {
         if val.len() <= self.seq_len as u64 || self.eval_batches == 0 {
             return Ok(None);
         }
+        let whole = self.batch.saturating_mul(self.micro_batches);
         let mut total = 0.0;
         for step in 0..self.eval_batches {
             // Epoch 0 is never a training epoch: the validation windows are their own stream.
-            let starts = window_starts(val, seed, 0, step, self.batch, self.seq_len)?;
-            self.feed(eval, model, val, &starts)?;
-            eval.run()?;
-            total += eval.output(0).to_f64_vec()[0];
+            let starts = window_starts(val, seed, 0, step, whole, self.seq_len)?;
+            for micro in starts.chunks(self.batch.max(1)) {
+                self.feed(eval, model, val, micro)?;
+                eval.run()?;
+                total += eval.output(0).to_f64_vec()[0];
+            }
         }
-        Ok(Some(total / self.eval_batches as f64))
+        Ok(Some(
+            total / (self.eval_batches as f64 * self.micro_batches.max(1) as f64),
+        ))
     }
 }
 

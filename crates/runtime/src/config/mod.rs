@@ -178,6 +178,12 @@ pub struct DataConfig {
 }
 
 impl DataConfig {
+    /// Micro-batches each step's batch is cut into: the product of [`DataConfig::batch_cuts`]
+    /// (1 when it is not cut).
+    pub fn micro_batches(&self) -> usize {
+        self.batch_cuts.iter().map(|&(_, n)| n).product()
+    }
+
     /// `err`, explained when it quotes a cut batch: an error about `data.batch_size` or the
     /// dataset strategy then says that the batch it names is one micro-batch, and how the
     /// file's `data.batch_size` was cut into it.
@@ -185,7 +191,7 @@ impl DataConfig {
         if self.batch_cuts.is_empty() {
             return err;
         }
-        let whole = self.batch_cuts.iter().map(|&(_, n)| n).product::<usize>() * self.batch_size;
+        let whole = self.micro_batches() * self.batch_size;
         let cuts: Vec<String> = self
             .batch_cuts
             .iter()
