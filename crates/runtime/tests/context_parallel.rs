@@ -107,7 +107,11 @@ fn context_parallel_trains_like_one_device() {
             &semi(*devices, parallel),
             false,
         ));
-        run_util::assert_same_run(name, &run, reference, 2e-4);
+        // Every step's loss within 1e-5 of one device's (measured: at most 2.2e-6); the
+        // parameters after 20 Adam steps within 5e-5 · (1 + |x|) (measured: at most 3.6e-5,
+        // Adam's normalisation magnifying the rounding of small gradients).
+        run_util::assert_losses_within(name, &run.0, &reference.0, 1e-5);
+        run_util::assert_same_run(name, &run, reference, 5e-5);
     }
 }
 
