@@ -598,9 +598,12 @@ pub fn gpt_step(
     request: &GptStepRequest,
     progress: &mut dyn Progress,
 ) -> Result<GptStepReport, BenchError> {
+    let gpt = gpt_config(request);
+    // The widths and depths come from flags: bounded before any product or model is allocated.
+    gpt.validate()?;
     let mut bench = Bench {
         request,
-        gpt: gpt_config(request),
+        gpt,
         progress,
         report: Pieces::default(),
     };
@@ -825,6 +828,34 @@ fn interleaved_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A width or depth past the model's bounds is refused with the bound's error before the
+    /// benchmark allocates anything (the product peak it times first used to allocate
+    /// `2,048 × width` elements: 800 GB for `--hidden 100000000`, an abort).
+    #[test]
+    fn an_oversized_gpt_is_refused_before_anything_is_allocated() {
+        for (layers, hidden) in [(4, 100_000_000), (4, 65_536), (100_000, 256)] {
+            let request = GptStepRequest {
+                steps: 1,
+                layers,
+                hidden,
+                profile: false,
+                deterministic: false,
+                rounds: 1,
+                fusion: false,
+                clip: false,
+                threads: 1,
+                context_parallel_seq: None,
+                sequence_parallel: false,
+                one_rank: true,
+            };
+            let err = gpt_step(&request, &mut crate::Silent).unwrap_err();
+            assert!(
+                err.to_string().contains("element bound"),
+                "{layers} layers of width {hidden}: {err}"
+            );
+        }
+    }
 
     /// A 1-rank and a 2-rank program interleaved: each takes every step, the 1-rank one on rank
     /// 0 alone, and each reports one time per timed step.
