@@ -427,8 +427,8 @@ impl ParallelConfig {
     pub fn gradient_accumulation_dtype(&self, dtype: tensor::DType) -> tensor::DType {
         use tensor::DType;
         match dtype {
-            DType::BF16 | DType::F16
-                if self.gradient_fp32_sync || self.enable_fp32_communication =>
+            half if half.is_half()
+                && (self.gradient_fp32_sync || self.enable_fp32_communication) =>
             {
                 DType::F32
             }

@@ -476,7 +476,7 @@ fn walk_steps(
             .is_some_and(|&s| match &program.steps[s] {
                 Step::Reshard(r) => {
                     let config = &program.placed.config;
-                    matches!(r.plan.dtype(), DType::BF16 | DType::F16)
+                    r.plan.dtype().is_half()
                         && (config.gradient_fp32_sync || config.enable_fp32_communication)
                 }
                 Step::Kernel(_) => false,

@@ -25,16 +25,11 @@ pub enum HalfSum {
 impl HalfSum {
     /// Whether values of `dtype` are widened to f32 for the collective.
     pub fn widens(self, dtype: DType) -> bool {
-        self == HalfSum::WidenedToF32 && is_half(dtype)
+        self == HalfSum::WidenedToF32 && dtype.is_half()
     }
 
     /// Whether sums of `dtype` round after every addition (the collectives in the element type).
     pub fn rounds_every_addition(self, dtype: DType) -> bool {
-        self == HalfSum::InHalfType && is_half(dtype)
+        self == HalfSum::InHalfType && dtype.is_half()
     }
-}
-
-/// bf16 or f16.
-fn is_half(dtype: DType) -> bool {
-    matches!(dtype, DType::BF16 | DType::F16)
 }

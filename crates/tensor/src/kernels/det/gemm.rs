@@ -18,6 +18,7 @@
 //! joins).
 
 use std::any::TypeId;
+use std::array::from_fn;
 use std::cell::RefCell;
 
 use super::{local_blocks, TreeStack};
@@ -264,17 +265,10 @@ impl<T: Float> Passes<'_, T> {
                         let end = at + (here - 1) * n + width * TILE_N;
                         let (q, bl) = (self.per_pass, self.block_len);
                         let out = (&mut out[at..end], n, here);
+                        let from = |p| panel(pi + p);
                         let done = match width {
-                            WIDE => {
-                                let panels = std::array::from_fn(|p| panel(pi + p));
-                                tiles_wide::<T, WIDE>(&tile_a, panels, (q, bl), out)
-                            }
-                            _ => tiles_wide::<T, PAIR>(
-                                &tile_a,
-                                [panel(pi), panel(pi + 1)],
-                                (q, bl),
-                                out,
-                            ),
+                            WIDE => tiles_wide::<T, WIDE>(&tile_a, from_fn(from), (q, bl), out),
+                            _ => tiles_wide::<T, PAIR>(&tile_a, from_fn(from), (q, bl), out),
                         };
                         if done {
                             continue;
@@ -332,7 +326,7 @@ impl<'a, T> RowTile<'a, T> {
     fn in_place(a: &'a [T], k: usize, (first, here): (usize, usize), k0: usize) -> Self {
         RowTile {
             data: a,
-            offsets: std::array::from_fn(|r| (first + r.min(here - 1)) * k + k0),
+            offsets: from_fn(|r| (first + r.min(here - 1)) * k + k0),
             step: 1,
         }
     }
@@ -341,7 +335,7 @@ impl<'a, T> RowTile<'a, T> {
     fn packed(data: &'a [T]) -> Self {
         RowTile {
             data,
-            offsets: std::array::from_fn(|r| r),
+            offsets: from_fn(|r| r),
             step: TILE_M,
         }
     }
@@ -564,7 +558,7 @@ fn pack_b<T: Float>(
             // fixed-size writes of the panel's steps, all in registers or L1.
             let whole_k = kc / TILE_N * TILE_N;
             for s0 in (0..whole_k).step_by(TILE_N) {
-                let square: [[T; TILE_N]; TILE_N] = std::array::from_fn(|cc| {
+                let square: [[T; TILE_N]; TILE_N] = from_fn(|cc| {
                     let at = (p * TILE_N + cc) * k + k0 + s0;
                     b[at..at + TILE_N].try_into().expect("TILE_N elements")
                 });
@@ -573,7 +567,7 @@ fn pack_b<T: Float>(
                     .enumerate()
                 {
                     let dst: &mut [T; TILE_N] = dst.try_into().expect("TILE_N elements");
-                    *dst = std::array::from_fn(|cc| square[cc][kk]);
+                    *dst = from_fn(|cc| square[cc][kk]);
                 }
             }
             for cc in 0..TILE_N {
@@ -673,7 +667,7 @@ mod tests {
             let mut wants = vec![portable];
             wants.extend(others.iter().map(|b| tile_sum(&a, b, q, block_len)));
             let pair = [&b[..], &others[0][..]];
-            let wide: [&[f32]; WIDE] = std::array::from_fn(|p| match p {
+            let wide: [&[f32]; WIDE] = from_fn(|p| match p {
                 0 => &b[..],
                 _ => &others[p - 1][..],
             });
