@@ -1,5 +1,6 @@
 //! A step whose input dies there takes the input's tensor over (no second buffer): a reshape
-//! (no copy), and a bias add or elementwise sum computed over it. The measured peak drops by
+//! (no copy), a bias add or elementwise sum computed over it, and an all-reduce of a whole
+//! slice summed over it. The measured peak drops by
 //! the moved bytes and equals the prediction, and the pass is one device's.
 
 use std::sync::Arc;
@@ -132,4 +133,52 @@ fn a_bias_add_and_a_sum_over_dying_values_compute_in_place_and_the_peak_drops_as
         (loss - want).abs() <= 1e-9 * want.abs().max(1.0),
         "{loss} vs {want}"
     );
+}
+
+#[test]
+fn a_whole_slice_all_reduce_of_a_dying_partial_sum_sums_in_place_as_predicted() {
+    // y = x·w split on the reduction over 2 ranks is a pending sum, read by nothing but its
+    // all-reduce; the square needs it whole. The all-reduce takes y's tensor over.
+    let (rows, k, n) = (32, 64, 128);
+    let mut b = GraphBuilder::with_float_dtype(DType::F64);
+    let x = b.input("x", &[rows, k], DType::F64).unwrap();
+    let w = b.parameter("w", &[k, n], Initializer::normal(0.5)).unwrap();
+    let y = b.matmul("mm", x, w).unwrap();
+    let sq = b.mul("sq", y, y).unwrap();
+    let loss = b.reduce_sum("loss", sq, &[], false).unwrap();
+    let graph = b.finish();
+    let config = ParallelConfig::new(parallel::ParallelMode::SemiAuto, 2)
+        .shard("mm", &[&[1, 2], &[2, 1]])
+        .shard("sq", &[&[1, 1], &[1, 1]]);
+    let program = compile(&graph, loss, &config);
+    let moved = moved_buffers(&program, &lifetimes(&program));
+    let reshard = program
+        .steps
+        .iter()
+        .position(|s| matches!(s, parallel::Step::Reshard(r) if r.plan.is_whole_slice_all_reduce()))
+        .expect("y's pending sum is all-reduced");
+    assert!(moved[reshard].is_some(), "the all-reduce moves: {moved:?}");
+    let input = values(&[rows, k], 1);
+    let state = TrainingState {
+        optimizer_tensors: 0,
+        accumulation_sharded: None,
+        master_weights: false,
+    };
+    let predicted: Vec<MemoryReport> = (0..2).map(|r| predict(&program, r, state)).collect();
+    let shared = Arc::new(program.clone());
+    let measured = LocalCluster::new(2).unwrap().run(|comm| {
+        let world: Arc<dyn Communicator> = Arc::new(comm);
+        let mut exec = RankExecutor::new(shared.clone(), world).unwrap();
+        exec.init_parameters(3).unwrap();
+        let b = exec.box_of(&shared.inputs[0].layout).unwrap();
+        exec.set_input(0, &input.extract_box(&b).unwrap()).unwrap();
+        exec.run().unwrap();
+        exec.memory().report()
+    });
+    // The executor's in-place sum meters what the prediction's move frees and holds.
+    for (rank, m) in measured.into_iter().enumerate() {
+        assert_eq!(m.unwrap(), predicted[rank], "rank {rank}");
+    }
+    // And the pass is one device's.
+    crate::sharded::assert_matches_one_device(&graph, loss, &config, &[input], 1e-12);
 }

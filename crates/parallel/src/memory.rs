@@ -184,15 +184,18 @@ pub fn lifetimes(program: &Program) -> BufferLifetimes {
 }
 
 /// By step: the (input, output) buffers of a step whose output takes over its input's memory
-/// instead of a fresh buffer. Two kinds:
+/// instead of a fresh buffer. Three kinds:
 /// - a `Reshape`, `Flatten` or `StopGradient` (a plain copy of the bytes): the input's tensor
 ///   becomes the output, reshaped;
 /// - an op computed in place over that input ([`graph::Op::computes_in_place_over`]: the bias
 ///   add over `x`, elementwise arithmetic over either operand, neither broadcast) when the
 ///   input's block has the output's shape and is `f32` or `f64`: [`graph::eval_in_place`]
-///   writes the result over it, element by element as `eval_op` pairs the local blocks.
+///   writes the result over it, element by element as `eval_op` pairs the local blocks;
+/// - a reshard that is one all-reduce of every rank's whole slice into the same slice
+///   ([`reshard::ReshardPlan::is_whole_slice_all_reduce`]: model parallel's activation sums), not in a gradient bucket:
+///   the sum is taken in place over the input's tensor.
 ///
-/// In both the input must be neither persistent nor read after the step (its first such
+/// In every kind the input must be neither persistent nor read after the step (its first such
 /// input, for arithmetic), the output not persistent, the step not a recompute, the dtypes
 /// equal. The runtime moves the input's tensor to the output (no allocation) in a
 /// non-pipelined step, and [`predict`] frees the input before holding the output.
@@ -205,8 +208,18 @@ pub fn moved_buffers(
         .iter()
         .enumerate()
         .map(|(i, step)| {
-            let Step::Kernel(k) = step else {
-                return None;
+            let k = match step {
+                Step::Kernel(k) => k,
+                Step::Reshard(r) => {
+                    let (from, to) = (r.from, r.to);
+                    let movable = r.plan.is_whole_slice_all_reduce()
+                        && !program.buckets.iter().any(|b| b.steps.contains(&i))
+                        && !lifetimes.persistent[from]
+                        && !lifetimes.persistent[to]
+                        && lifetimes.release_after[i].contains(&from)
+                        && program.buffers[from].dtype == program.buffers[to].dtype;
+                    return movable.then_some((from, to));
+                }
             };
             let &[to] = k.outputs.as_slice() else {
                 return None;

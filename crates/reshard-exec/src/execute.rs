@@ -160,6 +160,9 @@ impl ReshardRunner {
         let dst = plan.dst();
         let dst_slots = device_slots(dst, me);
         check_inputs(dst, &dst_slots, &out.iter().collect::<Vec<_>>(), dtype)?;
+        if let Some(result) = self.all_reduce_into(plan, local, out) {
+            return result;
+        }
         let reduced: Vec<Tensor>;
         let held: Vec<(usize, &Tensor)> = match plan.reduce() {
             Some(step) => {
@@ -189,6 +192,52 @@ impl ReshardRunner {
             self.exchange(plan, &exchange, &held, &mut out)?;
         }
         Ok(())
+    }
+
+    /// Runs `plan`, one all-reduce of every rank's whole slice into the same slice
+    /// ([`ReshardPlan::is_whole_slice_all_reduce`]), over this rank's `slice` in place: the
+    /// executor hands over a source read by nothing after the reshard, and no copy is made.
+    pub fn all_reduce_in_place(
+        &mut self,
+        plan: &ReshardPlan,
+        slice: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let step = plan
+            .reduce()
+            .filter(|_| plan.is_whole_slice_all_reduce())
+            .ok_or_else(|| ExecError::Unsupported {
+                what: format!(
+                    "an in-place all-reduce of a reshard that is not one ({} to {})",
+                    plan.src(),
+                    plan.dst()
+                ),
+            })?;
+        let slots = device_slots(plan.src().layout(), self.rank());
+        check_inputs(plan.src().layout(), &slots, &[&*slice], plan.dtype())?;
+        let summed = std::mem::replace(slice, Tensor::zeros(slice.dtype(), &[0]));
+        let mut reduced = self.reduce(plan, step.kind.clone(), vec![(slots[0], summed)])?;
+        *slice = reduced.pop().expect("one slice in, one out").1;
+        Ok(())
+    }
+
+    /// A plan that is one all-reduce of this rank's whole slice into the same slice, whose
+    /// source is still read after it: the slice is copied into `out` once and summed there,
+    /// instead of summed in a copy that is then copied again. `None` (nothing done) for any
+    /// other plan.
+    fn all_reduce_into(
+        &mut self,
+        plan: &ReshardPlan,
+        local: &[&Tensor],
+        out: &mut [Tensor],
+    ) -> Option<Result<(), ExecError>> {
+        let ([src], [dst]) = (local, out) else {
+            return None;
+        };
+        if !plan.is_whole_slice_all_reduce() || src.shape() != dst.shape() {
+            return None;
+        }
+        dst.as_bytes_mut().copy_from_slice(src.as_bytes());
+        Some(self.all_reduce_in_place(plan, dst))
     }
 
     /// Sums the partial source within its groups; returns the slices of the reduction's result.
@@ -715,6 +764,59 @@ mod tests {
             })
             .collect();
         Tensor::concat(&parts, 0).unwrap()
+    }
+
+    /// An all-reduce of each rank's whole slice into the same slice is summed in place over a
+    /// handed-over slice, or in `out` after one copy; a reduce-scatter, whose destination is a
+    /// part of the slice, is refused in place and takes the general path. Every rank gets the
+    /// sum.
+    #[test]
+    fn a_whole_slice_all_reduce_is_summed_in_place() {
+        let mesh = layout::Layout::new(&[2], &["tp"], None).unwrap();
+        let bind = |dims: [&str; 2]| {
+            mesh.apply(&[dims[0].into(), dims[1].into()])
+                .unwrap()
+                .bind(&[4, 6])
+                .unwrap()
+        };
+        let src = DistLayout::partial(bind(["None", "None"]), &[0]).unwrap();
+        for (dst, whole) in [
+            (bind(["None", "None"]), true),
+            (bind(["tp", "None"]), false),
+        ] {
+            let plan = Arc::new(plan_from(&src, &dst, DType::F32).unwrap());
+            assert_eq!(plan.is_whole_slice_all_reduce(), whole, "{dst}");
+            let results = comm::LocalCluster::new(2).unwrap().run({
+                let plan = plan.clone();
+                move |comm| -> Result<(Vec<f32>, Vec<f32>), String> {
+                    let rank = comm.rank();
+                    let mut runner = ReshardRunner::new(Arc::new(comm));
+                    // Rank r holds r + 1 + i at element i: the sum is 3 + 2i.
+                    let values: Vec<f32> = (0..24).map(|i| (rank + 1 + i) as f32).collect();
+                    let local = Tensor::from_vec(&[4, 6], values).unwrap();
+                    let mut slice = local.clone();
+                    let in_place = runner.all_reduce_in_place(&plan, &mut slice);
+                    assert_eq!(in_place.is_ok(), whole, "{in_place:?}");
+                    let mut out = vec![Tensor::zeros(DType::F32, &plan.dst().slot_shape(rank))];
+                    runner
+                        .run_into(&plan, &[&local], &mut out)
+                        .map_err(|e| e.to_string())?;
+                    let slice = slice.as_f32().unwrap().to_vec();
+                    Ok((slice, out[0].as_f32().unwrap().to_vec()))
+                }
+            });
+            for (rank, result) in results.into_iter().enumerate() {
+                let (slice, got) = result.unwrap().unwrap();
+                let first = if whole { 0 } else { rank * 12 };
+                let want: Vec<f32> = (first..first + got.len())
+                    .map(|i| (3 + 2 * i) as f32)
+                    .collect();
+                assert_eq!(got, want, "{dst}: rank {rank}");
+                if whole {
+                    assert_eq!(slice, want, "{dst}: rank {rank}, in place");
+                }
+            }
+        }
     }
 
     #[test]

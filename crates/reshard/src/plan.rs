@@ -13,7 +13,7 @@ use layout::{SliceBox, TensorLayout};
 use tensor::DType;
 
 use crate::error::ReshardError;
-use crate::partial::{DistLayout, ReduceStep};
+use crate::partial::{DistLayout, ReduceKind, ReduceStep};
 
 /// One piece of data moved by a plan: `region` (global tensor coordinates) from a source slot to a
 /// destination slot.
@@ -280,6 +280,31 @@ impl ReshardPlan {
         self.reduce
             .as_ref()
             .map_or(self.src.layout(), |r| &r.result)
+    }
+
+    /// Whether the plan is one all-reduce of every rank's whole slice into the same slice of the
+    /// destination (model parallel's activation sums, data parallel's gradients): its pending
+    /// sum is resolved by an all-reduce whose result is already the destination's placement, so
+    /// nothing moves after it and the sum can be taken in place.
+    /// (The meshes may name their axes apart: what counts is that every destination slot gets
+    /// exactly its own device's whole summed slice.)
+    pub fn is_whole_slice_all_reduce(&self) -> bool {
+        let Some(reduce) = self.reduce.as_ref() else {
+            return false;
+        };
+        if reduce.kind != ReduceKind::AllReduce {
+            return false;
+        }
+        let mut filled = vec![false; self.dst.mesh().n_slots()];
+        for t in self.transfers() {
+            let whole = t.is_local()
+                && t.region == reduce.result.slot_box(t.src_slot)
+                && t.region == self.dst.slot_box(t.dst_slot);
+            if !whole || std::mem::replace(&mut filled[t.dst_slot], true) {
+                return false;
+            }
+        }
+        filled.into_iter().all(|f| f)
     }
 
     /// The destination layout.

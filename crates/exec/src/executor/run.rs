@@ -366,7 +366,9 @@ impl RankExecutor {
 
     /// Step `i` as a move of its dying input `from` to its output `to`
     /// ([`parallel::memory::moved_buffers`]); an op computed in place then writes its result
-    /// over the moved tensor ([`graph::eval_in_place`]), timed as its kind when profiling.
+    /// over the moved tensor ([`graph::eval_in_place`]), timed as its kind when profiling; a
+    /// whole-slice all-reduce sums over it, timed as communication. A rank that holds no slice
+    /// of a reshard's source does nothing.
     fn run_moved(
         &mut self,
         program: &Program,
@@ -374,9 +376,26 @@ impl RankExecutor {
         (from, to): (usize, usize),
     ) -> Result<(), ExecError> {
         let started = self.profile.is_some().then(Instant::now);
+        if let Step::Reshard(r) = &program.steps[i] {
+            if !self.holds(r.plan.src().layout()) {
+                return Ok(());
+            }
+        }
         self.move_buffer(i, (from, to))?;
-        let Step::Kernel(k) = &program.steps[i] else {
-            return Ok(());
+        let k = match &program.steps[i] {
+            Step::Kernel(k) => k,
+            Step::Reshard(r) => {
+                // The sum taken over the moved slice: no copy on either side of it.
+                self.runner.set_half_sum(self.half_sums[i]);
+                let mut slice = self.buffers[to].take().expect("the move just put it there");
+                let result = self.runner.all_reduce_in_place(&r.plan, &mut slice);
+                self.buffers[to] = Some(slice);
+                result?;
+                if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+                    p.reshard(t.elapsed());
+                }
+                return Ok(());
+            }
         };
         let Some(input) = k
             .inputs
