@@ -5,6 +5,7 @@
 //! network transfers run as the collectives [`reshard::lower`] found: an all-gather, an all-to-all, or a
 //! variable-sized exchange within each independent group of ranks.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -166,13 +167,14 @@ impl ReshardRunner {
         let reduced: Vec<Tensor>;
         let held: Vec<(usize, &Tensor)> = match plan.reduce() {
             Some(step) => {
-                let owned: Vec<(usize, Tensor)> = src_slots
+                // Borrowed: an all-reduce sums in a copy, a reduce-scatter reads them in place.
+                let sources: Vec<(usize, Cow<'_, Tensor>)> = src_slots
                     .iter()
                     .zip(local)
-                    .map(|(&s, t)| (s, (*t).clone()))
+                    .map(|(&s, &t)| (s, Cow::Borrowed(t)))
                     .collect();
                 reduced = self
-                    .reduce(plan, step.kind.clone(), owned)?
+                    .reduce(plan, step.kind.clone(), sources)?
                     .into_iter()
                     .map(|(_, t)| t)
                     .collect();
@@ -215,7 +217,11 @@ impl ReshardRunner {
         let slots = device_slots(plan.src().layout(), self.rank());
         check_inputs(plan.src().layout(), &slots, &[&*slice], plan.dtype())?;
         let summed = std::mem::replace(slice, Tensor::zeros(slice.dtype(), &[0]));
-        let mut reduced = self.reduce(plan, step.kind.clone(), vec![(slots[0], summed)])?;
+        let mut reduced = self.reduce(
+            plan,
+            step.kind.clone(),
+            vec![(slots[0], Cow::Owned(summed))],
+        )?;
         *slice = reduced.pop().expect("one slice in, one out").1;
         Ok(())
     }
@@ -241,11 +247,13 @@ impl ReshardRunner {
     }
 
     /// Sums the partial source within its groups; returns the slices of the reduction's result.
+    /// An all-reduce sums over an owned slice in place (a borrowed one is copied first); a
+    /// reduce-scatter only reads its slice.
     fn reduce(
         &mut self,
         plan: &ReshardPlan,
         kind: ReduceKind,
-        held: Vec<(usize, Tensor)>,
+        held: Vec<(usize, Cow<'_, Tensor>)>,
     ) -> Result<Vec<(usize, Tensor)>, ExecError> {
         let src = plan.src();
         let mesh = src.layout().mesh();
@@ -260,8 +268,8 @@ impl ReshardRunner {
                 dtype,
                 self.deterministic && step.op == PendingOp::Sum,
             )?;
-            let mut tensor = match widen {
-                true => tensor.to_dtype(DType::F32),
+            let tensor = match widen {
+                true => Cow::Owned(tensor.to_dtype(DType::F32)),
                 false => tensor,
             };
             let narrow = |t: Tensor| if widen { t.to_dtype(dtype) } else { t };
@@ -289,6 +297,7 @@ impl ReshardRunner {
                 let ordered: Vec<usize> = order.iter().map(|&s| mesh.device_of_slot(s)).collect();
                 let group = self.group(&ordered)?;
                 // Reduce-scatter plus all-gather, each chunk's owner adding in the tree.
+                let mut tensor = tensor.into_owned();
                 group.all_reduce_deterministic(&mut tensor, comm_op(step.op))?;
                 let tensor = match kind {
                     ReduceKind::AllReduce => tensor,
@@ -314,6 +323,7 @@ impl ReshardRunner {
             let group = self.group(&ranks)?;
             match kind {
                 ReduceKind::AllReduce => {
+                    let mut tensor = tensor.into_owned();
                     match in_type {
                         true => group.all_reduce_in_element_type(&mut tensor, comm_op(step.op))?,
                         false => group.all_reduce(&mut tensor, comm_op(step.op))?,
@@ -328,7 +338,7 @@ impl ReshardRunner {
                     // itself when no dim before `dim` is longer than 1.
                     let packed;
                     let send = if tensor.shape()[..dim].iter().all(|&d| d == 1) {
-                        &tensor
+                        &*tensor
                     } else {
                         packed = parts_one_after_another(&tensor, dim, n);
                         &packed
