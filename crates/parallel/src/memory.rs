@@ -192,8 +192,8 @@ pub fn lifetimes(program: &Program) -> BufferLifetimes {
 ///   input's block has the output's shape and is `f32` or `f64`: [`graph::eval_in_place`]
 ///   writes the result over it, element by element as `eval_op` pairs the local blocks;
 /// - a reshard that is one all-reduce of every rank's whole slice into the same slice
-///   ([`reshard::ReshardPlan::is_whole_slice_all_reduce`]: model parallel's activation sums), not in a gradient bucket:
-///   the sum is taken in place over the input's tensor.
+///   ([`reshard::ReshardPlan::is_whole_slice_all_reduce`]: model parallel's activation sums),
+///   not in a gradient bucket: the sum is taken in place over the input's tensor.
 ///
 /// In every kind the input must be neither persistent nor read after the step (its first such
 /// input, for arithmetic), the output not persistent, the step not a recompute, the dtypes
