@@ -384,8 +384,8 @@ impl ReshardRunner {
                 let sends = sends_to(peer);
                 if !sends.is_empty() {
                     let mut buf = Vec::new();
-                    pack(&sends, &mut buf);
-                    self.world.send_bytes(peer, tag, &buf)?;
+                    let bytes = packed(plan, &sends, held, &mut buf);
+                    self.world.send_bytes(peer, tag, bytes)?;
                 }
             }
             for &peer in exchange.ranks.iter().filter(|&&p| p != me) {
@@ -416,10 +416,10 @@ impl ReshardRunner {
         match exchange.kind {
             ExchangeKind::AllGather => {
                 let mine = sends_to(ranks[(my_index + 1) % n]);
-                let mut send = Vec::new();
-                pack(&mine, &mut send);
+                let mut buf = Vec::new();
+                let send = packed(plan, &mine, held, &mut buf);
                 let mut recv = vec![0u8; send.len() * n];
-                self.group(&ranks)?.all_gather_bytes(&send, &mut recv)?;
+                self.group(&ranks)?.all_gather_bytes(send, &mut recv)?;
                 let chunk = send.len();
                 for (j, &peer) in ranks.iter().enumerate() {
                     if peer != me {
@@ -504,6 +504,28 @@ pub(crate) fn copy_local(
             &t.region,
         );
     }
+}
+
+/// The regions of `transfers` (sent by this rank) packed one after another: the source slice
+/// itself when they are one whole box of it (a row-major slice is its own packing, so nothing
+/// is copied), else [`pack`]ed into `buf`.
+fn packed<'a>(
+    plan: &ReshardPlan,
+    transfers: &[&Transfer],
+    held: &[(usize, &'a Tensor)],
+    buf: &'a mut Vec<u8>,
+) -> &'a [u8] {
+    if let [t] = transfers {
+        let whole = held
+            .iter()
+            .find(|(s, _)| *s == t.src_slot)
+            .filter(|_| t.region == plan.moved_from().slot_box(t.src_slot));
+        if let Some((_, src)) = whole {
+            return src.as_bytes();
+        }
+    }
+    pack(plan, transfers, held, buf);
+    buf
 }
 
 /// Appends the regions of `transfers` (sent by this rank) to `buf`, one after another, each
@@ -826,6 +848,37 @@ mod tests {
                     assert_eq!(slice, want, "{dst}: rank {rank}, in place");
                 }
             }
+        }
+    }
+
+    /// A rank's whole slice is sent as it is (no copy); part of it is packed.
+    #[test]
+    fn a_whole_slice_is_its_own_packing() {
+        let mesh = layout::Layout::new(&[2], &["d"], None).unwrap();
+        let bind = |dims: [&str; 2]| {
+            mesh.apply(&[dims[0].into(), dims[1].into()])
+                .unwrap()
+                .bind(&[4, 6])
+                .unwrap()
+        };
+        let src = bind(["d", "None"]);
+        let slice = Tensor::from_vec(&[2, 6], (0..12).map(|i| i as f32).collect()).unwrap();
+        let held = [(0, &slice)];
+        // Gathered whole: rank 0 sends rank 1 its whole slice.
+        for (dst, whole) in [(bind(["None", "None"]), true), (bind(["None", "d"]), false)] {
+            let plan = plan_from(&src.clone().into(), &dst, DType::F32).unwrap();
+            let sends = plan.transfers_of(0);
+            let to_peer: Vec<&Transfer> = sends.iter().filter(|t| t.dst_rank == 1).collect();
+            let mut buf = Vec::new();
+            let bytes = packed(&plan, &to_peer, &held, &mut buf);
+            assert_eq!(
+                std::ptr::eq(bytes.as_ptr(), slice.as_bytes().as_ptr()),
+                whole,
+                "{dst}"
+            );
+            let mut want = Vec::new();
+            pack(&plan, &to_peer, &held, &mut want);
+            assert_eq!(bytes, &want[..], "{dst}");
         }
     }
 
