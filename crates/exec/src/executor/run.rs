@@ -217,7 +217,7 @@ impl RankExecutor {
             }
         }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-            p.reshard(t.elapsed());
+            p.reshard(crate::profile::FUSED_BUCKETS, t.elapsed());
         }
         Ok(())
     }
@@ -288,7 +288,7 @@ impl RankExecutor {
             .release(MemoryCategory::Communication, src.as_bytes().len());
         self.buffers[r.to] = Some(dst);
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-            p.reshard(t.elapsed());
+            p.reshard(crate::profile::PREFETCHED_GATHERS, t.elapsed());
         }
         Ok(())
     }
@@ -305,7 +305,7 @@ impl RankExecutor {
                 .release(MemoryCategory::Communication, packed.bytes());
         }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-            p.reshard(t.elapsed());
+            p.reshard(crate::profile::FUSED_BUCKETS, t.elapsed());
         }
         Ok(())
     }
@@ -392,7 +392,10 @@ impl RankExecutor {
                 self.buffers[to] = Some(slice);
                 result?;
                 if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-                    p.reshard(t.elapsed());
+                    p.reshard(
+                        crate::profile::reshard_kind(&r.plan, self.rank),
+                        t.elapsed(),
+                    );
                 }
                 return Ok(());
             }
@@ -545,10 +548,13 @@ impl RankExecutor {
                 Step::Kernel(k) => {
                     p.kernel(k.op.kind(), t.elapsed().saturating_sub(ring_wait));
                     if !ring_wait.is_zero() {
-                        p.reshard(ring_wait);
+                        p.reshard(crate::profile::RING_WAITS, ring_wait);
                     }
                 }
-                Step::Reshard(_) => p.reshard(t.elapsed()),
+                Step::Reshard(r) => p.reshard(
+                    crate::profile::reshard_kind(&r.plan, self.rank),
+                    t.elapsed(),
+                ),
             }
         }
         Ok(())
