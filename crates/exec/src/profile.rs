@@ -29,7 +29,7 @@ pub struct StepProfile {
     /// Reshard time (collectives and local copies).
     pub reshards: Tally,
     /// Reshard time by what the reshard runs on this rank (`all-reduce`, `all-gather`, …: see
-    /// [`reshard_kind`]).
+    /// [`reshard::ReshardPlan::collective_on`]).
     pub reshard_kinds: BTreeMap<&'static str, Tally>,
     /// Program runs recorded.
     pub runs: u64,
@@ -41,7 +41,8 @@ impl StepProfile {
         self.kernels.entry(kind).or_default().add(time);
     }
 
-    /// Records a reshard of `kind` ([`reshard_kind`]) that took `time`.
+    /// Records a reshard of `kind` ([`reshard::ReshardPlan::collective_on`], or one of the kinds
+    /// below) that took `time`.
     pub fn reshard(&mut self, kind: &'static str, time: Duration) {
         self.reshards.add(time);
         self.reshard_kinds.entry(kind).or_default().add(time);
@@ -99,26 +100,6 @@ impl StepProfile {
     }
 }
 
-/// What `plan` runs on `rank`, for the profile: its pending sum's collective
-/// (`all-reduce`, `reduce-scatter`), else its exchange's (`all-gather`, `all-to-all`,
-/// `point-to-point`), else `local copy`; a ring attention's waits are `ring waits`.
-pub fn reshard_kind(plan: &reshard::ReshardPlan, rank: usize) -> &'static str {
-    use reshard::{ExchangeKind, ReduceKind};
-    match (
-        plan.reduce().map(|r| &r.kind),
-        reshard::lower_for(plan, rank),
-    ) {
-        (Some(ReduceKind::AllReduce), _) => "all-reduce",
-        (Some(ReduceKind::ReduceScatter { .. }), _) => "reduce-scatter",
-        (None, Some(e)) => match e.kind {
-            ExchangeKind::AllGather => "all-gather",
-            ExchangeKind::AllToAll => "all-to-all",
-            ExchangeKind::PointToPoint => "point-to-point",
-        },
-        (None, None) => "local copy",
-    }
-}
-
 /// The kind ring attention's waits for key/value blocks are profiled as.
 pub const RING_WAITS: &str = "ring waits";
 /// The kind gradient buckets (`[parallel.comm_fusion]`) are profiled as, run or collected.
@@ -129,34 +110,11 @@ pub const PREFETCHED_GATHERS: &str = "prefetched gathers";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reshard::{plan_from, DistLayout};
-    use tensor::DType;
 
-    /// Each kind of reshard is named by what it runs, and the table lists each kind's time and
-    /// count per run under the reshards' total.
+    /// The table lists each kind of reshard's time and count per run under the reshards'
+    /// total.
     #[test]
     fn reshards_are_tallied_by_what_they_run() {
-        let mesh = layout::Layout::new(&[2], &["d"], None).unwrap();
-        let bind = |dims: [&str; 2]| {
-            mesh.apply(&[dims[0].into(), dims[1].into()])
-                .unwrap()
-                .bind(&[4, 6])
-                .unwrap()
-        };
-        let whole = bind(["None", "None"]);
-        let rows = bind(["d", "None"]);
-        let partial = DistLayout::partial(whole.clone(), &[0]).unwrap();
-        let cases = [
-            (partial.clone(), whole.clone(), "all-reduce"),
-            (partial, rows.clone(), "reduce-scatter"),
-            (rows.clone().into(), whole.clone(), "all-gather"),
-            (rows.clone().into(), bind(["None", "d"]), "all-to-all"),
-            (whole.clone().into(), rows, "local copy"),
-        ];
-        for (src, dst, want) in cases {
-            let plan = plan_from(&src, &dst, DType::F32).unwrap();
-            assert_eq!(reshard_kind(&plan, 0), want, "{src} to {dst}");
-        }
         let mut profile = StepProfile {
             runs: 2,
             ..StepProfile::default()

@@ -183,6 +183,20 @@ pub fn lifetimes(program: &Program) -> BufferLifetimes {
     }
 }
 
+/// Whether step `i`'s output `to` may take over its input `from`: neither persistent, `from` read
+/// by nothing after the step, the dtypes equal (what every kind of [`moved_buffers`] needs).
+fn takes_over(
+    program: &Program,
+    lifetimes: &BufferLifetimes,
+    i: usize,
+    (from, to): (usize, usize),
+) -> bool {
+    !lifetimes.persistent[from]
+        && !lifetimes.persistent[to]
+        && lifetimes.release_after[i].contains(&from)
+        && program.buffers[from].dtype == program.buffers[to].dtype
+}
+
 /// By step: the (input, output) buffers of a step whose output takes over its input's memory
 /// instead of a fresh buffer. Three kinds:
 /// - a `Reshape`, `Flatten` or `StopGradient` (a plain copy of the bytes): the input's tensor
@@ -211,26 +225,17 @@ pub fn moved_buffers(
             let k = match step {
                 Step::Kernel(k) => k,
                 Step::Reshard(r) => {
-                    let (from, to) = (r.from, r.to);
                     let movable = r.plan.is_whole_slice_all_reduce()
                         && !program.buckets.iter().any(|b| b.steps.contains(&i))
-                        && !lifetimes.persistent[from]
-                        && !lifetimes.persistent[to]
-                        && lifetimes.release_after[i].contains(&from)
-                        && program.buffers[from].dtype == program.buffers[to].dtype;
-                    return movable.then_some((from, to));
+                        && takes_over(program, lifetimes, i, (r.from, r.to));
+                    return movable.then_some((r.from, r.to));
                 }
             };
             let &[to] = k.outputs.as_slice() else {
                 return None;
             };
-            let movable = |from: usize| {
-                !k.recompute
-                    && !lifetimes.persistent[from]
-                    && !lifetimes.persistent[to]
-                    && lifetimes.release_after[i].contains(&from)
-                    && program.buffers[from].dtype == program.buffers[to].dtype
-            };
+            let movable =
+                |from: usize| !k.recompute && takes_over(program, lifetimes, i, (from, to));
             let copies = matches!(
                 k.op,
                 graph::Op::Reshape { .. } | graph::Op::Flatten { .. } | graph::Op::StopGradient

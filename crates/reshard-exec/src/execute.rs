@@ -798,23 +798,26 @@ mod tests {
         Tensor::concat(&parts, 0).unwrap()
     }
 
+    /// A `[4, 6]` layout over a mesh of 2 devices named `d`, its dims mapped as `map`.
+    fn on_two(map: [&str; 2]) -> TensorLayout {
+        layout::Layout::new(&[2], &["d"], None)
+            .unwrap()
+            .apply(&[map[0].into(), map[1].into()])
+            .unwrap()
+            .bind(&[4, 6])
+            .unwrap()
+    }
+
     /// An all-reduce of each rank's whole slice into the same slice is summed in place over a
     /// handed-over slice, or in `out` after one copy; a reduce-scatter, whose destination is a
     /// part of the slice, is refused in place and takes the general path. Every rank gets the
     /// sum.
     #[test]
     fn a_whole_slice_all_reduce_is_summed_in_place() {
-        let mesh = layout::Layout::new(&[2], &["tp"], None).unwrap();
-        let bind = |dims: [&str; 2]| {
-            mesh.apply(&[dims[0].into(), dims[1].into()])
-                .unwrap()
-                .bind(&[4, 6])
-                .unwrap()
-        };
-        let src = DistLayout::partial(bind(["None", "None"]), &[0]).unwrap();
+        let src = DistLayout::partial(on_two(["None", "None"]), &[0]).unwrap();
         for (dst, whole) in [
-            (bind(["None", "None"]), true),
-            (bind(["tp", "None"]), false),
+            (on_two(["None", "None"]), true),
+            (on_two(["d", "None"]), false),
         ] {
             let plan = Arc::new(plan_from(&src, &dst, DType::F32).unwrap());
             assert_eq!(plan.is_whole_slice_all_reduce(), whole, "{dst}");
@@ -854,18 +857,14 @@ mod tests {
     /// A rank's whole slice is sent as it is (no copy); part of it is packed.
     #[test]
     fn a_whole_slice_is_its_own_packing() {
-        let mesh = layout::Layout::new(&[2], &["d"], None).unwrap();
-        let bind = |dims: [&str; 2]| {
-            mesh.apply(&[dims[0].into(), dims[1].into()])
-                .unwrap()
-                .bind(&[4, 6])
-                .unwrap()
-        };
-        let src = bind(["d", "None"]);
+        let src = on_two(["d", "None"]);
         let slice = Tensor::from_vec(&[2, 6], (0..12).map(|i| i as f32).collect()).unwrap();
         let held = [(0, &slice)];
         // Gathered whole: rank 0 sends rank 1 its whole slice.
-        for (dst, whole) in [(bind(["None", "None"]), true), (bind(["None", "d"]), false)] {
+        for (dst, whole) in [
+            (on_two(["None", "None"]), true),
+            (on_two(["None", "d"]), false),
+        ] {
             let plan = plan_from(&src.clone().into(), &dst, DType::F32).unwrap();
             let sends = plan.transfers_of(0);
             let to_peer: Vec<&Transfer> = sends.iter().filter(|t| t.dst_rank == 1).collect();

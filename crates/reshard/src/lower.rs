@@ -22,13 +22,20 @@ pub enum ExchangeKind {
     PointToPoint,
 }
 
-impl fmt::Display for ExchangeKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl ExchangeKind {
+    /// The collective's name (`all-gather`, `all-to-all`, `point-to-point`).
+    pub fn name(self) -> &'static str {
+        match self {
             ExchangeKind::AllGather => "all-gather",
             ExchangeKind::AllToAll => "all-to-all",
             ExchangeKind::PointToPoint => "point-to-point",
-        })
+        }
+    }
+}
+
+impl fmt::Display for ExchangeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

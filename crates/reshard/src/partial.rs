@@ -184,6 +184,16 @@ pub enum ReduceKind {
     },
 }
 
+impl ReduceKind {
+    /// The collective's name (`all-reduce`, `reduce-scatter`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReduceKind::AllReduce => "all-reduce",
+            ReduceKind::ReduceScatter { .. } => "reduce-scatter",
+        }
+    }
+}
+
 /// The first step of a plan from a partial source: reduce (sum or max) within each partial group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReduceStep {

@@ -307,6 +307,17 @@ impl ReshardPlan {
         filled.into_iter().all(|f| f)
     }
 
+    /// What the plan runs on `rank`, by name: its pending sum's collective (`all-reduce`,
+    /// `reduce-scatter`), else its exchange's (`all-gather`, `all-to-all`, `point-to-point`),
+    /// else `local copy`.
+    pub fn collective_on(&self, rank: usize) -> &'static str {
+        match (&self.reduce, crate::lower::lower_for(self, rank)) {
+            (Some(reduce), _) => reduce.kind.name(),
+            (None, Some(exchange)) => exchange.kind.name(),
+            (None, None) => "local copy",
+        }
+    }
+
     /// The destination layout.
     pub fn dst(&self) -> &TensorLayout {
         &self.dst
@@ -508,9 +519,9 @@ impl ReshardPlan {
                 let ranks: Vec<usize> = group.iter().map(|&s| mesh.device_of_slot(s)).collect();
                 let op = step.op.name();
                 let what = match step.kind {
-                    crate::partial::ReduceKind::AllReduce => format!("all-reduce ({op})"),
+                    crate::partial::ReduceKind::AllReduce => format!("{} ({op})", step.kind.name()),
                     crate::partial::ReduceKind::ReduceScatter { dim } => {
-                        format!("reduce-scatter ({op}) along dim {dim}")
+                        format!("{} ({op}) along dim {dim}", step.kind.name())
                     }
                 };
                 let parts = match step.op {
@@ -706,6 +717,26 @@ mod tests {
     use super::*;
     use crate::test_util::tl;
     use layout::Layout;
+
+    /// Each kind of plan is named by what it runs.
+    #[test]
+    fn a_plan_is_named_by_the_collective_it_runs() {
+        let on_two = |map: [&str; 2]| tl(&[2], &["d"], &map, &[4, 6]);
+        let whole = on_two(["None", "None"]);
+        let rows = on_two(["d", "None"]);
+        let partial = DistLayout::partial(whole.clone(), &[0]).unwrap();
+        let cases = [
+            (partial.clone(), whole.clone(), "all-reduce"),
+            (partial, rows.clone(), "reduce-scatter"),
+            (rows.clone().into(), whole.clone(), "all-gather"),
+            (rows.clone().into(), on_two(["None", "d"]), "all-to-all"),
+            (whole.clone().into(), rows, "local copy"),
+        ];
+        for (src, dst, want) in cases {
+            let p = plan_from(&src, &dst, DType::F32).unwrap();
+            assert_eq!(p.collective_on(0), want, "{src} to {dst}");
+        }
+    }
 
     /// `transfers_of(r)` is exactly the plan's transfers `r` sends or receives, local copies
     /// included, in plan order.

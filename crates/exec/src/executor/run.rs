@@ -392,10 +392,7 @@ impl RankExecutor {
                 self.buffers[to] = Some(slice);
                 result?;
                 if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-                    p.reshard(
-                        crate::profile::reshard_kind(&r.plan, self.rank),
-                        t.elapsed(),
-                    );
+                    p.reshard(r.plan.collective_on(self.rank), t.elapsed());
                 }
                 return Ok(());
             }
@@ -551,10 +548,7 @@ impl RankExecutor {
                         p.reshard(crate::profile::RING_WAITS, ring_wait);
                     }
                 }
-                Step::Reshard(r) => p.reshard(
-                    crate::profile::reshard_kind(&r.plan, self.rank),
-                    t.elapsed(),
-                ),
+                Step::Reshard(r) => p.reshard(r.plan.collective_on(self.rank), t.elapsed()),
             }
         }
         Ok(())
