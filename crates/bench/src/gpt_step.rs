@@ -33,7 +33,7 @@ pub struct GptStepRequest {
     pub layers: usize,
     /// Width of the residual stream.
     pub hidden: usize,
-    /// Report where rank 0's step time goes.
+    /// Report where rank 0's step time goes (with `deterministic`, in that mode too).
     pub profile: bool,
     /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical
     /// blocks), its steps interleaved with ordinary ones.
@@ -645,6 +645,9 @@ pub fn gpt_step(
                 deterministic: true,
                 ..Variant::PLAIN
             };
+            if request.profile {
+                bench.measure(split, &det_label, (true, Reduction::Plain), (false, 1))?;
+            }
             let ratios = bench.variant_ratios(split, (label, &det_label), det)?;
             bench.push(GptStepLine::Deterministic(ratios));
         }
@@ -855,6 +858,42 @@ mod tests {
                 "{layers} layers of width {hidden}: {err}"
             );
         }
+    }
+
+    /// `--profile --deterministic`: rank 0's step is broken down in deterministic mode too, and
+    /// that breakdown shows deterministic mode's own ops (the canonical loss's reductions).
+    #[test]
+    fn a_profiled_deterministic_run_is_broken_down_too() {
+        let request = GptStepRequest {
+            steps: 1,
+            layers: 1,
+            hidden: 32,
+            profile: true,
+            deterministic: true,
+            rounds: 1,
+            fusion: false,
+            clip: false,
+            threads: 1,
+            context_parallel_seq: None,
+            sequence_parallel: false,
+            one_rank: true,
+        };
+        let report = gpt_step(&request, &mut crate::Silent).unwrap();
+        let table = |label: &str| {
+            report.0.iter().find_map(|line| match line {
+                GptStepLine::Run(run) if run.label == label => {
+                    run.breakdown.as_ref().map(|b| b.table.clone())
+                }
+                _ => None,
+            })
+        };
+        let ordinary = table("1 rank").expect("the ordinary step is broken down");
+        let deterministic = table("1 rank, deterministic").expect("so is the deterministic one");
+        assert!(deterministic.contains("BatchMatMul"), "{deterministic}");
+        assert!(
+            deterministic.contains("ReduceSum") && !ordinary.contains("ReduceSum"),
+            "{ordinary}\n{deterministic}"
+        );
     }
 
     /// A 1-rank and a 2-rank program interleaved: each takes every step, the 1-rank one on rank

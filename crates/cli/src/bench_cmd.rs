@@ -157,7 +157,7 @@ struct GptStepArgs {
     /// Width of the residual stream.
     #[arg(long, default_value_t = 256)]
     hidden: usize,
-    /// Print where rank 0's step time goes.
+    /// Print where rank 0's step time goes (with `--deterministic`, in deterministic mode too).
     #[arg(long)]
     profile: bool,
     /// Also time every configuration in deterministic mode (`train.deterministic`, 16 canonical

@@ -53,7 +53,7 @@ impl GemmShape {
     }
 
     /// (row stride, column stride) of `A` as an `m×k` matrix.
-    fn a_strides(&self) -> (isize, isize) {
+    pub fn a_strides(&self) -> (isize, isize) {
         if self.trans_a {
             (1, self.m as isize)
         } else {
@@ -62,7 +62,7 @@ impl GemmShape {
     }
 
     /// (row stride, column stride) of `B` as a `k×n` matrix.
-    fn b_strides(&self) -> (isize, isize) {
+    pub fn b_strides(&self) -> (isize, isize) {
         if self.trans_b {
             (1, self.k as isize)
         } else {
@@ -243,35 +243,41 @@ fn gemm_crate<T: Float>(
     let (b_rs, b_cs) = shape.b_strides();
     let (c_rs, c_cs) = c_strides;
     let (a_ptr, b_ptr, c_ptr) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-    // One band of the output: rows `rows` and columns `cols` of C.
+    let chunk = reduction_chunk(&shape);
+    // One band of the output: rows `rows` and columns `cols` of C, over the reduction's chunks
+    // in order (the first writes `β·C + α·part`, each later one adds its `α·part`).
     let band = |rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
-        // SAFETY: the caller checked that `a`, `b` and `c` hold m·k, k·n and m·n elements,
-        // which every (row, col) at these strides addresses; a band's offsets start inside
-        // them and it addresses a sub-matrix; bands of one call are disjoint in `c`, which is
-        // borrowed mutably and cannot alias `a` or `b`.
-        unsafe {
-            // The crate computes dst ← α'·dst + β'·lhs·rhs: its α is our β and vice versa.
-            gemm::gemm(
-                rows.len(),
-                cols.len(),
-                shape.k,
-                c_ptr.offset(rows.start as isize * c_rs + cols.start as isize * c_cs),
-                c_cs,
-                c_rs,
-                beta != T::ZERO,
-                a_ptr.offset(rows.start as isize * a_rs),
-                a_cs,
-                a_rs,
-                b_ptr.offset(cols.start as isize * b_cs),
-                b_cs,
-                b_rs,
-                beta,
-                alpha,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            )
+        for k0 in (0..shape.k).step_by(chunk) {
+            let (first, kc) = (k0 == 0, chunk.min(shape.k - k0));
+            let beta = if first { beta } else { T::ONE };
+            // SAFETY: the caller checked that `a`, `b` and `c` hold m·k, k·n and m·n elements,
+            // which every (row, col, reduction step) at these strides addresses; a band's and
+            // a chunk's offsets start inside them and address a sub-matrix; bands of one call
+            // are disjoint in `c`, which is borrowed mutably and cannot alias `a` or `b`.
+            unsafe {
+                // The crate computes dst ← α'·dst + β'·lhs·rhs: its α is our β and vice versa.
+                gemm::gemm(
+                    rows.len(),
+                    cols.len(),
+                    kc,
+                    c_ptr.offset(rows.start as isize * c_rs + cols.start as isize * c_cs),
+                    c_cs,
+                    c_rs,
+                    beta != T::ZERO,
+                    a_ptr.offset(rows.start as isize * a_rs + k0 as isize * a_cs),
+                    a_cs,
+                    a_rs,
+                    b_ptr.offset(cols.start as isize * b_cs + k0 as isize * b_rs),
+                    b_cs,
+                    b_rs,
+                    beta,
+                    alpha,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
         }
     };
     let (m, n) = (shape.m, shape.n);
@@ -330,6 +336,26 @@ pub fn solo_band_rows() -> usize {
 fn band_rows_for_l2(l2_bytes: usize) -> usize {
     (l2_bytes / 1024).next_multiple_of(64).max(256)
 }
+
+/// Reduction steps one `gemm` crate call covers: a weight gradient's product (`op(A) = Aᵀ`, a
+/// long reduction over the batch's rows, `B` plain) in calls of [`GRADIENT_CHUNK`] steps, each
+/// adding into `C`; every other product in one call.
+///
+/// Measured with `cargo bench -p tessera-tensor --bench bands` (one thread, cold caches): on an
+/// Intel Xeon (AVX-512, 2 MiB of L2) the GPT's weight gradients (`dYᵀ·X` over 2,048 rows) ran
+/// 1.03–1.05× faster in chunks of 128 steps than in one call, and chunks of 512 no faster; the
+/// forward and `dX` products, whose reductions are 256–1,024 long, lost 7–14 % in chunks of 128.
+/// See `docs/PERFORMANCE.md`.
+fn reduction_chunk(shape: &GemmShape) -> usize {
+    if shape.trans_a && !shape.trans_b && shape.k >= 8 * GRADIENT_CHUNK {
+        GRADIENT_CHUNK
+    } else {
+        shape.k.max(1)
+    }
+}
+
+/// The chunk of a weight gradient's reduction ([`reduction_chunk`]).
+const GRADIENT_CHUNK: usize = 128;
 
 /// A band closure shared by the threads: it only reads its captured pointers, and the bands
 /// write disjoint parts of the output.

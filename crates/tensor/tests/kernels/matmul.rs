@@ -6,8 +6,9 @@ use tensor::{DType, Tensor, TensorError};
 
 use super::reference::{self as r, assert_close, assert_close_f32, Rng};
 
-/// (m, n, k): ones, odd sizes, non-multiples of every SIMD width, and an MLP-like shape.
-const SHAPES: [(usize, usize, usize); 8] = [
+/// (m, n, k): ones, odd sizes, non-multiples of every SIMD width, an MLP-like shape, and a
+/// weight gradient's long reduction (summed in chunks, the last one short).
+const SHAPES: [(usize, usize, usize); 9] = [
     (1, 1, 1),
     (1, 17, 3),
     (3, 1, 17),
@@ -16,6 +17,7 @@ const SHAPES: [(usize, usize, usize); 8] = [
     (32, 10, 64),
     (40, 3, 129),
     (33, 65, 31),
+    (9, 33, 1100),
 ];
 
 #[test]
