@@ -55,6 +55,17 @@ impl<'a> Buf<'a> {
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
     }
+
+    /// The first `len` elements (all of them when there are fewer).
+    pub fn prefix(self, len: usize) -> Buf<'a> {
+        let end = len
+            .saturating_mul(self.dtype.size_in_bytes())
+            .min(self.bytes.len());
+        Buf {
+            dtype: self.dtype,
+            bytes: &self.bytes[..end],
+        }
+    }
 }
 
 impl<'a> BufMut<'a> {

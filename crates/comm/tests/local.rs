@@ -344,3 +344,22 @@ fn half_precision_sums_in_the_element_type_round_after_every_addition_in_rank_or
         }
     }
 }
+
+/// A rank that reaches a collective before its peer accumulates the wait in its thread's
+/// [`comm::thread_wait_time`]; the peer that arrives last (its wait already over) gains far
+/// less.
+#[test]
+fn the_rank_that_waits_for_its_peer_counts_the_wait() {
+    let late = Duration::from_millis(80);
+    let grown = LocalCluster::new(2).unwrap().run(move |comm| {
+        let before = comm::thread_wait_time();
+        if comm.rank() == 1 {
+            std::thread::sleep(late);
+        }
+        comm.barrier().unwrap();
+        comm::thread_wait_time() - before
+    });
+    let grown: Vec<Duration> = grown.into_iter().map(Result::unwrap).collect();
+    assert!(grown[0] >= late / 2, "rank 0 waited {:?}", grown[0]);
+    assert!(grown[1] < grown[0] / 2, "{grown:?}");
+}

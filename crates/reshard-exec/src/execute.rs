@@ -35,6 +35,31 @@ pub struct ReshardRunner {
     messages: Option<Tag>,
     /// How pending sums of half-precision (bf16, f16) values are added.
     half_sum: HalfSum,
+    /// Space kept between runs.
+    space: KeptSpace,
+}
+
+/// Space a runner keeps between runs (it only grows): a training step runs the same reshards
+/// every time, so each is allocated once.
+#[derive(Default)]
+struct KeptSpace {
+    /// Where a reduce-scatter packs its parts.
+    pack: Option<Tensor>,
+    /// Where an all-gather receives.
+    gather: Vec<u8>,
+}
+
+impl std::fmt::Debug for KeptSpace {
+    /// The sizes, not the bytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptSpace")
+            .field(
+                "pack_bytes",
+                &self.pack.as_ref().map_or(0, |t| t.as_bytes().len()),
+            )
+            .field("gather_bytes", &self.gather.len())
+            .finish()
+    }
 }
 
 impl ReshardRunner {
@@ -46,6 +71,7 @@ impl ReshardRunner {
             deterministic: false,
             messages: None,
             half_sum: HalfSum::default(),
+            space: KeptSpace::default(),
         }
     }
 
@@ -164,6 +190,9 @@ impl ReshardRunner {
         if let Some(result) = self.all_reduce_into(plan, local, out) {
             return result;
         }
+        if let Some(result) = self.reduce_scatter_into(plan, local, out) {
+            return result;
+        }
         let reduced: Vec<Tensor>;
         let held: Vec<(usize, &Tensor)> = match plan.reduce() {
             Some(step) => {
@@ -246,6 +275,73 @@ impl ReshardRunner {
         Some(self.all_reduce_in_place(plan, dst))
     }
 
+    /// A plan whose reduce-scatter leaves this rank's part exactly where the destination wants
+    /// it ([`ReshardPlan::is_whole_slice_reduce_on`]; sequence parallel's sums of partial
+    /// activations): the part is summed straight into `out`, from the parts packed into the
+    /// runner's kept space. `None` (nothing done) for any other plan, and in the modes that sum
+    /// otherwise (deterministic sums, half-precision values widened to f32).
+    fn reduce_scatter_into(
+        &mut self,
+        plan: &ReshardPlan,
+        local: &[&Tensor],
+        out: &mut [Tensor],
+    ) -> Option<Result<(), ExecError>> {
+        let step = plan.reduce()?;
+        let ReduceKind::ReduceScatter { dim } = step.kind else {
+            return None;
+        };
+        let ([src], [dst]) = (local, out) else {
+            return None;
+        };
+        let dtype = src.dtype();
+        let canonical = self.deterministic && step.op == PendingOp::Sum;
+        if canonical || self.half_sum.widens(dtype) || !plan.is_whole_slice_reduce_on(self.rank()) {
+            return None;
+        }
+        let slot = device_slots(plan.src().layout(), self.rank())[0];
+        Some(self.reduce_scatter_part(plan, slot, (src, dim), dst))
+    }
+
+    /// Reduce-scatters this rank's partial sum `src` (source slot `slot`) along `dim` within
+    /// its group into `part`, this member's part: the parts are packed one after another into
+    /// the kept space (read in place when nothing precedes `dim`), and `part` is overwritten.
+    fn reduce_scatter_part(
+        &mut self,
+        plan: &ReshardPlan,
+        slot: usize,
+        (src, dim): (&Tensor, usize),
+        part: &mut Tensor,
+    ) -> Result<(), ExecError> {
+        let step = plan.reduce().expect("called with a reduce step");
+        let ranks = sum_group(plan, slot)?;
+        let n = ranks.len();
+        let in_type = self.half_sum.rounds_every_addition(src.dtype());
+        let mut space = self.space.pack.take();
+        let send = if src.shape()[..dim].iter().all(|&d| d == 1) {
+            Buf::from_tensor(src)
+        } else {
+            let fits = space
+                .as_ref()
+                .is_some_and(|s| s.dtype() == src.dtype() && s.n_elements() >= src.n_elements());
+            if !fits {
+                space = Some(Tensor::zeros(src.dtype(), &[src.n_elements()]));
+            }
+            let space = space.as_mut().expect("made above");
+            parts_one_after_another(src, dim, n, space.as_bytes_mut());
+            Buf::from_tensor(space).prefix(src.n_elements())
+        };
+        let counts = vec![part.n_elements(); n];
+        let op = comm_op(step.op);
+        let group = self.group(&ranks)?;
+        let recv = BufMut::from_tensor(part);
+        let result = match in_type {
+            true => group.reduce_scatter_in_element_type_v(send, recv, &counts, op),
+            false => group.reduce_scatter_v(send, recv, &counts, op),
+        };
+        self.space.pack = space;
+        Ok(result?)
+    }
+
     /// Sums the partial source within its groups; returns the slices of the reduction's result.
     /// An all-reduce sums over an owned slice in place (a borrowed one is copied first); a
     /// reduce-scatter only reads its slice.
@@ -273,25 +369,8 @@ impl ReshardRunner {
                 false => tensor,
             };
             let narrow = |t: Tensor| if widen { t.to_dtype(dtype) } else { t };
-            let group_slots = step
-                .slot_groups
-                .iter()
-                .find(|g| g.contains(&slot))
-                .expect("every slot is in one partial group");
-            let ranks: Vec<usize> = group_slots
-                .iter()
-                .map(|&s| mesh.device_of_slot(s))
-                .collect();
-            let mut unique = ranks.clone();
-            unique.sort_unstable();
-            unique.dedup();
-            if unique.len() != ranks.len() {
-                return Err(ExecError::Unsupported {
-                    what: format!(
-                        "a pending sum over an interleaved axis ({src}): one device holds two of its parts"
-                    ),
-                });
-            }
+            let group_slots = group_of(plan, slot);
+            let ranks = sum_group(plan, slot)?;
             if self.deterministic && step.op == PendingOp::Sum {
                 let order = src.canonical_member_order(group_slots);
                 let ordered: Vec<usize> = order.iter().map(|&s| mesh.device_of_slot(s)).collect();
@@ -331,30 +410,10 @@ impl ReshardRunner {
                     out.push((slot, narrow(tensor)));
                 }
                 ReduceKind::ReduceScatter { dim } => {
-                    let n = ranks.len();
                     let mut part_shape = tensor.shape().to_vec();
-                    part_shape[dim] /= n;
-                    // The n parts along `dim` one after another, in member order: the tensor
-                    // itself when no dim before `dim` is longer than 1.
-                    let packed;
-                    let send = if tensor.shape()[..dim].iter().all(|&d| d == 1) {
-                        &*tensor
-                    } else {
-                        packed = parts_one_after_another(&tensor, dim, n);
-                        &packed
-                    };
+                    part_shape[dim] /= ranks.len();
                     let mut mine = Tensor::zeros(tensor.dtype(), &part_shape);
-                    let counts = vec![mine.n_elements(); n];
-                    let (send, recv) = (Buf::from_tensor(send), BufMut::from_tensor(&mut mine));
-                    match in_type {
-                        true => group.reduce_scatter_in_element_type_v(
-                            send,
-                            recv,
-                            &counts,
-                            comm_op(step.op),
-                        )?,
-                        false => group.reduce_scatter_v(send, recv, &counts, comm_op(step.op))?,
-                    }
+                    self.reduce_scatter_part(plan, slot, (&tensor, dim), &mut mine)?;
                     out.push((slot, narrow(mine)));
                 }
             }
@@ -418,14 +477,25 @@ impl ReshardRunner {
                 let mine = sends_to(ranks[(my_index + 1) % n]);
                 let mut buf = Vec::new();
                 let send = packed(plan, &mine, held, &mut buf);
-                let mut recv = vec![0u8; send.len() * n];
-                self.group(&ranks)?.all_gather_bytes(send, &mut recv)?;
                 let chunk = send.len();
-                for (j, &peer) in ranks.iter().enumerate() {
-                    if peer != me {
-                        unpack(&receives_from(peer), &recv[j * chunk..(j + 1) * chunk], out);
+                // Received into the kept space (every byte of it written by the gather).
+                let mut space = std::mem::take(&mut self.space.gather);
+                if space.len() < chunk * n {
+                    space.resize(chunk * n, 0);
+                }
+                let recv = &mut space[..chunk * n];
+                let gathered = self
+                    .group(&ranks)
+                    .and_then(|group| Ok(group.all_gather_bytes(send, recv)?));
+                if gathered.is_ok() {
+                    for (j, &peer) in ranks.iter().enumerate() {
+                        if peer != me {
+                            unpack(&receives_from(peer), &recv[j * chunk..(j + 1) * chunk], out);
+                        }
                     }
                 }
+                self.space.gather = space;
+                gathered?;
             }
             ExchangeKind::AllToAll => {
                 let chunk = exchange.transfers[0].region.n_elements() * elem;
@@ -758,15 +828,15 @@ fn copy_piece(
 }
 
 /// `tensor` cut into `n` equal parts along `dim`, the parts laid one after another (part 0's
-/// elements in row-major order, then part 1's, …), as a 1-D tensor; one pass over the bytes.
-fn parts_one_after_another(tensor: &Tensor, dim: usize, n: usize) -> Tensor {
+/// elements in row-major order, then part 1's, …) at the start of `out`; one pass over the
+/// bytes.
+fn parts_one_after_another(tensor: &Tensor, dim: usize, n: usize, out: &mut [u8]) {
     let shape = tensor.shape();
     let outer: usize = shape[..dim].iter().product();
-    let row = tensor.as_bytes().len() / outer.max(1);
-    let part = row / n.max(1);
-    let mut out = Tensor::zeros(tensor.dtype(), &[tensor.n_elements()]);
     let src = tensor.as_bytes();
-    let mut dst = out.as_bytes_mut().chunks_exact_mut(part.max(1));
+    let row = src.len() / outer.max(1);
+    let part = row / n.max(1);
+    let mut dst = out[..src.len()].chunks_exact_mut(part.max(1));
     for j in 0..n {
         for o in 0..outer {
             if let Some(run) = dst.next() {
@@ -775,7 +845,38 @@ fn parts_one_after_another(tensor: &Tensor, dim: usize, n: usize) -> Tensor {
             }
         }
     }
-    out
+}
+
+/// The source slots of the pending-sum group that holds `slot`.
+fn group_of(plan: &ReshardPlan, slot: usize) -> &[usize] {
+    plan.reduce()
+        .expect("called with a reduce step")
+        .slot_groups
+        .iter()
+        .find(|g| g.contains(&slot))
+        .expect("every slot is in one partial group")
+}
+
+/// The device ranks of the pending-sum group that holds `slot`, in slot order; an error when
+/// one device holds two of its parts (an interleaved axis).
+fn sum_group(plan: &ReshardPlan, slot: usize) -> Result<Vec<usize>, ExecError> {
+    let mesh = plan.src().layout().mesh();
+    let ranks: Vec<usize> = group_of(plan, slot)
+        .iter()
+        .map(|&s| mesh.device_of_slot(s))
+        .collect();
+    let mut unique = ranks.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    if unique.len() != ranks.len() {
+        return Err(ExecError::Unsupported {
+            what: format!(
+                "a pending sum over an interleaved axis ({}): one device holds two of its parts",
+                plan.src()
+            ),
+        });
+    }
+    Ok(ranks)
 }
 
 #[cfg(test)]
@@ -800,7 +901,12 @@ mod tests {
 
     /// A `[4, 6]` layout over a mesh of 2 devices named `d`, its dims mapped as `map`.
     fn on_two(map: [&str; 2]) -> TensorLayout {
-        layout::Layout::new(&[2], &["d"], None)
+        on_two_in_order(map, None)
+    }
+
+    /// [`on_two`] with the mesh's devices in the order `ranks`.
+    fn on_two_in_order(map: [&str; 2], ranks: Option<Vec<usize>>) -> TensorLayout {
+        layout::Layout::new(&[2], &["d"], ranks)
             .unwrap()
             .apply(&[map[0].into(), map[1].into()])
             .unwrap()
@@ -854,6 +960,64 @@ mod tests {
         }
     }
 
+    /// A reduce-scatter whose parts are the destination's slices is summed straight into the
+    /// destination: split along the second dim its parts are packed into the runner's kept
+    /// space (reused by the next run), along the first they are read in place. Every rank gets
+    /// its part of the sum on both runs.
+    #[test]
+    fn a_reduce_scatter_into_its_destination_is_summed_there() {
+        let src = DistLayout::partial(on_two(["None", "None"]), &[0]).unwrap();
+        for (map, packs) in [(["None", "d"], true), (["d", "None"], false)] {
+            let dst = on_two(map);
+            let plan = Arc::new(plan_from(&src, &dst, DType::F32).unwrap());
+            assert_eq!(plan.collective_on(0), "reduce-scatter", "{dst}");
+            assert!((0..2).all(|r| plan.is_whole_slice_reduce_on(r)), "{dst}");
+            // The same split with the devices' order reversed: each rank's sum is the other's
+            // part, so it moves after the sum.
+            let swapped = on_two_in_order(map, Some(vec![1, 0]));
+            let moved = plan_from(&src, &swapped, DType::F32).unwrap();
+            assert!(
+                (0..2).all(|r| !moved.is_whole_slice_reduce_on(r)),
+                "{swapped}"
+            );
+            let results = comm::LocalCluster::new(2).unwrap().run({
+                let plan = plan.clone();
+                move |comm| -> Result<Vec<(Vec<f32>, bool)>, String> {
+                    let rank = comm.rank();
+                    let mut runner = ReshardRunner::new(Arc::new(comm));
+                    let mut runs = Vec::new();
+                    // Rank r holds (r + 1)·base + i at element i: the sum is 3·base + 2i.
+                    for base in [1, 10] {
+                        let values: Vec<f32> =
+                            (0..24).map(|i| ((rank + 1) * base + i) as f32).collect();
+                        let local = Tensor::from_vec(&[4, 6], values).unwrap();
+                        let shape = plan.dst().slot_shape(rank);
+                        let mut out = vec![Tensor::from_vec(&shape, vec![f32::NAN; 12]).unwrap()];
+                        runner
+                            .run_into(&plan, &[&local], &mut out)
+                            .map_err(|e| e.to_string())?;
+                        let got = out[0].as_f32().unwrap().to_vec();
+                        runs.push((got, runner.space.pack.is_some()));
+                    }
+                    Ok(runs)
+                }
+            });
+            for (rank, result) in results.into_iter().enumerate() {
+                for ((got, packed), base) in result.unwrap().unwrap().into_iter().zip([1, 10]) {
+                    // The global index of local element `e`.
+                    let global = |e: usize| match packs {
+                        true => (e / 3) * 6 + rank * 3 + e % 3,
+                        false => rank * 12 + e,
+                    };
+                    let want: Vec<f32> =
+                        (0..12).map(|e| (3 * base + 2 * global(e)) as f32).collect();
+                    assert_eq!(got, want, "{dst}: rank {rank}, base {base}");
+                    assert_eq!(packed, packs, "{dst}: rank {rank}");
+                }
+            }
+        }
+    }
+
     /// A rank's whole slice is sent as it is (no copy); part of it is packed.
     #[test]
     fn a_whole_slice_is_its_own_packing() {
@@ -895,13 +1059,17 @@ mod tests {
             for dtype in [DType::F32, DType::F64, DType::BF16] {
                 let values: Vec<f64> = (0..len).map(|i| i as f64).collect();
                 let tensor = Tensor::from_vec(shape, values).unwrap().to_dtype(dtype);
-                let packed = parts_one_after_another(&tensor, dim, n);
+                // Into longer space than it needs, whose tail it leaves alone.
+                let bytes = tensor.as_bytes().len();
+                let mut packed = vec![0xA5u8; bytes + 8];
+                parts_one_after_another(&tensor, dim, n, &mut packed);
                 let want = by_boxes(&tensor, dim, n);
                 assert_eq!(
-                    packed.as_bytes(),
+                    &packed[..bytes],
                     want.as_bytes(),
                     "{shape:?} dim {dim} / {n}, {dtype:?}"
                 );
+                assert!(packed[bytes..].iter().all(|&b| b == 0xA5));
             }
         }
     }

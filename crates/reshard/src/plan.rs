@@ -307,6 +307,33 @@ impl ReshardPlan {
         filled.into_iter().all(|f| f)
     }
 
+    /// Whether, on device `rank`, the plan's pending sum leaves the rank's result exactly where
+    /// the destination wants it: the rank holds one source and one destination slot, and its
+    /// only transfer is the local copy of its whole reduced slice into its whole destination
+    /// slice (sequence parallel's reduce-scatters: the reduced part is already the rank's
+    /// sequence block). Then the sum can be written straight into the destination.
+    pub fn is_whole_slice_reduce_on(&self, rank: usize) -> bool {
+        let Some(reduce) = self.reduce.as_ref() else {
+            return false;
+        };
+        let owned = |mesh: &layout::Mesh| {
+            (0..mesh.n_slots())
+                .filter(|&s| mesh.device_of_slot(s) == rank)
+                .count()
+        };
+        if owned(self.src.layout().mesh()) != 1 || owned(self.dst.mesh()) != 1 {
+            return false;
+        }
+        match self.transfers_of(rank).as_slice() {
+            [t] => {
+                t.is_local()
+                    && t.region == reduce.result.slot_box(t.src_slot)
+                    && t.region == self.dst.slot_box(t.dst_slot)
+            }
+            _ => false,
+        }
+    }
+
     /// What the plan runs on `rank`, by name: its pending sum's collective (`all-reduce`,
     /// `reduce-scatter`), else its exchange's (`all-gather`, `all-to-all`, `point-to-point`),
     /// else `local copy`.

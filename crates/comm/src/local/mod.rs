@@ -9,6 +9,8 @@ mod shared;
 mod stream_copy;
 mod wait;
 
+pub use self::wait::thread_wait_time;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};

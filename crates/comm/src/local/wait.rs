@@ -7,6 +7,7 @@
 //! (*oversubscribed*), the peer being waited for is likely queued behind the waiter on the same
 //! core, so spinning only delays it: the waiter yields at once.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -104,9 +105,38 @@ pub(crate) enum Poll<T> {
     Pending,
 }
 
+thread_local! {
+    /// Time this thread has spent blocked in [`block_on`].
+    static WAITED: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+}
+
+/// Time the calling thread has spent blocked waiting for its peers in the local backend
+/// (collectives, messages, failures) since it started: from the first poll that found a peer
+/// not ready until the wait ended. A rank's communication time less the growth of this is the
+/// time it spent moving and summing bytes.
+pub fn thread_wait_time() -> Duration {
+    WAITED.with(Cell::get)
+}
+
 /// Polls until `poll` is ready (`Ok(Some(value))`), fails (`Err`), or `deadline` passes
-/// (`Ok(None)`).
+/// (`Ok(None)`). The time from the first poll that is not ready to the end of the wait is added
+/// to [`thread_wait_time`].
 pub(crate) fn block_on<T, E>(
+    doorbell: &Doorbell,
+    deadline: Instant,
+    mut poll: impl FnMut() -> Result<Poll<T>, E>,
+) -> Result<Option<T>, E> {
+    if let Poll::Ready(v) = poll()? {
+        return Ok(Some(v));
+    }
+    let since = Instant::now();
+    let result = wait_until_ready(doorbell, deadline, poll);
+    WAITED.with(|waited| waited.set(waited.get() + since.elapsed()));
+    result
+}
+
+/// [`block_on`]'s wait: spin, then yield, then sleep on the doorbell, polling in between.
+fn wait_until_ready<T, E>(
     doorbell: &Doorbell,
     deadline: Instant,
     mut poll: impl FnMut() -> Result<Poll<T>, E>,

@@ -12,6 +12,7 @@ use tensor::Tensor;
 use super::RankExecutor;
 use crate::error::ExecError;
 use crate::pipeline::{SpanKind, TraceSpan};
+use crate::profile::SpanStart;
 use crate::progress::Job;
 
 impl RankExecutor {
@@ -180,7 +181,7 @@ impl RankExecutor {
     /// Runs bucket `b` of `program`'s fused gradient reductions as one collective, or with
     /// overlap packs it and hands it to the progress thread.
     fn run_bucket(&mut self, program: &Program, b: usize) -> Result<(), ExecError> {
-        let started = self.profile.is_some().then(Instant::now);
+        let started = self.profile.is_some().then(SpanStart::now);
         let steps = self.bucket_steps(program, b);
         let plans: Vec<&reshard::ReshardPlan> = steps.iter().map(|r| &*r.plan).collect();
         let packed = {
@@ -217,7 +218,7 @@ impl RankExecutor {
             }
         }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-            p.reshard(crate::profile::FUSED_BUCKETS, t.elapsed());
+            p.reshard(crate::profile::FUSED_BUCKETS, t.elapsed(), t.waited());
         }
         Ok(())
     }
@@ -278,7 +279,7 @@ impl RankExecutor {
         if !self.holds(r.plan.dst()) {
             return Ok(());
         }
-        let started = self.profile.is_some().then(Instant::now);
+        let started = self.profile.is_some().then(SpanStart::now);
         let (dst, src) = self
             .overlap
             .as_mut()
@@ -288,7 +289,7 @@ impl RankExecutor {
             .release(MemoryCategory::Communication, src.as_bytes().len());
         self.buffers[r.to] = Some(dst);
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-            p.reshard(crate::profile::PREFETCHED_GATHERS, t.elapsed());
+            p.reshard(crate::profile::PREFETCHED_GATHERS, t.elapsed(), t.waited());
         }
         Ok(())
     }
@@ -298,14 +299,14 @@ impl RankExecutor {
         let Some(reducer) = self.overlap.as_mut() else {
             return Ok(());
         };
-        let started = self.profile.is_some().then(Instant::now);
+        let started = self.profile.is_some().then(SpanStart::now);
         for (b, packed) in reducer.collect_buckets()? {
             self.unpack_bucket(program, b, &packed)?;
             self.meter
                 .release(MemoryCategory::Communication, packed.bytes());
         }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-            p.reshard(crate::profile::FUSED_BUCKETS, t.elapsed());
+            p.reshard(crate::profile::FUSED_BUCKETS, t.elapsed(), t.waited());
         }
         Ok(())
     }
@@ -375,7 +376,7 @@ impl RankExecutor {
         i: usize,
         (from, to): (usize, usize),
     ) -> Result<(), ExecError> {
-        let started = self.profile.is_some().then(Instant::now);
+        let started = self.profile.is_some().then(SpanStart::now);
         if let Step::Reshard(r) = &program.steps[i] {
             if !self.holds(r.plan.src().layout()) {
                 return Ok(());
@@ -392,7 +393,7 @@ impl RankExecutor {
                 self.buffers[to] = Some(slice);
                 result?;
                 if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
-                    p.reshard(r.plan.collective_on(self.rank), t.elapsed());
+                    p.reshard(r.plan.collective_on(self.rank), t.elapsed(), t.waited());
                 }
                 return Ok(());
             }
@@ -428,7 +429,7 @@ impl RankExecutor {
     /// Runs step `i` of `program` (this executor's program).
     fn run_step(&mut self, program: &Program, i: usize, tag: Option<Tag>) -> Result<(), ExecError> {
         let step = &program.steps[i];
-        let started = self.profile.is_some().then(Instant::now);
+        let started = self.profile.is_some().then(SpanStart::now);
         // Ring attention's time blocked waiting for blocks (communication, not compute).
         let mut ring_wait = Duration::ZERO;
         let mut ring_spans = Vec::new();
@@ -545,10 +546,12 @@ impl RankExecutor {
                 Step::Kernel(k) => {
                     p.kernel(k.op.kind(), t.elapsed().saturating_sub(ring_wait));
                     if !ring_wait.is_zero() {
-                        p.reshard(crate::profile::RING_WAITS, ring_wait);
+                        p.reshard(crate::profile::RING_WAITS, ring_wait, ring_wait);
                     }
                 }
-                Step::Reshard(r) => p.reshard(r.plan.collective_on(self.rank), t.elapsed()),
+                Step::Reshard(r) => {
+                    p.reshard(r.plan.collective_on(self.rank), t.elapsed(), t.waited())
+                }
             }
         }
         Ok(())
