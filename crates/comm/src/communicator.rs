@@ -88,6 +88,35 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// (`size()` times as long).
     fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError>;
 
+    /// Hands every rank's `send` (all the same length), this rank's included, to `visit(rank,
+    /// bytes)`, each rank's exactly once, in no particular order: an all-gather whose receiver
+    /// places the pieces itself (a sequence block into its rows), without a gathered copy in
+    /// between where the backend can lend the peers' bytes (the local backend does; the
+    /// default gathers into a buffer first).
+    fn all_gather_visit(
+        &self,
+        send: &[u8],
+        visit: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), CommError> {
+        let n = self.size();
+        let total = send
+            .len()
+            .checked_mul(n)
+            .ok_or_else(|| CommError::InvalidArgument {
+                site: self.site("all_gather_visit"),
+                reason: format!(
+                    "{n} ranks × {} bytes overflow the address space",
+                    send.len()
+                ),
+            })?;
+        let mut recv = vec![0u8; total];
+        self.all_gather_bytes(send, &mut recv)?;
+        for rank in 0..n {
+            visit(rank, &recv[rank * send.len()..(rank + 1) * send.len()]);
+        }
+        Ok(())
+    }
+
     /// Concatenates every rank's `send` in rank order into `recv`; rank `j` sends `counts[j]`
     /// bytes.
     fn all_gather_v_bytes(

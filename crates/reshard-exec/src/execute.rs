@@ -40,13 +40,11 @@ pub struct ReshardRunner {
 }
 
 /// Space a runner keeps between runs (it only grows): a training step runs the same reshards
-/// every time, so each is allocated once.
+/// every time, so it is allocated once.
 #[derive(Default)]
 struct KeptSpace {
     /// Where a reduce-scatter packs its parts.
     pack: Option<Tensor>,
-    /// Where an all-gather receives.
-    gather: Vec<u8>,
 }
 
 impl std::fmt::Debug for KeptSpace {
@@ -57,7 +55,6 @@ impl std::fmt::Debug for KeptSpace {
                 "pack_bytes",
                 &self.pack.as_ref().map_or(0, |t| t.as_bytes().len()),
             )
-            .field("gather_bytes", &self.gather.len())
             .finish()
     }
 }
@@ -477,25 +474,14 @@ impl ReshardRunner {
                 let mine = sends_to(ranks[(my_index + 1) % n]);
                 let mut buf = Vec::new();
                 let send = packed(plan, &mine, held, &mut buf);
-                let chunk = send.len();
-                // Received into the kept space (every byte of it written by the gather).
-                let mut space = std::mem::take(&mut self.space.gather);
-                if space.len() < chunk * n {
-                    space.resize(chunk * n, 0);
-                }
-                let recv = &mut space[..chunk * n];
-                let gathered = self
-                    .group(&ranks)
-                    .and_then(|group| Ok(group.all_gather_bytes(send, recv)?));
-                if gathered.is_ok() {
-                    for (j, &peer) in ranks.iter().enumerate() {
+                // Each peer's piece is unpacked from where it lies (no gathered copy).
+                self.group(&ranks)?
+                    .all_gather_visit(send, &mut |j, bytes| {
+                        let peer = ranks[j];
                         if peer != me {
-                            unpack(&receives_from(peer), &recv[j * chunk..(j + 1) * chunk], out);
+                            unpack(&receives_from(peer), bytes, out);
                         }
-                    }
-                }
-                self.space.gather = space;
-                gathered?;
+                    })?;
             }
             ExchangeKind::AllToAll => {
                 let chunk = exchange.transfers[0].region.n_elements() * elem;

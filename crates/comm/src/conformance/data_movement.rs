@@ -62,7 +62,23 @@ pub fn all_gather(comm: &dyn Communicator) -> CaseResult {
         .collect();
     expect(comm, recv == want, || {
         format!("all_gather_into: {recv:?} != {want:?}")
-    })
+    })?;
+    // Visited: every rank's bytes exactly once, empty pieces too.
+    for len in [5, 0] {
+        let mine: Vec<u8> = (0..len).map(|i| (comm.rank() * 10 + i) as u8).collect();
+        let mut seen = vec![None; n];
+        let mut repeated = false;
+        comm.all_gather_visit(&mine, &mut |rank, bytes| {
+            repeated |= seen[rank].replace(bytes.to_vec()).is_some();
+        })?;
+        let want: Vec<Option<Vec<u8>>> = (0..n)
+            .map(|r| Some((0..len).map(|i| (r * 10 + i) as u8).collect()))
+            .collect();
+        expect(comm, !repeated && seen == want, || {
+            format!("all_gather_visit of {len} bytes: {seen:?} != {want:?}")
+        })?;
+    }
+    Ok(())
 }
 
 /// Uneven all-gather, and reduce-scatter followed by its inverse.

@@ -345,6 +345,45 @@ pub(super) fn all_gather(
     ctx.wait_all(done)
 }
 
+/// Every rank's `send` (all the same length) handed to `visit` under its lease: nothing is
+/// copied here, the visitor reads the peers' bytes where they lie.
+pub(super) fn all_gather_visit(
+    ctx: &mut Ctx<'_>,
+    send: &[u8],
+    visit: &mut dyn FnMut(usize, &[u8]),
+) -> Result<(), CommError> {
+    let (n, me) = (ctx.size(), ctx.rank());
+    let lend = ctx.next_step();
+    let done = ctx.next_step();
+    let mine = Publication::new(OpKind::AllGather, send.as_ptr().cast_mut(), send.len());
+    // SAFETY: `send` outlives the guard; peers only read it.
+    let _lent = unsafe { ctx.publish(mine, lend) };
+    ctx.wait_all(lend)?;
+    // Start with the next rank so the ranks do not all read rank 0 first.
+    for peer in (0..n).map(|k| (me + k) % n) {
+        if peer == me {
+            visit(me, send);
+            continue;
+        }
+        let lease = ctx.lease_matching(peer, lend, &mine)?;
+        if lease.publication.len != send.len() {
+            return Err(ctx.mismatch(
+                peer,
+                format!(
+                    "it sends {} bytes but this rank {}",
+                    lease.publication.len,
+                    send.len()
+                ),
+            ));
+        }
+        // SAFETY: the lease keeps the peer's bytes valid and unwritten while it lives.
+        let theirs = unsafe { std::slice::from_raw_parts(lease.publication.ptr, send.len()) };
+        visit(peer, theirs);
+    }
+    ctx.arrive(done);
+    ctx.wait_all(done)
+}
+
 pub(super) fn all_to_all(
     ctx: &mut Ctx<'_>,
     send: &[u8],

@@ -565,6 +565,16 @@ impl Communicator for LocalComm {
         })
     }
 
+    fn all_gather_visit(
+        &self,
+        send: &[u8],
+        visit: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), CommError> {
+        self.call("all_gather_visit", OpKind::AllGather, |ctx| {
+            algo::all_gather_visit(ctx, send, visit)
+        })
+    }
+
     fn all_gather_v_bytes(
         &self,
         send: &[u8],
