@@ -832,26 +832,31 @@ fn interleaved_steps(
 mod tests {
     use super::*;
 
+    /// One timed step of a GPT of `layers` × `hidden` on one rank, nothing else timed.
+    fn one_step_on_one_rank(layers: usize, hidden: usize) -> GptStepRequest {
+        GptStepRequest {
+            steps: 1,
+            layers,
+            hidden,
+            profile: false,
+            deterministic: false,
+            rounds: 1,
+            fusion: false,
+            clip: false,
+            threads: 1,
+            context_parallel_seq: None,
+            sequence_parallel: false,
+            one_rank: true,
+        }
+    }
+
     /// A width or depth past the model's bounds is refused with the bound's error before the
     /// benchmark allocates anything (the product peak it times first used to allocate
     /// `2,048 × width` elements: 800 GB for `--hidden 100000000`, an abort).
     #[test]
     fn an_oversized_gpt_is_refused_before_anything_is_allocated() {
         for (layers, hidden) in [(4, 100_000_000), (4, 65_536), (100_000, 256)] {
-            let request = GptStepRequest {
-                steps: 1,
-                layers,
-                hidden,
-                profile: false,
-                deterministic: false,
-                rounds: 1,
-                fusion: false,
-                clip: false,
-                threads: 1,
-                context_parallel_seq: None,
-                sequence_parallel: false,
-                one_rank: true,
-            };
+            let request = one_step_on_one_rank(layers, hidden);
             let err = gpt_step(&request, &mut crate::Silent).unwrap_err();
             assert!(
                 err.to_string().contains("element bound"),
@@ -865,18 +870,9 @@ mod tests {
     #[test]
     fn a_profiled_deterministic_run_is_broken_down_too() {
         let request = GptStepRequest {
-            steps: 1,
-            layers: 1,
-            hidden: 32,
             profile: true,
             deterministic: true,
-            rounds: 1,
-            fusion: false,
-            clip: false,
-            threads: 1,
-            context_parallel_seq: None,
-            sequence_parallel: false,
-            one_rank: true,
+            ..one_step_on_one_rank(1, 32)
         };
         let report = gpt_step(&request, &mut crate::Silent).unwrap();
         let table = |label: &str| {

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{spread, values};
+use common::{speed_cells, spread, values};
 use tensor::kernels::{bias_add_in_place, unary_into, GeluForm, UnaryOp};
 
 /// Rows per call; the first is the whole product in one call.
@@ -116,17 +116,6 @@ fn timed(rounds: usize, flush: &mut [u8], mut run: impl FnMut(usize)) -> Vec<Vec
     })
 }
 
-/// The table cells of every band size's speed against the one call.
-fn speeds(times: &[Vec<f64>]) -> String {
-    times[1..]
-        .iter()
-        .map(|t| {
-            let (lo, mid, hi) = spread(times[0].iter().zip(t).map(|(w, x)| w / x).collect());
-            format!(" {mid:.3} ({lo:.3}–{hi:.3}) |")
-        })
-        .collect()
-}
-
 fn main() {
     let rounds = common::rounds_arg(30);
     let mut flush = vec![0u8; 64 << 20];
@@ -146,7 +135,11 @@ fn main() {
         let flops = 2.0 * (p.m * p.n * p.k) as f64;
         let rate = flops / spread(times[0].clone()).1 / 1e9;
         let (m, n, k) = (p.m, p.n, p.k);
-        println!("| {} | {m}×{n}×{k} | {rate:.1} |{}", p.name, speeds(&times));
+        println!(
+            "| {} | {m}×{n}×{k} | {rate:.1} |{}",
+            p.name,
+            speed_cells(&times)
+        );
     }
 
     let p = PRODUCTS[1];
@@ -169,5 +162,11 @@ fn main() {
         p.name
     );
     println!("|---|---:|---:|---:|---:|");
-    println!("| {}×{}×{} | {ms:.2} |{}", p.m, p.n, p.k, speeds(&times));
+    println!(
+        "| {}×{}×{} | {ms:.2} |{}",
+        p.m,
+        p.n,
+        p.k,
+        speed_cells(&times)
+    );
 }

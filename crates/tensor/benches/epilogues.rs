@@ -32,14 +32,7 @@ fn timed(rounds: usize, flush: &mut [u8], run: impl FnMut(Option<usize>)) -> Vec
 
 fn row(name: &str, times: &[Vec<f64>]) {
     let ms = spread(times[0].clone()).1 * 1e3;
-    let speeds: String = times[1..]
-        .iter()
-        .map(|t| {
-            let (lo, mid, hi) = spread(times[0].iter().zip(t).map(|(w, x)| w / x).collect());
-            format!(" {mid:.3} ({lo:.3}–{hi:.3}) |")
-        })
-        .collect();
-    println!("| {name} | {ms:.3} |{speeds}");
+    println!("| {name} | {ms:.3} |{}", common::speed_cells(times));
 }
 
 /// `f(first row, rows)` over bands of `band` rows covering `rows`.

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{shape, spread, values};
+use common::{shape, speed_cells, spread, values};
 use tensor::kernels::GemmShape;
 
 /// Reduction steps per call; the first is the whole reduction in one call.
@@ -86,13 +86,7 @@ fn main() {
             }
         });
         let rate = 2.0 * (p.m * p.n * p.k) as f64 / spread(times[0].clone()).1 / 1e9;
-        let cells: String = times[1..]
-            .iter()
-            .map(|t| {
-                let (lo, mid, hi) = spread(times[0].iter().zip(t).map(|(w, x)| w / x).collect());
-                format!(" {mid:.2} ({lo:.2}–{hi:.2}) |")
-            })
-            .collect();
+        let cells = speed_cells(&times);
         println!("| {name} | {}×{}×{} | {rate:.1} |{cells}", p.m, p.n, p.k);
     }
 }

@@ -49,6 +49,19 @@ pub fn spread(mut samples: Vec<f64>) -> (f64, f64, f64) {
     (at(1), at(5), at(9))
 }
 
+/// Table cells of every form's speed against the first form's (`times[i]` the per-round seconds
+/// of form `i`): the median (p10–p90) of the per-round ratios, each cell ending in `|`.
+#[allow(dead_code)] // not every benchmark that includes this module compares forms
+pub fn speed_cells(times: &[Vec<f64>]) -> String {
+    times[1..]
+        .iter()
+        .map(|t| {
+            let (lo, mid, hi) = spread(times[0].iter().zip(t).map(|(w, x)| w / x).collect());
+            format!(" {mid:.3} ({lo:.3}–{hi:.3}) |")
+        })
+        .collect()
+}
+
 /// Thread CPU seconds of each of `forms` over `rounds` rounds, the forms rotated within each
 /// round so that all see the same machine load; before each: the caches flushed (through
 /// `flush`), then `run(None)` untimed (to set up what the form starts from), then
