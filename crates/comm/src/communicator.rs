@@ -16,6 +16,29 @@ pub type Tag = u32;
 /// The largest tag every backend accepts (MPI guarantees at least 32767).
 pub const MAX_TAG: Tag = 32_767;
 
+/// The segment length (elements) of [`Communicator::reduce_scatter_rows`] over `n` ranks, or an
+/// error naming `site` when `send` (elements) is not `rows` rows of `n` segments of which `recv`
+/// holds one per row.
+pub(crate) fn check_rows(
+    site: Site,
+    send: usize,
+    recv: usize,
+    (rows, n): (usize, usize),
+) -> Result<usize, CommError> {
+    let segment = recv.checked_div(rows).unwrap_or(0);
+    let fits = rows > 0 && recv.is_multiple_of(rows) && recv.checked_mul(n) == Some(send);
+    if !fits {
+        return Err(CommError::InvalidArgument {
+            site,
+            reason: format!(
+                "send ({send} elements) must be {rows} rows of {n} equal segments and recv \
+                 ({recv} elements) one segment of every row"
+            ),
+        });
+    }
+    Ok(segment)
+}
+
 /// Splits `total` items into `parts` counts as evenly as possible: the first `total % parts`
 /// parts get one more. This is how [`Communicator::reduce_scatter`] splits dim 0.
 ///
@@ -83,6 +106,46 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         counts: &[usize],
         op: ReduceOp,
     ) -> Result<(), CommError>;
+
+    /// [`reduce_scatter_v`](Communicator::reduce_scatter_v) of parts that interleave: `send` is
+    /// `rows` rows, each `size()` equal segments, and rank `j`'s part is segment `j` of every
+    /// row, in row order (a tensor split along a dim that is not its first: sequence
+    /// parallel's `[B, S, H]` split along `S` is `B` rows). `recv` (`send.len() / size()`
+    /// elements) gets this rank's part of the sum; the same sums, member by member, as
+    /// `reduce_scatter_v` over the parts laid one after another. The local backend reads the
+    /// segments where they lie; the default lays the parts one after another first.
+    fn reduce_scatter_rows(
+        &self,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        rows: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let n = self.size();
+        let segment = check_rows(
+            self.site("reduce_scatter_rows"),
+            send.len(),
+            recv.len(),
+            (rows, n),
+        )?;
+        let counts = vec![recv.len(); n];
+        if rows == 1 {
+            return self.reduce_scatter_v(send, recv, &counts, op);
+        }
+        let elem = send.dtype().size_in_bytes();
+        let (bytes, seg_bytes) = (send.bytes(), segment * elem);
+        let mut packed = Tensor::zeros(send.dtype(), &[send.len()]);
+        let mut runs = packed.as_bytes_mut().chunks_exact_mut(seg_bytes.max(1));
+        for j in 0..n {
+            for row in 0..rows {
+                if let Some(run) = runs.next() {
+                    let at = (row * n + j) * seg_bytes;
+                    run.copy_from_slice(&bytes[at..at + seg_bytes]);
+                }
+            }
+        }
+        self.reduce_scatter_v(Buf::from_tensor(&packed), recv, &counts, op)
+    }
 
     /// Concatenates every rank's `send` (all the same length) in rank order into `recv`
     /// (`size()` times as long).

@@ -300,8 +300,10 @@ impl ReshardRunner {
     }
 
     /// Reduce-scatters this rank's partial sum `src` (source slot `slot`) along `dim` within
-    /// its group into `part`, this member's part: the parts are packed one after another into
-    /// the kept space (read in place when nothing precedes `dim`), and `part` is overwritten.
+    /// its group into `part`, this member's part, which is overwritten. The parts interleave
+    /// when a dim before `dim` is longer than 1: the backend reads them where they lie
+    /// (`reduce_scatter_rows`); summed in the element type, they are packed one after another
+    /// into the runner's kept space first.
     fn reduce_scatter_part(
         &mut self,
         plan: &ReshardPlan,
@@ -312,9 +314,15 @@ impl ReshardRunner {
         let step = plan.reduce().expect("called with a reduce step");
         let ranks = sum_group(plan, slot)?;
         let n = ranks.len();
-        let in_type = self.half_sum.rounds_every_addition(src.dtype());
+        let op = comm_op(step.op);
+        let rows: usize = src.shape()[..dim].iter().product();
+        if !self.half_sum.rounds_every_addition(src.dtype()) {
+            let group = self.group(&ranks)?;
+            let recv = BufMut::from_tensor(part);
+            return Ok(group.reduce_scatter_rows(Buf::from_tensor(src), recv, rows, op)?);
+        }
         let mut space = self.space.pack.take();
-        let send = if src.shape()[..dim].iter().all(|&d| d == 1) {
+        let send = if rows == 1 {
             Buf::from_tensor(src)
         } else {
             let fits = space
@@ -328,13 +336,9 @@ impl ReshardRunner {
             Buf::from_tensor(space).prefix(src.n_elements())
         };
         let counts = vec![part.n_elements(); n];
-        let op = comm_op(step.op);
         let group = self.group(&ranks)?;
         let recv = BufMut::from_tensor(part);
-        let result = match in_type {
-            true => group.reduce_scatter_in_element_type_v(send, recv, &counts, op),
-            false => group.reduce_scatter_v(send, recv, &counts, op),
-        };
+        let result = group.reduce_scatter_in_element_type_v(send, recv, &counts, op);
         self.space.pack = space;
         Ok(result?)
     }
@@ -947,17 +951,15 @@ mod tests {
     }
 
     /// A reduce-scatter whose parts are the destination's slices is summed straight into the
-    /// destination: split along the second dim its parts are packed into the runner's kept
-    /// space (reused by the next run), along the first they are read in place. Every rank gets
-    /// its part of the sum on both runs.
+    /// destination, split along either dim: its parts read where they lie, or, summed in the
+    /// half type, packed into the runner's kept space when they interleave (the space reused by
+    /// the next run). Every rank gets its part of the sum on both runs; the same split with the
+    /// devices reversed is refused.
     #[test]
     fn a_reduce_scatter_into_its_destination_is_summed_there() {
         let src = DistLayout::partial(on_two(["None", "None"]), &[0]).unwrap();
-        for (map, packs) in [(["None", "d"], true), (["d", "None"], false)] {
+        for (map, interleaved) in [(["None", "d"], true), (["d", "None"], false)] {
             let dst = on_two(map);
-            let plan = Arc::new(plan_from(&src, &dst, DType::F32).unwrap());
-            assert_eq!(plan.collective_on(0), "reduce-scatter", "{dst}");
-            assert!((0..2).all(|r| plan.is_whole_slice_reduce_on(r)), "{dst}");
             // The same split with the devices' order reversed: each rank's sum is the other's
             // part, so it moves after the sum.
             let swapped = on_two_in_order(map, Some(vec![1, 0]));
@@ -966,39 +968,52 @@ mod tests {
                 (0..2).all(|r| !moved.is_whole_slice_reduce_on(r)),
                 "{swapped}"
             );
-            let results = comm::LocalCluster::new(2).unwrap().run({
-                let plan = plan.clone();
-                move |comm| -> Result<Vec<(Vec<f32>, bool)>, String> {
-                    let rank = comm.rank();
-                    let mut runner = ReshardRunner::new(Arc::new(comm));
-                    let mut runs = Vec::new();
-                    // Rank r holds (r + 1)·base + i at element i: the sum is 3·base + 2i.
-                    for base in [1, 10] {
-                        let values: Vec<f32> =
-                            (0..24).map(|i| ((rank + 1) * base + i) as f32).collect();
-                        let local = Tensor::from_vec(&[4, 6], values).unwrap();
-                        let shape = plan.dst().slot_shape(rank);
-                        let mut out = vec![Tensor::from_vec(&shape, vec![f32::NAN; 12]).unwrap()];
-                        runner
-                            .run_into(&plan, &[&local], &mut out)
-                            .map_err(|e| e.to_string())?;
-                        let got = out[0].as_f32().unwrap().to_vec();
-                        runs.push((got, runner.space.pack.is_some()));
+            for (dtype, half_sum) in [
+                (DType::F32, HalfSum::AccumulateInF32),
+                (DType::BF16, HalfSum::InHalfType),
+            ] {
+                let plan = Arc::new(plan_from(&src, &dst, dtype).unwrap());
+                assert_eq!(plan.collective_on(0), "reduce-scatter", "{dst}");
+                assert!((0..2).all(|r| plan.is_whole_slice_reduce_on(r)), "{dst}");
+                let results = comm::LocalCluster::new(2).unwrap().run({
+                    let plan = plan.clone();
+                    move |comm| -> Result<Vec<(Vec<f64>, bool)>, String> {
+                        let rank = comm.rank();
+                        let mut runner = ReshardRunner::new(Arc::new(comm));
+                        runner.set_half_sum(half_sum);
+                        let mut runs = Vec::new();
+                        // Rank r holds (r + 1)·base + i at element i: the sum is 3·base + 2i
+                        // (whole numbers below 256, exact in bf16).
+                        for base in [1, 10] {
+                            let values: Vec<f64> =
+                                (0..24).map(|i| ((rank + 1) * base + i) as f64).collect();
+                            let local = Tensor::from_vec(&[4, 6], values).unwrap().to_dtype(dtype);
+                            let shape = plan.dst().slot_shape(rank);
+                            let mut out = vec![Tensor::from_vec(&shape, vec![f64::NAN; 12])
+                                .unwrap()
+                                .to_dtype(dtype)];
+                            runner
+                                .run_into(&plan, &[&local], &mut out)
+                                .map_err(|e| e.to_string())?;
+                            runs.push((out[0].to_f64_vec(), runner.space.pack.is_some()));
+                        }
+                        Ok(runs)
                     }
-                    Ok(runs)
-                }
-            });
-            for (rank, result) in results.into_iter().enumerate() {
-                for ((got, packed), base) in result.unwrap().unwrap().into_iter().zip([1, 10]) {
-                    // The global index of local element `e`.
-                    let global = |e: usize| match packs {
-                        true => (e / 3) * 6 + rank * 3 + e % 3,
-                        false => rank * 12 + e,
-                    };
-                    let want: Vec<f32> =
-                        (0..12).map(|e| (3 * base + 2 * global(e)) as f32).collect();
-                    assert_eq!(got, want, "{dst}: rank {rank}, base {base}");
-                    assert_eq!(packed, packs, "{dst}: rank {rank}");
+                });
+                for (rank, result) in results.into_iter().enumerate() {
+                    let runs = result.unwrap().unwrap();
+                    for ((got, packed), base) in runs.into_iter().zip([1, 10]) {
+                        // The global index of local element `e`.
+                        let global = |e: usize| match interleaved {
+                            true => (e / 3) * 6 + rank * 3 + e % 3,
+                            false => rank * 12 + e,
+                        };
+                        let want: Vec<f64> =
+                            (0..12).map(|e| (3 * base + 2 * global(e)) as f64).collect();
+                        let what = format!("{dst} {dtype}: rank {rank}, base {base}");
+                        assert_eq!(got, want, "{what}");
+                        assert_eq!(packed, interleaved && dtype == DType::BF16, "{what}");
+                    }
                 }
             }
         }

@@ -52,6 +52,19 @@ pub fn invalid_arguments_poison_nothing(comm: &dyn Communicator) -> CaseResult {
         matches!(unsupported, Err(CommError::UnsupportedReduction { .. })),
         || format!("sum of bools: {unsupported:?}"),
     )?;
+    let send = vec![0f32; 2 * n];
+    for (rows, recv_len, what) in [(0, 2, "no rows"), (2, 3, "a recv of a row and a half")] {
+        let mut recv = vec![0f32; recv_len];
+        let rows_result = comm.reduce_scatter_rows(
+            Buf::new(&send),
+            crate::BufMut::new(&mut recv),
+            rows,
+            ReduceOp::Sum,
+        );
+        expect(comm, is_invalid(rows_result), || {
+            format!("reduce_scatter_rows with {what}")
+        })?;
+    }
     let counts = vec![1; n + 1];
     let mut out = [0f32; 1];
     let rs = comm.reduce_scatter_v(

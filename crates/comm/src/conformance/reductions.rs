@@ -2,9 +2,9 @@
 
 use tensor::{DType, Tensor};
 
-use super::reference::{expect_eq, inputs, reference_reduce, rows};
+use super::reference::{concat0, expect_eq, inputs, reference_reduce, rows};
 use super::CaseResult;
-use crate::{split_counts, Communicator, CommunicatorExt, ReduceOp};
+use crate::{split_counts, Buf, BufMut, Communicator, CommunicatorExt, ReduceOp};
 
 /// All-reduce: every op × numeric dtype × length (empty, 1, uneven, larger than a block), and
 /// a few multi-megabyte buffers.
@@ -114,5 +114,33 @@ pub fn reduce_scatter(comm: &dyn Communicator) -> CaseResult {
     let start: usize = counts[..me].iter().sum();
     let want = rows(&reference_reduce(&all, ReduceOp::Sum), start, counts[me]);
     let got = Tensor::from_vec(&[counts[me]], part).expect("len");
-    expect_eq(comm, "reduce_scatter_into f32", &got, &want)
+    expect_eq(comm, "reduce_scatter_into f32", &got, &want)?;
+    // Interleaved parts: `[rows, n, segment]`, rank `j`'s part `[:, j, :]`.
+    for (n_rows, segment) in [(1, 4), (3, 5), (4, 0), (7, 1)] {
+        for dtype in [DType::F32, DType::I64, DType::BF16] {
+            let op = ReduceOp::Sum;
+            let all = inputs(dtype, &[n_rows, n, segment], n, n_rows + segment);
+            let mut got = Tensor::zeros(dtype, &[n_rows, 1, segment]);
+            comm.reduce_scatter_rows(
+                Buf::from_tensor(&all[me]),
+                BufMut::from_tensor(&mut got),
+                n_rows,
+                op,
+            )?;
+            let flat = reference_reduce(&all, op)
+                .reshape(&[n_rows * n, segment])
+                .expect("same elements");
+            let mine: Vec<Tensor> = (0..n_rows).map(|r| rows(&flat, r * n + me, 1)).collect();
+            let want = concat0(&mine)
+                .reshape(&[n_rows, 1, segment])
+                .expect("same elements");
+            expect_eq(
+                comm,
+                &format!("reduce_scatter_rows {dtype}[{n_rows},{n},{segment}]"),
+                &got,
+                &want,
+            )?;
+        }
+    }
+    Ok(())
 }

@@ -297,6 +297,82 @@ pub(super) fn reduce_scatter(
     ctx.wait_all(done)
 }
 
+/// [`reduce_scatter`] of parts that interleave ([`crate::Communicator::reduce_scatter_rows`]):
+/// every row's segment of this rank summed over the ranks' buffers where they lie, the rows one
+/// after another into `recv`; the same sums, source by source, as `reduce_scatter`.
+pub(super) fn reduce_scatter_rows(
+    ctx: &mut Ctx<'_>,
+    send: Buf<'_>,
+    mut recv: BufMut<'_>,
+    rows: usize,
+    op: ReduceOp,
+) -> Result<(), CommError> {
+    let (n, me) = (ctx.size(), ctx.rank());
+    let dtype = send.dtype();
+    if recv.dtype() != dtype {
+        return Err(ctx.invalid(format!("send is {dtype} but recv is {}", recv.dtype())));
+    }
+    if !op.supports(dtype) {
+        return Err(CommError::UnsupportedReduction {
+            site: ctx.site(),
+            reduce: op,
+            dtype,
+        });
+    }
+    let segment = crate::communicator::check_rows(ctx.site(), send.len(), recv.len(), (rows, n))?;
+    let lend = ctx.next_step();
+    let done = ctx.next_step();
+    let send_ptr = send.bytes().as_ptr();
+    let shape = [rows];
+    let mut mine = Publication::new(
+        OpKind::ReduceScatter,
+        send_ptr.cast_mut(),
+        send.bytes().len(),
+    );
+    mine.dtype = Some(dtype);
+    mine.reduce = Some(op);
+    mine.counts = shape.as_ptr();
+    mine.n_counts = shape.len();
+    // SAFETY: `send` and `shape` outlive the guard; peers only read them.
+    let _lent = unsafe { ctx.publish(mine, lend) };
+    ctx.wait_all(lend)?;
+    let mut leases = Vec::with_capacity(n);
+    let mut srcs = Vec::with_capacity(n);
+    for peer in 0..n {
+        if peer == me {
+            srcs.push(send_ptr);
+            continue;
+        }
+        let lease = ctx.lease_matching(peer, lend, &mine)?;
+        // SAFETY: under the lease.
+        let theirs = unsafe { lease.publication.counts() };
+        if lease.publication.len != mine.len || theirs != shape {
+            return Err(ctx.mismatch(
+                peer,
+                format!(
+                    "it scatters {} bytes as rows {theirs:?} but this rank {} bytes as rows \
+                     {shape:?}",
+                    lease.publication.len, mine.len
+                ),
+            ));
+        }
+        srcs.push(lease.publication.ptr.cast_const());
+        leases.push(lease);
+    }
+    let dst = [recv.bytes_mut().as_mut_ptr()];
+    let row = segment * n;
+    // SAFETY: sources are leased (or ours) and typed; `recv` is ours alone; every row's segment
+    // lies inside the buffers (`check_rows`).
+    with_reducible!(dtype, T => unsafe {
+        for r in 0..rows {
+            reduce_chunk::<T>(&srcs, &dst, (r * row + me * segment, r * segment, segment), op, n);
+        }
+    });
+    drop(leases);
+    ctx.arrive(done);
+    ctx.wait_all(done)
+}
+
 pub(super) fn all_gather(
     ctx: &mut Ctx<'_>,
     send: &[u8],

@@ -550,6 +550,18 @@ impl Communicator for LocalComm {
         })
     }
 
+    fn reduce_scatter_rows(
+        &self,
+        send: Buf<'_>,
+        recv: BufMut<'_>,
+        rows: usize,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        self.call("reduce_scatter_rows", OpKind::ReduceScatter, |ctx| {
+            algo::reduce_scatter_rows(ctx, send, recv, rows, op)
+        })
+    }
+
     fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
         self.call("all_gather", OpKind::AllGather, |ctx| {
             if recv.len() != send.len() * ctx.size() {
