@@ -225,22 +225,12 @@ pub(super) fn all_reduce(
 pub(super) fn reduce_scatter(
     ctx: &mut Ctx<'_>,
     send: Buf<'_>,
-    mut recv: BufMut<'_>,
+    recv: BufMut<'_>,
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let (n, me) = (ctx.size(), ctx.rank());
-    let dtype = send.dtype();
-    if recv.dtype() != dtype {
-        return Err(ctx.invalid(format!("send is {dtype} but recv is {}", recv.dtype())));
-    }
-    if !op.supports(dtype) {
-        return Err(CommError::UnsupportedReduction {
-            site: ctx.site(),
-            reduce: op,
-            dtype,
-        });
-    }
+    check_reduction(ctx, &send, &recv, op)?;
     if counts.len() != n || counts.iter().sum::<usize>() != send.len() || recv.len() != counts[me] {
         return Err(ctx.invalid(format!(
             "counts {counts:?} must have {n} entries summing to the send length {} and entry \
@@ -249,52 +239,8 @@ pub(super) fn reduce_scatter(
             recv.len()
         )));
     }
-    let lend = ctx.next_step();
-    let done = ctx.next_step();
-    let send_ptr = send.bytes().as_ptr();
-    let mut mine = Publication::new(
-        OpKind::ReduceScatter,
-        send_ptr.cast_mut(),
-        send.bytes().len(),
-    );
-    mine.dtype = Some(dtype);
-    mine.reduce = Some(op);
-    mine.counts = counts.as_ptr();
-    mine.n_counts = counts.len();
-    // SAFETY: `send` and `counts` outlive the guard; peers only read them.
-    let _lent = unsafe { ctx.publish(mine, lend) };
-    ctx.wait_all(lend)?;
-    let mut leases = Vec::with_capacity(n);
-    let mut srcs = Vec::with_capacity(n);
-    for peer in 0..n {
-        if peer == me {
-            srcs.push(send_ptr);
-            continue;
-        }
-        let lease = ctx.lease_matching(peer, lend, &mine)?;
-        // SAFETY: under the lease.
-        let theirs = unsafe { lease.publication.counts() };
-        if lease.publication.len != mine.len || theirs != counts {
-            return Err(ctx.mismatch(
-                peer,
-                format!(
-                    "it scatters {} bytes as {theirs:?} but this rank {} bytes as {counts:?}",
-                    lease.publication.len, mine.len
-                ),
-            ));
-        }
-        srcs.push(lease.publication.ptr.cast_const());
-        leases.push(lease);
-    }
     let offset: usize = counts[..me].iter().sum();
-    let dst = [recv.bytes_mut().as_mut_ptr()];
-    // SAFETY: sources are leased (or ours) and typed; `recv` is ours alone.
-    with_reducible!(dtype, T => unsafe {
-        reduce_chunk::<T>(&srcs, &dst, (offset, 0, counts[me]), op, n)
-    });
-    drop(leases);
-    ctx.arrive(done);
-    ctx.wait_all(done)
+    sum_parts(ctx, (send, recv), op, counts, &[(offset, 0, counts[me])])
 }
 
 /// [`reduce_scatter`] of parts that interleave ([`crate::Communicator::reduce_scatter_rows`]):
@@ -303,11 +249,27 @@ pub(super) fn reduce_scatter(
 pub(super) fn reduce_scatter_rows(
     ctx: &mut Ctx<'_>,
     send: Buf<'_>,
-    mut recv: BufMut<'_>,
+    recv: BufMut<'_>,
     rows: usize,
     op: ReduceOp,
 ) -> Result<(), CommError> {
     let (n, me) = (ctx.size(), ctx.rank());
+    check_reduction(ctx, &send, &recv, op)?;
+    let segment = crate::communicator::check_rows(ctx.site(), send.len(), recv.len(), (rows, n))?;
+    let row = segment * n;
+    let runs: Vec<(usize, usize, usize)> = (0..rows)
+        .map(|r| (r * row + me * segment, r * segment, segment))
+        .collect();
+    sum_parts(ctx, (send, recv), op, &[rows], &runs)
+}
+
+/// A reduction's buffers agree in dtype and `op` can reduce it; else the caller's error.
+fn check_reduction(
+    ctx: &Ctx<'_>,
+    send: &Buf<'_>,
+    recv: &BufMut<'_>,
+    op: ReduceOp,
+) -> Result<(), CommError> {
     let dtype = send.dtype();
     if recv.dtype() != dtype {
         return Err(ctx.invalid(format!("send is {dtype} but recv is {}", recv.dtype())));
@@ -319,11 +281,25 @@ pub(super) fn reduce_scatter_rows(
             dtype,
         });
     }
-    let segment = crate::communicator::check_rows(ctx.site(), send.len(), recv.len(), (rows, n))?;
+    Ok(())
+}
+
+/// A reduce-scatter's exchange: `send` lent to the peers, whose calls must agree on its length
+/// and on `agreed` (the counts, or the rows); then this rank's `runs` (`(source offset, recv
+/// offset, length)` in elements) summed over every rank's buffer, sources in rank order, into
+/// `recv`.
+fn sum_parts(
+    ctx: &mut Ctx<'_>,
+    (send, mut recv): (Buf<'_>, BufMut<'_>),
+    op: ReduceOp,
+    agreed: &[usize],
+    runs: &[(usize, usize, usize)],
+) -> Result<(), CommError> {
+    let (n, me) = (ctx.size(), ctx.rank());
+    let dtype = send.dtype();
     let lend = ctx.next_step();
     let done = ctx.next_step();
     let send_ptr = send.bytes().as_ptr();
-    let shape = [rows];
     let mut mine = Publication::new(
         OpKind::ReduceScatter,
         send_ptr.cast_mut(),
@@ -331,9 +307,9 @@ pub(super) fn reduce_scatter_rows(
     );
     mine.dtype = Some(dtype);
     mine.reduce = Some(op);
-    mine.counts = shape.as_ptr();
-    mine.n_counts = shape.len();
-    // SAFETY: `send` and `shape` outlive the guard; peers only read them.
+    mine.counts = agreed.as_ptr();
+    mine.n_counts = agreed.len();
+    // SAFETY: `send` and `agreed` outlive the guard; peers only read them.
     let _lent = unsafe { ctx.publish(mine, lend) };
     ctx.wait_all(lend)?;
     let mut leases = Vec::with_capacity(n);
@@ -346,12 +322,11 @@ pub(super) fn reduce_scatter_rows(
         let lease = ctx.lease_matching(peer, lend, &mine)?;
         // SAFETY: under the lease.
         let theirs = unsafe { lease.publication.counts() };
-        if lease.publication.len != mine.len || theirs != shape {
+        if lease.publication.len != mine.len || theirs != agreed {
             return Err(ctx.mismatch(
                 peer,
                 format!(
-                    "it scatters {} bytes as rows {theirs:?} but this rank {} bytes as rows \
-                     {shape:?}",
+                    "it scatters {} bytes as {theirs:?} but this rank {} bytes as {agreed:?}",
                     lease.publication.len, mine.len
                 ),
             ));
@@ -360,12 +335,11 @@ pub(super) fn reduce_scatter_rows(
         leases.push(lease);
     }
     let dst = [recv.bytes_mut().as_mut_ptr()];
-    let row = segment * n;
-    // SAFETY: sources are leased (or ours) and typed; `recv` is ours alone; every row's segment
-    // lies inside the buffers (`check_rows`).
+    // SAFETY: sources are leased (or ours) and typed; `recv` is ours alone; the callers checked
+    // that every run lies inside the buffers.
     with_reducible!(dtype, T => unsafe {
-        for r in 0..rows {
-            reduce_chunk::<T>(&srcs, &dst, (r * row + me * segment, r * segment, segment), op, n);
+        for &run in runs {
+            reduce_chunk::<T>(&srcs, &dst, run, op, n);
         }
     });
     drop(leases);
