@@ -16,6 +16,24 @@ pub type Tag = u32;
 /// The largest tag every backend accepts (MPI guarantees at least 32767).
 pub const MAX_TAG: Tag = 32_767;
 
+/// `send` as `rows` rows of `n` equal segments, laid part by part at the start of `out`: part
+/// `j` (segment `j` of every row, rows in order) after part `j - 1`, as `reduce_scatter_v` takes
+/// the parts of [`Communicator::reduce_scatter_rows`]; one pass over the bytes. `out` must hold
+/// `send`.
+pub fn parts_one_after_another(send: &[u8], (rows, n): (usize, usize), out: &mut [u8]) {
+    let row = send.len() / rows.max(1);
+    let segment = row / n.max(1);
+    let mut dst = out[..send.len()].chunks_exact_mut(segment.max(1));
+    for j in 0..n {
+        for r in 0..rows {
+            if let Some(run) = dst.next() {
+                let at = r * row + j * segment;
+                run.copy_from_slice(&send[at..at + segment]);
+            }
+        }
+    }
+}
+
 /// The segment length (elements) of [`Communicator::reduce_scatter_rows`] over `n` ranks, or an
 /// error naming `site` when `send` (elements) is not `rows` rows of `n` segments of which `recv`
 /// holds one per row.
@@ -122,7 +140,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let n = self.size();
-        let segment = check_rows(
+        check_rows(
             self.site("reduce_scatter_rows"),
             send.len(),
             recv.len(),
@@ -132,18 +150,8 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         if rows == 1 {
             return self.reduce_scatter_v(send, recv, &counts, op);
         }
-        let elem = send.dtype().size_in_bytes();
-        let (bytes, seg_bytes) = (send.bytes(), segment * elem);
         let mut packed = Tensor::zeros(send.dtype(), &[send.len()]);
-        let mut runs = packed.as_bytes_mut().chunks_exact_mut(seg_bytes.max(1));
-        for j in 0..n {
-            for row in 0..rows {
-                if let Some(run) = runs.next() {
-                    let at = (row * n + j) * seg_bytes;
-                    run.copy_from_slice(&bytes[at..at + seg_bytes]);
-                }
-            }
-        }
+        parts_one_after_another(send.bytes(), (rows, n), packed.as_bytes_mut());
         self.reduce_scatter_v(Buf::from_tensor(&packed), recv, &counts, op)
     }
 

@@ -100,7 +100,9 @@ mod schedule;
 pub mod start_notice;
 
 pub use crate::buf::{Buf, BufMut};
-pub use crate::communicator::{split_counts, Communicator, CommunicatorExt, Tag, MAX_TAG};
+pub use crate::communicator::{
+    parts_one_after_another, split_counts, Communicator, CommunicatorExt, Tag, MAX_TAG,
+};
 pub use crate::error::{CommError, PeerFailure, Site};
 pub use crate::local::{thread_wait_time, LocalCluster, LocalComm};
 pub use crate::op::ReduceOp;

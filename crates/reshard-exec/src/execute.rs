@@ -274,9 +274,9 @@ impl ReshardRunner {
 
     /// A plan whose reduce-scatter leaves this rank's part exactly where the destination wants
     /// it ([`ReshardPlan::is_whole_slice_reduce_on`]; sequence parallel's sums of partial
-    /// activations): the part is summed straight into `out`, from the parts packed into the
-    /// runner's kept space. `None` (nothing done) for any other plan, and in the modes that sum
-    /// otherwise (deterministic sums, half-precision values widened to f32).
+    /// activations): the part is summed straight into `out` ([`Self::reduce_scatter_part`]).
+    /// `None` (nothing done) for any other plan, and in the modes that sum otherwise
+    /// (deterministic sums, half-precision values widened to f32).
     fn reduce_scatter_into(
         &mut self,
         plan: &ReshardPlan,
@@ -332,7 +332,7 @@ impl ReshardRunner {
                 space = Some(Tensor::zeros(src.dtype(), &[src.n_elements()]));
             }
             let space = space.as_mut().expect("made above");
-            parts_one_after_another(src, dim, n, space.as_bytes_mut());
+            comm::parts_one_after_another(src.as_bytes(), (rows, n), space.as_bytes_mut());
             Buf::from_tensor(space).prefix(src.n_elements())
         };
         let counts = vec![part.n_elements(); n];
@@ -817,26 +817,6 @@ fn copy_piece(
     );
 }
 
-/// `tensor` cut into `n` equal parts along `dim`, the parts laid one after another (part 0's
-/// elements in row-major order, then part 1's, …) at the start of `out`; one pass over the
-/// bytes.
-fn parts_one_after_another(tensor: &Tensor, dim: usize, n: usize, out: &mut [u8]) {
-    let shape = tensor.shape();
-    let outer: usize = shape[..dim].iter().product();
-    let src = tensor.as_bytes();
-    let row = src.len() / outer.max(1);
-    let part = row / n.max(1);
-    let mut dst = out[..src.len()].chunks_exact_mut(part.max(1));
-    for j in 0..n {
-        for o in 0..outer {
-            if let Some(run) = dst.next() {
-                let at = o * row + j * part;
-                run.copy_from_slice(&src[at..at + part]);
-            }
-        }
-    }
-}
-
 /// The source slots of the pending-sum group that holds `slot`.
 fn group_of(plan: &ReshardPlan, slot: usize) -> &[usize] {
     plan.reduce()
@@ -1063,7 +1043,8 @@ mod tests {
                 // Into longer space than it needs, whose tail it leaves alone.
                 let bytes = tensor.as_bytes().len();
                 let mut packed = vec![0xA5u8; bytes + 8];
-                parts_one_after_another(&tensor, dim, n, &mut packed);
+                let rows = shape[..dim].iter().product();
+                comm::parts_one_after_another(tensor.as_bytes(), (rows, n), &mut packed);
                 let want = by_boxes(&tensor, dim, n);
                 assert_eq!(
                     &packed[..bytes],

@@ -297,9 +297,7 @@ impl ReshardPlan {
         }
         let mut filled = vec![false; self.dst.mesh().n_slots()];
         for t in self.transfers() {
-            let whole = t.is_local()
-                && t.region == reduce.result.slot_box(t.src_slot)
-                && t.region == self.dst.slot_box(t.dst_slot);
+            let whole = self.copies_whole_reduced_slice(reduce, &t);
             if !whole || std::mem::replace(&mut filled[t.dst_slot], true) {
                 return false;
             }
@@ -325,13 +323,17 @@ impl ReshardPlan {
             return false;
         }
         match self.transfers_of(rank).as_slice() {
-            [t] => {
-                t.is_local()
-                    && t.region == reduce.result.slot_box(t.src_slot)
-                    && t.region == self.dst.slot_box(t.dst_slot)
-            }
+            [t] => self.copies_whole_reduced_slice(reduce, t),
             _ => false,
         }
+    }
+
+    /// Whether `t` copies a whole slice of `reduce`'s result, on its device, into a whole
+    /// destination slice.
+    fn copies_whole_reduced_slice(&self, reduce: &ReduceStep, t: &Transfer) -> bool {
+        t.is_local()
+            && t.region == reduce.result.slot_box(t.src_slot)
+            && t.region == self.dst.slot_box(t.dst_slot)
     }
 
     /// What the plan runs on `rank`, by name: its pending sum's collective (`all-reduce`,
