@@ -315,6 +315,21 @@ proptest! {
         check(&c, "flash", &[s.clone(), s.clone(), s], devices);
     }
 
+    /// The packed attention with the batch and head dims of `qkv [B, S, N, 3·d]` split (its
+    /// output and its gradient, causal or not); the sequence and the q|k|v dims whole.
+    #[test]
+    fn packed_attention_with_split_batch_and_head_dims(
+        devices in devices(),
+        e in exponents(4),
+        causal in any::<bool>(),
+    ) {
+        let c = case(|b| {
+            let qkv = param(b, "qkv", &[4, 6, 4, 12])?;
+            Ok(b.packed_attention("packed", qkv, causal, 0.5)?.0)
+        });
+        check(&c, "packed", &[fit(&[4, 6, 4, 12], &e, devices, &[1, 3])], devices);
+    }
+
     /// LayerNorm with its batch and sequence dims split (sequence parallelism), gamma and beta
     /// whole.
     #[test]

@@ -325,6 +325,7 @@ impl RuleCtx<'_> {
 /// | `Softmax`, `LogSoftmax` | `SoftmaxGrad(y, dy)`, `LogSoftmaxGrad(y, dy)` |
 /// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
 /// | `FlashAttention(q, k, v)` | `FlashAttentionGrad(q, k, v, out, lse, dout)` → `dq, dk, dv` (none for `lse`) |
+/// | `PackedAttention(qkv)` | `PackedAttentionGrad(qkv, out, lse, dout)` → `dqkv` (none for `lse`) |
 /// | `Concat(x…)` | `Split(dy)` into the inputs' sizes |
 /// | `Split(x)` | `Concat` of the outputs' gradients (zeros for an output without one) |
 /// | `StridedSlice(x)` | `StridedSliceGrad(dy)`: `dy` scattered into zeros of `x`'s shape |
@@ -472,6 +473,11 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
             let grads = ctx.emit("grad", op, &inputs, vec![Some(0), Some(1), Some(2)])?;
             out.extend((0..3).filter(|&i| wants[i]).map(|i| (i, grads[i])));
         }
+        Op::PackedAttention { causal, scale } => {
+            let inputs = [ctx.input(0), ctx.output(0), ctx.output(1), dy];
+            let op = Op::PackedAttentionGrad { causal, scale };
+            out.push((0, ctx.grad(0, op, &inputs)?));
+        }
         Op::Where if wants[1] || wants[2] => {
             // dy where cond is 0 goes to y; the rest, dy - that (exact: dy - 0 or dy - dy),
             // to x. The condition gets no gradient.
@@ -592,6 +598,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         | Op::Triu { .. }
         | Op::ScaledSoftmaxGrad { .. }
         | Op::FlashAttentionGrad { .. }
+        | Op::PackedAttentionGrad { .. }
         | Op::StridedSliceGrad { .. }
         | Op::BatchMatMulSum { .. }
         | Op::OneHot { .. }

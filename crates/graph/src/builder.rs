@@ -683,6 +683,20 @@ impl GraphBuilder {
         let outputs = self.node(name, Op::FlashAttention { causal, scale }, &[q, k, v])?;
         Ok((outputs[0], outputs[1]))
     }
+
+    /// Fused attention over the fused QKV projection's layout `qkv [..., S, N, 3·d]` (see
+    /// [`Op::PackedAttention`]); returns `(out [..., S, N, d], lse [..., S, N])`, the node's
+    /// outputs `name` and `name:1`.
+    pub fn packed_attention(
+        &mut self,
+        name: &str,
+        qkv: ValueId,
+        causal: bool,
+        scale: f64,
+    ) -> Result<(ValueId, ValueId), GraphError> {
+        let outputs = self.node(name, Op::PackedAttention { causal, scale }, &[qkv])?;
+        Ok((outputs[0], outputs[1]))
+    }
 }
 
 #[cfg(test)]

@@ -425,6 +425,39 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
             }
             vec![c.same_as(0)?, c.same_as(1)?, c.same_as(2)?]
         }
+        Op::PackedAttention { scale, .. } => {
+            c.softmax_scale(*scale)?;
+            let (out, lse) = c.packed_attention_shapes()?;
+            let dtype = c.input(0).dtype;
+            vec![(out, dtype), (lse, dtype)]
+        }
+        Op::PackedAttentionGrad { scale, .. } => {
+            c.softmax_scale(*scale)?;
+            let (out, lse) = c.packed_attention_shapes()?;
+            for (i, shape, expected) in [
+                (
+                    1,
+                    &out,
+                    "qkv's shape with its last dim a third (the forward's out)",
+                ),
+                (
+                    2,
+                    &lse,
+                    "qkv's shape without its last dim (the forward's lse)",
+                ),
+                (
+                    3,
+                    &out,
+                    "qkv's shape with its last dim a third (the forward's out)",
+                ),
+            ] {
+                c.same_dtype(i, 0)?;
+                if &c.input(i).shape != shape {
+                    return Err(c.rank_error(i, expected));
+                }
+            }
+            vec![c.same_as(0)?]
+        }
         Op::ScaledSoftmaxGrad { scale } => {
             c.softmax_scale(*scale)?;
             c.same_dtype(1, 0)?;
@@ -740,6 +773,22 @@ impl<'a> Check<'a> {
         }
         self.dims_equal("head dim", (0, last(&q.shape)), (1, last(&k.shape)))?;
         Ok(q)
+    }
+
+    /// Checks input 0 (`qkv [..., S, N, 3·d]`, floating-point, at least 3 dims, the last a
+    /// multiple of 3) and returns the shapes of the packed attention's `out [..., S, N, d]` and
+    /// `lse [..., S, N]`.
+    fn packed_attention_shapes(&self) -> Result<(Vec<usize>, Vec<usize>), GraphError> {
+        let qkv = self.float(0)?;
+        self.min_rank(0, 3, "at least 3 dims ([..., seq, heads, 3·head_dim])")?;
+        let width = last(&qkv.shape);
+        if !width.is_multiple_of(3) {
+            return Err(self.rank_error(0, "a last dim of 3·head_dim (q, k and v side by side)"));
+        }
+        let mut out = qkv.shape.clone();
+        *out.last_mut().expect("at least 3 dims") = width / 3;
+        let lse = qkv.shape[..qkv.shape.len() - 1].to_vec();
+        Ok((out, lse))
     }
 
     /// `Ok` when a softmax scale is finite and positive.

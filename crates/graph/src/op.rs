@@ -297,6 +297,26 @@ pub enum Op {
         /// The forward's scale.
         scale: f64,
     },
+    /// [`Op::FlashAttention`] on the fused QKV projection's layout, with no transposes: input
+    /// `qkv [..., S, N, 3·d]` (every position's `N` heads, each head's query, key and value
+    /// rows side by side) → `out [..., S, N, d]` and `lse [..., S, N]`. The bits are those of
+    /// `FlashAttention` over `q`, `k`, `v` cut from `qkv` and transposed to `[..., N, S, d]`,
+    /// with its outputs transposed back. The sequence dim is never split (no ring attention):
+    /// context parallel keeps `FlashAttention`.
+    PackedAttention {
+        /// Hide the keys after each query's position.
+        causal: bool,
+        /// The factor of the scores (`1/√d`), finite and positive.
+        scale: f64,
+    },
+    /// *Backward* of [`Op::PackedAttention`]: inputs `qkv`, `out`, `lse` and `dout` → `dqkv`
+    /// (`qkv`'s layout: every head's `dq`, `dk` and `dv` rows side by side).
+    PackedAttentionGrad {
+        /// The forward's mask.
+        causal: bool,
+        /// The forward's scale.
+        scale: f64,
+    },
     /// *Backward* of [`Op::Relu`]: inputs `y` (the forward output) and `dy` → `dx`.
     ReluGrad,
     /// *Backward* of [`Op::Gelu`]: inputs `x` (the forward input) and `dy` → `dx`.
@@ -377,6 +397,8 @@ impl Op {
             Op::ScaledSoftmaxGrad { .. } => "ScaledSoftmaxGrad",
             Op::FlashAttention { .. } => "FlashAttention",
             Op::FlashAttentionGrad { .. } => "FlashAttentionGrad",
+            Op::PackedAttention { .. } => "PackedAttention",
+            Op::PackedAttentionGrad { .. } => "PackedAttentionGrad",
             Op::ReluGrad => "ReluGrad",
             Op::GeluGrad { .. } => "GeluGrad",
             Op::TanhGrad => "TanhGrad",
@@ -387,6 +409,19 @@ impl Op {
             Op::BiasAddGrad => "BiasAddGrad",
             Op::SparseSoftmaxCrossEntropyGrad { .. } => "SparseSoftmaxCrossEntropyGrad",
         }
+    }
+
+    /// Whether a setting naming an op kind (`[parallel.recompute] ops`) means this op: its own
+    /// [`Op::kind`], and for [`Op::PackedAttention`] (and its gradient) also `FlashAttention`
+    /// (`FlashAttentionGrad`), the same attention on another layout, so that such a setting
+    /// keeps its meaning whichever layout the model builds.
+    pub fn answers_to(&self, kind: &str) -> bool {
+        self.kind() == kind
+            || matches!(
+                (self, kind),
+                (Op::PackedAttention { .. }, "FlashAttention")
+                    | (Op::PackedAttentionGrad { .. }, "FlashAttentionGrad")
+            )
     }
 
     /// Whether running the op does something besides computing its outputs ([`Op::Print`]), so
@@ -423,6 +458,7 @@ impl Op {
             | Op::Dropout { .. }
             | Op::Split { .. }
             | Op::StridedSlice { .. }
+            | Op::PackedAttention { .. }
             | Op::StridedSliceGrad { .. }
             | Op::Cast { .. }
             | Op::BiasAddGrad => 1,
@@ -449,6 +485,7 @@ impl Op {
             | Op::FlashAttention { .. }
             | Op::Where => 3,
             Op::LayerNormGrad => 5,
+            Op::PackedAttentionGrad { .. } => 4,
             Op::FlashAttentionGrad { .. } => 6,
             Op::Concat { n, .. } => *n,
         }
@@ -461,7 +498,7 @@ impl Op {
             | Op::LayerNormGrad
             | Op::FlashAttentionGrad { .. }
             | Op::MoeRoute { .. } => 3,
-            Op::FlashAttention { .. } => 2,
+            Op::FlashAttention { .. } | Op::PackedAttention { .. } => 2,
             Op::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }
@@ -479,6 +516,7 @@ impl Op {
                 | Op::LogSoftmaxGrad
                 | Op::ScaledSoftmaxGrad { .. }
                 | Op::FlashAttentionGrad { .. }
+                | Op::PackedAttentionGrad { .. }
                 | Op::StridedSliceGrad { .. }
                 | Op::LayerNormGrad
                 | Op::EmbeddingGrad
@@ -528,6 +566,8 @@ impl Op {
                 | Op::ScaledSoftmaxGrad { .. }
                 | Op::FlashAttention { .. }
                 | Op::FlashAttentionGrad { .. }
+                | Op::PackedAttention { .. }
+                | Op::PackedAttentionGrad { .. }
                 | Op::LayerNorm { .. }
                 | Op::LayerNormGrad
                 | Op::Transpose { .. }

@@ -318,6 +318,86 @@ fn flash_attention_equals_the_unfused_ops_and_its_lse_has_no_gradient() {
 }
 
 #[test]
+fn packed_attention_causal_and_not() {
+    for causal in [true, false] {
+        check_gradients(&format!("packed_attention causal {causal}"), |b| {
+            // [batch 2, seq 5, heads 2, 3 · head_dim 3]
+            let qkv = param(b, "qkv", &[2, 5, 2, 9])?;
+            let (out, _) = b.packed_attention("attn", qkv, causal, 0.6)?;
+            Ok((out, Vec::new()))
+        })
+        .unwrap();
+    }
+}
+
+/// `PackedAttention` over `qkv [B, S, N, 3·d]` gives the bits of `FlashAttention` over q, k
+/// and v cut from it and transposed to `[B, N, S, d]` (its context transposed back), forward
+/// and backward, and its lse has no gradient.
+#[test]
+fn packed_attention_is_flash_attention_on_the_cut_and_transposed_qkv_bit_for_bit() {
+    use graph::{grad, Executor};
+    for causal in [true, false] {
+        let mut b = GraphBuilder::with_float_dtype(DType::F64);
+        let qkv = param(&mut b, "qkv", &[3, 70, 2, 12]).unwrap();
+        let (packed, lse) = b.packed_attention("packed", qkv, causal, 0.5).unwrap();
+        let parts = b.split("cut", qkv, 3, &[4, 4, 4]).unwrap();
+        let t = |b: &mut GraphBuilder, name: &str, x| b.transpose(name, x, &[0, 2, 1, 3]).unwrap();
+        let (q, k, v) = (
+            t(&mut b, "q", parts[0]),
+            t(&mut b, "k", parts[1]),
+            t(&mut b, "v", parts[2]),
+        );
+        let (flash, flash_lse) = b.flash_attention("flash", (q, k, v), causal, 0.5).unwrap();
+        let flash = t(&mut b, "back", flash);
+        let flash_lse = b.transpose("lse_back", flash_lse, &[0, 2, 1]).unwrap();
+        // A loss per path: each one's gradient of qkv goes through its own ops only.
+        let sum = |b: &mut GraphBuilder, name: &str, x| b.reduce_sum(name, x, &[], false).unwrap();
+        let (ps, fs) = (sum(&mut b, "ps", packed), sum(&mut b, "fs", flash));
+        let lse_sum = sum(&mut b, "lse_sum", lse);
+        b.output(packed).unwrap();
+        b.output(flash).unwrap();
+        b.output(lse).unwrap();
+        b.output(flash_lse).unwrap();
+        b.output(ps).unwrap();
+        b.output(fs).unwrap();
+        let g = b.finish();
+        let bits = |e: &Executor, v| {
+            let t: &Tensor = e.value(v).unwrap();
+            t.to_f64_vec()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let mut exec = Executor::new(&g).unwrap();
+        exec.init_parameters(3).unwrap();
+        exec.run().unwrap();
+        assert!(
+            bits(&exec, packed) == bits(&exec, flash),
+            "out, causal {causal}"
+        );
+        assert!(
+            bits(&exec, lse) == bits(&exec, flash_lse),
+            "lse, causal {causal}"
+        );
+        // The gradients of qkv through either path.
+        let params = g.trainable_parameters();
+        let grads = |loss| {
+            let training = grad(&g, loss, &params).unwrap();
+            let mut e = Executor::new(&training.graph).unwrap();
+            e.init_parameters(3).unwrap();
+            e.run().unwrap();
+            bits(&e, training.grads[0].1)
+        };
+        assert!(grads(ps) == grads(fs), "dqkv, causal {causal}");
+        let err = grad(&g, lse_sum, &params).unwrap_err().to_string();
+        assert!(
+            err.contains("packed:1") && err.contains("no gradient rule"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn where_routes_the_gradient_by_the_condition() {
     check_gradients("where", |b| {
         let x = param(b, "x", &[2, 3, 4])?;

@@ -232,6 +232,19 @@ fn transformer_ops_name_the_broken_rule() {
         shape(|b, [x, _, _]| Ok(b.flash_attention("flash", (x, x, x), true, 0.5)?.1)),
         vec![32]
     );
+    fn packed(b: &mut GraphBuilder, shape: &[usize], lse: bool) -> Result<ValueId, GraphError> {
+        let qkv = b.input("qkv", shape, DType::F32)?;
+        let (out, l) = b.packed_attention("packed", qkv, true, 0.5)?;
+        Ok(if lse { l } else { out })
+    }
+    assert_eq!(
+        shape(|b, _| packed(b, &[2, 16, 4, 24], false)),
+        vec![2, 16, 4, 8]
+    );
+    assert_eq!(
+        shape(|b, _| packed(b, &[2, 16, 4, 24], true)),
+        vec![2, 16, 4]
+    );
     // Errors.
     let cases: Vec<(String, &str)> = vec![
         (
@@ -245,6 +258,14 @@ fn transformer_ops_name_the_broken_rule() {
         (
             error(|b, [x, w, _]| Ok(b.flash_attention("flash", (x, w, w), true, 0.5)?.0)),
             "flash: head dim 512 and 10 differ (`x` [32, 512], `w` [256, 10])",
+        ),
+        (
+            error(|b, _| packed(b, &[2, 16, 4, 20], false)),
+            "packed: input `qkv` has shape [2, 16, 4, 20], but PackedAttention needs a last dim of 3·head_dim",
+        ),
+        (
+            error(|b, [x, _, _]| Ok(b.packed_attention("packed", x, true, 0.5)?.0)),
+            "packed: input `x` has shape [32, 512], but PackedAttention needs at least 3 dims",
         ),
         (
             error(|b, [x, _, _]| b.scaled_softmax("attn", x, 0.0)),

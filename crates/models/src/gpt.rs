@@ -7,7 +7,8 @@
 //! Megatron-LM lays it out, so that splitting the fused QKV projection's output features over
 //! `model_parallel` splits the heads: its output features are ordered `(head, q|k|v, head_dim)`,
 //! its output `[B, S, 3·H]` is reshaped to `[B, S, heads, 3·head_dim]` (a split of the last dim
-//! becomes a split of the heads) and cut into `q`, `k`, `v` along the last dim.
+//! becomes a split of the heads) and cut into `q`, `k`, `v` along the last dim, or, with
+//! `packed_attention`, read where it lies by one `PackedAttention` op.
 
 use graph::models::Model;
 use graph::nn::{Activation, Dense, LayerNorm};
@@ -43,6 +44,12 @@ pub struct GptConfig {
     /// Only without dropout: the fused op has none on the attention weights, so with
     /// `dropout > 0` the unfused ops are built whatever this says.
     pub fused_attention: bool,
+    /// The fused attention reads the QKV projection's output where it lies (`PackedAttention`
+    /// over `[B, S, heads, 3·head_dim]`, writing `[B, S, heads, head_dim]`) instead of cutting
+    /// it into `q`, `k` and `v` and transposing them and the context (`FlashAttention` over
+    /// `[B, heads, S, head_dim]`): the same bits with four copies fewer per block, forward and
+    /// backward. Context parallel needs `false`: its ring and Ulysses run `FlashAttention`.
+    pub packed_attention: bool,
     /// Sequences per global batch.
     pub batch: usize,
     /// Compute the loss as the vocabulary-parallel cross entropy (scope `loss`, see
@@ -75,6 +82,7 @@ impl GptConfig {
             dropout: 0.0,
             tie_embeddings: true,
             fused_attention: true,
+            packed_attention: true,
             batch,
             vocab_parallel_loss: false,
             moe: None,
@@ -358,12 +366,19 @@ fn attention(
         // of the heads, and the last dim is cut into q, k and v.
         let qkv = b.call("qkv", &dense(hidden, 3 * hidden, 0.02), x)?;
         let qkv = b.reshape("split_heads", qkv, &[batch, seq, heads, 3 * hd])?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let fused = c.fused_attention && c.dropout == 0.0;
+        if fused && c.packed_attention {
+            // One op over the projection's layout: no cut, no transposes.
+            let context = b.packed_attention("flash", qkv, true, scale)?.0;
+            let context = b.reshape("merge_heads", context, &[batch, seq, hidden])?;
+            return projection(b, c, context, dropout);
+        }
         let parts = b.split("qkv_split", qkv, 3, &[hd, hd, hd])?;
         let q = b.transpose("q_t", parts[0], &[0, 2, 1, 3])?;
         let k = b.transpose("k_t", parts[1], &[0, 2, 1, 3])?;
         let v = b.transpose("v_t", parts[2], &[0, 2, 1, 3])?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let context = if c.fused_attention && c.dropout == 0.0 {
+        let context = if fused {
             // One op, the scores never materialised; it has no dropout on the weights.
             b.flash_attention("flash", (q, k, v), true, scale)?.0
         } else {
@@ -376,10 +391,20 @@ fn attention(
         };
         let context = b.transpose("context_t", context, &[0, 2, 1, 3])?;
         let context = b.reshape("merge_heads", context, &[batch, seq, hidden])?;
-        let out_std = 0.02 / (2.0 * c.layers as f64).sqrt();
-        let out = b.call("proj", &dense(hidden, hidden, out_std), context)?;
-        dropout(b, "resid_dropout", out)
+        projection(b, c, context, dropout)
     })
+}
+
+/// The attention's output projection of `context [B, S, H]` and its residual dropout.
+fn projection(
+    b: &mut GraphBuilder,
+    c: &GptConfig,
+    context: ValueId,
+    dropout: &mut impl FnMut(&mut GraphBuilder, &str, ValueId) -> Result<ValueId, GraphError>,
+) -> Result<ValueId, GraphError> {
+    let out_std = 0.02 / (2.0 * c.layers as f64).sqrt();
+    let out = b.call("proj", &dense(c.hidden, c.hidden, out_std), context)?;
+    dropout(b, "resid_dropout", out)
 }
 
 #[cfg(test)]

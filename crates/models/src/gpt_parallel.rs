@@ -29,7 +29,7 @@
 
 use std::collections::BTreeMap;
 
-use graph::{Graph, NodeRole};
+use graph::{Graph, NodeRole, Op};
 use layout::{DimSpec, Layout};
 use parallel::OpStrategy;
 
@@ -208,6 +208,14 @@ impl GptParallel {
                 "model_parallel (vocab_emb_dp = false)".to_string(),
             ));
         }
+        if cp > 1 && c.fused_attention && c.dropout == 0.0 && c.packed_attention {
+            return Err(config_error(
+                "parallel.context_parallel",
+                format!(
+                    "{cp} splits the sequence, which the packed attention (PackedAttention) keeps whole: build the GPT with FlashAttention (packed_attention = false)"
+                ),
+            ));
+        }
         if cp > 1 {
             rules.push((
                 "model.seq_len",
@@ -292,6 +300,19 @@ impl GptParallel {
             }
             let strategy = match loss_ops.get(&node.name) {
                 Some(tuples) => Some(OpStrategy::from_tuples(tuples.clone(), None)),
+                // `qkv [B, S, heads, 3·head_dim]`: the batch and the heads split, as the
+                // projection leaves them (`check` keeps context parallel off this op).
+                None if matches!(node.op, Op::PackedAttention { .. }) => {
+                    Some(OpStrategy::from_tuples(
+                        vec![vec![
+                            self.data_parallel,
+                            self.context_parallel,
+                            self.model_parallel,
+                            1,
+                        ]],
+                        None,
+                    ))
+                }
                 None => self.strategy_of(&node.name, &heads).or_else(|| {
                     self.moe_strategy_of(&node.name)
                         .map(|tuples| OpStrategy::from_tuples(tuples, None))

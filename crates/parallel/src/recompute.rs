@@ -242,7 +242,7 @@ pub fn recomputed_values(
     let mut recomputed = vec![false; graph.values().len()];
     let forward = || graph.nodes().iter().filter(|n| n.role == NodeRole::Forward);
     let op_matches = |pattern: &str, node: &graph::Node| {
-        glob_matches(pattern, &node.name) || node.op.kind() == pattern
+        glob_matches(pattern, &node.name) || node.op.answers_to(pattern)
     };
     for (setting, globs) in [
         ("recompute.cells", &config.cells),

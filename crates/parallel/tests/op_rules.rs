@@ -272,3 +272,47 @@ fn flash_attention_by_default_splits_the_batch_and_never_a_lone_sequence() {
         assert_eq!(map(&flash.inputs[0]), map_q, "{shape:?}");
     }
 }
+
+#[test]
+fn packed_attention_splits_batch_and_heads_and_refuses_the_sequence_and_the_width() {
+    let mut b = GraphBuilder::new();
+    let qkv = b
+        .parameter("qkv", &[4, 6, 4, 24], Initializer::normal(1.0))
+        .unwrap();
+    b.packed_attention("packed", qkv, true, 0.5).unwrap();
+    let g = b.finish();
+    let p = placed(&g, "packed", &[&[2, 1, 2, 1]], 4);
+    let packed = &p.nodes[g.node_by_name("packed").unwrap().0];
+    assert_eq!(map(&packed.inputs[0]), vec![1, -1, 0, -1]);
+    assert_eq!(map(packed.outputs[0].layout()), vec![1, -1, 0, -1]);
+    assert_eq!(map(packed.outputs[1].layout()), vec![1, -1, 0]);
+    let err = error(&g, "packed", &[&[1, 2, 1, 1]], 2);
+    assert!(
+        err.contains("the sequence dim (dim 1) of packed attention cannot be split"),
+        "{err}"
+    );
+    let err = error(&g, "packed", &[&[1, 1, 1, 2]], 2);
+    assert!(
+        err.contains("the q|k|v dim (dim 3) cannot be split"),
+        "{err}"
+    );
+    // The output rule refuses a split sequence, whoever asks.
+    let node = &g.nodes()[g.node_by_name("packed").unwrap().0];
+    let ctx = OpContext::of(&g, node);
+    let mesh = layout::Mesh::line("cp", 2).unwrap();
+    let split_seq = layout::Layout::from_mesh(mesh.clone(), vec![vec![], vec![0], vec![], vec![]])
+        .unwrap()
+        .bind(&[4, 6, 4, 24])
+        .unwrap();
+    let err = infer::output_layouts(&ctx, &[split_seq], &mesh)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the sequence dim of packed attention"),
+        "{err}"
+    );
+    // Data parallel splits the batch.
+    let p = place(&g, &ParallelConfig::new(ParallelMode::DataParallel, 2)).unwrap();
+    let packed = &p.nodes[g.node_by_name("packed").unwrap().0];
+    assert_eq!(map(&packed.inputs[0]), vec![0, -1, -1, -1]);
+}

@@ -115,6 +115,7 @@ impl SavedModel {
             dropout: 0.0,
             tie_embeddings: json["tie_embeddings"].as_bool().unwrap_or(true),
             fused_attention: true,
+            packed_attention: true,
             batch: 1,
             vocab_parallel_loss: false,
             moe: moe_from_json(&json["moe"]).map_err(bad)?,

@@ -1015,20 +1015,24 @@ fn threads_inside_a_rank_change_no_bit() {
 
 /// The fused attention (`model.fused_attention`) against the
 /// unfused ops it replaces, in f64 on one whole GPT: the same loss and every parameter's
-/// gradient, from the same parameter values.
+/// gradient, from the same parameter values. The packed attention (one `PackedAttention` over
+/// the QKV projection's layout, no cut and no transposes) gives `FlashAttention`'s bits.
 #[test]
 fn fused_attention_gives_the_loss_and_gradients_of_the_unfused_ops() {
     use graph::{grad, Executor};
     use tensor::{DType, Tensor};
-    let gpt = |fused: bool| {
+    let gpt = |fused: bool, packed: bool| {
         let config = models::GptConfig {
             fused_attention: fused,
+            packed_attention: packed,
             // 20 tokens: more than one tile would need 64, so also the odd-size tile edge.
             ..models::GptConfig::new(40, 2, 4, 16, 20, 3)
         };
         let model = models::gpt(&config, DType::F64).unwrap();
         let kinds: Vec<&str> = model.graph.nodes().iter().map(|n| n.op.kind()).collect();
-        assert_eq!(kinds.contains(&"FlashAttention"), fused);
+        assert_eq!(kinds.contains(&"FlashAttention"), fused && !packed);
+        assert_eq!(kinds.contains(&"PackedAttention"), fused && packed);
+        assert_eq!(kinds.contains(&"Transpose"), !(fused && packed));
         assert_eq!(kinds.contains(&"ScaledSoftmax"), !fused);
         model
     };
@@ -1064,8 +1068,22 @@ fn fused_attention_gives_the_loss_and_gradients_of_the_unfused_ops() {
             .collect();
         (loss, grads, values)
     };
-    let (fused_loss, fused_grads, values) = run(&gpt(true), None);
-    let (loss, grads, _) = run(&gpt(false), Some(&values));
+    let (fused_loss, fused_grads, values) = run(&gpt(true, false), None);
+    let (packed_loss, packed_grads, _) = run(&gpt(true, true), Some(&values));
+    assert_eq!(packed_loss.to_bits(), fused_loss.to_bits());
+    for ((name, packed), (_, fused)) in packed_grads.iter().zip(&fused_grads) {
+        let bits = |t: &Tensor| {
+            t.to_f64_vec()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            bits(packed) == bits(fused),
+            "{name}: packed and flash differ"
+        );
+    }
+    let (loss, grads, _) = run(&gpt(false, false), Some(&values));
     assert!(
         (fused_loss - loss).abs() <= 1e-12 * loss.abs(),
         "{fused_loss} vs {loss}"

@@ -66,7 +66,10 @@ pub struct EvalSettings<'a> {
 fn is_matmul(op: &Op) -> bool {
     matches!(
         op,
-        Op::MatMul { .. } | Op::BatchMatMul { .. } | Op::FlashAttention { .. }
+        Op::MatMul { .. }
+            | Op::BatchMatMul { .. }
+            | Op::FlashAttention { .. }
+            | Op::PackedAttention { .. }
     )
 }
 
@@ -77,6 +80,13 @@ fn matmul_flops(ctx: &OpContext<'_>) -> f64 {
         let (q, k) = (ctx.input_shapes[0], ctx.input_shapes[1]);
         let q_elements: f64 = q.iter().map(|&d| d as f64).product();
         let products = 4.0 * q_elements * k[k.len() - 2] as f64;
+        return if *causal { products / 2.0 } else { products };
+    }
+    if let Op::PackedAttention { causal, .. } = ctx.op {
+        // `out [..., S, N, d]` has q's elements; every query sees the `S` keys.
+        let qkv = ctx.input_shapes[0];
+        let q_elements: f64 = ctx.output_shapes[0].iter().map(|&d| d as f64).product();
+        let products = 4.0 * q_elements * qkv[qkv.len() - 3] as f64;
         return if *causal { products / 2.0 } else { products };
     }
     let (a, transpose_a) = match ctx.op {

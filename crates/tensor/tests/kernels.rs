@@ -13,6 +13,7 @@ mod kernels {
     mod loss;
     mod matmul;
     mod norm;
+    mod packed_attention;
     mod permute;
     mod reduce;
     mod softmax;

@@ -97,3 +97,70 @@ pub(crate) fn flash_attention_grad_eval<T: Float + Element>(
     kernels::flash_attention_grad_into(input, dims, params, grads)
         .map_err(GraphError::kernel(ctx.node))
 }
+
+/// The sizes of packed attention over `qkv [..., S, N, 3·d]` (shapes checked by inference,
+/// the rank here so that indexing is safe).
+fn packed_dims(qkv: &Tensor, ctx: &EvalCtx<'_>) -> Result<kernels::PackedDims, GraphError> {
+    min_rank(qkv, 3, "qkv", ctx)?;
+    let s = qkv.shape();
+    let r = s.len();
+    Ok(kernels::PackedDims {
+        batch: s[..r - 3].iter().product(),
+        seq: s[r - 3],
+        heads: s[r - 2],
+        head_dim: s[r - 1] / 3,
+    })
+}
+
+/// `PackedAttention(qkv)` → `out`, `lse`. The sequence dim is whole (the sharding rules keep
+/// it so), so the mask's positions start at 0.
+pub(crate) fn packed_attention_eval<T: Float + Element>(
+    (causal, scale): (bool, f64),
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let [qkv] = inputs else {
+        unreachable!("eval_op checked the input count")
+    };
+    let [out, lse] = outputs else {
+        unreachable!("eval_op checked the output count")
+    };
+    let dims = packed_dims(qkv, ctx)?;
+    let params = AttentionParams::new(causal, T::from_f64(scale));
+    kernels::packed_attention_into(
+        read::<T>(qkv, ctx)?,
+        dims,
+        params,
+        write(out, ctx)?,
+        write(lse, ctx)?,
+    )
+    .map_err(GraphError::kernel(ctx.node))
+}
+
+/// `PackedAttentionGrad(qkv, out, lse, dout)` → `dqkv`.
+pub(crate) fn packed_attention_grad_eval<T: Float + Element>(
+    (causal, scale): (bool, f64),
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    let [qkv, out, lse, dout] = inputs else {
+        unreachable!("eval_op checked the input count")
+    };
+    let [dqkv] = outputs else {
+        unreachable!("eval_op checked the output count")
+    };
+    let dims = packed_dims(qkv, ctx)?;
+    let params = AttentionParams::new(causal, T::from_f64(scale));
+    kernels::packed_attention_grad_into(
+        read::<T>(qkv, ctx)?,
+        read::<T>(out, ctx)?,
+        read::<T>(lse, ctx)?,
+        read::<T>(dout, ctx)?,
+        dims,
+        params,
+        write(dqkv, ctx)?,
+    )
+    .map_err(GraphError::kernel(ctx.node))
+}

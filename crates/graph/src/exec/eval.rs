@@ -5,7 +5,10 @@ use tensor::kernels::{self, BinaryOp, Float, GeluForm, GemmShape, RowBlock, Unar
 use tensor::{DType, Element, Storage, Tensor};
 
 use crate::error::GraphError;
-use crate::exec::attention::{flash_attention_eval, flash_attention_grad_eval};
+use crate::exec::attention::{
+    flash_attention_eval, flash_attention_grad_eval, packed_attention_eval,
+    packed_attention_grad_eval,
+};
 use crate::exec::dropout::dropout_into;
 use crate::exec::moe_route::{route_into, RouteOutputs, RouteShape};
 use crate::exec::one_hot::{one_hot_into, Columns};
@@ -100,7 +103,8 @@ impl EvalCtx<'_> {
 /// op uses are its attributes (`batch_divisor`, `vocab_size`) and `ctx.placement` (dropout).
 /// Nothing is allocated except by `BatchMatMul` (no slice-level batched kernel yet),
 /// `ReduceSum` over some but not all axes without `keep_dims` (a small shape vector), and
-/// `FlashAttention` and its gradient (a tile of scores per thread and a vector per row).
+/// `FlashAttention`, `PackedAttention` and their gradients (a tile of scores per thread and a
+/// vector per row; the packed ones also a slice's rows, gathered).
 pub fn eval_op(
     op: &Op,
     inputs: &[&Tensor],
@@ -378,6 +382,12 @@ fn eval_typed<T: Float + Element>(
         }
         Op::FlashAttentionGrad { causal, scale } => {
             flash_attention_grad_eval::<T>((*causal, *scale), inputs, outputs, ctx)
+        }
+        Op::PackedAttention { causal, scale } => {
+            packed_attention_eval::<T>((*causal, *scale), inputs, outputs, ctx)
+        }
+        Op::PackedAttentionGrad { causal, scale } => {
+            packed_attention_grad_eval::<T>((*causal, *scale), inputs, outputs, ctx)
         }
         Op::LayerNorm { epsilon } => {
             let [y, mean, rstd] = outputs else {

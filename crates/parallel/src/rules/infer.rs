@@ -316,6 +316,37 @@ fn even_output_layouts(
                 .map(|j| output(ctx, &mesh, q.clone(), Vec::new(), out_shape(j)))
                 .collect()
         }
+        Op::PackedAttention { .. } | Op::PackedAttentionGrad { .. } => {
+            // qkv (and the gradient's out and dout) laid out alike on the leading (batch) and
+            // heads dims; the sequence whole (no ring attention on this layout) and the q|k|v
+            // dim whole; lse like qkv's rows.
+            let qkv = dims(0);
+            let r = qkv.len();
+            last_unsplit(0, "the q|k|v dim of packed attention")?;
+            dim_unsplit(
+                0,
+                r - 3,
+                "the sequence dim of packed attention (context parallel runs FlashAttention)",
+            )?;
+            let rows = qkv[..r - 1].to_vec();
+            if let Op::PackedAttention { .. } = ctx.op {
+                return Ok(vec![
+                    output(ctx, &mesh, qkv, Vec::new(), out_shape(0))?,
+                    output(ctx, &mesh, rows, Vec::new(), out_shape(1))?,
+                ]);
+            }
+            for i in [1, 3] {
+                require_equal(0, i)?;
+            }
+            if dims(2) != rows {
+                return Err(ctx.unsupported(format!(
+                    "lse must be laid out like qkv's rows, got {} for qkv {}",
+                    inputs[2].layout().describe_map(),
+                    inputs[0].layout().describe_map()
+                )));
+            }
+            same_as(0)
+        }
         Op::LayerNorm { .. } => {
             last_unsplit(0, "the normalised dim")?;
             let x = dims(0);

@@ -327,6 +327,28 @@ pub fn input_layouts(
             let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
             place(ctx, s, &s[0], &names("d", r), devices, vec![dims; 3])
         }
+        Op::PackedAttention { .. } => {
+            // qkv split on its leading (batch) and heads dims; the sequence whole (context
+            // parallel runs FlashAttention's ring) and the q|k|v dim whole.
+            let r = s[0].len();
+            if s[0][r - 1] != 1 {
+                return Err(
+                    ctx.invalid(s, format!("the q|k|v dim (dim {}) cannot be split", r - 1))
+                );
+            }
+            if s[0][r - 3] != 1 {
+                return Err(ctx.invalid(
+                    s,
+                    format!(
+                        "the sequence dim (dim {}) of packed attention cannot be split: context \
+                         parallel runs FlashAttention",
+                        r - 3
+                    ),
+                ));
+            }
+            let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
+            place(ctx, s, &s[0], &names("d", r), devices, vec![dims])
+        }
         Op::LayerNorm { .. } => {
             let r = s[0].len();
             if s[0][r - 1] != 1 {
@@ -583,6 +605,11 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             .iter()
             .map(|shape| batch_split(shape, shape.len() > 2))
             .collect(),
+        // qkv `[..., S, N, 3·d]`: dim 0 is the batch above 3 dims.
+        Op::PackedAttention { .. } => vec![batch_split(
+            ctx.input_shapes[0],
+            ctx.input_shapes[0].len() > 3,
+        )],
         _ => {
             let single_input = ctx.input_shapes.len() == 1;
             let r = ctx.output_shapes.first().map_or(0, |s| s.len());

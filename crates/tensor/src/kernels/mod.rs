@@ -61,8 +61,9 @@ mod wide;
 pub use self::attention::{
     attention_backward_block, attention_backward_block_accumulate, attention_delta_into,
     flash_attention, flash_attention_grad, flash_attention_grad_into, flash_attention_into,
-    merge_attention_into, AttentionDims, AttentionGradBuffers, AttentionGradInputs, AttentionGrads,
-    AttentionParams, AttentionState, BlockGradInputs,
+    merge_attention_into, packed_attention, packed_attention_grad, packed_attention_grad_into,
+    packed_attention_into, AttentionDims, AttentionGradBuffers, AttentionGradInputs,
+    AttentionGrads, AttentionParams, AttentionState, BlockGradInputs, PackedDims,
 };
 pub use self::binary::{
     add, bias_add, bias_add_grad, bias_add_in_place, bias_add_into, binary, binary_grad,

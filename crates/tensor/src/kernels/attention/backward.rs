@@ -82,15 +82,15 @@ pub fn attention_delta_into<T: Float>(
 }
 
 /// Scratch tiles of one thread: the probabilities and the score gradients.
-struct Scratch<T> {
-    p: Vec<T>,
-    ds: Vec<T>,
+pub(super) struct Scratch<T> {
+    pub(super) p: Vec<T>,
+    pub(super) ds: Vec<T>,
 }
 
 widest! {
     /// One slice's backward over its key block: `dq += …`; `dk`, `dv` written, or with
     /// `add_keys` added to; on the widest vector unit the CPU has.
-    fn backward_slice<T>(
+    pub(super) fn backward_slice<T>(
         input: BlockGradInputs<'_, T>,
         dims: AttentionDims,
         params: &AttentionParams<T>,

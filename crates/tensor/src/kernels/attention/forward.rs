@@ -15,24 +15,24 @@ use crate::kernels::wide::widest;
 
 /// One slice's running state: the unnormalised output `[q_len, head_dim]`, and per row the
 /// maximum scaled score seen (`-inf` before any) and the sum of `exp(score − maximum)`.
-struct Running<'a, T> {
-    acc: &'a mut [T],
-    max: &'a mut [T],
-    sum: &'a mut [T],
+pub(super) struct Running<'a, T> {
+    pub(super) acc: &'a mut [T],
+    pub(super) max: &'a mut [T],
+    pub(super) sum: &'a mut [T],
 }
 
 /// One slice's query, key and value rows.
 #[derive(Clone, Copy)]
-struct SliceInputs<'a, T> {
-    q: &'a [T],
-    k: &'a [T],
-    v: &'a [T],
+pub(super) struct SliceInputs<'a, T> {
+    pub(super) q: &'a [T],
+    pub(super) k: &'a [T],
+    pub(super) v: &'a [T],
 }
 
 widest! {
     /// Adds one slice's keys and values to its running state, tile by tile (`scores` holds a
     /// tile), on the widest vector unit the CPU has.
-    fn accumulate_slice<T>(
+    pub(super) fn accumulate_slice<T>(
         input: SliceInputs<'_, T>,
         dims: AttentionDims,
         params: &AttentionParams<T>,
@@ -109,7 +109,7 @@ fn accumulate_slice_loop<T: Float>(
 /// Normalises running states in place: each row of `acc` divided by its sum, and `max_to_lse`
 /// (the row maxima) turned into the log-sum-exp `max + ln sum`; a row that saw no key becomes
 /// `0` with `lse = -inf`.
-fn normalize<T: Float>(acc: &mut [T], max_to_lse: &mut [T], sum: &[T], head_dim: usize) {
+pub(super) fn normalize<T: Float>(acc: &mut [T], max_to_lse: &mut [T], sum: &[T], head_dim: usize) {
     for (r, (lse, &total)) in max_to_lse.iter_mut().zip(sum).enumerate() {
         let row = &mut acc[r * head_dim..(r + 1) * head_dim];
         if total > T::ZERO {

@@ -28,7 +28,22 @@
 //!   [`AttentionState::finish_into`]ed once, or per block a [`flash_attention_into`] whose partial
 //!   `(out, lse)` results are combined by [`merge_attention_into`]; backward:
 //!   [`attention_delta_into`] once, then [`attention_backward_block`] per block, which accumulates
-//!   `dq` and returns the block's `dk` and `dv`.
+//!   `dq` and returns the block's `dk` and `dv`;
+//! - the packed `qkv [batch, seq, heads, 3·head_dim]` of a fused QKV projection, read in place
+//!   (no transposes), with the bits of the one-call entry points on the transposed operands:
+//!   [`packed_attention_into`] and [`packed_attention_grad_into`] (tensor level:
+//!   [`packed_attention`], [`packed_attention_grad`]).
+//!
+//! # Packed layout
+//! [`packed_attention_into`] and [`packed_attention_grad_into`] read the output of a fused QKV
+//! projection in place: `qkv [batch, seq, heads, 3·head_dim]`, for every (batch, position, head)
+//! the query, key and value rows side by side (columns `0..d`, `d..2d`, `2d..3d`); they write
+//! `out [batch, seq, heads, head_dim]`, `lse [batch, seq, heads]` and
+//! `dqkv [batch, seq, heads, 3·head_dim]` (`dq | dk | dv` like `qkv`). Each (batch, head) slice's
+//! rows are gathered into contiguous scratch, the one-call entry points' per-slice loops run on
+//! it, and the results are scattered back: the bits are exactly those of
+//! [`flash_attention_into`] and [`flash_attention_grad_into`] on `q`, `k`, `v` transposed to
+//! `[batch, heads, seq, head_dim]`, transposed back, on any number of threads.
 //!
 //! # Algorithm
 //! Tiles of [`TILE_Q`] query rows × [`TILE_K`] key rows. Forward: per tile the scores by
@@ -47,6 +62,7 @@
 mod backward;
 mod forward;
 mod merge;
+mod packed;
 mod tensor_level;
 
 use crate::error::TensorError;
@@ -60,7 +76,10 @@ pub use self::backward::{
 };
 pub use self::forward::{flash_attention_into, AttentionState};
 pub use self::merge::merge_attention_into;
-pub use self::tensor_level::{flash_attention, flash_attention_grad, AttentionGrads};
+pub use self::packed::{packed_attention_grad_into, packed_attention_into, PackedDims};
+pub use self::tensor_level::{
+    flash_attention, flash_attention_grad, packed_attention, packed_attention_grad, AttentionGrads,
+};
 
 /// Query rows per tile.
 pub const TILE_Q: usize = 64;

@@ -1,8 +1,9 @@
 //! The tensor-level wrappers: shapes and dtypes checked, results allocated.
 
 use super::{
-    flash_attention_grad_into, flash_attention_into, AttentionDims, AttentionGradBuffers,
-    AttentionGradInputs, AttentionParams,
+    flash_attention_grad_into, flash_attention_into, packed_attention_grad_into,
+    packed_attention_into, AttentionDims, AttentionGradBuffers, AttentionGradInputs,
+    AttentionParams, PackedDims,
 };
 use crate::error::TensorError;
 use crate::kernels::check;
@@ -122,5 +123,93 @@ pub fn flash_attention_grad(
             dk: T::write(k.shape(), dk, k.dtype()),
             dv: T::write(v.shape(), dv, v.dtype()),
         })
+    })
+}
+
+/// The dims of a packed `qkv [batch, seq, heads, 3·head_dim]`.
+fn packed_dims(op: &'static str, qkv: &Tensor) -> Result<PackedDims, TensorError> {
+    match *qkv.shape() {
+        [batch, seq, heads, width] if width % 3 == 0 => Ok(PackedDims {
+            batch,
+            seq,
+            heads,
+            head_dim: width / 3,
+        }),
+        _ => Err(TensorError::InvalidArgument {
+            op,
+            reason: format!(
+                "needs qkv [batch, seq, heads, 3·head_dim], got shape {:?}",
+                qkv.shape()
+            ),
+        }),
+    }
+}
+
+/// `Ok` when `tensor` has `shape`.
+fn expect_shape(op: &'static str, shape: &[usize], tensor: &Tensor) -> Result<(), TensorError> {
+    if tensor.shape() == shape {
+        Ok(())
+    } else {
+        Err(TensorError::ShapeMismatch {
+            op,
+            lhs: shape.to_vec(),
+            rhs: tensor.shape().to_vec(),
+        })
+    }
+}
+
+/// Attention over the packed `qkv [batch, seq, heads, 3·head_dim]` of a fused QKV projection
+/// (the query, key and value rows of every (batch, position, head) side by side), causal (from
+/// position 0) or not: returns `out [batch, seq, heads, head_dim]` (`qkv`'s dtype) and
+/// `lse [batch, seq, heads]` (the compute type), the bits of [`flash_attention`] on the
+/// transposed operands, transposed back.
+pub fn packed_attention(
+    qkv: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<(Tensor, Tensor), TensorError> {
+    const OP: &str = "packed_attention";
+    let dims = packed_dims(OP, qkv)?;
+    let rows = [dims.batch, dims.seq, dims.heads];
+    with_float!(OP, qkv.dtype(), |T| {
+        let packed = T::read(OP, qkv)?;
+        let n_rows: usize = rows.iter().product();
+        let mut out = vec![T::ZERO; n_rows * dims.head_dim];
+        let mut lse = vec![T::ZERO; n_rows];
+        let params = AttentionParams::new(causal, T::from_f64(scale));
+        packed_attention_into::<T>(&packed, dims, params, &mut out, &mut lse)?;
+        let out_shape = [dims.batch, dims.seq, dims.heads, dims.head_dim];
+        Ok((
+            T::write(&out_shape, out, qkv.dtype()),
+            T::write(&rows, lse, T::DTYPE),
+        ))
+    })
+}
+
+/// The gradient of [`packed_attention`]'s `qkv` (its shape and dtype, `dq | dk | dv` side by
+/// side) from `qkv`, its `out` and `lse`, and the output's gradient `dout` (`out`'s shape).
+pub fn packed_attention_grad(
+    qkv: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<Tensor, TensorError> {
+    const OP: &str = "packed_attention_grad";
+    let dims = packed_dims(OP, qkv)?;
+    check::same_dtype(OP, qkv, out)?;
+    check::same_dtype(OP, qkv, dout)?;
+    let out_shape = [dims.batch, dims.seq, dims.heads, dims.head_dim];
+    expect_shape(OP, &out_shape, out)?;
+    expect_shape(OP, &out_shape, dout)?;
+    expect_shape(OP, &out_shape[..3], lse)?;
+    with_float!(OP, qkv.dtype(), |T| {
+        let packed = T::read(OP, qkv)?;
+        let (outs, lses, douts) = (T::read(OP, out)?, T::read(OP, lse)?, T::read(OP, dout)?);
+        let mut dqkv = vec![T::ZERO; packed.len()];
+        let params = AttentionParams::new(causal, T::from_f64(scale));
+        packed_attention_grad_into::<T>(&packed, &outs, &lses, &douts, dims, params, &mut dqkv)?;
+        Ok(T::write(qkv.shape(), dqkv, qkv.dtype()))
     })
 }
