@@ -171,33 +171,191 @@ pub fn gemm_with<T: Float>(
     check::buffer_len(OP, "a", m * k, a.len())?;
     check::buffer_len(OP, "b", k * n, b.len())?;
     check::buffer_len(OP, "c", m * n, c.len())?;
+    let (lda, ldb) = shape.contiguous_leading_dims();
+    product(backend, shape, alpha, (a, lda), (b, ldb), beta, (c, n))
+}
+
+impl GemmShape {
+    /// The row strides of `A` and `B` stored contiguously: their stored rows' lengths.
+    fn contiguous_leading_dims(&self) -> (usize, usize) {
+        (
+            if self.trans_a { self.m } else { self.k },
+            if self.trans_b { self.k } else { self.n },
+        )
+    }
+}
+
+/// [`gemm`](fn@gemm) on row-major operands whose rows lie `lda`, `ldb`, `ldc` elements apart
+/// (each at least its stored rows' length; a slice may run past its last row): `A` stored as
+/// `[m, k]` rows (`[k, m]` when `trans_a`) at row stride `lda`, `B` as `[k, n]` (`[n, k]`) at
+/// `ldb`, `C` as `[m, n]` at `ldc`; only the matrices' elements are read or written.
+///
+/// The bits are those of [`gemm`](fn@gemm) on the same matrices stored contiguously: the same
+/// backend ([`GemmBackend::for_shape`]) runs, and both libraries choose their code paths only by
+/// whether a stride is 1 and by comparing a matrix's row stride with its unit column stride,
+/// which a row stride at least the contiguous one (when that is at least 2) leaves unchanged;
+/// otherwise the operands are copied to contiguous buffers first. A stride shorter than a row,
+/// or a slice too short for its matrix, is an error.
+pub(crate) fn gemm_strided<T: Float>(
+    shape: GemmShape,
+    alpha: T,
+    (a, lda): (&[T], usize),
+    (b, ldb): (&[T], usize),
+    beta: T,
+    (c, ldc): (&mut [T], usize),
+) -> Result<(), TensorError> {
+    const OP: &str = "gemm_strided";
+    let GemmShape { m, n, k, .. } = shape;
+    let (a_cols, b_cols) = shape.contiguous_leading_dims();
+    let a_rows = if shape.trans_a { k } else { m };
+    let b_rows = if shape.trans_b { n } else { k };
+    strided_len(OP, "a", (a_rows, a_cols, lda), a.len())?;
+    strided_len(OP, "b", (b_rows, b_cols, ldb), b.len())?;
+    strided_len(OP, "c", (m, n, ldc), c.len())?;
+    let backend = GemmBackend::for_shape(&shape);
+    // The libraries' path choices see the same strides' relations as the contiguous call's.
+    let same_paths = |ld: usize, cols: usize| ld == cols || cols >= 2;
+    if same_paths(lda, a_cols) && same_paths(ldb, b_cols) && same_paths(ldc, n) {
+        return product(backend, shape, alpha, (a, lda), (b, ldb), beta, (c, ldc));
+    }
+    // Degenerate rows (one element): the contiguous call on copies.
+    let a = contiguous_rows(a, (a_rows, a_cols, lda));
+    let b = contiguous_rows(b, (b_rows, b_cols, ldb));
+    let mut c_rows = contiguous_rows(c, (m, n, ldc));
+    product(
+        backend,
+        shape,
+        alpha,
+        (&a, a_cols),
+        (&b, b_cols),
+        beta,
+        (&mut c_rows, n),
+    )?;
+    for (i, row) in c_rows.chunks_exact(n.max(1)).enumerate().take(m) {
+        c[i * ldc..i * ldc + n].copy_from_slice(row);
+    }
+    Ok(())
+}
+
+/// `Ok` when a matrix of `rows` rows of `cols` elements, `ld` apart, fits a buffer of `len`
+/// elements, its rows do not overlap (`ld ≥ cols`) and `ld` is a valid pointer offset; the
+/// error names `op` and `buffer`.
+fn strided_len(
+    op: &'static str,
+    buffer: &'static str,
+    (rows, cols, ld): (usize, usize, usize),
+    len: usize,
+) -> Result<(), TensorError> {
+    let need = match rows.checked_sub(1) {
+        Some(last) if cols > 0 => last.checked_mul(ld).and_then(|x| x.checked_add(cols)),
+        _ => Some(0),
+    };
+    match need {
+        Some(need) if ld >= cols && ld <= isize::MAX as usize && need <= len => Ok(()),
+        _ => Err(TensorError::InvalidArgument {
+            op,
+            reason: format!(
+                "`{buffer}`: {rows} rows of {cols} elements {ld} apart do not fit {len} elements"
+            ),
+        }),
+    }
+}
+
+/// The `rows` rows of `cols` elements lying `ld` apart in `src`, copied one after another.
+fn contiguous_rows<T: Copy>(src: &[T], (rows, cols, ld): (usize, usize, usize)) -> Vec<T> {
+    if cols == 0 {
+        return Vec::new(); // nothing to copy, and the rows' starts may lie past `src`
+    }
+    (0..rows)
+        .flat_map(|i| &src[i * ld..i * ld + cols])
+        .copied()
+        .collect()
+}
+
+/// `C ← α·op(A)·op(B) + β·C` on `backend`, the operands' rows `lda`, `ldb`, `ldc` apart and
+/// the buffers checked to hold them.
+fn product<T: Float>(
+    backend: GemmBackend,
+    shape: GemmShape,
+    alpha: T,
+    (a, lda): (&[T], usize),
+    (b, ldb): (&[T], usize),
+    beta: T,
+    (c, ldc): (&mut [T], usize),
+) -> Result<(), TensorError> {
+    let GemmShape { m, n, k, .. } = shape;
     if m == 0 || n == 0 {
         return Ok(());
     }
     if k == 0 {
         // op(A)·op(B) is all zeros: only the β·C term remains.
-        if beta == T::ZERO {
-            c.fill(T::ZERO);
-        } else {
-            c.iter_mut().for_each(|v| *v *= beta);
+        for row in (0..m).map(|i| i * ldc) {
+            let row = &mut c[row..row + n];
+            if beta == T::ZERO {
+                row.fill(T::ZERO);
+            } else {
+                row.iter_mut().for_each(|v| *v *= beta);
+            }
         }
         return Ok(());
     }
+    let strides = |ld: usize, trans: bool| {
+        if trans {
+            (1, ld as isize)
+        } else {
+            (ld as isize, 1)
+        }
+    };
+    let a_strides = strides(lda, shape.trans_a);
+    let b_strides = strides(ldb, shape.trans_b);
     match backend {
-        GemmBackend::Gemm => gemm_crate(shape, alpha, a, b, beta, c, (n as isize, 1)),
+        GemmBackend::Gemm => gemm_crate(
+            shape,
+            alpha,
+            (a, a_strides),
+            (b, b_strides),
+            beta,
+            c,
+            (ldc as isize, 1),
+        ),
+        GemmBackend::GemmColumnMajor if ldc != n => {
+            // The transposes below read and write `C` contiguous: run on a copy of its rows.
+            let mut c_rows = contiguous_rows(c, (m, n, ldc));
+            product(
+                backend,
+                shape,
+                alpha,
+                (a, lda),
+                (b, ldb),
+                beta,
+                (&mut c_rows, n),
+            )?;
+            for (i, row) in c_rows.chunks_exact(n).enumerate() {
+                c[i * ldc..i * ldc + n].copy_from_slice(row);
+            }
+        }
         GemmBackend::GemmColumnMajor => {
             // Cᵀ is C in column-major order: compute it, then transpose it back.
+            let c = &mut c[..m * n];
             let mut c_t = vec![T::ZERO; m * n];
             if beta != T::ZERO {
                 transpose_into(c, m, n, &mut c_t)?;
             }
-            gemm_crate(shape, alpha, a, b, beta, &mut c_t, (1, m as isize));
+            gemm_crate(
+                shape,
+                alpha,
+                (a, a_strides),
+                (b, b_strides),
+                beta,
+                &mut c_t,
+                (1, m as isize),
+            );
             transpose_into(&c_t, n, m, c)?;
         }
         GemmBackend::MatrixMultiply => {
-            // SAFETY: the lengths were checked above, so every (row, col) of the three
-            // matrices at these strides lies inside its slice; `c` is borrowed mutably and
-            // cannot alias `a` or `b`.
+            // SAFETY: the caller checked that every (row, col) of the three matrices at these
+            // strides lies inside its slice; `c` is borrowed mutably and cannot alias `a` or
+            // `b`.
             unsafe {
                 T::matrixmultiply_gemm(
                     m,
@@ -205,12 +363,12 @@ pub fn gemm_with<T: Float>(
                     n,
                     alpha,
                     a.as_ptr(),
-                    shape.a_strides(),
+                    a_strides,
                     b.as_ptr(),
-                    shape.b_strides(),
+                    b_strides,
                     beta,
                     c.as_mut_ptr(),
-                    (n as isize, 1),
+                    (ldc as isize, 1),
                 )
             }
         }
@@ -232,15 +390,13 @@ pub fn gemm_with<T: Float>(
 fn gemm_crate<T: Float>(
     shape: GemmShape,
     alpha: T,
-    a: &[T],
-    b: &[T],
+    (a, (a_rs, a_cs)): (&[T], (isize, isize)),
+    (b, (b_rs, b_cs)): (&[T], (isize, isize)),
     beta: T,
     c: &mut [T],
     c_strides: (isize, isize),
 ) {
     let threads = super::threads::threads_for(shape.flops());
-    let (a_rs, a_cs) = shape.a_strides();
-    let (b_rs, b_cs) = shape.b_strides();
     let (c_rs, c_cs) = c_strides;
     let (a_ptr, b_ptr, c_ptr) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
     let chunk = reduction_chunk(&shape);
@@ -250,8 +406,8 @@ fn gemm_crate<T: Float>(
         for k0 in (0..shape.k).step_by(chunk) {
             let (first, kc) = (k0 == 0, chunk.min(shape.k - k0));
             let beta = if first { beta } else { T::ONE };
-            // SAFETY: the caller checked that `a`, `b` and `c` hold m·k, k·n and m·n elements,
-            // which every (row, col, reduction step) at these strides addresses; a band's and
+            // SAFETY: the caller checked that `a`, `b` and `c` hold the m×k, k×n and m×n
+            // matrices at these strides, which every (row, col, reduction step) addresses; a band's and
             // a chunk's offsets start inside them and address a sub-matrix; bands of one call
             // are disjoint in `c`, which is borrowed mutably and cannot alias `a` or `b`.
             unsafe {
@@ -656,6 +812,77 @@ mod tests {
         assert_eq!(route(512, 10, 32, true, true), MatrixMultiply);
         assert_eq!(route(512, 1, 32, true, false), Gemm);
         assert_eq!(route(512, 32, 32, true, false), Gemm);
+    }
+
+    /// The strided product gives `gemm`'s bits on the same matrices stored contiguously, on
+    /// every route (and with one-element rows, which it copies), leaves the elements between
+    /// the rows alone, and refuses a stride shorter than a row or a buffer too short.
+    #[test]
+    fn gemm_strided_gives_the_contiguous_bits() {
+        fn check<T: Float>() {
+            let value = |i: usize| T::from_f64(((i * 37) % 101) as f64 / 13.0 - 3.5);
+            // (m, n, k, trans_a, trans_b): the routes of `for_shape` and one-element rows.
+            let shapes = [
+                shape(37, 45, 9, false, false),
+                shape(64, 64, 64, false, true),
+                shape(64, 64, 128, false, true),
+                shape(45, 9, 37, true, false),
+                shape(45, 1, 37, true, false),
+                shape(37, 45, 1, false, true),
+                shape(1, 5, 3, false, false),
+                shape(6, 4, 0, false, false),
+            ];
+            for s in shapes {
+                let GemmShape { m, n, k, .. } = s;
+                let (a_rows, a_cols) = if s.trans_a { (k, m) } else { (m, k) };
+                let (b_rows, b_cols) = if s.trans_b { (n, k) } else { (k, n) };
+                let (lda, ldb, ldc) = (a_cols + 3, b_cols + 5, n + 2);
+                let a: Vec<T> = (0..a_rows * lda).map(value).collect();
+                let b: Vec<T> = (0..b_rows * ldb).map(|i| value(i + 7)).collect();
+                let c0: Vec<T> = (0..m * ldc).map(|i| value(i + 11)).collect();
+                let alpha = T::from_f64(0.75);
+                for beta in [T::ZERO, T::ONE, T::from_f64(0.5)] {
+                    let mut c = c0.clone();
+                    gemm_strided(s, alpha, (&a, lda), (&b, ldb), beta, (&mut c, ldc)).unwrap();
+                    let mut want = contiguous_rows(&c0, (m, n, ldc));
+                    let (a, b) = (
+                        contiguous_rows(&a, (a_rows, a_cols, lda)),
+                        contiguous_rows(&b, (b_rows, b_cols, ldb)),
+                    );
+                    gemm(s, alpha, &a, &b, beta, &mut want).unwrap();
+                    let got = contiguous_rows(&c, (m, n, ldc));
+                    let bits = |x: &[T]| x.iter().map(|v| v.to_f64().to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{s:?} beta {}", beta.to_f64());
+                    for (i, (x, y)) in c.iter().zip(&c0).enumerate() {
+                        if i % ldc >= n {
+                            assert_eq!(x.to_f64().to_bits(), y.to_f64().to_bits(), "{s:?} {i}");
+                        }
+                    }
+                }
+            }
+            let s = shape(4, 3, 2, false, false);
+            let (a, b, mut c) = (vec![T::ONE; 8], vec![T::ONE; 6], vec![T::ZERO; 12]);
+            // A stride shorter than a row, and buffers too short for their matrices.
+            assert!(gemm_strided(s, T::ONE, (&a, 1), (&b, 3), T::ZERO, (&mut c, 3)).is_err());
+            assert!(gemm_strided(s, T::ONE, (&a, 3), (&b, 3), T::ZERO, (&mut c, 3)).is_err());
+            assert!(gemm_strided(s, T::ONE, (&a, 2), (&b, 3), T::ZERO, (&mut c, 4)).is_err());
+            assert!(gemm_strided(s, T::ONE, (&a, 2), (&b, 3), T::ZERO, (&mut c, 3)).is_ok());
+            // Empty rows a stride apart need no elements.
+            let flat = shape(6, 4, 0, false, false);
+            let mut c6 = vec![T::ONE; 24];
+            gemm_strided(flat, T::ONE, (&[], 3), (&[], 4), T::ZERO, (&mut c6, 4)).unwrap();
+            assert!(c6.iter().all(|&x| x == T::ZERO));
+            let huge = usize::MAX / 2;
+            assert!(gemm_strided(s, T::ONE, (&a, huge), (&b, 3), T::ZERO, (&mut c, 3)).is_err());
+            // One row: its stride addresses nothing, but must still be a pointer offset.
+            let row = shape(1, 3, 2, false, false);
+            let c = &mut c[..3];
+            assert!(gemm_strided(row, T::ONE, (&a, 5), (&b, 3), T::ZERO, (&mut *c, 3)).is_ok());
+            let too_far = (&a[..], usize::MAX);
+            assert!(gemm_strided(row, T::ONE, too_far, (&b, 3), T::ZERO, (c, 3)).is_err());
+        }
+        check::<f32>();
+        check::<f64>();
     }
 
     /// The slice-level batched product writes every element (a stale output would show) and

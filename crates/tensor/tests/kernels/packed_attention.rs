@@ -208,6 +208,29 @@ fn packed_with_offsets_gives_the_transposing_bits() {
     }
 }
 
+/// Head widths whose tile products the strided products route to the other backends
+/// (`GemmColumnMajor` from 128 on, `MatrixMultiply` up to 24) give the transposing bits too.
+#[test]
+fn packed_heads_on_every_gemm_route_give_the_transposing_bits() {
+    let shapes = [
+        (1, 70, 2, 128),
+        (2, 33, 2, 130),
+        (1, 40, 3, 2),
+        (2, 66, 2, 24),
+    ];
+    for (n, &shape) in shapes.iter().enumerate() {
+        let c32 = case::<f32>(500 + n as u64, packed_dims(shape));
+        let c64 = case::<f64>(600 + n as u64, packed_dims(shape));
+        for causal in [false, true] {
+            let what = format!("{shape:?} causal {causal}");
+            let p = AttentionParams::new(causal, 0.3f32);
+            assert_same_bits(&packed(&c32, p), &transposing(&c32, p), &what);
+            let p = AttentionParams::new(causal, 0.3f64);
+            assert_same_bits(&packed(&c64, p), &transposing(&c64, p), &what);
+        }
+    }
+}
+
 #[test]
 fn packed_attention_gives_the_same_bits_on_one_and_two_threads() {
     // 3 batch elements of 4 heads of 4·90·90·40 flops each: above the threshold that splits.

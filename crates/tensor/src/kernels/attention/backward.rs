@@ -9,7 +9,7 @@ use super::{
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
-use crate::kernels::matmul::{gemm, GemmShape};
+use crate::kernels::matmul::{gemm_strided, GemmShape};
 use crate::kernels::reduce::dot_slice;
 use crate::kernels::threads::for_each_slices;
 use crate::kernels::wide::widest;
@@ -87,14 +87,98 @@ pub(super) struct Scratch<T> {
     pub(super) ds: Vec<T>,
 }
 
+/// The row strides of one slice's inputs in [`backward_slice`]: of its query, key and value
+/// rows, and of its output-gradient rows (`head_dim` each when they are contiguous). Its
+/// gradients, `lse` and `delta` are contiguous.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InputStrides {
+    /// Elements from one query (key, value) row to the next.
+    pub(super) qkv: usize,
+    /// Elements from one output-gradient row to the next.
+    pub(super) dout: usize,
+}
+
+impl InputStrides {
+    /// Contiguous rows of `head_dim`.
+    pub(super) fn contiguous(head_dim: usize) -> InputStrides {
+        InputStrides {
+            qkv: head_dim,
+            dout: head_dim,
+        }
+    }
+}
+
+/// The gradients [`backward_slice`] writes: three buffers of contiguous rows, or the rows of
+/// one buffer holding `dq`, `dk` and `dv` side by side.
+pub(super) enum SliceGrads<'a, T> {
+    /// `dq`, `dk`, `dv` apart, each its rows of `head_dim` one after another.
+    Apart(AttentionGradBuffers<'a, T>),
+    /// Row `s` of `dq` at `dqkv[s·stride..][..head_dim]`, of `dk` right after it, of `dv` right
+    /// after that.
+    SideBySide {
+        /// The rows, from the first row of `dq` on.
+        dqkv: &'a mut [T],
+        /// Elements from one row to the next.
+        stride: usize,
+    },
+}
+
+/// One of the three gradients of a [`SliceGrads`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grad {
+    /// The queries' gradient.
+    Q,
+    /// The keys' gradient.
+    K,
+    /// The values' gradient.
+    V,
+}
+
+impl<T: Float> SliceGrads<'_, T> {
+    /// Gradient `which`'s rows (of `head_dim`) from row `row` on, and their stride.
+    fn rows(&mut self, which: Grad, row: usize, head_dim: usize) -> (&mut [T], usize) {
+        match self {
+            SliceGrads::Apart(grads) => {
+                let rows = match which {
+                    Grad::Q => &mut *grads.dq,
+                    Grad::K => &mut *grads.dk,
+                    Grad::V => &mut *grads.dv,
+                };
+                (&mut rows[row * head_dim..], head_dim)
+            }
+            SliceGrads::SideBySide { dqkv, stride } => {
+                let column = match which {
+                    Grad::Q => 0,
+                    Grad::K => head_dim,
+                    Grad::V => 2 * head_dim,
+                };
+                (&mut dqkv[row * *stride + column..], *stride)
+            }
+        }
+    }
+
+    /// Zeroes the first `rows` rows (of `head_dim`) of gradient `which`.
+    fn zero(&mut self, which: Grad, rows: usize, head_dim: usize) {
+        let (buf, stride) = self.rows(which, 0, head_dim);
+        if stride == head_dim {
+            buf[..rows * head_dim].fill(T::ZERO); // contiguous rows: one fill
+            return;
+        }
+        for r in 0..rows {
+            buf[r * stride..r * stride + head_dim].fill(T::ZERO);
+        }
+    }
+}
+
 widest! {
-    /// One slice's backward over its key block: `dq += …`; `dk`, `dv` written, or with
-    /// `add_keys` added to; on the widest vector unit the CPU has.
+    /// One slice's backward over its key block (its input rows `strides` apart): `dq += …`;
+    /// `dk`, `dv` written, or with `add_keys` added to; on the widest vector unit the CPU has.
     pub(super) fn backward_slice<T>(
         input: BlockGradInputs<'_, T>,
         dims: AttentionDims,
+        strides: InputStrides,
         params: &AttentionParams<T>,
-        grads: AttentionGradBuffers<'_, T>,
+        grads: SliceGrads<'_, T>,
         scratch: (&mut Scratch<T>, bool),
     ) -> Result<(), TensorError> => backward_slice_loop
 }
@@ -104,26 +188,26 @@ widest! {
 fn backward_slice_loop<T: Float>(
     input: BlockGradInputs<'_, T>,
     dims: AttentionDims,
+    strides: InputStrides,
     params: &AttentionParams<T>,
-    grads: AttentionGradBuffers<'_, T>,
+    mut grads: SliceGrads<'_, T>,
     (scratch, add_keys): (&mut Scratch<T>, bool),
 ) -> Result<(), TensorError> {
-    let d = dims.head_dim;
+    let (d, ld, ld_dout) = (dims.head_dim, strides.qkv, strides.dout);
     if !add_keys {
-        grads.dk.fill(T::ZERO);
-        grads.dv.fill(T::ZERO);
+        grads.zero(Grad::K, dims.kv_len, d);
+        grads.zero(Grad::V, dims.kv_len, d);
     }
     for (k0, bk) in tiles(dims.kv_len, TILE_K) {
-        let rows_k = k0 * d..(k0 + bk) * d;
-        let (k_tile, v_tile) = (&input.k[rows_k.clone()], &input.v[rows_k.clone()]);
-        let dk_tile = &mut grads.dk[rows_k.clone()];
-        let dv_tile = &mut grads.dv[rows_k];
+        let (k_tile, v_tile) = ((&input.k[k0 * ld..], ld), (&input.v[k0 * ld..], ld));
         for (q0, bq) in tiles(dims.q_len, TILE_Q) {
             if params.visible_keys(q0 + bq - 1, dims.kv_len) <= k0 {
                 continue; // no row of this query tile sees this key tile
             }
-            let rows_q = q0 * d..(q0 + bq) * d;
-            let (q_tile, dout_tile) = (&input.q[rows_q.clone()], &input.dout[rows_q.clone()]);
+            let (q_tile, dout_tile) = (
+                (&input.q[q0 * ld..], ld),
+                (&input.dout[q0 * ld_dout..], ld_dout),
+            );
             let p = &mut scratch.p[..bq * bk];
             tile_scores(q_tile, k_tile, (bq, bk), d, params.scale, p)?;
             for r in 0..bq {
@@ -150,7 +234,14 @@ fn backward_slice_loop<T: Float>(
                 trans_a: true,
                 trans_b: false,
             };
-            gemm(pt_shape, T::ONE, p, dout_tile, T::ONE, dv_tile)?;
+            gemm_strided(
+                pt_shape,
+                T::ONE,
+                (p, bk),
+                dout_tile,
+                T::ONE,
+                grads.rows(Grad::V, k0, d),
+            )?;
             // dP = dO·Vᵀ, then dS = P ∘ (dP − D).
             let ds = &mut scratch.ds[..bq * bk];
             tile_scores(dout_tile, v_tile, (bq, bk), d, T::ONE, ds)?;
@@ -163,16 +254,22 @@ fn backward_slice_loop<T: Float>(
             }
             let ds = &scratch.ds[..bq * bk];
             // dQ += scale·dS·K, dK += scale·dSᵀ·Q.
-            let dq_tile = &mut grads.dq[rows_q];
-            gemm(
+            gemm_strided(
                 GemmShape::new(bq, d, bk),
                 params.scale,
-                ds,
+                (ds, bk),
                 k_tile,
                 T::ONE,
-                dq_tile,
+                grads.rows(Grad::Q, q0, d),
             )?;
-            gemm(pt_shape, params.scale, ds, q_tile, T::ONE, dk_tile)?;
+            gemm_strided(
+                pt_shape,
+                params.scale,
+                (ds, bk),
+                q_tile,
+                T::ONE,
+                grads.rows(Grad::K, k0, d),
+            )?;
         }
     }
     Ok(())
@@ -269,8 +366,9 @@ fn backward_block<T: Float>(
                 backward_slice(
                     slice_input,
                     dims,
+                    InputStrides::contiguous(dims.head_dim),
                     &params,
-                    slice_grads,
+                    SliceGrads::Apart(slice_grads),
                     (&mut scratch, add_keys),
                 )?;
             }
@@ -360,16 +458,18 @@ mod tests {
                 lse: &lse,
                 delta: &delta,
             };
-            let grads = AttentionGradBuffers {
+            let grads = SliceGrads::Apart(AttentionGradBuffers {
                 dq: &mut dq,
                 dk: &mut dk,
                 dv: &mut dv,
-            };
+            });
             let scratch = (&mut scratch, add_keys);
             if wide {
-                backward_slice(input, dims, &params, grads, scratch).unwrap();
+                let strides = InputStrides::contiguous(d);
+                backward_slice(input, dims, strides, &params, grads, scratch).unwrap();
             } else {
-                backward_slice_loop(input, dims, &params, grads, scratch).unwrap();
+                let strides = InputStrides::contiguous(d);
+                backward_slice_loop(input, dims, strides, &params, grads, scratch).unwrap();
             }
             [dq, dk, dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
         };

@@ -8,25 +8,31 @@ use super::{
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
-use crate::kernels::matmul::{gemm, GemmShape};
+use crate::kernels::matmul::{gemm_strided, GemmShape};
 use crate::kernels::reduce::{max_slice, sum_slice};
 use crate::kernels::threads::for_each_slices;
 use crate::kernels::wide::widest;
 
-/// One slice's running state: the unnormalised output `[q_len, head_dim]`, and per row the
-/// maximum scaled score seen (`-inf` before any) and the sum of `exp(score − maximum)`.
+/// One slice's running state: the unnormalised output (`q_len` rows of `head_dim`, `stride`
+/// apart), and per row the maximum scaled score seen (`-inf` before any) and the sum of
+/// `exp(score − maximum)`.
 pub(super) struct Running<'a, T> {
     pub(super) acc: &'a mut [T],
+    /// Elements from one row of `acc` to the next.
+    pub(super) stride: usize,
     pub(super) max: &'a mut [T],
     pub(super) sum: &'a mut [T],
 }
 
-/// One slice's query, key and value rows.
+/// One slice's query, key and value rows, each `stride` elements after the one before
+/// (`head_dim` when they are contiguous).
 #[derive(Clone, Copy)]
 pub(super) struct SliceInputs<'a, T> {
     pub(super) q: &'a [T],
     pub(super) k: &'a [T],
     pub(super) v: &'a [T],
+    /// Elements from one row to the next.
+    pub(super) stride: usize,
 }
 
 widest! {
@@ -50,9 +56,9 @@ fn accumulate_slice_loop<T: Float>(
     state: Running<'_, T>,
     scores: &mut [T],
 ) -> Result<(), TensorError> {
-    let d = dims.head_dim;
+    let (d, ld, acc_ld) = (dims.head_dim, input.stride, state.stride);
     for (q0, bq) in tiles(dims.q_len, TILE_Q) {
-        let q_tile = &input.q[q0 * d..(q0 + bq) * d];
+        let q_tile = (&input.q[q0 * ld..], ld);
         // Rows see prefixes that grow with the row: the last row sees the most.
         let seen_by_last = params.visible_keys(q0 + bq - 1, dims.kv_len);
         for (k0, bk) in tiles(dims.kv_len, TILE_K) {
@@ -60,9 +66,9 @@ fn accumulate_slice_loop<T: Float>(
                 break; // this tile and the later ones lie above the causal diagonal
             }
             let s = &mut scores[..bq * bk];
-            let k_tile = &input.k[k0 * d..(k0 + bk) * d];
+            let k_tile = (&input.k[k0 * ld..], ld);
             tile_scores(q_tile, k_tile, (bq, bk), d, params.scale, s)?;
-            let acc_tile = &mut state.acc[q0 * d..(q0 + bq) * d];
+            let acc_tile = &mut state.acc[q0 * acc_ld..];
             for r in 0..bq {
                 let row = &mut s[r * bk..(r + 1) * bk];
                 let seen = params
@@ -87,31 +93,36 @@ fn accumulate_slice_loop<T: Float>(
                 state.sum[q0 + r] = rescale * state.sum[q0 + r] + sum_slice(visible);
                 state.max[q0 + r] = new_max;
                 if rescale != T::ONE {
-                    acc_tile[r * d..(r + 1) * d]
+                    acc_tile[r * acc_ld..r * acc_ld + d]
                         .iter_mut()
                         .for_each(|a| *a *= rescale);
                 }
             }
-            let v_tile = &input.v[k0 * d..(k0 + bk) * d];
-            gemm(
+            let v_tile = &input.v[k0 * ld..];
+            gemm_strided(
                 GemmShape::new(bq, d, bk),
                 T::ONE,
-                s,
-                v_tile,
+                (s, bk),
+                (v_tile, ld),
                 T::ONE,
-                acc_tile,
+                (acc_tile, acc_ld),
             )?;
         }
     }
     Ok(())
 }
 
-/// Normalises running states in place: each row of `acc` divided by its sum, and `max_to_lse`
-/// (the row maxima) turned into the log-sum-exp `max + ln sum`; a row that saw no key becomes
-/// `0` with `lse = -inf`.
-pub(super) fn normalize<T: Float>(acc: &mut [T], max_to_lse: &mut [T], sum: &[T], head_dim: usize) {
+/// Normalises running states in place: each row of `acc` (`head_dim` elements, `stride` apart)
+/// divided by its sum, and `max_to_lse` (the row maxima) turned into the log-sum-exp
+/// `max + ln sum`; a row that saw no key becomes `0` with `lse = -inf`.
+pub(super) fn normalize<T: Float>(
+    (acc, stride): (&mut [T], usize),
+    max_to_lse: &mut [T],
+    sum: &[T],
+    head_dim: usize,
+) {
     for (r, (lse, &total)) in max_to_lse.iter_mut().zip(sum).enumerate() {
-        let row = &mut acc[r * head_dim..(r + 1) * head_dim];
+        let row = &mut acc[r * stride..r * stride + head_dim];
         if total > T::ZERO {
             let inv = T::ONE / total;
             row.iter_mut().for_each(|a| *a *= inv);
@@ -148,16 +159,18 @@ fn accumulate_all<T: Float>(
                     q: &input.q[slice * q_step..(slice + 1) * q_step],
                     k: &input.k[slice * kv_step..(slice + 1) * kv_step],
                     v: &input.v[slice * kv_step..(slice + 1) * kv_step],
+                    stride: d,
                 };
                 let (outs, rows) = (i * q_step..(i + 1) * q_step, i * q_len..(i + 1) * q_len);
                 let state = Running {
                     acc: &mut acc[outs.clone()],
+                    stride: d,
                     max: &mut max[rows.clone()],
                     sum: &mut sum[rows.clone()],
                 };
                 accumulate_slice(slice_input, dims, params, state, &mut scores)?;
                 if finish {
-                    normalize(&mut acc[outs], &mut max[rows.clone()], &sum[rows], d);
+                    normalize((&mut acc[outs], d), &mut max[rows.clone()], &sum[rows], d);
                 }
             }
             Ok(())
@@ -191,7 +204,12 @@ pub fn flash_attention_into<T: Float>(
     out.fill(T::ZERO);
     lse.fill(T::NEG_INFINITY);
     let mut sum = vec![T::ZERO; n.rows];
-    let input = SliceInputs { q, k, v };
+    let input = SliceInputs {
+        q,
+        k,
+        v,
+        stride: dims.head_dim,
+    };
     accumulate_all(input, dims, &params, (out, lse, &mut sum), true)
 }
 
@@ -262,7 +280,12 @@ impl<T: Float> AttentionState<T> {
                 ("v", n.kv, v.len()),
             ],
         )?;
-        let input = SliceInputs { q, k, v };
+        let input = SliceInputs {
+            q,
+            k,
+            v,
+            stride: dims.head_dim,
+        };
         let state = (&mut self.acc[..], &mut self.max[..], &mut self.sum[..]);
         accumulate_all(input, dims, &params, state, false)
     }
@@ -301,7 +324,7 @@ impl<T: Float> AttentionState<T> {
         )?;
         out.copy_from_slice(&self.acc);
         lse.copy_from_slice(&self.max);
-        normalize(out, lse, &self.sum, self.head_dim);
+        normalize((out, self.head_dim), lse, &self.sum, self.head_dim);
         Ok(())
     }
 }
@@ -342,9 +365,11 @@ mod tests {
                     q: &q,
                     k: &k,
                     v: &v,
+                    stride: d,
                 };
                 let state = Running {
                     acc: &mut acc,
+                    stride: d,
                     max: &mut max,
                     sum: &mut sum,
                 };

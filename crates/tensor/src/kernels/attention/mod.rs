@@ -39,9 +39,10 @@
 //! projection in place: `qkv [batch, seq, heads, 3·head_dim]`, for every (batch, position, head)
 //! the query, key and value rows side by side (columns `0..d`, `d..2d`, `2d..3d`); they write
 //! `out [batch, seq, heads, head_dim]`, `lse [batch, seq, heads]` and
-//! `dqkv [batch, seq, heads, 3·head_dim]` (`dq | dk | dv` like `qkv`). Each (batch, head) slice's
-//! rows are gathered into contiguous scratch, the one-call entry points' per-slice loops run on
-//! it, and the results are scattered back: the bits are exactly those of
+//! `dqkv [batch, seq, heads, 3·head_dim]` (`dq | dk | dv` like `qkv`). The one-call entry points'
+//! per-slice loops run on each (batch, head) slice's rows where they lie, their tile products
+//! reading and writing rows a stride apart (`gemm_strided`, the bits of the contiguous
+//! products): the bits are exactly those of
 //! [`flash_attention_into`] and [`flash_attention_grad_into`] on `q`, `k`, `v` transposed to
 //! `[batch, heads, seq, head_dim]`, transposed back, on any number of threads.
 //!
@@ -68,7 +69,7 @@ mod tensor_level;
 use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::float::Float;
-use crate::kernels::matmul::{gemm, GemmShape};
+use crate::kernels::matmul::{gemm_strided, GemmShape};
 
 pub use self::backward::{
     attention_backward_block, attention_backward_block_accumulate, attention_delta_into,
@@ -203,10 +204,11 @@ fn tiles(len: usize, tile: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |first| (first, tile.min(len - first)))
 }
 
-/// `s = scale · q_tile · k_tileᵀ` for `rows` query rows and `cols` key rows of `head_dim`.
+/// `s = scale · q_tile · k_tileᵀ` (`s` contiguous, `rows × cols`) for `rows` query rows and
+/// `cols` key rows of `head_dim`, each tile's rows the given stride apart.
 fn tile_scores<T: Float>(
-    q_tile: &[T],
-    k_tile: &[T],
+    q_tile: (&[T], usize),
+    k_tile: (&[T], usize),
     (rows, cols): (usize, usize),
     head_dim: usize,
     scale: T,
@@ -219,5 +221,5 @@ fn tile_scores<T: Float>(
         trans_a: false,
         trans_b: true,
     };
-    gemm(shape, scale, q_tile, k_tile, T::ZERO, s)
+    gemm_strided(shape, scale, q_tile, k_tile, T::ZERO, (s, cols))
 }

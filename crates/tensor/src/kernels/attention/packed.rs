@@ -14,10 +14,13 @@
 //! For every slice the results are bit for bit those of [`flash_attention_into`] and
 //! [`flash_attention_grad_into`] on `q`, `k`, `v` split off and transposed to
 //! `[batch, heads, seq, d]` (`slices = batch · heads`, `q_len = kv_len = seq`), with the results
-//! transposed back. No arithmetic is new: per slice the rows are gathered into contiguous
-//! per-thread scratch, the very per-slice loops of those entry points run on the scratch, and
-//! the results' rows are scattered back; the backward's `delta = rowsum(dout ∘ out)` is the
-//! same `dot_slice` per row as [`attention_delta_into`]'s.
+//! transposed back. No arithmetic is new: per slice the very per-slice loops of those entry
+//! points run on the rows where they lie, their tile products by `gemm_strided` (the bits of
+//! the contiguous products). `out` accumulates in place from zero as there; only the slice's
+//! `lse` goes through a row of scratch. The backward zeroes `dqkv` and adds every gradient to
+//! it, as those entry points add `dq` to zeros and `dk`, `dv` to zeros they fill; its
+//! `delta = rowsum(dout ∘ out)` is the same `dot_slice` per row as
+//! [`attention_delta_into`]'s.
 //!
 //! # Threads
 //! Whole batch elements are shared out among the allowed threads ([`crate::kernels::threads`]),
@@ -28,11 +31,11 @@
 //! [`flash_attention_grad_into`]: super::flash_attention_grad_into
 //! [`attention_delta_into`]: super::attention_delta_into
 
-use super::backward::{backward_slice, Scratch};
+use super::backward::{backward_slice, InputStrides, Scratch, SliceGrads};
 use super::forward::{accumulate_slice, normalize, Running, SliceInputs};
 use super::{
-    check_lengths, sizes, slice_flops, AttentionDims, AttentionGradBuffers, AttentionParams,
-    BlockGradInputs, TILE_K, TILE_Q,
+    check_lengths, sizes, slice_flops, AttentionDims, AttentionParams, BlockGradInputs, TILE_K,
+    TILE_Q,
 };
 use crate::error::TensorError;
 use crate::kernels::float::Float;
@@ -204,7 +207,8 @@ pub fn packed_attention_into<T: Float>(
 }
 
 /// The forward of the batch elements from `first` on whose `out` and `lse` rows `out` and
-/// `lse` hold (one thread's part); its scratch allocated once.
+/// `lse` hold (one thread's part): the running outputs in place in `out`, the other state in
+/// scratch allocated once.
 fn forward_part<T: Float>(
     qkv: &[T],
     dims: PackedDims,
@@ -225,8 +229,6 @@ fn forward_part<T: Float>(
     }
     let count = lse.len() / rows;
     let slice = slice_dims(dims, 1);
-    let mut q = vec![T::ZERO; seq * d];
-    let (mut k, mut v, mut acc) = (q.clone(), q.clone(), q.clone());
     let (mut max, mut sum) = (vec![T::ZERO; seq], vec![T::ZERO; seq]);
     let mut scores = vec![T::ZERO; TILE_Q * TILE_K];
     for b in 0..count {
@@ -235,26 +237,26 @@ fn forward_part<T: Float>(
             &mut out[b * rows * d..(b + 1) * rows * d],
             &mut lse[b * rows..(b + 1) * rows],
         );
+        // The running outputs, in place in `out`, start as `flash_attention_into` starts them.
+        out_b.fill(T::ZERO);
         for h in 0..heads {
             let column = h * 3 * d;
-            gather_rows(packed, (heads * 3 * d, column), d, [&mut q, &mut k, &mut v]);
-            // The running state as `flash_attention_into` starts it.
-            acc.fill(T::ZERO);
             max.fill(T::NEG_INFINITY);
             sum.fill(T::ZERO);
             let input = SliceInputs {
-                q: &q,
-                k: &k,
-                v: &v,
+                q: &packed[column..],
+                k: &packed[column + d..],
+                v: &packed[column + 2 * d..],
+                stride: heads * 3 * d,
             };
             let state = Running {
-                acc: &mut acc,
+                acc: &mut out_b[h * d..],
+                stride: heads * d,
                 max: &mut max,
                 sum: &mut sum,
             };
             accumulate_slice(input, slice, params, state, &mut scores)?;
-            normalize(&mut acc, &mut max, &sum, d);
-            scatter_rows([&acc], d, out_b, (heads * d, h * d));
+            normalize((&mut out_b[h * d..], heads * d), &mut max, &sum, d);
             scatter_rows([&max], 1, lse_b, (heads, h));
         }
     }
@@ -334,9 +336,11 @@ fn backward_part<T: Float>(
     let rows = seq * heads;
     let count = dqkv.len() / (rows * 3 * d);
     let slice = slice_dims(dims, 1);
-    let mut q = vec![T::ZERO; seq * d];
-    let (mut k, mut v, mut dout) = (q.clone(), q.clone(), q.clone());
-    let (mut dq, mut dk, mut dv) = (q.clone(), q.clone(), q.clone());
+    // Every row is read and written in place.
+    let strides = InputStrides {
+        qkv: heads * 3 * d,
+        dout: heads * d,
+    };
     let (mut lse, mut delta) = (vec![T::ZERO; seq], vec![T::ZERO; seq]);
     let mut scratch = Scratch {
         p: vec![T::ZERO; TILE_Q * TILE_K],
@@ -349,33 +353,31 @@ fn backward_part<T: Float>(
         let dout_b = &input.dout[global * rows * d..(global + 1) * rows * d];
         let lse_b = &input.lse[global * rows..(global + 1) * rows];
         let dqkv_b = &mut dqkv[b * rows * 3 * d..(b + 1) * rows * 3 * d];
+        // `flash_attention_grad_into` zeroes `dq` and overwrites `dk`, `dv`: zeroing all three
+        // at once and adding the keys' gradients (`add_keys`) to the zeros is the same
+        // arithmetic, in one fill.
+        dqkv_b.fill(T::ZERO);
         for h in 0..heads {
             let column = h * 3 * d;
-            gather_rows(packed, (heads * 3 * d, column), d, [&mut q, &mut k, &mut v]);
-            gather_rows(dout_b, (heads * d, h * d), d, [&mut dout]);
             gather_rows(lse_b, (heads, h), 1, [&mut lse]);
             // `attention_delta_into`'s rows: `dot_slice(out row, dout row)`.
             for (s, delta) in delta.iter_mut().enumerate() {
                 let at = (s * heads + h) * d;
-                *delta = dot_slice(&out_b[at..at + d], &dout[s * d..(s + 1) * d]);
+                *delta = dot_slice(&out_b[at..at + d], &dout_b[at..at + d]);
             }
-            // `flash_attention_grad_into` zeroes `dq`; `dk`, `dv` are overwritten.
-            dq.fill(T::ZERO);
             let block = BlockGradInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                dout: &dout,
+                q: &packed[column..],
+                k: &packed[column + d..],
+                v: &packed[column + 2 * d..],
+                dout: &dout_b[h * d..],
                 lse: &lse,
                 delta: &delta,
             };
-            let grads = AttentionGradBuffers {
-                dq: &mut dq,
-                dk: &mut dk,
-                dv: &mut dv,
+            let grads = SliceGrads::SideBySide {
+                dqkv: &mut dqkv_b[column..],
+                stride: heads * 3 * d,
             };
-            backward_slice(block, slice, params, grads, (&mut scratch, false))?;
-            scatter_rows([&dq, &dk, &dv], d, dqkv_b, (heads * 3 * d, column));
+            backward_slice(block, slice, strides, params, grads, (&mut scratch, true))?;
         }
     }
     Ok(())
