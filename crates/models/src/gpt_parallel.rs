@@ -474,4 +474,40 @@ mod tests {
         let text = zero.check(&gpt).unwrap_err().to_string();
         assert!(text.contains("parallel.data_parallel = 0"), "{text}");
     }
+
+    /// Context parallel splits the sequence, which `PackedAttention` keeps whole: a GPT built
+    /// with it is refused, naming the key; built with `FlashAttention` it is placed, and the
+    /// packed op's strategy splits `qkv`'s batch and heads.
+    #[test]
+    fn context_parallel_needs_the_transposing_attention() {
+        let keys = GptParallelKeys {
+            model_parallel: 2,
+            context_parallel: 2,
+            ..GptParallelKeys::default()
+        };
+        let split = GptParallel::resolve(8, &keys).unwrap();
+        let packed = GptConfig::new(64, 2, 4, 16, 8, 8);
+        let text = split.check(&packed).unwrap_err().to_string();
+        assert!(
+            text.contains("parallel.context_parallel") && text.contains("PackedAttention"),
+            "{text}"
+        );
+        let flash = GptConfig {
+            packed_attention: false,
+            ..packed.clone()
+        };
+        assert!(split.check(&flash).is_ok());
+        let plain = GptParallel::resolve(
+            8,
+            &GptParallelKeys {
+                model_parallel: 2,
+                ..GptParallelKeys::default()
+            },
+        )
+        .unwrap();
+        let model = crate::gpt(&packed, tensor::DType::F32).unwrap();
+        let strategies = plain.strategies(&model.graph).unwrap();
+        let flash_op = &strategies["blocks.0.attn.flash"];
+        assert_eq!(flash_op.inputs, vec![vec![4, 1, 2, 1]]);
+    }
 }
