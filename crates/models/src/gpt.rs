@@ -89,6 +89,18 @@ impl GptConfig {
         }
     }
 
+    /// Whether the attention is built as one fused op (`fused_attention`, honoured only
+    /// without dropout).
+    pub fn builds_fused_attention(&self) -> bool {
+        self.fused_attention && self.dropout == 0.0
+    }
+
+    /// Whether the attention is built as `PackedAttention` (fused and `packed_attention`),
+    /// whose sequence dim is never split.
+    pub fn builds_packed_attention(&self) -> bool {
+        self.builds_fused_attention() && self.packed_attention
+    }
+
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
         self.hidden / self.heads.max(1)
@@ -367,8 +379,7 @@ fn attention(
         let qkv = b.call("qkv", &dense(hidden, 3 * hidden, 0.02), x)?;
         let qkv = b.reshape("split_heads", qkv, &[batch, seq, heads, 3 * hd])?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let fused = c.fused_attention && c.dropout == 0.0;
-        if fused && c.packed_attention {
+        if c.builds_packed_attention() {
             // One op over the projection's layout: no cut, no transposes.
             let context = b.packed_attention("flash", qkv, true, scale)?.0;
             let context = b.reshape("merge_heads", context, &[batch, seq, hidden])?;
@@ -378,7 +389,7 @@ fn attention(
         let q = b.transpose("q_t", parts[0], &[0, 2, 1, 3])?;
         let k = b.transpose("k_t", parts[1], &[0, 2, 1, 3])?;
         let v = b.transpose("v_t", parts[2], &[0, 2, 1, 3])?;
-        let context = if fused {
+        let context = if c.builds_fused_attention() {
             // One op, the scores never materialised; it has no dropout on the weights.
             b.flash_attention("flash", (q, k, v), true, scale)?.0
         } else {

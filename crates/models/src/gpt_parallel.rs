@@ -208,7 +208,7 @@ impl GptParallel {
                 "model_parallel (vocab_emb_dp = false)".to_string(),
             ));
         }
-        if cp > 1 && c.fused_attention && c.dropout == 0.0 && c.packed_attention {
+        if cp > 1 && c.builds_packed_attention() {
             return Err(config_error(
                 "parallel.context_parallel",
                 format!(
@@ -240,7 +240,7 @@ impl GptParallel {
                         "model_parallel × context_parallel = {mp} × {cp} (context_parallel_algo = \"ulysses\" splits the heads over both)"
                     ),
                 )),
-                ContextParallelAlgo::Ring if !c.fused_attention || c.dropout > 0.0 => {
+                ContextParallelAlgo::Ring if !c.builds_fused_attention() => {
                     return Err(config_error(
                         "parallel.context_parallel_algo",
                         "\"ring\" passes key/value blocks through the fused attention: it needs model.fused_attention = true and model.dropout = 0".to_string(),
