@@ -552,6 +552,10 @@ impl Op {
                 | Op::Mul
                 | Op::Div
                 | Op::BiasAdd
+                | Op::Neg
+                | Op::Exp
+                | Op::Log
+                | Op::Sqrt
                 | Op::Relu
                 | Op::Gelu { .. }
                 | Op::Tanh
@@ -576,6 +580,13 @@ impl Op {
                 | Op::MaskedFill { .. }
                 | Op::BiasAddGrad
                 | Op::SumToShape { .. }
+                | Op::Flatten { .. }
+                | Op::Reshape { .. }
+                | Op::StopGradient
+                | Op::Print { .. }
+                | Op::Embedding
+                | Op::SparseSoftmaxCrossEntropyGrad { .. }
+                | Op::Fill { .. }
         )
     }
 }
