@@ -362,8 +362,8 @@ fn program(
 ) -> Result<Arc<parallel::Program>, BenchError> {
     let gpt = GptConfig {
         vocab_parallel_loss: deterministic,
-        // Context parallel's ring and Ulysses run FlashAttention, as training builds it.
-        packed_attention: split.cp == 1,
+        // The ring runs FlashAttention on the split sequence, as training builds it.
+        packed_attention: split.algo.keeps_the_sequence_whole(split.cp),
         ..gpt.clone()
     };
     let model = models::gpt(&gpt, DType::F32)?;

@@ -48,7 +48,8 @@ pub struct GptConfig {
     /// over `[B, S, heads, 3·head_dim]`, writing `[B, S, heads, head_dim]`) instead of cutting
     /// it into `q`, `k` and `v` and transposing them and the context (`FlashAttention` over
     /// `[B, heads, S, head_dim]`): the same bits with four copies fewer per block, forward and
-    /// backward. Context parallel needs `false`: its ring and Ulysses run `FlashAttention`.
+    /// backward. Ring attention needs `false`: it runs `FlashAttention` on the split sequence
+    /// (Ulysses moves `qkv` to the head split whole and runs this one).
     pub packed_attention: bool,
     /// Sequences per global batch.
     pub batch: usize,

@@ -51,6 +51,14 @@ pub enum ContextParallelAlgo {
 }
 
 impl ContextParallelAlgo {
+    /// Whether the attention core sees every position of its sequences with the sequence
+    /// split over `context_parallel` ranks: without context parallel, or with Ulysses (which
+    /// splits the heads instead); the ring keeps the sequence split. The packed attention
+    /// (`GptConfig::packed_attention`) needs it.
+    pub fn keeps_the_sequence_whole(self, context_parallel: usize) -> bool {
+        context_parallel == 1 || self == ContextParallelAlgo::Ulysses
+    }
+
     /// The config spellings, in declaration order.
     pub const NAMES: [&'static str; 2] = ["ulysses", "ring"];
 
@@ -183,6 +191,13 @@ impl GptParallel {
         .with_expert_parallel(keys.expert_parallel)
     }
 
+    /// Whether the attention core sees every position of its sequences
+    /// ([`ContextParallelAlgo::keeps_the_sequence_whole`]).
+    pub fn keeps_the_sequence_whole_in_attention(&self) -> bool {
+        self.context_parallel_algo
+            .keeps_the_sequence_whole(self.context_parallel)
+    }
+
     /// Checks that the splits divide the model's sizes; errors name the key and the size.
     pub fn check(&self, c: &GptConfig) -> Result<(), ModelsError> {
         let (dp, mp, cp) = (
@@ -208,11 +223,11 @@ impl GptParallel {
                 "model_parallel (vocab_emb_dp = false)".to_string(),
             ));
         }
-        if cp > 1 && c.builds_packed_attention() {
+        if !self.keeps_the_sequence_whole_in_attention() && c.builds_packed_attention() {
             return Err(config_error(
                 "parallel.context_parallel",
                 format!(
-                    "{cp} splits the sequence, which the packed attention (PackedAttention) keeps whole: build the GPT with FlashAttention (packed_attention = false)"
+                    "{cp} splits the sequence, which the packed attention (PackedAttention) keeps whole, and context_parallel_algo = \"ring\" keeps it split: build the GPT with FlashAttention (packed_attention = false)"
                 ),
             ));
         }
@@ -300,18 +315,11 @@ impl GptParallel {
             }
             let strategy = match loss_ops.get(&node.name) {
                 Some(tuples) => Some(OpStrategy::from_tuples(tuples.clone(), None)),
-                // `qkv [B, S, heads, 3·head_dim]`: the batch and the heads split, as the
-                // projection leaves them (`check` keeps context parallel off this op).
+                // `qkv [B, S, heads, 3·head_dim]`: the batch and the heads split, the sequence
+                // whole (Ulysses moves `qkv` there by one all-to-all; `check` keeps the ring,
+                // which splits the sequence, off this op).
                 None if matches!(node.op, Op::PackedAttention { .. }) => {
-                    Some(OpStrategy::from_tuples(
-                        vec![vec![
-                            self.data_parallel,
-                            self.context_parallel,
-                            self.model_parallel,
-                            1,
-                        ]],
-                        None,
-                    ))
+                    Some(heads.packed_strategy())
                 }
                 None => self.strategy_of(&node.name, &heads).or_else(|| {
                     self.moe_strategy_of(&node.name)
@@ -356,12 +364,24 @@ impl GptParallel {
             ContextParallelAlgo::Ring => ("mp".into(), "cp".into()),
         };
         let heads = mesh
-            .apply(&["dp".into(), head_dim, seq_dim, DimSpec::Replicated])
+            .apply(&[
+                "dp".into(),
+                head_dim.clone(),
+                seq_dim.clone(),
+                DimSpec::Replicated,
+            ])
+            .map_err(layout_error)?;
+        let packed = mesh
+            .apply(&["dp".into(), seq_dim, head_dim, DimSpec::Replicated])
             .map_err(layout_error)?;
         let mask = mesh
             .apply(&[DimSpec::Replicated, DimSpec::Replicated])
             .map_err(layout_error)?;
-        Ok(HeadSplit::Layout { heads, mask })
+        Ok(HeadSplit::Layout(Box::new(MeshSplit {
+            heads,
+            packed,
+            mask,
+        })))
     }
 
     /// The strategy of the GPT op named `name`.
@@ -419,12 +439,17 @@ enum HeadSplit {
     /// Split tuples: the head-split tensors' tuple (the mask is whole).
     Tuple(Vec<usize>),
     /// Layouts over the `(dp, cp, mp)` mesh.
-    Layout {
-        /// A head-split tensor's layout.
-        heads: Layout,
-        /// The mask's layout (replicated).
-        mask: Layout,
-    },
+    Layout(Box<MeshSplit>),
+}
+
+/// [`HeadSplit`]'s layouts over the `(dp, cp, mp)` mesh.
+struct MeshSplit {
+    /// A head-split tensor's layout.
+    heads: Layout,
+    /// The packed attention's `[B, S, heads, 3·head_dim]` input, split as `heads`.
+    packed: Layout,
+    /// The mask's layout (replicated).
+    mask: Layout,
 }
 
 impl HeadSplit {
@@ -438,13 +463,30 @@ impl HeadSplit {
                     .collect(),
                 None,
             ),
-            HeadSplit::Layout { heads, mask } => OpStrategy::from_layouts(
+            HeadSplit::Layout(split) => OpStrategy::from_layouts(
                 head_split_inputs
                     .iter()
-                    .map(|&h| if h { heads.clone() } else { mask.clone() })
+                    .map(|&h| {
+                        if h {
+                            split.heads.clone()
+                        } else {
+                            split.mask.clone()
+                        }
+                    })
                     .collect(),
                 None,
             ),
+        }
+    }
+
+    /// The packed attention's strategy: its `[B, S, heads, 3·head_dim]` input split as the
+    /// head-split `[B, heads, S, head_dim]` tensors are, dims 1 and 2 swapped.
+    fn packed_strategy(&self) -> OpStrategy {
+        match self {
+            HeadSplit::Tuple(t) => {
+                OpStrategy::from_tuples(vec![vec![t[0], t[2], t[1], t[3]]], None)
+            }
+            HeadSplit::Layout(split) => OpStrategy::from_layouts(vec![split.packed.clone()], None),
         }
     }
 }
@@ -475,28 +517,59 @@ mod tests {
         assert!(text.contains("parallel.data_parallel = 0"), "{text}");
     }
 
-    /// Context parallel splits the sequence, which `PackedAttention` keeps whole: a GPT built
-    /// with it is refused, naming the key; built with `FlashAttention` it is placed, and the
-    /// packed op's strategy splits `qkv`'s batch and heads.
+    /// The ring keeps the sequence split, which `PackedAttention` keeps whole: a GPT built with
+    /// it is refused under the ring, naming the key, and placed with `FlashAttention`. Ulysses
+    /// moves `qkv` to the head split whole, so it places the packed op: its strategy splits
+    /// `qkv`'s batch over dp and its heads over mp × cp, the sequence whole; without context
+    /// parallel the heads over mp.
     #[test]
-    fn context_parallel_needs_the_transposing_attention() {
-        let keys = GptParallelKeys {
-            model_parallel: 2,
-            context_parallel: 2,
-            ..GptParallelKeys::default()
-        };
-        let split = GptParallel::resolve(8, &keys).unwrap();
+    fn the_ring_needs_the_transposing_attention_and_ulysses_runs_the_packed_one() {
         let packed = GptConfig::new(64, 2, 4, 16, 8, 8);
-        let text = split.check(&packed).unwrap_err().to_string();
-        assert!(
-            text.contains("parallel.context_parallel") && text.contains("PackedAttention"),
-            "{text}"
-        );
         let flash = GptConfig {
             packed_attention: false,
             ..packed.clone()
         };
-        assert!(split.check(&flash).is_ok());
+        let ring = GptParallel::resolve(
+            8,
+            &GptParallelKeys {
+                model_parallel: 2,
+                context_parallel: 2,
+                context_parallel_algo: ContextParallelAlgo::Ring,
+                ..GptParallelKeys::default()
+            },
+        )
+        .unwrap();
+        let text = ring.check(&packed).unwrap_err().to_string();
+        assert!(
+            text.contains("parallel.context_parallel") && text.contains("PackedAttention"),
+            "{text}"
+        );
+        assert!(ring.check(&flash).is_ok());
+        assert!(!ring.keeps_the_sequence_whole_in_attention());
+
+        let ulysses = GptParallel::resolve(
+            8,
+            &GptParallelKeys {
+                model_parallel: 2,
+                context_parallel: 2,
+                ..GptParallelKeys::default()
+            },
+        )
+        .unwrap();
+        assert!(ulysses.keeps_the_sequence_whole_in_attention());
+        assert!(ulysses.check(&packed).is_ok());
+        let model = crate::gpt(&packed, tensor::DType::F32).unwrap();
+        let strategies = ulysses.strategies(&model.graph).unwrap();
+        let flash_op = &strategies["blocks.0.attn.flash"];
+        // [B, S, heads, 3·head_dim] on the (dp 2, cp 2, mp 2) mesh: the batch over dp, the
+        // sequence whole, the heads over mp × cp.
+        assert_eq!(flash_op.inputs, vec![vec![2, 1, 4, 1]]);
+        let layout = &flash_op.in_layouts.as_ref().expect("a layout strategy")[0];
+        assert_eq!(layout.mesh().device_matrix(), vec![2, 2, 2]);
+        let dims = layout.dims().unwrap();
+        assert!(dims[1].is_empty(), "the sequence whole: {dims:?}");
+        assert_eq!(dims[2].len(), 2, "the heads over mp and cp: {dims:?}");
+
         let plain = GptParallel::resolve(
             8,
             &GptParallelKeys {
@@ -505,7 +578,6 @@ mod tests {
             },
         )
         .unwrap();
-        let model = crate::gpt(&packed, tensor::DType::F32).unwrap();
         let strategies = plain.strategies(&model.graph).unwrap();
         let flash_op = &strategies["blocks.0.attn.flash"];
         assert_eq!(flash_op.inputs, vec![vec![4, 1, 2, 1]]);

@@ -83,10 +83,14 @@ impl TextData {
             dropout: keys.dropout,
             tie_embeddings: keys.tie_embeddings,
             fused_attention: keys.fused_attention,
-            // Context parallel runs FlashAttention (ring, Ulysses), and so does the search,
-            // whose candidates include it; everything else reads the QKV layout in place.
-            packed_attention: config.gpt_parallel().context_parallel == 1
-                && !matches!(config.parallel_config().mode, ParallelMode::Auto(_)),
+            // The ring runs FlashAttention on the split sequence, and so does the search,
+            // whose candidates include the ring; everything else (Ulysses too, which moves
+            // `qkv` to the head split whole) reads the QKV layout in place.
+            packed_attention: {
+                let keys = config.gpt_parallel();
+                keys.context_parallel_algo
+                    .keeps_the_sequence_whole(keys.context_parallel)
+            } && !matches!(config.parallel_config().mode, ParallelMode::Auto(_)),
             batch: self.batch,
             // Logits split on the vocabulary are reduced where they lie, never gathered. In
             // deterministic mode every run builds that loss, one device's included, so that

@@ -237,8 +237,8 @@ fn deterministic_context_parallel_is_bitwise_one_device() {
 }
 
 /// Ulysses moves q, k and v from the sequence split to the head split, and the context back,
-/// each by one all-to-all inside a `cp` group of ranks; the final hidden states move to the
-/// batch split of the LM head the same way.
+/// each by one all-to-all inside a `cp` group of ranks (the fused attention moves `qkv` whole);
+/// the final hidden states move to the batch split of the LM head the same way.
 #[test]
 fn ulysses_moves_activations_by_all_to_all_in_cp_groups() {
     let tmp = tempfile::tempdir().unwrap();
@@ -274,6 +274,35 @@ fn ulysses_moves_activations_by_all_to_all_in_cp_groups() {
         .find(|r| r.name == "blocks.0.attn.scores")
         .expect("the scores op");
     assert_eq!(scores.inputs, vec![vec![2, 4, 1, 1], vec![2, 4, 1, 1]]);
+
+    // The fused attention under Ulysses reads the QKV projection's layout in place
+    // (`PackedAttention`): `qkv` itself moves to the head split, by one all-to-all instead of
+    // three, and the context back; nothing is transposed.
+    let fused = Session::new(&config(
+        tmp.path(),
+        "adam",
+        "fused_attention = true",
+        &semi(8, keys),
+        false,
+    ))
+    .unwrap();
+    let plan = fused.train.explain();
+    for value in ["split_heads", "flash"] {
+        let line = format!("reshard blocks.0.attn.{value}: all-to-all over 2 ranks");
+        assert!(plan.contains(&line), "no {line:?} in\n{plan}");
+    }
+    for value in ["q_t", "k_t", "v_t", "context_t"] {
+        assert!(
+            !plan.contains(&format!("blocks.0.attn.{value}")),
+            "{value} in\n{plan}"
+        );
+    }
+    let records = fused.op_strategies();
+    let packed = records
+        .iter()
+        .find(|r| r.name == "blocks.0.attn.flash")
+        .expect("the packed attention op");
+    assert_eq!(packed.inputs, vec![vec![2, 1, 4, 1]]);
 }
 
 /// Bad context-parallel settings are refused naming the key and the rule.
