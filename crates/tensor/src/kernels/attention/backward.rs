@@ -74,11 +74,24 @@ pub fn attention_delta_into<T: Float>(
         OP,
         &[("out", elements, out.len()), ("dout", elements, dout.len())],
     )?;
+    row_dots(out, dout, head_dim, delta);
+    Ok(())
+}
+
+widest! {
+    /// `delta[r] = dot_slice(out row r, dout row r)` over rows of `head_dim`, on the widest
+    /// vector unit the CPU has (`dot_slice`'s sums in its order, so the same bits on every
+    /// unit).
+    fn row_dots<T>(out: &[T], dout: &[T], head_dim: usize, delta: &mut [T]) => row_dots_loop
+}
+
+/// [`row_dots`]'s loop.
+#[inline(always)]
+fn row_dots_loop<T: Float>(out: &[T], dout: &[T], head_dim: usize, delta: &mut [T]) {
     for (r, d) in delta.iter_mut().enumerate() {
         let range = r * head_dim..(r + 1) * head_dim;
         *d = dot_slice(&out[range.clone()], &dout[range]);
     }
-    Ok(())
 }
 
 /// Scratch tiles of one thread: the probabilities and the score gradients.
@@ -412,6 +425,22 @@ pub fn flash_attention_grad_into<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dispatched `delta` rows give the portable loop's bits.
+    #[test]
+    fn the_wide_row_dots_give_the_portable_bits() {
+        let (rows, d) = (37, 67);
+        let value = |i: usize, m: usize| ((i * m) % 101) as f32 / 13.0 - 3.5;
+        let out: Vec<f32> = (0..rows * d).map(|i| value(i, 7)).collect();
+        let dout: Vec<f32> = (0..rows * d).map(|i| value(i, 11)).collect();
+        let (mut wide, mut portable) = (vec![0f32; rows], vec![0f32; rows]);
+        row_dots(&out, &dout, d, &mut wide);
+        row_dots_loop(&out, &dout, d, &mut portable);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&wide), bits(&portable));
+        let reference: f32 = (0..d).map(|c| out[5 * d + c] * dout[5 * d + c]).sum();
+        assert!((wide[5] - reference).abs() <= 1e-4 * reference.abs().max(1.0));
+    }
 
     /// The dispatched slice (AVX-512 or AVX2 where the CPU has it) gives the portable loop's
     /// bits, its key gradients overwritten and added to.

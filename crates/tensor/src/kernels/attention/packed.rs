@@ -19,8 +19,8 @@
 //! the contiguous products). `out` accumulates in place from zero as there; only the slice's
 //! `lse` goes through a row of scratch. The backward zeroes `dqkv` and adds every gradient to
 //! it, as those entry points add `dq` to zeros and `dk`, `dv` to zeros they fill; its
-//! `delta = rowsum(dout ∘ out)` is the same `dot_slice` per row as
-//! [`attention_delta_into`]'s.
+//! `delta = rowsum(dout ∘ out)` is [`attention_delta_into`] itself, run once per batch element
+//! over the contiguous `[seq, heads, head_dim]` rows of all heads.
 //!
 //! # Threads
 //! Whole batch elements are shared out among the allowed threads ([`crate::kernels::threads`]),
@@ -29,9 +29,8 @@
 //!
 //! [`flash_attention_into`]: super::flash_attention_into
 //! [`flash_attention_grad_into`]: super::flash_attention_grad_into
-//! [`attention_delta_into`]: super::attention_delta_into
 
-use super::backward::{backward_slice, InputStrides, Scratch, SliceGrads};
+use super::backward::{attention_delta_into, backward_slice, InputStrides, Scratch, SliceGrads};
 use super::forward::{accumulate_slice, normalize, Running, SliceInputs};
 use super::{
     check_lengths, sizes, slice_flops, AttentionDims, AttentionParams, BlockGradInputs, TILE_K,
@@ -39,7 +38,6 @@ use super::{
 };
 use crate::error::TensorError;
 use crate::kernels::float::Float;
-use crate::kernels::reduce::dot_slice;
 use crate::kernels::threads::{for_each_part, threads_for};
 
 /// The sizes of attention over the packed layout.
@@ -342,6 +340,8 @@ fn backward_part<T: Float>(
         dout: heads * d,
     };
     let (mut lse, mut delta) = (vec![T::ZERO; seq], vec![T::ZERO; seq]);
+    // Every (position, head) row's `delta`, in `out`'s row order.
+    let mut deltas = vec![T::ZERO; rows];
     let mut scratch = Scratch {
         p: vec![T::ZERO; TILE_Q * TILE_K],
         ds: vec![T::ZERO; TILE_Q * TILE_K],
@@ -357,14 +357,12 @@ fn backward_part<T: Float>(
         // at once and adding the keys' gradients (`add_keys`) to the zeros is the same
         // arithmetic, in one fill.
         dqkv_b.fill(T::ZERO);
+        // `attention_delta_into`'s rows, all heads in one pass over the contiguous rows.
+        attention_delta_into(out_b, dout_b, d, &mut deltas)?;
         for h in 0..heads {
             let column = h * 3 * d;
             gather_rows(lse_b, (heads, h), 1, [&mut lse]);
-            // `attention_delta_into`'s rows: `dot_slice(out row, dout row)`.
-            for (s, delta) in delta.iter_mut().enumerate() {
-                let at = (s * heads + h) * d;
-                *delta = dot_slice(&out_b[at..at + d], &dout_b[at..at + d]);
-            }
+            gather_rows(&deltas, (heads, h), 1, [&mut delta]);
             let block = BlockGradInputs {
                 q: &packed[column..],
                 k: &packed[column + d..],
