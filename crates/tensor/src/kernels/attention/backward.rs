@@ -170,29 +170,45 @@ impl<T: Float> SliceGrads<'_, T> {
         }
     }
 
-    /// Zeroes the first `rows` rows (of `head_dim`) of gradient `which`.
-    fn zero(&mut self, which: Grad, rows: usize, head_dim: usize) {
-        let (buf, stride) = self.rows(which, 0, head_dim);
+    /// Zeroes the rows `rows` (of `head_dim`) of gradient `which`.
+    fn zero_rows(&mut self, which: Grad, rows: std::ops::Range<usize>, head_dim: usize) {
+        let count = rows.len();
+        let (buf, stride) = self.rows(which, rows.start, head_dim);
         if stride == head_dim {
-            buf[..rows * head_dim].fill(T::ZERO); // contiguous rows: one fill
+            buf[..count * head_dim].fill(T::ZERO); // contiguous rows: one fill
             return;
         }
-        for r in 0..rows {
+        for r in 0..count {
             buf[r * stride..r * stride + head_dim].fill(T::ZERO);
         }
     }
 }
 
+/// Which gradients a [`backward_slice`] call writes rather than adds to.
+///
+/// A written gradient's rows take the first tile product that reaches them as it is (a product
+/// with no `C` term, so the rows' old values are never read), later ones added; rows no tile
+/// reaches (keys hidden from every query, queries that see no key) are zeroed. That is the
+/// arithmetic of adding to zeros (a product's sum starts at `+0`, so it is never `-0`, and
+/// `0 + x` is `x`) without a pass zeroing the rows first.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Written {
+    /// `dq` written (else added to).
+    pub(super) dq: bool,
+    /// `dk` and `dv` written (else added to).
+    pub(super) keys: bool,
+}
+
 widest! {
-    /// One slice's backward over its key block (its input rows `strides` apart): `dq += …`;
-    /// `dk`, `dv` written, or with `add_keys` added to; on the widest vector unit the CPU has.
+    /// One slice's backward over its key block (its input rows `strides` apart): `dq`, `dk`
+    /// and `dv` written or added to (`written`); on the widest vector unit the CPU has.
     pub(super) fn backward_slice<T>(
         input: BlockGradInputs<'_, T>,
         dims: AttentionDims,
         strides: InputStrides,
         params: &AttentionParams<T>,
         grads: SliceGrads<'_, T>,
-        scratch: (&mut Scratch<T>, bool),
+        scratch: (&mut Scratch<T>, Written),
     ) -> Result<(), TensorError> => backward_slice_loop
 }
 
@@ -204,19 +220,23 @@ fn backward_slice_loop<T: Float>(
     strides: InputStrides,
     params: &AttentionParams<T>,
     mut grads: SliceGrads<'_, T>,
-    (scratch, add_keys): (&mut Scratch<T>, bool),
+    (scratch, written): (&mut Scratch<T>, Written),
 ) -> Result<(), TensorError> {
     let (d, ld, ld_dout) = (dims.head_dim, strides.qkv, strides.dout);
-    if !add_keys {
-        grads.zero(Grad::K, dims.kv_len, d);
-        grads.zero(Grad::V, dims.kv_len, d);
-    }
+    // The query tiles whose `dq` rows hold a product yet (all of them when added to).
+    let mut dq_started: Vec<bool> = tiles(dims.q_len, TILE_Q).map(|_| !written.dq).collect();
     for (k0, bk) in tiles(dims.kv_len, TILE_K) {
         let (k_tile, v_tile) = ((&input.k[k0 * ld..], ld), (&input.v[k0 * ld..], ld));
-        for (q0, bq) in tiles(dims.q_len, TILE_Q) {
+        let mut keys_started = !written.keys;
+        for (qi, (q0, bq)) in tiles(dims.q_len, TILE_Q).enumerate() {
             if params.visible_keys(q0 + bq - 1, dims.kv_len) <= k0 {
                 continue; // no row of this query tile sees this key tile
             }
+            // β of the products into `dk`, `dv` (this key tile) and `dq` (this query tile).
+            let beta = |started: bool| if started { T::ONE } else { T::ZERO };
+            let (keys_beta, dq_beta) = (beta(keys_started), beta(dq_started[qi]));
+            keys_started = true;
+            dq_started[qi] = true;
             let (q_tile, dout_tile) = (
                 (&input.q[q0 * ld..], ld),
                 (&input.dout[q0 * ld_dout..], ld_dout),
@@ -252,7 +272,7 @@ fn backward_slice_loop<T: Float>(
                 T::ONE,
                 (p, bk),
                 dout_tile,
-                T::ONE,
+                keys_beta,
                 grads.rows(Grad::V, k0, d),
             )?;
             // dP = dO·Vᵀ, then dS = P ∘ (dP − D).
@@ -272,7 +292,7 @@ fn backward_slice_loop<T: Float>(
                 params.scale,
                 (ds, bk),
                 k_tile,
-                T::ONE,
+                dq_beta,
                 grads.rows(Grad::Q, q0, d),
             )?;
             gemm_strided(
@@ -280,9 +300,19 @@ fn backward_slice_loop<T: Float>(
                 params.scale,
                 (ds, bk),
                 q_tile,
-                T::ONE,
+                keys_beta,
                 grads.rows(Grad::K, k0, d),
             )?;
+        }
+        if !keys_started {
+            // No query sees these keys: their gradients are zero.
+            grads.zero_rows(Grad::K, k0..k0 + bk, d);
+            grads.zero_rows(Grad::V, k0..k0 + bk, d);
+        }
+    }
+    for ((q0, bq), started) in tiles(dims.q_len, TILE_Q).zip(dq_started) {
+        if !started {
+            grads.zero_rows(Grad::Q, q0..q0 + bq, d); // these queries see no key
         }
     }
     Ok(())
@@ -299,7 +329,11 @@ pub fn attention_backward_block<T: Float>(
     params: AttentionParams<T>,
     grads: AttentionGradBuffers<'_, T>,
 ) -> Result<(), TensorError> {
-    backward_block(input, dims, params, grads, false)
+    let written = Written {
+        dq: false,
+        keys: true,
+    };
+    backward_block(input, dims, params, grads, written)
 }
 
 /// [`attention_backward_block`] adding the block's `dk` and `dv` into `grads.dk` and
@@ -313,16 +347,20 @@ pub fn attention_backward_block_accumulate<T: Float>(
     params: AttentionParams<T>,
     grads: AttentionGradBuffers<'_, T>,
 ) -> Result<(), TensorError> {
-    backward_block(input, dims, params, grads, true)
+    let written = Written {
+        dq: false,
+        keys: false,
+    };
+    backward_block(input, dims, params, grads, written)
 }
 
-/// The backward pass over one key/value block, its key gradients overwritten or added to.
+/// The backward pass over one key/value block, its gradients overwritten or added to.
 fn backward_block<T: Float>(
     input: BlockGradInputs<'_, T>,
     dims: AttentionDims,
     params: AttentionParams<T>,
     grads: AttentionGradBuffers<'_, T>,
-    add_keys: bool,
+    written: Written,
 ) -> Result<(), TensorError> {
     const OP: &str = "attention_backward_block";
     let n = sizes(OP, dims, &params)?;
@@ -382,7 +420,7 @@ fn backward_block<T: Float>(
                     InputStrides::contiguous(dims.head_dim),
                     &params,
                     SliceGrads::Apart(slice_grads),
-                    (&mut scratch, add_keys),
+                    (&mut scratch, written),
                 )?;
             }
             Ok(())
@@ -409,8 +447,6 @@ pub fn flash_attention_grad_into<T: Float>(
     )?;
     let mut delta = vec![T::ZERO; n.rows];
     attention_delta_into(input.out, input.dout, dims.head_dim, &mut delta)?;
-    check_lengths(OP, &[("dq", n.q, grads.dq.len())])?;
-    grads.dq.fill(T::ZERO);
     let block = BlockGradInputs {
         q: input.q,
         k: input.k,
@@ -419,12 +455,102 @@ pub fn flash_attention_grad_into<T: Float>(
         lse: input.lse,
         delta: &delta,
     };
-    attention_backward_block(block, dims, params, grads)
+    let written = Written {
+        dq: true,
+        keys: true,
+    };
+    backward_block(block, dims, params, grads, written)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Written gradients never read what their buffers held (NaN there stays out), rows no
+    /// tile reaches are zero, and the result is bitwise that of adding every product to
+    /// zeros — with a key offset past the first query tile (its queries see no key, and the
+    /// last key tile is hidden from every query) and with a query offset.
+    #[test]
+    fn written_gradients_are_the_sums_into_zeros_whatever_the_buffers_held() {
+        let (q_len, kv_len, d) = (150, 140, 9);
+        let value = |n: usize, m: usize| -> Vec<f64> {
+            (0..n)
+                .map(|i| ((i * m) % 101) as f64 / 13.0 - 3.5)
+                .collect()
+        };
+        let (q, k, v, dout) = (
+            value(q_len * d, 7),
+            value(kv_len * d, 11),
+            value(kv_len * d, 17),
+            value(q_len * d, 19),
+        );
+        let (lse, delta) = (value(q_len, 23), value(q_len, 29));
+        let dims = AttentionDims {
+            slices: 1,
+            q_len,
+            kv_len,
+            head_dim: d,
+        };
+        let input = BlockGradInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            dout: &dout,
+            lse: &lse,
+            delta: &delta,
+        };
+        for (q_offset, k_offset) in [(0, 0), (0, 70), (30, 0)] {
+            let params = AttentionParams {
+                q_offset,
+                k_offset,
+                ..AttentionParams::new(true, 0.3)
+            };
+            let run = |fill: f64, written: Written| {
+                let (mut dq, mut dk, mut dv) = (
+                    vec![fill; q_len * d],
+                    vec![fill; kv_len * d],
+                    vec![fill; kv_len * d],
+                );
+                let grads = AttentionGradBuffers {
+                    dq: &mut dq,
+                    dk: &mut dk,
+                    dv: &mut dv,
+                };
+                backward_block(input, dims, params, grads, written).unwrap();
+                [dq, dk, dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            };
+            let written = run(
+                f64::NAN,
+                Written {
+                    dq: true,
+                    keys: true,
+                },
+            );
+            let added = run(
+                0.0,
+                Written {
+                    dq: false,
+                    keys: false,
+                },
+            );
+            assert_eq!(written, added, "offsets ({q_offset}, {k_offset})");
+            // Some rows are untouched by any product in each case but the first.
+            let zero_rows = |bits: &[u64], rows: usize| {
+                (0..rows)
+                    .filter(|r| bits[r * d..(r + 1) * d].iter().all(|&b| b == 0))
+                    .count()
+            };
+            if k_offset > 0 {
+                assert!(
+                    zero_rows(&written[0], q_len) >= 64,
+                    "queries that see no key"
+                );
+            }
+            if q_offset == 0 && k_offset == 0 {
+                assert_eq!(zero_rows(&written[1], kv_len), 0);
+            }
+        }
+    }
 
     /// The dispatched `delta` rows give the portable loop's bits.
     #[test]
@@ -469,7 +595,7 @@ mod tests {
             q_offset: 40,
             ..AttentionParams::new(true, 0.3)
         };
-        let run = |wide: bool, add_keys: bool| {
+        let run = |wide: bool, written: Written| {
             let (mut dq, mut dk, mut dv) = (
                 vec![0.5f32; q_len * d],
                 vec![0.25f32; kv_len * d],
@@ -492,7 +618,7 @@ mod tests {
                 dk: &mut dk,
                 dv: &mut dv,
             });
-            let scratch = (&mut scratch, add_keys);
+            let scratch = (&mut scratch, written);
             if wide {
                 let strides = InputStrides::contiguous(d);
                 backward_slice(input, dims, strides, &params, grads, scratch).unwrap();
@@ -502,12 +628,9 @@ mod tests {
             }
             [dq, dk, dv].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
         };
-        for add_keys in [false, true] {
-            assert_eq!(
-                run(true, add_keys),
-                run(false, add_keys),
-                "add_keys {add_keys}"
-            );
+        for (dq, keys) in [(false, false), (false, true), (true, false), (true, true)] {
+            let written = Written { dq, keys };
+            assert_eq!(run(true, written), run(false, written), "{written:?}");
         }
     }
 }

@@ -17,8 +17,8 @@
 //! transposed back. No arithmetic is new: per slice the very per-slice loops of those entry
 //! points run on the rows where they lie, their tile products by `gemm_strided` (the bits of
 //! the contiguous products). `out` accumulates in place from zero as there; only the slice's
-//! `lse` goes through a row of scratch. The backward zeroes `dqkv` and adds every gradient to
-//! it, as those entry points add `dq` to zeros and `dk`, `dv` to zeros they fill; its
+//! `lse` goes through a row of scratch. The backward writes every gradient as those entry
+//! points do (each row's first tile product written, the later ones added); its
 //! `delta = rowsum(dout ∘ out)` is [`attention_delta_into`] itself, run once per batch element
 //! over the contiguous `[seq, heads, head_dim]` rows of all heads.
 //!
@@ -30,7 +30,9 @@
 //! [`flash_attention_into`]: super::flash_attention_into
 //! [`flash_attention_grad_into`]: super::flash_attention_grad_into
 
-use super::backward::{attention_delta_into, backward_slice, InputStrides, Scratch, SliceGrads};
+use super::backward::{
+    attention_delta_into, backward_slice, InputStrides, Scratch, SliceGrads, Written,
+};
 use super::forward::{accumulate_slice, normalize, Running, SliceInputs};
 use super::{
     check_lengths, sizes, slice_flops, AttentionDims, AttentionParams, BlockGradInputs, TILE_K,
@@ -353,10 +355,8 @@ fn backward_part<T: Float>(
         let dout_b = &input.dout[global * rows * d..(global + 1) * rows * d];
         let lse_b = &input.lse[global * rows..(global + 1) * rows];
         let dqkv_b = &mut dqkv[b * rows * 3 * d..(b + 1) * rows * 3 * d];
-        // `flash_attention_grad_into` zeroes `dq` and overwrites `dk`, `dv`: zeroing all three
-        // at once and adding the keys' gradients (`add_keys`) to the zeros is the same
-        // arithmetic, in one fill.
-        dqkv_b.fill(T::ZERO);
+        // As `flash_attention_grad_into`, every gradient written: each row's first product
+        // lands as it is, so `dqkv` is never zeroed first (every element is written).
         // `attention_delta_into`'s rows, all heads in one pass over the contiguous rows.
         attention_delta_into(out_b, dout_b, d, &mut deltas)?;
         for h in 0..heads {
@@ -375,7 +375,18 @@ fn backward_part<T: Float>(
                 dqkv: &mut dqkv_b[column..],
                 stride: heads * 3 * d,
             };
-            backward_slice(block, slice, strides, params, grads, (&mut scratch, true))?;
+            let written = Written {
+                dq: true,
+                keys: true,
+            };
+            backward_slice(
+                block,
+                slice,
+                strides,
+                params,
+                grads,
+                (&mut scratch, written),
+            )?;
         }
     }
     Ok(())
