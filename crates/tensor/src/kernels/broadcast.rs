@@ -9,6 +9,7 @@ use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::float::{with_float, Float};
 use crate::kernels::reduce::sum_slice;
+use crate::kernels::wide::widest;
 use crate::tensor::Tensor;
 
 /// The broadcast of two shapes, or [`TensorError::NotBroadcastable`] naming `op`.
@@ -172,6 +173,10 @@ pub fn sum_to_shape_into<T: Float>(
     check::buffer_len(OP, "grad", grad_shape.iter().product(), grad.len())?;
     check::buffer_len(OP, "out", out_shape.iter().product(), out.len())?;
     check_broadcasts_to(OP, out_shape, grad_shape)?;
+    if let Some(cols) = leading_rows_sum(grad_shape, out_shape) {
+        sum_rows_into(grad, cols, out);
+        return Ok(());
+    }
     out.fill(T::ZERO);
     let out_strides = broadcast_strides(out_shape, grad_shape);
     let grad_strides = contiguous_strides(grad_shape);
@@ -190,6 +195,66 @@ pub fn sum_to_shape_into<T: Float>(
         },
     );
     Ok(())
+}
+
+/// The row length when summing `grad_shape` to `out_shape` adds whole rows: `out_shape`
+/// without its leading 1s is `grad_shape`'s trailing dims, `grad` being rows of that many
+/// elements (a bias gradient: `[B, S, n]` to `[n]`). `None` otherwise, or for rows of one
+/// element (summed by [`sum_slice`]'s order instead).
+fn leading_rows_sum(grad_shape: &[usize], out_shape: &[usize]) -> Option<usize> {
+    let kept = &out_shape[out_shape.iter().take_while(|&&d| d == 1).count()..];
+    let trailing = grad_shape.len().checked_sub(kept.len())?;
+    let cols: usize = kept.iter().product();
+    (grad_shape[trailing..] == *kept && !kept.is_empty() && kept[kept.len() - 1] > 1)
+        .then_some(cols)
+}
+
+/// `out[c] = Σ_r grad[r·cols + c]`, the rows added in order to zeros (one add each, as
+/// [`sum_to_shape_into`]'s walk adds them), the columns shared out among the allowed threads
+/// in whole cache lines, so the bits do not depend on the thread count.
+fn sum_rows_into<T: Float>(grad: &[T], cols: usize, out: &mut [T]) {
+    if cols == 0 {
+        return;
+    }
+    let rows = grad.len() / cols;
+    let threads = if grad.len() >= super::threads::MIN_PARALLEL_ELEMENTS {
+        super::threads::threads()
+    } else {
+        1
+    };
+    // Sixteen f32 (64 bytes) per line; f64 columns keep the same count.
+    let chunk = cols.div_ceil(threads.max(1)).next_multiple_of(16);
+    if chunk >= cols {
+        sum_rows_part(grad, (rows, cols), 0, out);
+        return;
+    }
+    let parts: Vec<&mut [T]> = out.chunks_mut(chunk).collect();
+    super::threads::for_each_part(parts, |i, part| {
+        sum_rows_part(grad, (rows, cols), i * chunk, part)
+    });
+}
+
+widest! {
+    /// Columns `first..first + out.len()` of [`sum_rows_into`], on the widest vector unit the
+    /// CPU has.
+    fn sum_rows_part<T>(grad: &[T], shape: (usize, usize), first: usize, out: &mut [T]) => sum_rows_part_loop
+}
+
+/// [`sum_rows_part`]'s loop.
+#[inline(always)]
+fn sum_rows_part_loop<T: Float>(
+    grad: &[T],
+    (rows, cols): (usize, usize),
+    first: usize,
+    out: &mut [T],
+) {
+    out.fill(T::ZERO);
+    for r in 0..rows {
+        let row = &grad[r * cols + first..r * cols + first + out.len()];
+        for (acc, &v) in out.iter_mut().zip(row) {
+            *acc += v;
+        }
+    }
 }
 
 /// `Ok` when `shape` broadcasts to exactly `target` (no dim of `target` stretches).
@@ -234,6 +299,48 @@ pub fn sum_to_shape(grad: &Tensor, shape: &[usize]) -> Result<Tensor, TensorErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sums over leading rows (a bias gradient) add the rows in order to zeros, one add each,
+    /// on any thread count and vector unit: bitwise the naive loop.
+    #[test]
+    fn leading_row_sums_are_the_rows_added_in_order_on_any_thread_count() {
+        let cases: [(&[usize], &[usize]); 4] = [
+            (&[7, 129, 67], &[67]),
+            (&[16, 128, 768], &[768]),
+            (&[3, 5, 300], &[1, 5, 300]),
+            (&[4, 40, 2], &[40, 2]),
+        ];
+        for (grad_shape, out_shape) in cases {
+            let n: usize = grad_shape.iter().product();
+            let cols: usize = out_shape.iter().product();
+            assert_eq!(leading_rows_sum(grad_shape, out_shape), Some(cols));
+            let grad: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0)
+                .collect();
+            let mut naive = vec![0f32; cols];
+            for row in grad.chunks_exact(cols) {
+                for (a, &v) in naive.iter_mut().zip(row) {
+                    *a += v;
+                }
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for threads in [1, 2, 3] {
+                crate::kernels::threads::set_threads(threads);
+                let mut out = vec![f32::NAN; cols];
+                sum_to_shape_into(&grad, grad_shape, out_shape, &mut out).unwrap();
+                crate::kernels::threads::set_threads(1);
+                assert_eq!(bits(&out), bits(&naive), "{grad_shape:?} on {threads}");
+            }
+            let mut portable = vec![0f32; cols];
+            sum_rows_part_loop(&grad, (n / cols, cols), 0, &mut portable);
+            assert_eq!(bits(&portable), bits(&naive));
+        }
+        // Not whole rows: a broadcast inner dim, or rows of one element.
+        assert_eq!(leading_rows_sum(&[4, 5, 6], &[5, 1]), None);
+        assert_eq!(leading_rows_sum(&[4, 1], &[1]), None);
+        assert_eq!(leading_rows_sum(&[4, 5], &[1, 1]), None);
+        assert_eq!(leading_rows_sum(&[5], &[4, 5]), None);
+    }
 
     #[test]
     fn shape_rule() {
