@@ -237,72 +237,74 @@ fn deterministic_context_parallel_is_bitwise_one_device() {
 }
 
 /// Ulysses moves q, k and v from the sequence split to the head split, and the context back,
-/// each by one all-to-all inside a `cp` group of ranks (the fused attention moves `qkv` whole);
-/// the final hidden states move to the batch split of the LM head the same way.
+/// each by one all-to-all inside a `cp` group of ranks; the final hidden states move to the
+/// batch split of the LM head the same way. The fused attention under Ulysses reads the QKV
+/// projection's layout in place (`PackedAttention`): `qkv` itself moves to the head split, by
+/// one all-to-all instead of three, and the context back; nothing is transposed.
 #[test]
 fn ulysses_moves_activations_by_all_to_all_in_cp_groups() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\ncontext_parallel = 2\nmodel_parallel = 2";
-    // The unfused attention: its scores op records the attention core's mesh.
-    let session = Session::new(&config(
-        tmp.path(),
-        "adam",
-        "fused_attention = false",
-        &semi(8, keys),
-        false,
-    ))
-    .unwrap();
-    let plan = session.train.explain();
-    for value in ["q_t", "k_t", "v_t", "context_t"] {
-        let line = format!("reshard blocks.0.attn.{value}: all-to-all over 2 ranks");
-        assert!(plan.contains(&line), "no {line:?} in\n{plan}");
-    }
-    assert!(
-        plan.contains("reshard ln_f.layer_norm: all-to-all over 2 ranks"),
-        "{plan}"
+    // (attention, the reshards it shows, those it must not, its op recording the attention
+    // core's (dp, cp, mp) mesh, and that op's input splits.)
+    type Case = (
+        &'static str,
+        &'static [&'static str],
+        &'static [&'static str],
+        &'static str,
+        Vec<Vec<usize>>,
     );
-    // Nothing in the attention core is gathered whole.
-    let gathers: Vec<&str> = plan
-        .lines()
-        .filter(|l| l.contains("attn.") && l.contains("all-gather"))
-        .collect();
-    assert!(gathers.is_empty(), "{gathers:#?}");
-    // The strategy file records the (dp, cp, mp) mesh of the attention core.
-    let records = session.op_strategies();
-    let scores = records
-        .iter()
-        .find(|r| r.name == "blocks.0.attn.scores")
-        .expect("the scores op");
-    assert_eq!(scores.inputs, vec![vec![2, 4, 1, 1], vec![2, 4, 1, 1]]);
-
-    // The fused attention under Ulysses reads the QKV projection's layout in place
-    // (`PackedAttention`): `qkv` itself moves to the head split, by one all-to-all instead of
-    // three, and the context back; nothing is transposed.
-    let fused = Session::new(&config(
-        tmp.path(),
-        "adam",
-        "fused_attention = true",
-        &semi(8, keys),
-        false,
-    ))
-    .unwrap();
-    let plan = fused.train.explain();
-    for value in ["split_heads", "flash"] {
-        let line = format!("reshard blocks.0.attn.{value}: all-to-all over 2 ranks");
-        assert!(plan.contains(&line), "no {line:?} in\n{plan}");
-    }
-    for value in ["q_t", "k_t", "v_t", "context_t"] {
+    let cases: [Case; 2] = [
+        (
+            "fused_attention = false",
+            &["q_t", "k_t", "v_t", "context_t"],
+            &[],
+            "blocks.0.attn.scores",
+            vec![vec![2, 4, 1, 1], vec![2, 4, 1, 1]],
+        ),
+        (
+            "fused_attention = true",
+            &["split_heads", "flash"],
+            &["q_t", "k_t", "v_t", "context_t"],
+            "blocks.0.attn.flash",
+            vec![vec![2, 1, 4, 1]],
+        ),
+    ];
+    for (attention, moved, absent, op, splits) in cases {
+        let session = Session::new(&config(
+            tmp.path(),
+            "adam",
+            attention,
+            &semi(8, keys),
+            false,
+        ))
+        .unwrap();
+        let plan = session.train.explain();
+        for value in moved {
+            let line = format!("reshard blocks.0.attn.{value}: all-to-all over 2 ranks");
+            assert!(plan.contains(&line), "{attention}: no {line:?} in\n{plan}");
+        }
+        for value in absent {
+            let name = format!("blocks.0.attn.{value}");
+            assert!(!plan.contains(&name), "{attention}: {name} in\n{plan}");
+        }
         assert!(
-            !plan.contains(&format!("blocks.0.attn.{value}")),
-            "{value} in\n{plan}"
+            plan.contains("reshard ln_f.layer_norm: all-to-all over 2 ranks"),
+            "{plan}"
         );
+        // Nothing in the attention core is gathered whole.
+        let gathers: Vec<&str> = plan
+            .lines()
+            .filter(|l| l.contains("attn.") && l.contains("all-gather"))
+            .collect();
+        assert!(gathers.is_empty(), "{attention}: {gathers:#?}");
+        let records = session.op_strategies();
+        let record = records
+            .iter()
+            .find(|r| r.name == op)
+            .unwrap_or_else(|| panic!("{attention}: no op {op}"));
+        assert_eq!(record.inputs, splits, "{attention}");
     }
-    let records = fused.op_strategies();
-    let packed = records
-        .iter()
-        .find(|r| r.name == "blocks.0.attn.flash")
-        .expect("the packed attention op");
-    assert_eq!(packed.inputs, vec![vec![2, 1, 4, 1]]);
 }
 
 /// Bad context-parallel settings are refused naming the key and the rule.

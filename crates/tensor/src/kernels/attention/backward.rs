@@ -466,6 +466,46 @@ pub fn flash_attention_grad_into<T: Float>(
 mod tests {
     use super::*;
 
+    /// One slice's test operands, from fixed formulas.
+    struct Operands<T> {
+        q: Vec<T>,
+        k: Vec<T>,
+        v: Vec<T>,
+        dout: Vec<T>,
+        lse: Vec<T>,
+        delta: Vec<T>,
+    }
+
+    impl<T: Float> Operands<T> {
+        fn new(dims: AttentionDims) -> Operands<T> {
+            let (q_len, kv_len, d) = (dims.q_len, dims.kv_len, dims.head_dim);
+            let value = |n: usize, m: usize| -> Vec<T> {
+                (0..n)
+                    .map(|i| T::from_f64(((i * m) % 101) as f64 / 13.0 - 3.5))
+                    .collect()
+            };
+            Operands {
+                q: value(q_len * d, 7),
+                k: value(kv_len * d, 11),
+                v: value(kv_len * d, 17),
+                dout: value(q_len * d, 19),
+                lse: value(q_len, 23),
+                delta: value(q_len, 29),
+            }
+        }
+
+        fn input(&self) -> BlockGradInputs<'_, T> {
+            BlockGradInputs {
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                dout: &self.dout,
+                lse: &self.lse,
+                delta: &self.delta,
+            }
+        }
+    }
+
     /// Written gradients never read what their buffers held (NaN there stays out), rows no
     /// tile reaches are zero, and the result is bitwise that of adding every product to
     /// zeros — with a key offset past the first query tile (its queries see no key, and the
@@ -473,32 +513,14 @@ mod tests {
     #[test]
     fn written_gradients_are_the_sums_into_zeros_whatever_the_buffers_held() {
         let (q_len, kv_len, d) = (150, 140, 9);
-        let value = |n: usize, m: usize| -> Vec<f64> {
-            (0..n)
-                .map(|i| ((i * m) % 101) as f64 / 13.0 - 3.5)
-                .collect()
-        };
-        let (q, k, v, dout) = (
-            value(q_len * d, 7),
-            value(kv_len * d, 11),
-            value(kv_len * d, 17),
-            value(q_len * d, 19),
-        );
-        let (lse, delta) = (value(q_len, 23), value(q_len, 29));
         let dims = AttentionDims {
             slices: 1,
             q_len,
             kv_len,
             head_dim: d,
         };
-        let input = BlockGradInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            dout: &dout,
-            lse: &lse,
-            delta: &delta,
-        };
+        let operands = Operands::<f64>::new(dims);
+        let input = operands.input();
         for (q_offset, k_offset) in [(0, 0), (0, 70), (30, 0)] {
             let params = AttentionParams {
                 q_offset,
@@ -573,24 +595,13 @@ mod tests {
     #[test]
     fn the_wide_slice_gives_the_portable_bits() {
         let (q_len, kv_len, d) = (37, 45, 9);
-        let value = |n: usize, m: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i * m) % 101) as f32 / 13.0 - 3.5)
-                .collect()
-        };
-        let (q, k, v, dout) = (
-            value(q_len * d, 7),
-            value(kv_len * d, 11),
-            value(kv_len * d, 17),
-            value(q_len * d, 19),
-        );
-        let (lse, delta) = (value(q_len, 23), value(q_len, 29));
         let dims = AttentionDims {
             slices: 1,
             q_len,
             kv_len,
             head_dim: d,
         };
+        let operands = Operands::<f32>::new(dims);
         let params = AttentionParams {
             q_offset: 40,
             ..AttentionParams::new(true, 0.3)
@@ -605,14 +616,7 @@ mod tests {
                 p: vec![0f32; TILE_Q * TILE_K],
                 ds: vec![0f32; TILE_Q * TILE_K],
             };
-            let input = BlockGradInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                dout: &dout,
-                lse: &lse,
-                delta: &delta,
-            };
+            let input = operands.input();
             let grads = SliceGrads::Apart(AttentionGradBuffers {
                 dq: &mut dq,
                 dk: &mut dk,
