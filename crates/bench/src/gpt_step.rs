@@ -247,7 +247,8 @@ impl fmt::Display for GptStepLine {
                 steps,
             } => writeln!(
                 f,
-                "GPT {layers} layers, 4 heads, width {hidden}, 128 tokens, batch 16, f32, AdamW; {steps} timed steps"
+                "GPT {layers} layers, 4 heads, width {hidden}, 128 tokens, batch 16, f32, AdamW; {steps} timed steps\nmachine: {}",
+                crate::machine::describe()
             ),
             GptStepLine::Run(run) => {
                 let StepMillis { median, p10, p90 } = run.times;

@@ -34,6 +34,7 @@ pub mod collectives;
 pub mod elastic;
 mod error;
 pub mod gpt_step;
+pub mod machine;
 pub mod memcpy;
 pub mod mfu;
 pub mod profile;

@@ -262,8 +262,9 @@ impl fmt::Display for Header {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed_mlp 784-512-512-10, batch 32, f32, Momentum; {} timed steps",
-            self.steps
+            "seed_mlp 784-512-512-10, batch 32, f32, Momentum; {} timed steps\nmachine: {}",
+            self.steps,
+            crate::machine::describe()
         )
     }
 }
