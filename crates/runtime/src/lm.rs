@@ -87,9 +87,10 @@ impl TextData {
             // whose candidates include the ring; everything else (Ulysses too, which moves
             // `qkv` to the head split whole) reads the QKV layout in place.
             packed_attention: {
-                let keys = config.gpt_parallel();
-                keys.context_parallel_algo
-                    .keeps_the_sequence_whole(keys.context_parallel)
+                let split = config.gpt_parallel();
+                split
+                    .context_parallel_algo
+                    .keeps_the_sequence_whole(split.context_parallel)
             } && !matches!(config.parallel_config().mode, ParallelMode::Auto(_)),
             batch: self.batch,
             // Logits split on the vocabulary are reduced where they lie, never gathered. In
