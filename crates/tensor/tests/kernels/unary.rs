@@ -157,6 +157,46 @@ fn gelu_matches_mindspore_documented_values() {
     assert_close(&got, &want_erf, 1e-4, 1e-9, "gelu erf");
 }
 
+/// The tanh GeLU `x·σ(2u)`, `u = √(2/π)·(x + 0.044715·x³)`, and its derivative in f64, in the
+/// sigmoid form, which does not cancel in the negative tail (`1 + tanh(u)` does, even in f64).
+fn gelu_tanh_tail_exact(x: f64) -> (f64, f64) {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let u = k * (x + 0.044715 * x * x * x);
+    let e = (-2.0 * u).exp();
+    let s = 1.0 / (1.0 + e);
+    let du = k * (1.0 + 3.0 * 0.044715 * x * x);
+    (x * s, s + 2.0 * x * s * (e * s) * du)
+}
+
+/// The f32 tanh GeLU and its gradient keep their relative accuracy over [-10, 10], the
+/// negative tail included: the form `0.5·x·(1 + tanh(u))` loses it there (100 % at x = -5,
+/// where `1 + tanh(u)` is below f32's unit in the last place of 1).
+#[test]
+fn tanh_gelu_is_accurate_down_the_negative_tail() {
+    let x: Vec<f32> = (-1000..=1000).map(|i| i as f32 / 100.0).collect();
+    let ones = vec![1.0f32; x.len()];
+    let (mut y, mut dx) = (vec![0.0f32; x.len()], vec![0.0f32; x.len()]);
+    let op = UnaryOp::Gelu(GeluForm::Tanh);
+    kernels::unary_into(op, &x, &mut y).unwrap();
+    kernels::unary_grad_into(op, &x, &ones, &mut dx).unwrap();
+    for (i, &xi) in x.iter().enumerate() {
+        let (want_y, want_dx) = gelu_tanh_tail_exact(f64::from(xi));
+        // The input's own rounding moves `e^{-2u}` by up to |2u|·2^-24 relatively.
+        let tol = 1e-6 * (1.0 + f64::from(xi).abs().powi(3));
+        let rel = |got: f32, want: f64| ((f64::from(got) - want) / want.abs().max(1e-300)).abs();
+        if want_y != 0.0 {
+            assert!(rel(y[i], want_y) <= tol, "gelu({xi}) = {}, want {want_y}", y[i]);
+        }
+        if want_dx.abs() > 1e-300 {
+            assert!(
+                rel(dx[i], want_dx) <= tol || (f64::from(dx[i]) - want_dx).abs() <= 1e-7,
+                "gelu'({xi}) = {}, want {want_dx}",
+                dx[i]
+            );
+        }
+    }
+}
+
 #[test]
 fn named_wrappers_and_dtypes() {
     let x = Tensor::from_vec(&[3], vec![-1.0f32, 0.0, 2.0]).unwrap();
