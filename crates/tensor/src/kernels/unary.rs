@@ -132,7 +132,7 @@ function!(
     dy | {
         let half = T::from_f64(0.5);
         let cdf = half * (-x * T::from_f64(FRAC_1_SQRT_2)).erfc();
-        let pdf = T::from_f64(FRAC_1_SQRT_2PI) * (-half * x * x).exp();
+        let pdf = T::from_f64(FRAC_1_SQRT_2PI) * (-half * x * x).exp_vectorizable();
         dy * (cdf + x * pdf)
     }
 );
