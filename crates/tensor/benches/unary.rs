@@ -28,7 +28,12 @@ fn main() {
         let mut forward = || unary_into(op, &x, &mut y).expect("same lengths");
         row(&format!("GeLU ({name})"), rounds, &mut flush, &mut forward);
         let mut backward = || unary_grad_into(op, &x, &dy, &mut dx).expect("same lengths");
-        row(&format!("GeLU gradient ({name})"), rounds, &mut flush, &mut backward);
+        row(
+            &format!("GeLU gradient ({name})"),
+            rounds,
+            &mut flush,
+            &mut backward,
+        );
     }
     std::hint::black_box((&y, &dx));
 }

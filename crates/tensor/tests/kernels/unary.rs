@@ -185,7 +185,11 @@ fn tanh_gelu_is_accurate_down_the_negative_tail() {
         let tol = 1e-6 * (1.0 + f64::from(xi).abs().powi(3));
         let rel = |got: f32, want: f64| ((f64::from(got) - want) / want.abs().max(1e-300)).abs();
         if want_y != 0.0 {
-            assert!(rel(y[i], want_y) <= tol, "gelu({xi}) = {}, want {want_y}", y[i]);
+            assert!(
+                rel(y[i], want_y) <= tol,
+                "gelu({xi}) = {}, want {want_y}",
+                y[i]
+            );
         }
         if want_dx.abs() > 1e-300 {
             assert!(
