@@ -1,7 +1,7 @@
-//! The elementwise functions the GPT spends its time in, f32, one thread: nanoseconds per
-//! element of the tanh and erf GeLU forward and gradient over the MLP's up product
-//! (2,048 × 1,024), the input cold (caches flushed before each repetition, as in a training
-//! step) and warm (the same pass again right after).
+//! The elementwise functions networks spend their time in, f32, one thread: nanoseconds per
+//! element of the tanh and erf GeLU, tanh, sigmoid and exp, forward and gradient, over the GPT's
+//! MLP up product (2,048 × 1,024), the input cold (caches flushed before each repetition, as in
+//! a training step) and warm (the same pass again right after).
 //!
 //! Run: `cargo bench -p tessera-tensor --bench unary [-- ROUNDS]` (default 20 rounds). Prints
 //! the median (p10–p90) over the rounds.
@@ -23,13 +23,20 @@ fn main() {
     let (mut y, mut dx) = (vec![0.0f32; LEN], vec![0.0f32; LEN]);
     println!("| pass, f32, 1 thread, {LEN} elements | cold ns/element | warm ns/element |");
     println!("|---|---:|---:|");
-    for (name, form) in [("tanh", GeluForm::Tanh), ("erf", GeluForm::Erf)] {
-        let op = UnaryOp::Gelu(form);
+    let ops = [
+        ("GeLU (tanh)", UnaryOp::Gelu(GeluForm::Tanh)),
+        ("GeLU (erf)", UnaryOp::Gelu(GeluForm::Erf)),
+        ("tanh", UnaryOp::Tanh),
+        ("sigmoid", UnaryOp::Sigmoid),
+        ("exp", UnaryOp::Exp),
+    ];
+    for (name, op) in ops {
         let mut forward = || unary_into(op, &x, &mut y).expect("same lengths");
-        row(&format!("GeLU ({name})"), rounds, &mut flush, &mut forward);
+        row(name, rounds, &mut flush, &mut forward);
+        // The gradient's saved tensor is x or y by op; either is fine for timing.
         let mut backward = || unary_grad_into(op, &x, &dy, &mut dx).expect("same lengths");
         row(
-            &format!("GeLU gradient ({name})"),
+            &format!("{name} gradient"),
             rounds,
             &mut flush,
             &mut backward,

@@ -58,7 +58,7 @@ pub trait Float:
     /// Hyperbolic tangent.
     fn tanh(self) -> Self;
     /// Hyperbolic tangent by arithmetic alone (no library call), so loops over it vectorise:
-    /// within 2e-7 of `tanh` for f32 ([`fast_tanh_f32`]); `tanh` itself for f64.
+    /// within 3e-7 relative of `tanh` for f32 ([`fast_tanh_f32`]); `tanh` itself for f64.
     fn tanh_vectorizable(self) -> Self;
     /// `e^self` by arithmetic alone (no library call), so loops over it vectorise: within a few
     /// ulp of `exp` for f32 ([`fast_exp_checked_f32`]; 0 below -87); `exp` itself for f64.
@@ -181,14 +181,30 @@ pub fn fast_exp_checked_f32(x: f32) -> f32 {
     }
 }
 
-/// `tanh(x)` for f32 by arithmetic alone: `1 - 2/(e^{2|x|} + 1)` with the sign of `x`, and
-/// `x - x³/3` below `|x| = 2^-7`, where the first form would cancel. Within 2e-7 of `f32::tanh`.
+/// The odd polynomial `tanh(a) ≈ a·Q(a²)` of [`fast_tanh_f32`] below `|a| = 0.625`: a least
+/// squares fit of `tanh(a)/a` on Chebyshev nodes, relative error 1.1e-7 there in f32.
+const TANH_FIT: [f32; 6] = [
+    1.0,
+    -0.333_332_75,
+    0.133_313_66,
+    -0.053_735_863,
+    0.020_630_307,
+    -0.005_697_522_3,
+];
+
+/// `tanh(x)` for f32 by arithmetic alone: `a·Q(a²)` ([`TANH_FIT`]) below `a = |x| = 0.625`,
+/// `1 - 2/(e^{2a} + 1)` above (where it does not cancel), with the sign of `x`. Within 3e-7
+/// relative of `tanh` (tested). Branch-free selects, so loops over it vectorise.
 #[inline(always)]
 pub fn fast_tanh_f32(x: f32) -> f32 {
     let a = x.abs();
     let big = 1.0 - 2.0 / (fast_exp_f32(2.0 * a) + 1.0);
-    let small = a - a * a * a * (1.0 / 3.0);
-    let t = if a < 0.007_812_5 { small } else { big };
+    let t = a * a;
+    let mut q = TANH_FIT[5];
+    for &c in TANH_FIT[..5].iter().rev() {
+        q = t.mul_add(q, c);
+    }
+    let t = if a < 0.625 { a * q } else { big };
     t.copysign(x)
 }
 
@@ -486,5 +502,30 @@ mod tests {
         assert_eq!(fast_erfc_f32(f32::INFINITY), 0.0);
         assert_eq!(fast_erfc_f32(f32::NEG_INFINITY), 2.0);
         assert!(fast_erfc_f32(f32::NAN).is_nan());
+    }
+
+    /// `fast_tanh_f32` is within 3e-7 relative of f64's `tanh` over [-10, 10] (the polynomial
+    /// below 0.625, the exponential form above), odd, and right at ±0, ±∞ and NaN.
+    #[test]
+    fn fast_tanh_keeps_its_relative_accuracy_over_the_line() {
+        for i in -100_000..=100_000 {
+            let x = i as f32 / 10_000.0;
+            if x == 0.0 {
+                continue;
+            }
+            let (got, want) = (f64::from(fast_tanh_f32(x)), f64::from(x).tanh());
+            let rel = ((got - want) / want).abs();
+            assert!(
+                rel <= 3e-7,
+                "tanh({x}) = {got}, want {want} (relative {rel:e})"
+            );
+            assert_eq!(fast_tanh_f32(-x), -fast_tanh_f32(x));
+        }
+        assert_eq!(fast_tanh_f32(1e-30), 1e-30);
+        assert_eq!(fast_tanh_f32(0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(fast_tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(fast_tanh_f32(f32::INFINITY), 1.0);
+        assert_eq!(fast_tanh_f32(f32::NEG_INFINITY), -1.0);
+        assert!(fast_tanh_f32(f32::NAN).is_nan());
     }
 }

@@ -161,17 +161,17 @@ function!(
 );
 function!(
     Tanh,
-    fwd | x | x.tanh(),
+    fwd | x | x.tanh_vectorizable(),
     bwd | y,
     dy | dy * (T::ONE - y * y)
 );
 function!(
     Sigmoid,
-    fwd | x | T::ONE / (T::ONE + (-x).exp()),
+    fwd | x | T::ONE / (T::ONE + (-x).exp_vectorizable()),
     bwd | y,
     dy | dy * y * (T::ONE - y)
 );
-function!(Exp, fwd | x | x.exp(), bwd | y, dy | dy * y);
+function!(Exp, fwd | x | x.exp_vectorizable(), bwd | y, dy | dy * y);
 function!(Log, fwd | x | x.ln(), bwd | x, dy | dy / x);
 function!(Sqrt, fwd | x | x.sqrt(), bwd | y, dy | dy / (y + y));
 function!(Neg, fwd | x | -x, bwd | _s, dy | -dy);
