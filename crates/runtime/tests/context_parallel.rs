@@ -84,6 +84,29 @@ const CASES: &[(&str, usize, &str, &str)] = &[
     ),
 ];
 
+/// Whether element `i` of parameter `name` is in the key bias: the small GPT's `qkv` bias is laid
+/// out `[heads, 3, head_dim]` (`head_dim` 4), queries, keys, values.
+fn is_key_bias(name: &str, i: usize) -> bool {
+    const HEAD_DIM: usize = 32 / 8;
+    name.ends_with("attn.qkv.bias") && (i / HEAD_DIM) % 3 == 1
+}
+
+/// The key bias's gradient is zero in exact arithmetic (it adds `q·b` to every score of a row,
+/// which the softmax cancels), so what a run computes for it is rounding noise, which Adam
+/// normalises into steps of any size up to the learning rate: two layouts' noise differs, so
+/// their key biases are not compared element by element. Each run must keep it (initialised
+/// to 0) within a tenth of one step of the learning rate (0.01), where a real gradient would
+/// move it by about 0.01 a step.
+fn assert_key_bias_stays_put(what: &str, (_, params): &Run) {
+    for (name, values) in params {
+        for (i, x) in values.iter().enumerate() {
+            if is_key_bias(name, i) {
+                assert!(x.abs() <= 1e-3, "{what}: key bias {name}[{i}] = {x} moved");
+            }
+        }
+    }
+}
+
 #[test]
 fn context_parallel_trains_like_one_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -109,9 +132,11 @@ fn context_parallel_trains_like_one_device() {
         ));
         // Every step's loss within 1e-5 of one device's (measured: at most 2.2e-6); the
         // parameters after 20 Adam steps within 5e-5 · (1 + |x|) (measured: at most 3.6e-5,
-        // Adam's normalisation magnifying the rounding of small gradients).
+        // Adam's normalisation magnifying the rounding of small gradients), but the key bias.
         run_util::assert_losses_within(name, &run.0, &reference.0, 1e-5);
-        run_util::assert_same_run(name, &run, reference, 5e-5);
+        run_util::assert_same_run_except(name, &run, reference, 5e-5, is_key_bias);
+        assert_key_bias_stays_put(name, &run);
+        assert_key_bias_stays_put("one device", reference);
     }
 }
 
