@@ -96,8 +96,21 @@ pub fn layer_norm_into<T: Float>(
     Ok(())
 }
 
-/// [`layer_norm_into`] on whole rows, lengths checked.
-fn layer_norm_rows<T: Float>(
+widest! {
+    /// [`layer_norm_into`] on whole rows, lengths checked; on the widest vector unit the CPU
+    /// has.
+    fn layer_norm_rows<T>(
+        x: &[T],
+        params: &LayerNormParams<'_, T>,
+        y: &mut [T],
+        mean: &mut [T],
+        rstd: &mut [T],
+    ) => layer_norm_rows_loop
+}
+
+/// [`layer_norm_rows`]' loop.
+#[inline(always)]
+fn layer_norm_rows_loop<T: Float>(
     x: &[T],
     params: &LayerNormParams<'_, T>,
     y: &mut [T],
@@ -379,6 +392,35 @@ pub fn layer_norm_grad(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dispatched forward rows (AVX-512 or AVX2 where the CPU has it) give the portable
+    /// loop's bits, on rows of whole lanes and rows with a tail.
+    #[test]
+    fn the_wide_rows_give_the_portable_bits() {
+        for cols in [256, 64, 37, 5] {
+            let rows = 6;
+            let value = |n: usize, m: usize| -> Vec<f32> {
+                (0..n).map(|i| ((i * m) % 97) as f32 / 11.0 - 4.0).collect()
+            };
+            let (x, gamma, beta) = (value(rows * cols, 7), value(cols, 5), value(cols, 3));
+            let params = LayerNormParams {
+                gamma: &gamma,
+                beta: &beta,
+                epsilon: 1e-5,
+            };
+            let run = |wide: bool| {
+                let (mut y, mut mean, mut rstd) =
+                    (vec![0f32; rows * cols], vec![0f32; rows], vec![0f32; rows]);
+                if wide {
+                    layer_norm_rows(&x, &params, &mut y, &mut mean, &mut rstd);
+                } else {
+                    layer_norm_rows_loop(&x, &params, &mut y, &mut mean, &mut rstd);
+                }
+                [y, mean, rstd].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+            };
+            assert_eq!(run(true), run(false), "{cols} columns");
+        }
+    }
 
     /// The dispatched rows (AVX-512 or AVX2 where the CPU has it) give the portable loop's bits,
     /// on rows of whole lanes and rows with a tail.
