@@ -34,13 +34,15 @@ impl Reduction {
 }
 
 /// The sum of `x`, with [`LANES`] accumulators.
-#[inline]
+#[inline(always)]
 pub fn sum_slice<T: Float>(x: &[T]) -> T {
     sum_map_slice(x, |v| v)
 }
 
-/// The sum of `f(v)` over `x`, with [`LANES`] accumulators.
-#[inline]
+/// The sum of `f(v)` over `x`, with [`LANES`] accumulators. These slice reductions are always
+/// inlined, so that inside a `widest!` loop (the attention's row dots, LayerNorm's rows) they
+/// run on that loop's vector unit rather than as a call compiled for the baseline CPU.
+#[inline(always)]
 pub fn sum_map_slice<T: Float>(x: &[T], f: impl Fn(T) -> T) -> T {
     let mut acc = [T::ZERO; LANES];
     let chunks = x.chunks_exact(LANES);
@@ -58,7 +60,7 @@ pub fn sum_map_slice<T: Float>(x: &[T], f: impl Fn(T) -> T) -> T {
 }
 
 /// The maximum of `x` (`-inf` for an empty slice), with [`LANES`] accumulators.
-#[inline]
+#[inline(always)]
 pub fn max_slice<T: Float>(x: &[T]) -> T {
     let mut acc = [T::NEG_INFINITY; LANES];
     let chunks = x.chunks_exact(LANES);
@@ -76,7 +78,7 @@ pub fn max_slice<T: Float>(x: &[T]) -> T {
 }
 
 /// The dot product of `x` and `y` (equal lengths), with [`LANES`] accumulators.
-#[inline]
+#[inline(always)]
 pub fn dot_slice<T: Float>(x: &[T], y: &[T]) -> T {
     let mut acc = [T::ZERO; LANES];
     let x_chunks = x.chunks_exact(LANES);
