@@ -1,7 +1,8 @@
 //! The elementwise functions networks spend their time in, f32, one thread: nanoseconds per
 //! element of the tanh and erf GeLU, tanh, sigmoid and exp, forward and gradient, over the GPT's
 //! MLP up product (2,048 × 1,024), the input cold (caches flushed before each repetition, as in
-//! a training step) and warm (the same pass again right after).
+//! a training step) and warm (the same pass again right after); and the cross-entropy loss
+//! (its rows' log-sum-exp) over 64 rows of a 32,768-token vocabulary, per logit.
 //!
 //! Run: `cargo bench -p tessera-tensor --bench unary [-- ROUNDS]` (default 20 rounds). Prints
 //! the median (p10–p90) over the rounds.
@@ -9,7 +10,9 @@
 mod common;
 
 use common::{spread, thread_cpu_seconds, values};
-use tensor::kernels::{unary_grad_into, unary_into, GeluForm, UnaryOp};
+use tensor::kernels::{
+    sparse_softmax_cross_entropy_slice, unary_grad_into, unary_into, GeluForm, UnaryOp,
+};
 
 /// Elements of the MLP's up product in the GPT benchmark (2,048 tokens × 1,024).
 const LEN: usize = 2048 * 1024;
@@ -42,8 +45,17 @@ fn main() {
             &mut backward,
         );
     }
+    let labels: Vec<i64> = (0..LEN as i64 / VOCAB as i64).map(|r| r * 7).collect();
+    let mut loss = || {
+        let loss = sparse_softmax_cross_entropy_slice(&x, VOCAB, &labels).expect("valid rows");
+        std::hint::black_box(loss);
+    };
+    row("cross-entropy loss", rounds, &mut flush, &mut loss);
     std::hint::black_box((&y, &dx));
 }
+
+/// The loss's classes: a subword vocabulary's size (its rows cover [`LEN`] logits).
+const VOCAB: usize = 32_768;
 
 /// Times `pass` cold (after a flush) and warm (run again at once), `rounds` times each.
 fn row(name: &str, rounds: usize, flush: &mut [u8], pass: &mut dyn FnMut()) {

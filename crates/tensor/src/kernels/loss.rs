@@ -8,7 +8,7 @@ use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::embedding::{check_indices, with_indices, IndexElement, IndexSlice};
 use crate::kernels::float::{with_float, Float};
-use crate::kernels::softmax::{log_sum_exp, softmax_row};
+use crate::kernels::softmax::{log_sum_exp_widest, softmax_row};
 use crate::kernels::wide::widest;
 use crate::tensor::Tensor;
 
@@ -41,7 +41,7 @@ pub fn sparse_softmax_cross_entropy_slice<T: Float, I: IndexElement>(
     labels: &[I],
 ) -> Result<T, TensorError> {
     let n = batch_size(LOSS_OP, logits, classes, labels)?;
-    let term = |row: &[T], label: &I| log_sum_exp(row) - row[label.to_i64() as usize];
+    let term = |row: &[T], label: &I| log_sum_exp_widest(row) - row[label.to_i64() as usize];
     let mut total = T::ZERO;
     let per = super::threads::rows_per_part(n, classes);
     if per >= n {
@@ -183,6 +183,28 @@ mod tests {
             want.iter_mut().for_each(|v| *v *= scale);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(got), bits(&want), "row {r}");
+        }
+    }
+
+    /// The loss, whose rows' log-sum-exp runs on the widest vector unit, gives the bits of the
+    /// portable rows summed in order, on rows of whole lanes and rows with a tail.
+    #[test]
+    fn the_loss_gives_the_portable_log_sum_exp_bits() {
+        for classes in [64, 45, 3] {
+            let rows = 9;
+            let logits: Vec<f32> = (0..rows * classes)
+                .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
+                .collect();
+            let labels: Vec<i64> = (0..rows as i64)
+                .map(|r| (r * 11) % classes as i64)
+                .collect();
+            let got = sparse_softmax_cross_entropy_slice(&logits, classes, &labels).unwrap();
+            let mut total = 0f32;
+            for (row, &label) in logits.chunks_exact(classes).zip(&labels) {
+                total += crate::kernels::softmax::log_sum_exp(row) - row[label as usize];
+            }
+            let want = total / rows as f32;
+            assert_eq!(got.to_bits(), want.to_bits(), "{classes} classes");
         }
     }
 }

@@ -46,17 +46,23 @@ fn scaled_softmax_row<T: Float>(x: &[T], scale: T, out: &mut [T]) {
     }
 }
 
-/// `ln Σ exp(x)` of one row, computed as `max + ln Σ exp(x - max)` so it cannot overflow.
-#[inline]
+/// `ln Σ exp(x)` of one row, computed as `max + ln Σ exp(x - max)` so it cannot overflow; the
+/// exponentials by arithmetic alone, so the row's loop vectorises.
+#[inline(always)]
 pub fn log_sum_exp<T: Float>(x: &[T]) -> T {
     let max = max_slice(x);
-    max + sum_map_slice(x, |v| (v - max).exp()).ln()
+    max + sum_map_slice(x, |v| (v - max).exp_vectorizable()).ln()
+}
+
+widest! {
+    /// [`log_sum_exp`] on the widest vector unit the CPU has (the same bits).
+    pub(crate) fn log_sum_exp_widest<T>(x: &[T]) -> T => log_sum_exp
 }
 
 /// Writes the log-softmax of one row: `out = x - logsumexp(x)`.
 #[inline]
 pub(crate) fn log_softmax_row<T: Float>(x: &[T], out: &mut [T]) {
-    let shift = log_sum_exp(x);
+    let shift = log_sum_exp_widest(x);
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v - shift;
     }
@@ -182,7 +188,7 @@ pub fn log_softmax_grad_into<T: Float>(
         {
             let total = sum_slice(gr);
             for ((o, &l), &g) in d.iter_mut().zip(yr).zip(gr) {
-                *o = g - l.exp() * total;
+                *o = g - l.exp_vectorizable() * total;
             }
         }
     }
