@@ -7,6 +7,7 @@ use crate::kernels::broadcast::{
 };
 use crate::kernels::check;
 use crate::kernels::float::{with_float, Float};
+use crate::kernels::wide::widest;
 use crate::tensor::Tensor;
 
 /// A binary elementwise operation.
@@ -267,28 +268,40 @@ pub fn binary_in_place<T: Float>(
     acc_is_lhs: bool,
 ) -> Result<(), TensorError> {
     check::buffer_len(op.name(), "other", acc.len(), other.len())?;
+    super::threads::for_each_chunk(acc, |start, part| {
+        in_place_part(op, part, &other[start..start + part.len()], acc_is_lhs)
+    });
+    Ok(())
+}
+
+widest! {
+    /// One thread's part of [`binary_in_place`] (`acc` and `other` of one length), on the
+    /// widest vector unit the CPU has.
+    fn in_place_part<T>(op: BinaryOp, acc: &mut [T], other: &[T], acc_is_lhs: bool) => in_place_part_loop
+}
+
+/// [`in_place_part`]'s loops, one per op.
+#[inline(always)]
+fn in_place_part_loop<T: Float>(op: BinaryOp, acc: &mut [T], other: &[T], acc_is_lhs: bool) {
     match op {
         BinaryOp::Add => apply_in_place::<T, AddOp>(acc, other, acc_is_lhs),
         BinaryOp::Sub => apply_in_place::<T, SubOp>(acc, other, acc_is_lhs),
         BinaryOp::Mul => apply_in_place::<T, MulOp>(acc, other, acc_is_lhs),
         BinaryOp::Div => apply_in_place::<T, DivOp>(acc, other, acc_is_lhs),
     }
-    Ok(())
 }
 
+#[inline(always)]
 fn apply_in_place<T: Float, Op: Arith>(acc: &mut [T], other: &[T], acc_is_lhs: bool) {
-    super::threads::for_each_chunk(acc, |start, part| {
-        let other = &other[start..start + part.len()];
-        if acc_is_lhs {
-            part.iter_mut()
-                .zip(other)
-                .for_each(|(a, &b)| *a = Op::apply(*a, b));
-        } else {
-            part.iter_mut()
-                .zip(other)
-                .for_each(|(a, &b)| *a = Op::apply(b, *a));
-        }
-    });
+    if acc_is_lhs {
+        acc.iter_mut()
+            .zip(other)
+            .for_each(|(a, &b)| *a = Op::apply(*a, b));
+    } else {
+        acc.iter_mut()
+            .zip(other)
+            .for_each(|(a, &b)| *a = Op::apply(b, *a));
+    }
 }
 
 /// `x[r, c] += bias[c]` for `x` viewed as rows of `bias.len()` elements: [`bias_add_into`]'s
@@ -299,14 +312,24 @@ pub fn bias_add_in_place<T: Float>(x: &mut [T], bias: &[T]) -> Result<(), Tensor
         return check::buffer_len(OP, "x", 0, x.len());
     }
     check::buffer_len(OP, "x", x.len() - x.len() % bias.len(), x.len())?;
-    super::threads::for_each_rows(x, bias.len(), |_, part| {
-        for row in part.chunks_exact_mut(bias.len()) {
-            for (v, &b) in row.iter_mut().zip(bias) {
-                *v += b;
-            }
-        }
-    });
+    super::threads::for_each_rows(x, bias.len(), |_, part| add_bias_rows(part, bias));
     Ok(())
+}
+
+widest! {
+    /// `x[r, c] += bias[c]` over whole rows of `bias.len()`, on the widest vector unit the CPU
+    /// has.
+    fn add_bias_rows<T>(x: &mut [T], bias: &[T]) => add_bias_rows_loop
+}
+
+/// [`add_bias_rows`]' loop.
+#[inline(always)]
+fn add_bias_rows_loop<T: Float>(x: &mut [T], bias: &[T]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, &b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
 }
 
 /// `x + bias` where `bias` is 1-D and matches `x`'s last dim (MindSpore's `BiasAdd` with the
@@ -337,4 +360,44 @@ pub fn bias_add_grad(dy: &Tensor) -> Result<Tensor, TensorError> {
     check::min_rank(OP, dy, 1)?;
     let channels = dy.shape()[dy.ndim() - 1];
     crate::kernels::broadcast::sum_to_shape(dy, &[channels])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched in-place loops (AVX-512 or AVX2 where the CPU has it) give the portable
+    /// loops' bits and [`binary_into`]'s and [`bias_add_into`]'s, on lengths with a tail.
+    #[test]
+    fn the_wide_in_place_loops_give_the_portable_bits() {
+        let value = |n: usize, m: usize| -> Vec<f32> {
+            (0..n).map(|i| ((i * m) % 97) as f32 / 11.0 - 4.0).collect()
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (acc, other) = (value(203, 7), value(203, 13));
+        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div] {
+            for acc_is_lhs in [true, false] {
+                let (mut wide, mut portable) = (acc.clone(), acc.clone());
+                in_place_part(op, &mut wide, &other, acc_is_lhs);
+                in_place_part_loop(op, &mut portable, &other, acc_is_lhs);
+                let (a, b) = if acc_is_lhs {
+                    (&acc, &other)
+                } else {
+                    (&other, &acc)
+                };
+                let mut want = vec![0f32; acc.len()];
+                binary_into(op, a, &[a.len()], b, &[b.len()], &mut want).unwrap();
+                assert_eq!(bits(&wide), bits(&portable), "{op:?}, acc lhs {acc_is_lhs}");
+                assert_eq!(bits(&wide), bits(&want), "{op:?}, acc lhs {acc_is_lhs}");
+            }
+        }
+        let (x, bias) = (value(7 * 29, 5), value(29, 3));
+        let (mut wide, mut portable) = (x.clone(), x.clone());
+        add_bias_rows(&mut wide, &bias);
+        add_bias_rows_loop(&mut portable, &bias);
+        let mut want = vec![0f32; x.len()];
+        bias_add_into(&x, &bias, &mut want).unwrap();
+        assert_eq!(bits(&wide), bits(&portable));
+        assert_eq!(bits(&wide), bits(&want));
+    }
 }
