@@ -11,5 +11,5 @@ steps="${1:-20}"
 cargo build --release -p tessera-cli --quiet
 echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$venv/bin/python" scripts/torch_gpt_step.py "$steps"
-target/release/tessera bench gpt-step --steps "$steps" --profile
+"${CARGO_TARGET_DIR:-target}/release/tessera" bench gpt-step --steps "$steps" --profile
 "$venv/bin/python" scripts/torch_gpt_step.py "$steps"
