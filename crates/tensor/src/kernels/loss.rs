@@ -158,17 +158,23 @@ pub fn sparse_softmax_cross_entropy_grad(
 mod tests {
     use super::*;
 
+    /// `rows` rows of `classes` logits in [-6, 8.5) and a label for each.
+    fn operands(rows: usize, classes: usize) -> (Vec<f32>, Vec<i64>) {
+        let logits = (0..rows * classes)
+            .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
+            .collect();
+        let labels = (0..rows as i64)
+            .map(|r| (r * 11) % classes as i64)
+            .collect();
+        (logits, labels)
+    }
+
     /// The gradient's rows, whose softmax runs on the widest vector unit, give the bits of the
     /// portable softmax row by row: `dloss · (softmax − onehot) / N`.
     #[test]
     fn the_gradient_gives_the_portable_softmax_bits() {
         let (rows, classes) = (7, 45);
-        let logits: Vec<f32> = (0..rows * classes)
-            .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
-            .collect();
-        let labels: Vec<i64> = (0..rows as i64)
-            .map(|r| (r * 11) % classes as i64)
-            .collect();
+        let (logits, labels) = operands(rows, classes);
         let mut got = vec![0f32; logits.len()];
         sparse_softmax_cross_entropy_grad_into(&logits, classes, &labels, 0.5, &mut got).unwrap();
         let scale = 0.5 / rows as f32;
@@ -192,12 +198,7 @@ mod tests {
     fn the_loss_gives_the_portable_log_sum_exp_bits() {
         for classes in [64, 45, 3] {
             let rows = 9;
-            let logits: Vec<f32> = (0..rows * classes)
-                .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
-                .collect();
-            let labels: Vec<i64> = (0..rows as i64)
-                .map(|r| (r * 11) % classes as i64)
-                .collect();
+            let (logits, labels) = operands(rows, classes);
             let got = sparse_softmax_cross_entropy_slice(&logits, classes, &labels).unwrap();
             let mut total = 0f32;
             for (row, &label) in logits.chunks_exact(classes).zip(&labels) {
