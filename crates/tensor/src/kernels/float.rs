@@ -429,7 +429,7 @@ pub(crate) mod sealed {
 
 #[cfg(test)]
 mod fast_math_tests {
-    use super::{fast_exp_checked_f32, fast_tanh_f32};
+    use super::{fast_erfc_f32, fast_exp_checked_f32, fast_tanh_f32};
 
     #[test]
     fn fast_exp_stays_within_4e7_relative_of_exp_and_handles_the_ends() {
@@ -470,11 +470,6 @@ mod fast_math_tests {
         assert_eq!(fast_tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
         assert!(fast_tanh_f32(f32::NAN).is_nan());
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     /// `fast_erfc_f32` is within 5e-7 relative of f64's `erfc` wherever that is a normal f32,
     /// 0 below, and right at the edges: ±0, ±∞ and NaN.
