@@ -1,8 +1,8 @@
 //! The elementwise functions networks spend their time in, f32, one thread: nanoseconds per
-//! element of the tanh and erf GeLU, tanh, sigmoid and exp, forward and gradient, over the GPT's
-//! MLP up product (2,048 × 1,024), the input cold (caches flushed before each repetition, as in
-//! a training step) and warm (the same pass again right after); and the cross-entropy loss
-//! (its rows' log-sum-exp) over 64 rows of a 32,768-token vocabulary, per logit.
+//! element of the tanh and erf GeLU, tanh, sigmoid, exp and log, forward and gradient, over the
+//! GPT's MLP up product (2,048 × 1,024), the input cold (caches flushed before each repetition,
+//! as in a training step) and warm (the same pass again right after); and the cross-entropy
+//! loss (its rows' log-sum-exp) over 64 rows of a 32,768-token vocabulary, per logit.
 //!
 //! Run: `cargo bench -p tessera-tensor --bench unary [-- ROUNDS]` (default 20 rounds). Prints
 //! the median (p10–p90) over the rounds.
@@ -26,18 +26,21 @@ fn main() {
     let (mut y, mut dx) = (vec![0.0f32; LEN], vec![0.0f32; LEN]);
     println!("| pass, f32, 1 thread, {LEN} elements | cold ns/element | warm ns/element |");
     println!("|---|---:|---:|");
+    // The logarithm's inputs: positive, over the same few orders of magnitude.
+    let positive: Vec<f32> = x.iter().map(|v| v.abs() + 1e-3).collect();
     let ops = [
-        ("GeLU (tanh)", UnaryOp::Gelu(GeluForm::Tanh)),
-        ("GeLU (erf)", UnaryOp::Gelu(GeluForm::Erf)),
-        ("tanh", UnaryOp::Tanh),
-        ("sigmoid", UnaryOp::Sigmoid),
-        ("exp", UnaryOp::Exp),
+        ("GeLU (tanh)", UnaryOp::Gelu(GeluForm::Tanh), &x),
+        ("GeLU (erf)", UnaryOp::Gelu(GeluForm::Erf), &x),
+        ("tanh", UnaryOp::Tanh, &x),
+        ("sigmoid", UnaryOp::Sigmoid, &x),
+        ("exp", UnaryOp::Exp, &x),
+        ("log", UnaryOp::Log, &positive),
     ];
-    for (name, op) in ops {
-        let mut forward = || unary_into(op, &x, &mut y).expect("same lengths");
+    for (name, op, input) in ops {
+        let mut forward = || unary_into(op, input, &mut y).expect("same lengths");
         row(name, rounds, &mut flush, &mut forward);
         // The gradient's saved tensor is x or y by op; either is fine for timing.
-        let mut backward = || unary_grad_into(op, &x, &dy, &mut dx).expect("same lengths");
+        let mut backward = || unary_grad_into(op, input, &dy, &mut dx).expect("same lengths");
         row(
             &format!("{name} gradient"),
             rounds,

@@ -47,11 +47,12 @@ fn scaled_softmax_row<T: Float>(x: &[T], scale: T, out: &mut [T]) {
 }
 
 /// `ln Σ exp(x)` of one row, computed as `max + ln Σ exp(x - max)` so it cannot overflow; the
-/// exponentials by arithmetic alone, so the row's loop vectorises.
+/// exponentials (and the logarithm, as the `Log` op's) by arithmetic alone, so the row's loop
+/// vectorises.
 #[inline(always)]
 pub fn log_sum_exp<T: Float>(x: &[T]) -> T {
     let max = max_slice(x);
-    max + sum_map_slice(x, |v| (v - max).exp_vectorizable()).ln()
+    max + sum_map_slice(x, |v| (v - max).exp_vectorizable()).ln_vectorizable()
 }
 
 widest! {

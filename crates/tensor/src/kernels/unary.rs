@@ -172,7 +172,7 @@ function!(
     dy | dy * y * (T::ONE - y)
 );
 function!(Exp, fwd | x | x.exp_vectorizable(), bwd | y, dy | dy * y);
-function!(Log, fwd | x | x.ln(), bwd | x, dy | dy / x);
+function!(Log, fwd | x | x.ln_vectorizable(), bwd | x, dy | dy / x);
 function!(Sqrt, fwd | x | x.sqrt(), bwd | y, dy | dy / (y + y));
 function!(Neg, fwd | x | -x, bwd | _s, dy | -dy);
 
