@@ -67,11 +67,8 @@ pub(crate) fn dropout_into<T: Float>(
     let threshold = keep_threshold(keep_prob);
     let scale = T::from_f64(1.0 / keep_prob);
     let mut apply = |local: usize, global: usize, len: usize| {
-        let dst = &mut out[local..local + len];
-        for (k, (o, &v)) in dst.iter_mut().zip(&x[local..local + len]).enumerate() {
-            let keep = bits_at(key, (global + k) as u64) >> 11 < threshold;
-            *o = if keep { v * scale } else { T::ZERO };
-        }
+        let run = (&x[local..local + len], &mut out[local..local + len]);
+        dropout_run(run, key, global as u64, (threshold, scale));
     };
     match checked_placement(ctx, shape)? {
         None => apply(0, 0, n),
@@ -80,4 +77,52 @@ pub(crate) fn dropout_into<T: Float>(
         }
     }
     Ok(())
+}
+
+tensor::widest! {
+    /// `out = x · mask / keep_prob` over one contiguous run of elements whose global indices
+    /// start at `first` (`keep`: the threshold and `1 / keep_prob`); on the widest vector unit
+    /// the CPU has (the same mask and bits).
+    fn dropout_run<T>(run: (&[T], &mut [T]), key: u64, first: u64, keep: (u64, T)) => dropout_run_loop
+}
+
+/// [`dropout_run`]'s loop.
+#[inline(always)]
+fn dropout_run_loop<T: Float>(
+    (x, out): (&[T], &mut [T]),
+    key: u64,
+    first: u64,
+    (threshold, scale): (u64, T),
+) {
+    for (k, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+        let keep = bits_at(key, first + k as u64) >> 11 < threshold;
+        *o = if keep { v * scale } else { T::ZERO };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched run (AVX-512 or AVX2 where the CPU has it) gives the portable loop's bits,
+    /// and keeps exactly the elements [`dropout_mask_keeps`] names, from any first index.
+    #[test]
+    fn the_wide_run_gives_the_portable_bits_and_the_mask() {
+        let (seed, step, keep_prob) = (7, 3, 0.9);
+        let (key, threshold) = (dropout_key(seed, step), keep_threshold(keep_prob));
+        let scale = (1.0 / keep_prob) as f32;
+        let x: Vec<f32> = (0..1003).map(|i| (i % 17) as f32 - 8.0).collect();
+        for first in [0u64, 5, 1 << 40] {
+            let (mut wide, mut portable) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+            dropout_run((&x, &mut wide), key, first, (threshold, scale));
+            dropout_run_loop((&x, &mut portable), key, first, (threshold, scale));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&wide), bits(&portable), "first {first}");
+            for (k, (&got, &v)) in wide.iter().zip(&x).enumerate() {
+                let keeps = dropout_mask_keeps(seed, step, keep_prob, first + k as u64);
+                let want = if keeps { v * scale } else { 0.0 };
+                assert_eq!(got.to_bits(), want.to_bits(), "element {k} from {first}");
+            }
+        }
+    }
 }
