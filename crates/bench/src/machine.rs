@@ -10,7 +10,8 @@ pub fn describe() -> String {
         .and_then(|text| model_name(&text))
         .unwrap_or_else(|| "unknown CPU".to_string());
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("{name}, {cpus} logical CPUs, {}", vector_unit())
+    let unit = tensor::kernels::VectorUnit::detect().name();
+    format!("{name}, {cpus} logical CPUs, {unit}")
 }
 
 /// The first `model name` of a `/proc/cpuinfo` text.
@@ -21,20 +22,6 @@ fn model_name(cpuinfo: &str) -> Option<String> {
         .find(|(key, _)| key.trim() == "model name")
         .map(|(_, value)| value.trim().to_string())
         .filter(|name| !name.is_empty())
-}
-
-/// The widest vector unit the kernels use here.
-fn vector_unit() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            return "AVX-512";
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return "AVX2 + FMA";
-        }
-    }
-    "no AVX2"
 }
 
 #[cfg(test)]

@@ -112,3 +112,4 @@ pub use self::vector::{
     accumulate_scaled_mixed_from, axpby, axpy, div_sqrt_axpy, fill, scale, scale_inplace,
     square_axpby,
 };
+pub use self::wide::VectorUnit;

@@ -38,13 +38,12 @@ macro_rules! widest {
                 unsafe fn avx2<$T: $crate::kernels::Float>($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
-                if std::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has AVX-512F.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU has AVX2 and FMA.
-                    return unsafe { avx2($($arg),*) };
+                match $crate::kernels::VectorUnit::detect() {
+                    // SAFETY: `detect` found AVX-512F.
+                    $crate::kernels::VectorUnit::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: `detect` found AVX2 and FMA.
+                    $crate::kernels::VectorUnit::Avx2Fma => return unsafe { avx2($($arg),*) },
+                    $crate::kernels::VectorUnit::Baseline => {}
                 }
             }
             $body($($arg),*)
@@ -53,3 +52,40 @@ macro_rules! widest {
 }
 
 pub(crate) use crate::widest;
+
+/// The vector unit [`widest!`] runs its loops on, on this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VectorUnit {
+    /// AVX-512F: sixteen f32 lanes.
+    Avx512,
+    /// AVX2 with FMA: eight.
+    Avx2Fma,
+    /// The build's baseline.
+    Baseline,
+}
+
+impl VectorUnit {
+    /// The widest unit this CPU has (AVX-512F, else AVX2 with FMA, else the baseline).
+    #[inline]
+    pub fn detect() -> VectorUnit {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                return VectorUnit::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return VectorUnit::Avx2Fma;
+            }
+        }
+        VectorUnit::Baseline
+    }
+
+    /// A short name for reports: `AVX-512`, `AVX2 + FMA` or `no AVX2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            VectorUnit::Avx512 => "AVX-512",
+            VectorUnit::Avx2Fma => "AVX2 + FMA",
+            VectorUnit::Baseline => "no AVX2",
+        }
+    }
+}
