@@ -3,15 +3,19 @@
 //! The local backend runs every rank on a thread of one process, and a thread cannot be
 //! stopped: when one rank hangs (a deadlock, an endless kernel, `TESSERA_FAULT=…,at=hang`) its
 //! peers' collectives time out and they return their errors, but joining the hung thread never
-//! ends. [`HangWatch`] records the first rank that fails and the ranks still running; its
-//! watchdog, armed for the command line ([`crate::LaunchOptions::exit_on_hung_rank`]), prints
-//! that failure and exits the process when ranks are still running `grace` after it.
+//! ends. [`HangWatch`] records when the first rank failed, the failure that explains the most
+//! (the root cause, by the same [`Blame`] order as the run's own report) and the ranks still
+//! running; its watchdog, armed for the command line
+//! ([`crate::LaunchOptions::exit_on_hung_rank`]), prints that cause and exits the process when
+//! ranks are still running `grace` after the first failure.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// The first failure of a local run and the ranks still running.
+use crate::launch::Blame;
+
+/// When a local run first failed, its root cause so far, and the ranks still running.
 #[derive(Debug)]
 pub(crate) struct HangWatch {
     state: Mutex<State>,
@@ -20,7 +24,10 @@ pub(crate) struct HangWatch {
 #[derive(Debug)]
 struct State {
     running: BTreeSet<usize>,
-    first_failure: Option<(Instant, usize, String)>,
+    /// When the first rank failed.
+    failed_at: Option<Instant>,
+    /// The failure that explains the most so far, the lowest rank among equals.
+    cause: Option<(Blame, usize, String)>,
     done: bool,
 }
 
@@ -30,7 +37,8 @@ impl HangWatch {
         Arc::new(HangWatch {
             state: Mutex::new(State {
                 running: (0..ranks).collect(),
-                first_failure: None,
+                failed_at: None,
+                cause: None,
                 done: false,
             }),
         })
@@ -40,12 +48,22 @@ impl HangWatch {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Rank `rank` has ended, with `failure` when it failed.
-    pub(crate) fn ended(&self, rank: usize, failure: Option<String>) {
+    /// Rank `rank` has ended, with `failure` (how much it explains, its message) when it
+    /// failed. A peer's "peer exited" can end before the timeout that caused it: the report
+    /// keeps the failure that explains the most, whatever order they came in.
+    pub(crate) fn ended(&self, rank: usize, failure: Option<(Blame, String)>) {
         let mut s = self.state();
         s.running.remove(&rank);
-        if let (Some(message), None) = (failure, &s.first_failure) {
-            s.first_failure = Some((Instant::now(), rank, message));
+        let Some((blame, message)) = failure else {
+            return;
+        };
+        s.failed_at.get_or_insert_with(Instant::now);
+        let explains_more = match &s.cause {
+            None => true,
+            Some((held, held_rank, _)) => (blame, rank) < (*held, *held_rank),
+        };
+        if explains_more {
+            s.cause = Some((blame, rank, message));
         }
     }
 
@@ -58,7 +76,8 @@ impl HangWatch {
     /// naming the failure and the hung ranks.
     pub(crate) fn hung(&self, grace: Duration) -> Option<String> {
         let s = self.state();
-        let (at, rank, message) = s.first_failure.as_ref()?;
+        let at = s.failed_at?;
+        let (_, rank, message) = s.cause.as_ref()?;
         if s.done || s.running.is_empty() || at.elapsed() < grace {
             return None;
         }
@@ -101,7 +120,10 @@ mod tests {
         let watch = HangWatch::new(3);
         assert_eq!(watch.hung(Duration::ZERO), None, "no failure yet");
         watch.ended(2, None);
-        watch.ended(0, Some("collective timed out".to_string()));
+        watch.ended(
+            0,
+            Some((Blame::Timeout, "collective timed out".to_string())),
+        );
         assert_eq!(
             watch.hung(Duration::from_secs(3600)),
             None,
@@ -113,11 +135,39 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("rank(s) {1}"), "{message}");
-        watch.ended(1, Some("peer failed".to_string()));
+        watch.ended(1, Some((Blame::Consequence, "peer failed".to_string())));
         assert_eq!(watch.hung(Duration::ZERO), None, "every rank ended");
         let finished = HangWatch::new(2);
-        finished.ended(0, Some("x".to_string()));
+        finished.ended(0, Some((Blame::OwnFault, "x".to_string())));
         finished.finish();
         assert_eq!(finished.hung(Duration::ZERO), None, "the run returned");
+    }
+
+    /// A peer's "peer exited" that ends before the timeout which caused it does not take the
+    /// report: the timeout explains more, whatever order the ranks ended in.
+    #[test]
+    fn the_report_names_the_root_cause_not_the_first_to_end() {
+        let watch = HangWatch::new(8);
+        for rank in [0, 2, 3, 5, 6, 7] {
+            watch.ended(rank, None);
+        }
+        watch.ended(
+            4,
+            Some((
+                Blame::Consequence,
+                "peer rank 0 exited without joining".to_string(),
+            )),
+        );
+        let message = watch.hung(Duration::ZERO).expect("rank 1 hangs");
+        assert!(message.starts_with("rank 4: peer rank 0"), "{message}");
+        let watch = HangWatch::new(3);
+        watch.ended(2, Some((Blame::Consequence, "peer exited".to_string())));
+        watch.ended(0, Some((Blame::Timeout, "timed out after 2s".to_string())));
+        let message = watch.hung(Duration::ZERO).expect("rank 1 hangs");
+        assert!(
+            message.starts_with("rank 0: timed out after 2s"),
+            "{message}"
+        );
+        assert!(message.contains("rank(s) {1}"), "{message}");
     }
 }

@@ -198,7 +198,10 @@ pub fn train_local_with(
             _ => None,
         };
         let result = run_rank_with(session, options, Arc::new(comm), mine);
-        watch.ended(rank, result.as_ref().err().map(|e| format!("{e:#}")));
+        watch.ended(
+            rank,
+            result.as_ref().err().map(|e| (blame(e), format!("{e:#}"))),
+        );
         result
     });
     watch.finish();
@@ -254,7 +257,7 @@ pub(crate) fn root_cause<R>(
 
 /// How much of a failure a rank's error explains, most first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Blame {
+pub(crate) enum Blame {
     /// The rank's own failure (bad data, a file it could not write, a panic, a mismatch).
     OwnFault,
     /// The rank waited for a peer that never came: the peer hung, or failed silently.
