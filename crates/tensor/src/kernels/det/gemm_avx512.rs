@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::{
     __m512, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_storeu_ps, _mm_prefetch, _MM_HINT_T0,
+    _mm512_storeu_ps,
 };
 use std::mem::MaybeUninit;
 
@@ -91,19 +91,6 @@ pub(super) unsafe fn tiles_f32<const P: usize>(
     tile_a.check(steps);
     assert!(panels.iter().all(|panel| panel.len() >= steps * TILE_N));
     assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
-    assert!((1..=TILE_M).contains(&stored));
-    assert!(ldc >= P * TILE_N && out.len() >= (stored - 1) * ldc + P * TILE_N);
-    // The output's lines are fetched while the tile is summed: stored cold at its end, each
-    // store waited for its line. On an Intel Xeon (AVX-512) this took the products with
-    // canonical blocks of 16 from 0.69–0.86× to 0.86–0.99× of `gemm` (`docs/PERFORMANCE.md`).
-    for r in 0..stored {
-        for p in 0..P {
-            // SAFETY: the assert above keeps every line inside `out`; a prefetch reads nothing.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(out.as_ptr().add(r * ldc + p * TILE_N).cast());
-            }
-        }
-    }
     let mut ap = tile_a.data.as_ptr();
     let rows = (&tile_a.offsets, tile_a.step);
     let mut bp = panels.map(<[f32]>::as_ptr);
@@ -117,6 +104,8 @@ pub(super) unsafe fn tiles_f32<const P: usize>(
         16 => unsafe { tree::<16, P>(q, 16, (&mut ap, rows, &mut bp)) },
         _ => unsafe { tree::<0, P>(q, block_len, (&mut ap, rows, &mut bp)) },
     };
+    assert!((1..=TILE_M).contains(&stored));
+    assert!(ldc >= P * TILE_N && out.len() >= (stored - 1) * ldc + P * TILE_N);
     for r in 0..stored {
         for p in 0..P {
             // SAFETY: the assert above keeps every 16-float run inside `out`.
