@@ -668,7 +668,6 @@ mod tests {
             .collect()
     }
 
-    /// The intrinsics tile and the portable tile give the same bits, for every block shape.
     /// The packing space starts on a cache line, the thread's reused one and a nested
     /// product's own alike, so the packed panels' 16-float loads each read one line.
     #[test]
@@ -690,6 +689,7 @@ mod tests {
         }
     }
 
+    /// The intrinsics tile and the portable tile give the same bits, for every block shape.
     #[test]
     fn simd_and_portable_tiles_agree_bit_for_bit() {
         for (q, block_len) in [
