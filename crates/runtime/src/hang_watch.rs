@@ -24,11 +24,20 @@ pub(crate) struct HangWatch {
 #[derive(Debug)]
 struct State {
     running: BTreeSet<usize>,
-    /// When the first rank failed.
-    failed_at: Option<Instant>,
-    /// The failure that explains the most so far, the lowest rank among equals.
-    cause: Option<(Blame, usize, String)>,
+    /// The failure that explains the most so far, from the first failure on.
+    cause: Option<Cause>,
     done: bool,
+}
+
+/// A run's root cause so far.
+#[derive(Debug)]
+struct Cause {
+    /// When the first rank failed (whichever failure that was).
+    since: Instant,
+    /// How much the failure explains, and the rank (the lowest among equals).
+    blame: Blame,
+    rank: usize,
+    message: String,
 }
 
 impl HangWatch {
@@ -37,7 +46,6 @@ impl HangWatch {
         Arc::new(HangWatch {
             state: Mutex::new(State {
                 running: (0..ranks).collect(),
-                failed_at: None,
                 cause: None,
                 done: false,
             }),
@@ -57,13 +65,19 @@ impl HangWatch {
         let Some((blame, message)) = failure else {
             return;
         };
-        s.failed_at.get_or_insert_with(Instant::now);
-        let explains_more = match &s.cause {
-            None => true,
-            Some((held, held_rank, _)) => (blame, rank) < (*held, *held_rank),
-        };
-        if explains_more {
-            s.cause = Some((blame, rank, message));
+        match &mut s.cause {
+            None => {
+                s.cause = Some(Cause {
+                    since: Instant::now(),
+                    blame,
+                    rank,
+                    message,
+                })
+            }
+            Some(held) if (blame, rank) < (held.blame, held.rank) => {
+                (held.blame, held.rank, held.message) = (blame, rank, message);
+            }
+            Some(_) => {}
         }
     }
 
@@ -76,9 +90,13 @@ impl HangWatch {
     /// naming the failure and the hung ranks.
     pub(crate) fn hung(&self, grace: Duration) -> Option<String> {
         let s = self.state();
-        let at = s.failed_at?;
-        let (_, rank, message) = s.cause.as_ref()?;
-        if s.done || s.running.is_empty() || at.elapsed() < grace {
+        let Cause {
+            since,
+            rank,
+            message,
+            ..
+        } = s.cause.as_ref()?;
+        if s.done || s.running.is_empty() || since.elapsed() < grace {
             return None;
         }
         Some(format!(

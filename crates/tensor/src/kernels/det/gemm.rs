@@ -622,6 +622,11 @@ fn pack_b<T: Float>(
 #[repr(C, align(64))]
 struct Line([u64; 8]);
 
+impl Line {
+    /// A line of zero bits.
+    const ZERO: Line = Line([0; 8]);
+}
+
 thread_local! {
     /// Packing space the thread's products reuse, so a product does not fault in fresh pages.
     static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
@@ -643,12 +648,12 @@ fn with_scratch<T: Float, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut space) => {
             if space.len() < lines {
-                space.resize(lines, Line([0; 8]));
+                space.resize(lines, Line::ZERO);
             }
             f(line_view(&mut space, len))
         }
         // A product inside a product on this thread: a space of its own.
-        Err(_) => f(line_view(&mut vec![Line([0; 8]); lines], len)),
+        Err(_) => f(line_view(&mut vec![Line::ZERO; lines], len)),
     })
 }
 
