@@ -1,5 +1,5 @@
 //! Products cut into bands of rows, against one call, on the `gemm` crate directly (the
-//! engine's `gemm` itself cuts at one row per KiB of L2, `kernels::solo_band_rows`), f32, one thread,
+//! engine's `gemm` itself cuts at `kernels::solo_band_rows`, from the L2 cache), f32, one thread,
 //! caches flushed before every repetition as in a training step:
 //!
 //! 1. **Products alone**: the GPT benchmark model's 2,048-row products (forward `X·Wᵀ`, `dX =

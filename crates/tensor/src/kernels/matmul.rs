@@ -468,21 +468,22 @@ fn gemm_crate<T: Float>(
     });
 }
 
-/// Rows of `C` one `gemm` crate call computes at most: one row per KiB of the L2 cache the
-/// crate itself reads off the CPU (and blocks its products by), in whole 64-row register tiles,
-/// at least 256. A taller band is cut into calls of this many rows, one after another (the same
-/// bits: every element still sums the whole contraction in the crate's order).
+/// Rows of `C` one `gemm` crate call computes at most, from the L2 cache the crate itself
+/// reads off the CPU (and blocks its products by): below 1 MiB of L2 one row per KiB, from
+/// 1 MiB two rows per KiB; in whole 64-row register tiles, at least 256. A taller band is cut
+/// into calls of this many rows, one after another (the same bits: every element still sums
+/// the whole contraction in the crate's order).
 ///
 /// Measured with `cargo bench -p tessera-tensor --bench bands` (one thread, cold caches, the
-/// GPT's 2,048-row products; see `docs/PERFORMANCE.md`, "Products in bands of 512 rows" and
-/// "Bands from the L2 cache"):
+/// GPT's 2,048-row products; see `docs/PERFORMANCE.md`, "Products in bands of 512 rows", "Bands
+/// from the L2 cache" and "One call on a Zen 4"):
 /// - a Zen 3 EPYC with 512 KiB of L2 per core: calls of 512 rows ran the products with a wide
 ///   output (`n` = 768 or 1,024) 1.13–1.15× faster than one call, the others about the same;
 ///   bands of 64–128 rows were 8–15 % slower (`B` is packed again for every call);
+/// - a Zen 4 EPYC with 1 MiB of L2 per core: one call was the fastest, calls of 1,024 rows
+///   0.93–0.98× on the forward products and of 512 rows 0.83–0.95×;
 /// - an Intel Xeon with 2 MiB of L2 per core: one call was the fastest, calls of 512 rows
 ///   0.90–0.93× on the forward products and of 1,024 rows 0.97×.
-///
-/// Machines between the two (1 MiB of L2) get 1,024 rows by the same rule, not yet measured.
 pub fn solo_band_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| band_rows_for_l2(gemm_common::cache::CACHE_INFO[1].cache_bytes))
@@ -490,7 +491,8 @@ pub fn solo_band_rows() -> usize {
 
 /// [`solo_band_rows`]' rule for an L2 cache of `l2_bytes`.
 fn band_rows_for_l2(l2_bytes: usize) -> usize {
-    (l2_bytes / 1024).next_multiple_of(64).max(256)
+    let per_kib = if l2_bytes < 1024 * 1024 { 1 } else { 2 };
+    (l2_bytes / 1024 * per_kib).next_multiple_of(64).max(256)
 }
 
 /// Reduction steps one `gemm` crate call covers: a weight gradient's product (`op(A) = Aᵀ`, a
@@ -772,11 +774,13 @@ mod tests {
 
     #[test]
     fn the_band_rows_follow_the_l2_cache() {
-        // The two measured machines: 512 KiB (Zen 3) and 2 MiB (an Intel Xeon) of L2 per core.
+        // The measured machines: 512 KiB (Zen 3) cuts the GPT's 2,048 rows into bands of 512;
+        // 1 MiB (Zen 4) and 2 MiB (an Intel Xeon) of L2 per core compute them in one call.
         assert_eq!(band_rows_for_l2(512 * 1024), 512);
-        assert_eq!(band_rows_for_l2(2048 * 1024), 2048);
+        assert!(band_rows_for_l2(1024 * 1024) >= 2048);
+        assert!(band_rows_for_l2(2048 * 1024) >= 2048);
         // Whole 64-row tiles, and never the short bands that measured slower.
-        assert_eq!(band_rows_for_l2(1280 * 1024), 1280);
+        assert_eq!(band_rows_for_l2(1280 * 1024), 2560);
         assert_eq!(band_rows_for_l2(1000 * 1024), 1024);
         assert_eq!(band_rows_for_l2(64 * 1024), 256);
         assert_eq!(band_rows_for_l2(0), 256);
