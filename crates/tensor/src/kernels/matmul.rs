@@ -476,7 +476,7 @@ fn gemm_crate<T: Float>(
 ///
 /// Measured with `cargo bench -p tessera-tensor --bench bands` (one thread, cold caches, the
 /// GPT's 2,048-row products; see `docs/PERFORMANCE.md`, "Products in bands of 512 rows", "Bands
-/// from the L2 cache" and "One call on a Zen 4"):
+/// from the L2 cache" and "Products in bands: one call from 1 MiB of L2"):
 /// - a Zen 3 EPYC with 512 KiB of L2 per core: calls of 512 rows ran the products with a wide
 ///   output (`n` = 768 or 1,024) 1.13–1.15× faster than one call, the others about the same;
 ///   bands of 64–128 rows were 8–15 % slower (`B` is packed again for every call);
