@@ -486,7 +486,13 @@ fn gemm_crate<T: Float>(
 ///   0.90–0.93× on the forward products and of 1,024 rows 0.97×.
 pub fn solo_band_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| band_rows_for_l2(gemm_common::cache::CACHE_INFO[1].cache_bytes))
+    *ROWS.get_or_init(|| band_rows_for_l2(l2_cache_bytes()))
+}
+
+/// Bytes of L2 cache per core as the `gemm` crate reads them off the CPU (and blocks its
+/// products by): what [`solo_band_rows`] follows, printed beside benchmark figures.
+pub fn l2_cache_bytes() -> usize {
+    gemm_common::cache::CACHE_INFO[1].cache_bytes
 }
 
 /// [`solo_band_rows`]' rule for an L2 cache of `l2_bytes`.
