@@ -14,7 +14,10 @@ pub fn describe() -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let unit = tensor::kernels::VectorUnit::detect().name();
     let l2 = size_text(tensor::kernels::l2_cache_bytes());
-    format!("{}, {cpus} logical CPUs, {unit}, L2 {l2}", cpu_text(&cpuinfo))
+    format!(
+        "{}, {cpus} logical CPUs, {unit}, L2 {l2}",
+        cpu_text(&cpuinfo)
+    )
 }
 
 /// The first CPU of a `/proc/cpuinfo` text: its model name, then its family and model numbers
@@ -67,7 +70,10 @@ mod tests {
         assert_eq!(cpu_text("processor\t: 0\nmodel name\t: \n"), "unknown CPU");
         assert_eq!(cpu_text(""), "unknown CPU");
         let line = describe();
-        assert!(line.contains("logical CPUs") && line.contains(", L2 "), "{line}");
+        assert!(
+            line.contains("logical CPUs") && line.contains(", L2 "),
+            "{line}"
+        );
     }
 
     #[test]
