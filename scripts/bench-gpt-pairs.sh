@@ -12,7 +12,7 @@ pairs="${1:-5}"
 steps="${2:-10}"
 . scripts/bench-venv.sh
 cargo build --release -p tessera-cli --quiet
-echo "== $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model\s*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+scripts/machine-line.sh
 torch_rate() {
   "$venv/bin/python" scripts/torch_gpt_step.py "$steps" --one-thread 2>/dev/null \
     | sed -n 's/.*1 thread: \([0-9]*\) tokens\/s.*/\1/p'
