@@ -61,11 +61,15 @@ mod tests {
             cpu_text(text),
             "Intel(R) Xeon(R) Processor (family 6, model 167)"
         );
-        // `model` is its own key, not a prefix of `model name`.
+        // `model` is its own key, not a prefix of the `model name` line before it.
         assert_eq!(
-            cpu_text("model name\t: AMD EPYC\n"),
+            cpu_text("cpu family\t: 25\nmodel name\t: AMD EPYC\nmodel\t\t: 17\n"),
+            "AMD EPYC (family 25, model 17)"
+        );
+        assert_eq!(
+            cpu_text("model name\t: AMD EPYC\nmodel\t\t: 17\n"),
             "AMD EPYC",
-            "no numbers without the family and model lines"
+            "no numbers without the family line"
         );
         assert_eq!(cpu_text("processor\t: 0\nmodel name\t: \n"), "unknown CPU");
         assert_eq!(cpu_text(""), "unknown CPU");
