@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 steps="${1:-20}"
 . scripts/bench-venv.sh
 cargo build --release -p tessera-cli --quiet
-scripts/machine-line.sh
+echo "== $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) (the CPU: the machine line below)"
 "$venv/bin/python" scripts/torch_gpt_step.py "$steps"
 "${CARGO_TARGET_DIR:-target}/release/tessera" bench gpt-step --steps "$steps" --profile
 "$venv/bin/python" scripts/torch_gpt_step.py "$steps"
