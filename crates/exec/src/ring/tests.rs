@@ -97,10 +97,20 @@ fn close(what: &str, got: &[f64], want: &[f64], exact: bool) {
 }
 
 /// Every ring shape: even blocks (the zigzag placement under the causal mask), uneven blocks
-/// (each attends its own), the canonical order; f64 and f32.
+/// (each attends its own), the canonical order; f64 and f32. Blocks of 24 and 40 rows, or 32
+/// and 96, put the kernel's causal tiles' row bands at other rows than one device's (a row's
+/// products then run over other numbers of masked key columns) and must still give its bits.
 #[test]
 fn every_rank_s_block_is_one_device_s_and_its_workspace_is_the_predicted_bytes() {
-    let shapes: &[&[usize]] = &[&[4, 4], &[2, 2, 2], &[4, 3, 3], &[2, 2, 2, 2], &[3, 5]];
+    let shapes: &[&[usize]] = &[
+        &[4, 4],
+        &[2, 2, 2],
+        &[4, 3, 3],
+        &[2, 2, 2, 2],
+        &[3, 5],
+        &[24, 40],
+        &[32, 96],
+    ];
     for lengths in shapes {
         let seq: usize = lengths.iter().sum();
         let [q, k, v, dout] = [0, 1, 2, 3].map(|salt| operand(seq, HEAD_DIM, salt));

@@ -3,8 +3,8 @@
 //! `dk` and `dv`.
 
 use super::{
-    check_lengths, row_elements, sizes, slice_flops, tile_scores, tiles, AttentionDims,
-    AttentionParams,
+    check_lengths, row_bands, row_elements, sizes, slice_flops, tile_scores, tiles, AttentionDims,
+    AttentionParams, RowBand,
 };
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
@@ -199,6 +199,26 @@ pub(super) struct Written {
     pub(super) keys: bool,
 }
 
+/// Runs `product(keys, rows)` for each segment of a tile's key columns and the query rows that
+/// see them: the columns a band sees and the bands before it do not, reduced over the rows from
+/// that band to the tile's last (`bands` in row order, each seeing at least the columns of the
+/// one before). Returns how many leading key columns some row sees (the rest none do).
+fn key_segments(
+    bands: &[RowBand],
+    (bq, bk): (usize, usize),
+    mut product: impl FnMut(std::ops::Range<usize>, std::ops::Range<usize>) -> Result<(), TensorError>,
+) -> Result<usize, TensorError> {
+    let mut done = 0;
+    for band in bands {
+        let cols = band.cols.min(bk);
+        if cols > done {
+            product(done..cols, band.rows.start..bq)?;
+            done = cols;
+        }
+    }
+    Ok(done)
+}
+
 widest! {
     /// One slice's backward over its key block (its input rows `strides` apart): `dq`, `dk`
     /// and `dv` written or added to (`written`); on the widest vector unit the CPU has.
@@ -237,12 +257,22 @@ fn backward_slice_loop<T: Float>(
             let (keys_beta, dq_beta) = (beta(keys_started), beta(dq_started[qi]));
             keys_started = true;
             dq_started[qi] = true;
-            let (q_tile, dout_tile) = (
-                (&input.q[q0 * ld..], ld),
-                (&input.dout[q0 * ld_dout..], ld_dout),
-            );
+            let (bands, count) = row_bands(params, (q0, bq), (k0, bk), dims.kv_len);
+            let bands = &bands[..count];
+            let seeing = || bands.iter().filter(|band| band.cols > 0);
             let p = &mut scratch.p[..bq * bk];
-            tile_scores(q_tile, k_tile, (bq, bk), d, params.scale, p)?;
+            for band in seeing() {
+                let q_rows = (&input.q[(q0 + band.rows.start) * ld..], ld);
+                let p_rows = (&mut p[band.rows.start * bk..], bk);
+                tile_scores(
+                    q_rows,
+                    k_tile,
+                    (band.rows.len(), band.cols),
+                    d,
+                    params.scale,
+                    p_rows,
+                )?;
+            }
             for r in 0..bq {
                 let row = &mut p[r * bk..(r + 1) * bk];
                 let seen = params
@@ -259,50 +289,79 @@ fn backward_slice_loop<T: Float>(
                 hidden.fill(T::ZERO);
             }
             let p = &scratch.p[..bq * bk];
-            // dV += Pᵀ·dO.
-            let pt_shape = GemmShape {
-                m: bk,
-                n: d,
-                k: bq,
-                trans_a: true,
-                trans_b: false,
-            };
-            gemm_strided(
-                pt_shape,
-                T::ONE,
-                (p, bk),
-                dout_tile,
-                keys_beta,
-                grads.rows(Grad::V, k0, d),
-            )?;
-            // dP = dO·Vᵀ, then dS = P ∘ (dP − D).
+            // dV += Pᵀ·dO, key columns by the bands that see them.
+            key_segments(bands, (bq, bk), |keys, rows| {
+                let shape = GemmShape {
+                    m: keys.len(),
+                    n: d,
+                    k: rows.len(),
+                    trans_a: true,
+                    trans_b: false,
+                };
+                let p_rows = (&p[rows.start * bk + keys.start..], bk);
+                let dout_rows = (&input.dout[(q0 + rows.start) * ld_dout..], ld_dout);
+                let dv = grads.rows(Grad::V, k0 + keys.start, d);
+                gemm_strided(shape, T::ONE, p_rows, dout_rows, keys_beta, dv)
+            })?;
+            // dP = dO·Vᵀ, then dS = P ∘ (dP − D), on the columns each band sees.
             let ds = &mut scratch.ds[..bq * bk];
-            tile_scores(dout_tile, v_tile, (bq, bk), d, T::ONE, ds)?;
-            for r in 0..bq {
-                let delta = input.delta[q0 + r];
-                let range = r * bk..(r + 1) * bk;
-                for (g, &prob) in ds[range.clone()].iter_mut().zip(&p[range]) {
-                    *g = prob * (*g - delta);
+            for band in seeing() {
+                let dout_rows = (&input.dout[(q0 + band.rows.start) * ld_dout..], ld_dout);
+                let ds_rows = (&mut ds[band.rows.start * bk..], bk);
+                tile_scores(
+                    dout_rows,
+                    v_tile,
+                    (band.rows.len(), band.cols),
+                    d,
+                    T::ONE,
+                    ds_rows,
+                )?;
+                for r in band.rows.clone() {
+                    let delta = input.delta[q0 + r];
+                    let range = r * bk..r * bk + band.cols;
+                    for (g, &prob) in ds[range.clone()].iter_mut().zip(&p[range]) {
+                        *g = prob * (*g - delta);
+                    }
                 }
             }
             let ds = &scratch.ds[..bq * bk];
-            // dQ += scale·dS·K, dK += scale·dSᵀ·Q.
-            gemm_strided(
-                GemmShape::new(bq, d, bk),
-                params.scale,
-                (ds, bk),
-                k_tile,
-                dq_beta,
-                grads.rows(Grad::Q, q0, d),
-            )?;
-            gemm_strided(
-                pt_shape,
-                params.scale,
-                (ds, bk),
-                q_tile,
-                keys_beta,
-                grads.rows(Grad::K, k0, d),
-            )?;
+            // dQ += scale·dS·K (a band that sees no key adds nothing, or is written zero).
+            for band in bands {
+                if band.cols == 0 {
+                    if dq_beta == T::ZERO {
+                        let rows = q0 + band.rows.start..q0 + band.rows.end;
+                        grads.zero_rows(Grad::Q, rows, d);
+                    }
+                    continue;
+                }
+                gemm_strided(
+                    GemmShape::new(band.rows.len(), d, band.cols),
+                    params.scale,
+                    (&ds[band.rows.start * bk..], bk),
+                    k_tile,
+                    dq_beta,
+                    grads.rows(Grad::Q, q0 + band.rows.start, d),
+                )?;
+            }
+            // dK += scale·dSᵀ·Q, key columns by the bands that see them.
+            let unseen = key_segments(bands, (bq, bk), |keys, rows| {
+                let shape = GemmShape {
+                    m: keys.len(),
+                    n: d,
+                    k: rows.len(),
+                    trans_a: true,
+                    trans_b: false,
+                };
+                let ds_rows = (&ds[rows.start * bk + keys.start..], bk);
+                let q_rows = (&input.q[(q0 + rows.start) * ld..], ld);
+                let dk = grads.rows(Grad::K, k0 + keys.start, d);
+                gemm_strided(shape, params.scale, ds_rows, q_rows, keys_beta, dk)
+            })?;
+            if keys_beta == T::ZERO && unseen < bk {
+                // Keys no row of this tile sees, written by the tile: zero gradients.
+                grads.zero_rows(Grad::K, k0 + unseen..k0 + bk, d);
+                grads.zero_rows(Grad::V, k0 + unseen..k0 + bk, d);
+            }
         }
         if !keys_started {
             // No query sees these keys: their gradients are zero.
@@ -465,6 +524,38 @@ pub fn flash_attention_grad_into<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each key column goes to exactly one segment, reduced over exactly the rows that see it
+    /// (the rows of the bands whose columns include it); the keys no row sees are reported.
+    #[test]
+    fn key_segments_cover_each_seen_key_once_with_the_rows_that_see_it() {
+        let band = |rows: std::ops::Range<usize>, cols| RowBand { rows, cols };
+        let cases: [(&[RowBand], usize); 4] = [
+            (&[band(0..32, 32), band(32..64, 64)], 64),
+            (&[band(0..32, 0), band(32..64, 24)], 24),
+            (&[band(0..64, 64)], 64),
+            (&[band(0..32, 40), band(32..64, 40)], 40),
+        ];
+        for (bands, seen) in cases {
+            let mut owner = vec![None; 64];
+            let unseen = key_segments(bands, (64, 64), |keys, rows| {
+                for key in keys {
+                    assert!(owner[key].is_none(), "key {key} twice");
+                    owner[key] = Some(rows.clone());
+                }
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(unseen, seen);
+            for (key, rows) in owner.iter().enumerate() {
+                let want = bands
+                    .iter()
+                    .find(|b| b.cols > key)
+                    .map(|b| b.rows.start..64);
+                assert_eq!(rows, &want, "key {key} of {bands:?}");
+            }
+        }
+    }
 
     /// One slice's test operands, from fixed formulas.
     struct Operands<T> {

@@ -3,7 +3,8 @@
 //! the state kept across key/value blocks.
 
 use super::{
-    check_lengths, sizes, slice_flops, tile_scores, tiles, AttentionDims, AttentionParams,
+    check_lengths, row_bands, sizes, slice_flops, tile_scores, tiles, AttentionDims,
+    AttentionParams,
 };
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
@@ -58,7 +59,6 @@ fn accumulate_slice_loop<T: Float>(
 ) -> Result<(), TensorError> {
     let (d, ld, acc_ld) = (dims.head_dim, input.stride, state.stride);
     for (q0, bq) in tiles(dims.q_len, TILE_Q) {
-        let q_tile = (&input.q[q0 * ld..], ld);
         // Rows see prefixes that grow with the row: the last row sees the most.
         let seen_by_last = params.visible_keys(q0 + bq - 1, dims.kv_len);
         for (k0, bk) in tiles(dims.kv_len, TILE_K) {
@@ -67,7 +67,20 @@ fn accumulate_slice_loop<T: Float>(
             }
             let s = &mut scores[..bq * bk];
             let k_tile = (&input.k[k0 * ld..], ld);
-            tile_scores(q_tile, k_tile, (bq, bk), d, params.scale, s)?;
+            let (bands, count) = row_bands(params, (q0, bq), (k0, bk), dims.kv_len);
+            let bands = &bands[..count];
+            for band in bands.iter().filter(|band| band.cols > 0) {
+                let q_rows = (&input.q[(q0 + band.rows.start) * ld..], ld);
+                let s_rows = (&mut s[band.rows.start * bk..], bk);
+                tile_scores(
+                    q_rows,
+                    k_tile,
+                    (band.rows.len(), band.cols),
+                    d,
+                    params.scale,
+                    s_rows,
+                )?;
+            }
             let acc_tile = &mut state.acc[q0 * acc_ld..];
             for r in 0..bq {
                 let row = &mut s[r * bk..(r + 1) * bk];
@@ -99,14 +112,17 @@ fn accumulate_slice_loop<T: Float>(
                 }
             }
             let v_tile = &input.v[k0 * ld..];
-            gemm_strided(
-                GemmShape::new(bq, d, bk),
-                T::ONE,
-                (s, bk),
-                (v_tile, ld),
-                T::ONE,
-                (acc_tile, acc_ld),
-            )?;
+            // A band's rows add the keys they see (the rows' later columns hold zeros).
+            for band in bands.iter().filter(|band| band.cols > 0) {
+                gemm_strided(
+                    GemmShape::new(band.rows.len(), d, band.cols),
+                    T::ONE,
+                    (&s[band.rows.start * bk..], bk),
+                    (v_tile, ld),
+                    T::ONE,
+                    (&mut acc_tile[band.rows.start * acc_ld..], acc_ld),
+                )?;
+            }
         }
     }
     Ok(())

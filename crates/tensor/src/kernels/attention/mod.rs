@@ -204,15 +204,76 @@ fn tiles(len: usize, tile: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |first| (first, tile.min(len - first)))
 }
 
-/// `s = scale · q_tile · k_tileᵀ` (`s` contiguous, `rows × cols`) for `rows` query rows and
-/// `cols` key rows of `head_dim`, each tile's rows the given stride apart.
+/// A band of a tile's query rows (`rows`, from the tile's first row) and how many of the
+/// tile's key columns its products run over (`cols`; 0 when its rows see none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RowBand {
+    rows: std::ops::Range<usize>,
+    cols: usize,
+}
+
+/// The smallest query tile a causal tile is cut into bands for, and the step a band's key
+/// columns are rounded up to: below it the products' calls would cost more than the masked
+/// columns they skip.
+const BAND_STEP: usize = 32;
+
+/// The row bands of a `(q0, bq) × (k0, bk)` tile, in row order, with the key columns their
+/// products run over: one band of every row when the tile's middle row sees as many columns as
+/// its last (no causal diagonal inside), else its two halves. A band's products skip the key
+/// columns none of its rows sees (masked, their probabilities zero: about a quarter of a
+/// diagonal tile's arithmetic).
+///
+/// The same bits as products over the whole tile: a band's columns are those its last row sees
+/// rounded up to a multiple of [`BAND_STEP`] (or the whole tile), so a skipped term is always an
+/// exact zero at the end (or, in the key gradients' sums over rows, the start) of a sum of at
+/// least `BAND_STEP` terms, which every backend's fused multiply-add chain leaves as it is, and
+/// no product's shape crosses a backend's routing bounds ([`GemmBackend::for_shape`]) or falls
+/// to the `gemm` crate's separate path for reductions of 1 or 2 terms.
+///
+/// [`GemmBackend::for_shape`]: crate::kernels::GemmBackend::for_shape
+fn row_bands<T: Float>(
+    params: &AttentionParams<T>,
+    (q0, bq): (usize, usize),
+    (k0, bk): (usize, usize),
+    kv_len: usize,
+) -> ([RowBand; 2], usize) {
+    let cols = |row: usize| {
+        let seen = params.visible_keys(q0 + row, kv_len).saturating_sub(k0);
+        match seen {
+            0 => 0,
+            seen => seen.next_multiple_of(BAND_STEP).min(bk),
+        }
+    };
+    let whole = RowBand {
+        rows: 0..bq,
+        cols: bk,
+    };
+    let half = bq / 2;
+    if bk < BAND_STEP || bq < BAND_STEP || cols(half - 1) == cols(bq - 1) {
+        return ([whole.clone(), whole], 1);
+    }
+    let bands = [
+        RowBand {
+            rows: 0..half,
+            cols: cols(half - 1),
+        },
+        RowBand {
+            rows: half..bq,
+            cols: cols(bq - 1),
+        },
+    ];
+    (bands, 2)
+}
+
+/// `s = scale · q_tile · k_tileᵀ` for `rows` query rows and `cols` key rows of `head_dim`, each
+/// tile's rows the given stride apart, into `s`'s rows `ld` apart.
 fn tile_scores<T: Float>(
     q_tile: (&[T], usize),
     k_tile: (&[T], usize),
     (rows, cols): (usize, usize),
     head_dim: usize,
     scale: T,
-    s: &mut [T],
+    s: (&mut [T], usize),
 ) -> Result<(), TensorError> {
     let shape = GemmShape {
         m: rows,
@@ -221,5 +282,43 @@ fn tile_scores<T: Float>(
         trans_a: false,
         trans_b: true,
     };
-    gemm_strided(shape, scale, q_tile, k_tile, T::ZERO, (s, cols))
+    gemm_strided(shape, scale, q_tile, k_tile, T::ZERO, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn causal(q_offset: usize, k_offset: usize) -> AttentionParams<f32> {
+        AttentionParams {
+            q_offset,
+            k_offset,
+            ..AttentionParams::new(true, 1.0)
+        }
+    }
+
+    /// A diagonal tile is cut into halves, each with the key columns its last row sees; a tile
+    /// every row sees whole, a small tile and a non-causal tile stay one band.
+    #[test]
+    fn row_bands_cut_only_tiles_the_diagonal_crosses() {
+        let band = |rows: std::ops::Range<usize>, cols| RowBand { rows, cols };
+        let (bands, n) = row_bands(&causal(0, 0), (64, 64), (64, 64), 128);
+        assert_eq!(&bands[..n], &[band(0..32, 32), band(32..64, 64)]);
+        let (bands, n) = row_bands(&causal(0, 0), (64, 64), (0, 64), 128);
+        assert_eq!(&bands[..n], &[band(0..64, 64)]);
+        let (bands, n) = row_bands(&AttentionParams::new(false, 1.0), (0, 64), (0, 64), 64);
+        assert_eq!(&bands[..n], &[band(0..64, 64)]);
+        let (bands, n) = row_bands(&causal(0, 0), (0, 31), (0, 31), 31);
+        assert_eq!(&bands[..n], &[band(0..31, 31)]);
+        // Keys from global position 40 on: the first half sees none, the last row 24 of them
+        // (rounded up to 32).
+        let (bands, n) = row_bands(&causal(0, 40), (0, 64), (0, 64), 64);
+        assert_eq!(&bands[..n], &[band(0..32, 0), band(32..64, 32)]);
+        // Offsets off the step: the first half's 7 keys become 32 columns.
+        let (bands, n) = row_bands(&causal(7, 32), (0, 64), (0, 64), 64);
+        assert_eq!(&bands[..n], &[band(0..32, 32), band(32..64, 64)]);
+        // A key tile under the step stays whole.
+        let (bands, n) = row_bands(&causal(0, 0), (0, 64), (0, 20), 20);
+        assert_eq!(&bands[..n], &[band(0..64, 20)]);
+    }
 }
