@@ -99,7 +99,9 @@ fn close(what: &str, got: &[f64], want: &[f64], exact: bool) {
 /// Every ring shape: even blocks (the zigzag placement under the causal mask), uneven blocks
 /// (each attends its own), the canonical order; f64 and f32. Blocks of 24 and 40 rows, or 32
 /// and 96, put the kernel's causal tiles' row bands at other rows than one device's (a row's
-/// products then run over other numbers of masked key columns) and must still give its bits.
+/// products then run over other numbers of masked key columns); blocks of 40 and 90, 70 and
+/// 70, or of 1 and 2 rows cut its tiles into pieces of 1 to 26 rows or keys, whose products
+/// are small enough for the `gemm` crate's special paths. All must still give its bits.
 #[test]
 fn every_rank_s_block_is_one_device_s_and_its_workspace_is_the_predicted_bytes() {
     let shapes: &[&[usize]] = &[
@@ -110,6 +112,9 @@ fn every_rank_s_block_is_one_device_s_and_its_workspace_is_the_predicted_bytes()
         &[3, 5],
         &[24, 40],
         &[32, 96],
+        &[40, 90],
+        &[70, 70],
+        &[1, 2, 125, 2],
     ];
     for lengths in shapes {
         let seq: usize = lengths.iter().sum();
@@ -190,7 +195,12 @@ fn every_rank_s_block_is_one_device_s_and_its_workspace_is_the_predicted_bytes()
                                 );
                             }
                         } else {
-                            close(&format!("{case}: {what}"), got, &want, canonical);
+                            close(
+                                &format!("{case}: {what} from {from}"),
+                                got,
+                                &want,
+                                canonical,
+                            );
                         }
                     };
                     check("out", &out, &want.out, HEAD_DIM);

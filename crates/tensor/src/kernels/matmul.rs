@@ -194,8 +194,10 @@ impl GemmShape {
 /// backend ([`GemmBackend::for_shape`]) runs, and both libraries choose their code paths only by
 /// whether a stride is 1 and by comparing a matrix's row stride with its unit column stride,
 /// which a row stride at least the contiguous one (when that is at least 2) leaves unchanged;
-/// otherwise the operands are copied to contiguous buffers first. A stride shorter than a row,
-/// or a slice too short for its matrix, is an error.
+/// otherwise the operands are copied to contiguous buffers first. The one departure: a product
+/// small enough for one of the `gemm` crate's special paths runs padded with zeros onto its
+/// tiled kernels ([`tiled_kernel_shape`]), so that each output gets the bits it gets inside any
+/// larger call. A stride shorter than a row, or a slice too short for its matrix, is an error.
 pub(crate) fn gemm_strided<T: Float>(
     shape: GemmShape,
     alpha: T,
@@ -212,6 +214,9 @@ pub(crate) fn gemm_strided<T: Float>(
     strided_len(OP, "a", (a_rows, a_cols, lda), a.len())?;
     strided_len(OP, "b", (b_rows, b_cols, ldb), b.len())?;
     strided_len(OP, "c", (m, n, ldc), c.len())?;
+    if let Some(padded) = tiled_kernel_shape(&shape) {
+        return padded_product(shape, padded, alpha, (a, lda), (b, ldb), beta, (c, ldc));
+    }
     let backend = GemmBackend::for_shape(&shape);
     // The libraries' path choices see the same strides' relations as the contiguous call's.
     let same_paths = |ld: usize, cols: usize| ld == cols || cols >= 2;
@@ -233,6 +238,94 @@ pub(crate) fn gemm_strided<T: Float>(
     )?;
     for (i, row) in c_rows.chunks_exact(n.max(1)).enumerate().take(m) {
         c[i * ldc..i * ldc + n].copy_from_slice(row);
+    }
+    Ok(())
+}
+
+/// The most outputs (`m·n`) of a product the `gemm` crate runs on its dot-product
+/// ("horizontal") kernels when both operands lie contiguous along the reduction (`A·Bᵀ`).
+pub(crate) const DOT_KERNEL_MAX_OUTPUTS: usize = 16 * 16;
+
+/// The shape a small product is padded to (with zero rows, columns and reduction terms) so that
+/// the `gemm` crate runs it on its tiled kernels, whose every output is one fused multiply-add
+/// chain over the reduction in order, the same whatever the product's size; `None` when it does
+/// already. The crate's other paths sum in other orders: its dot-product kernels (`A·Bᵀ` with
+/// at most [`DOT_KERNEL_MAX_OUTPUTS`] outputs), matrix-vector kernels (one row or one column)
+/// and its kernels for reductions of 1 or 2 terms. An attention row would otherwise change bits
+/// with the number of rows or keys that share its tile: a sequence's short last tile, or a
+/// context-parallel rank's block cut elsewhere than one device's tiles.
+fn tiled_kernel_shape(shape: &GemmShape) -> Option<GemmShape> {
+    let GemmShape { m, n, k, .. } = *shape;
+    if m == 0 || n == 0 || k == 0 {
+        return None; // nothing summed
+    }
+    let (n_pad, k_pad) = (n.max(2), k.max(3));
+    let mut m_pad = m.max(2);
+    if shape.trans_b && !shape.trans_a && m_pad * n_pad <= DOT_KERNEL_MAX_OUTPUTS {
+        m_pad = DOT_KERNEL_MAX_OUTPUTS / n_pad + 1;
+    }
+    let padded = GemmShape {
+        m: m_pad,
+        n: n_pad,
+        k: k_pad,
+        ..*shape
+    };
+    (padded != *shape).then_some(padded)
+}
+
+/// `rows × cols` elements of `src` (rows `ld` apart) at the top left of a zeroed
+/// `rows_pad × cols_pad` buffer.
+fn zero_padded<T: Float>(
+    src: &[T],
+    (rows, cols, ld): (usize, usize, usize),
+    (rows_pad, cols_pad): (usize, usize),
+) -> Vec<T> {
+    let mut out = vec![T::ZERO; rows_pad * cols_pad];
+    for i in 0..rows {
+        out[i * cols_pad..i * cols_pad + cols].copy_from_slice(&src[i * ld..i * ld + cols]);
+    }
+    out
+}
+
+/// [`gemm_strided`] on the `padded` shape ([`tiled_kernel_shape`]): the operands copied into
+/// zero-padded contiguous buffers (`C` read only when `beta ≠ 0`), the `m × n` results copied
+/// back. The padding adds zero terms at the end of each reduction and outputs no one reads.
+fn padded_product<T: Float>(
+    shape: GemmShape,
+    padded: GemmShape,
+    alpha: T,
+    (a, lda): (&[T], usize),
+    (b, ldb): (&[T], usize),
+    beta: T,
+    (c, ldc): (&mut [T], usize),
+) -> Result<(), TensorError> {
+    let GemmShape { m, n, k, .. } = shape;
+    let (mp, np, kp) = (padded.m, padded.n, padded.k);
+    let a = match shape.trans_a {
+        false => zero_padded(a, (m, k, lda), (mp, kp)),
+        true => zero_padded(a, (k, m, lda), (kp, mp)),
+    };
+    let b = match shape.trans_b {
+        false => zero_padded(b, (k, n, ldb), (kp, np)),
+        true => zero_padded(b, (n, k, ldb), (np, kp)),
+    };
+    let mut c_pad = vec![T::ZERO; mp * np];
+    if beta != T::ZERO {
+        c_pad = zero_padded(c, (m, n, ldc), (mp, np));
+    }
+    let (lda, ldb) = padded.contiguous_leading_dims();
+    let backend = GemmBackend::for_shape(&padded);
+    product(
+        backend,
+        padded,
+        alpha,
+        (&a, lda),
+        (&b, ldb),
+        beta,
+        (&mut c_pad, np),
+    )?;
+    for i in 0..m {
+        c[i * ldc..i * ldc + n].copy_from_slice(&c_pad[i * np..i * np + n]);
     }
     Ok(())
 }
@@ -828,6 +921,65 @@ mod tests {
     /// every route (and with one-element rows, which it copies), leaves the elements between
     /// the rows alone, and refuses a stride shorter than a row or a buffer too short.
     #[test]
+    fn a_strided_product_s_outputs_do_not_depend_on_the_call_s_size() {
+        // Every output of a product cut out of a larger one (fewer rows, columns or trailing
+        // reduction terms, down to the crate's special paths' sizes) keeps its bits.
+        let value = |i: usize| ((i * 37) % 101) as f64 / 13.0 - 3.5;
+        let (m, n, k) = (40usize, 40usize, 24usize);
+        for (trans_a, trans_b) in [(false, true), (false, false), (true, false)] {
+            let whole = shape(m, n, k, trans_a, trans_b);
+            let (lda, ldb) = whole.contiguous_leading_dims();
+            let a: Vec<f64> = (0..m * k).map(value).collect();
+            let b: Vec<f64> = (0..k * n).map(|i| value(i + 7)).collect();
+            let mut c = vec![0.0; m * n];
+            gemm_strided(whole, 0.5, (&a, lda), (&b, ldb), 0.0, (&mut c, n)).unwrap();
+            for (rows, cols, terms) in [(1, 40, 24), (3, 5, 24), (40, 1, 24), (2, 2, 2), (5, 40, 1)]
+            {
+                let part = shape(rows, cols, terms, trans_a, trans_b);
+                // The top-left block of every operand, read in place at the whole's strides.
+                let mut got = vec![f64::NAN; rows * n];
+                gemm_strided(part, 0.5, (&a, lda), (&b, ldb), 0.0, (&mut got, n)).unwrap();
+                let mut want = vec![0.0; m * n];
+                // The whole product over the first `terms` reduction terms only.
+                let cut = |x: &[f64], (r, c, ld): (usize, usize, usize), keep: (usize, usize)| {
+                    let mut y = x.to_vec();
+                    for i in 0..r {
+                        for j in 0..c {
+                            if i >= keep.0 || j >= keep.1 {
+                                y[i * ld + j] = 0.0;
+                            }
+                        }
+                    }
+                    y
+                };
+                let a_cut = match trans_a {
+                    false => cut(&a, (m, k, lda), (m, terms)),
+                    true => cut(&a, (k, m, lda), (terms, m)),
+                };
+                let b_cut = match trans_b {
+                    false => cut(&b, (k, n, ldb), (terms, n)),
+                    true => cut(&b, (n, k, ldb), (n, terms)),
+                };
+                gemm_strided(
+                    whole,
+                    0.5,
+                    (&a_cut, lda),
+                    (&b_cut, ldb),
+                    0.0,
+                    (&mut want, n),
+                )
+                .unwrap();
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let (g, w) = (got[i * n + j], want[i * n + j]);
+                        assert_eq!(g.to_bits(), w.to_bits(), "{part:?} ({i}, {j}): {g} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gemm_strided_gives_the_contiguous_bits() {
         fn check<T: Float>() {
             let value = |i: usize| T::from_f64(((i * 37) % 101) as f64 / 13.0 - 3.5);
@@ -854,12 +1006,20 @@ mod tests {
                 for beta in [T::ZERO, T::ONE, T::from_f64(0.5)] {
                     let mut c = c0.clone();
                     gemm_strided(s, alpha, (&a, lda), (&b, ldb), beta, (&mut c, ldc)).unwrap();
-                    let mut want = contiguous_rows(&c0, (m, n, ldc));
-                    let (a, b) = (
-                        contiguous_rows(&a, (a_rows, a_cols, lda)),
-                        contiguous_rows(&b, (b_rows, b_cols, ldb)),
-                    );
-                    gemm(s, alpha, &a, &b, beta, &mut want).unwrap();
+                    // The contiguous call, on the shape padded onto the tiled kernels when
+                    // the strided call pads it.
+                    let p = tiled_kernel_shape(&s).unwrap_or(s);
+                    let (pa, pb) = match (s.trans_a, s.trans_b) {
+                        (false, false) => (((m, k), (p.m, p.k)), ((k, n), (p.k, p.n))),
+                        (true, false) => (((k, m), (p.k, p.m)), ((k, n), (p.k, p.n))),
+                        (false, true) => (((m, k), (p.m, p.k)), ((n, k), (p.n, p.k))),
+                        (true, true) => (((k, m), (p.k, p.m)), ((n, k), (p.n, p.k))),
+                    };
+                    let a = zero_padded(&a, (pa.0 .0, pa.0 .1, lda), pa.1);
+                    let b = zero_padded(&b, (pb.0 .0, pb.0 .1, ldb), pb.1);
+                    let mut want = zero_padded(&c0, (m, n, ldc), (p.m, p.n));
+                    gemm(p, alpha, &a, &b, beta, &mut want).unwrap();
+                    let want = contiguous_rows(&want, (m, n, p.n));
                     let got = contiguous_rows(&c, (m, n, ldc));
                     let bits = |x: &[T]| x.iter().map(|v| v.to_f64().to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{s:?} beta {}", beta.to_f64());
