@@ -3,8 +3,8 @@
 //! `dk` and `dv`.
 
 use super::{
-    check_lengths, row_bands, row_elements, sizes, slice_flops, tile_scores, tiles, AttentionDims,
-    AttentionParams, RowBand,
+    check_lengths, row_bands, row_elements, sizes, slice_flops, tile_scores, tiles, transpose_rows,
+    AttentionDims, AttentionParams, RowBand,
 };
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
@@ -98,6 +98,22 @@ fn row_dots_loop<T: Float>(out: &[T], dout: &[T], head_dim: usize, delta: &mut [
 pub(super) struct Scratch<T> {
     pub(super) p: Vec<T>,
     pub(super) ds: Vec<T>,
+    /// A key tile transposed.
+    keys_t: Vec<T>,
+    /// A value tile transposed.
+    values_t: Vec<T>,
+}
+
+impl<T: Float> Scratch<T> {
+    /// Tiles for rows of `head_dim`.
+    pub(super) fn new(head_dim: usize) -> Scratch<T> {
+        Scratch {
+            p: vec![T::ZERO; TILE_Q * TILE_K],
+            ds: vec![T::ZERO; TILE_Q * TILE_K],
+            keys_t: vec![T::ZERO; TILE_K * head_dim],
+            values_t: vec![T::ZERO; TILE_K * head_dim],
+        }
+    }
 }
 
 /// The row strides of one slice's inputs in [`backward_slice`]: of its query, key and value
@@ -246,7 +262,15 @@ fn backward_slice_loop<T: Float>(
     // The query tiles whose `dq` rows hold a product yet (all of them when added to).
     let mut dq_started: Vec<bool> = tiles(dims.q_len, TILE_Q).map(|_| !written.dq).collect();
     for (k0, bk) in tiles(dims.kv_len, TILE_K) {
-        let (k_tile, v_tile) = ((&input.k[k0 * ld..], ld), (&input.v[k0 * ld..], ld));
+        let k_tile = (&input.k[k0 * ld..], ld);
+        // The key and value tiles transposed once for all the query tiles that see them.
+        let (keys_t, values_t) = (
+            &mut scratch.keys_t[..d * bk],
+            &mut scratch.values_t[..d * bk],
+        );
+        transpose_rows(k_tile, (bk, d), keys_t);
+        transpose_rows((&input.v[k0 * ld..], ld), (bk, d), values_t);
+        let (keys_t, values_t) = (&scratch.keys_t[..d * bk], &scratch.values_t[..d * bk]);
         let mut keys_started = !written.keys;
         for (qi, (q0, bq)) in tiles(dims.q_len, TILE_Q).enumerate() {
             if params.visible_keys(q0 + bq - 1, dims.kv_len) <= k0 {
@@ -264,14 +288,8 @@ fn backward_slice_loop<T: Float>(
             for band in seeing() {
                 let q_rows = (&input.q[(q0 + band.rows.start) * ld..], ld);
                 let p_rows = (&mut p[band.rows.start * bk..], bk);
-                tile_scores(
-                    q_rows,
-                    k_tile,
-                    (band.rows.len(), band.cols),
-                    d,
-                    params.scale,
-                    p_rows,
-                )?;
+                let shape = (band.rows.len(), band.cols, d);
+                tile_scores(q_rows, (keys_t, bk), shape, params.scale, p_rows)?;
             }
             for r in 0..bq {
                 let row = &mut p[r * bk..(r + 1) * bk];
@@ -308,14 +326,8 @@ fn backward_slice_loop<T: Float>(
             for band in seeing() {
                 let dout_rows = (&input.dout[(q0 + band.rows.start) * ld_dout..], ld_dout);
                 let ds_rows = (&mut ds[band.rows.start * bk..], bk);
-                tile_scores(
-                    dout_rows,
-                    v_tile,
-                    (band.rows.len(), band.cols),
-                    d,
-                    T::ONE,
-                    ds_rows,
-                )?;
+                let shape = (band.rows.len(), band.cols, d);
+                tile_scores(dout_rows, (values_t, bk), shape, T::ONE, ds_rows)?;
                 for r in band.rows.clone() {
                     let delta = input.delta[q0 + r];
                     let range = r * bk..r * bk + band.cols;
@@ -449,10 +461,7 @@ fn backward_block<T: Float>(
         (grads.dk, kv_step),
         (grads.dv, kv_step),
         |first, count, dq, dk, dv| {
-            let mut scratch = Scratch {
-                p: vec![T::ZERO; TILE_Q * TILE_K],
-                ds: vec![T::ZERO; TILE_Q * TILE_K],
-            };
+            let mut scratch = Scratch::new(dims.head_dim);
             for i in 0..count {
                 let s = first + i;
                 let (qs, kvs, rows) = (
@@ -703,10 +712,7 @@ mod tests {
                 vec![0.25f32; kv_len * d],
                 vec![0.125f32; kv_len * d],
             );
-            let mut scratch = Scratch {
-                p: vec![0f32; TILE_Q * TILE_K],
-                ds: vec![0f32; TILE_Q * TILE_K],
-            };
+            let mut scratch = Scratch::new(d);
             let input = operands.input();
             let grads = SliceGrads::Apart(AttentionGradBuffers {
                 dq: &mut dq,

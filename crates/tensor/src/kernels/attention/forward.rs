@@ -3,8 +3,8 @@
 //! the state kept across key/value blocks.
 
 use super::{
-    check_lengths, row_bands, sizes, slice_flops, tile_scores, tiles, AttentionDims,
-    AttentionParams,
+    check_lengths, row_bands, sizes, slice_flops, tile_scores, tiles, transpose_rows,
+    AttentionDims, AttentionParams,
 };
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
@@ -36,6 +36,22 @@ pub(super) struct SliceInputs<'a, T> {
     pub(super) stride: usize,
 }
 
+/// One thread's scratch tiles for the forward: a tile of scores and a key tile transposed.
+pub(super) struct ForwardScratch<T> {
+    scores: Vec<T>,
+    keys_t: Vec<T>,
+}
+
+impl<T: Float> ForwardScratch<T> {
+    /// Tiles for rows of `head_dim`.
+    pub(super) fn new(head_dim: usize) -> ForwardScratch<T> {
+        ForwardScratch {
+            scores: vec![T::ZERO; TILE_Q * TILE_K],
+            keys_t: vec![T::ZERO; TILE_K * head_dim],
+        }
+    }
+}
+
 widest! {
     /// Adds one slice's keys and values to its running state, tile by tile (`scores` holds a
     /// tile), on the widest vector unit the CPU has.
@@ -44,7 +60,7 @@ widest! {
         dims: AttentionDims,
         params: &AttentionParams<T>,
         state: Running<'_, T>,
-        scores: &mut [T],
+        scratch: &mut ForwardScratch<T>,
     ) -> Result<(), TensorError> => accumulate_slice_loop
 }
 
@@ -55,31 +71,29 @@ fn accumulate_slice_loop<T: Float>(
     dims: AttentionDims,
     params: &AttentionParams<T>,
     state: Running<'_, T>,
-    scores: &mut [T],
+    scratch: &mut ForwardScratch<T>,
 ) -> Result<(), TensorError> {
+    let ForwardScratch { scores, keys_t } = scratch;
     let (d, ld, acc_ld) = (dims.head_dim, input.stride, state.stride);
-    for (q0, bq) in tiles(dims.q_len, TILE_Q) {
-        // Rows see prefixes that grow with the row: the last row sees the most.
-        let seen_by_last = params.visible_keys(q0 + bq - 1, dims.kv_len);
-        for (k0, bk) in tiles(dims.kv_len, TILE_K) {
-            if k0 >= seen_by_last {
-                break; // this tile and the later ones lie above the causal diagonal
+    // Key tiles outside, query tiles inside: each key tile is transposed once for every query
+    // tile that sees it, and each row still adds its key tiles in order (the same arithmetic
+    // as query tiles outside).
+    for (k0, bk) in tiles(dims.kv_len, TILE_K) {
+        let keys_t = &mut keys_t[..d * bk];
+        transpose_rows((&input.k[k0 * ld..], ld), (bk, d), keys_t);
+        for (q0, bq) in tiles(dims.q_len, TILE_Q) {
+            // Rows see prefixes that grow with the row: the last row sees the most.
+            if k0 >= params.visible_keys(q0 + bq - 1, dims.kv_len) {
+                continue; // this tile lies above the causal diagonal
             }
             let s = &mut scores[..bq * bk];
-            let k_tile = (&input.k[k0 * ld..], ld);
             let (bands, count) = row_bands(params, (q0, bq), (k0, bk), dims.kv_len);
             let bands = &bands[..count];
             for band in bands.iter().filter(|band| band.cols > 0) {
                 let q_rows = (&input.q[(q0 + band.rows.start) * ld..], ld);
                 let s_rows = (&mut s[band.rows.start * bk..], bk);
-                tile_scores(
-                    q_rows,
-                    k_tile,
-                    (band.rows.len(), band.cols),
-                    d,
-                    params.scale,
-                    s_rows,
-                )?;
+                let shape = (band.rows.len(), band.cols, d);
+                tile_scores(q_rows, (&*keys_t, bk), shape, params.scale, s_rows)?;
             }
             let acc_tile = &mut state.acc[q0 * acc_ld..];
             for r in 0..bq {
@@ -168,7 +182,7 @@ fn accumulate_all<T: Float>(
         (max, q_len),
         (sum, q_len),
         |first, count, acc, max, sum| {
-            let mut scores = vec![T::ZERO; TILE_Q * TILE_K];
+            let mut scratch = ForwardScratch::new(d);
             for i in 0..count {
                 let slice = first + i;
                 let slice_input = SliceInputs {
@@ -184,7 +198,7 @@ fn accumulate_all<T: Float>(
                     max: &mut max[rows.clone()],
                     sum: &mut sum[rows.clone()],
                 };
-                accumulate_slice(slice_input, dims, params, state, &mut scores)?;
+                accumulate_slice(slice_input, dims, params, state, &mut scratch)?;
                 if finish {
                     normalize((&mut acc[outs], d), &mut max[rows.clone()], &sum[rows], d);
                 }
@@ -370,7 +384,7 @@ mod tests {
                 vec![f32::NEG_INFINITY; q_len],
                 vec![0f32; q_len],
             );
-            let mut scores = vec![0f32; TILE_Q * TILE_K];
+            let mut scratch = ForwardScratch::new(d);
             for k_offset in [0, kv_len] {
                 let params = AttentionParams {
                     q_offset: 50,
@@ -390,9 +404,9 @@ mod tests {
                     sum: &mut sum,
                 };
                 if wide {
-                    accumulate_slice(input, dims, &params, state, &mut scores).unwrap();
+                    accumulate_slice(input, dims, &params, state, &mut scratch).unwrap();
                 } else {
-                    accumulate_slice_loop(input, dims, &params, state, &mut scores).unwrap();
+                    accumulate_slice_loop(input, dims, &params, state, &mut scratch).unwrap();
                 }
             }
             [acc, max, sum].map(|x| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>())

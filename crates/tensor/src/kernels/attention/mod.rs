@@ -265,24 +265,35 @@ fn row_bands<T: Float>(
     (bands, 2)
 }
 
-/// `s = scale · q_tile · k_tileᵀ` for `rows` query rows and `cols` key rows of `head_dim`, each
-/// tile's rows the given stride apart, into `s`'s rows `ld` apart.
+/// `s = scale · q_rows · keys_t` for `rows` query rows of `head_dim` (`ld` apart) and a key
+/// tile transposed ([`transpose_rows`]: `head_dim` rows of at least `cols` keys), into `s`'s
+/// rows `ld` apart. The key tile transposed once serves every query tile that sees it, where
+/// the product of `q·kᵀ` would have the `gemm` crate gather the keys' columns for each.
 fn tile_scores<T: Float>(
-    q_tile: (&[T], usize),
-    k_tile: (&[T], usize),
-    (rows, cols): (usize, usize),
-    head_dim: usize,
+    q_rows: (&[T], usize),
+    keys_t: (&[T], usize),
+    (rows, cols, head_dim): (usize, usize, usize),
     scale: T,
     s: (&mut [T], usize),
 ) -> Result<(), TensorError> {
-    let shape = GemmShape {
-        m: rows,
-        n: cols,
-        k: head_dim,
-        trans_a: false,
-        trans_b: true,
-    };
-    gemm_strided(shape, scale, q_tile, k_tile, T::ZERO, s)
+    let shape = GemmShape::new(rows, cols, head_dim);
+    gemm_strided(shape, scale, q_rows, keys_t, T::ZERO, s)
+}
+
+/// `dst[c·rows + r] = src[r·ld + c]`: `rows` rows of `cols` elements (`ld` apart) transposed
+/// into `cols` contiguous rows of `rows`, in blocks of 8 × 8 so that both sides stay in cache.
+fn transpose_rows<T: Float>((src, ld): (&[T], usize), (rows, cols): (usize, usize), dst: &mut [T]) {
+    const BLOCK: usize = 8;
+    for r0 in (0..rows).step_by(BLOCK) {
+        for c0 in (0..cols).step_by(BLOCK) {
+            for r in r0..(r0 + BLOCK).min(rows) {
+                let row = &src[r * ld..];
+                for c in c0..(c0 + BLOCK).min(cols) {
+                    dst[c * rows + r] = row[c];
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

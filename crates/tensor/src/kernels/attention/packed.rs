@@ -33,11 +33,8 @@
 use super::backward::{
     attention_delta_into, backward_slice, InputStrides, Scratch, SliceGrads, Written,
 };
-use super::forward::{accumulate_slice, normalize, Running, SliceInputs};
-use super::{
-    check_lengths, sizes, slice_flops, AttentionDims, AttentionParams, BlockGradInputs, TILE_K,
-    TILE_Q,
-};
+use super::forward::{accumulate_slice, normalize, ForwardScratch, Running, SliceInputs};
+use super::{check_lengths, sizes, slice_flops, AttentionDims, AttentionParams, BlockGradInputs};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
 use crate::kernels::threads::{for_each_part, threads_for};
@@ -230,7 +227,7 @@ fn forward_part<T: Float>(
     let count = lse.len() / rows;
     let slice = slice_dims(dims, 1);
     let (mut max, mut sum) = (vec![T::ZERO; seq], vec![T::ZERO; seq]);
-    let mut scores = vec![T::ZERO; TILE_Q * TILE_K];
+    let mut scratch = ForwardScratch::new(d);
     for b in 0..count {
         let packed = &qkv[(first + b) * rows * 3 * d..(first + b + 1) * rows * 3 * d];
         let (out_b, lse_b) = (
@@ -255,7 +252,7 @@ fn forward_part<T: Float>(
                 max: &mut max,
                 sum: &mut sum,
             };
-            accumulate_slice(input, slice, params, state, &mut scores)?;
+            accumulate_slice(input, slice, params, state, &mut scratch)?;
             normalize((&mut out_b[h * d..], heads * d), &mut max, &sum, d);
             scatter_rows([&max], 1, lse_b, (heads, h));
         }
@@ -344,10 +341,7 @@ fn backward_part<T: Float>(
     let (mut lse, mut delta) = (vec![T::ZERO; seq], vec![T::ZERO; seq]);
     // Every (position, head) row's `delta`, in `out`'s row order.
     let mut deltas = vec![T::ZERO; rows];
-    let mut scratch = Scratch {
-        p: vec![T::ZERO; TILE_Q * TILE_K],
-        ds: vec![T::ZERO; TILE_Q * TILE_K],
-    };
+    let mut scratch = Scratch::new(d);
     for b in 0..count {
         let global = first + b;
         let packed = &input.qkv[global * rows * 3 * d..(global + 1) * rows * 3 * d];
