@@ -235,6 +235,29 @@ fn key_segments(
     Ok(done)
 }
 
+/// One key segment's gradient rows: `out (β)= α · tile[rows, keys]ᵀ · operand[rows]`, where
+/// `tile` is the query tile's probabilities or score gradients (rows `ld` apart) and `operand`
+/// the query tile's output-gradient or query rows of `head_dim` (from the tile's first row);
+/// `out` holds the segment's first gradient row on.
+fn segment_product<T: Float>(
+    (tile, ld): (&[T], usize),
+    (operand, ld_operand, head_dim): (&[T], usize, usize),
+    (keys, rows): (std::ops::Range<usize>, std::ops::Range<usize>),
+    (alpha, beta): (T, T),
+    out: (&mut [T], usize),
+) -> Result<(), TensorError> {
+    let shape = GemmShape {
+        m: keys.len(),
+        n: head_dim,
+        k: rows.len(),
+        trans_a: true,
+        trans_b: false,
+    };
+    let tile = (&tile[rows.start * ld + keys.start..], ld);
+    let operand = (&operand[rows.start * ld_operand..], ld_operand);
+    gemm_strided(shape, alpha, tile, operand, beta, out)
+}
+
 widest! {
     /// One slice's backward over its key block (its input rows `strides` apart): `dq`, `dk`
     /// and `dv` written or added to (`written`); on the widest vector unit the CPU has.
@@ -309,17 +332,9 @@ fn backward_slice_loop<T: Float>(
             let p = &scratch.p[..bq * bk];
             // dV += Pᵀ·dO, key columns by the bands that see them.
             key_segments(bands, (bq, bk), |keys, rows| {
-                let shape = GemmShape {
-                    m: keys.len(),
-                    n: d,
-                    k: rows.len(),
-                    trans_a: true,
-                    trans_b: false,
-                };
-                let p_rows = (&p[rows.start * bk + keys.start..], bk);
-                let dout_rows = (&input.dout[(q0 + rows.start) * ld_dout..], ld_dout);
+                let dout_rows = (&input.dout[q0 * ld_dout..], ld_dout, d);
                 let dv = grads.rows(Grad::V, k0 + keys.start, d);
-                gemm_strided(shape, T::ONE, p_rows, dout_rows, keys_beta, dv)
+                segment_product((p, bk), dout_rows, (keys, rows), (T::ONE, keys_beta), dv)
             })?;
             // dP = dO·Vᵀ, then dS = P ∘ (dP − D), on the columns each band sees.
             let ds = &mut scratch.ds[..bq * bk];
@@ -357,17 +372,15 @@ fn backward_slice_loop<T: Float>(
             }
             // dK += scale·dSᵀ·Q, key columns by the bands that see them.
             let unseen = key_segments(bands, (bq, bk), |keys, rows| {
-                let shape = GemmShape {
-                    m: keys.len(),
-                    n: d,
-                    k: rows.len(),
-                    trans_a: true,
-                    trans_b: false,
-                };
-                let ds_rows = (&ds[rows.start * bk + keys.start..], bk);
-                let q_rows = (&input.q[(q0 + rows.start) * ld..], ld);
+                let q_rows = (&input.q[q0 * ld..], ld, d);
                 let dk = grads.rows(Grad::K, k0 + keys.start, d);
-                gemm_strided(shape, params.scale, ds_rows, q_rows, keys_beta, dk)
+                segment_product(
+                    (ds, bk),
+                    q_rows,
+                    (keys, rows),
+                    (params.scale, keys_beta),
+                    dk,
+                )
             })?;
             if keys_beta == T::ZERO && unseen < bk {
                 // Keys no row of this tile sees, written by the tile: zero gradients.
