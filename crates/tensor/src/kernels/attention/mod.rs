@@ -223,14 +223,13 @@ const BAND_STEP: usize = 32;
 /// columns none of its rows sees (masked, their probabilities zero: about a quarter of a
 /// diagonal tile's arithmetic).
 ///
-/// The same bits as products over the whole tile: a band's columns are those its last row sees
-/// rounded up to a multiple of [`BAND_STEP`] (or the whole tile), so a skipped term is always an
-/// exact zero at the end (or, in the key gradients' sums over rows, the start) of a sum of at
-/// least `BAND_STEP` terms, which every backend's fused multiply-add chain leaves as it is, and
-/// no product's shape crosses a backend's routing bounds ([`GemmBackend::for_shape`]) or falls
-/// to the `gemm` crate's separate path for reductions of 1 or 2 terms.
-///
-/// [`GemmBackend::for_shape`]: crate::kernels::GemmBackend::for_shape
+/// The same bits as products over the whole tile: a skipped term is always an exact zero at the
+/// end (or, in the key gradients' sums over rows, the start) of a fused multiply-add chain, which
+/// leaves the sum as it is; products small enough for the `gemm` crate's other paths are padded
+/// onto its tiled kernels by `gemm_strided`. A band's columns are those its last row sees rounded
+/// up to a multiple of [`BAND_STEP`] (or the whole tile), so that its products stay at least
+/// that large: the test of one device's bits against a context-parallel ring's passes with or
+/// without the rounding, which only keeps small products, and their padding, rare.
 fn row_bands<T: Float>(
     params: &AttentionParams<T>,
     (q0, bq): (usize, usize),
