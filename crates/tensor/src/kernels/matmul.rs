@@ -178,9 +178,17 @@ pub fn gemm_with<T: Float>(
 impl GemmShape {
     /// The row strides of `A` and `B` stored contiguously: their stored rows' lengths.
     fn contiguous_leading_dims(&self) -> (usize, usize) {
+        let (a, b) = self.stored_dims();
+        (a.1, b.1)
+    }
+
+    /// `A`'s and `B`'s stored `(rows, row length)`: `[m, k]` (`[k, m]` when `trans_a`) and
+    /// `[k, n]` (`[n, k]` when `trans_b`).
+    fn stored_dims(&self) -> ((usize, usize), (usize, usize)) {
+        let (m, n, k) = (self.m, self.n, self.k);
         (
-            if self.trans_a { self.m } else { self.k },
-            if self.trans_b { self.k } else { self.n },
+            if self.trans_a { (k, m) } else { (m, k) },
+            if self.trans_b { (n, k) } else { (k, n) },
         )
     }
 }
@@ -207,10 +215,8 @@ pub(crate) fn gemm_strided<T: Float>(
     (c, ldc): (&mut [T], usize),
 ) -> Result<(), TensorError> {
     const OP: &str = "gemm_strided";
-    let GemmShape { m, n, k, .. } = shape;
-    let (a_cols, b_cols) = shape.contiguous_leading_dims();
-    let a_rows = if shape.trans_a { k } else { m };
-    let b_rows = if shape.trans_b { n } else { k };
+    let GemmShape { m, n, .. } = shape;
+    let ((a_rows, a_cols), (b_rows, b_cols)) = shape.stored_dims();
     strided_len(OP, "a", (a_rows, a_cols, lda), a.len())?;
     strided_len(OP, "b", (b_rows, b_cols, ldb), b.len())?;
     strided_len(OP, "c", (m, n, ldc), c.len())?;
@@ -244,7 +250,7 @@ pub(crate) fn gemm_strided<T: Float>(
 
 /// The most outputs (`m·n`) of a product the `gemm` crate runs on its dot-product
 /// ("horizontal") kernels when both operands lie contiguous along the reduction (`A·Bᵀ`).
-pub(crate) const DOT_KERNEL_MAX_OUTPUTS: usize = 16 * 16;
+const DOT_KERNEL_MAX_OUTPUTS: usize = 16 * 16;
 
 /// The shape a small product is padded to (with zero rows, columns and reduction terms) so that
 /// the `gemm` crate runs it on its tiled kernels, whose every output is one fused multiply-add
@@ -299,20 +305,16 @@ fn padded_product<T: Float>(
     beta: T,
     (c, ldc): (&mut [T], usize),
 ) -> Result<(), TensorError> {
-    let GemmShape { m, n, k, .. } = shape;
-    let (mp, np, kp) = (padded.m, padded.n, padded.k);
-    let a = match shape.trans_a {
-        false => zero_padded(a, (m, k, lda), (mp, kp)),
-        true => zero_padded(a, (k, m, lda), (kp, mp)),
+    let GemmShape { m, n, .. } = shape;
+    let ((a_rows, a_cols), (b_rows, b_cols)) = shape.stored_dims();
+    let (a_pad, b_pad) = padded.stored_dims();
+    let a = zero_padded(a, (a_rows, a_cols, lda), a_pad);
+    let b = zero_padded(b, (b_rows, b_cols, ldb), b_pad);
+    let np = padded.n;
+    let mut c_pad = match beta == T::ZERO {
+        true => vec![T::ZERO; padded.m * np],
+        false => zero_padded(c, (m, n, ldc), (padded.m, np)),
     };
-    let b = match shape.trans_b {
-        false => zero_padded(b, (k, n, ldb), (kp, np)),
-        true => zero_padded(b, (n, k, ldb), (np, kp)),
-    };
-    let mut c_pad = vec![T::ZERO; mp * np];
-    if beta != T::ZERO {
-        c_pad = zero_padded(c, (m, n, ldc), (mp, np));
-    }
     let (lda, ldb) = padded.contiguous_leading_dims();
     let backend = GemmBackend::for_shape(&padded);
     product(
@@ -355,14 +357,11 @@ fn strided_len(
 }
 
 /// The `rows` rows of `cols` elements lying `ld` apart in `src`, copied one after another.
-fn contiguous_rows<T: Copy>(src: &[T], (rows, cols, ld): (usize, usize, usize)) -> Vec<T> {
+fn contiguous_rows<T: Float>(src: &[T], (rows, cols, ld): (usize, usize, usize)) -> Vec<T> {
     if cols == 0 {
         return Vec::new(); // nothing to copy, and the rows' starts may lie past `src`
     }
-    (0..rows)
-        .flat_map(|i| &src[i * ld..i * ld + cols])
-        .copied()
-        .collect()
+    zero_padded(src, (rows, cols, ld), (rows, cols))
 }
 
 /// `C ← α·op(A)·op(B) + β·C` on `backend`, the operands' rows `lda`, `ldb`, `ldc` apart and
@@ -917,13 +916,10 @@ mod tests {
         assert_eq!(route(512, 32, 32, true, false), Gemm);
     }
 
-    /// The strided product gives `gemm`'s bits on the same matrices stored contiguously, on
-    /// every route (and with one-element rows, which it copies), leaves the elements between
-    /// the rows alone, and refuses a stride shorter than a row or a buffer too short.
+    /// Every output of a product cut out of a larger one (fewer rows, columns or trailing
+    /// reduction terms, down to the sizes of the `gemm` crate's special paths) keeps its bits.
     #[test]
     fn a_strided_product_s_outputs_do_not_depend_on_the_call_s_size() {
-        // Every output of a product cut out of a larger one (fewer rows, columns or trailing
-        // reduction terms, down to the crate's special paths' sizes) keeps its bits.
         let value = |i: usize| ((i * 37) % 101) as f64 / 13.0 - 3.5;
         let (m, n, k) = (40usize, 40usize, 24usize);
         for (trans_a, trans_b) in [(false, true), (false, false), (true, false)] {
@@ -979,6 +975,9 @@ mod tests {
         }
     }
 
+    /// The strided product gives `gemm`'s bits on the same matrices stored contiguously (padded
+    /// as it pads the crate's special paths' sizes), on every route, leaves the elements between
+    /// the rows alone, and refuses a stride shorter than a row or a buffer too short.
     #[test]
     fn gemm_strided_gives_the_contiguous_bits() {
         fn check<T: Float>() {
@@ -995,9 +994,8 @@ mod tests {
                 shape(6, 4, 0, false, false),
             ];
             for s in shapes {
-                let GemmShape { m, n, k, .. } = s;
-                let (a_rows, a_cols) = if s.trans_a { (k, m) } else { (m, k) };
-                let (b_rows, b_cols) = if s.trans_b { (n, k) } else { (k, n) };
+                let GemmShape { m, n, .. } = s;
+                let ((a_rows, a_cols), (b_rows, b_cols)) = s.stored_dims();
                 let (lda, ldb, ldc) = (a_cols + 3, b_cols + 5, n + 2);
                 let a: Vec<T> = (0..a_rows * lda).map(value).collect();
                 let b: Vec<T> = (0..b_rows * ldb).map(|i| value(i + 7)).collect();
@@ -1009,14 +1007,9 @@ mod tests {
                     // The contiguous call, on the shape padded onto the tiled kernels when
                     // the strided call pads it.
                     let p = tiled_kernel_shape(&s).unwrap_or(s);
-                    let (pa, pb) = match (s.trans_a, s.trans_b) {
-                        (false, false) => (((m, k), (p.m, p.k)), ((k, n), (p.k, p.n))),
-                        (true, false) => (((k, m), (p.k, p.m)), ((k, n), (p.k, p.n))),
-                        (false, true) => (((m, k), (p.m, p.k)), ((n, k), (p.n, p.k))),
-                        (true, true) => (((k, m), (p.k, p.m)), ((n, k), (p.n, p.k))),
-                    };
-                    let a = zero_padded(&a, (pa.0 .0, pa.0 .1, lda), pa.1);
-                    let b = zero_padded(&b, (pb.0 .0, pb.0 .1, ldb), pb.1);
+                    let (a_pad, b_pad) = p.stored_dims();
+                    let a = zero_padded(&a, (a_rows, a_cols, lda), a_pad);
+                    let b = zero_padded(&b, (b_rows, b_cols, ldb), b_pad);
                     let mut want = zero_padded(&c0, (m, n, ldc), (p.m, p.n));
                     gemm(p, alpha, &a, &b, beta, &mut want).unwrap();
                     let want = contiguous_rows(&want, (m, n, p.n));

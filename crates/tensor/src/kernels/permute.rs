@@ -30,6 +30,17 @@ pub fn transpose_into<T: Copy>(
 
 /// The blocked transpose, lengths already checked.
 fn transpose_block<T: Copy>(x: &[T], rows: usize, cols: usize, out: &mut [T]) {
+    transpose_rows_into((x, cols), (rows, cols), out);
+}
+
+/// `out[c·rows + r] = x[r·ld + c]`: `rows` rows of `cols` elements lying `ld` apart (`ld ≥
+/// cols`, e.g. one head's columns of wider rows) transposed into `cols` contiguous rows of
+/// `rows`, tile by tile. The caller sizes the buffers.
+pub(crate) fn transpose_rows_into<T: Copy>(
+    (x, ld): (&[T], usize),
+    (rows, cols): (usize, usize),
+    out: &mut [T],
+) {
     for r0 in (0..rows).step_by(TILE) {
         let r1 = (r0 + TILE).min(rows);
         for c0 in (0..cols).step_by(TILE) {
@@ -37,7 +48,7 @@ fn transpose_block<T: Copy>(x: &[T], rows: usize, cols: usize, out: &mut [T]) {
             for c in c0..c1 {
                 let dst = &mut out[c * rows + r0..c * rows + r1];
                 for (d, r) in dst.iter_mut().zip(r0..r1) {
-                    *d = x[r * cols + c];
+                    *d = x[r * ld + c];
                 }
             }
         }
@@ -212,4 +223,29 @@ pub fn inverse_axes(axes: &[usize]) -> Vec<usize> {
         inverse[a] = d;
     }
     inverse
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows a stride apart come out as contiguous columns, for sizes off the blocks of 8; the
+    /// padding between the source rows is never read into the result.
+    #[test]
+    fn strided_rows_transpose_moves_every_element_once() {
+        for (rows, cols, ld) in [(1, 1, 1), (9, 17, 20), (64, 64, 192), (13, 8, 8)] {
+            let src: Vec<f32> = (0..rows * ld).map(|i| i as f32).collect();
+            let mut dst = vec![f32::NAN; rows * cols];
+            transpose_rows_into((&src, ld), (rows, cols), &mut dst);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        dst[c * rows + r],
+                        src[r * ld + c],
+                        "({r}, {c}) of {rows}×{cols}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -3,13 +3,14 @@
 //! `dk` and `dv`.
 
 use super::{
-    check_lengths, row_bands, row_elements, sizes, slice_flops, tile_scores, tiles, transpose_rows,
-    AttentionDims, AttentionParams, RowBand,
+    check_lengths, row_bands, row_elements, sizes, slice_flops, tile_scores, tiles, AttentionDims,
+    AttentionParams, RowBand,
 };
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
 use crate::kernels::matmul::{gemm_strided, GemmShape};
+use crate::kernels::permute::transpose_rows_into;
 use crate::kernels::reduce::dot_slice;
 use crate::kernels::threads::for_each_slices;
 use crate::kernels::wide::widest;
@@ -291,8 +292,8 @@ fn backward_slice_loop<T: Float>(
             &mut scratch.keys_t[..d * bk],
             &mut scratch.values_t[..d * bk],
         );
-        transpose_rows(k_tile, (bk, d), keys_t);
-        transpose_rows((&input.v[k0 * ld..], ld), (bk, d), values_t);
+        transpose_rows_into(k_tile, (bk, d), keys_t);
+        transpose_rows_into((&input.v[k0 * ld..], ld), (bk, d), values_t);
         let (keys_t, values_t) = (&scratch.keys_t[..d * bk], &scratch.values_t[..d * bk]);
         let mut keys_started = !written.keys;
         for (qi, (q0, bq)) in tiles(dims.q_len, TILE_Q).enumerate() {

@@ -3,13 +3,14 @@
 //! the state kept across key/value blocks.
 
 use super::{
-    check_lengths, row_bands, sizes, slice_flops, tile_scores, tiles, transpose_rows,
-    AttentionDims, AttentionParams,
+    check_lengths, row_bands, sizes, slice_flops, tile_scores, tiles, AttentionDims,
+    AttentionParams,
 };
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
 use crate::kernels::matmul::{gemm_strided, GemmShape};
+use crate::kernels::permute::transpose_rows_into;
 use crate::kernels::reduce::{max_slice, sum_slice};
 use crate::kernels::threads::for_each_slices;
 use crate::kernels::wide::widest;
@@ -53,8 +54,8 @@ impl<T: Float> ForwardScratch<T> {
 }
 
 widest! {
-    /// Adds one slice's keys and values to its running state, tile by tile (`scores` holds a
-    /// tile), on the widest vector unit the CPU has.
+    /// Adds one slice's keys and values to its running state, tile by tile (`scratch` holds a
+    /// tile of scores and a key tile transposed), on the widest vector unit the CPU has.
     pub(super) fn accumulate_slice<T>(
         input: SliceInputs<'_, T>,
         dims: AttentionDims,
@@ -80,7 +81,7 @@ fn accumulate_slice_loop<T: Float>(
     // as query tiles outside).
     for (k0, bk) in tiles(dims.kv_len, TILE_K) {
         let keys_t = &mut keys_t[..d * bk];
-        transpose_rows((&input.k[k0 * ld..], ld), (bk, d), keys_t);
+        transpose_rows_into((&input.k[k0 * ld..], ld), (bk, d), keys_t);
         for (q0, bq) in tiles(dims.q_len, TILE_Q) {
             // Rows see prefixes that grow with the row: the last row sees the most.
             if k0 >= params.visible_keys(q0 + bq - 1, dims.kv_len) {

@@ -265,7 +265,7 @@ fn row_bands<T: Float>(
 }
 
 /// `s = scale · q_rows · keys_t` for `rows` query rows of `head_dim` (`ld` apart) and a key
-/// tile transposed ([`transpose_rows`]: `head_dim` rows of at least `cols` keys), into `s`'s
+/// tile transposed (`permute::transpose_rows_into`: `head_dim` rows of at least `cols` keys), into `s`'s
 /// rows `ld` apart. The key tile transposed once serves every query tile that sees it, where
 /// the product of `q·kᵀ` would have the `gemm` crate gather the keys' columns for each.
 fn tile_scores<T: Float>(
@@ -279,22 +279,6 @@ fn tile_scores<T: Float>(
     gemm_strided(shape, scale, q_rows, keys_t, T::ZERO, s)
 }
 
-/// `dst[c·rows + r] = src[r·ld + c]`: `rows` rows of `cols` elements (`ld` apart) transposed
-/// into `cols` contiguous rows of `rows`, in blocks of 8 × 8 so that both sides stay in cache.
-fn transpose_rows<T: Float>((src, ld): (&[T], usize), (rows, cols): (usize, usize), dst: &mut [T]) {
-    const BLOCK: usize = 8;
-    for r0 in (0..rows).step_by(BLOCK) {
-        for c0 in (0..cols).step_by(BLOCK) {
-            for r in r0..(r0 + BLOCK).min(rows) {
-                let row = &src[r * ld..];
-                for c in c0..(c0 + BLOCK).min(cols) {
-                    dst[c * rows + r] = row[c];
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,26 +288,6 @@ mod tests {
             q_offset,
             k_offset,
             ..AttentionParams::new(true, 1.0)
-        }
-    }
-
-    /// Rows a stride apart come out as contiguous columns, for sizes off the blocks of 8; the
-    /// padding between the source rows is never read into the result.
-    #[test]
-    fn transpose_rows_moves_every_element_once() {
-        for (rows, cols, ld) in [(1, 1, 1), (9, 17, 20), (64, 64, 192), (13, 8, 8)] {
-            let src: Vec<f32> = (0..rows * ld).map(|i| i as f32).collect();
-            let mut dst = vec![f32::NAN; rows * cols];
-            transpose_rows((&src, ld), (rows, cols), &mut dst);
-            for r in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(
-                        dst[c * rows + r],
-                        src[r * ld + c],
-                        "({r}, {c}) of {rows}×{cols}"
-                    );
-                }
-            }
         }
     }
 
