@@ -10,9 +10,12 @@
 //! behind the rule beside it. Both read row-major operands with either one transposed by strides:
 //! no transposed copy is made.
 
+use std::borrow::Cow;
+
 use crate::error::TensorError;
 use crate::kernels::broadcast::{broadcast_shape, broadcast_strides};
 use crate::kernels::check;
+use crate::kernels::det;
 use crate::kernels::float::{with_float, Float};
 use crate::kernels::permute::transpose_into;
 use crate::tensor::Tensor;
@@ -83,14 +86,21 @@ pub enum GemmBackend {
     GemmColumnMajor,
     /// The `matrixmultiply` crate (AVX2/FMA microkernels).
     MatrixMultiply,
+    /// The engine's own register tiles: [`super::det`]'s canonical product with the whole
+    /// reduction as one block. Every output is one fused multiply-add chain over the reduction
+    /// in order, whatever the product's size or the rows a thread takes; `A` is read in place
+    /// (a transposed one packed), `B` packed into 16-column panels, tiles of 6 rows × 64
+    /// columns summed in registers ([`super::det`]'s AVX-512, AVX2 or portable tile).
+    Tiles,
 }
 
 impl GemmBackend {
     /// Every backend, for benchmarks and tests.
-    pub const ALL: [GemmBackend; 3] = [
+    pub const ALL: [GemmBackend; 4] = [
         GemmBackend::Gemm,
         GemmBackend::GemmColumnMajor,
         GemmBackend::MatrixMultiply,
+        GemmBackend::Tiles,
     ];
 
     /// The backend [`gemm`](fn@gemm) uses for `shape`:
@@ -121,8 +131,17 @@ impl GemmBackend {
     //   (An earlier measurement elsewhere favoured matrixmultiply for skinny transposed-B shapes;
     //   on this machine gemm beats it there, and the column-major route beats both.)
     pub fn for_shape(shape: &GemmShape) -> GemmBackend {
+        GemmBackend::for_shape_on(shape, TileCpu::here())
+    }
+
+    /// [`for_shape`](GemmBackend::for_shape) on a CPU of kind `cpu`: first
+    /// [`Tiles`](GemmBackend::Tiles) where [`TileCpu::tiles_win`] says they were measured
+    /// faster, then the rules above.
+    pub fn for_shape_on(shape: &GemmShape, cpu: TileCpu) -> GemmBackend {
         let GemmShape { m, n, k, .. } = *shape;
-        if shape.trans_b && m <= 128 && k >= 128 && n >= 32 {
+        if cpu.tiles_win(shape) {
+            GemmBackend::Tiles
+        } else if shape.trans_b && m <= 128 && k >= 128 && n >= 32 {
             GemmBackend::GemmColumnMajor
         } else if shape.trans_a && (2..=24).contains(&n) {
             GemmBackend::MatrixMultiply
@@ -131,13 +150,59 @@ impl GemmBackend {
         }
     }
 
-    /// The backend's short name (`gemm`, `gemm_colmajor`, `matrixmultiply`).
+    /// The backend's short name (`gemm`, `gemm_colmajor`, `matrixmultiply`, `tiles`).
     pub fn name(self) -> &'static str {
         match self {
             GemmBackend::Gemm => "gemm",
             GemmBackend::GemmColumnMajor => "gemm_colmajor",
             GemmBackend::MatrixMultiply => "matrixmultiply",
+            GemmBackend::Tiles => "tiles",
         }
+    }
+}
+
+/// The kind of CPU, as far as the choice between the `gemm` crate and the engine's own tiles
+/// ([`GemmBackend::Tiles`]) goes: they were measured against each other per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TileCpu {
+    /// An AMD CPU with AVX-512 (Zen 4 and later).
+    AmdAvx512,
+    /// Any other: an Intel CPU, or one without AVX-512.
+    Other,
+}
+
+impl TileCpu {
+    /// This machine's kind (read once).
+    pub fn here() -> TileCpu {
+        static KIND: std::sync::OnceLock<TileCpu> = std::sync::OnceLock::new();
+        *KIND.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                // CPUID leaf 0 (the vendor string) exists on every x86-64 CPU.
+                let id = std::arch::x86_64::__cpuid(0);
+                let amd = (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+                if amd && std::is_x86_feature_detected!("avx512f") {
+                    return TileCpu::AmdAvx512;
+                }
+            }
+            TileCpu::Other
+        })
+    }
+
+    /// Whether [`GemmBackend::Tiles`] runs `shape` faster than the `gemm` crate on this kind
+    /// of CPU: on an AMD CPU with AVX-512, a product whose `A` is read in place (not
+    /// transposed) with at least 256 rows, 64 columns and a reduction of 64 to 1,024 steps.
+    //
+    // Evidence: `cargo bench -p tessera-tensor --bench gpt_backends` (one thread, caches
+    // flushed before every product); see `docs/PERFORMANCE.md`, "The engine's own tiles for
+    // the ordinary products".
+    pub fn tiles_win(self, shape: &GemmShape) -> bool {
+        let GemmShape { m, n, k, .. } = *shape;
+        self == TileCpu::AmdAvx512
+            && !shape.trans_a
+            && m >= 256
+            && n >= 64
+            && (64..=1024).contains(&k)
     }
 }
 
@@ -444,6 +509,7 @@ fn product<T: Float>(
             );
             transpose_into(&c_t, n, m, c)?;
         }
+        GemmBackend::Tiles => tiles_product(shape, alpha, (a, lda), (b, ldb), beta, (c, ldc))?,
         GemmBackend::MatrixMultiply => {
             // SAFETY: the caller checked that every (row, col) of the three matrices at these
             // strides lies inside its slice; `c` is borrowed mutably and cannot alias `a` or
@@ -466,6 +532,78 @@ fn product<T: Float>(
         }
     }
     Ok(())
+}
+
+/// [`GemmBackend::Tiles`] on checked buffers: strided operands copied contiguous first, and
+/// `C ← β·C + α·P` applied after the product `P` unless `α = 1`, `β = 0` and `C` is contiguous.
+fn tiles_product<T: Float>(
+    shape: GemmShape,
+    alpha: T,
+    (a, lda): (&[T], usize),
+    (b, ldb): (&[T], usize),
+    beta: T,
+    (c, ldc): (&mut [T], usize),
+) -> Result<(), TensorError> {
+    let GemmShape { m, n, .. } = shape;
+    let ((a_rows, a_cols), (b_rows, b_cols)) = shape.stored_dims();
+    let a = contiguous_cow(a, (a_rows, a_cols, lda));
+    let b = contiguous_cow(b, (b_rows, b_cols, ldb));
+    if alpha == T::ONE && beta == T::ZERO && ldc == n {
+        return tiles_in_bands(shape, &a, &b, &mut c[..m * n]);
+    }
+    let mut p = vec![T::ZERO; m * n];
+    tiles_in_bands(shape, &a, &b, &mut p)?;
+    for (i, p) in p.chunks_exact(n).enumerate() {
+        for (c, &p) in c[i * ldc..i * ldc + n].iter_mut().zip(p) {
+            *c = match beta == T::ZERO {
+                true => alpha * p,
+                false => beta * *c + alpha * p,
+            };
+        }
+    }
+    Ok(())
+}
+
+/// `rows × cols` elements of `src` (rows `ld` apart) as one contiguous run: borrowed when they
+/// already are.
+fn contiguous_cow<T: Float>(src: &[T], (rows, cols, ld): (usize, usize, usize)) -> Cow<'_, [T]> {
+    match ld == cols {
+        true => Cow::Borrowed(&src[..rows * cols]),
+        false => Cow::Owned(contiguous_rows(src, (rows, cols, ld))),
+    }
+}
+
+/// `c ← op(A)·op(B)` by the tiles, contiguous operands, on the threads [`super::threads`]
+/// allows for the product's size: one band of rows per thread when `A` is not transposed
+/// (each output's chain is the same whichever band holds its row, so the bits are one
+/// thread's).
+fn tiles_in_bands<T: Float>(
+    shape: GemmShape,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+) -> Result<(), TensorError> {
+    let GemmShape { m, n, k, .. } = shape;
+    let threads = super::threads::threads_for(shape.flops());
+    if threads < 2 || shape.trans_a {
+        return det::det_gemm(shape, a, b, c, k);
+    }
+    let per = m.div_ceil(threads);
+    let bands: Vec<_> = a.chunks(per * k).zip(c.chunks_mut(per * n)).collect();
+    super::threads::for_each_part(bands, |_, (a, c)| {
+        det::det_gemm(
+            GemmShape {
+                m: a.len() / k,
+                ..shape
+            },
+            a,
+            b,
+            c,
+            k,
+        )
+    })
+    .into_iter()
+    .collect()
 }
 
 /// The `gemm` crate on checked buffers: `c` (m×n, at `c_strides` = (row stride, column
@@ -897,9 +1035,29 @@ mod tests {
 
     #[test]
     fn routing_follows_the_measured_rule() {
-        use GemmBackend::{Gemm, GemmColumnMajor, MatrixMultiply};
-        let route =
-            |m, n, k, trans_a, trans_b| GemmBackend::for_shape(&shape(m, n, k, trans_a, trans_b));
+        use GemmBackend::{Gemm, GemmColumnMajor, MatrixMultiply, Tiles};
+        let route = |m, n, k, trans_a, trans_b| {
+            GemmBackend::for_shape_on(&shape(m, n, k, trans_a, trans_b), TileCpu::Other)
+        };
+        let on_amd = |m, n, k, trans_a, trans_b| {
+            GemmBackend::for_shape_on(&shape(m, n, k, trans_a, trans_b), TileCpu::AmdAvx512)
+        };
+        // An AMD CPU with AVX-512 runs the GPT's forward and `dX` products on the tiles, its
+        // weight gradients (`A` transposed) on the crate; short, narrow or long-reduction
+        // products keep the crate's rules; other CPUs never take the tiles.
+        assert_eq!(on_amd(2048, 768, 256, false, true), Tiles);
+        assert_eq!(on_amd(2048, 256, 1024, false, false), Tiles);
+        assert_eq!(on_amd(256, 64, 64, false, false), Tiles);
+        assert_eq!(on_amd(768, 256, 2048, true, false), Gemm);
+        assert_eq!(on_amd(2048, 256, 2048, false, false), Gemm);
+        assert_eq!(on_amd(2048, 256, 32, false, false), Gemm);
+        assert_eq!(on_amd(2048, 32, 256, false, false), Gemm);
+        assert_eq!(on_amd(128, 512, 512, false, true), GemmColumnMajor);
+        assert_eq!(route(2048, 768, 256, false, true), Gemm);
+        assert_eq!(
+            GemmBackend::for_shape(&shape(32, 784, 512, false, true)),
+            GemmColumnMajor
+        );
         // The MLP's shapes (forward, dX = dY·Wᵀ, dW = Xᵀ·dY for each layer).
         assert_eq!(route(32, 512, 784, false, false), Gemm);
         assert_eq!(route(32, 10, 512, false, false), Gemm);
@@ -914,6 +1072,39 @@ mod tests {
         assert_eq!(route(512, 10, 32, true, true), MatrixMultiply);
         assert_eq!(route(512, 1, 32, true, false), Gemm);
         assert_eq!(route(512, 32, 32, true, false), Gemm);
+    }
+
+    /// The tiles read strided operands and write a strided `C` (with `α`, `β`) as they do
+    /// contiguous ones, and leave the elements between `C`'s rows alone.
+    #[test]
+    fn the_tiles_on_strided_operands_give_the_contiguous_bits() {
+        use GemmBackend::Tiles;
+        let value = |i: usize| ((i * 37) % 101) as f32 / 13.0 - 3.5;
+        for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
+            let s = shape(13, 35, 70, trans_a, trans_b);
+            let ((ar, ac), (br, bc)) = s.stored_dims();
+            let (lda, ldb, ldc) = (ac + 3, bc + 5, s.n + 2);
+            let a: Vec<f32> = (0..ar * lda).map(value).collect();
+            let b: Vec<f32> = (0..br * ldb).map(|i| value(i + 7)).collect();
+            let c0: Vec<f32> = (0..s.m * ldc).map(|i| value(i + 3)).collect();
+            let mut got = c0.clone();
+            let (alpha, beta) = (0.5, 2.0);
+            product(Tiles, s, alpha, (&a, lda), (&b, ldb), beta, (&mut got, ldc)).unwrap();
+            let packed = |x: &[f32], (rows, cols, ld)| contiguous_rows(x, (rows, cols, ld));
+            let (a1, b1) = (packed(&a, (ar, ac, lda)), packed(&b, (br, bc, ldb)));
+            let mut p = vec![f32::NAN; s.m * s.n];
+            product(Tiles, s, 1.0, (&a1, ac), (&b1, bc), 0.0, (&mut p, s.n)).unwrap();
+            for i in 0..s.m {
+                for j in 0..ldc {
+                    let (g, c) = (got[i * ldc + j], c0[i * ldc + j]);
+                    let want = match j < s.n {
+                        true => beta * c + alpha * p[i * s.n + j],
+                        false => c,
+                    };
+                    assert_eq!(g.to_bits(), want.to_bits(), "{s:?} ({i}, {j})");
+                }
+            }
+        }
     }
 
     /// Every output of a product cut out of a larger one (fewer rows, columns or trailing

@@ -395,3 +395,47 @@ fn a_batch_of_small_products_is_bitwise_the_same_on_any_thread_count() {
         }
     }
 }
+
+/// The engine's own tiles sum every output as one fused multiply-add chain over the reduction,
+/// from zero and in order: the bits of that chain written out, on every transpose, for sizes
+/// that leave short row tiles and panels, a reduction longer than a pass of the canonical
+/// product, and rows split over threads.
+#[test]
+fn the_tiles_sum_each_output_as_one_chain_in_order() {
+    let mut rng = Rng::new(21);
+    for (m, n, k) in [(1, 1, 1), (7, 17, 3), (13, 70, 65), (300, 129, 1030)] {
+        for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
+            let shape = GemmShape {
+                m,
+                n,
+                k,
+                trans_a,
+                trans_b,
+            };
+            let a = r::to_f32(&rng.vec(m * k, -1.0, 1.0));
+            let b = r::to_f32(&rng.vec(k * n, -1.0, 1.0));
+            let (a_at, b_at) = (shape.a_strides(), shape.b_strides());
+            for threads in [1, 2] {
+                kernels::threads::set_threads(threads);
+                let mut c = vec![f32::NAN; m * n];
+                let done = gemm_with(GemmBackend::Tiles, shape, 1.0, &a, &b, 0.0, &mut c);
+                kernels::threads::set_threads(1);
+                done.unwrap();
+                for i in 0..m {
+                    for j in 0..n {
+                        let chain = (0..k).fold(0f32, |acc, s| {
+                            let x = a[(i as isize * a_at.0 + s as isize * a_at.1) as usize];
+                            let y = b[(s as isize * b_at.0 + j as isize * b_at.1) as usize];
+                            x.mul_add(y, acc)
+                        });
+                        assert_eq!(
+                            c[i * n + j].to_bits(),
+                            chain.to_bits(),
+                            "{shape:?} ({i}, {j}) on {threads} threads"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
