@@ -86,7 +86,9 @@ pub use crate::autodiff::{grad, TrainingGraph};
 pub use crate::builder::GraphBuilder;
 pub use crate::cross_entropy::vocab_parallel_cross_entropy_strategies;
 pub use crate::error::{GraphError, Operand};
-pub use crate::exec::{eval_in_place, eval_op, EvalCtx, Executor, InputBlock, Placement};
+pub use crate::exec::{
+    eval_in_place, eval_op, eval_product_with_bias, EvalCtx, Executor, InputBlock, Placement,
+};
 pub use crate::init::{FanMode, Initializer};
 pub use crate::ir::{GradOf, Graph, Node, NodeId, NodeRole, Use, Value, ValueId, ValueKind};
 pub use crate::op::{Op, MAX_INPUTS};

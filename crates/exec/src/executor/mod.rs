@@ -58,6 +58,11 @@ pub struct RankExecutor {
     /// By step: the (input, output) buffers of a copy whose output takes over its dying
     /// input's tensor in a non-pipelined run ([`parallel::memory::moved_buffers`]).
     moved: Vec<Option<(usize, usize)>>,
+    /// By step: for a product whose output the next step, a `BiasAdd` computed over it in
+    /// place (a `moved` step), reads and lets die, that step: in a non-pipelined run of the
+    /// ordinary mode the product adds the bias as its epilogue
+    /// ([`graph::eval_product_with_bias`]) and the `BiasAdd` only takes the buffer over.
+    bias_epilogue: Vec<Option<usize>>,
     /// By step: whether it runs fused in a bucket rather than alone.
     fused: Vec<bool>,
     /// By step: the buckets that run after it.
@@ -108,6 +113,31 @@ struct LazyParameters {
 /// With `[parallel.overlap]` and something to overlap (gradient buckets, prefetched `gathers`):
 /// this rank's progress worker — a thread on the local backend, whose group communicators are
 /// created here, job kind by job kind in program order, by every rank alike; inline under MPI.
+/// [`RankExecutor`]'s `bias_epilogue`: by step, the `BiasAdd` step right after a `MatMul` or
+/// `BatchMatMul` that adds a bias over the product's output in place, the output dying there
+/// (the step is in `moved` with the product's output as its source).
+pub fn bias_epilogues(program: &Program, moved: &[Option<(usize, usize)>]) -> Vec<Option<usize>> {
+    let fused_into = |i: usize| {
+        let (Step::Kernel(product), Some(Step::Kernel(add))) =
+            (&program.steps[i], program.steps.get(i + 1))
+        else {
+            return None;
+        };
+        let is_product = matches!(
+            product.op,
+            graph::Op::MatMul { .. } | graph::Op::BatchMatMul { .. }
+        );
+        let out = *product.outputs.first()?;
+        let adds_over_it = matches!(add.op, graph::Op::BiasAdd)
+            && add.inputs.len() == 2
+            && add.inputs[0] == out
+            && add.inputs[1] != out
+            && moved[i + 1] == Some((out, *add.outputs.first()?));
+        (is_product && adds_over_it).then_some(i + 1)
+    };
+    (0..program.steps.len()).map(fused_into).collect()
+}
+
 fn progress_for(
     program: &Program,
     world: &Arc<dyn Communicator>,
@@ -185,6 +215,7 @@ impl RankExecutor {
         // buffer of another pipeline stage's ranks holds nothing here.
         let lifetimes = lifetimes(&program);
         let moved = moved_buffers(&program, &lifetimes);
+        let bias_epilogue = bias_epilogues(&program, &moved);
         let mut meter = MemoryMeter::default();
         let lazy = lazy.then(|| LazyParameters {
             pending: (0..program.params.len())
@@ -339,6 +370,7 @@ impl RankExecutor {
             deterministic: None,
             profile: None,
             moved,
+            bias_epilogue,
             lifetimes,
             meter,
             fused,

@@ -109,13 +109,19 @@ impl RankExecutor {
         if let Some(first) = self.first_prefetch {
             self.start_gather(&program, first)?;
         }
+        // The `BiasAdd` step whose bias the last product added as its epilogue.
+        let mut bias_added = None;
         for i in 0..program.steps.len() {
             if self.prefetched[i] {
                 self.finish_gather(&program, i)?;
             } else if let Some(moved) = self.moved[i].filter(|_| self.offsets[i].is_some()) {
-                self.run_moved(&program, i, moved)?;
+                self.run_moved(&program, i, moved, bias_added == Some(i))?;
             } else if !self.fused[i] {
-                self.run_step(&program, i, None)?;
+                let epilogue = self.bias_epilogue[i].filter(|&j| {
+                    self.deterministic.is_none() && self.offsets[j].is_some() && !self.fused[j]
+                });
+                self.run_step(&program, i, None, epilogue)?;
+                bias_added = epilogue;
             }
             if let Some(next) = self.prefetch_after[i] {
                 self.start_gather(&program, next)?;
@@ -149,7 +155,7 @@ impl RankExecutor {
                     got: i.to_string(),
                 });
             }
-            self.run_step(&program, i, tag)?;
+            self.run_step(&program, i, tag, None)?;
         }
         Ok(())
     }
@@ -367,14 +373,16 @@ impl RankExecutor {
 
     /// Step `i` as a move of its dying input `from` to its output `to`
     /// ([`parallel::memory::moved_buffers`]); an op computed in place then writes its result
-    /// over the moved tensor ([`graph::eval_in_place`]), timed as its kind when profiling; a
-    /// whole-slice all-reduce sums over it, timed as communication. A rank that holds no slice
-    /// of a reshard's source does nothing.
+    /// over the moved tensor ([`graph::eval_in_place`]), timed as its kind when profiling,
+    /// unless `computed` (a `BiasAdd` its product ran as its epilogue); a whole-slice
+    /// all-reduce sums over it, timed as communication. A rank that holds no slice of a
+    /// reshard's source does nothing.
     fn run_moved(
         &mut self,
         program: &Program,
         i: usize,
         (from, to): (usize, usize),
+        computed: bool,
     ) -> Result<(), ExecError> {
         let started = self.profile.is_some().then(SpanStart::now);
         if let Step::Reshard(r) = &program.steps[i] {
@@ -402,8 +410,11 @@ impl RankExecutor {
             .inputs
             .iter()
             .position(|&b| b == from)
-            .filter(|&input| k.op.computes_in_place_over(input))
+            .filter(|&input| k.op.computes_in_place_over(input) && !computed)
         else {
+            if let (Some(p), Some(t), true) = (self.profile.as_mut(), started, computed) {
+                p.kernel(k.op.kind(), t.elapsed());
+            }
             return Ok(());
         };
         let mut acc = self.buffers[to].take().expect("the move just put it there");
@@ -426,8 +437,16 @@ impl RankExecutor {
         Ok(())
     }
 
-    /// Runs step `i` of `program` (this executor's program).
-    fn run_step(&mut self, program: &Program, i: usize, tag: Option<Tag>) -> Result<(), ExecError> {
+    /// Runs step `i` of `program` (this executor's program); a product given `bias_add` (the
+    /// `BiasAdd` step over its output, [`RankExecutor`]'s `bias_epilogue`) adds that step's
+    /// bias as its epilogue.
+    fn run_step(
+        &mut self,
+        program: &Program,
+        i: usize,
+        tag: Option<Tag>,
+        bias_add: Option<usize>,
+    ) -> Result<(), ExecError> {
         let step = &program.steps[i];
         let started = self.profile.is_some().then(SpanStart::now);
         // Ring attention's time blocked waiting for blocks (communication, not compute).
@@ -479,7 +498,14 @@ impl RankExecutor {
                             };
                             eval_op(&scaled, &ins, &mut outs, &ctx).map_err(ExecError::from)
                         }
-                        op => eval_op(op, &ins, &mut outs, &ctx).map_err(ExecError::from),
+                        op => match bias_add.map(|j| &program.steps[j]) {
+                            Some(Step::Kernel(add)) => {
+                                let bias = self.buffer(add.inputs[1]);
+                                graph::eval_product_with_bias(op, &ins, bias, &mut outs[0], &ctx)
+                                    .map_err(ExecError::from)
+                            }
+                            _ => eval_op(op, &ins, &mut outs, &ctx).map_err(ExecError::from),
+                        },
                     }
                 };
                 self.meter

@@ -3,6 +3,7 @@
 //! - [`eval_op`]: the single dispatch from an [`crate::Op`] to `tensor::kernels`, on whatever
 //!   (local) shapes its tensors have. A per-rank executor reuses it unchanged.
 //! - [`eval_in_place`]: the ops computed over a dying input's buffer.
+//! - [`eval_product_with_bias`]: a product and the bias add over its output as one kernel.
 //! - [`Executor`]: a graph's schedule with preallocated, liveness-shared buffers.
 //! - [`dropout_mask_keeps`]: the counter-based dropout mask, for anyone who must reproduce it.
 
@@ -32,6 +33,7 @@ macro_rules! with_ids {
 mod attention;
 mod deterministic;
 mod dropout;
+mod epilogue;
 mod eval;
 mod executor;
 mod in_place;
@@ -43,6 +45,7 @@ mod reduce_max;
 mod select;
 
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
+pub use self::epilogue::eval_product_with_bias;
 pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};
 pub use self::executor::Executor;
 pub use self::in_place::eval_in_place;

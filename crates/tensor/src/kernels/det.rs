@@ -18,6 +18,7 @@ mod gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
 
+pub(crate) use self::gemm::chain_gemm;
 pub use self::gemm::det_gemm;
 
 use super::float::Float;

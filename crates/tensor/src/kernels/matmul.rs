@@ -221,6 +221,33 @@ pub fn gemm<T: Float>(
     gemm_with(GemmBackend::for_shape(&shape), shape, alpha, a, b, beta, c)
 }
 
+/// `C ← op(A)·op(B) + bias`, `bias` (`n` elements) added to every row of `C`: the bits of
+/// [`gemm`](fn@gemm) followed by [`super::bias_add_in_place`]. On the
+/// [`Tiles`](GemmBackend::Tiles) route the bias is added to each register tile as it is
+/// stored, while it is in L1 (a fused epilogue: no second pass over `C`); on the others after
+/// the product.
+pub fn gemm_bias<T: Float>(
+    shape: GemmShape,
+    a: &[T],
+    b: &[T],
+    bias: &[T],
+    c: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "gemm_bias";
+    let GemmShape { m, n, k, .. } = shape;
+    check::buffer_len(OP, "a", m * k, a.len())?;
+    check::buffer_len(OP, "b", k * n, b.len())?;
+    check::buffer_len(OP, "bias", n, bias.len())?;
+    check::buffer_len(OP, "c", m * n, c.len())?;
+    match GemmBackend::for_shape(&shape) {
+        GemmBackend::Tiles => tiles_in_bands(shape, a, b, Some(bias), c),
+        backend => {
+            gemm_with(backend, shape, T::ONE, a, b, T::ZERO, c)?;
+            super::bias_add_in_place(c, bias)
+        }
+    }
+}
+
 /// [`gemm`](fn@gemm) on a chosen backend.
 pub fn gemm_with<T: Float>(
     backend: GemmBackend,
@@ -549,10 +576,10 @@ fn tiles_product<T: Float>(
     let a = contiguous_cow(a, (a_rows, a_cols, lda));
     let b = contiguous_cow(b, (b_rows, b_cols, ldb));
     if alpha == T::ONE && beta == T::ZERO && ldc == n {
-        return tiles_in_bands(shape, &a, &b, &mut c[..m * n]);
+        return tiles_in_bands(shape, &a, &b, None, &mut c[..m * n]);
     }
     let mut p = vec![T::ZERO; m * n];
-    tiles_in_bands(shape, &a, &b, &mut p)?;
+    tiles_in_bands(shape, &a, &b, None, &mut p)?;
     for (i, p) in p.chunks_exact(n).enumerate() {
         for (c, &p) in c[i * ldc..i * ldc + n].iter_mut().zip(p) {
             *c = match beta == T::ZERO {
@@ -573,34 +600,30 @@ fn contiguous_cow<T: Float>(src: &[T], (rows, cols, ld): (usize, usize, usize)) 
     }
 }
 
-/// `c ← op(A)·op(B)` by the tiles, contiguous operands, on the threads [`super::threads`]
-/// allows for the product's size: one band of rows per thread when `A` is not transposed
-/// (each output's chain is the same whichever band holds its row, so the bits are one
-/// thread's).
+/// `c ← op(A)·op(B) (+ bias)` by the tiles, contiguous operands, on the threads
+/// [`super::threads`] allows for the product's size: one band of rows per thread when `A` is
+/// not transposed (each output's chain is the same whichever band holds its row, so the bits
+/// are one thread's).
 fn tiles_in_bands<T: Float>(
     shape: GemmShape,
     a: &[T],
     b: &[T],
+    bias: Option<&[T]>,
     c: &mut [T],
 ) -> Result<(), TensorError> {
     let GemmShape { m, n, k, .. } = shape;
     let threads = super::threads::threads_for(shape.flops());
-    if threads < 2 || shape.trans_a {
-        return det::det_gemm(shape, a, b, c, k);
+    if threads < 2 || shape.trans_a || k == 0 {
+        return det::chain_gemm(shape, a, b, bias, c);
     }
     let per = m.div_ceil(threads);
     let bands: Vec<_> = a.chunks(per * k).zip(c.chunks_mut(per * n)).collect();
     super::threads::for_each_part(bands, |_, (a, c)| {
-        det::det_gemm(
-            GemmShape {
-                m: a.len() / k,
-                ..shape
-            },
-            a,
-            b,
-            c,
-            k,
-        )
+        let band = GemmShape {
+            m: a.len() / k,
+            ..shape
+        };
+        det::chain_gemm(band, a, b, bias, c)
     })
     .into_iter()
     .collect()
@@ -815,6 +838,7 @@ fn batch_matmul_checked(
             (&xa, a.shape()),
             (&xb, b.shape()),
             (trans_a, trans_b),
+            None,
             (&mut out, &out_shape),
         )?;
         Ok(T::write(&out_shape, out, a.dtype()))
@@ -852,9 +876,23 @@ pub fn batch_matmul_shape(
 /// [`batch_matmul`] on slices: `out` (of `out_shape`, which must be
 /// [`batch_matmul_shape`]'s) ← `op(a)·op(b)`, every element written.
 pub fn batch_matmul_into<T: Float>(
+    a: (&[T], &[usize]),
+    b: (&[T], &[usize]),
+    trans: (bool, bool),
+    out: (&mut [T], &[usize]),
+) -> Result<(), TensorError> {
+    batch_matmul_bias_into(a, b, trans, None, out)
+}
+
+/// [`batch_matmul_into`] with `bias` (the output's last dim) added to every row of the result:
+/// the bits of the product followed by [`super::bias_add_in_place`]. Where the batch folds
+/// into one tall product (a 2-D `b` shared by every batch element, `a` not transposed) this is
+/// [`gemm_bias`], whose tiles may take the bias as they are stored.
+pub fn batch_matmul_bias_into<T: Float>(
     (a, a_shape): (&[T], &[usize]),
     (b, b_shape): (&[T], &[usize]),
     (trans_a, trans_b): (bool, bool),
+    bias: Option<&[T]>,
     (out, out_shape): (&mut [T], &[usize]),
 ) -> Result<(), TensorError> {
     const OP: &str = "batch_matmul";
@@ -868,10 +906,14 @@ pub fn batch_matmul_into<T: Float>(
     check::buffer_len(OP, "a", a_shape.iter().product(), a.len())?;
     check::buffer_len(OP, "b", b_shape.iter().product(), b.len())?;
     check::buffer_len(OP, "out", want.iter().product(), out.len())?;
+    if let Some(bias) = bias {
+        check::buffer_len(OP, "bias", want[want.len() - 1], bias.len())?;
+    }
     batched_product(
         (a, a_shape),
         (b, b_shape),
         (trans_a, trans_b),
+        bias,
         (out, out_shape),
     )
 }
@@ -881,6 +923,7 @@ fn batched_product<T: Float>(
     (a, a_shape): (&[T], &[usize]),
     (b, b_shape): (&[T], &[usize]),
     (trans_a, trans_b): (bool, bool),
+    bias: Option<&[T]>,
     (out, out_shape): (&mut [T], &[usize]),
 ) -> Result<(), TensorError> {
     let (m, k) = matrix_dims(a_shape, trans_a);
@@ -894,7 +937,17 @@ fn batched_product<T: Float>(
     };
     let (a_batch, b_batch) = (&a_shape[..a_shape.len() - 2], &b_shape[..b_shape.len() - 2]);
     let batch = &out_shape[..out_shape.len() - 2];
-    batched_gemm::<T>(shape, a, a_batch, b, b_batch, batch, out)
+    let n_out = out_shape.iter().product();
+    batched_gemm::<T>(
+        shape,
+        a,
+        a_batch,
+        b,
+        b_batch,
+        batch,
+        bias,
+        &mut out[..n_out],
+    )
 }
 
 /// `C ← Σ_i op(A_i)·op(B_i)` over `batch` matrices stored one after another in `a` and `b`
@@ -930,7 +983,8 @@ pub fn batch_gemm_sum<T: Float>(
 }
 
 /// One gemm per batch element of the broadcast `batch` shape (or a single tall gemm when `b` is
-/// shared by every batch element and `a` is not transposed).
+/// shared by every batch element and `a` is not transposed), then `bias` added to every row.
+#[allow(clippy::too_many_arguments)]
 fn batched_gemm<T: Float>(
     shape: GemmShape,
     a: &[T],
@@ -938,6 +992,7 @@ fn batched_gemm<T: Float>(
     b: &[T],
     b_batch: &[usize],
     batch: &[usize],
+    bias: Option<&[T]>,
     out: &mut [T],
 ) -> Result<(), TensorError> {
     let n_batch: usize = batch.iter().product();
@@ -948,8 +1003,28 @@ fn batched_gemm<T: Float>(
             m: shape.m * n_batch,
             ..shape
         };
-        return gemm(tall, T::ONE, a, b, T::ZERO, out);
+        return match bias {
+            Some(bias) => gemm_bias(tall, a, b, bias, out),
+            None => gemm(tall, T::ONE, a, b, T::ZERO, out),
+        };
     }
+    products_by_batch_element(shape, (a, a_batch), (b, b_batch), batch, out)?;
+    match bias {
+        Some(bias) => super::bias_add_in_place(out, bias),
+        None => Ok(()),
+    }
+}
+
+/// [`batched_gemm`]'s products one per batch element (broadcast), on the rank's threads when
+/// each is too small to split itself.
+fn products_by_batch_element<T: Float>(
+    shape: GemmShape,
+    (a, a_batch): (&[T], &[usize]),
+    (b, b_batch): (&[T], &[usize]),
+    batch: &[usize],
+    out: &mut [T],
+) -> Result<(), TensorError> {
+    let n_batch: usize = batch.iter().product();
     let a_size = shape.m * shape.k;
     let b_size = shape.k * shape.n;
     let c_size = shape.m * shape.n;

@@ -82,8 +82,9 @@ pub use self::loss::{
     sparse_softmax_cross_entropy_grad_into, sparse_softmax_cross_entropy_slice,
 };
 pub use self::matmul::{
-    batch_gemm_sum, batch_matmul, batch_matmul_into, batch_matmul_shape, gemm, gemm_with,
-    l2_cache_bytes, matmul, solo_band_rows, GemmBackend, GemmShape, TileCpu,
+    batch_gemm_sum, batch_matmul, batch_matmul_bias_into, batch_matmul_into, batch_matmul_shape,
+    gemm, gemm_bias, gemm_with, l2_cache_bytes, matmul, solo_band_rows, GemmBackend, GemmShape,
+    TileCpu,
 };
 pub use self::norm::{
     layer_norm, layer_norm_grad, layer_norm_grad_into, layer_norm_into, LayerNormGradBuffers,

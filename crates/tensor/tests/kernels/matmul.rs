@@ -439,3 +439,65 @@ fn the_tiles_sum_each_output_as_one_chain_in_order() {
         }
     }
 }
+
+/// A product with its bias (`gemm_bias`, `batch_matmul_bias_into`) has the bits of the product
+/// followed by the bias add, wherever the bias is added (in the tiles' stores on their route,
+/// after the product on the others), on one and two threads, with short last panels and row
+/// tiles; a bias of the wrong length is refused.
+#[test]
+fn a_product_with_its_bias_has_the_bits_of_the_product_then_the_bias_add() {
+    let mut rng = Rng::new(23);
+    for (m, n, k) in [(517, 88, 256), (300, 70, 65), (5, 3, 7), (256, 64, 1024)] {
+        for (trans_a, trans_b) in [(false, false), (false, true), (true, false)] {
+            let shape = GemmShape {
+                m,
+                n,
+                k,
+                trans_a,
+                trans_b,
+            };
+            let a = r::to_f32(&rng.vec(m * k, -1.0, 1.0));
+            let b = r::to_f32(&rng.vec(k * n, -1.0, 1.0));
+            let bias = r::to_f32(&rng.vec(n, -1.0, 1.0));
+            let mut want = vec![0f32; m * n];
+            kernels::gemm(shape, 1.0, &a, &b, 0.0, &mut want).unwrap();
+            kernels::bias_add_in_place(&mut want, &bias).unwrap();
+            for threads in [1, 2] {
+                kernels::threads::set_threads(threads);
+                let mut got = vec![f32::NAN; m * n];
+                let done = kernels::gemm_bias(shape, &a, &b, &bias, &mut got);
+                kernels::threads::set_threads(1);
+                done.unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "{shape:?} on {threads} threads");
+            }
+            // Batched: `a` as [2, m/2·…] rows sharing `b`, the same rows in one tall product.
+            if !trans_a && m % 2 == 0 {
+                let mut got = vec![f32::NAN; m * n];
+                let b_shape = if trans_b { [n, k] } else { [k, n] };
+                kernels::batch_matmul_bias_into(
+                    (&a, &[2, m / 2, k]),
+                    (&b, &b_shape),
+                    (false, trans_b),
+                    Some(&bias),
+                    (&mut got, &[2, m / 2, n]),
+                )
+                .unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "batched {shape:?}");
+            }
+            let mut c = vec![0f32; m * n];
+            let short = kernels::gemm_bias(shape, &a, &b, &bias[..n - 1], &mut c).unwrap_err();
+            assert!(
+                matches!(short, TensorError::BufferLength { buffer: "bias", .. }),
+                "{short:?}"
+            );
+        }
+    }
+}

@@ -121,6 +121,7 @@ pub fn det_gemm<T: Float>(
         block_len,
         per_pass: blocking.blocks_per_pass(nb, block_len),
         blocking,
+        bias: None,
     };
     let per_pass = passes.per_pass;
     let n_passes = nb / per_pass;
@@ -154,6 +155,54 @@ pub fn det_gemm<T: Float>(
     Ok(())
 }
 
+/// `C ← op(A)·op(B) (+ bias)`, every output one fused multiply-add chain over the whole
+/// reduction in order (the canonical product with one block, so one pass), with `bias[j]`
+/// (`n` elements) added to every row's column `j` as each register tile is stored, while the
+/// tile is in L1: the bits of the product followed by a separate bias add.
+pub(crate) fn chain_gemm<T: Float>(
+    shape: GemmShape,
+    a: &[T],
+    b: &[T],
+    bias: Option<&[T]>,
+    c: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "chain_gemm";
+    let GemmShape { m, n, k, .. } = shape;
+    if let Some(bias) = bias {
+        crate::kernels::check::buffer_len(OP, "bias", n, bias.len())?;
+    }
+    if k == 0 || m == 0 || n == 0 {
+        det_gemm(shape, a, b, c, k)?;
+        if let Some(bias) = bias {
+            c.chunks_exact_mut(n.max(1))
+                .for_each(|row| add_bias(row, bias));
+        }
+        return Ok(());
+    }
+    crate::kernels::check::buffer_len(OP, "a", m * k, a.len())?;
+    crate::kernels::check::buffer_len(OP, "b", k * n, b.len())?;
+    crate::kernels::check::buffer_len(OP, "c", m * n, c.len())?;
+    let passes = Passes {
+        shape,
+        a,
+        b,
+        block_len: k,
+        per_pass: 1,
+        blocking: Blocking::here(),
+        bias,
+    };
+    passes.run(0, c);
+    Ok(())
+}
+
+/// `row[j] += bias[j]`.
+#[inline(always)]
+fn add_bias<T: Float>(row: &mut [T], bias: &[T]) {
+    for (v, &b) in row.iter_mut().zip(bias) {
+        *v += b;
+    }
+}
+
 /// One product cut into passes over the reduction dim.
 struct Passes<'a, T> {
     shape: GemmShape,
@@ -164,6 +213,8 @@ struct Passes<'a, T> {
     per_pass: usize,
     /// The cut for this CPU's caches.
     blocking: Blocking,
+    /// Added to every row of the output as its tiles are stored (one pass only).
+    bias: Option<&'a [T]>,
 }
 
 impl<T: Float> Passes<'_, T> {
@@ -266,13 +317,14 @@ impl<T: Float> Passes<'_, T> {
                         let at = first * n + pi * TILE_N;
                         let end = at + (here - 1) * n + width * TILE_N;
                         let (q, bl) = (self.per_pass, self.block_len);
-                        let out = (&mut out[at..end], n, here);
+                        let dst = (&mut out[at..end], n, here);
                         let from = |p| panel(pi + p);
                         let done = match width {
-                            WIDE => tiles_wide::<T, WIDE>(&tile_a, from_fn(from), (q, bl), out),
-                            _ => tiles_wide::<T, PAIR>(&tile_a, from_fn(from), (q, bl), out),
+                            WIDE => tiles_wide::<T, WIDE>(&tile_a, from_fn(from), (q, bl), dst),
+                            _ => tiles_wide::<T, PAIR>(&tile_a, from_fn(from), (q, bl), dst),
                         };
                         if done {
+                            self.add_bias(out, (first, here), (pi * TILE_N, width * TILE_N));
                             continue;
                         }
                     }
@@ -284,11 +336,28 @@ impl<T: Float> Passes<'_, T> {
                             out[at..at + cols]
                                 .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
                         }
+                        self.add_bias(out, (first, here), (p * TILE_N, cols));
                     }
                 }
                 pi += width;
             }
             i0 += rows;
+        }
+    }
+}
+
+impl<T: Float> Passes<'_, T> {
+    /// The bias, if any, added to rows `first .. first + rows` of `out` in columns
+    /// `col .. col + cols`: a tile just stored, still in L1.
+    #[inline(always)]
+    fn add_bias(&self, out: &mut [T], (first, rows): (usize, usize), (col, cols): (usize, usize)) {
+        let Some(bias) = self.bias else { return };
+        let n = self.shape.n;
+        for r in first..first + rows {
+            add_bias(
+                &mut out[r * n + col..r * n + col + cols],
+                &bias[col..col + cols],
+            );
         }
     }
 }
