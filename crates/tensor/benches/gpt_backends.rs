@@ -1,6 +1,7 @@
 //! The GPT benchmark model's products (`Dense` keeps `[out, in]`: forward `X·Wᵀ`, `dX = dY·W`,
 //! `dW = dYᵀ·X` over the 2,048 tokens of a step; then data parallel 2's 1,024-token halves and
-//! model parallel 2's halves of the weights) on the engine's `gemm` backends, through
+//! model parallel 2's halves of the weights, and three of a model 1,024 wide) on the engine's
+//! `gemm` backends, through
 //! [`gemm_with`] as the engine calls them (the column-major form's transpose back into `C`
 //! included): the `gemm` crate row-major and column-major, and the engine's own tiles. f32, one
 //! thread, the caches flushed before every repetition as in a training step. The backends run in
@@ -17,7 +18,7 @@ use common::{shape, speed_cells, spread, values};
 use tensor::kernels::{gemm_with, GemmBackend, GemmShape};
 
 /// The products, named.
-const PRODUCTS: [(&str, GemmShape); 22] = [
+const PRODUCTS: [(&str, GemmShape); 25] = [
     ("qkv forward X·Wᵀ", shape(2048, 768, 256, false, true)),
     ("fc1 forward X·Wᵀ", shape(2048, 1024, 256, false, true)),
     ("fc2 forward X·Wᵀ", shape(2048, 256, 1024, false, true)),
@@ -40,6 +41,12 @@ const PRODUCTS: [(&str, GemmShape); 22] = [
     ("mp2 fc1 dX", shape(2048, 256, 512, false, false)),
     ("mp2 fc2 dX", shape(2048, 512, 256, false, false)),
     ("mp2 fc1 dW", shape(512, 256, 2048, true, false)),
+    (
+        "width 1024 fc2 forward",
+        shape(2048, 1024, 4096, false, true),
+    ),
+    ("width 1024 fc1 dX", shape(2048, 1024, 4096, false, false)),
+    ("width 1024 fc1 dW", shape(4096, 1024, 2048, true, false)),
 ];
 
 const BACKENDS: [GemmBackend; 3] = [

@@ -191,7 +191,7 @@ impl TileCpu {
 
     /// Whether [`GemmBackend::Tiles`] runs `shape` faster than the `gemm` crate on this kind
     /// of CPU: on an AMD CPU with AVX-512, a product whose `A` is read in place (not
-    /// transposed) with at least 256 rows, 64 columns and a reduction of 64 to 1,024 steps.
+    /// transposed) with at least 256 rows, 64 columns and 64 reduction steps.
     //
     // Evidence: `cargo bench -p tessera-tensor --bench gpt_backends` (one thread, caches
     // flushed before every product); see `docs/PERFORMANCE.md`, "The engine's own tiles for
@@ -202,7 +202,7 @@ impl TileCpu {
             && !shape.trans_a
             && m >= 256
             && n >= 64
-            && (64..=1024).contains(&k)
+            && k >= 64
     }
 }
 
@@ -1117,14 +1117,15 @@ mod tests {
         let on_amd = |m, n, k, trans_a, trans_b| {
             GemmBackend::for_shape_on(&shape(m, n, k, trans_a, trans_b), TileCpu::AmdAvx512)
         };
-        // An AMD CPU with AVX-512 runs the GPT's forward and `dX` products on the tiles, its
-        // weight gradients (`A` transposed) on the crate; short, narrow or long-reduction
-        // products keep the crate's rules; other CPUs never take the tiles.
+        // An AMD CPU with AVX-512 runs the GPT's forward and `dX` products on the tiles (and
+        // a wider model's, with longer reductions), its weight gradients (`A` transposed) on
+        // the crate; short, narrow or shallow products keep the crate's rules; other CPUs never
+        // take the tiles.
         assert_eq!(on_amd(2048, 768, 256, false, true), Tiles);
         assert_eq!(on_amd(2048, 256, 1024, false, false), Tiles);
         assert_eq!(on_amd(256, 64, 64, false, false), Tiles);
         assert_eq!(on_amd(768, 256, 2048, true, false), Gemm);
-        assert_eq!(on_amd(2048, 256, 2048, false, false), Gemm);
+        assert_eq!(on_amd(2048, 1024, 4096, false, true), Tiles);
         assert_eq!(on_amd(2048, 256, 32, false, false), Gemm);
         assert_eq!(on_amd(2048, 32, 256, false, false), Gemm);
         assert_eq!(on_amd(128, 512, 512, false, true), GemmColumnMajor);

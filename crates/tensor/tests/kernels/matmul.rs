@@ -403,7 +403,13 @@ fn a_batch_of_small_products_is_bitwise_the_same_on_any_thread_count() {
 #[test]
 fn the_tiles_sum_each_output_as_one_chain_in_order() {
     let mut rng = Rng::new(21);
-    for (m, n, k) in [(1, 1, 1), (7, 17, 3), (13, 70, 65), (300, 129, 1030)] {
+    for (m, n, k) in [
+        (1, 1, 1),
+        (7, 17, 3),
+        (13, 70, 65),
+        (300, 129, 1030),
+        (40, 70, 2500),
+    ] {
         for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
             let shape = GemmShape {
                 m,

@@ -122,6 +122,7 @@ pub fn det_gemm<T: Float>(
         per_pass: blocking.blocks_per_pass(nb, block_len),
         blocking,
         bias: None,
+        chain: false,
     };
     let per_pass = passes.per_pass;
     let n_passes = nb / per_pass;
@@ -156,9 +157,11 @@ pub fn det_gemm<T: Float>(
 }
 
 /// `C ← op(A)·op(B) (+ bias)`, every output one fused multiply-add chain over the whole
-/// reduction in order (the canonical product with one block, so one pass), with `bias[j]`
-/// (`n` elements) added to every row's column `j` as each register tile is stored, while the
-/// tile is in L1: the bits of the product followed by a separate bias add.
+/// reduction in order: the canonical product's tiles, in passes of at most
+/// [`Blocking::pass_k`] steps whose tiles continue the chains the pass before stored (so the
+/// passes' lengths never show in the bits), with `bias[j]` (`n` elements) added to every row's
+/// column `j` as the last pass stores each register tile, while the tile is in L1: the bits of
+/// the product followed by a separate bias add.
 pub(crate) fn chain_gemm<T: Float>(
     shape: GemmShape,
     a: &[T],
@@ -182,16 +185,21 @@ pub(crate) fn chain_gemm<T: Float>(
     crate::kernels::check::buffer_len(OP, "a", m * k, a.len())?;
     crate::kernels::check::buffer_len(OP, "b", k * n, b.len())?;
     crate::kernels::check::buffer_len(OP, "c", m * n, c.len())?;
+    let blocking = Blocking::here();
+    let pass_len = k.min(blocking.pass_k);
     let passes = Passes {
         shape,
         a,
         b,
-        block_len: k,
+        block_len: pass_len,
         per_pass: 1,
-        blocking: Blocking::here(),
+        blocking,
         bias,
+        chain: true,
     };
-    passes.run(0, c);
+    for p in 0..k.div_ceil(pass_len) {
+        passes.run(p, c);
+    }
     Ok(())
 }
 
@@ -213,15 +221,19 @@ struct Passes<'a, T> {
     per_pass: usize,
     /// The cut for this CPU's caches.
     blocking: Blocking,
-    /// Added to every row of the output as its tiles are stored (one pass only).
+    /// Added to every row of the output as the last pass stores its tiles.
     bias: Option<&'a [T]>,
+    /// Passes of `block_len` steps (the last one shorter) that continue each output's chain
+    /// from the sums the pass before stored, instead of canonical subtrees joined afterwards.
+    chain: bool,
 }
 
 impl<T: Float> Passes<'_, T> {
     /// The shape of pass `p`'s work: its reduction range, the row chunks and the packed
     /// space.
     fn cut(&self, p: usize) -> PassCut {
-        let kc = self.per_pass * self.block_len;
+        let full = self.per_pass * self.block_len;
+        let kc = full.min(self.shape.k - p * full);
         let chunk_m = self.blocking.chunk_m::<T>(kc);
         let panel_len = packed_stride(kc * TILE_N);
         let n_panels = self.shape.n.div_ceil(TILE_N);
@@ -234,7 +246,7 @@ impl<T: Float> Passes<'_, T> {
         };
         PassCut {
             kc,
-            k0: p * kc,
+            k0: p * full,
             chunk_m,
             panel_len,
             n_panels,
@@ -281,6 +293,11 @@ impl<T: Float> Passes<'_, T> {
             a_stride,
             ..
         } = *cut;
+        let steps = Steps {
+            q: self.per_pass,
+            block_len: kc / self.per_pass,
+            resume: self.chain && k0 > 0,
+        };
         let (panels, packed_a) = space.split_at_mut(n_panels * panel_len);
         pack_b(self.b, (k, n), self.shape.trans_b, (k0, kc), panels);
         let panels = &*panels;
@@ -316,27 +333,34 @@ impl<T: Float> Passes<'_, T> {
                     if width > 1 && (pi + width) * TILE_N <= n {
                         let at = first * n + pi * TILE_N;
                         let end = at + (here - 1) * n + width * TILE_N;
-                        let (q, bl) = (self.per_pass, self.block_len);
                         let dst = (&mut out[at..end], n, here);
                         let from = |p| panel(pi + p);
                         let done = match width {
-                            WIDE => tiles_wide::<T, WIDE>(&tile_a, from_fn(from), (q, bl), dst),
-                            _ => tiles_wide::<T, PAIR>(&tile_a, from_fn(from), (q, bl), dst),
+                            WIDE => tiles_wide::<T, WIDE>(&tile_a, from_fn(from), steps, dst),
+                            _ => tiles_wide::<T, PAIR>(&tile_a, from_fn(from), steps, dst),
                         };
                         if done {
-                            self.add_bias(out, (first, here), (pi * TILE_N, width * TILE_N));
+                            self.add_bias(cut, out, (first, here), (pi * TILE_N, width * TILE_N));
                             continue;
                         }
                     }
                     for p in pi..pi + width {
-                        let tile = tile(&tile_a, panel(p), self.per_pass, self.block_len);
                         let cols = TILE_N.min(n - p * TILE_N);
+                        let mut start = [T::ZERO; TILE_M * TILE_N];
+                        if steps.resume {
+                            for r in 0..here {
+                                let at = (first + r) * n + p * TILE_N;
+                                start[r * TILE_N..r * TILE_N + cols]
+                                    .copy_from_slice(&out[at..at + cols]);
+                            }
+                        }
+                        let tile = tile(&tile_a, panel(p), steps, start);
                         for r in 0..here {
                             let at = (first + r) * n + p * TILE_N;
                             out[at..at + cols]
                                 .copy_from_slice(&tile[r * TILE_N..r * TILE_N + cols]);
                         }
-                        self.add_bias(out, (first, here), (p * TILE_N, cols));
+                        self.add_bias(cut, out, (first, here), (p * TILE_N, cols));
                     }
                 }
                 pi += width;
@@ -348,10 +372,19 @@ impl<T: Float> Passes<'_, T> {
 
 impl<T: Float> Passes<'_, T> {
     /// The bias, if any, added to rows `first .. first + rows` of `out` in columns
-    /// `col .. col + cols`: a tile just stored, still in L1.
+    /// `col .. col + cols` when `cut` is the last pass: a tile just stored, still in L1.
     #[inline(always)]
-    fn add_bias(&self, out: &mut [T], (first, rows): (usize, usize), (col, cols): (usize, usize)) {
+    fn add_bias(
+        &self,
+        cut: &PassCut,
+        out: &mut [T],
+        (first, rows): (usize, usize),
+        (col, cols): (usize, usize),
+    ) {
         let Some(bias) = self.bias else { return };
+        if cut.k0 + cut.kc < self.shape.k {
+            return;
+        }
         let n = self.shape.n;
         for r in first..first + rows {
             add_bias(
@@ -469,7 +502,7 @@ const PAIR: usize = 2;
 fn tiles_wide<T: Float, const P: usize>(
     tile_a: &RowTile<'_, T>,
     panels: [&[T]; P],
-    (q, block_len): (usize, usize),
+    steps: Steps,
     (out, ldc, rows): (&mut [T], usize, usize),
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -480,35 +513,57 @@ fn tiles_wide<T: Float, const P: usize>(
                 let out = same_mut::<T, f32>(out).expect("T is f32");
                 // SAFETY: the CPU supports the features the function is compiled for.
                 unsafe {
-                    super::gemm_avx512::tiles_f32(
-                        &tile_a.over(a),
-                        panels,
-                        (q, block_len),
-                        (out, ldc, rows),
-                    )
+                    super::gemm_avx512::tiles_f32(&tile_a.over(a), panels, steps, (out, ldc, rows))
                 };
                 return true;
             }
         }
     }
-    let _ = (tile_a, panels, q, block_len, out, ldc, rows);
+    let _ = (tile_a, panels, steps, out, ldc, rows);
     false
+}
+
+/// What a register tile sums: `q` canonical blocks of `block_len` steps, each from zero, joined
+/// in the canonical tree; or, with `resume` (one block), `block_len` more steps of the chains
+/// the tile's outputs already hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Steps {
+    /// Blocks (a power of two).
+    pub(super) q: usize,
+    /// Steps per block.
+    pub(super) block_len: usize,
+    /// Continue from the sums in the output instead of starting from zero.
+    pub(super) resume: bool,
+}
+
+impl Steps {
+    /// `q` canonical blocks of `block_len` steps from zero.
+    #[cfg(test)]
+    fn blocks(q: usize, block_len: usize) -> Steps {
+        Steps {
+            q,
+            block_len,
+            resume: false,
+        }
+    }
 }
 
 /// A register tile's sums, row-major `[TILE_M][TILE_N]`.
 type Tile<T> = [T; TILE_M * TILE_N];
 
-/// One register tile over `q` blocks of `block_len`: `panel` is `[q·block_len][TILE_N]`.
+/// One register tile over `steps`: `panel` is `[q·block_len][TILE_N]`; `start` holds the sums
+/// a resumed chain continues (read only when `steps.resume`).
 #[inline(always)]
-fn tile<T: Float>(tile_a: &RowTile<'_, T>, panel: &[T], q: usize, block_len: usize) -> Tile<T> {
+fn tile<T: Float>(tile_a: &RowTile<'_, T>, panel: &[T], steps: Steps, start: Tile<T>) -> Tile<T> {
     #[cfg(target_arch = "x86_64")]
     {
         if let (Some(a), Some(b)) = (same::<T, f32>(tile_a.data), same::<T, f32>(panel)) {
             if super::gemm_avx2::available() {
                 let mut out = [0f32; TILE_M * TILE_N];
+                out.copy_from_slice(same::<T, f32>(&start).expect("T is f32"));
                 let a = tile_a.over(a);
                 // SAFETY: the CPU supports the features the function is compiled for.
-                unsafe { super::gemm_avx2::tile_f32(&a, b, q, block_len, &mut out) };
+                unsafe { super::gemm_avx2::tile_f32(&a, b, steps, &mut out) };
                 let mut tile = [T::ZERO; TILE_M * TILE_N];
                 same_mut::<T, f32>(&mut tile)
                     .expect("T is f32")
@@ -517,7 +572,7 @@ fn tile<T: Float>(tile_a: &RowTile<'_, T>, panel: &[T], q: usize, block_len: usi
             }
         }
     }
-    tile_sum(tile_a, panel, q, block_len)
+    tile_sum(tile_a, panel, steps, start)
 }
 
 /// `s` as a slice of `U` when `T` is `U`.
@@ -536,14 +591,24 @@ fn same_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
 
 /// The portable register tile: per block the sums in `k` order, the blocks joined in the
 /// canonical tree as they finish (a binary counter: a finished block joins the equal-sized
-/// subtrees before it).
+/// subtrees before it); a resumed chain starts from `start`.
 #[inline(always)]
-fn tile_sum<T: Float>(tile_a: &RowTile<'_, T>, panel: &[T], q: usize, block_len: usize) -> Tile<T> {
+fn tile_sum<T: Float>(
+    tile_a: &RowTile<'_, T>,
+    panel: &[T],
+    steps: Steps,
+    start: Tile<T>,
+) -> Tile<T> {
+    let Steps { q, block_len, .. } = steps;
     assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
+    assert!(!steps.resume || q == 1, "a resumed chain is one block");
     tile_a.check(q * block_len);
     let mut stack = [[T::ZERO; TILE_M * TILE_N]; PASS_LEVELS];
     for blk in 0..q {
-        let mut acc = [T::ZERO; TILE_M * TILE_N];
+        let mut acc = match steps.resume {
+            true => start,
+            false => [T::ZERO; TILE_M * TILE_N],
+        };
         for kk in blk * block_len..(blk + 1) * block_len {
             let brow = &panel[kk * TILE_N..(kk + 1) * TILE_N];
             for (acc_r, &off) in acc.chunks_exact_mut(TILE_N).zip(&tile_a.offsets) {
@@ -787,8 +852,10 @@ mod tests {
             // The packed layout `[steps][TILE_M]`.
             let a = RowTile::packed(&data);
             let b = values(steps * TILE_N, 11 + block_len as u64);
-            let portable = tile_sum(&a, &b, q, block_len);
-            let routed = tile(&a, &b, q, block_len);
+            let zero = [0f32; TILE_M * TILE_N];
+            let blocks = Steps::blocks(q, block_len);
+            let portable = tile_sum(&a, &b, blocks, zero);
+            let routed = tile(&a, &b, blocks, zero);
             assert_eq!(
                 portable.map(f32::to_bits),
                 routed.map(f32::to_bits),
@@ -799,14 +866,62 @@ mod tests {
                 .map(|p| values(steps * TILE_N, 17 * p + block_len as u64))
                 .collect();
             let mut wants = vec![portable];
-            wants.extend(others.iter().map(|b| tile_sum(&a, b, q, block_len)));
+            wants.extend(others.iter().map(|b| tile_sum(&a, b, blocks, zero)));
             let pair = [&b[..], &others[0][..]];
             let wide: [&[f32]; WIDE] = from_fn(|p| match p {
                 0 => &b[..],
                 _ => &others[p - 1][..],
             });
-            check_wide(&a, pair, &wants, (q, block_len));
-            check_wide(&a, wide, &wants, (q, block_len));
+            check_wide(&a, pair, &wants, blocks);
+            check_wide(&a, wide, &wants, blocks);
+        }
+    }
+
+    /// A chain resumed from the sums a first run of steps stored is the one chain over all
+    /// the steps, bit for bit, on the portable tile, the routed one and the wide ones.
+    #[test]
+    fn a_resumed_chain_is_the_whole_chain() {
+        for (first, rest) in [(1, 1), (16, 5), (300, 724), (7, 16)] {
+            let steps = first + rest;
+            let data = values(steps * TILE_M, 3 + first as u64);
+            let b = values(steps * TILE_N, 13 + rest as u64);
+            let zero = [0f32; TILE_M * TILE_N];
+            let whole = tile_sum(&RowTile::packed(&data), &b, Steps::blocks(1, steps), zero);
+            let a0 = RowTile::packed(&data[..first * TILE_M]);
+            let a1 = RowTile::packed(&data[first * TILE_M..]);
+            let (b0, b1) = (&b[..first * TILE_N], &b[first * TILE_N..]);
+            let resume = Steps {
+                q: 1,
+                block_len: rest,
+                resume: true,
+            };
+            let head = tile_sum(&a0, b0, Steps::blocks(1, first), zero);
+            for got in [tile_sum(&a1, b1, resume, head), tile(&a1, b1, resume, head)] {
+                assert_eq!(
+                    got.map(f32::to_bits),
+                    whole.map(f32::to_bits),
+                    "{first} + {rest}"
+                );
+            }
+            // The wide tiles resume from the output rows themselves.
+            let ldc = PAIR * TILE_N;
+            let mut out = vec![0f32; TILE_M * ldc];
+            for r in 0..TILE_M {
+                for p in 0..PAIR {
+                    let at = r * ldc + p * TILE_N;
+                    out[at..at + TILE_N].copy_from_slice(&head[r * TILE_N..(r + 1) * TILE_N]);
+                }
+            }
+            if tiles_wide(&a1, [b1, b1], resume, (&mut out, ldc, TILE_M)) {
+                for r in 0..TILE_M {
+                    for p in 0..PAIR {
+                        let at = r * ldc + p * TILE_N;
+                        let want = &whole[r * TILE_N..(r + 1) * TILE_N];
+                        let same = out[at..at + TILE_N].iter().zip(want);
+                        assert!(same.clone().all(|(g, w)| g.to_bits() == w.to_bits()));
+                    }
+                }
+            }
         }
     }
 
@@ -817,13 +932,14 @@ mod tests {
         a: &RowTile<'_, f32>,
         panels: [&[f32]; P],
         wants: &[Tile<f32>],
-        (q, block_len): (usize, usize),
+        steps: Steps,
     ) {
+        let Steps { q, block_len, .. } = steps;
         let ldc = P * TILE_N + 3;
         for rows in [TILE_M, 2] {
             let mut out = vec![f32::NAN; TILE_M * ldc];
             let stored = (rows - 1) * ldc + P * TILE_N;
-            if !tiles_wide(a, panels, (q, block_len), (&mut out[..stored], ldc, rows)) {
+            if !tiles_wide(a, panels, steps, (&mut out[..stored], ldc, rows)) {
                 return;
             }
             for r in 0..rows {

@@ -13,7 +13,7 @@ use std::arch::x86_64::{
 
 use std::mem::MaybeUninit;
 
-use super::gemm::{RowTile, PASS_LEVELS, TILE_M, TILE_N};
+use super::gemm::{RowTile, Steps, PASS_LEVELS, TILE_M, TILE_N};
 
 /// Accumulator registers of a tile.
 const REGS: usize = TILE_M * TILE_N / 8;
@@ -23,8 +23,9 @@ pub(super) fn available() -> bool {
     std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
 }
 
-/// `out` (`[TILE_M][TILE_N]`) ← the canonical tree over `q` blocks of `block_len` of
-/// `tile_a`'s rows times `panel` (`[q·block_len][TILE_N]`).
+/// `out` (`[TILE_M][TILE_N]`) ← the canonical tree over `steps.q` blocks of `steps.block_len`
+/// of `tile_a`'s rows times `panel` (`[q·block_len][TILE_N]`); with `steps.resume` (one block)
+/// the chains continue from the sums `out` holds.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA ([`available`]).
@@ -32,20 +33,26 @@ pub(super) fn available() -> bool {
 pub(super) unsafe fn tile_f32(
     tile_a: &RowTile<'_, f32>,
     panel: &[f32],
-    q: usize,
-    block_len: usize,
+    steps: Steps,
     out: &mut [f32; TILE_M * TILE_N],
 ) {
-    let steps = q * block_len;
-    tile_a.check(steps);
-    assert!(panel.len() >= steps * TILE_N);
+    let Steps { q, block_len, .. } = steps;
+    tile_a.check(q * block_len);
+    assert!(panel.len() >= q * block_len * TILE_N);
     assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
+    assert!(!steps.resume || q == 1, "a resumed chain is one block");
     // Level `l` is written before it is read: the binary counter joins only levels it filled.
     let mut stack = [MaybeUninit::<[__m256; REGS]>::uninit(); PASS_LEVELS];
     let (mut ap, mut bp) = (tile_a.data.as_ptr(), panel.as_ptr());
     let (offsets, step) = (tile_a.offsets, tile_a.step);
     for blk in 0..q {
         let mut acc: [__m256; REGS] = [_mm256_setzero_ps(); REGS];
+        if steps.resume {
+            for (i, v) in acc.iter_mut().enumerate() {
+                // SAFETY: `out` holds REGS × 8 floats.
+                *v = unsafe { _mm256_loadu_ps(out.as_ptr().add(8 * i)) };
+            }
+        }
         for _ in 0..block_len {
             // SAFETY: the assert above keeps every read inside the operands.
             unsafe {

@@ -17,7 +17,7 @@ use std::arch::x86_64::{
 };
 use std::mem::MaybeUninit;
 
-use super::gemm::{RowTile, PASS_LEVELS, TILE_M, TILE_N};
+use super::gemm::{RowTile, Steps, PASS_LEVELS, TILE_M, TILE_N};
 
 /// The accumulators of `P` neighbouring tiles: one register per row and panel.
 type Acc<const P: usize> = [[__m512; P]; TILE_M];
@@ -27,8 +27,8 @@ pub(super) fn available() -> bool {
     std::is_x86_feature_detected!("avx512f")
 }
 
-/// One block's sums from zero: `block_len` steps of the rows at `ap + offsets[r]` (a step
-/// apart) and of the `P` panels.
+/// One block's sums from `acc` on (zeros, or the sums a resumed chain continues):
+/// `block_len` steps of the rows at `ap + offsets[r]` (a step apart) and of the `P` panels.
 ///
 /// # Safety
 /// AVX-512F; the rows and every panel hold `block_len` more steps.
@@ -38,9 +38,8 @@ unsafe fn block<const P: usize>(
     (offsets, step): (&[usize; TILE_M], usize),
     bp: &mut [*const f32; P],
     block_len: usize,
+    mut acc: Acc<P>,
 ) -> Acc<P> {
-    // SAFETY: callers run with AVX-512F (every caller is `tiles_f32`).
-    let mut acc = unsafe { [[_mm512_setzero_ps(); P]; TILE_M] };
     for _ in 0..block_len {
         // SAFETY: the caller keeps every read inside the operands.
         unsafe {
@@ -75,8 +74,9 @@ fn join<const P: usize>(left: &Acc<P>, right: &mut Acc<P>) {
 }
 
 /// `out` (the first `stored` of the `TILE_M` rows, each `P · TILE_N` wide, rows `ldc` apart) ←
-/// the canonical tree over `q` blocks of `block_len` of `tile_a`'s rows times the `P` panels
-/// (left to right), each `[q·block_len][TILE_N]`.
+/// the canonical tree over `steps.q` blocks of `steps.block_len` of `tile_a`'s rows times the
+/// `P` panels (left to right), each `[q·block_len][TILE_N]`; with `steps.resume` (one block)
+/// the chains continue from the sums `out` holds.
 ///
 /// # Safety
 /// The CPU must support AVX-512F ([`available`]).
@@ -84,28 +84,41 @@ fn join<const P: usize>(left: &Acc<P>, right: &mut Acc<P>) {
 pub(super) unsafe fn tiles_f32<const P: usize>(
     tile_a: &RowTile<'_, f32>,
     panels: [&[f32]; P],
-    (q, block_len): (usize, usize),
+    steps: Steps,
     (out, ldc, stored): (&mut [f32], usize, usize),
 ) {
-    let steps = q * block_len;
-    tile_a.check(steps);
-    assert!(panels.iter().all(|panel| panel.len() >= steps * TILE_N));
+    let Steps { q, block_len, .. } = steps;
+    tile_a.check(q * block_len);
+    assert!(panels
+        .iter()
+        .all(|panel| panel.len() >= q * block_len * TILE_N));
     assert!(q.is_power_of_two() && q < 1 << PASS_LEVELS);
+    assert!((1..=TILE_M).contains(&stored));
+    assert!(ldc >= P * TILE_N && out.len() >= (stored - 1) * ldc + P * TILE_N);
+    assert!(!steps.resume || q == 1, "a resumed chain is one block");
     let mut ap = tile_a.data.as_ptr();
     let rows = (&tile_a.offsets, tile_a.step);
     let mut bp = panels.map(<[f32]>::as_ptr);
+    let mut start = [[_mm512_setzero_ps(); P]; TILE_M];
+    if steps.resume {
+        for r in 0..stored {
+            for p in 0..P {
+                // SAFETY: the assert above keeps every 16-float run inside `out`.
+                start[r][p] = unsafe { _mm512_loadu_ps(out.as_ptr().add(r * ldc + p * TILE_N)) };
+            }
+        }
+    }
+    let from = (&mut ap, rows, &mut bp);
     // Short blocks with their length known to the compiler, so their steps are unrolled. On a
     // Zen 5 EPYC the block of 16 (the GPT's k = 256 products) went from 0.68–0.76× to
     // 0.91–0.94× of `gemm` with it; 64 and 128 measured no gain.
     let root = match block_len {
         // SAFETY: the asserts above keep every read inside the operands.
-        4 => unsafe { tree::<4, P>(q, 4, (&mut ap, rows, &mut bp)) },
-        8 => unsafe { tree::<8, P>(q, 8, (&mut ap, rows, &mut bp)) },
-        16 => unsafe { tree::<16, P>(q, 16, (&mut ap, rows, &mut bp)) },
-        _ => unsafe { tree::<0, P>(q, block_len, (&mut ap, rows, &mut bp)) },
+        4 => unsafe { tree::<4, P>(q, 4, from, start) },
+        8 => unsafe { tree::<8, P>(q, 8, from, start) },
+        16 => unsafe { tree::<16, P>(q, 16, from, start) },
+        _ => unsafe { tree::<0, P>(q, block_len, from, start) },
     };
-    assert!((1..=TILE_M).contains(&stored));
-    assert!(ldc >= P * TILE_N && out.len() >= (stored - 1) * ldc + P * TILE_N);
     for r in 0..stored {
         for p in 0..P {
             // SAFETY: the assert above keeps every 16-float run inside `out`.
@@ -115,9 +128,10 @@ pub(super) unsafe fn tiles_f32<const P: usize>(
 }
 
 /// The canonical tree over `q` blocks of `block_len` steps (`BL` when it is not 0), from `ap`
-/// and `bp` on. Blocks are summed in pairs: the even block's sums are kept (in registers for
-/// two panels; the compiler spills what does not fit) while the odd block runs, and the pair
-/// joins there, so only level-one subtrees go to the stack.
+/// and `bp` on; one block starts from `start` (zeros, or a resumed chain's sums), more from
+/// zeros. Blocks are summed in pairs: the even block's sums are kept (in registers for two
+/// panels; the compiler spills what does not fit) while the odd block runs, and the pair joins
+/// there, so only level-one subtrees go to the stack.
 ///
 /// # Safety
 /// AVX-512F; the rows and every panel hold `q · block_len` more steps.
@@ -130,19 +144,22 @@ unsafe fn tree<const BL: usize, const P: usize>(
         (&[usize; TILE_M], usize),
         &mut [*const f32; P],
     ),
+    start: Acc<P>,
 ) -> Acc<P> {
     let block_len = if BL > 0 { BL } else { block_len };
     if q == 1 {
         // SAFETY: the caller keeps every read inside the operands.
-        return unsafe { block(ap, rows, bp, block_len) };
+        return unsafe { block(ap, rows, bp, block_len, start) };
     }
 
     // Level `l` (≥ 1) is written before it is read: the counter joins only levels it filled.
     let mut stack = [MaybeUninit::<Acc<P>>::uninit(); PASS_LEVELS];
+    // SAFETY: callers run with AVX-512F (every caller is `tiles_f32`).
+    let zero = unsafe { [[_mm512_setzero_ps(); P]; TILE_M] };
     for pair in 0..q / 2 {
         // SAFETY: as above.
-        let left = unsafe { block(ap, rows, bp, block_len) };
-        let mut sum = unsafe { block(ap, rows, bp, block_len) };
+        let left = unsafe { block(ap, rows, bp, block_len, zero) };
+        let mut sum = unsafe { block(ap, rows, bp, block_len, zero) };
         join(&left, &mut sum);
         // Pairs 0..=pair done: join while the counter carries.
         let mut level = 1;
