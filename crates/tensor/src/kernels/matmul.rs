@@ -190,19 +190,17 @@ impl TileCpu {
     }
 
     /// Whether [`GemmBackend::Tiles`] runs `shape` faster than the `gemm` crate on this kind
-    /// of CPU: on an AMD CPU with AVX-512, a product whose `A` is read in place (not
-    /// transposed) with at least 256 rows, 64 columns and 64 reduction steps.
+    /// of CPU: on an AMD CPU with AVX-512, a product with at least 64 columns and 64 reduction
+    /// steps, and at least 256 rows when `A` is read in place, 1,024 when it is transposed (and
+    /// packed: a weight gradient with as many output features).
     //
     // Evidence: `cargo bench -p tessera-tensor --bench gpt_backends` (one thread, caches
     // flushed before every product); see `docs/PERFORMANCE.md`, "The engine's own tiles for
     // the ordinary products".
     pub fn tiles_win(self, shape: &GemmShape) -> bool {
         let GemmShape { m, n, k, .. } = *shape;
-        self == TileCpu::AmdAvx512
-            && !shape.trans_a
-            && m >= 256
-            && n >= 64
-            && k >= 64
+        let rows = if shape.trans_a { 1024 } else { 256 };
+        self == TileCpu::AmdAvx512 && m >= rows && n >= 64 && k >= 64
     }
 }
 
@@ -601,9 +599,8 @@ fn contiguous_cow<T: Float>(src: &[T], (rows, cols, ld): (usize, usize, usize)) 
 }
 
 /// `c ← op(A)·op(B) (+ bias)` by the tiles, contiguous operands, on the threads
-/// [`super::threads`] allows for the product's size: one band of rows per thread when `A` is
-/// not transposed (each output's chain is the same whichever band holds its row, so the bits
-/// are one thread's).
+/// [`super::threads`] allows for the product's size: one band of rows per thread (each
+/// output's chain is the same whichever band holds its row, so the bits are one thread's).
 fn tiles_in_bands<T: Float>(
     shape: GemmShape,
     a: &[T],
@@ -611,19 +608,16 @@ fn tiles_in_bands<T: Float>(
     bias: Option<&[T]>,
     c: &mut [T],
 ) -> Result<(), TensorError> {
-    let GemmShape { m, n, k, .. } = shape;
+    let GemmShape { m, n, .. } = shape;
     let threads = super::threads::threads_for(shape.flops());
-    if threads < 2 || shape.trans_a || k == 0 {
-        return det::chain_gemm(shape, a, b, bias, c);
+    if threads < 2 || n == 0 {
+        return det::chain_gemm(shape, a, b, bias, (0..m, c));
     }
     let per = m.div_ceil(threads);
-    let bands: Vec<_> = a.chunks(per * k).zip(c.chunks_mut(per * n)).collect();
-    super::threads::for_each_part(bands, |_, (a, c)| {
-        let band = GemmShape {
-            m: a.len() / k,
-            ..shape
-        };
-        det::chain_gemm(band, a, b, bias, c)
+    let bands: Vec<_> = c.chunks_mut(per * n).enumerate().collect();
+    super::threads::for_each_part(bands, |_, (i, c)| {
+        let rows = i * per..i * per + c.len() / n;
+        det::chain_gemm(shape, a, b, bias, (rows, c))
     })
     .into_iter()
     .collect()
@@ -1119,12 +1113,13 @@ mod tests {
         };
         // An AMD CPU with AVX-512 runs the GPT's forward and `dX` products on the tiles (and
         // a wider model's, with longer reductions), its weight gradients (`A` transposed) on
-        // the crate; short, narrow or shallow products keep the crate's rules; other CPUs never
-        // take the tiles.
+        // the crate unless they have 1,024 rows; short, narrow or shallow products keep the
+        // crate's rules; other CPUs never take the tiles.
         assert_eq!(on_amd(2048, 768, 256, false, true), Tiles);
         assert_eq!(on_amd(2048, 256, 1024, false, false), Tiles);
         assert_eq!(on_amd(256, 64, 64, false, false), Tiles);
         assert_eq!(on_amd(768, 256, 2048, true, false), Gemm);
+        assert_eq!(on_amd(1024, 256, 2048, true, false), Tiles);
         assert_eq!(on_amd(2048, 1024, 4096, false, true), Tiles);
         assert_eq!(on_amd(2048, 256, 32, false, false), Gemm);
         assert_eq!(on_amd(2048, 32, 256, false, false), Gemm);

@@ -123,6 +123,7 @@ pub fn det_gemm<T: Float>(
         blocking,
         bias: None,
         chain: false,
+        rows: 0..m,
     };
     let per_pass = passes.per_pass;
     let n_passes = nb / per_pass;
@@ -156,8 +157,8 @@ pub fn det_gemm<T: Float>(
     Ok(())
 }
 
-/// `C ← op(A)·op(B) (+ bias)`, every output one fused multiply-add chain over the whole
-/// reduction in order: the canonical product's tiles, in passes of at most
+/// Rows `rows` of `C ← op(A)·op(B) (+ bias)` into `c` (those rows only), every output one fused
+/// multiply-add chain over the whole reduction in order: the canonical product's tiles, in passes of at most
 /// [`Blocking::pass_k`] steps whose tiles continue the chains the pass before stored (so the
 /// passes' lengths never show in the bits), with `bias[j]` (`n` elements) added to every row's
 /// column `j` as the last pass stores each register tile, while the tile is in L1: the bits of
@@ -167,24 +168,30 @@ pub(crate) fn chain_gemm<T: Float>(
     a: &[T],
     b: &[T],
     bias: Option<&[T]>,
-    c: &mut [T],
+    (rows, c): (std::ops::Range<usize>, &mut [T]),
 ) -> Result<(), TensorError> {
     const OP: &str = "chain_gemm";
     let GemmShape { m, n, k, .. } = shape;
     if let Some(bias) = bias {
         crate::kernels::check::buffer_len(OP, "bias", n, bias.len())?;
     }
-    if k == 0 || m == 0 || n == 0 {
-        det_gemm(shape, a, b, c, k)?;
+    crate::kernels::check::buffer_len(OP, "a", m * k, a.len())?;
+    crate::kernels::check::buffer_len(OP, "b", k * n, b.len())?;
+    if rows.end > m || rows.start > rows.end {
+        return Err(TensorError::InvalidArgument {
+            op: OP,
+            reason: format!("rows {rows:?} of a product of {m} rows"),
+        });
+    }
+    crate::kernels::check::buffer_len(OP, "c", rows.len() * n, c.len())?;
+    if k == 0 || rows.is_empty() || n == 0 {
+        c.fill(T::ZERO);
         if let Some(bias) = bias {
             c.chunks_exact_mut(n.max(1))
                 .for_each(|row| add_bias(row, bias));
         }
         return Ok(());
     }
-    crate::kernels::check::buffer_len(OP, "a", m * k, a.len())?;
-    crate::kernels::check::buffer_len(OP, "b", k * n, b.len())?;
-    crate::kernels::check::buffer_len(OP, "c", m * n, c.len())?;
     let blocking = Blocking::here();
     let pass_len = k.min(blocking.pass_k);
     let passes = Passes {
@@ -196,6 +203,7 @@ pub(crate) fn chain_gemm<T: Float>(
         blocking,
         bias,
         chain: true,
+        rows,
     };
     for p in 0..k.div_ceil(pass_len) {
         passes.run(p, c);
@@ -226,6 +234,8 @@ struct Passes<'a, T> {
     /// Passes of `block_len` steps (the last one shorter) that continue each output's chain
     /// from the sums the pass before stored, instead of canonical subtrees joined afterwards.
     chain: bool,
+    /// The rows of `C` computed; the output buffer holds these rows only.
+    rows: std::ops::Range<usize>,
 }
 
 impl<T: Float> Passes<'_, T> {
@@ -302,11 +312,13 @@ impl<T: Float> Passes<'_, T> {
         pack_b(self.b, (k, n), self.shape.trans_b, (k0, kc), panels);
         let panels = &*panels;
         let panel = |p: usize| &panels[p * panel_len..p * panel_len + kc * TILE_N];
+        // `i0`, `first`: rows of the output buffer; `row0 + …`: rows of `C` and `op(A)`.
+        let (row0, band) = (self.rows.start, self.rows.len());
         let mut i0 = 0;
-        while i0 < m {
-            let rows = chunk_m.min(m - i0);
+        while i0 < band {
+            let rows = chunk_m.min(band - i0);
             if self.shape.trans_a {
-                pack_a_columns(self.a, m, (i0, rows), (k0, kc), packed_a);
+                pack_a_columns(self.a, m, (row0 + i0, rows), (k0, kc), packed_a);
             }
             let mut pi = 0;
             while pi < n_panels {
@@ -325,7 +337,7 @@ impl<T: Float> Passes<'_, T> {
                     let tile_a = if self.shape.trans_a {
                         RowTile::packed(&packed_a[t * a_stride..t * a_stride + kc * TILE_M])
                     } else {
-                        RowTile::in_place(self.a, k, (first, here), k0)
+                        RowTile::in_place(self.a, k, (row0 + first, here), k0)
                     };
                     // Whole neighbouring panels: summed straight into `out` where the CPU
                     // has the wide kernel (a short last row tile too: its missing rows are
