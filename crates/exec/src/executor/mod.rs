@@ -110,9 +110,6 @@ struct LazyParameters {
     seed: Option<u64>,
 }
 
-/// With `[parallel.overlap]` and something to overlap (gradient buckets, prefetched `gathers`):
-/// this rank's progress worker — a thread on the local backend, whose group communicators are
-/// created here, job kind by job kind in program order, by every rank alike; inline under MPI.
 /// [`RankExecutor`]'s `bias_epilogue`: by step, the `BiasAdd` step right after a `MatMul` or
 /// `BatchMatMul` that adds a bias over the product's output in place, the output dying there
 /// (the step is in `moved` with the product's output as its source).
@@ -138,6 +135,9 @@ pub fn bias_epilogues(program: &Program, moved: &[Option<(usize, usize)>]) -> Ve
     (0..program.steps.len()).map(fused_into).collect()
 }
 
+/// With `[parallel.overlap]` and something to overlap (gradient buckets, prefetched `gathers`):
+/// this rank's progress worker — a thread on the local backend, whose group communicators are
+/// created here, job kind by job kind in program order, by every rank alike; inline under MPI.
 fn progress_for(
     program: &Program,
     world: &Arc<dyn Communicator>,
