@@ -157,12 +157,12 @@ pub fn det_gemm<T: Float>(
     Ok(())
 }
 
-/// Rows `rows` of `C ← op(A)·op(B) (+ bias)` into `c` (those rows only), every output one fused
-/// multiply-add chain over the whole reduction in order: the canonical product's tiles, in passes of at most
-/// [`Blocking::pass_k`] steps whose tiles continue the chains the pass before stored (so the
-/// passes' lengths never show in the bits), with `bias[j]` (`n` elements) added to every row's
-/// column `j` as the last pass stores each register tile, while the tile is in L1: the bits of
-/// the product followed by a separate bias add.
+/// Rows `rows` of `C ← op(A)·op(B) (+ bias)` into `c` (those rows only), every output one
+/// fused multiply-add chain over the whole reduction in order: the canonical product's tiles,
+/// in passes of at most [`Blocking::pass_k`] steps whose tiles continue the chains the pass
+/// before stored (so the passes' lengths never show in the bits), with `bias[j]` (`n`
+/// elements) added to every row's column `j` as the last pass stores each register tile, while
+/// the tile is in L1: the bits of the product followed by a separate bias add.
 pub(crate) fn chain_gemm<T: Float>(
     shape: GemmShape,
     a: &[T],
