@@ -1,14 +1,15 @@
 //! Matrix products: the slice-level [`gemm`](fn@gemm) (C ← α·op(A)·op(B) + β·C), the 2-D
 //! [`matmul`](fn@matmul) and the broadcasting [`batch_matmul`].
 //!
-//! Two libraries do the arithmetic, single-threaded by default (a rank owns one core; parallelism
-//! comes from ranks, unless `train.threads_per_rank` lets a large product use more threads:
-//! [`super::threads`]): the `gemm` crate, built with its AVX-512 (`x86-v4`) kernels, and `matrixmultiply`;
-//! the `gemm` crate is also used through a column-major output buffer for skinny transposed-B
-//! products.
-//! [`GemmBackend::for_shape`] routes each shape class to the faster one, with the measurements
-//! behind the rule beside it. Both read row-major operands with either one transposed by strides:
-//! no transposed copy is made.
+//! Two libraries and the engine's own register tiles do the arithmetic, single-threaded by
+//! default (a rank owns one core; parallelism comes from ranks, unless `train.threads_per_rank`
+//! lets a large product use more threads: [`super::threads`]): the `gemm` crate, built with its
+//! AVX-512 (`x86-v4`) kernels, `matrixmultiply`, and [`GemmBackend::Tiles`] (deterministic
+//! mode's tile kernel, one chain per output, with a bias epilogue: [`gemm_bias`]); the `gemm`
+//! crate is also used through a column-major output buffer for skinny transposed-B products.
+//! [`GemmBackend::for_shape`] routes each shape class, on each kind of CPU ([`TileCpu`]), to the
+//! fastest, with the measurements behind the rule beside it. All read row-major operands with
+//! either one transposed by strides: no transposed copy is made.
 
 use std::borrow::Cow;
 

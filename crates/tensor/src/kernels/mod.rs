@@ -29,8 +29,9 @@
 //! - Gradients are named `<op>_grad` and return the gradient of the op's input(s) given the
 //!   upstream gradient `dy`; each documents whether it reads the forward input or output.
 //! - Binary ops broadcast like NumPy; [`sum_to_shape`] brings a broadcast gradient back.
-//! - Matmul routes each shape to the faster of two backends ([`GemmBackend::for_shape`]),
-//!   single-threaded unless [`threads::set_threads`] allows more (bitwise the same results).
+//! - Matmul routes each shape to the fastest backend on the CPU it runs on
+//!   ([`GemmBackend::for_shape`]), single-threaded unless [`threads::set_threads`] allows more
+//!   (bitwise the same results).
 //!
 //! # Modules
 //! One family per module: [`matmul`](mod@matmul), [`attention`](mod@attention) (fused,
