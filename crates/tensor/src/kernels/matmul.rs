@@ -333,9 +333,7 @@ pub(crate) fn gemm_strided<T: Float>(
         beta,
         (&mut c_rows, n),
     )?;
-    for (i, row) in c_rows.chunks_exact(n.max(1)).enumerate().take(m) {
-        c[i * ldc..i * ldc + n].copy_from_slice(row);
-    }
+    scatter_rows(&c_rows, n, (c, ldc), (m, n));
     Ok(())
 }
 
@@ -384,6 +382,19 @@ fn zero_padded<T: Float>(
     out
 }
 
+/// The first `cols` elements of each of the first `rows` rows of `src` (rows `src_ld` apart)
+/// into the rows of `dst` (rows `ldc` apart): [`zero_padded`]'s way back.
+fn scatter_rows<T: Float>(
+    src: &[T],
+    src_ld: usize,
+    (dst, ldc): (&mut [T], usize),
+    (rows, cols): (usize, usize),
+) {
+    for i in 0..rows {
+        dst[i * ldc..i * ldc + cols].copy_from_slice(&src[i * src_ld..i * src_ld + cols]);
+    }
+}
+
 /// [`gemm_strided`] on the `padded` shape ([`tiled_kernel_shape`]): the operands copied into
 /// zero-padded contiguous buffers (`C` read only when `beta ≠ 0`), the `m × n` results copied
 /// back. The padding adds zero terms at the end of each reduction and outputs no one reads.
@@ -417,9 +428,7 @@ fn padded_product<T: Float>(
         beta,
         (&mut c_pad, np),
     )?;
-    for i in 0..m {
-        c[i * ldc..i * ldc + n].copy_from_slice(&c_pad[i * np..i * np + n]);
-    }
+    scatter_rows(&c_pad, np, (c, ldc), (m, n));
     Ok(())
 }
 
@@ -513,9 +522,7 @@ fn product<T: Float>(
                 beta,
                 (&mut c_rows, n),
             )?;
-            for (i, row) in c_rows.chunks_exact(n).enumerate() {
-                c[i * ldc..i * ldc + n].copy_from_slice(row);
-            }
+            scatter_rows(&c_rows, n, (c, ldc), (m, n));
         }
         GemmBackend::GemmColumnMajor => {
             // Cᵀ is C in column-major order: compute it, then transpose it back.

@@ -290,6 +290,29 @@ impl<T: Float> Passes<'_, T> {
         self.fill(cut, out, space)
     }
 
+    /// The bias, if any, added to rows `first .. first + rows` of `out` in columns
+    /// `col .. col + cols` when `cut` is the last pass: a tile just stored, still in L1.
+    #[inline(always)]
+    fn add_bias(
+        &self,
+        cut: &PassCut,
+        out: &mut [T],
+        (first, rows): (usize, usize),
+        (col, cols): (usize, usize),
+    ) {
+        let Some(bias) = self.bias else { return };
+        if cut.k0 + cut.kc < self.shape.k {
+            return;
+        }
+        let n = self.shape.n;
+        for r in first..first + rows {
+            add_bias(
+                &mut out[r * n + col..r * n + col + cols],
+                &bias[col..col + cols],
+            );
+        }
+    }
+
     /// Pass `cut` into `out`, its operands packed into `space`.
     #[inline(always)]
     fn fill(&self, cut: &PassCut, out: &mut [T], space: &mut [T]) {
@@ -378,31 +401,6 @@ impl<T: Float> Passes<'_, T> {
                 pi += width;
             }
             i0 += rows;
-        }
-    }
-}
-
-impl<T: Float> Passes<'_, T> {
-    /// The bias, if any, added to rows `first .. first + rows` of `out` in columns
-    /// `col .. col + cols` when `cut` is the last pass: a tile just stored, still in L1.
-    #[inline(always)]
-    fn add_bias(
-        &self,
-        cut: &PassCut,
-        out: &mut [T],
-        (first, rows): (usize, usize),
-        (col, cols): (usize, usize),
-    ) {
-        let Some(bias) = self.bias else { return };
-        if cut.k0 + cut.kc < self.shape.k {
-            return;
-        }
-        let n = self.shape.n;
-        for r in first..first + rows {
-            add_bias(
-                &mut out[r * n + col..r * n + col + cols],
-                &bias[col..col + cols],
-            );
         }
     }
 }
