@@ -81,11 +81,16 @@ impl PackedReduction {
     /// is its source slice of plan `i`. `None` when the rank is outside the plans' meshes. The
     /// sum runs in deterministic mode's canonical tree when `deterministic`, and adds half
     /// values as `half_sum` says.
+    ///
+    /// `spare`, a tensor of the sources' type with as many elements as they hold together (an
+    /// earlier bucket's [`PackedReduction::into_data`]), takes the packed values in place of a
+    /// freshly allocated one; any other `spare` is dropped.
     pub fn pack(
         plans: &[&ReshardPlan],
         local: &[&Tensor],
         rank: usize,
         (deterministic, half_sum): (bool, HalfSum),
+        spare: Option<Tensor>,
     ) -> Result<Option<PackedReduction>, ExecError> {
         let Some(first) = plans.first() else {
             return Ok(None);
@@ -125,10 +130,24 @@ impl PackedReduction {
                 (part, t.shape().to_vec())
             })
             .collect();
+        if let Some(t) = local.iter().find(|t| t.dtype() != key.dtype) {
+            return Err(ExecError::LocalMismatch {
+                reason: format!(
+                    "a fused {:?} reduction given a {:?} source",
+                    key.dtype,
+                    t.dtype()
+                ),
+            });
+        }
+        let total: usize = local.iter().map(|t| t.n_elements()).sum();
+        let mut data = spare
+            .filter(|t| t.dtype() == key.dtype && t.n_elements() == total)
+            .and_then(|t| t.reshape(&[total]).ok())
+            .unwrap_or_else(|| Tensor::zeros(key.dtype, &[total]));
         let width = key.dtype.size_in_bytes();
-        let (bytes, counts) = if key.scatter && !deterministic {
+        let counts = if key.scatter && !deterministic {
             // Member k's parts of every plan, one after another, then member k + 1's.
-            let mut send = Vec::new();
+            let mut send = Vec::with_capacity(total * width);
             let mut counts = Vec::with_capacity(n);
             for k in 0..n {
                 let before = send.len();
@@ -138,12 +157,18 @@ impl PackedReduction {
                 }
                 counts.push((send.len() - before) / width);
             }
-            (send, Some(counts))
+            data.as_bytes_mut().copy_from_slice(&send);
+            Some(counts)
         } else {
-            let all = local.iter().flat_map(|t| t.as_bytes().iter().copied());
-            (all.collect::<Vec<u8>>(), None)
+            // One copy of each source into its place.
+            let mut rest = data.as_bytes_mut();
+            for t in local {
+                let (into, after) = rest.split_at_mut(t.as_bytes().len());
+                into.copy_from_slice(t.as_bytes());
+                rest = after;
+            }
+            None
         };
-        let mut data = Tensor::from_bytes(key.dtype, &[bytes.len() / width], &bytes)?;
         if half_sum.widens(key.dtype) {
             data = data.to_dtype(DType::F32);
         }
@@ -174,6 +199,11 @@ impl PackedReduction {
         self.packed_bytes
     }
 
+    /// The packed values (after the reduction, its result), for the next bucket's `spare`.
+    pub fn into_data(self) -> Tensor {
+        self.data
+    }
+
     /// Writes the reduced result into `out` (this rank's destination slice of each plan,
     /// allocated; every element overwritten).
     pub fn unpack(&self, out: &mut [&mut Tensor]) -> Result<(), ExecError> {
@@ -196,12 +226,27 @@ impl PackedReduction {
                 false => shape,
             };
             let len = whole.iter().product::<usize>() * width;
-            let summed = Tensor::from_bytes(dtype, whole, &data[at..at + len])?;
+            let bytes = &data[at..at + len];
             at += len;
+            if o.dtype() == dtype && o.as_bytes().len() == len && whole == &part.shape {
+                // The destination is the whole summed slice, in the type summed: one copy.
+                o.as_bytes_mut().copy_from_slice(bytes);
+                continue;
+            }
+            let summed = Tensor::from_bytes(dtype, whole, bytes)?;
             let mine = match summed.shape() == part.shape.as_slice() {
                 true => summed,
                 false => summed.extract_box(part)?,
             };
+            if mine.shape() != o.shape() {
+                return Err(ExecError::LocalMismatch {
+                    reason: format!(
+                        "a fused reduction's part of shape {:?} for a destination of shape {:?}",
+                        mine.shape(),
+                        o.shape()
+                    ),
+                });
+            }
             // Rounded back when the sum ran wider than the destination.
             let mine = mine.to_dtype(o.dtype());
             o.as_bytes_mut().copy_from_slice(mine.as_bytes());
@@ -289,7 +334,7 @@ impl ReshardRunner {
         out: &mut [&mut Tensor],
     ) -> Result<(), ExecError> {
         let modes = (self.is_deterministic(), self.half_sum());
-        if let Some(mut packed) = PackedReduction::pack(plans, local, self.rank(), modes)? {
+        if let Some(mut packed) = PackedReduction::pack(plans, local, self.rank(), modes, None)? {
             self.reduce_packed(&mut packed)?;
             packed.unpack(out)?;
         }

@@ -1,4 +1,5 @@
 //! Behaviour tests of the reshard executor: plans executed on the local backend.
 
+mod fused;
 mod messages;
 mod properties;

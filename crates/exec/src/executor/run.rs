@@ -202,7 +202,12 @@ impl RankExecutor {
             // A bucket holds gradients.
             let half_sum = crate::precision::half_sum(&program.placed.config, true);
             let modes = (self.runner.is_deterministic(), half_sum);
-            reshard_exec::PackedReduction::pack(&plans, &srcs, self.rank, modes)?
+            // The last step's bucket of this size, its values stale: packing overwrites them.
+            let spare = srcs.first().and_then(|first| {
+                let total = srcs.iter().map(|t| t.n_elements()).sum::<usize>();
+                self.recycler.take(first.dtype(), &[total])
+            });
+            reshard_exec::PackedReduction::pack(&plans, &srcs, self.rank, modes, spare)?
         };
         if let Some(mut packed) = packed {
             let overlapped = program
@@ -220,6 +225,7 @@ impl RankExecutor {
                 None => {
                     self.runner.reduce_packed(&mut packed)?;
                     self.unpack_bucket(program, b, &packed)?;
+                    self.recycle_bucket(packed);
                 }
             }
         }
@@ -237,7 +243,8 @@ impl RankExecutor {
         packed: &reshard_exec::PackedReduction,
     ) -> Result<(), ExecError> {
         let steps = self.bucket_steps(program, b);
-        let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_for_writing(r.to)).collect();
+        // Unpacking writes every element of every destination.
+        let mut outs: Vec<Tensor> = steps.iter().map(|r| self.take_output(r.to, true)).collect();
         let result = {
             let mut dsts: Vec<&mut Tensor> = outs.iter_mut().collect();
             packed.unpack(&mut dsts)
@@ -246,6 +253,12 @@ impl RankExecutor {
             self.buffers[r.to] = Some(t);
         }
         Ok(result?)
+    }
+
+    /// Keeps a bucket's packed buffer, once unpacked, for the next step's bucket of its size.
+    fn recycle_bucket(&mut self, packed: reshard_exec::PackedReduction) {
+        let room = self.recycler_room();
+        self.recycler.keep(packed.into_data(), room);
     }
 
     /// Hands the gather of step `i` (an hsdp weight's, levels 1–3) to the progress thread: its
@@ -310,6 +323,7 @@ impl RankExecutor {
             self.unpack_bucket(program, b, &packed)?;
             self.meter
                 .release(MemoryCategory::Communication, packed.bytes());
+            self.recycle_bucket(packed);
         }
         if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
             p.reshard(crate::profile::FUSED_BUCKETS, t.elapsed(), t.waited());
