@@ -255,6 +255,19 @@ pub enum CkptError {
         /// The directory.
         path: PathBuf,
     },
+    /// Two rank directories whose numbers are the same rank (`rank_0/` and `rank_00/`), each
+    /// holding a checkpoint: which one is that rank's would depend on the directory listing.
+    #[error("{path}: {first}/ and {second}/ both name rank {rank}, and each holds a checkpoint; keep one")]
+    DuplicateRankDir {
+        /// The directory holding them.
+        path: PathBuf,
+        /// The rank.
+        rank: usize,
+        /// One directory's name (the smaller).
+        first: String,
+        /// The other's.
+        second: String,
+    },
     /// A rank the operation needs is missing from the source directory.
     #[error("{path}: source rank {rank} is needed but rank_{rank}/ holds no checkpoint file")]
     MissingRank {

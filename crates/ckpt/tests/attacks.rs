@@ -66,6 +66,27 @@ fn safetensors_header_not_utf8_json_or_object() {
     }
 }
 
+/// A tensor named twice in the header, even with the same entry, is refused as a repeated key:
+/// a JSON object keeps the last of two equal keys, so which tensor the name meant would
+/// depend on the order.
+#[test]
+fn safetensors_header_naming_a_tensor_twice() {
+    let dir = tmp();
+    let path = dir.path().join("twice.safetensors");
+    let entry = r#"{"dtype":"F32","shape":[1],"data_offsets":[0,4]}"#;
+    let header = format!(r#"{{"a":{entry},"a":{entry}}}"#);
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&1.0f32.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let err = CheckpointFile::open(&path).expect_err("a repeated name");
+    let msg = err.to_string();
+    assert!(matches!(err, CkptError::InvalidHeader { .. }), "{msg}");
+    for part in ["twice.safetensors", "\"a\"", "more than once"] {
+        assert!(msg.contains(part), "{msg}");
+    }
+}
+
 #[test]
 fn safetensors_unknown_dtype() {
     let err = open_err("st_unknown_dtype.safetensors");

@@ -454,6 +454,73 @@ fn absurd_shapes_in_strategy_files_are_refused() {
     assert_eq!(listing(&scratch.0), vec!["huge.json".to_string()]);
 }
 
+/// A MindSpore JSON strategy file of stage 0 with parameters `p0`…`p<n-1>`, listed in reverse
+/// order when `reversed`.
+fn many_params_json(n: usize, reversed: bool) -> String {
+    let item = |i: usize| {
+        format!(
+            r#""p{i}": {{"dev_matrix": [2], "tensor_map": [0], "tensor_shape": [8], "field": 0, "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}}"#
+        )
+    };
+    let items: Vec<String> = if reversed {
+        (0..n).rev().map(item).collect()
+    } else {
+        (0..n).map(item).collect()
+    };
+    format!(
+        r#"{{"current_stage": 0, "parallel_strategy_item": {{"op": {{"stage": 0, "parallel_strategy": [[2]]}}}}, "parallel_layout_item": {{{}}}}}"#,
+        items.join(", ")
+    )
+}
+
+/// Reading a strategy of many parameters takes time linear in their number: the duplicate-key
+/// check of JSON objects, the name lookups while building the model and in a rank list, and
+/// the comparison of two copies of one pipeline stage each scanned every parameter per
+/// parameter, so a 14 MB file of 100 000 parameters (the bound is 1 GiB) took 40 seconds to
+/// show and minutes to merge.
+#[test]
+fn strategies_of_many_parameters_are_read_in_linear_time() {
+    const N: usize = 100_000;
+    let scratch = Scratch::new("many-params");
+    let stages = scratch.0.join("stages");
+    std::fs::create_dir(&stages).unwrap();
+    let (a, b) = (stages.join("a.json"), stages.join("b.json"));
+    std::fs::write(&a, many_params_json(N, false)).unwrap();
+    std::fs::write(&b, many_params_json(N, true)).unwrap();
+    let merged = scratch.0.join("merged.json");
+    let runs: [Vec<&str>; 2] = [
+        vec![
+            "ckpt",
+            "ranks",
+            "--src-strategy",
+            s(&a),
+            "--dst-strategy",
+            s(&b),
+            "--rank",
+            "0",
+        ],
+        vec!["strategy", "merge-stages", s(&stages), s(&merged)],
+    ];
+    for args in &runs {
+        let start = std::time::Instant::now();
+        let out = tessera_env(args, &[]);
+        let took = start.elapsed();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A guard against the quadratic reading's near-hang (many minutes in a debug build),
+        // not a measure of speed: the linear reading takes a few seconds there.
+        assert!(took.as_secs() < 120, "{args:?} took {took:?}");
+    }
+    let text = std::fs::read_to_string(&merged).unwrap();
+    assert!(
+        text.contains("\"0-p99999\""),
+        "the merged file lacks p99999"
+    );
+}
+
 /// A reader that goes away (`tessera bench … | head -1`) ends the benchmark quietly: no panic
 /// on the broken pipe, exit status 0 as `main` gives a broken pipe.
 #[test]
@@ -638,6 +705,33 @@ fn endless_files_are_refused_at_their_bound() {
         &[],
     );
     assert_refused(&out, &["--dec-key-file /dev/zero", "more than"]);
+}
+
+/// Inspecting a FIFO is refused as not a regular file, at once: the file was opened before it
+/// was checked, and opening a FIFO waits for a writer, forever when none comes.
+#[test]
+fn inspecting_a_fifo_is_refused_without_waiting() {
+    let scratch = Scratch::new("fifo");
+    let fifo = scratch.0.join("pipe.ckpt");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["ckpt", "inspect", s(&fifo)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running tessera");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() >= 20 {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("`tessera ckpt inspect` on a FIFO still waits after 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_refused(&out, &[s(&fifo), "not a regular file"]);
 }
 
 /// On the local backend a hung rank cannot be stopped: once its peers' collectives time out,

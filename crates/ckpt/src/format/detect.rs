@@ -40,11 +40,20 @@ pub struct Detected {
 /// Detects the format of the file at `path`. A file matching no format is
 /// [`CkptError::UnknownFormat`], which says why each was ruled out.
 pub fn detect(path: &Path) -> Result<Detected> {
-    let file = File::open(path).map_err(io_err(path, "open"))?;
-    let meta = file.metadata().map_err(io_err(path, "stat"))?;
+    // Checked before opening too: opening a FIFO waits for a writer, forever if none comes.
+    let before = std::fs::metadata(path).map_err(io_err(path, "stat"))?;
+    let file = if before.is_file() {
+        Some(File::open(path).map_err(io_err(path, "open"))?)
+    } else {
+        None
+    };
+    let meta = match &file {
+        Some(f) => f.metadata().map_err(io_err(path, "stat"))?,
+        None => before,
+    };
     let len = meta.len();
     // A device or a FIFO reports 0 bytes whatever it holds: not "an empty file".
-    if !meta.is_file() {
+    let (true, Some(file)) = (meta.is_file(), file) else {
         return Err(CkptError::UnknownFormat {
             path: path.to_path_buf(),
             n_bytes: len,
@@ -52,7 +61,7 @@ pub fn detect(path: &Path) -> Result<Detected> {
                 "it is not a regular file (a device, a FIFO or a directory)".to_string()
             ],
         });
-    }
+    };
     let mut bytes = read_head(path, &file, len, HEAD_BYTES)?;
     if starts_object(&bytes) && (bytes.len() as u64) < len && len <= MAX_JSON_BYTES {
         bytes = read_head(path, &file, len, len as usize)?;

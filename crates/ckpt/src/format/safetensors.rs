@@ -116,6 +116,17 @@ pub(crate) fn parse_header(
     let Value::Object(map) = value else {
         return Err(invalid("the header is not a JSON object".to_string()));
     };
+    // The parsed object keeps the last of two equal keys: which tensor a name means would
+    // depend on the order, so a repeated name is refused as such.
+    let keys = crate::format::codec::json::object_keys(text)
+        .map_err(|e| invalid(format!("the header is not JSON ({e})")))?
+        .keys;
+    if keys.len() != map.len() {
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        if let Some(k) = keys.iter().find(|k| !seen.insert(k.as_str())) {
+            return Err(invalid(format!("the key {k:?} appears more than once")));
+        }
+    }
     let mut metadata = BTreeMap::new();
     let mut raw = Vec::with_capacity(map.len());
     for (name, entry) in map {

@@ -1,6 +1,7 @@
 //! Tessera's strategy JSON: a versioned, self-describing record of every tensor's global shape,
 //! dtype and placement (the format is specified in the crate documentation).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use layout::{Layout, Mesh, MeshAxis};
@@ -47,6 +48,8 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
         .and_then(Json::as_arr)
         .ok_or_else(|| bad("no \"tensors\" list".to_string()))?;
     let mut params = Vec::with_capacity(tensors.len());
+    // The names seen, to refuse a second one without a quadratic scan of `params`.
+    let mut names: HashSet<String> = HashSet::with_capacity(tensors.len());
     for (i, t) in tensors.iter().enumerate() {
         let name = t
             .get("name")
@@ -58,7 +61,7 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             tensor: name.clone(),
             rule,
         };
-        if params.iter().any(|p: &StrategyParam| p.name == name) {
+        if !names.insert(name.clone()) {
             return Err(rule("the name appears twice".to_string()));
         }
         let shape = t
@@ -105,12 +108,12 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             .map(|(i, op)| op_record(op).map_err(|reason| bad(format!("ops #{i}: {reason}"))))
             .collect::<std::result::Result<Vec<_>, _>>()?,
     };
-    Ok(Strategy {
-        path: path.to_path_buf(),
-        flavour: StrategyFlavour::Tessera,
+    Ok(Strategy::new(
+        path.to_path_buf(),
+        StrategyFlavour::Tessera,
         params,
         ops,
-    })
+    ))
 }
 
 /// One `"ops"` entry: `{"name", "stage", "in_strategy", "out_strategy"}`.

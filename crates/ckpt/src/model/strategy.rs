@@ -11,7 +11,7 @@
 //! Files are read into this model by the format modules ([`Strategy::load`] picks the reader),
 //! and nothing here knows a file's bytes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use layout::{Layout, LayoutError, TensorLayout};
@@ -124,11 +124,44 @@ pub struct Strategy {
     pub params: Vec<StrategyParam>,
     /// The operators' strategies, in file order (empty when the file records none).
     pub ops: Vec<OpStrategyRecord>,
+    /// Parameter name → index in `params`, as built by [`Strategy::new`]: a scan per lookup
+    /// made every pass over the parameters quadratic (100 000 parameters took minutes).
+    by_name: HashMap<String, usize>,
 }
 
 impl Strategy {
+    /// A strategy of these parameters (their names distinct) and operator records.
+    pub fn new(
+        path: PathBuf,
+        flavour: StrategyFlavour,
+        params: Vec<StrategyParam>,
+        ops: Vec<OpStrategyRecord>,
+    ) -> Strategy {
+        let by_name = params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.clone(), i))
+            .collect();
+        Strategy {
+            path,
+            flavour,
+            params,
+            ops,
+            by_name,
+        }
+    }
+
     /// The parameter called `name`.
     pub fn param(&self, name: &str) -> Option<&StrategyParam> {
+        // The index holds while `params` keeps its length (the fields are public); a hit is
+        // checked against the name.
+        if self.by_name.len() == self.params.len() {
+            match self.by_name.get(name).map(|&i| &self.params[i]) {
+                Some(p) if p.name == name => return Some(p),
+                None => return None,
+                Some(_) => {}
+            }
+        }
         self.params.iter().find(|p| p.name == name)
     }
 

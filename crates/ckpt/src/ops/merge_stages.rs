@@ -4,6 +4,7 @@
 //! Unlike MindSpore, which takes its inputs in unsorted `glob` order, files are merged in stage
 //! order (then by file name), so the output does not depend on the filesystem.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{io_err, CkptError, Result};
@@ -96,8 +97,8 @@ pub fn merge_pipeline_strategies(
             continue;
         }
         if let Some((_, first, kept)) = merged_stages.iter().find(|(s, _, _)| *s == stage) {
-            if !same_items(&kept.strategy_items, &file.strategy_items)
-                || !same_items(&kept.layout_items, &file.layout_items)
+            if !same_items(&kept.strategy_items, &file.strategy_items, |i| &i.node_name)
+                || !same_items(&kept.layout_items, &file.layout_items, |i| &i.param_name)
             {
                 return Err(CkptError::InvalidStrategy {
                     path,
@@ -145,7 +146,25 @@ pub fn merge_pipeline_strategies(
     Ok(report)
 }
 
-/// Whether `a` and `b` hold the same items, in any order.
-fn same_items<T: PartialEq>(a: &[T], b: &[T]) -> bool {
-    a.len() == b.len() && a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+/// Whether `a` and `b` hold the same items, in any order. Items are matched among those of the
+/// same `key` (their name) only: comparing every item with every other was quadratic, and two
+/// copies of a stage of 100 000 parameters took minutes.
+fn same_items<T: PartialEq>(a: &[T], b: &[T], key: impl Fn(&T) -> &str) -> bool {
+    fn by_key<'a, T>(items: &'a [T], key: &impl Fn(&T) -> &str) -> HashMap<&'a str, Vec<&'a T>> {
+        let mut groups: HashMap<&str, Vec<&T>> = HashMap::new();
+        for item in items {
+            groups.entry(key(item)).or_default().push(item);
+        }
+        groups
+    }
+    if a.len() != b.len() {
+        return false;
+    }
+    let (a, b) = (by_key(a, &key), by_key(b, &key));
+    a.len() == b.len()
+        && a.iter().all(|(name, xs)| {
+            b.get(name).is_some_and(|ys| {
+                xs.iter().all(|x| ys.contains(x)) && ys.iter().all(|y| xs.contains(y))
+            })
+        })
 }

@@ -37,6 +37,8 @@ impl RankFiles {
     pub fn discover_with_suffix(root: &Path, file_suffix: Option<&str>) -> Result<RankFiles> {
         let entries = std::fs::read_dir(root).map_err(io_err(root, "list directory"))?;
         let mut files = BTreeMap::new();
+        // Rank → the name of the directory its file came from.
+        let mut dirs: BTreeMap<usize, String> = BTreeMap::new();
         let mut format: Option<(Format, PathBuf)> = None;
         for entry in entries {
             let entry = entry.map_err(io_err(root, "list directory"))?;
@@ -65,6 +67,19 @@ impl RankFiles {
                     })
                 }
                 _ => {}
+            }
+            let dir_name = name.to_string_lossy().into_owned();
+            if let Some(other) = dirs.insert(rank, dir_name.clone()) {
+                let (first, second) = match other < dir_name {
+                    true => (other, dir_name),
+                    false => (dir_name, other),
+                };
+                return Err(CkptError::DuplicateRankDir {
+                    path: root.to_path_buf(),
+                    rank,
+                    first,
+                    second,
+                });
             }
             files.insert(rank, file);
         }
@@ -291,6 +306,30 @@ mod tests {
             .unwrap(),
             "net_0-1_2.safetensors"
         );
+    }
+
+    /// `rank_0/` and `rank_00/` each holding a checkpoint are refused, naming both; an empty
+    /// `rank_00/` beside them is passed over as before.
+    #[test]
+    fn two_directories_of_one_rank_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let put = |dir: &str, file: Option<&str>| {
+            let d = root.path().join(dir);
+            std::fs::create_dir(&d).unwrap();
+            if let Some(file) = file {
+                std::fs::write(d.join(file), b"x").unwrap();
+            }
+        };
+        put("rank_0", Some("net.ckpt"));
+        put("rank_1", Some("net.ckpt"));
+        put("rank_01", None);
+        let found = RankFiles::discover(root.path()).unwrap();
+        assert_eq!(found.files.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
+        put("rank_00", Some("other.ckpt"));
+        let err = RankFiles::discover(root.path()).unwrap_err().to_string();
+        for part in ["rank_0/", "rank_00/", "rank 0", "keep one"] {
+            assert!(err.contains(part), "{err}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! workspace-wide feature is switched on, so this small value type keeps them in file order
 //! instead, and prints them the way Python's `json.dump(indent=n)` does.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -192,8 +193,11 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
         let mut entries: Vec<(String, Json)> = Vec::new();
+        // A set beside the list: a linear scan per key made an object of n keys take n²/2
+        // comparisons (a 14 MB strategy file of 100 000 parameters took 40 seconds).
+        let mut keys: HashSet<String> = HashSet::new();
         while let Some((k, v)) = map.next_entry::<String, Json>()? {
-            if entries.iter().any(|(existing, _)| *existing == k) {
+            if !keys.insert(k.clone()) {
                 return Err(de::Error::custom(format!("duplicate key {k:?}")));
             }
             entries.push((k, v));

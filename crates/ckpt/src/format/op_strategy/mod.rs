@@ -26,6 +26,7 @@
 //! `parallel_strategy_item` entry, which must then agree with the layouts' split factors.
 //! MindSpore's reshape variants (`parallel_newshape_layout_value_item`, …) are refused.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use layout::Layout;
@@ -149,8 +150,11 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
     let in_layouts = layout_section(json, "parallel_layout_value_item")?;
     let out_layouts = layout_section(json, "parallel_out_layout_value_item")?;
     let mut records = Vec::with_capacity(items.len() + in_layouts.len());
+    // Op name → index in `records`, so that matching the other sections is not a quadratic scan.
+    let mut index: HashMap<String, usize> = HashMap::with_capacity(records.capacity());
     for (name, item) in items {
         let (stage, inputs) = entry(name, item)?;
+        index.insert(name.clone(), records.len());
         records.push(OpStrategyRecord {
             name: name.clone(),
             stage,
@@ -161,35 +165,38 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
         });
     }
     for (name, layouts) in in_layouts {
-        match records.iter_mut().find(|r| r.name == name) {
+        match index.get(&name).map(|&i| &mut records[i]) {
             Some(r) => {
                 agree(&name, "in_strategy", &r.inputs, &layouts)?;
                 r.in_layouts = Some(layouts);
             }
-            None => records.push(OpStrategyRecord {
-                inputs: layouts.iter().map(Layout::split_factors).collect(),
-                name,
-                stage: 0,
-                outputs: None,
-                in_layouts: Some(layouts),
-                out_layouts: None,
-            }),
+            None => {
+                index.insert(name.clone(), records.len());
+                records.push(OpStrategyRecord {
+                    inputs: layouts.iter().map(Layout::split_factors).collect(),
+                    name,
+                    stage: 0,
+                    outputs: None,
+                    in_layouts: Some(layouts),
+                    out_layouts: None,
+                })
+            }
         }
     }
     let no_in = |name: &str| {
         format!("op {name:?} has an out_strategy but no in_strategy in \"parallel_strategy_item\" or \"parallel_layout_value_item\"")
     };
     for (name, out) in outs {
-        let r = records
-            .iter_mut()
-            .find(|r| &r.name == name)
+        let r = index
+            .get(name.as_str())
+            .map(|&i| &mut records[i])
             .ok_or_else(|| no_in(name))?;
         r.outputs = Some(entry(name, out)?.1);
     }
     for (name, layouts) in out_layouts {
-        let r = records
-            .iter_mut()
-            .find(|r| r.name == name)
+        let r = index
+            .get(&name)
+            .map(|&i| &mut records[i])
             .ok_or_else(|| no_in(&name))?;
         if let Some(tuples) = &r.outputs {
             agree(&name, "out_strategy", tuples, &layouts)?;
