@@ -113,6 +113,7 @@ fn error_path(e: &CkptError) -> Option<&Path> {
         | E::CrcMismatch { path, .. }
         | E::MissingRestoreList { path }
         | E::NoRankDirs { path }
+        | E::DuplicateRankDir { path, .. }
         | E::MissingRank { path, .. }
         | E::RankCountMismatch { path, .. }
         | E::MixedFormats { path, .. }
