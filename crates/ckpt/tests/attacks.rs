@@ -87,6 +87,29 @@ fn safetensors_header_naming_a_tensor_twice() {
     }
 }
 
+/// Opening a FIFO as a checkpoint (a weight map may name any path) is refused as not a regular
+/// file at once: opening a FIFO waits for a writer, forever if none comes.
+#[test]
+fn a_fifo_is_no_checkpoint_file_and_no_wait() {
+    let dir = tmp();
+    let path = dir.path().join("part.safetensors");
+    let made = std::process::Command::new("mkfifo").arg(&path).status();
+    assert!(made.expect("mkfifo").success());
+    let (sent, got) = std::sync::mpsc::channel();
+    let opened = path.clone();
+    std::thread::spawn(move || {
+        let _ = sent.send(CheckpointFile::open(&opened).map(|_| ()));
+    });
+    let result = got
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("opening the FIFO still waits after 20 s");
+    let msg = result.expect_err("a FIFO").to_string();
+    assert!(
+        msg.contains("part.safetensors") && msg.contains("not a regular file"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn safetensors_unknown_dtype() {
     let err = open_err("st_unknown_dtype.safetensors");

@@ -37,31 +37,32 @@ pub struct Detected {
     pub n_bytes: u64,
 }
 
+/// Opens `path` for reading if it is a regular file, with its length; a device, a FIFO or a
+/// directory is [`CkptError::UnknownFormat`] (one reports 0 bytes whatever it holds: not "an
+/// empty file"). The kind is checked before opening, because opening a FIFO waits for a
+/// writer, forever if none comes, and again on the opened file.
+pub(crate) fn open_regular(path: &Path) -> Result<(File, u64)> {
+    let not_regular = |n_bytes| CkptError::UnknownFormat {
+        path: path.to_path_buf(),
+        n_bytes,
+        ruled_out: vec!["it is not a regular file (a device, a FIFO or a directory)".to_string()],
+    };
+    let before = std::fs::metadata(path).map_err(io_err(path, "stat"))?;
+    if !before.is_file() {
+        return Err(not_regular(before.len()));
+    }
+    let file = File::open(path).map_err(io_err(path, "open"))?;
+    let meta = file.metadata().map_err(io_err(path, "stat"))?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.len()));
+    }
+    Ok((file, meta.len()))
+}
+
 /// Detects the format of the file at `path`. A file matching no format is
 /// [`CkptError::UnknownFormat`], which says why each was ruled out.
 pub fn detect(path: &Path) -> Result<Detected> {
-    // Checked before opening too: opening a FIFO waits for a writer, forever if none comes.
-    let before = std::fs::metadata(path).map_err(io_err(path, "stat"))?;
-    let file = if before.is_file() {
-        Some(File::open(path).map_err(io_err(path, "open"))?)
-    } else {
-        None
-    };
-    let meta = match &file {
-        Some(f) => f.metadata().map_err(io_err(path, "stat"))?,
-        None => before,
-    };
-    let len = meta.len();
-    // A device or a FIFO reports 0 bytes whatever it holds: not "an empty file".
-    let (true, Some(file)) = (meta.is_file(), file) else {
-        return Err(CkptError::UnknownFormat {
-            path: path.to_path_buf(),
-            n_bytes: len,
-            ruled_out: vec![
-                "it is not a regular file (a device, a FIFO or a directory)".to_string()
-            ],
-        });
-    };
+    let (file, len) = open_regular(path)?;
     let mut bytes = read_head(path, &file, len, HEAD_BYTES)?;
     if starts_object(&bytes) && (bytes.len() as u64) < len && len <= MAX_JSON_BYTES {
         bytes = read_head(path, &file, len, len as usize)?;

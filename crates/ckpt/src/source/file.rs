@@ -79,8 +79,8 @@ impl CheckpointFile {
         format: Option<Format>,
         dec: Option<&Decryption>,
     ) -> Result<CheckpointFile> {
-        let mut file = File::open(path).map_err(io_err(path, "open"))?;
-        let mut len = file.metadata().map_err(io_err(path, "stat"))?.len();
+        // A weight map may name any path: a FIFO there would wait for a writer.
+        let (mut file, mut len) = crate::format::detect::open_regular(path)?;
         let head = read_head(path, &file, len, CHECKPOINT_HEAD_BYTES)?;
         let (named, cipher) = checkpoint_format(path, &head, len);
         let format = format.unwrap_or(named);
