@@ -81,6 +81,18 @@ pub fn run(args: &ReshardArgs) -> anyhow::Result<()> {
         }
     };
     let plan = reshard::plan_from(&src, &dst, dtype)?;
+    // The report lists every transfer (one line, or one JSON object, each): an all-gather over
+    // N ranks has N² of them, so 65536 ranks would be 4·10⁹ lines built in memory.
+    if plan.n_transfers() > MAX_LISTED_TRANSFERS {
+        bail!(
+            "the plan has {} transfers (between {} source and {} destination ranks), more than \
+             the {MAX_LISTED_TRANSFERS} this command lists one by one: use fewer ranks in \
+             --from-mesh/--to-mesh, or a layout pair that moves less",
+            plan.n_transfers(),
+            src.layout().mesh().n_devices(),
+            dst.mesh().n_devices(),
+        );
+    }
     let mut out = if args.json {
         let mut s = serde_json::to_string_pretty(&plan_json(&plan))?;
         s.push('\n');
@@ -206,6 +218,9 @@ fn plan_text(plan: &ReshardPlan) -> String {
     }
     out
 }
+
+/// The most transfers a report lists (about 100 bytes of text each).
+const MAX_LISTED_TRANSFERS: usize = 1 << 22;
 
 /// The most ranks `--run` starts: one thread each, on one machine.
 const MAX_RUN_RANKS: usize = 4096;

@@ -73,7 +73,7 @@ pub struct TrainArgs {
 /// Runs `tessera train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let config = TrainConfig::load_on(&args.config, &args.sets, args.devices)?;
-    for warning in config.warnings() {
+    for warning in config.warnings().into_iter().chain(config.train_warnings()) {
         eprintln!("warning: {warning}");
     }
     if args.mpi_watchdog && args.backend != Backend::Mpi {
@@ -110,6 +110,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                     path.display()
                 )
             })?;
+        runtime::check_output_file("timeline", path)?;
         let bubble = crate::timeline::draw(&pipeline, path)?;
         eprintln!(
             "timeline: {} (predicted bubble {:.1} %)",

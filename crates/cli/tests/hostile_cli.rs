@@ -771,3 +771,202 @@ fn a_hung_rank_ends_a_local_run_after_the_timeout() {
         &["TESSERA_FAULT", "rank 99 is not a rank of this job"],
     );
 }
+
+/// `tessera args…` run from the repository root, killed (and the test failed) when it still
+/// runs after 30 s.
+fn tessera_bounded(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .current_dir(repo_root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running tessera");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() >= 30 {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("`tessera {}` still waits after 30 s", args.join(" "));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A named pipe given where a file is read or written (a config, a data file, a device
+/// profile, a strategy file, the metrics log, the timeline) is refused at once, naming it:
+/// opening a FIFO waits for a writer (or a reader) that never comes, so each of these hung.
+#[test]
+fn named_pipes_are_refused_without_waiting() {
+    let scratch = Scratch::new("named-pipes");
+    let fifo = scratch.0.join("pipe");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    // An IDX directory whose training images are a FIFO.
+    let idx = scratch.0.join("idx");
+    std::fs::create_dir_all(&idx).unwrap();
+    let made = Command::new("mkfifo")
+        .arg(idx.join("train-images-idx3-ubyte"))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let out_dir = scratch.0.join("out");
+    let out_set = format!("output.dir={:?}", s(&out_dir));
+    let path_set = format!("data.path={:?}", s(&fifo));
+    let dir_set = format!("data.dir={:?}", s(&idx));
+    let strategy_set = format!("parallel.strategy_file={:?}", s(&fifo));
+    let profile_set = format!("parallel.device_profile={:?}", s(&fifo));
+    let load_set = format!("parallel.load_operator_strategy_file={:?}", s(&fifo));
+    let gpt = "examples/gpt_kjv.toml";
+    let semi = "examples/seed_semi_auto.toml";
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["train", s(&fifo)],
+        vec!["train", gpt, "--set", &out_set, "--set", &path_set],
+        vec![
+            "train",
+            gpt,
+            "--set",
+            &out_set,
+            "--set",
+            &path_set,
+            "--set",
+            "data.format=tokens",
+        ],
+        vec!["train", semi, "--set", &out_set, "--set", &dir_set],
+        vec!["train", semi, "--set", &out_set, "--set", &strategy_set],
+        vec![
+            "train",
+            semi,
+            "--set",
+            &out_set,
+            "--set",
+            "parallel.mode=sharding_propagation",
+            "--set",
+            &profile_set,
+        ],
+        vec![
+            "train",
+            semi,
+            "--set",
+            &out_set,
+            "--set",
+            "parallel.mode=sharding_propagation",
+            "--set",
+            &load_set,
+        ],
+        vec!["train", semi, "--set", &out_set, "--log-json", s(&fifo)],
+        vec![
+            "train",
+            gpt,
+            "--set",
+            &out_set,
+            "--set",
+            "parallel.pipeline.stages=2",
+            "--set",
+            "parallel.model_parallel=1",
+            "--timeline",
+            s(&fifo),
+            "--explain",
+        ],
+        vec!["plan", semi, "--set", &out_set, "--profile", s(&fifo)],
+    ];
+    for args in runs {
+        let out = tessera_bounded(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("named pipe (FIFO)"),
+            "`tessera {}`:\n{stderr}",
+            args.join(" ")
+        );
+        assert_refused(&out, &[]);
+    }
+}
+
+/// `tessera plan` in a mode without search refuses what the run refuses: a dataset strategy
+/// the devices do not divide the batch by. It used to cost the ops' default strategies (which
+/// split the batch only as far as it divides) and print a plan for a run that cannot start.
+#[test]
+fn plan_refuses_a_batch_the_devices_do_not_divide() {
+    let scratch = Scratch::new("plan-batch");
+    let out_set = format!("output.dir={:?}", s(&scratch.0));
+    for mode in ["data_parallel", "semi_auto"] {
+        let mode_set = format!("parallel.mode={mode}");
+        let args = [
+            "examples/seed_data_parallel.toml",
+            "--devices",
+            "64",
+            "--set",
+            &out_set,
+            "--set",
+            &mode_set,
+        ];
+        let plan = tessera_env(&[&["plan"], &args[..]].concat(), &[]);
+        assert_refused(&plan, &["dataset_strategy", "not divisible by 64"]);
+        let train = tessera_env(&[&["train", "--explain"], &args[..]].concat(), &[]);
+        assert_refused(&train, &["dataset_strategy", "not divisible by 64"]);
+    }
+    assert!(
+        !scratch.0.join("operator_strategy.json").exists(),
+        "a refused plan writes no strategy file"
+    );
+}
+
+/// Under an address-space limit (`ulimit -v`, as a batch system sets one), a run whose
+/// predicted peak fits `MemAvailable` but not the limit is refused before any rank starts,
+/// naming the limit; it used to abort mid-initialisation ("memory allocation of N bytes
+/// failed", SIGABRT).
+#[test]
+fn a_run_past_the_address_space_limit_is_refused_before_it_starts() {
+    let scratch = Scratch::new("ulimit-v");
+    // The seed MLP at hidden 12000: a predicted peak of 1.62 GiB (its 12000 × 12000 weight,
+    // gradient and momentum), under a 1.5 GB limit.
+    let script = format!(
+        "ulimit -v 1500000 && exec {} train examples/seed_stand_alone.toml \
+         --set model.hidden=12000 --set 'output.dir=\"{}\"' --set train.max_steps=1",
+        env!("CARGO_BIN_EXE_tessera"),
+        s(&scratch.0.join("out")),
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(repo_root())
+        .output()
+        .expect("running sh");
+    // On a machine with less than that available the MemAvailable check refuses it first.
+    assert_refused(
+        &out,
+        &["parallel.devices", "is available", "the predicted peak"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let roomy = runtime::host_memory().is_some_and(|m| m.available > 4 << 30);
+    if roomy {
+        assert!(
+            stderr.contains("the address-space limit (ulimit -v)"),
+            "{stderr}"
+        );
+    }
+}
+
+/// `tessera reshard` lists every transfer of its plan, and an all-gather over N ranks has N²:
+/// 8192 ranks printed 6.3 GB of text, built whole in memory (15.6 GB), and a few more ranks
+/// ended in an allocation abort. A plan with more transfers than the listing bound is refused,
+/// naming the count and the flags to change.
+#[test]
+fn reshard_listings_are_bounded() {
+    let out = tessera_env(
+        &[
+            "reshard",
+            "--shape",
+            "2100",
+            "--from-mesh",
+            "dp=2100",
+            "--from",
+            "dp",
+            "--to",
+            "None",
+        ],
+        &[],
+    );
+    assert_refused(&out, &["4410000 transfers", "--from-mesh"]);
+    assert!(out.stdout.is_empty(), "nothing is listed");
+}

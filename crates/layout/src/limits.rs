@@ -91,6 +91,7 @@ pub const MAX_STRATEGY_FILE_BYTES: u64 = 1 << 30;
 /// failure.
 pub fn read_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
+    refuse_pipe(path)?;
     let file = std::fs::File::open(path)?;
     let hint = file.metadata().map_or(0, |m| m.len()).min(max_bytes);
     let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
@@ -103,6 +104,45 @@ pub fn read_bounded(path: &std::path::Path, max_bytes: u64) -> std::io::Result<V
         ));
     }
     Ok(bytes)
+}
+
+/// Refuses (with [`std::io::ErrorKind::InvalidInput`]) a `path` that is a named pipe (FIFO) or
+/// a socket, before anything opens it: opening a FIFO waits, without end, for a process to
+/// open its other side, so a wrong path would hang the command instead of failing. A missing
+/// path passes (its opening reports it); regular files, directories and devices are left to
+/// the caller's own checks. A descriptor this process already holds (`/dev/fd/N`, `/dev/stdout`,
+/// `/proc/self/fd/N`, `/dev/stdin`: a shell's process substitution, `tessera train <(…)`)
+/// passes too: its writer is already there.
+pub fn refuse_pipe(path: &std::path::Path) -> std::io::Result<()> {
+    let held = [
+        "/dev/fd/",
+        "/proc/self/fd/",
+        "/dev/stdin",
+        "/dev/stdout",
+        "/dev/stderr",
+    ]
+    .iter()
+    .any(|prefix| path.starts_with(prefix));
+    #[cfg(unix)]
+    if !held {
+        use std::os::unix::fs::FileTypeExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            let kind = meta.file_type();
+            let what = match () {
+                _ if kind.is_fifo() => Some("a named pipe (FIFO)"),
+                _ if kind.is_socket() => Some("a socket"),
+                _ => None,
+            };
+            if let Some(what) = what {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("is {what}, not a regular file: opening it would wait for another process without end"),
+                ));
+            }
+        }
+    }
+    let _ = (path, held);
+    Ok(())
 }
 
 /// [`read_bounded`] as UTF-8 text (invalid UTF-8 is [`std::io::ErrorKind::InvalidData`]).
@@ -136,6 +176,43 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         let err = read_bounded(std::path::Path::new("/dev/zero"), 1 << 10).unwrap_err();
         assert!(err.to_string().contains("more than 1024 bytes"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_named_pipe_is_refused_without_waiting() {
+        let dir = std::env::temp_dir().join(format!("tessera-limits-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("pipe");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(read_bounded(&path, 1024).map_err(|e| e.to_string()));
+        });
+        let read = rx.recv_timeout(std::time::Duration::from_secs(10));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let error = read
+            .expect("reading a FIFO still waits after 10 s")
+            .unwrap_err();
+        assert!(error.contains("named pipe (FIFO)"), "{error}");
+        assert!(refuse_pipe(std::path::Path::new("/no/such/file")).is_ok());
+        // A pipe this process holds, as a shell's process substitution hands one over.
+        let (reader, writer) = std::io::pipe().unwrap();
+        use std::io::Write;
+        (&writer).write_all(b"a = 1\n").unwrap();
+        drop(writer);
+        use std::os::fd::AsRawFd;
+        let held = format!("/dev/fd/{}", reader.as_raw_fd());
+        assert_eq!(
+            read_bounded(std::path::Path::new(&held), 1024).unwrap(),
+            b"a = 1\n"
+        );
     }
 
     #[test]

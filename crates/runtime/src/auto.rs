@@ -319,6 +319,14 @@ fn configured_strategies(
         Some(g) => crate::lm::gpt_parallel_config(config, g, model, parallel)?,
         None => parallel,
     };
+    // The run places the inputs by the dataset strategy first (over one stage's devices): a
+    // plan the run would refuse (a batch the devices do not divide) is refused here too, not
+    // costed with the ops' default strategies, which split the batch only as far as it goes.
+    let stage_devices = match parallel.pipeline.as_ref().filter(|p| p.stages > 1) {
+        Some(p) => devices / p.stages,
+        None => devices,
+    };
+    parallel::check_dataset_strategy(&model.graph, &parallel, stage_devices)?;
     let mut out: BTreeMap<String, Vec<Vec<usize>>> = match parallel.mode {
         ParallelMode::SemiAuto => {
             parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?

@@ -1,7 +1,9 @@
 //! The memory this machine can still give a process: `MemAvailable` of `/proc/meminfo`,
 //! lowered to what the process's cgroup may still take (cgroup v2 `memory.max` −
 //! `memory.current`, or v1 `memory.limit_in_bytes` − `memory.usage_in_bytes`) when a limit
-//! is set. A run checks its predicted peak against it before any rank starts.
+//! is set, and to the room left under the process's address-space limit (`ulimit -v`,
+//! `RLIMIT_AS`: its soft limit − the process's `VmSize`) when one is set. A run checks its
+//! predicted peak against it before any rank starts.
 
 use std::path::Path;
 
@@ -10,7 +12,8 @@ use std::path::Path;
 pub struct HostMemory {
     /// Bytes available.
     pub available: u64,
-    /// What bounds it: `"MemAvailable"` or `"the cgroup limit"`.
+    /// What bounds it: `"MemAvailable"`, `"the cgroup limit"` or `"the address-space limit
+    /// (ulimit -v)"`.
     pub source: &'static str,
 }
 
@@ -21,7 +24,41 @@ pub fn host_memory() -> Option<HostMemory> {
     let cgroup = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
         .and_then(|text| cgroup_room(&text, Path::new("/sys/fs/cgroup")));
-    Some(lower_of(mem_available, cgroup))
+    let address_space = address_space_room(
+        &std::fs::read_to_string("/proc/self/limits").unwrap_or_default(),
+        &std::fs::read_to_string("/proc/self/status").unwrap_or_default(),
+    );
+    let memory = lower_of(mem_available, cgroup);
+    Some(match address_space {
+        Some(room) if room < memory.available => HostMemory {
+            available: room,
+            source: "the address-space limit (ulimit -v)",
+        },
+        _ => memory,
+    })
+}
+
+/// The bytes a process may still map under its soft address-space limit (`Max address space`
+/// of a `/proc/self/limits` text) given its `VmSize` (of a `/proc/self/status` text); `None`
+/// when the limit is unlimited or unreadable. Every allocation counts against the limit, so a
+/// run whose buffers pass `MemAvailable` but not this would abort on allocation instead.
+fn address_space_room(limits: &str, status: &str) -> Option<u64> {
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    let soft: u64 = line
+        .trim_start_matches("Max address space")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let used_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmSize:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    Some(soft.saturating_sub(used_kib.saturating_mul(1024)))
 }
 
 /// The smaller of `MemAvailable` and the cgroup's room.
@@ -87,6 +124,25 @@ mod tests {
         let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
         assert_eq!(parse_meminfo(text), Some(20_000_000 * 1024));
         assert_eq!(parse_meminfo("MemTotal: 5 kB\n"), None);
+    }
+
+    #[test]
+    fn an_address_space_limit_lowers_the_figure() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max stack size            8388608              unlimited            bytes     \n\
+                      Max address space         6144000000           unlimited            bytes     \n";
+        let status = "Name:\ttessera\nVmPeak:\t  300000 kB\nVmSize:\t  100000 kB\n";
+        assert_eq!(
+            address_space_room(limits, status),
+            Some(6_144_000_000 - 100_000 * 1024)
+        );
+        let unlimited =
+            "Max address space         unlimited            unlimited            bytes\n";
+        assert_eq!(address_space_room(unlimited, status), None);
+        assert_eq!(address_space_room("", status), None);
+        // A process already past its limit has no room, not a wrapped-around one.
+        let tiny = "Max address space         1000                 unlimited            bytes\n";
+        assert_eq!(address_space_room(tiny, status), Some(0));
     }
 
     #[test]

@@ -243,6 +243,8 @@ pub fn check_output_file(what: &str, path: &Path) -> Result<(), RuntimeError> {
     if path.is_dir() {
         return Err(bad("is a directory".to_string()));
     }
+    // Opening a FIFO for writing waits for a reader: refused before it is opened.
+    layout::limits::refuse_pipe(path).map_err(|e| bad(e.to_string()))?;
     let existed = path.exists();
     OpenOptions::new()
         .append(true)

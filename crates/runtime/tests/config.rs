@@ -1007,3 +1007,74 @@ fn evaluation_without_a_validation_split_is_warned() {
     assert!(!warned(&["data.val_fraction=0.0", "train.eval=false"]));
     assert!(!warned(&["data.val_fraction=0.1", "train.eval=true"]));
 }
+
+/// Search, resume and retention keys set where nothing reads them were taken silently: a
+/// `load_operator_strategy_file` or `search_time_budget` outside the search modes, a device
+/// profile or memory budget `tessera train` ignores outside them (even a profile file that
+/// does not exist, or a 2-byte budget), a `resume_strategy` without `resume_from`, a
+/// `keep_checkpoint_max` without periodic sets. Each is now a warning naming the key.
+#[test]
+fn search_resume_and_retention_keys_without_effect_are_warned_about() {
+    let config = parse_with(
+        MINIMAL,
+        &[
+            "parallel.mode=semi_auto",
+            "parallel.devices=2",
+            "parallel.load_operator_strategy_file=strategies.json",
+            "parallel.search_time_budget=2",
+            "parallel.device_profile=no-such-profile.toml",
+            "parallel.max_device_memory=2",
+            "parallel.save_operator_strategy_file=out.json",
+            "output.resume_strategy=strategy.json",
+            "output.keep_checkpoint_max=3",
+        ],
+    )
+    .unwrap();
+    let warnings = config.warnings().join("\n");
+    for expected in [
+        "parallel.load_operator_strategy_file has no effect in mode \"semi_auto\"",
+        "parallel.search_time_budget has no effect in mode \"semi_auto\"",
+        "output.resume_strategy has no effect without output.resume_from",
+        "output.keep_checkpoint_max has no effect without output.save_checkpoint_steps",
+    ] {
+        assert!(
+            warnings.contains(expected),
+            "{expected} missing from:\n{warnings}"
+        );
+    }
+    // `tessera plan` costs semi_auto's strategies with the profile and the budget, and writes
+    // the strategy file: only training ignores them.
+    assert!(!warnings.contains("device_profile"), "{warnings}");
+    let train = config.train_warnings().join("\n");
+    for key in [
+        "device_profile",
+        "max_device_memory",
+        "save_operator_strategy_file",
+    ] {
+        assert!(
+            train.contains(&format!("parallel.{key} has no effect on training")),
+            "{key} missing from:\n{train}"
+        );
+    }
+    // In a search mode, or where each key has its partner, none is warned about.
+    let used = parse_with(
+        MINIMAL,
+        &[
+            "parallel.mode=dynamic_programming",
+            "parallel.devices=2",
+            "parallel.search_time_budget=2",
+            "parallel.max_device_memory=2000000",
+            "output.resume_from=run",
+            "output.resume_strategy=strategy.json",
+            "output.save_checkpoint_steps=10",
+            "output.keep_checkpoint_max=3",
+        ],
+    )
+    .unwrap();
+    assert!(used.warnings().is_empty(), "{:?}", used.warnings());
+    assert!(
+        used.train_warnings().is_empty(),
+        "{:?}",
+        used.train_warnings()
+    );
+}

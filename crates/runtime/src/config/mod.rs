@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 
 use exec::OptimizerConfig;
 pub use models::GptParallelKeys;
-use parallel::{HsdpConfig, ParallelConfig};
+use parallel::{HsdpConfig, ParallelConfig, ParallelMode};
 use toml::Table;
 
 use crate::data::Normalize;
@@ -655,6 +655,37 @@ impl TrainConfig {
         let mut out = self.warnings.clone();
         out.extend(self.unused_data_parallel());
         out
+    }
+
+    /// The search keys `tessera plan` reads in every mode but a training run reads only in a
+    /// search mode (which plans before it trains): in another mode `tessera train` ignores
+    /// them, one sentence each for it to print beside [`TrainConfig::warnings`].
+    pub fn train_warnings(&self) -> Vec<String> {
+        if matches!(self.parallel.mode, ParallelMode::Auto(_)) || self.ps.is_some() {
+            return Vec::new();
+        }
+        let defaults = SearchKeys::default();
+        let set = [
+            (
+                "device_profile",
+                self.search.device_profile != defaults.device_profile,
+            ),
+            ("max_device_memory", self.search.max_device_memory.is_some()),
+            (
+                "save_operator_strategy_file",
+                self.search.save_operator_strategy_file.is_some(),
+            ),
+        ];
+        set.iter()
+            .filter(|(_, given)| *given)
+            .map(|(key, _)| {
+                format!(
+                    "parallel.{key} has no effect on training in mode \"{}\" (a search mode \
+                     plans with it before training; `tessera plan` reads it in any mode)",
+                    self.parallel.mode.name()
+                )
+            })
+            .collect()
     }
 
     /// `parallel.data_parallel` when semi_auto does not use it: with model and context

@@ -233,9 +233,14 @@ impl IdxDataset {
     ) -> Result<IdxDataset, RuntimeError> {
         let images_path = dir.join(split.images_file_name());
         let labels_path = dir.join(split.labels_file_name());
-        let images = File::open(&images_path).map_err(|e| io_error(&images_path, e))?;
+        let open = |path: &Path| {
+            layout::limits::refuse_pipe(path)
+                .and_then(|()| File::open(path))
+                .map_err(|e| io_error(path, e))
+        };
+        let images = open(&images_path)?;
         let image_header = read_header(&images, &images_path, IMAGES_MAGIC, "images")?;
-        let labels_file = File::open(&labels_path).map_err(|e| io_error(&labels_path, e))?;
+        let labels_file = open(&labels_path)?;
         let label_header = read_header(&labels_file, &labels_path, LABELS_MAGIC, "labels")?;
         let (n_samples, rows, cols) = (
             image_header.dims[0],

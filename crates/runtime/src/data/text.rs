@@ -214,10 +214,12 @@ impl TokenCorpus {
         val_fraction: f64,
     ) -> Result<TokenCorpus, RuntimeError> {
         check_fraction(path, val_fraction)?;
-        let file = File::open(path).map_err(|e| RuntimeError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let file = layout::limits::refuse_pipe(path)
+            .and_then(|()| File::open(path))
+            .map_err(|e| RuntimeError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
         let metadata = file.metadata().map_err(|e| RuntimeError::Io {
             path: path.to_path_buf(),
             source: e,
@@ -314,7 +316,9 @@ fn read_text(path: &Path) -> Result<String, RuntimeError> {
         path: path.to_path_buf(),
         source: e,
     };
-    let file = File::open(path).map_err(io)?;
+    let file = layout::limits::refuse_pipe(path)
+        .and_then(|()| File::open(path))
+        .map_err(io)?;
     let gz = path.extension().is_some_and(|e| e == "gz");
     let reader: Box<dyn Read> = if gz {
         Box::new(flate2::read::MultiGzDecoder::new(file))

@@ -144,6 +144,7 @@ fn from_sections(
             ),
         ));
     }
+    warn_search_keys_unused(&search, parallel.mode, mode_name, &mut warnings);
     if search.auto_pipeline && !matches!(parallel.mode, ::parallel::ParallelMode::Auto(_)) {
         return Err(config_error(
             "parallel.auto_pipeline",
@@ -153,7 +154,11 @@ fn from_sections(
             ),
         ));
     }
-    let output = read_output(take_section(&mut root, "output", OUTPUT_KEYS, true)?, base)?;
+    let output = read_output(
+        take_section(&mut root, "output", OUTPUT_KEYS, true)?,
+        base,
+        &mut warnings,
+    )?;
     let mut train_section = take_section(&mut root, "train", TRAIN_KEYS, true)?;
     let optimizer = read_optimizer(&mut train_section, &mut warnings)?;
     let lr_schedule =
@@ -232,6 +237,38 @@ fn from_sections(
         ps,
         warnings,
     })
+}
+
+/// The search keys only a search mode reads (`tessera train` and `tessera plan` alike) are
+/// reported in `warnings` when set in any other mode: a strategy file to load instead of
+/// searching, and the search's time budget. (`device_profile`, `max_device_memory` and
+/// `save_operator_strategy_file` also serve `tessera plan` costing configured strategies.)
+fn warn_search_keys_unused(
+    search: &super::SearchKeys,
+    mode: ::parallel::ParallelMode,
+    mode_name: &str,
+    warnings: &mut Vec<String>,
+) {
+    if matches!(mode, ::parallel::ParallelMode::Auto(_)) {
+        return;
+    }
+    let defaults = super::SearchKeys::default();
+    let set = [
+        (
+            "load_operator_strategy_file",
+            search.load_operator_strategy_file.is_some(),
+        ),
+        (
+            "search_time_budget",
+            search.search_time_budget != defaults.search_time_budget,
+        ),
+    ];
+    for (key, _) in set.iter().filter(|(_, given)| *given) {
+        warnings.push(format!(
+            "parallel.{key} has no effect in mode \"{mode_name}\" (only the search modes \
+             sharding_propagation, recursive_programming and dynamic_programming read it)"
+        ));
+    }
 }
 
 /// Records a warning for every key of `keys` present in `s`, which has no effect because

@@ -22,9 +22,16 @@ pub(in crate::config) const OUTPUT_KEYS: &[&str] = &[
     "group_info_file",
 ];
 
-/// Reads `[output]`, resolving its paths against `base`.
-pub(super) fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, RuntimeError> {
-    Ok(OutputConfig {
+/// Reads `[output]`, resolving its paths against `base`; keys that cannot act in this section
+/// (`resume_strategy` without `resume_from`, `keep_checkpoint_max` without periodic sets) are
+/// reported in `warnings`.
+pub(super) fn read_output(
+    mut s: Section,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<OutputConfig, RuntimeError> {
+    let keep_given = s.has("keep_checkpoint_max");
+    let output = OutputConfig {
         dir: s.require("dir", path_reader(base))?,
         save_checkpoint: s.or("save_checkpoint", true, read_bool)?,
         save_checkpoint_steps: s
@@ -57,5 +64,22 @@ pub(super) fn read_output(mut s: Section, base: &Path) -> Result<OutputConfig, R
             }
             Ok(text)
         })?,
-    })
+    };
+    if output.resume_strategy.is_some() && output.resume_from.is_none() {
+        warnings.push(
+            "output.resume_strategy has no effect without output.resume_from (it is the \
+             layout of the checkpoint resumed from)"
+                .to_string(),
+        );
+    }
+    let periodic =
+        output.save_checkpoint_steps.is_some() || output.save_checkpoint_seconds.is_some();
+    if keep_given && !periodic {
+        warnings.push(
+            "output.keep_checkpoint_max has no effect without output.save_checkpoint_steps or \
+             output.save_checkpoint_seconds (it bounds the periodic checkpoint sets kept)"
+                .to_string(),
+        );
+    }
+    Ok(output)
 }
