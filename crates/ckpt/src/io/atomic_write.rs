@@ -22,8 +22,21 @@ pub(crate) struct AtomicFile {
     durability: Durability,
 }
 
-/// Fails with [`CkptError::DestinationExists`] when `path` exists and `force` is off.
+/// Fails with [`CkptError::DestinationExists`] when `path` exists and `force` is off, and with
+/// [`CkptError::UnsafeDestination`] when it exists and is not a regular file, forced or not:
+/// the rename into place would replace a device, a FIFO, a socket or a directory the tool did
+/// not create (as root, `/dev/full` became a plain file).
 pub(crate) fn check_destination(path: &Path, force: bool) -> Result<()> {
+    if let Ok(meta) = fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(CkptError::UnsafeDestination {
+                path: path.to_path_buf(),
+                rule: "it exists and is not a regular file (a device, a FIFO, a socket or a \
+                       directory), which writing the file into place would replace"
+                    .to_string(),
+            });
+        }
+    }
     if !force && path.exists() {
         return Err(CkptError::DestinationExists {
             path: path.to_path_buf(),
@@ -226,6 +239,30 @@ mod tests {
         }
         assert!(!dest.exists());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn never_replaces_what_is_not_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.expect("mkfifo").success());
+        let sub = dir.path().join("sub");
+        fs::create_dir(&sub).unwrap();
+        for (dest, force) in [(&fifo, true), (&fifo, false), (&sub, true)] {
+            let err = write_file(dest, b"x", force).unwrap_err();
+            assert!(
+                matches!(err, CkptError::UnsafeDestination { .. }),
+                "{}: {err}",
+                dest.display()
+            );
+            assert!(err.to_string().contains("not a regular file"), "{err}");
+        }
+        use std::os::unix::fs::FileTypeExt;
+        assert!(fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(sub.is_dir());
+        // Only the FIFO and the directory: no temporary file left beside them.
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
     #[test]
