@@ -715,22 +715,7 @@ fn inspecting_a_fifo_is_refused_without_waiting() {
     let fifo = scratch.0.join("pipe.ckpt");
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["ckpt", "inspect", s(&fifo)])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("running tessera");
-    let start = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed().as_secs() >= 20 {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("`tessera ckpt inspect` on a FIFO still waits after 20 s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = tessera_bounded(&["ckpt", "inspect", s(&fifo)]);
     assert_refused(&out, &[s(&fifo), "not a regular file"]);
 }
 
