@@ -134,6 +134,32 @@ fn merge_stages_in_stage_order() {
     assert!(!merged.exists());
 }
 
+/// An entry named like a strategy file that is not a regular file (a directory, a broken link)
+/// is an error naming it, not an input left out of the merge without a word.
+#[test]
+fn a_strategy_name_on_what_is_not_a_file_is_an_error() {
+    let dir = tmp();
+    let stages = dir.path().join("stages");
+    std::fs::create_dir_all(&stages).unwrap();
+    std::fs::write(stages.join("b_stage0.ckpt"), stage_file(0).encode()).unwrap();
+    std::fs::create_dir(stages.join("a_stage1.ckpt")).unwrap();
+    let out = dir.path().join("merged.ckpt");
+    let err = ckpt::merge_pipeline_strategies(&stages, &out, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("a_stage1.ckpt") && err.contains("not a regular file"),
+        "{err}"
+    );
+    std::fs::remove_dir(stages.join("a_stage1.ckpt")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("gone"), stages.join("a_stage1.ckpt")).unwrap();
+    let err = ckpt::merge_pipeline_strategies(&stages, &out, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("a_stage1.ckpt"), "{err}");
+    assert!(!out.exists(), "nothing written");
+}
+
 #[test]
 fn pipeline_to_flat_and_back() {
     let dir = tmp();

@@ -34,14 +34,15 @@ pub fn merge_pipeline_strategies(
     let mut js = Vec::new();
     for entry in std::fs::read_dir(src_dir).map_err(io_err(src_dir, "list directory"))? {
         let path = entry.map_err(io_err(src_dir, "list directory"))?.path();
-        if !path.is_file() {
-            continue;
-        }
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("ckpt") => pb.push(path),
-            Some("json") => js.push(path),
-            _ => {}
-        }
+        let list = match path.extension().and_then(|e| e.to_str()) {
+            Some("ckpt") => &mut pb,
+            Some("json") => &mut js,
+            _ => continue,
+        };
+        // A strategy's name on a directory, a FIFO or a broken link is an error naming it,
+        // not an input passed over without a word.
+        crate::format::detect::open_regular(&path)?;
+        list.push(path);
     }
     if !pb.is_empty() && !js.is_empty() {
         return Err(CkptError::MixedFormats {
