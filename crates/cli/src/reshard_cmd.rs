@@ -3,8 +3,8 @@
 use anyhow::{bail, Context};
 use bench::reshard_check::{self, world_size, RankCheck};
 use clap::Args;
-use reshard::{DistLayout, ExchangeKind, ReduceKind, ReshardPlan};
-use serde_json::{json, Value};
+use reshard::{DistLayout, ExchangeKind, ReduceKind, ReshardError, ReshardPlan};
+use serde::Serialize;
 use tensor::DType;
 
 use crate::grid::write_stdout;
@@ -80,23 +80,26 @@ pub fn run(args: &ReshardArgs) -> anyhow::Result<()> {
             DistLayout::partial(src, &axes).context("--from-partial")?
         }
     };
-    let plan = reshard::plan_from(&src, &dst, dtype)?;
     // The report lists every transfer (one line, or one JSON object, each): an all-gather over
-    // N ranks has N² of them, so 65536 ranks would be 4·10⁹ lines built in memory.
-    if plan.n_transfers() > MAX_LISTED_TRANSFERS {
-        bail!(
-            "the plan has {} transfers (between {} source and {} destination ranks), more than \
-             the {MAX_LISTED_TRANSFERS} this command lists one by one: use fewer ranks in \
-             --from-mesh/--to-mesh, or a layout pair that moves less",
-            plan.n_transfers(),
-            src.layout().mesh().n_devices(),
-            dst.mesh().n_devices(),
-        );
-    }
+    // N ranks has N² of them, so 65536 ranks would be 4·10⁹ lines built in memory. The planner
+    // counts them first and refuses such a plan before making it (making it took minutes).
+    let plan = match reshard::plan_from_within(&src, &dst, dtype, MAX_LISTED_TRANSFERS) {
+        Ok(plan) => plan,
+        Err(ReshardError::TooManyTransfers {
+            n_transfers,
+            src_devices,
+            dst_devices,
+            ..
+        }) => bail!(
+            "the plan has {n_transfers} transfers (between {src_devices} source and \
+             {dst_devices} destination ranks), more than the {MAX_LISTED_TRANSFERS} this command \
+             lists one by one: use fewer ranks in --from-mesh/--to-mesh, or a layout pair that \
+             moves less"
+        ),
+        Err(e) => return Err(e.into()),
+    };
     let mut out = if args.json {
-        let mut s = serde_json::to_string_pretty(&plan_json(&plan))?;
-        s.push('\n');
-        s
+        plan_json_text(&plan)?
     } else {
         plan_text(&plan)
     };
@@ -116,12 +119,79 @@ pub fn run(args: &ReshardArgs) -> anyhow::Result<()> {
     write_stdout(&out)
 }
 
-fn region_json(b: &layout::SliceBox) -> Value {
-    json!({"offset": b.offset, "shape": b.shape})
+/// The `--json` document, serialized as it is written: every transfer is made into text from
+/// the plan's own data, with no `serde_json::Value` per transfer (at the listing bound those
+/// took 13.7 GB and over two minutes). Field names are listed in sorted order, the order
+/// `serde_json` writes the keys of a `Value` object, so the text is what serialising the
+/// equivalent `Value` gives.
+#[derive(Serialize)]
+struct PlanJson {
+    bytes_lower_bound: usize,
+    bytes_per_rank: Vec<usize>,
+    bytes_total: usize,
+    ranks: Vec<usize>,
+    steps: Vec<StepJson>,
 }
 
-/// The `--json` object.
-pub fn plan_json(plan: &ReshardPlan) -> Value {
+/// A step of [`PlanJson`]: a reduction (`dim` for a reduce-scatter), the local copies
+/// (`copies`) or an exchange (`transfers`).
+#[derive(Serialize)]
+struct StepJson {
+    bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    copies: Option<Vec<CopyJson>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dim: Option<usize>,
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ranks: Option<Vec<usize>>,
+    reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transfers: Option<Vec<TransferJson>>,
+}
+
+/// A local copy in [`StepJson::copies`].
+#[derive(Serialize)]
+struct CopyJson {
+    bytes: usize,
+    rank: usize,
+    #[serde(serialize_with = "region_json")]
+    region: layout::SliceBox,
+}
+
+/// A network transfer in [`StepJson::transfers`].
+#[derive(Serialize)]
+struct TransferJson {
+    bytes: usize,
+    from: usize,
+    #[serde(serialize_with = "region_json")]
+    region: layout::SliceBox,
+    to: usize,
+}
+
+/// A region as `{"offset": […], "shape": […]}`.
+fn region_json<S: serde::Serializer>(b: &layout::SliceBox, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Region<'a> {
+        offset: &'a [usize],
+        shape: &'a [usize],
+    }
+    Region {
+        offset: &b.offset,
+        shape: &b.shape,
+    }
+    .serialize(s)
+}
+
+/// The `--json` text, with its final newline.
+fn plan_json_text(plan: &ReshardPlan) -> anyhow::Result<String> {
+    let mut s = serde_json::to_string_pretty(&plan_json(plan))?;
+    s.push('\n');
+    Ok(s)
+}
+
+/// The `--json` document.
+fn plan_json(plan: &ReshardPlan) -> PlanJson {
     let elem = plan.dtype().size_in_bytes();
     let mut steps = Vec::new();
     if let Some(step) = plan.reduce() {
@@ -129,63 +199,69 @@ pub fn plan_json(plan: &ReshardPlan) -> Value {
         let per_member =
             step.elements_received_per_member(plan.src()) * plan.dtype().size_in_bytes();
         for group in &step.slot_groups {
-            let ranks: Vec<usize> = group.iter().map(|&s| mesh.device_of_slot(s)).collect();
-            let mut v = json!({
-                "kind": match step.kind {
-                    ReduceKind::AllReduce => "all-reduce",
-                    ReduceKind::ReduceScatter { .. } => "reduce-scatter",
+            steps.push(StepJson {
+                bytes: per_member * group.len(),
+                copies: None,
+                dim: match step.kind {
+                    ReduceKind::AllReduce => None,
+                    ReduceKind::ReduceScatter { dim } => Some(dim),
                 },
-                "ranks": ranks,
-                "bytes": per_member * group.len(),
-                "reason": "the source values are partial sums of one box",
+                kind: step.kind.name(),
+                ranks: Some(group.iter().map(|&s| mesh.device_of_slot(s)).collect()),
+                reason: "the source values are partial sums of one box",
+                transfers: None,
             });
-            if let ReduceKind::ReduceScatter { dim } = step.kind {
-                v["dim"] = json!(dim);
-            }
-            steps.push(v);
         }
     }
-    let local: Vec<Value> = plan
+    let local: Vec<CopyJson> = plan
         .transfers()
         .filter(|t| t.is_local())
-        .map(|t| json!({"rank": t.dst_rank, "region": region_json(&t.region), "bytes": t.region.n_elements() * elem}))
+        .map(|t| CopyJson {
+            bytes: t.region.n_elements() * elem,
+            rank: t.dst_rank,
+            region: t.region,
+        })
         .collect();
     if !local.is_empty() {
-        steps.push(json!({
-            "kind": "local-copy",
-            "bytes": plan.bytes_local(),
-            "reason": "already held by the destination rank under the source layout",
-            "copies": local,
-        }));
+        steps.push(StepJson {
+            bytes: plan.bytes_local(),
+            copies: Some(local),
+            dim: None,
+            kind: "local-copy",
+            ranks: None,
+            reason: "already held by the destination rank under the source layout",
+            transfers: None,
+        });
     }
     for ex in reshard::lower(plan) {
-        let transfers: Vec<Value> = ex
+        let transfers: Vec<TransferJson> = ex
             .transfers
-            .iter()
-            .map(|t| {
-                json!({
-                    "from": t.src_rank,
-                    "to": t.dst_rank,
-                    "region": region_json(&t.region),
-                    "bytes": t.region.n_elements() * elem,
-                })
+            .into_iter()
+            .map(|t| TransferJson {
+                bytes: t.region.n_elements() * elem,
+                from: t.src_rank,
+                region: t.region,
+                to: t.dst_rank,
             })
             .collect();
-        steps.push(json!({
-            "kind": ex.kind.to_string(),
-            "ranks": ex.ranks,
-            "bytes": ex.transfers.iter().map(|t| t.region.n_elements() * elem).sum::<usize>(),
-            "reason": exchange_reason(ex.kind),
-            "transfers": transfers,
-        }));
+        steps.push(StepJson {
+            bytes: transfers.iter().map(|t| t.bytes).sum(),
+            copies: None,
+            dim: None,
+            kind: ex.kind.name(),
+            ranks: Some(ex.ranks),
+            reason: exchange_reason(ex.kind),
+            transfers: Some(transfers),
+        });
     }
-    json!({
-        "bytes_total": plan.bytes_total(),
-        "bytes_lower_bound": plan.bytes_lower_bound(),
-        "bytes_per_rank": plan.bytes_per_rank().iter().map(|&(_, b)| b).collect::<Vec<_>>(),
-        "ranks": plan.bytes_per_rank().iter().map(|&(r, _)| r).collect::<Vec<_>>(),
-        "steps": steps,
-    })
+    let per_rank = plan.bytes_per_rank();
+    PlanJson {
+        bytes_lower_bound: plan.bytes_lower_bound(),
+        bytes_per_rank: per_rank.iter().map(|&(_, b)| b).collect(),
+        bytes_total: plan.bytes_total(),
+        ranks: per_rank.iter().map(|&(r, _)| r).collect(),
+        steps,
+    }
 }
 
 fn exchange_reason(kind: ExchangeKind) -> &'static str {
@@ -274,4 +350,143 @@ fn run_and_check(plan: &ReshardPlan) -> anyhow::Result<usize> {
         }
     }
     Ok(mismatches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn region_value(b: &layout::SliceBox) -> Value {
+        json!({"offset": b.offset, "shape": b.shape})
+    }
+
+    /// The `--json` document as it was built before, one `Value` per transfer: the reference
+    /// the serialized structs must match byte for byte.
+    fn plan_value(plan: &ReshardPlan) -> Value {
+        let elem = plan.dtype().size_in_bytes();
+        let mut steps = Vec::new();
+        if let Some(step) = plan.reduce() {
+            let mesh = plan.src().layout().mesh();
+            let per_member =
+                step.elements_received_per_member(plan.src()) * plan.dtype().size_in_bytes();
+            for group in &step.slot_groups {
+                let ranks: Vec<usize> = group.iter().map(|&s| mesh.device_of_slot(s)).collect();
+                let mut v = json!({
+                    "kind": match step.kind {
+                        ReduceKind::AllReduce => "all-reduce",
+                        ReduceKind::ReduceScatter { .. } => "reduce-scatter",
+                    },
+                    "ranks": ranks,
+                    "bytes": per_member * group.len(),
+                    "reason": "the source values are partial sums of one box",
+                });
+                if let ReduceKind::ReduceScatter { dim } = step.kind {
+                    v["dim"] = json!(dim);
+                }
+                steps.push(v);
+            }
+        }
+        let local: Vec<Value> = plan
+            .transfers()
+            .filter(|t| t.is_local())
+            .map(|t| json!({"rank": t.dst_rank, "region": region_value(&t.region), "bytes": t.region.n_elements() * elem}))
+            .collect();
+        if !local.is_empty() {
+            steps.push(json!({
+                "kind": "local-copy",
+                "bytes": plan.bytes_local(),
+                "reason": "already held by the destination rank under the source layout",
+                "copies": local,
+            }));
+        }
+        for ex in reshard::lower(plan) {
+            let transfers: Vec<Value> = ex
+                .transfers
+                .iter()
+                .map(|t| {
+                    json!({
+                        "from": t.src_rank,
+                        "to": t.dst_rank,
+                        "region": region_value(&t.region),
+                        "bytes": t.region.n_elements() * elem,
+                    })
+                })
+                .collect();
+            steps.push(json!({
+                "kind": ex.kind.to_string(),
+                "ranks": ex.ranks,
+                "bytes": ex.transfers.iter().map(|t| t.region.n_elements() * elem).sum::<usize>(),
+                "reason": exchange_reason(ex.kind),
+                "transfers": transfers,
+            }));
+        }
+        json!({
+            "bytes_total": plan.bytes_total(),
+            "bytes_lower_bound": plan.bytes_lower_bound(),
+            "bytes_per_rank": plan.bytes_per_rank().iter().map(|&(_, b)| b).collect::<Vec<_>>(),
+            "ranks": plan.bytes_per_rank().iter().map(|&(r, _)| r).collect::<Vec<_>>(),
+            "steps": steps,
+        })
+    }
+
+    /// `--json` writes, byte for byte, what serializing one `Value` per transfer wrote: every
+    /// kind of step (all-reduce, reduce-scatter with its dim, local copies, all-gather,
+    /// all-to-all, point-to-point).
+    #[test]
+    fn the_json_listing_is_the_value_it_replaced() {
+        let layout = |mesh: &str, map: &str, shape: &[usize]| {
+            parse_layout(mesh, &[], map, None, shape).unwrap()
+        };
+        let partial = |mesh: &str, map: &str, axes: &[usize], shape: &[usize]| {
+            DistLayout::partial(layout(mesh, map, shape), axes).unwrap()
+        };
+        let cases: Vec<(DistLayout, layout::TensorLayout)> = vec![
+            (
+                layout("dp=2,tp=2", "dp,tp", &[8, 8]).into(),
+                layout("dp=2,tp=2", "tp,dp", &[8, 8]),
+            ),
+            (
+                layout("dp=4", "dp,None", &[8, 12]).into(),
+                layout("dp=4", "None,None", &[8, 12]),
+            ),
+            (
+                layout("dp=4", "dp,None", &[8, 12]).into(),
+                layout("dp=4", "None,dp", &[8, 12]),
+            ),
+            (
+                layout("a=2,b=3", "None,a+b", &[8, 12]).into(),
+                layout("p=3,q=2", "q,p", &[8, 12]),
+            ),
+            (layout("a=2", "a", &[12]).into(), layout("b=3", "b", &[12])),
+            (
+                partial("dp=2,tp=2", "dp,None", &[1], &[8, 8]),
+                layout("dp=2,tp=2", "dp,tp", &[8, 8]),
+            ),
+            (
+                partial("dp=2,tp=2", "dp,None", &[1], &[8, 8]),
+                layout("dp=2,tp=2", "None,None", &[8, 8]),
+            ),
+        ];
+        let mut kinds = std::collections::BTreeSet::new();
+        for (src, dst) in cases {
+            let plan = reshard::plan_from(&src, &dst, DType::F32).unwrap();
+            let mut want = serde_json::to_string_pretty(&plan_value(&plan)).unwrap();
+            want.push('\n');
+            assert_eq!(plan_json_text(&plan).unwrap(), want, "{src} to {dst}");
+            let v: Value = serde_json::from_str(&want).unwrap();
+            for step in v["steps"].as_array().unwrap() {
+                kinds.insert(step["kind"].as_str().unwrap().to_string());
+            }
+        }
+        let all = [
+            "all-gather",
+            "all-reduce",
+            "all-to-all",
+            "local-copy",
+            "point-to-point",
+            "reduce-scatter",
+        ];
+        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), all);
+    }
 }

@@ -25,6 +25,23 @@ pub enum ReshardError {
         /// The layout, formatted.
         layout: String,
     },
+    /// A plan with more transfers than the caller allows (see [`crate::plan_from_within`]):
+    /// refused after counting its transfers, before any is planned.
+    #[error(
+        "the plan has {n_transfers} transfers (between {src_devices} source and {dst_devices} \
+         destination devices), more than the bound of {max_transfers}: a plan may have at most \
+         {max_transfers} transfers"
+    )]
+    TooManyTransfers {
+        /// The number of transfers the plan would have (local copies included).
+        n_transfers: usize,
+        /// The bound it exceeds.
+        max_transfers: usize,
+        /// Physical devices of the source mesh.
+        src_devices: usize,
+        /// Physical devices of the destination mesh.
+        dst_devices: usize,
+    },
     /// A plan the planner cannot represent.
     #[error("reshard: not supported: {what}")]
     Unsupported {

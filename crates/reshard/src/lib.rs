@@ -5,7 +5,9 @@
 //! - [`plan()`] intersects boxes: every destination slot receives exactly the elements its device
 //!   lacks, from the least-loaded source replica, and copies locally what it already holds. The
 //!   result, a [`ReshardPlan`], is data: it knows its bytes per rank, its lower bound, and
-//!   [`ReshardPlan::explain`] prints every transfer with its reason.
+//!   [`ReshardPlan::explain`] prints every transfer with its reason. [`plan_from_within`]
+//!   counts a plan's transfers first (without making them) and refuses one with more than
+//!   its caller can hold: an all-gather over `n` ranks has `n²`.
 //! - [`source_pieces`] answers the question checkpoint conversion asks: which source slots hold
 //!   which part of a region.
 //! - [`lower`] groups a plan's transfers into the collectives they form (all-gather,
@@ -68,4 +70,6 @@ pub use crate::fuse::{fusion_key, FusionKey};
 pub use crate::half_sum::HalfSum;
 pub use crate::lower::{lower, lower_for, lower_kinds, Exchange, ExchangeKind, ExchangeKindOf};
 pub use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
-pub use crate::plan::{plan, plan_from, source_pieces, ReshardPlan, SourcePiece, Transfer};
+pub use crate::plan::{
+    plan, plan_from, plan_from_within, source_pieces, ReshardPlan, SourcePiece, Transfer,
+};

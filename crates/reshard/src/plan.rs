@@ -198,17 +198,12 @@ impl<'a> SourceIndex<'a> {
             .map(|&(_, s)| (s, self.layout.slot_box(s)))
     }
 
-    /// Calls `f` with every non-empty intersection of `region` with a distinct box, and the
-    /// box's holders, in block order — visiting only the blocks that overlap `region`.
-    pub(crate) fn for_each_piece(
-        &self,
-        region: &SliceBox,
-        mut f: impl FnMut(SliceBox, usize, &[usize]),
-    ) {
+    /// Per dim, the first and last block `region` overlaps; `None` when it overlaps none (an
+    /// empty region).
+    fn block_ranges(&self, region: &SliceBox) -> Option<Vec<(usize, usize)>> {
         if region.shape.contains(&0) {
-            return;
+            return None;
         }
-        // Per dim, the range of block indices the region overlaps.
         let ranges: Vec<(usize, usize)> = (0..region.ndim())
             .map(|d| {
                 let first = self.layout.block_containing(d, region.offset[d]);
@@ -218,9 +213,59 @@ impl<'a> SourceIndex<'a> {
                 (first, last.min(self.factors[d] - 1))
             })
             .collect();
-        if ranges.iter().any(|&(first, last)| first > last) {
-            return;
+        ranges
+            .iter()
+            .all(|&(first, last)| first <= last)
+            .then_some(ranges)
+    }
+
+    /// The number of pieces [`SourceIndex::for_each_piece`] finds in `region`, in time linear
+    /// in its dims: the blocks of a dim tile it contiguously and none is empty (an even split
+    /// of a non-empty dim, or a manual row split of at least one row each), so every block in
+    /// the overlapped ranges meets `region`.
+    pub(crate) fn count_pieces(&self, region: &SliceBox) -> usize {
+        self.block_ranges(region).map_or(0, |ranges| {
+            ranges.iter().fold(1usize, |n, &(first, last)| {
+                n.saturating_mul(last - first + 1)
+            })
+        })
+    }
+
+    /// Splits `dst_box`, wanted on `device`, into what the device already holds under the source
+    /// layout — `(source slot, region)` local copies, in the order the plan lists them — and the
+    /// boxes it still lacks.
+    fn split_held(
+        &self,
+        device: usize,
+        dst_box: SliceBox,
+    ) -> (Vec<(usize, SliceBox)>, Vec<SliceBox>) {
+        let mut local = Vec::new();
+        let mut missing = vec![dst_box];
+        for (src_slot, held) in self.local_boxes(device) {
+            let mut still = Vec::new();
+            for m in &missing {
+                if let Some(common) = m.intersect(&held) {
+                    local.push((src_slot, common));
+                    still.extend(m.subtract(&held));
+                } else {
+                    still.push(m.clone());
+                }
+            }
+            missing = still;
         }
+        (local, missing)
+    }
+
+    /// Calls `f` with every non-empty intersection of `region` with a distinct box, and the
+    /// box's holders, in block order — visiting only the blocks that overlap `region`.
+    pub(crate) fn for_each_piece(
+        &self,
+        region: &SliceBox,
+        mut f: impl FnMut(SliceBox, usize, &[usize]),
+    ) {
+        let Some(ranges) = self.block_ranges(region) else {
+            return;
+        };
         let mut index: Vec<usize> = ranges.iter().map(|&(first, _)| first).collect();
         loop {
             let linear = index
@@ -640,15 +685,51 @@ pub fn plan(
 
 /// Plans moving a tensor whose source may be pending a sum (see [`DistLayout`]): the sum is
 /// resolved first within each partial group (see [`ReduceStep::choose`]), then boxes move as in
-/// [`plan`].
+/// [`plan`]. The plan may have as many transfers as the layouts need (an all-gather over `n`
+/// ranks has `n²`); [`plan_from_within`] bounds them.
 pub fn plan_from(
     src: &DistLayout,
     dst: &TensorLayout,
     dtype: DType,
 ) -> Result<ReshardPlan, ReshardError> {
+    plan_from_within(src, dst, dtype, usize::MAX)
+}
+
+/// [`plan_from`] for a plan of at most `max_transfers` transfers (local copies included), so
+/// that a caller which lists, stores or sends every transfer refuses a plan too large for it
+/// without planning it: an all-gather over 65,536 ranks has 2³² transfers, and planning them
+/// takes minutes.
+///
+/// The transfers are counted first, exactly and in time linear in the destination slots (each
+/// slot's pieces are counted without being made; a manual row split of dim 0 adds a scan of its
+/// blocks per piece, as planning does), and a count above `max_transfers` is
+/// [`ReshardError::TooManyTransfers`]. A plan within the bound is the plan [`plan_from`]
+/// makes, transfer for transfer.
+pub fn plan_from_within(
+    src: &DistLayout,
+    dst: &TensorLayout,
+    dtype: DType,
+    max_transfers: usize,
+) -> Result<ReshardPlan, ReshardError> {
+    check_same_shape(src.layout(), dst)?;
     let reduce = src.is_partial().then(|| ReduceStep::choose(src, dst));
     let from = reduce.as_ref().map_or(src.layout(), |r| &r.result);
+    // No plan has more than `usize::MAX` transfers: the unbounded plan skips the count.
+    let counted = (max_transfers < usize::MAX).then(|| count_transfers(from, dst));
+    if let Some(n_transfers) = counted.filter(|&n| n > max_transfers) {
+        return Err(ReshardError::TooManyTransfers {
+            n_transfers,
+            max_transfers,
+            src_devices: src.layout().mesh().n_devices(),
+            dst_devices: dst.mesh().n_devices(),
+        });
+    }
     let transfers = plan_transfers(from, dst, dtype)?;
+    debug_assert!(
+        counted.is_none_or(|n| n == transfers.n_transfers),
+        "counted {counted:?} transfers but planned {}",
+        transfers.n_transfers
+    );
     Ok(ReshardPlan {
         src: src.clone(),
         reduce,
@@ -656,6 +737,35 @@ pub fn plan_from(
         dtype,
         transfers,
         lowering: std::sync::OnceLock::new(),
+    })
+}
+
+/// [`ReshardError::ShapeMismatch`] unless `src` and `dst` describe the same global shape.
+fn check_same_shape(src: &TensorLayout, dst: &TensorLayout) -> Result<(), ReshardError> {
+    if src.shape() != dst.shape() {
+        return Err(ReshardError::ShapeMismatch {
+            src: src.shape().to_vec(),
+            dst: dst.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// The number of transfers [`plan_transfers`] makes from `src` to `dst` (same shape, no
+/// pending sums), without making them: per destination slot, its local copies plus the pieces
+/// of what it lacks. Time linear in the destination slots, whatever the count (saturating at
+/// `usize::MAX`); see [`plan_from_within`].
+pub(crate) fn count_transfers(src: &TensorLayout, dst: &TensorLayout) -> usize {
+    let index = SourceIndex::new(src);
+    let dst_mesh = dst.mesh();
+    (0..dst_mesh.n_slots()).fold(0usize, |total, dst_slot| {
+        let (local, missing) =
+            index.split_held(dst_mesh.device_of_slot(dst_slot), dst.slot_box(dst_slot));
+        missing
+            .iter()
+            .fold(total.saturating_add(local.len()), |n, m| {
+                n.saturating_add(index.count_pieces(m))
+            })
     })
 }
 
@@ -668,12 +778,7 @@ fn plan_transfers(
     dst: &TensorLayout,
     dtype: DType,
 ) -> Result<TransferTable, ReshardError> {
-    if src.shape() != dst.shape() {
-        return Err(ReshardError::ShapeMismatch {
-            src: src.shape().to_vec(),
-            dst: dst.shape().to_vec(),
-        });
-    }
+    check_same_shape(src, dst)?;
     let src_mesh = src.mesh();
     let dst_mesh = dst.mesh();
     let elem = dtype.size_in_bytes();
@@ -681,50 +786,39 @@ fn plan_transfers(
     // Bytes sent so far per source device (ranks are below the rank ceiling, so dense).
     let max_src_rank = src_mesh.device_ranks().into_iter().max().unwrap_or(0);
     let mut sent: Vec<usize> = vec![0; max_src_rank + 1];
-    // The least-loaded holder of each block: (bytes sent, rank, slot), smallest first.
-    let one_slot_per_device = src_mesh.interleave_factor() == 1;
+    // Per block, its holders by (bytes sent, rank, slot), smallest first: the least-loaded
+    // holder, ties to the lower rank, then the lower slot, in log time rather than a scan of
+    // the replica group (which made a replicated source over n ranks quadratic in n).
     let mut heaps: HashMap<usize, HolderHeap> = HashMap::new();
     let mut transfers = TransferTable::default();
     let mut failed = None;
     for dst_slot in 0..dst_mesh.n_slots() {
         let dst_rank = dst_mesh.device_of_slot(dst_slot);
-        let mut missing = vec![dst.slot_box(dst_slot)];
-        for (src_slot, held) in index.local_boxes(dst_rank) {
-            let mut still = Vec::new();
-            for m in &missing {
-                if let Some(common) = m.intersect(&held) {
-                    transfers.push(src_slot, common)?;
-                    still.extend(m.subtract(&held));
-                } else {
-                    still.push(m.clone());
-                }
-            }
-            missing = still;
+        let (local, missing) = index.split_held(dst_rank, dst.slot_box(dst_slot));
+        for (src_slot, common) in local {
+            transfers.push(src_slot, common)?;
         }
         for m in &missing {
             index.for_each_piece(m, |region, block, holders| {
                 let bytes = region.n_elements() * elem;
-                let src_slot = if one_slot_per_device {
-                    // A device holds one block, so only this block's pieces load its holders:
-                    // a heap per block finds the least-loaded one in log time.
-                    let heap = heaps.entry(block).or_insert_with(|| {
-                        holders
-                            .iter()
-                            .map(|&s| Reverse((0, src_mesh.device_of_slot(s), s)))
-                            .collect()
-                    });
+                let heap = heaps.entry(block).or_insert_with(|| {
+                    holders
+                        .iter()
+                        .map(|&s| Reverse((0, src_mesh.device_of_slot(s), s)))
+                        .collect()
+                });
+                // A device of an interleaved mesh holds several slots, so pieces of other blocks
+                // load it too: an entry whose load is behind the device's is stale, and goes
+                // back with the current load (loads only grow, so the first entry that is
+                // current is the least-loaded holder).
+                let src_slot = loop {
                     let Reverse((load, rank, slot)) =
                         heap.pop().expect("a replica group is never empty");
-                    heap.push(Reverse((load + bytes, rank, slot)));
-                    slot
-                } else {
-                    *holders
-                        .iter()
-                        .min_by_key(|&&s| {
-                            let r = src_mesh.device_of_slot(s);
-                            (sent[r], r)
-                        })
-                        .expect("a replica group is never empty")
+                    if load == sent[rank] {
+                        heap.push(Reverse((load + bytes, rank, slot)));
+                        break slot;
+                    }
+                    heap.push(Reverse((sent[rank], rank, slot)));
                 };
                 let src_rank = src_mesh.device_of_slot(src_slot);
                 sent[src_rank] += bytes;
@@ -809,6 +903,230 @@ mod tests {
         assert_eq!(p.bytes_total(), p.bytes_lower_bound());
         assert_eq!(p.bytes_local(), 4 * 4);
         assert!(p.bytes_per_rank().iter().all(|&(_, b)| b == 12));
+    }
+
+    /// Layout pairs of every kind the planner handles: splits to splits, gathers, scatters,
+    /// multi-axis maps, different meshes and rank lists, interleaved meshes, pending sums.
+    fn layout_pairs() -> Vec<(DistLayout, TensorLayout)> {
+        let with_ranks = |dev: &[usize], names: &[&str], ranks: Vec<usize>, map: &[&str]| {
+            let entries: Vec<layout::DimSpec> =
+                map.iter().map(|m| layout::DimSpec::parse(m)).collect();
+            Layout::new(dev, names, Some(ranks))
+                .unwrap()
+                .apply(&entries)
+                .unwrap()
+                .bind(&[8, 12])
+                .unwrap()
+        };
+        let il = ["dp", "interleaved_parallel"];
+        let mut pairs: Vec<(DistLayout, TensorLayout)> = vec![
+            (
+                tl(&[4], &["x"], &["x", "None"], &[8, 12]).into(),
+                tl(&[4], &["x"], &["None", "None"], &[8, 12]),
+            ),
+            (
+                tl(&[4], &["x"], &["x", "None"], &[8, 12]).into(),
+                tl(&[4], &["x"], &["None", "x"], &[8, 12]),
+            ),
+            (
+                tl(&[2, 3], &["a", "b"], &["a", "b"], &[12, 12]).into(),
+                tl(&[2, 3], &["a", "b"], &["b", "a"], &[12, 12]),
+            ),
+            (
+                tl(&[2, 3], &["a", "b"], &["None", "a+b"], &[8, 12]).into(),
+                tl(&[3, 2], &["p", "q"], &["q", "p"], &[8, 12]),
+            ),
+            (
+                tl(&[2], &["x"], &["None", "None"], &[8, 12]).into(),
+                with_ranks(&[4], &["y"], vec![5, 2, 7, 3], &["y", "None"]),
+            ),
+            (
+                with_ranks(
+                    &[2, 2],
+                    &il,
+                    vec![0, 1, 2, 3],
+                    &["dp", "interleaved_parallel"],
+                )
+                .into(),
+                tl(&[4], &["x"], &["None", "x"], &[8, 12]),
+            ),
+            (
+                with_ranks(&[2, 2], &il, vec![0, 1, 2, 3], &["None", "None"]).into(),
+                tl(&[4], &["x"], &["x", "None"], &[8, 12]),
+            ),
+            (
+                tl(&[4], &["x"], &["x", "None"], &[8, 12]).into(),
+                with_ranks(
+                    &[2, 2],
+                    &il,
+                    vec![4, 5, 6, 7],
+                    &["interleaved_parallel", "dp"],
+                ),
+            ),
+        ];
+        let partial = |map: [&str; 2], axes: &[usize]| {
+            DistLayout::partial(tl(&[2, 2], &["dp", "tp"], &map, &[8, 12]), axes).unwrap()
+        };
+        pairs.push((
+            partial(["dp", "None"], &[1]),
+            tl(&[2, 2], &["dp", "tp"], &["dp", "tp"], &[8, 12]),
+        ));
+        pairs.push((
+            partial(["None", "None"], &[0, 1]),
+            tl(&[2, 2], &["dp", "tp"], &["None", "None"], &[8, 12]),
+        ));
+        pairs
+    }
+
+    /// Within its bound, the bounded plan is the unbounded one, transfer for transfer, and the
+    /// count made before planning is its exact number of transfers; one transfer fewer is
+    /// refused, naming the count, the bound and both meshes' device counts.
+    #[test]
+    fn a_bounded_plan_is_the_plan_or_refused() {
+        for (src, dst) in layout_pairs() {
+            let full = plan_from(&src, &dst, DType::F32).unwrap();
+            let n = full.n_transfers();
+            assert!(n > 0, "{src} to {dst}");
+            let from = full.moved_from().clone();
+            assert_eq!(count_transfers(&from, &dst), n, "{src} to {dst}");
+            for max in [n, n + 1, usize::MAX] {
+                let bounded = plan_from_within(&src, &dst, DType::F32, max).unwrap();
+                assert_eq!(
+                    bounded.transfers().collect::<Vec<_>>(),
+                    full.transfers().collect::<Vec<_>>(),
+                    "{src} to {dst} within {max}"
+                );
+                assert_eq!(bounded.reduce(), full.reduce());
+            }
+            let err = plan_from_within(&src, &dst, DType::F32, n - 1).unwrap_err();
+            let (src_devices, dst_devices) =
+                (src.layout().mesh().n_devices(), dst.mesh().n_devices());
+            assert_eq!(
+                err,
+                ReshardError::TooManyTransfers {
+                    n_transfers: n,
+                    max_transfers: n - 1,
+                    src_devices,
+                    dst_devices,
+                },
+                "{src} to {dst}"
+            );
+            let message = err.to_string();
+            for part in [
+                format!("{n} transfers"),
+                format!("at most {} transfers", n - 1),
+                format!("between {src_devices} source and {dst_devices} destination devices"),
+            ] {
+                assert!(message.contains(&part), "{message}");
+            }
+        }
+    }
+
+    /// An all-gather over 65,536 ranks has 2³² transfers: the bound refuses it from the count,
+    /// without planning a transfer (which took minutes).
+    #[test]
+    fn a_gather_over_65536_ranks_is_refused_before_planning() {
+        let n = 1 << 16;
+        let src = tl(&[n], &["dp"], &["dp"], &[n]);
+        let dst = tl(&[n], &["dp"], &["None"], &[n]);
+        let started = std::time::Instant::now();
+        let err = plan_from_within(&src.into(), &dst, DType::F32, 1 << 22).unwrap_err();
+        assert_eq!(
+            err,
+            ReshardError::TooManyTransfers {
+                n_transfers: n * n,
+                max_transfers: 1 << 22,
+                src_devices: n,
+                dst_devices: n,
+            }
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "refused only after {:?}",
+            started.elapsed()
+        );
+    }
+
+    /// A shape mismatch is refused before anything is planned or counted, a partial source's
+    /// reduction included (choosing it compared boxes of different ranks).
+    #[test]
+    fn a_shape_mismatch_is_refused_first() {
+        let src = tl(&[2, 2], &["dp", "tp"], &["dp", "None"], &[8, 12]);
+        let src = DistLayout::partial(src, &[1]).unwrap();
+        let dst = tl(&[2], &["x"], &["x"], &[8]);
+        for max in [0, usize::MAX] {
+            assert!(matches!(
+                plan_from_within(&src, &dst, DType::F32, max),
+                Err(ReshardError::ShapeMismatch { .. })
+            ));
+        }
+    }
+
+    /// Every network transfer comes from the holder that had sent the fewest bytes so far
+    /// (ties to the lower rank, then the lower slot), the devices of an interleaved mesh
+    /// included, whose several slots share one load: the greedy choice, made by a scan of
+    /// each replica group here and by per-block heaps in the planner.
+    #[test]
+    fn senders_are_the_least_loaded_holders() {
+        let il = ["dp", "interleaved_parallel"];
+        let replicated_interleaved = |ranks: usize| {
+            Layout::new(&[ranks, 2], &il, None)
+                .unwrap()
+                .apply(&[
+                    layout::DimSpec::parse("None"),
+                    layout::DimSpec::parse("None"),
+                ])
+                .unwrap()
+                .bind(&[16, 4])
+                .unwrap()
+        };
+        let half_interleaved = Layout::new(&[2, 2], &il, None)
+            .unwrap()
+            .apply(&[
+                layout::DimSpec::parse("interleaved_parallel"),
+                layout::DimSpec::parse("None"),
+            ])
+            .unwrap()
+            .bind(&[16, 4])
+            .unwrap();
+        let cases = [
+            (
+                replicated_interleaved(2),
+                tl(&[8], &["x"], &["x", "None"], &[16, 4]),
+            ),
+            (
+                replicated_interleaved(3),
+                tl(&[16], &["x"], &["x", "None"], &[16, 4]),
+            ),
+            (
+                half_interleaved,
+                tl(&[8], &["x"], &["None", "None"], &[16, 4]),
+            ),
+            (
+                tl(&[2, 2], &["a", "b"], &["a", "None"], &[16, 4]),
+                tl(&[8], &["x"], &["x", "None"], &[16, 4]),
+            ),
+        ];
+        for (src, dst) in cases {
+            let p = plan(&src, &dst, DType::F32).unwrap();
+            let mesh = src.mesh();
+            let mut sent = vec![0usize; mesh.n_devices()];
+            let mut network = 0;
+            for t in p.transfers().filter(|t| !t.is_local()) {
+                let [piece] = &source_pieces(&src, &t.region)[..] else {
+                    panic!("{} is one source block's piece", t.region);
+                };
+                let best = *piece
+                    .holders
+                    .iter()
+                    .min_by_key(|&&s| (sent[mesh.device_of_slot(s)], mesh.device_of_slot(s)))
+                    .unwrap();
+                assert_eq!(t.src_slot, best, "{src} to {dst}: {t:?}");
+                sent[t.src_rank] += p.transfer_bytes(&t);
+                network += 1;
+            }
+            assert!(network > 0, "{src} to {dst}");
+        }
     }
 
     #[test]
