@@ -42,6 +42,22 @@ pub enum ReshardError {
         /// Physical devices of the destination mesh.
         dst_devices: usize,
     },
+    /// A tensor so large that the plan's byte figures (per rank, in total, the lower bound)
+    /// could pass `usize::MAX` and wrap: its bytes times twice the two meshes' slots must fit.
+    #[error(
+        "cannot plan a tensor of shape {shape:?} in {dtype}: its plan's byte figures over {slots} \
+         source and destination slots could exceed {max} bytes (the tensor's bytes times twice \
+         the slots must fit)",
+        max = usize::MAX
+    )]
+    TooLarge {
+        /// The global shape.
+        shape: Vec<usize>,
+        /// The element type's name.
+        dtype: String,
+        /// Source and destination slots together.
+        slots: usize,
+    },
     /// A plan the planner cannot represent.
     #[error("reshard: not supported: {what}")]
     Unsupported {

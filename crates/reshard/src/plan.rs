@@ -712,6 +712,7 @@ pub fn plan_from_within(
     max_transfers: usize,
 ) -> Result<ReshardPlan, ReshardError> {
     check_same_shape(src.layout(), dst)?;
+    check_byte_figures(src.layout(), dst, dtype)?;
     let reduce = src.is_partial().then(|| ReduceStep::choose(src, dst));
     let from = reduce.as_ref().map_or(src.layout(), |r| &r.result);
     // No plan has more than `usize::MAX` transfers: the unbounded plan skips the count.
@@ -749,6 +750,31 @@ fn check_same_shape(src: &TensorLayout, dst: &TensorLayout) -> Result<(), Reshar
         });
     }
     Ok(())
+}
+
+/// [`ReshardError::TooLarge`] unless the tensor's bytes times twice the slots of both meshes
+/// fit in `usize`: every byte figure of a plan (a rank's bytes received or sent, the totals, the
+/// lower bound, a reduction's steps) is at most that, so none of them wraps.
+fn check_byte_figures(
+    src: &TensorLayout,
+    dst: &TensorLayout,
+    dtype: DType,
+) -> Result<(), ReshardError> {
+    let slots = src.mesh().n_slots().saturating_add(dst.mesh().n_slots());
+    let fits = src
+        .shape()
+        .iter()
+        .try_fold(dtype.size_in_bytes(), |n, &d| n.checked_mul(d))
+        .and_then(|bytes| bytes.checked_mul(slots))
+        .and_then(|bytes| bytes.checked_mul(2));
+    match fits {
+        Some(_) => Ok(()),
+        None => Err(ReshardError::TooLarge {
+            shape: src.shape().to_vec(),
+            dtype: dtype.to_string(),
+            slots,
+        }),
+    }
 }
 
 /// The number of transfers [`plan_transfers`] makes from `src` to `dst` (same shape, no
@@ -1060,6 +1086,32 @@ mod tests {
                 Err(ReshardError::ShapeMismatch { .. })
             ));
         }
+    }
+
+    /// A tensor whose bytes times twice the slots pass `usize::MAX` is refused (its byte
+    /// figures summed to 0 in a release build), one just inside is planned with every figure
+    /// exact.
+    #[test]
+    fn a_tensor_whose_byte_figures_would_wrap_is_refused() {
+        let on_two = |len: usize, map: &str| tl(&[2], &["dp"], &[map], &[len]);
+        let huge = 1usize << 61;
+        let refused = plan(&on_two(huge, "dp"), &on_two(huge, "None"), DType::F64);
+        assert!(
+            matches!(&refused, Err(ReshardError::TooLarge { shape, slots: 4, .. }) if shape == &[huge]),
+            "{refused:?}"
+        );
+        let message = refused.unwrap_err().to_string();
+        assert!(
+            message.contains("f64") && message.contains(&huge.to_string()),
+            "{message}"
+        );
+        let large = 1usize << 56;
+        let p = plan(&on_two(large, "dp"), &on_two(large, "None"), DType::F64).unwrap();
+        assert_eq!(
+            p.bytes_total(),
+            large * 8,
+            "each rank receives the other's half"
+        );
     }
 
     /// Every network transfer comes from the holder that had sent the fewest bytes so far
