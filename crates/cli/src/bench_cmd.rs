@@ -449,6 +449,8 @@ fn profile(args: &ProfileArgs, console: &mut Console) -> anyhow::Result<()> {
     if let Some(&r) = link_ranks.iter().find(|&&r| !(2..=64).contains(&r)) {
         bail!("--link-ranks {r}: between 2 and 64 ranks");
     }
+    // Before the minutes of measurement, not after them.
+    runtime::check_output_file("--out", &args.out)?;
     let request = bench::profile::ProfileRequest {
         ranks: args.ranks,
         link_ranks,
@@ -458,7 +460,7 @@ fn profile(args: &ProfileArgs, console: &mut Console) -> anyhow::Result<()> {
     };
     let report = bench::profile::profile(&request, console)?;
     std::fs::write(&args.out, search::device_profile::to_toml(&report.profile))
-        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", args.out.display()))?;
+        .map_err(|e| anyhow::anyhow!("--out {}: cannot write: {e}", args.out.display()))?;
     println!("profile written to {}", args.out.display());
     Ok(())
 }

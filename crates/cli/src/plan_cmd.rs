@@ -35,8 +35,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let mut config = TrainConfig::load_on(&args.config, &args.sets, args.devices)?;
     if let Some(p) = &args.profile {
         let base = std::env::current_dir()?;
+        let choice = ProfileChoice::parse(p, &base);
+        // Read now, so that a bad profile is reported against the flag, not the config key.
+        runtime::load_profile_as(&choice, "--profile")?;
         let mut search = config.search().clone();
-        search.device_profile = ProfileChoice::parse(p, &base);
+        search.device_profile = choice;
         config = config.with_search(search);
     }
     for warning in config.warnings() {

@@ -79,6 +79,13 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if args.mpi_watchdog && args.backend != Backend::Mpi {
         anyhow::bail!("--mpi-watchdog applies to --backend mpi only");
     }
+    // Checked here to name the flag (the run checks the log again, as "metrics log"); under
+    // MPI only rank 0 writes it.
+    if let Some(path) = &args.log_json {
+        if args.backend == Backend::Local || mpi_rank_is_zero() {
+            runtime::check_output_file("--log-json: metrics log", path)?;
+        }
+    }
     if config.ps().is_some() {
         // `--devices` is refused by the configuration itself (`parallel.devices` has no
         // meaning in this mode), naming the flag.
@@ -110,7 +117,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                     path.display()
                 )
             })?;
-        runtime::check_output_file("timeline", path)?;
+        runtime::check_output_file("--timeline", path)?;
         let bubble = crate::timeline::draw(&pipeline, path)?;
         eprintln!(
             "timeline: {} (predicted bubble {:.1} %)",
@@ -123,7 +130,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     if args.json {
         let summary = session.train.summary();
         for rank in 0..session.devices() {
-            writeln!(out, "{}", explain_json(session, &summary, rank))?;
+            let local = args.backend == Backend::Local;
+            writeln!(out, "{}", explain_json(session, &summary, rank, local))?;
         }
         return Ok(());
     }
@@ -140,7 +148,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             "{}",
             session.train.explain_with(session.deterministic_blocks())
         )?;
-        write!(out, "{}", explain_memory(session))?;
+        write!(
+            out,
+            "{}",
+            explain_memory(session, args.backend == Backend::Local)
+        )?;
         if let Some(rank) = args.explain_rank {
             write!(out, "\n{}", session.train.for_rank(rank))?;
         }
@@ -153,7 +165,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             anyhow::bail!("{}", nothing_to_trace(path));
         }
         // Under MPI each process writes `<stem>.rank<r><ext>` beside `path`: the same directory.
-        runtime::check_output_file("trace", &trace_target(path, mpi_rank()))?;
+        runtime::check_output_file("--trace", &trace_target(path, mpi_rank()))?;
     }
     // `train_local` / `train_mpi` check the output directory, the metrics log and the
     // checkpoint resumed from before any rank starts (runtime::check_before_start).
@@ -252,8 +264,9 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
 }
 
 /// The predicted memory section of `--explain`: every rank's figures (the distinct ones when
-/// there are many ranks).
-fn explain_memory(session: &TrainSession) -> String {
+/// there are many ranks), then the largest footprint of a rank (`local`: the ranks are threads
+/// of this process), which the memory available is checked against before the run starts.
+fn explain_memory(session: &TrainSession, local: bool) -> String {
     let ranks: Vec<_> = (0..session.devices())
         .map_while(|r| session.predict_memory(r))
         .collect();
@@ -276,14 +289,41 @@ fn explain_memory(session: &TrainSession) -> String {
             worst as f64 / f64::from(1 << 20)
         ));
     }
+    let largest = (0..session.devices())
+        .filter_map(|r| session.predict_footprint(r, local).map(|f| (r, f)))
+        .max_by_key(|(r, f)| (f.total(), std::cmp::Reverse(*r)));
+    if let Some((rank, f)) = largest {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        let mut parts = format!(
+            "training {:.2} + evaluation {:.2} + returned parameters {:.2} + kernels {:.2} + thread stacks {:.2} + bookkeeping {:.2}",
+            mib(f.training as u64),
+            mib(f.evaluation as u64),
+            mib(f.returned_parameters as u64),
+            mib(f.kernel_workspace as u64),
+            mib(f.thread_stacks as u64),
+            mib(f.bookkeeping as u64)
+        );
+        if f.interleave_parts > 0 {
+            parts.push_str(&format!(
+                " + interleaved parts {:.2}",
+                mib(f.interleave_parts as u64)
+            ));
+        }
+        text.push_str(&format!(
+            "memory of a rank's run in all (checked against the memory available before it starts), largest rank {rank}: {:.2} MiB = {parts}\n",
+            mib(f.total())
+        ));
+    }
     text
 }
 
-/// `--explain --json`'s object for `rank`; `summary` is the training program's.
+/// `--explain --json`'s object for `rank`; `summary` is the training program's, `local`: the
+/// ranks are threads of this process.
 fn explain_json(
     session: &TrainSession,
     summary: &parallel::ProgramSummary,
     rank: usize,
+    local: bool,
 ) -> serde_json::Value {
     let program = &session.train;
     serde_json::json!({
@@ -294,6 +334,16 @@ fn explain_json(
         "reshards": summary.reshards,
         "bytes_per_step": summary.bytes_per_step,
         "memory": session.predict_memory(rank).map(|m| runtime::memory_json(rank, &m)),
+        "footprint": session.predict_footprint(rank, local).map(|f| serde_json::json!({
+            "training": f.training,
+            "evaluation": f.evaluation,
+            "interleave_parts": f.interleave_parts,
+            "returned_parameters": f.returned_parameters,
+            "kernel_workspace": f.kernel_workspace,
+            "thread_stacks": f.thread_stacks,
+            "bookkeeping": f.bookkeeping,
+            "total": f.total(),
+        })),
         "comm_plans": {
             "distinct": program.plan_reuse.distinct,
             "total": program.plan_reuse.total,

@@ -868,6 +868,117 @@ fn named_pipes_are_refused_without_waiting() {
     }
 }
 
+/// A bad path given to a flag or key that names a file (a directory, or the empty string) is
+/// refused naming the flag or key and the path: a device profile that was a directory was
+/// reported as a bare "Is a directory (os error 21)", and an empty one was taken as the working
+/// directory; `bench profile --out` found a directory only after minutes of measurement.
+#[test]
+fn a_bad_path_names_its_flag_or_key_and_the_path() {
+    let scratch = Scratch::new("bad-paths");
+    let dir = s(&scratch.0);
+    let out_set = format!("output.dir={:?}", s(&scratch.0.join("out")));
+    let semi = "examples/seed_semi_auto.toml";
+    let gpt = "examples/gpt_kjv.toml";
+    let profile_dir = format!("parallel.device_profile={dir:?}");
+    let search = "parallel.mode=sharding_propagation";
+    let pipelined = [
+        "--set",
+        "parallel.pipeline.stages=2",
+        "--set",
+        "parallel.pipeline.micro_batches=2",
+        "--set",
+        "parallel.model_parallel=1",
+    ];
+    // (arguments, fragments the message must hold)
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec!["plan", semi, "--set", &out_set, "--profile", dir],
+            vec!["--profile", dir, "is a directory"],
+        ),
+        (
+            vec!["plan", semi, "--set", &out_set, "--profile", ""],
+            vec!["--profile", "\"\" is an empty path"],
+        ),
+        (
+            vec!["plan", semi, "--set", &out_set, "--set", &profile_dir],
+            vec!["parallel.device_profile", dir, "is a directory"],
+        ),
+        (
+            vec![
+                "plan",
+                semi,
+                "--set",
+                &out_set,
+                "--set",
+                "parallel.device_profile=\"\"",
+            ],
+            vec!["parallel.device_profile", "\"\" is an empty path"],
+        ),
+        (
+            vec![
+                "train",
+                semi,
+                "--set",
+                &out_set,
+                "--set",
+                search,
+                "--set",
+                &profile_dir,
+            ],
+            vec!["parallel.device_profile", dir, "is a directory"],
+        ),
+        (
+            vec!["train", semi, "--set", &out_set, "--log-json", dir],
+            vec!["--log-json", dir, "is a directory"],
+        ),
+        (
+            [
+                &["train", gpt, "--set", &out_set, "--trace", dir][..],
+                &pipelined[..],
+            ]
+            .concat(),
+            vec!["--trace", dir, "is a directory"],
+        ),
+        (
+            [
+                &["train", gpt, "--explain", "--timeline", dir][..],
+                &pipelined[..],
+            ]
+            .concat(),
+            vec!["--timeline", dir, "is a directory"],
+        ),
+        // Refused before anything is measured.
+        (
+            vec!["bench", "profile", "--out", dir],
+            vec!["--out", dir, "is a directory"],
+        ),
+    ];
+    for (args, fragments) in &cases {
+        let out = tessera_env(args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_refused(&out, fragments);
+        assert!(
+            !stderr.contains("os error"),
+            "a bare system error:\n{stderr}"
+        );
+    }
+    // An empty path to a flag of a path type is refused by the argument parser, naming it.
+    for args in [
+        vec!["train", semi, "--log-json", ""],
+        vec!["train", semi, "--trace", ""],
+        vec!["train", semi, "--timeline", ""],
+        vec!["bench", "profile", "--out", ""],
+    ] {
+        let out = tessera_env(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            stderr.contains("a value is required") && stderr.contains(args[2]),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 /// `tessera plan` in a mode without search refuses what the run refuses: a dataset strategy
 /// the devices do not divide the batch by. It used to cost the ops' default strategies (which
 /// split the batch only as far as it divides) and print a plan for a run that cannot start.
@@ -932,10 +1043,84 @@ fn a_run_past_the_address_space_limit_is_refused_before_it_starts() {
     }
 }
 
+/// `tessera train` of a one-block MoE GPT of width 16 with 16,384 experts (mostly parameters:
+/// 35 MiB of expert weights) under `ulimit -v limit_kib`, writing into `out`.
+fn moe_under_address_limit(limit_kib: u64, config: &Path) -> Output {
+    let script = format!(
+        "ulimit -v {limit_kib} && exec {} train {}",
+        env!("CARGO_BIN_EXE_tessera"),
+        s(config)
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(repo_root())
+        .output()
+        .expect("running sh")
+}
+
+/// A run at the edge of an address-space limit is refused before it starts or runs to its end;
+/// it never aborts on an allocation. A MoE GPT with 16,384 experts used to: its check counted
+/// the training program's buffers (156 MiB) but not the evaluation executor's copy of the
+/// parameters nor the copy a finished rank returns (35 MiB each), and the allocator's heaps
+/// took 85 MB of address space beyond what it held, so limits up to 85 MB past the check's
+/// figure aborted with "memory allocation of 16777216 bytes failed". The limit where the
+/// check's figure just fits is found from a refusal's message (the room it reports is the limit
+/// less what the process had mapped), then runs just below and above it are tried.
+#[test]
+fn a_run_at_the_address_space_limit_is_refused_or_runs_never_aborts() {
+    let scratch = Scratch::new("ulimit-moe");
+    let config = scratch.0.join("moe.toml");
+    let out_dir = scratch.0.join("out");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\nname = \"gpt\"\nlayers = 1\nheads = 1\nhidden = 16\nffn_hidden = 16\nseq_len = 8\n\
+             [model.moe]\nexperts = 16384\n\
+             [data]\nformat = \"text\"\npath = \"data/kjv/kjv.txt.gz\"\nbatch_size = 2\nsteps_per_epoch = 2\n\
+             [train]\nepochs = 1\nmax_steps = 2\noptimizer = \"adam\"\nlearning_rate = 0.001\neval = false\n\
+             [output]\ndir = {:?}\nsave_checkpoint = false\n",
+            s(&out_dir)
+        ),
+    )
+    .unwrap();
+    // 100 MB: far too little; the refusal says what the run needs and what the limit leaves.
+    let probe = moe_under_address_limit(100_000, &config);
+    assert_refused(&probe, &["parallel.devices", "the predicted peak"]);
+    let stderr = String::from_utf8_lossy(&probe.stderr);
+    if !stderr.contains("the address-space limit (ulimit -v)") {
+        // Less memory available than the limit: MemAvailable refused it first.
+        return;
+    }
+    let number_before = |marker: &str| -> u64 {
+        let at = stderr.find(marker).expect("a figure in the message");
+        let open = stderr[..at].rfind('(').expect("a figure in brackets");
+        stderr[open + 1..at].trim().parse().expect("bytes")
+    };
+    let needs = number_before(" bytes, the predicted peak");
+    let room = number_before(" bytes) is available");
+    let mapped = 100_000 * 1024 - room;
+    let edge_kib = (needs + mapped) / 1024;
+    for delta in [-4_000i64, -1_000, 0, 1_000, 2_000, 4_000, 16_000] {
+        let limit = edge_kib.saturating_add_signed(delta);
+        let out = moe_under_address_limit(limit, &config);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() == Some(0) {
+            continue;
+        }
+        assert_refused(&out, &["parallel.devices", "the predicted peak"]);
+        // Well past the figure only another bound (MemAvailable, a cgroup) may refuse it.
+        assert!(
+            delta < 16_000 || !stderr.contains("the address-space limit"),
+            "16 MB past the check's figure the run should fit (ulimit -v {limit}):\n{stderr}"
+        );
+    }
+}
+
 /// `tessera reshard` lists every transfer of its plan, and an all-gather over N ranks has N²:
 /// 8192 ranks printed 6.3 GB of text, built whole in memory (15.6 GB), and a few more ranks
 /// ended in an allocation abort. A plan with more transfers than the listing bound is refused,
-/// naming the count and the flags to change.
+/// naming the count and the flags to change — at once: 65536 ranks spent minutes planning the
+/// 2^32 transfers before the bound refused them.
 #[test]
 fn reshard_listings_are_bounded() {
     let out = tessera_env(
@@ -954,4 +1139,35 @@ fn reshard_listings_are_bounded() {
     );
     assert_refused(&out, &["4410000 transfers", "--from-mesh"]);
     assert!(out.stdout.is_empty(), "nothing is listed");
+    // 65536 ranks: the planner counts the 2^32 transfers before making any and the plan is
+    // refused at once; planning them first took minutes.
+    let started = std::time::Instant::now();
+    let out = tessera_bounded(&[
+        "reshard",
+        "--shape",
+        "65536",
+        "--from-mesh",
+        "dp=65536",
+        "--from",
+        "dp",
+        "--to-mesh",
+        "dp=65536",
+        "--to",
+        "None",
+    ]);
+    assert_refused(
+        &out,
+        &[
+            "4294967296 transfers",
+            "between 65536 source and 65536 destination ranks",
+            "more than the 4194304",
+            "--from-mesh/--to-mesh",
+        ],
+    );
+    assert!(out.stdout.is_empty(), "nothing is listed");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "refused only after {:?}",
+        started.elapsed()
+    );
 }

@@ -161,31 +161,34 @@ impl OptimizerConfig {
     /// Checks every hyperparameter against MindSpore's ranges (learning rate > 0, weight decay
     /// ≥ 0, momentum ≥ 0, β in (0, 1), ε > 0, all finite). Errors name the `train.*` key.
     pub fn validate(&self) -> Result<(), ExecError> {
-        check(
-            "learning_rate",
-            self.learning_rate,
-            self.learning_rate > 0.0,
-            "it must be > 0",
-        )?;
-        check(
-            "weight_decay",
-            self.weight_decay,
-            self.weight_decay >= 0.0,
-            "it must be ≥ 0",
-        )?;
+        OptimizerConfig::check_hyperparameter("learning_rate", self.learning_rate)?;
+        OptimizerConfig::check_hyperparameter("weight_decay", self.weight_decay)?;
         match self.kind {
             OptimizerKind::Sgd => Ok(()),
             OptimizerKind::Momentum { momentum, .. } => {
-                check("momentum", momentum, momentum >= 0.0, "it must be ≥ 0")
+                OptimizerConfig::check_hyperparameter("momentum", momentum)
             }
             OptimizerKind::Adam { beta1, beta2, eps }
             | OptimizerKind::AdamW { beta1, beta2, eps }
             | OptimizerKind::MintAdamW { beta1, beta2, eps } => {
-                let in_unit = |b: f64| b > 0.0 && b < 1.0;
-                check("beta1", beta1, in_unit(beta1), "it must lie in (0, 1)")?;
-                check("beta2", beta2, in_unit(beta2), "it must lie in (0, 1)")?;
-                check("eps", eps, eps > 0.0, "it must be > 0")
+                OptimizerConfig::check_hyperparameter("beta1", beta1)?;
+                OptimizerConfig::check_hyperparameter("beta2", beta2)?;
+                OptimizerConfig::check_hyperparameter("eps", eps)
             }
+        }
+    }
+
+    /// Checks hyperparameter `train.<key>` (`learning_rate`, `weight_decay`, `momentum`,
+    /// `beta1`, `beta2`, `eps`) against its range, as [`OptimizerConfig::validate`] does, also
+    /// for a rule that does not read it (a config checks such a key before reporting it as
+    /// without effect). Another key is not a hyperparameter: it passes.
+    pub fn check_hyperparameter(key: &str, value: f64) -> Result<(), ExecError> {
+        let in_unit = value > 0.0 && value < 1.0;
+        match key {
+            "learning_rate" | "eps" => check(key, value, value > 0.0, "it must be > 0"),
+            "weight_decay" | "momentum" => check(key, value, value >= 0.0, "it must be ≥ 0"),
+            "beta1" | "beta2" => check(key, value, in_unit, "it must lie in (0, 1)"),
+            _ => Ok(()),
         }
     }
 }

@@ -46,27 +46,43 @@ pub fn operator_strategy_records(report: &PlanReport) -> Vec<OpStrategyRecord> {
         .collect()
 }
 
-/// The device profile `choice` names.
+/// The device profile `choice` names (the value of `parallel.device_profile`).
 pub fn load_profile(choice: &ProfileChoice) -> Result<DeviceProfile, RuntimeError> {
+    load_profile_as(choice, "parallel.device_profile")
+}
+
+/// [`load_profile`] of the profile `setting` chose (the config key, or a flag such as `tessera
+/// plan --profile`): every error names `setting`, and the file when there is one.
+pub fn load_profile_as(
+    choice: &ProfileChoice,
+    setting: &str,
+) -> Result<DeviceProfile, RuntimeError> {
+    let bad = |reason: String| RuntimeError::Config {
+        key: setting.to_string(),
+        reason,
+    };
     match choice {
-        ProfileChoice::BuiltIn(name) => {
-            profiles::built_in(name).ok_or_else(|| RuntimeError::Config {
-                key: "parallel.device_profile".to_string(),
-                reason: format!(
-                    "unknown profile {name:?} (built in: {})",
-                    profiles::BUILT_IN.join(", ")
-                ),
-            })
-        }
-        ProfileChoice::File(path) if !path.exists() => Err(RuntimeError::Config {
-            key: "parallel.device_profile".to_string(),
-            reason: format!(
-                "{} is neither a built-in profile ({}) nor an existing profile file",
-                path.display(),
+        ProfileChoice::BuiltIn(name) => profiles::built_in(name).ok_or_else(|| {
+            bad(format!(
+                "unknown profile {name:?} (built in: {})",
                 profiles::BUILT_IN.join(", ")
-            ),
+            ))
         }),
-        ProfileChoice::File(path) => Ok(search::device_profile::read(path)?),
+        ProfileChoice::File(path) if path.as_os_str().is_empty() => {
+            Err(bad(crate::config::empty_profile()))
+        }
+        ProfileChoice::File(path) if !path.exists() => Err(bad(format!(
+            "{} is neither a built-in profile ({}) nor an existing profile file",
+            path.display(),
+            profiles::BUILT_IN.join(", ")
+        ))),
+        ProfileChoice::File(path) if path.is_dir() => Err(bad(format!(
+            "{} is a directory, not a profile file (a TOML file, as `tessera bench profile --out` writes)",
+            path.display()
+        ))),
+        ProfileChoice::File(path) => {
+            search::device_profile::read(path).map_err(|e| bad(e.to_string()))
+        }
     }
 }
 

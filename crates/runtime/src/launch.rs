@@ -316,6 +316,7 @@ pub fn train_mpi_with(
     let here = RanksHere {
         ranks: vec![world.rank()],
         processes_on_machine: mpi_local_size(),
+        local_backend: false,
     };
     // Every failure from here on is announced to the peers (below): a rank returning early
     // would leave them waiting in their first collective, which no timeout covers.

@@ -59,7 +59,9 @@ mod session;
 mod shard_fn;
 mod trainer;
 
-pub use crate::auto::{build_model, load_profile, operator_strategy_records, plan, plan_model};
+pub use crate::auto::{
+    build_model, load_profile, load_profile_as, operator_strategy_records, plan, plan_model,
+};
 pub use crate::callbacks::{
     l2_norm, Callback, CallbackList, EpochInfo, EvalInfo, LocalNorm, LossMonitor, MetricsLog,
     ShardView, StepInfo, TrainEndInfo,
@@ -85,8 +87,8 @@ pub use crate::lm::TextData;
 pub use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
 pub use crate::preflight::{check_before_start, check_output_file, RanksHere};
 pub use crate::session::{
-    ParamMemory, ParamShard, RankOutcome, Session, TrainData, TrainSession, GLOBAL_STEP,
-    STAGE_STRATEGY_DIR,
+    ParamMemory, ParamShard, RankFootprint, RankOutcome, Session, TrainData, TrainSession,
+    GLOBAL_STEP, STAGE_STRATEGY_DIR,
 };
 pub use crate::shard_fn::{shard, ShardOptions, ShardedCell};
 pub use crate::trainer::{Trainer, Training};

@@ -146,7 +146,7 @@ fn bad(key: &str, reason: impl Into<String>) -> RuntimeError {
     }
 }
 
-fn finite_at_least_zero(key: &str, value: f64) -> Result<(), RuntimeError> {
+pub(crate) fn finite_at_least_zero(key: &str, value: f64) -> Result<(), RuntimeError> {
     if value.is_finite() && value >= 0.0 {
         Ok(())
     } else {
@@ -154,7 +154,7 @@ fn finite_at_least_zero(key: &str, value: f64) -> Result<(), RuntimeError> {
     }
 }
 
-fn at_least_one(key: &str, value: u64) -> Result<(), RuntimeError> {
+pub(crate) fn at_least_one(key: &str, value: u64) -> Result<(), RuntimeError> {
     if value >= 1 {
         Ok(())
     } else {
@@ -162,8 +162,51 @@ fn at_least_one(key: &str, value: u64) -> Result<(), RuntimeError> {
     }
 }
 
+/// `train.<key>`: a finite number > 0.
+pub(crate) fn finite_above_zero(key: &str, value: f64) -> Result<(), RuntimeError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(bad(
+            key,
+            format!("{value} is out of range: it must be finite and > 0"),
+        ))
+    }
+}
+
+/// `train.warmup_lr_init` against the peak `learning_rate`: in [0, η].
+pub(crate) fn check_warmup_lr_init(init: f64, learning_rate: f64) -> Result<(), RuntimeError> {
+    finite_at_least_zero("warmup_lr_init", init)?;
+    if init > learning_rate {
+        return Err(bad(
+            "warmup_lr_init",
+            format!("{init} is out of range: it must be ≤ train.learning_rate = {learning_rate}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `train.milestone`: increasing, each ≥ 1.
+pub(crate) fn check_milestones(milestone: &[u64]) -> Result<(), RuntimeError> {
+    let mut last = 0;
+    for (t, &m) in milestone.iter().enumerate() {
+        if m <= last {
+            return Err(bad(
+                "milestone",
+                format!("entry {t} ({m}) must be ≥ 1 and above the one before ({last})"),
+            ));
+        }
+        last = m;
+    }
+    Ok(())
+}
+
 /// `min_lr` against the peak: `≤ η`, or `< η` when `strict` (MindSpore's `cosine_decay_lr`).
-fn check_min_lr(min_lr: f64, learning_rate: f64, strict: bool) -> Result<(), RuntimeError> {
+pub(crate) fn check_min_lr(
+    min_lr: f64,
+    learning_rate: f64,
+    strict: bool,
+) -> Result<(), RuntimeError> {
     finite_at_least_zero("min_lr", min_lr)?;
     let above = if strict {
         min_lr >= learning_rate
@@ -204,16 +247,7 @@ impl LrSchedule {
                 format!("{lr} is out of range: it must be finite and > 0"),
             ));
         }
-        finite_at_least_zero("warmup_lr_init", self.warmup_lr_init)?;
-        if self.warmup_lr_init > lr {
-            return Err(bad(
-                "warmup_lr_init",
-                format!(
-                    "{} is out of range: it must be ≤ train.learning_rate = {lr}",
-                    self.warmup_lr_init
-                ),
-            ));
-        }
+        check_warmup_lr_init(self.warmup_lr_init, lr)?;
         at_least_one("step_per_epoch", self.step_per_epoch)?;
         match &self.decay {
             LrDecay::Constant => Ok(()),
@@ -241,25 +275,14 @@ impl LrSchedule {
             } => {
                 check_min_lr(*end_learning_rate, lr, false)?;
                 at_least_one("decay_epoch", *decay_epoch)?;
-                if !(power.is_finite() && *power > 0.0) {
-                    return Err(bad(
-                        "power",
-                        format!("{power} is out of range: it must be finite and > 0"),
-                    ));
-                }
-                Ok(())
+                finite_above_zero("power", *power)
             }
             LrDecay::ExponentialDecayLr {
                 decay_rate,
                 decay_epoch,
                 ..
             } => {
-                if !(decay_rate.is_finite() && *decay_rate > 0.0) {
-                    return Err(bad(
-                        "decay_rate",
-                        format!("{decay_rate} is out of range: it must be finite and > 0"),
-                    ));
-                }
+                finite_above_zero("decay_rate", *decay_rate)?;
                 at_least_one("decay_epoch", *decay_epoch)
             }
             LrDecay::PiecewiseConstantLr {
@@ -276,18 +299,7 @@ impl LrSchedule {
                         ),
                     ));
                 }
-                let mut last = 0;
-                for (t, &m) in milestone.iter().enumerate() {
-                    if m <= last {
-                        return Err(bad(
-                            "milestone",
-                            format!(
-                                "entry {t} ({m}) must be ≥ 1 and above the one before ({last})"
-                            ),
-                        ));
-                    }
-                    last = m;
-                }
+                check_milestones(milestone)?;
                 learning_rates
                     .iter()
                     .try_for_each(|&r| finite_at_least_zero("learning_rates", r))
@@ -301,13 +313,7 @@ impl LrSchedule {
                 if let Some(d) = decay_steps {
                     at_least_one("decay_steps", *d)?;
                 }
-                if !(num_cycles.is_finite() && *num_cycles > 0.0) {
-                    return Err(bad(
-                        "num_cycles",
-                        format!("{num_cycles} is out of range: it must be finite and > 0"),
-                    ));
-                }
-                Ok(())
+                finite_above_zero("num_cycles", *num_cycles)
             }
         }
     }

@@ -53,6 +53,9 @@ pub struct RanksHere {
     /// Processes of the job on this machine, each holding its own ranks (1 on the local
     /// backend; under MPI, the launcher's local size).
     pub processes_on_machine: u64,
+    /// The ranks are threads of this process (the local backend), which runs
+    /// `parallel.micro_batch_interleave`'s other parts on executors of their own.
+    pub local_backend: bool,
 }
 
 impl RanksHere {
@@ -61,13 +64,16 @@ impl RanksHere {
         RanksHere {
             ranks: (0..session.devices()).collect(),
             processes_on_machine: 1,
+            local_backend: true,
         }
     }
 }
 
-/// The predicted peak of the ranks this process runs fits the memory available to it: its
-/// share (`1 / processes_on_machine`) of `MemAvailable`, lowered to a cgroup limit where one is
-/// set. The error names both figures; `--explain` is not affected.
+/// The predicted footprint of the ranks this process runs ([`TrainSession::predict_footprint`]:
+/// the training program's peak and what lives beside it) fits the memory available to it: its
+/// share (`1 / processes_on_machine`) of `MemAvailable`, lowered to a cgroup limit or the room
+/// under the address-space limit where one is set. The error names both figures; `--explain`
+/// is not affected.
 fn check_memory(session: &TrainSession, here: &RanksHere) -> Result<(), RuntimeError> {
     let Some(memory) = crate::host_memory::host_memory() else {
         return Ok(());
@@ -75,8 +81,8 @@ fn check_memory(session: &TrainSession, here: &RanksHere) -> Result<(), RuntimeE
     let predicted: u64 = here
         .ranks
         .iter()
-        .filter_map(|&rank| session.predict_memory(rank))
-        .map(|report| report.peak as u64)
+        .filter_map(|&rank| session.predict_footprint(rank, here.local_backend))
+        .map(|footprint| footprint.total())
         .fold(0, u64::saturating_add);
     let share = memory.available / here.processes_on_machine.max(1);
     if predicted <= share {

@@ -1078,3 +1078,200 @@ fn search_resume_and_retention_keys_without_effect_are_warned_about() {
         used.train_warnings()
     );
 }
+
+/// A key without effect in a config (another data format's, another model's, another
+/// optimizer's or schedule's) used to be dropped unread, with a warning that it has no effect,
+/// whatever its value: `data.dtype = 5` beside IDX data was "without effect", not wrong. Its
+/// value is now checked by the rule that reads it where it acts, and a wrong type or a value out
+/// of its range is an error naming the key and the rule, in the file and from `--set`; a good
+/// value is still only a warning.
+#[test]
+fn keys_without_effect_are_still_type_and_range_checked() {
+    // (config, overrides, key, fragment of the reason)
+    let cases: [(&str, &[&str], &str, &str); 24] = [
+        // Text-format keys beside IDX data.
+        (
+            MINIMAL,
+            &["data.dtype=5"],
+            "data.dtype",
+            "expected a string, got integer 5",
+        ),
+        (
+            MINIMAL,
+            &["data.dtype=\"u8\""],
+            "data.dtype",
+            "unknown value \"u8\" (valid: u16, u32)",
+        ),
+        (
+            MINIMAL,
+            &["data.val_fraction=1.5"],
+            "data.val_fraction",
+            "at least 0 and below 1",
+        ),
+        (
+            MINIMAL,
+            &["data.eval_batches=0"],
+            "data.eval_batches",
+            "must be ≥ 1",
+        ),
+        (
+            MINIMAL,
+            &["data.tokenizer=\"word\""],
+            "data.tokenizer",
+            "valid: byte, char",
+        ),
+        (MINIMAL, &["data.path=3"], "data.path", "expected a string"),
+        (
+            MINIMAL,
+            &["data.vocab_size=-2"],
+            "data.vocab_size",
+            "must be ≥ 1",
+        ),
+        // The GPT's keys beside the seed MLP.
+        (
+            MINIMAL,
+            &["model.layers=\"4\""],
+            "model.layers",
+            "expected a positive integer",
+        ),
+        (
+            MINIMAL,
+            &["model.dropout=1.5"],
+            "model.dropout",
+            "at least 0 and below 1",
+        ),
+        (
+            MINIMAL,
+            &["model.moe.experts=1"],
+            "model.moe.experts",
+            "must be ≥ 2",
+        ),
+        (
+            MINIMAL,
+            &["model.tie_embeddings=1"],
+            "model.tie_embeddings",
+            "expected a boolean",
+        ),
+        (
+            MINIMAL,
+            &["parallel.model_parallel=0"],
+            "parallel.model_parallel",
+            "must be ≥ 1",
+        ),
+        (
+            MINIMAL,
+            &["parallel.context_parallel_algo=\"zigzag\""],
+            "parallel.context_parallel_algo",
+            "unknown value \"zigzag\"",
+        ),
+        // Another optimizer's hyperparameters (MINIMAL trains with SGD).
+        (
+            MINIMAL,
+            &["train.beta1=1.5"],
+            "train.beta1",
+            "it must lie in (0, 1)",
+        ),
+        (
+            MINIMAL,
+            &["train.momentum=-0.5"],
+            "train.momentum",
+            "it must be ≥ 0",
+        ),
+        (
+            MINIMAL,
+            &["train.use_nesterov=1"],
+            "train.use_nesterov",
+            "expected a boolean",
+        ),
+        // Another schedule's keys (MINIMAL's schedule is constant, without warm-up).
+        (MINIMAL, &["train.min_lr=-1"], "train.min_lr", "must be ≥ 0"),
+        (
+            MINIMAL,
+            &["train.power=\"high\""],
+            "train.power",
+            "expected a number",
+        ),
+        (
+            MINIMAL,
+            &["train.milestone=[3, 2]"],
+            "train.milestone",
+            "above the one before",
+        ),
+        (
+            MINIMAL,
+            &["train.decay_rate=0"],
+            "train.decay_rate",
+            "finite and > 0",
+        ),
+        (
+            MINIMAL,
+            &["train.warmup_lr_init=0.5"],
+            "train.warmup_lr_init",
+            "≤ train.learning_rate",
+        ),
+        // The image format's keys, and the seed MLP's, beside a GPT on text.
+        (
+            GPT_MINIMAL,
+            &["data.pixel_max=-1"],
+            "data.pixel_max",
+            "finite and > 0",
+        ),
+        (
+            GPT_MINIMAL,
+            &["data.normalize=\"z\""],
+            "data.normalize",
+            "valid: standardize, scale",
+        ),
+        (
+            GPT_MINIMAL,
+            &["model.classes=0"],
+            "model.classes",
+            "must be ≥ 1",
+        ),
+    ];
+    for (text, overrides, key, fragment) in cases {
+        let (got_key, reason) = config_error(parse_with(text, overrides));
+        assert_eq!(got_key, key, "{overrides:?}: {reason}");
+        assert!(reason.contains(fragment), "{overrides:?}: {reason}");
+        assert!(reason.contains("--set"), "{overrides:?}: {reason}");
+    }
+    // The same value in the file names the file.
+    let (key, reason) = file_error(parse_with(&with_line("data", "dtype = 5"), &[]));
+    assert_eq!(key, "data.dtype");
+    assert!(reason.contains("expected a string"), "{reason}");
+    // Good values of the same keys are accepted, each with its warning.
+    let good = parse_with(
+        MINIMAL,
+        &[
+            "data.dtype=\"u32\"",
+            "model.layers=4",
+            "model.moe.experts=4",
+            "parallel.model_parallel=2",
+            "train.beta1=0.8",
+            "train.min_lr=0.01",
+            "train.milestone=[2, 3]",
+            "train.warmup_lr_init=0.05",
+        ],
+    )
+    .unwrap();
+    let warnings = good.warnings().join("\n");
+    for key in [
+        "data.dtype",
+        "model.layers",
+        "model.moe",
+        "parallel.model_parallel",
+        "train.beta1",
+        "train.min_lr",
+        "train.milestone",
+        "train.warmup_lr_init",
+    ] {
+        assert!(
+            warnings.contains(&format!("{key} has no effect")),
+            "{key} missing from:\n{warnings}"
+        );
+    }
+    // An empty device profile is no profile, in any mode.
+    let (key, reason) = config_error(parse_with(MINIMAL, &["parallel.device_profile=\"\""]));
+    assert_eq!(key, "parallel.device_profile");
+    assert!(reason.contains("empty path"), "{reason}");
+}

@@ -8,16 +8,23 @@ use super::values::{
     config_error, read_bool, read_count, read_enum, read_float, read_string, wrong_type, Section,
 };
 use crate::error::RuntimeError;
-use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
+use crate::lr_schedule::{self, LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
 
-/// The keys only some schedules read: `(key, the schedules that read it)`.
-const RULE_KEYS: &[(&str, &[&str])] = &[
+/// A key's value checked by itself, `learning_rate` the peak: the key's type and range, not
+/// how it agrees with other keys (those are checked where the key acts).
+type RuleCheck = fn(&str, Value, f64) -> Result<(), RuntimeError>;
+
+/// The keys only some schedules read: `(key, the schedules that read it, its check)`. A key
+/// given for a schedule that does not read it is checked all the same, then reported as having
+/// no effect.
+const RULE_KEYS: &[(&str, &[&str], RuleCheck)] = &[
     (
         "min_lr",
         &["cosine", "cosine_decay_lr", "polynomial_decay_lr"],
+        |key, v, lr| lr_schedule::check_min_lr(read_float(key, v)?, lr, false),
     ),
-    ("decay_steps", &["cosine"]),
-    ("num_cycles", &["cosine"]),
+    ("decay_steps", &["cosine"], check_at_least_one),
+    ("num_cycles", &["cosine"], check_above_zero),
     (
         "step_per_epoch",
         &[
@@ -26,8 +33,9 @@ const RULE_KEYS: &[(&str, &[&str])] = &[
             "polynomial_decay_lr",
             "exponential_decay_lr",
         ],
+        check_at_least_one,
     ),
-    ("warmup_epoch", &["warmup_lr"]),
+    ("warmup_epoch", &["warmup_lr"], check_at_least_one),
     (
         "decay_epoch",
         &[
@@ -35,14 +43,42 @@ const RULE_KEYS: &[(&str, &[&str])] = &[
             "polynomial_decay_lr",
             "exponential_decay_lr",
         ],
+        check_at_least_one,
     ),
-    ("power", &["polynomial_decay_lr"]),
-    ("update_decay_epoch", &["polynomial_decay_lr"]),
-    ("decay_rate", &["exponential_decay_lr"]),
-    ("is_stair", &["exponential_decay_lr"]),
-    ("milestone", &["piecewise_constant_lr"]),
-    ("learning_rates", &["piecewise_constant_lr"]),
+    ("power", &["polynomial_decay_lr"], check_above_zero),
+    (
+        "update_decay_epoch",
+        &["polynomial_decay_lr"],
+        |key, v, _| read_bool(key, v).map(drop),
+    ),
+    ("decay_rate", &["exponential_decay_lr"], check_above_zero),
+    ("is_stair", &["exponential_decay_lr"], |key, v, _| {
+        read_bool(key, v).map(drop)
+    }),
+    ("milestone", &["piecewise_constant_lr"], |key, v, _| {
+        lr_schedule::check_milestones(&read_counts(key, v)?)
+    }),
+    ("learning_rates", &["piecewise_constant_lr"], |key, v, _| {
+        read_floats(key, v)?
+            .into_iter()
+            .try_for_each(|r| lr_schedule::finite_at_least_zero(short(key), r))
+    }),
 ];
+
+/// `train.<key>` → `<key>` (the schedule's checks name their key without the section).
+fn short(key: &str) -> &str {
+    key.strip_prefix("train.").unwrap_or(key)
+}
+
+/// A count ≥ 1.
+fn check_at_least_one(key: &str, value: Value, _: f64) -> Result<(), RuntimeError> {
+    lr_schedule::at_least_one(short(key), read_count(key, value)?)
+}
+
+/// A finite number > 0.
+fn check_above_zero(key: &str, value: Value, _: f64) -> Result<(), RuntimeError> {
+    lr_schedule::finite_above_zero(short(key), read_float(key, value)?)
+}
 
 /// A list of non-negative integers.
 fn read_counts(key: &str, value: Value) -> Result<Vec<u64>, RuntimeError> {
@@ -69,7 +105,8 @@ fn read_strings(key: &str, value: Value) -> Result<Vec<String>, RuntimeError> {
 }
 
 /// The schedule of `[train]` (peak `learning_rate`, already read); the keys of other
-/// schedules are removed and reported in `warnings` as having no effect.
+/// schedules are checked by themselves, then removed and reported in `warnings` as having no
+/// effect.
 pub(super) fn read_lr_schedule(
     s: &mut Section,
     learning_rate: f64,
@@ -84,7 +121,10 @@ pub(super) fn read_lr_schedule(
     let warmup_lr_init = match warmup_steps > 0 {
         true => s.or("warmup_lr_init", 0.0, read_float)?,
         false => {
-            if s.discard("warmup_lr_init") {
+            let given = s.get("warmup_lr_init", |key, v| {
+                lr_schedule::check_warmup_lr_init(read_float(key, v)?, learning_rate)
+            })?;
+            if given.is_some() {
                 warnings.push(
                     "train.warmup_lr_init has no effect without train.warmup_steps".to_string(),
                 );
@@ -128,8 +168,8 @@ pub(super) fn read_lr_schedule(
         },
         _ => LrDecay::Constant,
     };
-    for (key, _) in RULE_KEYS {
-        if s.discard(key) {
+    for (key, _, check) in RULE_KEYS {
+        if s.get(key, |k, v| check(k, v, learning_rate))?.is_some() {
             warnings.push(format!(
                 "train.{key} has no effect with lr_schedule = \"{name}\""
             ));
@@ -150,8 +190,8 @@ pub(super) fn read_lr_schedule(
 fn schedules_reading(key: &str) -> &'static [&'static str] {
     RULE_KEYS
         .iter()
-        .find(|(k, _)| *k == key)
-        .map_or(&[], |(_, names)| names)
+        .find(|(k, _, _)| *k == key)
+        .map_or(&[], |(_, names, _)| names)
 }
 
 /// `train.no_weight_decay`: name substrings excluded from weight decay (each non-empty).

@@ -47,6 +47,7 @@ use crate::error::RuntimeError;
 pub use self::agreement::check_same_config;
 use self::overrides::{apply_override, concerns};
 pub use self::ps::{PsKeys, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE};
+pub(crate) use self::search::empty_profile;
 pub use self::search::{ProfileChoice, SearchKeys};
 use self::sections::from_root;
 #[cfg(test)]

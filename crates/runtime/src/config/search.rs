@@ -41,14 +41,25 @@ pub enum ProfileChoice {
 }
 
 impl ProfileChoice {
-    /// A built-in name as itself, anything else as a path against `base`.
+    /// A built-in name as itself, anything else as a path against `base` (the empty string as
+    /// the empty path, which [`crate::load_profile`] refuses, not as `base`).
     pub fn parse(text: &str, base: &Path) -> ProfileChoice {
-        if ::search::profiles::BUILT_IN.contains(&text) {
+        if text.is_empty() {
+            ProfileChoice::File(PathBuf::new())
+        } else if ::search::profiles::BUILT_IN.contains(&text) {
             ProfileChoice::BuiltIn(text.to_string())
         } else {
             ProfileChoice::File(base.join(text))
         }
     }
+}
+
+/// Why an empty device profile is refused.
+pub(crate) fn empty_profile() -> String {
+    format!(
+        "\"\" is an empty path: name a built-in profile ({}) or a profile TOML file",
+        ::search::profiles::BUILT_IN.join(", ")
+    )
 }
 
 impl Default for SearchKeys {
@@ -132,7 +143,11 @@ fn read_memory(key: &str, value: Value) -> Result<u64, RuntimeError> {
 pub(super) fn read_search_keys(s: &mut Section, base: &Path) -> Result<SearchKeys, RuntimeError> {
     let defaults = SearchKeys::default();
     let device_profile = s.or("device_profile", defaults.device_profile, |key, v| {
-        read_string(key, v).map(|text| ProfileChoice::parse(&text, base))
+        let text = read_string(key, v)?;
+        if text.is_empty() {
+            return Err(config_error(key, empty_profile()));
+        }
+        Ok(ProfileChoice::parse(&text, base))
     })?;
     let max_device_memory = s.get("max_device_memory", read_memory)?;
     let search_time_budget = s.or(

@@ -299,6 +299,73 @@ impl TrainSession {
         }
     }
 
+    /// Everything `rank`'s run allocates beside the training program's buffers, and those: the
+    /// figure the memory available is checked against before a run starts
+    /// ([`crate::check_before_start`]). `local_backend`: the ranks are threads of this process,
+    /// which runs `parallel.micro_batch_interleave`'s other parts on executors of their own.
+    /// `None` when [`TrainSession::predict_memory`] is.
+    pub fn predict_footprint(&self, rank: usize, local_backend: bool) -> Option<RankFootprint> {
+        let training = self.predict_memory(rank)?.peak;
+        let bare = TrainingState {
+            optimizer_tensors: 0,
+            accumulation_sharded: None,
+            master_weights: false,
+        };
+        // The evaluation executor is built, with its own copy of every parameter, when the
+        // rank starts, whether or not the run evaluates; its step's buffers come only with an
+        // evaluation.
+        let train = self.config.train();
+        let evaluation = match train.eval || train.eval_interval.is_some() {
+            true => parallel::memory::predict(&self.eval, rank, bare).peak,
+            false => persistent_bytes(&self.eval, rank),
+        };
+        // Each other interleaved part runs on an executor of its own: parameters, gradients
+        // and its step's buffers, no optimizer state.
+        let partners = match local_backend {
+            true => self.config.micro_batch_interleave().saturating_sub(1),
+            false => 0,
+        };
+        let interleave_parts = match partners {
+            0 => 0,
+            n => n.saturating_mul(parallel::memory::predict(&self.train, rank, bare).peak),
+        };
+        // A finished rank copies its parameters out into its outcome while its executors
+        // still hold theirs.
+        let returned_parameters = self
+            .train
+            .params
+            .iter()
+            .map(|p| parallel::memory::buffer_bytes(&self.train, p.buffer, rank))
+            .fold(0, usize::saturating_add);
+        // The matrix kernels (the `gemm` crate) keep a packing buffer of the L2 cache's size
+        // on every thread that has run one, for the thread's life.
+        let kernel_workspace = train
+            .threads_per_rank
+            .saturating_mul(tensor::kernels::l2_cache_bytes());
+        // On the local backend a rank runs on a thread of its own, and the process starts a
+        // watchdog thread (counted for every rank); kernel threads come on top.
+        let threads = match local_backend {
+            true => train.threads_per_rank.saturating_add(1),
+            false => train.threads_per_rank.saturating_sub(1),
+        };
+        let thread_stacks = threads.saturating_mul(thread_stack_bytes());
+        let executors = [(&self.eval, 1), (&self.train, 1 + partners)];
+        let bookkeeping = executors
+            .iter()
+            .map(|(program, n)| (program.buffers.len() + program.steps.len()).saturating_mul(*n))
+            .fold(0, usize::saturating_add)
+            .saturating_mul(BOOKKEEPING_PER_ENTRY);
+        Some(RankFootprint {
+            training,
+            evaluation,
+            interleave_parts,
+            returned_parameters,
+            kernel_workspace,
+            thread_stacks,
+            bookkeeping,
+        })
+    }
+
     /// Whether gradient accumulation keeps only each rank's optimizer piece (`hsdp` level 2
     /// and 3, zero2, or zero1 with `parallel.hsdp.gradient_accumulation_shard`).
     pub(super) fn accumulation_sharded(&self) -> bool {
@@ -408,4 +475,76 @@ fn parallel_config(
             .or_insert_with(|| parallel::OpStrategy::from_tuples(op.inputs, op.outputs));
     }
     Ok(parallel)
+}
+
+/// What one rank's run allocates at most, by what holds it ([`TrainSession::predict_footprint`]):
+/// the training program's predicted peak, which the memory meter measures byte for byte, and
+/// what lives beside it, which the meter does not count. The parts may peak at different
+/// times; their sum bounds the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RankFootprint {
+    /// The training program's predicted peak ([`TrainSession::predict_memory`]).
+    pub training: usize,
+    /// The evaluation executor: its copy of the parameters and its inputs and outputs (built
+    /// when the rank starts), and its step's buffers when the run evaluates.
+    pub evaluation: usize,
+    /// The executors of `parallel.micro_batch_interleave`'s other parts (local backend):
+    /// each its parameters, gradients and step buffers.
+    pub interleave_parts: usize,
+    /// The copy of the rank's parameters a finished run returns
+    /// ([`crate::RankOutcome::params`]).
+    pub returned_parameters: usize,
+    /// The matrix kernels' packing buffers: the L2 cache's size per thread of the rank.
+    pub kernel_workspace: usize,
+    /// The stacks of the threads the rank runs on, beyond the process's main thread.
+    pub thread_stacks: usize,
+    /// The executors' own tables, per buffer and step of their programs
+    /// ([`BOOKKEEPING_PER_ENTRY`]).
+    pub bookkeeping: usize,
+}
+
+/// Bytes allowed per buffer and per step of each executor a rank builds, for the executor's
+/// own tables (its buffer slots, each step's input boxes and release lists: 310–320 bytes an
+/// entry measured on the GPT's programs, whatever their size) and the page a buffer mapped on
+/// its own is rounded up to.
+pub const BOOKKEEPING_PER_ENTRY: usize = 4 << 10;
+
+/// The address space of a thread's stack: `RUST_MIN_STACK` when set (what `std` gives a
+/// thread), else `std`'s 2 MiB, and its guard page.
+fn thread_stack_bytes() -> usize {
+    let stack = std::env::var("RUST_MIN_STACK")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2 << 20);
+    stack + (4 << 10)
+}
+
+impl RankFootprint {
+    /// The sum of the parts (saturating at `u64::MAX`).
+    pub fn total(&self) -> u64 {
+        [
+            self.training,
+            self.evaluation,
+            self.interleave_parts,
+            self.returned_parameters,
+            self.kernel_workspace,
+            self.thread_stacks,
+            self.bookkeeping,
+        ]
+        .iter()
+        .fold(0u64, |sum, &b| sum.saturating_add(b as u64))
+    }
+}
+
+/// The bytes of `program`'s buffers that live across steps (parameters, gradients, inputs,
+/// outputs) on `rank`: what an executor allocates when it is built.
+fn persistent_bytes(program: &Program, rank: usize) -> usize {
+    let lifetimes = parallel::memory::lifetimes(program);
+    lifetimes
+        .persistent
+        .iter()
+        .enumerate()
+        .filter(|(_, &persistent)| persistent)
+        .map(|(b, _)| parallel::memory::buffer_bytes(program, b, rank))
+        .fold(0, usize::saturating_add)
 }

@@ -24,6 +24,8 @@ mod run;
 mod step;
 mod strategy;
 
+pub use self::build::RankFootprint;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::discard_unused;
+use toml::Value;
+
+use super::{check_unused, checked, Check};
 use crate::config::values::{
     config_error, path_reader, read_at_most, read_bool, read_enum, read_float, read_positive,
     Section, MAX_EVAL_BATCHES,
@@ -28,21 +30,8 @@ pub(in crate::config) const DATA_KEYS: &[&str] = &[
     "eval_batches",
 ];
 
-/// The keys only the text formats read.
-const TEXT_DATA_KEYS: &[&str] = &[
-    "path",
-    "tokenizer",
-    "val_fraction",
-    "dtype",
-    "vocab_size",
-    "steps_per_epoch",
-    "eval_batches",
-];
-
-/// The keys only the image format reads.
-const IDX_DATA_KEYS: &[&str] = &["dir", "pixel_max", "normalize"];
-
-/// Reads `[data]`; the keys of the other formats are reported in `warnings` and dropped.
+/// Reads `[data]`; the keys of the other formats are checked as where they act, then reported
+/// in `warnings` and dropped.
 pub(super) fn read_data(
     mut s: Section,
     base: &Path,
@@ -56,9 +45,16 @@ pub(super) fn read_data(
             _ => None,
         })
     })?;
+    let path = checked(path_reader(base));
     if format != DataFormat::Idx {
+        // The keys only the image format reads.
+        let idx_keys: [(&str, Check<'_>); 3] = [
+            ("dir", &path),
+            ("pixel_max", &checked(read_pixel_max)),
+            ("normalize", &checked(read_normalize)),
+        ];
         let why = format!("with data.format = \"{}\"", format.name());
-        discard_unused(&mut s, "data", IDX_DATA_KEYS, &why, warnings);
+        check_unused(&mut s, "data", &idx_keys, &why, warnings)?;
         let text = read_text_keys(&mut s, format, base, warnings)?;
         return Ok(DataConfig {
             format,
@@ -71,30 +67,28 @@ pub(super) fn read_data(
             batch_cuts: Vec::new(),
         });
     }
-    discard_unused(
+    // The keys only the text formats read.
+    let text_keys: [(&str, Check<'_>); 7] = [
+        ("path", &path),
+        ("tokenizer", &checked(read_tokenizer)),
+        ("val_fraction", &checked(read_val_fraction)),
+        ("dtype", &checked(read_dtype)),
+        ("vocab_size", &checked(read_positive)),
+        ("steps_per_epoch", &checked(read_steps_per_epoch)),
+        ("eval_batches", &checked(read_eval_batches)),
+    ];
+    check_unused(
         &mut s,
         "data",
-        TEXT_DATA_KEYS,
+        &text_keys,
         "with data.format = \"idx\"",
         warnings,
-    );
+    )?;
     let dir = s.require("dir", path_reader(base))?;
     let batch_size = s.require("batch_size", read_positive)?;
     let shuffle = s.or("shuffle", true, read_bool)?;
-    let pixel_max = s.get("pixel_max", |key, v| {
-        let x = read_float(key, v)?;
-        if x.is_finite() && x > 0.0 && x <= f64::from(f32::MAX) {
-            Ok(x as f32)
-        } else {
-            Err(config_error(
-                key,
-                format!("{x} is out of range: it must be finite and > 0"),
-            ))
-        }
-    })?;
-    let normalize = s.or("normalize", Normalize::Standardize, |key, v| {
-        read_enum(key, v, &["standardize", "scale"], Normalize::parse)
-    })?;
+    let pixel_max = s.get("pixel_max", read_pixel_max)?;
+    let normalize = s.or("normalize", Normalize::Standardize, read_normalize)?;
     Ok(DataConfig {
         format,
         dir,
@@ -115,24 +109,10 @@ fn read_text_keys(
     warnings: &mut Vec<String>,
 ) -> Result<TextDataKeys, RuntimeError> {
     let path = s.require("path", path_reader(base))?;
-    let char_tokens = s.or("tokenizer", false, |key, v| {
-        read_enum(key, v, &["byte", "char"], |t| match t {
-            "byte" => Some(false),
-            "char" => Some(true),
-            _ => None,
-        })
-    })?;
-    let val_fraction = s.or("val_fraction", 0.1, read_float)?;
-    if !(0.0..1.0).contains(&val_fraction) {
-        return Err(config_error(
-            "data.val_fraction",
-            format!("{val_fraction} is out of range: it must be at least 0 and below 1"),
-        ));
-    }
+    let char_tokens = s.or("tokenizer", false, read_tokenizer)?;
+    let val_fraction = s.or("val_fraction", 0.1, read_val_fraction)?;
     let dtype_given = s.has("dtype");
-    let dtype = s.or("dtype", TokenDtype::U16, |key, v| {
-        read_enum(key, v, &["u16", "u32"], TokenDtype::parse)
-    })?;
+    let dtype = s.or("dtype", TokenDtype::U16, read_dtype)?;
     let vocab_size = s.get("vocab_size", read_positive)?;
     if format == DataFormat::Text {
         let unused = [("dtype", dtype_given), ("vocab_size", vocab_size.is_some())];
@@ -157,17 +137,67 @@ fn read_text_keys(
         } else {
             vocab_size
         },
-        steps_per_epoch: s.or("steps_per_epoch", 100, |key, v| {
-            read_positive(key, v).map(|n| n as u64)
-        })?,
-        eval_batches: s.or("eval_batches", 4, |key, v| {
-            read_at_most(
-                key,
-                v,
-                MAX_EVAL_BATCHES,
-                "validation batches per evaluation",
-            )
-            .map(|n| n as u64)
-        })?,
+        steps_per_epoch: s.or("steps_per_epoch", 100, read_steps_per_epoch)?,
+        eval_batches: s.or("eval_batches", 4, read_eval_batches)?,
     })
+}
+
+/// `data.pixel_max`: a finite number > 0 (within `f32`).
+fn read_pixel_max(key: &str, value: Value) -> Result<f32, RuntimeError> {
+    let x = read_float(key, value)?;
+    if x.is_finite() && x > 0.0 && x <= f64::from(f32::MAX) {
+        Ok(x as f32)
+    } else {
+        Err(config_error(
+            key,
+            format!("{x} is out of range: it must be finite and > 0"),
+        ))
+    }
+}
+
+/// `data.normalize`: `"standardize"` or `"scale"`.
+fn read_normalize(key: &str, value: Value) -> Result<Normalize, RuntimeError> {
+    read_enum(key, value, &["standardize", "scale"], Normalize::parse)
+}
+
+/// `data.tokenizer`: `"byte"` or `"char"` (whether tokens are characters).
+fn read_tokenizer(key: &str, value: Value) -> Result<bool, RuntimeError> {
+    read_enum(key, value, &["byte", "char"], |t| match t {
+        "byte" => Some(false),
+        "char" => Some(true),
+        _ => None,
+    })
+}
+
+/// `data.val_fraction`: a number in [0, 1).
+fn read_val_fraction(key: &str, value: Value) -> Result<f64, RuntimeError> {
+    let fraction = read_float(key, value)?;
+    if !(0.0..1.0).contains(&fraction) {
+        return Err(config_error(
+            key,
+            format!("{fraction} is out of range: it must be at least 0 and below 1"),
+        ));
+    }
+    Ok(fraction)
+}
+
+/// `data.dtype`: `"u16"` or `"u32"`.
+fn read_dtype(key: &str, value: Value) -> Result<TokenDtype, RuntimeError> {
+    read_enum(key, value, &["u16", "u32"], TokenDtype::parse)
+}
+
+/// `data.steps_per_epoch`: a positive integer.
+fn read_steps_per_epoch(key: &str, value: Value) -> Result<u64, RuntimeError> {
+    read_positive(key, value).map(|n| n as u64)
+}
+
+/// `data.eval_batches`: 1 to [`MAX_EVAL_BATCHES`].
+fn read_eval_batches(key: &str, value: Value) -> Result<u64, RuntimeError> {
+    read_at_most(
+        key,
+        value,
+        MAX_EVAL_BATCHES,
+        "validation batches per evaluation",
+    )
+    .map(|n| n as u64)
 }

@@ -271,20 +271,33 @@ fn warn_search_keys_unused(
     }
 }
 
+/// A key's reader whose value is only checked, not kept: see [`check_unused`].
+pub(super) type Check<'a> = &'a dyn Fn(&str, Value) -> Result<(), RuntimeError>;
+
+/// `read` as a [`Check`]: the value read, then dropped.
+pub(super) fn checked<T>(
+    read: impl Fn(&str, Value) -> Result<T, RuntimeError>,
+) -> impl Fn(&str, Value) -> Result<(), RuntimeError> {
+    move |key, value| read(key, value).map(drop)
+}
+
 /// Records a warning for every key of `keys` present in `s`, which has no effect because
-/// `why`; the keys are removed.
-fn discard_unused(
+/// `why`; the keys are removed. Each value is first read by its key's reader (the one that
+/// reads it where it acts), so a value of the wrong type or out of the key's range is an error
+/// naming the key and the rule, as it is where the key has an effect.
+fn check_unused(
     s: &mut Section,
     section: &str,
-    keys: &[&str],
+    keys: &[(&str, Check<'_>)],
     why: &str,
     warnings: &mut Vec<String>,
-) {
-    for key in keys {
-        if s.discard(key) {
+) -> Result<(), RuntimeError> {
+    for (key, check) in keys {
+        if s.get(key, check)?.is_some() {
             warnings.push(format!("{section}.{key} has no effect {why}"));
         }
     }
+    Ok(())
 }
 
 /// `parallel.micro_batch_interleave = n > 1` (MindSpore's `MicroBatchInterleaved`): each

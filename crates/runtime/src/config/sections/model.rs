@@ -1,7 +1,9 @@
 //! `[model]`: which built-in network, its widths, and the GPT's keys.
 
-use super::discard_unused;
+use toml::Value;
+
 use super::moe::read_moe;
+use super::{check_unused, checked, Check};
 use crate::config::values::{
     config_error, read_bool, read_enum, read_float, read_positive, Section,
 };
@@ -23,19 +25,8 @@ pub(in crate::config) const MODEL_KEYS: &[&str] = &[
     "moe",
 ];
 
-/// The keys only the GPT reads.
-const GPT_MODEL_KEYS: &[&str] = &[
-    "layers",
-    "heads",
-    "seq_len",
-    "ffn_hidden",
-    "dropout",
-    "tie_embeddings",
-    "fused_attention",
-    "moe",
-];
-
-/// Reads `[model]`; the keys of the other models are reported in `warnings` and dropped.
+/// Reads `[model]`; the keys of the other models are checked as where they act, then reported
+/// in `warnings` and dropped.
 pub(super) fn read_model(
     mut s: Section,
     warnings: &mut Vec<String>,
@@ -50,13 +41,24 @@ pub(super) fn read_model(
     })?;
     let hidden = s.require("hidden", read_positive)?;
     if name != ModelName::Gpt {
-        discard_unused(
+        // The keys only the GPT reads.
+        let gpt_keys: [(&str, Check<'_>); 8] = [
+            ("layers", &checked(read_positive)),
+            ("heads", &checked(read_positive)),
+            ("seq_len", &checked(read_positive)),
+            ("ffn_hidden", &checked(read_positive)),
+            ("dropout", &checked(read_dropout)),
+            ("tie_embeddings", &checked(read_bool)),
+            ("fused_attention", &checked(read_bool)),
+            ("moe", &checked(read_moe)),
+        ];
+        check_unused(
             &mut s,
             "model",
-            GPT_MODEL_KEYS,
+            &gpt_keys,
             "unless model.name = \"gpt\"",
             warnings,
-        );
+        )?;
         let classes = s.require("classes", read_positive)?;
         // Checked before any graph is built: the hidden layer's weights are hidden × hidden
         // and hidden × classes elements.
@@ -82,20 +84,14 @@ pub(super) fn read_model(
             gpt: None,
         });
     }
-    discard_unused(
+    check_unused(
         &mut s,
         "model",
-        &["classes"],
+        &[("classes", &checked(read_positive))],
         "for the GPT (its classes are the vocabulary, from the data)",
         warnings,
-    );
-    let dropout = s.or("dropout", 0.0, read_float)?;
-    if !(0.0..1.0).contains(&dropout) {
-        return Err(config_error(
-            "model.dropout",
-            format!("{dropout} is out of range: it must be at least 0 and below 1"),
-        ));
-    }
+    )?;
+    let dropout = s.or("dropout", 0.0, read_dropout)?;
     // On by default without dropout: once its slices ran on the widest vector unit the fused
     // op took the bench GPT's step (128 tokens) from 305 to 243 ms against the unfused ops
     // (docs/PERFORMANCE.md), and it saves the [S, S] buffers; ring attention needs it. It has
@@ -133,6 +129,18 @@ pub(super) fn read_model(
         classes: 0,
         gpt: Some(gpt),
     })
+}
+
+/// `model.dropout`: a probability in [0, 1).
+fn read_dropout(key: &str, value: Value) -> Result<f64, RuntimeError> {
+    let dropout = read_float(key, value)?;
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(config_error(
+            key,
+            format!("{dropout} is out of range: it must be at least 0 and below 1"),
+        ));
+    }
+    Ok(dropout)
 }
 
 /// The GPT trains on the text formats, the MLP on images.

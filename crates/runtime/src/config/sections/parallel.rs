@@ -10,7 +10,6 @@ use models::ContextParallelAlgo;
 use parallel::{DatasetStrategy, ParallelConfig, ParallelMode};
 use toml::Value;
 
-use super::discard_unused;
 use super::hsdp::read_hsdp;
 use crate::config::layouts::{read_mesh, read_strategy_entry, StrategyEntry};
 use crate::config::values::{
@@ -70,22 +69,32 @@ const GPT_PARALLEL_KEYS: &[&str] = &[
 ];
 
 /// `[parallel]`'s MindFormers keys; they set the GPT's strategies and mean nothing to other
-/// models.
+/// models, for which they are read all the same (a bad value is an error naming the key), then
+/// reported in `warnings`.
 pub(super) fn read_gpt_parallel(
     s: &mut Section,
     model: ModelName,
     warnings: &mut Vec<String>,
 ) -> Result<GptParallelKeys, RuntimeError> {
+    let given: Vec<&str> = GPT_PARALLEL_KEYS
+        .iter()
+        .copied()
+        .filter(|key| s.has(key))
+        .collect();
+    let keys = read_gpt_parallel_keys(s)?;
     if model != ModelName::Gpt {
-        discard_unused(
-            s,
-            "parallel",
-            GPT_PARALLEL_KEYS,
-            "unless model.name = \"gpt\"",
-            warnings,
-        );
+        for key in given {
+            warnings.push(format!(
+                "parallel.{key} has no effect unless model.name = \"gpt\""
+            ));
+        }
         return Ok(GptParallelKeys::default());
     }
+    Ok(keys)
+}
+
+/// Reads `[parallel]`'s MindFormers keys.
+fn read_gpt_parallel_keys(s: &mut Section) -> Result<GptParallelKeys, RuntimeError> {
     Ok(GptParallelKeys {
         data_parallel: s.get("data_parallel", read_positive)?,
         model_parallel: s.or("model_parallel", 1, read_positive)?,

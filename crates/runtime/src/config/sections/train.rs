@@ -6,6 +6,7 @@ use std::path::Path;
 use exec::{LossScale, OptimizerConfig, OptimizerKind, Precision};
 use toml::Value;
 
+use super::{check_unused, checked, Check};
 use crate::config::values::{
     check_grad_accumulation_steps, config_error, path_reader, read_bool, read_count, read_enum,
     read_float, read_positive, wrong_type, Section,
@@ -95,13 +96,21 @@ pub(super) fn read_optimizer(
             }
         }
     };
-    for key in ["momentum", "use_nesterov", "beta1", "beta2", "eps"] {
-        if s.discard(key) {
-            warnings.push(format!(
-                "train.{key} has no effect with optimizer \"{name}\""
-            ));
-        }
-    }
+    // The keys of the other rules: checked by the rule that reads them, then reported.
+    let hyperparameter = |key: &str, v| {
+        let x = read_float(key, v)?;
+        let short = key.strip_prefix("train.").unwrap_or(key);
+        OptimizerConfig::check_hyperparameter(short, x).map_err(RuntimeError::from)
+    };
+    let other_rules: [(&str, Check<'_>); 5] = [
+        ("momentum", &hyperparameter),
+        ("use_nesterov", &checked(read_bool)),
+        ("beta1", &hyperparameter),
+        ("beta2", &hyperparameter),
+        ("eps", &hyperparameter),
+    ];
+    let why = format!("with optimizer \"{name}\"");
+    check_unused(s, "train", &other_rules, &why, warnings)?;
     let config = OptimizerConfig {
         kind,
         learning_rate,
