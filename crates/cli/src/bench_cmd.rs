@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::{Args, Subcommand, ValueEnum};
+use runtime::PathKind;
 
 /// Arguments of `tessera bench`.
 #[derive(Debug, Args)]
@@ -322,6 +323,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             bench::memcpy::memcpy(&request, console);
         }
         BenchCommand::CkptConvert(a) => {
+            // Before the source is generated: an existing --dir is refused by the benchmark
+            // itself, naming the flag; a missing one must be creatable.
+            if let Some(dir) = a
+                .dir
+                .as_ref()
+                .filter(|d| std::fs::symlink_metadata(d).is_err())
+            {
+                runtime::check_output_path(
+                    "--dir",
+                    dir,
+                    PathKind::Directory,
+                    "a directory to create (the benchmark's working directory, which must not exist)",
+                )?;
+            }
             let request = bench::ckpt_convert::CkptConvertRequest {
                 dir: a.dir.clone(),
                 keep: a.keep,
@@ -387,6 +402,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             bench::ps::ps(&ps_request(a)?, console)?;
         }
         BenchCommand::PsEmbedding(a) => {
+            runtime::check_idx_dir("--data", &a.data)?;
             let request = bench::ps_embedding::PsEmbeddingRequest {
                 steps: a.steps,
                 data: a.data.clone(),
@@ -401,6 +417,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 (1..=100).contains(&a.trials) && a.kill_step >= 1 && a.kill_step < a.steps,
                 "--trials must be 1 to 100 and --kill-step below --steps"
             );
+            runtime::check_input_path(
+                "--config",
+                &a.config,
+                PathKind::File,
+                "a file (the GPT training configuration, TOML)",
+            )?;
             let request = bench::elastic::ElasticRequest {
                 tessera: std::env::current_exe()?,
                 config: a.config.clone(),
@@ -424,6 +446,16 @@ fn ps_request(args: &PsBenchArgs) -> anyhow::Result<bench::ps::PsRequest> {
         _ if args.recovery => bench::ps::PsModel::SeedMlp,
         other => bail!("--model {other}: expected seed_mlp or gpt"),
     };
+    // Before any run starts: the runs read only their model's data.
+    match model {
+        bench::ps::PsModel::Gpt => runtime::check_input_path(
+            "--text",
+            &args.text,
+            PathKind::File,
+            "a file (the text the GPT trains on, plain or .gz)",
+        )?,
+        bench::ps::PsModel::SeedMlp => runtime::check_idx_dir("--data", &args.data)?,
+    }
     Ok(bench::ps::PsRequest {
         steps: args.steps,
         data: args.data.clone(),

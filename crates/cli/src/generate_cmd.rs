@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use runtime::GenerateOptions;
+use runtime::{GenerateOptions, PathKind};
 
 /// Arguments of `tessera generate`.
 #[derive(Debug, Args)]
@@ -35,6 +35,21 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         anyhow::bail!(
             "--tokens {}: at most {MAX_TOKENS} tokens are sampled",
             args.tokens
+        );
+    }
+    let expected = "a directory (the output.dir of a GPT training run: its checkpoint, \
+                    strategy.json and model.json)";
+    runtime::check_input_path(
+        "run directory",
+        &args.run_dir,
+        PathKind::Directory,
+        expected,
+    )?;
+    if !args.run_dir.join(runtime::MODEL_FILE).exists() {
+        anyhow::bail!(
+            "run directory {}: holds no {}; expected {expected}",
+            args.run_dir.display(),
+            runtime::MODEL_FILE
         );
     }
     let text = runtime::generate(

@@ -32,6 +32,7 @@ pub struct PlanArgs {
 
 /// Runs `tessera plan`.
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
+    crate::train_cmd::check_config_file(&args.config)?;
     let mut config = TrainConfig::load_on(&args.config, &args.sets, args.devices)?;
     if let Some(p) = &args.profile {
         let base = std::env::current_dir()?;

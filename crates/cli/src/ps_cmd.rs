@@ -10,6 +10,8 @@ use runtime::TrainConfig;
 /// Runs a parameter-server config; worker 0 writes the metrics log to `metrics_log` (`None`:
 /// `<output.dir>/metrics.jsonl`).
 pub fn run(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<()> {
+    // Before any role starts: the data every worker reads.
+    runtime::check_data_paths(config)?;
     let Some(env) = ps::RoleEnv::from_process()? else {
         return run_local_job(config, metrics_log);
     };
@@ -26,6 +28,8 @@ fn run_local_job(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Re
     let keys = config
         .ps()
         .ok_or_else(|| anyhow::anyhow!("the config is not in parameter_server mode"))?;
+    // Before any role starts: the run directory the servers snapshot into.
+    runtime::check_parameter_server_output(config)?;
     let default_log = config.output().metrics_file();
     runtime::MetricsLog::create(metrics_log.unwrap_or(&default_log))?;
     let servers = keys.servers.unwrap_or(1);

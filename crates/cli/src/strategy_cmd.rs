@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use ckpt::{GroupInfo, Strategy, StrategyFlavour};
 use clap::{Args, Subcommand};
+use runtime::PathKind;
 use serde_json::{json, Value};
 
 use crate::grid::write_stdout;
@@ -64,11 +65,23 @@ struct RestoreRanksArgs {
 pub fn run(args: &StrategyArgs) -> anyhow::Result<()> {
     match &args.command {
         StrategyCommand::Show(a) => {
+            runtime::check_input_path(
+                "strategy file",
+                &a.file,
+                PathKind::File,
+                "a file (a strategy file: MindSpore protobuf or JSON, or Tessera JSON)",
+            )?;
             let s = Strategy::load(&a.file).context("cannot read the strategy")?;
             show_strategy(&s, a.json)
         }
         StrategyCommand::MergeStages(a) => merge_stages(a),
         StrategyCommand::RestoreRanks(a) => {
+            runtime::check_input_path(
+                "group-info file",
+                &a.file,
+                PathKind::File,
+                "a file (a group-info file, as output.group_info_file has a run write it)",
+            )?;
             let ranks = ckpt::restore_group_info_list(&a.file)?;
             if a.json {
                 write_stdout(&format!("{}\n", serde_json::to_string(&ranks)?))
@@ -206,6 +219,18 @@ pub fn show_group_info(g: &GroupInfo, json: bool) -> anyhow::Result<()> {
 }
 
 fn merge_stages(a: &MergeStagesArgs) -> anyhow::Result<()> {
+    runtime::check_input_path(
+        "per-stage strategy directory",
+        &a.dir,
+        PathKind::Directory,
+        "a directory (of one strategy file per pipeline stage, all *.ckpt or all *.json)",
+    )?;
+    runtime::check_output_path(
+        "merged strategy file",
+        &a.out,
+        PathKind::File,
+        "a file to write (the merged strategy)",
+    )?;
     let r = ckpt::merge_pipeline_strategies(&a.dir, &a.out, a.force)
         .context("merging per-stage strategies failed")?;
     if a.json {

@@ -72,6 +72,7 @@ pub struct TrainArgs {
 
 /// Runs `tessera train`.
 pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
+    check_config_file(&args.config)?;
     let config = TrainConfig::load_on(&args.config, &args.sets, args.devices)?;
     for warning in config.warnings().into_iter().chain(config.train_warnings()) {
         eprintln!("warning: {warning}");
@@ -82,7 +83,15 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // Checked here to name the flag (the run checks the log again, as "metrics log"); under
     // MPI only rank 0 writes it.
     if let Some(path) = &args.log_json {
-        if args.backend == Backend::Local || mpi_rank_is_zero() {
+        if config.ps().is_some() {
+            // Worker 0 creates the log's missing directories (`MetricsLog::create`).
+            runtime::check_output_path(
+                "--log-json",
+                path,
+                runtime::PathKind::File,
+                "a file to write (the metrics log; missing directories are created)",
+            )?;
+        } else if args.backend == Backend::Local || mpi_rank_is_zero() {
             runtime::check_output_file("--log-json: metrics log", path)?;
         }
     }
@@ -260,6 +269,18 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// The positional config path of `tessera train` and `tessera plan`: an existing file (a pipe
+/// the shell made, `<(…)`, included), else an error saying it is the config file.
+pub(crate) fn check_config_file(path: &std::path::Path) -> anyhow::Result<()> {
+    runtime::check_input_path(
+        "config file",
+        path,
+        runtime::PathKind::File,
+        "a file (the training configuration, TOML; see docs/CONFIG.md)",
+    )?;
     Ok(())
 }
 

@@ -58,11 +58,11 @@ fn assert_fails_before_training((out, took): &(Output, Duration), needle: &str) 
 #[test]
 fn a_failing_rank_stops_every_rank_with_its_own_error() {
     let dir = Scratch::new("failfast-rank");
-    // Rank 3 dumps its local norms into norms/rank_3/, which is a file: it fails at the end of
-    // step 1, while the other seven ranks go on to step 2 and wait for it.
+    // Rank 3 dumps its step 1 norms into norms/rank_3/local_norm_step_1.json, which is a
+    // directory: it fails at the end of step 1, while the other seven ranks go on to step 2 and
+    // wait for it. (A rank_3 that is a file is refused before any rank starts.)
     let norms = dir.0.join("norms");
-    std::fs::create_dir_all(&norms).unwrap();
-    std::fs::write(norms.join("rank_3"), b"in the way").unwrap();
+    std::fs::create_dir_all(norms.join("rank_3").join("local_norm_step_1.json")).unwrap();
     let norms_path = format!("train.dump_local_norm_path=\"{}\"", s(&norms));
     let (out, took) = train(
         &dir.0.join("run"),

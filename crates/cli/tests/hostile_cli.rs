@@ -979,6 +979,462 @@ fn a_bad_path_names_its_flag_or_key_and_the_path() {
     }
 }
 
+/// Runs every case of `cases` (arguments, fragments the message must hold): each must be a
+/// clean refusal holding every fragment, with no bare system error ("os error") and no step
+/// or measurement printed first.
+#[track_caller]
+fn assert_each_refused(cases: &[(Vec<&str>, Vec<&str>)]) {
+    for (args, fragments) in cases {
+        let out = tessera_env(args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_refused(&out, fragments);
+        assert!(
+            !stderr.contains("os error"),
+            "`tessera {}`: a bare system error:\n{stderr}",
+            args.join(" ")
+        );
+        assert!(
+            stdout.is_empty(),
+            "`tessera {}` went on before refusing:\n{stdout}",
+            args.join(" ")
+        );
+    }
+}
+
+/// The config keys that take a path read or written while the run is set up name themselves,
+/// the path and the kind expected: a directory given as `parallel.strategy_file`,
+/// `parallel.load_operator_strategy_file` or `data.path`, a file or a missing directory as
+/// `data.dir`, a `parallel.save_operator_strategy_file` that is a directory or lies under a
+/// file, an `output.resume_strategy` that is a directory. They were bare system errors ("Is a
+/// directory (os error 21)"), the save file's only after the search. Nothing is left behind.
+#[test]
+fn a_bad_config_path_names_its_key_the_path_and_the_kind_expected() {
+    let scratch = Scratch::new("bad-config-paths");
+    let dir = s(&scratch.0);
+    let file_path = scratch.0.join("a_file");
+    std::fs::write(&file_path, b"not a directory").unwrap();
+    let file = s(&file_path);
+    let missing_path = scratch.0.join("missing");
+    let missing = s(&missing_path);
+    let under_file = scratch.0.join("a_file").join("strategies.json");
+    let under_file = s(&under_file);
+    // A checkpoint directory holding rank 0's file, so that the strategy file is looked at.
+    let ckpt = scratch.0.join("ckpt");
+    std::fs::create_dir_all(ckpt.join("rank_0")).unwrap();
+    std::fs::write(ckpt.join("rank_0").join("checkpoint_0.safetensors"), b"").unwrap();
+    // A parameter-server run directory whose snapshot folder `ps` is a file.
+    let ps_run = scratch.0.join("psrun");
+    std::fs::create_dir_all(&ps_run).unwrap();
+    std::fs::write(ps_run.join("ps"), b"in the way").unwrap();
+    let ps_snapshots = s(&ps_run.join("ps")).to_string();
+    let out = scratch.0.join("out");
+    let out_set = format!("output.dir={:?}", s(&out));
+    let set = |key: &str, path: &str| format!("{key}={path:?}");
+    let strategy_dir = set("parallel.strategy_file", dir);
+    let load_dir = set("parallel.load_operator_strategy_file", dir);
+    let save_dir = set("parallel.save_operator_strategy_file", dir);
+    let save_under_file = set("parallel.save_operator_strategy_file", under_file);
+    let data_dir_file = set("data.dir", file);
+    let data_dir_missing = set("data.dir", missing);
+    let data_dir_empty = set("data.dir", dir);
+    let data_path_dir = set("data.path", dir);
+    let resume = set("output.resume_from", s(&ckpt));
+    let resume_strategy = set("output.resume_strategy", dir);
+    let under_a_file = format!("{file} is a file, not a directory");
+    let semi = "examples/seed_semi_auto.toml";
+    let gpt = "examples/gpt_kjv.toml";
+    let search = "parallel.mode=sharding_propagation";
+    let run_with = |sets: &[&str], config: &'static str| -> Vec<String> {
+        let mut args = vec!["train".to_string(), config.to_string()];
+        for set in sets.iter().chain([&out_set.as_str()]) {
+            args.extend(["--set".to_string(), set.to_string()]);
+        }
+        args
+    };
+    let owned: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (
+            run_with(&[&strategy_dir], semi),
+            vec![
+                "parallel.strategy_file",
+                dir,
+                "is a directory",
+                "expected a file",
+            ],
+        ),
+        (
+            run_with(&[search, &load_dir], semi),
+            vec![
+                "parallel.load_operator_strategy_file",
+                dir,
+                "is a directory",
+                "expected a file",
+            ],
+        ),
+        (
+            run_with(&[search, &save_dir], semi),
+            vec![
+                "parallel.save_operator_strategy_file",
+                dir,
+                "is a directory",
+                "expected a file",
+            ],
+        ),
+        (
+            run_with(&[search, &save_under_file], semi),
+            vec![
+                "parallel.save_operator_strategy_file",
+                under_file,
+                &under_a_file,
+            ],
+        ),
+        (
+            run_with(&[&data_dir_file], semi),
+            vec!["data.dir", file, "is a file", "expected a directory"],
+        ),
+        (
+            run_with(&[&data_dir_missing], semi),
+            vec![
+                "data.dir",
+                missing,
+                "does not exist",
+                "expected a directory",
+            ],
+        ),
+        (
+            run_with(&[&data_dir_empty], semi),
+            vec!["data.dir", dir, "holds no train-images-idx3-ubyte"],
+        ),
+        (
+            {
+                let mut args = run_with(&[&strategy_dir], semi);
+                args.push("--explain".to_string());
+                args
+            },
+            vec![
+                "parallel.strategy_file",
+                dir,
+                "is a directory",
+                "expected a file",
+            ],
+        ),
+        (
+            run_with(&[&data_path_dir], gpt),
+            vec!["data.path", dir, "is a directory", "expected a file"],
+        ),
+        (
+            run_with(&[&resume, &resume_strategy], semi),
+            vec![
+                "output.resume_strategy",
+                dir,
+                "is a directory",
+                "expected a file",
+            ],
+        ),
+        // `tessera plan` reads the same keys.
+        (
+            {
+                let mut args = run_with(&[&data_dir_file], semi);
+                args[0] = "plan".to_string();
+                args
+            },
+            vec!["data.dir", file, "is a file", "expected a directory"],
+        ),
+        // A parameter-server run, before any of its processes starts.
+        (
+            run_with(&[&data_dir_file], "examples/seed_parameter_server.toml"),
+            vec!["data.dir", file, "is a file", "expected a directory"],
+        ),
+        (
+            {
+                let mut args = run_with(&[], "examples/seed_parameter_server.toml");
+                args.extend(["--log-json".to_string(), dir.to_string()]);
+                args
+            },
+            vec!["--log-json", dir, "is a directory", "expected a file"],
+        ),
+        // The run directory of a parameter-server job, and its servers' snapshot folder.
+        (
+            vec![
+                "train".to_string(),
+                "examples/seed_parameter_server.toml".to_string(),
+                "--set".to_string(),
+                set("output.dir", file),
+            ],
+            vec!["output.dir", file, "is a file", "expected a directory"],
+        ),
+        (
+            vec![
+                "train".to_string(),
+                "examples/seed_parameter_server.toml".to_string(),
+                "--set".to_string(),
+                set("output.dir", s(&ps_run)),
+            ],
+            vec!["output.dir", &ps_snapshots, "is a file", "snapshots"],
+        ),
+    ];
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = owned
+        .iter()
+        .map(|(args, fragments)| (args.iter().map(String::as_str).collect(), fragments.clone()))
+        .collect();
+    assert_each_refused(&cases);
+    assert!(!out.exists(), "no output directory is left");
+    assert_eq!(
+        listing(&scratch.0),
+        ["a_file", "ckpt", "psrun"],
+        "nothing is left"
+    );
+    assert_eq!(listing(&ps_run), ["ps"], "nothing is made in it");
+}
+
+/// Paths the ranks write only once they run are checked before any rank starts, naming the
+/// key: a `train.dump_local_norm_path` that is a file, or where nothing can be created, and a
+/// rank's folder in it that is a file; a periodic set's `checkpoint_step_<N>` that is a file;
+/// an `output.group_info_file` under a file. Each failed on a rank after its first steps.
+/// The output directory made for the checks is removed, and nothing else is made.
+#[test]
+fn paths_the_ranks_write_are_checked_before_any_step() {
+    let scratch = Scratch::new("mid-run-paths");
+    let file_path = scratch.0.join("a_file");
+    std::fs::write(&file_path, b"not a directory").unwrap();
+    let file = s(&file_path);
+    let norms = scratch.0.join("norms");
+    std::fs::create_dir_all(&norms).unwrap();
+    std::fs::write(norms.join("rank_3"), b"in the way").unwrap();
+    let rank_3 = s(&norms.join("rank_3")).to_string();
+    // A run directory of an earlier run, with a file where step 4's set would go.
+    let earlier = scratch.0.join("earlier");
+    std::fs::create_dir_all(&earlier).unwrap();
+    std::fs::write(earlier.join("checkpoint_step_4"), b"in the way").unwrap();
+    let step_4 = s(&earlier.join("checkpoint_step_4")).to_string();
+    let fresh = scratch.0.join("made").join("run");
+    let group_under_file = file_path.join("groups").join("group_info.pb");
+    let set = |key: &str, path: &str| format!("{key}={path:?}");
+    let cases: Vec<(String, Vec<String>, Vec<String>)> = vec![
+        (
+            s(&fresh).to_string(),
+            vec![
+                "train.dump_local_norm=true".to_string(),
+                set("train.dump_local_norm_path", file),
+            ],
+            vec![
+                "train.dump_local_norm_path".to_string(),
+                file.to_string(),
+                "is a file".to_string(),
+                "expected a directory".to_string(),
+            ],
+        ),
+        (
+            s(&fresh).to_string(),
+            vec![
+                "train.dump_local_norm=true".to_string(),
+                set("train.dump_local_norm_path", "/proc/tessera-norms"),
+            ],
+            vec![
+                "train.dump_local_norm_path".to_string(),
+                "/proc/tessera-norms".to_string(),
+                "no file can be made in /proc".to_string(),
+            ],
+        ),
+        (
+            s(&fresh).to_string(),
+            vec![
+                "train.dump_local_norm=true".to_string(),
+                set("train.dump_local_norm_path", s(&norms)),
+            ],
+            vec![
+                "train.dump_local_norm_path".to_string(),
+                rank_3,
+                "is a file".to_string(),
+            ],
+        ),
+        (
+            s(&earlier).to_string(),
+            vec!["output.save_checkpoint_steps=2".to_string()],
+            vec![
+                "output.save_checkpoint_steps".to_string(),
+                step_4,
+                "is a file".to_string(),
+                "periodic checkpoint set of step 4".to_string(),
+            ],
+        ),
+        (
+            s(&earlier).to_string(),
+            vec!["output.save_checkpoint_seconds=1000".to_string()],
+            vec![
+                "output.save_checkpoint_seconds".to_string(),
+                s(&earlier.join("checkpoint_step_4")).to_string(),
+                "is a file".to_string(),
+            ],
+        ),
+        (
+            s(&fresh).to_string(),
+            vec![set("output.group_info_file", s(&group_under_file))],
+            vec![
+                "output.group_info_file".to_string(),
+                format!("{file} is a file, not a directory"),
+            ],
+        ),
+    ];
+    for (out_dir, sets, fragments) in &cases {
+        let out_set = format!("output.dir={out_dir:?}");
+        let mut args = vec![
+            "train",
+            "examples/seed_semi_auto.toml",
+            "--set",
+            "train.max_steps=6",
+            "--set",
+            &out_set,
+        ];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let fragments: Vec<&str> = fragments.iter().map(String::as_str).collect();
+        assert_each_refused(&[(args, fragments)]);
+    }
+    assert!(
+        !scratch.0.join("made").exists(),
+        "the output directory made is removed"
+    );
+    assert_eq!(listing(&scratch.0), ["a_file", "earlier", "norms"]);
+    assert_eq!(
+        listing(&earlier),
+        ["checkpoint_step_4"],
+        "nothing is made in it"
+    );
+    assert_eq!(listing(&norms), ["rank_3"]);
+    assert!(!Path::new("/proc/tessera-norms").exists());
+}
+
+/// A positional path says what it was for ("config file /x: is a directory; expected a file
+/// …"), not only the path and a bare system error.
+#[test]
+fn a_positional_path_says_what_it_was_for() {
+    let scratch = Scratch::new("positional-paths");
+    let dir = s(&scratch.0);
+    let file_path = scratch.0.join("a_file");
+    std::fs::write(&file_path, b"x").unwrap();
+    let file = s(&file_path);
+    let missing_path = scratch.0.join("missing");
+    let missing = s(&missing_path);
+    let under_file = file_path.join("merged.json");
+    let under_file = s(&under_file);
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec!["train", dir],
+            vec!["config file", dir, "is a directory", "expected a file"],
+        ),
+        (
+            vec!["train", missing],
+            vec!["config file", missing, "does not exist", "expected a file"],
+        ),
+        (
+            vec!["plan", dir],
+            vec!["config file", dir, "is a directory", "expected a file"],
+        ),
+        (
+            vec!["strategy", "show", dir],
+            vec!["strategy file", dir, "is a directory", "expected a file"],
+        ),
+        (
+            vec!["strategy", "restore-ranks", dir],
+            vec!["group-info file", dir, "is a directory", "expected a file"],
+        ),
+        (
+            vec!["strategy", "merge-stages", file, missing],
+            vec![
+                "per-stage strategy directory",
+                file,
+                "is a file",
+                "expected a directory",
+            ],
+        ),
+        (
+            vec!["strategy", "merge-stages", dir, under_file],
+            vec![
+                "merged strategy file",
+                under_file,
+                "is a file, not a directory",
+            ],
+        ),
+        (
+            vec!["generate", file, "--prompt", "a"],
+            vec!["run directory", file, "is a file", "expected a directory"],
+        ),
+        (
+            vec!["generate", dir, "--prompt", "a"],
+            vec!["run directory", dir, "holds no model.json"],
+        ),
+        (
+            vec!["ckpt", "load-segmented", missing],
+            vec![
+                "checkpoint directory",
+                missing,
+                "does not exist",
+                "expected a directory",
+            ],
+        ),
+        (
+            vec!["ckpt", "inspect", dir],
+            vec!["file to inspect", dir, "is a directory", "expected a file"],
+        ),
+        (
+            vec!["ckpt", "diff", file, dir],
+            vec!["checkpoint A", file, "is a file", "expected a directory"],
+        ),
+        (
+            vec!["ckpt", "diff", dir, missing],
+            vec!["checkpoint B", missing, "does not exist"],
+        ),
+    ];
+    assert_each_refused(&cases);
+    assert_eq!(listing(&scratch.0), ["a_file"], "nothing is left");
+}
+
+/// The path flags of `tessera bench ps`, `ps-embedding`, `elastic` and `ckpt-convert` are
+/// checked before anything is measured, naming the flag (they failed in a run of the
+/// benchmark, or after starting a job).
+#[test]
+fn bench_path_flags_are_checked_before_measuring() {
+    let scratch = Scratch::new("bench-paths");
+    let dir = s(&scratch.0);
+    let file_path = scratch.0.join("a_file");
+    std::fs::write(&file_path, b"x").unwrap();
+    let file = s(&file_path);
+    let missing_path = scratch.0.join("missing");
+    let missing = s(&missing_path);
+    let under_file = file_path.join("work");
+    let under_file = s(&under_file);
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec!["bench", "ps", "--data", file],
+            vec!["--data", file, "is a file", "expected a directory"],
+        ),
+        (
+            vec!["bench", "ps", "--recovery", "--data", missing],
+            vec!["--data", missing, "does not exist"],
+        ),
+        (
+            vec!["bench", "ps", "--model", "gpt", "--text", dir],
+            vec!["--text", dir, "is a directory", "expected a file"],
+        ),
+        (
+            vec!["bench", "ps-embedding", "--data", dir],
+            vec!["--data", dir, "holds no train-images-idx3-ubyte"],
+        ),
+        (
+            vec!["bench", "elastic", "--config", dir],
+            vec!["--config", dir, "is a directory", "expected a file"],
+        ),
+        (
+            vec!["bench", "ckpt-convert", "--dir", under_file],
+            vec!["--dir", under_file, "is a file, not a directory"],
+        ),
+    ];
+    assert_each_refused(&cases);
+    assert_eq!(listing(&scratch.0), ["a_file"], "nothing is left");
+}
+
 /// `tessera plan` in a mode without search refuses what the run refuses: a dataset strategy
 /// the devices do not divide the batch by. It used to cost the ops' default strategies (which
 /// split the batch only as far as it divides) and print a plan for a run that cannot start.

@@ -143,15 +143,15 @@ pub(crate) fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// A rank whose run returns an error (here rank 3, whose local-norm dump path is taken by a
-/// file, at the end of step 1) tells its peers before it leaves: the job ends with its error
-/// well before the 120 s `--timeout`, instead of the others waiting for it until then.
+/// A rank whose run returns an error (here rank 3, whose step 1 local-norm file is taken by a
+/// directory, at the end of step 1) tells its peers before it leaves: the job ends with its
+/// error well before the 120 s `--timeout`, instead of the others waiting for it until then.
+/// (A `rank_3` folder that is a file is refused before any rank starts.)
 #[test]
 fn mpi_a_failing_rank_stops_the_job_with_its_error() {
     let dir = Scratch::new("mpi-failfast");
     let norms = dir.0.join("norms");
-    std::fs::create_dir_all(&norms).unwrap();
-    std::fs::write(norms.join("rank_3"), b"in the way").unwrap();
+    std::fs::create_dir_all(norms.join("rank_3").join("local_norm_step_1.json")).unwrap();
     let start = std::time::Instant::now();
     let out = Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])

@@ -288,6 +288,7 @@ fn load_strategies(path: &Path) -> Result<LoadedStrategies, RuntimeError> {
 pub fn plan(config: &TrainConfig) -> Result<PlanReport, RuntimeError> {
     // Before the model is built, as a training session checks it.
     config.parallel_config().validate_pipeline()?;
+    crate::preflight::check_config_paths(config, true)?;
     let (model, gpt) = build_model(config).map_err(|e| config.data().explain_batch_error(e))?;
     plan_model(config, &model, gpt.as_ref()).map_err(|e| config.data().explain_batch_error(e))
 }

@@ -52,6 +52,7 @@ mod launch;
 pub mod launch_env;
 mod lm;
 mod lr_schedule;
+mod paths;
 pub mod periodic_ckpt;
 mod preflight;
 mod resume_check;
@@ -85,7 +86,11 @@ pub use crate::launch::{run_rank, train_local, train_local_with, LaunchOptions, 
 pub use crate::launch::{train_mpi, train_mpi_with};
 pub use crate::lm::TextData;
 pub use crate::lr_schedule::{LrDecay, LrSchedule, LR_SCHEDULE_NAMES};
-pub use crate::preflight::{check_before_start, check_output_file, RanksHere};
+pub use crate::paths::{check_idx_dir, check_input_path, check_output_path, PathKind};
+pub use crate::preflight::{
+    check_before_start, check_data_paths, check_output_file, check_parameter_server_output,
+    RanksHere,
+};
 pub use crate::session::{
     ParamMemory, ParamShard, RankFootprint, RankOutcome, Session, TrainData, TrainSession,
     GLOBAL_STEP, STAGE_STRATEGY_DIR,

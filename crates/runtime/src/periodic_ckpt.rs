@@ -110,7 +110,7 @@ pub fn periodic_set_dir(output_dir: &Path, step: u64) -> PathBuf {
 }
 
 /// The step of a periodic set's directory name (`checkpoint_step_<N>`).
-fn step_of_name(name: &str) -> Option<u64> {
+pub(crate) fn step_of_name(name: &str) -> Option<u64> {
     name.strip_prefix(PERIODIC_PREFIX)
         .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|n| n.parse().ok())

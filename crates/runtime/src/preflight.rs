@@ -8,12 +8,18 @@
 //!   ([`crate::host_memory`]);
 //! - `output.dir` exists or can be created, and a file can be written in it;
 //! - the metrics log's directory exists and the log can be opened for writing;
+//! - the paths the ranks write to only once they run can be written: the local norms'
+//!   directory (`train.dump_local_norm_path`) and each of this process's ranks' folder in it,
+//!   the periodic checkpoint sets' directories (`checkpoint_step_<N>` in `output.dir`: none of
+//!   the steps the run may save at is taken by something else than a directory), and this
+//!   process's ranks' group-info files (`output.group_info_file`: not under a file);
 //! - `output.resume_from` is a directory holding a checkpoint (rank 0's file) and the strategy
 //!   file it is read with exists, and the checkpoint is this model's with steps left to train
 //!   ([`crate::resume_check`]).
 //!
 //! (The data files themselves are opened, their headers checked and `data.batch_size` checked
-//! against the training split, by [`Session::new`].)
+//! against the training split, by [`Session::new`]; before that, and before any search,
+//! [`check_config_paths`] checks the paths a session reads or writes while it is built.)
 //!
 //! Nothing is left behind by a failed check: directories created to test `output.dir` are
 //! removed again (only those, and only while empty), as is a probe file. After a successful
@@ -22,7 +28,11 @@
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 
+use parallel::ParallelMode;
+
+use crate::config::TrainConfig;
 use crate::error::RuntimeError;
+use crate::paths::{check_key_idx_dir, check_key_input, check_key_output, PathKind};
 use crate::session::TrainSession;
 
 /// Runs every check of this module for `session`, writing the metrics log at `metrics_log`
@@ -37,12 +47,164 @@ pub fn check_before_start(
     check_resume_from(session)?;
     check_group_info_files(session)?;
     let created = prepare_output_dir(&session.config.output().dir)?;
+    // A failure from here on removes the output directories just created (when `created`
+    // drops).
     if let Some(path) = metrics_log {
-        // A failure here removes the output directories just created (when `created` drops).
         check_output_file("metrics log", path)?;
     }
+    check_local_norm_dir(session, here)?;
+    check_periodic_sets(session)?;
+    check_group_info_dirs(session, here)?;
     created.keep();
     Ok(())
+}
+
+/// The paths a session reads or writes while it is built, checked before anything is read,
+/// built or searched: the data (`data.dir` or `data.path`, with `with_data`), the strategy
+/// files read (`parallel.strategy_file`, and in a search mode
+/// `parallel.load_operator_strategy_file`) and the one a search writes
+/// (`parallel.save_operator_strategy_file`, whose missing directories the writer creates).
+/// Every error names the key, the path and what was expected.
+pub(crate) fn check_config_paths(
+    config: &TrainConfig,
+    with_data: bool,
+) -> Result<(), RuntimeError> {
+    if with_data {
+        check_data_paths(config)?;
+    }
+    if let Some(path) = config.strategy_file() {
+        check_key_input(
+            "parallel.strategy_file",
+            path,
+            PathKind::File,
+            "a file (a strategy file: the strategy.json or strategy.ckpt a run saves, or MindSpore's)",
+        )?;
+    }
+    if matches!(config.parallel_config().mode, ParallelMode::Auto(_)) {
+        let search = config.search();
+        if let Some(path) = &search.load_operator_strategy_file {
+            check_key_input(
+                "parallel.load_operator_strategy_file",
+                path,
+                PathKind::File,
+                "a file (an operator strategy JSON, as a search-mode run or `tessera plan` writes it)",
+            )?;
+        }
+        if let Some(path) = &search.save_operator_strategy_file {
+            check_key_output(
+                "parallel.save_operator_strategy_file",
+                path,
+                PathKind::File,
+                "a file to write (the operator strategy JSON; missing directories are created)",
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The data of `[data]`: `data.path` (the text or token file) for the text formats,
+/// `data.dir` (a directory holding both splits' IDX files) otherwise. The error names the key,
+/// the path and what was expected.
+pub fn check_data_paths(config: &TrainConfig) -> Result<(), RuntimeError> {
+    let data = config.data();
+    match &data.text {
+        Some(text) => check_key_input(
+            "data.path",
+            &text.path,
+            PathKind::File,
+            &format!(
+                "a file (the {} file data.format = \"{}\" reads)",
+                match data.format {
+                    crate::config::DataFormat::Tokens => "token",
+                    _ => "text",
+                },
+                data.format.name()
+            ),
+        ),
+        None => check_key_idx_dir("data.dir", &data.dir),
+    }
+}
+
+/// `parallel.mode = "parameter_server"` on one machine (every role started here): the run
+/// directory `output.dir` (worker 0's metrics log, the servers' snapshots in `ps/`) can be
+/// created or written, and its `ps/` is a directory or nothing, so that no server fails at its
+/// first snapshot. Nothing is created.
+pub fn check_parameter_server_output(config: &TrainConfig) -> Result<(), RuntimeError> {
+    let dir = &config.output().dir;
+    check_key_output(
+        "output.dir",
+        dir,
+        PathKind::Directory,
+        "a directory (the run directory; created if missing)",
+    )?;
+    check_key_output(
+        "output.dir",
+        &dir.join("ps"),
+        PathKind::Directory,
+        "a directory or nothing (the servers write their snapshots into ps/ every \
+         ps.checkpoint_every steps)",
+    )
+}
+
+/// `train.dump_local_norm`: the directory the ranks dump their norms into (the key's path, or
+/// its default under `output.dir`) can be created or written, and no folder `rank_<r>` of this
+/// process's ranks in it is something else than a directory. Nothing is created.
+fn check_local_norm_dir(session: &TrainSession, here: &RanksHere) -> Result<(), RuntimeError> {
+    let Some(dir) = &session.config.train().dump_local_norm else {
+        return Ok(());
+    };
+    let key = "train.dump_local_norm_path";
+    let expected = "a directory (train.dump_local_norm writes <dir>/rank_<r>/local_norm_step_<s>.json; missing directories are created)";
+    check_key_output(key, dir, PathKind::Directory, expected)?;
+    for &rank in &here.ranks {
+        let folder = dir.join(format!("rank_{rank}"));
+        if folder.exists() && !folder.is_dir() {
+            check_key_output(key, &folder, PathKind::Directory, expected)?;
+        }
+    }
+    Ok(())
+}
+
+/// `output.save_checkpoint_steps` / `_seconds`: no `checkpoint_step_<N>` in `output.dir` that
+/// the run may write a periodic set into (every step up to the run's last with a time
+/// interval, the multiples of the step interval otherwise) is something else than a directory,
+/// which the set could not replace.
+fn check_periodic_sets(session: &TrainSession) -> Result<(), RuntimeError> {
+    let out = session.config.output();
+    let key = match (out.save_checkpoint_steps, out.save_checkpoint_seconds) {
+        (_, Some(_)) => "output.save_checkpoint_seconds",
+        (Some(_), None) => "output.save_checkpoint_steps",
+        (None, None) => return Ok(()),
+    };
+    let last = session.planned_steps();
+    let saved_at = |step: u64| {
+        (1..=last).contains(&step)
+            && (out.save_checkpoint_seconds.is_some()
+                || out
+                    .save_checkpoint_steps
+                    .is_some_and(|n| step.is_multiple_of(n)))
+    };
+    let Ok(entries) = std::fs::read_dir(&out.dir) else {
+        return Ok(());
+    };
+    let mut taken: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let step = crate::periodic_ckpt::step_of_name(&e.file_name().to_string_lossy())?;
+            Some((step, e.path()))
+        })
+        .filter(|(step, path)| saved_at(*step) && !path.is_dir())
+        .collect();
+    taken.sort();
+    match taken.first() {
+        None => Ok(()),
+        Some((step, path)) => check_key_output(
+            key,
+            path,
+            PathKind::Directory,
+            &format!("a directory or nothing (the periodic checkpoint set of step {step} is written there)"),
+        ),
+    }
 }
 
 /// The ranks one process runs, and how many such processes share this machine's memory.
@@ -126,6 +288,33 @@ fn check_group_info_files(session: &TrainSession) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// `output.group_info_file`: this process's ranks' group-info files, which the ranks write
+/// after their first step (creating their directories), can be written (checked once
+/// `output.dir` exists).
+fn check_group_info_dirs(session: &TrainSession, here: &RanksHere) -> Result<(), RuntimeError> {
+    let output = session.config.output();
+    let Some(template) = &output.group_info_file else {
+        return Ok(());
+    };
+    // One file per directory: the files of one directory are made alike.
+    let mut files: Vec<PathBuf> = here
+        .ranks
+        .iter()
+        .map(|&rank| crate::group_info::group_info_path(&output.dir, template, rank))
+        .collect();
+    files.sort_by(|a, b| a.parent().cmp(&b.parent()));
+    files.dedup_by(|a, b| a.parent() == b.parent());
+    for file in files {
+        check_key_output(
+            "output.group_info_file",
+            &file,
+            PathKind::File,
+            "a file to write (each rank writes its group-info file after its first step; missing directories are created)",
+        )?;
+    }
+    Ok(())
+}
+
 /// `output.resume_from`: a directory with rank 0's checkpoint file, and the strategy file.
 fn check_resume_from(session: &TrainSession) -> Result<(), RuntimeError> {
     let output = session.config.output();
@@ -155,6 +344,15 @@ fn check_resume_from(session: &TrainSession) -> Result<(), RuntimeError> {
         Some(path) => ("output.resume_strategy", path.clone()),
         None => ("output.resume_from", from.join("strategy.json")),
     };
+    if strategy.is_dir() {
+        return Err(RuntimeError::Config {
+            key: key.to_string(),
+            reason: format!(
+                "{}: is a directory; expected a file (the checkpoint's strategy file, strategy.json or strategy.ckpt)",
+                strategy.display()
+            ),
+        });
+    }
     if !strategy.is_file() {
         return Err(RuntimeError::Config {
             key: key.to_string(),

@@ -1275,3 +1275,83 @@ fn keys_without_effect_are_still_type_and_range_checked() {
     assert_eq!(key, "parallel.device_profile");
     assert!(reason.contains("empty path"), "{reason}");
 }
+
+/// A session (and a plan) checks the config's paths before it reads, builds or searches
+/// anything: each error is a config error naming the key, the path and the kind expected
+/// (they were bare system errors: "Is a directory (os error 21)").
+#[test]
+fn a_session_checks_its_config_paths_before_reading_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a_file");
+    std::fs::write(&file, b"x").unwrap();
+    let digits = repo_root().join("data/digits");
+    let quoted = |key: &str, path: &Path| format!("{key}={:?}", path.to_str().unwrap());
+    let data_dir = quoted("data.dir", &digits);
+    let cases: Vec<(Vec<String>, &str, &Path, &str)> = vec![
+        (
+            vec![quoted("data.dir", &file)],
+            "data.dir",
+            &file,
+            "is a file",
+        ),
+        (
+            vec![quoted("data.dir", &tmp.path().join("missing"))],
+            "data.dir",
+            tmp.path(),
+            "does not exist",
+        ),
+        (
+            vec![
+                data_dir.clone(),
+                quoted("parallel.strategy_file", tmp.path()),
+            ],
+            "parallel.strategy_file",
+            tmp.path(),
+            "is a directory; expected a file",
+        ),
+        (
+            vec![
+                data_dir.clone(),
+                "parallel.mode=sharding_propagation".to_string(),
+                quoted("parallel.load_operator_strategy_file", tmp.path()),
+            ],
+            "parallel.load_operator_strategy_file",
+            tmp.path(),
+            "is a directory; expected a file",
+        ),
+        (
+            vec![
+                data_dir.clone(),
+                "parallel.mode=sharding_propagation".to_string(),
+                quoted("parallel.save_operator_strategy_file", &file.join("s.json")),
+            ],
+            "parallel.save_operator_strategy_file",
+            &file,
+            "is a file, not a directory",
+        ),
+    ];
+    for (sets, key, path, problem) in &cases {
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let config = parse_with(MINIMAL, &sets).unwrap();
+        let session = match runtime::Session::new(&config) {
+            Ok(_) => panic!("{sets:?} should be refused"),
+            Err(e) => e,
+        };
+        let plan = runtime::plan(&config).unwrap_err();
+        for err in [session, plan] {
+            match &err {
+                RuntimeError::Config { key: named, reason } => {
+                    assert_eq!(named, key, "{err}");
+                    let path = path.to_str().unwrap();
+                    assert!(reason.contains(path) && reason.contains(problem), "{err}");
+                }
+                other => panic!("{sets:?}: expected a config error, got {other}"),
+            }
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        1,
+        "nothing is left"
+    );
+}

@@ -52,6 +52,14 @@ pub(super) fn diff(a: &DiffArgs) -> anyhow::Result<()> {
             bail!("--tolerance {tol} must be a finite number >= 0");
         }
     }
+    for (dir, what) in [(&a.a, "checkpoint A"), (&a.b, "checkpoint B")] {
+        runtime::check_input_path(
+            what,
+            dir,
+            runtime::PathKind::Directory,
+            "a directory (a training run's output directory: rank_<N>/ and strategy.json)",
+        )?;
+    }
     let strategy_a = a
         .strategy_a
         .clone()

@@ -20,6 +20,12 @@ pub(super) struct InspectArgs {
 
 /// Runs `tessera ckpt inspect`.
 pub(super) fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
+    runtime::check_input_path(
+        "file to inspect",
+        &a.file,
+        runtime::PathKind::File,
+        "a file (a checkpoint, strategy or group-info file)",
+    )?;
     let (file, detected) = ckpt::inspect_detected(&a.file)?;
     // Strategy and group-info listings have their own JSON; the detection goes beside it.
     if !matches!(file, InspectedFile::Checkpoint(_)) {

@@ -123,6 +123,12 @@ pub(super) fn merge(a: &MergeArgs) -> anyhow::Result<()> {
 
 /// Runs `tessera ckpt load-segmented`.
 pub(super) fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
+    runtime::check_input_path(
+        "checkpoint directory",
+        &a.dir,
+        runtime::PathKind::Directory,
+        "a directory (of segmented checkpoint files)",
+    )?;
     let decryption = a.decrypt.decryption()?;
     let entries = ckpt::load_segmented_checkpoints_with(&a.dir, decryption.as_ref())?;
     let written = match &a.out {

@@ -94,6 +94,7 @@ impl Session {
     fn new_built_in(config: &TrainConfig) -> Result<Session, RuntimeError> {
         // Before any model is built: a GPT's strategies divide each stage's devices.
         config.parallel_config().validate_pipeline()?;
+        crate::preflight::check_config_paths(config, true)?;
         if config.model().name == ModelName::Gpt {
             return Session::new_gpt(config);
         }
@@ -128,6 +129,7 @@ impl Session {
     /// labels inputs, logits and loss) under `config`; the model's data input must take the
     /// data set's images (`[batch, rows, cols]`) and its batch must be `data.batch_size`.
     pub fn with_model(config: &TrainConfig, model: Model) -> Result<Session, RuntimeError> {
+        crate::preflight::check_config_paths(config, true)?;
         let (train_data, test_data) = open_idx(config)?;
         check_model_input(config, &model, &train_data.input_spec(), "the images")?;
         Session::build(config, model, train_data, test_data)
@@ -185,6 +187,7 @@ impl TrainSession {
         train: Arc<dyn Dataset>,
         test: Option<Arc<dyn Dataset>>,
     ) -> Result<TrainSession, RuntimeError> {
+        crate::preflight::check_config_paths(config, false)?;
         check_batch_fits(config, train.len(), &"the training data set")?;
         check_model_input(
             config,
