@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::error::toml_path;
 use crate::timing::Summary;
 use crate::{BenchError, Progress};
 
@@ -117,7 +118,7 @@ impl Job {
                 "train.eval=false".to_string(),
                 "output.save_checkpoint=false".to_string(),
                 format!("train.max_steps={}", request.steps),
-                format!("output.dir=\"{}\"", dir.join("out").display()),
+                format!("output.dir={}", toml_path("output.dir", &dir.join("out"))?),
             ];
             if elastic {
                 sets.push("train.elastic=true".to_string());

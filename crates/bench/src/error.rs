@@ -67,6 +67,15 @@ pub enum BenchError {
         .0.display()
     )]
     DirExists(PathBuf),
+    /// A path a benchmark writes into the config it runs that is not UTF-8 (a TOML string
+    /// holds UTF-8 only): the flag or setting, and the path.
+    #[error("{what} {}: not UTF-8, which a config file cannot hold", .path.display())]
+    NonUtf8Path {
+        /// The flag or setting (`--data`, `output.dir`).
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+    },
     /// No unused directory name was found under the temp dir.
     #[error("no fresh directory name under {}", .0.display())]
     NoFreshDir(PathBuf),
@@ -112,6 +121,17 @@ pub enum BenchError {
     /// Processes of a recovery job (not killed by the benchmark) that failed.
     #[error("the recovery run failed: {}", .0.join("; "))]
     RecoveryFailed(Vec<String>),
+}
+
+/// `path` as a TOML string, quoted and escaped (a path holding `"` or `\` stays one string),
+/// for the configs the benchmarks write; [`BenchError::NonUtf8Path`] naming `what` when it is
+/// not UTF-8.
+pub(crate) fn toml_path(what: &'static str, path: &std::path::Path) -> Result<String, BenchError> {
+    let text = path.to_str().ok_or_else(|| BenchError::NonUtf8Path {
+        what,
+        path: path.to_path_buf(),
+    })?;
+    Ok(toml::Value::String(text.to_string()).to_string())
 }
 
 impl BenchError {

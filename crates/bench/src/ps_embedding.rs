@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use runtime::TrainConfig;
 
+use crate::error::toml_path;
 use crate::{BenchError, Progress};
 
 /// What to measure.
@@ -27,21 +28,25 @@ pub struct PsEmbeddingRequest {
 }
 
 /// The embedding-bag config, `[ps]` extras `extra`.
-fn config_text(request: &PsEmbeddingRequest, out: &Path, extra: &str) -> String {
-    format!(
+fn config_text(
+    request: &PsEmbeddingRequest,
+    out: &Path,
+    extra: &str,
+) -> Result<String, BenchError> {
+    Ok(format!(
         "[model]\nname = \"embedding_bag\"\nhidden = 16\nclasses = 10\n\
-         [data]\nformat = \"idx\"\ndir = \"{}\"\nbatch_size = 32\nshuffle = true\n\
+         [data]\nformat = \"idx\"\ndir = {}\nbatch_size = 32\nshuffle = true\n\
          [parallel]\nmode = \"parameter_server\"\n\
          [ps]\nservers = {}\nworkers = {}\n{extra}\n\
          [train]\nepochs = 100\nmax_steps = {}\noptimizer = \"sgd\"\nlearning_rate = 0.05\n\
          seed = 3\neval = false\nper_print_times = 0\n\
-         [output]\ndir = \"{}\"\n",
-        request.data.display(),
+         [output]\ndir = {}\n",
+        toml_path("--data", &request.data)?,
         request.servers,
         request.workers,
         request.steps,
-        out.display()
-    )
+        toml_path("output.dir", out)?
+    ))
 }
 
 /// The report's header: what ran, and the columns.
@@ -133,7 +138,7 @@ pub fn ps_embedding(
             request,
             &dir.join(name.split(' ').nth(2).unwrap_or("x")),
             &extra,
-        );
+        )?;
         let config = TrainConfig::parse(&text, None, &[], Path::new("."))?;
         let r = crate::ps::run_threads(&config, request.servers, request.workers)?;
         let steps = r.steps_run.max(1);

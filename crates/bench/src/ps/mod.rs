@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use runtime::{LaunchOptions, Session, TrainConfig};
 
+use crate::error::toml_path;
 use crate::{BenchError, Pieces, Progress};
 
 mod recovery;
@@ -54,19 +55,19 @@ const GPT_DESCRIPTION: &str =
     "GPT (KJV bytes, 2 blocks, 4 heads, width 64, 32 tokens, global batch 16, momentum)";
 
 /// The `[model]` and `[data]` sections of the request's model.
-fn model_sections(request: &PsRequest) -> String {
-    match request.model {
+fn model_sections(request: &PsRequest) -> Result<String, BenchError> {
+    Ok(match request.model {
         PsModel::Gpt => format!(
             "[model]\nname = \"gpt\"\nlayers = 2\nheads = 4\nhidden = 64\nseq_len = 32\nffn_hidden = 256\n\
-             [data]\nformat = \"text\"\npath = \"{}\"\nbatch_size = 16\nsteps_per_epoch = 100000\n",
-            request.text.display()
+             [data]\nformat = \"text\"\npath = {}\nbatch_size = 16\nsteps_per_epoch = 100000\n",
+            toml_path("--text", &request.text)?
         ),
         PsModel::SeedMlp => format!(
             "[model]\nname = \"seed_mlp\"\nhidden = 128\nclasses = 10\n\
-             [data]\nformat = \"idx\"\ndir = \"{}\"\nbatch_size = 32\nshuffle = true\n",
-            request.data.display()
+             [data]\nformat = \"idx\"\ndir = {}\nbatch_size = 32\nshuffle = true\n",
+            toml_path("--data", &request.data)?
         ),
-    }
+    })
 }
 
 /// The config of the request's model: `[parallel]` body `parallel`, `[ps]` body `ps` (empty:
@@ -78,19 +79,19 @@ fn config_text(
     ps: &str,
     steps: u64,
     print: u64,
-) -> String {
+) -> Result<String, BenchError> {
     let ps = match ps.is_empty() {
         true => String::new(),
         false => format!("[ps]\n{ps}\n"),
     };
-    format!(
+    Ok(format!(
         "{}[parallel]\n{parallel}\n{ps}\
          [train]\nepochs = 100\nmax_steps = {steps}\noptimizer = \"momentum\"\nlearning_rate = 0.02\n\
          momentum = 0.9\nseed = 3\neval = false\nper_print_times = {print}\n\
-         [output]\ndir = \"{}\"\n",
-        model_sections(request),
-        out.display()
-    )
+         [output]\ndir = {}\n",
+        model_sections(request)?,
+        toml_path("output.dir", out)?
+    ))
 }
 
 fn parse(text: &str) -> Result<TrainConfig, BenchError> {
@@ -107,7 +108,7 @@ fn data_parallel(request: &PsRequest, dir: &Path, devices: usize) -> Result<f64,
         "",
         request.steps,
         0,
-    ))?;
+    )?)?;
     let session = Session::new(&config)?;
     let options = LaunchOptions {
         print_loss: false,
@@ -134,7 +135,7 @@ fn parameter_server(
         &ps,
         request.steps,
         0,
-    );
+    )?;
     let config = parse(&text)?;
     let report = run_threads(&config, servers, workers)?;
     Ok(report.steps_run as f64 / report.step_seconds.max(1e-9))
@@ -286,4 +287,50 @@ pub fn ps(request: &PsRequest, progress: &mut dyn Progress) -> Result<PsReport, 
     });
     let _ = std::fs::remove_dir_all(&dir);
     Ok(PsReport::Rates(lines))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Paths holding a quote or a backslash reach the config the benchmark writes as the same
+    /// paths (they were pasted between quotes, which broke the TOML or changed the path), and
+    /// a path that is not UTF-8 is refused naming its flag.
+    #[test]
+    fn paths_reach_the_written_config_unchanged() {
+        let request = |data: PathBuf| PsRequest {
+            steps: 1,
+            data,
+            dead_after_ms: 1000,
+            recovery_trials: None,
+            model: PsModel::SeedMlp,
+            text: PathBuf::from("unused"),
+            tessera: PathBuf::from("tessera"),
+        };
+        let data = PathBuf::from(r#"/tmp/digits "quoted" \back\slash"#);
+        let out = PathBuf::from(r#"/tmp/out\"x"#);
+        let text = config_text(
+            &request(data.clone()),
+            &out,
+            "mode = \"data_parallel\"",
+            "",
+            1,
+            0,
+        )
+        .unwrap();
+        let config = parse(&text).unwrap();
+        assert_eq!(config.data().dir, data);
+        assert_eq!(config.output().dir, out);
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            let odd = PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/\xff"));
+            let refused = config_text(&request(odd), &out, "", "", 1, 0).unwrap_err();
+            assert!(matches!(
+                refused,
+                BenchError::NonUtf8Path { what: "--data", .. }
+            ));
+            assert!(refused.to_string().starts_with("--data "), "{refused}");
+        }
+    }
 }

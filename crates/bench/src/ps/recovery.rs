@@ -154,7 +154,7 @@ fn recovery_config(
         &ps,
         request.steps.max(60),
         1,
-    );
+    )?;
     std::fs::create_dir_all(dir)?;
     let config = dir.join(format!("{name}.toml"));
     std::fs::write(&config, text)?;
