@@ -66,20 +66,50 @@ pub struct ElasticReport {
 /// Lines of a node-0 launcher, each with the time it arrived.
 struct Lines {
     rx: mpsc::Receiver<(Instant, String)>,
+    /// The last [`Lines::KEPT`] lines read, for the error when the output ends.
+    last: std::collections::VecDeque<String>,
 }
 
 impl Lines {
-    /// The first line containing `what` (waiting at most two minutes for each line).
-    fn until(&self, what: &str) -> Result<(Instant, String), BenchError> {
+    /// Lines kept for an error.
+    const KEPT: usize = 6;
+
+    /// Lines arriving on `rx`.
+    fn new(rx: mpsc::Receiver<(Instant, String)>) -> Lines {
+        Lines {
+            rx,
+            last: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The first line containing `what`, waiting at most `patience` for each line: the
+    /// launcher's output ending first is [`BenchError::JobEnded`] with its last lines (a
+    /// job that cannot start, e.g. a `tessera` built without MPI, says why there), a line not
+    /// arriving in time [`BenchError::RecoveryStalled`].
+    fn until(&mut self, what: &str, patience: Duration) -> Result<(Instant, String), BenchError> {
         loop {
-            match self.rx.recv_timeout(Duration::from_secs(120)) {
+            match self.rx.recv_timeout(patience) {
                 Ok((at, line)) if line.contains(what) => return Ok((at, line)),
-                Ok(_) => {}
-                Err(_) => return Err(BenchError::RecoveryStalled),
+                Ok((_, line)) => {
+                    if self.last.len() == Self::KEPT {
+                        self.last.pop_front();
+                    }
+                    self.last.push_back(line);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return Err(BenchError::RecoveryStalled),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(BenchError::JobEnded {
+                        waiting_for: what.to_string(),
+                        last_lines: self.last.drain(..).collect(),
+                    })
+                }
             }
         }
     }
 }
+
+/// How long a job may print nothing awaited.
+const PATIENCE: Duration = Duration::from_secs(120);
 
 /// One two-node job: both launchers, node 0's lines.
 struct Job {
@@ -162,7 +192,7 @@ impl Job {
         }
         Ok(Job {
             children,
-            lines: Lines { rx },
+            lines: Lines::new(rx),
         })
     }
 
@@ -202,13 +232,15 @@ pub fn elastic(
             trial + 1,
             request.trials
         ));
-        let job = Job::start(request, true, true, &dir.path().join(format!("r{trial}")))?;
-        let (killed, _) = job.lines.until("TESSERA_FAULT: rank 1 kills itself")?;
-        let (detected, _) = job.lines.until("starting the job again")?;
+        let mut job = Job::start(request, true, true, &dir.path().join(format!("r{trial}")))?;
+        let (killed, _) = job
+            .lines
+            .until("TESSERA_FAULT: rank 1 kills itself", PATIENCE)?;
+        let (detected, _) = job.lines.until("starting the job again", PATIENCE)?;
         let (resumed, _) = job
             .lines
-            .until("elastic: resuming from the in-memory snapshot")?;
-        let (stepped, _) = job.lines.until("[worker 0] epoch:")?;
+            .until("elastic: resuming from the in-memory snapshot", PATIENCE)?;
+        let (stepped, _) = job.lines.until("[worker 0] epoch:", PATIENCE)?;
         job.finish()?;
         recoveries.push(Recovery {
             detect: detected - killed,
@@ -224,13 +256,13 @@ pub fn elastic(
                 trial + 1,
                 request.trials
             ));
-            let job = Job::start(
+            let mut job = Job::start(
                 request,
                 on,
                 false,
                 &dir.path().join(format!("c{trial}{on}")),
             )?;
-            let (_, line) = job.lines.until("[worker 0] trained ")?;
+            let (_, line) = job.lines.until("[worker 0] trained ", PATIENCE)?;
             job.finish()?;
             into.push(steps_per_s(&line).ok_or(BenchError::NoWorkerReport)?);
         }
@@ -313,5 +345,47 @@ impl fmt::Display for ElasticReport {
             "  ratio            {r:.3} (min {r0:.3}, max {r1:.3}); cost {:.1} %",
             (1.0 - r) * 100.0
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A launcher whose output ends before the awaited line is reported at once with its last
+    /// lines (it was reported as stalled, after two minutes, without them); one that is still
+    /// running but silent is stalled.
+    #[test]
+    fn a_job_that_ends_early_is_reported_with_its_last_lines() {
+        let (tx, rx) = mpsc::channel();
+        let mut lines = Lines::new(rx);
+        for i in 0..8 {
+            tx.send((Instant::now(), format!("line {i}"))).unwrap();
+        }
+        tx.send((Instant::now(), "built without MPI".into()))
+            .unwrap();
+        drop(tx);
+        let started = Instant::now();
+        let ended = lines.until("[worker 0] trained ", PATIENCE).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        match &ended {
+            BenchError::JobEnded {
+                waiting_for,
+                last_lines,
+            } => {
+                assert_eq!(waiting_for, "[worker 0] trained ");
+                assert_eq!(last_lines.len(), Lines::KEPT);
+                assert_eq!(last_lines.last().unwrap(), "built without MPI");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(ended.to_string().contains("built without MPI"), "{ended}");
+
+        let (tx, rx) = mpsc::channel();
+        let mut lines = Lines::new(rx);
+        tx.send((Instant::now(), "a step".into())).unwrap();
+        let stalled = lines.until("never", Duration::from_millis(50));
+        assert!(matches!(stalled, Err(BenchError::RecoveryStalled)));
+        drop(tx);
     }
 }

@@ -115,6 +115,18 @@ pub enum BenchError {
     /// A process started after the recovery job's output was closed.
     #[error("the job's output is closed")]
     OutputClosed,
+    /// A job whose launcher's output ended before the line awaited: what was awaited, and the
+    /// last lines it printed.
+    #[error(
+        "the job ended before printing \"{waiting_for}\"; its last lines:\n{}",
+        .last_lines.join("\n")
+    )]
+    JobEnded {
+        /// The text of the line awaited.
+        waiting_for: String,
+        /// The last lines the launcher printed (at most a few).
+        last_lines: Vec<String>,
+    },
     /// A recovery job that printed nothing awaited for two minutes.
     #[error("the recovery run stalled")]
     RecoveryStalled,
