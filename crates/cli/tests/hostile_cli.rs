@@ -979,6 +979,32 @@ fn a_bad_path_names_its_flag_or_key_and_the_path() {
     }
 }
 
+/// A scratch directory holding one regular file, `a_file`, and the paths the path tests give
+/// as text: the directory itself, the file, a missing path and `under` below the file.
+struct PathCases {
+    scratch: Scratch,
+    dir: String,
+    file: String,
+    missing: String,
+    under_file: String,
+}
+
+impl PathCases {
+    fn new(name: &str, file_text: &[u8], under: &str) -> PathCases {
+        let scratch = Scratch::new(name);
+        let file = scratch.0.join("a_file");
+        std::fs::write(&file, file_text).unwrap();
+        let text = |p: &Path| s(p).to_string();
+        PathCases {
+            dir: text(&scratch.0),
+            file: text(&file),
+            missing: text(&scratch.0.join("missing")),
+            under_file: text(&file.join(under)),
+            scratch,
+        }
+    }
+}
+
 /// Runs every case of `cases` (arguments, fragments the message must hold): each must be a
 /// clean refusal holding every fragment, with no bare system error ("os error") and no step
 /// or measurement printed first.
@@ -1010,15 +1036,10 @@ fn assert_each_refused(cases: &[(Vec<&str>, Vec<&str>)]) {
 /// directory (os error 21)"), the save file's only after the search. Nothing is left behind.
 #[test]
 fn a_bad_config_path_names_its_key_the_path_and_the_kind_expected() {
-    let scratch = Scratch::new("bad-config-paths");
-    let dir = s(&scratch.0);
-    let file_path = scratch.0.join("a_file");
-    std::fs::write(&file_path, b"not a directory").unwrap();
-    let file = s(&file_path);
-    let missing_path = scratch.0.join("missing");
-    let missing = s(&missing_path);
-    let under_file = scratch.0.join("a_file").join("strategies.json");
-    let under_file = s(&under_file);
+    let paths = PathCases::new("bad-config-paths", b"not a directory", "strategies.json");
+    let scratch = &paths.scratch;
+    let (dir, file, missing) = (&*paths.dir, &*paths.file, &*paths.missing);
+    let under_file = &*paths.under_file;
     // A checkpoint directory holding rank 0's file, so that the strategy file is looked at.
     let ckpt = scratch.0.join("ckpt");
     std::fs::create_dir_all(ckpt.join("rank_0")).unwrap();
@@ -1310,15 +1331,10 @@ fn paths_the_ranks_write_are_checked_before_any_step() {
 /// …"), not only the path and a bare system error.
 #[test]
 fn a_positional_path_says_what_it_was_for() {
-    let scratch = Scratch::new("positional-paths");
-    let dir = s(&scratch.0);
-    let file_path = scratch.0.join("a_file");
-    std::fs::write(&file_path, b"x").unwrap();
-    let file = s(&file_path);
-    let missing_path = scratch.0.join("missing");
-    let missing = s(&missing_path);
-    let under_file = file_path.join("merged.json");
-    let under_file = s(&under_file);
+    let paths = PathCases::new("positional-paths", b"x", "merged.json");
+    let scratch = &paths.scratch;
+    let (dir, file, missing) = (&*paths.dir, &*paths.file, &*paths.missing);
+    let under_file = &*paths.under_file;
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (
             vec!["train", dir],
@@ -1396,15 +1412,10 @@ fn a_positional_path_says_what_it_was_for() {
 /// benchmark, or after starting a job).
 #[test]
 fn bench_path_flags_are_checked_before_measuring() {
-    let scratch = Scratch::new("bench-paths");
-    let dir = s(&scratch.0);
-    let file_path = scratch.0.join("a_file");
-    std::fs::write(&file_path, b"x").unwrap();
-    let file = s(&file_path);
-    let missing_path = scratch.0.join("missing");
-    let missing = s(&missing_path);
-    let under_file = file_path.join("work");
-    let under_file = s(&under_file);
+    let paths = PathCases::new("bench-paths", b"x", "work");
+    let scratch = &paths.scratch;
+    let (dir, file, missing) = (&*paths.dir, &*paths.file, &*paths.missing);
+    let under_file = &*paths.under_file;
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (
             vec!["bench", "ps", "--data", file],

@@ -36,10 +36,9 @@ pub fn check_input_path(
     kind: PathKind,
     expected: &str,
 ) -> Result<(), RuntimeError> {
-    match input_problem(path, kind) {
-        None => Ok(()),
-        Some(problem) => Err(unusable(what, path, problem, expected)),
-    }
+    report(input_problem(path, kind), |problem| {
+        unusable(what, path, problem, expected)
+    })
 }
 
 /// `path`, a path written, can be written as a `kind` (see the module's documentation); the
@@ -50,19 +49,17 @@ pub fn check_output_path(
     kind: PathKind,
     expected: &str,
 ) -> Result<(), RuntimeError> {
-    match output_problem(path, kind) {
-        None => Ok(()),
-        Some(problem) => Err(unusable(what, path, problem, expected)),
-    }
+    report(output_problem(path, kind), |problem| {
+        unusable(what, path, problem, expected)
+    })
 }
 
 /// `dir` is a directory holding MNIST's IDX files, both splits (what `data.dir` names). The
 /// error as [`check_input_path`]'s.
 pub fn check_idx_dir(what: &str, dir: &Path) -> Result<(), RuntimeError> {
-    match idx_problem(dir) {
-        None => Ok(()),
-        Some(problem) => Err(unusable(what, dir, problem, IDX_DIR)),
-    }
+    report(idx_problem(dir), |problem| {
+        unusable(what, dir, problem, IDX_DIR)
+    })
 }
 
 /// [`check_input_path`] of the config key `key` (`section.key`): a
@@ -73,10 +70,9 @@ pub(crate) fn check_key_input(
     kind: PathKind,
     expected: &str,
 ) -> Result<(), RuntimeError> {
-    match input_problem(path, kind) {
-        None => Ok(()),
-        Some(problem) => Err(key_error(key, path, problem, expected)),
-    }
+    report(input_problem(path, kind), |problem| {
+        key_error(key, path, problem, expected)
+    })
 }
 
 /// [`check_output_path`] of the config key `key`.
@@ -86,23 +82,29 @@ pub(crate) fn check_key_output(
     kind: PathKind,
     expected: &str,
 ) -> Result<(), RuntimeError> {
-    match output_problem(path, kind) {
-        None => Ok(()),
-        Some(problem) => Err(key_error(key, path, problem, expected)),
-    }
+    report(output_problem(path, kind), |problem| {
+        key_error(key, path, problem, expected)
+    })
 }
 
 /// [`check_idx_dir`] of the config key `key`.
 pub(crate) fn check_key_idx_dir(key: &str, dir: &Path) -> Result<(), RuntimeError> {
-    match idx_problem(dir) {
-        None => Ok(()),
-        Some(problem) => Err(key_error(key, dir, problem, IDX_DIR)),
-    }
+    report(idx_problem(dir), |problem| {
+        key_error(key, dir, problem, IDX_DIR)
+    })
 }
 
 /// What an IDX data directory must be.
 const IDX_DIR: &str = "a directory holding MNIST's IDX files (train-images-idx3-ubyte, \
                        train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte)";
+
+/// `Ok` without a problem, else the error `error` makes of it.
+fn report(
+    problem: Option<String>,
+    error: impl FnOnce(String) -> RuntimeError,
+) -> Result<(), RuntimeError> {
+    problem.map_or(Ok(()), |problem| Err(error(problem)))
+}
 
 fn unusable(what: &str, path: &Path, problem: String, expected: &str) -> RuntimeError {
     RuntimeError::Unusable {
