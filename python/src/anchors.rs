@@ -30,6 +30,11 @@ fn anchored_strategies(
     anchors: Vec<(usize, Vec<usize>)>,
     devices: usize,
 ) -> PyResult<BTreeMap<String, Vec<Vec<usize>>>> {
+    if devices == 0 {
+        return Err(PyValueError::new_err(
+            "shard: devices is 0; a strategy needs at least one device",
+        ));
+    }
     let graph = builder.builder.graph().clone();
     let count = graph.values().len();
     if let Some((id, _)) = anchors.iter().find(|(id, _)| *id >= count) {

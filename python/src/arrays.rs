@@ -46,3 +46,24 @@ pub fn to_dict<'py>(py: Python<'py>, tensors: &[(String, Tensor)]) -> PyResult<B
     }
     Ok(dict)
 }
+
+/// The elements of `iter` (`len` of them) in a new vector, or a `MemoryError` naming `what` when
+/// that many cannot be allocated. An array argument may be a view far larger than the memory
+/// behind it (`np.broadcast_to(x, (2**40,))`), and copying it with `collect` would abort the
+/// interpreter on the failed allocation.
+pub fn collect_array<T>(
+    what: &str,
+    len: usize,
+    iter: impl IntoIterator<Item = T>,
+) -> PyResult<Vec<T>> {
+    let mut out: Vec<T> = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| {
+        let bytes = (len as u128) * (std::mem::size_of::<T>() as u128);
+        pyo3::exceptions::PyMemoryError::new_err(format!(
+            "{what}: {len} elements ({bytes} bytes) cannot be allocated; is it a broadcast \
+             view of a much smaller array?"
+        ))
+    })?;
+    out.extend(iter);
+    Ok(out)
+}

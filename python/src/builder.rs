@@ -14,6 +14,28 @@ pub(crate) fn graph_err(e: graph::GraphError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
+/// The most elements one value may hold: at 8 bytes an element, its bytes must stay
+/// addressable (`isize::MAX`). The graph's shape arithmetic multiplies dims unchecked, so a
+/// shape beyond this (`[2**62, 2**62]`) is refused here, before it reaches the graph.
+pub(crate) const MAX_ELEMENTS: usize = isize::MAX as usize / 8;
+
+/// `shape` holds at most [`MAX_ELEMENTS`] elements; else a `ValueError` naming `what`.
+pub(crate) fn check_shape(what: &str, shape: &[usize]) -> PyResult<()> {
+    let elements = if shape.contains(&0) {
+        Some(0)
+    } else {
+        shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    };
+    match elements {
+        Some(n) if n <= MAX_ELEMENTS => Ok(()),
+        _ => Err(PyValueError::new_err(format!(
+            "{what}: shape {shape:?} has more elements than fit in memory (at most \
+             {MAX_ELEMENTS}; the product of its dims is {})",
+            elements.map_or_else(|| "2**64 or more".to_string(), |n| n.to_string())
+        ))),
+    }
+}
+
 /// The graph a network's `construct` is traced into (`tessera._tessera.NetworkBuilder`).
 /// Values are addressed by their integer ids; every method returns `(id, shape)`.
 #[pyclass(module = "tessera._tessera")]
@@ -136,6 +158,35 @@ impl<'py> Attrs<'_, 'py> {
         })
     }
 
+    /// The shape attribute `key`, which the op needs; a shape of more than [`MAX_ELEMENTS`]
+    /// elements is a `ValueError` naming the node and the attribute.
+    fn shape(&self, key: &str) -> PyResult<Vec<usize>> {
+        let shape: Vec<usize> = self.need(key)?;
+        check_shape(
+            &format!("{}: {} attribute {key}", self.node, self.kind),
+            &shape,
+        )?;
+        Ok(shape)
+    }
+
+    /// The piece sizes attribute `key` (Split's), which the op needs; sizes whose sum
+    /// overflows are a `ValueError` naming the node and the attribute.
+    fn sizes(&self, key: &str) -> PyResult<Vec<usize>> {
+        let sizes: Vec<usize> = self.need(key)?;
+        if sizes
+            .iter()
+            .try_fold(0usize, |a, &n| a.checked_add(n))
+            .is_none()
+        {
+            return Err(PyValueError::new_err(format!(
+                "{}: {} attribute {key} {sizes:?} adds up to more than 2**64 - 1 (the sizes \
+                 must add up to the dim split)",
+                self.node, self.kind
+            )));
+        }
+        Ok(sizes)
+    }
+
     /// The dtype attribute `key`, or the builder's float dtype.
     fn dtype(&self, key: &str, default: DType) -> PyResult<DType> {
         match self.get::<String>(key)? {
@@ -221,9 +272,9 @@ impl NetworkBuilder {
             "stop_gradient" => one(b.stop_gradient(name, v[0])),
             "print" => one(b.print(name, &attrs.or("label", String::new())?, v[0])),
             "flatten" => one(b.flatten(name, v[0])),
-            "reshape" => one(b.reshape(name, v[0], &attrs.need::<Vec<usize>>("shape")?)),
+            "reshape" => one(b.reshape(name, v[0], &attrs.shape("shape")?)),
             "transpose" => one(b.transpose(name, v[0], &attrs.need::<Vec<usize>>("perm")?)),
-            "broadcast_to" => one(b.broadcast_to(name, v[0], &attrs.need::<Vec<usize>>("shape")?)),
+            "broadcast_to" => one(b.broadcast_to(name, v[0], &attrs.shape("shape")?)),
             "reduce_sum" => {
                 let (axes, keep) = reduce()?;
                 one(b.reduce_sum(name, v[0], &axes, keep))
@@ -248,22 +299,9 @@ impl NetworkBuilder {
             }
             "dropout" => one(b.dropout(name, v[0], attrs.need("keep_prob")?, attrs.need("seed")?)),
             "concat" => one(b.concat(name, v, attrs.need("axis")?)),
-            "split" => b.split(
-                name,
-                v[0],
-                attrs.need("axis")?,
-                &attrs.need::<Vec<usize>>("sizes")?,
-            ),
-            "fill" => one(b.fill(
-                name,
-                &attrs.need::<Vec<usize>>("shape")?,
-                attrs.need("value")?,
-            )),
-            "triu" => one(b.triu(
-                name,
-                &attrs.need::<Vec<usize>>("shape")?,
-                attrs.need("diagonal")?,
-            )),
+            "split" => b.split(name, v[0], attrs.need("axis")?, &attrs.sizes("sizes")?),
+            "fill" => one(b.fill(name, &attrs.shape("shape")?, attrs.need("value")?)),
+            "triu" => one(b.triu(name, &attrs.shape("shape")?, attrs.need("diagonal")?)),
             other => {
                 return Err(PyValueError::new_err(format!(
                     "{name}: op {other} is not supported (supported: {})",
@@ -302,6 +340,7 @@ impl NetworkBuilder {
                 )))
             }
         };
+        check_shape(&context, &shape)?;
         let id = self.builder.input(name, &shape, dtype).map_err(graph_err)?;
         self.traced(id)
     }
@@ -336,6 +375,7 @@ impl NetworkBuilder {
                 )))
             }
         };
+        check_shape(&format!("parameter {name}"), &shape)?;
         let id = self
             .builder
             .parameter(name, &shape, init)
@@ -373,6 +413,9 @@ impl NetworkBuilder {
             .into_iter()
             .map(|id| {
                 let value = self.builder.value(id).map_err(graph_err)?;
+                // An output too large to address (OneHot's depth, a broadcast) stops the trace
+                // here, before any later shape arithmetic overflows on it.
+                check_shape(&format!("{name} ({kind}) output"), &value.shape)?;
                 Ok((
                     id.0,
                     value.shape.clone(),

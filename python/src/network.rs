@@ -27,6 +27,7 @@ use runtime::{
 };
 use tensor::{DType, Tensor};
 
+use crate::arrays::collect_array;
 use crate::builder::{graph_err, NetworkBuilder};
 use crate::errors::runtime_err;
 
@@ -53,16 +54,12 @@ impl Column {
     /// A numpy array of float32 or int32 as a column; `what` names it in the error.
     fn from_array(array: &Bound<'_, PyAny>, what: &str) -> PyResult<(Column, Vec<usize>)> {
         if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, f32>>() {
-            return Ok((
-                Column::F32(a.as_array().iter().copied().collect()),
-                a.shape().to_vec(),
-            ));
+            let data = collect_array(what, a.len(), a.as_array().iter().copied())?;
+            return Ok((Column::F32(data), a.shape().to_vec()));
         }
         if let Ok(a) = array.extract::<PyReadonlyArrayDyn<'_, i32>>() {
-            return Ok((
-                Column::I32(a.as_array().iter().copied().collect()),
-                a.shape().to_vec(),
-            ));
+            let data = collect_array(what, a.len(), a.as_array().iter().copied())?;
+            return Ok((Column::I32(data), a.shape().to_vec()));
         }
         Err(PyValueError::new_err(format!(
             "{what} must be a numpy array of float32 or int32"
@@ -211,6 +208,19 @@ fn train_network(
     backend: &str,
     callback: Option<Py<PyAny>>,
 ) -> PyResult<(Vec<f32>, Option<PathBuf>)> {
+    let count = builder.builder.graph().values().len();
+    for (what, id) in [
+        ("input", input),
+        ("labels", labels),
+        ("logits", logits),
+        ("loss", loss),
+    ] {
+        if id >= count {
+            return Err(PyValueError::new_err(format!(
+                "{what}: value {id} is not in the traced network ({count} values)"
+            )));
+        }
+    }
     let (inputs, shape) = Column::from_array(inputs, "inputs")?;
     let (labels_column, label_full) = Column::from_array(label_data, "labels")?;
     let (samples, sample_shape) = match shape.split_first() {
@@ -222,11 +232,45 @@ fn train_network(
             "labels have shape {label_full:?}; expected [{samples}, ...], one per input sample"
         )));
     }
+    // The arrays must be what the traced graph takes (its first dim is the batch): found here,
+    // before any rank starts, where the runtime would fail its first step with a RuntimeError.
+    let label_shape = label_full[1..].to_vec();
+    for (what, id, column, per_sample) in [
+        ("inputs", input, &inputs, &sample_shape),
+        ("labels", labels, &labels_column, &label_shape),
+    ] {
+        let value = builder.builder.value(ValueId(id)).map_err(graph_err)?;
+        let takes = value.shape.get(1..).unwrap_or(&[]);
+        if value.shape.is_empty() || takes != per_sample.as_slice() || value.dtype != column.dtype()
+        {
+            return Err(PyValueError::new_err(format!(
+                "{what}: samples of shape {per_sample:?} and dtype {}, but the network's value \
+                 `{}` {:?} takes samples of shape {takes:?} and dtype {}",
+                column.dtype(),
+                value.name,
+                value.shape,
+                value.dtype
+            )));
+        }
+    }
+    if batch_size == Some(0) {
+        return Err(PyValueError::new_err(
+            "batch_size is 0; a batch holds at least one sample",
+        ));
+    }
+    if let Some(f) = &callback {
+        if !f.bind(py).is_callable() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "callback must be callable, but got {}",
+                f.bind(py).get_type().name()?
+            )));
+        }
+    }
     let dataset = NumpyDataset {
         inputs,
         sample_shape,
         labels: labels_column,
-        label_shape: label_full[1..].to_vec(),
+        label_shape,
         samples,
     };
     let model = Model {
@@ -326,8 +370,13 @@ fn read_parameters<'py>(
         layout::Mesh::new(&[1], &["d"], None).map_err(|e| PyValueError::new_err(e.to_string()))?;
     let layouts: Vec<layout::TensorLayout> = names
         .iter()
-        .map(|(_, shape)| layout::TensorLayout::replicated(mesh.clone(), shape))
-        .collect();
+        .map(|(name, shape)| {
+            crate::builder::check_shape(name, shape)?;
+            let whole = layout::Layout::replicated(mesh.clone(), shape.len());
+            layout::TensorLayout::new(whole, shape)
+                .map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
+        })
+        .collect::<PyResult<_>>()?;
     let targets: Vec<(&str, &layout::TensorLayout)> = names
         .iter()
         .zip(&layouts)
@@ -395,10 +444,21 @@ fn forward_network<'py>(
         )));
     }
     let samples = shape[0];
+    // The outputs of every sample: checked before any step runs (a huge output row times many
+    // samples would otherwise abort the interpreter when the buffer is allocated).
+    let total = samples.checked_mul(out_row).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "the output of {samples} samples of shape {:?} has more elements than fit in memory",
+            &out_shape[1..]
+        ))
+    })?;
+    let mut out_buffer: Vec<f32> = collect_array("the output", total, std::iter::empty())?;
     let mut values = Vec::with_capacity(params.len());
     for (id, array) in &params {
-        let t = Tensor::from_vec(array.shape(), array.as_array().iter().copied().collect())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let what = format!("parameter value {id}");
+        let data = collect_array(&what, array.len(), array.as_array().iter().copied())?;
+        let t = Tensor::from_vec(array.shape(), data)
+            .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
         values.push((ValueId(*id), t));
     }
     let result = py.detach(|| -> Result<Vec<f32>, String> {
@@ -416,7 +476,7 @@ fn forward_network<'py>(
             }
             *slot = t.clone();
         }
-        let mut out = Vec::with_capacity(samples * out_row);
+        let mut out = std::mem::take(&mut out_buffer);
         let mut start = 0;
         while start < samples {
             let n = batch.min(samples - start);

@@ -27,7 +27,12 @@ fn parameter_values(
     trainable: bool,
 ) -> PyResult<(usize, Vec<usize>)> {
     let shape = values.shape().to_vec();
-    let data: Vec<f64> = values.as_array().iter().map(|&v| f64::from(v)).collect();
+    crate::builder::check_shape(&format!("parameter {name}"), &shape)?;
+    let data: Vec<f64> = crate::arrays::collect_array(
+        &format!("parameter {name}"),
+        values.len(),
+        values.as_array().iter().map(|&v| f64::from(v)),
+    )?;
     let dtype = builder.builder.float_dtype();
     let id = builder
         .builder

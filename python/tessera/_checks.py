@@ -57,6 +57,22 @@ def positive_int_arg(value: Any, func: str, name: str) -> int:
     return int(value)
 
 
+def text(value: Any, name: str) -> str:
+    """A ``str`` argument the library receives as UTF-8 (a name, a prefix): a lone surrogate
+    (``'\\udcff'``, e.g. from ``os.fsdecode`` of non-UTF-8 bytes) cannot be sent and is a
+    ``ValueError`` naming ``name`` (it was a ``UnicodeEncodeError`` naming nothing)."""
+    if not isinstance(value, str):
+        raise TypeError(f"For '{name}', the type must be str, but got {type(value).__name__}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        shown = repr(value) if len(value) <= 80 else repr(value[:80]) + "…"
+        raise ValueError(f"For '{name}', the value {shown} holds a lone surrogate "
+                         f"({value[e.start]!r} at index {e.start}), which UTF-8 cannot "
+                         "hold.") from None
+    return value
+
+
 def choice(value: Any, name: str, allowed: tuple) -> str:
     """One of ``allowed``."""
     if not isinstance(value, str):

@@ -3,6 +3,7 @@ functions returning data."""
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -104,6 +105,9 @@ def train(config: Config, devices: Optional[int] = None, *,
     maps ``"section.key"`` to a value, as ``--set`` does. A bad configuration raises
     ``ConfigError`` naming the key.
     """
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"For 'timeout', the type must be a number of seconds, but got "
+                        f"{type(timeout).__name__}.")
     path, text = _source(config)
     return _tessera.train(path=path, text=text, devices=_devices(devices),
                           overrides=_overrides(overrides),

@@ -602,6 +602,22 @@ class Triu(Primitive):
         return trace.add("triu", name, [], shape=list(x.shape), diagonal=self.diagonal)
 
 
+def _int_dims(shape):
+    """``shape`` (an int, or a sequence of ints: a tuple, a list, a 1-d numpy array) as a list
+    of Python ints; ``None`` when it is not one."""
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        return [int(shape)]
+    if isinstance(shape, (str, bytes)):
+        return None
+    try:
+        dims = list(shape)
+    except TypeError:
+        return None
+    if any(isinstance(d, bool) or not isinstance(d, numbers.Integral) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
 class Reshape(Primitive):
     """``Reshape()(x, shape)``; one dim of ``shape`` may be -1."""
 
@@ -610,7 +626,13 @@ class Reshape(Primitive):
     def _attrs(self, tensors, args):
         if len(args) != 1:
             self._fail("Reshape()(x, shape) takes a tensor and a shape", TypeError)
-        x, shape = tensors[0], list(args[0])
+        x, dims = tensors[0], _int_dims(args[0])
+        if dims is None:
+            self._fail(f"shape must be a tuple of ints, got {args[0]!r}", TypeError)
+        shape = dims
+        if shape.count(-1) > 1 or any(d < -1 for d in shape):
+            self._fail(f"shape {tuple(shape)}: every dim is an int >= 0, except at most one -1 "
+                       "(inferred)")
         if shape.count(-1) == 1:
             known = 1
             for d in shape:
@@ -618,6 +640,9 @@ class Reshape(Primitive):
             total = 1
             for d in x.shape:
                 total *= d
+            if known and total % known:
+                self._fail(f"shape {tuple(shape)}: the other dims ({known} elements) do not "
+                           f"divide the {total} elements of the input {tuple(x.shape)}")
             shape[shape.index(-1)] = total // known if known else 0
         return {"shape": shape}
 
@@ -816,6 +841,9 @@ def cast(input, dtype):
 
 def dropout(input, p=0.5, training=True, seed=None):
     """Dropout dropping with probability ``p`` when ``training`` (else ``input``)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+        raise ValueError(f"dropout: p={p!r} is out of range [0, 1) (the probability of "
+                         "dropping an element)")
     if not training or p == 0:
         _next_dropout_seed()
         return input
@@ -836,7 +864,12 @@ def triu(input, diagonal=0):
 def _fill(shape, dtype, value, ones):
     trace = _trace.require("ones" if ones else "zeros")
     kind = "ones" if ones else "zeros"
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dims = _int_dims(shape)
+    if dims is None:
+        raise TypeError(f"{kind}: shape must be an int or a tuple of ints, got {shape!r}")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{kind}: shape {tuple(dims)} has a negative dim")
+    shape = tuple(dims)
     to = mstype.of(dtype or mstype.float32, kind)
     if to != mstype.float32:
         raise UnsupportedOpError(trace.cell(), kind, f"float32 constants only, not {to.name}")

@@ -6,9 +6,17 @@ training starts, not in Python. ``initializer(array)`` (a numpy array or ``tesse
 gives the values themselves (the engine's ``Initializer::Values``: every rank starts from its
 slice of them)."""
 
+import math
+import numbers
+from statistics import NormalDist, StatisticsError
+
 import numpy as np
 
 from .dtype import float32
+
+#: Rounds of redrawing the values of ``TruncatedNormal`` outside [a, b] before the rest come
+#: from the inverse CDF (an unbounded loop hung on an interval far in a tail).
+_REDRAWS = 100
 
 
 class Initializer:
@@ -148,15 +156,44 @@ class TruncatedNormal(_Drawn):
         super().__init__(sigma)
         if not a < b:
             raise ValueError(f"TruncatedNormal: a ({a}) must be below b ({b})")
+        if not (math.isfinite(sigma) and sigma >= 0 and math.isfinite(mean)):
+            raise ValueError(f"TruncatedNormal: sigma ({sigma}) must be finite and >= 0, and "
+                             f"mean ({mean}) finite")
         self.sigma, self.mean, self.a, self.b = float(sigma), float(mean), float(a), float(b)
 
     def draw(self, shape, rng):
         out = rng.normal(self.mean, self.sigma, size=shape)
         bad = (out < self.a) | (out > self.b)
-        while bad.any():
+        # Redrawn while outside [a, b], a bounded number of times: when [a, b] holds little of
+        # N(mean, sigma) (far in a tail, or sigma huge) the rest come from its inverse CDF.
+        for _ in range(_REDRAWS):
+            if not bad.any():
+                return out
             out[bad] = rng.normal(self.mean, self.sigma, size=int(bad.sum()))
             bad = (out < self.a) | (out > self.b)
+        if bad.any():
+            out[bad] = self._inverse_cdf(rng, int(bad.sum()))
         return out
+
+    def _inverse_cdf(self, rng, n):
+        """``n`` draws of N(mean, sigma) restricted to [a, b] by its inverse CDF."""
+        rule = (f"TruncatedNormal: [a, b] = [{self.a}, {self.b}] holds too little of "
+                f"N({self.mean}, {self.sigma}) to draw from")
+        if self.sigma == 0:
+            raise ValueError(f"{rule} (sigma is 0 and mean lies outside)")
+        dist = NormalDist(self.mean, self.sigma)
+        lo, hi = dist.cdf(self.a), dist.cdf(self.b)
+        if lo == hi and 0.0 < lo < 1.0:
+            # [a, b] so narrow against sigma that the CDF rounds to one value: the density is
+            # flat across it.
+            return rng.uniform(self.a, self.b, size=n)
+        if not 0.0 < hi - lo:
+            raise ValueError(rule)  # far in a tail, where the CDF saturates at 0 or 1
+        try:
+            values = [dist.inv_cdf(u) for u in rng.uniform(lo, hi, size=n)]
+        except StatisticsError:  # u rounded to 0 or 1: far in a tail
+            raise ValueError(rule) from None
+        return np.clip(values, self.a, self.b)
 
 
 class XavierUniform(_Drawn):
@@ -203,8 +240,14 @@ def initializer(init, shape=None, dtype=float32):
         raise TypeError(f"initializer: init must be an Initializer or its name, got {type(init).__name__}")
     if shape is None:
         raise ValueError("initializer: shape is required")
-    if isinstance(shape, int):
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or any(
+            isinstance(d, bool) or not isinstance(d, numbers.Integral) for d in shape):
+        raise TypeError(f"initializer: shape must be an int or a tuple of ints, got {shape!r}")
+    if any(not 0 <= d <= 2**63 - 1 for d in shape):
+        raise ValueError(f"initializer: shape {tuple(shape)} has a dim outside 0 .. 2**63 - 1")
+    shape = tuple(int(d) for d in shape)
     if isinstance(init, _Drawn):
         from .._context import get_seed
         rng = np.random.default_rng([get_seed(), _DRAWN[0]])

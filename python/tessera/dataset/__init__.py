@@ -49,6 +49,11 @@ class NumpySlicesDataset:
         if len(names) != len(columns):
             raise ValueError(f"NumpySlicesDataset: {len(names)} column name(s) for "
                              f"{len(columns)} column(s)")
+        for name, column in zip(names, columns):
+            if column.ndim == 0:
+                raise ValueError(f"NumpySlicesDataset: column {name!r} is a scalar "
+                                 f"({column.dtype}); a column is sliced along its first dim, "
+                                 "one entry per sample")
         for name, column in zip(names[1:], columns[1:]):
             if len(column) != len(columns[0]):
                 raise ValueError(f"NumpySlicesDataset: column {name!r} has {len(column)} "

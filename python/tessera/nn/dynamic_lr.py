@@ -8,10 +8,34 @@ __all__ = ["cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr",
            "polynomial_decay_lr", "warmup_lr"]
 
 
+#: The most steps a dynamic learning rate may list: the list holds one Python float per step
+#: (about 32 bytes each), so ``total_step=2**62`` would allocate without end instead of failing.
+MAX_STEPS = 2**26
+
+
 def _positive_int(value, name):
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"For '{name}', the value must be a positive int, but got {value!r}.")
     return value
+
+
+def _step_count(value, name):
+    """A positive int that sizes the returned list: at most ``MAX_STEPS``."""
+    _positive_int(value, name)
+    if value > MAX_STEPS:
+        raise ValueError(f"For '{name}', the value must be at most {MAX_STEPS} (the list holds "
+                         f"one learning rate per step), but got {value}.")
+    return value
+
+
+def _rate(owner, step, compute):
+    """The rate of ``step`` by ``compute()``; a float overflow is a ``ValueError`` naming
+    ``owner`` and the step (Python's ``**`` raises a bare ``OverflowError``)."""
+    try:
+        return compute()
+    except OverflowError:
+        raise ValueError(f"For '{owner}', the learning rate of step {step} overflows a float; "
+                         "check decay_rate and power") from None
 
 
 def _float(value, name, positive=True):
@@ -25,7 +49,7 @@ def _float(value, name, positive=True):
 
 
 def _common(total_step, step_per_epoch, decay_epoch, decay_name="decay_epoch"):
-    _positive_int(total_step, "total_step")
+    _step_count(total_step, "total_step")
     _positive_int(step_per_epoch, "step_per_epoch")
     _positive_int(decay_epoch, decay_name)
 
@@ -42,7 +66,7 @@ def piecewise_constant_lr(milestone, learning_rates):
                          f"{len(learning_rates)}.")
     lr, last = [], 0
     for i, item in enumerate(milestone):
-        _positive_int(item, f"milestone[{i}]")
+        _step_count(item, f"milestone[{i}]")
         _float(learning_rates[i], f"learning_rates[{i}]", positive=False)
         if item < last:
             raise ValueError(f"For 'piecewise_constant_lr', the value of milestone[{i}] must be "
@@ -64,7 +88,8 @@ def exponential_decay_lr(learning_rate, decay_rate, total_step, step_per_epoch, 
     lr = []
     for i in range(total_step):
         p = math.floor(i / step_per_epoch) / decay_epoch
-        lr.append(learning_rate * decay_rate ** (math.floor(p) if is_stair else p))
+        lr.append(_rate("exponential_decay_lr", i, lambda p=p: learning_rate * decay_rate ** (
+            math.floor(p) if is_stair else p)))
     return lr
 
 
@@ -105,7 +130,8 @@ def polynomial_decay_lr(learning_rate, end_learning_rate, total_step, step_per_e
             d, t = decay_epoch * max(math.ceil(epoch / decay_epoch), 1), epoch
         else:
             d, t = decay_epoch, min(epoch, decay_epoch)
-        lr.append(delta * (1 - t / d) ** power + end_learning_rate)
+        lr.append(_rate("polynomial_decay_lr", i, lambda d=d, t=t: delta * (1 - t / d) ** power +
+                        end_learning_rate))
     return lr
 
 

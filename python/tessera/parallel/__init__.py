@@ -77,8 +77,7 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     """
     src = _checks.path(src_checkpoints_dir, "src_checkpoints_dir")
     dst = _checks.path(dst_checkpoints_dir, "dst_checkpoints_dir")
-    if not isinstance(ckpt_prefix, str):
-        raise TypeError(f"For 'ckpt_prefix', the type must be str, but got {type(ckpt_prefix).__name__}.")
+    _checks.text(ckpt_prefix, "ckpt_prefix")
     dst_strategy = _checks.optional_path(dst_strategy_file, "dst_strategy_file")
     _checks.positive_int(process_num, "process_num")
     _checks.choice(output_format, "output_format", _FORMATS)
@@ -146,6 +145,9 @@ def _split_dst_file(value: Any) -> Optional[tuple]:
         raise ValueError("For 'split_dst_file', the value must be () or a tuple (k, total) of two "
                          f"ints, but got {tuple(value)!r}.")
     k, total = value
+    if total > _checks.MAX_INT:
+        raise ValueError("For 'split_dst_file', the total must be at most 2**63 - 1, but got "
+                         f"{tuple(value)!r}.")
     if total < 1 or not 1 <= k <= total:
         raise ValueError("For 'split_dst_file', the value (k, total) must satisfy 1 <= k <= total, "
                          f"but got {tuple(value)!r}.")
@@ -180,8 +182,8 @@ def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundan
         raise TypeError("For 'merge_with_redundancy', the type must be bool, but got "
                         f"{type(merge_with_redundancy).__name__}.")
     _checks.positive_int(max_process_num, "max_process_num")
-    if file_suffix is not None and not isinstance(file_suffix, str):
-        raise TypeError(f"For 'file_suffix', the type must be str, but got {type(file_suffix).__name__}.")
+    if file_suffix is not None:
+        _checks.text(file_suffix, "file_suffix")
     if choice_func is not None and not callable(choice_func):
         raise TypeError(f"For 'choice_func', the type must be callable, but got {type(choice_func).__name__}.")
     split = _split_dst_file(split_dst_file)
@@ -208,6 +210,8 @@ def _name_map(name_map: Any) -> Optional[Dict[str, str]]:
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError("For 'name_map', keys and values must be str, but got "
                             f"{k!r}: {v!r}.")
+        _checks.text(k, "name_map")
+        _checks.text(v, "name_map")
     return dict(name_map)
 
 
@@ -234,6 +238,7 @@ def _layout_entries(predict_strategy: dict) -> list:
     for name, value in predict_strategy.items():
         if not isinstance(name, str) or not isinstance(value, (list, tuple)) or len(value) < 4:
             raise ValueError(_BAD_PREDICT_STRATEGY)
+        _checks.text(name, "predict_strategy")
         dev_matrix, tensor_map, split_shape, field_size = value[:4]
         if not int_list(dev_matrix) or not int_list(tensor_map) or \
                 not (int_list(split_shape) or not split_shape) or \
@@ -253,6 +258,15 @@ def _layout_entries(predict_strategy: dict) -> list:
                 if isinstance(v, bool) or not isinstance(v, int):
                     raise ValueError(f"For 'predict_strategy', parameter {name!r}: {what} must be "
                                      f"an int, but got {type(v).__name__}.")
+        # The library takes these as signed 64-bit ints: a value beyond that was an
+        # OverflowError naming neither the parameter nor the field.
+        for what, values in (("dev_matrix", dev_matrix), ("tensor_map", tensor_map),
+                             ("param_split_shape", split_shape or ()),
+                             ("opt_shard_step and opt_shard_size", (step, size))):
+            for v in values:
+                if not -2**63 <= v <= _checks.MAX_INT:
+                    raise ValueError(f"For 'predict_strategy', parameter {name!r}: {what} holds "
+                                     f"{v}, outside the 64-bit range (-2**63 to 2**63 - 1).")
         entries.append((name, list(dev_matrix), list(tensor_map), list(split_shape or []),
                         0, int(step), int(size)))
     return entries

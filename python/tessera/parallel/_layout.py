@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Optional, Tuple, Union
 
-from .. import _tessera
+from .. import _checks, _tessera
 
 #: One ``Layout.__call__`` entry: an alias, ``"None"``, or a tuple of aliases (multi-axis dim).
 DimEntry = Union[str, Tuple[str, ...]]
@@ -38,6 +38,19 @@ class Layout:
             for rank in rank_list:
                 if isinstance(rank, bool) or not isinstance(rank, int):
                     raise TypeError(f"The element of rank_list should be int, but got {type(rank).__name__}.")
+        # Values the layout algebra cannot even receive (it takes sizes and ranks as unsigned
+        # 64-bit ints): named here, where they were an OverflowError naming nothing.
+        for i, dim in enumerate(device_matrix):
+            if dim < 1:
+                raise ValueError(f"device_matrix {device_matrix}: axis {i} has size {dim}; every "
+                                 "axis needs at least one device")
+            if dim > _checks.MAX_INT:
+                raise ValueError(f"device_matrix {device_matrix}: axis {i} has size {dim}, above "
+                                 "2**63 - 1")
+        for rank in rank_list or ():
+            if not 0 <= rank <= _checks.MAX_INT:
+                raise ValueError(f"rank_list: rank {rank} is out of range (ranks are ints from 0 "
+                                 "to 2**63 - 1)")
         # Every value rule (lengths, duplicates, 'None', interleaved_parallel last, rank_list
         # length) is checked by the layout algebra, with MindSpore's messages.
         _tessera.layout_to_dict(list(device_matrix), list(alias_name), rank_list, [])
@@ -79,7 +92,9 @@ class Layout:
         :func:`tessera.parallel.layout_slices`)."""
         if self._tensor_map is None:
             raise ValueError("The tensor_map of layout is None")
-        shape = list(shape)
+        if not isinstance(shape, (list, tuple)):
+            raise TypeError(f"For 'shape', the type must be tuple or list, but got {type(shape).__name__}.")
+        shape = [_checks.non_negative_int(dim, "shape") for dim in shape]
         return _tessera.layout_slices(list(self._device_shape), list(self._alias_name),
                                       self._rank_list, self._tensor_map, shape)
 

@@ -10,6 +10,7 @@ exception types (``TypeError`` for a wrong type, ``ValueError`` for a wrong valu
 
 import json
 import os
+import stat
 
 from ..nn.cell import Cell
 
@@ -280,12 +281,23 @@ class AutoParallel(Cell):
         file's other keys are refused when switched on (the engine has no such optimisation)."""
         path = _check_path("transformer_opt", file_path)
         try:
+            # A regular file only: opening a FIFO would wait for a writer without end, and a
+            # device could be read without end.
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise ValueError(f"AutoParallel.transformer_opt: {path} is not a regular file "
+                                 "(a directory, a FIFO or a device); it must be a JSON file")
             with open(path, encoding="utf-8") as f:
                 speedup = json.load(f)
         except OSError as e:
             raise ValueError(f"AutoParallel.transformer_opt: cannot read {path}: {e}") from e
+        except UnicodeDecodeError as e:
+            raise ValueError(f"AutoParallel.transformer_opt: {path} is not UTF-8 text ({e}); it "
+                             "must be a JSON file") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"AutoParallel.transformer_opt: {path} is not JSON: {e}") from e
+        except RecursionError:
+            raise ValueError(f"AutoParallel.transformer_opt: {path} nests its JSON too deeply "
+                             "to read; parallel_speed_up.json is one flat object") from None
         if not isinstance(speedup, dict):
             raise ValueError(f"AutoParallel.transformer_opt: {path} must hold a JSON object")
         overlap = dict(self._keys["parallel"].get("overlap", {}))

@@ -293,6 +293,11 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
             None, _rank_files(path), None, os.path.join(path, "strategy.json"))
     elif os.path.isfile(path):
         tensors = parallel.load_distributed_checkpoint(None, [path], None, None)
+    elif os.path.exists(path):
+        # A FIFO, a socket or a device: it exists, but holds no checkpoint to read (reading a
+        # FIFO would wait for a writer).
+        raise ValueError(f"load_checkpoint: {path} is neither a regular file nor a directory "
+                         "(a FIFO, a socket or a device); it is not a checkpoint")
     else:
         raise ValueError(f"load_checkpoint: {path} does not exist")
 
@@ -378,17 +383,32 @@ def save_checkpoint(save_obj, ckpt_file_name, integrated_save=True, async_save=F
     elif isinstance(save_obj, dict):
         items = list(save_obj.items())
     elif isinstance(save_obj, list):
-        items = [(d["name"], d["data"]) for d in save_obj]
+        items = []
+        for i, d in enumerate(save_obj):
+            if not isinstance(d, dict) or "name" not in d or "data" not in d:
+                raise TypeError(f"For 'save_obj', item {i} of the list must be a dict "
+                                f"{{'name': ..., 'data': ...}}, but got {d!r:.80}.")
+            items.append((d["name"], d["data"]))
     else:
         raise TypeError(f"For 'save_obj', the type must be Cell, dict or list, but got "
                         f"{type(save_obj).__name__}.")
     if append_dict is not None:
+        if not isinstance(append_dict, dict):
+            raise TypeError(f"For 'append_dict', the type must be dict, but got "
+                            f"{type(append_dict).__name__}.")
         items += list(append_dict.items())
+    if choice_func is not None and not callable(choice_func):
+        raise TypeError(f"For 'choice_func', the type must be callable, but got "
+                        f"{type(choice_func).__name__}.")
     tensors = []
     for name, value in items:
+        _checks.text(name, "save_obj (a tensor name)")
         if choice_func is not None and not choice_func(name):
             continue
-        array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        try:
+            array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        except ValueError as e:  # a ragged list: numpy's message names no tensor
+            raise ValueError(f"save_checkpoint: tensor {name}: {e}") from None
         if array.ndim == 0:
             array = array.reshape(1)  # MindSpore stores a scalar as shape [1]
         tensors.append((name, np.ascontiguousarray(array)))

@@ -252,6 +252,9 @@ class Model:
         mpi = state["backend"] == "mpi"
         if self._runs is None and self._run_dir_given is not None:
             given = os.path.abspath(self._run_dir_given)
+            if os.path.lexists(given) and not os.path.isdir(given):
+                raise ValueError(f"Model: run_dir {given} exists and is not a directory; it "
+                                 "must name a directory (made if missing)")
             if state["rank"] == 0:
                 os.makedirs(given, exist_ok=True)
             self._runs = given

@@ -30,7 +30,7 @@
 //! tampered data is an error naming the file and the block.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::path::Path;
 
@@ -484,7 +484,11 @@ pub fn encrypt_file(
     mode: CipherMode,
     force: bool,
 ) -> Result<std::path::PathBuf> {
-    let plain = std::fs::read(src).map_err(io_err(src, "read"))?;
+    // A regular file only: reading a FIFO would wait for a writer without end, and a device
+    // such as /dev/zero would be read without end.
+    let (mut file, _) = super::detect::open_regular(src)?;
+    let mut plain = Vec::new();
+    file.read_to_end(&mut plain).map_err(io_err(src, "read"))?;
     if encrypted_mode(&plain).is_some() {
         return Err(CkptError::AlreadyEncrypted {
             path: src.to_path_buf(),

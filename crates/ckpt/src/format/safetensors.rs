@@ -401,8 +401,13 @@ impl SafetensorsWriter {
         }
     }
 
-    /// Appends the next bytes of the current tensor (a chunk may not cross tensors).
+    /// Appends the next bytes of the current tensor (a chunk may not cross tensors). Writing
+    /// no bytes is always allowed: the data of an empty tensor (a dim of 0) is nothing, also
+    /// when it comes last, after every byte was written.
     pub(crate) fn write(&mut self, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
         let Some(t) = self.tensors.get(self.current) else {
             return Err(CkptError::WrittenPastEnd {
                 path: self.out.dest().to_path_buf(),

@@ -54,6 +54,9 @@ pub fn load_segmented_checkpoints_with(
         });
     }
     let mut entries: Vec<SegmentedEntry> = Vec::new();
+    // Name → index into `entries`: a linear search per tensor would make a file of many
+    // tensors (a header is cheap to write) take quadratic time.
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for path in paths {
         let file = Arc::new(CheckpointFile::open_with(&path, dec)?);
         for t in file.tensors() {
@@ -61,9 +64,12 @@ pub fn load_segmented_checkpoints_with(
                 file: file.clone(),
                 tensor: t.clone(),
             };
-            match entries.iter_mut().find(|e| e.tensor.name == t.name) {
-                Some(existing) => *existing = entry,
-                None => entries.push(entry),
+            match index.get(&t.name) {
+                Some(&i) => entries[i] = entry,
+                None => {
+                    index.insert(t.name.clone(), entries.len());
+                    entries.push(entry);
+                }
             }
         }
     }

@@ -76,12 +76,12 @@ fn write_safetensors(
         }
     }
     let mut writer = SafetensorsWriter::create(dest, metadata, metas.clone(), force)?;
+    // Name → tensor (the names are distinct, checked above): a linear search per tensor would
+    // make saving many tensors quadratic.
+    let by_name: std::collections::HashMap<&str, &Tensor> =
+        tensors.iter().map(|&(n, t)| (n, t)).collect();
     for m in &metas {
-        let (_, t) = tensors
-            .iter()
-            .find(|(n, _)| *n == m.name)
-            .expect("every meta comes from a tensor");
-        writer.write(t.as_bytes())?;
+        writer.write(by_name[m.name.as_str()].as_bytes())?;
     }
     writer.finish()?.commit()
 }
