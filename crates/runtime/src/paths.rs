@@ -269,8 +269,9 @@ fn idx_problem(dir: &Path) -> Option<String> {
     None
 }
 
-/// Makes and removes a file in `dir`: whether a file can be made there.
-fn probe(dir: &Path) -> std::io::Result<()> {
+/// Makes and removes a file in `dir` (a name of its own, never an existing file's): whether a
+/// file can be made there.
+pub(crate) fn probe(dir: &Path) -> std::io::Result<()> {
     static PROBES: AtomicUsize = AtomicUsize::new(0);
     let name = format!(
         ".tessera-write-check-{}-{}",

@@ -414,13 +414,7 @@ fn prepare_output_dir(dir: &Path) -> Result<CreatedDirs, RuntimeError> {
     if !dir.is_dir() {
         return Err(bad("is not a directory".to_string()));
     }
-    let probe = dir.join(format!(".tessera-write-check-{}", std::process::id()));
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .map_err(|e| bad(format!("cannot write a file in it: {e}")))?;
-    let _ = std::fs::remove_file(&probe);
+    crate::paths::probe(dir).map_err(|e| bad(format!("cannot write a file in it: {e}")))?;
     Ok(created)
 }
 

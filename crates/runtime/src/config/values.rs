@@ -209,6 +209,19 @@ pub(super) fn read_float(key: &str, value: Value) -> Result<f64, RuntimeError> {
     }
 }
 
+/// A number in [0, 1) (a probability that must leave something: `model.dropout`,
+/// `data.val_fraction`).
+pub(super) fn read_unit_fraction(key: &str, value: Value) -> Result<f64, RuntimeError> {
+    let fraction = read_float(key, value)?;
+    if !(0.0..1.0).contains(&fraction) {
+        return Err(config_error(
+            key,
+            format!("{fraction} is out of range: it must be at least 0 and below 1"),
+        ));
+    }
+    Ok(fraction)
+}
+
 pub(super) fn read_bool(key: &str, value: Value) -> Result<bool, RuntimeError> {
     match value {
         Value::Boolean(b) => Ok(b),

@@ -7,7 +7,7 @@ use toml::Value;
 use super::{check_unused, checked, Check};
 use crate::config::values::{
     config_error, path_reader, read_at_most, read_bool, read_enum, read_float, read_positive,
-    Section, MAX_EVAL_BATCHES,
+    read_unit_fraction, Section, MAX_EVAL_BATCHES,
 };
 use crate::config::{DataConfig, DataFormat, TextDataKeys};
 use crate::data::{Normalize, TokenDtype};
@@ -71,7 +71,7 @@ pub(super) fn read_data(
     let text_keys: [(&str, Check<'_>); 7] = [
         ("path", &path),
         ("tokenizer", &checked(read_tokenizer)),
-        ("val_fraction", &checked(read_val_fraction)),
+        ("val_fraction", &checked(read_unit_fraction)),
         ("dtype", &checked(read_dtype)),
         ("vocab_size", &checked(read_positive)),
         ("steps_per_epoch", &checked(read_steps_per_epoch)),
@@ -110,7 +110,7 @@ fn read_text_keys(
 ) -> Result<TextDataKeys, RuntimeError> {
     let path = s.require("path", path_reader(base))?;
     let char_tokens = s.or("tokenizer", false, read_tokenizer)?;
-    let val_fraction = s.or("val_fraction", 0.1, read_val_fraction)?;
+    let val_fraction = s.or("val_fraction", 0.1, read_unit_fraction)?;
     let dtype_given = s.has("dtype");
     let dtype = s.or("dtype", TokenDtype::U16, read_dtype)?;
     let vocab_size = s.get("vocab_size", read_positive)?;
@@ -167,18 +167,6 @@ fn read_tokenizer(key: &str, value: Value) -> Result<bool, RuntimeError> {
         "char" => Some(true),
         _ => None,
     })
-}
-
-/// `data.val_fraction`: a number in [0, 1).
-fn read_val_fraction(key: &str, value: Value) -> Result<f64, RuntimeError> {
-    let fraction = read_float(key, value)?;
-    if !(0.0..1.0).contains(&fraction) {
-        return Err(config_error(
-            key,
-            format!("{fraction} is out of range: it must be at least 0 and below 1"),
-        ));
-    }
-    Ok(fraction)
 }
 
 /// `data.dtype`: `"u16"` or `"u32"`.

@@ -1,11 +1,9 @@
 //! `[model]`: which built-in network, its widths, and the GPT's keys.
 
-use toml::Value;
-
 use super::moe::read_moe;
 use super::{check_unused, checked, Check};
 use crate::config::values::{
-    config_error, read_bool, read_enum, read_float, read_positive, Section,
+    config_error, read_bool, read_enum, read_positive, read_unit_fraction, Section,
 };
 use crate::config::{DataConfig, GptKeys, ModelConfig, ModelName};
 use crate::error::RuntimeError;
@@ -47,7 +45,7 @@ pub(super) fn read_model(
             ("heads", &checked(read_positive)),
             ("seq_len", &checked(read_positive)),
             ("ffn_hidden", &checked(read_positive)),
-            ("dropout", &checked(read_dropout)),
+            ("dropout", &checked(read_unit_fraction)),
             ("tie_embeddings", &checked(read_bool)),
             ("fused_attention", &checked(read_bool)),
             ("moe", &checked(read_moe)),
@@ -91,7 +89,7 @@ pub(super) fn read_model(
         "for the GPT (its classes are the vocabulary, from the data)",
         warnings,
     )?;
-    let dropout = s.or("dropout", 0.0, read_dropout)?;
+    let dropout = s.or("dropout", 0.0, read_unit_fraction)?;
     // On by default without dropout: once its slices ran on the widest vector unit the fused
     // op took the bench GPT's step (128 tokens) from 305 to 243 ms against the unfused ops
     // (docs/PERFORMANCE.md), and it saves the [S, S] buffers; ring attention needs it. It has
@@ -129,18 +127,6 @@ pub(super) fn read_model(
         classes: 0,
         gpt: Some(gpt),
     })
-}
-
-/// `model.dropout`: a probability in [0, 1).
-fn read_dropout(key: &str, value: Value) -> Result<f64, RuntimeError> {
-    let dropout = read_float(key, value)?;
-    if !(0.0..1.0).contains(&dropout) {
-        return Err(config_error(
-            key,
-            format!("{dropout} is out of range: it must be at least 0 and below 1"),
-        ));
-    }
-    Ok(dropout)
 }
 
 /// The GPT trains on the text formats, the MLP on images.
