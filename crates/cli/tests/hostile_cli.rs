@@ -1327,6 +1327,65 @@ fn paths_the_ranks_write_are_checked_before_any_step() {
     assert!(!Path::new("/proc/tessera-norms").exists());
 }
 
+/// A resumed run writes periodic sets only after the step it resumes from: a stray *file*
+/// `checkpoint_step_<N>` for a step at or before it is no reason to refuse the run (the check
+/// before start looked at every step from 1), while one for a step it will save still is.
+#[test]
+fn a_stray_file_before_the_resume_point_does_not_refuse_a_resumed_run() {
+    let scratch = Scratch::new("resume-stray");
+    let first = scratch.0.join("first");
+    let saved = train(&first, &["--set", "train.max_steps=2"]);
+    assert!(
+        saved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    let run = scratch.0.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("checkpoint_step_2"), b"a stray file").unwrap();
+    let resume = format!("output.resume_from={:?}", s(&first));
+    let resumed = || {
+        train(
+            &run,
+            &[
+                "--set",
+                "train.max_steps=4",
+                "--set",
+                "output.save_checkpoint_steps=2",
+                "--set",
+                &resume,
+            ],
+        )
+    };
+    let out = resumed();
+    assert!(
+        out.status.success(),
+        "a stray file at step 2 refused a run resuming from step 2:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        run.join("checkpoint_step_4").is_dir(),
+        "step 4's set is saved"
+    );
+    assert!(
+        run.join("checkpoint_step_2").is_file(),
+        "the stray file is left alone"
+    );
+    // A file where a set of this run goes is still refused before any step.
+    std::fs::remove_dir_all(run.join("checkpoint_step_4")).unwrap();
+    std::fs::write(run.join("checkpoint_step_4"), b"in the way").unwrap();
+    let out = resumed();
+    assert_refused(
+        &out,
+        &[
+            "output.save_checkpoint_steps",
+            "checkpoint_step_4",
+            "is a file",
+            "step 4",
+        ],
+    );
+}
+
 /// A positional path says what it was for ("config file /x: is a directory; expected a file
 /// …"), not only the path and a bare system error.
 #[test]

@@ -44,7 +44,7 @@ pub fn check_before_start(
 ) -> Result<(), RuntimeError> {
     crate::elastic::fault::check_fault_rank(session.devices())?;
     check_memory(session, here)?;
-    check_resume_from(session)?;
+    let resumed_at = check_resume_from(session)?;
     check_group_info_files(session)?;
     let created = prepare_output_dir(&session.config.output().dir)?;
     // A failure from here on removes the output directories just created (when `created`
@@ -53,7 +53,7 @@ pub fn check_before_start(
         check_output_file("metrics log", path)?;
     }
     check_local_norm_dir(session, here)?;
-    check_periodic_sets(session)?;
+    check_periodic_sets(session, resumed_at.map_or(1, |step| step + 1))?;
     check_group_info_dirs(session, here)?;
     created.keep();
     Ok(())
@@ -166,10 +166,10 @@ fn check_local_norm_dir(session: &TrainSession, here: &RanksHere) -> Result<(), 
 }
 
 /// `output.save_checkpoint_steps` / `_seconds`: no `checkpoint_step_<N>` in `output.dir` that
-/// the run may write a periodic set into (every step up to the run's last with a time
-/// interval, the multiples of the step interval otherwise) is something else than a directory,
-/// which the set could not replace.
-fn check_periodic_sets(session: &TrainSession) -> Result<(), RuntimeError> {
+/// the run may write a periodic set into (every step from `first`, the first step it trains,
+/// up to its last with a time interval, the multiples of the step interval otherwise) is
+/// something else than a directory, which the set could not replace.
+fn check_periodic_sets(session: &TrainSession, first: u64) -> Result<(), RuntimeError> {
     let out = session.config.output();
     let key = match (out.save_checkpoint_steps, out.save_checkpoint_seconds) {
         (_, Some(_)) => "output.save_checkpoint_seconds",
@@ -178,7 +178,7 @@ fn check_periodic_sets(session: &TrainSession) -> Result<(), RuntimeError> {
     };
     let last = session.planned_steps();
     let saved_at = |step: u64| {
-        (1..=last).contains(&step)
+        (first..=last).contains(&step)
             && (out.save_checkpoint_seconds.is_some()
                 || out
                     .save_checkpoint_steps
@@ -316,10 +316,11 @@ fn check_group_info_dirs(session: &TrainSession, here: &RanksHere) -> Result<(),
 }
 
 /// `output.resume_from`: a directory with rank 0's checkpoint file, and the strategy file.
-fn check_resume_from(session: &TrainSession) -> Result<(), RuntimeError> {
+/// Returns the step the checkpoint was saved at, when the run resumes.
+fn check_resume_from(session: &TrainSession) -> Result<Option<u64>, RuntimeError> {
     let output = session.config.output();
     let Some(from) = session.resume_dir()? else {
-        return Ok(());
+        return Ok(None);
     };
     let from = &from;
     let bad = |reason: String| RuntimeError::Config {
@@ -363,7 +364,7 @@ fn check_resume_from(session: &TrainSession) -> Result<(), RuntimeError> {
             ),
         });
     }
-    crate::resume_check::check_resumable(session, from, &strategy)
+    crate::resume_check::check_resumable(session, from, &strategy).map(Some)
 }
 
 /// Directories created by a check, removed again (deepest first, only while empty) unless

@@ -21,12 +21,12 @@ use crate::generate::{SavedModel, MODEL_FILE};
 use crate::session::{TrainSession, GLOBAL_STEP, MASTER_WEIGHT};
 
 /// Checks the checkpoint in `from`, read with the strategy file `strategy_file`, against
-/// `session`.
+/// `session`; returns the step it was saved at (the run goes on from the next).
 pub(crate) fn check_resumable(
     session: &TrainSession,
     from: &Path,
     strategy_file: &Path,
-) -> Result<(), RuntimeError> {
+) -> Result<u64, RuntimeError> {
     let strategy = ckpt::Strategy::load(strategy_file)?;
     check_tensor_names(session, from, &strategy)?;
     check_optimizer_state(session, from, &strategy)?;
@@ -190,8 +190,8 @@ fn brief(value: &Value) -> String {
     }
 }
 
-/// The checkpoint's step leaves steps to train.
-fn check_steps_left(session: &TrainSession, from: &Path) -> Result<(), RuntimeError> {
+/// The checkpoint's step leaves steps to train; returns that step.
+fn check_steps_left(session: &TrainSession, from: &Path) -> Result<u64, RuntimeError> {
     let step_file = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
     let saved_step = ckpt::CheckpointFile::open(&step_file)
         .and_then(|f| f.read_tensor(GLOBAL_STEP))
@@ -199,7 +199,7 @@ fn check_steps_left(session: &TrainSession, from: &Path) -> Result<(), RuntimeEr
         .unwrap_or(0);
     let planned = session.planned_steps();
     if saved_step < planned {
-        return Ok(());
+        return Ok(saved_step);
     }
     let train = session.config.train();
     Err(resume_error(
