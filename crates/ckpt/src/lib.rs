@@ -263,8 +263,8 @@ pub use crate::ops::engine::cover::{HeldPiece, RankCover};
 pub use crate::ops::engine::options::DEFAULT_CHUNK_BYTES;
 pub use crate::ops::inspect::{inspect, inspect_detected, InspectedFile};
 pub use crate::ops::load::{
-    load_rank_tensors, load_segmented_checkpoints, load_segmented_checkpoints_with,
-    write_segmented, SegmentedEntry,
+    for_each_rank_tensor, load_rank_tensors, load_segmented_checkpoints,
+    load_segmented_checkpoints_with, write_segmented, SegmentedEntry,
 };
 pub use crate::ops::merge::{
     split_range, unified_safetensors, ChoiceFn, MergeOptions, MergeReport, ParamChoice,

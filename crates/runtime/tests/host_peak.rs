@@ -3,8 +3,8 @@
 //! A run is refused before any rank starts when its predicted footprint does not fit the memory
 //! available (`ulimit -v`, a cgroup, `MemAvailable`): a prediction below what the run really
 //! allocates lets a run just under the limit start and then abort on an allocation. This binary
-//! counts every byte the process allocates (a counting global allocator, so it holds one test:
-//! tests running beside it would count too) and compares the peak of a run with the prediction.
+//! counts every byte the process allocates (a counting global allocator, so its tests take turns:
+//! a test running beside another would count its allocations too) and compares the peak of a run with the prediction.
 //!
 //! The training program's own buffers are predicted byte for byte (tests/memory.rs); beside them
 //! a rank holds the evaluation executor (built with its own copy of every parameter, whether or
@@ -16,6 +16,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use runtime::{LaunchOptions, Session, TrainConfig};
 
@@ -70,6 +71,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
+/// Held by each test for its whole run: the counters see every thread's allocations, so the
+/// tests take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 /// A one-block MoE GPT of width 16 with `experts` experts (one expert slot per sequence: the
 /// experts' weights dwarf the activations), two steps of Adam, then `sets`.
 fn moe_config(experts: usize, out: &Path, sets: &[&str]) -> TrainConfig {
@@ -90,6 +95,11 @@ fn moe_config(experts: usize, out: &Path, sets: &[&str]) -> TrainConfig {
 /// The peak of the bytes allocated while `session` trains on the local backend, above what was
 /// live when it started.
 fn measured_peak(session: &Session) -> usize {
+    measured_peak_of(session, 2)
+}
+
+/// [`measured_peak`] of a run that trains `steps` steps.
+fn measured_peak_of(session: &Session, steps: usize) -> usize {
     let options = LaunchOptions {
         print_loss: false,
         ..LaunchOptions::default()
@@ -98,7 +108,7 @@ fn measured_peak(session: &Session) -> usize {
     PEAK.store(before, Ordering::SeqCst);
     let report = runtime::train_local(session, &options).expect("training runs");
     let peak = PEAK.load(Ordering::SeqCst) - before;
-    assert_eq!(report.losses().len(), 2);
+    assert_eq!(report.losses().len(), steps);
     peak
 }
 
@@ -107,6 +117,7 @@ fn measured_peak(session: &Session) -> usize {
 /// (the figure checked before) is well below it. One test: see the module docs.
 #[test]
 fn a_run_with_many_experts_allocates_no_more_than_its_predicted_footprint() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
     let cases: [(usize, &[&str]); 5] = [
@@ -134,5 +145,37 @@ fn a_run_with_many_experts_allocates_no_more_than_its_predicted_footprint() {
             // And the footprint is a model, not a blanket margin: within 10 % of the run.
             assert!(footprint.total() <= measured + measured / 10, "{what}");
         }
+    }
+}
+
+/// A run that saves its checkpoint, and a run resuming from it, allocate no more than their
+/// predicted footprint: the writer's buffers and the tensors a resume reads come beside the
+/// executors' own.
+#[test]
+fn saving_and_resuming_allocate_no_more_than_the_predicted_footprint() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let saved = tmp.path().join("saved");
+    let resume_from = format!("output.resume_from={:?}", saved.to_str().unwrap());
+    let runs: [(&Path, Vec<&str>, usize); 2] = [
+        (&saved, vec!["output.save_checkpoint=true"], 2),
+        (
+            &tmp.path().join("resumed"),
+            vec!["train.max_steps=3", "data.steps_per_epoch=3", &resume_from],
+            1,
+        ),
+    ];
+    for (out, sets, steps) in runs {
+        let config = moe_config(16384, out, &sets);
+        let session = Session::new(&config).expect("the session builds");
+        let footprint = session.predict_footprint(0, true).expect("a prediction");
+        let measured = measured_peak_of(&session, steps) as u64;
+        assert!(
+            measured <= footprint.total(),
+            "{sets:?}: measured {:.2} MiB, predicted {:.2} MiB ({footprint:?})",
+            mib(measured),
+            mib(footprint.total())
+        );
     }
 }

@@ -116,18 +116,48 @@ pub fn write_segmented(
 /// Convert-on-load for the training runtime: the tensors `rank` holds under `targets` (each a
 /// parameter name and the layout the rank will hold it in), read from the checkpoint in
 /// `ckpt_dir/rank_<r>/` saved under `src_strategy` (any flavour). Only the source files the
-/// rank needs are opened, and only the bytes it needs are read.
+/// rank needs are opened, and only the bytes it needs are read. Every tensor is in memory at
+/// once: [`for_each_rank_tensor`] hands them over one at a time instead.
 pub fn load_rank_tensors(
     ckpt_dir: &Path,
     src_strategy: &Path,
     rank: usize,
     targets: &[(&str, &TensorLayout)],
 ) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::with_capacity(targets.len());
+    for_each_rank_tensor::<CkptError>(ckpt_dir, src_strategy, rank, targets, |name, tensor| {
+        out.push((name.to_string(), tensor));
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// [`load_rank_tensors`], each tensor handed to `take` as soon as it is read, so that no more
+/// than one of them (and the read buffer) is in memory at a time. All names and layouts are
+/// checked before the first tensor is read; an error from `take` stops the load and is
+/// returned (`E` is `take`'s error type, which a checkpoint error converts into).
+pub fn for_each_rank_tensor<E: From<CkptError>>(
+    ckpt_dir: &Path,
+    src_strategy: &Path,
+    rank: usize,
+    targets: &[(&str, &TensorLayout)],
+    mut take: impl FnMut(&str, Tensor) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
     let sources = SourceSet::rank_dirs(ckpt_dir)?;
     let strategy = Strategy::load(src_strategy)?;
-    let (src, _) = sources.resolve_source(&strategy)?;
+    let (src, absent) = sources.resolve_source(&strategy)?;
     let mut boxes: Vec<(&ResolvedParam, layout::SliceBox)> = Vec::with_capacity(targets.len());
     for (name, target) in targets {
+        if absent.iter().any(|a| a == name) {
+            return Err(E::from(CkptError::TensorMissing {
+                path: ckpt_dir.to_path_buf(),
+                tensor: name.to_string(),
+                rule: format!(
+                    "asked for, and {} lists it, but no rank file of the checkpoint holds it",
+                    src_strategy.display()
+                ),
+            }));
+        }
         let p = src.param(name).ok_or_else(|| CkptError::StrategyParam {
             path: src_strategy.to_path_buf(),
             tensor: name.to_string(),
@@ -137,14 +167,14 @@ pub fn load_rank_tensors(
             ),
         })?;
         if target.shape() != p.shape.as_slice() {
-            return Err(CkptError::GlobalShape {
+            return Err(E::from(CkptError::GlobalShape {
                 tensor: name.to_string(),
                 reason: format!(
                     "the target layout is for shape {:?} but the checkpoint holds {:?}",
                     target.shape(),
                     p.shape
                 ),
-            });
+            }));
         }
         let region = target.rank_box(rank).map_err(|source| CkptError::Layout {
             path: ckpt_dir.to_path_buf(),
@@ -154,14 +184,13 @@ pub fn load_rank_tensors(
         boxes.push((p, region));
     }
     let plan = plan_gathers(&sources, boxes)?;
-    let mut out = Vec::with_capacity(plan.items.len());
     let mut scratch = Vec::new();
     for item in &plan.items {
         let dtype = item.meta.dtype().expect("gathered items have a dtype");
         let mut tensor = Tensor::zeros(dtype, &item.meta.shape);
         let whole = layout::SliceBox::full(&item.meta.shape);
         fill_chunk(&sources, item, &whole, tensor.as_bytes_mut(), &mut scratch)?;
-        out.push((item.meta.name.clone(), tensor));
+        take(&item.meta.name, tensor)?;
     }
-    Ok(out)
+    Ok(())
 }

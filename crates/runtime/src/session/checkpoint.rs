@@ -345,8 +345,9 @@ impl TrainSession {
         let mut masters: Vec<Option<Tensor>> = vec![None; trainable.len()];
         let asked: Vec<(&str, &TensorLayout)> =
             targets.iter().map(|(n, l)| (n.as_str(), l)).collect();
-        let loaded = ckpt::load_rank_tensors(from, &strategy_file, rank, &asked)?;
-        for (name, tensor) in loaded {
+        // One tensor in memory at a time beside the executor's own buffers (all at once, a
+        // resume held a second copy of the rank's parameters and optimizer state).
+        ckpt::for_each_rank_tensor(from, &strategy_file, rank, &asked, |name, tensor| {
             // Training stops at a non-finite loss, so a saved tensor holds none: one here is
             // damage (a file changed in place keeps the size the set marker checks).
             if !exec::all_finite(&tensor) {
@@ -380,7 +381,7 @@ impl TrainSession {
                     false => tensor.to_dtype(want),
                 };
                 exec.set_param(i, values)?;
-                continue;
+                return Ok(());
             }
             for (k, &i) in trainable.iter().enumerate() {
                 let param = checkpoint_name(&self.train.params[i]);
@@ -393,7 +394,8 @@ impl TrainSession {
                     masters[k] = Some(tensor.to_dtype(tensor::DType::F32));
                 }
             }
-        }
+            Ok::<(), RuntimeError>(())
+        })?;
         let step_file = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
         let step = ckpt::CheckpointFile::open(&step_file)
             .and_then(|f| f.read_tensor(GLOBAL_STEP))
