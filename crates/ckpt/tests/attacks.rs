@@ -87,6 +87,37 @@ fn safetensors_header_naming_a_tensor_twice() {
     }
 }
 
+/// A shape of 100 000 dims of size 1 describes 4 bytes, a consistent header: it is refused by
+/// its number of dims (as `.ckpt` tensors are, beyond 64), and the message says how many
+/// instead of quoting the shape (which made a 300 KB error line).
+#[test]
+fn safetensors_header_with_too_many_dims() {
+    let dir = tmp();
+    let path = dir.path().join("dims.safetensors");
+    let shape = vec!["1"; 100_000].join(",");
+    let header = format!(r#"{{"a":{{"dtype":"F32","shape":[{shape}],"data_offsets":[0,4]}}}}"#);
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&1.0f32.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let Err(err) = CheckpointFile::open(&path) else {
+        panic!("a shape of 100 000 dims was accepted");
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, CkptError::InvalidHeader { .. }), "{msg}");
+    for part in ["dims.safetensors", "\"a\"", "100000 dims", "64"] {
+        assert!(msg.contains(part), "{msg}");
+    }
+    assert!(msg.len() < 1000, "a message of {} bytes", msg.len());
+    // 64 dims are still read.
+    let shape = vec!["1"; 64].join(",");
+    let header = format!(r#"{{"a":{{"dtype":"F32","shape":[{shape}],"data_offsets":[0,4]}}}}"#);
+    assert_eq!(
+        ckpt::parse::safetensors_header(header.as_bytes(), 4).unwrap(),
+        1
+    );
+}
+
 /// Opening a FIFO as a checkpoint (a weight map may name any path) is refused as not a regular
 /// file at once: opening a FIFO waits for a writer, forever if none comes.
 #[test]

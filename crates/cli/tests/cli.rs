@@ -1,6 +1,7 @@
 //! The `tessera` command line end to end: output, `--json`, exit codes and error messages.
 
 mod ckpt_cli;
+mod ckpt_hostile_cli;
 mod diff_cli;
 mod fail_fast_cli;
 mod hostile_cli;

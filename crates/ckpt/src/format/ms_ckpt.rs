@@ -15,7 +15,7 @@ use super::codec::wire::{decode_varint, peek_field, put_varint, varint_len};
 use crate::error::{io_err, CkptError, Result};
 use crate::io::atomic_write::AtomicFile;
 use crate::io::durability::Durability;
-use crate::model::tensor::{Extent, StoredTensor, StoredType, TensorMeta};
+use crate::model::tensor::{Extent, StoredTensor, StoredType, TensorMeta, MAX_DIMS};
 
 /// MindSpore splits tensors larger than this into several values (512 MiB).
 pub const SLICE_BYTES: u64 = 512 << 20;
@@ -26,7 +26,6 @@ pub const CRC_TRAILER_LEN: u64 = 17;
 /// Caps on the small fields read while scanning (a hostile file cannot make us allocate more).
 const MAX_TAG_BYTES: u64 = 1 << 16;
 const MAX_TYPE_BYTES: u64 = 64;
-const MAX_DIMS: usize = 64;
 /// Buffer of the scanner's positioned reads.
 const SCAN_BUF: usize = 64 << 10;
 

@@ -16,7 +16,7 @@ use tensor::DType;
 use crate::error::{io_err, CkptError, Result};
 use crate::io::atomic_write::AtomicFile;
 use crate::io::durability::Durability;
-use crate::model::tensor::{Extent, StoredTensor, StoredType, TensorMeta};
+use crate::model::tensor::{Extent, StoredTensor, StoredType, TensorMeta, MAX_DIMS};
 
 /// Largest JSON header accepted, as the reference implementation (100 MB).
 pub const MAX_HEADER_SIZE: u64 = 100_000_000;
@@ -209,6 +209,12 @@ fn parse_entry(path: &Path, name: String, entry: Value) -> Result<RawEntry> {
         .get("data_offsets")
         .and_then(Value::as_array)
         .ok_or_else(|| bad("missing or non-array \"data_offsets\""))?;
+    if shape_json.len() > MAX_DIMS {
+        return Err(bad(&format!(
+            "\"shape\" has {} dims, more than the {MAX_DIMS} a checkpoint tensor may have",
+            shape_json.len()
+        )));
+    }
     let mut shape64 = Vec::with_capacity(shape_json.len());
     for d in shape_json {
         shape64

@@ -8,6 +8,10 @@ use std::fmt;
 
 use tensor::DType;
 
+/// The most dims a stored tensor may have, in any format (MindSpore's tensors have at most 8;
+/// the bound keeps a hostile header's shape, and every message quoting it, small).
+pub(crate) const MAX_DIMS: usize = 64;
+
 /// The element type of a stored tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StoredType {

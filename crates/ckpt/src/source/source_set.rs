@@ -318,7 +318,8 @@ impl SourceSet {
         &self,
         strategy: &Strategy,
     ) -> Result<(ResolvedStrategy, Vec<String>)> {
-        strategy.resolve(|param, placement| {
+        let mut held: HashSet<String> = HashSet::new();
+        let (resolved, _) = strategy.resolve(|param, placement| {
             let mesh = placement.layout.mesh();
             for slot in 0..mesh.n_slots() {
                 let rank = mesh.device_of_slot(slot);
@@ -326,6 +327,7 @@ impl SourceSet {
                     continue;
                 };
                 if let Some(t) = file.tensor(&param.name) {
+                    held.insert(param.name.clone());
                     return Ok(Some(ShapeHint {
                         shape: t.shape.clone(),
                         is_global: false,
@@ -335,7 +337,26 @@ impl SourceSet {
                 }
             }
             Ok(None)
-        })
+        })?;
+        // A parameter no file holds is absent whether or not the strategy file gives its shape
+        // (MindSpore's JSON and Tessera's do): bound from the strategy alone, it would reach the
+        // planner with no holder and, without a stored dtype, fail as "not numeric".
+        let unknown: Vec<String> = strategy
+            .params
+            .iter()
+            .filter(|p| !held.contains(&p.name))
+            .map(|p| p.name.clone())
+            .collect();
+        if unknown.is_empty() {
+            return Ok((resolved, unknown));
+        }
+        let kept = resolved
+            .params()
+            .iter()
+            .filter(|p| held.contains(&p.name))
+            .cloned()
+            .collect();
+        Ok((ResolvedStrategy::new(kept)?, unknown))
     }
 
     /// The strategy of a unified checkpoint: every indexed tensor whole on rank 0.

@@ -8,7 +8,10 @@ use ckpt::Format;
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::flags::{DecryptFlags, WriteFlags};
+use super::flags::{
+    check_dest_dir, check_input_dir, check_input_file, check_optional_file, DecryptFlags,
+    WriteFlags, CHECKPOINT_DIR, STRATEGY_FILE,
+};
 use super::output::{path_str, print, Bar};
 
 /// Arguments of `tessera ckpt convert`.
@@ -125,7 +128,12 @@ fn convert_report_text(report: &ckpt::ConvertReport) -> String {
 
 /// Runs `tessera ckpt convert`.
 pub(super) fn convert(a: &ConvertArgs) -> anyhow::Result<()> {
+    // The key first (its file checked, then read within a bound), then every path.
     let decryption = a.decrypt.decryption()?;
+    check_input_dir("--src", &a.src, CHECKPOINT_DIR)?;
+    check_optional_file("--src-strategy", a.src_strategy.as_deref(), STRATEGY_FILE)?;
+    check_optional_file("--dst-strategy", a.dst_strategy.as_deref(), STRATEGY_FILE)?;
+    check_dest_dir("--dst", &a.dst)?;
     let bar = Bar::new(a.write.quiet || a.write.json);
     let ranks = (!a.rank.is_empty()).then_some(a.rank.as_slice());
     let opts = ckpt::ConvertOptions {
@@ -157,6 +165,8 @@ pub(super) fn convert(a: &ConvertArgs) -> anyhow::Result<()> {
 
 /// Runs `tessera ckpt ranks`.
 pub(super) fn ranks(a: &RanksArgs) -> anyhow::Result<()> {
+    check_input_file("--src-strategy", &a.src_strategy, STRATEGY_FILE)?;
+    check_optional_file("--dst-strategy", a.dst_strategy.as_deref(), STRATEGY_FILE)?;
     let src = ckpt::Strategy::load(&a.src_strategy)?;
     let dst = a
         .dst_strategy
@@ -177,6 +187,13 @@ pub(super) fn ranks(a: &RanksArgs) -> anyhow::Result<()> {
 
 /// Runs `tessera ckpt load`.
 pub(super) fn load(a: &LoadArgs) -> anyhow::Result<()> {
+    check_input_dir(
+        "--unified",
+        &a.unified,
+        "a directory (a unified checkpoint: param_name_map.json and part files)",
+    )?;
+    check_input_file("--strategy", &a.strategy, STRATEGY_FILE)?;
+    check_dest_dir("--dst", &a.dst)?;
     let bar = Bar::new(a.write.quiet || a.write.json);
     let ranks = (!a.rank.is_empty()).then_some(a.rank.as_slice());
     let opts = ckpt::ConvertOptions {

@@ -60,6 +60,12 @@ pub(super) fn diff(a: &DiffArgs) -> anyhow::Result<()> {
             "a directory (a training run's output directory: rank_<N>/ and strategy.json)",
         )?;
     }
+    for (flag, path) in [
+        ("--strategy-a", &a.strategy_a),
+        ("--strategy-b", &a.strategy_b),
+    ] {
+        super::flags::check_optional_file(flag, path.as_deref(), super::flags::STRATEGY_FILE)?;
+    }
     let strategy_a = a
         .strategy_a
         .clone()

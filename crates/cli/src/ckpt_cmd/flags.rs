@@ -1,9 +1,10 @@
 //! The flags several `tessera ckpt` subcommands share: writing files and decrypting sources.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use runtime::PathKind;
 
 /// Flags shared by commands that write files.
 #[derive(Debug, Args)]
@@ -57,10 +58,12 @@ impl DecryptFlags {
     pub(super) fn decryption(&self) -> anyhow::Result<Option<ckpt::Decryption>> {
         let key = match (&self.dec_key, &self.dec_key_file) {
             (Some(hex), _) => parse_hex_key(hex)?,
-            (None, Some(path)) => layout::limits::read_bounded(path, MAX_KEY_FILE_BYTES)
-                .with_context(|| {
+            (None, Some(path)) => {
+                check_input_file("--dec-key-file", path, KEY_FILE)?;
+                layout::limits::read_bounded(path, MAX_KEY_FILE_BYTES).with_context(|| {
                     format!("--dec-key-file {}: cannot read the key", path.display())
-                })?,
+                })?
+            }
             (None, None) if self.dec_mode.is_some() => {
                 bail!("--dec-mode needs a key: give --dec-key or --dec-key-file")
             }
@@ -88,4 +91,44 @@ fn parse_hex_key(hex: &str) -> anyhow::Result<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("two hex digits"))
         .collect())
+}
+
+/// What `--dec-key-file` must name.
+const KEY_FILE: &str = "a file (the decryption key's raw bytes)";
+/// What a strategy-file flag must name.
+pub(super) const STRATEGY_FILE: &str =
+    "a file (a strategy file: MindSpore protobuf or JSON, or Tessera JSON)";
+/// What a source checkpoint directory flag must name.
+pub(super) const CHECKPOINT_DIR: &str = "a directory (a checkpoint holding rank_<N>/ folders)";
+/// What a destination directory flag must name.
+pub(super) const DEST_DIR: &str =
+    "a directory to write the output into (created, with its missing parents, if absent)";
+
+/// Refuses, before any work, a `flag` path read as a file that is not one: empty, missing, a
+/// directory. The error names the flag, the path, what is wrong and `expected`.
+pub(super) fn check_input_file(flag: &str, path: &Path, expected: &str) -> anyhow::Result<()> {
+    runtime::check_input_path(flag, path, PathKind::File, expected)?;
+    Ok(())
+}
+
+/// [`check_input_file`] for an optional flag.
+pub(super) fn check_optional_file(
+    flag: &str,
+    path: Option<&Path>,
+    expected: &str,
+) -> anyhow::Result<()> {
+    path.map_or(Ok(()), |p| check_input_file(flag, p, expected))
+}
+
+/// Refuses, before any work, a `flag` path read as a directory that is not one.
+pub(super) fn check_input_dir(flag: &str, path: &Path, expected: &str) -> anyhow::Result<()> {
+    runtime::check_input_path(flag, path, PathKind::Directory, expected)?;
+    Ok(())
+}
+
+/// Refuses, before any work, a destination directory `flag` that cannot be written: empty, a
+/// file, under a file, or in a directory where nothing can be made.
+pub(super) fn check_dest_dir(flag: &str, path: &Path) -> anyhow::Result<()> {
+    runtime::check_output_path(flag, path, PathKind::Directory, DEST_DIR)?;
+    Ok(())
 }

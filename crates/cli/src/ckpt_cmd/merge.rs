@@ -7,7 +7,10 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::json;
 
-use super::flags::{DecryptFlags, WriteFlags};
+use super::flags::{
+    check_dest_dir, check_input_dir, check_input_file, DecryptFlags, WriteFlags, CHECKPOINT_DIR,
+    STRATEGY_FILE,
+};
 use super::output::{path_str, print, Bar};
 
 /// Arguments of `tessera ckpt merge`.
@@ -69,6 +72,9 @@ pub(super) struct LoadSegmentedArgs {
 
 /// Runs `tessera ckpt merge`.
 pub(super) fn merge(a: &MergeArgs) -> anyhow::Result<()> {
+    check_input_dir("--src", &a.src, CHECKPOINT_DIR)?;
+    check_input_file("--strategy", &a.strategy, STRATEGY_FILE)?;
+    check_dest_dir("--dst", &a.dst)?;
     if a.max_part_bytes == 0 {
         bail!("--max-part-bytes must be positive");
     }
@@ -129,6 +135,14 @@ pub(super) fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
         runtime::PathKind::Directory,
         "a directory (of segmented checkpoint files)",
     )?;
+    if let Some(out) = &a.out {
+        runtime::check_output_path(
+            "--out",
+            out,
+            runtime::PathKind::File,
+            "a file to write (ending in .ckpt or .safetensors)",
+        )?;
+    }
     let decryption = a.decrypt.decryption()?;
     let entries = ckpt::load_segmented_checkpoints_with(&a.dir, decryption.as_ref())?;
     let written = match &a.out {

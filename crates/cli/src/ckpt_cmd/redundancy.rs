@@ -7,7 +7,9 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
-use super::flags::WriteFlags;
+use super::flags::{
+    check_dest_dir, check_input_dir, check_input_file, WriteFlags, CHECKPOINT_DIR, STRATEGY_FILE,
+};
 use super::output::{path_str, print, Bar};
 
 /// Arguments of `tessera ckpt dedup`.
@@ -39,6 +41,9 @@ pub(super) struct RedundancyArgs {
 
 /// Runs `tessera ckpt dedup`.
 pub(super) fn dedup(a: &DedupArgs) -> anyhow::Result<()> {
+    check_input_dir("--src", &a.src, CHECKPOINT_DIR)?;
+    check_input_file("--strategy", &a.strategy, STRATEGY_FILE)?;
+    check_dest_dir("--dst", &a.dst)?;
     let bar = Bar::new(a.write.quiet || a.write.json);
     let r = ckpt::dedup_checkpoints(
         &a.src,
@@ -75,6 +80,7 @@ pub(super) fn dedup(a: &DedupArgs) -> anyhow::Result<()> {
 
 /// Runs `tessera ckpt redundancy`.
 pub(super) fn redundancy(a: &RedundancyArgs) -> anyhow::Result<()> {
+    check_input_file("--strategy", &a.strategy, STRATEGY_FILE)?;
     let map = ckpt::redundancy_of_file(&a.strategy)?;
     let owners = ckpt::remove_param_redundancy(&map);
     let mut text = String::from("replica groups:\n");

@@ -6,6 +6,7 @@ use anyhow::bail;
 use clap::Args;
 use serde_json::json;
 
+use super::flags::{check_input_dir, check_input_file, CHECKPOINT_DIR, STRATEGY_FILE};
 use super::output::{path_str, print};
 
 /// Arguments of `tessera ckpt verify`.
@@ -27,6 +28,8 @@ pub(super) struct VerifyArgs {
 
 /// Runs `tessera ckpt verify`; fails when any fault is found.
 pub(super) fn verify(a: &VerifyArgs) -> anyhow::Result<()> {
+    check_input_dir("--src", &a.src, CHECKPOINT_DIR)?;
+    check_input_file("--strategy", &a.strategy, STRATEGY_FILE)?;
     let r = ckpt::verify_checkpoints(&a.src, &a.strategy, a.replicas)?;
     let mut text = format!(
         "{} files, {} parameters, {} slices checked, {} replica pairs compared\n",

@@ -1,0 +1,381 @@
+//! `tessera ckpt` given hostile or mistaken inputs: every path flag checked before any work,
+//! and strategies that describe tensors the checkpoint does not hold.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use crate::util::{assert_ok, s, tessera, Scratch};
+
+/// The MindSpore reference case the tests read (part of the repository).
+fn case1() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/mindspore/cases/case1_dp2mp4_to_2x2");
+    assert!(dir.is_dir(), "{} is missing", dir.display());
+    dir
+}
+
+/// What a failed command printed on stderr; fails the test if it succeeded.
+#[track_caller]
+fn refused(out: &Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{what} was accepted:\n{err}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    err
+}
+
+/// Every path flag of every `tessera ckpt` subcommand is checked before any work: a directory
+/// where a file is expected, a missing path, a file where a directory is expected, an output
+/// under a regular file. The error names the flag, the path, what is wrong and what was
+/// expected, and nothing is created.
+#[test]
+fn every_path_flag_is_checked_before_any_work() {
+    let c = case1();
+    let dir = Scratch::new("ckpt-path-flags");
+    let file = dir.0.join("plain.txt");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let missing = dir.0.join("missing");
+    let under_file = file.join("out");
+    let (src, sa, sb) = (
+        c.join("src_ckpt"),
+        c.join("strategy/A.ckpt"),
+        c.join("strategy/B.ckpt"),
+    );
+    let strategy_dir = c.join("strategy");
+    let fresh = dir.0.join("fresh");
+    let (src, sa, sb, strategy_dir, fresh) = (s(&src), s(&sa), s(&sb), s(&strategy_dir), s(&fresh));
+    let (file, missing, under_file) = (s(&file), s(&missing), s(&under_file));
+    let unified = c.join("expected/unified_safetensors");
+    let unified = s(&unified);
+    // (arguments, flag named, path named, what is wrong)
+    let cases: Vec<(Vec<&str>, &str, &str, &str)> = vec![
+        (
+            vec![
+                "convert",
+                "--src",
+                src,
+                "--src-strategy",
+                strategy_dir,
+                "--dst",
+                fresh,
+            ],
+            "--src-strategy",
+            strategy_dir,
+            "is a directory",
+        ),
+        (
+            vec![
+                "convert",
+                "--src",
+                file,
+                "--src-strategy",
+                sa,
+                "--dst",
+                fresh,
+            ],
+            "--src",
+            file,
+            "is a file",
+        ),
+        (
+            vec![
+                "convert",
+                "--src",
+                src,
+                "--src-strategy",
+                sa,
+                "--dst-strategy",
+                missing,
+                "--dst",
+                fresh,
+            ],
+            "--dst-strategy",
+            missing,
+            "does not exist",
+        ),
+        (
+            vec![
+                "convert",
+                "--src",
+                src,
+                "--src-strategy",
+                sa,
+                "--dst",
+                under_file,
+            ],
+            "--dst",
+            under_file,
+            "is a file, not a directory",
+        ),
+        (
+            vec!["convert", "--src", src, "--src-strategy", sa, "--dst", file],
+            "--dst",
+            file,
+            "is a file",
+        ),
+        (
+            vec![
+                "convert",
+                "--src",
+                src,
+                "--src-strategy",
+                sa,
+                "--dst",
+                fresh,
+                "--dec-key-file",
+                strategy_dir,
+            ],
+            "--dec-key-file",
+            strategy_dir,
+            "is a directory",
+        ),
+        (
+            vec!["ranks", "--src-strategy", missing, "--rank", "0"],
+            "--src-strategy",
+            missing,
+            "does not exist",
+        ),
+        (
+            vec![
+                "ranks",
+                "--src-strategy",
+                sa,
+                "--dst-strategy",
+                strategy_dir,
+                "--rank",
+                "0",
+            ],
+            "--dst-strategy",
+            strategy_dir,
+            "is a directory",
+        ),
+        (
+            vec!["merge", "--src", missing, "--strategy", sa, "--dst", fresh],
+            "--src",
+            missing,
+            "does not exist",
+        ),
+        (
+            vec![
+                "merge",
+                "--src",
+                src,
+                "--strategy",
+                strategy_dir,
+                "--dst",
+                fresh,
+            ],
+            "--strategy",
+            strategy_dir,
+            "is a directory",
+        ),
+        (
+            vec!["merge", "--src", src, "--strategy", sa, "--dst", under_file],
+            "--dst",
+            under_file,
+            "is a file, not a directory",
+        ),
+        (
+            vec!["load", "--unified", file, "--strategy", sb, "--dst", fresh],
+            "--unified",
+            file,
+            "is a file",
+        ),
+        (
+            vec![
+                "load",
+                "--unified",
+                unified,
+                "--strategy",
+                missing,
+                "--dst",
+                fresh,
+            ],
+            "--strategy",
+            missing,
+            "does not exist",
+        ),
+        (
+            vec![
+                "load",
+                "--unified",
+                unified,
+                "--strategy",
+                sb,
+                "--dst",
+                file,
+            ],
+            "--dst",
+            file,
+            "is a file",
+        ),
+        (
+            vec!["dedup", "--src", src, "--strategy", sa, "--dst", under_file],
+            "--dst",
+            under_file,
+            "is a file, not a directory",
+        ),
+        (
+            vec![
+                "dedup",
+                "--src",
+                src,
+                "--strategy",
+                strategy_dir,
+                "--dst",
+                fresh,
+            ],
+            "--strategy",
+            strategy_dir,
+            "is a directory",
+        ),
+        (
+            vec!["redundancy", "--strategy", strategy_dir],
+            "--strategy",
+            strategy_dir,
+            "is a directory",
+        ),
+        (
+            vec!["verify", "--src", file, "--strategy", sa],
+            "--src",
+            file,
+            "is a file",
+        ),
+        (
+            vec!["verify", "--src", src, "--strategy", missing],
+            "--strategy",
+            missing,
+            "does not exist",
+        ),
+        (
+            vec!["load-segmented", src, "--out", strategy_dir],
+            "--out",
+            strategy_dir,
+            "is a directory",
+        ),
+        (
+            vec![
+                "diff",
+                src,
+                src,
+                "--strategy-a",
+                strategy_dir,
+                "--strategy-b",
+                sa,
+            ],
+            "--strategy-a",
+            strategy_dir,
+            "is a directory",
+        ),
+    ];
+    for (args, flag, path, wrong) in cases {
+        let mut full = vec!["ckpt"];
+        full.extend(&args);
+        let err = refused(&tessera(&full), &format!("{args:?}"));
+        let said = format!("{flag} {path}: ");
+        assert!(
+            err.contains(&said) && err.contains(wrong) && err.contains("; expected a"),
+            "{args:?} should say {said:?}, {wrong:?} and what was expected: {err}"
+        );
+        assert!(
+            !Path::new(fresh).exists(),
+            "{args:?} created {fresh} before refusing"
+        );
+    }
+}
+
+/// A strategy that gives shapes (MindSpore's JSON flavour) and lists a tensor no rank file
+/// holds (MindSpore leaves bf16 out of its safetensors) is a missing tensor, as the protobuf
+/// flavour's is: refused naming it and `--allow-missing`, or skipped with it. Before, the tensor
+/// was bound from the strategy alone and every tool failed with "its element type cannot be
+/// sliced (not a numeric dtype)".
+#[test]
+fn a_strategy_with_shapes_listing_a_tensor_no_file_holds() {
+    let c = case1();
+    let dir = Scratch::new("ckpt-absent-tensor");
+    let (src, sa, sb) = (
+        c.join("src_safetensors"),
+        c.join("strategy/A.json"),
+        c.join("strategy/B.json"),
+    );
+    let convert = |dst: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "ckpt",
+            "convert",
+            "--quiet",
+            "--json",
+            "--src",
+            s(&src),
+            "--src-strategy",
+            s(&sa),
+            "--dst-strategy",
+            s(&sb),
+            "--dst",
+            s(dst),
+        ];
+        args.extend_from_slice(extra);
+        tessera(&args)
+    };
+    let refused_dst = dir.0.join("refused");
+    let err = refused(&convert(&refused_dst, &[]), "an incomplete source");
+    for part in ["\"net.bf\"", "A.json", "--allow-missing"] {
+        assert!(err.contains(part), "{err}");
+    }
+    assert!(!err.contains("cannot be sliced"), "{err}");
+    assert!(!refused_dst.exists());
+
+    let out_dir = dir.0.join("converted");
+    let out = convert(&out_dir, &["--allow-missing"]);
+    assert_ok(&out);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ranks"].as_array().unwrap().len(), 4);
+    let skipped: Vec<&str> = report["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert!(skipped.iter().all(|n| *n == "net.bf") && !skipped.is_empty());
+
+    // Merging skips it; the merged tensors equal MindSpore's unified_safetensors output.
+    let merged = dir.0.join("merged");
+    let out = tessera(&[
+        "ckpt",
+        "merge",
+        "--quiet",
+        "--json",
+        "--src",
+        s(&src),
+        "--strategy",
+        s(&sa),
+        "--dst",
+        s(&merged),
+    ]);
+    assert_ok(&out);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["skipped"][0]["name"], "net.bf");
+
+    // Comparing it with the .ckpt shards (which hold net.bf): only B holds it, every other
+    // tensor is bitwise equal.
+    let out = tessera(&[
+        "ckpt",
+        "diff",
+        "--json",
+        s(&src),
+        s(&c.join("src_ckpt")),
+        "--strategy-a",
+        s(&sa),
+        "--strategy-b",
+        s(&sa),
+    ]);
+    let err = refused(&out, "a diff with a tensor on one side only");
+    assert!(err.contains("only in") && err.contains("net.bf"), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["only_in_b"], serde_json::json!(["net.bf"]));
+    assert_eq!(report["only_in_a"], serde_json::json!([]));
+    let tensors = report["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 5);
+    assert!(
+        tensors.iter().all(|t| t["bitwise_equal"] == true),
+        "{report}"
+    );
+}
