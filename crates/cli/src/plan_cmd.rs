@@ -47,6 +47,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         eprintln!("warning: {warning}");
     }
     let report = runtime::plan(&config)?;
+    let configured_stages = config
+        .parallel_config()
+        .pipeline
+        .as_ref()
+        .map_or(1, |p| p.stages.max(1));
     let file = config
         .search()
         .save_operator_strategy_file
@@ -60,10 +65,10 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&to_json(&report, &file))?
+            serde_json::to_string_pretty(&to_json(&report, &file, configured_stages))?
         );
     } else {
-        print!("{}", describe(&report, &file));
+        print!("{}", describe(&report, &file, configured_stages));
     }
     Ok(())
 }
@@ -125,17 +130,43 @@ fn bytes(b: f64) -> String {
     format!("{v:.2} {}", UNITS[u])
 }
 
-/// The plan as text.
-fn describe(r: &PlanReport, file: &std::path::Path) -> String {
+/// The pipeline stages of a plan: the chosen pipeline's, else the configured
+/// `[parallel.pipeline]` stages (`configured`).
+fn plan_stages(r: &PlanReport, configured: usize) -> usize {
+    r.pipeline
+        .as_ref()
+        .map_or(configured, |p| p.config.stages)
+        .max(1)
+}
+
+/// The plan as text. `configured_stages` is `parallel.pipeline.stages` (1 without it).
+fn describe(r: &PlanReport, file: &std::path::Path, configured_stages: usize) -> String {
     let mut out = String::new();
     let m = &r.cost.memory;
+    let stages = plan_stages(r, configured_stages);
+    // `r.devices` is one stage's: the run's devices are the stages' together.
+    let devices = if stages > 1 {
+        format!(
+            "{} device(s) ({} pipeline stages of {})",
+            r.devices * stages,
+            stages,
+            r.devices
+        )
+    } else {
+        format!("{} device(s)", r.devices)
+    };
     out.push_str(&format!(
-        "plan: {} on {} device(s), profile {} ({} per device)\n",
+        "plan: {} on {devices}, profile {} ({} per device)\n",
         r.mode,
-        r.devices,
         r.profile.name,
         bytes(r.memory_budget as f64)
     ));
+    if r.pipeline.is_none() && stages > 1 {
+        out.push_str(&format!(
+            "note: the {stages} configured pipeline stages are not planned stage by stage: the strategies, step time and memory below are those of the whole model on one stage's {} device(s), with the schedule's bubble added (parallel.auto_pipeline plans each stage)\n",
+            r.devices
+        ));
+    }
     match (&r.loaded_from, r.search_ms > 0.0) {
         (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
         (None, true) => match r.pipeline.as_ref().filter(|p| p.config.stages > 1) {
@@ -272,12 +303,15 @@ fn pipeline_json(r: &PlanReport) -> serde_json::Value {
     })
 }
 
-/// The plan as JSON.
-fn to_json(r: &PlanReport, file: &std::path::Path) -> serde_json::Value {
+/// The plan as JSON. `configured_stages` is `parallel.pipeline.stages` (1 without it).
+fn to_json(r: &PlanReport, file: &std::path::Path, configured_stages: usize) -> serde_json::Value {
     let m = &r.cost.memory;
+    let stages = plan_stages(r, configured_stages);
     serde_json::json!({
         "mode": r.mode,
         "devices": r.devices,
+        "total_devices": r.devices * stages,
+        "stages": stages,
         "splits_nothing": r.splits_nothing(),
         "profile": r.profile.name,
         "search_ms": r.search_ms,

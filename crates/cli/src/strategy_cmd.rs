@@ -72,6 +72,7 @@ pub fn run(args: &StrategyArgs) -> anyhow::Result<()> {
                 "a file (a strategy file: MindSpore protobuf or JSON, or Tessera JSON)",
             )?;
             let s = Strategy::load(&a.file).context("cannot read the strategy")?;
+            check_strategy(&s)?;
             show_strategy(&s, a.json)
         }
         StrategyCommand::MergeStages(a) => merge_stages(a),
@@ -90,6 +91,37 @@ pub fn run(args: &StrategyArgs) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// Checks what `strategy show` prints: every parameter's layout binds to its recorded shape
+/// (one map entry per dim, each dim divisible by its split, the optimizer shard dividing its
+/// replicas; a file without shapes is checked at the smallest shape its splits divide) and
+/// every operator's split factors are at least 1. The reader checks each field alone; a file
+/// whose fields disagree would otherwise be shown as if it were valid.
+fn check_strategy(s: &Strategy) -> anyhow::Result<()> {
+    s.resolve_scale_free()
+        .context("the strategy is not valid")?;
+    for op in &s.ops {
+        let outputs = op.outputs.iter().flatten().map(|t| ("out_strategy", t));
+        for (i, (what, tuple)) in op
+            .inputs
+            .iter()
+            .map(|t| ("in_strategy", t))
+            .chain(outputs)
+            .enumerate()
+        {
+            if let Some(d) = tuple.iter().position(|&f| f == 0) {
+                let n_in = op.inputs.len();
+                let k = if i < n_in { i } else { i - n_in };
+                anyhow::bail!(
+                    "{}: operator {:?}: {what} tuple {k} {tuple:?} has split factor 0 at dim {d}; every split factor is at least 1",
+                    s.path.display(),
+                    op.name
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Prints a strategy: with `json`, MindSpore's `build_searched_strategy` dict for MindSpore

@@ -137,3 +137,51 @@ fn an_unknown_profile_lists_the_built_in_ones() {
         assert!(stderr.contains(needle), "{needle}: {stderr}");
     }
 }
+
+/// A pipelined plan's report names the run's devices, not one stage's: 2 stages of 1 device
+/// were printed "on 1 device(s)". Configured stages (without `parallel.auto_pipeline`) are not
+/// planned stage by stage, and the plan says so instead of passing the whole model's figures
+/// off as a stage's.
+#[test]
+fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
+    let dir = Scratch::new("plan-pipeline-devices");
+    let cfg = config(&dir.0);
+    let out = tessera(&["plan", s(&cfg)]);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("on 2 device(s) (2 pipeline stages of 1)"),
+        "{text}"
+    );
+    assert!(!text.contains("not planned stage by stage"), "{text}");
+    let out = tessera(&["plan", s(&cfg), "--json"]);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&json["devices"], &json["total_devices"], &json["stages"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(2),
+            &serde_json::json!(2)
+        )
+    );
+    let configured = [
+        "plan",
+        s(&cfg),
+        "--set",
+        "parallel.auto_pipeline=false",
+        "--set",
+        "parallel.pipeline.stages=2",
+    ];
+    let out = tessera(&configured);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("on 2 device(s) (2 pipeline stages of 1)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the 2 configured pipeline stages are not planned stage by stage"),
+        "{text}"
+    );
+}

@@ -56,6 +56,19 @@ pub enum LayoutError {
         /// Product of the device matrix.
         expected: usize,
     },
+    /// An interleaved mesh's rank list does not keep the `k` virtual copies of each mesh position
+    /// on one device in copy order (slot `s` must hold virtual rank `r*k + s % k`).
+    #[error("rank_list of an interleaved_parallel mesh (k = {k}) puts virtual rank {rank} at slot {slot}, where virtual rank {expected} belongs: the {k} slots of one mesh position must be the virtual ranks r*{k} .. r*{k}+{} of one device r, in order", .k - 1)]
+    InterleavedRankList {
+        /// The slot (position in the rank list).
+        slot: usize,
+        /// The virtual rank found there.
+        rank: usize,
+        /// The interleave factor.
+        k: usize,
+        /// The virtual rank the slot needs.
+        expected: usize,
+    },
     /// `rank_list` names a rank twice.
     #[error("rank_list names rank {rank} more than once")]
     DuplicateRank {

@@ -141,6 +141,7 @@ impl Mesh {
                 list.into()
             }
         };
+        check_interleaved_ranks(&axes, &rank_list)?;
         Ok(Mesh::with_checked_ranks(axes, rank_list))
     }
 
@@ -482,6 +483,31 @@ impl std::fmt::Display for Mesh {
     }
 }
 
+/// On an interleaved mesh (last axis [`INTERLEAVED_ALIAS`] of size `k`), the rank list holds
+/// *virtual* ranks: virtual rank `r*k + j` is copy `j` of physical device `r`. The `k` slots of
+/// one mesh position (consecutive slots differing only along the interleaved axis) are the `k`
+/// copies of one device, so slot `s` must hold a virtual rank whose copy index is `s % k`, and the
+/// slots of one position must name the same device. Any other list would put one position's
+/// copies on several devices (or label a copy with another's index), so it is refused.
+fn check_interleaved_ranks(axes: &[MeshAxis], rank_list: &[usize]) -> Result<(), LayoutError> {
+    let k = match axes.last() {
+        Some(a) if a.name == INTERLEAVED_ALIAS && a.size > 1 => a.size,
+        _ => return Ok(()),
+    };
+    for (slot, &rank) in rank_list.iter().enumerate() {
+        let first = rank_list[slot - slot % k];
+        if rank % k != slot % k || rank / k != first / k {
+            return Err(LayoutError::InterleavedRankList {
+                slot,
+                rank,
+                k,
+                expected: (first / k) * k + slot % k,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Whether `list` is `start..start + len` for its first entry `start`.
 fn is_contiguous(list: &[usize]) -> bool {
     list.first()
@@ -591,6 +617,40 @@ mod tests {
                 .n_slots(),
             1 << 20
         );
+    }
+
+    #[test]
+    fn an_interleaved_rank_list_keeps_each_positions_copies_on_one_device() {
+        let names = ["dp", INTERLEAVED_ALIAS];
+        // Virtual ranks r*2 + j in order: devices 3, 2, 1, 0.
+        let ok = Mesh::new(&[4, 2], &names, Some(vec![6, 7, 4, 5, 2, 3, 0, 1])).unwrap();
+        assert_eq!(ok.device_ranks(), vec![3, 2, 1, 0]);
+        // Reversed: slot 0 (copy 0) would be virtual rank 7, copy 1 of device 3.
+        let err = Mesh::new(&[4, 2], &names, Some((0..8).rev().collect())).unwrap_err();
+        assert_eq!(
+            err,
+            LayoutError::InterleavedRankList {
+                slot: 0,
+                rank: 7,
+                k: 2,
+                expected: 6
+            }
+        );
+        assert!(err.to_string().contains("interleaved_parallel"), "{err}");
+        // Position dp=1 split over devices 1 and 2.
+        let err = Mesh::new(&[2, 2], &names, Some(vec![0, 1, 2, 5])).unwrap_err();
+        assert!(matches!(
+            err,
+            LayoutError::InterleavedRankList {
+                slot: 3,
+                rank: 5,
+                expected: 3,
+                ..
+            }
+        ));
+        // A contiguous list must start on a device boundary.
+        assert!(Mesh::new(&[2, 2], &names, Some(vec![1, 2, 3, 4])).is_err());
+        assert!(Mesh::new(&[2, 2], &names, Some(vec![4, 5, 6, 7])).is_ok());
     }
 
     #[test]

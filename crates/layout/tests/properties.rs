@@ -50,18 +50,29 @@ fn arb_case() -> impl Strategy<Value = Case> {
                 if interleaved && sizes.len() > 1 {
                     axes.last_mut().unwrap().name = INTERLEAVED_ALIAS.to_string();
                 }
-                let n: usize = sizes.iter().product();
+                // Copies per device: the interleaved axis's size (virtual rank r*k + j is copy j
+                // of device r, so the k slots of a mesh position are one device's copies).
+                let k = if interleaved && sizes.len() > 1 {
+                    *sizes.last().unwrap()
+                } else {
+                    1
+                };
+                let n_devices: usize = sizes.iter().product::<usize>() / k;
                 let rank_list = permuted.then(|| {
-                    // A deterministic shuffle of 0..n from the seed, offset to look like a stage.
-                    let mut ranks: Vec<usize> = (0..n).map(|r| r + 100).collect();
+                    // A deterministic shuffle of the devices from the seed, offset to look like
+                    // a stage; each device's k virtual ranks stay together, in copy order.
+                    let mut devices: Vec<usize> = (0..n_devices).map(|r| r + 100).collect();
                     let mut s = seed | 1;
-                    for i in (1..ranks.len()).rev() {
+                    for i in (1..devices.len()).rev() {
                         s ^= s << 13;
                         s ^= s >> 7;
                         s ^= s << 17;
-                        ranks.swap(i, (s % (i as u64 + 1)) as usize);
+                        devices.swap(i, (s % (i as u64 + 1)) as usize);
                     }
-                    ranks
+                    devices
+                        .iter()
+                        .flat_map(|&d| (0..k).map(move |j| d * k + j))
+                        .collect::<Vec<usize>>()
                 });
                 let mesh = Mesh::from_axes(axes, rank_list).unwrap();
                 let mut dims: Vec<Vec<(u8, usize)>> = vec![Vec::new(); ndim];

@@ -209,6 +209,11 @@ pub fn evaluate(
                 if settings.held.is_some_and(|h| h.gradient_written_at_peak(v)) {
                     memory.activations += local;
                 }
+                if settings.held.is_some_and(|h| !h.has_gradient(v)) {
+                    // No gradient flows into this input (it is computed from the data alone):
+                    // the backward leaves it out, and with it its pending sum.
+                    continue;
+                }
                 devices_used / split
             }
         };

@@ -5,7 +5,7 @@
 //! gradients of the loss op's inputs (for a language model the logits' gradient, as large as
 //! the logits), which the estimate counts too.
 
-use graph::{Graph, NodeRole, ValueId};
+use graph::{Graph, NodeRole, Op, ValueId, ValueKind};
 
 /// Per value of a graph, whether the backward pass reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +13,10 @@ pub struct HeldValues {
     held: Vec<bool>,
     /// Whether the value's gradient is written at the peak: an input of the loss op.
     first_gradients: Vec<bool>,
+    /// Whether the backward computes the value's gradient: a floating-point value that depends
+    /// on a trainable parameter (autodiff builds no gradient for the others: the data, the
+    /// values computed from it alone, what a `StopGradient` cuts off).
+    gradients: Vec<bool>,
 }
 
 impl HeldValues {
@@ -27,6 +31,7 @@ impl HeldValues {
         let all = || HeldValues {
             held: vec![true; n],
             first_gradients: vec![false; n],
+            gradients: vec![true; n],
         };
         let Some(loss) = graph.outputs().iter().copied().find(|&v| {
             let value = &graph.values()[v.0];
@@ -57,7 +62,15 @@ impl HeldValues {
         HeldValues {
             held,
             first_gradients,
+            gradients: with_gradient(graph),
         }
+    }
+
+    /// Whether the backward pass computes `value`'s gradient (a value the analysis did not see
+    /// counts as having one). An op's input without one costs no gradient communication: no
+    /// pending sum of it, no redistribution of it back to its producer.
+    pub fn has_gradient(&self, value: ValueId) -> bool {
+        self.gradients.get(value.0).copied().unwrap_or(true)
     }
 
     /// Whether the backward reads `value` (a value the analysis did not see counts as held).
@@ -70,6 +83,41 @@ impl HeldValues {
     pub fn gradient_written_at_peak(&self, value: ValueId) -> bool {
         self.first_gradients.get(value.0).copied().unwrap_or(false)
     }
+}
+
+/// Per value of `graph`, whether autodiff gives it a gradient: floating-point values that
+/// depend on a trainable parameter, through the forward nodes (whose outputs are constants to
+/// autodiff for `StopGradient`, `Print` and a MoE router's masks, as `graph::grad` treats them).
+fn with_gradient(graph: &Graph) -> Vec<bool> {
+    let mut depends: Vec<bool> = graph
+        .values()
+        .iter()
+        .map(|v| {
+            matches!(
+                v.kind,
+                ValueKind::Parameter {
+                    trainable: true,
+                    ..
+                }
+            ) && v.dtype.is_float()
+        })
+        .collect();
+    for node in graph.nodes() {
+        if node.role != NodeRole::Forward
+            || matches!(
+                node.op,
+                Op::StopGradient | Op::Print { .. } | Op::MoeRoute { .. }
+            )
+        {
+            continue;
+        }
+        if node.inputs.iter().any(|v| depends[v.0]) {
+            for out in &node.outputs {
+                depends[out.0] = graph.values()[out.0].dtype.is_float();
+            }
+        }
+    }
+    depends
 }
 
 /// Per value among the first `n` of `training` (the forward graph's, which keep their ids),

@@ -72,12 +72,15 @@ fn request(
     }
 }
 
+/// The problem [`search`] solves: the same settings, the values the backward holds (and the
+/// gradients it computes) included.
 fn problem(graph: &Graph, profile: &DeviceProfile, devices: usize) -> SearchProblem {
+    let held = search::HeldValues::of(graph);
     let settings = EvalSettings {
         profile,
         devices,
         optimizer_states: 2,
-        held: None,
+        held: Some(&held),
     };
     SearchProblem::build(graph, &settings, &BTreeMap::new(), &BTreeMap::new()).unwrap()
 }
