@@ -15,6 +15,12 @@ pub fn run(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<(
     let Some(env) = ps::RoleEnv::from_process()? else {
         return run_local_job(config, metrics_log);
     };
+    // A server started on its own (by `tessera launch --ps-servers`, on another machine, in a
+    // pod) writes its snapshots into `<output.dir>/ps/` every `ps.checkpoint_every` steps: an
+    // unusable run directory is said now, not at its first snapshot, mid-run.
+    if env.role == ps::PsRole::Server {
+        runtime::check_parameter_server_output(config)?;
+    }
     if let Some(report) = ps::run_role(config, &env, metrics_log)? {
         print!("{}", ps::summary(&report, config, &env));
     }

@@ -38,6 +38,17 @@ pub struct RankEnvArgs {
     command: Vec<OsString>,
 }
 
+/// rank-env's line (under `tessera launch`, ended with the job's failure token) when the
+/// command was stopped by a signal (SIGSTOP, SIGTSTP, …): `… stopped (signal 19)`. A rank
+/// stopped while the others run makes them wait for it; the launcher names it.
+pub const RANK_STOPPED_LINE: &str = "tessera rank-env: the command was stopped";
+/// rank-env's line (under `tessera launch`) when the stopped command continued (SIGCONT).
+pub const RANK_CONTINUED_LINE: &str = "tessera rank-env: the command continued";
+/// rank-env's line (under `tessera launch`) when the command ended with exit code 0 after it
+/// started MPI (or without a word from an MPI backend either way): the launcher times how long
+/// the other ranks go on after it.
+pub const RANK_FINISHED_LINE: &str = "tessera rank-env: the command finished (exit code 0)";
+
 /// The signals passed on to the command.
 const PASSED_SIGNALS: [i32; 6] = [
     libc::SIGINT,
@@ -126,7 +137,7 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         .context("cannot start the signal thread")?;
     // Waiting without reaping keeps the child's process id from being reused while the
     // signal thread may still pass a signal to it.
-    let waited = wait_unreaped(pid);
+    let waited = wait_unreaped(pid, token.as_deref());
     handle.close();
     let _ = passer.join();
     waited.with_context(|| format!("cannot wait for rank {rank}'s command"))?;
@@ -134,13 +145,13 @@ pub fn run(args: &RankEnvArgs) -> anyhow::Result<()> {
         .wait()
         .with_context(|| format!("cannot wait for rank {rank}'s command"))?;
     end_descendants();
-    if status.success() && notice.is_some_and(|watch| !watch.started()) {
+    if status.success() {
         if let Some(token) = &token {
-            eprintln!(
-                "{} (exit code 0){}",
-                launch_env::RANK_ENDED_BEFORE_MPI_LINE,
-                launch_env::failure_token_suffix(token)
-            );
+            let line = match notice.is_some_and(|watch| !watch.started()) {
+                true => format!("{} (exit code 0)", launch_env::RANK_ENDED_BEFORE_MPI_LINE),
+                false => RANK_FINISHED_LINE.to_string(),
+            };
+            eprintln!("{line}{}", launch_env::failure_token_suffix(token));
         }
     }
     end_as(status, token.as_deref())
@@ -235,25 +246,52 @@ impl NoticeWatch {
     }
 }
 
-/// Waits for the child `pid` to end, leaving it to be reaped (`waitid` with `WNOWAIT`).
-fn wait_unreaped(pid: libc::pid_t) -> std::io::Result<()> {
+/// Waits for the child `pid` to end, leaving it to be reaped (`waitid` with `WNOWAIT`). Under
+/// `tessera launch` (`token` given) it also says when the command is stopped by a signal and
+/// when it continues ([`RANK_STOPPED_LINE`], [`RANK_CONTINUED_LINE`]).
+fn wait_unreaped(pid: libc::pid_t, token: Option<&str>) -> std::io::Result<()> {
+    let watch_stops = match token {
+        Some(_) => libc::WSTOPPED | libc::WCONTINUED,
+        None => 0,
+    };
     loop {
         // SAFETY: waitid(2) writes only into `info`, a zeroed siginfo_t owned here.
-        let done = unsafe {
+        let (done, code, signal) = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let done = libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT | watch_stops,
+            );
+            (done, info.si_code, info.si_status())
+        };
+        if done != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(error);
+            }
+            continue;
+        }
+        let line = match code {
+            libc::CLD_STOPPED => format!("{RANK_STOPPED_LINE} (signal {signal})"),
+            libc::CLD_CONTINUED => RANK_CONTINUED_LINE.to_string(),
+            _ => return Ok(()),
+        };
+        // Take the stop or continue event (without WEXITED nothing is reaped), so that the next
+        // wait blocks until the command's next change.
+        // SAFETY: as above.
+        unsafe {
             let mut info: libc::siginfo_t = std::mem::zeroed();
             libc::waitid(
                 libc::P_PID,
                 pid as libc::id_t,
                 &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if done == 0 {
-            return Ok(());
+                libc::WSTOPPED | libc::WCONTINUED | libc::WNOHANG,
+            );
         }
-        let error = std::io::Error::last_os_error();
-        if error.kind() != std::io::ErrorKind::Interrupted {
-            return Err(error);
+        if let Some(token) = token {
+            eprintln!("{line}{}", launch_env::failure_token_suffix(token));
         }
     }
 }

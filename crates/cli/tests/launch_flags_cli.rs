@@ -157,3 +157,121 @@ fn elastic_training_needs_the_launchers_store() {
         "{err}"
     );
 }
+
+/// `--log-dir` and `--hostfile` are checked before anything is created or started: a file, a
+/// path under a file, a directory where a file is expected, a log that is a directory or a
+/// named pipe (opening one for writing waited for a reader forever). Each error names the
+/// flag, the path, what is wrong and what was expected, and nothing is left behind.
+#[test]
+fn launch_paths_are_checked_before_anything_starts() {
+    let dir = Scratch::new("launch-paths");
+    let file = dir.0.join("afile");
+    std::fs::write(&file, "x").unwrap();
+    let refused = |args: &[&str], message: &str| {
+        let child = tessera_command()
+            .arg("launch")
+            .args(args)
+            .args(["--", "true"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = crate::util::wait_or_kill(child, std::time::Duration::from_secs(120))
+            .unwrap_or_else(|| panic!("{args:?}: tessera launch hung"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(message), "{args:?}: {err}");
+    };
+    let f = crate::util::s(&file);
+    let under = file.join("logs");
+    refused(
+        &["--nproc", "1", "--log-dir", f],
+        &format!("--log-dir {f}: is a file; expected a directory (the per-process logs"),
+    );
+    refused(
+        &[
+            "--nproc",
+            "1",
+            "--independent",
+            "--log_dir",
+            crate::util::s(&under),
+        ],
+        &format!("cannot be created: {f} is a file, not a directory; expected a directory"),
+    );
+    let d = crate::util::s(&dir.0);
+    refused(
+        &["--nproc", "1", "--hostfile", d],
+        &format!("--hostfile {d}: is a directory; expected a file (the MPI host file"),
+    );
+    refused(
+        &["--nproc", "1", "--hostfile", crate::util::s(&under)],
+        "does not exist (",
+    );
+    // A log that is a directory, or a named pipe: refused before any other log is created.
+    let logs = dir.0.join("logs");
+    std::fs::create_dir_all(logs.join("worker_1.log")).unwrap();
+    let l = crate::util::s(&logs);
+    refused(
+        &["--nproc", "2", "--independent", "--log-dir", l],
+        "worker_1.log: is a directory; expected a log file",
+    );
+    std::fs::remove_dir(logs.join("worker_1.log")).unwrap();
+    let fifo = std::ffi::CString::new(crate::util::s(&logs.join("worker_1.log"))).unwrap();
+    // SAFETY: mkfifo(3) with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    refused(
+        &["--nproc", "2", "--independent", "--log-dir", l],
+        "worker_1.log: is a named pipe, not a regular file; expected a log file",
+    );
+    let left: Vec<_> = std::fs::read_dir(&logs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["worker_1.log"], "worker_0.log was created: {left:?}");
+}
+
+/// Two launches running at once in one `--log-dir` would mix their lines in the same logs
+/// (and a failure's tail would show the other job's): the second is refused, naming the log
+/// and the flag, and the first job's log is untouched.
+#[test]
+fn a_log_dir_in_use_by_a_running_launch_is_refused() {
+    let dir = Scratch::new("launch-shared-logs");
+    let logs = dir.0.join("logs");
+    let l = crate::util::s(&logs);
+    let started = dir.0.join("started");
+    let script = format!("touch {}; exec sleep 600", crate::util::s(&started));
+    let mut first = tessera_command()
+        .args(["launch", "--nproc", "1", "--independent", "--log-dir", l])
+        .args(["--grace-period", "1", "--", "sh", "-c", &script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let begun = std::time::Instant::now();
+    while !started.exists() {
+        assert!(
+            begun.elapsed() < std::time::Duration::from_secs(120),
+            "the first job never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let second = tessera_command()
+        .args(["launch", "--nproc", "2", "--independent", "--log-dir", l])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(first.id() as libc::pid_t, libc::SIGTERM) };
+    let _ = first.wait();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "the second launch ran: {err}");
+    assert!(
+        err.contains("worker_0.log is being written by another tessera launch")
+            && err.contains("--log-dir"),
+        "{err}"
+    );
+    assert!(
+        !logs.join("worker_1.log").exists(),
+        "the refused launch left a log behind"
+    );
+}

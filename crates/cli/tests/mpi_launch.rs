@@ -560,3 +560,92 @@ fn failed_before_the_bound(launch_args: &[&str], command: &[&str]) -> String {
     );
     stderr(&out)
 }
+
+/// Runs `tessera launch LAUNCH… -- sh -c SCRIPT` (the ranks' logs in `<dir>/logs`) to its end
+/// under a guard far above the run's length: `None` when it hung.
+fn launch_script(dir: &Path, launch_args: &[&str], script: &str) -> Option<Output> {
+    let logs = dir.join("logs");
+    let mut all = vec!["--log-dir", s(&logs), "--grace-period", "2"];
+    all.extend(launch_args);
+    let child = launch(&all, &["sh", "-c", script]).spawn().unwrap();
+    wait_or_kill(child, Duration::from_secs(150))
+}
+
+/// A rank still running after another rank's command ended (a script looping or sleeping
+/// outside MPI) is named and the job stopped after `--hang_time_out`, with every process gone;
+/// it used to leave the launcher waiting forever.
+#[test]
+fn a_rank_running_on_after_another_ended_is_named_as_hung() {
+    let dir = Scratch::new("mpi-launch-hang-ended");
+    let script = format!(
+        "[ \"$TESSERA_RANK\" = 1 ] && sleep 600; exit 0 # {}",
+        s(&dir.0)
+    );
+    let out = launch_script(&dir.0, &["--nproc", "2", "--hang_time_out", "3"], &script)
+        .expect("tessera launch hung");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("rank 1 still running 3 s after rank 0's command ended (exit code 0)")
+            && err.contains("taken as hung (--hang_time_out 3)"),
+        "{err}"
+    );
+    assert!(
+        processes_mentioning(s(&dir.0)).is_empty(),
+        "{:?}",
+        processes_mentioning(s(&dir.0))
+    );
+}
+
+/// A rank stopped by a signal (SIGSTOP) while the others run is named and the job stopped
+/// after `--hang_time_out` (it used to wait forever, or until a collective's time out failed a
+/// rank that was only waiting for it); every process is gone afterwards, the stopped one too.
+#[test]
+fn a_stopped_rank_is_named_as_hung() {
+    let dir = Scratch::new("mpi-launch-hang-stopped");
+    let script = format!(
+        "[ \"$TESSERA_RANK\" = 1 ] && kill -STOP $$; sleep 600 # {}",
+        s(&dir.0)
+    );
+    let out = launch_script(&dir.0, &["--nproc", "2", "--hang_time_out", "3"], &script)
+        .expect("tessera launch hung");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("rank 1's command was stopped (signal 19, SIGSTOP) for 3 s or more while rank 0 kept running"),
+        "{err}"
+    );
+    assert!(
+        processes_mentioning(s(&dir.0)).is_empty(),
+        "{:?}",
+        processes_mentioning(s(&dir.0))
+    );
+}
+
+/// Without the watchdog (`--hang_time_out 0`), a rank that fails while another is stopped is
+/// named with the stopped one beside it: the failed rank may only have been waiting for it
+/// (a collective's time out names no peer).
+#[test]
+fn a_failure_report_names_a_rank_stopped_at_the_time() {
+    let dir = Scratch::new("mpi-launch-stopped-failure");
+    let log1 = dir.0.join("logs").join("worker_1.log");
+    let script = format!(
+        "if [ \"$TESSERA_RANK\" = 1 ]; then kill -STOP $$; sleep 600; fi; \
+         until grep -q 'command was stopped' {}; do sleep 0.2; done; exit 3",
+        s(&log1)
+    );
+    let out = launch_script(&dir.0, &["--nproc", "2", "--hang_time_out", "0"], &script)
+        .expect("tessera launch hung");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("worker 0 (rank 0) failed (exit code 3")
+            && err.contains("rank 1's command is stopped (signal 19, SIGSTOP), and the others may have waited for it"),
+        "{err}"
+    );
+    assert!(
+        processes_mentioning(s(&dir.0)).is_empty(),
+        "{:?}",
+        processes_mentioning(s(&dir.0))
+    );
+}

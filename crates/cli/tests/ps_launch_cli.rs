@@ -370,3 +370,41 @@ fn a_job_that_loses_every_worker_or_a_server_fails_naming_it() {
         crate::util::wait_until_gone(&roles, HANG_GUARD, "a fatal fault");
     }
 }
+
+/// A server started on its own (by a launcher on another machine, in a pod) with an
+/// `output.dir` it cannot write its snapshots into is refused at its start, naming the key,
+/// rather than failing at its first snapshot mid-run (or, as here, waiting for a scheduler
+/// first).
+#[test]
+fn a_server_role_refuses_an_unusable_output_dir_at_its_start() {
+    let dir = Scratch::new("ps-server-output");
+    let file = dir.0.join("afile");
+    std::fs::write(&file, "x").unwrap();
+    let run = file.join("run");
+    let child = tessera_command()
+        .args(["train", "examples/seed_parameter_server.toml"])
+        .args(["--set", "ps.servers=1", "--set", "ps.workers=1"])
+        .args(["--set", &format!("output.dir=\"{}\"", s(&run))])
+        .env("TESSERA_ROLE", "server")
+        .env("TESSERA_RANK", "1")
+        .env("TESSERA_WORLD_SIZE", "3")
+        .env("TESSERA_SERVER_ID", "0")
+        .env("TESSERA_NUM_SERVERS", "1")
+        .env("TESSERA_NUM_WORKERS", "1")
+        .env("TESSERA_SCHEDULER_ADDR", free_addr())
+        .env("TESSERA_JOB_SECRET", "s".repeat(32))
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_or_kill(child, HANG_GUARD).expect("the server hung");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("output.dir")
+            && err.contains(&format!("{} is a file, not a directory", s(&file))),
+        "{err}"
+    );
+}

@@ -24,7 +24,6 @@ use std::ffi::OsString;
 use std::fmt;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -83,6 +82,12 @@ pub struct LaunchArgs {
         visible_alias = "cluster_time_out"
     )]
     cluster_time_out: u64,
+    /// Collective job: seconds after which a rank is taken as hung and the job is stopped,
+    /// naming it: a rank stopped by a signal (SIGSTOP) this long while others run (0: never;
+    /// default 300), and, only when this flag is given, a rank still running this long after
+    /// another rank's command ended.
+    #[arg(long, value_name = "SECS", visible_alias = "hang_time_out")]
+    hang_time_out: Option<u64>,
     /// An MPI host file for one `mpirun` across hosts (reached by ssh).
     #[arg(long, value_name = "FILE")]
     hostfile: Option<PathBuf>,
@@ -147,14 +152,20 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
             node_rank: args.node_rank,
             hostfile: args.hostfile.clone(),
             cluster_secs: args.cluster_time_out,
+            hang_secs: args.hang_time_out.unwrap_or(collective::DEFAULT_HANG_SECS),
+            hang_after_end: args.hang_time_out.is_some(),
             restarts: args.restarts,
             grace_secs: args.grace_period,
             log_dir: args.log_dir.clone(),
             command: args.command.clone(),
         });
     }
-    if args.local_worker_num.is_some() || args.node_rank.is_some() || args.hostfile.is_some() {
-        anyhow::bail!("--local_worker_num, --node_rank and --hostfile belong to one collective job; they cannot be combined with --ps-servers or --independent");
+    if args.local_worker_num.is_some()
+        || args.node_rank.is_some()
+        || args.hostfile.is_some()
+        || args.hang_time_out.is_some()
+    {
+        anyhow::bail!("--local_worker_num, --node_rank, --hostfile and --hang_time_out belong to one collective job; they cannot be combined with --ps-servers or --independent");
     }
     let request = LaunchRequest {
         workers: args.nproc,
@@ -171,15 +182,8 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
     };
     let plan = JobPlan::new(request, free_local_port)?;
     raise_open_file_limit(plan.world_size());
-    std::fs::create_dir_all(&plan.log_dir)
-        .with_context(|| format!("cannot create the log directory {}", plan.log_dir.display()))?;
-    let mut logs = Vec::with_capacity(plan.processes.len());
-    for spec in &plan.processes {
-        let path = plan.log_dir.join(spec.log_file_name());
-        let log = output::LogFile::open(path.clone())
-            .with_context(|| format!("cannot open the log file {}", path.display()))?;
-        logs.push(Arc::new(log));
-    }
+    let names: Vec<String> = plan.processes.iter().map(|s| s.log_file_name()).collect();
+    let logs = output::open_logs(&plan.log_dir, &names)?;
     let events = supervise::channel();
     let signals = forward_signals(events.0.clone())?;
     eprintln!("[launch] {}", summary(&plan));

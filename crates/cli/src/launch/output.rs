@@ -50,6 +50,26 @@ impl LogFile {
         })
     }
 
+    /// Takes an exclusive lock on the file (`flock`), held while this launcher runs; a log
+    /// another running launcher holds is refused, naming it.
+    fn lock_for_this_launcher(&self) -> anyhow::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: flock(2) on a descriptor this struct owns, with plain integers.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::WouldBlock => anyhow::bail!(
+                "--log-dir: the log file {} is being written by another tessera launch that is running now; give each job its own --log-dir",
+                self.path.display()
+            ),
+            // A file system without locks: the log is still written.
+            _ => Ok(()),
+        }
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -68,6 +88,102 @@ impl LogFile {
                     self.path.display()
                 );
             }
+        }
+    }
+}
+
+/// What `--log-dir` must name (in errors).
+pub const LOG_DIR_EXPECTED: &str =
+    "a directory (the per-process logs <role>_<id>.log, appended to; created if missing)";
+
+/// Opens the log files `names` in the log directory `dir` (`--log-dir`) before anything starts,
+/// each locked for this launcher ([`LogFile::open`] appends; a lock held by another launcher is
+/// refused: two jobs writing one log would mix their lines and tails).
+///
+/// The directory is checked first (`tessera_runtime::check_output_path`: not a file, not under
+/// a file, creatable or writable), then every existing log (a regular file, not a directory or
+/// a named pipe, which would block the launcher). The error names `--log-dir`, the path, what
+/// is wrong and what was expected. When one cannot be opened, the logs and directories this
+/// call created are removed again and nothing else is touched.
+pub fn open_logs(dir: &Path, names: &[String]) -> anyhow::Result<Vec<Arc<LogFile>>> {
+    use runtime::PathKind;
+    runtime::check_output_path("--log-dir", dir, PathKind::Directory, LOG_DIR_EXPECTED)?;
+    let paths: Vec<PathBuf> = names.iter().map(|name| dir.join(name)).collect();
+    for path in &paths {
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            runtime::check_output_path(
+                "--log-dir",
+                path,
+                PathKind::File,
+                "a log file (appended to) or nothing",
+            )?;
+        }
+    }
+    let mut made = Made::default();
+    let opened = made.dirs(dir).and_then(|()| {
+        paths
+            .iter()
+            .map(|path| {
+                let existed = path.exists();
+                let log = LogFile::open(path.clone());
+                if !existed && log.is_ok() {
+                    made.files.push(path.clone());
+                }
+                let log = log.map_err(|e| {
+                    anyhow::anyhow!(
+                        "--log-dir {}: cannot open the log file {}: {e}",
+                        dir.display(),
+                        path.display()
+                    )
+                })?;
+                log.lock_for_this_launcher()?;
+                Ok(Arc::new(log))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    });
+    if opened.is_err() {
+        made.undo();
+    }
+    opened
+}
+
+/// What [`open_logs`] created, to remove again when it fails.
+#[derive(Default)]
+struct Made {
+    /// Directories created, outermost first.
+    dirs: Vec<PathBuf>,
+    /// Log files created.
+    files: Vec<PathBuf>,
+}
+
+impl Made {
+    /// Creates `dir` and its missing ancestors, remembering each.
+    fn dirs(&mut self, dir: &Path) -> anyhow::Result<()> {
+        let missing: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        for d in missing.into_iter().rev() {
+            std::fs::create_dir(&d).map_err(|e| {
+                anyhow::anyhow!(
+                    "--log-dir {}: cannot create the directory {}: {e}",
+                    dir.display(),
+                    d.display()
+                )
+            })?;
+            self.dirs.push(d);
+        }
+        Ok(())
+    }
+
+    /// Removes the files and then the directories made (a directory only while empty).
+    fn undo(&self) {
+        for file in &self.files {
+            let _ = std::fs::remove_file(file);
+        }
+        for dir in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }

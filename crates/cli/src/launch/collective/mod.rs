@@ -14,6 +14,7 @@
 //! `TESSERA_RESTART_COUNT` counting.
 
 pub mod agent;
+mod hang;
 mod master;
 mod mpi_start;
 mod mpirun;
@@ -35,7 +36,7 @@ use runtime::elastic::STORE_VAR;
 use runtime::launch_env::{FAILURE_TOKEN, LAUNCHER_VARS, RESTART_COUNT};
 
 use super::child::{self, Event, StartRequest};
-use super::output::{self, LogFile};
+use super::output;
 use super::plan::{PlanError, MAX_GRACE_SECS, MAX_RESTARTS, MAX_WORKERS};
 use super::{supervise, Interrupted, TAIL_LINES};
 use master::{Cluster, Shape};
@@ -44,6 +45,12 @@ use tagged::{RankOutput, TaggedRouter};
 
 /// Longest `--cluster_time_out` (a day).
 pub const MAX_CLUSTER_SECS: u64 = 86_400;
+
+/// `--hang_time_out` when not given, seconds (as `tessera train --timeout`'s default).
+pub const DEFAULT_HANG_SECS: u64 = 300;
+
+/// How often the watchdog (`--hang_time_out`) looks at the ranks' states.
+const HANG_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// How long to wait for `mpirun` to be reaped after SIGKILL.
 const AFTER_KILL_WAIT: Duration = Duration::from_secs(5);
@@ -66,6 +73,11 @@ pub struct CollectiveRequest {
     pub hostfile: Option<PathBuf>,
     /// `--cluster_time_out`, seconds.
     pub cluster_secs: u64,
+    /// `--hang_time_out`, seconds (0: no watchdog).
+    pub hang_secs: u64,
+    /// `--hang_time_out` was given: ranks running on after another rank's command ended are
+    /// taken as hung too ([`hang::HangRules::after_end`]).
+    pub hang_after_end: bool,
     /// `--restarts`: whole-job restarts.
     pub restarts: u32,
     /// `--grace-period`, seconds.
@@ -101,8 +113,21 @@ impl CollectiveRequest {
             "--hostfile names the hosts of one mpirun; it cannot be combined with --local_worker_num below --worker_num (msrun's model)"
         );
         if let Some(path) = &self.hostfile {
+            runtime::check_input_path(
+                "--hostfile",
+                path,
+                runtime::PathKind::File,
+                "a file (the MPI host file: one host a line, HOST [slots=N])",
+            )?;
             mpirun::check_hostfile(path)?;
         }
+        // Before anything starts (the logs are opened once the nodes have joined).
+        runtime::check_output_path(
+            "--log-dir",
+            &self.log_dir,
+            runtime::PathKind::Directory,
+            output::LOG_DIR_EXPECTED,
+        )?;
         if self.restarts > MAX_RESTARTS {
             return Err(PlanError::Restarts(self.restarts).into());
         }
@@ -113,6 +138,11 @@ impl CollectiveRequest {
             (1..=MAX_CLUSTER_SECS).contains(&self.cluster_secs),
             "--cluster_time_out must be between 1 and {MAX_CLUSTER_SECS} seconds, got {}",
             self.cluster_secs
+        );
+        anyhow::ensure!(
+            self.hang_secs <= MAX_CLUSTER_SECS,
+            "--hang_time_out must be at most {MAX_CLUSTER_SECS} seconds (0: never), got {}",
+            self.hang_secs
         );
         if self.command.is_empty() {
             return Err(PlanError::NoCommand.into());
@@ -158,12 +188,6 @@ pub fn run(request: &CollectiveRequest) -> anyhow::Result<()> {
         })?),
         None => None,
     };
-    std::fs::create_dir_all(&request.log_dir).with_context(|| {
-        format!(
-            "cannot create the log directory {}",
-            request.log_dir.display()
-        )
-    })?;
     let token = runtime::launch_env::JobSecret::generate()
         .context("cannot make the job's failure token")?;
     let router = Arc::new(open_logs(
@@ -293,23 +317,23 @@ fn is_loopback(master: &str) -> bool {
 /// Opens `worker_<rank>.log` for every rank and `mpirun.log` (appended to, as every launch
 /// log); the ranks' rank-env get `token` as their failure token.
 fn open_logs(dir: &Path, ranks: usize, token: &str) -> anyhow::Result<TaggedRouter> {
-    let open = |name: String, prefix: String| -> anyhow::Result<RankOutput> {
-        let path = dir.join(name);
-        let log = LogFile::open(path.clone())
-            .with_context(|| format!("cannot open the log file {}", path.display()))?;
-        Ok(RankOutput {
-            log: Arc::new(log),
-            prefix,
-        })
+    let mut names: Vec<String> = (0..ranks)
+        .map(|rank| format!("worker_{rank}.log"))
+        .collect();
+    names.push("mpirun.log".into());
+    let mut logs = output::open_logs(dir, &names)?;
+    let own = RankOutput {
+        log: logs.pop().context("internal error: no mpirun.log")?,
+        prefix: "[mpirun] ".into(),
     };
-    let mut outputs = Vec::with_capacity(ranks);
-    for rank in 0..ranks {
-        outputs.push(open(
-            format!("worker_{rank}.log"),
-            format!("[worker {rank}] "),
-        )?);
-    }
-    let own = open("mpirun.log".into(), "[mpirun] ".into())?;
+    let outputs = logs
+        .into_iter()
+        .enumerate()
+        .map(|(rank, log)| RankOutput {
+            log,
+            prefix: format!("[worker {rank}] "),
+        })
+        .collect();
     Ok(TaggedRouter::new(outputs, own, token))
 }
 
@@ -354,7 +378,16 @@ fn supervise_job(
         };
         let running = child::start(start, &sender)
             .with_context(|| format!("cannot start {}", job.mpirun.display()))?;
-        let status = wait(running.pid, &receiver, grace);
+        let hang = (request.hang_secs > 0).then(|| hang::HangRules {
+            limit: Duration::from_secs(request.hang_secs),
+            after_end: request.hang_after_end,
+        });
+        let status = wait(
+            running.pid,
+            &receiver,
+            grace,
+            hang.map(|rules| (&**router, rules)),
+        );
         router.flush();
         let status = status?;
         if status.success() {
@@ -388,16 +421,34 @@ fn supervise_job(
 }
 
 /// Waits for `mpirun` (process group `pid`) to end; a signal to the launcher is passed to it,
-/// with SIGKILL after `grace`. A job its ranks showed cannot complete ([`Event::Stop`]) is
+/// with SIGKILL after `grace`. A job its ranks showed cannot complete ([`Event::Stop`]), or
+/// that the watchdog takes as hung (`hang`: the ranks' router and `--hang_time_out`), is
 /// stopped the same way, and its status returned.
-fn wait(pid: libc::pid_t, events: &Receiver<Event>, grace: Duration) -> anyhow::Result<ExitStatus> {
+fn wait(
+    pid: libc::pid_t,
+    events: &Receiver<Event>,
+    grace: Duration,
+    hang: Option<(&TaggedRouter, hang::HangRules)>,
+) -> anyhow::Result<ExitStatus> {
     // (the signal that stops it, if one does; the deadline; whether SIGKILL was sent)
     let mut stopping: Option<(Option<i32>, Instant, bool)> = None;
     loop {
         let event = match &mut stopping {
-            None => events
-                .recv()
-                .map_err(|_| anyhow::anyhow!("internal error: the event channel closed"))?,
+            None => match hang {
+                None => events
+                    .recv()
+                    .map_err(|_| anyhow::anyhow!("internal error: the event channel closed"))?,
+                Some((router, rules)) => match events.recv_timeout(HANG_CHECK_EVERY) {
+                    Ok(event) => event,
+                    Err(RecvTimeoutError::Timeout) => match router.check_hung(rules) {
+                        Some(verdict) => Event::Stop(verdict),
+                        None => continue,
+                    },
+                    Err(RecvTimeoutError::Disconnected) => {
+                        anyhow::bail!("internal error: the event channel closed")
+                    }
+                },
+            },
             Some((_, deadline, killed)) => {
                 match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                     Ok(event) => event,
@@ -450,8 +501,20 @@ fn describe_failure(router: &TaggedRouter, status: &ExitStatus) -> String {
     if let Some(verdict) = router.cannot_complete() {
         return format!("{verdict} (mpirun: {shown})");
     }
+    // A rank stopped by a signal makes the others fail waiting for it (a collective's time out
+    // names no peer): say so beside the rank that failed.
+    let stopped = router.stopped_at_failure();
+    let stopped = match stopped.is_empty() {
+        true => String::new(),
+        false => format!(
+            "; {}, and the others may have waited for it",
+            stopped.join(", ")
+        ),
+    };
     let Some(rank) = router.failed_rank() else {
-        return format!("the job failed (mpirun: {shown}); see mpirun.log and the workers' logs");
+        return format!(
+            "the job failed (mpirun: {shown}){stopped}; see mpirun.log and the workers' logs"
+        );
     };
     if let Some(log) = router.rank_logs().nth(rank) {
         if let Ok(lines) = output::tail(log.path(), TAIL_LINES) {
@@ -462,7 +525,9 @@ fn describe_failure(router: &TaggedRouter, status: &ExitStatus) -> String {
         }
     }
     match router.failed_status() {
-        Some(status) => format!("worker {rank} (rank {rank}) failed ({status}; mpirun: {shown})"),
-        None => format!("worker {rank} (rank {rank}) failed (mpirun: {shown})"),
+        Some(status) => {
+            format!("worker {rank} (rank {rank}) failed ({status}; mpirun: {shown}){stopped}")
+        }
+        None => format!("worker {rank} (rank {rank}) failed (mpirun: {shown}){stopped}"),
     }
 }

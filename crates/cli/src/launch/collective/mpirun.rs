@@ -142,6 +142,8 @@ pub fn check_hostfile(path: &Path) -> anyhow::Result<()> {
     let text = layout::limits::read_text_bounded(path, MAX_HOSTFILE_BYTES)
         .map_err(|e| anyhow::anyhow!("--hostfile {}: {e}", path.display()))?;
     let mut hosts = 0;
+    // Each host's first line, and whether it gave a slot count (`slots=N`).
+    let mut seen: std::collections::HashMap<String, (usize, bool)> = Default::default();
     for (i, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or_default();
         let mut words = line.split_whitespace();
@@ -155,7 +157,9 @@ pub fn check_hostfile(path: &Path) -> anyhow::Result<()> {
             "{}: {host:?} is not a host name (letters, digits and . - _ : @ [ ] only)",
             at()
         );
+        let mut counted = false;
         for word in words {
+            counted |= word.starts_with("slots=") || word.starts_with("slot=");
             let number = word
                 .split_once('=')
                 .filter(|(key, _)| !key.is_empty())
@@ -166,6 +170,14 @@ pub fn check_hostfile(path: &Path) -> anyhow::Result<()> {
                 at()
             );
         }
+        // OpenMPI takes a host listed once per slot, or once with its slot count, and stops
+        // with an internal error on a mix of the two.
+        let (first, first_counted) = *seen.entry(host.to_string()).or_insert((i + 1, counted));
+        anyhow::ensure!(
+            first == i + 1 || !(counted || first_counted),
+            "{}: host {host} is listed again (first on line {first}) and one of its lines gives slots=: OpenMPI takes a host either once per slot or on one line with slots=N, not both; merge them into one line",
+            at()
+        );
         hosts += 1;
     }
     anyhow::ensure!(
@@ -261,6 +273,13 @@ mod tests {
         );
         let err = file("n$1\n").unwrap_err();
         assert!(err.contains("not a host name"), "{err}");
+        // A host once per slot is OpenMPI's other form; mixed with slots= it is refused.
+        file("node-1\nnode-1\n").unwrap();
+        let err = file("node-1 slots=1\nnode-2\nnode-1 slots=1\n").unwrap_err();
+        assert!(
+            err.contains("line 3: host node-1 is listed again (first on line 1)"),
+            "{err}"
+        );
         let err = file("# nothing\n\n").unwrap_err();
         assert!(err.contains("names no host"), "{err}");
         let err = check_hostfile(&dir.path().join("missing"))

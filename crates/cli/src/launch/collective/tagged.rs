@@ -22,8 +22,10 @@ use std::sync::{Arc, Mutex};
 
 use runtime::launch_env::{RANK_ENDED_BEFORE_MPI_LINE, RANK_FAILED_LINE, RANK_MPI_STARTING_LINE};
 
+use super::hang::{HangRules, RankStates};
 use super::mpi_start::MpiStarts;
 use crate::launch::child::Event;
+use crate::rank_env_cmd::{RANK_CONTINUED_LINE, RANK_FINISHED_LINE, RANK_STOPPED_LINE};
 
 use crate::launch::output::{cut_by_reader, write_out, LogFile, Router, MAX_LINE_BYTES};
 
@@ -50,6 +52,13 @@ pub struct TaggedRouter {
     token: String,
     /// Which ranks said they started MPI, and which ended without.
     mpi_starts: Mutex<MpiStarts>,
+    /// Which ranks' commands ended or are stopped (the watchdog's view, `--hang_time_out`).
+    states: Mutex<RankStates>,
+    /// The ranks stopped by a signal when the first failure was reported (`mpirun` may continue
+    /// them as it stops the job).
+    stopped_at_failure: Mutex<Vec<String>>,
+    /// Why the watchdog took this attempt as hung, once it did.
+    hung: Mutex<Option<String>>,
     /// Where to say that the job cannot complete ([`Event::Stop`]).
     stop: Mutex<Option<Sender<Event>>>,
     /// The rank and stream whose piece ended the last line the reader cut at
@@ -65,6 +74,12 @@ enum RankReport {
     MpiStarting,
     /// The command ended with exit code 0 without starting MPI: the line as shown.
     EndedBeforeMpi(Vec<u8>),
+    /// The command ended with exit code 0 (after starting MPI).
+    Finished,
+    /// The command was stopped by this signal: the line as shown.
+    Stopped(i32, Vec<u8>),
+    /// The stopped command continued: the line as shown.
+    Continued(Vec<u8>),
 }
 
 /// One tagged piece of a line: its rank, its stream and its text.
@@ -86,6 +101,9 @@ impl TaggedRouter {
             failed_rank: Mutex::new(None),
             token: token.to_string(),
             mpi_starts: Mutex::new(MpiStarts::default()),
+            states: Mutex::new(RankStates::default()),
+            hung: Mutex::new(None),
+            stopped_at_failure: Mutex::new(Vec::new()),
             stop: Mutex::new(None),
             continued: Mutex::new(None),
         }
@@ -96,13 +114,61 @@ impl TaggedRouter {
         *self.stop.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
     }
 
-    /// Why this attempt cannot complete, once the ranks' reports showed it.
+    /// Why this attempt cannot complete, once the ranks' reports showed it (or the watchdog
+    /// took it as hung: [`TaggedRouter::check_hung`]).
     pub fn cannot_complete(&self) -> Option<String> {
-        self.mpi_starts
+        let mpi = self
+            .mpi_starts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .verdict()
-            .map(str::to_string)
+            .map(str::to_string);
+        mpi.or_else(|| self.hung.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// Why this attempt is hung under `rules` (`--hang_time_out`), the first time it is
+    /// ([`RankStates::hung`]); `None` before, and after it was said once.
+    pub fn check_hung(&self, rules: HangRules) -> Option<String> {
+        let mut hung = self.hung.lock().unwrap_or_else(|p| p.into_inner());
+        if hung.is_some() {
+            return None;
+        }
+        let verdict =
+            self.lock_states()
+                .hung(self.ranks.len(), std::time::Instant::now(), rules)?;
+        *hung = Some(verdict.clone());
+        Some(verdict)
+    }
+
+    /// `rank 1's command is stopped (signal 19, SIGSTOP)` for each rank stopped when the first
+    /// failure was reported (or now, without one).
+    pub fn stopped_at_failure(&self) -> Vec<String> {
+        let at = self
+            .stopped_at_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match self.failed().is_some() {
+            true => at,
+            false => self.lock_states().stopped_now(),
+        }
+    }
+
+    /// Records the first failure (`rank`, how its command ended when known) and the ranks
+    /// stopped at that moment.
+    fn note_failure(&self, rank: usize, status: Option<String>) {
+        let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.is_none() {
+            *failed = Some((rank, status));
+            *self
+                .stopped_at_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = self.lock_states().stopped_now();
+        }
+    }
+
+    fn lock_states(&self) -> std::sync::MutexGuard<'_, RankStates> {
+        self.states.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records one rank's MPI report; a new verdict is sent on as [`Event::Stop`].
@@ -162,6 +228,14 @@ impl TaggedRouter {
             Some(RankReport::MpiStarting)
         } else if shown.starts_with(RANK_ENDED_BEFORE_MPI_LINE.as_bytes()) {
             Some(RankReport::EndedBeforeMpi(with_newline()))
+        } else if shown == RANK_FINISHED_LINE.as_bytes() {
+            Some(RankReport::Finished)
+        } else if shown == RANK_CONTINUED_LINE.as_bytes() {
+            Some(RankReport::Continued(with_newline()))
+        } else if shown.starts_with(RANK_STOPPED_LINE.as_bytes()) {
+            let text = std::str::from_utf8(&shown[RANK_STOPPED_LINE.len()..]).ok()?;
+            let signal = text.trim().strip_prefix("(signal ")?.strip_suffix(')')?;
+            Some(RankReport::Stopped(signal.parse().ok()?, with_newline()))
         } else {
             None
         }
@@ -190,6 +264,12 @@ impl TaggedRouter {
     pub fn reset(&self) {
         *self.failed_rank.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.mpi_starts.lock().unwrap_or_else(|p| p.into_inner()) = MpiStarts::default();
+        *self.lock_states() = RankStates::default();
+        *self.hung.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.stopped_at_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         *self.continued.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.pending
             .lock()
@@ -220,8 +300,7 @@ impl Router for TaggedRouter {
         }
         if pieces.is_empty() {
             if let Some(rank) = reported_failure(line) {
-                let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
-                failed.get_or_insert((rank, None));
+                self.note_failure(rank, None);
             }
             emit(&self.own.log, &self.own.prefix, line);
             return;
@@ -242,16 +321,33 @@ impl Router for TaggedRouter {
                 if buffer.last() != Some(&b'\n') {
                     buffer.push(b'\n');
                 }
+                let now = std::time::Instant::now();
                 match self.rank_report(buffer).filter(|_| piece.stderr) {
                     Some(RankReport::Failed(shown)) => {
-                        let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
-                        failed.get_or_insert((piece.rank, failure_status(&shown)));
+                        let status = failure_status(&shown);
+                        let how = status.clone().unwrap_or_else(|| "failed".into());
+                        self.note_failure(piece.rank, status);
+                        self.lock_states().ended(piece.rank, now, how);
                         emit(&out.log, &out.prefix, &shown);
                     }
                     // Not the rank's output: recorded, not shown.
                     Some(RankReport::MpiStarting) => self.note_mpi(piece.rank, true),
+                    Some(RankReport::Finished) => {
+                        self.lock_states()
+                            .ended(piece.rank, now, "exit code 0".into());
+                    }
                     Some(RankReport::EndedBeforeMpi(shown)) => {
+                        self.lock_states()
+                            .ended(piece.rank, now, "exit code 0".into());
                         self.note_mpi(piece.rank, false);
+                        emit(&out.log, &out.prefix, &shown);
+                    }
+                    Some(RankReport::Stopped(signal, shown)) => {
+                        self.lock_states().stopped(piece.rank, now, signal);
+                        emit(&out.log, &out.prefix, &shown);
+                    }
+                    Some(RankReport::Continued(shown)) => {
+                        self.lock_states().continued(piece.rank);
                         emit(&out.log, &out.prefix, &shown);
                     }
                     None => emit(&out.log, &out.prefix, buffer),
