@@ -59,6 +59,17 @@ impl NodeStore {
                 ),
             });
         }
+        // The snapshots are written mid-run: a store no file can be made in is said now.
+        if let Err(e) = crate::paths::probe(&dir) {
+            return Err(RuntimeError::Config {
+                key: super::STORE_VAR.to_string(),
+                reason: format!(
+                    "{}: no file can be made in it ({e}); expected a writable directory (the \
+                     launcher's in-memory store of train.elastic's snapshots)",
+                    dir.display()
+                ),
+            });
+        }
         Ok(NodeStore { dir })
     }
 
@@ -472,5 +483,25 @@ mod tests {
     fn a_store_must_exist() {
         let err = NodeStore::open(PathBuf::from("/nonexistent/tessera-store")).unwrap_err();
         assert!(err.to_string().contains(super::super::STORE_VAR), "{err}");
+    }
+
+    /// A store the snapshots cannot be written into is refused when the run starts, not at
+    /// its first snapshot (`/proc/self` is a directory no file can be made in, even by root).
+    #[test]
+    fn a_store_must_be_writable() {
+        let err = NodeStore::open(PathBuf::from("/proc/self")).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(super::super::STORE_VAR), "{text}");
+        assert!(
+            text.contains("/proc/self: no file can be made in it"),
+            "{text}"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        NodeStore::open(tmp.path().to_path_buf()).unwrap();
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            0,
+            "the probe is removed"
+        );
     }
 }
