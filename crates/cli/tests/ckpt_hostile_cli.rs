@@ -379,3 +379,29 @@ fn a_strategy_with_shapes_listing_a_tensor_no_file_holds() {
         "{report}"
     );
 }
+
+/// `load-segmented DIR --out DIR/merged.ckpt` writes where a later load of DIR reads it as one
+/// more segment (the later file by name wins a duplicate tensor, MindSpore's rule): the
+/// command says so, and says nothing when the output goes elsewhere.
+#[test]
+fn a_segment_merge_written_into_its_own_directory_is_warned_about() {
+    let dir = Scratch::new("ckpt-segments-out");
+    let segments = dir.0.join("segments");
+    std::fs::create_dir_all(&segments).unwrap();
+    for part in ["part0.ckpt", "part1.ckpt"] {
+        std::fs::copy(case1().join("segmented").join(part), segments.join(part)).unwrap();
+    }
+    let inside = segments.join("zz_merged.ckpt");
+    let out = tessera(&["ckpt", "load-segmented", s(&segments), "--out", s(&inside)]);
+    assert_ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: --out") && err.contains("one more segment"),
+        "{err}"
+    );
+    let outside = dir.0.join("merged.ckpt");
+    let out = tessera(&["ckpt", "load-segmented", s(&segments), "--out", s(&outside)]);
+    assert_ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -127,6 +127,19 @@ pub(super) fn merge(a: &MergeArgs) -> anyhow::Result<()> {
     )
 }
 
+/// Whether the file `out` would be written into the directory `dir` (compared canonically, so
+/// `./x/../dir/merged.ckpt` is in `dir`); `false` when either cannot be resolved.
+fn lands_in(out: &std::path::Path, dir: &std::path::Path) -> bool {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    match (parent.canonicalize(), dir.canonicalize()) {
+        (Ok(parent), Ok(dir)) => parent == dir,
+        _ => false,
+    }
+}
+
 /// Runs `tessera ckpt load-segmented`.
 pub(super) fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
     runtime::check_input_path(
@@ -142,6 +155,16 @@ pub(super) fn load_segmented(a: &LoadSegmentedArgs) -> anyhow::Result<()> {
             runtime::PathKind::File,
             "a file to write (ending in .ckpt or .safetensors)",
         )?;
+        if lands_in(out, &a.dir) {
+            eprintln!(
+                "warning: --out {} is in the checkpoint directory {}: a later load-segmented of \
+                 that directory reads it as one more segment, whose tensors stand in for the \
+                 parts' by file name order (MindSpore's rule: the later file wins); write it \
+                 elsewhere to keep the segments alone",
+                out.display(),
+                a.dir.display()
+            );
+        }
     }
     let decryption = a.decrypt.decryption()?;
     let entries = ckpt::load_segmented_checkpoints_with(&a.dir, decryption.as_ref())?;
