@@ -2,6 +2,7 @@
 
 mod ckpt_cli;
 mod ckpt_hostile_cli;
+mod data_hostile_cli;
 mod diff_cli;
 mod fail_fast_cli;
 mod hostile_cli;

@@ -17,6 +17,7 @@ use tensor::{DType, Tensor};
 
 use crate::data::Tokenizer;
 use crate::error::RuntimeError;
+use crate::host_memory::{host_memory, HostMemory};
 
 /// The model description a GPT run saves in its output directory.
 pub const MODEL_FILE: &str = "model.json";
@@ -113,7 +114,12 @@ impl SavedModel {
             seq_len: size("seq_len")?,
             ffn_hidden: size("ffn_hidden")?,
             dropout: 0.0,
-            tie_embeddings: json["tie_embeddings"].as_bool().unwrap_or(true),
+            tie_embeddings: match &json["tie_embeddings"] {
+                Value::Null => true,
+                value => value
+                    .as_bool()
+                    .ok_or_else(|| bad(format!("\"tie_embeddings\" is {value}, not a boolean")))?,
+            },
             fused_attention: true,
             packed_attention: true,
             batch: 1,
@@ -121,7 +127,70 @@ impl SavedModel {
             moe: moe_from_json(&json["moe"]).map_err(bad)?,
         };
         gpt.validate().map_err(|e| bad(e.to_string()))?;
+        check_vocabulary(&vocabulary, gpt.vocab_size).map_err(bad)?;
         Ok(SavedModel { gpt, vocabulary })
+    }
+}
+
+/// The tokenizer of `model.json` agrees with its `"vocab_size"`: 256 for bytes; for characters
+/// one per character of `"alphabet"`, which must be in strictly increasing code-point order (as
+/// a run writes it: encoding looks characters up by binary search, so an unsorted or repeated
+/// alphabet would silently map text to the wrong ids).
+fn check_vocabulary(vocabulary: &Vocabulary, vocab_size: usize) -> Result<(), String> {
+    match vocabulary {
+        Vocabulary::Text(Tokenizer::Byte) if vocab_size != 256 => Err(format!(
+            "\"vocab_size\" is {vocab_size}, but the byte tokenizer has a vocabulary of 256"
+        )),
+        Vocabulary::Text(Tokenizer::Char { alphabet }) => {
+            if let Some(pair) = alphabet.windows(2).find(|pair| pair[0] >= pair[1]) {
+                return Err(format!(
+                    "the \"alphabet\" is not in strictly increasing code-point order ({:?} before {:?}): it is the sorted distinct characters of the training text",
+                    pair[0], pair[1]
+                ));
+            }
+            if alphabet.len() != vocab_size {
+                return Err(format!(
+                    "the \"alphabet\" holds {} characters, but \"vocab_size\" is {vocab_size}: one token per character",
+                    alphabet.len()
+                ));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// At least the memory sampling from `gpt` takes, in bytes: its parameters twice (the
+/// executor's and the checkpoint's, read whole before they are copied in) and a forward pass's
+/// activations of batch 1 (a few of the largest per layer), 4 bytes per element.
+fn generate_memory(gpt: &GptConfig) -> u128 {
+    let activations = gpt.largest_activation() * (2 * gpt.layers as u128 + 4);
+    (gpt.parameter_count() * 2 + activations) * 4
+}
+
+/// Sampling from `gpt` (described by `path`) fits `memory`, or the error names the model's
+/// sizes and both figures.
+fn check_generate_memory(
+    gpt: &GptConfig,
+    path: &Path,
+    memory: Option<HostMemory>,
+) -> Result<(), RuntimeError> {
+    let need = generate_memory(gpt);
+    match memory {
+        Some(memory) if need > u128::from(memory.available) => Err(RuntimeError::Data {
+            path: path.to_path_buf(),
+            reason: format!(
+                "sampling from this model needs at least {need} bytes ({} parameters, held twice while the checkpoint loads, plus the activations of vocabulary {}, hidden {}, seq_len {}, layers {}), but {} bytes are available ({})",
+                gpt.parameter_count(),
+                gpt.vocab_size,
+                gpt.hidden,
+                gpt.seq_len,
+                gpt.layers,
+                memory.available,
+                memory.source
+            ),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -205,6 +274,7 @@ pub fn generate(run_dir: &Path, options: &GenerateOptions) -> Result<String, Run
             reason: "the prompt is empty: give at least one token to continue".to_string(),
         });
     }
+    check_generate_memory(gpt, &run_dir.join(MODEL_FILE), host_memory())?;
     let model = models::gpt(gpt, DType::F32).map_err(|e| RuntimeError::Config {
         key: MODEL_FILE.to_string(),
         reason: e.to_string(),
@@ -357,5 +427,74 @@ mod tests {
         std::fs::write(dir.path().join(MODEL_FILE), text).unwrap();
         let err = SavedModel::read(dir.path()).unwrap_err().to_string();
         assert!(err.contains("moe.top_k"), "{err}");
+    }
+
+    fn write_model(dir: &Path, edit: impl FnOnce(&mut Value)) {
+        let saved = SavedModel {
+            gpt: GptConfig::new(3, 1, 2, 16, 8, 1),
+            vocabulary: Vocabulary::Text(Tokenizer::Char {
+                alphabet: vec!['a', 'b', 'c'],
+            }),
+        };
+        let mut json = saved.to_json();
+        edit(&mut json);
+        std::fs::write(dir.join(MODEL_FILE), json.to_string()).unwrap();
+    }
+
+    /// An alphabet out of order, repeated or of the wrong length, and a byte tokenizer whose
+    /// vocabulary is not 256, used to encode prompts to wrong ids (binary search on an unsorted
+    /// alphabet) or decode samples to U+FFFD without a word; a mistyped `tie_embeddings` was
+    /// read as `true`.
+    #[test]
+    fn model_json_vocabulary_must_agree_with_its_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), |_| {});
+        assert!(SavedModel::read(dir.path()).is_ok());
+        let cases: [(&str, Value, &str); 5] = [
+            ("alphabet", json!("bac"), "strictly increasing"),
+            ("alphabet", json!("abb"), "strictly increasing"),
+            ("alphabet", json!("ab"), "holds 2 characters"),
+            ("tokenizer", json!("byte"), "vocabulary of 256"),
+            ("tie_embeddings", json!("yes"), "not a boolean"),
+        ];
+        for (key, value, want) in cases {
+            write_model(dir.path(), |json| json[key] = value.clone());
+            let err = SavedModel::read(dir.path()).unwrap_err().to_string();
+            assert!(
+                err.contains(want) && err.contains(MODEL_FILE),
+                "{key} = {value}: {err}"
+            );
+        }
+    }
+
+    /// A `model.json` within every per-size bound can still describe a model far larger than
+    /// the memory (vocabulary 2^24 × hidden 64: 4 GiB of parameters); sampling from it aborted
+    /// on allocation. It is refused before the model is built, naming the file and both figures.
+    #[test]
+    fn a_model_larger_than_the_memory_is_refused_before_it_is_built() {
+        let huge = GptConfig {
+            batch: 1,
+            ..GptConfig::new(1 << 24, 1, 2, 64, 8, 1)
+        };
+        huge.validate().unwrap();
+        let memory = HostMemory {
+            available: 3 << 30,
+            source: "the address-space limit (ulimit -v)",
+        };
+        let path = Path::new("run/model.json");
+        let err = check_generate_memory(&huge, path, Some(memory))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("run/model.json")
+                && err.contains(&format!("{} bytes are available", 3u64 << 30)),
+            "{err}"
+        );
+        let small = GptConfig {
+            batch: 1,
+            ..GptConfig::new(256, 2, 4, 16, 8, 1)
+        };
+        assert!(check_generate_memory(&small, path, Some(memory)).is_ok());
+        assert!(generate_memory(&huge) > u128::from(memory.available));
     }
 }

@@ -142,8 +142,7 @@ fn token_files_are_read_by_window_and_checked() {
             .collect::<Vec<_>>()
     );
     // Ids beyond the vocabulary, odd lengths and impossible vocabularies are errors.
-    let small = TokenCorpus::open_tokens(&path, TokenDtype::U16, Some(10), 0.1).unwrap();
-    let err = small.train.read_rows(&[0], 20).unwrap_err();
+    let err = TokenCorpus::open_tokens(&path, TokenDtype::U16, Some(10), 0.1).unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     let odd = write(dir.path(), "odd.bin", &[1, 2, 3]);
     let err = TokenCorpus::open_tokens(&odd, TokenDtype::U16, Some(10), 0.1).unwrap_err();
@@ -182,4 +181,56 @@ fn the_bundled_kjv_text_reads() {
     assert_eq!(c.train.len() + c.val.len(), 4_153_207);
     let (inputs, _) = c.train.read_rows(&[0], 9).unwrap();
     assert_eq!(c.tokenizer.decode(&inputs), "Genesis 1");
+}
+
+/// An id at or above `data.vocab_size` anywhere in a token file is found when the file is
+/// opened, naming the token and its byte offset. It used to pass until a training window
+/// happened to hold it (a run could train for hours first, or never notice it in the
+/// validation split).
+#[test]
+fn a_token_id_outside_the_vocabulary_is_found_when_the_file_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids: Vec<u32> = (0..3000).map(|i| i % 50).collect();
+    ids[2500] = 60_000;
+    let bytes: Vec<u8> = ids.iter().flat_map(|x| (*x as u16).to_le_bytes()).collect();
+    let path = write(dir.path(), "rare.bin", &bytes);
+    let err = TokenCorpus::open_tokens(&path, TokenDtype::U16, Some(50), 0.1).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("rare.bin")
+            && text.contains("token 2500 (byte offset 5000) has id 60000")
+            && text.contains("data.vocab_size"),
+        "{text}"
+    );
+    // The same with u32 ids past the vocabulary's last token, in the validation split.
+    let mut ids32 = ids.clone();
+    ids32[2500] = 0;
+    ids32[2999] = 50;
+    let bytes: Vec<u8> = ids32.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let path = write(dir.path(), "last.bin", &bytes);
+    let err = TokenCorpus::open_tokens(&path, TokenDtype::U32, Some(50), 0.1).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("token 2999 (byte offset 11996) has id 50"),
+        "{err}"
+    );
+    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U32, Some(51), 0.1).is_ok());
+}
+
+/// A device given as a text file is refused at once, naming it: `/dev/zero` used to be read
+/// until the 2 GiB limit (or the memory) ran out.
+#[test]
+fn a_device_is_not_read_as_a_text_file() {
+    for char_tokens in [false, true] {
+        let path = Path::new("/dev/zero");
+        let started = std::time::Instant::now();
+        let err = TokenCorpus::open_text(path, char_tokens, 0.1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/dev/zero") && err.contains("is a device"),
+            "{err}"
+        );
+        assert!(started.elapsed().as_secs() < 5, "{err}");
+    }
 }

@@ -1,10 +1,14 @@
 //! Token streams for language modelling: a UTF-8 text file (plain or gzip) tokenised by byte or
 //! by character, or a flat binary file of `u16`/`u32` token ids (nanoGPT's `.bin` files).
 //!
-//! - [`TokenCorpus::open_text`] reads the whole text (bounded by [`MAX_TEXT_BYTES`]), tokenises
-//!   it and splits it: the last `val_fraction` of the tokens is held out for validation.
-//! - [`TokenCorpus::open_tokens`] indexes a token file without reading it; windows are read with
-//!   positioned reads, so each rank reads only its own rows.
+//! - [`TokenCorpus::open_text`] reads the whole text (bounded by [`MAX_TEXT_BYTES`], and by the
+//!   memory available: a text and its tokens take 5 bytes per byte of text, checked before a
+//!   plain file is read and while a gzip file is decompressed, so a gzip bomb stops with an
+//!   error), tokenises it and splits it: the last `val_fraction` of the tokens is held out for
+//!   validation.
+//! - [`TokenCorpus::open_tokens`] scans a token file once (every id must be below the
+//!   vocabulary) without keeping it; windows are read with positioned reads, so each rank reads
+//!   only its own rows.
 //! - [`TokenSplit::window_starts`]: the start of every row of a global batch, a pure function of
 //!   the seed, the epoch and the step (the same on every rank and for every device count), and
 //!   [`TokenSplit::read_rows`] the `seq_len + 1` tokens of some of those rows: inputs are the
@@ -17,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::RuntimeError;
+use crate::host_memory::{host_memory, HostMemory};
 
 /// The largest text (after decompression) read into memory: 2 GiB.
 pub const MAX_TEXT_BYTES: u64 = 2 << 30;
@@ -112,8 +117,9 @@ impl TokenDtype {
 /// Where a split's tokens live.
 #[derive(Debug, Clone)]
 enum Store {
-    /// In memory.
-    Memory(Arc<[u32]>),
+    /// In memory: `len` tokens of the whole stream from token `first` (both splits share one
+    /// buffer, so the tokens are held once).
+    Memory { tokens: Arc<Vec<u32>>, first: usize },
     /// In a token file: `len` tokens from token `first`.
     File {
         path: PathBuf,
@@ -169,44 +175,53 @@ fn train_len(n: u64, val_fraction: f64) -> u64 {
 impl TokenCorpus {
     /// Reads the UTF-8 text file `path` (gzip when it ends in `.gz`), tokenised byte by byte
     /// (`char_tokens` false) or by distinct character.
+    ///
+    /// The text and its tokens must fit the memory available ([`crate::host_memory`]): 5 bytes
+    /// per byte of text (the text, then a 4-byte token per byte at most). A plain file is
+    /// checked before it is read; a gzip file while it is decompressed, so a gzip bomb stops
+    /// with an error naming the file and both figures. A device (`/dev/zero`) is refused.
     pub fn open_text(
         path: &Path,
         char_tokens: bool,
         val_fraction: f64,
     ) -> Result<TokenCorpus, RuntimeError> {
         check_fraction(path, val_fraction)?;
-        let text = read_text(path)?;
+        let memory = host_memory();
+        let text = read_text(path, memory)?;
         let tokenizer = if char_tokens {
-            let mut alphabet: Vec<char> = text.chars().collect();
-            alphabet.sort_unstable();
-            alphabet.dedup();
-            Tokenizer::Char { alphabet }
+            Tokenizer::Char {
+                alphabet: distinct_chars(&text),
+            }
         } else {
             Tokenizer::Byte
         };
-        let tokens = tokenizer
-            .encode(&text)
-            .map_err(|reason| data_error(path, reason))?;
+        let tokens = encode_text(&tokenizer, &text, path)?;
         drop(text);
         let n = tokens.len() as u64;
-        let cut = train_len(n, val_fraction) as usize;
+        let cut = train_len(n, val_fraction);
         let vocab_size = tokenizer.vocab_size();
-        let split = |part: &[u32]| TokenSplit {
+        let tokens = Arc::new(tokens);
+        let split = |first: u64, len: u64| TokenSplit {
             path: path.to_path_buf(),
-            store: Store::Memory(part.into()),
-            len: part.len() as u64,
+            store: Store::Memory {
+                tokens: tokens.clone(),
+                first: first as usize,
+            },
+            len,
             vocab_size,
         };
         Ok(TokenCorpus {
-            train: split(&tokens[..cut]),
-            val: split(&tokens[cut..]),
+            train: split(0, cut),
+            val: split(cut, n - cut),
             tokenizer,
         })
     }
 
-    /// Indexes the token file `path` of `dtype` ids below `vocab_size` (ids are checked as they
-    /// are read). Without a `vocab_size`, the file is scanned once and the vocabulary is one
-    /// more than its largest id.
+    /// Indexes the token file `path` of `dtype` ids below `vocab_size`. The file is scanned once
+    /// here: with a `vocab_size`, an id at or above it is an error naming the file, the token
+    /// and its byte offset (found before training, not when a window happens to hold it);
+    /// without one, the vocabulary is one more than the largest id. Windows are checked again
+    /// as they are read.
     pub fn open_tokens(
         path: &Path,
         dtype: TokenDtype,
@@ -242,16 +257,15 @@ impl TokenCorpus {
                 ),
             ));
         }
-        let vocab_size = match vocab_size {
-            Some(v) => v,
-            None => largest_id(&file, path, dtype, bytes)? as usize + 1,
-        };
-        if vocab_size == 0 || (dtype == TokenDtype::U16 && vocab_size > 1 << 16) {
+        let fits = |v: usize| v != 0 && !(dtype == TokenDtype::U16 && v > 1 << 16);
+        if let Some(v) = vocab_size.filter(|&v| !fits(v)) {
             return Err(data_error(
                 path,
-                format!("a vocabulary of {vocab_size} does not fit {dtype:?} token ids"),
+                format!("a vocabulary of {v} does not fit {dtype:?} token ids"),
             ));
         }
+        let largest = scan_ids(&file, path, dtype, bytes, vocab_size)?;
+        let vocab_size = vocab_size.unwrap_or(largest as usize + 1);
         let n = bytes / dtype.size() as u64;
         let cut = train_len(n, val_fraction);
         let file = Arc::new(file);
@@ -275,12 +289,13 @@ impl TokenCorpus {
 }
 
 /// The largest id of the first `bytes` of the token file `file` (0 when empty), read in 1 MiB
-/// chunks.
-fn largest_id(
+/// chunks; with a `vocab_size`, the first id at or above it is an error naming the token.
+fn scan_ids(
     file: &File,
     path: &Path,
     dtype: TokenDtype,
     bytes: u64,
+    vocab_size: Option<usize>,
 ) -> Result<u32, RuntimeError> {
     let size = dtype.size();
     let mut chunk = vec![0u8; (1 << 20) / size * size];
@@ -295,6 +310,12 @@ fn largest_id(
                 source: e,
             })?;
         if n == 0 {
+            if offset < bytes {
+                return Err(data_error(
+                    path,
+                    format!("the file ended at byte {offset}, but it was {bytes} bytes long when opened (changed while read?)"),
+                ));
+            }
             return Ok(largest);
         }
         // A short read may end inside a token: keep only whole ones and re-read the rest.
@@ -302,45 +323,159 @@ fn largest_id(
         if whole == 0 {
             return Err(data_error(path, "the file ends inside a token".to_string()));
         }
-        for b in chunk[..whole].chunks_exact(size) {
-            largest = largest.max(dtype.decode(b));
+        for (k, b) in chunk[..whole].chunks_exact(size).enumerate() {
+            let id = dtype.decode(b);
+            if vocab_size.is_some_and(|v| id as usize >= v) {
+                let at = offset + (k * size) as u64;
+                return Err(data_error(
+                    path,
+                    format!(
+                        "token {} (byte offset {at}) has id {id}, outside the vocabulary of {} (data.vocab_size): every id must be below it",
+                        at / size as u64,
+                        vocab_size.unwrap_or(0)
+                    ),
+                ));
+            }
+            largest = largest.max(id);
         }
         offset += whole as u64;
     }
 }
 
-/// Reads a whole text file, decompressing `.gz`, refusing more than [`MAX_TEXT_BYTES`] and
+/// Bytes of memory a text of `text_bytes` bytes takes at its peak while it is tokenised: the
+/// text, and a 4-byte token per byte at most.
+fn text_peak(text_bytes: u64) -> u64 {
+    text_bytes.saturating_mul(5)
+}
+
+/// The error for a text of at least `text_bytes` bytes (`what` says how many) whose tokens
+/// would not fit `memory`.
+fn too_big_for_memory(
+    path: &Path,
+    what: String,
+    text_bytes: u64,
+    memory: HostMemory,
+) -> RuntimeError {
+    data_error(
+        path,
+        format!(
+            "{what}: the text and its tokens would take {} bytes or more (5 per byte of text), more than the {} bytes available ({})",
+            text_peak(text_bytes),
+            memory.available,
+            memory.source
+        ),
+    )
+}
+
+/// Reads a whole text file, decompressing `.gz`, refusing devices, more than
+/// [`MAX_TEXT_BYTES`], more than `memory` can tokenise (see [`TokenCorpus::open_text`]) and
 /// anything that is not UTF-8.
-fn read_text(path: &Path) -> Result<String, RuntimeError> {
+fn read_text(path: &Path, memory: Option<HostMemory>) -> Result<String, RuntimeError> {
     let io = |e| RuntimeError::Io {
         path: path.to_path_buf(),
         source: e,
     };
-    let file = layout::limits::refuse_pipe(path)
-        .and_then(|()| File::open(path))
-        .map_err(io)?;
+    layout::limits::refuse_pipe(path).map_err(io)?;
+    let file = File::open(path).map_err(io)?;
+    let metadata = file.metadata().map_err(io)?;
+    let held = ["/dev/fd/", "/proc/self/fd/", "/dev/stdin"]
+        .iter()
+        .any(|prefix| path.starts_with(prefix));
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = metadata.file_type();
+        if !held && (kind.is_char_device() || kind.is_block_device()) {
+            return Err(data_error(
+                path,
+                "is a device, not a text file: a text is read whole, and a device may never end"
+                    .to_string(),
+            ));
+        }
+    }
     let gz = path.extension().is_some_and(|e| e == "gz");
-    let reader: Box<dyn Read> = if gz {
+    let mut bytes: Vec<u8> = Vec::new();
+    if !gz && metadata.is_file() {
+        let len = metadata.len();
+        if len > MAX_TEXT_BYTES {
+            return Err(data_error(
+                path,
+                format!("{len} bytes: the text is larger than the {MAX_TEXT_BYTES}-byte limit"),
+            ));
+        }
+        if let Some(memory) = memory.filter(|m| text_peak(len) > m.available) {
+            return Err(too_big_for_memory(
+                path,
+                format!("{len} bytes"),
+                len,
+                memory,
+            ));
+        }
+        bytes.try_reserve_exact(len as usize + 1).map_err(|_| {
+            data_error(
+                path,
+                format!("cannot allocate {len} bytes to hold the text"),
+            )
+        })?;
+    }
+    let mut reader: Box<dyn Read> = if gz {
         Box::new(flate2::read::MultiGzDecoder::new(file))
     } else {
         Box::new(file)
     };
-    let mut bytes = Vec::new();
-    reader
-        .take(MAX_TEXT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| {
-            if gz {
-                data_error(path, format!("not a valid gzip stream ({e})"))
-            } else {
-                io(e)
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if gz => {
+                return Err(data_error(
+                    path,
+                    format!(
+                        "not a valid gzip stream ({e}) after {} bytes of text",
+                        bytes.len()
+                    ),
+                ))
             }
-        })?;
-    if bytes.len() as u64 > MAX_TEXT_BYTES {
-        return Err(data_error(
-            path,
-            format!("the text is larger than the {MAX_TEXT_BYTES}-byte limit"),
-        ));
+            Err(e) => return Err(io(e)),
+        };
+        let total = bytes.len() as u64 + n as u64;
+        if total > MAX_TEXT_BYTES {
+            return Err(data_error(
+                path,
+                format!(
+                    "the text is larger than the {MAX_TEXT_BYTES}-byte limit{}",
+                    if gz { " (decompressed)" } else { "" }
+                ),
+            ));
+        }
+        if bytes.capacity() < total as usize {
+            if let Some(memory) = memory.filter(|m| text_peak(total) > m.available) {
+                let what = if gz {
+                    format!("decompressed, the text passes {total} bytes")
+                } else {
+                    format!("the text passes {total} bytes")
+                };
+                return Err(too_big_for_memory(path, what, total, memory));
+            }
+            // Grow by doubling, never past a fifth of the memory (the text beside its tokens):
+            // capacity and tokens together then stay within what is available.
+            let mut want = (bytes.capacity() as u64)
+                .max(1 << 20)
+                .saturating_mul(2)
+                .min(MAX_TEXT_BYTES + 1);
+            if let Some(memory) = memory {
+                want = want.min(memory.available / 5);
+            }
+            let extra = (want.max(total) as usize).saturating_sub(bytes.len());
+            bytes.try_reserve_exact(extra).map_err(|_| {
+                data_error(
+                    path,
+                    format!("cannot allocate memory for more than {total} bytes of text"),
+                )
+            })?;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
     }
     String::from_utf8(bytes).map_err(|e| {
         data_error(
@@ -351,6 +486,53 @@ fn read_text(path: &Path) -> Result<String, RuntimeError> {
             ),
         )
     })
+}
+
+/// The distinct characters of `text`, in code-point order (a bit per code point: 136 KiB
+/// whatever the text's length, where collecting the characters took 4 bytes per character).
+fn distinct_chars(text: &str) -> Vec<char> {
+    let mut seen = vec![0u64; (char::MAX as usize + 1).div_ceil(64)];
+    for c in text.chars() {
+        seen[c as usize / 64] |= 1 << (c as usize % 64);
+    }
+    (0..=char::MAX as u32)
+        .filter(|&c| seen[c as usize / 64] & (1 << (c % 64)) != 0)
+        .filter_map(char::from_u32)
+        .collect()
+}
+
+/// The tokens of `text` (the text of `path`), allocated with a fallible reservation: a text
+/// whose tokens cannot be allocated is an error, not an abort.
+fn encode_text(tokenizer: &Tokenizer, text: &str, path: &Path) -> Result<Vec<u32>, RuntimeError> {
+    let count = match tokenizer {
+        Tokenizer::Byte => text.len(),
+        Tokenizer::Char { .. } => text.chars().count(),
+    };
+    let mut tokens: Vec<u32> = Vec::new();
+    tokens.try_reserve_exact(count).map_err(|_| {
+        data_error(
+            path,
+            format!(
+                "cannot allocate the {count} tokens of the text ({} bytes)",
+                count as u64 * 4
+            ),
+        )
+    })?;
+    match tokenizer {
+        Tokenizer::Byte => tokens.extend(text.bytes().map(u32::from)),
+        Tokenizer::Char { alphabet } => {
+            for c in text.chars() {
+                let id = alphabet.binary_search(&c).map_err(|_| {
+                    data_error(
+                        path,
+                        format!("the character {c:?} is not in the vocabulary"),
+                    )
+                })?;
+                tokens.push(id as u32);
+            }
+        }
+    }
+    Ok(tokens)
 }
 
 impl TokenSplit {
@@ -445,8 +627,8 @@ impl TokenSplit {
                     self.len
                 ),
             )),
-            (Store::Memory(tokens), Some(end)) => {
-                out.copy_from_slice(&tokens[start as usize..end as usize]);
+            (Store::Memory { tokens, first }, Some(end)) => {
+                out.copy_from_slice(&tokens[first + start as usize..first + end as usize]);
                 Ok(())
             }
             (
@@ -480,5 +662,70 @@ impl TokenSplit {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn memory(available: u64) -> Option<HostMemory> {
+        Some(HostMemory {
+            available,
+            source: "MemAvailable",
+        })
+    }
+
+    /// A gzip bomb (64 MiB of text from 64 KiB) stops once the decompressed text passes what
+    /// its tokens could take from the memory, naming the file and the figures; the whole text
+    /// used to be decompressed (up to 2 GiB) and then tokenised (4 bytes per byte) regardless.
+    #[test]
+    fn a_gzip_bomb_stops_at_the_memory_its_tokens_would_need() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bomb.txt.gz");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        for _ in 0..64 {
+            enc.write_all(&[b'a'; 1 << 20]).unwrap();
+        }
+        std::fs::write(&path, enc.finish().unwrap()).unwrap();
+        let err = read_text(&path, memory(40 << 20)).unwrap_err().to_string();
+        assert!(
+            err.contains("bomb.txt.gz")
+                && err.contains("decompressed, the text passes")
+                && err.contains(&format!("{} bytes available (MemAvailable)", 40u64 << 20)),
+            "{err}"
+        );
+        assert_eq!(read_text(&path, memory(1 << 30)).unwrap().len(), 64 << 20);
+    }
+
+    /// A plain file whose text and tokens would not fit is refused before it is read.
+    #[test]
+    fn a_plain_text_too_large_for_the_memory_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.txt");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(100 << 20)
+            .unwrap();
+        let err = read_text(&path, memory(400 << 20)).unwrap_err().to_string();
+        assert!(
+            err.contains("big.txt")
+                && err.contains(&format!(
+                    "{} bytes: the text and its tokens would take {}",
+                    100u64 << 20,
+                    500u64 << 20
+                )),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn distinct_chars_are_sorted_and_unique() {
+        assert_eq!(
+            distinct_chars("hé\u{10FFFF}lloh\0"),
+            vec!['\0', 'h', 'l', 'o', 'é', '\u{10FFFF}']
+        );
     }
 }
