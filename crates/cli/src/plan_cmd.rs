@@ -68,7 +68,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             serde_json::to_string_pretty(&to_json(&report, &file, configured_stages))?
         );
     } else {
-        print!("{}", describe(&report, &file, configured_stages));
+        let auto_pipeline = config.search().auto_pipeline;
+        print!(
+            "{}",
+            describe(&report, &file, configured_stages, auto_pipeline)
+        );
     }
     Ok(())
 }
@@ -139,8 +143,14 @@ fn plan_stages(r: &PlanReport, configured: usize) -> usize {
         .max(1)
 }
 
-/// The plan as text. `configured_stages` is `parallel.pipeline.stages` (1 without it).
-fn describe(r: &PlanReport, file: &std::path::Path, configured_stages: usize) -> String {
+/// The plan as text. `configured_stages` is `parallel.pipeline.stages` (1 without it);
+/// `auto_pipeline` whether the search chose the stages (otherwise they are the configured ones).
+fn describe(
+    r: &PlanReport,
+    file: &std::path::Path,
+    configured_stages: usize,
+    auto_pipeline: bool,
+) -> String {
     let mut out = String::new();
     let m = &r.cost.memory;
     let stages = plan_stages(r, configured_stages);
@@ -161,18 +171,27 @@ fn describe(r: &PlanReport, file: &std::path::Path, configured_stages: usize) ->
         r.profile.name,
         bytes(r.memory_budget as f64)
     ));
+    // A search mode plans the stages one by one (`pipeline`); a mode that does not search
+    // costs its configured strategies on the whole model.
     if r.pipeline.is_none() && stages > 1 {
         out.push_str(&format!(
-            "note: the {stages} configured pipeline stages are not planned stage by stage: the strategies, step time and memory below are those of the whole model on one stage's {} device(s), with the schedule's bubble added (parallel.auto_pipeline plans each stage)\n",
-            r.devices
+            "note: the {stages} configured pipeline stages are not planned stage by stage in mode {}: the step time and memory below are those of the whole model on one stage's {} device(s), with the schedule's bubble added (a search mode plans each stage)\n",
+            r.mode, r.devices
         ));
     }
     match (&r.loaded_from, r.search_ms > 0.0) {
         (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
         (None, true) => match r.pipeline.as_ref().filter(|p| p.config.stages > 1) {
             Some(p) => out.push_str(&format!(
-                "search: {:.1} ms over {} ops in {} stage searches; the stages cut by balanced layer times (no optimality bound)\n",
-                r.search_ms, r.n_ops, p.config.stages
+                "search: {:.1} ms over {} ops in {} stage searches; {}\n",
+                r.search_ms,
+                r.n_ops,
+                p.config.stages,
+                if auto_pipeline {
+                    "the stages cut by balanced layer times (no optimality bound)"
+                } else {
+                    "the stages as [parallel.pipeline] places them"
+                }
             )),
             None => out.push_str(&format!(
                 "search: {:.1} ms over {} ops ({} distinct); {}\n",
@@ -280,7 +299,8 @@ fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
     out
 }
 
-/// The pipeline as JSON (`null` without `parallel.auto_pipeline`).
+/// The pipeline planned stage by stage (`null` when none was: no stages, or configured stages
+/// in a mode that does not search).
 fn pipeline_json(r: &PlanReport) -> serde_json::Value {
     let Some(p) = &r.pipeline else {
         return serde_json::Value::Null;

@@ -139,9 +139,9 @@ fn an_unknown_profile_lists_the_built_in_ones() {
 }
 
 /// A pipelined plan's report names the run's devices, not one stage's: 2 stages of 1 device
-/// were printed "on 1 device(s)". Configured stages (without `parallel.auto_pipeline`) are not
-/// planned stage by stage, and the plan says so instead of passing the whole model's figures
-/// off as a stage's.
+/// were printed "on 1 device(s)". Configured stages (without `parallel.auto_pipeline`) are
+/// planned stage by stage in a search mode (they were the whole model costed on one stage's
+/// devices); a mode that does not search still costs the whole model, and says so.
 #[test]
 fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
     let dir = Scratch::new("plan-pipeline-devices");
@@ -180,8 +180,37 @@ fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
         text.contains("on 2 device(s) (2 pipeline stages of 1)"),
         "{text}"
     );
+    assert!(!text.contains("not planned stage by stage"), "{text}");
     assert!(
-        text.contains("the 2 configured pipeline stages are not planned stage by stage"),
+        text.contains("pipeline: 2 stage(s) × 4 micro-batches (1f1b)")
+            && text.contains("the stages as [parallel.pipeline] places them"),
+        "{text}"
+    );
+    let mut json_args = configured.to_vec();
+    json_args.push("--json");
+    let out = tessera(&json_args);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &json["pipeline"];
+    assert_eq!(p["stages"], 2, "{p}");
+    assert_eq!(p["stage_of_layer"]["embedding"], 0, "{p}");
+    assert_eq!(p["stage_of_layer"]["loss"], 1, "{p}");
+    let per_stage = p["stage_memory_bytes"].as_array().unwrap();
+    let fullest = per_stage
+        .iter()
+        .filter_map(|m| m.as_f64())
+        .fold(0.0, f64::max);
+    assert_eq!(json["peak_memory_bytes"].as_f64(), Some(fullest));
+    // A mode that does not search costs its configured strategies on the whole model.
+    let mut semi_auto = configured.to_vec();
+    semi_auto.extend(["--set", "parallel.mode=\"semi_auto\""]);
+    let out = tessera(&semi_auto);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "the 2 configured pipeline stages are not planned stage by stage in mode semi_auto"
+        ),
         "{text}"
     );
 }

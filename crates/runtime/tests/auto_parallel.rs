@@ -416,3 +416,106 @@ fn auto_pipeline_training_without_the_pipeline_section_names_what_to_add() {
         "{err}"
     );
 }
+
+/// Pipeline stages configured by `[parallel.pipeline]` in a search mode (2 stages of 2 devices,
+/// the small GPT cut into 4 micro-batches) are planned stage by stage, on the stages the run
+/// places (every op's plan stage is the stage of its ranks in the session): a stage holds about
+/// half of the parameters the whole model on one stage's devices holds, so a memory budget
+/// that only the stages fit plans and trains like `stand_alone`; the strategies saved (with
+/// their stages) load into the same configured pipeline.
+#[test]
+fn configured_pipeline_stages_are_planned_stage_by_stage_and_train_like_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let alone = small_gpt_alone(tmp.path());
+    let file = tmp.path().join("ops.json");
+    let pipeline = "[parallel.pipeline]\nstages = 2\nmicro_batches = 4";
+    let config = |name: &str, parallel: &str| {
+        run_util::small_gpt(
+            &tmp.path().join(name),
+            "momentum",
+            "",
+            &format!("mode = \"dynamic_programming\"\n{parallel}"),
+            &[],
+        )
+    };
+    let staged = runtime::plan(&config("staged", &format!("devices = 4\n{pipeline}")))
+        .expect("a staged plan");
+    let plan = staged.pipeline.as_ref().expect("the stages are planned");
+    assert_eq!(plan.config.stages, 2);
+    assert!(plan.config.stage_config.is_empty(), "kept as configured");
+    assert_eq!(staged.devices, 2, "each stage on its own 2 devices");
+    assert_eq!(plan.stage_costs.len(), 2);
+    assert!(staged.bubble_seconds() > 0.0);
+    // The whole model on one stage's devices (the batch cut alike).
+    let whole = runtime::plan(&config(
+        "whole",
+        "devices = 2\n[parallel.pipeline]\nstages = 1\nmicro_batches = 4",
+    ))
+    .expect("a plan of the whole model");
+    let (stage_params, whole_params) =
+        (staged.cost.memory.parameters, whole.cost.memory.parameters);
+    assert!(
+        stage_params < 0.7 * whole_params,
+        "the fullest stage holds {stage_params} parameter bytes, the whole model {whole_params}"
+    );
+    // A budget the fullest stage fits and the whole model on a stage's devices does not.
+    let budget = staged.cost.memory.total().ceil() as u64;
+    let err = runtime::plan(&config(
+        "whole-tight",
+        &format!(
+            "devices = 2\nmax_device_memory = {budget}\n[parallel.pipeline]\nstages = 1\nmicro_batches = 4"
+        ),
+    ))
+    .unwrap_err();
+    assert!(err.to_string().contains("no strategy fits"), "{err}");
+    let tight = config(
+        "tight",
+        &format!(
+            "devices = 4\nmax_device_memory = {budget}\nsave_operator_strategy_file = \"{}\"\n{pipeline}",
+            file.display()
+        ),
+    );
+    let report = runtime::plan(&tight).expect("the stages fit the budget");
+    let stage_of_op = report
+        .pipeline
+        .as_ref()
+        .expect("the stages are planned")
+        .stage_of_op
+        .clone();
+    let (session, run) = train_searched(&tight);
+    run_util::assert_same_run("configured stages", &run, &alone, 1e-4);
+    // Every op runs on the ranks of the stage the plan gave it.
+    let placed = &session.train.placed;
+    assert_eq!(placed.config.pipeline.as_ref().map(|p| p.stages), Some(2));
+    let mut checked = 0;
+    for (name, &stage) in &stage_of_op {
+        let id = placed.graph.node_by_name(name).expect("a placed op");
+        let node = &placed.nodes[id.0];
+        let ranks = node.inputs[0].mesh().rank_list();
+        assert!(
+            ranks.iter().all(|&r| r / 2 == stage),
+            "{name}: planned on stage {stage}, placed on ranks {ranks:?}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 0 && stage_of_op.values().any(|&s| s == 1));
+    // The saved strategies carry the stages and load into the configured pipeline.
+    let records = ckpt::read_operator_strategy_file(&file).expect("the saved strategies");
+    assert!(
+        records.iter().any(|r| r.stage == 1),
+        "the file carries the stages"
+    );
+    let loading = config(
+        "load",
+        &format!(
+            "devices = 4\nload_operator_strategy_file = \"{}\"\n{pipeline}",
+            file.display()
+        ),
+    );
+    let (loaded_session, loaded) = train_searched(&loading);
+    assert_eq!(
+        loaded_session.train.placed.config.pipeline,
+        session.train.placed.config.pipeline
+    );
+    run_util::assert_same_run("loaded configured stages", &loaded, &run, 1e-6);
+}

@@ -22,15 +22,20 @@
 //! micro-steps). Sending a
 //! micro-batch's activations to the next stage costs the latency and bandwidth of the link
 //! between stages, for the largest boundary's bytes split over the stage's devices.
+//!
+//! Stages configured by `[parallel.pipeline]` (several stages, without `auto_pipeline`) are
+//! planned by steps 3 and 4 alone ([`plan_configured_stages`]): every op on the stage
+//! [`node_stages`] gives it (`stage_config`, or the even cut by parameter counts), as the run
+//! places it, the activations each stage leaves room for estimated as in step 1.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use graph::Graph;
 use parallel::pipeline::{
-    layer_of, simulate, stage_ranks, Durations, PipelineConfig, Scheduler, MAX_STAGES,
+    layer_of, node_stages, simulate, stage_ranks, Durations, PipelineConfig, Scheduler, MAX_STAGES,
 };
-use parallel::{ParallelConfig, SearchMode};
+use parallel::{ParallelConfig, ParallelError, SearchMode};
 
 use crate::cost::DeviceProfile;
 use crate::error::SearchError;
@@ -45,7 +50,8 @@ const UNLIMITED: u64 = 1 << 50;
 /// The pipeline a search chose.
 #[derive(Debug, Clone)]
 pub struct PipelinePlan {
-    /// The pipeline: stages, micro-batches, scheduler and a `stage_config` naming every layer.
+    /// The pipeline: stages, micro-batches, scheduler and a `stage_config` naming every layer
+    /// (for stages configured by `[parallel.pipeline]`, that configuration as given).
     pub config: PipelineConfig,
     /// The layers in model order with their stage.
     pub layers: Vec<(String, usize)>,
@@ -338,7 +344,17 @@ struct StagePlanShape {
 /// The schedule of `stages` stages, or `None` when the scheduler cannot make it.
 fn shape(parallel: &ParallelConfig, stages: usize) -> Result<Option<StagePlanShape>, SearchError> {
     let (micro_batches, scheduler, batch_cut) = schedule_for(parallel, stages);
-    let pipeline = PipelineConfig::new(stages, micro_batches, scheduler);
+    shape_of(
+        PipelineConfig::new(stages, micro_batches, scheduler),
+        batch_cut,
+    )
+}
+
+/// The schedule of `pipeline`, or `None` when the scheduler cannot make it.
+fn shape_of(
+    pipeline: PipelineConfig,
+    batch_cut: bool,
+) -> Result<Option<StagePlanShape>, SearchError> {
     let Ok(schedule) = parallel::pipeline::Schedule::generate(&pipeline) else {
         return Ok(None);
     };
@@ -386,24 +402,41 @@ fn try_stages(
         None => planner,
     };
     let (sub, budget) = (planner.devices / stages, planner.budget);
-    // 1. Cost every layer from the whole model searched on the stage's devices (its times
-    //    from the fastest plan, its memory the least any plan needs: the stage searches keep
-    //    to the budget).
+    let Some(costs) = layer_costs(planner, layers, sub) else {
+        return Ok(None);
+    };
+    // 2. Cut the layers into stages.
+    let Some(starts) = cut(&costs, &shape.held, budget as f64) else {
+        return Ok(None);
+    };
+    let stage_of_layer: Vec<usize> = (0..layers.len())
+        .map(|i| starts.iter().rposition(|&s| s <= i).unwrap_or(0))
+        .collect();
+    let activations: Vec<f64> = costs.iter().map(|c| c.activations).collect();
+    Ok(staged(planner, &shape, layers, &stage_of_layer, &activations)?.ok())
+}
+
+/// Step 1 of the module doc: every layer costed from the whole model searched on `sub`
+/// devices (its times from the fastest plan, its memory the least any plan needs: the stage
+/// searches keep to the budget); `None` when that search fails.
+fn layer_costs(
+    planner: &Planner<'_>,
+    layers: &[(String, Vec<String>)],
+    sub: usize,
+) -> Option<Vec<LayerCost>> {
     let whole = SearchScope {
         devices: sub,
         budget: UNLIMITED,
         only: None,
     };
-    let Ok(pre) = planner.search(&whole) else {
-        return Ok(None);
-    };
+    let pre = planner.search(&whole).ok()?;
     let share: BTreeMap<&str, (f64, MemoryEstimate)> = pre
         .strategies
         .iter()
         .zip(pre.op_shares.iter().zip(&pre.op_least_memory))
         .map(|((name, _), ((t, _), m))| (name.as_str(), (*t, *m)))
         .collect();
-    let costs: Vec<LayerCost> = layers
+    let costs = layers
         .iter()
         .map(|(_, ops)| {
             let mut c = LayerCost::default();
@@ -415,26 +448,32 @@ fn try_stages(
             c
         })
         .collect();
-    // 2. Cut the layers into stages.
-    let Some(starts) = cut(&costs, &shape.held, budget as f64) else {
-        return Ok(None);
-    };
-    let stage_of_layer: Vec<usize> = (0..layers.len())
-        .map(|i| starts.iter().rposition(|&s| s <= i).unwrap_or(0))
-        .collect();
-    let activations: Vec<f64> = costs.iter().map(|c| c.activations).collect();
-    staged(planner, &shape, layers, &stage_of_layer, &activations)
+    Some(costs)
+}
+
+/// Why a cut's stage was not planned.
+enum StageMiss {
+    /// No plan of the stage fits the memory: it needs about `needed` bytes per device.
+    Memory {
+        /// The stage.
+        stage: usize,
+        /// Bytes per device its least plan needs, with the micro-batches it holds at once.
+        needed: f64,
+    },
+    /// The stage's search failed otherwise.
+    Search(SearchError),
 }
 
 /// Steps 3 and 4 of the module doc for a given cut (`stage_of_layer`, with the activations
-/// per layer the stage searches leave room for): `None` when a stage does not fit.
+/// per layer the stage searches leave room for): the inner error names the first stage that
+/// was not planned.
 fn staged(
     planner: &Planner<'_>,
     shape: &StagePlanShape,
     layers: &[(String, Vec<String>)],
     stage_of_layer: &[usize],
     layer_activations: &[f64],
-) -> Result<Option<Attempt>, SearchError> {
+) -> Result<Result<Attempt, StageMiss>, SearchError> {
     let (model, budget) = (planner.model, planner.budget);
     let stages = shape.pipeline.stages;
     let sub = planner.devices / stages;
@@ -466,13 +505,23 @@ fn staged(
             budget: (budget as f64 - extra).clamp(1.0, UNLIMITED as f64) as u64,
             only: Some(only.clone()),
         };
-        let Ok(found) = planner.search(&scope) else {
-            return Ok(None);
+        let found = match planner.search(&scope) {
+            Ok(found) => found,
+            Err(SearchError::MemoryExceeded { needed, .. }) => {
+                return Ok(Err(StageMiss::Memory {
+                    stage,
+                    needed: needed as f64 + extra.max(0.0),
+                }))
+            }
+            Err(e) => return Ok(Err(StageMiss::Search(e))),
         };
         let mut memory = found.cost.memory;
         memory.activations *= held_here;
         if memory.total() > budget as f64 {
-            return Ok(None);
+            return Ok(Err(StageMiss::Memory {
+                stage,
+                needed: memory.total(),
+            }));
         }
         for (name, s) in found.strategies {
             stage_of_op.insert(name.clone(), stage);
@@ -481,8 +530,10 @@ fn staged(
         per_micro.push(found.cost.time());
         stage_costs.push(scaled(&found.cost, micro_batches as f64, memory));
     }
-    // 4. The schedule with the stages' predicted times.
-    let third: Vec<f64> = per_micro.iter().map(|t| t / 3.0).collect();
+    // 4. The schedule with the stages' predicted times (an action runs one of a stage's
+    //    model chunks).
+    let chunks = shape.pipeline.chunks().max(1) as f64;
+    let third: Vec<f64> = per_micro.iter().map(|t| t / 3.0 / chunks).collect();
     let link = planner.profile.link(planner.devices);
     let boundary = boundary_bytes(model.graph(), &stage_of_op) / sub as f64;
     let durations = Durations::per_stage(third.clone(), third.clone(), third)
@@ -501,7 +552,7 @@ fn staged(
         .iter()
         .filter_map(|n| strategies.get(&n.name).map(|s| (n.name.clone(), s.clone())))
         .collect();
-    Ok(Some(Attempt {
+    Ok(Ok(Attempt {
         strategies: ordered,
         plan: PipelinePlan {
             config: config_out,
@@ -521,7 +572,8 @@ fn staged(
 
 /// The pipeline of strategies loaded from an operator strategy file whose entries name their
 /// stages (`planner.parallel.strategies` holds the loaded strategies): each layer runs on the
-/// stage of its ops, and the plan is costed as a searched one is.
+/// stage of its ops, and the plan is costed as a searched one is. When the entries' stages are
+/// those `[parallel.pipeline]` configures, that pipeline is kept as configured.
 pub(crate) fn plan_loaded_stages(
     planner: &Planner<'_>,
     stage_of_op: &BTreeMap<String, usize>,
@@ -557,23 +609,124 @@ pub(crate) fn plan_loaded_stages(
             }
         }
     }
-    if stage_of_layer.windows(2).any(|w| w[1] < w[0]) {
+    // The configured pipeline, when it places every layer where the file does.
+    let configured = planner
+        .parallel
+        .pipeline
+        .as_ref()
+        .filter(|p| p.stages == stages)
+        .filter(|p| {
+            configured_stage_of_layer(planner, p, &layers).is_ok_and(|c| c == stage_of_layer)
+        })
+        .cloned();
+    if configured.is_none() && stage_of_layer.windows(2).any(|w| w[1] < w[0]) {
         return Err(bad(
             "the stages must not decrease along the model".to_string()
         ));
     }
-    let shape = shape(planner.parallel, stages)?
-        .ok_or_else(|| bad(format!("the scheduler cannot run {stages} stages")))?;
+    let shape = match &configured {
+        Some(pipeline) => shape_of(pipeline.clone(), true)?,
+        None => shape(planner.parallel, stages)?,
+    }
+    .ok_or_else(|| bad(format!("the scheduler cannot run {stages} stages")))?;
     let zeros = vec![0.0; layers.len()];
-    let attempt = staged(planner, &shape, &layers, &stage_of_layer, &zeros)?.ok_or_else(|| {
-        bad(format!(
-            "a stage exceeds {} bytes of memory per device",
-            planner.budget
-        ))
-    })?;
+    let attempt =
+        staged(planner, &shape, &layers, &stage_of_layer, &zeros)?.map_err(|miss| match miss {
+            StageMiss::Search(e) => e,
+            StageMiss::Memory { .. } => bad(format!(
+                "a stage exceeds {} bytes of memory per device",
+                planner.budget
+            )),
+        })?;
+    let mut plan = attempt.plan;
+    if let Some(pipeline) = configured {
+        plan.config = pipeline;
+    }
     Ok(PipelinedSearch {
         strategies: attempt.strategies,
-        plan: attempt.plan,
+        plan,
+        flat: None,
+    })
+}
+
+/// The stage of every layer of `layers` as the run places `pipeline`:
+/// [`node_stages`] (`stage_config`, or the even cut by parameter counts).
+fn configured_stage_of_layer(
+    planner: &Planner<'_>,
+    pipeline: &PipelineConfig,
+    layers: &[(String, Vec<String>)],
+) -> Result<Vec<usize>, SearchError> {
+    let graph = planner.model.graph();
+    let placed = node_stages(graph, pipeline).map_err(|e| ParallelError::Setting {
+        setting: "pipeline",
+        reason: e.to_string(),
+    })?;
+    Ok(layers
+        .iter()
+        .map(|(_, ops)| {
+            ops.first()
+                .and_then(|op| graph.node_by_name(op))
+                .map_or(0, |id| placed.nodes[id.0])
+        })
+        .collect())
+}
+
+/// The pipeline `[parallel.pipeline]` configures (several stages, without
+/// `parallel.auto_pipeline`; the model is one micro-batch's): every op on the stage the run
+/// places it on ([`node_stages`]), each stage's ops searched on the stage's own devices under
+/// the budget less the activations of the micro-batches it holds at once, and the schedule
+/// simulated with the stages' predicted times. The configured pipeline is kept as given.
+pub(crate) fn plan_configured_stages(
+    planner: &Planner<'_>,
+) -> Result<PipelinedSearch, SearchError> {
+    let pipeline = match planner.parallel.pipeline.as_ref() {
+        Some(p) if p.stages > 1 => p.clone(),
+        _ => {
+            return Err(SearchError::Config {
+                key: "parallel.pipeline".to_string(),
+                reason: "no pipeline stages are configured".to_string(),
+            })
+        }
+    };
+    planner.parallel.validate_pipeline()?;
+    let layers = model_layers(planner.model.graph());
+    let stage_of_layer = configured_stage_of_layer(planner, &pipeline, &layers)?;
+    let stages = pipeline.stages;
+    let shape = shape_of(pipeline.clone(), true)?.ok_or_else(|| SearchError::Config {
+        key: "parallel.pipeline".to_string(),
+        reason: format!(
+            "the scheduler {} cannot run {stages} stages of {} micro-batches",
+            pipeline.scheduler.name(),
+            pipeline.micro_batches
+        ),
+    })?;
+    let sub = planner.devices / stages;
+    // The activations a stage's micro-batches in flight take: as the least plan needs.
+    let activations: Vec<f64> = match layer_costs(planner, &layers, sub) {
+        Some(costs) => costs.iter().map(|c| c.activations).collect(),
+        None => vec![0.0; layers.len()],
+    };
+    let attempt = match staged(planner, &shape, &layers, &stage_of_layer, &activations)? {
+        Ok(attempt) => attempt,
+        Err(StageMiss::Search(e)) => return Err(e),
+        Err(StageMiss::Memory { stage, needed }) => {
+            return Err(SearchError::Config {
+                key: "parallel.max_device_memory".to_string(),
+                reason: format!(
+                    "no strategy of pipeline stage {stage} (of {stages}, on {sub} device(s)) fits in {} bytes of device memory ({}): with the {} micro-batch(es) it holds at once it needs about {} bytes per device; raise parallel.max_device_memory to at least that, or use more devices or stages",
+                    planner.budget,
+                    planner.profile.name,
+                    shape.held[stage],
+                    needed.ceil() as u64
+                ),
+            })
+        }
+    };
+    let mut plan = attempt.plan;
+    plan.config = pipeline;
+    Ok(PipelinedSearch {
+        strategies: attempt.strategies,
+        plan,
         flat: None,
     })
 }

@@ -16,7 +16,9 @@ use parallel::{OpStrategy, ParallelConfig, ParallelMode, SearchMode};
 
 use crate::cost::DeviceProfile;
 use crate::error::SearchError;
-use crate::pipeline::{plan_loaded_stages, search_pipelined, PipelinePlan, Planner};
+use crate::pipeline::{
+    plan_configured_stages, plan_loaded_stages, search_pipelined, PipelinePlan, Planner,
+};
 use crate::problem::PlanCost;
 use crate::solve::{evaluate_strategies, SearchRequest};
 
@@ -143,8 +145,11 @@ pub struct PlanReport {
     /// layouts of its inputs and, when given, of its outputs. `strategies` holds their split
     /// factors.
     pub layouts: BTreeMap<String, LoadedLayouts>,
-    /// The pipeline the search chose (`parallel.auto_pipeline`); `cost` is then its busiest
-    /// stage's per step and `bubble_fraction` that stage's idle share.
+    /// The pipeline planned stage by stage: the one the search chose (`parallel.auto_pipeline`),
+    /// the one `[parallel.pipeline]` configures (several stages, in a search mode), or the
+    /// stages of a loaded operator strategy file; `cost` is then its busiest stage's time per
+    /// step with its fullest stage's memory, and `bubble_fraction` the busiest stage's idle
+    /// share.
     pub pipeline: Option<PipelinePlan>,
 }
 
@@ -335,13 +340,26 @@ pub fn plan(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> {
     if let Strategies::Loaded(loaded) = &request.strategies {
         check_loaded(graph, loaded)?;
         let file = &loaded.file;
-        if loaded.ops.iter().any(|r| r.stage > 0) {
-            // A pipelined plan: its stages from the entries' `stage`, costed per stage.
-            let stage_of_op: BTreeMap<String, usize> = loaded
-                .ops
-                .iter()
-                .map(|r| (r.name.clone(), r.stage))
-                .collect();
+        let layouts: BTreeMap<String, LoadedLayouts> = loaded
+            .ops
+            .iter()
+            .filter(|r| r.layouts.inputs.is_some() || r.layouts.outputs.is_some())
+            .map(|r| (r.name.clone(), r.layouts.clone()))
+            .collect();
+        let stage_of_op: BTreeMap<String, usize> = loaded
+            .ops
+            .iter()
+            .map(|r| (r.name.clone(), r.stage))
+            .collect();
+        // A pipelined plan, costed per stage: its stages from the entries' `stage`; or, for
+        // entries without stages under configured stages, the stages the run places them on
+        // (the loaded strategies kept, an op without one searched as the run would place it).
+        let staging = match loaded.ops.iter().any(|r| r.stage > 0) {
+            true => Some(Staging::Loaded(&stage_of_op, file)),
+            false => configured_stages(parallel).then_some(Staging::Configured),
+        };
+        if let Some(staging) = staging {
+            let configured = matches!(staging, Staging::Configured);
             let mut with_loaded = parallel.clone();
             for r in &loaded.ops {
                 with_loaded.strategies.insert(
@@ -349,25 +367,16 @@ pub fn plan(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> {
                     OpStrategy::from_tuples(r.inputs.clone(), None),
                 );
             }
-            let mut report = plan_pipelined(
-                request,
-                &with_loaded,
-                mode,
-                budget,
-                Instant::now(),
-                Some((&stage_of_op, file)),
-            )?;
+            let mut report =
+                plan_pipelined(request, &with_loaded, mode, budget, Instant::now(), staging)?;
             report.search_ms = 0.0;
             report.gap = None;
             report.loaded_from = Some(file.clone());
+            if configured {
+                report.layouts = layouts;
+            }
             return Ok(report);
         }
-        let layouts = loaded
-            .ops
-            .iter()
-            .filter(|r| r.layouts.inputs.is_some() || r.layouts.outputs.is_some())
-            .map(|r| (r.name.clone(), r.layouts.clone()))
-            .collect();
         let strategies = loaded
             .ops
             .iter()
@@ -387,7 +396,11 @@ pub fn plan(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> {
     }
     let start = Instant::now();
     if request.auto_pipeline {
-        return plan_pipelined(request, parallel, mode, budget, start, None);
+        return plan_pipelined(request, parallel, mode, budget, start, Staging::Search);
+    }
+    if configured_stages(parallel) {
+        // The configured stages, each searched on its own devices (as the run places them).
+        return plan_pipelined(request, parallel, mode, budget, start, Staging::Configured);
     }
     let scope = SearchScope {
         devices,
@@ -432,20 +445,37 @@ fn planner<'a>(
     }
 }
 
-/// [`plan`] with `parallel.auto_pipeline`: the stage count searched too; or the pipeline of
-/// `loaded` strategies whose file names their stages (stage per op, the file).
+/// Whether `[parallel.pipeline]` configures several stages.
+fn configured_stages(parallel: &ParallelConfig) -> bool {
+    parallel.pipeline.as_ref().is_some_and(|p| p.stages > 1)
+}
+
+/// Where the stages of a pipelined plan come from.
+enum Staging<'a> {
+    /// Searched with the strategies (`parallel.auto_pipeline`).
+    Search,
+    /// Configured by `[parallel.pipeline]`, as the run places them.
+    Configured,
+    /// The stage per op of a loaded operator strategy file (the file).
+    Loaded(&'a BTreeMap<String, usize>, &'a Path),
+}
+
+/// [`plan`] stage by stage: with `parallel.auto_pipeline` the stage count searched too; the
+/// stages `[parallel.pipeline]` configures; or the pipeline of loaded strategies whose file
+/// names their stages.
 fn plan_pipelined(
     request: &PlanRequest<'_>,
     parallel: &ParallelConfig,
     mode: SearchMode,
     budget: u64,
     start: Instant,
-    loaded: Option<(&BTreeMap<String, usize>, &Path)>,
+    staging: Staging<'_>,
 ) -> Result<PlanReport, SearchError> {
     let planner = planner(request, parallel, mode, budget);
-    let found = match loaded {
-        Some((stage_of_op, file)) => plan_loaded_stages(&planner, stage_of_op, file)?,
-        None => search_pipelined(&planner)?,
+    let found = match staging {
+        Staging::Loaded(stage_of_op, file) => plan_loaded_stages(&planner, stage_of_op, file)?,
+        Staging::Configured => plan_configured_stages(&planner)?,
+        Staging::Search => search_pipelined(&planner)?,
     };
     let plan = found.plan;
     // Time of the busiest stage, memory of the fullest.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use graph::models::{seed_mlp, Model};
 use graph::Graph;
+use parallel::pipeline::{node_stages, PipelineConfig, Scheduler};
 use parallel::{ParallelConfig, ParallelMode};
 use search::{
     plan, profiles, Hints, LoadedLayouts, LoadedOp, LoadedStrategies, PlanModel, PlanRequest,
@@ -16,14 +17,23 @@ use search::{
 /// The seed MLP of a batch of `batch`, rebuilt for any other batch.
 struct Mlp {
     batch: usize,
+    image: [usize; 2],
+    hidden: usize,
     model: Model,
 }
 
 impl Mlp {
     fn new(batch: usize) -> Mlp {
+        Mlp::wide(batch, [4, 4], 8)
+    }
+
+    /// The seed MLP of `image`-shaped inputs and `hidden` features.
+    fn wide(batch: usize, image: [usize; 2], hidden: usize) -> Mlp {
         Mlp {
             batch,
-            model: seed_mlp(batch, &[4, 4], 8, 4).expect("the seed MLP"),
+            image,
+            hidden,
+            model: seed_mlp(batch, &image, hidden, 4).expect("the seed MLP"),
         }
     }
 }
@@ -42,7 +52,7 @@ impl PlanModel for Mlp {
     }
 
     fn with_batch_size(&self, batch_size: usize) -> Result<Box<dyn PlanModel>, SearchError> {
-        Ok(Box::new(Mlp::new(batch_size)))
+        Ok(Box::new(Mlp::wide(batch_size, self.image, self.hidden)))
     }
 }
 
@@ -128,4 +138,58 @@ fn a_loaded_strategy_for_an_op_the_model_lacks_names_the_file_and_the_op() {
         }
         other => panic!("{other}"),
     }
+}
+
+/// Stages configured by `[parallel.pipeline]` in a search mode are planned one by one, each
+/// on its own devices, on the stages `parallel::pipeline::node_stages` places the ops on: the
+/// plan's memory is its fullest stage's, so a budget every stage fits but the whole model on a
+/// stage's devices does not is planned, and the pipeline is applied as configured.
+#[test]
+fn configured_pipeline_stages_are_searched_stage_by_stage() {
+    // Two weights of 256 × 256 (and a small one): the even cut puts one on each stage.
+    let model = Mlp::wide(8, [16, 16], 256);
+    let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
+    let pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
+    let mut parallel = ParallelConfig::new(mode, 4);
+    parallel.pipeline = Some(pipeline.clone());
+    let report = plan(&request(&model, &parallel, Strategies::Search)).expect("a staged plan");
+    let staged = report.pipeline.as_ref().expect("the stages are planned");
+    assert_eq!(staged.config, pipeline, "the configured pipeline, as given");
+    assert_eq!(report.devices, 2);
+    assert_eq!(report.strategies.len(), report.n_ops);
+    let placed = node_stages(&model.model.graph, &pipeline).expect("the run's stages");
+    for (name, _) in &report.strategies {
+        let id = model.model.graph.node_by_name(name).expect("an op");
+        assert_eq!(report.stage_of(name), placed.nodes[id.0], "{name}");
+    }
+    assert!(staged.stage_of_op.values().any(|&s| s == 1));
+    let fullest = staged
+        .stage_costs
+        .iter()
+        .map(|c| c.memory.total())
+        .fold(0.0, f64::max);
+    assert_eq!(report.cost.memory.total(), fullest);
+
+    // The whole model on one stage's 2 devices needs more than the fullest stage.
+    let whole = ParallelConfig::new(mode, 2);
+    let flat = plan(&request(&model, &whole, Strategies::Search)).expect("a flat plan");
+    assert!(
+        report.cost.memory.parameters < 0.75 * flat.cost.memory.parameters,
+        "a stage holds {} parameter bytes, the whole model {}",
+        report.cost.memory.parameters,
+        flat.cost.memory.parameters
+    );
+    let budget = fullest.ceil() as u64;
+    let tight = |parallel| {
+        let mut r = request(&model, parallel, Strategies::Search);
+        r.max_device_memory = Some(budget);
+        plan(&r)
+    };
+    let err = tight(&whole).expect_err("the whole model does not fit");
+    assert!(matches!(err, SearchError::MemoryExceeded { .. }), "{err}");
+    let fits = tight(&parallel).expect("every stage fits");
+    assert!(fits.cost.memory.total() <= budget as f64);
+    let mut applied = parallel.clone();
+    fits.apply_to(&mut applied).expect("applied");
+    assert_eq!(applied.pipeline, Some(pipeline));
 }
