@@ -157,8 +157,10 @@ pub fn grad(
     })
 }
 
-/// For every value: whether it is a floating-point value depending on one of `params`.
-fn depends_on(graph: &Graph, params: &[ValueId]) -> Vec<bool> {
+/// For every value of `graph`: whether it is a floating-point value depending on one of
+/// `params`, i.e. whether [`grad`] of those parameters gives it a gradient (the outputs of
+/// `StopGradient`, `Print` and a MoE router's masks are constants to it).
+pub fn depends_on(graph: &Graph, params: &[ValueId]) -> Vec<bool> {
     let mut depends = vec![false; graph.values().len()];
     for p in params {
         depends[p.0] = true;

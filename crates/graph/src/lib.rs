@@ -82,7 +82,7 @@ mod op;
 pub mod print;
 pub mod rng;
 
-pub use crate::autodiff::{grad, TrainingGraph};
+pub use crate::autodiff::{depends_on, grad, TrainingGraph};
 pub use crate::builder::GraphBuilder;
 pub use crate::cross_entropy::vocab_parallel_cross_entropy_strategies;
 pub use crate::error::{GraphError, Operand};

@@ -5,7 +5,7 @@
 //! gradients of the loss op's inputs (for a language model the logits' gradient, as large as
 //! the logits), which the estimate counts too.
 
-use graph::{Graph, NodeRole, Op, ValueId, ValueKind};
+use graph::{Graph, NodeRole, ValueId, ValueKind};
 
 /// Per value of a graph, whether the backward pass reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,38 +86,22 @@ impl HeldValues {
 }
 
 /// Per value of `graph`, whether autodiff gives it a gradient: floating-point values that
-/// depend on a trainable parameter, through the forward nodes (whose outputs are constants to
-/// autodiff for `StopGradient`, `Print` and a MoE router's masks, as `graph::grad` treats them).
+/// depend on a trainable parameter (`graph::depends_on`, the rule `graph::grad` follows).
 fn with_gradient(graph: &Graph) -> Vec<bool> {
-    let mut depends: Vec<bool> = graph
-        .values()
-        .iter()
-        .map(|v| {
+    let trainable: Vec<ValueId> = (0..graph.values().len())
+        .map(ValueId)
+        .filter(|v| {
+            let value = &graph.values()[v.0];
             matches!(
-                v.kind,
+                value.kind,
                 ValueKind::Parameter {
                     trainable: true,
                     ..
                 }
-            ) && v.dtype.is_float()
+            ) && value.dtype.is_float()
         })
         .collect();
-    for node in graph.nodes() {
-        if node.role != NodeRole::Forward
-            || matches!(
-                node.op,
-                Op::StopGradient | Op::Print { .. } | Op::MoeRoute { .. }
-            )
-        {
-            continue;
-        }
-        if node.inputs.iter().any(|v| depends[v.0]) {
-            for out in &node.outputs {
-                depends[out.0] = graph.values()[out.0].dtype.is_float();
-            }
-        }
-    }
-    depends
+    graph::depends_on(graph, &trainable)
 }
 
 /// Per value among the first `n` of `training` (the forward graph's, which keep their ids),
