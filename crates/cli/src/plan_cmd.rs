@@ -171,14 +171,6 @@ fn describe(
         r.profile.name,
         bytes(r.memory_budget as f64)
     ));
-    // A search mode plans the stages one by one (`pipeline`); a mode that does not search
-    // costs its configured strategies on the whole model.
-    if r.pipeline.is_none() && stages > 1 {
-        out.push_str(&format!(
-            "note: the {stages} configured pipeline stages are not planned stage by stage in mode {}: the step time and memory below are those of the whole model on one stage's {} device(s), with the schedule's bubble added (a search mode plans each stage)\n",
-            r.mode, r.devices
-        ));
-    }
     match (&r.loaded_from, r.search_ms > 0.0) {
         (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
         (None, true) => match r.pipeline.as_ref().filter(|p| p.config.stages > 1) {
@@ -227,6 +219,20 @@ fn describe(
         bytes(m.activations),
         bytes(m.total())
     ));
+    // A search keeps to the budget; strategies loaded or configured are costed whatever
+    // memory they need.
+    if m.total() > r.memory_budget as f64 {
+        out.push_str(&format!(
+            "note: {} needs {} per device, more than the {} of memory per device: the run may not fit (raise parallel.max_device_memory, or use more devices or pipeline stages)\n",
+            if r.pipeline.as_ref().is_some_and(|p| p.config.stages > 1) {
+                "the fullest pipeline stage"
+            } else {
+                "the plan"
+            },
+            bytes(m.total()),
+            bytes(r.memory_budget as f64)
+        ));
+    }
     out.push_str(&format!(
         "communication per step: {} per device, {} in all\n",
         bytes(r.cost.comm_bytes),
@@ -299,8 +305,7 @@ fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
     out
 }
 
-/// The pipeline planned stage by stage (`null` when none was: no stages, or configured stages
-/// in a mode that does not search).
+/// The pipeline planned stage by stage (`null` when none was: no stages configured or chosen).
 fn pipeline_json(r: &PlanReport) -> serde_json::Value {
     let Some(p) = &r.pipeline else {
         return serde_json::Value::Null;

@@ -141,7 +141,9 @@ fn an_unknown_profile_lists_the_built_in_ones() {
 /// A pipelined plan's report names the run's devices, not one stage's: 2 stages of 1 device
 /// were printed "on 1 device(s)". Configured stages (without `parallel.auto_pipeline`) are
 /// planned stage by stage in a search mode (they were the whole model costed on one stage's
-/// devices); a mode that does not search still costs the whole model, and says so.
+/// devices); in a mode that does not search, its configured strategies are costed stage by
+/// stage too (they were the whole model's, with a note saying so), a stage over the memory
+/// budget reported, not refused.
 #[test]
 fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
     let dir = Scratch::new("plan-pipeline-devices");
@@ -201,16 +203,43 @@ fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
         .filter_map(|m| m.as_f64())
         .fold(0.0, f64::max);
     assert_eq!(json["peak_memory_bytes"].as_f64(), Some(fullest));
-    // A mode that does not search costs its configured strategies on the whole model.
+    // A mode that does not search costs its configured strategies stage by stage.
     let mut semi_auto = configured.to_vec();
     semi_auto.extend(["--set", "parallel.mode=\"semi_auto\""]);
     let out = tessera(&semi_auto);
     assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("not planned stage by stage"), "{text}");
     assert!(
-        text.contains(
-            "the 2 configured pipeline stages are not planned stage by stage in mode semi_auto"
-        ),
+        text.contains("strategies as configured (no search)")
+            && text.contains("pipeline: 2 stage(s) × 4 micro-batches (1f1b)")
+            && !text.contains("more than the"),
+        "{text}"
+    );
+    let mut json_args = semi_auto.clone();
+    json_args.push("--json");
+    let out = tessera(&json_args);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &json["pipeline"];
+    assert_eq!(p["stage_of_layer"]["embedding"], 0, "{p}");
+    assert_eq!(p["stage_of_layer"]["loss"], 1, "{p}");
+    let fullest = p["stage_memory_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m.as_f64())
+        .fold(0.0, f64::max);
+    assert_eq!(json["peak_memory_bytes"].as_f64(), Some(fullest));
+    // A stage over the memory budget is reported, not refused.
+    let mut tight = semi_auto.clone();
+    tight.extend(["--set", "parallel.max_device_memory=1000"]);
+    let out = tessera(&tight);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("note: the fullest pipeline stage needs")
+            && text.contains("more than the 1000.00 B of memory per device"),
         "{text}"
     );
 }

@@ -42,7 +42,7 @@ use crate::error::SearchError;
 use crate::footprint::MemoryEstimate;
 use crate::plan::{PlanModel, SearchScope};
 use crate::problem::PlanCost;
-use crate::solve::{search, SearchRequest, SearchResult};
+use crate::solve::{search, with_default_strategies, SearchRequest, SearchResult};
 
 /// The memory budget of the search that only costs the layers: 1 PiB.
 const UNLIMITED: u64 = 1 << 50;
@@ -221,6 +221,10 @@ pub(crate) struct Planner<'a> {
     pub optimizer_states: usize,
     /// How long dynamic programming may search.
     pub time_budget: Duration,
+    /// Whether the strategies are only costed, not searched (a mode that does not search):
+    /// every op of a scope keeps its strategy of `parallel.strategies` (the data-parallel
+    /// default on the scope's devices without one), and no memory budget refuses the plan.
+    pub costs_only: bool,
 }
 
 impl Planner<'_> {
@@ -232,11 +236,18 @@ impl Planner<'_> {
             .filter(|(name, _)| scope.only.as_ref().is_none_or(|o| o.contains(name)))
             .map(|(name, s)| (name, s.inputs))
             .collect();
+        let (fixed, budget) = match self.costs_only {
+            true => (
+                with_default_strategies(graph, fixed, scope.devices, scope.only.as_ref()),
+                UNLIMITED,
+            ),
+            false => (fixed, scope.budget),
+        };
         let request = SearchRequest {
             mode: self.mode,
             profile: self.profile,
             devices: scope.devices,
-            memory_budget: Some(scope.budget),
+            memory_budget: Some(budget),
             optimizer_states: self.optimizer_states,
             fixed,
             hints: self.model.hints(scope.devices),
@@ -517,7 +528,8 @@ fn staged(
         };
         let mut memory = found.cost.memory;
         memory.activations *= held_here;
-        if memory.total() > budget as f64 {
+        // Costed strategies are reported whatever their memory, not refused.
+        if memory.total() > budget as f64 && !planner.costs_only {
             return Ok(Err(StageMiss::Memory {
                 stage,
                 needed: memory.total(),
@@ -675,7 +687,9 @@ fn configured_stage_of_layer(
 /// `parallel.auto_pipeline`; the model is one micro-batch's): every op on the stage the run
 /// places it on ([`node_stages`]), each stage's ops searched on the stage's own devices under
 /// the budget less the activations of the micro-batches it holds at once, and the schedule
-/// simulated with the stages' predicted times. The configured pipeline is kept as given.
+/// simulated with the stages' predicted times. The configured pipeline is kept as given. With
+/// [`Planner::costs_only`] each stage's configured strategies are costed instead of searched,
+/// whatever memory they need.
 pub(crate) fn plan_configured_stages(
     planner: &Planner<'_>,
 ) -> Result<PipelinedSearch, SearchError> {

@@ -87,7 +87,8 @@ pub enum Strategies {
     /// mode); costed, and pipelined when its entries name stages.
     Loaded(LoadedStrategies),
     /// Given for the forward ops by a mode that does not search (the run's configured
-    /// strategies); only costed, the ops without one data parallel.
+    /// strategies); only costed, the ops without one data parallel, and pipelined (each stage
+    /// costed on its own devices) when `[parallel.pipeline]` configures several stages.
     Configured(BTreeMap<String, Vec<Vec<usize>>>),
 }
 
@@ -146,7 +147,8 @@ pub struct PlanReport {
     /// factors.
     pub layouts: BTreeMap<String, LoadedLayouts>,
     /// The pipeline planned stage by stage: the one the search chose (`parallel.auto_pipeline`),
-    /// the one `[parallel.pipeline]` configures (several stages, in a search mode), or the
+    /// the one `[parallel.pipeline]` configures (several stages: searched in a search mode,
+    /// costed with the configured strategies otherwise), or the
     /// stages of a loaded operator strategy file; `cost` is then its busiest stage's time per
     /// step with its fullest stage's memory, and `bubble_fraction` the busiest stage's idle
     /// share.
@@ -323,6 +325,27 @@ pub fn plan(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> {
         })
     };
     let mode = match (parallel.mode, &request.strategies) {
+        (other, Strategies::Configured(configured)) if configured_stages(parallel) => {
+            // The configured stages, each stage's ops costed with their strategies on its own
+            // devices (as the run places them), whatever memory they need.
+            let mut with_configured = parallel.clone();
+            with_configured.strategies = configured
+                .iter()
+                .map(|(name, s)| (name.clone(), OpStrategy::from_tuples(s.clone(), None)))
+                .collect();
+            let mut report = plan_pipelined(
+                request,
+                &with_configured,
+                SearchMode::DynamicProgramming,
+                budget,
+                Instant::now(),
+                Staging::Configured,
+            )?;
+            report.mode = other.name().to_string();
+            report.search_ms = 0.0;
+            (report.gap, report.n_ops, report.n_classes) = (None, 0, 0);
+            return Ok(report);
+        }
         (other, Strategies::Configured(configured)) => {
             return costed(other.name().to_string(), configured, None, BTreeMap::new());
         }
@@ -442,6 +465,7 @@ fn planner<'a>(
         budget,
         optimizer_states: request.optimizer_states,
         time_budget: request.time_budget,
+        costs_only: matches!(request.strategies, Strategies::Configured(_)),
     }
 }
 

@@ -162,22 +162,31 @@ pub fn evaluate_strategies(
     request: &SearchRequest<'_>,
     strategies: &BTreeMap<String, Vec<Vec<usize>>>,
 ) -> Result<PlanCost, SearchError> {
-    let mut fixed = strategies.clone();
-    for node in graph.nodes() {
-        if node.role == graph::NodeRole::Forward
-            && !node.inputs.is_empty()
-            && !fixed.contains_key(&node.name)
-        {
-            let ctx = OpContext::of(graph, node);
-            fixed.insert(
-                node.name.clone(),
-                strategy::default_strategy(&ctx, request.devices),
-            );
-        }
-    }
+    let fixed = with_default_strategies(graph, strategies.clone(), request.devices, None);
     let held = HeldValues::of(graph);
     let problem = SearchProblem::build(graph, &settings(request, &held), &fixed, &BTreeMap::new())?;
     Ok(problem.cost(&vec![0; problem.nodes.len()]))
+}
+
+/// `strategies` with the data-parallel default on `devices` for every forward op of `graph`
+/// (of `only` when given) without one.
+pub(crate) fn with_default_strategies(
+    graph: &Graph,
+    mut strategies: BTreeMap<String, Vec<Vec<usize>>>,
+    devices: usize,
+    only: Option<&BTreeSet<String>>,
+) -> BTreeMap<String, Vec<Vec<usize>>> {
+    for node in graph.nodes() {
+        if node.role == graph::NodeRole::Forward
+            && !node.inputs.is_empty()
+            && only.is_none_or(|o| o.contains(&node.name))
+            && !strategies.contains_key(&node.name)
+        {
+            let ctx = OpContext::of(graph, node);
+            strategies.insert(node.name.clone(), strategy::default_strategy(&ctx, devices));
+        }
+    }
+    strategies
 }
 
 /// Where propagation starts: every fixed op; with none, the data-parallel strategy of the

@@ -193,3 +193,66 @@ fn configured_pipeline_stages_are_searched_stage_by_stage() {
     fits.apply_to(&mut applied).expect("applied");
     assert_eq!(applied.pipeline, Some(pipeline));
 }
+
+/// Configured strategies (a mode that does not search) on stages configured by
+/// `[parallel.pipeline]` are costed stage by stage, each stage's ops with their strategies on
+/// the stage's devices (they were the whole model costed on one stage's devices): the memory
+/// is the fullest stage's, about half the whole model's parameters, and a budget it exceeds
+/// is reported, not refused.
+#[test]
+fn configured_strategies_on_configured_stages_are_costed_stage_by_stage() {
+    let model = Mlp::wide(8, [16, 16], 256);
+    let pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
+    let mut parallel = ParallelConfig::new(ParallelMode::SemiAuto, 4);
+    parallel.pipeline = Some(pipeline.clone());
+    let whole = ParallelConfig::new(ParallelMode::SemiAuto, 2);
+    let configured = || Strategies::Configured(BTreeMap::new());
+    let flat = plan(&request(&model, &whole, configured())).expect("a flat plan");
+    let report = plan(&request(&model, &parallel, configured())).expect("a staged plan");
+    assert_eq!(report.mode, "semi_auto");
+    assert_eq!(report.search_ms, 0.0);
+    assert_eq!(report.devices, 2);
+    let staged = report.pipeline.as_ref().expect("the stages are costed");
+    assert_eq!(staged.config, pipeline, "the configured pipeline, as given");
+    let placed = node_stages(&model.model.graph, &pipeline).expect("the run's stages");
+    for (name, _) in &report.strategies {
+        let id = model.model.graph.node_by_name(name).expect("an op");
+        assert_eq!(report.stage_of(name), placed.nodes[id.0], "{name}");
+    }
+    assert!(staged.stage_of_op.values().any(|&s| s == 1));
+    let fullest = staged
+        .stage_costs
+        .iter()
+        .map(|c| c.memory.total())
+        .fold(0.0, f64::max);
+    assert_eq!(report.cost.memory.total(), fullest);
+    assert!(
+        report.cost.memory.parameters < 0.75 * flat.cost.memory.parameters,
+        "a stage holds {} parameter bytes, the whole model {}",
+        report.cost.memory.parameters,
+        flat.cost.memory.parameters
+    );
+    // The configured strategies are kept: every op unsplit.
+    let unsplit: BTreeMap<String, Vec<Vec<usize>>> = report
+        .strategies
+        .iter()
+        .map(|(n, s)| (n.clone(), s.iter().map(|t| vec![1; t.len()]).collect()))
+        .collect();
+    let kept = plan(&request(
+        &model,
+        &parallel,
+        Strategies::Configured(unsplit.clone()),
+    ))
+    .expect("a staged plan");
+    assert!(kept.pipeline.is_some());
+    assert!(!unsplit.is_empty() && kept.strategies.len() == unsplit.len());
+    for (name, s) in &kept.strategies {
+        assert_eq!(Some(s), unsplit.get(name), "{name}");
+    }
+    // A budget the fullest stage exceeds is reported, not refused.
+    let mut tight = request(&model, &parallel, configured());
+    tight.max_device_memory = Some((fullest / 2.0) as u64);
+    let over = plan(&tight).expect("costed whatever its memory");
+    assert!(over.cost.memory.total() > over.memory_budget as f64);
+    assert!(over.pipeline.is_some());
+}
