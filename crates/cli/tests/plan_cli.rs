@@ -243,3 +243,47 @@ fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
         "{text}"
     );
 }
+
+/// `tessera plan` of a `data_parallel` run with pipeline stages costs every op on its stage's
+/// devices: the ops' default strategies split the batch over one stage's devices, as the run
+/// places them (they were given every device, and the plan failed: "uses 4 devices, which does
+/// not divide the 2 devices"), while `tessera train` ran.
+#[test]
+fn a_data_parallel_pipeline_is_planned_on_each_stages_devices() {
+    let out = tessera(&[
+        "plan",
+        "examples/gpt_kjv.toml",
+        "--devices",
+        "4",
+        "--set",
+        "parallel.mode=\"data_parallel\"",
+        "--set",
+        "parallel.pipeline.stages=2",
+        "--set",
+        "parallel.pipeline.micro_batches=2",
+        "--json",
+    ]);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["devices"], serde_json::json!(2), "{json}");
+    assert_eq!(json["stages"], serde_json::json!(2), "{json}");
+    let ops = json["ops"].as_array().expect("ops");
+    assert!(!ops.is_empty());
+    let mut widest = 0;
+    for op in ops {
+        for input in op["in_strategy"].as_array().expect("in_strategy") {
+            let devices: u64 = input
+                .as_array()
+                .expect("factors")
+                .iter()
+                .map(|f| f.as_u64().expect("a factor"))
+                .product();
+            assert!(
+                devices <= 2,
+                "{op}: splits over more than a stage's devices"
+            );
+            widest = widest.max(devices);
+        }
+    }
+    assert_eq!(widest, 2, "the batch is split over a stage's 2 devices");
+}

@@ -361,7 +361,7 @@ fn configured_strategies(
             let ctx = parallel::rules::OpContext::of(&model.graph, node);
             match parallel.mode {
                 ParallelMode::StandAlone => parallel::rules::strategy::unsplit_strategy(&ctx),
-                _ => parallel::rules::strategy::default_strategy(&ctx, devices),
+                _ => parallel::rules::strategy::default_strategy(&ctx, stage_devices),
             }
         });
     }
