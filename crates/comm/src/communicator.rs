@@ -16,6 +16,19 @@ pub type Tag = u32;
 /// The largest tag every backend accepts (MPI guarantees at least 32767).
 pub const MAX_TAG: Tag = 32_767;
 
+/// The tag of the `instance`-th creation of a group of `members` (world ranks) on one parent
+/// communicator: a hash in `0..=MAX_TAG` that tells concurrent creations by different member
+/// lists apart. Wrapping arithmetic: a group of 13 or more members overflowed a plain
+/// `h * 31 + m + 1` (a debug build panicked on 16 ranks; a release build wrapped, which this
+/// keeps, so both builds give the same tag).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn group_creation_tag(instance: usize, members: &[usize]) -> Tag {
+    let hash = members.iter().fold(instance, |h, &m| {
+        h.wrapping_mul(31).wrapping_add(m).wrapping_add(1)
+    });
+    (hash % (MAX_TAG as usize + 1)) as Tag
+}
+
 /// `send` as `rows` rows of `n` equal segments, laid part by part at the start of `out`: part
 /// `j` (segment `j` of every row, rows in order) after part `j - 1`, as `reduce_scatter_v` takes
 /// the parts of [`Communicator::reduce_scatter_rows`]; one pass over the bytes. `out` must hold
@@ -645,6 +658,20 @@ impl<C: Communicator + ?Sized> CommunicatorExt for C {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group of 1,024 members gets a tag in range (16 members overflowed the hash), the same
+    /// one every time, and one member list's tag differs from its next creation's.
+    #[test]
+    fn group_tags_of_large_groups_are_in_range() {
+        let members: Vec<usize> = (0..1024).collect();
+        let tag = group_creation_tag(0, &members);
+        assert!(tag <= MAX_TAG);
+        assert_eq!(tag, group_creation_tag(0, &members));
+        assert_ne!(tag, group_creation_tag(1, &members));
+        let small = group_creation_tag(0, &[0, 1]);
+        // The small groups' tags are what the plain arithmetic gave: ((0·31 + 1) · 31 + 2).
+        assert_eq!(small, 33);
+    }
 
     #[test]
     fn split_counts_front_loads_the_remainder() {

@@ -4,7 +4,6 @@ use std::sync::{Arc, Mutex};
 
 use super::world::EndpointState;
 use super::MpiComm;
-use crate::communicator::MAX_TAG;
 use crate::error::CommError;
 
 impl MpiComm {
@@ -29,10 +28,7 @@ impl MpiComm {
         let members: Vec<usize> = ranks.iter().map(|&r| self.members[r]).collect();
         let instance = call.state.groups_made.entry(members.clone()).or_insert(0);
         // Distinguishes concurrent creations on one parent by different member lists.
-        let tag = (members
-            .iter()
-            .fold(*instance as usize, |h, &m| h * 31 + m + 1)
-            % (MAX_TAG as usize + 1)) as i32;
+        let tag = crate::communicator::group_creation_tag(*instance as usize, &members) as i32;
         *instance += 1;
         let ranks_i32: Vec<i32> = ranks
             .iter()
