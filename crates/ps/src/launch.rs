@@ -231,10 +231,7 @@ fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd
             .iter()
             .find(|c| c.role != PsRole::Worker && c.failed())
         {
-            let why = format!(
-                "{} was lost; the job cannot go on without it (`tessera launch --restarts` restarts a server), so every process was stopped",
-                c.ending()
-            );
+            let why = lost_role(c.role, &c.ending());
             stop_all(children, libc::SIGTERM);
             return Err(PsError::job("the parameter-server job", why));
         }
@@ -246,6 +243,18 @@ fn supervise(children: &mut [RoleChild], stop: &AtomicI32) -> Result<LocalJobEnd
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// Why a plain `tessera train` stopped the job when `ending` (a scheduler or a server) was
+/// lost: only a server can be restarted (`tessera launch --restarts`), never the scheduler.
+fn lost_role(role: PsRole, ending: &str) -> String {
+    let hint = match role {
+        PsRole::Scheduler => "the scheduler is never restarted: start the job again".to_string(),
+        _ => "`tessera launch --restarts K` restarts a lost server".to_string(),
+    };
+    format!(
+        "{ending} was lost; the job cannot go on without it ({hint}), so every process was stopped"
+    )
 }
 
 /// Sends `signal` to every child still running, SIGKILL to those left after [`STOP_GRACE`],
@@ -286,5 +295,27 @@ fn stop_all(children: &mut [RoleChild], signal: i32) {
             deadline = Instant::now() + STOP_GRACE;
         }
         std::thread::sleep(POLL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lost scheduler is not said to be restartable; a lost server's hint names the flag.
+    #[test]
+    fn a_lost_scheduler_is_not_said_to_be_restartable() {
+        let scheduler = lost_role(
+            PsRole::Scheduler,
+            "scheduler 0 (rank 0) (signal: 9 (SIGKILL))",
+        );
+        assert!(scheduler.starts_with("scheduler 0 (rank 0)"), "{scheduler}");
+        assert!(scheduler.contains("never restarted"), "{scheduler}");
+        assert!(!scheduler.contains("--restarts"), "{scheduler}");
+        let server = lost_role(PsRole::Server, "server 1 (rank 2) (signal: 9 (SIGKILL))");
+        assert!(
+            server.contains("--restarts K` restarts a lost server"),
+            "{server}"
+        );
     }
 }

@@ -74,6 +74,15 @@ impl Liveness {
     pub fn dead(&self) -> Vec<u32> {
         self.dead.keys().copied().collect()
     }
+
+    /// The ids declared dead (and not registered since) with how long ago each was declared
+    /// dead at `now`, ascending by id.
+    pub fn dead_for(&self, now: Instant) -> Vec<(u32, Duration)> {
+        self.dead
+            .iter()
+            .map(|(&id, &at)| (id, now.saturating_duration_since(at)))
+            .collect()
+    }
 }
 
 #[cfg(test)]

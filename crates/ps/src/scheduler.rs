@@ -195,9 +195,31 @@ impl SchedulerService {
         }
         let all_dead = s.had_workers && s.worker_live.alive().is_empty() && !s.finished;
         let migration = s.map.failed(&s.server_live.dead(), now, s.startup_grace);
+        // The job cannot go on without a server: one declared dead must register again (a
+        // restart) within the time a process may take to start, else nothing restarted it (a
+        // plain `tessera train`, restarts exhausted, or a hung process) and the job would wait
+        // for it forever.
+        let unrestarted = match s.finished {
+            true => None,
+            false => s
+                .server_live
+                .dead_for(now)
+                .into_iter()
+                .find(|&(_, dead)| dead > s.startup_grace),
+        };
+        let grace = s.startup_grace;
         drop(s);
         if let Some(why) = migration {
             return Err(PsError::job("the job", why));
+        }
+        if let Some((id, _)) = unrestarted {
+            return Err(PsError::job(
+                "the job",
+                format!(
+                    "server {id} was declared dead (no heartbeat) and did not register again within {} s (ps.rpc_timeout_ms × (ps.rpc_retries + 1), the time a restarted process may take to start): nothing restarted it (`tessera launch --restarts K` restarts a server that ended; a hung one is not ended by it)",
+                    grace.as_secs_f64()
+                ),
+            ));
         }
         if changed {
             self.changed.notify_waiters();

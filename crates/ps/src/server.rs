@@ -339,6 +339,13 @@ impl ServerService {
         let snapshot_file = snapshot::snapshot_path(&settings.output_dir, server_id);
         let mut version = 0;
         let mut recovery = None;
+        if !restart {
+            // A server that is not a restart begins its job at version 0: a snapshot at its
+            // path is an earlier job's (the same `output.dir`), and a restart of this one must
+            // not resume from it (it would apply this job's kept gradients to that job's
+            // weights).
+            remove_stale_snapshot(&snapshot_file, server_id)?;
+        }
         if restart {
             if snapshot_file.exists() {
                 version = snapshot::load(&snapshot_file, &names, &mut weights, &mut optimizer)?;
@@ -573,6 +580,28 @@ fn advertised_addr(env: &RoleEnv, bound: std::net::SocketAddr) -> Result<String,
             ),
         }),
         None => Ok(bound.to_string()),
+    }
+}
+
+/// Removes the snapshot an earlier job left at `path` (`<output.dir>/ps/server_<id>.safetensors`)
+/// when server `server_id` starts fresh, saying so; none there is fine.
+fn remove_stale_snapshot(path: &std::path::Path, server_id: usize) -> Result<(), PsError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {
+            eprintln!(
+                "[ps server {server_id}] removed {}, an earlier job's snapshot: this job's restarts resume from its own",
+                path.display()
+            );
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(PsError::SnapshotIo {
+            path: path.to_path_buf(),
+            what:
+                "removing an earlier job's snapshot (a restart of this server would resume from it)"
+                    .to_string(),
+            source: Box::new(e),
+        }),
     }
 }
 

@@ -188,3 +188,53 @@ fn a_clipping_server_waits_for_the_global_norm_and_checks_it() {
         assert!(err.message().contains("disagree"), "{}", err.message());
     });
 }
+
+/// A server that starts fresh removes the snapshot an earlier job left in the same
+/// `output.dir`: a restart of this job's server then begins at version 0 (replaying this job's
+/// kept gradients onto the initial weights), not at the earlier job's version and weights.
+#[test]
+fn a_fresh_server_removes_an_earlier_jobs_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ps_config(dir.path(), "servers = 1\nworkers = 2", "max_steps = 4");
+    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 2, &config);
+    let compute = Compute::new(&config).unwrap();
+    let held = compute.params().to_vec();
+    let initial = compute.initial_params().unwrap();
+    let names: Vec<String> = held.iter().map(|p| p.name.clone()).collect();
+    // The earlier job's last snapshot: other weights, at version 138.
+    let earlier: Vec<Tensor> = initial
+        .iter()
+        .map(|t| {
+            let data = vec![0.5f32; t.shape().iter().product()];
+            Tensor::from_vec(t.shape(), data).unwrap()
+        })
+        .collect();
+    let specs: Vec<runtime::ParamSpec> = held
+        .iter()
+        .map(|p| runtime::ParamSpec {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+            dtype: tensor::DType::F32,
+        })
+        .collect();
+    let optimizer = runtime::Optimizer::new(config.optimizer_config(), &specs).unwrap();
+    let path = ps::snapshot::snapshot_path(&settings.output_dir, 0);
+    let state = ps::snapshot::PartitionState {
+        names: &names,
+        weights: &earlier,
+        optimizer: &optimizer,
+        version: 138,
+    };
+    ps::snapshot::save(&path, &state).unwrap();
+    // This job's server starts, then dies before its first snapshot and is restarted.
+    let fresh = ServerService::new(&settings, &config, 0, &held, initial.clone(), false).unwrap();
+    assert_eq!(fresh.version(), 0);
+    assert!(!path.exists(), "the earlier job's snapshot is removed");
+    drop(fresh);
+    let restarted = ServerService::new(&settings, &config, 0, &held, initial, true).unwrap();
+    assert_eq!(
+        restarted.version(),
+        0,
+        "a restart resumes from this job's start, not from the earlier job's snapshot"
+    );
+}
