@@ -571,6 +571,25 @@ fn launch_script(dir: &Path, launch_args: &[&str], script: &str) -> Option<Outpu
     wait_or_kill(child, Duration::from_secs(150))
 }
 
+/// Runs `script` on 2 ranks with `--hang_time_out hang_secs`, asserts the launcher ended with
+/// exit code 1 leaving no process of the job (`dir`) running, and returns its stderr.
+fn stopped_job_stderr(dir: &Scratch, hang_secs: &str, script: &str) -> String {
+    let out = launch_script(
+        &dir.0,
+        &["--nproc", "2", "--hang_time_out", hang_secs],
+        script,
+    )
+    .expect("tessera launch hung");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        processes_mentioning(s(&dir.0)).is_empty(),
+        "{:?}",
+        processes_mentioning(s(&dir.0))
+    );
+    err
+}
+
 /// A rank still running after another rank's command ended (a script looping or sleeping
 /// outside MPI) is named and the job stopped after `--hang_time_out`, with every process gone;
 /// it used to leave the launcher waiting forever.
@@ -581,19 +600,11 @@ fn a_rank_running_on_after_another_ended_is_named_as_hung() {
         "[ \"$TESSERA_RANK\" = 1 ] && sleep 600; exit 0 # {}",
         s(&dir.0)
     );
-    let out = launch_script(&dir.0, &["--nproc", "2", "--hang_time_out", "3"], &script)
-        .expect("tessera launch hung");
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = stopped_job_stderr(&dir, "3", &script);
     assert!(
         err.contains("rank 1 still running 3 s after rank 0's command ended (exit code 0)")
             && err.contains("taken as hung (--hang_time_out 3)"),
         "{err}"
-    );
-    assert!(
-        processes_mentioning(s(&dir.0)).is_empty(),
-        "{:?}",
-        processes_mentioning(s(&dir.0))
     );
 }
 
@@ -607,18 +618,10 @@ fn a_stopped_rank_is_named_as_hung() {
         "[ \"$TESSERA_RANK\" = 1 ] && kill -STOP $$; sleep 600 # {}",
         s(&dir.0)
     );
-    let out = launch_script(&dir.0, &["--nproc", "2", "--hang_time_out", "3"], &script)
-        .expect("tessera launch hung");
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = stopped_job_stderr(&dir, "3", &script);
     assert!(
         err.contains("rank 1's command was stopped (signal 19, SIGSTOP) for 3 s or more while rank 0 kept running"),
         "{err}"
-    );
-    assert!(
-        processes_mentioning(s(&dir.0)).is_empty(),
-        "{:?}",
-        processes_mentioning(s(&dir.0))
     );
 }
 
@@ -634,18 +637,10 @@ fn a_failure_report_names_a_rank_stopped_at_the_time() {
          until grep -q 'command was stopped' {}; do sleep 0.2; done; exit 3",
         s(&log1)
     );
-    let out = launch_script(&dir.0, &["--nproc", "2", "--hang_time_out", "0"], &script)
-        .expect("tessera launch hung");
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = stopped_job_stderr(&dir, "0", &script);
     assert!(
         err.contains("worker 0 (rank 0) failed (exit code 3")
             && err.contains("rank 1's command is stopped (signal 19, SIGSTOP), and the others may have waited for it"),
         "{err}"
-    );
-    assert!(
-        processes_mentioning(s(&dir.0)).is_empty(),
-        "{:?}",
-        processes_mentioning(s(&dir.0))
     );
 }

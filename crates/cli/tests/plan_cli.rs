@@ -138,6 +138,22 @@ fn an_unknown_profile_lists_the_built_in_ones() {
     }
 }
 
+/// `plan --json`'s pipeline puts the embedding on stage 0 and the loss on stage 1, and its
+/// peak memory is its fullest stage's.
+#[track_caller]
+fn assert_two_stages_peaking_at_the_fullest(json: &serde_json::Value) {
+    let p = &json["pipeline"];
+    assert_eq!(p["stage_of_layer"]["embedding"], 0, "{p}");
+    assert_eq!(p["stage_of_layer"]["loss"], 1, "{p}");
+    let fullest = p["stage_memory_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m.as_f64())
+        .fold(0.0, f64::max);
+    assert_eq!(json["peak_memory_bytes"].as_f64(), Some(fullest));
+}
+
 /// A pipelined plan's report names the run's devices, not one stage's: 2 stages of 1 device
 /// were printed "on 1 device(s)". Configured stages (without `parallel.auto_pipeline`) are
 /// planned stage by stage in a search mode (they were the whole model costed on one stage's
@@ -193,16 +209,8 @@ fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
     let out = tessera(&json_args);
     assert_ok(&out);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let p = &json["pipeline"];
-    assert_eq!(p["stages"], 2, "{p}");
-    assert_eq!(p["stage_of_layer"]["embedding"], 0, "{p}");
-    assert_eq!(p["stage_of_layer"]["loss"], 1, "{p}");
-    let per_stage = p["stage_memory_bytes"].as_array().unwrap();
-    let fullest = per_stage
-        .iter()
-        .filter_map(|m| m.as_f64())
-        .fold(0.0, f64::max);
-    assert_eq!(json["peak_memory_bytes"].as_f64(), Some(fullest));
+    assert_eq!(json["pipeline"]["stages"], 2, "{json}");
+    assert_two_stages_peaking_at_the_fullest(&json);
     // A mode that does not search costs its configured strategies stage by stage.
     let mut semi_auto = configured.to_vec();
     semi_auto.extend(["--set", "parallel.mode=\"semi_auto\""]);
@@ -221,16 +229,7 @@ fn a_pipelined_plan_names_all_its_devices_and_what_it_costed() {
     let out = tessera(&json_args);
     assert_ok(&out);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let p = &json["pipeline"];
-    assert_eq!(p["stage_of_layer"]["embedding"], 0, "{p}");
-    assert_eq!(p["stage_of_layer"]["loss"], 1, "{p}");
-    let fullest = p["stage_memory_bytes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|m| m.as_f64())
-        .fold(0.0, f64::max);
-    assert_eq!(json["peak_memory_bytes"].as_f64(), Some(fullest));
+    assert_two_stages_peaking_at_the_fullest(&json);
     // A stage over the memory budget is reported, not refused.
     let mut tight = semi_auto.clone();
     tight.extend(["--set", "parallel.max_device_memory=1000"]);

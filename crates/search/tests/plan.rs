@@ -10,8 +10,8 @@ use graph::Graph;
 use parallel::pipeline::{node_stages, PipelineConfig, Scheduler};
 use parallel::{ParallelConfig, ParallelMode};
 use search::{
-    plan, profiles, Hints, LoadedLayouts, LoadedOp, LoadedStrategies, PlanModel, PlanRequest,
-    SearchError, SearchMode, Strategies,
+    plan, profiles, Hints, LoadedLayouts, LoadedOp, LoadedStrategies, PlanModel, PlanReport,
+    PlanRequest, SearchError, SearchMode, Strategies,
 };
 
 /// The seed MLP of a batch of `batch`, rebuilt for any other batch.
@@ -157,18 +157,7 @@ fn configured_pipeline_stages_are_searched_stage_by_stage() {
     assert_eq!(staged.config, pipeline, "the configured pipeline, as given");
     assert_eq!(report.devices, 2);
     assert_eq!(report.strategies.len(), report.n_ops);
-    let placed = node_stages(&model.model.graph, &pipeline).expect("the run's stages");
-    for (name, _) in &report.strategies {
-        let id = model.model.graph.node_by_name(name).expect("an op");
-        assert_eq!(report.stage_of(name), placed.nodes[id.0], "{name}");
-    }
-    assert!(staged.stage_of_op.values().any(|&s| s == 1));
-    let fullest = staged
-        .stage_costs
-        .iter()
-        .map(|c| c.memory.total())
-        .fold(0.0, f64::max);
-    assert_eq!(report.cost.memory.total(), fullest);
+    let fullest = assert_staged_as_the_run_places(&model, &pipeline, &report);
 
     // The whole model on one stage's 2 devices needs more than the fullest stage.
     let whole = ParallelConfig::new(mode, 2);
@@ -194,6 +183,30 @@ fn configured_pipeline_stages_are_searched_stage_by_stage() {
     assert_eq!(applied.pipeline, Some(pipeline));
 }
 
+/// Every op of `report` is on the stage the run places it on under `pipeline`, some op is on
+/// stage 1, and the plan's memory is its fullest stage's, which is returned.
+#[track_caller]
+fn assert_staged_as_the_run_places(
+    model: &Mlp,
+    pipeline: &PipelineConfig,
+    report: &PlanReport,
+) -> f64 {
+    let staged = report.pipeline.as_ref().expect("the stages are planned");
+    let placed = node_stages(&model.model.graph, pipeline).expect("the run's stages");
+    for (name, _) in &report.strategies {
+        let id = model.model.graph.node_by_name(name).expect("an op");
+        assert_eq!(report.stage_of(name), placed.nodes[id.0], "{name}");
+    }
+    assert!(staged.stage_of_op.values().any(|&s| s == 1));
+    let fullest = staged
+        .stage_costs
+        .iter()
+        .map(|c| c.memory.total())
+        .fold(0.0, f64::max);
+    assert_eq!(report.cost.memory.total(), fullest);
+    fullest
+}
+
 /// Configured strategies (a mode that does not search) on stages configured by
 /// `[parallel.pipeline]` are costed stage by stage, each stage's ops with their strategies on
 /// the stage's devices (they were the whole model costed on one stage's devices): the memory
@@ -214,18 +227,7 @@ fn configured_strategies_on_configured_stages_are_costed_stage_by_stage() {
     assert_eq!(report.devices, 2);
     let staged = report.pipeline.as_ref().expect("the stages are costed");
     assert_eq!(staged.config, pipeline, "the configured pipeline, as given");
-    let placed = node_stages(&model.model.graph, &pipeline).expect("the run's stages");
-    for (name, _) in &report.strategies {
-        let id = model.model.graph.node_by_name(name).expect("an op");
-        assert_eq!(report.stage_of(name), placed.nodes[id.0], "{name}");
-    }
-    assert!(staged.stage_of_op.values().any(|&s| s == 1));
-    let fullest = staged
-        .stage_costs
-        .iter()
-        .map(|c| c.memory.total())
-        .fold(0.0, f64::max);
-    assert_eq!(report.cost.memory.total(), fullest);
+    let fullest = assert_staged_as_the_run_places(&model, &pipeline, &report);
     assert!(
         report.cost.memory.parameters < 0.75 * flat.cost.memory.parameters,
         "a stage holds {} parameter bytes, the whole model {}",
