@@ -102,8 +102,30 @@ impl TextData {
                     && config.gpt_parallel().model_parallel > 1),
             moe: keys.moe.clone(),
         };
-        gpt.validate()?;
+        gpt.validate()
+            .map_err(|e| self.name_a_scanned_vocabulary(config, e.into()))?;
         Ok(gpt)
+    }
+
+    /// `error` about the model, naming the token file when the vocabulary in it was not
+    /// configured but scanned from the file (one more than its largest id): a stray huge id
+    /// otherwise reads as a model setting.
+    fn name_a_scanned_vocabulary(&self, config: &TrainConfig, error: RuntimeError) -> RuntimeError {
+        let data = config.data();
+        let scanned = data.format == DataFormat::Tokens
+            && data.text.as_ref().is_some_and(|t| t.vocab_size.is_none());
+        match data.text.as_ref() {
+            Some(keys) if scanned => RuntimeError::Data {
+                path: keys.path.clone(),
+                reason: format!(
+                    "{error}; the vocabulary of {} is one more than the largest token id in this \
+                     file, as data.vocab_size is not set: set data.vocab_size to the tokenizer's \
+                     vocabulary (ids at or above it are then refused, naming the token)",
+                    self.corpus.train.vocab_size()
+                ),
+            },
+            _ => error,
+        }
     }
 
     /// The description `tessera generate` reads: the model's shape (batch 1) and vocabulary.

@@ -234,3 +234,87 @@ fn a_device_is_not_read_as_a_text_file() {
         assert!(started.elapsed().as_secs() < 5, "{err}");
     }
 }
+
+/// A file of 32-bit ids read with `data.dtype = "u16"` is refused naming the key: read as
+/// 16-bit ids every other token is a high half (0, or small for vocabularies past 2^16), which
+/// trained silently on a corrupted stream. The same file read as `u32`, and a 16-bit file of
+/// the same ids, are accepted.
+#[test]
+fn a_file_of_32_bit_ids_read_as_16_bit_ones_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for vocab in [50_257u32, 128_256] {
+        let ids: Vec<u32> = (0..4096u32).map(|i| (i * 7919) % vocab).collect();
+        let wide: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let path = write(dir.path(), &format!("wide{vocab}.bin"), &wide);
+        // (A vocabulary past 2^16 given with u16 ids is refused before the scan.)
+        let givens = if vocab <= 1 << 16 {
+            vec![None, Some(vocab as usize)]
+        } else {
+            vec![None]
+        };
+        for given in givens {
+            let err = TokenCorpus::open_tokens(&path, TokenDtype::U16, given, 0.1);
+            let text = err.map(|_| ()).unwrap_err().to_string();
+            assert!(
+                text.contains(&format!("wide{vocab}.bin")) && text.contains("data.dtype = \"u32\""),
+                "{text}"
+            );
+        }
+        let read = TokenCorpus::open_tokens(&path, TokenDtype::U32, None, 0.1).unwrap();
+        assert_eq!(
+            read.train.vocab_size(),
+            *ids.iter().max().unwrap() as usize + 1
+        );
+        if vocab <= 1 << 16 {
+            let narrow: Vec<u8> = ids.iter().flat_map(|x| (*x as u16).to_le_bytes()).collect();
+            let path = write(dir.path(), "narrow.bin", &narrow);
+            assert!(TokenCorpus::open_tokens(&path, TokenDtype::U16, None, 0.1).is_ok());
+        }
+    }
+}
+
+/// A model too large because of one stray huge id in a token file with no `data.vocab_size`
+/// is an error naming the file and the key, not only the model's settings (the vocabulary is
+/// scanned from the file: one more than its largest id).
+#[test]
+fn a_vocabulary_scanned_from_a_stray_id_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids: Vec<u32> = (0..5000).map(|i| i % 50).collect();
+    ids[100] = 3_000_000_000;
+    let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let path = write(dir.path(), "stray.bin", &bytes);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/gpt_kjv.toml");
+    let sets = |extra: &[&str]| -> Vec<String> {
+        let mut sets = vec![
+            "data.format=\"tokens\"".to_string(),
+            "data.dtype=\"u32\"".to_string(),
+            format!("data.path={:?}", path.display().to_string()),
+            format!(
+                "output.dir={:?}",
+                dir.path().join("out").display().to_string()
+            ),
+        ];
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        sets
+    };
+    let config = runtime::TrainConfig::load(&example, &sets(&[])).unwrap();
+    let keys = config.data().text.clone().unwrap();
+    let data = runtime::TextData::open(&config, &keys).unwrap();
+    let text = data.gpt_config(&config).unwrap_err().to_string();
+    assert!(
+        text.contains("stray.bin")
+            && text.contains("data.vocab_size")
+            && text.contains("3000000001"),
+        "{text}"
+    );
+    // With the key set, the id itself is the error, naming the token.
+    let config = runtime::TrainConfig::load(&example, &sets(&["data.vocab_size=50"])).unwrap();
+    let keys = config.data().text.clone().unwrap();
+    let text = runtime::TextData::open(&config, &keys)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("token 100") && text.contains("stray.bin"),
+        "{text}"
+    );
+}

@@ -220,8 +220,9 @@ impl TokenCorpus {
     /// Indexes the token file `path` of `dtype` ids below `vocab_size`. The file is scanned once
     /// here: with a `vocab_size`, an id at or above it is an error naming the file, the token
     /// and its byte offset (found before training, not when a window happens to hold it);
-    /// without one, the vocabulary is one more than the largest id. Windows are checked again
-    /// as they are read.
+    /// without one, the vocabulary is one more than the largest id. A file of 32-bit ids read
+    /// as `U16` (every other id small, the high halves) is an error naming `data.dtype`.
+    /// Windows are checked again as they are read.
     pub fn open_tokens(
         path: &Path,
         dtype: TokenDtype,
@@ -264,9 +265,21 @@ impl TokenCorpus {
                 format!("a vocabulary of {v} does not fit {dtype:?} token ids"),
             ));
         }
-        let largest = scan_ids(&file, path, dtype, bytes, vocab_size)?;
-        let vocab_size = vocab_size.unwrap_or(largest as usize + 1);
+        let largest_by_parity = scan_ids(&file, path, dtype, bytes, vocab_size)?;
         let n = bytes / dtype.size() as u64;
+        if dtype == TokenDtype::U16 && looks_like_u32_ids(largest_by_parity, n) {
+            return Err(data_error(
+                path,
+                format!(
+                    "every token at an odd position is below {WIDE_HIGH_HALF} while the ids at even \
+                     positions reach {}: these look like 32-bit ids (whose high halves are small) \
+                     read as 16-bit ones; set data.dtype = \"u32\" for a file of 32-bit ids",
+                    largest_by_parity[0]
+                ),
+            ));
+        }
+        let largest = largest_by_parity[0].max(largest_by_parity[1]);
+        let vocab_size = vocab_size.unwrap_or(largest as usize + 1);
         let cut = train_len(n, val_fraction);
         let file = Arc::new(file);
         let split = |first: u64, len: u64| TokenSplit {
@@ -288,19 +301,33 @@ impl TokenCorpus {
     }
 }
 
-/// The largest id of the first `bytes` of the token file `file` (0 when empty), read in 1 MiB
-/// chunks; with a `vocab_size`, the first id at or above it is an error naming the token.
+/// Below this, every odd-position id of a 16-bit reading is taken for the high half of a
+/// 32-bit id ([`looks_like_u32_ids`]).
+const WIDE_HIGH_HALF: u32 = 16;
+
+/// Whether a file read as `n` 16-bit ids whose largest ids at even and odd positions are
+/// `largest_by_parity` is more likely a file of 32-bit ids: their high halves (the odd
+/// positions) are all small (below [`WIDE_HIGH_HALF`]: vocabularies up to 2^20) while the low
+/// halves spread wide. Real 16-bit token streams of 64 tokens or more never keep every other
+/// token among 16 ids while the rest reach 256 or more.
+fn looks_like_u32_ids(largest_by_parity: [u32; 2], n: u64) -> bool {
+    n >= 64 && largest_by_parity[1] < WIDE_HIGH_HALF && largest_by_parity[0] >= 256
+}
+
+/// The largest id at even and at odd token positions of the first `bytes` of the token file
+/// `file` (0 when empty), read in 1 MiB chunks; with a `vocab_size`, the first id at or above
+/// it is an error naming the token.
 fn scan_ids(
     file: &File,
     path: &Path,
     dtype: TokenDtype,
     bytes: u64,
     vocab_size: Option<usize>,
-) -> Result<u32, RuntimeError> {
+) -> Result<[u32; 2], RuntimeError> {
     let size = dtype.size();
     let mut chunk = vec![0u8; (1 << 20) / size * size];
     let mut offset = 0u64;
-    let mut largest = 0u32;
+    let mut largest = [0u32; 2];
     loop {
         let want = (bytes - offset).min(chunk.len() as u64) as usize;
         let n = file
@@ -336,7 +363,8 @@ fn scan_ids(
                     ),
                 ));
             }
-            largest = largest.max(id);
+            let parity = (offset / size as u64 + k as u64) % 2;
+            largest[parity as usize] = largest[parity as usize].max(id);
         }
         offset += whole as u64;
     }
