@@ -5,6 +5,7 @@ mod conformance;
 mod detect;
 mod differences;
 mod fuzz;
+mod layouts;
 mod op_strategy;
 mod options;
 mod pipeline;

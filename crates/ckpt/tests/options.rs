@@ -362,6 +362,57 @@ fn split_runs_together_write_the_whole_merge() {
     }
 }
 
+/// A split merge killed (SIGKILL) while writing a part leaves its hidden temporary file
+/// (`.part0.safetensors.<pid>-<n>.tmp`, up to a part's size); the next split run into that
+/// directory removes it and says so, but keeps a live writer's (locked) temporary file and
+/// every file that is not one of the merge's temporaries.
+#[test]
+fn a_split_run_removes_the_temporary_files_of_a_killed_run() {
+    use std::os::fd::AsRawFd;
+    let c = case1();
+    let out = tmp();
+    let dst = out.path().join("split");
+    std::fs::create_dir(&dst).unwrap();
+    let stale = [
+        ".part0.safetensors.4242-0.tmp",
+        ".param_name_map.json.4242-3.tmp",
+    ];
+    let kept = [
+        ".part1.safetensors.4243-1.tmp", // locked below: a live writer's
+        ".notes.txt.4242-0.tmp",
+        ".part0.safetensors.tmp",
+        "part0.safetensors.4242-0.tmp",
+    ];
+    for name in stale.iter().chain(&kept) {
+        std::fs::write(dst.join(name), b"half a part").unwrap();
+    }
+    let live = std::fs::File::open(dst.join(kept[0])).unwrap();
+    // SAFETY: `live` is an open descriptor.
+    assert_eq!(
+        unsafe { libc::flock(live.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let opts = MergeOptions {
+        max_part_bytes: 64,
+        split: Some((1, 1)),
+        ..Default::default()
+    };
+    let report = merge(&c.join("src_safetensors"), &dst, &opts).unwrap();
+    for name in stale {
+        assert!(!dst.join(name).exists(), "{name} was left");
+        assert!(
+            report.warnings.iter().any(|w| w.contains(name)),
+            "{:?}",
+            report.warnings
+        );
+    }
+    for name in kept {
+        assert!(dst.join(name).exists(), "{name} was removed");
+    }
+    assert!(dst.join("part0.safetensors").exists());
+    drop(live);
+}
+
 #[test]
 fn file_suffix_picks_the_files_to_merge() {
     let c = case1();

@@ -297,6 +297,34 @@ fn a_conversion_never_overwrites_its_source_or_leaves_its_destination() {
     assert_eq!(names(dir.path()), vec!["src", "src.json"]);
 }
 
+/// A writer killed (SIGKILL) just after creating its staging directory, before the sentinel
+/// existed, leaves the directory empty or holding only the sentinel's temporary file (what
+/// `kill -9` of `tessera ckpt convert` left). The next conversion removes it: it never moves
+/// that file into the destination (where every later set would carry it on as a foreign
+/// entry), and never leaves the directory beside it.
+#[test]
+fn a_staging_directory_a_killed_writer_was_creating_is_removed() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let src = dir.path().join("src");
+    let out = dir.path().join("out");
+    convert(&src, &s, &out, None, false).unwrap();
+    let before = names(&out);
+    let killed = dir.path().join(".out.tessera-staging-00000000deadbeef");
+    std::fs::create_dir(&killed).unwrap();
+    std::fs::write(killed.join("..tessera-staging.4242-0.tmp"), b"").unwrap();
+    convert(&src, &s, &out, None, true).unwrap();
+    assert_eq!(names(&out), before);
+    assert_eq!(names(dir.path()), vec!["out", "src", "src.json"]);
+    // Killed before even the temporary file existed, with no destination yet.
+    let fresh = dir.path().join("fresh");
+    let killed = dir.path().join(".fresh.tessera-staging-00000000deadbeef");
+    std::fs::create_dir(&killed).unwrap();
+    convert(&src, &s, &fresh, None, false).unwrap();
+    assert_eq!(names(&fresh), before);
+    assert_eq!(names(dir.path()), vec!["fresh", "out", "src", "src.json"]);
+}
+
 #[test]
 fn readers_refuse_mixed_and_uncommitted_sets() {
     let dir = tmp();

@@ -73,6 +73,10 @@ impl AtomicFile {
             .create_new(true)
             .open(&tmp)
             .map_err(io_err(&tmp, "create"))?;
+        // Held until the file is renamed into place (or removed): it tells this live write
+        // from the temporary file of a writer that was killed (see `remove_stale_temporaries`).
+        // A filesystem without `flock` leaves the file unlocked, and then never removed by it.
+        let _ = try_lock(&file);
         Ok(AtomicFile {
             dest: dest.to_path_buf(),
             tmp,
@@ -116,9 +120,10 @@ impl AtomicFile {
             let _ = fs::remove_file(&self.tmp);
             return Err(e);
         }
+        // Renamed while still open (and locked), so no cleaner takes it for a killed writer's.
+        let renamed = pending::creating(|| fs::rename(&self.tmp, &self.dest));
         drop(file);
-        pending::creating(|| fs::rename(&self.tmp, &self.dest))
-            .map_err(io_err(&self.dest, "rename into place"))?;
+        renamed.map_err(io_err(&self.dest, "rename into place"))?;
         if let Some(parent) = self.dest.parent() {
             let dir = if parent.as_os_str().is_empty() {
                 Path::new(".")
@@ -138,6 +143,62 @@ impl Drop for AtomicFile {
             let _ = fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// Takes `flock(LOCK_EX | LOCK_NB)` on `file`; whether it was granted.
+fn try_lock(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `file` is an open descriptor for the duration of the call.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Removes from `dir` the temporary files that writers of `names` (file names in `dir`) were
+/// killed while writing (SIGKILL, power loss): `.<name>.<pid>-<n>.tmp`, regular files that no
+/// live writer holds locked. Files of writers still running (in this or another process, on a
+/// filesystem honouring `flock`) are locked and kept; nothing else is touched. Returns the
+/// files removed.
+pub(crate) fn remove_stale_temporaries(dir: &Path, names: &[String]) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(io_err(dir, "list directory")(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err(dir, "list directory"))?;
+        let file_name = entry.file_name();
+        let Some(entry_name) = file_name.to_str() else {
+            continue;
+        };
+        let ours = names.iter().any(|n| is_temporary_of(entry_name, n));
+        if !ours || !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        if try_lock(&file) {
+            fs::remove_file(&path).map_err(io_err(&path, "remove stale temporary file"))?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// Whether `entry` is `.<name>.<pid>-<n>.tmp`, the temporary name [`AtomicFile`] gives `name`.
+fn is_temporary_of(entry: &str, name: &str) -> bool {
+    let Some(rest) = entry
+        .strip_prefix('.')
+        .and_then(|r| r.strip_prefix(name))
+        .and_then(|r| r.strip_prefix('.'))
+        .and_then(|r| r.strip_suffix(".tmp"))
+    else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    rest.split_once('-')
+        .is_some_and(|(pid, n)| digits(pid) && digits(n))
 }
 
 /// Commits finished files on a background thread, so the disk flushes one file while the next

@@ -14,7 +14,7 @@ use super::engine::plan::{plan_gathers, OutItem};
 use crate::error::{io_err, CkptError, Result};
 use crate::format::unified_index::{self, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 use crate::format::Format;
-use crate::io::atomic_write::{write_file_with, Committer};
+use crate::io::atomic_write::{remove_stale_temporaries, write_file_with, Committer};
 use crate::io::durability::Durability;
 use crate::model::{ResolvedParam, Strategy};
 use crate::progress::{stop_point, NoProgress, Progress};
@@ -266,6 +266,20 @@ pub fn unified_safetensors(
         .collect();
     let out = Out::begin(dst_dir, src_dir, opts)?;
     let part_name = |i: usize| PathBuf::from(format!("part{i}.safetensors"));
+    if let Out::Plain(dir) = &out {
+        // A split run killed mid-file (SIGKILL, power loss) left its temporary file: removed,
+        // so a re-run leaves no hidden half-written part behind (a live run's file is locked).
+        let mut names: Vec<String> = (0..n_parts)
+            .map(|i| format!("part{i}.safetensors"))
+            .collect();
+        names.extend([PARAM_NAME_MAP.to_string(), HYPER_PARAM_FILE.to_string()]);
+        for stale in remove_stale_temporaries(dir, &names)? {
+            report.warnings.push(format!(
+                "removed {}, the unfinished file of a merge that was killed",
+                stale.display()
+            ));
+        }
+    }
     let committer = Committer::new();
     let write = WriteOptions {
         format: Format::Safetensors,

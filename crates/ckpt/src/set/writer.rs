@@ -122,12 +122,7 @@ impl SetWriter {
             durability,
             lock: Some(lock),
         };
-        write_file_with(
-            &writer.staging.join(STAGING_SENTINEL),
-            b"",
-            false,
-            durability,
-        )?;
+        write_sentinel(&writer.staging, durability)?;
         Ok(writer)
     }
 
@@ -296,9 +291,44 @@ fn check_destination(dest: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
+/// Creates the empty sentinel in `staging` directly under its own name (no temporary file):
+/// a writer killed while making it leaves a staging directory that is empty, which
+/// [`recover`] removes, never a stray temporary file that recovery would retire into the
+/// destination as a foreign entry.
+fn write_sentinel(staging: &Path, durability: Durability) -> Result<()> {
+    let path = staging.join(STAGING_SENTINEL);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(io_err(&path, "create"))?;
+    durability.sync_file(&file, &path)?;
+    durability.sync_dir(staging);
+    Ok(())
+}
+
+/// Whether `stale` (a staging-prefixed directory without the sentinel) is what a writer killed
+/// before its sentinel existed leaves: nothing at all, or only the temporary file through which
+/// earlier versions wrote the sentinel (`..tessera-staging.<pid>-<n>.tmp`).
+fn unborn_staging(stale: &Path) -> bool {
+    let tmp_prefix = format!(".{STAGING_SENTINEL}.");
+    std::fs::read_dir(stale).is_ok_and(|entries| {
+        entries.into_iter().all(|e| {
+            e.is_ok_and(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with(&tmp_prefix)
+                    && name.ends_with(".tmp")
+                    && e.file_type().is_ok_and(|t| t.is_file())
+            })
+        })
+    })
+}
+
 /// Cleans up after writers of `dest` that died (the caller holds the lock): a staging
-/// directory that still has its sentinel is removed; one without (an old directory after the
-/// switch, or a new one just before) is retired into `dest`, flushed with `durability`.
+/// directory that still has its sentinel is removed, and so is one a writer died creating
+/// (empty, or holding only the sentinel's temporary file); any other one without the sentinel
+/// (an old directory after the switch, or a new one just before) is retired into `dest`,
+/// flushed with `durability`.
 fn recover(dest: &Path, durability: Durability) -> Result<()> {
     let Some(parent) = dest.parent() else {
         return Ok(());
@@ -313,7 +343,7 @@ fn recover(dest: &Path, durability: Durability) -> Result<()> {
             continue;
         }
         let stale = entry.path();
-        if stale.join(STAGING_SENTINEL).exists() {
+        if stale.join(STAGING_SENTINEL).exists() || unborn_staging(&stale) {
             std::fs::remove_dir_all(&stale).map_err(io_err(&stale, "remove stale staging"))?;
         } else if dest.exists() {
             let current = SetMarker::read(dest).ok().flatten();
