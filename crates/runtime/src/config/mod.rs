@@ -655,7 +655,23 @@ impl TrainConfig {
     pub fn warnings(&self) -> Vec<String> {
         let mut out = self.warnings.clone();
         out.extend(self.unused_data_parallel());
+        out.extend(self.unused_hsdp());
         out
+    }
+
+    /// `[parallel.hsdp]` on one device (outside `stand_alone`, which is reported when the file
+    /// is read): no parameter has a replica to shard it with.
+    fn unused_hsdp(&self) -> Option<String> {
+        let applies = self.parallel.hsdp.is_some()
+            && self.parallel.mode != ParallelMode::StandAlone
+            && self.parallel.devices == 1;
+        applies.then(|| {
+            format!(
+                "[parallel.hsdp] has no effect on 1 device (mode \"{}\"): no parameter has a \
+                 replica to shard its optimizer state with",
+                self.parallel.mode.name()
+            )
+        })
     }
 
     /// The search keys `tessera plan` reads in every mode but a training run reads only in a

@@ -98,6 +98,12 @@ impl Section {
     pub(super) fn has(&self, key: &str) -> bool {
         self.table.contains_key(key)
     }
+
+    /// Whether key `key` is a table holding key `inner` (read before the table is taken, to
+    /// tell a value given from its default).
+    pub(super) fn has_in(&self, key: &str, inner: &str) -> bool {
+        matches!(self.table.get(key), Some(Value::Table(t)) if t.contains_key(inner))
+    }
 }
 
 pub(super) fn wrong_type(key: &str, expected: &str, value: &Value) -> RuntimeError {

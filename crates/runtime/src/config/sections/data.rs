@@ -56,11 +56,22 @@ pub(super) fn read_data(
         let why = format!("with data.format = \"{}\"", format.name());
         check_unused(&mut s, "data", &idx_keys, &why, warnings)?;
         let text = read_text_keys(&mut s, format, base, warnings)?;
+        let batch_size = s.require("batch_size", read_positive)?;
+        // A text batch is windows at random starts, drawn afresh every step: there is no
+        // sample order to shuffle or keep.
+        let shuffle = s.get("shuffle", read_bool)?;
+        if shuffle.is_some() {
+            warnings.push(format!(
+                "data.shuffle has no effect with data.format = \"{}\" (each step's windows \
+                 start at random positions drawn from train.seed, the epoch and the step)",
+                format.name()
+            ));
+        }
         return Ok(DataConfig {
             format,
             dir: PathBuf::new(),
-            batch_size: s.require("batch_size", read_positive)?,
-            shuffle: s.or("shuffle", true, read_bool)?,
+            batch_size,
+            shuffle: shuffle.unwrap_or(true),
             pixel_max: None,
             normalize: Normalize::Standardize,
             text: Some(text),
@@ -89,6 +100,15 @@ pub(super) fn read_data(
     let shuffle = s.or("shuffle", true, read_bool)?;
     let pixel_max = s.get("pixel_max", read_pixel_max)?;
     let normalize = s.or("normalize", Normalize::Standardize, read_normalize)?;
+    if pixel_max.is_some() && normalize == Normalize::Standardize {
+        // (p / m − mean(p / m)) / std(p / m) = (p − mean(p)) / std(p): the scale cancels.
+        warnings.push(
+            "data.pixel_max has no effect with data.normalize = \"standardize\" (the inputs \
+             are then divided by the standard deviation of the scaled pixels, which cancels \
+             the scale; set data.normalize = \"scale\" for inputs pixel / pixel_max)"
+                .to_string(),
+        );
+    }
     Ok(DataConfig {
         format,
         dir,
@@ -109,6 +129,7 @@ fn read_text_keys(
     warnings: &mut Vec<String>,
 ) -> Result<TextDataKeys, RuntimeError> {
     let path = s.require("path", path_reader(base))?;
+    let tokenizer_given = s.has("tokenizer");
     let char_tokens = s.or("tokenizer", false, read_tokenizer)?;
     let val_fraction = s.or("val_fraction", 0.1, read_unit_fraction)?;
     let dtype_given = s.has("dtype");
@@ -121,7 +142,7 @@ fn read_text_keys(
                 "data.{key} has no effect with data.format = \"text\" (the tokenizer sets the tokens)"
             ));
         }
-    } else if char_tokens {
+    } else if tokenizer_given {
         warnings.push(
             "data.tokenizer has no effect with data.format = \"tokens\" (the ids are given)"
                 .to_string(),

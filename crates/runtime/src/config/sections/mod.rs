@@ -67,6 +67,10 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         ));
     }
     let mut warnings = Vec::new();
+    let eval_batches_given = root
+        .get("data")
+        .and_then(|data| data.get("eval_batches"))
+        .is_some();
     let model = read_model(
         take_section(&mut root, "model", MODEL_KEYS, true)?,
         &mut warnings,
@@ -77,7 +81,20 @@ pub(super) fn from_root(mut root: Table, base: &Path) -> Result<TrainConfig, Run
         &mut warnings,
     )?;
     check_model_data(&model, &data)?;
-    from_sections(root, base, model, data, warnings)
+    let mut config = from_sections(root, base, model, data, warnings)?;
+    let train = &config.train;
+    if eval_batches_given
+        && config.data.text.is_some()
+        && !train.eval
+        && train.eval_interval.is_none()
+    {
+        config.warnings.push(
+            "data.eval_batches has no effect with train.eval = false and no \
+             train.eval_interval: the run never evaluates"
+                .to_string(),
+        );
+    }
+    Ok(config)
 }
 
 /// Reads a parsed config holding `[parallel]`, `[train]`, `[output]` (and `[ps]`) for a network
@@ -124,12 +141,32 @@ fn from_sections(
     let search = super::search::read_search_keys(&mut parallel_section, base)?;
     let micro_batch_interleave =
         parallel_section.or("micro_batch_interleave", 1, read_micro_batch_interleave)?;
-    let (parallel, strategy_file) = read_parallel(parallel_section, base, &mut warnings)?;
+    // Keys whose effect depends on `[train]`, read after this section: whether each was given.
+    let deterministic_blocks_given = parallel_section.has("deterministic_blocks");
+    let fp32_keys_given = ["enable_fp32_communication", "gradient_fp32_sync"]
+        .map(|key| (key, parallel_section.has(key)));
+    let accumulation_shard_given = parallel_section.has_in("hsdp", "gradient_accumulation_shard");
+    let batch_split_keys_given: Vec<&str> =
+        ["dataset_strategy", "gradients_mean", "loss_repeated_mean"]
+            .into_iter()
+            .filter(|key| parallel_section.has(key))
+            .collect();
+    let (parallel, strategy_file) = read_parallel(parallel_section, base, ps_mode, &mut warnings)?;
     let mode_name = match ps_mode {
         true => super::ps::PARAMETER_SERVER_MODE,
         false => parallel.mode.name(),
     };
     let has_moe = model.gpt.as_ref().is_some_and(|g| g.moe.is_some());
+    if parallel.mode == ::parallel::ParallelMode::StandAlone {
+        // One device computes every step (a worker's, in parameter_server): the batch is not
+        // split, and the loss is neither summed over shards nor repeated.
+        for key in batch_split_keys_given {
+            warnings.push(format!(
+                "parallel.{key} has no effect in mode \"{mode_name}\" (one device computes \
+                 each step: the batch is not split over devices)"
+            ));
+        }
+    }
     check_gpt_parallel_keys(
         &gpt_parallel,
         (parallel.mode, mode_name),
@@ -199,6 +236,9 @@ fn from_sections(
         }
         (false, None) => None,
     };
+    if ps.is_some() {
+        check_no_batch_cut_in_ps(micro_batch_interleave, &parallel)?;
+    }
     // Pipeline micro-batches cut each step's batch: M micro-batches of batch / M, one update.
     if let Some(m) = parallel
         .pipeline
@@ -218,6 +258,22 @@ fn from_sections(
     }
     if micro_batch_interleave > 1 {
         interleave_micro_batches(micro_batch_interleave, &parallel, &mut data, &mut train)?;
+    }
+    if deterministic_blocks_given && !train.deterministic {
+        warnings.push(
+            "parallel.deterministic_blocks has no effect unless train.deterministic = true \
+             (it sizes deterministic mode's canonical blocks)"
+                .to_string(),
+        );
+    }
+    warn_fp32_keys_unused(&fp32_keys_given, &parallel, &train, &mut warnings);
+    if accumulation_shard_given && train.grad_accumulation_steps == 1 {
+        warnings.push(
+            "parallel.hsdp.gradient_accumulation_shard has no effect without gradient \
+             accumulation (train.grad_accumulation_steps, parallel.pipeline.micro_batches or \
+             parallel.micro_batch_interleave above 1): no gradient is accumulated"
+                .to_string(),
+        );
     }
     Ok(TrainConfig {
         micro_batch_interleave,
@@ -239,6 +295,63 @@ fn from_sections(
     })
 }
 
+/// In `parameter_server` mode a worker computes its rows of each global batch in one pass and
+/// pushes that gradient: a setting that would cut the batch into micro-batches is refused
+/// (the batch would otherwise shrink to one micro-batch, silently).
+fn check_no_batch_cut_in_ps(
+    micro_batch_interleave: usize,
+    parallel: &ParallelConfig,
+) -> Result<(), RuntimeError> {
+    let mode = super::ps::PARAMETER_SERVER_MODE;
+    if micro_batch_interleave > 1 {
+        return Err(config_error(
+            "parallel.micro_batch_interleave",
+            format!("must be 1 in mode \"{mode}\" (a worker pushes the gradient of its whole share of each batch)"),
+        ));
+    }
+    if let Some(p) = parallel
+        .pipeline
+        .as_ref()
+        .filter(|p| p.stages > 1 || p.micro_batches > 1)
+    {
+        return Err(config_error(
+            "parallel.pipeline",
+            format!(
+                "stages = {} and micro_batches = {} do not run in mode \"{mode}\" (each worker runs its share of each batch on one device, in one pass)",
+                p.stages, p.micro_batches
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `parallel.enable_fp32_communication` and `parallel.gradient_fp32_sync` (`given`: whether
+/// each was in the file) act on half-precision sums only; in f32 training they are reported
+/// in `warnings`, and so is `gradient_fp32_sync = false` that `enable_fp32_communication =
+/// true` overrides.
+fn warn_fp32_keys_unused(
+    given: &[(&str, bool)],
+    parallel: &ParallelConfig,
+    train: &TrainLoopConfig,
+    warnings: &mut Vec<String>,
+) {
+    if train.precision == exec::Precision::F32 {
+        for (key, _) in given.iter().filter(|(_, given)| *given) {
+            warnings.push(format!(
+                "parallel.{key} has no effect with train.precision = \"f32\" (it decides how \
+                 half-precision sums are added)"
+            ));
+        }
+    } else if parallel.enable_fp32_communication && !parallel.gradient_fp32_sync {
+        warnings.push(
+            "parallel.gradient_fp32_sync = false has no effect with \
+             parallel.enable_fp32_communication = true, which adds every half-precision sum \
+             in f32"
+                .to_string(),
+        );
+    }
+}
+
 /// The search keys only a search mode reads (`tessera train` and `tessera plan` alike) are
 /// reported in `warnings` when set in any other mode: a strategy file to load instead of
 /// searching, and the search's time budget. (`device_profile`, `max_device_memory` and
@@ -249,10 +362,18 @@ fn warn_search_keys_unused(
     mode_name: &str,
     warnings: &mut Vec<String>,
 ) {
-    if matches!(mode, ::parallel::ParallelMode::Auto(_)) {
+    let defaults = super::SearchKeys::default();
+    if let ::parallel::ParallelMode::Auto(algo) = mode {
+        if algo != ::parallel::SearchMode::DynamicProgramming
+            && search.search_time_budget != defaults.search_time_budget
+        {
+            warnings.push(format!(
+                "parallel.search_time_budget has no effect in mode \"{mode_name}\" (only \
+                 dynamic_programming's search is bounded by it)"
+            ));
+        }
         return;
     }
-    let defaults = super::SearchKeys::default();
     let set = [
         (
             "load_operator_strategy_file",

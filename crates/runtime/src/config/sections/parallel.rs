@@ -137,6 +137,37 @@ pub(super) fn check_gpt_parallel_keys(
         ));
     }
     if mode == ParallelMode::SemiAuto && mode_name == mode.name() {
+        // Keys that split over an axis of size 1 split nothing.
+        let one_axis = [
+            (
+                keys.use_seq_parallel,
+                "use_seq_parallel = true",
+                keys.model_parallel,
+                "model_parallel",
+                "the residual stream's sequence is split over model_parallel",
+            ),
+            (
+                !keys.vocab_emb_dp,
+                "vocab_emb_dp = false",
+                keys.model_parallel,
+                "model_parallel",
+                "the vocabulary is split over model_parallel",
+            ),
+            (
+                keys.context_parallel_algo != ContextParallelAlgo::Ulysses,
+                "context_parallel_algo = \"ring\"",
+                keys.context_parallel,
+                "context_parallel",
+                "the algorithm runs attention over the context_parallel shards",
+            ),
+        ];
+        for (set, what, axis, axis_key, why) in one_axis {
+            if set && axis == 1 {
+                warnings.push(format!(
+                    "parallel.{what} has no effect with parallel.{axis_key} = 1 ({why})"
+                ));
+            }
+        }
         return Ok(());
     }
     let default = GptParallelKeys::default();
@@ -197,17 +228,34 @@ pub(super) fn read_micro_batch_interleave(key: &str, value: Value) -> Result<usi
 }
 
 /// Reads the rest of `[parallel]` (after [`read_gpt_parallel`] and the search keys) into the
-/// parallel config and the strategy file to load, if any.
+/// parallel config and the strategy file to load, if any. `ps_mode`: the file's mode is
+/// `parameter_server` (taken out already: each worker runs stand-alone), which the warnings
+/// name.
 pub(super) fn read_parallel(
     mut s: Section,
     base: &Path,
+    ps_mode: bool,
     warnings: &mut Vec<String>,
 ) -> Result<(ParallelConfig, Option<PathBuf>), RuntimeError> {
     let modes = ParallelMode::NAMES;
     let mode = s.or("mode", ParallelMode::StandAlone, |key, v| {
         read_enum(key, v, &modes, ParallelMode::parse)
     })?;
+    let mode_name = match ps_mode {
+        true => crate::config::PARAMETER_SERVER_MODE,
+        false => mode.name(),
+    };
     let devices_given = s.has("devices");
+    let pipeline_given: Vec<&str> = [
+        "scheduler",
+        "interleave",
+        "virtual_stages",
+        "output_broadcast",
+        "stage_config",
+    ]
+    .into_iter()
+    .filter(|key| s.has_in("pipeline", key))
+    .collect();
     let devices = s.or("devices", 1, read_device_count)?;
     let mesh = s.get("mesh", read_mesh)?;
     let dataset_strategy = s.or("dataset_strategy", DatasetStrategy::DataParallel, |k, v| {
@@ -226,6 +274,11 @@ pub(super) fn read_parallel(
             warnings.extend(unused);
             pipeline
         });
+    let comm_reuse_given = s.has("comm_reuse");
+    let fusion_given: Vec<&str> = ["allreduce", "reducescatter", "allgather"]
+        .into_iter()
+        .filter(|key| s.has_in("comm_fusion", key))
+        .collect();
     let deterministic_blocks = s.or("deterministic_blocks", 16, |key, v| {
         let n = read_positive(key, v)?;
         if !n.is_power_of_two() || n > 1 << 20 {
@@ -247,26 +300,55 @@ pub(super) fn read_parallel(
         parallel::fusion::OverlapConfig::default(),
         crate::config::memory::read_overlap,
     )?;
-    if overlap.grad_computation_allreduce_overlap && comm_fusion.is_none() {
+    warn_memory_keys_unused(
+        (&recompute, &comm_fusion, &fusion_given, &overlap),
+        hsdp.as_ref(),
+        warnings,
+    );
+    // One stage is no pipeline: only `micro_batches` acts (it cuts the batch). The search
+    // modes read the schedule for the pipeline they may choose (`auto_pipeline`, a loaded plan).
+    if pipeline.as_ref().is_some_and(|p| p.stages == 1) && !matches!(mode, ParallelMode::Auto(_)) {
+        for key in pipeline_given {
+            warnings.push(format!(
+                "parallel.pipeline.{key} has no effect with parallel.pipeline.stages = 1 (no \
+                 pipeline runs; only micro_batches acts, cutting each batch)"
+            ));
+        }
+    }
+    if overlap.grad_computation_allreduce_overlap
+        && !comm_fusion.as_ref().is_some_and(|f| f.openstate)
+    {
         warnings.push(
             "parallel.overlap.grad_computation_allreduce_overlap has no effect without \
-             [parallel.comm_fusion]: it overlaps the fused gradient buckets"
+             [parallel.comm_fusion] (with openstate = true): it overlaps the fused gradient \
+             buckets"
                 .to_string(),
         );
     }
     if mode == ParallelMode::StandAlone && hsdp.is_some() {
-        warnings.push(
-            "[parallel.hsdp] has no effect in mode \"stand_alone\" (one device holds every \
+        warnings.push(format!(
+            "[parallel.hsdp] has no effect in mode \"{mode_name}\" (one device holds every \
              parameter whole)"
-                .to_string(),
-        );
+        ));
+    }
+    if mode == ParallelMode::StandAlone {
+        // One device: no collective runs, so there is nothing to fuse, overlap or share.
+        let given = [
+            ("[parallel.comm_fusion]", comm_fusion.is_some()),
+            ("parallel.comm_reuse", comm_reuse_given),
+        ];
+        for (key, _) in given.iter().filter(|(_, given)| *given) {
+            warnings.push(format!(
+                "{key} has no effect in mode \"{mode_name}\" (one device runs no collective \
+                 communication)"
+            ));
+        }
     }
     if mode == ParallelMode::StandAlone && !manual_split.is_empty() {
-        warnings.push(
-            "[parallel.manual_split] has no effect in mode \"stand_alone\" (one device holds \
+        warnings.push(format!(
+            "[parallel.manual_split] has no effect in mode \"{mode_name}\" (one device holds \
              every row)"
-                .to_string(),
-        );
+        ));
     }
     if let Some(op) = out_shard.keys().find(|op| !shard.contains_key(*op)) {
         return Err(config_error(
@@ -276,8 +358,7 @@ pub(super) fn read_parallel(
     }
     if !mode.uses_strategies() && !shard.is_empty() {
         warnings.push(format!(
-            "[parallel.shard] has no effect in mode \"{}\" (only semi_auto and the search modes use op strategies)",
-            mode.name()
+            "[parallel.shard] has no effect in mode \"{mode_name}\" (only semi_auto and the search modes use op strategies)"
         ));
     }
     if mode == ParallelMode::StandAlone && devices_given && devices != 1 {
@@ -322,6 +403,56 @@ pub(super) fn read_parallel(
         comm_reuse,
     };
     Ok((parallel, strategy_file))
+}
+
+/// The memory and communication keys that cannot act in this config, reported in `warnings`:
+/// `[parallel.recompute]` naming no cell or op, `parallel_optimizer_comm_recompute` and
+/// `computation_allgather_overlap` without hsdp weights in pieces (levels 1–3), and
+/// `[parallel.comm_fusion]`'s collectives (`fusion_given`: those in the file) with
+/// `openstate = false`.
+fn warn_memory_keys_unused(
+    (recompute, comm_fusion, fusion_given, overlap): (
+        &Option<parallel::RecomputeConfig>,
+        &Option<parallel::fusion::CommFusionConfig>,
+        &[&str],
+        &parallel::fusion::OverlapConfig,
+    ),
+    hsdp: Option<&parallel::HsdpConfig>,
+    warnings: &mut Vec<String>,
+) {
+    let pieces = hsdp.is_some_and(|h| h.level.shards_weights());
+    if let Some(r) = recompute {
+        if r.cells.is_empty() && r.ops.is_empty() {
+            warnings.push(
+                "[parallel.recompute] has no effect: it names no cell (recompute.cells) and no \
+                 op (recompute.ops) to recompute"
+                    .to_string(),
+            );
+        } else if r.parallel_optimizer_comm_recompute && !pieces {
+            warnings.push(
+                "parallel.recompute.parallel_optimizer_comm_recompute has no effect without \
+                 [parallel.hsdp] at optimizer_level \"level1\", \"level2\" or \"level3\" (no \
+                 weight is gathered from pieces)"
+                    .to_string(),
+            );
+        }
+    }
+    if overlap.computation_allgather_overlap && !pieces {
+        warnings.push(
+            "parallel.overlap.computation_allgather_overlap has no effect without \
+             [parallel.hsdp] at optimizer_level \"level1\", \"level2\" or \"level3\" (no \
+             weight is gathered from pieces)"
+                .to_string(),
+        );
+    }
+    if comm_fusion.as_ref().is_some_and(|f| !f.openstate) {
+        for key in fusion_given {
+            warnings.push(format!(
+                "parallel.comm_fusion.{key} has no effect with parallel.comm_fusion.openstate = \
+                 false (fusion is off)"
+            ));
+        }
+    }
 }
 
 /// `parallel.dataset_strategy`: `"data_parallel"`, `"full_batch"`, or per-input tuples or
