@@ -5,10 +5,13 @@ GRAPH_MODE = 0
 PYNATIVE_MODE = 1
 
 _STATE = {"device_num": 1, "parallel_mode": "stand_alone", "deterministic": False, "seed": 1,
+          # set_auto_parallel_context(gradients_mean=...); None: the engine's default (the mean)
+          "gradients_mean": None,
           # set by tessera.communication.init(): "local" (one process) or "mpi" (one rank of a
           # launched job), the rank and the job's size
           "backend": None, "rank": 0, "group_size": 1}
 _PARALLEL_MODES = ("stand_alone", "data_parallel", "semi_auto_parallel")
+_MAX_INT = 2**63 - 1  # the largest count or seed the engine takes (a signed 64-bit int)
 
 
 def set_context(**kwargs):
@@ -34,14 +37,25 @@ def set_context(**kwargs):
 def set_auto_parallel_context(**kwargs):
     """MindSpore's ``set_auto_parallel_context``: ``device_num`` (the ranks ``Model.train`` runs,
     as threads of this process — the stand-in for ``tessera launch --nproc N``, which this slice
-    does not have yet) and ``parallel_mode`` (``"stand_alone"``, ``"data_parallel"`` or
-    ``"semi_auto_parallel"``; shard strategies apply in ``semi_auto_parallel`` only)."""
+    does not have yet), ``parallel_mode`` (``"stand_alone"``, ``"data_parallel"`` or
+    ``"semi_auto_parallel"``; shard strategies apply in ``semi_auto_parallel`` only: in
+    ``data_parallel`` ``Model.train`` warns that they have no effect) and ``gradients_mean``
+    (``parallel.gradients_mean``: True, the engine's default when not set, trains with the
+    gradient of the mean loss over the global batch, one device's; False sums the replicas'
+    gradients, as MindSpore does by default). ``AutoParallel``'s switches override these."""
     for key, value in kwargs.items():
         if key == "device_num":
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"set_auto_parallel_context: device_num must be a positive int, "
-                                 f"got {value!r}")
+            # A bool is no count (True was one device), and a count beyond 64 bits reached the
+            # engine as a float, in a message naming neither this call nor the value given.
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_INT:
+                raise ValueError(f"set_auto_parallel_context: device_num must be a positive int "
+                                 f"(at most 2**63 - 1), got {value!r}")
             _STATE["device_num"] = value
+        elif key == "gradients_mean":
+            if not isinstance(value, bool):
+                raise ValueError(f"set_auto_parallel_context: gradients_mean must be a bool, got "
+                                 f"{value!r}")
+            _STATE["gradients_mean"] = value
         elif key == "parallel_mode":
             if value not in _PARALLEL_MODES:
                 raise ValueError(f"set_auto_parallel_context: parallel_mode {value!r} is not "
@@ -53,13 +67,16 @@ def set_auto_parallel_context(**kwargs):
 
 def reset_auto_parallel_context():
     """Back to one device, stand-alone."""
-    _STATE.update(device_num=1, parallel_mode="stand_alone")
+    _STATE.update(device_num=1, parallel_mode="stand_alone", gradients_mean=None)
 
 
 def set_seed(seed):
     """The seed of the initial values and the shuffles."""
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"set_seed: seed must be a non-negative int, got {seed!r}")
+    # The engine takes a signed 64-bit seed: a larger one was refused only when Model.train
+    # started, in a message naming no setting; a bool was refused there too.
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_INT:
+        raise ValueError(f"set_seed: seed must be a non-negative int (at most 2**63 - 1), got "
+                         f"{seed!r}")
     _STATE["seed"] = seed
 
 

@@ -32,6 +32,17 @@ class Parameter:
         if storage_format != "" or device is not None:
             raise ValueError(f"Parameter {name}: storage_format and device are not supported "
                              "(the engine places every parameter)")
+        for what, value in (("layerwise_parallel", layerwise_parallel),
+                            ("parallel_optimizer", parallel_optimizer)):
+            if not isinstance(value, bool):
+                raise TypeError(f"Parameter {name}: {what} must be a bool, but got "
+                                f"{type(value).__name__}")
+        if layerwise_parallel:
+            # MindSpore then leaves the parameter's gradient out of the data-parallel reduction;
+            # the engine reduces every gradient, so ignoring it would train something else.
+            raise ValueError(f"Parameter {name}: layerwise_parallel=True is not supported (the "
+                             "engine reduces every parameter's gradient over the data-parallel "
+                             "replicas); shard the parameter's ops instead")
         if isinstance(default_input, Parameter):
             default_input = default_input.asnumpy()
         if isinstance(default_input, InitSpec):
@@ -48,6 +59,9 @@ class Parameter:
                             f"a tessera.Tensor or a number, got {type(default_input).__name__}")
         self.name = name
         self.requires_grad = requires_grad
+        # False: MindSpore keeps this parameter out of the optimizer sharding (hsdp); the engine
+        # shards every parameter alike, so Model.train warns, naming it, when hsdp is on.
+        self._parallel_optimizer = parallel_optimizer
         self._value = self.init.values.copy() if isinstance(self.init, Values) else None
         from ..nn.utils import deferring
         self._deferred = deferring()  # created inside nn.utils.no_init_parameters

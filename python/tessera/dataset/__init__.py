@@ -60,6 +60,14 @@ class NumpySlicesDataset:
                                  f"samples, column {names[0]!r} {len(columns[0])}; every column "
                                  "needs one entry per sample")
         if num_samples is not None:
+            # A negative count would slice samples off the end (-1: all but the last), a float
+            # or bool would be taken as an index: each is refused, naming the argument.
+            if isinstance(num_samples, bool) or not isinstance(num_samples, int):
+                raise TypeError(f"NumpySlicesDataset: num_samples must be an int or None, got "
+                                f"{type(num_samples).__name__}")
+            if num_samples < 1:
+                raise ValueError(f"NumpySlicesDataset: num_samples must be a positive int or "
+                                 f"None (all samples), got {num_samples}")
             columns = [c[:num_samples] for c in columns]
         self.column_names = names
         self._columns = columns
@@ -72,8 +80,12 @@ class NumpySlicesDataset:
         ``drop_remainder=False`` the sample count must be a multiple of ``batch_size``."""
         if kwargs:
             raise ValueError(f"batch: {sorted(kwargs)} not supported yet")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch: batch_size must be a positive int, got {batch_size!r}")
+        # A bool is no size (True was batches of one), and a size beyond 64 bits was a bare
+        # OverflowError when Model.train started.
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or \
+                not 1 <= batch_size <= 2**63 - 1:
+            raise ValueError(f"batch: batch_size must be a positive int (at most 2**63 - 1), got "
+                             f"{batch_size!r}")
         n = len(self._columns[0])
         if not drop_remainder and n % batch_size:
             raise ValueError(f"batch: {n} samples do not split into batches of {batch_size}; "

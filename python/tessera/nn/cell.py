@@ -92,8 +92,16 @@ class Cell:
         return [p for _, p in self.parameters_and_names()]
 
     def trainable_params(self, recurse=True):
-        """The trainable Parameters (every Parameter in this slice)."""
-        return [p for p in self.get_parameters() if p.requires_grad]
+        """The trainable Parameters (``requires_grad``) below this Cell; ``recurse=False``:
+        only this Cell's own (its direct attributes), as in MindSpore."""
+        if not isinstance(recurse, bool):
+            raise TypeError(f"For 'trainable_params', the type of 'recurse' must be bool, but got "
+                            f"{type(recurse).__name__}.")
+        params = self.get_parameters()  # names them all, as the whole network does
+        if not recurse:
+            own = {id(p) for p in self._params.values()}
+            params = [p for p in params if id(p) in own]
+        return [p for p in params if p.requires_grad]
 
     def __call__(self, *inputs):
         trace = _trace.current()

@@ -23,7 +23,8 @@ class CrossEntropyLoss(Cell):
     """MindSpore's ``nn.CrossEntropyLoss(weight=None, ignore_index=-100, reduction='mean',
     label_smoothing=0.0)`` of ``logits [N, C]`` and int class labels ``[N]`` (the graph's sparse
     softmax cross entropy, the batch mean): one node named after the Cell. Class weights,
-    ``ignore_index``, label smoothing, probability labels and other reductions are not supported."""
+    an ``ignore_index`` that is a class index (>= 0; a negative one matches no label), label
+    smoothing, probability labels and other reductions are not supported."""
 
     _single_op = "sparse_softmax_cross_entropy"
 
@@ -32,6 +33,15 @@ class CrossEntropyLoss(Cell):
         if weight is not None or label_smoothing != 0.0 or reduction != "mean":
             raise ValueError("CrossEntropyLoss: only weight=None, reduction='mean' and "
                              "label_smoothing=0.0 are supported yet")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+            raise TypeError(f"For 'CrossEntropyLoss', the type of 'ignore_index' must be int, but "
+                            f"got {type(ignore_index).__name__}.")
+        if ignore_index >= 0:
+            # A class index would be counted in the loss as any other: refused, not ignored. A
+            # negative one matches no label (labels outside 0..classes-1 are refused).
+            raise ValueError(f"CrossEntropyLoss: ignore_index={ignore_index} is not supported "
+                             "(every label counts in the loss); use a negative value such as "
+                             "the default -100, which no class index equals")
         self.sparse_softmax_cross_entropy = ops.SparseSoftmaxCrossEntropyWithLogits()
 
     def construct(self, logits, labels):

@@ -86,13 +86,14 @@ def convert_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
         if dst_strategy is None:
             raise ValueError(_NOTHING_TO_CONVERT)
         _tessera.convert_unsharded(src, dst, dst_strategy, prefix=ckpt_prefix,
-                                   output_format=output_format, force=force,
+                                   output_format=output_format, force=_checks.flag(force, "force"),
                                    progress=_progress.resolve(progress), fsync=_checks.flag(fsync, "fsync"))
         return
     src_strategy = _checks.path(src_strategy_file, "src_strategy_file")
     _tessera.convert_checkpoints(src, src_strategy, dst, dst_strategy, prefix=ckpt_prefix,
-                                 output_format=output_format, force=force,
-                                 allow_missing=allow_missing, progress=_progress.resolve(progress),
+                                 output_format=output_format, force=_checks.flag(force, "force"),
+                                 allow_missing=_checks.flag(allow_missing, "allow_missing"),
+                                 progress=_progress.resolve(progress),
                                  fsync=_checks.flag(fsync, "fsync"))
 
 
@@ -118,7 +119,8 @@ def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_fi
     dst_strategy = _checks.optional_path(dst_strategy_file, "dst_strategy_file")
     if src_strategy is None and dst_strategy is None:
         raise ValueError(_NOTHING_TO_CONVERT)
-    _tessera.convert_checkpoint_files(rank, files, src_strategy, out, dst_strategy, force=force,
+    _tessera.convert_checkpoint_files(rank, files, src_strategy, out, dst_strategy,
+                                      force=_checks.flag(force, "force"),
                                       progress=_progress.resolve(progress),
                                       fsync=_checks.flag(fsync, "fsync"))
 
@@ -189,7 +191,7 @@ def unified_safetensors(src_dir, src_strategy_file, dst_dir, merge_with_redundan
     split = _split_dst_file(split_dst_file)
     _checks.positive_int(max_part_size, "max_part_size")
     _tessera.unified_safetensors(src, strategy, dst, dedup=not merge_with_redundancy,
-                                 max_part_bytes=max_part_size, force=force,
+                                 max_part_bytes=max_part_size, force=_checks.flag(force, "force"),
                                  progress=_progress.resolve(progress), file_suffix=file_suffix,
                                  choice=choice_func, split=split,
                                  fsync=_checks.flag(fsync, "fsync"))
@@ -309,6 +311,11 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
     - ``format="safetensors"``: from ``unified_safetensors_dir`` (see
       :func:`unified_safetensors`).
 
+    An argument of the other format (``unified_safetensors_dir`` or ``dst_safetensors_dir``
+    with ``"ckpt"``, ``checkpoint_filenames`` or ``train_strategy_filename`` with
+    ``"safetensors"``), or ``output_format="ckpt"`` without ``dst_safetensors_dir``, is a
+    ``ValueError``: it would be ignored.
+
     ``name_map`` renames tensors (name in the checkpoint → name returned or written).
     ``network`` must be None: Tessera has no MindSpore ``Cell`` to load into; the arrays are
     returned instead (``rank_id`` defaults to 0). bf16 tensors come back as float32.
@@ -330,6 +337,14 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
         strategy, layouts = _checks.path(predict_strategy, "predict_strategy"), None
     names = _name_map(name_map)
     rank = None if rank_id is None else _checks.non_negative_int(rank_id, "rank_id")
+    _other_format_arguments(format, checkpoint_filenames=checkpoint_filenames,
+                            train_strategy_filename=train_strategy_filename,
+                            unified_safetensors_dir=unified_safetensors_dir,
+                            dst_safetensors_dir=dst_safetensors_dir)
+    if dst_safetensors_dir is None and output_format != "safetensors":
+        raise ValueError(f"For 'load_distributed_checkpoint', output_format={output_format!r} "
+                         "has no effect without dst_safetensors_dir (the arrays are returned, "
+                         "no file is written).")
     if format == "safetensors":
         if key is not None:
             raise ValueError("For 'load_distributed_checkpoint', dec_key must be None when "
@@ -342,7 +357,8 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
             _tessera.load_distributed_files(
                 unified, strategy, _checks.path(dst_safetensors_dir, "dst_safetensors_dir"),
                 ranks=None if rank is None else [rank], output_format=output_format,
-                force=force, progress=_progress.resolve(progress), layouts=layouts,
+                force=_checks.flag(force, "force"), progress=_progress.resolve(progress),
+                layouts=layouts,
                 name_map=names, fsync=_checks.flag(fsync, "fsync"))
             return None
         tensors = _tessera.load_rank_from_unified(unified, strategy, rank or 0, layouts=layouts)
@@ -357,6 +373,22 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
     tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0, layouts=layouts,
                                             dec_key=key, dec_mode=dec_mode)
     return _rename(tensors, names)
+
+
+def _other_format_arguments(format: str, **given: Any) -> None:
+    """The arguments of the other ``format`` left at None: ``checkpoint_filenames`` and
+    ``train_strategy_filename`` are read only with ``format="ckpt"``,
+    ``unified_safetensors_dir`` and ``dst_safetensors_dir`` only with
+    ``format="safetensors"``; one given with the other format would be ignored (no file
+    written to ``dst_safetensors_dir``), so it is a ``ValueError`` naming it."""
+    wrong = ("unified_safetensors_dir", "dst_safetensors_dir") if format == "ckpt" else \
+        ("checkpoint_filenames", "train_strategy_filename")
+    named = [name for name in wrong if given[name] is not None]
+    if named:
+        raise ValueError(f"For 'load_distributed_checkpoint', {' and '.join(named)} "
+                         f"{'applies' if len(named) == 1 else 'apply'} only when format is "
+                         f"'{'safetensors' if format == 'ckpt' else 'ckpt'}', but format is "
+                         f"'{format}'; {'it' if len(named) == 1 else 'they'} would be ignored.")
 
 
 def _not_empty(path: str) -> None:
@@ -418,7 +450,8 @@ def merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file, *, force: boo
     """Merges the per-stage strategy files in ``src_strategy_dirs`` into
     ``dst_strategy_file`` (names become ``"<stage>-<name>"``; inputs taken in sorted order)."""
     _tessera.merge_pipeline_strategys(_checks.path(src_strategy_dirs, "src_strategy_dirs"),
-                                      _checks.path(dst_strategy_file, "dst_strategy_file"), force=force)
+                                      _checks.path(dst_strategy_file, "dst_strategy_file"),
+                                      force=_checks.flag(force, "force"))
 
 
 def restore_group_info_list(group_info_file_name) -> List[int]:
@@ -461,4 +494,4 @@ def verify_checkpoint(checkpoints_dir, strategy_file, check_replicas=False) -> d
     "tensor", "rule"}]}``. ``check_replicas`` also compares every replica's bytes."""
     return _tessera.verify_checkpoint(_checks.path(checkpoints_dir, "checkpoints_dir"),
                                       _checks.path(strategy_file, "strategy_file"),
-                                      replicas=bool(check_replicas))
+                                      replicas=_checks.flag(check_replicas, "check_replicas"))

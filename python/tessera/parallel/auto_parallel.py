@@ -272,8 +272,13 @@ class AutoParallel(Cell):
 
     def set_group_ckpt_save_file(self, file_path):
         """This rank's communication groups and restore ranks (MindSpore's group-info file),
-        written after the first step (``output.group_info_file``)."""
-        self._set("output", "group_info_file", _check_path("set_group_ckpt_save_file", file_path))
+        written after the first step (``output.group_info_file``). ``file_path`` must name a
+        file (not a directory: a rank's file would land beside it, ``<dir>_<rank>``, or,
+        under ``tessera launch``, fail to be moved onto it after training)."""
+        path = _check_path("set_group_ckpt_save_file", file_path)
+        if "{rank}" not in path:
+            _check_file_target("set_group_ckpt_save_file", path)
+        self._set("output", "group_info_file", path)
 
     def transformer_opt(self, file_path):
         """MindSpore's ``parallel_speed_up.json``: ``grad_computation_allreduce_overlap`` and

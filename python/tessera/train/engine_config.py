@@ -154,6 +154,8 @@ def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_fr
         parallel["mode"] = auto._parallel_mode
     else:
         parallel["mode"] = _CONTEXT_MODES[state["parallel_mode"]]
+        if state.get("gradients_mean") is not None:
+            parallel["gradients_mean"] = state["gradients_mean"]
     if devices == 1:
         # One device: what needs several (stages, sharded optimizer, strategies) has nothing
         # to act on; the numbers are one device's, as MindSpore's stand-alone run ignores them.

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import types
+import warnings
 import weakref
 
 import numpy as np
@@ -138,6 +139,49 @@ def _copy_strategy_file(source, target):
         with contextlib.suppress(OSError):
             os.remove(staging)
         raise _io_error(target, "AutoParallel.save_param_strategy_file: writing", e) from e
+
+
+def _sink_mode(method, dataset_sink_mode):
+    """``dataset_sink_mode``: a bool (``TypeError`` otherwise, so a string is not read as a
+    choice). True has no effect here, as in MindSpore on CPU: every step takes its batch from
+    the host, and callbacks see every step (a sinking MindSpore run calls them once per sink),
+    so a ``UserWarning`` naming the argument says so."""
+    if not isinstance(dataset_sink_mode, bool):
+        raise TypeError(f"For '{method}', the type of 'dataset_sink_mode' must be bool, but got "
+                        f"{type(dataset_sink_mode).__name__}.")
+    if dataset_sink_mode:
+        warnings.warn(f"{method}: dataset_sink_mode=True has no effect: Tessera runs on CPU, "
+                      "which cannot sink the dataset (as MindSpore on CPU), so the steps run "
+                      "without sinking and callbacks see every step", UserWarning, stacklevel=3)
+
+
+def _warn_ignored_settings(parts, strategies, traced, devices):
+    """A ``UserWarning`` for each setting that the run cannot apply, naming it: shard strategies
+    under ``parallel_mode="data_parallel"`` (MindSpore applies them only in the semi-auto and
+    auto modes; the engine runs every op data parallel), the context's ``gradients_mean`` under
+    ``AutoParallel`` when it differs from the wrapper's, and ``Parameter(...,
+    parallel_optimizer=False)`` under ``AutoParallel.hsdp()`` (the engine shards every
+    parameter's optimizer state alike)."""
+    if devices == 1:
+        return  # one device: nothing is split, whatever the settings say
+    auto = parts.auto_parallel
+    if auto is None and _context._STATE["parallel_mode"] == "data_parallel" and strategies:
+        warnings.warn(f"Model.train: the shard strategies of {sorted(strategies)} have no "
+                      "effect under set_auto_parallel_context(parallel_mode='data_parallel'), "
+                      "which runs every op data parallel; use 'semi_auto_parallel' (or "
+                      "AutoParallel) to apply them", UserWarning, stacklevel=3)
+    context_mean = _context._STATE.get("gradients_mean")
+    if auto is not None and context_mean is not None \
+            and context_mean != auto._keys["parallel"]["gradients_mean"]:
+        warnings.warn(f"Model.train: set_auto_parallel_context(gradients_mean={context_mean}) has "
+                      "no effect under AutoParallel, whose own switch decides (call "
+                      "enable_gradients_mean() on it for the mean)", UserWarning, stacklevel=3)
+    if auto is not None and "hsdp" in auto._keys["parallel"]:
+        kept = sorted(p.name for p, _ in traced if not getattr(p, "_parallel_optimizer", True))
+        if kept:
+            warnings.warn(f"Model.train: Parameter(..., parallel_optimizer=False) of {kept} has "
+                          "no effect: AutoParallel.hsdp() shards every parameter's optimizer "
+                          "state alike in Tessera", UserWarning, stacklevel=3)
 
 
 def _callback_list(callbacks):
@@ -294,6 +338,7 @@ class Model:
         trains its rank; callbacks run on every rank."""
         if sink_size != -1 or initial_epoch != 0:
             raise ValueError("Model.train: sink_size and initial_epoch are not supported yet")
+        _sink_mode("Model.train", dataset_sink_mode)
         epoch = _checks.positive_int_arg(epoch, "Model.train", "epoch")
         callbacks = _callback_list(callbacks)
         if train_dataset.batch_size is None:
@@ -309,6 +354,7 @@ class Model:
         _check_labels("Model.train", train_dataset.column_names[1], labels, self._class_uses)
         strategies = _with_anchored(builder, self._anchors, strategies, devices,
                                     engine_config.devices_per_stage(self._parts, devices))
+        _warn_ignored_settings(self._parts, strategies, traced, devices)
         batch_num = len(data) // batch
         # A continued run counts its steps on from the checkpoint's: the engine trains up to
         # `epochs` in all, so the epochs already done (a partial one counted whole) are added.
@@ -411,11 +457,16 @@ class Model:
         Parameters' values), batch by batch."""
         if callbacks is not None:
             raise ValueError("Model.eval: callbacks are not supported yet")
+        _sink_mode("Model.eval", dataset_sink_mode)
         if not self._metrics:
             raise ValueError("Model.eval: the Model has no metrics (Model(..., metrics={'accuracy'}))")
         if valid_dataset.batch_size is None:
             raise ValueError("Model.eval: batch the dataset first (dataset.batch(n))")
         data, labels = valid_dataset._arrays()
+        # NaN or infinity gave metrics silently (argmax of NaN scores is class 0), as training
+        # refuses them.
+        with np.errstate(over="ignore"):
+            _check_finite(valid_dataset.column_names[0], data)
         batch = valid_dataset.batch_size
         if valid_dataset.drop_remainder:
             n = len(data) // batch * batch
