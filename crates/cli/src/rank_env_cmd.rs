@@ -20,7 +20,8 @@
 //! Under `tessera launch` (which gives a failure token) rank-env also says when the command is
 //! starting MPI (the MPI backend's notice through a pipe, `comm::start_notice`) and when it
 //! ended with exit code 0 without doing so: a rank that started MPI would wait in `MPI_Init`
-//! for that one forever, and the launcher stops the job instead (it used to hang).
+//! for that one forever, and the launcher stops the job instead (it used to hang). It then
+//! passes on the backend's progress reports through the same pipe ([`RANK_PROGRESS_LINE`]).
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
@@ -48,6 +49,12 @@ pub const RANK_CONTINUED_LINE: &str = "tessera rank-env: the command continued";
 /// started MPI (or without a word from an MPI backend either way): the launcher times how long
 /// the other ranks go on after it.
 pub const RANK_FINISHED_LINE: &str = "tessera rank-env: the command finished (exit code 0)";
+
+/// rank-env's line (under `tessera launch`) passing on one of the MPI backend's progress
+/// reports ([`launch_env::MpiProgress`]'s line follows): the rank has been inside one MPI
+/// call, or outside every call, for a while, or moves again. The launcher records them (they
+/// are not shown in the logs) to name a rank running outside MPI while others wait inside it.
+pub const RANK_PROGRESS_LINE: &str = "tessera rank-env: MPI progress: ";
 
 /// The signals passed on to the command.
 const PASSED_SIGNALS: [i32; 6] = [
@@ -208,17 +215,39 @@ impl StartNotice {
             .name("rank-env-mpi-notice".into())
             .spawn(move || {
                 let started = read_notice(&mut read);
+                let suffix = launch_env::failure_token_suffix(&token);
                 if started {
-                    eprintln!(
-                        "{}{}",
-                        launch_env::RANK_MPI_STARTING_LINE,
-                        launch_env::failure_token_suffix(&token)
-                    );
+                    eprintln!("{}{suffix}", launch_env::RANK_MPI_STARTING_LINE);
                 }
                 let _ = sender.send(started);
+                if started {
+                    pass_on_progress(read, &suffix);
+                }
             })
             .context("cannot start the MPI notice thread")?;
         Ok(NoticeWatch(receiver))
+    }
+}
+
+/// Passes the MPI backend's progress reports (`launch_env::MpiProgress`, a line each
+/// after the notice) on to the launcher as [`RANK_PROGRESS_LINE`] lines, until the pipe ends.
+fn pass_on_progress(read: std::io::PipeReader, suffix: &str) {
+    use std::io::BufRead as _;
+    let mut lines = std::io::BufReader::new(read);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match lines.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) => {
+                let report = line.trim_end();
+                if launch_env::MpiProgress::parse(report).is_some() {
+                    eprintln!("{RANK_PROGRESS_LINE}{report}{suffix}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
     }
 }
 

@@ -644,3 +644,69 @@ fn a_failure_report_names_a_rank_stopped_at_the_time() {
         "{err}"
     );
 }
+
+/// `tessera train` of the small GPT on 2 ranks (data parallel), its rank 1 hanging outside MPI
+/// at the start of step 2 (`TESSERA_FAULT`, `at=hang`) while rank 0 goes on into the step's
+/// collectives, launched with `launch_args` and the train flags `train_args`; its stderr once
+/// the launcher ended with exit code 1, with no process of the job left.
+fn job_with_a_rank_hanging_outside_mpi(
+    dir: &Scratch,
+    launch_args: &[&str],
+    train_args: &[&str],
+) -> String {
+    let mut command = vec![exe().to_string()];
+    command.extend(small_gpt(
+        &dir.0,
+        "hang",
+        &[
+            "parallel.devices=2",
+            "parallel.data_parallel=2",
+            "parallel.model_parallel=1",
+            "train.max_steps=4",
+        ],
+    ));
+    command.extend(train_args.iter().map(|a| a.to_string()));
+    let logs = dir.0.join("logs");
+    let mut all = vec!["--nproc", "2", "--log-dir", s(&logs), "--grace-period", "2"];
+    all.extend(launch_args);
+    let mut job = launch(&all, &args(&command));
+    job.env("TESSERA_FAULT", "rank=1,step=2,at=hang");
+    let out = launched(&mut job);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        processes_mentioning(s(&dir.0)).is_empty(),
+        "{:?}",
+        processes_mentioning(s(&dir.0))
+    );
+    err
+}
+
+/// A rank running outside MPI (hung in its own code) while the other waits for it inside a
+/// collective is named and the job stopped after `--hang_time_out`: both ranks run, so it used
+/// to go on until a collective's time out failed the rank that was only waiting.
+#[test]
+fn a_rank_outside_mpi_while_another_waits_inside_is_named_as_hung() {
+    let dir = Scratch::new("mpi-launch-hang-outside");
+    let err = job_with_a_rank_hanging_outside_mpi(&dir, &["--hang_time_out", "4"], &[]);
+    assert!(
+        err.contains(
+            "rank 1 ran outside every MPI call for 4 s or more while rank 0 waited inside"
+        ) && err.contains("taken as hung (--hang_time_out 4)"),
+        "{err}"
+    );
+}
+
+/// Without `--hang_time_out`, the rank that fails at its collective's time out is named, and
+/// beside it the rank it waited for, outside MPI all that time (the time out names no peer).
+#[test]
+fn a_failure_report_names_a_rank_outside_mpi_while_the_failed_one_waited() {
+    let dir = Scratch::new("mpi-launch-outside-failure");
+    let err = job_with_a_rank_hanging_outside_mpi(&dir, &[], &["--timeout", "8"]);
+    assert!(
+        err.contains("worker 0 (rank 0) failed")
+            && err.contains("rank 1 had run outside every MPI call for")
+            && err.contains("while rank 0 waited inside"),
+        "{err}"
+    );
+}

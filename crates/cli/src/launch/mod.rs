@@ -153,7 +153,7 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
             hostfile: args.hostfile.clone(),
             cluster_secs: args.cluster_time_out,
             hang_secs: args.hang_time_out.unwrap_or(collective::DEFAULT_HANG_SECS),
-            hang_after_end: args.hang_time_out.is_some(),
+            hang_strict: args.hang_time_out.is_some(),
             restarts: args.restarts,
             grace_secs: args.grace_period,
             log_dir: args.log_dir.clone(),

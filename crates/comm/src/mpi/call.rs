@@ -13,9 +13,12 @@ use super::world::EndpointState;
 use super::{MpiComm, OnTimeout};
 use crate::communicator::{Communicator, Tag, MAX_TAG};
 use crate::error::{CommError, Site};
+use crate::progress::InCall;
 
 /// One call in progress: holds the MPI lock and poisons the process on failure.
 pub(super) struct Call<'a> {
+    /// The progress gauge entered for this call (dropped first, while the MPI lock is held).
+    pub(super) _in_call: Option<InCall<'a>>,
     pub(super) comm: &'a MpiComm,
     pub(super) raw: MutexGuard<'a, Raw>,
     pub(super) state: MutexGuard<'a, EndpointState>,

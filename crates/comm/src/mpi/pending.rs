@@ -71,7 +71,9 @@ impl InFlight for MpiInFlight {
             return Ok(true);
         };
         let raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
+        let in_call = self.runtime.enter_progress(self.site.op, &self.site.group);
         let done = raw.test(request);
+        drop(in_call);
         drop(raw);
         match done {
             Ok(true) => {
@@ -87,9 +89,11 @@ impl InFlight for MpiInFlight {
         if let Some(request) = self.request.take() {
             let members = self.members.clone();
             let mut raw = self.runtime.raw.lock().unwrap_or_else(|e| e.into_inner());
+            let in_call = self.runtime.enter_progress(self.site.op, &self.site.group);
             let polled = raw.poll(request, self.timeout, |world_rank| {
                 members.iter().position(|&m| m == world_rank)
             });
+            drop(in_call);
             drop(raw);
             if let Err(err) = polled {
                 // MPI may still use the buffers: abandon them.

@@ -10,6 +10,7 @@ use super::raw::{self, Raw};
 use super::watchdog::Watchdog;
 use super::ThreadLevel;
 use crate::error::{CommError, Site};
+use crate::progress::{InCall, ProgressGauge};
 
 /// The level the next initialisation of MPI asks for.
 pub(super) static PREFERRED_LEVEL: Mutex<ThreadLevel> = Mutex::new(ThreadLevel::Serialized);
@@ -45,6 +46,9 @@ pub(super) struct Runtime {
     pub(super) announced: AtomicBool,
     /// Started by the first [`OnTimeout::AbortJob`](super::OnTimeout::AbortJob) communicator.
     pub(super) watchdog: OnceLock<Watchdog>,
+    /// The progress reports to `tessera rank-env`, under `tessera launch` (the pipe of its
+    /// start notice, [`crate::start_notice`]).
+    pub(super) progress: Option<ProgressGauge>,
 }
 
 /// The process's MPI state while any communicator holds it.
@@ -89,6 +93,12 @@ impl Runtime {
             self.is_poisoned.store(true, Ordering::Release);
         }
         err
+    }
+
+    /// Enters the progress gauge (when there is one) for the call `op` on `group`, until the
+    /// guard is dropped: taken while the MPI lock is held.
+    pub(super) fn enter_progress(&self, op: &'static str, group: &str) -> Option<InCall<'_>> {
+        self.progress.as_ref().map(|gauge| gauge.enter(op, group))
     }
 
     /// Whether this thread may call MPI.

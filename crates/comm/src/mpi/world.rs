@@ -16,6 +16,7 @@ use super::watchdog::Watchdog;
 use super::{OnTimeout, ThreadLevel, BACKEND};
 use crate::communicator::Communicator;
 use crate::error::CommError;
+use crate::progress::ProgressGauge;
 
 /// One rank's communicator over one MPI group.
 pub struct MpiComm {
@@ -100,6 +101,9 @@ impl MpiComm {
                     is_poisoned: AtomicBool::new(false),
                     announced: AtomicBool::new(false),
                     watchdog: OnceLock::new(),
+                    // Reports are a diagnosis: a gauge that cannot start leaves the run as it is.
+                    progress: crate::start_notice::take_progress_pipe()
+                        .and_then(|pipe| ProgressGauge::start(pipe).ok()),
                 });
                 *global = Some(Arc::downgrade(&runtime));
                 runtime
@@ -176,6 +180,7 @@ impl MpiComm {
                 }
             });
         let call = Call {
+            _in_call: self.runtime.enter_progress(op, &self.label),
             comm: self,
             raw,
             state,

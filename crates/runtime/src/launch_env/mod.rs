@@ -109,6 +109,8 @@ pub const DEVICE_ID: &str = "DEVICE_ID";
 /// first rank whose output carries it, which `mpirun`'s own report does not always do.
 pub const RANK_FAILED_LINE: &str = "tessera rank-env: the command failed";
 
+/// The MPI backend's progress reports that `tessera rank-env` passes on to `tessera launch`.
+pub use comm::start_notice::MpiProgress;
 /// The variable naming the pipe through which the MPI backend tells `tessera rank-env` that the
 /// rank's command is starting MPI (`comm::start_notice`).
 pub use comm::start_notice::MPI_START_FD_VAR as MPI_START_FD;

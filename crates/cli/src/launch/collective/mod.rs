@@ -76,8 +76,9 @@ pub struct CollectiveRequest {
     /// `--hang_time_out`, seconds (0: no watchdog).
     pub hang_secs: u64,
     /// `--hang_time_out` was given: ranks running on after another rank's command ended are
-    /// taken as hung too ([`hang::HangRules::after_end`]).
-    pub hang_after_end: bool,
+    /// taken as hung too, and ranks outside MPI while others wait inside it
+    /// ([`hang::HangRules::strict`]).
+    pub hang_strict: bool,
     /// `--restarts`: whole-job restarts.
     pub restarts: u32,
     /// `--grace-period`, seconds.
@@ -380,7 +381,7 @@ fn supervise_job(
             .with_context(|| format!("cannot start {}", job.mpirun.display()))?;
         let hang = (request.hang_secs > 0).then(|| hang::HangRules {
             limit: Duration::from_secs(request.hang_secs),
-            after_end: request.hang_after_end,
+            strict: request.hang_strict,
         });
         let status = wait(
             running.pid,
@@ -504,13 +505,17 @@ fn describe_failure(router: &TaggedRouter, status: &ExitStatus) -> String {
     // A rank stopped by a signal makes the others fail waiting for it (a collective's time out
     // names no peer): say so beside the rank that failed.
     let stopped = router.stopped_at_failure();
-    let stopped = match stopped.is_empty() {
+    let mut stopped = match stopped.is_empty() {
         true => String::new(),
         false => format!(
             "; {}, and the others may have waited for it",
             stopped.join(", ")
         ),
     };
+    // So does a rank running outside MPI (looping in its own code) while others wait in it.
+    if let Some(outside) = router.outside_at_failure() {
+        stopped.push_str(&format!("; {outside}"));
+    }
     let Some(rank) = router.failed_rank() else {
         return format!(
             "the job failed (mpirun: {shown}){stopped}; see mpirun.log and the workers' logs"

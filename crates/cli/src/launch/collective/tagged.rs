@@ -20,12 +20,16 @@ use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
-use runtime::launch_env::{RANK_ENDED_BEFORE_MPI_LINE, RANK_FAILED_LINE, RANK_MPI_STARTING_LINE};
+use runtime::launch_env::{
+    MpiProgress, RANK_ENDED_BEFORE_MPI_LINE, RANK_FAILED_LINE, RANK_MPI_STARTING_LINE,
+};
 
 use super::hang::{HangRules, RankStates};
 use super::mpi_start::MpiStarts;
 use crate::launch::child::Event;
-use crate::rank_env_cmd::{RANK_CONTINUED_LINE, RANK_FINISHED_LINE, RANK_STOPPED_LINE};
+use crate::rank_env_cmd::{
+    RANK_CONTINUED_LINE, RANK_FINISHED_LINE, RANK_PROGRESS_LINE, RANK_STOPPED_LINE,
+};
 
 use crate::launch::output::{cut_by_reader, write_out, LogFile, Router, MAX_LINE_BYTES};
 
@@ -57,6 +61,9 @@ pub struct TaggedRouter {
     /// The ranks stopped by a signal when the first failure was reported (`mpirun` may continue
     /// them as it stops the job).
     stopped_at_failure: Mutex<Vec<String>>,
+    /// The ranks outside MPI while others waited inside it when the first failure was reported
+    /// ([`RankStates::outside_while_others_wait`]).
+    outside_at_failure: Mutex<Option<String>>,
     /// Why the watchdog took this attempt as hung, once it did.
     hung: Mutex<Option<String>>,
     /// Where to say that the job cannot complete ([`Event::Stop`]).
@@ -80,6 +87,8 @@ enum RankReport {
     Stopped(i32, Vec<u8>),
     /// The stopped command continued: the line as shown.
     Continued(Vec<u8>),
+    /// The command's MPI backend reported its progress.
+    Progress(MpiProgress),
 }
 
 /// One tagged piece of a line: its rank, its stream and its text.
@@ -104,6 +113,7 @@ impl TaggedRouter {
             states: Mutex::new(RankStates::default()),
             hung: Mutex::new(None),
             stopped_at_failure: Mutex::new(Vec::new()),
+            outside_at_failure: Mutex::new(None),
             stop: Mutex::new(None),
             continued: Mutex::new(None),
         }
@@ -154,16 +164,37 @@ impl TaggedRouter {
         }
     }
 
+    /// The ranks outside every MPI call while others waited inside one when the first failure
+    /// was reported (or now, without one): the failed rank may have waited for them.
+    pub fn outside_at_failure(&self) -> Option<String> {
+        match self.failed().is_some() {
+            true => self
+                .outside_at_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            false => self
+                .lock_states()
+                .outside_while_others_wait(std::time::Instant::now()),
+        }
+    }
+
     /// Records the first failure (`rank`, how its command ended when known) and the ranks
-    /// stopped at that moment.
+    /// stopped, or outside MPI while others waited inside it, at that moment.
     fn note_failure(&self, rank: usize, status: Option<String>) {
         let mut failed = self.failed_rank.lock().unwrap_or_else(|p| p.into_inner());
         if failed.is_none() {
             *failed = Some((rank, status));
+            let states = self.lock_states();
             *self
                 .stopped_at_failure
                 .lock()
-                .unwrap_or_else(|p| p.into_inner()) = self.lock_states().stopped_now();
+                .unwrap_or_else(|p| p.into_inner()) = states.stopped_now();
+            *self
+                .outside_at_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) =
+                states.outside_while_others_wait(std::time::Instant::now());
         }
     }
 
@@ -232,6 +263,9 @@ impl TaggedRouter {
             Some(RankReport::Finished)
         } else if shown == RANK_CONTINUED_LINE.as_bytes() {
             Some(RankReport::Continued(with_newline()))
+        } else if let Some(report) = shown.strip_prefix(RANK_PROGRESS_LINE.as_bytes()) {
+            let report = MpiProgress::parse(std::str::from_utf8(report).ok()?)?;
+            Some(RankReport::Progress(report))
         } else if shown.starts_with(RANK_STOPPED_LINE.as_bytes()) {
             let text = std::str::from_utf8(&shown[RANK_STOPPED_LINE.len()..]).ok()?;
             let signal = text.trim().strip_prefix("(signal ")?.strip_suffix(')')?;
@@ -270,6 +304,10 @@ impl TaggedRouter {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        *self
+            .outside_at_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         *self.continued.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.pending
             .lock()
@@ -349,6 +387,10 @@ impl Router for TaggedRouter {
                     Some(RankReport::Continued(shown)) => {
                         self.lock_states().continued(piece.rank);
                         emit(&out.log, &out.prefix, &shown);
+                    }
+                    // Recorded, not shown: a few lines a run, for the watchdog.
+                    Some(RankReport::Progress(report)) => {
+                        self.lock_states().progress(piece.rank, now, report);
                     }
                     None => emit(&out.log, &out.prefix, buffer),
                 }
@@ -502,6 +544,41 @@ mod tests {
         assert!(router.cannot_complete().is_some());
         router.reset();
         assert_eq!(router.cannot_complete(), None, "a new attempt starts clean");
+    }
+
+    /// rank-env's progress lines are recorded, not shown: with a rank outside MPI while the
+    /// other waits inside it, a failure's report names it (and without the token the line is
+    /// the rank's own text).
+    #[test]
+    fn progress_lines_are_recorded_for_a_failures_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        let inside = format!(
+            "[1,0]<stderr>:{RANK_PROGRESS_LINE}inside 5000 all_reduce on group world [T0KEN]\n"
+        );
+        let outside = format!("[1,1]<stderr>:{RANK_PROGRESS_LINE}outside 7000 [T0KEN]\n");
+        let forged = format!("[1,1]<stderr>:{RANK_PROGRESS_LINE}moving\n");
+        assert!(routed(&router, inside.as_bytes()).is_empty());
+        assert_eq!(
+            routed(&router, forged.as_bytes()).len(),
+            1,
+            "not rank-env's"
+        );
+        assert_eq!(router.outside_at_failure(), None, "rank 1 not yet reported");
+        assert!(routed(&router, outside.as_bytes()).is_empty());
+        let failed = format!("[1,0]<stderr>:{RANK_FAILED_LINE} (exit code 1) [T0KEN]\n");
+        routed(&router, failed.as_bytes());
+        let said = router.outside_at_failure().expect("named");
+        assert!(
+            said.starts_with("rank 1 had run outside every MPI call for 7 s while rank 0 waited inside all_reduce on group world for 5 s"),
+            "{said}"
+        );
+        router.reset();
+        assert_eq!(
+            router.outside_at_failure(),
+            None,
+            "a new attempt starts clean"
+        );
     }
 
     /// A rank's line longer than the reader takes at once (it cuts at `MAX_LINE_BYTES` and adds
