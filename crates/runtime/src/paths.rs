@@ -269,9 +269,28 @@ fn idx_problem(dir: &Path) -> Option<String> {
     None
 }
 
-/// Makes and removes a file in `dir` (a name of its own, never an existing file's): whether a
-/// file can be made there.
+/// Whether a file can be made in `dir`: an unnamed file (`O_TMPFILE`) made and closed, so that
+/// a process killed meanwhile leaves nothing behind. Where the filesystem cannot make unnamed
+/// files, a file of its own name (never an existing file's) is made and removed.
 pub(crate) fn probe(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let unnamed = std::fs::OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir);
+    match unnamed {
+        Ok(_) => Ok(()),
+        // No `O_TMPFILE` here (the filesystem's `EOPNOTSUPP`, an old kernel's `EISDIR`).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
+            probe_by_name(dir)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// [`probe`] by a named file, made and removed.
+fn probe_by_name(dir: &Path) -> std::io::Result<()> {
     static PROBES: AtomicUsize = AtomicUsize::new(0);
     let name = format!(
         ".tessera-write-check-{}-{}",
@@ -307,6 +326,40 @@ mod tests {
         assert_eq!(problem(Path::new(""), PathKind::File), "is an empty path");
         assert!(input_problem(&file, PathKind::File).is_none());
         assert!(input_problem(dir.path(), PathKind::Directory).is_none());
+    }
+
+    /// Where the filesystem makes unnamed files, a probe never gives its file a name: a process
+    /// killed while probing an existing output directory (a checkpoint set's) used to leave
+    /// `.tessera-write-check-*` there, which later writes carried into every set.
+    #[test]
+    fn a_probe_never_names_a_file_where_unnamed_ones_can_be_made() {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let unnamed = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .open(dir.path());
+        if unnamed.is_err() {
+            // This filesystem names every file: the probe by name is all there is.
+            probe(dir.path()).unwrap();
+            return;
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let (stop, path) = (stop.clone(), dir.path().to_path_buf());
+            std::thread::spawn(move || {
+                let mut seen = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    seen += std::fs::read_dir(&path).unwrap().count();
+                }
+                seen
+            })
+        };
+        for _ in 0..5000 {
+            probe(dir.path()).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(watcher.join().unwrap(), 0, "a named probe file was seen");
     }
 
     #[test]

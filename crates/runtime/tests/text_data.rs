@@ -318,3 +318,41 @@ fn a_vocabulary_scanned_from_a_stray_id_names_the_file() {
         "{text}"
     );
 }
+
+/// A text or a gzip given as a token file (`data.format = "tokens"` pointed at the bundled
+/// `kjv.txt.gz`) is refused naming the file and `data.format`: read as ids, its bytes trained
+/// silently on garbage.
+#[test]
+fn a_text_or_gzip_given_as_a_token_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let kjv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/kjv/kjv.txt.gz");
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(&kjv).unwrap()),
+        &mut text,
+    )
+    .unwrap();
+    let plain = write(dir.path(), "kjv.txt", &text.as_bytes()[..100_000]);
+    for (path, what) in [(&kjv, "is a gzip file"), (&plain, "looks like text")] {
+        for dtype in [TokenDtype::U16, TokenDtype::U32] {
+            let err = TokenCorpus::open_tokens(path, dtype, None, 0.1).map(|_| ());
+            let text = err.unwrap_err().to_string();
+            assert!(
+                text.contains(&path.display().to_string())
+                    && text.contains(what)
+                    && text.contains("data.format = \"text\""),
+                "{text}"
+            );
+        }
+    }
+    // Token files whose ids fill every byte value are read, 16-bit and 32-bit alike.
+    let ids: Vec<u32> = (0..40_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) >> 16)
+        .collect();
+    let narrow: Vec<u8> = ids.iter().flat_map(|x| (*x as u16).to_le_bytes()).collect();
+    let path = write(dir.path(), "ids.bin", &narrow);
+    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U16, None, 0.1).is_ok());
+    let wide: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let path = write(dir.path(), "ids32.bin", &wide);
+    assert!(TokenCorpus::open_tokens(&path, TokenDtype::U32, None, 0.1).is_ok());
+}

@@ -221,7 +221,8 @@ impl TokenCorpus {
     /// here: with a `vocab_size`, an id at or above it is an error naming the file, the token
     /// and its byte offset (found before training, not when a window happens to hold it);
     /// without one, the vocabulary is one more than the largest id. A file of 32-bit ids read
-    /// as `U16` (every other id small, the high halves) is an error naming `data.dtype`.
+    /// as `U16` (every other id small, the high halves) is an error naming `data.dtype`; so is a
+    /// text or gzip file (its first bytes show it) given as tokens.
     /// Windows are checked again as they are read.
     pub fn open_tokens(
         path: &Path,
@@ -246,6 +247,15 @@ impl TokenCorpus {
                 "is not a regular file (a device, pipe or directory): a token file is read in \
                  place, window by window, so its length must be known"
                     .to_string(),
+            ));
+        }
+        if let Some(what) = not_a_token_file(&file, path)? {
+            return Err(data_error(
+                path,
+                format!(
+                    "{what}: data.format = \"tokens\" reads a flat file of little-endian token ids \
+                     (nanoGPT's .bin); for a text, plain or gzip, set data.format = \"text\""
+                ),
             ));
         }
         let bytes = metadata.len();
@@ -299,6 +309,45 @@ impl TokenCorpus {
             tokenizer: Tokenizer::Byte,
         })
     }
+}
+
+/// Bytes at the start of a token file looked at by [`not_a_token_file`].
+const SNIFFED_BYTES: usize = 64 << 10;
+
+/// What the token file `file` is instead, when its start shows it is no token file: a gzip
+/// stream (its magic and deflate method, `1f 8b 08`), or text (64 bytes or more, all printable
+/// ASCII or whitespace: as 16-bit ids every one would be at least 0x2020 and no id would hold
+/// a byte below 0x20, which no token stream of that length does; 32-bit ids hold zero bytes).
+fn not_a_token_file(file: &File, path: &Path) -> Result<Option<String>, RuntimeError> {
+    let mut head = vec![0u8; SNIFFED_BYTES];
+    let mut n = 0;
+    while n < head.len() {
+        match file.read_at(&mut head[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(RuntimeError::Io {
+                    path: path.to_path_buf(),
+                    source: e,
+                })
+            }
+        }
+    }
+    let head = &head[..n];
+    if head.starts_with(&[0x1f, 0x8b, 0x08]) {
+        return Ok(Some(
+            "is a gzip file (it starts with gzip's magic bytes)".to_string(),
+        ));
+    }
+    let texty = |b: &u8| matches!(b, 0x20..=0x7e | b'\t' | b'\n' | b'\r');
+    if head.len() >= 64 && head.iter().all(texty) {
+        return Ok(Some(format!(
+            "looks like text (its first {} bytes are all printable ASCII)",
+            head.len()
+        )));
+    }
+    Ok(None)
 }
 
 /// Below this, every odd-position id of a 16-bit reading is taken for the high half of a
