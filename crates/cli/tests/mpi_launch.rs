@@ -580,7 +580,13 @@ fn stopped_job_stderr(dir: &Scratch, hang_secs: &str, script: &str) -> String {
         script,
     )
     .expect("tessera launch hung");
-    let err = stderr(&out);
+    stopped_and_gone(&out, dir)
+}
+
+/// The stderr of a launch `out` that ended with exit code 1, asserting that no process of the
+/// job (`dir`) is left running.
+fn stopped_and_gone(out: &Output, dir: &Scratch) -> String {
+    let err = stderr(out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         processes_mentioning(s(&dir.0)).is_empty(),
@@ -671,15 +677,7 @@ fn job_with_a_rank_hanging_outside_mpi(
     all.extend(launch_args);
     let mut job = launch(&all, &args(&command));
     job.env("TESSERA_FAULT", "rank=1,step=2,at=hang");
-    let out = launched(&mut job);
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        processes_mentioning(s(&dir.0)).is_empty(),
-        "{:?}",
-        processes_mentioning(s(&dir.0))
-    );
-    err
+    stopped_and_gone(&launched(&mut job), dir)
 }
 
 /// A rank running outside MPI (hung in its own code) while the other waits for it inside a

@@ -7,20 +7,10 @@ use std::path::Path;
 use runtime::TrainConfig;
 
 /// The seed MLP on IDX images, stand-alone.
-const MLP: &str = r#"
-[model]
-hidden = 64
-classes = 10
-[data]
-dir = "d"
-batch_size = 8
-[train]
-epochs = 1
-optimizer = "sgd"
-learning_rate = 0.1
-[output]
-dir = "out"
-"#;
+const MLP: &str = crate::config::MINIMAL;
+
+/// The parameter-server mode: a worker computes its share of each batch in one pass.
+const PS_MODE: &str = "parallel.mode=\"parameter_server\"";
 
 /// The GPT on text, 4 devices in semi_auto.
 const GPT: &str = r#"
@@ -47,14 +37,7 @@ dir = "out"
 
 /// The config `text` with `overrides`, which must be valid.
 fn parse(text: &str, overrides: &[&str]) -> TrainConfig {
-    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    TrainConfig::parse(
-        text,
-        Some(Path::new("conf.toml")),
-        &overrides,
-        Path::new("/base"),
-    )
-    .unwrap_or_else(|e| panic!("{overrides:?}: {e}"))
+    crate::config::parse_with(text, overrides).unwrap_or_else(|e| panic!("{overrides:?}: {e}"))
 }
 
 /// The warnings of `text` with `overrides` that mention `needle`.
@@ -370,24 +353,6 @@ fn communication_keys_are_reported_on_one_device() {
     }
 }
 
-/// The parameter-server mode: a worker computes its share of each batch in one pass.
-const PS: &str = r#"
-[model]
-hidden = 64
-classes = 10
-[data]
-dir = "d"
-batch_size = 8
-[parallel]
-mode = "parameter_server"
-[train]
-epochs = 1
-optimizer = "sgd"
-learning_rate = 0.1
-[output]
-dir = "out"
-"#;
-
 #[test]
 fn batch_cuts_are_refused_in_parameter_server_mode() {
     for (key, named) in [
@@ -398,11 +363,11 @@ fn batch_cuts_are_refused_in_parameter_server_mode() {
         ("parallel.pipeline.micro_batches=2", "parallel.pipeline"),
         ("parallel.pipeline.stages=2", "parallel.pipeline"),
     ] {
-        let mut overrides = vec![key.to_string()];
+        let mut overrides = vec![PS_MODE, key];
         if key.contains("micro_batches") {
-            overrides.push("parallel.pipeline.stages=1".to_string());
+            overrides.push("parallel.pipeline.stages=1");
         }
-        let err = TrainConfig::parse(PS, None, &overrides, Path::new("/base")).unwrap_err();
+        let err = crate::config::parse_with(MLP, &overrides).unwrap_err();
         match err {
             runtime::RuntimeError::Config { key, reason } => {
                 assert_eq!(key, named, "{reason}");
@@ -412,12 +377,12 @@ fn batch_cuts_are_refused_in_parameter_server_mode() {
         }
     }
     // The batch stays whole: a worker's share of 8 rows.
-    assert_eq!(parse(PS, &[]).data().batch_size, 8);
+    assert_eq!(parse(MLP, &[PS_MODE]).data().batch_size, 8);
 }
 
 #[test]
 fn parameter_server_warnings_name_the_mode_the_file_sets() {
-    let config = parse(PS, &["parallel.hsdp.threshold=0"]);
+    let config = parse(MLP, &[PS_MODE, "parallel.hsdp.threshold=0"]);
     let hsdp: Vec<String> = config
         .warnings()
         .into_iter()
