@@ -24,6 +24,7 @@ mod memory;
 mod micro_batch_interleave;
 mod moe;
 mod periodic_ckpt;
+mod pipeline_forward_transfers;
 mod pipeline_output;
 mod pipeline_shared;
 mod precision;

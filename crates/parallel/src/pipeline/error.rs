@@ -138,8 +138,10 @@ pub enum PipelineError {
     NoLayers,
     /// Fewer layers than stages × chunks: some stage would be empty.
     #[error(
-        "pipeline stage assignment: {layers} layers cannot fill {groups} stages \
-         (stages × virtual stages); each needs at least one layer"
+        "pipeline stage assignment: parallel.pipeline.stages × virtual_stages = {groups} model \
+         chunks, but the model has only {layers} cells to place (the layers stage_config names, \
+         e.g. blocks.3), and each chunk needs at least one; lower parallel.pipeline.stages or \
+         virtual_stages"
     )]
     FewerLayersThanStages {
         /// Layers in the model.

@@ -2,6 +2,8 @@
 //! runs in a micro-batch's forward and backward pass, what crosses between stages, and what runs
 //! once per step around the micro-batches.
 
+use std::collections::HashMap;
+
 use graph::NodeRole;
 use layout::Mesh;
 
@@ -32,7 +34,9 @@ pub enum StepPhase {
         to: usize,
         /// The receiving stage's model chunk.
         to_chunk: usize,
-        /// Whether it carries a gradient (backward pass) rather than an activation.
+        /// Whether both stages run it in their backward passes: it carries a gradient (or
+        /// another value made in a backward pass). `false`: a value made in a forward pass, sent
+        /// and received in the forward passes, also when only a backward pass reads it.
         backward: bool,
     },
     /// Once per step after every micro-batch: the reductions of the gradients (summed over the
@@ -86,9 +90,33 @@ pub fn step_phases(program: &Program, per_stage: usize) -> Vec<StepPhase> {
             };
         }
     }
-    // A reshard belongs to the pass of the first kernel that reads what it writes.
+    // A reshard belongs to the pass of the first kernel that reads what it writes. A value
+    // crossing stages is sent in the pass that made it: an activation a later stage's backward
+    // pass reads (deterministic mode's whole input of a LayerNorm gradient under sequence
+    // parallelism) travels in the forward passes, as the activations do. Sent in the sender's
+    // backward pass instead, it could wait on a receiver whose backward runs first (interleaved
+    // chunks: a later chunk's backward waiting for an earlier chunk's, a cycle).
+    let mut written_in: HashMap<usize, StepPhase> = HashMap::new();
     for (i, step) in program.steps.iter().enumerate() {
-        let Step::Reshard(r) = step else { continue };
+        let r = match step {
+            Step::Kernel(k) => {
+                for &b in &k.outputs {
+                    written_in.insert(b, phases[i]);
+                }
+                continue;
+            }
+            Step::Reshard(r) => r,
+        };
+        let made_forward = matches!(
+            written_in.get(&r.from),
+            Some(StepPhase::Stage {
+                backward: false,
+                ..
+            }) | Some(StepPhase::Transfer {
+                backward: false,
+                ..
+            })
+        );
         let consumer = program.steps[i + 1..]
             .iter()
             .zip(&phases[i + 1..])
@@ -113,13 +141,14 @@ pub fn step_phases(program: &Program, per_stage: usize) -> Vec<StepPhase> {
                     from_chunk: value_chunk(r.value.0),
                     to,
                     to_chunk: chunk,
-                    backward,
+                    backward: backward && !made_forward,
                 }
             }
             (Some(phase @ StepPhase::Stage { .. }), _, _) => phase,
             (Some(StepPhase::Prologue), _, _) => StepPhase::Prologue,
             _ => StepPhase::Epilogue,
         };
+        written_in.insert(r.to, phases[i]);
     }
     phases
 }
