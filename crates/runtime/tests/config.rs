@@ -1355,3 +1355,35 @@ fn a_session_checks_its_config_paths_before_reading_anything() {
         "nothing is left"
     );
 }
+
+/// An error about a whole table (`parallel.pipeline`'s keys checked together) lists every
+/// override inside it instead of blaming the last one given (`virtual_stages = 1 … (the value
+/// comes from --set parallel.pipeline.scheduler=gpipe)` named a key that broke no rule); an
+/// error about one key still names the override that set it.
+#[test]
+fn a_table_error_lists_the_overrides_inside_it() {
+    let sets = [
+        "parallel.mode=\"semi_auto\"",
+        "parallel.devices=2",
+        "parallel.pipeline.stages=2",
+        "parallel.pipeline.interleave=true",
+        "parallel.pipeline.virtual_stages=1",
+        "parallel.pipeline.scheduler=\"gpipe\"",
+    ];
+    let err = parse_with(MINIMAL, &sets).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "parallel.pipeline keys set by --set parallel.pipeline.stages=2, --set \
+             parallel.pipeline.interleave=true, --set parallel.pipeline.virtual_stages=1, --set \
+             parallel.pipeline.scheduler=\"gpipe\""
+        ) && !err.contains("the value comes from"),
+        "{err}"
+    );
+    let err = parse_with(MINIMAL, &["train.epochs=0"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("(the value comes from --set train.epochs=0)"),
+        "{err}"
+    );
+}

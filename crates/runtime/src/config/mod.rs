@@ -421,19 +421,13 @@ impl TrainConfig {
             ));
         }
         let mut config = from_root(root, base).map_err(|e| match e {
-            RuntimeError::Config { key, reason } => {
-                match overridden
-                    .iter()
-                    .rev()
-                    .find(|(path, _)| concerns(&key, path))
-                {
-                    Some((_, origin)) => RuntimeError::Config {
-                        reason: format!("{reason} (the value comes from {origin})"),
-                        key,
-                    },
-                    None => in_source(source, &key, reason),
-                }
-            }
+            RuntimeError::Config { key, reason } => match origins(&overridden, &key) {
+                Some(origin) => RuntimeError::Config {
+                    reason: format!("{reason} ({origin})"),
+                    key,
+                },
+                None => in_source(source, &key, reason),
+            },
             other => other,
         })?;
         config.source = source.map(Path::to_path_buf);
@@ -742,6 +736,38 @@ fn check_devices_flag(devices: usize) -> Result<(), RuntimeError> {
         });
     }
     values::check_device_count("--devices", devices)
+}
+
+/// Where the value an error about `key` names comes from, among the `overridden` keys (each
+/// with its origin, `--set …`): the override of `key` itself (the last, if given twice), else
+/// every override inside it, listed (an error about a whole table, `parallel.pipeline`, may
+/// concern any of its keys: none is singled out), else one that holds it. `None`: the file.
+fn origins(overridden: &[(Vec<String>, String)], key: &str) -> Option<String> {
+    let exact = |(path, _): &&(Vec<String>, String)| {
+        path.join(".") == key || overrides::display_key(path) == key
+    };
+    if let Some((_, origin)) = overridden.iter().rev().find(exact) {
+        return Some(format!("the value comes from {origin}"));
+    }
+    let mut inside: Vec<&str> = Vec::new();
+    for (path, origin) in overridden {
+        let dotted = path.join(".");
+        let nested = dotted
+            .strip_prefix(key)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['));
+        if nested && !inside.contains(&origin.as_str()) {
+            inside.push(origin);
+        }
+    }
+    if inside.is_empty() {
+        return overridden
+            .iter()
+            .rev()
+            .find(|(path, _)| concerns(key, path))
+            .map(|(_, origin)| format!("the value comes from {origin}"));
+    }
+    // Which of them (or of the file's keys) broke the rule, the reason says.
+    Some(format!("{key} keys set by {}", inside.join(", ")))
 }
 
 fn in_source(source: Option<&Path>, key: &str, reason: String) -> RuntimeError {
