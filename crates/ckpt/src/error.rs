@@ -381,6 +381,18 @@ pub enum CkptError {
         /// The ranks given.
         ranks: Vec<usize>,
     },
+    /// Source files given per rank (MindSpore's `checkpoint_filenames`, one per training rank
+    /// in rank order, or `checkpoint_files_map`, rank → file) that do not fit the ranks of the
+    /// strategy they were saved under: too few or too many, a rank without a file, a rank past
+    /// the strategy's devices holding data it does not account for, one file for two ranks
+    /// holding different data.
+    #[error("{argument}: {rule}")]
+    RankFileList {
+        /// The argument at fault (`checkpoint_filenames`, `checkpoint_files_map`).
+        argument: &'static str,
+        /// The rule broken, with the counts given and needed and the strategy file.
+        rule: String,
+    },
     /// A directory read as a unified checkpoint that is not one.
     #[error("{path}: not a unified checkpoint")]
     NotUnified {

@@ -4,6 +4,7 @@ mod attacks;
 mod conformance;
 mod detect;
 mod differences;
+mod file_lists;
 mod fuzz;
 mod layouts;
 mod op_strategy;

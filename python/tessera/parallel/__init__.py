@@ -105,7 +105,11 @@ def convert_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_fi
     (source rank → file; the ranks of :func:`rank_list_for_convert` suffice) into
     ``save_checkpoint_file_name`` (``.ckpt`` or ``.safetensors``). With
     ``src_strategy_file=None`` the source is unsharded: one file holding every tensor whole,
-    given as ``{0: file}``. ``fsync=False``: as for :func:`convert_checkpoints`."""
+    given as ``{0: file}``. A rank past the source strategy's devices holding more than a
+    step counter, a needed rank without a file, or one file given for two ranks holding
+    different slices is a
+    ``CheckpointError`` naming ``checkpoint_files_map``. ``fsync=False``: as for
+    :func:`convert_checkpoints`."""
     rank = _checks.non_negative_int(rank_id, "rank_id")
     if not isinstance(checkpoint_files_map, dict):
         raise TypeError("For 'checkpoint_files_map', the type must be dict, but got "
@@ -307,7 +311,11 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
 
     - ``format="ckpt"``: from ``checkpoint_filenames`` (one file per training rank, in rank
       order) saved under ``train_strategy_filename`` (None: one unsharded file); encrypted files are read with
-      ``dec_key`` and ``dec_mode`` ('AES-GCM', 'AES-CBC' or 'SM4-CBC').
+      ``dec_key`` and ``dec_mode`` ('AES-GCM', 'AES-CBC' or 'SM4-CBC'). As MindSpore requires,
+      the list holds one file per device of the training strategy (a merged pipeline
+      strategy: every stage's); fewer, more (files past the devices holding more than a step
+      counter), or one file given for two ranks that hold different slices, is a
+      ``CheckpointError`` naming ``checkpoint_filenames`` with the counts given and needed.
     - ``format="safetensors"``: from ``unified_safetensors_dir`` (see
       :func:`unified_safetensors`).
 

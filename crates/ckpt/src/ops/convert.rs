@@ -31,7 +31,7 @@ pub struct ConvertOptions<'a> {
     pub format: Option<Format>,
     /// File-name prefix: `rank_<r>/<prefix><r>.<ext>`.
     pub prefix: &'a str,
-    /// Only these destination ranks (`None`: all).
+    /// Only these destination ranks (`None`: all); a rank listed twice is converted once.
     pub ranks: Option<&'a [usize]>,
     /// Replace existing destination files.
     pub force: bool,
@@ -170,6 +170,7 @@ fn convert_from(
 ) -> Result<ConvertReport> {
     let sources = SourceSet::rank_dirs(src_dir)?.with_decryption(opts.decryption.cloned());
     let dst_strategy = dst_strategy.map(Strategy::load).transpose()?;
+    let src_strategy = src_strategy.map(Strategy::load).transpose()?;
     let ResolvedConversion {
         src: src_res,
         dst: dst_res,
@@ -177,7 +178,7 @@ fn convert_from(
     } = resolve_conversion(
         &sources,
         src_dir,
-        src_strategy,
+        src_strategy.as_ref(),
         dst_strategy.as_ref(),
         opts.allow_missing,
     )?;
@@ -208,12 +209,12 @@ pub(crate) struct ResolvedConversion {
 pub(crate) fn resolve_conversion(
     sources: &SourceSet,
     src_dir: &Path,
-    src_strategy: Option<&Path>,
+    src_strategy: Option<&Strategy>,
     dst_strategy: Option<&Strategy>,
     allow_missing: bool,
 ) -> Result<ResolvedConversion> {
     let (src_res, mut skipped) = match src_strategy {
-        Some(path) => resolve_source(sources, src_dir, path, allow_missing)?,
+        Some(src) => resolve_source(sources, src_dir, src, allow_missing)?,
         None => (unsharded_source(sources, src_dir)?, Vec::new()),
     };
     let dst_res = match dst_strategy {
@@ -254,23 +255,22 @@ pub(crate) fn resolve_conversion(
     })
 }
 
-/// The source strategy in `src_strategy` bound to the files of `sources`, with the parameters
+/// The source strategy `src` bound to the files of `sources`, with the parameters
 /// it lists that no file holds (an error unless `allow_missing`).
 fn resolve_source(
     sources: &SourceSet,
     src_dir: &Path,
-    src_strategy: &Path,
+    src: &Strategy,
     allow_missing: bool,
 ) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
-    let src = Strategy::load(src_strategy)?;
-    let (src_res, src_unknown) = sources.resolve_source(&src)?;
+    let (src_res, src_unknown) = sources.resolve_source(src)?;
     if let (false, Some(name)) = (allow_missing, src_unknown.first()) {
         return Err(CkptError::TensorMissing {
             path: src_dir.to_path_buf(),
             tensor: name.clone(),
             rule: format!(
                 "{} lists it (and {} more parameters no rank file holds); the checkpoint is incomplete (pass --allow-missing to convert without them)",
-                src_strategy.display(),
+                src.path.display(),
                 src_unknown.len() - 1
             ),
         });
@@ -522,13 +522,16 @@ fn run(
     let ranks: Vec<usize> = match opts.ranks {
         None => all.clone(),
         Some(list) => {
-            if let Some(r) = list.iter().find(|r| !all.contains(r)) {
+            if let Some(r) = list.iter().find(|r| all.binary_search(r).is_err()) {
                 return Err(CkptError::NotADestinationRank {
                     rank: *r,
                     ranks: all,
                 });
             }
-            list.to_vec()
+            // A rank asked for twice is written once: two plans for one file would write it
+            // twice (on two threads at once without fsync) and report it twice.
+            let mut seen = std::collections::HashSet::with_capacity(list.len());
+            list.iter().copied().filter(|r| seen.insert(*r)).collect()
         }
     };
     let format = opts.format.unwrap_or(sources.format());
