@@ -25,7 +25,7 @@ use ckpt::{
 use layout::{Layout, Mesh};
 use tensor::{DType, Tensor};
 
-use crate::util::{read_all, tmp, Stored};
+use crate::util::{lcm, read_all, tmp, Stored};
 
 /// SplitMix64.
 struct Rng(u64);
@@ -272,17 +272,6 @@ fn random_side(rng: &mut Rng, ndims: &[usize], multi: bool) -> Side {
         p,
         params,
     }
-}
-
-fn lcm(a: usize, b: usize) -> usize {
-    fn gcd(a: usize, b: usize) -> usize {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
-    a / gcd(a, b) * b
 }
 
 struct Param {

@@ -10,7 +10,7 @@ use layout::{Layout, Mesh};
 use proptest::prelude::*;
 use tensor::{DType, Tensor};
 
-use crate::util::{read_all, tmp};
+use crate::util::{lcm, read_all, tmp};
 
 /// A random strategy shape: per stage, a device matrix; per parameter, per-dim axis choices.
 #[derive(Debug, Clone)]
@@ -266,17 +266,6 @@ proptest! {
         let report = ckpt::verify_checkpoints(&mid, &sb, true).unwrap();
         prop_assert!(report.is_ok(), "{:?}", report.faults);
     }
-}
-
-fn lcm(a: usize, b: usize) -> usize {
-    fn gcd(a: usize, b: usize) -> usize {
-        if b == 0 {
-            a
-        } else {
-            gcd(b, a % b)
-        }
-    }
-    a / gcd(a, b) * b
 }
 
 /// Pieces of a megabyte or more are copied from mapped source ranges; short runs inside them

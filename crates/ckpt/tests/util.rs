@@ -125,3 +125,15 @@ pub fn assert_same_safetensors_bytes(ours: &Path, expected: &Path) {
         expected.display()
     );
 }
+
+/// The least common multiple of `a` and `b` (a dim every split of a random layout divides).
+pub fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}
