@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ckpt::Strategy;
-use ckpt::{CkptError, ConvertOptions, MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
+use ckpt::{CkptError, ConvertOptions, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 use tensor::{DType, Tensor};
 
-use crate::util::{case, tmp};
+use crate::util::{case, ms_layout, tmp};
 
 /// The 8 source rank files of case1 (dev [2,4]).
 fn case1() -> PathBuf {
@@ -153,16 +153,6 @@ fn an_unsharded_source_is_one_file() {
         text.contains("2 files given") && text.contains("exactly 1"),
         "{text}"
     );
-}
-
-fn ms_layout(dev: &[u32], map: &[i32]) -> MsLayout {
-    MsLayout {
-        dev_matrix: vec![dev.to_vec()],
-        tensor_map: vec![map.to_vec()],
-        param_split_shape: vec![vec![]],
-        indices_offset: vec![vec![]],
-        ..MsLayout::default()
-    }
 }
 
 /// One stage's MindSpore strategy file of a 2-stage × 4-device pipeline (dev [2,2] per stage).

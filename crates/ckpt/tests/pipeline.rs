@@ -2,20 +2,10 @@
 //! deterministic stage order), then a 2-stage × 4-device checkpoint with a parameter shared by
 //! both stages converted to 4 devices without pipeline, and back.
 
-use ckpt::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem, Strategy};
+use ckpt::{MsLayoutItem, MsStrategyFile, MsStrategyItem, Strategy};
 use tensor::{DType, Tensor};
 
-use crate::util::{read_all, tmp};
-
-fn layout(dev: &[u32], map: &[i32]) -> MsLayout {
-    MsLayout {
-        dev_matrix: vec![dev.to_vec()],
-        tensor_map: vec![map.to_vec()],
-        param_split_shape: vec![vec![]],
-        indices_offset: vec![vec![]],
-        ..MsLayout::default()
-    }
-}
+use crate::util::{ms_layout as layout, read_all, tmp};
 
 /// The stage files of case4 in FORMAT_EXAMPLES.txt (pipeline 2 × dev [2,2]).
 fn stage_file(stage: u32) -> MsStrategyFile {

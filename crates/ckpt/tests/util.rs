@@ -137,3 +137,14 @@ pub fn lcm(a: usize, b: usize) -> usize {
     }
     a / gcd(a, b) * b
 }
+
+/// A MindSpore layout of one device matrix `dev` and tensor map `map`, nothing else set.
+pub fn ms_layout(dev: &[u32], map: &[i32]) -> ckpt::MsLayout {
+    ckpt::MsLayout {
+        dev_matrix: vec![dev.to_vec()],
+        tensor_map: vec![map.to_vec()],
+        param_split_shape: vec![vec![]],
+        indices_offset: vec![vec![]],
+        ..ckpt::MsLayout::default()
+    }
+}
