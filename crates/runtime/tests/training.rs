@@ -220,6 +220,16 @@ fn deterministic_mode_refuses_misaligned_splits() {
             && err.contains("splits 4 ways"),
         "{err}"
     );
+    // A search's choice is said to be one, with what to change (the advice to change the
+    // strategy fits no plan the user wrote).
+    let searched = "devices = 8\nmode = \"sharding_propagation\"".to_string();
+    let err = refused(searched, &["parallel.deterministic_blocks=2"]);
+    assert!(
+        err.contains("which its strategy splits")
+            && err.contains("the strategy is the search's choice")
+            && err.contains("raise parallel.deterministic_blocks (now 2)"),
+        "{err}"
+    );
     let bad = TrainConfig::parse(
         "[model]\nname = \"seed_mlp\"\nhidden = 8\nclasses = 10\n[data]\nformat = \"idx\"\ndir = \"x\"\nbatch_size = 8\n[parallel]\ndeterministic_blocks = 6\n[train]\nepochs = 1\n[output]\ndir = \"o\"\n",
         None,

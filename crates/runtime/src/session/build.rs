@@ -14,6 +14,30 @@ use crate::data::{Dataset, IdxDataset, SampleSpec};
 use crate::error::RuntimeError;
 use crate::lm::gpt_parallel_config;
 
+/// Deterministic mode's refusal `error` of a strategy, saying when a search mode chose it: the
+/// searches do not yet keep to the canonical blocks (`blocks`), so the advice is the blocks'
+/// count or a strategy of the user's, not "change the strategy" of a plan nobody wrote.
+fn searched_split_refused(
+    config: &TrainConfig,
+    blocks: usize,
+    error: parallel::ParallelError,
+) -> RuntimeError {
+    let mode = config.parallel_config().mode;
+    if !matches!(mode, parallel::ParallelMode::Auto(_)) {
+        return error.into();
+    }
+    RuntimeError::Config {
+        key: "parallel.deterministic_blocks".to_string(),
+        reason: format!(
+            "{error}; the strategy is the search's choice (parallel.mode = \"{}\"), and the \
+             searches do not yet keep to deterministic mode's canonical blocks: raise \
+             parallel.deterministic_blocks (now {blocks}) to a multiple of that split, or give \
+             the strategy in mode \"semi_auto\"",
+            mode.name()
+        ),
+    }
+}
+
 /// A global batch larger than the training set (of `n_samples`, `what`: where they are) is
 /// refused before anything batch-sized is built or allocated.
 fn check_batch_fits(
@@ -257,8 +281,9 @@ impl TrainSession {
         }
         if let Some(blocks) = deterministic {
             // Refused before any rank starts: a sum whose split the canonical blocks can't serve.
-            check_deterministic(&train, blocks)?;
-            check_deterministic(&eval, blocks)?;
+            let searched = |e| searched_split_refused(config, blocks, e);
+            check_deterministic(&train, blocks).map_err(searched)?;
+            check_deterministic(&eval, blocks).map_err(searched)?;
         }
         Ok(TrainSession {
             config: config.clone(),
