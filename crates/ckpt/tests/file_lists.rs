@@ -333,35 +333,24 @@ fn one_file_for_two_ranks_only_when_they_are_replicas() {
 fn a_destination_rank_listed_twice_is_converted_once() {
     let c = case1();
     let out = tmp();
-    let ranks = [1, 1, 0, 1];
-    let opts = ConvertOptions {
-        ranks: Some(&ranks),
-        ..ConvertOptions::default()
+    let convert = |ranks: &[usize], dst: &str| {
+        let opts = ConvertOptions {
+            ranks: Some(ranks),
+            ..ConvertOptions::default()
+        };
+        ckpt::convert_checkpoints(
+            &c.join("src_ckpt"),
+            &c.join("strategy/A.ckpt"),
+            &out.path().join(dst),
+            Some(&c.join("strategy/B.ckpt")),
+            &opts,
+        )
     };
-    let report = ckpt::convert_checkpoints(
-        &c.join("src_ckpt"),
-        &c.join("strategy/A.ckpt"),
-        &out.path().join("dst"),
-        Some(&c.join("strategy/B.ckpt")),
-        &opts,
-    )
-    .unwrap();
+    let report = convert(&[1, 1, 0, 1], "dst").unwrap();
     let done: Vec<usize> = report.ranks.iter().map(|r| r.rank).collect();
     assert_eq!(done, vec![1, 0]);
     // Still refused: a rank the destination has not.
-    let ranks = [1, 9];
-    let opts = ConvertOptions {
-        ranks: Some(&ranks),
-        ..ConvertOptions::default()
-    };
-    let err = ckpt::convert_checkpoints(
-        &c.join("src_ckpt"),
-        &c.join("strategy/A.ckpt"),
-        &out.path().join("dst2"),
-        Some(&c.join("strategy/B.ckpt")),
-        &opts,
-    )
-    .unwrap_err();
+    let err = convert(&[1, 9], "dst2").unwrap_err();
     assert!(
         err.to_string().contains("rank 9 is not a destination rank"),
         "{err}"

@@ -45,7 +45,7 @@ use crate::data::Normalize;
 use crate::error::RuntimeError;
 
 pub use self::agreement::check_same_config;
-use self::overrides::{apply_override, concerns};
+use self::overrides::{apply_override, origins};
 pub use self::ps::{PsKeys, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE};
 pub(crate) use self::search::empty_profile;
 pub use self::search::{ProfileChoice, SearchKeys};
@@ -736,38 +736,6 @@ fn check_devices_flag(devices: usize) -> Result<(), RuntimeError> {
         });
     }
     values::check_device_count("--devices", devices)
-}
-
-/// Where the value an error about `key` names comes from, among the `overridden` keys (each
-/// with its origin, `--set …`): the override of `key` itself (the last, if given twice), else
-/// every override inside it, listed (an error about a whole table, `parallel.pipeline`, may
-/// concern any of its keys: none is singled out), else one that holds it. `None`: the file.
-fn origins(overridden: &[(Vec<String>, String)], key: &str) -> Option<String> {
-    let exact = |(path, _): &&(Vec<String>, String)| {
-        path.join(".") == key || overrides::display_key(path) == key
-    };
-    if let Some((_, origin)) = overridden.iter().rev().find(exact) {
-        return Some(format!("the value comes from {origin}"));
-    }
-    let mut inside: Vec<&str> = Vec::new();
-    for (path, origin) in overridden {
-        let dotted = path.join(".");
-        let nested = dotted
-            .strip_prefix(key)
-            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['));
-        if nested && !inside.contains(&origin.as_str()) {
-            inside.push(origin);
-        }
-    }
-    if inside.is_empty() {
-        return overridden
-            .iter()
-            .rev()
-            .find(|(path, _)| concerns(key, path))
-            .map(|(_, origin)| format!("the value comes from {origin}"));
-    }
-    // Which of them (or of the file's keys) broke the rule, the reason says.
-    Some(format!("{key} keys set by {}", inside.join(", ")))
 }
 
 fn in_source(source: Option<&Path>, key: &str, reason: String) -> RuntimeError {

@@ -54,16 +54,52 @@ pub(super) fn apply_override(root: &mut Table, text: &str) -> Result<Vec<String>
 /// itself, a key inside it (`parallel.pipeline.stages` under `parallel.pipeline`), one of its
 /// elements (`parallel.shard.x[0]`), or a table holding it (`ps` for `ps.workers`: a section the
 /// override created or changed).
-pub(super) fn concerns(error_key: &str, path: &[String]) -> bool {
-    let inside = |outer: &str, inner: &str| {
-        inner == outer
-            || inner
-                .strip_prefix(outer)
-                .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
-    };
-    [path.join("."), display_key(path)]
+fn concerns(error_key: &str, path: &[String]) -> bool {
+    spellings(path)
         .iter()
-        .any(|key| inside(key, error_key) || inside(error_key, key))
+        .any(|key| within(key, error_key) || within(error_key, key))
+}
+
+/// Where the value an error about `key` names comes from, among the `overridden` keys (each
+/// with its origin, `--set …`): the override of `key` itself (the last, if given twice), else
+/// every override inside it, listed (an error about a whole table, `parallel.pipeline`, may
+/// concern any of its keys: none is singled out), else one that holds it
+/// ([`concerns`]). `None`: the file.
+pub(super) fn origins(overridden: &[(Vec<String>, String)], key: &str) -> Option<String> {
+    let exact = |(path, _): &&(Vec<String>, String)| spellings(path).iter().any(|k| k == key);
+    if let Some((_, origin)) = overridden.iter().rev().find(exact) {
+        return Some(format!("the value comes from {origin}"));
+    }
+    let mut inside: Vec<&str> = Vec::new();
+    for (path, origin) in overridden {
+        let nested = spellings(path).iter().any(|k| within(key, k));
+        if nested && !inside.contains(&origin.as_str()) {
+            inside.push(origin);
+        }
+    }
+    if inside.is_empty() {
+        return overridden
+            .iter()
+            .rev()
+            .find(|(path, _)| concerns(key, path))
+            .map(|(_, origin)| format!("the value comes from {origin}"));
+    }
+    // Which of them (or of the file's keys) broke the rule, the reason says.
+    Some(format!("{key} keys set by {}", inside.join(", ")))
+}
+
+/// `path` as a dotted key, both ways it is written: joined, and with its parts quoted where
+/// they are not bare keys.
+fn spellings(path: &[String]) -> [String; 2] {
+    [path.join("."), display_key(path)]
+}
+
+/// Whether key `inner` is `outer` or lies inside it (a key of the table, or an element).
+fn within(outer: &str, inner: &str) -> bool {
+    inner == outer
+        || inner
+            .strip_prefix(outer)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
 }
 
 /// `path` written back as a dotted key, parts that are not bare keys quoted.
