@@ -103,19 +103,29 @@ impl TextData {
             moe: keys.moe.clone(),
         };
         gpt.validate()
-            .map_err(|e| self.name_a_scanned_vocabulary(config, e.into()))?;
+            .map_err(|e| self.name_a_scanned_vocabulary(config, &gpt, e.into()))?;
         Ok(gpt)
     }
 
-    /// `error` about the model, naming the token file when the vocabulary in it was not
-    /// configured but scanned from the file (one more than its largest id): a stray huge id
-    /// otherwise reads as a model setting.
-    fn name_a_scanned_vocabulary(&self, config: &TrainConfig, error: RuntimeError) -> RuntimeError {
+    /// `error` about the model `gpt`, naming the token file when the vocabulary causes it
+    /// (the model with a vocabulary of 1 is valid) and was not configured but scanned from the
+    /// file (one more than its largest id): a stray huge id otherwise reads as a model setting.
+    fn name_a_scanned_vocabulary(
+        &self,
+        config: &TrainConfig,
+        gpt: &GptConfig,
+        error: RuntimeError,
+    ) -> RuntimeError {
         let data = config.data();
         let scanned = data.format == DataFormat::Tokens
             && data.text.as_ref().is_some_and(|t| t.vocab_size.is_none());
+        let tiny = GptConfig {
+            vocab_size: 1,
+            ..gpt.clone()
+        };
+        let caused_by_the_vocabulary = tiny.validate().is_ok();
         match data.text.as_ref() {
-            Some(keys) if scanned => RuntimeError::Data {
+            Some(keys) if scanned && caused_by_the_vocabulary => RuntimeError::Data {
                 path: keys.path.clone(),
                 reason: format!(
                     "{error}; the vocabulary of {} is one more than the largest token id in this \

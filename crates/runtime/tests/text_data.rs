@@ -307,6 +307,14 @@ fn a_vocabulary_scanned_from_a_stray_id_names_the_file() {
             && text.contains("3000000001"),
         "{text}"
     );
+    // A model too large whatever the vocabulary stays the model's error.
+    let config = runtime::TrainConfig::load(&example, &sets(&["model.hidden=65536"])).unwrap();
+    let data = runtime::TextData::open(&config, &config.data().text.clone().unwrap()).unwrap();
+    let text = data.gpt_config(&config).unwrap_err().to_string();
+    assert!(
+        text.contains("element bound") && !text.contains("data.vocab_size"),
+        "{text}"
+    );
     // With the key set, the id itself is the error, naming the token.
     let config = runtime::TrainConfig::load(&example, &sets(&["data.vocab_size=50"])).unwrap();
     let keys = config.data().text.clone().unwrap();
