@@ -11,7 +11,7 @@
 //! Files are read into this model by the format modules ([`Strategy::load`] picks the reader),
 //! and nothing here knows a file's bytes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 
 use layout::{Layout, LayoutError, TensorLayout};
@@ -163,6 +163,27 @@ impl Strategy {
             }
         }
         self.params.iter().find(|p| p.name == name)
+    }
+
+    /// The number of devices this strategy was trained on: one past the largest rank any of
+    /// its placements uses (as [`ResolvedStrategy::n_ranks`]). A merged pipeline strategy lists
+    /// every stage's ranks, so this counts all stages; a single stage's file counts that
+    /// stage's devices, as MindSpore's `load_distributed_checkpoint` does (the product of the
+    /// device matrix).
+    pub fn n_ranks(&self) -> usize {
+        let mut seen: HashSet<&[usize]> = HashSet::new();
+        let mut n = 0;
+        for p in &self.params {
+            for pl in &p.placements {
+                let mesh = pl.layout.mesh();
+                if seen.insert(mesh.rank_list()) {
+                    if let Some(last) = mesh.device_ranks().into_iter().max() {
+                        n = n.max(last + 1);
+                    }
+                }
+            }
+        }
+        n
     }
 
     /// Number of pipeline stages (one past the largest stage).

@@ -2,7 +2,7 @@
 //! `convert_checkpoint_by_rank` (a `{rank: file}` map in, one named file out) and reading one
 //! destination rank's tensors into memory (`load_distributed_checkpoint` returning arrays).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use layout::SliceBox;
@@ -76,27 +76,6 @@ fn source_files(
     rank_files(files)
 }
 
-/// The number of devices `strategy` was trained on: one past the largest rank any of its
-/// placements uses. A merged pipeline strategy lists every stage's ranks, so this counts all
-/// stages; a single stage's file (stage 0: later stages alone are refused by
-/// [`Strategy::check_stages`]) counts that stage's devices, as MindSpore's
-/// `load_distributed_checkpoint` does (the product of the device matrix).
-fn training_devices(strategy: &Strategy) -> usize {
-    let mut seen: HashSet<&[usize]> = HashSet::new();
-    let mut n = 0;
-    for p in &strategy.params {
-        for pl in &p.placements {
-            let mesh = pl.layout.mesh();
-            if seen.insert(mesh.rank_list()) {
-                if let Some(last) = mesh.device_ranks().into_iter().max() {
-                    n = n.max(last + 1);
-                }
-            }
-        }
-    }
-    n
-}
-
 /// "1 file given", "6 files given".
 fn files_given(n: usize) -> String {
     format!("{n} file{} given", if n == 1 { "" } else { "s" })
@@ -145,7 +124,7 @@ fn check_every_rank(
     strategy: &Strategy,
     argument: &'static str,
 ) -> Result<()> {
-    let n = training_devices(strategy);
+    let n = strategy.n_ranks();
     if files.keys().copied().eq(0..n) {
         return Ok(());
     }
@@ -202,7 +181,7 @@ fn check_past_ranks(
     strategy: &Strategy,
     argument: &'static str,
 ) -> Result<()> {
-    let n = training_devices(strategy);
+    let n = strategy.n_ranks();
     if files.range(n..).next().is_none() {
         return Ok(());
     }
