@@ -97,6 +97,9 @@ fn culprit(e: &CkptError) -> Culprit<'_> {
         | E::InterleavedLayout { tensor }
         | E::PlanMismatch { tensor, .. } => (None, Some(tensor), e.to_string()),
         E::ChoiceFunc { param, .. } => (None, Some(param), e.to_string()),
+        // A per-rank file list breaks the rule as a whole (too few files, one file for two
+        // ranks that differ, …): the culprit is the argument, named as the message names it.
+        E::RankFileList { argument, rule: r } => (Some(Path::new(*argument)), None, rule(r)),
         other => (error_path(other), None, other.to_string()),
     };
     Culprit { file, tensor, rule }

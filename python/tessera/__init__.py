@@ -22,7 +22,9 @@
   under ``tessera launch --nproc N -- python3 script.py``),
   ``tessera.parallel.auto_parallel.AutoParallel`` with its switches, ``tessera.parallel.nn``
   (``Pipeline``, ``PipelineGradReducer``, ``GradAccumulation``, ``MicroBatchInterleaved``),
-  ``shard`` with ``Layout``s and ``out_strategy``, ``ops.Print``. ``construct`` is traced once
+  ``shard`` with ``Layout``s and ``out_strategy``, ``ops.Print``; MindSpore's top-level names
+  (``tessera.Model``, ``tessera.load_distributed_checkpoint``, ``transform_checkpoints``, …),
+  ``ParallelMode`` and the older ``tessera.context``. ``construct`` is traced once
   into Tessera's graph; the Rust engine runs every step. See docs/PYTHON.md, "Your own
   network" and "One process per rank".
 
@@ -34,8 +36,9 @@ Errors name their culprit: ``CheckpointError`` (a ``ValueError``), ``CheckpointI
 from importlib.metadata import PackageNotFoundError, version
 
 from . import parallel
-from ._context import (GRAPH_MODE, PYNATIVE_MODE, get_seed, reset_auto_parallel_context,
-                       set_auto_parallel_context, set_context, set_seed)
+from ._context import (GRAPH_MODE, PYNATIVE_MODE, ParallelMode, get_seed,
+                       reset_auto_parallel_context, set_auto_parallel_context, set_context,
+                       set_seed)
 from ._tessera import CheckpointError, CheckpointIOError, ConfigError
 from ._training import plan
 from . import common, communication, dataset, nn, ops
@@ -45,6 +48,21 @@ from .common import Parameter, Tensor
 from .parallel import shard
 from .common.dtype import bfloat16, float16, float32, float64, int32, int64
 from .train.checkpoint import load_checkpoint, load_param_into_net, save_checkpoint
+from . import context
+# MindSpore's top-level names for the same things (``mindspore.Model``,
+# ``mindspore.load_distributed_checkpoint``, ...), and the 2.x names of the conversions:
+# ``transform_checkpoints``, ``transform_checkpoint_by_rank`` and ``rank_list_for_transform``
+# have ``convert_checkpoints``', ``convert_checkpoint_by_rank``'s and
+# ``rank_list_for_convert``'s parameters and are those functions.
+from .train.callback import Callback, LossMonitor, RunContext, TimeMonitor
+from .train.checkpoint import CheckpointConfig, ModelCheckpoint
+from .train.model import Model
+from .parallel import (build_searched_strategy, load_distributed_checkpoint,
+                       load_segmented_checkpoints, merge_pipeline_strategys,
+                       restore_group_info_list)
+from .parallel import convert_checkpoint_by_rank as transform_checkpoint_by_rank
+from .parallel import convert_checkpoints as transform_checkpoints
+from .parallel import rank_list_for_convert as rank_list_for_transform
 
 try:
     __version__ = version("tessera-parallel")
@@ -52,16 +70,26 @@ except PackageNotFoundError:  # imported from a source tree without installing
     __version__ = "0+unknown"
 
 __all__ = [
+    "Callback",
+    "CheckpointConfig",
     "CheckpointError",
     "CheckpointIOError",
     "ConfigError",
     "GRAPH_MODE",
+    "LossMonitor",
+    "Model",
+    "ModelCheckpoint",
     "PYNATIVE_MODE",
     "Parameter",
+    "ParallelMode",
+    "RunContext",
     "Tensor",
+    "TimeMonitor",
     "bfloat16",
+    "build_searched_strategy",
     "common",
     "communication",
+    "context",
     "dataset",
     "float16",
     "float32",
@@ -70,17 +98,24 @@ __all__ = [
     "int32",
     "int64",
     "load_checkpoint",
+    "load_distributed_checkpoint",
     "load_param_into_net",
+    "load_segmented_checkpoints",
+    "merge_pipeline_strategys",
     "mint",
     "nn",
     "ops",
     "parallel",
     "plan",
+    "rank_list_for_transform",
     "reset_auto_parallel_context",
+    "restore_group_info_list",
     "save_checkpoint",
     "set_auto_parallel_context",
     "set_context",
     "set_seed",
     "shard",
     "train",
+    "transform_checkpoint_by_rank",
+    "transform_checkpoints",
 ]

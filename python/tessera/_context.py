@@ -4,6 +4,20 @@
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
 
+
+class ParallelMode:
+    """MindSpore's ``ParallelMode``: the names ``set_auto_parallel_context(parallel_mode=...)``
+    takes (``ParallelMode.DATA_PARALLEL`` is ``"data_parallel"``). ``AUTO_PARALLEL`` and
+    ``HYBRID_PARALLEL`` are named for scripts that test for them; the context refuses them
+    (wrap the network in ``AutoParallel(net, "sharding_propagation")`` instead)."""
+
+    STAND_ALONE = "stand_alone"
+    DATA_PARALLEL = "data_parallel"
+    HYBRID_PARALLEL = "hybrid_parallel"
+    SEMI_AUTO_PARALLEL = "semi_auto_parallel"
+    AUTO_PARALLEL = "auto_parallel"
+    MODE_LIST = [STAND_ALONE, DATA_PARALLEL, HYBRID_PARALLEL, SEMI_AUTO_PARALLEL, AUTO_PARALLEL]
+
 _STATE = {"device_num": 1, "parallel_mode": "stand_alone", "deterministic": False, "seed": 1,
           # set_auto_parallel_context(gradients_mean=...); None: the engine's default (the mean)
           "gradients_mean": None,

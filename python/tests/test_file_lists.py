@@ -84,3 +84,23 @@ def test_checkpoint_files_map_one_file_for_two_ranks_is_refused(tmp_path):
     files[5] = _file(4)
     with pytest.raises(CheckpointError, match="ranks 4 and 5 are given the same file"):
         P.convert_checkpoint_by_rank(0, files, str(tmp_path / "out.ckpt"), A, B)
+
+
+def test_a_file_list_error_names_the_argument_in_its_attributes(tmp_path):
+    # `file` was None: the culprit is the argument the message names, as `file` names the
+    # culprit of every other CheckpointError.
+    with pytest.raises(CheckpointError) as info:
+        _load(range(6))
+    rule = str(info.value)[len("checkpoint_filenames: "):]
+    assert (info.value.file, info.value.tensor, info.value.rule) == (
+        "checkpoint_filenames", None, rule)
+    with pytest.raises(CheckpointError) as info:
+        _load([0, 0, 2, 3, 4, 5, 6, 7])
+    assert info.value.file == "checkpoint_filenames"
+    assert "ranks 0 and 1 are given the same file" in info.value.rule
+    files = {r: _file(r) for r in range(8)}
+    files[8] = _file(0)
+    with pytest.raises(CheckpointError) as info:
+        P.convert_checkpoint_by_rank(0, files, str(tmp_path / "out.ckpt"), A, B)
+    assert info.value.file == "checkpoint_files_map"
+    assert info.value.rule.startswith("9 files given")

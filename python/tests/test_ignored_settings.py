@@ -239,3 +239,31 @@ def test_group_ckpt_save_file_refuses_a_directory(tmp_path):
         auto.set_group_ckpt_save_file(str(tmp_path))
     auto.set_group_ckpt_save_file(str(tmp_path / "group_info.pb"))
     auto.set_group_ckpt_save_file(str(tmp_path / "rank_{rank}" / "group_info.pb"))
+
+
+@pytest.mark.parametrize("setting, key", [
+    (lambda ap: ap.hsdp(threshold=2**70), r"parallel\.hsdp\.threshold = 2**70"),
+    (lambda ap: ap.hsdp(threshold=2**63), r"parallel\.hsdp\.threshold = 2**63"),
+    (lambda ap: ap.hsdp(shard_size=2**64), r"parallel\.hsdp\.shard_size = 2**64"),
+    (lambda ap: ap.comm_fusion({"allreduce": {"mode": "size", "config": 2**70}}),
+     r"parallel\.comm_fusion\.allreduce\.config = 2**70"),
+    (lambda ap: ap.comm_fusion({"allreduce": {"mode": "index", "config": [0, -2**63 - 1]}}),
+     r"parallel\.comm_fusion\.allreduce\.config\[1\] = -2**63-1"),
+    (lambda ap: ap.dataset_strategy(((2**70, 1), (1,))),
+     r"parallel\.dataset_strategy\[0\]\[0\] = 2**70"),
+])
+def test_ints_beyond_64_bits_are_refused_naming_the_setting(setting, key, fresh_context):
+    # Beyond 2**64 they reached the engine as floats ("got float 1.1805916207174113e21"), from
+    # 2**63 as "u64 value was too large at line 1 column 112", naming nothing.
+    for power in ("-2**63-1", "2**70", "2**64", "2**63"):
+        key = key.replace(power, str(eval(power)))
+    tessera.set_auto_parallel_context(device_num=2, parallel_mode="semi_auto_parallel")
+
+    def wrap(with_loss):
+        ap = AutoParallel(with_loss)
+        setting(ap)
+        return ap
+
+    with pytest.raises(ValueError, match=f"Model.train: the setting {key} is outside the "
+                                         r"engine's integers \(-2\*\*63 \.\. 2\*\*63 - 1\)"):
+        _model(wrap=wrap).train(1, _data())

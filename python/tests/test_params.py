@@ -179,7 +179,8 @@ def test_a_refused_dict_loads_nothing():
         ({**good, "fc2.weight": np.zeros((3, 3), np.float32)}, False, "fc2.weight has shape"),
         ({**good, "fc2.bias": np.full(10, np.inf, np.float32)}, False, "fc2.bias"),
         ({**good, "fc2.bias": np.zeros(10, np.int32)}, False, "fc2.bias"),
-        (good, True, "strict_load"),
+        ({**good, "fc2.bias": np.zeros(10, np.float64)}, True,
+         "fc2.bias is float64 in the dict and float32 in the network; strict_load=True"),
     ]
     for parameters, strict, message in refused:
         with pytest.raises(ValueError, match=message):
@@ -188,3 +189,73 @@ def test_a_refused_dict_loads_nothing():
             assert np.array_equal(p.asnumpy(), GIVEN[name]), (message, name)
     tessera.load_param_into_net(net, good)
     assert np.array_equal(net.fc1.weight.asnumpy(), good["fc1.weight"])
+
+
+# ----------------------------------------------------------- strict_load, return_param_dict
+
+def _values(net):
+    return {name: p.asnumpy() for name, p in net.parameters_and_names()}
+
+
+def test_strict_load_false_loads_a_prefixed_dict_as_mindspore_does():
+    # MindSpore's default also loads `network.fc1.weight` into `fc1.weight` (the dict of a
+    # checkpoint saved from a wrapper cell); it was ignored: nothing loaded, no error.
+    prefixed = {f"network.{k}": v for k, v in GIVEN.items()}
+    prefixed["global_step"] = np.array([3], np.int32)
+    net = MLP()
+    assert tessera.load_param_into_net(net, prefixed) == ([], ["global_step"])
+    for name, value in _values(net).items():
+        assert np.array_equal(value, GIVEN[name]), name
+    # strict_load=True loads exact names only and returns what it left out
+    strict = _net()
+    before = _values(strict)
+    assert tessera.load_param_into_net(strict, prefixed, strict_load=True) == (
+        list(GIVEN), list(prefixed))
+    assert all(np.array_equal(v, before[k]) for k, v in _values(strict).items())
+    # float64 values are converted without strict_load and refused with it
+    wide = {k: v.astype(np.float64) for k, v in GIVEN.items()}
+    assert tessera.load_param_into_net(MLP(), wide) == ([], [])
+    with pytest.raises(ValueError, match="fc1.weight is float64 in the dict"):
+        tessera.load_param_into_net(MLP(), wide, strict_load=True)
+    with pytest.raises(TypeError, match="For 'strict_load', the type must be bool"):
+        tessera.load_param_into_net(MLP(), GIVEN, strict_load=1)
+    with pytest.raises(TypeError, match="For 'net', the type must be Cell"):
+        tessera.load_param_into_net(GIVEN, GIVEN)
+
+
+def test_loaders_take_a_network_and_strict_load_as_mindspore_does(tmp_path):
+    from tessera import parallel as P
+
+    path = str(tmp_path / "full.ckpt")
+    tessera.save_checkpoint({f"network.{k}": v for k, v in GIVEN.items()}, path)
+    # load_distributed_checkpoint: into the network (None returned), or the dict as well
+    net = MLP()
+    assert P.load_distributed_checkpoint(net, [path]) is None
+    assert all(np.array_equal(v, GIVEN[k]) for k, v in _values(net).items())
+    net = MLP()
+    got = P.load_distributed_checkpoint(net, [path], return_param_dict=True)
+    assert sorted(got) == sorted(f"network.{k}" for k in GIVEN)
+    assert np.array_equal(net.fc2.bias.asnumpy(), GIVEN["fc2.bias"])
+    strict = _net()
+    P.load_distributed_checkpoint(strict, [path], strict_load=True)  # exact names: none
+    assert np.array_equal(strict.fc1.weight.asnumpy(), GIVEN["fc1.weight"])
+    # load_segmented_checkpoints: into `net` too
+    net = MLP()
+    assert sorted(P.load_segmented_checkpoints(str(tmp_path), net=net)) == sorted(got)
+    assert np.array_equal(net.fc1.bias.asnumpy(), GIVEN["fc1.bias"])
+    # switches that would do nothing: refused, naming them
+    for call in (lambda: P.load_distributed_checkpoint(None, [path], strict_load=True),
+                 lambda: P.load_segmented_checkpoints(str(tmp_path), strict_load=True),
+                 lambda: tessera.load_checkpoint(path, strict_load=True)):
+        with pytest.raises(ValueError, match="strict_load=True applies only when"):
+            call()
+    with pytest.raises(ValueError, match="return_param_dict=True do not apply with "
+                                         "dst_safetensors_dir"):
+        P.load_distributed_checkpoint(None, None, None, format="safetensors",
+                                      unified_safetensors_dir=str(tmp_path),
+                                      dst_safetensors_dir=str(tmp_path / "o"),
+                                      return_param_dict=True)
+    with pytest.raises(TypeError, match="For 'return_param_dict', the type must be bool"):
+        P.load_distributed_checkpoint(None, [path], return_param_dict="yes")
+    with pytest.raises(TypeError, match="For 'network', the type must be tessera.nn.Cell"):
+        P.load_distributed_checkpoint({}, [path])

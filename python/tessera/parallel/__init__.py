@@ -325,14 +325,23 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
     ``ValueError``: it would be ignored.
 
     ``name_map`` renames tensors (name in the checkpoint → name returned or written).
-    ``network`` must be None: Tessera has no MindSpore ``Cell`` to load into; the arrays are
-    returned instead (``rank_id`` defaults to 0). bf16 tensors come back as float32.
+    ``network`` None returns the arrays of ``rank_id`` (default 0) whatever
+    ``return_param_dict`` says; a ``tessera.nn.Cell`` takes them into its Parameters
+    (``tessera.load_param_into_net(network, arrays, strict_load)``, its rules and errors), and
+    the call returns None, or the arrays with ``return_param_dict=True``. ``strict_load=True``
+    without a network, and ``return_param_dict=True`` or a network with
+    ``dst_safetensors_dir`` (nothing is returned or loaded there), are a ``ValueError``: they
+    would do nothing. bf16 tensors come back as float32.
     ``fsync=False`` (files written to ``dst_safetensors_dir`` only): as for
     :func:`convert_checkpoints`.
     """
-    if network is not None:
-        raise TypeError("For 'network', tessera.parallel loads no MindSpore Cell: pass None "
-                        "and use the returned dict of numpy arrays")
+    _load_target(network, strict_load, return_param_dict, "load_distributed_checkpoint",
+                 "network")
+    if dst_safetensors_dir is not None and (network is not None or return_param_dict):
+        raise ValueError("For 'load_distributed_checkpoint', network and "
+                         "return_param_dict=True do not apply with dst_safetensors_dir (the "
+                         "arrays are written to files, not loaded or returned); pass network="
+                         "None and return_param_dict=False.")
     _checks.choice(format, "format", _FORMATS)
     _checks.choice(output_format, "output_format", _FORMATS)
     key = _decryption(dec_key, dec_mode)
@@ -370,7 +379,7 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
                 name_map=names, fsync=_checks.flag(fsync, "fsync"))
             return None
         tensors = _tessera.load_rank_from_unified(unified, strategy, rank or 0, layouts=layouts)
-        return _rename(tensors, names)
+        return _into_network(_rename(tensors, names), network, strict_load, return_param_dict)
     if not isinstance(checkpoint_filenames, (list, tuple)):
         raise TypeError("For 'checkpoint_filenames', the type must be list, but got "
                         f"{type(checkpoint_filenames).__name__}.")
@@ -380,7 +389,37 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
     train = _checks.optional_path(train_strategy_filename, "train_strategy_filename")
     tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0, layouts=layouts,
                                             dec_key=key, dec_mode=dec_mode)
-    return _rename(tensors, names)
+    return _into_network(_rename(tensors, names), network, strict_load, return_param_dict)
+
+
+def _load_target(net: Any, strict_load: Any, return_param_dict: Any, func: str,
+                 net_name: str) -> None:
+    """``net`` (None or a ``tessera.nn.Cell``), ``strict_load`` and ``return_param_dict``
+    (bools) checked; ``strict_load=True`` without a network would do nothing, so it is a
+    ``ValueError``."""
+    from ..nn.cell import Cell
+
+    if net is not None and not isinstance(net, Cell):
+        raise TypeError(f"For '{net_name}', the type must be tessera.nn.Cell or None, but got "
+                        f"{type(net).__name__}.")
+    for name, value in (("strict_load", strict_load), ("return_param_dict", return_param_dict)):
+        _checks.flag(value, name)
+    if strict_load and net is None:
+        raise ValueError(f"For '{func}', strict_load=True applies only when '{net_name}' is "
+                         "given (a tessera.nn.Cell to load the parameters into); without one "
+                         "the arrays are returned and nothing is loaded.")
+
+
+def _into_network(tensors: Dict[str, np.ndarray], network: Any, strict_load: bool,
+                  return_param_dict: bool) -> Optional[Dict[str, np.ndarray]]:
+    """``tensors`` loaded into ``network`` (a Cell) when given; returned without a network or
+    with ``return_param_dict``."""
+    if network is None:
+        return tensors
+    from ..train.checkpoint import load_param_into_net
+
+    load_param_into_net(network, tensors, strict_load)
+    return tensors if return_param_dict else None
 
 
 def _other_format_arguments(format: str, **given: Any) -> None:
@@ -421,10 +460,11 @@ def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filte
     file's tensor replacing an earlier one's), as name → numpy array. ``filter_prefix`` drops
     names with those prefixes, ``specify_prefix`` keeps only those, ``choice_func(name)``
     keeps a name when true. Encrypted ``.ckpt`` files are read with ``dec_key`` and
-    ``dec_mode``."""
+    ``dec_mode``. With ``net`` (a ``tessera.nn.Cell``) the arrays also go into its Parameters
+    (``tessera.load_param_into_net(net, arrays, strict_load)``), as in MindSpore;
+    ``strict_load=True`` without ``net`` is a ``ValueError`` (it would do nothing)."""
     directory = _checks.path(ckpt_file_dir, "ckpt_file_dir")
-    if net is not None:
-        raise TypeError("For 'net', tessera.parallel loads no MindSpore Cell: pass None")
+    _load_target(net, strict_load, False, "load_segmented_checkpoints", "net")
     key = _decryption(dec_key, dec_mode)
 
     def prefixes(value, name):
@@ -440,9 +480,11 @@ def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filte
     if choice_func is not None and not callable(choice_func):
         raise TypeError(f"For 'choice_func', the type must be callable, but got {type(choice_func).__name__}.")
     tensors = _tessera.load_segmented_checkpoints(directory, dec_key=key, dec_mode=dec_mode)
-    return {name: t for name, t in tensors.items()
-            if not name.startswith(drop) and (not keep or name.startswith(keep))
-            and (choice_func is None or choice_func(name))}
+    tensors = {name: t for name, t in tensors.items()
+               if not name.startswith(drop) and (not keep or name.startswith(keep))
+               and (choice_func is None or choice_func(name))}
+    _into_network(tensors, net, strict_load, True)
+    return tensors
 
 
 def build_searched_strategy(strategy_filename) -> Dict[str, dict]:

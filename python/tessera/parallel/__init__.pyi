@@ -31,7 +31,7 @@ def unified_safetensors(src_dir: _Path, src_strategy_file: _Path, dst_dir: _Path
                         split_dst_file: Tuple[int, ...] = (), *, max_part_size: int = ...,
                         force: bool = False, progress: _Progress = None,
                         fsync: bool = True) -> None: ...
-def load_distributed_checkpoint(network: None, checkpoint_filenames: Optional[Sequence[_Path]] = None,
+def load_distributed_checkpoint(network: Any, checkpoint_filenames: Optional[Sequence[_Path]] = None,
                                 predict_strategy: Union[None, _Path, Dict[str, Sequence[Any]]] = None,
                                 train_strategy_filename: Optional[_Path] = None,
                                 strict_load: bool = False, dec_key: Optional[bytes] = None,
@@ -43,7 +43,7 @@ def load_distributed_checkpoint(network: None, checkpoint_filenames: Optional[Se
                                 max_process_num: int = 64, return_param_dict: bool = False, *,
                                 force: bool = False, progress: _Progress = None,
                                 fsync: bool = True) -> Optional[Dict[str, np.ndarray]]: ...
-def load_segmented_checkpoints(ckpt_file_dir: _Path, net: None = None, strict_load: bool = False,
+def load_segmented_checkpoints(ckpt_file_dir: _Path, net: Any = None, strict_load: bool = False,
                                filter_prefix: Union[None, str, Sequence[str]] = None,
                                dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM",
                                specify_prefix: Union[None, str, Sequence[str]] = None,

@@ -274,7 +274,9 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
     ``ModelCheckpoint`` or ``save_checkpoint`` wrote) gathered whole from the ranks' pieces,
     as ``{name: Parameter}`` (each holding its value: ``asnumpy()``), optimizer state
     (``moments.fc1.weight``) and ``global_step`` included. A single ``.ckpt`` or
-    ``.safetensors`` file is read as it is. ``filter_prefix`` drops names with those prefixes,
+    ``.safetensors`` file is read as it is; a name ``<set>.ckpt`` (or ``.safetensors``) that
+    does not exist, beside a set ``<set>``, reads the set (MindSpore's name of the file
+    ``ModelCheckpoint`` saved). ``filter_prefix`` drops names with those prefixes,
     ``specify_prefix`` keeps only those, ``choice_func(name)`` keeps a name when true. With
     ``net``, the values are also loaded into it (``load_param_into_net(net, ...,
     strict_load)``)."""
@@ -282,9 +284,19 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
     from ..common.parameter import Parameter
 
     path = _checks.path(ckpt_file_name, "ckpt_file_name")
+    _checks.flag(strict_load, "strict_load")
+    if strict_load and net is None:
+        raise ValueError("For 'load_checkpoint', strict_load=True applies only when 'net' is "
+                         "given (a Cell to load the parameters into); without one nothing is "
+                         "loaded.")
     if dec_key is not None or crc_check or remove_redundancy:
         raise ValueError("load_checkpoint: dec_key, crc_check and remove_redundancy are not "
                          "supported for Tessera checkpoint sets")
+    stem, suffix = os.path.splitext(path)
+    if not os.path.lexists(path) and suffix in (".ckpt", ".safetensors") and _is_set(stem):
+        # MindSpore's name of what ModelCheckpoint saved (`lenet-1_4.ckpt`), which Tessera
+        # saved as the set `lenet-1_4`
+        path = stem
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "strategy.json")):
             raise ValueError(f"load_checkpoint: {path} has no strategy.json; it is not a "
@@ -324,36 +336,68 @@ def load_param_into_net(net, parameter_dict, strict_load=False, remove_redundanc
     ``parameter_dict`` (``{name: Parameter or array}``, e.g. ``load_checkpoint``'s) takes that
     value, and training starts from it (as ``Parameter(value)``: a ``Model`` that has not
     trained yet, or a new one; a Model that already trained continues from its own last
-    checkpoint). Returns ``(param_not_load, ckpt_not_load)``: the network's names not in the
-    dict and the dict's names not in the network. ``strict_load=True`` makes a missing name a
-    ``ValueError``; a shape that differs always is one."""
-    from ..common.initializer import Values
+    checkpoint). Returns ``(param_not_load, ckpt_not_load)``: the network's names that took no
+    value and the dict's names that went into no Parameter.
 
-    if remove_redundancy:
-        raise ValueError("load_param_into_net: remove_redundancy is not supported")
+    ``strict_load=False`` (MindSpore's default) also loads a Parameter the dict holds under a
+    prefix (``network.fc1.weight`` for ``fc1.weight``: MindSpore's rule, one prefix at a time,
+    taken from the first dict name that ends with a name not loaded yet) and converts float16
+    and float64 values to the Parameter's float32. ``strict_load=True`` loads exact names only
+    and refuses a value whose dtype is not the Parameter's (a ``ValueError`` naming it). A
+    shape that differs is always a ``ValueError``; a refused dict changes no Parameter."""
+    from ..common.initializer import Values
+    from ..nn.cell import Cell
+
+    if not isinstance(net, Cell):
+        raise TypeError(f"For 'net', the type must be Cell, but got {type(net).__name__}.")
     if not isinstance(parameter_dict, dict):
         raise TypeError(f"For 'parameter_dict', the type must be dict, but got "
                         f"{type(parameter_dict).__name__}.")
-    param_not_load, taken = [], []
-    for name, p in net.parameters_and_names():
-        if name not in parameter_dict:
-            param_not_load.append(name)
-            continue
-        value = parameter_dict[name]
+    if not isinstance(strict_load, bool):
+        raise TypeError(f"For 'strict_load', the type must be bool, but got "
+                        f"{type(strict_load).__name__}.")
+    if not isinstance(remove_redundancy, bool):
+        raise TypeError(f"For 'remove_redundancy', the type must be bool, but got "
+                        f"{type(remove_redundancy).__name__}.")
+    if remove_redundancy:
+        raise ValueError("load_param_into_net: remove_redundancy is not supported")
+    taken = {}  # net name -> (dict name, Parameter, Values)
+
+    def take(name, key, p):
+        value = parameter_dict[key]
         value = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
         if tuple(value.shape) != tuple(p.shape):
             raise ValueError(f"load_param_into_net: {name} has shape {tuple(value.shape)} in "
-                             f"the dict and {tuple(p.shape)} in the network")
-        taken.append((name, p, Values(value, f"load_param_into_net: {name}")))
-    if strict_load and param_not_load:
-        raise ValueError(f"load_param_into_net: strict_load and the dict lacks "
-                         f"{sorted(param_not_load)}")
+                             f"the dict{'' if key == name else f' (as {key})'} and "
+                             f"{tuple(p.shape)} in the network")
+        if strict_load and value.dtype.kind == "f" and value.dtype != np.float32:
+            raise ValueError(f"load_param_into_net: {name} is {value.dtype} in the dict and "
+                             "float32 in the network; strict_load=True loads no value of "
+                             "another type (strict_load=False converts it)")
+        taken[name] = (key, p, Values(value, f"load_param_into_net: {name}"))
+
+    params = list(net.parameters_and_names())
+    for name, p in params:
+        if name in parameter_dict:
+            take(name, name, p)
+    not_loaded = [name for name, _ in params if name not in taken]
+    while not_loaded and not strict_load:
+        # MindSpore's `_load_dismatch_prefix_params`: the prefix of the first dict name that
+        # ends with a name not loaded yet, then every such name found under that prefix.
+        prefix = next((key[:-len(name)] for name in not_loaded for key in parameter_dict
+                       if key.endswith(name) and key != name), None)
+        if prefix is None:
+            break
+        for name, p in params:
+            if name in not_loaded and prefix + name in parameter_dict:
+                take(name, prefix + name, p)
+        not_loaded = [name for name, _ in params if name not in taken]
     # every entry checked: only now does any Parameter change (a refused dict changes none)
-    for _, p, values in taken:
+    for _, p, values in taken.values():
         p.init = values
         p._value = values.values.copy()
-    used = {name for name, _, _ in taken}
-    return param_not_load, [n for n in parameter_dict if n not in used]
+    used = {key for key, _, _ in taken.values()}
+    return not_loaded, [n for n in parameter_dict if n not in used]
 
 
 def save_checkpoint(save_obj, ckpt_file_name, integrated_save=True, async_save=False,

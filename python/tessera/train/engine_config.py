@@ -6,6 +6,7 @@ reads it as it reads a config file (``TrainConfig::for_network``), so every valu
 the same rules and errors name the same keys."""
 
 import dataclasses
+import math
 
 from .. import _context, nn
 
@@ -87,6 +88,34 @@ def devices_per_stage(parts, devices):
     auto = parts.auto_parallel
     stages = (auto._pipeline or {}).get("stages", 1) if auto is not None else 1
     return max(devices // stages, 1)
+
+
+#: The integers a configuration value may hold: the engine reads TOML integers, which are
+#: signed 64-bit.
+_I64 = (-2**63, 2**63 - 1)
+
+
+def check_values(config, where=""):
+    """Every number of ``config`` (the dict ``engine_config`` builds, after the run's recipe is
+    merged) as the engine can read it: an int outside the signed 64-bit range (it reached the
+    engine as a float, or as "u64 value was too large" naming nothing) or a float that is NaN
+    or infinite (JSON has neither) is a ``ValueError`` naming the engine key (``where``, e.g.
+    ``parallel.hsdp.threshold``; a list item as ``key[i]``) and the value."""
+    if isinstance(config, dict):
+        for k, v in config.items():
+            check_values(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(config, (list, tuple)):
+        for i, v in enumerate(config):
+            check_values(v, f"{where}[{i}]")
+    elif isinstance(config, bool):
+        return
+    elif isinstance(config, int):
+        if not _I64[0] <= config <= _I64[1]:
+            raise ValueError(f"Model.train: the setting {where} = {config} is outside the "
+                             "engine's integers (-2**63 .. 2**63 - 1); give a smaller value to "
+                             "the argument that sets it")
+    elif isinstance(config, float) and not math.isfinite(config):
+        raise ValueError(f"Model.train: the setting {where} = {config} is not a finite number")
 
 
 def _strip_none(value):

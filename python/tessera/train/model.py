@@ -370,6 +370,7 @@ class Model:
                              (done_epochs + epoch) * batch_num)
         for section, keys in recipe.items():
             config.setdefault(section, {}).update(keys)
+        engine_config.check_values(config)
         params = types.SimpleNamespace(
             cur_epoch_num=0, cur_step_num=0, batch_num=batch_num, epoch_num=epoch,
             net_outputs=None, train_network=self.network, optimizer=self.optimizer,
