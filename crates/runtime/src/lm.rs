@@ -243,6 +243,43 @@ fn window_starts(
         })
 }
 
+/// An error of [`GptParallel::resolve`] on `per_stage` devices, which with pipeline stages
+/// says that the device count its keys must match or divide is one stage's: `parallel.devices`
+/// over `parallel.pipeline.stages`.
+fn per_stage_error(
+    e: models::ModelsError,
+    parallel: &ParallelConfig,
+    per_stage: usize,
+) -> RuntimeError {
+    let stages = parallel.pipeline.as_ref().map_or(1, |p| p.stages);
+    match e {
+        models::ModelsError::Config { key, reason }
+            if stages > 1
+                && per_stage > 0
+                && [
+                    "parallel.data_parallel",
+                    "parallel.model_parallel",
+                    "parallel.context_parallel",
+                ]
+                .contains(&key.as_str()) =>
+        {
+            let stage = format!(
+                "the devices per pipeline stage (parallel.devices {} / parallel.pipeline.stages \
+                 {stages} = {per_stage})",
+                parallel.effective_devices()
+            );
+            let whole = format!("the {per_stage} devices");
+            let reason = if reason.contains(&whole) {
+                reason.replacen(&whole, &stage, 1)
+            } else {
+                format!("{reason} ({stage})")
+            };
+            RuntimeError::Config { key, reason }
+        }
+        other => other.into(),
+    }
+}
+
 /// The parallel config of a GPT run: in `semi_auto`, the GPT cells' strategies from
 /// `[parallel]`'s MindFormers keys for every op `[parallel.shard]` (patterns included) leaves
 /// unset, and the dataset split over `data_parallel` unless `dataset_strategy` is given.
@@ -258,7 +295,8 @@ pub fn gpt_parallel_config(
     if parallel.mode != ParallelMode::SemiAuto {
         return Ok(parallel);
     }
-    let split = GptParallel::resolve(devices, &keys)?;
+    let split =
+        GptParallel::resolve(devices, &keys).map_err(|e| per_stage_error(e, &parallel, devices))?;
     split.check(gpt)?;
     let user = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)?;
     let mut strategies: BTreeMap<String, OpStrategy> = split.strategies(&model.graph)?;

@@ -7,6 +7,7 @@ mod clip;
 mod cluster;
 mod comm_fusion;
 mod config;
+mod config_caps;
 mod config_effect;
 mod context_parallel;
 mod custom_dataset;

@@ -644,12 +644,20 @@ impl TrainConfig {
     }
 
     /// Keys that are valid but have no effect in this config (e.g. `train.momentum` with
-    /// `optimizer = "adam"`), one sentence each, for the command line to print. Includes the
-    /// ones that depend on the device count, which `--devices` may have changed.
+    /// `optimizer = "adam"`), or whose value the run caps or skips (`parallel.hsdp.shard_size`
+    /// of 1, above or not dividing a parameter's replicas), one sentence each, for the command
+    /// line to print. Includes the ones that depend on the device count, which `--devices` may
+    /// have changed.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = self.warnings.clone();
         out.extend(self.unused_data_parallel());
         out.extend(self.unused_hsdp());
+        if self.ps.is_none() {
+            let gpt_mp = (self.model.name == ModelName::Gpt
+                && self.parallel.mode == ParallelMode::SemiAuto)
+                .then_some(self.gpt_parallel.model_parallel);
+            out.extend(sections::shard_size_warnings(&self.parallel, gpt_mp));
+        }
         out
     }
 

@@ -111,3 +111,91 @@ pub(super) fn read_hsdp(
         accumulates: false,
     })
 }
+
+/// What `parallel.hsdp.shard_size` does that the run would otherwise do without a word, one
+/// sentence each naming the key, the value and the replica count it meets (the parallel pass
+/// decides per parameter, `parallel::hsdp`; MindSpore caps and skips the same way,
+/// `SEMANTICS.md`, optimizer sharding):
+/// - `1` shards nothing: `[parallel.hsdp]` has no effect;
+/// - above a parameter's replicas it is capped to them. No parameter has more replicas than the
+///   devices of its pipeline stage, so a value above those is capped for every parameter;
+/// - a value that does not divide a parameter's replicas leaves it whole. Every replica group
+///   divides the devices of a stage, so a value that does not divide those shards no
+///   parameter over that many ranks.
+///
+/// Below the stage's devices, a GPT in `semi_auto` with `model_parallel` > 1
+/// (`gpt_model_parallel`) holds the weights that key splits on `devices per stage /
+/// model_parallel` replicas (LayerNorm's and the other whole weights on every device of the
+/// stage): a value above that is capped for those weights, one that does not divide it leaves
+/// them whole.
+pub(in crate::config) fn shard_size_warnings(
+    parallel: &parallel::ParallelConfig,
+    gpt_model_parallel: Option<usize>,
+) -> Vec<String> {
+    let Some(size) = parallel.hsdp.as_ref().and_then(|h| h.shard_size) else {
+        return Vec::new();
+    };
+    let devices = parallel.effective_devices();
+    let stages = parallel.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
+    let per_stage = parallel.devices_per_stage();
+    // Stand-alone and one device are reported as `[parallel.hsdp]` having no effect; more
+    // stages than devices are refused by the pipeline check.
+    if parallel.mode == parallel::ParallelMode::StandAlone || devices <= 1 || per_stage == 0 {
+        return Vec::new();
+    }
+    let key = format!("parallel.hsdp.shard_size = {size}");
+    if size == 1 {
+        return vec![format!(
+            "{key} leaves every parameter whole: [parallel.hsdp] has no effect (-1 shards each \
+             parameter over its whole replica group)"
+        )];
+    }
+    let group = if stages > 1 {
+        format!(
+            "the devices per pipeline stage ({devices} devices / {stages} stages = {per_stage})"
+        )
+    } else {
+        format!("the {devices} devices")
+    };
+    if size > per_stage {
+        return vec![format!(
+            "{key} is capped to {per_stage}: no parameter has more replicas than {group}, and \
+             each is sharded over at most its replicas (as MindSpore caps \
+             optimizer_weight_shard_size)"
+        )];
+    }
+    if !per_stage.is_multiple_of(size) {
+        return vec![format!(
+            "{key} does not divide {group}, which every parameter's replica group divides: a \
+             parameter with more than {size} replicas is left whole (its replicas are not a \
+             multiple of {size}, as MindSpore skips it) and one with fewer is sharded over its \
+             replicas"
+        )];
+    }
+    let Some(mp) = gpt_model_parallel.filter(|&mp| mp > 1) else {
+        return Vec::new();
+    };
+    let replicas = per_stage / mp;
+    let stage = if stages > 1 {
+        " per pipeline stage"
+    } else {
+        ""
+    };
+    let split = format!(
+        "the weights parallel.model_parallel = {mp} splits: each is held by {replicas} \
+         replicas ({per_stage} devices{stage} / {mp})"
+    );
+    if size > replicas {
+        vec![format!(
+            "{key} is capped to {replicas} for {split}, and is sharded over at most its replicas \
+             (as MindSpore caps optimizer_weight_shard_size)"
+        )]
+    } else if !replicas.is_multiple_of(size) {
+        vec![format!(
+            "{key} does not divide the replicas of {split}: those are left whole (as MindSpore \
+             skips a parameter whose replicas are not a multiple of the shard size)"
+        )]
+    } else {
+        Vec::new()
+    }
+}
