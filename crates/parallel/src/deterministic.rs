@@ -2,72 +2,212 @@
 //! canonical blocks on each rank, so the kernels' subtrees and the collectives' tree over ranks
 //! complete the tree one device computes (`tensor::kernels::det`).
 
-use graph::Op;
+use std::collections::HashMap;
+
+use graph::{Graph, NodeId, NodeRole, Op, ValueId};
 use layout::TensorLayout;
 use tensor::kernels::det::canonical_blocks;
 
+use crate::assign::gradient_target;
 use crate::error::ParallelError;
 use crate::lower::{Program, Step};
+use crate::rules::{self, infer, OpContext};
 
 /// Checks every kernel step of `program` against the canonical blocks (at most `max_blocks`
 /// per summed dim): an error names the op, the dim and the rule.
 pub fn check_deterministic(program: &Program, max_blocks: usize) -> Result<(), ParallelError> {
+    check_blocks_setting(max_blocks)?;
+    for step in &program.steps {
+        let Step::Kernel(k) = step else { continue };
+        let inputs: Vec<&TensorLayout> = k
+            .inputs
+            .iter()
+            .map(|&b| program.buffers[b].layout.layout())
+            .collect();
+        let out_shape = program.buffers[k.outputs[0]].layout.layout().shape();
+        check_kernel(k.name.as_str(), &k.op, &inputs, out_shape, max_blocks)?;
+    }
+    Ok(())
+}
+
+/// Checks one forward op of `training` (node `forward`) under `strategy` (one split tuple per
+/// input, as a search candidate gives it) on `devices` devices, and its backward ops laid out
+/// as placement lays them out from it in deterministic mode (a summing backward op takes its
+/// inputs with every summed dim but the outer one whole), against the canonical blocks (at
+/// most `max_blocks` per summed dim): the rule [`check_deterministic`] applies to the program
+/// such a strategy compiles to. `training` may be a forward graph (only the op is checked) or
+/// one with its backward nodes ([`graph::grad`]). An error names the op, the dim and the rule.
+pub fn check_deterministic_strategy(
+    training: &Graph,
+    forward: NodeId,
+    strategy: &[Vec<usize>],
+    devices: usize,
+    max_blocks: usize,
+) -> Result<(), ParallelError> {
+    check_blocks_setting(max_blocks)?;
+    if devices == 0 {
+        return Err(ParallelError::Setting {
+            setting: "devices",
+            reason: "0 devices: a strategy needs at least 1".to_string(),
+        });
+    }
+    let Some(node) = training.nodes().get(forward.0) else {
+        return Err(ParallelError::UnknownOp {
+            op: format!("#{}", forward.0),
+            known: format!("{} nodes", training.nodes().len()),
+        });
+    };
+    let ctx = OpContext::of(training, node);
+    let placement = rules::strategy::input_layouts(&ctx, strategy, devices)?;
+    let stage = rules::strategy::device_mesh(devices);
+    let inputs = placement
+        .inputs
+        .iter()
+        .zip(&ctx.input_shapes)
+        .map(|(l, shape)| l.bind(shape).map_err(|e| ctx.layout_error(e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let outputs: Vec<TensorLayout> = infer::output_layouts(&ctx, &inputs, &stage)?
+        .iter()
+        .map(|o| o.layout().clone())
+        .collect();
+    let Some(&out_shape) = ctx.output_shapes.first() else {
+        return Ok(());
+    };
+    check_kernel(
+        &node.name,
+        &node.op,
+        &inputs.iter().collect::<Vec<_>>(),
+        out_shape,
+        max_blocks,
+    )?;
+    // The backward nodes of the rule, in graph order, each input laid out as `assign`'s
+    // `backward_need` lays it out: a forward value (or the gradient of one) as the forward op
+    // has it, a value of the rule as the rule's node produced it.
+    let as_forward = |u: ValueId| -> Option<TensorLayout> {
+        if let Some(i) = node.inputs.iter().position(|&x| x == u) {
+            return Some(inputs[i].clone());
+        }
+        node.outputs
+            .iter()
+            .position(|&x| x == u)
+            .map(|j| outputs[j].clone())
+    };
+    let mut produced: HashMap<ValueId, TensorLayout> = HashMap::new();
+    for b in training.nodes() {
+        if !matches!(&b.role, NodeRole::Backward(g) if g.forward == forward) {
+            continue;
+        }
+        let bctx = OpContext::of(training, b);
+        let mut b_inputs = Vec::with_capacity(b.inputs.len());
+        for &v in &b.inputs {
+            let value = &training.values()[v.0];
+            let by_rule = value.producer.is_some_and(|(p, _)| {
+                let p = &training.nodes()[p.0];
+                !p.inputs.is_empty()
+                    && matches!(&p.role, NodeRole::Backward(g) if g.forward == forward)
+            });
+            let layout = as_forward(v)
+                .or_else(|| gradient_target(training, v).and_then(as_forward))
+                .or_else(|| {
+                    if by_rule {
+                        return None;
+                    }
+                    node.outputs
+                        .iter()
+                        .position(|&o| training.values()[o.0].shape == value.shape)
+                        .map(|j| outputs[j].clone())
+                })
+                .or_else(|| produced.get(&v).cloned())
+                .unwrap_or_else(|| TensorLayout::replicated(stage.clone(), &value.shape));
+            b_inputs.push(layout);
+        }
+        if b.inputs.is_empty() || b.outputs.is_empty() {
+            continue;
+        }
+        let b_inputs = contiguous_sums(&b.op, b_inputs, &bctx.input_shapes, bctx.output_shapes[0])
+            .map_err(|e| bctx.layout_error(e))?;
+        check_kernel(
+            &b.name,
+            &b.op,
+            &b_inputs.iter().collect::<Vec<_>>(),
+            bctx.output_shapes[0],
+            max_blocks,
+        )?;
+        let b_outputs = infer::output_layouts(&bctx, &b_inputs, &stage)?;
+        for (&v, o) in b.outputs.iter().zip(&b_outputs) {
+            produced.insert(v, o.layout().clone());
+        }
+    }
+    Ok(())
+}
+
+/// `parallel.deterministic_blocks` must be a power of two of at least 1.
+fn check_blocks_setting(max_blocks: usize) -> Result<(), ParallelError> {
     if max_blocks == 0 || !max_blocks.is_power_of_two() {
         return Err(ParallelError::Setting {
             setting: "deterministic_blocks",
             reason: format!("{max_blocks} is not a power of two of at least 1"),
         });
     }
-    for step in &program.steps {
-        let Step::Kernel(k) = step else { continue };
-        let input = |i: usize| program.buffers[k.inputs[i]].layout.layout();
-        let name = k.name.as_str();
-        let check = |operand: &str, layout: &TensorLayout, dims: &[usize]| {
-            check_summed(name, k.op.kind(), operand, layout, dims, max_blocks)
-        };
-        let shapes: Vec<&[usize]> = k
-            .inputs
-            .iter()
-            .map(|&b| program.buffers[b].layout.layout().shape())
-            .collect();
-        let out_shape = program.buffers[k.outputs[0]].layout.layout().shape();
-        if let Some((operand, dims)) = summed_dims(&k.op, &shapes, out_shape) {
-            check(&format!("input {operand}"), input(operand), &dims)?;
-        }
-        match &k.op {
-            Op::LayerNormGrad | Op::LayerNorm { .. } => {
-                let (x, gamma) = match &k.op {
-                    Op::LayerNorm { .. } => (input(0), input(1)),
-                    _ => (input(0), input(4)),
-                };
-                let r = x.shape().len();
-                let normalized = r - gamma.shape().len();
-                if let Some(d) = (normalized..r).find(|&d| x.split_factors()[d] > 1) {
-                    return Err(refuse(
-                        name,
-                        k.op.kind(),
-                        format!(
-                            "normalises over dim {d} of x, which its strategy splits; deterministic \
-                             mode needs the normalised dims whole"
-                        ),
-                    ));
-                }
+    Ok(())
+}
+
+/// Checks one kernel (op `name`, `op`) reading `inputs` (global shapes and splits) and writing
+/// a first output of `out_shape`: its summed dims, and the normalised dims of LayerNorm and
+/// softmax.
+fn check_kernel(
+    name: &str,
+    op: &Op,
+    inputs: &[&TensorLayout],
+    out_shape: &[usize],
+    max_blocks: usize,
+) -> Result<(), ParallelError> {
+    let input = |i: usize| inputs[i];
+    let shapes: Vec<&[usize]> = inputs.iter().map(|l| l.shape()).collect();
+    if let Some((operand, dims)) = summed_dims(op, &shapes, out_shape) {
+        let operand_name = format!("input {operand}");
+        check_summed(
+            name,
+            op.kind(),
+            &operand_name,
+            input(operand),
+            &dims,
+            max_blocks,
+        )?;
+    }
+    match op {
+        Op::LayerNormGrad | Op::LayerNorm { .. } => {
+            let (x, gamma) = match op {
+                Op::LayerNorm { .. } => (input(0), input(1)),
+                _ => (input(0), input(4)),
+            };
+            let r = x.shape().len();
+            let normalized = r - gamma.shape().len();
+            if let Some(d) = (normalized..r).find(|&d| x.split_factors()[d] > 1) {
+                return Err(refuse(
+                    name,
+                    op.kind(),
+                    format!(
+                        "normalises over dim {d} of x, which its strategy splits; deterministic \
+                         mode needs the normalised dims whole"
+                    ),
+                ));
             }
-            Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
-                let x = input(0);
-                let last = x.shape().len() - 1;
-                if x.split_factors()[last] > 1 {
-                    return Err(refuse(
-                        name,
-                        k.op.kind(),
-                        "normalises over its last dim, which its strategy splits; deterministic \
-                         mode needs it whole"
-                            .to_string(),
-                    ));
-                }
-            }
-            _ => {}
         }
+        Op::Softmax | Op::LogSoftmax | Op::ScaledSoftmax { .. } => {
+            let x = input(0);
+            let last = x.shape().len() - 1;
+            if x.split_factors()[last] > 1 {
+                return Err(refuse(
+                    name,
+                    op.kind(),
+                    "normalises over its last dim, which its strategy splits; deterministic \
+                     mode needs it whole"
+                        .to_string(),
+                ));
+            }
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -63,7 +63,7 @@ pub use crate::config::{
     DatasetStrategy, HsdpConfig, OpStrategy, OptimizerLevel, ParallelConfig, ParallelMode,
     RecomputeConfig, SearchMode,
 };
-pub use crate::deterministic::check_deterministic;
+pub use crate::deterministic::{check_deterministic, check_deterministic_strategy};
 pub use crate::error::{format_strategy, ParallelError};
 pub use crate::explain::{describe_plan, describe_plan_with};
 pub use crate::hsdp::{OptimizerShard, ShardDecision};

@@ -31,6 +31,7 @@ mod pipeline_shared;
 mod precision;
 mod reproducibility;
 mod run_util;
+mod searched_determinism;
 mod text_data;
 mod trainable_params;
 mod training;

@@ -220,13 +220,15 @@ fn deterministic_mode_refuses_misaligned_splits() {
             && err.contains("splits 4 ways"),
         "{err}"
     );
-    // A search's choice is said to be one, with what to change (the advice to change the
-    // strategy fits no plan the user wrote).
-    let searched = "devices = 8\nmode = \"sharding_propagation\"".to_string();
+    // In a search mode the searches keep to the blocks, so a refused split is one they kept
+    // fixed: the error says so, with what to change.
+    let searched = "devices = 8\nmode = \"sharding_propagation\"\n\
+                    [parallel.shard]\nmatmul1 = [[1, 8], [8, 1]]"
+        .to_string();
     let err = refused(searched, &["parallel.deterministic_blocks=2"]);
     assert!(
         err.contains("which its strategy splits")
-            && err.contains("the strategy is the search's choice")
+            && err.contains("[parallel.shard]")
             && err.contains("raise parallel.deterministic_blocks (now 2)"),
         "{err}"
     );

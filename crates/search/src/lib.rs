@@ -25,6 +25,10 @@
 //!   dynamic programming by graph elimination (exact on series-parallel graphs, otherwise
 //!   approximate with a reported gap). All keep the memory per device under the budget, or
 //!   fail naming the least memory that would do ([`SearchError::MemoryExceeded`]).
+//! - [`search_deterministic`]: [`search()`] for a run in deterministic mode: every searched op
+//!   keeps only the candidates whose summed-dim splits (of the op and of its backward ops) the
+//!   canonical blocks can serve ([`parallel::check_deterministic_strategy`]); [`plan`] uses it
+//!   when the [`parallel::ParallelConfig`] is deterministic.
 //! - [`anchored_strategies`]: the strategies of ops whose operands are laid out by the caller
 //!   (functional `shard`), from which sharding propagation places the rest.
 //!
@@ -95,4 +99,6 @@ pub use crate::plan::{
     Strategies,
 };
 pub use crate::problem::{PlanCost, SearchEdge, SearchNode, SearchProblem};
-pub use crate::solve::{evaluate_strategies, search, SearchRequest, SearchResult};
+pub use crate::solve::{
+    evaluate_strategies, search, search_deterministic, SearchRequest, SearchResult,
+};

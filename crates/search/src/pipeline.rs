@@ -42,7 +42,9 @@ use crate::error::SearchError;
 use crate::footprint::MemoryEstimate;
 use crate::plan::{PlanModel, SearchScope};
 use crate::problem::PlanCost;
-use crate::solve::{search, with_default_strategies, SearchRequest, SearchResult};
+use crate::solve::{
+    search, search_deterministic, with_default_strategies, SearchRequest, SearchResult,
+};
 
 /// The memory budget of the search that only costs the layers: 1 PiB.
 const UNLIMITED: u64 = 1 << 50;
@@ -254,7 +256,12 @@ impl Planner<'_> {
             time_budget: Some(self.time_budget),
             only: scope.only.clone(),
         };
-        search(graph, &request)
+        // In deterministic mode the searched ops keep to the canonical blocks (the costed
+        // strategies are the run's own: its refusal names them).
+        match self.parallel.deterministic && !self.costs_only {
+            true => search_deterministic(graph, &request, self.parallel.deterministic_blocks),
+            false => search(graph, &request),
+        }
     }
 }
 

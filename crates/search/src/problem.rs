@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use graph::{Graph, NodeId, NodeRole, ValueId, ValueKind};
+use parallel::rules::OpContext;
 use parallel::ParallelError;
 
 use crate::candidates::candidates;
@@ -100,6 +101,82 @@ impl PlanCost {
     }
 }
 
+/// Deterministic mode's rule for the candidates (`train.deterministic`): the graph with its
+/// backward nodes, whose summing ops the candidates must keep to the canonical blocks too, and
+/// the most canonical blocks per summed dim (`parallel.deterministic_blocks`).
+#[derive(Debug, Clone)]
+pub(crate) struct Deterministic {
+    training: Graph,
+    max_blocks: usize,
+}
+
+impl Deterministic {
+    /// The rule for the forward ops of `graph` with at most `max_blocks` canonical blocks per
+    /// summed dim: `graph` itself when it holds backward nodes, otherwise differentiated with
+    /// respect to its trainable parameters (its loss its first floating-point scalar output, as
+    /// [`HeldValues::of`] finds it); a graph with nothing to train is checked forward only.
+    pub(crate) fn of(graph: &Graph, max_blocks: usize) -> Deterministic {
+        let has_backward = graph.nodes().iter().any(|n| n.role != NodeRole::Forward);
+        let loss = graph.outputs().iter().copied().find(|&v| {
+            let value = &graph.values()[v.0];
+            value.shape.is_empty() && value.dtype.is_float()
+        });
+        let params = graph.trainable_parameters();
+        let training = match loss {
+            Some(loss) if !has_backward && !params.is_empty() => {
+                graph::grad(graph, loss, &params).map_or_else(|_| graph.clone(), |t| t.graph)
+            }
+            _ => graph.clone(),
+        };
+        Deterministic {
+            training,
+            max_blocks,
+        }
+    }
+
+    /// Whether the canonical blocks can serve `node` under `strategy` on `devices` devices (its
+    /// forward op and its backward ops).
+    fn serves(&self, node: &graph::Node, strategy: &[Vec<usize>], devices: usize) -> bool {
+        self.check(node, strategy, devices).is_ok()
+    }
+
+    fn check(
+        &self,
+        node: &graph::Node,
+        strategy: &[Vec<usize>],
+        devices: usize,
+    ) -> Result<(), ParallelError> {
+        let Some(id) = self.training.node_by_name(&node.name) else {
+            return Ok(());
+        };
+        parallel::check_deterministic_strategy(
+            &self.training,
+            id,
+            strategy,
+            devices,
+            self.max_blocks,
+        )
+    }
+
+    /// The error of an op none of whose candidates the canonical blocks can serve: why its
+    /// unsplit strategy is refused (or, when that one is valid, that no candidate was).
+    fn no_candidate(&self, graph: &Graph, node: &graph::Node, devices: usize) -> SearchError {
+        let unsplit = parallel::rules::strategy::unsplit_strategy(&OpContext::of(graph, node));
+        let why = match self.check(node, &unsplit, devices) {
+            Err(e) => e.to_string(),
+            Ok(()) => "its rule accepts none of its strategies".to_string(),
+        };
+        SearchError::Config {
+            key: "parallel.deterministic_blocks".to_string(),
+            reason: format!(
+                "no strategy of op {} on {devices} devices keeps to deterministic mode's {} \
+                 canonical blocks per summed dim: {why}",
+                node.name, self.max_blocks
+            ),
+        }
+    }
+}
+
 /// Key of a class: the op, its operands' shapes and kinds, and what its activations count:
 /// which outputs are held for the backward, which inputs' gradients are written at the peak.
 fn class_key(graph: &Graph, node: &graph::Node, held: Option<&HeldValues>) -> String {
@@ -164,6 +241,20 @@ impl SearchProblem {
         SearchProblem::build_only(graph, settings, fixed, hints, None)
     }
 
+    /// [`SearchProblem::build_only`] for a run in deterministic mode when `deterministic` is
+    /// given: every op not fixed keeps only the candidates whose summed-dim splits the
+    /// canonical blocks can serve ([`parallel::check_deterministic_strategy`]).
+    pub(crate) fn build_filtered(
+        graph: &Graph,
+        settings: &EvalSettings<'_>,
+        fixed: &BTreeMap<String, Vec<Vec<usize>>>,
+        hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
+        only: Option<&BTreeSet<String>>,
+        deterministic: Option<&Deterministic>,
+    ) -> Result<SearchProblem, SearchError> {
+        SearchProblem::build_with(graph, settings, fixed, hints, only, deterministic)
+    }
+
     /// [`SearchProblem::build`] over the forward ops named in `only` (every one when `None`):
     /// a pipeline stage's ops. Values from ops outside come in as they are (no edge).
     pub fn build_only(
@@ -172,6 +263,17 @@ impl SearchProblem {
         fixed: &BTreeMap<String, Vec<Vec<usize>>>,
         hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
         only: Option<&BTreeSet<String>>,
+    ) -> Result<SearchProblem, SearchError> {
+        SearchProblem::build_with(graph, settings, fixed, hints, only, None)
+    }
+
+    fn build_with(
+        graph: &Graph,
+        settings: &EvalSettings<'_>,
+        fixed: &BTreeMap<String, Vec<Vec<usize>>>,
+        hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
+        only: Option<&BTreeSet<String>>,
+        deterministic: Option<&Deterministic>,
     ) -> Result<SearchProblem, SearchError> {
         let devices = settings.devices;
         let mut classes: HashMap<String, (usize, Arc<Vec<Evaluated>>)> = HashMap::new();
@@ -206,12 +308,18 @@ impl SearchProblem {
                     let evaluated: Vec<Evaluated> = list
                         .iter()
                         .filter_map(|s| evaluate(graph, node, s, settings).ok())
+                        .filter(|e| {
+                            deterministic.is_none_or(|d| d.serves(node, &e.strategy, devices))
+                        })
                         .collect();
                     (next, Arc::new(evaluated))
                 });
                 (entry.1.clone(), entry.0, false)
             };
             if candidates.is_empty() {
+                if let Some(d) = deterministic {
+                    return Err(d.no_candidate(graph, node, devices));
+                }
                 return Err(SearchError::from(ParallelError::Unsupported {
                     op: node.name.clone(),
                     kind: node.op.kind(),

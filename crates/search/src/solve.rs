@@ -14,7 +14,7 @@ use crate::error::SearchError;
 use crate::evaluate::EvalSettings;
 use crate::footprint::MemoryEstimate;
 use crate::held::HeldValues;
-use crate::problem::{PlanCost, SearchProblem};
+use crate::problem::{Deterministic, PlanCost, SearchProblem};
 use crate::{budget, elimination, greedy, recursive};
 
 /// What a search is asked.
@@ -79,6 +79,37 @@ fn settings<'a>(request: &SearchRequest<'a>, held: &'a HeldValues) -> EvalSettin
 
 /// Searches strategies for the forward ops of `graph`.
 pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult, SearchError> {
+    search_with(graph, request, None)
+}
+
+/// [`search`] for a run in deterministic mode (`train.deterministic`, `docs/DETERMINISM.md`):
+/// the searched ops consider only the candidates whose summed-dim splits, forward and backward,
+/// the canonical blocks (at most `max_blocks` per summed dim, `parallel.deterministic_blocks`)
+/// can serve, so the plan passes [`parallel::check_deterministic`] unless a fixed strategy
+/// breaks the rule. An op every candidate of which breaks it (its unsplit strategy keeps to it
+/// always) fails naming `parallel.deterministic_blocks`, as does a `max_blocks` that is not a
+/// power of two.
+pub fn search_deterministic(
+    graph: &Graph,
+    request: &SearchRequest<'_>,
+    max_blocks: usize,
+) -> Result<SearchResult, SearchError> {
+    if max_blocks == 0 || !max_blocks.is_power_of_two() {
+        return Err(SearchError::Config {
+            key: "parallel.deterministic_blocks".to_string(),
+            reason: format!("{max_blocks} is not a power of two of at least 1"),
+        });
+    }
+    search_with(graph, request, Some(max_blocks))
+}
+
+/// [`search`], in deterministic mode with at most `deterministic` canonical blocks per summed
+/// dim when given.
+fn search_with(
+    graph: &Graph,
+    request: &SearchRequest<'_>,
+    deterministic: Option<usize>,
+) -> Result<SearchResult, SearchError> {
     let start = Instant::now();
     request
         .profile
@@ -89,12 +120,14 @@ pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult
         })?;
     let held = HeldValues::of(graph);
     let settings = settings(request, &held);
-    let problem = SearchProblem::build_only(
+    let deterministic = deterministic.map(|blocks| Deterministic::of(graph, blocks));
+    let problem = SearchProblem::build_filtered(
         graph,
         &settings,
         &request.fixed,
         &request.hints,
         request.only.as_ref(),
+        deterministic.as_ref(),
     )?;
     let budget = request
         .memory_budget

@@ -14,9 +14,10 @@ use crate::data::{Dataset, IdxDataset, SampleSpec};
 use crate::error::RuntimeError;
 use crate::lm::gpt_parallel_config;
 
-/// Deterministic mode's refusal `error` of a strategy, saying when a search mode chose it: the
-/// searches do not yet keep to the canonical blocks (`blocks`), so the advice is the blocks'
-/// count or a strategy of the user's, not "change the strategy" of a plan nobody wrote.
+/// Deterministic mode's refusal `error` of a strategy in a search mode: the searches choose
+/// only splits the canonical blocks (`blocks`) can serve, so the split refused is one they
+/// kept as given (`[parallel.shard]`, or loaded from `parallel.load_operator_strategy_file`);
+/// the advice is that strategy or the blocks' count, naming `parallel.deterministic_blocks`.
 fn searched_split_refused(
     config: &TrainConfig,
     blocks: usize,
@@ -29,10 +30,10 @@ fn searched_split_refused(
     RuntimeError::Config {
         key: "parallel.deterministic_blocks".to_string(),
         reason: format!(
-            "{error}; the strategy is the search's choice (parallel.mode = \"{}\"), and the \
-             searches do not yet keep to deterministic mode's canonical blocks: raise \
-             parallel.deterministic_blocks (now {blocks}) to a multiple of that split, or give \
-             the strategy in mode \"semi_auto\"",
+            "{error}; in deterministic mode the search (parallel.mode = \"{}\") chooses only \
+             splits the canonical blocks can serve, so this split is one it kept as given \
+             ([parallel.shard], or parallel.load_operator_strategy_file): change that strategy, \
+             or raise parallel.deterministic_blocks (now {blocks}) to a multiple of the split",
             mode.name()
         ),
     }
