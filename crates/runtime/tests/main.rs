@@ -9,6 +9,7 @@ mod comm_fusion;
 mod config;
 mod config_caps;
 mod config_effect;
+mod config_sweep;
 mod context_parallel;
 mod custom_dataset;
 mod gpt;

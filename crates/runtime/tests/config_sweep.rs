@@ -1,0 +1,851 @@
+//! A seeded random sweep of parallel configurations against one device in deterministic mode.
+//!
+//! Each case draws a GPT configuration from one space covering pipelines (every scheduler,
+//! virtual stages, data and model parallel inside a stage, output broadcast) and the other
+//! strategies (data, model, context parallel by ring and Ulysses, sequence and vocabulary
+//! parallel, experts, the three searches, the `data_parallel` mode, `[parallel.hsdp]`,
+//! recompute, fused and overlapped buckets, micro-batch interleave, gradient accumulation, every
+//! optimizer and learning-rate schedule), trains it for [`STEPS`] steps with
+//! `train.deterministic = true`, and trains the one-device reference `docs/DETERMINISM.md`
+//! describes: the same config in `stand_alone` mode whose gradient accumulation runs the
+//! pipeline's micro-batches and the interleaved ones. Every step's loss, gradient norm and count
+//! of dropped expert choices must be the reference's bit for bit. A configuration the engine
+//! refuses must be refused with an error naming a `parallel.`, `model.`, `train.` or `data.`
+//! key; a panic, a hang (a collective timeout, or a case over its deadline) or an error naming
+//! no key fails the sweep.
+//!
+//! `TESSERA_SWEEP_CASES` (default [`DEFAULT_CASES`]) and `TESSERA_SWEEP_SEED` (default
+//! [`DEFAULT_SEED`]) set the number of cases and the seed of a longer run;
+//! `TESSERA_SWEEP_ONLY=3,17` runs only those case indices of the seed (each case is drawn from
+//! its own generator, so one reproduces alone). A failure prints the seed, the case index and
+//! both configurations as TOML (`tessera train <file>` runs them).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use runtime::{LaunchOptions, Session, TrainConfig};
+
+use crate::run_util;
+
+/// The default seed of the sweep.
+const DEFAULT_SEED: u64 = 20_261_206;
+/// The default number of cases (about a minute in a debug test build on 2 cores).
+const DEFAULT_CASES: usize = 100;
+/// Steps each case trains.
+const STEPS: usize = 2;
+/// The longest a collective may wait for a peer: a deadlock fails the case instead of hanging.
+const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a whole case (both runs) may take before it counts as hung.
+const CASE_DEADLINE: Duration = Duration::from_secs(300);
+/// The prefixes of the config keys a refusal must name one of.
+const KEY_PREFIXES: [&str; 4] = ["parallel.", "model.", "train.", "data."];
+
+/// SplitMix64: a small, self-contained generator whose sequence is fixed by its seed.
+struct Rng(u64);
+
+impl Rng {
+    /// The generator of case `index` under `seed`.
+    fn for_case(seed: u64, index: u64) -> Rng {
+        let mut rng = Rng(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03));
+        rng.next();
+        rng
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform integer in `lo..=hi`.
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// A uniform element of `xs` (not empty).
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.range(0, xs.len() - 1)]
+    }
+
+    /// True with probability `p`.
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// A configuration as dotted keys (`parallel.hsdp.threshold`) and their TOML values.
+#[derive(Clone, Default)]
+struct Config(BTreeMap<String, String>);
+
+impl Config {
+    fn set(&mut self, key: &str, value: impl ToString) {
+        self.0.insert(key.to_string(), value.to_string());
+    }
+
+    fn set_str(&mut self, key: &str, value: &str) {
+        self.set(key, format!("\"{value}\""));
+    }
+
+    fn usize(&self, key: &str) -> Option<usize> {
+        self.0.get(key).map(|v| v.parse().expect("a count"))
+    }
+
+    /// The TOML text: one table per key prefix.
+    fn toml(&self) -> String {
+        let mut tables: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+        for (key, value) in &self.0 {
+            let (table, name) = key.rsplit_once('.').expect("a dotted key");
+            tables.entry(table).or_default().push((name, value));
+        }
+        let mut text = String::new();
+        for (table, keys) in tables {
+            writeln!(text, "[{table}]").unwrap();
+            for (name, value) in keys {
+                writeln!(text, "{name} = {value}").unwrap();
+            }
+        }
+        text
+    }
+}
+
+/// One case: the parallel configuration and its one-device reference.
+struct Case {
+    /// Which generator's space it came from.
+    family: &'static str,
+    parallel: Config,
+    reference: Config,
+}
+
+/// The divisors of `n`.
+fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
+}
+
+/// Draws case `index` of `seed`; `out` holds its output directories.
+fn draw(seed: u64, index: usize, out: &Path) -> Case {
+    let mut rng = Rng::for_case(seed, index as u64);
+    let pipelined = rng.chance(0.4);
+    let mut c = Config::default();
+
+    // The model.
+    let heads: usize = rng.pick(&[1, 2, 3, 4, 6, 8, 2, 4]);
+    let widths: Vec<usize> = (16..=64usize)
+        .step_by(4)
+        .filter(|&h| h.is_multiple_of(heads))
+        .collect();
+    let hidden = rng.pick(&widths);
+    let seq_len: usize = rng.pick(&[8, 9, 12, 15, 16, 20, 24, 32]);
+    let layers = rng.range(1, if pipelined { 8 } else { 4 });
+    c.set_str("model.name", "gpt");
+    c.set("model.layers", layers);
+    c.set("model.heads", heads);
+    c.set("model.hidden", hidden);
+    c.set("model.seq_len", seq_len);
+    c.set("model.tie_embeddings", rng.chance(0.7));
+    let dropout = rng.chance(0.25);
+    if dropout {
+        c.set("model.dropout", "0.1");
+    } else if rng.chance(0.3) {
+        c.set("model.fused_attention", false);
+    }
+    let mut ffn = 4 * hidden;
+    if rng.chance(0.3) {
+        ffn = rng.pick(&[24, 48, 64, 96]);
+        c.set("model.ffn_hidden", ffn);
+    }
+    let experts: Option<usize> = rng.chance(0.25).then(|| rng.pick(&[2, 4, 8]));
+    if let Some(experts) = experts {
+        c.set("model.moe.experts", experts);
+        c.set("model.moe.top_k", rng.pick(&[1, 2]));
+        c.set("model.moe.every", rng.pick(&[1, 1, 2]));
+        if rng.chance(0.3) {
+            c.set("model.moe.capacity_factor", rng.pick(&["1.0", "2.0"]));
+        }
+        if rng.chance(0.3) {
+            c.set("model.moe.shared_expert", true);
+        }
+    }
+
+    // The strategy: `micro` micro-batches of a pipeline, `interleave` of
+    // `micro_batch_interleave`, both run by the reference as gradient accumulation.
+    let (devices, batch, micro, interleave, family);
+    if pipelined {
+        family = "pipeline";
+        let mut stages = rng.pick(&[1, 2, 2, 3, 4, 4, 8]);
+        let mut mp = if heads.is_multiple_of(2) {
+            rng.pick(&[1, 1, 2, 2, 4])
+        } else {
+            1
+        };
+        if !heads.is_multiple_of(mp) || !ffn.is_multiple_of(mp) {
+            mp = 1;
+        }
+        let mut dp = rng.pick(&[1, 1, 2, 2, 4]);
+        while stages * mp * dp > 16 {
+            if dp > 1 {
+                dp /= 2;
+            } else if mp > 1 {
+                mp /= 2;
+            } else {
+                stages /= 2;
+            }
+        }
+        let scheduler = rng.pick(&["gpipe", "1f1b", "zero_bubble", "interleaved_1f1b"]);
+        let mut m = rng.range(1, 16);
+        if scheduler == "interleaved_1f1b" || (scheduler == "gpipe" && rng.chance(0.3)) {
+            c.set("parallel.pipeline.interleave", true);
+            c.set("parallel.pipeline.virtual_stages", rng.pick(&[2, 2, 3, 4]));
+            if scheduler == "interleaved_1f1b" {
+                m = (m / stages).max(1) * stages;
+                if m > 16 {
+                    m -= stages;
+                }
+            }
+        }
+        let per = rng.pick(&[1, 1, 2]);
+        let mut b = m * per * dp;
+        if rng.chance(0.2) {
+            b *= 2;
+        }
+        devices = stages * mp * dp;
+        c.set_str("parallel.mode", "semi_auto");
+        c.set("parallel.devices", devices);
+        c.set("parallel.data_parallel", dp);
+        c.set("parallel.model_parallel", mp);
+        c.set("parallel.pipeline.stages", stages);
+        c.set("parallel.pipeline.micro_batches", m);
+        c.set_str("parallel.pipeline.scheduler", scheduler);
+        if rng.chance(0.25) {
+            c.set("parallel.pipeline.output_broadcast", true);
+        }
+        if mp > 1 && rng.chance(0.4) {
+            c.set("parallel.vocab_emb_dp", false);
+        }
+        if mp > 1 && seq_len.is_multiple_of(mp) && rng.chance(0.4) {
+            c.set("parallel.use_seq_parallel", true);
+        }
+        if dp > 1 && rng.chance(0.3) {
+            let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
+            c.set_str("parallel.hsdp.optimizer_level", level);
+            c.set("parallel.hsdp.threshold", 0);
+        }
+        (batch, micro, interleave) = (b, m, 1);
+    } else {
+        let weights = [
+            ("semi_auto", 6),
+            ("data_parallel", 1),
+            ("sharding_propagation", 1),
+            ("dynamic_programming", 1),
+            ("recursive_programming", 1),
+        ];
+        let mut draw = rng.range(1, 10);
+        let mode = weights
+            .iter()
+            .find(|(_, w)| {
+                let here = draw <= *w;
+                draw = draw.saturating_sub(*w);
+                here
+            })
+            .unwrap()
+            .0;
+        family = mode;
+        c.set_str("parallel.mode", mode);
+        let unit;
+        if mode == "semi_auto" {
+            let mps: Vec<usize> = [1, 2, 4, 8]
+                .into_iter()
+                .filter(|&d| heads.is_multiple_of(d) && ffn.is_multiple_of(d))
+                .collect();
+            let mut mp = rng.pick(&mps);
+            let mut cp = if seq_len.is_multiple_of(2) {
+                rng.pick(&[1, 1, 2, 4])
+            } else {
+                1
+            };
+            if !seq_len.is_multiple_of(cp) {
+                cp = 1;
+            }
+            let mut algo = None;
+            if cp > 1 {
+                let mut a = Some(rng.pick(&["ulysses", "ring"]));
+                if a == Some("ulysses") && !heads.is_multiple_of(mp * cp) {
+                    a = Some("ring");
+                }
+                if a == Some("ring") && dropout {
+                    a = heads.is_multiple_of(mp * cp).then_some("ulysses");
+                }
+                if a.is_none() {
+                    cp = 1;
+                }
+                algo = a;
+            }
+            while mp * cp > 16 {
+                mp /= 2;
+            }
+            let dps: Vec<usize> = [1, 2, 4, 8]
+                .into_iter()
+                .filter(|d| d * mp * cp <= 16)
+                .collect();
+            let dp = rng.pick(&dps);
+            devices = dp * mp * cp;
+            c.set("parallel.devices", devices);
+            c.set("parallel.data_parallel", dp);
+            c.set("parallel.model_parallel", mp);
+            if let Some(algo) = algo {
+                c.set("parallel.context_parallel", cp);
+                c.set_str("parallel.context_parallel_algo", algo);
+                if algo == "ring" {
+                    c.0.remove("model.fused_attention");
+                }
+            }
+            if mp > 1 && rng.chance(0.4) && seq_len.is_multiple_of(mp * cp) {
+                c.set("parallel.use_seq_parallel", true);
+            }
+            if mp > 1 && rng.chance(0.35) {
+                c.set("parallel.vocab_emb_dp", false);
+            }
+            if let Some(experts) = experts {
+                if dp > 1 && rng.chance(0.7) {
+                    let eps: Vec<usize> = divisors(dp)
+                        .into_iter()
+                        .filter(|&d| experts.is_multiple_of(d))
+                        .collect();
+                    let ep = rng.pick(&eps);
+                    if ep > 1 {
+                        c.set("parallel.expert_parallel", ep);
+                    }
+                }
+            }
+            unit = dp * cp;
+        } else {
+            devices = if mode == "data_parallel" {
+                rng.pick(&[2, 4, 8])
+            } else {
+                rng.pick(&[2, 4, 8, 16])
+            };
+            c.set("parallel.devices", devices);
+            // The searches and `data_parallel` split the batch on every device.
+            unit = devices;
+        }
+        let inter = rng.pick(&[1, 1, 1, 2]);
+        if inter > 1 {
+            c.set("parallel.micro_batch_interleave", inter);
+        }
+        let mut b = unit * inter * rng.pick(&[1, 2, 3]);
+        while b < 2 {
+            b *= 2;
+        }
+        let accumulate = rng.pick(&[1, 1, 2, 3]);
+        if accumulate > 1 {
+            c.set("train.grad_accumulation_steps", accumulate);
+        }
+        if rng.chance(0.25) {
+            if rng.chance(0.5) {
+                c.set("parallel.recompute.cells", "[\"blocks.*\"]");
+            } else {
+                c.set("parallel.recompute.ops", "[\"GeLU\"]");
+            }
+        }
+        (batch, micro, interleave) = (b, 1, inter);
+    }
+    if pipelined && rng.chance(0.25) {
+        c.set("parallel.recompute.cells", "[\"blocks.*\"]");
+    }
+
+    // Switches of every strategy.
+    if rng.chance(0.2) {
+        c.set("parallel.deterministic_blocks", rng.pick(&[4, 8, 32, 64]));
+    }
+    if !pipelined && devices > 1 && rng.chance(0.3) {
+        let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
+        let sizes: Vec<i64> = std::iter::once(-1)
+            .chain(
+                divisors(devices)
+                    .into_iter()
+                    .filter(|&d| d > 1)
+                    .map(|d| d as i64),
+            )
+            .collect();
+        c.set_str("parallel.hsdp.optimizer_level", level);
+        c.set("parallel.hsdp.threshold", 0);
+        c.set("parallel.hsdp.shard_size", rng.pick(&sizes));
+    }
+    if devices > 1 && rng.chance(0.25) {
+        c.set("parallel.comm_fusion.openstate", true);
+        let allreduce = if rng.chance(0.5) {
+            "{ mode = \"auto\" }"
+        } else {
+            "{ mode = \"size\", config = 1 }"
+        };
+        c.set("parallel.comm_fusion.allreduce", allreduce);
+        if rng.chance(0.6) {
+            c.set("parallel.overlap.grad_computation_allreduce_overlap", true);
+        }
+    }
+
+    // The data and the training.
+    c.set_str("data.format", "text");
+    c.set_str("data.path", &run_util::kjv().display().to_string());
+    c.set_str(
+        "data.tokenizer",
+        if rng.chance(0.3) { "char" } else { "byte" },
+    );
+    c.set("data.batch_size", batch);
+    c.set("data.steps_per_epoch", 100);
+    c.set("data.eval_batches", 1);
+    let optimizer = rng.pick(&["adam", "adamw", "momentum", "mint_adamw"]);
+    c.set("train.epochs", 1);
+    c.set("train.max_steps", STEPS);
+    c.set_str("train.optimizer", optimizer);
+    c.set("train.learning_rate", rng.pick(&["0.001", "0.003", "0.01"]));
+    c.set("train.deterministic", true);
+    c.set("train.eval", false);
+    c.set("train.seed", rng.range(0, 1000));
+    c.set("train.per_print_times", 0);
+    if optimizer == "momentum" {
+        c.set("train.momentum", "0.9");
+        if rng.chance(0.5) {
+            c.set("train.use_nesterov", true);
+        }
+    }
+    if rng.chance(0.15) {
+        c.set("train.threads_per_rank", 2);
+    }
+    if optimizer.ends_with("adamw") && rng.chance(0.5) {
+        c.set("train.weight_decay", "0.1");
+    }
+    match rng.pick(&[
+        "constant",
+        "cosine",
+        "warmup_lr",
+        "polynomial_decay_lr",
+        "exponential_decay_lr",
+        "piecewise_constant_lr",
+        "cosine_decay_lr",
+    ]) {
+        "constant" => {}
+        "cosine" => {
+            c.set_str("train.lr_schedule", "cosine");
+            c.set("train.warmup_steps", 1);
+            c.set("train.min_lr", "0.0001");
+        }
+        "warmup_lr" => {
+            c.set_str("train.lr_schedule", "warmup_lr");
+            c.set("train.warmup_epoch", 3);
+        }
+        "polynomial_decay_lr" => {
+            c.set_str("train.lr_schedule", "polynomial_decay_lr");
+            c.set("train.decay_epoch", 3);
+            c.set("train.min_lr", "0.0001");
+        }
+        "exponential_decay_lr" => {
+            c.set_str("train.lr_schedule", "exponential_decay_lr");
+            c.set("train.decay_epoch", 2);
+            c.set("train.decay_rate", "0.5");
+        }
+        "piecewise_constant_lr" => {
+            c.set_str("train.lr_schedule", "piecewise_constant_lr");
+            c.set("train.milestone", "[2, 5]");
+            c.set("train.learning_rates", "[0.01, 0.001]");
+        }
+        schedule => {
+            c.set_str("train.lr_schedule", schedule);
+            c.set("train.decay_epoch", 3);
+            c.set("train.min_lr", "0.0001");
+        }
+    }
+    // A gradient norm to compare in most cases: clipping, or a bound no step reaches.
+    if rng.chance(0.75) {
+        c.set("train.max_grad_norm", rng.pick(&["0.1", "1.0", "1e6"]));
+    }
+    // The validation loss after the last step tests its parameters too; the reference of
+    // micro-batches evaluates batches of its own (smaller) size, so only without them.
+    if micro * interleave == 1 && rng.chance(0.5) {
+        c.set("train.eval", true);
+    }
+    c.set("output.save_checkpoint", false);
+
+    // The one-device reference: the same model, data and training, with the pipeline's and
+    // the interleave's micro-batches as gradient accumulation.
+    let mut reference = c.clone();
+    reference.0.retain(|k, _| !k.starts_with("parallel."));
+    reference.set_str("parallel.mode", "stand_alone");
+    reference.set("parallel.devices", 1);
+    if let Some(blocks) = c.0.get("parallel.deterministic_blocks") {
+        reference.set("parallel.deterministic_blocks", blocks);
+    }
+    let split = micro * interleave;
+    if split > 1 {
+        let accumulate = c.usize("train.grad_accumulation_steps").unwrap_or(1);
+        reference.set("data.batch_size", batch / split);
+        reference.set("train.grad_accumulation_steps", accumulate * split);
+    }
+    c.set_str("output.dir", &out.join("parallel").display().to_string());
+    reference.set_str("output.dir", &out.join("reference").display().to_string());
+    Case {
+        family,
+        parallel: c,
+        reference,
+    }
+}
+
+/// What a run gave, as bits: rank 0's loss, gradient norm and dropped expert choices of every
+/// step, and its validation loss.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    losses: Vec<u32>,
+    grad_norms: Vec<Option<u64>>,
+    moe_dropped: Vec<u64>,
+    eval_losses: Vec<u64>,
+}
+
+impl Outcome {
+    /// The values, as numbers.
+    fn describe(&self) -> String {
+        let f64s = |xs: &[u64]| xs.iter().map(|x| f64::from_bits(*x)).collect::<Vec<_>>();
+        format!(
+            "losses {:?}, grad norms {:?}, dropped expert choices {:?}, validation losses {:?}",
+            self.losses
+                .iter()
+                .map(|x| f32::from_bits(*x))
+                .collect::<Vec<_>>(),
+            self.grad_norms
+                .iter()
+                .map(|x| x.map(f64::from_bits))
+                .collect::<Vec<_>>(),
+            f64s(&self.moe_dropped),
+            f64s(&self.eval_losses),
+        )
+    }
+}
+
+/// A run that did not train.
+enum Stop {
+    /// Refused: parsing, the session, or an error of the launch naming a key.
+    Refused(String),
+    /// Failed: a timeout, a panic, an error naming no key, ranks that disagree.
+    Failed(String),
+}
+
+/// Parses and opens `config` (a refusal if either fails).
+fn open(config: &Config) -> Result<Session, Stop> {
+    let text = config.toml();
+    let parsed = TrainConfig::parse(&text, None, &[], Path::new("/"))
+        .map_err(|e| Stop::Refused(format!("{e:#}")))?;
+    Session::new(&parsed).map_err(|e| Stop::Refused(format!("{e:#}")))
+}
+
+/// Trains `session` on the local backend with a short collective timeout.
+fn train(session: &Session) -> Result<Outcome, Stop> {
+    let options = LaunchOptions {
+        print_loss: false,
+        timeout: COLLECTIVE_TIMEOUT,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(session, &options).map_err(|e| {
+        let text = format!("{e:#}");
+        // The launch's checks (before any rank starts) name a key; a timeout, a panic or an
+        // error naming no key is a failure.
+        if text.contains("timed out") || text.contains("panick") || !names_a_key(&text) {
+            Stop::Failed(text)
+        } else {
+            Stop::Refused(text)
+        }
+    })?;
+    let first = &report.ranks[0];
+    for (rank, r) in report.ranks.iter().enumerate() {
+        if r.losses
+            .iter()
+            .map(|x| x.to_bits())
+            .ne(first.losses.iter().map(|x| x.to_bits()))
+        {
+            return Err(Stop::Failed(format!(
+                "rank {rank} logged losses {:?}, rank 0 {:?}",
+                r.losses, first.losses
+            )));
+        }
+    }
+    if first.losses.len() != STEPS {
+        return Err(Stop::Failed(format!(
+            "{} steps run, not {STEPS}",
+            first.losses.len()
+        )));
+    }
+    Ok(Outcome {
+        losses: first.losses.iter().map(|x| x.to_bits()).collect(),
+        grad_norms: first
+            .grad_norms
+            .iter()
+            .map(|n| n.map(f64::to_bits))
+            .collect(),
+        moe_dropped: first.moe_dropped.iter().map(|x| x.to_bits()).collect(),
+        eval_losses: first.eval_losses.iter().map(|x| x.to_bits()).collect(),
+    })
+}
+
+fn names_a_key(error: &str) -> bool {
+    KEY_PREFIXES.iter().any(|p| error.contains(p))
+}
+
+/// How a case ended.
+enum Verdict {
+    /// Trained, and bitwise the reference.
+    Same,
+    /// Refused, naming a key: the error.
+    Refused(String),
+    /// Anything else: what went wrong.
+    Failed(String),
+}
+
+/// Runs `case`: the parallel config (refused, or trained) and then its reference.
+fn run_case(case: &Case) -> Verdict {
+    let session = match open(&case.parallel) {
+        Ok(session) => session,
+        Err(Stop::Refused(e)) | Err(Stop::Failed(e)) => {
+            return if names_a_key(&e) {
+                Verdict::Refused(e)
+            } else {
+                Verdict::Failed(format!("refused without naming a config key: {e}"))
+            };
+        }
+    };
+    let reference = match open(&case.reference).and_then(|s| train(&s)) {
+        Ok(outcome) => outcome,
+        Err(Stop::Refused(e)) | Err(Stop::Failed(e)) => {
+            return Verdict::Failed(format!(
+                "the parallel config is accepted but its one-device reference fails: {e}"
+            ))
+        }
+    };
+    match train(&session) {
+        Ok(got) if got == reference => Verdict::Same,
+        Ok(got) => Verdict::Failed(format!(
+            "not one device's bits:\n  parallel:  {}\n  reference: {}",
+            got.describe(),
+            reference.describe()
+        )),
+        Err(Stop::Refused(e)) => Verdict::Refused(e),
+        Err(Stop::Failed(e)) => Verdict::Failed(format!("training failed: {e}")),
+    }
+}
+
+/// Runs `case` on its own thread: a panic or a case over [`CASE_DEADLINE`] is a failure (a hung
+/// thread is left behind; the test fails).
+fn run_guarded(case: Case) -> (Case, Verdict) {
+    let (send, receive) = mpsc::channel();
+    let case = std::sync::Arc::new(case);
+    let mine = case.clone();
+    std::thread::Builder::new()
+        .name("sweep-case".into())
+        .stack_size(16 << 20)
+        .spawn(move || {
+            let verdict = run_case(&mine);
+            let _ = send.send(verdict);
+        })
+        .expect("a case thread");
+    let verdict = match receive.recv_timeout(CASE_DEADLINE) {
+        Ok(verdict) => verdict,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            Verdict::Failed(format!("hung: no result after {CASE_DEADLINE:?}"))
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Verdict::Failed("panicked (the message is above)".to_string())
+        }
+    };
+    let case = std::sync::Arc::try_unwrap(case).unwrap_or_else(|shared| Case {
+        family: shared.family,
+        parallel: shared.parallel.clone(),
+        reference: shared.reference.clone(),
+    });
+    (case, verdict)
+}
+
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// The sweep: every drawn configuration is bitwise one device or refused naming a key.
+#[test]
+fn random_parallel_configurations_are_bitwise_one_device_or_refused_naming_a_key() {
+    let seed = env_number("TESSERA_SWEEP_SEED", DEFAULT_SEED);
+    let cases = env_number("TESSERA_SWEEP_CASES", DEFAULT_CASES);
+    let only: Option<Vec<usize>> = std::env::var("TESSERA_SWEEP_ONLY").ok().map(|v| {
+        v.split(',')
+            .map(|i| i.trim().parse().expect("TESSERA_SWEEP_ONLY: case indices"))
+            .collect()
+    });
+    let indices: Vec<usize> = only.unwrap_or_else(|| (0..cases).collect());
+    eprintln!(
+        "sweep: seed {seed} (TESSERA_SWEEP_SEED), {} cases (TESSERA_SWEEP_CASES)",
+        indices.len()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut same, mut refused, mut failures) = (0, 0, Vec::new());
+    for &i in &indices {
+        let out: PathBuf = tmp.path().join(i.to_string());
+        let case = draw(seed, i, &out);
+        let start = Instant::now();
+        let devices = case.parallel.usize("parallel.devices").unwrap_or(1);
+        let (case, verdict) = run_guarded(case);
+        let took = start.elapsed().as_secs_f64();
+        let line = format!("[{i}] {} on {devices} devices, {took:.1} s", case.family);
+        match verdict {
+            Verdict::Same => {
+                same += 1;
+                eprintln!("{line}: bitwise one device");
+            }
+            Verdict::Refused(e) => {
+                refused += 1;
+                let first = e.lines().next().unwrap_or_default();
+                eprintln!("{line}: refused: {first}");
+            }
+            Verdict::Failed(e) => {
+                eprintln!("{line}: FAILED: {e}");
+                failures.push(format!(
+                    "case {i} of seed {seed} (TESSERA_SWEEP_SEED={seed} TESSERA_SWEEP_ONLY={i}): \
+                     {e}\n--- parallel config ---\n{}--- one-device reference ---\n{}",
+                    case.parallel.toml(),
+                    case.reference.toml()
+                ));
+            }
+        }
+    }
+    eprintln!(
+        "sweep: seed {seed}: {same} bitwise one device, {refused} refused naming a key, {} failed",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n\n{}",
+        failures.len(),
+        indices.len(),
+        failures.join("\n\n")
+    );
+    // A sweep whose every case is refused would test nothing.
+    assert!(
+        indices.len() < 6 || same * 3 >= indices.len(),
+        "only {same} of {} cases trained (seed {seed})",
+        indices.len()
+    );
+}
+
+/// The generator reaches every mode, pipeline scheduler, context-parallel algorithm, optimizer
+/// sharding level, optimizer, learning-rate schedule and switch of the two sweeps it joins, and
+/// its references run the micro-batches as accumulation.
+#[test]
+fn the_sweep_reaches_every_mode_and_schedule() {
+    let out = Path::new("/sweep");
+    let drawn: Vec<Case> = (0..2000).map(|i| draw(DEFAULT_SEED, i, out)).collect();
+    let has = |key: &str, value: &str| {
+        drawn
+            .iter()
+            .any(|c| c.parallel.0.get(key).map(String::as_str) == Some(value))
+    };
+    let quoted = |v: &str| format!("\"{v}\"");
+    let wanted: &[(&str, &[&str])] = &[
+        (
+            "parallel.mode",
+            &[
+                "semi_auto",
+                "data_parallel",
+                "sharding_propagation",
+                "dynamic_programming",
+                "recursive_programming",
+            ],
+        ),
+        (
+            "parallel.pipeline.scheduler",
+            &["gpipe", "1f1b", "zero_bubble", "interleaved_1f1b"],
+        ),
+        ("parallel.context_parallel_algo", &["ring", "ulysses"]),
+        (
+            "parallel.hsdp.optimizer_level",
+            &["level1", "level2", "level3", "zero1", "zero2"],
+        ),
+        (
+            "train.optimizer",
+            &["adam", "adamw", "momentum", "mint_adamw"],
+        ),
+        (
+            "train.lr_schedule",
+            &[
+                "cosine",
+                "warmup_lr",
+                "polynomial_decay_lr",
+                "exponential_decay_lr",
+                "piecewise_constant_lr",
+                "cosine_decay_lr",
+            ],
+        ),
+    ];
+    for (key, values) in wanted {
+        for value in *values {
+            assert!(has(key, &quoted(value)), "{key} = {value} is never drawn");
+        }
+    }
+    for (key, value) in [
+        ("parallel.pipeline.interleave", "true"),
+        ("parallel.pipeline.output_broadcast", "true"),
+        ("parallel.use_seq_parallel", "true"),
+        ("parallel.vocab_emb_dp", "false"),
+        ("parallel.micro_batch_interleave", "2"),
+        ("parallel.expert_parallel", "2"),
+        (
+            "parallel.overlap.grad_computation_allreduce_overlap",
+            "true",
+        ),
+        ("parallel.recompute.ops", "[\"GeLU\"]"),
+        ("parallel.recompute.cells", "[\"blocks.*\"]"),
+        ("model.dropout", "0.1"),
+        ("model.moe.shared_expert", "true"),
+        ("train.grad_accumulation_steps", "3"),
+        ("train.threads_per_rank", "2"),
+        ("train.eval", "true"),
+    ] {
+        assert!(has(key, value), "{key} = {value} is never drawn");
+    }
+    // Context parallel under each algorithm with data and model parallel; pipelines with
+    // data and model parallel inside a stage.
+    for algo in ["ring", "ulysses"] {
+        assert!(
+            drawn.iter().any(|c| {
+                let p = &c.parallel;
+                p.0.get("parallel.context_parallel_algo") == Some(&quoted(algo))
+                    && p.usize("parallel.data_parallel") > Some(1)
+                    && p.usize("parallel.model_parallel") > Some(1)
+            }),
+            "{algo} with dp and mp is never drawn"
+        );
+    }
+    assert!(drawn.iter().any(|c| {
+        let p = &c.parallel;
+        p.usize("parallel.pipeline.stages") > Some(1)
+            && p.usize("parallel.data_parallel") > Some(1)
+            && p.usize("parallel.model_parallel") > Some(1)
+    }));
+    // Each reference: one device, and the pipeline's and the interleave's micro-batches as
+    // gradient accumulation of the same samples per step.
+    for c in &drawn {
+        let (p, r) = (&c.parallel, &c.reference);
+        assert_eq!(r.0["parallel.mode"], quoted("stand_alone"));
+        let split = p.usize("parallel.pipeline.micro_batches").unwrap_or(1)
+            * p.usize("parallel.micro_batch_interleave").unwrap_or(1);
+        let accumulate = |c: &Config| c.usize("train.grad_accumulation_steps").unwrap_or(1);
+        assert_eq!(accumulate(r), accumulate(p) * split);
+        assert_eq!(
+            r.usize("data.batch_size").unwrap() * split,
+            p.usize("data.batch_size").unwrap()
+        );
+    }
+}
