@@ -12,6 +12,8 @@
 //! - [`read_parameters`] reads whole parameters back from such a set (`ckpt::load_rank_tensors`
 //!   with unsplit target layouts), [`forward_network`] runs the traced network forward only on
 //!   one device ([`graph::Executor`]) with given parameter values (`Model.eval`).
+//! - [`initial_values`] computes the values a training run starts the traced parameters from
+//!   (their initializers under a seed, as every rank fills its shard), without training.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -37,6 +39,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train_network, m)?)?;
     m.add_function(wrap_pyfunction!(read_parameters, m)?)?;
     m.add_function(wrap_pyfunction!(forward_network, m)?)?;
+    m.add_function(wrap_pyfunction!(initial_values, m)?)?;
     Ok(())
 }
 
@@ -502,4 +505,45 @@ fn forward_network<'py>(
     let array = numpy::ndarray::ArrayD::from_shape_vec(full, out)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(array.into_pyarray(py))
+}
+
+/// The values a training run of the network traced into `builder` under `seed` (the config's
+/// `train.seed`) starts the parameters `ids` from, whole: each parameter's initializer filled
+/// over its global tensor, as every rank fills its shard (`RankExecutor::init_parameters`;
+/// element `i` of parameter `name` depends on `(seed, name, i)` only, so the whole tensor is
+/// what any sharding's ranks hold together). Nothing is trained. A value that is not a
+/// parameter is a `ValueError` naming it; one too large to allocate, a `MemoryError`.
+#[pyfunction]
+fn initial_values<'py>(
+    py: Python<'py>,
+    builder: &NetworkBuilder,
+    ids: Vec<usize>,
+    seed: u64,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let value = builder.builder.value(ValueId(id)).map_err(graph_err)?;
+        let graph::ValueKind::Parameter { init, .. } = &value.kind else {
+            return Err(PyValueError::new_err(format!(
+                "value `{}` is {}, not a parameter; it has no initial value",
+                value.name,
+                value.kind.name()
+            )));
+        };
+        let what = format!("the initial value of parameter {}", value.name);
+        // `fill` allocates the box as f64 and then as the parameter's dtype, unchecked: both
+        // are reserved first, so a huge parameter is a MemoryError, not an abort.
+        let n: usize = value.shape.iter().product();
+        let probe: Vec<f64> = collect_array(&what, n, std::iter::empty())?;
+        let probe2: Vec<f64> = collect_array(&what, n, std::iter::empty())?;
+        drop((probe, probe2));
+        let full = layout::SliceBox::full(&value.shape);
+        let (shape, dtype, name) = (value.shape.clone(), value.dtype, value.name.clone());
+        let init = init.clone();
+        let tensor = py
+            .detach(|| init.fill(&shape, &full, dtype, seed, &name))
+            .map_err(graph_err)?;
+        out.push(crate::arrays::to_numpy(py, &tensor)?);
+    }
+    Ok(out)
 }

@@ -15,7 +15,8 @@
   module is also the callable ``tessera.train(config)``), ``tessera.Parameter``,
   ``tessera.common.initializer``, the dtypes ``tessera.float32``, ``float16``, ``bfloat16``,
   ``float64``, ``int32``, ``int64``, ``set_context``, ``set_auto_parallel_context`` (the device
-  count) and ``set_seed``; learning-rate schedules, parameter groups, ``tessera.mint.optim.AdamW``,
+  count), ``get_auto_parallel_context`` and ``set_seed``; learning-rate schedules, parameter
+  groups, ``tessera.mint.optim.AdamW``,
   ``GeneratorDataset``, ``ModelCheckpoint``, ``load_checkpoint``, ``load_param_into_net``,
   ``save_checkpoint`` and ``tessera.Tensor`` (values for ``Parameter``);
   ``tessera.communication`` (``init``, ``get_rank``, ``get_group_size``: one process per rank
@@ -36,9 +37,9 @@ Errors name their culprit: ``CheckpointError`` (a ``ValueError``), ``CheckpointI
 from importlib.metadata import PackageNotFoundError, version
 
 from . import parallel
-from ._context import (GRAPH_MODE, PYNATIVE_MODE, ParallelMode, get_seed,
-                       reset_auto_parallel_context, set_auto_parallel_context, set_context,
-                       set_seed)
+from ._context import (GRAPH_MODE, PYNATIVE_MODE, ParallelMode, get_auto_parallel_context,
+                       get_seed, reset_auto_parallel_context, set_auto_parallel_context,
+                       set_context, set_seed)
 from ._tessera import CheckpointError, CheckpointIOError, ConfigError
 from ._training import plan
 from . import common, communication, dataset, nn, ops
@@ -94,6 +95,7 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "get_auto_parallel_context",
     "get_seed",
     "int32",
     "int64",

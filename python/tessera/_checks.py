@@ -22,12 +22,28 @@ def optional_path(value: Any, name: str) -> Optional[str]:
     return None if value is None else path(value, name)
 
 
+def plain(value: Any) -> Any:
+    """A numpy scalar setting as the Python value it holds: ``np.bool_`` as a ``bool``, a numpy
+    integer as an ``int``, a numpy float as a ``float`` (each exactly; the range checks then
+    apply to that value); anything else as it is. Settings reach the engine as JSON, which has
+    no numpy types."""
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
 #: The largest int the library takes (a rank, count or size: ``usize`` / ``i64`` in Rust).
 MAX_INT = 2**63 - 1
 
 
 def non_negative_int(value: Any, name: str) -> int:
-    """A rank or count: an int (not bool) that is >= 0 and at most ``MAX_INT``."""
+    """A rank or count: an int (not bool; a numpy int is taken as its value) that is >= 0 and
+    at most ``MAX_INT``."""
+    value = plain(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"For '{name}', the type must be int, but got {type(value).__name__}.")
     if value < 0:
@@ -38,7 +54,8 @@ def non_negative_int(value: Any, name: str) -> int:
 
 
 def positive_int(value: Any, name: str) -> int:
-    """An int (not bool) that is >= 1."""
+    """An int (not bool; a numpy int is taken as its value) that is >= 1."""
+    value = plain(value)
     if non_negative_int(value, name) < 1:
         raise ValueError(f"For '{name}', the value must be a positive int, but got {value}.")
     return int(value)
@@ -84,7 +101,9 @@ def choice(value: Any, name: str, allowed: tuple) -> str:
 
 
 def flag(value: Any, name: str) -> bool:
-    """A bool argument (TypeError otherwise, so ``fsync=0`` is not read as a choice)."""
+    """A bool argument (TypeError otherwise, so ``fsync=0`` is not read as a choice); an
+    ``np.bool_`` is taken as its value."""
+    value = plain(value)
     if not isinstance(value, bool):
         raise TypeError(f"For '{name}', the type must be bool, but got {type(value).__name__}.")
     return value

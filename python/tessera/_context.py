@@ -1,6 +1,8 @@
 """``tessera.set_context``, ``tessera.set_auto_parallel_context`` and ``tessera.set_seed``: what
 ``Model.train`` reads (device count, parallel mode, determinism, seed)."""
 
+from . import _checks
+
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
 
@@ -58,6 +60,7 @@ def set_auto_parallel_context(**kwargs):
     gradient of the mean loss over the global batch, one device's; False sums the replicas'
     gradients, as MindSpore does by default). ``AutoParallel``'s switches override these."""
     for key, value in kwargs.items():
+        value = _checks.plain(value)  # a numpy scalar as the Python value it holds
         if key == "device_num":
             # A bool is no count (True was one device), and a count beyond 64 bits reached the
             # engine as a float, in a message naming neither this call nor the value given.
@@ -79,6 +82,31 @@ def set_auto_parallel_context(**kwargs):
             raise ValueError(f"set_auto_parallel_context: {key} is not supported yet")
 
 
+#: The keys ``set_auto_parallel_context`` takes, which ``get_auto_parallel_context`` reads.
+_AUTO_PARALLEL_KEYS = ("device_num", "gradients_mean", "parallel_mode")
+
+
+def get_auto_parallel_context(attr_key):
+    """MindSpore's ``get_auto_parallel_context(attr_key)``: the value ``set_auto_parallel_context``
+    set for ``attr_key`` (``"device_num"``, ``"gradients_mean"``, ``"parallel_mode"``), else
+    its default: ``1`` (under ``tessera launch``, the job's rank count, which ``Model.train``
+    runs), ``"stand_alone"``, and for ``gradients_mean`` ``True``, what the engine then does (the
+    gradient of the mean loss; MindSpore's default is ``False``, its sum over replicas, so
+    setting back what this returns keeps the run as it is). Any other key is a ``ValueError``
+    naming it, as in MindSpore."""
+    if not isinstance(attr_key, str):
+        raise TypeError(f"get_auto_parallel_context: attr_key must be a str, got "
+                        f"{type(attr_key).__name__}")
+    if attr_key not in _AUTO_PARALLEL_KEYS:
+        raise ValueError(f"get_auto_parallel_context: {attr_key!r} is not a key of the auto "
+                         f"parallel context (supported: {', '.join(_AUTO_PARALLEL_KEYS)})")
+    if attr_key == "gradients_mean":
+        return True if _STATE["gradients_mean"] is None else _STATE["gradients_mean"]
+    if attr_key == "device_num" and _STATE["backend"] == "mpi" and _STATE["device_num"] == 1:
+        return _STATE["group_size"]
+    return _STATE[attr_key]
+
+
 def reset_auto_parallel_context():
     """Back to one device, stand-alone."""
     _STATE.update(device_num=1, parallel_mode="stand_alone", gradients_mean=None)
@@ -88,6 +116,7 @@ def set_seed(seed):
     """The seed of the initial values and the shuffles."""
     # The engine takes a signed 64-bit seed: a larger one was refused only when Model.train
     # started, in a message naming no setting; a bool was refused there too.
+    seed = _checks.plain(seed)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_INT:
         raise ValueError(f"set_seed: seed must be a non-negative int (at most 2**63 - 1), got "
                          f"{seed!r}")

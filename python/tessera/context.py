@@ -3,8 +3,8 @@
 ``from mindspore.context import ParallelMode``: the same functions and names as ``tessera``'s
 own (see ``tessera._context``)."""
 
-from ._context import (GRAPH_MODE, PYNATIVE_MODE, ParallelMode, reset_auto_parallel_context,
-                       set_auto_parallel_context, set_context)
+from ._context import (GRAPH_MODE, PYNATIVE_MODE, ParallelMode, get_auto_parallel_context,
+                       reset_auto_parallel_context, set_auto_parallel_context, set_context)
 
-__all__ = ["GRAPH_MODE", "PYNATIVE_MODE", "ParallelMode", "reset_auto_parallel_context",
-           "set_auto_parallel_context", "set_context"]
+__all__ = ["GRAPH_MODE", "PYNATIVE_MODE", "ParallelMode", "get_auto_parallel_context",
+           "reset_auto_parallel_context", "set_auto_parallel_context", "set_context"]

@@ -11,7 +11,7 @@ from tessera import nn, ops
 from tessera.common.initializer import initializer
 from tessera.train import CheckpointConfig, LossMonitor, Model, ModelCheckpoint
 
-from conftest import CASES, assert_same_file
+from conftest import CASES, assert_same_file, read_ckpt
 from nets import fresh_context  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("fresh_context")
@@ -70,6 +70,28 @@ def test_the_older_context_module():
     assert ms._context._STATE["parallel_mode"] == "semi_auto_parallel"
     context.reset_auto_parallel_context()
     assert ms._context._STATE["device_num"] == 1
+
+
+def test_get_auto_parallel_context_returns_what_was_set():
+    # "ms.get_auto_parallel_context('device_num')" in the distributed tutorials: an
+    # AttributeError before
+    assert ms.get_auto_parallel_context("parallel_mode") == ms.ParallelMode.STAND_ALONE
+    assert ms.get_auto_parallel_context("device_num") == 1
+    # unset, the engine takes the mean: what this returns is what runs (MindSpore says False)
+    assert ms.get_auto_parallel_context("gradients_mean") is True
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, device_num=4,
+                                 gradients_mean=False)
+    assert [ms.get_auto_parallel_context(k) for k in ("parallel_mode", "device_num",
+                                                      "gradients_mean")] == [
+        "data_parallel", 4, False]
+    from tessera import context
+    assert context.get_auto_parallel_context("device_num") == 4
+    context.reset_auto_parallel_context()
+    assert ms.get_auto_parallel_context("device_num") == 1
+    with pytest.raises(ValueError, match="'dataset_strategy' is not a key of the auto parallel"):
+        ms.get_auto_parallel_context("dataset_strategy")
+    with pytest.raises(TypeError, match="attr_key must be a str"):
+        ms.get_auto_parallel_context(None)
 
 
 class OpNet(nn.Cell):
@@ -163,9 +185,125 @@ def test_transform_checkpoints_tutorial_names(tmp_path):
     assert tensors and ms.Model is Model and ms.LossMonitor is LossMonitor
 
 
-def test_an_untrained_network_cannot_be_saved_yet(tmp_path):
-    # The tutorials save a freshly built network; its initial values are drawn by the engine
-    # when training starts, so there is nothing to save yet: a clear error, no file.
-    with pytest.raises(ValueError, match="no value yet; the engine draws it"):
-        ms.save_checkpoint(Network(), str(tmp_path / "model.ckpt"))
-    assert not (tmp_path / "model.ckpt").exists()
+def _from_file(net, path):
+    """``net`` with every Parameter loaded from ``path`` (all of them: ``([], [])``)."""
+    assert ms.load_param_into_net(net, ms.load_checkpoint(path)) == ([], [])
+    return net
+
+
+def test_an_untrained_network_saves_the_values_training_starts_from(tmp_path, monkeypatch):
+    # The tutorials save a freshly built network ("init.ckpt") before training: the file holds
+    # the values the engine starts from under the current seed, so training loaded from it
+    # gives the fresh run's losses bit for bit.
+    monkeypatch.chdir(tmp_path)
+    ms.set_context(deterministic="ON")
+    ms.set_seed(7)
+    net = Network()
+    ms.save_checkpoint(net, "init.ckpt")
+    fresh = _train(net, epochs=2)
+    assert _train(_from_file(Network(), "init.ckpt"), epochs=2) == fresh
+    # a MindSpore .ckpt, read by an independent reader: every parameter, float32, its shape
+    entries = read_ckpt("init.ckpt")
+    assert [(n, t, d) for n, t, d, _ in entries] == [
+        ("dense_relu_sequential.0.weight", "Float32", [8, 16]),
+        ("dense_relu_sequential.0.bias", "Float32", [8]),
+        ("dense_relu_sequential.2.weight", "Float32", [4, 8]),
+        ("dense_relu_sequential.2.bias", "Float32", [4])]
+    # the values depend on the seed (another seed, another file), and saving changed nothing
+    ms.set_seed(8)
+    ms.save_checkpoint(Network(), "other.ckpt")
+    assert all(a[3] != b[3] for a, b in zip(entries, read_ckpt("other.ckpt")))
+
+
+def test_saved_initial_values_are_what_sharded_ranks_start_from(tmp_path):
+    # initializer("normal", ...) Parameters and sharded ops on 4 devices: the ranks fill their
+    # slices, and together they hold exactly the saved whole tensors.
+    ms.set_context(deterministic="ON")
+    ms.set_seed(3)
+
+    def sharded(net):
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL,
+                                     device_num=4)
+        net.matmul1.shard(((2, 1), (1, 2)))
+        net.matmul2.shard(((1, 4), (4, 1)))
+        return net
+
+    net = OpNet()
+    ms.save_checkpoint(net, str(tmp_path / "init.ckpt"))
+    fresh = _train(sharded(net))
+    ms.reset_auto_parallel_context()
+    loaded = _from_file(OpNet(), str(tmp_path / "init.ckpt"))
+    assert _train(sharded(loaded)) == fresh
+
+
+def test_saving_an_untrained_parameter_without_a_name_or_frozen_is_refused(tmp_path):
+    # nothing says what the engine would start those from: a clear error, no file
+    p = ms.Parameter(initializer("normal", [2, 2], ms.float32))
+    with pytest.raises(ValueError, match="Parameter None: no value yet"):
+        ms.save_checkpoint({"w": p}, str(tmp_path / "a.ckpt"))
+    net = Network()
+    net.dense_relu_sequential[0].weight.requires_grad = False
+    with pytest.raises(ValueError, match="dense_relu_sequential.0.weight: no value yet"):
+        ms.save_checkpoint(net, str(tmp_path / "b.ckpt"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_train_one_step_cell_as_models_network():
+    # "loss_net = nn.WithLossCell(net, loss_fn); train_net = nn.TrainOneStepCell(loss_net,
+    # optim); model = Model(train_net)": the run of Model(net, loss_fn, optim), also on 4
+    # devices (an AttributeError before: tessera.nn had no TrainOneStepCell)
+    ms.set_context(deterministic="ON")
+    for devices in (1, 4):
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+                                     device_num=devices)
+        ms.set_seed(2)
+        plain = _train(Network())
+        ms.set_seed(2)
+        net = Network()
+        optim = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+        train_net = nn.TrainOneStepCell(nn.WithLossCell(net, nn.CrossEntropyLoss()), optim)
+        model = Model(train_net)
+        model.train(1, _dataset(), callbacks=[LossMonitor()])
+        assert model.losses == plain and model.network is train_net
+        assert net.dense_relu_sequential[0].bias.asnumpy().shape == (8,)  # trained values back
+
+
+def test_train_one_step_cell_what_it_cannot_take():
+    net = Network()
+    optim = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    loss_net = nn.WithLossCell(net, nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="sens=1024.0 is not supported"):
+        nn.TrainOneStepCell(loss_net, optim, sens=1024.0)
+    with pytest.raises(ValueError, match="return_grad=True is not supported"):
+        nn.TrainOneStepCell(loss_net, optim, return_grad=True)
+    with pytest.raises(TypeError, match="optimizer must be a tessera.nn optimizer"):
+        nn.TrainOneStepCell(loss_net, "Momentum")
+    train_net = nn.TrainOneStepCell(loss_net, optim, sens=1.0)
+    with pytest.raises(ValueError, match="holds its loss and optimizer"):
+        Model(train_net, nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="holds its loss and optimizer"):
+        Model(train_net, optimizer=optim)
+
+    class ClippedStep(nn.TrainOneStepCell):  # a custom step: Tessera would skip it
+        def construct(self, *inputs):
+            return self.network(*inputs)
+
+    with pytest.raises(ValueError, match="ClippedStep overrides TrainOneStepCell.construct"):
+        Model(ClippedStep(loss_net, optim))
+    from tessera.parallel.auto_parallel import AutoParallel
+    with pytest.raises(TypeError, match="a TrainOneStepCell inside AutoParallel"):
+        Model(AutoParallel(train_net))
+
+
+def test_saving_a_parameter_too_large_to_hold_is_an_error_not_an_abort(tmp_path):
+    # 2**59 float32 values pass the graph's shape bound but cannot be allocated: a MemoryError
+    # naming the parameter (the interpreter aborted on the failed allocation), no file
+    p = ms.Parameter(initializer("normal", [2**39, 2**20], ms.float32), name="huge")
+    with pytest.raises(MemoryError, match="the initial value of parameter huge"):
+        ms.save_checkpoint({"huge": p}, str(tmp_path / "h.ckpt"))
+    assert not list(tmp_path.iterdir())
+    from tessera import _tessera
+    builder = _tessera.NetworkBuilder()
+    x, _ = builder.input("data", [2, 3], "float32")
+    with pytest.raises(ValueError, match="value `data` is an input, not a parameter"):
+        _tessera.initial_values(builder, [x], 1)

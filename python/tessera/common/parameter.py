@@ -108,3 +108,24 @@ class Parameter:
 
     def __repr__(self):
         return f"Parameter(name={self.name}, shape={self.shape}, init={self.init})"
+
+
+def initial_values(params):
+    """The value of each Parameter of ``params``: its own (given, loaded or trained) or, for one
+    drawn from an initializer and not trained yet, the value training starts it from — the
+    engine fills it from its initializer, its name and the seed of ``tessera.set_seed``, as the
+    ranks fill their shards when ``Model.train`` starts (no step is run). A Parameter without a
+    name, or frozen without a value, is a ``ValueError`` naming it (``asnumpy()``'s)."""
+    from .. import _tessera
+    from .._context import get_seed
+    drawn = list({id(p): p for p in params if p._value is None}.values())
+    for p in drawn:
+        if p.name is None or not p.requires_grad or p.init is None:
+            p.asnumpy()  # raises: nothing says what training would start it from
+    values = {}
+    if drawn:
+        builder = _tessera.NetworkBuilder()
+        ids = [p.init._add_to(builder, p.name, list(p.shape))[0] for p in drawn]
+        values = {id(p): v for p, v in zip(drawn, _tessera.initial_values(builder, ids,
+                                                                           get_seed()))}
+    return [values[id(p)] if id(p) in values else p.asnumpy() for p in params]

@@ -11,7 +11,8 @@ has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU(approximate=True)`
 ``Softmax(axis=-1)``, ``Flatten``, ``Dropout(keep_prob=None, p=None)``,
 ``LayerNorm(normalized_shape, begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-7)``,
 ``Embedding(vocab_size, embedding_size, use_one_hot=False, embedding_table='normal')``,
-``SequentialCell``, ``CellList``, ``WithLossCell``. Losses:
+``SequentialCell``, ``CellList``, ``WithLossCell``, ``TrainOneStepCell`` (for ``Model``).
+Losses:
 ``SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")``,
 ``CrossEntropyLoss(reduction="mean")`` (int class labels), ``MSELoss(reduction="mean")``.
 Optimizers (hyperparameters for the engine's own, applied to every parameter, or parameter
@@ -32,14 +33,15 @@ from .dynamic_lr import (cosine_decay_lr, exponential_decay_lr, piecewise_consta
                          polynomial_decay_lr, warmup_lr)
 from .learning_rate_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule,
                                      PolynomialDecayLR, WarmUpLR)
-from .wrap import WithLossCell
+from .wrap import TrainOneStepCell, WithLossCell
 from . import utils
 from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, PipelineGradReducer
 
 
 __all__ = [
     "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
-    "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "WithLossCell",
+    "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "TrainOneStepCell",
+    "WithLossCell",
     "CellList", "CrossEntropyLoss", "Dropout", "Embedding", "LayerNorm", "MSELoss", "Softmax",
     "GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer", "utils",
     "CosineDecayLR", "ExponentialDecayLR", "LearningRateSchedule", "PolynomialDecayLR", "WarmUpLR",

@@ -4,6 +4,8 @@ MindSpore 2.10's; ``i`` is the step, ``current_epoch = floor(i / step_per_epoch)
 
 import math
 
+from .. import _checks
+
 __all__ = ["cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr",
            "polynomial_decay_lr", "warmup_lr"]
 
@@ -14,6 +16,7 @@ MAX_STEPS = 2**26
 
 
 def _positive_int(value, name):
+    value = _checks.plain(value)  # a numpy int as its value
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"For '{name}', the value must be a positive int, but got {value!r}.")
     return value
@@ -39,6 +42,7 @@ def _rate(owner, step, compute):
 
 
 def _float(value, name, positive=True):
+    value = _checks.plain(value)  # a numpy float as its value (a numpy int stays refused)
     if not isinstance(value, float):
         raise TypeError(f"For '{name}', the type must be float, but got "
                         f"{type(value).__name__}.")

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from .. import _checks
 from .cell import Cell
 from .dynamic_lr import _float, _positive_int
 
@@ -95,6 +96,7 @@ class PolynomialDecayLR(LearningRateSchedule):
         self.end_learning_rate = _float(end_learning_rate, "end_learning_rate", positive=False)
         self.decay_steps = _positive_int(decay_steps, "decay_steps")
         self.power = _float(power, "power")
+        update_decay_steps = _checks.plain(update_decay_steps)
         if not isinstance(update_decay_steps, bool):
             raise TypeError(f"For '{owner}', 'update_decay_steps' must be a bool.")
         self.update_decay_steps = update_decay_steps
@@ -128,6 +130,7 @@ class ExponentialDecayLR(LearningRateSchedule):
         self.learning_rate = _float(learning_rate, "learning_rate")
         self.decay_rate = _float(decay_rate, "decay_rate")
         self.decay_steps = _positive_int(decay_steps, "decay_steps")
+        is_stair = _checks.plain(is_stair)
         if not isinstance(is_stair, bool):
             raise TypeError(f"For '{owner}', 'is_stair' must be a bool.")
         self.is_stair = is_stair

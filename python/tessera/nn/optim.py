@@ -4,6 +4,7 @@ parameter groups, as far as the engine honours them exactly."""
 
 import numbers
 
+from .. import _checks
 from ..common.parameter import Parameter
 from .learning_rate_schedule import LearningRateSchedule
 
@@ -14,6 +15,15 @@ def _number(owner, key, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}: {key} must be a number, got {type(value).__name__}")
     return float(value)
+
+
+def _bool(owner, key, value):
+    """A bool setting (``np.bool_`` taken as its value): anything else is a ``TypeError``
+    naming it (``bool("False")`` was True)."""
+    value = _checks.plain(value)
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: {key} must be a bool, got {type(value).__name__}")
+    return value
 
 
 def _learning_rate(owner, learning_rate):
@@ -279,7 +289,8 @@ class SGD(Optimizer):
                          max_grad_norm=max_grad_norm)
         if dampening != 0.0:
             raise ValueError("SGD: dampening must be 0.0 (the engine's momentum has none)")
-        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.momentum = _number("SGD", "momentum", momentum)
+        self.nesterov = _bool("SGD", "nesterov", nesterov)
 
     def _engine_args(self):
         args = super()._engine_args()
@@ -297,7 +308,8 @@ class Momentum(Optimizer):
                  use_nesterov=False, *, max_grad_norm=None):
         super().__init__(learning_rate, params, weight_decay, loss_scale,
                          max_grad_norm=max_grad_norm)
-        self.momentum, self.use_nesterov = float(momentum), bool(use_nesterov)
+        self.momentum = _number("Momentum", "momentum", momentum)
+        self.use_nesterov = _bool("Momentum", "use_nesterov", use_nesterov)
 
     def _engine_args(self):
         args = super()._engine_args()
@@ -309,7 +321,10 @@ class _AdamFamily(Optimizer):
     """The Adam rules' hyperparameters ``beta1``, ``beta2``, ``eps``."""
 
     def _betas(self, beta1, beta2, eps):
-        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        owner = type(self).__name__
+        self.beta1, self.beta2, self.eps = (_number(owner, "beta1", beta1),
+                                            _number(owner, "beta2", beta2),
+                                            _number(owner, "eps", eps))
 
     def _engine_args(self):
         args = super()._engine_args()

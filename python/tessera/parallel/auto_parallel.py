@@ -12,6 +12,7 @@ import json
 import os
 import stat
 
+from .. import _checks
 from ..nn.cell import Cell
 
 __all__ = ["AutoParallel"]
@@ -117,6 +118,7 @@ class AutoParallel(Cell):
         table = {}
         for key, value in config.items():
             if key == "openstate":
+                value = _checks.plain(value)
                 if not isinstance(value, bool):
                     raise TypeError("AutoParallel.comm_fusion: openstate must be a bool")
                 table[key] = value
@@ -126,7 +128,10 @@ class AutoParallel(Cell):
                                     "'mode' and 'config'")
                 entry = {"mode": value["mode"]}
                 if value.get("config") is not None:
-                    entry["config"] = value["config"]
+                    config_value = value["config"]
+                    if isinstance(config_value, (list, tuple)):  # "index": bucket indices
+                        config_value = [_checks.plain(v) for v in config_value]
+                    entry["config"] = _checks.plain(config_value)
                 table[key] = entry
             else:
                 raise KeyError(f"AutoParallel.comm_fusion: the key {key!r} is not one of "
@@ -150,6 +155,8 @@ class AutoParallel(Cell):
         if all(isinstance(item, Layout) for item in config):
             self._set("parallel", "dataset_strategy", [item for item in config])
             return
+        config = tuple(tuple(_checks.plain(d) for d in item) if isinstance(item, tuple) else item
+                       for item in config)
         for item in config:
             if not isinstance(item, tuple) or not all(_is_int(d) and d > 0 for d in item):
                 raise TypeError("AutoParallel.dataset_strategy: every item must be a tuple of "
@@ -195,6 +202,7 @@ class AutoParallel(Cell):
     def hsdp(self, shard_size=-1, threshold=64, optimizer_level="level1"):
         """Optimizer parallelism: parameters, gradients and optimizer state sharded over their
         replica groups (``[parallel.hsdp]``)."""
+        shard_size, threshold = _checks.plain(shard_size), _checks.plain(threshold)
         if not _is_int(shard_size):
             raise TypeError(f"AutoParallel.hsdp: shard_size must be an int, but got "
                             f"{type(shard_size).__name__}")
@@ -229,6 +237,8 @@ class AutoParallel(Cell):
     def pipeline(self, stages=1, output_broadcast=False, interleave=False, scheduler="1f1b"):
         """Pipeline stages (``[parallel.pipeline]``); the micro-batches and each cell's stage
         come from the ``parallel.nn.Pipeline`` the network is wrapped in."""
+        stages, output_broadcast, interleave = (_checks.plain(stages), _checks.plain(
+            output_broadcast), _checks.plain(interleave))
         if not _is_int(stages):
             raise TypeError(f"AutoParallel.pipeline: stages must be an int, but got "
                             f"{type(stages).__name__}")

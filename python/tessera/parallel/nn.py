@@ -3,12 +3,14 @@ pipeline stages — ``Pipeline``, ``PipelineGradReducer``, ``GradAccumulation``,
 ``MicroBatchInterleaved``. Each wraps a Cell ending in its loss; ``tessera.train.Model`` reads
 them when it builds the engine's configuration."""
 
+from .. import _checks
 from ..nn.cell import Cell
 
 __all__ = ["GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer"]
 
 
 def _positive_int(cls, name, value):
+    value = _checks.plain(value)  # a numpy int as its value
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{cls}: {name} must be an int, but got {type(value).__name__}")
     if value <= 0:
@@ -47,7 +49,8 @@ class Pipeline(_Wrapper):
         if stage_config is not None and not isinstance(stage_config, dict):
             raise TypeError("Pipeline: stage_config must be a dict of cell name -> stage, but "
                             f"got {type(stage_config).__name__}")
-        for name, stage in (stage_config or {}).items():
+        stage_config = {name: _checks.plain(stage) for name, stage in (stage_config or {}).items()}
+        for name, stage in stage_config.items():
             if not isinstance(name, str):
                 raise TypeError(f"Pipeline: stage_config key {name!r} is not a str")
             if not isinstance(stage, int) or isinstance(stage, bool) or stage < 0:

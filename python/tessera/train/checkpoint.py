@@ -44,6 +44,7 @@ class CheckpointConfig:
                  saved_network=None, append_info=None, enc_key=None, enc_mode="AES-GCM",
                  exception_save=False, crc_check=False, remove_redundancy=False, format="ckpt",
                  **kwargs):
+        integrated_save = _checks.plain(integrated_save)  # np.True_ is True
         unsupported = {
             "keep_checkpoint_per_n_minutes": keep_checkpoint_per_n_minutes not in (0, None),
             "integrated_save": integrated_save is not True, "async_save": bool(async_save),
@@ -410,6 +411,7 @@ def save_checkpoint(save_obj, ckpt_file_name, integrated_save=True, async_save=F
     when true; ``append_dict`` adds ``{name: number or array}``. ``load_checkpoint`` reads it
     back. ``async_save``, ``enc_key``, ``crc_check`` and other options are not supported."""
     from .. import _tessera
+    from ..common.parameter import Parameter, initial_values
     from ..nn.cell import Cell
 
     if async_save or enc_key is not None or crc_check or kwargs or integrated_save is not True:
@@ -444,13 +446,22 @@ def save_checkpoint(save_obj, ckpt_file_name, integrated_save=True, async_save=F
     if choice_func is not None and not callable(choice_func):
         raise TypeError(f"For 'choice_func', the type must be callable, but got "
                         f"{type(choice_func).__name__}.")
-    tensors = []
+    kept = []
     for name, value in items:
         _checks.text(name, "save_obj (a tensor name)")
-        if choice_func is not None and not choice_func(name):
-            continue
+        if choice_func is None or choice_func(name):
+            kept.append((name, value))
+    # Parameters not trained yet: the values training starts them from (the engine's
+    # initializers under the current seed), as MindSpore saves a freshly built network's.
+    params = [value for _, value in kept if isinstance(value, Parameter)]
+    initial = {id(p): v for p, v in zip(params, initial_values(params))}
+    tensors = []
+    for name, value in kept:
         try:
-            array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+            if id(value) in initial:
+                array = initial[id(value)]
+            else:
+                array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
         except ValueError as e:  # a ragged list: numpy's message names no tensor
             raise ValueError(f"save_checkpoint: tensor {name}: {e}") from None
         if array.ndim == 0:

@@ -8,7 +8,7 @@ the same rules and errors name the same keys."""
 import dataclasses
 import math
 
-from .. import _context, nn
+from .. import _checks, _context, nn
 
 # The context's parallel modes as the engine names them.
 _CONTEXT_MODES = {"stand_alone": "stand_alone", "data_parallel": "data_parallel",
@@ -48,6 +48,10 @@ def unwrap(network):
             raise TypeError(f"Model: the network is wrapped in {type(net).__name__} twice")
         setattr(parts, slot, net)
         net = net.network
+    if isinstance(net, nn.TrainOneStepCell):
+        raise TypeError(f"Model: a TrainOneStepCell inside {type(parts.top).__name__} is not "
+                        "supported; give it to Model as the network itself "
+                        "(Model(TrainOneStepCell(net_with_loss, optimizer)))")
     if not isinstance(net, nn.WithLossCell):
         raise TypeError(f"Model: the network must end in its loss: give loss_fn, or wrap it in "
                         f"nn.WithLossCell (inside AutoParallel and Pipeline); found a "
@@ -96,19 +100,22 @@ _I64 = (-2**63, 2**63 - 1)
 
 
 def check_values(config, where=""):
-    """Every number of ``config`` (the dict ``engine_config`` builds, after the run's recipe is
-    merged) as the engine can read it: an int outside the signed 64-bit range (it reached the
-    engine as a float, or as "u64 value was too large" naming nothing) or a float that is NaN
-    or infinite (JSON has neither) is a ``ValueError`` naming the engine key (``where``, e.g.
-    ``parallel.hsdp.threshold``; a list item as ``key[i]``) and the value."""
+    """``config`` (the dict ``engine_config`` builds, after the run's recipe is merged) as the
+    engine can read it, returned: a numpy scalar anywhere in it (``np.int64``, ``np.float32``,
+    ``np.bool_``, which JSON cannot hold) becomes the Python int, float or bool of its value
+    (tuples become lists), and then every number is checked: an int outside the signed 64-bit
+    range (it reached the engine as a float, or as "u64 value was too large" naming nothing)
+    or a float that is NaN or infinite (JSON has neither) is a ``ValueError`` naming the engine
+    key (``where``, e.g. ``parallel.hsdp.threshold``; a list item as ``key[i]``) and the
+    value."""
+    config = _checks.plain(config)
     if isinstance(config, dict):
         for k, v in config.items():
-            check_values(v, f"{where}.{k}" if where else str(k))
+            config[k] = check_values(v, f"{where}.{k}" if where else str(k))
     elif isinstance(config, (list, tuple)):
-        for i, v in enumerate(config):
-            check_values(v, f"{where}[{i}]")
+        config = [check_values(v, f"{where}[{i}]") for i, v in enumerate(config)]
     elif isinstance(config, bool):
-        return
+        pass
     elif isinstance(config, int):
         if not _I64[0] <= config <= _I64[1]:
             raise ValueError(f"Model.train: the setting {where} = {config} is outside the "
@@ -116,6 +123,7 @@ def check_values(config, where=""):
                              "the argument that sets it")
     elif isinstance(config, float) and not math.isfinite(config):
         raise ValueError(f"Model.train: the setting {where} = {config} is not a finite number")
+    return config
 
 
 def _strip_none(value):

@@ -249,10 +249,26 @@ class Model:
         if amp_level != "O0" or boost_level != "O0" or kwargs:
             raise ValueError("Model: amp_level, boost_level and other options are not supported yet")
         self._metrics = _metrics(metrics)
+        self.network = network
+        if isinstance(network, nn.TrainOneStepCell):
+            # MindSpore trains a TrainOneStepCell as it is: its own network and optimizer.
+            if loss_fn is not None or optimizer is not None:
+                raise ValueError("Model: the network is a TrainOneStepCell, which holds its loss "
+                                 "and optimizer; give loss_fn and optimizer only with the bare "
+                                 "network (Model(net, loss_fn, optimizer)), not both")
+            if type(network).construct is not nn.TrainOneStepCell.construct:
+                # A custom step (clipping, loss scaling, ...) would be skipped without a word.
+                raise ValueError(f"Model: {type(network).__name__} overrides "
+                                 "TrainOneStepCell.construct, which Tessera does not run (the "
+                                 "engine computes the gradients and applies the optimizer); "
+                                 "use nn.TrainOneStepCell itself, or Model(net, loss_fn, "
+                                 "optimizer), with the optimizer's max_grad_norm for clipping")
+            network, optimizer = network.network, network.optimizer
         if loss_fn is not None:
             network = nn.WithLossCell(network, loss_fn)
         self._parts = engine_config.unwrap(network)
-        self.network = network
+        if not isinstance(self.network, nn.TrainOneStepCell):
+            self.network = network
         self.optimizer = optimizer if optimizer is not None else nn.Momentum(
             network.trainable_params(), 0.05, 0.9)
         if not isinstance(self.optimizer, nn.Optimizer):
@@ -370,7 +386,7 @@ class Model:
                              (done_epochs + epoch) * batch_num)
         for section, keys in recipe.items():
             config.setdefault(section, {}).update(keys)
-        engine_config.check_values(config)
+        config = engine_config.check_values(config)
         params = types.SimpleNamespace(
             cur_epoch_num=0, cur_step_num=0, batch_num=batch_num, epoch_num=epoch,
             net_outputs=None, train_network=self.network, optimizer=self.optimizer,
