@@ -28,6 +28,13 @@ pub struct PlanArgs {
     /// Print the plan as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Report the search's own memory estimate instead of the peak `tessera train --explain`
+    /// predicts: the run's programs are not compiled, which at thousands of devices takes
+    /// seconds, but the estimate misses what the compiled step adds (pipeline micro-batches in
+    /// flight, the backward's values, redistributions) and can be several times too low; a
+    /// searched plan is then checked against the budget by the estimate only.
+    #[arg(long)]
+    estimate_memory: bool,
 }
 
 /// Runs `tessera plan`.
@@ -52,6 +59,13 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         .pipeline
         .as_ref()
         .map_or(1, |p| p.stages.max(1));
+    let memory = match args.estimate_memory {
+        true => {
+            PlanMemory::Estimated("--estimate-memory: the run's programs not compiled".to_string())
+        }
+        false => PlanMemory::of(&config, &report, plan_stages(&report, configured_stages)),
+    };
+    memory.check_budget(&report)?;
     let file = config
         .search()
         .save_operator_strategy_file
@@ -65,16 +79,202 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&to_json(&report, &file, configured_stages))?
+            serde_json::to_string_pretty(&to_json(&report, &memory, &file, configured_stages))?
         );
     } else {
         let auto_pipeline = config.search().auto_pipeline;
         print!(
             "{}",
-            describe(&report, &file, configured_stages, auto_pipeline)
+            describe(&report, &memory, &file, configured_stages, auto_pipeline)
         );
     }
     Ok(())
+}
+
+/// A plan's memory per device as its run will hold it.
+///
+/// The search ranks strategies by a cheap estimate ([`search::MemoryEstimate`]: what each op
+/// holds, summed as if all were held at once) that misses what the compiled step adds: the
+/// micro-batches a pipeline stage holds in flight, the backward's own values, the
+/// redistributions' destinations, the micro-batch sums. The plan reports instead the
+/// prediction `tessera train --explain` makes ([`parallel::memory`]): the run's session built
+/// for the same configuration (so the same plan) and its training program walked rank by rank.
+enum PlanMemory {
+    /// Predicted: per pipeline stage (one without stages), its fullest rank and that rank's
+    /// figures.
+    Predicted(Vec<(usize, parallel::memory::MemoryReport)>),
+    /// Not predicted (why): the search's estimate stands in.
+    Estimated(String),
+}
+
+impl PlanMemory {
+    /// The memory of `report`'s run of `config` (`stages` pipeline stages).
+    fn of(config: &TrainConfig, report: &PlanReport, stages: usize) -> PlanMemory {
+        match predict_stages(config, report, stages) {
+            Ok(stages) => PlanMemory::Predicted(stages),
+            Err(why) => PlanMemory::Estimated(why),
+        }
+    }
+
+    /// The fullest rank and its figures, when predicted.
+    fn fullest(&self) -> Option<(usize, parallel::memory::MemoryReport)> {
+        match self {
+            PlanMemory::Predicted(stages) => stages
+                .iter()
+                .copied()
+                .max_by_key(|(rank, m)| (m.peak, std::cmp::Reverse(*rank))),
+            PlanMemory::Estimated(_) => None,
+        }
+    }
+
+    /// Bytes per device of the fullest rank (of the fullest stage).
+    fn peak(&self, report: &PlanReport) -> f64 {
+        self.fullest()
+            .map_or(report.cost.memory.total(), |(_, m)| m.peak as f64)
+    }
+
+    /// Bytes per device of each pipeline stage's fullest rank.
+    fn stage_peaks(&self, p: &runtime::PipelinePlan) -> Vec<f64> {
+        match self {
+            PlanMemory::Predicted(stages) => stages.iter().map(|(_, m)| m.peak as f64).collect(),
+            PlanMemory::Estimated(_) => p.stage_costs.iter().map(|c| c.memory.total()).collect(),
+        }
+    }
+
+    /// A searched plan (the search keeps to the budget) whose predicted peak exceeds
+    /// `parallel.max_device_memory` (or the profile's memory) is refused: the search's estimate
+    /// fit, the run would not. Strategies loaded or configured are only costed: a note says it.
+    fn check_budget(&self, report: &PlanReport) -> anyhow::Result<()> {
+        let Some((rank, m)) = self.fullest() else {
+            return Ok(());
+        };
+        let searched = report.loaded_from.is_none() && report.search_ms > 0.0;
+        if !searched || m.peak as u64 <= report.memory_budget {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "config parallel.max_device_memory: the plan the search found needs {} bytes ({}) on rank {rank}, the peak `tessera train --explain` predicts for it, more than the {} bytes ({}) of memory per device; the search's own estimate ({}) fit, but it does not count what the compiled step adds (micro-batches in flight, the backward's values, redistributions): raise parallel.max_device_memory to at least {} bytes, or use more devices or pipeline stages",
+            m.peak,
+            bytes(m.peak as f64),
+            report.memory_budget,
+            bytes(report.memory_budget as f64),
+            bytes(report.cost.memory.total()),
+            m.peak
+        )
+    }
+}
+
+/// Per pipeline stage of `report` (`stages` of them), the rank whose predicted peak is the
+/// highest and its figures, predicted as `tessera train --explain` predicts them; an error
+/// (why not) when the run cannot be built here or places other strategies than the plan's.
+fn predict_stages(
+    config: &TrainConfig,
+    report: &PlanReport,
+    stages: usize,
+) -> Result<Vec<(usize, parallel::memory::MemoryReport)>, String> {
+    if config.ps().is_some() {
+        return Err(
+            "parallel.mode = \"parameter_server\" runs the ps crate's programs, which `tessera train --explain` does not predict"
+                .to_string(),
+        );
+    }
+    let session =
+        runtime::Session::new(config).map_err(|e| format!("the run cannot be built: {e}"))?;
+    let placed: BTreeMap<String, Vec<Vec<usize>>> = session
+        .op_strategies()
+        .into_iter()
+        .map(|r| (r.name, r.inputs))
+        .collect();
+    if let Some((name, planned)) = report
+        .strategies
+        .iter()
+        .find(|(name, s)| placed.get(name).is_some_and(|p| p != s))
+    {
+        return Err(format!(
+            "the run places op {name} as {}, not as planned {}",
+            tuple(&placed[name]),
+            tuple(planned)
+        ));
+    }
+    let devices = session.devices();
+    if devices != report.devices * stages {
+        return Err(format!(
+            "the run has {devices} ranks, the plan {} ({stages} stage(s) of {})",
+            report.devices * stages,
+            report.devices
+        ));
+    }
+    // Each stage's fullest rank found walking the training program once per rank with the
+    // analysis common to the ranks done once (a thousand ranks in well under a second); the
+    // figures reported are then the session's own prediction for those ranks, what
+    // `tessera train --explain` prints.
+    let fullest = fullest_ranks(&session, stages)?;
+    fullest
+        .into_iter()
+        .map(|rank| {
+            session
+                .predict_memory(rank)
+                .map(|m| (rank, m))
+                .ok_or_else(|| "the pipeline's schedule cannot be built".to_string())
+        })
+        .collect()
+}
+
+/// Per pipeline stage of `session`'s run (`stages` of them), the rank with the highest
+/// predicted peak (the lowest such rank), predicted as [`runtime::TrainSession::predict_memory`]
+/// predicts: the same training state beside the program, and for pipelined steps the
+/// micro-batches each stage's schedule holds at once.
+fn fullest_ranks(session: &runtime::TrainSession, stages: usize) -> Result<Vec<usize>, String> {
+    let config = &session.config;
+    let parallel = config.parallel_config();
+    let micro_steps = config.train().grad_accumulation_steps.max(1);
+    let state = parallel::memory::TrainingState {
+        optimizer_tensors: config.optimizer_config().kind.state_names().len(),
+        accumulation_sharded: (micro_steps > 1)
+            .then_some(parallel.hsdp.is_some_and(|h| h.accumulation_sharded())),
+        master_weights: config.train().precision.has_master_weights(),
+    };
+    let devices = session.devices();
+    let per_stage = devices / stages.max(1);
+    let predictor = parallel::memory::Predictor::new(&session.train);
+    let pipelined = parallel
+        .pipeline
+        .as_ref()
+        .filter(|p| p.stages > 1 && micro_steps > 1);
+    let schedule = match pipelined {
+        Some(p) => {
+            let config = parallel::pipeline::PipelineConfig {
+                micro_batches: micro_steps,
+                ..p.clone()
+            };
+            let schedule = parallel::pipeline::Schedule::generate(&config)
+                .map_err(|e| format!("the pipeline's schedule cannot be built: {e}"))?;
+            let buffers = parallel::pipeline::micro_batch_buffers(&session.train, per_stage);
+            Some((schedule, buffers))
+        }
+        None => None,
+    };
+    let mut out: Vec<Option<(usize, usize)>> = vec![None; stages.max(1)];
+    for rank in 0..devices {
+        let stage = rank / per_stage.max(1);
+        let m = match &schedule {
+            None => predictor.predict(rank, state),
+            Some((schedule, buffers)) => {
+                let held = schedule
+                    .per_stage()
+                    .get(stage)
+                    .map_or(0, |actions| parallel::pipeline::micro_batches_held(actions));
+                predictor.predict_pipelined(rank, state, buffers, held)
+            }
+        };
+        let Some(slot) = out.get_mut(stage) else {
+            return Err(format!("rank {rank} is past the plan's {stages} stage(s)"));
+        };
+        if slot.is_none_or(|(_, peak)| m.peak > peak) {
+            *slot = Some((rank, m.peak));
+        }
+    }
+    Ok(out.into_iter().flatten().map(|(rank, _)| rank).collect())
 }
 
 /// `blocks.7.attn.qkv.matmul` → (`blocks.*.attn.qkv.matmul`, 7): ops of repeated layers grouped.
@@ -147,12 +347,12 @@ fn plan_stages(r: &PlanReport, configured: usize) -> usize {
 /// `auto_pipeline` whether the search chose the stages (otherwise they are the configured ones).
 fn describe(
     r: &PlanReport,
+    memory: &PlanMemory,
     file: &std::path::Path,
     configured_stages: usize,
     auto_pipeline: bool,
 ) -> String {
     let mut out = String::new();
-    let m = &r.cost.memory;
     let stages = plan_stages(r, configured_stages);
     // `r.devices` is one stage's: the run's devices are the stages' together.
     let devices = if stages > 1 {
@@ -211,17 +411,11 @@ fn describe(
         r.cost.comm * 1e3,
         r.bubble_seconds() * 1e3
     ));
-    out.push_str(&format!(
-        "memory per device: parameters {}, gradients {}, optimizer {}, activations {} (the forward outputs the backward reads, and each gradient written whole before its sum, all counted as held at once; `tessera train --explain` predicts the step's peak, each buffer freed after its last use); total {}\n",
-        bytes(m.parameters),
-        bytes(m.gradients),
-        bytes(m.optimizer),
-        bytes(m.activations),
-        bytes(m.total())
-    ));
+    out.push_str(&describe_memory(r, memory));
     // A search keeps to the budget; strategies loaded or configured are costed whatever
     // memory they need.
-    if m.total() > r.memory_budget as f64 {
+    let peak = memory.peak(r);
+    if peak > r.memory_budget as f64 {
         out.push_str(&format!(
             "note: {} needs {} per device, more than the {} of memory per device: the run may not fit (raise parallel.max_device_memory, or use more devices or pipeline stages)\n",
             if r.pipeline.as_ref().is_some_and(|p| p.config.stages > 1) {
@@ -229,7 +423,7 @@ fn describe(
             } else {
                 "the plan"
             },
-            bytes(m.total()),
+            bytes(peak),
             bytes(r.memory_budget as f64)
         ));
     }
@@ -239,7 +433,11 @@ fn describe(
         bytes(total_comm_bytes(r))
     ));
     if let Some(p) = &r.pipeline {
-        out.push_str(&describe_pipeline(p, r.devices * p.config.stages));
+        out.push_str(&describe_pipeline(
+            p,
+            r.devices * p.config.stages,
+            &memory.stage_peaks(p),
+        ));
     }
     out.push_str("strategies (in_strategy per op; repeated layers grouped):\n");
     let mut groups: Vec<(String, String, Vec<usize>)> = Vec::new();
@@ -278,8 +476,40 @@ fn total_comm_bytes(r: &PlanReport) -> f64 {
     }
 }
 
-/// The chosen pipeline: per stage its layers, ranks, time per step and memory.
-fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
+/// The memory line of the plan's text.
+fn describe_memory(r: &PlanReport, memory: &PlanMemory) -> String {
+    let e = &r.cost.memory;
+    match memory.fullest() {
+        Some((rank, m)) => format!(
+            "memory per device: peak {} on rank {rank}, the fullest (predicted as `tessera train --explain` predicts it: the compiled step's buffers, each freed after its last use, with the micro-batches a pipeline stage holds at once); by category, each at its own peak: parameters {}, gradients {}, optimizer {}, activations {}, communication {}; the search ranked strategies by its own estimate, {}\n",
+            bytes(m.peak as f64),
+            bytes(m.peaks.parameters as f64),
+            bytes(m.peaks.gradients as f64),
+            bytes(m.peaks.optimizer as f64),
+            bytes(m.peaks.activations as f64),
+            bytes(m.peaks.communication as f64),
+            bytes(e.total())
+        ),
+        None => {
+            let why = match memory {
+                PlanMemory::Estimated(why) => why.as_str(),
+                PlanMemory::Predicted(_) => "no rank predicted",
+            };
+            format!(
+                "memory per device (the search's estimate, not the run's predicted peak: {why}): parameters {}, gradients {}, optimizer {}, activations {} (the forward outputs the backward reads, and each gradient written whole before its sum, all counted as held at once; micro-batches in flight and the backward's other values not counted); total {}\n",
+                bytes(e.parameters),
+                bytes(e.gradients),
+                bytes(e.optimizer),
+                bytes(e.activations),
+                bytes(e.total())
+            )
+        }
+    }
+}
+
+/// The chosen pipeline: per stage its layers, ranks, time per step and memory (`peaks`: each
+/// stage's bytes per device).
+fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize, peaks: &[f64]) -> String {
     let mut out = format!(
         "pipeline: {} stage(s) × {} micro-batches ({}), bubble {:.3} ms, makespan {:.3} ms\n",
         p.config.stages,
@@ -288,7 +518,7 @@ fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
         p.bubble * 1e3,
         p.makespan * 1e3
     );
-    for (stage, cost) in p.stage_costs.iter().enumerate() {
+    for ((stage, cost), peak) in p.stage_costs.iter().enumerate().zip(peaks) {
         let layers = parallel::pipeline::layers_of_stage(&p.layers, stage);
         let ranks = p.ranks(stage, devices);
         out.push_str(&format!(
@@ -299,14 +529,14 @@ fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize) -> String {
             layers.first().unwrap_or(&"-"),
             layers.last().unwrap_or(&"-"),
             cost.time() * 1e3,
-            bytes(cost.memory.total())
+            bytes(*peak)
         ));
     }
     out
 }
 
 /// The pipeline planned stage by stage (`null` when none was: no stages configured or chosen).
-fn pipeline_json(r: &PlanReport) -> serde_json::Value {
+fn pipeline_json(r: &PlanReport, memory: &PlanMemory) -> serde_json::Value {
     let Some(p) = &r.pipeline else {
         return serde_json::Value::Null;
     };
@@ -322,15 +552,37 @@ fn pipeline_json(r: &PlanReport) -> serde_json::Value {
             serde_json::json!([r.start, r.end])
         }).collect::<Vec<_>>(),
         "stage_step_ms": p.stage_costs.iter().map(|c| c.time() * 1e3).collect::<Vec<_>>(),
-        "stage_memory_bytes": p.stage_costs.iter().map(|c| c.memory.total()).collect::<Vec<_>>(),
+        "stage_memory_bytes": memory.stage_peaks(p),
         "makespan_ms": p.makespan * 1e3,
         "bubble_ms": p.bubble * 1e3,
     })
 }
 
 /// The plan as JSON. `configured_stages` is `parallel.pipeline.stages` (1 without it).
-fn to_json(r: &PlanReport, file: &std::path::Path, configured_stages: usize) -> serde_json::Value {
-    let m = &r.cost.memory;
+fn to_json(
+    r: &PlanReport,
+    memory: &PlanMemory,
+    file: &std::path::Path,
+    configured_stages: usize,
+) -> serde_json::Value {
+    let e = &r.cost.memory;
+    let fullest = memory.fullest();
+    let categories = match fullest {
+        Some((_, m)) => serde_json::json!({
+            "parameters": m.peaks.parameters,
+            "gradients": m.peaks.gradients,
+            "optimizer": m.peaks.optimizer,
+            "activations": m.peaks.activations,
+            "communication": m.peaks.communication,
+        }),
+        None => serde_json::json!({
+            "parameters": e.parameters,
+            "gradients": e.gradients,
+            "optimizer": e.optimizer,
+            "activations": e.activations,
+            "communication": null,
+        }),
+    };
     let stages = plan_stages(r, configured_stages);
     serde_json::json!({
         "mode": r.mode,
@@ -346,19 +598,27 @@ fn to_json(r: &PlanReport, file: &std::path::Path, configured_stages: usize) -> 
         "bubble_ms": r.bubble_seconds() * 1e3,
         "comm_bytes_per_step": total_comm_bytes(r),
         "comm_bytes_per_device": r.cost.comm_bytes,
-        "peak_memory_bytes": m.total(),
+        "peak_memory_bytes": memory.peak(r),
         "memory_budget_bytes": r.memory_budget,
-        "memory": {
-            "parameters": m.parameters,
-            "gradients": m.gradients,
-            "optimizer": m.optimizer,
-            "activations": m.activations,
+        "memory": categories,
+        "memory_predicted": fullest.is_some(),
+        "memory_rank": fullest.map(|(rank, _)| rank),
+        "memory_not_predicted": match memory {
+            PlanMemory::Estimated(why) => Some(why.as_str()),
+            PlanMemory::Predicted(_) => None,
+        },
+        "search_memory_estimate": {
+            "parameters": e.parameters,
+            "gradients": e.gradients,
+            "optimizer": e.optimizer,
+            "activations": e.activations,
+            "total": e.total(),
         },
         "gap": r.gap,
         "n_ops": r.n_ops,
         "n_classes": r.n_classes,
         "operator_strategy_file": file.display().to_string(),
-        "pipeline": pipeline_json(r),
+        "pipeline": pipeline_json(r, memory),
         "ops": r.strategies.iter().map(|(name, s)| serde_json::json!({
             "name": name,
             "in_strategy": s,

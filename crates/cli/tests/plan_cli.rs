@@ -286,3 +286,262 @@ fn a_data_parallel_pipeline_is_planned_on_each_stages_devices() {
     }
     assert_eq!(widest, 2, "the batch is split over a stage's 2 devices");
 }
+
+/// `tessera train --explain --json`'s predicted memory (`memory`: per category, `peak`) of
+/// every rank, for the configuration and sets `args`.
+fn explained_memory(args: &[&str]) -> Vec<serde_json::Value> {
+    let mut explain = vec!["train"];
+    explain.extend(args);
+    explain.extend(["--explain", "--json"]);
+    let out = tessera(&explain);
+    assert_ok(&out);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let rank: serde_json::Value = serde_json::from_str(line).expect("one JSON per rank");
+            rank["memory"].clone()
+        })
+        .collect()
+}
+
+/// `tessera plan`'s memory per device is the peak `tessera train --explain` predicts for the
+/// same configuration (`args`: the file and its sets), exactly: the fullest rank's peak and
+/// categories, each pipeline stage's fullest rank's peak; and the text names that peak's rank.
+/// Returns the plan's JSON.
+#[track_caller]
+fn assert_plan_memory_is_the_prediction(args: &[&str]) -> serde_json::Value {
+    let mut plan = vec!["plan"];
+    plan.extend(args);
+    plan.push("--json");
+    let out = tessera(&plan);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let ranks = explained_memory(args);
+    let peak = |m: &serde_json::Value| m["peak"].as_u64().expect("a peak");
+    let fullest = ranks.iter().map(peak).max().expect("ranks");
+    assert_eq!(
+        json["peak_memory_bytes"].as_f64(),
+        Some(fullest as f64),
+        "{args:?}: the plan's peak against the predicted {fullest}"
+    );
+    assert_eq!(json["memory_predicted"], true, "{json}");
+    let rank = json["memory_rank"].as_u64().expect("memory_rank") as usize;
+    assert_eq!(peak(&ranks[rank]), fullest, "{args:?}");
+    for category in [
+        "parameters",
+        "gradients",
+        "optimizer",
+        "activations",
+        "communication",
+    ] {
+        assert_eq!(
+            json["memory"][category], ranks[rank][category],
+            "{args:?}: {category}"
+        );
+    }
+    if let Some(stages) = json["pipeline"]["stage_ranks"].as_array() {
+        for (stage, range) in stages.iter().enumerate() {
+            let (first, end) = (range[0].as_u64().unwrap(), range[1].as_u64().unwrap());
+            let stage_peak = (first..end).map(|r| peak(&ranks[r as usize])).max();
+            assert_eq!(
+                json["pipeline"]["stage_memory_bytes"][stage].as_f64(),
+                stage_peak.map(|p| p as f64),
+                "{args:?}: stage {stage}"
+            );
+        }
+    }
+    plan.pop();
+    let text = tessera(&plan);
+    assert_ok(&text);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("on rank {rank}, the fullest (predicted as")),
+        "{text}"
+    );
+    json
+}
+
+/// The plan's memory was the search's estimate (every held value counted at once, the
+/// pipeline's micro-batches in flight and the backward's other values not at all): for the
+/// example GPT on 2 stages 8.26 MiB against the 23.26 MiB `--explain` predicts. It is now the
+/// prediction, for configured and searched plans, with and without stages, recompute and hsdp.
+#[test]
+fn the_plans_memory_is_the_predicted_peak() {
+    let dir = Scratch::new("plan-memory-predicted");
+    let cfg = config(&dir.0);
+    let gpt = |sets: &[&'static str]| {
+        let mut args = vec![s(&cfg).to_string()];
+        for set in sets {
+            args.extend(["--set".to_string(), set.to_string()]);
+        }
+        args
+    };
+    let configured = [
+        "parallel.auto_pipeline=false",
+        "parallel.mode=\"semi_auto\"",
+    ];
+    let two_stages = "parallel.pipeline.stages=2";
+    let recompute = "parallel.recompute.cells=[\"blocks.*\"]";
+    let out_dir = format!("output.dir=\"{}\"", dir.0.join("seed").display());
+    let seed = |example: &str| vec![example.to_string(), "--set".to_string(), out_dir.clone()];
+    let runs = [
+        // The searched pipeline (`parallel.auto_pipeline`).
+        gpt(&[]),
+        // Configured stages, configured strategies; with recompute.
+        gpt(&[configured[0], configured[1], two_stages]),
+        gpt(&[configured[0], configured[1], two_stages, recompute]),
+        // Configured stages, searched strategies.
+        gpt(&[configured[0], two_stages]),
+        // No stages: recompute, hsdp, a search.
+        gpt(&[configured[0], configured[1], recompute]),
+        gpt(&[
+            configured[0],
+            "parallel.mode=\"data_parallel\"",
+            "parallel.hsdp.optimizer_level=\"level2\"",
+        ]),
+        gpt(&[configured[0]]),
+        // Data and model parallel on 8 devices, and plain data parallel.
+        seed("examples/seed_semi_auto.toml"),
+        seed("examples/seed_data_parallel.toml"),
+        // The example GPT (dp 4 × mp 2), and on 2 stages of dp 2 × mp 2.
+        seed("examples/gpt_kjv.toml"),
+        [
+            seed("examples/gpt_kjv.toml"),
+            vec![
+                "--set".to_string(),
+                "parallel.data_parallel=2".to_string(),
+                "--set".to_string(),
+                "parallel.pipeline.stages=2".to_string(),
+                "--set".to_string(),
+                "parallel.pipeline.micro_batches=4".to_string(),
+            ],
+        ]
+        .concat(),
+    ];
+    for run in &runs {
+        let args: Vec<&str> = run.iter().map(String::as_str).collect();
+        let json = assert_plan_memory_is_the_prediction(&args);
+        assert!(json["search_memory_estimate"]["total"].as_f64().unwrap() > 0.0);
+    }
+}
+
+/// A searched plan whose predicted peak exceeds `parallel.max_device_memory` is refused even
+/// when the search's estimate fits it (it was accepted: the run did not fit the budget the plan
+/// said it did), naming the key and the bytes needed, and no operator strategy file is written.
+#[test]
+fn a_searched_plan_over_the_budget_by_its_prediction_is_refused() {
+    let dir = Scratch::new("plan-memory-budget");
+    let cfg = config(&dir.0);
+    // One device per stage: the plan is the same under any budget it fits.
+    let args = [
+        "plan",
+        s(&cfg),
+        "--set",
+        "parallel.auto_pipeline=false",
+        "--set",
+        "parallel.pipeline.stages=2",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = tessera(&json_args);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let estimate = json["search_memory_estimate"]["total"].as_f64().unwrap() as u64;
+    let peak = json["peak_memory_bytes"].as_f64().unwrap() as u64;
+    assert!(estimate < peak, "{json}");
+    let file = std::path::PathBuf::from(json["operator_strategy_file"].as_str().unwrap());
+    std::fs::remove_file(&file).unwrap();
+    // A budget between the two is refused.
+    let between = format!("parallel.max_device_memory={}", (estimate + peak) / 2);
+    let mut tight = args.to_vec();
+    tight.extend(["--set", &between]);
+    let out = tessera(&tight);
+    assert!(!out.status.success(), "a plan over its budget was accepted");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("parallel.max_device_memory")
+            && stderr.contains(&format!("needs {peak} bytes"))
+            && stderr.contains(&format!("at least {peak} bytes")),
+        "{stderr}"
+    );
+    assert!(!file.exists(), "a refused plan wrote {}", file.display());
+    // The peak itself fits.
+    let fits = format!("parallel.max_device_memory={peak}");
+    let mut exact = args.to_vec();
+    exact.extend(["--set", &fits]);
+    assert_ok(&tessera(&exact));
+    assert!(file.exists());
+}
+
+/// A plan whose run `tessera train --explain` does not predict (parameter server: the ps
+/// crate's programs) prints the search's estimate and says so, with the reason.
+#[test]
+fn a_plan_without_a_prediction_says_its_memory_is_the_estimate() {
+    let dir = Scratch::new("plan-memory-estimate");
+    let out_dir = format!("output.dir=\"{}\"", dir.0.display());
+    let args = [
+        "plan",
+        "examples/seed_parameter_server.toml",
+        "--set",
+        &out_dir,
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = tessera(&json_args);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["memory_predicted"], false, "{json}");
+    assert!(
+        json["memory_not_predicted"]
+            .as_str()
+            .is_some_and(|why| why.contains("parameter_server")),
+        "{json}"
+    );
+    assert_eq!(
+        json["peak_memory_bytes"],
+        json["search_memory_estimate"]["total"]
+    );
+    let out = tessera(&args);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("memory per device (the search's estimate, not the run's predicted peak: parallel.mode = \"parameter_server\""),
+        "{text}"
+    );
+}
+
+/// `--estimate-memory` skips compiling the run: the plan prints the search's estimate, saying
+/// so; without it the same plan prints the (here higher) predicted peak.
+#[test]
+fn estimate_memory_prints_the_searchs_estimate() {
+    let dir = Scratch::new("plan-memory-estimate-flag");
+    let cfg = config(&dir.0);
+    let args = [
+        "plan",
+        s(&cfg),
+        "--set",
+        "parallel.auto_pipeline=false",
+        "--set",
+        "parallel.pipeline.stages=2",
+        "--json",
+    ];
+    let predicted = tessera(&args);
+    assert_ok(&predicted);
+    let predicted: serde_json::Value = serde_json::from_slice(&predicted.stdout).unwrap();
+    let mut estimate_args = args.to_vec();
+    estimate_args.push("--estimate-memory");
+    let out = tessera(&estimate_args);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["memory_predicted"], false, "{json}");
+    assert!(json["memory_not_predicted"]
+        .as_str()
+        .is_some_and(|why| why.contains("--estimate-memory")));
+    let estimate = &json["search_memory_estimate"]["total"];
+    assert_eq!(&json["peak_memory_bytes"], estimate);
+    assert_eq!(estimate, &predicted["search_memory_estimate"]["total"]);
+    assert!(
+        predicted["peak_memory_bytes"].as_f64().unwrap() > estimate.as_f64().unwrap(),
+        "{predicted}"
+    );
+}

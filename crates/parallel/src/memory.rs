@@ -288,10 +288,17 @@ fn bytes_of(program: &Program, b: usize, shape: &[usize]) -> usize {
 /// The bytes buffer `b` takes on `rank` (nothing on a rank of another pipeline stage).
 pub fn buffer_bytes(program: &Program, b: usize, rank: usize) -> usize {
     let spec = &program.buffers[b];
-    if spec.layout.layout().mesh().slot_of_rank(rank).is_none() {
+    let layout = spec.layout.layout();
+    let Some(slot) = layout.mesh().slot_of_rank(rank) else {
         return 0;
+    };
+    // `BufferSpec::local_shape` without its copy of the shape: predicting a thousand ranks
+    // asks this for every buffer of each.
+    if layout.is_uniform() {
+        bytes_of(program, b, &spec.shape)
+    } else {
+        bytes_of(program, b, &layout.slot_shape(slot))
     }
-    bytes_of(program, b, &spec.local_shape(rank))
 }
 
 /// The bytes of a sum of buffer `b` over a step's micro-batches on `rank` (a pipelined step's
@@ -329,17 +336,96 @@ fn piece_elements(program: &Program, p: usize, rank: usize) -> usize {
 /// The memory `rank` will hold running `program` (a non-pipelined step, buffers freed after
 /// their last use) with `state` beside it.
 pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryReport {
-    let lifetimes = lifetimes(program);
-    let mut meter = MemoryMeter::default();
-    for (b, &persistent) in lifetimes.persistent.iter().enumerate() {
-        if persistent {
-            meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
+    Predictor::new(program).predict(rank, state)
+}
+
+/// What [`predict`] and [`predict_pipelined`] read of a program that is the same on every
+/// rank (the buffers' lifetimes, the buffers taken over, the prefetched gathers), worked out
+/// once: predicting many ranks of one program (`tessera plan`'s fullest rank among a thousand)
+/// then walks only each rank's steps. Its predictions are those of the two functions, which
+/// run through it.
+#[derive(Debug, Clone)]
+pub struct Predictor<'a> {
+    program: &'a Program,
+    lifetimes: BufferLifetimes,
+    moved: Vec<Option<(usize, usize)>>,
+    gathers: Vec<usize>,
+}
+
+impl<'a> Predictor<'a> {
+    /// The rank-independent analysis of `program`.
+    pub fn new(program: &'a Program) -> Predictor<'a> {
+        let lifetimes = lifetimes(program);
+        let moved = moved_buffers(program, &lifetimes);
+        let gathers = crate::fusion::prefetched_gathers(program);
+        Predictor {
+            program,
+            lifetimes,
+            moved,
+            gathers,
         }
     }
-    hold_training_state(&mut meter, program, rank, state);
-    walk_steps(&mut meter, program, rank, &lifetimes);
-    hold_fused_gathers(&mut meter, program, rank);
-    meter.report()
+
+    /// [`predict`] of `rank`.
+    pub fn predict(&self, rank: usize, state: TrainingState) -> MemoryReport {
+        let (program, lifetimes) = (self.program, &self.lifetimes);
+        let mut meter = MemoryMeter::default();
+        for (b, &persistent) in lifetimes.persistent.iter().enumerate() {
+            if persistent {
+                meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
+            }
+        }
+        hold_training_state(&mut meter, program, rank, state);
+        walk_steps(&mut meter, self, rank);
+        hold_fused_gathers(&mut meter, program, rank);
+        meter.report()
+    }
+
+    /// [`predict_pipelined`] of `rank`.
+    pub fn predict_pipelined(
+        &self,
+        rank: usize,
+        state: TrainingState,
+        buffers: &crate::pipeline::MicroBatchBuffers,
+        held: usize,
+    ) -> MemoryReport {
+        let (program, lifetimes) = (self.program, &self.lifetimes);
+        let mut meter = MemoryMeter::default();
+        let hold = |meter: &mut MemoryMeter, b: usize| {
+            meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank))
+        };
+        for b in 0..program.buffers.len() {
+            hold(&mut meter, b);
+        }
+        hold_training_state(&mut meter, program, rank, state);
+        for &b in &buffers.summed {
+            let category = lifetimes.category[b];
+            meter.hold(category, summed_bytes(program, b, rank));
+        }
+        for _ in 0..held {
+            for &b in &buffers.local {
+                hold(&mut meter, b);
+            }
+        }
+        // A ring step runs while the micro-batches in flight are held.
+        if let Some(ring) = program
+            .steps
+            .iter()
+            .filter_map(|step| ring_workspace(program, step, rank))
+            .max()
+        {
+            meter.hold(MemoryCategory::Communication, ring);
+            meter.release(MemoryCategory::Communication, ring);
+        }
+        for &b in &buffers.summed {
+            meter.release(lifetimes.category[b], summed_bytes(program, b, rank));
+        }
+        for &b in (0..held).flat_map(|_| &buffers.local) {
+            meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
+        }
+        hold_fused_gathers(&mut meter, program, rank);
+        meter.report()
+    }
 }
 
 /// The fused weight gathers after the update: each bucket's packed pieces and the gathered
@@ -365,42 +451,7 @@ pub fn predict_pipelined(
     buffers: &crate::pipeline::MicroBatchBuffers,
     held: usize,
 ) -> MemoryReport {
-    let lifetimes = lifetimes(program);
-    let mut meter = MemoryMeter::default();
-    let hold = |meter: &mut MemoryMeter, b: usize| {
-        meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank))
-    };
-    for b in 0..program.buffers.len() {
-        hold(&mut meter, b);
-    }
-    hold_training_state(&mut meter, program, rank, state);
-    for &b in &buffers.summed {
-        let category = lifetimes.category[b];
-        meter.hold(category, summed_bytes(program, b, rank));
-    }
-    for _ in 0..held {
-        for &b in &buffers.local {
-            hold(&mut meter, b);
-        }
-    }
-    // A ring step runs while the micro-batches in flight are held.
-    if let Some(ring) = program
-        .steps
-        .iter()
-        .filter_map(|step| ring_workspace(program, step, rank))
-        .max()
-    {
-        meter.hold(MemoryCategory::Communication, ring);
-        meter.release(MemoryCategory::Communication, ring);
-    }
-    for &b in &buffers.summed {
-        meter.release(lifetimes.category[b], summed_bytes(program, b, rank));
-    }
-    for &b in (0..held).flat_map(|_| &buffers.local) {
-        meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
-    }
-    hold_fused_gathers(&mut meter, program, rank);
-    meter.report()
+    Predictor::new(program).predict_pipelined(rank, state, buffers, held)
 }
 
 /// Holds what a training run keeps beside the program's buffers: optimizer state (and master
@@ -466,12 +517,8 @@ fn hold_training_state(
 
 /// Walks the steps of a non-pipelined run: each buffer allocated by its first writer and freed
 /// after its last use, prefetched gathers and, with overlap, buckets in flight.
-fn walk_steps(
-    meter: &mut MemoryMeter,
-    program: &Program,
-    rank: usize,
-    lifetimes: &BufferLifetimes,
-) {
+fn walk_steps(meter: &mut MemoryMeter, predictor: &Predictor<'_>, rank: usize) {
+    let (program, lifetimes) = (predictor.program, &predictor.lifetimes);
     // With overlap, a bucket's packed gradients are in flight from its step to the end.
     let overlap = program
         .placed
@@ -504,10 +551,10 @@ fn walk_steps(
         }
     }
     let mut allocated = lifetimes.persistent.clone();
-    let moved = moved_buffers(program, lifetimes);
+    let moved = &predictor.moved;
     // Prefetched weight gathers (hsdp levels 1–3): each started (its destination allocated, its source copied)
     // when the gather before it runs, the first when the step starts.
-    let gathers = crate::fusion::prefetched_gathers(program);
+    let gathers = &predictor.gathers;
     let gather_bytes = |g: usize| match &program.steps[g] {
         Step::Reshard(r) if r.plan.dst().mesh().slot_of_rank(rank).is_some() => {
             Some((r.to, buffer_bytes(program, r.from, rank)))

@@ -15,8 +15,12 @@ pub struct MemoryEstimate {
     pub optimizer: f64,
     /// Forward outputs kept for the backward pass (those it reads: [`crate::HeldValues`]),
     /// and each parameter gradient the backward writes whole before its sum over devices.
-    /// All are counted as held at once: where the sums run during the backward the step's
-    /// peak is lower (`tessera train --explain` walks the step's buffers).
+    /// All are counted as held at once. This is an estimate for ranking strategies, neither
+    /// bound of the step's peak: it misses the micro-batches a pipeline stage holds in flight,
+    /// the backward's other values and the redistributions' buffers (the example GPT on 2
+    /// stages: 8.26 MiB against 23.26 MiB), and counts at once gradients whose sums free them
+    /// earlier. `tessera plan` prints the peak `tessera train --explain` predicts instead
+    /// (`parallel::memory`, the compiled step's buffers walked rank by rank).
     pub activations: f64,
 }
 
