@@ -150,6 +150,46 @@ fn a_strategy_name_on_what_is_not_a_file_is_an_error() {
     assert!(!out.exists(), "nothing written");
 }
 
+/// Two stages with an operator of the same name merge into protobuf (a list keeps both), but
+/// a JSON output, which keys operators by name, would hold a duplicate key that no reader
+/// accepts: `tessera strategy merge-stages DIR merged.json` wrote a file `strategy show`
+/// then refused. It is refused before writing, naming the operator and both stages.
+#[test]
+fn a_json_merge_of_stages_sharing_an_operator_name_is_refused() {
+    let dir = tmp();
+    let stages = dir.path().join("stages");
+    std::fs::create_dir_all(&stages).unwrap();
+    for stage in [0, 1] {
+        let mut file = stage_file(stage);
+        file.strategy_items[0].node_name = "Default/network-Net/MatMul-op0".into();
+        let text = file.to_json_text();
+        std::fs::write(stages.join(format!("s{stage}.json")), text).unwrap();
+    }
+    let pb = dir.path().join("merged.ckpt");
+    ckpt::merge_pipeline_strategies(&stages, &pb, false).unwrap();
+    let merged = MsStrategyFile::decode(&pb, &std::fs::read(&pb).unwrap()).unwrap();
+    assert_eq!(merged.strategy_items.len(), 2);
+    let json = dir.path().join("merged.json");
+    let err = ckpt::merge_pipeline_strategies(&stages, &json, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Default/network-Net/MatMul-op0")
+            && err.contains("stage 0")
+            && err.contains("stage 1")
+            && err.contains("protobuf"),
+        "{err}"
+    );
+    assert!(!json.exists(), "nothing written");
+    // Distinct names still merge into JSON, and it reads back.
+    for stage in [0, 1] {
+        let text = stage_file(stage).to_json_text();
+        std::fs::write(stages.join(format!("s{stage}.json")), text).unwrap();
+    }
+    ckpt::merge_pipeline_strategies(&stages, &json, false).unwrap();
+    assert_eq!(Strategy::load(&json).unwrap().n_stages(), 2);
+}
+
 #[test]
 fn pipeline_to_flat_and_back() {
     let dir = tmp();

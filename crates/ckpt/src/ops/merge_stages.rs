@@ -137,6 +137,21 @@ pub fn merge_pipeline_strategies(
         });
     }
     let bytes = if dst.extension().is_some_and(|e| e == "json") {
+        // A JSON strategy keys its operator strategies by name, so two stages' operators of one
+        // name would be written as a duplicate key, which every JSON reader (ours included)
+        // refuses or silently collapses. Protobuf keeps both; say so before writing anything.
+        let mut first_stage: HashMap<&str, u32> = HashMap::new();
+        for item in &out.strategy_items {
+            if let Some(stage) = first_stage.insert(&item.node_name, item.stage) {
+                return Err(CkptError::InvalidStrategy {
+                    path: dst.to_path_buf(),
+                    reason: format!(
+                        "operator \"{}\" has a strategy in pipeline stage {stage} and in stage {}: a JSON strategy file holds each operator name once (write the merge as protobuf: an output name not ending in .json)",
+                        item.node_name, item.stage
+                    ),
+                });
+            }
+        }
         let mut text = out.to_json_text();
         text.push('\n');
         text.into_bytes()
