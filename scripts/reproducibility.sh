@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How close the seed run's numbers are across device counts and parallel modes, and whether a
-# run repeats bit for bit (the figures of README.md and docs/REPRODUCIBILITY.md).
+# run repeats bit for bit (the figures of README.md, "Reproducibility").
 #
 # Runs the three example configurations to the end (3 epochs, 138 steps) on 1, 2, 4 and 8
 # devices (stand_alone on 1 only; semi_auto with a strategy per device count), each twice, and
