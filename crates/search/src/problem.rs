@@ -241,20 +241,6 @@ impl SearchProblem {
         SearchProblem::build_only(graph, settings, fixed, hints, None)
     }
 
-    /// [`SearchProblem::build_only`] for a run in deterministic mode when `deterministic` is
-    /// given: every op not fixed keeps only the candidates whose summed-dim splits the
-    /// canonical blocks can serve ([`parallel::check_deterministic_strategy`]).
-    pub(crate) fn build_filtered(
-        graph: &Graph,
-        settings: &EvalSettings<'_>,
-        fixed: &BTreeMap<String, Vec<Vec<usize>>>,
-        hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
-        only: Option<&BTreeSet<String>>,
-        deterministic: Option<&Deterministic>,
-    ) -> Result<SearchProblem, SearchError> {
-        SearchProblem::build_with(graph, settings, fixed, hints, only, deterministic)
-    }
-
     /// [`SearchProblem::build`] over the forward ops named in `only` (every one when `None`):
     /// a pipeline stage's ops. Values from ops outside come in as they are (no edge).
     pub fn build_only(
@@ -264,10 +250,13 @@ impl SearchProblem {
         hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
         only: Option<&BTreeSet<String>>,
     ) -> Result<SearchProblem, SearchError> {
-        SearchProblem::build_with(graph, settings, fixed, hints, only, None)
+        SearchProblem::build_filtered(graph, settings, fixed, hints, only, None)
     }
 
-    fn build_with(
+    /// [`SearchProblem::build_only`] for a run in deterministic mode when `deterministic` is
+    /// given: every op not fixed keeps only the candidates whose summed-dim splits the
+    /// canonical blocks can serve ([`parallel::check_deterministic_strategy`]).
+    pub(crate) fn build_filtered(
         graph: &Graph,
         settings: &EvalSettings<'_>,
         fixed: &BTreeMap<String, Vec<Vec<usize>>>,
