@@ -96,7 +96,7 @@ fn train<'py>(
         )));
     }
     let config = load_config(path.as_deref(), text.as_deref(), &overrides, devices)?;
-    let warnings = config.warnings();
+    let mut warnings = config.warnings();
     let out_dir = config.output().dir.clone();
     let saved = config.output().save_checkpoint;
     let metrics_log = log_json.unwrap_or_else(|| config.output().metrics_file());
@@ -112,11 +112,15 @@ fn train<'py>(
                 // A Python caller keeps its interpreter: a hung rank is not ended by exiting.
                 exit_on_hung_rank: false,
             };
-            Training::from_config(&config)?
-                .options(options)
-                .train_local()
+            let training = Training::from_config(&config)?;
+            // What the compiled program caps or skips beyond the configuration's warnings.
+            let compiled = training.session().warnings();
+            let report = training.options(options).train_local()?;
+            Ok::<_, runtime::RuntimeError>((report, compiled))
         })
         .map_err(runtime_err)?;
+    let (report, compiled) = report;
+    warnings.extend(compiled);
     let d = PyDict::new(py);
     d.set_item("devices", report.devices)?;
     d.set_item("steps", report.losses().len())?;

@@ -98,7 +98,8 @@ def train(config: Config, devices: Optional[int] = None, *,
     """Trains as ``tessera train CONFIG [--devices N]`` does (ranks as threads of this
     process) and returns the metrics: ``losses`` (per step), ``accuracies`` /
     ``eval_losses`` (per epoch), ``step_ms``, ``steps``, ``devices``, ``pipeline_bubble``,
-    ``output_dir``, ``checkpoint_saved``, ``metrics_log`` and ``warnings``.
+    ``output_dir``, ``checkpoint_saved``, ``metrics_log`` and ``warnings`` (the configuration's,
+    then what the compiled program caps or skips beyond them, as ``tessera train`` prints).
 
     ``config`` is a TOML file (docs/CONFIG.md) or a dict of sections (``{"model": {...},
     "data": {...}, ...}``; relative paths against the current directory). ``overrides``

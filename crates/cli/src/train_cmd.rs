@@ -115,6 +115,10 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // built-in model and data.
     let training = Training::from_config(&config)?;
     let session = training.session();
+    // What the compiled program caps or skips beyond what the configuration's warnings said.
+    for warning in session.warnings() {
+        eprintln!("warning: {warning}");
+    }
     if let Some(path) = &args.timeline {
         let pipeline = config
             .parallel_config()

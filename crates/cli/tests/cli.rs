@@ -19,5 +19,6 @@ mod plan_cli;
 mod profile_cli;
 mod ps_launch_cli;
 mod sets_cli;
+mod stage_warnings_cli;
 mod train_cli;
 mod util;

@@ -281,7 +281,12 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
         let ctx = OpContext::of(graph, node);
         let placement = match &node.role {
             NodeRole::Forward => {
-                let p = place_forward(&ctx, node, config, per_stage, &placed)?;
+                let on_stage = stages.as_ref().map(|(st, _)| strategy::PipelineStage {
+                    stage: st.nodes[id],
+                    stages: config.pipeline.as_ref().map_or(1, |p| p.stages),
+                    devices,
+                });
+                let p = place_forward(&ctx, node, config, per_stage, on_stage, &placed)?;
                 relocate_placement(&ctx, p, offset_of_node(id))?
             }
             NodeRole::Backward(grad_of) => {
@@ -568,12 +573,14 @@ fn forward_id(graph: &Graph, node: &Node) -> NodeId {
         .expect("the node belongs to the graph")
 }
 
-/// Places a forward node from its strategy.
+/// Places a forward node from its strategy, on the `devices` devices of its pipeline stage
+/// (`stage`, when the run has more than one).
 fn place_forward(
     ctx: &OpContext<'_>,
     node: &Node,
     config: &ParallelConfig,
     devices: usize,
+    stage: Option<strategy::PipelineStage>,
     placed: &PlacedGraph,
 ) -> Result<NodePlacement, ParallelError> {
     if node.inputs.is_empty() {
@@ -607,7 +614,7 @@ fn place_forward(
     };
     let inputs: Vec<TensorLayout> = match user.and_then(|u| u.in_layouts.as_deref()) {
         Some(given) => bind_op_layouts(ctx, given, Operands::Inputs, devices)?,
-        None => strategy::input_layouts(ctx, &strategy_tuples, devices)?
+        None => strategy::input_layouts_on_stage(ctx, &strategy_tuples, devices, stage)?
             .inputs
             .into_iter()
             .zip(&ctx.input_shapes)

@@ -140,7 +140,8 @@ impl Program {
                         shard.step
                     );
                 }
-                Some(ShardDecision::Unsharded(why)) => {
+                Some(decision) => {
+                    let why = decision.why_whole().unwrap_or_default();
                     let _ = writeln!(out, "  {:<20} hsdp: not sharded: {why}", "");
                 }
                 None => {}

@@ -81,7 +81,15 @@ pub struct OptimizerShard {
 pub enum ShardDecision {
     /// Sharded (boxed: two layouts are large beside a reason).
     Sharded(Box<OptimizerShard>),
-    /// Left whole, and why.
+    /// Left whole because `shard_size` (after its cap to the replicas) does not divide the
+    /// parameter's `replicas`, as MindSpore skips such a parameter.
+    Skipped {
+        /// The shard size asked for, capped to the replicas.
+        shard_size: usize,
+        /// The ranks holding the same slice of the parameter.
+        replicas: usize,
+    },
+    /// Left whole for another reason, and why.
     Unsharded(String),
 }
 
@@ -90,7 +98,30 @@ impl ShardDecision {
     pub fn shard(&self) -> Option<&OptimizerShard> {
         match self {
             ShardDecision::Sharded(s) => Some(s),
-            ShardDecision::Unsharded(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The parameter's replica count when it is left whole because `shard_size` does not
+    /// divide it ([`ShardDecision::Skipped`]); `None` for every other decision.
+    pub fn skipped_replicas(&self) -> Option<usize> {
+        match self {
+            ShardDecision::Skipped { replicas, .. } => Some(*replicas),
+            _ => None,
+        }
+    }
+
+    /// Why the parameter is left whole; `None` when it is sharded.
+    pub fn why_whole(&self) -> Option<String> {
+        match self {
+            ShardDecision::Sharded(_) => None,
+            ShardDecision::Skipped {
+                shard_size,
+                replicas,
+            } => Some(format!(
+                "shard_size {shard_size} does not divide its {replicas} replicas"
+            )),
+            ShardDecision::Unsharded(why) => Some(why.clone()),
         }
     }
 }
@@ -118,9 +149,10 @@ pub(crate) fn decide(
         return unsharded("shard_size 1 leaves every parameter whole".into());
     }
     if !replicas.is_multiple_of(k) {
-        return unsharded(format!(
-            "shard_size {k} does not divide its {replicas} replicas"
-        ));
+        return ShardDecision::Skipped {
+            shard_size: k,
+            replicas,
+        };
     }
     if strategy_layout.row_split().is_some() {
         return unsharded("its dim 0 is a manual row split".into());
@@ -209,14 +241,26 @@ mod tests {
 
     #[test]
     fn parameters_that_cannot_be_sharded_say_why() {
-        let why = |d: ShardDecision| match d {
-            ShardDecision::Unsharded(reason) => reason,
-            ShardDecision::Sharded(s) => panic!("unexpectedly sharded: {s:?}"),
+        let why = |d: ShardDecision| match d.why_whole() {
+            Some(reason) => reason,
+            None => panic!("unexpectedly sharded: {d:?}"),
         };
         assert!(why(decide(&hsdp(None, 1), &weight(8), 1023)).contains("below the threshold"));
         assert!(why(decide(&hsdp(None, 0), &weight(6), 192)).contains("does not divide into 4"));
         assert!(why(decide(&hsdp(Some(3), 0), &weight(12), 384))
             .contains("does not divide its 4 replicas"));
+        assert_eq!(
+            decide(&hsdp(Some(3), 0), &weight(12), 384).skipped_replicas(),
+            Some(4)
+        );
+        assert_eq!(
+            decide(&hsdp(None, 0), &weight(6), 192).skipped_replicas(),
+            None
+        );
+        assert_eq!(
+            decide(&hsdp(Some(2), 0), &weight(8), 256).skipped_replicas(),
+            None
+        );
         let split = Layout::new(&[8], &["mp"], None)
             .unwrap()
             .apply(&["mp".into(), "None".into()])

@@ -33,6 +33,7 @@ mod precision;
 mod reproducibility;
 mod run_util;
 mod searched_determinism;
+mod stage_warnings;
 mod text_data;
 mod trainable_params;
 mod training;

@@ -12,6 +12,38 @@ use layout::{repeated_calc_mesh, Layout, Mesh};
 use super::{reshape, InputPlacement, OpContext};
 use crate::error::ParallelError;
 
+/// One pipeline stage of a run with more than one: where an op's strategy is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipelineStage {
+    /// The op's stage (0-based).
+    pub stage: usize,
+    /// `parallel.pipeline.stages` (more than 1).
+    pub stages: usize,
+    /// `parallel.devices`: every stage has `devices / stages` of them.
+    pub devices: usize,
+}
+
+/// The devices an op is placed on: `n`, those of `stage` when the run is pipelined.
+#[derive(Debug, Clone, Copy)]
+struct On {
+    n: usize,
+    stage: Option<PipelineStage>,
+}
+
+impl On {
+    /// "the N devices", or which stage's devices they are and where the count comes from.
+    fn describe(self, device_num: usize) -> String {
+        match self.stage {
+            Some(p) => format!(
+                "the {device_num} devices of pipeline stage {} (parallel.devices {} / \
+                 parallel.pipeline.stages {})",
+                p.stage, p.devices, p.stages
+            ),
+            None => format!("the {device_num} devices"),
+        }
+    }
+}
+
 /// Builds the op's mesh from `dev_matrix` (named `names`) on `devices` devices, and the input
 /// layouts from per-input axis lists; drops unit axes.
 fn place(
@@ -19,15 +51,18 @@ fn place(
     strategy: &[Vec<usize>],
     dev_matrix: &[usize],
     names: &[String],
-    devices: usize,
+    devices: On,
     inputs: Vec<Vec<Vec<usize>>>,
 ) -> Result<InputPlacement, ParallelError> {
-    let mesh = repeated_calc_mesh(dev_matrix, names, devices).map_err(|e| match e {
+    let mesh = repeated_calc_mesh(dev_matrix, names, devices.n).map_err(|e| match e {
         layout::LayoutError::StrategyDeviceMismatch {
             used, device_num, ..
         } => ctx.invalid(
             strategy,
-            format!("it uses {used} devices, which does not divide the {device_num} devices"),
+            format!(
+                "it uses {used} devices, which does not divide {}",
+                devices.describe(device_num)
+            ),
         ),
         other => ctx.layout_error(other),
     })?;
@@ -98,6 +133,32 @@ pub fn input_layouts(
     ctx: &OpContext<'_>,
     strategy: &[Vec<usize>],
     devices: usize,
+) -> Result<InputPlacement, ParallelError> {
+    layouts_on(
+        ctx,
+        strategy,
+        On {
+            n: devices,
+            stage: None,
+        },
+    )
+}
+
+/// [`input_layouts`] on the `devices` devices of one pipeline stage (`stage`, `None` when the
+/// run is not pipelined): a strategy that does not fit them says which stage's devices they are.
+pub fn input_layouts_on_stage(
+    ctx: &OpContext<'_>,
+    strategy: &[Vec<usize>],
+    devices: usize,
+    stage: Option<PipelineStage>,
+) -> Result<InputPlacement, ParallelError> {
+    layouts_on(ctx, strategy, On { n: devices, stage })
+}
+
+fn layouts_on(
+    ctx: &OpContext<'_>,
+    strategy: &[Vec<usize>],
+    devices: On,
 ) -> Result<InputPlacement, ParallelError> {
     if let Op::OneHot { .. } = ctx.op {
         return one_hot(ctx, strategy, devices);
@@ -438,7 +499,7 @@ fn axis_unsplit(
 fn one_hot(
     ctx: &OpContext<'_>,
     s: &[Vec<usize>],
-    devices: usize,
+    devices: On,
 ) -> Result<InputPlacement, ParallelError> {
     let out = ctx.output_shapes[0];
     check_divides(ctx, s, &[out], "output")?;
@@ -451,7 +512,7 @@ fn one_hot(
 fn elementwise(
     ctx: &OpContext<'_>,
     s: &[Vec<usize>],
-    devices: usize,
+    devices: On,
 ) -> Result<InputPlacement, ParallelError> {
     let r = s[0].len();
     let dims: Vec<Vec<usize>> = (0..r).map(|d| vec![d]).collect();
@@ -462,7 +523,7 @@ fn elementwise(
 fn broadcast_binary(
     ctx: &OpContext<'_>,
     s: &[Vec<usize>],
-    devices: usize,
+    devices: On,
 ) -> Result<InputPlacement, ParallelError> {
     let out = ctx.output_shapes[0];
     let r = out.len();

@@ -50,6 +50,7 @@ pub use self::ps::{PsKeys, MAX_PS_PROCESSES, PARAMETER_SERVER_MODE};
 pub(crate) use self::search::empty_profile;
 pub use self::search::{ProfileChoice, SearchKeys};
 use self::sections::from_root;
+pub(crate) use self::sections::ShardSizeCover;
 #[cfg(test)]
 use self::sections::SECTIONS;
 
@@ -652,13 +653,20 @@ impl TrainConfig {
         let mut out = self.warnings.clone();
         out.extend(self.unused_data_parallel());
         out.extend(self.unused_hsdp());
-        if self.ps.is_none() {
-            let gpt_mp = (self.model.name == ModelName::Gpt
-                && self.parallel.mode == ParallelMode::SemiAuto)
-                .then_some(self.gpt_parallel.model_parallel);
-            out.extend(sections::shard_size_warnings(&self.parallel, gpt_mp));
-        }
+        out.extend(self.shard_size_warning().map(|w| w.text));
         out
+    }
+
+    /// [`TrainConfig::warnings`]'s sentence about `parallel.hsdp.shard_size`, with what it
+    /// covers (the session adds the caps only the compiled layout shows, `session::warnings`).
+    pub(crate) fn shard_size_warning(&self) -> Option<sections::ShardSizeWarning> {
+        if self.ps.is_some() {
+            return None;
+        }
+        let gpt_mp = (self.model.name == ModelName::Gpt
+            && self.parallel.mode == ParallelMode::SemiAuto)
+            .then_some(self.gpt_parallel.model_parallel);
+        sections::shard_size_warning(&self.parallel, gpt_mp)
     }
 
     /// `[parallel.hsdp]` on one device (outside `stand_alone`, which is reported when the file

@@ -189,8 +189,9 @@ impl Session {
         let mut parallel = parallel_config(config, &model)?;
         crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
         let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
-        let train = compile_training(&model.graph, model.loss, &parallel)?;
-        let eval = compile_forward(&model.graph, &[model.loss], &parallel)?;
+        let named = |e| name_shard_key(config, e);
+        let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
+        let eval = compile_forward(&model.graph, &[model.loss], &parallel).map_err(named)?;
         let text = Arc::new(text);
         let data = SessionData::Text(text.clone());
         Ok(Session {
@@ -249,8 +250,9 @@ impl TrainSession {
     ) -> Result<TrainSession, RuntimeError> {
         let mut parallel = parallel_config(config, &model)?;
         crate::auto::apply_search(config, &model, None, &mut parallel)?;
-        let train = compile_training(&model.graph, model.loss, &parallel)?;
-        let eval = compile_forward(&model.graph, &[model.logits], &parallel)?;
+        let named = |e| name_shard_key(config, e);
+        let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
+        let eval = compile_forward(&model.graph, &[model.logits], &parallel).map_err(named)?;
         TrainSession::assemble(config, &parallel, model, train, eval, data)
     }
 
@@ -464,6 +466,66 @@ impl TrainSession {
             .parallel_config()
             .pipeline
             .is_some_and(|p| p.stages > 1 && p.output_broadcast)
+    }
+}
+
+/// `error`, when it is a strategy an op was given by a `[parallel.shard]` key, with that key
+/// named (a pattern or cell key stands for ops the error names one by one).
+fn name_shard_key(config: &TrainConfig, error: parallel::ParallelError) -> RuntimeError {
+    let parallel::ParallelError::InvalidStrategy {
+        op,
+        kind,
+        strategy,
+        rule,
+    } = error
+    else {
+        return error.into();
+    };
+    let table = config.parallel_config().strategies;
+    let cell = op.strip_suffix(".matmul");
+    // The most specific key naming the op, as the parallel pass picks it: its name, its
+    // cell's name, a pattern over either.
+    let exact = table.get_key_value(op.as_str());
+    let by_cell = || cell.and_then(|c| table.get_key_value(c));
+    let by_pattern = || {
+        table.iter().find(|(key, _)| {
+            key.contains(['*', '?'])
+                && (parallel::glob_matches(key, &op)
+                    || cell.is_some_and(|c| parallel::glob_matches(key, c)))
+        })
+    };
+    let key = exact
+        .or_else(by_cell)
+        .or_else(by_pattern)
+        // The strategy is the key's (not one a strategy file or a search gave the op).
+        .filter(|(_, given)| parallel::format_strategy(&given.inputs) == strategy)
+        .map(|(key, _)| key.clone());
+    let rule = match key {
+        Some(key) => format!(
+            "{rule}; the strategy comes from parallel.shard.{}",
+            toml_key(&key)
+        ),
+        None => rule,
+    };
+    parallel::ParallelError::InvalidStrategy {
+        op,
+        kind,
+        strategy,
+        rule,
+    }
+    .into()
+}
+
+/// `key` as a TOML key segment: bare when it can be, else quoted.
+fn toml_key(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if bare {
+        key.to_string()
+    } else {
+        format!("{key:?}")
     }
 }
 

@@ -13,7 +13,9 @@
 //!   gradient accumulation), pipelined steps, and the parameter update;
 //! - `checkpoint`: saving checkpoint sets, and resuming from one;
 //! - `elastic`: `train.elastic`'s in-memory snapshots and the recovery from them;
-//! - `eval`: evaluation after an epoch or every `train.eval_interval` steps.
+//! - `eval`: evaluation after an epoch or every `train.eval_interval` steps;
+//! - `warnings`: what the compiled program caps or skips that the configuration's warnings
+//!   cannot tell ([`TrainSession::warnings`]).
 
 mod build;
 mod checkpoint;
@@ -23,6 +25,7 @@ mod feed;
 mod run;
 mod step;
 mod strategy;
+mod warnings;
 
 pub use self::build::RankFootprint;
 

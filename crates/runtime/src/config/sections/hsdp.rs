@@ -112,8 +112,28 @@ pub(super) fn read_hsdp(
     })
 }
 
+/// What a [`shard_size_warning`] states: every cap and skip, or those at one replica count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum ShardSizeCover {
+    /// Every parameter's cap or skip.
+    Every,
+    /// Parameters with this many replicas, sharded over them: fewer than `shard_size`.
+    Capped(usize),
+    /// Parameters with this many replicas, left whole: `shard_size` does not divide them.
+    Skipped(usize),
+}
+
+/// A warning about `parallel.hsdp.shard_size`, and what it covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShardSizeWarning {
+    /// The caps and skips the sentence states.
+    pub(crate) covers: ShardSizeCover,
+    /// The sentence.
+    pub(crate) text: String,
+}
+
 /// What `parallel.hsdp.shard_size` does that the run would otherwise do without a word, one
-/// sentence each naming the key, the value and the replica count it meets (the parallel pass
+/// sentence naming the key, the value and the replica count it meets (the parallel pass
 /// decides per parameter, `parallel::hsdp`; MindSpore caps and skips the same way,
 /// `SEMANTICS.md`, optimizer sharding):
 /// - `1` shards nothing: `[parallel.hsdp]` has no effect;
@@ -128,27 +148,29 @@ pub(super) fn read_hsdp(
 /// model_parallel` replicas (LayerNorm's and the other whole weights on every device of the
 /// stage): a value above that is capped for those weights, one that does not divide it leaves
 /// them whole.
-pub(in crate::config) fn shard_size_warnings(
+pub(crate) fn shard_size_warning(
     parallel: &parallel::ParallelConfig,
     gpt_model_parallel: Option<usize>,
-) -> Vec<String> {
-    let Some(size) = parallel.hsdp.as_ref().and_then(|h| h.shard_size) else {
-        return Vec::new();
-    };
+) -> Option<ShardSizeWarning> {
+    let size = parallel.hsdp.as_ref().and_then(|h| h.shard_size)?;
     let devices = parallel.effective_devices();
     let stages = parallel.pipeline.as_ref().map_or(1, |p| p.stages.max(1));
     let per_stage = parallel.devices_per_stage();
     // Stand-alone and one device are reported as `[parallel.hsdp]` having no effect; more
     // stages than devices are refused by the pipeline check.
     if parallel.mode == parallel::ParallelMode::StandAlone || devices <= 1 || per_stage == 0 {
-        return Vec::new();
+        return None;
     }
     let key = format!("parallel.hsdp.shard_size = {size}");
+    let warning = |covers, text| Some(ShardSizeWarning { covers, text });
     if size == 1 {
-        return vec![format!(
-            "{key} leaves every parameter whole: [parallel.hsdp] has no effect (-1 shards each \
-             parameter over its whole replica group)"
-        )];
+        return warning(
+            ShardSizeCover::Every,
+            format!(
+                "{key} leaves every parameter whole: [parallel.hsdp] has no effect (-1 shards \
+                 each parameter over its whole replica group)"
+            ),
+        );
     }
     let group = if stages > 1 {
         format!(
@@ -158,23 +180,27 @@ pub(in crate::config) fn shard_size_warnings(
         format!("the {devices} devices")
     };
     if size > per_stage {
-        return vec![format!(
-            "{key} is capped to {per_stage}: no parameter has more replicas than {group}, and \
-             each is sharded over at most its replicas (as MindSpore caps \
-             optimizer_weight_shard_size)"
-        )];
+        return warning(
+            ShardSizeCover::Capped(per_stage),
+            format!(
+                "{key} is capped to {per_stage}: no parameter has more replicas than {group}, \
+                 and each is sharded over at most its replicas (as MindSpore caps \
+                 optimizer_weight_shard_size)"
+            ),
+        );
     }
     if !per_stage.is_multiple_of(size) {
-        return vec![format!(
-            "{key} does not divide {group}, which every parameter's replica group divides: a \
-             parameter with more than {size} replicas is left whole (its replicas are not a \
-             multiple of {size}, as MindSpore skips it) and one with fewer is sharded over its \
-             replicas"
-        )];
+        return warning(
+            ShardSizeCover::Every,
+            format!(
+                "{key} does not divide {group}, which every parameter's replica group divides: \
+                 a parameter with more than {size} replicas is left whole (its replicas are not \
+                 a multiple of {size}, as MindSpore skips it) and one with fewer is sharded \
+                 over its replicas"
+            ),
+        );
     }
-    let Some(mp) = gpt_model_parallel.filter(|&mp| mp > 1) else {
-        return Vec::new();
-    };
+    let mp = gpt_model_parallel.filter(|&mp| mp > 1)?;
     let replicas = per_stage / mp;
     let stage = if stages > 1 {
         " per pipeline stage"
@@ -186,16 +212,23 @@ pub(in crate::config) fn shard_size_warnings(
          replicas ({per_stage} devices{stage} / {mp})"
     );
     if size > replicas {
-        vec![format!(
-            "{key} is capped to {replicas} for {split}, and is sharded over at most its replicas \
-             (as MindSpore caps optimizer_weight_shard_size)"
-        )]
+        warning(
+            ShardSizeCover::Capped(replicas),
+            format!(
+                "{key} is capped to {replicas} for {split}, and is sharded over at most its \
+                 replicas (as MindSpore caps optimizer_weight_shard_size)"
+            ),
+        )
     } else if !replicas.is_multiple_of(size) {
-        vec![format!(
-            "{key} does not divide the replicas of {split}: those are left whole (as MindSpore \
-             skips a parameter whose replicas are not a multiple of the shard size)"
-        )]
+        warning(
+            ShardSizeCover::Skipped(replicas),
+            format!(
+                "{key} does not divide the replicas of {split}: those are left whole (as \
+                 MindSpore skips a parameter whose replicas are not a multiple of the shard \
+                 size)"
+            ),
+        )
     } else {
-        Vec::new()
+        None
     }
 }

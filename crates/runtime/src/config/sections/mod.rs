@@ -29,9 +29,10 @@ use super::{DataConfig, TrainConfig, TrainLoopConfig};
 use crate::error::RuntimeError;
 
 pub(super) use self::data::DATA_KEYS;
+pub(super) use self::hsdp::check_shard_size;
 #[cfg(test)]
 pub(super) use self::hsdp::HSDP_KEYS;
-pub(super) use self::hsdp::{check_shard_size, shard_size_warnings};
+pub(crate) use self::hsdp::{shard_size_warning, ShardSizeCover, ShardSizeWarning};
 pub(super) use self::model::MODEL_KEYS;
 pub(super) use self::output::OUTPUT_KEYS;
 pub(super) use self::parallel::PARALLEL_KEYS;

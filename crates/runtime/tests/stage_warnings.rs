@@ -1,0 +1,204 @@
+//! Errors and warnings that only the compiled program can give: a `[parallel.shard]` strategy
+//! using more devices than a pipeline stage has names the stage, the arithmetic and the key; and
+//! `parallel.hsdp.shard_size` capped by the replicas a strategy gives a parameter (which the
+//! configuration's own warnings cannot see) is reported by the session, once per cause, and
+//! not again when the configuration's warnings already say it.
+
+use std::path::Path;
+
+use runtime::{Session, TrainConfig};
+
+use crate::run_util;
+
+/// The small GPT of `run_util` on 8 devices in `semi_auto` with the `[parallel]` lines `extra`,
+/// `[parallel.hsdp]` sharding every parameter (threshold 0) with `shard_size`, and
+/// command-line style `overrides`.
+fn gpt(out: &Path, extra: &str, shard_size: i64, overrides: &[&str]) -> TrainConfig {
+    let parallel = format!(
+        "devices = 8\nmode = \"semi_auto\"\n{extra}\n[parallel.hsdp]\nthreshold = 0\nshard_size = {shard_size}\n"
+    );
+    let mut all = vec!["train.max_steps=1".to_string()];
+    all.extend(overrides.iter().map(|o| o.to_string()));
+    run_util::small_gpt(out, "adam", "", &parallel, &all)
+}
+
+/// The session's error for `config`.
+fn session_error(config: &TrainConfig) -> String {
+    match Session::new(config) {
+        Ok(_) => panic!("the session builds"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_strategy_wider_than_a_stage_names_the_stage_and_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The first block on the first stage, the second on the second.
+    let staged = "data_parallel = 2\nmodel_parallel = 2\n[parallel.pipeline]\nstages = 2\n\
+                  micro_batches = 2\n[parallel.pipeline.stage_config]\n\"blocks.0\" = 0\n\
+                  \"blocks.1\" = 1";
+    let pattern = gpt(
+        tmp.path(),
+        staged,
+        -1,
+        &[r#"parallel.shard."blocks.*.mlp.fc1"=[[2,1,1],[4,1]]"#],
+    );
+    let e = session_error(&pattern);
+    for part in [
+        "blocks.0.mlp.fc1.matmul",
+        "it uses 8 devices",
+        "the 4 devices of pipeline stage 0 (parallel.devices 8 / parallel.pipeline.stages 2)",
+        r#"parallel.shard."blocks.*.mlp.fc1""#,
+    ] {
+        assert!(e.contains(part), "{part:?} missing from: {e}");
+    }
+    // An exact op name as the key, on the second stage.
+    let exact = gpt(
+        tmp.path(),
+        staged,
+        -1,
+        &[r#"parallel.shard."blocks.1.mlp.fc1.matmul"=[[2,1,1],[4,1]]"#],
+    );
+    let e = session_error(&exact);
+    for part in [
+        "blocks.1.mlp.fc1.matmul",
+        "the 4 devices of pipeline stage 1 (parallel.devices 8 / parallel.pipeline.stages 2)",
+        r#"parallel.shard."blocks.1.mlp.fc1.matmul""#,
+    ] {
+        assert!(e.contains(part), "{part:?} missing from: {e}");
+    }
+    // Without stages the devices are the run's, said plainly.
+    let flat = gpt(
+        tmp.path(),
+        "model_parallel = 2",
+        -1,
+        &[r#"parallel.shard."blocks.*.mlp.fc1"=[[4,1,1],[4,1]]"#],
+    );
+    let e = session_error(&flat);
+    assert!(
+        e.contains("which does not divide the 8 devices;") && !e.contains("pipeline stage"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_cap_only_the_compiled_layout_shows_is_a_session_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    // model_parallel 2 on 8 devices: the split weights have 4 replicas, which shard_size 4
+    // divides, so the configuration has nothing to say ...
+    let plain = gpt(tmp.path(), "model_parallel = 2", 4, &[]);
+    assert!(
+        plain
+            .warnings()
+            .iter()
+            .all(|w| !w.contains("parallel.hsdp.shard_size")),
+        "{:?}",
+        plain.warnings()
+    );
+    let session = Session::new(&plain).expect("the session builds");
+    assert!(session.warnings().is_empty(), "{:?}", session.warnings());
+    // ... but a [parallel.shard] strategy splitting fc1's weight 4 ways leaves it 2 replicas:
+    // those are sharded over 2, not 4.
+    let split = gpt(
+        tmp.path(),
+        "model_parallel = 2",
+        4,
+        &[r#"parallel.shard."blocks.*.mlp.fc1"=[[2,1,1],[4,1]]"#],
+    );
+    assert!(
+        split
+            .warnings()
+            .iter()
+            .all(|w| !w.contains("parallel.hsdp.shard_size")),
+        "{:?}",
+        split.warnings()
+    );
+    let session = Session::new(&split).expect("the session builds");
+    let capped: Vec<(String, usize)> = session
+        .train
+        .params
+        .iter()
+        .filter_map(|p| Some((p.name.clone(), p.optimizer_shard()?.size)))
+        .filter(|(_, size)| *size < 4)
+        .collect();
+    let warned = session.warnings();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let expected_count = format!("{} parameters", capped.len());
+    for part in [
+        "parallel.hsdp.shard_size = 4",
+        "capped to 2",
+        expected_count.as_str(),
+        capped[0].0.as_str(),
+    ] {
+        assert!(warned[0].contains(part), "{part:?} missing from {warned:?}");
+    }
+}
+
+#[test]
+fn a_cap_the_configuration_already_reports_is_not_repeated() {
+    let tmp = tempfile::tempdir().unwrap();
+    // shard_size 8 on 8 devices with model_parallel 2: the configuration says the split
+    // weights' 4 replicas cap it; the session has nothing to add.
+    let config = gpt(tmp.path(), "model_parallel = 2", 8, &[]);
+    let said: Vec<String> = config
+        .warnings()
+        .into_iter()
+        .filter(|w| w.contains("parallel.hsdp.shard_size"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("capped to 4"), "{said:?}");
+    let session = Session::new(&config).expect("the session builds");
+    assert!(
+        session
+            .train
+            .params
+            .iter()
+            .any(|p| p.optimizer_shard().is_some_and(|s| s.size == 4)),
+        "the split weights are sharded over their 4 replicas"
+    );
+    assert!(session.warnings().is_empty(), "{:?}", session.warnings());
+}
+
+/// A search-mode run loading its strategies from a file: the file's split of `matmul1`'s
+/// weight leaves it 2 replicas on 4 devices, which only the compiled program knows; with a
+/// file that keeps it whole there is nothing to say.
+#[test]
+fn a_cap_from_a_loaded_strategy_file_is_a_session_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, weight: &str| {
+        let file = tmp.path().join(format!("{name}.json"));
+        std::fs::write(
+            &file,
+            format!(
+                r#"{{"current_stage": 0, "parallel_strategy_item": {{"matmul1": {{"stage": 0, "parallel_strategy": [[2, 1], {weight}]}}}}}}"#
+            ),
+        )
+        .unwrap();
+        let config = run_util::seed_mlp(
+            &tmp.path().join(name),
+            "momentum",
+            &format!(
+                "devices = 4\nmode = \"dynamic_programming\"\nload_operator_strategy_file = \"{}\"\n\
+                 [parallel.hsdp]\nthreshold = 0\nshard_size = 4",
+                file.display()
+            ),
+            &[],
+        );
+        let said = config.warnings();
+        assert!(
+            said.iter().all(|w| !w.contains("parallel.hsdp.shard_size")),
+            "{said:?}"
+        );
+        Session::new(&config)
+            .expect("the session builds")
+            .warnings()
+    };
+    let warned = run("split", "[1, 2]");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains("parallel.hsdp.shard_size = 4 is capped to 2")
+            && warned[0].contains("1 parameter (fc1_weight)"),
+        "{warned:?}"
+    );
+    assert_eq!(run("whole", "[1, 1]"), Vec::<String>::new());
+}
