@@ -60,7 +60,7 @@ from .train.checkpoint import CheckpointConfig, ModelCheckpoint
 from .train.model import Model
 from .parallel import (build_searched_strategy, load_distributed_checkpoint,
                        load_segmented_checkpoints, merge_pipeline_strategys,
-                       restore_group_info_list)
+                       merge_sliced_parameter, restore_group_info_list)
 from .parallel import convert_checkpoint_by_rank as transform_checkpoint_by_rank
 from .parallel import convert_checkpoints as transform_checkpoints
 from .parallel import rank_list_for_convert as rank_list_for_transform
@@ -104,6 +104,7 @@ __all__ = [
     "load_param_into_net",
     "load_segmented_checkpoints",
     "merge_pipeline_strategys",
+    "merge_sliced_parameter",
     "mint",
     "nn",
     "ops",

@@ -8,7 +8,10 @@ overwritten) and ``progress`` (see :func:`tessera._progress.resolve`).
 
 Where MindSpore is wrong or not minimal, Tessera's answer stands; ``docs/PYTHON.md`` lists
 every difference. Beyond MindSpore: :func:`reshard_plan`, :func:`layout_slices` and
-:func:`verify_checkpoint` return plain Python data.
+:func:`verify_checkpoint` return plain Python data. MindSpore's names that need what the
+engine lacks (``distributed.DistributedDataParallel``, ``strategy``'s online metadata,
+``set_algo_parameters``, ``set_op_strategy_config``) raise ``NotImplementedError`` naming what
+to use instead.
 
 Every function calls Tessera's Rust library in-process (no subprocess); conversions release
 the GIL.
@@ -22,7 +25,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from .. import _checks, _progress, _tessera
 from .._tessera import CheckpointError, CheckpointIOError
 from ._layout import Layout
+from ._merge import merge_sliced_parameter
 from ._network_functions import parameter_broadcast, sync_pipeline_shared_parameters
+from ._search_settings import (get_algo_parameters, reset_algo_parameters, set_algo_parameters,
+                               set_op_strategy_config)
 from ._shard import shard
 
 if TYPE_CHECKING:
@@ -39,14 +45,22 @@ __all__ = [
     "convert_checkpoints",
     "layout_slices",
     "load_distributed_checkpoint",
+    "get_algo_parameters",
     "load_segmented_checkpoints",
     "merge_pipeline_strategys",
+    "merge_sliced_parameter",
     "parameter_broadcast",
     "rank_list_for_convert",
+    "rank_list_for_transform",
+    "reset_algo_parameters",
     "reshard_plan",
     "restore_group_info_list",
+    "set_algo_parameters",
+    "set_op_strategy_config",
     "shard",
     "sync_pipeline_shared_parameters",
+    "transform_checkpoint_by_rank",
+    "transform_checkpoints",
     "unified_safetensors",
     "verify_checkpoint",
 ]
@@ -507,6 +521,13 @@ def merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file, *, force: boo
 def restore_group_info_list(group_info_file_name) -> List[int]:
     """The ranks whose checkpoint can restore this rank's (``ckpt_restore_rank_list``)."""
     return _tessera.restore_group_info_list(_checks.path(group_info_file_name, "group_info_file_name"))
+
+
+# MindSpore 2.x's earlier names of the conversions, still exported by mindspore.parallel:
+# the same functions, with the same parameters.
+transform_checkpoints = convert_checkpoints
+transform_checkpoint_by_rank = convert_checkpoint_by_rank
+rank_list_for_transform = rank_list_for_convert
 
 
 # ---------------------------------------------------------------------------- beyond MindSpore

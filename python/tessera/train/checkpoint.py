@@ -37,20 +37,31 @@ class CheckpointConfig:
     newest sets kept. ``keep_checkpoint_per_n_minutes``, ``append_info``, ``enc_key``,
     ``exception_save``, ``crc_check``, ``remove_redundancy``, ``saved_network``,
     ``async_save`` and ``integrated_save=False`` are not supported (a ``ValueError`` naming
-    them); ``format`` is the engine's (safetensors pieces in a set)."""
+    them); the switches ``integrated_save``, ``async_save`` (also ``"thread"`` or
+    ``"process"``), ``exception_save``, ``crc_check`` and ``remove_redundancy`` must be bools
+    (a ``TypeError`` naming the switch: ``"False"`` is not off); ``format`` is the engine's
+    (safetensors pieces in a set)."""
 
     def __init__(self, save_checkpoint_steps=1, save_checkpoint_seconds=0, keep_checkpoint_max=5,
                  keep_checkpoint_per_n_minutes=0, integrated_save=True, async_save=False,
                  saved_network=None, append_info=None, enc_key=None, enc_mode="AES-GCM",
                  exception_save=False, crc_check=False, remove_redundancy=False, format="ckpt",
                  **kwargs):
-        integrated_save = _checks.plain(integrated_save)  # np.True_ is True
+        # The switches are bools (an np.bool_ as its value), judged by value, not truthiness:
+        # a string such as "False" is a TypeError naming the switch, as for every other flag.
+        # async_save also takes MindSpore's "thread" and "process" (both switch it on).
+        if not (isinstance(async_save, str) and async_save in ("thread", "process")):
+            async_save = _checks.flag(async_save, "async_save")
+        integrated_save, exception_save, crc_check, remove_redundancy = (
+            _checks.flag(integrated_save, "integrated_save"),
+            _checks.flag(exception_save, "exception_save"), _checks.flag(crc_check, "crc_check"),
+            _checks.flag(remove_redundancy, "remove_redundancy"))
         unsupported = {
             "keep_checkpoint_per_n_minutes": keep_checkpoint_per_n_minutes not in (0, None),
-            "integrated_save": integrated_save is not True, "async_save": bool(async_save),
+            "integrated_save": not integrated_save, "async_save": async_save is not False,
             "saved_network": saved_network is not None, "append_info": append_info is not None,
-            "enc_key": enc_key is not None, "exception_save": bool(exception_save),
-            "crc_check": bool(crc_check), "remove_redundancy": bool(remove_redundancy)}
+            "enc_key": enc_key is not None, "exception_save": exception_save,
+            "crc_check": crc_check, "remove_redundancy": remove_redundancy}
         unsupported.update({k: True for k in kwargs})
         named = sorted(k for k, bad in unsupported.items() if bad)
         if named:
