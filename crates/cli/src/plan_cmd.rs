@@ -65,6 +65,13 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         }
         false => PlanMemory::of(&config, &report, plan_stages(&report, configured_stages)),
     };
+    // What the compiled program caps or skips beyond what the configuration's warnings said,
+    // as `tessera train` prints it.
+    if let PlanMemory::Predicted { warnings, .. } = &memory {
+        for warning in warnings {
+            eprintln!("warning: {warning}");
+        }
+    }
     memory.check_budget(&report)?;
     let file = config
         .search()
@@ -101,8 +108,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
 /// for the same configuration (so the same plan) and its training program walked rank by rank.
 enum PlanMemory {
     /// Predicted: per pipeline stage (one without stages), its fullest rank and that rank's
-    /// figures.
-    Predicted(Vec<(usize, parallel::memory::MemoryReport)>),
+    /// figures; with the warnings of the session predicted ([`runtime::TrainSession::warnings`]).
+    Predicted {
+        stages: Vec<(usize, parallel::memory::MemoryReport)>,
+        warnings: Vec<String>,
+    },
     /// Not predicted (why): the search's estimate stands in.
     Estimated(String),
 }
@@ -111,7 +121,7 @@ impl PlanMemory {
     /// The memory of `report`'s run of `config` (`stages` pipeline stages).
     fn of(config: &TrainConfig, report: &PlanReport, stages: usize) -> PlanMemory {
         match predict_stages(config, report, stages) {
-            Ok(stages) => PlanMemory::Predicted(stages),
+            Ok((stages, warnings)) => PlanMemory::Predicted { stages, warnings },
             Err(why) => PlanMemory::Estimated(why),
         }
     }
@@ -119,7 +129,7 @@ impl PlanMemory {
     /// The fullest rank and its figures, when predicted.
     fn fullest(&self) -> Option<(usize, parallel::memory::MemoryReport)> {
         match self {
-            PlanMemory::Predicted(stages) => stages
+            PlanMemory::Predicted { stages, .. } => stages
                 .iter()
                 .copied()
                 .max_by_key(|(rank, m)| (m.peak, std::cmp::Reverse(*rank))),
@@ -136,7 +146,9 @@ impl PlanMemory {
     /// Bytes per device of each pipeline stage's fullest rank.
     fn stage_peaks(&self, p: &runtime::PipelinePlan) -> Vec<f64> {
         match self {
-            PlanMemory::Predicted(stages) => stages.iter().map(|(_, m)| m.peak as f64).collect(),
+            PlanMemory::Predicted { stages, .. } => {
+                stages.iter().map(|(_, m)| m.peak as f64).collect()
+            }
             PlanMemory::Estimated(_) => p.stage_costs.iter().map(|c| c.memory.total()).collect(),
         }
     }
@@ -152,34 +164,39 @@ impl PlanMemory {
         if !searched || m.peak as u64 <= report.memory_budget {
             return Ok(());
         }
-        anyhow::bail!(
-            "config parallel.max_device_memory: the plan the search found needs {} bytes ({}) on rank {rank}, the peak `tessera train --explain` predicts for it, more than the {} bytes ({}) of memory per device; the search's own estimate ({}) fit, but it does not count what the compiled step adds (micro-batches in flight, the backward's values, redistributions): raise parallel.max_device_memory to at least {} bytes, or use more devices or pipeline stages",
+        // The words `tessera train` refuses the same plan with.
+        Err(runtime::TrainSession::over_memory_budget(
             m.peak,
-            bytes(m.peak as f64),
+            rank,
             report.memory_budget,
-            bytes(report.memory_budget as f64),
-            bytes(report.cost.memory.total()),
-            m.peak
+            report.cost.memory.total(),
         )
+        .into())
     }
 }
 
+/// The figures of [`PlanMemory::Predicted`]: per stage its fullest rank and that rank's
+/// figures, and the session's warnings.
+type Predicted = (Vec<(usize, parallel::memory::MemoryReport)>, Vec<String>);
+
 /// Per pipeline stage of `report` (`stages` of them), the rank whose predicted peak is the
-/// highest and its figures, predicted as `tessera train --explain` predicts them; an error
-/// (why not) when the run cannot be built here or places other strategies than the plan's.
+/// highest and its figures, predicted as `tessera train --explain` predicts them, and the
+/// warnings of the run's session; an error (why not) when the run cannot be built here or
+/// places other strategies than the plan's.
 fn predict_stages(
     config: &TrainConfig,
     report: &PlanReport,
     stages: usize,
-) -> Result<Vec<(usize, parallel::memory::MemoryReport)>, String> {
+) -> Result<Predicted, String> {
     if config.ps().is_some() {
         return Err(
             "parallel.mode = \"parameter_server\" runs the ps crate's programs, which `tessera train --explain` does not predict"
                 .to_string(),
         );
     }
-    let session =
-        runtime::Session::new(config).map_err(|e| format!("the run cannot be built: {e}"))?;
+    // The run's session without its evaluation program, which the prediction does not read.
+    let session = runtime::Session::for_planning(config)
+        .map_err(|e| format!("the run cannot be built: {e}"))?;
     let placed: BTreeMap<String, Vec<Vec<usize>>> = session
         .op_strategies()
         .into_iter()
@@ -204,77 +221,18 @@ fn predict_stages(
             report.devices
         ));
     }
-    // Each stage's fullest rank found walking the training program once per rank with the
-    // analysis common to the ranks done once (a thousand ranks in well under a second); the
-    // figures reported are then the session's own prediction for those ranks, what
-    // `tessera train --explain` prints.
-    let fullest = fullest_ranks(&session, stages)?;
-    fullest
-        .into_iter()
-        .map(|rank| {
-            session
-                .predict_memory(rank)
-                .map(|m| (rank, m))
-                .ok_or_else(|| "the pipeline's schedule cannot be built".to_string())
-        })
-        .collect()
-}
-
-/// Per pipeline stage of `session`'s run (`stages` of them), the rank with the highest
-/// predicted peak (the lowest such rank), predicted as [`runtime::TrainSession::predict_memory`]
-/// predicts: the same training state beside the program, and for pipelined steps the
-/// micro-batches each stage's schedule holds at once.
-fn fullest_ranks(session: &runtime::TrainSession, stages: usize) -> Result<Vec<usize>, String> {
-    let config = &session.config;
-    let parallel = config.parallel_config();
-    let micro_steps = config.train().grad_accumulation_steps.max(1);
-    let state = parallel::memory::TrainingState {
-        optimizer_tensors: config.optimizer_config().kind.state_names().len(),
-        accumulation_sharded: (micro_steps > 1)
-            .then_some(parallel.hsdp.is_some_and(|h| h.accumulation_sharded())),
-        master_weights: config.train().precision.has_master_weights(),
-    };
-    let devices = session.devices();
-    let per_stage = devices / stages.max(1);
-    let predictor = parallel::memory::Predictor::new(&session.train);
-    let pipelined = parallel
-        .pipeline
-        .as_ref()
-        .filter(|p| p.stages > 1 && micro_steps > 1);
-    let schedule = match pipelined {
-        Some(p) => {
-            let config = parallel::pipeline::PipelineConfig {
-                micro_batches: micro_steps,
-                ..p.clone()
-            };
-            let schedule = parallel::pipeline::Schedule::generate(&config)
-                .map_err(|e| format!("the pipeline's schedule cannot be built: {e}"))?;
-            let buffers = parallel::pipeline::micro_batch_buffers(&session.train, per_stage);
-            Some((schedule, buffers))
-        }
-        None => None,
-    };
-    let mut out: Vec<Option<(usize, usize)>> = vec![None; stages.max(1)];
-    for rank in 0..devices {
-        let stage = rank / per_stage.max(1);
-        let m = match &schedule {
-            None => predictor.predict(rank, state),
-            Some((schedule, buffers)) => {
-                let held = schedule
-                    .per_stage()
-                    .get(stage)
-                    .map_or(0, |actions| parallel::pipeline::micro_batches_held(actions));
-                predictor.predict_pipelined(rank, state, buffers, held)
-            }
-        };
-        let Some(slot) = out.get_mut(stage) else {
-            return Err(format!("rank {rank} is past the plan's {stages} stage(s)"));
-        };
-        if slot.is_none_or(|(_, peak)| m.peak > peak) {
-            *slot = Some((rank, m.peak));
-        }
+    // Each stage's fullest rank and its figures, the session's own prediction (what
+    // `tessera train --explain` prints), with the analysis common to the ranks done once.
+    let fullest = session
+        .predict_memory_per_stage()
+        .map_err(|e| format!("the run's memory cannot be predicted: {e}"))?;
+    if fullest.len() != stages {
+        return Err(format!(
+            "the run has {} pipeline stage(s), the plan {stages}",
+            fullest.len()
+        ));
     }
-    Ok(out.into_iter().flatten().map(|(rank, _)| rank).collect())
+    Ok((fullest, session.warnings()))
 }
 
 /// `blocks.7.attn.qkv.matmul` → (`blocks.*.attn.qkv.matmul`, 7): ops of repeated layers grouped.
@@ -493,7 +451,7 @@ fn describe_memory(r: &PlanReport, memory: &PlanMemory) -> String {
         None => {
             let why = match memory {
                 PlanMemory::Estimated(why) => why.as_str(),
-                PlanMemory::Predicted(_) => "no rank predicted",
+                PlanMemory::Predicted { .. } => "no rank predicted",
             };
             format!(
                 "memory per device (the search's estimate, not the run's predicted peak: {why}): parameters {}, gradients {}, optimizer {}, activations {} (the forward outputs the backward reads, and each gradient written whole before its sum, all counted as held at once; micro-batches in flight and the backward's other values not counted); total {}\n",
@@ -605,7 +563,7 @@ fn to_json(
         "memory_rank": fullest.map(|(rank, _)| rank),
         "memory_not_predicted": match memory {
             PlanMemory::Estimated(why) => Some(why.as_str()),
-            PlanMemory::Predicted(_) => None,
+            PlanMemory::Predicted { .. } => None,
         },
         "search_memory_estimate": {
             "parameters": e.parameters,

@@ -545,3 +545,179 @@ fn estimate_memory_prints_the_searchs_estimate() {
         "{predicted}"
     );
 }
+
+/// `tessera plan` of a `[parallel.shard]` strategy wider than a pipeline stage said "…does
+/// not divide the 4 devices", without the stage or the key; it now says what `tessera train`
+/// says, word for word, in a mode that does not search and in a search mode (whose run plans
+/// first).
+#[test]
+fn a_strategy_wider_than_a_stage_is_refused_by_plan_as_by_train() {
+    for mode in ["semi_auto", "dynamic_programming"] {
+        let dir = Scratch::new(&format!("plan-stage-error-{mode}"));
+        let out_dir = format!("output.dir=\"{}\"", dir.0.display());
+        let mode = format!("parallel.mode=\"{mode}\"");
+        let sets = [
+            mode.as_str(),
+            out_dir.as_str(),
+            "parallel.pipeline.stages=2",
+            "parallel.pipeline.micro_batches=2",
+            "parallel.data_parallel=2",
+            r#"parallel.shard."blocks.*.mlp.fc1"=[[8,1,1],[1,1]]"#,
+        ];
+        let run = |command: &[&str]| {
+            let mut args = command.to_vec();
+            args.push("examples/gpt_kjv.toml");
+            for set in &sets {
+                args.extend(["--set", set]);
+            }
+            let out = tessera(&args);
+            assert!(!out.status.success(), "{command:?} {mode} accepted it");
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            err.lines()
+                .filter(|l| l.starts_with("error"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let plan = run(&["plan"]);
+        assert!(
+            plan.contains(
+                "the 4 devices of pipeline stage 0 (parallel.devices 8 / parallel.pipeline.stages 2)"
+            ) && plan.contains(r#"the strategy comes from parallel.shard."blocks.*.mlp.fc1""#),
+            "{mode}: {plan}"
+        );
+        assert_eq!(plan, run(&["train", "--explain"]), "{mode}");
+    }
+}
+
+/// `tessera plan` prints the warnings of the run's compiled program
+/// (`TrainSession::warnings`: here `parallel.hsdp.shard_size` capped to a weight's replicas)
+/// beside the configuration's, as `tessera train` does; it printed only the configuration's.
+#[test]
+fn plan_prints_the_compiled_programs_warnings_as_train_does() {
+    let dir = Scratch::new("plan-session-warnings");
+    let out_dir = format!("output.dir=\"{}\"", dir.0.display());
+    let sets = [
+        out_dir.as_str(),
+        "parallel.hsdp.shard_size=4",
+        "parallel.hsdp.threshold=0",
+        r#"parallel.shard."blocks.*.mlp.fc1"=[[2,1,1],[4,1]]"#,
+    ];
+    let warnings = |command: &[&str]| {
+        let mut args = command.to_vec();
+        args.push("examples/gpt_kjv.toml");
+        for set in &sets {
+            args.extend(["--set", set]);
+        }
+        let out = tessera(&args);
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.starts_with("warning:") && l.contains("parallel.hsdp.shard_size"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let plan = warnings(&["plan"]);
+    assert_eq!(plan.len(), 1, "{plan:?}");
+    assert!(
+        plan[0].contains("parallel.hsdp.shard_size = 4 is capped to 2"),
+        "{plan:?}"
+    );
+    assert_eq!(plan, warnings(&["train", "--explain"]));
+}
+
+/// `tessera train` in a search mode accepted a searched plan whose predicted peak exceeds the
+/// `parallel.max_device_memory` the user set (only `tessera plan` refused it). It is refused
+/// before any rank starts, in `plan`'s words, and writes nothing (no output directory, no
+/// operator strategy file); a budget at the peak trains; strategies loaded from a file are
+/// not refused.
+#[test]
+fn train_refuses_a_searched_plan_over_the_budget_as_plan_does() {
+    let dir = Scratch::new("train-memory-budget");
+    let cfg = config(&dir.0);
+    let common = [
+        "--set",
+        "parallel.auto_pipeline=false",
+        "--set",
+        "parallel.pipeline.stages=2",
+    ];
+    let mut json_args = vec!["plan", s(&cfg)];
+    json_args.extend(common);
+    json_args.push("--json");
+    let out = tessera(&json_args);
+    assert_ok(&out);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let estimate = json["search_memory_estimate"]["total"].as_f64().unwrap() as u64;
+    let peak = json["peak_memory_bytes"].as_f64().unwrap() as u64;
+    assert!(estimate < peak, "{json}");
+    let planned = std::path::PathBuf::from(json["operator_strategy_file"].as_str().unwrap());
+    let run_dir = dir.0.join("run");
+    let saved = dir.0.join("saved").join("ops.json");
+    let run_sets = [
+        format!("output.dir=\"{}\"", run_dir.display()),
+        format!(
+            "parallel.save_operator_strategy_file=\"{}\"",
+            saved.display()
+        ),
+        "data.steps_per_epoch=2".to_string(),
+        "train.eval=false".to_string(),
+    ];
+    let command = |verb: &str, budget: u64, extra: &[String]| {
+        let mut args = vec![verb.to_string(), s(&cfg).to_string()];
+        args.extend(common.iter().map(|a| a.to_string()));
+        for set in run_sets.iter().chain(extra) {
+            args.extend(["--set".to_string(), set.clone()]);
+        }
+        args.extend([
+            "--set".to_string(),
+            format!("parallel.max_device_memory={budget}"),
+        ]);
+        args
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        tessera(&args)
+    };
+    let error_line = |out: &std::process::Output| {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .find(|l| l.starts_with("error"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let between = (estimate + peak) / 2;
+    let refused = run(command("train", between, &[]));
+    assert!(!refused.status.success(), "a run over its budget trained");
+    let err = error_line(&refused);
+    assert!(
+        err.contains("parallel.max_device_memory")
+            && err.contains(&format!("needs {peak} bytes"))
+            && err.contains(&format!("on rank {}", json["memory_rank"]))
+            && err.contains(&format!("more than the {between} bytes")),
+        "{err}"
+    );
+    assert!(
+        !run_dir.exists(),
+        "a refused run created {}",
+        run_dir.display()
+    );
+    assert!(!saved.exists(), "a refused run wrote {}", saved.display());
+    // `tessera plan` refuses the same plan in the same words.
+    let plan = run(command("plan", between, &[]));
+    assert!(!plan.status.success());
+    assert_eq!(error_line(&plan), err);
+    // Strategies loaded from a file (the plan's) are not refused: only costed.
+    let loaded = format!(
+        "parallel.load_operator_strategy_file=\"{}\"",
+        planned.display()
+    );
+    assert_ok(&run(command(
+        "train",
+        between,
+        &[loaded, "train.max_steps=1".to_string()],
+    )));
+    std::fs::remove_dir_all(&run_dir).unwrap();
+    std::fs::remove_file(&saved).unwrap();
+    // The peak itself fits: the run trains and saves its strategies.
+    assert_ok(&run(command("train", peak, &[])));
+    assert!(saved.is_file(), "the run saved no strategies");
+}

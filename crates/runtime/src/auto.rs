@@ -22,6 +22,7 @@ use crate::config::{ModelName, ProfileChoice, TrainConfig};
 use crate::data::IdxDataset;
 use crate::error::RuntimeError;
 use crate::lm::TextData;
+use crate::session::SearchedPlan;
 
 /// The operator strategy records of `report` (what `parallel.save_operator_strategy_file`
 /// and `tessera plan` write): every op's strategy, its stage and its loaded layouts.
@@ -320,7 +321,66 @@ pub fn plan_model(
         auto_pipeline: config.search().auto_pipeline,
         strategies,
     };
-    Ok(search::plan(&request)?)
+    search::plan(&request).map_err(|e| worded_as_the_run(config, &model.graph, e))
+}
+
+/// A search's error `e` worded as the run's compile words it: a strategy that does not fit a
+/// pipeline stage's devices names the stage and where its device count comes from, and a
+/// strategy a `[parallel.shard]` key gave names the key, so that `tessera plan` (and a search
+/// mode's run, which plans first) says what `tessera train` of the same strategy says.
+fn worded_as_the_run(config: &TrainConfig, graph: &Graph, e: SearchError) -> RuntimeError {
+    match e {
+        SearchError::Parallel(error) => {
+            crate::session::name_shard_key(config, on_its_stage(config, graph, error))
+        }
+        e => e.into(),
+    }
+}
+
+/// `error`, when it is a `[parallel.shard]` strategy refused on a pipelined run, as the op's
+/// rule refuses it on the devices of its stage (which stage, and `parallel.devices` /
+/// `parallel.pipeline.stages`); any other error as it is.
+fn on_its_stage(
+    config: &TrainConfig,
+    graph: &Graph,
+    error: parallel::ParallelError,
+) -> parallel::ParallelError {
+    let parallel = config.parallel_config();
+    let parallel::ParallelError::InvalidStrategy { op, strategy, .. } = &error else {
+        return error;
+    };
+    let Some(p) = parallel.pipeline.as_ref().filter(|p| p.stages > 1) else {
+        return error;
+    };
+    let (Some(id), Ok(stages), Ok(given)) = (
+        graph.node_by_name(op),
+        parallel::pipeline::node_stages(graph, p),
+        parallel::resolve_op_patterns(graph, &parallel.strategies),
+    ) else {
+        return error;
+    };
+    let Some(given) = given
+        .get(op)
+        .filter(|g| parallel::format_strategy(&g.inputs) == *strategy)
+    else {
+        return error;
+    };
+    let devices = parallel.effective_devices();
+    let ctx = parallel::rules::OpContext::of(graph, &graph.nodes()[id.0]);
+    let stage = parallel::rules::strategy::PipelineStage {
+        stage: stages.nodes[id.0],
+        stages: p.stages,
+        devices,
+    };
+    match parallel::rules::strategy::input_layouts_on_stage(
+        &ctx,
+        &given.inputs,
+        devices / p.stages,
+        Some(stage),
+    ) {
+        Err(staged) => staged,
+        Ok(_) => error,
+    }
 }
 
 /// The strategies a non-search mode gives every forward op (a GPT's from its MindFormers keys,
@@ -369,20 +429,34 @@ fn configured_strategies(
 }
 
 /// For a run in a search mode: the strategies of every forward op, searched (or loaded from
-/// `parallel.load_operator_strategy_file`), written to `parallel.save_operator_strategy_file`
-/// when set, and put into `parallel` (which is placed as `semi_auto` then).
+/// `parallel.load_operator_strategy_file`), put into `parallel` (which is placed as
+/// `semi_auto` then). Returns what the run checks and writes before its ranks start
+/// ([`crate::check_before_start`]: the predicted peak of a searched plan against
+/// `parallel.max_device_memory`, then `parallel.save_operator_strategy_file`); `None` outside
+/// the search modes.
 pub(crate) fn apply_search(
     config: &TrainConfig,
     model: &Model,
     gpt: Option<&GptConfig>,
     parallel: &mut ParallelConfig,
-) -> Result<(), RuntimeError> {
+) -> Result<Option<SearchedPlan>, RuntimeError> {
     if !matches!(parallel.mode, ParallelMode::Auto(_)) {
-        return Ok(());
+        return Ok(None);
     }
     let report = plan_model(config, model, gpt)?;
-    if let Some(path) = &config.search().save_operator_strategy_file {
-        ckpt::write_operator_strategy_file(path, &operator_strategy_records(&report))?;
-    }
-    Ok(report.apply_to(parallel)?)
+    let plan = SearchedPlan {
+        searched: is_searched(&report),
+        estimate: report.cost.memory.total(),
+        records: operator_strategy_records(&report),
+    };
+    report.apply_to(parallel)?;
+    Ok(Some(plan))
+}
+
+/// Whether `report`'s strategies were searched (the search kept them to its memory budget by
+/// its own estimate), not loaded from `parallel.load_operator_strategy_file` nor costed as
+/// configured: what `tessera plan` and `tessera train` check against
+/// `parallel.max_device_memory` by the predicted peak.
+pub(crate) fn is_searched(report: &PlanReport) -> bool {
+    report.loaded_from.is_none() && report.search_ms > 0.0
 }

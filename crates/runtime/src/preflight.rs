@@ -4,6 +4,9 @@
 //! found here, at once, before a rank runs: a run must not train for minutes, or wait for a
 //! collective's timeout, to report that its metrics log cannot be written. The checks:
 //!
+//! - the session was built to train (not by [`crate::Session::for_planning`]);
+//! - in a search mode, a searched plan's predicted peak (its fullest rank's) fits the
+//!   `parallel.max_device_memory` the user set, as `tessera plan` refuses it;
 //! - the predicted memory peak of the ranks this process runs fits the memory available
 //!   ([`crate::host_memory`]);
 //! - `output.dir` exists or can be created, and a file can be written in it;
@@ -23,7 +26,8 @@
 //!
 //! Nothing is left behind by a failed check: directories created to test `output.dir` are
 //! removed again (only those, and only while empty), as is a probe file. After a successful
-//! check `output.dir` exists.
+//! check `output.dir` exists, and in a search mode the plan's strategies are written to
+//! `parallel.save_operator_strategy_file` (when set): a run refused here writes none.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -42,7 +46,16 @@ pub fn check_before_start(
     metrics_log: Option<&Path>,
     here: &RanksHere,
 ) -> Result<(), RuntimeError> {
+    if session.planning_only {
+        return Err(RuntimeError::Mismatch {
+            what: "the session".to_string(),
+            expected: "one built to train (Session::new)".to_string(),
+            got: "one built by Session::for_planning, whose evaluation program is not compiled"
+                .to_string(),
+        });
+    }
     crate::elastic::fault::check_fault_rank(session.devices())?;
+    session.check_searched_budget()?;
     check_memory(session, here)?;
     let resumed_at = check_resume_from(session)?;
     check_group_info_files(session)?;
@@ -55,7 +68,21 @@ pub fn check_before_start(
     check_local_norm_dir(session, here)?;
     check_periodic_sets(session, resumed_at.map_or(1, |step| step + 1))?;
     check_group_info_dirs(session, here)?;
+    save_searched_strategies(session)?;
     created.keep();
+    Ok(())
+}
+
+/// In a search mode with `parallel.save_operator_strategy_file`: the plan's strategies written
+/// there (missing directories created), once every other check has passed.
+fn save_searched_strategies(session: &TrainSession) -> Result<(), RuntimeError> {
+    let (Some(plan), Some(path)) = (
+        &session.searched,
+        &session.config.search().save_operator_strategy_file,
+    ) else {
+        return Ok(());
+    };
+    ckpt::write_operator_strategy_file(path, &plan.records)?;
     Ok(())
 }
 

@@ -29,6 +29,7 @@ mod periodic_ckpt;
 mod pipeline_forward_transfers;
 mod pipeline_output;
 mod pipeline_shared;
+mod plan_memory;
 mod precision;
 mod reproducibility;
 mod run_util;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use exec::Precision;
 use graph::models::{seed_mlp, Model};
-use parallel::memory::{MemoryReport, TrainingState};
+use parallel::memory::TrainingState;
 use parallel::{check_deterministic, compile_forward, compile_training, ParallelConfig, Program};
 
 use super::{Session, SessionData, TrainData, TrainSession};
@@ -105,8 +105,22 @@ impl Session {
     /// Builds the configured built-in model and its programs for `config`, reading the data's
     /// headers (for text, the whole text; token files are indexed).
     pub fn new(config: &TrainConfig) -> Result<Session, RuntimeError> {
-        let session =
-            Session::new_built_in(config).map_err(|e| config.data().explain_batch_error(e))?;
+        Session::open(config, true)
+    }
+
+    /// [`Session::new`] for planning (`tessera plan`'s memory prediction): the same model,
+    /// search and training program, with the same errors, but the evaluation program is not
+    /// compiled (at thousands of devices a third of the compile). The session predicts memory
+    /// ([`TrainSession::predict_memory_per_stage`]) and describes its placement; it cannot
+    /// train ([`crate::check_before_start`] refuses it), and its `eval` is the training program.
+    pub fn for_planning(config: &TrainConfig) -> Result<Session, RuntimeError> {
+        Session::open(config, false)
+    }
+
+    /// [`Session::new`], the evaluation program compiled only `with_eval`.
+    fn open(config: &TrainConfig, with_eval: bool) -> Result<Session, RuntimeError> {
+        let session = Session::new_built_in(config, with_eval)
+            .map_err(|e| config.data().explain_batch_error(e))?;
         // The schedule against the run's length, known now that the data is open: before any
         // rank starts (and in `--explain`), not from rank 0 once the run has begun.
         config
@@ -116,12 +130,12 @@ impl Session {
     }
 
     /// [`Session::new`], its errors as they come.
-    fn new_built_in(config: &TrainConfig) -> Result<Session, RuntimeError> {
+    fn new_built_in(config: &TrainConfig, with_eval: bool) -> Result<Session, RuntimeError> {
         // Before any model is built: a GPT's strategies divide each stage's devices.
         config.parallel_config().validate_pipeline()?;
         crate::preflight::check_config_paths(config, true)?;
         if config.model().name == ModelName::Gpt {
-            return Session::new_gpt(config);
+            return Session::new_gpt(config, with_eval);
         }
         if config.model().name == ModelName::EmbeddingBag {
             return Err(RuntimeError::Config {
@@ -147,7 +161,7 @@ impl Session {
             config.model().hidden,
             config.model().classes,
         )?;
-        Session::build(config, model, train_data, test_data)
+        Session::build(config, model, train_data, test_data, with_eval)
     }
 
     /// A session training `model` (a network built with [`graph::GraphBuilder`], its data and
@@ -157,7 +171,7 @@ impl Session {
         crate::preflight::check_config_paths(config, true)?;
         let (train_data, test_data) = open_idx(config)?;
         check_model_input(config, &model, &train_data.input_spec(), "the images")?;
-        Session::build(config, model, train_data, test_data)
+        Session::build(config, model, train_data, test_data, true)
     }
 
     fn build(
@@ -165,6 +179,7 @@ impl Session {
         model: Model,
         train_data: IdxDataset,
         test_data: IdxDataset,
+        with_eval: bool,
     ) -> Result<Session, RuntimeError> {
         let classes = config.model().classes;
         train_data.validate_labels(classes)?;
@@ -175,7 +190,7 @@ impl Session {
             test: Some(test_data.clone()),
         };
         Ok(Session {
-            session: TrainSession::compile_samples(config, model, samples)?,
+            session: TrainSession::compile_samples(config, model, samples, with_eval)?,
             data: TrainData::Images {
                 train: train_data,
                 test: test_data,
@@ -183,19 +198,25 @@ impl Session {
         })
     }
 
-    /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies.
-    fn new_gpt(config: &TrainConfig) -> Result<Session, RuntimeError> {
+    /// The GPT of `[model]` on the text of `[data]`, with its cells' strategies (its
+    /// evaluation program only `with_eval`).
+    fn new_gpt(config: &TrainConfig, with_eval: bool) -> Result<Session, RuntimeError> {
         let (text, gpt, model) = crate::auto::open_gpt(config)?;
         let mut parallel = parallel_config(config, &model)?;
-        crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
+        let searched = crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
         let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
         let named = |e| name_shard_key(config, e);
         let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
-        let eval = compile_forward(&model.graph, &[model.loss], &parallel).map_err(named)?;
+        let eval = match with_eval {
+            true => Some(compile_forward(&model.graph, &[model.loss], &parallel).map_err(named)?),
+            false => None,
+        };
         let text = Arc::new(text);
         let data = SessionData::Text(text.clone());
+        let mut session = TrainSession::assemble(config, &parallel, model, train, eval, data)?;
+        session.searched = searched;
         Ok(Session {
-            session: TrainSession::assemble(config, &parallel, model, train, eval, data)?,
+            session,
             data: TrainData::Text(text),
         })
     }
@@ -238,30 +259,38 @@ impl TrainSession {
                 });
             }
         }
-        TrainSession::compile_samples(config, model, SessionData::Samples { train, test })
+        TrainSession::compile_samples(config, model, SessionData::Samples { train, test }, true)
     }
 
     /// The programs of a classifier trained on samples: the training program of its loss,
-    /// the evaluation program of its logits.
+    /// the evaluation program of its logits (only `with_eval`).
     fn compile_samples(
         config: &TrainConfig,
         model: Model,
         data: SessionData,
+        with_eval: bool,
     ) -> Result<TrainSession, RuntimeError> {
         let mut parallel = parallel_config(config, &model)?;
-        crate::auto::apply_search(config, &model, None, &mut parallel)?;
+        let searched = crate::auto::apply_search(config, &model, None, &mut parallel)?;
         let named = |e| name_shard_key(config, e);
         let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
-        let eval = compile_forward(&model.graph, &[model.logits], &parallel).map_err(named)?;
-        TrainSession::assemble(config, &parallel, model, train, eval, data)
+        let eval = match with_eval {
+            true => Some(compile_forward(&model.graph, &[model.logits], &parallel).map_err(named)?),
+            false => None,
+        };
+        let mut session = TrainSession::assemble(config, &parallel, model, train, eval, data)?;
+        session.searched = searched;
+        Ok(session)
     }
 
+    /// The session of its compiled programs; without `eval` (planning only) its `eval` is the
+    /// training program.
     fn assemble(
         config: &TrainConfig,
         parallel: &ParallelConfig,
         model: Model,
         train: Program,
-        eval: Program,
+        eval: Option<Program>,
         data: SessionData,
     ) -> Result<TrainSession, RuntimeError> {
         let deterministic = config
@@ -286,48 +315,25 @@ impl TrainSession {
             // Refused before any rank starts: a sum whose split the canonical blocks can't serve.
             let searched = |e| searched_split_refused(config, blocks, e);
             check_deterministic(&train, blocks).map_err(searched)?;
-            check_deterministic(&eval, blocks).map_err(searched)?;
+            if let Some(eval) = &eval {
+                check_deterministic(eval, blocks).map_err(searched)?;
+            }
         }
+        let train = Arc::new(train);
+        let planning_only = eval.is_none();
+        let eval = eval.map_or_else(|| train.clone(), Arc::new);
         Ok(TrainSession {
             config: config.clone(),
             model,
-            train: Arc::new(train),
-            eval: Arc::new(eval),
+            train,
+            eval,
             data,
             checkpoint_set: std::sync::Mutex::new(None),
             latest: std::sync::OnceLock::new(),
             deterministic,
+            searched: None,
+            planning_only,
         })
-    }
-
-    /// The memory `rank` will hold training this session (see [`parallel::memory`]); for
-    /// pipelined steps, with as many micro-batches in flight as its stage's schedule holds.
-    /// `None` only when the pipeline's schedule cannot be built (the run would fail first).
-    pub fn predict_memory(&self, rank: usize) -> Option<MemoryReport> {
-        let accumulation_sharded = self.accumulation_sharded();
-        let state = TrainingState {
-            optimizer_tensors: self.config.optimizer_config().kind.state_names().len(),
-            accumulation_sharded: (self.micro_steps() > 1).then_some(accumulation_sharded),
-            master_weights: self.config.train().precision.has_master_weights(),
-        };
-        match self.pipeline_schedule().ok()? {
-            None => Some(parallel::memory::predict(&self.train, rank, state)),
-            Some((schedule, per_stage)) => {
-                let stage = rank / per_stage.max(1);
-                let held = schedule
-                    .per_stage()
-                    .get(stage)
-                    .map_or(0, |actions| parallel::pipeline::micro_batches_held(actions));
-                let buffers = parallel::pipeline::micro_batch_buffers(&self.train, per_stage);
-                Some(parallel::memory::predict_pipelined(
-                    &self.train,
-                    rank,
-                    state,
-                    &buffers,
-                    held,
-                ))
-            }
-        }
     }
 
     /// Everything `rank`'s run allocates beside the training program's buffers, and those: the
@@ -471,7 +477,7 @@ impl TrainSession {
 
 /// `error`, when it is a strategy an op was given by a `[parallel.shard]` key, with that key
 /// named (a pattern or cell key stands for ops the error names one by one).
-fn name_shard_key(config: &TrainConfig, error: parallel::ParallelError) -> RuntimeError {
+pub(crate) fn name_shard_key(config: &TrainConfig, error: parallel::ParallelError) -> RuntimeError {
     let parallel::ParallelError::InvalidStrategy {
         op,
         kind,

@@ -14,6 +14,8 @@
 //! - `checkpoint`: saving checkpoint sets, and resuming from one;
 //! - `elastic`: `train.elastic`'s in-memory snapshots and the recovery from them;
 //! - `eval`: evaluation after an epoch or every `train.eval_interval` steps;
+//! - `memory`: the memory the ranks will hold, per rank and per pipeline stage's fullest rank,
+//!   and a searched plan's peak against `parallel.max_device_memory`;
 //! - `warnings`: what the compiled program caps or skips that the configuration's warnings
 //!   cannot tell ([`TrainSession::warnings`]).
 
@@ -22,11 +24,13 @@ mod checkpoint;
 mod elastic;
 mod eval;
 mod feed;
+mod memory;
 mod run;
 mod step;
 mod strategy;
 mod warnings;
 
+pub(crate) use self::build::name_shard_key;
 pub use self::build::RankFootprint;
 
 use std::path::PathBuf;
@@ -61,7 +65,8 @@ pub struct TrainSession {
     /// The training program (forward, backward, gradients in the parameters' layouts, the loss
     /// replicated).
     pub train: Arc<Program>,
-    /// The evaluation program (forward, the logits replicated).
+    /// The evaluation program (forward, the logits replicated); of a session built by
+    /// [`Session::for_planning`], the training program (the evaluation one is not compiled).
     pub eval: Arc<Program>,
     /// What the feed and evaluation phases read.
     data: SessionData,
@@ -72,6 +77,25 @@ pub struct TrainSession {
     latest: std::sync::OnceLock<Option<PathBuf>>,
     /// Deterministic mode's most canonical blocks per summed dim (`None`: off).
     deterministic: Option<usize>,
+    /// In a search mode: the plan the programs were placed by, checked against
+    /// `parallel.max_device_memory` and saved to `parallel.save_operator_strategy_file` before
+    /// the ranks start ([`crate::check_before_start`]), not while the session is built.
+    pub(crate) searched: Option<SearchedPlan>,
+    /// Built by [`Session::for_planning`]: the evaluation program is not compiled (`eval` is
+    /// the training program), and the session cannot train.
+    pub(crate) planning_only: bool,
+}
+
+/// What a search mode's plan leaves for the run to check and write before its ranks start.
+#[derive(Debug, Clone)]
+pub(crate) struct SearchedPlan {
+    /// The strategies were searched (not loaded from `parallel.load_operator_strategy_file`):
+    /// the search kept them to its memory budget, by its own estimate.
+    pub(crate) searched: bool,
+    /// The search's own memory estimate per device of the plan, in bytes.
+    pub(crate) estimate: f64,
+    /// What `parallel.save_operator_strategy_file` receives.
+    pub(crate) records: Vec<ckpt::OpStrategyRecord>,
 }
 
 /// What a session reads its batches from.

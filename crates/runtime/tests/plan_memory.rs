@@ -1,0 +1,128 @@
+//! What `tessera plan` reads of a run's session: each pipeline stage's fullest rank
+//! ([`TrainSession::predict_memory_per_stage`], the same figures as
+//! [`TrainSession::predict_memory`]), a session built for planning only
+//! ([`runtime::Session::for_planning`]), and a search mode's operator strategy file written
+//! only once the run passes its checks.
+
+use runtime::{LaunchOptions, Session};
+
+use crate::run_util;
+
+/// Per stage, the fullest rank by [`TrainSession::predict_memory`] of every rank, one by one
+/// (the lowest rank among equal peaks).
+fn fullest_one_by_one(session: &Session, stages: usize) -> Vec<(usize, usize)> {
+    let per_stage = session.devices() / stages;
+    (0..stages)
+        .map(|stage| {
+            let mut fullest: Option<(usize, usize)> = None;
+            for rank in stage * per_stage..(stage + 1) * per_stage {
+                let peak = session.predict_memory(rank).expect("a prediction").peak;
+                if fullest.is_none_or(|(_, most)| peak > most) {
+                    fullest = Some((rank, peak));
+                }
+            }
+            fullest.expect("a stage has ranks")
+        })
+        .collect()
+}
+
+/// The per-stage prediction is `predict_memory`'s, stage by stage, with and without
+/// pipelined steps, and the session built for planning predicts the same.
+#[test]
+fn the_fullest_rank_of_each_stage_is_predict_memorys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        ("devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2", 1),
+        (
+            "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+            2,
+        ),
+        (
+            "devices = 4\nmode = \"dynamic_programming\"\n[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+            2,
+        ),
+    ];
+    for (i, (parallel, stages)) in cases.into_iter().enumerate() {
+        let config =
+            run_util::small_gpt(&tmp.path().join(i.to_string()), "adam", "", parallel, &[]);
+        let session = Session::new(&config).expect("the session builds");
+        let per_stage = session.predict_memory_per_stage().expect("a prediction");
+        assert_eq!(per_stage.len(), stages, "{parallel}");
+        let expected = fullest_one_by_one(&session, stages);
+        for ((rank, report), (want_rank, want_peak)) in per_stage.iter().zip(&expected) {
+            assert_eq!((*rank, report.peak), (*want_rank, *want_peak), "{parallel}");
+            assert_eq!(Some(*report), session.predict_memory(*rank), "{parallel}");
+        }
+        let planning = Session::for_planning(&config).expect("the planning session builds");
+        assert_eq!(
+            planning.op_strategies(),
+            session.op_strategies(),
+            "{parallel}"
+        );
+        assert_eq!(
+            planning.predict_memory_per_stage().expect("a prediction"),
+            per_stage,
+            "{parallel}"
+        );
+    }
+}
+
+/// A session built for planning does not compile the evaluation program (its `eval` is the
+/// training program) and cannot train: the run is refused before any rank starts, naming
+/// `Session::for_planning`, and writes nothing.
+#[test]
+fn a_planning_session_cannot_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let config = run_util::small_gpt(&out, "momentum", "", "devices = 2", &[]);
+    let planning = Session::for_planning(&config).expect("the planning session builds");
+    assert!(std::sync::Arc::ptr_eq(&planning.eval, &planning.train));
+    let full = Session::new(&config).expect("the session builds");
+    assert!(!std::sync::Arc::ptr_eq(&full.eval, &full.train));
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    let err = runtime::train_local(&planning, &options)
+        .expect_err("a planning session trained")
+        .to_string();
+    assert!(err.contains("Session::for_planning"), "{err}");
+    assert!(!out.exists(), "a refused run created {}", out.display());
+}
+
+/// In a search mode, `parallel.save_operator_strategy_file` is written when the run starts
+/// (after its checks, so that a refused run writes nothing), not when the session is built.
+#[test]
+fn the_searched_strategies_are_saved_when_the_run_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("ops").join("ops.json");
+    let config = run_util::small_gpt(
+        &tmp.path().join("run"),
+        "momentum",
+        "",
+        &format!(
+            "devices = 2\nmode = \"dynamic_programming\"\nsave_operator_strategy_file = \"{}\"",
+            file.display()
+        ),
+        &[],
+    );
+    let session = Session::new(&config).expect("the session builds");
+    assert!(
+        !file.exists(),
+        "building the session wrote {}",
+        file.display()
+    );
+    let options = LaunchOptions {
+        print_loss: false,
+        ..LaunchOptions::default()
+    };
+    runtime::train_local(&session, &options).expect("training runs");
+    let records = ckpt::read_operator_strategy_file(&file).expect("the saved strategies");
+    let placed: Vec<String> = session
+        .op_strategies()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert!(records.iter().all(|r| placed.contains(&r.name)));
+    assert!(!records.is_empty());
+}
