@@ -33,7 +33,7 @@
 //!   at every micro step and only the piece is accumulated (MindSpore's
 //!   `grad_accumulation_shard`). Without accumulation it is level 1.
 //! - **level3**: as level 2, and every weight is gathered again before its first backward use
-//!   ([`crate::recompute`]'s backward copies), so no whole weight lives from one pass to the
+//!   (the `recompute` pass's backward copies), so no whole weight lives from one pass to the
 //!   other.
 //!
 //! ZeRO's first two stages stay reachable under their own names; they keep the weights whole:

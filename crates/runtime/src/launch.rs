@@ -31,7 +31,7 @@ pub struct LaunchOptions {
     /// The local backend only (for the command line): once a rank has failed, ranks still
     /// running `timeout` later are hung — their threads cannot be stopped — so the first
     /// failure is printed and the process exits with status 1 instead of waiting for them
-    /// forever ([`crate::hang_watch`]). Off by default: a library caller keeps its process.
+    /// forever (`hang_watch`). Off by default: a library caller keeps its process.
     pub exit_on_hung_rank: bool,
 }
 

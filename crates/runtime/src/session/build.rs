@@ -596,7 +596,7 @@ pub struct RankFootprint {
     /// The stacks of the threads the rank runs on, beyond the process's main thread.
     pub thread_stacks: usize,
     /// The executors' own tables, per buffer and step of their programs
-    /// ([`BOOKKEEPING_PER_ENTRY`]).
+    /// (`BOOKKEEPING_PER_ENTRY` bytes each).
     pub bookkeeping: usize,
 }
 

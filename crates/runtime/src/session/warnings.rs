@@ -8,7 +8,7 @@ use super::TrainSession;
 use crate::config::ShardSizeCover;
 
 impl TrainSession {
-    /// What the training program does with a setting that [`TrainConfig::warnings`] cannot
+    /// What the training program does with a setting that [`crate::TrainConfig::warnings`] cannot
     /// predict from the configuration alone, one sentence per cause for the caller to print
     /// once beside those: `parallel.hsdp.shard_size` capped to a parameter's replicas, or a
     /// parameter left whole because the value does not divide its replicas (as MindSpore caps
