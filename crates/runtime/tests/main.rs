@@ -32,6 +32,7 @@ mod pipeline_shared;
 mod plan_memory;
 mod precision;
 mod reproducibility;
+mod resume_sweep;
 mod run_util;
 mod searched_determinism;
 mod stage_warnings;
