@@ -20,15 +20,15 @@
 //! its own generator, so one reproduces alone). A failure prints the seed, the case index and
 //! both configurations as TOML (`tessera train <file>` runs them).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-use runtime::{LaunchOptions, Session, TrainConfig};
+use std::sync::Arc;
+use std::time::Instant;
 
 use crate::run_util;
+use crate::sweep_util::{
+    divisors, draw_schedule, env_number, names_a_key, open, run_guarded, train, Config, Rng, Stop,
+    Verdict,
+};
 
 /// The default seed of the sweep.
 const DEFAULT_SEED: u64 = 20_261_206;
@@ -36,94 +36,12 @@ const DEFAULT_SEED: u64 = 20_261_206;
 const DEFAULT_CASES: usize = 100;
 /// Steps each case trains.
 const STEPS: usize = 2;
-/// The longest a collective may wait for a peer: a deadlock fails the case instead of hanging.
-const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest a whole case (both runs) may take before it counts as hung.
-const CASE_DEADLINE: Duration = Duration::from_secs(300);
-/// The prefixes of the config keys a refusal must name one of.
-const KEY_PREFIXES: [&str; 4] = ["parallel.", "model.", "train.", "data."];
-
-/// SplitMix64: a small, self-contained generator whose sequence is fixed by its seed.
-struct Rng(u64);
-
-impl Rng {
-    /// The generator of case `index` under `seed`.
-    fn for_case(seed: u64, index: u64) -> Rng {
-        let mut rng = Rng(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03));
-        rng.next();
-        rng
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform integer in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    /// A uniform element of `xs` (not empty).
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.range(0, xs.len() - 1)]
-    }
-
-    /// True with probability `p`.
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
-
-/// A configuration as dotted keys (`parallel.hsdp.threshold`) and their TOML values.
-#[derive(Clone, Default)]
-struct Config(BTreeMap<String, String>);
-
-impl Config {
-    fn set(&mut self, key: &str, value: impl ToString) {
-        self.0.insert(key.to_string(), value.to_string());
-    }
-
-    fn set_str(&mut self, key: &str, value: &str) {
-        self.set(key, format!("\"{value}\""));
-    }
-
-    fn usize(&self, key: &str) -> Option<usize> {
-        self.0.get(key).map(|v| v.parse().expect("a count"))
-    }
-
-    /// The TOML text: one table per key prefix.
-    fn toml(&self) -> String {
-        let mut tables: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
-        for (key, value) in &self.0 {
-            let (table, name) = key.rsplit_once('.').expect("a dotted key");
-            tables.entry(table).or_default().push((name, value));
-        }
-        let mut text = String::new();
-        for (table, keys) in tables {
-            writeln!(text, "[{table}]").unwrap();
-            for (name, value) in keys {
-                writeln!(text, "{name} = {value}").unwrap();
-            }
-        }
-        text
-    }
-}
-
 /// One case: the parallel configuration and its one-device reference.
 struct Case {
     /// Which generator's space it came from.
     family: &'static str,
     parallel: Config,
     reference: Config,
-}
-
-/// The divisors of `n`.
-fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
 }
 
 /// Draws case `index` of `seed`; `out` holds its output directories.
@@ -416,53 +334,7 @@ fn draw(seed: u64, index: usize, out: &Path) -> Case {
     if rng.chance(0.15) {
         c.set("train.threads_per_rank", 2);
     }
-    if optimizer.ends_with("adamw") && rng.chance(0.5) {
-        c.set("train.weight_decay", "0.1");
-    }
-    match rng.pick(&[
-        "constant",
-        "cosine",
-        "warmup_lr",
-        "polynomial_decay_lr",
-        "exponential_decay_lr",
-        "piecewise_constant_lr",
-        "cosine_decay_lr",
-    ]) {
-        "constant" => {}
-        "cosine" => {
-            c.set_str("train.lr_schedule", "cosine");
-            c.set("train.warmup_steps", 1);
-            c.set("train.min_lr", "0.0001");
-        }
-        "warmup_lr" => {
-            c.set_str("train.lr_schedule", "warmup_lr");
-            c.set("train.warmup_epoch", 3);
-        }
-        "polynomial_decay_lr" => {
-            c.set_str("train.lr_schedule", "polynomial_decay_lr");
-            c.set("train.decay_epoch", 3);
-            c.set("train.min_lr", "0.0001");
-        }
-        "exponential_decay_lr" => {
-            c.set_str("train.lr_schedule", "exponential_decay_lr");
-            c.set("train.decay_epoch", 2);
-            c.set("train.decay_rate", "0.5");
-        }
-        "piecewise_constant_lr" => {
-            c.set_str("train.lr_schedule", "piecewise_constant_lr");
-            c.set("train.milestone", "[2, 5]");
-            c.set("train.learning_rates", "[0.01, 0.001]");
-        }
-        schedule => {
-            c.set_str("train.lr_schedule", schedule);
-            c.set("train.decay_epoch", 3);
-            c.set("train.min_lr", "0.0001");
-        }
-    }
-    // A gradient norm to compare in most cases: clipping, or a bound no step reaches.
-    if rng.chance(0.75) {
-        c.set("train.max_grad_norm", rng.pick(&["0.1", "1.0", "1e6"]));
-    }
+    draw_schedule(&mut rng, &mut c, optimizer, None);
     // The validation loss after the last step tests its parameters too; the reference of
     // micro-batches evaluates batches of its own (smaller) size, so only without them.
     if micro * interleave == 1 && rng.chance(0.5) {
@@ -494,114 +366,6 @@ fn draw(seed: u64, index: usize, out: &Path) -> Case {
     }
 }
 
-/// What a run gave, as bits: rank 0's loss, gradient norm and dropped expert choices of every
-/// step, and its validation loss.
-#[derive(Debug, PartialEq)]
-struct Outcome {
-    losses: Vec<u32>,
-    grad_norms: Vec<Option<u64>>,
-    moe_dropped: Vec<u64>,
-    eval_losses: Vec<u64>,
-}
-
-impl Outcome {
-    /// The values, as numbers.
-    fn describe(&self) -> String {
-        let f64s = |xs: &[u64]| xs.iter().map(|x| f64::from_bits(*x)).collect::<Vec<_>>();
-        format!(
-            "losses {:?}, grad norms {:?}, dropped expert choices {:?}, validation losses {:?}",
-            self.losses
-                .iter()
-                .map(|x| f32::from_bits(*x))
-                .collect::<Vec<_>>(),
-            self.grad_norms
-                .iter()
-                .map(|x| x.map(f64::from_bits))
-                .collect::<Vec<_>>(),
-            f64s(&self.moe_dropped),
-            f64s(&self.eval_losses),
-        )
-    }
-}
-
-/// A run that did not train.
-enum Stop {
-    /// Refused: parsing, the session, or an error of the launch naming a key.
-    Refused(String),
-    /// Failed: a timeout, a panic, an error naming no key, ranks that disagree.
-    Failed(String),
-}
-
-/// Parses and opens `config` (a refusal if either fails).
-fn open(config: &Config) -> Result<Session, Stop> {
-    let text = config.toml();
-    let parsed = TrainConfig::parse(&text, None, &[], Path::new("/"))
-        .map_err(|e| Stop::Refused(format!("{e:#}")))?;
-    Session::new(&parsed).map_err(|e| Stop::Refused(format!("{e:#}")))
-}
-
-/// Trains `session` on the local backend with a short collective timeout.
-fn train(session: &Session) -> Result<Outcome, Stop> {
-    let options = LaunchOptions {
-        print_loss: false,
-        timeout: COLLECTIVE_TIMEOUT,
-        ..LaunchOptions::default()
-    };
-    let report = runtime::train_local(session, &options).map_err(|e| {
-        let text = format!("{e:#}");
-        // The launch's checks (before any rank starts) name a key; a timeout, a panic or an
-        // error naming no key is a failure.
-        if text.contains("timed out") || text.contains("panick") || !names_a_key(&text) {
-            Stop::Failed(text)
-        } else {
-            Stop::Refused(text)
-        }
-    })?;
-    let first = &report.ranks[0];
-    for (rank, r) in report.ranks.iter().enumerate() {
-        if r.losses
-            .iter()
-            .map(|x| x.to_bits())
-            .ne(first.losses.iter().map(|x| x.to_bits()))
-        {
-            return Err(Stop::Failed(format!(
-                "rank {rank} logged losses {:?}, rank 0 {:?}",
-                r.losses, first.losses
-            )));
-        }
-    }
-    if first.losses.len() != STEPS {
-        return Err(Stop::Failed(format!(
-            "{} steps run, not {STEPS}",
-            first.losses.len()
-        )));
-    }
-    Ok(Outcome {
-        losses: first.losses.iter().map(|x| x.to_bits()).collect(),
-        grad_norms: first
-            .grad_norms
-            .iter()
-            .map(|n| n.map(f64::to_bits))
-            .collect(),
-        moe_dropped: first.moe_dropped.iter().map(|x| x.to_bits()).collect(),
-        eval_losses: first.eval_losses.iter().map(|x| x.to_bits()).collect(),
-    })
-}
-
-fn names_a_key(error: &str) -> bool {
-    KEY_PREFIXES.iter().any(|p| error.contains(p))
-}
-
-/// How a case ended.
-enum Verdict {
-    /// Trained, and bitwise the reference.
-    Same,
-    /// Refused, naming a key: the error.
-    Refused(String),
-    /// Anything else: what went wrong.
-    Failed(String),
-}
-
 /// Runs `case`: the parallel config (refused, or trained) and then its reference.
 fn run_case(case: &Case) -> Verdict {
     let session = match open(&case.parallel) {
@@ -614,7 +378,7 @@ fn run_case(case: &Case) -> Verdict {
             };
         }
     };
-    let reference = match open(&case.reference).and_then(|s| train(&s)) {
+    let reference = match open(&case.reference).and_then(|s| train(&s, STEPS)) {
         Ok(outcome) => outcome,
         Err(Stop::Refused(e)) | Err(Stop::Failed(e)) => {
             return Verdict::Failed(format!(
@@ -622,7 +386,7 @@ fn run_case(case: &Case) -> Verdict {
             ))
         }
     };
-    match train(&session) {
+    match train(&session, STEPS) {
         Ok(got) if got == reference => Verdict::Same,
         Ok(got) => Verdict::Failed(format!(
             "not one device's bits:\n  parallel:  {}\n  reference: {}",
@@ -631,47 +395,6 @@ fn run_case(case: &Case) -> Verdict {
         )),
         Err(Stop::Refused(e)) => Verdict::Refused(e),
         Err(Stop::Failed(e)) => Verdict::Failed(format!("training failed: {e}")),
-    }
-}
-
-/// Runs `case` on its own thread: a panic or a case over [`CASE_DEADLINE`] is a failure (a hung
-/// thread is left behind; the test fails).
-fn run_guarded(case: Case) -> (Case, Verdict) {
-    let (send, receive) = mpsc::channel();
-    let case = std::sync::Arc::new(case);
-    let mine = case.clone();
-    std::thread::Builder::new()
-        .name("sweep-case".into())
-        .stack_size(16 << 20)
-        .spawn(move || {
-            let verdict = run_case(&mine);
-            let _ = send.send(verdict);
-        })
-        .expect("a case thread");
-    let verdict = match receive.recv_timeout(CASE_DEADLINE) {
-        Ok(verdict) => verdict,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            Verdict::Failed(format!("hung: no result after {CASE_DEADLINE:?}"))
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            Verdict::Failed("panicked (the message is above)".to_string())
-        }
-    };
-    let case = std::sync::Arc::try_unwrap(case).unwrap_or_else(|shared| Case {
-        family: shared.family,
-        parallel: shared.parallel.clone(),
-        reference: shared.reference.clone(),
-    });
-    (case, verdict)
-}
-
-fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
     }
 }
 
@@ -694,10 +417,10 @@ fn random_parallel_configurations_are_bitwise_one_device_or_refused_naming_a_key
     let (mut same, mut refused, mut failures) = (0, 0, Vec::new());
     for &i in &indices {
         let out: PathBuf = tmp.path().join(i.to_string());
-        let case = draw(seed, i, &out);
+        let case = Arc::new(draw(seed, i, &out));
         let start = Instant::now();
         let devices = case.parallel.usize("parallel.devices").unwrap_or(1);
-        let (case, verdict) = run_guarded(case);
+        let verdict = run_guarded(case.clone(), "sweep-case", run_case);
         let took = start.elapsed().as_secs_f64();
         let line = format!("[{i}] {} on {devices} devices, {took:.1} s", case.family);
         match verdict {

@@ -36,6 +36,7 @@ mod resume_sweep;
 mod run_util;
 mod searched_determinism;
 mod stage_warnings;
+mod sweep_util;
 mod text_data;
 mod trainable_params;
 mod training;

@@ -32,15 +32,18 @@
 //! `output.dir`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use ckpt::{CheckpointFile, MergeOptions};
-use runtime::{LaunchOptions, Session, TrainConfig, TrainReport};
+use runtime::Session;
 
 use crate::run_util;
+use crate::sweep_util::{
+    divisors, draw_schedule, env_number, names_a_key, open, run_guarded, train, Config, Outcome,
+    Rng, Stop, Verdict,
+};
 
 /// The default seed of the sweep.
 const DEFAULT_SEED: u64 = 20_261_207;
@@ -50,92 +53,8 @@ const DEFAULT_CASES: usize = 36;
 const MAX_FIRST: usize = 3;
 /// The most steps layout B trains after resuming (the reference trains both runs' steps).
 const MAX_SECOND: usize = 2;
-/// The longest a collective may wait for a peer: a deadlock fails the case instead of hanging.
-const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest a whole case (three runs) may take before it counts as hung.
-const CASE_DEADLINE: Duration = Duration::from_secs(300);
-/// The prefixes of the config keys a layout's refusal must name one of.
-const KEY_PREFIXES: [&str; 4] = ["parallel.", "model.", "train.", "data."];
 /// The most devices a layout uses (each a thread on this machine).
 const MAX_DEVICES: usize = 16;
-
-/// SplitMix64: a small, self-contained generator whose sequence is fixed by its seed.
-struct Rng(u64);
-
-impl Rng {
-    /// The generator of case `index` under `seed`.
-    fn for_case(seed: u64, index: u64) -> Rng {
-        let mut rng = Rng(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03));
-        rng.next();
-        rng
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform integer in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    /// A uniform element of `xs` (not empty).
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.range(0, xs.len() - 1)]
-    }
-
-    /// True with probability `p`.
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
-
-/// A configuration as dotted keys (`parallel.hsdp.threshold`) and their TOML values.
-#[derive(Clone, Default)]
-struct Config(BTreeMap<String, String>);
-
-impl Config {
-    fn set(&mut self, key: &str, value: impl ToString) {
-        self.0.insert(key.to_string(), value.to_string());
-    }
-
-    fn set_str(&mut self, key: &str, value: &str) {
-        self.set(key, format!("\"{value}\""));
-    }
-
-    fn usize(&self, key: &str) -> Option<usize> {
-        self.0.get(key).map(|v| v.parse().expect("a count"))
-    }
-
-    /// This config with every key of `other` added (or replaced).
-    fn with(&self, other: &Config) -> Config {
-        let mut all = self.clone();
-        all.0
-            .extend(other.0.iter().map(|(k, v)| (k.clone(), v.clone())));
-        all
-    }
-
-    /// The TOML text: one table per key prefix.
-    fn toml(&self) -> String {
-        let mut tables: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
-        for (key, value) in &self.0 {
-            let (table, name) = key.rsplit_once('.').expect("a dotted key");
-            tables.entry(table).or_default().push((name, value));
-        }
-        let mut text = String::new();
-        for (table, keys) in tables {
-            writeln!(text, "[{table}]").unwrap();
-            for (name, value) in keys {
-                writeln!(text, "{name} = {value}").unwrap();
-            }
-        }
-        text
-    }
-}
 
 /// The model's sizes a layout must divide.
 struct Model {
@@ -169,11 +88,6 @@ struct Case {
     b: Config,
     reference: Config,
     family: String,
-}
-
-/// The divisors of `n`.
-fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -499,54 +413,13 @@ fn draw(seed: u64, index: usize, out: &Path) -> Case {
             c.set("train.use_nesterov", true);
         }
     }
-    if optimizer.ends_with("adamw") && rng.chance(0.5) {
-        c.set("train.weight_decay", "0.1");
-    }
-    match rng.pick(&[
-        "constant",
-        "cosine",
-        "warmup_lr",
-        "polynomial_decay_lr",
-        "exponential_decay_lr",
-        "piecewise_constant_lr",
-        "cosine_decay_lr",
-    ]) {
-        "constant" => {}
-        "cosine" => {
-            // `decay_steps` defaults to the run's steps, which A's shorter run would change.
-            c.set_str("train.lr_schedule", "cosine");
-            c.set("train.warmup_steps", 1);
-            c.set("train.decay_steps", MAX_FIRST + MAX_SECOND + 1);
-            c.set("train.min_lr", "0.0001");
-        }
-        "warmup_lr" => {
-            c.set_str("train.lr_schedule", "warmup_lr");
-            c.set("train.warmup_epoch", 3);
-        }
-        "polynomial_decay_lr" => {
-            c.set_str("train.lr_schedule", "polynomial_decay_lr");
-            c.set("train.decay_epoch", 3);
-            c.set("train.min_lr", "0.0001");
-        }
-        "exponential_decay_lr" => {
-            c.set_str("train.lr_schedule", "exponential_decay_lr");
-            c.set("train.decay_epoch", 2);
-            c.set("train.decay_rate", "0.5");
-        }
-        "piecewise_constant_lr" => {
-            c.set_str("train.lr_schedule", "piecewise_constant_lr");
-            c.set("train.milestone", "[2, 5]");
-            c.set("train.learning_rates", "[0.01, 0.001]");
-        }
-        schedule => {
-            c.set_str("train.lr_schedule", schedule);
-            c.set("train.decay_epoch", 3);
-            c.set("train.min_lr", "0.0001");
-        }
-    }
-    if rng.chance(0.75) {
-        c.set("train.max_grad_norm", rng.pick(&["0.1", "1.0", "1e6"]));
-    }
+    // `decay_steps` defaults to the run's steps, which A's shorter run would change.
+    draw_schedule(
+        &mut rng,
+        &mut c,
+        optimizer,
+        Some(MAX_FIRST + MAX_SECOND + 1),
+    );
     // The validation loss after B's last step tests the resumed parameters; the reference of
     // micro-batches evaluates batches of its own (smaller) size, so only without them.
     // One validation after the last step: not after every short epoch (A would run some).
@@ -610,123 +483,27 @@ fn draw(seed: u64, index: usize, out: &Path) -> Case {
     }
 }
 
-/// What a run gave, as bits: rank 0's loss, gradient norm and dropped expert choices of every
-/// step, its validation losses, and its saved parameters by name.
-#[derive(Debug, PartialEq)]
-struct Outcome {
-    losses: Vec<u32>,
-    grad_norms: Vec<Option<u64>>,
-    moe_dropped: Vec<u64>,
-    eval_losses: Vec<u64>,
-    global_step: u64,
+/// `first` followed by `next` (the resumed run's steps).
+fn followed_by(mut first: Outcome, next: Outcome) -> Outcome {
+    first.losses.extend(next.losses);
+    first.grad_norms.extend(next.grad_norms);
+    first.moe_dropped.extend(next.moe_dropped);
+    first.eval_losses = next.eval_losses;
+    first.global_step = next.global_step;
+    first
 }
 
-impl Outcome {
-    /// `self` followed by `next` (the resumed run's steps).
-    fn then(mut self, next: Outcome) -> Outcome {
-        self.losses.extend(next.losses);
-        self.grad_norms.extend(next.grad_norms);
-        self.moe_dropped.extend(next.moe_dropped);
-        self.eval_losses = next.eval_losses;
-        self.global_step = next.global_step;
-        self
+/// The first `steps` steps of `outcome`, as a run of that many steps without validation would
+/// give.
+fn prefix(outcome: &Outcome, steps: usize) -> Outcome {
+    let cut = |n: usize| n.min(steps);
+    Outcome {
+        losses: outcome.losses[..cut(outcome.losses.len())].to_vec(),
+        grad_norms: outcome.grad_norms[..cut(outcome.grad_norms.len())].to_vec(),
+        moe_dropped: outcome.moe_dropped[..cut(outcome.moe_dropped.len())].to_vec(),
+        eval_losses: Vec::new(),
+        global_step: steps as u64,
     }
-
-    /// The first `steps` steps, as a run of that many steps without validation would give.
-    fn prefix(&self, steps: usize) -> Outcome {
-        let cut = |n: usize| n.min(steps);
-        Outcome {
-            losses: self.losses[..cut(self.losses.len())].to_vec(),
-            grad_norms: self.grad_norms[..cut(self.grad_norms.len())].to_vec(),
-            moe_dropped: self.moe_dropped[..cut(self.moe_dropped.len())].to_vec(),
-            eval_losses: Vec::new(),
-            global_step: steps as u64,
-        }
-    }
-
-    /// The values, as numbers.
-    fn describe(&self) -> String {
-        let f64s = |xs: &[u64]| xs.iter().map(|x| f64::from_bits(*x)).collect::<Vec<_>>();
-        format!(
-            "losses {:?}, grad norms {:?}, dropped expert choices {:?}, validation losses {:?}, \
-             global step {}",
-            self.losses
-                .iter()
-                .map(|x| f32::from_bits(*x))
-                .collect::<Vec<_>>(),
-            self.grad_norms
-                .iter()
-                .map(|x| x.map(f64::from_bits))
-                .collect::<Vec<_>>(),
-            f64s(&self.moe_dropped),
-            f64s(&self.eval_losses),
-            self.global_step,
-        )
-    }
-}
-
-/// A run that did not train.
-enum Stop {
-    /// Refused: parsing, the session, or an error of the launch naming a key.
-    Refused(String),
-    /// Failed: a timeout, a panic, an error naming no key, ranks that disagree.
-    Failed(String),
-}
-
-/// Parses and opens `config` (a refusal if either fails).
-fn open(config: &Config) -> Result<Session, Stop> {
-    let text = config.toml();
-    let parsed = TrainConfig::parse(&text, None, &[], Path::new("/"))
-        .map_err(|e| Stop::Refused(format!("{e:#}")))?;
-    Session::new(&parsed).map_err(|e| Stop::Refused(format!("{e:#}")))
-}
-
-/// Trains `session` on the local backend with a short collective timeout, expecting `steps`
-/// steps on every rank.
-fn train(session: &Session, steps: usize) -> Result<Outcome, Stop> {
-    let options = LaunchOptions {
-        print_loss: false,
-        timeout: COLLECTIVE_TIMEOUT,
-        ..LaunchOptions::default()
-    };
-    let report: TrainReport = runtime::train_local(session, &options).map_err(|e| {
-        let text = format!("{e:#}");
-        if text.contains("timed out") || text.contains("panick") || !names_a_key(&text) {
-            Stop::Failed(text)
-        } else {
-            Stop::Refused(text)
-        }
-    })?;
-    let first = &report.ranks[0];
-    for (rank, r) in report.ranks.iter().enumerate() {
-        if r.losses
-            .iter()
-            .map(|x| x.to_bits())
-            .ne(first.losses.iter().map(|x| x.to_bits()))
-        {
-            return Err(Stop::Failed(format!(
-                "rank {rank} logged losses {:?}, rank 0 {:?}",
-                r.losses, first.losses
-            )));
-        }
-    }
-    if first.losses.len() != steps {
-        return Err(Stop::Failed(format!(
-            "{} steps run, not {steps}",
-            first.losses.len()
-        )));
-    }
-    Ok(Outcome {
-        losses: first.losses.iter().map(|x| x.to_bits()).collect(),
-        grad_norms: first
-            .grad_norms
-            .iter()
-            .map(|n| n.map(f64::to_bits))
-            .collect(),
-        moe_dropped: first.moe_dropped.iter().map(|x| x.to_bits()).collect(),
-        eval_losses: first.eval_losses.iter().map(|x| x.to_bits()).collect(),
-        global_step: first.global_step,
-    })
 }
 
 /// The parameters `session` saved in `out`, merged into full tensors, as bits by name.
@@ -756,20 +533,6 @@ fn saved_params(session: &Session, out: &Path) -> Result<BTreeMap<String, Vec<u3
             Ok((name, bits))
         })
         .collect()
-}
-
-fn names_a_key(error: &str) -> bool {
-    KEY_PREFIXES.iter().any(|p| error.contains(p))
-}
-
-/// How a case ended.
-enum Verdict {
-    /// Trained on A, resumed on B, and bitwise the reference.
-    Same,
-    /// A layout refused, naming a key: the error.
-    Refused(String),
-    /// Anything else: what went wrong.
-    Failed(String),
 }
 
 /// Opens a layout's config: a refusal naming a key is the verdict `Refused`.
@@ -826,7 +589,7 @@ fn run_case(case: &Case) -> Verdict {
             return Verdict::Failed(format!("resuming A's checkpoint on B failed: {e}"))
         }
     };
-    let a_prefix = reference.1.prefix(case.a_steps);
+    let a_prefix = prefix(&reference.1, case.a_steps);
     if first != a_prefix {
         return Verdict::Failed(format!(
             "A alone is not one device's bits:\n  A:         {}\n  reference: {}",
@@ -834,7 +597,7 @@ fn run_case(case: &Case) -> Verdict {
             a_prefix.describe()
         ));
     }
-    let got = first.prefix(case.steps.0).then(resumed.1);
+    let got = followed_by(prefix(&first, case.steps.0), resumed.1);
     if got != reference.1 {
         return Verdict::Failed(format!(
             "A then B is not one device's bits:\n  A then B:  {}\n  reference: {}",
@@ -873,40 +636,6 @@ fn run_case(case: &Case) -> Verdict {
     Verdict::Same
 }
 
-/// Runs `case` on its own thread: a panic or a case over [`CASE_DEADLINE`] is a failure (a hung
-/// thread is left behind; the test fails).
-fn run_guarded(case: Arc<Case>) -> Verdict {
-    let (send, receive) = mpsc::channel();
-    let mine = case.clone();
-    std::thread::Builder::new()
-        .name("resume-sweep-case".into())
-        .stack_size(16 << 20)
-        .spawn(move || {
-            let verdict = run_case(&mine);
-            let _ = send.send(verdict);
-        })
-        .expect("a case thread");
-    match receive.recv_timeout(CASE_DEADLINE) {
-        Ok(verdict) => verdict,
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            Verdict::Failed(format!("hung: no result after {CASE_DEADLINE:?}"))
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            Verdict::Failed("panicked (the message is above)".to_string())
-        }
-    }
-}
-
-fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
-
 /// The sweep: training on one drawn layout and resuming on another is bitwise one device
 /// trained without a stop, or a layout is refused naming a key.
 #[test]
@@ -934,7 +663,7 @@ fn resuming_on_another_random_layout_is_bitwise_one_device_or_refused_naming_a_k
         let out: PathBuf = tmp.path().join(i.to_string());
         let case = Arc::new(draw(seed, i, &out));
         let start = Instant::now();
-        let verdict = run_guarded(case.clone());
+        let verdict = run_guarded(case.clone(), "resume-sweep-case", run_case);
         let took = start.elapsed().as_secs_f64();
         let line = format!("[{i}] {}, {took:.1} s", case.family);
         match verdict {

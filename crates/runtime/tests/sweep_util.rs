@@ -1,0 +1,317 @@
+//! What the seeded random sweeps (`config_sweep`, `resume_sweep`) share: their generator, a
+//! configuration as dotted keys, a run's outcome as bits, opening and training a drawn
+//! configuration, and a case run on its own thread under a deadline.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use runtime::{LaunchOptions, Session, TrainConfig};
+
+/// The collective timeout of every run: a deadlock fails the case instead of hanging.
+pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a whole case may take before it counts as hung.
+pub const CASE_DEADLINE: Duration = Duration::from_secs(300);
+/// The prefixes of the config keys a refusal must name one of.
+const KEY_PREFIXES: [&str; 4] = ["parallel.", "model.", "train.", "data."];
+
+/// SplitMix64: a small, self-contained generator whose sequence is fixed by its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// The generator of case `index` under `seed`.
+    pub fn for_case(seed: u64, index: u64) -> Rng {
+        let mut rng = Rng(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03));
+        rng.next();
+        rng
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform integer in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// A uniform element of `xs` (not empty).
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.range(0, xs.len() - 1)]
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// A configuration as dotted keys (`parallel.hsdp.threshold`) and their TOML values.
+#[derive(Clone, Default)]
+pub struct Config(pub BTreeMap<String, String>);
+
+impl Config {
+    /// Sets `key` to the TOML value `value`.
+    pub fn set(&mut self, key: &str, value: impl ToString) {
+        self.0.insert(key.to_string(), value.to_string());
+    }
+
+    /// Sets `key` to the string `value`.
+    pub fn set_str(&mut self, key: &str, value: &str) {
+        self.set(key, format!("\"{value}\""));
+    }
+
+    /// `key`'s value as a count, when set.
+    pub fn usize(&self, key: &str) -> Option<usize> {
+        self.0.get(key).map(|v| v.parse().expect("a count"))
+    }
+
+    /// This config with every key of `other` added (or replaced).
+    pub fn with(&self, other: &Config) -> Config {
+        let mut all = self.clone();
+        all.0
+            .extend(other.0.iter().map(|(k, v)| (k.clone(), v.clone())));
+        all
+    }
+
+    /// The TOML text: one table per key prefix.
+    pub fn toml(&self) -> String {
+        let mut tables: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+        for (key, value) in &self.0 {
+            let (table, name) = key.rsplit_once('.').expect("a dotted key");
+            tables.entry(table).or_default().push((name, value));
+        }
+        let mut text = String::new();
+        for (table, keys) in tables {
+            writeln!(text, "[{table}]").unwrap();
+            for (name, value) in keys {
+                writeln!(text, "{name} = {value}").unwrap();
+            }
+        }
+        text
+    }
+}
+
+/// The divisors of `n`.
+pub fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
+}
+
+/// Draws a weight decay for an AdamW `optimizer`, a learning-rate schedule (`cosine` decaying
+/// over `cosine_decay_steps` when given, else over the run) and, in most cases, a gradient
+/// clipping norm (or a bound no step reaches, so the norm is logged) into `c`.
+pub fn draw_schedule(
+    rng: &mut Rng,
+    c: &mut Config,
+    optimizer: &str,
+    cosine_decay_steps: Option<usize>,
+) {
+    if optimizer.ends_with("adamw") && rng.chance(0.5) {
+        c.set("train.weight_decay", "0.1");
+    }
+    match rng.pick(&[
+        "constant",
+        "cosine",
+        "warmup_lr",
+        "polynomial_decay_lr",
+        "exponential_decay_lr",
+        "piecewise_constant_lr",
+        "cosine_decay_lr",
+    ]) {
+        "constant" => {}
+        "cosine" => {
+            c.set_str("train.lr_schedule", "cosine");
+            c.set("train.warmup_steps", 1);
+            if let Some(steps) = cosine_decay_steps {
+                c.set("train.decay_steps", steps);
+            }
+            c.set("train.min_lr", "0.0001");
+        }
+        "warmup_lr" => {
+            c.set_str("train.lr_schedule", "warmup_lr");
+            c.set("train.warmup_epoch", 3);
+        }
+        "polynomial_decay_lr" => {
+            c.set_str("train.lr_schedule", "polynomial_decay_lr");
+            c.set("train.decay_epoch", 3);
+            c.set("train.min_lr", "0.0001");
+        }
+        "exponential_decay_lr" => {
+            c.set_str("train.lr_schedule", "exponential_decay_lr");
+            c.set("train.decay_epoch", 2);
+            c.set("train.decay_rate", "0.5");
+        }
+        "piecewise_constant_lr" => {
+            c.set_str("train.lr_schedule", "piecewise_constant_lr");
+            c.set("train.milestone", "[2, 5]");
+            c.set("train.learning_rates", "[0.01, 0.001]");
+        }
+        schedule => {
+            c.set_str("train.lr_schedule", schedule);
+            c.set("train.decay_epoch", 3);
+            c.set("train.min_lr", "0.0001");
+        }
+    }
+    // A gradient norm to compare in most cases: clipping, or a bound no step reaches.
+    if rng.chance(0.75) {
+        c.set("train.max_grad_norm", rng.pick(&["0.1", "1.0", "1e6"]));
+    }
+}
+
+/// What a run gave, as bits: rank 0's loss, gradient norm and dropped expert choices of every
+/// step, its validation losses and its global step.
+#[derive(Debug, PartialEq)]
+pub struct Outcome {
+    pub losses: Vec<u32>,
+    pub grad_norms: Vec<Option<u64>>,
+    pub moe_dropped: Vec<u64>,
+    pub eval_losses: Vec<u64>,
+    pub global_step: u64,
+}
+
+impl Outcome {
+    /// The values, as numbers.
+    pub fn describe(&self) -> String {
+        let f64s = |xs: &[u64]| xs.iter().map(|x| f64::from_bits(*x)).collect::<Vec<_>>();
+        format!(
+            "losses {:?}, grad norms {:?}, dropped expert choices {:?}, validation losses {:?}, \
+             global step {}",
+            self.losses
+                .iter()
+                .map(|x| f32::from_bits(*x))
+                .collect::<Vec<_>>(),
+            self.grad_norms
+                .iter()
+                .map(|x| x.map(f64::from_bits))
+                .collect::<Vec<_>>(),
+            f64s(&self.moe_dropped),
+            f64s(&self.eval_losses),
+            self.global_step,
+        )
+    }
+}
+
+/// A run that did not train.
+pub enum Stop {
+    /// Refused: parsing, the session, or an error of the launch naming a key.
+    Refused(String),
+    /// Failed: a timeout, a panic, an error naming no key, ranks that disagree.
+    Failed(String),
+}
+
+/// Parses and opens `config` (a refusal if either fails).
+pub fn open(config: &Config) -> Result<Session, Stop> {
+    let text = config.toml();
+    let parsed = TrainConfig::parse(&text, None, &[], Path::new("/"))
+        .map_err(|e| Stop::Refused(format!("{e:#}")))?;
+    Session::new(&parsed).map_err(|e| Stop::Refused(format!("{e:#}")))
+}
+
+/// Trains `session` on the local backend with a short collective timeout, expecting `steps`
+/// steps on every rank, all logging rank 0's losses.
+pub fn train(session: &Session, steps: usize) -> Result<Outcome, Stop> {
+    let options = LaunchOptions {
+        print_loss: false,
+        timeout: COLLECTIVE_TIMEOUT,
+        ..LaunchOptions::default()
+    };
+    let report = runtime::train_local(session, &options).map_err(|e| {
+        let text = format!("{e:#}");
+        // The launch's checks (before any rank starts) name a key; a timeout, a panic or an
+        // error naming no key is a failure.
+        if text.contains("timed out") || text.contains("panick") || !names_a_key(&text) {
+            Stop::Failed(text)
+        } else {
+            Stop::Refused(text)
+        }
+    })?;
+    let first = &report.ranks[0];
+    for (rank, r) in report.ranks.iter().enumerate() {
+        if r.losses
+            .iter()
+            .map(|x| x.to_bits())
+            .ne(first.losses.iter().map(|x| x.to_bits()))
+        {
+            return Err(Stop::Failed(format!(
+                "rank {rank} logged losses {:?}, rank 0 {:?}",
+                r.losses, first.losses
+            )));
+        }
+    }
+    if first.losses.len() != steps {
+        return Err(Stop::Failed(format!(
+            "{} steps run, not {steps}",
+            first.losses.len()
+        )));
+    }
+    Ok(Outcome {
+        losses: first.losses.iter().map(|x| x.to_bits()).collect(),
+        grad_norms: first
+            .grad_norms
+            .iter()
+            .map(|n| n.map(f64::to_bits))
+            .collect(),
+        moe_dropped: first.moe_dropped.iter().map(|x| x.to_bits()).collect(),
+        eval_losses: first.eval_losses.iter().map(|x| x.to_bits()).collect(),
+        global_step: first.global_step,
+    })
+}
+
+/// Whether `error` names a `parallel.`, `model.`, `train.` or `data.` key.
+pub fn names_a_key(error: &str) -> bool {
+    KEY_PREFIXES.iter().any(|p| error.contains(p))
+}
+
+/// How a case ended.
+pub enum Verdict {
+    /// Trained, and bitwise the reference.
+    Same,
+    /// Refused, naming a key: the error.
+    Refused(String),
+    /// Anything else: what went wrong.
+    Failed(String),
+}
+
+/// Runs `run(case)` on a thread named `name`: a panic or a case over [`CASE_DEADLINE`] is a
+/// failure (a hung thread is left behind; the test fails).
+pub fn run_guarded<C: Send + Sync + 'static>(
+    case: Arc<C>,
+    name: &str,
+    run: fn(&C) -> Verdict,
+) -> Verdict {
+    let (send, receive) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .stack_size(16 << 20)
+        .spawn(move || {
+            let verdict = run(&case);
+            let _ = send.send(verdict);
+        })
+        .expect("a case thread");
+    match receive.recv_timeout(CASE_DEADLINE) {
+        Ok(verdict) => verdict,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            Verdict::Failed(format!("hung: no result after {CASE_DEADLINE:?}"))
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Verdict::Failed("panicked (the message is above)".to_string())
+        }
+    }
+}
+
+/// The number in the environment variable `name`, or `default` when it is not set.
+pub fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
