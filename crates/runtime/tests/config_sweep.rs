@@ -20,13 +20,11 @@
 //! its own generator, so one reproduces alone). A failure prints the seed, the case index and
 //! both configurations as TOML (`tessera train <file>` runs them).
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Instant;
+use std::path::Path;
 
 use crate::run_util;
 use crate::sweep_util::{
-    divisors, draw_schedule, env_number, names_a_key, open, run_guarded, train, Config, Rng, Stop,
+    divisors, draw_schedule, names_a_key, open, run_sweep, train, Config, Rng, Stop, SweepCase,
     Verdict,
 };
 
@@ -367,6 +365,25 @@ fn draw(seed: u64, index: usize, out: &Path) -> Case {
 }
 
 /// Runs `case`: the parallel config (refused, or trained) and then its reference.
+impl SweepCase for Case {
+    fn label(&self) -> String {
+        let devices = self.parallel.usize("parallel.devices").unwrap_or(1);
+        format!("{} on {devices} devices", self.family)
+    }
+
+    fn configs(&self) -> String {
+        format!(
+            "--- parallel config ---\n{}--- one-device reference ---\n{}",
+            self.parallel.toml(),
+            self.reference.toml()
+        )
+    }
+
+    fn run(&self) -> Verdict {
+        run_case(self)
+    }
+}
+
 fn run_case(case: &Case) -> Verdict {
     let session = match open(&case.parallel) {
         Ok(session) => session,
@@ -401,66 +418,7 @@ fn run_case(case: &Case) -> Verdict {
 /// The sweep: every drawn configuration is bitwise one device or refused naming a key.
 #[test]
 fn random_parallel_configurations_are_bitwise_one_device_or_refused_naming_a_key() {
-    let seed = env_number("TESSERA_SWEEP_SEED", DEFAULT_SEED);
-    let cases = env_number("TESSERA_SWEEP_CASES", DEFAULT_CASES);
-    let only: Option<Vec<usize>> = std::env::var("TESSERA_SWEEP_ONLY").ok().map(|v| {
-        v.split(',')
-            .map(|i| i.trim().parse().expect("TESSERA_SWEEP_ONLY: case indices"))
-            .collect()
-    });
-    let indices: Vec<usize> = only.unwrap_or_else(|| (0..cases).collect());
-    eprintln!(
-        "sweep: seed {seed} (TESSERA_SWEEP_SEED), {} cases (TESSERA_SWEEP_CASES)",
-        indices.len()
-    );
-    let tmp = tempfile::tempdir().unwrap();
-    let (mut same, mut refused, mut failures) = (0, 0, Vec::new());
-    for &i in &indices {
-        let out: PathBuf = tmp.path().join(i.to_string());
-        let case = Arc::new(draw(seed, i, &out));
-        let start = Instant::now();
-        let devices = case.parallel.usize("parallel.devices").unwrap_or(1);
-        let verdict = run_guarded(case.clone(), "sweep-case", run_case);
-        let took = start.elapsed().as_secs_f64();
-        let line = format!("[{i}] {} on {devices} devices, {took:.1} s", case.family);
-        match verdict {
-            Verdict::Same => {
-                same += 1;
-                eprintln!("{line}: bitwise one device");
-            }
-            Verdict::Refused(e) => {
-                refused += 1;
-                let first = e.lines().next().unwrap_or_default();
-                eprintln!("{line}: refused: {first}");
-            }
-            Verdict::Failed(e) => {
-                eprintln!("{line}: FAILED: {e}");
-                failures.push(format!(
-                    "case {i} of seed {seed} (TESSERA_SWEEP_SEED={seed} TESSERA_SWEEP_ONLY={i}): \
-                     {e}\n--- parallel config ---\n{}--- one-device reference ---\n{}",
-                    case.parallel.toml(),
-                    case.reference.toml()
-                ));
-            }
-        }
-    }
-    eprintln!(
-        "sweep: seed {seed}: {same} bitwise one device, {refused} refused naming a key, {} failed",
-        failures.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n\n{}",
-        failures.len(),
-        indices.len(),
-        failures.join("\n\n")
-    );
-    // A sweep whose every case is refused would test nothing.
-    assert!(
-        indices.len() < 6 || same * 3 >= indices.len(),
-        "only {same} of {} cases trained (seed {seed})",
-        indices.len()
-    );
+    run_sweep("sweep", "SWEEP", (DEFAULT_SEED, DEFAULT_CASES), draw);
 }
 
 /// The generator reaches every mode, pipeline scheduler, context-parallel algorithm, optimizer

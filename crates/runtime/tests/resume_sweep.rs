@@ -32,17 +32,14 @@
 //! `output.dir`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Instant;
+use std::path::Path;
 
-use ckpt::{CheckpointFile, MergeOptions};
 use runtime::Session;
 
 use crate::run_util;
 use crate::sweep_util::{
-    divisors, draw_schedule, env_number, names_a_key, open, run_guarded, train, Config, Outcome,
-    Rng, Stop, Verdict,
+    divisors, draw_schedule, names_a_key, open, run_sweep, train, Config, Outcome, Rng, Stop,
+    SweepCase, Verdict,
 };
 
 /// The default seed of the sweep.
@@ -508,31 +505,11 @@ fn prefix(outcome: &Outcome, steps: usize) -> Outcome {
 
 /// The parameters `session` saved in `out`, merged into full tensors, as bits by name.
 fn saved_params(session: &Session, out: &Path) -> Result<BTreeMap<String, Vec<u32>>, String> {
-    let merged = out.join("merged");
-    ckpt::unified_safetensors(
-        out,
-        &out.join("strategy.json"),
-        &merged,
-        &MergeOptions::default(),
-    )
-    .map_err(|e| format!("merging {}: {e:#}", out.display()))?;
-    let part = CheckpointFile::open(&merged.join("part0.safetensors"))
-        .map_err(|e| format!("{}: {e:#}", merged.display()))?;
-    run_util::param_names(session)
+    let params = run_util::try_merged_params(out, &run_util::param_names(session))?;
+    Ok(params
         .into_iter()
-        .map(|name| {
-            let t = part
-                .read_tensor(&name)
-                .map_err(|e| format!("{}: {name}: {e:#}", out.display()))?;
-            let bits = t
-                .as_f32()
-                .map_err(|e| format!("{name}: {e:#}"))?
-                .iter()
-                .map(|x| x.to_bits())
-                .collect();
-            Ok((name, bits))
-        })
-        .collect()
+        .map(|(name, values)| (name, values.iter().map(|x| x.to_bits()).collect()))
+        .collect())
 }
 
 /// Opens a layout's config: a refusal naming a key is the verdict `Refused`.
@@ -549,6 +526,28 @@ fn open_layout(which: &str, config: &Config) -> Result<Session, Verdict> {
 }
 
 /// Runs `case`: both layouts opened (or refused), the reference, A, and B resumed from A.
+impl SweepCase for Case {
+    fn label(&self) -> String {
+        self.family.clone()
+    }
+
+    fn configs(&self) -> String {
+        format!(
+            "--- layout A ({} steps, B resumes step {}) ---\n{}--- layout B (resumed from A) ---\n{}\
+             --- one-device reference ---\n{}",
+            self.a_steps,
+            self.steps.0,
+            self.a.toml(),
+            self.b.toml(),
+            self.reference.toml()
+        )
+    }
+
+    fn run(&self) -> Verdict {
+        run_case(self)
+    }
+}
+
 fn run_case(case: &Case) -> Verdict {
     let a = match open_layout("A", &case.a) {
         Ok(s) => s,
@@ -640,76 +639,11 @@ fn run_case(case: &Case) -> Verdict {
 /// trained without a stop, or a layout is refused naming a key.
 #[test]
 fn resuming_on_another_random_layout_is_bitwise_one_device_or_refused_naming_a_key() {
-    let seed = env_number("TESSERA_RESUME_SWEEP_SEED", DEFAULT_SEED);
-    let cases = env_number("TESSERA_RESUME_SWEEP_CASES", DEFAULT_CASES);
-    let only: Option<Vec<usize>> = std::env::var("TESSERA_RESUME_SWEEP_ONLY").ok().map(|v| {
-        v.split(',')
-            .map(|i| {
-                i.trim()
-                    .parse()
-                    .expect("TESSERA_RESUME_SWEEP_ONLY: case indices")
-            })
-            .collect()
-    });
-    let indices: Vec<usize> = only.unwrap_or_else(|| (0..cases).collect());
-    eprintln!(
-        "resume sweep: seed {seed} (TESSERA_RESUME_SWEEP_SEED), {} cases \
-         (TESSERA_RESUME_SWEEP_CASES)",
-        indices.len()
-    );
-    let tmp = tempfile::tempdir().unwrap();
-    let (mut same, mut refused, mut failures) = (0, 0, Vec::new());
-    for &i in &indices {
-        let out: PathBuf = tmp.path().join(i.to_string());
-        let case = Arc::new(draw(seed, i, &out));
-        let start = Instant::now();
-        let verdict = run_guarded(case.clone(), "resume-sweep-case", run_case);
-        let took = start.elapsed().as_secs_f64();
-        let line = format!("[{i}] {}, {took:.1} s", case.family);
-        match verdict {
-            Verdict::Same => {
-                same += 1;
-                eprintln!("{line}: bitwise one device");
-            }
-            Verdict::Refused(e) => {
-                refused += 1;
-                let first = e.lines().next().unwrap_or_default();
-                eprintln!("{line}: refused: {first}");
-            }
-            Verdict::Failed(e) => {
-                eprintln!("{line}: FAILED: {e}");
-                failures.push(format!(
-                    "case {i} of seed {seed} (TESSERA_RESUME_SWEEP_SEED={seed} \
-                     TESSERA_RESUME_SWEEP_ONLY={i}): {e}\n--- layout A ({} steps, B resumes step {}) ---\n{}\
-                     --- layout B (resumed from A) ---\n{}--- one-device reference ---\n{}",
-                    case.a_steps,
-                    case.steps.0,
-                    case.a.toml(),
-                    case.b.toml(),
-                    case.reference.toml()
-                ));
-            }
-        }
-        // Each case's three runs and merges stay small, but not a hundred of them.
-        let _ = std::fs::remove_dir_all(&out);
-    }
-    eprintln!(
-        "resume sweep: seed {seed}: {same} bitwise one device, {refused} refused naming a key, \
-         {} failed",
-        failures.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n\n{}",
-        failures.len(),
-        indices.len(),
-        failures.join("\n\n")
-    );
-    // A sweep whose every case is refused would test nothing.
-    assert!(
-        indices.len() < 6 || same * 3 >= indices.len(),
-        "only {same} of {} cases trained (seed {seed})",
-        indices.len()
+    run_sweep(
+        "resume sweep",
+        "RESUME_SWEEP",
+        (DEFAULT_SEED, DEFAULT_CASES),
+        draw,
     );
 }
 

@@ -40,6 +40,12 @@ pub fn train_run(config: &TrainConfig, steps: usize) -> (Session, Run) {
 
 /// The parameters `names` of the checkpoint the ranks saved in `out`, merged into full tensors.
 pub fn merged_params(out: &Path, names: &[String]) -> Vec<(String, Vec<f32>)> {
+    try_merged_params(out, names).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`merged_params`], a failure (the merge, a missing part or parameter) as an error naming
+/// the directory and the tensor.
+pub fn try_merged_params(out: &Path, names: &[String]) -> Result<Vec<(String, Vec<f32>)>, String> {
     let merged = out.join("merged");
     ckpt::unified_safetensors(
         out,
@@ -47,18 +53,21 @@ pub fn merged_params(out: &Path, names: &[String]) -> Vec<(String, Vec<f32>)> {
         &merged,
         &MergeOptions::default(),
     )
-    .expect("the checkpoints merge");
-    let part = CheckpointFile::open(&merged.join("part0.safetensors")).expect("a merged part");
+    .map_err(|e| format!("merging {}: {e:#}", out.display()))?;
+    let part = CheckpointFile::open(&merged.join("part0.safetensors"))
+        .map_err(|e| format!("{}: {e:#}", merged.display()))?;
     names
         .iter()
         .map(|name| {
-            let t = part.read_tensor(name).expect("a merged parameter");
+            let t = part
+                .read_tensor(name)
+                .map_err(|e| format!("{}: {name}: {e:#}", out.display()))?;
             // Half-precision weights (mixed precision) widened, exactly.
             let values = match t.as_f32() {
                 Ok(xs) => xs.to_vec(),
                 Err(_) => t.to_f64_vec().into_iter().map(|x| x as f32).collect(),
             };
-            (name.clone(), values)
+            Ok((name.clone(), values))
         })
         .collect()
 }

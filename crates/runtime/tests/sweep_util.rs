@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use runtime::{LaunchOptions, Session, TrainConfig};
 
@@ -278,19 +278,106 @@ pub enum Verdict {
     Failed(String),
 }
 
-/// Runs `run(case)` on a thread named `name`: a panic or a case over [`CASE_DEADLINE`] is a
-/// failure (a hung thread is left behind; the test fails).
-pub fn run_guarded<C: Send + Sync + 'static>(
-    case: Arc<C>,
+/// A drawn case of a sweep.
+pub trait SweepCase: Send + Sync + 'static {
+    /// One line naming the case's family (and size) for the log.
+    fn label(&self) -> String;
+    /// Every configuration of the case as TOML, each under a heading, for a failure's report.
+    fn configs(&self) -> String;
+    /// Runs the case.
+    fn run(&self) -> Verdict;
+}
+
+/// Runs a sweep: `TESSERA_<env>_CASES` cases (default `default_cases`) of seed
+/// `TESSERA_<env>_SEED` (default `default_seed`), or the indices `TESSERA_<env>_ONLY` lists,
+/// each drawn by `draw(seed, index, its output directory)` and run on its own thread under
+/// [`CASE_DEADLINE`]. Fails listing every failed case (its seed, index and configurations),
+/// and when fewer than a third of the cases trained (a sweep of refusals tests nothing).
+pub fn run_sweep<C: SweepCase>(
     name: &str,
-    run: fn(&C) -> Verdict,
-) -> Verdict {
+    env: &str,
+    (default_seed, default_cases): (u64, usize),
+    draw: fn(u64, usize, &Path) -> C,
+) {
+    let (seed_var, cases_var, only_var) = (
+        format!("TESSERA_{env}_SEED"),
+        format!("TESSERA_{env}_CASES"),
+        format!("TESSERA_{env}_ONLY"),
+    );
+    let seed = env_number(&seed_var, default_seed);
+    let cases = env_number(&cases_var, default_cases);
+    let only: Option<Vec<usize>> = std::env::var(&only_var).ok().map(|v| {
+        v.split(',')
+            .map(|i| {
+                i.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{only_var}={v:?}: case indices"))
+            })
+            .collect()
+    });
+    let indices: Vec<usize> = only.unwrap_or_else(|| (0..cases).collect());
+    eprintln!(
+        "{name}: seed {seed} ({seed_var}), {} cases ({cases_var})",
+        indices.len()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut same, mut refused, mut failures) = (0, 0, Vec::new());
+    for &i in &indices {
+        let out = tmp.path().join(i.to_string());
+        let case = Arc::new(draw(seed, i, &out));
+        let start = Instant::now();
+        let verdict = run_guarded(case.clone(), &format!("{name} case"));
+        let took = start.elapsed().as_secs_f64();
+        let line = format!("[{i}] {}, {took:.1} s", case.label());
+        match verdict {
+            Verdict::Same => {
+                same += 1;
+                eprintln!("{line}: bitwise one device");
+            }
+            Verdict::Refused(e) => {
+                refused += 1;
+                let first = e.lines().next().unwrap_or_default();
+                eprintln!("{line}: refused: {first}");
+            }
+            Verdict::Failed(e) => {
+                eprintln!("{line}: FAILED: {e}");
+                failures.push(format!(
+                    "case {i} of seed {seed} ({seed_var}={seed} {only_var}={i}): {e}\n{}",
+                    case.configs()
+                ));
+            }
+        }
+        // Each case's runs and merges stay small, but not a hundred of them.
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    eprintln!(
+        "{name}: seed {seed}: {same} bitwise one device, {refused} refused naming a key, {} failed",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n\n{}",
+        failures.len(),
+        indices.len(),
+        failures.join("\n\n")
+    );
+    // A sweep whose every case is refused would test nothing.
+    assert!(
+        indices.len() < 6 || same * 3 >= indices.len(),
+        "only {same} of {} cases trained (seed {seed})",
+        indices.len()
+    );
+}
+
+/// Runs `case` on a thread named `name`: a panic or a case over [`CASE_DEADLINE`] is a
+/// failure (a hung thread is left behind; the test fails).
+fn run_guarded<C: SweepCase>(case: Arc<C>, name: &str) -> Verdict {
     let (send, receive) = mpsc::channel();
     std::thread::Builder::new()
         .name(name.into())
         .stack_size(16 << 20)
         .spawn(move || {
-            let verdict = run(&case);
+            let verdict = case.run();
             let _ = send.send(verdict);
         })
         .expect("a case thread");
@@ -306,7 +393,7 @@ pub fn run_guarded<C: Send + Sync + 'static>(
 }
 
 /// The number in the environment variable `name`, or `default` when it is not set.
-pub fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
         Ok(v) => v
             .trim()
