@@ -181,16 +181,9 @@ struct Pipeline {
     files: BTreeMap<usize, PathBuf>,
 }
 
-fn pipeline() -> Pipeline {
-    let dir = tmp();
-    let stages = dir.path().join("stages");
-    std::fs::create_dir_all(&stages).unwrap();
-    let (stage0, stage1) = (stages.join("s0.ckpt"), stages.join("s1.ckpt"));
-    std::fs::write(&stage0, stage_file(0).encode()).unwrap();
-    std::fs::write(&stage1, stage_file(1).encode()).unwrap();
-    let merged = dir.path().join("merged.ckpt");
-    ckpt::merge_pipeline_strategies(&stages, &merged, false).unwrap();
-    let (resolved, unknown) = Strategy::load(&merged)
+/// The strategy file at `path` resolved with every parameter a global f32 `[8, 4]`.
+fn resolve_8x4(path: &Path) -> (ckpt::ResolvedStrategy, Vec<String>) {
+    Strategy::load(path)
         .unwrap()
         .resolve(|_, _| {
             Ok(Some(ckpt::ShapeHint {
@@ -200,7 +193,19 @@ fn pipeline() -> Pipeline {
                 source: "the test".into(),
             }))
         })
-        .unwrap();
+        .unwrap()
+}
+
+fn pipeline() -> Pipeline {
+    let dir = tmp();
+    let stages = dir.path().join("stages");
+    std::fs::create_dir_all(&stages).unwrap();
+    let (stage0, stage1) = (stages.join("s0.ckpt"), stages.join("s1.ckpt"));
+    std::fs::write(&stage0, stage_file(0).encode()).unwrap();
+    std::fs::write(&stage1, stage_file(1).encode()).unwrap();
+    let merged = dir.path().join("merged.ckpt");
+    ckpt::merge_pipeline_strategies(&stages, &merged, false).unwrap();
+    let (resolved, unknown) = resolve_8x4(&merged);
     assert!(unknown.is_empty());
     let src = dir.path().join("src");
     let mut files = BTreeMap::new();
@@ -365,17 +370,7 @@ fn files_past_the_strategy_holding_only_the_step_counter_are_ranks_of_the_traini
     let dir = tmp();
     let strategy = dir.path().join("stage0.ckpt");
     std::fs::write(&strategy, stage_file(0).encode()).unwrap();
-    let (resolved, _) = Strategy::load(&strategy)
-        .unwrap()
-        .resolve(|_, _| {
-            Ok(Some(ckpt::ShapeHint {
-                shape: vec![8, 4],
-                is_global: true,
-                dtype: Some(DType::F32),
-                source: "the test".into(),
-            }))
-        })
-        .unwrap();
+    let (resolved, _) = resolve_8x4(&strategy);
     let p = &resolved.params()[0];
     let full = Tensor::from_vec(&[8, 4], (0..32).map(|x| x as f32).collect()).unwrap();
     let step = Tensor::from_vec(&[1], vec![7i32]).unwrap();
