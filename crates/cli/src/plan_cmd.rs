@@ -160,7 +160,7 @@ impl PlanMemory {
         let Some((rank, m)) = self.fullest() else {
             return Ok(());
         };
-        let searched = report.loaded_from.is_none() && report.search_ms > 0.0;
+        let searched = report.was_searched();
         if !searched || m.peak as u64 <= report.memory_budget {
             return Ok(());
         }
@@ -329,7 +329,7 @@ fn describe(
         r.profile.name,
         bytes(r.memory_budget as f64)
     ));
-    match (&r.loaded_from, r.search_ms > 0.0) {
+    match (&r.loaded_from, r.was_searched()) {
         (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
         (None, true) => match r.pipeline.as_ref().filter(|p| p.config.stages > 1) {
             Some(p) => out.push_str(&format!(

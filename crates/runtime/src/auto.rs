@@ -445,18 +445,10 @@ pub(crate) fn apply_search(
     }
     let report = plan_model(config, model, gpt)?;
     let plan = SearchedPlan {
-        searched: is_searched(&report),
+        searched: report.was_searched(),
         estimate: report.cost.memory.total(),
         records: operator_strategy_records(&report),
     };
     report.apply_to(parallel)?;
     Ok(Some(plan))
-}
-
-/// Whether `report`'s strategies were searched (the search kept them to its memory budget by
-/// its own estimate), not loaded from `parallel.load_operator_strategy_file` nor costed as
-/// configured: what `tessera plan` and `tessera train` check against
-/// `parallel.max_device_memory` by the predicted peak.
-pub(crate) fn is_searched(report: &PlanReport) -> bool {
-    report.loaded_from.is_none() && report.search_ms > 0.0
 }

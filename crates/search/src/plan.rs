@@ -156,6 +156,12 @@ pub struct PlanReport {
 }
 
 impl PlanReport {
+    /// Whether the strategies were searched (and so kept to the memory budget by the search's
+    /// own estimate), not loaded from a file nor costed as configured.
+    pub fn was_searched(&self) -> bool {
+        self.loaded_from.is_none() && self.search_ms > 0.0
+    }
+
     /// Whether the plan splits no op over its several devices: every device repeats the whole
     /// step (no splittable dim divides by the device count).
     pub fn splits_nothing(&self) -> bool {
