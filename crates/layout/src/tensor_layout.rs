@@ -227,17 +227,33 @@ impl TensorLayout {
 
     /// The box held by `slot`.
     pub fn slot_box(&self, slot: usize) -> SliceBox {
-        let block = self.block_index(slot);
-        let mut offset: Vec<usize> = block
-            .iter()
-            .zip(&self.slice_shape)
-            .map(|(i, len)| i * len)
-            .collect();
-        let mut shape = self.slice_shape.clone();
-        if self.row_split.is_some() {
-            (offset[0], shape[0]) = self.row_block(block[0]);
-        }
+        let (offset, shape) = (0..self.shape.len())
+            .map(|dim| self.slot_extent(slot, dim))
+            .unzip();
         SliceBox::new(offset, shape)
+    }
+
+    /// First index and length along `dim` of the box `slot` holds: [`TensorLayout::slot_box`]'s
+    /// entry for that dim, without building the box (comparing placements over thousands of
+    /// slots asks for it per slot).
+    pub fn slot_extent(&self, slot: usize, dim: usize) -> (usize, usize) {
+        let mesh = self.mesh();
+        let block = self.dims()[dim].iter().fold(0, |idx, &a| {
+            idx * mesh.axis_size(a) + mesh.coord_along(slot, a)
+        });
+        match (&self.row_split, dim) {
+            (Some(_), 0) => self.row_block(block),
+            _ => (block * self.slice_shape[dim], self.slice_shape[dim]),
+        }
+    }
+
+    /// Whether `slot` holds exactly `region` (`slot_box(slot) == *region`, without building
+    /// the box).
+    pub fn slot_holds(&self, slot: usize, region: &SliceBox) -> bool {
+        region.offset.len() == self.shape.len()
+            && region.shape.len() == self.shape.len()
+            && (0..self.shape.len())
+                .all(|dim| self.slot_extent(slot, dim) == (region.offset[dim], region.shape[dim]))
     }
 
     /// The box held by global rank `rank` (for interleaved meshes, the virtual rank).
@@ -344,9 +360,10 @@ impl TensorLayout {
             && mine.n_slots() == theirs.n_slots()
             && mine.interleave_factor() == theirs.interleave_factor()
             && (0..mine.n_slots()).all(|s| {
-                theirs
-                    .slot_of_rank(mine.rank_of_slot(s))
-                    .is_some_and(|t| self.slot_box(s) == other.slot_box(t))
+                theirs.slot_of_rank(mine.rank_of_slot(s)).is_some_and(|t| {
+                    (0..self.shape.len())
+                        .all(|dim| self.slot_extent(s, dim) == other.slot_extent(t, dim))
+                })
             })
     }
 

@@ -301,16 +301,6 @@ pub fn buffer_bytes(program: &Program, b: usize, rank: usize) -> usize {
     }
 }
 
-/// The bytes of a sum of buffer `b` over a step's micro-batches on `rank` (a pipelined step's
-/// micro-batch sum): `b`'s elements in the dtype gradients of `b`'s type accumulate in
-/// ([`crate::ParallelConfig::gradient_accumulation_dtype`]: f32 for a half type, unless
-/// gradient sums are in the half type).
-fn summed_bytes(program: &Program, b: usize, rank: usize) -> usize {
-    let spec = &program.buffers[b];
-    let width = accumulation_width(program, spec.dtype);
-    buffer_bytes(program, b, rank) / spec.dtype.size_in_bytes() * width
-}
-
 /// The bytes per element of an accumulation of gradients of `dtype`.
 fn accumulation_width(program: &Program, dtype: DType) -> usize {
     program
@@ -339,6 +329,40 @@ pub fn predict(program: &Program, rank: usize, state: TrainingState) -> MemoryRe
     Predictor::new(program).predict(rank, state)
 }
 
+/// Everything a [`Predictor`]'s predictions read of one rank, and nothing else: what each
+/// buffer, optimizer piece, ring step and gather group takes on it.
+#[derive(Debug, Clone)]
+struct RankSizes {
+    /// Bytes of each buffer on the rank (0 off its mesh).
+    buffers: Vec<usize>,
+    /// Per parameter: the elements of its optimizer piece on the rank; `None` when the rank
+    /// does not hold the parameter.
+    pieces: Vec<Option<usize>>,
+    /// Per step: whether the rank is in the destination's mesh, for the reshards the
+    /// prediction asks about (prefetched gathers, the first step of each gradient bucket);
+    /// `false` for the others.
+    in_destination: Vec<bool>,
+    /// Per step: the bytes of ring attention's working blocks on the rank, for the ring steps
+    /// it takes part in.
+    ring: Vec<Option<usize>>,
+    /// Per fused gather bucket: the size of the rank's group, `None` outside every group.
+    gather_groups: Vec<Option<usize>>,
+}
+
+/// What a rank's [`RankSizes`] are made of, in few values: whether the rank is in each of the
+/// program's distinct rank lists, its slot in each unevenly split layout, its ring steps'
+/// working bytes and its gather groups' sizes. Every size is a function of these (an evenly
+/// split layout gives each member the same box), so ranks of one class hold the same memory
+/// and predicting thousands of ranks walks the program once per class
+/// ([`Predictor::class`]); in an even layout, once per pipeline stage.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RankClass {
+    members: Vec<bool>,
+    uneven_slots: Vec<Option<usize>>,
+    ring: Vec<Option<usize>>,
+    gather_groups: Vec<Option<usize>>,
+}
+
 /// What [`predict`] and [`predict_pipelined`] read of a program that is the same on every
 /// rank (the buffers' lifetimes, the buffers taken over, the prefetched gathers), worked out
 /// once: predicting many ranks of one program (`tessera plan`'s fullest rank among a thousand)
@@ -350,6 +374,16 @@ pub struct Predictor<'a> {
     lifetimes: BufferLifetimes,
     moved: Vec<Option<(usize, usize)>>,
     gathers: Vec<usize>,
+    /// Per weight gather: whether a fused bucket runs it ([`crate::fusion::fused_gathers`]).
+    fused: Vec<bool>,
+    /// The reshard steps whose destination mesh [`RankSizes`] records.
+    asked_destinations: Vec<usize>,
+    /// One mesh of each distinct rank list the predictions ask about ([`RankClass`]).
+    meshes: Vec<&'a layout::Mesh>,
+    /// The unevenly split layouts the predictions read ([`RankClass`]).
+    uneven: Vec<&'a layout::TensorLayout>,
+    /// The ring attention steps.
+    ring_steps: Vec<usize>,
 }
 
 impl<'a> Predictor<'a> {
@@ -358,26 +392,103 @@ impl<'a> Predictor<'a> {
         let lifetimes = lifetimes(program);
         let moved = moved_buffers(program, &lifetimes);
         let gathers = crate::fusion::prefetched_gathers(program);
+        let mut asked_destinations: Vec<usize> = program
+            .buckets
+            .iter()
+            .filter_map(|bucket| bucket.steps.first().copied())
+            .chain(gathers.iter().copied())
+            .collect();
+        asked_destinations.sort_unstable();
+        asked_destinations.dedup();
+        let (meshes, uneven) = asked_layouts(program, &asked_destinations);
+        let ring_steps = (0..program.steps.len())
+            .filter(|&s| match &program.steps[s] {
+                Step::Kernel(k) => crate::ring::is_attention_step(k),
+                Step::Reshard(_) => false,
+            })
+            .collect();
         Predictor {
             program,
             lifetimes,
             moved,
             gathers,
+            fused: crate::fusion::fused_gathers(program),
+            asked_destinations,
+            meshes,
+            uneven,
+            ring_steps,
+        }
+    }
+
+    /// The class of `rank`: ranks of one class hold the same memory.
+    pub fn class(&self, rank: usize) -> RankClass {
+        let program = self.program;
+        RankClass {
+            members: self
+                .meshes
+                .iter()
+                .map(|mesh| mesh.slot_of_rank(rank).is_some())
+                .collect(),
+            uneven_slots: self
+                .uneven
+                .iter()
+                .map(|layout| layout.mesh().slot_of_rank(rank))
+                .collect(),
+            ring: self
+                .ring_steps
+                .iter()
+                .map(|&s| ring_workspace(program, &program.steps[s], rank))
+                .collect(),
+            gather_groups: gather_groups(program, rank),
+        }
+    }
+
+    /// What the predictions read of `rank`.
+    fn sizes(&self, rank: usize) -> RankSizes {
+        let program = self.program;
+        let mut in_destination = vec![false; program.steps.len()];
+        for &s in &self.asked_destinations {
+            if let Step::Reshard(r) = &program.steps[s] {
+                in_destination[s] = r.plan.dst().mesh().slot_of_rank(rank).is_some();
+            }
+        }
+        RankSizes {
+            buffers: (0..program.buffers.len())
+                .map(|b| buffer_bytes(program, b, rank))
+                .collect(),
+            pieces: (0..program.params.len())
+                .map(|p| {
+                    let held = program.params[p].layout.mesh().slot_of_rank(rank).is_some();
+                    held.then(|| piece_elements(program, p, rank))
+                })
+                .collect(),
+            in_destination,
+            ring: program
+                .steps
+                .iter()
+                .map(|step| ring_workspace(program, step, rank))
+                .collect(),
+            gather_groups: gather_groups(program, rank),
         }
     }
 
     /// [`predict`] of `rank`.
     pub fn predict(&self, rank: usize, state: TrainingState) -> MemoryReport {
-        let (program, lifetimes) = (self.program, &self.lifetimes);
+        self.predict_sizes(&self.sizes(rank), state)
+    }
+
+    /// [`predict`] of a rank whose sizes are `sizes`.
+    fn predict_sizes(&self, sizes: &RankSizes, state: TrainingState) -> MemoryReport {
+        let lifetimes = &self.lifetimes;
         let mut meter = MemoryMeter::default();
         for (b, &persistent) in lifetimes.persistent.iter().enumerate() {
             if persistent {
-                meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
+                meter.hold(lifetimes.category[b], sizes.buffers[b]);
             }
         }
-        hold_training_state(&mut meter, program, rank, state);
-        walk_steps(&mut meter, self, rank);
-        hold_fused_gathers(&mut meter, program, rank);
+        self.hold_training_state(&mut meter, sizes, state);
+        self.walk_steps(&mut meter, sizes);
+        hold_fused_gathers(&mut meter, self.program, sizes);
         meter.report()
     }
 
@@ -389,18 +500,28 @@ impl<'a> Predictor<'a> {
         buffers: &crate::pipeline::MicroBatchBuffers,
         held: usize,
     ) -> MemoryReport {
+        self.predict_pipelined_sizes(&self.sizes(rank), state, buffers, held)
+    }
+
+    /// [`predict_pipelined`] of a rank whose sizes are `sizes`.
+    fn predict_pipelined_sizes(
+        &self,
+        sizes: &RankSizes,
+        state: TrainingState,
+        buffers: &crate::pipeline::MicroBatchBuffers,
+        held: usize,
+    ) -> MemoryReport {
         let (program, lifetimes) = (self.program, &self.lifetimes);
         let mut meter = MemoryMeter::default();
-        let hold = |meter: &mut MemoryMeter, b: usize| {
-            meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank))
-        };
+        let hold =
+            |meter: &mut MemoryMeter, b: usize| meter.hold(lifetimes.category[b], sizes.buffers[b]);
         for b in 0..program.buffers.len() {
             hold(&mut meter, b);
         }
-        hold_training_state(&mut meter, program, rank, state);
+        self.hold_training_state(&mut meter, sizes, state);
+        let summed = |b: usize| summed_bytes(program, b, sizes);
         for &b in &buffers.summed {
-            let category = lifetimes.category[b];
-            meter.hold(category, summed_bytes(program, b, rank));
+            meter.hold(lifetimes.category[b], summed(b));
         }
         for _ in 0..held {
             for &b in &buffers.local {
@@ -408,32 +529,224 @@ impl<'a> Predictor<'a> {
             }
         }
         // A ring step runs while the micro-batches in flight are held.
-        if let Some(ring) = program
-            .steps
-            .iter()
-            .filter_map(|step| ring_workspace(program, step, rank))
-            .max()
-        {
+        if let Some(ring) = sizes.ring.iter().flatten().max().copied() {
             meter.hold(MemoryCategory::Communication, ring);
             meter.release(MemoryCategory::Communication, ring);
         }
         for &b in &buffers.summed {
-            meter.release(lifetimes.category[b], summed_bytes(program, b, rank));
+            meter.release(lifetimes.category[b], summed(b));
         }
         for &b in (0..held).flat_map(|_| &buffers.local) {
-            meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
+            meter.release(lifetimes.category[b], sizes.buffers[b]);
         }
-        hold_fused_gathers(&mut meter, program, rank);
+        hold_fused_gathers(&mut meter, program, sizes);
         meter.report()
     }
+
+    /// Holds what a training run keeps beside the program's buffers: optimizer state (and
+    /// master weights), accumulation buffers, and the sources of `hsdp`'s weight gathers.
+    fn hold_training_state(
+        &self,
+        meter: &mut MemoryMeter,
+        sizes: &RankSizes,
+        state: TrainingState,
+    ) {
+        let program = self.program;
+        for (p, &piece) in program.params.iter().zip(&sizes.pieces) {
+            let (Some(grad), Some(elements)) = (p.grad_buffer.filter(|_| p.trainable), piece)
+            else {
+                continue;
+            };
+            let dtype = program.buffers[p.buffer].dtype;
+            let piece = elements * dtype.size_in_bytes();
+            // Accumulation buffers hold the parameter's type, or f32 for a half type
+            // (`ParallelConfig::gradient_accumulation_dtype`), as `exec::Accumulation`
+            // allocates.
+            let accumulated = accumulation_width(program, dtype);
+            match state.master_weights {
+                true => meter.hold(
+                    MemoryCategory::Optimizer,
+                    (state.optimizer_tensors + 1) * elements * 4,
+                ),
+                false => meter.hold(MemoryCategory::Optimizer, state.optimizer_tensors * piece),
+            }
+            match state.accumulation_sharded {
+                Some(true) => meter.hold(MemoryCategory::Gradients, elements * accumulated),
+                Some(false) => {
+                    let grad_elements =
+                        sizes.buffers[grad] / program.buffers[grad].dtype.size_in_bytes();
+                    meter.hold(MemoryCategory::Gradients, grad_elements * accumulated)
+                }
+                None => {}
+            }
+        }
+        for (g, _) in program
+            .weight_gathers
+            .iter()
+            .zip(&self.fused)
+            .filter(|(_, &f)| !f)
+        {
+            let width = program.buffers[program.params[g.param].buffer]
+                .dtype
+                .size_in_bytes();
+            let bytes = sizes.pieces[g.param].map_or(0, |elements| elements * width);
+            meter.hold(MemoryCategory::Communication, bytes);
+        }
+    }
+
+    /// Walks the steps of a non-pipelined run: each buffer allocated by its first writer and
+    /// freed after its last use, prefetched gathers and, with overlap, buckets in flight.
+    fn walk_steps(&self, meter: &mut MemoryMeter, sizes: &RankSizes) {
+        let (program, lifetimes) = (self.program, &self.lifetimes);
+        // With overlap, a bucket's packed gradients are in flight from its step to the end.
+        let overlap = program
+            .placed
+            .config
+            .overlap
+            .grad_computation_allreduce_overlap;
+        let mut in_flight_after = vec![0; program.steps.len()];
+        for bucket in program.buckets.iter().filter(|_| overlap) {
+            let first = bucket.steps.first().copied();
+            let takes_part = first.is_some_and(|s| sizes.in_destination[s]);
+            // Half-precision gradients summed in f32 travel widened.
+            let widened = first.is_some_and(|s| match &program.steps[s] {
+                Step::Reshard(r) => {
+                    let config = &program.placed.config;
+                    r.plan.dtype().is_half()
+                        && (config.gradient_fp32_sync || config.enable_fp32_communication)
+                }
+                Step::Kernel(_) => false,
+            });
+            if takes_part {
+                in_flight_after[bucket.ready_after] += bucket.bytes * if widened { 2 } else { 1 };
+            }
+        }
+        let mut allocated = lifetimes.persistent.clone();
+        let moved = &self.moved;
+        // Prefetched weight gathers (hsdp levels 1–3): each started (its destination
+        // allocated, its source copied) when the gather before it runs, the first when the
+        // step starts.
+        let gathers = &self.gathers;
+        let gather_bytes = |g: usize| match &program.steps[g] {
+            Step::Reshard(r) if sizes.in_destination[g] => Some((r.to, sizes.buffers[r.from])),
+            _ => None,
+        };
+        let start = |g: usize, meter: &mut MemoryMeter, allocated: &mut [bool]| {
+            if let Some((to, src)) = gather_bytes(g) {
+                allocated[to] = true;
+                meter.hold(lifetimes.category[to], sizes.buffers[to]);
+                meter.hold(MemoryCategory::Communication, src);
+            }
+        };
+        if let Some(&first) = gathers.first() {
+            start(first, meter, &mut allocated);
+        }
+        for (i, step) in program.steps.iter().enumerate() {
+            if let Some(k) = gathers.iter().position(|&g| g == i) {
+                if let Some((_, src)) = gather_bytes(i) {
+                    meter.release(MemoryCategory::Communication, src);
+                }
+                if let Some(&next) = gathers.get(k + 1) {
+                    start(next, meter, &mut allocated);
+                }
+            }
+            if let Some((from, _)) = moved[i] {
+                if allocated[from] {
+                    allocated[from] = false;
+                    meter.release(lifetimes.category[from], sizes.buffers[from]);
+                }
+            }
+            let written: &[usize] = match step {
+                Step::Kernel(k) => &k.outputs,
+                Step::Reshard(r) => std::slice::from_ref(&r.to),
+            };
+            for &b in written {
+                if !allocated[b] {
+                    allocated[b] = true;
+                    meter.hold(lifetimes.category[b], sizes.buffers[b]);
+                }
+            }
+            // A ring step's working buffers, held for its duration (counted as communication
+            // memory, like a reshard's destination).
+            if let Some(bytes) = sizes.ring[i] {
+                meter.hold(MemoryCategory::Communication, bytes);
+                meter.release(MemoryCategory::Communication, bytes);
+            }
+            meter.hold(MemoryCategory::Communication, in_flight_after[i]);
+            for &b in &lifetimes.release_after[i] {
+                if allocated[b] {
+                    allocated[b] = false;
+                    meter.release(lifetimes.category[b], sizes.buffers[b]);
+                }
+            }
+        }
+    }
+}
+
+/// Per fused gather bucket, the size of `rank`'s group (`None` outside every group).
+fn gather_groups(program: &Program, rank: usize) -> Vec<Option<usize>> {
+    let group_of = |bucket: &crate::fusion::GatherBucket| {
+        bucket
+            .groups
+            .iter()
+            .find(|g| g.contains(&rank))
+            .map(Vec::len)
+    };
+    program.gather_buckets.iter().map(group_of).collect()
+}
+
+/// What a rank's sizes read of the layouts: one mesh of each distinct rank list (of the
+/// buffers, the parameters, their optimizer pieces and the `asked` reshards' destinations),
+/// and the unevenly split layouts among the buffers' and the optimizer pieces', whose boxes
+/// differ from slot to slot.
+fn asked_layouts<'a>(
+    program: &'a Program,
+    asked: &[usize],
+) -> (Vec<&'a layout::Mesh>, Vec<&'a layout::TensorLayout>) {
+    let buffers = program.buffers.iter().map(|b| b.layout.layout());
+    let pieces = program
+        .params
+        .iter()
+        .map(|p| p.optimizer_shard().map_or(&p.layout, |shard| &shard.layout));
+    let params = program.params.iter().map(|p| &p.layout);
+    let destinations = asked.iter().filter_map(|&s| match &program.steps[s] {
+        Step::Reshard(r) => Some(r.plan.dst()),
+        Step::Kernel(_) => None,
+    });
+    let mut meshes = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for layout in buffers
+        .clone()
+        .chain(pieces.clone())
+        .chain(params)
+        .chain(destinations)
+    {
+        let ranks = layout.mesh().rank_list();
+        // Interned lists are shared: the same address and length is the same list (two
+        // copies of one list only cost a second entry).
+        if seen.insert((ranks.as_ptr() as usize, ranks.len())) {
+            meshes.push(layout.mesh());
+        }
+    }
+    let uneven = buffers.chain(pieces).filter(|l| !l.is_uniform()).collect();
+    (meshes, uneven)
+}
+
+/// The bytes of a sum of buffer `b` over a step's micro-batches on a rank of `sizes` (a
+/// pipelined step's micro-batch sum): `b`'s elements in the dtype gradients of `b`'s type
+/// accumulate in ([`crate::ParallelConfig::gradient_accumulation_dtype`]: f32 for a half type,
+/// unless gradient sums are in the half type).
+fn summed_bytes(program: &Program, b: usize, sizes: &RankSizes) -> usize {
+    let dtype = program.buffers[b].dtype;
+    sizes.buffers[b] / dtype.size_in_bytes() * accumulation_width(program, dtype)
 }
 
 /// The fused weight gathers after the update: each bucket's packed pieces and the gathered
 /// buffer, held while it runs.
-fn hold_fused_gathers(meter: &mut MemoryMeter, program: &Program, rank: usize) {
-    for bucket in &program.gather_buckets {
-        if let Some(group) = bucket.groups.iter().find(|g| g.contains(&rank)) {
-            let transient = bucket.bytes * (1 + group.len());
+fn hold_fused_gathers(meter: &mut MemoryMeter, program: &Program, sizes: &RankSizes) {
+    for (bucket, group) in program.gather_buckets.iter().zip(&sizes.gather_groups) {
+        if let Some(members) = group {
+            let transient = bucket.bytes * (1 + members);
             meter.hold(MemoryCategory::Communication, transient);
             meter.release(MemoryCategory::Communication, transient);
         }
@@ -454,173 +767,11 @@ pub fn predict_pipelined(
     Predictor::new(program).predict_pipelined(rank, state, buffers, held)
 }
 
-/// Holds what a training run keeps beside the program's buffers: optimizer state (and master
-/// weights), accumulation buffers, and the sources of `hsdp`'s weight gathers.
-fn hold_training_state(
-    meter: &mut MemoryMeter,
-    program: &Program,
-    rank: usize,
-    state: TrainingState,
-) {
-    for (i, p) in program.params.iter().enumerate() {
-        let held = p.layout.mesh().slot_of_rank(rank).is_some();
-        let Some(grad) = p.grad_buffer.filter(|_| p.trainable && held) else {
-            continue;
-        };
-        let dtype = program.buffers[p.buffer].dtype;
-        let width = dtype.size_in_bytes();
-        let elements = piece_elements(program, i, rank);
-        let piece = elements * width;
-        // Accumulation buffers hold the parameter's type, or f32 for a half type
-        // (`ParallelConfig::gradient_accumulation_dtype`), as `exec::Accumulation` allocates.
-        let accumulated = accumulation_width(program, dtype);
-        match state.master_weights {
-            true => meter.hold(
-                MemoryCategory::Optimizer,
-                (state.optimizer_tensors + 1) * elements * 4,
-            ),
-            false => meter.hold(MemoryCategory::Optimizer, state.optimizer_tensors * piece),
-        }
-        match state.accumulation_sharded {
-            Some(true) => meter.hold(MemoryCategory::Gradients, elements * accumulated),
-            Some(false) => {
-                let grad_elements =
-                    buffer_bytes(program, grad, rank) / program.buffers[grad].dtype.size_in_bytes();
-                meter.hold(MemoryCategory::Gradients, grad_elements * accumulated)
-            }
-            None => {}
-        }
-    }
-    let fused = crate::fusion::fused_gathers(program);
-    for (g, _) in program
-        .weight_gathers
-        .iter()
-        .zip(&fused)
-        .filter(|(_, &f)| !f)
-    {
-        let width = program.buffers[program.params[g.param].buffer]
-            .dtype
-            .size_in_bytes();
-        let held = program.params[g.param]
-            .layout
-            .mesh()
-            .slot_of_rank(rank)
-            .is_some();
-        let bytes = if held {
-            piece_elements(program, g.param, rank) * width
-        } else {
-            0
-        };
-        meter.hold(MemoryCategory::Communication, bytes);
-    }
-}
-
-/// Walks the steps of a non-pipelined run: each buffer allocated by its first writer and freed
-/// after its last use, prefetched gathers and, with overlap, buckets in flight.
-fn walk_steps(meter: &mut MemoryMeter, predictor: &Predictor<'_>, rank: usize) {
-    let (program, lifetimes) = (predictor.program, &predictor.lifetimes);
-    // With overlap, a bucket's packed gradients are in flight from its step to the end.
-    let overlap = program
-        .placed
-        .config
-        .overlap
-        .grad_computation_allreduce_overlap;
-    let mut in_flight_after = vec![0; program.steps.len()];
-    for bucket in program.buckets.iter().filter(|_| overlap) {
-        let takes_part = bucket
-            .steps
-            .first()
-            .is_some_and(|&s| match &program.steps[s] {
-                Step::Reshard(r) => r.plan.dst().mesh().slot_of_rank(rank).is_some(),
-                Step::Kernel(_) => false,
-            });
-        // Half-precision gradients summed in f32 travel widened.
-        let widened = bucket
-            .steps
-            .first()
-            .is_some_and(|&s| match &program.steps[s] {
-                Step::Reshard(r) => {
-                    let config = &program.placed.config;
-                    r.plan.dtype().is_half()
-                        && (config.gradient_fp32_sync || config.enable_fp32_communication)
-                }
-                Step::Kernel(_) => false,
-            });
-        if takes_part {
-            in_flight_after[bucket.ready_after] += bucket.bytes * if widened { 2 } else { 1 };
-        }
-    }
-    let mut allocated = lifetimes.persistent.clone();
-    let moved = &predictor.moved;
-    // Prefetched weight gathers (hsdp levels 1–3): each started (its destination allocated, its source copied)
-    // when the gather before it runs, the first when the step starts.
-    let gathers = &predictor.gathers;
-    let gather_bytes = |g: usize| match &program.steps[g] {
-        Step::Reshard(r) if r.plan.dst().mesh().slot_of_rank(rank).is_some() => {
-            Some((r.to, buffer_bytes(program, r.from, rank)))
-        }
-        _ => None,
-    };
-    let start = |g: usize, meter: &mut MemoryMeter, allocated: &mut [bool]| {
-        if let Some((to, src)) = gather_bytes(g) {
-            allocated[to] = true;
-            meter.hold(lifetimes.category[to], buffer_bytes(program, to, rank));
-            meter.hold(MemoryCategory::Communication, src);
-        }
-    };
-    if let Some(&first) = gathers.first() {
-        start(first, meter, &mut allocated);
-    }
-    for (i, step) in program.steps.iter().enumerate() {
-        if let Some(k) = gathers.iter().position(|&g| g == i) {
-            if let Some((_, src)) = gather_bytes(i) {
-                meter.release(MemoryCategory::Communication, src);
-            }
-            if let Some(&next) = gathers.get(k + 1) {
-                start(next, meter, &mut allocated);
-            }
-        }
-        if let Some((from, _)) = moved[i] {
-            if allocated[from] {
-                allocated[from] = false;
-                meter.release(lifetimes.category[from], buffer_bytes(program, from, rank));
-            }
-        }
-        let written: &[usize] = match step {
-            Step::Kernel(k) => &k.outputs,
-            Step::Reshard(r) => std::slice::from_ref(&r.to),
-        };
-        for &b in written {
-            if !allocated[b] {
-                allocated[b] = true;
-                meter.hold(lifetimes.category[b], buffer_bytes(program, b, rank));
-            }
-        }
-        hold_ring_workspace(meter, program, step, rank);
-        meter.hold(MemoryCategory::Communication, in_flight_after[i]);
-        for &b in &lifetimes.release_after[i] {
-            if allocated[b] {
-                allocated[b] = false;
-                meter.release(lifetimes.category[b], buffer_bytes(program, b, rank));
-            }
-        }
-    }
-}
-
 /// The working buffers `rank` holds while it runs `step`, when it is ring attention
 /// ([`crate::ring::ring_workspace_bytes`]).
 fn ring_workspace(program: &Program, step: &Step, rank: usize) -> Option<usize> {
     match step {
         Step::Kernel(k) => crate::ring::ring_workspace_bytes(program, k, rank),
         Step::Reshard(_) => None,
-    }
-}
-
-/// Holds a ring step's working buffers for its duration (counted as communication memory,
-/// like a reshard's destination).
-fn hold_ring_workspace(meter: &mut MemoryMeter, program: &Program, step: &Step, rank: usize) {
-    if let Some(bytes) = ring_workspace(program, step, rank) {
-        meter.hold(MemoryCategory::Communication, bytes);
-        meter.release(MemoryCategory::Communication, bytes);
     }
 }

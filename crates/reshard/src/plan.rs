@@ -341,8 +341,13 @@ impl ReshardPlan {
             return false;
         }
         let mut filled = vec![false; self.dst.mesh().n_slots()];
-        for t in self.transfers() {
-            let whole = self.copies_whole_reduced_slice(reduce, &t);
+        for t in self.raw_transfers() {
+            let whole = self.copies_whole_reduced_slice(
+                reduce,
+                t.src_rank == t.dst_rank,
+                (t.src_slot, t.dst_slot),
+                self.region(t.region),
+            );
             if !whole || std::mem::replace(&mut filled[t.dst_slot], true) {
                 return false;
             }
@@ -368,17 +373,26 @@ impl ReshardPlan {
             return false;
         }
         match self.transfers_of(rank).as_slice() {
-            [t] => self.copies_whole_reduced_slice(reduce, t),
+            [t] => self.copies_whole_reduced_slice(
+                reduce,
+                t.is_local(),
+                (t.src_slot, t.dst_slot),
+                &t.region,
+            ),
             _ => false,
         }
     }
 
-    /// Whether `t` copies a whole slice of `reduce`'s result, on its device, into a whole
-    /// destination slice.
-    fn copies_whole_reduced_slice(&self, reduce: &ReduceStep, t: &Transfer) -> bool {
-        t.is_local()
-            && t.region == reduce.result.slot_box(t.src_slot)
-            && t.region == self.dst.slot_box(t.dst_slot)
+    /// Whether a transfer of `region` from `src_slot` to `dst_slot` (`local`: on one device)
+    /// copies a whole slice of `reduce`'s result, on its device, into a whole destination slice.
+    fn copies_whole_reduced_slice(
+        &self,
+        reduce: &ReduceStep,
+        local: bool,
+        (src_slot, dst_slot): (usize, usize),
+        region: &SliceBox,
+    ) -> bool {
+        local && reduce.result.slot_holds(src_slot, region) && self.dst.slot_holds(dst_slot, region)
     }
 
     /// What the plan runs on `rank`, by name: its pending sum's collective (`all-reduce`,

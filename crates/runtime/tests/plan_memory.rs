@@ -41,6 +41,26 @@ fn the_fullest_rank_of_each_stage_is_predict_memorys() {
             "devices = 4\nmode = \"dynamic_programming\"\n[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
             2,
         ),
+        // Ranks whose memory differs within a stage, which must not be taken for one
+        // another: uneven blocks of the table (the largest on the last model-parallel rank),
+        // ring attention's working blocks, fused weight gathers in groups of 2 of 4 replicas,
+        // and gradient buckets in flight.
+        (
+            "devices = 8\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 4\nvocab_emb_dp = false\n[parallel.manual_split]\nembedding = [40, 40, 56, 120]",
+            1,
+        ),
+        (
+            "devices = 4\nmode = \"semi_auto\"\ndata_parallel = 2\ncontext_parallel = 2\ncontext_parallel_algo = \"ring\"",
+            1,
+        ),
+        (
+            "devices = 4\nmode = \"semi_auto\"\nmodel_parallel = 1\n[parallel.hsdp]\noptimizer_level = \"zero1\"\nthreshold = 0\nshard_size = 2\n[parallel.comm_fusion]\nallgather = { mode = \"size\", config = 1 }",
+            1,
+        ),
+        (
+            "devices = 8\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2\n[parallel.comm_fusion]\nallreduce = { mode = \"size\", config = 1 }\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true",
+            2,
+        ),
     ];
     for (i, (parallel, stages)) in cases.into_iter().enumerate() {
         let config =

@@ -72,14 +72,20 @@ impl Ring {
     }
 }
 
+/// Whether kernel step `k` is an attention step, forward or backward: the steps that may run
+/// as ring attention ([`ring_of_step`] says on which ranks).
+pub fn is_attention_step(k: &KernelStep) -> bool {
+    matches!(
+        k.op,
+        Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. }
+    )
+}
+
 /// The ring `rank` runs kernel step `k` of `program` over, when the step is ring attention: a
 /// `FlashAttention` (or its gradient) whose queries' sequence dim is split. The one test the
 /// executor, the memory prediction and `--explain` share.
 pub fn ring_of_step(program: &Program, k: &KernelStep, rank: usize) -> Option<Ring> {
-    if !matches!(
-        k.op,
-        Op::FlashAttention { .. } | Op::FlashAttentionGrad { .. }
-    ) {
+    if !is_attention_step(k) {
         return None;
     }
     Ring::of(program.buffers[*k.inputs.first()?].layout.layout(), rank)

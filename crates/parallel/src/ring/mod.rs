@@ -25,7 +25,7 @@ mod workspace;
 use graph::Op;
 
 use crate::lower::{KernelStep, Program};
-pub use members::{ring_of_step, Ring};
+pub use members::{is_attention_step, ring_of_step, Ring};
 pub use workspace::{ring_element_bytes, ring_workspace_bytes, ring_workspace_bytes_max, RingCall};
 
 /// The zigzag placement of a ring of `members` (see the module's doc): chunk `x` of the

@@ -4,7 +4,9 @@
 //! [`MemoryModel`]; and a searched plan's predicted peak checked against
 //! `parallel.max_device_memory` ([`TrainSession::over_memory_budget`]).
 
-use parallel::memory::{MemoryReport, Predictor, TrainingState};
+use std::collections::HashMap;
+
+use parallel::memory::{MemoryReport, Predictor, RankClass, TrainingState};
 use parallel::pipeline::{MicroBatchBuffers, Schedule};
 
 use super::TrainSession;
@@ -24,15 +26,20 @@ struct MemoryModel<'a> {
 impl MemoryModel<'_> {
     /// The memory `rank` will hold.
     fn predict(&self, rank: usize) -> MemoryReport {
-        match &self.pipelined {
+        match self.held(rank) {
             None => self.predictor.predict(rank, self.state),
-            Some((buffers, per_stage, held)) => {
-                let stage = rank / (*per_stage).max(1);
-                let held = held.get(stage).copied().unwrap_or(0);
-                self.predictor
-                    .predict_pipelined(rank, self.state, buffers, held)
-            }
+            Some((buffers, held)) => self
+                .predictor
+                .predict_pipelined(rank, self.state, buffers, held),
         }
+    }
+
+    /// Pipelined steps: the buffers a micro-batch holds and the micro-batches `rank`'s stage
+    /// holds at once.
+    fn held(&self, rank: usize) -> Option<(&MicroBatchBuffers, usize)> {
+        let (buffers, per_stage, held) = self.pipelined.as_ref()?;
+        let stage = rank / (*per_stage).max(1);
+        Some((buffers, held.get(stage).copied().unwrap_or(0)))
     }
 }
 
@@ -72,8 +79,8 @@ impl TrainSession {
 
     /// Per pipeline stage of the training program (one when it has none), the rank whose
     /// predicted peak is the highest (the lowest such rank) and its figures, each exactly
-    /// [`TrainSession::predict_memory`]'s. The analysis common to the ranks is done once, so
-    /// that every rank of thousands is predicted in about a second. An error only when the
+    /// [`TrainSession::predict_memory`]'s. The analysis common to the ranks is done once, and
+    /// ranks of one [`RankClass`] are walked once. An error only when the
     /// pipeline's schedule cannot be built (naming `parallel.pipeline`).
     pub fn predict_memory_per_stage(&self) -> Result<Vec<(usize, MemoryReport)>, RuntimeError> {
         let model = self.memory_model()?;
@@ -87,8 +94,15 @@ impl TrainSession {
             .map_or(1, |p| p.stages.max(1));
         let per_stage = (devices / stages).max(1);
         let mut out: Vec<Option<(usize, MemoryReport)>> = vec![None; stages];
+        // Ranks of one class (and, pipelined, as many micro-batches held) hold the same
+        // memory: each is walked once.
+        let mut known: HashMap<(Option<usize>, RankClass), MemoryReport> = HashMap::new();
         for rank in 0..devices {
-            let m = model.predict(rank);
+            let key = (
+                model.held(rank).map(|(_, held)| held),
+                model.predictor.class(rank),
+            );
+            let m = *known.entry(key).or_insert_with(|| model.predict(rank));
             // A rank past the last stage (devices not a multiple of the stages, refused
             // before the program is built) counts with the last.
             let slot = &mut out[(rank / per_stage).min(stages - 1)];
