@@ -309,7 +309,14 @@ pub fn plan_model(
             Some(path) => Strategies::Loaded(load_strategies(path)?),
             None => Strategies::Search,
         },
-        _ => Strategies::Configured(configured_strategies(config, model, gpt, parallel.clone())?),
+        // The run's strategies: `[parallel.shard]`'s, and `parallel.strategy_file`'s for the
+        // ops it leaves unset.
+        _ => Strategies::Configured(configured_strategies(
+            config,
+            model,
+            gpt,
+            crate::session::parallel_config(config, model)?,
+        )?),
     };
     let request = PlanRequest {
         model: &RunModel { config, model, gpt },
@@ -321,65 +328,18 @@ pub fn plan_model(
         auto_pipeline: config.search().auto_pipeline,
         strategies,
     };
-    search::plan(&request).map_err(|e| worded_as_the_run(config, &model.graph, e))
+    search::plan(&request).map_err(|e| worded_as_the_run(config, e))
 }
 
-/// A search's error `e` worded as the run's compile words it: a strategy that does not fit a
-/// pipeline stage's devices names the stage and where its device count comes from, and a
-/// strategy a `[parallel.shard]` key gave names the key, so that `tessera plan` (and a search
-/// mode's run, which plans first) says what `tessera train` of the same strategy says.
-fn worded_as_the_run(config: &TrainConfig, graph: &Graph, e: SearchError) -> RuntimeError {
+/// A search's error `e` worded as the run's compile words it: a strategy a `[parallel.shard]`
+/// key gave names the key (one that does not fit a pipeline stage's devices names the stage
+/// and where its device count comes from already, as the search refuses it), so that
+/// `tessera plan` (and a search mode's run, which plans first) says what `tessera train` of the
+/// same strategy says.
+fn worded_as_the_run(config: &TrainConfig, e: SearchError) -> RuntimeError {
     match e {
-        SearchError::Parallel(error) => {
-            crate::session::name_shard_key(config, on_its_stage(config, graph, error))
-        }
+        SearchError::Parallel(error) => crate::session::name_shard_key(config, error),
         e => e.into(),
-    }
-}
-
-/// `error`, when it is a `[parallel.shard]` strategy refused on a pipelined run, as the op's
-/// rule refuses it on the devices of its stage (which stage, and `parallel.devices` /
-/// `parallel.pipeline.stages`); any other error as it is.
-fn on_its_stage(
-    config: &TrainConfig,
-    graph: &Graph,
-    error: parallel::ParallelError,
-) -> parallel::ParallelError {
-    let parallel = config.parallel_config();
-    let parallel::ParallelError::InvalidStrategy { op, strategy, .. } = &error else {
-        return error;
-    };
-    let Some(p) = parallel.pipeline.as_ref().filter(|p| p.stages > 1) else {
-        return error;
-    };
-    let (Some(id), Ok(stages), Ok(given)) = (
-        graph.node_by_name(op),
-        parallel::pipeline::node_stages(graph, p),
-        parallel::resolve_op_patterns(graph, &parallel.strategies),
-    ) else {
-        return error;
-    };
-    let Some(given) = given
-        .get(op)
-        .filter(|g| parallel::format_strategy(&g.inputs) == *strategy)
-    else {
-        return error;
-    };
-    let devices = parallel.effective_devices();
-    let ctx = parallel::rules::OpContext::of(graph, &graph.nodes()[id.0]);
-    let stage = parallel::rules::strategy::PipelineStage {
-        stage: stages.nodes[id.0],
-        stages: p.stages,
-        devices,
-    };
-    match parallel::rules::strategy::input_layouts_on_stage(
-        &ctx,
-        &given.inputs,
-        devices / p.stages,
-        Some(stage),
-    ) {
-        Err(staged) => staged,
-        Ok(_) => error,
     }
 }
 

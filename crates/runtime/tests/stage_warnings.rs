@@ -1,5 +1,6 @@
 //! Errors and warnings that only the compiled program can give: a `[parallel.shard]` strategy
-//! using more devices than a pipeline stage has names the stage, the arithmetic and the key; and
+//! using more devices than a pipeline stage has names the stage, the arithmetic and the key (a
+//! `parallel.strategy_file` strategy names that key and the file); and
 //! `parallel.hsdp.shard_size` capped by the replicas a strategy gives a parameter (which the
 //! configuration's own warnings cannot see) is reported by the session, once per cause, and
 //! not again when the configuration's warnings already say it.
@@ -201,4 +202,69 @@ fn a_cap_from_a_loaded_strategy_file_is_a_session_warning() {
         "{warned:?}"
     );
     assert_eq!(run("whole", "[1, 1]"), Vec::<String>::new());
+}
+
+/// A strategy `parallel.strategy_file` gave an op that breaks the op's rule names that key
+/// and the file (it named nothing: only `[parallel.shard]` keys were looked for), and
+/// `tessera plan` says so as the run does (it ignored the file, costing the data-parallel
+/// default the run does not use). A `[parallel.shard]` pattern covering the op wins over the
+/// file's entry for it, as `parallel.strategy_file` is documented (the file's exact op name
+/// won over the pattern).
+#[test]
+fn a_strategy_from_the_strategy_file_names_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("ops.json");
+    let write = |matmul1: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                r#"{{"format": "tessera-strategy", "version": 1, "tensors": [], "ops": [{{"name": "matmul1", "stage": 0, "in_strategy": {matmul1}, "out_strategy": null}}]}}"#
+            ),
+        )
+        .unwrap()
+    };
+    let config = |shard: &str| {
+        let parallel = format!(
+            "devices = 8\nmode = \"semi_auto\"\nstrategy_file = {:?}\n{shard}",
+            file.display().to_string()
+        );
+        run_util::seed_mlp(&tmp.path().join("out"), "momentum", &parallel, &[])
+    };
+    let matmul1 = |report: &runtime::PlanReport| {
+        report
+            .strategies
+            .iter()
+            .find(|(name, _)| name == "matmul1")
+            .map(|(_, s)| s.clone())
+            .expect("matmul1 is planned")
+    };
+    write("[[16, 1], [1, 1]]");
+    let plain = config("");
+    let from_file = format!(
+        "the strategy comes from parallel.strategy_file {}",
+        file.display()
+    );
+    let train = session_error(&plain);
+    let plan = match runtime::plan(&plain) {
+        Ok(_) => panic!("tessera plan accepts the file's strategy"),
+        Err(e) => e.to_string(),
+    };
+    for e in [&train, &plan] {
+        assert!(
+            e.contains("matmul1")
+                && e.contains("it uses 16 devices, which does not divide the 8 devices")
+                && e.contains(&from_file)
+                && !e.contains("parallel.shard"),
+            "{e}"
+        );
+    }
+    // A pattern of [parallel.shard] over the op: the file's entry is not used.
+    let pattern = config("[parallel.shard]\n\"matmul1*\" = [[8, 1], [1, 1]]");
+    Session::new(&pattern).expect("the pattern's strategy, not the file's");
+    let planned = runtime::plan(&pattern).expect("a plan");
+    assert_eq!(matmul1(&planned), vec![vec![8, 1], vec![1, 1]]);
+    // A file strategy that fits is the one tessera plan costs, as the run uses it.
+    write("[[2, 4], [4, 1]]");
+    let planned = runtime::plan(&config("")).expect("a plan");
+    assert_eq!(matmul1(&planned), vec![vec![2, 4], vec![4, 1]]);
 }

@@ -3,6 +3,7 @@
 
 use graph::{Graph, Node, Op, ValueKind};
 use parallel::ring::RingBlock;
+use parallel::rules::strategy::PipelineStage;
 use parallel::rules::{infer, strategy, OpContext};
 
 use crate::cost::DeviceProfile;
@@ -117,9 +118,23 @@ pub fn evaluate(
     strategy: &[Vec<usize>],
     settings: &EvalSettings<'_>,
 ) -> Result<Evaluated, SearchError> {
+    evaluate_on_stage(graph, node, strategy, settings, None)
+}
+
+/// [`evaluate`] for an op of pipeline stage `stage` (`None` when the run is not pipelined),
+/// whose `settings.devices` are that stage's: a strategy that does not fit them is refused
+/// naming the stage and where its device count comes from
+/// ([`strategy::input_layouts_on_stage`]).
+pub fn evaluate_on_stage(
+    graph: &Graph,
+    node: &Node,
+    strategy: &[Vec<usize>],
+    settings: &EvalSettings<'_>,
+    stage: Option<PipelineStage>,
+) -> Result<Evaluated, SearchError> {
     let ctx = OpContext::of(graph, node);
     let devices = settings.devices;
-    let placement = strategy::input_layouts(&ctx, strategy, devices)?;
+    let placement = strategy::input_layouts_on_stage(&ctx, strategy, devices, stage)?;
     let stage = strategy::device_mesh(devices);
     let bound = placement
         .inputs

@@ -89,7 +89,9 @@ pub use crate::anchors::{anchored_strategies, Anchor};
 pub use crate::candidates::{batch_splits, candidates};
 pub use crate::cost::{DeviceProfile, Link, LocalLink, MatmulRate, ProfileError};
 pub use crate::error::SearchError;
-pub use crate::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
+pub use crate::evaluate::{
+    evaluate, evaluate_on_stage, redistribution, EvalSettings, Evaluated, Split,
+};
 pub use crate::exhaustive::{brute_force, MAX_COMBINATIONS};
 pub use crate::footprint::{plan_memory, MemoryEstimate};
 pub use crate::held::HeldValues;

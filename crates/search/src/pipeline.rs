@@ -35,6 +35,7 @@ use graph::Graph;
 use parallel::pipeline::{
     layer_of, node_stages, simulate, stage_ranks, Durations, PipelineConfig, Scheduler, MAX_STAGES,
 };
+use parallel::rules::strategy::PipelineStage;
 use parallel::{ParallelConfig, ParallelError, SearchMode};
 
 use crate::cost::DeviceProfile;
@@ -42,9 +43,7 @@ use crate::error::SearchError;
 use crate::footprint::MemoryEstimate;
 use crate::plan::{PlanModel, SearchScope};
 use crate::problem::PlanCost;
-use crate::solve::{
-    search, search_deterministic, with_default_strategies, SearchRequest, SearchResult,
-};
+use crate::solve::{search_with, with_default_strategies, SearchRequest, SearchResult};
 
 /// The memory budget of the search that only costs the layers: 1 PiB.
 const UNLIMITED: u64 = 1 << 50;
@@ -258,10 +257,9 @@ impl Planner<'_> {
         };
         // In deterministic mode the searched ops keep to the canonical blocks (the costed
         // strategies are the run's own: its refusal names them).
-        match self.parallel.deterministic && !self.costs_only {
-            true => search_deterministic(graph, &request, self.parallel.deterministic_blocks),
-            false => search(graph, &request),
-        }
+        let deterministic = (self.parallel.deterministic && !self.costs_only)
+            .then_some(self.parallel.deterministic_blocks);
+        search_with(graph, &request, deterministic, scope.stage)
     }
 }
 
@@ -292,6 +290,7 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
         devices,
         budget,
         only: None,
+        stage: None,
     };
     let flat = planner.search(&whole);
     let mut best: Option<(f64, PipelinedSearch)> = None;
@@ -446,6 +445,7 @@ fn layer_costs(
         devices: sub,
         budget: UNLIMITED,
         only: None,
+        stage: None,
     };
     let pre = planner.search(&whole).ok()?;
     let share: BTreeMap<&str, (f64, MemoryEstimate)> = pre
@@ -497,6 +497,13 @@ fn staged(
     let sub = planner.devices / stages;
     let held = &shape.held;
     let micro_batches = shape.pipeline.micro_batches;
+    // A strategy that does not fit a stage's devices names the stage, when the stages are
+    // `[parallel.pipeline]`'s (the wording says where their devices come from).
+    let configured = planner
+        .parallel
+        .pipeline
+        .as_ref()
+        .is_some_and(|p| p.stages == stages && stages > 1);
     // 3. Search every stage on its own devices.
     let mut strategies: BTreeMap<String, Vec<Vec<usize>>> = BTreeMap::new();
     let mut stage_of_op = BTreeMap::new();
@@ -522,6 +529,11 @@ fn staged(
             devices: sub,
             budget: (budget as f64 - extra).clamp(1.0, UNLIMITED as f64) as u64,
             only: Some(only.clone()),
+            stage: configured.then_some(PipelineStage {
+                stage,
+                stages,
+                devices: planner.devices,
+            }),
         };
         let found = match planner.search(&scope) {
             Ok(found) => found,

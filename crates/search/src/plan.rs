@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use graph::Graph;
+use parallel::rules::strategy::PipelineStage;
 use parallel::{OpStrategy, ParallelConfig, ParallelMode, SearchMode};
 
 use crate::cost::DeviceProfile;
@@ -247,6 +248,10 @@ pub(crate) struct SearchScope {
     pub budget: u64,
     /// The forward ops searched (a pipeline stage's), every one when `None`.
     pub only: Option<BTreeSet<String>>,
+    /// The pipeline stage of `[parallel.pipeline]` whose ops `only` are (`devices` are its
+    /// own), named when one of their strategies does not fit: `None` when the run is not
+    /// pipelined or the ops are not one configured stage's.
+    pub stage: Option<PipelineStage>,
 }
 
 /// Devices per pipeline stage and the schedule's idle fraction.
@@ -435,6 +440,7 @@ pub fn plan(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> {
         devices,
         budget,
         only: None,
+        stage: None,
     };
     let result = planner(request, parallel, mode, budget).search(&scope)?;
     Ok(PlanReport {

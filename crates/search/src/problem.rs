@@ -9,12 +9,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use graph::{Graph, NodeId, NodeRole, ValueId, ValueKind};
+use parallel::rules::strategy::PipelineStage;
 use parallel::rules::OpContext;
 use parallel::ParallelError;
 
 use crate::candidates::candidates;
 use crate::error::SearchError;
-use crate::evaluate::{evaluate, redistribution, EvalSettings, Evaluated, Split};
+use crate::evaluate::{
+    evaluate, evaluate_on_stage, redistribution, EvalSettings, Evaluated, Split,
+};
 use crate::footprint::{plan_memory, MemoryEstimate};
 use crate::held::HeldValues;
 
@@ -250,12 +253,14 @@ impl SearchProblem {
         hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
         only: Option<&BTreeSet<String>>,
     ) -> Result<SearchProblem, SearchError> {
-        SearchProblem::build_filtered(graph, settings, fixed, hints, only, None)
+        SearchProblem::build_filtered(graph, settings, fixed, hints, only, None, None)
     }
 
     /// [`SearchProblem::build_only`] for a run in deterministic mode when `deterministic` is
     /// given: every op not fixed keeps only the candidates whose summed-dim splits the
-    /// canonical blocks can serve ([`parallel::check_deterministic_strategy`]).
+    /// canonical blocks can serve ([`parallel::check_deterministic_strategy`]). The ops are
+    /// those of pipeline `stage` when given (`settings.devices` are the stage's): a fixed
+    /// strategy that does not fit them is refused naming the stage ([`evaluate_on_stage`]).
     pub(crate) fn build_filtered(
         graph: &Graph,
         settings: &EvalSettings<'_>,
@@ -263,6 +268,7 @@ impl SearchProblem {
         hints: &BTreeMap<String, Vec<Vec<Vec<usize>>>>,
         only: Option<&BTreeSet<String>>,
         deterministic: Option<&Deterministic>,
+        stage: Option<PipelineStage>,
     ) -> Result<SearchProblem, SearchError> {
         let devices = settings.devices;
         let mut classes: HashMap<String, (usize, Arc<Vec<Evaluated>>)> = HashMap::new();
@@ -276,7 +282,7 @@ impl SearchProblem {
                 continue;
             }
             let (candidates, class, is_fixed) = if let Some(s) = fixed.get(&node.name) {
-                let one = evaluate(graph, node, s, settings)?;
+                let one = evaluate_on_stage(graph, node, s, settings, stage)?;
                 let class = usize::MAX - nodes.len();
                 (Arc::new(vec![one]), class, true)
             } else {

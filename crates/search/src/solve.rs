@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use graph::Graph;
+use parallel::rules::strategy::PipelineStage;
 use parallel::rules::{strategy, OpContext};
 use parallel::SearchMode;
 
@@ -79,7 +80,7 @@ fn settings<'a>(request: &SearchRequest<'a>, held: &'a HeldValues) -> EvalSettin
 
 /// Searches strategies for the forward ops of `graph`.
 pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult, SearchError> {
-    search_with(graph, request, None)
+    search_with(graph, request, None, None)
 }
 
 /// [`search`] for a run in deterministic mode (`train.deterministic`, `docs/DETERMINISM.md`):
@@ -94,23 +95,26 @@ pub fn search_deterministic(
     request: &SearchRequest<'_>,
     max_blocks: usize,
 ) -> Result<SearchResult, SearchError> {
-    if max_blocks == 0 || !max_blocks.is_power_of_two() {
+    search_with(graph, request, Some(max_blocks), None)
+}
+
+/// [`search`] (in deterministic mode with at most `deterministic` canonical blocks per summed
+/// dim when given, as [`search_deterministic`]) of the ops of pipeline `stage` when given:
+/// `request.devices` are that stage's, and a fixed strategy that does not fit them is refused
+/// naming the stage and where its device count comes from.
+pub(crate) fn search_with(
+    graph: &Graph,
+    request: &SearchRequest<'_>,
+    deterministic: Option<usize>,
+    stage: Option<PipelineStage>,
+) -> Result<SearchResult, SearchError> {
+    let start = Instant::now();
+    if let Some(max_blocks) = deterministic.filter(|b| *b == 0 || !b.is_power_of_two()) {
         return Err(SearchError::Config {
             key: "parallel.deterministic_blocks".to_string(),
             reason: format!("{max_blocks} is not a power of two of at least 1"),
         });
     }
-    search_with(graph, request, Some(max_blocks))
-}
-
-/// [`search`], in deterministic mode with at most `deterministic` canonical blocks per summed
-/// dim when given.
-fn search_with(
-    graph: &Graph,
-    request: &SearchRequest<'_>,
-    deterministic: Option<usize>,
-) -> Result<SearchResult, SearchError> {
-    let start = Instant::now();
     request
         .profile
         .validate()
@@ -128,6 +132,7 @@ fn search_with(
         &request.hints,
         request.only.as_ref(),
         deterministic.as_ref(),
+        stage,
     )?;
     let budget = request
         .memory_budget

@@ -258,3 +258,68 @@ fn configured_strategies_on_configured_stages_are_costed_stage_by_stage() {
     assert!(over.cost.memory.total() > over.memory_budget as f64);
     assert!(over.pipeline.is_some());
 }
+
+/// A `[parallel.shard]` strategy (kept fixed by the search) that does not fit the devices of
+/// its op's pipeline stage is refused by every search naming that stage and where its device
+/// count comes from, as the run's compile names it: the search said only "the 4 devices", and
+/// the runtime had to run the op's rule again to say which stage they were.
+#[test]
+fn a_fixed_strategy_wider_than_its_stage_is_refused_naming_the_stage() {
+    let model = Mlp::wide(8, [16, 16], 256);
+    let pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
+    let graph = &model.model.graph;
+    let placed = node_stages(graph, &pipeline).expect("the run's stages");
+    for wanted in [0, 1] {
+        // A product of the stage, its batch (8) split over all 8 devices.
+        let (name, arity) = graph
+            .nodes()
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| matches!(n.op, graph::Op::MatMul { .. }))
+            .find(|(id, _)| placed.nodes[*id] == wanted)
+            .map(|(_, n)| (n.name.clone(), n.inputs.len()))
+            .expect("a product on the stage");
+        assert_eq!(arity, 2);
+        for mode in [
+            SearchMode::ShardingPropagation,
+            SearchMode::RecursiveProgramming,
+            SearchMode::DynamicProgramming,
+        ] {
+            let mut parallel = ParallelConfig::new(ParallelMode::Auto(mode), 8);
+            parallel.pipeline = Some(pipeline.clone());
+            parallel.strategies.insert(
+                name.clone(),
+                parallel::OpStrategy::from_tuples(vec![vec![8, 1], vec![1, 1]], None),
+            );
+            let err = plan(&request(&model, &parallel, Strategies::Search))
+                .expect_err("the strategy needs 8 devices, the stage has 4");
+            let expected = format!(
+                "it uses 8 devices, which does not divide the 4 devices of pipeline stage \
+                 {wanted} (parallel.devices 8 / parallel.pipeline.stages 2)"
+            );
+            match &err {
+                SearchError::Parallel(parallel::ParallelError::InvalidStrategy {
+                    op,
+                    rule,
+                    ..
+                }) => {
+                    assert_eq!(op, &name, "{mode:?}");
+                    assert_eq!(rule, &expected, "{mode:?}");
+                }
+                other => panic!("{mode:?}: {other}"),
+            }
+        }
+    }
+    // Without stages the devices are the run's, said plainly.
+    let mut flat = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
+    flat.strategies.insert(
+        "matmul1".to_string(),
+        parallel::OpStrategy::from_tuples(vec![vec![8, 1], vec![1, 1]], None),
+    );
+    let err = plan(&request(&model, &flat, Strategies::Search)).expect_err("8 devices of 4");
+    let text = err.to_string();
+    assert!(
+        text.contains("which does not divide the 4 devices") && !text.contains("pipeline stage"),
+        "{text}"
+    );
+}

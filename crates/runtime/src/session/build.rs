@@ -476,7 +476,8 @@ impl TrainSession {
 }
 
 /// `error`, when it is a strategy an op was given by a `[parallel.shard]` key, with that key
-/// named (a pattern or cell key stands for ops the error names one by one).
+/// named (a pattern or cell key stands for ops the error names one by one); when it is one
+/// `parallel.strategy_file` gave the op, with that key and file named.
 pub(crate) fn name_shard_key(config: &TrainConfig, error: parallel::ParallelError) -> RuntimeError {
     let parallel::ParallelError::InvalidStrategy {
         op,
@@ -511,7 +512,13 @@ pub(crate) fn name_shard_key(config: &TrainConfig, error: parallel::ParallelErro
             "{rule}; the strategy comes from parallel.shard.{}",
             toml_key(&key)
         ),
-        None => rule,
+        None => match from_strategy_file(config, &op, &strategy) {
+            Some(path) => format!(
+                "{rule}; the strategy comes from parallel.strategy_file {}",
+                path.display()
+            ),
+            None => rule,
+        },
     };
     parallel::ParallelError::InvalidStrategy {
         op,
@@ -520,6 +527,23 @@ pub(crate) fn name_shard_key(config: &TrainConfig, error: parallel::ParallelErro
         rule,
     }
     .into()
+}
+
+/// `parallel.strategy_file`, when its entry for `op` is `strategy` (as
+/// [`parallel::format_strategy`] writes it): the strategy the op was given came from the file.
+/// The file is read again (only on this error's path); one that cannot be read names nothing.
+fn from_strategy_file<'a>(
+    config: &'a TrainConfig,
+    op: &str,
+    strategy: &str,
+) -> Option<&'a std::path::Path> {
+    let path = config.strategy_file()?;
+    let loaded = ckpt::Strategy::load(path).ok()?;
+    loaded
+        .ops
+        .iter()
+        .any(|o| o.name == op && parallel::format_strategy(&o.inputs) == strategy)
+        .then_some(path)
 }
 
 /// `key` as a TOML key segment: bare when it can be, else quoted.
@@ -537,7 +561,7 @@ fn toml_key(key: &str) -> String {
 
 /// The parallel settings of `config`, with the op strategies of `parallel.strategy_file` (if
 /// any) for the ops `[parallel.shard]` leaves unset.
-fn parallel_config(
+pub(crate) fn parallel_config(
     config: &TrainConfig,
     model: &Model,
 ) -> Result<parallel::ParallelConfig, RuntimeError> {
@@ -555,6 +579,10 @@ fn parallel_config(
             ),
         });
     }
+    // The ops `[parallel.shard]` sets, by name, cell or pattern: the file's entries apply to
+    // the others only (its exact op names would otherwise win over a key's cell or pattern).
+    let set_by_shard = parallel::resolve_op_patterns(&model.graph, &parallel.strategies)
+        .map_err(|e| name_shard_key(config, e))?;
     for op in loaded.ops {
         if model.graph.node_by_name(&op.name).is_none() {
             return Err(RuntimeError::Config {
@@ -565,6 +593,9 @@ fn parallel_config(
                     op.name
                 ),
             });
+        }
+        if set_by_shard.contains_key(&op.name) {
+            continue;
         }
         parallel
             .strategies

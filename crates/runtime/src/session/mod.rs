@@ -30,8 +30,8 @@ mod step;
 mod strategy;
 mod warnings;
 
-pub(crate) use self::build::name_shard_key;
 pub use self::build::RankFootprint;
+pub(crate) use self::build::{name_shard_key, parallel_config};
 
 use std::path::PathBuf;
 use std::sync::Arc;
