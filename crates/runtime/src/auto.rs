@@ -300,7 +300,9 @@ pub fn plan_model(
     model: &Model,
     gpt: Option<&GptConfig>,
 ) -> Result<PlanReport, RuntimeError> {
-    let parallel = config.parallel_config();
+    // The run's strategies: `[parallel.shard]`'s, and `parallel.strategy_file`'s for the ops
+    // it leaves unset; a search keeps both fixed.
+    let parallel = crate::session::parallel_config(config, model)?;
     // Every rank of the run shares a profile's `compute_slots` (its cores) when it has them.
     let profile =
         load_profile(&config.search().device_profile)?.for_ranks(parallel.effective_devices());
@@ -309,14 +311,7 @@ pub fn plan_model(
             Some(path) => Strategies::Loaded(load_strategies(path)?),
             None => Strategies::Search,
         },
-        // The run's strategies: `[parallel.shard]`'s, and `parallel.strategy_file`'s for the
-        // ops it leaves unset.
-        _ => Strategies::Configured(configured_strategies(
-            config,
-            model,
-            gpt,
-            crate::session::parallel_config(config, model)?,
-        )?),
+        _ => Strategies::Configured(configured_strategies(config, model, gpt, parallel.clone())?),
     };
     let request = PlanRequest {
         model: &RunModel { config, model, gpt },

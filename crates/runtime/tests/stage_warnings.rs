@@ -268,3 +268,63 @@ fn a_strategy_from_the_strategy_file_names_the_file() {
     let planned = runtime::plan(&config("")).expect("a plan");
     assert_eq!(matmul1(&planned), vec![vec![2, 4], vec![4, 1]]);
 }
+
+/// `parallel.strategy_file` in a search mode: the search keeps the file's strategies fixed,
+/// as it keeps `[parallel.shard]`'s (they were overwritten by the searched ones, silently), and
+/// the run compiles them; in a mode that uses no op strategies the key is a warning.
+#[test]
+fn a_search_keeps_the_strategy_files_strategies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("ops.json");
+    std::fs::write(
+        &file,
+        r#"{"format": "tessera-strategy", "version": 1, "tensors": [], "ops": [{"name": "matmul1", "stage": 0, "in_strategy": [[2, 4], [4, 1]], "out_strategy": null}]}"#,
+    )
+    .unwrap();
+    let config = |mode: &str| {
+        let parallel = format!(
+            "devices = 8\nmode = \"{mode}\"\nstrategy_file = {:?}\n",
+            file.display().to_string()
+        );
+        run_util::seed_mlp(&tmp.path().join(mode), "momentum", &parallel, &[])
+    };
+    let file_strategy = vec![vec![2, 4], vec![4, 1]];
+    for mode in [
+        "sharding_propagation",
+        "recursive_programming",
+        "dynamic_programming",
+    ] {
+        let config = config(mode);
+        let planned = runtime::plan(&config).expect("a plan");
+        let matmul1 = planned
+            .strategies
+            .iter()
+            .find(|(name, _)| name == "matmul1")
+            .map(|(_, s)| s.clone());
+        assert_eq!(matmul1, Some(file_strategy.clone()), "{mode}");
+        let session = Session::new(&config).expect("the session builds");
+        let compiled = session
+            .op_strategies()
+            .into_iter()
+            .find(|op| op.name == "matmul1")
+            .map(|op| op.inputs);
+        assert_eq!(compiled, Some(file_strategy.clone()), "{mode}");
+        assert!(
+            !config
+                .warnings()
+                .iter()
+                .any(|w| w.contains("strategy_file")),
+            "{mode}: {:?}",
+            config.warnings()
+        );
+    }
+    let data_parallel = config("data_parallel");
+    assert!(
+        data_parallel
+            .warnings()
+            .iter()
+            .any(|w| w.contains("parallel.strategy_file has no effect in mode \"data_parallel\"")),
+        "{:?}",
+        data_parallel.warnings()
+    );
+}

@@ -361,6 +361,11 @@ pub(super) fn read_parallel(
             "[parallel.shard] has no effect in mode \"{mode_name}\" (only semi_auto and the search modes use op strategies)"
         ));
     }
+    if !mode.uses_strategies() && strategy_file.is_some() {
+        warnings.push(format!(
+            "parallel.strategy_file has no effect in mode \"{mode_name}\" (only semi_auto and the search modes use op strategies)"
+        ));
+    }
     if mode == ParallelMode::StandAlone && devices_given && devices != 1 {
         warnings.push(format!(
             "parallel.devices = {devices} has no effect in mode \"stand_alone\" (it runs on 1 device)"
