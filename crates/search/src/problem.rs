@@ -318,7 +318,10 @@ impl SearchProblem {
                 return Err(SearchError::from(ParallelError::Unsupported {
                     op: node.name.clone(),
                     kind: node.op.kind(),
-                    reason: format!("no strategy of this op is valid on {devices} devices"),
+                    reason: format!(
+                        "no strategy of this op is valid on {}",
+                        parallel::rules::strategy::describe_devices(devices, stage)
+                    ),
                 }));
             }
             let unary = unary_costs(graph, node, &candidates, settings);

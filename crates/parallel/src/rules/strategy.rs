@@ -33,14 +33,21 @@ struct On {
 impl On {
     /// "the N devices", or which stage's devices they are and where the count comes from.
     fn describe(self, device_num: usize) -> String {
-        match self.stage {
-            Some(p) => format!(
-                "the {device_num} devices of pipeline stage {} (parallel.devices {} / \
-                 parallel.pipeline.stages {})",
-                p.stage, p.devices, p.stages
-            ),
-            None => format!("the {device_num} devices"),
-        }
+        describe_devices(device_num, self.stage)
+    }
+}
+
+/// "the N devices", or, when the op is on pipeline `stage`, which stage's devices they are and
+/// where the count comes from (`parallel.devices` / `parallel.pipeline.stages`): how the
+/// errors about an op's devices name them.
+pub fn describe_devices(device_num: usize, stage: Option<PipelineStage>) -> String {
+    match stage {
+        Some(p) => format!(
+            "the {device_num} devices of pipeline stage {} (parallel.devices {} / \
+             parallel.pipeline.stages {})",
+            p.stage, p.devices, p.stages
+        ),
+        None => format!("the {device_num} devices"),
     }
 }
 
