@@ -122,3 +122,11 @@ __all__ = [
     "transform_checkpoint_by_rank",
     "transform_checkpoints",
 ]
+
+
+def __getattr__(name):
+    """MindSpore's Python training-step names (``value_and_grad``, ``grad``, ``jit``) and
+    ``export``/``load`` are an ``AttributeError`` saying why and what to use; other absent
+    names the usual one."""
+    from ._missing import TOP, missing_name
+    missing_name(__name__, name, TOP)

@@ -307,3 +307,31 @@ def test_saving_a_parameter_too_large_to_hold_is_an_error_not_an_abort(tmp_path)
     x, _ = builder.input("data", [2, 3], "float32")
     with pytest.raises(ValueError, match="value `data` is an input, not a parameter"):
         _tessera.initial_values(builder, [x], 1)
+
+
+def test_mindspore_names_the_engine_lacks_say_why():
+    """MindSpore's cells the engine cannot run and its Python training step are absent
+    (``hasattr`` is False, so code probing for them takes its other path), and using one
+    says what the engine lacks and what to use instead, not only that the name is absent."""
+    import tessera as ms
+    from tessera import nn
+
+    for name in ("Conv2d", "MaxPool2d", "BatchNorm2d", "LSTM"):
+        assert not hasattr(nn, name)
+        with pytest.raises(AttributeError) as err:
+            getattr(nn, name)
+        text = str(err.value)
+        assert f"no attribute '{name}'" in text and "not supported" in text, text
+        assert "Dense" in text, text  # the cells it has
+    with pytest.raises(AttributeError, match="convolution"):
+        nn.Conv2d  # noqa: B018
+    for name in ("value_and_grad", "grad", "jit"):
+        assert not hasattr(ms, name)
+        with pytest.raises(AttributeError, match="Model"):
+            getattr(ms, name)
+    with pytest.raises(AttributeError, match="save_checkpoint"):
+        ms.export  # noqa: B018
+    # Other absent names: Python's usual message, nothing added.
+    with pytest.raises(AttributeError) as err:
+        nn.NoSuchCell  # noqa: B018
+    assert str(err.value) == "module 'tessera.nn' has no attribute 'NoSuchCell'"

@@ -48,3 +48,10 @@ __all__ = [
     "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "polynomial_decay_lr",
     "warmup_lr",
 ]
+
+
+def __getattr__(name):
+    """MindSpore's cells the engine cannot run (``Conv2d``, ``LSTM``, …) are an
+    ``AttributeError`` saying why; other absent names the usual one."""
+    from .._missing import NN, missing_name
+    missing_name(__name__, name, NN, __all__)
