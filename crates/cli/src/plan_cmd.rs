@@ -53,18 +53,12 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     for warning in config.warnings() {
         eprintln!("warning: {warning}");
     }
-    let report = runtime::plan(&config)?;
     let configured_stages = config
         .parallel_config()
         .pipeline
         .as_ref()
         .map_or(1, |p| p.stages.max(1));
-    let memory = match args.estimate_memory {
-        true => {
-            PlanMemory::Estimated("--estimate-memory: the run's programs not compiled".to_string())
-        }
-        false => PlanMemory::of(&config, &report, plan_stages(&report, configured_stages)),
-    };
+    let (report, memory) = plan_with_memory(&config, args.estimate_memory, configured_stages)?;
     // What the compiled program caps or skips beyond what the configuration's warnings said,
     // as `tessera train` prints it.
     if let PlanMemory::Predicted { warnings, .. } = &memory {
@@ -118,9 +112,9 @@ enum PlanMemory {
 }
 
 impl PlanMemory {
-    /// The memory of `report`'s run of `config` (`stages` pipeline stages).
-    fn of(config: &TrainConfig, report: &PlanReport, stages: usize) -> PlanMemory {
-        match predict_stages(config, report, stages) {
+    /// The memory of `session`'s run, which places `report` (`stages` pipeline stages).
+    fn of(session: &runtime::Session, report: &PlanReport, stages: usize) -> PlanMemory {
+        match predict_session(session, report, stages) {
             Ok((stages, warnings)) => PlanMemory::Predicted { stages, warnings },
             Err(why) => PlanMemory::Estimated(why),
         }
@@ -179,24 +173,98 @@ impl PlanMemory {
 /// figures, and the session's warnings.
 type Predicted = (Vec<(usize, parallel::memory::MemoryReport)>, Vec<String>);
 
-/// Per pipeline stage of `report` (`stages` of them), the rank whose predicted peak is the
-/// highest and its figures, predicted as `tessera train --explain` predicts them, and the
-/// warnings of the run's session; an error (why not) when the run cannot be built here or
-/// places other strategies than the plan's.
-fn predict_stages(
+/// The plan of `config` (`configured_stages`: its `[parallel.pipeline]` stages) and its
+/// memory per device.
+///
+/// The memory is predicted as `tessera train --explain` predicts it, from the run's session
+/// built for planning (its training program only), unless `estimate` (`--estimate-memory`)
+/// or the run is not predicted here: parameter server, or pipeline stages chosen by
+/// `parallel.auto_pipeline` (or loaded from `parallel.load_operator_strategy_file`) without
+/// `[parallel.pipeline]` cutting the batch, which the run asks for. A run that cannot be built
+/// otherwise is an error, the one `tessera train` refuses the configuration with: a plan is
+/// not printed for a run that would not start.
+///
+/// In a search mode the session searches while it is built, and its plan is the one printed
+/// ([`runtime::TrainSession::searched_plan`]): the search runs once.
+fn plan_with_memory(
     config: &TrainConfig,
+    estimate: bool,
+    configured_stages: usize,
+) -> anyhow::Result<(PlanReport, PlanMemory)> {
+    if estimate {
+        let why = "--estimate-memory: the run's programs not compiled".to_string();
+        return Ok((runtime::plan(config)?, PlanMemory::Estimated(why)));
+    }
+    if config.ps().is_some() {
+        let why = "parallel.mode = \"parameter_server\" runs the ps crate's programs, which `tessera train --explain` does not predict";
+        return Ok((
+            runtime::plan(config)?,
+            PlanMemory::Estimated(why.to_string()),
+        ));
+    }
+    let searches = matches!(
+        config.parallel_config().mode,
+        parallel::ParallelMode::Auto(_)
+    );
+    if !searches {
+        // The configured strategies, costed; then the run's session, which places them.
+        let report = runtime::plan(config)?;
+        let session = runtime::Session::for_planning(config)?;
+        let stages = plan_stages(&report, configured_stages);
+        let memory = PlanMemory::of(&session, &report, stages);
+        return Ok((report, memory));
+    }
+    // The run's session without its evaluation program, which the prediction does not read.
+    match runtime::Session::for_planning(config) {
+        Ok(session) => {
+            let report = session.searched_plan().cloned().ok_or_else(|| {
+                anyhow::anyhow!("the session of a search mode holds no searched plan")
+            })?;
+            let stages = plan_stages(&report, configured_stages);
+            let memory = PlanMemory::of(&session, &report, stages);
+            Ok((report, memory))
+        }
+        // The plan's stages may need `[parallel.pipeline]` to cut the batch before the run can
+        // be built (the run asks for it): the plan shows them with the search's defaults
+        // (docs/CONFIG.md, `parallel.auto_pipeline`).
+        Err(e) if may_place_stages(config) => {
+            let report = runtime::plan(config)?;
+            if !stages_without_cut_batch(&report) {
+                return Err(e.into());
+            }
+            let memory = PlanMemory::Estimated(format!("the run cannot be built: {e}"));
+            Ok((report, memory))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a search-mode `config` can plan pipeline stages without `[parallel.pipeline]`:
+/// with `parallel.auto_pipeline`, or from `parallel.load_operator_strategy_file`'s stages.
+fn may_place_stages(config: &TrainConfig) -> bool {
+    config.parallel_config().pipeline.is_none()
+        && (config.search().auto_pipeline || config.search().load_operator_strategy_file.is_some())
+}
+
+/// Whether `report` has pipeline stages (chosen by `parallel.auto_pipeline`, or loaded from
+/// `parallel.load_operator_strategy_file`) while no `[parallel.pipeline]` cut the batch into
+/// micro-batches: the run then asks for that section before it builds anything.
+fn stages_without_cut_batch(report: &PlanReport) -> bool {
+    report
+        .pipeline
+        .as_ref()
+        .is_some_and(|p| p.config.stages > 1 && !p.batch_cut)
+}
+
+/// Per pipeline stage of `report` (`stages` of them), the rank whose predicted peak is the
+/// highest and its figures, predicted from the run's `session` as `tessera train --explain`
+/// predicts them, and the session's warnings; an error (why not) when it places other
+/// strategies, ranks or stages than `report` plans.
+fn predict_session(
+    session: &runtime::Session,
     report: &PlanReport,
     stages: usize,
 ) -> Result<Predicted, String> {
-    if config.ps().is_some() {
-        return Err(
-            "parallel.mode = \"parameter_server\" runs the ps crate's programs, which `tessera train --explain` does not predict"
-                .to_string(),
-        );
-    }
-    // The run's session without its evaluation program, which the prediction does not read.
-    let session = runtime::Session::for_planning(config)
-        .map_err(|e| format!("the run cannot be built: {e}"))?;
     let placed: BTreeMap<String, Vec<Vec<usize>>> = session
         .op_strategies()
         .into_iter()

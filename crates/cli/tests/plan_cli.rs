@@ -721,3 +721,125 @@ fn train_refuses_a_searched_plan_over_the_budget_as_plan_does() {
     assert_ok(&run(command("train", peak, &[])));
     assert!(saved.is_file(), "the run saved no strategies");
 }
+
+/// `tessera plan` printed a plan (exit 0, an operator strategy file written) for
+/// configurations `tessera train` refuses when it builds the run — a recompute glob matching
+/// no cell, mixed precision for the seed MLP, a `manual_split` naming no embedding — with the
+/// refusal only inside its memory line ("the run cannot be built: …"). It now refuses them
+/// with `tessera train`'s error and writes nothing.
+#[test]
+fn a_run_train_refuses_to_build_is_refused_by_plan() {
+    let cases: [(&str, &[&str], &str); 4] = [
+        (
+            "examples/seed_semi_auto.toml",
+            &[r#"parallel.recompute.cells=["*"]"#],
+            "recompute.cells",
+        ),
+        (
+            "examples/seed_data_parallel.toml",
+            &[r#"train.precision="bf16""#],
+            "train.precision",
+        ),
+        (
+            "examples/seed_semi_auto.toml",
+            &["parallel.manual_split.matmul1=[1]"],
+            "manual_split",
+        ),
+        // In a search mode (the plan is then the session's own).
+        (
+            "examples/seed_data_parallel.toml",
+            &[
+                r#"parallel.mode="recursive_programming""#,
+                r#"train.precision="f16""#,
+            ],
+            "train.precision",
+        ),
+    ];
+    for (example, sets, words) in cases {
+        let dir = Scratch::new("plan-refuses-unbuildable-run");
+        let out_dir = format!("output.dir=\"{}\"", dir.0.join("out").display());
+        let run = |command: &[&str]| {
+            let mut args = command.to_vec();
+            args.extend([example, "--set", &out_dir]);
+            for set in sets {
+                args.extend(["--set", set]);
+            }
+            let out = tessera(&args);
+            assert!(!out.status.success(), "{command:?} {sets:?} accepted it");
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .filter(|l| l.starts_with("error"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let plan = run(&["plan", "--json"]);
+        assert!(plan.contains(words), "{sets:?}: {plan}");
+        assert_eq!(plan, run(&["train", "--explain"]), "{sets:?}");
+        assert!(
+            !dir.0.join("out").exists(),
+            "{sets:?}: a refused plan wrote into its output directory"
+        );
+    }
+}
+
+/// `tessera plan`'s predicted step was one micro-step's: `train.grad_accumulation_steps = 4`
+/// printed the step time of 1, and a batch cut by `parallel.micro_batch_interleave` or
+/// `parallel.pipeline.micro_batches` (without stages) the time of one part. It is the
+/// optimizer step's: every micro-step's compute and communication (each runs the whole
+/// program, its gradient reductions included).
+#[test]
+fn the_predicted_step_counts_every_micro_step() {
+    let dir = Scratch::new("plan-step-micro-steps");
+    let out_dir = format!("output.dir=\"{}\"", dir.0.display());
+    let plan = |sets: &[&str]| {
+        let mut args = vec!["plan", "examples/gpt_kjv.toml", "--json", "--set", &out_dir];
+        args.extend(["--set", "data.batch_size=32"]);
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let out = tessera(&args);
+        assert_ok(&out);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let f = |key: &str| json[key].as_f64().expect(key);
+        (
+            f("predicted_step_ms"),
+            f("compute_ms"),
+            f("comm_ms"),
+            f("comm_bytes_per_step"),
+        )
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+    for mode in [
+        "parallel.mode=\"semi_auto\"",
+        "parallel.mode=\"dynamic_programming\"",
+    ] {
+        let one = plan(&[mode]);
+        let four = plan(&[mode, "train.grad_accumulation_steps=4"]);
+        assert!(
+            close(four.0, 4.0 * one.0)
+                && close(four.1, 4.0 * one.1)
+                && close(four.2, 4.0 * one.2)
+                && close(four.3, 4.0 * one.3),
+            "{mode}: 4 micro-steps {four:?}, 1 {one:?}"
+        );
+        // A cut batch computes the whole batch per step: its parts' compute adds up to about
+        // the uncut step's (a search may choose other strategies for the smaller parts; one
+        // part's is a half or a quarter of it), and it reduces the gradients once a part.
+        for cut in [
+            &["parallel.micro_batch_interleave=2"][..],
+            &[
+                "parallel.pipeline.stages=1",
+                "parallel.pipeline.micro_batches=4",
+            ],
+        ] {
+            let parts = plan(&[&[mode][..], cut].concat());
+            assert!(
+                parts.1 > 0.75 * one.1 && parts.1 < 1.33 * one.1,
+                "{mode} {cut:?}: compute {} against the uncut step's {}",
+                parts.1,
+                one.1
+            );
+            assert!(parts.2 > one.2, "{mode} {cut:?}: {parts:?} against {one:?}");
+        }
+    }
+}

@@ -323,7 +323,41 @@ pub fn plan_model(
         auto_pipeline: config.search().auto_pipeline,
         strategies,
     };
-    search::plan(&request).map_err(|e| worded_as_the_run(config, e))
+    let report = search::plan(&request).map_err(|e| worded_as_the_run(config, e))?;
+    Ok(per_optimizer_step(config, report))
+}
+
+/// `report`'s time and communication per optimizer step, which runs the training program once
+/// per micro-step: `train.grad_accumulation_steps` of them, times the micro-batches
+/// `parallel.pipeline.micro_batches` and `parallel.micro_batch_interleave` cut the batch into
+/// (the config's accumulation count includes those cuts). The search costs the model it is
+/// given, one micro-batch once the batch is cut, and a pipeline's schedule (its makespan and
+/// stage costs) counts that pipeline's micro-batches itself; the rest is multiplied here.
+/// Memory is a micro-step's. Interleaved parts are counted one after the other, as MPI runs
+/// them (the local backend's overlap of one part's communication with another's compute is
+/// not modelled).
+fn per_optimizer_step(config: &TrainConfig, mut report: PlanReport) -> PlanReport {
+    let micro_steps = config.train().grad_accumulation_steps.max(1);
+    let counted = match &report.pipeline {
+        Some(p) if p.batch_cut => p.config.micro_batches.max(1),
+        _ => 1,
+    };
+    let factor = (micro_steps / counted).max(1) as f64;
+    if factor == 1.0 {
+        return report;
+    }
+    let scale = |cost: &mut search::PlanCost| {
+        cost.compute *= factor;
+        cost.comm *= factor;
+        cost.comm_bytes *= factor;
+    };
+    scale(&mut report.cost);
+    if let Some(p) = &mut report.pipeline {
+        p.stage_costs.iter_mut().for_each(scale);
+        p.makespan *= factor;
+        p.bubble *= factor;
+    }
+    report
 }
 
 /// A search's error `e` worded as the run's compile words it: a strategy a `[parallel.shard]`
@@ -403,6 +437,7 @@ pub(crate) fn apply_search(
         searched: report.was_searched(),
         estimate: report.cost.memory.total(),
         records: operator_strategy_records(&report),
+        report: report.clone(),
     };
     report.apply_to(parallel)?;
     Ok(Some(plan))

@@ -146,3 +146,64 @@ fn the_searched_strategies_are_saved_when_the_run_starts() {
     assert!(records.iter().all(|r| placed.contains(&r.name)));
     assert!(!records.is_empty());
 }
+
+/// A search mode's session keeps the plan it was placed by
+/// ([`runtime::TrainSession::searched_plan`], what `tessera plan` prints instead of searching
+/// a second time), and it is [`runtime::plan`]'s for the configuration: strategies, costs,
+/// pipeline and memory estimate (`search_ms` aside); outside the search modes there is none.
+#[test]
+fn a_search_modes_session_keeps_the_plan_it_was_placed_by() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        "devices = 4\nmode = \"sharding_propagation\"",
+        "devices = 4\nmode = \"recursive_programming\"",
+        "devices = 4\nmode = \"dynamic_programming\"",
+        "devices = 4\nmode = \"dynamic_programming\"\n[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+        "devices = 2\nmode = \"dynamic_programming\"\nauto_pipeline = true\n[parallel.pipeline]\nstages = 1\nmicro_batches = 4",
+    ];
+    for (i, parallel) in cases.into_iter().enumerate() {
+        let config =
+            run_util::small_gpt(&tmp.path().join(i.to_string()), "adam", "", parallel, &[]);
+        let planned = runtime::plan(&config).expect("a plan");
+        let session = Session::for_planning(&config).expect("the planning session builds");
+        let kept = session.searched_plan().expect("a searched plan");
+        assert_eq!(kept.strategies, planned.strategies, "{parallel}");
+        assert_eq!(
+            format!("{:?}", kept.cost),
+            format!("{:?}", planned.cost),
+            "{parallel}"
+        );
+        assert_eq!(
+            format!("{:?}", kept.pipeline),
+            format!("{:?}", planned.pipeline),
+            "{parallel}"
+        );
+        assert_eq!(
+            (kept.devices, kept.memory_budget, kept.gap, kept.n_ops),
+            (
+                planned.devices,
+                planned.memory_budget,
+                planned.gap,
+                planned.n_ops
+            ),
+            "{parallel}"
+        );
+        let placed: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
+            .op_strategies()
+            .into_iter()
+            .map(|r| (r.name, r.inputs))
+            .collect();
+        for (name, strategy) in &kept.strategies {
+            assert_eq!(placed.get(name), Some(strategy), "{parallel}: {name}");
+        }
+    }
+    let config = run_util::small_gpt(
+        &tmp.path().join("semi"),
+        "adam",
+        "",
+        "devices = 2\nmode = \"semi_auto\"",
+        &[],
+    );
+    let session = Session::for_planning(&config).expect("the planning session builds");
+    assert!(session.searched_plan().is_none());
+}

@@ -96,6 +96,8 @@ pub(crate) struct SearchedPlan {
     pub(crate) estimate: f64,
     /// What `parallel.save_operator_strategy_file` receives.
     pub(crate) records: Vec<ckpt::OpStrategyRecord>,
+    /// The plan whole, what `tessera plan` prints ([`TrainSession::searched_plan`]).
+    pub(crate) report: search::PlanReport,
 }
 
 /// What a session reads its batches from.

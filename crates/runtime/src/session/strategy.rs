@@ -12,6 +12,14 @@ use super::{TrainSession, MASTER_WEIGHT, STAGE_STRATEGY_DIR};
 use crate::error::RuntimeError;
 
 impl TrainSession {
+    /// In a search mode, the plan this session's programs were placed by: searched (or loaded
+    /// from `parallel.load_operator_strategy_file`) by [`crate::plan_model`] while the session
+    /// was built, exactly what [`crate::plan`] returns for its configuration (`search_ms`
+    /// aside), so that `tessera plan` searches once; `None` outside the search modes.
+    pub fn searched_plan(&self) -> Option<&search::PlanReport> {
+        self.searched.as_ref().map(|p| &p.report)
+    }
+
     /// The strategy of everything a checkpoint holds: the checkpointed parameters (every
     /// trainable one; the others only with `strategy_file_only_for_trainable_params = false`)
     /// and every optimizer state (laid out like its parameter), with global shapes and dtypes.
