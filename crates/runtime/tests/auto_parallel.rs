@@ -415,6 +415,28 @@ fn auto_pipeline_training_without_the_pipeline_section_names_what_to_add() {
         err.contains("parallel.auto_pipeline") && err.contains("[parallel.pipeline]"),
         "{err}"
     );
+    // The same stages loaded from an operator strategy file, without `auto_pipeline`: the
+    // refusal names the file's key, not `auto_pipeline` (which is not set).
+    let file = tmp.path().join("ops.json");
+    ckpt::write_operator_strategy_file(&file, &runtime::operator_strategy_records(&plan)).unwrap();
+    let loaded = run_util::small_gpt(
+        &tmp.path().join("loaded"),
+        "momentum",
+        "",
+        &format!(
+            "devices = 2\nmode = \"dynamic_programming\"\nload_operator_strategy_file = {:?}",
+            file.display().to_string()
+        ),
+        &[],
+    );
+    let err = Session::new(&loaded).unwrap_err().to_string();
+    assert!(
+        err.contains("parallel.load_operator_strategy_file")
+            && err.contains("ops.json places its ops on 2 pipeline stages")
+            && err.contains("[parallel.pipeline]")
+            && !err.contains("auto_pipeline"),
+        "{err}"
+    );
 }
 
 /// Pipeline stages configured by `[parallel.pipeline]` in a search mode (2 stages of 2 devices,

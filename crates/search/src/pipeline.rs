@@ -292,7 +292,11 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
         only: None,
         stage: None,
     };
-    let flat = planner.search(&whole);
+    // Every stage count is checked as the run places it: the dataset strategy splits the
+    // inputs over the stage's devices first, and a count it cannot serve is not a candidate.
+    let flat = parallel::check_dataset_strategy(model.graph(), parallel, devices)
+        .map_err(SearchError::from)
+        .and_then(|()| planner.search(&whole));
     let mut best: Option<(f64, PipelinedSearch)> = None;
     let mut first_error = None;
     match flat {
@@ -419,6 +423,11 @@ fn try_stages(
         None => planner,
     };
     let (sub, budget) = (planner.devices / stages, planner.budget);
+    // A micro-batch the dataset strategy cannot split over a stage's devices: the run would
+    // refuse this stage count.
+    if parallel::check_dataset_strategy(planner.model.graph(), planner.parallel, sub).is_err() {
+        return Ok(None);
+    }
     let Some(costs) = layer_costs(planner, layers, sub) else {
         return Ok(None);
     };

@@ -203,10 +203,18 @@ impl PlanReport {
     pub fn apply_to(self, parallel: &mut ParallelConfig) -> Result<(), SearchError> {
         if let Some(plan) = &self.pipeline {
             if plan.config.stages > 1 && !plan.batch_cut {
+                // The stages come from the search, or from a loaded file's entries.
+                let (key, chose) = match &self.loaded_from {
+                    Some(file) => (
+                        "parallel.load_operator_strategy_file",
+                        format!("{} places its ops on", file.display()),
+                    ),
+                    None => ("parallel.auto_pipeline", "the search chose".to_string()),
+                };
                 return Err(SearchError::Config {
-                    key: "parallel.auto_pipeline".to_string(),
+                    key: key.to_string(),
                     reason: format!(
-                        "the search chose {} pipeline stages; training them needs the batch cut into micro-batches before the model is built: add [parallel.pipeline] with stages = 1 and micro_batches = {} (tessera plan shows the plan without it)",
+                        "{chose} {} pipeline stages; training them needs the batch cut into micro-batches before the model is built: add [parallel.pipeline] with stages = 1 and micro_batches = {} (tessera plan shows the plan without it)",
                         plan.config.stages, plan.config.micro_batches
                     ),
                 });

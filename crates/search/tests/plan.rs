@@ -323,3 +323,25 @@ fn a_fixed_strategy_wider_than_its_stage_is_refused_naming_the_stage() {
         "{text}"
     );
 }
+
+/// `auto_pipeline` keeps to the stage counts the run can place: the dataset strategy splits
+/// each micro-batch's rows over one stage's devices before anything else, so a batch of 2 rows
+/// on 4 devices cannot run as one stage (2 rows over 4 devices) but can as 2 (over 2). The
+/// plan found must be one the run places (a guard: on this model the search's own candidates
+/// already avoid the one stage; on the GPT under a tight `max_device_memory` the search chose
+/// a stage count the batch did not split over, and the run refused it).
+#[test]
+fn the_automatic_pipeline_keeps_to_stage_counts_the_batch_splits_over() {
+    let model = Mlp::wide(2, [16, 16], 256);
+    let mut parallel = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
+    parallel.pipeline = Some(PipelineConfig::new(1, 1, Scheduler::OneFOneB));
+    let mut auto = request(&model, &parallel, Strategies::Search);
+    auto.auto_pipeline = true;
+    let report = plan(&auto).expect("a pipeline of 2 or 4 stages");
+    let stages = report.pipeline.as_ref().map_or(1, |p| p.config.stages);
+    let per_stage = 4 / stages;
+    assert!(
+        parallel::check_dataset_strategy(&model.model.graph, &parallel, per_stage).is_ok(),
+        "{stages} stage(s) of {per_stage} devices cannot split 2 rows"
+    );
+}
