@@ -300,6 +300,18 @@ pub fn plan_model(
     model: &Model,
     gpt: Option<&GptConfig>,
 ) -> Result<PlanReport, RuntimeError> {
+    plan_model_within(config, model, gpt, config.search().max_device_memory)
+}
+
+/// [`plan_model`] with the searches kept to `max_device_memory` bytes of their own estimate
+/// per device (`parallel.max_device_memory`, or a tighter figure when a plan's predicted peak
+/// exceeded it: [`crate::TrainSession`]'s re-search).
+fn plan_model_within(
+    config: &TrainConfig,
+    model: &Model,
+    gpt: Option<&GptConfig>,
+    max_device_memory: Option<u64>,
+) -> Result<PlanReport, RuntimeError> {
     // The run's strategies: `[parallel.shard]`'s, and `parallel.strategy_file`'s for the ops
     // it leaves unset; a search keeps both fixed.
     let parallel = crate::session::parallel_config(config, model)?;
@@ -317,7 +329,7 @@ pub fn plan_model(
         model: &RunModel { config, model, gpt },
         parallel: &parallel,
         profile,
-        max_device_memory: config.search().max_device_memory,
+        max_device_memory,
         optimizer_states: optimizer_states(config),
         time_budget: Duration::from_secs_f64(config.search().search_time_budget),
         auto_pipeline: config.search().auto_pipeline,
@@ -422,17 +434,23 @@ fn configured_strategies(
 /// `semi_auto` then). Returns what the run checks and writes before its ranks start
 /// ([`crate::check_before_start`]: the predicted peak of a searched plan against
 /// `parallel.max_device_memory`, then `parallel.save_operator_strategy_file`); `None` outside
-/// the search modes.
+/// the search modes. `search_budget`: the search's memory budget per device when not
+/// `parallel.max_device_memory` (a re-search's tighter one).
 pub(crate) fn apply_search(
     config: &TrainConfig,
-    model: &Model,
-    gpt: Option<&GptConfig>,
+    (model, gpt): (&Model, Option<&GptConfig>),
     parallel: &mut ParallelConfig,
+    search_budget: Option<u64>,
 ) -> Result<Option<SearchedPlan>, RuntimeError> {
     if !matches!(parallel.mode, ParallelMode::Auto(_)) {
         return Ok(None);
     }
-    let report = plan_model(config, model, gpt)?;
+    let budget = search_budget.or(config.search().max_device_memory);
+    let mut report = plan_model_within(config, model, gpt, budget)?;
+    if let (Some(_), Some(user)) = (search_budget, config.search().max_device_memory) {
+        // The plan is held to the user's budget: the tighter one only steered the search.
+        report.memory_budget = user;
+    }
     let plan = SearchedPlan {
         searched: report.was_searched(),
         estimate: report.cost.memory.total(),

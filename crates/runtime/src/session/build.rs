@@ -202,19 +202,30 @@ impl Session {
     /// evaluation program only `with_eval`).
     fn new_gpt(config: &TrainConfig, with_eval: bool) -> Result<Session, RuntimeError> {
         let (text, gpt, model) = crate::auto::open_gpt(config)?;
-        let mut parallel = parallel_config(config, &model)?;
-        let searched = crate::auto::apply_search(config, &model, Some(&gpt), &mut parallel)?;
-        let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
-        let named = |e| name_shard_key(config, e);
-        let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
-        let eval = match with_eval {
-            true => Some(compile_forward(&model.graph, &[model.loss], &parallel).map_err(named)?),
-            false => None,
-        };
         let text = Arc::new(text);
-        let data = SessionData::Text(text.clone());
-        let mut session = TrainSession::assemble(config, &parallel, model, train, eval, data)?;
-        session.searched = searched;
+        let session = within_memory_budget(|search_budget| {
+            let model = model.clone();
+            let mut parallel = parallel_config(config, &model)?;
+            let searched = crate::auto::apply_search(
+                config,
+                (&model, Some(&gpt)),
+                &mut parallel,
+                search_budget,
+            )?;
+            let parallel = gpt_parallel_config(config, &gpt, &model, parallel)?;
+            let named = |e| name_shard_key(config, e);
+            let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
+            let eval = match with_eval {
+                true => {
+                    Some(compile_forward(&model.graph, &[model.loss], &parallel).map_err(named)?)
+                }
+                false => None,
+            };
+            let data = SessionData::Text(text.clone());
+            let mut session = TrainSession::assemble(config, &parallel, model, train, eval, data)?;
+            session.searched = searched;
+            Ok(session)
+        })?;
         Ok(Session {
             session,
             data: TrainData::Text(text),
@@ -270,17 +281,24 @@ impl TrainSession {
         data: SessionData,
         with_eval: bool,
     ) -> Result<TrainSession, RuntimeError> {
-        let mut parallel = parallel_config(config, &model)?;
-        let searched = crate::auto::apply_search(config, &model, None, &mut parallel)?;
-        let named = |e| name_shard_key(config, e);
-        let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
-        let eval = match with_eval {
-            true => Some(compile_forward(&model.graph, &[model.logits], &parallel).map_err(named)?),
-            false => None,
-        };
-        let mut session = TrainSession::assemble(config, &parallel, model, train, eval, data)?;
-        session.searched = searched;
-        Ok(session)
+        within_memory_budget(|search_budget| {
+            let model = model.clone();
+            let mut parallel = parallel_config(config, &model)?;
+            let searched =
+                crate::auto::apply_search(config, (&model, None), &mut parallel, search_budget)?;
+            let named = |e| name_shard_key(config, e);
+            let train = compile_training(&model.graph, model.loss, &parallel).map_err(named)?;
+            let eval = match with_eval {
+                true => {
+                    Some(compile_forward(&model.graph, &[model.logits], &parallel).map_err(named)?)
+                }
+                false => None,
+            };
+            let data = data.clone();
+            let mut session = TrainSession::assemble(config, &parallel, model, train, eval, data)?;
+            session.searched = searched;
+            Ok(session)
+        })
     }
 
     /// The session of its compiled programs; without `eval` (planning only) its `eval` is the
@@ -473,6 +491,33 @@ impl TrainSession {
             .pipeline
             .is_some_and(|p| p.stages > 1 && p.output_broadcast)
     }
+}
+
+/// Re-searches at most this many times for a plan within `parallel.max_device_memory`.
+const RE_SEARCHES: usize = 3;
+
+/// The session `build` makes (`build(None)`: the search kept to `parallel.max_device_memory`),
+/// and, in a search mode whose plan's predicted peak exceeds that budget, the session of a
+/// search kept to a tighter budget of its own estimate ([`TrainSession::tighter_search_budget`]),
+/// at most [`RE_SEARCHES`] times: the search ranks strategies by an estimate that misses what
+/// the compiled step adds, so a plan it found may not fit where another does. The last
+/// session is returned when no tighter search finds a plan (the run's preflight then refuses
+/// it, naming the key: [`TrainSession::over_memory_budget`]).
+fn within_memory_budget(
+    mut build: impl FnMut(Option<u64>) -> Result<TrainSession, RuntimeError>,
+) -> Result<TrainSession, RuntimeError> {
+    let mut session = build(None)?;
+    for _ in 0..RE_SEARCHES {
+        let Some(tighter) = session.tighter_search_budget()? else {
+            break;
+        };
+        match build(Some(tighter)) {
+            Ok(next) => session = next,
+            // No plan's estimate fits the tighter budget: the last plan stands (refused).
+            Err(_) => break,
+        }
+    }
+    Ok(session)
 }
 
 /// `error`, when it is a strategy an op was given by a `[parallel.shard]` key, with that key

@@ -143,25 +143,47 @@ impl TrainSession {
     /// any rank starts ([`TrainSession::over_memory_budget`]); strategies loaded, or a run
     /// not in a search mode or without the key, are not checked.
     pub(crate) fn check_searched_budget(&self) -> Result<(), RuntimeError> {
+        match self.over_searched_budget()? {
+            Some((rank, peak, budget, estimate)) => Err(TrainSession::over_memory_budget(
+                peak, rank, budget, estimate,
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// In a search mode whose searched plan's predicted peak exceeds the
+    /// `parallel.max_device_memory` the user set: the budget of the search's own estimate a
+    /// search for a plan that fits should keep to (this plan's estimate scaled down as far as
+    /// its predicted peak is over the budget, so that this plan is excluded and the estimates
+    /// left are those that, off by as much, would fit); `None` when the plan fits, was not
+    /// searched, or no key is set.
+    pub(crate) fn tighter_search_budget(&self) -> Result<Option<u64>, RuntimeError> {
+        let Some((_, peak, budget, estimate)) = self.over_searched_budget()? else {
+            return Ok(None);
+        };
+        let tighter = (estimate * budget as f64 / peak as f64).floor();
+        Ok((tighter >= 1.0 && tighter < estimate).then_some(tighter as u64))
+    }
+
+    /// The fullest rank, its predicted peak, the budget and the search's estimate, when a
+    /// searched plan's predicted peak exceeds the `parallel.max_device_memory` the user set.
+    fn over_searched_budget(&self) -> Result<Option<(usize, usize, u64, f64)>, RuntimeError> {
         let Some(plan) = self.searched.as_ref().filter(|p| p.searched) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(budget) = self.config.search().max_device_memory else {
-            return Ok(());
+            return Ok(None);
         };
         let fullest = self
             .predict_memory_per_stage()?
             .into_iter()
             .max_by_key(|(rank, m)| (m.peak, std::cmp::Reverse(*rank)));
-        match fullest {
-            Some((rank, m)) if m.peak as u64 > budget => Err(TrainSession::over_memory_budget(
-                m.peak,
-                rank,
-                budget,
-                plan.estimate,
-            )),
-            _ => Ok(()),
-        }
+        Ok(match fullest {
+            Some((rank, m)) if m.peak as u64 > budget => {
+                Some((rank, m.peak, budget, plan.estimate))
+            }
+            _ => None,
+        })
     }
 }
 
