@@ -494,7 +494,7 @@ impl TrainSession {
 }
 
 /// Re-searches at most this many times for a plan within `parallel.max_device_memory`.
-const RE_SEARCHES: usize = 3;
+const RE_SEARCHES: usize = 8;
 
 /// The session `build` makes (`build(None)`: the search kept to `parallel.max_device_memory`),
 /// and, in a search mode whose plan's predicted peak exceeds that budget, the session of a
