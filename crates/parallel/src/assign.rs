@@ -171,7 +171,7 @@ fn input_layout(
                     list.len()
                 ))
             })?;
-            return bind_given(given, shape, devices, &format!("input {name}"))
+            return bind_given(given, shape, (devices, None), &format!("input {name}"))
                 .map_err(setting_error);
         }
         (DatasetStrategy::FullBatch, _) => vec![1; shape.len()],
@@ -613,7 +613,7 @@ fn place_forward(
         ),
     };
     let inputs: Vec<TensorLayout> = match user.and_then(|u| u.in_layouts.as_deref()) {
-        Some(given) => bind_op_layouts(ctx, given, Operands::Inputs, devices)?,
+        Some(given) => bind_op_layouts(ctx, given, Operands::Inputs, (devices, stage))?,
         None => strategy::input_layouts_on_stage(ctx, &strategy_tuples, devices, stage)?
             .inputs
             .into_iter()
@@ -630,7 +630,12 @@ fn place_forward(
         Some(OpStrategy {
             out_layouts: Some(given),
             ..
-        }) => Some(bind_op_layouts(ctx, given, Operands::Outputs, devices)?),
+        }) => Some(bind_op_layouts(
+            ctx,
+            given,
+            Operands::Outputs,
+            (devices, stage),
+        )?),
         Some(OpStrategy {
             outputs: Some(out_strategy),
             ..

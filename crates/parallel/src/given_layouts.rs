@@ -8,6 +8,7 @@
 use layout::{Layout, TensorLayout};
 
 use crate::error::ParallelError;
+use crate::rules::strategy::{describe_devices, PipelineStage};
 use crate::rules::OpContext;
 
 /// Whether the operands are inputs or outputs (for messages).
@@ -35,8 +36,13 @@ impl Operands {
     }
 }
 
-/// Why a layout's mesh cannot serve a run on `devices` devices, if it cannot.
-pub(crate) fn mesh_mismatch(layout: &Layout, devices: usize) -> Option<String> {
+/// Why a layout's mesh cannot serve a run on `devices` devices (those of pipeline `stage`
+/// when given), if it cannot.
+pub(crate) fn mesh_mismatch(
+    layout: &Layout,
+    devices: usize,
+    stage: Option<PipelineStage>,
+) -> Option<String> {
     let mesh = layout.mesh();
     if mesh.is_interleaved() {
         return Some(format!(
@@ -45,8 +51,12 @@ pub(crate) fn mesh_mismatch(layout: &Layout, devices: usize) -> Option<String> {
         ));
     }
     (mesh.n_devices() != devices).then(|| {
+        let runs_on = match stage {
+            None => format!("the run has {devices}"),
+            Some(_) => format!("the op runs on {}", describe_devices(devices, stage)),
+        };
         format!(
-            "the device matrix {:?} (aliases {:?}) holds {} devices, but the run has {devices}: \
+            "the device matrix {:?} (aliases {:?}) holds {} devices, but {runs_on}: \
              its product must equal the device count",
             mesh.device_matrix(),
             mesh.alias_names(),
@@ -59,10 +69,10 @@ pub(crate) fn mesh_mismatch(layout: &Layout, devices: usize) -> Option<String> {
 pub(crate) fn bind_given(
     layout: &Layout,
     shape: &[usize],
-    devices: usize,
+    (devices, stage): (usize, Option<PipelineStage>),
     what: &str,
 ) -> Result<TensorLayout, String> {
-    if let Some(reason) = mesh_mismatch(layout, devices) {
+    if let Some(reason) = mesh_mismatch(layout, devices, stage) {
         return Err(reason);
     }
     if layout.ndim() != shape.len() {
@@ -79,12 +89,13 @@ pub(crate) fn bind_given(
         .map_err(|e| format!("the layout {} for {what}: {e}", layout.describe_map()))
 }
 
-/// The operands' layouts when a strategy gives them: one per operand, each bound to its shape.
+/// The operands' layouts when a strategy gives them: one per operand, each bound to its shape,
+/// on `devices` devices (those of pipeline `stage` when given).
 pub(crate) fn bind_op_layouts(
     ctx: &OpContext<'_>,
     layouts: &[Layout],
     operands: Operands,
-    devices: usize,
+    on: (usize, Option<PipelineStage>),
 ) -> Result<Vec<TensorLayout>, ParallelError> {
     let shapes = match operands {
         Operands::Inputs => &ctx.input_shapes,
@@ -109,7 +120,7 @@ pub(crate) fn bind_op_layouts(
         .enumerate()
         .map(|(i, (layout, shape))| {
             let what = format!("{} {i}", operands.noun());
-            bind_given(layout, shape, devices, &what).map_err(|rule| ctx.invalid(&factors, rule))
+            bind_given(layout, shape, on, &what).map_err(|rule| ctx.invalid(&factors, rule))
         })
         .collect()
 }

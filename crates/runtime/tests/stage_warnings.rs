@@ -80,6 +80,22 @@ fn a_strategy_wider_than_a_stage_names_the_stage_and_the_key() {
         e.contains("which does not divide the 8 devices;") && !e.contains("pipeline stage"),
         "{e}"
     );
+    // A layout-valued strategy whose device matrix holds the run's 8 devices, not the 4 of
+    // its stage: it said "the run has 4".
+    let layouts = gpt(
+        tmp.path(),
+        &format!("{staged}\n[parallel.mesh]\ndevice_matrix = [2, 2, 2]\nalias_name = [\"dp\", \"sp\", \"mp\"]"),
+        -1,
+        &[r#"parallel.shard."blocks.*.mlp.fc1"=[["dp","None","None"],["mp","None"]]"#],
+    );
+    let e = session_error(&layouts);
+    for part in [
+        "blocks.0.mlp.fc1.matmul",
+        "holds 8 devices, but the op runs on the 4 devices of pipeline stage 0 (parallel.devices 8 / parallel.pipeline.stages 2)",
+        r#"parallel.shard."blocks.*.mlp.fc1""#,
+    ] {
+        assert!(e.contains(part), "{part:?} missing from: {e}");
+    }
 }
 
 #[test]
