@@ -6,6 +6,7 @@ mod detect;
 mod differences;
 mod file_lists;
 mod fuzz;
+mod hostile_strategy;
 mod layouts;
 mod op_strategy;
 mod options;

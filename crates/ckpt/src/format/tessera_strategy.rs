@@ -10,8 +10,10 @@ use tensor::DType;
 use super::codec::json::Json;
 use crate::error::{CkptError, Result};
 use crate::io::atomic_write::write_file;
+use crate::model::tensor::MAX_DIMS;
 use crate::model::{
-    OpStrategyRecord, ResolvedStrategy, StagePlacement, Strategy, StrategyFlavour, StrategyParam,
+    check_tuple_count, OpStrategyRecord, ResolvedStrategy, StagePlacement, Strategy,
+    StrategyFlavour, StrategyParam,
 };
 
 /// The value of the `"format"` key.
@@ -67,12 +69,17 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
         let shape = t
             .get("shape")
             .and_then(Json::as_arr)
+            .filter(|a| a.len() <= MAX_DIMS)
             .and_then(|a| {
                 a.iter()
                     .map(|d| d.as_u64().map(|d| d as usize))
                     .collect::<Option<Vec<_>>>()
             })
-            .ok_or_else(|| rule("\"shape\" must be a list of sizes".to_string()))?;
+            .ok_or_else(|| {
+                rule(format!(
+                    "\"shape\" must be a list of at most {MAX_DIMS} sizes"
+                ))
+            })?;
         let dtype = match t.get("dtype") {
             None | Some(Json::Null) => None,
             Some(d) => Some(
@@ -128,6 +135,8 @@ fn op_record(op: &Json) -> std::result::Result<OpStrategyRecord, String> {
             None | Some(Json::Null) => Ok(None),
             Some(v) => v
                 .as_arr()
+                .map(|list| check_tuple_count(&name, key, list.len()).map(|()| list))
+                .transpose()?
                 .and_then(|list| {
                     list.iter()
                         .map(|t| {
@@ -156,14 +165,16 @@ fn op_record(op: &Json) -> std::result::Result<OpStrategyRecord, String> {
             .ok_or_else(|| format!("op {name:?}: \"stage\" must be a non-negative integer"))?
             as usize,
     };
-    Ok(OpStrategyRecord {
+    let record = OpStrategyRecord {
         name,
         stage,
         inputs,
         outputs,
         in_layouts: None,
         out_layouts: None,
-    })
+    };
+    record.check_sizes()?;
+    Ok(record)
 }
 
 fn op_json(op: &OpStrategyRecord) -> Json {

@@ -113,6 +113,51 @@ pub struct OpStrategyRecord {
     pub out_layouts: Option<Vec<layout::Layout>>,
 }
 
+/// The most split tuples (inputs, or outputs) one op strategy of a file may hold.
+pub(crate) const MAX_OP_TUPLES: usize = 1024;
+
+impl OpStrategyRecord {
+    /// Checks the sizes a file gave this record: at most [`MAX_OP_TUPLES`] split tuples per
+    /// side, each of at most 64 factors (a tensor's most dims). The rule broken, naming the op.
+    pub(crate) fn check_sizes(&self) -> std::result::Result<(), String> {
+        let name = &self.name;
+        for (what, tuples) in [
+            ("in_strategy", Some(&self.inputs)),
+            ("out_strategy", self.outputs.as_ref()),
+        ] {
+            let Some(tuples) = tuples else { continue };
+            check_tuple_count(name, what, tuples.len())?;
+            if let Some((i, t)) = tuples
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.len() > super::tensor::MAX_DIMS)
+            {
+                return Err(format!(
+                    "op {name:?}: its {what} tuple {i} has {} split factors, more than the {} dims a tensor may have",
+                    t.len(),
+                    super::tensor::MAX_DIMS
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses `n` split tuples in op `name`'s `what` (`in_strategy`, `out_strategy`) when they
+/// are more than [`MAX_OP_TUPLES`]: checked by the readers before they convert a file's list.
+pub(crate) fn check_tuple_count(
+    name: &str,
+    what: &str,
+    n: usize,
+) -> std::result::Result<(), String> {
+    if n > MAX_OP_TUPLES {
+        return Err(format!(
+            "op {name:?}: its {what} has {n} split tuples, more than the {MAX_OP_TUPLES} an op may have"
+        ));
+    }
+    Ok(())
+}
+
 /// A strategy file as read: parameters and their placements.
 #[derive(Debug, Clone)]
 pub struct Strategy {

@@ -5,6 +5,7 @@
 //! workspace-wide feature is switched on, so this small value type keeps them in file order
 //! instead, and prints them the way Python's `json.dump(indent=n)` does.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::fmt;
 
@@ -25,9 +26,15 @@ pub(crate) enum Json {
 }
 
 impl Json {
-    /// Parses text.
+    /// Parses text, refusing more than [`MAX_VALUES`] values (each value costs tens of bytes
+    /// in memory against one or two in the text: a file of `[[1],[1],…]` within the size
+    /// limit of a file read whole would otherwise take gigabytes).
     pub(crate) fn parse(text: &str) -> Result<Json, serde_json::Error> {
-        serde_json::from_str(text)
+        LEFT.with(|left| left.set(MAX_VALUES));
+        let parsed = serde_json::from_str(text);
+        LEFT.with(|left| left.set(usize::MAX));
+        PENDING.with(|pending| *pending.borrow_mut() = Vec::new());
+        parsed
     }
 
     /// Parses the bytes of a JSON file, or says why they are not JSON (not UTF-8, not valid).
@@ -155,6 +162,34 @@ impl<'de> Deserialize<'de> for Json {
     }
 }
 
+/// The most values (numbers, strings, lists, objects, …) one [`Json::parse`] builds.
+pub(crate) const MAX_VALUES: usize = 1 << 23;
+
+thread_local! {
+    /// The values the running [`Json::parse`] may still build (`usize::MAX` outside one).
+    static LEFT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+thread_local! {
+    /// The items of the lists being read, innermost last: each list is built at its exact
+    /// length from here, where a list grown by pushes keeps room for up to four times its
+    /// items (a file of many one-item lists took 140 bytes of memory per item).
+    static PENDING: RefCell<Vec<Json>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Counts one value against [`MAX_VALUES`], or refuses it.
+fn spend<E: de::Error>() -> Result<(), E> {
+    LEFT.with(|left| match left.get() {
+        0 => Err(E::custom(format!(
+            "more than {MAX_VALUES} JSON values (numbers, strings, lists and objects in all), the most a file read here may hold"
+        ))),
+        n => {
+            left.set(n - 1);
+            Ok(())
+        }
+    })
+}
+
 struct JsonVisitor;
 
 impl<'de> Visitor<'de> for JsonVisitor {
@@ -164,44 +199,64 @@ impl<'de> Visitor<'de> for JsonVisitor {
         f.write_str("any JSON value")
     }
     fn visit_unit<E: de::Error>(self) -> Result<Json, E> {
+        spend::<E>()?;
         Ok(Json::Null)
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Json, E> {
+        spend::<E>()?;
         Ok(Json::Bool(v))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Json, E> {
+        spend::<E>()?;
         Ok(Json::Int(v))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Json, E> {
+        spend::<E>()?;
         Ok(i64::try_from(v).map_or(Json::UInt(v), Json::Int))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Json, E> {
+        spend::<E>()?;
         Ok(Json::Float(v))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Json, E> {
+        spend::<E>()?;
         Ok(Json::Str(v.to_string()))
     }
     fn visit_string<E: de::Error>(self, v: String) -> Result<Json, E> {
+        spend::<E>()?;
         Ok(Json::Str(v))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element()? {
-            items.push(item);
+        spend::<A::Error>()?;
+        let start = PENDING.with(|pending| pending.borrow().len());
+        loop {
+            match seq.next_element() {
+                Ok(Some(item)) => PENDING.with(|pending| pending.borrow_mut().push(item)),
+                Ok(None) => break,
+                Err(e) => {
+                    PENDING.with(|pending| pending.borrow_mut().truncate(start));
+                    return Err(e);
+                }
+            }
         }
+        let items = PENDING.with(|pending| pending.borrow_mut().drain(start..).collect());
         Ok(Json::Arr(items))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        spend::<A::Error>()?;
         let mut entries: Vec<(String, Json)> = Vec::new();
         // A set beside the list: a linear scan per key made an object of n keys take n²/2
         // comparisons (a 14 MB strategy file of 100 000 parameters took 40 seconds).
         let mut keys: HashSet<String> = HashSet::new();
         while let Some((k, v)) = map.next_entry::<String, Json>()? {
+            // The key is a value of its own in memory.
+            spend::<A::Error>()?;
             if !keys.insert(k.clone()) {
                 return Err(de::Error::custom(format!("duplicate key {k:?}")));
             }
             entries.push((k, v));
         }
+        entries.shrink_to_fit();
         Ok(Json::Obj(entries))
     }
 }
@@ -275,6 +330,16 @@ mod tests {
             "{\n \"b\": 1,\n \"a\": [\n  1,\n  2\n ],\n \"c\": {}\n}"
         );
         assert!(Json::parse(r#"{"a": 1, "a": 2}"#).is_err());
+    }
+
+    #[test]
+    fn refuses_more_values_than_the_limit() {
+        // Lists of one number: two values each.
+        let list = |n: usize| format!("[{}]", vec!["[1]"; n].join(","));
+        let e = Json::parse(&list(MAX_VALUES / 2)).unwrap_err().to_string();
+        assert!(e.contains("more than") && e.contains("JSON values"), "{e}");
+        // The limit is per parse: the one refused above leaves nothing spent.
+        assert!(Json::parse(&list(MAX_VALUES / 2 - 1)).is_ok());
     }
 
     #[test]

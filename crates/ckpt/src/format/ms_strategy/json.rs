@@ -6,6 +6,8 @@ use std::path::Path;
 use super::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 use crate::error::{CkptError, Result};
 use crate::format::codec::json::Json;
+use crate::model::check_tuple_count;
+use crate::model::tensor::MAX_DIMS;
 
 impl MsStrategyFile {
     /// Reads the JSON flavour from a file's bytes.
@@ -41,15 +43,22 @@ impl MsStrategyFile {
                     .and_then(Json::as_u64)
                     .and_then(|v| u32::try_from(v).ok())
                     .ok_or_else(|| bad(format!("strategy item {node:?} has no uint32 stage")))?;
-                let mut strategies = Vec::new();
-                for s in item
+                // MindSpore writes "parallel_strategy" for every item; a missing or mistyped
+                // one was read as "no inputs", which hid the file's fault.
+                let tuples = item
                     .get("parallel_strategy")
                     .and_then(Json::as_arr)
-                    .unwrap_or_default()
-                {
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "strategy item {node:?}: \"parallel_strategy\" must be a list of split tuples"
+                        ))
+                    })?;
+                check_tuple_count(node, "parallel_strategy", tuples.len()).map_err(bad)?;
+                let mut strategies = Vec::with_capacity(tuples.len());
+                for s in tuples {
                     strategies.push(uint_list(s).ok_or_else(|| {
                         bad(format!(
-                            "strategy item {node:?}: parallel_strategy must hold lists of uint32"
+                            "strategy item {node:?}: \"parallel_strategy\" must hold lists of uint32"
                         ))
                     })?);
                 }
@@ -130,8 +139,13 @@ impl MsStrategyFile {
                 None => None,
                 Some(v) => Some(
                     v.as_arr()
+                        .filter(|a| a.len() <= MAX_DIMS)
                         .and_then(|a| a.iter().map(Json::as_u64).collect::<Option<Vec<u64>>>())
-                        .ok_or_else(|| param("tensor_shape must be a list of sizes".to_string()))?,
+                        .ok_or_else(|| {
+                            param(format!(
+                                "tensor_shape must be a list of at most {MAX_DIMS} sizes"
+                            ))
+                        })?,
                 ),
             };
             layout_items.push(MsLayoutItem {

@@ -11,6 +11,7 @@ use layout::{Layout, LayoutError, TensorLayout};
 
 use super::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 use crate::error::{CkptError, Result};
+use crate::model::tensor::MAX_DIMS;
 use crate::model::{
     OpStrategyRecord, ResolvedStrategy, StagePlacement, Strategy, StrategyFlavour, StrategyParam,
 };
@@ -184,11 +185,19 @@ impl MsStrategyFile {
                 });
             }
         }
-        let ops = file
-            .strategy_items
-            .iter()
-            .map(MsStrategyItem::to_record)
-            .collect();
+        let ops =
+            file.strategy_items
+                .iter()
+                .map(|item| {
+                    let record = item.to_record();
+                    record.check_sizes().map(|()| record).map_err(|reason| {
+                        CkptError::InvalidStrategy {
+                            path: path.to_path_buf(),
+                            reason,
+                        }
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
         Ok(Strategy::new(path.to_path_buf(), flavour, params, ops))
     }
 }
@@ -416,6 +425,16 @@ fn ms_placement(path: &Path, name: &str, stage: usize, l: &MsLayout) -> Result<S
         tensor: name.to_string(),
         source,
     };
+    // A tensor's dims: the protobuf flavour records no shape that would bound them.
+    let dims = match l.tensor_map.as_slice() {
+        [flat] => flat.len(),
+        per_dim => per_dim.len(),
+    };
+    if dims > MAX_DIMS {
+        return Err(rule(format!(
+            "its tensor_map gives {dims} tensor dims, more than the {MAX_DIMS} a tensor may have"
+        )));
+    }
     // Bounded (axes, overflow, the rank ceiling) before the rank list is allocated.
     let n = layout::limits::checked_rank_count(&dev).map_err(layout_err)?;
     if n == 0 {

@@ -19,6 +19,7 @@
 use layout::{Layout, Mesh, INTERLEAVED_ALIAS};
 
 use crate::format::codec::json::Json;
+use crate::model::MAX_OP_TUPLES;
 
 /// The largest device-matrix axis size accepted.
 const MAX_AXIS: u64 = 1 << 24;
@@ -37,6 +38,12 @@ pub(crate) fn read_layouts(entry: &Json) -> Result<Vec<Layout>, String> {
     let items = entry
         .as_obj()
         .ok_or("must be an object of input index (\"0\", \"1\", …) → layout")?;
+    if items.len() > MAX_OP_TUPLES {
+        return Err(format!(
+            "{} layouts, more than the {MAX_OP_TUPLES} inputs or outputs an op may have",
+            items.len()
+        ));
+    }
     let mut slots: Vec<Option<Layout>> = vec![None; items.len()];
     for (key, item) in items {
         let index = key
@@ -76,7 +83,8 @@ fn read_layout(item: &Json) -> Result<Layout, String> {
                 .filter(|&n| (1..=MAX_AXIS).contains(&n))
                 .map(|n| n as usize)
                 .ok_or(format!(
-                    "\"dev_matrix\": axis size {d:?} must be an integer between 1 and {MAX_AXIS}"
+                    "\"dev_matrix\": axis size {} must be an integer between 1 and {MAX_AXIS}",
+                    d.brief()
                 ))
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -35,7 +35,7 @@ use self::layout_value::{layouts_json, read_layouts};
 use super::codec::json::Json;
 use crate::error::{CkptError, Result};
 use crate::io::atomic_write::write_file;
-use crate::model::OpStrategyRecord;
+use crate::model::{check_tuple_count, OpStrategyRecord};
 
 mod layout_value;
 
@@ -145,6 +145,12 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
             "missing \"parallel_strategy_item\" (and no \"parallel_layout_value_item\")".into(),
         );
     }
+    if let Some(v) = json.get("current_stage") {
+        v.as_u64().filter(|&s| s < MAX_ENTRY).ok_or(format!(
+            "\"current_stage\" must be a small non-negative integer, not {}",
+            v.brief()
+        ))?;
+    }
     let items = section(json, "parallel_strategy_item")?;
     let outs = section(json, "parallel_out_strategy_item")?;
     let in_layouts = layout_section(json, "parallel_layout_value_item")?;
@@ -153,7 +159,7 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
     // Op name → index in `records`, so that matching the other sections is not a quadratic scan.
     let mut index: HashMap<String, usize> = HashMap::with_capacity(records.capacity());
     for (name, item) in items {
-        let (stage, inputs) = entry(name, item)?;
+        let (stage, inputs) = entry(name, "in_strategy", item)?;
         index.insert(name.clone(), records.len());
         records.push(OpStrategyRecord {
             name: name.clone(),
@@ -191,7 +197,7 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
             .get(name.as_str())
             .map(|&i| &mut records[i])
             .ok_or_else(|| no_in(name))?;
-        r.outputs = Some(entry(name, out)?.1);
+        r.outputs = Some(entry(name, "out_strategy", out)?.1);
     }
     for (name, layouts) in out_layouts {
         let r = index
@@ -204,11 +210,19 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
         r.outputs = Some(layouts.iter().map(Layout::split_factors).collect());
         r.out_layouts = Some(layouts);
     }
+    for r in &records {
+        r.check_sizes()?;
+    }
     Ok(records)
 }
 
-/// One `{"stage": s, "parallel_strategy": [[…], …]}` entry.
-fn entry(name: &str, item: &Json) -> std::result::Result<(usize, Vec<Vec<usize>>), String> {
+/// One `{"stage": s, "parallel_strategy": [[…], …]}` entry, op `name`'s `what`
+/// (`in_strategy` or `out_strategy`).
+fn entry(
+    name: &str,
+    what: &str,
+    item: &Json,
+) -> std::result::Result<(usize, Vec<Vec<usize>>), String> {
     let stage = match item.get("stage") {
         None => 0,
         Some(v) => v.as_u64().filter(|&s| s < MAX_ENTRY).ok_or(format!(
@@ -221,6 +235,7 @@ fn entry(name: &str, item: &Json) -> std::result::Result<(usize, Vec<Vec<usize>>
         .ok_or(format!(
             "op {name:?}: \"parallel_strategy\" must be a list of split tuples"
         ))?;
+    check_tuple_count(name, what, tuples.len())?;
     let mut out = Vec::with_capacity(tuples.len());
     for (i, t) in tuples.iter().enumerate() {
         let dims = t.as_arr().ok_or(format!(
