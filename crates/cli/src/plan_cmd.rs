@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::Args;
-use runtime::{PlanReport, ProfileChoice, TrainConfig};
+use runtime::{human_bytes, PlanReport, ProfileChoice, TrainConfig};
 
 /// Arguments of `tessera plan`.
 #[derive(Debug, Args)]
@@ -349,17 +349,6 @@ fn tuple(s: &[Vec<usize>]) -> String {
     format!("({})", inner.join(", "))
 }
 
-fn bytes(b: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.2} {}", UNITS[u])
-}
-
 /// The pipeline stages of a plan: the chosen pipeline's, else the configured
 /// `[parallel.pipeline]` stages (`configured`).
 fn plan_stages(r: &PlanReport, configured: usize) -> usize {
@@ -395,7 +384,7 @@ fn describe(
         "plan: {} on {devices}, profile {} ({} per device)\n",
         r.mode,
         r.profile.name,
-        bytes(r.memory_budget as f64)
+        human_bytes(r.memory_budget as f64)
     ));
     match (&r.loaded_from, r.was_searched()) {
         (Some(path), _) => out.push_str(&format!("strategies loaded from {}\n", path.display())),
@@ -449,14 +438,14 @@ fn describe(
             } else {
                 "the plan"
             },
-            bytes(peak),
-            bytes(r.memory_budget as f64)
+            human_bytes(peak),
+            human_bytes(r.memory_budget as f64)
         ));
     }
     out.push_str(&format!(
         "communication per step: {} per device, {} in all\n",
-        bytes(r.cost.comm_bytes),
-        bytes(total_comm_bytes(r))
+        human_bytes(r.cost.comm_bytes),
+        human_bytes(total_comm_bytes(r))
     ));
     if let Some(p) = &r.pipeline {
         out.push_str(&describe_pipeline(
@@ -508,13 +497,13 @@ fn describe_memory(r: &PlanReport, memory: &PlanMemory) -> String {
     match memory.fullest() {
         Some((rank, m)) => format!(
             "memory per device: peak {} on rank {rank}, the fullest (predicted as `tessera train --explain` predicts it: the compiled step's buffers, each freed after its last use, with the micro-batches a pipeline stage holds at once); by category, each at its own peak: parameters {}, gradients {}, optimizer {}, activations {}, communication {}; the search ranked strategies by its own estimate, {}\n",
-            bytes(m.peak as f64),
-            bytes(m.peaks.parameters as f64),
-            bytes(m.peaks.gradients as f64),
-            bytes(m.peaks.optimizer as f64),
-            bytes(m.peaks.activations as f64),
-            bytes(m.peaks.communication as f64),
-            bytes(e.total())
+            human_bytes(m.peak as f64),
+            human_bytes(m.peaks.parameters as f64),
+            human_bytes(m.peaks.gradients as f64),
+            human_bytes(m.peaks.optimizer as f64),
+            human_bytes(m.peaks.activations as f64),
+            human_bytes(m.peaks.communication as f64),
+            human_bytes(e.total())
         ),
         None => {
             let why = match memory {
@@ -523,11 +512,11 @@ fn describe_memory(r: &PlanReport, memory: &PlanMemory) -> String {
             };
             format!(
                 "memory per device (the search's estimate, not the run's predicted peak: {why}): parameters {}, gradients {}, optimizer {}, activations {} (the forward outputs the backward reads, and each gradient written whole before its sum, all counted as held at once; micro-batches in flight and the backward's other values not counted); total {}\n",
-                bytes(e.parameters),
-                bytes(e.gradients),
-                bytes(e.optimizer),
-                bytes(e.activations),
-                bytes(e.total())
+                human_bytes(e.parameters),
+                human_bytes(e.gradients),
+                human_bytes(e.optimizer),
+                human_bytes(e.activations),
+                human_bytes(e.total())
             )
         }
     }
@@ -555,7 +544,7 @@ fn describe_pipeline(p: &runtime::PipelinePlan, devices: usize, peaks: &[f64]) -
             layers.first().unwrap_or(&"-"),
             layers.last().unwrap_or(&"-"),
             cost.time() * 1e3,
-            bytes(*peak)
+            human_bytes(*peak)
         ));
     }
     out

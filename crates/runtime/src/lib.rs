@@ -91,6 +91,7 @@ pub use crate::preflight::{
     check_before_start, check_data_paths, check_output_file, check_parameter_server_output,
     RanksHere,
 };
+pub use crate::session::human_bytes;
 pub use crate::session::{
     ParamMemory, ParamShard, RankFootprint, RankOutcome, Session, TrainData, TrainSession,
     GLOBAL_STEP, STAGE_STRATEGY_DIR,

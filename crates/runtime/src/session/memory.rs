@@ -187,8 +187,9 @@ impl TrainSession {
     }
 }
 
-/// `bytes` with a binary unit, two decimals (`1.50 MiB`), as `tessera plan` prints memory.
-fn human_bytes(bytes: f64) -> String {
+/// `bytes` with a binary unit, two decimals (`1.50 MiB`): how `tessera plan` and a plan's
+/// memory refusal print memory.
+pub fn human_bytes(bytes: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes;
     let mut u = 0;

@@ -32,6 +32,7 @@ mod warnings;
 
 pub use self::build::RankFootprint;
 pub(crate) use self::build::{name_shard_key, parallel_config};
+pub use self::memory::human_bytes;
 
 use std::path::PathBuf;
 use std::sync::Arc;
