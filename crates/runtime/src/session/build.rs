@@ -348,6 +348,7 @@ impl TrainSession {
             data,
             checkpoint_set: std::sync::Mutex::new(None),
             latest: std::sync::OnceLock::new(),
+            per_stage_memory: std::sync::OnceLock::new(),
             deterministic,
             searched: None,
             planning_only,

@@ -83,6 +83,15 @@ impl TrainSession {
     /// ranks of one [`RankClass`] are walked once. An error only when the
     /// pipeline's schedule cannot be built (naming `parallel.pipeline`).
     pub fn predict_memory_per_stage(&self) -> Result<Vec<(usize, MemoryReport)>, RuntimeError> {
+        if let Some(known) = self.per_stage_memory.get() {
+            return Ok(known.clone());
+        }
+        let per_stage = self.walk_memory_per_stage()?;
+        Ok(self.per_stage_memory.get_or_init(|| per_stage).clone())
+    }
+
+    /// [`TrainSession::predict_memory_per_stage`], worked out.
+    fn walk_memory_per_stage(&self) -> Result<Vec<(usize, MemoryReport)>, RuntimeError> {
         let model = self.memory_model()?;
         let devices = self.devices();
         let stages = self

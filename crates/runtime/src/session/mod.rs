@@ -85,6 +85,9 @@ pub struct TrainSession {
     /// Built by [`Session::for_planning`]: the evaluation program is not compiled (`eval` is
     /// the training program), and the session cannot train.
     pub(crate) planning_only: bool,
+    /// [`TrainSession::predict_memory_per_stage`] once worked out: the build's re-search, the
+    /// run's preflight and `tessera plan` each read it.
+    per_stage_memory: std::sync::OnceLock<Vec<(usize, parallel::memory::MemoryReport)>>,
 }
 
 /// What a search mode's plan leaves for the run to check and write before its ranks start.
