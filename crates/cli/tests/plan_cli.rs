@@ -42,6 +42,26 @@ dir = "{out}"
     path
 }
 
+/// `tessera COMMAND… CONFIG --set S…` for each of `sets`.
+fn with_sets(command: &[&str], config: &str, sets: &[&str]) -> std::process::Output {
+    let mut args = command.to_vec();
+    args.push(config);
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    tessera(&args)
+}
+
+/// The `error` lines of `out`, a run that must have been refused (`what` says which).
+fn refusal(out: &std::process::Output, what: &str) -> String {
+    assert!(!out.status.success(), "{what} accepted it");
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("error"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn plan_prints_and_writes_the_searched_pipeline() {
     let dir = Scratch::new("plan-pipeline");
@@ -565,18 +585,8 @@ fn a_strategy_wider_than_a_stage_is_refused_by_plan_as_by_train() {
             r#"parallel.shard."blocks.*.mlp.fc1"=[[8,1,1],[1,1]]"#,
         ];
         let run = |command: &[&str]| {
-            let mut args = command.to_vec();
-            args.push("examples/gpt_kjv.toml");
-            for set in &sets {
-                args.extend(["--set", set]);
-            }
-            let out = tessera(&args);
-            assert!(!out.status.success(), "{command:?} {mode} accepted it");
-            let err = String::from_utf8_lossy(&out.stderr).to_string();
-            err.lines()
-                .filter(|l| l.starts_with("error"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            let out = with_sets(command, "examples/gpt_kjv.toml", &sets);
+            refusal(&out, &format!("{command:?} {mode}"))
         };
         let plan = run(&["plan"]);
         assert!(
@@ -603,12 +613,7 @@ fn plan_prints_the_compiled_programs_warnings_as_train_does() {
         r#"parallel.shard."blocks.*.mlp.fc1"=[[2,1,1],[4,1]]"#,
     ];
     let warnings = |command: &[&str]| {
-        let mut args = command.to_vec();
-        args.push("examples/gpt_kjv.toml");
-        for set in &sets {
-            args.extend(["--set", set]);
-        }
-        let out = tessera(&args);
+        let out = with_sets(command, "examples/gpt_kjv.toml", &sets);
         assert_ok(&out);
         String::from_utf8_lossy(&out.stderr)
             .lines()
@@ -759,18 +764,12 @@ fn a_run_train_refuses_to_build_is_refused_by_plan() {
         let dir = Scratch::new("plan-refuses-unbuildable-run");
         let out_dir = format!("output.dir=\"{}\"", dir.0.join("out").display());
         let run = |command: &[&str]| {
-            let mut args = command.to_vec();
-            args.extend([example, "--set", &out_dir]);
-            for set in sets {
-                args.extend(["--set", set]);
-            }
-            let out = tessera(&args);
-            assert!(!out.status.success(), "{command:?} {sets:?} accepted it");
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .filter(|l| l.starts_with("error"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            let mut all = vec![out_dir.as_str()];
+            all.extend(sets.iter().copied());
+            refusal(
+                &with_sets(command, example, &all),
+                &format!("{command:?} {sets:?}"),
+            )
         };
         let plan = run(&["plan", "--json"]);
         assert!(plan.contains(words), "{sets:?}: {plan}");
@@ -792,12 +791,9 @@ fn the_predicted_step_counts_every_micro_step() {
     let dir = Scratch::new("plan-step-micro-steps");
     let out_dir = format!("output.dir=\"{}\"", dir.0.display());
     let plan = |sets: &[&str]| {
-        let mut args = vec!["plan", "examples/gpt_kjv.toml", "--json", "--set", &out_dir];
-        args.extend(["--set", "data.batch_size=32"]);
-        for set in sets {
-            args.extend(["--set", set]);
-        }
-        let out = tessera(&args);
+        let mut all = vec![out_dir.as_str(), "data.batch_size=32"];
+        all.extend(sets.iter().copied());
+        let out = with_sets(&["plan", "--json"], "examples/gpt_kjv.toml", &all);
         assert_ok(&out);
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
         let f = |key: &str| json[key].as_f64().expect(key);
@@ -857,18 +853,10 @@ fn a_budget_the_first_plan_misses_is_searched_again() {
     let out_dir = format!("output.dir=\"{}\"", dir.0.join("out").display());
     let example = repo_root().join("examples/gpt_kjv.toml");
     let plan = |verb: &[&str], budget: Option<u64>| {
-        let mut args: Vec<String> = verb.iter().map(|a| a.to_string()).collect();
-        args.push(s(&example).to_string());
-        let mut sets = vec![
-            out_dir.clone(),
-            "parallel.mode=\"dynamic_programming\"".to_string(),
-        ];
-        sets.extend(budget.map(|b| format!("parallel.max_device_memory={b}")));
-        for set in sets {
-            args.extend(["--set".to_string(), set]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        tessera(&args)
+        let budget = budget.map(|b| format!("parallel.max_device_memory={b}"));
+        let mut sets = vec![out_dir.as_str(), "parallel.mode=\"dynamic_programming\""];
+        sets.extend(budget.as_deref());
+        with_sets(verb, s(&example), &sets)
     };
     let free = plan(&["plan", "--json"], None);
     assert_ok(&free);
