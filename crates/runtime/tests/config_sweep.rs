@@ -24,8 +24,8 @@ use std::path::Path;
 
 use crate::run_util;
 use crate::sweep_util::{
-    divisors, draw_schedule, names_a_key, open, run_sweep, train, Config, Rng, Stop, SweepCase,
-    Verdict,
+    divisors, draw_hsdp, draw_recompute, draw_schedule, names_a_key, open, run_sweep, train,
+    Config, Rng, Stop, SweepCase, Verdict,
 };
 
 /// The default seed of the sweep.
@@ -261,11 +261,7 @@ fn draw(seed: u64, index: usize, out: &Path) -> Case {
             c.set("train.grad_accumulation_steps", accumulate);
         }
         if rng.chance(0.25) {
-            if rng.chance(0.5) {
-                c.set("parallel.recompute.cells", "[\"blocks.*\"]");
-            } else {
-                c.set("parallel.recompute.ops", "[\"GeLU\"]");
-            }
+            draw_recompute(&mut rng, &mut c);
         }
         (batch, micro, interleave) = (b, 1, inter);
     }
@@ -278,18 +274,7 @@ fn draw(seed: u64, index: usize, out: &Path) -> Case {
         c.set("parallel.deterministic_blocks", rng.pick(&[4, 8, 32, 64]));
     }
     if !pipelined && devices > 1 && rng.chance(0.3) {
-        let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
-        let sizes: Vec<i64> = std::iter::once(-1)
-            .chain(
-                divisors(devices)
-                    .into_iter()
-                    .filter(|&d| d > 1)
-                    .map(|d| d as i64),
-            )
-            .collect();
-        c.set_str("parallel.hsdp.optimizer_level", level);
-        c.set("parallel.hsdp.threshold", 0);
-        c.set("parallel.hsdp.shard_size", rng.pick(&sizes));
+        draw_hsdp(&mut rng, &mut c, devices);
     }
     if devices > 1 && rng.chance(0.25) {
         c.set("parallel.comm_fusion.openstate", true);

@@ -38,8 +38,8 @@ use runtime::Session;
 
 use crate::run_util;
 use crate::sweep_util::{
-    divisors, draw_schedule, names_a_key, open, run_sweep, train, Config, Outcome, Rng, Stop,
-    SweepCase, Verdict,
+    divisors, draw_hsdp, draw_recompute, draw_schedule, names_a_key, open, run_sweep, train,
+    Config, Outcome, Rng, Stop, SweepCase, Verdict,
 };
 
 /// The default seed of the sweep.
@@ -249,25 +249,10 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
             c.set("parallel.micro_batch_interleave", split);
         }
         if rng.chance(0.2) {
-            if rng.chance(0.5) {
-                c.set("parallel.recompute.cells", "[\"blocks.*\"]");
-            } else {
-                c.set("parallel.recompute.ops", "[\"GeLU\"]");
-            }
+            draw_recompute(rng, &mut c);
         }
         if devices > 1 && rng.chance(0.35) {
-            let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
-            let sizes: Vec<i64> = std::iter::once(-1)
-                .chain(
-                    divisors(devices)
-                        .into_iter()
-                        .filter(|&d| d > 1)
-                        .map(|d| d as i64),
-                )
-                .collect();
-            c.set_str("parallel.hsdp.optimizer_level", level);
-            c.set("parallel.hsdp.threshold", 0);
-            c.set("parallel.hsdp.shard_size", rng.pick(&sizes));
+            draw_hsdp(rng, &mut c, devices);
         }
         unit = per * split;
     }

@@ -103,6 +103,32 @@ pub fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
 }
 
+/// Draws an `[parallel.hsdp]` level with threshold 0 and a shard size (`-1`, or a divisor of
+/// `devices` above 1) into `c`.
+pub fn draw_hsdp(rng: &mut Rng, c: &mut Config, devices: usize) {
+    let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
+    let sizes: Vec<i64> = std::iter::once(-1)
+        .chain(
+            divisors(devices)
+                .into_iter()
+                .filter(|&d| d > 1)
+                .map(|d| d as i64),
+        )
+        .collect();
+    c.set_str("parallel.hsdp.optimizer_level", level);
+    c.set("parallel.hsdp.threshold", 0);
+    c.set("parallel.hsdp.shard_size", rng.pick(&sizes));
+}
+
+/// Draws recomputation, of the blocks or of the GeLUs (even odds), into `c`.
+pub fn draw_recompute(rng: &mut Rng, c: &mut Config) {
+    if rng.chance(0.5) {
+        c.set("parallel.recompute.cells", "[\"blocks.*\"]");
+    } else {
+        c.set("parallel.recompute.ops", "[\"GeLU\"]");
+    }
+}
+
 /// Draws a weight decay for an AdamW `optimizer`, a learning-rate schedule (`cosine` decaying
 /// over `cosine_decay_steps` when given, else over the run) and, in most cases, a gradient
 /// clipping norm (or a bound no step reaches, so the norm is logged) into `c`.
