@@ -298,7 +298,9 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
         .map_err(SearchError::from)
         .and_then(|()| planner.search(&whole));
     let mut best: Option<(f64, PipelinedSearch)> = None;
-    let mut first_error = None;
+    // Why each stage count has no plan, for the error when none has.
+    let mut misses: Vec<(usize, String)> = Vec::new();
+    let mut flat_error = None;
     match flat {
         Ok(result) => {
             let (m, scheduler, batch_cut) = schedule_for(parallel, 1);
@@ -324,32 +326,44 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
                 },
             ));
         }
-        Err(e) => first_error = Some(e),
+        Err(e) => {
+            misses.push((1, e.to_string()));
+            flat_error = Some(e);
+        }
     }
     let mut stages = 2;
     while stages <= layers.len().min(MAX_STAGES) && devices % stages == 0 {
-        if let Some(attempt) = try_stages(planner, &layers, stages)? {
-            let step = attempt.plan.makespan;
-            if best.as_ref().is_none_or(|(t, _)| step < *t) {
-                best = Some((
-                    step,
-                    PipelinedSearch {
-                        strategies: attempt.strategies,
-                        plan: attempt.plan,
-                        flat: None,
-                    },
-                ));
+        match try_stages(planner, &layers, stages)? {
+            Err(miss) => misses.push((stages, miss)),
+            Ok(attempt) => {
+                let step = attempt.plan.makespan;
+                if best.as_ref().is_none_or(|(t, _)| step < *t) {
+                    best = Some((
+                        step,
+                        PipelinedSearch {
+                            strategies: attempt.strategies,
+                            plan: attempt.plan,
+                            flat: None,
+                        },
+                    ));
+                }
             }
         }
         stages *= 2;
     }
-    match (best, first_error) {
+    match (best, flat_error) {
         (Some((_, found)), _) => Ok(found),
-        (None, Some(e)) => Err(e),
-        (None, None) => Err(SearchError::Config {
-            key: "parallel.auto_pipeline".to_string(),
-            reason: "no pipeline of the devices fits the memory budget".to_string(),
-        }),
+        // Only one stage was tried (no other count divides the devices or the layers): its
+        // error as it is.
+        (None, Some(e)) if misses.len() == 1 => Err(e),
+        (None, _) => Err(config_error(format!(
+            "no stage count of the {devices} device(s) gives a plan that fits: {}",
+            misses
+                .iter()
+                .map(|(stages, why)| format!("{stages} stage(s): {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))),
     }
 }
 
@@ -394,14 +408,19 @@ fn shape_of(
     }))
 }
 
-/// The best plan with `stages` stages, or `None` when none fits the memory.
+/// The best plan with `stages` stages, or why there is none (the inner error, worded for the
+/// list of stage counts tried).
 fn try_stages(
     planner: &Planner<'_>,
     layers: &[(String, Vec<String>)],
     stages: usize,
-) -> Result<Option<Attempt>, SearchError> {
+) -> Result<Result<Attempt, String>, SearchError> {
     let Some(shape) = shape(planner.parallel, stages)? else {
-        return Ok(None);
+        let (micro_batches, scheduler, _) = schedule_for(planner.parallel, stages);
+        return Ok(Err(format!(
+            "the {} scheduler cannot run {stages} stages of {micro_batches} micro-batches",
+            scheduler.name()
+        )));
     };
     // The stages run one micro-batch at a time: cost them on the model of one micro-batch
     // (built here when `[parallel.pipeline]` did not cut the batch already).
@@ -411,7 +430,9 @@ fn try_stages(
         let batch = planner.model.batch_size();
         let m = shape.pipeline.micro_batches;
         if !batch.is_multiple_of(m) {
-            return Ok(None);
+            return Ok(Err(format!(
+                "the batch of {batch} does not split into {m} micro-batches"
+            )));
         }
         Some(planner.model.with_batch_size(batch / m)?)
     };
@@ -425,38 +446,52 @@ fn try_stages(
     let (sub, budget) = (planner.devices / stages, planner.budget);
     // A micro-batch the dataset strategy cannot split over a stage's devices: the run would
     // refuse this stage count.
-    if parallel::check_dataset_strategy(planner.model.graph(), planner.parallel, sub).is_err() {
-        return Ok(None);
+    if let Err(e) = parallel::check_dataset_strategy(planner.model.graph(), planner.parallel, sub) {
+        return Ok(Err(e.to_string()));
     }
-    let Some(costs) = layer_costs(planner, layers, sub) else {
-        return Ok(None);
+    let costs = match layer_costs(planner, layers, sub) {
+        Ok(costs) => costs,
+        Err(e) => return Ok(Err(e.to_string())),
     };
     // 2. Cut the layers into stages.
     let Some(starts) = cut(&costs, &shape.held, budget as f64) else {
-        return Ok(None);
+        return Ok(Err(format!(
+            "no cut of the {} layers into {stages} stages fits {budget} bytes per device",
+            layers.len()
+        )));
     };
     let stage_of_layer: Vec<usize> = (0..layers.len())
         .map(|i| starts.iter().rposition(|&s| s <= i).unwrap_or(0))
         .collect();
     let activations: Vec<f64> = costs.iter().map(|c| c.activations).collect();
-    Ok(staged(planner, &shape, layers, &stage_of_layer, &activations)?.ok())
+    Ok(
+        staged(planner, &shape, layers, &stage_of_layer, &activations)?.map_err(
+            |miss| match miss {
+                StageMiss::Search(e) => e.to_string(),
+                StageMiss::Memory { stage, needed } => format!(
+                    "stage {stage} needs about {} bytes per device",
+                    needed.ceil() as u64
+                ),
+            },
+        ),
+    )
 }
 
 /// Step 1 of the module doc: every layer costed from the whole model searched on `sub`
 /// devices (its times from the fastest plan, its memory the least any plan needs: the stage
-/// searches keep to the budget); `None` when that search fails.
+/// searches keep to the budget); the search's error when it fails.
 fn layer_costs(
     planner: &Planner<'_>,
     layers: &[(String, Vec<String>)],
     sub: usize,
-) -> Option<Vec<LayerCost>> {
+) -> Result<Vec<LayerCost>, SearchError> {
     let whole = SearchScope {
         devices: sub,
         budget: UNLIMITED,
         only: None,
         stage: None,
     };
-    let pre = planner.search(&whole).ok()?;
+    let pre = planner.search(&whole)?;
     let share: BTreeMap<&str, (f64, MemoryEstimate)> = pre
         .strategies
         .iter()
@@ -475,7 +510,7 @@ fn layer_costs(
             c
         })
         .collect();
-    Some(costs)
+    Ok(costs)
 }
 
 /// Why a cut's stage was not planned.
@@ -745,8 +780,8 @@ pub(crate) fn plan_configured_stages(
     let sub = planner.devices / stages;
     // The activations a stage's micro-batches in flight take: as the least plan needs.
     let activations: Vec<f64> = match layer_costs(planner, &layers, sub) {
-        Some(costs) => costs.iter().map(|c| c.activations).collect(),
-        None => vec![0.0; layers.len()],
+        Ok(costs) => costs.iter().map(|c| c.activations).collect(),
+        Err(_) => vec![0.0; layers.len()],
     };
     let attempt = match staged(planner, &shape, &layers, &stage_of_layer, &activations)? {
         Ok(attempt) => attempt,

@@ -345,3 +345,30 @@ fn the_automatic_pipeline_keeps_to_stage_counts_the_batch_splits_over() {
         "{stages} stage(s) of {per_stage} devices cannot split 2 rows"
     );
 }
+
+/// When no stage count of `auto_pipeline` gives a plan within `max_device_memory`, the error
+/// names the setting and says why each count tried has none (one stage: no strategy fits; two:
+/// a stage's or the cut's memory), not only the first count's failure.
+#[test]
+fn an_automatic_pipeline_nothing_fits_says_why_for_every_stage_count() {
+    let model = Mlp::wide(64, [16, 16], 256);
+    let mut parallel = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 2);
+    parallel.pipeline = Some(PipelineConfig::new(1, 2, Scheduler::OneFOneB));
+    let mut auto = request(&model, &parallel, Strategies::Search);
+    auto.auto_pipeline = true;
+    auto.max_device_memory = Some(1000);
+    let err = plan(&auto).expect_err("nothing fits 1,000 bytes");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, SearchError::Config { key, .. } if key == "parallel.auto_pipeline"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 stage(s): no strategy fits in 1000 bytes")
+            && text.contains("2 stage(s): "),
+        "{text}"
+    );
+    // With room for a pipeline of two stages, the same search finds one.
+    auto.max_device_memory = None;
+    plan(&auto).expect("a plan without a budget");
+}
