@@ -195,23 +195,31 @@
 //! ParallelGroupItem { required string group_name = 1; required ParallelGroupRanks parallel_group_ranks = 2; } // {repeated uint32 dim = 1}
 //! ```
 //!
-//! ## Tessera strategy JSON (version 1)
+//! ## Tessera strategy JSON (version 2; version 1 is read too)
 //! ```text
-//! {"format": "tessera-strategy", "version": 1,
+//! {"format": "tessera-strategy", "version": 2,
 //!  "tensors": [{"name": "w", "shape": [64, 32], "dtype": "f32",
 //!               "placements": [{"stage": 0,
-//!                               "mesh": {"axes": [["dp", 2], ["mp", 4]], "rank_list": [0, 1, 2, 3, 4, 5, 6, 7]},
+//!                               "mesh": {"axes": [["dp", 2], ["mp", 4]], "rank_range": [0, 8]},
 //!                               "dims": [["dp"], ["mp"]],
 //!                               "optimizer_shard": 1}]}],
 //!  "ops": [{"name": "matmul2", "stage": 0, "in_strategy": [[1, 8], [8, 1]],
 //!           "out_strategy": [[8, 1]]}]}
 //! ```
+//! A mesh gives its ranks, in slot order, as exactly one of `"rank_list"` (every rank) or
+//! `"rank_range": [start, count]` (the consecutive ranks `start..start+count`; `count` must be
+//! the product of the axis sizes), which the writer uses whenever the ranks are consecutive: a
+//! full list of 8 192 ranks per tensor put a thousand-tensor strategy over the JSON reader's
+//! limit of 2^23 values. Version 1 (written before `"rank_range"`) is still read; there a mesh
+//! may give neither key, meaning ranks `0..n`. A version-1 reader refuses version 2 instead of
+//! taking a `"rank_range"` mesh for ranks `0..n`.
 //! `dims` lists, per tensor dim, the mesh axes splitting it, outer first (`[]` = not split).
 //! `optimizer_shard` is the group size `k` of the parallel optimizer (1 = none): dim 0 is further
 //! split over the innermost `k` ranks of the replica group, so `k` must divide the number of ranks
-//! holding each slice. A parameter in several pipeline stages
-//! has one placement per stage. Tensors are a list, so file order is kept. `ops` (optional;
-//! absent in files from before it existed) records each operator's `shard` strategy:
+//! holding each slice. A parameter in several pipeline stages has one placement per stage (a
+//! stage placed twice is an error naming the tensor and the stage). Tensors are a list, so file
+//! order is kept. `ops` (optional; absent in files from before it existed) records each
+//! operator's `shard` strategy:
 //! `in_strategy` as MindSpore's `parallel_strategy_item` does, and `out_strategy` (or `null`),
 //! which MindSpore's files cannot hold.
 #![deny(missing_docs)]

@@ -15,4 +15,5 @@ mod plan;
 mod roundtrip;
 mod sets;
 mod stop;
+mod strategy_records;
 mod util;

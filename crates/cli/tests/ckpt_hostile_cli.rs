@@ -405,3 +405,44 @@ fn a_segment_merge_written_into_its_own_directory_is_warned_about() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("warning"), "{err}");
 }
+
+/// `tessera ckpt inspect` checks a strategy's layouts against the shapes it records, as a
+/// conversion does: a split that does not divide its dim, or a shape of another rank than the
+/// layout's, is an error naming the tensor and the rule, with a non-zero exit and no listing.
+/// Before, both files were listed and the command succeeded.
+#[test]
+fn inspect_refuses_a_strategy_whose_layouts_do_not_fit_its_shapes() {
+    let dir = Scratch::new("ckpt-inspect-shapes");
+    let mesh = r#"{"axes": [["dp", 2], ["mp", 4]], "rank_range": [0, 8]}"#;
+    let file = |name: &str, shape: &str| {
+        let path = dir.0.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"format": "tessera-strategy", "version": 2, "tensors": [{{"name": "blocks.0.w", "shape": {shape}, "dtype": "f32", "placements": [{{"stage": 0, "mesh": {mesh}, "dims": [["mp"], []]}}]}}]}}"#
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let good = file("good.json", "[8, 4]");
+    let out = tessera(&["ckpt", "inspect", s(&good)]);
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("blocks.0.w"));
+    for (name, shape, rule) in [
+        ("uneven.json", "[6, 4]", "6"),
+        ("rank3.json", "[8, 4, 2]", "dims"),
+    ] {
+        let path = file(name, shape);
+        let out = tessera(&["ckpt", "inspect", s(&path)]);
+        let err = refused(&out, name);
+        assert!(
+            err.contains(s(&path)) && err.contains("\"blocks.0.w\"") && err.contains(rule),
+            "{name}: {err}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("blocks.0.w"),
+            "{name}: listed"
+        );
+    }
+}

@@ -18,8 +18,10 @@ use crate::model::{
 
 /// The value of the `"format"` key.
 pub const FORMAT_NAME: &str = "tessera-strategy";
-/// The version this crate writes and reads.
-pub const VERSION: u64 = 1;
+/// The version this crate writes. It reads this one and version 1, which knows no
+/// `"rank_range"` (version 2's compact form of consecutive ranks): a version-1 reader would take
+/// a mesh without `"rank_list"` to hold ranks `0..n`, so files that may use it say version 2.
+pub const VERSION: u64 = 2;
 
 /// Reads a Tessera strategy file's bytes.
 pub(crate) fn read(path: &Path, bytes: &[u8]) -> Result<Strategy> {
@@ -36,15 +38,15 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
         path: path.to_path_buf(),
         reason,
     };
-    match json.get("version").and_then(Json::as_u64) {
-        Some(VERSION) => {}
+    let version = match json.get("version").and_then(Json::as_u64) {
+        Some(v @ (1 | VERSION)) => v,
         Some(v) => {
             return Err(bad(format!(
-                "version {v} is not supported (this build reads version {VERSION})"
+                "version {v} is not supported (this build reads versions 1 to {VERSION})"
             )))
         }
         None => return Err(bad("no \"version\"".to_string())),
-    }
+    };
     let tensors = json
         .get("tensors")
         .and_then(Json::as_arr)
@@ -94,8 +96,23 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             .filter(|a| !a.is_empty())
             .ok_or_else(|| rule("\"placements\" must be a non-empty list".to_string()))?;
         let mut placements = Vec::with_capacity(list.len());
+        // A stage placed twice is refused at its second copy, before that copy's mesh is
+        // built: a list of 100 000 copies of one placement was read whole and accepted.
+        let mut stages: HashSet<usize> = HashSet::new();
         for pl in list {
-            placements.push(placement(path, &name, pl)?);
+            let stage = match pl.get("stage") {
+                None => 0,
+                Some(s) => s
+                    .as_u64()
+                    .and_then(|s| usize::try_from(s).ok())
+                    .ok_or_else(|| rule("\"stage\" must be a non-negative integer".to_string()))?,
+            };
+            if !stages.insert(stage) {
+                return Err(rule(format!(
+                    "stage {stage} is placed twice: a tensor has at most one placement per pipeline stage"
+                )));
+            }
+            placements.push(placement(path, &name, stage, version, pl)?);
         }
         placements.sort_by_key(|p| p.stage);
         params.push(StrategyParam {
@@ -196,7 +213,15 @@ fn op_json(op: &OpStrategyRecord) -> Json {
     ])
 }
 
-fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
+/// One placement of tensor `name` in pipeline `stage` (read by the caller) from a file of
+/// `version`.
+fn placement(
+    path: &Path,
+    name: &str,
+    stage: usize,
+    version: u64,
+    pl: &Json,
+) -> Result<StagePlacement> {
     let rule = |rule: String| CkptError::StrategyParam {
         path: path.to_path_buf(),
         tensor: name.to_string(),
@@ -206,13 +231,6 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
         path: path.to_path_buf(),
         tensor: name.to_string(),
         source,
-    };
-    let stage = match pl.get("stage") {
-        None => 0,
-        Some(s) => s
-            .as_u64()
-            .ok_or_else(|| rule("\"stage\" must be a non-negative integer".to_string()))?
-            as usize,
     };
     let mesh = pl
         .get("mesh")
@@ -231,18 +249,10 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
             _ => return Err(rule(format!("mesh axis {} is not [name, size]", a.brief()))),
         }
     }
-    let rank_list = match mesh.get("rank_list") {
-        None | Some(Json::Null) => None,
-        Some(r) => Some(
-            r.as_arr()
-                .and_then(|a| {
-                    a.iter()
-                        .map(|x| x.as_u64().map(|x| x as usize))
-                        .collect::<Option<Vec<_>>>()
-                })
-                .ok_or_else(|| rule("\"rank_list\" must be a list of ranks".to_string()))?,
-        ),
-    };
+    let rank_list = rank_list(mesh, version, &axes).map_err(|e| match e {
+        RanksError::Rule(r) => rule(r),
+        RanksError::Layout(e) => layout_err(e),
+    })?;
     let mesh = Mesh::from_axes(axes, rank_list).map_err(layout_err)?;
     let mut dims = Vec::new();
     for d in pl.get("dims").and_then(Json::as_arr).ok_or_else(|| {
@@ -312,6 +322,87 @@ fn placement(path: &Path, name: &str, pl: &Json) -> Result<StagePlacement> {
     Ok(placement)
 }
 
+/// Why a placement's ranks were refused: a rule of this format, or a layout bound.
+enum RanksError {
+    Rule(String),
+    Layout(layout::LayoutError),
+}
+
+/// The ranks of a placement's `"mesh"`: its `"rank_list"` (every rank, in slot order) or its
+/// `"rank_range"` (`[start, count]`: the ranks `start..start + count`), exactly one of them.
+/// A version-1 file may give neither (the ranks are then `0..n`); it predates `"rank_range"`.
+/// `count` is checked against the mesh's device count (itself bounded by the rank ceiling)
+/// before a rank is allocated.
+fn rank_list(
+    mesh: &Json,
+    version: u64,
+    axes: &[MeshAxis],
+) -> std::result::Result<Option<Vec<usize>>, RanksError> {
+    let present = |key: &str| mesh.get(key).filter(|v| !matches!(v, Json::Null));
+    match (present("rank_list"), present("rank_range")) {
+        (Some(_), Some(_)) => Err(RanksError::Rule(
+            "the mesh gives both \"rank_list\" and \"rank_range\"; give exactly one".to_string(),
+        )),
+        (None, None) if version == 1 => Ok(None),
+        (None, None) => Err(RanksError::Rule(
+            "the mesh gives neither \"rank_list\" nor \"rank_range\"; give exactly one".to_string(),
+        )),
+        (Some(r), None) => r
+            .as_arr()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .map(Some)
+            .ok_or_else(|| RanksError::Rule("\"rank_list\" must be a list of ranks".to_string())),
+        (None, Some(r)) => {
+            let (start, count) = match r.as_arr() {
+                Some([s, c]) => match (s.as_u64(), c.as_u64()) {
+                    (Some(s), Some(c)) => (s, c),
+                    _ => return Err(range_shape(r)),
+                },
+                _ => return Err(range_shape(r)),
+            };
+            let sizes: Vec<usize> = axes.iter().map(|a| a.size).collect();
+            let n = layout::limits::checked_rank_count(&sizes).map_err(RanksError::Layout)?;
+            if count != n as u64 {
+                return Err(RanksError::Rule(format!(
+                    "\"rank_range\" [{start}, {count}] gives {count} ranks, but the mesh axes {sizes:?} have {n} devices"
+                )));
+            }
+            let max = layout::limits::max_ranks() as u64;
+            match start.checked_add(count) {
+                Some(end) if end <= max => Ok(Some((start as usize..end as usize).collect())),
+                _ => Err(RanksError::Rule(format!(
+                    "\"rank_range\" [{start}, {count}] reaches past the limit of {max} ranks (ranks are 0..{max}; set TESSERA_MAX_RANKS to change the limit)"
+                ))),
+            }
+        }
+    }
+}
+
+fn range_shape(r: &Json) -> RanksError {
+    RanksError::Rule(format!(
+        "\"rank_range\" {} must be [start, count]: the first rank and the number of consecutive ranks, integers from 0 to 2^63 - 1",
+        r.brief()
+    ))
+}
+
+/// A mesh's ranks as JSON: `"rank_range": [start, count]` when they are consecutive
+/// (`start, start + 1, …`), otherwise `"rank_list"` with every rank. A rank list of 8 192 ranks
+/// per tensor put a thousand-tensor strategy over the JSON reader's value limit.
+fn ranks_json(ranks: &[usize]) -> (&'static str, Json) {
+    let consecutive = ranks.windows(2).all(|w| w[0].checked_add(1) == Some(w[1]));
+    match ranks.first() {
+        Some(&start) if consecutive => (
+            "rank_range",
+            Json::uints([start as u64, ranks.len() as u64]),
+        ),
+        _ => ("rank_list", Json::uints(ranks.iter().map(|&r| r as u64))),
+    }
+}
+
 /// A resolved strategy and its operators' strategies as Tessera JSON.
 pub fn to_json(strategy: &ResolvedStrategy, ops: &[OpStrategyRecord]) -> Json {
     let tensors = strategy
@@ -347,13 +438,7 @@ pub fn to_json(strategy: &ResolvedStrategy, ops: &[OpStrategyRecord]) -> Json {
                         ("stage", Json::UInt(pl.stage as u64)),
                         (
                             "mesh",
-                            Json::obj([
-                                ("axes", Json::Arr(axes)),
-                                (
-                                    "rank_list",
-                                    Json::uints(mesh.rank_list().iter().map(|&r| r as u64)),
-                                ),
-                            ]),
+                            Json::obj([("axes", Json::Arr(axes)), ranks_json(mesh.rank_list())]),
                         ),
                         ("dims", Json::Arr(dims)),
                         ("optimizer_shard", Json::UInt(pl.opt_shard as u64)),

@@ -379,16 +379,7 @@ impl Strategy {
                 unknown.push(p.name.clone());
                 continue;
             };
-            let mut placements = Vec::with_capacity(p.placements.len());
-            for pl in &p.placements {
-                let mp = pl
-                    .bind(&shape)
-                    .map_err(|source| self.layout_err(&p.name, source))?;
-                placements.push(
-                    ParamLayout::new(pl.stage, mp, pl.opt_shard)
-                        .map_err(|source| self.layout_err(&p.name, source))?,
-                );
-            }
+            let placements = self.bind_placements(p, &shape)?;
             resolved.push(ResolvedParam {
                 name: p.name.clone(),
                 shape,
@@ -397,6 +388,36 @@ impl Strategy {
             });
         }
         Ok((ResolvedStrategy::new(resolved)?, unknown))
+    }
+
+    /// Every placement of `p` bound to `shape`: the check every conversion applies (the shape
+    /// has the layout's rank, each split divides its dim, uneven rows sum to dim 0, the optimizer
+    /// shard divides the slice), an error naming the file, the parameter and the rule broken.
+    fn bind_placements(&self, p: &StrategyParam, shape: &[usize]) -> Result<Vec<ParamLayout>> {
+        let mut placements = Vec::with_capacity(p.placements.len());
+        for pl in &p.placements {
+            let mp = pl
+                .bind(shape)
+                .map_err(|source| self.layout_err(&p.name, source))?;
+            placements.push(
+                ParamLayout::new(pl.stage, mp, pl.opt_shard)
+                    .map_err(|source| self.layout_err(&p.name, source))?,
+            );
+        }
+        Ok(placements)
+    }
+
+    /// Checks every parameter whose shape the file records against its layouts, as a
+    /// conversion binds them ([`Strategy::resolve`]): the first that breaks a rule is an error
+    /// naming the file, the parameter and the rule. Parameters without a recorded shape
+    /// (MindSpore's protobuf stores none) are not checked.
+    pub fn check_recorded_shapes(&self) -> Result<()> {
+        for p in &self.params {
+            if let Some(shape) = &p.shape {
+                self.bind_placements(p, shape)?;
+            }
+        }
+        Ok(())
     }
 
     /// Binds every parameter to its recorded shape or, when the file has none, to the smallest

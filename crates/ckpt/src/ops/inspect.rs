@@ -43,7 +43,9 @@ pub enum InspectedFile {
 /// Recognises and reads `path`: a checkpoint, a strategy file or a group-info file, told apart
 /// by content (MindSpore names strategy files `.ckpt` too). A file that matches no format is an
 /// error listing why each was ruled out; one that starts like a format but does not parse as it
-/// is an error naming the format and the reader's fault.
+/// is an error naming the format and the reader's fault. A strategy file whose layouts do not
+/// fit the shapes it records (a split that does not divide its dim, a shape of another rank) is
+/// an error naming the tensor and the rule, as a conversion would refuse it.
 pub fn inspect(path: &Path) -> Result<InspectedFile> {
     inspect_detected(path).map(|(file, _)| file)
 }
@@ -79,6 +81,9 @@ pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
         }
         FileFormat::MsStrategy | FileFormat::MsStrategyJson | FileFormat::TesseraStrategy => {
             let s = Strategy::load(path).map_err(failed)?;
+            // The file parsed; a layout that does not fit its tensor's recorded shape is that
+            // tensor's fault, named as a conversion of the file would name it.
+            s.check_recorded_shapes()?;
             let why = format!(
                 "{:?} strategy file: {} parameter layouts and {} operator strategies",
                 s.flavour,

@@ -413,6 +413,27 @@ fn ms_placement(path: &Path, name: &str, stage: usize, l: &MsLayout) -> Result<S
         tensor: name.to_string(),
         rule,
     };
+    // What the fields mean (SEMANTICS §5.1 and §6.1): `field` is a field size and
+    // `opt_weight_shard_step` a rank stride, 0 when unused; `opt_weight_shard_size` is a group
+    // size, 0 when unused and -1 for the whole replica group. No other negative has a meaning.
+    if l.field < 0 {
+        return Err(rule(format!(
+            "field is {}, but it is a field size (0 = none) and cannot be negative",
+            l.field
+        )));
+    }
+    if l.opt_weight_shard_step < 0 {
+        return Err(rule(format!(
+            "opt_weight_shard_step is {}, but it is a rank stride (0 = no optimizer shard) and cannot be negative",
+            l.opt_weight_shard_step
+        )));
+    }
+    if l.opt_weight_shard_size < -1 {
+        return Err(rule(format!(
+            "opt_weight_shard_size is {}, but it is a group size: 0 = none, -1 = the whole replica group, and no other negative",
+            l.opt_weight_shard_size
+        )));
+    }
     let dev: Vec<usize> = l
         .device_matrix()
         .filter(|d| !d.is_empty())
@@ -451,8 +472,7 @@ fn ms_placement(path: &Path, name: &str, stage: usize, l: &MsLayout) -> Result<S
     let opt_shard = match l.opt_weight_shard_size {
         0 | 1 => 1,
         -1 => replicas,
-        k if k < -1 => return Err(rule(format!("opt_weight_shard_size {k} is negative"))),
-        k => (k as usize).min(replicas),
+        k => usize::try_from(k).map_or(replicas, |k| k.min(replicas)),
     };
     let rows = ms_rows(&layout, l).map_err(rule)?;
     if rows.is_some() && opt_shard > 1 {

@@ -20,7 +20,9 @@
 //! }
 //! ```
 //! Keys are op names; `parallel_strategy` is the op's `in_strategy` (one split tuple per input),
-//! and the optional `parallel_out_strategy_item` holds out_strategies. Ops sharded with layouts
+//! and the optional `parallel_out_strategy_item` holds out_strategies (an op runs in one pipeline
+//! stage: an out_strategy whose `stage` differs from its in_strategy's is refused). Ops sharded
+//! with layouts
 //! are in `parallel_layout_value_item` / `parallel_out_layout_value_item` (one layout per input
 //! or output, read and written by [`layout_value`]); their stage is 0 unless the op also has a
 //! `parallel_strategy_item` entry, which must then agree with the layouts' split factors.
@@ -193,11 +195,18 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
         format!("op {name:?} has an out_strategy but no in_strategy in \"parallel_strategy_item\" or \"parallel_layout_value_item\"")
     };
     for (name, out) in outs {
-        let r = index
-            .get(name.as_str())
-            .map(|&i| &mut records[i])
-            .ok_or_else(|| no_in(name))?;
-        r.outputs = Some(entry(name, "out_strategy", out)?.1);
+        let i = *index.get(name.as_str()).ok_or_else(|| no_in(name))?;
+        let r = &mut records[i];
+        let (stage, tuples) = entry(name, "out_strategy", out)?;
+        // An op runs in one pipeline stage: an out_strategy placing it in another was dropped
+        // unread. (An op known only from "parallel_layout_value_item" has no stage to compare.)
+        if i < items.len() && out.get("stage").is_some() && stage != r.stage {
+            return Err(format!(
+                "op {name:?}: its out_strategy is in pipeline stage {stage} but its in_strategy in stage {}; an op runs in one stage",
+                r.stage
+            ));
+        }
+        r.outputs = Some(tuples);
     }
     for (name, layouts) in out_layouts {
         let r = index
