@@ -168,6 +168,9 @@ fn ms_json_with(key: &str, value: &str) -> String {
     )
 }
 
+/// MindSpore layout fields outside their meaning (a negative field size, rank stride or group
+/// size other than -1; a field split, which MindSpore merges in its own order) are refused
+/// naming the file, the tensor and the key, in both strategy flavours.
 #[test]
 fn ms_layout_fields_out_of_their_range_are_refused_naming_the_key() {
     let dir = tmp();
@@ -187,6 +190,8 @@ fn ms_layout_fields_out_of_their_range_are_refused_naming_the_key() {
     );
     for (key, value) in [
         ("field", "-1"),
+        // A field split is merged by MindSpore in its own order: refused, not misplaced.
+        ("field", "2"),
         ("field", "1.5"),
         ("field", "\"0\""),
         ("opt_weight_shard_step", "-4"),

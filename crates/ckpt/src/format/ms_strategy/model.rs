@@ -422,6 +422,17 @@ fn ms_placement(path: &Path, name: &str, stage: usize, l: &MsLayout) -> Result<S
             l.field
         )));
     }
+    // MindSpore merges a parameter with a field size (an EmbeddingLookup split by fields) by
+    // its own interleaving of the slices' columns, not by the tensor map: placing it by the
+    // tensor map alone would put its elements in the wrong order, silently.
+    if l.field > 0 {
+        return Err(rule(format!(
+            "field is {}: a parameter split by fields (MindSpore's EmbeddingLookup field_size) \
+             is merged by MindSpore in an order of its own, which Tessera does not implement, \
+             so it cannot be placed by its tensor map",
+            l.field
+        )));
+    }
     if l.opt_weight_shard_step < 0 {
         return Err(rule(format!(
             "opt_weight_shard_step is {}, but it is a rank stride (0 = no optimizer shard) and cannot be negative",
