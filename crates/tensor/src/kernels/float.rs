@@ -5,6 +5,7 @@
 //! fast) and f64 (used by the tests as a high-precision twin, and by anyone who asks for it). The
 //! trait is sealed: the gemm backends and the tensor conversions below only know these two types.
 
+use std::any::TypeId;
 use std::borrow::Cow;
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
@@ -305,6 +306,20 @@ pub fn fast_erfc_f32(x: f32) -> f32 {
 pub(crate) enum ComputeType {
     F32,
     F64,
+}
+
+/// `s` as a slice of `U` when `T` is `U` (a generic kernel's way to its `f32` code).
+pub(crate) fn same<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+    // SAFETY: T and U are the same type, so the layout is the same.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<U>(), s.len()) })
+}
+
+/// `s` as a mutable slice of `U` when `T` is `U`.
+pub(crate) fn same_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
+    // SAFETY: T and U are the same type, so the layout is the same.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<U>(), s.len()) })
 }
 
 /// The compute type for `dtype`, or [`TensorError::UnsupportedDType`] for integers and bool.

@@ -305,12 +305,15 @@ pub(crate) fn gemm_strided<T: Float>(
     beta: T,
     (c, ldc): (&mut [T], usize),
 ) -> Result<(), TensorError> {
-    const OP: &str = "gemm_strided";
     let GemmShape { m, n, .. } = shape;
     let ((a_rows, a_cols), (b_rows, b_cols)) = shape.stored_dims();
-    strided_len(OP, "a", (a_rows, a_cols, lda), a.len())?;
-    strided_len(OP, "b", (b_rows, b_cols, ldb), b.len())?;
-    strided_len(OP, "c", (m, n, ldc), c.len())?;
+    check_strided(
+        "gemm_strided",
+        &shape,
+        (a.len(), lda),
+        (b.len(), ldb),
+        (c.len(), ldc),
+    )?;
     if let Some(padded) = tiled_kernel_shape(&shape) {
         return padded_product(shape, padded, alpha, (a, lda), (b, ldb), beta, (c, ldc));
     }
@@ -335,6 +338,12 @@ pub(crate) fn gemm_strided<T: Float>(
     )?;
     scatter_rows(&c_rows, n, (c, ldc), (m, n));
     Ok(())
+}
+
+/// The backend [`gemm_strided`] runs `shape` on (after padding a small product onto the `gemm`
+/// crate's tiled kernels).
+pub(crate) fn strided_backend(shape: &GemmShape) -> GemmBackend {
+    GemmBackend::for_shape(&tiled_kernel_shape(shape).unwrap_or(*shape))
 }
 
 /// The most outputs (`m·n`) of a product the `gemm` crate runs on its dot-product
@@ -430,6 +439,21 @@ fn padded_product<T: Float>(
     )?;
     scatter_rows(&c_pad, np, (c, ldc), (m, n));
     Ok(())
+}
+
+/// `Ok` when `A`, `B` and `C` of `shape`, stored as [`gemm_strided`] takes them, fit slices
+/// of the given lengths at the given row strides; else an error naming `op` and the operand.
+pub(crate) fn check_strided(
+    op: &'static str,
+    shape: &GemmShape,
+    (a_len, lda): (usize, usize),
+    (b_len, ldb): (usize, usize),
+    (c_len, ldc): (usize, usize),
+) -> Result<(), TensorError> {
+    let ((a_rows, a_cols), (b_rows, b_cols)) = shape.stored_dims();
+    strided_len(op, "a", (a_rows, a_cols, lda), a_len)?;
+    strided_len(op, "b", (b_rows, b_cols, ldb), b_len)?;
+    strided_len(op, "c", (shape.m, shape.n, ldc), c_len)
 }
 
 /// `Ok` when a matrix of `rows` rows of `cols` elements, `ld` apart, fits a buffer of `len`

@@ -2,6 +2,7 @@
 //! probabilities recomputed from the saved log-sum-exp, and the tile's contributions to `dq`,
 //! `dk` and `dv`.
 
+use super::tile_product::tile_product;
 use super::{
     check_lengths, row_bands, row_elements, sizes, slice_flops, tile_scores, tiles, AttentionDims,
     AttentionParams, RowBand,
@@ -9,7 +10,7 @@ use super::{
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
-use crate::kernels::matmul::{gemm_strided, GemmShape};
+use crate::kernels::matmul::GemmShape;
 use crate::kernels::permute::transpose_rows_into;
 use crate::kernels::reduce::dot_slice;
 use crate::kernels::threads::for_each_slices;
@@ -256,7 +257,7 @@ fn segment_product<T: Float>(
     };
     let tile = (&tile[rows.start * ld + keys.start..], ld);
     let operand = (&operand[rows.start * ld_operand..], ld_operand);
-    gemm_strided(shape, alpha, tile, operand, beta, out)
+    tile_product(shape, alpha, tile, operand, beta, out)
 }
 
 widest! {
@@ -362,7 +363,7 @@ fn backward_slice_loop<T: Float>(
                     }
                     continue;
                 }
-                gemm_strided(
+                tile_product(
                     GemmShape::new(band.rows.len(), d, band.cols),
                     params.scale,
                     (&ds[band.rows.start * bk..], bk),

@@ -2,6 +2,7 @@
 //! output, row maximum, row sum), its normalisation into `(out, lse)`, and [`AttentionState`],
 //! the state kept across key/value blocks.
 
+use super::tile_product::tile_product;
 use super::{
     check_lengths, row_bands, sizes, slice_flops, tile_scores, tiles, AttentionDims,
     AttentionParams,
@@ -9,7 +10,7 @@ use super::{
 use super::{TILE_K, TILE_Q};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
-use crate::kernels::matmul::{gemm_strided, GemmShape};
+use crate::kernels::matmul::GemmShape;
 use crate::kernels::permute::transpose_rows_into;
 use crate::kernels::reduce::{max_slice, sum_slice};
 use crate::kernels::threads::for_each_slices;
@@ -129,7 +130,7 @@ fn accumulate_slice_loop<T: Float>(
             let v_tile = &input.v[k0 * ld..];
             // A band's rows add the keys they see (the rows' later columns hold zeros).
             for band in bands.iter().filter(|band| band.cols > 0) {
-                gemm_strided(
+                tile_product(
                     GemmShape::new(band.rows.len(), d, band.cols),
                     T::ONE,
                     (&s[band.rows.start * bk..], bk),

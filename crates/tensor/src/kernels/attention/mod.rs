@@ -41,8 +41,8 @@
 //! `out [batch, seq, heads, head_dim]`, `lse [batch, seq, heads]` and
 //! `dqkv [batch, seq, heads, 3·head_dim]` (`dq | dk | dv` like `qkv`). The one-call entry points'
 //! per-slice loops run on each (batch, head) slice's rows where they lie, their tile products
-//! reading and writing rows a stride apart (`gemm_strided`, the bits of the contiguous
-//! products): the bits are exactly those of
+//! reading and writing rows a stride apart (`tile_product`, the bits of `gemm_strided` and so
+//! of the contiguous products): the bits are exactly those of
 //! [`flash_attention_into`] and [`flash_attention_grad_into`] on `q`, `k`, `v` transposed to
 //! `[batch, heads, seq, head_dim]`, transposed back, on any number of threads.
 //!
@@ -65,11 +65,13 @@ mod forward;
 mod merge;
 mod packed;
 mod tensor_level;
+mod tile_product;
 
+use self::tile_product::tile_product;
 use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::float::Float;
-use crate::kernels::matmul::{gemm_strided, GemmShape};
+use crate::kernels::matmul::GemmShape;
 
 pub use self::backward::{
     attention_backward_block, attention_backward_block_accumulate, attention_delta_into,
@@ -276,7 +278,7 @@ fn tile_scores<T: Float>(
     s: (&mut [T], usize),
 ) -> Result<(), TensorError> {
     let shape = GemmShape::new(rows, cols, head_dim);
-    gemm_strided(shape, scale, q_rows, keys_t, T::ZERO, s)
+    tile_product(shape, scale, q_rows, keys_t, T::ZERO, s)
 }
 
 #[cfg(test)]

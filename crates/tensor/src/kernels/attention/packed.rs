@@ -15,7 +15,7 @@
 //! [`flash_attention_grad_into`] on `q`, `k`, `v` split off and transposed to
 //! `[batch, heads, seq, d]` (`slices = batch · heads`, `q_len = kv_len = seq`), with the results
 //! transposed back. No arithmetic is new: per slice the very per-slice loops of those entry
-//! points run on the rows where they lie, their tile products by `gemm_strided` (the bits of
+//! points run on the rows where they lie, their tile products by `tile_product` (the bits of
 //! the contiguous products). `out` accumulates in place from zero as there; only the slice's
 //! `lse` goes through a row of scratch. The backward writes every gradient as those entry
 //! points do (each row's first tile product written, the later ones added); its

@@ -17,13 +17,12 @@
 //! [`tile_sum`] otherwise; all give the same bits (one rounding per multiply-add, the same
 //! joins).
 
-use std::any::TypeId;
 use std::array::from_fn;
 use std::cell::RefCell;
 
 use super::{local_blocks, TreeStack};
 use crate::error::TensorError;
-use crate::kernels::float::Float;
+use crate::kernels::float::{same, same_mut, Float};
 use crate::kernels::matmul::GemmShape;
 
 /// Rows of a register tile.
@@ -583,20 +582,6 @@ fn tile<T: Float>(tile_a: &RowTile<'_, T>, panel: &[T], steps: Steps, start: Til
         }
     }
     tile_sum(tile_a, panel, steps, start)
-}
-
-/// `s` as a slice of `U` when `T` is `U`.
-fn same<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
-    // SAFETY: T and U are the same type, so the layout is the same.
-    (TypeId::of::<T>() == TypeId::of::<U>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<U>(), s.len()) })
-}
-
-/// `s` as a mutable slice of `U` when `T` is `U`.
-fn same_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
-    // SAFETY: T and U are the same type, so the layout is the same.
-    (TypeId::of::<T>() == TypeId::of::<U>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<U>(), s.len()) })
 }
 
 /// The portable register tile: per block the sums in `k` order, the blocks joined in the
