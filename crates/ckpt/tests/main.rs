@@ -11,6 +11,7 @@ mod layouts;
 mod op_strategy;
 mod options;
 mod pipeline;
+mod redundancy;
 mod plan;
 mod roundtrip;
 mod sets;

@@ -267,10 +267,11 @@ fn check_memory(session: &TrainSession, here: &RanksHere) -> Result<(), RuntimeE
     let Some(memory) = crate::host_memory::host_memory() else {
         return Ok(());
     };
-    let predicted: u64 = here
-        .ranks
-        .iter()
-        .filter_map(|&rank| session.predict_footprint(rank, here.local_backend))
+    // Each distinct footprint is predicted once ([`TrainSession::predict_footprints`]).
+    let predicted: u64 = session
+        .predict_footprints(&here.ranks, here.local_backend)
+        .into_iter()
+        .flatten()
         .map(|footprint| footprint.total())
         .fold(0, u64::saturating_add);
     let share = memory.available / here.processes_on_machine.max(1);

@@ -207,3 +207,43 @@ fn a_search_modes_session_keeps_the_plan_it_was_placed_by() {
     let session = Session::for_planning(&config).expect("the planning session builds");
     assert!(session.searched_plan().is_none());
 }
+
+/// The preflight memory check's figures ([`runtime::TrainSession::predict_footprints`], one
+/// prediction per distinct footprint) are [`runtime::TrainSession::predict_footprint`]'s rank
+/// by rank, in any order of the ranks: where all ranks share one class (data parallel), where
+/// stages hold different micro-batches, and where ranks of one stage hold uneven blocks.
+#[test]
+fn footprints_predicted_once_per_class_are_each_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        "devices = 8\nmode = \"semi_auto\"\ndata_parallel = 8",
+        "devices = 8\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 4",
+        "devices = 8\nmode = \"semi_auto\"\ndata_parallel = 2\nmodel_parallel = 4\nvocab_emb_dp = false\n[parallel.manual_split]\nembedding = [40, 40, 56, 120]",
+    ];
+    for (i, parallel) in cases.into_iter().enumerate() {
+        let config =
+            run_util::small_gpt(&tmp.path().join(i.to_string()), "adam", "", parallel, &[]);
+        let session = Session::new(&config).expect("the session builds");
+        let mut ranks: Vec<usize> = (0..session.devices()).collect();
+        ranks.reverse();
+        ranks.extend([3, 0, 5]);
+        for local in [true, false] {
+            let each: Vec<_> = ranks
+                .iter()
+                .map(|&rank| session.predict_footprint(rank, local))
+                .collect();
+            assert!(each.iter().all(Option::is_some), "{parallel}");
+            // Past the first case the ranks' footprints differ: one class for all would fail.
+            assert_eq!(
+                each.iter().any(|f| *f != each[0]),
+                i > 0,
+                "{parallel} (local backend: {local})"
+            );
+            assert_eq!(
+                session.predict_footprints(&ranks, local),
+                each,
+                "{parallel} (local backend: {local})"
+            );
+        }
+    }
+}

@@ -6,8 +6,9 @@
 //! layouts); [`remove_param_redundancy`] is MindSpore's owner assignment, which spreads the
 //! parameters of each replica group round-robin over its ranks.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::engine::execute::write_items;
 use super::engine::options::{WriteOptions, DEFAULT_CHUNK_BYTES};
@@ -20,8 +21,10 @@ use crate::progress::{stop_point, Progress};
 use crate::set::{SetWriter, SET_ID_KEY};
 use crate::source::SourceSet;
 
-/// Parameter → its replica groups (ranks holding identical data), parameters sorted by name.
-pub type RedundancyMap = Vec<(String, Vec<Vec<usize>>)>;
+/// Parameter → its replica groups (ranks holding identical data, in MindSpore's order),
+/// parameters sorted by name. The group lists are shared: parameters placed alike hold one
+/// list between them.
+pub type RedundancyMap = Vec<(String, Arc<[Vec<usize>]>)>;
 
 /// The replica groups of one placement, in MindSpore's order: model-parallel groups sorted by
 /// their block coordinates read from the last mesh axis to the first, each then strided into
@@ -54,19 +57,87 @@ fn placement_groups(pl: &ParamLayout) -> Vec<Vec<usize>> {
     out
 }
 
+/// What [`placement_groups`] reads of a placement: the mesh (its axis sizes, its rank list,
+/// interleaving), the tensor map and the optimizer-shard group size — not the shape, which
+/// only sizes the boxes. Placements with equal keys have equal replica groups.
+#[derive(PartialEq, Eq, Hash)]
+struct GroupsKey<'a> {
+    /// Index of the rank list's contents among the distinct lists seen ([`RankLists`]).
+    ranks: usize,
+    sizes: Vec<usize>,
+    interleave: usize,
+    dims: &'a [Vec<usize>],
+    opt_shard: usize,
+}
+
+/// Distinct rank lists, each numbered once. Meshes share their list (contiguous lists are
+/// interned), so a list already seen at the same address is found without reading it; a list
+/// at a new address is hashed once, and equal contents get the same number.
+#[derive(Default)]
+struct RankLists<'a> {
+    by_address: HashMap<(usize, usize), usize>,
+    by_contents: HashMap<&'a [usize], usize>,
+}
+
+impl<'a> RankLists<'a> {
+    /// The number of `ranks`' contents.
+    fn id(&mut self, ranks: &'a [usize]) -> usize {
+        let address = (ranks.as_ptr() as usize, ranks.len());
+        if let Some(&id) = self.by_address.get(&address) {
+            return id;
+        }
+        let next = self.by_contents.len();
+        let id = *self.by_contents.entry(ranks).or_insert(next);
+        self.by_address.insert(address, id);
+        id
+    }
+}
+
 /// MindSpore's `get_parameter_redundancy` for every stage: parameter → replica groups.
+///
+/// The groups of a placement depend only on its mesh (axis sizes and rank list), tensor map
+/// and optimizer shard, not its shape, and a strategy's parameters mostly share those: each
+/// distinct placement is worked out once, and parameters placed alike share one list of
+/// groups, so the cost is a hash per placement rather than a mesh analysis and a copy of
+/// every group.
 pub fn parameter_redundancy(strategy: &ResolvedStrategy) -> RedundancyMap {
-    let mut map: RedundancyMap = strategy
-        .params()
-        .iter()
-        .map(|p| {
-            (
-                p.name.clone(),
-                p.placements.iter().flat_map(placement_groups).collect(),
-            )
-        })
-        .collect();
-    map.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut lists = RankLists::default();
+    let mut known: HashMap<GroupsKey<'_>, usize> = HashMap::new();
+    let mut distinct: Vec<Arc<[Vec<usize>]>> = Vec::new();
+    // Parameters of several placements: the concatenation, per sequence of distinct ones.
+    let mut joined: HashMap<Vec<usize>, Arc<[Vec<usize>]>> = HashMap::new();
+    let mut map: RedundancyMap = Vec::with_capacity(strategy.params().len());
+    for p in strategy.params() {
+        let mut ids = Vec::with_capacity(p.placements.len());
+        for pl in &p.placements {
+            let mesh = pl.mp.mesh();
+            let key = GroupsKey {
+                ranks: lists.id(mesh.rank_list()),
+                sizes: mesh.device_matrix(),
+                interleave: mesh.interleave_factor(),
+                dims: pl.mp.dims(),
+                opt_shard: pl.opt_shard,
+            };
+            ids.push(*known.entry(key).or_insert_with(|| {
+                distinct.push(placement_groups(pl).into());
+                distinct.len() - 1
+            }));
+        }
+        let groups = match ids.as_slice() {
+            [one] => distinct[*one].clone(),
+            _ => joined
+                .entry(ids)
+                .or_insert_with_key(|ids| {
+                    ids.iter()
+                        .flat_map(|&i| distinct[i].iter().cloned())
+                        .collect()
+                })
+                .clone(),
+        };
+        map.push((p.name.clone(), groups));
+    }
+    // Names are unique in a resolved strategy: an unstable sort gives the same order.
+    map.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     map
 }
 
@@ -74,25 +145,52 @@ pub fn parameter_redundancy(strategy: &ResolvedStrategy) -> RedundancyMap {
 /// same group are dealt out round-robin over its ranks, in name order. Returns rank → owned
 /// parameters.
 pub fn remove_param_redundancy(map: &RedundancyMap) -> BTreeMap<usize, BTreeSet<String>> {
-    let mut by_group: Vec<(Vec<usize>, Vec<String>)> = Vec::new();
+    // Each distinct group, with the parameters having it in map order (a parameter twice
+    // when two of its placements have the group): found by hashing, not by a scan of the
+    // groups seen so far, which made thousands of distinct groups quadratic. A group shared
+    // through the map's shared lists is found by its address; its contents are hashed only the
+    // first time an address is seen.
+    let mut by_address: HashMap<usize, usize> = HashMap::new();
+    let mut by_contents: HashMap<&[usize], usize> = HashMap::new();
+    let mut by_group: Vec<(&[usize], Vec<&str>)> = Vec::new();
     for (name, groups) in map {
-        for g in groups {
-            match by_group.iter_mut().find(|(k, _)| k == g) {
-                Some((_, names)) => names.push(name.clone()),
-                None => by_group.push((g.clone(), vec![name.clone()])),
-            }
+        for g in groups.iter() {
+            let i = match by_address.get(&(g.as_ptr() as usize)) {
+                Some(&i) => i,
+                None => {
+                    let i = *by_contents.entry(g.as_slice()).or_insert_with(|| {
+                        by_group.push((g.as_slice(), Vec::new()));
+                        by_group.len() - 1
+                    });
+                    // An empty group has no allocation of its own to tell it by.
+                    if !g.is_empty() {
+                        by_address.insert(g.as_ptr() as usize, i);
+                    }
+                    i
+                }
+            };
+            by_group[i].1.push(name.as_str());
         }
     }
-    let mut owners: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    let mut dealt: HashMap<usize, Vec<&str>> = HashMap::new();
     for (group, names) in by_group {
+        if group.is_empty() {
+            continue;
+        }
         for (i, name) in names.into_iter().enumerate() {
-            owners
-                .entry(group[i % group.len()])
-                .or_default()
-                .insert(name);
+            dealt.entry(group[i % group.len()]).or_default().push(name);
         }
     }
-    owners
+    // Each rank's names sorted once and built into their set in bulk, rather than searched
+    // for and inserted one by one.
+    dealt
+        .into_iter()
+        .map(|(rank, mut names)| {
+            names.sort_unstable();
+            names.dedup();
+            (rank, names.into_iter().map(str::to_string).collect())
+        })
+        .collect()
 }
 
 /// What [`dedup_checkpoints`] wrote.

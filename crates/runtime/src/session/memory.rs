@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use parallel::memory::{MemoryReport, Predictor, RankClass, TrainingState};
 use parallel::pipeline::{MicroBatchBuffers, Schedule};
 
-use super::TrainSession;
+use super::{RankFootprint, TrainSession};
 use crate::error::RuntimeError;
 
 /// What predicting a rank's memory reads of a session, worked out once for all its ranks: the
@@ -75,6 +75,38 @@ impl TrainSession {
     /// `None` only when the pipeline's schedule cannot be built (the run would fail first).
     pub fn predict_memory(&self, rank: usize) -> Option<MemoryReport> {
         Some(self.memory_model().ok()?.predict(rank))
+    }
+
+    /// [`TrainSession::predict_footprint`] of each of `ranks`, in their order, each worked out
+    /// once per distinct footprint: ranks of one [`RankClass`] of the training program and of
+    /// the evaluation program, holding as many micro-batches (pipelined), have the same
+    /// footprint, so thousands of ranks over a few classes cost a few predictions.
+    pub fn predict_footprints(
+        &self,
+        ranks: &[usize],
+        local_backend: bool,
+    ) -> Vec<Option<RankFootprint>> {
+        let Ok(model) = self.memory_model() else {
+            return vec![None; ranks.len()];
+        };
+        // The evaluation program is the training program's when the session has no other.
+        let eval =
+            (!std::sync::Arc::ptr_eq(&self.train, &self.eval)).then(|| Predictor::new(&self.eval));
+        type Key = (Option<usize>, RankClass, Option<RankClass>);
+        let mut known: HashMap<Key, Option<RankFootprint>> = HashMap::new();
+        ranks
+            .iter()
+            .map(|&rank| {
+                let key = (
+                    model.held(rank).map(|(_, held)| held),
+                    model.predictor.class(rank),
+                    eval.as_ref().map(|eval| eval.class(rank)),
+                );
+                *known
+                    .entry(key)
+                    .or_insert_with(|| self.predict_footprint(rank, local_backend))
+            })
+            .collect()
     }
 
     /// Per pipeline stage of the training program (one when it has none), the rank whose
