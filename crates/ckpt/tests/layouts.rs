@@ -25,29 +25,7 @@ use ckpt::{
 use layout::{Layout, Mesh};
 use tensor::{DType, Tensor};
 
-use crate::util::{lcm, read_all, tmp, Stored};
-
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
+use crate::util::{lcm, read_all, tmp, Rng, Stored};
 
 /// One parameter's layout in one stage: device matrix, mesh axes per tensor dim (outer
 /// first), optimizer-shard size.

@@ -9,22 +9,7 @@ use std::sync::Arc;
 use ckpt::{ParamLayout, ResolvedParam, ResolvedStrategy};
 use layout::{Layout, Mesh, MeshAxis, TensorLayout};
 
-/// splitmix64: a small seeded generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use crate::util::Rng;
 
 /// A random placement: mesh of 1-3 axes, a rank list that is the default, shifted, or
 /// shuffled, each axis splitting a dim or replicating.
