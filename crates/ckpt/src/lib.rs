@@ -221,7 +221,8 @@
 //! order is kept. `ops` (optional; absent in files from before it existed) records each
 //! operator's `shard` strategy:
 //! `in_strategy` as MindSpore's `parallel_strategy_item` does, and `out_strategy` (or `null`),
-//! which MindSpore's files cannot hold.
+//! which MindSpore's files cannot hold; an op has at most one record per stage (a second is an
+//! error naming the op and the stage).
 #![deny(missing_docs)]
 
 mod error;
@@ -243,6 +244,7 @@ pub use crate::format::ms_strategy::{
 pub use crate::format::op_strategy::{
     read_operator_strategy_file, write_operator_strategy_file, MAX_OP_STRATEGY_FILE_BYTES,
 };
+pub use crate::format::tessera_strategy::rank_range;
 pub use crate::format::unified_index::{HYPER_PARAM_FILE, PARAM_NAME_MAP};
 pub use crate::format::{detect, detect_bytes, Detected, FileFormat, Format};
 pub use crate::io::durability::Durability;

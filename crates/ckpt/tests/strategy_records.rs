@@ -362,9 +362,14 @@ fn a_bad_rank_range_is_refused_naming_the_tensor() {
             "past the limit",
         ),
         (r#""rank_range": [1048575, 4]"#, "past the limit"),
+        // A start above 2^63 - 1 is a rank past the limit, not a malformed pair.
         (
             r#""rank_range": [18446744073709551615, 4]"#,
-            "[start, count]",
+            "[18446744073709551615, 4] reaches past the limit",
+        ),
+        (
+            r#""rank_range": [9223372036854775808, 4]"#,
+            "[9223372036854775808, 4] reaches past the limit",
         ),
         (r#""rank_range": [0]"#, "[start, count]"),
         (r#""rank_range": [0, -4]"#, "[start, count]"),
@@ -390,5 +395,102 @@ fn a_bad_rank_range_is_refused_naming_the_tensor() {
     assert_eq!(
         s.params[0].placements[0].layout.mesh().rank_list(),
         [12, 13, 14, 15]
+    );
+}
+
+/// An operator recorded twice in one pipeline stage: which record applied was a silent choice.
+/// Each reader refuses it naming the file, the op and the stage; one name in two stages stays.
+#[test]
+fn an_operator_recorded_twice_in_one_stage_is_refused_by_every_reader() {
+    let dir = tmp();
+    let dup = |e: &str, path: &Path, stage: usize| {
+        assert!(
+            e.contains(&path.display().to_string())
+                && e.contains("op \"m\"")
+                && e.contains(&format!("two strategy records in pipeline stage {stage}")),
+            "{e}"
+        );
+    };
+    // Tessera JSON: the "ops" list.
+    let path = dir.path().join("t.json");
+    let tessera = |stages: [usize; 2]| {
+        let ops: Vec<String> = stages
+            .iter()
+            .map(|s| format!(r#"{{"name": "m", "stage": {s}, "in_strategy": [[2, 1]]}}"#))
+            .collect();
+        let one = placement(
+            0,
+            r#"{"axes": [["dp", 2]], "rank_list": [0, 1]}"#,
+            r#"[["dp"]]"#,
+        );
+        let text = tessera_file(2, "[8]", &[one]);
+        format!(
+            "{}, \"ops\": [{}]}}",
+            text.strip_suffix('}').unwrap(),
+            ops.join(", ")
+        )
+    };
+    dup(&load_err(&path, &tessera([1, 1])), &path, 1);
+    std::fs::write(&path, tessera([0, 1])).unwrap();
+    assert_eq!(Strategy::load(&path).unwrap().ops.len(), 2);
+    // MindSpore protobuf: a repeated parallel_strategy_item.
+    let path = dir.path().join("s.ckpt");
+    let protobuf = |stages: [u32; 2]| MsStrategyFile {
+        current_stage: 1,
+        strategy_items: stages
+            .iter()
+            .zip([2, 4])
+            .map(|(&stage, split)| ckpt::MsStrategyItem {
+                node_name: "m".into(),
+                stage,
+                strategies: vec![vec![split, 1]],
+            })
+            .collect(),
+        layout_items: vec![MsLayoutItem {
+            param_name: "w".into(),
+            layout: ms_layout(&[2], &[0]),
+        }],
+    };
+    std::fs::write(&path, protobuf([0, 0]).encode()).unwrap();
+    dup(&Strategy::load(&path).unwrap_err().to_string(), &path, 0);
+    std::fs::write(&path, protobuf([0, 1]).encode()).unwrap();
+    assert_eq!(Strategy::load(&path).unwrap().ops.len(), 2);
+    // A stage file repeating an op is refused by the merge, naming it, before anything is written.
+    let stages = dir.path().join("stages");
+    std::fs::create_dir_all(&stages).unwrap();
+    let stage_file = stages.join("stage0.ckpt");
+    std::fs::write(&stage_file, protobuf([0, 0]).encode()).unwrap();
+    let merged = dir.path().join("merged.ckpt");
+    let e = ckpt::merge_pipeline_strategies(&stages, &merged, false)
+        .unwrap_err()
+        .to_string();
+    dup(&e, &stage_file, 0);
+    assert!(!merged.exists());
+    // MindSpore JSON and the operator strategy file key ops by name: a JSON object cannot hold
+    // one name twice, and the reader refuses the duplicate key, naming the file and the op.
+    let item = r#""m": {"stage": 0, "parallel_strategy": [[2, 1]]}"#;
+    let path = dir.path().join("ms.json");
+    let e = load_err(
+        &path,
+        &format!(
+            r#"{{"current_stage": 0, "parallel_strategy_item": {{{item}, {item}}}, "parallel_layout_item": {{"w": {{"dev_matrix": [2], "tensor_map": [0], "tensor_shape": [8]}}}}}}"#
+        ),
+    );
+    assert!(
+        e.contains(&path.display().to_string()) && e.contains("duplicate key \"m\""),
+        "{e}"
+    );
+    let path = dir.path().join("ops.json");
+    std::fs::write(
+        &path,
+        format!(r#"{{"parallel_strategy_item": {{{item}, {item}}}}}"#),
+    )
+    .unwrap();
+    let e = ckpt::read_operator_strategy_file(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&path.display().to_string()) && e.contains("duplicate key \"m\""),
+        "{e}"
     );
 }

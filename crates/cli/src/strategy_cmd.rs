@@ -218,16 +218,24 @@ pub fn show_strategy(s: &Strategy, json: bool) -> anyhow::Result<()> {
     write_stdout(&out)
 }
 
+/// One placement as JSON. Its ranks are `"rank_range": [start, count]` when consecutive, as a
+/// Tessera strategy file writes them ([`ckpt::rank_range`]), otherwise `"rank_list"`: every
+/// rank of every placement made the output of a strategy over 8 192 ranks huge.
 fn placement_json(pl: &ckpt::StagePlacement) -> Value {
     let mesh = pl.layout.mesh();
-    json!({
+    let (ranks_key, ranks) = match ckpt::rank_range(mesh.rank_list()) {
+        Some((start, count)) => ("rank_range", json!([start, count])),
+        None => ("rank_list", json!(mesh.rank_list())),
+    };
+    let mut v = json!({
         "stage": pl.stage,
         "device_matrix": mesh.device_matrix(),
         "axes": mesh.alias_names(),
-        "rank_list": mesh.rank_list(),
         "tensor_map": pl.layout.ms_tensor_map().ok(),
         "optimizer_shard": pl.opt_shard,
-    })
+    });
+    v[ranks_key] = ranks;
+    v
 }
 
 /// Prints a group-info file.

@@ -400,3 +400,46 @@ fn no_fsync_converts_and_merges_to_the_same_files() {
         "{text}"
     );
 }
+
+#[test]
+fn strategy_show_json_gives_consecutive_ranks_as_a_range() {
+    let dir = Scratch::new("show-ranks");
+    let file = dir.0.join("strategy.json");
+    let placement = |stage: usize, ranks: &[usize]| {
+        format!(
+            r#"{{"stage": {stage}, "mesh": {{"axes": [["dp", 2], ["mp", 4]], "rank_list": {ranks:?}}}, "dims": [["dp"], ["mp"]]}}"#
+        )
+    };
+    let tensor = |name: &str, placements: &[String]| {
+        format!(
+            r#"{{"name": "{name}", "shape": [8, 8], "dtype": "f32", "placements": [{}]}}"#,
+            placements.join(", ")
+        )
+    };
+    let spread = [0, 2, 4, 6, 1, 3, 5, 7];
+    let text = format!(
+        r#"{{"format": "tessera-strategy", "version": 1, "tensors": [{}, {}]}}"#,
+        tensor(
+            "a",
+            &[
+                placement(0, &(0..8).collect::<Vec<_>>()),
+                placement(1, &(8..16).collect::<Vec<_>>())
+            ]
+        ),
+        tensor("b", &[placement(0, &spread)]),
+    );
+    std::fs::write(&file, text).unwrap();
+    let out = tessera(&["strategy", "show", "--json", s(&file)]);
+    assert_ok(&out);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let a = &v["tensors"][0]["placements"];
+    assert_eq!(a[0]["rank_range"], serde_json::json!([0, 8]), "{v}");
+    assert_eq!(a[1]["rank_range"], serde_json::json!([8, 8]), "{v}");
+    assert!(
+        a[0].get("rank_list").is_none() && a[1].get("rank_list").is_none(),
+        "{v}"
+    );
+    let b = &v["tensors"][1]["placements"][0];
+    assert_eq!(b["rank_list"], serde_json::json!(spread), "{v}");
+    assert!(b.get("rank_range").is_none(), "{v}");
+}

@@ -12,8 +12,8 @@ use crate::error::{CkptError, Result};
 use crate::io::atomic_write::write_file;
 use crate::model::tensor::MAX_DIMS;
 use crate::model::{
-    check_tuple_count, OpStrategyRecord, ResolvedStrategy, StagePlacement, Strategy,
-    StrategyFlavour, StrategyParam,
+    check_tuple_count, check_unique_ops, OpStrategyRecord, ResolvedStrategy, StagePlacement,
+    Strategy, StrategyFlavour, StrategyParam,
 };
 
 /// The value of the `"format"` key.
@@ -132,6 +132,8 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             .map(|(i, op)| op_record(op).map_err(|reason| bad(format!("ops #{i}: {reason}"))))
             .collect::<std::result::Result<Vec<_>, _>>()?,
     };
+    check_unique_ops(ops.iter().map(|op| (op.name.as_str(), op.stage)))
+        .map_err(|reason| bad(format!("\"ops\": {reason}")))?;
     Ok(Strategy::new(
         path.to_path_buf(),
         StrategyFlavour::Tessera,
@@ -357,8 +359,14 @@ fn rank_list(
             .map(Some)
             .ok_or_else(|| RanksError::Rule("\"rank_list\" must be a list of ranks".to_string())),
         (None, Some(r)) => {
+            // Any non-negative integer is read whole (not only up to 2^63 - 1, as `as_u64`
+            // reads): a start of 2^64 - 1 breaks the rank limit, not the form of the pair.
+            let whole = |v: &Json| match *v {
+                Json::UInt(v) => Some(v),
+                _ => v.as_u64(),
+            };
             let (start, count) = match r.as_arr() {
-                Some([s, c]) => match (s.as_u64(), c.as_u64()) {
+                Some([s, c]) => match (whole(s), whole(c)) {
                     (Some(s), Some(c)) => (s, c),
                     _ => return Err(range_shape(r)),
                 },
@@ -384,22 +392,30 @@ fn rank_list(
 
 fn range_shape(r: &Json) -> RanksError {
     RanksError::Rule(format!(
-        "\"rank_range\" {} must be [start, count]: the first rank and the number of consecutive ranks, integers from 0 to 2^63 - 1",
+        "\"rank_range\" {} must be [start, count]: the first rank and the number of consecutive ranks, non-negative integers",
         r.brief()
     ))
 }
 
+/// `ranks` as a Tessera strategy's `"rank_range"`: `Some((start, count))` when they are the
+/// consecutive ranks `start, start + 1, …, start + count - 1` (at least one), `None` when they
+/// must be listed one by one (`"rank_list"`). The Tessera strategy writer and
+/// `tessera strategy show --json` print ranks this way.
+pub fn rank_range(ranks: &[usize]) -> Option<(usize, usize)> {
+    let start = *ranks.first()?;
+    ranks
+        .windows(2)
+        .all(|w| w[0].checked_add(1) == Some(w[1]))
+        .then_some((start, ranks.len()))
+}
+
 /// A mesh's ranks as JSON: `"rank_range": [start, count]` when they are consecutive
-/// (`start, start + 1, …`), otherwise `"rank_list"` with every rank. A rank list of 8 192 ranks
-/// per tensor put a thousand-tensor strategy over the JSON reader's value limit.
+/// ([`rank_range`]), otherwise `"rank_list"` with every rank. A rank list of 8 192 ranks per
+/// tensor put a thousand-tensor strategy over the JSON reader's value limit.
 fn ranks_json(ranks: &[usize]) -> (&'static str, Json) {
-    let consecutive = ranks.windows(2).all(|w| w[0].checked_add(1) == Some(w[1]));
-    match ranks.first() {
-        Some(&start) if consecutive => (
-            "rank_range",
-            Json::uints([start as u64, ranks.len() as u64]),
-        ),
-        _ => ("rank_list", Json::uints(ranks.iter().map(|&r| r as u64))),
+    match rank_range(ranks) {
+        Some((start, count)) => ("rank_range", Json::uints([start as u64, count as u64])),
+        None => ("rank_list", Json::uints(ranks.iter().map(|&r| r as u64))),
     }
 }
 

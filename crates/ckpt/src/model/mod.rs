@@ -11,7 +11,7 @@ pub(crate) mod strategy;
 pub(crate) mod tensor;
 
 pub use resolved::{ParamLayout, ResolvedParam, ResolvedStrategy};
-pub(crate) use strategy::{check_tuple_count, MAX_OP_TUPLES};
+pub(crate) use strategy::{check_tuple_count, check_unique_ops, MAX_OP_TUPLES};
 pub use strategy::{
     OpStrategyRecord, ShapeHint, StagePlacement, Strategy, StrategyFlavour, StrategyParam,
 };

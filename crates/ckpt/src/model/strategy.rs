@@ -158,6 +158,25 @@ pub(crate) fn check_tuple_count(
     Ok(())
 }
 
+/// Refuses a second record of one operator in one pipeline stage: which of the two applied
+/// was a silent choice. The same name in different stages stays (a merged pipeline file may
+/// hold it). Checked by the readers of files that can repeat a record (a list, a repeated
+/// protobuf field), given each record's op name and stage; the rule broken, naming the op and
+/// the stage.
+pub(crate) fn check_unique_ops<'a>(
+    ops: impl IntoIterator<Item = (&'a str, usize)>,
+) -> std::result::Result<(), String> {
+    let mut seen: HashSet<(&str, usize)> = HashSet::new();
+    for (name, stage) in ops {
+        if !seen.insert((name, stage)) {
+            return Err(format!(
+                "op {name:?} has two strategy records in pipeline stage {stage}; an op has one strategy per stage"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A strategy file as read: parameters and their placements.
 #[derive(Debug, Clone)]
 pub struct Strategy {

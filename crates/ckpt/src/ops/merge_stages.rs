@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{io_err, CkptError, Result};
 use crate::format::ms_strategy::MsStrategyFile;
 use crate::io::atomic_write::write_file;
+use crate::model::check_unique_ops;
 
 /// What a stage merge did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,6 +71,17 @@ pub fn merge_pipeline_strategies(
         } else {
             MsStrategyFile::decode(&path, &bytes)?
         };
+        // A stage file repeating an op in one stage would be merged into a file every reader
+        // refuses: name the input instead.
+        check_unique_ops(
+            file.strategy_items
+                .iter()
+                .map(|i| (i.node_name.as_str(), i.stage as usize)),
+        )
+        .map_err(|reason| CkptError::InvalidStrategy {
+            path: path.clone(),
+            reason: format!("parallel_strategy_item: {reason}"),
+        })?;
         let (Some(first), false) = (file.strategy_items.first(), file.layout_items.is_empty())
         else {
             return Err(CkptError::InvalidStrategy {

@@ -13,7 +13,8 @@ use super::{MsLayout, MsLayoutItem, MsStrategyFile, MsStrategyItem};
 use crate::error::{CkptError, Result};
 use crate::model::tensor::MAX_DIMS;
 use crate::model::{
-    OpStrategyRecord, ResolvedStrategy, StagePlacement, Strategy, StrategyFlavour, StrategyParam,
+    check_unique_ops, OpStrategyRecord, ResolvedStrategy, StagePlacement, Strategy,
+    StrategyFlavour, StrategyParam,
 };
 
 /// One entry of MindSpore's layout dict, `{name: [dev_matrix, tensor_map, param_split_shape,
@@ -198,6 +199,12 @@ impl MsStrategyFile {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
+        check_unique_ops(ops.iter().map(|op| (op.name.as_str(), op.stage))).map_err(|reason| {
+            CkptError::InvalidStrategy {
+                path: path.to_path_buf(),
+                reason: format!("parallel_strategy_item: {reason}"),
+            }
+        })?;
         Ok(Strategy::new(path.to_path_buf(), flavour, params, ops))
     }
 }
