@@ -62,7 +62,7 @@ fn placement_groups(pl: &ParamLayout) -> Vec<Vec<usize>> {
 /// only sizes the boxes. Placements with equal keys have equal replica groups.
 #[derive(PartialEq, Eq, Hash)]
 struct GroupsKey<'a> {
-    /// Index of the rank list's contents among the distinct lists seen ([`RankLists`]).
+    /// Index of the rank list's contents among the distinct lists seen ([`SliceIds`]).
     ranks: usize,
     sizes: Vec<usize>,
     interleave: usize,
@@ -70,17 +70,18 @@ struct GroupsKey<'a> {
     opt_shard: usize,
 }
 
-/// Distinct rank lists, each numbered once. Meshes share their list (contiguous lists are
-/// interned), so a list already seen at the same address is found without reading it; a list
-/// at a new address is hashed once, and equal contents get the same number.
+/// Distinct lists of ranks (rank lists, replica groups), each numbered once in the order first
+/// seen. Lists are often shared (meshes intern contiguous rank lists; parameters placed alike
+/// share their groups), so a list already seen at the same address is found without reading
+/// it; a list at a new address is hashed once, and equal contents get the same number.
 #[derive(Default)]
-struct RankLists<'a> {
+struct SliceIds<'a> {
     by_address: HashMap<(usize, usize), usize>,
     by_contents: HashMap<&'a [usize], usize>,
 }
 
-impl<'a> RankLists<'a> {
-    /// The number of `ranks`' contents.
+impl<'a> SliceIds<'a> {
+    /// The number of `ranks`' contents (the next unused one when they are new).
     fn id(&mut self, ranks: &'a [usize]) -> usize {
         let address = (ranks.as_ptr() as usize, ranks.len());
         if let Some(&id) = self.by_address.get(&address) {
@@ -101,7 +102,7 @@ impl<'a> RankLists<'a> {
 /// groups, so the cost is a hash per placement rather than a mesh analysis and a copy of
 /// every group.
 pub fn parameter_redundancy(strategy: &ResolvedStrategy) -> RedundancyMap {
-    let mut lists = RankLists::default();
+    let mut lists = SliceIds::default();
     let mut known: HashMap<GroupsKey<'_>, usize> = HashMap::new();
     let mut distinct: Vec<Arc<[Vec<usize>]>> = Vec::new();
     // Parameters of several placements: the concatenation, per sequence of distinct ones.
@@ -146,29 +147,16 @@ pub fn parameter_redundancy(strategy: &ResolvedStrategy) -> RedundancyMap {
 /// parameters.
 pub fn remove_param_redundancy(map: &RedundancyMap) -> BTreeMap<usize, BTreeSet<String>> {
     // Each distinct group, with the parameters having it in map order (a parameter twice
-    // when two of its placements have the group): found by hashing, not by a scan of the
-    // groups seen so far, which made thousands of distinct groups quadratic. A group shared
-    // through the map's shared lists is found by its address; its contents are hashed only the
-    // first time an address is seen.
-    let mut by_address: HashMap<usize, usize> = HashMap::new();
-    let mut by_contents: HashMap<&[usize], usize> = HashMap::new();
+    // when two of its placements have the group): found by hashing ([`SliceIds`]), not by a
+    // scan of the groups seen so far, which made thousands of distinct groups quadratic.
+    let mut ids = SliceIds::default();
     let mut by_group: Vec<(&[usize], Vec<&str>)> = Vec::new();
     for (name, groups) in map {
         for g in groups.iter() {
-            let i = match by_address.get(&(g.as_ptr() as usize)) {
-                Some(&i) => i,
-                None => {
-                    let i = *by_contents.entry(g.as_slice()).or_insert_with(|| {
-                        by_group.push((g.as_slice(), Vec::new()));
-                        by_group.len() - 1
-                    });
-                    // An empty group has no allocation of its own to tell it by.
-                    if !g.is_empty() {
-                        by_address.insert(g.as_ptr() as usize, i);
-                    }
-                    i
-                }
-            };
+            let i = ids.id(g);
+            if i == by_group.len() {
+                by_group.push((g, Vec::new()));
+            }
             by_group[i].1.push(name.as_str());
         }
     }
