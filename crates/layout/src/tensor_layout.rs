@@ -339,12 +339,28 @@ impl TensorLayout {
 
     /// The distinct boxes with the slots holding each, in block order (dim 0 slowest).
     pub fn distinct_boxes(&self) -> Vec<(SliceBox, Vec<usize>)> {
-        let mut out: Vec<(Vec<usize>, SliceBox, Vec<usize>)> = self
+        let factors = self.split_factors();
+        let mesh = self.mesh();
+        // The block's position row-major over the split factors: the order of the block
+        // indices compared as lists, without making one per group.
+        let linear = |slot: usize| {
+            self.dims()
+                .iter()
+                .zip(&factors)
+                .fold(0, |acc, (axes, &factor)| {
+                    let block = axes.iter().fold(0, |idx, &a| {
+                        idx * mesh.axis_size(a) + mesh.coord_along(slot, a)
+                    });
+                    acc * factor + block
+                })
+        };
+        let mut out: Vec<(usize, SliceBox, Vec<usize>)> = self
             .replica_slot_groups()
             .into_iter()
-            .map(|g| (self.block_index(g[0]), self.slot_box(g[0]), g))
+            .map(|g| (linear(g[0]), self.slot_box(g[0]), g))
             .collect();
-        out.sort();
+        // Each group holds another block, so no two keys are equal.
+        out.sort_unstable_by_key(|&(key, _, _)| key);
         out.into_iter().map(|(_, b, g)| (b, g)).collect()
     }
 
