@@ -31,15 +31,13 @@ pub fn run(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<(
 /// `TESSERA_JOB_SECRET` when it is set, else a fresh one. The metrics log worker 0 will write
 /// is checked first, so a bad path fails before anything starts.
 fn run_local_job(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<()> {
-    let keys = config
-        .ps()
-        .ok_or_else(|| anyhow::anyhow!("the config is not in parameter_server mode"))?;
+    // The counts (with the launcher's TESSERA_NUM_SERVERS / TESSERA_NUM_WORKERS, which must
+    // agree with `[ps]`) are checked here, once, rather than by every role as it starts.
+    let (servers, workers) = ps::env::local_job_counts(config, |name| std::env::var(name).ok())?;
     // Before any role starts: the run directory the servers snapshot into.
     runtime::check_parameter_server_output(config)?;
     let default_log = config.output().metrics_file();
     runtime::MetricsLog::create(metrics_log.unwrap_or(&default_log))?;
-    let servers = keys.servers.unwrap_or(1);
-    let workers = keys.workers.unwrap_or(2);
     let secret = crate::launch::job_secret()?;
     let program = std::env::current_exe()?;
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -46,31 +46,7 @@ impl JobSettings {
                 launch_env::ROLE
             ),
         })?;
-        let servers = agree(
-            "ps.servers",
-            keys.servers,
-            launch_env::NUM_SERVERS,
-            env.num_servers,
-            1,
-        )?;
-        let workers = agree(
-            "ps.workers",
-            keys.workers,
-            launch_env::NUM_WORKERS,
-            env.num_workers,
-            2,
-        )?;
-        // Each step splits the global batch's rows among the live workers: a worker beyond the
-        // rows would never get one (it used to run 0 steps, counted as a worker of the job).
-        let batch = config.data().batch_size;
-        if workers > batch {
-            return Err(PsError::Config {
-                key: "ps.workers".to_string(),
-                reason: format!(
-                    "{workers} workers for a global batch of {batch} rows (data.batch_size): a step gives each worker its own rows, so workers {batch}.. would never train; use at most {batch} workers or a larger batch"
-                ),
-            });
-        }
+        let (servers, workers) = job_counts(config, keys, (env.num_servers, env.num_workers))?;
         let role_id = match env.role {
             Role::Server => Some((launch_env::SERVER_ID, env.server_id, servers)),
             _ => None,
@@ -121,6 +97,78 @@ impl JobSettings {
     pub fn registration_patience(&self) -> Duration {
         self.dead_after * 2 + self.heartbeat * 4 + self.retry.timeout
     }
+}
+
+/// The job's servers and workers: `ps.servers` / `ps.workers`, or the launcher's
+/// `TESSERA_NUM_SERVERS` / `TESSERA_NUM_WORKERS` (`from_env`), which must agree with them when
+/// both are given, else 1 and 2; each between 1 and `MAX_PS_PROCESSES`, and no more workers
+/// than the global batch has rows.
+pub fn job_counts(
+    config: &TrainConfig,
+    keys: &PsKeys,
+    (env_servers, env_workers): (Option<usize>, Option<usize>),
+) -> Result<(usize, usize), PsError> {
+    let servers = agree(
+        "ps.servers",
+        keys.servers,
+        launch_env::NUM_SERVERS,
+        env_servers,
+        1,
+    )?;
+    let workers = agree(
+        "ps.workers",
+        keys.workers,
+        launch_env::NUM_WORKERS,
+        env_workers,
+        2,
+    )?;
+    // Each step splits the global batch's rows among the live workers: a worker beyond the
+    // rows would never get one (it used to run 0 steps, counted as a worker of the job).
+    let batch = config.data().batch_size;
+    if workers > batch {
+        return Err(PsError::Config {
+            key: "ps.workers".to_string(),
+            reason: format!(
+                "{workers} workers for a global batch of {batch} rows (data.batch_size): a step gives each worker its own rows, so workers {batch}.. would never train; use at most {batch} workers or a larger batch"
+            ),
+        });
+    }
+    Ok((servers, workers))
+}
+
+/// The counts of a job `tessera train` starts on this machine (no `TESSERA_ROLE`): as
+/// [`job_counts`] with `TESSERA_NUM_SERVERS` / `TESSERA_NUM_WORKERS` read through `lookup` (a
+/// variable's value, if set), so that a count set there is used, or refused naming the
+/// variable, before any process starts.
+pub fn local_job_counts(
+    config: &TrainConfig,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<(usize, usize), PsError> {
+    let keys = config.ps().ok_or_else(|| PsError::Config {
+        key: "parallel.mode".to_string(),
+        reason: "the config is not parallel.mode = \"parameter_server\"".to_string(),
+    })?;
+    let number = |var: &str| -> Result<Option<usize>, PsError> {
+        match lookup(var) {
+            None => Ok(None),
+            Some(text) => text
+                .trim()
+                .parse::<usize>()
+                .map(Some)
+                .map_err(|_| PsError::Env {
+                    var: var.to_string(),
+                    reason: format!("\"{text}\" is not a non-negative integer"),
+                }),
+        }
+    };
+    job_counts(
+        config,
+        keys,
+        (
+            number(launch_env::NUM_SERVERS)?,
+            number(launch_env::NUM_WORKERS)?,
+        ),
+    )
 }
 
 /// A count given by the config and/or the environment: they must agree when both are given.

@@ -88,6 +88,14 @@ impl State {
             .min()
     }
 
+    /// The first step not yet begun.
+    fn next_step(&self) -> u64 {
+        self.assignments
+            .keys()
+            .next_back()
+            .map_or(0, |&last| last.saturating_add(1))
+    }
+
     /// The members of `step`, fixing them (the live unfinished workers, at most one per row)
     /// when it is new.
     fn members(&mut self, step: u64) -> Vec<u32> {
@@ -297,7 +305,7 @@ impl Scheduler for SchedulerService {
                     r.server_id
                 )));
             }
-            let next_step = s.assignments.keys().next_back().map_or(0, |&last| last + 1);
+            let next_step = s.next_step();
             let opened = s
                 .map
                 .register(r.server_id, next_step)
@@ -341,7 +349,7 @@ impl Scheduler for SchedulerService {
             s.done.remove(&r.worker_id);
             s.worker_live.register(r.worker_id, Instant::now());
             // A worker joining a running job takes part from the first step not yet begun.
-            let start = s.assignments.keys().next_back().map_or(0, |&last| last + 1);
+            let start = s.next_step();
             s.joined_from.insert(r.worker_id, start);
             start
         };
@@ -422,6 +430,16 @@ impl Scheduler for SchedulerService {
                 let mut s = self.lock();
                 if !s.worker_live.is_alive(r.worker_id) {
                     return Ok(Response::new(reply(StepStatus::Rejoin)));
+                }
+                // Steps are begun in order (a worker goes on from a step begun, or from the
+                // step its registration gave it): a step past the next one would fix members
+                // of a step no one reaches and drop the assignments kept for replays.
+                let next = s.next_step();
+                if r.step > next {
+                    return Err(Status::invalid_argument(format!(
+                        "BeginStep of step {} by worker {}: the job's next step is {next} (steps are begun in order)",
+                        r.step, r.worker_id
+                    )));
                 }
                 s.worker_step.insert(r.worker_id, r.step);
                 let too_far = !s.sync

@@ -25,7 +25,7 @@ use crate::retry::until_admitted;
 use crate::snapshot::{self, PartitionState};
 use crate::sparse::Rows;
 use crate::table::ServerTable;
-use crate::wire::{from_msg, to_msg};
+use crate::wire::{check_finite, from_msg, to_msg};
 
 mod clip;
 mod mean;
@@ -78,6 +78,8 @@ struct State {
     server_id: usize,
     sync: bool,
     checkpoint_every: u64,
+    /// `data.batch_size`: the most rows a push's gradient was computed on.
+    batch_size: u64,
     snapshot_file: PathBuf,
     names: Vec<String>,
     shapes: Vec<Vec<usize>>,
@@ -292,6 +294,15 @@ fn pull_reply(s: &State, r: &PullRequest, ready: bool) -> Result<PullReply, Stat
     })
 }
 
+/// A push refused for `e` (the caller sent something wrong): `InvalidArgument` naming the step
+/// and the worker.
+fn refused_push(r: &PushRequest, e: PsError) -> Status {
+    Status::invalid_argument(format!(
+        "push of step {} by worker {}: {e}",
+        r.step, r.worker_id
+    ))
+}
+
 /// The server's gRPC service.
 #[derive(Clone)]
 pub struct ServerService {
@@ -371,6 +382,7 @@ impl ServerService {
                 server_id,
                 sync: settings.sync,
                 checkpoint_every: settings.checkpoint_every.max(1),
+                batch_size: config.data().batch_size as u64,
                 snapshot_file,
                 names,
                 shapes: held.iter().map(|p| p.shape.clone()).collect(),
@@ -496,6 +508,44 @@ impl ParameterServer for ServerService {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(status)?;
             let sparse = sparse_grads(&s, &r.sparse).map_err(status)?;
+            // A non-finite gradient is refused before it reaches the optimizer (it would make
+            // the parameters NaN for good, and every later step with them).
+            let dense = grads.iter().zip(&s.names).map(|(g, n)| (n.as_str(), g));
+            for (name, g) in dense {
+                let values = g.as_f32().map_err(|e| status(PsError::tensor(name, e)))?;
+                check_finite(&format!("the gradient of {name}"), values)
+                    .map_err(|e| refused_push(&r, e))?;
+            }
+            // The rows weigh the push in the step's mean: a worker's block of the global
+            // batch, never empty (their sum would overflow, or a zero weight drop the push).
+            if r.rows == 0 || r.rows > s.batch_size {
+                return Err(refused_push(
+                    &r,
+                    PsError::message(
+                        "rows",
+                        format!(
+                            "{} rows, expected 1 to {} (data.batch_size, the global batch)",
+                            r.rows, s.batch_size
+                        ),
+                    ),
+                ));
+            }
+            if !r.loss.is_finite() {
+                return Err(refused_push(
+                    &r,
+                    PsError::message(
+                        "the loss",
+                        format!("is {}: the training diverged (lower train.learning_rate or set train.max_grad_norm)", r.loss),
+                    ),
+                ));
+            }
+            for (table, rows) in s.tables.iter().zip(&sparse) {
+                check_finite(
+                    &format!("the row gradient of table {}", table.info().name),
+                    &rows.values,
+                )
+                .map_err(|e| refused_push(&r, e))?;
+            }
             let learning_rate = match r.learning_rate {
                 Some(lr) if lr.is_finite() && lr >= 0.0 => lr,
                 other => {

@@ -46,6 +46,29 @@ pub fn from_msg(msg: &TensorMsg, name: &str, expected: &[usize]) -> Result<Tenso
         .map_err(|e| PsError::tensor(format!("decoding tensor {name}"), e))
 }
 
+/// The first value of `values` that is not finite, with its index: a NaN or an infinity in a
+/// gradient would turn the parameters it updates into NaN for good.
+pub fn first_non_finite(values: &[f32]) -> Option<(usize, f32)> {
+    values
+        .iter()
+        .position(|v| !v.is_finite())
+        .map(|i| (i, values[i]))
+}
+
+/// Checks a gradient `values` of `what` (`the gradient of fc1_weight`) holds only finite
+/// values; the error names it, the first bad value and its index, and the likely cause.
+pub fn check_finite(what: &str, values: &[f32]) -> Result<(), PsError> {
+    match first_non_finite(values) {
+        None => Ok(()),
+        Some((i, v)) => Err(PsError::message(
+            what,
+            format!(
+                "holds {v} at index {i}: a non-finite gradient would make the parameters non-finite (the training diverged: lower train.learning_rate or set train.max_grad_norm)"
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,7 @@ mod embedding;
 mod faults;
 mod gpt;
 mod heartbeat;
+mod hostile;
 mod pod_network;
 mod prost_ckpt;
 mod protocol;

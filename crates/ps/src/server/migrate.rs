@@ -110,7 +110,17 @@ impl ServerService {
             // Already switched: a retried handover changes nothing.
             return Ok(Response::new(HandoverReply {}));
         }
-        let owner = owners(&s.migration.all, r.servers as usize);
+        // The map's server count sizes the partition's tables: bounded before anything is
+        // allocated from it; a map a handover moves to has at least 2 servers, this one among them.
+        let servers = r.servers as usize;
+        if servers < 2 || servers <= me || servers > runtime::MAX_PS_PROCESSES {
+            return Err(Status::invalid_argument(format!(
+                "Handover of epoch {}: a map of {servers} servers, expected 2 to {} (and more than server {me}'s id)",
+                r.epoch,
+                runtime::MAX_PS_PROCESSES
+            )));
+        }
+        let owner = owners(&s.migration.all, servers);
         let state_names = s.optimizer.config().kind.state_names();
         let mut taken = Vec::with_capacity(r.weights.len());
         for msg in &r.weights {

@@ -26,10 +26,19 @@ fn table_of<'a>(s: &'a State, name: &str) -> Result<&'a ServerTable, PsError> {
         })
 }
 
-/// Checks a pull's row requests: held tables, ids in the table and this server's block.
+/// Checks a pull's row requests: held tables, each asked for once (a table named again would
+/// make the reply repeat its rows, as many times as the request can name it), ids in the table
+/// and this server's block.
 pub(super) fn sparse_request_ok(s: &State, wanted: &[RowsMsg]) -> Result<(), PsError> {
+    let mut named = std::collections::BTreeSet::new();
     for msg in wanted {
         let table = table_of(s, &msg.name)?;
+        if !named.insert(msg.name.as_str()) {
+            return Err(PsError::rows(
+                &msg.name,
+                "asked for twice in one pull (name each table once, with every row id wanted)",
+            ));
+        }
         check_ids(msg, table.info(), table.block())?;
     }
     Ok(())

@@ -378,6 +378,9 @@ async fn steps(
             )?),
             None => None,
         };
+        // A diverged step stops this worker before anything is pushed (the servers refuse a
+        // non-finite gradient too): data parallel stops at a non-finite loss as well.
+        check_step_finite((worker_id, s), loss, compute, &grads, table_rows.as_ref())?;
         let row_grads = table_rows.map(|(table, rows)| {
             let split = split_rows(&table, links.servers.len(), &rows);
             (table, split)
@@ -505,6 +508,45 @@ async fn steps(
     ending.losses = losses;
     ending.accuracies = accuracies;
     Ok(ending)
+}
+
+/// Checks worker `worker`'s loss and gradient of step `step` are finite; the error names the
+/// worker, the step and the loss or the first tensor holding a NaN or an infinity.
+fn check_step_finite(
+    (worker, step): (u32, u64),
+    loss: f32,
+    compute: &Compute,
+    grads: &[Tensor],
+    table_rows: Option<&(crate::sparse::TableInfo, Rows)>,
+) -> Result<(), PsError> {
+    let diverged = |what: String| {
+        PsError::job(
+            format!("worker {worker}"),
+            format!("step {step}: {what}: the training diverged, training stops (lower train.learning_rate or set train.max_grad_norm)"),
+        )
+    };
+    if !loss.is_finite() {
+        return Err(diverged(format!("invalid loss {loss}")));
+    }
+    let mut tensors: Vec<(String, &[f32])> = Vec::with_capacity(grads.len() + 1);
+    for (p, g) in compute.params().iter().zip(grads) {
+        let values = g
+            .as_f32()
+            .map_err(|e| PsError::tensor(format!("the gradient of {}", p.name), e))?;
+        tensors.push((format!("the gradient of {}", p.name), values));
+    }
+    if let Some((table, rows)) = table_rows {
+        tensors.push((
+            format!("the row gradient of table {}", table.name),
+            &rows.values,
+        ));
+    }
+    for (what, values) in tensors {
+        if let Some((i, v)) = crate::wire::first_non_finite(values) {
+            return Err(diverged(format!("{what} holds {v} at index {i}")));
+        }
+    }
+    Ok(())
 }
 
 /// Clips this worker's gradient (`grads` and the table rows `rows`) by its global norm in
