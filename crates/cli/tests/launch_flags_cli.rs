@@ -30,7 +30,7 @@ fn refused_with(dir: &Scratch, args: &[&str], message: &str) {
 #[test]
 fn collective_flags_are_checked_before_anything_starts() {
     let dir = Scratch::new("launch-flags");
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 12] = [
         (
             &["--nproc", "0"],
             "--nproc (--worker_num) must be between 1 and 1024, got 0",
@@ -77,6 +77,23 @@ fn collective_flags_are_checked_before_anything_starts() {
             &["--nproc", "2", "--scheduler-addr", "h:1"],
             "--scheduler-addr needs --ps-servers",
         ),
+        // Flags of another form of job used to be ignored without a word.
+        (
+            &["--nproc", "2", "--independent", "--ps-servers", "1"],
+            "--independent and --ps-servers are two different jobs",
+        ),
+        (
+            &["--nproc", "2", "--independent", "--master_addr", "10.0.0.1"],
+            "--master_addr belongs to one collective job, which --independent does not start",
+        ),
+        (
+            &["--nproc", "2", "--ps-servers", "1", "--master-port", "9000"],
+            "--master_port belongs to one collective job, which --ps-servers does not start",
+        ),
+        (
+            &["--nproc", "2", "--independent", "--cluster_time_out", "0"],
+            "--cluster_time_out belongs to one collective job",
+        ),
     ];
     for (args, message) in cases {
         refused_with(&dir, args, message);
@@ -90,6 +107,22 @@ fn collective_flags_are_checked_before_anything_starts() {
         &["--nproc", "2", "--hostfile", hosts],
         "line 2: \"slots\" after host node-2 is not a KEY=NUMBER setting",
     );
+    // A host of no slots would still get ranks under mpirun's --oversubscribe.
+    let zero = dir.0.join("hosts0");
+    std::fs::write(&zero, "localhost slots=0\n").unwrap();
+    refused_with(
+        &dir,
+        &["--nproc", "2", "--hostfile", crate::util::s(&zero)],
+        "line 1: host localhost has slots=0",
+    );
+    // msrun's scripts pass --master_addr on one node too: taken, but said to be unused there.
+    let out = launch(&dir, &["--nproc", "1", "--master_addr", "10.0.0.1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("note: --master_addr and --master_port are used only by a job across nodes"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir.0.join("logs"));
     // msrun's `--join` (true) is accepted: it is what the launcher always does.
     let out = launch(&dir, &["--nproc", "1", "--join", "--independent"]);
     assert!(

@@ -34,6 +34,13 @@ use supervise::Outcome;
 /// Lines of a failed process's log shown when it stops the job.
 const TAIL_LINES: usize = 20;
 
+/// `--master_addr` when not given.
+const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
+/// `--master_port` when not given.
+const DEFAULT_MASTER_PORT: u16 = 8118;
+/// `--cluster_time_out` when not given, seconds.
+const DEFAULT_CLUSTER_SECS: u64 = 600;
+
 /// Arguments of `tessera launch`.
 #[derive(Debug, Args)]
 pub struct LaunchArgs {
@@ -48,23 +55,18 @@ pub struct LaunchArgs {
     /// node); default: all of them.
     #[arg(long, value_name = "L", visible_alias = "local_worker_num")]
     local_worker_num: Option<usize>,
-    /// Node 0's address, where the other nodes' launchers join (msrun's `--master_addr`).
-    #[arg(
-        long,
-        value_name = "HOST",
-        default_value = "127.0.0.1",
-        visible_alias = "master_addr"
-    )]
-    master_addr: String,
-    /// Node 0's port for the other nodes' launchers (msrun's `--master_port`).
+    /// Node 0's address, where the other nodes' launchers join (msrun's `--master_addr`);
+    /// default 127.0.0.1.
+    #[arg(long, value_name = "HOST", visible_alias = "master_addr")]
+    master_addr: Option<String>,
+    /// Node 0's port for the other nodes' launchers (msrun's `--master_port`); default 8118.
     #[arg(
         long,
         value_name = "PORT",
-        default_value_t = 8118,
         visible_alias = "master_port",
         value_parser = clap::value_parser!(u16).range(1..)
     )]
-    master_port: u16,
+    master_port: Option<u16>,
     /// This node's rank (msrun's `--node_rank`); default: node 0 is the one that can listen on
     /// the master address, the others are numbered as they join.
     #[arg(long, value_name = "R", visible_alias = "node_rank")]
@@ -74,14 +76,9 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     join: Option<bool>,
     /// Seconds node 0 waits for the other nodes, and a node for node 0 (msrun's
-    /// `--cluster_time_out`).
-    #[arg(
-        long,
-        value_name = "SECS",
-        default_value_t = 600,
-        visible_alias = "cluster_time_out"
-    )]
-    cluster_time_out: u64,
+    /// `--cluster_time_out`); default 600.
+    #[arg(long, value_name = "SECS", visible_alias = "cluster_time_out")]
+    cluster_time_out: Option<u64>,
     /// Collective job: seconds after which a rank is taken as hung and the job is stopped,
     /// naming it: a rank stopped by a signal (SIGSTOP) this long while others run (0: never;
     /// default 300), and, only when this flag is given, a rank still running this long after
@@ -140,18 +137,32 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
     if args.join == Some(false) {
         anyhow::bail!("--join false is not supported: tessera launch always waits for its job (run it in the background from your shell)");
     }
+    if args.independent && args.ps_servers.is_some() {
+        anyhow::bail!("--independent and --ps-servers are two different jobs (N independent workers, or a parameter-server job of a scheduler, servers and workers); give one of them");
+    }
     if args.ps_servers.is_none() && !args.independent {
         if args.scheduler_addr.is_some() {
             return Err(plan::PlanError::AddressWithoutServers.into());
         }
+        if args
+            .local_worker_num
+            .is_none_or(|local| local == args.nproc)
+            && (args.master_addr.is_some() || args.master_port.is_some())
+        {
+            // msrun's scripts give them on one node too: not an error, but not silent either.
+            eprintln!("[launch] note: --master_addr and --master_port are used only by a job across nodes (--local_worker_num below --worker_num); this job's {} rank(s) all run from this node", args.nproc);
+        }
         return collective::run(&collective::CollectiveRequest {
             worker_num: args.nproc,
             local_worker_num: args.local_worker_num,
-            master_addr: args.master_addr.clone(),
-            master_port: args.master_port,
+            master_addr: args
+                .master_addr
+                .clone()
+                .unwrap_or_else(|| DEFAULT_MASTER_ADDR.into()),
+            master_port: args.master_port.unwrap_or(DEFAULT_MASTER_PORT),
             node_rank: args.node_rank,
             hostfile: args.hostfile.clone(),
-            cluster_secs: args.cluster_time_out,
+            cluster_secs: args.cluster_time_out.unwrap_or(DEFAULT_CLUSTER_SECS),
             hang_secs: args.hang_time_out.unwrap_or(collective::DEFAULT_HANG_SECS),
             hang_strict: args.hang_time_out.is_some(),
             restarts: args.restarts,
@@ -160,12 +171,21 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
             command: args.command.clone(),
         });
     }
-    if args.local_worker_num.is_some()
-        || args.node_rank.is_some()
-        || args.hostfile.is_some()
-        || args.hang_time_out.is_some()
-    {
-        anyhow::bail!("--local_worker_num, --node_rank, --hostfile and --hang_time_out belong to one collective job; they cannot be combined with --ps-servers or --independent");
+    let form = match args.independent {
+        true => "--independent",
+        false => "--ps-servers",
+    };
+    let collective_only = [
+        ("--local_worker_num", args.local_worker_num.is_some()),
+        ("--node_rank", args.node_rank.is_some()),
+        ("--hostfile", args.hostfile.is_some()),
+        ("--hang_time_out", args.hang_time_out.is_some()),
+        ("--master_addr", args.master_addr.is_some()),
+        ("--master_port", args.master_port.is_some()),
+        ("--cluster_time_out", args.cluster_time_out.is_some()),
+    ];
+    if let Some((flag, _)) = collective_only.iter().find(|(_, given)| *given) {
+        anyhow::bail!("{flag} belongs to one collective job, which {form} does not start: it cannot be combined with --ps-servers or --independent (--local_worker_num, --node_rank, --hostfile, --hang_time_out, --master_addr, --master_port and --cluster_time_out are the collective job's)");
     }
     let request = LaunchRequest {
         workers: args.nproc,

@@ -134,6 +134,9 @@ fn is_executable(path: &Path) -> bool {
 /// The most bytes of a `--hostfile` read.
 const MAX_HOSTFILE_BYTES: u64 = 1 << 20;
 
+/// The largest number a `--hostfile` setting may give (OpenMPI reads it as a C `int`).
+const MAX_HOSTFILE_NUMBER: u64 = i32::MAX as u64;
+
 /// Checks a `--hostfile` before `mpirun` is started with it (so that a bad one is said once,
 /// naming the file and line, rather than by `mpirun` at every restart): readable, at least one
 /// host, and every line `HOST [KEY=NUMBER]…` (OpenMPI's `slots=4 max_slots=8`), with `#`
@@ -164,9 +167,22 @@ pub fn check_hostfile(path: &Path) -> anyhow::Result<()> {
                 .split_once('=')
                 .filter(|(key, _)| !key.is_empty())
                 .and_then(|(_, value)| value.parse::<u64>().ok());
+            let Some(number) = number else {
+                anyhow::bail!(
+                    "{}: {word:?} after host {host} is not a KEY=NUMBER setting (slots=4)",
+                    at()
+                );
+            };
+            // OpenMPI reads the number as a C int: a larger one wraps around to another count.
             anyhow::ensure!(
-                number.is_some(),
-                "{}: {word:?} after host {host} is not a KEY=NUMBER setting (slots=4)",
+                number <= MAX_HOSTFILE_NUMBER,
+                "{}: {word:?} after host {host} is above {MAX_HOSTFILE_NUMBER}, the largest count OpenMPI reads",
+                at()
+            );
+            // A host of no slots gets no rank, yet `--oversubscribe` would still place ranks there.
+            anyhow::ensure!(
+                !(number == 0 && (word.starts_with("slots=") || word.starts_with("slot="))),
+                "{}: host {host} has {word}, which would give it no rank, yet OpenMPI places ranks on it anyway (the launcher runs mpirun with --oversubscribe): give it slots=1 or more, or leave the host out",
                 at()
             );
         }
@@ -271,6 +287,18 @@ mod tests {
             err.contains("line 1") && err.contains("slots=four"),
             "{err}"
         );
+        // No slots, or more than OpenMPI's int holds: refused, naming the host and the line.
+        let err = file("node-1 slots=2\nnode-2 slots=0\n").unwrap_err();
+        assert!(
+            err.contains("line 2: host node-2 has slots=0") && err.contains("slots=1 or more"),
+            "{err}"
+        );
+        let err = file("node-1 slots=4294967297\n").unwrap_err();
+        assert!(
+            err.contains("line 1") && err.contains("above 2147483647"),
+            "{err}"
+        );
+        file("node-1 slots=2147483647 max_slots=0\n").unwrap();
         let err = file("n$1\n").unwrap_err();
         assert!(err.contains("not a host name"), "{err}");
         // A host once per slot is OpenMPI's other form; mixed with slots= it is refused.

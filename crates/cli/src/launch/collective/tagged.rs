@@ -68,9 +68,12 @@ pub struct TaggedRouter {
     hung: Mutex<Option<String>>,
     /// Where to say that the job cannot complete ([`Event::Stop`]).
     stop: Mutex<Option<Sender<Event>>>,
-    /// The rank and stream whose piece ended the last line the reader cut at
-    /// [`MAX_LINE_BYTES`]: the next line goes on with it until a tag says otherwise.
-    continued: Mutex<Option<(usize, bool)>>,
+    /// Per reader thread (`mpirun`'s stdout and stderr are read by one each, at once): the rank
+    /// and stream whose piece ended the last line that reader cut at [`MAX_LINE_BYTES`]; the
+    /// reader's next line goes on with it until a tag says otherwise. One slot shared by both
+    /// readers let a line of the other pipe take it, and the rest of a rank's long line went
+    /// to `mpirun.log`.
+    continued: Mutex<HashMap<std::thread::ThreadId, (usize, bool)>>,
 }
 
 /// What one of rank-env's token-ended lines reports.
@@ -115,7 +118,7 @@ impl TaggedRouter {
             stopped_at_failure: Mutex::new(Vec::new()),
             outside_at_failure: Mutex::new(None),
             stop: Mutex::new(None),
-            continued: Mutex::new(None),
+            continued: Mutex::new(HashMap::new()),
         }
     }
 
@@ -308,7 +311,10 @@ impl TaggedRouter {
             .outside_at_failure
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = None;
-        *self.continued.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.continued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -326,15 +332,20 @@ impl Router for TaggedRouter {
         // A line of `mpirun`'s longer than the reader takes at once comes in parts, each ended
         // by a newline the reader added: the next part goes on with the last piece's rank.
         let cut = cut_by_reader(line);
+        let reader = std::thread::current().id();
         let continued = self
             .continued
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take();
+            .remove(&reader);
         let pieces = split_pieces(line, self.ranks.len(), continued);
         if cut {
-            let last = pieces.last().map(|piece| (piece.rank, piece.stderr));
-            *self.continued.lock().unwrap_or_else(|p| p.into_inner()) = last;
+            if let Some(piece) = pieces.last() {
+                self.continued
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(reader, (piece.rank, piece.stderr));
+            }
         }
         if pieces.is_empty() {
             if let Some(rank) = reported_failure(line) {
@@ -614,6 +625,34 @@ mod tests {
         );
         // The next line starts fresh: untagged, it is mpirun's.
         assert_eq!(routed(&router, b"mpirun: a line\n")[0].0, "m");
+    }
+
+    /// `mpirun`'s stdout and stderr are read by two threads at once: a rank's line on the
+    /// other pipe between the parts of a cut line does not end the cut line's continuation
+    /// (it did, and the rest of a rank's long output went to `mpirun.log`).
+    #[test]
+    fn a_line_of_the_other_pipe_does_not_break_a_cut_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        let mut physical = b"[1,0]<stdout>:".to_vec();
+        physical.extend_from_slice(&vec![b'x'; MAX_LINE_BYTES + 100]);
+        physical.push(b'\n');
+        let mut first = physical[..MAX_LINE_BYTES].to_vec();
+        first.push(b'\n');
+        let mut out = routed(&router, &first);
+        // The stderr reader's line, from its own thread.
+        let other = std::thread::scope(|s| {
+            s.spawn(|| routed(&router, b"[1,1]<stderr>:a line of rank 1\n"))
+                .join()
+                .unwrap()
+        });
+        assert_eq!(other[0].0, "w1");
+        out.extend(routed(&router, &physical[MAX_LINE_BYTES..]));
+        assert!(
+            out.iter().all(|(log, _)| log == "w0"),
+            "{:?}",
+            out.iter().map(|(l, t)| (l, t.len())).collect::<Vec<_>>()
+        );
     }
 
     #[test]
