@@ -122,7 +122,7 @@ pub enum CkptError {
         reason: String,
     },
     /// A tensor's dtype name is not one Tessera stores.
-    #[error("{path}: tensor {tensor:?} has dtype {dtype:?}, which is not supported (supported: F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL)")]
+    #[error("{path}: tensor {} has dtype {dtype:?}, which is not supported (supported: F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL)", quoted(.tensor))]
     UnknownDType {
         /// The file.
         path: PathBuf,
@@ -132,7 +132,7 @@ pub enum CkptError {
         dtype: String,
     },
     /// A tensor's shape times its element size overflows.
-    #[error("{path}: tensor {tensor:?} has shape {shape:?}, whose byte size overflows 64 bits")]
+    #[error("{path}: tensor {} has shape {shape:?}, whose byte size overflows 64 bits", quoted(.tensor))]
     ShapeOverflow {
         /// The file.
         path: PathBuf,
@@ -142,7 +142,7 @@ pub enum CkptError {
         shape: Vec<u64>,
     },
     /// `data_offsets` that leave a hole, overlap, run backwards or do not start at 0.
-    #[error("{path}: tensor {tensor:?}: data_offsets {offsets:?} break the rule that tensors tile the data buffer without holes or overlaps (expected to start at byte {expected_start})")]
+    #[error("{path}: tensor {}: data_offsets {offsets:?} break the rule that tensors tile the data buffer without holes or overlaps (expected to start at byte {expected_start})", quoted(.tensor))]
     InvalidOffsets {
         /// The file.
         path: PathBuf,
@@ -154,7 +154,7 @@ pub enum CkptError {
         expected_start: u64,
     },
     /// `data_offsets` length disagrees with dtype × shape.
-    #[error("{path}: tensor {tensor:?} is {dtype} of shape {shape:?} = {expected} bytes, but its data_offsets span {got} bytes")]
+    #[error("{path}: tensor {} is {dtype} of shape {shape:?} = {expected} bytes, but its data_offsets span {got} bytes", quoted(.tensor))]
     TensorByteLength {
         /// The file.
         path: PathBuf,
@@ -192,7 +192,7 @@ pub enum CkptError {
         reason: String,
     },
     /// A `.ckpt` value that breaks MindSpore's checkpoint rules.
-    #[error("{path}: tensor {tensor:?}: {rule}")]
+    #[error("{path}: tensor {}: {rule}", quoted(.tensor))]
     CkptValue {
         /// The file.
         path: PathBuf,
@@ -222,7 +222,7 @@ pub enum CkptError {
         reason: String,
     },
     /// One parameter of a strategy breaks a rule.
-    #[error("{path}: parameter {tensor:?}: {rule}")]
+    #[error("{path}: parameter {}: {rule}", quoted(.tensor))]
     StrategyParam {
         /// The strategy file.
         path: PathBuf,
@@ -232,7 +232,7 @@ pub enum CkptError {
         rule: String,
     },
     /// A layout that the layout algebra rejects, for one parameter.
-    #[error("{path}: parameter {tensor:?}: {source}")]
+    #[error("{path}: parameter {}: {source}", quoted(.tensor))]
     Layout {
         /// The strategy file (or the operation's name when no file is involved).
         path: PathBuf,
@@ -302,7 +302,7 @@ pub enum CkptError {
         detail: String,
     },
     /// A tensor the strategy places on a rank is missing from that rank's file.
-    #[error("{path}: tensor {tensor:?} is not in this file, but {rule}")]
+    #[error("{path}: tensor {} is not in this file, but {rule}", quoted(.tensor))]
     TensorMissing {
         /// The file.
         path: PathBuf,
@@ -312,7 +312,7 @@ pub enum CkptError {
         rule: String,
     },
     /// A tensor whose stored shape disagrees with the strategy.
-    #[error("{path}: tensor {tensor:?} has shape {found:?} but the strategy gives this rank a slice of shape {expected:?}")]
+    #[error("{path}: tensor {} has shape {found:?} but the strategy gives this rank a slice of shape {expected:?}", quoted(.tensor))]
     SliceShape {
         /// The file.
         path: PathBuf,
@@ -324,7 +324,7 @@ pub enum CkptError {
         found: Vec<usize>,
     },
     /// A tensor whose dtype disagrees between files, or with the strategy.
-    #[error("{path}: tensor {tensor:?} is {found} but {expected} was expected ({reason})")]
+    #[error("{path}: tensor {} is {found} but {expected} was expected ({reason})", quoted(.tensor))]
     DTypeMismatch {
         /// The file.
         path: PathBuf,
@@ -338,7 +338,7 @@ pub enum CkptError {
         reason: String,
     },
     /// The global shape of a parameter cannot be determined, or two sources disagree on it.
-    #[error("parameter {tensor:?}: {reason}")]
+    #[error("parameter {}: {reason}", quoted(.tensor))]
     GlobalShape {
         /// The parameter.
         tensor: String,
@@ -346,7 +346,7 @@ pub enum CkptError {
         reason: String,
     },
     /// A tensor that a target format cannot hold (e.g. a MindSpore string in safetensors).
-    #[error("{path}: tensor {tensor:?}: {reason}")]
+    #[error("{path}: tensor {}: {reason}", quoted(.tensor))]
     Unsupported {
         /// The file.
         path: PathBuf,
@@ -408,7 +408,7 @@ pub enum CkptError {
         ranks: Vec<usize>,
     },
     /// One tensor given twice to be saved into one file.
-    #[error("{path}: tensor {tensor:?} given twice")]
+    #[error("{path}: tensor {} given twice", quoted(.tensor))]
     DuplicateTensor {
         /// The file being written.
         path: PathBuf,
@@ -416,14 +416,14 @@ pub enum CkptError {
         tensor: String,
     },
     /// One parameter listed twice in a strategy.
-    #[error("parameter {tensor:?} appears twice in a strategy")]
+    #[error("parameter {} appears twice in a strategy", quoted(.tensor))]
     DuplicateParam {
         /// The parameter.
         tensor: String,
     },
     /// A parameter whose layout holds several slices per device, which a per-rank checkpoint
     /// cannot store.
-    #[error("parameter {tensor:?}: interleaved_parallel layouts hold several slices per device and cannot be stored in a per-rank checkpoint")]
+    #[error("parameter {}: interleaved_parallel layouts hold several slices per device and cannot be stored in a per-rank checkpoint", quoted(.tensor))]
     InterleavedLayout {
         /// The parameter.
         tensor: String,
@@ -447,7 +447,7 @@ pub enum CkptError {
         reason: String,
     },
     /// A `choice_func` that gives two parameters the same output name.
-    #[error("choice_func gives {first:?} and {second:?} the same name {name:?}")]
+    #[error("choice_func gives {} and {} the same name {}", quoted(.first), quoted(.second), quoted(.name))]
     DuplicateOutputName {
         /// The first parameter.
         first: String,
@@ -457,7 +457,7 @@ pub enum CkptError {
         name: String,
     },
     /// A `choice_func` that failed on a parameter.
-    #[error("choice_func({param:?}) failed: {source}")]
+    #[error("choice_func({}) failed: {source}", quoted(.param))]
     ChoiceFunc {
         /// The parameter it was called with.
         param: String,
@@ -542,7 +542,7 @@ pub enum CkptError {
         thread: &'static str,
     },
     /// A plan whose pieces do not tile what they should fill.
-    #[error("internal error: the pieces of {tensor:?} {rule}")]
+    #[error("internal error: the pieces of {} {rule}", quoted(.tensor))]
     PlanMismatch {
         /// The tensor.
         tensor: String,
@@ -562,7 +562,7 @@ pub enum CkptError {
         path: PathBuf,
     },
     /// More bytes handed to a file writer for one tensor than it holds.
-    #[error("{path}: tensor {tensor:?} got more than its {n_bytes} bytes")]
+    #[error("{path}: tensor {} got more than its {n_bytes} bytes", quoted(.tensor))]
     TensorOverrun {
         /// The file.
         path: PathBuf,
@@ -572,7 +572,7 @@ pub enum CkptError {
         n_bytes: u64,
     },
     /// A file writer finished before a tensor was written whole.
-    #[error("{path}: tensor {tensor:?} was not written whole")]
+    #[error("{path}: tensor {} was not written whole", quoted(.tensor))]
     TensorIncomplete {
         /// The file.
         path: PathBuf,
@@ -601,4 +601,22 @@ pub(crate) fn io_err(
 ) -> impl FnOnce(std::io::Error) -> CkptError {
     let path = path.into();
     move |source| CkptError::Io { path, op, source }
+}
+
+/// The longest name (in characters) a message quotes whole.
+pub(crate) const LONGEST_QUOTED_NAME: usize = 200;
+
+/// `name` in quotes, as a message quotes a user's name ([`brief_name`]).
+fn quoted(name: &str) -> String {
+    format!("{:?}", brief_name(name))
+}
+
+/// A user's name (a tensor, an op, an alias, a key) as a message quotes it: whole up to
+/// [`LONGEST_QUOTED_NAME`] characters, else cut there with `…` (a file's 1 MB name must not make
+/// a 1 MB error line).
+pub(crate) fn brief_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.char_indices().nth(LONGEST_QUOTED_NAME) {
+        Some((cut, _)) => format!("{}…", &name[..cut]).into(),
+        None => name.into(),
+    }
 }

@@ -208,9 +208,11 @@
 //! ```
 //! A mesh gives its ranks, in slot order, as exactly one of `"rank_list"` (every rank) or
 //! `"rank_range": [start, count]` (the consecutive ranks `start..start+count`; `count` must be
-//! the product of the axis sizes), which the writer uses whenever the ranks are consecutive: a
-//! full list of 8 192 ranks per tensor put a thousand-tensor strategy over the JSON reader's
-//! limit of 2^23 values. Version 1 (written before `"rank_range"`) is still read; there a mesh
+//! the product of the axis sizes), which the writer uses whenever the ranks are consecutive (a
+//! full list of 8 192 ranks per tensor made a thousand-tensor file megabytes). The reader
+//! streams: each tensor is checked and built as it is read, never a tree of the whole file,
+//! within bounds far above any real model (4 194 304 tensors and as many ops, 65 536
+//! placements per tensor, rank lists up to the rank limit, names of at most 64 KiB). Version 1 (written before `"rank_range"`) is still read; there a mesh
 //! may give neither key, meaning ranks `0..n`. A version-1 reader refuses version 2 instead of
 //! taking a `"rank_range"` mesh for ranks `0..n`.
 //! `dims` lists, per tensor dim, the mesh axes splitting it, outer first (`[]` = not split).

@@ -494,3 +494,41 @@ fn an_operator_recorded_twice_in_one_stage_is_refused_by_every_reader() {
         "{e}"
     );
 }
+
+#[test]
+#[ignore = "slow in a debug build (half a minute on a busy machine): run with --ignored or in release"]
+fn a_300_000_tensor_strategy_round_trips() {
+    // About 35 JSON values a tensor: more than the 2^23 values a tree of the whole file could
+    // hold, which capped a readable strategy at about 190 000 tensors.
+    let dir = tmp();
+    let path = dir.path().join("huge.json");
+    let strategy = resolved(300_000, 8, 1_024, 0, None);
+    let back = round_trip(&path, &strategy);
+    assert_eq!(back.params(), strategy.params());
+}
+
+#[test]
+fn a_strategy_of_more_values_than_a_json_tree_held_is_read() {
+    // 1 030 tensors, each split into 8 192 blocks of one row listed in "rows": 8.4 million
+    // cheap values (17 MB of text), over the 2^23 values the whole-file tree refused.
+    let n = 1_030;
+    let rows = vec!["1"; 8_192].join(",");
+    let tensors = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"name":"t{i}","shape":[8192],"dtype":"f32","placements":[{{"stage":0,"mesh":{{"axes":[["dp",8192]],"rank_range":[0,8192]}},"dims":[["dp"]],"optimizer_shard":1,"rows":[{rows}]}}]}}"#
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let text =
+        format!(r#"{{"format":"tessera-strategy","version":2,"tensors":[{tensors}],"ops":[]}}"#);
+    let start = std::time::Instant::now();
+    let s = Strategy::from_bytes(Path::new("rows.json"), text.as_bytes()).unwrap();
+    assert_eq!(s.params.len(), n);
+    for (i, p) in s.params.iter().enumerate() {
+        assert_eq!(p.name, format!("t{i}"));
+        assert_eq!(p.placements[0].rows.as_deref(), Some(&[1; 8_192][..]));
+    }
+    assert!(start.elapsed().as_secs() < 60, "{:?}", start.elapsed());
+}

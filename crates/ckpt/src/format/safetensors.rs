@@ -124,7 +124,10 @@ pub(crate) fn parse_header(
     if keys.len() != map.len() {
         let mut seen = std::collections::HashSet::with_capacity(keys.len());
         if let Some(k) = keys.iter().find(|k| !seen.insert(k.as_str())) {
-            return Err(invalid(format!("the key {k:?} appears more than once")));
+            return Err(invalid(format!(
+                "the key {:?} appears more than once",
+                crate::error::brief_name(k)
+            )));
         }
     }
     let mut metadata = BTreeMap::new();
@@ -137,7 +140,8 @@ pub(crate) fn parse_header(
             for (k, v) in meta {
                 let Value::String(s) = v else {
                     return Err(invalid(format!(
-                        "__metadata__ value for {k:?} is not a string"
+                        "__metadata__ value for {:?} is not a string",
+                        crate::error::brief_name(&k)
                     )));
                 };
                 metadata.insert(k, s);
@@ -192,7 +196,7 @@ struct RawEntry {
 fn parse_entry(path: &Path, name: String, entry: Value) -> Result<RawEntry> {
     let bad = |what: &str| CkptError::InvalidHeader {
         path: path.to_path_buf(),
-        reason: format!("tensor {name:?}: {what}"),
+        reason: format!("tensor {:?}: {what}", crate::error::brief_name(&name)),
     };
     let Value::Object(fields) = &entry else {
         return Err(bad("the entry is not an object"));

@@ -7,13 +7,18 @@ use std::path::{Path, PathBuf};
 use layout::{Layout, Mesh, MeshAxis};
 use tensor::DType;
 
+mod stream;
+
+use self::stream::{
+    Caps, List, Listed, Name, RawMesh, RawOp, RawPlacement, RawTensor, Stop, MAX_NAME_BYTES,
+};
 use super::codec::json::Json;
-use crate::error::{CkptError, Result};
+use crate::error::{brief_name, CkptError, Result};
 use crate::io::atomic_write::write_file;
 use crate::model::tensor::MAX_DIMS;
 use crate::model::{
     check_tuple_count, check_unique_ops, OpStrategyRecord, ResolvedStrategy, StagePlacement,
-    Strategy, StrategyFlavour, StrategyParam,
+    Strategy, StrategyFlavour, StrategyParam, MAX_OP_TUPLES,
 };
 
 /// The value of the `"format"` key.
@@ -23,58 +28,161 @@ pub const FORMAT_NAME: &str = "tessera-strategy";
 /// a mesh without `"rank_list"` to hold ranks `0..n`, so files that may use it say version 2.
 pub const VERSION: u64 = 2;
 
-/// Reads a Tessera strategy file's bytes.
-pub(crate) fn read(path: &Path, bytes: &[u8]) -> Result<Strategy> {
-    let json = Json::parse_bytes(bytes).map_err(|reason| CkptError::InvalidStrategy {
-        path: path.to_path_buf(),
-        reason,
-    })?;
-    from_json(path, &json)
-}
+/// The most tensors a strategy file may hold (4 194 304): far above any real model, and checked
+/// as they are read.
+pub(crate) const MAX_TENSORS: usize = 1 << 22;
+/// The most `"ops"` entries a strategy file may hold (4 194 304).
+pub(crate) const MAX_OPS: usize = 1 << 22;
+/// The most placements (pipeline stages) one tensor may have (65 536).
+pub(crate) const MAX_PLACEMENTS: usize = 1 << 16;
 
-/// Reads a parsed Tessera strategy.
-pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
+/// Reads a Tessera strategy file's bytes, streaming: each tensor is checked and built as it is
+/// read, never a tree of the whole file (see [`stream`]).
+pub(crate) fn read(path: &Path, bytes: &[u8]) -> Result<Strategy> {
     let bad = |reason: String| CkptError::InvalidStrategy {
         path: path.to_path_buf(),
         reason,
     };
-    let version = match json.get("version").and_then(Json::as_u64) {
-        Some(v @ (1 | VERSION)) => v,
-        Some(v) => {
-            return Err(bad(format!(
-                "version {v} is not supported (this build reads versions 1 to {VERSION})"
-            )))
-        }
-        None => return Err(bad("no \"version\"".to_string())),
+    let text =
+        std::str::from_utf8(bytes).map_err(|_| bad("a JSON file must be UTF-8".to_string()))?;
+    let caps = Caps {
+        dims: MAX_DIMS,
+        placements: MAX_PLACEMENTS,
+        axes: layout::limits::MAX_MESH_AXES,
+        ranks: layout::limits::max_ranks(),
+        tuples: MAX_OP_TUPLES,
+        ops: MAX_OPS,
     };
-    let tensors = json
-        .get("tensors")
-        .and_then(Json::as_arr)
-        .ok_or_else(|| bad("no \"tensors\" list".to_string()))?;
-    let mut params = Vec::with_capacity(tensors.len());
-    // The names seen, to refuse a second one without a quadratic scan of `params`.
-    let mut names: HashSet<String> = HashSet::with_capacity(tensors.len());
-    for (i, t) in tensors.iter().enumerate() {
-        let name = t
-            .get("name")
-            .and_then(Json::as_str)
-            .ok_or_else(|| bad(format!("tensor #{i} has no \"name\"")))?
-            .to_string();
+    let mut tensors = Tensors {
+        path,
+        params: Vec::new(),
+        names: HashSet::new(),
+        waiting: Vec::new(),
+    };
+    let top = stream::decode(
+        text,
+        caps,
+        &mut |version, i, raw| tensors.take(version, i, raw),
+        op_record,
+    )
+    .map_err(|stop| match stop {
+        Stop::Json(e) => bad(format!("not valid JSON ({e})")),
+        Stop::Sink(e) => e,
+    })?;
+    let version = check_version(path, top.version.as_ref())?;
+    if top.tensors != Some(true) {
+        return Err(bad("no \"tensors\" list".to_string()));
+    }
+    // Tensors read before the `"version"` key are checked now that it is known.
+    for (i, raw) in std::mem::take(&mut tensors.waiting) {
+        tensors.add(version, i, raw)?;
+    }
+    if let Some((i, reason)) = top.op_error {
+        return Err(bad(format!("ops #{i}: {reason}")));
+    }
+    let ops = match top.ops {
+        None | Some(Listed::Null) => Vec::new(),
+        Some(Listed::Other) => return Err(bad("\"ops\" must be a list".to_string())),
+        Some(Listed::List(list)) => {
+            if list.len > list.items.len() {
+                return Err(bad(format!(
+                    "\"ops\" has {} entries, more than the {MAX_OPS} a strategy file may hold",
+                    list.len
+                )));
+            }
+            list.items
+        }
+    };
+    check_unique_ops(ops.iter().map(|op| (op.name.as_str(), op.stage)))
+        .map_err(|reason| bad(format!("\"ops\": {reason}")))?;
+    Ok(Strategy::new(
+        path.to_path_buf(),
+        StrategyFlavour::Tessera,
+        tensors.params,
+        ops,
+    ))
+}
+
+/// The version a file's `"version"` gives, if this build reads it.
+fn check_version(path: &Path, version: Option<&Json>) -> Result<u64> {
+    let bad = |reason: String| CkptError::InvalidStrategy {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match version.and_then(Json::as_u64) {
+        Some(v @ (1 | VERSION)) => Ok(v),
+        Some(v) => Err(bad(format!(
+            "version {v} is not supported (this build reads versions 1 to {VERSION})"
+        ))),
+        None => Err(bad("no \"version\"".to_string())),
+    }
+}
+
+/// The tensors read so far.
+struct Tensors<'a> {
+    path: &'a Path,
+    params: Vec<StrategyParam>,
+    /// The names seen, to refuse a second one without a quadratic scan of `params`.
+    names: HashSet<String>,
+    /// Tensors read before the `"version"` key (a file that gives it after `"tensors"`).
+    waiting: Vec<(usize, RawTensor)>,
+}
+
+impl Tensors<'_> {
+    /// Takes tensor #`i`, read after the `"version"` (if any).
+    fn take(&mut self, version: Option<&Json>, i: usize, raw: RawTensor) -> Result<()> {
+        if i >= MAX_TENSORS {
+            return Err(CkptError::InvalidStrategy {
+                path: self.path.to_path_buf(),
+                reason: format!(
+                    "\"tensors\" has more than {MAX_TENSORS} entries, the most a strategy file may hold"
+                ),
+            });
+        }
+        match version {
+            Some(v) => {
+                let version = check_version(self.path, Some(v))?;
+                self.add(version, i, raw)
+            }
+            None => {
+                self.waiting.push((i, raw));
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks tensor #`i` of a file of `version` and keeps it.
+    fn add(&mut self, version: u64, i: usize, t: RawTensor) -> Result<()> {
+        let path = self.path;
+        let bad = |reason: String| CkptError::InvalidStrategy {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let name = match t.name {
+            Name::Str(name) => name,
+            Name::Missing => return Err(bad(format!("tensor #{i} has no \"name\""))),
+            Name::TooLong(n) => {
+                return Err(bad(format!(
+                    "tensor #{i}: its \"name\" is {n} bytes long, more than the {MAX_NAME_BYTES} a name may have"
+                )))
+            }
+        };
         let rule = |rule: String| CkptError::StrategyParam {
             path: path.to_path_buf(),
             tensor: name.clone(),
             rule,
         };
-        if !names.insert(name.clone()) {
+        if self.names.contains(&name) {
             return Err(rule("the name appears twice".to_string()));
         }
         let shape = t
-            .get("shape")
-            .and_then(Json::as_arr)
-            .filter(|a| a.len() <= MAX_DIMS)
+            .shape
+            .as_ref()
+            .and_then(Listed::list)
+            .and_then(List::whole)
             .and_then(|a| {
                 a.iter()
-                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .map(|&d| usize::try_from(d).ok())
                     .collect::<Option<Vec<_>>>()
             })
             .ok_or_else(|| {
@@ -82,7 +190,7 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
                     "\"shape\" must be a list of at most {MAX_DIMS} sizes"
                 ))
             })?;
-        let dtype = match t.get("dtype") {
+        let dtype = match &t.dtype {
             None | Some(Json::Null) => None,
             Some(d) => Some(
                 d.as_str()
@@ -91,16 +199,17 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             ),
         };
         let list = t
-            .get("placements")
-            .and_then(Json::as_arr)
-            .filter(|a| !a.is_empty())
+            .placements
+            .as_ref()
+            .and_then(Listed::list)
+            .filter(|a| a.len > 0)
             .ok_or_else(|| rule("\"placements\" must be a non-empty list".to_string()))?;
-        let mut placements = Vec::with_capacity(list.len());
+        let mut placements = Vec::with_capacity(list.items.len());
         // A stage placed twice is refused at its second copy, before that copy's mesh is
         // built: a list of 100 000 copies of one placement was read whole and accepted.
         let mut stages: HashSet<usize> = HashSet::new();
-        for pl in list {
-            let stage = match pl.get("stage") {
+        for pl in &list.items {
+            let stage = match &pl.stage {
                 None => 0,
                 Some(s) => s
                     .as_u64()
@@ -114,76 +223,88 @@ pub(crate) fn from_json(path: &Path, json: &Json) -> Result<Strategy> {
             }
             placements.push(placement(path, &name, stage, version, pl)?);
         }
+        // Checked after the kept ones: a stage placed twice is named first.
+        if list.len > list.items.len() {
+            return Err(rule(format!(
+                "\"placements\" has {} entries, more than the {MAX_PLACEMENTS} pipeline stages a tensor may be placed in",
+                list.len
+            )));
+        }
         placements.sort_by_key(|p| p.stage);
-        params.push(StrategyParam {
+        self.names.insert(name.clone());
+        self.params.push(StrategyParam {
             name,
             shape: Some(shape),
             dtype,
             placements,
         });
+        Ok(())
     }
-    let ops = match json.get("ops") {
-        None | Some(Json::Null) => Vec::new(),
-        Some(list) => list
-            .as_arr()
-            .ok_or_else(|| bad("\"ops\" must be a list".to_string()))?
-            .iter()
-            .enumerate()
-            .map(|(i, op)| op_record(op).map_err(|reason| bad(format!("ops #{i}: {reason}"))))
-            .collect::<std::result::Result<Vec<_>, _>>()?,
-    };
-    check_unique_ops(ops.iter().map(|op| (op.name.as_str(), op.stage)))
-        .map_err(|reason| bad(format!("\"ops\": {reason}")))?;
-    Ok(Strategy::new(
-        path.to_path_buf(),
-        StrategyFlavour::Tessera,
-        params,
-        ops,
-    ))
 }
 
 /// One `"ops"` entry: `{"name", "stage", "in_strategy", "out_strategy"}`.
-fn op_record(op: &Json) -> std::result::Result<OpStrategyRecord, String> {
-    let name = op
-        .get("name")
-        .and_then(Json::as_str)
-        .ok_or("no \"name\"")?
-        .to_string();
-    let tuples = |key: &str| -> std::result::Result<Option<Vec<Vec<usize>>>, String> {
-        match op.get(key) {
-            None | Some(Json::Null) => Ok(None),
-            Some(v) => v
-                .as_arr()
-                .map(|list| check_tuple_count(&name, key, list.len()).map(|()| list))
-                .transpose()?
-                .and_then(|list| {
-                    list.iter()
-                        .map(|t| {
-                            t.as_arr()?
-                                .iter()
-                                .map(|f| f.as_u64().filter(|&f| f >= 1).map(|f| f as usize))
-                                .collect::<Option<Vec<_>>>()
-                        })
-                        .collect::<Option<Vec<_>>>()
-                })
-                .map(Some)
-                .ok_or_else(|| {
-                    format!(
-                        "op {name:?}: {key:?} must be a list of split tuples of positive integers"
-                    )
-                }),
+fn op_record(op: &RawOp) -> std::result::Result<OpStrategyRecord, String> {
+    let name = match &op.name {
+        Name::Str(name) => name.clone(),
+        Name::Missing => return Err("no \"name\"".to_string()),
+        Name::TooLong(n) => {
+            return Err(format!(
+                "its \"name\" is {n} bytes long, more than the {MAX_NAME_BYTES} a name may have"
+            ))
         }
     };
-    let inputs =
-        tuples("in_strategy")?.ok_or_else(|| format!("op {name:?} has no \"in_strategy\""))?;
-    let outputs = tuples("out_strategy")?;
-    let stage = match op.get("stage") {
+    let quoted = format!("{:?}", brief_name(&name));
+    // The first tuple of more factors than a tensor has dims (`what`, index, factors): only
+    // counted, so it is named after the other checks, as `check_sizes` names one.
+    let mut wide: Option<(&str, usize, usize)> = None;
+    let mut tuples = |key: &'static str,
+                      field: &Option<Listed<List<u64>>>|
+     -> std::result::Result<Option<Vec<Vec<usize>>>, String> {
+        let list = match field {
+            None | Some(Listed::Null) => return Ok(None),
+            Some(Listed::Other) => None,
+            Some(Listed::List(list)) => {
+                check_tuple_count(&name, key, list.len)?;
+                Some(list)
+            }
+        };
+        list.filter(|l| l.ok)
+            .and_then(|l| {
+                l.items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let t = Some(t).filter(|t| t.ok)?;
+                        if t.len > t.items.len() && wide.is_none() {
+                            wide = Some((key, i, t.len));
+                        }
+                        t.items
+                            .iter()
+                            .map(|&f| usize::try_from(f).ok())
+                            .collect::<Option<Vec<_>>>()
+                    })
+                    .collect::<Option<Vec<_>>>()
+            })
+            .map(Some)
+            .ok_or_else(|| {
+                format!("op {quoted}: {key:?} must be a list of split tuples of positive integers")
+            })
+    };
+    let inputs = tuples("in_strategy", &op.in_strategy)?
+        .ok_or_else(|| format!("op {quoted} has no \"in_strategy\""))?;
+    let outputs = tuples("out_strategy", &op.out_strategy)?;
+    let stage = match &op.stage {
         None => 0,
         Some(s) => s
             .as_u64()
-            .ok_or_else(|| format!("op {name:?}: \"stage\" must be a non-negative integer"))?
-            as usize,
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(|| format!("op {quoted}: \"stage\" must be a non-negative integer"))?,
     };
+    if let Some((what, i, n)) = wide {
+        return Err(format!(
+            "op {quoted}: its {what} tuple {i} has {n} split factors, more than the {MAX_DIMS} dims a tensor may have"
+        ));
+    }
     let record = OpStrategyRecord {
         name,
         stage,
@@ -222,7 +343,7 @@ fn placement(
     name: &str,
     stage: usize,
     version: u64,
-    pl: &Json,
+    pl: &RawPlacement,
 ) -> Result<StagePlacement> {
     let rule = |rule: String| CkptError::StrategyParam {
         path: path.to_path_buf(),
@@ -235,14 +356,16 @@ fn placement(
         source,
     };
     let mesh = pl
-        .get("mesh")
+        .mesh
+        .as_ref()
         .ok_or_else(|| rule("a placement has no \"mesh\"".to_string()))?;
-    let mut axes = Vec::new();
-    for a in mesh
-        .get("axes")
-        .and_then(Json::as_arr)
-        .ok_or_else(|| rule("\"mesh\".\"axes\" must be a list of [name, size]".to_string()))?
-    {
+    let listed_axes = mesh
+        .axes
+        .as_ref()
+        .and_then(Listed::list)
+        .ok_or_else(|| rule("\"mesh\".\"axes\" must be a list of [name, size]".to_string()))?;
+    let mut axes = Vec::with_capacity(listed_axes.items.len());
+    for a in &listed_axes.items {
         match a.as_arr() {
             Some([n, s]) if n.as_str().is_some() && s.as_u64().is_some() => axes.push(MeshAxis {
                 name: n.as_str().expect("checked").to_string(),
@@ -251,15 +374,29 @@ fn placement(
             _ => return Err(rule(format!("mesh axis {} is not [name, size]", a.brief()))),
         }
     }
+    if listed_axes.len > listed_axes.items.len() {
+        return Err(rule(format!(
+            "\"mesh\".\"axes\" has {} axes, more than the {} a mesh may have",
+            listed_axes.len,
+            layout::limits::MAX_MESH_AXES
+        )));
+    }
     let rank_list = rank_list(mesh, version, &axes).map_err(|e| match e {
         RanksError::Rule(r) => rule(r),
         RanksError::Layout(e) => layout_err(e),
     })?;
     let mesh = Mesh::from_axes(axes, rank_list).map_err(layout_err)?;
-    let mut dims = Vec::new();
-    for d in pl.get("dims").and_then(Json::as_arr).ok_or_else(|| {
+    let listed_dims = pl.dims.as_ref().and_then(Listed::list).ok_or_else(|| {
         rule("\"dims\" must be a list (one list of axis names per tensor dim)".to_string())
-    })? {
+    })?;
+    if listed_dims.len > listed_dims.items.len() {
+        return Err(rule(format!(
+            "\"dims\" has {} entries, more than the {MAX_DIMS} dims a tensor may have",
+            listed_dims.len
+        )));
+    }
+    let mut dims = Vec::with_capacity(listed_dims.items.len());
+    for d in &listed_dims.items {
         let names = d.as_arr().ok_or_else(|| {
             rule(format!(
                 "dim entry {} is not a list of axis names",
@@ -276,38 +413,34 @@ fn placement(
         dims.push(axes);
     }
     let layout = Layout::from_mesh(mesh, dims).map_err(layout_err)?;
-    let opt_shard = match pl.get("optimizer_shard") {
+    let opt_shard = match &pl.optimizer_shard {
         None | Some(Json::Null) => 1,
         Some(k) => k.as_u64().filter(|&k| k >= 1).ok_or_else(|| {
             rule("\"optimizer_shard\" must be a group size of at least 1".to_string())
         })? as usize,
     };
-    let rows = match pl.get("rows") {
-        None | Some(Json::Null) => None,
-        Some(r) => Some(
-            r.as_arr()
-                .and_then(|a| {
-                    a.iter()
-                        .map(|x| x.as_u64().filter(|&x| x >= 1).map(|x| x as usize))
-                        .collect::<Option<Vec<_>>>()
-                })
-                .ok_or_else(|| {
-                    rule(
-                        "\"rows\" must be a list of positive row counts, one per block of dim 0"
-                            .to_string(),
-                    )
-                })?,
-        ),
+    let rows = match &pl.rows {
+        None | Some(Listed::Null) => None,
+        Some(r) => Some(r.list().filter(|l| l.ok).ok_or_else(|| {
+            rule(
+                "\"rows\" must be a list of positive row counts, one per block of dim 0"
+                    .to_string(),
+            )
+        })?),
     };
-    if let Some(rows) = &rows {
-        let blocks = layout.split_factors().first().copied().unwrap_or(1);
-        if rows.len() != blocks {
-            return Err(rule(format!(
-                "\"rows\" has {} entries, but dim 0 is split into {blocks} blocks",
-                rows.len()
-            )));
+    let rows = match rows {
+        None => None,
+        Some(rows) => {
+            let blocks = layout.split_factors().first().copied().unwrap_or(1);
+            if rows.len != blocks {
+                return Err(rule(format!(
+                    "\"rows\" has {} entries, but dim 0 is split into {blocks} blocks",
+                    rows.len
+                )));
+            }
+            Some(rows.items.iter().map(|&r| r as usize).collect::<Vec<_>>())
         }
-    }
+    };
     let replicas = layout.replica_count();
     if replicas % opt_shard != 0 {
         return Err(rule(format!(
@@ -334,14 +467,21 @@ enum RanksError {
 /// `"rank_range"` (`[start, count]`: the ranks `start..start + count`), exactly one of them.
 /// A version-1 file may give neither (the ranks are then `0..n`); it predates `"rank_range"`.
 /// `count` is checked against the mesh's device count (itself bounded by the rank ceiling)
-/// before a rank is allocated.
+/// before a rank is allocated; a `"rank_list"` was kept only up to the rank ceiling.
 fn rank_list(
-    mesh: &Json,
+    mesh: &RawMesh,
     version: u64,
     axes: &[MeshAxis],
 ) -> std::result::Result<Option<Vec<usize>>, RanksError> {
-    let present = |key: &str| mesh.get(key).filter(|v| !matches!(v, Json::Null));
-    match (present("rank_list"), present("rank_range")) {
+    let listed = mesh
+        .rank_list
+        .as_ref()
+        .filter(|l| !matches!(l, Listed::Null));
+    let range = mesh
+        .rank_range
+        .as_ref()
+        .filter(|v| !matches!(v, Json::Null));
+    match (listed, range) {
         (Some(_), Some(_)) => Err(RanksError::Rule(
             "the mesh gives both \"rank_list\" and \"rank_range\"; give exactly one".to_string(),
         )),
@@ -349,15 +489,28 @@ fn rank_list(
         (None, None) => Err(RanksError::Rule(
             "the mesh gives neither \"rank_list\" nor \"rank_range\"; give exactly one".to_string(),
         )),
-        (Some(r), None) => r
-            .as_arr()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .map(Some)
-            .ok_or_else(|| RanksError::Rule("\"rank_list\" must be a list of ranks".to_string())),
+        (Some(r), None) => {
+            let list = r.list().filter(|l| l.ok).ok_or_else(|| {
+                RanksError::Rule("\"rank_list\" must be a list of ranks".to_string())
+            })?;
+            if list.len > list.items.len() {
+                // Longer than the rank ceiling: longer than any mesh's device count.
+                let sizes: Vec<usize> = axes.iter().map(|a| a.size).collect();
+                let n = layout::limits::checked_rank_count(&sizes).map_err(RanksError::Layout)?;
+                return Err(RanksError::Rule(format!(
+                    "\"rank_list\" has {} ranks, but the mesh axes {sizes:?} have {n} devices",
+                    list.len
+                )));
+            }
+            list.items
+                .iter()
+                .map(|&x| usize::try_from(x).ok())
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| {
+                    RanksError::Rule("\"rank_list\" must be a list of ranks".to_string())
+                })
+        }
         (None, Some(r)) => {
             // Any non-negative integer is read whole (not only up to 2^63 - 1, as `as_u64`
             // reads): a start of 2^64 - 1 breaks the rank limit, not the form of the pair.
@@ -411,7 +564,8 @@ pub fn rank_range(ranks: &[usize]) -> Option<(usize, usize)> {
 
 /// A mesh's ranks as JSON: `"rank_range": [start, count]` when they are consecutive
 /// ([`rank_range`]), otherwise `"rank_list"` with every rank. A rank list of 8 192 ranks per
-/// tensor put a thousand-tensor strategy over the JSON reader's value limit.
+/// tensor made a thousand-tensor file megabytes (and, before the reader streamed, over the
+/// value limit of the JSON tree it built).
 fn ranks_json(ranks: &[usize]) -> (&'static str, Json) {
     match rank_range(ranks) {
         Some((start, count)) => ("rank_range", Json::uints([start as u64, count as u64])),

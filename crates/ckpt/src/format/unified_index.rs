@@ -40,7 +40,8 @@ pub(crate) fn read(path: &Path) -> Result<Vec<(String, String)>> {
             .filter(|f| !f.contains('/') && !f.contains("..") && !f.is_empty())
             .ok_or_else(|| {
                 bad(format!(
-                    "weight_map entry {name:?} is not a file name in the directory"
+                    "weight_map entry {:?} is not a file name in the directory",
+                    crate::error::brief_name(name)
                 ))
             })?;
         weight_map.push((name.clone(), file.to_string()));

@@ -132,6 +132,7 @@ impl OpStrategyRecord {
                 .enumerate()
                 .find(|(_, t)| t.len() > super::tensor::MAX_DIMS)
             {
+                let name = crate::error::brief_name(name);
                 return Err(format!(
                     "op {name:?}: its {what} tuple {i} has {} split factors, more than the {} dims a tensor may have",
                     t.len(),
@@ -151,6 +152,7 @@ pub(crate) fn check_tuple_count(
     n: usize,
 ) -> std::result::Result<(), String> {
     if n > MAX_OP_TUPLES {
+        let name = crate::error::brief_name(name);
         return Err(format!(
             "op {name:?}: its {what} has {n} split tuples, more than the {MAX_OP_TUPLES} an op may have"
         ));
@@ -169,6 +171,7 @@ pub(crate) fn check_unique_ops<'a>(
     let mut seen: HashSet<(&str, usize)> = HashSet::new();
     for (name, stage) in ops {
         if !seen.insert((name, stage)) {
+            let name = crate::error::brief_name(name);
             return Err(format!(
                 "op {name:?} has two strategy records in pipeline stage {stage}; an op has one strategy per stage"
             ));
@@ -299,6 +302,10 @@ impl Strategy {
                 for &rank in ranks.iter() {
                     match owner.insert(rank, (stage, name)) {
                         Some((other, other_name)) if other != stage => {
+                            let (name, other_name) = (
+                                crate::error::brief_name(name),
+                                crate::error::brief_name(other_name),
+                            );
                             return Err(CkptError::InvalidStrategy {
                                 path: self.path.clone(),
                                 reason: format!(

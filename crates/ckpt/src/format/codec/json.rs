@@ -12,6 +12,8 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
+use crate::error::brief_name;
+
 /// A JSON value whose objects keep their key order.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Json {
@@ -31,10 +33,41 @@ impl Json {
     /// limit of a file read whole would otherwise take gigabytes).
     pub(crate) fn parse(text: &str) -> Result<Json, serde_json::Error> {
         LEFT.with(|left| left.set(MAX_VALUES));
+        LIMIT.with(|limit| limit.set(MAX_VALUES));
+        DEPTH.with(|d| d.set(0));
         let parsed = serde_json::from_str(text);
+        SECTION.with(|s| s.take());
         LEFT.with(|left| left.set(usize::MAX));
         PENDING.with(|pending| *pending.borrow_mut() = Vec::new());
         parsed
+    }
+
+    /// Reads one small value (a name, a number, a short list) out of a larger document that a
+    /// streaming reader walks, refusing more than `max_values` values or a string of more than
+    /// `max_str_bytes` bytes: what such a value costs is bounded whatever the file holds.
+    pub(crate) fn deserialize_small<'de, D: Deserializer<'de>>(
+        d: D,
+        max_values: usize,
+        max_str_bytes: usize,
+    ) -> Result<Json, D::Error> {
+        let outer = (
+            LEFT.with(|left| left.replace(max_values)),
+            LIMIT.with(|limit| limit.replace(max_values)),
+            MAX_STR.with(|max| max.replace(max_str_bytes)),
+        );
+        let depth = DEPTH.with(|d| d.replace(0));
+        let value = Json::deserialize(d);
+        DEPTH.with(|d| d.set(depth));
+        LEFT.with(|left| left.set(outer.0));
+        LIMIT.with(|limit| limit.set(outer.1));
+        MAX_STR.with(|max| max.set(outer.2));
+        value
+    }
+
+    /// Frees the list buffer the reads of this thread used (after a streaming read of a large
+    /// file that called [`Json::deserialize_small`] many times).
+    pub(crate) fn release_buffers() {
+        PENDING.with(|pending| *pending.borrow_mut() = Vec::new());
     }
 
     /// Parses the bytes of a JSON file, or says why they are not JSON (not UTF-8, not valid).
@@ -171,6 +204,23 @@ thread_local! {
 }
 
 thread_local! {
+    /// The values one read may build in all: [`MAX_VALUES`] for a whole file, less for a
+    /// small value ([`Json::deserialize_small`]); named by the refusal.
+    static LIMIT: Cell<usize> = const { Cell::new(MAX_VALUES) };
+    /// The longest string (in bytes) a small value may hold (`usize::MAX` outside one).
+    static MAX_STR: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+thread_local! {
+    /// How many objects the running read is inside (reset by each read).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// The key of the outermost object whose value is being read: a key given twice in the
+    /// object under it is named with it (`duplicate key "matmul1" in "parallel_strategy_item"`),
+    /// so a reader can say what the keys there are.
+    static SECTION: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+thread_local! {
     /// The items of the lists being read, innermost last: each list is built at its exact
     /// length from here, where a list grown by pushes keeps room for up to four times its
     /// items (a file of many one-item lists took 140 bytes of memory per item).
@@ -180,14 +230,30 @@ thread_local! {
 /// Counts one value against [`MAX_VALUES`], or refuses it.
 fn spend<E: de::Error>() -> Result<(), E> {
     LEFT.with(|left| match left.get() {
-        0 => Err(E::custom(format!(
-            "more than {MAX_VALUES} JSON values (numbers, strings, lists and objects in all), the most a file read here may hold"
-        ))),
+        0 => Err(E::custom(match LIMIT.with(Cell::get) {
+            MAX_VALUES => format!(
+                "more than {MAX_VALUES} JSON values (numbers, strings, lists and objects in all), the most a file read here may hold"
+            ),
+            limit => format!(
+                "more than {limit} JSON values in one entry where a small value belongs (a name, a number or a short list)"
+            ),
+        })),
         n => {
             left.set(n - 1);
             Ok(())
         }
     })
+}
+
+/// Refuses a string longer than a small value's limit ([`Json::deserialize_small`]).
+fn short_enough<E: de::Error>(s: &str) -> Result<(), E> {
+    match MAX_STR.with(Cell::get) {
+        max if s.len() > max => Err(E::custom(format!(
+            "a string of {} bytes where a short one belongs (at most {max} bytes)",
+            s.len()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 struct JsonVisitor;
@@ -220,10 +286,12 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Json, E> {
         spend::<E>()?;
+        short_enough::<E>(v)?;
         Ok(Json::Str(v.to_string()))
     }
     fn visit_string<E: de::Error>(self, v: String) -> Result<Json, E> {
         spend::<E>()?;
+        short_enough::<E>(&v)?;
         Ok(Json::Str(v))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
@@ -244,18 +312,32 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
         spend::<A::Error>()?;
+        let depth = DEPTH.with(|d| d.replace(d.get() + 1));
         let mut entries: Vec<(String, Json)> = Vec::new();
         // A set beside the list: a linear scan per key made an object of n keys take n²/2
         // comparisons (a 14 MB strategy file of 100 000 parameters took 40 seconds).
         let mut keys: HashSet<String> = HashSet::new();
-        while let Some((k, v)) = map.next_entry::<String, Json>()? {
+        while let Some(k) = map.next_key::<String>()? {
             // The key is a value of its own in memory.
             spend::<A::Error>()?;
             if !keys.insert(k.clone()) {
-                return Err(de::Error::custom(format!("duplicate key {k:?}")));
+                let k = brief_name(&k);
+                return Err(de::Error::custom(
+                    match (depth, SECTION.with(|s| s.take())) {
+                        (1, Some(section)) => {
+                            format!("duplicate key {k:?} in {:?}", brief_name(&section))
+                        }
+                        _ => format!("duplicate key {k:?}"),
+                    },
+                ));
             }
+            if depth == 0 {
+                SECTION.with(|s| *s.borrow_mut() = Some(k.clone()));
+            }
+            let v = map.next_value::<Json>()?;
             entries.push((k, v));
         }
+        DEPTH.with(|d| d.set(depth));
         entries.shrink_to_fit();
         Ok(Json::Obj(entries))
     }
@@ -290,6 +372,71 @@ pub(crate) fn object_keys(text: &str) -> Result<ObjectKeys, serde_json::Error> {
     let keys = de.deserialize_map(KeysVisitor)?;
     de.end()?;
     Ok(keys)
+}
+
+/// The value under top-level `key` of `text` (one JSON object), read without building the
+/// others and whether or not the rest of the file is valid JSON: what a message about a file
+/// that failed to read can add (a MindSpore file's `"current_stage"`).
+pub(crate) fn top_level_value(text: &str, key: &str) -> Option<Json> {
+    struct Small;
+    impl<'de> de::DeserializeSeed<'de> for Small {
+        type Value = Json;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Json, D::Error> {
+            Json::deserialize_small(d, 64, 64)
+        }
+    }
+    struct Find<'k>(&'k str, &'k RefCell<Option<Json>>);
+    impl<'de> Visitor<'de> for Find<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(k) = map.next_key::<String>()? {
+                if k == self.0 && self.1.borrow().is_none() {
+                    *self.1.borrow_mut() = Some(map.next_value_seed(Small)?);
+                } else {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+    let found = RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    // The rest of the file may be what failed to read: the value found before is kept.
+    let _ = de.deserialize_map(Find(key, &found));
+    found.into_inner()
+}
+
+/// `reason` (why a MindSpore JSON strategy or operator strategy file failed to read) with, when
+/// it is a key given twice in a section keyed by operator name, what that key is and the
+/// file's pipeline stage (`"current_stage"`): a repeated op name read as a bare JSON fault.
+pub(crate) fn explain_duplicate_op(bytes: &[u8], reason: String) -> String {
+    const OP_SECTIONS: [&str; 4] = [
+        "parallel_strategy_item",
+        "parallel_out_strategy_item",
+        "parallel_layout_value_item",
+        "parallel_out_layout_value_item",
+    ];
+    if !reason.contains("duplicate key")
+        || !OP_SECTIONS
+            .iter()
+            .any(|s| reason.contains(&format!("in \"{s}\"")))
+    {
+        return reason;
+    }
+    let stage = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| top_level_value(text, "current_stage"))
+        .and_then(|v| v.as_u64())
+        .map_or_else(
+            || "the file gives no \"current_stage\"".to_string(),
+            |s| format!("the file is pipeline stage {s} (\"current_stage\")"),
+        );
+    format!(
+        "{reason}: that section is keyed by operator name, and an operator has one strategy record per pipeline stage; {stage}"
+    )
 }
 
 struct KeysVisitor;

@@ -14,7 +14,7 @@ impl MsStrategyFile {
     pub(crate) fn from_json_bytes(path: &Path, bytes: &[u8]) -> Result<MsStrategyFile> {
         let json = Json::parse_bytes(bytes).map_err(|reason| CkptError::InvalidStrategy {
             path: path.to_path_buf(),
-            reason,
+            reason: crate::format::codec::json::explain_duplicate_op(bytes, reason),
         })?;
         MsStrategyFile::from_json(path, &json)
     }
@@ -38,11 +38,12 @@ impl MsStrategyFile {
                 .as_obj()
                 .ok_or_else(|| bad("parallel_strategy_item is not an object".to_string()))?;
             for (node, item) in items {
+                let shown = crate::error::brief_name(node);
                 let stage = item
                     .get("stage")
                     .and_then(Json::as_u64)
                     .and_then(|v| u32::try_from(v).ok())
-                    .ok_or_else(|| bad(format!("strategy item {node:?} has no uint32 stage")))?;
+                    .ok_or_else(|| bad(format!("strategy item {shown:?} has no uint32 stage")))?;
                 // MindSpore writes "parallel_strategy" for every item; a missing or mistyped
                 // one was read as "no inputs", which hid the file's fault.
                 let tuples = item
@@ -50,7 +51,7 @@ impl MsStrategyFile {
                     .and_then(Json::as_arr)
                     .ok_or_else(|| {
                         bad(format!(
-                            "strategy item {node:?}: \"parallel_strategy\" must be a list of split tuples"
+                            "strategy item {shown:?}: \"parallel_strategy\" must be a list of split tuples"
                         ))
                     })?;
                 check_tuple_count(node, "parallel_strategy", tuples.len()).map_err(bad)?;
@@ -58,7 +59,7 @@ impl MsStrategyFile {
                 for s in tuples {
                     strategies.push(uint_list(s).ok_or_else(|| {
                         bad(format!(
-                            "strategy item {node:?}: \"parallel_strategy\" must hold lists of uint32"
+                            "strategy item {shown:?}: \"parallel_strategy\" must hold lists of uint32"
                         ))
                     })?);
                 }

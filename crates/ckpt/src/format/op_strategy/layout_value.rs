@@ -50,10 +50,13 @@ pub(crate) fn read_layouts(entry: &Json) -> Result<Vec<Layout>, String> {
             .parse::<usize>()
             .ok()
             .filter(|&i| i < items.len() && key == &i.to_string())
-            .ok_or(format!(
-                "key {key:?} must be an input index from \"0\" to \"{}\"",
-                items.len().saturating_sub(1)
-            ))?;
+            .ok_or_else(|| {
+                format!(
+                    "key {:?} must be an input index from \"0\" to \"{}\"",
+                    crate::error::brief_name(key),
+                    items.len().saturating_sub(1)
+                )
+            })?;
         if slots[index].is_some() {
             return Err(format!("input {index} is given twice"));
         }
@@ -69,7 +72,8 @@ fn read_layout(item: &Json) -> Result<Layout, String> {
         .ok_or("must be an object with dev_matrix, tensor_map, interleaved_parallel, alias_name")?;
     if let Some((key, _)) = fields.iter().find(|(k, _)| !KEYS.contains(&k.as_str())) {
         return Err(format!(
-            "unknown key {key:?} (expected {})",
+            "unknown key {:?} (expected {})",
+            crate::error::brief_name(key),
             KEYS.join(", ")
         ));
     }

@@ -35,7 +35,7 @@ use layout::Layout;
 
 use self::layout_value::{layouts_json, read_layouts};
 use super::codec::json::Json;
-use crate::error::{CkptError, Result};
+use crate::error::{brief_name, CkptError, Result};
 use crate::io::atomic_write::write_file;
 use crate::model::{check_tuple_count, OpStrategyRecord};
 
@@ -68,7 +68,12 @@ pub fn read_operator_strategy_file(path: &Path) -> Result<Vec<OpStrategyRecord>>
     }
     let text =
         layout::limits::read_text_bounded(path, MAX_OP_STRATEGY_FILE_BYTES).map_err(io("read"))?;
-    let json = Json::parse(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let json = Json::parse(&text).map_err(|e| {
+        bad(crate::format::codec::json::explain_duplicate_op(
+            text.as_bytes(),
+            format!("not JSON: {e}"),
+        ))
+    })?;
     parse(&json).map_err(bad)
 }
 
@@ -101,7 +106,7 @@ fn layout_section(
         .map(|(name, entry)| {
             read_layouts(entry)
                 .map(|l| (name.clone(), l))
-                .map_err(|e| format!("\"{key}\": op {name:?}: {e}"))
+                .map_err(|e| format!("\"{key}\": op {:?}: {e}", brief_name(name)))
         })
         .collect()
 }
@@ -115,6 +120,7 @@ fn agree(
 ) -> std::result::Result<(), String> {
     let factors: Vec<Vec<usize>> = layouts.iter().map(Layout::split_factors).collect();
     if factors != tuples {
+        let name = brief_name(name);
         return Err(format!(
             "op {name:?}: its {what} tuples {tuples:?} disagree with its layouts' split factors {factors:?}"
         ));
@@ -192,6 +198,7 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
         }
     }
     let no_in = |name: &str| {
+        let name = brief_name(name);
         format!("op {name:?} has an out_strategy but no in_strategy in \"parallel_strategy_item\" or \"parallel_layout_value_item\"")
     };
     for (name, out) in outs {
@@ -201,6 +208,7 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
         // An op runs in one pipeline stage: an out_strategy placing it in another was dropped
         // unread. (An op known only from "parallel_layout_value_item" has no stage to compare.)
         if i < items.len() && out.get("stage").is_some() && stage != r.stage {
+            let name = brief_name(name);
             return Err(format!(
                 "op {name:?}: its out_strategy is in pipeline stage {stage} but its in_strategy in stage {}; an op runs in one stage",
                 r.stage
@@ -232,31 +240,32 @@ fn entry(
     what: &str,
     item: &Json,
 ) -> std::result::Result<(usize, Vec<Vec<usize>>), String> {
+    let shown = brief_name(name);
     let stage = match item.get("stage") {
         None => 0,
-        Some(v) => v.as_u64().filter(|&s| s < MAX_ENTRY).ok_or(format!(
-            "op {name:?}: \"stage\" must be a small non-negative integer"
-        ))? as usize,
+        Some(v) => v.as_u64().filter(|&s| s < MAX_ENTRY).ok_or_else(|| {
+            format!("op {shown:?}: \"stage\" must be a small non-negative integer")
+        })? as usize,
     };
     let tuples = item
         .get("parallel_strategy")
         .and_then(Json::as_arr)
-        .ok_or(format!(
-            "op {name:?}: \"parallel_strategy\" must be a list of split tuples"
-        ))?;
+        .ok_or_else(|| {
+            format!("op {shown:?}: \"parallel_strategy\" must be a list of split tuples")
+        })?;
     check_tuple_count(name, what, tuples.len())?;
     let mut out = Vec::with_capacity(tuples.len());
     for (i, t) in tuples.iter().enumerate() {
-        let dims = t.as_arr().ok_or(format!(
-            "op {name:?}: input {i} must be a list of split factors"
-        ))?;
+        let dims = t
+            .as_arr()
+            .ok_or_else(|| format!("op {shown:?}: input {i} must be a list of split factors"))?;
         let mut tuple = Vec::with_capacity(dims.len());
         for d in dims {
             let f = d
                 .as_u64()
                 .filter(|&f| (1..MAX_ENTRY).contains(&f))
-                .ok_or(format!(
-                    "op {name:?}: input {i}: split factor {} must be an integer between 1 and {MAX_ENTRY}",
+                .ok_or_else(|| format!(
+                    "op {shown:?}: input {i}: split factor {} must be an integer between 1 and {MAX_ENTRY}",
                     d.brief()
                 ))?;
             tuple.push(f as usize);
