@@ -566,8 +566,8 @@ fn verify_checkpoint<'py>(
 
 fn box_dict<'py>(py: Python<'py>, b: &layout::SliceBox) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("offset", &b.offset)?;
-    d.set_item("shape", &b.shape)?;
+    d.set_item("offset", &b.offset[..])?;
+    d.set_item("shape", &b.shape[..])?;
     Ok(d)
 }
 

@@ -93,8 +93,8 @@ fn layout_slices<'py>(
         let d = PyDict::new(py);
         d.set_item("rank", mesh.rank_of_slot(slot))?;
         d.set_item("device", mesh.device_of_slot(slot))?;
-        d.set_item("offset", &b.offset)?;
-        d.set_item("shape", &b.shape)?;
+        d.set_item("offset", &b.offset[..])?;
+        d.set_item("shape", &b.shape[..])?;
         slices.append(d)?;
     }
     let d = PyDict::new(py);

@@ -48,7 +48,7 @@ fn multi_axis_redundancy_is_computed_from_the_whole_map() {
     let s = ckpt::Strategy::load(&path).unwrap();
     let resolved = s.resolve_scale_free().unwrap();
     let b = resolved.param("b_multi").unwrap();
-    assert_eq!(b.shape, vec![8]);
-    assert_eq!(b.placements[0].held.rank_box(1).unwrap().offset, vec![1]);
-    assert_eq!(b.placements[0].held.rank_box(4).unwrap().offset, vec![4]);
+    assert_eq!(b.shape[..], [8]);
+    assert_eq!(b.placements[0].held.rank_box(1).unwrap().offset[..], [1]);
+    assert_eq!(b.placements[0].held.rank_box(4).unwrap().offset[..], [4]);
 }

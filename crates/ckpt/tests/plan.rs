@@ -35,7 +35,7 @@ fn per_rank_pieces(
     }
     pieces
         .into_iter()
-        .map(|(b, h)| (b.offset, b.shape, h))
+        .map(|(b, h)| (b.offset.into_vec(), b.shape.into_vec(), h))
         .collect()
 }
 
@@ -76,8 +76,8 @@ fn check_plan(c: &std::path::Path, plan: &[RankConversionPlan], src: &ckpt::Reso
                 .iter()
                 .map(|x| {
                     (
-                        x.region.offset.clone(),
-                        x.region.shape.clone(),
+                        x.region.offset.to_vec(),
+                        x.region.shape.to_vec(),
                         x.holders.clone(),
                     )
                 })

@@ -85,8 +85,8 @@ fn to_json(t: &TensorLayout) -> anyhow::Result<Value> {
             let b = t.slot_box(slot);
             let mut v = json!({
                 "rank": mesh.device_of_slot(slot),
-                "offset": b.offset,
-                "shape": b.shape,
+                "offset": &b.offset[..],
+                "shape": &b.shape[..],
             });
             if k > 1 {
                 v["interleave_index"] = json!(slot % k);

@@ -358,7 +358,7 @@ mod tests {
     use serde_json::{json, Value};
 
     fn region_value(b: &layout::SliceBox) -> Value {
-        json!({"offset": b.offset, "shape": b.shape})
+        json!({"offset": &b.offset[..], "shape": &b.shape[..]})
     }
 
     /// The `--json` document as it was built before, one `Value` per transfer: the reference

@@ -149,8 +149,9 @@ pub enum GraphError {
     RegionOutOfRange {
         /// Who asked (`parameter fc1_weight`, `layer1.dropout`).
         context: String,
-        /// The box.
-        region: SliceBox,
+        /// The box (boxed: a box holds its dims inline, and every result of this type would
+        /// carry its size).
+        region: Box<SliceBox>,
         /// The global shape.
         shape: Vec<usize>,
     },

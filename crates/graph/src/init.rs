@@ -127,7 +127,7 @@ impl Initializer {
         if !region_fits(&region.offset, &region.shape, global_shape) {
             return Err(GraphError::RegionOutOfRange {
                 context: format!("parameter `{param_name}`"),
-                region: region.clone(),
+                region: Box::new(region.clone()),
                 shape: global_shape.to_vec(),
             });
         }

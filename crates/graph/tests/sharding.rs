@@ -377,7 +377,7 @@ fn flash_attention_masks_a_block_by_its_global_positions() {
         vt.extract_box(&keys).unwrap(),
     );
     let block_of = |b: &SliceBox| InputBlock {
-        offset: b.offset.clone(),
+        offset: b.offset.to_vec(),
         global_shape: shape.to_vec(),
     };
     let blocks = [InputBlock::default(), block_of(&keys), block_of(&keys)];
@@ -430,7 +430,7 @@ fn embedding_blocks_of_rows_sum_to_the_lookup_and_scatter_into_their_rows() {
         let block = table.extract_box(&region).unwrap();
         let blocks = [
             InputBlock {
-                offset: region.offset.clone(),
+                offset: region.offset.to_vec(),
                 global_shape: vec![6, 2],
             },
             InputBlock::default(),

@@ -410,8 +410,8 @@ mod tests {
         assert_eq!(opt2.dims().unwrap(), &[vec![1], vec![2]]);
         let t = opt2.bind(&[8, 8]).unwrap();
         // Ranks 0 and 2 are chunk mates (replica group 0,2,4,6 cut into {0,2},{4,6}).
-        assert_eq!(t.slot_box(0).offset, vec![0, 0]);
-        assert_eq!(t.slot_box(2).offset, vec![4, 0]);
-        assert_eq!(t.slot_box(4).offset, vec![0, 0]);
+        assert_eq!(t.slot_box(0).offset[..], [0, 0]);
+        assert_eq!(t.slot_box(2).offset[..], [4, 0]);
+        assert_eq!(t.slot_box(4).offset[..], [0, 0]);
     }
 }

@@ -43,5 +43,5 @@ pub use crate::error::LayoutError;
 pub use crate::layout::{repeated_calc_mesh, DimSpec, Layout};
 pub use crate::mesh::{Mesh, MeshAxis, INTERLEAVED_ALIAS};
 pub use crate::mindspore::{LayoutDict, MsDimMap};
-pub use crate::slice_box::{row_major_strides, SliceBox};
+pub use crate::slice_box::{row_major_strides, Dims, SliceBox};
 pub use crate::tensor_layout::TensorLayout;

@@ -2,6 +2,12 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
+/// A box's offsets or lengths, one per dim: inline up to four dims, so that making a box (the
+/// planner makes millions) allocates nothing for the tensors of a network.
+pub type Dims = SmallVec<[usize; 4]>;
+
 /// A rectangular region of an N-dimensional tensor: an offset and a length per dim, counted in
 /// elements (not bytes). A rank's shard of a tensor is a box; so is every piece a reshard or a
 /// checkpoint conversion moves.
@@ -10,14 +16,15 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SliceBox {
     /// First element index per dim.
-    pub offset: Vec<usize>,
+    pub offset: Dims,
     /// Number of elements per dim.
-    pub shape: Vec<usize>,
+    pub shape: Dims,
 }
 
 impl SliceBox {
     /// A box from its offset and shape (same length).
-    pub fn new(offset: Vec<usize>, shape: Vec<usize>) -> SliceBox {
+    pub fn new(offset: impl Into<Dims>, shape: impl Into<Dims>) -> SliceBox {
+        let (offset, shape) = (offset.into(), shape.into());
         assert_eq!(
             offset.len(),
             shape.len(),
@@ -29,8 +36,8 @@ impl SliceBox {
     /// The box covering a whole tensor of `shape`.
     pub fn full(shape: &[usize]) -> SliceBox {
         SliceBox {
-            offset: vec![0; shape.len()],
-            shape: shape.to_vec(),
+            offset: smallvec::smallvec![0; shape.len()],
+            shape: shape.into(),
         }
     }
 
@@ -61,8 +68,8 @@ impl SliceBox {
     /// The common part of two boxes, or `None` if they share no element.
     pub fn intersect(&self, other: &SliceBox) -> Option<SliceBox> {
         assert_eq!(self.ndim(), other.ndim(), "boxes of different rank");
-        let mut offset = Vec::with_capacity(self.ndim());
-        let mut shape = Vec::with_capacity(self.ndim());
+        let mut offset = Dims::with_capacity(self.ndim());
+        let mut shape = Dims::with_capacity(self.ndim());
         for d in 0..self.ndim() {
             let start = self.offset[d].max(other.offset[d]);
             let end = (self.offset[d] + self.shape[d]).min(other.offset[d] + other.shape[d]);

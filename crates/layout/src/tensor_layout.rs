@@ -3,7 +3,7 @@
 use crate::error::LayoutError;
 use crate::layout::Layout;
 use crate::mesh::Mesh;
-use crate::slice_box::SliceBox;
+use crate::slice_box::{Dims, SliceBox};
 
 /// A [`Layout`] bound to a tensor's global shape. Every split dim divides exactly, so each slot of
 /// the mesh holds one [`SliceBox`] of the same shape — unless dim 0 has a *manual row split*
@@ -193,7 +193,7 @@ impl TensorLayout {
     pub fn slot_shape(&self, slot: usize) -> Vec<usize> {
         match &self.row_split {
             None => self.slice_shape.clone(),
-            Some(_) => self.slot_box(slot).shape,
+            Some(_) => self.slot_box(slot).shape.into_vec(),
         }
     }
 
@@ -227,7 +227,7 @@ impl TensorLayout {
 
     /// The box held by `slot`.
     pub fn slot_box(&self, slot: usize) -> SliceBox {
-        let (offset, shape) = (0..self.shape.len())
+        let (offset, shape): (Dims, Dims) = (0..self.shape.len())
             .map(|dim| self.slot_extent(slot, dim))
             .unzip();
         SliceBox::new(offset, shape)
@@ -438,8 +438,8 @@ mod tests {
             .bind(&[8, 16])
             .unwrap();
         assert_eq!(a.slice_shape(), &[4, 8]);
-        assert_eq!(a.rank_box(1).unwrap().offset, vec![0, 8]);
-        assert_eq!(a.rank_box(5).unwrap().offset, vec![4, 8]);
+        assert_eq!(a.rank_box(1).unwrap().offset[..], [0, 8]);
+        assert_eq!(a.rank_box(5).unwrap().offset[..], [4, 8]);
         assert_eq!(a.replica_slots(0), vec![0, 2]);
         assert_eq!(a.replica_slots(5), vec![5, 7]);
 
@@ -449,9 +449,9 @@ mod tests {
             .bind(&[8, 16])
             .unwrap();
         assert_eq!(b.slice_shape(), &[2, 16]);
-        assert_eq!(b.rank_box(1).unwrap().offset, vec![2, 0]);
-        assert_eq!(b.rank_box(5).unwrap().offset, vec![6, 0]);
-        assert_eq!(b.rank_box(4).unwrap().offset, vec![4, 0]);
+        assert_eq!(b.rank_box(1).unwrap().offset[..], [2, 0]);
+        assert_eq!(b.rank_box(5).unwrap().offset[..], [6, 0]);
+        assert_eq!(b.rank_box(4).unwrap().offset[..], [4, 0]);
     }
 
     #[test]

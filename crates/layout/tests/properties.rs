@@ -285,8 +285,8 @@ proptest! {
 fn arb_box() -> impl Strategy<Value = SliceBox> {
     proptest::collection::vec((0usize..6, 0usize..5), 2).prop_map(|dims| {
         SliceBox::new(
-            dims.iter().map(|d| d.0).collect(),
-            dims.iter().map(|d| d.1).collect(),
+            dims.iter().map(|d| d.0).collect::<Vec<_>>(),
+            dims.iter().map(|d| d.1).collect::<Vec<_>>(),
         )
     })
 }

@@ -230,8 +230,8 @@ mod tests {
         assert_eq!((two.size, two.step), (2, 2));
         assert_eq!(two.layout.slice_shape(), &[4, 4]);
         // Ranks 0 and 2 share a chunk (the replica group 0, 2, 4, 6 cut into {0, 2}, {4, 6}).
-        assert_eq!(two.layout.rank_box(2).unwrap().offset, vec![4, 0]);
-        assert_eq!(two.layout.rank_box(4).unwrap().offset, vec![0, 0]);
+        assert_eq!(two.layout.rank_box(2).unwrap().offset[..], [4, 0]);
+        assert_eq!(two.layout.rank_box(4).unwrap().offset[..], [0, 0]);
         // A shard size above the replica count means the whole group.
         let ShardDecision::Sharded(big) = decide(&hsdp(Some(8), 0), &weight(8), 256) else {
             panic!("sharded over the replica group");

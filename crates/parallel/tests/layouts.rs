@@ -146,7 +146,7 @@ fn dataset_layouts_split_the_inputs() {
         .unwrap();
     for r in 0..8 {
         let block = (r / 2) * 8;
-        assert_eq!(images.rank_box(r).unwrap().offset, vec![block, 0, 0]);
+        assert_eq!(images.rank_box(r).unwrap().offset[..], [block, 0, 0]);
         assert_eq!(
             labels.rank_box(r).unwrap(),
             SliceBox::new(vec![block], vec![8])

@@ -222,13 +222,13 @@ impl PackedReduction {
         let mut at = 0;
         for (o, (part, shape)) in out.iter_mut().zip(&self.parts) {
             let whole = match self.scattered {
-                true => &part.shape,
-                false => shape,
+                true => &part.shape[..],
+                false => &shape[..],
             };
             let len = whole.iter().product::<usize>() * width;
             let bytes = &data[at..at + len];
             at += len;
-            if o.dtype() == dtype && o.as_bytes().len() == len && whole == &part.shape {
+            if o.dtype() == dtype && o.as_bytes().len() == len && whole == &part.shape[..] {
                 // The destination is the whole summed slice, in the type summed: one copy.
                 o.as_bytes_mut().copy_from_slice(bytes);
                 continue;

@@ -72,8 +72,9 @@ pub enum TensorError {
     BoxOutOfRange {
         /// The operation.
         op: &'static str,
-        /// The box.
-        region: SliceBox,
+        /// The box (boxed: a box holds its dims inline, and every result of this type would
+        /// carry its size).
+        region: Box<SliceBox>,
         /// The tensor shape.
         shape: Vec<usize>,
     },

@@ -386,7 +386,7 @@ impl Tensor {
         if !check_region(region, &self.shape) {
             return Err(TensorError::BoxOutOfRange {
                 op: "extract_box",
-                region: region.clone(),
+                region: Box::new(region.clone()),
                 shape: self.shape.clone(),
             });
         }
@@ -419,17 +419,17 @@ impl Tensor {
                 got: piece.dtype(),
             });
         }
-        if piece.shape != region.shape {
+        if piece.shape[..] != region.shape[..] {
             return Err(TensorError::ShapeMismatch {
                 op: "insert_box",
-                lhs: region.shape.clone(),
+                lhs: region.shape.to_vec(),
                 rhs: piece.shape.clone(),
             });
         }
         if !check_region(region, &self.shape) {
             return Err(TensorError::BoxOutOfRange {
                 op: "insert_box",
-                region: region.clone(),
+                region: Box::new(region.clone()),
                 shape: self.shape.clone(),
             });
         }

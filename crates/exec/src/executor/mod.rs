@@ -269,12 +269,15 @@ impl RankExecutor {
                         .map(|&b| {
                             let layout = program.buffers[b].layout.layout();
                             Ok(InputBlock {
-                                offset: layout.slot_box(slot_of(layout, rank)?).offset,
+                                offset: layout.slot_box(slot_of(layout, rank)?).offset.into_vec(),
                                 global_shape: layout.shape().to_vec(),
                             })
                         })
                         .collect::<Result<Vec<_>, ExecError>>()?;
-                    (Some(layout.slot_box(slot_of(layout, rank)?).offset), blocks)
+                    (
+                        Some(layout.slot_box(slot_of(layout, rank)?).offset.into_vec()),
+                        blocks,
+                    )
                 }
                 Step::Reshard(_) => (Some(Vec::new()), Vec::new()),
             };
@@ -718,7 +721,7 @@ impl RankExecutor {
         if let Some(o) = within.offset.first_mut() {
             *o = 0;
         }
-        let block = if within.shape == rows.shape() {
+        let block = if within.shape[..] == *rows.shape() {
             rows
         } else {
             rows.extract_box(&within)?

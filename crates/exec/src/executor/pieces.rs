@@ -58,7 +58,7 @@ pub(super) fn optimizer_pieces(
             let param_box = p.layout.slot_box(slot_of(&p.layout, rank)?);
             let Some(shard) = p.optimizer_shard() else {
                 return Ok(OptimizerPiece {
-                    shape: param_box.shape,
+                    shape: param_box.shape.into_vec(),
                     param_offset: 0,
                     grad_offset: 0,
                 });
@@ -74,7 +74,7 @@ pub(super) fn optimizer_pieces(
             Ok(OptimizerPiece {
                 param_offset: row_offset(&param_box, &piece),
                 grad_offset,
-                shape: piece.shape,
+                shape: piece.shape.into_vec(),
             })
         })
         .collect()

@@ -17,10 +17,10 @@ pub(super) fn checked_placement<'a>(
         Some(p) if !region_fits(p.offset, shape, p.global_shape) => {
             Err(GraphError::RegionOutOfRange {
                 context: ctx.node.to_string(),
-                region: SliceBox {
-                    offset: p.offset.to_vec(),
-                    shape: shape.to_vec(),
-                },
+                region: Box::new(SliceBox {
+                    offset: p.offset.into(),
+                    shape: shape.into(),
+                }),
                 shape: p.global_shape.to_vec(),
             })
         }

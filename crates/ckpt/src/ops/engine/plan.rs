@@ -108,7 +108,7 @@ pub(crate) fn plan_rank<'a>(
                     None => None,
                 };
                 let meta = match &region {
-                    Some(b) => TensorMeta::new(&t.name, t.ty.clone(), b.shape.clone()),
+                    Some(b) => TensorMeta::new(&t.name, t.ty.clone(), b.shape.to_vec()),
                     None => t.meta(),
                 };
                 plan.items.push(OutItem {
@@ -154,7 +154,7 @@ pub(crate) fn plan_gathers<'a>(
         items.push(TensorMeta::new(
             &param.name,
             StoredType::DType(dtype),
-            region.shape.clone(),
+            region.shape.to_vec(),
         ));
     }
     let mut unavailable: BTreeSet<usize> = BTreeSet::new();
