@@ -3,7 +3,8 @@
 //! `parallel.strategy_file` strategy names that key and the file); and
 //! `parallel.hsdp.shard_size` capped by the replicas a strategy gives a parameter (which the
 //! configuration's own warnings cannot see) is reported by the session, once per cause, and
-//! not again when the configuration's warnings already say it.
+//! not again when the configuration's warnings already say it; so is a
+//! `train.elastic_interval` beyond the run's last step.
 
 use std::path::Path;
 
@@ -343,4 +344,31 @@ fn a_search_keeps_the_strategy_files_strategies() {
         "{:?}",
         data_parallel.warnings()
     );
+}
+
+/// `train.elastic` with a `train.elastic_interval` beyond the run's last step takes no
+/// snapshot, so the switch would do nothing: the session says so, naming both figures; an
+/// interval the run reaches says nothing.
+#[test]
+fn an_elastic_interval_beyond_the_run_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |interval: u64| {
+        let overrides = [
+            "train.max_steps=3".to_string(),
+            "train.elastic=true".to_string(),
+            format!("train.elastic_interval={interval}"),
+        ];
+        let parallel = "devices = 2\nmode = \"semi_auto\"\nmodel_parallel = 2\n";
+        let config = run_util::small_gpt(tmp.path(), "adam", "", parallel, &overrides);
+        Session::new(&config)
+            .expect("the session builds")
+            .warnings()
+    };
+    let warned = run(1_000_000);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains("train.elastic_interval = 1000000 is beyond the run's 3 step(s)"),
+        "{warned:?}"
+    );
+    assert_eq!(run(3), Vec::<String>::new());
 }

@@ -453,6 +453,12 @@ pub fn mpi_launcher_rank(
         Some(v) => count(local_var, Some(v))?,
         None => 0,
     };
+    if size == 0 {
+        return Err(EnvError {
+            var: size_var,
+            reason: "is 0: a world has at least one rank".to_string(),
+        });
+    }
     if rank >= size {
         return Err(EnvError {
             var: rank_var,

@@ -157,6 +157,11 @@ fn an_mpi_launchers_rank_becomes_the_contract() {
             &[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "2")][..],
             "OMPI_COMM_WORLD_RANK",
         ),
+        // A world of no rank is the size's fault, not the rank's.
+        (
+            &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "0")][..],
+            "OMPI_COMM_WORLD_SIZE",
+        ),
         (
             &[
                 ("OMPI_COMM_WORLD_RANK", "0"),

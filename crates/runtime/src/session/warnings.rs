@@ -1,6 +1,7 @@
 //! What the compiled training program caps or skips that the configuration alone cannot tell:
 //! `parallel.hsdp.shard_size` meets each parameter's replica count, which strategy files,
-//! `[parallel.shard]`, the search modes, context and expert parallelism set per parameter.
+//! `[parallel.shard]`, the search modes, context and expert parallelism set per parameter; and
+//! `train.elastic_interval` meets the run's step count, which the data sets.
 
 use std::collections::BTreeMap;
 
@@ -12,9 +13,33 @@ impl TrainSession {
     /// predict from the configuration alone, one sentence per cause for the caller to print
     /// once beside those: `parallel.hsdp.shard_size` capped to a parameter's replicas, or a
     /// parameter left whole because the value does not divide its replicas (as MindSpore caps
-    /// and skips), grouped by replica count, with how many parameters and an example. A cause
-    /// the configuration's warnings already state is not repeated.
+    /// and skips), grouped by replica count, with how many parameters and an example (a cause
+    /// the configuration's warnings already state is not repeated); and a
+    /// `train.elastic_interval` beyond the run's last step.
     pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = self.shard_size_warnings();
+        warnings.extend(self.elastic_interval_warning());
+        warnings
+    }
+
+    /// `train.elastic` whose `train.elastic_interval` is beyond the run's last step: no snapshot
+    /// is ever taken, so a lost rank sends the job back to its start (or its newest periodic
+    /// checkpoint) — the switch would do nothing.
+    fn elastic_interval_warning(&self) -> Option<String> {
+        let interval = self.config.train().elastic?;
+        let cfg = self.config.train();
+        let run_steps = (cfg.epochs as u64)
+            .saturating_mul(self.batches_per_epoch())
+            .min(cfg.max_steps.unwrap_or(u64::MAX));
+        (interval > run_steps).then(|| {
+            format!(
+                "train.elastic_interval = {interval} is beyond the run's {run_steps} step(s):                  train.elastic takes no snapshot, so a lost rank restarts the job from its                  start (or its newest periodic checkpoint); set train.elastic_interval to at                  most {run_steps}"
+            )
+        })
+    }
+
+    /// `parallel.hsdp.shard_size`'s caps and skips (see [`TrainSession::warnings`]).
+    fn shard_size_warnings(&self) -> Vec<String> {
         let Some(size) = self
             .train
             .placed
