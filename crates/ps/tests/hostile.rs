@@ -41,6 +41,42 @@ fn poisoned(msg: &TensorMsg, index: usize, value: f32) -> TensorMsg {
     msg
 }
 
+/// Server 0 of a one-server, one-worker job of `config`, holding every parameter at its
+/// initial value (with `tables`, the job's embedding tables when it has any), with the model's
+/// computation and those values as one push's messages (tensors of the parameters' names and
+/// shapes).
+fn one_server(config: &TrainConfig, tables: bool) -> (Compute, ServerService, Vec<TensorMsg>) {
+    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 1, config);
+    let compute = Compute::new(config).unwrap();
+    let held = compute.params().to_vec();
+    let initial = compute.initial_params().unwrap();
+    let messages = held
+        .iter()
+        .zip(&initial)
+        .map(|(p, t)| ps::wire::to_msg(&p.name, t))
+        .collect();
+    let mut service = ServerService::new(&settings, config, 0, &held, initial, false).unwrap();
+    if tables {
+        let env = env_of(1, 1, 1, "127.0.0.1:1");
+        service = service.with_tables(ps::table::server_tables(&compute, config, 1, &env).unwrap());
+    }
+    (compute, service, messages)
+}
+
+/// What worker 0 pulls from `service` at version 0 (dense tensors only).
+async fn pulled(service: &ServerService) -> ps::proto::PullReply {
+    let request = PullRequest {
+        worker_id: 0,
+        min_version: 0,
+        ..Default::default()
+    };
+    service
+        .pull(Request::new(request))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// A server refuses a push whose gradient holds a NaN or an infinity, or whose loss is not
 /// finite, naming the step, the worker and the tensor; the weights stay as they were, and a
 /// finite push is then applied.
@@ -48,16 +84,8 @@ fn poisoned(msg: &TensorMsg, index: usize, value: f32) -> TensorMsg {
 fn non_finite_gradients_and_losses_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let config = ps_config(dir.path(), "servers = 1\nworkers = 1", "max_steps = 4");
-    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 1, &config);
-    let compute = Compute::new(&config).unwrap();
-    let held = compute.params().to_vec();
-    let initial = compute.initial_params().unwrap();
-    let service = ServerService::new(&settings, &config, 0, &held, initial.clone(), false).unwrap();
-    let good: Vec<TensorMsg> = held
-        .iter()
-        .zip(&initial)
-        .map(|(p, t)| ps::wire::to_msg(&p.name, t))
-        .collect();
+    let (compute, service, good) = one_server(&config, false);
+    let held = compute.params();
     let last = good.len() - 1;
     let mut with_nan = good.clone();
     with_nan[0] = poisoned(&good[0], 3, f32::NAN);
@@ -94,19 +122,10 @@ fn non_finite_gradients_and_losses_are_refused_and_change_nothing() {
                 err.message()
             );
         }
-        let pull = || PullRequest {
-            worker_id: 0,
-            min_version: 0,
-            ..Default::default()
-        };
-        let pulled = service
-            .pull(Request::new(pull()))
-            .await
-            .unwrap()
-            .into_inner();
+        let pulled = pulled(&service).await;
         assert_eq!(pulled.version, 0, "nothing was applied");
-        for (msg, t) in pulled.tensors.iter().zip(&initial) {
-            assert_eq!(msg.data, t.as_bytes(), "{}", msg.name);
+        for (msg, initial) in pulled.tensors.iter().zip(&good) {
+            assert_eq!(msg.data, initial.data, "{}", msg.name);
         }
         // The same push with finite values is applied: the refusals were the values'.
         let reply = service
@@ -139,20 +158,7 @@ fn bag_config(out: &Path) -> TrainConfig {
 fn a_non_finite_row_gradient_and_a_table_asked_twice_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = bag_config(dir.path());
-    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 1, &config);
-    let compute = Compute::new(&config).unwrap();
-    let held = compute.params().to_vec();
-    let initial = compute.initial_params().unwrap();
-    let env = env_of(1, 1, 1, "127.0.0.1:1");
-    let tables = ps::table::server_tables(&compute, &config, 1, &env).unwrap();
-    let service = ServerService::new(&settings, &config, 0, &held, initial.clone(), false)
-        .unwrap()
-        .with_tables(tables);
-    let dense: Vec<TensorMsg> = held
-        .iter()
-        .zip(&initial)
-        .map(|(p, t)| ps::wire::to_msg(&p.name, t))
-        .collect();
+    let (_, service, dense) = one_server(&config, true);
     let mut data = vec![0u8; 2 * 16 * 4];
     data[17 * 4..18 * 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
     let rows = |ids: Vec<u64>, data: Vec<u8>| RowsMsg {
@@ -315,16 +321,7 @@ fn a_local_job_takes_its_counts_from_the_config_and_the_environment() {
 fn a_push_with_rows_outside_the_batch_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = ps_config(dir.path(), "servers = 1\nworkers = 1", "max_steps = 4");
-    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 1, &config);
-    let compute = Compute::new(&config).unwrap();
-    let held = compute.params().to_vec();
-    let initial = compute.initial_params().unwrap();
-    let service = ServerService::new(&settings, &config, 0, &held, initial.clone(), false).unwrap();
-    let good: Vec<TensorMsg> = held
-        .iter()
-        .zip(&initial)
-        .map(|(p, t)| ps::wire::to_msg(&p.name, t))
-        .collect();
+    let (_, service, good) = one_server(&config, false);
     let rt = ps::scheduler::runtime(1).unwrap();
     rt.block_on(async {
         for rows in [0, 33, u64::MAX] {
@@ -342,16 +339,7 @@ fn a_push_with_rows_outside_the_batch_is_refused() {
                 err.message()
             );
         }
-        let pulled = service
-            .pull(Request::new(PullRequest {
-                worker_id: 0,
-                min_version: 0,
-                ..Default::default()
-            }))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(pulled.version, 0, "nothing was applied");
+        assert_eq!(pulled(&service).await.version, 0, "nothing was applied");
     });
 }
 
