@@ -68,13 +68,28 @@ pub struct TaggedRouter {
     hung: Mutex<Option<String>>,
     /// Where to say that the job cannot complete ([`Event::Stop`]).
     stop: Mutex<Option<Sender<Event>>>,
-    /// Per reader thread (`mpirun`'s stdout and stderr are read by one each, at once): the rank
-    /// and stream whose piece ended the last line that reader cut at [`MAX_LINE_BYTES`]; the
-    /// reader's next line goes on with it until a tag says otherwise. One slot shared by both
-    /// readers let a line of the other pipe take it, and the rest of a rank's long line went
-    /// to `mpirun.log`.
-    continued: Mutex<HashMap<std::thread::ThreadId, (usize, bool)>>,
+    /// Per reader thread (`mpirun`'s stdout and stderr are read by one each, at once): what the
+    /// last line that reader cut at [`MAX_LINE_BYTES`] leaves to its next line. One slot shared
+    /// by both readers let a line of the other pipe take it, and the rest of a rank's long line
+    /// went to `mpirun.log`.
+    continued: Mutex<HashMap<std::thread::ThreadId, Carry>>,
 }
+
+/// What a line cut by its reader at [`MAX_LINE_BYTES`] leaves to the reader's next line.
+#[derive(Debug, Default)]
+struct Carry {
+    /// The rank and stream whose piece ended the cut line: the next line goes on with it until
+    /// a tag says otherwise (`None`: the cut line was `mpirun`'s own).
+    to: Option<(usize, bool)>,
+    /// The cut line's end that may be the start of a tag the cut split (`[1,0]<std`, at most
+    /// [`MAX_PARTIAL_TAG`] bytes): put before the next line, so the tag is recognised whole.
+    /// Without it, the piece after such a tag went to the rank before it.
+    held: Vec<u8>,
+}
+
+/// The longest start of a tag that is not yet a whole tag: `[`, 47 bytes of ids and `]` (the
+/// most [`tag_at`] looks for its `]` in), and `<stdout>` without its `:`.
+const MAX_PARTIAL_TAG: usize = 1 + 47 + 1 + 8;
 
 /// What one of rank-env's token-ended lines reports.
 enum RankReport {
@@ -229,14 +244,37 @@ impl TaggedRouter {
     /// Writes every piece still waiting for its newline, as a whole line, in rank order: the
     /// last words of ranks that ended without a newline (`mpirun` has ended, so nothing more
     /// of those lines will come).
+    ///
+    /// A cut line's end held back as a possible start of a tag goes first to the rank it
+    /// continues (or, after a line of `mpirun`'s own, to `mpirun.log`): no tag followed it.
     pub fn flush(&self) {
+        let carries: Vec<Carry> = self
+            .continued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, carry)| carry)
+            .collect();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut console_line = Vec::new();
+        for carry in carries.into_iter().filter(|c| !c.held.is_empty()) {
+            match carry.to {
+                Some(key) => pending
+                    .entry(key)
+                    .or_default()
+                    .extend_from_slice(&carry.held),
+                None => {
+                    let mut text = carry.held;
+                    text.push(b'\n');
+                    write_out(&self.own.log, &self.own.prefix, &text, &mut console_line);
+                }
+            }
+        }
         let mut left: Vec<((usize, bool), Vec<u8>)> = pending
             .drain()
             .filter(|(_, text)| !text.is_empty())
             .collect();
         left.sort_by_key(|(key, _)| *key);
-        let mut console_line = Vec::new();
         for ((rank, _), mut text) in left {
             text.push(b'\n');
             let out = &self.ranks[rank];
@@ -330,41 +368,60 @@ impl TaggedRouter {
 impl Router for TaggedRouter {
     fn route(&self, line: &[u8], emit: &mut dyn FnMut(&LogFile, &str, &[u8])) {
         // A line of `mpirun`'s longer than the reader takes at once comes in parts, each ended
-        // by a newline the reader added: the next part goes on with the last piece's rank.
+        // by a newline the reader added (not the rank's, dropped here): the next part goes on
+        // with the last piece's rank, after the end of this part that may start a tag.
         let cut = cut_by_reader(line);
         let reader = std::thread::current().id();
-        let continued = self
+        let carry = self
             .continued
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&reader);
-        let pieces = split_pieces(line, self.ranks.len(), continued);
-        if cut {
-            if let Some(piece) = pieces.last() {
-                self.continued
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(reader, (piece.rank, piece.stderr));
+            .remove(&reader)
+            .unwrap_or_default();
+        let joined;
+        let whole: &[u8] = match carry.held.is_empty() {
+            true => line,
+            false => {
+                joined = [&carry.held[..], line].concat();
+                &joined
             }
+        };
+        let (text, held) = match cut {
+            true => {
+                let body = &whole[..whole.len() - 1];
+                body.split_at(body.len() - partial_tag_len(body))
+            }
+            false => (whole, &[][..]),
+        };
+        let pieces = split_pieces(text, self.ranks.len(), carry.to);
+        if cut {
+            let to = pieces.last().map(|piece| (piece.rank, piece.stderr));
+            self.continued
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    reader,
+                    Carry {
+                        to,
+                        held: held.to_vec(),
+                    },
+                );
         }
         if pieces.is_empty() {
-            if let Some(rank) = reported_failure(line) {
+            if let Some(rank) = reported_failure(text) {
                 self.note_failure(rank, None);
             }
-            emit(&self.own.log, &self.own.prefix, line);
+            match cut {
+                true => emit(&self.own.log, &self.own.prefix, &[text, b"\n"].concat()),
+                false => emit(&self.own.log, &self.own.prefix, text),
+            }
             return;
         }
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let n_pieces = pieces.len();
-        for (i, piece) in pieces.into_iter().enumerate() {
+        for piece in pieces {
             let out = &self.ranks[piece.rank];
             let buffer = pending.entry((piece.rank, piece.stderr)).or_default();
-            // The reader's newline after a cut is not the rank's.
-            let text = match cut && i + 1 == n_pieces {
-                true => piece.text.strip_suffix(b"\n").unwrap_or(piece.text),
-                false => piece.text,
-            };
-            buffer.extend_from_slice(text);
+            buffer.extend_from_slice(piece.text);
             // A line ends at its newline; an endless one is cut as the log contract says.
             if buffer.last() == Some(&b'\n') || buffer.len() >= MAX_LINE_BYTES {
                 if buffer.last() != Some(&b'\n') {
@@ -431,6 +488,56 @@ fn tag_at(text: &[u8]) -> Option<(usize, bool, usize)> {
         return None;
     };
     Some((rank, stderr, 1 + close + 1 + name))
+}
+
+/// How many bytes at the end of `text` (a line cut by its reader, without the reader's newline)
+/// may be the start of a tag the cut split: from a `[` at most [`MAX_PARTIAL_TAG`] bytes from
+/// the end, up to the end, when that could still grow into a tag [`tag_at`] takes (`[12`,
+/// `[1,0]<std`); 0 when there is none, or the end is a whole tag.
+fn partial_tag_len(text: &[u8]) -> usize {
+    let from = text.len().saturating_sub(MAX_PARTIAL_TAG);
+    let Some(open) = text[from..].iter().rposition(|&b| b == b'[') else {
+        return 0;
+    };
+    let start = &text[from + open..];
+    match could_start_tag(start) && tag_at(start).is_none() {
+        true => start.len(),
+        false => 0,
+    }
+}
+
+/// Whether `text` (starting with `[`) is the start of something [`tag_at`] takes as a tag:
+/// `[`, digits, one comma, digits, `]` within [`tag_at`]'s reach, then a start of `<stdout>:`
+/// or `<stderr>:` short of the whole.
+fn could_start_tag(text: &[u8]) -> bool {
+    let Some(rest) = text.strip_prefix(b"[") else {
+        return false;
+    };
+    let ids_start = |ids: &[u8]| match ids.iter().position(|&b| b == b',') {
+        None => ids.iter().all(u8::is_ascii_digit),
+        Some(comma) => {
+            comma > 0
+                && ids[..comma].iter().all(u8::is_ascii_digit)
+                && ids[comma + 1..].iter().all(u8::is_ascii_digit)
+        }
+    };
+    match rest.iter().position(|&b| b == b']') {
+        // `]` is looked for within the first 48 bytes after `[`.
+        None => rest.len() < 48 && ids_start(rest),
+        Some(close) => {
+            let ids = &rest[..close];
+            let after = &rest[close + 1..];
+            close < 48
+                && ids_start(ids)
+                && ids
+                    .iter()
+                    .position(|&b| b == b',')
+                    .is_some_and(|c| c + 1 < ids.len())
+                && [&b"<stdout>:"[..], b"<stderr>:"]
+                    .iter()
+                    .any(|name| after.len() < name.len() && name.starts_with(after))
+        }
+    }
 }
 
 /// A tagged line's pieces (empty when it does not start with a tag of one of `ranks` ranks and
@@ -653,6 +760,128 @@ mod tests {
             "{:?}",
             out.iter().map(|(l, t)| (l, t.len())).collect::<Vec<_>>()
         );
+    }
+
+    /// `mpirun`'s output as its reader hands it over: lines, and a longer run cut into lines of
+    /// [`MAX_LINE_BYTES`] each ended by a newline the reader adds.
+    fn reader_lines(stream: &[u8]) -> Vec<Vec<u8>> {
+        let mut lines = Vec::new();
+        let mut rest = stream;
+        while !rest.is_empty() {
+            let window = &rest[..rest.len().min(MAX_LINE_BYTES)];
+            let take = match window.iter().position(|&b| b == b'\n') {
+                Some(end) => end + 1,
+                None => window.len(),
+            };
+            let mut line = rest[..take].to_vec();
+            if line.last() != Some(&b'\n') {
+                line.push(b'\n');
+            }
+            lines.push(line);
+            rest = &rest[take..];
+        }
+        lines
+    }
+
+    /// Routes each of `lines` as its reader would, writing every line to its log.
+    fn route_to_logs(router: &TaggedRouter, lines: &[Vec<u8>]) {
+        for line in lines {
+            router.route(line, &mut |log, _, body| log.write_line(body));
+        }
+    }
+
+    /// A log's bytes without the newlines (the ranks' texts have none; the router ends a line
+    /// at [`MAX_LINE_BYTES`]).
+    fn log_text(dir: &std::path::Path, name: &str) -> Vec<u8> {
+        let mut text = std::fs::read(dir.join(name)).unwrap();
+        text.retain(|&b| b != b'\n');
+        text
+    }
+
+    /// A reader's cut at [`MAX_LINE_BYTES`] may fall inside a tag (`…[1,0]<std` | `out>:…`):
+    /// the tag is still recognised, and each rank's log gets exactly its own bytes, wherever in
+    /// the tag (of either stream, with a short or a long job id) the cut falls. The piece
+    /// after a split tag used to go to the rank before it.
+    #[test]
+    fn a_tag_split_by_the_readers_cut_is_still_recognised() {
+        for (job, stream) in [("1", "stdout"), ("41230", "stderr")] {
+            let tag = |rank: usize| format!("[{job},{rank}]<{stream}>:").into_bytes();
+            for k in 0..=tag(1).len() {
+                let dir = tempfile::tempdir().unwrap();
+                let router = router(dir.path());
+                // The ranks' distinct texts, and mpirun's one endless line of their pieces.
+                let mut own = [Vec::new(), Vec::new()];
+                let mut physical = Vec::new();
+                let mut piece = |rank: usize, len: usize, physical: &mut Vec<u8>| {
+                    physical.extend_from_slice(&tag(rank));
+                    let base = [b'a', b'A'][rank];
+                    let text: Vec<u8> = (0..len).map(|i| base + (i % 26) as u8).collect();
+                    physical.extend_from_slice(&text);
+                    own[rank].extend_from_slice(&text);
+                };
+                // Rank 1's tag starts k bytes before the first cut; the next cuts fall into
+                // rank 0's and rank 1's tags at other places.
+                let first = MAX_LINE_BYTES - tag(0).len() - k;
+                piece(0, first, &mut physical);
+                piece(1, 4096, &mut physical);
+                let to_second = 2 * MAX_LINE_BYTES - physical.len() - (k + 3) % tag(0).len();
+                piece(0, to_second, &mut physical);
+                piece(1, MAX_LINE_BYTES - 1 - k % 5, &mut physical);
+                piece(0, 3000, &mut physical);
+                physical.extend_from_slice(&tag(0));
+                physical.extend_from_slice(&tag(1));
+                physical.push(b'\n');
+                route_to_logs(&router, &reader_lines(&physical));
+                router.flush();
+                for (rank, name) in ["w0", "w1"].into_iter().enumerate() {
+                    let got = log_text(dir.path(), name);
+                    assert!(
+                        got == own[rank],
+                        "job {job} {stream}, cut {k} bytes into the tag: {name} has {} bytes, rank {rank} wrote {}",
+                        got.len(),
+                        own[rank].len()
+                    );
+                }
+                assert!(log_text(dir.path(), "m").is_empty(), "cut {k}");
+            }
+        }
+    }
+
+    /// What a cut line's end held back as a possible tag start is not lost when no tag follows:
+    /// it goes on with its rank (or `mpirun`'s own line), or is written at the end.
+    #[test]
+    fn a_held_back_tag_start_that_is_no_tag_stays_where_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = router(dir.path());
+        let mut physical = b"[1,1]<stdout>:".to_vec();
+        physical.resize(MAX_LINE_BYTES - 3, b'x');
+        physical.extend_from_slice(b"[1,");
+        physical.extend_from_slice(b"x]<stdout>:y\n");
+        route_to_logs(&router, &reader_lines(&physical));
+        // mpirun's own cut line, its end held back, continued by a tag.
+        let mut own = vec![b'm'; MAX_LINE_BYTES - 4];
+        own.extend_from_slice(b"[1,1]<stdout>:late\n");
+        route_to_logs(&router, &reader_lines(&own));
+        // A rank's text ending in a tag's start when mpirun ends.
+        let mut last = b"[1,0]<stdout>:".to_vec();
+        last.resize(MAX_LINE_BYTES - 9, b'z');
+        last.extend_from_slice(b"[1,0]<std");
+        let lines = reader_lines(&last);
+        assert_eq!(lines.len(), 1, "cut right after the partial tag");
+        route_to_logs(&router, &lines);
+        router.flush();
+        let w1 = log_text(dir.path(), "w1");
+        assert!(
+            w1.ends_with(b"xx[1,x]<stdout>:ylate"),
+            "{:?}",
+            &w1[w1.len() - 30..]
+        );
+        assert_eq!(w1.len(), MAX_LINE_BYTES - 14 + b"x]<stdout>:y".len() + 4);
+        let w0 = log_text(dir.path(), "w0");
+        assert_eq!(w0.len(), MAX_LINE_BYTES - 14, "every byte of rank 0, once");
+        assert!(w0.ends_with(b"zz[1,0]<std"));
+        let m = log_text(dir.path(), "m");
+        assert!(m.len() == MAX_LINE_BYTES - 4 && m.iter().all(|&b| b == b'm'));
     }
 
     #[test]
