@@ -139,7 +139,8 @@ pub fn job_counts(
 /// The counts of a job `tessera train` starts on this machine (no `TESSERA_ROLE`): as
 /// [`job_counts`] with `TESSERA_NUM_SERVERS` / `TESSERA_NUM_WORKERS` read through `lookup` (a
 /// variable's value, if set), so that a count set there is used, or refused naming the
-/// variable, before any process starts.
+/// variable, before any process starts; and, with more than one server, no more servers than
+/// the model has blocks to give them ([`crate::server::check_servers_hold_something`]).
 pub fn local_job_counts(
     config: &TrainConfig,
     lookup: impl Fn(&str) -> Option<String>,
@@ -161,14 +162,37 @@ pub fn local_job_counts(
                 }),
         }
     };
-    job_counts(
+    let (servers, workers) = job_counts(
         config,
         keys,
         (
             number(launch_env::NUM_SERVERS)?,
             number(launch_env::NUM_WORKERS)?,
         ),
-    )
+    )?;
+    // A server beyond the model's blocks would hold nothing (1,024 idle processes made a job
+    // of the seed MLP stall): refused before any process starts, by the servers' own rule.
+    if servers > 1 {
+        let compute = crate::compute::Compute::new(config)?;
+        crate::server::check_servers_hold_something(compute.params(), compute.tables(), servers)
+            .map_err(|reason| servers_error(keys, reason))?;
+    }
+    Ok((servers, workers))
+}
+
+/// An error about the job's server count, naming where it came from: `ps.servers` when the
+/// config sets it, else the launcher's `TESSERA_NUM_SERVERS`.
+pub fn servers_error(keys: &PsKeys, reason: String) -> PsError {
+    match keys.servers {
+        Some(_) => PsError::Config {
+            key: "ps.servers".to_string(),
+            reason,
+        },
+        None => PsError::Env {
+            var: launch_env::NUM_SERVERS.to_string(),
+            reason,
+        },
+    }
 }
 
 /// A count given by the config and/or the environment: they must agree when both are given.

@@ -336,6 +336,16 @@ impl Scheduler for SchedulerService {
         let r = request.into_inner();
         let start_step = {
             let mut s = self.lock();
+            // Worker ids are 0..data.batch_size: a step gives each member its own rows, so a
+            // worker beyond the rows would never train (the rule `ps.workers` follows; workers
+            // joining mid-run take the next ids up to it).
+            if r.worker_id as usize >= s.batch_size {
+                return Err(Status::invalid_argument(format!(
+                    "RegisterWorker by worker {}: worker ids are 0..{batch} (a step splits the global batch of {batch} rows, data.batch_size, one block per worker)",
+                    r.worker_id,
+                    batch = s.batch_size
+                )));
+            }
             let state = &mut *s;
             admit(
                 ("worker", r.worker_id, r.incarnation),
@@ -507,7 +517,18 @@ impl Scheduler for SchedulerService {
         request: Request<WorkerDoneRequest>,
     ) -> Result<Response<WorkerDoneReply>, Status> {
         let id = request.into_inner().worker_id;
-        self.lock().done.insert(id);
+        {
+            let mut s = self.lock();
+            // Only a worker of the job ends: an id that never registered (any u32 a client
+            // sends) would count as a finished worker and could end the job.
+            if !s.registered.contains(&id) {
+                return Err(Status::invalid_argument(format!(
+                    "WorkerDone by worker {id}: no worker {id} has registered (worker ids are 0..{}, each registered before its last step)",
+                    s.batch_size
+                )));
+            }
+            s.done.insert(id);
+        }
         eprintln!("[ps scheduler] worker {id} ran its last step");
         self.changed.notify_waiters();
         Ok(Response::new(WorkerDoneReply {}))

@@ -23,7 +23,7 @@ use crate::proto::parameter_server_server::{ParameterServer, ParameterServerServ
 use crate::proto::*;
 use crate::retry::until_admitted;
 use crate::snapshot::{self, PartitionState};
-use crate::sparse::Rows;
+use crate::sparse::{Rows, TableInfo};
 use crate::table::ServerTable;
 use crate::wire::{check_finite, from_msg, to_msg};
 
@@ -58,6 +58,51 @@ pub fn partition_of(params: &[ParamInfo], servers: usize, server_id: usize) -> V
         .filter(|&(_, s)| s == server_id)
         .map(|(i, _)| i)
         .collect()
+}
+
+/// The servers of a job of `servers` servers that would hold nothing, ascending: no parameter
+/// under the partition every server computes ([`crate::partition::partition`], through
+/// [`crate::migrate::owners`]) and no row of any server-resident table ([`TableInfo::block`]).
+pub fn idle_servers(params: &[ParamInfo], tables: &[TableInfo], servers: usize) -> Vec<usize> {
+    let mut holds = vec![false; servers];
+    for owner in crate::migrate::owners(params, servers) {
+        if let Some(held) = holds.get_mut(owner) {
+            *held = true;
+        }
+    }
+    (0..servers)
+        .filter(|&s| !holds[s] && tables.iter().all(|t| t.block(servers, s).is_empty()))
+        .collect()
+}
+
+/// Whether every one of `servers` servers would hold something of the model ([`idle_servers`]);
+/// if not, the rule broken (the caller names the setting): how many blocks the model has, how
+/// the servers share them, and which servers would hold nothing.
+pub fn check_servers_hold_something(
+    params: &[ParamInfo],
+    tables: &[TableInfo],
+    servers: usize,
+) -> Result<(), String> {
+    let idle = idle_servers(params, tables, servers);
+    let Some(&first) = idle.first() else {
+        return Ok(());
+    };
+    let holding = servers - idle.len();
+    let mut blocks = format!(
+        "its {} parameter(s), each held whole by one server (the byte-balanced partition, docs/PS.md)",
+        params.len()
+    );
+    for t in tables {
+        blocks.push_str(&format!(
+            ", and server-resident table {} of {} rows, cut into one block of rows per server",
+            t.name, t.rows
+        ));
+    }
+    Err(format!(
+        "{servers} servers, but the model has only {holding} block(s) to spread over them: {blocks}; \
+         {} server(s) would hold nothing (the first: server {first}): use at most {holding} servers",
+        idle.len()
+    ))
 }
 
 /// What a restarted server reports once it has caught up.
@@ -659,10 +704,32 @@ fn remove_stale_snapshot(path: &std::path::Path, server_id: usize) -> Result<(),
 /// scheduler, serves until the scheduler says the job is over, and writes a last snapshot.
 pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Result<(), PsError> {
     let compute = Compute::new(config)?;
+    // A job with more servers than the model has blocks is refused by every server of it
+    // (under a launcher that did not check, e.g. `tessera launch --ps-servers`), not run
+    // with servers holding nothing.
+    if !env.added_server {
+        check_servers_hold_something(compute.params(), compute.tables(), settings.servers)
+            .map_err(|reason| {
+                crate::env::servers_error(
+                    config.ps().unwrap_or(&runtime::PsKeys::default()),
+                    reason,
+                )
+            })?;
+    }
     let rt = crate::scheduler::runtime(2)?;
     // The committed partition map (servers may have been added since the job started).
     let map = rt.block_on(current_map(settings, env))?;
     let joining = env.server_id >= map.servers;
+    if joining {
+        check_servers_hold_something(compute.params(), compute.tables(), map.servers + 1)
+            .map_err(|reason| PsError::Env {
+                var: launch_env::SERVER_JOIN.to_string(),
+                reason: format!(
+                    "server {} cannot be added to a job of {} server(s): the new map would have {reason}",
+                    env.server_id, map.servers
+                ),
+            })?;
+    }
     if joining && !env.added_server {
         return Err(PsError::Env {
             var: launch_env::SERVER_ID.to_string(),

@@ -437,3 +437,187 @@ fn a_step_begun_out_of_order_is_refused_by_the_scheduler() {
         assert_eq!(joined.start_step, 1);
     });
 }
+
+/// More servers than the model has blocks (whole parameters, plus row blocks of
+/// server-resident tables) are refused naming the setting, the model's blocks and the rule: by
+/// `tessera train` before any process starts (`ps.servers` or `TESSERA_NUM_SERVERS`), and by a
+/// server started on its own, before it contacts the scheduler. As many servers as blocks, and
+/// more servers than parameters when a table gives each of them rows, are accepted.
+#[test]
+fn more_servers_than_the_model_has_blocks_are_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let bare = ps_config(
+        dir.path(),
+        "rpc_timeout_ms = 200\nrpc_retries = 1",
+        "max_steps = 2",
+    );
+    let params = Compute::new(&bare).unwrap().params().len();
+    let blocks = format!("the model has only {params} block(s)");
+    let vars = |servers: usize| {
+        move |name: &str| (name == "TESSERA_NUM_SERVERS").then(|| servers.to_string())
+    };
+    let counts = ps::env::local_job_counts;
+    assert_eq!(counts(&bare, vars(params)).unwrap(), (params, 2));
+    let err = counts(&bare, vars(params + 1)).unwrap_err().to_string();
+    let rule = format!(
+        "environment TESSERA_NUM_SERVERS: {} servers, but {blocks}",
+        params + 1
+    );
+    assert!(err.contains(&rule), "{err}");
+    assert!(err.contains("each held whole by one server"), "{err}");
+    assert!(err.contains(&format!("server {params}")), "{err}");
+    let many = ps_config(dir.path(), "servers = 1024", "max_steps = 2");
+    let err = ps::env::local_job_counts(&many, vars_none)
+        .unwrap_err()
+        .to_string();
+    let rule = format!("config ps.servers: 1024 servers, but {blocks}");
+    assert!(err.contains(&rule), "{err}");
+    assert!(
+        err.contains(&format!("{} server(s) would hold nothing", 1024 - params)),
+        "{err}"
+    );
+    // A server of such a job, under a launcher that did not check, refuses to start.
+    let env = env_of(1, params + 1, 2, "127.0.0.1:1");
+    let start = std::time::Instant::now();
+    let err = ps::run_role(&bare, &env, None).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{} servers, but {blocks}", params + 1)),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        start.elapsed()
+    );
+    // The embedding bag's table gives every one of more servers than parameters its rows.
+    let bag = bag_config(dir.path());
+    let compute = Compute::new(&bag).unwrap();
+    let servers = compute.params().len() + 2;
+    assert!(compute.tables()[0].rows >= servers);
+    let idle = ps::server::idle_servers(compute.params(), compute.tables(), servers);
+    assert_eq!(idle, Vec::<usize>::new());
+    assert_eq!(
+        ps::server::idle_servers(compute.params(), &[], servers),
+        (compute.params().len()..servers).collect::<Vec<_>>()
+    );
+}
+
+/// No environment variable is set.
+fn vars_none(_: &str) -> Option<String> {
+    None
+}
+
+/// The scheduler bounds worker ids: a registration beyond the global batch's rows (the most
+/// workers a step can have) and a `WorkerDone` of a worker that never registered are refused
+/// as invalid arguments naming the worker and the rule, and the latter does not end the job.
+#[test]
+fn the_scheduler_refuses_worker_ids_outside_the_job() {
+    use ps::proto::scheduler_server::Scheduler;
+    use ps::proto::{JobStatusRequest, RegisterWorkerRequest, WorkerDoneRequest};
+    use ps::scheduler::SchedulerService;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = ps_config(dir.path(), "servers = 1\nworkers = 2", "max_steps = 4");
+    let settings = JobSettings::from_keys(config.ps().unwrap(), 1, 2, &config);
+    let batch = config.data().batch_size;
+    let scheduler = SchedulerService::new(&settings, batch);
+    let register = |worker_id: u32| RegisterWorkerRequest {
+        worker_id,
+        restart_count: 0,
+        incarnation: 100 + u64::from(worker_id),
+    };
+    let rt = ps::scheduler::runtime(1).unwrap();
+    rt.block_on(async {
+        for id in [batch as u32, u32::MAX] {
+            let err = scheduler
+                .register_worker(Request::new(register(id)))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(
+                err.message().contains(&format!(
+                    "RegisterWorker by worker {id}: worker ids are 0..{batch}"
+                )),
+                "{}",
+                err.message()
+            );
+        }
+        for id in [1, u32::MAX] {
+            let err = scheduler
+                .worker_done(Request::new(WorkerDoneRequest { worker_id: id }))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(
+                err.message().contains(&format!(
+                    "WorkerDone by worker {id}: no worker {id} has registered"
+                )),
+                "{}",
+                err.message()
+            );
+        }
+        let status = scheduler
+            .job_status(Request::new(JobStatusRequest { wait_ms: 0 }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!status.all_workers_done, "{status:?}");
+        // A worker joining mid-run (an id past ps.workers, within the batch) is still admitted
+        // and may end.
+        let last = batch as u32 - 1;
+        scheduler
+            .register_worker(Request::new(register(last)))
+            .await
+            .unwrap();
+        scheduler
+            .worker_done(Request::new(WorkerDoneRequest { worker_id: last }))
+            .await
+            .unwrap();
+    });
+}
+
+/// A server added (`TESSERA_SERVER_JOIN=1`) to a job whose servers already hold one block each
+/// is refused naming `TESSERA_SERVER_JOIN` and the model's blocks, rather than joining a map in
+/// which it (or another server) would hold nothing.
+#[test]
+fn a_server_added_beyond_the_model_s_blocks_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = ps_config(dir.path(), "", "max_steps = 2");
+    let params = Compute::new(&probe).unwrap().params().len();
+    let config = ps_config(
+        dir.path(),
+        &format!("servers = {params}\nworkers = 2\nrpc_timeout_ms = 500\nrpc_retries = 2"),
+        "max_steps = 2",
+    );
+    let addr = scheduler_addr();
+    let scheduler_env = env_of(0, params, 2, &addr);
+    let scheduler_config = config.clone();
+    // The scheduler runs until the test process ends (no worker ever registers).
+    std::thread::spawn(move || ps::run_role(&scheduler_config, &scheduler_env, None));
+    let mut vars = crate::util::role_env(1, params, 2, &addr);
+    for (k, v) in vars.iter_mut() {
+        if k == "TESSERA_SERVER_ID" {
+            *v = params.to_string();
+        }
+    }
+    vars.push(("TESSERA_SERVER_JOIN".to_string(), "1".to_string()));
+    let env = ps::RoleEnv::from_lookup(|name| {
+        vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })
+    .unwrap()
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(ps::run_role(&config, &env, None).map(|_| ()));
+    });
+    let err = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the added server ends (it used to wait for a handover of nothing)")
+        .unwrap_err()
+        .to_string();
+    let rule = format!(
+        "environment TESSERA_SERVER_JOIN: server {params} cannot be added to a job of {params} server(s): the new map would have {} servers, but the model has only {params} block(s)",
+        params + 1
+    );
+    assert!(err.contains(&rule), "{err}");
+}
