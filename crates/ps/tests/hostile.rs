@@ -41,6 +41,19 @@ fn poisoned(msg: &TensorMsg, index: usize, value: f32) -> TensorMsg {
     msg
 }
 
+/// `err` is an `InvalidArgument` whose message holds every one of `parts`.
+fn assert_invalid_argument(err: &tonic::Status, parts: &[&str]) {
+    assert_eq!(
+        err.code(),
+        tonic::Code::InvalidArgument,
+        "{}",
+        err.message()
+    );
+    for part in parts {
+        assert!(err.message().contains(part), "{part}: {}", err.message());
+    }
+}
+
 /// Server 0 of a one-server, one-worker job of `config`, holding every parameter at its
 /// initial value (with `tables`, the job's embedding tables when it has any), with the model's
 /// computation and those values as one push's messages (tensors of the parameters' names and
@@ -109,18 +122,7 @@ fn non_finite_gradients_and_losses_are_refused_and_change_nothing() {
     rt.block_on(async {
         for (request, rule) in cases {
             let err = service.push(Request::new(request)).await.unwrap_err();
-            assert_eq!(
-                err.code(),
-                tonic::Code::InvalidArgument,
-                "{}",
-                err.message()
-            );
-            assert!(
-                err.message().contains("push of step 0 by worker 0")
-                    && err.message().contains(&rule),
-                "{rule}: {}",
-                err.message()
-            );
+            assert_invalid_argument(&err, &["push of step 0 by worker 0", &rule]);
         }
         let pulled = pulled(&service).await;
         assert_eq!(pulled.version, 0, "nothing was applied");
@@ -177,13 +179,11 @@ fn a_non_finite_row_gradient_and_a_table_asked_twice_are_refused() {
             )))
             .await
             .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(
-            err.message().contains(&format!(
+        assert_invalid_argument(
+            &err,
+            &[&format!(
                 "the row gradient of table {TABLE}: holds inf at index 17"
-            )),
-            "{}",
-            err.message()
+            )],
         );
         let twice = PullRequest {
             worker_id: 0,
@@ -192,12 +192,9 @@ fn a_non_finite_row_gradient_and_a_table_asked_twice_are_refused() {
             ..Default::default()
         };
         let err = service.pull(Request::new(twice)).await.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(
-            err.message()
-                .contains(&format!("table {TABLE}: asked for twice in one pull")),
-            "{}",
-            err.message()
+        assert_invalid_argument(
+            &err,
+            &[&format!("table {TABLE}: asked for twice in one pull")],
         );
         let once = PullRequest {
             worker_id: 0,
@@ -330,13 +327,11 @@ fn a_push_with_rows_outside_the_batch_is_refused() {
                 ..push(good.clone(), Vec::new(), 1.0)
             };
             let err = service.push(Request::new(request)).await.unwrap_err();
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(
-                err.message().contains(&format!(
+            assert_invalid_argument(
+                &err,
+                &[&format!(
                     "rows: {rows} rows, expected 1 to 32 (data.batch_size"
-                )),
-                "{rows}: {}",
-                err.message()
+                )],
             );
         }
         assert_eq!(pulled(&service).await.version, 0, "nothing was applied");
@@ -373,12 +368,9 @@ fn a_handover_with_a_map_size_out_of_range_is_refused() {
                 states: Vec::new(),
             };
             let err = service.handover(Request::new(request)).await.unwrap_err();
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(
-                err.message()
-                    .contains(&format!("a map of {servers} servers, expected 2 to 1024")),
-                "{servers}: {}",
-                err.message()
+            assert_invalid_argument(
+                &err,
+                &[&format!("a map of {servers} servers, expected 2 to 1024")],
             );
         }
     });
@@ -420,13 +412,11 @@ fn a_step_begun_out_of_order_is_refused_by_the_scheduler() {
                 .begin_step(Request::new(begin(step)))
                 .await
                 .unwrap_err();
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(
-                err.message().contains(&format!(
+            assert_invalid_argument(
+                &err,
+                &[&format!(
                     "BeginStep of step {step} by worker 0: the job's next step is 1"
-                )),
-                "{}",
-                err.message()
+                )],
             );
         }
         let joined = scheduler
@@ -533,13 +523,11 @@ fn the_scheduler_refuses_worker_ids_outside_the_job() {
                 .register_worker(Request::new(register(id)))
                 .await
                 .unwrap_err();
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(
-                err.message().contains(&format!(
+            assert_invalid_argument(
+                &err,
+                &[&format!(
                     "RegisterWorker by worker {id}: worker ids are 0..{batch}"
-                )),
-                "{}",
-                err.message()
+                )],
             );
         }
         for id in [1, u32::MAX] {
@@ -547,13 +535,11 @@ fn the_scheduler_refuses_worker_ids_outside_the_job() {
                 .worker_done(Request::new(WorkerDoneRequest { worker_id: id }))
                 .await
                 .unwrap_err();
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(
-                err.message().contains(&format!(
+            assert_invalid_argument(
+                &err,
+                &[&format!(
                     "WorkerDone by worker {id}: no worker {id} has registered"
-                )),
-                "{}",
-                err.message()
+                )],
             );
         }
         let status = scheduler
