@@ -214,15 +214,17 @@ impl TensorLayout {
 
     /// Block index of `slot` along each dim: mixed radix over the dim's axes, first axis major.
     pub fn block_index(&self, slot: usize) -> Vec<usize> {
-        let mesh = self.mesh();
-        self.dims()
-            .iter()
-            .map(|axes| {
-                axes.iter().fold(0, |idx, &a| {
-                    idx * mesh.axis_size(a) + mesh.coord_along(slot, a)
-                })
-            })
+        (0..self.dims().len())
+            .map(|dim| self.block_along(slot, dim))
             .collect()
+    }
+
+    /// [`TensorLayout::block_index`]'s entry for `dim`, without building the list.
+    fn block_along(&self, slot: usize, dim: usize) -> usize {
+        let mesh = self.mesh();
+        self.dims()[dim].iter().fold(0, |idx, &a| {
+            idx * mesh.axis_size(a) + mesh.coord_along(slot, a)
+        })
     }
 
     /// The box held by `slot`.
@@ -237,10 +239,7 @@ impl TensorLayout {
     /// entry for that dim, without building the box (comparing placements over thousands of
     /// slots asks for it per slot).
     pub fn slot_extent(&self, slot: usize, dim: usize) -> (usize, usize) {
-        let mesh = self.mesh();
-        let block = self.dims()[dim].iter().fold(0, |idx, &a| {
-            idx * mesh.axis_size(a) + mesh.coord_along(slot, a)
-        });
+        let block = self.block_along(slot, dim);
         match (&self.row_split, dim) {
             (Some(_), 0) => self.row_block(block),
             _ => (block * self.slice_shape[dim], self.slice_shape[dim]),
@@ -340,19 +339,12 @@ impl TensorLayout {
     /// The distinct boxes with the slots holding each, in block order (dim 0 slowest).
     pub fn distinct_boxes(&self) -> Vec<(SliceBox, Vec<usize>)> {
         let factors = self.split_factors();
-        let mesh = self.mesh();
         // The block's position row-major over the split factors: the order of the block
         // indices compared as lists, without making one per group.
         let linear = |slot: usize| {
-            self.dims()
-                .iter()
-                .zip(&factors)
-                .fold(0, |acc, (axes, &factor)| {
-                    let block = axes.iter().fold(0, |idx, &a| {
-                        idx * mesh.axis_size(a) + mesh.coord_along(slot, a)
-                    });
-                    acc * factor + block
-                })
+            factors.iter().enumerate().fold(0, |acc, (dim, &factor)| {
+                acc * factor + self.block_along(slot, dim)
+            })
         };
         let mut out: Vec<(usize, SliceBox, Vec<usize>)> = self
             .replica_slot_groups()

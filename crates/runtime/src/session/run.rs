@@ -120,9 +120,7 @@ impl TrainSession {
         let max_steps = cfg.max_steps.unwrap_or(u64::MAX);
         let batches_per_epoch = self.batches_per_epoch();
         let schedule = self.config.lr_schedule();
-        let run_steps = (cfg.epochs as u64)
-            .saturating_mul(batches_per_epoch)
-            .min(max_steps);
+        let run_steps = self.planned_steps();
         schedule.check_run_steps(run_steps)?;
         let steps = RunSteps {
             max_steps,

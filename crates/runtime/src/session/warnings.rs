@@ -27,10 +27,7 @@ impl TrainSession {
     /// checkpoint) — the switch would do nothing.
     fn elastic_interval_warning(&self) -> Option<String> {
         let interval = self.config.train().elastic?;
-        let cfg = self.config.train();
-        let run_steps = (cfg.epochs as u64)
-            .saturating_mul(self.batches_per_epoch())
-            .min(cfg.max_steps.unwrap_or(u64::MAX));
+        let run_steps = self.planned_steps();
         (interval > run_steps).then(|| {
             format!(
                 "train.elastic_interval = {interval} is beyond the run's {run_steps} step(s):                  train.elastic takes no snapshot, so a lost rank restarts the job from its                  start (or its newest periodic checkpoint); set train.elastic_interval to at                  most {run_steps}"
