@@ -62,6 +62,19 @@ impl JobSettings {
                 });
             }
         }
+        // A worker's id must name one of the global batch's blocks (workers joining mid-run
+        // take ids past `ps.workers`): the scheduler refuses it at registration too, but a
+        // worker checks before it builds its model and reads its data.
+        let batch = config.data().batch_size;
+        if env.role == Role::Worker && env.worker_id >= batch {
+            return Err(PsError::Env {
+                var: launch_env::WORKER_ID.to_string(),
+                reason: format!(
+                    "{} is not below the global batch's {batch} rows (data.batch_size): worker ids are 0..{batch}, one block of each step per worker",
+                    env.worker_id
+                ),
+            });
+        }
         Ok(JobSettings::from_keys(keys, servers, workers, config))
     }
 

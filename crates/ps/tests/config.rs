@@ -192,6 +192,25 @@ fn counts_of_config_and_environment_must_agree() {
     .unwrap();
     let err = JobSettings::new(&config, &server).unwrap_err().to_string();
     assert!(err.contains("TESSERA_SERVER_ID"), "{err}");
+    // A worker's id names one of the batch's blocks: checked before the worker builds anything
+    // (ids past `ps.workers` are joining workers, so the bound is the batch).
+    let worker = |id: &str| {
+        env(&[
+            ("TESSERA_ROLE", "worker"),
+            ("TESSERA_WORKER_ID", id),
+            ("TESSERA_SCHEDULER_ADDR", "127.0.0.1:1"),
+        ])
+        .unwrap()
+        .unwrap()
+    };
+    assert!(JobSettings::new(&small, &worker("1")).is_ok());
+    let err = JobSettings::new(&small, &worker("2"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("TESSERA_WORKER_ID") && err.contains("data.batch_size"),
+        "{err}"
+    );
     let not_ps = parse(
         &ps_text(Path::new("/tmp/out"), "", "max_steps = 4")
             .replace("mode = \"parameter_server\"", "mode = \"stand_alone\"")
