@@ -62,16 +62,28 @@ pub(crate) fn open_regular(path: &Path) -> Result<(File, u64)> {
 /// Detects the format of the file at `path`. A file matching no format is
 /// [`CkptError::UnknownFormat`], which says why each was ruled out.
 pub fn detect(path: &Path) -> Result<Detected> {
+    detect_read(path).map(|(detected, _)| detected)
+}
+
+/// [`detect()`], also giving the bytes it read: the whole file when it is JSON (or no longer
+/// than [`HEAD_BYTES`]), its first [`HEAD_BYTES`] otherwise. A reader given the whole file
+/// need not read it again.
+pub(crate) fn detect_read(path: &Path) -> Result<(Detected, Vec<u8>)> {
+    #[cfg(test)]
+    FILE_READS.with(|n| n.set(n.get() + 1));
     let (file, len) = open_regular(path)?;
     let mut bytes = read_head(path, &file, len, HEAD_BYTES)?;
     if starts_object(&bytes) && (bytes.len() as u64) < len && len <= MAX_JSON_BYTES {
         bytes = read_head(path, &file, len, len as usize)?;
     }
-    detect_bytes(&bytes, len).map_err(|ruled_out| CkptError::UnknownFormat {
-        path: path.to_path_buf(),
-        n_bytes: len,
-        ruled_out,
-    })
+    match detect_bytes(&bytes, len) {
+        Ok(detected) => Ok((detected, bytes)),
+        Err(ruled_out) => Err(CkptError::UnknownFormat {
+            path: path.to_path_buf(),
+            n_bytes: len,
+            ruled_out,
+        }),
+    }
 }
 
 /// The first `max` bytes of `file` (of `len` bytes).
@@ -131,9 +143,21 @@ pub fn detect_bytes(bytes: &[u8], len: u64) -> std::result::Result<Detected, Vec
     Err(ruled_out)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread's [`json_format`] walked a JSON text (a pass over the whole
+    /// file), for tests that a file is read once.
+    pub(crate) static JSON_PASSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// How many times this thread opened a file to detect or read a strategy
+    /// ([`detect_read`], [`crate::Strategy::load`]).
+    pub(crate) static FILE_READS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The format of a JSON file given whole (`bytes` of `len`), told by its top-level keys, or why
 /// it is none.
 pub(crate) fn json_format(bytes: &[u8], len: u64) -> std::result::Result<Detected, String> {
+    #[cfg(test)]
+    JSON_PASSES.with(|n| n.set(n.get() + 1));
     if (bytes.len() as u64) < len {
         return Err(format!(
             "JSON of {len} bytes, over the {MAX_JSON_BYTES}-byte limit of a file read whole"

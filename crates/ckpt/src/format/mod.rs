@@ -37,6 +37,8 @@ use crate::model::{Strategy, StrategyFlavour};
 impl Strategy {
     /// Reads a strategy file of any flavour, detected by content (see [`Strategy::from_bytes`]).
     pub fn load(path: &Path) -> Result<Strategy> {
+        #[cfg(test)]
+        detect::FILE_READS.with(|n| n.set(n.get() + 1));
         let bytes = layout::limits::read_bounded(path, layout::limits::MAX_STRATEGY_FILE_BYTES)
             .map_err(io_err(path, "read"))?;
         Strategy::from_bytes(path, &bytes)
@@ -44,19 +46,31 @@ impl Strategy {
 
     /// Parses strategy bytes. The detection step picks the reader: JSON (`{`) is Tessera's if it
     /// says `"format": "tessera-strategy"`, MindSpore's if it has `parallel_layout_item`, and
-    /// any other JSON is refused naming what it is. MindSpore's protobuf strategy files carry
-    /// no magic number, so every other file is read as one, and the protobuf reader names the
-    /// fault.
+    /// any other JSON is refused naming what it is. A file that opens with
+    /// `{"format": "tessera-strategy"` (as Tessera writes them) is read in one pass: detection
+    /// runs only if it fails to read, and then decides the message as for any other file.
+    /// MindSpore's protobuf strategy files carry no magic number, so every other file is read as
+    /// one, and the protobuf reader names the fault.
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Strategy> {
         if starts_object(bytes) {
             let invalid = |reason: String| CkptError::InvalidStrategy {
                 path: path.to_path_buf(),
                 reason,
             };
+            // A file that declares itself a Tessera strategy first is read in one pass; the
+            // detection step looks at it only when it fails to read.
+            let declared = match tessera_strategy::declared_first(bytes) {
+                true => match tessera_strategy::read(path, bytes) {
+                    Ok(strategy) => return Ok(strategy),
+                    Err(e) => Some(e),
+                },
+                false => None,
+            };
             return match detect::json_format(bytes, bytes.len() as u64) {
-                Ok(d) if d.format == FileFormat::TesseraStrategy => {
-                    tessera_strategy::read(path, bytes)
-                }
+                Ok(d) if d.format == FileFormat::TesseraStrategy => match declared {
+                    Some(e) => Err(e),
+                    None => tessera_strategy::read(path, bytes),
+                },
                 Ok(d) if d.format == FileFormat::MsStrategyJson => {
                     MsStrategyFile::from_json_bytes(path, bytes)?
                         .into_strategy(path, StrategyFlavour::MsJson)

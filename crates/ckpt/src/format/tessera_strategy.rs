@@ -2,23 +2,29 @@
 //! dtype and placement (the format is specified in the crate documentation).
 
 use std::collections::HashSet;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use layout::{Layout, Mesh, MeshAxis};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::ser::PrettyFormatter;
 use tensor::DType;
 
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use self::stream::{
     Caps, List, Listed, Name, RawMesh, RawOp, RawPlacement, RawTensor, Stop, MAX_NAME_BYTES,
 };
 use super::codec::json::Json;
-use crate::error::{brief_name, CkptError, Result};
-use crate::io::atomic_write::write_file;
+use crate::error::{brief_name, io_err, CkptError, Result};
+use crate::io::atomic_write::AtomicFile;
+use crate::io::durability::Durability;
 use crate::model::tensor::MAX_DIMS;
 use crate::model::{
-    check_tuple_count, check_unique_ops, OpStrategyRecord, ResolvedStrategy, StagePlacement,
-    Strategy, StrategyFlavour, StrategyParam, MAX_OP_TUPLES,
+    check_tuple_count, check_unique_ops, OpStrategyRecord, ParamLayout, ResolvedParam,
+    ResolvedStrategy, StagePlacement, Strategy, StrategyFlavour, StrategyParam, MAX_OP_TUPLES,
 };
 
 /// The value of the `"format"` key.
@@ -35,6 +41,28 @@ pub(crate) const MAX_TENSORS: usize = 1 << 22;
 pub(crate) const MAX_OPS: usize = 1 << 22;
 /// The most placements (pipeline stages) one tensor may have (65 536).
 pub(crate) const MAX_PLACEMENTS: usize = 1 << 16;
+
+/// Whether `bytes` open with `{"format": "tessera-strategy"` (JSON white space allowed between
+/// the tokens), as every file this crate writes does. Such a file can be nothing but a Tessera
+/// strategy if it reads as one, so [`crate::Strategy::from_bytes`] reads it at once, without the
+/// detection step's pass over the whole text first; only a file that then fails to read goes
+/// through the detection step, whose verdict (not JSON, another kind of JSON) names the fault as
+/// before.
+pub(crate) fn declared_first(bytes: &[u8]) -> bool {
+    let format = format!("\"{FORMAT_NAME}\"");
+    let mut rest = bytes;
+    for token in [&b"{"[..], b"\"format\"", b":", format.as_bytes()] {
+        let start = rest
+            .iter()
+            .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            .unwrap_or(rest.len());
+        match rest[start..].strip_prefix(token) {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    true
+}
 
 /// Reads a Tessera strategy file's bytes, streaming: each tensor is checked and built as it is
 /// read, never a tree of the whole file (see [`stream`]).
@@ -317,25 +345,6 @@ fn op_record(op: &RawOp) -> std::result::Result<OpStrategyRecord, String> {
     Ok(record)
 }
 
-fn op_json(op: &OpStrategyRecord) -> Json {
-    let tuples = |ts: &[Vec<usize>]| {
-        Json::Arr(
-            ts.iter()
-                .map(|t| Json::uints(t.iter().map(|&f| f as u64)))
-                .collect(),
-        )
-    };
-    Json::obj([
-        ("name", Json::Str(op.name.clone())),
-        ("stage", Json::UInt(op.stage as u64)),
-        ("in_strategy", tuples(&op.inputs)),
-        (
-            "out_strategy",
-            op.outputs.as_deref().map_or(Json::Null, tuples),
-        ),
-    ])
-}
-
 /// One placement of tensor `name` in pipeline `stage` (read by the caller) from a file of
 /// `version`.
 fn placement(
@@ -562,93 +571,136 @@ pub fn rank_range(ranks: &[usize]) -> Option<(usize, usize)> {
         .then_some((start, ranks.len()))
 }
 
-/// A mesh's ranks as JSON: `"rank_range": [start, count]` when they are consecutive
-/// ([`rank_range`]), otherwise `"rank_list"` with every rank. A rank list of 8 192 ranks per
-/// tensor made a thousand-tensor file megabytes (and, before the reader streamed, over the
-/// value limit of the JSON tree it built).
-fn ranks_json(ranks: &[usize]) -> (&'static str, Json) {
-    match rank_range(ranks) {
-        Some((start, count)) => ("rank_range", Json::uints([start as u64, count as u64])),
-        None => ("rank_list", Json::uints(ranks.iter().map(|&r| r as u64))),
+/// A slice serialised as a JSON list of what `item` makes of each element.
+struct ListOf<'a, T, F>(&'a [T], F);
+
+/// [`ListOf`] `items`, mapped by `item` (a function, so a closure's argument type is known).
+fn list_of<'a, T, V: Serialize, F: Fn(&'a T) -> V>(items: &'a [T], item: F) -> ListOf<'a, T, F> {
+    ListOf(items, item)
+}
+
+impl<'a, T, V: Serialize, F: Fn(&'a T) -> V> Serialize for ListOf<'a, T, F> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(&self.1))
     }
 }
 
-/// A resolved strategy and its operators' strategies as Tessera JSON.
-pub fn to_json(strategy: &ResolvedStrategy, ops: &[OpStrategyRecord]) -> Json {
-    let tensors = strategy
-        .params()
-        .iter()
-        .map(|p| {
-            let placements = p
-                .placements
-                .iter()
-                .map(|pl| {
-                    let layout = pl.mp.layout();
-                    let mesh = layout.mesh();
-                    let axes = mesh
-                        .axes()
-                        .iter()
-                        .map(|a| {
-                            Json::Arr(vec![Json::Str(a.name.clone()), Json::UInt(a.size as u64)])
-                        })
-                        .collect();
-                    let dims = pl
-                        .mp
-                        .dims()
-                        .iter()
-                        .map(|axes| {
-                            Json::Arr(
-                                axes.iter()
-                                    .map(|&a| Json::Str(mesh.axis_name(a).to_string()))
-                                    .collect(),
-                            )
-                        })
-                        .collect();
-                    Json::obj([
-                        ("stage", Json::UInt(pl.stage as u64)),
-                        (
-                            "mesh",
-                            Json::obj([("axes", Json::Arr(axes)), ranks_json(mesh.rank_list())]),
-                        ),
-                        ("dims", Json::Arr(dims)),
-                        ("optimizer_shard", Json::UInt(pl.opt_shard as u64)),
-                        (
-                            "rows",
-                            pl.mp.row_split().map_or(Json::Null, |rows| {
-                                Json::uints(rows.iter().map(|&r| r as u64))
-                            }),
-                        ),
-                    ])
-                })
-                .collect();
-            Json::obj([
-                ("name", Json::Str(p.name.clone())),
-                ("shape", Json::uints(p.shape.iter().map(|&d| d as u64))),
-                (
-                    "dtype",
-                    p.dtype
-                        .map_or(Json::Null, |d| Json::Str(d.name().to_string())),
-                ),
-                ("placements", Json::Arr(placements)),
-            ])
-        })
-        .collect();
-    Json::obj([
-        ("format", Json::Str(FORMAT_NAME.to_string())),
-        ("version", Json::UInt(VERSION)),
-        ("tensors", Json::Arr(tensors)),
-        ("ops", Json::Arr(ops.iter().map(op_json).collect())),
-    ])
+/// A whole Tessera strategy file: `{"format", "version", "tensors", "ops"}`, serialised from
+/// the strategy itself (no tree of the file is built).
+struct FileView<'a> {
+    strategy: &'a ResolvedStrategy,
+    ops: &'a [OpStrategyRecord],
 }
 
-/// Writes a resolved strategy and its operators' strategies as Tessera JSON, atomically.
+impl Serialize for FileView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(4))?;
+        map.serialize_entry("format", FORMAT_NAME)?;
+        map.serialize_entry("version", &VERSION)?;
+        map.serialize_entry("tensors", &list_of(self.strategy.params(), TensorView))?;
+        map.serialize_entry("ops", &list_of(self.ops, OpView))?;
+        map.end()
+    }
+}
+
+/// One `"tensors"` entry: `{"name", "shape", "dtype", "placements"}`.
+struct TensorView<'a>(&'a ResolvedParam);
+
+impl Serialize for TensorView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let p = self.0;
+        let mut map = s.serialize_map(Some(4))?;
+        map.serialize_entry("name", &p.name)?;
+        map.serialize_entry("shape", &p.shape)?;
+        map.serialize_entry("dtype", &p.dtype.map(|d| d.name()))?;
+        map.serialize_entry("placements", &list_of(&p.placements, PlacementView))?;
+        map.end()
+    }
+}
+
+/// One placement: `{"stage", "mesh", "dims", "optimizer_shard", "rows"}`.
+struct PlacementView<'a>(&'a ParamLayout);
+
+impl Serialize for PlacementView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let pl = self.0;
+        let mesh = pl.mp.layout().mesh();
+        let mut map = s.serialize_map(Some(5))?;
+        map.serialize_entry("stage", &pl.stage)?;
+        map.serialize_entry("mesh", &MeshView(mesh))?;
+        let dims = list_of(pl.mp.dims(), |axes| {
+            list_of(axes, move |&a| mesh.axis_name(a))
+        });
+        map.serialize_entry("dims", &dims)?;
+        map.serialize_entry("optimizer_shard", &pl.opt_shard)?;
+        map.serialize_entry("rows", &pl.mp.row_split())?;
+        map.end()
+    }
+}
+
+/// A mesh: `{"axes": [[name, size], …]}` and its ranks, as `"rank_range": [start, count]` when
+/// they are consecutive ([`rank_range`]), otherwise as `"rank_list"` with every rank. A rank
+/// list of 8 192 ranks per tensor made a thousand-tensor file megabytes (and, before the reader
+/// streamed, over the value limit of the JSON tree it built).
+struct MeshView<'a>(&'a Mesh);
+
+impl Serialize for MeshView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2))?;
+        let axes = list_of(self.0.axes(), |a| (a.name.as_str(), a.size));
+        map.serialize_entry("axes", &axes)?;
+        let ranks = self.0.rank_list();
+        match rank_range(ranks) {
+            Some((start, count)) => map.serialize_entry("rank_range", &[start, count])?,
+            None => map.serialize_entry("rank_list", ranks)?,
+        }
+        map.end()
+    }
+}
+
+/// One `"ops"` entry: `{"name", "stage", "in_strategy", "out_strategy"}`.
+struct OpView<'a>(&'a OpStrategyRecord);
+
+impl Serialize for OpView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let op = self.0;
+        let mut map = s.serialize_map(Some(4))?;
+        map.serialize_entry("name", &op.name)?;
+        map.serialize_entry("stage", &op.stage)?;
+        map.serialize_entry("in_strategy", &op.inputs)?;
+        map.serialize_entry("out_strategy", &op.outputs)?;
+        map.end()
+    }
+}
+
+/// Writes a resolved strategy and its operators' strategies as Tessera JSON (pretty, two-space
+/// indents, a final newline) to `out`, streaming: each tensor is printed straight from the
+/// strategy, never through a tree of the whole file.
+fn write_json(
+    out: impl std::io::Write,
+    strategy: &ResolvedStrategy,
+    ops: &[OpStrategyRecord],
+) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
+    let mut ser =
+        serde_json::Serializer::with_formatter(&mut out, PrettyFormatter::with_indent(b"  "));
+    FileView { strategy, ops }
+        .serialize(&mut ser)
+        .map_err(std::io::Error::from)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// Writes a resolved strategy and its operators' strategies as Tessera JSON, atomically: the
+/// file is printed straight into a temporary file beside `path` (no copy of it in memory),
+/// which is renamed into place once whole. Refuses an existing `path` unless `force`.
 pub fn write(
     path: &Path,
     strategy: &ResolvedStrategy,
     ops: &[OpStrategyRecord],
     force: bool,
 ) -> Result<PathBuf> {
-    let mut text = to_json(strategy, ops).to_pretty(2);
-    text.push('\n');
-    write_file(path, text.as_bytes(), force)
+    let file = AtomicFile::create(path, force, Durability::Fsync)?;
+    write_json(file.as_file(), strategy, ops).map_err(io_err(path, "write"))?;
+    file.commit()
 }

@@ -4,8 +4,9 @@
 use std::path::Path;
 
 use crate::error::{CkptError, Result};
+use crate::format::detect::detect_read;
 use crate::format::group_info::GroupInfo;
-use crate::format::{detect, FileFormat};
+use crate::format::FileFormat;
 use crate::model::Strategy;
 use crate::source::CheckpointFile;
 
@@ -52,7 +53,7 @@ pub fn inspect(path: &Path) -> Result<InspectedFile> {
 
 /// [`inspect`], also saying which format was detected and why.
 pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
-    let detected = detect(path)?;
+    let (detected, bytes) = detect_read(path)?;
     let failed = |source: CkptError| CkptError::NotParsedAs {
         path: path.to_path_buf(),
         n_bytes: detected.n_bytes,
@@ -80,7 +81,13 @@ pub fn inspect_detected(path: &Path) -> Result<(InspectedFile, String)> {
             Ok((InspectedFile::Checkpoint(f), why))
         }
         FileFormat::MsStrategy | FileFormat::MsStrategyJson | FileFormat::TesseraStrategy => {
-            let s = Strategy::load(path).map_err(failed)?;
+            // Detection read a JSON file whole (and a protobuf one, if small): it is not read
+            // again.
+            let s = match bytes.len() as u64 == detected.n_bytes {
+                true => Strategy::from_bytes(path, &bytes),
+                false => Strategy::load(path),
+            }
+            .map_err(failed)?;
             // The file parsed; a layout that does not fit its tensor's recorded shape is that
             // tensor's fault, named as a conversion of the file would name it.
             s.check_recorded_shapes()?;
