@@ -21,10 +21,14 @@ pub struct GenerateArgs {
     /// Softmax temperature (0: always the most likely token).
     #[arg(long, default_value_t = 0.8)]
     pub temperature: f64,
-    /// Seed of the sampling.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seed of the sampling (default 1). At `--temperature 0` nothing is drawn, so a seed
+    /// given there changes nothing and is reported in a warning.
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
+
+/// The seed when `--seed` is not given.
+const DEFAULT_SEED: u64 = 1;
 
 /// The largest `--tokens` accepted.
 const MAX_TOKENS: usize = 1 << 20;
@@ -52,15 +56,23 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             runtime::MODEL_FILE
         );
     }
+    match args.seed {
+        Some(seed) if args.temperature == 0.0 => eprintln!(
+            "warning: --seed {seed} has no effect at --temperature 0: every token is the most \
+             likely one, nothing is drawn"
+        ),
+        _ => {}
+    }
     let text = runtime::generate(
         &args.run_dir,
         &GenerateOptions {
             prompt: args.prompt.clone(),
             tokens: args.tokens,
             temperature: args.temperature,
-            seed: args.seed,
+            seed: args.seed.unwrap_or(DEFAULT_SEED),
         },
     )?;
-    println!("{text}");
-    Ok(())
+    // Not `println!`, which panics when stdout cannot be written (a full disk, `> /dev/full`):
+    // a failed write is an error, and a closed pipe is left for `main` to ignore.
+    crate::grid::write_stdout(&format!("{text}\n"))
 }

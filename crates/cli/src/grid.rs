@@ -16,12 +16,15 @@ const MAX_COLUMNS: usize = 64;
 /// Most block rows drawn in one plane.
 const MAX_ROWS: usize = 256;
 
-/// Writes `text` to stdout; a closed pipe comes back as an `io::Error` for `main` to ignore.
+/// Writes `text` to stdout; a failed write is an error naming stdout, and a closed pipe comes
+/// back as an `io::Error` (under that context) for `main` to ignore.
 pub fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()?;
-    Ok(())
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .context("cannot write the output to stdout")
 }
 
 /// How a slot is named in tables and drawings: its rank, or `rank.copy` on an interleaved mesh.

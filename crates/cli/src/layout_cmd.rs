@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 use clap::Args;
-use layout::{MsDimMap, TensorLayout, INTERLEAVED_ALIAS};
+use layout::{MsDimMap, SliceBox, TensorLayout, INTERLEAVED_ALIAS};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::grid;
@@ -38,9 +39,7 @@ pub struct LayoutArgs {
 pub fn run(args: &LayoutArgs) -> anyhow::Result<()> {
     let tensor_layout = build(args)?;
     let out = if args.json {
-        let mut s = serde_json::to_string_pretty(&to_json(&tensor_layout)?)?;
-        s.push('\n');
-        s
+        json_text(&tensor_layout)?
     } else {
         render_text(&tensor_layout)?
     };
@@ -75,37 +74,80 @@ fn ms_map_json(maps: &[MsDimMap]) -> Value {
     )
 }
 
+/// The `--json` document, serialized as it is written: one small struct per slot rather than a
+/// `serde_json::Value` object each (over a million ranks those took 2 GB for 179 MB of text).
+/// Field names are listed in sorted order, the order `serde_json` writes the keys of a `Value`
+/// object, so the text is what serialising the equivalent `Value` gives.
+#[derive(Serialize)]
+struct LayoutJson<'a> {
+    alias_name: Vec<String>,
+    device_matrix: Vec<usize>,
+    interleaved_parallel: bool,
+    rank_list: Vec<usize>,
+    replica_groups: Vec<Vec<usize>>,
+    shape: &'a [usize],
+    sharding_strategy: Vec<usize>,
+    slice_shape: &'a [usize],
+    slices: Vec<SliceJson>,
+    tensor_map: Value,
+}
+
+/// One slot of [`LayoutJson::slices`]: its rank, its box (`offset` and `shape`) and, on an
+/// interleaved mesh, which of the device's copies it is (`interleave_index`).
+struct SliceJson {
+    interleave_index: Option<usize>,
+    rank: usize,
+    region: SliceBox,
+}
+
+impl Serialize for SliceJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut st = s.serialize_struct(
+            "SliceJson",
+            3 + usize::from(self.interleave_index.is_some()),
+        )?;
+        if let Some(index) = self.interleave_index {
+            st.serialize_field("interleave_index", &index)?;
+        }
+        st.serialize_field("offset", &self.region.offset[..])?;
+        st.serialize_field("rank", &self.rank)?;
+        st.serialize_field("shape", &self.region.shape[..])?;
+        st.end()
+    }
+}
+
+/// The `--json` text, with its final newline.
+fn json_text(t: &TensorLayout) -> anyhow::Result<String> {
+    let mut s = serde_json::to_string_pretty(&to_json(t)?)?;
+    s.push('\n');
+    Ok(s)
+}
+
 /// The `--json` object.
-fn to_json(t: &TensorLayout) -> anyhow::Result<Value> {
+fn to_json(t: &TensorLayout) -> anyhow::Result<LayoutJson<'_>> {
     let dict = t.layout().to_dict()?;
     let mesh = t.mesh();
     let k = mesh.interleave_factor();
-    let slices: Vec<Value> = (0..mesh.n_slots())
-        .map(|slot| {
-            let b = t.slot_box(slot);
-            let mut v = json!({
-                "rank": mesh.device_of_slot(slot),
-                "offset": &b.offset[..],
-                "shape": &b.shape[..],
-            });
-            if k > 1 {
-                v["interleave_index"] = json!(slot % k);
-            }
-            v
+    let slices: Vec<SliceJson> = (0..mesh.n_slots())
+        .map(|slot| SliceJson {
+            interleave_index: (k > 1).then_some(slot % k),
+            rank: mesh.device_of_slot(slot),
+            region: t.slot_box(slot),
         })
         .collect();
-    Ok(json!({
-        "device_matrix": dict.device_matrix,
-        "alias_name": dict.alias_name,
-        "tensor_map": ms_map_json(&dict.tensor_map),
-        "interleaved_parallel": dict.interleaved_parallel,
-        "rank_list": dict.rank_list,
-        "shape": t.shape(),
-        "sharding_strategy": t.split_factors(),
-        "slice_shape": t.slice_shape(),
-        "slices": slices,
-        "replica_groups": replica_groups_by_device(t),
-    }))
+    Ok(LayoutJson {
+        alias_name: dict.alias_name,
+        device_matrix: dict.device_matrix,
+        interleaved_parallel: dict.interleaved_parallel,
+        rank_list: dict.rank_list,
+        replica_groups: replica_groups_by_device(t),
+        shape: t.shape(),
+        sharding_strategy: t.split_factors(),
+        slice_shape: t.slice_shape(),
+        slices,
+        tensor_map: ms_map_json(&dict.tensor_map),
+    })
 }
 
 /// Replica groups as device ranks (an interleaved mesh's virtual copies collapse onto their
@@ -227,7 +269,7 @@ mod tests {
     #[test]
     fn json_has_the_documented_fields() {
         let t = build(&args("dp=2,mp=4", "dp,mp", "8,16")).unwrap();
-        let v = to_json(&t).unwrap();
+        let v = serde_json::to_value(to_json(&t).unwrap()).unwrap();
         assert_eq!(v["device_matrix"], json!([2, 4]));
         assert_eq!(v["tensor_map"], json!([1, 0]));
         assert_eq!(
@@ -236,7 +278,77 @@ mod tests {
         );
         assert_eq!(v["replica_groups"].as_array().unwrap().len(), 8);
         let multi = build(&args("dp=2,mp=4", "dp+mp,None", "8,16")).unwrap();
-        assert_eq!(to_json(&multi).unwrap()["tensor_map"], json!([[1, 0], -1]));
+        let v = serde_json::to_value(to_json(&multi).unwrap()).unwrap();
+        assert_eq!(v["tensor_map"], json!([[1, 0], -1]));
+    }
+
+    /// The `--json` document as it was built before, one `Value` per slot: the reference the
+    /// serialized structs must match byte for byte.
+    fn layout_value(t: &TensorLayout) -> Value {
+        let dict = t.layout().to_dict().unwrap();
+        let mesh = t.mesh();
+        let k = mesh.interleave_factor();
+        let slices: Vec<Value> = (0..mesh.n_slots())
+            .map(|slot| {
+                let b = t.slot_box(slot);
+                let mut v = json!({
+                    "rank": mesh.device_of_slot(slot),
+                    "offset": &b.offset[..],
+                    "shape": &b.shape[..],
+                });
+                if k > 1 {
+                    v["interleave_index"] = json!(slot % k);
+                }
+                v
+            })
+            .collect();
+        json!({
+            "device_matrix": dict.device_matrix,
+            "alias_name": dict.alias_name,
+            "tensor_map": ms_map_json(&dict.tensor_map),
+            "interleaved_parallel": dict.interleaved_parallel,
+            "rank_list": dict.rank_list,
+            "shape": t.shape(),
+            "sharding_strategy": t.split_factors(),
+            "slice_shape": t.slice_shape(),
+            "slices": slices,
+            "replica_groups": replica_groups_by_device(t),
+        })
+    }
+
+    /// `--json` writes, byte for byte, what serializing one `Value` per slot wrote: plain,
+    /// multi-axis, rank-listed, interleaved and scalar layouts.
+    #[test]
+    fn the_json_text_is_the_value_it_replaced() {
+        let cases = [
+            ("dp=2,mp=4", "dp,mp", "8,16", None, None),
+            (
+                "dp=2,sp=2,mp=2",
+                "dp+sp,mp",
+                "8,16",
+                Some("7,6,5,4,3,2,1,0"),
+                None,
+            ),
+            ("dp=2", "dp", "8", None, Some(2)),
+            ("dp=2", "dp+interleaved_parallel,None", "8,4", None, Some(2)),
+            ("dp=2", "", "", None, None),
+        ];
+        for (mesh, map, shape, rank_list, interleaved) in cases {
+            let t = build(&LayoutArgs {
+                rank_list: rank_list.map(str::to_string),
+                interleaved,
+                ..args(mesh, map, shape)
+            })
+            .unwrap();
+            assert_eq!(
+                json_text(&t).unwrap(),
+                format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&layout_value(&t)).unwrap()
+                ),
+                "{mesh} {map} {shape}"
+            );
+        }
     }
 
     #[test]

@@ -28,13 +28,14 @@ pub struct ReshardArgs {
     /// Mark the source as a pending sum over these axes of the source mesh (`tp` or `dp+tp`).
     #[arg(long)]
     from_partial: Option<String>,
-    /// The destination mesh (default: the source mesh).
+    /// The destination mesh (default: the source mesh, on the source's ranks).
     #[arg(long)]
     to_mesh: Option<String>,
     /// The destination map.
     #[arg(long)]
     to: String,
-    /// Explicit ranks of the destination mesh.
+    /// Explicit ranks of the destination mesh (default: `--from-rank-list` when `--to-mesh` is
+    /// not given, else ranks 0..N).
     #[arg(long)]
     to_rank_list: Option<String>,
     /// Element type.
@@ -61,22 +62,43 @@ pub fn run(args: &ReshardArgs) -> anyhow::Result<()> {
         &shape,
     )
     .context("the source (--from-mesh, --from)")?;
+    // With no --to-mesh the destination is the source mesh, its rank list included: a tensor
+    // re-laid out on ranks 5 and 6 stays on them unless --to-rank-list says otherwise.
+    let to_rank_list = match (&args.to_mesh, &args.to_rank_list) {
+        (_, Some(list)) => Some(list.as_str()),
+        (None, None) => args.from_rank_list.as_deref(),
+        (Some(_), None) => None,
+    };
     let dst = parse_layout(
         args.to_mesh.as_deref().unwrap_or(&args.from_mesh),
         &[],
         &args.to,
-        args.to_rank_list.as_deref(),
+        to_rank_list,
         &shape,
     )
     .context("the destination (--to-mesh, --to)")?;
     let src = match &args.from_partial {
         None => DistLayout::from(src),
-        Some(axes) => {
-            let axes: Vec<usize> = axes
+        Some(axes_text) => {
+            let axes: Vec<usize> = axes_text
                 .split('+')
                 .map(|a| src.mesh().axis_index(a.trim()))
                 .collect::<Result<_, _>>()
                 .context("--from-partial")?;
+            // The planner takes a set of axes; a repeated one (`tp+tp`) would be dropped
+            // without a word, so it is refused as the --from/--to maps refuse one.
+            if let Some(twice) = axes
+                .iter()
+                .enumerate()
+                .find(|&(i, a)| axes[..i].contains(a))
+                .map(|(_, &a)| src.mesh().axis_name(a))
+            {
+                bail!(
+                    "--from-partial {text:?}: axis {twice} is listed more than once; list each \
+                     axis of the pending sum once",
+                    text = axes_text
+                );
+            }
             DistLayout::partial(src, &axes).context("--from-partial")?
         }
     };
@@ -305,6 +327,7 @@ const MAX_RUN_RANKS: usize = 4096;
 /// [`MAX_RUN_RANKS`] threads, and the global tensor, every source slice and every destination
 /// slice (with the expected copy it is compared against) within the memory available.
 fn check_run_fits(plan: &ReshardPlan) -> anyhow::Result<()> {
+    check_sum_groups_span_devices(plan)?;
     let world = world_size(plan);
     if world > MAX_RUN_RANKS {
         bail!(
@@ -326,6 +349,30 @@ fn check_run_fits(plan: &ReshardPlan) -> anyhow::Result<()> {
         ),
         _ => Ok(()),
     }
+}
+
+/// Refuses, before any rank starts, a pending sum whose group puts two of its parts on one
+/// device (a sum over an interleaved axis): the executor adds one part per device, so such a
+/// run failed on its first rank only after the global tensor and every slice were allocated.
+fn check_sum_groups_span_devices(plan: &ReshardPlan) -> anyhow::Result<()> {
+    let Some(step) = plan.reduce() else {
+        return Ok(());
+    };
+    let mesh = plan.src().layout().mesh();
+    for group in &step.slot_groups {
+        let mut devices: Vec<usize> = group.iter().map(|&s| mesh.device_of_slot(s)).collect();
+        devices.sort_unstable();
+        if let Some(pair) = devices.windows(2).find(|pair| pair[0] == pair[1]) {
+            bail!(
+                "--run: the source {} is a pending sum over an interleaved axis: device {} holds \
+                 two parts of one sum, and the executor adds one part per device; a pending sum \
+                 must be over axes whose parts lie on different devices",
+                plan.src(),
+                pair[0]
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The memory available to new allocations (`MemAvailable`, or the cgroup's room when

@@ -249,3 +249,154 @@ fn strategy_show_refuses_a_file_whose_fields_disagree() {
         }
     }
 }
+
+/// Asserts a clean refusal (exit code 1, no panic) whose one-line message holds every fragment.
+#[track_caller]
+fn assert_refused_with(out: &std::process::Output, fragments: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for fragment in fragments {
+        assert!(err.contains(fragment), "missing {fragment:?} in:\n{err}");
+    }
+}
+
+/// `--from-partial tp+tp` was taken as `tp` without a word (the planner takes a set of axes);
+/// an axis listed twice is refused as in `--from`/`--to`, naming the flag and the axis.
+#[test]
+fn reshard_refuses_a_partial_axis_listed_twice() {
+    let args = |partial: &'static str| {
+        [
+            "reshard",
+            "--shape",
+            "8,8",
+            "--from-mesh",
+            "dp=2,tp=2",
+            "--from",
+            "dp,None",
+            "--from-partial",
+            partial,
+            "--to",
+            "tp,dp",
+        ]
+    };
+    assert_ok(&tessera(&args("tp")));
+    assert_refused_with(
+        &tessera(&args("tp+tp")),
+        &[
+            "--from-partial \"tp+tp\"",
+            "axis tp is listed more than once",
+        ],
+    );
+}
+
+/// A pending sum of `bool` values was planned and printed, and `--run` failed on rank 0 with
+/// the backend's reduction error; it is refused while planning, naming the dtype.
+#[test]
+fn reshard_refuses_a_pending_sum_of_bools() {
+    let args = |dtype: &'static str| {
+        [
+            "reshard",
+            "--shape",
+            "8,8",
+            "--from-mesh",
+            "dp=2,tp=2",
+            "--from",
+            "dp,None",
+            "--from-partial",
+            "tp",
+            "--to",
+            "dp,tp",
+            "--dtype",
+            dtype,
+        ]
+    };
+    assert_ok(&tessera(&args("u8")));
+    assert_refused_with(&tessera(&args("bool")), &["pending sum of bool"]);
+}
+
+/// With no `--to-mesh` the destination is the source mesh: `--from-rank-list 5,6` used to be
+/// dropped, so the destination sat on ranks 0 and 1 and the plan moved the whole tensor. It
+/// now stays on the source's ranks (nothing moves); `--to-mesh` or `--to-rank-list` still
+/// choose other ranks.
+#[test]
+fn reshard_without_to_mesh_keeps_the_source_ranks() {
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "reshard",
+            "--shape",
+            "8",
+            "--from-mesh",
+            "dp=2",
+            "--from-rank-list",
+            "5,6",
+            "--from",
+            "dp",
+            "--to",
+            "dp",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = tessera(&args);
+        assert_ok(&out);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let same = plan(&[]);
+    assert_eq!(same["bytes_total"], 0, "{same}");
+    assert_eq!(same["ranks"], serde_json::json!([5, 6]), "{same}");
+    let moved = plan(&["--to-mesh", "dp=2"]);
+    assert_eq!(moved["bytes_total"], 32, "{moved}");
+    assert_eq!(moved["ranks"], serde_json::json!([0, 1]), "{moved}");
+    let listed = plan(&["--to-rank-list", "6,5"]);
+    assert_eq!(listed["bytes_total"], 32, "{listed}");
+}
+
+/// `layout --json` over the rank ceiling's 1,048,576 ranks built one `serde_json::Value`
+/// object per slot, 2 GB for 179 MB of text: under a 1.2 GB address-space limit (`ulimit -v`,
+/// as a batch system sets one) it aborted on allocation (SIGABRT). Its slots are now
+/// serialized from small structs and the command succeeds within the limit.
+#[test]
+fn layout_json_over_a_million_ranks_fits_in_1_2_gb() {
+    let script = format!(
+        "ulimit -v 1200000 && exec {} layout --mesh a=1024,b=1024 --map a,b --shape 1024,1024 \
+         --json > /dev/null",
+        crate::util::tessera_path()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .expect("running sh");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{}: {err}", out.status);
+}
+
+/// A pending sum over an interleaved axis puts two parts of one sum on one device, which the
+/// executor cannot add: `--run` used to start every rank, allocate the tensor and its slices,
+/// and fail on rank 0. It is refused before any rank starts, naming `--run` and the rule.
+#[test]
+fn reshard_run_refuses_a_sum_over_an_interleaved_axis_before_starting() {
+    let args = |partial: &'static str| {
+        [
+            "reshard",
+            "--shape",
+            "8,8",
+            "--from-mesh",
+            "dp=2,interleaved_parallel=2",
+            "--from",
+            "None,None",
+            "--from-partial",
+            partial,
+            "--to",
+            "dp,None",
+            "--run",
+        ]
+    };
+    assert_ok(&tessera(&args("dp")));
+    let out = tessera(&args("interleaved_parallel"));
+    assert_refused_with(
+        &out,
+        &["--run: the source", "pending sum over an interleaved axis"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("rank 0:"), "{err}");
+}

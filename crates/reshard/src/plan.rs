@@ -14,7 +14,7 @@ use rustc_hash::FxHashMap;
 use tensor::DType;
 
 use crate::error::ReshardError;
-use crate::partial::{DistLayout, ReduceKind, ReduceStep};
+use crate::partial::{DistLayout, PendingOp, ReduceKind, ReduceStep};
 
 /// One piece of data moved by a plan: `region` (global tensor coordinates) from a source slot to a
 /// destination slot.
@@ -771,6 +771,7 @@ pub fn plan_from_within(
 ) -> Result<ReshardPlan, ReshardError> {
     check_same_shape(src.layout(), dst)?;
     check_byte_figures(src.layout(), dst, dtype)?;
+    check_pending_op(src, dtype)?;
     let reduce = src.is_partial().then(|| ReduceStep::choose(src, dst));
     let from = reduce.as_ref().map_or(src.layout(), |r| &r.result);
     // No plan has more than `usize::MAX` transfers: the unbounded plan skips the count.
@@ -805,6 +806,21 @@ fn check_same_shape(src: &TensorLayout, dst: &TensorLayout) -> Result<(), Reshar
         return Err(ReshardError::ShapeMismatch {
             src: src.shape().to_vec(),
             dst: dst.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// [`ReshardError::Unsupported`] for a pending sum of `bool` values: a sum is not defined on
+/// `bool` (every backend refuses it), so such a plan could only fail when it runs, after every
+/// rank has started; a pending maximum (logical or) is planned.
+fn check_pending_op(src: &DistLayout, dtype: DType) -> Result<(), ReshardError> {
+    if src.is_partial() && src.pending_op() == PendingOp::Sum && dtype == DType::Bool {
+        return Err(ReshardError::Unsupported {
+            what: format!(
+                "a pending sum of {dtype} values ({src}): a sum is not defined on {dtype} \
+                 (only a pending maximum is)"
+            ),
         });
     }
     Ok(())
@@ -1171,6 +1187,24 @@ mod tests {
                 Err(ReshardError::ShapeMismatch { .. })
             ));
         }
+    }
+
+    /// A pending sum of `bool` values is refused when planned, naming the dtype (it was planned,
+    /// and `tessera reshard --run` failed on rank 0 with the backend's reduction error); a
+    /// pending maximum of `bool` values, and a final `bool` source, are planned.
+    #[test]
+    fn a_pending_sum_of_bools_is_refused() {
+        let src = tl(&[2, 2], &["dp", "tp"], &["dp", "None"], &[8, 12]);
+        let dst = tl(&[2, 2], &["dp", "tp"], &["dp", "tp"], &[8, 12]);
+        let summed = DistLayout::partial(src.clone(), &[1]).unwrap();
+        let refused = plan_from(&summed, &dst, DType::Bool).unwrap_err();
+        assert!(
+            matches!(&refused, ReshardError::Unsupported { what } if what.contains("pending sum of bool")),
+            "{refused:?}"
+        );
+        assert!(plan_from(&summed, &dst, DType::U8).is_ok());
+        assert!(plan_from(&summed.with_op(PendingOp::Max), &dst, DType::Bool).is_ok());
+        assert!(plan(&src, &dst, DType::Bool).is_ok());
     }
 
     /// A tensor whose bytes times twice the slots pass `usize::MAX` is refused (its byte
