@@ -5,6 +5,7 @@ mod ckpt_hostile_cli;
 mod data_hostile_cli;
 mod diff_cli;
 mod fail_fast_cli;
+mod generate_cli;
 mod hostile_cli;
 mod launch_cli;
 mod launch_flags_cli;
