@@ -94,3 +94,36 @@ fn a_seed_at_temperature_zero_is_reported() {
     let (_, drawn) = sample(&["--temperature", "0.8", "--seed", "7"]);
     assert!(!drawn.contains("warning"), "{drawn}");
 }
+
+/// A checkpoint holding a NaN weight (a diverged run's, or a damaged file's) made `generate`
+/// print garbage and exit 0: every logit was NaN and the sampler fell through to one. It is now
+/// an error naming the tensor.
+#[test]
+fn a_checkpoint_with_a_nan_weight_is_refused() {
+    let scratch = Scratch::new("generate-nan-weight");
+    let run = scratch.0.join("run");
+    train_tiny_gpt(&run);
+    let file = run.join("rank_0").join("checkpoint_0.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let name = "blocks.0.attn.proj.bias";
+    let offsets = &header[name]["data_offsets"];
+    let (start, end) = (
+        8 + header_len + offsets[0].as_u64().unwrap() as usize,
+        8 + header_len + offsets[1].as_u64().unwrap() as usize,
+    );
+    for value in bytes[start..end].chunks_exact_mut(4) {
+        value.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(&file, bytes).unwrap();
+    let out = tessera(&["generate", s(&run), "--prompt", "And", "--tokens", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(name) && err.contains("non-finite"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -298,6 +298,15 @@ pub fn generate(run_dir: &Path, options: &GenerateOptions) -> Result<String, Run
         exec.run()?;
         let logits = exec.value(model.logits)?.to_f64_vec();
         let row = &logits[(window.len() - 1) * gpt.vocab_size..window.len() * gpt.vocab_size];
+        if let Some(at) = row.iter().position(|v| !v.is_finite()) {
+            return Err(RuntimeError::Data {
+                path: run_dir.to_path_buf(),
+                reason: format!(
+                    "the logit of token {at} at generated token {n} is not finite: the \
+                     checkpoint's weights overflow on this input, and no token can be drawn"
+                ),
+            });
+        }
         ids.push(sample(row, options.temperature, bits_at(key, n as u64)));
     }
     Ok(match &saved.vocabulary {
@@ -391,6 +400,17 @@ fn load_whole_parameters(
             let slot = exec.value_mut(*id)?;
             let want = slot.dtype();
             *slot = tensor.to_dtype(want);
+            // A diverged run's checkpoint holds NaN or infinite weights: its logits are NaN,
+            // and sampling from them printed text as if nothing were wrong.
+            if let Some(at) = slot.to_f64_vec().iter().position(|v| !v.is_finite()) {
+                return Err(RuntimeError::Data {
+                    path: run_dir.to_path_buf(),
+                    reason: format!(
+                        "the checkpoint's tensor {name} holds a non-finite value (element {at}): \
+                         the run it comes from diverged, and no text can be sampled from it"
+                    ),
+                });
+            }
         }
     }
     Ok(())
