@@ -288,3 +288,28 @@ fn a_stopped_merge_dedup_or_segment_merge_leaves_nothing() {
         &segments,
     );
 }
+
+/// A split merge (`split_dst_file`) stopped before its first file leaves no directory it
+/// created for its output; a directory it found stays.
+#[test]
+fn a_stopped_split_merge_leaves_no_directory_it_created() {
+    let dir = tmp();
+    let (src, s4, _) = checkpoint(dir.path());
+    let merge = |dst: &Path| {
+        let opts = MergeOptions {
+            chunk_bytes: CHUNK,
+            max_part_bytes: 64,
+            split: Some((1, 2)),
+            progress: &StopAfter::new(0),
+            ..MergeOptions::default()
+        };
+        ckpt::unified_safetensors(&src, &s4, dst, &opts)
+    };
+    let err = merge(&dir.path().join("new/unified")).unwrap_err();
+    assert!(matches!(err, CkptError::Stopped), "{err}");
+    assert!(!dir.path().join("new").exists(), "new/ is left");
+    let found = dir.path().join("found");
+    std::fs::create_dir(&found).unwrap();
+    assert!(matches!(merge(&found), Err(CkptError::Stopped)));
+    assert!(found.is_dir());
+}

@@ -72,10 +72,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         .save_operator_strategy_file
         .clone()
         .unwrap_or_else(|| config.output().dir.join("operator_strategy.json"));
-    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| anyhow::anyhow!("{}: cannot create the directory: {e}", dir.display()))?;
-    }
+    // Creates the missing directories, and removes them again when the write fails.
     ckpt::write_operator_strategy_file(&file, &runtime::operator_strategy_records(&report))?;
     if args.json {
         println!(

@@ -14,7 +14,9 @@ use plotters::prelude::*;
 /// Width of the drawing, in pixels; its height grows with the stages.
 const WIDTH: u32 = 1000;
 
-/// Draws `config`'s schedule into `path` (SVG); returns the predicted bubble fraction.
+/// Draws `config`'s schedule into `path` (SVG); returns the predicted bubble fraction. The
+/// drawing is made in memory and written whole ([`crate::train_cmd::write_output_file`]): a
+/// write that fails (a full disk) leaves no empty or half-written file.
 pub fn draw(config: &PipelineConfig, path: &Path) -> anyhow::Result<f64> {
     let schedule = Schedule::generate(config)?;
     let durations = match config.scheduler {
@@ -24,7 +26,8 @@ pub fn draw(config: &PipelineConfig, path: &Path) -> anyhow::Result<f64> {
     let report = simulate(&schedule, &durations)?;
     let stages = config.stages;
     let height = 90 + 40 * stages as u32;
-    let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
     let drawn = (|| -> Result<(), Box<dyn std::error::Error>> {
         root.fill(&WHITE)?;
         let title = format!(
@@ -83,5 +86,8 @@ pub fn draw(config: &PipelineConfig, path: &Path) -> anyhow::Result<f64> {
     drawn
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("--timeline: cannot draw {}", path.display()))?;
+    drop(root);
+    crate::train_cmd::write_output_file(path, svg.as_bytes())
+        .with_context(|| format!("--timeline: cannot write {}", path.display()))?;
     Ok(report.bubble_fraction)
 }

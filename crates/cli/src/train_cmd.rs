@@ -486,7 +486,23 @@ fn write_trace(path: &std::path::Path, report: &runtime::TrainReport) -> anyhow:
     let borrowed: Vec<(usize, &[runtime::StepTrace])> =
         traces.iter().map(|(r, t)| (*r, t.as_slice())).collect();
     let text = serde_json::to_string(&runtime::chrome_trace(&borrowed))?;
-    std::fs::write(&target, text)
+    write_output_file(&target, text.as_bytes())
         .map_err(|e| anyhow::anyhow!("--trace: cannot write {}: {e}", target.display()))?;
     Ok(())
+}
+
+/// Writes `bytes` to `path` (`--trace`, `--timeline`): a regular file, or a new one, through a
+/// temporary file beside it renamed into place, so a write that fails (a full disk, a
+/// file-size limit) leaves the previous file whole and nothing half-written, and removes the
+/// temporary file and the directories it created; a device or a FIFO (`/dev/stdout`)
+/// directly, as it cannot be replaced.
+pub(crate) fn write_output_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() && !meta.is_dir() => {
+            std::fs::write(path, bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        }
+        _ => ckpt::save_side_file(path, bytes, true)
+            .map(drop)
+            .map_err(anyhow::Error::from),
+    }
 }

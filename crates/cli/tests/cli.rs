@@ -4,6 +4,7 @@ mod ckpt_cli;
 mod ckpt_hostile_cli;
 mod data_hostile_cli;
 mod diff_cli;
+mod disk_full_cli;
 mod fail_fast_cli;
 mod generate_cli;
 mod hostile_cli;

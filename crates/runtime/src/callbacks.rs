@@ -390,11 +390,26 @@ impl MetricsLog {
         if !self.started {
             return self.write_first_or_next(line, None);
         }
-        // One write per line: a reader tailing the file never sees half a line of ours.
-        self.file
+        use std::io::{Seek, SeekFrom};
+        // One write per line: a reader tailing the file never sees half a line of ours. A
+        // write cut short (a full disk, a file-size limit) is undone: the log is cut back to
+        // the end of its last whole line, so it never ends in half a line.
+        let end = self
+            .file
+            .stream_position()
+            .map_err(|e| sink_error(&self.path, e))?;
+        let written = self
+            .file
             .write_all(line.as_bytes())
-            .and_then(|()| self.file.flush())
-            .map_err(|e| sink_error(&self.path, e))
+            .and_then(|()| self.file.flush());
+        if let Err(e) = written {
+            let _ = self
+                .file
+                .set_len(end)
+                .and_then(|()| self.file.seek(SeekFrom::Start(end)));
+            return Err(sink_error(&self.path, e));
+        }
+        Ok(())
     }
 }
 
@@ -596,7 +611,8 @@ impl Callback for LocalNorm {
 }
 
 /// Writes `bytes` to `path` through a sibling temporary file renamed into place, creating the
-/// parent directories.
+/// parent directories. A failed write or rename (a full disk, a file-size limit, a directory
+/// in the way) removes the temporary file: nothing is left beside the destination.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| sink_error(parent, e))?;
@@ -604,8 +620,19 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
     let mut temp_name = path.as_os_str().to_owned();
     temp_name.push(".tmp");
     let temp = PathBuf::from(temp_name);
-    std::fs::write(&temp, bytes).map_err(|e| sink_error(&temp, e))?;
-    std::fs::rename(&temp, path).map_err(|e| sink_error(path, e))
+    // Not opened: nothing of ours to remove.
+    let mut file = std::fs::File::create(&temp).map_err(|e| sink_error(&temp, e))?;
+    let written = file
+        .write_all(bytes)
+        .map_err(|e| sink_error(&temp, e))
+        .and_then(|()| {
+            drop(file);
+            std::fs::rename(&temp, path).map_err(|e| sink_error(path, e))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
 }
 
 #[cfg(test)]
@@ -840,6 +867,83 @@ mod tests {
             let value: serde_json::Value = serde_json::from_str(line).unwrap();
             assert_eq!(value["lr"].as_f64(), Some(lr), "{line}");
         }
+    }
+
+    /// The environment variable naming the log the child test writes.
+    const CHILD_LOG: &str = "TESSERA_TEST_METRICS_LOG_PAST_LIMIT";
+
+    /// A write cut short (here by a file-size limit, RLIMIT_FSIZE, as a full disk cuts it) fails
+    /// naming the log, and the log keeps only whole lines: it never ends in half a line.
+    #[test]
+    fn metrics_log_never_ends_in_half_a_line_when_a_write_fails() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args([
+                "--exact",
+                "callbacks::tests::metrics_log_child_writing_past_a_size_limit",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(CHILD_LOG, &path);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            child.pre_exec(|| {
+                // A write past the limit then fails with EFBIG instead of killing the process.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let limit = libc::rlimit {
+                    rlim_cur: 1000,
+                    rlim_max: 1000,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = child.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert!(stdout.contains("1 passed"), "{stdout}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.len() > 500 && text.len() <= 1000, "{}", text.len());
+        assert!(text.ends_with('\n'), "the log ends in half a line: {text}");
+        for line in text.lines() {
+            serde_json::from_str::<serde_json::Value>(line).unwrap();
+        }
+    }
+
+    /// Run by [`metrics_log_never_ends_in_half_a_line_when_a_write_fails`] in a child process
+    /// whose files may not grow past 1000 bytes: writes steps until a write fails.
+    #[test]
+    #[ignore = "run in a child process under a file-size limit"]
+    fn metrics_log_child_writing_past_a_size_limit() {
+        let Some(path) = std::env::var_os(CHILD_LOG) else {
+            return;
+        };
+        let mut log = MetricsLog::create(Path::new(&path)).unwrap();
+        for i in 1..=1000 {
+            let step = StepInfo {
+                rank: 0,
+                epoch: 1,
+                step_in_epoch: i,
+                global_step: i as u64,
+                loss: 0.123_456_7,
+                step_ms: 1.25,
+                lr: 0.001,
+                grad_norm: None,
+                moe_dropped: None,
+                shards: &[],
+            };
+            if let Err(e) = log.on_step_end(&step) {
+                let named = e.to_string().contains(&*Path::new(&path).to_string_lossy());
+                assert!(named, "{e}");
+                return;
+            }
+        }
+        panic!("no write failed under the file-size limit");
     }
 
     #[test]

@@ -63,14 +63,25 @@ pub enum RuntimeError {
         #[source]
         source: Box<RuntimeError>,
     },
-    /// A rank cannot take part in writing a checkpoint set: rank 0 could not open it, another
-    /// rank failed to write its part, or rank 0's shared staging path is implausible.
+    /// A rank cannot take part in writing a checkpoint set: rank 0 could not open it, or rank
+    /// 0's shared staging path is implausible (another rank's failure to write its part is
+    /// [`RuntimeError::PeerWriteFailed`]).
     #[error("rank {rank}: {reason}")]
     CheckpointSet {
         /// The rank the failure is told of (rank 0 for a set it could not open), or the rank
         /// reporting it.
         rank: usize,
         /// What went wrong, and what became of the set.
+        reason: String,
+    },
+    /// A rank stops writing a checkpoint set or an elastic snapshot because another rank
+    /// failed to write its part: a consequence, never the cause, so the launcher reports the
+    /// failing rank's own error (the file and the OS error) instead of this one.
+    #[error("rank {rank}: {reason}")]
+    PeerWriteFailed {
+        /// The rank reporting it.
+        rank: usize,
+        /// What the other rank failed at, and what became of the set.
         reason: String,
     },
     /// An IO error on a named file.

@@ -267,6 +267,10 @@ pub(crate) enum Blame {
 }
 
 fn blame(err: &RuntimeError) -> Blame {
+    if let RuntimeError::PeerWriteFailed { .. } = err {
+        // "Another rank failed to write": that rank's error tells which file and why.
+        return Blame::Consequence;
+    }
     let comm_err = match err {
         RuntimeError::Comm(e) => Some(e),
         RuntimeError::Reshard(reshard_exec::ExecError::Comm(e)) => Some(e),

@@ -248,6 +248,37 @@ fn local_norm_dumps_one_json_file_per_rank_and_step() {
     }
 }
 
+/// A dump that cannot be renamed into place (here a directory holds the file's name; a full
+/// disk cuts the write short the same way) fails naming the file and leaves no temporary file
+/// beside it.
+#[test]
+fn local_norm_dump_that_fails_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let param = Tensor::from_vec(&[2], vec![3f32, 4.]).unwrap();
+    let shards = [ShardView {
+        name: "w",
+        param: &param,
+        grad: None,
+    }];
+    let file = LocalNorm::dump_file(dir.path(), 0, 1);
+    std::fs::create_dir_all(file.join("in_the_way")).unwrap();
+    let err = LocalNorm::dumping(dir.path())
+        .record(0, 1, &shards)
+        .unwrap_err();
+    assert!(err.to_string().contains(&*file.to_string_lossy()), "{err}");
+    let mut names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["local_norm_step_1.json"],
+        "only the directory in the way"
+    );
+    assert!(file.join("in_the_way").is_dir());
+}
+
 /// The local norms of the distinct shards of a tensor combine into its global norm.
 #[test]
 fn local_norms_of_shards_combine_into_the_global_norm() {

@@ -2,7 +2,7 @@
 //! to this process and write, so concurrent writers never share one), fsync it, rename it into
 //! place, fsync the directory (both fsyncs only under [`Durability::Fsync`]). A reader never
 //! sees a half-written file, and a failure (or a panic, or an early return) removes the
-//! temporary file.
+//! temporary file and the parent directories the write created (those still empty).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -20,6 +20,9 @@ pub(crate) struct AtomicFile {
     tmp: PathBuf,
     file: Option<File>,
     durability: Durability,
+    /// The parent directories this write created, outermost first: removed (when empty) if
+    /// the file is never committed, since the tool did not find them and made nothing in them.
+    created_dirs: Vec<PathBuf>,
 }
 
 /// Fails with [`CkptError::DestinationExists`] when `path` exists and `force` is off, and with
@@ -45,9 +48,59 @@ pub(crate) fn check_destination(path: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// Creates `dir` (and parents) if needed.
-pub(crate) fn create_dir_all(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).map_err(io_err(dir, "create directory"))
+/// Creates `dir` and its missing parents; the directories created, outermost first. A failure
+/// removes those it had created and names the directory that could not be made.
+fn create_missing_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.as_os_str().is_empty() && !at.exists() {
+        missing.push(at.to_path_buf());
+        at = at.parent().unwrap_or(Path::new(""));
+    }
+    let mut created = Vec::new();
+    for dir in missing.into_iter().rev() {
+        match fs::create_dir(&dir) {
+            Ok(()) => created.push(dir),
+            // Made by a concurrent writer (or a directory after all): not ours to remove.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => {
+                remove_empty_dirs(&created);
+                return Err(io_err(&dir, "create directory")(e));
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// The directories an output created for itself: dropped before [`CreatedDirs::keep`] (the
+/// output failed), it removes those still empty, never one it found.
+#[derive(Debug)]
+pub(crate) struct CreatedDirs(Vec<PathBuf>);
+
+impl CreatedDirs {
+    /// Creates `dir` and its missing parents, remembering which were made.
+    pub(crate) fn create(dir: &Path) -> Result<CreatedDirs> {
+        create_missing_dirs(dir).map(CreatedDirs)
+    }
+
+    /// The output is done: its directories stay.
+    pub(crate) fn keep(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for CreatedDirs {
+    fn drop(&mut self) {
+        remove_empty_dirs(&self.0);
+    }
+}
+
+/// Removes the directories of `created` (outermost first) that are empty, innermost first.
+fn remove_empty_dirs(created: &[PathBuf]) {
+    for dir in created.iter().rev() {
+        // Fails, and keeps the directory, when anything is in it.
+        let _ = fs::remove_dir(dir);
+    }
 }
 
 impl AtomicFile {
@@ -59,20 +112,23 @@ impl AtomicFile {
     }
 
     fn create_unguarded(dest: &Path, durability: Durability) -> Result<AtomicFile> {
-        if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
-            create_dir_all(parent)?;
-        }
+        let created_dirs = match dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => create_missing_dirs(parent)?,
+            None => Vec::new(),
+        };
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(dest.file_name().unwrap_or_default());
         tmp_name.push(format!(".{}-{n}.tmp", std::process::id()));
         let tmp = dest.with_file_name(tmp_name);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io_err(&tmp, "create"))?;
+        let file = match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(file) => file,
+            Err(e) => {
+                remove_empty_dirs(&created_dirs);
+                return Err(io_err(&tmp, "create")(e));
+            }
+        };
         // Held until the file is renamed into place (or removed): it tells this live write
         // from the temporary file of a writer that was killed (see `remove_stale_temporaries`).
         // A filesystem without `flock` leaves the file unlocked, and then never removed by it.
@@ -82,6 +138,7 @@ impl AtomicFile {
             tmp,
             file: Some(file),
             durability,
+            created_dirs,
         })
     }
 
@@ -123,7 +180,14 @@ impl AtomicFile {
         // Renamed while still open (and locked), so no cleaner takes it for a killed writer's.
         let renamed = pending::creating(|| fs::rename(&self.tmp, &self.dest));
         drop(file);
-        renamed.map_err(io_err(&self.dest, "rename into place"))?;
+        if let Err(e) = renamed {
+            // Not in place (a directory appeared at the destination, say): the temporary file
+            // is removed here, the directories this write created on drop.
+            let _ = fs::remove_file(&self.tmp);
+            return Err(io_err(&self.dest, "rename into place")(e));
+        }
+        // In place: the directories it created hold it now.
+        self.created_dirs.clear();
         if let Some(parent) = self.dest.parent() {
             let dir = if parent.as_os_str().is_empty() {
                 Path::new(".")
@@ -142,6 +206,8 @@ impl Drop for AtomicFile {
         if self.file.take().is_some() {
             let _ = fs::remove_file(&self.tmp);
         }
+        // Empty unless the file never reached its place.
+        remove_empty_dirs(&self.created_dirs);
     }
 }
 
@@ -300,6 +366,54 @@ mod tests {
         }
         assert!(!dest.exists());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// A write that fails removes the parent directories it created (a full disk, a file-size
+    /// limit), never one it found, nor one that holds anything.
+    #[test]
+    fn a_failed_write_removes_the_directories_it_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let existing = dir.path().join("existing");
+        fs::create_dir(&existing).unwrap();
+        {
+            let mut f =
+                AtomicFile::create(&existing.join("a/b/x.bin"), false, Durability::Fsync).unwrap();
+            f.write_all(b"half").unwrap();
+            assert!(existing.join("a/b").is_dir());
+        }
+        assert_eq!(fs::read_dir(&existing).unwrap().count(), 0, "a/ is gone");
+        // A directory it created that another file went into stays.
+        {
+            let _f =
+                AtomicFile::create(&existing.join("c/y.bin"), false, Durability::Fsync).unwrap();
+            fs::write(existing.join("c/other"), b"x").unwrap();
+        }
+        assert!(existing.join("c/other").is_file());
+        // A committed file keeps its directories.
+        write_file(&existing.join("d/e/z.bin"), b"z", false).unwrap();
+        assert_eq!(fs::read(existing.join("d/e/z.bin")).unwrap(), b"z");
+        // A parent that is a file: nothing is created, the error names the directory.
+        let err = write_file(&existing.join("d/e/z.bin/f/g.bin"), b"g", false).unwrap_err();
+        assert!(err.to_string().contains("z.bin/f"), "{err}");
+        assert_eq!(fs::read_dir(existing.join("d/e")).unwrap().count(), 1);
+    }
+
+    /// A rename that fails (a directory appeared at the destination after the write began)
+    /// removes the temporary file and the directories the write created.
+    #[test]
+    fn a_failed_rename_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("new/a.bin");
+        let mut f = AtomicFile::create(&dest, false, Durability::OsBuffered).unwrap();
+        f.write_all(b"data").unwrap();
+        fs::create_dir_all(dest.join("in_the_way")).unwrap();
+        let err = f.commit().unwrap_err();
+        assert!(err.to_string().contains("rename into place"), "{err}");
+        let names: Vec<_> = fs::read_dir(dir.path().join("new"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["a.bin"], "only the directory in the way");
     }
 
     #[test]

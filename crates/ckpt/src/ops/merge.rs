@@ -11,10 +11,10 @@ use layout::SliceBox;
 use super::engine::execute::write_items;
 use super::engine::options::{data_bytes, WriteOptions, DEFAULT_CHUNK_BYTES};
 use super::engine::plan::{plan_gathers, OutItem};
-use crate::error::{io_err, CkptError, Result};
+use crate::error::{CkptError, Result};
 use crate::format::unified_index::{self, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 use crate::format::Format;
-use crate::io::atomic_write::{remove_stale_temporaries, write_file_with, Committer};
+use crate::io::atomic_write::{remove_stale_temporaries, write_file_with, Committer, CreatedDirs};
 use crate::io::durability::Durability;
 use crate::model::{ResolvedParam, Strategy};
 use crate::progress::{stop_point, NoProgress, Progress};
@@ -266,7 +266,7 @@ pub fn unified_safetensors(
         .collect();
     let out = Out::begin(dst_dir, src_dir, opts)?;
     let part_name = |i: usize| PathBuf::from(format!("part{i}.safetensors"));
-    if let Out::Plain(dir) = &out {
+    if let Out::Plain(dir, _) = &out {
         // A split run killed mid-file (SIGKILL, power loss) left its temporary file: removed,
         // so a re-run leaves no hidden half-written part behind (a live run's file is locked).
         let mut names: Vec<String> = (0..n_parts)
@@ -361,10 +361,11 @@ pub fn unified_safetensors(
     Ok(report)
 }
 
-/// Where a merge writes: a checkpoint set, or (for a split run) the plain directory.
+/// Where a merge writes: a checkpoint set, or (for a split run) the plain directory, with the
+/// directories the run created for it (removed if the run fails before writing into them).
 enum Out {
     Set(SetWriter),
-    Plain(PathBuf),
+    Plain(PathBuf, CreatedDirs),
 }
 
 impl Out {
@@ -387,8 +388,8 @@ impl Out {
                 rule: "the directory holds a committed checkpoint set; a split merge (split_dst_file) writes its parts into a plain directory, so give an empty or new one".to_string(),
             });
         }
-        std::fs::create_dir_all(dst_dir).map_err(io_err(dst_dir, "create directory"))?;
-        Ok(Out::Plain(dst_dir.to_path_buf()))
+        let created = CreatedDirs::create(dst_dir)?;
+        Ok(Out::Plain(dst_dir.to_path_buf(), created))
     }
 
     fn is_set(&self) -> bool {
@@ -398,28 +399,31 @@ impl Out {
     fn staged(&self, rel: &Path) -> PathBuf {
         match self {
             Out::Set(s) => s.staged(rel),
-            Out::Plain(d) => d.join(rel),
+            Out::Plain(d, _) => d.join(rel),
         }
     }
 
     fn final_path(&self, rel: &Path) -> PathBuf {
         match self {
             Out::Set(s) => s.final_path(rel),
-            Out::Plain(d) => d.join(rel),
+            Out::Plain(d, _) => d.join(rel),
         }
     }
 
     fn metadata_entry(&self) -> Option<(String, String)> {
         match self {
             Out::Set(s) => Some(s.metadata_entry()),
-            Out::Plain(_) => None,
+            Out::Plain(..) => None,
         }
     }
 
     fn commit(self) -> Result<()> {
         match self {
             Out::Set(s) => s.commit().map(|_| ()),
-            Out::Plain(_) => Ok(()),
+            Out::Plain(_, created) => {
+                created.keep();
+                Ok(())
+            }
         }
     }
 }

@@ -75,18 +75,25 @@ impl LogFile {
         &self.path
     }
 
-    /// Appends one line (which ends in a newline). A failure is reported on stderr once.
+    /// Appends one line (which ends in a newline). A failure is reported on stderr once, and
+    /// a line written in part (a full disk, a file-size limit) is cut off again, so the log
+    /// never ends in half a line.
     pub fn write_line(&self, line: &[u8]) {
-        let result = match self.file.lock() {
-            Ok(mut file) => file.write_all(line),
-            Err(poisoned) => poisoned.into_inner().write_all(line),
-        };
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let end = file.metadata().map(|m| m.len());
+        let result = file.write_all(line);
         if let Err(err) = result {
+            if let Ok(end) = end {
+                let _ = file.set_len(end);
+            }
+            drop(file);
             if !self.failed.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "[launch] cannot write {}: {err}; the console still shows the output",
+                // One write, so the console's lines on stdout do not cut through it.
+                let message = format!(
+                    "[launch] cannot write {}: {err}; the console still shows the output\n",
                     self.path.display()
                 );
+                let _ = io::stderr().write_all(message.as_bytes());
             }
         }
     }

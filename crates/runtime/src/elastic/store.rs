@@ -94,7 +94,8 @@ impl NodeStore {
     }
 
     /// Writes `bytes` as `rank`'s file of step `step` (whole or not at all: a temporary file
-    /// renamed into place).
+    /// renamed into place). A failed write or rename (the store full, a directory in the way)
+    /// removes the temporary file, which would otherwise hold the store's memory.
     pub fn write_rank_file(
         &self,
         step: u64,
@@ -110,9 +111,14 @@ impl NodeStore {
         std::fs::create_dir_all(parent).map_err(io)?;
         let partial = parent.join(format!(".partial-{}", std::process::id()));
         let mut file = std::fs::File::create(&partial).map_err(io)?;
-        file.write_all(bytes).map_err(io)?;
-        drop(file);
-        std::fs::rename(&partial, &path).map_err(io)
+        let written = file.write_all(bytes).and_then(|()| {
+            drop(file);
+            std::fs::rename(&partial, &path)
+        });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        written.map_err(io)
     }
 
     /// Marks step `step`'s snapshot complete (every rank of a `world`-rank job wrote its part).
@@ -370,6 +376,31 @@ mod tests {
         assert_eq!(
             std::fs::read(store.rank_file(30, 2)).unwrap(),
             rank_bytes("30-2")
+        );
+    }
+
+    /// A rank file that cannot be put in place (a directory holds its name here; a full store
+    /// cuts the write short the same way) fails naming the file and leaves no `.partial-*`
+    /// file holding the store's memory.
+    #[test]
+    fn a_failed_rank_file_write_leaves_no_partial_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = NodeStore::open(tmp.path().to_path_buf()).unwrap();
+        let path = store.rank_file(5, 1);
+        std::fs::create_dir_all(path.join("in_the_way")).unwrap();
+        let err = store
+            .write_rank_file(5, 1, &rank_bytes("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&*path.to_string_lossy()), "{err}");
+        let names: Vec<String> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["checkpoint_1.safetensors"],
+            "only the directory in the way"
         );
     }
 

@@ -202,7 +202,7 @@ impl TrainSession {
         if failed {
             // Dropping the writer removes the staging directory.
             drop(writer);
-            return Err(RuntimeError::CheckpointSet {
+            return Err(RuntimeError::PeerWriteFailed {
                 rank,
                 reason: "another rank failed to write its checkpoint; the set was not committed (the previous checkpoint is unchanged)".to_string(),
             });

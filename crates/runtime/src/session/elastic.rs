@@ -298,7 +298,7 @@ impl TrainSession {
         let cleared = any_rank(world, written.is_err())?;
         written?;
         if cleared {
-            return Err(RuntimeError::CheckpointSet {
+            return Err(RuntimeError::PeerWriteFailed {
                 rank,
                 reason: "another rank could not prepare the elastic snapshot".to_string(),
             });
@@ -327,7 +327,7 @@ impl TrainSession {
         own?;
         copied?;
         if failed {
-            return Err(RuntimeError::CheckpointSet {
+            return Err(RuntimeError::PeerWriteFailed {
                 rank,
                 reason: format!("another rank failed to write its elastic snapshot of step {step}"),
             });

@@ -320,7 +320,9 @@ fn to_json(records: &[OpStrategyRecord]) -> Json {
     Json::Obj(root)
 }
 
-/// Writes `records` as an operator strategy file, atomically (replacing an older file).
+/// Writes `records` as an operator strategy file, atomically (replacing an older file),
+/// creating its missing parent directories; a failed write leaves neither the file nor the
+/// directories it created.
 pub fn write_operator_strategy_file(path: &Path, records: &[OpStrategyRecord]) -> Result<()> {
     let mut text = to_json(records).to_pretty(2);
     text.push('\n');
