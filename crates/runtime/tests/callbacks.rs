@@ -360,3 +360,42 @@ fn a_callback_list_calls_in_order_and_stops_at_the_first_error() {
         ["a step 1", "b step 1", "a epoch 1"]
     );
 }
+
+/// A callback that fails when training ends.
+struct FailsAtTheEnd;
+
+impl Callback for FailsAtTheEnd {
+    fn on_train_end(&mut self, _end: &TrainEndInfo<'_>) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Config {
+            key: "test".into(),
+            reason: "the end callback fails".into(),
+        })
+    }
+}
+
+/// A callback failing at the end (the metrics log's memory lines on a full disk) failed the
+/// run before the final checkpoint was saved, losing the whole run's training; the set is now
+/// committed first, and the run still fails with the callback's error.
+#[test]
+fn an_end_callback_that_fails_leaves_the_final_checkpoint_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::run_util::small_gpt(
+        dir.path(),
+        "adamw",
+        "",
+        "mode = \"stand_alone\"",
+        &["train.max_steps=2".to_string()],
+    );
+    let session = runtime::Session::new(&config).unwrap();
+    let cluster = comm::LocalCluster::new(1).unwrap();
+    let world: Arc<dyn comm::Communicator> = Arc::new(cluster.comms().remove(0));
+    let err = session
+        .run_rank(world, &mut FailsAtTheEnd, false)
+        .err()
+        .expect("the callback's error fails the run");
+    assert!(err.to_string().contains("the end callback fails"), "{err}");
+    assert!(dir.path().join("tessera_set.json").is_file());
+    let names = ["blocks.0.attn.qkv.weight".to_string()];
+    let params = crate::run_util::merged_params(dir.path(), &names);
+    assert_eq!(params.len(), 1);
+}

@@ -501,6 +501,11 @@ impl TrainSession {
         // A run of no step still ends with every parameter (saved, reported).
         run.exec.materialize_parameters()?;
         let memory = exec::gather_reports(run.world.as_ref(), &run.exec.memory().report())?;
+        // The trained model is saved before the end callbacks run: a callback that fails (the
+        // metrics log's closing lines on a full disk, a user's callback) fails the run, but
+        // after the checkpoint set is committed, not at the cost of it; and a callback that
+        // looks for the final checkpoint finds it.
+        self.save_final(&run)?;
         callbacks.on_train_end(&TrainEndInfo {
             rank: run.rank,
             epochs: epochs_run,
@@ -509,7 +514,6 @@ impl TrainSession {
             memory: &memory,
         })?;
         run.outcome.memory_by_rank = memory;
-        self.save_final(&run)?;
         let exec = &run.exec;
         let mut outcome = std::mem::take(&mut run.outcome);
         for (i, p) in self.train.params.iter().enumerate() {
