@@ -10,6 +10,8 @@ use anyhow::bail;
 use clap::{Args, Subcommand, ValueEnum};
 use runtime::PathKind;
 
+use crate::stdout::{self, outln, StdoutLines};
+
 /// Arguments of `tessera bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -289,21 +291,30 @@ struct ProfileArgs {
 const MAX_RESHARD_ELEMENTS: usize = 1 << 30;
 
 /// Prints every piece of a report on stdout as it is measured, and notes on stderr.
-struct Console;
+///
+/// When stdout cannot be written, the benchmark still runs to its end, so that it removes its
+/// scratch files and stops the processes it started (exiting here would leave both behind);
+/// the pieces after the failure are not written (the report would have holes), the failure is
+/// said at once on stderr (a closed pipe, `tessera bench … | head`, is not worth a word), and
+/// [`run`] ends with it as its error.
+#[derive(Default)]
+struct Console {
+    /// Set at the first failed write: nothing more goes to stdout.
+    failed: bool,
+}
 
 impl bench::Progress for Console {
     fn piece(&mut self, piece: &dyn fmt::Display) {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = write!(out, "{piece}").and_then(|()| out.flush()) {
-            // The reader is gone (`tessera bench … | head`): stop as `main` does on a broken
-            // pipe, quietly; anything else is worth a word.
-            if e.kind() != std::io::ErrorKind::BrokenPipe {
-                eprintln!("tessera bench: cannot write to stdout: {e}");
-                std::process::exit(1);
-            }
-            std::process::exit(0);
+        if self.failed {
+            return;
         }
+        let text = piece.to_string();
+        let written = StdoutLines.write_line(text.as_bytes(), |err| {
+            if err.kind() != std::io::ErrorKind::BrokenPipe {
+                eprintln!("tessera bench: cannot write the report to stdout: {err}; the benchmark runs to its end to clean up after itself, then stops with this error");
+            }
+        });
+        self.failed = written.is_err();
     }
 
     fn note(&mut self, note: &dyn fmt::Display) {
@@ -311,9 +322,17 @@ impl bench::Progress for Console {
     }
 }
 
-/// Runs `tessera bench …`.
+/// Runs `tessera bench …`: the benchmark's error, else the failure to write its report.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let console = &mut Console;
+    run_bench(args, &mut Console::default())?;
+    match stdout::take_failure("the report") {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}
+
+/// Runs the benchmark `args` names, showing its report on `console`.
+fn run_bench(args: &BenchArgs, console: &mut Console) -> anyhow::Result<()> {
     match &args.command {
         BenchCommand::Memcpy(a) => {
             let request = bench::memcpy::MemcpyRequest {
@@ -493,6 +512,6 @@ fn profile(args: &ProfileArgs, console: &mut Console) -> anyhow::Result<()> {
     let report = bench::profile::profile(&request, console)?;
     std::fs::write(&args.out, search::device_profile::to_toml(&report.profile))
         .map_err(|e| anyhow::anyhow!("--out {}: cannot write: {e}", args.out.display()))?;
-    println!("profile written to {}", args.out.display());
+    outln!("profile written to {}", args.out.display())?;
     Ok(())
 }

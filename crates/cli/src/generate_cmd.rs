@@ -74,5 +74,5 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     )?;
     // Not `println!`, which panics when stdout cannot be written (a full disk, `> /dev/full`):
     // a failed write is an error, and a closed pipe is left for `main` to ignore.
-    crate::grid::write_stdout(&format!("{text}\n"))
+    crate::stdout::write_stdout(&format!("{text}\n"))
 }

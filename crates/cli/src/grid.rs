@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 
 use layout::{Mesh, TensorLayout};
 
@@ -15,17 +14,6 @@ const MAX_PLANES: usize = 16;
 const MAX_COLUMNS: usize = 64;
 /// Most block rows drawn in one plane.
 const MAX_ROWS: usize = 256;
-
-/// Writes `text` to stdout; a failed write is an error naming stdout, and a closed pipe comes
-/// back as an `io::Error` (under that context) for `main` to ignore.
-pub fn write_stdout(text: &str) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-        .context("cannot write the output to stdout")
-}
 
 /// How a slot is named in tables and drawings: its rank, or `rank.copy` on an interleaved mesh.
 pub fn slot_label(mesh: &Mesh, slot: usize) -> String {

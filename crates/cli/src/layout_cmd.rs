@@ -43,7 +43,7 @@ pub fn run(args: &LayoutArgs) -> anyhow::Result<()> {
     } else {
         render_text(&tensor_layout)?
     };
-    crate::grid::write_stdout(&out)
+    crate::stdout::write_stdout(&out)
 }
 
 /// Parses the arguments into a validated layout bound to the shape.

@@ -21,6 +21,7 @@ mod plan_cmd;
 mod ps_cmd;
 mod rank_env_cmd;
 mod reshard_cmd;
+mod stdout;
 mod strategy_cmd;
 mod timeline;
 mod train_cmd;

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::Args;
 use runtime::{human_bytes, PlanReport, ProfileChoice, TrainConfig};
 
+use crate::stdout::{outln, write_stdout};
+
 /// Arguments of `tessera plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -75,16 +77,19 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     // Creates the missing directories, and removes them again when the write fails.
     ckpt::write_operator_strategy_file(&file, &runtime::operator_strategy_records(&report))?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&to_json(&report, &memory, &file, configured_stages))?
-        );
+        )?;
     } else {
         let auto_pipeline = config.search().auto_pipeline;
-        print!(
-            "{}",
-            describe(&report, &memory, &file, configured_stages, auto_pipeline)
-        );
+        write_stdout(&describe(
+            &report,
+            &memory,
+            &file,
+            configured_stages,
+            auto_pipeline,
+        ))?;
     }
     Ok(())
 }

@@ -7,6 +7,8 @@ use std::sync::atomic::Ordering;
 
 use runtime::TrainConfig;
 
+use crate::stdout::write_stdout;
+
 /// Runs a parameter-server config; worker 0 writes the metrics log to `metrics_log` (`None`:
 /// `<output.dir>/metrics.jsonl`).
 pub fn run(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<()> {
@@ -22,7 +24,7 @@ pub fn run(config: &TrainConfig, metrics_log: Option<&Path>) -> anyhow::Result<(
         runtime::check_parameter_server_output(config)?;
     }
     if let Some(report) = ps::run_role(config, &env, metrics_log)? {
-        print!("{}", ps::summary(&report, config, &env));
+        write_stdout(&ps::summary(&report, config, &env))?;
     }
     Ok(())
 }

@@ -7,8 +7,8 @@ use reshard::{DistLayout, ExchangeKind, ReduceKind, ReshardError, ReshardPlan};
 use serde::Serialize;
 use tensor::DType;
 
-use crate::grid::write_stdout;
 use crate::parse::{parse_layout, parse_usizes};
+use crate::stdout::write_stdout;
 
 /// Arguments of `tessera reshard`.
 #[derive(Debug, Args)]

@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use runtime::PathKind;
 use serde_json::{json, Value};
 
-use crate::grid::write_stdout;
+use crate::stdout::write_stdout;
 
 /// Arguments of `tessera strategy`.
 #[derive(Debug, Args)]

@@ -1,11 +1,12 @@
 //! `tessera train`: train a model from a TOML configuration.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use runtime::{LaunchOptions, TrainConfig, TrainSession, Training};
+use runtime::{LaunchOptions, LossMonitor, TrainConfig, TrainSession, Training};
+
+use crate::stdout::{self, out, outln, write_stdout, StdoutLines};
 
 /// Which communicator backend runs the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -139,12 +140,11 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         );
     }
     // Written, not printed: a closed pipe (`… | head`) ends the command quietly.
-    let mut out = std::io::stdout().lock();
     if args.json {
         let summary = session.train.summary();
         for rank in 0..session.devices() {
             let local = args.backend == Backend::Local;
-            writeln!(out, "{}", explain_json(session, &summary, rank, local))?;
+            outln!("{}", explain_json(session, &summary, rank, local))?;
         }
         return Ok(());
     }
@@ -156,23 +156,16 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                 session.devices()
             );
         }
-        write!(
-            out,
+        out!(
             "{}",
             session.train.explain_with(session.deterministic_blocks())
         )?;
-        write!(
-            out,
-            "{}",
-            explain_memory(session, args.backend == Backend::Local)
-        )?;
+        write_stdout(&explain_memory(session, args.backend == Backend::Local))?;
         if let Some(rank) = args.explain_rank {
-            write!(out, "\n{}", session.train.for_rank(rank))?;
+            out!("\n{}", session.train.for_rank(rank))?;
         }
         return Ok(());
     }
-    // The rank threads print the loss: release stdout.
-    drop(out);
     if let Some(path) = &args.trace {
         if !session.is_pipelined() && !session.runs_ring_attention() {
             anyhow::bail!("{}", nothing_to_trace(path));
@@ -184,7 +177,8 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     // checkpoint resumed from before any rank starts (runtime::check_before_start).
     let out_dir = config.output().dir.clone();
     let options = LaunchOptions {
-        print_loss: true,
+        // Printed by this command's own monitor (below), whose failure names stdout.
+        print_loss: false,
         metrics_log: Some(
             args.log_json
                 .clone()
@@ -196,11 +190,22 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
         exit_on_hung_rank: true,
     };
     let devices = session.devices();
-    let training = training.options(options);
+    let mut training = training.options(options);
+    // MindSpore's loss lines, on rank 0 (the callbacks of `--backend mpi` run on every
+    // process's rank). Stdout that cannot be written stops the run, with an error naming it.
+    if args.backend == Backend::Local || mpi_rank_is_zero() {
+        let every = config.train().per_print_times;
+        training = training.callback(LossMonitor::new(Box::new(StdoutLines), every));
+    }
     let start = Instant::now();
-    let report = match args.backend {
-        Backend::Local => training.train_local()?,
-        Backend::Mpi => train_mpi(training)?,
+    let trained = match args.backend {
+        Backend::Local => training.train_local().map_err(anyhow::Error::from),
+        Backend::Mpi => train_mpi(training),
+    };
+    let report = match (trained, stdout::take_failure("the loss lines")) {
+        (Ok(report), None) => report,
+        (_, Some(failure)) => return Err(failure.context("training stopped")),
+        (Err(err), None) => return Err(err),
     };
     let elapsed = start.elapsed().as_secs_f64();
     if let Some(path) = &args.trace {
@@ -209,44 +214,44 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
     let is_rank0 = report.ranks.len() == devices || mpi_rank_is_zero();
     if is_rank0 {
         let steps = report.losses().len();
-        println!(
+        outln!(
             "trained {} steps on {} device(s) in {:.2} s ({:.1} steps/s); final loss {:.4}",
             steps,
             report.devices,
             elapsed,
             steps as f64 / elapsed.max(1e-9),
             report.losses().last().copied().unwrap_or(f32::NAN)
-        );
+        )?;
         if report.skipped_steps() > 0 {
-            println!(
+            outln!(
                 "{} of the {steps} steps skipped their update: their gradients overflowed under train.loss_scale",
                 report.skipped_steps()
-            );
+            )?;
         }
         if let Some(acc) = report.accuracies().last() {
-            println!("test accuracy after the last epoch: {:.2}%", acc * 100.0);
+            outln!("test accuracy after the last epoch: {:.2}%", acc * 100.0)?;
         }
         if let Some(loss) = report.eval_losses().last() {
-            println!("validation loss after the last epoch: {loss:.4}");
+            outln!("validation loss after the last epoch: {loss:.4}")?;
         }
         if let Some(memory) = report.ranks.first().map(|r| &r.memory_by_rank) {
             if !memory.is_empty() {
-                print!(
+                out!(
                     "memory per rank (measured peaks):\n{}",
                     runtime::memory_lines(memory)
-                );
+                )?;
             }
         }
         if let Some(bubble) = report.pipeline_bubble() {
-            println!(
+            outln!(
                 "pipeline bubble (measured, idle share of every rank over each step): {:.1} %",
                 bubble * 100.0
-            );
+            )?;
             if let Some(predicted) = calibrated_bubble(&config, &report)? {
-                println!(
+                outln!(
                     "pipeline bubble (predicted from this run's pass times per stage): {:.1} %",
                     predicted * 100.0
-                );
+                )?;
             }
             let peaks: Vec<String> = report
                 .ranks
@@ -260,17 +265,17 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<()> {
                     )
                 })
                 .collect();
-            println!(
+            outln!(
                 "micro-batches held at once × their buffers, per rank: {}",
                 peaks.join(", ")
-            );
+            )?;
         }
         if config.output().save_checkpoint {
-            println!(
+            outln!(
                 "checkpoints: {}/rank_<r>/checkpoint_<r>.safetensors; strategy: {}/strategy.json (Tessera) and strategy.ckpt (MindSpore)",
                 out_dir.display(),
                 out_dir.display()
-            );
+            )?;
         }
     }
     Ok(())

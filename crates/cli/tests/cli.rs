@@ -22,5 +22,6 @@ mod profile_cli;
 mod ps_launch_cli;
 mod sets_cli;
 mod stage_warnings_cli;
+mod stdout_cli;
 mod train_cli;
 mod util;

@@ -7,6 +7,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::output::print;
+use crate::stdout::outln;
 
 /// Arguments of `tessera ckpt inspect`.
 #[derive(Debug, Args)]
@@ -32,7 +33,7 @@ pub(super) fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
         if a.json {
             eprintln!("detected: {detected}");
         } else {
-            println!("detected: {detected}");
+            outln!("detected: {detected}")?;
         }
     }
     match file {

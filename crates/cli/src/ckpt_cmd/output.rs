@@ -7,7 +7,7 @@ use ckpt::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 
-use crate::grid::write_stdout;
+use crate::stdout::write_stdout;
 
 /// A progress bar on stderr: hidden when stderr is not a terminal or with `--quiet`.
 pub(super) struct Bar(ProgressBar);

@@ -14,7 +14,7 @@ use super::flags::{
     check_dest_dir, check_input_dir, check_input_file, WriteFlags, CHECKPOINT_DIR, STRATEGY_FILE,
 };
 use super::output::{path_str, print, Bar};
-use crate::grid::write_stdout;
+use crate::stdout::write_stdout;
 
 /// Arguments of `tessera ckpt dedup`.
 #[derive(Debug, Args)]

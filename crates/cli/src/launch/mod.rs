@@ -132,8 +132,19 @@ impl fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-/// Runs `tessera launch`: Ok when every worker exited 0.
+/// Runs `tessera launch`: Ok when every worker exited 0 and the console view was written
+/// whole (a console that could not be written is the job's error only when the job succeeded;
+/// the processes and their logs went on regardless, see [`output::write_out`]).
 pub fn run(args: &LaunchArgs) -> anyhow::Result<()> {
+    run_job(args)?;
+    match output::console_failure() {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}
+
+/// Starts and supervises the job `args` describes, to its end.
+fn run_job(args: &LaunchArgs) -> anyhow::Result<()> {
     if args.join == Some(false) {
         anyhow::bail!("--join false is not supported: tessera launch always waits for its job (run it in the background from your shell)");
     }

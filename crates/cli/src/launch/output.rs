@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::stdout::StdoutLines;
+
 /// Longest line passed on as one; a longer run of bytes without a newline is cut into lines of
 /// this length, so one process cannot make the launcher hold unbounded memory.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
@@ -242,13 +244,31 @@ pub fn pump(
 
 /// Writes one whole line `body` to `log` and, after `prefix`, to the console (`console_line` is
 /// scratch space).
+///
+/// A console that cannot be written (`tessera launch … > /dev/full`, `… | head`) stops neither
+/// the processes nor their logs: the first failure is said once on stderr (a closed pipe is not
+/// worth a word), and the job's result says it when the job ends ([`console_failure`]).
 pub fn write_out(log: &LogFile, prefix: &str, body: &[u8], console_line: &mut Vec<u8>) {
     log.write_line(body);
     console_line.clear();
     console_line.extend_from_slice(prefix.as_bytes());
     console_line.extend_from_slice(body);
-    // A closed console (`tessera launch … | head`) must not stop the logging.
-    let _ = io::stdout().lock().write_all(console_line);
+    let _ = StdoutLines.write_line(console_line, |err| {
+        if err.kind() != io::ErrorKind::BrokenPipe {
+            // One write, so the console's other lines do not cut through it.
+            let message = format!("[launch] cannot write the console view to stdout: {err}; the processes keep running and their output is still written to their logs\n");
+            let _ = io::stderr().write_all(message.as_bytes());
+        }
+    });
+}
+
+/// The first failure to write the console view ([`write_out`]) as an error naming stdout, if
+/// there was one: the job's result when it otherwise succeeded. A closed pipe stays an
+/// `io::Error` under that context, so `main` ends quietly on it, as before.
+pub fn console_failure() -> Option<anyhow::Error> {
+    crate::stdout::take_failure("the console view").map(|err| {
+        err.context("the job finished, but its console view is incomplete (every process's output is in its log)")
+    })
 }
 
 /// Whether `line`, as [`pump`] hands it to a router, is the first [`MAX_LINE_BYTES`] of a longer
