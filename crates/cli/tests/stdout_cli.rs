@@ -201,3 +201,24 @@ fn bench_to_a_full_stdout_cleans_up_and_is_an_error() {
     assert_stdout_error(&to_full_stdout(&args), "the report");
     assert!(!dir.exists(), "{} was left behind", dir.display());
 }
+
+/// `train.print_local_norm` prints on every rank from inside the runtime: a full stdout was an
+/// error naming `<local norm output>`; it names stdout.
+#[test]
+fn local_norms_to_a_full_stdout_name_stdout() {
+    let scratch = Scratch::new("stdout-local-norm");
+    let args = train_args(
+        &scratch.0,
+        2,
+        &["train.per_print_times=0", "train.print_local_norm=true"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = to_full_stdout(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("stdout: No space left on device") && !err.contains("<local norm output>"),
+        "{err}"
+    );
+}

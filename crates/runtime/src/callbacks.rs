@@ -198,6 +198,8 @@ fn sink_error(path: &Path, source: std::io::Error) -> RuntimeError {
 /// stops training with [`RuntimeError::InvalidLoss`], printed or not.
 pub struct LossMonitor {
     out: Box<dyn Write + Send>,
+    /// What `out` is called in a write error (`stdout`).
+    out_name: &'static str,
     per_print_times: u64,
     last_print: u64,
 }
@@ -207,14 +209,18 @@ impl LossMonitor {
     pub fn new(out: Box<dyn Write + Send>, per_print_times: u64) -> LossMonitor {
         LossMonitor {
             out,
+            out_name: "<loss monitor output>",
             per_print_times,
             last_print: 0,
         }
     }
 
-    /// A monitor printing to standard output.
+    /// A monitor printing to standard output (a failed write is an error naming stdout).
     pub fn stdout(per_print_times: u64) -> LossMonitor {
-        LossMonitor::new(Box::new(std::io::stdout()), per_print_times)
+        LossMonitor {
+            out_name: "stdout",
+            ..LossMonitor::new(Box::new(std::io::stdout()), per_print_times)
+        }
     }
 }
 
@@ -238,7 +244,7 @@ impl Callback for LossMonitor {
             step.epoch, step.step_in_epoch, step.loss
         )
         .and_then(|()| self.out.flush())
-        .map_err(|e| sink_error(Path::new("<loss monitor output>"), e))
+        .map_err(|e| sink_error(Path::new(self.out_name), e))
     }
 }
 
@@ -488,7 +494,8 @@ pub fn l2_norm(t: &Tensor) -> f64 {
 
 /// Where [`LocalNorm`] reports.
 enum LocalNormSink {
-    Print(Box<dyn Write + Send>),
+    /// Lines to a writer, and what the writer is called in a write error.
+    Print(Box<dyn Write + Send>, &'static str),
     Dump(PathBuf),
 }
 
@@ -521,7 +528,14 @@ impl LocalNorm {
     /// Prints lines to `out` (MindSpore's `print_local_norm`).
     pub fn printing(out: Box<dyn Write + Send>) -> LocalNorm {
         LocalNorm {
-            sink: LocalNormSink::Print(out),
+            sink: LocalNormSink::Print(out, "<local norm output>"),
+        }
+    }
+
+    /// Prints lines to standard output (a failed write is an error naming stdout).
+    pub fn printing_to_stdout() -> LocalNorm {
+        LocalNorm {
+            sink: LocalNormSink::Print(Box::new(std::io::stdout()), "stdout"),
         }
     }
 
@@ -550,7 +564,7 @@ impl LocalNorm {
             .map(|s| (l2_norm(s.param), s.grad.map(l2_norm)))
             .collect();
         match &mut self.sink {
-            LocalNormSink::Print(out) => {
+            LocalNormSink::Print(out, out_name) => {
                 let mut text = String::new();
                 for (shard, (norm, grad_norm)) in shards.iter().zip(&norms) {
                     text.push_str(&format!(
@@ -566,7 +580,7 @@ impl LocalNorm {
                 }
                 out.write_all(text.as_bytes())
                     .and_then(|()| out.flush())
-                    .map_err(|e| sink_error(Path::new("<local norm output>"), e))
+                    .map_err(|e| sink_error(Path::new(*out_name), e))
             }
             LocalNormSink::Dump(dir) => {
                 let params: Vec<serde_json::Value> = shards

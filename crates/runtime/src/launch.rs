@@ -117,7 +117,7 @@ fn callbacks_for(
         }
     }
     if cfg.print_local_norm {
-        list.push(Box::new(LocalNorm::printing(Box::new(std::io::stdout()))));
+        list.push(Box::new(LocalNorm::printing_to_stdout()));
         want_shards = true;
     }
     if let Some(dir) = &cfg.dump_local_norm {

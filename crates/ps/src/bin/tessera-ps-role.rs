@@ -2,6 +2,7 @@
 //! `TESSERA_ROLE` for CONFIG, exactly as `tessera train CONFIG` does under a launcher. It
 //! exists so the crate's tests can start real role processes without building the CLI.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,7 +19,11 @@ fn main() -> ExitCode {
         let config = runtime::TrainConfig::load(&config, &overrides)?;
         let env = ps::RoleEnv::from_process()?.ok_or(format!("{ROLE} is not set"))?;
         if let Some(report) = ps::run_role(&config, &env, None)? {
-            print!("{}", ps::summary(&report, &config, &env));
+            // Not `print!`, which panics when stdout cannot be written (a full disk).
+            let mut out = std::io::stdout().lock();
+            out.write_all(ps::summary(&report, &config, &env).as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(|e| format!("cannot write the summary to stdout: {e}"))?;
         }
         Ok(())
     };
