@@ -889,3 +889,55 @@ fn a_budget_the_first_plan_misses_is_searched_again() {
         "no budget below {first_peak} bytes was met"
     );
 }
+
+/// A device profile figure outside its plausible range is refused, by `--profile` and by
+/// `parallel.device_profile`, naming the file, the key and the bound, before anything is
+/// written. Before, `flops_per_s = 1e-300` was accepted: every op cost infinity, the search
+/// chose among the ties and printed `predicted step: NaN ms = compute inf + …`.
+#[test]
+fn a_profile_figure_out_of_range_is_refused_naming_the_file_and_the_key() {
+    let dir = Scratch::new("plan-hostile-profile");
+    let cfg = config(&dir.0);
+    let profile = |name: &str, from: &str, to: &str| {
+        let text = "name = \"hostile\"\nmemory_bandwidth = 1e12\nmemory_bytes = 80000000000\n\
+                    devices_per_node = 8\n[[matmul]]\nmin_flops = 0.0\nflops_per_s = 1e14\n\
+                    [intra_node]\nalpha = 3e-6\nbandwidth = 3.6e11\n\
+                    [inter_node]\nalpha = 6e-6\nbandwidth = 4e10\n";
+        assert!(text.contains(from), "{from}");
+        let path = dir.0.join(name);
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        path
+    };
+    let cases = [
+        (
+            profile("flops.toml", "flops_per_s = 1e14", "flops_per_s = 1e-300"),
+            "(matmul[0].flops_per_s): 1e-300 is outside the plausible range 1000 to 1e21 FLOP/s",
+        ),
+        (
+            profile("alpha.toml", "alpha = 3e-6", "alpha = 1e300"),
+            "(intra_node.alpha): 1e300 is outside the plausible range 0 to 1 seconds",
+        ),
+        (
+            profile(
+                "memory.toml",
+                "memory_bandwidth = 1e12",
+                "memory_bandwidth = 1e-300",
+            ),
+            "(memory_bandwidth): 1e-300 is outside the plausible range 1000 to 1e18 bytes/s",
+        ),
+    ];
+    for (path, rule) in &cases {
+        let by_flag = tessera(&["plan", s(&cfg), "--profile", s(path)]);
+        let set = format!("parallel.device_profile={:?}", s(path));
+        let by_key = with_sets(&["plan"], s(&cfg), &[&set]);
+        for (out, how) in [(by_flag, "--profile"), (by_key, "parallel.device_profile")] {
+            let err = refusal(&out, how);
+            assert!(err.contains(s(path)) && err.contains(rule), "{how}: {err}");
+            assert!(!String::from_utf8_lossy(&out.stdout).contains("NaN"));
+            assert!(
+                !dir.0.join("out/operator_strategy.json").exists(),
+                "{how}: nothing is written"
+            );
+        }
+    }
+}

@@ -17,6 +17,8 @@
 //! rates shrink by the oversubscription, and collectives use the α–β measured on the local
 //! backend with about that many ranks.
 
+use std::ops::RangeInclusive;
+
 /// One link class: latency and bandwidth.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Link {
@@ -93,9 +95,135 @@ impl std::fmt::Display for ProfileError {
 
 impl std::error::Error for ProfileError {}
 
+/// The matmul rates a profile may give, FLOP/s: from a thousandth of a 1990s workstation's to
+/// a thousand times a 2020s accelerator's.
+pub const FLOPS_PER_S_RANGE: RangeInclusive<f64> = 1e3..=1e21;
+
+/// The memory and link bandwidths a profile may give, bytes per second.
+pub const BANDWIDTH_RANGE: RangeInclusive<f64> = 1e3..=1e18;
+
+/// The latencies (α) a profile may give, seconds: none up to one second per message.
+pub const ALPHA_RANGE: RangeInclusive<f64> = 0.0..=1.0;
+
+/// The largest `min_flops` of a matmul shape class.
+pub const MAX_MIN_FLOPS: f64 = 1e30;
+
+/// The most device memory a profile may give, bytes (10¹⁸, about 888 PiB).
+pub const MAX_MEMORY_BYTES: u64 = 1_000_000_000_000_000_000;
+
+/// The most devices per node a profile may give.
+pub const MAX_DEVICES_PER_NODE: usize = 1_000_000;
+
+/// `v` in few characters: `0`, `1`, `1000`, `1e21`, `1e-300`.
+fn short(v: f64) -> String {
+    if v == 0.0 || (1e-3..1e4).contains(&v.abs()) {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
+    }
+}
+
+/// `field`'s `value` within `range` (`unit` names what it counts), or the error naming both.
+fn within(
+    field: &str,
+    value: f64,
+    range: &RangeInclusive<f64>,
+    unit: &str,
+) -> Result<(), ProfileError> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(ProfileError {
+            field: field.to_string(),
+            reason: format!(
+                "{} is outside the plausible range {} to {} {unit}",
+                short(value),
+                short(*range.start()),
+                short(*range.end())
+            ),
+        })
+    }
+}
+
 impl DeviceProfile {
-    /// Checks every rate and size is positive and finite and the matmul classes ascend.
+    /// Checks the profile as a file or a built-in must give it: every rate, latency and size
+    /// within its plausible range ([`FLOPS_PER_S_RANGE`], [`BANDWIDTH_RANGE`], [`ALPHA_RANGE`],
+    /// [`MAX_MIN_FLOPS`], [`MAX_MEMORY_BYTES`], [`MAX_DEVICES_PER_NODE`]), the error naming the
+    /// field and the bound, and everything [`DeviceProfile::validate_usable`] checks. Within
+    /// these ranges every cost the model computes for a graph of bounded size is finite.
     pub fn validate(&self) -> Result<(), ProfileError> {
+        self.validate_usable()?;
+        for (i, rate) in self.matmul.iter().enumerate() {
+            within(
+                &format!("matmul[{i}].flops_per_s"),
+                rate.flops_per_s,
+                &FLOPS_PER_S_RANGE,
+                "FLOP/s",
+            )?;
+            within(
+                &format!("matmul[{i}].min_flops"),
+                rate.min_flops,
+                &(0.0..=MAX_MIN_FLOPS),
+                "FLOPs",
+            )?;
+        }
+        within(
+            "memory_bandwidth",
+            self.memory_bandwidth,
+            &BANDWIDTH_RANGE,
+            "bytes/s",
+        )?;
+        if self.memory_bytes > MAX_MEMORY_BYTES {
+            return Err(ProfileError {
+                field: "memory_bytes".to_string(),
+                reason: format!(
+                    "{} is not a whole number of bytes between 1 and {MAX_MEMORY_BYTES}",
+                    self.memory_bytes
+                ),
+            });
+        }
+        if self.devices_per_node > MAX_DEVICES_PER_NODE {
+            return Err(ProfileError {
+                field: "devices_per_node".to_string(),
+                reason: format!(
+                    "{} is not a whole number between 1 and {MAX_DEVICES_PER_NODE}",
+                    self.devices_per_node
+                ),
+            });
+        }
+        let links = [
+            ("intra_node".to_string(), self.intra_node),
+            ("inter_node".to_string(), self.inter_node),
+        ];
+        let local = self
+            .local_links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("local_link[{i}]"), l.link));
+        for (name, link) in links.into_iter().chain(local) {
+            within(
+                &format!("{name}.alpha"),
+                link.alpha,
+                &ALPHA_RANGE,
+                "seconds",
+            )?;
+            within(
+                &format!("{name}.bandwidth"),
+                link.bandwidth,
+                &BANDWIDTH_RANGE,
+                "bytes/s",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Checks what the cost model needs of any profile, also one specialised to a rank count
+    /// ([`DeviceProfile::for_ranks`], whose rates fall below [`DeviceProfile::validate`]'s
+    /// ranges when many ranks share a core): every rate and size positive and finite, every α
+    /// finite and ≥ 0, the matmul classes and local links ascending. The searches check this
+    /// first and then refuse any cost they compute that is not finite
+    /// ([`crate::SearchError::NonFiniteCost`]).
+    pub fn validate_usable(&self) -> Result<(), ProfileError> {
         let positive = |field: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())

@@ -22,6 +22,10 @@
 //! bandwidth = 2.0e8
 //! ```
 //!
+//! Every figure lies in a plausible range (`DeviceProfile::validate`: rates 1000 to 10²¹
+//! FLOP/s, bandwidths 1000 to 10¹⁸ bytes/s, α 0 to 1 s, `memory_bytes` 1 to 10¹⁸), so the
+//! costs the searches compute stay finite; an error names the key and the bound.
+//!
 //! Every table holds only its own keys: an unknown key, or a top-level key written after a
 //! `[table]` header (where TOML puts it inside that table), is an error naming it.
 //!
@@ -34,7 +38,10 @@ use std::path::Path;
 
 use toml::{Table, Value};
 
-use crate::cost::{DeviceProfile, Link, LocalLink, MatmulRate, MAX_COMPUTE_SLOTS, MAX_LOCAL_LINKS};
+use crate::cost::{
+    DeviceProfile, Link, LocalLink, MatmulRate, MAX_COMPUTE_SLOTS, MAX_DEVICES_PER_NODE,
+    MAX_LOCAL_LINKS, MAX_MEMORY_BYTES,
+};
 use crate::error::SearchError;
 
 /// The largest profile file read.
@@ -187,9 +194,22 @@ pub fn read(path: &Path) -> Result<DeviceProfile, SearchError> {
         ));
     }
     let text = layout::limits::read_text_bounded(path, MAX_PROFILE_BYTES).map_err(io)?;
-    let root: Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| bad(path, "(syntax)", e.message().trim().to_string()))?;
+    let root: Table = text.parse().map_err(|e: toml::de::Error| {
+        // The line of the fault: the message alone does not name the key (a number too large
+        // for a 64-bit integer, say).
+        let key = match e.span() {
+            Some(span) => format!(
+                "(syntax, line {})",
+                text.as_bytes()[..span.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
+            ),
+            None => "(syntax)".to_string(),
+        };
+        bad(path, &key, e.message().trim().to_string())
+    })?;
     only_keys(path, &root, "", TOP_LEVEL_KEYS)?;
     let name = match root.get("name") {
         Some(Value::String(s)) => s.clone(),
@@ -230,28 +250,26 @@ pub fn read(path: &Path) -> Result<DeviceProfile, SearchError> {
             flops_per_s: number(path, table, "flops_per_s", &prefix)?,
         });
     }
-    let memory_bytes = number(path, &root, "memory_bytes", "")?;
-    let devices_per_node = number(path, &root, "devices_per_node", "")?;
-    if !(1.0..1e18).contains(&memory_bytes) {
-        return Err(bad(
-            path,
-            "memory_bytes",
-            format!("{memory_bytes} is out of range"),
-        ));
-    }
-    if !(1.0..=1e6).contains(&devices_per_node) || devices_per_node.fract() != 0.0 {
-        return Err(bad(
-            path,
-            "devices_per_node",
-            format!("{devices_per_node} is not a whole number between 1 and 1000000"),
-        ));
-    }
+    let memory_bytes = whole(
+        path,
+        &root,
+        "memory_bytes",
+        "",
+        1..=MAX_MEMORY_BYTES as usize,
+    )?;
+    let devices_per_node = whole(
+        path,
+        &root,
+        "devices_per_node",
+        "",
+        1..=MAX_DEVICES_PER_NODE,
+    )?;
     let profile = DeviceProfile {
         name,
         matmul,
         memory_bandwidth: number(path, &root, "memory_bandwidth", "")?,
         memory_bytes: memory_bytes as u64,
-        devices_per_node: devices_per_node as usize,
+        devices_per_node,
         intra_node: link(path, &root, "intra_node")?,
         inter_node: link(path, &root, "inter_node")?,
         compute_slots: match root.get("compute_slots") {
@@ -416,6 +434,121 @@ mod tests {
         for (text, key, rule) in cases {
             let err = read_text(&text).unwrap_err().to_string();
             assert!(err.contains(key) && err.contains(rule), "{text}: {err}");
+        }
+    }
+
+    /// A rate, latency or size outside its plausible range is refused naming the file, the
+    /// key and the bound: before, `flops_per_s = 1e-300` was accepted and every op cost
+    /// infinity (`predicted step: NaN ms`), `alpha = 1e300` gave a step of 10²⁹⁹ ms.
+    #[test]
+    fn figures_outside_their_plausible_range_name_the_key_and_the_bound() {
+        let tables = |from: &str, to: &str| {
+            assert!(TABLES.contains(from), "{from}");
+            format!("{BASE}{}", TABLES.replacen(from, to, 1))
+        };
+        let base = |from: &str, to: &str| {
+            assert!(BASE.contains(from), "{from}");
+            format!("{}{TABLES}", BASE.replacen(from, to, 1))
+        };
+        let cases = [
+            (
+                tables("flops_per_s = 1e10", "flops_per_s = 1e-300"),
+                "(matmul[0].flops_per_s)",
+                "1e-300 is outside the plausible range 1000 to 1e21 FLOP/s",
+            ),
+            (
+                tables("flops_per_s = 1e10", "flops_per_s = 1e300"),
+                "(matmul[0].flops_per_s)",
+                "1e21 FLOP/s",
+            ),
+            (
+                tables("min_flops = 0.0", "min_flops = 1e300"),
+                "(matmul[0].min_flops)",
+                "0 to 1e30 FLOPs",
+            ),
+            (
+                tables(
+                    "alpha = 1e-5\nbandwidth = 1e9\n[inter",
+                    "alpha = 1e300\nbandwidth = 1e9\n[inter",
+                ),
+                "(intra_node.alpha)",
+                "0 to 1 seconds",
+            ),
+            (
+                tables("bandwidth = 1e9\n[inter", "bandwidth = 1e-300\n[inter"),
+                "(intra_node.bandwidth)",
+                "1000 to 1e18 bytes/s",
+            ),
+            (
+                format!(
+                    "{}{}",
+                    BASE,
+                    TABLES.replace("bandwidth = 1e9\n", "bandwidth = 1e300\n")
+                ),
+                "(intra_node.bandwidth)",
+                "1000 to 1e18 bytes/s",
+            ),
+            (
+                base("memory_bandwidth = 1e10", "memory_bandwidth = 1e-300"),
+                "(memory_bandwidth)",
+                "1000 to 1e18 bytes/s",
+            ),
+            (
+                base("memory_bytes = 1073741824", "memory_bytes = 0"),
+                "(memory_bytes)",
+                "not a whole number between 1 and 1000000000000000000",
+            ),
+            (
+                base("memory_bytes = 1073741824", "memory_bytes = 1073741824.5"),
+                "(memory_bytes)",
+                "not a whole number",
+            ),
+            (
+                base(
+                    "memory_bytes = 1073741824",
+                    "memory_bytes = 1.8446744073709552e19",
+                ),
+                "(memory_bytes)",
+                "not a whole number",
+            ),
+            (
+                base(
+                    "memory_bytes = 1073741824",
+                    "memory_bytes = 18446744073709551616",
+                ),
+                "(syntax, line 2)",
+                "too large",
+            ),
+            (
+                base("devices_per_node = 2", "devices_per_node = 0"),
+                "(devices_per_node)",
+                "between 1 and 1000000",
+            ),
+            (
+                format!("{BASE}{TABLES}[[local_link]]\nranks = 2\nalpha = 5\nbandwidth = 1e9\n"),
+                "(local_link[0].alpha)",
+                "0 to 1 seconds",
+            ),
+        ];
+        for (text, key, rule) in cases {
+            let err = read_text(&text).unwrap_err().to_string();
+            assert!(
+                err.contains("cpu.toml") && err.contains(key) && err.contains(rule),
+                "{text}: {err}"
+            );
+        }
+        // The bounds themselves are accepted.
+        let edges = format!(
+            "{}{}",
+            BASE.replace("memory_bandwidth = 1e10", "memory_bandwidth = 1e3"),
+            TABLES
+                .replacen("flops_per_s = 1e10", "flops_per_s = 1e21", 1)
+                .replacen("alpha = 1e-5", "alpha = 1.0", 1)
+                .replacen("bandwidth = 1e9", "bandwidth = 1e18", 1)
+        );
+        read_text(&edges).unwrap();
+        for name in crate::profiles::BUILT_IN {
+            crate::profiles::built_in(name).unwrap().validate().unwrap();
         }
     }
 }

@@ -41,12 +41,27 @@ pub enum SearchError {
         #[source]
         source: ProfileError,
     },
+    /// A cost the model computed from the device profile that is not a finite number (an
+    /// infinite or NaN time or size): the searches refuse it rather than choose or print a plan
+    /// on it. `what` names the op (and the strategy, or the edge) it was computed for.
+    #[error(
+        "parallel setting device_profile: profile {profile}: {what} is {value}, not a finite \
+         number: the profile's rates and latencies are outside what the cost model can use"
+    )]
+    NonFiniteCost {
+        /// The profile's name.
+        profile: String,
+        /// What was costed (`the compute time of op x under strategy [[1, 1]]`).
+        what: String,
+        /// The value computed.
+        value: f64,
+    },
     /// A device profile file that is malformed: the file, the key and the rule broken.
     #[error("{} ({key}): {reason}", path.display())]
     ProfileFile {
         /// The file.
         path: PathBuf,
-        /// The key (`matmul[0].flops_per_s`, `(syntax)`, `(file)`).
+        /// The key (`matmul[0].flops_per_s`, `(syntax, line 3)`, `(file)`).
         key: String,
         /// What is wrong.
         reason: String,
@@ -73,4 +88,16 @@ pub enum SearchError {
     /// ([`crate::PlanModel::with_batch_size`]); the caller's own error is the source.
     #[error("rebuilding the model for one micro-batch: {0}")]
     Model(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl SearchError {
+    /// Whether the error is the device profile's (out of range, or costs that are not
+    /// finite): no other stage count or candidate can avoid it, so a search trying several
+    /// reports it as it is.
+    pub(crate) fn is_profile_fault(&self) -> bool {
+        matches!(
+            self,
+            SearchError::InvalidProfile { .. } | SearchError::NonFiniteCost { .. }
+        )
+    }
 }

@@ -326,6 +326,7 @@ pub(crate) fn search_pipelined(planner: &Planner<'_>) -> Result<PipelinedSearch,
                 },
             ));
         }
+        Err(e) if e.is_profile_fault() => return Err(e),
         Err(e) => {
             misses.push((1, e.to_string()));
             flat_error = Some(e);
@@ -451,6 +452,7 @@ fn try_stages(
     }
     let costs = match layer_costs(planner, layers, sub) {
         Ok(costs) => costs,
+        Err(e) if e.is_profile_fault() => return Err(e),
         Err(e) => return Ok(Err(e.to_string())),
     };
     // 2. Cut the layers into stages.
@@ -464,17 +466,17 @@ fn try_stages(
         .map(|i| starts.iter().rposition(|&s| s <= i).unwrap_or(0))
         .collect();
     let activations: Vec<f64> = costs.iter().map(|c| c.activations).collect();
-    Ok(
-        staged(planner, &shape, layers, &stage_of_layer, &activations)?.map_err(
-            |miss| match miss {
-                StageMiss::Search(e) => e.to_string(),
-                StageMiss::Memory { stage, needed } => format!(
-                    "stage {stage} needs about {} bytes per device",
-                    needed.ceil() as u64
-                ),
-            },
+    let staged = match staged(planner, &shape, layers, &stage_of_layer, &activations)? {
+        Err(StageMiss::Search(e)) if e.is_profile_fault() => return Err(e),
+        other => other,
+    };
+    Ok(staged.map_err(|miss| match miss {
+        StageMiss::Search(e) => e.to_string(),
+        StageMiss::Memory { stage, needed } => format!(
+            "stage {stage} needs about {} bytes per device",
+            needed.ceil() as u64
         ),
-    )
+    }))
 }
 
 /// Step 1 of the module doc: every layer costed from the whole model searched on `sub`

@@ -298,7 +298,36 @@ fn check_loaded(graph: &Graph, loaded: &LoadedStrategies) -> Result<(), SearchEr
 
 /// Plans a run without starting ranks: searches (in a search mode), or costs the strategies
 /// loaded from an operator strategy file or configured by a mode that does not search.
+///
+/// Every figure of the report is finite: a cost the model computes that is not (a profile out
+/// of what it can use) is an error naming the profile and what was costed
+/// ([`SearchError::NonFiniteCost`]), never a plan.
 pub fn plan(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> {
+    let report = plan_unchecked(request)?;
+    let mut figures = vec![
+        ("the predicted step time (ms)", report.step_ms()),
+        ("the pipeline's idle fraction", report.bubble_fraction),
+    ];
+    if let Some(p) = &report.pipeline {
+        figures.push(("the pipeline's makespan (s)", p.makespan));
+        figures.push(("the pipeline's bubble (s)", p.bubble));
+        for c in &p.stage_costs {
+            figures.push(("a pipeline stage's time (s)", c.time()));
+            figures.push(("a pipeline stage's memory", c.memory.total()));
+        }
+    }
+    if let Some((what, value)) = figures.into_iter().find(|(_, v)| !v.is_finite()) {
+        return Err(SearchError::NonFiniteCost {
+            profile: request.profile.name.clone(),
+            what: what.to_string(),
+            value,
+        });
+    }
+    Ok(report)
+}
+
+/// [`plan`] without the final check that its figures are finite.
+fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> {
     let parallel = request.parallel;
     let graph = request.model.graph();
     let profile = &request.profile;

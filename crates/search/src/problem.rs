@@ -341,7 +341,77 @@ impl SearchProblem {
             devices,
         };
         problem.add_edges(graph, settings, &index_of);
+        problem.check_finite(graph, &settings.profile.name)?;
         Ok(problem)
+    }
+
+    /// Refuses a problem holding a cost that is not a finite number (profile `profile`): every
+    /// candidate's compute, communication and memory, every cost of bringing graph inputs to a
+    /// candidate, every redistribution of an edge. No search then ranks candidates on an
+    /// infinite or NaN time, where ties would choose among them arbitrarily.
+    fn check_finite(&self, graph: &Graph, profile: &str) -> Result<(), SearchError> {
+        let name = |n: usize| graph.nodes()[self.nodes[n].node.0].name.as_str();
+        let refuse = |what: String, value: f64| SearchError::NonFiniteCost {
+            profile: profile.to_string(),
+            what,
+            value,
+        };
+        for (n, node) in self.nodes.iter().enumerate() {
+            for (c, cand) in node.candidates.iter().enumerate() {
+                let figures = [
+                    ("compute time", cand.compute),
+                    ("communication time", cand.comm),
+                    ("communication bytes", cand.comm_bytes),
+                    ("memory", cand.memory.total()),
+                ];
+                let unary = node.unary.get(c).into_iter().flat_map(|&(t, b)| {
+                    [
+                        ("time to bring the graph inputs to", t),
+                        ("bytes to bring the graph inputs to", b),
+                    ]
+                });
+                for (what, value) in figures.into_iter().chain(unary) {
+                    if !value.is_finite() {
+                        return Err(refuse(
+                            format!(
+                                "the {what} of op {} under strategy {:?}",
+                                name(n),
+                                cand.strategy
+                            ),
+                            value,
+                        ));
+                    }
+                }
+            }
+        }
+        for edge in &self.edges {
+            let n_v = self.n_candidates(edge.v);
+            let bad = edge
+                .time
+                .iter()
+                .zip(edge.bytes.iter())
+                .position(|(t, b)| !(t.is_finite() && b.is_finite()));
+            if let Some(i) = bad {
+                let (a, b) = (i / n_v, i % n_v);
+                let (what, value) = if edge.time[i].is_finite() {
+                    ("bytes", edge.bytes[i])
+                } else {
+                    ("time", edge.time[i])
+                };
+                return Err(refuse(
+                    format!(
+                        "the redistribution {what} from op {} under strategy {:?} to op {} \
+                         under strategy {:?}",
+                        name(edge.u),
+                        self.nodes[edge.u].candidates[a].strategy,
+                        name(edge.v),
+                        self.nodes[edge.v].candidates[b].strategy
+                    ),
+                    value,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Adds an edge for every value passed between two ops and every parameter two ops share.

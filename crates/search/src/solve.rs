@@ -115,13 +115,7 @@ pub(crate) fn search_with(
             reason: format!("{max_blocks} is not a power of two of at least 1"),
         });
     }
-    request
-        .profile
-        .validate()
-        .map_err(|source| SearchError::InvalidProfile {
-            profile: request.profile.name.clone(),
-            source,
-        })?;
+    check_profile(request.profile)?;
     let held = HeldValues::of(graph);
     let settings = settings(request, &held);
     let deterministic = deterministic.map(|blocks| Deterministic::of(graph, blocks));
@@ -154,7 +148,7 @@ pub(crate) fn search_with(
         SearchMode::DynamicProgramming => lagrangian(&problem, budget, deadline),
     };
     budget::repair(&problem, &mut choice, budget);
-    let cost = problem.cost(&choice);
+    let cost = finite_cost(problem.cost(&choice), request.profile)?;
     let lower_bound = problem.lower_bound();
     let proven = request.mode == SearchMode::DynamicProgramming && !approximate;
     let gap = (!proven).then(|| {
@@ -200,10 +194,40 @@ pub fn evaluate_strategies(
     request: &SearchRequest<'_>,
     strategies: &BTreeMap<String, Vec<Vec<usize>>>,
 ) -> Result<PlanCost, SearchError> {
+    check_profile(request.profile)?;
     let fixed = with_default_strategies(graph, strategies.clone(), request.devices, None);
     let held = HeldValues::of(graph);
     let problem = SearchProblem::build(graph, &settings(request, &held), &fixed, &BTreeMap::new())?;
-    Ok(problem.cost(&vec![0; problem.nodes.len()]))
+    finite_cost(problem.cost(&vec![0; problem.nodes.len()]), request.profile)
+}
+
+/// Refuses a profile the cost model cannot use ([`DeviceProfile::validate_usable`]).
+fn check_profile(profile: &DeviceProfile) -> Result<(), SearchError> {
+    profile
+        .validate_usable()
+        .map_err(|source| SearchError::InvalidProfile {
+            profile: profile.name.clone(),
+            source,
+        })
+}
+
+/// `cost` when its totals are finite (each op's are, but their sums may not be), else the
+/// error naming the profile and the total.
+fn finite_cost(cost: PlanCost, profile: &DeviceProfile) -> Result<PlanCost, SearchError> {
+    let totals = [
+        ("the plan's compute time", cost.compute),
+        ("the plan's communication time", cost.comm),
+        ("the plan's communication bytes", cost.comm_bytes),
+        ("the plan's memory per device", cost.memory.total()),
+    ];
+    match totals.into_iter().find(|(_, v)| !v.is_finite()) {
+        Some((what, value)) => Err(SearchError::NonFiniteCost {
+            profile: profile.name.clone(),
+            what: what.to_string(),
+            value,
+        }),
+        None => Ok(cost),
+    }
 }
 
 /// `strategies` with the data-parallel default on `devices` for every forward op of `graph`

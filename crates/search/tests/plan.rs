@@ -372,3 +372,30 @@ fn an_automatic_pipeline_nothing_fits_says_why_for_every_stage_count() {
     auto.max_device_memory = None;
     plan(&auto).expect("a plan without a budget");
 }
+
+/// `plan` refuses a profile whose costs overflow, whether it searches, costs configured
+/// strategies or cuts a pipeline: before, it returned a plan of `NaN` ms (compute `inf`).
+#[test]
+fn a_profile_whose_costs_overflow_gives_an_error_not_a_nan_plan() {
+    let model = Mlp::new(8);
+    let searched = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
+    let configured = ParallelConfig::new(ParallelMode::DataParallel, 4);
+    for (parallel, strategies, auto_pipeline) in [
+        (&searched, Strategies::Search, false),
+        (&configured, Strategies::Configured(BTreeMap::new()), false),
+        (&searched, Strategies::Search, true),
+    ] {
+        let mut request = request(&model, parallel, strategies);
+        request.auto_pipeline = auto_pipeline;
+        request.profile.name = "overflowing".to_string();
+        request.profile.matmul[0].flops_per_s = f64::MIN_POSITIVE;
+        let err = plan(&request)
+            .map(|r| r.step_ms())
+            .expect_err("no plan on an infinite cost");
+        assert!(
+            matches!(err, SearchError::NonFiniteCost { .. })
+                && err.to_string().contains("profile overflowing"),
+            "{err}"
+        );
+    }
+}

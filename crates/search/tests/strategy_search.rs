@@ -215,3 +215,110 @@ fn the_problem_does_not_grow_with_the_devices() {
         cells(&small)
     );
 }
+
+/// The three search modes.
+const MODES: [SearchMode; 3] = [
+    SearchMode::ShardingPropagation,
+    SearchMode::RecursiveProgramming,
+    SearchMode::DynamicProgramming,
+];
+
+/// A profile the cost model accepts (every figure positive and finite) but whose costs
+/// overflow: the smallest normal rate or bandwidth makes every op's time infinite. Before, the
+/// searches ranked candidates on those infinities, chose among the ties (nothing split) and
+/// `tessera plan` printed `predicted step: NaN ms = compute inf + … + bubble NaN`.
+#[test]
+fn costs_that_overflow_are_refused_by_every_search_naming_the_profile_and_the_op() {
+    let tiny = f64::MIN_POSITIVE;
+    let mut slow_matmul = h100();
+    slow_matmul.name = "slow-matmul".to_string();
+    slow_matmul.matmul[0].flops_per_s = tiny;
+    let mut slow_memory = h100();
+    slow_memory.name = "slow-memory".to_string();
+    slow_memory.memory_bandwidth = tiny;
+    let mut slow_link = h100();
+    slow_link.name = "slow-link".to_string();
+    slow_link.intra_node.bandwidth = tiny;
+    let graph = residual(8, 8);
+    for profile in [slow_matmul, slow_memory, slow_link] {
+        profile.validate_usable().expect("positive and finite");
+        assert!(profile.validate().is_err(), "outside the plausible ranges");
+        for mode in MODES {
+            let err = search(&graph, &request(mode, &profile, 4, None))
+                .map(|r| format!("{:?}", r.cost))
+                .expect_err("an infinite cost is refused");
+            let text = err.to_string();
+            assert!(
+                matches!(err, SearchError::NonFiniteCost { .. })
+                    && text.contains(&format!("profile {}", profile.name))
+                    && text.contains("op ")
+                    && text.contains("not a finite number"),
+                "{} {mode:?}: {text}",
+                profile.name
+            );
+        }
+        let err = search::evaluate_strategies(
+            &graph,
+            &request(SearchMode::DynamicProgramming, &profile, 4, None),
+            &BTreeMap::new(),
+        )
+        .map(|c| format!("{c:?}"))
+        .expect_err("costing is refused too");
+        assert!(
+            matches!(err, SearchError::NonFiniteCost { .. }),
+            "{}: {err}",
+            profile.name
+        );
+    }
+}
+
+/// Profiles at the edges of the plausible ranges (everything as slow as allowed, everything as
+/// fast, and slow compute with a fast network and the reverse): every search gives finite
+/// costs and bounds, and the same plan on every run (ties broken the same way).
+#[test]
+fn extreme_valid_profiles_give_finite_plans_the_same_on_every_run() {
+    let edge = |flops: f64, bandwidth: f64, alpha: f64| {
+        let mut p = h100();
+        for m in &mut p.matmul {
+            m.flops_per_s = flops;
+        }
+        p.memory_bandwidth = bandwidth;
+        for link in [&mut p.intra_node, &mut p.inter_node] {
+            link.bandwidth = bandwidth;
+            link.alpha = alpha;
+        }
+        p.validate().expect("within the plausible ranges");
+        p
+    };
+    let (slow, fast) = (
+        *search::cost::FLOPS_PER_S_RANGE.start(),
+        *search::cost::FLOPS_PER_S_RANGE.end(),
+    );
+    let (narrow, wide) = (
+        *search::cost::BANDWIDTH_RANGE.start(),
+        *search::cost::BANDWIDTH_RANGE.end(),
+    );
+    let max_alpha = *search::cost::ALPHA_RANGE.end();
+    let profiles = [
+        edge(slow, narrow, max_alpha),
+        edge(fast, wide, 0.0),
+        edge(slow, wide, 0.0),
+        edge(fast, narrow, max_alpha),
+    ];
+    let graph = seed_mlp(64, &[8, 8], 32, 4).unwrap().graph;
+    for profile in &profiles {
+        for mode in MODES {
+            let what = format!("{mode:?} on {:?}", (profile.matmul[0], profile.intra_node));
+            let first = search(&graph, &request(mode, profile, 8, None)).expect(&what);
+            let c = &first.cost;
+            for v in [c.compute, c.comm, c.comm_bytes, c.memory.total()] {
+                assert!(v.is_finite(), "{what}: {c:?}");
+            }
+            assert!(first.lower_bound.is_finite(), "{what}");
+            assert!(first.gap.is_none_or(f64::is_finite), "{what}");
+            let again = search(&graph, &request(mode, profile, 8, None)).expect(&what);
+            assert_eq!(first.strategies, again.strategies, "{what}");
+            assert_eq!(first.cost, again.cost, "{what}");
+        }
+    }
+}
