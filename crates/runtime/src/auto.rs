@@ -130,6 +130,35 @@ pub(crate) fn open_gpt(config: &TrainConfig) -> Result<(TextData, GptConfig, Mod
     Ok((text, gpt, model))
 }
 
+/// The GPT a search mode also searches: `gpt` with the packed attention (`PackedAttention`,
+/// reading the QKV projection's layout in place, without the cut and the transposes around
+/// `FlashAttention`), where the configuration keeps the sequence whole. A search mode builds
+/// `gpt` with `FlashAttention`, whose sequence split (ring attention) is among its candidates;
+/// on the packed graph the plans that keep the sequence whole cost less. `None` when `gpt` is
+/// not built that way (no search mode, the unfused attention, or a ring configured).
+pub(crate) fn packed_alternative(
+    config: &TrainConfig,
+    gpt: &GptConfig,
+) -> Result<Option<(GptConfig, Model)>, RuntimeError> {
+    let split = config.gpt_parallel();
+    let searched = matches!(config.parallel_config().mode, ParallelMode::Auto(_));
+    if !searched
+        || gpt.packed_attention
+        || !gpt.builds_fused_attention()
+        || !split
+            .context_parallel_algo
+            .keeps_the_sequence_whole(split.context_parallel)
+    {
+        return Ok(None);
+    }
+    let packed = GptConfig {
+        packed_attention: true,
+        ..gpt.clone()
+    };
+    let model = models::gpt(&packed, config.train().precision.dtype())?;
+    Ok(Some((packed, model)))
+}
+
 /// The GPT's Megatron strategies for every split of the devices over model and context
 /// parallel, every vocabulary and sequence choice, and (with MoE blocks) every expert-parallel
 /// split of the data-parallel ranks: candidates the search adds to those of the op rules.
@@ -291,7 +320,32 @@ pub fn plan(config: &TrainConfig) -> Result<PlanReport, RuntimeError> {
     config.parallel_config().validate_pipeline()?;
     crate::preflight::check_config_paths(config, true)?;
     let (model, gpt) = build_model(config).map_err(|e| config.data().explain_batch_error(e))?;
-    plan_model(config, &model, gpt.as_ref()).map_err(|e| config.data().explain_batch_error(e))
+    let packed = match &gpt {
+        Some(gpt) => packed_alternative(config, gpt)?,
+        None => None,
+    };
+    // The graph a training session would choose: see `search_gpt` in `session::build`.
+    let built = plan_model(config, &model, gpt.as_ref());
+    let packed = packed.map(|(gpt, model)| plan_model(config, &model, Some(&gpt)));
+    faster_plan(built, packed, PlanReport::step_ms)
+        .map_err(|e| config.data().explain_batch_error(e))
+}
+
+/// Of two plans of one configuration on different graphs ([`packed_alternative`]), the one
+/// predicting the shorter step (`step_ms`): `built` on a tie, or when `packed` is absent or
+/// failed; `packed` when `built` failed.
+pub(crate) fn faster_plan<T>(
+    built: Result<T, RuntimeError>,
+    packed: Option<Result<T, RuntimeError>>,
+    step_ms: impl Fn(&T) -> f64,
+) -> Result<T, RuntimeError> {
+    let Some(Ok(packed)) = packed else {
+        return built;
+    };
+    match built {
+        Ok(built) if step_ms(&built) <= step_ms(&packed) => Ok(built),
+        _ => Ok(packed),
+    }
 }
 
 /// [`plan`] for a model already built.

@@ -84,8 +84,9 @@ impl TextData {
             tie_embeddings: keys.tie_embeddings,
             fused_attention: keys.fused_attention,
             // The ring runs FlashAttention on the split sequence, and so does the search,
-            // whose candidates include the ring; everything else (Ulysses too, which moves
-            // `qkv` to the head split whole) reads the QKV layout in place.
+            // whose candidates include the ring (it weighs the packed graph too:
+            // `auto::packed_alternative`); everything else (Ulysses too, which moves `qkv` to
+            // the head split whole) reads the QKV layout in place.
             packed_attention: {
                 let split = config.gpt_parallel();
                 split

@@ -247,3 +247,50 @@ fn footprints_predicted_once_per_class_are_each_ranks() {
         }
     }
 }
+
+/// A search mode builds the GPT with FlashAttention (ring attention's sequence split is among
+/// its candidates) and searches the packed attention's graph too where the sequence stays
+/// whole, keeping the plan that predicts the shorter step: the plan is never slower than
+/// either graph's own search, and on a 12-head GPT over 8 devices the packed graph's is the
+/// faster (the search alone on FlashAttention's graph predicted 11.17 ms there against plain
+/// data parallel's 10.08 ms, `tessera plan` of `scripts/bench_plan.sh`'s config).
+#[test]
+fn a_search_mode_keeps_the_faster_of_its_two_attention_graphs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = run_util::small_gpt(
+        tmp.path(),
+        "adamw",
+        "",
+        "devices = 8\nmode = \"dynamic_programming\"",
+        &[
+            "model.heads=16".to_string(),
+            "model.hidden=256".to_string(),
+            "model.seq_len=64".to_string(),
+            "model.ffn_hidden=1024".to_string(),
+            "data.batch_size=1024".to_string(),
+            "data.steps_per_epoch=1".to_string(),
+        ],
+    );
+    let (model, gpt) = runtime::build_model(&config).unwrap();
+    let gpt = gpt.expect("a GPT");
+    assert!(!gpt.packed_attention, "a search mode builds FlashAttention");
+    let flash = runtime::plan_model(&config, &model, Some(&gpt)).unwrap();
+    let packed_gpt = models::GptConfig {
+        packed_attention: true,
+        ..gpt.clone()
+    };
+    let packed_model = models::gpt(&packed_gpt, tensor::DType::F32).unwrap();
+    let packed = runtime::plan_model(&config, &packed_model, Some(&packed_gpt)).unwrap();
+    assert!(
+        packed.step_ms() < flash.step_ms(),
+        "packed {} ms, flash {} ms",
+        packed.step_ms(),
+        flash.step_ms()
+    );
+    let chosen = runtime::plan(&config).unwrap();
+    assert_eq!(chosen.strategies, packed.strategies);
+    let session = Session::for_planning(&config).unwrap();
+    let kept = session.searched_plan().expect("a searched plan");
+    // The session placed the packed graph: its strategies name that graph's ops.
+    assert_eq!(kept.strategies, packed.strategies);
+}
