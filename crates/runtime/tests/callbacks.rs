@@ -391,8 +391,7 @@ fn an_end_callback_that_fails_leaves_the_final_checkpoint_saved() {
     let world: Arc<dyn comm::Communicator> = Arc::new(cluster.comms().remove(0));
     let err = session
         .run_rank(world, &mut FailsAtTheEnd, false)
-        .err()
-        .expect("the callback's error fails the run");
+        .expect_err("the callback's error fails the run");
     assert!(err.to_string().contains("the end callback fails"), "{err}");
     assert!(dir.path().join("tessera_set.json").is_file());
     let names = ["blocks.0.attn.qkv.weight".to_string()];
