@@ -83,6 +83,16 @@ pub enum CkptError {
         reason: String,
     },
 
+    /// A source directory that a writer replaced with another set while it was being read, so
+    /// its files may come from two sets.
+    #[error(
+        "{path}: the checkpoint set was replaced while it was being read (another writer committed a new set into this directory), so its files may come from two sets; refusing to read it: run again once the writer is done"
+    )]
+    SetReplaced {
+        /// The directory.
+        path: PathBuf,
+    },
+
     // ---------------------------------------------------------------- encryption
     /// An encrypted `.ckpt` file that cannot be decrypted with the key and mode given (or a
     /// plain file read with a key, or a bad key).

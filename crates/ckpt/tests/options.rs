@@ -363,7 +363,7 @@ fn split_runs_together_write_the_whole_merge() {
 }
 
 /// A split merge killed (SIGKILL) while writing a part leaves its hidden temporary file
-/// (`.part0.safetensors.<pid>-<n>.tmp`, up to a part's size); the next split run into that
+/// (`.part0.safetensors.<pid>-<n>.tmp`, here with pids no process can have, up to a part's size); the next split run into that
 /// directory removes it and says so, but keeps a live writer's (locked) temporary file and
 /// every file that is not one of the merge's temporaries.
 #[test]
@@ -374,14 +374,14 @@ fn a_split_run_removes_the_temporary_files_of_a_killed_run() {
     let dst = out.path().join("split");
     std::fs::create_dir(&dst).unwrap();
     let stale = [
-        ".part0.safetensors.4242-0.tmp",
-        ".param_name_map.json.4242-3.tmp",
+        ".part0.safetensors.999999942-0.tmp",
+        ".param_name_map.json.999999942-3.tmp",
     ];
     let kept = [
-        ".part1.safetensors.4243-1.tmp", // locked below: a live writer's
-        ".notes.txt.4242-0.tmp",
+        ".part1.safetensors.999999943-1.tmp", // locked below: a live writer's
+        ".notes.txt.999999942-0.tmp",
         ".part0.safetensors.tmp",
-        "part0.safetensors.4242-0.tmp",
+        "part0.safetensors.999999942-0.tmp",
     ];
     for name in stale.iter().chain(&kept) {
         std::fs::write(dst.join(name), b"half a part").unwrap();

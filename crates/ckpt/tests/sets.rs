@@ -325,6 +325,42 @@ fn a_staging_directory_a_killed_writer_was_creating_is_removed() {
     assert_eq!(names(dir.path()), vec!["fresh", "out", "src", "src.json"]);
 }
 
+/// A reader opens a set's files one by one; a writer that switches another set into the
+/// directory meanwhile (same shapes, so same sizes, and `.ckpt` files carry no set id) must not
+/// leave it reading the old set's rank 0 with the new set's rank 1.
+#[test]
+fn a_set_replaced_while_it_is_read_is_refused() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let s_other = checkpoint(dir.path(), "other", 2, 100.0);
+    let a = dir.path().join("a");
+    let to_ckpt = |src: &str, st: &Path, force: bool| {
+        let opts = ConvertOptions {
+            force,
+            format: Some(ckpt::Format::Ckpt),
+            ..ConvertOptions::default()
+        };
+        ckpt::convert_checkpoints(&dir.path().join(src), st, &a, Some(st), &opts).unwrap();
+    };
+    to_ckpt("src", &s, false);
+    let sources = ckpt::SourceSet::rank_dirs(&a).unwrap();
+    let rank0 = sources.rank_file(0).unwrap().unwrap();
+    to_ckpt("other", &s_other, true);
+    let err = sources.rank_file(1).unwrap_err();
+    assert!(
+        matches!(&err, CkptError::SetReplaced { path } if path == &a),
+        "{err}"
+    );
+    assert!(err.to_string().contains("replaced while it was being read"));
+    // The file opened before the switch still reads the old set's values.
+    assert_eq!(rank0.read_tensor("w").unwrap().as_f32().unwrap()[0], 0.0);
+    // A reader that starts after the switch reads the new set whole.
+    let fresh = ckpt::SourceSet::rank_dirs(&a).unwrap();
+    for r in 0..2 {
+        fresh.rank_file(r).unwrap().unwrap();
+    }
+}
+
 #[test]
 fn readers_refuse_mixed_and_uncommitted_sets() {
     let dir = tmp();

@@ -549,3 +549,75 @@ fn resume_refuses_a_mixed_set() {
     assert!(err.contains("mixed checkpoint set"), "{err}");
     assert!(!scratch.0.join("c").join("rank_0").exists());
 }
+
+/// `strategy merge-stages` (one file, written through `.<name>.<pid>-<n>.tmp`): the temporary
+/// file a SIGKILLed run left is removed by the next run into that file, which keeps the user's
+/// files; two runs racing for a new output without `--force` never both succeed (the later
+/// rename would silently replace the earlier run's file).
+#[test]
+fn merge_stages_cleans_up_after_a_killed_run_and_never_races_over_a_file() {
+    let scratch = Scratch::new("merge-stages-writers");
+    let dir = &scratch.0;
+    let case = repo_root().join("tests/fixtures/mindspore/cases/case1_dp2mp4_to_2x2/strategy");
+    for (stages, file) in [("stages_a", "A.ckpt"), ("stages_b", "B.ckpt")] {
+        std::fs::create_dir(dir.join(stages)).unwrap();
+        std::fs::copy(case.join(file), dir.join(stages).join(file)).unwrap();
+    }
+    let merge = |stages: &str, out: &Path, force: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+        cmd.args(["strategy", "merge-stages"])
+            .arg(dir.join(stages))
+            .arg(out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if force {
+            cmd.arg("--force");
+        }
+        cmd
+    };
+    // What each run writes on its own.
+    let mut expected = Vec::new();
+    for stages in ["stages_a", "stages_b"] {
+        let out = dir.join(format!("{stages}.ckpt"));
+        assert!(merge(stages, &out, false).status().unwrap().success());
+        expected.push(std::fs::read(&out).unwrap());
+    }
+    assert_ne!(expected[0], expected[1]);
+    // A killed run's leftover (a pid no process can have) beside the user's file.
+    let out_dir = dir.join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::write(out_dir.join("keep.txt"), b"mine").unwrap();
+    std::fs::write(out_dir.join(".merged.ckpt.999999942-0.tmp"), b"half").unwrap();
+    let merged = out_dir.join("merged.ckpt");
+    let out = merge("stages_a", &merged, false).output().unwrap();
+    assert_ok(&out);
+    assert_eq!(entries(&out_dir), vec!["keep.txt", "merged.ckpt"]);
+    assert_eq!(std::fs::read(&merged).unwrap(), expected[0]);
+    assert_eq!(std::fs::read(out_dir.join("keep.txt")).unwrap(), b"mine");
+    // Racing for a new file without --force: exactly one wins, and its file is whole.
+    let raced = out_dir.join("raced.ckpt");
+    for round in 0..20 {
+        let _ = std::fs::remove_file(&raced);
+        let a = merge("stages_a", &raced, false).spawn().unwrap();
+        let b = merge("stages_b", &raced, false).spawn().unwrap();
+        let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        let won: Vec<usize> = [&a, &b]
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.status.success())
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(won.len(), 1, "round {round}: both or neither succeeded");
+        let lost = if won[0] == 0 { &b } else { &a };
+        let err = String::from_utf8_lossy(&lost.stderr);
+        assert!(
+            err.contains("raced.ckpt") && err.contains("exists"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&raced).unwrap(), expected[won[0]]);
+        assert_eq!(
+            entries(&out_dir),
+            vec!["keep.txt", "merged.ckpt", "raced.ckpt"]
+        );
+    }
+}

@@ -2,7 +2,10 @@
 //! to this process and write, so concurrent writers never share one), fsync it, rename it into
 //! place, fsync the directory (both fsyncs only under [`Durability::Fsync`]). A reader never
 //! sees a half-written file, and a failure (or a panic, or an early return) removes the
-//! temporary file and the parent directories the write created (those still empty).
+//! temporary file and the parent directories the write created (those still empty). Without
+//! `force` the rename never replaces a file another writer put there meanwhile. The temporary
+//! files of the same destination that killed writers left are removed first
+//! ([`remove_stale_temporaries`]).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -20,6 +23,9 @@ pub(crate) struct AtomicFile {
     tmp: PathBuf,
     file: Option<File>,
     durability: Durability,
+    /// Whether the commit may replace a file at the destination; without it a file that
+    /// appeared there meanwhile (a concurrent writer's) makes the commit fail.
+    force: bool,
     /// The parent directories this write created, outermost first: removed (when empty) if
     /// the file is never committed, since the tool did not find them and made nothing in them.
     created_dirs: Vec<PathBuf>,
@@ -108,14 +114,21 @@ impl AtomicFile {
     /// an existing `dest` unless `force`.
     pub(crate) fn create(dest: &Path, force: bool, durability: Durability) -> Result<AtomicFile> {
         check_destination(dest, force)?;
-        pending::creating(|| Self::create_unguarded(dest, durability))
+        pending::creating(|| Self::create_unguarded(dest, force, durability))
     }
 
-    fn create_unguarded(dest: &Path, durability: Durability) -> Result<AtomicFile> {
-        let created_dirs = match dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+    fn create_unguarded(dest: &Path, force: bool, durability: Durability) -> Result<AtomicFile> {
+        let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
+        let created_dirs = match parent {
             Some(parent) => create_missing_dirs(parent)?,
             None => Vec::new(),
         };
+        // What a writer of this file that was killed (SIGKILL, power loss) left: removed, so
+        // re-running a killed command leaves nothing behind. Best effort: a temporary file that
+        // cannot be removed is only clutter, never read.
+        if let Some(name) = dest.file_name().and_then(|n| n.to_str()) {
+            let _ = remove_stale_temporaries(parent.unwrap_or(Path::new(".")), &[name.to_string()]);
+        }
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut tmp_name = std::ffi::OsString::from(".");
@@ -138,6 +151,7 @@ impl AtomicFile {
             tmp,
             file: Some(file),
             durability,
+            force,
             created_dirs,
         })
     }
@@ -168,7 +182,9 @@ impl AtomicFile {
     }
 
     /// Flushes the data to disk, renames the file into place and flushes the directory entry
-    /// (the flushes only under [`Durability::Fsync`]).
+    /// (the flushes only under [`Durability::Fsync`]). Without `force` the rename never
+    /// replaces a file: one that another writer put at the destination since
+    /// [`AtomicFile::create`] checked it is [`CkptError::DestinationExists`], and stays.
     pub(crate) fn commit(mut self) -> Result<PathBuf> {
         let file = self.file.take().expect("commit runs once");
         if let Err(e) = self.durability.sync_file(&file, &self.tmp) {
@@ -178,12 +194,19 @@ impl AtomicFile {
             return Err(e);
         }
         // Renamed while still open (and locked), so no cleaner takes it for a killed writer's.
-        let renamed = pending::creating(|| fs::rename(&self.tmp, &self.dest));
+        let renamed = pending::creating(|| rename_into_place(&self.tmp, &self.dest, self.force));
         drop(file);
         if let Err(e) = renamed {
-            // Not in place (a directory appeared at the destination, say): the temporary file
-            // is removed here, the directories this write created on drop.
+            // Not in place (a directory appeared at the destination, say, or without `force`
+            // a concurrent writer's file): the temporary file is removed here, the directories
+            // this write created on drop.
             let _ = fs::remove_file(&self.tmp);
+            let file_there = fs::symlink_metadata(&self.dest).is_ok_and(|m| m.is_file());
+            if !self.force && e.kind() == std::io::ErrorKind::AlreadyExists && file_there {
+                return Err(CkptError::DestinationExists {
+                    path: self.dest.clone(),
+                });
+            }
             return Err(io_err(&self.dest, "rename into place")(e));
         }
         // In place: the directories it created hold it now.
@@ -211,6 +234,19 @@ impl Drop for AtomicFile {
     }
 }
 
+/// Renames `tmp` to `dest`; without `force` never over an existing `dest` (`RENAME_NOREPLACE`;
+/// a filesystem without it falls back to a plain rename, after the earlier existence check).
+fn rename_into_place(tmp: &Path, dest: &Path, force: bool) -> std::io::Result<()> {
+    use crate::set::switch::{rename2, RenameMode};
+    if !force {
+        match rename2(tmp, dest, RenameMode::NoReplace) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {}
+            done => return done,
+        }
+    }
+    fs::rename(tmp, dest)
+}
+
 /// Takes `flock(LOCK_EX | LOCK_NB)` on `file`; whether it was granted.
 fn try_lock(file: &File) -> bool {
     use std::os::fd::AsRawFd;
@@ -221,8 +257,9 @@ fn try_lock(file: &File) -> bool {
 /// Removes from `dir` the temporary files that writers of `names` (file names in `dir`) were
 /// killed while writing (SIGKILL, power loss): `.<name>.<pid>-<n>.tmp`, regular files that no
 /// live writer holds locked. Files of writers still running (in this or another process, on a
-/// filesystem honouring `flock`) are locked and kept; nothing else is touched. Returns the
-/// files removed.
+/// filesystem honouring `flock`) are locked and kept, and so are those whose process is still
+/// alive on this host (a writer locks its file just after creating it); nothing else is
+/// touched. Returns the files removed.
 pub(crate) fn remove_stale_temporaries(dir: &Path, names: &[String]) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     let entries = match fs::read_dir(dir) {
@@ -236,8 +273,11 @@ pub(crate) fn remove_stale_temporaries(dir: &Path, names: &[String]) -> Result<V
         let Some(entry_name) = file_name.to_str() else {
             continue;
         };
-        let ours = names.iter().any(|n| is_temporary_of(entry_name, n));
-        if !ours || !entry.file_type().is_ok_and(|t| t.is_file()) {
+        let pid = names.iter().find_map(|n| temporary_pid(entry_name, n));
+        let Some(pid) = pid else {
+            continue;
+        };
+        if !entry.file_type().is_ok_and(|t| t.is_file()) || process_alive(pid) {
             continue;
         }
         let path = entry.path();
@@ -252,19 +292,33 @@ pub(crate) fn remove_stale_temporaries(dir: &Path, names: &[String]) -> Result<V
     Ok(removed)
 }
 
-/// Whether `entry` is `.<name>.<pid>-<n>.tmp`, the temporary name [`AtomicFile`] gives `name`.
-fn is_temporary_of(entry: &str, name: &str) -> bool {
-    let Some(rest) = entry
+/// The writer's process id when `entry` is `.<name>.<pid>-<n>.tmp`, the temporary name
+/// [`AtomicFile`] gives `name`.
+fn temporary_pid(entry: &str, name: &str) -> Option<u32> {
+    let rest = entry
         .strip_prefix('.')
         .and_then(|r| r.strip_prefix(name))
         .and_then(|r| r.strip_prefix('.'))
-        .and_then(|r| r.strip_suffix(".tmp"))
-    else {
+        .and_then(|r| r.strip_suffix(".tmp"))?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (pid, n) = rest.split_once('-')?;
+    if !digits(pid) || !digits(n) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Whether process `pid` exists on this host (this process included).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
     };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    rest.split_once('-')
-        .is_some_and(|(pid, n)| digits(pid) && digits(n))
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Commits finished files on a background thread, so the disk flushes one file while the next
@@ -355,6 +409,63 @@ pub(crate) fn write_file_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without `force`, a file another writer put at the destination after the existence
+    /// check (two writers racing for a new file) is never replaced: the commit fails, names
+    /// the file and leaves the other writer's file and no temporary file.
+    #[test]
+    fn a_file_that_appeared_meanwhile_is_not_replaced_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("merged.ckpt");
+        let mut mine = AtomicFile::create(&dest, false, Durability::OsBuffered).unwrap();
+        mine.write_all(b"mine").unwrap();
+        write_file(&dest, b"theirs", false).unwrap();
+        let err = mine.commit().unwrap_err();
+        assert!(
+            matches!(&err, CkptError::DestinationExists { path } if path == &dest),
+            "{err}"
+        );
+        assert_eq!(fs::read(&dest).unwrap(), b"theirs");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        // With force the later writer replaces it.
+        let mut forced = AtomicFile::create(&dest, true, Durability::OsBuffered).unwrap();
+        forced.write_all(b"forced").unwrap();
+        forced.commit().unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"forced");
+    }
+
+    /// A writer killed mid-write (SIGKILL) leaves `.<name>.<pid>-<n>.tmp`; the next write of
+    /// that file removes it, but keeps a temporary file of a process still alive, those of
+    /// other files and everything else.
+    #[test]
+    fn a_write_removes_what_a_killed_writer_of_the_file_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("merged.ckpt");
+        // Pids above any pid_max: processes that cannot exist.
+        let stale = [
+            ".merged.ckpt.999999942-0.tmp",
+            ".merged.ckpt.999999943-5.tmp",
+        ];
+        let alive = format!(".merged.ckpt.{}-77.tmp", std::process::id());
+        let kept = [
+            alive.as_str(),
+            ".other.ckpt.999999942-0.tmp",
+            ".merged.ckpt.tmp",
+            "merged.ckpt.999999942-0.tmp",
+            "keep.txt",
+        ];
+        for name in stale.iter().chain(&kept) {
+            fs::write(dir.path().join(name), b"half").unwrap();
+        }
+        write_file(&dest, b"whole", false).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"whole");
+        for name in stale {
+            assert!(!dir.path().join(name).exists(), "{name} was left");
+        }
+        for name in kept {
+            assert!(dir.path().join(name).exists(), "{name} was removed");
+        }
+    }
 
     #[test]
     fn dropped_file_leaves_nothing() {

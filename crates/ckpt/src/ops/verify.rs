@@ -15,7 +15,7 @@ use tensor::DType;
 use crate::error::{CkptError, Result};
 use crate::format::Format;
 use crate::model::{ResolvedParam, Strategy};
-use crate::set::audit_set;
+use crate::set::{audit_set, DirIdentity};
 use crate::source::{CheckpointFile, RankFiles, SourceSet};
 
 /// One thing wrong with a checkpoint.
@@ -92,11 +92,31 @@ impl Faults {
 /// every replica of every slice is compared with the first holder's bytes. Every fault of
 /// every rank is reported: unreadable files, the set marker disagreeing with the files, rank
 /// folders the strategy lacks or needs, and every slice's shape, dtype and coverage.
+///
+/// A set that a writer switches into `src_dir`'s place while it is being verified is a fault
+/// (its files may come from two sets), never a pass.
 pub fn verify_checkpoints(
     src_dir: &Path,
     strategy: &Path,
     check_replicas: bool,
 ) -> Result<VerifyReport> {
+    // Taken before anything is read: a set switched in later is caught at the end.
+    let identity = DirIdentity::of(src_dir).ok();
+    let mut report = verify_files(src_dir, strategy, check_replicas)?;
+    if let Some(Err(e)) = identity.map(|i| i.check()) {
+        let text = e.to_string();
+        let prefix = format!("{}: ", src_dir.display());
+        report.faults.push(Fault {
+            path: src_dir.to_path_buf(),
+            tensor: None,
+            rule: text.strip_prefix(&prefix).unwrap_or(&text).to_string(),
+        });
+    }
+    Ok(report)
+}
+
+/// [`verify_checkpoints`] without the check that `src_dir` stayed the same directory.
+fn verify_files(src_dir: &Path, strategy: &Path, check_replicas: bool) -> Result<VerifyReport> {
     let rank_files = RankFiles::discover(src_dir)?;
     let strategy = Strategy::load(strategy)?;
     let mut report = VerifyReport::default();

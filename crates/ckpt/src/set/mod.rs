@@ -27,11 +27,13 @@
 //! Readers ([`check_set`]) refuse a directory that is a staging directory (uncommitted) or
 //! whose files disagree with its marker (mixed): a missing or resized file, a `rank_<N>/` the
 //! marker does not list, a safetensors file carrying another set's id. A directory without a
-//! marker (MindSpore's own checkpoints) is read as before.
+//! marker (MindSpore's own checkpoints) is read as before. A reader that finds the directory
+//! replaced by another set while it opens the files (`DirIdentity`) stops with
+//! [`CkptError::SetReplaced`].
 
 mod lock;
 mod marker;
-mod switch;
+pub(crate) mod switch;
 pub(crate) mod writer;
 
 use std::path::{Path, PathBuf};
@@ -112,6 +114,39 @@ pub(crate) fn resolve_destination(dest: &Path) -> Result<(PathBuf, Vec<PathBuf>)
 pub(crate) fn remove_created(created: &[PathBuf]) {
     for dir in created.iter().rev() {
         let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Which directory a path leads to (device and inode), so a reader can tell that a writer
+/// switched another set into its place ([`DirIdentity::check`]) while it opened the files one
+/// by one: a switch gives the path a new directory, never changes the old one's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DirIdentity {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl DirIdentity {
+    /// The directory `dir` leads to now (symlinks followed).
+    pub(crate) fn of(dir: &Path) -> Result<DirIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir).map_err(io_err(dir, "read metadata"))?;
+        Ok(DirIdentity {
+            path: dir.to_path_buf(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// [`CkptError::SetReplaced`] unless the path still leads to the same directory.
+    pub(crate) fn check(&self) -> Result<()> {
+        match DirIdentity::of(&self.path) {
+            Ok(now) if now == *self => Ok(()),
+            _ => Err(CkptError::SetReplaced {
+                path: self.path.clone(),
+            }),
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use crate::format::crypto::Decryption;
 use crate::format::unified_index::{self, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 use crate::format::Format;
 use crate::model::{ResolvedStrategy, ShapeHint, Strategy};
-use crate::set::{check_file_id, check_set};
+use crate::set::{check_file_id, check_set, DirIdentity};
 
 #[derive(Debug)]
 enum Kind {
@@ -45,6 +45,9 @@ pub struct SourceSet {
     first_id: Mutex<Option<(String, PathBuf)>>,
     /// The key and mode encrypted `.ckpt` files are read with.
     decryption: Option<Decryption>,
+    /// The directory the root led to before its set was checked: every file opened later must
+    /// come from it, not from a set a writer switched into its place meanwhile.
+    root_identity: Option<DirIdentity>,
 }
 
 impl SourceSet {
@@ -56,9 +59,12 @@ impl SourceSet {
     /// [`SourceSet::rank_dirs`], each rank's file chosen among those ending in
     /// `<file_suffix>.safetensors` (see [`RankFiles::discover_with_suffix`]).
     pub fn rank_dirs_with_suffix(dir: &Path, file_suffix: Option<&str>) -> Result<SourceSet> {
+        // Taken first: a set switched in after this is caught when a file is opened.
+        let identity = DirIdentity::of(dir).ok();
         let marker = check_set(dir)?;
         let mut set = SourceSet::of_rank_files(RankFiles::discover_with_suffix(dir, file_suffix)?);
         set.set_id = marker.map(|m| m.id);
+        set.root_identity = identity;
         Ok(set)
     }
 
@@ -70,6 +76,7 @@ impl SourceSet {
             set_id: None,
             first_id: Mutex::default(),
             decryption: None,
+            root_identity: None,
         }
     }
 
@@ -82,6 +89,7 @@ impl SourceSet {
     /// A unified checkpoint: `param_name_map.json`, its part files and an optional
     /// `hyper_param.safetensors`.
     pub fn unified(dir: &Path) -> Result<SourceSet> {
+        let identity = DirIdentity::of(dir).ok();
         let marker = check_set(dir)?;
         let weight_map = unified_index::read(&dir.join(PARAM_NAME_MAP))?
             .into_iter()
@@ -98,6 +106,7 @@ impl SourceSet {
             set_id: marker.map(|m| m.id),
             first_id: Mutex::default(),
             decryption: None,
+            root_identity: identity,
         })
     }
 
@@ -113,6 +122,7 @@ impl SourceSet {
             set_id: None,
             first_id: Mutex::default(),
             decryption: None,
+            root_identity: None,
         }
     }
 
@@ -140,12 +150,18 @@ impl SourceSet {
         }
     }
 
-    /// Opens (once) and returns the file at `path`.
+    /// Opens (once) and returns the file at `path`. Refuses it ([`CkptError::SetReplaced`])
+    /// when the source directory is no longer the one whose set was checked: a writer switched
+    /// another set into its place, and the files opened before may belong to the old one.
     pub fn open(&self, path: &Path) -> Result<Arc<CheckpointFile>> {
         if let Some(f) = lock(&self.cache).get(path) {
             return Ok(f.clone());
         }
         let file = Arc::new(CheckpointFile::open_with(path, self.decryption.as_ref())?);
+        // After the open: a file opened before the switch came from the checked directory.
+        if let Some(identity) = &self.root_identity {
+            identity.check()?;
+        }
         file.verify_metadata_crc()?;
         self.check_set_id(&file)?;
         lock(&self.cache).insert(path.to_path_buf(), file.clone());
