@@ -59,7 +59,8 @@ pub struct GptStepRequest {
     /// the three interleaved step by step in `rounds` sessions (`None`: skip).
     pub context_parallel_seq: Option<usize>,
     /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right
-    /// after the plain run.
+    /// after the plain run (with `fusion`, then with its gradients' sums fused into buckets:
+    /// the LayerNorms' and biases' over the model-parallel group).
     pub sequence_parallel: bool,
     /// Time 1 rank only (with its variants and the utilisation line): no 2-rank configuration
     /// and no speed-up rounds, for runs paired against another engine's single thread.
@@ -683,6 +684,10 @@ pub fn gpt_step(
             };
             let label = format!("{label}, sequence parallel");
             bench.measure(sp, &label, (false, Reduction::Plain), (false, 1))?;
+            if request.fusion {
+                let label = format!("{label}, fused gradients");
+                bench.measure(sp, &label, (false, Reduction::Fused), (false, 1))?;
+            }
         }
     }
     if !request.one_rank {

@@ -194,7 +194,7 @@ struct GptStepArgs {
     #[arg(long, value_parser = context_parallel_seq)]
     context_parallel_seq: Option<usize>,
     /// Also time model parallel 2 with sequence parallel (`parallel.use_seq_parallel`), right
-    /// after the plain run.
+    /// after the plain run (with `--fusion`, then with its gradients' sums fused into buckets).
     #[arg(long)]
     sequence_parallel: bool,
     /// Time 1 rank only (with `--deterministic`, `--clip` or `--threads` its variants, and the
