@@ -84,13 +84,22 @@ pub enum CkptError {
     },
 
     /// A source directory that a writer replaced with another set while it was being read, so
-    /// its files may come from two sets.
+    /// its files may come from two sets; or that was removed meanwhile (`removed`: a periodic
+    /// set pruned by `keep_checkpoint_max`, say), so its remaining files cannot be read.
     #[error(
-        "{path}: the checkpoint set was replaced while it was being read (another writer committed a new set into this directory), so its files may come from two sets; refusing to read it: run again once the writer is done"
+        "{path}: the checkpoint set was {} while it was being read{}",
+        if *removed { "removed" } else { "replaced" },
+        if *removed {
+            " (deleted or moved away, e.g. an older periodic set pruned by output.keep_checkpoint_max), so its remaining files cannot be read: read a set that is kept"
+        } else {
+            " (another writer committed a new set into this directory), so its files may come from two sets; refusing to read it: run again once the writer is done"
+        }
     )]
     SetReplaced {
         /// The directory.
         path: PathBuf,
+        /// The directory is gone, rather than another set in its place.
+        removed: bool,
     },
 
     // ---------------------------------------------------------------- encryption

@@ -348,7 +348,7 @@ fn a_set_replaced_while_it_is_read_is_refused() {
     to_ckpt("other", &s_other, true);
     let err = sources.rank_file(1).unwrap_err();
     assert!(
-        matches!(&err, CkptError::SetReplaced { path } if path == &a),
+        matches!(&err, CkptError::SetReplaced { path, removed: false } if path == &a),
         "{err}"
     );
     assert!(err.to_string().contains("replaced while it was being read"));
@@ -359,6 +359,29 @@ fn a_set_replaced_while_it_is_read_is_refused() {
     for r in 0..2 {
         fresh.rank_file(r).unwrap().unwrap();
     }
+}
+
+/// A set removed while it is read (a periodic set pruned by `keep_checkpoint_max` under a
+/// conversion reading it) failed with one rank file's "does not exist"; the error says the set
+/// was removed.
+#[test]
+fn a_set_removed_while_it_is_read_is_named_as_removed() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let a = dir.path().join("a");
+    convert(&dir.path().join("src"), &s, &a, Some(&s), false).unwrap();
+    let sources = ckpt::SourceSet::rank_dirs(&a).unwrap();
+    sources.rank_file(0).unwrap().unwrap();
+    std::fs::rename(&a, dir.path().join("pruned")).unwrap();
+    let err = sources.rank_file(1).unwrap_err();
+    assert!(
+        matches!(&err, CkptError::SetReplaced { path, removed: true } if path == &a),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("removed while it was being read"),
+        "{err}"
+    );
 }
 
 #[test]

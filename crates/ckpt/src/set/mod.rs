@@ -139,12 +139,14 @@ impl DirIdentity {
         })
     }
 
-    /// [`CkptError::SetReplaced`] unless the path still leads to the same directory.
+    /// [`CkptError::SetReplaced`] unless the path still leads to the same directory (`removed`
+    /// when it leads nowhere now).
     pub(crate) fn check(&self) -> Result<()> {
-        match DirIdentity::of(&self.path) {
-            Ok(now) if now == *self => Ok(()),
-            _ => Err(CkptError::SetReplaced {
+        match std::fs::metadata(&self.path) {
+            Ok(_) if DirIdentity::of(&self.path).is_ok_and(|now| now == *self) => Ok(()),
+            found => Err(CkptError::SetReplaced {
                 path: self.path.clone(),
+                removed: found.is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound),
             }),
         }
     }

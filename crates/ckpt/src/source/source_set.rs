@@ -157,7 +157,17 @@ impl SourceSet {
         if let Some(f) = lock(&self.cache).get(path) {
             return Ok(f.clone());
         }
-        let file = Arc::new(CheckpointFile::open_with(path, self.decryption.as_ref())?);
+        let file = match CheckpointFile::open_with(path, self.decryption.as_ref()) {
+            Ok(file) => Arc::new(file),
+            Err(e) => {
+                // A file missing because its set was removed or replaced meanwhile: the set's
+                // fault, said as such (not "does not exist" of one of its files).
+                if let Some(identity) = &self.root_identity {
+                    identity.check()?;
+                }
+                return Err(e);
+            }
+        };
         // After the open: a file opened before the switch came from the checked directory.
         if let Some(identity) = &self.root_identity {
             identity.check()?;
