@@ -402,12 +402,12 @@ fn load_whole_parameters(
             *slot = tensor.to_dtype(want);
             // A diverged run's checkpoint holds NaN or infinite weights: its logits are NaN,
             // and sampling from them printed text as if nothing were wrong.
-            if let Some(at) = slot.to_f64_vec().iter().position(|v| !v.is_finite()) {
+            if !exec::all_finite(slot) {
                 return Err(RuntimeError::Data {
                     path: run_dir.to_path_buf(),
                     reason: format!(
-                        "the checkpoint's tensor {name} holds a non-finite value (element {at}): \
-                         the run it comes from diverged, and no text can be sampled from it"
+                        "the checkpoint's tensor {name} holds a non-finite value: the run it \
+                         comes from diverged, and no text can be sampled from it"
                     ),
                 });
             }

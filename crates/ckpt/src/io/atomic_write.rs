@@ -56,7 +56,7 @@ pub(crate) fn check_destination(path: &Path, force: bool) -> Result<()> {
 
 /// Creates `dir` and its missing parents; the directories created, outermost first. A failure
 /// removes those it had created and names the directory that could not be made.
-fn create_missing_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn create_missing_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut missing = Vec::new();
     let mut at = dir;
     while !at.as_os_str().is_empty() && !at.exists() {
@@ -102,7 +102,7 @@ impl Drop for CreatedDirs {
 }
 
 /// Removes the directories of `created` (outermost first) that are empty, innermost first.
-fn remove_empty_dirs(created: &[PathBuf]) {
+pub(crate) fn remove_empty_dirs(created: &[PathBuf]) {
     for dir in created.iter().rev() {
         // Fails, and keeps the directory, when anything is in it.
         let _ = fs::remove_dir(dir);

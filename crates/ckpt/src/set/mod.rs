@@ -39,6 +39,7 @@ pub(crate) mod writer;
 use std::path::{Path, PathBuf};
 
 use crate::error::{io_err, CkptError, Result};
+use crate::io::atomic_write::create_missing_dirs;
 pub(crate) use crate::io::pending;
 
 pub use lock::DestLock;
@@ -89,32 +90,9 @@ pub(crate) fn resolve_destination(dest: &Path) -> Result<(PathBuf, Vec<PathBuf>)
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let mut created = Vec::new();
-    let mut missing = Vec::new();
-    let mut at = parent.as_path();
-    while !at.as_os_str().is_empty() && !at.exists() {
-        missing.push(at.to_path_buf());
-        at = at.parent().unwrap_or(Path::new(""));
-    }
-    for dir in missing.into_iter().rev() {
-        match std::fs::create_dir(&dir) {
-            Ok(()) => created.push(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => {
-                remove_created(&created);
-                return Err(io_err(&dir, "create directory")(e));
-            }
-        }
-    }
+    let created = create_missing_dirs(&parent)?;
     let parent = std::fs::canonicalize(&parent).map_err(io_err(&parent, "resolve path"))?;
     Ok((parent.join(name), created))
-}
-
-/// Removes directories `resolve_destination` created, innermost first, if they are empty.
-pub(crate) fn remove_created(created: &[PathBuf]) {
-    for dir in created.iter().rev() {
-        let _ = std::fs::remove_dir(dir);
-    }
 }
 
 /// Which directory a path leads to (device and inode), so a reader can tell that a writer

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::switch::{link_foreign, retire, switch};
 use super::{
-    pending, remove_created, resolve_destination, sibling, DestLock, SetMarker, SET_ID_KEY,
-    SET_MARKER, STAGING_SENTINEL,
+    pending, resolve_destination, sibling, DestLock, SetMarker, SET_ID_KEY, SET_MARKER,
+    STAGING_SENTINEL,
 };
 use crate::error::{io_err, CkptError, Result};
-use crate::io::atomic_write::write_file_with;
+use crate::io::atomic_write::{remove_empty_dirs, write_file_with};
 use crate::io::durability::Durability;
 
 /// The infix of staging directory names: `.<name>.tessera-staging-<id>`.
@@ -58,7 +58,7 @@ impl SetWriter {
     ) -> Result<SetWriter> {
         let (resolved, created_parents) = resolve_destination(dest)?;
         let undo = |e: CkptError| {
-            remove_created(&created_parents);
+            remove_empty_dirs(&created_parents);
             e
         };
         let lock = DestLock::acquire(&resolved).map_err(undo)?;
@@ -71,7 +71,7 @@ impl SetWriter {
         };
         let result = Self::stage(&resolved, staged);
         if result.is_err() {
-            remove_created(&created_parents);
+            remove_empty_dirs(&created_parents);
         }
         result.map(|mut w| {
             w.given = dest.to_path_buf();
@@ -198,7 +198,7 @@ impl Drop for SetWriter {
         }
         drop(self.lock.take());
         if !self.committed {
-            remove_created(&self.created_parents);
+            remove_empty_dirs(&self.created_parents);
         }
     }
 }
