@@ -237,6 +237,7 @@ fn bench(
     let b = strategy(&[2, 2], &[0, 1], request.tensors)?;
     ckpt::save_param_strategy_file(&sa, &a, &[], ckpt::StrategyFlavour::MsProtobuf, true)?;
     ckpt::save_param_strategy_file(&sb, &b, &[], ckpt::StrategyFlavour::MsProtobuf, true)?;
+    crate::go_on(progress)?;
     progress.note(&format_args!(
         "generating the source in {} (not timed)…",
         src.display()
@@ -277,6 +278,7 @@ fn bench(
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
     for _ in 0..request.reps.max(1) {
         for ((label, run), times) in VARIANTS.iter().zip(variants).zip(&mut times) {
+            crate::go_on(progress)?;
             let out = if label.starts_with("cp") { &copy } else { &dst };
             remove(out);
             // Not timed: the previous variant's (and this removal's) writes reach the disk.
@@ -292,6 +294,7 @@ fn bench(
         times: times.iter().map(|t| Summary::of(t)).collect(),
     };
     progress.piece(&times);
+    crate::go_on(progress)?;
     let peak_rss = peak_rss(request, (&src, &dst), (&sa, &sb))?;
     progress.piece(&PeakRssLine(&peak_rss));
     Ok(CkptConvertReport { times, peak_rss })
@@ -359,4 +362,30 @@ fn walk(dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reader gone before anything was measured (`tessera bench ckpt-convert | head`):
+    /// the benchmark generated its 128 MiB source and ran every repetition anyway; it stops at
+    /// once and still removes the working directory it created.
+    #[test]
+    fn a_reader_gone_stops_before_the_source_and_removes_the_dir() {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("work");
+        let request = CkptConvertRequest {
+            dir: Some(dir.clone()),
+            keep: false,
+            reps: 100,
+            tensors: 1,
+            tessera: PathBuf::from("/nonexistent/tessera"),
+        };
+        let mut gone = crate::testing::GoneAfter::new(0);
+        let err = ckpt_convert(&request, &mut gone).unwrap_err();
+        assert!(matches!(err, BenchError::Stopped), "{err}");
+        assert_eq!(gone.asked, 1);
+        assert!(!dir.exists(), "{} was left behind", dir.display());
+    }
 }

@@ -267,6 +267,15 @@ fn sweep(
     }
     let mut size = 1024usize;
     while size <= request.max_mib << 20 {
+        // Rank 0 (which shows the report) decides whether to stop, and every rank hears it
+        // before the next size, so none is left waiting in a collective of a stopped one.
+        let mut stop = [u8::from(
+            comm.rank() == 0 && progress.lock().is_ok_and(|mut progress| progress.stop()),
+        )];
+        comm.broadcast_bytes(&mut stop, 0)?;
+        if stop[0] != 0 {
+            return Err(BenchError::Stopped);
+        }
         let count = size / 4;
         let send_count = count / n;
         let mut all_reduces: Vec<Variant> = vec![Box::new({
@@ -367,4 +376,28 @@ fn measure(
         }
     }
     Ok(times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reader of rank 0's report gone after the header and the first size: every rank
+    /// stops before the next size (none left waiting in a collective of a stopped one), and the
+    /// benchmark says it stopped.
+    #[test]
+    fn every_rank_stops_at_the_next_size_when_the_reader_is_gone() {
+        let mut gone = crate::testing::GoneAfter::new(2);
+        let request = CollectivesRequest {
+            backend: Backend::Local,
+            ranks: 3,
+            max_mib: 1,
+            reps: 1,
+            mpi_watchdog: false,
+        };
+        let err = collectives(&request, &mut gone).unwrap_err();
+        assert!(matches!(err, BenchError::Stopped), "{err}");
+        assert_eq!(gone.shown.len(), 2, "{:?}", gone.shown);
+        assert!(gone.shown[1].contains("1 KiB"), "{:?}", gone.shown);
+    }
 }

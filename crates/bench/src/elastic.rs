@@ -227,6 +227,7 @@ pub fn elastic(
     let dir = tempfile::tempdir()?;
     let mut recoveries = Vec::new();
     for trial in 0..request.trials {
+        crate::go_on(progress)?;
         progress.note(&format_args!(
             "recovery trial {} of {}",
             trial + 1,
@@ -251,6 +252,7 @@ pub fn elastic(
     let (mut plain, mut elastic) = (Vec::new(), Vec::new());
     for trial in 0..request.trials {
         for (on, into) in [(false, &mut plain), (true, &mut elastic)] {
+            crate::go_on(progress)?;
             progress.note(&format_args!(
                 "copy-cost trial {} of {} (elastic {on})",
                 trial + 1,

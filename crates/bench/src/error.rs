@@ -130,6 +130,10 @@ pub enum BenchError {
     /// A recovery job that printed nothing awaited for two minutes.
     #[error("the recovery run stalled")]
     RecoveryStalled,
+    /// The caller asked the benchmark to stop ([`crate::Progress::stop`]): its report has
+    /// nowhere to go. What it created was removed and what it started was stopped.
+    #[error("the benchmark stopped: its report has nowhere to go")]
+    Stopped,
     /// Processes of a recovery job (not killed by the benchmark) that failed.
     #[error("the recovery run failed: {}", .0.join("; "))]
     RecoveryFailed(Vec<String>),

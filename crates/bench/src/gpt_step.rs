@@ -436,9 +436,10 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    /// Shows `line` and adds it to the report.
-    fn push(&mut self, line: GptStepLine) {
-        self.report.show(self.progress, line);
+    /// Shows `line` and adds it to the report; [`BenchError::Stopped`] when the caller then
+    /// asks the benchmark to stop.
+    fn push(&mut self, line: GptStepLine) -> Result<(), BenchError> {
+        self.report.show(self.progress, line)
     }
 
     /// How every rank times its steps: AdamW, 5 warm-up steps, `--steps` timed ones.
@@ -461,6 +462,7 @@ impl Bench<'_> {
         (deterministic, reduction): (bool, Reduction),
         (clip, threads): (bool, usize),
     ) -> Result<f64, BenchError> {
+        crate::go_on(self.progress)?;
         let bench = self.step_bench(deterministic, clip);
         let data = batches(&self.gpt)?;
         let prog = program(&self.gpt, split, deterministic, reduction)?;
@@ -504,7 +506,7 @@ impl Bench<'_> {
             times,
             breakdown,
             clip_per_step,
-        }));
+        }))?;
         Ok(rate)
     }
 
@@ -550,6 +552,7 @@ impl Bench<'_> {
         let tokens = (self.gpt.batch * self.gpt.seq_len) as f64;
         let mut ratios: [Vec<f64>; M] = std::array::from_fn(|_| Vec::new());
         for _ in 0..self.request.rounds.max(1) {
+            crate::go_on(self.progress)?;
             let times = interleaved_steps(&sessions, &data)?;
             for ((_, _, label), steps) in configurations.iter().zip(&times) {
                 let times = StepMillis::of(steps.clone());
@@ -559,7 +562,7 @@ impl Bench<'_> {
                     times,
                     breakdown: None,
                     clip_per_step: None,
-                }));
+                }))?;
             }
             for (r, steps) in ratios.iter_mut().zip(&times[1..]) {
                 // Equal tokens per step: the throughput ratio is the inverse of the times'.
@@ -592,7 +595,7 @@ impl Bench<'_> {
             model_gflop: flops / 1e9,
             achieved: flops / 1e9 * rate / tokens,
             shapes,
-        });
+        })?;
         Ok(())
     }
 }
@@ -615,7 +618,7 @@ pub fn gpt_step(
         layers: request.layers,
         hidden: request.hidden,
         steps: request.steps,
-    });
+    })?;
     let configurations = [
         (Split::dp_mp(1, 1), "1 rank"),
         (Split::dp_mp(2, 1), "2 ranks, data parallel"),
@@ -640,7 +643,7 @@ pub fn gpt_step(
                 bench.push(GptStepLine::Fusion {
                     what,
                     ratio: fused / rate,
-                });
+                })?;
             }
         }
         if request.deterministic {
@@ -653,7 +656,7 @@ pub fn gpt_step(
                 bench.measure(split, &det_label, (true, Reduction::Plain), (false, 1))?;
             }
             let ratios = bench.variant_ratios(split, (label, &det_label), det)?;
-            bench.push(GptStepLine::Deterministic(ratios));
+            bench.push(GptStepLine::Deterministic(ratios))?;
         }
         if request.clip {
             let clip_label = format!("{label}, clipped by global norm");
@@ -662,7 +665,7 @@ pub fn gpt_step(
                 ..Variant::PLAIN
             };
             let ratios = bench.variant_ratios(split, (label, &clip_label), clip)?;
-            bench.push(GptStepLine::Clipped(ratios));
+            bench.push(GptStepLine::Clipped(ratios))?;
         }
         if request.threads > 1 && split == Split::dp_mp(1, 1) {
             let threads = request.threads;
@@ -672,7 +675,7 @@ pub fn gpt_step(
             };
             let thread_label = format!("{label} on {threads} threads");
             let ratios = bench.variant_ratios(split, (label, &thread_label), threaded)?;
-            bench.push(GptStepLine::Threaded { threads, ratios });
+            bench.push(GptStepLine::Threaded { threads, ratios })?;
         }
         if split == Split::dp_mp(1, 1) {
             bench.utilisation(rate, std::mem::take(&mut peak_before))?;
@@ -696,7 +699,7 @@ pub fn gpt_step(
         bench.push(GptStepLine::SpeedUp {
             data_parallel,
             model_parallel,
-        });
+        })?;
     }
     if let Some(seq) = request.context_parallel_seq {
         context_parallel(&mut bench, seq)?;
@@ -744,7 +747,7 @@ fn context_parallel(bench: &mut Bench<'_>, seq: usize) -> Result<(), BenchError>
     let [ring, ulysses] = bench.interleaved(
         &[one, ring_form, ulysses_form].map(|(split, label)| (split, Variant::PLAIN, label)),
     )?;
-    bench.push(GptStepLine::ContextParallel { seq, ring, ulysses });
+    bench.push(GptStepLine::ContextParallel { seq, ring, ulysses })?;
     Ok(())
 }
 
@@ -856,6 +859,20 @@ mod tests {
             sequence_parallel: false,
             one_rank: true,
         }
+    }
+
+    /// The reader gone after the header (`tessera bench gpt-step | head -1`): no configuration
+    /// is timed after it.
+    #[test]
+    fn a_reader_gone_after_the_header_times_nothing() {
+        let request = GptStepRequest {
+            one_rank: false,
+            ..one_step_on_one_rank(1, 32)
+        };
+        let mut gone = crate::testing::GoneAfter::new(1);
+        let err = gpt_step(&request, &mut gone).unwrap_err();
+        assert!(matches!(err, BenchError::Stopped), "{err}");
+        assert_eq!(gone.shown.len(), 1, "{:?}", gone.shown);
     }
 
     /// A width or depth past the model's bounds is refused with the bound's error before the

@@ -11,6 +11,11 @@
 //! [`Progress`] as soon as it is measured, so a caller can show it at once; the pieces, in
 //! order, are the report's text. This crate never writes to stdout or stderr itself.
 //!
+//! A caller whose report has nowhere to go any more (the reader of a pipe gone, a full disk)
+//! says so through [`Progress::stop`]: the benchmark stops at its next step or round (a row, a
+//! repetition, a trial), still removing what it created and stopping what it started, and
+//! returns [`BenchError::Stopped`].
+//!
 //! - [`memcpy`]: single-thread copy bandwidth, the ceiling of every copy.
 //! - [`ckpt_convert`]: checkpoint conversion next to `cp -r` (+ `sync`).
 //! - [`collectives`]: bus bandwidth of all-reduce and all-gather over a `comm` backend.
@@ -56,6 +61,23 @@ pub trait Progress: Send {
     fn piece(&mut self, piece: &dyn fmt::Display);
     /// What runs now, not part of the report (`generating the source…`).
     fn note(&mut self, note: &dyn fmt::Display);
+    /// Whether the benchmark should stop at its next step or round because its report has
+    /// nowhere to go (the reader of a pipe gone, a full disk). A benchmark asked to stop
+    /// removes what it created, stops what it started and returns [`BenchError::Stopped`]
+    /// (one that cannot fail returns the report so far). Never, unless a caller says so.
+    fn stop(&mut self) -> bool {
+        false
+    }
+}
+
+/// [`BenchError::Stopped`] when `progress` asks the benchmark to stop, else `Ok`: called at
+/// every step or round.
+pub(crate) fn go_on(progress: &mut dyn Progress) -> Result<(), BenchError> {
+    if progress.stop() {
+        Err(BenchError::Stopped)
+    } else {
+        Ok(())
+    }
 }
 
 /// A [`Progress`] that shows nothing: for callers that only want the returned report.
@@ -79,10 +101,12 @@ impl<T> Default for Pieces<T> {
 }
 
 impl<T: fmt::Display> Pieces<T> {
-    /// Shows `piece` and adds it to the report.
-    pub(crate) fn show(&mut self, progress: &mut dyn Progress, piece: T) {
+    /// Shows `piece` and adds it to the report; [`BenchError::Stopped`] when `progress` then
+    /// asks the benchmark to stop.
+    pub(crate) fn show(&mut self, progress: &mut dyn Progress, piece: T) -> Result<(), BenchError> {
         progress.piece(&piece);
         self.0.push(piece);
+        go_on(progress)
     }
 }
 
@@ -107,5 +131,40 @@ pub(crate) mod testing {
         }
 
         fn note(&mut self, _: &dyn fmt::Display) {}
+    }
+
+    /// A [`crate::Progress`] whose reader goes away after `pieces` pieces: it keeps their text
+    /// and asks the benchmark to stop from then on.
+    pub(crate) struct GoneAfter {
+        /// Pieces shown before the reader went away.
+        pub pieces: usize,
+        /// The text of the pieces shown, every one (also those after the stop was asked).
+        pub shown: Vec<String>,
+        /// How often the benchmark asked whether to stop.
+        pub asked: usize,
+    }
+
+    impl GoneAfter {
+        /// A reader that goes away after `pieces` pieces.
+        pub(crate) fn new(pieces: usize) -> GoneAfter {
+            GoneAfter {
+                pieces,
+                shown: Vec::new(),
+                asked: 0,
+            }
+        }
+    }
+
+    impl crate::Progress for GoneAfter {
+        fn piece(&mut self, piece: &dyn fmt::Display) {
+            self.shown.push(piece.to_string());
+        }
+
+        fn note(&mut self, _: &dyn fmt::Display) {}
+
+        fn stop(&mut self) -> bool {
+            self.asked += 1;
+            self.shown.len() >= self.pieces
+        }
     }
 }

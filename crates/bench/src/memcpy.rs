@@ -71,7 +71,7 @@ impl fmt::Display for MemcpyReport {
     }
 }
 
-/// Runs `tessera bench memcpy`.
+/// Runs `tessera bench memcpy`; asked to stop ([`Progress::stop`]), the rows measured so far.
 pub fn memcpy(request: &MemcpyRequest, progress: &mut dyn Progress) -> MemcpyReport {
     progress.piece(&Header { reps: request.reps });
     let mut report = MemcpyReport {
@@ -79,7 +79,7 @@ pub fn memcpy(request: &MemcpyRequest, progress: &mut dyn Progress) -> MemcpyRep
         rows: Vec::new(),
     };
     let mut size = 1024usize;
-    while size <= request.max_mib << 20 {
+    while size <= request.max_mib << 20 && !progress.stop() {
         let src = vec![1u8; size];
         let mut dst = vec![0u8; size];
         // Small sizes repeat inside one timing so the clock resolution does not dominate.
@@ -126,5 +126,19 @@ mod tests {
         assert!(shown
             .0
             .starts_with("single-thread memcpy (GB/s: median [min-max] over 1 runs)\n    1 KiB  "));
+    }
+
+    /// The reader gone after the header and one row (`tessera bench memcpy | head -2`): the
+    /// sweep ran every size to its end; it stops before measuring the next one.
+    #[test]
+    fn a_reader_gone_stops_the_sweep_at_the_next_size() {
+        let mut gone = crate::testing::GoneAfter::new(2);
+        let request = MemcpyRequest {
+            max_mib: 1,
+            reps: 1,
+        };
+        let report = memcpy(&request, &mut gone);
+        assert_eq!(report.rows.len(), 1, "{report}");
+        assert_eq!(gone.shown.len(), 2);
     }
 }

@@ -184,7 +184,7 @@ pub fn profile(
         push(ProfileLine::Matmul {
             n,
             flops_per_s: rate,
-        });
+        })?;
         // Class i applies from half this product's size up (the first from 0).
         let min_flops = if i == 0 { 0.0 } else { flops / 2.0 };
         matmul.push(MatmulRate {
@@ -204,24 +204,24 @@ pub fn profile(
     let memory_bandwidth = 2.0 * bytes as f64 / t;
     push(ProfileLine::Memcpy {
         bandwidth: memory_bandwidth,
-    });
+    })?;
     let cores = match request.cores {
         Some(c) => c,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    push(ProfileLine::Cores(cores));
+    push(ProfileLine::Cores(cores))?;
     let link = measure_link(request.ranks)?;
     push(ProfileLine::Link {
         ranks: request.ranks,
         link,
-    });
+    })?;
     let mut local_links = Vec::with_capacity(request.link_ranks.len());
     for &ranks in &request.link_ranks {
         let link = if ranks == request.ranks {
             link
         } else {
             let link = measure_link(ranks)?;
-            push(ProfileLine::Link { ranks, link });
+            push(ProfileLine::Link { ranks, link })?;
             link
         };
         local_links.push(LocalLink { ranks, link });

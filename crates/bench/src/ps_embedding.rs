@@ -123,6 +123,20 @@ pub fn ps_embedding(
 ) -> Result<PsEmbeddingReport, BenchError> {
     let dir = std::env::temp_dir().join(format!("tessera-bench-psemb-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let rows = runs(request, &dir, progress);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(PsEmbeddingReport {
+        request: request.clone(),
+        rows: rows?,
+    })
+}
+
+/// The two runs, in `dir`: each row shown as it is measured.
+fn runs(
+    request: &PsEmbeddingRequest,
+    dir: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Vec<PsEmbeddingRow>, BenchError> {
     progress.piece(&Header(request));
     let runs = [
         ("on the workers (dense)", String::new()),
@@ -134,6 +148,7 @@ pub fn ps_embedding(
     ];
     let mut rows = Vec::new();
     for (name, extra) in runs {
+        crate::go_on(progress)?;
         let text = config_text(
             request,
             &dir.join(name.split(' ').nth(2).unwrap_or("x")),
@@ -153,9 +168,5 @@ pub fn ps_embedding(
         progress.piece(&row);
         rows.push(row);
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(PsEmbeddingReport {
-        request: request.clone(),
-        rows,
-    })
+    Ok(rows)
 }

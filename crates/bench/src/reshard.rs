@@ -140,6 +140,7 @@ pub fn reshard(
     let cluster = LocalCluster::new(4)?;
     for (from_name, from_map) in PLACEMENTS {
         for (to_name, to_map) in PLACEMENTS {
+            crate::go_on(progress)?;
             let src = layout(from_map, shape)?;
             let dst = layout(to_map, shape)?;
             let plan = reshard::plan(&src, &dst, DType::F32)?;

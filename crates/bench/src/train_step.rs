@@ -347,6 +347,7 @@ pub fn train_step(
         clip: None,
     };
     let batches = mlp_batches()?;
+    crate::go_on(progress)?;
     let one = program(&ParallelConfig::stand_alone())?;
     let times = LocalCluster::new(1)?
         .run(|comm| rank_steps(one.clone(), Arc::new(comm), &batches, &bench))
@@ -356,6 +357,7 @@ pub fn train_step(
     progress.piece(&OneRank(one_rank));
     let mut many_ranks = None;
     if request.devices > 1 {
+        crate::go_on(progress)?;
         let config = ParallelConfig::new(ParallelMode::SemiAuto, request.devices)
             .shard("matmul1", &[&[2, 4], &[4, 1]])
             .shard("relu1", &[&[4, 1]])

@@ -292,11 +292,13 @@ const MAX_RESHARD_ELEMENTS: usize = 1 << 30;
 
 /// Prints every piece of a report on stdout as it is measured, and notes on stderr.
 ///
-/// When stdout cannot be written, the benchmark still runs to its end, so that it removes its
-/// scratch files and stops the processes it started (exiting here would leave both behind);
-/// the pieces after the failure are not written (the report would have holes), the failure is
-/// said at once on stderr (a closed pipe, `tessera bench … | head`, is not worth a word), and
-/// [`run`] ends with it as its error.
+/// When stdout cannot be written (a full disk) or its reader has gone (`tessera bench … |
+/// head -1`), the benchmark is asked to stop at its next step or round
+/// ([`bench::Progress::stop`]): it still removes its scratch files and stops the processes it
+/// started (exiting here would leave both behind), and no piece after the failure is written
+/// (the report would have holes). A failed write is said at once on stderr (a closed pipe is
+/// not worth a word), and [`run`] ends with it as its error; a closed pipe ends the command
+/// quietly, as every command does.
 #[derive(Default)]
 struct Console {
     /// Set at the first failed write: nothing more goes to stdout.
@@ -311,7 +313,7 @@ impl bench::Progress for Console {
         let text = piece.to_string();
         let written = StdoutLines.write_line(text.as_bytes(), |err| {
             if err.kind() != std::io::ErrorKind::BrokenPipe {
-                eprintln!("tessera bench: cannot write the report to stdout: {err}; the benchmark runs to its end to clean up after itself, then stops with this error");
+                eprintln!("tessera bench: cannot write the report to stdout: {err}; the benchmark stops at its next step, cleaning up after itself, then ends with this error");
             }
         });
         self.failed = written.is_err();
@@ -320,13 +322,29 @@ impl bench::Progress for Console {
     fn note(&mut self, note: &dyn fmt::Display) {
         eprintln!("{note}");
     }
+
+    fn stop(&mut self) -> bool {
+        self.failed || stdout::reader_gone()
+    }
 }
 
-/// Runs `tessera bench …`: the benchmark's error, else the failure to write its report.
+/// Runs `tessera bench …`: the benchmark's error, else the failure to write its report. A
+/// benchmark stopped because its report had nowhere to go ends with the failed write, or
+/// with a broken pipe when its reader went away before it wrote again.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    run_bench(args, &mut Console::default())?;
+    let outcome = run_bench(args, &mut Console::default());
+    let stopped = outcome.as_ref().is_err_and(|err| {
+        matches!(
+            err.downcast_ref::<bench::BenchError>(),
+            Some(bench::BenchError::Stopped)
+        )
+    });
+    if !stopped {
+        outcome?;
+    }
     match stdout::take_failure("the report") {
-        Some(err) => Err(err),
+        Some(failure) => Err(failure),
+        None if stopped => Err(stdout::reader_gone_error("the report")),
         None => Ok(()),
     }
 }

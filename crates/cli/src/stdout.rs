@@ -10,6 +10,9 @@
 //! training's loss lines) go through [`StdoutLines`]: the first failure is kept, said once on
 //! stderr where the caller asks for it, and turned into the command's error by
 //! [`take_failure`] when the command ends.
+//!
+//! A command that writes rarely (a benchmark between its rows) learns that the reader of its
+//! stdout has gone without writing, from [`reader_gone`].
 
 use std::io::{self, Write as _};
 use std::sync::Mutex;
@@ -107,4 +110,26 @@ fn copy_of(err: &io::Error) -> io::Error {
 pub fn take_failure(what: &str) -> Option<anyhow::Error> {
     let err = FAILURE.lock().unwrap_or_else(|p| p.into_inner()).take()?;
     Some(anyhow::Error::new(err).context(format!("cannot write {what} to stdout")))
+}
+
+/// Whether stdout is a pipe or socket whose reader has gone (`tessera … | head -1` after
+/// `head` exited): a write would fail with a broken pipe. Asks the OS without writing
+/// (`poll`), so a command can stop before its next output instead of at it; a file, a
+/// terminal or an open pipe is not gone.
+pub fn reader_gone() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid `pollfd` for the duration of the call, a zero timeout.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready == 1 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}
+
+/// The error a command stopped by [`reader_gone`] ends with: a broken pipe naming stdout and
+/// `what` was written there, which `main` ends quietly on.
+pub fn reader_gone_error(what: &str) -> anyhow::Error {
+    anyhow::Error::new(io::Error::from(io::ErrorKind::BrokenPipe))
+        .context(format!("cannot write {what} to stdout"))
 }

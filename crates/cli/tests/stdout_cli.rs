@@ -202,6 +202,40 @@ fn bench_to_a_full_stdout_cleans_up_and_is_an_error() {
     assert!(!dir.exists(), "{} was left behind", dir.display());
 }
 
+/// `tessera bench … | head`: a benchmark whose reader has gone ran to its end (here the
+/// 128 MiB source generated and 100 repetitions of four conversions and copies) before
+/// finding that its report could not be written. It stops at its next step (here before the
+/// source is generated), removes the working directory it created and ends quietly, as every
+/// command does on a closed pipe.
+#[test]
+fn bench_into_a_closed_pipe_stops_at_its_next_step_and_cleans_up() {
+    let scratch = Scratch::new("stdout-bench-pipe");
+    let dir = scratch.0.join("work");
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    // The reader is gone before the benchmark starts.
+    drop(reader);
+    let out = tessera_command()
+        .args([
+            "bench",
+            "ckpt-convert",
+            "--tensors",
+            "1",
+            "--reps",
+            "100",
+            "--dir",
+            s(&dir),
+        ])
+        .current_dir(repo_root())
+        .stdout(writer)
+        .output()
+        .expect("running tessera");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("error"), "{err}");
+    assert!(!err.contains("generating the source"), "{err}");
+    assert!(!dir.exists(), "{} was left behind", dir.display());
+}
+
 /// `train.print_local_norm` prints on every rank from inside the runtime: a full stdout was an
 /// error naming `<local norm output>`; it names stdout.
 #[test]

@@ -251,6 +251,17 @@ pub fn ps(request: &PsRequest, progress: &mut dyn Progress) -> Result<PsReport, 
         let _ = std::fs::remove_dir_all(&dir);
         return outcome.map(PsReport::Recovery);
     }
+    let outcome = rates(request, &dir, progress);
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome.map(PsReport::Rates)
+}
+
+/// The steps/s table and the killed worker's recovery, run in `dir`.
+fn rates(
+    request: &PsRequest,
+    dir: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Pieces<PsLine>, BenchError> {
     let mut lines = Pieces::default();
     let mut push = |line: PsLine| lines.show(progress, line);
     push(PsLine::Header {
@@ -259,34 +270,33 @@ pub fn ps(request: &PsRequest, progress: &mut dyn Progress) -> Result<PsReport, 
             PsModel::SeedMlp => "seed MLP (digits, hidden 128, global batch 32, momentum)",
         },
         steps: request.steps,
-    });
+    })?;
     for devices in [1, 2, 4] {
-        let steps_per_s = data_parallel(request, &dir, devices)?;
+        let steps_per_s = data_parallel(request, dir, devices)?;
         push(PsLine::Rate {
             run: format!("all-reduce DP, {devices} rank(s)"),
             steps_per_s,
-        });
+        })?;
     }
     for sync in [true, false] {
         for servers in [1, 2] {
             for workers in [1, 2, 4] {
-                let steps_per_s = parameter_server(request, &dir, sync, servers, workers)?;
+                let steps_per_s = parameter_server(request, dir, sync, servers, workers)?;
                 let mode = if sync { "sync" } else { "async" };
                 push(PsLine::Rate {
                     run: format!("PS {mode}, {workers} w × {servers} s"),
                     steps_per_s,
-                });
+                })?;
             }
         }
     }
-    let (dead, resumed) = recovery::worker_recovery(request, &dir)?;
+    let (dead, resumed) = recovery::worker_recovery(request, dir)?;
     push(PsLine::KilledWorker {
         dead_after_ms: request.dead_after_ms,
         dead,
         resumed,
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(PsReport::Rates(lines))
+    })?;
+    Ok(lines)
 }
 
 #[cfg(test)]

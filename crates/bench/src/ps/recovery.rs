@@ -314,13 +314,13 @@ impl fmt::Display for RecoveryLine {
 /// figures.
 fn repeat(
     trials: usize,
-    push: &mut dyn FnMut(RecoveryLine),
+    push: &mut dyn FnMut(RecoveryLine) -> Result<(), BenchError>,
     mut trial: impl FnMut(usize) -> Result<((f64, f64), RecoveryLine), BenchError>,
 ) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
     let (mut first, mut second) = (Vec::new(), Vec::new());
     for n in 0..trials.max(1) {
         let ((a, b), line) = trial(n)?;
-        push(line);
+        push(line)?;
         first.push(a);
         second.push(b);
     }
@@ -339,7 +339,7 @@ pub(super) fn run_recovery(
     push(RecoveryLine::Header {
         dead_after_ms: request.dead_after_ms,
         trials,
-    });
+    })?;
     let (dead, worker_next) = repeat(trials, &mut push, |trial| {
         let (dead, next) = worker_recovery(request, &dir.join(format!("w{trial}")))?;
         let line = RecoveryLine::WorkerTrial {
@@ -363,6 +363,6 @@ pub(super) fn run_recovery(
         worker_next: Spread(worker_next),
         serving: Spread(serving),
         server_next: Spread(server_next),
-    });
+    })?;
     Ok(lines)
 }
