@@ -249,6 +249,7 @@ pub use crate::format::op_strategy::{
 pub use crate::format::tessera_strategy::rank_range;
 pub use crate::format::unified_index::{HYPER_PARAM_FILE, PARAM_NAME_MAP};
 pub use crate::format::{detect, detect_bytes, Detected, FileFormat, Format};
+pub use crate::io::atomic_write::CreatedDirs;
 pub use crate::io::durability::Durability;
 pub use crate::model::{
     OpStrategyRecord, ParamLayout, ResolvedParam, ResolvedStrategy, ShapeHint, StagePlacement,

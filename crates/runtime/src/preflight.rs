@@ -395,51 +395,23 @@ fn check_resume_from(session: &TrainSession) -> Result<Option<u64>, RuntimeError
     crate::resume_check::check_resumable(session, from, &strategy).map(Some)
 }
 
-/// Directories created by a check, removed again (deepest first, only while empty) unless
-/// [`keep`](CreatedDirs::keep) is called.
-#[derive(Debug)]
-#[must_use = "dropping it removes the directories it created"]
-struct CreatedDirs(Vec<PathBuf>);
-
-impl CreatedDirs {
-    /// Keeps the directories.
-    fn keep(mut self) {
-        self.0.clear();
-    }
-}
-
-impl Drop for CreatedDirs {
-    fn drop(&mut self) {
-        // Deepest first; `remove_dir` refuses a directory that is not empty.
-        for dir in self.0.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
-
-/// Creates `dir` (and its missing parents) and writes and removes a probe file in it. Returns
-/// the directories it created; on failure, removes them and names `output.dir`.
-fn prepare_output_dir(dir: &Path) -> Result<CreatedDirs, RuntimeError> {
+/// Creates `dir` (and its missing parents, [`ckpt::CreatedDirs`]) and writes and removes a
+/// probe file in it. Returns the directories it created, removed again (deepest first, only
+/// while empty) when dropped before [`ckpt::CreatedDirs::keep`]; on failure, removes them and
+/// names `output.dir`.
+fn prepare_output_dir(dir: &Path) -> Result<ckpt::CreatedDirs, RuntimeError> {
     let bad = |reason: String| RuntimeError::Config {
         key: "output.dir".to_string(),
         reason: format!("{}: {reason}", dir.display()),
     };
-    // The missing ancestors, outermost first.
-    let mut missing: Vec<PathBuf> = dir
-        .ancestors()
-        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
-        .map(Path::to_path_buf)
-        .collect();
-    missing.reverse();
-    let mut created = CreatedDirs(Vec::new());
-    for ancestor in missing {
-        match std::fs::create_dir(&ancestor) {
-            Ok(()) => created.0.push(ancestor),
-            // Another process of the same job created it meanwhile.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(bad(format!("cannot create {}: {e}", ancestor.display()))),
+    // The missing ancestors, outermost first; one another process of the same job created
+    // meanwhile is not ours (nor removed). A failure has removed those already made.
+    let created = ckpt::CreatedDirs::create(dir).map_err(|e| match e {
+        ckpt::CkptError::Io { path, source, .. } => {
+            bad(format!("cannot create {}: {source}", path.display()))
         }
-    }
+        other => bad(other.to_string()),
+    })?;
     if !dir.is_dir() {
         return Err(bad("is not a directory".to_string()));
     }

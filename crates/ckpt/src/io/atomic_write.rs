@@ -79,18 +79,22 @@ pub(crate) fn create_missing_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// The directories an output created for itself: dropped before [`CreatedDirs::keep`] (the
-/// output failed), it removes those still empty, never one it found.
+/// output failed), it removes those still empty, never one it found. Also what other crates
+/// create their output directories with (the training run's `output.dir`).
 #[derive(Debug)]
-pub(crate) struct CreatedDirs(Vec<PathBuf>);
+#[must_use = "dropping it removes the directories it created"]
+pub struct CreatedDirs(Vec<PathBuf>);
 
 impl CreatedDirs {
-    /// Creates `dir` and its missing parents, remembering which were made.
-    pub(crate) fn create(dir: &Path) -> Result<CreatedDirs> {
+    /// Creates `dir` and its missing parents, remembering which were made. A failure removes
+    /// those it had made and is [`crate::CkptError::Io`] naming the directory that could not
+    /// be made.
+    pub fn create(dir: &Path) -> Result<CreatedDirs> {
         create_missing_dirs(dir).map(CreatedDirs)
     }
 
     /// The output is done: its directories stay.
-    pub(crate) fn keep(mut self) {
+    pub fn keep(mut self) {
         self.0.clear();
     }
 }
