@@ -361,6 +361,51 @@ fn a_set_replaced_while_it_is_read_is_refused() {
     }
 }
 
+/// `--src-strategy <set>/strategy.json`: a strategy inside the directory being read was
+/// opened by path after the set's identity was taken, with no check, so a writer switching
+/// another set in meanwhile gave the new set's strategy with the old set's rank files. It is
+/// refused naming the set, as a rank file is; a strategy outside the set is read as before,
+/// and one missing because its set went away says that the set was removed.
+#[test]
+fn a_strategy_inside_a_set_replaced_while_it_is_read_is_refused() {
+    let dir = tmp();
+    let s = checkpoint(dir.path(), "src", 2, 0.0);
+    let s_other = checkpoint(dir.path(), "other", 2, 100.0);
+    let a = dir.path().join("a");
+    let into_a = |src: &str, st: &Path, force: bool| {
+        let opts = ConvertOptions {
+            force,
+            format: Some(ckpt::Format::Ckpt),
+            ..ConvertOptions::default()
+        };
+        ckpt::convert_checkpoints(&dir.path().join(src), st, &a, Some(st), &opts).unwrap();
+    };
+    into_a("src", &s, false);
+    // The strategy lives in the set's directory (an entry no set lists: a writer carries it
+    // into the set it switches in).
+    let inside = a.join("strategy.json");
+    std::fs::copy(&s, &inside).unwrap();
+    let sources = ckpt::SourceSet::rank_dirs(&a).unwrap();
+    sources.load_strategy(&inside).unwrap();
+    into_a("other", &s_other, true);
+    let err = sources.load_strategy(&inside).unwrap_err();
+    assert!(
+        matches!(&err, CkptError::SetReplaced { path, removed: false } if path == &a),
+        "{err}"
+    );
+    // Outside the set: not the set's file, read as it is.
+    sources.load_strategy(&s).unwrap();
+    // A reader that starts after the switch reads the new set and its strategy.
+    let fresh = ckpt::SourceSet::rank_dirs(&a).unwrap();
+    fresh.load_strategy(&inside).unwrap();
+    std::fs::rename(&a, dir.path().join("pruned")).unwrap();
+    let err = fresh.load_strategy(&inside).unwrap_err();
+    assert!(
+        matches!(&err, CkptError::SetReplaced { path, removed: true } if path == &a),
+        "{err}"
+    );
+}
+
 /// A set removed while it is read (a periodic set pruned by `keep_checkpoint_max` under a
 /// conversion reading it) failed with one rank file's "does not exist"; the error says the set
 /// was removed.

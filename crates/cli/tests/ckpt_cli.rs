@@ -443,3 +443,38 @@ fn strategy_show_json_gives_consecutive_ranks_as_a_range() {
     assert_eq!(b["rank_list"], serde_json::json!(spread), "{v}");
     assert!(b.get("rank_range").is_none(), "{v}");
 }
+
+/// A pipeline source merged into one rank writes its tensors in MindSpore's order: MindSpore
+/// reads the last stage's files first and writes the parameters it redistributes before the
+/// rest (`global_step`). The expected file is MindSpore 2.10's own `convert_checkpoints`
+/// output (`tests/fixtures/mindspore/generated/pipeline_merge_order/README.md`); before the
+/// fix Tessera followed rank 0's file, stage 0's parameters first.
+#[test]
+fn pipeline_merge_writes_mindspores_tensor_order() {
+    let c = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/mindspore/generated/pipeline_merge_order");
+    let scratch = Scratch::new("pipeline_merge_order");
+    let dst = scratch.0.join("out");
+    let out = tessera(&[
+        "ckpt",
+        "convert",
+        "--src",
+        s(&c.join("src")),
+        "--src-strategy",
+        s(&c.join("strategy/A.ckpt")),
+        "--dst",
+        s(&dst),
+        "--prefix",
+        "converted_",
+        "--quiet",
+        "--no-fsync",
+    ]);
+    assert_ok(&out);
+    let ours = std::fs::read(dst.join("rank_0/converted_0.ckpt")).unwrap();
+    let theirs =
+        std::fs::read(c.join("expected/convert_A_to_full/rank_0/converted_0.ckpt")).unwrap();
+    assert!(
+        ours == theirs,
+        "converted_0.ckpt is not byte-identical to MindSpore's (tensor order)"
+    );
+}

@@ -9,7 +9,8 @@ use layout::SliceBox;
 use tensor::Tensor;
 
 use super::convert::{
-    order_like, resolve_conversion, unified_target, ConvertOptions, RankReport, ResolvedConversion,
+    order_like_mindspore, resolve_conversion, unified_target, ConvertOptions, RankReport,
+    ResolvedConversion,
 };
 use super::engine::execute::write_items;
 use super::engine::gather::fill_chunk;
@@ -343,7 +344,16 @@ pub fn convert_checkpoint_files(
     let mut plan = plan_rank(&sources, &src, &dst, rank, extras)
         .map_err(missing_rank_in(given, argument, rank))?;
     if format == Format::Ckpt {
-        order_like(&mut plan.items, sources.extras_file(home)?.as_deref());
+        let home = sources.extras_file(home)?;
+        let cover = plan.cover.ranks.clone();
+        order_like_mindspore(
+            &mut plan.items,
+            &sources,
+            &cover,
+            home.as_deref(),
+            &src,
+            &dst,
+        )?;
     }
     let write = opts.write_options(format, None);
     opts.progress.start("converting", data_bytes(&plan.items));

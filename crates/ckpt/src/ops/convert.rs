@@ -170,7 +170,9 @@ fn convert_from(
 ) -> Result<ConvertReport> {
     let sources = SourceSet::rank_dirs(src_dir)?.with_decryption(opts.decryption.cloned());
     let dst_strategy = dst_strategy.map(Strategy::load).transpose()?;
-    let src_strategy = src_strategy.map(Strategy::load).transpose()?;
+    let src_strategy = src_strategy
+        .map(|path| sources.load_strategy(path))
+        .transpose()?;
     let ResolvedConversion {
         src: src_res,
         dst: dst_res,
@@ -452,17 +454,59 @@ pub(crate) fn resolve_target(
     })
 }
 
-/// Orders `.ckpt` output like the file tensors outside the strategy come from (MindSpore
-/// keeps the source file's order); tensors that file lacks follow in plan order.
-pub(crate) fn order_like(items: &mut [OutItem<'_>], file: Option<&CheckpointFile>) {
-    let Some(file) = file else { return };
-    let pos = |name: &str| {
-        file.tensors()
-            .iter()
-            .position(|t| t.name == name)
-            .unwrap_or(usize::MAX)
+/// Orders `.ckpt` output as MindSpore's converter does. MindSpore loads the needed source
+/// files in descending rank order and keeps each tensor name's first appearance; it writes the
+/// parameters it redistributes (those in both strategies) first, then the rest (tensors outside
+/// the source strategy, parameters the destination lacks) in that same order. Here the files
+/// are those of `cover` (the source ranks the plan reads), highest rank first, then `home` (the
+/// file tensors outside the strategy come from). With a pipeline source MindSpore reads every
+/// stage a parameter lives in, so parameters are grouped by their last source stage, last
+/// stage first. Tensors no file lists follow in plan order.
+pub(crate) fn order_like_mindspore(
+    items: &mut [OutItem<'_>],
+    sources: &SourceSet,
+    cover: &[usize],
+    home: Option<&CheckpointFile>,
+    src: &ResolvedStrategy,
+    dst: &ResolvedStrategy,
+) -> Result<()> {
+    let mut first_seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut note = |file: &CheckpointFile| {
+        for t in file.tensors() {
+            let next = first_seen.len();
+            first_seen.entry(t.name.clone()).or_insert(next);
+        }
     };
-    items.sort_by_key(|i| pos(&i.meta.name));
+    for &r in cover.iter().rev() {
+        if let Some(file) = sources.rank_file(r)? {
+            note(&file);
+        }
+    }
+    if let Some(file) = home {
+        note(file);
+    }
+    // MindSpore reads every source stage a parameter lives in, last stage first, so a
+    // parameter counts as seen in its last source stage even when the plan reads it elsewhere;
+    // tensors outside the source strategy are in every file, hence in the last stage read.
+    let last_stage = |name: &str| {
+        src.param(name)
+            .and_then(|p| p.placements.iter().map(|pl| pl.stage).max())
+    };
+    let top = items
+        .iter()
+        .filter_map(|i| last_stage(&i.meta.name))
+        .max()
+        .unwrap_or(0);
+    items.sort_by_key(|i| {
+        let name = i.meta.name.as_str();
+        let redistributed = src.param(name).is_some() && dst.param(name).is_some();
+        (
+            !redistributed,
+            std::cmp::Reverse(last_stage(name).unwrap_or(top)),
+            first_seen.get(name).copied().unwrap_or(usize::MAX),
+        )
+    });
+    Ok(())
 }
 
 /// Refuses a file-name prefix that could leave the destination directory.
@@ -545,7 +589,8 @@ fn run(
                 Some(h) => sources.extras_file(h)?,
                 None => None,
             };
-            order_like(&mut plan.items, home.as_deref());
+            let cover = plan.cover.ranks.clone();
+            order_like_mindspore(&mut plan.items, sources, &cover, home.as_deref(), src, dst)?;
         }
         plans.push((rank, name(rank, format), plan));
     }

@@ -209,7 +209,7 @@ pub fn dedup_checkpoints(
     progress: &dyn Progress,
 ) -> Result<DedupReport> {
     let sources = SourceSet::rank_dirs(src_dir)?;
-    let strategy = Strategy::load(strategy)?;
+    let strategy = sources.load_strategy(strategy)?;
     // Bound to the files, as a conversion's source is: a strategy of another device count or
     // other slice shapes is refused here, before anything is dropped as redundant.
     let (resolved, _) = sources.resolve_source(&strategy)?;

@@ -15,7 +15,7 @@ use tensor::{DType, Storage, Tensor};
 use super::engine::gather::fill_chunk;
 use super::engine::plan::plan_gathers;
 use crate::error::{CkptError, Result};
-use crate::model::{ResolvedParam, ResolvedStrategy, Strategy};
+use crate::model::{ResolvedParam, ResolvedStrategy};
 use crate::source::SourceSet;
 
 /// One side of a comparison: a checkpoint directory holding `rank_<N>/` folders and the
@@ -132,7 +132,7 @@ struct Opened {
 impl Opened {
     fn open(side: &DiffSide<'_>) -> Result<Opened> {
         let sources = SourceSet::rank_dirs(side.dir)?;
-        let strategy = Strategy::load(side.strategy)?;
+        let strategy = sources.load_strategy(side.strategy)?;
         let (strategy, _) = sources.resolve_source(&strategy)?;
         Ok(Opened {
             dir: side.dir.to_path_buf(),

@@ -15,7 +15,7 @@ use crate::error::{io_err, CkptError, Result};
 use crate::format::crypto::Decryption;
 use crate::format::Format;
 use crate::io::durability::Durability;
-use crate::model::{ResolvedParam, StoredTensor, Strategy};
+use crate::model::{ResolvedParam, StoredTensor};
 use crate::progress::Progress;
 use crate::source::{CheckpointFile, SourceSet};
 
@@ -144,7 +144,7 @@ pub fn for_each_rank_tensor<E: From<CkptError>>(
     mut take: impl FnMut(&str, Tensor) -> std::result::Result<(), E>,
 ) -> std::result::Result<(), E> {
     let sources = SourceSet::rank_dirs(ckpt_dir)?;
-    let strategy = Strategy::load(src_strategy)?;
+    let strategy = sources.load_strategy(src_strategy)?;
     let (src, absent) = sources.resolve_source(&strategy)?;
     let mut boxes: Vec<(&ResolvedParam, layout::SliceBox)> = Vec::with_capacity(targets.len());
     for (name, target) in targets {

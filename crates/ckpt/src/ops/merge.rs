@@ -16,7 +16,7 @@ use crate::format::unified_index::{self, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 use crate::format::Format;
 use crate::io::atomic_write::{remove_stale_temporaries, write_file_with, Committer, CreatedDirs};
 use crate::io::durability::Durability;
-use crate::model::{ResolvedParam, Strategy};
+use crate::model::ResolvedParam;
 use crate::progress::{stop_point, NoProgress, Progress};
 use crate::set::{writer::check_apart, SetWriter, SET_MARKER};
 use crate::source::SourceSet;
@@ -177,7 +177,7 @@ pub fn unified_safetensors(
 ) -> Result<MergeReport> {
     check_split(opts.split)?;
     let sources = SourceSet::rank_dirs_with_suffix(src_dir, opts.file_suffix)?;
-    let strategy = Strategy::load(strategy)?;
+    let strategy = sources.load_strategy(strategy)?;
     let (src, unknown) = sources.resolve_source(&strategy)?;
     let mut report = MergeReport {
         skipped: unknown

@@ -178,6 +178,36 @@ impl SourceSet {
         Ok(file)
     }
 
+    /// Loads the strategy file at `path` as a reader of this set: a strategy inside the set's
+    /// directory (`--src-strategy <set>/strategy.json`) must come from the set whose files are
+    /// read, so it is checked against the directory's identity like a rank file
+    /// ([`SourceSet::open`]): [`CkptError::SetReplaced`] when a writer switched another set
+    /// into the directory before the strategy was read (or removed it, and the strategy with
+    /// it). A strategy outside the directory is loaded as [`Strategy::load`] does.
+    pub fn load_strategy(&self, path: &Path) -> Result<Strategy> {
+        let loaded = Strategy::load(path);
+        if let Some(identity) = &self.root_identity {
+            // A strategy that cannot be read may be missing because its set went away: the
+            // set's fault, said as such.
+            if loaded.is_err() || self.holds(path) {
+                identity.check()?;
+            }
+        }
+        loaded
+    }
+
+    /// Whether `path` leads into the set's directory (symlinks followed; a path that cannot
+    /// be resolved counts as inside).
+    fn holds(&self, path: &Path) -> bool {
+        match (
+            std::fs::canonicalize(path),
+            std::fs::canonicalize(self.root()),
+        ) {
+            (Ok(path), Ok(root)) => path.starts_with(root),
+            _ => true,
+        }
+    }
+
     /// Refuses a file of another set than the directory's (or, without a marker, than the
     /// first file's).
     fn check_set_id(&self, file: &CheckpointFile) -> Result<()> {
