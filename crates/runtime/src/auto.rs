@@ -165,6 +165,26 @@ pub(crate) fn packed_alternative(
 /// (Context parallel's attention core enters as its split tuples.)
 fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
     let mut hints = Hints::new();
+    for plan in gpt_plans(gpt, model, devices) {
+        for (name, s) in plan {
+            let list = hints.entry(name).or_default();
+            if !list.contains(&s) {
+                list.push(s);
+            }
+        }
+    }
+    hints
+}
+
+/// The GPT's Megatron plans on `devices` devices, one per split [`gpt_hints`] takes its
+/// candidates from (the strategies a `semi_auto` run of that split gives the ops, by op name):
+/// the whole plans a search returns none slower than ([`PlanModel::reference_plans`]).
+fn gpt_plans(
+    gpt: &GptConfig,
+    model: &Model,
+    devices: usize,
+) -> Vec<BTreeMap<String, Vec<Vec<usize>>>> {
+    let mut plans = Vec::new();
     for mp in batch_splits(devices) {
         for cp in batch_splits(devices / mp) {
             for vocab_emb_dp in [true, false] {
@@ -176,7 +196,7 @@ fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
                         use_seq_parallel: seq,
                         ..GptParallelKeys::default()
                     };
-                    add_gpt_hints(&mut hints, gpt, model, devices, &keys);
+                    plans.extend(gpt_plan(gpt, model, devices, &keys));
                 }
             }
         }
@@ -191,35 +211,28 @@ fn gpt_hints(gpt: &GptConfig, model: &Model, devices: usize) -> Hints {
                 expert_parallel: ep,
                 ..GptParallelKeys::default()
             };
-            add_gpt_hints(&mut hints, gpt, model, devices, &keys);
+            plans.extend(gpt_plan(gpt, model, devices, &keys));
         }
     }
-    hints
+    plans
 }
 
-/// Adds the strategies of one resolved GPT split to `hints`, if the split fits the model.
-fn add_gpt_hints(
-    hints: &mut Hints,
+/// The strategies of one resolved GPT split by op name, if the split fits the model.
+fn gpt_plan(
     gpt: &GptConfig,
     model: &Model,
     devices: usize,
     keys: &GptParallelKeys,
-) {
-    let Ok(split) = GptParallel::resolve(devices, keys) else {
-        return;
-    };
-    if split.check(gpt).is_err() {
-        return;
-    }
-    let Ok(strategies) = split.strategies(&model.graph) else {
-        return;
-    };
-    for (name, s) in strategies {
-        let list = hints.entry(name).or_default();
-        if !list.contains(&s.inputs) {
-            list.push(s.inputs);
-        }
-    }
+) -> Option<BTreeMap<String, Vec<Vec<usize>>>> {
+    let split = GptParallel::resolve(devices, keys).ok()?;
+    split.check(gpt).ok()?;
+    let strategies = split.strategies(&model.graph).ok()?;
+    Some(
+        strategies
+            .into_iter()
+            .map(|(name, s)| (name, s.inputs))
+            .collect(),
+    )
 }
 
 /// A run's model as the search sees it: the graph, the GPT's Megatron hints, and the config
@@ -257,6 +270,11 @@ impl PlanModel for RunModel<'_> {
             .map_or_else(BTreeMap::new, |g| gpt_hints(g, self.model, devices))
     }
 
+    fn reference_plans(&self, devices: usize) -> Vec<BTreeMap<String, Vec<Vec<usize>>>> {
+        self.gpt
+            .map_or_else(Vec::new, |g| gpt_plans(g, self.model, devices))
+    }
+
     fn batch_size(&self) -> usize {
         self.config.data().batch_size
     }
@@ -281,6 +299,10 @@ impl PlanModel for RebuiltModel {
 
     fn hints(&self, devices: usize) -> Hints {
         self.run().hints(devices)
+    }
+
+    fn reference_plans(&self, devices: usize) -> Vec<BTreeMap<String, Vec<Vec<usize>>>> {
+        self.run().reference_plans(devices)
     }
 
     fn batch_size(&self) -> usize {
@@ -327,25 +349,36 @@ pub fn plan(config: &TrainConfig) -> Result<PlanReport, RuntimeError> {
     // The graph a training session would choose: see `search_gpt` in `session::build`.
     let built = plan_model(config, &model, gpt.as_ref());
     let packed = packed.map(|(gpt, model)| plan_model(config, &model, Some(&gpt)));
-    faster_plan(built, packed, PlanReport::step_ms)
+    faster_plan(built, packed, |r: &mut PlanReport| Some(r))
         .map_err(|e| config.data().explain_batch_error(e))
 }
 
 /// Of two plans of one configuration on different graphs ([`packed_alternative`]), the one
-/// predicting the shorter step (`step_ms`): `built` on a tie, or when `packed` is absent or
-/// failed; `packed` when `built` failed.
+/// whose report (`report`; `None`: not searched, an infinitely long step) predicts the shorter
+/// step: `built` on a tie, or when `packed` is absent or failed; `packed` when `built` failed.
+/// The kept report's `search_ms` is both searches' time, the whole search the caller waited
+/// for (a failed search's own time is not known).
 pub(crate) fn faster_plan<T>(
     built: Result<T, RuntimeError>,
     packed: Option<Result<T, RuntimeError>>,
-    step_ms: impl Fn(&T) -> f64,
+    report: impl Fn(&mut T) -> Option<&mut PlanReport>,
 ) -> Result<T, RuntimeError> {
-    let Some(Ok(packed)) = packed else {
+    let Some(Ok(mut packed)) = packed else {
         return built;
     };
-    match built {
-        Ok(built) if step_ms(&built) <= step_ms(&packed) => Ok(built),
-        _ => Ok(packed),
+    let step_ms = |plan: &mut T| report(plan).map_or(f64::INFINITY, |r| r.step_ms());
+    let Ok(mut built) = built else {
+        return Ok(packed);
+    };
+    let (mut kept, mut other) = match step_ms(&mut built) <= step_ms(&mut packed) {
+        true => (built, packed),
+        false => (packed, built),
+    };
+    let other_ms = report(&mut other).map_or(0.0, |r| r.search_ms);
+    if let Some(r) = report(&mut kept) {
+        r.search_ms += other_ms;
     }
+    Ok(kept)
 }
 
 /// [`plan`] for a model already built.
@@ -513,4 +546,50 @@ pub(crate) fn apply_search(
     };
     report.apply_to(parallel)?;
     Ok(Some(plan))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report predicting `step_ms` found by a search of `search_ms`.
+    fn report(step_ms: f64, search_ms: f64) -> PlanReport {
+        PlanReport {
+            mode: "dynamic_programming".to_string(),
+            devices: 2,
+            profile: profiles::built_in("h100-nvlink-ib").unwrap(),
+            memory_budget: 1,
+            strategies: Vec::new(),
+            cost: search::PlanCost {
+                compute: step_ms / 1e3,
+                comm: 0.0,
+                comm_bytes: 0.0,
+                memory: search::MemoryEstimate::default(),
+            },
+            bubble_fraction: 0.0,
+            search_ms,
+            gap: None,
+            n_ops: 0,
+            n_classes: 0,
+            loaded_from: None,
+            layouts: BTreeMap::new(),
+            pipeline: None,
+        }
+    }
+
+    /// The plan kept is the faster graph's, and its `search_ms` the time of both searches (the
+    /// whole search the user waited for), whichever graph wins.
+    #[test]
+    fn the_faster_plan_reports_both_searches_time() {
+        fn keep(r: &mut PlanReport) -> Option<&mut PlanReport> {
+            Some(r)
+        }
+        let kept = faster_plan(Ok(report(2.0, 3.0)), Some(Ok(report(1.0, 5.0))), keep).unwrap();
+        assert_eq!((kept.step_ms(), kept.search_ms), (1.0, 8.0));
+        let kept = faster_plan(Ok(report(1.0, 3.0)), Some(Ok(report(2.0, 5.0))), keep).unwrap();
+        assert_eq!((kept.step_ms(), kept.search_ms), (1.0, 8.0));
+        // Without a second graph, the one search's time.
+        let kept = faster_plan(Ok(report(1.0, 3.0)), None, keep).unwrap();
+        assert_eq!(kept.search_ms, 3.0);
+    }
 }

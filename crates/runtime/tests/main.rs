@@ -34,6 +34,7 @@ mod precision;
 mod reproducibility;
 mod resume_sweep;
 mod run_util;
+mod search_bound;
 mod searched_determinism;
 mod stage_warnings;
 mod sweep_util;

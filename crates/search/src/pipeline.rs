@@ -259,7 +259,11 @@ impl Planner<'_> {
         // strategies are the run's own: its refusal names them).
         let deterministic = (self.parallel.deterministic && !self.costs_only)
             .then_some(self.parallel.deterministic_blocks);
-        search_with(graph, &request, deterministic, scope.stage)
+        let references = match self.costs_only {
+            true => Vec::new(),
+            false => self.model.reference_plans(scope.devices),
+        };
+        search_with(graph, &request, deterministic, scope.stage, &references)
     }
 }
 

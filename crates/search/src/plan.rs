@@ -39,6 +39,15 @@ pub trait PlanModel {
     /// Extra candidate strategies on `devices` devices, added to those of the op rules.
     fn hints(&self, devices: usize) -> Hints;
 
+    /// Whole plans on `devices` devices a user could write without searching (a GPT's Megatron
+    /// splits, as a mode that does not search places them): op name → strategy, the ops a
+    /// plan leaves out data parallel. A heuristic search returns none slower than the fastest
+    /// of these (nor than data parallel) that fits the memory budget. None by default.
+    fn reference_plans(&self, devices: usize) -> Vec<BTreeMap<String, Vec<Vec<usize>>>> {
+        let _ = devices;
+        Vec::new()
+    }
+
     /// The global batch the graph is built for.
     fn batch_size(&self) -> usize;
 
@@ -132,7 +141,9 @@ pub struct PlanReport {
     pub cost: PlanCost,
     /// The pipeline's idle fraction (0 without stages).
     pub bubble_fraction: f64,
-    /// The search's wall time, ms (0 when the strategies were loaded or configured).
+    /// The search's wall time, ms (0 when the strategies were loaded or configured). The
+    /// runtime, which searches a GPT on two graphs (`auto::faster_plan`), reports both
+    /// searches' time in the plan it keeps.
     pub search_ms: f64,
     /// The search's optimality gap bound, when not proven optimal. `None` also for a pipeline
     /// of several stages (`pipeline`), whose layer cut is a heuristic without a bound.

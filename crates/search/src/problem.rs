@@ -181,12 +181,16 @@ impl Deterministic {
 }
 
 /// Key of a class: the op, its operands' shapes and kinds, and what its activations count:
-/// which outputs are held for the backward, which inputs' gradients are written at the peak.
+/// which outputs are held for the backward, which inputs' gradients are written at the peak,
+/// and which parameters and fed inputs it is not the first reader of (a tied embedding table's
+/// later reader: [`crate::evaluate`] counts such an operand's memory and gradient sum at its
+/// first use only, so two ops differing there cost differently).
 fn class_key(graph: &Graph, node: &graph::Node, held: Option<&HeldValues>) -> String {
     let kinds: Vec<String> = node
         .inputs
         .iter()
-        .map(|&v| {
+        .enumerate()
+        .map(|(k, &v)| {
             let value = &graph.values()[v.0];
             let kind = match value.kind {
                 ValueKind::Parameter { trainable, .. } => {
@@ -202,7 +206,13 @@ fn class_key(graph: &Graph, node: &graph::Node, held: Option<&HeldValues>) -> St
             };
             let first = held.is_some_and(|h| h.gradient_written_at_peak(v));
             let mark = if first { "!" } else { "" };
-            format!("{mark}{kind}{:?}{:?}", value.shape, value.dtype)
+            let later_reader = matches!(value.kind, ValueKind::Parameter { .. } | ValueKind::Input)
+                && graph
+                    .consumers(v)
+                    .first()
+                    .is_some_and(|u| u.input != k || graph.nodes()[u.node.0].name != node.name);
+            let reader = if later_reader { "^" } else { "" };
+            format!("{mark}{reader}{kind}{:?}{:?}", value.shape, value.dtype)
         })
         .collect();
     let outs: Vec<String> = node

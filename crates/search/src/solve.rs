@@ -79,8 +79,13 @@ fn settings<'a>(request: &SearchRequest<'a>, held: &'a HeldValues) -> EvalSettin
 }
 
 /// Searches strategies for the forward ops of `graph`.
+///
+/// Sharding propagation and recursive programming are heuristics, and dynamic programming is
+/// one once it fixes ops greedily (`approximate`): their plan is kept only when it predicts no
+/// longer a step than every op's data-parallel strategy (within the memory budget); otherwise
+/// that plan is returned.
 pub fn search(graph: &Graph, request: &SearchRequest<'_>) -> Result<SearchResult, SearchError> {
-    search_with(graph, request, None, None)
+    search_with(graph, request, None, None, &[])
 }
 
 /// [`search`] for a run in deterministic mode (`train.deterministic`, `docs/DETERMINISM.md`):
@@ -95,18 +100,27 @@ pub fn search_deterministic(
     request: &SearchRequest<'_>,
     max_blocks: usize,
 ) -> Result<SearchResult, SearchError> {
-    search_with(graph, request, Some(max_blocks), None)
+    search_with(graph, request, Some(max_blocks), None, &[])
 }
 
 /// [`search`] (in deterministic mode with at most `deterministic` canonical blocks per summed
 /// dim when given, as [`search_deterministic`]) of the ops of pipeline `stage` when given:
 /// `request.devices` are that stage's, and a fixed strategy that does not fit them is refused
 /// naming the stage and where its device count comes from.
+///
+/// The guard against a heuristic's miss: unless dynamic programming proved its plan optimal,
+/// the plan found is compared with the plans a user could write without searching — every op
+/// data parallel, and each of `references` (whole plans by op name, e.g. the GPT's Megatron
+/// splits, the data-parallel default for the ops one leaves out) — and the one predicting the
+/// shortest step within the memory budget is kept (the plan found on a tie). A fixed op keeps
+/// its strategy in every reference; a reference giving an op a strategy that is not among its
+/// candidates (deterministic mode removed it, it does not fit the devices) is skipped.
 pub(crate) fn search_with(
     graph: &Graph,
     request: &SearchRequest<'_>,
     deterministic: Option<usize>,
     stage: Option<PipelineStage>,
+    references: &[BTreeMap<String, Vec<Vec<usize>>>],
 ) -> Result<SearchResult, SearchError> {
     let start = Instant::now();
     if let Some(max_blocks) = deterministic.filter(|b| *b == 0 || !b.is_power_of_two()) {
@@ -148,6 +162,9 @@ pub(crate) fn search_with(
         SearchMode::DynamicProgramming => lagrangian(&problem, budget, deadline),
     };
     budget::repair(&problem, &mut choice, budget);
+    if request.mode != SearchMode::DynamicProgramming || approximate {
+        keep_the_fastest(graph, &problem, &mut choice, budget, references);
+    }
     let cost = finite_cost(problem.cost(&choice), request.profile)?;
     let lower_bound = problem.lower_bound();
     let proven = request.mode == SearchMode::DynamicProgramming && !approximate;
@@ -185,6 +202,56 @@ pub(crate) fn search_with(
         op_shares: problem.node_shares(&choice),
         op_least_memory: problem.least_memory(),
     })
+}
+
+/// Replaces `choice` by the fastest of the plans a user could write without searching when one
+/// predicts a shorter step within `budget` bytes (by [`SearchProblem::time`] and
+/// [`SearchProblem::memory`], what the searches rank by): every op data parallel, then each of
+/// `references` (the ops it leaves out data parallel).
+fn keep_the_fastest(
+    graph: &Graph,
+    problem: &SearchProblem,
+    choice: &mut Vec<usize>,
+    budget: f64,
+    references: &[BTreeMap<String, Vec<Vec<usize>>>],
+) {
+    let data_parallel = BTreeMap::new();
+    let mut best = problem.time(choice);
+    for reference in std::iter::once(&data_parallel).chain(references) {
+        let Some(plan) = choice_of(graph, problem, reference) else {
+            continue;
+        };
+        let time = problem.time(&plan);
+        if time < best && problem.memory(&plan) <= budget {
+            best = time;
+            *choice = plan;
+        }
+    }
+}
+
+/// The candidate of every node of `problem` that `plan` gives its op (the data-parallel default
+/// on the problem's devices for an op `plan` leaves out; a fixed op its fixed strategy), or
+/// `None` when one is not among the node's candidates.
+fn choice_of(
+    graph: &Graph,
+    problem: &SearchProblem,
+    plan: &BTreeMap<String, Vec<Vec<usize>>>,
+) -> Option<Vec<usize>> {
+    problem
+        .nodes
+        .iter()
+        .map(|node| {
+            if node.fixed {
+                return Some(0);
+            }
+            let op = &graph.nodes()[node.node.0];
+            let wanted = match plan.get(&op.name) {
+                Some(s) => s.clone(),
+                None => strategy::default_strategy(&OpContext::of(graph, op), problem.devices),
+            };
+            node.candidates.iter().position(|c| c.strategy == wanted)
+        })
+        .collect()
 }
 
 /// The predicted cost of given strategies for every forward op of `graph` (ops without one
