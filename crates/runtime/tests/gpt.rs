@@ -617,6 +617,40 @@ fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
 }
 
 #[test]
+fn data_parallel_mode_moves_no_activation() {
+    // `mode = "data_parallel"`: every op takes the batch rows, so the only communication is
+    // the gradients' all-reduce and the loss's report. The reshapes before the loss (`[B, S, V]`
+    // → `[B·S, V]`) used to be left whole, all-gathering the logits forward and their gradient
+    // backward in every step.
+    let tmp = tempfile::tempdir().unwrap();
+    let parallel = "devices = 4\nmode = \"data_parallel\"";
+    let out = tmp.path().join("dp");
+    let session = Session::new(&config(&out, "momentum", "", parallel)).unwrap();
+    let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
+        .op_strategies()
+        .into_iter()
+        .map(|r| (r.name, r.inputs))
+        .collect();
+    assert_eq!(strategies["logits"], vec![vec![4, 1, 1]]);
+    assert_eq!(strategies["labels_flat"], vec![vec![4, 1]]);
+    let plan = session.train.explain();
+    for moved in ["all-gather", "all-to-all", "reduce-scatter"] {
+        assert!(!plan.contains(moved), "{moved} in\n{plan}");
+    }
+    let reference = train(&config(
+        &tmp.path().join("sa"),
+        "momentum",
+        "",
+        "mode = \"stand_alone\"",
+    ));
+    assert_same_run(
+        "data_parallel mode",
+        &train(&config(&out, "momentum", "", parallel)),
+        &reference,
+    );
+}
+
+#[test]
 fn glob_and_cell_keys_override_the_cells_strategies() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]\n\"blocks.1.attn.qkv.bias_add\" = [[4, 1, 1], [1]]";

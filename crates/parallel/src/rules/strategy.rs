@@ -678,6 +678,22 @@ pub fn default_strategy(ctx: &OpContext<'_>, devices: usize) -> Vec<Vec<usize>> 
             ctx.input_shapes[0],
             ctx.input_shapes[0].len() > 3,
         )],
+        // A reshape keeps its input's leading split wherever row-major order allows it: with
+        // the batch merged into the next dims (the GPT's logits `[B, S, V]` → `[B·S, V]`) or
+        // cut apart, `s` contiguous blocks of the input are `s` blocks of the output when `s`
+        // divides both leading dims. (Splitting by the output's leading dim alone left such a
+        // reshape whole: an all-gather of the logits in every data-parallel step.)
+        Op::Flatten { .. } | Op::Reshape { .. } => {
+            let (input, output) = (ctx.input_shapes[0], ctx.output_shapes[0]);
+            let mut kept = vec![1; input.len()];
+            if let (Some(&i0), Some(&o0)) = (input.first(), output.first()) {
+                kept[0] = gcd(gcd(i0, o0), devices);
+                if reshape::kept_splits(input, output, &kept).is_err() {
+                    kept[0] = 1;
+                }
+            }
+            vec![kept]
+        }
         _ => {
             let single_input = ctx.input_shapes.len() == 1;
             let r = ctx.output_shapes.first().map_or(0, |s| s.len());
