@@ -292,10 +292,11 @@ pub fn place(graph: &Graph, config: &ParallelConfig) -> Result<PlacedGraph, Para
             NodeRole::Backward(grad_of) => {
                 let forward = &graph.nodes()[grad_of.forward.0];
                 let fwd_place = &placed.nodes[grad_of.forward.0];
+                let wrt = grad_of.wrt.first().copied().flatten();
                 let mut inputs: Vec<TensorLayout> = node
                     .inputs
                     .iter()
-                    .map(|&v| backward_need(&placed, forward, fwd_place, v))
+                    .map(|&v| backward_need(&placed, (forward, fwd_place), wrt, v))
                     .collect();
                 if config.deterministic {
                     inputs =
@@ -528,13 +529,13 @@ fn value_layout(placed: &PlacedGraph, v: ValueId) -> TensorLayout {
 /// itself already live on the forward node's device matrix.
 fn backward_need(
     placed: &PlacedGraph,
-    forward: &Node,
-    fwd_place: &NodePlacement,
+    (forward, fwd_place): (&Node, &NodePlacement),
+    wrt: Option<usize>,
     v: ValueId,
 ) -> TensorLayout {
     let graph = &placed.graph;
     let as_forward = |u: ValueId| -> Option<TensorLayout> {
-        if let Some(i) = forward.inputs.iter().position(|&x| x == u) {
+        if let Some(i) = forward_input_place(&forward.inputs, wrt, u) {
             return Some(fwd_place.inputs[i].clone());
         }
         forward
@@ -564,6 +565,21 @@ fn backward_need(
                 .map(|j| fwd_place.outputs[j].layout().clone())
         })
         .unwrap_or_else(|| value_layout(placed, v))
+}
+
+/// Which of a forward op's `inputs` a backward rule's input `u` is, for the rule giving the
+/// gradient of input `wrt`: its place among them, and for a value the op reads twice (`h·hᵀ`,
+/// whose places have a layout each) the place that is not `wrt` — the rule for one operand's
+/// gradient reads the other operand. `None` when `u` is not an input.
+pub(crate) fn forward_input_place(
+    inputs: &[ValueId],
+    wrt: Option<usize>,
+    u: ValueId,
+) -> Option<usize> {
+    let mut places = inputs.iter().enumerate().filter(|(_, &x)| x == u);
+    let first = places.next().map(|(i, _)| i);
+    let other = places.map(|(i, _)| i).find(|_| first == wrt);
+    other.or(first)
 }
 
 /// The id of `node` in `graph` (nodes are stored by id).

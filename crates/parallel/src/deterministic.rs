@@ -83,8 +83,8 @@ pub fn check_deterministic_strategy(
     // The backward nodes of the rule, in graph order, each input laid out as `assign`'s
     // `backward_need` lays it out: a forward value (or the gradient of one) as the forward op
     // has it, a value of the rule as the rule's node produced it.
-    let as_forward = |u: ValueId| -> Option<TensorLayout> {
-        if let Some(i) = node.inputs.iter().position(|&x| x == u) {
+    let as_forward = |u: ValueId, wrt: Option<usize>| -> Option<TensorLayout> {
+        if let Some(i) = crate::assign::forward_input_place(&node.inputs, wrt, u) {
             return Some(inputs[i].clone());
         }
         node.outputs
@@ -94,9 +94,10 @@ pub fn check_deterministic_strategy(
     };
     let mut produced: HashMap<ValueId, TensorLayout> = HashMap::new();
     for b in training.nodes() {
-        if !matches!(&b.role, NodeRole::Backward(g) if g.forward == forward) {
-            continue;
-        }
+        let wrt = match &b.role {
+            NodeRole::Backward(g) if g.forward == forward => g.wrt.first().copied().flatten(),
+            _ => continue,
+        };
         let bctx = OpContext::of(training, b);
         let mut b_inputs = Vec::with_capacity(b.inputs.len());
         for &v in &b.inputs {
@@ -106,8 +107,8 @@ pub fn check_deterministic_strategy(
                 !p.inputs.is_empty()
                     && matches!(&p.role, NodeRole::Backward(g) if g.forward == forward)
             });
-            let layout = as_forward(v)
-                .or_else(|| gradient_target(training, v).and_then(as_forward))
+            let layout = as_forward(v, wrt)
+                .or_else(|| gradient_target(training, v).and_then(|t| as_forward(t, wrt)))
                 .or_else(|| {
                     if by_rule {
                         return None;

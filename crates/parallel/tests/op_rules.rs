@@ -316,3 +316,38 @@ fn packed_attention_splits_batch_and_heads_and_refuses_the_sequence_and_the_widt
     let packed = &p.nodes[g.node_by_name("packed").unwrap().0];
     assert_eq!(map(&packed.inputs[0]), vec![0, -1, -1, -1]);
 }
+
+/// `y = h·hᵀ` with `h = x·W` trainable, then a loss: one value is both operands of a product
+/// whose gradient flows into it.
+fn self_product(transpose_b: bool) -> (Graph, ValueId) {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[8, 6], tensor::DType::F32).unwrap();
+    let labels = b.input("labels", &[8], tensor::DType::I32).unwrap();
+    let w = b.parameter("w", &[6, 8], Initializer::normal(1.0)).unwrap();
+    let h = b.matmul("h", x, w).unwrap();
+    let y = b.matmul_with("hh", h, h, false, transpose_b).unwrap();
+    let loss = b.sparse_softmax_cross_entropy("loss", y, labels).unwrap();
+    (b.finish(), loss)
+}
+
+#[test]
+fn a_value_read_as_both_operands_gets_each_operand_s_layout_in_the_gradient() {
+    // The gradient of one operand reads the other: with both the same value, each backward
+    // node must take the layout of the place it reads it at (the first place was taken for
+    // both, and the product's gradient refused its own inputs' reduction splits, even on one
+    // device with no strategy).
+    for transpose_b in [true, false] {
+        let (g, loss) = self_product(transpose_b);
+        let one = ParallelConfig::new(ParallelMode::SemiAuto, 1);
+        parallel::compile_training(&g, loss, &one).unwrap();
+        let rows_split = ParallelConfig::new(ParallelMode::SemiAuto, 4).shard(
+            "hh",
+            if transpose_b {
+                &[&[1, 1], &[4, 1]]
+            } else {
+                &[&[4, 1], &[1, 1]]
+            },
+        );
+        parallel::compile_training(&g, loss, &rows_split).unwrap();
+    }
+}
