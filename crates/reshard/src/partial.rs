@@ -35,23 +35,51 @@ impl PendingOp {
 /// A run-time tensor layout: a [`TensorLayout`] plus the mesh axes over which its values are
 /// pending a reduction (a sum unless [`DistLayout::with_op`] says otherwise). With no partial
 /// axes it is just the layout.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// Two layouts are equal when they place the same boxes and await the same reduction over the
+/// same axes; the order the axes were given in ([`DistLayout::sum_order`]) is not part of that.
+#[derive(Debug, Clone)]
 pub struct DistLayout {
     layout: TensorLayout,
+    /// Ascending.
     partial_axes: Vec<usize>,
+    /// The partial axes as given, the summed dim's axes major first.
+    sum_order: Vec<usize>,
     op: PendingOp,
+}
+
+impl PartialEq for DistLayout {
+    fn eq(&self, other: &DistLayout) -> bool {
+        (&self.layout, &self.partial_axes, self.op)
+            == (&other.layout, &other.partial_axes, other.op)
+    }
+}
+
+impl Eq for DistLayout {}
+
+impl std::hash::Hash for DistLayout {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (&self.layout, &self.partial_axes, self.op).hash(state);
+    }
 }
 
 impl DistLayout {
     /// `layout` with values pending a sum over `partial_axes`. Those axes must be mesh axes the
-    /// layout does not use to split any dim (a split axis cannot also be summed over).
+    /// layout does not use to split any dim (a split axis cannot also be summed over). Their
+    /// order is the order of the parts along the summed dim (the dim's axes, major first): the
+    /// order deterministic mode adds the parts in ([`DistLayout::canonical_member_order`]).
     pub fn partial(
         layout: TensorLayout,
         partial_axes: &[usize],
     ) -> Result<DistLayout, ReshardError> {
-        let mut axes = partial_axes.to_vec();
+        let mut sum_order = Vec::with_capacity(partial_axes.len());
+        for &axis in partial_axes {
+            if !sum_order.contains(&axis) {
+                sum_order.push(axis);
+            }
+        }
+        let mut axes = sum_order.clone();
         axes.sort_unstable();
-        axes.dedup();
         let unused = layout.layout().unused_axes();
         for &axis in &axes {
             if axis >= layout.mesh().n_axes() {
@@ -70,6 +98,7 @@ impl DistLayout {
         Ok(DistLayout {
             layout,
             partial_axes: axes,
+            sum_order,
             op: PendingOp::Sum,
         })
     }
@@ -96,6 +125,12 @@ impl DistLayout {
     /// The mesh axes pending a sum, ascending; empty when the values are final.
     pub fn partial_axes(&self) -> &[usize] {
         &self.partial_axes
+    }
+
+    /// The mesh axes pending a sum in the order the parts lie along the summed dim (major
+    /// first), as [`DistLayout::partial`] was given them; empty when the values are final.
+    pub fn sum_order(&self) -> &[usize] {
+        &self.sum_order
     }
 
     /// Whether some values are pending a sum.
@@ -131,12 +166,13 @@ impl DistLayout {
     }
 
     /// `group_slots` ordered by their block along the summed dim: row-major over the pending
-    /// axes in the order the layout lists them (the summed dim's axes, major first). Deterministic
-    /// mode adds a pending sum over the members in this order.
+    /// axes in the order the layout lists them (the summed dim's axes, major first:
+    /// [`DistLayout::sum_order`]). Deterministic mode adds a pending sum over the members in
+    /// this order.
     pub fn canonical_member_order(&self, group_slots: &[usize]) -> Vec<usize> {
         let mesh = self.layout.mesh();
         let key = |slot: usize| {
-            self.partial_axes
+            self.sum_order
                 .iter()
                 .fold(0, |k, &a| k * mesh.axis_size(a) + mesh.coord_along(slot, a))
         };
@@ -151,6 +187,7 @@ impl From<TensorLayout> for DistLayout {
         DistLayout {
             layout,
             partial_axes: Vec::new(),
+            sum_order: Vec::new(),
             op: PendingOp::Sum,
         }
     }

@@ -185,3 +185,45 @@ fn strategy_file_only_for_trainable_params_defaults_to_true() {
     assert_eq!(key, "parallel.strategy_file_only_for_trainable_params");
     assert!(reason.contains("expected a boolean"), "{reason}");
 }
+
+#[test]
+fn axes_listed_out_of_mesh_order_are_summed_in_the_dims_order() {
+    // A dim split over mesh axes listed out of the mesh's order (`["b", "a"]` on the mesh
+    // `a × b`) lies along the dim in that order: deterministic mode adds its parts so, bitwise
+    // one device's. (The pending sum kept its axes in the mesh's order, and added the parts of
+    // a weight gradient — or of a product over a split reduction — in another order.)
+    let tmp = tempfile::tempdir().unwrap();
+    let det = ["train.deterministic=true", "train.max_steps=6"];
+    let one = crate::run_util::seed_mlp(
+        &tmp.path().join("one"),
+        "momentum",
+        "mode = \"stand_alone\"",
+        &det,
+    );
+    let reference = crate::run_util::train_run(&one, 6).1;
+    let mesh = "[parallel.mesh]\ndevice_matrix = [2, 2]\nalias_name = [\"a\", \"b\"]";
+    for (i, (what, shard)) in [
+        (
+            "batch over (b, a)",
+            "matmul1 = [[[\"b\", \"a\"], \"None\"], [\"None\", \"None\"]]",
+        ),
+        (
+            "reduction over (b, a)",
+            "matmul2 = [[\"None\", [\"b\", \"a\"]], [[\"b\", \"a\"], \"None\"]]",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let parallel =
+            format!("devices = 4\nmode = \"semi_auto\"\n{mesh}\n[parallel.shard]\n{shard}");
+        let config = crate::run_util::seed_mlp(
+            &tmp.path().join(format!("case-{i}")),
+            "momentum",
+            &parallel,
+            &det,
+        );
+        let run = crate::run_util::train_run(&config, 6).1;
+        crate::run_util::assert_bitwise_run(what, &run, &reference);
+    }
+}

@@ -183,7 +183,7 @@ pub fn move_between_stages(
 /// [`relocate`] for a layout with pending sums.
 pub fn relocate_dist(layout: &DistLayout, offset: usize) -> Result<DistLayout, LayoutError> {
     let moved = relocate(layout.layout(), offset)?;
-    let partial = DistLayout::partial(moved, layout.partial_axes())
+    let partial = DistLayout::partial(moved, layout.sum_order())
         .expect("the same axes stay unused on the moved mesh");
     Ok(partial.with_op(layout.pending_op()))
 }

@@ -76,7 +76,7 @@ pub fn output_layouts(
                 return Ok(out);
             }
             let split = t.with_row_split(rows).map_err(|e| ctx.layout_error(e))?;
-            let partial = DistLayout::partial(split, out.partial_axes())
+            let partial = DistLayout::partial(split, out.sum_order())
                 .map_err(|e| ctx.unsupported(e.to_string()))?;
             Ok(partial.with_op(out.pending_op()))
         })
