@@ -89,6 +89,19 @@ def _dims(s):
     return len(s._tensor_map) if hasattr(s, "_tensor_map") else len(s)
 
 
+def _split_of(entry, dim):
+    """How many ways a strategy entry (split factors or a ``Layout``) splits tensor dim
+    ``dim``."""
+    if not hasattr(entry, "_tensor_map"):
+        return entry[dim]
+    mapped = entry._tensor_map[dim]
+    ways = 1
+    for alias in ([mapped] if isinstance(mapped, str) else mapped):
+        if alias != "None":
+            ways *= entry._device_shape[entry._alias_name.index(alias)]
+    return ways
+
+
 def _is_scalar(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -156,6 +169,16 @@ class Primitive:
     def _emit(self, trace, name, tensors, attrs):
         """Adds the node(s); returns the outputs."""
         return trace.add(self.kind, name, tensors, **attrs)
+
+    def _identity(self, trace, name, x):
+        """``x`` for a call that computes nothing (``Concat`` of one tensor, ``ReduceSum`` with
+        ``skip_mode`` and no axis). Unsharded it adds no node; with a strategy (recorded under
+        ``name``) it adds an identity node ``name`` (a ``Reshape`` to the same shape, as
+        ``reshard``) that carries it, so the strategy is applied and checked by the engine
+        rather than refused as naming no op of the graph."""
+        if self.in_strategy is None:
+            return [x]
+        return trace.add("reshape", name, [x], shape=list(x.shape))
 
     def __call__(self, *inputs):
         trace = _trace.require(type(self).__name__)
@@ -349,7 +372,7 @@ class ReduceSum(_Reduce):
 
     def _emit(self, trace, name, tensors, attrs):
         if self.skip_mode and not attrs["axes"]:
-            return [tensors[0]]
+            return self._identity(trace, name, tensors[0])
         return super()._emit(trace, name, tensors, attrs)
 
 
@@ -455,7 +478,10 @@ class Concat(Primitive):
         axis = _axis(self, self.axis, tensors[0].ndim)
         self._record_strategy(trace, name, tensors)
         if len(tensors) == 1:
-            return tensors[0]
+            if self.in_strategy is not None and _split_of(self.in_strategy[0], axis) > 1:
+                raise ValueError(f"{name}: strategy {self.in_strategy}: dim {axis} of input 0 is "
+                                 "the concat axis and cannot be split")
+            return self._identity(trace, name, tensors[0])[0]
         return trace.add("concat", name, tensors, axis=axis)[0]
 
 
