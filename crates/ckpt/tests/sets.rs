@@ -542,3 +542,52 @@ fn a_wrong_safetensors_crc_num_stops_a_conversion() {
         r.faults
     );
 }
+
+#[test]
+fn a_conversion_carries_the_set_s_model_description() {
+    // A set as training commits it: rank files, the strategy and `model.json` (the model's
+    // shape and tokenizer, independent of the layout). Its conversion to another layout holds
+    // the same `model.json`, listed by its marker, so a run resumed from the converted set (or
+    // `tessera generate`) still checks the model against it. A set without one gets none.
+    let dir = tmp();
+    let mesh = layout::Mesh::new(&[2], &["dp"], None).unwrap();
+    let split = Layout::from_mesh(mesh, vec![vec![0], vec![]])
+        .unwrap()
+        .bind(&[8, 2])
+        .unwrap();
+    let full = Tensor::from_vec(&[8, 2], (0..16).map(|x| x as f32).collect()).unwrap();
+    let strategy = ckpt::ResolvedStrategy::new(vec![ckpt::ResolvedParam {
+        name: "w".into(),
+        shape: vec![8, 2],
+        dtype: Some(tensor::DType::F32),
+        placements: vec![ckpt::ParamLayout::new(0, split.clone(), 1).unwrap()],
+    }])
+    .unwrap();
+    let s = dir.path().join("s.json");
+    ckpt::save_param_strategy_file(&s, &strategy, &[], ckpt::StrategyFlavour::Tessera, true)
+        .unwrap();
+    let description = b"{\"heads\": 2, \"hidden\": 8}\n";
+    for (name, with_model) in [("trained", true), ("bare", false)] {
+        let src = dir.path().join(name);
+        let set = ckpt::SetWriter::begin(&src, "train", false).unwrap();
+        for r in 0..2 {
+            let part = full.extract_box(&split.rank_box(r).unwrap()).unwrap();
+            ckpt::save_rank_checkpoint_in_set(set.staging(), set.id(), r, &[("w", &part)]).unwrap();
+        }
+        if with_model {
+            ckpt::save_side_file(&set.staged(Path::new("model.json")), description, false).unwrap();
+        }
+        set.commit().unwrap();
+        let dst = dir.path().join(format!("{name}-merged"));
+        convert(&src, &s, &dst, None, false).unwrap();
+        let marker = ckpt::check_set(&dst).unwrap().expect("a committed set");
+        let listed = marker.files.iter().any(|f| f.path == "model.json");
+        match with_model {
+            true => {
+                assert_eq!(std::fs::read(dst.join("model.json")).unwrap(), description);
+                assert!(listed, "{marker:?}");
+            }
+            false => assert!(!dst.join("model.json").exists() && !listed),
+        }
+    }
+}

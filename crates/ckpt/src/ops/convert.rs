@@ -17,7 +17,7 @@ use super::engine::plan::{plan_rank, Extras, OutItem, RankPlan};
 use crate::error::{CkptError, Result};
 use crate::format::crypto::Decryption;
 use crate::format::Format;
-use crate::io::atomic_write::Committer;
+use crate::io::atomic_write::{write_file_with, Committer};
 use crate::io::durability::Durability;
 use crate::model::{ResolvedStrategy, ShapeHint, Strategy};
 use crate::progress::{stop_point, NoProgress, Progress};
@@ -644,6 +644,16 @@ fn run(
         });
     }
     committer.finish()?;
+    // The model the set describes is the source's whatever the layout: its description comes
+    // along, so a run resumed from (or `generate` reading) the converted set checks it.
+    for (name, bytes) in sources.carried_files()? {
+        write_file_with(
+            &set.staged(Path::new(&name)),
+            &bytes,
+            false,
+            set.durability(),
+        )?;
+    }
     // The last poll: a stop asked for by now drops the staged set.
     stop_point(opts.progress)?;
     set.commit()?;

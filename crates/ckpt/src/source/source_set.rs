@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::file::CheckpointFile;
 use super::rank_dir::RankFiles;
-use crate::error::{CkptError, Result};
+use crate::error::{io_err, CkptError, Result};
 use crate::format::crypto::Decryption;
 use crate::format::unified_index::{self, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 use crate::format::Format;
@@ -48,7 +48,18 @@ pub struct SourceSet {
     /// The directory the root led to before its set was checked: every file opened later must
     /// come from it, not from a set a writer switched into its place meanwhile.
     root_identity: Option<DirIdentity>,
+    /// The committed set's top-level files that a conversion carries into its output
+    /// ([`CARRIED_SIDE_FILES`] the marker lists).
+    carried: Vec<String>,
 }
+
+/// The side files of a set that describe the model, not its layout, so that a conversion
+/// carries them into the set it writes: `model.json` (a GPT's shape and tokenizer, which
+/// `tessera generate` and a resumed run check the model against).
+pub(crate) const CARRIED_SIDE_FILES: [&str; 1] = ["model.json"];
+
+/// The largest side file carried (a `model.json` with a character alphabet is a few KiB).
+const MAX_CARRIED_BYTES: u64 = 16 << 20;
 
 impl SourceSet {
     /// Sources in `dir/rank_<N>/`. An uncommitted or mixed set is refused ([`check_set`]).
@@ -63,9 +74,47 @@ impl SourceSet {
         let identity = DirIdentity::of(dir).ok();
         let marker = check_set(dir)?;
         let mut set = SourceSet::of_rank_files(RankFiles::discover_with_suffix(dir, file_suffix)?);
+        if let Some(marker) = &marker {
+            set.carried = CARRIED_SIDE_FILES
+                .iter()
+                .filter(|name| marker.files.iter().any(|f| f.path == **name))
+                .map(|name| name.to_string())
+                .collect();
+        }
         set.set_id = marker.map(|m| m.id);
         set.root_identity = identity;
         Ok(set)
+    }
+
+    /// The side files a conversion of this set carries into its output, with their bytes:
+    /// those of [`CARRIED_SIDE_FILES`] the committed set lists. Each is read whole (at most
+    /// 16 MiB) and refused ([`CkptError::SetReplaced`]) when the set was replaced while it was
+    /// read.
+    pub fn carried_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::with_capacity(self.carried.len());
+        for name in &self.carried {
+            let path = self.root().join(name);
+            let file = std::fs::File::open(&path).map_err(io_err(&path, "open"))?;
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(file, MAX_CARRIED_BYTES + 1),
+                &mut bytes,
+            )
+            .map_err(io_err(&path, "read"))?;
+            if bytes.len() as u64 > MAX_CARRIED_BYTES {
+                let reason =
+                    format!("a side file of the set, larger than {MAX_CARRIED_BYTES} bytes");
+                return Err(io_err(&path, "read")(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    reason,
+                )));
+            }
+            if let Some(identity) = &self.root_identity {
+                identity.check()?;
+            }
+            out.push((name.clone(), bytes));
+        }
+        Ok(out)
     }
 
     /// Sources from already discovered rank files, without checking their set.
@@ -77,6 +126,7 @@ impl SourceSet {
             first_id: Mutex::default(),
             decryption: None,
             root_identity: None,
+            carried: Vec::new(),
         }
     }
 
@@ -107,6 +157,7 @@ impl SourceSet {
             first_id: Mutex::default(),
             decryption: None,
             root_identity: identity,
+            carried: Vec::new(),
         })
     }
 
@@ -123,6 +174,7 @@ impl SourceSet {
             first_id: Mutex::default(),
             decryption: None,
             root_identity: None,
+            carried: Vec::new(),
         }
     }
 
