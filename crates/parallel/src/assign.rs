@@ -641,17 +641,16 @@ fn place_forward(
         Some(rows) => with_manual_rows(ctx, inputs, rows)?,
         None => inputs,
     };
-    let outputs = infer::output_layouts(ctx, &inputs, &placed.stage)?;
+    let outputs = infer::output_layouts(ctx, &inputs, &placed.stage)
+        .map_err(|e| user_strategy_error(ctx, e, user.is_some(), &strategy_tuples))?;
     let out_layouts = match user {
         Some(OpStrategy {
             out_layouts: Some(given),
             ..
-        }) => Some(bind_op_layouts(
-            ctx,
-            given,
-            Operands::Outputs,
-            (devices, stage),
-        )?),
+        }) => Some(
+            bind_op_layouts(ctx, given, Operands::Outputs, (devices, stage))
+                .map_err(|e| out_layout_error(e, &strategy_tuples))?,
+        ),
         Some(OpStrategy {
             outputs: Some(out_strategy),
             ..
@@ -671,6 +670,52 @@ fn place_forward(
         out_layouts,
         pending_inputs: false,
     })
+}
+
+/// `error`, from inferring the outputs of an op the user gave a strategy (`user`), as the
+/// strategy breaking the op's rule: so that the error names the `[parallel.shard]` key that set
+/// it, as other strategy errors do. Other errors are returned as they are.
+fn user_strategy_error(
+    ctx: &OpContext<'_>,
+    error: ParallelError,
+    user: bool,
+    strategy: &[Vec<usize>],
+) -> ParallelError {
+    match error {
+        ParallelError::Unsupported { op, kind, reason } if user => ParallelError::InvalidStrategy {
+            op,
+            kind,
+            strategy: crate::error::format_strategy(strategy),
+            rule: reason,
+        },
+        ParallelError::Layout { op, source } if user => ParallelError::InvalidStrategy {
+            op,
+            kind: ctx.op.kind(),
+            strategy: crate::error::format_strategy(strategy),
+            rule: source.to_string(),
+        },
+        other => other,
+    }
+}
+
+/// `error`, about the out layouts (`[parallel.out_shard]`) of an op whose in-strategy is
+/// `strategy`, as an error about that strategy naming the out_strategy, as a tuple
+/// out_strategy's error does: so that it names the key that set the op's strategy.
+fn out_layout_error(error: ParallelError, strategy: &[Vec<usize>]) -> ParallelError {
+    match error {
+        ParallelError::InvalidStrategy {
+            op,
+            kind,
+            strategy: out,
+            rule,
+        } => ParallelError::InvalidStrategy {
+            op,
+            kind,
+            strategy: crate::error::format_strategy(strategy),
+            rule: format!("out_strategy {out}: {rule}"),
+        },
+        other => other,
+    }
 }
 
 /// The layout `values` are all produced in when each awaits a sum, the same sum over the same

@@ -36,9 +36,10 @@ impl PendingOp {
 /// pending a reduction (a sum unless [`DistLayout::with_op`] says otherwise). With no partial
 /// axes it is just the layout.
 ///
-/// Two layouts are equal when they place the same boxes and await the same reduction over the
-/// same axes; the order the axes were given in ([`DistLayout::sum_order`]) is not part of that.
-#[derive(Debug, Clone)]
+/// The order the axes were given in ([`DistLayout::sum_order`]) is part of the layout: it is the
+/// order deterministic mode adds the parts in, so two pending sums over the same ranks in two
+/// orders are two layouts (and two reshard plans).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DistLayout {
     layout: TensorLayout,
     /// Ascending.
@@ -46,21 +47,6 @@ pub struct DistLayout {
     /// The partial axes as given, the summed dim's axes major first.
     sum_order: Vec<usize>,
     op: PendingOp,
-}
-
-impl PartialEq for DistLayout {
-    fn eq(&self, other: &DistLayout) -> bool {
-        (&self.layout, &self.partial_axes, self.op)
-            == (&other.layout, &other.partial_axes, other.op)
-    }
-}
-
-impl Eq for DistLayout {}
-
-impl std::hash::Hash for DistLayout {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (&self.layout, &self.partial_axes, self.op).hash(state);
-    }
 }
 
 impl DistLayout {

@@ -227,3 +227,72 @@ fn axes_listed_out_of_mesh_order_are_summed_in_the_dims_order() {
         crate::run_util::assert_bitwise_run(what, &run, &reference);
     }
 }
+
+#[test]
+fn sums_over_one_group_in_two_orders_keep_their_own_order() {
+    // Two pending sums over the same ranks, one over `(b, a)` and one over `(a, b)` (the
+    // reduction dims of matmul1 and matmul2), on the same shapes: the lowering shared one
+    // reshard plan between them (its key left the order out), so one sum was added in the
+    // other's order and the weights drifted from one device's by an ulp.
+    let tmp = tempfile::tempdir().unwrap();
+    let det = ["train.deterministic=true", "train.max_steps=3"];
+    let one = crate::run_util::seed_mlp(
+        &tmp.path().join("one"),
+        "sgd",
+        "mode = \"stand_alone\"",
+        &det,
+    );
+    let reference = crate::run_util::train_run(&one, 3).1;
+    let parallel = "devices = 4\nmode = \"semi_auto\"\n[parallel.mesh]\ndevice_matrix = [2, 2]\n\
+                    alias_name = [\"a\", \"b\"]\n[parallel.shard]\n\
+                    matmul1 = [[\"None\", [\"b\", \"a\"]], [[\"b\", \"a\"], \"None\"]]\n\
+                    matmul2 = [[\"None\", [\"a\", \"b\"]], [[\"a\", \"b\"], \"None\"]]";
+    let config = crate::run_util::seed_mlp(&tmp.path().join("four"), "sgd", parallel, &det);
+    let run = crate::run_util::train_run(&config, 3).1;
+    crate::run_util::assert_bitwise_run("sums over (b, a) then (a, b)", &run, &reference);
+}
+
+#[test]
+fn layouts_breaking_a_matmuls_rule_name_the_key_and_the_dims() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = "[parallel.mesh]\ndevice_matrix = [2, 2]\nalias_name = [\"a\", \"b\"]";
+    for (shard, needles) in [
+        (
+            // x's reduction dim is not split, w's is.
+            "matmul1 = [[\"a\", \"None\"], [\"b\", \"None\"]]",
+            &[
+                "the reduction dims of its inputs are split differently: dim 1 of input 0 by \
+                 None and dim 0 of input 1 by b",
+                "the strategy comes from parallel.shard.matmul1",
+            ][..],
+        ),
+        (
+            // The output's rows and columns would both be split by `b`.
+            "matmul2 = [[\"b\", \"a\"], [\"a\", \"b\"]]",
+            &[
+                "its output's rows and columns would both be split by mesh axis b",
+                "the strategy comes from parallel.shard.matmul2",
+            ][..],
+        ),
+        (
+            // An out layout splitting the 10 classes 4 ways.
+            "matmul3 = [[\"a\", \"None\"], [\"None\", \"None\"]]\n[parallel.out_shard]\n\
+             matmul3 = [[\"None\", [\"a\", \"b\"]]]",
+            &[
+                "out_strategy ((1, 4),): the layout (None, a+b) for output 0",
+                "the strategy comes from parallel.shard.matmul3",
+            ][..],
+        ),
+    ] {
+        let parallel =
+            format!("devices = 4\nmode = \"semi_auto\"\n{mesh}\n[parallel.shard]\n{shard}");
+        let config = crate::run_util::seed_mlp(tmp.path(), "sgd", &parallel, &[]);
+        let err = match runtime::Session::new(&config) {
+            Ok(_) => panic!("{shard}: the session built"),
+            Err(e) => e.to_string(),
+        };
+        for needle in needles {
+            assert!(err.contains(needle), "{shard}: {err:?} lacks {needle:?}");
+        }
+    }
+}

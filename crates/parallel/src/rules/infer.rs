@@ -33,6 +33,17 @@ fn output(
     DistLayout::partial(layout, &partial).map_err(|e| ctx.unsupported(e.to_string()))
 }
 
+/// `axes` by their mesh names, outermost first (`a+b`), or `None` when empty.
+fn axes_name(mesh: &Mesh, axes: &[usize]) -> String {
+    if axes.is_empty() {
+        return "None".to_string();
+    }
+    axes.iter()
+        .map(|&a| mesh.axis_name(a))
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
 /// The axes of a matrix product's rows, its inputs' reduction dims and its columns, from the
 /// inputs' per-dim axes (the last two dims of each, transposes as flagged).
 fn matrix_axes(a: &[Vec<usize>], b: &[Vec<usize>], ta: bool, tb: bool) -> [Vec<usize>; 4] {
@@ -144,9 +155,37 @@ fn even_output_layouts(
             let (a, b) = (dims(0), dims(1));
             let (ra, rb) = (a.len(), b.len());
             let [rows, ka, kb, cols] = matrix_axes(&a, &b, *transpose_a, *transpose_b);
+            let name = |axes: &[usize]| axes_name(&mesh, axes);
+            // Where each of the four is among the inputs' dims.
+            let (dim_rows, dim_ka) = if *transpose_a {
+                (ra - 1, ra - 2)
+            } else {
+                (ra - 2, ra - 1)
+            };
+            let (dim_kb, dim_cols) = if *transpose_b {
+                (rb - 1, rb - 2)
+            } else {
+                (rb - 2, rb - 1)
+            };
             if ka != kb {
                 return Err(ctx.unsupported(format!(
-                    "the reduction dims of its inputs are split differently ({} and {})",
+                    "the reduction dims of its inputs are split differently: dim {dim_ka} of \
+                     input 0 by {} and dim {dim_kb} of input 1 by {} (they must be split by the \
+                     same mesh axes in the same order; inputs laid out as {} and {})",
+                    name(&ka),
+                    name(&kb),
+                    inputs[0].layout().describe_map(),
+                    inputs[1].layout().describe_map()
+                )));
+            }
+            if let Some(&axis) = rows.iter().find(|x| cols.contains(x)) {
+                return Err(ctx.unsupported(format!(
+                    "its output's rows and columns would both be split by mesh axis {}: dim \
+                     {dim_rows} of input 0 is split by {} and dim {dim_cols} of input 1 by {} \
+                     (an axis may split one dim of the output only; inputs laid out as {} and {})",
+                    mesh.axis_name(axis),
+                    name(&rows),
+                    name(&cols),
                     inputs[0].layout().describe_map(),
                     inputs[1].layout().describe_map()
                 )));
