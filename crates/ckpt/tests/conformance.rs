@@ -744,3 +744,39 @@ fn convert_unsharded_remakes_the_sources() {
         }
     });
 }
+
+/// Loading from a unified checkpoint (to files, or one rank in memory) leaves out the
+/// parameters the target strategy does not list, as MindSpore's `load_distributed_checkpoint`
+/// does (`tests/fixtures/mindspore/generated/load_unlisted_params/README.md`: B lists `net.p1`
+/// only, the unified checkpoint also holds `net.p0`).
+#[test]
+fn load_from_unified_leaves_out_unlisted_parameters() {
+    let c = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/mindspore/generated/load_unlisted_params");
+    let unified = c.join("unified");
+    let b = c.join("strategy/B.json");
+    for r in 0..6 {
+        let expected = read_all(&c.join(format!(
+            "expected/load_distributed_B/rank_{r}/net.safetensors"
+        )));
+        let got = ckpt::load_rank_from_unified(&unified, &b, r).unwrap();
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        let want: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, want, "rank {r}");
+        for ((_, t), (_, w)) in got.iter().zip(&expected) {
+            assert_eq!(t.as_bytes(), w.bytes.as_slice(), "rank {r}");
+        }
+    }
+    let out = tmp();
+    let report =
+        ckpt::load_distributed_checkpoint(&unified, &b, out.path(), &ConvertOptions::default())
+            .unwrap();
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|(n, why)| n == "net.p0" && why.contains("not in the target strategy")),
+        "{:?}",
+        report.skipped
+    );
+}

@@ -478,3 +478,78 @@ fn pipeline_merge_writes_mindspores_tensor_order() {
         "converted_0.ckpt is not byte-identical to MindSpore's (tensor order)"
     );
 }
+
+/// The tensors of a safetensors file: name → (dtype, shape, bytes).
+fn safetensors_tensors(
+    path: &Path,
+) -> std::collections::BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
+    let data = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&data[8..8 + n]).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for (name, v) in header.as_object().unwrap() {
+        if name == "__metadata__" {
+            continue;
+        }
+        let off: Vec<usize> = v["data_offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as usize)
+            .collect();
+        let shape = v["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        let bytes = data[8 + n + off[0]..8 + n + off[1]].to_vec();
+        out.insert(
+            name.clone(),
+            (v["dtype"].as_str().unwrap().to_string(), shape, bytes),
+        );
+    }
+    out
+}
+
+/// `ckpt load` slices only the parameters the target strategy lists, as MindSpore 2.10's
+/// `load_distributed_checkpoint` does: a parameter of the unified checkpoint the strategy lacks
+/// is left out (and reported as skipped). The expected files are MindSpore's own output
+/// (`tests/fixtures/mindspore/generated/load_unlisted_params/README.md`); before the fix
+/// Tessera wrote `net.p0` whole on every rank.
+#[test]
+fn load_leaves_out_parameters_the_target_strategy_lacks() {
+    let c = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/mindspore/generated/load_unlisted_params");
+    let scratch = Scratch::new("load_unlisted_params");
+    let dst = scratch.0.join("out");
+    let out = tessera(&[
+        "ckpt",
+        "load",
+        "--unified",
+        s(&c.join("unified")),
+        "--strategy",
+        s(&c.join("strategy/B.json")),
+        "--dst",
+        s(&dst),
+        "--json",
+        "--no-fsync",
+    ]);
+    assert_ok(&out);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("net.p0") && report.contains("not in the target strategy"),
+        "the left-out parameter is not reported: {report}"
+    );
+    for r in 0..6 {
+        let file = format!("rank_{r}/net.safetensors");
+        let ours = safetensors_tensors(&dst.join(&file));
+        let theirs = safetensors_tensors(&c.join("expected/load_distributed_B").join(&file));
+        assert_eq!(
+            ours.keys().collect::<Vec<_>>(),
+            theirs.keys().collect::<Vec<_>>(),
+            "rank {r}: tensor names differ from MindSpore's"
+        );
+        assert!(ours == theirs, "rank {r}: tensors differ from MindSpore's");
+    }
+}

@@ -11,13 +11,20 @@
 //! u32 LE  magic        0x7F3A5ED8 AES-GCM, 0x7F3A5ED9 AES-CBC, 0x7F3A5EDA SM4-CBC
 //! 16 B    tag          AES-GCM only: the GCM authentication tag
 //! i32 LE  block_len    bytes that follow in this block = 4 + 16 + 4 + cipher_len
-//! i32 LE  iv_len       always 16 (also for GCM, whose nonce is then 16 bytes)
-//! 16 B    iv
+//! i32 LE  iv_len       always 16
+//! 16 B    iv           AES-GCM: only its first 12 bytes are the nonce (below)
 //! i32 LE  cipher_len
 //! cipher_len B         AES-GCM: the ciphertext (no associated data);
 //!                      AES-CBC / SM4-CBC: the PKCS#7-padded ciphertext
 //! ```
 //! Keys are 16, 24 or 32 bytes for AES (AES-128/192/256) and 16 bytes for SM4.
+//!
+//! AES-GCM nonce: MindSpore's source asks OpenSSL for a 16-byte GCM IV, but the files the
+//! MindSpore 2.10 wheel writes (and the only ones it reads) use the first 12 bytes of the
+//! stored IV as the nonce (checked against the real wheel: `scripts/mindspore-diff.py`, and
+//! the unit test `files_from_mindspore_2_10`). Tessera writes that; when reading, a block
+//! whose tag fails with the 12-byte nonce is tried once more with all 16 bytes, the nonce
+//! earlier Tessera versions wrote.
 //!
 //! MindSpore writes its `crc_num` trailer (when `crc_check=True`) after the encrypted blocks,
 //! in clear, with a CRC of 0 (nothing is added to the CRC on the encrypted path); its own
@@ -35,7 +42,7 @@ use std::os::fd::FromRawFd;
 use std::path::Path;
 
 use aes::{Aes128, Aes192, Aes256};
-use aes_gcm::aead::consts::U16;
+use aes_gcm::aead::consts::{U12, U16};
 use aes_gcm::aead::generic_array::GenericArray;
 use aes_gcm::aead::{AeadInPlace, KeyInit};
 use aes_gcm::AesGcm;
@@ -183,27 +190,49 @@ pub fn encrypted_mode(head: &[u8]) -> Option<CipherMode> {
     CipherMode::from_magic(magic)
 }
 
+/// AES-GCM with a 12-byte nonce: what MindSpore 2.10 writes and reads (the IV's first 12 bytes).
+type GcmNonce12<C> = AesGcm<C, U12>;
+/// AES-GCM with the whole 16-byte IV as nonce: what Tessera wrote before (read only).
 type GcmNonce16<C> = AesGcm<C, U16>;
+/// Bytes of the GCM nonce MindSpore 2.10 uses (a prefix of the stored 16-byte IV).
+const GCM_NONCE_BYTES: usize = 12;
 
 fn gcm_seal<C>(key: &[u8], iv: &[u8], buf: &mut [u8]) -> [u8; TAG_BYTES]
 where
-    GcmNonce16<C>: KeyInit + AeadInPlace,
+    GcmNonce12<C>: KeyInit + AeadInPlace,
 {
-    let cipher = GcmNonce16::<C>::new_from_slice(key).expect("key length checked");
+    let cipher = GcmNonce12::<C>::new_from_slice(key).expect("key length checked");
     let tag = cipher
-        .encrypt_in_place_detached(GenericArray::from_slice(iv), b"", buf)
+        .encrypt_in_place_detached(GenericArray::from_slice(&iv[..GCM_NONCE_BYTES]), b"", buf)
         .expect("a block under 64 GiB");
     let mut out = [0u8; TAG_BYTES];
     out.copy_from_slice(tag.as_slice());
     out
 }
 
+/// Opens a GCM block with the 12-byte nonce MindSpore 2.10 uses, else with the whole
+/// 16-byte IV (files earlier Tessera versions wrote); the tag decides which is right.
 fn gcm_open<C>(key: &[u8], iv: &[u8], buf: &mut [u8], tag: &[u8]) -> bool
 where
+    GcmNonce12<C>: KeyInit + AeadInPlace,
     GcmNonce16<C>: KeyInit + AeadInPlace,
 {
-    let cipher = GcmNonce16::<C>::new_from_slice(key).expect("key length checked");
-    cipher
+    let ms = GcmNonce12::<C>::new_from_slice(key).expect("key length checked");
+    let mut tried = buf.to_vec();
+    if ms
+        .decrypt_in_place_detached(
+            GenericArray::from_slice(&iv[..GCM_NONCE_BYTES]),
+            b"",
+            &mut tried,
+            GenericArray::from_slice(tag),
+        )
+        .is_ok()
+    {
+        buf.copy_from_slice(&tried);
+        return true;
+    }
+    GcmNonce16::<C>::new_from_slice(key)
+        .expect("key length checked")
         .decrypt_in_place_detached(
             GenericArray::from_slice(iv),
             b"",
@@ -609,16 +638,37 @@ mod tests {
     }
 
     #[test]
+    fn files_from_mindspore_2_10() {
+        // `mindspore.save_checkpoint([{"name": "w", "data": Tensor([0., 1., 2., 3.])}], f,
+        // enc_key=bytes(range(16)), enc_mode="AES-GCM")` with the MindSpore 2.10.0 CPU wheel:
+        // the GCM nonce is the first 12 bytes of the stored IV. Tessera must read it, and write
+        // the same bytes given the same IV (what MindSpore then reads back).
+        let ms = hex("d85e3a7f07eea9298a1bfa329b7968828638cf813c000000100000004ef64745557774739bad0c1d10e36c0f2400000067a218fb21c1eff53ec822d9684f7d0506ab3bea7deaf1e4d22971c92a05d4c8b2584ab9");
+        let key: Vec<u8> = (0..16).collect();
+        let got = decrypt_all(&ms, &key, CipherMode::AesGcm).unwrap();
+        // The plain .ckpt: Checkpoint{value{tag "w", tensor{dims 4, "Float32", 0,1,2,3 f32}}}.
+        let mut want = b"\n\"\n\x01w\x12\x1d\x08\x04\x12\x07Float32\x1a\x10".to_vec();
+        for v in [0f32, 1., 2., 3.] {
+            want.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(got, want);
+        let iv: [u8; 16] = ms[28..44].try_into().unwrap();
+        let ours =
+            encrypt_with_ivs(&want, &key, CipherMode::AesGcm, MAX_BLOCK_BYTES, || Ok(iv)).unwrap();
+        assert_eq!(ours, ms);
+    }
+
+    #[test]
     fn files_from_an_independent_implementation() {
         // Built with OpenSSL (through Python's `cryptography` 48) in MindSpore's block layout:
         // key 00..0f (GCM) / 00..1f (CBC), IV 10..1f, one block.
         let plain = b"tessera mindspore checkpoint vector";
         let gcm = hex("d85e3a7f3ee8c3e55b88eeddb9de00b721d8bfc73b00000010000000101112131415161718191a1b1c1d1e1f23000000b1fb84c518c045a8bb71ade6d25f40a590dd43f70865cc88c6efe9e263351683574b19");
+        // This GCM block uses the whole 16-byte IV as nonce (what Tessera wrote before it
+        // matched MindSpore 2.10): still read.
         let key: Vec<u8> = (0..16).collect();
         assert_eq!(decrypt_all(&gcm, &key, CipherMode::AesGcm).unwrap(), plain);
         let iv = || Ok::<_, CkptError>(std::array::from_fn(|i| 16 + i as u8));
-        let ours = encrypt_with_ivs(plain, &key, CipherMode::AesGcm, MAX_BLOCK_BYTES, iv).unwrap();
-        assert_eq!(ours, gcm);
         let cbc = hex("d95e3a7f4800000010000000101112131415161718191a1b1c1d1e1f300000004da1059b00e2ba77b55b7104f80f3b65e862ce32366cea9f484c4d34271b47645b4ece62220bc7d058804d2ea44ea358");
         let key: Vec<u8> = (0..32).collect();
         assert_eq!(decrypt_all(&cbc, &key, CipherMode::AesCbc).unwrap(), plain);

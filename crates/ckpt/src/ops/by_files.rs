@@ -458,8 +458,9 @@ pub fn load_rank_from_unified_with(
     let src = sources.unified_strategy()?;
     let (dst, _) = unified_target(&sources, &src, strategy)?;
     check_rank(&dst, rank)?;
+    // Only what the strategy lists (and hyper_param.safetensors), as MindSpore loads.
     let extras = Extras {
-        src_only_params: true,
+        src_only_params: false,
         home_rank: Some(0),
     };
     let plan = plan_rank(&sources, &src, &dst, rank, extras)?;

@@ -345,7 +345,9 @@ pub fn convert_checkpoint_by_rank(
 
 /// MindSpore's `load_distributed_checkpoint` in save mode: slices the unified checkpoint in
 /// `unified_dir` (see [`crate::unified_safetensors`]) for `strategy`, writing
-/// `dst_dir/rank_<r>/net.<ext>`. Parameters of `hyper_param.safetensors` go to every rank.
+/// `dst_dir/rank_<r>/net.<ext>`. Parameters of `hyper_param.safetensors` go to every rank;
+/// parameters of the part files that `strategy` does not list are left out and reported as
+/// skipped, as MindSpore leaves them out (they are not the target network's).
 pub fn load_distributed_checkpoint(
     unified_dir: &Path,
     strategy: &Path,
@@ -356,19 +358,36 @@ pub fn load_distributed_checkpoint(
 }
 
 /// The destination of slicing a unified checkpoint: `strategy` bound to it, or, without one,
-/// every tensor whole on rank 0.
+/// every tensor whole on rank 0. The skipped list names the strategy's parameters the unified
+/// checkpoint lacks and the unified checkpoint's parameters the strategy lacks: MindSpore's
+/// `load_distributed_checkpoint` slices only the parameters the target strategy lists (and
+/// copies `hyper_param.safetensors` whole), so the latter are not written.
 pub(crate) fn unified_target(
     sources: &SourceSet,
     src: &ResolvedStrategy,
     strategy: Option<&Strategy>,
 ) -> Result<(ResolvedStrategy, Vec<(String, String)>)> {
     match strategy {
-        Some(strategy) => bind_target(
-            strategy,
-            src,
-            sources,
-            "in the strategy but not in the unified checkpoint",
-        ),
+        Some(strategy) => {
+            let (dst, mut skipped) = bind_target(
+                strategy,
+                src,
+                sources,
+                "in the strategy but not in the unified checkpoint",
+            )?;
+            skipped.extend(
+                src.params()
+                    .iter()
+                    .filter(|p| dst.param(&p.name).is_none())
+                    .map(|p| {
+                        (
+                            p.name.clone(),
+                            "in the unified checkpoint but not in the target strategy".to_string(),
+                        )
+                    }),
+            );
+            Ok((dst, skipped))
+        }
         None => Ok((src.merged()?, Vec::new())),
     }
 }
@@ -385,8 +404,9 @@ pub fn load_distributed_checkpoint_with(
     let sources = SourceSet::unified(unified_dir)?;
     let src_res = sources.unified_strategy()?;
     let (dst_res, skipped) = unified_target(&sources, &src_res, strategy)?;
+    // The unified checkpoint's parameters the target strategy lacks are left out (MindSpore).
     let extras = |_| Extras {
-        src_only_params: true,
+        src_only_params: false,
         home_rank: Some(0),
     };
     let opts = ConvertOptions {
