@@ -280,7 +280,8 @@ fn layouts_breaking_a_matmuls_rule_name_the_key_and_the_dims() {
              matmul3 = [[\"None\", [\"a\", \"b\"]]]",
             &[
                 "out_strategy ((1, 4),): the layout (None, a+b) for output 0",
-                "the strategy comes from parallel.shard.matmul3",
+                "the strategy comes from parallel.shard.matmul3, its out_strategy from \
+                 parallel.out_shard.matmul3",
             ][..],
         ),
     ] {

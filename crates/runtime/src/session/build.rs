@@ -579,12 +579,22 @@ pub(crate) fn name_shard_key(config: &TrainConfig, error: parallel::ParallelErro
         .or_else(by_cell)
         .or_else(by_pattern)
         // The strategy is the key's (not one a strategy file or a search gave the op).
-        .filter(|(_, given)| parallel::format_strategy(&given.inputs) == strategy)
-        .map(|(key, _)| key.clone());
+        .filter(|(_, given)| parallel::format_strategy(&given.inputs) == strategy);
     let rule = match key {
-        Some(key) => format!(
+        // An out_strategy's rule broken: the out strategy is `[parallel.out_shard]`'s.
+        Some((key, given))
+            if rule.starts_with("out_strategy")
+                && (given.outputs.is_some() || given.out_layouts.is_some()) =>
+        {
+            let key = toml_key(key);
+            format!(
+                "{rule}; the strategy comes from parallel.shard.{key}, its out_strategy from \
+                 parallel.out_shard.{key}"
+            )
+        }
+        Some((key, _)) => format!(
             "{rule}; the strategy comes from parallel.shard.{}",
-            toml_key(&key)
+            toml_key(key)
         ),
         None => match from_strategy_file(config, &op, &strategy) {
             Some(path) => format!(
