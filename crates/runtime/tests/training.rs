@@ -232,6 +232,25 @@ fn deterministic_mode_refuses_misaligned_splits() {
             && err.contains("raise parallel.deterministic_blocks (now 2)"),
         "{err}"
     );
+    // A split no key gave (the loss's default: its batch over 6 devices) says where it comes
+    // from; a keyed one does not claim to be the default.
+    let err = refused(
+        "devices = 6\nmode = \"semi_auto\"".to_string(),
+        &["data.batch_size=48"],
+    );
+    assert!(
+        err.contains("splits 6 ways")
+            && err.contains("the op's default, its batch split over the run's 6 devices"),
+        "{err}"
+    );
+    assert!(
+        !refused(
+            semi(4, "[parallel.shard]\nmatmul1 = [[1, 4], [4, 1]]"),
+            &["parallel.deterministic_blocks=2"],
+        )
+        .contains("the op's default"),
+        "a keyed strategy called the default"
+    );
     let bad = TrainConfig::parse(
         "[model]\nname = \"seed_mlp\"\nhidden = 8\nclasses = 10\n[data]\nformat = \"idx\"\ndir = \"x\"\nbatch_size = 8\n[parallel]\ndeterministic_blocks = 6\n[train]\nepochs = 1\n[output]\ndir = \"o\"\n",
         None,

@@ -25,7 +25,7 @@ fn searched_split_refused(
 ) -> RuntimeError {
     let mode = config.parallel_config().mode;
     if !matches!(mode, parallel::ParallelMode::Auto(_)) {
-        return error.into();
+        return name_default_strategy(config, error).into();
     }
     RuntimeError::Config {
         key: "parallel.deterministic_blocks".to_string(),
@@ -611,6 +611,44 @@ pub(crate) fn name_shard_key(config: &TrainConfig, error: parallel::ParallelErro
         rule,
     }
     .into()
+}
+
+/// `error`, when deterministic mode refuses the strategy of an op no key gave one (outside
+/// the GPT, whose cells take theirs from the MindFormers keys, and the search modes, whose
+/// refusals name their own choice), with where that strategy comes from: the data-parallel
+/// default, the batch split over the run's devices — a split the user never wrote, made by
+/// the device count alone.
+fn name_default_strategy(
+    config: &TrainConfig,
+    error: parallel::ParallelError,
+) -> parallel::ParallelError {
+    let parallel::ParallelError::Unsupported { op, kind, reason } = error else {
+        return error;
+    };
+    let parallel = config.parallel_config();
+    let keyed = parallel.strategies.iter().any(|(key, _)| {
+        key == &op
+            || op.strip_suffix(".matmul") == Some(key.as_str())
+            || (key.contains(['*', '?']) && parallel::glob_matches(key, &op))
+    });
+    let defaulted = reason.starts_with("deterministic mode:")
+        && config.model().name != ModelName::Gpt
+        && matches!(
+            parallel.mode,
+            parallel::ParallelMode::DataParallel | parallel::ParallelMode::SemiAuto
+        )
+        && !keyed
+        && config.strategy_file().is_none();
+    let reason = match defaulted {
+        true => format!(
+            "{reason}; the strategy is the op's default, its batch split over the run's {} \
+             devices (parallel.devices or --devices), not one a key gave it: give the op a \
+             strategy in [parallel.shard], or run on another device count",
+            parallel.effective_devices()
+        ),
+        false => reason,
+    };
+    parallel::ParallelError::Unsupported { op, kind, reason }
 }
 
 /// `parallel.strategy_file`, when its entry for `op` is `strategy` (as
