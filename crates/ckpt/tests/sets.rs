@@ -591,3 +591,36 @@ fn a_conversion_carries_the_set_s_model_description() {
         }
     }
 }
+
+#[test]
+fn a_side_file_edited_to_the_same_size_is_not_the_set_s() {
+    // The marker lists the set's small top-level files with their CRC-32: a `model.json`
+    // edited in place (`"heads": 2` → `"heads": 4`) or copied from another run of the same size
+    // is caught, where its size alone passed.
+    let dir = tmp();
+    let src = dir.path().join("set");
+    let set = ckpt::SetWriter::begin(&src, "train", false).unwrap();
+    let w = Tensor::from_vec(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+    ckpt::save_rank_checkpoint_in_set(set.staging(), set.id(), 0, &[("w", &w)]).unwrap();
+    ckpt::save_side_file(
+        &set.staged(Path::new("model.json")),
+        b"{\"heads\": 2}\n",
+        false,
+    )
+    .unwrap();
+    let marker = set.commit().unwrap();
+    let listed = marker
+        .files
+        .iter()
+        .find(|f| f.path == "model.json")
+        .unwrap();
+    assert!(listed.crc32.is_some(), "{listed:?}");
+    ckpt::check_set(&src).unwrap();
+    std::fs::write(src.join("model.json"), b"{\"heads\": 4}\n").unwrap();
+    let err = ckpt::check_set(&src).unwrap_err();
+    assert!(
+        matches!(&err, CkptError::MixedSet { reason, .. }
+            if reason.contains("model.json") && reason.contains("CRC-32")),
+        "{err}"
+    );
+}

@@ -40,6 +40,22 @@ pub struct SetFile {
     pub path: String,
     /// Size in bytes.
     pub bytes: u64,
+    /// CRC-32 of the contents, for the set's small top-level files other than safetensors
+    /// (the model description, the training state, a small strategy: at most
+    /// [`CHECKSUMMED_BYTES`]), whose size alone does not tell an edited or swapped copy from the
+    /// set's own. Absent for rank files and safetensors files (which carry the set id), and in
+    /// markers written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32: Option<u32>,
+}
+
+/// The largest top-level file of a set whose CRC-32 its marker records.
+pub const CHECKSUMMED_BYTES: u64 = 1 << 20;
+
+/// The CRC-32 of the file at `path`.
+pub(crate) fn file_crc32(path: &Path) -> Result<u32> {
+    let bytes = std::fs::read(path).map_err(io_err(path, "read"))?;
+    Ok(crc32fast::hash(&bytes))
 }
 
 /// A parsed `tessera_set.json`.
@@ -168,9 +184,16 @@ fn collect_files(path: &Path, rel: &str, out: &mut Vec<SetFile>) -> Result<()> {
             collect_files(&entry.path(), &format!("{rel}/{name}"), out)?;
         }
     } else {
+        // Safetensors files carry the set id, which already tells them apart.
+        let side_file = !rel.contains('/') && !rel.ends_with(".safetensors");
+        let crc32 = match side_file && meta.len() <= CHECKSUMMED_BYTES {
+            true => Some(file_crc32(path)?),
+            false => None,
+        };
         out.push(SetFile {
             path: rel.to_string(),
             bytes: meta.len(),
+            crc32,
         });
     }
     Ok(())

@@ -181,7 +181,16 @@ pub fn audit_set(dir: &Path) -> Result<SetAudit> {
     for file in &marker.files {
         let path = SetMarker::file_path(dir, file);
         match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_file() && m.len() == file.bytes => {}
+            Ok(m) if m.is_file() && m.len() == file.bytes => {
+                let Some(listed) = file.crc32 else { continue };
+                if marker::file_crc32(&path)? != listed {
+                    faults.push(mixed(format!(
+                        "{}'s contents are not the set's: its CRC-32 differs from the one the \
+                         set lists (edited or replaced by another file of the same size)",
+                        file.path
+                    )));
+                }
+            }
             Ok(m) if m.is_file() => faults.push(mixed(format!(
                 "{} has {} bytes but the set lists {} bytes (it is not the set's file)",
                 file.path,
