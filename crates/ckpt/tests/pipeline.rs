@@ -325,3 +325,46 @@ fn stages_may_not_share_a_rank() {
     std::fs::write(&path, strategy("[2, 3]")).unwrap();
     Strategy::load(&path).unwrap().check_stages().unwrap();
 }
+
+/// A merge is refused, naming the file, when a stage file breaks a layout rule or the stages
+/// do not make one strategy: it used to write a merged file that every reader (Tessera's
+/// `build_searched_strategy` included) then refused.
+#[test]
+fn a_merge_every_reader_would_refuse_is_not_written() {
+    let dir = tmp();
+    let stages = dir.path().join("stages");
+    std::fs::create_dir_all(&stages).unwrap();
+    std::fs::write(stages.join("stage0.ckpt"), stage_file(0).encode()).unwrap();
+    // Stage 1 with an optimizer shard whose rank stride (2) is not its replica group's (1).
+    let mut bad = stage_file(1);
+    bad.layout_items[1].layout.opt_weight_shard_size = 2;
+    bad.layout_items[1].layout.opt_weight_shard_step = 2;
+    std::fs::write(stages.join("stage1.ckpt"), bad.encode()).unwrap();
+    let out = dir.path().join("merged.ckpt");
+    let err = ckpt::merge_pipeline_strategies(&stages, &out, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("stage1.ckpt") && err.contains("s1.b") && err.contains("opt_weight_shard"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // Each stage file valid alone, but stage 1 over 8 devices and stage 0 over 4.
+    let mut wide = stage_file(1);
+    for item in &mut wide.layout_items {
+        item.layout.dev_matrix = vec![vec![2, 4]];
+    }
+    std::fs::write(stages.join("stage1.ckpt"), wide.encode()).unwrap();
+    let err = ckpt::merge_pipeline_strategies(&stages, &out, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("merged.ckpt") && err.contains("devices"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // The same stages, consistent, merge.
+    std::fs::write(stages.join("stage1.ckpt"), stage_file(1).encode()).unwrap();
+    ckpt::merge_pipeline_strategies(&stages, &out, false).unwrap();
+    Strategy::load(&out).unwrap();
+}

@@ -501,13 +501,26 @@ def load_segmented_checkpoints(ckpt_file_dir, net=None, strict_load=False, filte
     return tensors
 
 
+def _regular_file(path: str, what: str) -> str:
+    """``path`` when it names a regular file; otherwise a ``CheckpointError`` (a
+    ``ValueError``, MindSpore's class for "no such strategy file") naming it."""
+    if not os.path.isfile(path):
+        rule = (f"no such {what}" if not os.path.lexists(path) else
+                f"not a regular file, so not a {what}")
+        err = CheckpointError(f"{path}: {rule}")
+        err.file, err.tensor, err.rule = path, None, rule
+        raise err
+    return path
+
+
 def build_searched_strategy(strategy_filename) -> Dict[str, dict]:
     """Per parameter, its ``ParallelLayouts`` as a plain dict (``dev_matrix``,
     ``tensor_map``, ``param_split_shape``, ``indices_offset`` as lists of ``{"dim": [...]}``,
     ``field``, ``opt_weight_shard_step``, ``opt_weight_shard_size``)."""
     import json
 
-    return json.loads(_tessera.build_searched_strategy(_checks.path(strategy_filename, "strategy_filename")))
+    path = _regular_file(_checks.path(strategy_filename, "strategy_filename"), "strategy file")
+    return json.loads(_tessera.build_searched_strategy(path))
 
 
 def merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file, *, force: bool = False) -> None:
@@ -520,7 +533,9 @@ def merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file, *, force: boo
 
 def restore_group_info_list(group_info_file_name) -> List[int]:
     """The ranks whose checkpoint can restore this rank's (``ckpt_restore_rank_list``)."""
-    return _tessera.restore_group_info_list(_checks.path(group_info_file_name, "group_info_file_name"))
+    path = _regular_file(_checks.path(group_info_file_name, "group_info_file_name"),
+                         "group information file")
+    return _tessera.restore_group_info_list(path)
 
 
 # MindSpore 2.x's earlier names of the conversions, still exported by mindspore.parallel:

@@ -60,8 +60,8 @@ class Layout:
         self._tensor_map: Optional[list] = None
 
     def __call__(self, *tensor_map: DimEntry) -> "Layout":
-        """A copy of this layout with ``tensor_map``: per tensor dim an alias, ``"None"`` or a
-        tuple of aliases."""
+        """Set ``tensor_map`` (per tensor dim an alias, ``"None"`` or a tuple of aliases) on this
+        layout, as MindSpore does, and return a copy of it."""
         entries = []
         for entry in tensor_map:
             if isinstance(entry, str):
@@ -69,12 +69,19 @@ class Layout:
             elif isinstance(entry, tuple) and all(isinstance(a, str) for a in entry):
                 entries.append(list(entry))
             else:
-                raise TypeError(
-                    f"The element of tensor_map must be str or tuple of str, but got {type(entry).__name__}")
+                # MindSpore looks every entry (and tuple item) up in alias_name, so anything
+                # else is its ValueError "The axis ... is not found in ...".
+                bad = next((a for a in entry if not isinstance(a, str)), entry) \
+                    if isinstance(entry, tuple) else entry
+                raise ValueError(
+                    f"The axis {bad!r} is not found in {self._alias_name}: an element of "
+                    f"tensor_map must be an alias name, 'None' or a tuple of them, but got "
+                    f"{type(bad).__name__}")
         self._check(entries)
-        new = copy.deepcopy(self)
-        new._tensor_map = entries
-        return new
+        # MindSpore's __call__ sets the map on this layout too and returns a copy of it, so
+        # ``layout("dp", "mp")`` followed by ``layout.to_dict()`` works there (and here).
+        self._tensor_map = entries
+        return copy.deepcopy(self)
 
     def _check(self, entries: list) -> dict:
         return _tessera.layout_to_dict(list(self._device_shape), list(self._alias_name),
@@ -85,7 +92,18 @@ class Layout:
         ValueError before ``__call__``, as in MindSpore."""
         if self._tensor_map is None:
             raise ValueError("The tensor_map of layout is None")
-        return self._check(self._tensor_map)
+        result = self._check(self._tensor_map)
+        # MindSpore's tensor_map keeps the shape of the call: a tuple entry stays a tuple (one
+        # alias, none, or with 'None' items as -1), a str entry is one int.
+        names = list(self._alias_name)
+
+        def value(alias: str) -> int:
+            return -1 if alias == "None" else len(names) - 1 - names.index(alias)
+
+        result["tensor_map"] = tuple(
+            tuple(value(a) for a in entry) if isinstance(entry, list) else value(entry)
+            for entry in self._tensor_map)
+        return result
 
     def slices(self, shape) -> dict:
         """Every rank's slice of a tensor of ``shape`` under this layout (see

@@ -39,7 +39,29 @@ def _int_field(layout: Any, key: str, name: str) -> int:
     return value
 
 
-def _block_coordinates(dev_matrix: List[int], tensor_map: List[int], name: str) -> tuple:
+def _tensor_map(layout: Any, name: str) -> List[List[int]]:
+    """Per tensor dim, the device-matrix axes (counted from the right) that split it. A
+    strategy's ``tensor_map`` is one entry holding one value per dim (the plain form), or, as
+    MindSpore reads it whenever there is more than one entry, one entry per dim holding that
+    dim's axes (the extended form of multi-axis layouts; empty entries are dropped)."""
+    try:
+        entries = layout["tensor_map"]
+        count = len(entries)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{_FUNC}, the layout of parameter {name!r} in 'strategy' has no "
+                         "'tensor_map' of the form [{'dim': [...]}] (build_searched_strategy's "
+                         "form); please make sure that 'strategy' is correct.") from e
+    if count <= 1:
+        return [[m] for m in _dims(layout, "tensor_map", name)]
+    out = []
+    for index in range(count):
+        dims = _dims({"tensor_map": entries[index:]}, "tensor_map", name)
+        if dims:
+            out.append(dims)
+    return out
+
+
+def _block_coordinates(dev_matrix: List[int], tensor_map: List[List[int]], name: str) -> tuple:
     """Per rank (in rank order), the block of the tensor it holds: a coordinate per tensor dim,
     from the engine's layout algebra; and the number of blocks per dim."""
     n = len(dev_matrix)
@@ -48,24 +70,28 @@ def _block_coordinates(dev_matrix: List[int], tensor_map: List[int], name: str) 
                          f"a non-empty list of sizes >= 1, but got {dev_matrix}.")
     aliases = [f"axis{i}" for i in range(n)]
     entries, factors = [], []
-    for m in tensor_map:
-        if m == -1:
-            entries.append("None")
-            factors.append(1)
-        elif 0 <= m < n:
-            entries.append(aliases[n - 1 - m])
-            factors.append(dev_matrix[n - 1 - m])
-        else:
-            raise ValueError(f"{_FUNC}, the tensor_map of parameter {name!r} in 'strategy' holds "
-                             f"{m}, but a tensor_map value is -1 or a device-matrix axis counted "
-                             f"from the right (0 to {n - 1}).")
+    for axes in tensor_map:
+        dim_aliases, factor = [], 1
+        for m in axes:
+            if m == -1:
+                continue
+            if not 0 <= m < n:
+                raise ValueError(
+                    f"{_FUNC}, the tensor_map of parameter {name!r} in 'strategy' holds {m}, "
+                    "but a tensor_map value is -1 or a device-matrix axis counted from the "
+                    f"right (0 to {n - 1}).")
+            dim_aliases.append(aliases[n - 1 - m])
+            factor *= dev_matrix[n - 1 - m]
+        entries.append(dim_aliases if dim_aliases else "None")
+        factors.append(factor)
     try:
         # A tensor of shape `factors` has one element per block: each rank's offset is the
         # coordinate of its block.
         slices = _tessera.layout_slices(dev_matrix, aliases, None, entries, factors)["slices"]
     except ValueError as e:
+        shown = [axes[0] if len(axes) == 1 else axes for axes in tensor_map]
         raise ValueError(f"{_FUNC}, the layout of parameter {name!r} in 'strategy' (dev_matrix "
-                         f"{dev_matrix}, tensor_map {tensor_map}) breaks a layout rule: "
+                         f"{dev_matrix}, tensor_map {shown}) breaks a layout rule: "
                          f"{e}") from e
     order = sorted(slices, key=lambda s: s["rank"])
     return [tuple(s["offset"]) for s in order], factors
@@ -142,7 +168,7 @@ def _merge_with_layout(data: list, name: str, layout: Any):
                          f"dict (build_searched_strategy's form), but got "
                          f"{type(layout).__name__}; please make sure that 'strategy' is correct.")
     dev_matrix = _dims(layout, "dev_matrix", name)
-    tensor_map = _dims(layout, "tensor_map", name)
+    tensor_map = _tensor_map(layout, name)
     split_shape = _dims(layout, "param_split_shape", name) if layout.get(
         "param_split_shape") else []
     if _int_field(layout, "field", name) > 0:

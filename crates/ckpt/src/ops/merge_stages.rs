@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{io_err, CkptError, Result};
 use crate::format::ms_strategy::MsStrategyFile;
 use crate::io::atomic_write::write_file;
-use crate::model::check_unique_ops;
+use crate::model::{check_unique_ops, StrategyFlavour};
 
 /// What a stage merge did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,6 +62,11 @@ pub fn merge_pipeline_strategies(
             what: "strategy file (*.ckpt or *.json)",
         });
     }
+    let flavour = if is_json {
+        StrategyFlavour::MsJson
+    } else {
+        StrategyFlavour::MsProtobuf
+    };
     let mut parsed: Vec<(PathBuf, Vec<u8>, MsStrategyFile, u32)> = Vec::with_capacity(files.len());
     for path in files {
         let bytes = layout::limits::read_bounded(&path, layout::limits::MAX_STRATEGY_FILE_BYTES)
@@ -90,6 +95,9 @@ pub fn merge_pipeline_strategies(
             });
         };
         let stage = first.stage;
+        // A stage file whose layouts break a rule (a bad optimizer shard, a tensor map out of
+        // range, ...) would be merged into a file every reader refuses: name the input now.
+        file.clone().into_strategy(&path, flavour)?;
         parsed.push((path, bytes, file, stage));
     }
     parsed.sort_by(|a, b| (a.3, &a.0).cmp(&(b.3, &b.0)));
@@ -148,6 +156,9 @@ pub fn merge_pipeline_strategies(
             ),
         });
     }
+    // The stages together must make one strategy (every stage's layouts over the same number
+    // of devices, ...): checked as a reader checks the merged file, before anything is written.
+    out.clone().into_strategy(dst, flavour)?;
     let bytes = if dst.extension().is_some_and(|e| e == "json") {
         // A JSON strategy keys its operator strategies by name, so two stages' operators of one
         // name would be written as a duplicate key, which every JSON reader (ours included)
