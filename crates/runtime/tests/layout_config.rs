@@ -186,46 +186,46 @@ fn strategy_file_only_for_trainable_params_defaults_to_true() {
     assert!(reason.contains("expected a boolean"), "{reason}");
 }
 
+/// The seed MLP on the 4 devices of the mesh `a × b` with the `[parallel.shard]` body `shard`,
+/// `steps` steps with `optimizer` in deterministic mode: bitwise one device's run.
+fn assert_bitwise_on_mesh(what: &str, shard: &str, optimizer: &str, steps: usize) {
+    let tmp = tempfile::tempdir().unwrap();
+    let max_steps = format!("train.max_steps={steps}");
+    let det = ["train.deterministic=true", max_steps.as_str()];
+    let one = crate::run_util::seed_mlp(
+        &tmp.path().join("one"),
+        optimizer,
+        "mode = \"stand_alone\"",
+        &det,
+    );
+    let reference = crate::run_util::train_run(&one, steps).1;
+    let parallel = format!(
+        "devices = 4\nmode = \"semi_auto\"\n[parallel.mesh]\ndevice_matrix = [2, 2]\n\
+         alias_name = [\"a\", \"b\"]\n[parallel.shard]\n{shard}"
+    );
+    let config = crate::run_util::seed_mlp(&tmp.path().join("four"), optimizer, &parallel, &det);
+    let run = crate::run_util::train_run(&config, steps).1;
+    crate::run_util::assert_bitwise_run(what, &run, &reference);
+}
+
 #[test]
 fn axes_listed_out_of_mesh_order_are_summed_in_the_dims_order() {
     // A dim split over mesh axes listed out of the mesh's order (`["b", "a"]` on the mesh
     // `a × b`) lies along the dim in that order: deterministic mode adds its parts so, bitwise
     // one device's. (The pending sum kept its axes in the mesh's order, and added the parts of
     // a weight gradient — or of a product over a split reduction — in another order.)
-    let tmp = tempfile::tempdir().unwrap();
-    let det = ["train.deterministic=true", "train.max_steps=6"];
-    let one = crate::run_util::seed_mlp(
-        &tmp.path().join("one"),
+    assert_bitwise_on_mesh(
+        "batch over (b, a)",
+        "matmul1 = [[[\"b\", \"a\"], \"None\"], [\"None\", \"None\"]]",
         "momentum",
-        "mode = \"stand_alone\"",
-        &det,
+        6,
     );
-    let reference = crate::run_util::train_run(&one, 6).1;
-    let mesh = "[parallel.mesh]\ndevice_matrix = [2, 2]\nalias_name = [\"a\", \"b\"]";
-    for (i, (what, shard)) in [
-        (
-            "batch over (b, a)",
-            "matmul1 = [[[\"b\", \"a\"], \"None\"], [\"None\", \"None\"]]",
-        ),
-        (
-            "reduction over (b, a)",
-            "matmul2 = [[\"None\", [\"b\", \"a\"]], [[\"b\", \"a\"], \"None\"]]",
-        ),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let parallel =
-            format!("devices = 4\nmode = \"semi_auto\"\n{mesh}\n[parallel.shard]\n{shard}");
-        let config = crate::run_util::seed_mlp(
-            &tmp.path().join(format!("case-{i}")),
-            "momentum",
-            &parallel,
-            &det,
-        );
-        let run = crate::run_util::train_run(&config, 6).1;
-        crate::run_util::assert_bitwise_run(what, &run, &reference);
-    }
+    assert_bitwise_on_mesh(
+        "reduction over (b, a)",
+        "matmul2 = [[\"None\", [\"b\", \"a\"]], [[\"b\", \"a\"], \"None\"]]",
+        "momentum",
+        6,
+    );
 }
 
 #[test]
@@ -234,22 +234,13 @@ fn sums_over_one_group_in_two_orders_keep_their_own_order() {
     // reduction dims of matmul1 and matmul2), on the same shapes: the lowering shared one
     // reshard plan between them (its key left the order out), so one sum was added in the
     // other's order and the weights drifted from one device's by an ulp.
-    let tmp = tempfile::tempdir().unwrap();
-    let det = ["train.deterministic=true", "train.max_steps=3"];
-    let one = crate::run_util::seed_mlp(
-        &tmp.path().join("one"),
+    assert_bitwise_on_mesh(
+        "sums over (b, a) then (a, b)",
+        "matmul1 = [[\"None\", [\"b\", \"a\"]], [[\"b\", \"a\"], \"None\"]]\n\
+         matmul2 = [[\"None\", [\"a\", \"b\"]], [[\"a\", \"b\"], \"None\"]]",
         "sgd",
-        "mode = \"stand_alone\"",
-        &det,
+        3,
     );
-    let reference = crate::run_util::train_run(&one, 3).1;
-    let parallel = "devices = 4\nmode = \"semi_auto\"\n[parallel.mesh]\ndevice_matrix = [2, 2]\n\
-                    alias_name = [\"a\", \"b\"]\n[parallel.shard]\n\
-                    matmul1 = [[\"None\", [\"b\", \"a\"]], [[\"b\", \"a\"], \"None\"]]\n\
-                    matmul2 = [[\"None\", [\"a\", \"b\"]], [[\"a\", \"b\"], \"None\"]]";
-    let config = crate::run_util::seed_mlp(&tmp.path().join("four"), "sgd", parallel, &det);
-    let run = crate::run_util::train_run(&config, 3).1;
-    crate::run_util::assert_bitwise_run("sums over (b, a) then (a, b)", &run, &reference);
 }
 
 #[test]
