@@ -217,18 +217,14 @@ where
     GcmNonce12<C>: KeyInit + AeadInPlace,
     GcmNonce16<C>: KeyInit + AeadInPlace,
 {
+    // A tag that does not match leaves `buf` as it was (the tag is checked before the keystream
+    // is applied), so the second nonce is tried on the same bytes.
     let ms = GcmNonce12::<C>::new_from_slice(key).expect("key length checked");
-    let mut tried = buf.to_vec();
+    let nonce = GenericArray::from_slice(&iv[..GCM_NONCE_BYTES]);
     if ms
-        .decrypt_in_place_detached(
-            GenericArray::from_slice(&iv[..GCM_NONCE_BYTES]),
-            b"",
-            &mut tried,
-            GenericArray::from_slice(tag),
-        )
+        .decrypt_in_place_detached(nonce, b"", buf, GenericArray::from_slice(tag))
         .is_ok()
     {
-        buf.copy_from_slice(&tried);
         return true;
     }
     GcmNonce16::<C>::new_from_slice(key)
