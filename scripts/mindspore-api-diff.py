@@ -49,6 +49,7 @@ import os
 import random
 import subprocess
 import sys
+import types
 
 ALIASES = ["dp", "mp", "sp", "cp", "ep", "pp", "x", "y"]
 
@@ -423,32 +424,14 @@ def _catch(fn):
 
 
 def side_main(side, cases_file, out_file):
-    if side == "ms":
-        import mindspore as ms
-        from mindspore import parallel as par
-
-        class P:  # noqa: D401 - a namespace
-            Layout = par.Layout
-            build_searched_strategy = par.build_searched_strategy
-            restore_group_info_list = par.restore_group_info_list
-            merge_pipeline_strategys = par.merge_pipeline_strategys
-            rank_list_for_convert = par.rank_list_for_convert
-            merge_sliced_parameter = par.merge_sliced_parameter
-            Parameter = ms.Parameter
-            Tensor = ms.Tensor
-    else:
-        import tessera
-        from tessera import parallel as par
-
-        class P:  # noqa: D401 - a namespace
-            Layout = par.Layout
-            build_searched_strategy = par.build_searched_strategy
-            restore_group_info_list = par.restore_group_info_list
-            merge_pipeline_strategys = par.merge_pipeline_strategys
-            rank_list_for_convert = par.rank_list_for_convert
-            merge_sliced_parameter = par.merge_sliced_parameter
-            Parameter = tessera.Parameter
-            Tensor = tessera.Tensor
+    # The same names from either package: MindSpore's, or Tessera's that stand for them.
+    import importlib
+    top = importlib.import_module("mindspore" if side == "ms" else "tessera")
+    par = importlib.import_module(top.__name__ + ".parallel")
+    names = ["Layout", "build_searched_strategy", "restore_group_info_list",
+             "merge_pipeline_strategys", "rank_list_for_convert", "merge_sliced_parameter"]
+    P = types.SimpleNamespace(**{n: getattr(par, n) for n in names},
+                              Parameter=top.Parameter, Tensor=top.Tensor)
     cases = json.load(open(cases_file))
     done = set()
     if os.path.exists(out_file):
