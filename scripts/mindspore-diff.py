@@ -381,6 +381,22 @@ def run(cmd):
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
+
+def judge(what, verb, ms_result, tessera_result, diffs, notes):
+    """Sorts one call made on both sides (MindSpore's ``(ok, error)``, Tessera's ``(rc,
+    output)``): a Tessera refusal of what MindSpore does is a difference, a MindSpore refusal of
+    what Tessera does a note (``MS-LIMIT``; the caller judges Tessera's output against the
+    truth), both refusing a note. True when both succeeded: the outputs are then compared."""
+    (ok, err), (rc, out) = ms_result, tessera_result
+    if ok and rc != 0:
+        diffs.append(f"{what}: MindSpore {verb}, Tessera refuses: {out[-600:]}")
+    elif not ok and rc == 0:
+        notes.append(f"MS-LIMIT {what}: MindSpore refuses ({err}), Tessera {verb}")
+    elif not ok:
+        notes.append(f"{what}: both refuse: MS {err} | T {out[-300:]}")
+    return ok and rc == 0
+
+
 def ms_call(f, *a, **k):
     try:
         return True, f(*a, **k)
@@ -552,14 +568,8 @@ def one_case(i, seed, args):
         cmd.append("--allow-missing")
     rc, out = run(cmd)
     rc_conv = rc
-    if ok and rc != 0:
-        diffs.append(f"convert: MindSpore converts, Tessera refuses: {out[-600:]}")
-    elif not ok and rc == 0:
-        # judged by the numpy truth below: a MindSpore limitation when Tessera is right
-        notes.append(f"MS-LIMIT convert: MindSpore refuses ({r}), Tessera converts")
-    elif not ok:
-        notes.append(f"convert: both refuse: MS {r} | T {out[-300:]}")
-    else:
+    # A MindSpore refusal where Tessera converts is judged by the numpy truth below.
+    if judge("convert", "converts", (ok, r), (rc, out), diffs, notes):
         fa, fb = tree(ms_out), tree(t_out)
         by_stage = [f for f in fa if f.endswith(f"_part0.{fmt}")]
         if dst_only and by_stage and len(by_stage) == len(fa):
@@ -630,11 +640,7 @@ def one_case(i, seed, args):
                 elif not set(tl) <= {int(k) for k in rl}:
                     # as short, another choice among equal covers (documented)
                     notes.append(f"ranks {rb}: Tessera {tl}, MindSpore {[int(k) for k in rl]}")
-        if ok and rc != 0:
-            diffs.append(f"by_rank {rb}: MindSpore converts, Tessera refuses: {out[-600:]}")
-        elif not ok and rc == 0:
-            notes.append(f"MS-LIMIT by_rank {rb}: MindSpore refuses ({r}), Tessera converts")
-        elif ok:
+        if judge(f"by_rank {rb}", "converts", (ok, r), (rc, out), diffs, notes):
             tf = os.path.join(t_r, f"rank_{rb}", f"{prefix}{rb}.ckpt")
             if not os.path.exists(tf):
                 diffs.append(f"by_rank {rb}: Tessera wrote {tree(t_r)}")
@@ -650,11 +656,7 @@ def one_case(i, seed, args):
         ok, r = ms_call(unified_safetensors, src, a_path, ms_u)
         rc, out = run([t, "ckpt", "merge", "--src", src, "--strategy", a_path, "--dst", t_u,
                        "--quiet", "--no-fsync"])
-        if ok and rc != 0:
-            diffs.append(f"unified: MindSpore merges, Tessera refuses: {out[-600:]}")
-        elif not ok and rc == 0:
-            notes.append(f"MS-LIMIT unified: MindSpore refuses ({r}), Tessera merges")
-        elif ok:
+        if judge("unified", "merges", (ok, r), (rc, out), diffs, notes):
             u_ok = True
             fa, fb = tree(ms_u), tree(t_u)
             if fa != fb:
@@ -722,13 +724,7 @@ def one_case(i, seed, args):
                         dst_safetensors_dir=ms_ld)
         rc, out = run([t, "ckpt", "load", "--unified", t_u, "--strategy", b_path, "--dst", t_ld,
                        "--quiet", "--no-fsync"])
-        if ok and rc != 0:
-            diffs.append(f"load_distributed: MindSpore loads, Tessera refuses: {out[-600:]}")
-        elif not ok and rc == 0:
-            notes.append(f"MS-LIMIT load_distributed: MindSpore refuses ({r}), Tessera loads")
-        elif not ok:
-            notes.append(f"load_distributed: both refuse: MS {r} | T {out[-300:]}")
-        else:
+        if judge("load_distributed", "loads", (ok, r), (rc, out), diffs, notes):
             fa, fb = tree(ms_ld), tree(t_ld)
             if fa != fb:
                 diffs.append(f"load_distributed: files MS {fa} vs T {fb}")
