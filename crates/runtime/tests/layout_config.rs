@@ -79,6 +79,37 @@ fn layout_entries_parse_beside_tuple_entries() {
     );
 }
 
+/// The warnings of `text` that name `[parallel.mesh]`.
+fn mesh_warnings(text: &str) -> Vec<String> {
+    let config = parse_with(text, &[]).unwrap();
+    let warnings = config.warnings().into_iter();
+    warnings.filter(|w| w.contains("[parallel.mesh]")).collect()
+}
+
+#[test]
+fn a_mesh_only_ignored_entries_name_is_warned_about_in_that_mode() {
+    let shard =
+        format!("{MESH}\n[parallel.shard]\nmatmul1 = [[\"dp\", \"None\"], [\"None\", \"mp\"]]");
+    let dataset = format!("dataset_strategy = [[\"dp\", \"None\", \"None\"], [\"dp\"]]\n{MESH}");
+    for (mode, body, ignored) in [
+        ("stand_alone", &shard, true),
+        ("stand_alone", &dataset, true),
+        ("data_parallel", &shard, true),
+        ("data_parallel", &dataset, false),
+        ("semi_auto", &shard, false),
+        ("semi_auto", &dataset, false),
+    ] {
+        let text = format!("{MINIMAL}[parallel]\ndevices = 8\nmode = \"{mode}\"\n{body}\n");
+        let warnings = mesh_warnings(&text);
+        let want = format!("[parallel.mesh] has no effect in mode \"{mode}\"");
+        assert_eq!(
+            warnings.iter().any(|w| w.contains(&want)),
+            ignored,
+            "{mode} with\n{body}\n: {warnings:?}"
+        );
+    }
+}
+
 #[test]
 fn bad_layout_entries_name_the_key_and_the_rule() {
     let cases: &[(&str, &str, &str)] = &[

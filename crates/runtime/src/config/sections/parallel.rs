@@ -372,14 +372,24 @@ pub(super) fn read_parallel(
         ));
     }
     let is_layouts = |e: &StrategyEntry| matches!(e, StrategyEntry::Layouts(_));
-    let uses_layouts = matches!(dataset_strategy, DatasetStrategy::Layouts(_))
+    let layouts_given = matches!(dataset_strategy, DatasetStrategy::Layouts(_))
         || shard.values().chain(out_shard.values()).any(is_layouts);
-    if mesh.is_some() && !uses_layouts {
+    // The layouts this mode reads: op strategies only where it uses them, the dataset's
+    // wherever the batch is split (not on one device).
+    let layouts_used = (mode != ParallelMode::StandAlone
+        && matches!(dataset_strategy, DatasetStrategy::Layouts(_)))
+        || (mode.uses_strategies() && shard.values().chain(out_shard.values()).any(is_layouts));
+    if mesh.is_some() && !layouts_given {
         warnings.push(
             "[parallel.mesh] has no effect: no entry of parallel.shard, parallel.out_shard or \
              parallel.dataset_strategy is a layout"
                 .to_string(),
         );
+    } else if mesh.is_some() && !layouts_used {
+        warnings.push(format!(
+            "[parallel.mesh] has no effect in mode \"{mode_name}\": the entries naming its axes \
+             are not used in this mode"
+        ));
     }
     let strategies = shard
         .into_iter()
