@@ -16,6 +16,8 @@ mod mpi_elastic;
 #[cfg(feature = "mpi")]
 mod mpi_launch;
 #[cfg(feature = "mpi")]
+mod mpi_sweep;
+#[cfg(feature = "mpi")]
 mod mpi_train;
 mod plan_cli;
 mod profile_cli;

@@ -23,334 +23,22 @@
 use std::path::Path;
 
 use crate::run_util;
-use crate::sweep_util::{
-    divisors, draw_hsdp, draw_recompute, draw_schedule, names_a_key, open, run_sweep, train,
-    Config, Rng, Stop, SweepCase, Verdict,
-};
+use sweep::{draw_gpt_case, Config, GptCase, STEPS};
+
+use crate::sweep_util::{names_a_key, open, run_sweep, train, Stop, SweepCase, Verdict};
 
 /// The default seed of the sweep.
 const DEFAULT_SEED: u64 = 20_261_206;
 /// The default number of cases (about a minute in a debug test build on 2 cores).
 const DEFAULT_CASES: usize = 100;
-/// Steps each case trains.
-const STEPS: usize = 2;
-/// One case: the parallel configuration and its one-device reference.
-struct Case {
-    /// Which generator's space it came from.
-    family: &'static str,
-    parallel: Config,
-    reference: Config,
-}
 
-/// Draws case `index` of `seed`; `out` holds its output directories.
-fn draw(seed: u64, index: usize, out: &Path) -> Case {
-    let mut rng = Rng::for_case(seed, index as u64);
-    let pipelined = rng.chance(0.4);
-    let mut c = Config::default();
-
-    // The model.
-    let heads: usize = rng.pick(&[1, 2, 3, 4, 6, 8, 2, 4]);
-    let widths: Vec<usize> = (16..=64usize)
-        .step_by(4)
-        .filter(|&h| h.is_multiple_of(heads))
-        .collect();
-    let hidden = rng.pick(&widths);
-    let seq_len: usize = rng.pick(&[8, 9, 12, 15, 16, 20, 24, 32]);
-    let layers = rng.range(1, if pipelined { 8 } else { 4 });
-    c.set_str("model.name", "gpt");
-    c.set("model.layers", layers);
-    c.set("model.heads", heads);
-    c.set("model.hidden", hidden);
-    c.set("model.seq_len", seq_len);
-    c.set("model.tie_embeddings", rng.chance(0.7));
-    let dropout = rng.chance(0.25);
-    if dropout {
-        c.set("model.dropout", "0.1");
-    } else if rng.chance(0.3) {
-        c.set("model.fused_attention", false);
-    }
-    let mut ffn = 4 * hidden;
-    if rng.chance(0.3) {
-        ffn = rng.pick(&[24, 48, 64, 96]);
-        c.set("model.ffn_hidden", ffn);
-    }
-    let experts: Option<usize> = rng.chance(0.25).then(|| rng.pick(&[2, 4, 8]));
-    if let Some(experts) = experts {
-        c.set("model.moe.experts", experts);
-        c.set("model.moe.top_k", rng.pick(&[1, 2]));
-        c.set("model.moe.every", rng.pick(&[1, 1, 2]));
-        if rng.chance(0.3) {
-            c.set("model.moe.capacity_factor", rng.pick(&["1.0", "2.0"]));
-        }
-        if rng.chance(0.3) {
-            c.set("model.moe.shared_expert", true);
-        }
-    }
-
-    // The strategy: `micro` micro-batches of a pipeline, `interleave` of
-    // `micro_batch_interleave`, both run by the reference as gradient accumulation.
-    let (devices, batch, micro, interleave, family);
-    if pipelined {
-        family = "pipeline";
-        let mut stages = rng.pick(&[1, 2, 2, 3, 4, 4, 8]);
-        let mut mp = if heads.is_multiple_of(2) {
-            rng.pick(&[1, 1, 2, 2, 4])
-        } else {
-            1
-        };
-        if !heads.is_multiple_of(mp) || !ffn.is_multiple_of(mp) {
-            mp = 1;
-        }
-        let mut dp = rng.pick(&[1, 1, 2, 2, 4]);
-        while stages * mp * dp > 16 {
-            if dp > 1 {
-                dp /= 2;
-            } else if mp > 1 {
-                mp /= 2;
-            } else {
-                stages /= 2;
-            }
-        }
-        let scheduler = rng.pick(&["gpipe", "1f1b", "zero_bubble", "interleaved_1f1b"]);
-        let mut m = rng.range(1, 16);
-        if scheduler == "interleaved_1f1b" || (scheduler == "gpipe" && rng.chance(0.3)) {
-            c.set("parallel.pipeline.interleave", true);
-            c.set("parallel.pipeline.virtual_stages", rng.pick(&[2, 2, 3, 4]));
-            if scheduler == "interleaved_1f1b" {
-                m = (m / stages).max(1) * stages;
-                if m > 16 {
-                    m -= stages;
-                }
-            }
-        }
-        let per = rng.pick(&[1, 1, 2]);
-        let mut b = m * per * dp;
-        if rng.chance(0.2) {
-            b *= 2;
-        }
-        devices = stages * mp * dp;
-        c.set_str("parallel.mode", "semi_auto");
-        c.set("parallel.devices", devices);
-        c.set("parallel.data_parallel", dp);
-        c.set("parallel.model_parallel", mp);
-        c.set("parallel.pipeline.stages", stages);
-        c.set("parallel.pipeline.micro_batches", m);
-        c.set_str("parallel.pipeline.scheduler", scheduler);
-        if rng.chance(0.25) {
-            c.set("parallel.pipeline.output_broadcast", true);
-        }
-        if mp > 1 && rng.chance(0.4) {
-            c.set("parallel.vocab_emb_dp", false);
-        }
-        if mp > 1 && seq_len.is_multiple_of(mp) && rng.chance(0.4) {
-            c.set("parallel.use_seq_parallel", true);
-        }
-        if dp > 1 && rng.chance(0.3) {
-            let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
-            c.set_str("parallel.hsdp.optimizer_level", level);
-            c.set("parallel.hsdp.threshold", 0);
-        }
-        (batch, micro, interleave) = (b, m, 1);
-    } else {
-        let weights = [
-            ("semi_auto", 6),
-            ("data_parallel", 1),
-            ("sharding_propagation", 1),
-            ("dynamic_programming", 1),
-            ("recursive_programming", 1),
-        ];
-        let mut draw = rng.range(1, 10);
-        let mode = weights
-            .iter()
-            .find(|(_, w)| {
-                let here = draw <= *w;
-                draw = draw.saturating_sub(*w);
-                here
-            })
-            .unwrap()
-            .0;
-        family = mode;
-        c.set_str("parallel.mode", mode);
-        let unit;
-        if mode == "semi_auto" {
-            let mps: Vec<usize> = [1, 2, 4, 8]
-                .into_iter()
-                .filter(|&d| heads.is_multiple_of(d) && ffn.is_multiple_of(d))
-                .collect();
-            let mut mp = rng.pick(&mps);
-            let mut cp = if seq_len.is_multiple_of(2) {
-                rng.pick(&[1, 1, 2, 4])
-            } else {
-                1
-            };
-            if !seq_len.is_multiple_of(cp) {
-                cp = 1;
-            }
-            let mut algo = None;
-            if cp > 1 {
-                let mut a = Some(rng.pick(&["ulysses", "ring"]));
-                if a == Some("ulysses") && !heads.is_multiple_of(mp * cp) {
-                    a = Some("ring");
-                }
-                if a == Some("ring") && dropout {
-                    a = heads.is_multiple_of(mp * cp).then_some("ulysses");
-                }
-                if a.is_none() {
-                    cp = 1;
-                }
-                algo = a;
-            }
-            while mp * cp > 16 {
-                mp /= 2;
-            }
-            let dps: Vec<usize> = [1, 2, 4, 8]
-                .into_iter()
-                .filter(|d| d * mp * cp <= 16)
-                .collect();
-            let dp = rng.pick(&dps);
-            devices = dp * mp * cp;
-            c.set("parallel.devices", devices);
-            c.set("parallel.data_parallel", dp);
-            c.set("parallel.model_parallel", mp);
-            if let Some(algo) = algo {
-                c.set("parallel.context_parallel", cp);
-                c.set_str("parallel.context_parallel_algo", algo);
-                if algo == "ring" {
-                    c.0.remove("model.fused_attention");
-                }
-            }
-            if mp > 1 && rng.chance(0.4) && seq_len.is_multiple_of(mp * cp) {
-                c.set("parallel.use_seq_parallel", true);
-            }
-            if mp > 1 && rng.chance(0.35) {
-                c.set("parallel.vocab_emb_dp", false);
-            }
-            if let Some(experts) = experts {
-                if dp > 1 && rng.chance(0.7) {
-                    let eps: Vec<usize> = divisors(dp)
-                        .into_iter()
-                        .filter(|&d| experts.is_multiple_of(d))
-                        .collect();
-                    let ep = rng.pick(&eps);
-                    if ep > 1 {
-                        c.set("parallel.expert_parallel", ep);
-                    }
-                }
-            }
-            unit = dp * cp;
-        } else {
-            devices = if mode == "data_parallel" {
-                rng.pick(&[2, 4, 8])
-            } else {
-                rng.pick(&[2, 4, 8, 16])
-            };
-            c.set("parallel.devices", devices);
-            // The searches and `data_parallel` split the batch on every device.
-            unit = devices;
-        }
-        let inter = rng.pick(&[1, 1, 1, 2]);
-        if inter > 1 {
-            c.set("parallel.micro_batch_interleave", inter);
-        }
-        let mut b = unit * inter * rng.pick(&[1, 2, 3]);
-        while b < 2 {
-            b *= 2;
-        }
-        let accumulate = rng.pick(&[1, 1, 2, 3]);
-        if accumulate > 1 {
-            c.set("train.grad_accumulation_steps", accumulate);
-        }
-        if rng.chance(0.25) {
-            draw_recompute(&mut rng, &mut c);
-        }
-        (batch, micro, interleave) = (b, 1, inter);
-    }
-    if pipelined && rng.chance(0.25) {
-        c.set("parallel.recompute.cells", "[\"blocks.*\"]");
-    }
-
-    // Switches of every strategy.
-    if rng.chance(0.2) {
-        c.set("parallel.deterministic_blocks", rng.pick(&[4, 8, 32, 64]));
-    }
-    if !pipelined && devices > 1 && rng.chance(0.3) {
-        draw_hsdp(&mut rng, &mut c, devices);
-    }
-    if devices > 1 && rng.chance(0.25) {
-        c.set("parallel.comm_fusion.openstate", true);
-        let allreduce = if rng.chance(0.5) {
-            "{ mode = \"auto\" }"
-        } else {
-            "{ mode = \"size\", config = 1 }"
-        };
-        c.set("parallel.comm_fusion.allreduce", allreduce);
-        if rng.chance(0.6) {
-            c.set("parallel.overlap.grad_computation_allreduce_overlap", true);
-        }
-    }
-
-    // The data and the training.
-    c.set_str("data.format", "text");
-    c.set_str("data.path", &run_util::kjv().display().to_string());
-    c.set_str(
-        "data.tokenizer",
-        if rng.chance(0.3) { "char" } else { "byte" },
-    );
-    c.set("data.batch_size", batch);
-    c.set("data.steps_per_epoch", 100);
-    c.set("data.eval_batches", 1);
-    let optimizer = rng.pick(&["adam", "adamw", "momentum", "mint_adamw"]);
-    c.set("train.epochs", 1);
-    c.set("train.max_steps", STEPS);
-    c.set_str("train.optimizer", optimizer);
-    c.set("train.learning_rate", rng.pick(&["0.001", "0.003", "0.01"]));
-    c.set("train.deterministic", true);
-    c.set("train.eval", false);
-    c.set("train.seed", rng.range(0, 1000));
-    c.set("train.per_print_times", 0);
-    if optimizer == "momentum" {
-        c.set("train.momentum", "0.9");
-        if rng.chance(0.5) {
-            c.set("train.use_nesterov", true);
-        }
-    }
-    if rng.chance(0.15) {
-        c.set("train.threads_per_rank", 2);
-    }
-    draw_schedule(&mut rng, &mut c, optimizer, None);
-    // The validation loss after the last step tests its parameters too; the reference of
-    // micro-batches evaluates batches of its own (smaller) size, so only without them.
-    if micro * interleave == 1 && rng.chance(0.5) {
-        c.set("train.eval", true);
-    }
-    c.set("output.save_checkpoint", false);
-
-    // The one-device reference: the same model, data and training, with the pipeline's and
-    // the interleave's micro-batches as gradient accumulation.
-    let mut reference = c.clone();
-    reference.0.retain(|k, _| !k.starts_with("parallel."));
-    reference.set_str("parallel.mode", "stand_alone");
-    reference.set("parallel.devices", 1);
-    if let Some(blocks) = c.0.get("parallel.deterministic_blocks") {
-        reference.set("parallel.deterministic_blocks", blocks);
-    }
-    let split = micro * interleave;
-    if split > 1 {
-        let accumulate = c.usize("train.grad_accumulation_steps").unwrap_or(1);
-        reference.set("data.batch_size", batch / split);
-        reference.set("train.grad_accumulation_steps", accumulate * split);
-    }
-    c.set_str("output.dir", &out.join("parallel").display().to_string());
-    reference.set_str("output.dir", &out.join("reference").display().to_string());
-    Case {
-        family,
-        parallel: c,
-        reference,
-    }
+/// Draws case `index` of `seed` (the shared generator's GPT case); `out` holds its outputs.
+fn draw(seed: u64, index: usize, out: &Path) -> GptCase {
+    draw_gpt_case(seed, index, &run_util::kjv(), out)
 }
 
 /// Runs `case`: the parallel config (refused, or trained) and then its reference.
-impl SweepCase for Case {
+impl SweepCase for GptCase {
     fn label(&self) -> String {
         let devices = self.parallel.usize("parallel.devices").unwrap_or(1);
         format!("{} on {devices} devices", self.family)
@@ -369,7 +57,7 @@ impl SweepCase for Case {
     }
 }
 
-fn run_case(case: &Case) -> Verdict {
+fn run_case(case: &GptCase) -> Verdict {
     let session = match open(&case.parallel) {
         Ok(session) => session,
         Err(Stop::Refused(e)) | Err(Stop::Failed(e)) => {
@@ -412,7 +100,7 @@ fn random_parallel_configurations_are_bitwise_one_device_or_refused_naming_a_key
 #[test]
 fn the_sweep_reaches_every_mode_and_schedule() {
     let out = Path::new("/sweep");
-    let drawn: Vec<Case> = (0..2000).map(|i| draw(DEFAULT_SEED, i, out)).collect();
+    let drawn: Vec<GptCase> = (0..2000).map(|i| draw(DEFAULT_SEED, i, out)).collect();
     let has = |key: &str, value: &str| {
         drawn
             .iter()

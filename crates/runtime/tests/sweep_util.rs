@@ -1,14 +1,13 @@
-//! What the seeded random sweeps (`config_sweep`, `resume_sweep`) share: their generator, a
-//! configuration as dotted keys, a run's outcome as bits, opening and training a drawn
+//! What the seeded random sweeps (`config_sweep`, `resume_sweep`) share: their generator and
+//! configurations as dotted keys (from the `sweep` crate), a run's outcome as bits, opening and training a drawn
 //! configuration, and a case run on its own thread under a deadline.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use runtime::{LaunchOptions, Session, TrainConfig};
+pub use sweep::{divisors, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
 
 /// The collective timeout of every run: a deadlock fails the case instead of hanging.
 pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -16,179 +15,6 @@ pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CASE_DEADLINE: Duration = Duration::from_secs(300);
 /// The prefixes of the config keys a refusal must name one of.
 const KEY_PREFIXES: [&str; 4] = ["parallel.", "model.", "train.", "data."];
-
-/// SplitMix64: a small, self-contained generator whose sequence is fixed by its seed.
-pub struct Rng(u64);
-
-impl Rng {
-    /// The generator of case `index` under `seed`.
-    pub fn for_case(seed: u64, index: u64) -> Rng {
-        let mut rng = Rng(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03));
-        rng.next();
-        rng
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform integer in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    /// A uniform element of `xs` (not empty).
-    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.range(0, xs.len() - 1)]
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
-
-/// A configuration as dotted keys (`parallel.hsdp.threshold`) and their TOML values.
-#[derive(Clone, Default)]
-pub struct Config(pub BTreeMap<String, String>);
-
-impl Config {
-    /// Sets `key` to the TOML value `value`.
-    pub fn set(&mut self, key: &str, value: impl ToString) {
-        self.0.insert(key.to_string(), value.to_string());
-    }
-
-    /// Sets `key` to the string `value`.
-    pub fn set_str(&mut self, key: &str, value: &str) {
-        self.set(key, format!("\"{value}\""));
-    }
-
-    /// `key`'s value as a count, when set.
-    pub fn usize(&self, key: &str) -> Option<usize> {
-        self.0.get(key).map(|v| v.parse().expect("a count"))
-    }
-
-    /// This config with every key of `other` added (or replaced).
-    pub fn with(&self, other: &Config) -> Config {
-        let mut all = self.clone();
-        all.0
-            .extend(other.0.iter().map(|(k, v)| (k.clone(), v.clone())));
-        all
-    }
-
-    /// The TOML text: one table per key prefix.
-    pub fn toml(&self) -> String {
-        let mut tables: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
-        for (key, value) in &self.0 {
-            let (table, name) = key.rsplit_once('.').expect("a dotted key");
-            tables.entry(table).or_default().push((name, value));
-        }
-        let mut text = String::new();
-        for (table, keys) in tables {
-            writeln!(text, "[{table}]").unwrap();
-            for (name, value) in keys {
-                writeln!(text, "{name} = {value}").unwrap();
-            }
-        }
-        text
-    }
-}
-
-/// The divisors of `n`.
-pub fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|&d| n.is_multiple_of(d)).collect()
-}
-
-/// Draws an `[parallel.hsdp]` level with threshold 0 and a shard size (`-1`, or a divisor of
-/// `devices` above 1) into `c`.
-pub fn draw_hsdp(rng: &mut Rng, c: &mut Config, devices: usize) {
-    let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
-    let sizes: Vec<i64> = std::iter::once(-1)
-        .chain(
-            divisors(devices)
-                .into_iter()
-                .filter(|&d| d > 1)
-                .map(|d| d as i64),
-        )
-        .collect();
-    c.set_str("parallel.hsdp.optimizer_level", level);
-    c.set("parallel.hsdp.threshold", 0);
-    c.set("parallel.hsdp.shard_size", rng.pick(&sizes));
-}
-
-/// Draws recomputation, of the blocks or of the GeLUs (even odds), into `c`.
-pub fn draw_recompute(rng: &mut Rng, c: &mut Config) {
-    if rng.chance(0.5) {
-        c.set("parallel.recompute.cells", "[\"blocks.*\"]");
-    } else {
-        c.set("parallel.recompute.ops", "[\"GeLU\"]");
-    }
-}
-
-/// Draws a weight decay for an AdamW `optimizer`, a learning-rate schedule (`cosine` decaying
-/// over `cosine_decay_steps` when given, else over the run) and, in most cases, a gradient
-/// clipping norm (or a bound no step reaches, so the norm is logged) into `c`.
-pub fn draw_schedule(
-    rng: &mut Rng,
-    c: &mut Config,
-    optimizer: &str,
-    cosine_decay_steps: Option<usize>,
-) {
-    if optimizer.ends_with("adamw") && rng.chance(0.5) {
-        c.set("train.weight_decay", "0.1");
-    }
-    match rng.pick(&[
-        "constant",
-        "cosine",
-        "warmup_lr",
-        "polynomial_decay_lr",
-        "exponential_decay_lr",
-        "piecewise_constant_lr",
-        "cosine_decay_lr",
-    ]) {
-        "constant" => {}
-        "cosine" => {
-            c.set_str("train.lr_schedule", "cosine");
-            c.set("train.warmup_steps", 1);
-            if let Some(steps) = cosine_decay_steps {
-                c.set("train.decay_steps", steps);
-            }
-            c.set("train.min_lr", "0.0001");
-        }
-        "warmup_lr" => {
-            c.set_str("train.lr_schedule", "warmup_lr");
-            c.set("train.warmup_epoch", 3);
-        }
-        "polynomial_decay_lr" => {
-            c.set_str("train.lr_schedule", "polynomial_decay_lr");
-            c.set("train.decay_epoch", 3);
-            c.set("train.min_lr", "0.0001");
-        }
-        "exponential_decay_lr" => {
-            c.set_str("train.lr_schedule", "exponential_decay_lr");
-            c.set("train.decay_epoch", 2);
-            c.set("train.decay_rate", "0.5");
-        }
-        "piecewise_constant_lr" => {
-            c.set_str("train.lr_schedule", "piecewise_constant_lr");
-            c.set("train.milestone", "[2, 5]");
-            c.set("train.learning_rates", "[0.01, 0.001]");
-        }
-        schedule => {
-            c.set_str("train.lr_schedule", schedule);
-            c.set("train.decay_epoch", 3);
-            c.set("train.min_lr", "0.0001");
-        }
-    }
-    // A gradient norm to compare in most cases: clipping, or a bound no step reaches.
-    if rng.chance(0.75) {
-        c.set("train.max_grad_norm", rng.pick(&["0.1", "1.0", "1e6"]));
-    }
-}
 
 /// What a run gave, as bits: rank 0's loss, gradient norm and dropped expert choices of every
 /// step, its validation losses and its global step.
