@@ -12,7 +12,7 @@ use runtime::TrainConfig;
 use search::{SearchMode, SearchRequest};
 
 use crate::run_util::{digits, kjv};
-use crate::sweep_util::Rng;
+use sweep::Rng;
 
 const MODES: [&str; 3] = [
     "sharding_propagation",

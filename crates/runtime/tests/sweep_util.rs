@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use runtime::{LaunchOptions, Session, TrainConfig};
-pub use sweep::{divisors, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
+use sweep::Config;
 
 /// The collective timeout of every run: a deadlock fails the case instead of hanging.
 pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,435 @@
+//! The resume sweep's generator: one GPT model and training drawn from the GPT sweep's space,
+//! two parallel layouts A and B from one space (every family of `gpt_case`, and threads per
+//! rank), A training 1 to [`MAX_FIRST`] steps and saving a checkpoint (its final set, or a
+//! periodic one of a longer run), B resuming it (`output.resume_from`, converted on load, or
+//! `"latest"` in A's own directory) for 1 to [`MAX_SECOND`] more, and the one-device reference
+//! that must give both runs' bits uninterrupted (`docs/DETERMINISM.md`).
+
+use std::path::Path;
+
+use crate::{divisors, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
+
+/// The most steps layout A trains before its checkpoint.
+pub const MAX_FIRST: usize = 3;
+/// The most steps layout B trains after resuming (the reference trains both runs' steps).
+pub const MAX_SECOND: usize = 2;
+/// The most devices a layout uses (each a thread on this machine).
+pub const MAX_DEVICES: usize = 16;
+
+/// The model's sizes a layout must divide.
+struct Model {
+    vocab_parallel: bool,
+    heads: usize,
+    seq_len: usize,
+    layers: usize,
+    ffn: usize,
+    dropout: bool,
+    unfused: bool,
+    experts: Option<usize>,
+}
+
+/// One drawn layout: its `parallel.` keys, what the batch must be a multiple of, and its
+/// family (for the log).
+struct Layout {
+    keys: Config,
+    /// Whether it runs a step's micro-batches as gradient accumulation of smaller batches.
+    accumulates: bool,
+    batch_unit: usize,
+    family: String,
+}
+
+/// One case: layout A's run, B's resumed run and the one-device reference.
+pub struct ResumeCase {
+    /// Steps A trains before the checkpoint B resumes, and steps B trains after it.
+    pub steps: (usize, usize),
+    /// Steps A trains (one more than `steps.0` when B resumes a periodic set).
+    pub a_steps: usize,
+    /// Layout A's configuration (it saves the checkpoint B resumes).
+    pub a: Config,
+    /// Layout B's configuration, resuming A's checkpoint (`output.resume_from`).
+    pub b: Config,
+    /// The one-device reference, trained for both runs' steps without a stop.
+    pub reference: Config,
+    /// Both layouts' families, `A -> B` (for the log).
+    pub family: String,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Draws a layout of `model` whose steps are cut into `split` micro-batches (pipeline
+/// micro-batches, or `micro_batch_interleave`).
+fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
+    let mut c = Config::default();
+    let (devices, unit, family);
+    let mut accumulates = false;
+    if rng.chance(0.35) && model.layers > 1 {
+        let mut stages = rng.pick(&[2, 2, 3, 4, 4, 8]);
+        while stages > model.layers {
+            stages = if stages == 3 { 2 } else { stages / 2 };
+        }
+        let mut mp = rng.pick(&[1, 1, 2, 2, 4]);
+        if !model.heads.is_multiple_of(mp) || !model.ffn.is_multiple_of(mp) {
+            mp = 1;
+        }
+        let mut dp = rng.pick(&[1, 1, 2, 2, 4]);
+        while stages * mp * dp > MAX_DEVICES {
+            if dp > 1 {
+                dp /= 2;
+            } else {
+                mp /= 2;
+            }
+        }
+        let mut schedulers = vec!["gpipe", "1f1b", "zero_bubble"];
+        if split.is_multiple_of(stages) {
+            schedulers.push("interleaved_1f1b");
+        }
+        let scheduler = rng.pick(&schedulers);
+        if scheduler == "interleaved_1f1b" || (scheduler == "gpipe" && rng.chance(0.3)) {
+            c.set("parallel.pipeline.interleave", true);
+            c.set("parallel.pipeline.virtual_stages", rng.pick(&[2, 2, 3]));
+        }
+        devices = stages * mp * dp;
+        c.set_str("parallel.mode", "semi_auto");
+        c.set("parallel.devices", devices);
+        c.set("parallel.data_parallel", dp);
+        c.set("parallel.model_parallel", mp);
+        c.set("parallel.pipeline.stages", stages);
+        c.set("parallel.pipeline.micro_batches", split);
+        c.set_str("parallel.pipeline.scheduler", scheduler);
+        if rng.chance(0.25) {
+            c.set("parallel.pipeline.output_broadcast", true);
+        }
+        if mp > 1 && model.vocab_parallel && rng.chance(0.4) {
+            c.set("parallel.vocab_emb_dp", false);
+        }
+        if mp > 1 && model.seq_len.is_multiple_of(mp) && rng.chance(0.4) {
+            c.set("parallel.use_seq_parallel", true);
+        }
+        if dp > 1 && rng.chance(0.35) {
+            let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
+            c.set_str("parallel.hsdp.optimizer_level", level);
+            c.set("parallel.hsdp.threshold", 0);
+        }
+        if rng.chance(0.2) {
+            c.set("parallel.recompute.cells", "[\"blocks.*\"]");
+        }
+        family = format!("pipeline {stages}x{dp}x{mp} {scheduler}");
+        unit = dp * split;
+    } else {
+        let mode = rng.pick(&[
+            "semi_auto",
+            "semi_auto",
+            "semi_auto",
+            "semi_auto",
+            "semi_auto",
+            "semi_auto",
+            "data_parallel",
+            "sharding_propagation",
+            "dynamic_programming",
+            "recursive_programming",
+        ]);
+        c.set_str("parallel.mode", mode);
+        let per;
+        if mode == "semi_auto" {
+            let mps: Vec<usize> = [1, 2, 4, 8]
+                .into_iter()
+                .filter(|&d| model.heads.is_multiple_of(d) && model.ffn.is_multiple_of(d))
+                .collect();
+            let mut mp = rng.pick(&mps);
+            let mut cp = if model.seq_len.is_multiple_of(2) {
+                rng.pick(&[1, 1, 2, 4])
+            } else {
+                1
+            };
+            if !model.seq_len.is_multiple_of(cp) {
+                cp = 1;
+            }
+            let mut algo = None;
+            if cp > 1 {
+                let mut a = Some(rng.pick(&["ulysses", "ring"]));
+                if a == Some("ulysses") && !model.heads.is_multiple_of(mp * cp) {
+                    a = Some("ring");
+                }
+                // The ring needs the fused attention and no dropout (the model is shared).
+                if a == Some("ring") && (model.dropout || model.unfused) {
+                    a = model.heads.is_multiple_of(mp * cp).then_some("ulysses");
+                }
+                if a.is_none() {
+                    cp = 1;
+                }
+                algo = a;
+            }
+            while mp * cp > MAX_DEVICES {
+                mp /= 2;
+            }
+            let dps: Vec<usize> = [1, 2, 4, 8]
+                .into_iter()
+                .filter(|d| d * mp * cp <= MAX_DEVICES)
+                .collect();
+            let dp = rng.pick(&dps);
+            devices = dp * mp * cp;
+            c.set("parallel.devices", devices);
+            c.set("parallel.data_parallel", dp);
+            c.set("parallel.model_parallel", mp);
+            if let Some(algo) = algo {
+                c.set("parallel.context_parallel", cp);
+                c.set_str("parallel.context_parallel_algo", algo);
+            }
+            if mp > 1 && rng.chance(0.4) && model.seq_len.is_multiple_of(mp * cp) {
+                c.set("parallel.use_seq_parallel", true);
+            }
+            if mp > 1 && model.vocab_parallel && rng.chance(0.35) {
+                c.set("parallel.vocab_emb_dp", false);
+            }
+            if let Some(experts) = model.experts {
+                if dp > 1 && rng.chance(0.7) {
+                    let eps: Vec<usize> = divisors(dp)
+                        .into_iter()
+                        .filter(|&d| experts.is_multiple_of(d))
+                        .collect();
+                    let ep = rng.pick(&eps);
+                    if ep > 1 {
+                        c.set("parallel.expert_parallel", ep);
+                    }
+                }
+            }
+            family = format!("semi_auto dp{dp} mp{mp} cp{cp}");
+            per = dp * cp;
+        } else {
+            devices = rng.pick(&[2, 4, 8]);
+            c.set("parallel.devices", devices);
+            family = format!("{mode} on {devices}");
+            // The searches and `data_parallel` split the batch on every device.
+            per = devices;
+        }
+        // The micro-batches as `micro_batch_interleave`, or as gradient accumulation of
+        // batches `split` times smaller (one device's way, under this layout).
+        if split > 1 && rng.chance(0.3) {
+            accumulates = true;
+        } else if split > 1 {
+            c.set("parallel.micro_batch_interleave", split);
+        }
+        if rng.chance(0.2) {
+            draw_recompute(rng, &mut c);
+        }
+        if devices > 1 && rng.chance(0.35) {
+            draw_hsdp(rng, &mut c, devices);
+        }
+        unit = per * split;
+    }
+    // Not a layout key, but how a rank runs: its bits may not depend on it.
+    if rng.chance(0.15) {
+        c.set("train.threads_per_rank", 2);
+    }
+    if devices > 1 && rng.chance(0.2) {
+        c.set("parallel.comm_fusion.openstate", true);
+        let allreduce = if rng.chance(0.5) {
+            "{ mode = \"auto\" }"
+        } else {
+            "{ mode = \"size\", config = 1 }"
+        };
+        c.set("parallel.comm_fusion.allreduce", allreduce);
+        if rng.chance(0.6) {
+            c.set("parallel.overlap.grad_computation_allreduce_overlap", true);
+        }
+    }
+    Layout {
+        keys: c,
+        accumulates,
+        batch_unit: unit,
+        family,
+    }
+}
+
+/// Draws case `index` of `seed`; `out` holds its output directories.
+/// Draws case `index` of `seed` training on the text at `text` (the bundled
+/// `data/kjv/kjv.txt.gz`); `out` holds its output directories (`a/`, `b/`, `reference/`).
+pub fn draw_resume_case(seed: u64, index: usize, text: &Path, out: &Path) -> ResumeCase {
+    let mut rng = Rng::for_case(seed, index as u64);
+    let mut c = Config::default();
+
+    // The model, shared by both layouts and the reference.
+    let heads: usize = rng.pick(&[1, 2, 3, 4, 6, 8, 2, 4]);
+    let widths: Vec<usize> = (16..=64usize)
+        .step_by(4)
+        .filter(|&h| h.is_multiple_of(heads))
+        .collect();
+    let hidden = rng.pick(&widths);
+    let seq_len: usize = rng.pick(&[8, 9, 12, 15, 16, 20, 24, 32]);
+    let layers = rng.range(1, 6);
+    c.set_str("model.name", "gpt");
+    c.set("model.layers", layers);
+    c.set("model.heads", heads);
+    c.set("model.hidden", hidden);
+    c.set("model.seq_len", seq_len);
+    c.set("model.tie_embeddings", rng.chance(0.7));
+    let dropout = rng.chance(0.25);
+    let mut unfused = false;
+    if dropout {
+        c.set("model.dropout", "0.1");
+    } else if rng.chance(0.2) {
+        c.set("model.fused_attention", false);
+        unfused = true;
+    }
+    let mut ffn = 4 * hidden;
+    if rng.chance(0.3) {
+        ffn = rng.pick(&[24, 48, 64, 96]);
+        c.set("model.ffn_hidden", ffn);
+    }
+    let experts: Option<usize> = rng.chance(0.25).then(|| rng.pick(&[2, 4, 8]));
+    if let Some(experts) = experts {
+        c.set("model.moe.experts", experts);
+        c.set("model.moe.top_k", rng.pick(&[1, 2]));
+        let every = if layers > 1 { rng.pick(&[1, 1, 2]) } else { 1 };
+        c.set("model.moe.every", every);
+        if rng.chance(0.3) {
+            c.set("model.moe.capacity_factor", rng.pick(&["1.0", "2.0"]));
+        }
+        if rng.chance(0.3) {
+            c.set("model.moe.shared_expert", true);
+        }
+    }
+    // The char tokenizer's vocabulary of the bundled text (73) divides no model-parallel
+    // degree: vocabulary parallel only with bytes (256), or the layout would be refused.
+    let char_tokens = rng.chance(0.3);
+    c.set_str("data.tokenizer", if char_tokens { "char" } else { "byte" });
+    let model = Model {
+        vocab_parallel: !char_tokens,
+        heads,
+        seq_len,
+        layers,
+        ffn,
+        dropout,
+        unfused,
+        experts,
+    };
+
+    // The two layouts: both cut a step into `split` micro-batches, which the reference runs
+    // as gradient accumulation.
+    let split = rng.pick(&[1, 1, 2, 4]);
+    let a = draw_layout(&mut rng, &model, split);
+    let b = draw_layout(&mut rng, &model, split);
+    let lcm = a.batch_unit / gcd(a.batch_unit, b.batch_unit) * b.batch_unit;
+    let mut batch = lcm * rng.pick(&[1, 1, 2]);
+    while batch < 2 {
+        batch *= 2;
+    }
+    let pipelined = |l: &Layout| l.keys.0.contains_key("parallel.pipeline.stages");
+    let accumulate = if pipelined(&a) || pipelined(&b) {
+        1
+    } else {
+        rng.pick(&[1, 1, 2])
+    };
+    if accumulate > 1 {
+        c.set("train.grad_accumulation_steps", accumulate);
+    }
+    // Shared by all three runs: the canonical blocks fix the summation order.
+    if rng.chance(0.2) {
+        c.set("parallel.deterministic_blocks", rng.pick(&[4, 8, 32, 64]));
+    }
+
+    // The data and the training.
+    c.set_str("data.format", "text");
+    c.set_str("data.path", &text.display().to_string());
+    c.set("data.batch_size", batch);
+    // Epochs of 1 to 3 steps put the resume at or across an epoch's end (each step's windows
+    // are a function of the seed, the epoch and the step).
+    let steps_per_epoch = if rng.chance(0.3) {
+        rng.range(1, 3)
+    } else {
+        100
+    };
+    c.set("data.steps_per_epoch", steps_per_epoch);
+    c.set("data.eval_batches", 1);
+    let optimizer = rng.pick(&["adam", "adamw", "momentum", "mint_adamw"]);
+    c.set(
+        "train.epochs",
+        (MAX_FIRST + MAX_SECOND + 1).div_ceil(steps_per_epoch),
+    );
+    c.set_str("train.optimizer", optimizer);
+    c.set("train.learning_rate", rng.pick(&["0.001", "0.003", "0.01"]));
+    c.set("train.deterministic", true);
+    c.set("train.eval", false);
+    c.set("train.seed", rng.range(0, 1000));
+    c.set("train.per_print_times", 0);
+    if optimizer == "momentum" {
+        c.set("train.momentum", "0.9");
+        if rng.chance(0.5) {
+            c.set("train.use_nesterov", true);
+        }
+    }
+    // `decay_steps` defaults to the run's steps, which A's shorter run would change.
+    draw_schedule(
+        &mut rng,
+        &mut c,
+        optimizer,
+        Some(MAX_FIRST + MAX_SECOND + 1),
+    );
+    // The validation loss after B's last step tests the resumed parameters; the reference of
+    // micro-batches evaluates batches of its own (smaller) size, so only without them.
+    // One validation after the last step: not after every short epoch (A would run some).
+    let eval = split == 1 && steps_per_epoch == 100 && rng.chance(0.5);
+    c.set("output.save_checkpoint", true);
+
+    // The one-device reference: the same model, data and training for both halves, the
+    // micro-batches as gradient accumulation.
+    let mut reference = c.clone();
+    reference.set_str("parallel.mode", "stand_alone");
+    reference.set("parallel.devices", 1);
+    if split > 1 {
+        reference.set("data.batch_size", batch / split);
+        reference.set("train.grad_accumulation_steps", accumulate * split);
+    }
+    let steps = (rng.range(1, MAX_FIRST), rng.range(1, MAX_SECOND));
+    let total = steps.0 + steps.1;
+    reference.set("train.max_steps", total);
+    reference.set("train.eval", eval);
+    reference.set_str("output.dir", &out.join("reference").display().to_string());
+
+    let a_dir = out.join("a");
+    // A layout that accumulates reads the reference's batches.
+    let realize = |l: &Layout| {
+        let mut keys = c.with(&l.keys);
+        if l.accumulates {
+            keys.set("data.batch_size", batch / split);
+            keys.set("train.grad_accumulation_steps", accumulate * split);
+        }
+        keys
+    };
+    let mut first = realize(&a);
+    first.set("train.max_steps", steps.0);
+    first.set_str("output.dir", &a_dir.display().to_string());
+    let mut second = realize(&b);
+    second.set("train.max_steps", total);
+    second.set("train.eval", eval);
+    second.set_str("output.dir", &out.join("b").display().to_string());
+    // Or A trains a step further, and B resumes its periodic set of step `steps.0`.
+    let periodic = rng.chance(0.3);
+    let mut from = a_dir.clone();
+    if periodic {
+        first.set("train.max_steps", steps.0 + 1);
+        first.set("output.save_checkpoint_steps", steps.0);
+        from = a_dir.join(format!("checkpoint_step_{}", steps.0));
+    }
+    second.set_str("output.resume_from", &from.display().to_string());
+    // Or B continues in A's own directory from `"latest"` (an elastic restart on another
+    // layout): its set replaces A's, rank folders and all.
+    if !periodic && rng.chance(0.25) {
+        second.set_str("output.dir", &a_dir.display().to_string());
+        second.set_str("output.resume_from", "latest");
+    }
+    ResumeCase {
+        steps,
+        a_steps: steps.0 + usize::from(periodic),
+        a: first,
+        b: second,
+        reference,
+        family: format!("{} -> {}", a.family, b.family),
+    }
+}
