@@ -5,7 +5,8 @@ Usage (run with a Python that has MindSpore installed, e.g. the CPU wheel in a v
 with ``safetensors==0.7.0`` pinned — 0.8.0 writes strided views wrongly, MindSpore bug 1):
 
     /tmp/ms-venv/bin/python scripts/mindspore-diff.py [--cases N] [--seed S] [--tessera BIN]
-                                                      [--work DIR] [--keep] [--only I,J,..]
+                                                      [--tessera-python PY] [--work DIR]
+                                                      [--keep] [--only I,J,..]
 
 * ``--cases`` (default 50): how many random cases; ``--seed`` (default 1): the first case's
   seed (case *i* uses seed ``S + i``, so one case can be re-run alone with ``--only i``).
@@ -41,6 +42,17 @@ refuse without ``--allow-missing``; MindSpore's by-stage ``*_part0`` names are m
 ``.ckpt`` sources re-saved with ``crc_check=True``; and ``.ckpt`` sources encrypted by
 ``save_checkpoint(enc_key=..., enc_mode=AES-GCM|AES-CBC|SM4-CBC)`` converted with
 ``--dec-key-file`` (MindSpore's converters take no key: compared with the plain conversion).
+``transform_checkpoint_by_rank`` (which ``convert_checkpoint_by_rank`` wraps) is also called
+directly: with only the source files of Tessera's ``ckpt ranks`` list, with MindSpore's own
+list in ascending order, and from the unsharded source (``src_strategy_file=None``) against
+``ckpt convert`` without ``--src-strategy``. ``load_distributed_checkpoint`` with a network
+(``.ckpt``, merged to one device) reads the plain source and both deduplicated sets (MindSpore's
+and ``ckpt dedup``'s), against ``ckpt convert`` without ``--dst-strategy`` and, with
+``--tessera-python PY`` (a Python with the tessera package), Tessera's own
+``load_distributed_checkpoint``; in save mode it also reads the unified merge of MindSpore's
+deduplicated set, against ``ckpt load``. Parameters MindSpore's converters misplace (an
+optimizer shard of a permuted tensor map) get the true slices in the source and are judged by
+the numpy truth only.
 Known, documented departures (docs/MINDSPORE_DIFFERENCES.md) are not counted: MindSpore's
 redundancy of multi-axis layouts (bug 2) and its ``-`` name split (bug 3) are compared against
 the numpy truth instead; Tessera's ``tessera_set.json`` marker and ``tessera_set`` metadata key
@@ -66,6 +78,7 @@ from mindspore.parallel import (  # noqa: E402
     convert_checkpoints,
     merge_pipeline_strategys,
     rank_list_for_convert,
+    transform_checkpoint_by_rank,
     unified_safetensors,
 )
 from mindspore.train import checkpoint_pb2, node_strategy_pb2  # noqa: E402
@@ -166,6 +179,20 @@ def slice_of(full, dev, tmap, opt_size, rank):
         n = out.shape[0] // of
         out = out[oi * n:(oi + 1) * n]
     return out
+
+
+def ms_opt_perm_bug(lay):
+    """Whether MindSpore's converters misplace this layout's slices (documented bug "optimizer
+    shard of a permuted tensor map"): an opt shard whose only repeated device axis is the
+    first takes _construct_tensor_layout_for_opt_shard's fast path, which assumes the tensor
+    dims use the device axes in order (map values decreasing)."""
+    dev, tmap = lay["dev"], lay["tmap"]
+    if lay["opt_size"] in (0, 1) or not flat(tmap):
+        return False
+    if repeated_dims(dev, tmap) != [0]:
+        return False
+    used = [a[0] for a in tmap if a]
+    return any(x <= y for x, y in zip(used, used[1:]))
 
 
 def rand_tmap(rng, dev, shape, multi_ok):
@@ -329,14 +356,22 @@ def to_bytes(arr, dt):
     return np.ascontiguousarray(arr).tobytes()
 
 
+# parameters whose MindSpore-side conversions are known wrong in the current case (set by
+# one_case; such a parameter is judged by the numpy truth only)
+SKIP_MS = set()
+# the Python with Tessera's package (``--tessera-python``), or None to skip its calls
+PY_TESSERA = [None]
+
+
 def cmp_files(fa, fb, diffs, what, order=True, whole=(), ms_may_lack=(), notes=None):
     ta, ma = read_any(fa)
     tb, mb = read_any(fb)
+    whole = set(whole) | SKIP_MS
     lacking = {t[0] for t in tb} - {t[0] for t in ta}
     if lacking and lacking <= set(ms_may_lack):
         # MindSpore bug: a parameter the (pipelined) destination strategy places on several
         # stages is written on one stage only; Tessera's file is judged by the numpy truth
-        notes.append(f"MS-BUG {what}: MindSpore leaves out {sorted(lacking)} (on several stages)")
+        notes.append(f"MS-BUG {what}: MindSpore leaves out {sorted(lacking)} (pipelined)")
         tb = [t for t in tb if t[0] not in lacking]
     if not ta and not tb and ma == {} and mb.get("remove_redundancy") == "True":
         # MindSpore writes a rank that owns nothing with empty metadata (documented)
@@ -539,14 +574,41 @@ def one_case(i, seed, args):
                 ms.save_checkpoint([{"name": k, "data": v} for k, v in pd.items()], fp,
                                    crc_check=True)
     # numpy truth of the sources
+    SKIP_MS.clear()
     for r in range(nrank_a):
         files = tree(os.path.join(src, f"rank_{r}"))
         if len(files) != 1:
             diffs.append(f"src rank {r}: files {files}")
             continue
-        cmp_truth(os.path.join(src, f"rank_{r}", files[0]),
-                  truth_for_rank(a_spec, full, dtypes, nd_a, r, outside), notes,
+        truth = truth_for_rank(a_spec, full, dtypes, nd_a, r, outside)
+        wrong = []
+        cmp_truth(os.path.join(src, f"rank_{r}", files[0]), truth, wrong,
                   f"(MindSpore-made source) rank {r}")
+        notes.extend(wrong)
+        bad = {p for p in truth if any(f" {p} " in w for w in wrong)}
+        if bad:
+            # MindSpore bug (docs/MINDSPORE_DIFFERENCES.md, "opt shard of a permuted map"):
+            # its converters place the slices of an opt-sharded parameter with a permuted
+            # tensor map on the wrong ranks. The source gets the true slices, so Tessera is
+            # judged by the truth; MindSpore's outputs for them are not compared.
+            SKIP_MS.update(bad)
+            fp = os.path.join(src, f"rank_{r}", files[0])
+            pd = ms.load_checkpoint(fp, format=fmt)
+            items = []
+            for k, v in pd.items():
+                if k in bad:
+                    v = ms.Tensor(np.ascontiguousarray(truth[k][1]), dtype=MS_DT[dtypes[k]])
+                items.append({"name": k, "data": v})
+            os.chmod(fp, 0o600)
+            os.remove(fp)
+            ms.save_checkpoint(items, fp, format=fmt, crc_check=crc)
+    # the same MindSpore bug on the destination side: its slices of such a parameter are wrong
+    for p, v in (b_spec or {}).items():
+        if any(ms_opt_perm_bug(lay) for lay in v["lays"].values()):
+            SKIP_MS.add(p)
+    if SKIP_MS:
+        notes.append(f"MS-BUG opt shard of a permuted map: MindSpore's outputs for "
+                     f"{sorted(SKIP_MS)} are not compared (Tessera's are, with the truth)")
     t = args.tessera
     src_only = [p for p in params if b_spec is not None and p not in b_spec]
     # -------- convert_checkpoints
@@ -588,6 +650,10 @@ def one_case(i, seed, args):
             diffs.append(f"convert: output files MS {fa} vs T {fb}")
         for f in sorted(set(fa) & set(fb)):
             shared = [p for p, v in (b_spec or {}).items() if len(v["stages"]) > 1]
+            if stages_a > 1 and stages_b == 1 and fmt == "safetensors":
+                # documented MindSpore bug: from a pipelined safetensors source into one
+                # stage it keeps the last source stage's parameters only
+                shared += params
             cmp_files(os.path.join(ms_out, f), os.path.join(t_out, f), diffs, f"convert {f}",
                       whole=src_only, ms_may_lack=shared, notes=notes)
     if rc == 0:
@@ -628,6 +694,7 @@ def one_case(i, seed, args):
         if b_path:
             cmd += ["--dst-strategy", b_path]
         rc, out = run(cmd)
+        tl = None
         if ok:
             rcr, outr = run([t, "ckpt", "ranks", "--src-strategy", a_path, "--rank", str(rb),
                              "--json"] + (["--dst-strategy", b_path] if b_path else []))
@@ -648,6 +715,15 @@ def one_case(i, seed, args):
                 cmp_files(ms_file, tf, diffs, f"by_rank {rb}", whole=src_only,
                           ms_may_lack=[p for p, v in (b_spec or {}).items()
                                        if len(v["stages"]) > 1], notes=notes)
+        if rc == 0:
+            transform_checks(cdir, t, src, a_path, b_path, rb, tl,
+                             [int(k) for k in rl] if isinstance(rl, list) else [], params,
+                             outside, full, dtypes, b_spec, nd_b, src_only, dst_only, prefix,
+                             diffs, notes)
+    # -------- load_distributed_checkpoint into a network (ckpt, one stage)
+    if fmt == "ckpt" and stages_a == 1:
+        load_network_checks(cdir, t, src, "src", a_path, params, outside, full, dtypes, nd_a,
+                            diffs, notes)
     # -------- unified_safetensors (safetensors only)
     u_ok = False
     if fmt == "safetensors":
@@ -838,6 +914,12 @@ def dedup_checks(cdir, t, fmt, src, a_path, b_path, params, outside, full, dtype
         for f in sorted(set(fa) & set(fb)):
             cmp_files(os.path.join(ms_dd, f), os.path.join(t_dd, f), diffs, f"dedup {f}",
                       order=False)
+    # load_distributed_checkpoint (network mode) from both dedup sets
+    if fmt == "ckpt":
+        for name, sdir in (("MS-dedup", ms_dd), ("T-dedup", t_dd)):
+            if os.path.isdir(sdir) and not (ms_bad and name == "MS-dedup"):
+                load_network_checks(cdir, t, sdir, name, a_path, params, outside, full, dtypes,
+                                    nd_a, diffs, notes, dedup=True)
     # merges from dedup sources: MindSpore-made and Tessera-made
     if fmt == "safetensors":
         ms_u = os.path.join(cdir, "ms_unified_dedup")
@@ -869,6 +951,36 @@ def dedup_checks(cdir, t, fmt, src, a_path, b_path, params, outside, full, dtype
                               diffs, f"merge --dedup ({name}) {f} vs truth")
         if not ok:
             notes.append(f"MS-LIMIT unified dedup: MindSpore refuses: {r}")
+        elif b_path and not ms_bad:
+            # load_distributed_checkpoint (save mode) from MindSpore's dedup merge against
+            # `ckpt load` from Tessera's merge of MindSpore's dedup set
+            t_u = os.path.join(cdir, "t_unified_MS-dedup")
+            ms_ld = os.path.join(cdir, "ms_load_dedup")
+            t_ld = os.path.join(cdir, "t_load_dedup")
+            okl, rl = ms_call(ms.load_distributed_checkpoint, None, predict_strategy=b_path,
+                              format="safetensors", unified_safetensors_dir=ms_u,
+                              dst_safetensors_dir=ms_ld)
+            rc, out = run([t, "ckpt", "load", "--unified", t_u, "--strategy", b_path, "--dst",
+                           t_ld, "--quiet", "--no-fsync"])
+            shared = [p for p, v in b_spec.items() if len(v["stages"]) > 1]
+            src_only = [p for p in params if p not in b_spec]
+            if judge("load_distributed (dedup)", "loads", (okl, rl), (rc, out), diffs, notes):
+                fa, fb = tree(ms_ld), tree(t_ld)
+                if fa != fb:
+                    diffs.append(f"load_distributed (dedup): files MS {fa} vs T {fb}")
+                for f in sorted(set(fa) & set(fb)):
+                    cmp_files(os.path.join(ms_ld, f), os.path.join(t_ld, f), diffs,
+                              f"load_distributed (dedup) {f}", order=False, whole=src_only,
+                              ms_may_lack=shared, notes=notes)
+            if rc == 0:
+                for rb in range(nd_b * stages_b):
+                    f = os.path.join(t_ld, f"rank_{rb}", "net.safetensors")
+                    if not os.path.exists(f):
+                        diffs.append(f"load_distributed (dedup): Tessera wrote no rank {rb}")
+                        continue
+                    tr = truth_for_rank({p: v for p, v in b_spec.items() if p in params},
+                                        full, dtypes, nd_b, rb, outside)
+                    cmp_truth(f, tr, diffs, f"load_distributed (dedup) T rank {rb} vs truth")
     # a conversion from a dedup source (MindSpore's; judged by the numpy truth)
     t_c = os.path.join(cdir, "t_conv_dedup")
     cmd = [t, "ckpt", "convert", "--src", t_dd if ms_bad else ms_dd, "--src-strategy", a_path, "--dst", t_c,
@@ -893,6 +1005,166 @@ def dedup_checks(cdir, t, fmt, src, a_path, b_path, params, outside, full, dtype
                 if p not in b_spec:
                     tr[p] = (dtypes[p], full[p])
         cmp_truth(os.path.join(t_c, files[0]), tr, diffs, f"convert from dedup rank {rb}")
+
+
+def load_network_checks(cdir, t, sdir, name, a_path, params, outside, full, dtypes, nd_a, diffs,
+                        notes, dedup=False):
+    args_py = PY_TESSERA[0]
+    """``load_distributed_checkpoint(network, checkpoint_filenames, None, A)`` (network mode,
+    merged to one device) from the source set ``sdir`` against ``tessera ckpt convert`` of the
+    same set without ``--dst-strategy`` (merged into rank 0); both judged by the numpy truth."""
+    class Holder(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            for k, p in enumerate(params):
+                z = np.zeros(full[p].shape, dtype=np.float32)
+                # a bf16 Parameter cannot be made on this wheel (its numpy has no bfloat16);
+                # MindSpore's merge turns bf16 into float32 anyway
+                dt = ms.float32 if dtypes[p] == "bf16" else MS_DT[dtypes[p]]
+                setattr(self, f"p{k}", ms.Parameter(ms.Tensor(z, dtype=dt), name=p))
+    net = Holder()
+    files = []
+    for r in range(nd_a):
+        fs = tree(os.path.join(sdir, f"rank_{r}"))
+        files.append(os.path.join(sdir, f"rank_{r}", fs[0]) if fs else "")
+    ok, r = ms_call(ms.load_distributed_checkpoint, net, files, None, a_path)
+    t_f = os.path.join(cdir, f"t_full_{name}")
+    cmd = [t, "ckpt", "convert", "--src", sdir, "--src-strategy", a_path, "--dst", t_f,
+           "--prefix", "full_", "--quiet", "--no-fsync"]
+    rc, out = run(cmd)
+    what = f"load_distributed network ({name})"
+    if rc != 0:
+        diffs.append(f"{what}: Tessera's merge refuses: {out[-400:]}")
+    else:
+        cmp_truth(os.path.join(t_f, "rank_0", "full_0.ckpt"),
+                  {p: (dtypes[p], full[p]) for p in params + outside}, diffs,
+                  f"{what}: T merge vs truth")
+    # Tessera's Python load_distributed_checkpoint (network=None: rank 0's arrays), same files
+    if args_py:
+        npz = os.path.join(cdir, f"t_py_load_{name}.npz")
+        code = ("import json, sys, numpy as np\n"
+                "import tessera.parallel as p\n"
+                "a = json.loads(sys.argv[1])\n"
+                "d = p.load_distributed_checkpoint(None, a['files'], None, a['train'])\n"
+                "np.savez(a['out'], **{k.replace('.', '~'): v for k, v in d.items()})\n")
+        rcp, outp = run([args_py, "-c", code, json.dumps({"files": files, "train": a_path,
+                                                          "out": npz})])
+        if rcp != 0:
+            diffs.append(f"{what}: Tessera's Python load_distributed_checkpoint refuses: "
+                         f"{outp[-400:]}")
+        else:
+            got = {k.replace('~', '.'): v for k, v in np.load(npz).items()}
+            for p in params + outside:
+                want = full[p]
+                if p not in got:
+                    diffs.append(f"{what}: Tessera's Python load lacks {p}")
+                elif got[p].shape != want.shape or not np.array_equal(
+                        got[p].astype(np.float64), want.astype(np.float64)):
+                    diffs.append(f"{what}: Tessera's Python load: {p} differs from the truth")
+    if not ok:
+        notes.append(f"MS-LIMIT {what}: MindSpore refuses: {r}")
+        return
+    wrong = []
+    for p in net.get_parameters():
+        d = p.data
+        if d.dtype == ms.bfloat16:
+            d = ms.ops.cast(d, ms.float32)
+        got = np.asarray(d.asnumpy())
+        want = full[p.name]
+        if p.name in SKIP_MS:
+            continue
+        if got.shape != want.shape or not np.array_equal(got.astype(np.float64),
+                                                         want.astype(np.float64)):
+            wrong.append((p.name, list(got.shape)))
+    if wrong:
+        diffs.append(f"{what}: MindSpore's network differs from the truth: {wrong}")
+
+
+def transform_checks(cdir, t, src, a_path, b_path, rb, tl, ms_list, params, outside, full,
+                     dtypes, b_spec, nd_b, src_only, dst_only, prefix, diffs, notes):
+    """``transform_checkpoint_by_rank`` (the function ``convert_checkpoint_by_rank`` wraps)
+    called directly: (1) given only the source files of Tessera's (shorter) ``ckpt ranks``
+    list, it must write what ``tessera ckpt convert --rank`` writes; (2) from the unsharded
+    source (``src_strategy_file=None``, ``full/rank_0``) against ``ckpt convert`` without
+    ``--src-strategy``. Both are also judged by the numpy truth."""
+    shared = [p for p, v in (b_spec or {}).items() if len(v["stages"]) > 1]
+    tf = os.path.join(cdir, "t_byrank", f"rank_{rb}", f"{prefix}{rb}.ckpt")
+    if tl is not None and os.path.exists(tf):
+        fmap = {}
+        for k in sorted(tl, reverse=True):  # MindSpore's own lists are descending
+            fs = tree(os.path.join(src, f"rank_{k}"))
+            fmap[int(k)] = os.path.join(src, f"rank_{k}", fs[0])
+        ms_file = os.path.join(cdir, "ms_transform_tl", f"rank_{rb}.ckpt")
+        os.makedirs(os.path.dirname(ms_file))
+        ok, r = ms_call(transform_checkpoint_by_rank, rb, fmap, ms_file, a_path, b_path)
+        if not ok and not set(tl) >= set(ms_list):
+            # documented: MindSpore reads from the ranks of its own list, not from any rank
+            # holding the piece; another cover of the same pieces is refused
+            notes.append(f"MS-LIMIT transform_checkpoint_by_rank {rb}: refuses Tessera's "
+                         f"ranks {tl}: {r}")
+        elif not ok:
+            diffs.append(f"transform_checkpoint_by_rank {rb} from Tessera's ranks {tl}: "
+                         f"MindSpore refuses: {r}")
+        else:
+            # Tessera's file is judged by MindSpore's own-list output and the truth above;
+            # what MindSpore makes of another (sufficient) cover is recorded: with a pipelined
+            # source it can silently merge wrong shapes (documented)
+            d2 = []
+            cmp_files(ms_file, tf, d2, f"transform_checkpoint_by_rank {rb} (ranks {tl})",
+                      order=False, whole=src_only, ms_may_lack=shared, notes=notes)
+            if d2 and not set(tl) >= set(ms_list):
+                notes += [f"MS-BUG {d}" for d in d2]
+            else:
+                diffs += d2
+    # MindSpore's own list in ascending order: the result must not depend on the map's order
+    own = os.path.join(cdir, "ms_byrank", f"rank_{rb}.ckpt")
+    if ms_list and os.path.exists(own):
+        fmap = {}
+        for k in sorted(ms_list):
+            fs = tree(os.path.join(src, f"rank_{k}"))
+            fmap[k] = os.path.join(src, f"rank_{k}", fs[0])
+        ms_file = os.path.join(cdir, "ms_transform_asc", f"rank_{rb}.ckpt")
+        os.makedirs(os.path.dirname(ms_file))
+        ok, r = ms_call(transform_checkpoint_by_rank, rb, fmap, ms_file, a_path, b_path)
+        d2 = []
+        if ok:
+            cmp_files(own, ms_file, d2, f"transform_checkpoint_by_rank {rb} ascending map",
+                      order=False)
+        else:
+            d2.append(f"transform_checkpoint_by_rank {rb}: refuses its own list ascending: {r}")
+        # documented MindSpore bug: a parameter on several source stages with different
+        # layouts is merged from whichever stage's file comes last
+        notes += [f"MS-BUG {d}" for d in d2]
+    # the unsharded source: full/rank_0/full.ckpt holds every tensor whole
+    t_u = os.path.join(cdir, "t_byrank_unsharded")
+    cmd = [t, "ckpt", "convert", "--src", os.path.join(cdir, "full"), "--dst", t_u, "--rank",
+           str(rb), "--prefix", prefix, "--quiet", "--no-fsync"]
+    if b_path:
+        cmd += ["--dst-strategy", b_path]
+    if dst_only:
+        cmd.append("--allow-missing")
+    rc, out = run(cmd)
+    ms_file = os.path.join(cdir, "ms_transform_unsharded", f"rank_{rb}.ckpt")
+    os.makedirs(os.path.dirname(ms_file))
+    ok, r = ms_call(transform_checkpoint_by_rank, rb,
+                    {0: os.path.join(cdir, "full", "rank_0", "full.ckpt")}, ms_file, None, b_path)
+    tf = os.path.join(t_u, f"rank_{rb}", f"{prefix}{rb}.ckpt")
+    if judge(f"transform unsharded {rb}", "converts", (ok, r), (rc, out), diffs, notes):
+        cmp_files(ms_file, tf, diffs, f"transform unsharded {rb}", order=False,
+                  ms_may_lack=shared, notes=notes)
+    if rc == 0:
+        if b_spec is None:
+            tr = {p: (dtypes[p], full[p]) for p in params + outside}
+        else:
+            tr = truth_for_rank({p: v for p, v in b_spec.items() if p in params}, full, dtypes,
+                                nd_b, rb, outside)
+            for p in params:
+                if p not in b_spec:
+                    tr[p] = (dtypes[p], full[p])
+        if os.path.exists(tf):
+            cmp_truth(tf, tr, diffs, f"convert unsharded T rank {rb} vs truth")
+        else:
+            diffs.append(f"convert unsharded: Tessera wrote {tree(t_u)}")
 
 
 def read_names(path):
@@ -935,11 +1207,15 @@ def main():
     ap.add_argument("--cases", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tessera", default="target/debug/tessera")
+    ap.add_argument("--tessera-python", default="",
+                    help="a Python with the tessera package: its load_distributed_checkpoint "
+                         "is compared too")
     ap.add_argument("--work", default="/tmp/msdiff")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     args.tessera = os.path.abspath(args.tessera)
+    PY_TESSERA[0] = args.tessera_python or None
     os.makedirs(args.work, exist_ok=True)
     only = [int(x) for x in args.only.split(",") if x]
     bad = 0

@@ -420,9 +420,10 @@ fn load_distributed_files<'py>(
 /// The tensors destination `rank` holds under `dst_strategy` (a file), `layouts` (a layout
 /// dict) or neither (whole tensors), from per-rank `files` saved under `src_strategy` (none: one
 /// unsharded file, as rank 0; decrypted with `dec_key` /
-/// `dec_mode` when a key is given), as a dict of numpy arrays.
+/// `dec_mode` when a key is given), as a dict of numpy arrays. A parameter of either strategy
+/// that no file holds is an error unless `allow_missing` (then it is left out).
 #[pyfunction]
-#[pyo3(signature = (files, src_strategy, dst_strategy, rank, layouts=None, dec_key=None, dec_mode="AES-GCM"))]
+#[pyo3(signature = (files, src_strategy, dst_strategy, rank, layouts=None, dec_key=None, dec_mode="AES-GCM", allow_missing=false))]
 #[allow(clippy::too_many_arguments)]
 fn load_rank_from_files<'py>(
     py: Python<'py>,
@@ -433,17 +434,19 @@ fn load_rank_from_files<'py>(
     layouts: Option<Vec<LayoutEntry>>,
     dec_key: Option<Vec<u8>>,
     dec_mode: &str,
+    allow_missing: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dst = target_strategy(dst_strategy, layouts)?;
     let dec = decryption(dec_key, dec_mode)?;
     let tensors = py
         .detach(|| {
-            ckpt::load_rank_from_files_with(
+            ckpt::load_rank_from_files_allowing(
                 &files,
                 src_strategy.as_deref(),
                 dst.as_ref(),
                 rank,
                 dec.as_ref(),
+                allow_missing,
             )
         })
         .map_err(ckpt_err)?;

@@ -56,7 +56,8 @@ def load_distributed_files(unified_dir: _Path, strategy: Optional[_Path], dst_di
 def load_rank_from_files(files: Dict[int, _Path], src_strategy: Optional[_Path], dst_strategy: Optional[_Path],
                          rank: int, layouts: Optional[List[_LayoutEntry]] = None,
                          dec_key: Optional[bytes] = None,
-                         dec_mode: str = "AES-GCM") -> Dict[str, np.ndarray]: ...
+                         dec_mode: str = "AES-GCM",
+                         allow_missing: bool = False) -> Dict[str, np.ndarray]: ...
 def load_rank_from_unified(unified_dir: _Path, strategy: Optional[_Path], rank: int,
                            layouts: Optional[List[_LayoutEntry]] = None) -> Dict[str, np.ndarray]: ...
 def load_segmented_checkpoints(dir: _Path, dec_key: Optional[bytes] = None,

@@ -256,8 +256,8 @@ pub use crate::model::{
     StoredTensor, StoredType, Strategy, StrategyFlavour, StrategyParam, TensorMeta,
 };
 pub use crate::ops::by_files::{
-    convert_checkpoint_files, load_rank_from_files, load_rank_from_files_with,
-    load_rank_from_unified, load_rank_from_unified_with,
+    convert_checkpoint_files, load_rank_from_files, load_rank_from_files_allowing,
+    load_rank_from_files_with, load_rank_from_unified, load_rank_from_unified_with,
 };
 pub use crate::ops::convert::{
     convert_checkpoint_by_rank, convert_checkpoints, convert_unsharded,

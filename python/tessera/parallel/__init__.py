@@ -313,7 +313,8 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
                                 output_format="safetensors", name_map=None,
                                 max_process_num=64, return_param_dict=False, *,
                                 force: bool = False, progress: _progress.Progress = None,
-                                fsync: bool = True) -> Optional[Dict[str, np.ndarray]]:
+                                fsync: bool = True,
+                                allow_missing: bool = False) -> Optional[Dict[str, np.ndarray]]:
     """The tensors a rank holds under ``predict_strategy``, as a dict of name → numpy array,
     or, with ``dst_safetensors_dir``, files ``dst_safetensors_dir/rank_<r>/net.<output_format>``
     (every rank, or ``rank_id``).
@@ -330,6 +331,11 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
       strategy: every stage's); fewer, more (files past the devices holding more than a step
       counter), or one file given for two ranks that hold different slices, is a
       ``CheckpointError`` naming ``checkpoint_filenames`` with the counts given and needed.
+      A parameter of the training (or predict) strategy that no file holds is a
+      ``CheckpointError`` naming it unless ``allow_missing=True`` (then it is left out;
+      MindSpore leaves it out with a warning). A deduplicated set's empty (0-byte) files, of
+      ranks that own nothing, are read as holding no tensor; with no training strategy the
+      one file must not be empty.
     - ``format="safetensors"``: from ``unified_safetensors_dir`` (see
       :func:`unified_safetensors`).
 
@@ -360,6 +366,11 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
     _checks.choice(output_format, "output_format", _FORMATS)
     key = _decryption(dec_key, dec_mode)
     _checks.positive_int(max_process_num, "max_process_num")
+    missing = _checks.flag(allow_missing, "allow_missing")
+    if missing and format != "ckpt":
+        raise ValueError("For 'load_distributed_checkpoint', allow_missing=True applies to "
+                         "format='ckpt' (checkpoint_filenames) only; the unified safetensors "
+                         "checkpoint holds every parameter whole.")
     if predict_strategy is None:
         strategy, layouts = None, None
     elif isinstance(predict_strategy, dict):
@@ -398,11 +409,26 @@ def load_distributed_checkpoint(network, checkpoint_filenames=None, predict_stra
         raise TypeError("For 'checkpoint_filenames', the type must be list, but got "
                         f"{type(checkpoint_filenames).__name__}.")
     files = {r: _checks.path(f, "checkpoint_filenames") for r, f in enumerate(checkpoint_filenames)}
-    for f in files.values():
-        _not_empty(f)
     train = _checks.optional_path(train_strategy_filename, "train_strategy_filename")
-    tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0, layouts=layouts,
-                                            dec_key=key, dec_mode=dec_mode)
+    if train is None:
+        # one unsharded file: empty, it holds nothing to load
+        for f in files.values():
+            _not_empty(f)
+    try:
+        tensors = _tessera.load_rank_from_files(files, train, strategy, rank or 0,
+                                                layouts=layouts, dec_key=key,
+                                                dec_mode=dec_mode, allow_missing=missing)
+    except CheckpointError as e:
+        # A deduplicated .ckpt set has an empty (0-byte) file for a rank that owns nothing,
+        # which is read as holding no tensor; when the set then lacks something, name them.
+        empty = [f for f in files.values() if _is_empty(f)]
+        if not empty:
+            raise
+        rule = (f"the file is empty (0 bytes), and the set cannot be read without what it "
+                f"should hold ({len(empty)} empty file(s) in checkpoint_filenames): {e}")
+        err = CheckpointError(f"{empty[0]}: {rule}")
+        err.file, err.tensor, err.rule = empty[0], getattr(e, "tensor", None), rule
+        raise err from e
     return _into_network(_rename(tensors, names), network, strict_load, return_param_dict)
 
 
@@ -450,6 +476,15 @@ def _other_format_arguments(format: str, **given: Any) -> None:
                          f"{'applies' if len(named) == 1 else 'apply'} only when format is "
                          f"'{'safetensors' if format == 'ckpt' else 'ckpt'}', but format is "
                          f"'{format}'; {'it' if len(named) == 1 else 'they'} would be ignored.")
+
+
+def _is_empty(path: str) -> bool:
+    """Whether ``path`` is a regular file of 0 bytes (False when it cannot be looked at: the
+    reader reports that, naming the file)."""
+    try:
+        return os.path.isfile(path) and os.path.getsize(path) == 0
+    except OSError:
+        return False
 
 
 def _not_empty(path: str) -> None:

@@ -45,7 +45,8 @@ def load_distributed_checkpoint(network: Any, checkpoint_filenames: Optional[Seq
                                 name_map: Optional[Dict[str, str]] = None,
                                 max_process_num: int = 64, return_param_dict: bool = False, *,
                                 force: bool = False, progress: _Progress = None,
-                                fsync: bool = True) -> Optional[Dict[str, np.ndarray]]: ...
+                                fsync: bool = True,
+                                allow_missing: bool = False) -> Optional[Dict[str, np.ndarray]]: ...
 def load_segmented_checkpoints(ckpt_file_dir: _Path, net: Any = None, strict_load: bool = False,
                                filter_prefix: Union[None, str, Sequence[str]] = None,
                                dec_key: Optional[bytes] = None, dec_mode: str = "AES-GCM",

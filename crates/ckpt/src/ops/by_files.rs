@@ -402,12 +402,26 @@ pub fn load_rank_from_files(
 /// `predict_strategy=None`: every tensor whole, on rank 0), for an unsharded source (no
 /// source strategy: one file, given as rank 0), reading encrypted `.ckpt` files with `dec`
 /// (MindSpore's `dec_key` / `dec_mode`). `files` follows the rule of [`load_rank_from_files`].
+/// A parameter of either strategy that no file holds is [`CkptError::TensorMissing`].
 pub fn load_rank_from_files_with(
     files: &BTreeMap<usize, PathBuf>,
     src_strategy: Option<&Path>,
     dst_strategy: Option<&Strategy>,
     rank: usize,
     dec: Option<&Decryption>,
+) -> Result<Vec<(String, Tensor)>> {
+    load_rank_from_files_allowing(files, src_strategy, dst_strategy, rank, dec, false)
+}
+
+/// [`load_rank_from_files_with`] that, with `allow_missing`, leaves out the parameters of
+/// either strategy that no file holds instead of refusing (`ckpt convert --allow-missing`).
+pub fn load_rank_from_files_allowing(
+    files: &BTreeMap<usize, PathBuf>,
+    src_strategy: Option<&Path>,
+    dst_strategy: Option<&Strategy>,
+    rank: usize,
+    dec: Option<&Decryption>,
+    allow_missing: bool,
 ) -> Result<Vec<(String, Tensor)>> {
     let argument = "checkpoint_filenames";
     let src_loaded = src_strategy.map(Strategy::load).transpose()?;
@@ -422,8 +436,13 @@ pub fn load_rank_from_files_with(
     if let Some(src) = &src_loaded {
         check_past_ranks(&sources, given, src, argument)?;
     }
-    let ResolvedConversion { src, dst, .. } =
-        resolve_conversion(&sources, &root, src_loaded.as_ref(), dst_strategy, true)?;
+    let ResolvedConversion { src, dst, .. } = resolve_conversion(
+        &sources,
+        &root,
+        src_loaded.as_ref(),
+        dst_strategy,
+        allow_missing,
+    )?;
     if let Some(path) = src_strategy {
         check_shared_files(given, &src, path, argument)?;
     }
