@@ -99,3 +99,10 @@ def test_a_missing_strategy_or_group_file_is_a_value_error(func, tmp_path):
         assert isinstance(err.value, tessera.CheckpointError)
         assert err.value.file == str(path)
         assert "no such" in err.value.rule or "not a regular file" in err.value.rule
+
+
+def test_build_searched_strategy_of_none_is_a_type_error():
+    # MindSpore 2.10 returns None here (docs/MINDSPORE_DIFFERENCES.md, section 12); a name that
+    # was never set must not read as "no strategy" further on.
+    with pytest.raises(TypeError, match="For 'strategy_filename', the type must be str"):
+        P.build_searched_strategy(None)
