@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use crate::model::{draw_gpt_model, GptModel};
 use crate::{divisors, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
 
 /// Steps each case trains.
@@ -32,43 +33,14 @@ pub fn draw_gpt_case(seed: u64, index: usize, text: &Path, out: &Path) -> GptCas
     let mut c = Config::default();
 
     // The model.
-    let heads: usize = rng.pick(&[1, 2, 3, 4, 6, 8, 2, 4]);
-    let widths: Vec<usize> = (16..=64usize)
-        .step_by(4)
-        .filter(|&h| h.is_multiple_of(heads))
-        .collect();
-    let hidden = rng.pick(&widths);
-    let seq_len: usize = rng.pick(&[8, 9, 12, 15, 16, 20, 24, 32]);
-    let layers = rng.range(1, if pipelined { 8 } else { 4 });
-    c.set_str("model.name", "gpt");
-    c.set("model.layers", layers);
-    c.set("model.heads", heads);
-    c.set("model.hidden", hidden);
-    c.set("model.seq_len", seq_len);
-    c.set("model.tie_embeddings", rng.chance(0.7));
-    let dropout = rng.chance(0.25);
-    if dropout {
-        c.set("model.dropout", "0.1");
-    } else if rng.chance(0.3) {
-        c.set("model.fused_attention", false);
-    }
-    let mut ffn = 4 * hidden;
-    if rng.chance(0.3) {
-        ffn = rng.pick(&[24, 48, 64, 96]);
-        c.set("model.ffn_hidden", ffn);
-    }
-    let experts: Option<usize> = rng.chance(0.25).then(|| rng.pick(&[2, 4, 8]));
-    if let Some(experts) = experts {
-        c.set("model.moe.experts", experts);
-        c.set("model.moe.top_k", rng.pick(&[1, 2]));
-        c.set("model.moe.every", rng.pick(&[1, 1, 2]));
-        if rng.chance(0.3) {
-            c.set("model.moe.capacity_factor", rng.pick(&["1.0", "2.0"]));
-        }
-        if rng.chance(0.3) {
-            c.set("model.moe.shared_expert", true);
-        }
-    }
+    let GptModel {
+        heads,
+        seq_len,
+        ffn,
+        dropout,
+        experts,
+        ..
+    } = draw_gpt_model(&mut rng, &mut c, if pipelined { 8 } else { 4 });
 
     // The strategy: `micro` micro-batches of a pipeline, `interleave` of
     // `micro_batch_interleave`, both run by the reference as gradient accumulation.

@@ -9,6 +9,7 @@
 mod config;
 mod draw;
 mod gpt_case;
+mod model;
 mod resume_case;
 mod rng;
 

@@ -7,6 +7,7 @@
 
 use std::path::Path;
 
+use crate::model::{draw_gpt_model, GptModel};
 use crate::{divisors, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
 
 /// The most steps layout A trains before its checkpoint.
@@ -18,14 +19,9 @@ pub const MAX_DEVICES: usize = 16;
 
 /// The model's sizes a layout must divide.
 struct Model {
+    /// Whether the vocabulary can be split (the byte tokenizer's 256 entries).
     vocab_parallel: bool,
-    heads: usize,
-    seq_len: usize,
-    layers: usize,
-    ffn: usize,
-    dropout: bool,
-    unfused: bool,
-    experts: Option<usize>,
+    gpt: GptModel,
 }
 
 /// One drawn layout: its `parallel.` keys, what the batch must be a multiple of, and its
@@ -68,13 +64,13 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
     let mut c = Config::default();
     let (devices, unit, family);
     let mut accumulates = false;
-    if rng.chance(0.35) && model.layers > 1 {
+    if rng.chance(0.35) && model.gpt.layers > 1 {
         let mut stages = rng.pick(&[2, 2, 3, 4, 4, 8]);
-        while stages > model.layers {
+        while stages > model.gpt.layers {
             stages = if stages == 3 { 2 } else { stages / 2 };
         }
         let mut mp = rng.pick(&[1, 1, 2, 2, 4]);
-        if !model.heads.is_multiple_of(mp) || !model.ffn.is_multiple_of(mp) {
+        if !model.gpt.heads.is_multiple_of(mp) || !model.gpt.ffn.is_multiple_of(mp) {
             mp = 1;
         }
         let mut dp = rng.pick(&[1, 1, 2, 2, 4]);
@@ -108,7 +104,7 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
         if mp > 1 && model.vocab_parallel && rng.chance(0.4) {
             c.set("parallel.vocab_emb_dp", false);
         }
-        if mp > 1 && model.seq_len.is_multiple_of(mp) && rng.chance(0.4) {
+        if mp > 1 && model.gpt.seq_len.is_multiple_of(mp) && rng.chance(0.4) {
             c.set("parallel.use_seq_parallel", true);
         }
         if dp > 1 && rng.chance(0.35) {
@@ -139,26 +135,26 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
         if mode == "semi_auto" {
             let mps: Vec<usize> = [1, 2, 4, 8]
                 .into_iter()
-                .filter(|&d| model.heads.is_multiple_of(d) && model.ffn.is_multiple_of(d))
+                .filter(|&d| model.gpt.heads.is_multiple_of(d) && model.gpt.ffn.is_multiple_of(d))
                 .collect();
             let mut mp = rng.pick(&mps);
-            let mut cp = if model.seq_len.is_multiple_of(2) {
+            let mut cp = if model.gpt.seq_len.is_multiple_of(2) {
                 rng.pick(&[1, 1, 2, 4])
             } else {
                 1
             };
-            if !model.seq_len.is_multiple_of(cp) {
+            if !model.gpt.seq_len.is_multiple_of(cp) {
                 cp = 1;
             }
             let mut algo = None;
             if cp > 1 {
                 let mut a = Some(rng.pick(&["ulysses", "ring"]));
-                if a == Some("ulysses") && !model.heads.is_multiple_of(mp * cp) {
+                if a == Some("ulysses") && !model.gpt.heads.is_multiple_of(mp * cp) {
                     a = Some("ring");
                 }
                 // The ring needs the fused attention and no dropout (the model is shared).
-                if a == Some("ring") && (model.dropout || model.unfused) {
-                    a = model.heads.is_multiple_of(mp * cp).then_some("ulysses");
+                if a == Some("ring") && (model.gpt.dropout || model.gpt.unfused) {
+                    a = model.gpt.heads.is_multiple_of(mp * cp).then_some("ulysses");
                 }
                 if a.is_none() {
                     cp = 1;
@@ -181,13 +177,13 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
                 c.set("parallel.context_parallel", cp);
                 c.set_str("parallel.context_parallel_algo", algo);
             }
-            if mp > 1 && rng.chance(0.4) && model.seq_len.is_multiple_of(mp * cp) {
+            if mp > 1 && rng.chance(0.4) && model.gpt.seq_len.is_multiple_of(mp * cp) {
                 c.set("parallel.use_seq_parallel", true);
             }
             if mp > 1 && model.vocab_parallel && rng.chance(0.35) {
                 c.set("parallel.vocab_emb_dp", false);
             }
-            if let Some(experts) = model.experts {
+            if let Some(experts) = model.gpt.experts {
                 if dp > 1 && rng.chance(0.7) {
                     let eps: Vec<usize> = divisors(dp)
                         .into_iter()
@@ -255,59 +251,14 @@ pub fn draw_resume_case(seed: u64, index: usize, text: &Path, out: &Path) -> Res
     let mut c = Config::default();
 
     // The model, shared by both layouts and the reference.
-    let heads: usize = rng.pick(&[1, 2, 3, 4, 6, 8, 2, 4]);
-    let widths: Vec<usize> = (16..=64usize)
-        .step_by(4)
-        .filter(|&h| h.is_multiple_of(heads))
-        .collect();
-    let hidden = rng.pick(&widths);
-    let seq_len: usize = rng.pick(&[8, 9, 12, 15, 16, 20, 24, 32]);
-    let layers = rng.range(1, 6);
-    c.set_str("model.name", "gpt");
-    c.set("model.layers", layers);
-    c.set("model.heads", heads);
-    c.set("model.hidden", hidden);
-    c.set("model.seq_len", seq_len);
-    c.set("model.tie_embeddings", rng.chance(0.7));
-    let dropout = rng.chance(0.25);
-    let mut unfused = false;
-    if dropout {
-        c.set("model.dropout", "0.1");
-    } else if rng.chance(0.2) {
-        c.set("model.fused_attention", false);
-        unfused = true;
-    }
-    let mut ffn = 4 * hidden;
-    if rng.chance(0.3) {
-        ffn = rng.pick(&[24, 48, 64, 96]);
-        c.set("model.ffn_hidden", ffn);
-    }
-    let experts: Option<usize> = rng.chance(0.25).then(|| rng.pick(&[2, 4, 8]));
-    if let Some(experts) = experts {
-        c.set("model.moe.experts", experts);
-        c.set("model.moe.top_k", rng.pick(&[1, 2]));
-        let every = if layers > 1 { rng.pick(&[1, 1, 2]) } else { 1 };
-        c.set("model.moe.every", every);
-        if rng.chance(0.3) {
-            c.set("model.moe.capacity_factor", rng.pick(&["1.0", "2.0"]));
-        }
-        if rng.chance(0.3) {
-            c.set("model.moe.shared_expert", true);
-        }
-    }
+    let gpt = draw_gpt_model(&mut rng, &mut c, 6);
     // The char tokenizer's vocabulary of the bundled text (73) divides no model-parallel
     // degree: vocabulary parallel only with bytes (256), or the layout would be refused.
     let char_tokens = rng.chance(0.3);
     c.set_str("data.tokenizer", if char_tokens { "char" } else { "byte" });
     let model = Model {
         vocab_parallel: !char_tokens,
-        heads,
-        seq_len,
-        layers,
-        ffn,
-        dropout,
-        unfused,
-        experts,
+        gpt,
     };
 
     // The two layouts: both cut a step into `split` micro-batches, which the reference runs
