@@ -44,7 +44,7 @@ pub enum ParallelError {
         reason: String,
     },
     /// A bad setting.
-    #[error("parallel setting {setting}: {reason}")]
+    #[error("parallel.{setting}: {reason}")]
     Setting {
         /// The setting (`dataset_strategy`, `devices`, …).
         setting: &'static str,

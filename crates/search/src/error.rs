@@ -33,7 +33,7 @@ pub enum SearchError {
         profile: String,
     },
     /// A device profile whose figures are out of range (a search checks it first).
-    #[error("parallel setting device_profile: profile {profile}: {source}")]
+    #[error("parallel.device_profile: profile {profile}: {source}")]
     InvalidProfile {
         /// The profile's name.
         profile: String,
@@ -45,7 +45,7 @@ pub enum SearchError {
     /// infinite or NaN time or size): the searches refuse it rather than choose or print a plan
     /// on it. `what` names the op (and the strategy, or the edge) it was computed for.
     #[error(
-        "parallel setting device_profile: profile {profile}: {what} is {value}, not a finite \
+        "parallel.device_profile: profile {profile}: {what} is {value}, not a finite \
          number: the profile's rates and latencies are outside what the cost model can use"
     )]
     NonFiniteCost {
