@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """A seeded fuzz of config values: each case takes an example config, sets one to three keys
 (the examples' own and the parallel, model and data sizes) to hostile values (0, -1, 2^31,
 2^63-1, inf, nan, huge strings, wrong types, nested lists), and runs `tessera plan`, `tessera
