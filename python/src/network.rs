@@ -189,7 +189,9 @@ impl Callback for PyStepCallback {
 /// `"local"` (`parallel.devices` ranks as threads of this process) or `"mpi"` (this process is
 /// one rank of the `mpirun` job `tessera.communication.init()` joined). Calls
 /// `callback(epoch, step_in_epoch, global_step, loss, lr)` after every step; returns every step's
-/// loss and the checkpoint set saved last, if any.
+/// loss, the checkpoint set saved last, if any, and the engine's warnings (a setting given that
+/// has no effect, or that the compiled program caps: `TrainConfig::warnings` and
+/// `TrainSession::warnings`, what `tessera train` prints), for the caller to show.
 #[pyfunction]
 #[pyo3(signature = (
     builder, input, labels, logits, loss, inputs, label_data, config, *,
@@ -210,7 +212,7 @@ fn train_network(
     shuffle: bool,
     backend: &str,
     callback: Option<Py<PyAny>>,
-) -> PyResult<(Vec<f32>, Option<PathBuf>)> {
+) -> PyResult<(Vec<f32>, Option<PathBuf>, Vec<String>)> {
     let count = builder.builder.graph().values().len();
     for (what, id) in [
         ("input", input),
@@ -306,21 +308,26 @@ fn train_network(
             )))
         }
     };
+    let mut warnings = config.warnings();
     let report = py.detach(|| {
         runtime::allocator::keep_freed_memory();
         let session = TrainSession::with_dataset(&config, model, Arc::new(dataset), None)?;
-        if mpi {
+        let compiled = session.warnings();
+        let report = if mpi {
             crate::distributed::train_rank(&session, &options, callbacks)
         } else {
             runtime::train_local_with(&session, &options, callbacks)
-        }
+        };
+        report.map(|report| (report, compiled))
     });
     if let Some(err) = error.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(err);
     }
-    let losses = report.map_err(runtime_err)?.losses().to_vec();
+    let (report, compiled) = report.map_err(runtime_err)?;
+    warnings.extend(compiled);
+    let losses = report.losses().to_vec();
     let saved = runtime::periodic_ckpt::latest_set(&config.output().dir);
-    Ok((losses, saved))
+    Ok((losses, saved, warnings))
 }
 
 /// The training configuration of `model` from `json` (the `[parallel]`, `[train]` and

@@ -78,8 +78,29 @@ def set_auto_parallel_context(**kwargs):
                 raise ValueError(f"set_auto_parallel_context: parallel_mode {value!r} is not "
                                  f"supported yet (supported: {', '.join(_PARALLEL_MODES)})")
             _STATE["parallel_mode"] = value
+        elif key in _INSTEAD:
+            raise ValueError(f"set_auto_parallel_context: {key} is not supported; use "
+                             f"{_INSTEAD[key]} instead")
         else:
             raise ValueError(f"set_auto_parallel_context: {key} is not supported yet")
+
+
+#: MindSpore's context keys for pipelines, optimizer parallelism and batches, and the
+#: ``AutoParallel`` switch or wrapper that sets each here (the refusal names it).
+_INSTEAD = {
+    "pipeline_stages": "AutoParallel(net).pipeline(stages=...) with "
+                       "parallel.nn.Pipeline(net, micro_size, stage_config)",
+    "pipeline_config": "AutoParallel(net).pipeline(scheduler=..., interleave=...)",
+    "pipeline_result_broadcast": "AutoParallel(net).pipeline(output_broadcast=...)",
+    "enable_parallel_optimizer": "AutoParallel(net).hsdp(shard_size, threshold, "
+                                 "optimizer_level)",
+    "parallel_optimizer_config": "AutoParallel(net).hsdp(shard_size, threshold, "
+                                 "optimizer_level)",
+    "optimizer_weight_shard_size": "AutoParallel(net).hsdp(shard_size=...)",
+    "grad_accumulation_step": "parallel.nn.GradAccumulation(net, micro_size)",
+    "full_batch": "AutoParallel(net).dataset_strategy('full_batch')",
+    "dataset_strategy": "AutoParallel(net).dataset_strategy(...)",
+}
 
 
 #: The keys ``set_auto_parallel_context`` takes, which ``get_auto_parallel_context`` reads.

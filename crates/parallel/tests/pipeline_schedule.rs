@@ -903,6 +903,87 @@ fn stage_config_errors_name_the_cell_or_stage() {
 }
 
 #[test]
+fn a_stage_without_parameters_before_one_with_some_is_refused_naming_it() {
+    use graph::{GraphBuilder, Initializer};
+    use tensor::DType;
+    // l0 and l2 hold parameters, l1 and l3 none.
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[4, 8], DType::F32).unwrap();
+    let w0 = b
+        .parameter("l0.w", &[8, 8], Initializer::normal(1.0))
+        .unwrap();
+    let h = b.matmul("l0.matmul", x, w0).unwrap();
+    let h = b.gelu("l1.gelu", h, true).unwrap();
+    let w2 = b
+        .parameter("l2.w", &[8, 8], Initializer::normal(1.0))
+        .unwrap();
+    let h = b.matmul("l2.matmul", h, w2).unwrap();
+    b.gelu("l3.gelu", h, true).unwrap();
+    let g = b.finish();
+    let staged = |cuts: &[(&str, usize)]| {
+        cuts.iter()
+            .fold(PipelineConfig::new(3, 1, Scheduler::GPipe), |c, (k, s)| {
+                c.with_stage(*k, *s)
+            })
+    };
+    // l1 alone on stage 1 before l2 on stage 2: the run's checkpoint would be unreadable.
+    let err = node_stages(&g, &staged(&[("l0", 0), ("l1", 1), ("l2", 2)]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(
+            "parallel.pipeline.stage_config: stage 1 holds no trainable parameter (its cells: l1) \
+             but stage 2 does"
+        ),
+        "{err}"
+    );
+    // The same gap left by the cut by parameter counts names the stage count.
+    let err = node_stages(&g, &PipelineConfig::new(4, 1, Scheduler::GPipe))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("parallel.pipeline.stages (the cut by parameter counts): stage 1"),
+        "{err}"
+    );
+    // A trailing stage without parameters (l3 alone on the last stage) is allowed.
+    let stages = node_stages(&g, &staged(&[("l0", 0), ("l2", 1), ("l3", 2)])).unwrap();
+    let names: Vec<(&str, usize)> = stages
+        .layers
+        .iter()
+        .map(|(n, s)| (n.as_str(), *s))
+        .collect();
+    assert_eq!(names, vec![("l0", 0), ("l1", 0), ("l2", 1), ("l3", 2)]);
+    // A frozen parameter is not saved: a stage holding only one is refused alike.
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[4, 8], DType::F32).unwrap();
+    let w0 = b
+        .parameter("l0.w", &[8, 8], Initializer::normal(1.0))
+        .unwrap();
+    let h = b.matmul("l0.matmul", x, w0).unwrap();
+    let shift = b
+        .parameter_with(
+            "l1.shift",
+            &[8],
+            DType::F32,
+            Initializer::normal(1.0),
+            false,
+        )
+        .unwrap();
+    let h = b.add("l1.add", h, shift).unwrap();
+    let w2 = b
+        .parameter("l2.w", &[8, 8], Initializer::normal(1.0))
+        .unwrap();
+    b.matmul("l2.matmul", h, w2).unwrap();
+    let err = node_stages(&b.finish(), &staged(&[("l0", 0), ("l1", 1), ("l2", 2)]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("stage 1 holds no trainable parameter"),
+        "{err}"
+    );
+}
+
+#[test]
 fn stages_hold_contiguous_rank_groups_in_mindspore_order() {
     assert_eq!(stage_ranks(0, 2, 8), Some(0..4));
     assert_eq!(stage_ranks(1, 2, 8), Some(4..8));

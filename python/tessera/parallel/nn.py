@@ -58,12 +58,19 @@ class Pipeline(_Wrapper):
                                  "int >= 0")
         self.stage_config = dict(stage_config or {})
 
-    def _engine_stage_config(self):
+    def _engine_stage_config(self, node_names=None):
         """``stage_config`` with each cell name turned into the prefix of its ops' node names
-        (the wrappers' own names, such as ``_backbone``, add none)."""
+        (the wrappers' own names, such as ``_backbone``, add none). With ``node_names`` (the
+        traced graph's), a cell that added no op (it computes nothing, such as
+        ``nn.Dropout(p=0)``) is left out with a ``UserWarning`` naming it: nothing of it runs on
+        a stage, and as in MindSpore, where a stage colours a cell's ops, its stage has no
+        effect (the cells after it take the stage of the cell before them); when no other cell
+        is given its stage, that stage would run nothing, a ``ValueError`` naming the cell."""
+        import warnings
+
         self.network._name_tree("")
         paths = {name: cell._path for name, cell in self.network.cells_and_names() if name}
-        out = {}
+        out, opless = {}, {}
         for name, stage in self.stage_config.items():
             if name not in paths:
                 known = ", ".join(sorted(paths)) or "(none)"
@@ -72,7 +79,21 @@ class Pipeline(_Wrapper):
             if not paths[name]:
                 raise ValueError(f"Pipeline: stage_config names {name!r}, a wrapper that holds "
                                  "every op; name the cells inside it")
-            out[paths[name]] = stage
+            path = paths[name]
+            if node_names is not None and not any(
+                    n == path or n.startswith(path + ".") for n in node_names):
+                opless[name] = stage
+                continue
+            out[path] = stage
+        for name, stage in opless.items():
+            if stage not in out.values():
+                raise ValueError(f"Pipeline: stage_config[{name!r}] = {stage}: the cell adds no "
+                                 "op to the traced network (it computes nothing) and no other "
+                                 f"cell is given stage {stage}, so stage {stage} would run "
+                                 "nothing; give that stage a cell with ops")
+            warnings.warn(f"Pipeline: stage_config[{name!r}] = {stage} has no effect: the cell "
+                          "adds no op to the traced network (it computes nothing), so nothing "
+                          "of it runs on a stage", UserWarning, stacklevel=4)
         return out
 
 
@@ -107,7 +128,8 @@ class GradAccumulation(_Wrapper):
 class MicroBatchInterleaved(_Wrapper):
     """MindSpore's ``MicroBatchInterleaved(network, interleave_num=2)``: each batch is cut into
     ``interleave_num`` parts run side by side, so one part's communication overlaps another's
-    computation (``parallel.micro_batch_interleave``)."""
+    computation (``parallel.micro_batch_interleave``); on one device the parts are accumulated
+    (one update), which several devices' deterministic run matches bit for bit."""
 
     def __init__(self, network, interleave_num=2):
         super().__init__(network)

@@ -62,10 +62,11 @@ def unwrap(network):
 
 def batch_sizes(parts, batch, devices):
     """``(step batch, micro-batch)`` of a dataset batch of ``batch`` samples: the step batch is
-    one micro-step's share of it when ``GradAccumulation`` (or, on one device, ``Pipeline``)
-    cuts it into accumulated micro-steps (the engine's ``data.batch_size``, which the pipeline's
-    micro-batches and the interleaved parts cut in turn on several devices); the micro-batch is
-    what the traced graph takes. Every cut must divide."""
+    one micro-step's share of it when ``GradAccumulation`` (or, on one device, ``Pipeline`` and
+    ``MicroBatchInterleaved``) cuts it into accumulated micro-steps (the engine's
+    ``data.batch_size``, which the pipeline's micro-batches and the interleaved parts cut in
+    turn on several devices); the micro-batch is what the traced graph takes. Every cut must
+    divide."""
     step, micro = batch, batch
     cuts = []
     if parts.grad_accumulation is not None:
@@ -73,9 +74,11 @@ def batch_sizes(parts, batch, devices):
     if parts.pipeline is not None:
         # On one device the micro-batches are accumulated as the stages would (one update).
         cuts.append(("Pipeline micro_size", parts.pipeline.micro_size, devices == 1))
-    if parts.interleaved is not None and devices > 1:
+    if parts.interleaved is not None:
+        # On one device the interleaved parts are accumulated, as several devices add them in
+        # deterministic mode (docs/DETERMINISM.md): the same bits.
         cuts.append(("MicroBatchInterleaved interleave_num", parts.interleaved.interleave_num,
-                     False))
+                     devices == 1))
     for what, n, cuts_step in cuts:
         if micro % n:
             raise ValueError(f"Model.train: {what} = {n} does not divide the batch of {micro} "
@@ -176,8 +179,10 @@ def _strategy(what, strategy, mesh):
 
 
 def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_from, devices,
-                  deferred_init):
-    """The ``{"parallel", "train", "output"}`` document of one run (see the module)."""
+                  deferred_init, node_names=None):
+    """The ``{"parallel", "train", "output"}`` document of one run (see the module);
+    ``node_names``: the traced graph's (a ``Pipeline``'s stage of a cell without ops is left
+    out)."""
     state = _context._STATE
     auto = parts.auto_parallel
     mesh = _Mesh()
@@ -210,7 +215,7 @@ def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_fr
         ds = parallel.get("dataset_strategy")
         if isinstance(ds, list) and ds and not isinstance(ds[0], list):
             parallel["dataset_strategy"] = [mesh.take("dataset_strategy", item) for item in ds]
-        pipeline = _pipeline_table(parts)
+        pipeline = _pipeline_table(parts, node_names)
         if pipeline is not None:
             parallel["pipeline"] = pipeline
         if parts.interleaved is not None:
@@ -224,6 +229,8 @@ def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_fr
     accumulate = parts.grad_accumulation.micro_size if parts.grad_accumulation else 1
     if devices == 1 and parts.pipeline is not None:
         accumulate *= parts.pipeline.micro_size
+    if devices == 1 and parts.interleaved is not None:
+        accumulate *= parts.interleaved.interleave_num
     if accumulate > 1:
         train["grad_accumulation_steps"] = accumulate
     train.update(_optimizer_keys(optimizer))
@@ -239,7 +246,7 @@ def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_fr
     return _strip_none({"parallel": parallel, "train": train, "output": output})
 
 
-def _pipeline_table(parts):
+def _pipeline_table(parts, node_names=None):
     """``[parallel.pipeline]`` from ``AutoParallel.pipeline`` and the ``Pipeline`` wrapper."""
     auto = parts.auto_parallel
     switch = auto._pipeline if auto is not None else None
@@ -248,11 +255,15 @@ def _pipeline_table(parts):
     table = dict(switch or {"stages": 1})
     if parts.pipeline is not None:
         table["micro_batches"] = parts.pipeline.micro_size
-        stage_config = parts.pipeline._engine_stage_config()
+        stage_config = parts.pipeline._engine_stage_config(node_names)
         if stage_config:
             table["stage_config"] = stage_config
-    if table.get("interleave") is False:
-        del table["interleave"]
+    # The defaults are left to the engine, which warns about each key given that has no
+    # effect (with one stage, every key but micro_batches): only what the user changed is given.
+    for key, default in (("interleave", False), ("output_broadcast", False),
+                         ("scheduler", "1f1b")):
+        if table.get(key) == default:
+            del table[key]
     return table
 
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -176,6 +177,21 @@ def _warn_ignored_settings(parts, strategies, traced, devices):
         warnings.warn(f"Model.train: set_auto_parallel_context(gradients_mean={context_mean}) has "
                       "no effect under AutoParallel, whose own switch decides (call "
                       "enable_gradients_mean() on it for the mean)", UserWarning, stacklevel=3)
+    if auto is not None and (auto._pipeline or {}).get("output_broadcast"):
+        warnings.warn("Model.train: AutoParallel.pipeline(output_broadcast=True) has no effect "
+                      "on training: every rank already reports each step's loss (MindSpore "
+                      "broadcasts the last stage's output for prediction, which Model does not "
+                      "run)", UserWarning, stacklevel=3)
+    hsdp = auto._keys["parallel"].get("hsdp") if auto is not None else None
+    if hsdp is not None:
+        # MindSpore shards the optimizer state of a parameter of at least `threshold` KB only.
+        need = hsdp["threshold"] * 1024
+        trained = [p for p, _ in traced if p.requires_grad]
+        if trained and need <= 2**63 and all(4 * math.prod(p.shape) < need for p in trained):
+            warnings.warn(f"Model.train: AutoParallel.hsdp(threshold={hsdp['threshold']}) has no "
+                          f"effect: no parameter has {hsdp['threshold']} KB or more (the largest: "
+                          f"{max(4 * math.prod(p.shape) for p in trained)} bytes), so no "
+                          "optimizer state is sharded", UserWarning, stacklevel=3)
     if auto is not None and "hsdp" in auto._keys["parallel"]:
         kept = sorted(p.name for p, _ in traced if not getattr(p, "_parallel_optimizer", True))
         if kept:
@@ -380,7 +396,8 @@ class Model:
         config = engine_config.engine_config(
             self._parts, self.optimizer, strategies, epochs=done_epochs + epoch,
             output_dir=out, resume_from=self._checkpoint, devices=devices,
-            deferred_init=any(getattr(p, "_deferred", False) for p, _ in traced))
+            deferred_init=any(getattr(p, "_deferred", False) for p, _ in traced),
+            node_names=builder.node_names())
         recipe = _run_recipe(self.optimizer, callbacks,
                              {id(p): p.name for p, _ in traced if p.requires_grad},
                              (done_epochs + epoch) * batch_num)
@@ -414,7 +431,7 @@ class Model:
 
         mpi = state["backend"] == "mpi"
         try:
-            losses, saved = train_network(
+            losses, saved, engine_warnings = train_network(
                 builder, x.id, y.id, logits.id, loss.id, data, labels, json.dumps(config),
                 batch_size=step_batch, shuffle=train_dataset._shuffle, backend="mpi" if mpi else "local",
                 callback=on_step if callbacks else None)
@@ -424,6 +441,12 @@ class Model:
             if state["rank"] == 0:
                 shutil.rmtree(out, ignore_errors=True)
         else:
+            # The engine's warnings (a setting that has no effect, such as pipeline keys with
+            # one stage, or one the program caps), which `tessera train` prints: as warnings of
+            # this call, on rank 0 only (once per job under tessera launch).
+            if state["rank"] == 0:
+                for text in engine_warnings:
+                    warnings.warn(f"Model.train: {text}", UserWarning, stacklevel=2)
             self.losses = list(losses)
             if mpi:
                 # Rank 0 committed the set (the others may return before it did).

@@ -182,6 +182,35 @@ pub enum PipelineError {
         /// The `stage_config` keys that name it.
         keys: Vec<String>,
     },
+    /// A stage holding no trainable parameter before a stage that holds some. MindSpore refuses every
+    /// stage without a trainable parameter; Tessera allows trailing ones (a last stage holding
+    /// only the loss), but a strategy numbers its stages by the parameters they hold, so the
+    /// checkpoint of a run with a gap could not be read back (resume, conversion, loading).
+    #[error(
+        "{}: stage {stage} holds no trainable parameter (its cells: {}) but stage {later} does; \
+         every stage up to the last one with parameters needs one (MindSpore: \"each stage \
+         must have at least one parameter that needs to be trained\"), or the run's checkpoint \
+         could not be read back; {}",
+        if *by_stage_config { "parallel.pipeline.stage_config" } else {
+            "parallel.pipeline.stages (the cut by parameter counts)"
+        },
+        cells.join(", "),
+        if *by_stage_config {
+            "move a cell with parameters onto it, or use fewer stages"
+        } else {
+            "give parallel.pipeline.stage_config, or use fewer stages"
+        }
+    )]
+    StageWithoutParameters {
+        /// The stage without parameters.
+        stage: usize,
+        /// The last stage holding parameters.
+        later: usize,
+        /// The cells (layers) placed on it.
+        cells: Vec<String>,
+        /// Whether `stage_config` placed the cells (else the cut by parameter counts did).
+        by_stage_config: bool,
+    },
     /// A `stage_config` key that matches no layer: a typo would otherwise be ignored.
     #[error(
         "parallel.pipeline.stage_config.{prefix:?}: matches no layer of the model (a key is a \

@@ -15,7 +15,7 @@ use reshard::DistLayout;
 
 use super::config::PipelineConfig;
 use super::error::PipelineError;
-use super::stages::{assign_stages, Layer};
+use super::stages::{assign_stages, Layer, StageAssignment};
 
 /// The layer (cell) a node named `name` belongs to.
 pub fn layer_of(name: &str) -> &str {
@@ -60,12 +60,15 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
     let mut order: Vec<String> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut params: Vec<u64> = Vec::new();
+    // Per layer, whether it reads a trainable parameter (what a checkpoint holds).
+    let mut trains: Vec<bool> = Vec::new();
     let mut counted = vec![false; graph.values().len()];
     for node in graph.nodes().iter().filter(|n| n.role == NodeRole::Forward) {
         let layer = layer_of(&node.name).to_string();
         let i = *index.entry(layer.clone()).or_insert_with(|| {
             order.push(layer);
             params.push(0);
+            trains.push(false);
             order.len() - 1
         });
         for &v in &node.inputs {
@@ -77,6 +80,12 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
             {
                 counted[v.0] = true;
                 params[i] += graph.values()[v.0].shape.iter().product::<usize>() as u64;
+                if let ValueKind::Parameter {
+                    trainable: true, ..
+                } = graph.values()[v.0].kind
+                {
+                    trains[i] = true;
+                }
             }
         }
     }
@@ -86,6 +95,7 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
         .map(|(name, &n)| Layer::new(name.clone(), n))
         .collect();
     let assignment = assign_stages(&layers, config)?;
+    check_stages_hold_parameters(&layers, &trains, &assignment, config)?;
     // Groups `chunk · P + stage`, then split into stages and chunks.
     let layer_group = |name: &str| -> usize {
         index
@@ -125,6 +135,42 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
             .enumerate()
             .map(|(i, name)| (name, assignment.stage_of(i).unwrap_or(0)))
             .collect(),
+    })
+}
+
+/// Every stage up to the last one holding trainable parameters holds some (`trains`: per layer,
+/// whether it reads one; [`PipelineError::StageWithoutParameters`] otherwise, naming the first
+/// that holds none and its cells): a strategy numbers the stages by the parameters their
+/// checkpoints hold (trainable ones), so a gap would leave the run's checkpoints unreadable.
+fn check_stages_hold_parameters(
+    layers: &[Layer],
+    trains: &[bool],
+    assignment: &StageAssignment,
+    config: &PipelineConfig,
+) -> Result<(), PipelineError> {
+    let held = |s: usize| {
+        trains
+            .iter()
+            .enumerate()
+            .any(|(i, &t)| t && assignment.stage_of(i) == Some(s))
+    };
+    let Some(later) = (0..assignment.stages).rev().find(|&s| held(s)) else {
+        return Ok(());
+    };
+    let Some(stage) = (0..later).find(|&s| !held(s)) else {
+        return Ok(());
+    };
+    let cells = layers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| assignment.stage_of(*i) == Some(stage))
+        .map(|(_, layer)| layer.name.clone())
+        .collect();
+    Err(PipelineError::StageWithoutParameters {
+        stage,
+        later,
+        cells,
+        by_stage_config: !config.stage_config.is_empty(),
     })
 }
 
