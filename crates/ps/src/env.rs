@@ -46,6 +46,7 @@ impl JobSettings {
                 launch_env::ROLE
             ),
         })?;
+        check_settings_the_mode_runs(config)?;
         let (servers, workers) = job_counts(config, keys, (env.num_servers, env.num_workers))?;
         let role_id = match env.role {
             Role::Server => Some((launch_env::SERVER_ID, env.server_id, servers)),
@@ -175,6 +176,7 @@ pub fn local_job_counts(
                 }),
         }
     };
+    check_settings_the_mode_runs(config)?;
     let (servers, workers) = job_counts(
         config,
         keys,
@@ -191,6 +193,62 @@ pub fn local_job_counts(
             .map_err(|reason| servers_error(keys, reason))?;
     }
     Ok((servers, workers))
+}
+
+/// Refuses the settings of collective training that parameter-server training does not run,
+/// naming the key, rather than ignoring them: a resume (`output.resume_from`; a server resumes
+/// from its own snapshot), periodic checkpoint sets (`output.save_checkpoint_steps` /
+/// `_seconds`; the servers snapshot every `ps.checkpoint_every` steps), mixed precision
+/// (`train.precision`; the wire carries f32), the local norms
+/// (`train.print_local_norm`, `train.dump_local_norm`) and the elastic store
+/// (`train.elastic`).
+pub fn check_settings_the_mode_runs(config: &TrainConfig) -> Result<(), PsError> {
+    let (output, train) = (config.output(), config.train());
+    let snapshots = "the servers snapshot their parameters into <output.dir>/ps/ every ps.checkpoint_every steps instead";
+    let refused = [
+        (
+            output.resume_from.is_some(),
+            "output.resume_from",
+            "a parameter-server job does not resume from a checkpoint set: a restarted server resumes from its own snapshot (docs/PS.md, Failures); remove the key".to_string(),
+        ),
+        (
+            output.save_checkpoint_steps.is_some(),
+            "output.save_checkpoint_steps",
+            format!("parameter-server training writes no periodic checkpoint sets: {snapshots}; remove the key"),
+        ),
+        (
+            output.save_checkpoint_seconds.is_some(),
+            "output.save_checkpoint_seconds",
+            format!("parameter-server training writes no periodic checkpoint sets: {snapshots}; remove the key"),
+        ),
+        (
+            train.precision != runtime::Precision::F32,
+            "train.precision",
+            "mixed precision is not built for parameter-server training: the servers hold and send f32 parameters and gradients (docs/PS.md, Not covered); set train.precision = \"f32\"".to_string(),
+        ),
+        (
+            train.print_local_norm,
+            "train.print_local_norm",
+            "parameter-server workers compute no local norms (docs/PS.md); remove the key".to_string(),
+        ),
+        (
+            train.dump_local_norm.is_some(),
+            "train.dump_local_norm",
+            "parameter-server workers compute no local norms (docs/PS.md); remove the key".to_string(),
+        ),
+        (
+            train.elastic.is_some(),
+            "train.elastic",
+            "the elastic in-memory store is collective training's: a parameter-server job survives a lost worker or a restarted server by itself (docs/PS.md, Failures); remove the key".to_string(),
+        ),
+    ];
+    match refused.into_iter().find(|(given, _, _)| *given) {
+        Some((_, key, reason)) => Err(PsError::Config {
+            key: key.to_string(),
+            reason,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// An error about the job's server count, naming where it came from: `ps.servers` when the

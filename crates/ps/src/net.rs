@@ -11,6 +11,25 @@ use crate::error::PsError;
 use crate::proto::parameter_server_client::ParameterServerClient;
 use crate::proto::scheduler_client::SchedulerClient;
 
+/// How long a scheduler or server that is done waits for its open connections to close after
+/// it stopped accepting new ones. A graceful stop waits for every connection; a peer that
+/// holds one open without finishing a call (stalled mid-preface, or never closing) would make
+/// the role, and the job, never end.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits for `serving` (a gRPC server told to stop) to finish, at most [`SHUTDOWN_GRACE`];
+/// past it, the connections still open are dropped, saying so with `who` (`server 0`).
+pub async fn stop_serving<T>(serving: tokio::task::JoinHandle<T>, who: &str) {
+    let abort = serving.abort_handle();
+    if tokio::time::timeout(SHUTDOWN_GRACE, serving).await.is_err() {
+        abort.abort();
+        eprintln!(
+            "[ps {who}] connections still open {} s after the job ended were dropped (a peer that never finished its call)",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
+}
+
 /// Room for a message's fields besides its tensors (names, shapes, members, counters).
 pub const MESSAGE_SLACK_BYTES: usize = 1 << 20;
 

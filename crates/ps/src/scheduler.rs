@@ -745,7 +745,7 @@ pub fn run(settings: &JobSettings, env: &RoleEnv, batch_size: usize) -> Result<(
             }
         };
         let _ = stop_tx.send(());
-        let _ = server.await;
+        crate::net::stop_serving(server, "scheduler").await;
         outcome
     })
 }

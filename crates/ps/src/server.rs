@@ -118,6 +118,39 @@ struct Recovery {
     reported: bool,
 }
 
+impl Recovery {
+    /// Sync: notes a step applied at version `before`, `replay` when a replayed push was among
+    /// its pushes (`seen` counts only what the workers saw before the restart). A step below the highest version the workers had seen before the restart
+    /// was applied before it too, so it is applied again — a replay — whichever pushes made it
+    /// up: a worker's last replay can cross with the live pushes of the same step, which then
+    /// complete it (it used to be counted as live, and the recovery line then said `lost 1
+    /// step(s)` of a run whose losses were the uninterrupted run's).
+    fn note_step(&mut self, before: u64, replay: bool) {
+        match replay || before < self.seen {
+            true => self.replayed += 1,
+            false => self.live = true,
+        }
+    }
+
+    /// Notes what push `r` says the workers had seen of this server. Sync: a live push of step
+    /// k was computed on version k, so only a replay, or a push whose worker saw past its step
+    /// (before the restart), tells how far the server had gone; the versions the workers see of
+    /// the restarted server itself say nothing (counting them reported `lost 1 step(s)` of a
+    /// restart that had lost nothing).
+    fn note_push(&mut self, sync: bool, r: &PushRequest) {
+        if !sync || r.replay || r.seen_version > r.step {
+            self.seen = self.seen.max(r.seen_version);
+        }
+    }
+
+    /// Sync: the steps the workers had seen that the server neither replayed nor has.
+    fn lost(&self) -> u64 {
+        self.seen
+            .saturating_sub(self.from)
+            .saturating_sub(self.replayed)
+    }
+}
+
 /// The server's state.
 struct State {
     server_id: usize,
@@ -234,13 +267,11 @@ impl State {
 
     /// Applies one sync step's mean and notes its loss (and, recovering, a replayed step).
     fn finish_step(&mut self, mean: StepMean) -> Result<(), PsError> {
+        let before = self.version;
         self.apply(&mean.grads, &mean.sparse, mean.learning_rate)?;
         self.last_loss = mean.loss;
         if let Some(r) = self.recovery.as_mut() {
-            match mean.replay {
-                true => r.replayed += 1,
-                false => r.live = true,
-            }
+            r.note_step(before, mean.replay);
         }
         Ok(())
     }
@@ -263,11 +294,12 @@ impl State {
             true => r.live,
             false => version >= r.seen,
         };
-        if r.reported || r.seen <= r.from || !caught_up {
+        // Async: nothing to say before a push tells what the workers had seen.
+        if r.reported || !caught_up || (!sync && r.seen <= r.from) {
             return;
         }
         r.reported = true;
-        let behind = r.seen - r.from;
+        let behind = r.seen.saturating_sub(r.from);
         if sync {
             eprintln!(
                 "[ps server {id}] recovered: restarted from the snapshot at step {}; replayed {} step(s) ({}..{}) from the workers' kept gradients; lost {} step(s)",
@@ -275,7 +307,7 @@ impl State {
                 r.replayed,
                 r.from,
                 r.from + r.replayed,
-                behind.saturating_sub(r.replayed)
+                r.lost()
             );
         } else {
             eprintln!(
@@ -609,8 +641,9 @@ impl ParameterServer for ServerService {
                     runtime::MAX_PS_PROCESSES
                 )));
             }
+            let sync = s.sync;
             if let Some(rec) = s.recovery.as_mut() {
-                rec.seen = rec.seen.max(r.seen_version);
+                rec.note_push(sync, &r);
             }
             if s.sync {
                 if r.step >= s.open_step() {
@@ -830,7 +863,7 @@ pub fn run(config: &TrainConfig, settings: &JobSettings, env: &RoleEnv) -> Resul
         );
         let outcome = serve(&service, &settings, &env, &addr).await;
         let _ = stop_tx.send(());
-        let _ = serving.await;
+        crate::net::stop_serving(serving, &format!("server {}", env.server_id)).await;
         outcome?;
         service.final_snapshot()
     })
@@ -909,6 +942,72 @@ async fn serve(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod recovery_tests {
+    use super::*;
+
+    /// A restarted server at snapshot version 8 whose workers had seen version 9: step 8
+    /// completed by live pushes (a replay crossed with them) is a step applied again, not a
+    /// live one, so nothing is lost; step 9 then ends the replay.
+    #[test]
+    fn a_step_below_what_the_workers_saw_counts_as_replayed_whichever_pushes_made_it() {
+        let mut r = Recovery {
+            from: 8,
+            replayed: 0,
+            seen: 9,
+            live: false,
+            reported: false,
+        };
+        r.note_step(8, false);
+        assert_eq!((r.replayed, r.live, r.lost()), (1, false, 0));
+        r.note_step(9, false);
+        assert_eq!((r.replayed, r.live, r.lost()), (1, true, 0));
+        // A replayed push counts as ever; steps never brought back are lost.
+        let mut r = Recovery {
+            from: 4,
+            replayed: 0,
+            seen: 7,
+            live: false,
+            reported: false,
+        };
+        r.note_step(4, true);
+        assert_eq!(r.lost(), 2);
+    }
+
+    /// A restarted server at snapshot version 4 whose workers had seen only version 4 before
+    /// the restart: the live pushes of step 4 and then of step 5 (which saw version 5 of the
+    /// restarted server) lose nothing; a replayed push, or one that saw past its step, counts.
+    #[test]
+    fn only_what_the_workers_saw_before_the_restart_counts() {
+        let push = |step: u64, seen_version: u64, replay: bool| PushRequest {
+            step,
+            seen_version,
+            replay,
+            ..PushRequest::default()
+        };
+        let mut r = Recovery {
+            from: 4,
+            replayed: 0,
+            seen: 0,
+            live: false,
+            reported: false,
+        };
+        r.note_push(true, &push(4, 4, false));
+        r.note_step(4, false);
+        r.note_push(true, &push(5, 5, false));
+        r.note_step(5, false);
+        assert_eq!((r.seen, r.replayed, r.lost()), (0, 0, 0));
+        r.note_push(true, &push(5, 7, false));
+        assert_eq!(r.seen, 7);
+        r.note_push(true, &push(2, 3, true));
+        assert_eq!(r.seen, 7);
+        // Async counts every push's.
+        let mut r = Recovery { seen: 0, ..r };
+        r.note_push(false, &push(5, 5, false));
+        assert_eq!(r.seen, 5);
     }
 }
 

@@ -13,5 +13,6 @@ mod hostile;
 mod pod_network;
 mod prost_ckpt;
 mod protocol;
+mod sweep;
 mod sync_equivalence;
 mod util;
