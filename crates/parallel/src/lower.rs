@@ -638,17 +638,23 @@ fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
 /// The number of parts the loss's rows are split into (its batch shards): the pending sum
 /// nearest the loss — the loss itself, or, searching its inputs breadth-first through the
 /// forward pass, the first value computed as a sum pending over ranks (the rows' sum of a
-/// `SparseSoftmaxCrossEntropy`, the `ReduceSum` over rows of a loss built from primitive ops).
-/// 1 when nothing on the way is split; `None` when the graph seeds no loss.
+/// `SparseSoftmaxCrossEntropy`, the `ReduceSum` over rows of a loss built from primitive ops),
+/// or the first reduction over the rows that reads them whole and whose result is divided (a
+/// mean such as `MSELoss`'s, a `ReduceSum` to a scalar then a `Div`: its default strategy
+/// gathers the rows first), whose rows' split as they were produced counts. (MindSpore's ranks
+/// each divide by their own row count, so their mean gradients add up to the shard count times
+/// the global mean's; a sum's add up to the global sum's, scale 1.) 1 when nothing on the way is
+/// split; `None` when the graph seeds no loss.
 fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
     let graph = &placed.graph;
     let loss = graph.nodes().iter().find_map(|n| match (&n.role, &n.op) {
         (NodeRole::Seed { value }, Op::Fill { value: one, .. }) if *one == 1.0 => Some(*value),
         _ => None,
     })?;
-    let mut queue = std::collections::VecDeque::from([loss]);
+    // Each value with the forward node that reads it on the way from the loss.
+    let mut queue = std::collections::VecDeque::from([(loss, None)]);
     let mut seen = std::collections::HashSet::from([loss]);
-    while let Some(value) = queue.pop_front() {
+    while let Some((value, reader)) = queue.pop_front() {
         let Some((node, j)) = graph.values()[value.0].producer else {
             continue;
         };
@@ -659,13 +665,50 @@ fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
         if count > 1 {
             return Some(count);
         }
+        let divided = reader.is_some_and(|r: NodeId| {
+            let r = &graph.nodes()[r.0];
+            r.op == Op::Div && r.inputs.first() == Some(&value)
+        });
+        let rows = if divided {
+            gathered_rows_split(placed, node)
+        } else {
+            1
+        };
+        if rows > 1 {
+            return Some(rows);
+        }
         for &input in &graph.nodes()[node.0].inputs {
             if seen.insert(input) {
-                queue.push_back(input);
+                queue.push_back((input, Some(node)));
             }
         }
     }
     Some(1)
+}
+
+/// For a reduction over dim 0 (the rows), the split of its input's dim 0 as the input was
+/// produced (the reduction may read it gathered); 1 for another node or an unsplit input.
+fn gathered_rows_split(placed: &PlacedGraph, node: NodeId) -> usize {
+    let graph = &placed.graph;
+    let n = &graph.nodes()[node.0];
+    let over_rows = match &n.op {
+        Op::ReduceSum { axes, .. } | Op::ReduceMax { axes, .. } => {
+            axes.is_empty() || axes.contains(&0)
+        }
+        _ => false,
+    };
+    let Some(&input) = n.inputs.first().filter(|_| over_rows) else {
+        return 1;
+    };
+    let Some((producer, j)) = graph.values()[input.0].producer else {
+        return 1;
+    };
+    placed.nodes[producer.0].outputs[j]
+        .layout()
+        .split_factors()
+        .first()
+        .copied()
+        .unwrap_or(1)
 }
 
 impl Program {

@@ -86,7 +86,9 @@ class Optimizer:
 
     Without groups, weight decay applies to every parameter whose name contains neither
     ``beta`` nor ``gamma`` (MindSpore's default filter, the engine's). ``loss_scale`` must be
-    1.0 (the engine computes in float32, where loss scaling changes nothing).
+    1.0 (MindSpore divides the gradients by it, for a loss scaled by a loss-scale manager,
+    which Tessera lacks; in float32, where the engine computes, the pair changes nothing).
+    A parameter group's ``params`` must be non-empty (MindSpore's rule).
 
     ``max_grad_norm`` (keyword-only, a Tessera addition): every step's gradient is clipped to
     this global L2 norm before the update (the engine's ``train.max_grad_norm``: MindSpore
@@ -105,9 +107,11 @@ class Optimizer:
             raise ValueError(f"{owner}: weight_decay = {self.weight_decay} is out of range: it "
                              "must be ≥ 0")
         if loss_scale != 1.0:
-            raise ValueError(f"{owner}: loss_scale must be 1.0 (the engine computes in float32, "
-                             "where MindSpore's loss scaling changes nothing; FixedLossScale "
-                             "pairs it with Model's loss_scale_manager, which Tessera lacks)")
+            raise ValueError(f"{owner}: loss_scale must be 1.0 (MindSpore divides the gradients "
+                             "by it, expecting a loss scaled as much by Model's "
+                             "loss_scale_manager, which Tessera lacks: given alone it shrinks "
+                             "every update; the pair changes nothing in float32, where the engine "
+                             "computes)")
         if max_grad_norm is not None:
             max_grad_norm = _number(owner, "max_grad_norm", max_grad_norm)
             if not 0 < max_grad_norm < float("inf"):
@@ -156,6 +160,10 @@ class Optimizer:
                 raise ValueError(f"{owner}: parameter group {index} has no 'params'")
             self._group_hyper(owner, index, group)
             params = _params(owner, f"group {index}'s 'params'", group["params"])
+            if not params:
+                # MindSpore's message (`_parameters_base_check`), with the group named.
+                raise ValueError(f"For 'Optimizer', the argument group `params` must not be empty "
+                                 f"({owner}: parameter group {index}).")
             wd = _number(owner, f"group {index}'s 'weight_decay'",
                          group.get("weight_decay", self.weight_decay))
             if wd < 0:

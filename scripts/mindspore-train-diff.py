@@ -1,0 +1,594 @@
+#!/usr/bin/env python3
+"""Differential sweep of TRAINING NUMBERS: Tessera's Python package against the real MindSpore
+2.10 (CPU wheel), stand-alone and ``data_parallel`` on 2 processes.
+
+Usage (any Python with numpy drives; each side runs in its own venv)::
+
+    python3 scripts/mindspore-train-diff.py [--cases N] [--seed S] [--dp-every K]
+        [--ms-python /tmp/ms-venv/bin/python] [--tessera-python /tmp/py-venv-h/bin/python]
+        [--msrun /tmp/ms-venv/bin/msrun] [--work DIR] [--only I,J,..] [--no-dp]
+        [--rtol R] [--atol A] [--fixture NAME:I]
+
+Case *i* (seed ``S + i``) draws a small network — 1-3 ``Dense`` layers (with or without bias,
+activations ``relu``/``tanh``/``gelu``/none), an optional ``LayerNorm`` and a ``Dropout(p=0)``
+— a loss (``SoftmaxCrossEntropyWithLogits`` sparse or dense, ``CrossEntropyLoss``, ``MSELoss``,
+reduction ``mean`` or ``sum``), an optimizer (``SGD``, ``Momentum``, ``Adam``,
+``AdamWeightDecay`` with momentum, nesterov, betas, eps and weight decay, with or without
+parameter groups), a learning rate (a float, a per-step list from MindSpore's dynamic-lr
+functions, or a ``LearningRateSchedule`` Cell), a batch size, steps per epoch and epochs, the
+``Model(net, loss, opt)`` or ``Model(TrainOneStepCell(WithLossCell(net, loss), opt))`` form,
+and random initial weights and data (numpy, no shuffle). Both sides build the same network from
+the same numpy values and train it; per-step losses and final weights are compared with
+``--rtol`` (default 2e-4) / ``--atol`` (default 1e-5 times the tensor's scale).
+
+Every ``--dp-every``-th case (default 3) also runs in ``data_parallel`` on 2 ranks: MindSpore
+under ``msrun --worker_num=2`` (each rank reads its half of every global batch, batch size per
+device = global / 2, ``gradients_mean`` True or False; the step's loss is the ranks' mean (for
+reduction ``mean``) or sum), Tessera with ``set_auto_parallel_context(device_num=2,
+parallel_mode="data_parallel", gradients_mean=...)`` and the global batch (difference 8 of
+docs/MINDSPORE_DIFFERENCES.md).
+
+Counted apart, not as differences (docs/MINDSPORE_DIFFERENCES.md, differences 8 and 16):
+a setting Tessera refuses as unsupported (``tessera_unsupported``: the cross-entropy losses'
+``sum`` reduction and dense labels; also a run Tessera stops at an infinite loss where
+MindSpore's losses go non-finite), and ``data_parallel`` with a ``sum`` loss and
+``gradients_mean=True`` (``dp_known_sum_mean``). MindSpore 2.10's CPU ``Momentum`` ignores
+``use_nesterov``: MindSpore's side runs ``SGD(momentum, nesterov=True)`` for it, the documented
+rule.
+
+``--fixture NAME:I`` writes case I's inputs and MindSpore's numbers as
+``tests/fixtures/mindspore/generated/training/NAME.npz`` (for
+python/tests/test_mindspore_training_diff.py). Exit code 0 when no case differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# ---------------------------------------------------------------------------------------------
+# Case generation (driver)
+# ---------------------------------------------------------------------------------------------
+
+
+def gen_case(seed: int, dp: bool) -> dict:
+    rng = np.random.default_rng(seed)
+    loss = str(rng.choice(["sce_sparse", "sce_dense", "ce", "mse"], p=[0.4, 0.05, 0.2, 0.35]))
+    # Tessera's cross-entropy losses take reduction "mean" only: "sum" is drawn rarely, to check
+    # that it is refused (not trained wrongly).
+    reduction = str(rng.choice(["mean", "sum"], p=[0.5, 0.5] if loss == "mse" else [0.93, 0.07]))
+    in_dim = int(rng.integers(2, 9))
+    n_layers = int(rng.integers(1, 4))
+    layers, dim = [], in_dim
+    classes = int(rng.integers(2, 6))
+    for li in range(n_layers):
+        last = li == n_layers - 1
+        out = classes if last else int(rng.integers(2, 9))
+        act = None if last else str(rng.choice(["relu", "tanh", "gelu", "none"]))
+        layers.append({"kind": "dense", "in": dim, "out": out, "bias": bool(rng.random() < 0.75),
+                       "act": None if act == "none" else act})
+        # (LayerNorm over 2 features is ill-conditioned: x - mean is ±d/2, and its gradient
+        # amplifies f32 rounding past any tolerance.)
+        if not last and out >= 3 and rng.random() < 0.25:
+            layers.append({"kind": "layernorm", "dim": out})
+        if not last and rng.random() < 0.2:
+            layers.append({"kind": "dropout"})
+        dim = out
+    opt = str(rng.choice(["SGD", "Momentum", "Adam", "AdamWeightDecay"]))
+    o = {"name": opt}
+    if opt == "SGD":
+        o["momentum"] = float(rng.choice([0.0, 0.0, 0.5, 0.9]))
+        o["nesterov"] = bool(o["momentum"] > 0 and rng.random() < 0.4)
+        base = 0.05
+    elif opt == "Momentum":
+        o["momentum"] = float(rng.choice([0.0, 0.5, 0.9]))
+        o["nesterov"] = bool(rng.random() < 0.4)
+        base = 0.05
+    else:
+        o["beta1"] = float(rng.choice([0.9, 0.8, 0.5]))
+        o["beta2"] = float(rng.choice([0.999, 0.99, 0.9]))
+        o["eps"] = float(rng.choice([1e-8, 1e-6, 1e-3]))
+        base = 0.01
+    o["weight_decay"] = float(rng.choice([0.0, 0.0, 0.01, 0.1]))
+    o["groups"] = bool(o["weight_decay"] > 0 and rng.random() < 0.4)
+    batch = int(rng.choice([2, 4, 6, 8]))
+    spe = int(rng.integers(1, 4))
+    epochs = int(rng.integers(1, 4))
+    total = spe * epochs
+    lr_kind = str(rng.choice(["float", "float", "list", "dyn", "sched"]))
+    lr = {"kind": lr_kind}
+    if lr_kind == "float":
+        lr["value"] = base
+    elif lr_kind == "list":
+        lr["values"] = [float(np.float32(base * v)) for v in rng.uniform(0.2, 1.5, total)]
+    elif lr_kind == "dyn":
+        fn = str(rng.choice(["cosine", "exponential", "warmup", "polynomial", "piecewise"]))
+        lr["fn"] = fn
+        de = int(rng.integers(1, epochs + 1))
+        if fn == "cosine":
+            lr["args"] = [base * 0.1, base, total, spe, de]
+        elif fn == "exponential":
+            lr["args"] = [base, 0.7, total, spe, de, bool(rng.random() < 0.5)]
+        elif fn == "warmup":
+            lr["args"] = [base, total, spe, de]
+        elif fn == "polynomial":
+            lr["args"] = [base, base * 0.1, total, spe, de, float(rng.choice([0.5, 1.0, 2.0])),
+                          bool(rng.random() < 0.5)]
+        else:
+            ms_ = sorted(set(int(x) for x in rng.integers(1, total + 1, 2)) | {total})
+            lr["args"] = [ms_, [float(base * (0.5 ** k)) for k in range(len(ms_))]]
+    else:
+        s = str(rng.choice(["cosine", "warmup", "polynomial", "exponential"]))
+        lr["sched"] = s
+        ds = int(rng.integers(1, total + 2))
+        if s == "cosine":
+            lr["args"] = [base * 0.1, base, ds]
+        elif s == "warmup":
+            lr["args"] = [base, ds]
+        elif s == "polynomial":
+            lr["args"] = [base, base * 0.1, ds, float(rng.choice([0.5, 1.0, 2.0])),
+                          bool(rng.random() < 0.5)]
+        else:
+            lr["args"] = [base, 0.8, ds, bool(rng.random() < 0.5)]
+    case = {"seed": seed, "loss": loss, "reduction": reduction, "in_dim": in_dim,
+            "classes": classes, "layers": layers, "opt": o, "lr": lr, "batch": batch,
+            "steps_per_epoch": spe, "epochs": epochs,
+            "wrap": bool(rng.random() < 0.25), "dp": None}
+    if dp:
+        case["dp"] = {"gradients_mean": bool(rng.random() < 0.5)}
+    return case
+
+
+def gen_arrays(case: dict) -> dict:
+    rng = np.random.default_rng(case["seed"] + 10_000_000)
+    arrays = {}
+    for i, l in enumerate(case["layers"]):
+        if l["kind"] == "dense":
+            arrays[f"l{i}.weight"] = rng.normal(0, 1 / np.sqrt(l["in"]), (l["out"], l["in"])
+                                                ).astype(np.float32)
+            if l["bias"]:
+                arrays[f"l{i}.bias"] = rng.normal(0, 0.1, (l["out"],)).astype(np.float32)
+    n = case["batch"] * case["steps_per_epoch"]
+    arrays["x"] = rng.normal(0, 1, (n, case["in_dim"])).astype(np.float32)
+    c = case["classes"]
+    if case["loss"] in ("sce_sparse", "ce"):
+        arrays["y"] = rng.integers(0, c, n).astype(np.int32)
+    elif case["loss"] == "sce_dense":
+        p = rng.random((n, c)).astype(np.float32)
+        arrays["y"] = (p / p.sum(1, keepdims=True)).astype(np.float32)
+    else:
+        arrays["y"] = rng.normal(0, 1, (n, c)).astype(np.float32)
+    return arrays
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one case on a side (`m` is the `mindspore` or the `tessera` module)
+# ---------------------------------------------------------------------------------------------
+
+
+def build(m, case, arrays):
+    nn = m.nn
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+            for i, l in enumerate(case["layers"]):
+                name = f"l{i}"
+                if l["kind"] == "dense":
+                    w = m.Tensor(arrays[f"{name}.weight"])
+                    b = m.Tensor(arrays[f"{name}.bias"]) if l["bias"] else None
+                    kw = {"weight_init": w, "has_bias": l["bias"], "activation": l["act"]}
+                    if b is not None:
+                        kw["bias_init"] = b
+                    cell = nn.Dense(l["in"], l["out"], **kw)
+                elif l["kind"] == "layernorm":
+                    cell = nn.LayerNorm((l["dim"],))
+                else:
+                    cell = nn.Dropout(p=0.0)
+                setattr(self, name, cell)
+                self.names.append(name)
+
+        def construct(self, x):
+            for name in self.names:
+                x = getattr(self, name)(x)
+            return x
+
+    net = Net()
+    red = case["reduction"]
+    if case["loss"] == "sce_sparse":
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction=red)
+    elif case["loss"] == "sce_dense":
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=False, reduction=red)
+    elif case["loss"] == "ce":
+        loss = nn.CrossEntropyLoss(reduction=red)
+    else:
+        loss = nn.MSELoss(reduction=red)
+    return net, loss
+
+
+def make_lr(m, case):
+    nn, lr = m.nn, case["lr"]
+    if lr["kind"] == "float":
+        return lr["value"]
+    if lr["kind"] == "list":
+        return list(lr["values"])
+    if lr["kind"] == "dyn":
+        fn = {"cosine": nn.cosine_decay_lr, "exponential": nn.exponential_decay_lr,
+              "warmup": nn.warmup_lr, "polynomial": nn.polynomial_decay_lr,
+              "piecewise": nn.piecewise_constant_lr}[lr["fn"]]
+        return list(fn(*lr["args"]))
+    cls = {"cosine": nn.CosineDecayLR, "warmup": nn.WarmUpLR, "polynomial": nn.PolynomialDecayLR,
+           "exponential": nn.ExponentialDecayLR}[lr["sched"]]
+    return cls(*lr["args"])
+
+
+def make_opt(m, case, net):
+    nn, o = m.nn, case["opt"]
+    lr = make_lr(m, case)
+    params = net.trainable_params()
+    wd = o["weight_decay"]
+    if o["groups"]:
+        decay = [p for p in params if p.name.endswith("weight")]
+        rest = [p for p in params if not p.name.endswith("weight")]
+        # (MindSpore refuses a group whose params are empty: such a group is left out.)
+        params = [g for g in ({"params": decay, "weight_decay": wd},
+                              {"params": rest, "weight_decay": 0.0}) if g["params"]]
+        params.append({"order_params": net.trainable_params()})
+    if o["name"] == "SGD":
+        return nn.SGD(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
+                      nesterov=o["nesterov"])
+    if o["name"] == "Momentum":
+        if o["nesterov"] and o["momentum"] > 0 and m.__name__ == "mindspore":
+            # MindSpore 2.10's CPU ApplyMomentum ignores use_nesterov (docs/
+            # MINDSPORE_DIFFERENCES.md, difference 16): its SGD runs the documented Nesterov rule.
+            return nn.SGD(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
+                          nesterov=True)
+        return nn.Momentum(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
+                           use_nesterov=o["nesterov"])
+    if o["name"] == "Adam":
+        return nn.Adam(params, learning_rate=lr, beta1=o["beta1"], beta2=o["beta2"],
+                       eps=o["eps"], weight_decay=wd)
+    return nn.AdamWeightDecay(params, learning_rate=lr, beta1=o["beta1"], beta2=o["beta2"],
+                              eps=o["eps"], weight_decay=wd)
+
+
+def run_one(m, side, case, arrays, rank=None, nranks=1):
+    """Trains the case; returns (losses, {name: array}) — on rank ``rank`` of ``nranks``
+    (MindSpore's data_parallel) the rank's rows of every global batch."""
+    net, loss = build(m, case, arrays)
+    opt = make_opt(m, case, net)
+    x, y = arrays["x"], arrays["y"]
+    batch = case["batch"]
+    if rank is not None:
+        per = batch // nranks
+        idx = np.concatenate([np.arange(k * batch + rank * per, k * batch + (rank + 1) * per)
+                              for k in range(case["steps_per_epoch"])])
+        x, y, batch = x[idx], y[idx], per
+    if side == "ms":
+        # MindSpore's NumpySlicesDataset fails on 0-d int rows under numpy 2 ("Unable to avoid
+        # copy"): a random-accessible source of arrays gives the same batches.
+        class Source:
+            def __getitem__(self, k):
+                return x[k], np.array(y[k])
+
+            def __len__(self):
+                return len(x)
+        ds = m.dataset.GeneratorDataset(Source(), ["data", "label"], shuffle=False)
+    else:
+        ds = m.dataset.NumpySlicesDataset({"data": x, "label": y}, shuffle=False)
+    ds = ds.batch(batch)
+    losses = []
+    Model = m.train.Model
+    if case["wrap"]:
+        step = m.nn.TrainOneStepCell(m.nn.WithLossCell(net, loss), opt)
+        model = Model(step)
+    else:
+        model = Model(net, loss, opt)
+    if side == "ms":
+        class Rec(m.train.Callback):
+            def on_train_step_end(self, run_context):
+                out = run_context.original_args().net_outputs
+                if isinstance(out, (tuple, list)):
+                    out = out[0]
+                losses.append(float(out.asnumpy()))
+        model.train(case["epochs"], ds, callbacks=[Rec()], dataset_sink_mode=False)
+    else:
+        model.train(case["epochs"], ds)
+        losses = [float(v) for v in model.losses]
+    weights = {}
+    for name, p in net.parameters_and_names():
+        weights[name] = np.asarray(p.asnumpy(), dtype=np.float32)
+    return losses, weights
+
+
+def side_main(side, cases_file, out_dir):
+    """Runs every case of ``cases_file`` on one side, one result file per case."""
+    os.environ.setdefault("GLOG_v", "3")
+    import warnings
+    if side.startswith("ms"):
+        import mindspore as m
+        import mindspore.dataset  # noqa: F401
+        m.set_context(mode=m.GRAPH_MODE, device_target="CPU")
+    else:
+        import tessera as m
+    cases = json.load(open(cases_file))
+    rank = None
+    if side == "ms-dp":
+        from mindspore.communication import get_rank, init
+        init()
+        rank = get_rank()
+    for c in cases:
+        i = c["index"]
+        arrays = dict(np.load(os.path.join(out_dir, f"case{i}_in.npz")))
+        tag = f"{side}{'' if rank is None else rank}"
+        res = {"losses": None, "error": None, "warnings": []}
+        try:
+            with warnings.catch_warnings(record=True) as ws:
+                warnings.simplefilter("always")
+                if side == "ms-dp":
+                    m.reset_auto_parallel_context()
+                    m.set_auto_parallel_context(parallel_mode="data_parallel",
+                                                gradients_mean=c["dp"]["gradients_mean"])
+                    losses, w = run_one(m, "ms", c, arrays, rank=rank, nranks=2)
+                elif side == "tessera-dp":
+                    m.reset_auto_parallel_context()
+                    m.set_auto_parallel_context(device_num=2, parallel_mode="data_parallel",
+                                                gradients_mean=c["dp"]["gradients_mean"])
+                    losses, w = run_one(m, "tessera", c, arrays)
+                else:
+                    if side == "tessera":
+                        m.reset_auto_parallel_context()
+                    losses, w = run_one(m, side, c, arrays)
+            res["warnings"] = sorted({str(x.message)[:300] for x in ws
+                                      if issubclass(x.category, UserWarning)})
+            res["losses"] = losses
+            np.savez(os.path.join(out_dir, f"case{i}_{tag}.npz"), **w)
+        except Exception as e:  # noqa: BLE001 - recorded per case
+            res["error"] = f"{type(e).__name__}: {e}"[:2000]
+            res["trace"] = traceback.format_exc()[-3000:]
+        with open(os.path.join(out_dir, f"case{i}_{tag}.json"), "w") as f:
+            json.dump(res, f)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def load(work, i, tag):
+    p = os.path.join(work, f"case{i}_{tag}.json")
+    if not os.path.exists(p):
+        return None, None
+    r = json.load(open(p))
+    w = os.path.join(work, f"case{i}_{tag}.npz")
+    return r, (dict(np.load(w)) if os.path.exists(w) else None)
+
+
+def compare(ref, got, rtol, atol):
+    """A list of disagreements between two sides' (result, weights)."""
+    (r1, w1), (r2, w2) = ref, got
+    out = []
+    if r1 is None or r2 is None:
+        return ["a side wrote no result"]
+    if r1["error"] or r2["error"]:
+        if not r1["error"] and "supported" in r2["error"]:
+            return []  # Tessera's documented limitation, counted apart
+        if not r1["error"] and "invalid loss" in r2["error"] \
+                and not np.isfinite(r1["losses"]).all():
+            return []  # diverged: MindSpore trains on into NaN, Tessera stops (difference 16)
+        if bool(r1["error"]) != bool(r2["error"]):
+            out.append(f"refusal: ms={r1['error']!r} tessera={r2['error']!r}")
+        return out
+    l1, l2 = np.array(r1["losses"]), np.array(r2["losses"])
+    if l1.shape != l2.shape:
+        return [f"loss count ms={len(l1)} tessera={len(l2)}"]
+    scale = max(1.0, float(np.abs(l1).max()))
+    bad = np.abs(l1 - l2) > rtol * np.abs(l1) + atol * scale
+    if bad.any():
+        k = int(np.argmax(bad))
+        out.append(f"loss step {k}: ms={l1[k]!r} tessera={l2[k]!r}")
+    if set(w1) != set(w2):
+        out.append(f"names ms={sorted(w1)} tessera={sorted(w2)}")
+        return out
+    for n in sorted(w1):
+        a, b = w1[n], w2[n]
+        if a.shape != b.shape:
+            out.append(f"{n}: shape {a.shape} vs {b.shape}")
+            continue
+        s = max(float(np.abs(a).max()), 1e-3)
+        d = np.abs(a - b)
+        if (d > rtol * np.abs(a) + atol * s).any():
+            out.append(f"{n}: max |diff| {d.max():.3g} (scale {s:.3g})")
+    return out
+
+
+def max_rel(ref, got):
+    (r1, w1), (r2, w2) = ref, got
+    if not r1 or not r2 or r1["error"] or r2["error"] or w1 is None or w2 is None:
+        return None
+    e = 0.0
+    for n in w1:
+        if n in w2 and w1[n].shape == w2[n].shape:
+            e = max(e, float(np.abs(w1[n] - w2[n]).max() / max(np.abs(w1[n]).max(), 1e-3)))
+    return e
+
+
+def dp_reference(work, i, case):
+    """MindSpore's data_parallel result: the ranks' losses combined, rank 0's weights (the
+    ranks' weights are checked equal)."""
+    r0, w0 = load(work, i, "ms-dp0")
+    r1, w1 = load(work, i, "ms-dp1")
+    if r0 is None or r1 is None:
+        return None, None
+    if r0["error"] or r1["error"]:
+        return {"error": r0["error"] or r1["error"], "losses": None}, None
+    l = np.array(r0["losses"]) + np.array(r1["losses"])
+    if case["reduction"] == "mean":
+        l = l / 2
+    for n in w0:
+        if not np.array_equal(w0[n], w1[n], equal_nan=True):
+            print(f"  case {i}: MindSpore's dp ranks disagree on {n}")
+    return {"error": None, "losses": l.tolist()}, w0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--side")
+    ap.add_argument("args", nargs="*")
+    ap.add_argument("--cases", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dp-every", type=int, default=3)
+    ap.add_argument("--no-dp", action="store_true")
+    ap.add_argument("--ms-python", default="/tmp/ms-venv/bin/python")
+    ap.add_argument("--tessera-python", default="/tmp/py-venv-h/bin/python")
+    ap.add_argument("--msrun", default="/tmp/ms-venv/bin/msrun")
+    ap.add_argument("--work", default="/tmp/mstraindiff")
+    ap.add_argument("--only")
+    ap.add_argument("--rtol", type=float, default=2e-4)
+    ap.add_argument("--atol", type=float, default=1e-5)
+    ap.add_argument("--fixture", action="append", default=[])
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    if a.side:
+        side_main(a.side, *a.args)
+        return 0
+    work = os.path.abspath(a.work)
+    if os.path.isdir(work) and os.path.exists(os.path.join(work, ".mstraindiff")):
+        shutil.rmtree(work)
+    os.makedirs(work, exist_ok=True)
+    open(os.path.join(work, ".mstraindiff"), "w").close()
+    only = [int(x) for x in a.only.split(",")] if a.only else range(a.cases)
+    cases = []
+    for i in only:
+        dp = not a.no_dp and a.dp_every > 0 and i % a.dp_every == 0
+        c = gen_case(a.seed + i, dp)
+        c["index"] = i
+        if dp and c["batch"] % 2:
+            c["batch"] += 1
+        cases.append(c)
+        np.savez(os.path.join(work, f"case{i}_in.npz"), **gen_arrays(c))
+    dp_cases = [c for c in cases if c["dp"]]
+    json.dump(cases, open(os.path.join(work, "cases.json"), "w"), indent=1)
+    json.dump(dp_cases, open(os.path.join(work, "dp_cases.json"), "w"), indent=1)
+    me = os.path.abspath(__file__)
+    env = dict(os.environ, GLOG_v="3", PYTHONWARNINGS="ignore::DeprecationWarning")
+    cf, dcf = os.path.join(work, "cases.json"), os.path.join(work, "dp_cases.json")
+    jobs = [([a.ms_python, me, "--side", "ms", cf, work], "ms.log"),
+            ([a.tessera_python, me, "--side", "tessera", cf, work], "tessera.log")]
+    if dp_cases:
+        jobs.append(([a.tessera_python, me, "--side", "tessera-dp", dcf, work], "tessera-dp.log"))
+        jobs.append(([a.msrun, "--worker_num=2", "--local_worker_num=2",
+                      f"--master_port={free_port()}", f"--log_dir={work}/msrun_log", "--join=True",
+                      me, "--side", "ms-dp", dcf, work], "ms-dp.log"))
+    # msrun starts its workers with the `python` on PATH: the MindSpore venv's.
+    ms_env = dict(env, PATH=os.path.dirname(a.ms_python) + os.pathsep + env.get("PATH", ""))
+    for cmd, log in jobs:
+        with open(os.path.join(work, log), "w") as f:
+            subprocess.run(cmd, env=ms_env if cmd[0] == a.msrun else env, stdout=f,
+                           stderr=subprocess.STDOUT, cwd=work)
+    counts = {"cases": 0, "agree": 0, "differ": 0, "both_refuse": 0, "tessera_unsupported": 0,
+              "dp_known_sum_mean": 0, "dp_cases": 0, "dp_agree": 0,
+              "dp_differ": 0}
+    worst = 0.0
+    for c in cases:
+        i = c["index"]
+        counts["cases"] += 1
+        ms, te = load(work, i, "ms"), load(work, i, "tessera")
+        diffs = compare(ms, te, a.rtol, a.atol)
+        e = max_rel(ms, te)
+        worst = max(worst, e or 0.0)
+        if ms[0] and te[0] and ms[0]["error"] and te[0]["error"]:
+            counts["both_refuse"] += 1
+        elif ms[0] and te[0] and te[0]["error"] and not ms[0]["error"]:
+            counts["tessera_unsupported"] += 1
+            print(f"  case {i} unsupported by Tessera: {te[0]['error'][:160]}")
+        if diffs:
+            counts["differ"] += 1
+            print(f"case {i} (seed {c['seed']}) DIFFERS: {summary(c)}")
+            for d in diffs:
+                print("   ", d)
+            if a.verbose:
+                for r in (ms[0], te[0]):
+                    if r and r.get("trace"):
+                        print(r["trace"])
+        else:
+            counts["agree"] += 1
+            if a.verbose:
+                print(f"case {i} agrees (max rel {e}) {summary(c)}")
+        for side, r in (("ms", ms[0]), ("tessera", te[0])):
+            if r and r["warnings"]:
+                print(f"  case {i} {side} warns: {r['warnings']}")
+        if c["dp"] and c["reduction"] == "sum" and c["dp"]["gradients_mean"]:
+            # Known departure (docs/MINDSPORE_DIFFERENCES.md, difference 8): MindSpore averages
+            # the ranks' gradients of their local sums (half the global sum's on 2 ranks);
+            # Tessera's gradient is the global loss's.
+            counts["dp_known_sum_mean"] += 1
+        elif c["dp"]:
+            counts["dp_cases"] += 1
+            ref = dp_reference(work, i, c)
+            got = load(work, i, "tessera-dp")
+            d2 = compare(ref, got, a.rtol * 5, a.atol * 5)
+            if d2:
+                counts["dp_differ"] += 1
+                print(f"case {i} (seed {c['seed']}) DATA_PARALLEL DIFFERS "
+                      f"(gradients_mean={c['dp']['gradients_mean']}): {summary(c)}")
+                for d in d2:
+                    print("   ", d)
+            else:
+                counts["dp_agree"] += 1
+    for spec in a.fixture:
+        name, i = spec.split(":")
+        write_fixture(work, name, [c for c in cases if c["index"] == int(i)][0])
+    print(json.dumps(counts), f"worst weight rel diff {worst:.3g}")
+    return 1 if counts["differ"] or counts["dp_differ"] else 0
+
+
+def summary(c):
+    o = dict(c["opt"])
+    layers = [(x["kind"], x.get("out"), x.get("bias"), x.get("act")) for x in c["layers"]]
+    return (f"layers={layers} loss={c['loss']}/{c['reduction']} opt={o} lr={c['lr']} batch={c['batch']}"
+            f" spe={c['steps_per_epoch']} epochs={c['epochs']} wrap={c['wrap']}")
+
+
+def write_fixture(work, name, case):
+    """Case inputs and MindSpore's numbers as one small .npz for python/tests."""
+    i = case["index"]
+    out = dict(np.load(os.path.join(work, f"case{i}_in.npz")))
+    r, w = load(work, i, "ms")
+    out["case_json"] = np.array(json.dumps({k: v for k, v in case.items() if k != "index"}))
+    out["ms_losses"] = np.array(r["losses"], dtype=np.float64)
+    for n, v in w.items():
+        out[f"ms_final.{n}"] = v
+    if case["dp"]:
+        rd, wd = dp_reference(work, i, case)
+        out["ms_dp_losses"] = np.array(rd["losses"], dtype=np.float64)
+        for n, v in wd.items():
+            out[f"ms_dp_final.{n}"] = v
+    d = os.path.join(ROOT, "tests/fixtures/mindspore/generated/training")
+    os.makedirs(d, exist_ok=True)
+    np.savez_compressed(os.path.join(d, f"{name}.npz"), **out)
+    print("wrote", os.path.join(d, f"{name}.npz"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
