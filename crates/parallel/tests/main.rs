@@ -1,5 +1,6 @@
 //! Behaviour tests of the parallel pass.
 
+mod grad_scale;
 mod layouts;
 mod op_rules;
 mod pipeline_schedule;
