@@ -326,3 +326,49 @@ def test_a_strategy_file_that_cannot_be_written_changes_no_parameter(tmp_path, m
     monkeypatch.undo()
     _train(2, net=net, setup=lambda p: p.save_param_strategy_file(str(target)))
     assert target.read_bytes() and net.fc1.weight.asnumpy().shape == (32, 64)
+
+
+def test_model_puts_its_loss_inside_an_autoparallel_network():
+    # MindSpore's documented `Model(AutoParallel(net), loss_fn=loss, optimizer=opt)`: the
+    # AutoParallel's settings are the job's. Its switches were lost (the loss wrapped the
+    # AutoParallel, traced as a plain cell): on 4 devices with no parallel_mode in the context
+    # it was refused as one device; with a context mode, its switches did nothing.
+    def losses(loss_inside, mean):
+        tessera.set_seed(5)
+        tessera.set_auto_parallel_context(device_num=4)
+        net = MLP(64)
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+        if loss_inside:
+            parallel_net = AutoParallel(nn.WithLossCell(net, _loss()))
+            model = Model(parallel_net, optimizer=opt)
+        else:
+            parallel_net = AutoParallel(net)
+            model = Model(parallel_net, loss_fn=_loss(), optimizer=opt)
+        if mean:
+            parallel_net.enable_gradients_mean()
+        model.train(1, _data())
+        return np.array(model.losses)
+
+    for mean in (False, True):
+        np.testing.assert_array_equal(losses(False, mean), losses(True, mean))
+    assert not np.array_equal(losses(False, False), losses(False, True))
+
+
+_WRAPPERS = {"Pipeline": lambda net: Pipeline(net, 2),
+             "GradAccumulation": lambda net: GradAccumulation(net, 2),
+             "MicroBatchInterleaved": lambda net: MicroBatchInterleaved(net, 2),
+             "AutoParallel": AutoParallel}
+
+
+@pytest.mark.parametrize("wrap", sorted(_WRAPPERS))
+def test_a_wrapper_inside_the_loss_cell_is_refused_naming_it(wrap):
+    # Traced as a plain cell inside the loss cell, its settings were silently lost.
+    net = MLP(64)
+    inner = _WRAPPERS[wrap](net)
+    opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    makes = [lambda: Model(nn.WithLossCell(inner, _loss()), optimizer=opt)]
+    if wrap != "AutoParallel":  # Model(AutoParallel(net), loss_fn) is MindSpore's own form
+        makes.append(lambda: Model(inner, loss_fn=_loss(), optimizer=opt))
+    for make in makes:
+        with pytest.raises(TypeError, match=f"the backbone of the loss cell is a {wrap}"):
+            make()

@@ -28,9 +28,15 @@ class Parts:
     interleaved: object = None
 
 
-def unwrap(network):
+def unwrap(network, loss_fn=None):
     """The wrappers around ``network`` and the ``WithLossCell`` they hold; a ``TypeError`` naming
-    what was found instead of the loss cell."""
+    what was found instead of the loss cell. With ``loss_fn`` (``Model``'s), the loss goes
+    around the network inside an ``AutoParallel`` given as the network — MindSpore's
+    documented ``Model(AutoParallel(net), loss_fn=loss, optimizer=opt)``, whose parallel
+    settings are the job's (MindSpore sets its parallel context from the network given to
+    ``Model``) — and around the network itself otherwise. A wrapper inside the loss cell (a
+    ``Pipeline``, ``AutoParallel``, … under ``nn.WithLossCell``) would be traced as a plain
+    cell and its settings lost: that is a ``TypeError`` naming it."""
     from ..parallel.auto_parallel import AutoParallel
     from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline
 
@@ -38,6 +44,10 @@ def unwrap(network):
     net = network
     if isinstance(net, AutoParallel):
         parts.auto_parallel, net = net, net.network
+        if loss_fn is not None:
+            net = nn.WithLossCell(net, loss_fn)
+    elif loss_fn is not None:
+        net = parts.top = nn.WithLossCell(net, loss_fn)
     slots = ((Pipeline, "pipeline"), (GradAccumulation, "grad_accumulation"),
              (MicroBatchInterleaved, "interleaved"))
     while True:
@@ -57,7 +67,25 @@ def unwrap(network):
                         f"nn.WithLossCell (inside AutoParallel and Pipeline); found a "
                         f"{type(net).__name__}")
     parts.with_loss = net
+    _refuse_wrappers_inside(net._backbone, (AutoParallel, Pipeline, GradAccumulation,
+                                            MicroBatchInterleaved))
     return parts
+
+
+def _refuse_wrappers_inside(backbone, wrappers):
+    """A ``TypeError`` naming the first of ``wrappers`` found in ``backbone``'s tree (itself
+    included): its settings apply only around the loss cell."""
+    stack = [("the backbone", backbone)]
+    while stack:
+        where, cell = stack.pop()
+        if isinstance(cell, wrappers):
+            kind = type(cell).__name__
+            raise TypeError(
+                f"Model: {where} of the loss cell is a {kind}, whose settings apply only around "
+                f"the loss: give {kind}(nn.WithLossCell(net, loss_fn)) to Model (without "
+                f"loss_fn){', or Model(AutoParallel(net), loss_fn, optimizer)' if kind == 'AutoParallel' else ''}")
+        stack.extend((f"{where}'s cell {name!r}", child)
+                     for name, child in cell.name_cells().items())
 
 
 def batch_sizes(parts, batch, devices):

@@ -280,9 +280,8 @@ class Model:
                                  "use nn.TrainOneStepCell itself, or Model(net, loss_fn, "
                                  "optimizer), with the optimizer's max_grad_norm for clipping")
             network, optimizer = network.network, network.optimizer
-        if loss_fn is not None:
-            network = nn.WithLossCell(network, loss_fn)
-        self._parts = engine_config.unwrap(network)
+        self._parts = engine_config.unwrap(network, loss_fn)
+        network = self._parts.top
         if not isinstance(self.network, nn.TrainOneStepCell):
             self.network = network
         self.optimizer = optimizer if optimizer is not None else nn.Momentum(
