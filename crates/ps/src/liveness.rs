@@ -60,6 +60,13 @@ impl Liveness {
         expired
     }
 
+    /// How long alive process `id` has been silent at `now` (`None` when it is not alive).
+    pub fn silent_for(&self, id: u32, now: Instant) -> Option<Duration> {
+        self.last_seen
+            .get(&id)
+            .map(|&seen| now.saturating_duration_since(seen))
+    }
+
     /// Whether `id` is alive.
     pub fn is_alive(&self, id: u32) -> bool {
         self.last_seen.contains_key(&id)

@@ -116,6 +116,11 @@ impl State {
     }
 }
 
+/// `d` in whole milliseconds (saturating).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Rows `offset, count` of a `batch`-row batch for the member at `position` of `members`:
 /// contiguous blocks, the first `batch % members` one row larger.
 pub fn rows_of(batch: usize, members: usize, position: usize) -> (usize, usize) {
@@ -410,18 +415,36 @@ impl Scheduler for SchedulerService {
         _request: Request<GetServersRequest>,
     ) -> Result<Response<GetServersReply>, Status> {
         let s = self.lock();
+        let now = Instant::now();
         let servers = s
             .servers
             .iter()
             .map(|(&server_id, addr)| ServerAddr {
                 server_id,
                 addr: addr.clone(),
+                silent_ms: millis(s.server_live.silent_for(server_id, now).unwrap_or_default()),
             })
             .collect();
+        // While the job goes on, the scheduler waits `startup_grace` for each dead server to
+        // register again (`sweep`); the workers wait for it as long.
+        let dead = match s.finished {
+            true => Vec::new(),
+            false => s
+                .server_live
+                .dead_for(now)
+                .into_iter()
+                .map(|(server_id, dead)| DeadServer {
+                    server_id,
+                    dead_for_ms: millis(dead),
+                })
+                .collect(),
+        };
         Ok(Response::new(GetServersReply {
             servers,
             map_epoch: s.map.current.epoch,
             map_servers: s.map.current.servers as u32,
+            dead,
+            restart_wait_ms: millis(s.startup_grace),
         }))
     }
 
@@ -616,6 +639,7 @@ impl Scheduler for SchedulerService {
                 .map(|(&server_id, addr)| ServerAddr {
                     server_id,
                     addr: addr.clone(),
+                    silent_ms: 0,
                 })
                 .collect(),
         };

@@ -80,24 +80,83 @@ fn a_killed_worker_leaves_the_job_to_the_others() {
 
 #[test]
 fn a_restarted_server_resumes_from_its_snapshot_and_replays() {
-    restarted_server_replays("");
+    restarted_server_replays("", "");
+}
+
+/// With one retry (a 50 ms backoff) the workers' retries run out long before a restarted
+/// server is admitted (after about 2 × `ps.dead_after_ms`): they keep retrying it as long as
+/// the scheduler waits for it to restart, and the job recovers. Before, every worker failed
+/// with `Push to server 1 … failed after 2 attempt(s)` while the scheduler waited.
+#[test]
+fn a_restart_outlasting_the_workers_retries_is_waited_for() {
+    let workers = restarted_server_replays("rpc_retries = 1\nrpc_timeout_ms = 4000", "");
+    assert!(
+        workers
+            .iter()
+            .any(|out| out.contains("retrying until it is back")),
+        "no worker waited for the restart:\n{}",
+        workers.join("\n")
+    );
+}
+
+/// A server killed and never restarted: the workers wait for it while the scheduler does,
+/// then every role fails, the workers naming the server and the scheduler's restart wait
+/// (before, they gave up after `ps.rpc_retries`, saying only that the calls failed).
+#[test]
+fn a_server_nothing_restarts_fails_the_workers_naming_it_and_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "servers = 2\nworkers = 1\nheartbeat_ms = 50\ndead_after_ms = 300\nrpc_timeout_ms = 1000\nrpc_retries = 1",
+        "epochs = 1\nmax_steps = 100000\neval = false",
+    );
+    let (mut job, _) = start_job(&config, 2, 1);
+    // Rank 0 scheduler, 1..2 servers 0..1, 3 worker 0.
+    assert!(
+        job[3].wait_for_line("step: 5,", LIMIT),
+        "worker 0 reached step 5:\n{}",
+        job[3].output()
+    );
+    sigkill(&job[2].child);
+    let _ = job[2].finish(LIMIT);
+    let ok: Vec<bool> = [0, 1, 3].iter().map(|&i| job[i].finish(LIMIT)).collect();
+    let (scheduler, worker) = (job[0].output(), job[3].output());
+    assert!(!ok[0], "the scheduler fails the job:\n{scheduler}");
+    assert!(!ok[2], "worker 0 fails:\n{worker}");
+    assert!(
+        scheduler.contains(
+            "server 1 was declared dead (no heartbeat) and did not register again within 2 s"
+        ),
+        "{scheduler}"
+    );
+    let error = worker
+        .lines()
+        .find(|l| l.starts_with("error:") && l.contains("to server 1 at "))
+        .unwrap_or_else(|| panic!("no error line:\n{worker}"));
+    eprintln!("{error}");
+    assert!(error.contains("restart wait"), "{error}");
+    assert!(
+        worker.contains("retrying until it is back"),
+        "worker 0 did not wait:\n{worker}"
+    );
 }
 
 /// With sync clipping, a restarted server replays steps whose global norm it no longer
 /// knows: the workers hand it the norms they kept, and the run is still the uninterrupted one.
 #[test]
 fn a_restarted_server_replays_clipped_steps_with_the_kept_norms() {
-    restarted_server_replays("max_grad_norm = 0.05");
+    restarted_server_replays("", "max_grad_norm = 0.05");
 }
 
 /// Kills server 1 of a 2-server, 2-worker sync job (`train` its extra `[train]` keys) at step
-/// 12, restarts it, and checks that it recovers from its snapshot by replay, losing nothing.
-fn restarted_server_replays(train: &str) {
+/// 12, restarts it, and checks that it recovers from its snapshot by replay, losing nothing;
+/// `ps` holds extra `[ps]` keys. Returns the workers' output.
+fn restarted_server_replays(ps: &str, train: &str) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let steps = 40;
     let config = write_config(
         dir.path(),
-        "servers = 2\nworkers = 2\ncheckpoint_every = 5\nheartbeat_ms = 100\ndead_after_ms = 1500",
+        &format!("servers = 2\nworkers = 2\ncheckpoint_every = 5\nheartbeat_ms = 100\ndead_after_ms = 1500\n{ps}"),
         &format!("epochs = 1\nmax_steps = {steps}\neval = false\n{train}"),
     );
     let (mut job, addr) = start_job(&config, 2, 2);
@@ -177,6 +236,7 @@ fn restarted_server_replays(train: &str) {
             i + 1
         );
     }
+    vec![job[3].output(), job[4].output()]
 }
 
 /// Runs a 1-server, 2-worker job and starts a worker of each of `joiners` (new ids) once

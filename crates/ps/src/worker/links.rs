@@ -16,7 +16,7 @@ use crate::net::JobChannel as Channel;
 use crate::proto::parameter_server_client::ParameterServerClient;
 use crate::proto::scheduler_client::SchedulerClient;
 use crate::proto::*;
-use crate::retry::{rpc_error, until_admitted, Attempt};
+use crate::retry::{rpc_error, until_admitted, Attempt, RetryPolicy};
 use crate::server::partition_of;
 use crate::sparse::PulledRows;
 use crate::wire::from_msg;
@@ -58,6 +58,69 @@ pub(super) struct Links {
     pub(super) push_bytes: u64,
     /// Sync with clipping: the steps' global square sums.
     pub(super) norms: StepNorms,
+}
+
+/// What the scheduler says of a server a worker's calls no longer reach (the reason in each).
+#[derive(Debug)]
+enum Restart {
+    /// It waits for the server to restart (or to be declared dead first): retry.
+    Awaited(String),
+    /// It gave up waiting for the server to restart.
+    GaveUp(String),
+    /// It still hears from the server (or does not know it): the worker's retries are spent.
+    Alive(String),
+}
+
+/// What the scheduler's `reply` says of server `s`, which a worker's calls have failed to
+/// reach for `failing` with the retries of `retry` spent (`dead_after`, `heartbeat`: the job's
+/// `ps.dead_after_ms` and `ps.heartbeat_ms`).
+fn restart_verdict(
+    s: usize,
+    reply: &GetServersReply,
+    failing: Duration,
+    (retry, dead_after, heartbeat): (&RetryPolicy, Duration, Duration),
+) -> Restart {
+    let wait = Duration::from_millis(reply.restart_wait_ms);
+    let retries = retry.retries;
+    if let Some(d) = reply.dead.iter().find(|d| d.server_id as usize == s) {
+        let dead = Duration::from_millis(d.dead_for_ms);
+        return match dead <= wait {
+            true => Restart::Awaited(format!(
+                "the scheduler declared server {s} dead {:.1} s ago and waits for it to restart, up to its restart wait of {:.1} s (ps.rpc_timeout_ms × (ps.rpc_retries + 1))",
+                dead.as_secs_f64(),
+                wait.as_secs_f64()
+            )),
+            false => Restart::GaveUp(format!(
+                "server {s} was declared dead {:.1} s ago and did not restart within the scheduler's restart wait of {:.1} s (ps.rpc_timeout_ms × (ps.rpc_retries + 1))",
+                dead.as_secs_f64(),
+                wait.as_secs_f64()
+            )),
+        };
+    }
+    let silent = reply
+        .servers
+        .iter()
+        .find(|a| a.server_id as usize == s)
+        .map(|a| Duration::from_millis(a.silent_ms));
+    // A server that died is declared dead ps.dead_after_ms after its last heartbeat, which
+    // may reach the scheduler a little after this worker's first failure, plus a sweep of
+    // the scheduler: until then, a server heard from recently may still be dead.
+    let undecided = dead_after + heartbeat * 2;
+    match silent {
+        Some(silent) if silent >= failing || failing <= undecided => Restart::Awaited(format!(
+            "the scheduler last heard from server {s} {} ms ago (it declares it dead after ps.dead_after_ms = {} ms, then waits for it to restart)",
+            silent.as_millis(),
+            dead_after.as_millis()
+        )),
+        Some(silent) => Restart::Alive(format!(
+            "the scheduler heard from server {s} {} ms ago, {} ms after this worker's calls to it began failing, so it is alive but unreachable from this worker after ps.rpc_retries = {retries} retries",
+            silent.as_millis(),
+            failing.saturating_sub(silent).as_millis()
+        )),
+        None => Restart::Alive(format!(
+            "the scheduler does not know server {s} (neither registered nor declared dead) after ps.rpc_retries = {retries} retries"
+        )),
+    }
 }
 
 /// What a pull asks for besides the version.
@@ -169,8 +232,15 @@ impl Links {
         }
     }
 
-    /// Calls server `s` with `call` (retried with backoff; the address is asked again from the
-    /// scheduler before each retry, so a restarted server is found).
+    /// Calls server `s` with `call`, retried with backoff; the address is asked again from the
+    /// scheduler before each retry, so a restarted server is found, and a server found at a new
+    /// address (a restarted process) gets a fresh `ps.rpc_retries`. Once the retries are spent
+    /// the worker asks the scheduler: while the scheduler waits for the server to restart (it
+    /// declared it dead, or may yet: it has not heard from it since the call began failing, or
+    /// the call has failed for no more than `ps.dead_after_ms` + 2 × `ps.heartbeat_ms`), the
+    /// call goes on being retried, every `ps.heartbeat_ms`; it fails when the
+    /// scheduler gives up on the server (naming its restart wait) or still hears from it (then
+    /// the server is unreachable from this worker alone: naming `ps.rpc_retries`).
     pub(super) async fn call_server<T, F, Fut>(
         &mut self,
         s: usize,
@@ -182,12 +252,27 @@ impl Links {
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let policy = self.settings.retry;
-        let mut last = String::new();
-        for attempt in 0..=policy.retries {
-            if attempt > 0 {
-                tokio::time::sleep(policy.backoff(attempt)).await;
+        let mut last;
+        // Attempts in all, and failed ones at the server's current address since when.
+        let mut attempts = 0u32;
+        let mut failures = 0u32;
+        let mut failing_since: Option<Instant> = None;
+        // What the scheduler last said while the worker waited for the server to restart.
+        let mut awaited: Option<String> = None;
+        loop {
+            if failures > policy.retries {
+                tokio::time::sleep(self.settings.heartbeat).await;
+            } else if failures > 0 {
+                tokio::time::sleep(policy.backoff(failures)).await;
+            }
+            if failures > 0 {
                 // A server that died may be registered again elsewhere.
+                let before = self.servers[s].addr.clone();
                 let _ = self.resolve_servers(false).await;
+                if self.servers[s].addr != before {
+                    failures = 0;
+                    failing_since = None;
+                }
             }
             let link = &mut self.servers[s];
             if link.client.is_none() {
@@ -201,15 +286,76 @@ impl Links {
             let client = link.client.clone().ok_or_else(|| {
                 PsError::invariant(format!("the client of server {s}"), "none was made")
             })?;
-            let peer = || format!("server {s} at {}", self.servers[s].addr);
+            let peer = |links: &Links| format!("server {s} at {}", links.servers[s].addr);
+            attempts = attempts.saturating_add(1);
             match policy.attempt(call(client)).await {
-                Attempt::Done(reply) => return Ok(reply.into_inner()),
-                Attempt::Fatal(why) => return Err(rpc_error(name, &peer(), attempt + 1, why)),
+                Attempt::Done(reply) => {
+                    if awaited.is_some() {
+                        eprintln!(
+                            "[ps worker {}] server {s} answers again ({name}, attempt {attempts})",
+                            self.worker_id
+                        );
+                    }
+                    return Ok(reply.into_inner());
+                }
+                Attempt::Fatal(why) => return Err(rpc_error(name, &peer(self), attempts, why)),
                 Attempt::Retry(why) => last = why,
             }
+            failures = failures.saturating_add(1);
+            let since = *failing_since.get_or_insert_with(Instant::now);
+            if failures <= policy.retries {
+                continue;
+            }
+            match self.restart_status(s, since).await {
+                Ok(Restart::Awaited(why)) => {
+                    if awaited.is_none() {
+                        eprintln!(
+                            "[ps worker {}] {name} to server {s} failed {attempts} time(s) ({last}); {why}: retrying until it is back",
+                            self.worker_id
+                        );
+                    }
+                    awaited = Some(why);
+                }
+                Ok(Restart::GaveUp(why)) | Ok(Restart::Alive(why)) => {
+                    return Err(rpc_error(
+                        name,
+                        &peer(self),
+                        attempts,
+                        format!("{last}; {why}"),
+                    ))
+                }
+                Err(e) => {
+                    // The scheduler ends the job when it gives up on the server: say what it
+                    // last said of it.
+                    let why = match &awaited {
+                        Some(why) => format!("{why}; then the scheduler stopped answering (it fails the job when server {s} does not restart within that wait)"),
+                        None => format!("asking the scheduler whether server {s} restarts failed"),
+                    };
+                    return Err(rpc_error(
+                        name,
+                        &peer(self),
+                        attempts,
+                        format!("{last}; {why}: {e}"),
+                    ));
+                }
+            }
         }
-        let peer = format!("server {s} at {}", self.servers[s].addr);
-        Err(rpc_error(name, &peer, policy.retries + 1, last))
+    }
+
+    /// What the scheduler says of server `s`, which this worker's calls have failed to reach
+    /// since `since` with `ps.rpc_retries` spent.
+    async fn restart_status(&self, s: usize, since: Instant) -> Result<Restart, PsError> {
+        let reply = self.get_servers().await?;
+        Ok(restart_verdict(
+            s,
+            &reply,
+            since.elapsed(),
+            (
+                &self.settings.retry,
+                self.settings.dead_after,
+                self.settings.heartbeat,
+            ),
+        ))
     }
 
     /// Pushes `request` to server `s` and notes its versions.
@@ -408,7 +554,11 @@ impl Links {
     ) -> Result<f32, PsError> {
         let mut loss = f32::NAN;
         let mut waiting: Vec<usize> = (0..self.servers.len()).collect();
-        let patience = self.settings.retry.timeout * 10;
+        // A restarted server makes no progress until it is declared dead, admitted again and
+        // has loaded its snapshot: the patience covers the scheduler's whole restart window.
+        let retry = self.settings.retry;
+        let patience = (retry.timeout * 10)
+            .max(self.settings.registration_patience() + retry.timeout * (retry.retries + 1));
         let mut progress = (Vec::new(), Instant::now());
         while !waiting.is_empty() {
             let mut versions = Vec::with_capacity(waiting.len());
@@ -486,5 +636,85 @@ impl Links {
         )
         .await?;
         Ok(reply.into_inner().start_step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(servers: &[(u32, u64)], dead: &[(u32, u64)], wait_ms: u64) -> GetServersReply {
+        GetServersReply {
+            servers: servers
+                .iter()
+                .map(|&(server_id, silent_ms)| ServerAddr {
+                    server_id,
+                    addr: format!("127.0.0.1:{}", 9000 + server_id),
+                    silent_ms,
+                })
+                .collect(),
+            map_epoch: 0,
+            map_servers: 2,
+            dead: dead
+                .iter()
+                .map(|&(server_id, dead_for_ms)| DeadServer {
+                    server_id,
+                    dead_for_ms,
+                })
+                .collect(),
+            restart_wait_ms: wait_ms,
+        }
+    }
+
+    /// The retries spent, a worker waits for a server while the scheduler waits for its
+    /// restart or may yet declare it dead, and gives up naming why otherwise.
+    #[test]
+    fn a_worker_waits_for_a_server_as_long_as_the_scheduler_does() {
+        let ms = Duration::from_millis;
+        let retry = RetryPolicy {
+            timeout: ms(3000),
+            retries: 3,
+            first_backoff: ms(50),
+            max_backoff: ms(2000),
+        };
+        // ps.dead_after_ms = 600, ps.heartbeat_ms = 50: undecided for 700 ms of failures.
+        let job = (&retry, ms(600), ms(50));
+        let verdict = |r: &GetServersReply, failing: u64| restart_verdict(1, r, ms(failing), job);
+        // Declared dead, within the restart wait: wait; past it: give up naming the wait.
+        assert!(matches!(
+            verdict(&reply(&[(0, 10)], &[(1, 5000)], 12000), 400),
+            Restart::Awaited(_)
+        ));
+        match verdict(&reply(&[(0, 10)], &[(1, 12001)], 12000), 13000) {
+            Restart::GaveUp(why) => assert!(
+                why.contains("server 1") && why.contains("restart wait of 12.0 s"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Listed, not heard from since the failures began: it may be dead, wait.
+        assert!(matches!(
+            verdict(&reply(&[(1, 5000)], &[], 12000), 4000),
+            Restart::Awaited(_)
+        ));
+        // Heard from after the failures began, but within dead_after + 2 heartbeats (a late
+        // heartbeat of a killed server): wait.
+        assert!(matches!(
+            verdict(&reply(&[(1, 300)], &[], 12000), 400),
+            Restart::Awaited(_)
+        ));
+        // Heard from long after the failures began: alive but unreachable from this worker.
+        match verdict(&reply(&[(1, 30)], &[], 12000), 800) {
+            Restart::Alive(why) => assert!(
+                why.contains("server 1") && why.contains("ps.rpc_retries = 3"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Unknown to the scheduler: give up.
+        assert!(matches!(
+            verdict(&reply(&[(0, 10)], &[], 12000), 100),
+            Restart::Alive(_)
+        ));
     }
 }
