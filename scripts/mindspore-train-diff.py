@@ -17,8 +17,16 @@ reduction ``mean`` or ``sum``), an optimizer (``SGD``, ``Momentum``, ``Adam``,
 parameter groups), a learning rate (a float, a per-step list from MindSpore's dynamic-lr
 functions, or a ``LearningRateSchedule`` Cell), a batch size, steps per epoch and epochs, the
 ``Model(net, loss, opt)`` or ``Model(TrainOneStepCell(WithLossCell(net, loss), opt))`` form,
-and random initial weights and data (numpy, no shuffle). Both sides build the same network from
-the same numpy values and train it; per-step losses and final weights are compared with
+and random initial weights and data (numpy, no shuffle). A second round of draws
+(``extend_case``, its own generator) adds stand-alone ``ReLU``/``Tanh``/``GELU`` (exact and
+tanh)/``Softmax`` Cells, an ``Embedding`` in front (int ids; gather or one-hot), ``Adam``'s
+``use_amsgrad``/``use_nesterov`` (Tessera refuses them: counted as unsupported), global-norm
+clipping (MindSpore: ``ops.clip_by_global_norm`` of the reduced gradients in a
+``TrainOneStepCell`` subclass; Tessera: the optimizer's ``max_grad_norm``), a loss Cell of
+``ops`` (``ReduceSum``/``ReduceMean`` of every squared difference, the sum sometimes divided by
+the constant 3), and ``Model.eval`` (``acc``, ``loss``) of the trained network in batches of
+another size (the remainder dropped). Both sides build the same network from the same numpy
+values and train it; per-step losses, final weights and the metrics are compared with
 ``--rtol`` (default 2e-4) / ``--atol`` (default 1e-5 times the tensor's scale).
 
 Every ``--dp-every``-th case (default 3) also runs in ``data_parallel`` on 2 ranks: MindSpore
@@ -35,6 +43,11 @@ MindSpore's losses go non-finite), and ``data_parallel`` with a ``sum`` loss and
 ``gradients_mean=True`` (``dp_known_sum_mean``). MindSpore 2.10's CPU ``Momentum`` ignores
 ``use_nesterov``: MindSpore's side runs ``SGD(momentum, nesterov=True)`` for it, the documented
 rule.
+
+Not drawn, since one side lacks them: ``Lamb``/``LARS``/``AdaFactor``, ``nn.Sigmoid``/``SiLU``,
+``BatchNorm`` and ``Model.predict`` (not in Tessera), ``parallel.nn.GradAccumulation``
+(MindSpore runs it in the semi-auto and auto modes only), ``sink_size`` (MindSpore's CPU runs
+sink mode as non-sink).
 
 ``--fixture NAME:I`` writes case I's inputs and MindSpore's numbers as
 ``tests/fixtures/mindspore/generated/training/NAME.npz`` (for
@@ -147,7 +160,47 @@ def gen_case(seed: int, dp: bool) -> dict:
             "wrap": bool(rng.random() < 0.25), "dp": None}
     if dp:
         case["dp"] = {"gradients_mean": bool(rng.random() < 0.5)}
+    extend_case(case)
     return case
+
+
+def extend_case(case: dict) -> None:
+    """The second round's draws, from their own generator (so the first round's cases keep
+    their seeds' networks): stand-alone activation Cells, an ``Embedding`` in front, ``Adam``'s
+    ``use_amsgrad``/``use_nesterov``, global-norm clipping in a ``TrainOneStepCell``, a loss Cell
+    of ``ops`` (a ``ReduceSum``/``ReduceMean`` of squares over every row), and ``Model.eval``."""
+    rng = np.random.default_rng(case["seed"] + 20_000_000)
+    layers = []
+    for li, l in enumerate(case["layers"]):
+        layers.append(l)
+        last_dense = l["kind"] == "dense" and all(x["kind"] != "dense"
+                                                  for x in case["layers"][li + 1:])
+        if l["kind"] == "dense" and not last_dense and l["act"] is None and rng.random() < 0.4:
+            layers.append({"kind": "act", "act": str(rng.choice(
+                ["relu", "tanh", "gelu_exact", "gelu_tanh", "softmax"]))})
+    case["layers"] = layers
+    if rng.random() < 0.2:
+        # ids in [0, vocab): the first Dense reads embedding rows of in_dim features.
+        case["layers"].insert(0, {"kind": "embedding", "vocab": int(rng.integers(2, 10)),
+                                  "dim": case["in_dim"], "one_hot": bool(rng.random() < 0.4)})
+    o = case["opt"]
+    if o["name"] == "Adam":
+        o["amsgrad"] = bool(rng.random() < 0.1)
+        o["adam_nesterov"] = bool(rng.random() < 0.1)
+    case["clip"] = float(rng.choice([0.05, 0.5, 2.0])) if rng.random() < 0.2 else None
+    if case["clip"] is not None:
+        case["wrap"] = True  # MindSpore's clipping lives in a TrainOneStepCell of one's own
+    if case["loss"] == "mse" and rng.random() < 0.3:
+        case["loss"] = "custom"
+    case["eval"] = not case["wrap"] and not case["dp"]
+    # Model.eval's batches (MindSpore's Loss metric averages the batches' losses): a size that
+    # leaves a remainder drops it (Tessera's batch refuses a remainder without
+    # drop_remainder=True, difference 16).
+    n = case["batch"] * case["steps_per_epoch"]
+    case["eval_batch"] = int(rng.integers(1, n + 1))
+    # The loss Cell of ops: its sum divided by a constant that counts no rows, sometimes.
+    case["custom_div"] = (3.0 if case["loss"] == "custom" and case["reduction"] == "sum"
+                          and rng.random() < 0.5 else None)
 
 
 def gen_arrays(case: dict) -> dict:
@@ -161,6 +214,11 @@ def gen_arrays(case: dict) -> dict:
                 arrays[f"l{i}.bias"] = rng.normal(0, 0.1, (l["out"],)).astype(np.float32)
     n = case["batch"] * case["steps_per_epoch"]
     arrays["x"] = rng.normal(0, 1, (n, case["in_dim"])).astype(np.float32)
+    first = case["layers"][0]
+    if first["kind"] == "embedding":
+        arrays["l0.embedding_table"] = rng.normal(0, 0.5, (first["vocab"], first["dim"])
+                                                  ).astype(np.float32)
+        arrays["x"] = rng.integers(0, first["vocab"], n).astype(np.int32)
     c = case["classes"]
     if case["loss"] in ("sce_sparse", "ce"):
         arrays["y"] = rng.integers(0, c, n).astype(np.int32)
@@ -195,6 +253,14 @@ def build(m, case, arrays):
                     cell = nn.Dense(l["in"], l["out"], **kw)
                 elif l["kind"] == "layernorm":
                     cell = nn.LayerNorm((l["dim"],))
+                elif l["kind"] == "embedding":
+                    cell = nn.Embedding(l["vocab"], l["dim"], use_one_hot=l["one_hot"],
+                                        embedding_table=m.Tensor(
+                                            arrays[f"{name}.embedding_table"]))
+                elif l["kind"] == "act":
+                    cell = {"relu": nn.ReLU, "tanh": nn.Tanh, "softmax": nn.Softmax,
+                            "gelu_exact": lambda: nn.GELU(approximate=False),
+                            "gelu_tanh": lambda: nn.GELU(approximate=True)}[l["act"]]()
                 else:
                     cell = nn.Dropout(p=0.0)
                 setattr(self, name, cell)
@@ -213,9 +279,47 @@ def build(m, case, arrays):
         loss = nn.SoftmaxCrossEntropyWithLogits(sparse=False, reduction=red)
     elif case["loss"] == "ce":
         loss = nn.CrossEntropyLoss(reduction=red)
+    elif case["loss"] == "custom":
+        loss = squares_loss(m, red, case.get("custom_div"))
     else:
         loss = nn.MSELoss(reduction=red)
     return net, loss
+
+
+def squares_loss(m, red, div=None):
+    """A loss Cell of ``ops``: the ``sum`` or ``mean`` of every squared difference — a sum over
+    the rows, which ``data_parallel`` leaves split over the ranks — the sum divided by ``div``
+    when given (a constant: MindSpore's ranks divide their own sums by it)."""
+
+    class SquaresLoss(m.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.reduce = m.ops.ReduceSum() if red == "sum" else m.ops.ReduceMean()
+            self.div = div
+
+        def construct(self, logits, label):
+            d = logits - label
+            if self.div is None:
+                return self.reduce(d * d)
+            return self.reduce(d * d) / self.div
+
+    return SquaresLoss()
+
+
+def clip_step(m, net_with_loss, opt, clip):
+    """MindSpore's ``TrainOneStepCell`` with ``ops.clip_by_global_norm`` of the reduced
+    gradients (the pattern of its tutorials); Tessera's own is the optimizer's
+    ``max_grad_norm``."""
+
+    class ClipStep(m.nn.TrainOneStepCell):
+        def construct(self, *inputs):
+            loss = self.network(*inputs)
+            grads = self.grad_no_sens(self.network, self.weights)(*inputs)
+            grads = self.grad_reducer(grads)
+            grads = m.ops.clip_by_global_norm(grads, clip)
+            return m.ops.depend(loss, self.optimizer(grads))
+
+    return ClipStep(net_with_loss, opt)
 
 
 def make_lr(m, case):
@@ -246,22 +350,27 @@ def make_opt(m, case, net):
         params = [g for g in ({"params": decay, "weight_decay": wd},
                               {"params": rest, "weight_decay": 0.0}) if g["params"]]
         params.append({"order_params": net.trainable_params()})
+    if o["name"] == "Momentum" and o["nesterov"] and o["momentum"] > 0 \
+            and m.__name__ == "mindspore":
+        # MindSpore 2.10's CPU ApplyMomentum ignores use_nesterov (docs/
+        # MINDSPORE_DIFFERENCES.md, difference 16): its SGD runs the documented Nesterov rule.
+        return nn.SGD(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
+                      nesterov=True)
+    kw = {}
+    if case.get("clip") is not None and m.__name__ != "mindspore":
+        kw["max_grad_norm"] = case["clip"]
     if o["name"] == "SGD":
         return nn.SGD(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
-                      nesterov=o["nesterov"])
+                      nesterov=o["nesterov"], **kw)
     if o["name"] == "Momentum":
-        if o["nesterov"] and o["momentum"] > 0 and m.__name__ == "mindspore":
-            # MindSpore 2.10's CPU ApplyMomentum ignores use_nesterov (docs/
-            # MINDSPORE_DIFFERENCES.md, difference 16): its SGD runs the documented Nesterov rule.
-            return nn.SGD(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
-                          nesterov=True)
         return nn.Momentum(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
-                           use_nesterov=o["nesterov"])
+                           use_nesterov=o["nesterov"], **kw)
     if o["name"] == "Adam":
         return nn.Adam(params, learning_rate=lr, beta1=o["beta1"], beta2=o["beta2"],
-                       eps=o["eps"], weight_decay=wd)
+                       eps=o["eps"], weight_decay=wd, use_amsgrad=o.get("amsgrad", False),
+                       use_nesterov=o.get("adam_nesterov", False), **kw)
     return nn.AdamWeightDecay(params, learning_rate=lr, beta1=o["beta1"], beta2=o["beta2"],
-                              eps=o["eps"], weight_decay=wd)
+                              eps=o["eps"], weight_decay=wd, **kw)
 
 
 def run_one(m, side, case, arrays, rank=None, nranks=1):
@@ -281,21 +390,29 @@ def run_one(m, side, case, arrays, rank=None, nranks=1):
         # copy"): a random-accessible source of arrays gives the same batches.
         class Source:
             def __getitem__(self, k):
-                return x[k], np.array(y[k])
+                return np.array(x[k]), np.array(y[k])
 
             def __len__(self):
                 return len(x)
-        ds = m.dataset.GeneratorDataset(Source(), ["data", "label"], shuffle=False)
+        def source():
+            return m.dataset.GeneratorDataset(Source(), ["data", "label"], shuffle=False)
     else:
-        ds = m.dataset.NumpySlicesDataset({"data": x, "label": y}, shuffle=False)
-    ds = ds.batch(batch)
+        def source():
+            return m.dataset.NumpySlicesDataset({"data": x, "label": y}, shuffle=False)
+    ds = source().batch(batch)
     losses = []
     Model = m.train.Model
+    metrics = None
+    if case.get("eval") and rank is None:
+        metrics = {"loss"} if case["loss"] in ("mse", "custom") else {"acc", "loss"}
     if case["wrap"]:
-        step = m.nn.TrainOneStepCell(m.nn.WithLossCell(net, loss), opt)
+        if case.get("clip") is not None and side == "ms":
+            step = clip_step(m, m.nn.WithLossCell(net, loss), opt, case["clip"])
+        else:
+            step = m.nn.TrainOneStepCell(m.nn.WithLossCell(net, loss), opt)
         model = Model(step)
     else:
-        model = Model(net, loss, opt)
+        model = Model(net, loss, opt, metrics=metrics)
     if side == "ms":
         class Rec(m.train.Callback):
             def on_train_step_end(self, run_context):
@@ -310,6 +427,15 @@ def run_one(m, side, case, arrays, rank=None, nranks=1):
     weights = {}
     for name, p in net.parameters_and_names():
         weights[name] = np.asarray(p.asnumpy(), dtype=np.float32)
+    if metrics:
+        # Recorded apart: an eval failure does not hide the training numbers.
+        try:
+            kw = {"dataset_sink_mode": False} if side == "ms" else {}
+            eb = case.get("eval_batch", batch)
+            eds = source().batch(eb, drop_remainder=len(x) % eb != 0)
+            weights["__eval__"] = {k: float(v) for k, v in model.eval(eds, **kw).items()}
+        except Exception as e:  # noqa: BLE001 - recorded per case
+            weights["__eval__"] = f"{type(e).__name__}: {e}"[:500]
     return losses, weights
 
 
@@ -354,6 +480,7 @@ def side_main(side, cases_file, out_dir):
             res["warnings"] = sorted({str(x.message)[:300] for x in ws
                                       if issubclass(x.category, UserWarning)})
             res["losses"] = losses
+            res["eval"] = w.pop("__eval__", None)
             np.savez(os.path.join(out_dir, f"case{i}_{tag}.npz"), **w)
         except Exception as e:  # noqa: BLE001 - recorded per case
             res["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -391,7 +518,7 @@ def compare(ref, got, rtol, atol):
     if r1 is None or r2 is None:
         return ["a side wrote no result"]
     if r1["error"] or r2["error"]:
-        if not r1["error"] and "supported" in r2["error"]:
+        if not r1["error"] and ("supported" in r2["error"] or "must be False" in r2["error"]):
             return []  # Tessera's documented limitation, counted apart
         if not r1["error"] and "invalid loss" in r2["error"] \
                 and not np.isfinite(r1["losses"]).all():
@@ -410,6 +537,16 @@ def compare(ref, got, rtol, atol):
     if set(w1) != set(w2):
         out.append(f"names ms={sorted(w1)} tessera={sorted(w2)}")
         return out
+    e1, e2 = r1.get("eval"), r2.get("eval")
+    if e1 is not None or e2 is not None:
+        if isinstance(e1, dict) and isinstance(e2, dict):
+            for k in sorted(e1):
+                if k not in e2 or abs(e1[k] - e2[k]) > rtol * abs(e1[k]) + atol * 10:
+                    out.append(f"eval {k}: ms={e1[k]!r} tessera={e2.get(k)!r}")
+        elif isinstance(e1, dict) and "supported" not in str(e2):
+            out.append(f"eval: ms={e1!r} tessera={e2!r}")
+        elif not isinstance(e1, dict) and isinstance(e2, dict):
+            out.append(f"eval: ms={e1!r} tessera={e2!r}")
     for n in sorted(w1):
         a, b = w1[n], w2[n]
         if a.shape != b.shape:
@@ -567,7 +704,9 @@ def summary(c):
     o = dict(c["opt"])
     layers = [(x["kind"], x.get("out"), x.get("bias"), x.get("act")) for x in c["layers"]]
     return (f"layers={layers} loss={c['loss']}/{c['reduction']} opt={o} lr={c['lr']} batch={c['batch']}"
-            f" spe={c['steps_per_epoch']} epochs={c['epochs']} wrap={c['wrap']}")
+            f" spe={c['steps_per_epoch']} epochs={c['epochs']} wrap={c['wrap']}"
+            f" clip={c.get('clip')} eval={c.get('eval')}/{c.get('eval_batch')}"
+            f" div={c.get('custom_div')}")
 
 
 def write_fixture(work, name, case):
@@ -577,6 +716,9 @@ def write_fixture(work, name, case):
     r, w = load(work, i, "ms")
     out["case_json"] = np.array(json.dumps({k: v for k, v in case.items() if k != "index"}))
     out["ms_losses"] = np.array(r["losses"], dtype=np.float64)
+    if isinstance(r.get("eval"), dict):
+        for k, v in r["eval"].items():
+            out[f"ms_eval.{k}"] = np.array(v, dtype=np.float64)
     for n, v in w.items():
         out[f"ms_final.{n}"] = v
     if case["dp"]:

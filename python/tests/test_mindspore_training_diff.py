@@ -4,7 +4,11 @@
 initial weights and the data) and the per-step losses and final weights MindSpore trained from
 them, stand-alone and, for most, in ``data_parallel`` on 2 processes (``msrun``; each rank read
 its half of every global batch). Tessera must reproduce both from the same values, so CI checks
-the numbers without MindSpore. Regenerate with ``--fixture NAME:INDEX`` (see the script).
+the numbers without MindSpore; the ``eval_*`` fixtures also hold MindSpore's ``Model.eval``
+metrics of the trained network (``ms_eval.<name>``). Regenerate with ``--fixture NAME:INDEX``
+(see the script): ``eval_embedding_ce`` is ``--seed 1000 --no-dp --only 8``, ``eval_mse_sum``
+``--only 29`` of the same, ``momentum_embedding_sum_div3_dp_sum_grads`` ``--seed 1000
+--dp-every 1 --only 625``.
 
 MindSpore 2.10's CPU ``ApplyMomentum`` ignores ``use_nesterov`` (docs/MINDSPORE_DIFFERENCES.md,
 difference 16): for ``Momentum(use_nesterov=True)`` the fixture holds MindSpore's
@@ -47,6 +51,15 @@ def _build(case, arrays):
                     cell = nn.Dense(layer["in"], layer["out"], **kw)
                 elif layer["kind"] == "layernorm":
                     cell = nn.LayerNorm((layer["dim"],))
+                elif layer["kind"] == "embedding":
+                    cell = nn.Embedding(layer["vocab"], layer["dim"],
+                                        use_one_hot=layer["one_hot"],
+                                        embedding_table=tessera.Tensor(
+                                            arrays[f"{name}.embedding_table"]))
+                elif layer["kind"] == "act":
+                    cell = {"relu": nn.ReLU, "tanh": nn.Tanh, "softmax": nn.Softmax,
+                            "gelu_exact": lambda: nn.GELU(approximate=False),
+                            "gelu_tanh": lambda: nn.GELU(approximate=True)}[layer["act"]]()
                 else:
                     cell = nn.Dropout(p=0.0)
                 setattr(self, name, cell)
@@ -62,8 +75,25 @@ def _build(case, arrays):
     loss = {"sce_sparse": lambda: nn.SoftmaxCrossEntropyWithLogits(sparse=True,
                                                                    reduction=reduction),
             "ce": lambda: nn.CrossEntropyLoss(reduction=reduction),
-            "mse": lambda: nn.MSELoss(reduction=reduction)}[case["loss"]]()
+            "mse": lambda: nn.MSELoss(reduction=reduction),
+            "custom": lambda: _SquaresLoss(reduction, case.get("custom_div"))}[case["loss"]]()
     return net, loss
+
+
+class _SquaresLoss(nn.Cell):
+    """The script's loss Cell of ops: the sum or mean of every squared difference, the sum
+    divided by a constant ``div`` when given."""
+
+    def __init__(self, reduction, div=None):
+        super().__init__()
+        self.reduce = tessera.ops.ReduceSum() if reduction == "sum" else tessera.ops.ReduceMean()
+        self.div = div
+
+    def construct(self, logits, label):
+        d = logits - label
+        if self.div is None:
+            return self.reduce(d * d)
+        return self.reduce(d * d) / self.div
 
 
 def _lr(case):
@@ -90,28 +120,38 @@ def _optimizer(case, net):
         params = [g for g in ({"params": decay, "weight_decay": wd},
                               {"params": rest, "weight_decay": 0.0}) if g["params"]]
         params.append({"order_params": net.trainable_params()})
+    # MindSpore clipped in its own TrainOneStepCell (ops.clip_by_global_norm of the reduced
+    # gradients); Tessera's is the optimizer's max_grad_norm.
+    kw = {} if case.get("clip") is None else {"max_grad_norm": case["clip"]}
     if o["name"] == "SGD":
         return nn.SGD(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
-                      nesterov=o["nesterov"])
+                      nesterov=o["nesterov"], **kw)
     if o["name"] == "Momentum":
         return nn.Momentum(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
-                           use_nesterov=o["nesterov"])
+                           use_nesterov=o["nesterov"], **kw)
     cls = nn.Adam if o["name"] == "Adam" else nn.AdamWeightDecay
     return cls(params, learning_rate=lr, beta1=o["beta1"], beta2=o["beta2"], eps=o["eps"],
-               weight_decay=wd)
+               weight_decay=wd, **kw)
 
 
-def _train(case, arrays):
+def _train(case, arrays, metrics=None):
     net, loss = _build(case, arrays)
     opt = _optimizer(case, net)
-    data = tessera.dataset.NumpySlicesDataset({"data": arrays["x"], "label": arrays["y"]},
-                                              shuffle=False).batch(case["batch"])
+
+    def source():
+        return tessera.dataset.NumpySlicesDataset({"data": arrays["x"], "label": arrays["y"]},
+                                                  shuffle=False)
+
     if case["wrap"]:
         model = tessera.train.Model(nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt))
     else:
-        model = tessera.train.Model(net, loss, opt)
-    model.train(case["epochs"], data)
-    return np.array(model.losses), {n: p.asnumpy() for n, p in net.parameters_and_names()}
+        model = tessera.train.Model(net, loss, opt, metrics=metrics)
+    model.train(case["epochs"], source().batch(case["batch"]))
+    weights = {n: p.asnumpy() for n, p in net.parameters_and_names()}
+    if metrics:
+        eb = case.get("eval_batch", case["batch"])
+        return model.eval(source().batch(eb, drop_remainder=len(arrays["x"]) % eb != 0))
+    return np.array(model.losses), weights
 
 
 def _check(losses, weights, data, prefix):
@@ -159,6 +199,55 @@ def test_data_parallel_training_gives_mindspore_s_numbers(path, fresh_context):
                                       gradients_mean=case["dp"]["gradients_mean"])
     losses, weights = _train(case, data)
     _check(losses, weights, data, "ms_dp")
+
+
+@pytest.mark.parametrize("path", [p for p in CASES if any(k.startswith("ms_eval.")
+                                                           for k in np.load(p))],
+                         ids=lambda p: p.stem)
+def test_eval_after_training_gives_mindspore_s_metrics(path, fresh_context):
+    # MindSpore: Model(net, loss, opt, metrics=...).eval of the training data in batches of
+    # eval_batch (the remainder dropped; its Loss metric averages the batches' losses). Tessera cast
+    # an Embedding's token ids to float32 in eval (its Gather refused them), refused the float
+    # labels of an MSELoss, and computed the "loss" metric as the softmax cross entropy
+    # whatever the loss, over samples rather than batches.
+    case, data = _load(path)
+    want = {k[len("ms_eval."):]: float(v) for k, v in data.items() if k.startswith("ms_eval.")}
+    got = _train(case, data, metrics=set(want))
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
+
+
+def test_the_loss_metric_of_a_loss_cell_of_one_s_own_is_refused():
+    # MindSpore averages the Model's own loss Cell; Tessera reported the softmax cross entropy
+    # of the outputs for any loss Cell: another loss than the one trained, silently.
+    class TwiceCrossEntropy(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+        def construct(self, logits, label):
+            return self.ce(logits, label) * 2.0
+
+    x = np.random.default_rng(3).normal(size=(8, 3)).astype(np.float32)
+    y = (np.arange(8) % 2).astype(np.int32)
+    net = nn.Dense(3, 2, weight_init=tessera.Tensor(np.full((2, 3), 0.1, np.float32)))
+    model = tessera.train.Model(net, TwiceCrossEntropy(), nn.SGD(net.trainable_params(), 0.1),
+                                metrics={"loss", "acc"})
+    data = tessera.dataset.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(4)
+    model.train(1, data)
+    with pytest.raises(ValueError, match=r"'loss' metric of a TwiceCrossEntropy loss is not "
+                                         r"supported"):
+        model.eval(data)
+    # A loss Cell of one's own on float targets: the loss is named, not the labels' shape.
+    t = np.random.default_rng(4).normal(size=(8, 2)).astype(np.float32)
+    net = nn.Dense(3, 2, weight_init=tessera.Tensor(np.full((2, 3), 0.1, np.float32)))
+    model = tessera.train.Model(net, _SquaresLoss("sum"), nn.SGD(net.trainable_params(), 0.01),
+                                metrics={"loss"})
+    data = tessera.dataset.NumpySlicesDataset({"data": x, "label": t}, shuffle=False).batch(4)
+    model.train(1, data)
+    with pytest.raises(ValueError, match=r"'loss' metric of a _SquaresLoss loss is not supported"):
+        model.eval(data)
 
 
 def test_an_empty_parameter_group_is_refused_as_mindspore_does():

@@ -667,7 +667,7 @@ fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
         }
         let divided = reader.is_some_and(|r: NodeId| {
             let r = &graph.nodes()[r.0];
-            r.op == Op::Div && r.inputs.first() == Some(&value)
+            r.op == Op::Div && r.inputs.first() == Some(&value) && divides_by_rows(graph, r, node)
         });
         let rows = if divided {
             gathered_rows_split(placed, node)
@@ -684,6 +684,31 @@ fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
         }
     }
     Some(1)
+}
+
+/// Whether `div` (the reader of `reduction`'s output) divides by a count of the rows: a
+/// divisor computed in the graph, or a constant that is a whole multiple of the reduction
+/// input's dim 0 (a mean's element count, a division by the batch size), which each MindSpore
+/// rank takes from its own rows. A division by another constant (`Σ (y − t)² / 3`) scales a
+/// sum: MindSpore's ranks divide by the same constant, and their gradients add up to the global
+/// loss's (scale 1; it was taken for a mean and doubled on 2 ranks).
+fn divides_by_rows(graph: &graph::Graph, div: &graph::Node, reduction: NodeId) -> bool {
+    let Some(divisor) = div.inputs.get(1) else {
+        return false;
+    };
+    let Some((producer, _)) = graph.values()[divisor.0].producer else {
+        return true;
+    };
+    let Op::Fill { value, .. } = &graph.nodes()[producer.0].op else {
+        return true;
+    };
+    let rows = graph.nodes()[reduction.0]
+        .inputs
+        .first()
+        .and_then(|input| graph.values()[input.0].shape.first().copied())
+        .unwrap_or(1) as f64;
+    let ratio = value / rows;
+    ratio >= 1.0 && ratio.fract() == 0.0
 }
 
 /// For a reduction over dim 0 (the rows), the split of its input's dim 0 as the input was

@@ -21,8 +21,9 @@ class Accuracy(Metric):
 
 
 class Loss(Metric):
-    """MindSpore's ``nn.Loss()``: here the mean softmax cross entropy of the outputs and the
-    labels (the loss of ``SoftmaxCrossEntropyWithLogits(sparse=True, reduction='mean')``)."""
+    """MindSpore's ``nn.Loss()``: the mean over the batches of the Model's loss Cell's value
+    (``SoftmaxCrossEntropyWithLogits``, ``CrossEntropyLoss`` and ``MSELoss`` with reduction
+    ``'mean'`` or ``'sum'``; another loss Cell is refused by ``Model.eval``)."""
 
     _kind = "loss"
 

@@ -501,7 +501,16 @@ class Model:
             raise ValueError("Model.eval: the Model has no metrics (Model(..., metrics={'accuracy'}))")
         if valid_dataset.batch_size is None:
             raise ValueError("Model.eval: batch the dataset first (dataset.batch(n))")
-        data, labels = valid_dataset._arrays()
+        loss_fn = self._parts.with_loss._loss_fn
+        kinds = set(self._metrics.values())
+        # Token ids stay int32, as in training (cast to float32 they reached the Embedding's
+        # Gather, which refused them); labels are class indices unless only an MSELoss's loss
+        # is asked for.
+        if "loss" in kinds:
+            _eval_loss_rule(loss_fn)
+        data, labels = _engine_arrays(valid_dataset)
+        if "accuracy" in kinds or not isinstance(loss_fn, nn.MSELoss):
+            _, labels = valid_dataset._arrays()
         # NaN or infinity gave metrics silently (argmax of NaN scores is class 0), as training
         # refuses them.
         with np.errstate(over="ignore"):
@@ -515,11 +524,16 @@ class Model:
                              f"sample(s), no batch of batch_size {batch}; the metrics need at "
                              "least one")
         builder, x, _, logits, _, _, traced = self._trace(batch, data, labels, training=False)
-        if len(logits.shape) != 2:
+        if len(logits.shape) != 2 and labels.dtype.kind != "f":
             raise ValueError(f"Model.eval: the network's output has shape {logits.shape[1:]} "
                              "per sample; class scores [classes] are needed")
-        _check_labels("Model.eval", valid_dataset.column_names[1], labels,
-                      [(None, logits.shape[1])])
+        if labels.dtype.kind != "f":
+            _check_labels("Model.eval", valid_dataset.column_names[1], labels,
+                          [(None, logits.shape[1])])
+        elif labels.size != len(labels) * math.prod(logits.shape[1:]):
+            raise ValueError(f"Model.eval: the label column {valid_dataset.column_names[1]} has "
+                             f"shape {labels.shape[1:]} per sample; the MSELoss compares it with "
+                             f"the network's output, of shape {tuple(logits.shape[1:])}")
         missing = [p.name for p, _ in traced if p._value is None]
         if missing:
             raise ValueError(f"Model.eval: parameters {missing} have no values; train first")
@@ -530,7 +544,39 @@ class Model:
             if kind == "accuracy":
                 result[key] = float(np.mean(np.argmax(out, axis=1) == labels))
             else:
-                shifted = out - out.max(axis=1, keepdims=True)
-                logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-                result[key] = float(-np.mean(logp[np.arange(len(labels)), labels]))
+                result[key] = _eval_loss(loss_fn, out, labels, batch)
         return result
+
+
+def _eval_loss_rule(loss_fn):
+    """The loss ``Model.eval``'s ``"loss"`` metric computes for ``loss_fn``: MindSpore's
+    ``nn.Loss`` averages the values of the Model's own loss Cell; Tessera computes those of
+    the loss Cells it knows, and refuses another (a loss Cell of your own) rather than report
+    another loss than the one trained."""
+    if isinstance(loss_fn, (nn.SoftmaxCrossEntropyWithLogits, nn.CrossEntropyLoss)):
+        return "cross_entropy"
+    if isinstance(loss_fn, nn.MSELoss) and loss_fn.reduction in ("mean", "sum"):
+        return loss_fn.reduction
+    what = (f"an MSELoss(reduction={loss_fn.reduction!r})" if isinstance(loss_fn, nn.MSELoss)
+            else f"a {type(loss_fn).__name__}")
+    raise ValueError(f"Model.eval: the 'loss' metric of {what} loss is not supported (it is "
+                     "computed for SoftmaxCrossEntropyWithLogits, CrossEntropyLoss and MSELoss "
+                     "with reduction 'mean' or 'sum'; MindSpore's needs a scalar loss)")
+
+
+def _eval_loss(loss_fn, out, labels, batch):
+    """MindSpore's ``nn.Loss`` metric: the mean over the batches of the loss Cell's value on
+    each."""
+    rule = _eval_loss_rule(loss_fn)
+    values = []
+    for start in range(0, len(out), batch):
+        o = out[start:start + batch].astype(np.float64)
+        y = labels[start:start + batch]
+        if rule == "cross_entropy":
+            shifted = o - o.max(axis=1, keepdims=True)
+            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            values.append(-np.mean(logp[np.arange(len(y)), y]))
+        else:
+            squared = (o - y.reshape(o.shape)) ** 2
+            values.append(squared.mean() if rule == "mean" else squared.sum())
+    return float(np.mean(values))
