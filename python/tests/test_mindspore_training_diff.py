@@ -14,7 +14,9 @@ MindSpore 2.10's CPU ``ApplyMomentum`` ignores ``use_nesterov`` (docs/MINDSPORE_
 difference 16): for ``Momentum(use_nesterov=True)`` the fixture holds MindSpore's
 ``SGD(momentum, nesterov=True)`` numbers, the documented Nesterov rule."""
 
+import importlib.util
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -36,107 +38,22 @@ def _load(path):
     return case, data
 
 
-def _build(case, arrays):
-    class Net(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-            for i, layer in enumerate(case["layers"]):
-                name = f"l{i}"
-                if layer["kind"] == "dense":
-                    kw = {"weight_init": tessera.Tensor(arrays[f"{name}.weight"]),
-                          "has_bias": layer["bias"], "activation": layer["act"]}
-                    if layer["bias"]:
-                        kw["bias_init"] = tessera.Tensor(arrays[f"{name}.bias"])
-                    cell = nn.Dense(layer["in"], layer["out"], **kw)
-                elif layer["kind"] == "layernorm":
-                    cell = nn.LayerNorm((layer["dim"],))
-                elif layer["kind"] == "embedding":
-                    cell = nn.Embedding(layer["vocab"], layer["dim"],
-                                        use_one_hot=layer["one_hot"],
-                                        embedding_table=tessera.Tensor(
-                                            arrays[f"{name}.embedding_table"]))
-                elif layer["kind"] == "act":
-                    cell = {"relu": nn.ReLU, "tanh": nn.Tanh, "softmax": nn.Softmax,
-                            "gelu_exact": lambda: nn.GELU(approximate=False),
-                            "gelu_tanh": lambda: nn.GELU(approximate=True)}[layer["act"]]()
-                else:
-                    cell = nn.Dropout(p=0.0)
-                setattr(self, name, cell)
-                self.names.append(name)
-
-        def construct(self, x):
-            for name in self.names:
-                x = getattr(self, name)(x)
-            return x
-
-    net = Net()
-    reduction = case["reduction"]
-    loss = {"sce_sparse": lambda: nn.SoftmaxCrossEntropyWithLogits(sparse=True,
-                                                                   reduction=reduction),
-            "ce": lambda: nn.CrossEntropyLoss(reduction=reduction),
-            "mse": lambda: nn.MSELoss(reduction=reduction),
-            "custom": lambda: _SquaresLoss(reduction, case.get("custom_div"))}[case["loss"]]()
-    return net, loss
+def _script():
+    """``scripts/mindspore-train-diff.py`` as a module: the builders of its cases' network,
+    loss and optimizer, which take the package (``tessera`` here) as an argument."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "mindspore-train-diff.py"
+    spec = importlib.util.spec_from_file_location("mindspore_train_diff", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class _SquaresLoss(nn.Cell):
-    """The script's loss Cell of ops: the sum or mean of every squared difference, the sum
-    divided by a constant ``div`` when given."""
-
-    def __init__(self, reduction, div=None):
-        super().__init__()
-        self.reduce = tessera.ops.ReduceSum() if reduction == "sum" else tessera.ops.ReduceMean()
-        self.div = div
-
-    def construct(self, logits, label):
-        d = logits - label
-        if self.div is None:
-            return self.reduce(d * d)
-        return self.reduce(d * d) / self.div
-
-
-def _lr(case):
-    lr = case["lr"]
-    if lr["kind"] == "float":
-        return lr["value"]
-    if lr["kind"] == "list":
-        return list(lr["values"])
-    if lr["kind"] == "dyn":
-        return list({"cosine": nn.cosine_decay_lr, "exponential": nn.exponential_decay_lr,
-                     "warmup": nn.warmup_lr, "polynomial": nn.polynomial_decay_lr,
-                     "piecewise": nn.piecewise_constant_lr}[lr["fn"]](*lr["args"]))
-    return {"cosine": nn.CosineDecayLR, "warmup": nn.WarmUpLR,
-            "polynomial": nn.PolynomialDecayLR,
-            "exponential": nn.ExponentialDecayLR}[lr["sched"]](*lr["args"])
-
-
-def _optimizer(case, net):
-    o, lr = case["opt"], _lr(case)
-    params, wd = net.trainable_params(), o["weight_decay"]
-    if o["groups"]:
-        decay = [p for p in params if p.name.endswith("weight")]
-        rest = [p for p in params if not p.name.endswith("weight")]
-        params = [g for g in ({"params": decay, "weight_decay": wd},
-                              {"params": rest, "weight_decay": 0.0}) if g["params"]]
-        params.append({"order_params": net.trainable_params()})
-    # MindSpore clipped in its own TrainOneStepCell (ops.clip_by_global_norm of the reduced
-    # gradients); Tessera's is the optimizer's max_grad_norm.
-    kw = {} if case.get("clip") is None else {"max_grad_norm": case["clip"]}
-    if o["name"] == "SGD":
-        return nn.SGD(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
-                      nesterov=o["nesterov"], **kw)
-    if o["name"] == "Momentum":
-        return nn.Momentum(params, learning_rate=lr, momentum=o["momentum"], weight_decay=wd,
-                           use_nesterov=o["nesterov"], **kw)
-    cls = nn.Adam if o["name"] == "Adam" else nn.AdamWeightDecay
-    return cls(params, learning_rate=lr, beta1=o["beta1"], beta2=o["beta2"], eps=o["eps"],
-               weight_decay=wd, **kw)
+SCRIPT = _script()
 
 
 def _train(case, arrays, metrics=None):
-    net, loss = _build(case, arrays)
-    opt = _optimizer(case, net)
+    net, loss = SCRIPT.build(tessera, case, arrays)
+    opt = SCRIPT.make_opt(tessera, case, net)
 
     def source():
         return tessera.dataset.NumpySlicesDataset({"data": arrays["x"], "label": arrays["y"]},
@@ -242,11 +159,11 @@ def test_the_loss_metric_of_a_loss_cell_of_one_s_own_is_refused():
     # A loss Cell of one's own on float targets: the loss is named, not the labels' shape.
     t = np.random.default_rng(4).normal(size=(8, 2)).astype(np.float32)
     net = nn.Dense(3, 2, weight_init=tessera.Tensor(np.full((2, 3), 0.1, np.float32)))
-    model = tessera.train.Model(net, _SquaresLoss("sum"), nn.SGD(net.trainable_params(), 0.01),
+    model = tessera.train.Model(net, SCRIPT.squares_loss(tessera, "sum"), nn.SGD(net.trainable_params(), 0.01),
                                 metrics={"loss"})
     data = tessera.dataset.NumpySlicesDataset({"data": x, "label": t}, shuffle=False).batch(4)
     model.train(1, data)
-    with pytest.raises(ValueError, match=r"'loss' metric of a _SquaresLoss loss is not supported"):
+    with pytest.raises(ValueError, match=r"'loss' metric of a SquaresLoss loss is not supported"):
         model.eval(data)
 
 
