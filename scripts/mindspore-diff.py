@@ -487,6 +487,19 @@ def truth_for_rank(spec, full, dtypes, ndev, r, outside):
     return t
 
 
+
+def truth_for_dst_rank(b_spec, params, outside, full, dtypes, nd_b, rb):
+    """What destination rank ``rb`` must hold: its slices under strategy B (``b_spec``), the
+    parameters of A that B does not list written whole; every tensor whole without B."""
+    if b_spec is None:
+        return {p: (dtypes[p], full[p]) for p in params + outside}
+    tr = truth_for_rank({p: v for p, v in b_spec.items() if p in params}, full, dtypes, nd_b,
+                        rb, outside)
+    for p in params:
+        if p not in b_spec:
+            tr[p] = (dtypes[p], full[p])
+    return tr
+
 def one_case(i, seed, args):
     rng = np.random.default_rng(seed)
     cdir = os.path.join(args.work, f"case{i}")
@@ -663,14 +676,7 @@ def one_case(i, seed, args):
             if len(files) != 1:
                 diffs.append(f"convert: Tessera rank {rb} files {files}")
                 continue
-            if b_spec is None:
-                tr = {p: (dtypes[p], full[p]) for p in params + outside}
-            else:
-                tr = truth_for_rank({p: v for p, v in b_spec.items() if p in params}, full, dtypes, nd_b, rb, outside)
-                # params of A that B does not list are written whole
-                for p in params:
-                    if p not in b_spec:
-                        tr[p] = (dtypes[p], full[p])
+            tr = truth_for_dst_rank(b_spec, params, outside, full, dtypes, nd_b, rb)
             cmp_truth(os.path.join(t_out, files[0]), tr, diffs, f"convert T rank {rb} vs truth")
     # -------- convert_checkpoint_by_rank (ckpt only)
     if fmt == "ckpt":
@@ -996,14 +1002,7 @@ def dedup_checks(cdir, t, fmt, src, a_path, b_path, params, outside, full, dtype
         if len(files) != 1:
             diffs.append(f"convert from dedup: rank {rb} files {files}")
             continue
-        if b_spec is None:
-            tr = {p: (dtypes[p], full[p]) for p in params + outside}
-        else:
-            tr = truth_for_rank({p: v for p, v in b_spec.items() if p in params}, full, dtypes,
-                                nd_b, rb, outside)
-            for p in params:
-                if p not in b_spec:
-                    tr[p] = (dtypes[p], full[p])
+        tr = truth_for_dst_rank(b_spec, params, outside, full, dtypes, nd_b, rb)
         cmp_truth(os.path.join(t_c, files[0]), tr, diffs, f"convert from dedup rank {rb}")
 
 
@@ -1153,14 +1152,7 @@ def transform_checks(cdir, t, src, a_path, b_path, rb, tl, ms_list, params, outs
         cmp_files(ms_file, tf, diffs, f"transform unsharded {rb}", order=False,
                   ms_may_lack=shared, notes=notes)
     if rc == 0:
-        if b_spec is None:
-            tr = {p: (dtypes[p], full[p]) for p in params + outside}
-        else:
-            tr = truth_for_rank({p: v for p, v in b_spec.items() if p in params}, full, dtypes,
-                                nd_b, rb, outside)
-            for p in params:
-                if p not in b_spec:
-                    tr[p] = (dtypes[p], full[p])
+        tr = truth_for_dst_rank(b_spec, params, outside, full, dtypes, nd_b, rb)
         if os.path.exists(tf):
             cmp_truth(tf, tr, diffs, f"convert unsharded T rank {rb} vs truth")
         else:

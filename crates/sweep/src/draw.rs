@@ -93,3 +93,21 @@ pub fn draw_schedule(
         c.set("train.max_grad_norm", rng.pick(&["0.1", "1.0", "1e6"]));
     }
 }
+
+/// With odds `odds`, fused gradient buckets (`[parallel.comm_fusion]`, by size or automatic)
+/// and, in most of those, their all-reduces overlapped with the backward pass, into `c`.
+pub fn draw_fusion(rng: &mut Rng, c: &mut Config, odds: f64) {
+    if !rng.chance(odds) {
+        return;
+    }
+    c.set("parallel.comm_fusion.openstate", true);
+    let allreduce = if rng.chance(0.5) {
+        "{ mode = \"auto\" }"
+    } else {
+        "{ mode = \"size\", config = 1 }"
+    };
+    c.set("parallel.comm_fusion.allreduce", allreduce);
+    if rng.chance(0.6) {
+        c.set("parallel.overlap.grad_computation_allreduce_overlap", true);
+    }
+}

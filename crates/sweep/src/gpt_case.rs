@@ -9,8 +9,9 @@
 
 use std::path::Path;
 
-use crate::model::{draw_gpt_model, GptModel};
-use crate::{divisors, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
+use crate::layout_draw::{draw_semi_auto, set_pipeline, Pipeline, SemiAuto};
+use crate::model::draw_gpt_model;
+use crate::{draw_fusion, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
 
 /// Steps each case trains.
 pub const STEPS: usize = 2;
@@ -33,14 +34,8 @@ pub fn draw_gpt_case(seed: u64, index: usize, text: &Path, out: &Path) -> GptCas
     let mut c = Config::default();
 
     // The model.
-    let GptModel {
-        heads,
-        seq_len,
-        ffn,
-        dropout,
-        experts,
-        ..
-    } = draw_gpt_model(&mut rng, &mut c, if pipelined { 8 } else { 4 });
+    let gpt = draw_gpt_model(&mut rng, &mut c, if pipelined { 8 } else { 4 });
+    let (heads, ffn) = (gpt.heads, gpt.ffn);
 
     // The strategy: `micro` micro-batches of a pipeline, `interleave` of
     // `micro_batch_interleave`, both run by the reference as gradient accumulation.
@@ -84,27 +79,14 @@ pub fn draw_gpt_case(seed: u64, index: usize, text: &Path, out: &Path) -> GptCas
             b *= 2;
         }
         devices = stages * mp * dp;
-        c.set_str("parallel.mode", "semi_auto");
-        c.set("parallel.devices", devices);
-        c.set("parallel.data_parallel", dp);
-        c.set("parallel.model_parallel", mp);
-        c.set("parallel.pipeline.stages", stages);
-        c.set("parallel.pipeline.micro_batches", m);
-        c.set_str("parallel.pipeline.scheduler", scheduler);
-        if rng.chance(0.25) {
-            c.set("parallel.pipeline.output_broadcast", true);
-        }
-        if mp > 1 && rng.chance(0.4) {
-            c.set("parallel.vocab_emb_dp", false);
-        }
-        if mp > 1 && seq_len.is_multiple_of(mp) && rng.chance(0.4) {
-            c.set("parallel.use_seq_parallel", true);
-        }
-        if dp > 1 && rng.chance(0.3) {
-            let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
-            c.set_str("parallel.hsdp.optimizer_level", level);
-            c.set("parallel.hsdp.threshold", 0);
-        }
+        let pipeline = Pipeline {
+            stages,
+            dp,
+            mp,
+            micro: m,
+            scheduler,
+        };
+        set_pipeline(&mut rng, &mut c, &pipeline, (&gpt, true), 0.3);
         (batch, micro, interleave) = (b, m, 1);
     } else {
         let weights = [
@@ -128,70 +110,8 @@ pub fn draw_gpt_case(seed: u64, index: usize, text: &Path, out: &Path) -> GptCas
         c.set_str("parallel.mode", mode);
         let unit;
         if mode == "semi_auto" {
-            let mps: Vec<usize> = [1, 2, 4, 8]
-                .into_iter()
-                .filter(|&d| heads.is_multiple_of(d) && ffn.is_multiple_of(d))
-                .collect();
-            let mut mp = rng.pick(&mps);
-            let mut cp = if seq_len.is_multiple_of(2) {
-                rng.pick(&[1, 1, 2, 4])
-            } else {
-                1
-            };
-            if !seq_len.is_multiple_of(cp) {
-                cp = 1;
-            }
-            let mut algo = None;
-            if cp > 1 {
-                let mut a = Some(rng.pick(&["ulysses", "ring"]));
-                if a == Some("ulysses") && !heads.is_multiple_of(mp * cp) {
-                    a = Some("ring");
-                }
-                if a == Some("ring") && dropout {
-                    a = heads.is_multiple_of(mp * cp).then_some("ulysses");
-                }
-                if a.is_none() {
-                    cp = 1;
-                }
-                algo = a;
-            }
-            while mp * cp > 16 {
-                mp /= 2;
-            }
-            let dps: Vec<usize> = [1, 2, 4, 8]
-                .into_iter()
-                .filter(|d| d * mp * cp <= 16)
-                .collect();
-            let dp = rng.pick(&dps);
+            let SemiAuto { dp, mp, cp } = draw_semi_auto(&mut rng, &mut c, &gpt, true);
             devices = dp * mp * cp;
-            c.set("parallel.devices", devices);
-            c.set("parallel.data_parallel", dp);
-            c.set("parallel.model_parallel", mp);
-            if let Some(algo) = algo {
-                c.set("parallel.context_parallel", cp);
-                c.set_str("parallel.context_parallel_algo", algo);
-                if algo == "ring" {
-                    c.0.remove("model.fused_attention");
-                }
-            }
-            if mp > 1 && rng.chance(0.4) && seq_len.is_multiple_of(mp * cp) {
-                c.set("parallel.use_seq_parallel", true);
-            }
-            if mp > 1 && rng.chance(0.35) {
-                c.set("parallel.vocab_emb_dp", false);
-            }
-            if let Some(experts) = experts {
-                if dp > 1 && rng.chance(0.7) {
-                    let eps: Vec<usize> = divisors(dp)
-                        .into_iter()
-                        .filter(|&d| experts.is_multiple_of(d))
-                        .collect();
-                    let ep = rng.pick(&eps);
-                    if ep > 1 {
-                        c.set("parallel.expert_parallel", ep);
-                    }
-                }
-            }
             unit = dp * cp;
         } else {
             devices = if mode == "data_parallel" {
@@ -231,17 +151,8 @@ pub fn draw_gpt_case(seed: u64, index: usize, text: &Path, out: &Path) -> GptCas
     if !pipelined && devices > 1 && rng.chance(0.3) {
         draw_hsdp(&mut rng, &mut c, devices);
     }
-    if devices > 1 && rng.chance(0.25) {
-        c.set("parallel.comm_fusion.openstate", true);
-        let allreduce = if rng.chance(0.5) {
-            "{ mode = \"auto\" }"
-        } else {
-            "{ mode = \"size\", config = 1 }"
-        };
-        c.set("parallel.comm_fusion.allreduce", allreduce);
-        if rng.chance(0.6) {
-            c.set("parallel.overlap.grad_computation_allreduce_overlap", true);
-        }
+    if devices > 1 {
+        draw_fusion(&mut rng, &mut c, 0.25);
     }
 
     // The data and the training.

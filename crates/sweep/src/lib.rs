@@ -9,12 +9,14 @@
 mod config;
 mod draw;
 mod gpt_case;
+mod layout_draw;
 mod model;
 mod resume_case;
 mod rng;
 
 pub use config::Config;
-pub use draw::{divisors, draw_hsdp, draw_recompute, draw_schedule};
+pub use draw::{divisors, draw_fusion, draw_hsdp, draw_recompute, draw_schedule};
 pub use gpt_case::{draw_gpt_case, GptCase, STEPS};
-pub use resume_case::{draw_resume_case, ResumeCase, MAX_DEVICES, MAX_FIRST, MAX_SECOND};
+pub use layout_draw::MAX_DEVICES;
+pub use resume_case::{draw_resume_case, ResumeCase, MAX_FIRST, MAX_SECOND};
 pub use rng::Rng;

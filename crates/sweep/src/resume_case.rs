@@ -7,15 +7,14 @@
 
 use std::path::Path;
 
+use crate::layout_draw::{draw_semi_auto, set_pipeline, Pipeline, SemiAuto, MAX_DEVICES};
 use crate::model::{draw_gpt_model, GptModel};
-use crate::{divisors, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
+use crate::{draw_fusion, draw_hsdp, draw_recompute, draw_schedule, Config, Rng};
 
 /// The most steps layout A trains before its checkpoint.
 pub const MAX_FIRST: usize = 3;
 /// The most steps layout B trains after resuming (the reference trains both runs' steps).
 pub const MAX_SECOND: usize = 2;
-/// The most devices a layout uses (each a thread on this machine).
-pub const MAX_DEVICES: usize = 16;
 
 /// The model's sizes a layout must divide.
 struct Model {
@@ -91,27 +90,20 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
             c.set("parallel.pipeline.virtual_stages", rng.pick(&[2, 2, 3]));
         }
         devices = stages * mp * dp;
-        c.set_str("parallel.mode", "semi_auto");
-        c.set("parallel.devices", devices);
-        c.set("parallel.data_parallel", dp);
-        c.set("parallel.model_parallel", mp);
-        c.set("parallel.pipeline.stages", stages);
-        c.set("parallel.pipeline.micro_batches", split);
-        c.set_str("parallel.pipeline.scheduler", scheduler);
-        if rng.chance(0.25) {
-            c.set("parallel.pipeline.output_broadcast", true);
-        }
-        if mp > 1 && model.vocab_parallel && rng.chance(0.4) {
-            c.set("parallel.vocab_emb_dp", false);
-        }
-        if mp > 1 && model.gpt.seq_len.is_multiple_of(mp) && rng.chance(0.4) {
-            c.set("parallel.use_seq_parallel", true);
-        }
-        if dp > 1 && rng.chance(0.35) {
-            let level = rng.pick(&["level1", "level2", "level3", "zero1", "zero2"]);
-            c.set_str("parallel.hsdp.optimizer_level", level);
-            c.set("parallel.hsdp.threshold", 0);
-        }
+        let pipeline = Pipeline {
+            stages,
+            dp,
+            mp,
+            micro: split,
+            scheduler,
+        };
+        set_pipeline(
+            rng,
+            &mut c,
+            &pipeline,
+            (&model.gpt, model.vocab_parallel),
+            0.35,
+        );
         if rng.chance(0.2) {
             c.set("parallel.recompute.cells", "[\"blocks.*\"]");
         }
@@ -133,68 +125,9 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
         c.set_str("parallel.mode", mode);
         let per;
         if mode == "semi_auto" {
-            let mps: Vec<usize> = [1, 2, 4, 8]
-                .into_iter()
-                .filter(|&d| model.gpt.heads.is_multiple_of(d) && model.gpt.ffn.is_multiple_of(d))
-                .collect();
-            let mut mp = rng.pick(&mps);
-            let mut cp = if model.gpt.seq_len.is_multiple_of(2) {
-                rng.pick(&[1, 1, 2, 4])
-            } else {
-                1
-            };
-            if !model.gpt.seq_len.is_multiple_of(cp) {
-                cp = 1;
-            }
-            let mut algo = None;
-            if cp > 1 {
-                let mut a = Some(rng.pick(&["ulysses", "ring"]));
-                if a == Some("ulysses") && !model.gpt.heads.is_multiple_of(mp * cp) {
-                    a = Some("ring");
-                }
-                // The ring needs the fused attention and no dropout (the model is shared).
-                if a == Some("ring") && (model.gpt.dropout || model.gpt.unfused) {
-                    a = model.gpt.heads.is_multiple_of(mp * cp).then_some("ulysses");
-                }
-                if a.is_none() {
-                    cp = 1;
-                }
-                algo = a;
-            }
-            while mp * cp > MAX_DEVICES {
-                mp /= 2;
-            }
-            let dps: Vec<usize> = [1, 2, 4, 8]
-                .into_iter()
-                .filter(|d| d * mp * cp <= MAX_DEVICES)
-                .collect();
-            let dp = rng.pick(&dps);
+            let SemiAuto { dp, mp, cp } =
+                draw_semi_auto(rng, &mut c, &model.gpt, model.vocab_parallel);
             devices = dp * mp * cp;
-            c.set("parallel.devices", devices);
-            c.set("parallel.data_parallel", dp);
-            c.set("parallel.model_parallel", mp);
-            if let Some(algo) = algo {
-                c.set("parallel.context_parallel", cp);
-                c.set_str("parallel.context_parallel_algo", algo);
-            }
-            if mp > 1 && rng.chance(0.4) && model.gpt.seq_len.is_multiple_of(mp * cp) {
-                c.set("parallel.use_seq_parallel", true);
-            }
-            if mp > 1 && model.vocab_parallel && rng.chance(0.35) {
-                c.set("parallel.vocab_emb_dp", false);
-            }
-            if let Some(experts) = model.gpt.experts {
-                if dp > 1 && rng.chance(0.7) {
-                    let eps: Vec<usize> = divisors(dp)
-                        .into_iter()
-                        .filter(|&d| experts.is_multiple_of(d))
-                        .collect();
-                    let ep = rng.pick(&eps);
-                    if ep > 1 {
-                        c.set("parallel.expert_parallel", ep);
-                    }
-                }
-            }
             family = format!("semi_auto dp{dp} mp{mp} cp{cp}");
             per = dp * cp;
         } else {
@@ -223,17 +156,8 @@ fn draw_layout(rng: &mut Rng, model: &Model, split: usize) -> Layout {
     if rng.chance(0.15) {
         c.set("train.threads_per_rank", 2);
     }
-    if devices > 1 && rng.chance(0.2) {
-        c.set("parallel.comm_fusion.openstate", true);
-        let allreduce = if rng.chance(0.5) {
-            "{ mode = \"auto\" }"
-        } else {
-            "{ mode = \"size\", config = 1 }"
-        };
-        c.set("parallel.comm_fusion.allreduce", allreduce);
-        if rng.chance(0.6) {
-            c.set("parallel.overlap.grad_computation_allreduce_overlap", true);
-        }
+    if devices > 1 {
+        draw_fusion(rng, &mut c, 0.2);
     }
     Layout {
         keys: c,
