@@ -133,8 +133,18 @@ def test_eval_errors():
     net = MLP()
     with pytest.raises(ValueError, match="no metrics"):
         _model(net).eval(_digits("test", 33))
-    with pytest.raises(ValueError, match="train first"):
-        _model(net, metrics={"accuracy"}).eval(_digits("test", 33))
+    # an untrained network is evaluated on the values training would start from (MindSpore
+    # initialises a network before evaluating it), the same as after a vanishing step
+    fresh = _model(net, metrics={"accuracy", "loss"}).eval(_digits("test", 33))
+    net2 = MLP()
+    model = Model(net2, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.SGD(net2.trainable_params(), learning_rate=1e-30),
+                  metrics={"accuracy", "loss"})
+    model.train(1, _digits("train", 50))
+    stepped = model.eval(_digits("test", 33))
+    assert fresh["accuracy"] == pytest.approx(stepped["accuracy"], abs=1e-12)
+    assert fresh["loss"] == pytest.approx(stepped["loss"], rel=1e-6)
+    assert fresh["loss"] > 1.5  # untrained: near ln 10
     with pytest.raises(ValueError, match="callbacks are not supported"):
         _model(net, metrics={"accuracy"}).eval(_digits("test", 33), callbacks=[TimeMonitor()])
     with pytest.raises(ValueError, match="metric 'f1' is not supported"):

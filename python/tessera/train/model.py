@@ -15,6 +15,8 @@ import numpy as np
 from .. import _checks, _context, _trace, nn
 from .._tessera import (NetworkBuilder, anchored_strategies, forward_network, mpi_barrier,
                         mpi_broadcast_str, read_parameters, train_network)
+from ..common.parameter import initial_values
+from ..common.tensor import Tensor
 from . import engine_config
 from .callback import Callback, RunContext, _StopRequested
 from .checkpoint import _io_error, _run_recipe
@@ -180,8 +182,8 @@ def _warn_ignored_settings(parts, strategies, traced, devices):
     if auto is not None and (auto._pipeline or {}).get("output_broadcast"):
         warnings.warn("Model.train: AutoParallel.pipeline(output_broadcast=True) has no effect "
                       "on training: every rank already reports each step's loss (MindSpore "
-                      "broadcasts the last stage's output for prediction, which Model does not "
-                      "run)", UserWarning, stacklevel=3)
+                      "broadcasts the last stage's output for prediction, which Model.predict "
+                      "runs on one device)", UserWarning, stacklevel=3)
     hsdp = auto._keys["parallel"].get("hsdp") if auto is not None else None
     if hsdp is not None:
         # MindSpore shards the optimizer state of a parameter of at least `threshold` KB only.
@@ -239,9 +241,10 @@ def _with_anchored(builder, anchors, strategies, devices, per_stage):
 
 
 class Model:
-    """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``. The
-    network must end in a loss: ``loss_fn`` is given (the network is wrapped in
-    ``nn.WithLossCell``) or the network is a ``WithLossCell``, possibly inside
+    """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``. To
+    train and evaluate, the network must end in a loss (``Model(net)`` without one can only
+    ``predict``, which runs the network without its loss): ``loss_fn`` is given (the network
+    is wrapped in ``nn.WithLossCell``) or the network is a ``WithLossCell``, possibly inside
     ``parallel.nn.Pipeline`` (or ``GradAccumulation``, ``MicroBatchInterleaved``) inside
     ``AutoParallel``. ``metrics``: a set of names (``"Accuracy"``/``"accuracy"``/``"acc"``,
     ``"loss"``) or a dict ``{name: nn.Accuracy()}``, evaluated by ``eval``.
@@ -280,8 +283,14 @@ class Model:
                                  "use nn.TrainOneStepCell itself, or Model(net, loss_fn, "
                                  "optimizer), with the optimizer's max_grad_norm for clipping")
             network, optimizer = network.network, network.optimizer
-        self._parts = engine_config.unwrap(network, loss_fn)
-        network = self._parts.top
+        self._loss_fn_given = loss_fn is not None
+        if loss_fn is None and _predict_only(network):
+            # A network without its loss (`Model(net)`): MindSpore builds it, and it can
+            # predict; `train` and `eval` refuse it (`_require_loss`).
+            self._parts = None
+        else:
+            self._parts = engine_config.unwrap(network, loss_fn)
+            network = self._parts.top
         if not isinstance(self.network, nn.TrainOneStepCell):
             self.network = network
         self.optimizer = optimizer if optimizer is not None else nn.Momentum(
@@ -348,6 +357,16 @@ class Model:
             self._runs_count = int(mpi_broadcast_str(str(self._runs_count)))
         return os.path.join(self._runs, f"run_{self._runs_count}")
 
+    def _require_loss(self, method):
+        """A ``TypeError`` for ``method`` when the Model's network has no loss (``Model(net)``
+        without ``loss_fn``), which can only predict."""
+        if self._parts is None:
+            raise TypeError(f"{method}: the network must end in its loss: give loss_fn "
+                            "(Model(net, loss_fn, optimizer)), or wrap it in nn.WithLossCell "
+                            "(inside AutoParallel and Pipeline); found a "
+                            f"{type(_without_auto_parallel(self.network)).__name__}, which "
+                            "Model.predict can run but not train or evaluate")
+
     def _devices(self):
         state = _context._STATE
         if state["backend"] == "mpi":
@@ -367,6 +386,7 @@ class Model:
         """Trains ``epoch`` passes over ``train_dataset`` (a batched dataset), from the weights
         of the previous ``train`` of this Model if any. Under ``tessera launch`` this process
         trains its rank; callbacks run on every rank."""
+        self._require_loss("Model.train")
         if sink_size != -1 or initial_epoch != 0:
             raise ValueError("Model.train: sink_size and initial_epoch are not supported yet")
         _sink_mode("Model.train", dataset_sink_mode)
@@ -493,7 +513,9 @@ class Model:
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
         """The ``metrics`` of the trained network on ``valid_dataset`` (batched), as
         ``{name: value}``: the engine runs the network forward only (one device, the trained
-        Parameters' values), batch by batch."""
+        Parameters' values; a Parameter not trained, given or loaded a value takes the one
+        training would start it from), batch by batch."""
+        self._require_loss("Model.eval")
         if callbacks is not None:
             raise ValueError("Model.eval: callbacks are not supported yet")
         _sink_mode("Model.eval", dataset_sink_mode)
@@ -534,11 +556,8 @@ class Model:
             raise ValueError(f"Model.eval: the label column {valid_dataset.column_names[1]} has "
                              f"shape {labels.shape[1:]} per sample; the MSELoss compares it with "
                              f"the network's output, of shape {tuple(logits.shape[1:])}")
-        missing = [p.name for p, _ in traced if p._value is None]
-        if missing:
-            raise ValueError(f"Model.eval: parameters {missing} have no values; train first")
-        out = forward_network(builder, x.id, logits.id,
-                              [(t.id, p._value) for p, t in traced], data)
+        out = forward_network(builder, x.id, logits.id, _current_values("Model.eval", traced),
+                              data)
         result = {}
         for key, kind in self._metrics.items():
             if kind == "accuracy":
@@ -546,6 +565,86 @@ class Model:
             else:
                 result[key] = _eval_loss(loss_fn, out, labels, batch)
         return result
+
+    def predict(self, *predict_data, backend=None, config=None):
+        """MindSpore's ``Model.predict(*predict_data, backend=None, config=None)``: the
+        network's output for ``predict_data`` as a ``tessera.Tensor`` (``asnumpy()`` gives the
+        values), computed forward only by the engine on one device, from the Parameters'
+        current values — trained by ``train``, loaded (``load_param_into_net``) or given when
+        they were made — in eval mode (``nn.Dropout`` is the identity). The input is one
+        ``tessera.Tensor`` or numpy array of samples ``[batch, ...]`` (MindSpore takes
+        Tensors only), run as one batch as in MindSpore: signed integers (token ids) as int32,
+        other numbers as float32, the engine's types; NaN and infinity are computed with.
+
+        The network run is the one given to ``Model``, without the loss: ``net`` of
+        ``Model(net)`` and of ``Model(net, loss_fn, optimizer)``; under
+        ``Model(AutoParallel(net), ...)`` the network it wraps, run on this one device with
+        the trained values (not split over devices: the same output, computed whole). A
+        network ending in its loss (``WithLossCell``, inside ``Pipeline`` or ``AutoParallel``
+        too) or a ``TrainOneStepCell``, which MindSpore's predict runs as it is (taking the
+        label too, returning the loss; a ``TrainOneStepCell`` even takes a training step), is
+        a ``TypeError``: give ``Model`` the network itself. A Parameter neither given, trained
+        nor loaded a value (drawn from its initializer when ``train`` starts, or made under
+        ``no_init_parameters``) takes the value training would start it from, as MindSpore
+        initialises a network before predicting, and as in ``eval``. ``backend="lite"``
+        falls back to the engine with a ``UserWarning`` (as MindSpore does without MindSpore
+        Lite); ``config`` applies to Lite only, so giving it warns too."""
+        if backend not in ("lite", None):
+            raise ValueError(f"For Model.predict, `backend` should be 'lite' or None, but got "
+                             f"{backend!r}")
+        if backend == "lite" or config is not None:
+            what = "backend='lite'" if backend == "lite" else "config"
+            warnings.warn(f"Model.predict: {what} has no effect: Tessera has no MindSpore Lite "
+                          "(MindSpore falls back to its own inference without it), so the "
+                          "engine runs the network", UserWarning, stacklevel=2)
+        net = self._predict_network()
+        data = _predict_input(predict_data)
+        builder = NetworkBuilder()
+        (self._parts.top if self._parts is not None else self.network)._name_tree("")
+        with _trace.tracing(builder) as trace:
+            trace.training = False
+            x = _trace.Tensor(*builder.input("data", list(data.shape), data.dtype.name),
+                              dtype=data.dtype.name)
+            try:
+                out = net(x)
+            except ValueError as e:
+                raise ValueError(f"Model.predict: tracing the network on the input of shape "
+                                 f"{tuple(data.shape)}, {data.dtype}: {e}") from None
+        if not isinstance(out, _trace.Tensor):
+            raise TypeError(f"Model.predict: the network returns a {type(out).__name__}, not one "
+                            "tensor; the engine's forward computes one output")
+        if out.dtype != "float32":
+            raise TypeError(f"Model.predict: the network's output is {out.dtype.name}; the "
+                            "engine's forward returns float32 outputs only (cast the output "
+                            "to float32 in construct)")
+        traced = [(p, trace.params[id(p)]) for p in net.get_parameters()
+                  if id(p) in trace.params]
+        values = _current_values("Model.predict", traced)
+        try:
+            result = forward_network(builder, x.id, out.id, values, data)
+        except ValueError as e:
+            raise ValueError(f"Model.predict: {e}") from None
+        return Tensor(result)
+
+    def _predict_network(self):
+        """The Cell ``predict`` runs: the network given to ``Model`` without its loss and
+        outside ``AutoParallel``; a ``TypeError`` for one that ends in its loss."""
+        given = self.network
+        if isinstance(given, nn.TrainOneStepCell):
+            raise TypeError("Model.predict: the network is a TrainOneStepCell, which MindSpore's "
+                            "predict runs as it is (one training step on (data, label), "
+                            "returning the loss); Tessera predicts the network alone: give "
+                            "it to Model (Model(net).predict(data))")
+        if self._parts is None:
+            return _without_auto_parallel(given)
+        if self._loss_fn_given:
+            return self._parts.with_loss._backbone
+        raise TypeError(f"Model.predict: the network ends in its loss (a "
+                        f"{type(self._parts.with_loss).__name__}, given as "
+                        f"{type(self._parts.top).__name__}), which MindSpore's predict runs "
+                        "as it is, taking (data, label) and returning the loss; Tessera's "
+                        "predict runs one input through the network without a loss: give "
+                        "the network itself (Model(net) or Model(net, loss_fn, optimizer))")
 
 
 def _eval_loss_rule(loss_fn):
@@ -580,3 +679,77 @@ def _eval_loss(loss_fn, out, labels, batch):
             squared = (o - y.reshape(o.shape)) ** 2
             values.append(squared.mean() if rule == "mean" else squared.sum())
     return float(np.mean(values))
+
+
+def _current_values(method, traced):
+    """``[(value id, float32 array)]`` of the traced Parameters ``[(Parameter, traced tensor)]``
+    for a forward run: each one's own value (given, loaded or trained) or, for one not trained
+    yet, the value ``Model.train`` would start it from (its initializer's draw, as MindSpore
+    initialises a network's parameters before evaluating or predicting with it). A frozen
+    Parameter without a value is a ``ValueError`` naming it."""
+    try:
+        values = initial_values([p for p, _ in traced])
+    except ValueError as e:
+        raise ValueError(f"{method}: {e}") from None
+    return [(t.id, np.asarray(v, np.float32)) for (_, t), v in zip(traced, values)]
+
+
+def _without_auto_parallel(network):
+    """The network inside ``AutoParallel``, or ``network`` itself."""
+    from ..parallel.auto_parallel import AutoParallel
+    return network.network if isinstance(network, AutoParallel) else network
+
+
+def _predict_only(network):
+    """Whether ``Model(network)`` (no ``loss_fn``) can only predict: ``network`` (or the one
+    inside ``AutoParallel``) is a Cell that is neither a loss cell nor a training wrapper
+    (``WithLossCell``, ``TrainOneStepCell``, ``Pipeline``, ``GradAccumulation``,
+    ``MicroBatchInterleaved``), whose own checks then apply."""
+    from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline
+    net = _without_auto_parallel(network)
+    return isinstance(net, nn.Cell) and not isinstance(
+        net, (nn.WithLossCell, nn.TrainOneStepCell, Pipeline, GradAccumulation,
+              MicroBatchInterleaved))
+
+
+def _predict_input(predict_data):
+    """The one input of ``Model.predict`` as the engine takes it: a ``tessera.Tensor`` or numpy
+    array of at least one dim and one element, signed integers as int32 (a value beyond it is
+    a ``ValueError``), other numbers as float32 (a finite value beyond it, too); anything else
+    is a ``TypeError`` or ``ValueError`` naming the rule."""
+    if len(predict_data) != 1:
+        raise ValueError(f"Model.predict: got {len(predict_data)} inputs; the engine's forward "
+                         "runs a network of one input (one column of samples [batch, ...]), so "
+                         "give exactly one Tensor or numpy array")
+    item = predict_data[0]
+    if isinstance(item, Tensor):
+        data = item.asnumpy()
+    elif isinstance(item, np.ndarray):
+        data = item
+    else:
+        raise TypeError(f"Model.predict: the input must be a tessera.Tensor or a numpy array, "
+                        f"but got {type(item).__name__}")
+    if data.dtype.kind not in "biuf":
+        raise TypeError(f"Model.predict: the input has dtype {data.dtype}; the network's input "
+                        "must be numbers (signed integers are taken as int32, others as "
+                        "float32)")
+    if data.ndim == 0:
+        raise ValueError("Model.predict: the input is a scalar; it must be a batch of samples "
+                         "[batch, ...] (one dim at least)")
+    if data.size == 0:
+        raise ValueError(f"Model.predict: the input data can not be empty (shape "
+                         f"{tuple(data.shape)})")
+    if data.dtype.kind == "i":
+        try:
+            _check_int32("predict_data", data)
+        except ValueError as e:
+            raise ValueError(f"Model.predict: {e}") from None
+        return np.ascontiguousarray(data, np.int32)
+    with np.errstate(over="ignore"):
+        cast = np.ascontiguousarray(data, np.float32)
+    overflow = np.isinf(cast) & np.isfinite(data)
+    if overflow.any():
+        sample, value = _first_bad_sample(data, overflow)
+        raise ValueError(f"Model.predict: sample {sample} of the input holds {value}, beyond "
+                         "float32 (the engine's float type)")
+    return cast
