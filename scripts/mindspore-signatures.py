@@ -33,7 +33,8 @@ NETWORK = [
                                "set_auto_parallel_context")
 ] + [
     ("mindspore.nn", n) for n in (
-        "Cell", "Dense", "Flatten", "ReLU", "GELU", "Tanh", "Softmax", "Dropout", "LayerNorm",
+        "Cell", "Dense", "Flatten", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU", "Softmax",
+        "Dropout", "LayerNorm",
         "Embedding", "SequentialCell", "CellList", "WithLossCell", "CrossEntropyLoss",
         "SoftmaxCrossEntropyWithLogits", "MSELoss", "SGD", "Momentum", "Adam", "AdamWeightDecay",
         "warmup_lr", "cosine_decay_lr", "polynomial_decay_lr", "exponential_decay_lr",
@@ -45,8 +46,8 @@ NETWORK = [
         "MatMul", "BatchMatMul", "Add", "Sub", "Mul", "RealDiv", "ReLU", "GeLU", "Softmax",
         "LogSoftmax", "Reshape", "Transpose", "ReduceSum", "ReduceMean", "ReduceMax", "Gather",
         "OneHot", "Concat", "Split", "Cast", "LayerNorm", "Exp", "Sqrt", "Log", "Neg", "Print",
-        "BiasAdd", "Flatten", "Tanh", "SparseSoftmaxCrossEntropyWithLogits", "Dropout",
-        "Primitive.shard")
+        "BiasAdd", "Flatten", "Tanh", "Sigmoid", "sigmoid", "silu",
+        "SparseSoftmaxCrossEntropyWithLogits", "Dropout", "Primitive.shard")
 ] + [
     ("mindspore.common.initializer", n) for n in (
         "initializer", "HeUniform", "Normal", "TruncatedNormal", "Zero", "One", "XavierUniform",

@@ -7,7 +7,7 @@ Usage (any Python with numpy drives; each side runs in its own venv)::
     python3 scripts/mindspore-train-diff.py [--cases N] [--seed S] [--dp-every K]
         [--ms-python /tmp/ms-venv/bin/python] [--tessera-python /tmp/py-venv-h/bin/python]
         [--msrun /tmp/ms-venv/bin/msrun] [--work DIR] [--only I,J,..] [--no-dp]
-        [--rtol R] [--atol A] [--fixture NAME:I]
+        [--rtol R] [--atol A] [--fixture NAME:I] [--two-rounds]
 
 Case *i* (seed ``S + i``) draws a small network — 1-3 ``Dense`` layers (with or without bias,
 activations ``relu``/``tanh``/``gelu``/none), an optional ``LayerNorm`` and a ``Dropout(p=0)``
@@ -20,14 +20,19 @@ functions, or a ``LearningRateSchedule`` Cell), a batch size, steps per epoch an
 and random initial weights and data (numpy, no shuffle). A second round of draws
 (``extend_case``, its own generator) adds stand-alone ``ReLU``/``Tanh``/``GELU`` (exact and
 tanh)/``Softmax`` Cells, an ``Embedding`` in front (int ids; gather or one-hot), ``Adam``'s
-``use_amsgrad``/``use_nesterov`` (Tessera refuses them: counted as unsupported), global-norm
+``use_amsgrad``/``use_nesterov`` (Tessera runs each and refuses the pair: counted as
+unsupported), global-norm
 clipping (MindSpore: ``ops.clip_by_global_norm`` of the reduced gradients in a
 ``TrainOneStepCell`` subclass; Tessera: the optimizer's ``max_grad_norm``), a loss Cell of
 ``ops`` (``ReduceSum``/``ReduceMean`` of every squared difference, the sum sometimes divided by
 the constant 3), and ``Model.eval`` (``acc``, ``loss``) of the trained network in batches of
-another size (the remainder dropped). Both sides build the same network from the same numpy
-values and train it; per-step losses, final weights and the metrics are compared with
-``--rtol`` (default 2e-4) / ``--atol`` (default 1e-5 times the tensor's scale).
+another size (the remainder dropped). A third round (``extend_case_sigmoid``, its own generator
+again) gives some hidden ``Dense`` layers without an activation ``activation="sigmoid"`` or
+``"silu"`` and inserts stand-alone ``nn.Sigmoid``/``nn.SiLU`` Cells (``--two-rounds`` leaves it
+out: the cases as drawn before it, those of the fixtures written then). Both sides build the
+same network from the same numpy values and train it; per-step losses, final weights and the
+metrics are compared with ``--rtol`` (default 2e-4) / ``--atol`` (default 1e-5 times the
+tensor's scale).
 
 Every ``--dp-every``-th case (default 3) also runs in ``data_parallel`` on 2 ranks: MindSpore
 under ``msrun --worker_num=2`` (each rank reads its half of every global batch, batch size per
@@ -44,7 +49,7 @@ MindSpore's losses go non-finite), and ``data_parallel`` with a ``sum`` loss and
 ``use_nesterov``: MindSpore's side runs ``SGD(momentum, nesterov=True)`` for it, the documented
 rule.
 
-Not drawn, since one side lacks them: ``Lamb``/``LARS``/``AdaFactor``, ``nn.Sigmoid``/``SiLU``,
+Not drawn, since one side lacks them: ``Lamb``/``LARS``/``AdaFactor``,
 ``BatchNorm`` and ``Model.predict`` (not in Tessera), ``parallel.nn.GradAccumulation``
 (MindSpore runs it in the semi-auto and auto modes only), ``sink_size`` (MindSpore's CPU runs
 sink mode as non-sink).
@@ -75,7 +80,7 @@ ROOT = os.path.dirname(HERE)
 # ---------------------------------------------------------------------------------------------
 
 
-def gen_case(seed: int, dp: bool) -> dict:
+def gen_case(seed: int, dp: bool, third_round: bool = True) -> dict:
     rng = np.random.default_rng(seed)
     loss = str(rng.choice(["sce_sparse", "sce_dense", "ce", "mse"], p=[0.4, 0.05, 0.2, 0.35]))
     # Tessera's cross-entropy losses take reduction "mean" only: "sum" is drawn rarely, to check
@@ -161,6 +166,8 @@ def gen_case(seed: int, dp: bool) -> dict:
     if dp:
         case["dp"] = {"gradients_mean": bool(rng.random() < 0.5)}
     extend_case(case)
+    if third_round:
+        extend_case_sigmoid(case)
     return case
 
 
@@ -201,6 +208,25 @@ def extend_case(case: dict) -> None:
     # The loss Cell of ops: its sum divided by a constant that counts no rows, sometimes.
     case["custom_div"] = (3.0 if case["loss"] == "custom" and case["reduction"] == "sum"
                           and rng.random() < 0.5 else None)
+
+
+def extend_case_sigmoid(case: dict) -> None:
+    """The third round's draws, from their own generator (the earlier rounds' draws stay as they
+    were): a hidden ``Dense`` without an activation gets ``activation="sigmoid"`` or ``"silu"``
+    (MindSpore's activation names), and a stand-alone ``nn.Sigmoid`` or ``nn.SiLU`` Cell follows
+    some hidden ``Dense`` layers."""
+    rng = np.random.default_rng(case["seed"] + 30_000_000)
+    dense = [i for i, l in enumerate(case["layers"]) if l["kind"] == "dense"]
+    layers = []
+    for i, l in enumerate(case["layers"]):
+        layers.append(l)
+        if l["kind"] != "dense" or i == dense[-1]:
+            continue
+        if l["act"] is None and rng.random() < 0.3:
+            l["act"] = str(rng.choice(["sigmoid", "silu"]))
+        if rng.random() < 0.25:
+            layers.append({"kind": "act", "act": str(rng.choice(["sigmoid", "silu"]))})
+    case["layers"] = layers
 
 
 def gen_arrays(case: dict) -> dict:
@@ -259,6 +285,7 @@ def build(m, case, arrays):
                                             arrays[f"{name}.embedding_table"]))
                 elif l["kind"] == "act":
                     cell = {"relu": nn.ReLU, "tanh": nn.Tanh, "softmax": nn.Softmax,
+                            "sigmoid": nn.Sigmoid, "silu": nn.SiLU,
                             "gelu_exact": lambda: nn.GELU(approximate=False),
                             "gelu_tanh": lambda: nn.GELU(approximate=True)}[l["act"]]()
                 else:
@@ -605,6 +632,7 @@ def main():
     ap.add_argument("--atol", type=float, default=1e-5)
     ap.add_argument("--fixture", action="append", default=[])
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--two-rounds", action="store_true")
     a = ap.parse_args()
     if a.side:
         side_main(a.side, *a.args)
@@ -618,7 +646,7 @@ def main():
     cases = []
     for i in only:
         dp = not a.no_dp and a.dp_every > 0 and i % a.dp_every == 0
-        c = gen_case(a.seed + i, dp)
+        c = gen_case(a.seed + i, dp, third_round=not a.two_rounds)
         c["index"] = i
         if dp and c["batch"] % 2:
             c["batch"] += 1

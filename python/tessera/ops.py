@@ -12,7 +12,10 @@ node under semi-auto parallel.
 Primitives: ``MatMul(transpose_a, transpose_b)`` (a ``[..., k]`` input with a 2-D weight is a
 ``BatchMatMul`` node, as ``nn.Dense`` on 3-D inputs), ``BatchMatMul(transpose_a, transpose_b)``,
 ``BiasAdd``, ``Add``, ``Sub``, ``Mul``, ``RealDiv`` (a Python scalar operand is a constant node
-``<name>.value``), ``Neg``, ``ReLU``, ``Tanh``, ``GeLU``, ``Exp``, ``Log``, ``Sqrt``,
+``<name>.value``), ``Neg``, ``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU`` (a Tessera addition, the
+shardable primitive behind ``nn.SiLU`` and ``ops.silu``: MindSpore 2.10 has no public
+``ops.SiLU``; ``x * sigmoid(x)`` as nodes ``<name>.sigmoid`` and the ``Mul`` ``<name>``, both
+given the strategy), ``GeLU``, ``Exp``, ``Log``, ``Sqrt``,
 ``Softmax(axis)``/``LogSoftmax(axis)`` (the last axis), ``ReduceSum``/``ReduceMean``/``ReduceMax``
 ``(keep_dims)(x, axis)`` (``ReduceMean`` adds ``<name>.count`` and ``<name>.div``; ``ReduceMax`` has
 no gradient: use it under ``stop_gradient``), ``Gather()(table, indices, 0)`` (an embedding lookup),
@@ -29,9 +32,10 @@ Fused as MindSpore's graph compiler fuses them: ``Softmax`` of ``x * c`` (``c`` 
 scalar) is one ``ScaledSoftmax`` node ``softmax(c·x)``, named after the ``Softmax``.
 
 Functional forms: ``matmul``, ``bmm``, ``add``, ``sub``, ``mul``, ``div``, ``neg``, ``relu``,
-``tanh``, ``gelu``, ``exp``, ``log``, ``sqrt``, ``softmax``, ``log_softmax``, ``sum``, ``mean``,
-``amax``, ``gather``, ``one_hot``, ``concat``/``cat``, ``split``, ``cast``, ``dropout``,
-``masked_fill``, ``triu``, ``ones``, ``zeros``, ``reshape``, ``transpose``, ``stop_gradient``.
+``tanh``, ``sigmoid``, ``silu``, ``gelu``, ``exp``, ``log``, ``sqrt``, ``softmax``,
+``log_softmax``, ``sum``, ``mean``, ``amax``, ``gather``, ``one_hot``, ``concat``/``cat``,
+``split``, ``cast``, ``dropout``, ``masked_fill``, ``triu``, ``ones``, ``zeros``, ``reshape``,
+``transpose``, ``stop_gradient``.
 
 ``Print()(*args)`` prints its strings and tensors each time the step runs (one ``Print`` node per
 tensor; see the class).
@@ -48,11 +52,13 @@ __all__ = [
     "Add", "BatchMatMul", "BiasAdd", "Cast", "Concat", "Dropout", "Exp", "Flatten", "Gather",
     "GeLU", "LayerNorm", "Log", "LogSoftmax", "MaskedFill", "MatMul", "Mul", "Neg", "OneHot",
     "Primitive", "Print", "RealDiv", "ReduceMax", "ReduceMean", "ReduceSum", "ReLU", "Reshape",
-    "Softmax", "SparseSoftmaxCrossEntropyWithLogits", "Split", "Sqrt", "StopGradient", "Sub",
+    "SiLU", "Sigmoid", "Softmax", "SparseSoftmaxCrossEntropyWithLogits", "Split", "Sqrt",
+    "StopGradient", "Sub",
     "Tanh", "Tensor", "Transpose", "Triu", "UnsupportedOpError",
     "add", "amax", "bmm", "cast", "cat", "concat", "div", "dropout", "exp", "gather", "gelu",
     "log", "log_softmax", "masked_fill", "matmul", "mean", "mul", "neg", "one_hot", "ones",
-    "relu", "reshape", "softmax", "split", "sqrt", "stop_gradient", "sub", "sum", "tanh",
+    "relu", "reshape", "sigmoid", "silu", "softmax", "split", "sqrt", "stop_gradient", "sub",
+    "sum", "tanh",
     "transpose", "triu", "zeros",
 ]
 
@@ -203,6 +209,7 @@ RealDiv = _primitive("RealDiv", "div", 2, "``x / y`` elementwise (broadcasting; 
                      "is a constant).", True)
 ReLU = _primitive("ReLU", "relu", 1, "``max(x, 0)``.")
 Tanh = _primitive("Tanh", "tanh", 1, "``tanh(x)``.")
+Sigmoid = _primitive("Sigmoid", "sigmoid", 1, "``1 / (1 + e^-x)`` (gradient ``dy·y·(1 − y)``).")
 Exp = _primitive("Exp", "exp", 1, "``e^x``.")
 Log = _primitive("Log", "log", 1, "``ln x``.")
 Sqrt = _primitive("Sqrt", "sqrt", 1, "``√x`` (gradient ``dy / 2√x``).")
@@ -234,6 +241,25 @@ class Mul(Primitive):
             out.scaled = (t, float(c))
             return out
         return super().__call__(x, y)
+
+
+class SiLU(Primitive):
+    """SiLU (a Tessera addition: MindSpore 2.10's ``nn.SiLU`` and ``ops.silu`` use a primitive
+    it does not export): ``x * sigmoid(x)``, as two nodes: ``<name>.sigmoid`` (a ``Sigmoid``)
+    and ``<name>`` (the ``Mul`` of ``x`` and it). A strategy ``((s,),)`` applies to both: the
+    ``Sigmoid`` gets ``(s,)``, the ``Mul`` ``(s, s)`` (and the ``out_strategy``, if any)."""
+
+    kind, default_name = "sigmoid", "silu"
+
+    def _emit(self, trace, name, tensors, attrs):
+        x = tensors[0]
+        sigmoid_name = trace.unique(f"{name}.sigmoid")
+        if name in trace.strategies:
+            (s,), out = trace.strategies[name]
+            trace.strategies[sigmoid_name] = ((s,), None)
+            trace.strategies[name] = ((s, s), out)
+        y = trace.add("sigmoid", sigmoid_name, [x])[0]
+        return trace.add("mul", name, [x, y])
 
 
 class BiasAdd(Primitive):
@@ -778,6 +804,16 @@ def relu(input):
 def tanh(input):
     """``Tanh()(input)``."""
     return Tanh()(input)
+
+
+def sigmoid(input):
+    """``Sigmoid()(input)``."""
+    return Sigmoid()(input)
+
+
+def silu(input):
+    """``SiLU()(input)``: ``input * sigmoid(input)``."""
+    return SiLU()(input)
 
 
 def gelu(input, approximate="none"):

@@ -8,7 +8,8 @@ the numbers without MindSpore; the ``eval_*`` fixtures also hold MindSpore's ``M
 metrics of the trained network (``ms_eval.<name>``). Regenerate with ``--fixture NAME:INDEX``
 (see the script): ``eval_embedding_ce`` is ``--seed 1000 --no-dp --only 8``, ``eval_mse_sum``
 ``--only 29`` of the same, ``momentum_embedding_sum_div3_dp_sum_grads`` ``--seed 1000
---dp-every 1 --only 625``.
+--dp-every 1 --only 625``, each with ``--two-rounds`` (the fixtures predate the script's third
+round of draws, Sigmoid and SiLU).
 
 MindSpore 2.10's CPU ``ApplyMomentum`` ignores ``use_nesterov`` (docs/MINDSPORE_DIFFERENCES.md,
 difference 16): for ``Momentum(use_nesterov=True)`` the fixture holds MindSpore's

@@ -185,11 +185,13 @@ class Elementwise(Layer):
 
 
 class Activation(Layer):
-    """``ReLU``, ``Tanh``, ``GeLU`` (tanh or erf form), or ``Exp(Neg(x * x))``."""
+    """``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU`` (a ``Sigmoid`` and a ``Mul``, both given the
+    strategy), ``GeLU`` (tanh or erf form), or ``Exp(Neg(x * x))``."""
 
     def __init__(self, rng, shape):
         super().__init__(shape)
-        self.kind = str(rng.choice(["ReLU", "Tanh", "GeLU", "GeLU-erf", "Exp-neg"]))
+        self.kind = str(rng.choice(["ReLU", "Tanh", "Sigmoid", "SiLU", "GeLU", "GeLU-erf",
+                                    "Exp-neg"]))
         if self.kind == "GeLU-erf":
             self.op = ops.GeLU(approximate=False)
         elif self.kind == "Exp-neg":

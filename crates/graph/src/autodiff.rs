@@ -323,7 +323,7 @@ impl RuleCtx<'_> {
 /// | `Div` | `dy/b`, `-(dy·y)/b`, summed to shape |
 /// | `Neg` | `-dy` |
 /// | `BiasAdd` | `dy`, `BiasAddGrad(dy)` |
-/// | `ReLU`, `Tanh`, `GeLU` | `ReluGrad(y, dy)`, `TanhGrad(y, dy)`, `GeluGrad(x, dy)` |
+/// | `ReLU`, `Tanh`, `Sigmoid`, `GeLU` | `ReluGrad(y, dy)`, `TanhGrad(y, dy)`, `SigmoidGrad(y, dy)`, `GeluGrad(x, dy)` |
 /// | `Softmax`, `LogSoftmax` | `SoftmaxGrad(y, dy)`, `LogSoftmaxGrad(y, dy)` |
 /// | `ScaledSoftmax` | `ScaledSoftmaxGrad(y, dy)` |
 /// | `FlashAttention(q, k, v)` | `FlashAttentionGrad(q, k, v, out, lse, dout)` → `dq, dk, dv` (none for `lse`) |
@@ -458,6 +458,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         }
         Op::Relu => out.push((0, ctx.grad(0, Op::ReluGrad, &[ctx.output(0), dy])?)),
         Op::Tanh => out.push((0, ctx.grad(0, Op::TanhGrad, &[ctx.output(0), dy])?)),
+        Op::Sigmoid => out.push((0, ctx.grad(0, Op::SigmoidGrad, &[ctx.output(0), dy])?)),
         Op::Gelu { approximate } => {
             let x = ctx.input(0);
             out.push((0, ctx.grad(0, Op::GeluGrad { approximate }, &[x, dy])?));
@@ -607,6 +608,7 @@ fn rule(ctx: &mut RuleCtx<'_>) -> Result<Vec<(usize, ValueId)>, GraphError> {
         | Op::ReluGrad
         | Op::GeluGrad { .. }
         | Op::TanhGrad
+        | Op::SigmoidGrad
         | Op::SoftmaxGrad
         | Op::LogSoftmaxGrad
         | Op::LayerNormGrad

@@ -384,6 +384,8 @@ impl GraphBuilder {
         relu => Op::Relu;
         /// `tanh(x)`.
         tanh => Op::Tanh;
+        /// The logistic sigmoid `1 / (1 + e^-x)`.
+        sigmoid => Op::Sigmoid;
         /// Softmax over the last dim.
         softmax => Op::Softmax;
         /// Log-softmax over the last dim.

@@ -73,6 +73,7 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh
+        | Op::Sigmoid
         | Op::Exp
         | Op::Log
         | Op::Sqrt
@@ -467,6 +468,7 @@ pub(crate) fn infer(node: &str, op: &Op, inputs: &[&Value]) -> Result<Vec<ValueT
         Op::ReluGrad
         | Op::GeluGrad { .. }
         | Op::TanhGrad
+        | Op::SigmoidGrad
         | Op::SoftmaxGrad
         | Op::LogSoftmaxGrad => {
             c.same_dtype(1, 0)?;

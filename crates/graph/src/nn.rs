@@ -28,15 +28,18 @@ pub enum Activation {
     },
     /// `tanh(x)`.
     Tanh,
+    /// The logistic sigmoid `1 / (1 + e^-x)`.
+    Sigmoid,
 }
 
 impl Activation {
-    /// Applies the activation to `x` as a node named `relu`, `gelu` or `tanh`.
+    /// Applies the activation to `x` as a node named `relu`, `gelu`, `tanh` or `sigmoid`.
     pub fn apply(self, b: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         match self {
             Activation::Relu => b.relu("relu", x),
             Activation::Gelu { approximate } => b.gelu("gelu", x, approximate),
             Activation::Tanh => b.tanh("tanh", x),
+            Activation::Sigmoid => b.sigmoid("sigmoid", x),
         }
     }
 }

@@ -73,6 +73,8 @@ pub enum Op {
     },
     /// `tanh(x)`.
     Tanh,
+    /// The logistic sigmoid `1 / (1 + e^-x)` (MindSpore's `Sigmoid`).
+    Sigmoid,
     /// Softmax over the last dim.
     Softmax,
     /// Log-softmax over the last dim.
@@ -326,6 +328,9 @@ pub enum Op {
     },
     /// *Backward* of [`Op::Tanh`]: inputs `y` and `dy` → `dx`.
     TanhGrad,
+    /// *Backward* of [`Op::Sigmoid`]: inputs `y` (the forward output) and `dy` →
+    /// `dx = dy·y·(1 − y)`.
+    SigmoidGrad,
     /// *Backward* of [`Op::Softmax`]: inputs `y` and `dy` → `dx`.
     SoftmaxGrad,
     /// *Backward* of [`Op::LogSoftmax`]: inputs `y` and `dy` → `dx`.
@@ -364,6 +369,7 @@ impl Op {
             Op::Relu => "ReLU",
             Op::Gelu { .. } => "GeLU",
             Op::Tanh => "Tanh",
+            Op::Sigmoid => "Sigmoid",
             Op::Softmax => "Softmax",
             Op::LogSoftmax => "LogSoftmax",
             Op::LayerNorm { .. } => "LayerNorm",
@@ -402,6 +408,7 @@ impl Op {
             Op::ReluGrad => "ReluGrad",
             Op::GeluGrad { .. } => "GeluGrad",
             Op::TanhGrad => "TanhGrad",
+            Op::SigmoidGrad => "SigmoidGrad",
             Op::SoftmaxGrad => "SoftmaxGrad",
             Op::LogSoftmaxGrad => "LogSoftmaxGrad",
             Op::LayerNormGrad => "LayerNormGrad",
@@ -438,6 +445,7 @@ impl Op {
             | Op::Relu
             | Op::Gelu { .. }
             | Op::Tanh
+            | Op::Sigmoid
             | Op::Softmax
             | Op::LogSoftmax
             | Op::ScaledSoftmax { .. }
@@ -477,6 +485,7 @@ impl Op {
             | Op::ReluGrad
             | Op::GeluGrad { .. }
             | Op::TanhGrad
+            | Op::SigmoidGrad
             | Op::SoftmaxGrad
             | Op::LogSoftmaxGrad => 2,
             Op::LayerNorm { .. }
@@ -512,6 +521,7 @@ impl Op {
                 | Op::BatchMatMulSum { .. }
                 | Op::GeluGrad { .. }
                 | Op::TanhGrad
+                | Op::SigmoidGrad
                 | Op::SoftmaxGrad
                 | Op::LogSoftmaxGrad
                 | Op::ScaledSoftmaxGrad { .. }
@@ -559,9 +569,11 @@ impl Op {
                 | Op::Relu
                 | Op::Gelu { .. }
                 | Op::Tanh
+                | Op::Sigmoid
                 | Op::ReluGrad
                 | Op::GeluGrad { .. }
                 | Op::TanhGrad
+                | Op::SigmoidGrad
                 | Op::Softmax
                 | Op::LogSoftmax
                 | Op::ScaledSoftmax { .. }

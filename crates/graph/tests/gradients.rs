@@ -110,6 +110,7 @@ fn unary_activations() {
     check_op("neg", Op::Neg, &[&[2, 5]]);
     check_op("relu", Op::Relu, &[&[3, 7]]);
     check_op("tanh", Op::Tanh, &[&[3, 7]]);
+    check_op("sigmoid", Op::Sigmoid, &[&[3, 7]]);
     check_op("gelu erf", Op::Gelu { approximate: false }, &[&[3, 7]]);
     check_op("gelu tanh", Op::Gelu { approximate: true }, &[&[3, 7]]);
 }

@@ -188,6 +188,21 @@ fn dense_gelu_layernorm_embedding_gradients() {
 }
 
 #[test]
+fn dense_sigmoid_gradients() {
+    check_gradients("dense sigmoid", |b| {
+        let x = b.input("x", &[3, 5], DType::F64)?;
+        let labels = b.input("labels", &[3], DType::I64)?;
+        let sigmoid = nn::Activation::Sigmoid;
+        let h = b.call("dense1", &nn::Dense::new(5, 6).activation(sigmoid), x)?;
+        let h = b.call("dense2", &nn::Dense::new(6, 4), h)?;
+        let loss = b.sparse_softmax_cross_entropy("loss", h, labels)?;
+        let label_values = Tensor::from_vec(&[3], vec![0i64, 3, 1]).unwrap();
+        Ok((loss, vec![(x, uniform(&[3, 5], 4)), (labels, label_values)]))
+    })
+    .unwrap();
+}
+
+#[test]
 fn seed_mlp_trains_with_sgd() -> Result<(), GraphError> {
     // Learn a fixed random labelling of 16 samples: 40 SGD steps must cut the loss well down.
     let model = seed_mlp(16, &[8, 8], 32, 4)?;

@@ -351,3 +351,39 @@ fn a_value_read_as_both_operands_gets_each_operand_s_layout_in_the_gradient() {
         parallel::compile_training(&g, loss, &rows_split).unwrap();
     }
 }
+
+#[test]
+fn sigmoid_takes_any_split_and_its_gradient_follows_it() {
+    // Elementwise: every dim may be split; the backward SigmoidGrad reads the forward output
+    // and dy with the forward's layout.
+    let mut b = GraphBuilder::new();
+    let x = b
+        .parameter("x", &[4, 4, 8], Initializer::normal(1.0))
+        .unwrap();
+    let y = b.sigmoid("act", x).unwrap();
+    let loss = b.reduce_sum("loss", y, &[0, 1, 2], false).unwrap();
+    let g = b.finish();
+    let training = graph::grad(&g, loss, &[x]).unwrap();
+    let tg = &training.graph;
+    for strategy in [[2, 2, 2], [1, 1, 8], [4, 1, 2], [1, 4, 2]] {
+        let p = placed(tg, "act", &[&strategy], 8);
+        let act = &p.nodes[tg.node_by_name("act").unwrap().0];
+        let want = map(act.outputs[0].layout());
+        let split: Vec<bool> = want.iter().map(|&a| a >= 0).collect();
+        let strategy_split: Vec<bool> = strategy.iter().map(|&f| f > 1).collect();
+        assert_eq!(split, strategy_split, "{strategy:?}: {want:?}");
+        assert_eq!(map(&act.inputs[0]), want, "{strategy:?}");
+        let (i, node) = tg
+            .nodes()
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.op.kind() == "SigmoidGrad")
+            .expect("a SigmoidGrad node");
+        assert_eq!(node.op, graph::Op::SigmoidGrad);
+        for input in &p.nodes[i].inputs {
+            assert_eq!(map(input), want, "{strategy:?}");
+        }
+    }
+    let config = ParallelConfig::new(ParallelMode::SemiAuto, 8).shard("act", &[&[2, 2, 2]]);
+    parallel::compile_training(&g, loss, &config).unwrap();
+}

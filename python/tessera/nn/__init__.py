@@ -7,7 +7,8 @@ Parameters and ops are named after their attribute path (``fc1.weight``, ``fc1.m
 strategies set with ``.shard`` attach to the right node.
 
 Cells: ``Cell``, ``Dense(in_channels, out_channels, weight_init=None, bias_init=None,
-has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``GELU(approximate=True)``,
+has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU`` (``x * sigmoid(x)``),
+``GELU(approximate=True)``,
 ``Softmax(axis=-1)``, ``Flatten``, ``Dropout(keep_prob=None, p=None)``,
 ``LayerNorm(normalized_shape, begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-7)``,
 ``Embedding(vocab_size, embedding_size, use_one_hot=False, embedding_table='normal')``,
@@ -25,7 +26,7 @@ learning rates: a number, a list of per-step rates (``warmup_lr``, ``cosine_deca
 
 from .cell import Cell
 from .layers import (GELU, CellList, Dense, Dropout, Embedding, Flatten, LayerNorm, ReLU,
-                     SequentialCell, Softmax, Tanh)
+                     SequentialCell, Sigmoid, SiLU, Softmax, Tanh)
 from .loss import CrossEntropyLoss, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
@@ -40,7 +41,8 @@ from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, Pip
 
 __all__ = [
     "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
-    "ReLU", "SGD", "SequentialCell", "SoftmaxCrossEntropyWithLogits", "Tanh", "TrainOneStepCell",
+    "ReLU", "SGD", "SequentialCell", "Sigmoid", "SiLU", "SoftmaxCrossEntropyWithLogits", "Tanh",
+    "TrainOneStepCell",
     "WithLossCell",
     "CellList", "CrossEntropyLoss", "Dropout", "Embedding", "LayerNorm", "MSELoss", "Softmax",
     "GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineGradReducer", "utils",

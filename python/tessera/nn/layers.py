@@ -1,5 +1,6 @@
-"""Layers: activations, ``Softmax``, ``Flatten``, ``Dense``, ``Dropout``, ``LayerNorm``,
-``Embedding``, and the containers ``SequentialCell`` and ``CellList``."""
+"""Layers: activations (``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU``, ``GELU``), ``Softmax``,
+``Flatten``, ``Dense``, ``Dropout``, ``LayerNorm``, ``Embedding``, and the containers
+``SequentialCell`` and ``CellList``."""
 
 import math
 
@@ -40,6 +41,33 @@ class Tanh(Cell):
 
     def construct(self, x):
         return self.tanh(x)
+
+
+class Sigmoid(Cell):
+    """``1 / (1 + e^-x)``; its node is named after the Cell."""
+
+    _single_op = "sigmoid"
+
+    def __init__(self):
+        super().__init__()
+        self.sigmoid = ops.Sigmoid()
+
+    def construct(self, x):
+        return self.sigmoid(x)
+
+
+class SiLU(Cell):
+    """``x * sigmoid(x)`` (MindSpore's ``nn.SiLU``): nodes ``<cell>.sigmoid`` and the ``Mul``
+    ``<cell>`` (see ``ops.SiLU``; shard them with ``silu.silu.shard(...)``)."""
+
+    _single_op = "silu"
+
+    def __init__(self):
+        super().__init__()
+        self.silu = ops.SiLU()
+
+    def construct(self, x):
+        return self.silu(x)
 
 
 class GELU(Cell):
@@ -84,7 +112,7 @@ class Flatten(Cell):
         return self.flatten(x)
 
 
-_ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "gelu": GELU}
+_ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "gelu": GELU, "sigmoid": Sigmoid, "silu": SiLU}
 
 
 class Dense(Cell):

@@ -209,6 +209,7 @@ fn unary_kernel(op: &Op) -> Option<UnaryOp> {
         Op::Sqrt => UnaryOp::Sqrt,
         Op::Relu | Op::ReluGrad => UnaryOp::Relu,
         Op::Tanh | Op::TanhGrad => UnaryOp::Tanh,
+        Op::Sigmoid | Op::SigmoidGrad => UnaryOp::Sigmoid,
         Op::Gelu { approximate } | Op::GeluGrad { approximate } => {
             UnaryOp::Gelu(gelu_form(*approximate))
         }
@@ -645,9 +646,11 @@ fn eval_typed<T: Float + Element>(
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh
+        | Op::Sigmoid
         | Op::ReluGrad
         | Op::GeluGrad { .. }
-        | Op::TanhGrad => unreachable!("elementwise ops are dispatched above"),
+        | Op::TanhGrad
+        | Op::SigmoidGrad => unreachable!("elementwise ops are dispatched above"),
     }
 }
 

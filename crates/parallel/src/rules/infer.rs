@@ -279,6 +279,7 @@ fn even_output_layouts(
         | Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh
+        | Op::Sigmoid
         | Op::Exp
         | Op::Log
         | Op::Sqrt
@@ -291,7 +292,7 @@ fn even_output_layouts(
             last_unsplit(0, "the softmax axis")?;
             same_as(0)
         }
-        Op::ReluGrad | Op::GeluGrad { .. } | Op::TanhGrad => {
+        Op::ReluGrad | Op::GeluGrad { .. } | Op::TanhGrad | Op::SigmoidGrad => {
             require_equal(0, 1)?;
             same_as(0)
         }

@@ -333,6 +333,7 @@ fn layouts_on(
         Op::Relu
         | Op::Gelu { .. }
         | Op::Tanh
+        | Op::Sigmoid
         | Op::Neg
         | Op::Exp
         | Op::Log
