@@ -292,7 +292,7 @@ def test_max_grad_norm_clips_the_update():
 
 def test_optimizer_signatures_are_mindsporess_with_keyword_only_additions():
     import inspect
-    for cls in (nn.SGD, nn.Momentum, nn.Adam, nn.AdamWeightDecay, AdamW):
+    for cls in (nn.SGD, nn.Momentum, nn.Adam, nn.AdamWeightDecay, nn.Lamb, AdamW):
         extra = inspect.signature(cls).parameters["max_grad_norm"]
         assert extra.kind is inspect.Parameter.KEYWORD_ONLY and extra.default is None
     sig = inspect.signature(AdamW)
@@ -301,3 +301,44 @@ def test_optimizer_signatures_are_mindsporess_with_keyword_only_additions():
     assert sig.parameters["weight_decay"].default == 1e-2
     assert sig.parameters["maximize"].kind is inspect.Parameter.KEYWORD_ONLY
     assert math.isclose(inspect.signature(nn.AdamWeightDecay).parameters["eps"].default, 1e-6)
+
+
+def test_adam_use_amsgrad_and_use_nesterov_reach_the_engine():
+    # Each flag is the engine's train.use_amsgrad / train.use_nesterov: a different run from
+    # plain Adam (AMSGrad only where a second moment shrinks, so over several epochs).
+    runs = {}
+    for flags in ({}, {"use_amsgrad": True}, {"use_nesterov": True}):
+        args = nn.Adam(MLP().trainable_params(), 1e-2, **flags)._engine_args()
+        assert args["use_amsgrad"] is flags.get("use_amsgrad", False)
+        assert args["use_nesterov"] is flags.get("use_nesterov", False)
+        _, net, _ = _train(lambda n, f=flags: nn.Adam(n.trainable_params(), 1e-2, **f), epochs=3)
+        runs[tuple(flags)] = _values(net)
+    for flag in ("use_amsgrad", "use_nesterov"):
+        diff = max(np.abs(runs[(flag,)][k] - runs[()][k]).max() for k in runs[()])
+        assert diff > 1e-6, f"{flag} changes the trained weights"
+    # MindSpore runs the pair as AMSGrad alone: refused rather than one switch doing nothing.
+    with pytest.raises(ValueError, match="use_nesterov=True with use_amsgrad=True is not"):
+        nn.Adam(MLP().trainable_params(), use_nesterov=True, use_amsgrad=True)
+    with pytest.raises(TypeError, match="use_amsgrad must be a bool"):
+        nn.Adam(MLP().trainable_params(), use_amsgrad="True")
+
+
+def test_lamb_trains_with_mindsporess_defaults():
+    import inspect
+    sig = inspect.signature(nn.Lamb)
+    assert list(sig.parameters)[:6] == ["params", "learning_rate", "beta1", "beta2", "eps",
+                                        "weight_decay"]
+    assert sig.parameters["learning_rate"].default is inspect.Parameter.empty
+    assert math.isclose(sig.parameters["eps"].default, 1e-6)
+    opt = nn.Lamb(MLP().trainable_params(), 1e-2, weight_decay=0.01)
+    assert opt._engine_args()["optimizer"] == "lamb"
+    lamb, lamb_net, _ = _train(lambda n: nn.Lamb(n.trainable_params(), 1e-2, weight_decay=0.01),
+                               epochs=2)
+    adam, adam_net, _ = _train(lambda n: nn.Adam(n.trainable_params(), 1e-2, weight_decay=0.01),
+                               epochs=2)
+    assert all(math.isfinite(x) for x in lamb.losses)
+    assert lamb.losses[-1] < lamb.losses[0]
+    lamb_w, adam_w = _values(lamb_net), _values(adam_net)
+    assert max(np.abs(lamb_w[k] - adam_w[k]).max() for k in lamb_w) > 1e-5
+    with pytest.raises(Exception, match="train.beta1"):
+        _train(lambda n: nn.Lamb(n.trainable_params(), 1e-2, beta1=1.5))

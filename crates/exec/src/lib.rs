@@ -76,8 +76,8 @@ pub use crate::error::ExecError;
 pub use crate::executor::{bias_epilogues, OptimizerPiece, RankExecutor};
 pub use crate::memory::{gather_reports, memory_json, memory_lines};
 pub use crate::optimizer::{
-    applies_weight_decay, state_checkpoint_name, Optimizer, OptimizerConfig, OptimizerKind,
-    ParamSpec, WeightDecayFilter, STATE_NAMES_OF_EVERY_RULE,
+    applies_weight_decay, state_checkpoint_name, trust_ratio, Optimizer, OptimizerConfig,
+    OptimizerKind, ParamSpec, PieceSquares, WeightDecayFilter, STATE_NAMES_OF_EVERY_RULE,
 };
 pub use crate::pipeline::{
     chrome_trace, MicroBatchReduced, PassTimes, PipelineRunner, SpanKind, StepTrace, TraceSpan,

@@ -1,11 +1,19 @@
 //! The optimizer step of one rank ([`update_parameters`]): every trainable parameter's piece
 //! updated with its gradient (the program's, or the accumulated mean), under mixed precision
 //! through the f32 masters with the overflow check, after clipping by the global norm.
+//!
+//! A rule needing whole-parameter norms (Lamb, [`Optimizer::needs_norms`]) gets them as global
+//! clipping gets its norm ([`crate::clip`]): each rank adds the exact squares of the pieces it
+//! counts (the first rank of each piece's replica group, owners only for a pipeline's shared
+//! parameter), the ranks' sums are all-gathered per parameter and added as integers, so every
+//! rank holding a piece of a parameter sees the norms of the whole parameter, one device's
+//! bit for bit whatever the layout; a pipeline stage's copy of a shared parameter takes its
+//! owner's.
 
 use comm::Communicator;
 use tensor::Tensor;
 
-use crate::clip::MaxGradNorm;
+use crate::clip::{counts_piece, MaxGradNorm, SquareSum, SQUARE_SUM_BYTES};
 use crate::error::ExecError;
 use crate::precision::{
     all_finite, any_rank_overflowed, f32_piece, write_piece, LossScaler, MasterWeights,
@@ -75,6 +83,24 @@ pub fn update_parameters(
             None => None,
         };
         optimizer.begin_step();
+        if optimizer.needs_norms() {
+            let mut squares = Vec::with_capacity(ctx.trainable.len());
+            for (k, &i) in ctx.trainable.iter().enumerate() {
+                let piece = exec.optimizer_piece(i);
+                let grad = gradient_of(exec, ctx.accumulated.as_deref(), k, i);
+                squares.push(match grad {
+                    Some((grad, offset)) => Some(optimizer.prepare_piece(
+                        k,
+                        exec.param(i),
+                        piece.param_offset,
+                        grad,
+                        offset,
+                    )?),
+                    None => None,
+                });
+            }
+            set_whole_norms(exec, optimizer, &squares, ctx.trainable, ctx.world)?;
+        }
         for (k, &i) in ctx.trainable.iter().enumerate() {
             let piece = exec.optimizer_piece(i).clone();
             match ctx.accumulated.as_deref() {
@@ -130,6 +156,19 @@ pub fn update_parameters(
         None => None,
     };
     optimizer.begin_step();
+    if optimizer.needs_norms() {
+        let mut squares = Vec::with_capacity(ctx.trainable.len());
+        for (k, grad) in grads.iter().enumerate() {
+            squares.push(Some(optimizer.prepare_piece(
+                k,
+                master.piece(k),
+                0,
+                grad,
+                0,
+            )?));
+        }
+        set_whole_norms(exec, optimizer, &squares, ctx.trainable, ctx.world)?;
+    }
     for (k, &i) in ctx.trainable.iter().enumerate() {
         optimizer.update_piece(k, master.piece_mut(k), 0, &grads[k], 0)?;
         let offset = exec.optimizer_piece(i).param_offset;
@@ -140,4 +179,72 @@ pub fn update_parameters(
         applied: true,
         grad_norm,
     })
+}
+
+/// Hands every trainable parameter `trainable[k]` the norms of its whole weight and update
+/// ([`Optimizer::set_norms`]), from `squares[k]`, the square sums of this rank's piece
+/// (`None`: no gradient, no update). Every rank of `world` calls it at the same step.
+///
+/// Each rank sends, per parameter of the program, the square sums of the piece it counts
+/// (zero for the others); the sums from every rank are added per parameter.
+fn set_whole_norms(
+    exec: &RankExecutor,
+    optimizer: &mut Optimizer,
+    squares: &[Option<crate::PieceSquares>],
+    trainable: &[usize],
+    world: &dyn Communicator,
+) -> Result<(), ExecError> {
+    let program = exec.program();
+    let n = program.params.len();
+    // Two sums (weights, update) per parameter of the program: the same length on every rank.
+    let record = 2 * SQUARE_SUM_BYTES;
+    let mut mine = vec![0u8; n.checked_mul(record).ok_or_else(|| too_many(n))?];
+    for (k, &i) in trainable.iter().enumerate() {
+        let Some(sums) = &squares[k] else { continue };
+        if !counts_piece(program, i, exec.rank()) {
+            continue;
+        }
+        let at = i * record;
+        mine[at..at + SQUARE_SUM_BYTES].copy_from_slice(&sums.param.to_bytes());
+        mine[at + SQUARE_SUM_BYTES..at + record].copy_from_slice(&sums.update.to_bytes());
+    }
+    // The parameter whose norms each trainable parameter takes: itself, or for a pipeline
+    // stage's copy of a shared parameter, its owner (the copies hold the owner's values).
+    let owner_of = |i: usize| -> usize {
+        let name = &program.params[i].name;
+        parallel::pipeline::shared_copy_of(name)
+            .and_then(|(owner, _)| program.params.iter().position(|p| p.name == owner))
+            .unwrap_or(i)
+    };
+    let sources: Vec<usize> = trainable.iter().map(|&i| owner_of(i)).collect();
+    let mut totals: std::collections::BTreeMap<usize, (SquareSum, SquareSum)> = sources
+        .iter()
+        .map(|&i| (i, (SquareSum::default(), SquareSum::default())))
+        .collect();
+    world.all_gather_visit(&mine, &mut |_, bytes| {
+        for (&i, (param, update)) in totals.iter_mut() {
+            let at = i * record;
+            param.merge(&SquareSum::from_bytes(&bytes[at..at + SQUARE_SUM_BYTES]));
+            update.merge(&SquareSum::from_bytes(
+                &bytes[at + SQUARE_SUM_BYTES..at + record],
+            ));
+        }
+    })?;
+    for (k, &source) in sources.iter().enumerate() {
+        if squares[k].is_none() {
+            continue;
+        }
+        let (param, update) = &totals[&source];
+        optimizer.set_norms(k, param.to_f64().sqrt(), update.to_f64().sqrt())?;
+    }
+    Ok(())
+}
+
+/// The error for a program with more parameters than a norm exchange can address.
+fn too_many(n: usize) -> ExecError {
+    ExecError::Mismatch {
+        what: "the parameters of a whole-parameter norm exchange (lamb)".to_string(),
+        expected: "a count whose exchange fits the address space".to_string(),
+        got: n.to_string(),
+    }
 }

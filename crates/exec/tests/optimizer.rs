@@ -16,6 +16,27 @@ const ADAM: OptimizerKind = OptimizerKind::Adam {
     beta1: 0.9,
     beta2: 0.999,
     eps: 1e-8,
+    use_amsgrad: false,
+    use_nesterov: false,
+};
+const ADAM_NESTEROV: OptimizerKind = OptimizerKind::Adam {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+    use_amsgrad: false,
+    use_nesterov: true,
+};
+const ADAM_AMSGRAD: OptimizerKind = OptimizerKind::Adam {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+    use_amsgrad: true,
+    use_nesterov: false,
+};
+const LAMB: OptimizerKind = OptimizerKind::Lamb {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-6,
 };
 const ADAMW: OptimizerKind = OptimizerKind::AdamW {
     beta1: 0.9,
@@ -23,14 +44,18 @@ const ADAMW: OptimizerKind = OptimizerKind::AdamW {
     eps: 1e-6,
 };
 
-/// One of each rule (momentum twice: plain and Nesterov).
-const EVERY_RULE: [OptimizerKind; 6] = [
+/// One of each rule (momentum twice: plain and Nesterov; Adam thrice: plain, Nesterov and
+/// AMSGrad).
+const EVERY_RULE: [OptimizerKind; 9] = [
     OptimizerKind::Sgd,
     MOMENTUM,
     NESTEROV,
     ADAM,
+    ADAM_NESTEROV,
+    ADAM_AMSGRAD,
     ADAMW,
     MINT_ADAMW,
+    LAMB,
 ];
 
 fn config(kind: OptimizerKind, learning_rate: f64, weight_decay: f64) -> OptimizerConfig {
@@ -57,7 +82,7 @@ fn scalar_run(config: OptimizerConfig, grads: &[f64]) -> Vec<f64> {
         .iter()
         .map(|&g| {
             opt.begin_step();
-            opt.update(0, &mut p, &Tensor::from_vec(&[1], vec![g]).unwrap())
+            opt.update_whole(0, &mut p, &Tensor::from_vec(&[1], vec![g]).unwrap())
                 .unwrap();
             p.as_slice::<f64>().unwrap()[0]
         })
@@ -109,13 +134,36 @@ fn each_rule_matches_hand_computed_steps() {
     );
 }
 
-/// An independent f64 transcription of MindSpore's formulas, element by element.
+/// An independent f64 transcription of MindSpore's formulas, element by element (Lamb's
+/// trust ratio over the whole vector, as the `Lamb` kernel computes it).
 fn reference(kind: OptimizerKind, lr: f64, wd: f64, p0: &[f64], grads: &[Vec<f64>]) -> Vec<f64> {
     let mut p = p0.to_vec();
     let mut s1 = vec![0.0; p.len()];
     let mut s2 = vec![0.0; p.len()];
+    let mut s3 = vec![0.0; p.len()];
     for (t, g) in grads.iter().enumerate() {
         let t = (t + 1) as i32;
+        if let OptimizerKind::Lamb { beta1, beta2, eps } = kind {
+            let (bc1, bc2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+            let mut update = vec![0.0; p.len()];
+            let (mut w2, mut u2) = (0.0, 0.0);
+            for i in 0..p.len() {
+                s1[i] = beta1 * s1[i] + (1.0 - beta1) * g[i];
+                s2[i] = beta2 * s2[i] + (1.0 - beta2) * g[i] * g[i];
+                let (m_hat, v_hat) = (s1[i] / bc1, s2[i] / bc2);
+                update[i] = m_hat / (v_hat.sqrt() + eps) + wd * p[i];
+                let g_hat = m_hat / (v_hat + eps).sqrt() + wd * p[i];
+                w2 += p[i] * p[i];
+                u2 += g_hat * g_hat;
+            }
+            let (w, u) = (f64::sqrt(w2), f64::sqrt(u2));
+            let ratio = if w > 0.0 && u > 0.0 { w / u } else { 1.0 };
+            let ratio = ratio.clamp(0.0, 10.0);
+            for i in 0..p.len() {
+                p[i] -= lr * ratio * update[i];
+            }
+            continue;
+        }
         for i in 0..p.len() {
             match kind {
                 OptimizerKind::Sgd => p[i] -= lr * (g[i] + wd * p[i]),
@@ -131,12 +179,27 @@ fn reference(kind: OptimizerKind, lr: f64, wd: f64, p0: &[f64], grads: &[Vec<f64
                         lr * s1[i]
                     };
                 }
-                OptimizerKind::Adam { beta1, beta2, eps } => {
+                OptimizerKind::Adam {
+                    beta1,
+                    beta2,
+                    eps,
+                    use_amsgrad,
+                    use_nesterov,
+                } => {
                     let gd = g[i] + wd * p[i];
                     s1[i] = beta1 * s1[i] + (1.0 - beta1) * gd;
                     s2[i] = beta2 * s2[i] + (1.0 - beta2) * gd * gd;
                     let l = lr * (1.0 - beta2.powi(t)).sqrt() / (1.0 - beta1.powi(t));
-                    p[i] -= l * s1[i] / (s2[i].sqrt() + eps);
+                    if use_amsgrad {
+                        // ApplyAdamWithAmsgradV2: v̂ = max(v̂, v).
+                        s3[i] = f64::max(s3[i], s2[i]);
+                        p[i] -= l * s1[i] / (s3[i].sqrt() + eps);
+                    } else if use_nesterov {
+                        // ops.Adam(use_nesterov=True).
+                        p[i] -= l * (beta1 * s1[i] + (1.0 - beta1) * gd) / (s2[i].sqrt() + eps);
+                    } else {
+                        p[i] -= l * s1[i] / (s2[i].sqrt() + eps);
+                    }
                 }
                 OptimizerKind::AdamW { beta1, beta2, eps } => {
                     s1[i] = beta1 * s1[i] + (1.0 - beta1) * g[i];
@@ -152,6 +215,7 @@ fn reference(kind: OptimizerKind, lr: f64, wd: f64, p0: &[f64], grads: &[Vec<f64
                     let v_hat = s2[i] / (1.0 - beta2.powi(t));
                     p[i] -= lr * m_hat / (v_hat.sqrt() + eps);
                 }
+                OptimizerKind::Lamb { .. } => unreachable!("handled above"),
             }
         }
     }
@@ -179,7 +243,7 @@ fn run(
     for g in grads {
         opt.begin_step();
         let g = Tensor::from_vec(&[n], g.clone()).unwrap().to_dtype(dtype);
-        opt.update(0, &mut p, &g).unwrap();
+        opt.update_whole(0, &mut p, &g).unwrap();
     }
     p.to_f64_vec()
 }
@@ -207,7 +271,7 @@ fn every_rule_follows_the_reference_over_several_steps_in_f64_and_f32() {
 fn weight_decay_skips_beta_and_gamma_parameters_as_mindspore_does() {
     let p0 = values(9, 3);
     let grads: Vec<Vec<f64>> = (0..3).map(|s| values(9, s + 5)).collect();
-    for kind in [OptimizerKind::Sgd, MOMENTUM, ADAM, ADAMW, MINT_ADAMW] {
+    for kind in EVERY_RULE {
         let undecayed = reference(kind, 0.05, 0.0, &p0, &grads);
         let decayed = reference(kind, 0.05, 0.3, &p0, &grads);
         assert_close(
@@ -255,7 +319,8 @@ fn updating_shards_separately_equals_updating_the_whole() {
             SliceBox::new(vec![0, 3], vec![4, 3]),
         ],
     ];
-    for kind in EVERY_RULE {
+    // Lamb is not elementwise: its shards need the whole parameter's norms (tested below).
+    for kind in EVERY_RULE.into_iter().filter(|k| !k.needs_norms()) {
         let cfg = config(kind, 0.01, 0.05);
         let mut whole = p0.clone();
         let mut opt = Optimizer::new(cfg, &[spec("w", &shape, DType::F32)]).unwrap();
@@ -305,7 +370,10 @@ fn state_is_named_as_mindspore_names_it_and_resumes_exactly() {
     assert!(names(OptimizerKind::Sgd).is_empty());
     assert_eq!(names(MOMENTUM), ["moments"]);
     assert_eq!(names(ADAM), ["moment1", "moment2"]);
+    assert_eq!(names(ADAM_NESTEROV), ["moment1", "moment2"]);
+    assert_eq!(names(ADAM_AMSGRAD), ["moment1", "moment2", "vhat"]);
     assert_eq!(names(ADAMW), ["adam_m", "adam_v"]);
+    assert_eq!(names(LAMB), ["lamb_m", "lamb_v"]);
     assert_eq!(
         exec::state_checkpoint_name("moments", "fc1_weight"),
         "moments.fc1_weight"
@@ -314,21 +382,23 @@ fn state_is_named_as_mindspore_names_it_and_resumes_exactly() {
     let p0 = values(8, 2);
     let grads: Vec<Vec<f64>> = (0..6).map(|s| values(8, s + 20)).collect();
     let to_tensor = |v: &Vec<f64>| Tensor::from_vec(&[8], v.clone()).unwrap();
-    for kind in [MOMENTUM, ADAM, ADAMW, MINT_ADAMW] {
+    for kind in EVERY_RULE.into_iter().skip(1) {
         let cfg = config(kind, 0.05, 0.01);
         let specs = [spec("w", &[8], DType::F64)];
         let mut straight = Optimizer::new(cfg, &specs).unwrap();
         let mut p_straight = to_tensor(&p0);
         for g in &grads {
             straight.begin_step();
-            straight.update(0, &mut p_straight, &to_tensor(g)).unwrap();
+            straight
+                .update_whole(0, &mut p_straight, &to_tensor(g))
+                .unwrap();
         }
         // Three steps, "checkpoint", a fresh optimizer loads the state, three more steps.
         let mut first = Optimizer::new(cfg, &specs).unwrap();
         let mut p = to_tensor(&p0);
         for g in &grads[..3] {
             first.begin_step();
-            first.update(0, &mut p, &to_tensor(g)).unwrap();
+            first.update_whole(0, &mut p, &to_tensor(g)).unwrap();
         }
         let saved: Vec<(&str, Tensor)> = first
             .state(0)
@@ -347,7 +417,7 @@ fn state_is_named_as_mindspore_names_it_and_resumes_exactly() {
         resumed.set_step_count(first.step_count());
         for g in &grads[3..] {
             resumed.begin_step();
-            resumed.update(0, &mut p, &to_tensor(g)).unwrap();
+            resumed.update_whole(0, &mut p, &to_tensor(g)).unwrap();
         }
         assert_eq!(p, p_straight, "{kind:?}");
         assert_eq!(resumed.step_count(), 6);
@@ -386,7 +456,14 @@ fn config_key(err: ExecError) -> String {
 
 #[test]
 fn bad_hyperparameters_name_their_key() {
-    let adam = |beta1, beta2, eps| OptimizerKind::Adam { beta1, beta2, eps };
+    let adam = |beta1, beta2, eps| OptimizerKind::Adam {
+        beta1,
+        beta2,
+        eps,
+        use_amsgrad: false,
+        use_nesterov: false,
+    };
+    let lamb = |beta1, beta2, eps| OptimizerKind::Lamb { beta1, beta2, eps };
     let cases = [
         (config(OptimizerKind::Sgd, 0.0, 0.0), "train.learning_rate"),
         (
@@ -412,6 +489,23 @@ fn bad_hyperparameters_name_their_key() {
         (config(adam(1.0, 0.999, 1e-8), 0.1, 0.0), "train.beta1"),
         (config(adam(0.9, 0.0, 1e-8), 0.1, 0.0), "train.beta2"),
         (config(adam(0.9, 0.999, 0.0), 0.1, 0.0), "train.eps"),
+        (config(lamb(0.0, 0.999, 1e-6), 0.1, 0.0), "train.beta1"),
+        (config(lamb(0.9, 0.999, -1e-6), 0.1, 0.0), "train.eps"),
+        // MindSpore's AMSGrad kernel has no Nesterov step: the pair is refused, not half-run.
+        (
+            config(
+                OptimizerKind::Adam {
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    use_amsgrad: true,
+                    use_nesterov: true,
+                },
+                0.1,
+                0.0,
+            ),
+            "train.use_nesterov",
+        ),
         (
             config(
                 OptimizerKind::AdamW {
@@ -518,7 +612,7 @@ fn mint_adamw_is_pytorch_s_bias_corrected_rule() {
 /// every rule, and a bad one is refused.
 #[test]
 fn the_step_s_learning_rate_drives_every_rule() {
-    for kind in [OptimizerKind::Sgd, MOMENTUM, ADAM, ADAMW, MINT_ADAMW] {
+    for kind in EVERY_RULE {
         let run = |set: Option<f64>| {
             let mut opt =
                 Optimizer::new(config(kind, 0.1, 0.0), &[spec("w", &[1], DType::F64)]).unwrap();
@@ -527,7 +621,7 @@ fn the_step_s_learning_rate_drives_every_rule() {
             }
             let mut p = Tensor::from_vec(&[1], vec![1f64]).unwrap();
             opt.begin_step();
-            opt.update(0, &mut p, &Tensor::from_vec(&[1], vec![0.5]).unwrap())
+            opt.update_whole(0, &mut p, &Tensor::from_vec(&[1], vec![0.5]).unwrap())
                 .unwrap();
             1.0 - p.as_slice::<f64>().unwrap()[0]
         };
@@ -557,7 +651,14 @@ fn the_weight_decay_filter_updates_excluded_parameters_without_decay() {
     let filter = exec::WeightDecayFilter {
         excluded: vec!["bias".to_string(), "embedding".to_string()],
     };
-    for kind in [OptimizerKind::Sgd, ADAM, ADAMW, MINT_ADAMW] {
+    for kind in [
+        OptimizerKind::Sgd,
+        ADAM,
+        ADAM_AMSGRAD,
+        ADAMW,
+        MINT_ADAMW,
+        LAMB,
+    ] {
         let run = |wd: f64, filter: Option<&exec::WeightDecayFilter>| {
             let specs: Vec<ParamSpec> = names.iter().map(|n| spec(n, &[3], DType::F32)).collect();
             let mut opt = Optimizer::new(config(kind, 0.05, wd), &specs).unwrap();
@@ -571,7 +672,7 @@ fn the_weight_decay_filter_updates_excluded_parameters_without_decay() {
             for _ in 0..3 {
                 opt.begin_step();
                 for (k, p) in params.iter_mut().enumerate() {
-                    opt.update(k, p, &grad).unwrap();
+                    opt.update_whole(k, p, &grad).unwrap();
                 }
             }
             let decays: Vec<bool> = (0..names.len()).map(|k| opt.decays(k).unwrap()).collect();
@@ -616,7 +717,7 @@ fn every_rule_is_bitwise_the_same_on_any_thread_count() {
                     .map(|i| ((i * 104_729 + step * 31) % 997) as f32 / 997.0 - 0.5)
                     .collect();
                 opt.begin_step();
-                opt.update(0, &mut p, &Tensor::from_vec(&[n], g).unwrap())
+                opt.update_whole(0, &mut p, &Tensor::from_vec(&[n], g).unwrap())
                     .unwrap();
             }
             tensor::kernels::threads::set_threads(1);
@@ -626,4 +727,289 @@ fn every_rule_is_bitwise_the_same_on_any_thread_count() {
         let one = run(1);
         assert!(run(2) == one && run(3) == one, "{}", kind.name());
     }
+}
+
+/// Adam's `use_nesterov` and `use_amsgrad` against MindSpore 2.10's `nn.Adam` on the CPU:
+/// p = [0.5, -1.25, 2, 0], three gradients, lr 0.1, β = (0.9, 0.99), ε 1e-3, wd 0.01, in f32.
+/// The numbers are MindSpore's, from
+/// `w = Parameter(Tensor(p)); opt = nn.Adam([w], 0.1, 0.9, 0.99, 1e-3, weight_decay=0.01,
+/// use_nesterov=…/use_amsgrad=…); for g in grads: opt((Tensor(g),))` (PyNative, CPU); with
+/// both flags MindSpore gave the AMSGrad numbers (its AMSGrad kernel has no Nesterov step),
+/// which is why the engine refuses the pair.
+#[test]
+fn adam_nesterov_and_amsgrad_match_mindspore_2_10() {
+    let p0 = [0.5, -1.25, 2.0, 0.0];
+    let grads = [
+        vec![0.1, -0.2, 0.3, -0.4],
+        vec![-0.5, 0.25, 0.05, 0.4],
+        vec![0.3, 0.3, -0.6, 0.01],
+    ];
+    let mindspore: [(bool, bool, [f64; 4]); 2] = [
+        (
+            false,
+            true,
+            [
+                0.422_903_507_947_921_75,
+                -1.217_280_507_087_707_5,
+                1.806_699_156_761_169_4,
+                0.122_526_936_233_043_67,
+            ],
+        ),
+        (
+            true,
+            false,
+            [
+                0.472_373_187_541_961_67,
+                -1.213_126_063_346_862_8,
+                1.848_589_420_318_603_5,
+                0.086_982_689_797_878_27,
+            ],
+        ),
+    ];
+    for (use_amsgrad, use_nesterov, want) in mindspore {
+        let kind = OptimizerKind::Adam {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-3,
+            use_amsgrad,
+            use_nesterov,
+        };
+        let mut opt = Optimizer::new(
+            OptimizerConfig {
+                kind,
+                learning_rate: 0.1,
+                weight_decay: 0.01,
+            },
+            &[spec("w", &[4], DType::F32)],
+        )
+        .unwrap();
+        let mut p = Tensor::from_vec(&[4], p0.to_vec())
+            .unwrap()
+            .to_dtype(DType::F32);
+        for g in &grads {
+            opt.begin_step();
+            let g = Tensor::from_vec(&[4], g.clone())
+                .unwrap()
+                .to_dtype(DType::F32);
+            opt.update(0, &mut p, &g).unwrap();
+        }
+        assert_close(&p.to_f64_vec(), &want, 2e-6);
+        // And the f64 transcription of the formula agrees with both.
+        let by_formula = reference(kind, 0.1, 0.01, &p0, &grads);
+        assert_close(&by_formula, &want, 2e-6);
+        // The flag changes the run beyond the tolerance (AMSGrad only where `v` shrinks: the
+        // last element's third step).
+        let plain = OptimizerKind::Adam {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-3,
+            use_amsgrad: false,
+            use_nesterov: false,
+        };
+        let plain = reference(plain, 0.1, 0.01, &p0, &grads);
+        let apart = plain.iter().zip(&want).any(|(a, b)| (a - b).abs() > 1e-5);
+        assert!(apart, "{plain:?} vs {want:?}");
+    }
+}
+
+/// Lamb on the pieces of a parameter, each piece's square sums added before `set_norms`, gives
+/// the update of the whole parameter bit for bit: for row halves, column halves and quarters,
+/// in f32 and f64, with and without weight decay; the state is sharded like the parameter.
+#[test]
+fn lamb_pieces_with_summed_norms_equal_the_whole_bitwise() {
+    let shape = [4usize, 6];
+    let layouts = [
+        vec![
+            SliceBox::new(vec![0, 0], vec![2, 6]),
+            SliceBox::new(vec![2, 0], vec![2, 6]),
+        ],
+        vec![
+            SliceBox::new(vec![0, 0], vec![4, 3]),
+            SliceBox::new(vec![0, 3], vec![4, 3]),
+        ],
+        vec![
+            SliceBox::new(vec![0, 0], vec![2, 3]),
+            SliceBox::new(vec![0, 3], vec![2, 3]),
+            SliceBox::new(vec![2, 0], vec![2, 3]),
+            SliceBox::new(vec![2, 3], vec![2, 3]),
+        ],
+    ];
+    for dtype in [DType::F32, DType::F64] {
+        for wd in [0.0, 0.05] {
+            let p0 = Tensor::from_vec(&shape, values(24, 7))
+                .unwrap()
+                .to_dtype(dtype);
+            let grads: Vec<Tensor> = (0..5)
+                .map(|s| {
+                    Tensor::from_vec(&shape, values(24, s + 11))
+                        .unwrap()
+                        .to_dtype(dtype)
+                })
+                .collect();
+            let cfg = config(LAMB, 0.01, wd);
+            let mut whole = p0.clone();
+            let mut opt = Optimizer::new(cfg, &[spec("w", &shape, dtype)]).unwrap();
+            for g in &grads {
+                opt.begin_step();
+                opt.update_whole(0, &mut whole, g).unwrap();
+            }
+            assert_ne!(whole, p0);
+            for boxes in &layouts {
+                let specs: Vec<ParamSpec> =
+                    boxes.iter().map(|b| spec("w", &b.shape, dtype)).collect();
+                let mut sharded = Optimizer::new(cfg, &specs).unwrap();
+                let mut shards: Vec<Tensor> =
+                    boxes.iter().map(|b| p0.extract_box(b).unwrap()).collect();
+                for g in &grads {
+                    sharded.begin_step();
+                    let (mut param, mut update) = (
+                        exec::clip::SquareSum::default(),
+                        exec::clip::SquareSum::default(),
+                    );
+                    // The pieces in reverse order: the exact sums do not depend on it.
+                    for (i, b) in boxes.iter().enumerate().rev() {
+                        let g = g.extract_box(b).unwrap();
+                        let squares = sharded.prepare_piece(i, &shards[i], 0, &g, 0).unwrap();
+                        param.merge(&squares.param);
+                        update.merge(&squares.update);
+                    }
+                    for (i, b) in boxes.iter().enumerate() {
+                        sharded
+                            .set_norms(i, param.to_f64().sqrt(), update.to_f64().sqrt())
+                            .unwrap();
+                        let g = g.extract_box(b).unwrap();
+                        sharded.update_piece(i, &mut shards[i], 0, &g, 0).unwrap();
+                    }
+                }
+                let mut assembled = Tensor::zeros(dtype, &shape);
+                for (b, shard) in boxes.iter().zip(&shards) {
+                    assembled.insert_box(b, shard).unwrap();
+                }
+                assert_eq!(assembled, whole, "{dtype} wd {wd} over {boxes:?}");
+                for (i, b) in boxes.iter().enumerate() {
+                    for ((name, local), (_, global)) in sharded
+                        .state(i)
+                        .unwrap()
+                        .into_iter()
+                        .zip(opt.state(0).unwrap())
+                    {
+                        assert_eq!(local, &global.extract_box(b).unwrap(), "state {name}");
+                    }
+                }
+                // A piece's own norms would give another update: the sums matter.
+                let mut alone = Optimizer::new(cfg, &specs[..1]).unwrap();
+                let mut piece = p0.extract_box(&boxes[0]).unwrap();
+                for g in &grads {
+                    alone.begin_step();
+                    alone
+                        .update_whole(0, &mut piece, &g.extract_box(&boxes[0]).unwrap())
+                        .unwrap();
+                }
+                assert_ne!(piece, whole.extract_box(&boxes[0]).unwrap(), "{boxes:?}");
+            }
+        }
+    }
+}
+
+/// Lamb by hand on one step of a 2-element parameter: the trust ratio is ‖p‖/‖ĝ‖ with ε
+/// inside ĝ's square root and outside the update's, as MindSpore's `Lamb` kernel has it.
+#[test]
+fn lamb_follows_mindspore_s_kernel_by_hand() {
+    let (lr, wd, b1, b2, eps) = (0.1, 0.01, 0.9, 0.999, 1e-6);
+    let p = [3.0f64, -4.0];
+    let g = [0.5f64, 0.25];
+    let mut want = Vec::new();
+    let (mut w2, mut u2) = (0.0, 0.0);
+    let mut update = [0.0; 2];
+    for i in 0..2 {
+        // Step 1: m̂ = g, v̂ = g².
+        let m_hat = (1.0 - b1) * g[i] / (1.0 - b1);
+        let v_hat = (1.0 - b2) * g[i] * g[i] / (1.0 - b2);
+        update[i] = m_hat / (v_hat.sqrt() + eps) + wd * p[i];
+        let g_hat = m_hat / (v_hat + eps).sqrt() + wd * p[i];
+        w2 += p[i] * p[i];
+        u2 += g_hat * g_hat;
+    }
+    let ratio = (w2.sqrt() / u2.sqrt()).min(10.0);
+    assert!(ratio > 3.0 && ratio < 4.0, "{ratio}: ‖p‖ = 5, ‖ĝ‖ ≈ √2");
+    for i in 0..2 {
+        want.push(p[i] - lr * ratio * update[i]);
+    }
+    let mut opt = Optimizer::new(config(LAMB, lr, wd), &[spec("w", &[2], DType::F64)]).unwrap();
+    let mut t = Tensor::from_vec(&[2], p.to_vec()).unwrap();
+    opt.begin_step();
+    opt.update_whole(0, &mut t, &Tensor::from_vec(&[2], g.to_vec()).unwrap())
+        .unwrap();
+    assert_close(&t.to_f64_vec(), &want, 1e-15);
+
+    // MindSpore's guards: 1 when either norm is 0, at most 10, a NaN gives 0.
+    assert_eq!(exec::trust_ratio(0.0, 2.0), 1.0);
+    assert_eq!(exec::trust_ratio(2.0, 0.0), 1.0);
+    assert_eq!(exec::trust_ratio(100.0, 2.0), 10.0);
+    assert_eq!(exec::trust_ratio(3.0, 2.0), 1.5);
+    assert_eq!(exec::trust_ratio(f64::NAN, 2.0), 1.0);
+    assert_eq!(exec::trust_ratio(2.0, f64::NAN), 1.0);
+    assert_eq!(exec::trust_ratio(f64::INFINITY, f64::INFINITY), 0.0);
+    // A zero parameter moves by the plain update (ratio 1).
+    let mut opt = Optimizer::new(config(LAMB, lr, 0.0), &[spec("w", &[2], DType::F64)]).unwrap();
+    let mut zero = Tensor::from_vec(&[2], vec![0.0f64, 0.0]).unwrap();
+    opt.begin_step();
+    opt.update_whole(0, &mut zero, &Tensor::from_vec(&[2], g.to_vec()).unwrap())
+        .unwrap();
+    assert_eq!(opt.trust_ratio(0).unwrap(), Some(1.0));
+    let moved = zero.to_f64_vec();
+    assert!(
+        (moved[0] + lr * 1.0 / (1.0 + eps / 0.5)).abs() < 1e-12,
+        "{moved:?}"
+    );
+}
+
+/// Lamb's parts out of order are errors naming the parameter; the elementwise rules refuse
+/// the norm parts.
+#[test]
+fn lamb_out_of_order_is_an_error_naming_the_parameter() {
+    let specs = [spec("fc1_weight", &[2], DType::F32)];
+    let mut opt = Optimizer::new(config(LAMB, 0.1, 0.0), &specs).unwrap();
+    let mut p = Tensor::from_vec(&[2], vec![1.0f32, 2.0]).unwrap();
+    let g = Tensor::from_vec(&[2], vec![0.5f32, -0.5]).unwrap();
+    assert!(mismatch_what(opt.prepare_piece(0, &p, 0, &g, 0).unwrap_err()).contains("step"));
+    opt.begin_step();
+    let what = mismatch_what(opt.update(0, &mut p, &g).unwrap_err());
+    assert!(what.contains("fc1_weight"), "{what}");
+    assert!(opt.set_norms(0, 1.0, 1.0).is_err());
+    opt.prepare_piece(0, &p, 0, &g, 0).unwrap();
+    let what = mismatch_what(opt.prepare_piece(0, &p, 0, &g, 0).unwrap_err());
+    assert!(what.contains("fc1_weight"), "{what}");
+    assert_eq!(p.to_f64_vec(), [1.0, 2.0], "nothing moved yet");
+    opt.set_norms(0, 1.0, 1.0).unwrap();
+    opt.update(0, &mut p, &g).unwrap();
+    // The update consumed the norms: a second one is refused.
+    assert!(opt.update(0, &mut p, &g).is_err());
+
+    // A whole update of the wrong shape is refused before the moments advance.
+    opt.begin_step();
+    let before: Vec<Tensor> = opt
+        .state(0)
+        .unwrap()
+        .into_iter()
+        .map(|(_, t)| t.clone())
+        .collect();
+    let mut wide = Tensor::zeros(DType::F32, &[3]);
+    let wide_grad = Tensor::zeros(DType::F32, &[3]);
+    let what = mismatch_what(opt.update_whole(0, &mut wide, &wide_grad).unwrap_err());
+    assert!(what.contains("fc1_weight"), "{what}");
+    let after: Vec<Tensor> = opt
+        .state(0)
+        .unwrap()
+        .into_iter()
+        .map(|(_, t)| t.clone())
+        .collect();
+    assert_eq!(before, after);
+    opt.update_whole(0, &mut p, &g).unwrap();
+
+    let mut adam = Optimizer::new(config(ADAM, 0.1, 0.0), &specs).unwrap();
+    adam.begin_step();
+    assert!(!adam.needs_norms());
+    assert!(adam.prepare_piece(0, &p, 0, &g, 0).is_err());
+    assert!(adam.set_norms(0, 1.0, 1.0).is_err());
 }

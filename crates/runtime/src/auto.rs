@@ -8,7 +8,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use ckpt::OpStrategyRecord;
-use exec::OptimizerKind;
 use graph::models::{seed_mlp, Model};
 use graph::Graph;
 use models::{GptConfig, GptParallel, GptParallelKeys};
@@ -87,13 +86,9 @@ pub fn load_profile_as(
     }
 }
 
-/// Optimizer state per parameter element, in parameter copies.
+/// Optimizer state per parameter element, in parameter copies (three for AMSGrad Adam).
 fn optimizer_states(config: &TrainConfig) -> usize {
-    match config.optimizer_config().kind {
-        OptimizerKind::Sgd => 0,
-        OptimizerKind::Momentum { .. } => 1,
-        _ => 2,
-    }
+    config.optimizer_config().kind.state_names().len()
 }
 
 /// The model a config trains, built from its data's shapes (the data is opened, not read

@@ -109,15 +109,34 @@ fn check_optimizer_state(
         true => "none".to_string(),
         false => names.iter().copied().collect::<Vec<_>>().join(", "),
     };
+    // A tensor the run needs and the checkpoint lacks, named as the checkpoint would name it.
+    let missing = ours.difference(&saved).next().and_then(|state| {
+        let param = session.train.params.iter().find(|p| p.trainable)?;
+        Some(format!(
+            " (it has no {})",
+            exec::state_checkpoint_name(state, &param.name)
+        ))
+    });
+    // AMSGrad's running maximum is the one state a setting of the same rule adds.
+    let only_vhat = ours.symmetric_difference(&saved).eq(["vhat"].iter());
+    let (key, setting) = match (optimizer, only_vhat) {
+        (exec::OptimizerKind::Adam { use_amsgrad, .. }, true) => (
+            "train.use_amsgrad",
+            format!(" with train.use_amsgrad = {use_amsgrad}"),
+        ),
+        _ => ("train.optimizer", String::new()),
+    };
     Err(RuntimeError::Config {
-        key: "train.optimizer".to_string(),
+        key: key.to_string(),
         reason: format!(
-            "\"{}\" keeps the optimizer state {}, but the checkpoint in {} (output.resume_from) \
-             holds {}: it was saved by another optimizer; resume with the one that saved it",
+            "\"{}\"{setting} keeps the optimizer state {}, but the checkpoint in {} \
+             (output.resume_from) holds {}{}: it was saved by another optimizer or setting; \
+             resume with the one that saved it",
             optimizer.name(),
             list(&ours),
             from.display(),
-            list(&saved)
+            list(&saved),
+            missing.unwrap_or_default(),
         ),
     })
 }

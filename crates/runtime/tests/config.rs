@@ -178,7 +178,9 @@ fn defaults_fill_every_optional_key() {
         OptimizerKind::Adam {
             beta1: 0.9,
             beta2: 0.999,
-            eps: 1e-8
+            eps: 1e-8,
+            use_amsgrad: false,
+            use_nesterov: false,
         }
     );
     let adamw = parse_with(MINIMAL, &["train.optimizer=adamw"]).unwrap();
@@ -386,6 +388,106 @@ fn config_error(result: Result<TrainConfig, RuntimeError>) -> (String, String) {
     }
 }
 
+/// Adam's `train.use_amsgrad` and `train.use_nesterov` (MindSpore's `nn.Adam` arguments, the
+/// Nesterov key shared with momentum) and `train.optimizer = "lamb"` (MindSpore's `nn.Lamb`
+/// defaults, eps 1e-6): read, the AMSGrad–Nesterov pair refused naming the key, and the keys
+/// reported as without effect under a rule that does not read them.
+#[test]
+fn adam_flags_and_lamb_are_read_and_checked() {
+    for (amsgrad, nesterov) in [(false, true), (true, false)] {
+        let config = parse_with(
+            MINIMAL,
+            &[
+                "train.optimizer=adam",
+                &format!("train.use_amsgrad={amsgrad}"),
+                &format!("train.use_nesterov={nesterov}"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.optimizer_config().kind,
+            OptimizerKind::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                use_amsgrad: amsgrad,
+                use_nesterov: nesterov,
+            }
+        );
+        assert!(
+            !config.warnings().join("\n").contains("use_"),
+            "{:?}",
+            config.warnings()
+        );
+    }
+    let amsgrad = parse_with(MINIMAL, &["train.optimizer=adam", "train.use_amsgrad=true"]);
+    assert_eq!(
+        amsgrad.unwrap().optimizer_config().kind.state_names(),
+        ["moment1", "moment2", "vhat"]
+    );
+    let (key, reason) = config_error(parse_with(
+        MINIMAL,
+        &[
+            "train.optimizer=adam",
+            "train.use_amsgrad=true",
+            "train.use_nesterov=true",
+        ],
+    ));
+    assert_eq!(key, "train.use_nesterov");
+    assert!(reason.contains("use_amsgrad"), "{reason}");
+    let (key, _) = config_error(parse_with(
+        MINIMAL,
+        &["train.optimizer=adam", "train.use_amsgrad=1"],
+    ));
+    assert_eq!(key, "train.use_amsgrad");
+
+    let lamb = parse_with(MINIMAL, &["train.optimizer=lamb", "train.beta2=0.99"]).unwrap();
+    assert_eq!(
+        lamb.optimizer_config().kind,
+        OptimizerKind::Lamb {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-6,
+        }
+    );
+    assert_eq!(
+        lamb.optimizer_config().kind.state_names(),
+        ["lamb_m", "lamb_v"]
+    );
+    let (key, _) = config_error(parse_with(
+        MINIMAL,
+        &["train.optimizer=lamb", "train.eps=0"],
+    ));
+    assert_eq!(key, "train.eps");
+    // The servers update tables by rows: no whole-parameter norm there.
+    let (key, reason) = config_error(parse_with(
+        GPT_MINIMAL,
+        &["parallel.mode=\"parameter_server\"", "train.optimizer=lamb"],
+    ));
+    assert_eq!(key, "train.optimizer");
+    assert!(reason.contains("parameter_server"), "{reason}");
+    for (rule, key) in [
+        ("adamw", "train.use_amsgrad"),
+        ("lamb", "train.use_nesterov"),
+        ("momentum", "train.use_amsgrad"),
+    ] {
+        let config = parse_with(
+            MINIMAL,
+            &[
+                &format!("train.optimizer={rule}"),
+                "train.momentum=0.9",
+                &format!("{key}=true"),
+            ],
+        )
+        .unwrap();
+        let warnings = config.warnings().join("\n");
+        assert!(
+            warnings.contains(&format!("{key} has no effect")),
+            "{rule}: {warnings}"
+        );
+    }
+}
+
 #[test]
 fn unknown_enum_values_list_the_valid_ones() {
     let cases = [
@@ -404,7 +506,7 @@ fn unknown_enum_values_list_the_valid_ones() {
         (
             "train.optimizer=rmsprop",
             "train.optimizer",
-            "sgd, momentum, adam, adamw",
+            "sgd, momentum, adam, adamw, mint_adamw, lamb",
         ),
     ];
     for (set, key, valid) in cases {

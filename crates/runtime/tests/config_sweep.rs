@@ -129,7 +129,7 @@ fn the_sweep_reaches_every_mode_and_schedule() {
         ),
         (
             "train.optimizer",
-            &["adam", "adamw", "momentum", "mint_adamw"],
+            &["adam", "adamw", "momentum", "mint_adamw", "lamb"],
         ),
         (
             "train.lr_schedule",
@@ -165,6 +165,8 @@ fn the_sweep_reaches_every_mode_and_schedule() {
         ("model.moe.shared_expert", "true"),
         ("train.grad_accumulation_steps", "3"),
         ("train.threads_per_rank", "2"),
+        ("train.use_amsgrad", "true"),
+        ("train.use_nesterov", "true"),
         ("train.eval", "true"),
     ] {
         assert!(has(key, value), "{key} = {value} is never drawn");

@@ -25,6 +25,7 @@ mod lr_schedule;
 mod memory;
 mod micro_batch_interleave;
 mod moe;
+mod optimizer_rules;
 mod periodic_ckpt;
 mod pipeline_forward_transfers;
 mod pipeline_output;

@@ -165,7 +165,7 @@ pub fn draw_gpt_case(seed: u64, index: usize, text: &Path, out: &Path) -> GptCas
     c.set("data.batch_size", batch);
     c.set("data.steps_per_epoch", 100);
     c.set("data.eval_batches", 1);
-    let optimizer = rng.pick(&["adam", "adamw", "momentum", "mint_adamw"]);
+    let optimizer = rng.pick(&["adam", "adamw", "momentum", "mint_adamw", "lamb"]);
     c.set("train.epochs", 1);
     c.set("train.max_steps", STEPS);
     c.set_str("train.optimizer", optimizer);
@@ -178,6 +178,13 @@ pub fn draw_gpt_case(seed: u64, index: usize, text: &Path, out: &Path) -> GptCas
         c.set("train.momentum", "0.9");
         if rng.chance(0.5) {
             c.set("train.use_nesterov", true);
+        }
+    }
+    if optimizer == "adam" {
+        // MindSpore's nn.Adam flags: AMSGrad (a third state, vhat) or Nesterov's step.
+        match rng.pick(&["plain", "use_amsgrad", "use_nesterov"]) {
+            "plain" => {}
+            flag => c.set(&format!("train.{flag}"), true),
         }
     }
     if rng.chance(0.15) {

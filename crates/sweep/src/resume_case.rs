@@ -222,7 +222,7 @@ pub fn draw_resume_case(seed: u64, index: usize, text: &Path, out: &Path) -> Res
     };
     c.set("data.steps_per_epoch", steps_per_epoch);
     c.set("data.eval_batches", 1);
-    let optimizer = rng.pick(&["adam", "adamw", "momentum", "mint_adamw"]);
+    let optimizer = rng.pick(&["adam", "adamw", "momentum", "mint_adamw", "lamb"]);
     c.set(
         "train.epochs",
         (MAX_FIRST + MAX_SECOND + 1).div_ceil(steps_per_epoch),
@@ -237,6 +237,13 @@ pub fn draw_resume_case(seed: u64, index: usize, text: &Path, out: &Path) -> Res
         c.set("train.momentum", "0.9");
         if rng.chance(0.5) {
             c.set("train.use_nesterov", true);
+        }
+    }
+    if optimizer == "adam" {
+        // MindSpore's nn.Adam flags: AMSGrad (a third state, vhat) or Nesterov's step.
+        match rng.pick(&["plain", "use_amsgrad", "use_nesterov"]) {
+            "plain" => {}
+            flag => c.set(&format!("train.{flag}"), true),
         }
     }
     // `decay_steps` defaults to the run's steps, which A's shorter run would change.

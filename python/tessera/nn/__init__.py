@@ -17,7 +17,8 @@ Losses:
 ``SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")``,
 ``CrossEntropyLoss(reduction="mean")`` (int class labels), ``MSELoss(reduction="mean")``.
 Optimizers (hyperparameters for the engine's own, applied to every parameter, or parameter
-groups differing in weight decay only): ``SGD``, ``Momentum``, ``Adam``, ``AdamWeightDecay``;
+groups differing in weight decay only): ``SGD``, ``Momentum``, ``Adam`` (with
+``use_nesterov`` or ``use_amsgrad``), ``AdamWeightDecay``, ``Lamb``;
 learning rates: a number, a list of per-step rates (``warmup_lr``, ``cosine_decay_lr``,
 ``polynomial_decay_lr``, ``exponential_decay_lr``, ``piecewise_constant_lr``) or a schedule
 (``WarmUpLR``, ``CosineDecayLR``, ``PolynomialDecayLR``, ``ExponentialDecayLR``). Metrics for
@@ -29,7 +30,7 @@ from .layers import (GELU, CellList, Dense, Dropout, Embedding, Flatten, LayerNo
                      SequentialCell, Sigmoid, SiLU, Softmax, Tanh)
 from .loss import CrossEntropyLoss, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric
-from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
+from .optim import SGD, Adam, AdamWeightDecay, Lamb, Momentum, Optimizer
 from .dynamic_lr import (cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr,
                          polynomial_decay_lr, warmup_lr)
 from .learning_rate_schedule import (CosineDecayLR, ExponentialDecayLR, LearningRateSchedule,
@@ -41,6 +42,7 @@ from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, Pip
 
 __all__ = [
     "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
+    "Lamb",
     "ReLU", "SGD", "SequentialCell", "Sigmoid", "SiLU", "SoftmaxCrossEntropyWithLogits", "Tanh",
     "TrainOneStepCell",
     "WithLossCell",

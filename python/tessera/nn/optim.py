@@ -341,7 +341,12 @@ class _AdamFamily(Optimizer):
 
 
 class Adam(_AdamFamily):
-    """MindSpore's ``nn.Adam`` (bias-corrected)."""
+    """MindSpore's ``nn.Adam`` (bias-corrected). ``use_nesterov=True`` is ``ops.Adam``'s
+    Nesterov step, ``use_amsgrad=True`` ``ops.ApplyAdamWithAmsgradV2`` (the step divides by
+    the running maximum of the second moment, kept as the state ``vhat``); the engine's
+    ``train.use_nesterov`` and ``train.use_amsgrad``. Both at once is a ``ValueError``:
+    MindSpore's AMSGrad kernel has no Nesterov step (its ``nn.Adam`` then ignores
+    ``use_nesterov``)."""
 
     _engine_name = "adam"
 
@@ -352,9 +357,33 @@ class Adam(_AdamFamily):
             raise ValueError(f"Adam: {sorted(kwargs)} are not supported")
         super().__init__(learning_rate, params, weight_decay, loss_scale,
                          max_grad_norm=max_grad_norm)
-        if use_nesterov or use_amsgrad:
-            raise ValueError("Adam: use_nesterov and use_amsgrad must be False (the engine's "
-                             "Adam has neither)")
+        self.use_nesterov = _bool("Adam", "use_nesterov", use_nesterov)
+        self.use_amsgrad = _bool("Adam", "use_amsgrad", use_amsgrad)
+        if self.use_nesterov and self.use_amsgrad:
+            raise ValueError("Adam: use_nesterov=True with use_amsgrad=True is not supported: "
+                             "MindSpore's AMSGrad (ops.ApplyAdamWithAmsgradV2) has no Nesterov "
+                             "step, so its nn.Adam ignores use_nesterov beside use_amsgrad; "
+                             "set one of the two")
+        self._betas(beta1, beta2, eps)
+
+    def _engine_args(self):
+        args = super()._engine_args()
+        args.update(use_nesterov=self.use_nesterov, use_amsgrad=self.use_amsgrad)
+        return args
+
+
+class Lamb(_AdamFamily):
+    """MindSpore's ``nn.Lamb``: Adam's bias-corrected step with L2 weight decay, scaled per
+    parameter by the trust ratio ``‖p‖ / ‖update‖`` over the whole parameter (1 when either
+    norm is 0, at most 10), as MindSpore's ``Lamb`` kernel computes it; state ``lamb_m``,
+    ``lamb_v``. The engine's ``train.optimizer = "lamb"``: a parameter sharded over devices
+    takes the norms of all its pieces, so every layout trains one device's numbers."""
+
+    _engine_name = "lamb"
+
+    def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-6,
+                 weight_decay=0.0, *, max_grad_norm=None):
+        super().__init__(learning_rate, params, weight_decay, max_grad_norm=max_grad_norm)
         self._betas(beta1, beta2, eps)
 
 

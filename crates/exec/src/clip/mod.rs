@@ -167,7 +167,7 @@ impl MaxGradNorm {
 /// Whether `rank` counts its optimizer piece of parameter `i` in the global norm: the piece
 /// is of an owner (not a pipeline stage's copy of a shared parameter) and `rank` is the first
 /// of the ranks holding the same piece.
-fn counts_piece(program: &Program, i: usize, rank: usize) -> bool {
+pub(crate) fn counts_piece(program: &Program, i: usize, rank: usize) -> bool {
     let p = &program.params[i];
     if parallel::pipeline::shared_copy_of(&p.name).is_some() {
         return false;

@@ -212,6 +212,16 @@ fn from_sections(
                 .to_string(),
         );
     }
+    if ps_mode && optimizer.kind.needs_norms() {
+        return Err(config_error(
+            "train.optimizer",
+            format!(
+                "\"{}\" is not available in mode \"{}\": its trust ratio needs each parameter's norms over the whole parameter, and the servers update a table by the rows a push holds; use a collective mode (data_parallel, semi_auto, …)",
+                optimizer.kind.name(),
+                super::ps::PARAMETER_SERVER_MODE
+            ),
+        ));
+    }
     if ps_mode && train.deterministic {
         return Err(config_error(
             "train.deterministic",

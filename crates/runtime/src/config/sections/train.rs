@@ -25,6 +25,7 @@ pub(in crate::config) const TRAIN_KEYS: &[&str] = &[
     "weight_decay",
     "momentum",
     "use_nesterov",
+    "use_amsgrad",
     "beta1",
     "beta2",
     "eps",
@@ -68,7 +69,7 @@ pub(super) fn read_optimizer(
     s: &mut Section,
     warnings: &mut Vec<String>,
 ) -> Result<OptimizerConfig, RuntimeError> {
-    let names = ["sgd", "momentum", "adam", "adamw", "mint_adamw"];
+    let names = ["sgd", "momentum", "adam", "adamw", "mint_adamw", "lamb"];
     let name = s.require("optimizer", |key, v| {
         read_enum(key, v, &names, |t| names.iter().copied().find(|n| *n == t))
     })?;
@@ -84,14 +85,25 @@ pub(super) fn read_optimizer(
         },
         _ => {
             // MindSpore's defaults: nn.Adam and mint.optim.AdamW eps 1e-8,
-            // nn.AdamWeightDecay eps 1e-6.
-            let default_eps = if name == "adamw" { 1e-6 } else { 1e-8 };
+            // nn.AdamWeightDecay and nn.Lamb eps 1e-6.
+            let default_eps = if matches!(name, "adamw" | "lamb") {
+                1e-6
+            } else {
+                1e-8
+            };
             let beta1 = s.or("beta1", 0.9, read_float)?;
             let beta2 = s.or("beta2", 0.999, read_float)?;
             let eps = s.or("eps", default_eps, read_float)?;
             match name {
-                "adam" => OptimizerKind::Adam { beta1, beta2, eps },
+                "adam" => OptimizerKind::Adam {
+                    beta1,
+                    beta2,
+                    eps,
+                    use_amsgrad: s.or("use_amsgrad", false, read_bool)?,
+                    use_nesterov: s.or("use_nesterov", false, read_bool)?,
+                },
                 "adamw" => OptimizerKind::AdamW { beta1, beta2, eps },
+                "lamb" => OptimizerKind::Lamb { beta1, beta2, eps },
                 _ => OptimizerKind::MintAdamW { beta1, beta2, eps },
             }
         }
@@ -102,9 +114,10 @@ pub(super) fn read_optimizer(
         let short = key.strip_prefix("train.").unwrap_or(key);
         OptimizerConfig::check_hyperparameter(short, x).map_err(RuntimeError::from)
     };
-    let other_rules: [(&str, Check<'_>); 5] = [
+    let other_rules: [(&str, Check<'_>); 6] = [
         ("momentum", &hyperparameter),
         ("use_nesterov", &checked(read_bool)),
+        ("use_amsgrad", &checked(read_bool)),
         ("beta1", &hyperparameter),
         ("beta2", &hyperparameter),
         ("eps", &hyperparameter),
